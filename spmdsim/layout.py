@@ -1,0 +1,350 @@
+"""Device matrices and tensor layouts: who holds which slice of a global tensor.
+
+Pure Python; never imports mpi4py. Semantics (DESIGN.md section 2):
+
+* ranks are numbered row-major over the device matrix (last axis fastest);
+* a tensor map entry names the mesh axes a tensor dim is split over; with
+  several axes the first listed is major (shard = i_a * |b| + i_b for (a, b));
+* mesh axes named nowhere are replicated; partial axes hold pending sums.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Iterable, Sequence, Union
+
+from .errors import LayoutError, ShapeError
+from .slicing import check_divisible, shard_bounds
+
+__all__ = ["Layout", "TensorLayout", "MapEntry", "normalize_entry", "format_entry"]
+
+#: One tensor-map entry as a user writes it: alias, None/"None", or tuple of aliases.
+MapEntry = Union[str, None, Sequence[str]]
+
+
+def _is_none(entry: object) -> bool:
+    return entry is None or entry == "None"
+
+
+def normalize_entry(entry: MapEntry) -> tuple[str, ...]:
+    """Turn one user tensor-map entry into a tuple of axis names (() = not split)."""
+    if _is_none(entry):
+        return ()
+    if isinstance(entry, str):
+        return (entry,)
+    if isinstance(entry, (tuple, list)):
+        names = tuple(entry)
+        for name in names:
+            if not isinstance(name, str) or name == "None":
+                raise LayoutError(
+                    f"tensor map tuple {entry!r} must hold axis names only, got {name!r}"
+                )
+        # A one-element tuple is the same as the bare alias; () stays 'not split'.
+        return names
+    raise LayoutError(
+        f"tensor map entry {entry!r} must be an axis name, None/'None' or a tuple of axis names"
+    )
+
+
+def format_entry(axes: tuple[str, ...]) -> str:
+    """Short form of one entry: None, "mp" or ("sp", "dp")."""
+    if not axes:
+        return "None"
+    if len(axes) == 1:
+        return f'"{axes[0]}"'
+    return "(" + ", ".join(f'"{a}"' for a in axes) + ")"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A named device matrix, e.g. ``Layout((2, 4), ("dp", "mp"))``.
+
+    Calling it with a tensor map gives a TensorLayout:
+    ``Layout((2, 2, 2), ("dp", "sp", "mp"))("mp", ("sp", "dp"))``.
+    """
+
+    device_matrix: tuple[int, ...]
+    alias_name: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        try:
+            matrix = tuple(self.device_matrix)
+            names = tuple(self.alias_name)
+        except TypeError:
+            raise LayoutError(
+                f"device_matrix {self.device_matrix!r} and alias_name {self.alias_name!r} "
+                "must be sequences"
+            ) from None
+        if not matrix:
+            raise LayoutError("device_matrix must have at least one axis, got ()")
+        for size in matrix:
+            if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+                raise LayoutError(
+                    f"device_matrix {matrix!r} must hold positive integers, got {size!r}"
+                )
+        if len(names) != len(matrix):
+            raise LayoutError(
+                f"alias_name {names!r} has {len(names)} names but device_matrix "
+                f"{matrix!r} has {len(matrix)} axes"
+            )
+        for name in names:
+            if not isinstance(name, str) or not name or name == "None":
+                raise LayoutError(f"alias name {name!r} must be a non-empty string other than 'None'")
+        if len(set(names)) != len(names):
+            raise LayoutError(f"alias_name {names!r} repeats a name")
+        object.__setattr__(self, "device_matrix", matrix)
+        object.__setattr__(self, "alias_name", names)
+
+    def __call__(self, *tensor_map: MapEntry, partial: Iterable[str] = ()) -> "TensorLayout":
+        return TensorLayout(self, tensor_map, tuple(partial))
+
+    def __str__(self) -> str:
+        axes = ", ".join(f"{n}={s}" for n, s in zip(self.alias_name, self.device_matrix))
+        return f"Layout({axes})"
+
+    # -- sizes ---------------------------------------------------------------
+    @property
+    def num_devices(self) -> int:
+        """Number of ranks the device matrix needs."""
+        return math.prod(self.device_matrix)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.device_matrix)
+
+    def axis_index(self, alias: str) -> int:
+        """Position of a mesh axis in the device matrix."""
+        try:
+            return self.alias_name.index(alias)
+        except ValueError:
+            raise LayoutError(
+                f"unknown alias {alias!r}; expected one of {self.alias_name!r}"
+            ) from None
+
+    def axis_size(self, alias: str) -> int:
+        return self.device_matrix[self.axis_index(alias)]
+
+    def group_size(self, axes: Iterable[str]) -> int:
+        """Number of ranks in one group over `axes` (product of their sizes)."""
+        return math.prod(self.axis_size(a) for a in axes)
+
+    @cached_property
+    def strides(self) -> tuple[int, ...]:
+        """Row-major strides: the last axis varies fastest."""
+        out = [1] * self.ndim
+        for i in range(self.ndim - 2, -1, -1):
+            out[i] = out[i + 1] * self.device_matrix[i + 1]
+        return tuple(out)
+
+    # -- rank <-> coordinates --------------------------------------------------
+    def _check_rank(self, rank: int) -> None:
+        if not 0 <= rank < self.num_devices:
+            raise LayoutError(
+                f"rank {rank!r} is outside device matrix {self.device_matrix!r} "
+                f"(expected 0 <= rank < {self.num_devices})"
+            )
+
+    def coords(self, rank: int) -> tuple[int, ...]:
+        """Device coordinates of `rank`, one per mesh axis."""
+        self._check_rank(rank)
+        return tuple((rank // s) % n for s, n in zip(self.strides, self.device_matrix))
+
+    def rank_of(self, coords: Sequence[int]) -> int:
+        """Rank at the given device coordinates."""
+        coords = tuple(coords)
+        if len(coords) != self.ndim or any(
+            not 0 <= c < n for c, n in zip(coords, self.device_matrix)
+        ):
+            raise LayoutError(
+                f"coordinates {coords!r} do not fit device matrix {self.device_matrix!r}"
+            )
+        return sum(c * s for c, s in zip(coords, self.strides))
+
+    def group_index(self, rank: int, axes: Sequence[str]) -> int:
+        """Mixed-radix index of `rank` along `axes` (first listed major)."""
+        coords = self.coords(rank)
+        index = 0
+        for alias in axes:
+            i = self.axis_index(alias)
+            index = index * self.device_matrix[i] + coords[i]
+        return index
+
+    def split_color_key(self, rank: int, axes: Sequence[str]) -> tuple[int, int]:
+        """(color, key) for Comm.Split building the group over `axes` that holds `rank`.
+
+        Ranks share a color when they agree on every axis outside `axes`; the key
+        orders each group in mixed-radix order of `axes`, so Allgather output is in
+        shard order.
+        """
+        axes = tuple(axes)
+        self._check_axes(axes)
+        coords = list(self.coords(rank))
+        for alias in axes:
+            coords[self.axis_index(alias)] = 0
+        return self.rank_of(coords), self.group_index(rank, axes)
+
+    def axis_groups(self, axes: Sequence[str]) -> tuple[tuple[int, ...], ...]:
+        """All groups of ranks over `axes`, each in mixed-radix order of `axes`.
+
+        Groups are listed by their smallest rank. An empty `axes` gives one
+        group per rank.
+        """
+        axes = tuple(axes)
+        self._check_axes(axes)
+        groups: dict[int, list[tuple[int, int]]] = {}
+        for rank in range(self.num_devices):
+            color, key = self.split_color_key(rank, axes)
+            groups.setdefault(color, []).append((key, rank))
+        return tuple(
+            tuple(r for _, r in sorted(members)) for _, members in sorted(groups.items())
+        )
+
+    def _check_axes(self, axes: tuple[str, ...]) -> None:
+        for alias in axes:
+            self.axis_index(alias)
+        if len(set(axes)) != len(axes):
+            raise LayoutError(f"axis group {axes!r} repeats an axis")
+
+
+@dataclass(frozen=True)
+class TensorLayout:
+    """A Layout plus a tensor map (and optional partial axes): one tensor's sharding.
+
+    Attributes:
+        layout: the device matrix and its axis names.
+        tensor_map: per tensor dim, the mesh axes it is split over (() = not split).
+        partial: mesh axes over which local values are pending sums.
+    """
+
+    layout: Layout
+    tensor_map: tuple[tuple[str, ...], ...]
+    partial: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.layout, Layout):
+            raise LayoutError(f"layout {self.layout!r} must be a Layout")
+        if isinstance(self.tensor_map, (str, type(None))):
+            raise LayoutError(
+                f"tensor_map {self.tensor_map!r} must be a sequence of entries, one per tensor dim"
+            )
+        entries = tuple(normalize_entry(e) for e in self.tensor_map)
+        partial = (self.partial,) if isinstance(self.partial, str) else tuple(self.partial)
+        seen: set[str] = set()
+        for axes in entries + (partial,):
+            for alias in axes:
+                if alias not in self.layout.alias_name:
+                    raise LayoutError(
+                        f"unknown alias {alias!r} in tensor map {self._shown(entries, partial)}; "
+                        f"expected one of {self.layout.alias_name!r}"
+                    )
+                if alias in seen:
+                    raise LayoutError(
+                        f"axis {alias!r} is used more than once in tensor map "
+                        f"{self._shown(entries, partial)}; each mesh axis may appear at most once"
+                    )
+                seen.add(alias)
+        object.__setattr__(self, "tensor_map", entries)
+        object.__setattr__(self, "partial", partial)
+
+    @staticmethod
+    def _shown(entries: tuple, partial: tuple) -> str:
+        text = "(" + ", ".join(format_entry(e) for e in entries) + ")"
+        return text + (f" partial {partial!r}" if partial else "")
+
+    def __str__(self) -> str:
+        return self._shown(self.tensor_map, self.partial)
+
+    # -- derived views -----------------------------------------------------------
+    @property
+    def ndim(self) -> int:
+        return len(self.tensor_map)
+
+    @cached_property
+    def split_axes(self) -> tuple[str, ...]:
+        """Mesh axes that split some tensor dim, in tensor-map order."""
+        return tuple(a for axes in self.tensor_map for a in axes)
+
+    @cached_property
+    def replicated_axes(self) -> tuple[str, ...]:
+        """Mesh axes that neither split a dim nor hold partial sums (device-matrix order)."""
+        used = set(self.split_axes) | set(self.partial)
+        return tuple(a for a in self.layout.alias_name if a not in used)
+
+    def num_shards(self, tensor_dim: int) -> int:
+        """Number of pieces tensor dim `tensor_dim` is cut into."""
+        return self.layout.group_size(self.tensor_map[tensor_dim])
+
+    @property
+    def shards_per_dim(self) -> tuple[int, ...]:
+        return tuple(self.num_shards(d) for d in range(self.ndim))
+
+    def with_partial(self, partial: Iterable[str]) -> "TensorLayout":
+        return TensorLayout(self.layout, self.tensor_map, tuple(partial))
+
+    def with_map(self, *tensor_map: MapEntry) -> "TensorLayout":
+        return TensorLayout(self.layout, tensor_map, self.partial)
+
+    # -- shapes ----------------------------------------------------------------
+    def check_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
+        """Validate a global shape against this layout and return it as a tuple."""
+        try:
+            shape = tuple(int(s) for s in shape)
+        except (TypeError, ValueError):
+            raise ShapeError(f"shape {shape!r} must be a sequence of integers") from None
+        if len(shape) != self.ndim:
+            raise ShapeError(
+                f"tensor map {self} has {self.ndim} entries but shape {shape!r} "
+                f"has {len(shape)} dims"
+            )
+        for tensor_dim, (size, axes) in enumerate(zip(shape, self.tensor_map)):
+            if size < 0:
+                raise ShapeError(f"shape {shape!r} has a negative size in dim {tensor_dim}")
+            check_divisible(size, self.layout.group_size(axes), tensor_dim, axes)
+        return shape
+
+    def local_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
+        """Shape of every rank's shard (even splits: the same on all ranks)."""
+        shape = self.check_shape(shape)
+        return tuple(s // n for s, n in zip(shape, self.shards_per_dim))
+
+    # -- who holds what ------------------------------------------------------------
+    def shard_index(self, rank: int) -> tuple[int, ...]:
+        """Per tensor dim, the index of the shard `rank` holds."""
+        return tuple(self.layout.group_index(rank, axes) for axes in self.tensor_map)
+
+    def bounds(self, rank: int, shape: Sequence[int]) -> tuple[tuple[int, int], ...]:
+        """Per tensor dim, the half-open [start, stop) that `rank` holds."""
+        shape = self.check_shape(shape)
+        return tuple(
+            shard_bounds(size, n, i)
+            for size, n, i in zip(shape, self.shards_per_dim, self.shard_index(rank))
+        )
+
+    def slices(self, rank: int, shape: Sequence[int]) -> tuple[slice, ...]:
+        """Per tensor dim, the slice of the global tensor that `rank` holds."""
+        return tuple(slice(a, b) for a, b in self.bounds(rank, shape))
+
+    def rank_slices(self, shape: Sequence[int]) -> dict[int, tuple[tuple[int, int], ...]]:
+        """Bounds for every rank (the `spmdsim slices` table)."""
+        return {r: self.bounds(r, shape) for r in range(self.layout.num_devices)}
+
+    def ranks_holding(self, shard_index: Sequence[int]) -> tuple[int, ...]:
+        """All ranks whose shard has the given per-dim index (replicas and partials)."""
+        shard_index = tuple(shard_index)
+        if len(shard_index) != self.ndim or any(
+            not 0 <= i < n for i, n in zip(shard_index, self.shards_per_dim)
+        ):
+            raise LayoutError(
+                f"shard index {shard_index!r} does not fit shards per dim {self.shards_per_dim!r}"
+            )
+        return tuple(
+            r for r in range(self.layout.num_devices) if self.shard_index(r) == shard_index
+        )
+
+    def replica_groups(self) -> tuple[tuple[int, ...], ...]:
+        """Groups of ranks that hold identical local values (differ only on replicated axes)."""
+        return self.layout.axis_groups(self.replicated_axes)
+
+    def num_replicas(self) -> int:
+        return self.layout.group_size(self.replicated_axes)
