@@ -1,0 +1,36 @@
+"""spmdsim: run and check tensor-parallel programs on plain CPUs with MPI.
+
+The names exported here are pure (numpy only). MPI-facing names (`Mesh`,
+`DTensor`, ops) live in `spmdsim.runtime` and `spmdsim.ops` and import mpi4py
+when first used.
+"""
+from __future__ import annotations
+
+from .datagen import SeededTensor
+from .errors import (
+    CheckFailed,
+    DialectError,
+    LayoutError,
+    OperatorError,
+    PlanError,
+    RuntimeMismatchError,
+    ShapeError,
+    SpmdsimError,
+)
+from .layout import Layout, TensorLayout
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Layout",
+    "TensorLayout",
+    "SeededTensor",
+    "SpmdsimError",
+    "LayoutError",
+    "ShapeError",
+    "DialectError",
+    "OperatorError",
+    "PlanError",
+    "RuntimeMismatchError",
+    "CheckFailed",
+]

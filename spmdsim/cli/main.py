@@ -1,0 +1,46 @@
+"""Entry point of the `spmdsim` command: dispatches to one module per subcommand.
+
+Each subcommand module exposes ``register(subparsers)``, which adds its parser
+and sets ``func`` (args -> exit code). Errors of the SpmdsimError family are
+printed as one line and exit 2; under MPI the runtime's guard makes an error
+raised on only some ranks end the whole job instead of hanging.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+from ..errors import SpmdsimError
+
+__all__ = ["main", "build_parser", "SUBCOMMANDS"]
+
+#: Subcommand modules under spmdsim.cli, in the order `--help` lists them.
+SUBCOMMANDS: tuple[str, ...] = ()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="spmdsim",
+        description="Run and check tensor-parallel programs on plain CPUs with MPI.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        importlib.import_module(f"{__package__}.{name}").register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except SpmdsimError as exc:
+        print(f"spmdsim: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0

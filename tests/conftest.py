@@ -1,0 +1,62 @@
+"""Test-session setup shared by the pure and the MPI runs.
+
+Under ``mpiexec ... pytest --only-mpi`` (see scripts/test.sh) this file makes
+pytest-mpi safe (DESIGN.md section 6): a failed test on any rank aborts the
+whole job at once instead of deadlocking the next collective, every rank gets
+its own temp dir, the world size must be the one the script asked for (a
+foreign mpiexec would run N separate 1-rank jobs and falsely pass), and only
+rank 0 prints the pytest report.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+_WORLD = None  # MPI.COMM_WORLD when running under --with-mpi/--only-mpi
+
+
+def _mpi_requested(config: pytest.Config) -> bool:
+    for flag in ("--with-mpi", "--only-mpi"):
+        try:
+            if config.getoption(flag):
+                return True
+        except ValueError:
+            pass
+    return False
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _WORLD
+    if not _mpi_requested(config):
+        return
+    from mpi4py import MPI
+
+    _WORLD = MPI.COMM_WORLD
+    expected = os.environ.get("SPMDSIM_EXPECT_WORLD")
+    if expected and int(expected) != _WORLD.size:
+        sys.stderr.write(
+            f"world size is {_WORLD.size} but {expected} ranks were asked for: "
+            "is mpiexec from the same MPI as mpi4py? (python -m mpi4py --mpi-library)\n"
+        )
+        raise SystemExit(3)
+    base = config.option.basetemp or os.path.join(
+        os.environ.get("TMPDIR", "/tmp"), f"spmdsim-pytest-{os.getuid()}"
+    )
+    config.option.basetemp = os.path.join(str(base), f"rank{_WORLD.rank}")
+    if _WORLD.rank != 0:
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            config.pluginmanager.unregister(reporter)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if _WORLD is None or _WORLD.size == 1 or not report.failed:
+        return
+    sys.stderr.write(
+        f"\n[rank {_WORLD.rank}] {report.nodeid} failed ({report.when}); aborting the MPI job\n"
+        f"{report.longreprtext}\n"
+    )
+    sys.stderr.flush()
+    _WORLD.Abort(1)
