@@ -1,0 +1,433 @@
+"""Alpha-beta cost model of the collectives: predicted seconds per call.
+
+Pure (numpy only; never imports mpi4py). Each collective on a group of ``g``
+ranks costs ``a * alpha + b * beta + c * gamma`` seconds, where ``alpha`` is
+the per-message latency, ``beta`` the seconds per byte moved and ``gamma`` the
+seconds per byte reduced (Thakur, Rabenseifner & Gropp 2005). ``n`` is the
+collective's per-rank buffer, the usual "message size":
+
+=============== ============================== ===========================
+op              ring (large messages)          tree (small messages)
+=============== ============================== ===========================
+allgather       (g-1)a + (g-1)/g n b           log2(g) a + (g-1)/g n b
+reduce_scatter  (g-1)a + (g-1)/g n (b + c)     log2(g) a + (g-1)/g n (b + c)
+allreduce       2(g-1)a + 2(g-1)/g n b         log2(g) (a + n b + n c)
+                + (g-1)/g n c
+alltoall        (g-1)a + (g-1)/g n b           log2(g) a + log2(g) n/2 b
+alltoallv       (g-1)a + (g-1)/g n b           (same as ring: no Bruck)
+bcast           (log2(g) + g-1)a + 2(g-1)/g n b  log2(g) (a + n b)
+=============== ============================== ===========================
+
+with ``n`` = gathered output (allgather), unreduced input (reduce_scatter),
+the buffer (allreduce, bcast) or the whole send buffer including the rank's
+own block (alltoall, alltoallv/exchange). In every ring row ``(g-1)/g n`` is
+exactly what one rank sends and receives. A group of one rank costs 0.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from .errors import SpmdsimError
+
+__all__ = [
+    "OPS",
+    "ALGORITHMS",
+    "CostModel",
+    "Measurement",
+    "OpParams",
+    "DEFAULT_MODEL",
+    "default_path",
+    "load_or_default",
+    "predict_plan",
+    "StepPrediction",
+    "normalize_op",
+]
+
+OPS = ("allgather", "reduce_scatter", "allreduce", "alltoall", "alltoallv", "bcast")
+ALGORITHMS = ("ring", "tree")
+
+# Names other modules use for the same collective (planner steps, MPI names).
+_ALIASES = {
+    "all_gather": "allgather",
+    "reducescatter": "reduce_scatter",
+    "reduce_scatter_block": "reduce_scatter",
+    "all_reduce": "allreduce",
+    "all_to_all": "alltoall",
+    "all_to_allv": "alltoallv",
+    "exchange": "alltoallv",
+    "broadcast": "bcast",
+}
+# Planner steps that move nothing between ranks.
+_LOCAL_OPS = frozenset({"localslice", "local_slice", "slice", "local", "noop", "identity",
+                        "zero", "localzero", "local_zero", "keep", "b_to_p"})
+
+_FORMAT_VERSION = 1
+
+
+def normalize_op(op: str) -> str:
+    """Canonical collective name (``"AllGather"`` -> ``"allgather"``, ``"exchange"`` -> ``"alltoallv"``)."""
+    if not isinstance(op, str):
+        raise SpmdsimError(f"collective name {op!r} must be a string; expected one of {OPS!r}")
+    key = op.strip().lower().replace("-", "_").replace(" ", "_")
+    key = _ALIASES.get(key, _ALIASES.get(key.replace("_", ""), key))
+    if key.replace("_", "") == "reducescatter":
+        key = "reduce_scatter"
+    if key not in OPS:
+        raise SpmdsimError(f"unknown collective {op!r}; expected one of {OPS!r}")
+    return key
+
+
+def _terms(op: str, algorithm: str, g: int, n: float) -> tuple[float, float, float]:
+    """Coefficients (of alpha, beta, gamma) for one call; see the module table."""
+    if g <= 1 or n < 0:
+        return 0.0, 0.0, 0.0
+    lg = math.log2(g)
+    frac = (g - 1) / g * n
+    ring = algorithm == "ring"
+    if op == "allgather":
+        return ((g - 1) if ring else lg), frac, 0.0
+    if op == "reduce_scatter":
+        return ((g - 1) if ring else lg), frac, frac
+    if op == "allreduce":
+        return (2 * (g - 1), 2 * frac, frac) if ring else (lg, lg * n, lg * n)
+    if op == "alltoall":
+        return ((g - 1), frac, 0.0) if ring else (lg, lg * n / 2, 0.0)
+    if op == "alltoallv":
+        return (g - 1), frac, 0.0
+    if op == "bcast":
+        return (lg + g - 1, 2 * frac, 0.0) if ring else (lg, lg * n, 0.0)
+    raise SpmdsimError(f"unknown collective {op!r}; expected one of {OPS!r}")
+
+
+@dataclass(frozen=True)
+class OpParams:
+    """Per-collective override of (alpha, beta, gamma), set by `CostModel.fit`."""
+
+    op: str
+    alpha_s: float
+    beta_s_per_byte: float
+    gamma_s_per_byte: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "op", normalize_op(self.op))
+        _check_params(self.alpha_s, self.beta_s_per_byte, self.gamma_s_per_byte)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One timed call: collective, group size, per-rank buffer bytes ``n``, seconds."""
+
+    op: str
+    group_size: int
+    bytes_per_rank: int
+    seconds: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "op", normalize_op(self.op))
+        if isinstance(self.group_size, bool) or int(self.group_size) != self.group_size \
+                or self.group_size < 1:
+            raise SpmdsimError(f"group size {self.group_size!r} must be a positive integer")
+        if self.bytes_per_rank < 0 or not self.seconds > 0:
+            raise SpmdsimError(
+                f"measurement bytes {self.bytes_per_rank!r} / seconds {self.seconds!r} "
+                "must be >= 0 and > 0"
+            )
+        object.__setattr__(self, "group_size", int(self.group_size))
+
+
+def _check_params(alpha: float, beta: float, gamma: float) -> None:
+    for name, value in (("alpha_s", alpha), ("beta_s_per_byte", beta), ("gamma_s_per_byte", gamma)):
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise SpmdsimError(f"{name} {value!r} must be a finite number >= 0")
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Alpha-beta(-gamma) model: ``CostModel(alpha_s=2e-6, beta_s_per_byte=2e-10)``.
+
+    Attributes:
+        alpha_s: latency per message step, seconds.
+        beta_s_per_byte: transfer time per byte a rank sends, seconds.
+        gamma_s_per_byte: reduction time per byte reduced, seconds.
+        algorithm: "ring" (bandwidth-optimal) or "tree" (log-latency) formulas.
+        per_op: fitted per-collective overrides of the three parameters.
+        source: where the numbers come from (free text, saved with the model).
+    """
+
+    alpha_s: float
+    beta_s_per_byte: float
+    gamma_s_per_byte: float = 0.0
+    algorithm: str = "ring"
+    per_op: tuple[OpParams, ...] = ()
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        _check_params(self.alpha_s, self.beta_s_per_byte, self.gamma_s_per_byte)
+        if self.algorithm not in ALGORITHMS:
+            raise SpmdsimError(
+                f"algorithm {self.algorithm!r} is unknown; expected one of {ALGORITHMS!r}"
+            )
+        per_op = tuple(self.per_op)
+        if any(not isinstance(p, OpParams) for p in per_op):
+            raise SpmdsimError(f"per_op {per_op!r} must hold OpParams values")
+        ops = [p.op for p in per_op]
+        if len(set(ops)) != len(ops):
+            raise SpmdsimError(f"per_op names a collective twice: {ops!r}")
+        object.__setattr__(self, "per_op", tuple(sorted(per_op, key=lambda p: OPS.index(p.op))))
+
+    def params(self, op: str) -> tuple[float, float, float]:
+        """(alpha, beta, gamma) used for `op`: its override, else the shared values."""
+        op = normalize_op(op)
+        for p in self.per_op:
+            if p.op == op:
+                return p.alpha_s, p.beta_s_per_byte, p.gamma_s_per_byte
+        return self.alpha_s, self.beta_s_per_byte, self.gamma_s_per_byte
+
+    def predict(self, op: str, group_size: int, bytes_per_rank: float) -> float:
+        """Predicted seconds of one `op` over `group_size` ranks with per-rank buffer bytes."""
+        op = normalize_op(op)
+        if isinstance(group_size, bool) or int(group_size) != group_size or group_size < 1:
+            raise SpmdsimError(f"group size {group_size!r} must be a positive integer")
+        if bytes_per_rank < 0:
+            raise SpmdsimError(f"bytes per rank {bytes_per_rank!r} must be >= 0")
+        a, b, c = _terms(op, self.algorithm, int(group_size), float(bytes_per_rank))
+        alpha, beta, gamma = self.params(op)
+        return a * alpha + b * beta + c * gamma
+
+    # -- fitting -------------------------------------------------------------------
+    @classmethod
+    def fit(
+        cls,
+        measurements: Iterable[Measurement | Sequence[Any]],
+        *,
+        algorithm: str | None = None,
+        per_op: bool = True,
+        source: str = "fit",
+    ) -> "CostModel":
+        """Least-squares fit to measured calls; minimizes relative (not absolute) error.
+
+        Args:
+            measurements: Measurement values or (op, group_size, bytes, seconds) tuples.
+            algorithm: "ring" or "tree"; None tries both and keeps the better fit.
+            per_op: also fit each collective with >= 3 distinct sizes on its own.
+        """
+        data = tuple(m if isinstance(m, Measurement) else Measurement(*m) for m in measurements)
+        if len(data) < 2:
+            raise SpmdsimError(f"fit needs at least 2 measurements, got {len(data)}")
+        choices = ALGORITHMS if algorithm is None else (algorithm,)
+        best: tuple[float, CostModel] | None = None
+        for algo in choices:
+            if algo not in ALGORITHMS:
+                raise SpmdsimError(f"algorithm {algo!r} is unknown; expected one of {ALGORITHMS!r}")
+            alpha, beta, gamma = _nnls_fit(data, algo)
+            overrides = []
+            if per_op:
+                for op in OPS:
+                    mine = [m for m in data if m.op == op]
+                    if len({(m.group_size, m.bytes_per_rank) for m in mine}) >= 3:
+                        overrides.append(OpParams(op, *_nnls_fit(mine, algo)))
+            model = cls(alpha, beta, gamma, algo, tuple(overrides), source)
+            err = model.log_error(data)
+            if best is None or err < best[0]:
+                best = (err, model)
+        assert best is not None  # choices is never empty
+        return best[1]
+
+    def log_error(self, measurements: Iterable[Measurement]) -> float:
+        """Root mean square of log(predicted / measured) (0 = perfect)."""
+        errs = [math.log(max(self.predict(m.op, m.group_size, m.bytes_per_rank), 1e-12) / m.seconds)
+                for m in measurements]
+        return math.sqrt(sum(e * e for e in errs) / len(errs)) if errs else 0.0
+
+    # -- persistence -----------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "version": _FORMAT_VERSION,
+            "alpha_s": self.alpha_s,
+            "beta_s_per_byte": self.beta_s_per_byte,
+            "gamma_s_per_byte": self.gamma_s_per_byte,
+            "algorithm": self.algorithm,
+            "per_op": {p.op: {"alpha_s": p.alpha_s, "beta_s_per_byte": p.beta_s_per_byte,
+                              "gamma_s_per_byte": p.gamma_s_per_byte} for p in self.per_op},
+            "source": self.source,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "CostModel":
+        if not isinstance(data, Mapping) or data.get("version") != _FORMAT_VERSION:
+            raise SpmdsimError(
+                f"cost model data {data!r:.80} is not a version {_FORMAT_VERSION} spmdsim cost model"
+            )
+        try:
+            per_op = tuple(OpParams(op, **vals) for op, vals in dict(data.get("per_op", {})).items())
+            return cls(float(data["alpha_s"]), float(data["beta_s_per_byte"]),
+                       float(data.get("gamma_s_per_byte", 0.0)), str(data.get("algorithm", "ring")),
+                       per_op, str(data.get("source", "")))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SpmdsimError(f"cost model data is malformed: {exc}") from None
+
+    def save(self, path: str | os.PathLike | None = None) -> Path:
+        """Write the model as JSON (default `default_path()`); returns the path."""
+        target = Path(path) if path is not None else default_path()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        tmp.replace(target)  # atomic: a reader never sees half a file
+        return target
+
+    @classmethod
+    def load(cls, path: str | os.PathLike | None = None) -> "CostModel":
+        """Read a saved model (default `default_path()`); raises if missing or malformed."""
+        source = Path(path) if path is not None else default_path()
+        try:
+            text = source.read_text()
+        except OSError as exc:
+            raise SpmdsimError(f"cannot read cost model {str(source)!r}: {exc.strerror}") from None
+        try:
+            return cls.from_dict(json.loads(text))
+        except json.JSONDecodeError as exc:
+            raise SpmdsimError(f"cost model {str(source)!r} is not JSON: {exc}") from None
+
+    def __str__(self) -> str:
+        text = (f"CostModel({self.algorithm}: alpha={self.alpha_s * 1e6:.3g} us, "
+                f"beta={_gbps(self.beta_s_per_byte)}, gamma={_gbps(self.gamma_s_per_byte)}")
+        return text + (f", {len(self.per_op)} per-op fits)" if self.per_op else ")")
+
+
+def _gbps(s_per_byte: float) -> str:
+    return "inf GB/s" if s_per_byte == 0 else f"{1e-9 / s_per_byte:.3g} GB/s"
+
+
+def _nnls_fit(data: Sequence[Measurement], algorithm: str) -> tuple[float, float, float]:
+    """Non-negative least squares on relative error; tries every subset of the 3 terms."""
+    rows = np.array([_terms(m.op, algorithm, m.group_size, m.bytes_per_rank) for m in data])
+    times = np.array([m.seconds for m in data])
+    # Divide each row by its measured time: the fit weighs a 10 us call like a 10 ms one.
+    a_mat = rows / times[:, None]
+    rhs = np.ones(len(data))
+    best = (math.inf, (0.0, 0.0, 0.0))
+    for mask in range(1, 8):
+        cols = [i for i in range(3) if mask >> i & 1]
+        sub = a_mat[:, cols]
+        if not np.any(sub):
+            continue
+        coef, *_ = np.linalg.lstsq(sub, rhs, rcond=None)
+        if np.any(coef < 0):
+            continue
+        full = np.zeros(3)
+        full[cols] = coef
+        resid = float(np.sum((a_mat @ full - rhs) ** 2))
+        if resid < best[0]:
+            best = (resid, tuple(float(v) for v in full))
+    return best[1]
+
+
+#: Used when no model was saved: shared-memory MPICH, 8 ranks on 2 oversubscribed cores
+#: (see docs/performance.md for how it was measured). Run `spmdsim calibrate` for yours.
+DEFAULT_MODEL = CostModel(
+    alpha_s=20e-6, beta_s_per_byte=1.0e-9, gamma_s_per_byte=0.5e-9, source="default"
+)
+
+
+def default_path() -> Path:
+    """$SPMDSIM_COST_FILE, else ~/.cache/spmdsim/cost.json (honours $XDG_CACHE_HOME)."""
+    env = os.environ.get("SPMDSIM_COST_FILE")
+    if env:
+        return Path(env).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "spmdsim" / "cost.json"
+
+
+def load_or_default(path: str | os.PathLike | None = None) -> CostModel:
+    """The saved model if there is one, else DEFAULT_MODEL (a malformed file still raises)."""
+    source = Path(path) if path is not None else default_path()
+    if not source.exists():
+        return DEFAULT_MODEL
+    return CostModel.load(source)
+
+
+# -- plans ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StepPrediction:
+    """Predicted time of one plan step (0 for local steps)."""
+
+    index: int
+    op: str
+    group_size: int
+    bytes_per_rank: int
+    seconds: float
+
+
+def predict_plan(plan: Any, model: CostModel | None = None) -> tuple[StepPrediction, ...]:
+    """Predicted seconds per step of a redistribution plan (duck-typed on its steps).
+
+    Each step needs an op name (`op`, `kind`, `collective` or its class name), a
+    group size (`group_size`, or `axes` with `plan.layout`/`step.layout`), and
+    bytes (`bytes_per_rank`, else `recv_bytes`/`send_bytes`). Step bytes are what
+    one rank sends/receives; they are turned into the collective's buffer ``n``.
+    """
+    model = DEFAULT_MODEL if model is None else model
+    steps = getattr(plan, "steps", plan)
+    out = []
+    for index, step in enumerate(steps):
+        name = _step_op(step)
+        key = name.strip().lower().replace("-", "_")
+        if key in _LOCAL_OPS or key.replace("_", "") in _LOCAL_OPS:
+            out.append(StepPrediction(index, name, 1, 0, 0.0))
+            continue
+        op = normalize_op(name)
+        g = _step_group_size(step, plan)
+        moved = _step_bytes(step)
+        n = _buffer_bytes(op, g, moved, step)
+        out.append(StepPrediction(index, op, g, int(n), model.predict(op, g, n)))
+    return tuple(out)
+
+
+def _step_op(step: Any) -> str:
+    for attr in ("op", "kind", "collective", "name"):
+        value = getattr(step, attr, None)
+        if isinstance(value, str):
+            return value
+    return type(step).__name__
+
+
+def _step_group_size(step: Any, plan: Any) -> int:
+    for attr in ("group_size", "size", "num_ranks"):
+        value = getattr(step, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    axes = getattr(step, "axes", None) or getattr(step, "mesh_axes", None)
+    layout = getattr(step, "layout", None) or getattr(plan, "layout", None)
+    layout = getattr(layout, "layout", layout)  # a TensorLayout carries its Layout
+    if axes is not None and layout is not None and hasattr(layout, "group_size"):
+        return layout.group_size(tuple(axes))
+    raise SpmdsimError(f"plan step {step!r:.80} has no group size (group_size or axes)")
+
+
+def _step_bytes(step: Any) -> float:
+    for attr in ("bytes_per_rank", "recv_bytes", "bytes_recv", "send_bytes", "bytes_sent",
+                 "nbytes"):
+        value = getattr(step, attr, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    raise SpmdsimError(f"plan step {step!r:.80} has no byte count (bytes_per_rank)")
+
+
+def _buffer_bytes(op: str, g: int, moved: float, step: Any) -> float:
+    """Turn bytes one rank moves into the collective buffer ``n`` of the formulas."""
+    explicit = getattr(step, "buffer_bytes", None)
+    if isinstance(explicit, (int, float)) and not isinstance(explicit, bool):
+        return float(explicit)
+    if g <= 1:
+        return moved
+    if op == "allreduce":
+        # An allreduce moves 2(g-1)/g n per rank but planners usually count n itself.
+        return moved
+    return moved * g / (g - 1)

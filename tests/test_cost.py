@@ -1,0 +1,207 @@
+"""The alpha-beta cost model: formulas, fitting, persistence, plan predictions."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+
+from spmdsim import Layout, SpmdsimError
+from spmdsim.cost import (
+    DEFAULT_MODEL,
+    CostModel,
+    Measurement,
+    OpParams,
+    default_path,
+    load_or_default,
+    normalize_op,
+    predict_plan,
+)
+
+A, B, C = 1e-5, 1e-9, 5e-10
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize(
+    "op, g, n, expected",
+    [
+        ("allgather", 8, MIB, 7 * A + 7 / 8 * MIB * B),
+        ("allreduce", 8, MIB, 14 * A + 2 * 7 / 8 * MIB * B + 7 / 8 * MIB * C),
+        ("reduce_scatter", 4, MIB, 3 * A + 3 / 4 * MIB * (B + C)),
+        ("alltoall", 2, 1000, A + 500 * B),
+        ("alltoallv", 8, 800, 7 * A + 700 * B),
+        ("bcast", 8, 800, (3 + 7) * A + 2 * 700 * B),
+    ],
+)
+def test_ring_formulas(op, g, n, expected):
+    model = CostModel(A, B, C)
+    assert model.predict(op, g, n) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "op, expected",
+    [
+        ("allgather", 3 * A + 7 / 8 * MIB * B),
+        ("allreduce", 3 * (A + MIB * B + MIB * C)),
+        ("alltoall", 3 * A + 3 * MIB / 2 * B),
+        ("bcast", 3 * (A + MIB * B)),
+    ],
+)
+def test_tree_formulas(op, expected):
+    assert CostModel(A, B, C, "tree").predict(op, 8, MIB) == pytest.approx(expected)
+
+
+def test_group_of_one_and_zero_bytes():
+    model = CostModel(A, B, C)
+    assert model.predict("allreduce", 1, MIB) == 0.0
+    assert model.predict("allgather", 8, 0) == pytest.approx(7 * A)
+
+
+def test_op_aliases():
+    assert normalize_op("AllGather") == "allgather"
+    assert normalize_op("Reduce_scatter") == "reduce_scatter"
+    assert normalize_op("ReduceScatter") == "reduce_scatter"
+    assert normalize_op("exchange") == "alltoallv"
+    assert normalize_op("all-to-all") == "alltoall"
+    with pytest.raises(SpmdsimError, match="unknown collective 'gather'"):
+        normalize_op("gather")
+
+
+def test_per_op_override():
+    model = CostModel(A, B, C, per_op=(OpParams("allgather", 0.0, 2 * B),))
+    assert model.params("allgather") == (0.0, 2 * B, 0.0)
+    assert model.params("alltoall") == (A, B, C)
+    assert model.predict("allgather", 2, 100) == pytest.approx(50 * 2 * B)
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        (dict(alpha_s=-1.0, beta_s_per_byte=0.0), "alpha_s -1.0"),
+        (dict(alpha_s=0.0, beta_s_per_byte=math.nan), "beta_s_per_byte nan"),
+        (dict(alpha_s=0.0, beta_s_per_byte=0.0, algorithm="bruck"), "algorithm 'bruck'"),
+    ],
+)
+def test_model_errors(kwargs, fragment):
+    with pytest.raises(SpmdsimError, match=fragment):
+        CostModel(**kwargs)
+
+
+def test_predict_errors():
+    with pytest.raises(SpmdsimError, match="group size 0"):
+        DEFAULT_MODEL.predict("allgather", 0, 10)
+    with pytest.raises(SpmdsimError, match="bytes per rank -1"):
+        DEFAULT_MODEL.predict("allgather", 2, -1)
+
+
+def _synthetic(model, ops=("allgather", "allreduce", "reduce_scatter", "alltoall"), noise=()):
+    data = []
+    i = 0
+    for op in ops:
+        for g in (2, 4, 8):
+            for n in (1024, 64 * 1024, MIB, 16 * MIB):
+                factor = noise[i % len(noise)] if noise else 1.0
+                data.append(Measurement(op, g, n, model.predict(op, g, n) * factor))
+                i += 1
+    return data
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree"])
+def test_fit_recovers_exact_parameters(algorithm):
+    truth = CostModel(A, B, C, algorithm)
+    fitted = CostModel.fit(_synthetic(truth), per_op=False)
+    assert fitted.algorithm == algorithm
+    assert fitted.alpha_s == pytest.approx(A, rel=1e-6)
+    assert fitted.beta_s_per_byte == pytest.approx(B, rel=1e-6)
+    assert fitted.gamma_s_per_byte == pytest.approx(C, rel=1e-6)
+    assert fitted.log_error(_synthetic(truth)) < 1e-6
+
+
+def test_fit_with_noise_predicts_within_2x_and_is_non_negative():
+    truth = CostModel(A, B, 0.0)
+    data = _synthetic(truth, noise=(1.3, 0.8, 1.1, 0.9, 1.2))
+    fitted = CostModel.fit(data, algorithm="ring")
+    assert fitted.gamma_s_per_byte >= 0 and fitted.alpha_s >= 0
+    for m in data:
+        ratio = fitted.predict(m.op, m.group_size, m.bytes_per_rank) / m.seconds
+        assert 0.5 < ratio < 2.0
+    assert {p.op for p in fitted.per_op} == {"allgather", "allreduce", "reduce_scatter", "alltoall"}
+
+
+def test_fit_accepts_tuples_and_rejects_too_little():
+    fitted = CostModel.fit([("allgather", 2, 100, 1e-5), ("allgather", 2, 10**6, 1e-3)],
+                           algorithm="ring")
+    assert fitted.predict("allgather", 2, 10**6) == pytest.approx(1e-3, rel=0.05)
+    with pytest.raises(SpmdsimError, match="at least 2 measurements, got 1"):
+        CostModel.fit([("allgather", 2, 100, 1e-5)])
+    with pytest.raises(SpmdsimError, match="seconds 0"):
+        Measurement("allgather", 2, 100, 0)
+
+
+def test_save_load_round_trip(tmp_path, monkeypatch):
+    model = CostModel(A, B, C, "tree", (OpParams("alltoall", 2 * A, B, 0.0),), source="unit")
+    path = model.save(tmp_path / "sub" / "cost.json")
+    assert CostModel.load(path) == model
+    assert json.loads(path.read_text())["per_op"]["alltoall"]["alpha_s"] == 2 * A
+    monkeypatch.setenv("SPMDSIM_COST_FILE", str(tmp_path / "env.json"))
+    assert default_path() == tmp_path / "env.json"
+    assert load_or_default() == DEFAULT_MODEL
+    model.save()
+    assert load_or_default() == model
+
+
+def test_default_path_without_env(monkeypatch, tmp_path):
+    monkeypatch.delenv("SPMDSIM_COST_FILE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert default_path() == tmp_path / "spmdsim" / "cost.json"
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(SpmdsimError, match="cannot read cost model"):
+        CostModel.load(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{nope")
+    with pytest.raises(SpmdsimError, match="is not JSON"):
+        CostModel.load(bad)
+    bad.write_text(json.dumps({"version": 99}))
+    with pytest.raises(SpmdsimError, match="not a version 1"):
+        CostModel.load(bad)
+
+
+@dataclass(frozen=True)
+class _Step:
+    op: str
+    axes: tuple
+    bytes_per_rank: int
+
+
+@dataclass(frozen=True)
+class _Plan:
+    layout: Layout
+    steps: tuple
+
+
+def test_predict_plan_duck_typed():
+    layout = Layout((2, 4), ("dp", "mp"))
+    plan = _Plan(layout, (
+        _Step("LocalSlice", ("mp",), 0),
+        _Step("Allgather", ("mp",), 3 * 1024),
+        _Step("Allreduce", ("dp", "mp"), 4096),
+        _Step("Alltoall", ("dp",), 512),
+    ))
+    model = CostModel(A, B, C)
+    preds = predict_plan(plan, model)
+    assert [p.seconds == 0 for p in preds] == [True, False, False, False]
+    assert preds[1].group_size == 4 and preds[1].bytes_per_rank == 4096
+    assert preds[1].seconds == pytest.approx(model.predict("allgather", 4, 4096))
+    assert preds[2].group_size == 8
+    assert preds[2].seconds == pytest.approx(model.predict("allreduce", 8, 4096))
+    assert preds[3].seconds == pytest.approx(model.predict("alltoall", 2, 1024))
+
+
+def test_cost_module_is_pure():
+    code = "import sys, spmdsim.cost; assert 'mpi4py' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
