@@ -1,0 +1,375 @@
+"""One tensor's "case" for the teaching commands: a layout (in any dialect) and a shape.
+
+A case comes from a JSON object (a file argument or stdin) and/or command-line
+flags; flags override keys of the file. Three forms, one per dialect:
+
+* Layout: ``{"device_matrix": [2, 2, 2], "alias_name": ["dp", "sp", "mp"],
+  "tensor_map": ["mp", ["sp", "dp"]], "shape": [32, 784]}``
+* strategy: ``{"strategy": [[2, 1, 2, 2, 1]], "world_size": 8, "shape": [...]}``
+* SBP: ``{"sbp": ["S(0)", "B"], "placement": [2, 4], "shape": [...]}``
+
+Each form may add ``"partial": [axis, ...]``. Pure: never imports mpi4py.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence, TextIO
+
+from ..errors import SpmdsimError
+from ..layout import Layout, TensorLayout
+
+__all__ = [
+    "Case",
+    "case_from_dict",
+    "case_from_json",
+    "case_from_args",
+    "add_case_arguments",
+    "parse_int_list",
+    "parse_name_list",
+    "parse_tensor_map",
+]
+
+_LAYOUT_KEYS = ("device_matrix", "alias_name", "tensor_map")
+_STRATEGY_KEYS = ("strategy", "world_size")
+_SBP_KEYS = ("sbp", "placement")
+# Free-text keys a teacher may put in a case file; ignored.
+_NOTE_KEYS = ("name", "comment", "description")
+_KNOWN_KEYS = _LAYOUT_KEYS + _STRATEGY_KEYS + _SBP_KEYS + ("shape", "partial") + _NOTE_KEYS
+
+
+@dataclass(frozen=True)
+class Case:
+    """A tensor layout, the global shape, and which dialect it was written in."""
+
+    tensor_layout: TensorLayout
+    shape: tuple[int, ...]
+    source: str = "layout"  # "layout", "strategy" or "sbp"
+    strategy: Optional[tuple[int, ...]] = None
+    sbp: Optional[tuple[str, ...]] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The case in Layout form (what every dialect converts to)."""
+        tl = self.tensor_layout
+        out: dict[str, Any] = {
+            "device_matrix": list(tl.layout.device_matrix),
+            "alias_name": list(tl.layout.alias_name),
+            "tensor_map": [_entry_json(axes) for axes in tl.tensor_map],
+            "shape": list(self.shape),
+        }
+        if tl.partial:
+            out["partial"] = list(tl.partial)
+        return out
+
+
+def _entry_json(axes: tuple[str, ...]) -> Any:
+    if not axes:
+        return None
+    return axes[0] if len(axes) == 1 else list(axes)
+
+
+# -- JSON values ----------------------------------------------------------------
+def _int_list(data: Mapping, key: str, what: str, minimum: int) -> tuple[int, ...]:
+    value = data[key]
+    if isinstance(value, str):
+        value = parse_int_list(value, key)
+    if not isinstance(value, (list, tuple)) or any(
+        isinstance(v, bool) or not isinstance(v, int) or v < minimum for v in value
+    ):
+        raise SpmdsimError(f"case key {key!r} must be a list of {what}, got {value!r}")
+    return tuple(value)
+
+
+def _name_list(data: Mapping, key: str) -> tuple[str, ...]:
+    value = data[key]
+    if isinstance(value, str):
+        value = parse_name_list(value, key)
+    if not isinstance(value, (list, tuple)) or any(not isinstance(v, str) for v in value):
+        raise SpmdsimError(f"case key {key!r} must be a list of axis names, got {value!r}")
+    return tuple(value)
+
+
+def _tensor_map(data: Mapping) -> tuple:
+    value = data["tensor_map"]
+    if isinstance(value, str):
+        return parse_tensor_map(value)
+    if not isinstance(value, (list, tuple)):
+        raise SpmdsimError(
+            f"case key 'tensor_map' must be a list of entries (axis name, null or list "
+            f"of axis names), got {value!r}"
+        )
+    for entry in value:
+        ok = entry is None or isinstance(entry, str) or (
+            isinstance(entry, (list, tuple)) and all(isinstance(a, str) for a in entry)
+        )
+        if not ok:
+            raise SpmdsimError(
+                f"case key 'tensor_map' entry {entry!r} must be an axis name, null or a "
+                "list of axis names"
+            )
+    return tuple(tuple(e) if isinstance(e, list) else e for e in value)
+
+
+def _require(data: Mapping, keys: Sequence[str], form: str) -> None:
+    for key in keys:
+        if key not in data:
+            raise SpmdsimError(f"case is missing key {key!r} (needed by the {form} form)")
+
+
+def case_from_dict(data: Any) -> Case:
+    """Build a Case from a decoded JSON object, naming any bad key."""
+    if not isinstance(data, Mapping):
+        raise SpmdsimError(f"a case must be a JSON object, got {data!r}")
+    unknown = sorted(set(data) - set(_KNOWN_KEYS))
+    if unknown:
+        raise SpmdsimError(
+            f"case has unknown key {unknown[0]!r}; expected keys among {_KNOWN_KEYS!r}"
+        )
+    forms = [
+        name
+        for name, keys in (("layout", _LAYOUT_KEYS), ("strategy", ("strategy",)), ("sbp", _SBP_KEYS))
+        if any(k in data for k in keys)
+    ]
+    if not forms:
+        raise SpmdsimError(
+            "case gives no layout: expected 'device_matrix'/'alias_name'/'tensor_map', "
+            "'strategy' (+ 'world_size') or 'sbp' + 'placement'"
+        )
+    if len(forms) > 1:
+        raise SpmdsimError(f"case mixes the {forms[0]} and {forms[1]} forms; give only one")
+    form = forms[0]
+    _require(data, ("shape",), form)
+    shape = _int_list(data, "shape", "non-negative integers", 0)
+    partial = _name_list(data, "partial") if "partial" in data else ()
+    if form == "layout":
+        _require(data, _LAYOUT_KEYS, "layout")
+        layout = Layout(
+            _int_list(data, "device_matrix", "positive integers", 1),
+            _name_list(data, "alias_name"),
+        )
+        tl = layout(*_tensor_map(data), partial=partial)
+        world = data.get("world_size", layout.num_devices)
+        if world != layout.num_devices:
+            raise SpmdsimError(
+                f"case key 'world_size' is {world!r} but device_matrix "
+                f"{layout.device_matrix!r} has {layout.num_devices} devices"
+            )
+        case = Case(tl, shape, "layout")
+    elif form == "strategy":
+        case = _strategy_case(data, shape, partial)
+    else:
+        case = _sbp_case(data, shape, partial)
+    case.tensor_layout.check_shape(case.shape)
+    return case
+
+
+def _strategy_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...]) -> Case:
+    from ..dialects.strategy import parse_strategy, strategy_layout
+
+    value = data["strategy"]
+    parsed = parse_strategy(value) if isinstance(value, str) else value
+    if (
+        isinstance(parsed, (list, tuple))
+        and parsed
+        and all(isinstance(p, (list, tuple)) for p in parsed)
+    ):
+        if len(parsed) != 1:
+            raise SpmdsimError(
+                f"case key 'strategy' {value!r} gives {len(parsed)} tensors; expected one "
+                "tensor's strategy such as [[2, 1, 2, 2, 1]]"
+            )
+        parsed = parsed[0]
+    if not isinstance(parsed, (list, tuple)) or any(
+        isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in parsed
+    ):
+        raise SpmdsimError(
+            f"case key 'strategy' must be one tensor's strategy (positive integers), got {value!r}"
+        )
+    strategy = tuple(parsed)
+    if "world_size" in data:
+        world = data["world_size"]
+        if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+            raise SpmdsimError(f"case key 'world_size' must be a positive integer, got {world!r}")
+    else:
+        world = math.prod(strategy)
+    tl = strategy_layout(strategy, world)
+    if partial:
+        tl = tl.with_partial(partial)
+    return Case(tl, shape, "strategy", strategy=strategy)
+
+
+def _sbp_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...]) -> Case:
+    from ..dialects.sbp import parse_sbp, sbp_to_layout
+
+    _require(data, _SBP_KEYS, "sbp")
+    sbp = parse_sbp(data["sbp"])
+    placement = _int_list(data, "placement", "positive integers", 1)
+    tl = sbp_to_layout(sbp, placement, len(shape))
+    if partial:
+        tl = tl.with_partial(tuple(tl.partial) + tuple(p for p in partial if p not in tl.partial))
+    return Case(tl, shape, "sbp", sbp=tuple(str(s) for s in sbp))
+
+
+def case_from_json(text: str, where: str = "case") -> Case:
+    """Parse a JSON case; `where` names the source in error messages."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpmdsimError(f"{where} is not valid JSON: {exc}") from None
+    return case_from_dict(data)
+
+
+# -- command-line flags -----------------------------------------------------------
+def _split_top(text: str) -> list[str]:
+    """Split on commas outside brackets."""
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur))
+    return [p.strip() for p in parts]
+
+
+def _unwrap(text: str) -> str:
+    """Drop one pair of brackets around the whole text, if they enclose all of it."""
+    text = text.strip()
+    if len(text) >= 2 and text[0] in "([" and text[-1] in ")]":
+        depth = 0
+        for i, ch in enumerate(text):
+            depth += ch in "(["
+            depth -= ch in ")]"
+            if depth == 0 and i < len(text) - 1:
+                return text
+        return text[1:-1].strip()
+    return text
+
+
+def parse_int_list(text: str, key: str = "value") -> tuple[int, ...]:
+    """'2,1,2' or '(2, 1, 2)' -> (2, 1, 2)."""
+    body = _unwrap(text)
+    parts = [p for p in _split_top(body) if p] if body else []
+    try:
+        return tuple(int(p) for p in parts)
+    except ValueError:
+        raise SpmdsimError(f"{key} {text!r} must be comma-separated integers such as 2,4") from None
+
+
+def parse_name_list(text: str, key: str = "value") -> tuple[str, ...]:
+    """'dp,sp,mp' -> ('dp', 'sp', 'mp'); quotes are optional."""
+    body = _unwrap(text)
+    names = tuple(p.strip("'\" ") for p in _split_top(body) if p) if body else ()
+    if any(not n or any(c in n for c in "()[]") for n in names):
+        raise SpmdsimError(f"{key} {text!r} must be comma-separated axis names such as dp,mp")
+    return names
+
+
+def parse_tensor_map(text: str) -> tuple:
+    """'mp,(sp,dp),None' -> ('mp', ('sp', 'dp'), None); Python-style brackets are optional."""
+    body = text.strip()
+    if len(_split_top(body)) == 1:
+        body = _unwrap(body)  # '(b, d, e)' is the whole map, written as a tuple
+    out: list = []
+    parts = _split_top(body) if body else []
+    if parts and parts[-1] == "":
+        parts.pop()  # trailing comma, as in ('mp',)
+    for part in parts:
+        if part.startswith(("(", "[")):
+            out.append(parse_name_list(part, "tensor map entry"))
+        elif part.strip("'\"") in ("None", "none", "null", ""):
+            out.append(None)
+        else:
+            name = part.strip("'\" ")
+            if any(c in name for c in "()[] "):
+                raise SpmdsimError(f"tensor map {text!r} has a malformed entry {part!r}")
+            out.append(name)
+    return tuple(out)
+
+
+def add_case_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments `slices`, `explain` and `show` share."""
+    parser.add_argument(
+        "case", nargs="?", default=None,
+        help="JSON case file ('-' or omitted with no flags: read stdin)",
+    )
+    g = parser.add_argument_group("case flags (override keys of the JSON case)")
+    g.add_argument("--device-matrix", metavar="N,N,..", help="e.g. 2,1,2,2,1")
+    g.add_argument("--alias", metavar="NAME,..", help="axis names, e.g. a,b,c,d,e")
+    g.add_argument("--tensor-map", metavar="ENTRY,..", help="e.g. b,d,e,c,a or mp,(sp,dp),None")
+    g.add_argument("--shape", metavar="N,N,..", help="global shape, e.g. 1,2,1,2,2")
+    g.add_argument("--partial", metavar="NAME,..", help="axes holding pending sums")
+    g.add_argument("--strategy", metavar="S", help='one tensor\'s .shard strategy, e.g. "((2,1,2,2,1),)"')
+    g.add_argument("--world-size", type=int, metavar="N", help="ranks for --strategy")
+    g.add_argument("--sbp", metavar="SBP", help='nD SBP, e.g. "S(0),B"')
+    g.add_argument("--placement", metavar="N,N,..", help="placement shape for --sbp, e.g. 2,4")
+
+
+def case_from_args(args: argparse.Namespace, stdin: Optional[TextIO] = None) -> Case:
+    """Build the case from a JSON file/stdin and the flags (flags win)."""
+    flags: dict[str, Any] = {}
+    if args.device_matrix is not None:
+        flags["device_matrix"] = parse_int_list(args.device_matrix, "--device-matrix")
+    if args.alias is not None:
+        flags["alias_name"] = parse_name_list(args.alias, "--alias")
+    if args.tensor_map is not None:
+        flags["tensor_map"] = parse_tensor_map(args.tensor_map)
+    if args.shape is not None:
+        flags["shape"] = parse_int_list(args.shape, "--shape")
+    if args.partial is not None:
+        flags["partial"] = parse_name_list(args.partial, "--partial")
+    if args.strategy is not None:
+        flags["strategy"] = args.strategy
+    if args.world_size is not None:
+        flags["world_size"] = args.world_size
+    if args.sbp is not None:
+        flags["sbp"] = args.sbp
+    if args.placement is not None:
+        flags["placement"] = parse_int_list(args.placement, "--placement")
+    data: dict[str, Any] = {}
+    if args.case is not None or not flags:
+        data = _read_case_source(args.case, stdin)
+    forms = {"layout": _LAYOUT_KEYS, "strategy": _STRATEGY_KEYS, "sbp": _SBP_KEYS}
+    triggers = {"layout": _LAYOUT_KEYS, "strategy": ("strategy",), "sbp": _SBP_KEYS}
+    for form, keys in triggers.items():
+        if any(k in flags for k in keys):
+            # A flag of another form replaces the file's form instead of mixing with it.
+            for other, other_keys in forms.items():
+                if other != form:
+                    for k in other_keys:
+                        data.pop(k, None)
+    data.update(flags)
+    return case_from_dict(data)
+
+
+def _read_case_source(path: Optional[str], stdin: Optional[TextIO]) -> dict:
+    if path in (None, "-"):
+        stream = stdin if stdin is not None else sys.stdin
+        if path is None and stream.isatty():
+            raise SpmdsimError(
+                "no case given: pass a JSON case file, pipe one on stdin, or use "
+                "--device-matrix/--alias/--tensor-map/--shape"
+            )
+        text, where = stream.read(), "stdin"
+    else:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError as exc:
+            raise SpmdsimError(f"cannot read case file {path!r}: {exc.strerror}") from None
+        where = f"case file {path!r}"
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpmdsimError(f"{where} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise SpmdsimError(f"{where} must hold a JSON object, got {data!r}")
+    return data

@@ -1,0 +1,338 @@
+"""The shard derivation a teacher shows: number, reorder, compute (seed 000).
+
+MindSpore's tutorial derives which shard each card holds in three steps:
+
+1. number the device matrix right to left (mixed radix, last axis fastest);
+2. reorder the columns by the tensor map, dropping axes it does not use;
+3. with strides over the new order, shard number = sum(index * stride).
+
+The shard number is the row-major number of the rank's block among all
+blocks, so with a 0..n-1 arange tensor cut into one-element shards rank r
+holds exactly its shard number. Pure: numpy only.
+"""
+from __future__ import annotations
+
+import math
+import textwrap
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from .layout import TensorLayout, format_entry
+
+__all__ = ["RankRow", "Explanation", "explain", "format_explanation", "explanation_to_dict"]
+
+#: Largest global tensor for which the arange demo values are computed.
+MAX_VALUE_ELEMENTS = 1 << 16
+#: Width of the values column of the text table before "...".
+_TEXT_VALUE_CHARS = 20
+
+
+@dataclass(frozen=True)
+class RankRow:
+    """One rank's line through the three steps."""
+
+    rank: int
+    coords: tuple[int, ...]  # step 1: one index per device-matrix axis
+    map_coords: tuple[int, ...]  # step 2: the indices in tensor-map order
+    shard_number: int  # step 3
+    shard_index: tuple[int, ...]  # per tensor dim
+    bounds: tuple[tuple[int, int], ...]  # per tensor dim, half-open
+    values: Optional[tuple[int, ...]] = None  # the rank's arange values, flattened
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Every table of the derivation for one tensor layout and shape."""
+
+    tensor_layout: TensorLayout
+    shape: tuple[int, ...]
+    map_axes: tuple[str, ...]  # split axes in tensor-map order (first listed major)
+    map_dims: tuple[int, ...]  # the tensor dim each of map_axes splits
+    map_strides: tuple[int, ...]
+    dropped: tuple[str, ...]  # device axes the tensor map does not use
+    rows: tuple[RankRow, ...]
+    strategy: Optional[tuple[int, ...]] = None
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return self.tensor_layout.layout.alias_name
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return self.tensor_layout.layout.device_matrix
+
+    @property
+    def map_sizes(self) -> tuple[int, ...]:
+        return tuple(self.tensor_layout.layout.axis_size(a) for a in self.map_axes)
+
+    @property
+    def shard_numbers(self) -> tuple[int, ...]:
+        return tuple(row.shard_number for row in self.rows)
+
+
+def _strides(sizes: Sequence[int]) -> tuple[int, ...]:
+    out = [1] * len(sizes)
+    for i in range(len(sizes) - 2, -1, -1):
+        out[i] = out[i + 1] * sizes[i + 1]
+    return tuple(out)
+
+
+def explain(
+    tensor_layout: TensorLayout,
+    shape: Sequence[int],
+    *,
+    strategy: Optional[Sequence[int]] = None,
+    values: bool = True,
+) -> Explanation:
+    """Derive, for every rank, its coordinates, shard number, slice and arange values.
+
+    Args:
+        tensor_layout: the layout to explain.
+        shape: the global shape (every split dim must divide evenly).
+        strategy: the `.shard` strategy the layout came from, if any (changes the wording).
+        values: attach each rank's values of ``arange(prod(shape)).reshape(shape)``
+            (skipped for tensors over MAX_VALUE_ELEMENTS elements).
+    """
+    shape = tensor_layout.check_shape(shape)
+    layout = tensor_layout.layout
+    map_axes = tensor_layout.split_axes
+    map_dims = tuple(d for d, axes in enumerate(tensor_layout.tensor_map) for _ in axes)
+    map_strides = _strides([layout.axis_size(a) for a in map_axes])
+    positions = [layout.axis_index(a) for a in map_axes]
+    dropped = tuple(a for a in layout.alias_name if a not in map_axes)
+    arange = None
+    if values and math.prod(shape) <= MAX_VALUE_ELEMENTS:
+        arange = np.arange(math.prod(shape), dtype=np.int64).reshape(shape)
+    rows = []
+    for rank in range(layout.num_devices):
+        coords = layout.coords(rank)
+        map_coords = tuple(coords[p] for p in positions)
+        bounds = tensor_layout.bounds(rank, shape)
+        local = None
+        if arange is not None:
+            local = tuple(int(v) for v in arange[tuple(slice(a, b) for a, b in bounds)].ravel())
+        rows.append(
+            RankRow(
+                rank=rank,
+                coords=coords,
+                map_coords=map_coords,
+                shard_number=sum(c * s for c, s in zip(map_coords, map_strides)),
+                shard_index=tensor_layout.shard_index(rank),
+                bounds=bounds,
+                values=local,
+            )
+        )
+    return Explanation(
+        tensor_layout=tensor_layout,
+        shape=shape,
+        map_axes=map_axes,
+        map_dims=map_dims,
+        map_strides=map_strides,
+        dropped=dropped,
+        rows=tuple(rows),
+        strategy=tuple(strategy) if strategy is not None else None,
+    )
+
+
+# -- text ----------------------------------------------------------------------------
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], left: Sequence[int] = ()) -> list[str]:
+    """Columns separated by two spaces, right-aligned except the `left` ones."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    out = []
+    for row in cells:
+        parts = [c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        out.append(("  " + "  ".join(parts)).rstrip())
+    return out
+
+
+def _shown_map(tl: TensorLayout) -> str:
+    return "(" + ", ".join(format_entry(e) for e in tl.tensor_map) + ")"
+
+
+def _bounds_text(bounds: Sequence[tuple[int, int]]) -> str:
+    return "[" + ", ".join(f"{a}:{b}" for a, b in bounds) + "]"
+
+
+def _values_text(values: Optional[Sequence[int]]) -> str:
+    if values is None:
+        return "-"
+    shown: list[str] = []
+    for v in values:
+        if len(" ".join(shown + [str(v)])) > _TEXT_VALUE_CHARS:
+            return " ".join(shown) + f" ... ({len(values)} values)"
+        shown.append(str(v))
+    return " ".join(shown)
+
+
+def _headline(ex: Explanation) -> list[str]:
+    tl = ex.tensor_layout
+    layout = tl.layout
+    names = ", ".join(f'"{a}"' for a in layout.alias_name)
+    lines = []
+    if ex.strategy is not None:
+        lines += _wrap(
+            f"strategy {ex.strategy!r} on {layout.num_devices} ranks: the device matrix is the "
+            "strategy and the tensor map takes the dims in order (MindSpore's tensor_map "
+            f"{tuple(range(len(ex.strategy) - 1, -1, -1))!r}), so step 2 changes nothing.",
+            "",
+        )
+        if layout.num_devices > math.prod(ex.strategy):
+            lines += _wrap(
+                f"The strategy uses {math.prod(ex.strategy)} of {layout.num_devices} ranks: the "
+                "extra axis on the right repeats the calculation.",
+                "",
+            )
+    table = _table(
+        ["layout", f"Layout({layout.device_matrix!r}, ({names}))"],
+        [["tensor map", _shown_map(tl)], ["shape", str(ex.shape)]]
+        + ([["partial", ", ".join(tl.partial)]] if tl.partial else []),
+        left=(0, 1),
+    )
+    return lines + [line[2:] for line in table]
+
+
+def _wrap(text: str, indent: str) -> list[str]:
+    return textwrap.wrap(text, width=78, initial_indent=indent, subsequent_indent=indent)
+
+
+def format_explanation(ex: Explanation) -> str:
+    """The derivation as plain-text tables (what `spmdsim explain` prints)."""
+    lines = _headline(ex) + [""]
+    lines.append("Step 1. Number the device matrix right to left: the last axis varies")
+    lines.append("        fastest and each axis counts in base its size (mixed radix).")
+    lines.append("")
+    lines += _table(["axis"] + list(ex.axes), [["size"] + list(ex.sizes)], left=(0,))
+    lines.append("")
+    lines += _table(["rank"] + list(ex.axes), [[r.rank] + list(r.coords) for r in ex.rows])
+    lines.append("")
+    lines.append("Step 2. Reorder the columns by the tensor map; drop the axes it does not use.")
+    lines.append("")
+    if ex.map_axes and ex.map_axes == tuple(a for a in ex.axes if a in ex.map_axes):
+        lines.append("  (the tensor map already lists its axes in device-matrix order)")
+    if ex.dropped:
+        lines.append(f"  dropped (not in the tensor map): {', '.join(ex.dropped)}")
+        lines.append("")
+    if ex.map_axes:
+        lines += _table(
+            ["axis"] + list(ex.map_axes), [["tensor dim"] + list(ex.map_dims)], left=(0,)
+        )
+        lines.append("")
+        lines += _table(
+            ["rank"] + list(ex.map_axes), [[r.rank] + list(r.map_coords) for r in ex.rows]
+        )
+    else:
+        lines.append("  the tensor map splits nothing: every rank holds the whole tensor")
+    lines.append("")
+    lines.append("Step 3. Stride of each axis = product of the sizes to its right (new order);")
+    lines.append("        shard number = sum of index * stride.")
+    lines.append("")
+    if ex.map_axes:
+        lines += _table(
+            ["axis"] + list(ex.map_axes),
+            [["size"] + list(ex.map_sizes), ["stride"] + list(ex.map_strides)],
+            left=(0,),
+        )
+        lines.append("")
+    sums = []
+    for r in ex.rows:
+        terms = " + ".join(f"{c}*{s}" for c, s in zip(r.map_coords, ex.map_strides)) or "0"
+        sums.append([r.rank, f"{terms} = {r.shard_number}"])
+    lines += _table(["rank", "shard number"], sums, left=(1,))
+    lines.append("")
+    lines.append("Result. Each rank's block of the global tensor (and of arange(n).reshape(shape)).")
+    lines.append("")
+    lines += _table(
+        ["rank", "shard", "index per dim", "slice", "values"],
+        [
+            [r.rank, r.shard_number, str(r.shard_index), _bounds_text(r.bounds), _values_text(r.values)]
+            for r in ex.rows
+        ],
+        left=(2, 3, 4),
+    )
+    lines += _notes(ex)
+    return "\n".join(lines) + "\n"
+
+
+def _notes(ex: Explanation) -> list[str]:
+    tl = ex.tensor_layout
+    notes = []
+    for d, axes in enumerate(tl.tensor_map):
+        if len(axes) > 1:
+            notes.append(
+                f"tensor dim {d} is split over {format_entry(axes)}: the first listed axis "
+                "is major (shard = i_first * size_second + i_second)."
+            )
+    if tl.replicated_axes:
+        groups = [g for g in tl.replica_groups()]
+        shown = ", ".join(str(g) for g in groups[:4]) + (", ..." if len(groups) > 4 else "")
+        which = (
+            f"axis {tl.replicated_axes[0]} is"
+            if len(tl.replicated_axes) == 1
+            else f"axes {', '.join(tl.replicated_axes)} are"
+        )
+        notes.append(
+            f"{which} not in the tensor map: ranks that differ "
+            f"only there hold the same shard (replicas): {shown}."
+        )
+    if tl.partial:
+        notes.append(
+            f"partial over {', '.join(tl.partial)}: ranks that differ only there hold pending "
+            "sums; the block's value is the sum of their local values."
+        )
+    if ex.rows and ex.rows[0].values is None and all(r.values is None for r in ex.rows):
+        notes.append(
+            f"values omitted: the arange demo is for tensors up to {MAX_VALUE_ELEMENTS} elements."
+        )
+    if not notes:
+        return []
+    out = [""]
+    for note in notes:
+        out += _wrap("Note: " + note, "")
+    return out
+
+
+# -- JSON -----------------------------------------------------------------------------
+def _entry_json(axes: tuple[str, ...]) -> Any:
+    if not axes:
+        return None
+    return axes[0] if len(axes) == 1 else list(axes)
+
+
+def explanation_to_dict(ex: Explanation) -> dict[str, Any]:
+    """The derivation as plain JSON-ready data (what `spmdsim explain --json` prints)."""
+    tl = ex.tensor_layout
+    return {
+        "device_matrix": list(ex.sizes),
+        "alias_name": list(ex.axes),
+        "tensor_map": [_entry_json(axes) for axes in tl.tensor_map],
+        "partial": list(tl.partial),
+        "shape": list(ex.shape),
+        "strategy": list(ex.strategy) if ex.strategy is not None else None,
+        "step1": {"axes": list(ex.axes), "sizes": list(ex.sizes)},
+        "step2": {
+            "axes": list(ex.map_axes),
+            "tensor_dims": list(ex.map_dims),
+            "dropped": list(ex.dropped),
+        },
+        "step3": {
+            "axes": list(ex.map_axes),
+            "sizes": list(ex.map_sizes),
+            "strides": list(ex.map_strides),
+        },
+        "ranks": [
+            {
+                "rank": r.rank,
+                "coords": list(r.coords),
+                "map_coords": list(r.map_coords),
+                "shard_number": r.shard_number,
+                "shard_index": list(r.shard_index),
+                "slice": [list(b) for b in r.bounds],
+                "values": list(r.values) if r.values is not None else None,
+            }
+            for r in ex.rows
+        ],
+        "replica_groups": [list(g) for g in tl.replica_groups()],
+    }
