@@ -1,0 +1,412 @@
+"""Pure layout inference for the operators: output layout and the collective that finishes it.
+
+Never imports mpi4py. Given the inputs' TensorLayouts, each `infer_*` returns a
+frozen plan: the layout of the local result (possibly partial: pending sums
+over the axes that split a contraction), the final layout, and which
+collective (Allreduce, Reduce_scatter, Allgather) turns one into the other.
+Inconsistent inputs raise OperatorError saying what would have to change.
+
+Collective choice (DESIGN.md section 2):
+| local result -> wanted            | collective      |
+| --------------------------------- | --------------- |
+| partial over P -> not partial     | Allreduce(P)    |
+| partial over P -> dim d also on P | Reduce_scatter  |
+| split dim over A -> gathered      | Allgather(A)    |
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from ..errors import OperatorError, ShapeError
+from ..layout import TensorLayout, format_entry
+
+__all__ = [
+    "Resolution",
+    "MatMulPlan",
+    "LinearPlan",
+    "EmbeddingPlan",
+    "infer_matmul",
+    "infer_linear",
+    "infer_embedding",
+    "infer_elementwise",
+    "infer_add",
+    "infer_bias_add",
+    "matmul_shape",
+    "resolve_partial",
+]
+
+ALLREDUCE = "allreduce"
+REDUCE_SCATTER = "reduce_scatter"
+ALLGATHER = "allgather"
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """One collective that finishes a result: `collective` over `axes` (None: no communication)."""
+
+    collective: Optional[str]
+    axes: tuple[str, ...] = ()
+    tensor_dim: Optional[int] = None
+
+    def __str__(self) -> str:
+        if self.collective is None:
+            return "none"
+        where = f", dim {self.tensor_dim}" if self.tensor_dim is not None else ""
+        return f"{self.collective}{self.axes!r}{where}"
+
+
+_NONE = Resolution(None)
+
+
+def _fmt(layout: TensorLayout) -> str:
+    return str(layout)
+
+
+def resolve_partial(
+    local: TensorLayout, out: Optional[TensorLayout] = None, reduce: bool = True
+) -> tuple[TensorLayout, Resolution]:
+    """Final layout and collective for a local result that may hold pending sums.
+
+    Args:
+        local: the local result's layout (partial axes = pending sums).
+        out: wanted layout; None = Allreduce to a full sum. A dim whose entry is
+            the local entry followed by the partial axes asks for Reduce_scatter.
+        reduce: False keeps the pending sum (no collective).
+    """
+    pending = local.partial
+    if out is not None and out.layout != local.layout:
+        raise OperatorError(
+            f"output layout is on {out.layout} but the inputs are on {local.layout}"
+        )
+    if not pending or not reduce:
+        if out is not None and out != local:
+            raise OperatorError(
+                f"the result has layout {_fmt(local)}; requested output {_fmt(out)} "
+                "needs a redistribution, which this operator does not do"
+            )
+        return local, _NONE
+    full = local.with_partial(())
+    if out is None or out == full:
+        return full, Resolution(ALLREDUCE, pending)
+    if out.partial or out.ndim != local.ndim:
+        raise OperatorError(
+            f"requested output {_fmt(out)} must be a non-partial layout with {local.ndim} dims"
+        )
+    changed = [d for d in range(local.ndim) if out.tensor_map[d] != local.tensor_map[d]]
+    if len(changed) == 1:
+        d = changed[0]
+        base, want = local.tensor_map[d], out.tensor_map[d]
+        suffix = want[len(base):]
+        if want[: len(base)] == base and sorted(suffix) == sorted(pending):
+            return out, Resolution(REDUCE_SCATTER, suffix, d)
+    example = list(local.tensor_map)
+    example[0] = example[0] + pending
+    shown = "(" + ", ".join(format_entry(e) for e in example) + ")"
+    raise OperatorError(
+        f"requested output {_fmt(out)} cannot be reached from the pending sum "
+        f"{_fmt(local)} with one collective; expected {_fmt(full)} (Allreduce over "
+        f"{pending!r}) or one dim extended by the partial axes {pending!r}, e.g. {shown} "
+        "(Reduce_scatter)"
+    )
+
+
+def _check_same_mesh(**layouts: TensorLayout) -> None:
+    items = list(layouts.items())
+    for name, layout in items:
+        if not isinstance(layout, TensorLayout):
+            raise OperatorError(f"{name} layout {layout!r} must be a TensorLayout")
+    first_name, first = items[0]
+    for name, layout in items[1:]:
+        if layout.layout != first.layout:
+            raise OperatorError(
+                f"{first_name} is on {first.layout} but {name} is on {layout.layout}; "
+                "operands must share one device matrix"
+            )
+
+
+def _check_no_reuse(out_map: Sequence[tuple[str, ...]], names: Sequence[str], what: str) -> None:
+    seen: dict[str, str] = {}
+    for axes, name in zip(out_map, names):
+        for alias in axes:
+            if alias in seen:
+                raise OperatorError(
+                    f"axis {alias!r} splits both {seen[alias]} and {name}; the {what} would be "
+                    f"split twice over it: map one of them to another axis or to None"
+                )
+            seen[alias] = name
+
+
+@dataclass(frozen=True)
+class MatMulPlan:
+    """How Y = X @ W runs: local product layout, final layout, resolving collective."""
+
+    x: TensorLayout
+    w: TensorLayout
+    local: TensorLayout
+    out: TensorLayout
+    resolution: Resolution
+    contraction_axes: tuple[str, ...]
+    transpose_a: bool = False
+    transpose_b: bool = False
+
+    @property
+    def collective(self) -> Optional[str]:
+        return self.resolution.collective
+
+    def why(self) -> str:
+        """One sentence a teacher would say about the communication."""
+        res = self.resolution
+        if res.collective is None:
+            if self.local.partial:
+                return f"the result stays a pending sum over {self.local.partial!r}"
+            return "the contraction dim K is not split, so each rank's product is final"
+        source = (
+            f"contraction dim K is split over {self.contraction_axes!r}, so each rank holds "
+            "a partial sum"
+            if self.contraction_axes
+            else f"the input is a pending sum over {self.local.partial!r}"
+        )
+        if res.collective == ALLREDUCE:
+            return f"{source}; Allreduce over {res.axes!r} adds the partial sums"
+        return (
+            f"{source}; Reduce_scatter over {res.axes!r} adds them and leaves each rank "
+            f"one piece of dim {res.tensor_dim}"
+        )
+
+
+def _matmul_dims(ndim: int, transpose: bool) -> tuple[int, int]:
+    """(row-ish dim, contraction-or-col dim) positions for the last two dims."""
+    return (ndim - 1, ndim - 2) if transpose else (ndim - 2, ndim - 1)
+
+
+def infer_matmul(
+    x: TensorLayout,
+    w: TensorLayout,
+    *,
+    transpose_a: bool = False,
+    transpose_b: bool = False,
+    out: Optional[TensorLayout] = None,
+    reduce: bool = True,
+) -> MatMulPlan:
+    """Plan Y = op(X) @ op(W) for layouts whose contraction dims use the same axes.
+
+    X is (..., M, K) ((..., K, M) with transpose_a); W is (K, N) or (..., K, N)
+    ((..., N, K) with transpose_b). Y maps (batch of X, M of X, N of W) and is
+    partial over the axes splitting K until reduced.
+    """
+    _check_same_mesh(x=x, w=w)
+    if x.ndim < 2 or w.ndim < 2:
+        raise OperatorError(
+            f"matmul needs operands with at least 2 dims, got x {_fmt(x)} and w {_fmt(w)}"
+        )
+    if w.ndim != 2 and w.ndim != x.ndim:
+        raise OperatorError(
+            f"w {_fmt(w)} must have 2 dims or the same {x.ndim} dims as x {_fmt(x)}"
+        )
+    x_m, x_k = _matmul_dims(x.ndim, transpose_a)
+    w_n, w_k = _matmul_dims(w.ndim, not transpose_b)
+    k_x, k_w = x.tensor_map[x_k], w.tensor_map[w_k]
+    if k_x != k_w:
+        fixed = list(w.tensor_map)
+        fixed[w_k] = k_x
+        raise OperatorError(
+            f"contraction dim K is split over {format_entry(k_x)} in x {_fmt(x)} but over "
+            f"{format_entry(k_w)} in w {_fmt(w)}; both must use the same axes in the same "
+            f"order, e.g. w mapped ({', '.join(format_entry(e) for e in fixed)})"
+        )
+    batch = x.tensor_map[:-2]
+    if w.ndim > 2 and w.tensor_map[:-2] != batch:
+        raise OperatorError(
+            f"batch dims of x {_fmt(x)} and w {_fmt(w)} must be split the same way"
+        )
+    if x.partial and w.partial:
+        raise OperatorError(
+            f"x {_fmt(x)} and w {_fmt(w)} are both pending sums; resolve one first"
+        )
+    for a, b, a_name, b_name in ((x, w, "x", "w"), (w, x, "w", "x")):
+        clash = [p for p in a.partial if p in b.split_axes]
+        if clash:
+            raise OperatorError(
+                f"{a_name} {_fmt(a)} is a pending sum over {tuple(clash)!r} but {b_name} "
+                f"{_fmt(b)} is split over them; resolve {a_name} (Allreduce) first"
+            )
+    out_map = tuple(batch) + (x.tensor_map[x_m], w.tensor_map[w_n])
+    names = [f"batch dim {i} of x" for i in range(len(batch))] + ["dim M of x", "dim N of w"]
+    # N may not reuse an axis of x's batch or M dims (x's own dims never share one).
+    _check_no_reuse(out_map, names, "output")
+    # An axis of size 1 cuts nothing: no pending sum over it, no collective.
+    split_k = tuple(a for a in k_x if x.layout.axis_size(a) > 1)
+    pending = split_k + x.partial + w.partial
+    local = TensorLayout(x.layout, out_map, pending)
+    final, resolution = resolve_partial(local, out, reduce)
+    return MatMulPlan(x, w, local, final, resolution, split_k, transpose_a, transpose_b)
+
+
+def matmul_shape(
+    x_shape: Sequence[int],
+    w_shape: Sequence[int],
+    transpose_a: bool = False,
+    transpose_b: bool = False,
+) -> tuple[int, ...]:
+    """Global output shape of op(X) @ op(W); ShapeError when the sizes disagree."""
+    xs, ws = tuple(x_shape), tuple(w_shape)
+    if len(xs) < 2 or len(ws) < 2:
+        raise ShapeError(f"matmul needs shapes with at least 2 dims, got {xs!r} and {ws!r}")
+    m, k = (xs[-1], xs[-2]) if transpose_a else (xs[-2], xs[-1])
+    n, k_w = (ws[-2], ws[-1]) if transpose_b else (ws[-1], ws[-2])
+    if k != k_w:
+        raise ShapeError(
+            f"contraction sizes differ: x of shape {xs!r} gives K={k!r}, w of shape {ws!r} "
+            f"gives K={k_w!r}"
+        )
+    if len(ws) > 2 and ws[:-2] != xs[:-2]:
+        raise ShapeError(f"batch dims of x {xs[:-2]!r} and w {ws[:-2]!r} differ")
+    return xs[:-2] + (m, n)
+
+
+@dataclass(frozen=True)
+class LinearPlan:
+    """Y = X @ W + b: the matmul plan, where the bias goes and the optional Allgather."""
+
+    matmul: MatMulPlan
+    kind: str  # "column", "row", "replicated" or "2d"
+    bias: Optional[TensorLayout]
+    bias_on_pending: bool
+    gather: Resolution
+    out: TensorLayout
+
+    @property
+    def collectives(self) -> tuple[Resolution, ...]:
+        return tuple(r for r in (self.matmul.resolution, self.gather) if r.collective)
+
+
+def infer_linear(
+    x: TensorLayout,
+    weight: TensorLayout,
+    bias: Optional[TensorLayout] = None,
+    *,
+    gather_out: bool = False,
+    reduce: bool = True,
+) -> LinearPlan:
+    """Plan a Linear layer with weight (in_features, out_features).
+
+    Column-parallel (weight split on out_features): output split on its last
+    dim, or Allgather when `gather_out`. Row-parallel (weight split on
+    in_features, x split the same way on its last dim): Allreduce, and the bias
+    is added once, after the reduction. With `reduce=False` the bias is folded
+    into the pending sum on one rank of the group instead.
+    """
+    if weight.ndim != 2:
+        raise OperatorError(f"linear weight {_fmt(weight)} must have 2 dims (in, out)")
+    mm = infer_matmul(x, weight, reduce=reduce)
+    k_axes, n_axes = weight.tensor_map
+    kind = {(False, False): "replicated", (False, True): "column",
+            (True, False): "row"}.get((bool(k_axes), bool(n_axes)), "2d")
+    out = mm.out
+    if bias is not None:
+        _check_same_mesh(weight=weight, bias=bias)
+        if bias.ndim != 1 or bias.partial:
+            raise OperatorError(f"bias layout {_fmt(bias)} must be 1-d and not partial")
+        if bias.tensor_map[0] != out.tensor_map[-1]:
+            raise OperatorError(
+                f"bias {_fmt(bias)} must be split like the output's last dim "
+                f"({format_entry(out.tensor_map[-1])}) of {_fmt(out)}"
+            )
+    gather = _NONE
+    if gather_out and out.tensor_map[-1]:
+        if out.partial:
+            raise OperatorError("gather_out needs a reduced result; got a pending sum")
+        gather = Resolution(ALLGATHER, out.tensor_map[-1], out.ndim - 1)
+        out = out.with_map(*out.tensor_map[:-1], None)
+    return LinearPlan(mm, kind, bias, bool(mm.out.partial), gather, out)
+
+
+@dataclass(frozen=True)
+class EmbeddingPlan:
+    """table[ids]: vocab-parallel (rows split: pending sum) and/or dim-parallel (cols split)."""
+
+    ids: TensorLayout
+    table: TensorLayout
+    local: TensorLayout
+    out: TensorLayout
+    vocab_axes: tuple[str, ...]
+    dim_axes: tuple[str, ...]
+    reduce: Resolution
+    gather: Resolution
+
+    @property
+    def collectives(self) -> tuple[Resolution, ...]:
+        return tuple(r for r in (self.reduce, self.gather) if r.collective)
+
+
+def infer_embedding(
+    ids: TensorLayout,
+    table: TensorLayout,
+    *,
+    gather_out: bool = True,
+    reduce: bool = True,
+) -> EmbeddingPlan:
+    """Plan an Embedding lookup; the table is (num_embeddings, embedding_dim)."""
+    _check_same_mesh(ids=ids, table=table)
+    if table.ndim != 2:
+        raise OperatorError(f"embedding table {_fmt(table)} must have 2 dims")
+    if ids.partial or table.partial:
+        raise OperatorError(f"embedding inputs must not be pending sums: {_fmt(ids)}, {_fmt(table)}")
+    vocab, dim = table.tensor_map
+    for axes, what in ((vocab, "vocabulary (rows)"), (dim, "embedding dim (columns)")):
+        clash = [a for a in axes if a in ids.split_axes]
+        if clash:
+            raise OperatorError(
+                f"the table's {what} is split over {tuple(clash)!r}, which also splits the "
+                f"ids {_fmt(ids)}; ids must be replicated over the table's axes"
+            )
+    local = TensorLayout(ids.layout, ids.tensor_map + (dim,), vocab)
+    out, red = resolve_partial(local, None, reduce)
+    gather = _NONE
+    if gather_out and dim and not out.partial:
+        gather = Resolution(ALLGATHER, dim, out.ndim - 1)
+        out = out.with_map(*out.tensor_map[:-1], None)
+    return EmbeddingPlan(ids, table, local, out, tuple(vocab), tuple(dim), red, gather)
+
+
+def infer_elementwise(x: TensorLayout, op: str = "relu") -> TensorLayout:
+    """Layout of a nonlinear elementwise op (ReLU, GELU): the input's, never partial."""
+    if x.partial:
+        raise OperatorError(
+            f"{op} of a pending sum over {x.partial!r} is wrong ({op}(a) + {op}(b) != "
+            f"{op}(a + b)); Allreduce or Reduce_scatter the input first"
+        )
+    return x
+
+
+def infer_add(a: TensorLayout, b: TensorLayout) -> TensorLayout:
+    """Layout of a + b: both inputs must have one layout (pending sums only with pending sums)."""
+    _check_same_mesh(a=a, b=b)
+    if a.partial != b.partial:
+        raise OperatorError(
+            f"cannot add {_fmt(a)} and {_fmt(b)}: a pending sum plus a value that is not "
+            "pending over the same axes would count the latter once per rank of the group; "
+            "resolve the pending sum first"
+        )
+    if a.tensor_map != b.tensor_map:
+        raise OperatorError(
+            f"cannot add {_fmt(a)} and {_fmt(b)} shard by shard; redistribute one to the other's layout"
+        )
+    return a
+
+
+def infer_bias_add(x: TensorLayout, bias: TensorLayout) -> TensorLayout:
+    """Layout of x + bias (bias along the last dim): bias split like x's last dim."""
+    _check_same_mesh(x=x, bias=bias)
+    if x.partial:
+        raise OperatorError(
+            f"bias add on a pending sum over {x.partial!r} would add the bias once per rank; "
+            "Allreduce first"
+        )
+    if bias.ndim != 1 or bias.partial or bias.tensor_map[0] != x.tensor_map[-1]:
+        raise OperatorError(
+            f"bias {_fmt(bias)} must be 1-d, not partial, and split like the last dim "
+            f"({format_entry(x.tensor_map[-1])}) of {_fmt(x)}"
+        )
+    return x

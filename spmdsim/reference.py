@@ -1,0 +1,247 @@
+"""Single-process numpy references for every operator, whole or region by region.
+
+Pure numpy; never imports mpi4py. Two kinds of functions:
+
+* whole-tensor references (`matmul`, `linear`, `embedding`, `relu`, `gelu`,
+  `add`, `bias_add`, `mlp`, `vocab_parallel_embedding_local`) on ndarrays;
+* region references (`*_region`) built from SeededTensors: they return a
+  callable ``region(slices) -> ndarray`` that computes only the asked block
+  (``Y[rows, cols] = X[rows, :] @ W[:, cols]``), so a rank checking its shard
+  never builds the global result. This is the form ``DTensor.check`` takes.
+
+References accumulate in float64 and return the inputs' dtype, so a float32
+distributed result is compared with the best float32 answer.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional, Sequence, Union
+
+import numpy as np
+
+from .datagen import SeededTensor
+from .errors import OperatorError, ShapeError
+
+__all__ = [
+    "ACTIVATIONS",
+    "Region",
+    "RegionFn",
+    "matmul",
+    "linear",
+    "embedding",
+    "relu",
+    "gelu",
+    "activation",
+    "add",
+    "bias_add",
+    "mlp",
+    "check_ids",
+    "full_region",
+    "matmul_region",
+    "linear_region",
+    "embedding_region",
+    "mlp_region",
+]
+
+Region = Sequence[slice]
+RegionFn = Callable[[Region], np.ndarray]
+Source = Union[SeededTensor, np.ndarray]
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+# -- elementwise ---------------------------------------------------------------
+def relu(x: np.ndarray) -> np.ndarray:
+    """max(x, 0), same dtype."""
+    return np.maximum(x, np.zeros((), dtype=x.dtype))
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """GELU, tanh approximation (Megatron's `bias_gelu`, Paddle `approximate=True`)."""
+    x64 = np.asarray(x, dtype=np.float64)
+    out = 0.5 * x64 * (1.0 + np.tanh(_SQRT_2_OVER_PI * (x64 + 0.044715 * x64**3)))
+    return out.astype(x.dtype, copy=False)
+
+
+ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {"relu": relu, "gelu": gelu}
+
+
+def activation(name: str) -> Callable[[np.ndarray], np.ndarray]:
+    """The activation function called `name` ("relu" or "gelu")."""
+    try:
+        return ACTIVATIONS[name]
+    except KeyError:
+        raise OperatorError(
+            f"activation {name!r} is not supported; expected one of {tuple(ACTIVATIONS)!r}"
+        ) from None
+
+
+def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a + b with numpy broadcasting."""
+    return np.add(a, b)
+
+
+def bias_add(x: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """x + bias along the last dim."""
+    if bias.ndim != 1 or x.shape[-1:] != bias.shape:
+        raise ShapeError(f"bias of shape {bias.shape!r} does not match last dim of {x.shape!r}")
+    return x + bias
+
+
+# -- matmul family ---------------------------------------------------------------
+def _mm(x: np.ndarray, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    return np.matmul(x.astype(np.float64), w.astype(np.float64)).astype(dtype)
+
+
+def _result_dtype(*arrays: np.ndarray) -> np.dtype:
+    return np.result_type(*(a.dtype for a in arrays))
+
+
+def matmul(
+    x: np.ndarray, w: np.ndarray, transpose_a: bool = False, transpose_b: bool = False
+) -> np.ndarray:
+    """x @ w (batched over leading dims), optionally transposing the last two dims."""
+    a = np.swapaxes(x, -1, -2) if transpose_a else x
+    b = np.swapaxes(w, -1, -2) if transpose_b else w
+    if a.shape[-1] != b.shape[-2]:
+        raise ShapeError(
+            f"contraction sizes differ: x gives {a.shape[-1]!r}, w gives {b.shape[-2]!r}"
+        )
+    return _mm(a, b, _result_dtype(x, w))
+
+
+def linear(x: np.ndarray, weight: np.ndarray, bias: Optional[np.ndarray] = None) -> np.ndarray:
+    """x @ weight + bias; weight has shape (in_features, out_features)."""
+    out = matmul(x, weight)
+    return out if bias is None else bias_add(out, bias)
+
+
+def check_ids(ids: np.ndarray, num_embeddings: int) -> None:
+    """Raise OperatorError unless `ids` are integers in [0, num_embeddings)."""
+    ids = np.asarray(ids)
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise OperatorError(f"embedding ids must be integers, got dtype {ids.dtype.name!r}")
+    if ids.size and (ids.min() < 0 or ids.max() >= num_embeddings):
+        bad = ids[(ids < 0) | (ids >= num_embeddings)]
+        raise OperatorError(
+            f"embedding id {int(bad.flat[0])!r} is outside [0, {num_embeddings}) "
+            f"({bad.size} ids out of range)"
+        )
+
+
+def embedding(ids: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """table[ids]: one row of `table` (num_embeddings, dim) per id."""
+    check_ids(ids, table.shape[0])
+    return table[ids]
+
+
+def mlp(
+    x: np.ndarray,
+    w1: np.ndarray,
+    b1: Optional[np.ndarray],
+    w2: np.ndarray,
+    b2: Optional[np.ndarray],
+    act: str = "gelu",
+) -> np.ndarray:
+    """linear(act(linear(x, w1, b1)), w2, b2)."""
+    return linear(activation(act)(linear(x, w1, b1)), w2, b2)
+
+
+# -- region references ------------------------------------------------------------
+def _block(src: Source, region: Sequence[slice]) -> np.ndarray:
+    if isinstance(src, SeededTensor):
+        return src.region(tuple(region))
+    return np.asarray(src)[tuple(region)]
+
+
+def _shape(src: Source) -> tuple[int, ...]:
+    return tuple(src.shape)
+
+
+def full_region(array: np.ndarray) -> RegionFn:
+    """Region reference over an already computed global array."""
+    return lambda region: np.asarray(array)[tuple(region)]
+
+
+def matmul_region(
+    x: Source, w: Source, transpose_a: bool = False, transpose_b: bool = False
+) -> RegionFn:
+    """Region reference of x @ w: block (batch..., rows, cols) reads only X rows and W cols.
+
+    `w` may have the same leading batch dims as `x` or none (shared weight).
+    """
+    xs, ws = _shape(x), _shape(w)
+    if len(xs) < 2 or len(ws) < 2:
+        raise ShapeError(f"matmul needs 2-d or batched operands, got {xs!r} and {ws!r}")
+    if len(ws) > 2 and ws[:-2] != xs[:-2]:
+        raise ShapeError(f"batch dims of x {xs[:-2]!r} and w {ws[:-2]!r} differ")
+    k_x = xs[-2] if transpose_a else xs[-1]
+    k_w = ws[-1] if transpose_b else ws[-2]
+    if k_x != k_w:
+        raise ShapeError(f"contraction sizes differ: x gives {k_x!r}, w gives {k_w!r}")
+    full = slice(None)
+
+    def region_fn(region: Region) -> np.ndarray:
+        *batch, rows, cols = tuple(region)
+        xr = (*batch, full, rows) if transpose_a else (*batch, rows, full)
+        wb = tuple(batch) if len(ws) > 2 else ()
+        wr = (*wb, cols, full) if transpose_b else (*wb, full, cols)
+        return matmul(_block(x, xr), _block(w, wr), transpose_a, transpose_b)
+
+    return region_fn
+
+
+def linear_region(x: Source, weight: Source, bias: Optional[Source] = None) -> RegionFn:
+    """Region reference of x @ weight + bias (bias read only for the asked columns)."""
+    mm = matmul_region(x, weight)
+    if bias is None:
+        return mm
+
+    def region_fn(region: Region) -> np.ndarray:
+        return mm(region) + _block(bias, (tuple(region)[-1],))
+
+    return region_fn
+
+
+def embedding_region(ids: Source, table: Source) -> RegionFn:
+    """Region reference of table[ids]: reads the asked ids and only the table rows they use."""
+    num_embeddings = _shape(table)[0]
+
+    def region_fn(region: Region) -> np.ndarray:
+        *id_region, cols = tuple(region)
+        block_ids = np.asarray(_block(ids, id_region))
+        check_ids(block_ids, num_embeddings)
+        if block_ids.size == 0:
+            width = len(range(*cols.indices(_shape(table)[1])))
+            return np.empty(block_ids.shape + (width,), dtype=_table_dtype(table))
+        lo, hi = int(block_ids.min()), int(block_ids.max()) + 1
+        rows = _block(table, (slice(lo, hi), cols))
+        return rows[block_ids - lo]
+
+    return region_fn
+
+
+def _table_dtype(table: Source) -> np.dtype:
+    return np.dtype(table.dtype)
+
+
+def mlp_region(
+    x: Source,
+    w1: Source,
+    b1: Optional[Source],
+    w2: Source,
+    b2: Optional[Source],
+    act: str = "gelu",
+) -> RegionFn:
+    """Region reference of the MLP: the hidden layer is built only for the asked rows."""
+    fn = activation(act)
+    full = slice(None)
+
+    def region_fn(region: Region) -> np.ndarray:
+        *rows, cols = tuple(region)
+        hidden = linear(_block(x, (*rows, full)), _block(w1, (full, full)),
+                        None if b1 is None else _block(b1, (full,)))
+        return linear(fn(hidden), _block(w2, (full, cols)),
+                      None if b2 is None else _block(b2, (cols,)))
+
+    return region_fn
