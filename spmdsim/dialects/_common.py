@@ -1,0 +1,132 @@
+"""Small validators and text splitting shared by the dialect converters (private)."""
+from __future__ import annotations
+
+import operator
+from typing import Optional, Sequence
+
+from ..errors import DialectError
+from ..layout import TensorLayout
+
+__all__ = [
+    "as_int",
+    "positive_int",
+    "positive_ints",
+    "as_items",
+    "split_top_level",
+    "axis_names",
+    "check_major_order",
+]
+
+
+def as_int(value: object) -> Optional[int]:
+    """`value` as a Python int if it is an integer (numpy ints too, bool not), else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+def positive_int(value: object, what: str) -> int:
+    """Validate one positive integer argument, naming it as `what` in the error."""
+    out = as_int(value)
+    if out is None or out <= 0:
+        raise DialectError(f"{what} {value!r} must be a positive integer")
+    return out
+
+
+def positive_ints(values: object, what: str) -> tuple[int, ...]:
+    """Validate a non-empty sequence of positive integers (a mesh or placement shape)."""
+    items = as_items(values)
+    if not items:
+        raise DialectError(f"{what} {values!r} must be a non-empty sequence of positive integers")
+    out = []
+    for item in items:
+        size = as_int(item)
+        if size is None or size <= 0:
+            raise DialectError(f"{what} {values!r} must hold positive integers, got {item!r}")
+        out.append(size)
+    return tuple(out)
+
+
+def as_items(value: object) -> Optional[list]:
+    """The elements of a tuple/list/array-like value, or None for scalars and strings."""
+    if isinstance(value, (str, bytes)):
+        return None
+    if isinstance(value, (tuple, list)):
+        return list(value)
+    if hasattr(value, "__iter__") and hasattr(value, "__len__"):
+        return list(value)  # numpy arrays and other sized sequences
+    return None
+
+
+def split_top_level(text: str) -> list[str]:
+    """Split "S(0), (B), P" at commas outside parentheses; strip one outer pair of brackets.
+
+    Raises ValueError (the caller turns it into a DialectError naming the text)
+    on unbalanced brackets.
+    """
+    body = text.strip()
+    if len(body) >= 2 and body[0] + body[-1] in ("()", "[]") and _encloses(body):
+        body = body[1:-1]
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(body):
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError("unbalanced brackets")
+        elif ch == "," and depth == 0:
+            parts.append(body[start:i].strip())
+            start = i + 1
+    if depth != 0:
+        raise ValueError("unbalanced brackets")
+    parts.append(body[start:].strip())
+    if parts and parts[-1] == "" and len(parts) > 1:
+        parts.pop()  # a trailing comma, as in "(S(0),)"
+    return parts
+
+
+def _encloses(body: str) -> bool:
+    """True when body's first bracket closes at its last character ("(a, b)", not "(a)(b)")."""
+    depth = 0
+    for i, ch in enumerate(body):
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+            if depth == 0:
+                return i == len(body) - 1
+    return False
+
+
+def axis_names(
+    names: Optional[Sequence[str]], count: int, prefix: str, what: str
+) -> tuple[str, ...]:
+    """User-given mesh axis names, or `prefix0, prefix1, ...` when None."""
+    if names is None:
+        return tuple(f"{prefix}{i}" for i in range(count))
+    out = as_items(names)
+    if out is None or len(out) != count:
+        raise DialectError(f"{what} {names!r} must give one name per mesh axis ({count} axes)")
+    return tuple(out)
+
+
+def check_major_order(tl: TensorLayout, dialect: str, fix_hint: str) -> None:
+    """Raise unless every multi-axis tensor-map entry lists its axes in mesh order.
+
+    SBP and DTensor placements say only *which* mesh axes split a dim; the
+    order among them is fixed (lower mesh axis major), so another order is not
+    expressible there.
+    """
+    for tensor_dim, axes in enumerate(tl.tensor_map):
+        positions = [tl.layout.axis_index(a) for a in axes]
+        if positions != sorted(positions):
+            ordered = tuple(sorted(axes, key=tl.layout.axis_index))
+            raise DialectError(
+                f"tensor dim {tensor_dim} is split over {axes!r} with {axes[0]!r} major, "
+                f"but {dialect} always makes the lower mesh axis major; only {ordered!r} "
+                f"is expressible ({fix_hint})"
+            )

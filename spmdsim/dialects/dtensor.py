@@ -1,0 +1,181 @@
+"""PyTorch DTensor placements (Shard / Replicate / Partial) as TensorLayouts.
+
+Plain values mirroring ``torch.distributed.tensor.placement_types``; torch is
+never imported. One placement per device-mesh dim. ``Shard(d)`` on several
+mesh dims splits d with the lower mesh dim major (DTensor's default
+left-to-right order; its ``_StridedShard`` for other orders is not modelled).
+Mesh dims without names are called ``"mesh0", "mesh1", ...``.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional, Sequence, Union
+
+from ..errors import DialectError
+from ..layout import Layout, TensorLayout
+from ._common import as_int, as_items, axis_names, check_major_order, positive_ints, split_top_level
+
+__all__ = [
+    "Shard",
+    "Replicate",
+    "Partial",
+    "Placement",
+    "parse_placements",
+    "format_placements",
+    "placements_to_layout",
+    "layout_to_placements",
+]
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Tensor dim `dim` is cut evenly along this mesh dim (negative dims count from the end)."""
+
+    dim: int
+
+    def __post_init__(self) -> None:
+        dim = as_int(self.dim)
+        if dim is None:
+            raise DialectError(f"shard dim {self.dim!r} must be an integer")
+        object.__setattr__(self, "dim", dim)
+
+    def __str__(self) -> str:
+        return f"S({self.dim})"
+
+
+@dataclass(frozen=True)
+class Replicate:
+    """Every rank along this mesh dim holds the same (sub)tensor."""
+
+    def __str__(self) -> str:
+        return "R"
+
+
+@dataclass(frozen=True)
+class Partial:
+    """Ranks along this mesh dim hold pending values combined by `reduce_op`."""
+
+    reduce_op: str = "sum"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.reduce_op, str) or not self.reduce_op:
+            raise DialectError(f"partial reduce_op {self.reduce_op!r} must be a name such as 'sum'")
+
+    def __str__(self) -> str:
+        return "P" if self.reduce_op == "sum" else f"P({self.reduce_op})"
+
+
+Placement = Union[Shard, Replicate, Partial]
+
+_SHARD = re.compile(r"^(?:S|Shard)\s*\(\s*(-?\d+)\s*\)$")
+_PARTIAL = re.compile(r"^(?:P|Partial)\s*\(\s*['\"]?(\w+)['\"]?\s*\)$")
+_NAMED = {"R": Replicate(), "Replicate()": Replicate(), "P": Partial(), "Partial()": Partial()}
+_EXPECTED = "expected 'S(d)', 'R' or 'P' (Shard(d), Replicate(), Partial())"
+
+
+def _parse_one(token: object, shown: object) -> Placement:
+    if isinstance(token, (Shard, Replicate, Partial)):
+        return token
+    where = "" if isinstance(shown, str) and token == shown.strip() else f" in {shown!r}"
+    if not isinstance(token, str):
+        raise DialectError(f"placement {token!r}{where} is not a placement; {_EXPECTED}")
+    text = token.strip()
+    if text in _NAMED:
+        return _NAMED[text]
+    match = _SHARD.match(text)
+    if match is not None:
+        return Shard(int(match.group(1)))
+    match = _PARTIAL.match(text)
+    if match is not None:
+        return Partial(match.group(1))
+    raise DialectError(f"placement {token!r}{where} is not valid; {_EXPECTED}")
+
+
+def parse_placements(value: object) -> tuple[Placement, ...]:
+    """Normalize placements: objects, or text such as ``"S(0), R"`` / ``"(Shard(1), Partial())"``."""
+    if isinstance(value, (Shard, Replicate, Partial)):
+        return (value,)
+    if isinstance(value, str):
+        try:
+            tokens = split_top_level(value)
+        except ValueError:
+            raise DialectError(f"placements {value!r} have unbalanced brackets; {_EXPECTED}") from None
+        if any(t == "" for t in tokens):
+            raise DialectError(f"placements {value!r} have an empty entry; {_EXPECTED}")
+    else:
+        tokens = as_items(value)
+        if tokens is None:
+            raise DialectError(f"placements {value!r} must be a sequence of placements; {_EXPECTED}")
+    if not tokens:
+        raise DialectError(f"placements {value!r} are empty; expected one per mesh dim")
+    return tuple(_parse_one(t, value) for t in tokens)
+
+
+def format_placements(placements: object) -> str:
+    """Short form: ``(S(0), R)``."""
+    return "(" + ", ".join(str(p) for p in parse_placements(placements)) + ")"
+
+
+def placements_to_layout(
+    placements: object,
+    mesh_shape: Sequence[int],
+    ndim: int,
+    mesh_dim_names: Optional[Sequence[str]] = None,
+) -> TensorLayout:
+    """TensorLayout of an `ndim`-dim DTensor with these placements on a mesh of `mesh_shape`.
+
+    Only ``Partial("sum")`` is supported: spmdsim's partial axes hold pending sums.
+    """
+    parsed = parse_placements(placements)
+    shape = positive_ints(mesh_shape, "mesh shape")
+    if len(parsed) != len(shape):
+        raise DialectError(
+            f"placements {format_placements(parsed)} have {len(parsed)} entries but mesh "
+            f"shape {shape!r} has {len(shape)} dims; expected one placement per mesh dim"
+        )
+    dims = as_int(ndim)
+    if dims is None or dims < 0:
+        raise DialectError(f"ndim {ndim!r} must be a non-negative integer")
+    names = axis_names(mesh_dim_names, len(shape), "mesh", "mesh_dim_names")
+    entries: list[list[str]] = [[] for _ in range(dims)]
+    partial = []
+    for mesh_dim, (name, item) in enumerate(zip(names, parsed)):
+        if isinstance(item, Shard):
+            tensor_dim = item.dim + dims if item.dim < 0 else item.dim
+            if not 0 <= tensor_dim < dims:
+                raise DialectError(
+                    f"placement {item} on mesh dim {mesh_dim} shards tensor dim {item.dim}, "
+                    f"but the tensor has {dims} dim(s)"
+                )
+            # Ascending mesh-dim order: the lower mesh dim is major.
+            entries[tensor_dim].append(name)
+        elif isinstance(item, Partial):
+            if item.reduce_op != "sum":
+                raise DialectError(
+                    f"partial reduce_op {item.reduce_op!r} on mesh dim {mesh_dim} is not "
+                    "supported; spmdsim partial layouts hold pending sums (reduce_op='sum')"
+                )
+            partial.append(name)
+    return Layout(shape, names)(*(tuple(e) for e in entries), partial=partial)
+
+
+def layout_to_placements(tl: TensorLayout) -> tuple[Placement, ...]:
+    """One placement per mesh axis (in mesh-axis order) describing `tl`.
+
+    Raises DialectError when a dim is split over several axes listed in an
+    order other than ascending mesh order (not expressible without _StridedShard).
+    """
+    if not isinstance(tl, TensorLayout):
+        raise DialectError(f"expected a TensorLayout, got {tl!r}")
+    check_major_order(tl, "DTensor placements", "DTensor would need _StridedShard")
+    shard_dim = {a: d for d, axes in enumerate(tl.tensor_map) for a in axes}
+    out: list[Placement] = []
+    for name in tl.layout.alias_name:
+        if name in tl.partial:
+            out.append(Partial())
+        elif name in shard_dim:
+            out.append(Shard(shard_dim[name]))
+        else:
+            out.append(Replicate())
+    return tuple(out)

@@ -1,0 +1,105 @@
+"""JAX PartitionSpec (as a plain tuple) <-> TensorLayout.
+
+A spec has one entry per tensor dim: ``None`` (not split), a mesh axis name,
+or a tuple of names (split over several axes, the first listed major, as in
+JAX and DESIGN.md). Mesh axes the spec does not name are replicated. jax is
+never imported; ``PartitionSpec("x", None)`` is written ``("x", None)``.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from ..errors import DialectError
+from ..layout import Layout, TensorLayout
+from ._common import as_int, as_items, positive_ints
+
+__all__ = ["partition_spec_to_layout", "layout_to_partition_spec", "format_partition_spec"]
+
+_ENTRY = "None, a mesh axis name or a tuple of mesh axis names"
+
+
+def _entry(item: object, spec: object, names: tuple[str, ...], seen: set) -> tuple[str, ...]:
+    if item is None:
+        return ()
+    if isinstance(item, str):
+        axes = (item,)
+    else:
+        listed = as_items(item)
+        if listed is None or not all(isinstance(a, str) for a in listed):
+            raise DialectError(f"partition spec {spec!r} has entry {item!r}; expected {_ENTRY}")
+        axes = tuple(listed)
+    for axis in axes:
+        if axis not in names:
+            raise DialectError(
+                f"partition spec {spec!r} names mesh axis {axis!r}, which is not one of "
+                f"the mesh axes {names!r}"
+            )
+        if axis in seen:
+            raise DialectError(
+                f"partition spec {spec!r} uses mesh axis {axis!r} more than once; "
+                "each mesh axis may shard at most one tensor dim"
+            )
+        seen.add(axis)
+    return axes
+
+
+def partition_spec_to_layout(
+    spec: Sequence[object],
+    mesh_axis_names: Sequence[str],
+    mesh_shape: Sequence[int],
+    ndim: Optional[int] = None,
+) -> TensorLayout:
+    """TensorLayout of a tensor sharded by `spec` over a mesh of these axis names and sizes.
+
+    With `ndim`, a shorter spec is padded with None (JAX's trailing-dims rule).
+    """
+    entries = as_items(spec)
+    if entries is None:
+        raise DialectError(
+            f"partition spec {spec!r} must be a tuple with one entry per tensor dim "
+            f"({_ENTRY}), e.g. ('dp', None)"
+        )
+    names_list = as_items(mesh_axis_names)
+    if names_list is None or not all(isinstance(n, str) for n in names_list):
+        raise DialectError(f"mesh axis names {mesh_axis_names!r} must be a sequence of strings")
+    names = tuple(names_list)
+    shape = positive_ints(mesh_shape, "mesh shape")
+    if len(names) != len(shape):
+        raise DialectError(
+            f"mesh axis names {names!r} and mesh shape {shape!r} differ in length"
+        )
+    if ndim is not None:
+        dims = as_int(ndim)
+        if dims is None or dims < 0:
+            raise DialectError(f"ndim {ndim!r} must be a non-negative integer")
+        if len(entries) > dims:
+            raise DialectError(
+                f"partition spec {spec!r} has {len(entries)} entries but the tensor has "
+                f"{dims} dim(s)"
+            )
+        entries = entries + [None] * (dims - len(entries))
+    seen: set = set()
+    tensor_map = tuple(_entry(item, spec, names, seen) for item in entries)
+    return Layout(shape, names)(*tensor_map)
+
+
+def layout_to_partition_spec(tl: TensorLayout) -> tuple:
+    """The PartitionSpec of `tl` as a tuple, one entry per tensor dim.
+
+    Raises DialectError for partial layouts: a PartitionSpec has no pending sums.
+    """
+    if not isinstance(tl, TensorLayout):
+        raise DialectError(f"expected a TensorLayout, got {tl!r}")
+    if tl.partial:
+        raise DialectError(
+            f"PartitionSpec cannot express partial sums over {tl.partial!r}; "
+            "reduce them first (allreduce or reduce_scatter)"
+        )
+    return tuple(
+        None if not axes else axes[0] if len(axes) == 1 else axes for axes in tl.tensor_map
+    )
+
+
+def format_partition_spec(spec: Sequence[object]) -> str:
+    """JAX's spelling: ``PartitionSpec('mp', ('sp', 'dp'))``."""
+    return "PartitionSpec(" + ", ".join(repr(e) for e in spec) + ")"

@@ -1,0 +1,174 @@
+"""OneFlow nD SBP (split / broadcast / partial_sum) as TensorLayouts.
+
+A placement of shape ``(p0, p1, ...)`` carries one SBP per placement axis:
+``B`` (broadcast), ``S(d)`` (split tensor dim d), ``P`` (partial_sum). The
+placement axes become mesh axes named ``"p0", "p1", ...``. ``S(d)`` on several
+placement axes splits d with the lower placement axis major (OneFlow: first
+over groups, then within each group), so a layout whose multi-axis entry is
+in another order has no SBP spelling.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional, Sequence, Union
+
+from ..errors import DialectError
+from ..layout import Layout, TensorLayout
+from ._common import as_int, as_items, axis_names, check_major_order, positive_ints, split_top_level
+
+__all__ = [
+    "Broadcast",
+    "Split",
+    "PartialSum",
+    "SBP",
+    "parse_sbp",
+    "format_sbp",
+    "sbp_to_layout",
+    "layout_to_sbp",
+]
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """Every rank along this placement axis holds the whole (sub)tensor."""
+
+    def __str__(self) -> str:
+        return "B"
+
+
+@dataclass(frozen=True)
+class Split:
+    """Tensor dim `tensor_dim` is cut evenly along this placement axis."""
+
+    tensor_dim: int
+
+    def __post_init__(self) -> None:
+        dim = as_int(self.tensor_dim)
+        if dim is None or dim < 0:
+            raise DialectError(
+                f"split tensor_dim {self.tensor_dim!r} must be a non-negative integer"
+            )
+        object.__setattr__(self, "tensor_dim", dim)
+
+    def __str__(self) -> str:
+        return f"S({self.tensor_dim})"
+
+
+@dataclass(frozen=True)
+class PartialSum:
+    """Ranks along this placement axis hold addends; the value is their sum."""
+
+    def __str__(self) -> str:
+        return "P"
+
+
+SBP = Union[Broadcast, Split, PartialSum]
+
+_SPLIT = re.compile(r"^(?:S|split)\s*\(\s*(\d+)\s*\)$")
+_PREFIX = re.compile(r"^(?:oneflow|flow)\.sbp\.")
+_NAMED = {"B": Broadcast(), "broadcast": Broadcast(), "P": PartialSum(), "partial_sum": PartialSum()}
+_EXPECTED = "expected 'B', 'P' or 'S(d)' with tensor dim d >= 0"
+
+
+def _parse_one(token: object, shown: object) -> SBP:
+    if isinstance(token, (Broadcast, Split, PartialSum)):
+        return token
+    where = "" if isinstance(shown, str) and token == shown.strip() else f" in {shown!r}"
+    if not isinstance(token, str):
+        raise DialectError(f"sbp entry {token!r}{where} is not an SBP; {_EXPECTED}")
+    text = _PREFIX.sub("", token.strip())
+    if text in _NAMED:
+        return _NAMED[text]
+    match = _SPLIT.match(text)
+    if match is None:
+        raise DialectError(f"sbp {token!r}{where} is not valid; {_EXPECTED}")
+    return Split(int(match.group(1)))
+
+
+def parse_sbp(value: object) -> tuple[SBP, ...]:
+    """Normalize an nD SBP to a tuple of Broadcast/Split/PartialSum, one per placement axis.
+
+    Accepts text (``"B, S(1)"``, ``"(S(1), P)"``, OneFlow's ``"split(0)"``,
+    ``"broadcast"``, ``"partial_sum"``), a single SBP object, or a sequence
+    of objects and strings.
+    """
+    if isinstance(value, (Broadcast, Split, PartialSum)):
+        return (value,)
+    if isinstance(value, str):
+        try:
+            tokens = split_top_level(value)
+        except ValueError:
+            raise DialectError(f"sbp {value!r} has unbalanced brackets; {_EXPECTED}") from None
+        if any(t == "" for t in tokens):
+            raise DialectError(f"sbp {value!r} has an empty entry; {_EXPECTED}")
+    else:
+        tokens = as_items(value)
+        if tokens is None:
+            raise DialectError(f"sbp {value!r} must be text or a sequence of SBPs; {_EXPECTED}")
+    if not tokens:
+        raise DialectError(f"sbp {value!r} is empty; expected one SBP per placement axis")
+    return tuple(_parse_one(t, value) for t in tokens)
+
+
+def format_sbp(sbp: object) -> str:
+    """Short form of an nD SBP: ``(B, S(0))``."""
+    return "(" + ", ".join(str(s) for s in parse_sbp(sbp)) + ")"
+
+
+def sbp_to_layout(
+    sbp: object,
+    placement_shape: Sequence[int],
+    ndim: int,
+    mesh_axis_names: Optional[Sequence[str]] = None,
+) -> TensorLayout:
+    """TensorLayout of an `ndim`-dim tensor with nD SBP `sbp` on a placement of that shape.
+
+    Mesh axes are named ``"p0", "p1", ...`` unless `mesh_axis_names` is given.
+    """
+    parsed = parse_sbp(sbp)
+    shape = positive_ints(placement_shape, "placement shape")
+    if len(parsed) != len(shape):
+        raise DialectError(
+            f"sbp {format_sbp(parsed)} has {len(parsed)} entries but placement shape "
+            f"{shape!r} has {len(shape)} axes; expected one SBP per placement axis"
+        )
+    dims = as_int(ndim)
+    if dims is None or dims < 0:
+        raise DialectError(f"ndim {ndim!r} must be a non-negative integer")
+    names = axis_names(mesh_axis_names, len(shape), "p", "mesh_axis_names")
+    entries: list[list[str]] = [[] for _ in range(dims)]
+    partial = []
+    for axis, (name, item) in enumerate(zip(names, parsed)):
+        if isinstance(item, Split):
+            if item.tensor_dim >= dims:
+                raise DialectError(
+                    f"sbp {item} on placement axis {axis} splits tensor dim "
+                    f"{item.tensor_dim}, but the tensor has {dims} dim(s)"
+                )
+            # Ascending placement-axis order: the lower axis is major.
+            entries[item.tensor_dim].append(name)
+        elif isinstance(item, PartialSum):
+            partial.append(name)
+    return Layout(shape, names)(*(tuple(e) for e in entries), partial=partial)
+
+
+def layout_to_sbp(tl: TensorLayout) -> tuple[SBP, ...]:
+    """One SBP per mesh axis (in mesh-axis order) describing `tl`.
+
+    Raises DialectError when a dim is split over several axes listed in an
+    order other than ascending mesh order (SBP always makes the lower axis major).
+    """
+    if not isinstance(tl, TensorLayout):
+        raise DialectError(f"expected a TensorLayout, got {tl!r}")
+    check_major_order(tl, "nD SBP", "reorder the tuple or permute the placement axes")
+    split_dim = {a: d for d, axes in enumerate(tl.tensor_map) for a in axes}
+    out: list[SBP] = []
+    for name in tl.layout.alias_name:
+        if name in tl.partial:
+            out.append(PartialSum())
+        elif name in split_dim:
+            out.append(Split(split_dim[name]))
+        else:
+            out.append(Broadcast())
+    return tuple(out)

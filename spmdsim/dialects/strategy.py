@@ -1,0 +1,255 @@
+"""MindSpore `.shard` strategies as TensorLayouts (DESIGN.md section 2, "Strategies").
+
+A strategy gives, per input tensor, the number of slices of each tensor dim:
+``ops.MatMul().shard(((2, 1), (1, 4)))``. MindSpore derives a device matrix
+and tensor maps from it; this module does the same with named axes:
+
+* one tensor, strategy ``(s_0, ..., s_{n-1})``: device matrix = the strategy,
+  axes ``"s0" ... "s{n-1}"``, tensor dim i split over ``"s{i}"`` (MindSpore's
+  tensor_map ``(n-1, ..., 0)`` in its right-to-left axis numbering);
+* MatMul ``((a, b), (b, c))``: device matrix ``(a, b, c)`` with axes
+  ``("m", "k", "n")``; batched inputs add leading axes ``"batch0", ...``;
+* when the strategy uses fewer devices than the world, one repeated-calculation
+  axis ``"rep"`` of size world // product is appended on the right of the
+  device matrix (MindSpore's default), so neighbouring ranks hold the same data.
+"""
+from __future__ import annotations
+
+import ast
+import math
+from dataclasses import dataclass
+from typing import Sequence, Union
+
+from ..errors import DialectError
+from ..layout import Layout, TensorLayout
+from ._common import as_int, as_items, positive_int
+
+__all__ = [
+    "REP_AXIS",
+    "StrategyLike",
+    "MatMulLayouts",
+    "parse_strategy",
+    "format_strategy",
+    "strategy_layout",
+    "matmul_layouts",
+    "layout_to_strategy",
+    "strategy_of",
+]
+
+#: Name of the repeated-calculation axis appended when a strategy uses fewer devices.
+REP_AXIS = "rep"
+
+_EXAMPLE = "e.g. '((2, 1), (1, 4))' or '(2, 1)'"
+
+#: What `parse_strategy` accepts: text, one tensor's slice counts, or one per input.
+StrategyLike = Union[str, Sequence[int], Sequence[Sequence[int]]]
+
+
+def parse_strategy(value: StrategyLike) -> tuple[tuple[int, ...], ...]:
+    """Normalize a strategy to one tuple of slice counts per input tensor.
+
+    Accepts text (``"((2,1),(1,4))"``, ``"((2,1,2,2,1),)"``, ``"(2,1)"``) or
+    nested Python sequences. A single tensor's strategy (a flat tuple of ints)
+    is wrapped into a one-tuple. Every count must be a positive integer.
+    """
+    shown = value
+    if isinstance(value, str):
+        try:
+            value = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            raise DialectError(
+                f"strategy {shown!r} is not a tuple of positive integers or a tuple of "
+                f"such tuples ({_EXAMPLE})"
+            ) from None
+    items = as_items(value)
+    if items is None:
+        raise DialectError(
+            f"strategy {shown!r} must be a tuple of positive integers or a tuple of such "
+            f"tuples ({_EXAMPLE})"
+        )
+    if not items:
+        raise DialectError(f"strategy {shown!r} is empty; expected slice counts ({_EXAMPLE})")
+    nested = [as_items(item) for item in items]
+    if all(n is None for n in nested):
+        return (_counts(items, shown, None),)
+    if all(n is not None for n in nested):
+        return tuple(_counts(n, shown, i) for i, n in enumerate(nested))
+    raise DialectError(
+        f"strategy {shown!r} mixes integers and tuples; expected either one tensor's slice "
+        f"counts or one tuple per input ({_EXAMPLE})"
+    )
+
+
+def _counts(items: list, shown: object, input_index: object) -> tuple[int, ...]:
+    where = "" if input_index is None else f" of input {input_index}"
+    out = []
+    for tensor_dim, item in enumerate(items):
+        count = as_int(item)
+        if count is None or count <= 0:
+            raise DialectError(
+                f"strategy {shown!r} has {item!r} slices in dim {tensor_dim}{where}; "
+                "expected a positive integer"
+            )
+        out.append(count)
+    return tuple(out)
+
+
+def format_strategy(strategy: StrategyLike) -> str:
+    """MindSpore's spelling of a strategy: ``((2, 1), (1, 4))`` or ``((2, 1),)``."""
+    parsed = parse_strategy(strategy)
+    inner = ", ".join(_format_one(counts) for counts in parsed)
+    return f"({inner},)" if len(parsed) == 1 else f"({inner})"
+
+
+def _format_one(counts: tuple[int, ...]) -> str:
+    if len(counts) == 1:
+        return f"({counts[0]},)"
+    return "(" + ", ".join(str(c) for c in counts) + ")"
+
+
+def _device_layout(
+    matrix: tuple[int, ...], names: tuple[str, ...], world_size: object, what: str
+) -> Layout:
+    """Layout of `matrix`, plus a right-hand "rep" axis when it uses fewer devices."""
+    world = positive_int(world_size, "world_size")
+    used = math.prod(matrix)
+    if used > world:
+        raise DialectError(
+            f"{what} needs {used} devices but the world size is {world}; "
+            "the product of the slice counts must not exceed the number of ranks"
+        )
+    if world % used != 0:
+        raise DialectError(
+            f"{what} uses {used} devices, which does not divide the world size {world}; "
+            "the product of the slice counts must divide the number of ranks"
+        )
+    repeats = world // used
+    if repeats > 1 or not matrix:
+        matrix, names = matrix + (repeats,), names + (REP_AXIS,)
+    return Layout(matrix, names)
+
+
+def strategy_layout(strategy: StrategyLike, world_size: int) -> TensorLayout:
+    """TensorLayout of one tensor sharded by `strategy` on `world_size` ranks.
+
+    Device matrix = strategy (axes ``"s0", "s1", ...``), tensor dim i split over
+    ``"s{i}"``, plus ``"rep"`` on the right when the strategy uses fewer ranks.
+    """
+    parsed = parse_strategy(strategy)
+    if len(parsed) != 1:
+        raise DialectError(
+            f"strategy {strategy!r} has {len(parsed)} inputs; expected one tensor's slice counts"
+        )
+    counts = parsed[0]
+    names = tuple(f"s{i}" for i in range(len(counts)))
+    layout = _device_layout(counts, names, world_size, f"strategy {counts!r}")
+    return layout(*names)
+
+
+@dataclass(frozen=True)
+class MatMulLayouts:
+    """The layouts MindSpore derives for ``MatMul().shard(((a, b), (b, c)))``.
+
+    Attributes:
+        x, w: the input layouts (in storage order, so transposed inputs map
+            ``("k", "m")`` / ``("n", "k")``).
+        out: output layout; partial over ``"k"`` when the contraction dim is split.
+        layout: the shared device matrix (``batch*, m, k, n`` and maybe ``rep``).
+        strategy: the parsed strategy as given.
+        transpose_a, transpose_b: whether x / w are stored transposed.
+    """
+
+    x: TensorLayout
+    w: TensorLayout
+    out: TensorLayout
+    layout: Layout
+    strategy: tuple[tuple[int, ...], ...]
+    transpose_a: bool = False
+    transpose_b: bool = False
+
+    #: The mesh axis of the contraction dim (partial axis of `out` when split).
+    contraction_axis = "k"
+
+    @property
+    def reduced_out(self) -> TensorLayout:
+        """The output after the AllReduce over ``"k"`` (no partial axes)."""
+        return self.out.with_partial(())
+
+
+def matmul_layouts(
+    strategy: StrategyLike,
+    world_size: int,
+    transpose_a: bool = False,
+    transpose_b: bool = False,
+) -> MatMulLayouts:
+    """Layouts of x, w and out for a MindSpore MatMul/BatchMatMul strategy.
+
+    The strategy is given in storage order, as MindSpore does: with
+    ``transpose_a`` x is stored (k, m) and its strategy reads (b, a); with
+    ``transpose_b`` w is stored (n, k) and its strategy reads (c, b). Leading
+    batch dims are aligned from the right and must be split equally.
+    """
+    parsed = parse_strategy(strategy)
+    if len(parsed) != 2:
+        raise DialectError(
+            f"matmul strategy {strategy!r} has {len(parsed)} input(s); expected two, "
+            "((a, b), (b, c)) for x (m, k) and w (k, n)"
+        )
+    xs, ws = parsed
+    for name, counts in (("x", xs), ("w", ws)):
+        if len(counts) < 2:
+            raise DialectError(
+                f"matmul strategy for {name} {counts!r} has {len(counts)} dim(s); "
+                "expected at least 2 (matrix rows and columns)"
+            )
+    a, k_x = (xs[-1], xs[-2]) if transpose_a else (xs[-2], xs[-1])
+    k_w, c = (ws[-1], ws[-2]) if transpose_b else (ws[-2], ws[-1])
+    if k_x != k_w:
+        raise DialectError(
+            f"contraction dim of x is split {k_x} ways but of w {k_w} ways; they must be "
+            f"equal (matmul strategy {parsed!r}, transpose_a={transpose_a}, "
+            f"transpose_b={transpose_b})"
+        )
+    batch = _batch_counts(xs[:-2], ws[:-2], parsed)
+    batch_names = tuple(f"batch{i}" for i in range(len(batch)))
+    layout = _device_layout(
+        batch + (a, k_x, c), batch_names + ("m", "k", "n"), world_size,
+        f"matmul strategy {parsed!r}",
+    )
+    x_batch = batch_names[len(batch) - (len(xs) - 2):]
+    w_batch = batch_names[len(batch) - (len(ws) - 2):]
+    x = layout(*x_batch, *(("k", "m") if transpose_a else ("m", "k")))
+    w = layout(*w_batch, *(("n", "k") if transpose_b else ("k", "n")))
+    out = layout(*batch_names, "m", "n", partial=("k",) if k_x > 1 else ())
+    return MatMulLayouts(x, w, out, layout, parsed, bool(transpose_a), bool(transpose_b))
+
+
+def _batch_counts(
+    x_batch: tuple[int, ...], w_batch: tuple[int, ...], parsed: object
+) -> tuple[int, ...]:
+    """Batch slice counts of the longer input; the shorter one must agree from the right."""
+    longer = x_batch if len(x_batch) >= len(w_batch) else w_batch
+    offset_x = len(longer) - len(x_batch)
+    offset_w = len(longer) - len(w_batch)
+    for i in range(len(longer)):
+        if i < offset_x or i < offset_w:
+            continue
+        px, pw = x_batch[i - offset_x], w_batch[i - offset_w]
+        if px != pw:
+            raise DialectError(
+                f"batch dim {i - offset_x} of x is split {px} ways but batch dim "
+                f"{i - offset_w} of w {pw} ways; they must be equal (matmul strategy {parsed!r})"
+            )
+    return longer
+
+
+def layout_to_strategy(tl: TensorLayout) -> tuple[int, ...]:
+    """Number of slices per tensor dim (always expressible; partial axes are not part of it)."""
+    if not isinstance(tl, TensorLayout):
+        raise DialectError(f"expected a TensorLayout, got {tl!r}")
+    return tl.shards_per_dim
+
+
+def strategy_of(*layouts: TensorLayout) -> tuple[tuple[int, ...], ...]:
+    """The `.shard` strategy of several input layouts, e.g. ``strategy_of(m.x, m.w)``."""
+    return tuple(layout_to_strategy(tl) for tl in layouts)
