@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -226,14 +226,17 @@ class CostModel:
         for algo in choices:
             if algo not in ALGORITHMS:
                 raise SpmdsimError(f"algorithm {algo!r} is unknown; expected one of {ALGORITHMS!r}")
-            alpha, beta, gamma = _nnls_fit(data, algo)
+            shared = cls(*_log_fit(data, algo), algo, (), source)
             overrides = []
             if per_op:
                 for op in OPS:
                     mine = [m for m in data if m.op == op]
-                    if len({(m.group_size, m.bytes_per_rank) for m in mine}) >= 3:
-                        overrides.append(OpParams(op, *_nnls_fit(mine, algo)))
-            model = cls(alpha, beta, gamma, algo, tuple(overrides), source)
+                    if len({(m.group_size, m.bytes_per_rank) for m in mine}) < 3:
+                        continue
+                    own = OpParams(op, *_log_fit(mine, algo))
+                    if cls(0.0, 0.0, 0.0, algo, (own,)).log_error(mine) < shared.log_error(mine):
+                        overrides.append(own)
+            model = replace(shared, per_op=tuple(overrides))
             err = model.log_error(data)
             if best is None or err < best[0]:
                 best = (err, model)
@@ -327,6 +330,52 @@ def _nnls_fit(data: Sequence[Measurement], algorithm: str) -> tuple[float, float
         if resid < best[0]:
             best = (resid, tuple(float(v) for v in full))
     return best[1]
+
+
+def _log_fit(data: Sequence[Measurement], algorithm: str) -> tuple[float, float, float]:
+    """Minimize the squared log ratio predicted/measured (robust to a few fast outliers).
+
+    Starts from the relative-error NNLS solution, then runs damped Gauss-Newton
+    on log-parameters so every parameter stays >= 0.
+    """
+    rows = np.array([_terms(m.op, algorithm, m.group_size, m.bytes_per_rank) for m in data])
+    log_t = np.log([m.seconds for m in data])
+    start = np.array(_nnls_fit(data, algorithm))
+    scale = np.abs(rows).max(axis=0)
+    used = scale > 0
+    # Parameters the data cannot see stay 0; the others start from a floor above 0.
+    floor = np.where(used, np.exp(log_t).min() / np.where(used, scale, 1.0) * 1e-6, 0.0)
+    p = np.maximum(start, floor)
+
+    def loss(params: np.ndarray) -> float:
+        pred = np.maximum(rows @ params, 1e-300)
+        return float(np.sum((np.log(pred) - log_t) ** 2))
+
+    best, damping = loss(p), 1e-3
+    for _ in range(200):
+        pred = np.maximum(rows @ p, 1e-300)
+        resid = np.log(pred) - log_t
+        jac = rows * p / pred[:, None]  # d log(pred) / d log(p)
+        jac[:, ~used] = 0.0
+        lhs = jac.T @ jac + damping * np.diag(np.diag(jac.T @ jac) + 1e-12)
+        step = np.linalg.solve(lhs, -jac.T @ resid)
+        trial = p * np.exp(np.clip(step, -5, 5))
+        value = loss(trial)
+        if value < best:
+            improved = best - value
+            p, best, damping = trial, value, damping / 3
+            if improved < 1e-12:
+                break
+        else:
+            damping *= 10
+            if damping > 1e12:
+                break
+    # Drop parameters that contribute nothing measurable (cleaner saved models).
+    share = (rows * p).max(axis=0) / np.exp(log_t).min()
+    p = np.where(share < 1e-4, 0.0, p)
+    if loss(p) > loss(start) and np.all(start >= 0):
+        p = start
+    return tuple(float(v) for v in p)
 
 
 #: Used when no model was saved: shared-memory MPICH, 8 ranks on 2 oversubscribed cores

@@ -1,0 +1,229 @@
+"""`spmdsim calibrate`: time raw mpi4py collectives, fit the cost model, save it.
+
+Run it under MPI, e.g.
+``timeout -k 5 300 mpiexec -n 8 spmdsim calibrate``. Every group size g
+divides the world into groups of g consecutive ranks that run at the same
+time (as the groups of one mesh axis do). Each timing is the median over
+repeats of the slowest rank's time. The helpers here (`raw_collective`,
+`time_interleaved`, `Waiter`) are shared with scripts/bench.py.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..cost import CostModel, Measurement, default_path, normalize_op
+
+__all__ = ["register", "run", "raw_collective", "time_interleaved", "Waiter", "measure",
+           "parse_size"]
+
+_DEFAULT_SIZES = "16K,256K,1M,4M"
+_DEFAULT_OPS = "allgather,allreduce,reduce_scatter,alltoall,alltoallv,bcast"
+
+
+def parse_size(text: str) -> int:
+    """'64K' -> 65536, '4M' -> 4194304, '100' -> 100 (binary units)."""
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    number = text[:-1] if scale != 1 else text
+    try:
+        value = int(float(number) * scale)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"size {text!r} is not a byte count like 64K or 4M") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"size {text!r} must be >= 0")
+    return value
+
+
+class Waiter:
+    """Completes requests as the runtime's wait mode does ("busy" blocks, "polite" sleeps)."""
+
+    def __init__(self, comm: Any, mode: str | None = None) -> None:
+        from ..runtime.wait import polite_wait, resolve_wait_mode
+
+        self.mode = resolve_wait_mode(mode, comm)
+        self._polite = polite_wait
+
+    def call(self, blocking: Callable, nonblocking: Callable, *args: Any) -> None:
+        if self.mode == "polite":
+            self._polite(nonblocking(*args))
+        else:
+            blocking(*args)
+
+    def barrier(self, comm: Any) -> None:
+        self.call(comm.Barrier, comm.Ibarrier)
+
+
+def raw_collective(comm: Any, op: str, nbytes: int, waiter: Waiter,
+                   dtype: str = "float32") -> Callable[[], None]:
+    """A zero-argument call doing `op` with plain mpi4py on buffers made once.
+
+    `nbytes` is the collective's per-rank buffer n (spmdsim.cost): gathered
+    output, unreduced input, or the whole send buffer.
+    """
+    from mpi4py import MPI
+
+    op = normalize_op(op)
+    g = comm.Get_size()
+    item = np.dtype(dtype).itemsize
+    count = max(g, nbytes // item // g * g)  # divisible by g, at least one element each
+    full = np.ones(count, dtype)
+    part = np.ones(count // g, dtype)
+    w = waiter.call
+    if op == "allgather":
+        return lambda: w(comm.Allgather, comm.Iallgather, part, full)
+    if op == "allreduce":
+        out = np.empty_like(full)
+        return lambda: w(comm.Allreduce, comm.Iallreduce, full, out, MPI.SUM)
+    if op == "reduce_scatter":
+        return lambda: w(comm.Reduce_scatter_block, comm.Ireduce_scatter_block, full, part, MPI.SUM)
+    if op == "alltoall":
+        out = np.empty_like(full)
+        return lambda: w(comm.Alltoall, comm.Ialltoall, full, out)
+    if op == "alltoallv":
+        # As spmdsim's alltoallv: the own block is not sent.
+        me, block = comm.Get_rank(), count // g
+        counts = [0 if r == me else block for r in range(g)]
+        displs = list(np.cumsum([0] + counts[:-1]))
+        send, recv = np.ones(block * (g - 1), dtype), np.empty(block * (g - 1), dtype)
+        spec_s, spec_r = [send, (counts, displs)], [recv, (counts, displs)]
+        return lambda: w(comm.Alltoallv, comm.Ialltoallv, spec_s, spec_r)
+    if op == "bcast":
+        return lambda: w(comm.Bcast, comm.Ibcast, full)
+    raise AssertionError(op)  # normalize_op admits only OPS
+
+
+def time_interleaved(comm: Any, calls: Mapping[str, Callable[[], Any]], waiter: Waiter, *,
+                     warmup: int = 2, repeats: int = 7,
+                     only_rank0: Sequence[str] = ()) -> dict[str, list[float]]:
+    """Time each call `repeats` times, interleaved, after `warmup` rounds.
+
+    Every repeat starts after a barrier; the result per name is the list of
+    the slowest rank's seconds per repeat. Names in `only_rank0` run on
+    rank 0 alone while the others wait (single-process references).
+    """
+    names = list(calls)
+    local = np.zeros((len(names), repeats))
+    rank = comm.Get_rank()
+    for rep in range(-warmup, repeats):
+        # Rotate the order so that no contender always runs first after a barrier.
+        order = names[rep % len(names):] + names[:rep % len(names)] if names else names
+        for name in order:
+            solo = name in only_rank0
+            waiter.barrier(comm)
+            t0 = time.perf_counter()
+            if not solo or rank == 0:
+                calls[name]()
+            elapsed = time.perf_counter() - t0
+            if rep >= 0:
+                local[names.index(name), rep] = elapsed
+    from mpi4py import MPI
+
+    slowest = np.empty_like(local)
+    comm.Allreduce(local, slowest, MPI.MAX)
+    return {name: slowest[i].tolist() for i, name in enumerate(names)}
+
+
+def measure(comm: Any, ops: Sequence[str], group_sizes: Sequence[int], sizes: Sequence[int],
+            waiter: Waiter, *, warmup: int = 2, repeats: int = 7,
+            progress: Callable[[str], None] | None = None) -> list[Measurement]:
+    """Median slowest-rank time of each raw collective, per group size and buffer size."""
+    out = []
+    rank = comm.Get_rank()
+    for g in group_sizes:
+        sub = comm.Split(rank // g, rank)
+        try:
+            for n in sizes:
+                calls = {op: raw_collective(sub, op, n, waiter) for op in ops}
+                times = time_interleaved(comm, calls, waiter, warmup=warmup, repeats=repeats)
+                for op in ops:
+                    out.append(Measurement(op, g, _real_bytes(n, g), statistics.median(times[op])))
+                if progress:
+                    progress(f"calibrate: g={g} n={n} done")
+        finally:
+            sub.Free()
+    return out
+
+
+def _real_bytes(nbytes: int, g: int, item: int = 4) -> int:
+    """The n raw_collective really used (rounded to g whole elements)."""
+    return max(g, nbytes // item // g * g) * item
+
+
+def _group_sizes(text: str | None, world: int) -> list[int]:
+    if text:
+        sizes = [int(v) for v in text.split(",")]
+    else:
+        sizes = [g for g in (2, 4, 8, 16, 32, 64) if g < world] + [world]
+    for g in sizes:
+        if g < 2 or world % g:
+            raise argparse.ArgumentTypeError(
+                f"group size {g!r} must be >= 2 and divide the world size {world}")
+    return sorted(set(sizes))
+
+
+def run(args: argparse.Namespace) -> int:
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    if comm.Get_size() < 2:
+        print("spmdsim calibrate: run it under MPI with at least 2 ranks, e.g. "
+              "timeout -k 5 300 mpiexec -n 8 spmdsim calibrate", file=sys.stderr)
+        return 2
+    ops = [normalize_op(o) for o in args.ops.split(",")]
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    waiter = Waiter(comm, args.wait)
+    say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if rank == 0 else None
+    data = measure(comm, ops, _group_sizes(args.group_sizes, comm.Get_size()), sizes, waiter,
+                   warmup=args.warmup, repeats=args.repeats, progress=say)
+    model = CostModel.fit(data, source=f"spmdsim calibrate: {comm.Get_size()} ranks, "
+                          f"wait={waiter.mode}, {MPI.Get_library_version().splitlines()[0]}")
+    if rank == 0:
+        print(f"{'op':<15}{'g':>3}{'bytes':>11}{'measured ms':>13}{'model ms':>11}{'ratio':>7}")
+        for m in data:
+            pred = model.predict(m.op, m.group_size, m.bytes_per_rank)
+            print(f"{m.op:<15}{m.group_size:>3}{m.bytes_per_rank:>11}{m.seconds * 1e3:>13.4f}"
+                  f"{pred * 1e3:>11.4f}{pred / m.seconds:>7.2f}")
+        print(model)
+        if args.measurements:
+            with open(args.measurements, "w") as fh:
+                json.dump([dataclasses.astuple(m) for m in data], fh)
+        if not args.dry_run:
+            path = model.save(args.output)
+            print(f"saved to {path}")
+    comm.Barrier()
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "calibrate",
+        help="time raw MPI collectives and fit the alpha-beta cost model (run under mpiexec)",
+        description="Time raw mpi4py collectives over a few sizes and group sizes, fit the "
+                    "alpha-beta cost model (spmdsim.cost) and save it. Run under MPI, e.g. "
+                    "timeout -k 5 300 mpiexec -n 8 spmdsim calibrate",
+    )
+    parser.add_argument("--sizes", default=_DEFAULT_SIZES,
+                        help=f"per-rank buffer sizes (default {_DEFAULT_SIZES})")
+    parser.add_argument("--group-sizes", default=None,
+                        help="comma-separated group sizes (default 2, 4, ... and the world size)")
+    parser.add_argument("--ops", default=_DEFAULT_OPS, help=f"collectives (default {_DEFAULT_OPS})")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--wait", choices=("busy", "polite", "auto"), default=None,
+                        help="how ranks wait in a collective (default $SPMDSIM_WAIT or auto)")
+    parser.add_argument("--output", default=None,
+                        help=f"where to save (default $SPMDSIM_COST_FILE or {default_path()})")
+    parser.add_argument("--measurements", default=None,
+                        help="also write the raw (op, g, bytes, seconds) list to this JSON file")
+    parser.add_argument("--dry-run", action="store_true", help="fit and print, do not save")
+    parser.set_defaults(func=run)
+
