@@ -170,24 +170,18 @@ def _strategy_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ..
     from ..dialects.strategy import parse_strategy, strategy_layout
 
     value = data["strategy"]
-    parsed = parse_strategy(value) if isinstance(value, str) else value
-    if (
-        isinstance(parsed, (list, tuple))
-        and parsed
-        and all(isinstance(p, (list, tuple)) for p in parsed)
-    ):
-        if len(parsed) != 1:
-            raise SpmdsimError(
-                f"case key 'strategy' {value!r} gives {len(parsed)} tensors; expected one "
-                "tensor's strategy such as [[2, 1, 2, 2, 1]]"
-            )
-        parsed = parsed[0]
-    if not isinstance(parsed, (list, tuple)) or any(
-        isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in parsed
-    ):
+    if isinstance(value, bool) or not isinstance(value, (str, list, tuple)):
         raise SpmdsimError(
-            f"case key 'strategy' must be one tensor's strategy (positive integers), got {value!r}"
+            f"case key 'strategy' must be one tensor's strategy such as [[2, 1, 2, 2, 1]] "
+            f"or \"((2, 1, 2, 2, 1),)\", got {value!r}"
         )
+    parsed = parse_strategy(value)
+    if len(parsed) != 1:
+        raise SpmdsimError(
+            f"case key 'strategy' {value!r} gives {len(parsed)} tensors; expected one "
+            "tensor's strategy such as [[2, 1, 2, 2, 1]]"
+        )
+    parsed = parsed[0]
     strategy = tuple(parsed)
     if "world_size" in data:
         world = data["world_size"]

@@ -1,0 +1,26 @@
+"""Pictures of layouts (and plans): a pure picture model, ASCII and matplotlib renderers.
+
+`render_layout_png` imports matplotlib (Agg backend) only when called.
+"""
+from __future__ import annotations
+
+from .ascii import render_layout_ascii
+from .model import Block, DeviceCell, DevicePanel, LayoutPicture, Panel, layout_picture
+
+__all__ = [
+    "Block",
+    "Panel",
+    "DeviceCell",
+    "DevicePanel",
+    "LayoutPicture",
+    "layout_picture",
+    "render_layout_ascii",
+    "render_layout_png",
+]
+
+
+def render_layout_png(picture, path, **kwargs):  # noqa: ANN001 - thin lazy wrapper
+    """Draw a LayoutPicture to `path` (.png or .svg) with matplotlib; see viz.png."""
+    from .png import render_layout_png as _render
+
+    return _render(picture, path, **kwargs)

@@ -1,0 +1,151 @@
+"""Plain-text pictures of a layout for an 80-column terminal (needs nothing but Python).
+
+Draws a LayoutPicture: the global tensor cut into blocks, each labelled by the
+ranks holding it (``r0,1`` replicas, ``r0+1`` partial terms to add) and its
+shard number ``#k``; then the device matrix with each rank's shard number.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+from ..layout import TensorLayout
+from .model import LayoutPicture, Panel, layout_picture
+
+__all__ = ["render_layout_ascii", "grid_lines", "hstack"]
+
+#: Gap between panels placed side by side.
+_GAP = "   "
+
+
+def grid_lines(
+    row_headers: Sequence[str], col_headers: Sequence[str], cells: Sequence[Sequence[Sequence[str]]]
+) -> list[str]:
+    """A boxed grid; each cell is a list of text lines, centred in its column."""
+    ncols = len(col_headers)
+    height = max((len(c) for row in cells for c in row), default=1)
+    widths = [
+        max([len(col_headers[j])] + [len(line) for row in cells for line in row[j]]) + 2
+        for j in range(ncols)
+    ]
+    margin = max((len(h) for h in row_headers), default=0)
+    pad = " " * (margin + 1) if margin else ""
+    rule = pad + "+" + "+".join("-" * w for w in widths) + "+"
+    out = []
+    if any(col_headers):
+        out.append((pad + " " + " ".join(h.center(w) for h, w in zip(col_headers, widths))).rstrip())
+    out.append(rule)
+    for header, row in zip(row_headers, cells):
+        for k in range(height):
+            lead = (header.rjust(margin) + " ") if (margin and k == 0) else pad
+            parts = [(cell[k] if k < len(cell) else "").center(w) for cell, w in zip(row, widths)]
+            out.append(lead + "|" + "|".join(parts) + "|")
+        out.append(rule)
+    return out
+
+
+def hstack(blocks: Sequence[list[str]], width: int) -> list[str]:
+    """Place text blocks side by side, wrapping onto new lines past `width` columns."""
+    out: list[str] = []
+    line_group: list[list[str]] = []
+
+    def flush() -> None:
+        if not line_group:
+            return
+        widths = [max(len(x) for x in b) for b in line_group]
+        height = max(len(b) for b in line_group)
+        for k in range(height):
+            parts = [(b[k] if k < len(b) else "").ljust(w) for b, w in zip(line_group, widths)]
+            out.append(_GAP.join(parts).rstrip())
+        line_group.clear()
+
+    used = 0
+    for block in blocks:
+        w = max((len(x) for x in block), default=0)
+        if line_group and used + len(_GAP) + w > width:
+            flush()
+            out.append("")
+            used = 0
+        used = w if not line_group else used + len(_GAP) + w
+        line_group.append(block)
+    flush()
+    return out
+
+
+def _panel_lines(panel: Panel, short: bool) -> list[str]:
+    rows = [f"{a}:{b}" for a, b in zip(panel.row_edges, panel.row_edges[1:])]
+    if panel.row_dim is None:
+        rows = [""]
+    cols = [f"{a}:{b}" for a, b in zip(panel.col_edges, panel.col_edges[1:])]
+    cells = [
+        [[f"#{b.shard_number}"] if short else [b.label, f"#{b.shard_number}"] for b in row]
+        for row in panel.blocks
+    ]
+    return [panel.title] + grid_lines(rows, cols, cells)
+
+
+def _tensor_lines(pic: LayoutPicture, width: int) -> tuple[list[str], bool]:
+    for short in (False, True):
+        lines: list[str] = []
+        for gi in range(pic.panel_grid[0]):
+            row = [p for p in pic.panels if p.grid_pos[0] == gi]
+            if lines:
+                lines.append("")
+            lines += hstack([_panel_lines(p, short) for p in row], width)
+        if max(len(x) for x in lines) <= width or short:
+            return lines, short
+    raise AssertionError("unreachable")
+
+
+def _device_lines(pic: LayoutPicture, width: int) -> list[str]:
+    lines: list[str] = []
+    for gi in range(pic.device_grid[0]):
+        row = []
+        for p in (p for p in pic.device_panels if p.grid_pos[0] == gi):
+            cells = [[[c.label, f"#{c.shard_number}"] for c in r] for r in p.cells]
+            row.append(([p.title] if p.title else []) + grid_lines(p.row_labels, p.col_labels, cells))
+        if lines:
+            lines.append("")
+        lines += hstack(row, width)
+    return lines
+
+
+def render_layout_ascii(
+    picture: Union[LayoutPicture, TensorLayout],
+    shape: Optional[Sequence[int]] = None,
+    *,
+    name: str = "x",
+    width: int = 80,
+) -> str:
+    """Text picture of a layout: tensor blocks with their ranks, then the device matrix.
+
+    Pass a LayoutPicture, or a TensorLayout and a shape.
+    """
+    if isinstance(picture, TensorLayout):
+        if shape is None:
+            raise TypeError("render_layout_ascii(tensor_layout, shape) needs a shape")
+        picture = layout_picture(picture, shape, name)
+    tl = picture.tensor_layout
+    layout = tl.layout
+    axes = ", ".join(f"{a}={n}" for a, n in zip(layout.alias_name, layout.device_matrix))
+    lines = [picture.title, f"on Layout({axes}), {layout.num_devices} ranks"]
+    lines += [f"  {note}" for note in picture.notes]
+    lines.append("")
+    tensor, short = _tensor_lines(picture, width)
+    first = picture.panels[0]
+    where = (
+        f"rows dim {first.row_dim}, columns dim {first.col_dim}"
+        if first.row_dim is not None
+        else f"columns dim {first.col_dim}"
+    )
+    if short:
+        lines.append(f"Tensor: shard number #k of each block ({where})")
+    else:
+        lines.append(f"Tensor: ranks holding each block, shard number #k ({where})")
+    lines += tensor
+    if short:
+        lines.append("")
+        lines += [f"  #{b.shard_number}: {b.label}" for b in picture.blocks]
+    lines.append("")
+    lines.append(f"Device matrix ({axes}): each rank and the shard #k it holds")
+    lines += _device_lines(picture, width)
+    return "\n".join(line.rstrip() for line in lines) + "\n"

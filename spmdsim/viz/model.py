@@ -1,0 +1,329 @@
+"""The picture model of a layout: blocks, labels, colours and hatches as plain data.
+
+Both renderers (ASCII and matplotlib) draw a LayoutPicture and decide nothing
+themselves, so tests check a picture's content here: which ranks label each
+block, which colour (one per shard) it gets, whether it is hatched (partial).
+
+Folding: the two last *split* tensor dims (or the last dims when fewer are
+split) form the rows and columns of a 2-D panel; any further split dims form
+a grid of panels. The device matrix folds the same way over its axes of size
+above one. Pure: numpy-free even.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from ..layout import TensorLayout, format_entry
+
+__all__ = [
+    "Block",
+    "Panel",
+    "DeviceCell",
+    "DevicePanel",
+    "LayoutPicture",
+    "layout_picture",
+    "compact_ranks",
+]
+
+
+@dataclass(frozen=True)
+class Block:
+    """One shard's block of the global tensor and every rank that holds it."""
+
+    shard_number: int  # row-major number among all blocks; also the colour index
+    shard_index: tuple[int, ...]  # per tensor dim
+    bounds: tuple[tuple[int, int], ...]  # per tensor dim, half-open
+    ranks: tuple[int, ...]  # all holders, sorted
+    terms: tuple[tuple[int, ...], ...]  # holders grouped per partial term (one group if none)
+    label: str  # "r0", "r0,1" (replicas), "r0+1" (partial terms to add)
+    partial: bool  # drawn hatched: the block is a pending sum
+
+
+@dataclass(frozen=True)
+class Panel:
+    """A 2-D cut of the tensor: blocks over `row_dim` x `col_dim` for one slab of the rest."""
+
+    title: str
+    grid_pos: tuple[int, int]
+    row_dim: Optional[int]  # None for a 1-D tensor (one row)
+    col_dim: int
+    row_edges: tuple[int, ...]  # block boundaries along row_dim ((0, 1) when row_dim is None)
+    col_edges: tuple[int, ...]
+    blocks: tuple[tuple[Block, ...], ...]  # [row][col]
+
+
+@dataclass(frozen=True)
+class DeviceCell:
+    """One rank in the device-matrix view, coloured by the shard it holds."""
+
+    rank: int
+    coords: tuple[int, ...]
+    shard_number: int
+    label: str  # "r5"
+    partial: bool
+
+
+@dataclass(frozen=True)
+class DevicePanel:
+    title: str  # e.g. "a=1" for the leading axes ("" when there is one panel)
+    grid_pos: tuple[int, int]
+    row_axis: Optional[str]
+    col_axis: Optional[str]
+    row_labels: tuple[str, ...]  # "c=0", "c=1"
+    col_labels: tuple[str, ...]
+    cells: tuple[tuple[DeviceCell, ...], ...]  # [row][col]
+
+
+@dataclass(frozen=True)
+class LayoutPicture:
+    """Everything drawn for one tensor layout: tensor panels, device panels, notes."""
+
+    name: str
+    shape: tuple[int, ...]
+    tensor_layout: TensorLayout
+    panel_grid: tuple[int, int]
+    panels: tuple[Panel, ...]
+    device_grid: tuple[int, int]
+    device_panels: tuple[DevicePanel, ...]
+    num_shards: int
+    notes: tuple[str, ...]
+
+    @property
+    def blocks(self) -> tuple[Block, ...]:
+        """Every block once, in shard-number order."""
+        seen = {b.shard_number: b for p in self.panels for row in p.blocks for b in row}
+        return tuple(seen[k] for k in sorted(seen))
+
+    @property
+    def title(self) -> str:
+        tl = self.tensor_layout
+        return f"{self.name}: shape {self.shape!r}, tensor map {_map_text(tl)}"
+
+
+def _map_text(tl: TensorLayout) -> str:
+    return "(" + ", ".join(format_entry(e) for e in tl.tensor_map) + ")"
+
+
+def compact_ranks(ranks: Sequence[int]) -> str:
+    """0,1 / 0-3 / 0,2,4: runs of three or more consecutive ranks become a-b."""
+    ranks = sorted(ranks)
+    parts, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        if j - i >= 2:
+            parts.append(f"{ranks[i]}-{ranks[j]}")
+        else:
+            parts.extend(str(r) for r in ranks[i : j + 1])
+        i = j + 1
+    return ",".join(parts)
+
+
+def _label(terms: tuple[tuple[int, ...], ...]) -> str:
+    if len(terms) == 1:
+        return "r" + compact_ranks(terms[0])
+    shown = [compact_ranks(t) if len(t) == 1 else f"({compact_ranks(t)})" for t in terms]
+    return "r" + "+".join(shown)
+
+
+def _fold(
+    sizes: Sequence[int], preferred: Sequence[int], pad: bool = True
+) -> tuple[list[int], list[int], Optional[int], Optional[int]]:
+    """Pick (grid row dims, grid col dims, cell row dim, cell col dim) among dims.
+
+    `preferred` dims are always shown; with `pad`, other dims (larger first,
+    from the right) are added until two are shown, so a 2-D tensor stays 2-D.
+    """
+    n = len(sizes)
+    chosen = list(preferred)
+    want = min(2, n) if pad else 0
+    for pool in ([d for d in range(n - 1, -1, -1) if sizes[d] > 1], list(range(n - 1, -1, -1))):
+        for d in pool:
+            if len(chosen) >= want:
+                break
+            if d not in chosen:
+                chosen.append(d)
+    chosen.sort()
+    if not chosen:
+        return [], [], None, None
+    if len(chosen) == 1:
+        return [], [], None, chosen[0]
+    grid = chosen[:-2]
+    return grid[: len(grid) // 2], grid[len(grid) // 2 :], chosen[-2], chosen[-1]
+
+
+def _mixed(counts: Sequence[int]) -> list[tuple[int, ...]]:
+    """All index tuples of a mixed-radix counter, last fastest."""
+    out: list[tuple[int, ...]] = [()]
+    for n in counts:
+        out = [t + (i,) for t in out for i in range(n)]
+    return out
+
+
+def _edges(size: int, shards: int) -> tuple[int, ...]:
+    return tuple(size * i // shards for i in range(shards + 1))
+
+
+def layout_picture(tensor_layout: TensorLayout, shape: Sequence[int], name: str = "x") -> LayoutPicture:
+    """Build the picture model of `tensor_layout` applied to a tensor of `shape`."""
+    tl = tensor_layout
+    shape = tl.check_shape(shape)
+    layout = tl.layout
+    shards = tl.shards_per_dim
+    partial = bool(tl.partial)
+    blocks = _blocks(tl, shape)
+
+    # -- tensor panels ------------------------------------------------------------
+    split = [d for d in range(tl.ndim) if shards[d] > 1]
+    grid_rows, grid_cols, row_dim, col_dim = _fold(shape, split)
+    panels = []
+    if col_dim is None:  # a 0-d tensor: one block
+        only = blocks[()]
+        panels.append(Panel(f"{name}[]", (0, 0), None, -1, (0, 1), (0, 1), ((only,),)))
+        grid = (1, 1)
+    else:
+        grid = (_count(shards, grid_rows), _count(shards, grid_cols))
+        for gi, gr in enumerate(_mixed([shards[d] for d in grid_rows])):
+            for gj, gc in enumerate(_mixed([shards[d] for d in grid_cols])):
+                fixed = dict(zip(grid_rows, gr)) | dict(zip(grid_cols, gc))
+                rows = []
+                for i in range(shards[row_dim] if row_dim is not None else 1):
+                    row = []
+                    for j in range(shards[col_dim]):
+                        index = [0] * tl.ndim
+                        for d, v in fixed.items():
+                            index[d] = v
+                        if row_dim is not None:
+                            index[row_dim] = i
+                        index[col_dim] = j
+                        row.append(blocks[tuple(index)])
+                    rows.append(tuple(row))
+                first = rows[0][0]
+                ranges = [
+                    f"{first.bounds[d][0]}:{first.bounds[d][1]}" if d in fixed else ":"
+                    for d in range(tl.ndim)
+                ]
+                panels.append(
+                    Panel(
+                        title=f"{name}[{', '.join(ranges)}]",
+                        grid_pos=(gi, gj),
+                        row_dim=row_dim,
+                        col_dim=col_dim,
+                        row_edges=_edges(shape[row_dim], shards[row_dim]) if row_dim is not None else (0, 1),
+                        col_edges=_edges(shape[col_dim], shards[col_dim]),
+                        blocks=tuple(rows),
+                    )
+                )
+
+    # -- device panels ------------------------------------------------------------
+    device_panels, device_grid = _device_panels(tl, blocks)
+    return LayoutPicture(
+        name=name,
+        shape=shape,
+        tensor_layout=tl,
+        panel_grid=grid,
+        panels=tuple(panels),
+        device_grid=device_grid,
+        device_panels=device_panels,
+        num_shards=len(blocks),
+        notes=_notes(tl, partial),
+    )
+
+
+def _count(shards: Sequence[int], dims: Sequence[int]) -> int:
+    out = 1
+    for d in dims:
+        out *= shards[d]
+    return out
+
+
+def _blocks(tl: TensorLayout, shape: tuple[int, ...]) -> dict[tuple[int, ...], Block]:
+    layout = tl.layout
+    holders: dict[tuple[int, ...], list[int]] = {}
+    for rank in range(layout.num_devices):
+        holders.setdefault(tl.shard_index(rank), []).append(rank)
+    out = {}
+    for number, index in enumerate(_mixed(tl.shards_per_dim)):
+        ranks = tuple(sorted(holders[index]))
+        terms: dict[int, list[int]] = {}
+        for rank in ranks:
+            terms.setdefault(layout.group_index(rank, tl.partial), []).append(rank)
+        grouped = tuple(tuple(terms[k]) for k in sorted(terms))
+        out[index] = Block(
+            shard_number=number,
+            shard_index=index,
+            bounds=tl.bounds(ranks[0], shape),
+            ranks=ranks,
+            terms=grouped,
+            label=_label(grouped),
+            partial=bool(tl.partial),
+        )
+    return out
+
+
+def _device_panels(
+    tl: TensorLayout, blocks: dict[tuple[int, ...], Block]
+) -> tuple[tuple[DevicePanel, ...], tuple[int, int]]:
+    layout = tl.layout
+    sizes = layout.device_matrix
+    names = layout.alias_name
+    big = [i for i, n in enumerate(sizes) if n > 1]
+    grid_rows, grid_cols, row_ax, col_ax = _fold(sizes, big, pad=False)
+    panels = []
+    for gi, gr in enumerate(_mixed([sizes[a] for a in grid_rows])):
+        for gj, gc in enumerate(_mixed([sizes[a] for a in grid_cols])):
+            fixed = dict(zip(grid_rows, gr)) | dict(zip(grid_cols, gc))
+            rows = []
+            for i in range(sizes[row_ax] if row_ax is not None else 1):
+                row = []
+                for j in range(sizes[col_ax] if col_ax is not None else 1):
+                    coords = [0] * layout.ndim
+                    for a, v in fixed.items():
+                        coords[a] = v
+                    if row_ax is not None:
+                        coords[row_ax] = i
+                    if col_ax is not None:
+                        coords[col_ax] = j
+                    rank = layout.rank_of(coords)
+                    block = blocks[tl.shard_index(rank)]
+                    row.append(DeviceCell(rank, tuple(coords), block.shard_number, f"r{rank}", block.partial))
+                rows.append(tuple(row))
+            title = ", ".join(f"{names[a]}={v}" for a, v in sorted(fixed.items()))
+            panels.append(
+                DevicePanel(
+                    title=title,
+                    grid_pos=(gi, gj),
+                    row_axis=names[row_ax] if row_ax is not None else None,
+                    col_axis=names[col_ax] if col_ax is not None else None,
+                    row_labels=tuple(f"{names[row_ax]}={i}" for i in range(sizes[row_ax]))
+                    if row_ax is not None
+                    else ("",),
+                    col_labels=tuple(f"{names[col_ax]}={j}" for j in range(sizes[col_ax]))
+                    if col_ax is not None
+                    else ("",),
+                    cells=tuple(rows),
+                )
+            )
+    grid = (_count(sizes, grid_rows), _count(sizes, grid_cols))
+    return tuple(panels), grid
+
+
+def _notes(tl: TensorLayout, partial: bool) -> tuple[str, ...]:
+    notes = []
+    for d, axes in enumerate(tl.tensor_map):
+        if tl.num_shards(d) > 1:
+            notes.append(
+                f"dim {d} split over {format_entry(axes)} into {tl.num_shards(d)} shards"
+            )
+    if tl.replicated_axes:
+        notes.append(
+            f"replicated over {', '.join(tl.replicated_axes)}: ranks listed together hold copies"
+        )
+    if partial:
+        notes.append(
+            f"partial: sum over {', '.join(tl.partial)} (hatched); '+' joins the ranks whose "
+            "blocks add up to the value"
+        )
+    return tuple(notes)
