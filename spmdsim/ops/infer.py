@@ -361,7 +361,8 @@ def infer_embedding(
                 f"the table's {what} is split over {tuple(clash)!r}, which also splits the "
                 f"ids {_fmt(ids)}; ids must be replicated over the table's axes"
             )
-    local = TensorLayout(ids.layout, ids.tensor_map + (dim,), vocab)
+    pending = tuple(a for a in vocab if table.layout.axis_size(a) > 1)
+    local = TensorLayout(ids.layout, ids.tensor_map + (dim,), pending)
     out, red = resolve_partial(local, None, reduce)
     gather = _NONE
     if gather_out and dim and not out.partial:

@@ -1,0 +1,89 @@
+"""Shared pieces of the MPI operators: running a plan's collective, local B -> S slicing."""
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional, Sequence
+
+import numpy as np
+
+from ..errors import OperatorError
+from ..layout import TensorLayout
+from .infer import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, Resolution
+
+__all__ = [
+    "run_resolution", "make_dtensor", "seeded_dtensor", "scatter_local", "default_axes", "same_mesh",
+]
+
+
+def make_dtensor(mesh: Any, local: np.ndarray, layout: TensorLayout, shape: Sequence[int]) -> Any:
+    """A DTensor from this rank's block (the one place that builds result tensors)."""
+    from ..runtime import DTensor
+
+    return DTensor(mesh, np.ascontiguousarray(local), layout, tuple(shape))
+
+
+def run_resolution(mesh: Any, local: np.ndarray, res: Resolution, label: Optional[str]) -> np.ndarray:
+    """Perform the collective a plan chose (nothing when `res.collective` is None)."""
+    from ..runtime import collectives as coll
+
+    if res.collective is None:
+        return local
+    if res.collective == ALLREDUCE:
+        return coll.allreduce(mesh, local, res.axes, label=label)
+    if res.collective == REDUCE_SCATTER:
+        return coll.reduce_scatter(mesh, local, res.axes, res.tensor_dim, label=label)
+    if res.collective == ALLGATHER:
+        return coll.allgather(mesh, local, res.axes, res.tensor_dim, label=label)
+    raise OperatorError(f"unknown collective {res.collective!r}")  # pragma: no cover
+
+
+def same_mesh(*tensors: Any) -> Any:
+    """The mesh the tensors share; OperatorError when they live on different meshes."""
+    mesh = tensors[0].mesh
+    for t in tensors[1:]:
+        if t.mesh is not mesh and t.mesh.layout != mesh.layout:
+            raise OperatorError(
+                f"operands live on different meshes: {mesh.layout} and {t.mesh.layout}"
+            )
+    return mesh
+
+
+def default_axes(mesh: Any, axes: Optional[Iterable[str] | str]) -> tuple[str, ...]:
+    """The tensor-parallel axes: `axes` as a tuple, or every mesh axis when None."""
+    if axes is None:
+        return tuple(mesh.layout.alias_name)
+    out = (axes,) if isinstance(axes, str) else tuple(axes)
+    for alias in out:
+        mesh.layout.axis_index(alias)
+    return out
+
+
+def scatter_local(x: Any, tensor_dim: int, axes: tuple[str, ...]) -> Any:
+    """B -> S without communication: keep this rank's piece of a dim replicated over `axes`.
+
+    Megatron's ``scatter_to_tensor_model_parallel_region`` / Paddle's ``_c_split``.
+    """
+    layout = x.layout
+    used = [a for a in axes if a in layout.split_axes or a in layout.partial]
+    if used:
+        raise OperatorError(
+            f"cannot split dim {tensor_dim} of {layout} over {axes!r}: {tuple(used)!r} already "
+            "split the tensor or hold a pending sum"
+        )
+    entry = layout.tensor_map[tensor_dim] + axes
+    new_map = list(layout.tensor_map)
+    new_map[tensor_dim] = entry
+    target = TensorLayout(layout.layout, tuple(new_map), layout.partial)
+    target.check_shape(x.global_shape)
+    n = layout.layout.group_size(axes)
+    i = layout.layout.group_index(x.mesh.rank, axes)
+    step = x.local.shape[tensor_dim] // n
+    index = [slice(None)] * x.local.ndim
+    index[tensor_dim] = slice(i * step, (i + 1) * step)
+    return make_dtensor(x.mesh, x.local[tuple(index)], target, x.global_shape)
+
+
+def seeded_dtensor(mesh: Any, layout: TensorLayout, source: Any) -> Any:
+    """This rank's shard of a SeededTensor as a DTensor (the global tensor is never built)."""
+    from ..runtime import DTensor
+
+    return DTensor.from_seeded(mesh, layout, source)

@@ -1,0 +1,56 @@
+"""Elementwise ops on DTensors: ReLU, GELU, add, bias add. No communication; layout kept.
+
+A pending sum (partial layout) is rejected where the result would be wrong:
+ReLU(a) + ReLU(b) != ReLU(a + b), and adding a non-partial tensor to a pending
+sum would count it once per rank of the group.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .. import reference
+from ..errors import ShapeError
+from ._common import make_dtensor, same_mesh
+from .infer import infer_add, infer_bias_add, infer_elementwise
+
+__all__ = ["relu", "gelu", "activation", "add", "bias_add"]
+
+
+def activation(x: Any, name: str) -> Any:
+    """Apply the activation `name` ("relu" or "gelu") shard by shard."""
+    fn = reference.activation(name)
+    layout = infer_elementwise(x.layout, name)
+    return make_dtensor(x.mesh, fn(x.local), layout, x.global_shape)
+
+
+def relu(x: Any) -> Any:
+    """max(x, 0); x must not be a pending sum."""
+    return activation(x, "relu")
+
+
+def gelu(x: Any) -> Any:
+    """GELU (tanh approximation); x must not be a pending sum."""
+    return activation(x, "gelu")
+
+
+def add(a: Any, b: Any) -> Any:
+    """a + b for two DTensors of one shape and layout (two pending sums over the same axes add)."""
+    mesh = same_mesh(a, b)
+    layout = infer_add(a.layout, b.layout)
+    if tuple(a.global_shape) != tuple(b.global_shape):
+        raise ShapeError(
+            f"cannot add shapes {tuple(a.global_shape)!r} and {tuple(b.global_shape)!r}"
+        )
+    return make_dtensor(mesh, a.local + b.local, layout, a.global_shape)
+
+
+def bias_add(x: Any, bias: Any) -> Any:
+    """x + bias along the last dim; bias split like x's last dim, x not a pending sum."""
+    mesh = same_mesh(x, bias)
+    layout = infer_bias_add(x.layout, bias.layout)
+    if tuple(bias.global_shape) != tuple(x.global_shape)[-1:]:
+        raise ShapeError(
+            f"bias of shape {tuple(bias.global_shape)!r} does not match the last dim of "
+            f"{tuple(x.global_shape)!r}"
+        )
+    return make_dtensor(mesh, x.local + bias.local, layout, x.global_shape)

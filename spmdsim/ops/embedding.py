@@ -1,0 +1,138 @@
+"""Parallel Embedding: vocab-parallel (Paddle's padding-row rule, Allreduce) and dim-parallel.
+
+Vocab-parallel (Paddle ``split(..., operation="embedding")``, Megatron's
+VocabParallelEmbedding): the table (N, M) is split on rows over p ranks; each
+rank holds its N/p rows plus one zero padding row (local row N/p). An id in the
+rank's range [r*N/p, (r+1)*N/p) becomes id - r*N/p, any other id becomes N/p,
+which looks up zeros; the per-rank lookups are partial sums, finished by one
+Allreduce.
+
+Embedding-dim-parallel: the table is split on columns; each rank looks up its
+columns of every id; Allgather concatenates them (or they stay split).
+
+Ids are replicated over the table's axes, so every rank of a group sees the
+same ids and the range check raises the same error on all of them before the
+first collective.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional
+
+import numpy as np
+
+from ..datagen import SeededTensor
+from ..errors import ShapeError
+from ..reference import RegionFn, Source, check_ids, embedding_region
+from ._common import default_axes, make_dtensor, run_resolution, same_mesh, seeded_dtensor
+from .infer import EmbeddingPlan, infer_embedding
+
+__all__ = [
+    "embedding",
+    "plan_embedding",
+    "vocab_range",
+    "pad_vocab_shard",
+    "vocab_parallel_lookup",
+    "VocabParallelEmbedding",
+]
+
+
+def vocab_range(num_embeddings: int, index: int, parts: int) -> tuple[int, int]:
+    """[start, stop) of the ids shard `index` of `parts` owns (Megatron's VocabUtility)."""
+    per_part = num_embeddings // parts
+    return index * per_part, (index + 1) * per_part
+
+
+def pad_vocab_shard(shard: np.ndarray) -> np.ndarray:
+    """Paddle's local table: the rank's N/p rows plus one zero padding row at the end."""
+    return np.concatenate([shard, np.zeros((1,) + shard.shape[1:], shard.dtype)], axis=0)
+
+
+def vocab_parallel_lookup(ids: np.ndarray, padded: np.ndarray, start: int) -> np.ndarray:
+    """One rank's lookup: owned ids shifted to local rows, every other id to the padding row."""
+    per_part = padded.shape[0] - 1
+    owned = (ids >= start) & (ids < start + per_part)
+    return padded[np.where(owned, ids - start, per_part)]
+
+
+def plan_embedding(
+    ids: Any, table: Any, *, gather_out: bool = True, reduce: bool = True
+) -> tuple[EmbeddingPlan, tuple[int, ...]]:
+    """Plan and global output shape; checks layouts, shapes and id values before any collective."""
+    plan = infer_embedding(ids.layout, table.layout, gather_out=gather_out, reduce=reduce)
+    num_embeddings, dim = table.global_shape
+    # Same ids on every rank of the table's groups: they all raise the same error.
+    check_ids(ids.local, num_embeddings)
+    shape = tuple(ids.global_shape) + (dim,)
+    for layout in (plan.local, plan.out):
+        layout.check_shape(shape)
+    return plan, shape
+
+
+def embedding(
+    ids: Any,
+    table: Any,
+    *,
+    gather_out: bool = True,
+    reduce: bool = True,
+    padded_local: Optional[np.ndarray] = None,
+    label: Optional[str] = "embedding",
+) -> Any:
+    """table[ids] on DTensors; the table's layout picks vocab- and/or dim-parallel.
+
+    Args:
+        ids: integer DTensor, replicated over the table's axes.
+        table: (num_embeddings, embedding_dim) DTensor.
+        gather_out: Allgather columns of a dim-parallel lookup.
+        reduce: False keeps the vocab-parallel pending sum.
+        padded_local: this rank's padded shard (as VocabParallelEmbedding keeps it).
+    """
+    mesh = same_mesh(ids, table)
+    plan, shape = plan_embedding(ids, table, gather_out=gather_out, reduce=reduce)
+    if plan.vocab_axes:
+        start, _ = table.layout.bounds(mesh.rank, table.global_shape)[0]
+        padded = pad_vocab_shard(table.local) if padded_local is None else padded_local
+        if padded.shape != (table.local.shape[0] + 1,) + table.local.shape[1:]:
+            raise ShapeError(f"padded shard {padded.shape!r} does not fit {table.local.shape!r}")
+        local = vocab_parallel_lookup(ids.local, padded, start)
+    else:
+        local = table.local[ids.local]
+    local = run_resolution(mesh, local, plan.reduce, label)
+    local = run_resolution(mesh, local, plan.gather, None if label is None else f"{label}.gather")
+    return make_dtensor(mesh, local, plan.out, shape)
+
+
+class VocabParallelEmbedding:
+    """Megatron's VocabParallelEmbedding with Paddle's padding-row rule.
+
+    Args:
+        mesh: the runtime Mesh.
+        num_embeddings, embedding_dim: the global table shape (N, M).
+        axes: mesh axes splitting the vocabulary (default: every mesh axis).
+        dtype, seed: how the table is generated.
+
+    Attributes: ``weight`` (DTensor, rows split), ``padded_weight`` (this rank's
+    (N/p + 1, M) array, last row zero), ``vocab_start_index``, ``vocab_end_index``.
+    """
+
+    def __init__(
+        self, mesh: Any, num_embeddings: int, embedding_dim: int, *,
+        axes: Optional[Iterable[str] | str] = None, dtype: str = "float32", seed: int = 0,
+    ) -> None:
+        self.mesh = mesh
+        self.axes = default_axes(mesh, axes)
+        self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
+        self.weight_source = SeededTensor((self.num_embeddings, self.embedding_dim), dtype, seed)
+        self.weight = seeded_dtensor(mesh, mesh.layout(self.axes, None), self.weight_source)
+        self.padded_weight = pad_vocab_shard(self.weight.local)
+        parts = mesh.layout.group_size(self.axes)
+        index = mesh.layout.group_index(mesh.rank, self.axes)
+        self.vocab_start_index, self.vocab_end_index = vocab_range(
+            self.num_embeddings, index, parts
+        )
+
+    def __call__(self, ids: Any, label: Optional[str] = "vocab_embedding") -> Any:
+        return embedding(ids, self.weight, padded_local=self.padded_weight, label=label)
+
+    def reference(self, ids: Source) -> RegionFn:
+        """Region reference of this layer applied to the global ids."""
+        return embedding_region(ids, self.weight_source)

@@ -1,0 +1,151 @@
+"""Linear Y = X @ W + b in both tensor-parallel forms; Megatron-named layers over one function.
+
+* column-parallel: W (in, out) split on `out` over the tensor-parallel axes;
+  every rank computes its own output columns (and adds its bias slice); the
+  output stays split, or is Allgathered when `gather_output`;
+* row-parallel: W split on `in`, X split the same way on its last dim; each
+  rank's product is a partial sum, Allreduced, and the (replicated) bias is
+  added once, after the reduction.
+
+Weights are stored (in_features, out_features) as in Paddle and MindSpore
+(Megatron stores the transpose); both are generated from SeededTensors.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional
+
+import numpy as np
+
+from ..datagen import SeededTensor
+from ..errors import ShapeError
+from ..reference import RegionFn, Source, linear_region
+from ._common import (
+    default_axes, make_dtensor, run_resolution, same_mesh, scatter_local, seeded_dtensor,
+)
+from .infer import LinearPlan, infer_linear, matmul_shape
+
+__all__ = ["linear", "plan_linear", "ColumnParallelLinear", "RowParallelLinear"]
+
+
+def plan_linear(
+    x: Any, weight: Any, bias: Any = None, *, gather_out: bool = False, reduce: bool = True
+) -> tuple[LinearPlan, tuple[int, ...]]:
+    """The plan and global output shape, validated on every rank before any collective."""
+    plan = infer_linear(
+        x.layout, weight.layout, None if bias is None else bias.layout,
+        gather_out=gather_out, reduce=reduce,
+    )
+    shape = matmul_shape(x.global_shape, weight.global_shape)
+    if bias is not None and tuple(bias.global_shape) != shape[-1:]:
+        raise ShapeError(
+            f"bias of shape {tuple(bias.global_shape)!r} does not match out_features {shape[-1]!r}"
+        )
+    for layout in (plan.matmul.local, plan.matmul.out, plan.out):
+        layout.check_shape(shape)
+    return plan, shape
+
+
+def linear(
+    x: Any,
+    weight: Any,
+    bias: Any = None,
+    *,
+    gather_out: bool = False,
+    reduce: bool = True,
+    label: Optional[str] = "linear",
+) -> Any:
+    """x @ weight + bias on DTensors; the weight's layout picks column or row parallel.
+
+    With ``reduce=False`` a row-parallel result stays a pending sum and the bias
+    is added on the first rank of each reduction group only, so the sum is right.
+    """
+    mesh = same_mesh(*(t for t in (x, weight, bias) if t is not None))
+    plan, shape = plan_linear(x, weight, bias, gather_out=gather_out, reduce=reduce)
+    local = np.matmul(x.local, weight.local)
+    local = run_resolution(mesh, local, plan.matmul.resolution, label)
+    if bias is not None:
+        pending = plan.matmul.out.partial
+        if not pending or mesh.layout.group_index(mesh.rank, pending) == 0:
+            local = local + bias.local
+    gather_label = None if label is None else f"{label}.gather"
+    local = run_resolution(mesh, local, plan.gather, gather_label)
+    return make_dtensor(mesh, local, plan.out, shape)
+
+
+class _ParallelLinear:
+    """Weight (and bias) generated from seeds, sharded over the tensor-parallel axes."""
+
+    def __init__(
+        self, mesh: Any, input_size: int, output_size: int, *, bias: bool, axes: Any,
+        dtype: str, seed: int, weight_map: tuple, bias_map: tuple,
+    ) -> None:
+        self.mesh = mesh
+        self.axes = default_axes(mesh, axes)
+        self.input_size, self.output_size = int(input_size), int(output_size)
+        self.weight_source = SeededTensor((self.input_size, self.output_size), dtype, seed)
+        self.bias_source = SeededTensor((self.output_size,), dtype, seed + 1) if bias else None
+        layout = mesh.layout
+        self.weight = seeded_dtensor(mesh, layout(*weight_map), self.weight_source)
+        self.bias = (
+            seeded_dtensor(mesh, layout(*bias_map), self.bias_source) if bias else None
+        )
+
+    def reference(self, x: Source) -> RegionFn:
+        """Region reference of this layer applied to the global input `x`."""
+        return linear_region(x, self.weight_source, self.bias_source)
+
+
+class ColumnParallelLinear(_ParallelLinear):
+    """Megatron's ColumnParallelLinear: W split on out_features; output split or gathered.
+
+    Args:
+        mesh: the runtime Mesh.
+        input_size, output_size: in_features and out_features.
+        bias: add a bias (split like the output columns).
+        gather_output: Allgather the output columns (else they stay split).
+        axes: tensor-parallel mesh axes (default: every mesh axis).
+        dtype, seed: how the weight (seed) and bias (seed + 1) are generated.
+    """
+
+    def __init__(
+        self, mesh: Any, input_size: int, output_size: int, *, bias: bool = True,
+        gather_output: bool = False, axes: Optional[Iterable[str] | str] = None,
+        dtype: str = "float32", seed: int = 0,
+    ) -> None:
+        axes_t = default_axes(mesh, axes)
+        super().__init__(
+            mesh, input_size, output_size, bias=bias, axes=axes_t, dtype=dtype, seed=seed,
+            weight_map=(None, axes_t), bias_map=(axes_t,),
+        )
+        self.gather_output = bool(gather_output)
+
+    def __call__(self, x: Any, label: Optional[str] = "column_linear") -> Any:
+        return linear(x, self.weight, self.bias, gather_out=self.gather_output, label=label)
+
+
+class RowParallelLinear(_ParallelLinear):
+    """Megatron's RowParallelLinear: W split on in_features; Allreduce, then the bias once.
+
+    Args:
+        input_is_parallel: x already split on its last dim over `axes` (as a
+            ColumnParallelLinear leaves it); otherwise each rank keeps its own
+            piece of a replicated x first (no communication).
+        Others as in ColumnParallelLinear (bias is replicated).
+    """
+
+    def __init__(
+        self, mesh: Any, input_size: int, output_size: int, *, bias: bool = True,
+        input_is_parallel: bool = False, axes: Optional[Iterable[str] | str] = None,
+        dtype: str = "float32", seed: int = 0,
+    ) -> None:
+        axes_t = default_axes(mesh, axes)
+        super().__init__(
+            mesh, input_size, output_size, bias=bias, axes=axes_t, dtype=dtype, seed=seed,
+            weight_map=(axes_t, None), bias_map=(None,),
+        )
+        self.input_is_parallel = bool(input_is_parallel)
+
+    def __call__(self, x: Any, label: Optional[str] = "row_linear") -> Any:
+        if not self.input_is_parallel:
+            x = scatter_local(x, x.layout.ndim - 1, self.axes)
+        return linear(x, self.weight, self.bias, label=label)

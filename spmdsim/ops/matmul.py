@@ -1,0 +1,68 @@
+"""Distributed MatMul Y = op(X) @ op(W), batched over leading dims.
+
+Each rank multiplies its own blocks; when the contraction dim K is split the
+local products are partial sums, finished by Allreduce (MindSpore's
+MatMul -> AllReduce) or by Reduce_scatter when an output split is asked for
+(MindSpore's ``out_strategy``). All validation runs before the collective.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from ..layout import TensorLayout
+from ._common import make_dtensor, run_resolution, same_mesh
+from .infer import MatMulPlan, infer_matmul, matmul_shape
+
+__all__ = ["matmul", "plan_matmul"]
+
+
+def plan_matmul(
+    x: Any,
+    w: Any,
+    *,
+    transpose_a: bool = False,
+    transpose_b: bool = False,
+    out_layout: Optional[TensorLayout] = None,
+    reduce: bool = True,
+) -> tuple[MatMulPlan, tuple[int, ...]]:
+    """The plan and the global output shape, validated (shapes included) on every rank."""
+    plan = infer_matmul(
+        x.layout, w.layout, transpose_a=transpose_a, transpose_b=transpose_b,
+        out=out_layout, reduce=reduce,
+    )
+    shape = matmul_shape(x.global_shape, w.global_shape, transpose_a, transpose_b)
+    plan.local.check_shape(shape)
+    plan.out.check_shape(shape)
+    return plan, shape
+
+
+def matmul(
+    x: Any,
+    w: Any,
+    *,
+    transpose_a: bool = False,
+    transpose_b: bool = False,
+    out_layout: Optional[TensorLayout] = None,
+    reduce: bool = True,
+    label: Optional[str] = "matmul",
+) -> Any:
+    """Y = op(x) @ op(w) on DTensors; returns a DTensor.
+
+    Args:
+        x, w: DTensors on one mesh whose contraction dims use the same axes.
+        transpose_a, transpose_b: x is stored (..., K, M) / w is stored (..., N, K).
+        out_layout: wanted output layout (MindSpore out_strategy); None = Allreduce.
+        reduce: False returns the pending sum (partial layout) without communicating.
+    """
+    mesh = same_mesh(x, w)
+    plan, shape = plan_matmul(
+        x, w, transpose_a=transpose_a, transpose_b=transpose_b,
+        out_layout=out_layout, reduce=reduce,
+    )
+    a = np.swapaxes(x.local, -1, -2) if transpose_a else x.local
+    b = np.swapaxes(w.local, -1, -2) if transpose_b else w.local
+    local = np.matmul(a, b)
+    local = run_resolution(mesh, local, plan.resolution, label)
+    return make_dtensor(mesh, local, plan.out, shape)
