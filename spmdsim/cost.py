@@ -417,10 +417,13 @@ class StepPrediction:
 def predict_plan(plan: Any, model: CostModel | None = None) -> tuple[StepPrediction, ...]:
     """Predicted seconds per step of a redistribution plan (duck-typed on its steps).
 
-    Each step needs an op name (`op`, `kind`, `collective` or its class name), a
-    group size (`group_size`, or `axes` with `plan.layout`/`step.layout`), and
-    bytes (`bytes_per_rank`, else `recv_bytes`/`send_bytes`). Step bytes are what
-    one rank sends/receives; they are turned into the collective's buffer ``n``.
+    `plan` is a plan with ``.steps`` or an iterable of steps. Each step needs an
+    op name (``op``, else its class name), a group size (``group_size``, or
+    ``axes`` with a layout) and the bytes one rank moves (``bytes_received`` /
+    ``bytes_sent``: an int or one int per rank; the busiest rank counts). Those
+    bytes are turned into the collective's buffer ``n`` with spmdsim.plan's
+    conventions (Allgather (g-1)n_in, Allreduce 2(g-1)/g n, others (g-1)/g n).
+    An Exchange with ``transfers`` is costed with the peers it really has.
     """
     model = DEFAULT_MODEL if model is None else model
     steps = getattr(plan, "steps", plan)
@@ -429,18 +432,21 @@ def predict_plan(plan: Any, model: CostModel | None = None) -> tuple[StepPredict
         name = _step_op(step)
         key = name.strip().lower().replace("-", "_")
         if key in _LOCAL_OPS or key.replace("_", "") in _LOCAL_OPS:
-            out.append(StepPrediction(index, name, 1, 0, 0.0))
+            out.append(StepPrediction(index, key, 1, 0, 0.0))
             continue
         op = normalize_op(name)
-        g = _step_group_size(step, plan)
         moved = _step_bytes(step)
-        n = _buffer_bytes(op, g, moved, step)
-        out.append(StepPrediction(index, op, g, int(n), model.predict(op, g, n)))
+        g = _exchange_peers(step) + 1 if op == "alltoallv" else _step_group_size(step, plan)
+        if g <= 1 or moved == 0:
+            out.append(StepPrediction(index, op, g, 0, 0.0))
+            continue
+        n = _buffer_bytes(op, g, moved)
+        out.append(StepPrediction(index, op, g, int(round(n)), model.predict(op, g, n)))
     return tuple(out)
 
 
 def _step_op(step: Any) -> str:
-    for attr in ("op", "kind", "collective", "name"):
+    for attr in ("op", "kind", "collective"):
         value = getattr(step, attr, None)
         if isinstance(value, str):
             return value
@@ -452,31 +458,56 @@ def _step_group_size(step: Any, plan: Any) -> int:
         value = getattr(step, attr, None)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-    axes = getattr(step, "axes", None) or getattr(step, "mesh_axes", None)
-    layout = getattr(step, "layout", None) or getattr(plan, "layout", None)
+    axes = getattr(step, "axes", None)
+    layout = getattr(step, "before", None) or getattr(step, "layout", None) \
+        or getattr(plan, "layout", None)
     layout = getattr(layout, "layout", layout)  # a TensorLayout carries its Layout
     if axes is not None and layout is not None and hasattr(layout, "group_size"):
         return layout.group_size(tuple(axes))
     raise SpmdsimError(f"plan step {step!r:.80} has no group size (group_size or axes)")
 
 
+def _as_max(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, (tuple, list)) and all(isinstance(v, (int, float)) for v in value):
+        return float(max(value, default=0))
+    return None
+
+
 def _step_bytes(step: Any) -> float:
-    for attr in ("bytes_per_rank", "recv_bytes", "bytes_recv", "send_bytes", "bytes_sent",
-                 "nbytes"):
-        value = getattr(step, attr, None)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    raise SpmdsimError(f"plan step {step!r:.80} has no byte count (bytes_per_rank)")
+    """Bytes the busiest rank receives (or sends, if more) in this step."""
+    found = [v for v in (_as_max(getattr(step, attr, None)) for attr in (
+        "bytes_received", "bytes_sent", "bytes_per_rank", "recv_bytes", "send_bytes"))
+        if v is not None]
+    if not found:
+        raise SpmdsimError(f"plan step {step!r:.80} has no byte count (bytes_received)")
+    return max(found)
 
 
-def _buffer_bytes(op: str, g: int, moved: float, step: Any) -> float:
-    """Turn bytes one rank moves into the collective buffer ``n`` of the formulas."""
-    explicit = getattr(step, "buffer_bytes", None)
-    if isinstance(explicit, (int, float)) and not isinstance(explicit, bool):
-        return float(explicit)
-    if g <= 1:
-        return moved
+def _exchange_peers(step: Any) -> int:
+    """Most distinct peers any rank talks to in an exchange (else the group size - 1)."""
+    transfers = getattr(step, "transfers", None)
+    if transfers:
+        peers: dict[int, set] = {}
+        for src, dst, *_ in transfers:
+            if src != dst:
+                peers.setdefault(src, set()).add(dst)
+                peers.setdefault(dst, set()).add(src)
+        if peers:
+            return max(len(p) for p in peers.values())
+    try:
+        return max(1, _step_group_size(step, None) - 1)
+    except SpmdsimError:
+        return 1
+
+
+def _buffer_bytes(op: str, g: int, moved: float) -> float:
+    """Turn the bytes one rank moves into the collective buffer ``n`` of the formulas."""
     if op == "allreduce":
-        # An allreduce moves 2(g-1)/g n per rank but planners usually count n itself.
+        return moved * g / (2 * (g - 1))
+    if op == "bcast":
         return moved
     return moved * g / (g - 1)

@@ -175,7 +175,7 @@ def test_load_errors(tmp_path):
 class _Step:
     op: str
     axes: tuple
-    bytes_per_rank: int
+    bytes_received: object
 
 
 @dataclass(frozen=True)
@@ -187,19 +187,42 @@ class _Plan:
 def test_predict_plan_duck_typed():
     layout = Layout((2, 4), ("dp", "mp"))
     plan = _Plan(layout, (
-        _Step("LocalSlice", ("mp",), 0),
-        _Step("Allgather", ("mp",), 3 * 1024),
-        _Step("Allreduce", ("dp", "mp"), 4096),
-        _Step("Alltoall", ("dp",), 512),
+        _Step("local_slice", ("mp",), 0),
+        _Step("allgather", ("mp",), (3 * 1024,) * 8),  # (g-1) n_in with n_in = 1 KiB
+        _Step("allreduce", ("dp", "mp"), 2 * 7 * 512),  # 2(g-1)/g n with n = 4 KiB
+        _Step("alltoall", ("dp",), (512, 256)),  # busiest rank counts: (g-1)/g n, n = 1 KiB
+        _Step("allgather", (), 0),
     ))
     model = CostModel(A, B, C)
     preds = predict_plan(plan, model)
-    assert [p.seconds == 0 for p in preds] == [True, False, False, False]
+    assert [p.seconds == 0 for p in preds] == [True, False, False, False, True]
     assert preds[1].group_size == 4 and preds[1].bytes_per_rank == 4096
     assert preds[1].seconds == pytest.approx(model.predict("allgather", 4, 4096))
-    assert preds[2].group_size == 8
+    assert preds[2].group_size == 8 and preds[2].bytes_per_rank == 4096
     assert preds[2].seconds == pytest.approx(model.predict("allreduce", 8, 4096))
     assert preds[3].seconds == pytest.approx(model.predict("alltoall", 2, 1024))
+
+
+@dataclass(frozen=True)
+class _Exchange:
+    group_size: int
+    bytes_received: tuple
+    transfers: tuple
+    op = "exchange"
+
+
+def test_predict_plan_exchange_counts_real_peers():
+    box = ((0, 1),)
+    step = _Exchange(8, (300, 300, 0, 0, 0, 0, 0, 0), ((0, 1, box), (1, 0, box), (0, 2, box)))
+    (pred,) = predict_plan([step], CostModel(A, B))
+    # Rank 0 talks to 2 peers; its 300 bytes cost 300 * beta plus 2 latencies.
+    assert pred.op == "alltoallv" and pred.group_size == 3
+    assert pred.seconds == pytest.approx(2 * A + 300 * B)
+
+
+def test_predict_plan_errors():
+    with pytest.raises(SpmdsimError, match="unknown collective 'gather'"):
+        predict_plan([_Step("gather", ("x",), 1)], DEFAULT_MODEL)
 
 
 def test_cost_module_is_pure():
