@@ -19,8 +19,8 @@ __all__ = [
 ]
 
 
-def render_layout_png(picture, path, **kwargs):  # noqa: ANN001 - thin lazy wrapper
+def render_layout_png(picture, path, shape=None, **kwargs):  # noqa: ANN001 - lazy wrapper
     """Draw a LayoutPicture to `path` (.png or .svg) with matplotlib; see viz.png."""
     from .png import render_layout_png as _render
 
-    return _render(picture, path, **kwargs)
+    return _render(picture, path, shape, **kwargs)

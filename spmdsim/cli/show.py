@@ -1,0 +1,41 @@
+"""`spmdsim show`: a picture of a layout (ASCII in the terminal, PNG/SVG with --png)."""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..viz.ascii import render_layout_ascii
+from ..viz.model import layout_picture
+from .cases import add_case_arguments, case_from_args
+
+__all__ = ["register", "run"]
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "show",
+        help="draw a layout: tensor blocks with their ranks and the device matrix",
+        description=(
+            "Draw the global tensor cut into blocks, each labelled by the ranks that hold "
+            "it (r0,1 = replicas, r0+1 = partial terms to add) and its shard number #k, "
+            "then the device matrix with each rank's shard. ASCII by default; --png FILE "
+            "also writes a matplotlib picture (.png or .svg)."
+        ),
+    )
+    add_case_arguments(parser)
+    parser.add_argument("--png", metavar="FILE", help="also write a picture (.png/.svg/.pdf)")
+    parser.add_argument("--name", default="x", help="the tensor's name in titles (default x)")
+    parser.add_argument("--width", type=int, default=80, help="terminal columns (default 80)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    case = case_from_args(args)
+    picture = layout_picture(case.tensor_layout, case.shape, args.name)
+    print(render_layout_ascii(picture, width=args.width), end="")
+    if args.png:
+        from ..viz.png import render_layout_png
+
+        path = render_layout_png(picture, args.png)
+        print(f"wrote {path}")
+    return 0

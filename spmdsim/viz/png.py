@@ -1,0 +1,161 @@
+"""Matplotlib pictures (PNG/SVG) of a LayoutPicture; matplotlib is imported when called.
+
+No pyplot and no global backend switch: a bare Figure on an Agg canvas, so
+drawing works headless and leaves a user's interactive backend alone.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Optional, Sequence, Union
+
+from ..layout import Layout, TensorLayout
+from .model import LayoutPicture, layout_picture
+
+__all__ = ["render_layout_png", "shard_colour", "new_figure", "save_figure"]
+
+_HATCH = "///"
+
+
+def shard_colour(shard_number: int, num_shards: int) -> Any:
+    """RGBA colour of a shard: tab20 up to 20 shards, an even spread of 'turbo' beyond."""
+    import matplotlib
+
+    if num_shards <= 20:
+        return matplotlib.colormaps["tab20"](shard_number % 20)
+    return matplotlib.colormaps["turbo"]((shard_number + 0.5) / num_shards)
+
+
+def new_figure(width: float, height: float) -> Any:
+    """A pyplot-free Figure with an Agg canvas."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save_figure(fig: Any, path: Union[str, os.PathLike], dpi: int) -> str:
+    path = os.fspath(path)
+    directory = os.path.dirname(path)
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    return path
+
+
+def _layout_text(layout: Layout) -> str:
+    return "Layout(" + ", ".join(f"{a}={n}" for a, n in zip(layout.alias_name, layout.device_matrix)) + ")"
+
+
+def render_layout_png(
+    picture: Union[LayoutPicture, TensorLayout],
+    path: Union[str, os.PathLike],
+    shape: Optional[Sequence[int]] = None,
+    *,
+    name: str = "x",
+    dpi: int = 120,
+) -> str:
+    """Draw the tensor blocks and the device matrix side by side; returns the path written.
+
+    The file type follows the suffix (.png, .svg, .pdf). Pass a LayoutPicture,
+    or a TensorLayout with `shape`.
+    """
+    if isinstance(picture, TensorLayout):
+        if shape is None:
+            raise TypeError("render_layout_png(tensor_layout, path, shape) needs a shape")
+        picture = layout_picture(picture, shape, name)
+    t_rows, t_cols = picture.panel_grid
+    d_rows, d_cols = picture.device_grid
+    width = min(24.0, 1.0 + 3.4 * (t_cols + d_cols))
+    height = min(18.0, 1.8 + 3.0 * max(t_rows, d_rows) + 0.25 * len(picture.notes))
+    fig = new_figure(width, height)
+    draw_layout(fig, picture)
+    return save_figure(fig, path, dpi)
+
+
+def draw_layout(fig: Any, picture: LayoutPicture) -> None:
+    """Draw `picture` on a (sub)figure: tensor panels left, device matrix right."""
+    t_rows, t_cols = picture.panel_grid
+    d_rows, d_cols = picture.device_grid
+    layout = picture.tensor_layout.layout
+    fig.suptitle(f"{picture.title}\non {_layout_text(layout)}", fontsize=11, y=0.995)
+    left, right = fig.subfigures(1, 2, width_ratios=[t_cols, d_cols])
+    left.text(0.5, 0.885, "tensor: ranks holding each block", ha="center", va="top", fontsize=9)
+    right.text(0.5, 0.885, "device matrix: each rank's shard", ha="center", va="top", fontsize=9)
+    t_axes = left.subplots(t_rows, t_cols, squeeze=False)
+    for panel in picture.panels:
+        _draw_panel(t_axes[panel.grid_pos], panel, picture)
+    d_axes = right.subplots(d_rows, d_cols, squeeze=False)
+    for panel in picture.device_panels:
+        _draw_device_panel(d_axes[panel.grid_pos], panel, picture)
+    if picture.notes:
+        fig.text(0.01, 0.005, "\n".join(picture.notes), fontsize=8, va="bottom")
+    fig.subplots_adjust(bottom=0.12 + 0.03 * len(picture.notes), top=0.82)
+    for sub in (left, right):
+        sub.subplots_adjust(bottom=0.16 + 0.03 * len(picture.notes), top=0.74, wspace=0.35, hspace=0.45)
+
+
+def _fontsize(rows: int, cols: int) -> float:
+    return max(5.0, min(10.0, 28.0 / max(rows, cols, 1)))
+
+
+def _draw_panel(ax: Any, panel: Any, picture: LayoutPicture) -> None:
+    from matplotlib.patches import Rectangle
+
+    rows, cols = len(panel.blocks), len(panel.blocks[0])
+    size = _fontsize(rows, cols)
+    for i, row in enumerate(panel.blocks):
+        for j, block in enumerate(row):
+            x0, x1 = panel.col_edges[j], panel.col_edges[j + 1]
+            y0, y1 = panel.row_edges[i], panel.row_edges[i + 1]
+            ax.add_patch(
+                Rectangle(
+                    (x0, y0), x1 - x0, y1 - y0,
+                    facecolor=shard_colour(block.shard_number, picture.num_shards),
+                    edgecolor="black", linewidth=1.0,
+                    hatch=_HATCH if block.partial else None,
+                )
+            )
+            ax.text((x0 + x1) / 2, (y0 + y1) / 2, f"{block.label}\n#{block.shard_number}",
+                    ha="center", va="center", fontsize=size,
+                    bbox={"facecolor": "white", "alpha": 0.7, "linewidth": 0, "pad": 1})
+    ax.set_xlim(panel.col_edges[0], panel.col_edges[-1])
+    ax.set_ylim(panel.row_edges[-1], panel.row_edges[0])  # row 0 on top, like a matrix
+    ax.set_xticks(panel.col_edges)
+    ax.set_yticks(panel.row_edges if panel.row_dim is not None else [])
+    ax.tick_params(labelsize=7)
+    ax.xaxis.tick_top()
+    ax.set_xlabel(f"dim {panel.col_dim}", fontsize=8)
+    if panel.row_dim is not None:
+        ax.set_ylabel(f"dim {panel.row_dim}", fontsize=8)
+    ax.set_title(panel.title, fontsize=8, pad=14)
+
+
+def _draw_device_panel(ax: Any, panel: Any, picture: LayoutPicture) -> None:
+    from matplotlib.patches import Rectangle
+
+    rows, cols = len(panel.cells), len(panel.cells[0])
+    size = _fontsize(rows, cols)
+    for i, row in enumerate(panel.cells):
+        for j, cell in enumerate(row):
+            ax.add_patch(
+                Rectangle(
+                    (j, i), 1, 1,
+                    facecolor=shard_colour(cell.shard_number, picture.num_shards),
+                    edgecolor="black", linewidth=1.0,
+                    hatch=_HATCH if cell.partial else None,
+                )
+            )
+            ax.text(j + 0.5, i + 0.5, f"{cell.label}\n#{cell.shard_number}",
+                    ha="center", va="center", fontsize=size,
+                    bbox={"facecolor": "white", "alpha": 0.7, "linewidth": 0, "pad": 1})
+    ax.set_xlim(0, cols)
+    ax.set_ylim(rows, 0)
+    ax.set_aspect("equal")
+    ax.set_xticks([j + 0.5 for j in range(cols)], list(panel.col_labels))
+    ax.set_yticks([i + 0.5 for i in range(rows)], list(panel.row_labels))
+    ax.xaxis.tick_top()
+    ax.tick_params(labelsize=7, length=0)
+    if panel.title:
+        ax.set_title(panel.title, fontsize=8, pad=14)
