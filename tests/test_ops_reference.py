@@ -1,0 +1,100 @@
+"""Pure tests of the numpy references, region references and per-rank local kernels."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from spmdsim import Layout, OperatorError, SeededTensor, ShapeError
+from spmdsim import reference as ref
+from spmdsim.ops.embedding import pad_vocab_shard, vocab_parallel_lookup, vocab_range
+from spmdsim.ops.paddle_split import paddle_layout, paddle_param
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("ta, tb", [(False, False), (True, False), (False, True), (True, True)])
+def test_matmul_region_equals_slice_of_whole(dtype, ta, tb):
+    x = SeededTensor((10, 6) if ta else (6, 10), dtype, seed=1)
+    w = SeededTensor((14, 10) if tb else (10, 14), dtype, seed=2)
+    whole = ref.matmul(x.full(), w.full(), ta, tb)
+    assert whole.shape == (6, 14) and whole.dtype == np.dtype(dtype)
+    region = (slice(2, 5), slice(7, 14))
+    np.testing.assert_allclose(ref.matmul_region(x, w, ta, tb)(region), whole[region], rtol=1e-6)
+
+
+def test_batched_matmul_region_with_shared_and_batched_weight():
+    x = SeededTensor((3, 6, 10), "float64", seed=1)
+    for w in (SeededTensor((10, 5), "float64", seed=2), SeededTensor((3, 10, 5), "float64", seed=2)):
+        whole = ref.matmul(x.full(), w.full())
+        region = (slice(1, 3), slice(0, 3), slice(2, 5))
+        np.testing.assert_allclose(ref.matmul_region(x, w)(region), whole[region], rtol=1e-12)
+    with pytest.raises(ShapeError, match="batch dims"):
+        ref.matmul_region(x, SeededTensor((2, 10, 5), "float64"))
+    with pytest.raises(ShapeError, match="contraction sizes differ"):
+        ref.matmul_region(x, SeededTensor((9, 5), "float64"))
+
+
+def test_linear_and_mlp_regions():
+    x = SeededTensor((6, 12), "float64", seed=1)
+    w1, b1 = SeededTensor((12, 20), "float64", seed=2), SeededTensor((20,), "float64", seed=3)
+    w2, b2 = SeededTensor((20, 12), "float64", seed=4), SeededTensor((12,), "float64", seed=5)
+    region = (slice(1, 4), slice(3, 9))
+    lin = ref.linear(x.full(), w1.full(), b1.full())
+    np.testing.assert_allclose(lin, x.full() @ w1.full() + b1.full())
+    # BLAS may block a sub-product differently: equal up to rounding.
+    np.testing.assert_allclose(ref.linear_region(x, w1, b1)(region), lin[region], rtol=1e-12)
+    for act in ("relu", "gelu"):
+        whole = ref.mlp(x.full(), w1.full(), b1.full(), w2.full(), b2.full(), act)
+        np.testing.assert_allclose(ref.mlp_region(x, w1, b1, w2, b2, act)(region), whole[region],
+                                   rtol=1e-12)
+    with pytest.raises(OperatorError, match="activation 'tanh' is not supported"):
+        ref.activation("tanh")
+
+
+def test_activations():
+    x = np.array([-2.0, -0.5, 0.0, 0.5, 3.0])
+    np.testing.assert_array_equal(ref.relu(x), [0, 0, 0, 0.5, 3.0])
+    # GELU (tanh approximation) known values.
+    np.testing.assert_allclose(ref.gelu(x), [-0.04540231, -0.15428599, 0.0, 0.34571401, 2.99636261],
+                               rtol=1e-7)
+    assert ref.gelu(x.astype(np.float32)).dtype == np.float32
+
+
+def test_embedding_reference_and_id_errors():
+    table = SeededTensor((40, 6), "float64", seed=1)
+    ids = SeededTensor((5, 7), "int64", seed=2, low=0, high=40)
+    whole = ref.embedding(ids.full(), table.full())
+    assert whole.shape == (5, 7, 6)
+    region = (slice(1, 4), slice(2, 7), slice(1, 5))
+    np.testing.assert_array_equal(ref.embedding_region(ids, table)(region), whole[region])
+    with pytest.raises(OperatorError, match="embedding id 40 is outside \\[0, 40\\)"):
+        ref.embedding(np.array([3, 40]), table.full())
+    with pytest.raises(OperatorError, match="embedding id -1 is outside"):
+        ref.check_ids(np.array([-1]), 40)
+    with pytest.raises(OperatorError, match="must be integers, got dtype 'float32'"):
+        ref.check_ids(np.array([1.0], dtype=np.float32), 40)
+
+
+@pytest.mark.parametrize("parts", [1, 2, 4, 8])
+def test_vocab_parallel_sum_of_ranks_is_the_lookup(parts):
+    # Pure simulation of Paddle's rule: padded shard per rank, then the Allreduce sum.
+    table = SeededTensor((24, 5), "float64", seed=3).full()
+    ids = SeededTensor((3, 9), "int64", seed=4, low=0, high=24).full()
+    total = np.zeros(ids.shape + (5,))
+    for r in range(parts):
+        start, stop = vocab_range(24, r, parts)
+        padded = pad_vocab_shard(table[start:stop])
+        assert padded.shape == (24 // parts + 1, 5) and not padded[-1].any()
+        total += vocab_parallel_lookup(ids, padded, start)
+    np.testing.assert_array_equal(total, ref.embedding(ids, table))
+
+
+def test_paddle_layout_and_params():
+    assert paddle_layout(8, 8) == Layout((8,), ("mp",))
+    assert paddle_layout(4, 8) == Layout((2, 4), ("dp", "mp"))
+    with pytest.raises(OperatorError, match="num_partitions=3 must divide the world size 8"):
+        paddle_layout(3, 8)
+    assert paddle_param(None, (4, 6), "float32", 0) == SeededTensor((4, 6), "float32", 0)
+    assert paddle_param(7, (6,), "float64", 1).seed == 7
+    assert paddle_param(False, (6,), "float64", 1) is None
+    with pytest.raises(OperatorError, match="does not match the expected"):
+        paddle_param(SeededTensor((3,), "float32"), (6,), "float32", 1)
