@@ -107,10 +107,11 @@ def split_layouts(
     ndim = as_int(input_ndim)
     if ndim is None or ndim < 1:
         raise DialectError(f"input_ndim {input_ndim!r} must be a positive integer")
+    which = as_int(axis)  # None for bools and non-integers: True == 1 must not pass
     layout = Layout((parts,), (MP_AXIS,))
     lead = (None,) * (ndim - 1)
     if operation == "embedding":
-        if axis != 0 or isinstance(axis, bool):
+        if which != 0:
             raise DialectError(
                 f"embedding can only be split along axis 0 (the vocabulary), got axis {axis!r}"
             )
@@ -132,7 +133,7 @@ def split_layouts(
         raise DialectError(
             f"operation {operation!r} is not supported; expected 'linear' or 'embedding'"
         )
-    if axis == 0 and not isinstance(axis, bool):
+    if which == 0:
         _check_divisible(shape, 0, parts, "rows (in features) of the linear weight")
         partial_out = layout(*lead, None, partial=(MP_AXIS,))
         return PaddleSplit(
@@ -144,7 +145,7 @@ def split_layouts(
             collective="allreduce" if parts > 1 else None,
             local_weight_shape=(shape[0] // parts, shape[1]),
         )
-    if axis == 1:
+    if which == 1:
         _check_divisible(shape, 1, parts, "columns (out features) of the linear weight")
         split_out = layout(*lead, MP_AXIS)
         gathered = bool(gather_out) and parts > 1

@@ -1,0 +1,281 @@
+"""OneFlow SBP, DTensor placements and JAX PartitionSpec: worked examples and every error."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from spmdsim import DialectError, Layout
+from spmdsim.dialects import (
+    Broadcast,
+    Partial,
+    PartialSum,
+    Replicate,
+    Shard,
+    Split,
+    format_partition_spec,
+    format_placements,
+    format_sbp,
+    layout_to_partition_spec,
+    layout_to_placements,
+    layout_to_sbp,
+    parse_placements,
+    parse_sbp,
+    partition_spec_to_layout,
+    placements_to_layout,
+    sbp_to_layout,
+)
+
+
+def _errors_with(fragment: str, func, *args, **kwargs) -> str:
+    with pytest.raises(DialectError) as info:
+        func(*args, **kwargs)
+    assert fragment in str(info.value), str(info.value)
+    return str(info.value)
+
+
+# -- SBP values and parsing ------------------------------------------------------
+def test_sbp_values_are_short_hashable_and_repr_round_trips():
+    assert [str(s) for s in (Broadcast(), Split(0), PartialSum())] == ["B", "S(0)", "P"]
+    assert eval(repr(Split(2))) == Split(2)
+    assert len({Split(1), Split(1), Broadcast()}) == 2
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        ("B", "S(0)"),
+        "B, S(0)",
+        "(B, S(0))",
+        "[broadcast, split(0)]",
+        "(flow.sbp.broadcast, oneflow.sbp.split( 0 ))",
+        (Broadcast(), "S(0)"),
+        [Broadcast(), Split(0)],
+    ],
+)
+def test_parse_sbp_forms(value):
+    assert parse_sbp(value) == (Broadcast(), Split(0))
+
+
+def test_parse_sbp_single_entries():
+    assert parse_sbp("(S(1), P)") == (Split(1), PartialSum())
+    assert parse_sbp("S(3)") == (Split(3),)
+    assert parse_sbp("(S(0),)") == (Split(0),)
+    assert parse_sbp(PartialSum()) == (PartialSum(),)
+    assert parse_sbp("partial_sum") == (PartialSum(),)
+    assert format_sbp("B,S(1)") == "(B, S(1))"
+
+
+@pytest.mark.parametrize(
+    "value, fragment",
+    [
+        ("S(x)", "sbp 'S(x)' is not valid; expected 'B', 'P' or 'S(d)'"),
+        ("Q", "sbp 'Q' is not valid"),
+        ("S(-1)", "sbp 'S(-1)' is not valid"),
+        ("B, R", "sbp 'R' in 'B, R' is not valid"),
+        ("(B, S(0)", "sbp '(B, S(0)' has unbalanced brackets"),
+        ("B,,P", "sbp 'B,,P' has an empty entry"),
+        ("", "sbp '' has an empty entry"),
+        ((), "sbp () is empty"),
+        (("B", 3), "sbp entry 3 in ('B', 3) is not an SBP"),
+        (7, "sbp 7 must be text or a sequence"),
+    ],
+)
+def test_parse_sbp_errors(value, fragment):
+    _errors_with(fragment, parse_sbp, value)
+
+
+@pytest.mark.parametrize("bad", [-1, True, 1.0, "0"])
+def test_split_rejects_bad_tensor_dim(bad):
+    _errors_with(f"split tensor_dim {bad!r} must be a non-negative integer", Split, bad)
+
+
+# -- SBP <-> layout ---------------------------------------------------------------
+def test_seed_002_broadcast_then_split():
+    # placement [[0, 1], [2, 3]], sbp (broadcast, split(0)): ranks 0 and 2 hold the same
+    # rows, ranks 1 and 3 the other rows (the seed's printed cpu:0 == cpu:2, cpu:1 == cpu:3).
+    tl = sbp_to_layout("(B, S(0))", (2, 2), 2)
+    assert tl.layout == Layout((2, 2), ("p0", "p1"))
+    assert tl.tensor_map == (("p1",), ())
+    a = np.array([[1, 2], [3, 4]])
+    held = [a[tl.slices(r, a.shape)].tolist() for r in range(4)]
+    assert held == [[[1, 2]], [[3, 4]], [[1, 2]], [[3, 4]]]
+    assert tl.replica_groups() == ((0, 2), (1, 3))
+
+
+def test_seed_002_matmul_2d_signature():
+    # x (B, S(0)) times w (S(1), B) gives y (S(1), S(0)): each rank's local product is
+    # exactly its slice of the global product.
+    placement = (2, 2)
+    x_tl = sbp_to_layout("B, S(0)", placement, 2)
+    w_tl = sbp_to_layout("S(1), B", placement, 2)
+    y_tl = sbp_to_layout("S(1), S(0)", placement, 2)
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((4, 6)), rng.standard_normal((6, 8))
+    y = x @ w
+    for r in range(4):
+        local = x[x_tl.slices(r, x.shape)] @ w[w_tl.slices(r, w.shape)]
+        np.testing.assert_allclose(local, y[y_tl.slices(r, y.shape)])
+
+
+def test_sbp_split_on_several_axes_lower_axis_major():
+    tl = sbp_to_layout("S(0), B, S(0)", (2, 3, 2), 1)
+    assert tl.tensor_map == (("p0", "p2"),)
+    # shard index = i_p0 * 2 + i_p2
+    assert [tl.shard_index(r)[0] for r in range(12)] == [0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3]
+
+
+def test_sbp_partial_and_custom_names():
+    tl = sbp_to_layout((PartialSum(), Split(1)), (2, 4), 2, mesh_axis_names=("dp", "mp"))
+    assert tl.partial == ("dp",) and tl.tensor_map == ((), ("mp",))
+    assert layout_to_sbp(tl) == (PartialSum(), Split(1))
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (("S(2)", (4,), 2), "sbp S(2) on placement axis 0 splits tensor dim 2, but the tensor has 2 dim(s)"),
+        (("B, S(0)", (2, 2, 2), 2), "sbp (B, S(0)) has 2 entries but placement shape (2, 2, 2) has 3 axes"),
+        (("B", (0,), 2), "placement shape (0,) must hold positive integers, got 0"),
+        (("B", (), 2), "placement shape () must be a non-empty sequence"),
+        (("B", (2,), -1), "ndim -1 must be a non-negative integer"),
+        (("B, B", (2, 2), 1), ""),
+    ],
+)
+def test_sbp_to_layout_errors(args, fragment):
+    if not fragment:  # the valid control case
+        assert sbp_to_layout(*args).tensor_map == ((),)
+        return
+    _errors_with(fragment, sbp_to_layout, *args)
+
+
+def test_sbp_to_layout_mesh_names_must_match_axes():
+    _errors_with("mesh_axis_names ('a',) must give one name per mesh axis (2 axes)",
+                 sbp_to_layout, "B, B", (2, 2), 1, mesh_axis_names=("a",))
+
+
+def test_layout_to_sbp_rejects_descending_multi_axis_order():
+    tl = Layout((2, 2, 2), ("dp", "sp", "mp"))("mp", ("sp", "dp"))
+    msg = _errors_with("tensor dim 1 is split over ('sp', 'dp') with 'sp' major", layout_to_sbp, tl)
+    assert "nD SBP always makes the lower mesh axis major" in msg
+    assert "('dp', 'sp')" in msg
+    assert layout_to_sbp(tl.with_map("mp", ("dp", "sp"))) == (Split(1), Split(1), Split(0))
+    _errors_with("expected a TensorLayout, got", layout_to_sbp, "B")
+
+
+# -- DTensor placements ---------------------------------------------------------
+def test_placement_values_and_parsing():
+    assert [str(p) for p in (Shard(0), Replicate(), Partial(), Partial("avg"))] == [
+        "S(0)", "R", "P", "P(avg)"]
+    assert parse_placements("S(0), R, P") == (Shard(0), Replicate(), Partial())
+    assert parse_placements("(Shard(-1), Replicate(), Partial('max'))") == (
+        Shard(-1), Replicate(), Partial("max"))
+    assert parse_placements([Shard(1), "R"]) == (Shard(1), Replicate())
+    assert format_placements([Shard(1), Replicate()]) == "(S(1), R)"
+
+
+@pytest.mark.parametrize(
+    "value, fragment",
+    [
+        ("S(0), B", "placement 'B' in 'S(0), B' is not valid; expected 'S(d)', 'R' or 'P'"),
+        ("Shard(x)", "placement 'Shard(x)' is not valid"),
+        ("(R", "placements '(R' have unbalanced brackets"),
+        ("R,,R", "placements 'R,,R' have an empty entry"),
+        ([], "placements [] are empty"),
+        ([Shard(0), 2], "placement 2 in [Shard(dim=0), 2] is not a placement"),
+        (3, "placements 3 must be a sequence"),
+    ],
+)
+def test_parse_placements_errors(value, fragment):
+    _errors_with(fragment, parse_placements, value)
+
+
+def test_placement_value_errors():
+    _errors_with("shard dim 'x' must be an integer", Shard, "x")
+    _errors_with("partial reduce_op 3 must be a name", Partial, 3)
+
+
+def test_placements_to_layout_examples():
+    tl = placements_to_layout([Shard(0), Replicate()], (2, 4), 2)
+    assert tl.layout == Layout((2, 4), ("mesh0", "mesh1"))
+    assert tl.tensor_map == (("mesh0",), ())
+    tl = placements_to_layout("S(-1), S(1), P", (2, 2, 2), 2, mesh_dim_names=("dp", "tp", "cp"))
+    assert tl.tensor_map == ((), ("dp", "tp")) and tl.partial == ("cp",)
+    assert layout_to_placements(tl) == (Shard(1), Shard(1), Partial())
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, fragment",
+    [
+        (([Partial("avg")], (4,), 1), {}, "partial reduce_op 'avg' on mesh dim 0 is not supported"),
+        (([Shard(2)], (4,), 2), {}, "placement S(2) on mesh dim 0 shards tensor dim 2, but the tensor has 2 dim(s)"),
+        (([Shard(-3)], (4,), 2), {}, "shards tensor dim -3, but the tensor has 2 dim(s)"),
+        (([Shard(0)], (2, 2), 2), {}, "placements (S(0)) have 1 entries but mesh shape (2, 2) has 2 dims"),
+        (([Shard(0)], (4,), 1.5), {}, "ndim 1.5 must be a non-negative integer"),
+        (([Shard(0)], (4,), 1), {"mesh_dim_names": ("a", "b")}, "mesh_dim_names ('a', 'b') must give one name"),
+        (([Shard(0)], "4", 1), {}, "mesh shape '4' must be a non-empty sequence"),
+    ],
+)
+def test_placements_to_layout_errors(args, kwargs, fragment):
+    _errors_with(fragment, placements_to_layout, *args, **kwargs)
+
+
+def test_layout_to_placements_rejects_descending_order():
+    tl = Layout((2, 4), ("dp", "mp"))(("mp", "dp"))
+    msg = _errors_with("tensor dim 0 is split over ('mp', 'dp') with 'mp' major", layout_to_placements, tl)
+    assert "_StridedShard" in msg
+
+
+# -- JAX PartitionSpec --------------------------------------------------------------
+def test_partition_spec_design_example():
+    # DESIGN.md: mesh (dp, sp, mp) = (2, 2, 2), x (32, 784) mapped ("mp", ("sp", "dp")).
+    tl = partition_spec_to_layout(("mp", ("sp", "dp")), ("dp", "sp", "mp"), (2, 2, 2))
+    shape = (32, 784)
+    assert tl.slices(tl.layout.rank_of((0, 1, 0)), shape) == (slice(0, 16), slice(392, 588))
+    assert tl.slices(tl.layout.rank_of((1, 0, 0)), shape) == (slice(0, 16), slice(196, 392))
+    assert layout_to_partition_spec(tl) == ("mp", ("sp", "dp"))
+    assert format_partition_spec(("mp", ("sp", "dp"))) == "PartitionSpec('mp', ('sp', 'dp'))"
+
+
+def test_partition_spec_padding_and_entry_forms():
+    tl = partition_spec_to_layout(["dp"], ["dp", "mp"], [2, 4], ndim=3)
+    assert tl.tensor_map == (("dp",), (), ())
+    assert layout_to_partition_spec(tl) == ("dp", None, None)
+    tl = partition_spec_to_layout((("mp",), (), None), ("dp", "mp"), (2, 4))
+    assert layout_to_partition_spec(tl) == ("mp", None, None)
+    assert partition_spec_to_layout((), ("x",), (8,), ndim=0).ndim == 0
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, fragment",
+    [
+        (("dp", ("dp",), (2,)), {}, "partition spec 'dp' must be a tuple with one entry per tensor dim"),
+        ((("z",), ("dp", "mp"), (2, 4)), {}, "partition spec ('z',) names mesh axis 'z', which is not one of the mesh axes ('dp', 'mp')"),
+        ((("dp", ("mp", "dp")), ("dp", "mp"), (2, 4)), {}, "uses mesh axis 'dp' more than once"),
+        (((5,), ("dp",), (2,)), {}, "partition spec (5,) has entry 5; expected None, a mesh axis name"),
+        ((("dp", None, None), ("dp",), (2,)), {"ndim": 2}, "has 3 entries but the tensor has 2 dim(s)"),
+        ((("dp",), ("dp",), (2,)), {"ndim": -1}, "ndim -1 must be a non-negative integer"),
+        ((("dp",), ("dp", "mp"), (2,)), {}, "mesh axis names ('dp', 'mp') and mesh shape (2,) differ in length"),
+        ((("dp",), "dp", (2,)), {}, "mesh axis names 'dp' must be a sequence of strings"),
+    ],
+)
+def test_partition_spec_errors(args, kwargs, fragment):
+    _errors_with(fragment, partition_spec_to_layout, *args, **kwargs)
+
+
+def test_partition_spec_cannot_express_partial():
+    tl = Layout((2, 4), ("dp", "mp"))("dp", None, partial=("mp",))
+    _errors_with("PartitionSpec cannot express partial sums over ('mp',)", layout_to_partition_spec, tl)
+    _errors_with("expected a TensorLayout, got", layout_to_partition_spec, ("dp",))
+
+
+def test_dialects_import_no_mpi4py():
+    code = (
+        "import sys, spmdsim.dialects\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('mpi4py', 'torch', 'jax', 'oneflow', 'paddle', 'mindspore')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
