@@ -1,0 +1,549 @@
+#!/usr/bin/env python
+"""Benchmark spmdsim against raw mpi4py and single-process numpy, interleaved.
+
+Run under MPI (8 ranks is the reference setup); every mpiexec under a timeout:
+
+    timeout -k 5 120 mpiexec -n 8 python scripts/bench.py --quick
+    timeout -k 5 900 mpiexec -n 8 python scripts/bench.py --json bench.json
+    timeout -k 5 600 mpiexec -n 8 python scripts/bench.py --suite ops --repeats 9
+
+Suites: ``collectives`` (each runtime collective), ``redistribute`` (plan_exec
+redistributions, one per kind of plan step) and ``ops`` (MatMul, column/row
+Linear, the fused MLP, vocab-parallel Embedding). Every case runs three
+contenders in turn, in a rotating order, after a barrier: spmdsim, raw mpi4py
+(the same collectives on preallocated buffers of the same sizes; for ops the
+same local numpy work too) and numpy in one process (rank 0 alone, the whole
+op). A time is the median over repeats (after warm-up) of the slowest rank.
+``comm`` columns are the time inside collectives (spmdsim's trace; the raw
+code's own timers); ``model`` is spmdsim.cost's prediction for those calls.
+Peak RSS is ru_maxrss, the largest over ranks, so far in the run.
+"""
+from __future__ import annotations
+
+import os
+
+# One BLAS thread per rank: 8 ranks already oversubscribe the cores.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import resource  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from typing import Any, Callable, Optional  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from spmdsim import Layout, SeededTensor  # noqa: E402
+from spmdsim.cli.calibrate import Waiter, parse_size  # noqa: E402
+from spmdsim.cost import CostModel, load_or_default, predict_plan  # noqa: E402
+
+SUITES = ("collectives", "redistribute", "ops")
+KEYS = ("name", "bytes_per_rank", "spmdsim_s", "raw_s", "numpy_s", "ratio_vs_raw", "peak_rss_bytes")
+
+
+@dataclass
+class Case:
+    """One benchmark: three callables doing the same work. spmdsim/raw return comm seconds."""
+
+    name: str
+    bytes_per_rank: int
+    spmdsim: Callable[[], Optional[float]]
+    raw: Callable[[], Optional[float]]
+    numpy: Optional[Callable[[], Any]] = None
+    extra: dict = field(default_factory=dict)
+
+
+def peak_rss() -> int:
+    """This process's peak resident set size in bytes (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def traced(fn: Callable[[], Any], sink: list) -> Callable[[], float]:
+    """Run fn inside a trace; return the seconds spent in collectives, keep the entries."""
+    from spmdsim.runtime import collect_trace
+
+    def call() -> float:
+        with collect_trace() as tr:
+            fn()
+        if not sink:
+            sink.extend(tr.entries)
+        return sum(e.seconds for e in tr.entries)
+
+    return call
+
+
+class Raw:
+    """Raw mpi4py helpers on a communicator with the benchmark's wait mode; times comm."""
+
+    def __init__(self, waiter: Waiter) -> None:
+        self.w = waiter
+        self.comm_s = 0.0
+
+    def __call__(self, blocking: Callable, nonblocking: Callable, *args: Any) -> None:
+        t0 = time.perf_counter()
+        self.w.call(blocking, nonblocking, *args)
+        self.comm_s += time.perf_counter() - t0
+
+    def timed(self, fn: Callable[[], Any]) -> Callable[[], float]:
+        def call() -> float:
+            self.comm_s = 0.0
+            fn()
+            return self.comm_s
+        return call
+
+
+def run_case(comm: Any, waiter: Waiter, case: Case, warmup: int, repeats: int) -> dict:
+    """Interleaved timing of one case; slowest rank per repeat, median over repeats."""
+    rank = comm.Get_rank()
+    names = ["spmdsim", "raw"] + (["numpy"] if case.numpy is not None else [])
+    total = np.zeros((3, repeats))
+    comm_t = np.zeros((2, repeats))
+    for rep in range(-warmup, repeats):
+        k = rep % len(names)
+        for name in names[k:] + names[:k]:
+            i = names.index(name)
+            waiter.barrier(comm)
+            t0 = time.perf_counter()
+            inner = None
+            if name == "numpy":
+                if rank == 0:
+                    case.numpy()
+            else:
+                inner = getattr(case, name)()
+            elapsed = time.perf_counter() - t0
+            if rep >= 0:
+                total[i, rep] = elapsed
+                if inner is not None:
+                    comm_t[i, rep] = inner
+    from mpi4py import MPI
+
+    both = np.concatenate([total, comm_t])
+    slowest = np.empty_like(both)
+    comm.Allreduce(both, slowest, MPI.MAX)
+    med = [statistics.median(row) for row in slowest]
+    rss = comm.allreduce(peak_rss(), op=MPI.MAX)
+    rec = {
+        "name": case.name,
+        "bytes_per_rank": int(case.bytes_per_rank),
+        "spmdsim_s": med[0],
+        "raw_s": med[1],
+        "numpy_s": med[2] if case.numpy is not None else None,
+        "ratio_vs_raw": med[0] / med[1] if med[1] > 0 else None,
+        "peak_rss_bytes": int(rss),
+        "spmdsim_comm_s": med[3],
+        "raw_comm_s": med[4],
+        "comm_ratio_vs_raw": med[3] / med[4] if med[4] > 0 else None,
+    }
+    rec.update(case.extra)
+    return rec
+
+
+# -- collectives --------------------------------------------------------------------------
+def collective_cases(comm: Any, waiter: Waiter, wait: str, sizes: list[int]) -> list[Case]:
+    from spmdsim.runtime import Mesh
+
+    world = comm.Get_size()
+    meshes = [(Mesh(Layout((world,), ("x",)), comm, wait=wait), ("x",))]
+    if world >= 4 and world % 2 == 0:
+        meshes.append((Mesh(Layout((2, world // 2), ("dp", "mp")), comm, wait=wait), ("mp",)))
+    cases = []
+    for mesh, axes in meshes:
+        for n in sizes:
+            cases.extend(_collective_group_cases(mesh, axes, n, waiter))
+    return cases
+
+
+def _collective_group_cases(mesh: Any, axes: tuple, n: int, waiter: Waiter) -> list[Case]:
+    """The collectives on one group of `mesh` with per-rank buffer n (own scope for closures)."""
+    from mpi4py import MPI
+    from spmdsim.runtime import collectives as C
+
+    sub, g, me = mesh.group_info(axes)
+    cols = 256
+    rows = max(g, n // 4 // cols // g * g)  # n = rows*cols*4, rows divisible by g
+    full = np.ones((rows, cols), np.float32)
+    part = np.ones((rows // g, cols), np.float32)
+    out_full, out_part = np.empty_like(full), np.empty_like(part)
+    stacked = np.ones((g,) + full.shape, np.float32)  # numpy: every member's buffer at once
+    raw = Raw(waiter)
+    SUM = MPI.SUM
+    specs = [
+        ("allgather", lambda: C.allgather(mesh, part, axes, 0),
+         lambda: raw(sub.Allgather, sub.Iallgather, part, out_full),
+         lambda: np.concatenate([stacked[j][: rows // g] for j in range(g)])),
+        ("allreduce", lambda: C.allreduce(mesh, full, axes),
+         lambda: raw(sub.Allreduce, sub.Iallreduce, full, out_full, SUM),
+         lambda: stacked.sum(axis=0)),
+        ("reduce_scatter", lambda: C.reduce_scatter(mesh, full, axes, 0),
+         lambda: raw(sub.Reduce_scatter_block, sub.Ireduce_scatter_block, full, out_part, SUM),
+         lambda: stacked.sum(axis=0)),
+        ("alltoall", lambda: C.alltoall(mesh, full, axes, 0, 0),
+         lambda: raw(sub.Alltoall, sub.Ialltoall, full, out_full),
+         lambda: np.ascontiguousarray(stacked.reshape(g, g, -1).swapaxes(0, 1))),
+        ("bcast", lambda: C.bcast(mesh, full, axes, 0),
+         lambda: raw(sub.Bcast, sub.Ibcast, full),
+         lambda: [np.copyto(stacked[j], stacked[0]) for j in range(1, g)]),
+    ]
+    if axes == tuple(mesh.layout.alias_name):  # alltoallv runs over the whole mesh
+        block = part.reshape(-1)
+        sends = {r: block for r in range(g)}
+        shapes = {r: block.shape for r in range(g)}
+        counts = [0 if r == me else block.size for r in range(g)]
+        displs = [int(v) for v in np.cumsum([0] + counts[:-1])]
+        sbuf = np.ones(block.size * (g - 1), np.float32)
+        rbuf = np.empty_like(sbuf)
+        specs.append((
+            "alltoallv", lambda: C.alltoallv(mesh, sends, shapes, np.float32),
+            lambda: raw(sub.Alltoallv, sub.Ialltoallv, [sbuf, (counts, displs)],
+                        [rbuf, (counts, displs)]),
+            lambda: np.ascontiguousarray(stacked.reshape(g, g, -1).swapaxes(0, 1)),
+        ))
+    cases = []
+    for op, fn_s, fn_r, fn_n in specs:
+        entries: list = []
+        cases.append(Case(f"{op} g{g} {_size(full.nbytes)}", full.nbytes, traced(fn_s, entries),
+                          raw.timed(fn_r), fn_n, {"_trace": entries}))
+    return cases
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:g}{unit}"
+    return f"{n:g}B"
+
+
+# -- redistributions ------------------------------------------------------------------------
+def _raw_plan(comm: Any, plan: Any, itemsize: int, raw: Raw) -> Callable[[], None]:
+    """The plan's collectives in plain mpi4py on preallocated buffers of the same sizes."""
+    from mpi4py import MPI
+
+    rank = comm.Get_rank()
+    calls = []
+    subs: dict = {}
+    for step in plan.steps:
+        op = step.op
+        if op in ("local_slice", "local_zero"):
+            continue
+        got = step.bytes_received[rank] // itemsize
+        if op == "exchange":
+            size = comm.Get_size()
+            scount, rcount = [0] * size, [0] * size
+            for src, dst, box in step.transfers:
+                n = int(np.prod([b - a for a, b in box]))
+                if src == rank:
+                    scount[dst] += n
+                if dst == rank:
+                    rcount[src] += n
+            sd, rd = list(np.cumsum([0] + scount[:-1])), list(np.cumsum([0] + rcount[:-1]))
+            sb, rb = np.ones(sum(scount), np.float32), np.empty(sum(rcount), np.float32)
+            calls.append(lambda sb=sb, rb=rb, s=(scount, sd), r=(rcount, rd):
+                         raw(comm.Alltoallv, comm.Ialltoallv, [sb, s], [rb, r]))
+            continue
+        layout = step.before.layout
+        key = (layout, step.axes)
+        if key not in subs:
+            subs[key] = comm.Split(*layout.split_color_key(rank, step.axes))
+        sub = subs[key]
+        g = sub.Get_size()
+        if op == "allgather":
+            src, dst = np.ones(got // (g - 1), np.float32), np.empty(got // (g - 1) * g, np.float32)
+            calls.append(lambda s=sub, a=src, b=dst: raw(s.Allgather, s.Iallgather, a, b))
+        elif op == "alltoall":
+            n = got * g // (g - 1)
+            src, dst = np.ones(n, np.float32), np.empty(n, np.float32)
+            calls.append(lambda s=sub, a=src, b=dst: raw(s.Alltoall, s.Ialltoall, a, b))
+        elif op == "allreduce":
+            n = got * g // (2 * (g - 1))
+            src, dst = np.ones(n, np.float32), np.empty(n, np.float32)
+            calls.append(lambda s=sub, a=src, b=dst: raw(s.Allreduce, s.Iallreduce, a, b, MPI.SUM))
+        elif op == "reduce_scatter":
+            n = got * g // (g - 1)
+            src, dst = np.ones(n, np.float32), np.empty(n // g, np.float32)
+            calls.append(lambda s=sub, a=src, b=dst: raw(
+                s.Reduce_scatter_block, s.Ireduce_scatter_block, a, b, MPI.SUM))
+        else:
+            raise SystemExit(f"bench: no raw version of plan step {op!r}")
+    return lambda: [c() for c in calls]
+
+
+def redistribute_cases(comm: Any, waiter: Waiter, wait: str, shape: tuple[int, int]) -> list[Case]:
+    from spmdsim.plan import plan_redistribution
+    from spmdsim.plan_exec import redistribute
+    from spmdsim.runtime import DTensor, Mesh
+
+    world = comm.Get_size()
+    one = Layout((world,), ("x",))
+    specs = [
+        ("S(0)->B", one, ("x", None), (), (None, None), ()),
+        ("S(0)->S(1)", one, ("x", None), (), (None, "x"), ()),
+        ("P->B", one, (None, None), ("x",), (None, None), ()),
+        ("P->S(0)", one, (None, None), ("x",), ("x", None), ()),
+        ("B->S(0)", one, (None, None), (), ("x", None), ()),
+    ]
+    if world >= 4 and world % 2 == 0:
+        two = Layout((2, world // 2), ("dp", "mp"))
+        specs += [
+            ("2d S(0)[dp,mp]->S(0)[mp,dp]", two, (("dp", "mp"), None), (),
+             (("mp", "dp"), None), ()),
+            ("2d S(0)[dp]S(1)[mp]->S(1)[dp]S(0)[mp]", two, ("dp", "mp"), (), ("mp", "dp"), ()),
+        ]
+    source = SeededTensor(shape, "float32", seed=7)
+    full = source.full() if comm.Get_rank() == 0 else None
+    cases = []
+    meshes: dict = {}
+    for name, layout, src_map, src_partial, dst_map, dst_partial in specs:
+        if layout not in meshes:
+            meshes[layout] = Mesh(layout, comm, wait=wait)
+        mesh = meshes[layout]
+        src = layout(*src_map, partial=src_partial)
+        dst = layout(*dst_map, partial=dst_partial)
+        if src_partial:  # a pending sum: every rank holds a full-size addend
+            x = DTensor(mesh, source.region(src.slices(mesh.rank, shape)), src, shape)
+        else:
+            x = DTensor.from_seeded(mesh, src, source)
+        plan = plan_redistribution(src, dst, shape, "float32")
+        raw = Raw(waiter)
+        raw_fn = _raw_plan(comm, plan, 4, raw)
+        entries: list = []
+        kinds = "+".join(s.op for s in plan.steps) or "none"
+        local_bytes = x.local.nbytes
+
+        def numpy_fn(full=full, dst=dst, layout=layout, partial=bool(src_partial)):
+            # The same data movement in one process: every target shard cut from the source.
+            total = full * layout.num_devices if partial else full
+            return [np.ascontiguousarray(total[dst.slices(r, shape)])
+                    for r in range(layout.num_devices)]
+
+        cases.append(Case(f"redist {name} {_size(local_bytes)}", local_bytes,
+                          traced(lambda x=x, dst=dst: redistribute(x, dst), entries),
+                          raw.timed(raw_fn), numpy_fn, {"_trace": entries, "plan": kinds}))
+    return cases
+
+
+# -- operators ------------------------------------------------------------------------------
+def op_cases(comm: Any, waiter: Waiter, wait: str, sz: dict) -> list[Case]:
+    from mpi4py import MPI
+    from spmdsim.ops import (ColumnParallelLinear, ParallelMLP, RowParallelLinear,
+                             VocabParallelEmbedding, matmul)
+    from spmdsim.reference import gelu
+    from spmdsim.runtime import DTensor, Mesh
+
+    world, rank = comm.Get_size(), comm.Get_rank()
+    layout = Layout((world,), ("x",))
+    mesh = Mesh(layout, comm, wait=wait)
+    SUM = MPI.SUM
+    root = rank == 0
+    cases = []
+
+    def add(name: str, nbytes: int, fn_s, fn_r, raw: Raw, fn_n) -> None:
+        entries: list = []
+        cases.append(Case(name, nbytes, traced(fn_s, entries), raw.timed(fn_r), fn_n,
+                          {"_trace": entries}))
+
+    # MatMul: X (m, m) split on K (columns), W (m, m) split on K (rows): Allreduce of (m, m).
+    m = sz["matmul"]
+    xs, ws = SeededTensor((m, m), seed=1), SeededTensor((m, m), seed=2)
+    X = DTensor.from_seeded(mesh, layout(None, "x"), xs)
+    W = DTensor.from_seeded(mesh, layout("x", None), ws)
+    raw = Raw(waiter)
+    part, out = np.empty((m, m), np.float32), np.empty((m, m), np.float32)
+    xf, wf = (xs.full(), ws.full()) if root else (None, None)
+
+    def raw_matmul(xl=X.local, wl=W.local, raw=raw):
+        np.matmul(xl, wl, out=part)
+        raw(comm.Allreduce, comm.Iallreduce, part, out, SUM)
+    add(f"matmul {m}x{m} K-split", part.nbytes, lambda: matmul(X, W), raw_matmul, raw,
+        lambda: xf @ wf)
+
+    # Column-parallel Linear in -> out, batch b; gathered output (Allgather on columns).
+    b, d_in, d_out = sz["batch"], sz["hidden"], sz["ffn"]
+    xsrc = SeededTensor((b, d_in), seed=3)
+    xin = DTensor.from_seeded(mesh, layout(None, None), xsrc)
+    xin_f = xsrc.full()
+    for gather in (False, True):
+        col = ColumnParallelLinear(mesh, d_in, d_out, gather_output=gather, seed=10)
+        wl, bl = col.weight.local, col.bias.local
+        wf, bf = (col.weight_source.full(), col.bias_source.full()) if root else (None, None)
+        raw = Raw(waiter)
+        blocks = np.empty((world, b, d_out // world), np.float32)
+        y = np.empty((b, wl.shape[1]), np.float32)
+
+        def raw_col(wl=wl, bl=bl, gather=gather, y=y, blocks=blocks, raw=raw):
+            np.matmul(xin.local, wl, out=y)
+            y += bl
+            if gather:
+                raw(comm.Allgather, comm.Iallgather, y, blocks)
+                return np.ascontiguousarray(blocks.transpose(1, 0, 2)).reshape(b, d_out)
+            return y
+        tag = "gather" if gather else "split"
+        add(f"column_linear {d_in}->{d_out} b{b} {tag}", b * d_out * 4 if gather else 0,
+            lambda col=col: col(xin), raw_col, raw, lambda wf=wf, bf=bf: xin_f @ wf + bf)
+
+    # Row-parallel Linear out -> in, input already split on its last dim: Allreduce of (b, in).
+    row = RowParallelLinear(mesh, d_out, d_in, input_is_parallel=True, seed=20)
+    hsrc = SeededTensor((b, d_out), seed=4)
+    h = DTensor.from_seeded(mesh, layout(None, "x"), hsrc)
+    hf = hsrc.full() if root else None
+    rwf, rbf = (row.weight_source.full(), row.bias_source.full()) if root else (None, None)
+    raw = Raw(waiter)
+    rpart, rout = np.empty((b, d_in), np.float32), np.empty((b, d_in), np.float32)
+
+    def raw_row(wl=row.weight.local, bl=row.bias.local, raw=raw):
+        np.matmul(h.local, wl, out=rpart)
+        raw(comm.Allreduce, comm.Iallreduce, rpart, rout, SUM)
+        rout += bl
+    add(f"row_linear {d_out}->{d_in} b{b}", rpart.nbytes, lambda: row(h), raw_row, raw,
+        lambda: hf @ rwf + rbf)
+
+    # Fused MLP: column (no gather) -> gelu -> row, one Allreduce.
+    mlp = ParallelMLP(mesh, d_in, d_out, seed=30)
+    f1, f2 = mlp.linear_fc1, mlp.linear_fc2
+    full_w = ([s.full() for s in (f1.weight_source, f1.bias_source, f2.weight_source,
+                                  f2.bias_source)] if root else None)
+    raw = Raw(waiter)
+    mpart, mout = np.empty((b, d_in), np.float32), np.empty((b, d_in), np.float32)
+
+    def raw_mlp(raw=raw):
+        hid = gelu(xin.local @ f1.weight.local + f1.bias.local)
+        np.matmul(hid, f2.weight.local, out=mpart)
+        raw(comm.Allreduce, comm.Iallreduce, mpart, mout, SUM)
+        mout += f2.bias.local
+
+    def numpy_mlp():
+        w1, b1, w2, b2 = full_w
+        return gelu(xin_f @ w1 + b1) @ w2 + b2
+    add(f"mlp {d_in}->{d_out}->{d_in} b{b}", mpart.nbytes, lambda: mlp(xin), raw_mlp, raw,
+        numpy_mlp)
+
+    # Vocab-parallel Embedding (N, M): masked local lookup, Allreduce of (tokens, M).
+    vocab, dim, tokens = sz["vocab"], sz["emb_dim"], sz["tokens"]
+    emb = VocabParallelEmbedding(mesh, vocab, dim, seed=40)
+    idsrc = SeededTensor((tokens,), "int64", seed=5, low=0, high=vocab)
+    ids = DTensor.from_seeded(mesh, layout(None), idsrc)
+    table_f = emb.weight_source.full() if root else None
+    ids_f = idsrc.full()
+    raw = Raw(waiter)
+    eout = np.empty((tokens, dim), np.float32)
+    padded, start, stop = emb.padded_weight, emb.vocab_start_index, emb.vocab_end_index
+
+    def raw_emb(raw=raw):
+        owned = (ids.local >= start) & (ids.local < stop)
+        looked = padded[np.where(owned, ids.local - start, stop - start)]
+        raw(comm.Allreduce, comm.Iallreduce, looked, eout, SUM)
+    add(f"vocab_embedding {vocab}x{dim} t{tokens}", eout.nbytes, lambda: emb(ids), raw_emb, raw,
+        lambda: table_f[ids_f])
+    return cases
+
+
+# -- driver ---------------------------------------------------------------------------------
+FULL = dict(coll_sizes="64K,1M,8M", redist_shape=(4096, 1024), matmul=2048, batch=64,
+            hidden=1024, ffn=4096, vocab=32000, emb_dim=1024, tokens=2048, repeats=7, warmup=2)
+QUICK = dict(coll_sizes="16K", redist_shape=(256, 64), matmul=256, batch=8, hidden=128, ffn=512,
+             vocab=1000, emb_dim=64, tokens=64, repeats=2, warmup=1)
+
+
+def predicted_s(entries: list, model: CostModel) -> float:
+    return sum(p.seconds for p in predict_plan(entries, model)) if entries else 0.0
+
+
+def table(records: list[dict]) -> str:
+    head = (f"{'case':<44}{'bytes/rk':>9}{'spmdsim':>9}{'raw':>9}{'numpy':>9}{'ratio':>7}"
+            f"{'comm':>9}{'rawcomm':>9}{'cratio':>7}{'model':>9}{'RSS MiB':>8}")
+    lines = [head, "-" * len(head)]
+    ms = lambda v: "-" if v is None else f"{v * 1e3:.2f}"  # noqa: E731
+    rt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    for r in records:
+        lines.append(
+            f"{r['name'][:43]:<44}{_size(r['bytes_per_rank']):>9}{ms(r['spmdsim_s']):>9}"
+            f"{ms(r['raw_s']):>9}{ms(r['numpy_s']):>9}{rt(r['ratio_vs_raw']):>7}"
+            f"{ms(r['spmdsim_comm_s']):>9}{ms(r['raw_comm_s']):>9}{rt(r['comm_ratio_vs_raw']):>7}"
+            f"{ms(r['predicted_comm_s']):>9}{r['peak_rss_bytes'] / 2**20:>8.0f}")
+    lines.append("times in ms: median over repeats of the slowest rank; comm = time inside "
+                 "collectives; model = spmdsim.cost prediction of those collectives")
+    return "\n".join(lines)
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="run under MPI with a timeout, e.g.: timeout -k 5 120 mpiexec -n 8 python "
+               "scripts/bench.py --quick   |   timeout -k 5 900 mpiexec -n 8 python "
+               "scripts/bench.py --json bench.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny sizes, few repeats (smoke test)")
+    p.add_argument("--suite", default=",".join(SUITES), help=f"comma list of {SUITES}")
+    p.add_argument("--sizes", default=None, help="collective buffer sizes, e.g. 64K,1M,8M")
+    p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--wait", choices=("busy", "polite", "auto"), default=None,
+                   help="wait mode of spmdsim's mesh and the raw code (default $SPMDSIM_WAIT/auto)")
+    p.add_argument("--cost-file", default=None,
+                   help="cost model JSON (default: the saved calibration, else the built-in model)")
+    p.add_argument("--json", default=None, help="write the records to this file ('-' = stdout)")
+    p.add_argument("--filter", default=None, help="only cases whose name contains this text")
+    return p.parse_args(argv)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    cfg = dict(QUICK if args.quick else FULL)
+    repeats = args.repeats or cfg["repeats"]
+    warmup = cfg["warmup"] if args.warmup is None else args.warmup
+    suites = [s.strip() for s in args.suite.split(",") if s.strip()]
+    for s in suites:
+        if s not in SUITES:
+            raise SystemExit(f"bench: unknown suite {s!r}; expected some of {SUITES!r}")
+    model = load_or_default(args.cost_file)
+    waiter = Waiter(comm, args.wait)
+    say = (lambda m: print(m, file=sys.stderr, flush=True)) if rank == 0 else (lambda m: None)
+    say(f"bench: {comm.Get_size()} ranks, wait={waiter.mode}, repeats={repeats}, "
+        f"warmup={warmup}, model {model}")
+    baseline = comm.allreduce(peak_rss(), op=MPI.MAX)
+    records = []
+    for suite in suites:
+        say(f"bench: building {suite} cases")
+        if suite == "collectives":
+            sizes = [parse_size(s) for s in (args.sizes or cfg["coll_sizes"]).split(",")]
+            cases = collective_cases(comm, waiter, waiter.mode, sizes)
+        elif suite == "redistribute":
+            cases = redistribute_cases(comm, waiter, waiter.mode, cfg["redist_shape"])
+        else:
+            cases = op_cases(comm, waiter, waiter.mode, cfg)
+        if args.filter:
+            cases = [c for c in cases if args.filter in c.name]
+        for i, case in enumerate(cases, 1):
+            t0 = time.perf_counter()
+            rec = run_case(comm, waiter, case, warmup, repeats)
+            trace = rec.pop("_trace", [])
+            rec["predicted_comm_s"] = predicted_s(trace, model)
+            rec["collectives"] = "+".join(e.op for e in trace if e.group_size > 1) or "none"
+            rec["suite"] = suite
+            records.append(rec)
+            say(f"bench: [{suite} {i}/{len(cases)}] {case.name}: spmdsim "
+                f"{rec['spmdsim_s'] * 1e3:.2f} ms, raw {rec['raw_s'] * 1e3:.2f} ms "
+                f"({time.perf_counter() - t0:.1f} s)")
+    if rank == 0:
+        print(table(records))
+        print(f"interpreter baseline peak RSS {baseline / 2**20:.0f} MiB (max over ranks, at start)")
+        if args.json:
+            text = json.dumps(records, indent=1)
+            if args.json == "-":
+                print(text)
+            else:
+                with open(args.json, "w") as fh:
+                    fh.write(text + "\n")
+    comm.Barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
