@@ -136,8 +136,8 @@ def test_sbp_partial_and_custom_names():
 @pytest.mark.parametrize(
     "args, fragment",
     [
-        (("S(2)", (4,), 2), "sbp S(2) on placement axis 0 splits tensor dim 2, but the tensor has 2 dim(s)"),
-        (("B, S(0)", (2, 2, 2), 2), "sbp (B, S(0)) has 2 entries but placement shape (2, 2, 2) has 3 axes"),
+        (("S(2)", (4,), 2), "sbp S(2) on placement axis 0 splits tensor dim 2, but the tensor has 2"),
+        (("B, S(0)", (2, 2, 2), 2), "(B, S(0)) has 2 entries but placement shape (2, 2, 2) has 3 axes"),
         (("B", (0,), 2), "placement shape (0,) must hold positive integers, got 0"),
         (("B", (), 2), "placement shape () must be a non-empty sequence"),
         (("B", (2,), -1), "ndim -1 must be a non-negative integer"),
@@ -158,7 +158,9 @@ def test_sbp_to_layout_mesh_names_must_match_axes():
 
 def test_layout_to_sbp_rejects_descending_multi_axis_order():
     tl = Layout((2, 2, 2), ("dp", "sp", "mp"))("mp", ("sp", "dp"))
-    msg = _errors_with("tensor dim 1 is split over ('sp', 'dp') with 'sp' major", layout_to_sbp, tl)
+    msg = _errors_with(
+        "tensor dim 1 is split over ('sp', 'dp') with 'sp' major", layout_to_sbp, tl
+    )
     assert "nD SBP always makes the lower mesh axis major" in msg
     assert "('dp', 'sp')" in msg
     assert layout_to_sbp(tl.with_map("mp", ("dp", "sp"))) == (Split(1), Split(1), Split(0))
@@ -209,12 +211,13 @@ def test_placements_to_layout_examples():
 @pytest.mark.parametrize(
     "args, kwargs, fragment",
     [
-        (([Partial("avg")], (4,), 1), {}, "partial reduce_op 'avg' on mesh dim 0 is not supported"),
-        (([Shard(2)], (4,), 2), {}, "placement S(2) on mesh dim 0 shards tensor dim 2, but the tensor has 2 dim(s)"),
+        (([Partial("avg")], (4,), 1), {}, "reduce_op 'avg' on mesh dim 0 is not supported"),
+        (([Shard(2)], (4,), 2), {}, "S(2) on mesh dim 0 shards tensor dim 2, but the tensor has 2 dim(s)"),
         (([Shard(-3)], (4,), 2), {}, "shards tensor dim -3, but the tensor has 2 dim(s)"),
-        (([Shard(0)], (2, 2), 2), {}, "placements (S(0)) have 1 entries but mesh shape (2, 2) has 2 dims"),
+        (([Shard(0)], (2, 2), 2), {}, "(S(0)) have 1 entries but mesh shape (2, 2) has 2 dims"),
         (([Shard(0)], (4,), 1.5), {}, "ndim 1.5 must be a non-negative integer"),
-        (([Shard(0)], (4,), 1), {"mesh_dim_names": ("a", "b")}, "mesh_dim_names ('a', 'b') must give one name"),
+        (([Shard(0)], (4,), 1), {"mesh_dim_names": ("a", "b")},
+         "mesh_dim_names ('a', 'b') must give one name"),
         (([Shard(0)], "4", 1), {}, "mesh shape '4' must be a non-empty sequence"),
     ],
 )
@@ -224,7 +227,9 @@ def test_placements_to_layout_errors(args, kwargs, fragment):
 
 def test_layout_to_placements_rejects_descending_order():
     tl = Layout((2, 4), ("dp", "mp"))(("mp", "dp"))
-    msg = _errors_with("tensor dim 0 is split over ('mp', 'dp') with 'mp' major", layout_to_placements, tl)
+    msg = _errors_with(
+        "tensor dim 0 is split over ('mp', 'dp') with 'mp' major", layout_to_placements, tl
+    )
     assert "_StridedShard" in msg
 
 
@@ -251,13 +256,14 @@ def test_partition_spec_padding_and_entry_forms():
 @pytest.mark.parametrize(
     "args, kwargs, fragment",
     [
-        (("dp", ("dp",), (2,)), {}, "partition spec 'dp' must be a tuple with one entry per tensor dim"),
-        ((("z",), ("dp", "mp"), (2, 4)), {}, "partition spec ('z',) names mesh axis 'z', which is not one of the mesh axes ('dp', 'mp')"),
+        (("dp", ("dp",), (2,)), {}, "partition spec 'dp' must be a tuple with one entry per"),
+        ((("z",), ("dp", "mp"), (2, 4)), {},
+         "partition spec ('z',) names mesh axis 'z', which is not one of the mesh axes ('dp', 'mp')"),
         ((("dp", ("mp", "dp")), ("dp", "mp"), (2, 4)), {}, "uses mesh axis 'dp' more than once"),
-        (((5,), ("dp",), (2,)), {}, "partition spec (5,) has entry 5; expected None, a mesh axis name"),
+        (((5,), ("dp",), (2,)), {}, "partition spec (5,) has entry 5; expected None, a mesh"),
         ((("dp", None, None), ("dp",), (2,)), {"ndim": 2}, "has 3 entries but the tensor has 2 dim(s)"),
         ((("dp",), ("dp",), (2,)), {"ndim": -1}, "ndim -1 must be a non-negative integer"),
-        ((("dp",), ("dp", "mp"), (2,)), {}, "mesh axis names ('dp', 'mp') and mesh shape (2,) differ in length"),
+        ((("dp",), ("dp", "mp"), (2,)), {}, "names ('dp', 'mp') and mesh shape (2,) differ in length"),
         ((("dp",), "dp", (2,)), {}, "mesh axis names 'dp' must be a sequence of strings"),
     ],
 )
@@ -267,7 +273,9 @@ def test_partition_spec_errors(args, kwargs, fragment):
 
 def test_partition_spec_cannot_express_partial():
     tl = Layout((2, 4), ("dp", "mp"))("dp", None, partial=("mp",))
-    _errors_with("PartitionSpec cannot express partial sums over ('mp',)", layout_to_partition_spec, tl)
+    _errors_with(
+        "PartitionSpec cannot express partial sums over ('mp',)", layout_to_partition_spec, tl
+    )
     _errors_with("expected a TensorLayout, got", layout_to_partition_spec, ("dp",))
 
 

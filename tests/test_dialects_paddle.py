@@ -77,13 +77,20 @@ def test_column_parallel_linear(gather_out):
 @pytest.mark.parametrize(
     "args, kwargs, fragment",
     [
-        (((8, 8), "conv"), {"num_partitions": 2}, "operation 'conv' is not supported; expected 'linear' or 'embedding'"),
+        (((8, 8), "conv"), {"num_partitions": 2},
+         "operation 'conv' is not supported; expected 'linear' or 'embedding'"),
         (((8, 8), "linear", 2, 2), {}, "linear axis 2 is not supported; expected 0 (row-parallel"),
         (((8, 8), "linear", True, 2), {}, "linear axis True is not supported"),
-        (((8, 8), "embedding", 1, 2), {}, "embedding can only be split along axis 0 (the vocabulary), got axis 1"),
-        (((10, 8), "embedding", 0, 4), {}, "size[0]=10, the rows (vocabulary size) of the embedding table, is not divisible by num_partitions=4"),
-        (((10, 8), "linear", 0, 4), {}, "size[0]=10, the rows (in features) of the linear weight, is not divisible by num_partitions=4"),
-        (((8, 6), "linear", 1, 4), {}, "size[1]=6, the columns (out features) of the linear weight, is not divisible"),
+        (((8, 8), "embedding", 1, 2), {},
+         "embedding can only be split along axis 0 (the vocabulary), got axis 1"),
+        (((10, 8), "embedding", 0, 4), {},
+         "size[0]=10, the rows (vocabulary size) of the embedding table, is not divisible by "
+         "num_partitions=4"),
+        (((10, 8), "linear", 0, 4), {},
+         "size[0]=10, the rows (in features) of the linear weight, is not divisible by "
+         "num_partitions=4"),
+        (((8, 6), "linear", 1, 4), {},
+         "size[1]=6, the columns (out features) of the linear weight, is not divisible"),
         (((8,), "linear", 0, 2), {}, "size (8,) must be a list or tuple of two positive integers"),
         (((8, 0), "linear", 0, 2), {}, "size (8, 0) must be a list or tuple of two positive integers"),
         (((8, 8), "linear", 0, 0), {}, "num_partitions 0 must be a positive integer"),

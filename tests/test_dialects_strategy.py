@@ -125,6 +125,7 @@ def test_strategy_layout_scalar_and_world_of_one():
     assert strategy_layout((1, 1), 1).layout.device_matrix == (1, 1)
     scalar = strategy_layout("((),)", 4)
     assert scalar.layout == Layout((4,), ("rep",)) and scalar.ndim == 0
+    assert strategy_layout((), 4) == scalar
 
 
 @pytest.mark.parametrize(
@@ -238,8 +239,10 @@ def test_matmul_layouts_compute_the_product(strategy, world, ta, tb, x_shape, w_
 @pytest.mark.parametrize(
     "strategy, kwargs, fragment",
     [
-        (((2, 4), (2, 1)), {}, "contraction dim of x is split 4 ways but of w 2 ways; they must be equal"),
-        (((2, 4), (4, 2)), {"transpose_b": True}, "contraction dim of x is split 4 ways but of w 2 ways"),
+        (((2, 4), (2, 1)), {},
+         "contraction dim of x is split 4 ways but of w 2 ways; they must be equal"),
+        (((2, 4), (4, 2)), {"transpose_b": True},
+         "contraction dim of x is split 4 ways but of w 2 ways"),
         (((2, 2, 1), (4, 1, 2)), {}, "batch dim 0 of x is split 2 ways but batch dim 0 of w 4 ways"),
         (((2, 1),), {}, "has 1 input(s); expected two"),
         (((2,), (2, 1)), {}, "matmul strategy for x (2,) has 1 dim(s); expected at least 2"),

@@ -134,8 +134,10 @@ def strategy_layout(strategy: StrategyLike, world_size: int) -> TensorLayout:
 
     Device matrix = strategy (axes ``"s0", "s1", ...``), tensor dim i split over
     ``"s{i}"``, plus ``"rep"`` on the right when the strategy uses fewer ranks.
+    An empty strategy ``()`` is a scalar (only the "rep" axis).
     """
-    parsed = parse_strategy(strategy)
+    # () alone is ambiguous for parse_strategy (no inputs); here it can only be a scalar.
+    parsed = ((),) if as_items(strategy) == [] else parse_strategy(strategy)
     if len(parsed) != 1:
         raise DialectError(
             f"strategy {strategy!r} has {len(parsed)} inputs; expected one tensor's slice counts"
