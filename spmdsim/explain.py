@@ -242,7 +242,7 @@ def format_explanation(ex: Explanation) -> str:
         sums.append([r.rank, f"{terms} = {r.shard_number}"])
     lines += _table(["rank", "shard number"], sums, left=(1,))
     lines.append("")
-    lines.append("Result. Each rank's block of the global tensor (and of arange(n).reshape(shape)).")
+    lines.append("Result. Each rank's block, and its values of arange(n).reshape(shape).")
     lines.append("")
     lines += _table(
         ["rank", "shard", "index per dim", "slice", "values"],

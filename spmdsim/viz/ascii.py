@@ -6,12 +6,13 @@ shard number ``#k``; then the device matrix with each rank's shard number.
 """
 from __future__ import annotations
 
+import textwrap
 from typing import Optional, Sequence, Union
 
 from ..layout import TensorLayout
 from .model import LayoutPicture, Panel, layout_picture
 
-__all__ = ["render_layout_ascii", "grid_lines", "hstack"]
+__all__ = ["render_layout_ascii", "grid_lines", "wrapped_grid_lines", "hstack"]
 
 #: Gap between panels placed side by side.
 _GAP = "   "
@@ -43,6 +44,27 @@ def grid_lines(
     return out
 
 
+def wrapped_grid_lines(
+    row_headers: Sequence[str],
+    col_headers: Sequence[str],
+    cells: Sequence[Sequence[Sequence[str]]],
+    width: int,
+) -> list[str]:
+    """grid_lines, cut into column chunks stacked top to bottom when wider than `width`."""
+    ncols = len(col_headers)
+    for chunk in range(ncols, 0, -1):
+        parts = []
+        for start in range(0, ncols, chunk):
+            cols = slice(start, start + chunk)
+            parts.append(grid_lines(row_headers, col_headers[cols], [row[cols] for row in cells]))
+        if chunk == 1 or max(len(x) for part in parts for x in part) <= width:
+            out: list[str] = []
+            for part in parts:
+                out += ([""] if out else []) + part
+            return out
+    raise AssertionError("unreachable")
+
+
 def hstack(blocks: Sequence[list[str]], width: int) -> list[str]:
     """Place text blocks side by side, wrapping onto new lines past `width` columns."""
     out: list[str] = []
@@ -71,7 +93,7 @@ def hstack(blocks: Sequence[list[str]], width: int) -> list[str]:
     return out
 
 
-def _panel_lines(panel: Panel, short: bool) -> list[str]:
+def _panel_lines(panel: Panel, short: bool, width: int) -> list[str]:
     rows = [f"{a}:{b}" for a, b in zip(panel.row_edges, panel.row_edges[1:])]
     if panel.row_dim is None:
         rows = [""]
@@ -80,7 +102,7 @@ def _panel_lines(panel: Panel, short: bool) -> list[str]:
         [[f"#{b.shard_number}"] if short else [b.label, f"#{b.shard_number}"] for b in row]
         for row in panel.blocks
     ]
-    return [panel.title] + grid_lines(rows, cols, cells)
+    return [panel.title] + wrapped_grid_lines(rows, cols, cells, width)
 
 
 def _tensor_lines(pic: LayoutPicture, width: int) -> tuple[list[str], bool]:
@@ -90,7 +112,7 @@ def _tensor_lines(pic: LayoutPicture, width: int) -> tuple[list[str], bool]:
             row = [p for p in pic.panels if p.grid_pos[0] == gi]
             if lines:
                 lines.append("")
-            lines += hstack([_panel_lines(p, short) for p in row], width)
+            lines += hstack([_panel_lines(p, short, width) for p in row], width)
         if max(len(x) for x in lines) <= width or short:
             return lines, short
     raise AssertionError("unreachable")
@@ -102,7 +124,10 @@ def _device_lines(pic: LayoutPicture, width: int) -> list[str]:
         row = []
         for p in (p for p in pic.device_panels if p.grid_pos[0] == gi):
             cells = [[[c.label, f"#{c.shard_number}"] for c in r] for r in p.cells]
-            row.append(([p.title] if p.title else []) + grid_lines(p.row_labels, p.col_labels, cells))
+            row.append(
+                ([p.title] if p.title else [])
+                + wrapped_grid_lines(p.row_labels, p.col_labels, cells, width)
+            )
         if lines:
             lines.append("")
         lines += hstack(row, width)
@@ -144,7 +169,11 @@ def render_layout_ascii(
     lines += tensor
     if short:
         lines.append("")
-        lines += [f"  #{b.shard_number}: {b.label}" for b in picture.blocks]
+        for b in picture.blocks:
+            lines += textwrap.wrap(
+                f"#{b.shard_number}: {b.label}".replace(",", ", "), width=width - 2,
+                initial_indent="  ", subsequent_indent="      ", break_on_hyphens=False,
+            )
     lines.append("")
     lines.append(f"Device matrix ({axes}): each rank and the shard #k it holds")
     lines += _device_lines(picture, width)

@@ -1,0 +1,237 @@
+"""Layout pictures: the picture model's content, exact ASCII for the seed cases, headless PNG/SVG."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from spmdsim import Layout
+from spmdsim.viz import layout_picture, render_layout_ascii
+from spmdsim.viz.model import compact_ranks
+
+ABCDE = ("a", "b", "c", "d", "e")
+
+
+def _seed(n):
+    return {
+        1: (Layout((2, 1, 2, 2, 1), ABCDE)("b", "d", "e", "c", "a"), (1, 2, 1, 2, 2)),
+        2: (Layout((4, 1, 1, 2, 1), ABCDE)("b", "d", "e", "a"), (1, 2, 1, 4)),
+        3: (Layout((2, 1, 2, 2, 1), ABCDE)("b", "e", "c", "a"), (1, 1, 2, 2)),
+    }[n]
+
+
+def test_seed1_model_blocks_labels_colours():
+    pic = layout_picture(*_seed(1))
+    assert pic.num_shards == 8
+    # Block k is the shard the seed numbers k; its label names the one rank holding it.
+    holders = {b.shard_number: b.ranks for b in pic.blocks}
+    assert holders == {0: (0,), 1: (4,), 2: (2,), 3: (6,), 4: (1,), 5: (5,), 6: (3,), 7: (7,)}
+    assert [b.label for b in pic.blocks] == ["r0", "r4", "r2", "r6", "r1", "r5", "r3", "r7"]
+    assert not any(b.partial for b in pic.blocks)
+    # Two panels side by side over dim 1, each 2x2 blocks over dims 3 and 4.
+    assert pic.panel_grid == (1, 2)
+    assert [p.title for p in pic.panels] == ["x[:, 0:1, :, :, :]", "x[:, 1:2, :, :, :]"]
+    assert {(p.row_dim, p.col_dim) for p in pic.panels} == {(3, 4)}
+    # Device view: each rank coloured by the shard it holds.
+    cells = {c.rank: c for p in pic.device_panels for row in p.cells for c in row}
+    assert [cells[r].shard_number for r in range(8)] == [0, 4, 2, 6, 1, 5, 3, 7]
+    assert [p.title for p in pic.device_panels] == ["a=0", "a=1"]
+    assert pic.device_panels[0].row_labels == ("c=0", "c=1")
+    assert pic.device_panels[0].col_labels == ("d=0", "d=1")
+
+
+def test_seed3_replicas_share_a_block_and_a_colour():
+    pic = layout_picture(*_seed(3))
+    assert pic.num_shards == 4
+    assert [b.label for b in pic.blocks] == ["r0,1", "r4,5", "r2,3", "r6,7"]
+    cells = {c.rank: c.shard_number for p in pic.device_panels for row in p.cells for c in row}
+    assert cells == {0: 0, 1: 0, 2: 2, 3: 2, 4: 1, 5: 1, 6: 3, 7: 3}
+    assert any("replicated over d" in n for n in pic.notes)
+
+
+def test_partial_blocks_are_hatched_and_list_terms():
+    tl = Layout((2, 2, 2), ("dp", "sp", "mp"))("dp", None, partial=("mp",))
+    pic = layout_picture(tl, (4, 6))
+    assert all(b.partial for b in pic.blocks)
+    # sp replicates, mp holds addends: each block is (replicas) + (replicas).
+    assert [b.terms for b in pic.blocks] == [((0, 2), (1, 3)), ((4, 6), (5, 7))]
+    assert [b.label for b in pic.blocks] == ["r(0,2)+(1,3)", "r(4,6)+(5,7)"]
+    assert all(c.partial for p in pic.device_panels for row in p.cells for c in row)
+    assert any("sum over mp" in n for n in pic.notes)
+    text = render_layout_ascii(pic)
+    assert "r(0,2)+(1,3)" in text and "sum over mp" in text
+
+
+def test_multi_axis_entry_blocks():
+    tl = Layout((2, 2, 2), ("dp", "sp", "mp"))("mp", ("sp", "dp"))
+    pic = layout_picture(tl, (32, 784))
+    (panel,) = pic.panels
+    assert panel.row_edges == (0, 16, 32) and panel.col_edges == (0, 196, 392, 588, 784)
+    assert [[b.label for b in row] for row in panel.blocks] == [
+        ["r0", "r4", "r2", "r6"],
+        ["r1", "r5", "r3", "r7"],
+    ]
+
+
+def test_one_to_four_dims_fold():
+    mesh = Layout((2, 2, 2), ("dp", "sp", "mp"))
+    pic1 = layout_picture(Layout((4,), ("x",))("x"), (16,))
+    assert pic1.panels[0].row_dim is None and len(pic1.panels[0].blocks[0]) == 4
+    pic3 = layout_picture(mesh("dp", "sp", "mp"), (2, 4, 6))
+    assert pic3.panel_grid == (1, 2) and pic3.panels[0].row_dim == 1
+    pic4 = layout_picture(mesh("dp", "sp", "mp", None), (2, 4, 6, 8))
+    assert pic4.panel_grid == (1, 2)  # dims 1, 2 inside panels; dim 0 across; dim 3 whole
+    pic4b = layout_picture(Layout((2, 2, 2, 2), ("a", "b", "c", "d"))("a", "b", "c", "d"), (2, 2, 2, 2))
+    assert pic4b.panel_grid == (2, 2) and pic4b.device_grid == (2, 2)
+    for pic in (pic1, pic3, pic4, pic4b):
+        text = render_layout_ascii(pic)
+        assert max(len(line) for line in text.splitlines()) <= 80
+        numbers = sorted(b.shard_number for p in pic.panels for row in p.blocks for b in row)
+        assert numbers == list(range(pic.num_shards))
+
+
+def test_wide_panels_wrap_their_columns():
+    tl = Layout((4, 4), ("dp", "mp"))(None, ("mp", "dp"))
+    text = render_layout_ascii(tl, (2, 160))
+    assert "r15" in text and "150:160" in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_long_labels_fall_back_to_shard_numbers_with_a_legend():
+    tl = Layout((32, 2), ("r", "x"))("x")
+    text = render_layout_ascii(tl, (2,))
+    assert "|  #0  |  #1  |" in text
+    assert "#0: r0, 2, 4, 6," in text and " 62" in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_compact_ranks():
+    assert compact_ranks([1, 0]) == "0,1"
+    assert compact_ranks([0, 1, 2, 3, 8]) == "0-3,8"
+    assert compact_ranks([0, 2, 4]) == "0,2,4"
+
+
+@pytest.mark.parametrize("n, expected", [(1, "SEED1_ASCII"), (2, "SEED2_ASCII"), (3, "SEED3_ASCII")])
+def test_seed_ascii_exact(n, expected):
+    assert render_layout_ascii(*_seed(n)) == globals()[expected]
+
+
+def test_png_and_svg_headless(tmp_path):
+    pytest.importorskip("matplotlib")
+    from spmdsim.viz import render_layout_png
+
+    tl, shape = _seed(1)
+    png = render_layout_png(tl, tmp_path / "seed.png", shape)
+    with open(png, "rb") as fh:
+        assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+    pic = layout_picture(Layout((2, 4), ("dp", "mp"))("dp", None, partial=("mp",)), (4, 6))
+    svg = render_layout_png(pic, tmp_path / "sub" / "partial.svg")
+    text = open(svg, encoding="utf-8").read()
+    assert "<svg" in text and "r0+1+2+3" in text
+
+
+def test_viz_imports_no_matplotlib_and_no_mpi4py():
+    code = (
+        "import sys, spmdsim.viz, spmdsim.viz.ascii, spmdsim.explain, spmdsim.cli.cases\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mpi4py', 'matplotlib')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+SEED1_ASCII = """\
+x: shape (1, 2, 1, 2, 2), tensor map ("b", "d", "e", "c", "a")
+on Layout(a=2, b=1, c=2, d=2, e=1), 8 ranks
+  dim 1 split over "d" into 2 shards
+  dim 3 split over "c" into 2 shards
+  dim 4 split over "a" into 2 shards
+
+Tensor: ranks holding each block, shard number #k (rows dim 3, columns dim 4)
+x[:, 0:1, :, :, :]   x[:, 1:2, :, :, :]
+      0:1   1:2            0:1   1:2
+    +-----+-----+        +-----+-----+
+0:1 |  r0 |  r4 |    0:1 |  r1 |  r5 |
+    |  #0 |  #1 |        |  #4 |  #5 |
+    +-----+-----+        +-----+-----+
+1:2 |  r2 |  r6 |    1:2 |  r3 |  r7 |
+    |  #2 |  #3 |        |  #6 |  #7 |
+    +-----+-----+        +-----+-----+
+
+Device matrix (a=2, b=1, c=2, d=2, e=1): each rank and the shard #k it holds
+a=0                 a=1
+      d=0   d=1           d=0   d=1
+    +-----+-----+       +-----+-----+
+c=0 |  r0 |  r1 |   c=0 |  r4 |  r5 |
+    |  #0 |  #4 |       |  #1 |  #5 |
+    +-----+-----+       +-----+-----+
+c=1 |  r2 |  r3 |   c=1 |  r6 |  r7 |
+    |  #2 |  #6 |       |  #3 |  #7 |
+    +-----+-----+       +-----+-----+
+"""
+
+SEED2_ASCII = """\
+x: shape (1, 2, 1, 4), tensor map ("b", "d", "e", "a")
+on Layout(a=4, b=1, c=1, d=2, e=1), 8 ranks
+  dim 1 split over "d" into 2 shards
+  dim 3 split over "a" into 4 shards
+  replicated over c: ranks listed together hold copies
+
+Tensor: ranks holding each block, shard number #k (rows dim 1, columns dim 3)
+x[:, :, :, :]
+      0:1   1:2   2:3   3:4
+    +-----+-----+-----+-----+
+0:1 |  r0 |  r2 |  r4 |  r6 |
+    |  #0 |  #1 |  #2 |  #3 |
+    +-----+-----+-----+-----+
+1:2 |  r1 |  r3 |  r5 |  r7 |
+    |  #4 |  #5 |  #6 |  #7 |
+    +-----+-----+-----+-----+
+
+Device matrix (a=4, b=1, c=1, d=2, e=1): each rank and the shard #k it holds
+      d=0   d=1
+    +-----+-----+
+a=0 |  r0 |  r1 |
+    |  #0 |  #4 |
+    +-----+-----+
+a=1 |  r2 |  r3 |
+    |  #1 |  #5 |
+    +-----+-----+
+a=2 |  r4 |  r5 |
+    |  #2 |  #6 |
+    +-----+-----+
+a=3 |  r6 |  r7 |
+    |  #3 |  #7 |
+    +-----+-----+
+"""
+
+SEED3_ASCII = """\
+x: shape (1, 1, 2, 2), tensor map ("b", "e", "c", "a")
+on Layout(a=2, b=1, c=2, d=2, e=1), 8 ranks
+  dim 2 split over "c" into 2 shards
+  dim 3 split over "a" into 2 shards
+  replicated over d: ranks listed together hold copies
+
+Tensor: ranks holding each block, shard number #k (rows dim 2, columns dim 3)
+x[:, :, :, :]
+      0:1    1:2
+    +------+------+
+0:1 | r0,1 | r4,5 |
+    |  #0  |  #1  |
+    +------+------+
+1:2 | r2,3 | r6,7 |
+    |  #2  |  #3  |
+    +------+------+
+
+Device matrix (a=2, b=1, c=2, d=2, e=1): each rank and the shard #k it holds
+a=0                 a=1
+      d=0   d=1           d=0   d=1
+    +-----+-----+       +-----+-----+
+c=0 |  r0 |  r1 |   c=0 |  r4 |  r5 |
+    |  #0 |  #0 |       |  #1 |  #1 |
+    +-----+-----+       +-----+-----+
+c=1 |  r2 |  r3 |   c=1 |  r6 |  r7 |
+    |  #2 |  #2 |       |  #3 |  #3 |
+    +-----+-----+       +-----+-----+
+"""
