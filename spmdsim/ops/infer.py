@@ -34,6 +34,7 @@ __all__ = [
     "infer_bias_add",
     "matmul_shape",
     "resolve_partial",
+    "out_layout_from_strategy",
 ]
 
 ALLREDUCE = "allreduce"
@@ -411,3 +412,31 @@ def infer_bias_add(x: TensorLayout, bias: TensorLayout) -> TensorLayout:
             f"({format_entry(x.tensor_map[-1])}) of {_fmt(x)}"
         )
     return x
+
+
+def out_layout_from_strategy(local: TensorLayout, counts: Sequence[int]) -> TensorLayout:
+    """MindSpore ``out_strategy`` as a layout: the one dim cut more times takes the partial axes.
+
+    E.g. MatMul ((2, 4), (4, 1)) with out_strategy ((8, 1),): the pending sum over
+    "k" is reduce-scattered along dim 0, giving ``(("m", "k"), "n")``.
+    """
+    counts = tuple(int(c) for c in counts)
+    if len(counts) != local.ndim:
+        raise OperatorError(
+            f"out_strategy {counts!r} has {len(counts)} dims but the output has {local.ndim}"
+        )
+    now = local.shards_per_dim
+    extra = local.layout.group_size(local.partial)
+    grown = [d for d in range(local.ndim) if counts[d] != now[d]]
+    if counts == now:
+        return local.with_partial(())
+    if len(grown) == 1 and local.partial and counts[grown[0]] == now[grown[0]] * extra:
+        d = grown[0]
+        entries = list(local.tensor_map)
+        entries[d] = entries[d] + local.partial
+        return TensorLayout(local.layout, tuple(entries))
+    raise OperatorError(
+        f"out_strategy {counts!r} does not follow from the output {_fmt(local)} "
+        f"(cut {now!r}); expected {now!r} or one dim cut {extra} times more "
+        f"(the contraction's {local.partial!r})"
+    )

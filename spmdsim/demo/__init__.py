@@ -1,0 +1,12 @@
+"""Demo scenarios: named operator runs on generated data, checked against references.
+
+`registry` holds the scenario registry and runner; `jobs` the builders shared
+with `spmdsim run`; every other public module (``ops`` now, e.g. ``networks``
+later) registers scenarios with ``@scenario(...)`` and is found automatically.
+"""
+from __future__ import annotations
+
+from .registry import Context, Job, Outcome, Scenario, run_job, run_scenario, scenario, scenarios
+
+__all__ = ["Context", "Job", "Outcome", "Scenario", "scenario", "scenarios", "run_job",
+           "run_scenario"]

@@ -1,0 +1,227 @@
+"""Builders of Jobs (one operator on generated data) used by the demo scenarios and `spmdsim run`.
+
+Every builder validates layouts and shapes on all ranks before any
+collective, makes each rank's shards from SeededTensors (the global inputs
+are never built) and pairs the forward pass with its region reference.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from ..datagen import SeededTensor
+from ..dialects.strategy import matmul_layouts
+from ..errors import OperatorError
+from ..layout import Layout, TensorLayout
+from ..ops.infer import Resolution, infer_embedding, infer_linear, out_layout_from_strategy
+from ..reference import embedding_region, linear_region, matmul_region
+from .registry import Job
+
+__all__ = [
+    "short",
+    "mp_layout",
+    "matmul_job",
+    "strategy_matmul_job",
+    "linear_job",
+    "embedding_job",
+    "mlp_job",
+]
+
+
+def short(tl: TensorLayout) -> str:
+    """Compact layout text for tables: [mp,(sp,dp)] or [m,n]P(k)."""
+    parts = [
+        "-" if not axes else axes[0] if len(axes) == 1 else "(" + ",".join(axes) + ")"
+        for axes in tl.tensor_map
+    ]
+    text = "[" + ",".join(parts) + "]"
+    return text + (f"P({','.join(tl.partial)})" if tl.partial else "")
+
+
+def mp_layout(world_size: int) -> Layout:
+    """The 1-D tensor-parallel mesh of Megatron/Paddle examples: every rank on axis "mp"."""
+    return Layout((world_size,), ("mp",))
+
+
+def _mesh(layout: Layout, comm: Any) -> Any:
+    from ..runtime import Mesh
+
+    return Mesh(layout, comm)
+
+
+def _dtensor(mesh: Any, layout: TensorLayout, source: SeededTensor) -> Any:
+    from ..runtime import DTensor
+
+    return DTensor.from_seeded(mesh, layout, source)
+
+
+def _partial_reason(axes: tuple[str, ...], what: str) -> str:
+    return f"{what} is split over {axes!r}, so each rank holds a partial sum"
+
+
+def matmul_job(
+    comm: Any, x_layout: TensorLayout, w_layout: TensorLayout,
+    x_shape: Sequence[int], w_shape: Sequence[int], *, dtype: str = "float32", seed: int = 0,
+    transpose_a: bool = False, transpose_b: bool = False,
+    out_layout: Optional[TensorLayout] = None, op: str = "MatMul",
+) -> Job:
+    """Y = op(X) @ op(W) for explicit layouts (X from `seed`, W from `seed + 1`)."""
+    from ..ops.matmul import matmul, plan_matmul
+
+    mesh = _mesh(x_layout.layout, comm)
+    xs, ws = SeededTensor(x_shape, dtype, seed), SeededTensor(w_shape, dtype, seed + 1)
+    x, w = _dtensor(mesh, x_layout, xs), _dtensor(mesh, w_layout, ws)
+    plan, _ = plan_matmul(x, w, transpose_a=transpose_a, transpose_b=transpose_b,
+                          out_layout=out_layout)
+    steps = ()
+    if plan.collective:
+        steps = ((plan.resolution, _partial_reason(plan.contraction_axes, "contraction dim K")),)
+    return Job(
+        op, f"x{short(x_layout)} w{short(w_layout)} -> {short(plan.out)}", mesh,
+        lambda: matmul(x, w, transpose_a=transpose_a, transpose_b=transpose_b,
+                       out_layout=out_layout),
+        matmul_region(xs, ws, transpose_a, transpose_b), {"x": x, "w": w}, steps,
+    )
+
+
+def strategy_matmul_job(
+    comm: Any, strategy: Any, dims: Sequence[int], *, dtype: str = "float32", seed: int = 0,
+    transpose_a: bool = False, transpose_b: bool = False,
+    out_strategy: Optional[Sequence[int]] = None,
+) -> Job:
+    """MindSpore ``MatMul().shard(strategy)`` on (batch..., M, K, N) = `dims`."""
+    m = matmul_layouts(strategy, comm.Get_size(), transpose_a, transpose_b)
+    dims = tuple(int(d) for d in dims)
+    if len(dims) < 3:
+        raise OperatorError(f"matmul shape {dims!r} must be M,K,N (or B,...,M,K,N)")
+    *batch, mm, k, n = dims
+    if len(batch) != m.x.ndim - 2:
+        raise OperatorError(
+            f"matmul shape {dims!r} has {len(batch)} batch dims but strategy "
+            f"{m.strategy!r} gives x {m.x.ndim} dims"
+        )
+    x_shape = tuple(batch) + ((k, mm) if transpose_a else (mm, k))
+    w_batch = tuple(batch)[len(batch) - (m.w.ndim - 2):] if m.w.ndim > 2 else ()
+    w_shape = w_batch + ((n, k) if transpose_b else (k, n))
+    out = None if out_strategy is None else out_layout_from_strategy(m.out, out_strategy)
+    return matmul_job(comm, m.x, m.w, x_shape, w_shape, dtype=dtype, seed=seed,
+                      transpose_a=transpose_a, transpose_b=transpose_b, out_layout=out)
+
+
+def _linear_steps(x: TensorLayout, w: TensorLayout, b: Optional[TensorLayout],
+                  gather_out: bool) -> tuple[tuple[Resolution, str], ...]:
+    plan = infer_linear(x, w, b, gather_out=gather_out)
+    steps = []
+    if plan.matmul.collective:
+        steps.append((plan.matmul.resolution,
+                      _partial_reason(plan.matmul.contraction_axes, "the input dim (weight rows)")
+                      + " (the bias is added once, after the sum)"))
+    if plan.gather.collective:
+        steps.append((plan.gather, f"output columns are split over {plan.gather.axes!r} and "
+                                   "gather_out asks for whole rows"))
+    return tuple(steps)
+
+
+def linear_job(
+    comm: Any, parallel: str, dims: Sequence[int], *, dtype: str = "float32", seed: int = 0,
+    gather_out: bool = False, bias: bool = True, front: str = "megatron",
+) -> Job:
+    """Column- or row-parallel Linear on X (M, K) and W (K, N) over every rank ("mp")."""
+    from ..ops.linear import ColumnParallelLinear, RowParallelLinear
+    from ..ops.paddle_split import split
+
+    if parallel not in ("column", "row"):
+        raise OperatorError(f"parallel {parallel!r} must be 'column' or 'row'")
+    mm, k, n = (int(d) for d in dims)
+    layout = mp_layout(comm.Get_size())
+    mesh = _mesh(layout, comm)
+    xs = SeededTensor((mm, k), dtype, seed)
+    row = parallel == "row"
+    x_layout = layout(None, "mp") if row else layout(None, None)
+    x = _dtensor(mesh, x_layout, xs)
+    if front == "paddle":
+        w_src = SeededTensor((k, n), dtype, seed + 1)
+        b_src = SeededTensor((n,), dtype, seed + 2) if bias else None
+        op = f"paddle split linear axis={0 if row else 1}"
+        forward = lambda: split(x, (k, n), "linear", axis=0 if row else 1,  # noqa: E731
+                                num_partitions=layout.num_devices, gather_out=gather_out,
+                                weight_attr=w_src, bias_attr=b_src if bias else False)
+    else:
+        if row:
+            layer: Any = RowParallelLinear(mesh, k, n, bias=bias, input_is_parallel=True,
+                                           dtype=dtype, seed=seed + 1)
+        else:
+            layer = ColumnParallelLinear(mesh, k, n, bias=bias, gather_output=gather_out,
+                                         dtype=dtype, seed=seed + 1)
+        w_src, b_src, op = layer.weight_source, layer.bias_source, type(layer).__name__
+        forward = lambda: layer(x)  # noqa: E731
+    w_layout = layout("mp", None) if row else layout(None, "mp")
+    b_layout = (layout(None) if row else layout("mp")) if bias else None
+    steps = _linear_steps(x_layout, w_layout, b_layout, gather_out and not row)
+    out = infer_linear(x_layout, w_layout, b_layout, gather_out=gather_out and not row).out
+    return Job(op, f"x{short(x_layout)} W{short(w_layout)} -> {short(out)}", mesh, forward,
+               linear_region(xs, w_src, b_src), {"x": x}, steps)
+
+
+def embedding_job(
+    comm: Any, mode: str, dims: Sequence[int], *, dtype: str = "float32", seed: int = 0,
+    front: str = "megatron", gather_out: bool = True,
+) -> Job:
+    """Embedding of ids (dims[:-2]) into a (V, D) = dims[-2:] table, vocab- or dim-parallel."""
+    from ..ops.embedding import VocabParallelEmbedding, embedding
+    from ..ops.paddle_split import split
+
+    if mode not in ("vocab", "dim"):
+        raise OperatorError(f"embedding mode {mode!r} must be 'vocab' or 'dim'")
+    dims = tuple(int(d) for d in dims)
+    if len(dims) < 3:
+        raise OperatorError(f"embedding shape {dims!r} must be ID_DIMS...,VOCAB,DIM")
+    ids_shape, (vocab, dim) = dims[:-2], dims[-2:]
+    layout = mp_layout(comm.Get_size())
+    mesh = _mesh(layout, comm)
+    ids_layout = layout(*(None,) * len(ids_shape))
+    ids_src = SeededTensor(ids_shape, "int64", seed, low=0, high=vocab)
+    ids = _dtensor(mesh, ids_layout, ids_src)
+    table_src = SeededTensor((vocab, dim), dtype, seed + 1)
+    if mode == "vocab":
+        table_layout = layout("mp", None)
+        if front == "paddle":
+            op = "paddle split embedding"
+            forward = lambda: split(ids, (vocab, dim), "embedding",  # noqa: E731
+                                    num_partitions=layout.num_devices, weight_attr=table_src)
+        else:
+            layer = VocabParallelEmbedding(mesh, vocab, dim, dtype=dtype, seed=seed + 1)
+            op, forward = "VocabParallelEmbedding", (lambda: layer(ids))
+    else:
+        table_layout = layout(None, "mp")
+        table = _dtensor(mesh, table_layout, table_src)
+        op = "Embedding (dim-parallel)"
+        forward = lambda: embedding(ids, table, gather_out=gather_out)  # noqa: E731
+    plan = infer_embedding(ids_layout, table_layout, gather_out=gather_out)
+    steps = []
+    if plan.reduce.collective:
+        steps.append((plan.reduce, _partial_reason(plan.vocab_axes, "the vocabulary")
+                      + " (ids of other ranks hit the zero padding row)"))
+    if plan.gather.collective:
+        steps.append((plan.gather, f"embedding columns are split over {plan.dim_axes!r}"))
+    return Job(op, f"ids{short(ids_layout)} table{short(table_layout)} -> {short(plan.out)}",
+               mesh, forward, embedding_region(ids_src, table_src), {"ids": ids}, tuple(steps))
+
+
+def mlp_job(
+    comm: Any, dims: Sequence[int], *, dtype: str = "float32", seed: int = 0,
+    activation: str = "gelu",
+) -> Job:
+    """ParallelMLP on X (M, H) with inner width F = dims (M, H, F): one Allreduce."""
+    from ..ops.mlp import ParallelMLP
+
+    mm, h, f = (int(d) for d in dims)
+    layout = mp_layout(comm.Get_size())
+    mesh = _mesh(layout, comm)
+    xs = SeededTensor((mm, h), dtype, seed)
+    x = _dtensor(mesh, layout(None, None), xs)
+    mlp = ParallelMLP(mesh, h, f, activation=activation, dtype=dtype, seed=seed + 1)
+    steps = ((Resolution("allreduce", ("mp",)),
+              "fc1 leaves the hidden dim split over ('mp',) and fc2's weight rows are split the "
+              "same way, so each rank holds a partial sum of the output"),)
+    return Job(f"ParallelMLP ({activation})", f"x[-,-] fc1 W[-,mp] -> {activation} -> "
+               "fc2 W[mp,-] -> [-,-]", mesh, lambda: mlp(x), mlp.reference(xs), {"x": x}, steps)

@@ -1,0 +1,184 @@
+"""Scenario registry and runner shared by `spmdsim demo` and `spmdsim run`.
+
+A scenario is a named function ``build(ctx) -> Job`` registered with
+``@scenario(name, title, needs=...)``. Any module of the `spmdsim.demo`
+package (not starting with "_") is imported by `load_scenarios`, so adding a
+file such as ``spmdsim/demo/networks.py`` with decorated functions adds
+scenarios to the demo; nothing else changes. ``needs(world_size)`` returns a
+reason to skip (pure, so every rank agrees) or None.
+
+A Job is one operator run on generated data: a forward callable, the region
+reference to check it against, and what `--explain` prints. `run_job` traces
+the forward pass, checks the result on every rank and reduces the trace.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
+
+from ..errors import SpmdsimError
+from ..ops.infer import Resolution
+from ..reference import RegionFn
+
+__all__ = [
+    "Context",
+    "Job",
+    "Scenario",
+    "Outcome",
+    "scenario",
+    "scenarios",
+    "load_scenarios",
+    "run_job",
+    "run_scenario",
+    "explain_lines",
+]
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a scenario builds from: the communicator, dtype and seed."""
+
+    comm: Any
+    dtype: str = "float32"
+    seed: int = 0
+
+    @property
+    def world_size(self) -> int:
+        return self.comm.Get_size()
+
+
+@dataclass
+class Job:
+    """One operator on generated data, ready to run and check.
+
+    Attributes:
+        op: operator name for tables ("MatMul", "RowParallelLinear", ...).
+        layouts: short text of the input -> output layouts.
+        mesh: the runtime Mesh the inputs live on.
+        forward: runs the operator, returns the output DTensor.
+        reference: region reference of the output.
+        inputs: name -> input DTensor (for the local shapes `--explain` prints).
+        steps: (collective, why) in the order the forward pass runs them.
+    """
+
+    op: str
+    layouts: str
+    mesh: Any
+    forward: Callable[[], Any]
+    reference: RegionFn
+    inputs: Mapping[str, Any] = field(default_factory=dict)
+    steps: tuple[tuple[Resolution, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    title: str
+    build: Callable[[Context], Job]
+    needs: Callable[[int], Optional[str]]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The agreed result of one scenario (the same on every rank)."""
+
+    scenario: str
+    op: str
+    layouts: str
+    passed: bool
+    max_abs_error: float
+    collectives: dict
+    bytes_sent_per_rank: int
+    skipped: Optional[str] = None
+
+    def record(self) -> dict:
+        """The JSON record of `spmdsim demo --json`."""
+        out = {
+            "scenario": self.scenario,
+            "passed": bool(self.passed),
+            "max_abs_error": float(self.max_abs_error),
+            "collectives": dict(self.collectives),
+            "bytes_sent_per_rank": int(self.bytes_sent_per_rank),
+        }
+        if self.skipped:
+            out["skipped"] = self.skipped
+        return out
+
+
+_REGISTRY: dict[str, Scenario] = {}
+
+
+def _any_size(world_size: int) -> Optional[str]:
+    return None
+
+
+def scenario(
+    name: str, title: str, needs: Callable[[int], Optional[str]] = _any_size
+) -> Callable[[Callable[[Context], Job]], Callable[[Context], Job]]:
+    """Register ``build(ctx) -> Job`` as the demo scenario `name`."""
+
+    def register(build: Callable[[Context], Job]) -> Callable[[Context], Job]:
+        old = _REGISTRY.get(name)
+        if old is not None and old.build.__qualname__ != build.__qualname__:
+            raise SpmdsimError(f"scenario {name!r} is registered twice")
+        _REGISTRY[name] = Scenario(name, title, build, needs)
+        return build
+
+    return register
+
+
+def load_scenarios() -> None:
+    """Import every public module of the spmdsim.demo package (each registers its scenarios)."""
+    package = importlib.import_module(__package__)
+    for info in pkgutil.iter_modules(package.__path__):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{__package__}.{info.name}")
+
+
+def scenarios() -> tuple[Scenario, ...]:
+    """Every registered scenario, in registration order (seed scenarios first)."""
+    load_scenarios()
+    return tuple(_REGISTRY.values())
+
+
+def run_job(job: Job, comm: Any) -> tuple[Any, dict]:
+    """Run, check and close: (verdict, trace totals reduced over `comm`)."""
+    from ..runtime import collect_trace
+
+    with collect_trace() as trace:
+        out = job.forward()
+    verdict = out.check(job.reference)
+    stats = trace.reduce(comm)
+    job.mesh.close()
+    return verdict, stats
+
+
+def run_scenario(sc: Scenario, ctx: Context) -> Outcome:
+    """Build and run one scenario, or report why it is skipped at this world size."""
+    reason = sc.needs(ctx.world_size)
+    if reason:
+        return Outcome(sc.name, "-", sc.title, True, 0.0, {}, 0, skipped=reason)
+    job = sc.build(ctx)
+    verdict, stats = run_job(job, ctx.comm)
+    return Outcome(
+        sc.name, job.op, job.layouts, bool(verdict.passed), float(verdict.max_abs_error),
+        dict(stats["counts"]), int(stats["bytes_sent_max"]),
+    )
+
+
+def explain_lines(job: Job) -> list[str]:
+    """This rank's `--explain` text: local input shapes, then each collective and why."""
+    mesh = job.mesh
+    shapes = ", ".join(f"{name} {tuple(t.local.shape)}" for name, t in job.inputs.items())
+    lines = [f"rank {mesh.rank} {mesh.layout.coords(mesh.rank)}: local {shapes}"]
+    if not job.steps:
+        lines.append("  no communication: every rank's block of the result is final")
+    for res, why in job.steps:
+        ranks = "{" + ",".join(str(r) for r in mesh.group_ranks(res.axes)) + "}"
+        lines.append(f"  {why}; {_NAMES.get(res.collective, res.collective)} over ranks {ranks}")
+    return lines
+
+
+_NAMES = {"allreduce": "Allreduce", "reduce_scatter": "Reduce_scatter", "allgather": "Allgather"}
