@@ -101,7 +101,7 @@ def test_wide_panels_wrap_their_columns():
 def test_long_labels_fall_back_to_shard_numbers_with_a_legend():
     tl = Layout((32, 2), ("r", "x"))("x")
     text = render_layout_ascii(tl, (2,))
-    assert "|  #0  |  #1  |" in text
+    assert "|  #0 |  #1 |" in text
     assert "#0: r0, 2, 4, 6," in text and " 62" in text
     assert max(len(line) for line in text.splitlines()) <= 80
 
