@@ -1,0 +1,314 @@
+"""Plan a redistribution: from one TensorLayout to another of the same global shape.
+
+Pure (numpy only). Each tensor dim's axes behave like a stack: collectives
+only change its minor end (Allgather/Alltoall pop, LocalSlice/Alltoall/
+ReduceScatter push). The planner builds a few candidate step sequences from
+that rule, plus a general exchange that always meets the lower bound, and
+keeps the one whose maximum bytes received per rank is smallest (ties: fewer
+received bytes in total, then collectives over the exchange, then fewer steps).
+Different device matrices are first rewritten on a common refined mesh.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ..errors import PlanError
+from ..layout import TensorLayout
+from .meshes import common_refinement, translate
+from .record import Plan
+from .steps import (
+    Allgather,
+    Allreduce,
+    Alltoall,
+    Exchange,
+    LocalSlice,
+    LocalZero,
+    ReduceScatter,
+    Step,
+)
+from .volume import box_size, exchange_transfers, lower_bound
+
+__all__ = ["plan_redistribution"]
+
+Map = tuple[tuple[str, ...], ...]
+
+
+def plan_redistribution(
+    source: TensorLayout, target: TensorLayout, shape: Sequence[int], dtype: str = "float32"
+) -> Plan:
+    """The least-communication plan from `source` to `target` for a tensor of `shape`.
+
+    Plans are cached on their (hashable) inputs.
+    """
+    for name, tl in (("source", source), ("target", target)):
+        if not isinstance(tl, TensorLayout):
+            raise PlanError(f"{name} {tl!r} must be a TensorLayout")
+    if source.layout.num_devices != target.layout.num_devices:
+        raise PlanError(
+            f"source device matrix {source.layout.device_matrix!r} has "
+            f"{source.layout.num_devices} devices but target "
+            f"{target.layout.device_matrix!r} has {target.layout.num_devices}; expected the same count"
+        )
+    if source.ndim != target.ndim:
+        raise PlanError(
+            f"source {source} has {source.ndim} dims but target {target} has {target.ndim}"
+        )
+    shape = source.check_shape(shape)
+    target.check_shape(shape)
+    try:
+        dtype = np.dtype(dtype).name
+    except TypeError:
+        raise PlanError(f"dtype {dtype!r} is not a numpy dtype") from None
+    return _plan(source, target, shape, dtype)
+
+
+@lru_cache(maxsize=4096)
+def _plan(source: TensorLayout, target: TensorLayout, shape: tuple, dtype: str) -> Plan:
+    itemsize = np.dtype(dtype).itemsize
+    refinement = common_refinement(source.layout, target.layout)
+    if refinement is None:
+        src, tgt = source, target
+        candidates = [_cross_mesh(source, target, shape, itemsize)]
+    else:
+        mesh, first, second = refinement
+        src, tgt = translate(source, mesh, first), translate(target, mesh, second)
+        candidates = _candidates(src, tgt, _Sizes(shape, itemsize))
+    bound = lower_bound(src, tgt, shape, itemsize)
+    built = [c for c in candidates if not callable(c)]
+    best = min(built, key=_score, default=None)
+    if best is None or (_received(best) or (0,) * len(bound)) != bound:
+        # Exchanges only when no collective sequence already meets the bound: they cost more to plan.
+        built += [c() for c in candidates if callable(c)]
+        best = min(built, key=_score)
+    return Plan(source, target, shape, dtype, tuple(best), bound)
+
+
+def _received(steps: list[Step]) -> tuple:
+    return tuple(sum(s.bytes_received[r] for s in steps) for r in range(_ranks(steps)))
+
+
+def _score(steps: list[Step]) -> tuple:
+    received = _received(steps)
+    exchanges = sum(isinstance(s, Exchange) for s in steps)
+    return (max(received, default=0), sum(received), exchanges, len(steps))
+
+
+def _ranks(steps: list[Step]) -> int:
+    return len(steps[0].bytes_received) if steps else 0
+
+
+class _Sizes:
+    """Byte counts of each step kind for one shape and dtype."""
+
+    def __init__(self, shape: tuple, itemsize: int) -> None:
+        self.shape, self.itemsize = shape, itemsize
+        self._local: dict = {}
+
+    def local(self, tl: TensorLayout) -> int:
+        key = (tl.layout, tl.tensor_map)
+        if key not in self._local:
+            self._local[key] = int(np.prod(tl.local_shape(self.shape))) * self.itemsize
+        return self._local[key]
+
+    def uniform(self, cls, before, after, axes, per_rank: int, **extra) -> Step:
+        n = (per_rank,) * before.layout.num_devices
+        return cls(before, after, tuple(axes), n, n, **extra)
+
+
+def _with(tl: TensorLayout, tensor_map, partial) -> TensorLayout:
+    return TensorLayout(tl.layout, tuple(tuple(e) for e in tensor_map), tuple(partial))
+
+
+def _set_dim(tensor_map: Map, tensor_dim: int, axes: tuple) -> list:
+    out = list(tensor_map)
+    out[tensor_dim] = tuple(axes)
+    return out
+
+
+# -- single moves --------------------------------------------------------------------
+def _local_slice(cur, d, axes, sz: _Sizes) -> Step:
+    after = _with(cur, _set_dim(cur.tensor_map, d, cur.tensor_map[d] + axes), cur.partial)
+    return sz.uniform(LocalSlice, cur, after, axes, 0)
+
+
+def _reduce_scatter(cur, d, axes, sz: _Sizes) -> Step:
+    partial = [a for a in cur.partial if a not in axes]
+    after = _with(cur, _set_dim(cur.tensor_map, d, cur.tensor_map[d] + axes), partial)
+    g = cur.layout.group_size(axes)
+    return sz.uniform(ReduceScatter, cur, after, axes, (g - 1) * sz.local(cur) // g, tensor_dim=d)
+
+
+def _allreduce(cur, axes, sz: _Sizes) -> Step:
+    after = _with(cur, cur.tensor_map, [a for a in cur.partial if a not in axes])
+    g = cur.layout.group_size(axes)
+    return sz.uniform(Allreduce, cur, after, axes, 2 * (g - 1) * sz.local(cur) // g)
+
+
+def _allgather(cur, d, k, sz: _Sizes) -> Step:
+    axes = cur.tensor_map[d][-k:]
+    after = _with(cur, _set_dim(cur.tensor_map, d, cur.tensor_map[d][:-k]), cur.partial)
+    g = cur.layout.group_size(axes)
+    return sz.uniform(Allgather, cur, after, axes, (g - 1) * sz.local(cur), tensor_dim=d)
+
+
+def _alltoall(cur, i, j, k, sz: _Sizes) -> Step:
+    axes = cur.tensor_map[i][-k:]
+    tensor_map = _set_dim(cur.tensor_map, i, cur.tensor_map[i][:-k])
+    tensor_map[j] = tensor_map[j] + axes
+    after = _with(cur, tensor_map, cur.partial)
+    g = cur.layout.group_size(axes)
+    return sz.uniform(
+        Alltoall, cur, after, axes, (g - 1) * sz.local(cur) // g, split_dim=j, concat_dim=i
+    )
+
+
+def _local_zero(cur, after, sz: _Sizes) -> Step:
+    axes = tuple(a for a in after.partial if a not in cur.partial)
+    return sz.uniform(LocalZero, cur, after, axes, 0)
+
+
+def _exchange(cur, after, sz: _Sizes) -> Step:
+    transfers = exchange_transfers(cur, after, sz.shape)
+    sent = [0] * cur.layout.num_devices
+    received = [0] * cur.layout.num_devices
+    for src, dst, box in transfers:
+        n = box_size(box) * sz.itemsize
+        sent[src] += n
+        received[dst] += n
+    return Exchange(cur, after, (), tuple(sent), tuple(received), transfers=transfers)
+
+
+# -- the stack rule ---------------------------------------------------------------------
+def _run(axes: tuple, keep) -> tuple:
+    out = []
+    for a in axes:
+        if not keep(a):
+            break
+        out.append(a)
+    return tuple(out)
+
+
+def _push(cur: TensorLayout, tmap: Map, resolve: frozenset, sz: _Sizes) -> Optional[Step]:
+    """A move that only grows a dim toward its target: slice, reduce-scatter or alltoall."""
+    free = set(cur.replicated_axes)
+    for d, (have, want) in enumerate(zip(cur.tensor_map, tmap)):
+        if want[: len(have)] != have or len(want) == len(have):
+            continue
+        nxt = want[len(have):]
+        run = _run(nxt, lambda a: a in free)
+        if run:
+            return _local_slice(cur, d, run, sz)
+        run = _run(nxt, lambda a: a in resolve and a in cur.partial)
+        if run:
+            return _reduce_scatter(cur, d, run, sz)
+        for i, axes in enumerate(cur.tensor_map):
+            if i != d and nxt[0] in axes:
+                # Longest shared run: the top k axes of dim i are the next k of dim d.
+                k = next((k for k in range(min(len(axes), len(nxt)), 0, -1)
+                          if axes[-k:] == nxt[:k]), 0)
+                if k:
+                    return _alltoall(cur, i, d, k, sz)
+    return None
+
+
+def _pop(cur: TensorLayout, tmap: Map, sz: _Sizes) -> Optional[Step]:
+    """Allgather the top of a dim that is not on its way to the target, freest axes first."""
+    placed = {a for axes in tmap for a in axes}
+    fallback = None
+    for d, (have, want) in enumerate(zip(cur.tensor_map, tmap)):
+        if want[: len(have)] == have:
+            continue
+        k = 0
+        while k < len(have) and have[len(have) - 1 - k] not in placed and \
+                want[: len(have) - k] != have[: len(have) - k]:
+            k += 1
+        if k:
+            return _allgather(cur, d, k, sz)
+        fallback = fallback or _allgather(cur, d, 1, sz)
+    return fallback
+
+
+def _stack(cur: TensorLayout, tmap: Map, resolve: frozenset, sz: _Sizes) -> Optional[list]:
+    """Steps from `cur` to map `tmap`, resolving the partial axes in `resolve`."""
+    steps: list[Step] = []
+    for _ in range(4 * (cur.layout.ndim + 2)):
+        pending = [a for a in cur.partial if a in resolve]
+        if cur.tensor_map == tmap and not pending:
+            return steps
+        step = _push(cur, tmap, resolve, sz)
+        placed = {a for axes in tmap for a in axes}
+        loose = tuple(a for a in pending if a not in placed)
+        if step is None and loose:
+            # Before any Allgather: the block to sum is smallest now.
+            step = _allreduce(cur, loose, sz)
+        if step is None:
+            step = _pop(cur, tmap, sz)
+        if step is None:
+            return None
+        steps.append(step)
+        cur = step.after
+    return None
+
+
+def _resolve_first(src: TensorLayout, tmap: Map, resolve: frozenset, sz: _Sizes):
+    """Reduce-scatter each resolved axis onto its target dim at once; Allreduce the rest."""
+    cur, steps = src, []
+    for d, want in enumerate(tmap):
+        run = tuple(a for a in want if a in resolve)
+        if run:
+            steps.append(_reduce_scatter(cur, d, run, sz))
+            cur = steps[-1].after
+    loose = tuple(a for a in cur.partial if a in resolve)
+    if loose:
+        steps.append(_allreduce(cur, loose, sz))
+        cur = steps[-1].after
+    return steps, cur
+
+
+def _candidates(src: TensorLayout, tgt: TensorLayout, sz: _Sizes) -> list[list[Step]]:
+    kept = [a for a in src.partial if a in tgt.partial]
+    resolve = frozenset(a for a in src.partial if a not in kept)
+    new = [a for a in tgt.partial if a not in kept]
+    plain = _with(tgt, tgt.tensor_map, kept)  # the target before new partial axes appear
+    ends = [(plain.tensor_map, plain)]
+    if set(new) & set(src.split_axes):
+        # Keep an S axis that becomes P where it is and zero-pad around it: no traffic.
+        pad = tuple(want + tuple(a for a in have if a in new)
+                    for have, want in zip(src.tensor_map, tgt.tensor_map))
+        ends.append((pad, _with(tgt, pad, kept)))
+    starts = [(src, [], resolve)]
+    if resolve:
+        pre, mid = _resolve_first(src, tgt.tensor_map, resolve, sz)
+        starts.append((mid, pre, frozenset()))
+    out = []
+    for start, pre, todo in starts:
+        for tmap, before_zero in ends:
+            steps = _stack(start, tmap, todo, sz)
+            if steps is None:
+                continue
+            tail = [_local_zero(before_zero, tgt, sz)] if new else []
+            out.append(pre + steps + tail)
+        if not todo and start.tensor_map != tgt.tensor_map:
+            tail = [_local_zero(plain, tgt, sz)] if new else []
+            out.append(lambda pre=pre, start=start, tail=tail:
+                       pre + [_exchange(start, plain, sz)] + tail)
+    if not out:
+        raise PlanError(f"no plan found from {src} to {tgt}")
+    return out
+
+
+def _cross_mesh(source: TensorLayout, target: TensorLayout, shape: tuple, itemsize: int):
+    """Meshes without a common refinement: sum on the source mesh, then exchange boxes."""
+    sz = _Sizes(shape, itemsize)
+    steps, cur = [], source
+    if source.partial:
+        steps.append(_allreduce(cur, source.partial, sz))
+        cur = steps[-1].after
+    plain = _with(target, target.tensor_map, ())
+    steps.append(_exchange(cur, plain, sz))
+    if target.partial:
+        steps.append(_local_zero(plain, target, sz))
+    return steps

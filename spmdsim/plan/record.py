@@ -1,0 +1,80 @@
+"""The Plan value: steps plus their per-rank byte counts and the lower bound."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..layout import TensorLayout
+from .steps import Step
+
+__all__ = ["Plan"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Steps that turn `source` into `target` for one global shape and dtype.
+
+    Attributes:
+        steps: the steps in order (on the common refined mesh when the meshes differ).
+        lower_bound: per rank, the fewest bytes any plan must deliver to it.
+    """
+
+    source: TensorLayout
+    target: TensorLayout
+    shape: tuple[int, ...]
+    dtype: str
+    steps: tuple[Step, ...]
+    lower_bound: tuple[int, ...]
+
+    @property
+    def num_ranks(self) -> int:
+        return self.source.layout.num_devices
+
+    @property
+    def bytes_received(self) -> tuple[int, ...]:
+        """Per rank, the bytes received over all steps."""
+        return tuple(
+            sum(s.bytes_received[r] for s in self.steps) for r in range(self.num_ranks)
+        )
+
+    @property
+    def bytes_sent(self) -> tuple[int, ...]:
+        return tuple(sum(s.bytes_sent[r] for s in self.steps) for r in range(self.num_ranks))
+
+    @property
+    def max_bytes_received(self) -> int:
+        return max(self.bytes_received, default=0)
+
+    @property
+    def max_lower_bound(self) -> int:
+        return max(self.lower_bound, default=0)
+
+    @property
+    def meets_lower_bound(self) -> bool:
+        """Whether every rank receives exactly its lower bound."""
+        return self.bytes_received == self.lower_bound
+
+    def to_json(self) -> dict:
+        """The `spmdsim plan --json` object (per-rank figures are maxima over ranks)."""
+        return {
+            "source": str(self.source),
+            "target": str(self.target),
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "steps": [
+                {
+                    "op": s.op,
+                    "label": str(s),
+                    "axes": list(s.axes),
+                    "bytes_sent_per_rank": s.max_bytes_sent,
+                    "bytes_received_per_rank": s.max_bytes_received,
+                }
+                for s in self.steps
+            ],
+            "bytes_received_per_rank": self.max_bytes_received,
+            "lower_bound_bytes_received_per_rank": self.max_lower_bound,
+        }
+
+    def __str__(self) -> str:
+        lines = [f"{self.source} -> {self.target}, shape {self.shape} {self.dtype}"]
+        lines += [f"  {i}. {s}" for i, s in enumerate(self.steps, 1)]
+        return "\n".join(lines)
