@@ -75,7 +75,7 @@ def _entry_json(axes: tuple[str, ...]) -> Any:
 def _int_list(data: Mapping, key: str, what: str, minimum: int) -> tuple[int, ...]:
     value = data[key]
     if isinstance(value, str):
-        value = parse_int_list(value, key)
+        value = parse_int_list(value, f"case key {key!r}")
     if not isinstance(value, (list, tuple)) or any(
         isinstance(v, bool) or not isinstance(v, int) or v < minimum for v in value
     ):
@@ -86,7 +86,7 @@ def _int_list(data: Mapping, key: str, what: str, minimum: int) -> tuple[int, ..
 def _name_list(data: Mapping, key: str) -> tuple[str, ...]:
     value = data[key]
     if isinstance(value, str):
-        value = parse_name_list(value, key)
+        value = parse_name_list(value, f"case key {key!r}")
     if not isinstance(value, (list, tuple)) or any(not isinstance(v, str) for v in value):
         raise SpmdsimError(f"case key {key!r} must be a list of axis names, got {value!r}")
     return tuple(value)

@@ -1,0 +1,177 @@
+"""`spmdsim slices / explain / show`: case parsing (JSON file, stdin, flags), output schema, errors."""
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from spmdsim.cli.cases import case_from_dict, parse_tensor_map
+from spmdsim.cli.main import main
+from spmdsim.errors import SpmdsimError
+
+DESIGN_CASE = {
+    "device_matrix": [2, 2, 2],
+    "alias_name": ["dp", "sp", "mp"],
+    "tensor_map": ["mp", ["sp", "dp"]],
+    "shape": [32, 784],
+}
+DESIGN_SLICES = {
+    "0": [[0, 16], [0, 196]],
+    "1": [[16, 32], [0, 196]],
+    "2": [[0, 16], [392, 588]],
+    "3": [[16, 32], [392, 588]],
+    "4": [[0, 16], [196, 392]],
+    "5": [[16, 32], [196, 392]],
+    "6": [[0, 16], [588, 784]],
+    "7": [[16, 32], [588, 784]],
+}
+SEED1_FLAGS = ["--device-matrix", "2,1,2,2,1", "--alias", "a,b,c,d,e",
+               "--tensor-map", "b,d,e,c,a", "--shape", "1,2,1,2,2"]
+
+
+def _run(argv, capsys, stdin=None, monkeypatch=None):
+    if stdin is not None:
+        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _check_schema(data, world, ndim):
+    assert set(data) == {"rank_slices"}
+    slices = data["rank_slices"]
+    assert list(slices) == [str(r) for r in range(world)]
+    for bounds in slices.values():
+        assert len(bounds) == ndim
+        for pair in bounds:
+            assert len(pair) == 2 and all(isinstance(v, int) for v in pair)
+            assert 0 <= pair[0] <= pair[1]
+
+
+def test_slices_from_file(tmp_path, capsys):
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps(DESIGN_CASE))
+    code, out, _ = _run(["slices", str(path)], capsys)
+    assert code == 0
+    data = json.loads(out)
+    _check_schema(data, 8, 2)
+    assert data["rank_slices"] == DESIGN_SLICES
+
+
+def test_slices_from_stdin(capsys, monkeypatch):
+    code, out, _ = _run(["slices"], capsys, json.dumps(DESIGN_CASE), monkeypatch)
+    assert code == 0 and json.loads(out)["rank_slices"] == DESIGN_SLICES
+    code, out, _ = _run(["slices", "-"], capsys, json.dumps(DESIGN_CASE), monkeypatch)
+    assert json.loads(out)["rank_slices"] == DESIGN_SLICES
+
+
+def test_slices_from_flags_and_flags_override_file(tmp_path, capsys):
+    code, out, _ = _run(["slices", "--device-matrix", "2,2,2", "--alias", "dp,sp,mp",
+                         "--tensor-map", "mp,(sp,dp)", "--shape", "32,784"], capsys)
+    assert json.loads(out)["rank_slices"] == DESIGN_SLICES
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps(DESIGN_CASE))
+    code, out, _ = _run(["slices", str(path), "--shape", "4,8"], capsys)
+    assert json.loads(out)["rank_slices"]["4"] == [[0, 2], [2, 4]]
+
+
+def test_slices_strategy_form(capsys, monkeypatch):
+    case = {"strategy": [[2, 1, 2, 2, 1]], "world_size": 8, "shape": [2, 2, 2, 2, 2]}
+    code, out, _ = _run(["slices"], capsys, json.dumps(case), monkeypatch)
+    data = json.loads(out)
+    _check_schema(data, 8, 5)
+    assert data["rank_slices"]["5"] == [[1, 2], [0, 2], [0, 1], [1, 2], [0, 2]]
+    # Fewer devices than ranks: neighbouring ranks repeat (MindSpore's default).
+    case = {"strategy": "((2, 2),)", "world_size": 8, "shape": [4, 4]}
+    code, out, _ = _run(["slices"], capsys, json.dumps(case), monkeypatch)
+    slices = json.loads(out)["rank_slices"]
+    assert slices["0"] == slices["1"] == [[0, 2], [0, 2]]
+    assert slices["2"] == [[0, 2], [2, 4]]
+
+
+def test_slices_sbp_form(capsys, monkeypatch):
+    case = {"sbp": ["S(0)", "S(1)"], "placement": [2, 4], "shape": [4, 8]}
+    code, out, _ = _run(["slices"], capsys, json.dumps(case), monkeypatch)
+    slices = json.loads(out)["rank_slices"]
+    assert slices["5"] == [[2, 4], [2, 4]]
+    case = {"sbp": "S(0), S(0)", "placement": [2, 2], "shape": [4, 6]}
+    code, out, _ = _run(["slices"], capsys, json.dumps(case), monkeypatch)
+    assert json.loads(out)["rank_slices"]["2"] == [[2, 3], [0, 6]]
+
+
+@pytest.mark.parametrize(
+    "case, words",
+    [
+        ({"device_matrix": [2], "alias_name": ["x"], "tensor_map": ["x"]}, ["'shape'"]),
+        ({"device_matrix": [2], "tensor_map": ["x"], "shape": [4]}, ["'alias_name'"]),
+        ({"device_matrix": "2x2", "alias_name": ["x"], "tensor_map": ["x"], "shape": [4]},
+         ["'device_matrix'", "comma-separated integers"]),
+        ({"device_matrix": [2], "alias_name": ["x"], "tensor_map": ["x"], "shape": [4.5]},
+         ["'shape'", "non-negative integers", "4.5"]),
+        ({"device_matrix": [2], "alias_name": ["x"], "tensor_map": [3], "shape": [4]},
+         ["'tensor_map'", "3"]),
+        ({"device_matrix": [2], "alias_name": ["x"], "tensor_map": ["x"], "shape": [4], "shpe": 1},
+         ["unknown key 'shpe'"]),
+        ({"device_matrix": [2], "alias_name": ["x"], "tensor_map": ["x"], "shape": [4],
+          "strategy": [[2]]}, ["mixes"]),
+        ({"shape": [4]}, ["no layout"]),
+        ({"strategy": 2, "shape": [4]}, ["'strategy'"]),
+        ({"device_matrix": [2], "alias_name": ["x"], "tensor_map": ["y"], "shape": [4]},
+         ["unknown alias 'y'"]),
+        ({"device_matrix": [2], "alias_name": ["x"], "tensor_map": ["x"], "shape": [3]},
+         ["not divisible"]),
+        ([1, 2], ["json object"]),
+    ],
+)
+def test_bad_cases_name_the_key(case, words):
+    with pytest.raises(SpmdsimError) as info:
+        case_from_dict(case)
+    for word in words:
+        assert word in str(info.value).lower() or word in str(info.value)
+
+
+def test_cli_error_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
+    code, out, err = _run(["slices"], capsys, '{"device_matrix": [2]}', monkeypatch)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("spmdsim: error: ")
+    code, _, err = _run(["slices", str(tmp_path / "missing.json")], capsys)
+    assert code == 2 and "cannot read case file" in err
+    code, _, err = _run(["slices"], capsys, "{not json", monkeypatch)
+    assert code == 2 and "stdin is not valid JSON" in err
+
+
+def test_parse_tensor_map_forms():
+    assert parse_tensor_map("b,d,e,c,a") == ("b", "d", "e", "c", "a")
+    assert parse_tensor_map('("mp", ("sp", "dp"), None)') == ("mp", ("sp", "dp"), None)
+    assert parse_tensor_map("mp,[sp,dp],None") == ("mp", ("sp", "dp"), None)
+    assert parse_tensor_map("(sp,dp),") == (("sp", "dp"),)
+    assert parse_tensor_map("(x)") == ("x",)
+
+
+def test_explain_cli_text_and_json(capsys):
+    code, out, _ = _run(["explain", *SEED1_FLAGS], capsys)
+    assert code == 0 and "Step 3." in out
+    assert "0*8 + 1*4 + 0*4 + 0*2 + 0*1 = 4" in out
+    code, out, _ = _run(["explain", "--json", *SEED1_FLAGS], capsys)
+    data = json.loads(out)
+    assert [r["values"] for r in data["ranks"]] == [[v] for v in [0, 4, 2, 6, 1, 5, 3, 7]]
+
+
+def test_explain_cli_strategy(capsys):
+    code, out, _ = _run(["explain", "--strategy", "((2,1,1,2,1),)", "--world-size", "8",
+                         "--shape", "2,1,1,2,1", "--json"], capsys)
+    data = json.loads(out)
+    assert data["strategy"] == [2, 1, 1, 2, 1]
+    assert [r["shard_number"] for r in data["ranks"]] == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+def test_show_cli_ascii_and_png(tmp_path, capsys):
+    code, out, _ = _run(["show", *SEED1_FLAGS], capsys)
+    assert code == 0 and "x[:, 1:2, :, :, :]" in out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    pytest.importorskip("matplotlib")
+    target = tmp_path / "seed.png"
+    code, out, _ = _run(["show", *SEED1_FLAGS, "--png", str(target)], capsys)
+    assert code == 0 and out.rstrip().endswith(f"wrote {target}")
+    assert target.read_bytes()[:4] == b"\x89PNG"
