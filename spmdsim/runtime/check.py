@@ -1,0 +1,122 @@
+"""Compare each rank's shard with its reference slice; every rank gets the same Verdict.
+
+Default tolerances (|actual - expected| <= atol + rtol * |expected|), chosen
+for results whose summation order differs from numpy's (split contractions,
+ring reductions): float32 rtol 1e-4, atol 1e-5; float64 rtol 1e-9,
+atol 1e-12; integers exact. A NaN or Inf on either side fails the check and
+is counted in ``nonfinite``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import CheckFailed
+
+__all__ = ["Verdict", "default_tolerances", "local_stats", "agree"]
+
+# (rtol, atol) by element type; complex types use their real part's entry.
+_TOLERANCES = {
+    "float16": (1e-2, 1e-3), "float32": (1e-4, 1e-5), "float64": (1e-9, 1e-12),
+    "complex64": (1e-4, 1e-5), "complex128": (1e-9, 1e-12),
+}
+
+# Layout of the per-rank record that one Allgather shares.
+_FIELDS = ("passed", "max_abs", "max_rel", "nonfinite", "elements", "shape_ok")
+
+
+def default_tolerances(*dtypes: Any) -> tuple[float, float]:
+    """(rtol, atol) for the least precise of `dtypes`; integers and bools compare exactly."""
+    best = (0.0, 0.0)
+    for dtype in dtypes:
+        dtype = np.dtype(dtype)
+        if dtype.kind in "fc":
+            best = max(best, _TOLERANCES.get(dtype.name, (1e-9, 1e-12)))
+    return best
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The agreed outcome of a distributed check (identical on every rank)."""
+
+    passed: bool
+    max_abs_error: float
+    max_rel_error: float
+    worst_rank: int
+    atol: float
+    rtol: float
+    nonfinite: int
+    elements: int = 0
+    failed_ranks: tuple[int, ...] = ()
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def __str__(self) -> str:
+        head = "check passed" if self.passed else f"check FAILED on ranks {list(self.failed_ranks)!r}"
+        text = (
+            f"{head}: max abs err {self.max_abs_error:.3g}, max rel err {self.max_rel_error:.3g} "
+            f"(worst rank {self.worst_rank}; atol {self.atol:g}, rtol {self.rtol:g}; "
+            f"{self.elements} elements)"
+        )
+        if self.nonfinite:
+            text += f"; {self.nonfinite} non-finite values (NaN/Inf)"
+        if self.max_abs_error == float("inf") and not self.nonfinite:
+            text += "; shard shape differs from the reference region"
+        return text
+
+    def raise_if_failed(self) -> "Verdict":
+        """Raise CheckFailed (on every rank alike) unless the check passed."""
+        if not self.passed:
+            raise CheckFailed(str(self))
+        return self
+
+
+def local_stats(actual: np.ndarray, expected: Any, rtol: float, atol: float) -> np.ndarray:
+    """This rank's record: passed, max abs, max rel error, nonfinite count, elements, shape ok."""
+    expected = np.asarray(expected)
+    if expected.shape != actual.shape:
+        return np.array([0.0, np.inf, np.inf, 0.0, float(actual.size), 0.0])
+    if actual.size == 0:
+        return np.array([1.0, 0.0, 0.0, 0.0, 0.0, 1.0])
+    wide = np.complex128 if np.iscomplexobj(actual) or np.iscomplexobj(expected) else np.float64
+    a = actual.astype(wide, copy=False)
+    b = expected.astype(wide, copy=False)
+    finite = np.isfinite(a) & np.isfinite(b)
+    nonfinite = int(finite.size - np.count_nonzero(finite))
+    if nonfinite:
+        a = np.where(finite, a, 0)
+        b = np.where(finite, b, 0)
+    err = np.abs(a - b)
+    mag = np.abs(b)
+    max_abs = float(err.max())
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(mag > 0, err / np.where(mag > 0, mag, 1), np.where(err > 0, np.inf, 0.0))
+    max_rel = float(rel.max())
+    ok = bool(np.all(err <= atol + rtol * mag)) and nonfinite == 0
+    return np.array([float(ok), max_abs, max_rel, float(nonfinite), float(actual.size), 1.0])
+
+
+def agree(comm: Any, stats: np.ndarray, rtol: float, atol: float) -> Verdict:
+    """Share every rank's record with one Allgather and build the same Verdict everywhere."""
+    table = np.empty((comm.Get_size(), len(_FIELDS)), np.float64)
+    comm.Allgather(np.ascontiguousarray(stats, np.float64), table)
+    passed = table[:, 0] > 0
+    failed = tuple(int(r) for r in np.flatnonzero(~passed))
+    # Worst rank: a failing one with the largest error (non-finite counts as worst).
+    score = np.where(table[:, 3] > 0, np.inf, table[:, 1])
+    candidates = np.flatnonzero(~passed) if failed else np.arange(len(table))
+    worst = int(candidates[np.argmax(score[candidates])])
+    return Verdict(
+        passed=not failed,
+        max_abs_error=float(table[:, 1].max()),
+        max_rel_error=float(table[:, 2].max()),
+        worst_rank=worst,
+        atol=float(atol),
+        rtol=float(rtol),
+        nonfinite=int(table[:, 3].sum()),
+        elements=int(table[:, 4].sum()),
+        failed_ranks=failed,
+    )

@@ -1,0 +1,233 @@
+"""Collectives over mesh axes with mpi4py's buffer methods on contiguous numpy arrays.
+
+Each function takes the mesh, this rank's array and the mesh axes of the group
+(one sub-communicator, ranks in mixed-radix order of the axes, first major),
+and returns a new array (a group of one rank returns the input itself and
+communicates nothing). Every call is recorded in the open traces (runtime.trace)
+with the per-rank byte figures documented in docs/runtime.md. The wait inside
+the collective is the mesh's ``wait_mode`` (runtime.wait).
+"""
+from __future__ import annotations
+
+from time import perf_counter
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+from mpi4py import MPI
+
+from ..errors import ShapeError
+from .mesh import Mesh
+from .trace import record
+from .wait import polite_wait
+
+__all__ = ["allgather", "alltoall", "allreduce", "reduce_scatter", "bcast", "alltoallv"]
+
+_SUM = MPI.SUM
+
+
+def _contig(local: Any) -> np.ndarray:
+    # Copy only when MPI could not read the buffer as is.
+    if type(local) is np.ndarray and local.flags.c_contiguous:
+        return local
+    return np.ascontiguousarray(local)
+
+
+def _dim(tensor_dim: int, ndim: int, what: str) -> int:
+    if not -ndim <= tensor_dim < ndim:
+        raise ShapeError(f"{what} {tensor_dim!r} is out of range for an array with {ndim} dims")
+    return tensor_dim % ndim
+
+
+def _divisible(shape: tuple[int, ...], tensor_dim: int, g: int, op: str) -> None:
+    if shape[tensor_dim] % g:
+        raise ShapeError(
+            f"{op}: dim {tensor_dim} of local shape {shape!r} is not divisible by group size {g}"
+        )
+
+
+def _blocks(x: np.ndarray, tensor_dim: int, g: int) -> np.ndarray:
+    """View x as (outer, g, rest) so that block j along tensor_dim is [:, j]."""
+    outer = int(np.prod(x.shape[:tensor_dim], dtype=np.int64))
+    return x.reshape(outer, g, -1)
+
+
+def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int,
+              label: str | None = None) -> np.ndarray:
+    """Concatenate every member's `local` along `tensor_dim`, in group order."""
+    comm, g, _ = mesh.group_info(axes)
+    x = _contig(local)
+    d = _dim(tensor_dim, x.ndim, "tensor_dim")
+    if g == 1:
+        record("allgather", comm_axes(axes), 1, 0, 0, 0.0, label)
+        return x
+    t0 = perf_counter()
+    shape = x.shape
+    out_shape = shape[:d] + (shape[d] * g,) + shape[d + 1:]
+    if d == 0 or int(np.prod(shape[:d], dtype=np.int64)) == 1:
+        out = np.empty(out_shape, x.dtype)
+        _run(mesh, comm.Allgather, comm.Iallgather, x, out)
+    else:
+        # Receive blocks side by side, then one copy puts them along tensor_dim.
+        recv = np.empty((g,) + shape, x.dtype)
+        _run(mesh, comm.Allgather, comm.Iallgather, x, recv)
+        out = np.empty(out_shape, x.dtype)
+        _blocks(out, d, g)[...] = recv.reshape(g, _blocks(x, d, 1).shape[0], -1).swapaxes(0, 1)
+    n = x.nbytes
+    record("allgather", comm_axes(axes), g, (g - 1) * n, (g - 1) * n, perf_counter() - t0, label)
+    return out
+
+
+def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, concat_dim: int,
+             label: str | None = None) -> np.ndarray:
+    """Split `local` along split_dim into g blocks, send block j to member j, concat along concat_dim."""
+    comm, g, _ = mesh.group_info(axes)
+    x = _contig(local)
+    s = _dim(split_dim, x.ndim, "split_dim")
+    c = _dim(concat_dim, x.ndim, "concat_dim")
+    _divisible(x.shape, s, g, "alltoall")
+    if g == 1:
+        record("alltoall", comm_axes(axes), 1, 0, 0, 0.0, label)
+        return x
+    t0 = perf_counter()
+    block_shape = x.shape[:s] + (x.shape[s] // g,) + x.shape[s + 1:]
+    if s == 0 or int(np.prod(x.shape[:s], dtype=np.int64)) == 1:
+        send = x
+    else:
+        send = np.ascontiguousarray(_blocks(x, s, g).swapaxes(0, 1))
+    recv = np.empty((g,) + block_shape, x.dtype)
+    _run(mesh, comm.Alltoall, comm.Ialltoall, send, recv)
+    out_shape = block_shape[:c] + (block_shape[c] * g,) + block_shape[c + 1:]
+    if c == 0 or int(np.prod(block_shape[:c], dtype=np.int64)) == 1:
+        out = recv.reshape(out_shape)
+    else:
+        out = np.empty(out_shape, x.dtype)
+        outer = int(np.prod(block_shape[:c], dtype=np.int64))
+        _blocks(out, c, g)[...] = recv.reshape(g, outer, -1).swapaxes(0, 1)
+    moved = x.nbytes * (g - 1) // g
+    record("alltoall", comm_axes(axes), g, moved, moved, perf_counter() - t0, label)
+    return out
+
+
+def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | None = None) -> np.ndarray:
+    """Elementwise sum of every member's `local`, on every member."""
+    comm, g, _ = mesh.group_info(axes)
+    x = _contig(local)
+    if g == 1:
+        record("allreduce", comm_axes(axes), 1, 0, 0, 0.0, label)
+        return x
+    t0 = perf_counter()
+    out = np.empty_like(x)
+    _run(mesh, comm.Allreduce, comm.Iallreduce, x, out, _SUM)
+    moved = 2 * (g - 1) * x.nbytes // g
+    record("allreduce", comm_axes(axes), g, moved, moved, perf_counter() - t0, label)
+    return out
+
+
+def reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int,
+                   label: str | None = None) -> np.ndarray:
+    """Sum over the group, keeping this member's block (group order) along `tensor_dim`."""
+    comm, g, _ = mesh.group_info(axes)
+    x = _contig(local)
+    d = _dim(tensor_dim, x.ndim, "tensor_dim")
+    _divisible(x.shape, d, g, "reduce_scatter")
+    if g == 1:
+        record("reduce_scatter", comm_axes(axes), 1, 0, 0, 0.0, label)
+        return x
+    t0 = perf_counter()
+    out_shape = x.shape[:d] + (x.shape[d] // g,) + x.shape[d + 1:]
+    if d == 0 or int(np.prod(x.shape[:d], dtype=np.int64)) == 1:
+        send = x
+    else:
+        send = np.ascontiguousarray(_blocks(x, d, g).swapaxes(0, 1))
+    out = np.empty(out_shape, x.dtype)
+    _run(mesh, comm.Reduce_scatter_block, comm.Ireduce_scatter_block, send, out, _SUM)
+    moved = (g - 1) * x.nbytes // g
+    record("reduce_scatter", comm_axes(axes), g, moved, moved, perf_counter() - t0, label)
+    return out
+
+
+def bcast(mesh: Mesh, local: Any, axes: str | Iterable[str], root: int = 0,
+          label: str | None = None) -> np.ndarray:
+    """Member `root` (group rank) sends `local`; the others receive into `local` (in place) and return it.
+
+    Non-root members must pass an array of the same shape and dtype; it is
+    filled in place when contiguous and writeable, else a filled copy is returned.
+    """
+    comm, g, me = mesh.group_info(axes)
+    if not 0 <= root < g:
+        raise ShapeError(f"bcast root {root!r} is outside the group of {g} ranks over {comm_axes(axes)!r}")
+    if g == 1:
+        record("bcast", comm_axes(axes), 1, 0, 0, 0.0, label)
+        return _contig(local)
+    t0 = perf_counter()
+    buf = local
+    if not (type(buf) is np.ndarray and buf.flags.c_contiguous and buf.flags.writeable):
+        buf = np.array(local, order="C")
+    _run(mesh, comm.Bcast, comm.Ibcast, buf, root=root)
+    n = buf.nbytes
+    record("bcast", comm_axes(axes), g, n if me == root else 0, 0 if me == root else n,
+           perf_counter() - t0, label)
+    return buf
+
+
+def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tuple],
+              dtype: Any, label: str | None = None) -> dict[int, np.ndarray]:
+    """General exchange over the whole mesh: `sends[r]` goes to mesh rank r; returns {source: array}.
+
+    `recv_shapes[r]` is the shape of the block expected from rank r. A block
+    this rank sends to itself is copied locally, not sent.
+    """
+    dtype = np.dtype(dtype)
+    size, me = mesh.size, mesh.rank
+    for peers, what in ((sends, "sends"), (recv_shapes, "recv_shapes")):
+        for r in peers:
+            if not 0 <= int(r) < size:
+                raise ShapeError(f"alltoallv {what} key {r!r} is not a mesh rank (0 <= r < {size})")
+    scounts = np.zeros(size, np.int64)
+    arrays = {}
+    for r, a in sends.items():
+        a = np.asarray(a)
+        if a.dtype != dtype:
+            raise ShapeError(f"alltoallv block for rank {r} has dtype {a.dtype.name!r}, expected {dtype.name!r}")
+        arrays[int(r)] = a
+        scounts[int(r)] = a.size
+    rcounts = np.zeros(size, np.int64)
+    for r, shape in recv_shapes.items():
+        rcounts[int(r)] = int(np.prod(shape, dtype=np.int64))
+    out: dict[int, np.ndarray] = {}
+    if me in recv_shapes:
+        mine = arrays.get(me)
+        if mine is None or mine.size != rcounts[me]:
+            raise ShapeError(f"alltoallv: rank {me} expects {tuple(recv_shapes[me])!r} from itself "
+                             f"but sends {None if mine is None else mine.shape!r}")
+        out[me] = np.array(mine, order="C").reshape(recv_shapes[me])
+    scounts[me] = rcounts[me] = 0
+    t0 = perf_counter()
+    sdispls = np.concatenate(([0], np.cumsum(scounts)[:-1]))
+    rdispls = np.concatenate(([0], np.cumsum(rcounts)[:-1]))
+    send = np.empty(int(scounts.sum()), dtype)
+    for r, a in arrays.items():
+        if r != me:
+            send[sdispls[r]:sdispls[r] + scounts[r]] = a.reshape(-1)
+    recv = np.empty(int(rcounts.sum()), dtype)
+    if size > 1:
+        _run(mesh, mesh.comm.Alltoallv, mesh.comm.Ialltoallv,
+             [send, (scounts.tolist(), sdispls.tolist())], [recv, (rcounts.tolist(), rdispls.tolist())])
+    for r, shape in recv_shapes.items():
+        r = int(r)
+        if r != me:
+            out[r] = recv[rdispls[r]:rdispls[r] + rcounts[r]].reshape(shape)
+    record("alltoallv", mesh.layout.alias_name, size, send.nbytes, recv.nbytes, perf_counter() - t0, label)
+    return out
+
+
+def comm_axes(axes: str | Iterable[str]) -> tuple[str, ...]:
+    return (axes,) if isinstance(axes, str) else tuple(axes)
+
+
+def _run(mesh: Mesh, blocking: Any, nonblocking: Any, *args: Any, **kwargs: Any) -> None:
+    """Run one collective with the mesh's wait mode."""
+    if mesh.wait_mode == "polite":
+        polite_wait(nonblocking(*args, **kwargs))
+    else:
+        blocking(*args, **kwargs)

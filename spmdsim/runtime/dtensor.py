@@ -1,0 +1,165 @@
+"""DTensor: this rank's shard of a global tensor plus the TensorLayout that places it.
+
+A partial layout means the global value is the sum over the partial axes of
+the local values; when one is built from full data, the member with index 0
+over the partial axes holds the value and the others hold zeros (B -> P).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence, Union
+
+import numpy as np
+
+from ..datagen import SeededTensor
+from ..errors import LayoutError, ShapeError
+from ..layout import TensorLayout
+from . import collectives
+from .check import Verdict, agree, default_tolerances, local_stats
+from .mesh import Mesh
+
+__all__ = ["DTensor"]
+
+Reference = Union[SeededTensor, np.ndarray, Callable[[tuple], Any]]
+
+
+class DTensor:
+    """``DTensor(mesh, local, layout, global_shape)``; treat it as an immutable value.
+
+    Attributes: ``mesh``, ``local`` (this rank's shard), ``layout``,
+    ``global_shape``, ``dtype``, ``partial`` and ``slices`` (this rank's region
+    of the global tensor).
+    """
+
+    __slots__ = ("_mesh", "_local", "_layout", "_shape")
+
+    def __init__(self, mesh: Mesh, local: np.ndarray, layout: TensorLayout,
+                 global_shape: Sequence[int]) -> None:
+        if not isinstance(mesh, Mesh):
+            raise LayoutError(f"mesh {mesh!r} must be a spmdsim Mesh")
+        if not isinstance(layout, TensorLayout):
+            raise LayoutError(f"layout {layout!r} must be a TensorLayout")
+        if layout.layout != mesh.layout:
+            raise LayoutError(f"tensor layout is over {layout.layout} but the mesh is {mesh.layout}")
+        shape = layout.check_shape(global_shape)
+        local = np.asarray(local)
+        expected = layout.local_shape(shape)
+        if local.shape != expected:
+            raise ShapeError(
+                f"local shard shape {local.shape!r} does not match {expected!r}, the shard of "
+                f"global shape {shape!r} under {layout}"
+            )
+        self._mesh, self._local, self._layout, self._shape = mesh, local, layout, shape
+
+    # -- constructors ------------------------------------------------------------
+    @classmethod
+    def from_local(cls, mesh: Mesh, local: Any, layout: TensorLayout, global_shape: Sequence[int],
+                   dtype: Any = None) -> "DTensor":
+        """Wrap an existing shard; its shape (and `dtype` when given) must match."""
+        local = np.asarray(local)
+        if dtype is not None and local.dtype != np.dtype(dtype):
+            raise ShapeError(f"local shard dtype {local.dtype.name!r} does not match {np.dtype(dtype).name!r}")
+        return cls(mesh, local, layout, global_shape)
+
+    @classmethod
+    def from_seeded(cls, mesh: Mesh, layout: TensorLayout, seeded: SeededTensor) -> "DTensor":
+        """Build only this rank's shard of a seeded global tensor."""
+        shape = layout.check_shape(seeded.shape)
+        if _holds_value(mesh, layout):
+            local = seeded.region(layout.slices(mesh.rank, shape))
+        else:
+            local = np.zeros(layout.local_shape(shape), seeded.dtype)
+        return cls(mesh, local, layout, shape)
+
+    @classmethod
+    def from_global(cls, mesh: Mesh, array: Any, layout: TensorLayout) -> "DTensor":
+        """Cut this rank's shard out of a global array every rank has (small demos)."""
+        array = np.asarray(array)
+        shape = layout.check_shape(array.shape)
+        if _holds_value(mesh, layout):
+            local = np.ascontiguousarray(array[layout.slices(mesh.rank, shape)]).copy()
+        else:
+            local = np.zeros(layout.local_shape(shape), array.dtype)
+        return cls(mesh, local, layout, shape)
+
+    # -- views ---------------------------------------------------------------------
+    mesh = property(lambda self: self._mesh)
+    local = property(lambda self: self._local)
+    layout = property(lambda self: self._layout)
+    global_shape = property(lambda self: self._shape)
+    dtype = property(lambda self: self._local.dtype)
+    partial = property(lambda self: self._layout.partial)
+
+    @property
+    def slices(self) -> tuple[slice, ...]:
+        return self._layout.slices(self._mesh.rank, self._shape)
+
+    def __repr__(self) -> str:
+        return (f"DTensor(shape={self._shape!r}, layout={self._layout}, dtype={self.dtype.name}, "
+                f"rank={self._mesh.rank}, local_shape={self._local.shape!r})")
+
+    def resolved_local(self, label: str | None = None) -> np.ndarray:
+        """This rank's shard with pending partial sums added up (the local array if none)."""
+        if not self._layout.partial:
+            return self._local
+        return collectives.allreduce(self._mesh, self._local, self._layout.partial, label=label)
+
+    # -- whole-tensor views ------------------------------------------------------------
+    def gather(self, root: int | None = None) -> np.ndarray | None:
+        """The global tensor on every rank (root=None) or on mesh rank `root` (None elsewhere)."""
+        mesh = self._mesh
+        if root is not None and not 0 <= root < mesh.size:
+            raise ShapeError(f"gather root {root!r} is not a mesh rank (0 <= root < {mesh.size})")
+        local = np.ascontiguousarray(self.resolved_local(label="gather"))
+        stack = np.empty((mesh.size,) + local.shape, local.dtype) if root in (None, mesh.rank) else None
+        if root is None:
+            mesh.comm.Allgather(local, stack)
+        else:
+            mesh.comm.Gather(local, stack, root=root)
+        if stack is None:
+            return None
+        out = np.empty(self._shape, local.dtype)
+        for rank in range(mesh.size):
+            out[self._layout.slices(rank, self._shape)] = stack[rank]
+        return out
+
+    def check(self, reference: Reference, rtol: float | None = None,
+              atol: float | None = None) -> Verdict:
+        """Compare this rank's region with `reference`; all ranks return the same Verdict.
+
+        `reference`: a SeededTensor, a global ndarray, or a callable taking a
+        tuple of slices and returning that region. Partial values are summed
+        first (traced with label "check"). Only this rank's region is made.
+        """
+        actual = self.resolved_local(label="check")
+        region = self.slices
+        # Tolerances depend only on dtypes every rank knows, so the verdict agrees.
+        known = [actual.dtype]
+        if isinstance(reference, SeededTensor):
+            known.append(np.dtype(reference.dtype))
+        elif isinstance(reference, np.ndarray):
+            known.append(reference.dtype)
+        d_rtol, d_atol = default_tolerances(*known)
+        rtol = d_rtol if rtol is None else float(rtol)
+        atol = d_atol if atol is None else float(atol)
+        try:
+            if isinstance(reference, SeededTensor):
+                if tuple(reference.shape) != self._shape:
+                    raise ShapeError(f"reference shape {reference.shape!r} differs from {self._shape!r}")
+                expected = reference.region(region)
+            elif callable(reference):
+                expected = np.asarray(reference(region))
+            else:
+                reference = np.asarray(reference)
+                if reference.shape != self._shape:
+                    raise ShapeError(f"reference shape {reference.shape!r} differs from {self._shape!r}")
+                expected = reference[region]
+            stats = local_stats(actual, expected, rtol, atol)
+        except ShapeError:
+            # A mismatch on some ranks only must not skip the agreeing Allgather.
+            stats = np.array([0.0, np.inf, np.inf, 0.0, float(actual.size), 0.0])
+        return agree(self._mesh.comm, stats, rtol, atol)
+
+
+def _holds_value(mesh: Mesh, layout: TensorLayout) -> bool:
+    """True unless this rank is a non-zero member over the partial axes (those hold zeros)."""
+    return not layout.partial or layout.layout.group_index(mesh.rank, layout.partial) == 0

@@ -1,0 +1,155 @@
+"""Never hang: an exception on some ranks ends the whole MPI job.
+
+* An SpmdsimError raised on every rank (validation before the first
+  collective, an agreed failed check) is a clean error: rank 0 prints one line
+  ``spmdsim: error: ...`` and every rank exits with code 2.
+* Any other exception, or an SpmdsimError that not all ranks raise within a
+  grace period (``SPMDSIM_GUARD_GRACE_S``, default 3 s), prints
+  ``spmdsim: error on rank R: ...`` (with a traceback for unexpected errors)
+  and calls ``comm.Abort(1)``, which ends every rank.
+
+Ranks find out whether all of them failed with a nonblocking barrier on a
+private duplicate of the communicator (made when the guard is set up, so setting
+it up is collective); a barrier on the user's communicator could match the
+nonblocking collectives of healthy ranks.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import time
+import traceback
+from typing import Any, Callable, NoReturn
+
+from ..errors import SpmdsimError
+
+__all__ = ["abort_on_error", "install_excepthook", "run_guarded", "handle_exception"]
+
+_GRACE_S = float(os.environ.get("SPMDSIM_GUARD_GRACE_S", "3"))
+_PRIVATE: dict[int, Any] = {}  # id(comm) -> (comm, private duplicate)
+
+
+def _private(comm: Any) -> Any:
+    """A duplicate of `comm` kept for the guard's barrier (collective on first use per comm)."""
+    entry = _PRIVATE.get(id(comm))
+    if entry is None or entry[0] is not comm:
+        entry = (comm, comm.Dup())
+        _PRIVATE[id(comm)] = entry
+    return entry[1]
+
+
+def _world(comm: Any) -> Any:
+    if comm is not None:
+        return comm
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def _all_failed(private: Any, grace: float) -> bool:
+    """True when every rank of `private` reaches this barrier within `grace` seconds."""
+    if private.Get_size() == 1:
+        return True
+    request = private.Ibarrier()
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if request.Test():
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def handle_exception(exc: BaseException, comm: Any = None, private: Any = None) -> bool:
+    """Report `exc`; return True for a clean all-ranks SpmdsimError (caller exits 2), else Abort."""
+    comm = _world(comm)
+    rank = comm.Get_rank()
+    if isinstance(exc, SpmdsimError):
+        if private is None:
+            private = _private(comm)
+        if _all_failed(private, _GRACE_S):
+            if rank == 0:
+                print(f"spmdsim: error: {exc}", file=sys.stderr, flush=True)
+            return True
+        text = f"spmdsim: error on rank {rank}: {exc}\n"
+    else:
+        detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        text = f"spmdsim: error on rank {rank}: {type(exc).__name__}: {exc}\n{detail}"
+    _abort(comm, text)
+
+
+def _abort(comm: Any, text: str) -> NoReturn:
+    sys.stdout.flush()
+    sys.stderr.write(text + f"spmdsim: aborting the MPI job ({comm.Get_size()} ranks)\n")
+    sys.stderr.flush()
+    comm.Abort(1)
+    os._exit(1)  # Abort does not return; this is only a safety net
+
+
+class abort_on_error:
+    """Context manager and decorator: ``with abort_on_error(comm): ...`` (enter it on every rank).
+
+    A clean all-ranks SpmdsimError becomes ``SystemExit(2)``; anything else aborts the job.
+    """
+
+    def __init__(self, comm: Any = None) -> None:
+        self._comm = comm
+        self._private: Any = None
+
+    def __enter__(self) -> "abort_on_error":
+        self._comm = _world(self._comm)
+        self._private = _private(self._comm)
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        if exc is None or isinstance(exc, (SystemExit, GeneratorExit)):
+            return False
+        if handle_exception(exc, self._comm, self._private):
+            raise SystemExit(2) from None
+        return False  # not reached: handle_exception aborts
+
+    def __call__(self, fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with abort_on_error(self._comm):
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+
+def install_excepthook(comm: Any = None) -> None:
+    """Make an uncaught exception end the whole job (call once, on every rank, at start-up)."""
+    comm = _world(comm)
+    private = _private(comm)
+    previous = sys.excepthook
+
+    def hook(exc_type: Any, exc: BaseException, tb: Any) -> None:
+        if isinstance(exc, KeyboardInterrupt):
+            previous(exc_type, exc, tb)
+        if handle_exception(exc, comm, private):
+            from mpi4py import MPI
+
+            sys.stdout.flush()
+            if not MPI.Is_finalized():
+                MPI.Finalize()
+            os._exit(2)
+
+    sys.excepthook = hook
+
+
+def run_guarded(fn: Callable[[], Any], comm: Any = None) -> int:
+    """Run fn() on every rank and return its exit code (int, None = 0).
+
+    A clean all-ranks SpmdsimError returns 2 (rank 0 printed one line); any
+    other failure aborts the job. The CLI runs its MPI commands through this.
+    """
+    comm = _world(comm)
+    private = _private(comm)
+    try:
+        return int(fn() or 0)
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - every failure must end the job
+        if handle_exception(exc, comm, private):
+            return 2
+        return 1  # not reached

@@ -1,0 +1,107 @@
+"""A Layout bound to an MPI communicator, with cached per-axis sub-communicators."""
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable
+
+from ..errors import LayoutError, RuntimeMismatchError
+from ..layout import Layout
+from .wait import resolve_wait_mode
+
+__all__ = ["Mesh", "normalize_axes"]
+
+
+def normalize_axes(axes: str | Iterable[str]) -> tuple[str, ...]:
+    """Accept "mp" or ("dp", "mp") and return a tuple of axis names."""
+    if isinstance(axes, str):
+        return (axes,)
+    return tuple(axes)
+
+
+class Mesh:
+    """``Mesh(layout, comm=None)``: the device matrix of `layout` over `comm` (default COMM_WORLD).
+
+    Construction is collective-free validation first: every rank checks that
+    ``prod(device_matrix) == comm.size`` and raises the same
+    RuntimeMismatchError otherwise. Attributes: ``layout``, ``comm``, ``rank``,
+    ``size``, ``coords`` and ``wait_mode`` ("busy" or "polite", see runtime.wait).
+    Use as a context manager, or call ``close()``, to free the sub-communicators.
+    """
+
+    def __init__(self, layout: Layout, comm: Any = None, *, wait: str | None = None) -> None:
+        from mpi4py import MPI
+
+        if not isinstance(layout, Layout):
+            raise LayoutError(f"layout {layout!r} must be a spmdsim Layout")
+        if comm is None:
+            comm = MPI.COMM_WORLD
+        if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+            raise RuntimeMismatchError(f"communicator {comm!r} must be a valid MPI intracommunicator")
+        expected = os.environ.get("SPMDSIM_EXPECT_WORLD", "")
+        world = MPI.COMM_WORLD.Get_size()
+        if expected.isdigit() and int(expected) != world:
+            raise RuntimeMismatchError(
+                f"the MPI world has {world} ranks but {int(expected)} were launched: is mpiexec "
+                "from the same MPI as mpi4py? (python -m mpi4py --mpi-library)"
+            )
+        size = comm.Get_size()
+        if layout.num_devices != size:
+            raise RuntimeMismatchError(
+                f"device matrix {layout.device_matrix!r} needs {layout.num_devices} ranks but the "
+                f"communicator has {size}"
+            )
+        self.layout = layout
+        self.comm = comm
+        self.size = size
+        self.rank = comm.Get_rank()
+        self.coords = layout.coords(self.rank)
+        self.wait_mode = resolve_wait_mode(wait, comm)
+        # axes -> (comm, size, rank); Split is collective, so ranks must ask for
+        # groups in the same order (they do: every rank runs the same program).
+        self._groups: dict[tuple[str, ...], tuple[Any, int, int]] = {}
+
+    def __repr__(self) -> str:
+        return f"Mesh({self.layout!r}, rank={self.rank}, size={self.size}, wait={self.wait_mode!r})"
+
+    def group(self, axes: str | Iterable[str]) -> Any:
+        """The sub-communicator over `axes` that holds this rank (mixed-radix order, first major)."""
+        return self.group_info(axes)[0]
+
+    def group_info(self, axes: str | Iterable[str]) -> tuple[Any, int, int]:
+        """(comm, size, rank in group) for `axes`, built once with Comm.Split and cached."""
+        key = normalize_axes(axes)
+        info = self._groups.get(key)
+        if info is None:
+            info = self._split(key)
+            self._groups[key] = info
+        return info
+
+    def _split(self, axes: tuple[str, ...]) -> tuple[Any, int, int]:
+        # Validates the names on every rank before the collective Split.
+        color, key = self.layout.split_color_key(self.rank, axes)
+        sub = self.comm.Split(color, key)
+        return sub, sub.Get_size(), sub.Get_rank()
+
+    def group_ranks(self, axes: str | Iterable[str]) -> tuple[int, ...]:
+        """Mesh ranks of this rank's group over `axes`, in group order (pure, no MPI)."""
+        axes = normalize_axes(axes)
+        color, _ = self.layout.split_color_key(self.rank, axes)
+        for members in self.layout.axis_groups(axes):
+            if self.layout.split_color_key(members[0], axes)[0] == color:
+                return members
+        raise LayoutError(f"no group over {axes!r} holds rank {self.rank}")  # unreachable
+
+    def close(self) -> None:
+        """Free the cached sub-communicators (collective over the mesh)."""
+        for sub, _, _ in self._groups.values():
+            sub.Free()
+        self._groups.clear()
+
+    def __enter__(self) -> "Mesh":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # After an exception ranks may disagree on what they built; freeing is
+        # local in MPICH but collective in the standard, so only free on success.
+        if exc[0] is None:
+            self.close()
