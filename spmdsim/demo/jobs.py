@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+import numpy as np
+
 from ..datagen import SeededTensor
-from ..dialects.strategy import matmul_layouts
+from ..dialects.strategy import format_strategy, matmul_layouts
 from ..errors import OperatorError
 from ..layout import Layout, TensorLayout
 from ..ops.infer import Resolution, infer_embedding, infer_linear, out_layout_from_strategy
@@ -18,6 +20,7 @@ from .registry import Job
 
 __all__ = [
     "short",
+    "contraction_atol",
     "mp_layout",
     "matmul_job",
     "strategy_matmul_job",
@@ -54,6 +57,17 @@ def _dtensor(mesh: Any, layout: TensorLayout, source: SeededTensor) -> Any:
     return DTensor.from_seeded(mesh, layout, source)
 
 
+def contraction_atol(k: int, dtype: str) -> float:
+    """Absolute tolerance for sums of `k` products of values in [-1, 1).
+
+    A result near zero has no relative accuracy: its rounding error grows with
+    the contraction length, so the check allows k * eps (at least the default).
+    """
+    from ..runtime.check import default_tolerances
+
+    return max(default_tolerances(dtype)[1], k * float(np.finfo(dtype).eps))
+
+
 def _partial_reason(axes: tuple[str, ...], what: str) -> str:
     return f"{what} is split over {axes!r}, so each rank holds a partial sum"
 
@@ -80,6 +94,7 @@ def matmul_job(
         lambda: matmul(x, w, transpose_a=transpose_a, transpose_b=transpose_b,
                        out_layout=out_layout),
         matmul_region(xs, ws, transpose_a, transpose_b), {"x": x, "w": w}, steps,
+        contraction_atol(x_shape[-2] if transpose_a else x_shape[-1], dtype),
     )
 
 
@@ -103,8 +118,11 @@ def strategy_matmul_job(
     w_batch = tuple(batch)[len(batch) - (m.w.ndim - 2):] if m.w.ndim > 2 else ()
     w_shape = w_batch + ((n, k) if transpose_b else (k, n))
     out = None if out_strategy is None else out_layout_from_strategy(m.out, out_strategy)
+    op = f"MatMul {format_strategy(m.strategy)}"
+    if out_strategy is not None:
+        op += f" out {format_strategy((tuple(out_strategy),))}"
     return matmul_job(comm, m.x, m.w, x_shape, w_shape, dtype=dtype, seed=seed,
-                      transpose_a=transpose_a, transpose_b=transpose_b, out_layout=out)
+                      transpose_a=transpose_a, transpose_b=transpose_b, out_layout=out, op=op)
 
 
 def _linear_steps(x: TensorLayout, w: TensorLayout, b: Optional[TensorLayout],
@@ -159,7 +177,7 @@ def linear_job(
     steps = _linear_steps(x_layout, w_layout, b_layout, gather_out and not row)
     out = infer_linear(x_layout, w_layout, b_layout, gather_out=gather_out and not row).out
     return Job(op, f"x{short(x_layout)} W{short(w_layout)} -> {short(out)}", mesh, forward,
-               linear_region(xs, w_src, b_src), {"x": x}, steps)
+               linear_region(xs, w_src, b_src), {"x": x}, steps, contraction_atol(k, dtype))
 
 
 def embedding_job(
@@ -224,4 +242,5 @@ def mlp_job(
               "fc1 leaves the hidden dim split over ('mp',) and fc2's weight rows are split the "
               "same way, so each rank holds a partial sum of the output"),)
     return Job(f"ParallelMLP ({activation})", f"x[-,-] fc1 W[-,mp] -> {activation} -> "
-               "fc2 W[mp,-] -> [-,-]", mesh, lambda: mlp(x), mlp.reference(xs), {"x": x}, steps)
+               "fc2 W[mp,-] -> [-,-]", mesh, lambda: mlp(x), mlp.reference(xs), {"x": x}, steps,
+               contraction_atol(max(h, f), dtype))

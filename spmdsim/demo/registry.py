@@ -30,6 +30,7 @@ __all__ = [
     "scenario",
     "scenarios",
     "load_scenarios",
+    "JobRun",
     "run_job",
     "run_scenario",
     "explain_lines",
@@ -61,6 +62,7 @@ class Job:
         reference: region reference of the output.
         inputs: name -> input DTensor (for the local shapes `--explain` prints).
         steps: (collective, why) in the order the forward pass runs them.
+        atol: absolute tolerance of the check (None: the runtime's default for the dtype).
     """
 
     op: str
@@ -70,6 +72,7 @@ class Job:
     reference: RegionFn
     inputs: Mapping[str, Any] = field(default_factory=dict)
     steps: tuple[tuple[Resolution, str], ...] = ()
+    atol: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -143,16 +146,26 @@ def scenarios() -> tuple[Scenario, ...]:
     return tuple(_REGISTRY.values())
 
 
-def run_job(job: Job, comm: Any) -> tuple[Any, dict]:
-    """Run, check and close: (verdict, trace totals reduced over `comm`)."""
+@dataclass(frozen=True)
+class JobRun:
+    """What one run of a Job gives: the output, the agreed verdict, this rank's trace, totals."""
+
+    out: Any
+    verdict: Any
+    entries: tuple
+    stats: dict
+
+
+def run_job(job: Job, comm: Any) -> JobRun:
+    """Run the forward pass under a trace, check it on every rank, reduce the trace, close the mesh."""
     from ..runtime import collect_trace
 
     with collect_trace() as trace:
         out = job.forward()
-    verdict = out.check(job.reference)
+    verdict = out.check(job.reference, atol=job.atol)
     stats = trace.reduce(comm)
     job.mesh.close()
-    return verdict, stats
+    return JobRun(out, verdict, trace.entries, stats)
 
 
 def run_scenario(sc: Scenario, ctx: Context) -> Outcome:
@@ -161,10 +174,11 @@ def run_scenario(sc: Scenario, ctx: Context) -> Outcome:
     if reason:
         return Outcome(sc.name, "-", sc.title, True, 0.0, {}, 0, skipped=reason)
     job = sc.build(ctx)
-    verdict, stats = run_job(job, ctx.comm)
+    run = run_job(job, ctx.comm)
     return Outcome(
-        sc.name, job.op, job.layouts, bool(verdict.passed), float(verdict.max_abs_error),
-        dict(stats["counts"]), int(stats["bytes_sent_max"]),
+        sc.name, job.op, job.layouts, bool(run.verdict.passed),
+        float(run.verdict.max_abs_error), dict(run.stats["counts"]),
+        int(run.stats["bytes_sent_max"]),
     )
 
 
