@@ -1,0 +1,155 @@
+"""`spmdsim launch -n N [--timeout S] -- COMMAND...`: mpiexec with dependable settings.
+
+Runs the mpiexec that belongs to this Python's mpi4py under a timeout and
+returns its exit code (124 on timeout, like coreutils `timeout`). For the
+child it sets, unless already set:
+
+* ``SPMDSIM_WAIT`` (``--wait``; default auto = polite wait when ranks outnumber cores);
+* ``OMP_NUM_THREADS``/``OPENBLAS_NUM_THREADS``/``MKL_NUM_THREADS`` to
+  cores // N (at least 1): BLAS thread pools of 8 oversubscribed ranks made a
+  measured job 20x slower (docs/oversubscription.md);
+* ``SPMDSIM_EXPECT_WORLD=N``, so a Mesh fails loudly under a foreign mpiexec.
+
+A leading ``python``/``python3`` in COMMAND becomes this interpreter. This
+module never imports mpi4py (it asks ``python -m mpi4py --mpi-library``).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from typing import Sequence
+
+from ..errors import RuntimeMismatchError, SpmdsimError
+
+__all__ = ["register", "run", "launch_env", "find_mpiexec", "build_command"]
+
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+_KILL_GRACE_S = 5.0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "launch",
+        help="run a command under mpiexec with oversubscription-safe settings and a timeout",
+        description=__doc__.split("\n\n")[0],
+    )
+    p.add_argument("-n", "--np", dest="ranks", type=int, required=True, help="number of MPI ranks")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds before the job is killed (default 600)")
+    p.add_argument("--wait", choices=("auto", "busy", "polite"), default=None,
+                   help="collective wait mode (default: $SPMDSIM_WAIT or auto)")
+    p.add_argument("--mpiexec", default=None, help="mpiexec to use (default: the one beside this Python)")
+    p.add_argument("--no-check", action="store_true", help="skip the mpiexec/mpi4py MPI match check")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command each rank runs")
+    p.set_defaults(func=run)
+
+
+def find_mpiexec(explicit: str | None = None) -> str:
+    """The venv's mpiexec (beside sys.executable), else the first on PATH."""
+    if explicit:
+        return explicit
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which("mpiexec") or shutil.which("mpirun")
+    if not found:
+        raise RuntimeMismatchError("no mpiexec found beside this Python or on PATH; install the 'mpi' extra")
+    return found
+
+
+def _family(text: str) -> str | None:
+    text = text.lower()
+    if "open mpi" in text or "openrte" in text or "libmpi.so.4" in text or "open-mpi" in text:
+        return "openmpi"
+    if "hydra" in text or "mpich" in text or "intel(r) mpi" in text or "libmpi.so.12" in text:
+        return "mpich"
+    return None
+
+
+def check_same_mpi(mpiexec: str) -> None:
+    """Raise RuntimeMismatchError when mpiexec and mpi4py's library clearly differ in family."""
+    try:
+        lib = subprocess.run([sys.executable, "-m", "mpi4py", "--mpi-library"], capture_output=True,
+                             text=True, timeout=30).stdout.strip()
+        ver = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return  # cannot tell; SPMDSIM_EXPECT_WORLD still catches a mismatch at run time
+    lib_family, exec_family = _family(os.path.basename(lib)), _family(ver.stdout + ver.stderr)
+    if lib_family and exec_family and lib_family != exec_family:
+        raise RuntimeMismatchError(
+            f"mpiexec {mpiexec!r} is {exec_family} but mpi4py uses {lib!r} ({lib_family}); "
+            "pass --mpiexec or activate the matching environment"
+        )
+
+
+def launch_env(ranks: int, wait: str | None, base: dict | None = None) -> dict:
+    """The child environment: wait mode, BLAS thread caps, expected world size."""
+    env = dict(os.environ if base is None else base)
+    from ..runtime.wait import cores_available  # pure module: no mpi4py
+
+    if wait is not None:
+        env["SPMDSIM_WAIT"] = wait
+    else:
+        env.setdefault("SPMDSIM_WAIT", "auto")
+    threads = str(max(1, cores_available() // ranks))
+    for var in _THREAD_VARS:
+        env.setdefault(var, threads)
+    env["SPMDSIM_EXPECT_WORLD"] = str(ranks)
+    return env
+
+
+def build_command(mpiexec: str, ranks: int, command: Sequence[str]) -> list[str]:
+    command = list(command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise SpmdsimError("launch needs a command after '--', e.g. spmdsim launch -n 8 -- python prog.py")
+    if command[0] in ("python", "python3"):
+        command[0] = sys.executable
+    return [mpiexec, "-n", str(ranks), *command]
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.ranks < 1:
+        raise SpmdsimError(f"number of ranks {args.ranks!r} must be at least 1")
+    if args.timeout <= 0:
+        raise SpmdsimError(f"timeout {args.timeout!r} must be positive")
+    mpiexec = find_mpiexec(args.mpiexec)
+    cmd = build_command(mpiexec, args.ranks, args.command)
+    if not args.no_check:
+        check_same_mpi(mpiexec)
+    return run_with_timeout(cmd, launch_env(args.ranks, args.wait), args.timeout)
+
+
+def run_with_timeout(cmd: list[str], env: dict, timeout: float) -> int:
+    """Run cmd in its own process group; on timeout SIGTERM the group, then SIGKILL; 124."""
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print(f"spmdsim: error: job exceeded the {timeout:g} s timeout; killing it", file=sys.stderr)
+        _kill_group(proc, signal.SIGTERM)
+        try:
+            proc.wait(timeout=_KILL_GRACE_S)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc, signal.SIGKILL)
+            proc.wait()
+        return 124
+    except KeyboardInterrupt:
+        _kill_group(proc, signal.SIGINT)
+        try:
+            proc.wait(timeout=_KILL_GRACE_S)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc, signal.SIGKILL)
+            proc.wait()
+        return 130
+
+
+def _kill_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
