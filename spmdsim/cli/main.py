@@ -17,7 +17,7 @@ from ..errors import SpmdsimError
 __all__ = ["main", "build_parser", "SUBCOMMANDS"]
 
 #: Subcommand modules under spmdsim.cli, in the order `--help` lists them.
-SUBCOMMANDS: tuple[str, ...] = ("slices", "explain", "show", "calibrate", "run", "demo", "launch")
+SUBCOMMANDS: tuple[str, ...] = ("slices", "explain", "show", "calibrate", "run", "demo", "launch", "plan")
 
 
 def build_parser() -> argparse.ArgumentParser:
