@@ -154,23 +154,15 @@ def _exactly(dims: tuple, n: int, what: str) -> tuple:
 
 
 def _run_op(args: argparse.Namespace, comm: Any) -> int:
-    from ..demo.registry import explain_lines, run_job
+    from ..demo.registry import explain_lines, rank_line, run_job
 
     job = _build(args, comm)
     explained = explain_lines(job) if args.explain else []
     result = run_job(job, comm)
-    out = result.out
-    bounds = out.layout.bounds(comm.Get_rank(), out.global_shape)
-    mine = [f"rank {comm.Get_rank()}: output block {_ranges(bounds)} "
-            f"local {tuple(out.local.shape)}"] + explained
-    lines = comm.gather(mine, root=0)
+    lines = comm.gather([rank_line(job, result.out)] + explained, root=0)
     if comm.Get_rank() == 0:
         print(report(job, result, lines, args.json))
     return 0 if result.verdict.passed else 1
-
-
-def _ranges(bounds: tuple) -> str:
-    return "[" + ", ".join(f"{a}:{b}" for a, b in bounds) + "]"
 
 
 def report(job: Any, result: Any, rank_lines: list, as_json: bool = False) -> str:

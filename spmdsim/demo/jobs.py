@@ -199,6 +199,7 @@ def embedding_job(
     ids_layout = layout(*(None,) * len(ids_shape))
     ids_src = SeededTensor(ids_shape, "int64", seed, low=0, high=vocab)
     ids = _dtensor(mesh, ids_layout, ids_src)
+    inputs = {"ids": ids}
     table_src = SeededTensor((vocab, dim), dtype, seed + 1)
     if mode == "vocab":
         table_layout = layout("mp", None)
@@ -209,9 +210,11 @@ def embedding_job(
         else:
             layer = VocabParallelEmbedding(mesh, vocab, dim, dtype=dtype, seed=seed + 1)
             op, forward = "VocabParallelEmbedding", (lambda: layer(ids))
+            inputs["table"] = layer.weight
     else:
         table_layout = layout(None, "mp")
         table = _dtensor(mesh, table_layout, table_src)
+        inputs["table"] = table
         op = "Embedding (dim-parallel)"
         forward = lambda: embedding(ids, table, gather_out=gather_out)  # noqa: E731
     plan = infer_embedding(ids_layout, table_layout, gather_out=gather_out)
@@ -222,7 +225,7 @@ def embedding_job(
     if plan.gather.collective:
         steps.append((plan.gather, f"embedding columns are split over {plan.dim_axes!r}"))
     return Job(op, f"ids{short(ids_layout)} table{short(table_layout)} -> {short(plan.out)}",
-               mesh, forward, embedding_region(ids_src, table_src), {"ids": ids}, tuple(steps))
+               mesh, forward, embedding_region(ids_src, table_src), inputs, tuple(steps))
 
 
 def mlp_job(

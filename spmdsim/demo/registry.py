@@ -34,6 +34,7 @@ __all__ = [
     "run_job",
     "run_scenario",
     "explain_lines",
+    "rank_line",
 ]
 
 
@@ -182,13 +183,20 @@ def run_scenario(sc: Scenario, ctx: Context) -> Outcome:
     )
 
 
-def explain_lines(job: Job) -> list[str]:
-    """This rank's `--explain` text: local input shapes, then each collective and why."""
+def rank_line(job: Job, out: Any) -> str:
+    """This rank's line: coordinates, local input shapes, and the output block it holds."""
     mesh = job.mesh
     shapes = ", ".join(f"{name} {tuple(t.local.shape)}" for name, t in job.inputs.items())
-    lines = [f"rank {mesh.rank} {mesh.layout.coords(mesh.rank)}: local {shapes}"]
+    block = ", ".join(f"{a}:{b}" for a, b in out.layout.bounds(mesh.rank, out.global_shape))
+    return f"rank {mesh.rank} {mesh.layout.coords(mesh.rank)}: local {shapes} -> output [{block}]"
+
+
+def explain_lines(job: Job) -> list[str]:
+    """This rank's `--explain` text: each collective, over which ranks, and why."""
+    mesh = job.mesh
     if not job.steps:
-        lines.append("  no communication: every rank's block of the result is final")
+        return ["  no communication: every rank's block of the result is final"]
+    lines = []
     for res, why in job.steps:
         ranks = "{" + ",".join(str(r) for r in mesh.group_ranks(res.axes)) + "}"
         lines.append(f"  {why}; {_NAMES.get(res.collective, res.collective)} over ranks {ranks}")
