@@ -1,11 +1,12 @@
-"""Pictures of layouts (and plans): a pure picture model, ASCII and matplotlib renderers.
+"""Pictures of layouts and redistribution plans: a pure picture model, ASCII and matplotlib renderers.
 
-`render_layout_png` imports matplotlib (Agg backend) only when called.
+`render_layout_png` and `render_plan_png` import matplotlib (Agg canvas) only when called.
 """
 from __future__ import annotations
 
 from .ascii import render_layout_ascii
 from .model import Block, DeviceCell, DevicePanel, LayoutPicture, Panel, layout_picture
+from .plan import render_plan_ascii, render_plan_png
 
 __all__ = [
     "Block",
@@ -16,6 +17,8 @@ __all__ = [
     "layout_picture",
     "render_layout_ascii",
     "render_layout_png",
+    "render_plan_ascii",
+    "render_plan_png",
 ]
 
 

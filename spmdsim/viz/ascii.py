@@ -12,7 +12,7 @@ from typing import Optional, Sequence, Union
 from ..layout import TensorLayout
 from .model import LayoutPicture, Panel, layout_picture
 
-__all__ = ["render_layout_ascii", "grid_lines", "wrapped_grid_lines", "hstack"]
+__all__ = ["render_layout_ascii", "tensor_lines", "grid_lines", "wrapped_grid_lines", "hstack"]
 
 #: Gap between panels placed side by side.
 _GAP = "   "
@@ -52,7 +52,9 @@ def wrapped_grid_lines(
 ) -> list[str]:
     """grid_lines, cut into column chunks stacked top to bottom when wider than `width`."""
     ncols = len(col_headers)
-    for chunk in range(ncols, 0, -1):
+    # Fewest chunks that fit, with columns spread evenly over them (8 -> 4 + 4, not 7 + 1).
+    for pieces in range(1, ncols + 1):
+        chunk = -(-ncols // pieces)
         parts = []
         for start in range(0, ncols, chunk):
             cols = slice(start, start + chunk)
@@ -134,6 +136,30 @@ def _device_lines(pic: LayoutPicture, width: int) -> list[str]:
     return lines
 
 
+def tensor_lines(picture: LayoutPicture, width: int = 80) -> list[str]:
+    """The tensor part alone: a heading line, the panels, and a legend when labels were cut."""
+    tensor, short = _tensor_lines(picture, width)
+    first = picture.panels[0]
+    where = (
+        f"rows dim {first.row_dim}, columns dim {first.col_dim}"
+        if first.row_dim is not None
+        else f"columns dim {first.col_dim}"
+    )
+    if short:
+        lines = [f"Tensor: shard number #k of each block ({where})"]
+    else:
+        lines = [f"Tensor: ranks holding each block, shard number #k ({where})"]
+    lines += tensor
+    if short:
+        lines.append("")
+        for b in picture.blocks:
+            lines += textwrap.wrap(
+                f"#{b.shard_number}: {b.label}".replace(",", ", "), width=width - 2,
+                initial_indent="  ", subsequent_indent="      ", break_on_hyphens=False,
+            )
+    return lines
+
+
 def render_layout_ascii(
     picture: Union[LayoutPicture, TensorLayout],
     shape: Optional[Sequence[int]] = None,
@@ -155,25 +181,7 @@ def render_layout_ascii(
     lines = [picture.title, f"on Layout({axes}), {layout.num_devices} ranks"]
     lines += [f"  {note}" for note in picture.notes]
     lines.append("")
-    tensor, short = _tensor_lines(picture, width)
-    first = picture.panels[0]
-    where = (
-        f"rows dim {first.row_dim}, columns dim {first.col_dim}"
-        if first.row_dim is not None
-        else f"columns dim {first.col_dim}"
-    )
-    if short:
-        lines.append(f"Tensor: shard number #k of each block ({where})")
-    else:
-        lines.append(f"Tensor: ranks holding each block, shard number #k ({where})")
-    lines += tensor
-    if short:
-        lines.append("")
-        for b in picture.blocks:
-            lines += textwrap.wrap(
-                f"#{b.shard_number}: {b.label}".replace(",", ", "), width=width - 2,
-                initial_indent="  ", subsequent_indent="      ", break_on_hyphens=False,
-            )
+    lines += tensor_lines(picture, width)
     lines.append("")
     lines.append(f"Device matrix ({axes}): each rank and the shard #k it holds")
     lines += _device_lines(picture, width)

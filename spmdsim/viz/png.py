@@ -11,7 +11,7 @@ from typing import Any, Optional, Sequence, Union
 from ..layout import Layout, TensorLayout
 from .model import LayoutPicture, layout_picture
 
-__all__ = ["render_layout_png", "shard_colour", "new_figure", "save_figure"]
+__all__ = ["render_layout_png", "draw_layout", "shard_colour", "new_figure", "save_figure"]
 
 _HATCH = "///"
 
@@ -74,12 +74,16 @@ def render_layout_png(
     return save_figure(fig, path, dpi)
 
 
-def draw_layout(fig: Any, picture: LayoutPicture) -> None:
-    """Draw `picture` on a (sub)figure: tensor panels left, device matrix right."""
+def draw_layout(fig: Any, picture: LayoutPicture, label: str = "") -> None:
+    """Draw `picture` on a (sub)figure: tensor panels left, device matrix right.
+
+    `label` prefixes the title (e.g. "before" / "after" in plan pictures).
+    """
     t_rows, t_cols = picture.panel_grid
     d_rows, d_cols = picture.device_grid
     layout = picture.tensor_layout.layout
-    fig.suptitle(f"{picture.title}\non {_layout_text(layout)}", fontsize=11, y=0.995)
+    lead = f"{label}: " if label else ""
+    fig.suptitle(f"{lead}{picture.title}\non {_layout_text(layout)}", fontsize=11, y=0.995)
     left, right = fig.subfigures(1, 2, width_ratios=[t_cols, d_cols])
     left.text(0.5, 0.885, "tensor: ranks holding each block", ha="center", va="top", fontsize=9)
     right.text(0.5, 0.885, "device matrix: each rank's shard", ha="center", va="top", fontsize=9)

@@ -1,0 +1,58 @@
+"""Plan pictures: each step's collective, axis group and bytes, with the layout after it."""
+from __future__ import annotations
+
+import pytest
+
+from spmdsim import Layout
+from spmdsim.plan import plan_redistribution
+from spmdsim.viz import render_plan_ascii, render_plan_png
+from spmdsim.viz.plan import format_bytes
+
+
+def test_alltoall_plan_ascii():
+    mesh = Layout((8,), ("x",))
+    plan = plan_redistribution(mesh("x", None), mesh(None, "x"), (1024, 1024))
+    text = render_plan_ascii(plan)
+    assert 'Step 1. S(0)->S(1) via Alltoall on (\'x\',) (groups of 8 ranks)' in text
+    assert "per rank: sends 448 KiB, receives 448 KiB" in text
+    assert "per rank received: 448 KiB (lower bound 448 KiB)" in text
+    assert '896:1024 |   r7   |' in text  # before: row blocks
+    assert 'After step 1: (None, "x") on Layout(x=8)' in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_partial_plan_ascii_shows_each_stage():
+    mesh = Layout((2, 4), ("dp", "mp"))
+    plan = plan_redistribution(mesh("dp", None, partial=("mp",)), mesh(None, "mp"), (8, 8))
+    text = render_plan_ascii(plan)
+    assert [line for line in text.splitlines() if line.startswith("Step")] == [
+        "Step 1. P->S(1) via Reduce_scatter on ('mp',) (groups of 4 ranks)",
+        "Step 2. S(0)->B via Allgather on ('dp',) (groups of 2 ranks)",
+    ]
+    assert "r0+1+2+3" in text  # the partial source
+    assert "| r0,4 | r1,5 | r2,6 | r3,7 |" in text  # the replicated target
+
+
+def test_empty_plan():
+    mesh = Layout((2,), ("x",))
+    plan = plan_redistribution(mesh("x"), mesh("x"), (4,))
+    assert "No step" in render_plan_ascii(plan)
+
+
+def test_plan_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    mesh = Layout((2, 4), ("dp", "mp"))
+    plan = plan_redistribution(mesh("dp", None, partial=("mp",)), mesh(None, "mp"), (8, 8))
+    paths = render_plan_png(plan, tmp_path / "plan")
+    assert [p.rsplit("/", 1)[1] for p in paths] == [
+        "step_00_source.png", "step_01_reduce_scatter.png", "step_02_allgather.png",
+    ]
+    for path in paths:
+        with open(path, "rb") as fh:
+            assert fh.read(4) == b"\x89PNG"
+
+
+def test_format_bytes():
+    assert format_bytes(96) == "96 B"
+    assert format_bytes(458752) == "448 KiB"
+    assert format_bytes(3 << 20) == "3 MiB"
