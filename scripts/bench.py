@@ -358,7 +358,7 @@ def op_cases(comm: Any, waiter: Waiter, wait: str, sz: dict) -> list[Case]:
         np.matmul(xl, wl, out=part)
         raw(comm.Allreduce, comm.Iallreduce, part, out, SUM)
     add(f"matmul {m}x{m} K-split", part.nbytes, lambda: matmul(X, W), raw_matmul, raw,
-        lambda: xf @ wf)
+        lambda xf=xf, wf=wf: xf @ wf)
 
     # Column-parallel Linear in -> out, batch b; gathered output (Allgather on columns).
     b, d_in, d_out = sz["batch"], sz["hidden"], sz["ffn"]
@@ -396,7 +396,7 @@ def op_cases(comm: Any, waiter: Waiter, wait: str, sz: dict) -> list[Case]:
     def raw_row(wl=row.weight.local, bl=row.bias.local, raw=raw):
         np.matmul(h.local, wl, out=rpart)
         raw(comm.Allreduce, comm.Iallreduce, rpart, rout, SUM)
-        rout += bl
+        np.add(rout, bl, out=rout)
     add(f"row_linear {d_out}->{d_in} b{b}", rpart.nbytes, lambda: row(h), raw_row, raw,
         lambda: hf @ rwf + rbf)
 
@@ -412,7 +412,7 @@ def op_cases(comm: Any, waiter: Waiter, wait: str, sz: dict) -> list[Case]:
         hid = gelu(xin.local @ f1.weight.local + f1.bias.local)
         np.matmul(hid, f2.weight.local, out=mpart)
         raw(comm.Allreduce, comm.Iallreduce, mpart, mout, SUM)
-        mout += f2.bias.local
+        np.add(mout, f2.bias.local, out=mout)
 
     def numpy_mlp():
         w1, b1, w2, b2 = full_w
@@ -545,5 +545,22 @@ def main(argv: Optional[list[str]] = None) -> int:
     return 0
 
 
+def _guarded_main() -> int:
+    """main(), ending the whole MPI job when one rank fails (never a hang)."""
+    try:
+        return main()
+    except BaseException as exc:
+        if isinstance(exc, SystemExit) and exc.code in (0, None):
+            raise
+        import traceback
+
+        from mpi4py import MPI
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+        return 1
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_guarded_main())
