@@ -1,12 +1,18 @@
 """Distributed operators on DTensors, and their pure layout inference (`spmdsim.ops.infer`).
 
-Names load on first use, so ``import spmdsim.ops.infer`` (pure) never pulls in
-the runtime; the operators themselves import mpi4py through the runtime.
+Importing these modules does not import mpi4py (the runtime is loaded when an
+operator first runs). The functions shadow their modules' names on purpose
+(``spmdsim.ops.matmul`` is the function; the module stays importable as
+``import spmdsim.ops.matmul``), so they are bound eagerly here.
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .elementwise import activation, add, bias_add, gelu, relu
+from .embedding import VocabParallelEmbedding, embedding
+from .linear import ColumnParallelLinear, RowParallelLinear, linear
+from .matmul import matmul
+from .mlp import ParallelMLP
+from .paddle_split import paddle_mesh, split
 
 __all__ = [
     "matmul",
@@ -24,33 +30,3 @@ __all__ = [
     "split",
     "paddle_mesh",
 ]
-
-_WHERE = {
-    "matmul": "matmul",
-    "linear": "linear",
-    "ColumnParallelLinear": "linear",
-    "RowParallelLinear": "linear",
-    "embedding": "embedding",
-    "VocabParallelEmbedding": "embedding",
-    "relu": "elementwise",
-    "gelu": "elementwise",
-    "activation": "elementwise",
-    "add": "elementwise",
-    "bias_add": "elementwise",
-    "ParallelMLP": "mlp",
-    "split": "paddle_split",
-    "paddle_mesh": "paddle_split",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))

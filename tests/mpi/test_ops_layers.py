@@ -1,0 +1,237 @@
+"""Linear, Embedding, elementwise ops, the fused MLP and the Paddle split front end under MPI."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from spmdsim import Layout, OperatorError, SeededTensor
+from spmdsim.demo.jobs import contraction_atol
+from spmdsim.reference import embedding_region, linear_region
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+DTYPES = ("float32", "float64")
+
+
+def _world():
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+@pytest.fixture
+def mesh():
+    """1-D mesh over every rank, axis "mp"."""
+    from spmdsim.runtime import Mesh
+
+    m = Mesh(Layout((_world().size,), ("mp",)), _world())
+    yield m
+    m.close()
+
+
+@pytest.fixture
+def mesh2d():
+    """(dp, mp) = (2, size/2) mesh."""
+    from spmdsim.runtime import Mesh
+
+    m = Mesh(Layout((2, _world().size // 2), ("dp", "mp")), _world())
+    yield m
+    m.close()
+
+
+def _dt(mesh, layout, src):
+    from spmdsim.runtime import DTensor
+
+    return DTensor.from_seeded(mesh, layout, src)
+
+
+def _traced(fn):
+    from spmdsim.runtime import collect_trace
+
+    with collect_trace() as tr:
+        out = fn()
+    return out, tr.counts()
+
+
+# -- Linear -------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("gather", [False, True])
+def test_column_parallel_linear(mesh2d, dtype, gather):
+    from spmdsim.ops import ColumnParallelLinear
+
+    p = mesh2d.layout.axis_size("mp")
+    xs = SeededTensor((6, 20), dtype, seed=1)
+    x = _dt(mesh2d, mesh2d.layout("dp", None), xs)
+    layer = ColumnParallelLinear(mesh2d, 20, 3 * p, gather_output=gather, axes="mp", dtype=dtype)
+    out, counts = _traced(lambda: layer(x))
+    assert counts == ({"allgather": 1} if gather else {})
+    assert out.layout == mesh2d.layout("dp", None if gather else "mp")
+    verdict = out.check(layer.reference(xs), atol=contraction_atol(20, dtype))
+    assert verdict.passed, verdict
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("input_is_parallel", [False, True])
+def test_row_parallel_linear_adds_bias_once(mesh2d, dtype, input_is_parallel):
+    from spmdsim.ops import RowParallelLinear
+
+    p = mesh2d.layout.axis_size("mp")
+    xs = SeededTensor((6, 5 * p), dtype, seed=1)
+    x = _dt(mesh2d, mesh2d.layout("dp", "mp" if input_is_parallel else None), xs)
+    layer = RowParallelLinear(mesh2d, 5 * p, 7, input_is_parallel=input_is_parallel,
+                              axes="mp", dtype=dtype, seed=5)
+    out, counts = _traced(lambda: layer(x))
+    assert counts == {"allreduce": 1}
+    assert out.layout == mesh2d.layout("dp", None)
+    verdict = out.check(layer.reference(xs), atol=contraction_atol(5 * p, dtype))
+    assert verdict.passed, verdict
+    # Bias added p times would be off by (p - 1) * bias: the check above excludes it.
+    assert np.abs(layer.bias.local).max() > 0.01
+
+
+def test_row_linear_pending_sum_folds_bias_on_one_rank(mesh):
+    from spmdsim.ops import linear
+
+    p = mesh.size
+    xs, ws, bs = (SeededTensor(s, "float64", seed=i) for i, s in
+                  enumerate([(4, 3 * p), (3 * p, 5), (5,)]))
+    x = _dt(mesh, mesh.layout(None, "mp"), xs)
+    w = _dt(mesh, mesh.layout("mp", None), ws)
+    b = _dt(mesh, mesh.layout(None), bs)
+    out, counts = _traced(lambda: linear(x, w, b, reduce=False))
+    assert out.layout.partial == ("mp",) and counts == {}
+    assert out.check(linear_region(xs, ws, bs)).passed
+
+
+def test_linear_layout_errors(mesh):
+    from spmdsim.ops import linear
+
+    x = _dt(mesh, mesh.layout(None, None), SeededTensor((4, 8), "float32"))
+    w = _dt(mesh, mesh.layout(None, "mp"), SeededTensor((8, 2 * mesh.size), "float32"))
+    b = _dt(mesh, mesh.layout(None), SeededTensor((2 * mesh.size,), "float32"))
+    with pytest.raises(OperatorError, match="bias .* must be split like the output"):
+        linear(x, w, b)
+
+
+# -- Embedding ------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_vocab_parallel_embedding(mesh, dtype):
+    from spmdsim.ops import VocabParallelEmbedding
+
+    vocab = 13 * mesh.size
+    ids_src = SeededTensor((5, 3), "int64", seed=2, low=0, high=vocab)
+    ids = _dt(mesh, mesh.layout(None, None), ids_src)
+    layer = VocabParallelEmbedding(mesh, vocab, 6, dtype=dtype, seed=9)
+    assert layer.padded_weight.shape == (14, 6) and not layer.padded_weight[-1].any()
+    assert layer.vocab_end_index - layer.vocab_start_index == 13
+    out, counts = _traced(lambda: layer(ids))
+    assert counts == {"allreduce": 1}
+    verdict = out.check(layer.reference(ids_src))
+    assert verdict.passed and verdict.max_abs_error == 0.0, verdict
+
+
+@pytest.mark.parametrize("gather", [True, False])
+def test_dim_parallel_embedding_and_dp_split_ids(mesh2d, gather):
+    from spmdsim.ops import embedding
+
+    p = mesh2d.layout.axis_size("mp")
+    ids_src = SeededTensor((6,), "int64", seed=2, low=0, high=30)
+    table_src = SeededTensor((30, 2 * p), "float64", seed=3)
+    ids = _dt(mesh2d, mesh2d.layout("dp"), ids_src)
+    table = _dt(mesh2d, mesh2d.layout(None, "mp"), table_src)
+    out, counts = _traced(lambda: embedding(ids, table, gather_out=gather))
+    assert counts == ({"allgather": 1} if gather else {})
+    assert out.layout == mesh2d.layout("dp", None if gather else "mp")
+    assert out.check(embedding_region(ids_src, table_src)).passed
+
+
+@pytest.mark.parametrize("bad", ["high", "negative", "float"])
+def test_bad_ids_raise_on_every_rank_before_communicating(mesh, bad):
+    from spmdsim.ops import VocabParallelEmbedding
+    from spmdsim.runtime import DTensor
+
+    layer = VocabParallelEmbedding(mesh, 4 * mesh.size, 3)
+    values = {"high": [1, 4 * mesh.size], "negative": [-1, 2], "float": [1.0, 2.0]}[bad]
+    ids = DTensor(mesh, np.array(values), mesh.layout(None), (2,))
+    match = "must be integers" if bad == "float" else r"outside \[0, "
+    with pytest.raises(OperatorError, match=match):
+        _traced(lambda: layer(ids))
+
+
+# -- elementwise and MLP ----------------------------------------------------------
+def test_elementwise_keep_layout_and_reject_pending_sums(mesh2d):
+    from spmdsim.ops import add, bias_add, gelu, relu
+    from spmdsim.reference import gelu as ref_gelu, relu as ref_relu
+
+    src = SeededTensor((4, 2 * mesh2d.layout.axis_size("mp")), "float64", seed=1)
+    x = _dt(mesh2d, mesh2d.layout("dp", "mp"), src)
+    for op, ref in ((relu, ref_relu), (gelu, ref_gelu)):
+        y = op(x)
+        assert y.layout == x.layout
+        assert y.check(lambda region, ref=ref: ref(src.region(region))).passed
+    bsrc = SeededTensor((src.shape[1],), "float64", seed=2)
+    b = _dt(mesh2d, mesh2d.layout("mp"), bsrc)
+    assert bias_add(x, b).check(lambda r: src.region(r) + bsrc.region(r[-1:])).passed
+    pending = _dt(mesh2d, mesh2d.layout("dp", None, partial=("mp",)), SeededTensor((4, 6), "float64"))
+    with pytest.raises(OperatorError, match="pending sum"):
+        relu(pending)
+    with pytest.raises(OperatorError, match="pending sum plus a value"):
+        add(pending, _dt(mesh2d, mesh2d.layout("dp", None), SeededTensor((4, 6), "float64")))
+    twice = add(pending, pending)  # pending + pending over the same axes stays right
+    assert twice.layout.partial == ("mp",)
+    assert twice.check(lambda r: 2 * SeededTensor((4, 6), "float64").region(r)).passed
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ["relu", "gelu"])
+def test_mlp_uses_exactly_one_allreduce(mesh, dtype, act):
+    from spmdsim.ops import ParallelMLP
+
+    p = mesh.size
+    xs = SeededTensor((5, 18), dtype, seed=1)
+    x = _dt(mesh, mesh.layout(None, None), xs)
+    mlp = ParallelMLP(mesh, 18, 9 * p, activation=act, dtype=dtype, seed=4)
+    out, counts = _traced(lambda: mlp(x))
+    assert counts == {"allreduce": 1}
+    verdict = out.check(mlp.reference(xs), atol=contraction_atol(9 * p, dtype))
+    assert verdict.passed, verdict
+
+
+# -- Paddle split -----------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("axis, gather", [(0, True), (1, True), (1, False)])
+def test_paddle_split_linear(dtype, axis, gather):
+    from spmdsim.ops import paddle_mesh, split
+
+    p = _world().size // 2
+    mesh = paddle_mesh(p)
+    assert mesh.layout == Layout((2, p), ("dp", "mp"))
+    xs = SeededTensor((6, 3 * p), dtype, seed=1)
+    ws, bs = SeededTensor((3 * p, 2 * p), dtype, seed=2), SeededTensor((2 * p,), dtype, seed=3)
+    x = _dt(mesh, mesh.layout("dp", None), xs)
+    out, counts = _traced(lambda: split(x, (3 * p, 2 * p), "linear", axis=axis,
+                                        num_partitions=p, gather_out=gather,
+                                        weight_attr=ws, bias_attr=bs))
+    expected = {"allreduce": 1} if axis == 0 else ({"allgather": 1} if gather else {})
+    assert counts == expected
+    assert out.check(linear_region(xs, ws, bs), atol=contraction_atol(3 * p, dtype)).passed
+    mesh.close()
+
+
+def test_paddle_split_embedding_and_errors():
+    from spmdsim.ops import paddle_mesh, split
+
+    p = _world().size
+    mesh = paddle_mesh(p)
+    ids_src = SeededTensor((10, 4), "int64", seed=1, low=0, high=8 * p)
+    table = SeededTensor((8 * p, 8), "float32", seed=2)
+    ids = _dt(mesh, mesh.layout(None, None), ids_src)
+    out, counts = _traced(lambda: split(ids, (8 * p, 8), "embedding", num_partitions=p,
+                                        weight_attr=table))
+    assert counts == {"allreduce": 1} and out.global_shape == (10, 4, 8)
+    assert out.check(embedding_region(ids_src, table)).passed
+    with pytest.raises(OperatorError, match="needs a mesh axis 'mp'"):
+        split(ids, (8 * p, 8), "embedding", num_partitions=p // 2)
+    with pytest.raises(Exception, match="not divisible by num_partitions"):
+        split(ids, (8 * p + 1, 8), "embedding", num_partitions=p)
+    mesh.close()
