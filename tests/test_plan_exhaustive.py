@@ -15,7 +15,13 @@ import numpy as np
 import pytest
 
 from spmdsim import Layout, TensorLayout
-from spmdsim.plan import ReduceScatter, emulate, partial_addends, plan_redistribution
+from spmdsim.plan import (
+    ReduceScatter,
+    emulate,
+    partial_addends,
+    plan_redistribution,
+    sum_partials,
+)
 
 SHAPE = (8, 16)
 MESHES = {
@@ -99,3 +105,19 @@ def test_exhaustive_partial_sources():
             assert all(s.op != "allreduce" or not set(s.axes) & set(target.split_axes)
                        for s in plan.steps), str(plan)
     assert reduce_scatter_expected > 100
+
+
+def test_partial_targets_sum_to_the_value():
+    checked = 0
+    for name, step in (("2x2", 1), ("2x4", 1), ("2x2x2", 11)):
+        maps = tensor_maps(MESHES[name])
+        layouts = maps + [p for s in maps for p in with_partials(s)]
+        targets = [p for s in maps for p in with_partials(s)]
+        for source, target in list(itertools.product(layouts, targets))[::step]:
+            plan = plan_redistribution(source, target, SHAPE, "float64")
+            out = sum_partials(target, emulate(plan, dict(_blocks(source))))
+            for r, block in _blocks(target.with_partial(())).items():
+                assert np.array_equal(out[r], block), (str(source), str(target), r)
+            assert all(got >= low for got, low in zip(plan.bytes_received, plan.lower_bound))
+            checked += 1
+    assert checked > 500

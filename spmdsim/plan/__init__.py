@@ -6,7 +6,7 @@ steps the in-process `emulate` (here) or the MPI executor
 """
 from __future__ import annotations
 
-from .emulator import emulate, partial_addends, shards_of
+from .emulator import emulate, partial_addends, shards_of, sum_partials
 from .planner import plan_redistribution
 from .record import Plan
 from .steps import (
@@ -35,5 +35,6 @@ __all__ = [
     "emulate",
     "shards_of",
     "partial_addends",
+    "sum_partials",
     "lower_bound",
 ]

@@ -6,6 +6,8 @@ passes here moves the same data under mpiexec.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from ..layout import TensorLayout
@@ -23,7 +25,7 @@ from .steps import (
     Step,
 )
 
-__all__ = ["emulate", "run_step", "shards_of", "partial_addends"]
+__all__ = ["emulate", "run_step", "shards_of", "partial_addends", "sum_partials"]
 
 Locals = dict[int, np.ndarray]
 
@@ -57,8 +59,24 @@ def partial_addends(tl: TensorLayout, full: np.ndarray, seed: int = 0) -> Locals
     }
 
 
+def sum_partials(tl: TensorLayout, locals_: Locals) -> Locals:
+    """Every rank's block with the pending sums over `tl.partial` added up (the value it stands for)."""
+    if not tl.partial:
+        return dict(locals_)
+    out: Locals = {}
+    for group in tl.layout.axis_groups(tl.partial):
+        total = _sum([locals_[m] for m in group])
+        out.update({m: total for m in group})
+    return out
+
+
+@lru_cache(maxsize=1024)
+def _axis_groups(layout, axes: tuple) -> tuple:
+    return layout.axis_groups(axes)
+
+
 def _groups(step: Step):
-    return step.before.layout.axis_groups(step.axes)
+    return _axis_groups(step.before.layout, step.axes)
 
 
 def run_step(step: Step, locals_: Locals, shape: tuple) -> Locals:

@@ -1,0 +1,188 @@
+"""Planner unit tests: chosen steps, byte counts, strings, errors, caching, purity, CLI."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from spmdsim import Layout, PlanError, ShapeError
+from spmdsim.cli.main import main
+from spmdsim.plan import (
+    Allgather,
+    Allreduce,
+    Alltoall,
+    Exchange,
+    LocalSlice,
+    LocalZero,
+    ReduceScatter,
+    emulate,
+    partial_addends,
+    plan_redistribution,
+    shards_of,
+    sum_partials,
+)
+from spmdsim.plan.meshes import common_refinement
+
+X8 = Layout((8,), ("x",))
+DM = Layout((2, 4), ("dp", "mp"))
+CUBE = Layout((2, 2, 2), ("dp", "sp", "mp"))
+
+
+def _kinds(plan):
+    return [type(s) for s in plan.steps]
+
+
+def _emulated(source, target, shape=(16, 32), dtype="float64"):
+    plan = plan_redistribution(source, target, shape, dtype)
+    full = np.arange(np.prod(shape), dtype=dtype).reshape(shape)
+    out = emulate(plan, partial_addends(source, full))
+    return plan, out, full
+
+
+def test_shard0_to_shard1_on_8_ranks_is_one_alltoall_an_eighth_of_allgather():
+    plan = plan_redistribution(X8("x", None), X8(None, "x"), (1024, 1024), "float32")
+    assert _kinds(plan) == [Alltoall]
+    step = plan.steps[0]
+    assert str(step) == "S(0)->S(1) via Alltoall on ('x',)"
+    assert (step.split_dim, step.concat_dim) == (1, 0)
+    shard = 1024 * 1024 * 4 // 8
+    assert plan.max_bytes_received == 7 * shard // 8 == plan.max_lower_bound
+    # Allgather then slice would receive 7 whole shards: 8x more.
+    assert 7 * shard == 8 * plan.max_bytes_received
+
+
+@pytest.mark.parametrize(
+    "source, target, kinds, text",
+    [
+        (DM("mp", None), DM(None, None), [Allgather], "S(0)->B via Allgather on ('mp',)"),
+        (DM(None, None), DM(None, "mp"), [LocalSlice], "B->S(1) via local slice on ('mp',)"),
+        (DM(None, None, partial=("mp",)), DM(None, None), [Allreduce], "P->B via Allreduce on ('mp',)"),
+        (DM(None, None, partial=("mp",)), DM(None, "mp"), [ReduceScatter],
+         "P->S(1) via Reduce_scatter on ('mp',)"),
+        (DM(None, None), DM(None, None, partial=("dp",)), [LocalZero], "B->P via local zeroing on ('dp',)"),
+        (DM("dp", None), DM(None, None, partial=("dp",)), [LocalZero], "S(0)->P via local zeroing on ('dp',)"),
+        (DM(("dp", "mp"), None), DM(("mp", "dp"), None), [Exchange], None),
+    ],
+)
+def test_each_transition_uses_its_collective(source, target, kinds, text):
+    plan, out, full = _emulated(source, target)
+    assert _kinds(plan) == kinds
+    if text:
+        assert str(plan.steps[0]) == text
+    for r, block in shards_of(target.with_partial(()), full).items():
+        assert np.array_equal(sum_partials(target, out)[r], block)
+
+
+def test_slice_before_gather_keeps_the_lower_bound():
+    plan = plan_redistribution(DM("dp", None), DM(None, "mp"), (16, 32), "float32")
+    assert _kinds(plan) == [LocalSlice, Allgather]
+    assert plan.meets_lower_bound
+
+
+def test_reduce_scatter_onto_a_multi_axis_dim():
+    plan, out, full = _emulated(CUBE(None, None, partial=("sp", "mp")), CUBE(("sp", "mp"), None))
+    assert _kinds(plan) == [ReduceScatter]
+    assert plan.steps[0].axes == ("sp", "mp")
+    for r, block in shards_of(CUBE(("sp", "mp"), None), full).items():
+        assert np.array_equal(out[r], block)
+
+
+def test_cross_mesh_same_sharding_needs_no_step():
+    plan = plan_redistribution(CUBE(("dp", "sp", "mp"), None), X8("x", None), (16, 8))
+    assert plan.steps == () and plan.max_lower_bound == 0
+
+
+def test_cross_mesh_plans_on_the_common_refinement():
+    mesh, first, second = common_refinement(DM, Layout((4, 2), ("p", "q")))
+    assert mesh.device_matrix == (2, 2, 2)
+    assert first["mp"] == (mesh.alias_name[1], "q") and second["p"] == ("dp", mesh.alias_name[1])
+    assert common_refinement(Layout((2, 3), ("a", "b")), Layout((3, 2), ("c", "d"))) is None
+
+
+def test_meshes_without_common_refinement_use_the_exchange():
+    src = Layout((2, 3), ("a", "b"))("a", "b")
+    tgt = Layout((3, 2), ("c", "d"))("d", "c")
+    plan, out, full = _emulated(src, tgt, shape=(6, 6))
+    assert _kinds(plan) == [Exchange] and plan.meets_lower_bound
+    for r, block in shards_of(tgt, full).items():
+        assert np.array_equal(out[r], block)
+
+
+def test_identity_plan_is_empty():
+    assert plan_redistribution(DM("dp", "mp"), DM("dp", "mp"), (4, 8)).steps == ()
+
+
+def test_plans_are_cached_values():
+    a = plan_redistribution(DM("mp", None), DM(None, "mp"), (8, 8), "float32")
+    b = plan_redistribution(DM("mp", None), DM(None, "mp"), [8, 8], np.float32)
+    assert a is b
+    with pytest.raises(Exception):
+        a.steps[0].axes = ("dp",)  # frozen
+    hash(a)
+
+
+def test_exchange_bytes_are_per_rank():
+    plan = plan_redistribution(DM(("dp", "mp"), None), DM(("mp", "dp"), None), (8, 4), "float64")
+    # shard index i_dp*4+i_mp vs i_mp*2+i_dp: equal only for ranks 0 and 7.
+    assert plan.bytes_received[0] == plan.bytes_received[7] == 0
+    assert plan.bytes_received == plan.lower_bound
+
+
+@pytest.mark.parametrize(
+    "source, target, shape, message",
+    [
+        (DM("dp", None), X8(None, None), (4, 4), None),
+        (DM("dp", None), Layout((4,), ("x",))("x", None), (4, 4), "devices"),
+        (DM("dp", None), DM("dp", None, None), (4, 4), "dims"),
+        ("dp", DM("dp", None), (4, 4), "must be a TensorLayout"),
+    ],
+)
+def test_errors(source, target, shape, message):
+    if message is None:
+        plan_redistribution(source, target, shape)
+        return
+    with pytest.raises(PlanError, match=message):
+        plan_redistribution(source, target, shape)
+
+
+def test_indivisible_shape_is_a_shape_error():
+    with pytest.raises(ShapeError, match="not divisible"):
+        plan_redistribution(X8("x", None), X8(None, "x"), (8, 12))
+
+
+def test_planning_imports_no_mpi4py():
+    code = ("import sys, spmdsim.plan, spmdsim.plan_exec, spmdsim.cli.plan; "
+            "assert 'mpi4py' not in sys.modules, 'mpi4py imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_cli_plan_text(capsys):
+    assert main(["plan", "--device-matrix", "8", "--alias", "x", "--from", "x,None",
+                 "--to", "None,x", "--shape", "1024,1024", "--dtype", "float32"]) == 0
+    out = capsys.readouterr().out
+    assert "S(0)->S(1) via Alltoall on ('x',)" in out
+    assert "lower bound 458,752 B" in out and "8.0x this plan" in out
+
+
+def test_cli_plan_json_cross_mesh_and_partial(capsys):
+    assert main(["plan", "--device-matrix", "2,2,2", "--alias", "a,b,c", "--from", "(a,b),None",
+                 "--from-partial", "c", "--to-device-matrix", "8", "--to-alias", "x",
+                 "--to", "None,x", "--shape", "16,16", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert {"steps", "bytes_received_per_rank", "lower_bound_bytes_received_per_rank"} <= set(record)
+    ops = [s["op"] for s in record["steps"]]
+    assert "reduce_scatter" in ops and "allreduce" not in ops
+    assert record["bytes_received_per_rank"] == sum(
+        s["bytes_received_per_rank"] for s in record["steps"])
+
+
+def test_cli_plan_sbp_and_errors(capsys):
+    assert main(["plan", "--device-matrix", "2,4", "--from-sbp", "S(0),S(0)", "--to-sbp", "B,S(1)",
+                 "--shape", "16,16", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["steps"]
+    assert main(["plan", "--device-matrix", "8", "--alias", "x", "--from", "x,None",
+                 "--shape", "16,16"]) == 2
+    assert "exactly one of --to" in capsys.readouterr().err
