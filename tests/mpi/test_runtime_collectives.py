@@ -1,0 +1,149 @@
+"""Each collective against the numpy computation of what it must produce, on every axis group."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from spmdsim import Layout, ShapeError
+from spmdsim.runtime import Mesh, collect_trace
+from spmdsim.runtime import collectives as C
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+WORLD = MPI.COMM_WORLD
+LAYOUTS = {
+    8: [((2, 4), ("dp", "mp")), ((2, 2, 2), ("dp", "sp", "mp")), ((4, 1, 2), ("a", "b", "c"))],
+    4: [((2, 2), ("dp", "mp")), ((2, 1, 2), ("a", "b", "c"))],
+}
+
+
+def _layouts():
+    return [Layout(*spec) for spec in LAYOUTS.get(WORLD.size, [((WORLD.size,), ("x",))])]
+
+
+def _axis_groups(names):
+    """Each single axis, all axes in order and reversed (membership tests cover the rest)."""
+    out = [(n,) for n in names] + [tuple(names), tuple(reversed(names))]
+    return list(dict.fromkeys(out))
+
+
+def _data(rank, shape, dtype=np.float64):
+    return (np.arange(np.prod(shape)).reshape(shape) + 1000 * rank).astype(dtype)
+
+
+def _members(layout, rank, axes):
+    return next(g for g in layout.axis_groups(axes) if rank in g)
+
+
+_MESHES: dict = {}
+
+
+def _meshes(wait):
+    """Meshes built once per wait mode and kept for the module (group splits are costly at 8 ranks)."""
+    if wait not in _MESHES:
+        _MESHES[wait] = [Mesh(layout, wait=wait) for layout in _layouts()]
+    return _MESHES[wait]
+
+
+@pytest.fixture(params=["busy", "polite"])
+def wait(request):
+    return request.param
+
+
+def test_allgather_allreduce_reduce_scatter_bcast_match_numpy(wait):
+    for mesh in _meshes(wait):
+        layout = mesh.layout
+        r = mesh.rank
+        for axes in _axis_groups(layout.alias_name):
+            members = _members(layout, r, axes)
+            g = len(members)
+            me = members.index(r)
+            shape = (2, 3 * g, 2 * g)
+            x = _data(r, shape)
+            for d in range(3):
+                got = C.allgather(mesh, x, axes, d)
+                np.testing.assert_array_equal(got, np.concatenate([_data(m, shape) for m in members], axis=d))
+            total = sum(_data(m, shape) for m in members)
+            np.testing.assert_array_equal(C.allreduce(mesh, x, axes), total)
+            for d in (1, 2):
+                block = [slice(None)] * 3
+                n = shape[d] // g
+                block[d] = slice(me * n, (me + 1) * n)
+                np.testing.assert_array_equal(C.reduce_scatter(mesh, x, axes, d), total[tuple(block)])
+            root = g - 1
+            buf = x.copy() if me == root else np.zeros_like(x)
+            out = C.bcast(mesh, buf, axes, root=root)
+            np.testing.assert_array_equal(out, _data(members[root], shape))
+            assert out is buf
+
+
+def test_alltoall_matches_numpy(wait):
+    for mesh in _meshes(wait):
+        layout = mesh.layout
+        r = mesh.rank
+        for axes in _axis_groups(layout.alias_name):
+            members = _members(layout, r, axes)
+            g, me = len(members), members.index(r)
+            shape = (2 * g, g, 2 * g)
+            for split_dim, concat_dim in [(0, 0), (0, 2), (2, 1), (1, 1), (-1, 0)]:
+                got = C.alltoall(mesh, _data(r, shape, np.float32), axes, split_dim, concat_dim)
+                pieces = [np.split(_data(m, shape, np.float32), g, axis=split_dim)[me] for m in members]
+                np.testing.assert_array_equal(got, np.concatenate(pieces, axis=concat_dim))
+
+
+def test_alltoallv_general_exchange(wait):
+    mesh = _meshes(wait)[0]
+    r, n = mesh.rank, mesh.size
+    # Rank r sends (r + s) % 3 + 1 rows to every rank s, including itself; none to r+1.
+    rows = lambda src, dst: (src + dst) % 3 + 1  # noqa: E731
+    skip = lambda src, dst: dst == (src + 1) % n  # noqa: E731
+    sends = {s: np.full((rows(r, s), 2), 10 * r + s, np.int64) for s in range(n) if not skip(r, s)}
+    shapes = {s: (rows(s, r), 2) for s in range(n) if not skip(s, r)}
+    with collect_trace() as tr:
+        got = C.alltoallv(mesh, sends, shapes, np.int64, label="exchange")
+    assert sorted(got) == sorted(shapes)
+    for s, arr in got.items():
+        np.testing.assert_array_equal(arr, np.full((rows(s, r), 2), 10 * s + r, np.int64))
+    (entry,) = tr.entries
+    sent = sum(a.nbytes for s, a in sends.items() if s != r)
+    assert (entry.op, entry.bytes_sent, entry.label) == ("alltoallv", sent, "exchange")
+
+
+def test_trace_records_ops_bytes_and_nesting():
+    mesh = _meshes("polite")[0]
+    layout = mesh.layout
+    axes = (layout.alias_name[-1],)
+    g = layout.group_size(axes)
+    x = np.ones((4 * g, 4), np.float32)
+    with collect_trace() as outer:
+        C.allgather(mesh, x, axes, 0, label="ag")
+        with collect_trace() as inner:
+            C.allreduce(mesh, x, axes)
+            C.reduce_scatter(mesh, x, axes, 0)
+            C.alltoall(mesh, x, axes, 0, 1)
+    assert outer.counts() == {"allgather": 1, "allreduce": 1, "reduce_scatter": 1, "alltoall": 1}
+    assert inner.counts() == {"allreduce": 1, "reduce_scatter": 1, "alltoall": 1}
+    ag, ar, rs, aa = outer.entries
+    n = x.nbytes
+    assert (ag.label, ag.axes, ag.group_size) == ("ag", axes, g)
+    assert (ag.bytes_sent, ag.bytes_received) == ((g - 1) * n, (g - 1) * n)
+    assert ar.bytes_sent == ar.bytes_received == 2 * (g - 1) * n // g
+    assert rs.bytes_received == (g - 1) * n // g
+    assert aa.bytes_sent == (g - 1) * n // g
+    assert all(e.seconds >= 0 for e in outer.entries)
+    totals = outer.reduce(mesh.comm)
+    assert totals["counts"]["allgather"] == 1
+    assert totals["bytes_sent_total"] == mesh.size * sum(e.bytes_sent for e in outer.entries)
+    assert "allreduce" in outer.summary() and '"op": "allgather"' in outer.to_json()
+
+
+def test_shape_errors_are_raised_before_communication():
+    mesh = _meshes("polite")[0]
+    layout = mesh.layout
+    axes = layout.alias_name
+    g = mesh.size
+    with pytest.raises(ShapeError, match="not divisible by group size"):
+        C.reduce_scatter(mesh, np.ones((g + 1, 2)), axes, 0)
+    with pytest.raises(ShapeError, match="out of range"):
+        C.allgather(mesh, np.ones(3), axes, 1)
