@@ -1,0 +1,61 @@
+"""`spmdsim run` and `spmdsim demo` in-process under MPI (rank 0 prints)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spmdsim.cli.main import main
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+
+def _world():
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def test_demo_json_records(capsys):
+    rc = main(["demo", "--json", "--dtype", "float64"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    records = _world().bcast(json.loads(out) if _world().rank == 0 else None)
+    names = [r["scenario"] for r in records]
+    assert {"matmul_2x4_4x1", "matmul_layout_tuple", "embedding_vocab", "linear_row",
+            "linear_column", "mlp"} <= set(names)
+    for r in records:
+        assert {"scenario", "passed", "max_abs_error", "collectives", "bytes_sent_per_rank"} <= set(r)
+        assert r["passed"] is True
+    by_name = {r["scenario"]: r for r in records}
+    assert by_name["mlp"]["collectives"] == {"allreduce": 1}
+    if _world().size == 8:
+        assert by_name["matmul_2x1_1x4"]["collectives"] == {}
+        assert by_name["matmul_out_strategy"]["collectives"] == {"reduce_scatter": 1}
+    else:
+        assert "skipped" in by_name["matmul_layout_tuple"]
+
+
+def test_run_matmul_explain(capsys):
+    size = _world().size
+    rc = main(["run", "matmul", "--strategy", f"((1,{size}),({size},1))", "--shape", "6,40,10",
+               "--explain"])
+    text = capsys.readouterr().out
+    assert rc == 0
+    if _world().rank == 0:
+        assert "PASS" in text and "allreduce over ('k',)" in text
+        assert "so each rank holds a partial sum; Allreduce over ranks {" in text
+        assert text.count("rank ") >= size
+
+
+def test_run_linear_embedding_mlp(capsys):
+    size = _world().size
+    for argv in (["run", "linear", "--parallel", "row", "--shape", f"6,{3 * size},5", "--json"],
+                 ["run", "linear", "--front", "paddle", "--gather-out",
+                  "--shape", f"6,10,{3 * size}", "--json"],
+                 ["run", "embedding", "--shape", f"7,{5 * size},6", "--json"],
+                 ["run", "mlp", "--shape", f"6,10,{3 * size}", "--dtype", "float64", "--json"]):
+        assert main(argv) == 0
+        out = capsys.readouterr().out
+        if _world().rank == 0:
+            assert json.loads(out)["passed"] is True
