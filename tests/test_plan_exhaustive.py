@@ -20,6 +20,7 @@ from spmdsim.plan import (
     emulate,
     partial_addends,
     plan_redistribution,
+    shards_of,
     sum_partials,
 )
 
@@ -121,3 +122,21 @@ def test_partial_targets_sum_to_the_value():
             assert all(got >= low for got, low in zip(plan.bytes_received, plan.lower_bound))
             checked += 1
     assert checked > 500
+
+
+def test_sampled_3d_tensors_meet_the_lower_bound():
+    """A seeded sample of 3-D maps, within (2,2,2) and across to (4,2) and (8,)."""
+    rng = np.random.default_rng(0)
+    shape = (8, 8, 16)
+    full = np.arange(np.prod(shape), dtype=np.float64).reshape(shape)
+    cube = tensor_maps(MESHES["2x2x2"], 3)
+    others = tensor_maps(MESHES["4x2"], 3) + tensor_maps(MESHES["8"], 3)
+    pool = cube + others
+    for _ in range(300):
+        source = cube[rng.integers(len(cube))]
+        target = pool[rng.integers(len(pool))]
+        plan = plan_redistribution(source, target, shape, "float64")
+        out = emulate(plan, shards_of(source, full))
+        for r, block in shards_of(target, full).items():
+            assert np.array_equal(out[r], block), (str(source), str(target), r)
+        assert plan.bytes_received == plan.lower_bound, str(plan)

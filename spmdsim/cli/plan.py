@@ -129,6 +129,16 @@ def _baseline(plan: Plan) -> int:
     return out + (2 * (g - 1) * size // g if g > 1 else 0)
 
 
+def _predicted(plan: Plan) -> list[float]:
+    """Seconds per step from the alpha-beta model (spmdsim.cost); [] when it is unavailable."""
+    try:
+        from ..cost import load_or_default, predict_plan
+
+        return [p.seconds for p in predict_plan(plan, load_or_default())]
+    except Exception:  # noqa: BLE001 - the estimate is optional decoration
+        return []
+
+
 def format_plan(plan: Plan) -> str:
     """The human-readable `spmdsim plan` report."""
     where = str(plan.source.layout)
@@ -142,11 +152,14 @@ def format_plan(plan: Plan) -> str:
     if not plan.steps:
         lines.append("  no steps: every rank already holds its target block")
     width = max([len(str(s)) for s in plan.steps] + [4])
+    seconds = _predicted(plan)
     if plan.steps:
-        lines.append(f"  {'#':>2}  {'step':<{width}}  {'sent/rank':>14}  {'received/rank':>14}")
+        lines.append(f"  {'#':>2}  {'step':<{width}}  {'sent/rank':>14}  {'received/rank':>14}"
+                     + ("  predicted" if seconds else ""))
     for i, step in enumerate(plan.steps, 1):
         lines.append(f"  {i:>2}. {str(step):<{width}}  {step.max_bytes_sent:>12,} B  "
-                     f"{step.max_bytes_received:>12,} B")
+                     f"{step.max_bytes_received:>12,} B"
+                     + (f"  {seconds[i - 1] * 1e3:>8.3f} ms" if seconds else ""))
     got, low = plan.max_bytes_received, plan.max_lower_bound
     verdict = "meets it on every rank" if plan.meets_lower_bound else "above it"
     lines.append(f"total received per rank (max): {got:,} B; lower bound {low:,} B ({verdict})")
