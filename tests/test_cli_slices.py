@@ -175,3 +175,9 @@ def test_show_cli_ascii_and_png(tmp_path, capsys):
     code, out, _ = _run(["show", *SEED1_FLAGS, "--png", str(target)], capsys)
     assert code == 0 and out.rstrip().endswith(f"wrote {target}")
     assert target.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_show_rejects_unknown_picture_type_before_printing(tmp_path, capsys):
+    code, out, err = _run(["show", *SEED1_FLAGS, "--png", str(tmp_path / "a.jpg")], capsys)
+    assert code == 2 and out == ""
+    assert "must end in one of ('.png', '.svg', '.pdf')" in err

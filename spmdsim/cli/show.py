@@ -31,6 +31,10 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     case = case_from_args(args)
+    if args.png:
+        from ..viz.png import check_picture_path
+
+        check_picture_path(args.png)  # fail before printing anything
     picture = layout_picture(case.tensor_layout, case.shape, args.name)
     print(render_layout_ascii(picture, width=args.width), end="")
     if args.png:

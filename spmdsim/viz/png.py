@@ -8,17 +8,31 @@ from __future__ import annotations
 import os
 from typing import Any, Optional, Sequence, Union
 
+from ..errors import SpmdsimError
 from ..layout import Layout, TensorLayout
 from .model import LayoutPicture, layout_picture
 
-__all__ = ["render_layout_png", "draw_layout", "shard_colour", "new_figure", "save_figure"]
+__all__ = ["PICTURE_SUFFIXES", "check_picture_path", "render_layout_png", "draw_layout", "shard_colour", "new_figure", "save_figure"]
 
 _HATCH = "///"
+
+#: File types the pictures can be written as (matplotlib picks the writer by suffix).
+PICTURE_SUFFIXES = ("png", "svg", "pdf")
+
+
+def _matplotlib() -> Any:
+    try:
+        import matplotlib
+    except ImportError:
+        raise SpmdsimError(
+            "pictures need matplotlib: pip install 'spmdsim[plot]' (or matplotlib)"
+        ) from None
+    return matplotlib
 
 
 def shard_colour(shard_number: int, num_shards: int) -> Any:
     """RGBA colour of a shard: tab20 up to 20 shards, an even spread of 'turbo' beyond."""
-    import matplotlib
+    matplotlib = _matplotlib()
 
     if num_shards <= 20:
         return matplotlib.colormaps["tab20"](shard_number % 20)
@@ -27,6 +41,7 @@ def shard_colour(shard_number: int, num_shards: int) -> Any:
 
 def new_figure(width: float, height: float) -> Any:
     """A pyplot-free Figure with an Agg canvas."""
+    _matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -35,8 +50,19 @@ def new_figure(width: float, height: float) -> Any:
     return fig
 
 
-def save_figure(fig: Any, path: Union[str, os.PathLike], dpi: int) -> str:
+def check_picture_path(path: Union[str, os.PathLike]) -> str:
+    """The path as a string, or SpmdsimError when its suffix is not a picture type we write."""
     path = os.fspath(path)
+    suffix = os.path.splitext(path)[1].lower().lstrip(".")
+    if suffix not in PICTURE_SUFFIXES:
+        raise SpmdsimError(
+            f"picture file {path!r} must end in one of {tuple('.' + s for s in PICTURE_SUFFIXES)!r}"
+        )
+    return path
+
+
+def save_figure(fig: Any, path: Union[str, os.PathLike], dpi: int) -> str:
+    path = check_picture_path(path)
     directory = os.path.dirname(path)
     if directory:
         os.makedirs(directory, exist_ok=True)
@@ -61,6 +87,7 @@ def render_layout_png(
     The file type follows the suffix (.png, .svg, .pdf). Pass a LayoutPicture,
     or a TensorLayout with `shape`.
     """
+    check_picture_path(path)
     if isinstance(picture, TensorLayout):
         if shape is None:
             raise TypeError("render_layout_png(tensor_layout, path, shape) needs a shape")
