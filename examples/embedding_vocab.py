@@ -1,0 +1,43 @@
+"""Paddle ``distributed.split(x, size, operation="embedding", num_partitions)`` (seed 004).
+
+ids (10, 4) in [0, 1000) into a (1000, 48) table, vocab-parallel over all ranks.
+Run: mpiexec -n 8 python examples/embedding_vocab.py (any rank count dividing 1000)
+"""
+import sys
+
+from mpi4py import MPI
+
+from spmdsim import SeededTensor
+from spmdsim.ops import paddle_mesh, split
+from spmdsim.reference import embedding_region
+from spmdsim.runtime import DTensor, collect_trace
+
+comm = MPI.COMM_WORLD
+p = comm.size
+vocab, dim = 1000, 48
+if vocab % p:
+    sys.exit(f"the vocabulary {vocab} must divide over {p} ranks")
+
+# A 1-D mesh ("mp",) over every rank: Paddle's model-parallel group.
+mesh = paddle_mesh(p)
+ids_src = SeededTensor((10, 4), "int64", seed=0, low=0, high=vocab)
+table = SeededTensor((vocab, dim), "float32", seed=1)
+
+# The ids are replicated: every rank sees all 40 ids.
+ids = DTensor.from_seeded(mesh, mesh.layout(None, None), ids_src)
+
+# Rank r holds table rows [r*N/p, (r+1)*N/p) plus one zero padding row (its
+# local row N/p). An id it owns becomes id - r*N/p; any other id becomes N/p and
+# looks up zeros. So each rank's (10, 4, 48) lookup holds the rows it owns and
+# zeros elsewhere: a partial sum, which one Allreduce over all ranks completes.
+with collect_trace() as trace:
+    out = split(ids, (vocab, dim), operation="embedding", num_partitions=p, weight_attr=table)
+
+# Ids outside [0, 1000) would raise the same error on every rank before the
+# Allreduce, since every rank checks the same ids.
+verdict = out.check(embedding_region(ids_src, table))
+if comm.rank == 0:
+    print(f"out layout {out.layout}, local {out.local.shape}")
+    print(trace.summary())
+    print(verdict)
+sys.exit(0 if verdict.passed else 1)

@@ -1,0 +1,42 @@
+"""MindSpore ``ops.MatMul().shard(((1, 8), (8, 1)))`` (seed 003, matmul2) on 8 ranks.
+
+x (32, 512) @ fc2_weight (512, 512). Run: mpiexec -n 8 python examples/matmul_1x8_8x1.py
+"""
+import sys
+
+from mpi4py import MPI
+
+from spmdsim import SeededTensor
+from spmdsim.demo.jobs import contraction_atol
+from spmdsim.dialects.strategy import matmul_layouts
+from spmdsim.ops import matmul
+from spmdsim.reference import matmul_region
+from spmdsim.runtime import DTensor, Mesh, collect_trace
+
+comm = MPI.COMM_WORLD
+if comm.size != 8:
+    sys.exit("run with mpiexec -n 8")
+
+# Strategy ((1, 8), (8, 1)): only the contraction dim K is cut, 8 ways.
+# Device matrix (m, k, n) = (1, 8, 1): rank r holds K-slice r.
+m = matmul_layouts("((1,8),(8,1))", comm.size)
+mesh = Mesh(m.layout, comm)
+xs = SeededTensor((32, 512), "float32", seed=0)
+ws = SeededTensor((512, 512), "float32", seed=1)
+
+# Rank r holds x[:, 64r : 64(r+1)] (all 32 rows) and w[64r : 64(r+1), :].
+x = DTensor.from_seeded(mesh, m.x, xs)
+w = DTensor.from_seeded(mesh, m.w, ws)
+
+# Every rank's (32, 512) product sums only 64 of the 512 terms: a partial sum
+# of the whole output. One Allreduce over all 8 ranks ("k") adds them, and
+# afterwards every rank holds the full y (replicated).
+with collect_trace() as trace:
+    y = matmul(x, w)
+
+verdict = y.check(matmul_region(xs, ws), atol=contraction_atol(512, "float32"))
+if comm.rank == 0:
+    print(f"y layout {y.layout}, local {y.local.shape}")
+    print(trace.summary())
+    print(verdict)
+sys.exit(0 if verdict.passed else 1)

@@ -1,0 +1,40 @@
+"""MindSpore ``ops.MatMul().shard(((2, 1), (1, 4)))`` on 8 ranks: no communication at all.
+
+x (256, 128) @ w (128, 192). Run: mpiexec -n 8 python examples/matmul_2x1_1x4.py
+"""
+import sys
+
+from mpi4py import MPI
+
+from spmdsim import SeededTensor
+from spmdsim.dialects.strategy import matmul_layouts
+from spmdsim.ops import matmul
+from spmdsim.reference import matmul_region
+from spmdsim.runtime import DTensor, Mesh, collect_trace
+
+comm = MPI.COMM_WORLD
+if comm.size != 8:
+    sys.exit("run with mpiexec -n 8")
+
+# Strategy ((2, 1), (1, 4)): x rows cut in 2, w columns cut in 4, K never cut.
+# Device matrix (m, k, n) = (2, 1, 4): rank = 4 * i_m + i_n.
+m = matmul_layouts("((2,1),(1,4))", comm.size)
+mesh = Mesh(m.layout, comm)
+xs = SeededTensor((256, 128), "float32", seed=0)
+ws = SeededTensor((128, 192), "float32", seed=1)
+
+# Rank (i_m, i_n) holds x[128 i_m : 128 (i_m+1), :] (replicated over the 4 n
+# ranks) and w[:, 48 i_n : 48 (i_n+1)] (replicated over the 2 m ranks).
+x = DTensor.from_seeded(mesh, m.x, xs)
+w = DTensor.from_seeded(mesh, m.w, ws)
+
+# Each rank has whole dot products (all 128 terms of K), so its (128, 48)
+# block of y is final: no collective is needed, and the trace stays empty.
+with collect_trace() as trace:
+    y = matmul(x, w)
+
+verdict = y.check(matmul_region(xs, ws))
+if comm.rank == 0:
+    print(f"y layout {y.layout}, local {y.local.shape}, collectives {trace.counts()}")
+    print(verdict)
+sys.exit(0 if verdict.passed and not trace.counts() else 1)

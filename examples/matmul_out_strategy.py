@@ -1,0 +1,42 @@
+"""MindSpore MatMul ((2, 4), (4, 1)) with ``out_strategy ((8, 1),)``: Reduce_scatter, not Allreduce.
+
+x (32, 784) @ w (784, 512). Run: mpiexec -n 8 python examples/matmul_out_strategy.py
+"""
+import sys
+
+from mpi4py import MPI
+
+from spmdsim import SeededTensor
+from spmdsim.demo.jobs import contraction_atol
+from spmdsim.dialects.strategy import matmul_layouts
+from spmdsim.ops import matmul
+from spmdsim.ops.infer import out_layout_from_strategy
+from spmdsim.reference import matmul_region
+from spmdsim.runtime import DTensor, Mesh, collect_trace
+
+comm = MPI.COMM_WORLD
+if comm.size != 8:
+    sys.exit("run with mpiexec -n 8")
+
+# Same inputs as examples/matmul_2x4_4x1.py: device matrix (m, k, n) = (2, 4, 1);
+# each rank's (16, 512) product is a partial sum over the 4 ranks of its "k" group.
+m = matmul_layouts("((2,4),(4,1))", comm.size)
+mesh = Mesh(m.layout, comm)
+xs = SeededTensor((32, 784), "float32", seed=0)
+ws = SeededTensor((784, 512), "float32", seed=1)
+x = DTensor.from_seeded(mesh, m.x, xs)
+w = DTensor.from_seeded(mesh, m.w, ws)
+
+# out_strategy (8, 1) asks for the rows cut 8 ways: the 2 "m" pieces, each cut
+# again over "k". Reduce_scatter over "k" adds the partial sums and leaves each
+# rank only its 4 rows: output layout (("m", "k"), "n"), half the bytes of Allreduce.
+out_layout = out_layout_from_strategy(m.out, (8, 1))
+with collect_trace() as trace:
+    y = matmul(x, w, out_layout=out_layout)
+
+verdict = y.check(matmul_region(xs, ws), atol=contraction_atol(784, "float32"))
+if comm.rank == 0:
+    print(f"y layout {y.layout}, local {y.local.shape}")
+    print(trace.summary())
+    print(verdict)
+sys.exit(0 if verdict.passed else 1)
