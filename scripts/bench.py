@@ -41,7 +41,7 @@ from spmdsim import Layout, SeededTensor  # noqa: E402
 from spmdsim.cli.calibrate import Waiter, parse_size  # noqa: E402
 from spmdsim.cost import CostModel, load_or_default, predict_plan  # noqa: E402
 
-SUITES = ("collectives", "redistribute", "ops")
+SUITES = ("collectives", "redistribute", "ops", "overhead")
 KEYS = ("name", "bytes_per_rank", "spmdsim_s", "raw_s", "numpy_s", "ratio_vs_raw", "peak_rss_bytes")
 
 
@@ -440,6 +440,152 @@ def op_cases(comm: Any, waiter: Waiter, wait: str, sz: dict) -> list[Case]:
     return cases
 
 
+# -- Python overhead of the hot paths ------------------------------------------------------------
+def _per_call(fn: Callable[[], Any], loops: int, rounds: int = 5) -> float:
+    """Best-of-rounds seconds per call (the least disturbed by other processes)."""
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(loops):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / loops)
+    return best
+
+
+def overhead_records(comm: Any, wait: str, loops: int, profile: bool) -> list[dict]:
+    """Per-call cost of spmdsim's hot paths on tiny messages, against the raw call.
+
+    Pieces that do not communicate are timed on each rank alone (best of 5);
+    the tiny collectives run `loops` times in a row on all ranks (slowest rank).
+    Run with few ranks (2) so that MPI latency, not scheduling, is the floor.
+    """
+    from mpi4py import MPI
+    from spmdsim.ops import matmul
+    from spmdsim.plan import plan_redistribution
+    from spmdsim.plan_exec import redistribute
+    from spmdsim.runtime import DTensor, Mesh, collect_trace
+    from spmdsim.runtime import collectives as C
+    from spmdsim.runtime.trace import record
+
+    world = comm.Get_size()
+    layout = Layout((world,), ("x",))
+    mesh = Mesh(layout, comm, wait=wait)
+    sub, g, _ = mesh.group_info(("x",))
+    tiny = np.ones(world, np.float32)
+    out = np.empty_like(tiny)
+    src, dst = layout("x", None), layout(None, None)
+    x = DTensor.from_seeded(mesh, src, SeededTensor((world, 4), seed=1))
+    plan = plan_redistribution(src, dst, (world, 4), "float32")
+    gathered = np.empty((world, 4), np.float32)
+    X = DTensor.from_seeded(mesh, layout(None, "x"), SeededTensor((4, world), seed=2))
+    W = DTensor.from_seeded(mesh, layout("x", None), SeededTensor((world, 4), seed=3))
+    part, res = np.empty((4, 4), np.float32), np.empty((4, 4), np.float32)
+    SUM = MPI.SUM
+    waiter = Waiter(comm, wait)
+    w = waiter.call
+
+    local = [  # (name, spmdsim piece, the raw equivalent or None)
+        ("mesh.group_info (sub-communicator lookup)", lambda: mesh.group_info(("x",)), None),
+        ("mesh.group_info('x') (str axes)", lambda: mesh.group_info("x"), None),
+        ("plan_redistribution (cached plan lookup)",
+         lambda: plan_redistribution(src, dst, (world, 4), "float32"), None),
+        ("TensorLayout hash (cache key)", lambda: hash(src), None),
+        ("DTensor(...) construction + validation",
+         lambda: DTensor(mesh, x.local, src, (world, 4)), None),
+        ("_contig + np.empty_like (buffer prep)",
+         lambda: np.empty_like(C._contig(tiny)), lambda: np.empty_like(tiny)),
+        ("trace.record, no trace open",
+         lambda: record("allreduce", ("x",), g, 4, 4, 0.0, None), None),
+    ]
+
+    def record_in_trace():
+        with collect_trace():
+            record("allreduce", ("x",), g, 4, 4, 0.0, None)
+    local.append(("collect_trace() + record", record_in_trace, None))
+
+    def lazy_import():
+        from spmdsim.runtime import DTensor as _  # noqa: F401  (as ops do on every call)
+    from spmdsim.ops._common import make_dtensor
+    from spmdsim.ops.matmul import plan_matmul
+    from spmdsim.plan.steps import step_label
+    step = plan.steps[0]
+    local += [
+        ("function-level 'from ..runtime import DTensor'", lazy_import, None),
+        ("plan_matmul (layout inference, not cached)", lambda: plan_matmul(X, W), None),
+        ("make_dtensor (result wrapping)", lambda: make_dtensor(mesh, part, dst, (4, 4)), None),
+        ("step_label (trace label string)", lambda: step_label(step, 1), None),
+    ]
+
+    def raw_matmul():
+        np.matmul(X.local, W.local, out=part)
+        w(sub.Allreduce, sub.Iallreduce, part, res, SUM)
+
+    collective = [
+        ("allreduce 4 floats", lambda: C.allreduce(mesh, tiny, ("x",)),
+         lambda: w(sub.Allreduce, sub.Iallreduce, tiny, out, SUM)),
+        ("allgather 1 float", lambda: C.allgather(mesh, tiny[:1], ("x",), 0),
+         lambda: w(sub.Allgather, sub.Iallgather, tiny[:1], out)),
+        ("redistribute S(0)->B (plan cached)", lambda: redistribute(x, dst),
+         lambda: w(sub.Allgather, sub.Iallgather, x.local, gathered)),
+        ("redistribute with a given plan", lambda: redistribute(x, dst, plan),
+         lambda: w(sub.Allgather, sub.Iallgather, x.local, gathered)),
+        ("matmul 4x4 K-split", lambda: matmul(X, W), raw_matmul),
+    ]
+    records = []
+    for name, fn, raw in local:
+        t_s = _per_call(fn, loops)
+        t_r = _per_call(raw, loops) if raw else None
+        records.append(_overhead_rec(comm, name, t_s, t_r, local=True))
+    for name, fn, raw in collective:
+        times = []
+        for f in (fn, raw):
+            for _ in range(20):
+                f()
+            waiter.barrier(comm)
+            times.append(_per_call(f, loops))
+        records.append(_overhead_rec(comm, name, *times))
+    if profile and comm.Get_rank() == 0:
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+    for _ in range(loops):
+        redistribute(x, dst)
+        matmul(X, W)
+        C.allreduce(mesh, tiny, ("x",))
+    if profile and comm.Get_rank() == 0:
+        prof.disable()
+        print(f"cProfile of {loops} x (redistribute + matmul + allreduce), rank 0:")
+        pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(18)
+    return records
+
+
+def _overhead_rec(comm: Any, name: str, t_s: float, t_r: Optional[float],
+                  local: bool = False) -> dict:
+    """A record; local pieces take the least disturbed rank, collectives the slowest."""
+    from mpi4py import MPI
+
+    op = MPI.MIN if local else MPI.MAX
+    t_s = comm.allreduce(t_s, op=op)
+    t_r = None if t_r is None else comm.allreduce(t_r, op=op)
+    return {"name": name, "bytes_per_rank": 0, "spmdsim_s": t_s, "raw_s": t_r, "numpy_s": None,
+            "ratio_vs_raw": None if not t_r else t_s / t_r, "peak_rss_bytes":
+            comm.allreduce(peak_rss(), op=MPI.MAX),
+            "overhead_us": None if t_r is None else (t_s - t_r) * 1e6, "suite": "overhead"}
+
+
+def overhead_table(records: list[dict]) -> str:
+    lines = [f"{'hot path (per call)':<46}{'spmdsim us':>11}{'raw us':>9}"
+             f"{'extra us':>10}{'ratio':>7}", "-" * 83]
+    for r in records:
+        raw = "-" if r["raw_s"] is None else f"{r['raw_s'] * 1e6:.2f}"
+        extra = "-" if r["overhead_us"] is None else f"{r['overhead_us']:.2f}"
+        ratio = "-" if r["ratio_vs_raw"] is None else f"{r['ratio_vs_raw']:.2f}"
+        lines.append(f"{r['name']:<46}{r['spmdsim_s'] * 1e6:>11.2f}{raw:>9}{extra:>10}{ratio:>7}")
+    return "\n".join(lines)
+
+
 # -- driver ---------------------------------------------------------------------------------
 FULL = dict(coll_sizes="64K,1M,8M", redist_shape=(4096, 1024), matmul=2048, batch=64,
             hidden=1024, ffn=4096, vocab=32000, emb_dim=1024, tokens=2048, repeats=7, warmup=2)
@@ -476,7 +622,12 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                "scripts/bench.py --json bench.json",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny sizes, few repeats (smoke test)")
-    p.add_argument("--suite", default=",".join(SUITES), help=f"comma list of {SUITES}")
+    p.add_argument("--suite", default=",".join(SUITES[:3]),
+                   help=f"comma list of {SUITES} (default: the first three)")
+    p.add_argument("--loops", type=int, default=2000,
+                   help="calls per timing in the overhead suite (default 2000)")
+    p.add_argument("--profile", action="store_true",
+                   help="overhead suite: also print a cProfile of the tiny-message loop")
     p.add_argument("--sizes", default=None, help="collective buffer sizes, e.g. 64K,1M,8M")
     p.add_argument("--repeats", type=int, default=None)
     p.add_argument("--warmup", type=int, default=None)
@@ -511,6 +662,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     records = []
     for suite in suites:
         say(f"bench: building {suite} cases")
+        if suite == "overhead":
+            recs = overhead_records(comm, waiter.mode, args.loops, args.profile)
+            if rank == 0:
+                print(overhead_table(recs))
+            records.extend(recs)
+            continue
         if suite == "collectives":
             sizes = [parse_size(s) for s in (args.sizes or cfg["coll_sizes"]).split(",")]
             cases = collective_cases(comm, waiter, waiter.mode, sizes)
@@ -532,8 +689,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             say(f"bench: [{suite} {i}/{len(cases)}] {case.name}: spmdsim "
                 f"{rec['spmdsim_s'] * 1e3:.2f} ms, raw {rec['raw_s'] * 1e3:.2f} ms "
                 f"({time.perf_counter() - t0:.1f} s)")
-    if rank == 0:
-        print(table(records))
+    timed = [r for r in records if r.get("suite") != "overhead"]
+    if rank == 0 and timed:
+        print(table(timed))
         print(f"interpreter baseline peak RSS {baseline / 2**20:.0f} MiB (max over ranks, at start)")
         if args.json:
             text = json.dumps(records, indent=1)
