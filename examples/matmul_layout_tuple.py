@@ -36,7 +36,8 @@ with collect_trace() as trace:
     y = matmul(x, w)
 
 verdict = y.check(matmul_region(xs, ws), atol=contraction_atol(784, "float32"))
-lines = comm.gather(f"rank {comm.rank} {layout.coords(comm.rank)}: x{x.slices}", root=0)
+held = ", ".join(f"{s.start}:{s.stop}" for s in x.slices)
+lines = comm.gather(f"rank {comm.rank} (dp, sp, mp) = {layout.coords(comm.rank)}: x[{held}]", root=0)
 if comm.rank == 0:
     print("\n".join(lines))
     print(f"y layout {y.layout}, local {y.local.shape}")
