@@ -8,7 +8,7 @@
 Prints each rank's layout (gathered to rank 0), the collectives with bytes,
 the max error and PASS/FAIL; exits 1 on FAIL. ``--explain`` adds, per rank,
 the local input shapes and which collective runs over which ranks and why.
-``spmdsim run redistribute`` is served by `spmdsim.cli.plan` when installed.
+``spmdsim run redistribute`` is served by `spmdsim.cli.plan`.
 """
 from __future__ import annotations
 
@@ -44,7 +44,8 @@ def register(subparsers: Any) -> None:
     mm.add_argument("--strategy", help='MindSpore strategy, e.g. "((2,1),(1,4))"')
     mm.add_argument("--out-strategy", help='MindSpore out_strategy, e.g. "((8,1),)": Reduce_scatter')
     mm.add_argument("--device-matrix", help="Layout device matrix, e.g. 2,2,2")
-    mm.add_argument("--alias-name", help="Layout axis names, e.g. dp,sp,mp")
+    mm.add_argument("--alias-name", "--alias", dest="alias_name",
+                    help="Layout axis names, e.g. dp,sp,mp")
     mm.add_argument("--x-map", help='tensor map of X, e.g. "mp,(sp,dp)"')
     mm.add_argument("--w-map", help='tensor map of W, e.g. "(sp,dp),None"')
     mm.add_argument("--out-map", help="wanted output map (Reduce_scatter when it extends a dim)")
@@ -78,20 +79,12 @@ def _op(ops: Any, name: str, text: str) -> argparse.ArgumentParser:
 
 
 def _add_redistribute(ops: Any) -> None:
-    try:
-        plan = importlib.import_module(f"{__package__}.plan")
-    except ImportError:
-        plan = None
-    sub = ops.add_parser("redistribute", help="move a tensor between two layouts (spmdsim.cli.plan)")
-    if plan is not None and hasattr(plan, "add_redistribute_arguments"):
-        plan.add_redistribute_arguments(sub)
-        sub.set_defaults(op_func=plan.run_redistribute)
-    else:
-        sub.set_defaults(op_func=_no_redistribute)
-
-
-def _no_redistribute(args: argparse.Namespace) -> int:
-    raise SpmdsimError("redistribute is not available in this install (spmdsim.cli.plan is missing)")
+    # The planner's CLI owns the flags and the execution; loaded with the `run` parser only.
+    plan = importlib.import_module(f"{__package__}.plan")
+    sub = ops.add_parser("redistribute", help="move a generated tensor between two layouts",
+                         description="Plan, execute and check a redistribution (see spmdsim plan).")
+    plan.add_redistribute_arguments(sub)
+    sub.set_defaults(op_func=plan.run_redistribute)
 
 
 def guarded(fn: Callable[[], int], comm: Any) -> int:
