@@ -176,7 +176,7 @@ def _headline(ex: Explanation) -> list[str]:
         lines += _wrap(
             f"strategy {ex.strategy!r} on {layout.num_devices} ranks: the device matrix is the "
             "strategy and the tensor map takes the dims in order (MindSpore's tensor_map "
-            f"{tuple(range(len(ex.strategy) - 1, -1, -1))!r}), so step 2 changes nothing.",
+            f"{tuple(range(len(ex.strategy) - 1, -1, -1))!r}), so step 2 keeps the axis order.",
             "",
         )
         if layout.num_devices > math.prod(ex.strategy):

@@ -101,7 +101,7 @@ def test_strategy_wording_and_repeat_axis():
     assert list(ex.shard_numbers) == [0, 0, 1, 1, 2, 2, 3, 3]
     assert ex.map_strides == (2, 2, 2, 1, 1)  # the seed's stride[4] .. stride[0]
     text = format_explanation(ex)
-    assert "so step 2 changes nothing" in text
+    assert "so step 2 keeps the axis order" in text
     assert "uses 4 of 8 ranks" in text
 
 
