@@ -1,0 +1,213 @@
+#!/usr/bin/env python
+"""spmdsim next to PyTorch DTensor (gloo, CPU) on the same redistributions and TP layers.
+
+Not part of CI. Needs torch (>= 2.4, with torch.distributed.tensor); without
+it the script says so and exits 0. Run under MPI (mpi4py hands each rank its
+rank and the gloo rendezvous address), always under a timeout:
+
+    timeout -k 5 600 mpiexec -n 8 python scripts/bench_peers.py
+    timeout -k 5 120 mpiexec -n 8 python scripts/bench_peers.py --quick
+
+Each case runs spmdsim and DTensor in turn (rotating order, barrier before
+each call); a time is the median over repeats of the slowest rank. The ratio
+is spmdsim / DTensor (below 1: spmdsim is faster).
+"""
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from typing import Any, Callable, Optional  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+FULL = dict(shape=(4096, 1024), matmul=2048, batch=64, hidden=1024, ffn=4096, vocab=32000,
+            emb_dim=1024, tokens=2048, repeats=7, warmup=2)
+QUICK = dict(shape=(256, 64), matmul=256, batch=8, hidden=128, ffn=512, vocab=1000, emb_dim=64,
+             tokens=64, repeats=2, warmup=1)
+
+
+def _torch_or_none() -> Optional[Any]:
+    if importlib.util.find_spec("torch") is None:
+        return None
+    import torch
+
+    if importlib.util.find_spec("torch.distributed.tensor") is None:
+        return None
+    return torch
+
+
+def _init_gloo(comm: Any, torch: Any) -> None:
+    """Start torch.distributed (gloo) with the rank and size MPI gave this process."""
+    import socket
+
+    import torch.distributed as dist
+
+    if comm.Get_rank() == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    else:
+        port = None
+    port = comm.bcast(port, root=0)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=comm.Get_rank(), world_size=comm.Get_size())
+    torch.set_num_threads(1)
+
+
+def _timeit(comm: Any, waiter: Any, calls: dict[str, Callable[[], Any]], warmup: int,
+            repeats: int) -> dict[str, float]:
+    from mpi4py import MPI
+
+    names = list(calls)
+    local = np.zeros((len(names), repeats))
+    for rep in range(-warmup, repeats):
+        k = rep % len(names)
+        for name in names[k:] + names[:k]:
+            waiter.barrier(comm)
+            t0 = time.perf_counter()
+            calls[name]()
+            if rep >= 0:
+                local[names.index(name), rep] = time.perf_counter() - t0
+    slowest = np.empty_like(local)
+    comm.Allreduce(local, slowest, MPI.MAX)
+    return {n: statistics.median(slowest[i]) for i, n in enumerate(names)}
+
+
+def cases(comm: Any, torch: Any, cfg: dict) -> list[tuple[str, Callable, Callable]]:
+    """(name, spmdsim call, DTensor call) pairs on the same shapes and data."""
+    import torch.nn as nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor as TDT
+    from torch.distributed.tensor import Partial, Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    from spmdsim import Layout, SeededTensor
+    from spmdsim.ops import (ColumnParallelLinear, ParallelMLP, RowParallelLinear,
+                             VocabParallelEmbedding, matmul)
+    from spmdsim.plan_exec import redistribute
+    from spmdsim.runtime import DTensor, Mesh
+
+    world, rank = comm.Get_size(), comm.Get_rank()
+    layout = Layout((world,), ("x",))
+    mesh = Mesh(layout, comm)
+    tmesh = init_device_mesh("cpu", (world,))
+    out = []
+
+    # Redistributions of a (rows, cols) float32 tensor.
+    shape = cfg["shape"]
+    src = SeededTensor(shape, seed=7)
+    moves = [
+        ("S(0)->B", layout("x", None), [Shard(0)], layout(None, None), [Replicate()]),
+        ("S(0)->S(1)", layout("x", None), [Shard(0)], layout(None, "x"), [Shard(1)]),
+        ("P->B", layout(None, None, partial=("x",)), [Partial()], layout(None, None),
+         [Replicate()]),
+        ("P->S(0)", layout(None, None, partial=("x",)), [Partial()], layout("x", None),
+         [Shard(0)]),
+    ]
+    for name, s_l, s_p, d_l, d_p in moves:
+        if s_l.partial:
+            x = DTensor(mesh, src.region(s_l.slices(rank, shape)), s_l, shape)
+        else:
+            x = DTensor.from_seeded(mesh, s_l, src)
+        tx = TDT.from_local(torch.from_numpy(x.local.copy()), tmesh, s_p, run_check=False,
+                            shape=torch.Size(shape), stride=(shape[1], 1))
+        out.append((f"redist {name} {shape}", lambda x=x, d=d_l: redistribute(x, d),
+                    lambda tx=tx, d=d_p: tx.redistribute(tmesh, d).to_local()))
+
+    # MatMul (m, m) with K split on both operands: partial sum, then Allreduce.
+    m = cfg["matmul"]
+    X = DTensor.from_seeded(mesh, layout(None, "x"), SeededTensor((m, m), seed=1))
+    W = DTensor.from_seeded(mesh, layout("x", None), SeededTensor((m, m), seed=2))
+    tX = TDT.from_local(torch.from_numpy(X.local.copy()), tmesh, [Shard(1)], run_check=False)
+    tW = TDT.from_local(torch.from_numpy(W.local.copy()), tmesh, [Shard(0)], run_check=False)
+    out.append((f"matmul {m}x{m} K-split", lambda: matmul(X, W),
+                lambda: torch.matmul(tX, tW).redistribute(tmesh, [Replicate()]).to_local()))
+
+    # Column / row Linear, MLP, vocab-parallel Embedding (Megatron layouts on both sides).
+    b, d_in, d_ff = cfg["batch"], cfg["hidden"], cfg["ffn"]
+    xs = SeededTensor((b, d_in), seed=3)
+    xin = DTensor.from_seeded(mesh, layout(None, None), xs)
+    t_in = torch.from_numpy(xs.full())
+    col = ColumnParallelLinear(mesh, d_in, d_ff, gather_output=True, seed=10)
+    tcol = parallelize_module(nn.Linear(d_in, d_ff), tmesh,
+                              ColwiseParallel(output_layouts=Replicate()))
+    out.append((f"column_linear {d_in}->{d_ff} b{b} gather", lambda: col(xin),
+                lambda: tcol(t_in)))
+    row = RowParallelLinear(mesh, d_ff, d_in, seed=20)
+    hs = SeededTensor((b, d_ff), seed=4)
+    hin = DTensor.from_seeded(mesh, layout(None, None), hs)
+    t_h = torch.from_numpy(hs.full())
+    trow = parallelize_module(nn.Linear(d_ff, d_in), tmesh, RowwiseParallel())
+    out.append((f"row_linear {d_ff}->{d_in} b{b}", lambda: row(hin), lambda: trow(t_h)))
+    mlp = ParallelMLP(mesh, d_in, d_ff, seed=30)
+    tmlp = parallelize_module(
+        nn.Sequential(nn.Linear(d_in, d_ff), nn.GELU(approximate="tanh"), nn.Linear(d_ff, d_in)),
+        tmesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    out.append((f"mlp {d_in}->{d_ff}->{d_in} b{b}", lambda: mlp(xin), lambda: tmlp(t_in)))
+    vocab, dim, tokens = cfg["vocab"], cfg["emb_dim"], cfg["tokens"]
+    emb = VocabParallelEmbedding(mesh, vocab, dim, seed=40)
+    ids_src = SeededTensor((tokens,), "int64", seed=5, low=0, high=vocab)
+    ids = DTensor.from_seeded(mesh, layout(None), ids_src)
+    temb = parallelize_module(nn.Embedding(vocab, dim), tmesh, RowwiseParallel())
+    t_ids = torch.from_numpy(ids_src.full())
+    out.append((f"vocab_embedding {vocab}x{dim} t{tokens}", lambda: emb(ids),
+                lambda: temb(t_ids)))
+    return out
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                epilog="e.g. timeout -k 5 600 mpiexec -n 8 python "
+                                       "scripts/bench_peers.py")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, few repeats")
+    p.add_argument("--json", default=None, help="write the records to this file")
+    args = p.parse_args(argv)
+    torch = _torch_or_none()
+    if torch is None:
+        print("bench_peers: PyTorch with torch.distributed.tensor is not installed; nothing to "
+              "compare (pip install torch to run it). Skipping.")
+        return 0
+    from mpi4py import MPI
+
+    from spmdsim.cli.calibrate import Waiter
+
+    comm = MPI.COMM_WORLD
+    cfg = QUICK if args.quick else FULL
+    _init_gloo(comm, torch)
+    waiter = Waiter(comm)
+    records = []
+    for name, fn_s, fn_t in cases(comm, torch, cfg):
+        t = _timeit(comm, waiter, {"spmdsim": fn_s, "dtensor": fn_t}, cfg["warmup"],
+                    cfg["repeats"])
+        records.append({"name": name, "spmdsim_s": t["spmdsim"], "dtensor_s": t["dtensor"],
+                        "ratio_spmdsim_vs_dtensor": t["spmdsim"] / t["dtensor"]})
+        if comm.Get_rank() == 0:
+            print(f"bench_peers: {name} done", file=sys.stderr, flush=True)
+    if comm.Get_rank() == 0:
+        print(f"{'case':<44}{'spmdsim ms':>11}{'DTensor ms':>11}{'ratio':>7}")
+        for r in records:
+            print(f"{r['name'][:43]:<44}{r['spmdsim_s'] * 1e3:>11.2f}{r['dtensor_s'] * 1e3:>11.2f}"
+                  f"{r['ratio_spmdsim_vs_dtensor']:>7.2f}")
+        print(f"torch {torch.__version__} gloo, {comm.Get_size()} ranks, wait={waiter.mode}; "
+              "ratio = spmdsim / DTensor")
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(records, fh, indent=1)
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
