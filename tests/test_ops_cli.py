@@ -1,0 +1,78 @@
+"""Pure tests of the demo registry and the `run` / `demo` command plumbing (no MPI)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from spmdsim.cli.demo import format_table
+from spmdsim.cli.main import SUBCOMMANDS, build_parser, main
+from spmdsim.demo import Outcome, registry, scenario, scenarios
+from spmdsim.demo.jobs import contraction_atol, short
+from spmdsim import Layout, SpmdsimError
+
+SEED_SCENARIOS = {
+    "matmul_2x1_1x4", "matmul_2x4_4x1", "matmul_1x8_8x1", "matmul_out_strategy",
+    "matmul_layout_tuple", "embedding_vocab", "linear_row", "linear_column", "mlp",
+}
+
+
+def test_registry_has_every_seed_scenario_and_adapts_to_world_size():
+    found = {sc.name: sc for sc in scenarios()}
+    assert SEED_SCENARIOS <= set(found)
+    assert all(sc.needs(8) is None for sc in found.values() if sc.name in SEED_SCENARIOS)
+    at4 = {name for name, sc in found.items() if sc.needs(4) is None}
+    assert {"embedding_vocab", "linear_row", "linear_column", "mlp"} <= at4
+    assert "needs a multiple of 8 ranks, not 4" in found["matmul_2x4_4x1"].needs(4)
+    assert "exactly 8 ranks" in found["matmul_layout_tuple"].needs(4)
+
+
+def test_registering_a_name_twice_with_another_function_fails(monkeypatch):
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))  # leave no trace
+
+    @scenario("_test_only_twice", "x")
+    def _a(ctx):  # pragma: no cover - never built
+        return None
+
+    with pytest.raises(SpmdsimError, match="registered twice"):
+        @scenario("_test_only_twice", "y")
+        def _b(ctx):  # pragma: no cover
+            return None
+
+
+def test_outcome_record_and_table():
+    ok = Outcome("mlp", "ParallelMLP (gelu)", "x[-,-] -> [-,-]", True, 2e-5, {"allreduce": 1}, 16128)
+    bad = Outcome("linear_row", "RowParallelLinear", "x[-,mp]", False, 0.5, {"allreduce": 1}, 10)
+    skip = Outcome("matmul_2x4_4x1", "-", "MatMul ((2,4),(4,1))", True, 0.0, {}, 0,
+                   skipped="needs 8 ranks")
+    assert ok.record() == {"scenario": "mlp", "passed": True, "max_abs_error": 2e-5,
+                           "collectives": {"allreduce": 1}, "bytes_sent_per_rank": 16128}
+    assert skip.record()["skipped"] == "needs 8 ranks"
+    text = format_table([ok, bad, skip], 8, "float32")
+    assert "allreduce x1" in text and "PASS" in text and "FAIL" in text
+    assert "SKIP (needs 8 ranks)" in text and text.endswith("1 passed, 1 failed, 1 skipped")
+
+
+def test_short_layout_text_and_tolerance():
+    layout = Layout((2, 2, 2), ("dp", "sp", "mp"))
+    assert short(layout("mp", ("sp", "dp"))) == "[mp,(sp,dp)]"
+    assert short(layout("mp", None, partial=("sp",))) == "[mp,-]P(sp)"
+    assert contraction_atol(784, "float32") == pytest.approx(784 * 2.0**-23)
+    assert contraction_atol(3, "float64") == 1e-12
+
+
+def test_parser_has_run_and_demo(capsys):
+    assert {"run", "demo"} <= set(SUBCOMMANDS)
+    args = build_parser().parse_args(
+        ["run", "matmul", "--strategy", "((2,1),(1,4))", "--shape", "256,128,192", "--explain"])
+    assert args.op == "matmul" and args.explain and args.dtype == "float32"
+    assert main(["demo", "--list"]) == 0
+    assert "matmul_layout_tuple" in capsys.readouterr().out
+    assert main(["demo", "--only", "nope"]) == 2
+
+
+def test_demo_list_imports_no_mpi():
+    code = ("import sys\nfrom spmdsim.cli.main import main\nmain(['demo', '--list'])\n"
+            "assert 'mpi4py' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
