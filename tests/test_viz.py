@@ -235,3 +235,9 @@ c=1 |  r2 |  r3 |   c=1 |  r6 |  r7 |
     |  #2 |  #2 |       |  #3 |  #3 |
     +-----+-----+       +-----+-----+
 """
+
+
+def test_scalar_tensor_is_one_block():
+    pic = layout_picture(Layout((2,), ("x",))(), ())
+    assert [b.label for b in pic.blocks] == ["r0,1"]
+    assert "scalar" in render_layout_ascii(pic)

@@ -100,6 +100,8 @@ def _panel_lines(panel: Panel, short: bool, width: int) -> list[str]:
     if panel.row_dim is None:
         rows = [""]
     cols = [f"{a}:{b}" for a, b in zip(panel.col_edges, panel.col_edges[1:])]
+    if panel.col_dim < 0:
+        cols = ["scalar"]
     cells = [
         [[f"#{b.shard_number}"] if short else [b.label, f"#{b.shard_number}"] for b in row]
         for row in panel.blocks
@@ -140,11 +142,12 @@ def tensor_lines(picture: LayoutPicture, width: int = 80) -> list[str]:
     """The tensor part alone: a heading line, the panels, and a legend when labels were cut."""
     tensor, short = _tensor_lines(picture, width)
     first = picture.panels[0]
-    where = (
-        f"rows dim {first.row_dim}, columns dim {first.col_dim}"
-        if first.row_dim is not None
-        else f"columns dim {first.col_dim}"
-    )
+    if first.col_dim < 0:
+        where = "a 0-d tensor"
+    elif first.row_dim is not None:
+        where = f"rows dim {first.row_dim}, columns dim {first.col_dim}"
+    else:
+        where = f"columns dim {first.col_dim}"
     if short:
         lines = [f"Tensor: shard number #k of each block ({where})"]
     else:

@@ -47,7 +47,7 @@ class Panel:
     title: str
     grid_pos: tuple[int, int]
     row_dim: Optional[int]  # None for a 1-D tensor (one row)
-    col_dim: int
+    col_dim: int  # -1 for a 0-d tensor (one block)
     row_edges: tuple[int, ...]  # block boundaries along row_dim ((0, 1) when row_dim is None)
     col_edges: tuple[int, ...]
     blocks: tuple[tuple[Block, ...], ...]  # [row][col]
