@@ -174,8 +174,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = p.parse_args(argv)
     torch = _torch_or_none()
     if torch is None:
-        print("bench_peers: PyTorch with torch.distributed.tensor is not installed; nothing to "
-              "compare (pip install torch to run it). Skipping.")
+        if os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")) == "0":
+            print("bench_peers: PyTorch with torch.distributed.tensor is not installed; nothing "
+                  "to compare (pip install torch to run it). Skipping.")
         return 0
     from mpi4py import MPI
 
