@@ -228,3 +228,28 @@ def test_predict_plan_errors():
 def test_cost_module_is_pure():
     code = "import sys, spmdsim.cost; assert 'mpi4py' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_predict_plan_on_real_plans():
+    plan_mod = pytest.importorskip("spmdsim.plan")
+    one = Layout((8,), ("x",))
+    model = CostModel(A, B, C)
+    shape = (4096, 1024)
+    n = 4096 * 1024 * 4  # the whole tensor, the collectives' buffer n below
+    cases = [
+        (one("x", None), one(None, None), "allgather", n),
+        (one("x", None), one(None, "x"), "alltoall", n // 8),
+        (one(None, None, partial=("x",)), one(None, None), "allreduce", n),
+        (one(None, None, partial=("x",)), one("x", None), "reduce_scatter", n),
+    ]
+    for src, dst, op, buffer in cases:
+        plan = plan_mod.plan_redistribution(src, dst, shape, "float32")
+        (pred,) = predict_plan(plan, model)
+        assert (pred.op, pred.group_size, pred.bytes_per_rank) == (op, 8, buffer)
+        assert pred.seconds == pytest.approx(model.predict(op, 8, buffer))
+    local = plan_mod.plan_redistribution(one(None, None), one("x", None), shape, "float32")
+    assert sum(p.seconds for p in predict_plan(local, model)) == 0.0
+    two = Layout((2, 4), ("dp", "mp"))
+    swap = plan_mod.plan_redistribution(two(("dp", "mp"), None), two(("mp", "dp"), None), shape)
+    preds = predict_plan(swap, model)
+    assert [p.op for p in preds if p.seconds] and all(p.seconds >= 0 for p in preds)
