@@ -341,6 +341,10 @@ def op_cases(comm: Any, waiter: Waiter, wait: str, sz: dict) -> list[Case]:
     cases = []
 
     def add(name: str, nbytes: int, fn_s, fn_r, raw: Raw, fn_n) -> None:
+        # The raw code must compute what spmdsim computes: compare once (also a warm-up).
+        got, want = fn_r(), fn_s().local
+        if not np.allclose(got, want, rtol=1e-4, atol=1e-4):
+            raise SystemExit(f"bench: raw version of {name!r} differs from spmdsim on rank {rank}")
         entries: list = []
         cases.append(Case(name, nbytes, traced(fn_s, entries), raw.timed(fn_r), fn_n,
                           {"_trace": entries}))
@@ -357,6 +361,7 @@ def op_cases(comm: Any, waiter: Waiter, wait: str, sz: dict) -> list[Case]:
     def raw_matmul(xl=X.local, wl=W.local, raw=raw):
         np.matmul(xl, wl, out=part)
         raw(comm.Allreduce, comm.Iallreduce, part, out, SUM)
+        return out
     add(f"matmul {m}x{m} K-split", part.nbytes, lambda: matmul(X, W), raw_matmul, raw,
         lambda xf=xf, wf=wf: xf @ wf)
 
@@ -397,6 +402,7 @@ def op_cases(comm: Any, waiter: Waiter, wait: str, sz: dict) -> list[Case]:
         np.matmul(h.local, wl, out=rpart)
         raw(comm.Allreduce, comm.Iallreduce, rpart, rout, SUM)
         np.add(rout, bl, out=rout)
+        return rout
     add(f"row_linear {d_out}->{d_in} b{b}", rpart.nbytes, lambda: row(h), raw_row, raw,
         lambda: hf @ rwf + rbf)
 
@@ -413,6 +419,7 @@ def op_cases(comm: Any, waiter: Waiter, wait: str, sz: dict) -> list[Case]:
         np.matmul(hid, f2.weight.local, out=mpart)
         raw(comm.Allreduce, comm.Iallreduce, mpart, mout, SUM)
         np.add(mout, f2.bias.local, out=mout)
+        return mout
 
     def numpy_mlp():
         w1, b1, w2, b2 = full_w
@@ -435,6 +442,7 @@ def op_cases(comm: Any, waiter: Waiter, wait: str, sz: dict) -> list[Case]:
         owned = (ids.local >= start) & (ids.local < stop)
         looked = padded[np.where(owned, ids.local - start, stop - start)]
         raw(comm.Allreduce, comm.Iallreduce, looked, eout, SUM)
+        return eout
     add(f"vocab_embedding {vocab}x{dim} t{tokens}", eout.nbytes, lambda: emb(ids), raw_emb, raw,
         lambda: table_f[ids_f])
     return cases
