@@ -82,6 +82,9 @@ def _abort(comm: Any, text: str) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.write(text + f"spmdsim: aborting the MPI job ({comm.Get_size()} ranks)\n")
     sys.stderr.flush()
+    # Give mpiexec a moment to forward the message before Abort tears the job down
+    # (seen: stderr lost when the job's output goes to a pipe).
+    time.sleep(0.3)
     comm.Abort(1)
     os._exit(1)  # Abort does not return; this is only a safety net
 

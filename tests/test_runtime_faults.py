@@ -1,0 +1,112 @@
+"""Never hang: jobs where some ranks fail end quickly with a message (spawns mpiexec)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+if not os.access(MPIEXEC, os.X_OK):
+    MPIEXEC = shutil.which("mpiexec") or ""
+pytestmark = pytest.mark.skipif(
+    not MPIEXEC or not shutil.which("timeout"), reason="needs mpiexec and coreutils timeout"
+)
+RANKS = 4
+BOUND_S = 45  # generous: the machine may be shared and oversubscribed
+
+
+def _launch(body: str, **env: str) -> tuple[subprocess.CompletedProcess, float]:
+    start = time.monotonic()
+    proc = subprocess.run(
+        ["timeout", "-k", "5", "60", MPIEXEC, "-n", str(RANKS), sys.executable, "-c", HEADER + textwrap.dedent(body)],
+        capture_output=True, text=True, timeout=90,
+        env={**os.environ, "SPMDSIM_GUARD_GRACE_S": "1", "OMP_NUM_THREADS": "1", **env},
+    )
+    return proc, time.monotonic() - start
+
+
+HEADER = """
+from mpi4py import MPI
+import numpy as np
+from spmdsim import Layout, ShapeError
+from spmdsim.runtime import Mesh, allreduce, abort_on_error, install_excepthook, run_guarded
+mesh = Mesh(Layout((2, MPI.COMM_WORLD.size // 2), ("dp", "mp")))
+"""
+
+
+def test_exception_on_one_rank_mid_job_aborts_everyone():
+    proc, seconds = _launch("""
+    with abort_on_error():
+        allreduce(mesh, np.ones(4), ("dp", "mp"))
+        if mesh.rank == 2:
+            raise ValueError("boom on rank two")
+        allreduce(mesh, np.ones(4), ("dp", "mp"))  # the others block here
+    """)
+    assert proc.returncode not in (0, 124), proc.stderr
+    assert seconds < BOUND_S
+    assert "spmdsim: error on rank 2: ValueError: boom on rank two" in proc.stderr
+
+
+def test_spmdsim_error_on_some_ranks_aborts_after_grace():
+    proc, seconds = _launch("""
+    with abort_on_error():
+        if mesh.rank == 1:
+            raise ShapeError("only rank one disagrees")
+        mesh.comm.Barrier()
+    """)
+    assert proc.returncode not in (0, 2, 124), proc.stderr
+    assert seconds < BOUND_S
+    assert "spmdsim: error on rank 1: only rank one disagrees" in proc.stderr
+
+
+def test_uniform_spmdsim_error_exits_2_with_one_line():
+    proc, seconds = _launch("""
+    @abort_on_error()
+    def main():
+        raise ShapeError("tensor dim 0 of size 10 is not divisible by 4 shards")
+    main()
+    """)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines == ["spmdsim: error: tensor dim 0 of size 10 is not divisible by 4 shards"]
+    assert seconds < BOUND_S
+
+
+def test_run_guarded_returns_2_and_excepthook_aborts():
+    proc, _ = _launch("""
+    code = run_guarded(lambda: (_ for _ in ()).throw(ShapeError("same everywhere")), MPI.COMM_WORLD)
+    codes = MPI.COMM_WORLD.gather(code)
+    if mesh.rank == 0:
+        print("codes", codes, flush=True)
+    """)
+    assert proc.returncode == 0 and f"codes {[2] * RANKS}" in proc.stdout, proc.stderr
+    assert proc.stderr.count("spmdsim: error: same everywhere") == 1
+    proc, seconds = _launch("""
+    install_excepthook()
+    if mesh.rank == 3:
+        raise KeyError("uncaught on rank three")
+    mesh.comm.Barrier()
+    """)
+    assert proc.returncode not in (0, 124) and seconds < BOUND_S
+    assert "spmdsim: error on rank 3: KeyError" in proc.stderr
+
+
+def test_launch_cli_runs_the_job_and_enforces_its_timeout():
+    run = lambda *args: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "spmdsim", "launch", *args], capture_output=True, text=True, timeout=90
+    )
+    ok = run("-n", "2", "--timeout", "60", "--", "python", "-c",
+             "import os; from mpi4py import MPI; c = MPI.COMM_WORLD; "
+             "c.rank or print('w', c.size, os.environ['SPMDSIM_EXPECT_WORLD'], os.environ['OMP_NUM_THREADS'])")
+    assert ok.returncode == 0 and ok.stdout.split()[:3] == ["w", "2", "2"], ok.stderr
+    start = time.monotonic()
+    slow = run("-n", "2", "--timeout", "2", "--", "python", "-c", "import time; time.sleep(60)")
+    assert slow.returncode == 124 and time.monotonic() - start < 30
+    assert "exceeded the 2 s timeout" in slow.stderr
+    bad = run("-n", "2", "--")
+    assert bad.returncode == 2 and "needs a command" in bad.stderr
