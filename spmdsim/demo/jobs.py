@@ -14,7 +14,9 @@ from ..datagen import SeededTensor
 from ..dialects.strategy import format_strategy, matmul_layouts
 from ..errors import OperatorError
 from ..layout import Layout, TensorLayout
-from ..ops.infer import Resolution, infer_embedding, infer_linear, out_layout_from_strategy
+from ..ops.infer import (
+    LinearPlan, Resolution, infer_embedding, infer_linear, out_layout_from_strategy,
+)
 from ..reference import embedding_region, linear_region, matmul_region
 from .registry import Job
 
@@ -125,9 +127,7 @@ def strategy_matmul_job(
                       transpose_a=transpose_a, transpose_b=transpose_b, out_layout=out, op=op)
 
 
-def _linear_steps(x: TensorLayout, w: TensorLayout, b: Optional[TensorLayout],
-                  gather_out: bool) -> tuple[tuple[Resolution, str], ...]:
-    plan = infer_linear(x, w, b, gather_out=gather_out)
+def _linear_steps(plan: LinearPlan) -> tuple[tuple[Resolution, str], ...]:
     steps = []
     if plan.matmul.collective:
         steps.append((plan.matmul.resolution,
@@ -143,26 +143,36 @@ def linear_job(
     comm: Any, parallel: str, dims: Sequence[int], *, dtype: str = "float32", seed: int = 0,
     gather_out: bool = False, bias: bool = True, front: str = "megatron",
 ) -> Job:
-    """Column- or row-parallel Linear on X (M, K) and W (K, N) over every rank ("mp")."""
+    """Column- or row-parallel Linear on X (M, K) and W (K, N) over every rank ("mp").
+
+    Row-parallel X arrives split on K (as a column-parallel layer leaves it);
+    `gather_out` applies to column-parallel only. W uses seed + 1, b seed + 2.
+    """
     from ..ops.linear import ColumnParallelLinear, RowParallelLinear
     from ..ops.paddle_split import split
 
     if parallel not in ("column", "row"):
         raise OperatorError(f"parallel {parallel!r} must be 'column' or 'row'")
     mm, k, n = (int(d) for d in dims)
+    row = parallel == "row"
+    gather_out = gather_out and not row
     layout = mp_layout(comm.Get_size())
+    x_layout = layout(None, "mp") if row else layout(None, None)
+    w_layout = layout("mp", None) if row else layout(None, "mp")
+    b_layout = (layout(None) if row else layout("mp")) if bias else None
+    plan = infer_linear(x_layout, w_layout, b_layout, gather_out=gather_out)
     mesh = _mesh(layout, comm)
     xs = SeededTensor((mm, k), dtype, seed)
-    row = parallel == "row"
-    x_layout = layout(None, "mp") if row else layout(None, None)
     x = _dtensor(mesh, x_layout, xs)
     if front == "paddle":
         w_src = SeededTensor((k, n), dtype, seed + 1)
         b_src = SeededTensor((n,), dtype, seed + 2) if bias else None
         op = f"paddle split linear axis={0 if row else 1}"
-        forward = lambda: split(x, (k, n), "linear", axis=0 if row else 1,  # noqa: E731
-                                num_partitions=layout.num_devices, gather_out=gather_out,
-                                weight_attr=w_src, bias_attr=b_src if bias else False)
+
+        def forward(x: Any) -> Any:
+            return split(x, (k, n), "linear", axis=0 if row else 1,
+                         num_partitions=layout.num_devices, gather_out=gather_out,
+                         weight_attr=w_src, bias_attr=b_src if bias else False)
     else:
         if row:
             layer: Any = RowParallelLinear(mesh, k, n, bias=bias, input_is_parallel=True,
@@ -171,13 +181,10 @@ def linear_job(
             layer = ColumnParallelLinear(mesh, k, n, bias=bias, gather_output=gather_out,
                                          dtype=dtype, seed=seed + 1)
         w_src, b_src, op = layer.weight_source, layer.bias_source, type(layer).__name__
-        forward = lambda: layer(x)  # noqa: E731
-    w_layout = layout("mp", None) if row else layout(None, "mp")
-    b_layout = (layout(None) if row else layout("mp")) if bias else None
-    steps = _linear_steps(x_layout, w_layout, b_layout, gather_out and not row)
-    out = infer_linear(x_layout, w_layout, b_layout, gather_out=gather_out and not row).out
-    return Job(op, f"x{short(x_layout)} W{short(w_layout)} -> {short(out)}", mesh, forward,
-               linear_region(xs, w_src, b_src), {"x": x}, steps, contraction_atol(k, dtype))
+        forward = layer
+    return Job(op, f"x{short(x_layout)} W{short(w_layout)} -> {short(plan.out)}", mesh,
+               lambda: forward(x), linear_region(xs, w_src, b_src), {"x": x},
+               _linear_steps(plan), contraction_atol(k, dtype))
 
 
 def embedding_job(
@@ -205,18 +212,22 @@ def embedding_job(
         table_layout = layout("mp", None)
         if front == "paddle":
             op = "paddle split embedding"
-            forward = lambda: split(ids, (vocab, dim), "embedding",  # noqa: E731
-                                    num_partitions=layout.num_devices, weight_attr=table_src)
+
+            def forward(ids: Any) -> Any:
+                return split(ids, (vocab, dim), "embedding", num_partitions=layout.num_devices,
+                             weight_attr=table_src)
         else:
             layer = VocabParallelEmbedding(mesh, vocab, dim, dtype=dtype, seed=seed + 1)
-            op, forward = "VocabParallelEmbedding", (lambda: layer(ids))
+            op, forward = "VocabParallelEmbedding", layer
             inputs["table"] = layer.weight
     else:
         table_layout = layout(None, "mp")
         table = _dtensor(mesh, table_layout, table_src)
         inputs["table"] = table
         op = "Embedding (dim-parallel)"
-        forward = lambda: embedding(ids, table, gather_out=gather_out)  # noqa: E731
+
+        def forward(ids: Any) -> Any:
+            return embedding(ids, table, gather_out=gather_out)
     plan = infer_embedding(ids_layout, table_layout, gather_out=gather_out)
     steps = []
     if plan.reduce.collective:
@@ -225,7 +236,8 @@ def embedding_job(
     if plan.gather.collective:
         steps.append((plan.gather, f"embedding columns are split over {plan.dim_axes!r}"))
     return Job(op, f"ids{short(ids_layout)} table{short(table_layout)} -> {short(plan.out)}",
-               mesh, forward, embedding_region(ids_src, table_src), inputs, tuple(steps))
+               mesh, lambda: forward(ids), embedding_region(ids_src, table_src), inputs,
+               tuple(steps))
 
 
 def mlp_job(

@@ -70,7 +70,8 @@ def _matmul_layout_tuple(ctx: Context) -> Job:
     # Seed 003 advanced: x (32, 784) rows over mp, columns over (sp, dp); K over (sp, dp).
     layout = Layout((2, 2, 2), ("dp", "sp", "mp"))
     return matmul_job(ctx.comm, layout("mp", ("sp", "dp")), layout(("sp", "dp"), None),
-                      (32, 784), (784, 512), dtype=ctx.dtype, seed=ctx.seed)
+                      (32, 784), (784, 512), dtype=ctx.dtype, seed=ctx.seed,
+                      op="MatMul Layout((2,2,2))")
 
 
 @scenario("embedding_vocab", "vocab-parallel Embedding (Paddle split)", _divides(1000))
