@@ -192,7 +192,7 @@ def embedding_job(
     front: str = "megatron", gather_out: bool = True,
 ) -> Job:
     """Embedding of ids (dims[:-2]) into a (V, D) = dims[-2:] table, vocab- or dim-parallel."""
-    from ..ops.embedding import VocabParallelEmbedding, embedding
+    from ..ops.embedding import ParallelEmbedding, VocabParallelEmbedding
     from ..ops.paddle_split import split
 
     if mode not in ("vocab", "dim"):
@@ -222,12 +222,10 @@ def embedding_job(
             inputs["table"] = layer.weight
     else:
         table_layout = layout(None, "mp")
-        table = _dtensor(mesh, table_layout, table_src)
-        inputs["table"] = table
-        op = "Embedding (dim-parallel)"
-
-        def forward(ids: Any) -> Any:
-            return embedding(ids, table, gather_out=gather_out)
+        layer = ParallelEmbedding(mesh, vocab, dim, gather_output=gather_out, dtype=dtype,
+                                  seed=seed + 1)
+        op, forward = "ParallelEmbedding (dim-parallel)", layer
+        inputs["table"] = layer.weight
     plan = infer_embedding(ids_layout, table_layout, gather_out=gather_out)
     steps = []
     if plan.reduce.collective:

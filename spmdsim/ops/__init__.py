@@ -8,7 +8,7 @@ operator first runs). The functions shadow their modules' names on purpose
 from __future__ import annotations
 
 from .elementwise import activation, add, bias_add, gelu, relu
-from .embedding import VocabParallelEmbedding, embedding
+from .embedding import ParallelEmbedding, VocabParallelEmbedding, embedding
 from .linear import ColumnParallelLinear, RowParallelLinear, linear
 from .matmul import matmul
 from .mlp import ParallelMLP
@@ -26,6 +26,7 @@ __all__ = [
     "ColumnParallelLinear",
     "RowParallelLinear",
     "VocabParallelEmbedding",
+    "ParallelEmbedding",
     "ParallelMLP",
     "split",
     "paddle_mesh",

@@ -33,6 +33,7 @@ __all__ = [
     "pad_vocab_shard",
     "vocab_parallel_lookup",
     "VocabParallelEmbedding",
+    "ParallelEmbedding",
 ]
 
 
@@ -132,6 +133,33 @@ class VocabParallelEmbedding:
 
     def __call__(self, ids: Any, label: Optional[str] = "vocab_embedding") -> Any:
         return embedding(ids, self.weight, padded_local=self.padded_weight, label=label)
+
+    def reference(self, ids: Source) -> RegionFn:
+        """Region reference of this layer applied to the global ids."""
+        return embedding_region(ids, self.weight_source)
+
+
+class ParallelEmbedding:
+    """Embedding-dim-parallel layer (fairscale's ParallelEmbedding): the table's columns are split.
+
+    Each rank looks up its columns of every id (no padding rule needed); with
+    `gather_output` one Allgather concatenates the columns, else they stay split.
+    Args as in VocabParallelEmbedding.
+    """
+
+    def __init__(
+        self, mesh: Any, num_embeddings: int, embedding_dim: int, *,
+        gather_output: bool = True, axes: Optional[Iterable[str] | str] = None,
+        dtype: str = "float32", seed: int = 0,
+    ) -> None:
+        self.mesh = mesh
+        self.axes = default_axes(mesh, axes)
+        self.gather_output = bool(gather_output)
+        self.weight_source = SeededTensor((int(num_embeddings), int(embedding_dim)), dtype, seed)
+        self.weight = seeded_dtensor(mesh, mesh.layout(None, self.axes), self.weight_source)
+
+    def __call__(self, ids: Any, label: Optional[str] = "dim_embedding") -> Any:
+        return embedding(ids, self.weight, gather_out=self.gather_output, label=label)
 
     def reference(self, ids: Source) -> RegionFn:
         """Region reference of this layer applied to the global ids."""

@@ -146,6 +146,18 @@ def test_dim_parallel_embedding_and_dp_split_ids(mesh2d, gather, dtype):
     assert out.check(embedding_region(ids_src, table_src)).passed
 
 
+def test_parallel_embedding_layer(mesh):
+    from spmdsim.ops import ParallelEmbedding
+
+    ids_src = SeededTensor((4, 3), "int64", seed=2, low=0, high=11)
+    ids = _dt(mesh, mesh.layout(None, None), ids_src)
+    layer = ParallelEmbedding(mesh, 11, 3 * mesh.size, dtype="float32", seed=5)
+    assert layer.weight.local.shape == (11, 3)
+    out, counts = _traced(lambda: layer(ids))
+    assert counts == {"allgather": 1} and out.layout == mesh.layout(None, None, None)
+    assert out.check(layer.reference(ids_src)).max_abs_error == 0.0
+
+
 @pytest.mark.parametrize("bad", ["high", "negative", "float"])
 def test_bad_ids_raise_on_every_rank_before_communicating(mesh, bad):
     from spmdsim.ops import VocabParallelEmbedding
