@@ -82,6 +82,22 @@ def _timeit(comm: Any, waiter: Any, calls: dict[str, Callable[[], Any]], warmup:
     return {n: statistics.median(slowest[i]) for i, n in enumerate(names)}
 
 
+def _synced(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """Wait for DTensor's asynchronous (functional) collectives before the clock stops."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+    from torch.distributed.tensor import DTensor as TDT
+
+    def call() -> Any:
+        out = fn()
+        if isinstance(out, TDT):
+            out = out.to_local()
+        if isinstance(out, AsyncCollectiveTensor):
+            out = out.wait()
+        return out
+
+    return call
+
+
 def cases(comm: Any, torch: Any, cfg: dict) -> list[tuple[str, Callable, Callable]]:
     """(name, spmdsim call, DTensor call) pairs on the same shapes and data."""
     import torch.nn as nn
@@ -143,10 +159,10 @@ def cases(comm: Any, torch: Any, cfg: dict) -> list[tuple[str, Callable, Callabl
                               ColwiseParallel(output_layouts=Replicate()))
     out.append((f"column_linear {d_in}->{d_ff} b{b} gather", lambda: col(xin),
                 lambda: tcol(t_in)))
-    row = RowParallelLinear(mesh, d_ff, d_in, seed=20)
+    row = RowParallelLinear(mesh, d_ff, d_in, input_is_parallel=True, seed=20)
     hs = SeededTensor((b, d_ff), seed=4)
-    hin = DTensor.from_seeded(mesh, layout(None, None), hs)
-    t_h = torch.from_numpy(hs.full())
+    hin = DTensor.from_seeded(mesh, layout(None, "x"), hs)
+    t_h = torch.from_numpy(hin.local.copy())  # RowwiseParallel takes the local Shard(-1)
     trow = parallelize_module(nn.Linear(d_ff, d_in), tmesh, RowwiseParallel())
     out.append((f"row_linear {d_ff}->{d_in} b{b}", lambda: row(hin), lambda: trow(t_h)))
     mlp = ParallelMLP(mesh, d_in, d_ff, seed=30)
@@ -158,11 +174,12 @@ def cases(comm: Any, torch: Any, cfg: dict) -> list[tuple[str, Callable, Callabl
     emb = VocabParallelEmbedding(mesh, vocab, dim, seed=40)
     ids_src = SeededTensor((tokens,), "int64", seed=5, low=0, high=vocab)
     ids = DTensor.from_seeded(mesh, layout(None), ids_src)
-    temb = parallelize_module(nn.Embedding(vocab, dim), tmesh, RowwiseParallel())
+    temb = parallelize_module(nn.Embedding(vocab, dim), tmesh,
+                              RowwiseParallel(input_layouts=Replicate()))
     t_ids = torch.from_numpy(ids_src.full())
     out.append((f"vocab_embedding {vocab}x{dim} t{tokens}", lambda: emb(ids),
                 lambda: temb(t_ids)))
-    return out
+    return [(name, fn_s, _synced(fn_t)) for name, fn_s, fn_t in out]
 
 
 def main(argv: Optional[list[str]] = None) -> int:
