@@ -7,7 +7,7 @@ import numpy as np
 
 from ..errors import OperatorError
 from ..layout import TensorLayout
-from .infer import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, Resolution
+from .resolve import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, Resolution
 
 __all__ = [
     "run_resolution", "make_dtensor", "seeded_dtensor", "scatter_local", "default_axes", "same_mesh",

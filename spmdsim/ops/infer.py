@@ -6,12 +6,8 @@ over the axes that split a contraction), the final layout, and which
 collective (Allreduce, Reduce_scatter, Allgather) turns one into the other.
 Inconsistent inputs raise OperatorError saying what would have to change.
 
-Collective choice (DESIGN.md section 2):
-| local result -> wanted            | collective      |
-| --------------------------------- | --------------- |
-| partial over P -> not partial     | Allreduce(P)    |
-| partial over P -> dim d also on P | Reduce_scatter  |
-| split dim over A -> gathered      | Allgather(A)    |
+How a pending sum is finished (Allreduce / Reduce_scatter) lives in
+`spmdsim.ops.resolve`; its names are re-exported here.
 """
 from __future__ import annotations
 
@@ -20,6 +16,15 @@ from typing import Optional, Sequence
 
 from ..errors import OperatorError, ShapeError
 from ..layout import TensorLayout, format_entry
+from .resolve import (
+    ALLGATHER,
+    ALLREDUCE,
+    NO_COLLECTIVE,
+    Resolution,
+    fmt as _fmt,
+    out_layout_from_strategy,
+    resolve_partial,
+)
 
 __all__ = [
     "Resolution",
@@ -36,80 +41,6 @@ __all__ = [
     "resolve_partial",
     "out_layout_from_strategy",
 ]
-
-ALLREDUCE = "allreduce"
-REDUCE_SCATTER = "reduce_scatter"
-ALLGATHER = "allgather"
-
-
-@dataclass(frozen=True)
-class Resolution:
-    """One collective that finishes a result: `collective` over `axes` (None: no communication)."""
-
-    collective: Optional[str]
-    axes: tuple[str, ...] = ()
-    tensor_dim: Optional[int] = None
-
-    def __str__(self) -> str:
-        if self.collective is None:
-            return "none"
-        where = f", dim {self.tensor_dim}" if self.tensor_dim is not None else ""
-        return f"{self.collective}{self.axes!r}{where}"
-
-
-_NONE = Resolution(None)
-
-
-def _fmt(layout: TensorLayout) -> str:
-    return str(layout)
-
-
-def resolve_partial(
-    local: TensorLayout, out: Optional[TensorLayout] = None, reduce: bool = True
-) -> tuple[TensorLayout, Resolution]:
-    """Final layout and collective for a local result that may hold pending sums.
-
-    Args:
-        local: the local result's layout (partial axes = pending sums).
-        out: wanted layout; None = Allreduce to a full sum. A dim whose entry is
-            the local entry followed by the partial axes asks for Reduce_scatter.
-        reduce: False keeps the pending sum (no collective).
-    """
-    pending = local.partial
-    if out is not None and out.layout != local.layout:
-        raise OperatorError(
-            f"output layout is on {out.layout} but the inputs are on {local.layout}"
-        )
-    if not pending or not reduce:
-        if out is not None and out != local:
-            raise OperatorError(
-                f"the result has layout {_fmt(local)}; requested output {_fmt(out)} "
-                "needs a redistribution, which this operator does not do"
-            )
-        return local, _NONE
-    full = local.with_partial(())
-    if out is None or out == full:
-        return full, Resolution(ALLREDUCE, pending)
-    if out.partial or out.ndim != local.ndim:
-        raise OperatorError(
-            f"requested output {_fmt(out)} must be a non-partial layout with {local.ndim} dims"
-        )
-    changed = [d for d in range(local.ndim) if out.tensor_map[d] != local.tensor_map[d]]
-    if len(changed) == 1:
-        d = changed[0]
-        base, want = local.tensor_map[d], out.tensor_map[d]
-        suffix = want[len(base):]
-        if want[: len(base)] == base and sorted(suffix) == sorted(pending):
-            return out, Resolution(REDUCE_SCATTER, suffix, d)
-    example = list(local.tensor_map)
-    example[0] = example[0] + pending
-    shown = "(" + ", ".join(format_entry(e) for e in example) + ")"
-    raise OperatorError(
-        f"requested output {_fmt(out)} cannot be reached from the pending sum "
-        f"{_fmt(local)} with one collective; expected {_fmt(full)} (Allreduce over "
-        f"{pending!r}) or one dim extended by the partial axes {pending!r}, e.g. {shown} "
-        "(Reduce_scatter)"
-    )
 
 
 def _check_same_mesh(**layouts: TensorLayout) -> None:
@@ -314,7 +245,7 @@ def infer_linear(
                 f"bias {_fmt(bias)} must be split like the output's last dim "
                 f"({format_entry(out.tensor_map[-1])}) of {_fmt(out)}"
             )
-    gather = _NONE
+    gather = NO_COLLECTIVE
     if gather_out and out.tensor_map[-1]:
         if out.partial:
             raise OperatorError("gather_out needs a reduced result; got a pending sum")
@@ -365,7 +296,7 @@ def infer_embedding(
     pending = tuple(a for a in vocab if table.layout.axis_size(a) > 1)
     local = TensorLayout(ids.layout, ids.tensor_map + (dim,), pending)
     out, red = resolve_partial(local, None, reduce)
-    gather = _NONE
+    gather = NO_COLLECTIVE
     if gather_out and dim and not out.partial:
         gather = Resolution(ALLGATHER, dim, out.ndim - 1)
         out = out.with_map(*out.tensor_map[:-1], None)
@@ -412,31 +343,3 @@ def infer_bias_add(x: TensorLayout, bias: TensorLayout) -> TensorLayout:
             f"({format_entry(x.tensor_map[-1])}) of {_fmt(x)}"
         )
     return x
-
-
-def out_layout_from_strategy(local: TensorLayout, counts: Sequence[int]) -> TensorLayout:
-    """MindSpore ``out_strategy`` as a layout: the one dim cut more times takes the partial axes.
-
-    E.g. MatMul ((2, 4), (4, 1)) with out_strategy ((8, 1),): the pending sum over
-    "k" is reduce-scattered along dim 0, giving ``(("m", "k"), "n")``.
-    """
-    counts = tuple(int(c) for c in counts)
-    if len(counts) != local.ndim:
-        raise OperatorError(
-            f"out_strategy {counts!r} has {len(counts)} dims but the output has {local.ndim}"
-        )
-    now = local.shards_per_dim
-    extra = local.layout.group_size(local.partial)
-    grown = [d for d in range(local.ndim) if counts[d] != now[d]]
-    if counts == now:
-        return local.with_partial(())
-    if len(grown) == 1 and local.partial and counts[grown[0]] == now[grown[0]] * extra:
-        d = grown[0]
-        entries = list(local.tensor_map)
-        entries[d] = entries[d] + local.partial
-        return TensorLayout(local.layout, tuple(entries))
-    raise OperatorError(
-        f"out_strategy {counts!r} does not follow from the output {_fmt(local)} "
-        f"(cut {now!r}); expected {now!r} or one dim cut {extra} times more "
-        f"(the contraction's {local.partial!r})"
-    )

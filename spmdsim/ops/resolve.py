@@ -1,0 +1,132 @@
+"""Finishing a result: which collective turns a local result into the wanted layout (pure).
+
+Collective choice (DESIGN.md section 2):
+| local result -> wanted            | collective      |
+| --------------------------------- | --------------- |
+| partial over P -> not partial     | Allreduce(P)    |
+| partial over P -> dim d also on P | Reduce_scatter  |
+| split dim over A -> gathered      | Allgather(A)    |
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from ..errors import OperatorError
+from ..layout import TensorLayout, format_entry
+
+__all__ = [
+    "ALLREDUCE",
+    "REDUCE_SCATTER",
+    "ALLGATHER",
+    "Resolution",
+    "NO_COLLECTIVE",
+    "resolve_partial",
+    "out_layout_from_strategy",
+    "fmt",
+]
+
+ALLREDUCE = "allreduce"
+REDUCE_SCATTER = "reduce_scatter"
+ALLGATHER = "allgather"
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """One collective that finishes a result: `collective` over `axes` (None: no communication)."""
+
+    collective: Optional[str]
+    axes: tuple[str, ...] = ()
+    tensor_dim: Optional[int] = None
+
+    def __str__(self) -> str:
+        if self.collective is None:
+            return "none"
+        where = f", dim {self.tensor_dim}" if self.tensor_dim is not None else ""
+        return f"{self.collective}{self.axes!r}{where}"
+
+
+#: No communication.
+NO_COLLECTIVE = Resolution(None)
+
+
+def fmt(layout: TensorLayout) -> str:
+    """A layout as error messages show it."""
+    return str(layout)
+
+
+def resolve_partial(
+    local: TensorLayout, out: Optional[TensorLayout] = None, reduce: bool = True
+) -> tuple[TensorLayout, Resolution]:
+    """Final layout and collective for a local result that may hold pending sums.
+
+    Args:
+        local: the local result's layout (partial axes = pending sums).
+        out: wanted layout; None = Allreduce to a full sum. A dim whose entry is
+            the local entry followed by the partial axes asks for Reduce_scatter.
+        reduce: False keeps the pending sum (no collective).
+    """
+    pending = local.partial
+    if out is not None and out.layout != local.layout:
+        raise OperatorError(
+            f"output layout is on {out.layout} but the inputs are on {local.layout}"
+        )
+    if not pending or not reduce:
+        if out is not None and out != local:
+            raise OperatorError(
+                f"the result has layout {fmt(local)}; requested output {fmt(out)} "
+                "needs a redistribution, which this operator does not do"
+            )
+        return local, NO_COLLECTIVE
+    full = local.with_partial(())
+    if out is None or out == full:
+        return full, Resolution(ALLREDUCE, pending)
+    if out.partial or out.ndim != local.ndim:
+        raise OperatorError(
+            f"requested output {fmt(out)} must be a non-partial layout with {local.ndim} dims"
+        )
+    changed = [d for d in range(local.ndim) if out.tensor_map[d] != local.tensor_map[d]]
+    if len(changed) == 1:
+        d = changed[0]
+        base, want = local.tensor_map[d], out.tensor_map[d]
+        suffix = want[len(base):]
+        if want[: len(base)] == base and sorted(suffix) == sorted(pending):
+            return out, Resolution(REDUCE_SCATTER, suffix, d)
+    example = list(local.tensor_map)
+    example[0] = example[0] + pending
+    shown = "(" + ", ".join(format_entry(e) for e in example) + ")"
+    raise OperatorError(
+        f"requested output {fmt(out)} cannot be reached from the pending sum "
+        f"{fmt(local)} with one collective; expected {fmt(full)} (Allreduce over "
+        f"{pending!r}) or one dim extended by the partial axes {pending!r}, e.g. {shown} "
+        "(Reduce_scatter)"
+    )
+
+
+
+def out_layout_from_strategy(local: TensorLayout, counts: Sequence[int]) -> TensorLayout:
+    """MindSpore ``out_strategy`` as a layout: the one dim cut more times takes the partial axes.
+
+    E.g. MatMul ((2, 4), (4, 1)) with out_strategy ((8, 1),): the pending sum over
+    "k" is reduce-scattered along dim 0, giving ``(("m", "k"), "n")``.
+    """
+    counts = tuple(int(c) for c in counts)
+    if len(counts) != local.ndim:
+        raise OperatorError(
+            f"out_strategy {counts!r} has {len(counts)} dims but the output has {local.ndim}"
+        )
+    now = local.shards_per_dim
+    extra = local.layout.group_size(local.partial)
+    grown = [d for d in range(local.ndim) if counts[d] != now[d]]
+    if counts == now:
+        return local.with_partial(())
+    if len(grown) == 1 and local.partial and counts[grown[0]] == now[grown[0]] * extra:
+        d = grown[0]
+        entries = list(local.tensor_map)
+        entries[d] = entries[d] + local.partial
+        return TensorLayout(local.layout, tuple(entries))
+    raise OperatorError(
+        f"out_strategy {counts!r} does not follow from the output {fmt(local)} "
+        f"(cut {now!r}); expected {now!r} or one dim cut {extra} times more "
+        f"(the contraction's {local.partial!r})"
+    )
