@@ -1,0 +1,238 @@
+"""Debug mode for collectives: a divergence guard and a watchdog.
+
+Divergence guard (``SPMDSIM_CHECK=1`` or ``configure(check=True)``, off by
+default): before each collective the ranks of its group Allgather a
+fixed-size int64 fingerprint (sequence number, operation, axes, dtype, shape,
+extra arguments, group size) on the same communicator and compare it. When
+the rows differ, every member raises the same RuntimeMismatchError naming the
+first rank that differs from the majority, instead of deadlocking or
+reading garbage. A rank that skips a collective altogether cannot meet the
+others there; the watchdog reports that.
+
+Watchdog (``SPMDSIM_WATCHDOG=seconds`` or ``configure(watchdog=...)``, off by
+default): every collective (and fingerprint exchange) is posted nonblocking
+and polled; past the deadline the rank prints
+``[rank r] spmdsim: collective allreduce on ('mp',) (seq 12) did not complete
+within 5.0 s`` and calls ``MPI.COMM_WORLD.Abort(1)``, which ends every rank.
+
+The sequence number counts the collectives this process issued through
+spmdsim.runtime.collectives (groups of one rank included), so a rank that
+issued one more or one fewer than its peers is caught at its next collective.
+This module imports mpi4py only when it aborts.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import zlib
+from collections import Counter
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from ..errors import RuntimeMismatchError, SpmdsimError
+
+__all__ = [
+    "configure",
+    "check_enabled",
+    "watchdog_seconds",
+    "next_seq",
+    "current_seq",
+    "fingerprint",
+    "describe",
+    "verify",
+    "wait",
+    "FINGERPRINT_FIELDS",
+]
+
+FINGERPRINT_FIELDS = 16
+_MAX_DIMS = 8  # shape dims stored one per field; further dims are folded into the last
+_MAGIC = 0x5350_4D44  # "SPMD": a row of garbage or zeros never matches a real one
+
+# Polite polling (same defaults as runtime.wait): spin briefly, then sleep with backoff.
+_SPIN_S = float(os.environ.get("SPMDSIM_WAIT_SPIN_US", "50")) * 1e-6
+_SLEEP_MAX_S = float(os.environ.get("SPMDSIM_WAIT_SLEEP_US", "100")) * 1e-6
+_SLEEP_MIN_S = min(20e-6, _SLEEP_MAX_S)
+
+
+class _State:
+    """Process-wide settings; None means 'read the environment on first use'."""
+
+    check: Optional[bool] = None
+    watchdog: Optional[float] = None
+    watchdog_read = False
+    seq = 0
+
+
+def _flag(name: str) -> bool:
+    value = os.environ.get(name, "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise SpmdsimError(f"{name}={value!r} is not a switch; expected 1/0, true/false, yes/no or on/off")
+
+
+def _seconds(value: Any, what: str) -> Optional[float]:
+    """Seconds from a setting; None, "", "0" and "off" mean no watchdog."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "off", "none")):
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise SpmdsimError(f"{what} {value!r} is not a number of seconds") from None
+    if seconds == 0:
+        return None
+    if not 0 < seconds < float("inf"):
+        raise SpmdsimError(f"{what} {value!r} must be a positive, finite number of seconds (0 = off)")
+    return seconds
+
+
+def configure(check: Optional[bool] = None, watchdog: Any = "keep") -> None:
+    """Turn the divergence guard on/off and set the watchdog (seconds; None or 0 = off).
+
+    Call it on every rank alike (the CLI's ``--check`` does). Arguments left
+    out keep the current setting (the environment's until first changed).
+    """
+    if check is not None:
+        _State.check = bool(check)
+    if watchdog != "keep":
+        _State.watchdog = _seconds(watchdog, "watchdog")
+        _State.watchdog_read = True
+
+
+def check_enabled() -> bool:
+    """Whether collectives compare fingerprints first (SPMDSIM_CHECK)."""
+    if _State.check is None:
+        _State.check = _flag("SPMDSIM_CHECK")
+    return _State.check
+
+
+def watchdog_seconds() -> Optional[float]:
+    """The watchdog's timeout in seconds, or None when it is off (SPMDSIM_WATCHDOG)."""
+    if not _State.watchdog_read:
+        _State.watchdog = _seconds(os.environ.get("SPMDSIM_WATCHDOG"), "SPMDSIM_WATCHDOG")
+        _State.watchdog_read = True
+    return _State.watchdog
+
+
+def next_seq() -> int:
+    """Count one more collective and return its sequence number (1-based)."""
+    _State.seq += 1
+    return _State.seq
+
+
+def current_seq() -> int:
+    return _State.seq
+
+
+def _code(text: str) -> int:
+    return zlib.crc32(text.encode())
+
+
+def fingerprint(seq: int, op: str, axes: Sequence[str], dtype: Any,
+                shape: Optional[Sequence[int]], extra: Sequence[Any] = (),
+                group_size: int = 0) -> np.ndarray:
+    """The int64 row one rank contributes: what it is about to call, in fixed fields.
+
+    `shape` None leaves the shape out (collectives whose per-rank sizes may differ).
+    """
+    row = np.full(FINGERPRINT_FIELDS, -1, np.int64)
+    row[0] = _MAGIC
+    row[1] = seq
+    row[2] = _code(op)
+    row[3] = _code(repr(tuple(axes)))
+    row[4] = _code(np.dtype(dtype).str)
+    row[5] = group_size
+    row[6] = _code(repr(tuple(extra)))
+    if shape is not None:
+        shape = tuple(int(s) for s in shape)
+        row[7] = len(shape)
+        head = shape[: _MAX_DIMS - 1]
+        row[8:8 + len(head)] = head
+        if len(shape) >= _MAX_DIMS:
+            row[8 + _MAX_DIMS - 1] = _code(repr(shape[_MAX_DIMS - 1:]))
+    return row
+
+
+def describe(seq: int, op: str, axes: Sequence[str], dtype: Any,
+             shape: Optional[Sequence[int]], extra: Sequence[Any] = ()) -> str:
+    """Human text of one call: ``allreduce on ('mp',) float32 (4, 8) (seq 12)``."""
+    text = f"{op} on {tuple(axes)!r} {np.dtype(dtype).name}"
+    if shape is not None:
+        text += f" {tuple(int(s) for s in shape)!r}"
+    if extra:
+        text += f" {tuple(extra)!r}"
+    return f"{text} (seq {seq})"
+
+
+def _world_rank() -> int:
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_rank()
+
+
+def verify(comm: Any, op: str, axes: Sequence[str], dtype: Any, shape: Optional[Sequence[int]],
+           extra: Sequence[Any], seq: int, polite: bool) -> None:
+    """Compare this call's fingerprint with every member of `comm`; raise on all of them if any differs."""
+    g = comm.Get_size()
+    mine = fingerprint(seq, op, axes, dtype, shape, extra, g)
+    table = np.empty((g, FINGERPRINT_FIELDS), np.int64)
+    wait(comm.Iallgather(mine, table), op, axes, seq, polite)
+    if (table == table[0]).all():
+        return
+    rows = [tuple(r) for r in table.tolist()]
+    # The majority call is taken as intended; ties go to the lowest group rank.
+    counts = Counter(rows)
+    best = max(counts.values())
+    expected = next(r for r in rows if counts[r] == best)
+    bad = next(i for i, r in enumerate(rows) if r != expected)
+    good = rows.index(expected)
+    # Every member saw the same table, so all of them take this extra exchange.
+    notes = comm.allgather((_world_rank(), describe(seq, op, axes, dtype, shape, extra)))
+    raise RuntimeMismatchError(
+        f"collectives diverge: rank {notes[bad][0]} calls {notes[bad][1]} but rank "
+        f"{notes[good][0]} calls {notes[good][1]}"
+        + (f" ({best} of {g} ranks of the group agree)" if g > 2 else "")
+    )
+
+
+def wait(request: Any, op: str, axes: Sequence[str], seq: int, polite: bool,
+         on_timeout: Optional[Callable[[str], None]] = None) -> None:
+    """Complete `request`, polling; past the watchdog deadline report and abort the job.
+
+    Without a watchdog this is a plain poll (polite: sleep with backoff;
+    otherwise spin), so callers may use it whenever a request must complete.
+    """
+    test = request.Test
+    if test():
+        return
+    limit = watchdog_seconds()
+    clock = time.monotonic
+    start = clock()
+    deadline = float("inf") if limit is None else start + limit
+    spin_until = start + _SPIN_S
+    delay = _SLEEP_MIN_S
+    sleep = time.sleep
+    while not test():
+        now = clock()
+        if now > deadline:
+            text = (f"[rank {_world_rank()}] spmdsim: collective {op} on {tuple(axes)!r} "
+                    f"(seq {seq}) did not complete within {limit:.1f} s")
+            (on_timeout or _abort)(text)
+            return
+        if polite and now > spin_until and _SLEEP_MAX_S > 0:
+            sleep(delay)
+            if delay < _SLEEP_MAX_S:
+                delay = min(2.0 * delay, _SLEEP_MAX_S)
+
+
+def _abort(text: str) -> None:
+    from mpi4py import MPI
+
+    sys.stdout.flush()
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+    MPI.COMM_WORLD.Abort(1)
+    os._exit(1)  # Abort does not return; a safety net
