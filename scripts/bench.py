@@ -168,7 +168,8 @@ def _collective_group_cases(mesh: Any, axes: tuple, n: int, waiter: Waiter) -> l
     full = np.ones((rows, cols), np.float32)
     part = np.ones((rows // g, cols), np.float32)
     out_full, out_part = np.empty_like(full), np.empty_like(part)
-    stacked = np.ones((g,) + full.shape, np.float32)  # numpy: every member's buffer at once
+    # numpy (rank 0 only): every member's buffer at once.
+    stacked = np.ones((g,) + full.shape if mesh.rank == 0 else (g, g, 1), np.float32)
     raw = Raw(waiter)
     SUM = MPI.SUM
     specs = [
