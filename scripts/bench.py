@@ -516,6 +516,7 @@ def overhead_records(comm: Any, wait: str, loops: int, profile: bool) -> list[di
         from spmdsim.runtime import DTensor as _  # noqa: F401  (as ops do on every call)
     from spmdsim.ops._common import make_dtensor
     from spmdsim.ops.matmul import plan_matmul
+    from spmdsim.plan import planner as _planner
     from spmdsim.plan.steps import step_label
     step = plan.steps[0]
     local += [
@@ -523,6 +524,11 @@ def overhead_records(comm: Any, wait: str, loops: int, profile: bool) -> list[di
         ("plan_matmul (layout inference, not cached)", lambda: plan_matmul(X, W), None),
         ("make_dtensor (result wrapping)", lambda: make_dtensor(mesh, part, dst, (4, 4)), None),
         ("step_label (trace label string)", lambda: step_label(step, 1), None),
+        ("  of which: planner._plan lru_cache hit",
+         lambda: _planner._plan(src, dst, (world, 4), "float32"), None),
+        ("  of which: TensorLayout.check_shape", lambda: src.check_shape((world, 4)), None),
+        ("  of which: TensorLayout.local_shape", lambda: src.local_shape((world, 4)), None),
+        ("  of which: np.dtype('float32').name", lambda: np.dtype("float32").name, None),
     ]
 
     def raw_matmul():
