@@ -186,3 +186,21 @@ def test_cli_plan_sbp_and_errors(capsys):
     assert main(["plan", "--device-matrix", "8", "--alias", "x", "--from", "x,None",
                  "--shape", "16,16"]) == 2
     assert "exactly one of --to" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "source, target, shape",
+    [
+        # Reduce-scattering a1 onto dim 0 first would need 4 shards of a size-2 dim.
+        (Layout((2, 2), ("a0", "a1"))("a0", partial=("a1",)), Layout((2, 2), ("a0", "a1"))("a1"), (2,)),
+        # Zero-padding in place would need ("b", "a") on a size-2 dim.
+        (Layout((2, 2), ("a", "b"))("a"), Layout((2, 2), ("a", "b"))("b", partial=("a",)), (2,)),
+        # One device on both sides.
+        (Layout((1,), ("a0",))(None), Layout((1,), ("b0",))(None), (2,)),
+        (Layout((1, 1), ("a", "b"))("a", partial=("b",)), Layout((1,), ("c",))("c"), (3,)),
+    ],
+)
+def test_small_dims_and_single_devices(source, target, shape):
+    plan, out, full = _emulated(source, target, shape)
+    for r, block in shards_of(target.with_partial(()), full).items():
+        assert np.array_equal(sum_partials(target, out)[r], block)

@@ -36,6 +36,10 @@ def common_refinement(first: Layout, second: Layout) -> Optional[Refinement]:
         return first, same, same
     if first.num_devices != second.num_devices:
         return None
+    if first.num_devices == 1:
+        # One device: a single axis of size 1 stands for both; every axis maps to none.
+        mesh = Layout((1,), (first.alias_name[0],))
+        return mesh, {a: () for a in first.alias_name}, {a: () for a in second.alias_name}
     spans1, spans2 = _spans(first), _spans(second)
     cuts = sorted({p for span in (*spans1.values(), *spans2.values()) for p in span})
     if any(hi % lo for lo, hi in zip(cuts, cuts[1:])):

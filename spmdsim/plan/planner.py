@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..errors import PlanError
+from ..errors import PlanError, ShapeError
 from ..layout import TensorLayout
 from .meshes import common_refinement, translate
 from .record import Plan
@@ -114,6 +114,7 @@ class _Sizes:
         return self._local[key]
 
     def uniform(self, cls, before, after, axes, per_rank: int, **extra) -> Step:
+        self.local(after)  # raises ShapeError when `after` cannot split the shape
         n = (per_rank,) * before.layout.num_devices
         return cls(before, after, tuple(axes), n, n, **extra)
 
@@ -268,6 +269,18 @@ def _resolve_first(src: TensorLayout, tmap: Map, resolve: frozenset, sz: _Sizes)
     return steps, cur
 
 
+def _attempt(build, *args):
+    """A candidate, or None when one of its intermediate layouts cannot split the shape.
+
+    Stacking axes onto a dim in another order than the target's can ask a small
+    dim for more shards than it has; the exchange never does, so skip those.
+    """
+    try:
+        return build(*args)
+    except ShapeError:
+        return None
+
+
 def _candidates(src: TensorLayout, tgt: TensorLayout, sz: _Sizes) -> list[list[Step]]:
     kept = [a for a in src.partial if a in tgt.partial]
     resolve = frozenset(a for a in src.partial if a not in kept)
@@ -281,12 +294,13 @@ def _candidates(src: TensorLayout, tgt: TensorLayout, sz: _Sizes) -> list[list[S
         ends.append((pad, _with(tgt, pad, kept)))
     starts = [(src, [], resolve)]
     if resolve:
-        pre, mid = _resolve_first(src, tgt.tensor_map, resolve, sz)
-        starts.append((mid, pre, frozenset()))
+        first = _attempt(_resolve_first, src, tgt.tensor_map, resolve, sz)
+        if first is not None:
+            starts.append((first[1], first[0], frozenset()))
     out = []
     for start, pre, todo in starts:
         for tmap, before_zero in ends:
-            steps = _stack(start, tmap, todo, sz)
+            steps = _attempt(_stack, start, tmap, todo, sz)
             if steps is None:
                 continue
             tail = [_local_zero(before_zero, tgt, sz)] if new else []
