@@ -631,7 +631,7 @@ def table(records: list[dict]) -> str:
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
+        description=__doc__,
         epilog="run under MPI with a timeout, e.g.: timeout -k 5 120 mpiexec -n 8 python "
                "scripts/bench.py --quick   |   timeout -k 5 900 mpiexec -n 8 python "
                "scripts/bench.py --json bench.json",
