@@ -24,7 +24,7 @@ from ..cost import CostModel, Measurement, default_path, normalize_op
 __all__ = ["register", "run", "raw_collective", "time_interleaved", "Waiter", "measure",
            "parse_size"]
 
-_DEFAULT_SIZES = "16K,256K,1M,4M"
+_DEFAULT_SIZES = "64K,1M,4M,16M"
 _DEFAULT_OPS = "allgather,allreduce,reduce_scatter,alltoall,alltoallv,bcast"
 
 
