@@ -3,7 +3,9 @@
 Each function takes the mesh, this rank's array and the mesh axes of the group
 (one sub-communicator, ranks in mixed-radix order of the axes, first major),
 and returns a new array (a group of one rank returns the input itself and
-communicates nothing). Every call is recorded in the open traces (runtime.trace)
+communicates nothing). ``out=`` (allgather, alltoall, allreduce,
+reduce_scatter) receives into a caller's C-contiguous array instead, which
+spares hot loops the page faults of a fresh multi-MiB result. Every call is recorded in the open traces (runtime.trace)
 with the per-rank byte figures documented in docs/runtime.md. The wait inside
 the collective is the mesh's ``wait_mode`` (runtime.wait).
 """
@@ -52,25 +54,25 @@ def _blocks(x: np.ndarray, tensor_dim: int, g: int) -> np.ndarray:
 
 
 def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int,
-              label: str | None = None) -> np.ndarray:
-    """Concatenate every member's `local` along `tensor_dim`, in group order."""
+              label: str | None = None, out: np.ndarray | None = None) -> np.ndarray:
+    """Concatenate every member's `local` along `tensor_dim`, in group order (into `out` if given)."""
     comm, g, _ = mesh.group_info(axes)
     x = _contig(local)
     d = _dim(tensor_dim, x.ndim, "tensor_dim")
     if g == 1:
         record("allgather", comm_axes(axes), 1, 0, 0, 0.0, label)
-        return x
+        return x if out is None else _copy_into(out, x, "allgather")
     t0 = perf_counter()
     shape = x.shape
     out_shape = shape[:d] + (shape[d] * g,) + shape[d + 1:]
     if d == 0 or int(np.prod(shape[:d], dtype=np.int64)) == 1:
-        out = np.empty(out_shape, x.dtype)
+        out = _result(out, out_shape, x.dtype, "allgather")
         _run(mesh, comm.Allgather, comm.Iallgather, x, out)
     else:
         # Receive blocks side by side, then one copy puts them along tensor_dim.
         recv = np.empty((g,) + shape, x.dtype)
         _run(mesh, comm.Allgather, comm.Iallgather, x, recv)
-        out = np.empty(out_shape, x.dtype)
+        out = _result(out, out_shape, x.dtype, "allgather")
         _blocks(out, d, g)[...] = recv.reshape(g, _blocks(x, d, 1).shape[0], -1).swapaxes(0, 1)
     n = x.nbytes
     record("allgather", comm_axes(axes), g, (g - 1) * n, (g - 1) * n, perf_counter() - t0, label)
@@ -78,7 +80,7 @@ def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int
 
 
 def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, concat_dim: int,
-             label: str | None = None) -> np.ndarray:
+             label: str | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """Split `local` along split_dim into g blocks, send block j to member j, concat along concat_dim."""
     comm, g, _ = mesh.group_info(axes)
     x = _contig(local)
@@ -87,20 +89,22 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
     _divisible(x.shape, s, g, "alltoall")
     if g == 1:
         record("alltoall", comm_axes(axes), 1, 0, 0, 0.0, label)
-        return x
+        return x if out is None else _copy_into(out, x, "alltoall")
     t0 = perf_counter()
     block_shape = x.shape[:s] + (x.shape[s] // g,) + x.shape[s + 1:]
     if s == 0 or int(np.prod(x.shape[:s], dtype=np.int64)) == 1:
         send = x
     else:
         send = np.ascontiguousarray(_blocks(x, s, g).swapaxes(0, 1))
-    recv = np.empty((g,) + block_shape, x.dtype)
-    _run(mesh, comm.Alltoall, comm.Ialltoall, send, recv)
     out_shape = block_shape[:c] + (block_shape[c] * g,) + block_shape[c + 1:]
-    if c == 0 or int(np.prod(block_shape[:c], dtype=np.int64)) == 1:
-        out = recv.reshape(out_shape)
+    direct = c == 0 or int(np.prod(block_shape[:c], dtype=np.int64)) == 1
+    if direct:
+        out = _result(out, out_shape, x.dtype, "alltoall")
+        _run(mesh, comm.Alltoall, comm.Ialltoall, send, out)
     else:
-        out = np.empty(out_shape, x.dtype)
+        recv = np.empty((g,) + block_shape, x.dtype)
+        _run(mesh, comm.Alltoall, comm.Ialltoall, send, recv)
+        out = _result(out, out_shape, x.dtype, "alltoall")
         outer = int(np.prod(block_shape[:c], dtype=np.int64))
         _blocks(out, c, g)[...] = recv.reshape(g, outer, -1).swapaxes(0, 1)
     moved = x.nbytes * (g - 1) // g
@@ -108,15 +112,16 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
     return out
 
 
-def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | None = None) -> np.ndarray:
-    """Elementwise sum of every member's `local`, on every member."""
+def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | None = None,
+              out: np.ndarray | None = None) -> np.ndarray:
+    """Elementwise sum of every member's `local`, on every member (into `out` if given)."""
     comm, g, _ = mesh.group_info(axes)
     x = _contig(local)
     if g == 1:
         record("allreduce", comm_axes(axes), 1, 0, 0, 0.0, label)
-        return x
+        return x if out is None else _copy_into(out, x, "allreduce")
     t0 = perf_counter()
-    out = np.empty_like(x)
+    out = _result(out, x.shape, x.dtype, "allreduce")
     _run(mesh, comm.Allreduce, comm.Iallreduce, x, out, _SUM)
     moved = 2 * (g - 1) * x.nbytes // g
     record("allreduce", comm_axes(axes), g, moved, moved, perf_counter() - t0, label)
@@ -124,7 +129,7 @@ def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | No
 
 
 def reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int,
-                   label: str | None = None) -> np.ndarray:
+                   label: str | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """Sum over the group, keeping this member's block (group order) along `tensor_dim`."""
     comm, g, _ = mesh.group_info(axes)
     x = _contig(local)
@@ -132,14 +137,14 @@ def reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim
     _divisible(x.shape, d, g, "reduce_scatter")
     if g == 1:
         record("reduce_scatter", comm_axes(axes), 1, 0, 0, 0.0, label)
-        return x
+        return x if out is None else _copy_into(out, x, "reduce_scatter")
     t0 = perf_counter()
     out_shape = x.shape[:d] + (x.shape[d] // g,) + x.shape[d + 1:]
     if d == 0 or int(np.prod(x.shape[:d], dtype=np.int64)) == 1:
         send = x
     else:
         send = np.ascontiguousarray(_blocks(x, d, g).swapaxes(0, 1))
-    out = np.empty(out_shape, x.dtype)
+    out = _result(out, out_shape, x.dtype, "reduce_scatter")
     _run(mesh, comm.Reduce_scatter_block, comm.Ireduce_scatter_block, send, out, _SUM)
     moved = (g - 1) * x.nbytes // g
     record("reduce_scatter", comm_axes(axes), g, moved, moved, perf_counter() - t0, label)
@@ -218,6 +223,23 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
         if r != me:
             out[r] = recv[rdispls[r]:rdispls[r] + rcounts[r]].reshape(shape)
     record("alltoallv", mesh.layout.alias_name, size, send.nbytes, recv.nbytes, perf_counter() - t0, label)
+    return out
+
+
+def _result(out: np.ndarray | None, shape: tuple, dtype: np.dtype, op: str) -> np.ndarray:
+    """A new result array, or the caller's `out` after checking it can take the result."""
+    if out is None:
+        return np.empty(shape, dtype)
+    if not (type(out) is np.ndarray and out.shape == shape and out.dtype == dtype
+            and out.flags.c_contiguous and out.flags.writeable):
+        got = (getattr(out, "shape", None), getattr(getattr(out, "dtype", None), "name", None))
+        raise ShapeError(f"{op}: out {got!r} must be a writeable C-contiguous array of "
+                         f"{(shape, np.dtype(dtype).name)!r}")
+    return out
+
+
+def _copy_into(out: np.ndarray, x: np.ndarray, op: str) -> np.ndarray:
+    _result(out, x.shape, x.dtype, op)[...] = x
     return out
 
 

@@ -1,0 +1,206 @@
+#!/usr/bin/env python
+"""spmdsim collectives vs the raw mpi4py calls, and the oversubscription launch test.
+
+Overhead table (run under MPI; every mpiexec under a timeout):
+
+    timeout -k 5 300 mpiexec -n 8 python scripts/bench_collectives.py
+    timeout -k 5 300 mpiexec -n 8 python scripts/bench_collectives.py --json
+
+For 64 KiB, 1 MiB and 16 MiB per rank, each spmdsim collective over the whole
+mesh and the raw mpi4py buffer call run alternately on the same buffers
+(spmdsim receives into the raw call's preallocated output with ``out=``;
+``--alloc`` lets it allocate its result instead), each after a barrier; a time is the median over repeats of the slowest rank. Both sides
+wait the same way (``--wait busy`` by default, so the ratio is the Python
+overhead; the polite wait is measured by the launch test).
+
+Launch test (run serially; it starts the mpiexec runs itself):
+
+    python scripts/bench_collectives.py --launches 10 -n 8
+
+runs one fixed job (a few hundred small and medium collectives, two ranks
+computing more than the others) ``--launches`` times with MPICH defaults and
+with spmdsim's launch settings, interleaved, and prints the table recorded in
+docs/oversubscription.md.
+"""
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+SIZES = (64 << 10, 1 << 20, 16 << 20)
+OPS = ("allgather", "alltoall", "allreduce", "reduce_scatter", "bcast")
+
+
+def _pairs(mesh, n_bytes, alloc):
+    """op -> (spmdsim callable, raw callable) on the same float32 buffers.
+
+    spmdsim receives into the raw call's output buffer (``out=``) unless
+    `alloc`, where it allocates its result as plain calls do.
+    """
+    from mpi4py import MPI
+
+    from spmdsim.runtime import collectives as C
+
+    comm, g, _ = mesh.group_info(("x",))
+    n = max(g, (n_bytes // 4) // g * g)
+    x = np.random.default_rng(mesh.rank).random(n, dtype=np.float32)
+    gathered = np.empty(n * g, np.float32)
+    same = np.empty(n, np.float32)
+    block = np.empty(n // g, np.float32)
+    bbuf = x.copy()
+    o = (lambda buf: None) if alloc else (lambda buf: buf)
+    return {
+        "allgather": (lambda: C.allgather(mesh, x, ("x",), 0, out=o(gathered)),
+                      lambda: comm.Allgather(x, gathered)),
+        "alltoall": (lambda: C.alltoall(mesh, x, ("x",), 0, 0, out=o(same)), lambda: comm.Alltoall(x, same)),
+        "allreduce": (lambda: C.allreduce(mesh, x, ("x",), out=o(same)),
+                      lambda: comm.Allreduce(x, same, MPI.SUM)),
+        "reduce_scatter": (lambda: C.reduce_scatter(mesh, x, ("x",), 0, out=o(block)),
+                           lambda: comm.Reduce_scatter_block(x, block, MPI.SUM)),
+        "bcast": (lambda: C.bcast(mesh, bbuf, ("x",), 0), lambda: comm.Bcast(bbuf, 0)),
+    }, n * 4, g
+
+
+def bench(args) -> list[dict]:
+    from mpi4py import MPI
+
+    from spmdsim import Layout
+    from spmdsim.runtime import Mesh
+
+    world = MPI.COMM_WORLD
+    mesh = Mesh(Layout((world.size,), ("x",)), wait=args.wait)
+    records = []
+    for n_bytes in args.sizes:
+        pairs, real_bytes, g = _pairs(mesh, n_bytes, args.alloc)
+        repeats = args.repeats or (41 if n_bytes <= 64 << 10 else 15 if n_bytes <= 1 << 20 else 7)
+        for op in args.ops:
+            ours, raw = pairs[op]
+            ours(), raw()  # warm-up: groups, allocator, MPI buffers
+            times = np.empty((repeats, 2))
+            for i in range(repeats):
+                order = ((0, ours), (1, raw)) if i % 2 == 0 else ((1, raw), (0, ours))
+                for slot, fn in order:
+                    world.Barrier()
+                    t0 = time.perf_counter()
+                    fn()
+                    times[i, slot] = time.perf_counter() - t0
+            slowest = np.empty_like(times)
+            world.Allreduce(times, slowest, MPI.MAX)
+            s, r = (float(np.median(slowest[:, k])) for k in (0, 1))
+            records.append({"op": op, "group_size": g, "bytes_per_rank": real_bytes,
+                            "spmdsim_s": s, "raw_s": r, "ratio": s / r if r > 0 else float("nan")})
+    mesh.close()
+    return records if world.rank == 0 else []
+
+
+def _table(records: list[dict]) -> str:
+    lines = [f"{'op':<15}{'g':>3}{'bytes/rank':>12}{'spmdsim ms':>12}{'raw ms':>10}{'ratio':>8}"]
+    for r in records:
+        lines.append(f"{r['op']:<15}{r['group_size']:>3}{r['bytes_per_rank']:>12}"
+                     f"{r['spmdsim_s'] * 1e3:>12.3f}{r['raw_s'] * 1e3:>10.3f}{r['ratio']:>8.2f}")
+    return "\n".join(lines)
+
+
+# -- the oversubscription launch test ------------------------------------------------
+def workload(iterations: int) -> None:
+    """The fixed job: per iteration, imbalanced compute then five small/medium collectives."""
+    from mpi4py import MPI
+
+    from spmdsim import Layout
+    from spmdsim.runtime import Mesh
+    from spmdsim.runtime import collectives as C
+
+    world = MPI.COMM_WORLD
+    mesh = Mesh(Layout((2, world.size // 2), ("dp", "mp")))
+    a = np.ones((160, 160))
+    small, med, big = np.ones(256), np.ones(8192), np.ones(131072)
+    world.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(iterations):
+        for _ in range(1 + 20 * (mesh.rank < 2)):  # ranks 0-1 compute 21x more
+            a @ a
+        C.allreduce(mesh, small, ("mp",))
+        C.allgather(mesh, med, ("dp", "mp"), 0)
+        C.alltoall(mesh, big, ("mp",), 0, 0)
+        C.allreduce(mesh, big, ("dp",))
+        C.reduce_scatter(mesh, big, ("dp", "mp"), 0)
+    seconds = world.allreduce(time.perf_counter() - t0, MPI.MAX)
+    if world.rank == 0:
+        print(json.dumps({"seconds": seconds, "wait": mesh.wait_mode}), flush=True)
+
+
+def launches(args) -> None:
+    """Run the fixed job repeatedly with MPICH defaults and with spmdsim launch settings."""
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    job = [sys.executable, os.path.abspath(__file__), "--workload", str(args.iterations)]
+    configs = {
+        # "default": what a user gets from plain mpiexec: blocking waits, BLAS threads per core.
+        "default": [*_timeout(), mpiexec, "-n", str(args.ranks), *job],
+        "spmdsim launch": [sys.executable, "-m", "spmdsim", "launch", "-n", str(args.ranks),
+                           "--timeout", "300", "--", *job],
+    }
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "SPMDSIM_WAIT")}
+    env_of = {"default": {**base, "SPMDSIM_WAIT": "busy"}, "spmdsim launch": dict(base)}
+    results: dict[str, list] = {k: [] for k in configs}
+    for i in range(args.launches):
+        for name, cmd in configs.items():
+            load = os.getloadavg()[0]
+            t0 = time.perf_counter()
+            proc = subprocess.run(cmd, env=env_of[name], capture_output=True, text=True, timeout=330)
+            wall = time.perf_counter() - t0
+            job_s = json.loads(proc.stdout.strip().splitlines()[-1])["seconds"] if proc.returncode == 0 else float("nan")
+            results[name].append((wall, job_s, load))
+            print(f"launch {i + 1:>2} {name:<15} wall {wall:7.2f} s  job {job_s:7.2f} s  load {load:5.2f}",
+                  flush=True)
+    print()
+    print(f"| settings | launches | job s median | min | max | max/min | wall s median | load (1-min avg) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, rows in results.items():
+        job = [r[1] for r in rows]
+        wall = [r[0] for r in rows]
+        loads = [r[2] for r in rows]
+        print(f"| {name} | {len(rows)} | {statistics.median(job):.2f} | {min(job):.2f} | {max(job):.2f} | "
+              f"{max(job) / min(job):.2f} | {statistics.median(wall):.2f} | {min(loads):.1f}-{max(loads):.1f} |")
+
+
+def _timeout() -> list[str]:
+    return ["timeout", "-k", "5", "300"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", action="store_true", help="print a JSON list of records")
+    p.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="bytes per rank")
+    p.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS))
+    p.add_argument("--repeats", type=int, default=0, help="repeats per case (default by size)")
+    p.add_argument("--alloc", action="store_true", help="spmdsim allocates its results (no out=)")
+    p.add_argument("--wait", choices=("busy", "polite", "auto"), default="busy")
+    p.add_argument("--launches", type=int, default=0, help="run the launch test this many times")
+    p.add_argument("-n", "--ranks", type=int, default=8, help="ranks for the launch test")
+    p.add_argument("--iterations", type=int, default=60, help="iterations of the fixed job")
+    p.add_argument("--workload", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.workload:
+        workload(args.workload)
+    elif args.launches:
+        launches(args)
+    else:
+        records = bench(args)
+        if records:
+            print(json.dumps(records, indent=1) if args.json else _table(records), flush=True)
+
+
+if __name__ == "__main__":
+    main()
