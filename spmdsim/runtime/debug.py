@@ -218,8 +218,9 @@ def wait(request: Any, op: str, axes: Sequence[str], seq: int, polite: bool,
     while not test():
         now = clock()
         if now > deadline:
+            shown = f"{limit:.1f}" if limit >= 1 else f"{limit:g}"
             text = (f"[rank {_world_rank()}] spmdsim: collective {op} on {tuple(axes)!r} "
-                    f"(seq {seq}) did not complete within {limit:.1f} s")
+                    f"(seq {seq}) did not complete within {shown} s")
             (on_timeout or _abort)(text)
             return
         if polite and now > spin_until and _SLEEP_MAX_S > 0:

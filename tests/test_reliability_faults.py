@@ -1,0 +1,80 @@
+"""Faults under `mpiexec -n 8`: every one ends the whole job with a message, never a hang.
+
+Serial tests; each launches one 8-rank job under ``timeout -k 2 60`` that runs
+a few Allreduces and then injects one fault on one rank:
+
+* raises (an unexpected exception, or an SpmdsimError on that rank only),
+  exits (os._exit, or sys.exit inside the guard): the guard or mpiexec ends
+  the job within 30 s;
+* gets stuck before a collective: the watchdog (SPMDSIM_WATCHDOG) reports the
+  collective by name on the waiting ranks and aborts;
+* calls another collective, another shape, or skips one: the divergence guard
+  (SPMDSIM_CHECK=1) names the rank that differs and every rank stops cleanly.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from test_bad_inputs import _MPIEXEC, launch
+
+pytestmark = pytest.mark.skipif(not _MPIEXEC, reason="no mpiexec")
+
+FAULT_LIMIT_S = 30.0
+
+_JOB = """\
+from spmdsim.runtime import install_excepthook, abort_on_error; install_excepthook()
+import os, sys, time
+import numpy as np
+from spmdsim import Layout
+from spmdsim.errors import OperatorError
+from spmdsim.runtime import Mesh, allreduce, allgather
+mesh = Mesh(Layout((2, 4), ("dp", "mp")))
+rank = mesh.rank
+x = np.ones(8)
+for step in range(3):
+    x = allreduce(mesh, x, "mp") / 4
+"""
+
+#: name -> (code run after _JOB, extra env, expected rc (None: any non-zero), regex on the output)
+FAULTS = {
+    "raises": ('if rank == 3: raise ValueError("injected fault")\nallreduce(mesh, x, "mp")',
+               {}, 1, r"spmdsim: error on rank 3: ValueError: injected fault"),
+    "raises-spmdsim-error-alone": (
+        'if rank == 3: raise OperatorError("injected operator error")\nallreduce(mesh, x, "mp")',
+        {}, 1, r"spmdsim: error on rank 3: injected operator error"),
+    "os-exit": ('if rank == 3: os._exit(3)\nallreduce(mesh, x, ("dp", "mp"))', {}, None,
+                r"BAD TERMINATION|EXIT CODE"),
+    "sys-exit-in-guard": (
+        'with abort_on_error():\n    if rank == 3: sys.exit(0)\n    allreduce(mesh, x, ("dp", "mp"))',
+        {}, 1, r"spmdsim: error on rank 3: .*exit"),
+    "stuck-watchdog": ('if rank == 3: time.sleep(120)\nallreduce(mesh, x, "mp")',
+                       {"SPMDSIM_WATCHDOG": "2"}, None,
+                       r"\[rank [0-7]\] spmdsim: collective allreduce on \('mp',\) \(seq 4\) "
+                       r"did not complete within 2\.0 s"),
+    "diverge-op": ('allgather(mesh, x, "mp", 0) if rank == 2 else allreduce(mesh, x, "mp")',
+                   {"SPMDSIM_CHECK": "1"}, None,
+                   r"collectives diverge: rank 2 calls allgather on \('mp',\) float64 \(8,\) "
+                   r"\(0,\) \(seq 4\) but rank 0 calls allreduce"),
+    "diverge-shape": ('allreduce(mesh, x[:4] if rank == 5 else x, "mp")',
+                      {"SPMDSIM_CHECK": "1"}, None,
+                      r"collectives diverge: rank 5 calls allreduce on \('mp',\) float64 \(4,\) "
+                      r"\(seq 4\) but rank 4 calls allreduce on \('mp',\) float64 \(8,\)"),
+    "skips-one": ('if rank != 6: allreduce(mesh, x, "mp")\nallreduce(mesh, x, "mp")',
+                  {"SPMDSIM_CHECK": "1"}, None,
+                  r"collectives diverge: rank 6 calls allreduce on \('mp',\) float64 \(8,\) "
+                  r"\(seq 4\) but rank 4 calls allreduce on \('mp',\) float64 \(8,\) \(seq 5\)"),
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_fault_ends_the_job_with_a_message(fault: str) -> None:
+    code, env, want_rc, pattern = FAULTS[fault]
+    rc, out, seconds = launch(["-c", _JOB + code], limit=60, env=env)
+    print(f"\n{fault}: rc={rc} {seconds:.2f} s")
+    assert rc != 0 and rc != 124, (rc, out)
+    if want_rc is not None:
+        assert rc == want_rc, (rc, out)
+    assert re.search(pattern, out), out
+    assert seconds <= FAULT_LIMIT_S, f"{fault} took {seconds:.1f} s"
