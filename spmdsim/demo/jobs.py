@@ -13,7 +13,7 @@ import numpy as np
 from ..datagen import SeededTensor
 from ..dialects.strategy import format_strategy, matmul_layouts
 from ..errors import OperatorError
-from ..layout import Layout, TensorLayout
+from ..layout import Layout, TensorLayout, format_entry
 from ..ops.infer import (
     LinearPlan, Resolution, infer_embedding, infer_linear, out_layout_from_strategy,
 )
@@ -71,7 +71,7 @@ def contraction_atol(k: int, dtype: str) -> float:
 
 
 def _partial_reason(axes: tuple[str, ...], what: str) -> str:
-    return f"{what} is split over {axes!r}, so each rank holds a partial sum"
+    return f"{what} is split over {format_entry(axes)}, so each rank holds a partial sum"
 
 
 def matmul_job(
@@ -134,7 +134,7 @@ def _linear_steps(plan: LinearPlan) -> tuple[tuple[Resolution, str], ...]:
                       _partial_reason(plan.matmul.contraction_axes, "the input dim (weight rows)")
                       + " (the bias is added once, after the sum)"))
     if plan.gather.collective:
-        steps.append((plan.gather, f"output columns are split over {plan.gather.axes!r} and "
+        steps.append((plan.gather, f"output columns are split over {format_entry(plan.gather.axes)} and "
                                    "gather_out asks for whole rows"))
     return tuple(steps)
 
@@ -232,7 +232,7 @@ def embedding_job(
         steps.append((plan.reduce, _partial_reason(plan.vocab_axes, "the vocabulary")
                       + " (ids of other ranks hit the zero padding row)"))
     if plan.gather.collective:
-        steps.append((plan.gather, f"embedding columns are split over {plan.dim_axes!r}"))
+        steps.append((plan.gather, f"embedding columns are split over {format_entry(plan.dim_axes)}"))
     return Job(op, f"ids{short(ids_layout)} table{short(table_layout)} -> {short(plan.out)}",
                mesh, lambda: forward(ids), embedding_region(ids_src, table_src), inputs,
                tuple(steps))
@@ -252,7 +252,7 @@ def mlp_job(
     x = _dtensor(mesh, layout(None, None), xs)
     mlp = ParallelMLP(mesh, h, f, activation=activation, dtype=dtype, seed=seed + 1)
     steps = ((Resolution("allreduce", ("mp",)),
-              "fc1 leaves the hidden dim split over ('mp',) and fc2's weight rows are split the "
+              "fc1 leaves the hidden dim split over \"mp\" and fc2's weight rows are split the "
               "same way, so each rank holds a partial sum of the output"),)
     return Job(f"ParallelMLP ({activation})", f"x[-,-] fc1 W[-,mp] -> {activation} -> "
                "fc2 W[mp,-] -> [-,-]", mesh, lambda: mlp(x), mlp.reference(xs), {"x": x}, steps,

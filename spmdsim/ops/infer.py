@@ -94,15 +94,15 @@ class MatMulPlan:
                 return f"the result stays a pending sum over {self.local.partial!r}"
             return "the contraction dim K is not split, so each rank's product is final"
         source = (
-            f"contraction dim K is split over {self.contraction_axes!r}, so each rank holds "
+            f"contraction dim K is split over {format_entry(self.contraction_axes)}, so each rank holds "
             "a partial sum"
             if self.contraction_axes
             else f"the input is a pending sum over {self.local.partial!r}"
         )
         if res.collective == ALLREDUCE:
-            return f"{source}; Allreduce over {res.axes!r} adds the partial sums"
+            return f"{source}; Allreduce over {format_entry(res.axes)} adds the partial sums"
         return (
-            f"{source}; Reduce_scatter over {res.axes!r} adds them and leaves each rank "
+            f"{source}; Reduce_scatter over {format_entry(res.axes)} adds them and leaves each rank "
             f"one piece of dim {res.tensor_dim}"
         )
 
