@@ -59,3 +59,18 @@ def test_run_linear_embedding_mlp(capsys):
         out = capsys.readouterr().out
         if _world().rank == 0:
             assert json.loads(out)["passed"] is True
+
+
+def test_a_wrong_result_reports_fail_on_every_rank():
+    from spmdsim.cli.run import report
+    from spmdsim.demo.jobs import mlp_job
+    from spmdsim.demo.registry import rank_line, run_job
+
+    comm = _world()
+    job = mlp_job(comm, (4, 6, 2 * comm.size), dtype="float64")
+    good = job.reference
+    job.reference = lambda region: good(region) + 1e-3  # a reference the result cannot match
+    result = run_job(job, comm)
+    assert not result.verdict.passed and result.verdict.max_abs_error > 9e-4
+    text = report(job, result, [[rank_line(job, result.out)]])
+    assert text.endswith("FAIL") and "allreduce over ('mp',)" in text
