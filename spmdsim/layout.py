@@ -96,8 +96,10 @@ class Layout:
         object.__setattr__(self, "device_matrix", matrix)
         object.__setattr__(self, "alias_name", names)
 
-    def __call__(self, *tensor_map: MapEntry, partial: Iterable[str] = ()) -> "TensorLayout":
-        return TensorLayout(self, tensor_map, tuple(partial))
+    def __call__(self, *tensor_map: MapEntry, partial: str | Iterable[str] = ()) -> "TensorLayout":
+        # A bare string is one axis name, never a sequence of one-letter axes.
+        partial = (partial,) if isinstance(partial, str) else tuple(partial)
+        return TensorLayout(self, tensor_map, partial)
 
     def __str__(self) -> str:
         axes = ", ".join(f"{n}={s}" for n, s in zip(self.alias_name, self.device_matrix))
@@ -279,8 +281,9 @@ class TensorLayout:
     def shards_per_dim(self) -> tuple[int, ...]:
         return tuple(self.num_shards(d) for d in range(self.ndim))
 
-    def with_partial(self, partial: Iterable[str]) -> "TensorLayout":
-        return TensorLayout(self.layout, self.tensor_map, tuple(partial))
+    def with_partial(self, partial: str | Iterable[str]) -> "TensorLayout":
+        partial = (partial,) if isinstance(partial, str) else tuple(partial)
+        return TensorLayout(self.layout, self.tensor_map, partial)
 
     def with_map(self, *tensor_map: MapEntry) -> "TensorLayout":
         return TensorLayout(self.layout, tensor_map, self.partial)

@@ -93,6 +93,9 @@ def test_replica_groups_and_partial():
     assert p.replicated_axes == ()
     assert p.replica_groups() == tuple((r,) for r in range(8))
     assert str(p) == "(\"dp\", None) partial ('mp',)"
+    # A bare string names one axis; it is not split into letters.
+    assert layout("dp", None, partial="mp") == p
+    assert x.with_partial("mp") == p
 
 
 def test_ranks_holding_lists_replicas():
