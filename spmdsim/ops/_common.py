@@ -60,8 +60,11 @@ def default_axes(mesh: Any, axes: Optional[Iterable[str] | str]) -> tuple[str, .
 def scatter_local(x: Any, tensor_dim: int, axes: tuple[str, ...]) -> Any:
     """B -> S without communication: keep this rank's piece of a dim replicated over `axes`.
 
-    Megatron's ``scatter_to_tensor_model_parallel_region`` / Paddle's ``_c_split``.
+    Megatron's ``scatter_to_tensor_model_parallel_region`` / Paddle's ``_c_split``;
+    the redistribution planner turns it into one local slice.
     """
+    from ..plan_exec import redistribute
+
     layout = x.layout
     used = [a for a in axes if a in layout.split_axes or a in layout.partial]
     if used:
@@ -69,17 +72,9 @@ def scatter_local(x: Any, tensor_dim: int, axes: tuple[str, ...]) -> Any:
             f"cannot split dim {tensor_dim} of {layout} over {axes!r}: {tuple(used)!r} already "
             "split the tensor or hold a pending sum"
         )
-    entry = layout.tensor_map[tensor_dim] + axes
     new_map = list(layout.tensor_map)
-    new_map[tensor_dim] = entry
-    target = TensorLayout(layout.layout, tuple(new_map), layout.partial)
-    target.check_shape(x.global_shape)
-    n = layout.layout.group_size(axes)
-    i = layout.layout.group_index(x.mesh.rank, axes)
-    step = x.local.shape[tensor_dim] // n
-    index = [slice(None)] * x.local.ndim
-    index[tensor_dim] = slice(i * step, (i + 1) * step)
-    return make_dtensor(x.mesh, x.local[tuple(index)], target, x.global_shape)
+    new_map[tensor_dim] = layout.tensor_map[tensor_dim] + axes
+    return redistribute(x, TensorLayout(layout.layout, tuple(new_map), layout.partial))
 
 
 def seeded_dtensor(mesh: Any, layout: TensorLayout, source: Any) -> Any:
