@@ -18,8 +18,9 @@ Launch test (run serially; it starts the mpiexec runs itself):
     python scripts/bench_collectives.py --launches 10 -n 8
 
 runs one fixed job (a few hundred small and medium collectives, two ranks
-computing more than the others) ``--launches`` times with MPICH defaults and
-with spmdsim's launch settings, interleaved, and prints the table recorded in
+computing more than the others) ``--launches`` times with MPICH defaults, with
+one BLAS thread per rank but busy waits, and through ``spmdsim launch``
+(one BLAS thread, polite wait), interleaved, and prints the table recorded in
 docs/oversubscription.md.
 """
 from __future__ import annotations
@@ -147,12 +148,16 @@ def launches(args) -> None:
     configs = {
         # "default": what a user gets from plain mpiexec: blocking waits, BLAS threads per core.
         "default": [*_timeout(), mpiexec, "-n", str(args.ranks), *job],
+        "busy, 1 BLAS thread": [*_timeout(), mpiexec, "-n", str(args.ranks), *job],
         "spmdsim launch": [sys.executable, "-m", "spmdsim", "launch", "-n", str(args.ranks),
                            "--timeout", "300", "--", *job],
     }
     base = {k: v for k, v in os.environ.items()
             if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "SPMDSIM_WAIT")}
-    env_of = {"default": {**base, "SPMDSIM_WAIT": "busy"}, "spmdsim launch": dict(base)}
+    one = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    env_of = {"default": {**base, "SPMDSIM_WAIT": "busy"},
+              "busy, 1 BLAS thread": {**base, **one, "SPMDSIM_WAIT": "busy"},
+              "spmdsim launch": dict(base)}
     results: dict[str, list] = {k: [] for k in configs}
     for i in range(args.launches):
         for name, cmd in configs.items():
@@ -168,7 +173,7 @@ def launches(args) -> None:
     print(f"| settings | launches | job s median | min | max | max/min | wall s median | load (1-min avg) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, rows in results.items():
-        job = [r[1] for r in rows]
+        job = [r[1] for r in rows if r[1] == r[1]] or [float("nan")]
         wall = [r[0] for r in rows]
         loads = [r[2] for r in rows]
         print(f"| {name} | {len(rows)} | {statistics.median(job):.2f} | {min(job):.2f} | {max(job):.2f} | "

@@ -1,0 +1,96 @@
+"""Pure parts of the runtime: wait-mode choice, trace bookkeeping, launch helpers (no MPI)."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from spmdsim import SpmdsimError
+from spmdsim.cli import launch
+from spmdsim.runtime import trace, wait
+
+
+class _FakeComm:
+    def __init__(self, size):
+        self.size = size
+
+    def Get_size(self):
+        return self.size
+
+    def allgather(self, value):
+        return [value] * self.size
+
+
+def test_wait_mode_from_argument_env_and_auto(monkeypatch):
+    comm = _FakeComm(8)
+    assert wait.resolve_wait_mode("busy", comm) == "busy"
+    assert wait.resolve_wait_mode("polite", comm) == "polite"
+    monkeypatch.setenv("SPMDSIM_WAIT", "POLITE")
+    assert wait.resolve_wait_mode(None, comm) == "polite"
+    monkeypatch.setenv("SPMDSIM_WAIT", "auto")
+    monkeypatch.setenv("MPI_LOCALNRANKS", "8")
+    monkeypatch.setattr(wait, "cores_available", lambda: 2)
+    assert wait.resolve_wait_mode(None, comm) == "polite"
+    monkeypatch.setattr(wait, "cores_available", lambda: 16)
+    assert wait.resolve_wait_mode(None, comm) == "busy"
+    assert wait.resolve_wait_mode("auto", _FakeComm(1)) == "busy"
+    with pytest.raises(SpmdsimError, match=r"wait mode 'spin' is not known; expected one of"):
+        wait.resolve_wait_mode("spin", comm)
+
+
+def test_polite_wait_polls_until_done():
+    class Request:
+        calls = 0
+
+        def Test(self):
+            self.calls += 1
+            return self.calls >= 200
+
+    request = Request()
+    wait.polite_wait(request)
+    assert request.calls == 200
+
+
+def test_trace_collects_nested_and_skips_when_closed():
+    trace.record("allreduce", ("mp",), 4, 10, 10, 0.5, None)  # no collector: dropped
+    with trace.collect_trace() as outer:
+        trace.record("allgather", ("dp", "mp"), 8, 70, 70, 0.25, "x")
+        with trace.collect_trace() as inner:
+            trace.record("allreduce", ("mp",), 1, 0, 0, 0.0, None)
+    assert outer.counts() == {"allgather": 1}
+    assert outer.counts(include_local=True) == {"allgather": 1, "allreduce": 1}
+    assert len(inner) == 1 and inner.entries[0].group_size == 1
+    assert outer.totals() == {"calls": 1, "bytes_sent": 70, "bytes_received": 70, "seconds": 0.25}
+    assert json.loads(outer.to_json())[0]["axes"] == ["dp", "mp"]
+    assert "allgather" in outer.summary() and "total" in outer.summary()
+    reduced = outer.reduce(_FakeComm(4))
+    assert reduced["bytes_sent_total"] == 280 and reduced["bytes_sent_max"] == 70
+    assert reduced["counts"] == {"allgather": 1} and reduced["ranks"] == 4
+    assert str(outer.entries[0]).startswith("allgather(dp,mp) g=8")
+
+
+def test_launch_command_env_and_family(monkeypatch):
+    cmd = launch.build_command("/venv/bin/mpiexec", 8, ["--", "python", "prog.py"])
+    assert cmd == ["/venv/bin/mpiexec", "-n", "8", sys.executable, "prog.py"]
+    with pytest.raises(SpmdsimError, match="needs a command"):
+        launch.build_command("mpiexec", 2, ["--"])
+    monkeypatch.setattr(wait, "cores_available", lambda: 2)
+    env = launch.launch_env(8, None, base={"PATH": "/bin"})
+    assert env["SPMDSIM_WAIT"] == "auto" and env["OMP_NUM_THREADS"] == "1"
+    assert env["SPMDSIM_EXPECT_WORLD"] == "8" and env["OPENBLAS_NUM_THREADS"] == "1"
+    env = launch.launch_env(1, "busy", base={"OMP_NUM_THREADS": "4"})
+    assert env["SPMDSIM_WAIT"] == "busy" and env["OMP_NUM_THREADS"] == "4" and env["MKL_NUM_THREADS"] == "2"
+    assert launch._family("HYDRA build details:\n Version: 5.0.2") == "mpich"
+    assert launch._family("mpirun (Open MPI) 5.0.3") == "openmpi"
+    assert launch._family("libmpi.so.40") == "openmpi" and launch._family("libmpi.so.12") == "mpich"
+    assert launch._family("something else") is None
+
+
+def test_importing_runtime_package_does_not_load_mpi4py():
+    import subprocess
+
+    code = "import sys, spmdsim.runtime, spmdsim.runtime.trace, spmdsim.runtime.wait, spmdsim.cli.launch; " \
+           "print('mpi4py' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
