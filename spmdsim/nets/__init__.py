@@ -1,0 +1,43 @@
+"""Whole seed networks: pure descriptions (`model`, `seeds`, `table`) and an MPI runner (`run`).
+
+Importing this package does not import mpi4py; `NetworkRunner` loads the
+runtime when first built.
+
+    from spmdsim.nets import mindspore_tutorial, NetworkRunner
+    runner = NetworkRunner(mindspore_tutorial(8), MPI.COMM_WORLD)
+    result = runner.forward()
+    print(result.table()); print(result.check())
+"""
+from __future__ import annotations
+
+from .model import Hop, Network, Param, Stage, network_atol, reference_rows, schedule
+from .run import NetworkRun, NetworkRunner
+from .seeds import mindspore_layout, mindspore_tutorial, needs_eight, paddle_needs, paddle_tp
+from .table import HopRow, format_table
+
+__all__ = [
+    "Network",
+    "Stage",
+    "Param",
+    "Hop",
+    "HopRow",
+    "schedule",
+    "reference_rows",
+    "network_atol",
+    "format_table",
+    "mindspore_tutorial",
+    "mindspore_layout",
+    "paddle_tp",
+    "needs_eight",
+    "paddle_needs",
+    "NetworkRunner",
+    "NetworkRun",
+    "NETWORKS",
+]
+
+#: Network builders by scenario name: ``NETWORKS[name](world_size, dtype=..., seed=...)``.
+NETWORKS = {
+    "net_mindspore_tutorial": mindspore_tutorial,
+    "net_mindspore_layout": mindspore_layout,
+    "net_paddle_tp": paddle_tp,
+}
