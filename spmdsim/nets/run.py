@@ -62,11 +62,14 @@ class NetworkRunner:
         net = self.net
         return DTensor.from_seeded(self.mesh(net.input_layout.layout), net.input_layout, net.source)
 
-    def forward(self) -> "NetworkRun":
-        """Run every hop, each under its own trace; returns the outputs and the traces."""
+    def forward(self, x: Any = None) -> "NetworkRun":
+        """Run every hop, each under its own trace; returns the outputs and the traces.
+
+        `x`: the input DTensor (default: `input()`, made now).
+        """
         from ..runtime import collect_trace
 
-        value = self.input()
+        value = self.input() if x is None else x
         outputs, entries = [], []
         for hop in self.hops:
             with collect_trace() as trace:
@@ -87,10 +90,11 @@ class NetworkRunner:
         stage = self.net.stages[hop.stage]
         return _STAGES[stage.kind](self, hop.stage, x)
 
-    def close(self) -> None:
-        """Free every mesh's sub-communicators (collective: all ranks call it)."""
+    def close(self, keep: Any = None) -> None:
+        """Free the meshes' sub-communicators, except `keep`'s (collective: all ranks call it)."""
         for mesh in self._meshes.values():
-            mesh.close()
+            if mesh is not keep:
+                mesh.close()
 
 
 def _flatten(runner: NetworkRunner, index: int, x: Any) -> Any:

@@ -1,0 +1,57 @@
+"""Demo scenarios of whole seed networks (spmdsim.nets): MindSpore tutorial (seed 003), its
+Layout-tuple variant, and Paddle's Embedding -> column Linear -> row Linear (seed 004).
+
+Each scenario runs the full forward pass, with a redistribution wherever one
+operator's output layout differs from what the next one requires, and checks
+the network output against a numpy reference of the whole network. The
+per-operator table is printed by examples/net_*.py; the demo row gives the
+collectives of the whole pass. The MindSpore networks need exactly 8 ranks;
+the Paddle network uses every rank.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..nets import (
+    Network, NetworkRunner, mindspore_layout, mindspore_tutorial, needs_eight, network_atol,
+    paddle_needs, paddle_tp, reference_rows,
+)
+from . import ops as _ops  # noqa: F401  (the single-operator seed scenarios are listed first)
+from .registry import Context, Job, scenario
+
+__all__ = ["network_job"]
+
+
+def network_job(net: Network, comm: Any) -> Job:
+    """A Job running the whole network; its mesh is the output's (the others close after the pass)."""
+    runner = NetworkRunner(net, comm)
+    x = runner.input()
+
+    def forward() -> Any:
+        out = runner.forward(x).output
+        runner.close(keep=runner.out_mesh)  # run_job closes the output mesh after the check
+        return out
+
+    ops = ">".join(s.name for s in net.stages)
+    upto = len(net.stages)
+    cuts = net.input_layout.shards_per_dim, net.out.shards_per_dim
+    return Job(
+        ops, f"in {cuts[0]} -> out {cuts[1]} (slices per dim)",
+        runner.out_mesh, forward, lambda region: reference_rows(net, upto, region),
+        {"x": x}, (), network_atol(net),
+    )
+
+
+def _build(make: Callable[..., Network]) -> Callable[[Context], Job]:
+    def build(ctx: Context) -> Job:
+        return network_job(make(ctx.world_size, dtype=ctx.dtype, seed=ctx.seed), ctx.comm)
+
+    return build
+
+
+scenario("net_mindspore_tutorial", "MindSpore tutorial net: flatten > 3 MatMul.shard, 2 ReLU",
+         needs_eight)(_build(mindspore_tutorial))
+scenario("net_mindspore_layout", "MindSpore tutorial net with Layout((2,2,2)) / Layout((8,))",
+         needs_eight)(_build(mindspore_layout))
+scenario("net_paddle_tp", "Paddle split net: Embedding > column Linear > row Linear",
+         paddle_needs)(_build(paddle_tp))
