@@ -47,6 +47,11 @@ class HopRow:
         """(op, axes) of every call in order of first use, repeated by count."""
         return tuple(key for key, n in self.calls for _ in range(n))
 
+    def matches(self) -> bool:
+        """Whether the traced collectives are exactly the ones the hop's plan expects."""
+        traced = tuple((op, None if op == "alltoallv" else axes) for op, axes in self.collectives())
+        return traced == tuple(self.hop.expected)
+
     def collectives_text(self) -> str:
         if not self.calls:
             note = self.hop.note()
