@@ -161,7 +161,7 @@ def _group_sizes(text: str | None, world: int) -> list[int]:
     if text:
         sizes = [int(v) for v in text.split(",")]
     else:
-        sizes = [g for g in (2, 4, 8, 16, 32, 64) if g < world] + [world]
+        sizes = [g for g in (2, 4, 8, 16, 32, 64) if g < world and world % g == 0] + [world]
     for g in sizes:
         if g < 2 or world % g:
             raise argparse.ArgumentTypeError(

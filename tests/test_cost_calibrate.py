@@ -1,0 +1,44 @@
+"""Pure helpers of `spmdsim calibrate` (no MPI needed)."""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from spmdsim.cli import calibrate
+from spmdsim.cli.main import build_parser
+
+
+@pytest.mark.parametrize("text, value", [("100", 100), ("64K", 65536), ("4M", 4 << 20),
+                                         ("1.5K", 1536), ("2MiB", 2 << 20), ("1g", 1 << 30)])
+def test_parse_size(text, value):
+    assert calibrate.parse_size(text) == value
+
+
+def test_parse_size_errors():
+    with pytest.raises(argparse.ArgumentTypeError, match="not a byte count"):
+        calibrate.parse_size("lots")
+
+
+def test_group_sizes():
+    assert calibrate._group_sizes(None, 8) == [2, 4, 8]
+    assert calibrate._group_sizes(None, 6) == [2, 6]
+    assert calibrate._group_sizes("4,2,4", 8) == [2, 4]
+    with pytest.raises(argparse.ArgumentTypeError, match="group size 3"):
+        calibrate._group_sizes("3", 8)
+
+
+def test_real_bytes_rounds_to_whole_elements_per_rank():
+    assert calibrate._real_bytes(1 << 20, 8) == 1 << 20
+    assert calibrate._real_bytes(100, 8) == 4 * 24
+    assert calibrate._real_bytes(0, 4) == 16
+
+
+def test_calibrate_is_registered_and_imports_no_mpi():
+    args = build_parser().parse_args(["calibrate", "--dry-run", "--sizes", "1M"])
+    assert args.func is calibrate.run and args.dry_run and args.sizes == "1M"
+    code = ("import sys; from spmdsim.cli.main import build_parser; build_parser(); "
+            "assert 'mpi4py' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
