@@ -8,8 +8,9 @@ a few Allreduces and then injects one fault on one rank:
   the job within 30 s;
 * gets stuck before a collective: the watchdog (SPMDSIM_WATCHDOG) reports the
   collective by name on the waiting ranks and aborts;
-* calls another collective, another shape, or skips one: the divergence guard
-  (SPMDSIM_CHECK=1) names the rank that differs and every rank stops cleanly.
+* calls another collective or another shape, or skips one on another group:
+  the divergence guard (SPMDSIM_CHECK=1) names the rank that differs; a skipped
+  last call leaves the others waiting, which the watchdog reports.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ rank = mesh.rank
 x = np.ones(8)
 for step in range(3):
     x = allreduce(mesh, x, "mp") / 4
+x = allreduce(mesh, x, "dp") / 2  # both groups exist now (Comm.Split is collective)
 """
 
 #: name -> (code run after _JOB, extra env, expected rc (None: any non-zero), regex on the output)
@@ -51,20 +53,24 @@ FAULTS = {
         {}, 1, r"spmdsim: error on rank 3: .*exit"),
     "stuck-watchdog": ('if rank == 3: time.sleep(120)\nallreduce(mesh, x, "mp")',
                        {"SPMDSIM_WATCHDOG": "2"}, None,
-                       r"\[rank [0-7]\] spmdsim: collective allreduce on \('mp',\) \(seq 4\) "
+                       r"\[rank [0-7]\] spmdsim: collective allreduce on \('mp',\) \(seq 5\) "
                        r"did not complete within 2\.0 s"),
     "diverge-op": ('allgather(mesh, x, "mp", 0) if rank == 2 else allreduce(mesh, x, "mp")',
                    {"SPMDSIM_CHECK": "1"}, None,
                    r"collectives diverge: rank 2 calls allgather on \('mp',\) float64 \(8,\) "
-                   r"\(0,\) \(seq 4\) but rank 0 calls allreduce"),
+                   r"\(0,\) \(seq 5\) but rank 0 calls allreduce"),
     "diverge-shape": ('allreduce(mesh, x[:4] if rank == 5 else x, "mp")',
                       {"SPMDSIM_CHECK": "1"}, None,
                       r"collectives diverge: rank 5 calls allreduce on \('mp',\) float64 \(4,\) "
-                      r"\(seq 4\) but rank 4 calls allreduce on \('mp',\) float64 \(8,\)"),
-    "skips-one": ('if rank != 6: allreduce(mesh, x, "mp")\nallreduce(mesh, x, "mp")',
-                  {"SPMDSIM_CHECK": "1"}, None,
-                  r"collectives diverge: rank 6 calls allreduce on \('mp',\) float64 \(8,\) "
-                  r"\(seq 4\) but rank 4 calls allreduce on \('mp',\) float64 \(8,\) \(seq 5\)"),
+                      r"\(seq 5\) but rank 4 calls allreduce on \('mp',\) float64 \(8,\)"),
+    "skips-one-elsewhere": ('if rank != 6: allreduce(mesh, x, "dp")\nallreduce(mesh, x, "mp")',
+                            {"SPMDSIM_CHECK": "1"}, 1,
+                            r"collectives diverge: rank 6 calls allreduce on \('mp',\) float64 \(8,\) "
+                            r"\(seq 5\) but rank 4 calls allreduce on \('mp',\) float64 \(8,\) \(seq 6\)"),
+    "skips-last-watchdog": ('if rank != 6: allreduce(mesh, x, "mp")',
+                            {"SPMDSIM_CHECK": "1", "SPMDSIM_WATCHDOG": "3"}, None,
+                            r"\[rank [457]\] spmdsim: collective allreduce on \('mp',\) \(seq 5\) "
+                            r"did not complete within 3\.0 s"),
 }
 
 

@@ -50,10 +50,6 @@ FINGERPRINT_FIELDS = 16
 _MAX_DIMS = 8  # shape dims stored one per field; further dims are folded into the last
 _MAGIC = 0x5350_4D44  # "SPMD": a row of garbage or zeros never matches a real one
 
-# Polite polling (same defaults as runtime.wait): spin briefly, then sleep with backoff.
-_SPIN_S = float(os.environ.get("SPMDSIM_WAIT_SPIN_US", "50")) * 1e-6
-_SLEEP_MAX_S = float(os.environ.get("SPMDSIM_WAIT_SLEEP_US", "100")) * 1e-6
-_SLEEP_MIN_S = min(20e-6, _SLEEP_MAX_S)
 
 
 class _State:
@@ -202,19 +198,23 @@ def wait(request: Any, op: str, axes: Sequence[str], seq: int, polite: bool,
          on_timeout: Optional[Callable[[str], None]] = None) -> None:
     """Complete `request`, polling; past the watchdog deadline report and abort the job.
 
-    Without a watchdog this is a plain poll (polite: sleep with backoff;
-    otherwise spin), so callers may use it whenever a request must complete.
+    Polite polling goes through runtime.wait's phases (spin, yielding polls,
+    sleeps with backoff); otherwise it spins on Test(). Without a watchdog it
+    just completes the request, so callers may use it whenever one must complete.
     """
     test = request.Test
     if test():
         return
+    from . import wait as waiting  # pure module: the polite wait's tuning lives there
+
     limit = watchdog_seconds()
     clock = time.monotonic
     start = clock()
     deadline = float("inf") if limit is None else start + limit
-    spin_until = start + _SPIN_S
-    delay = _SLEEP_MIN_S
-    sleep = time.sleep
+    spin_until = start + getattr(waiting, "_SPIN_S", 0.0)
+    yield_until = spin_until + getattr(waiting, "_YIELD_S", 0.0)
+    sleep_max = getattr(waiting, "_SLEEP_MAX_S", 100e-6)
+    delay = min(20e-6, sleep_max)
     while not test():
         now = clock()
         if now > deadline:
@@ -223,10 +223,13 @@ def wait(request: Any, op: str, axes: Sequence[str], seq: int, polite: bool,
                     f"(seq {seq}) did not complete within {shown} s")
             (on_timeout or _abort)(text)
             return
-        if polite and now > spin_until and _SLEEP_MAX_S > 0:
-            sleep(delay)
-            if delay < _SLEEP_MAX_S:
-                delay = min(2.0 * delay, _SLEEP_MAX_S)
+        if not polite or now < spin_until:
+            continue
+        if now < yield_until or sleep_max <= 0:
+            os.sched_yield()
+        else:
+            time.sleep(delay)
+            delay = min(2.0 * delay, sleep_max)
 
 
 def _abort(text: str) -> None:
