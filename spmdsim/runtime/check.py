@@ -48,7 +48,7 @@ class Verdict:
     atol: float
     rtol: float
     nonfinite: int
-    elements: int = 0
+    elements: int = 0  # global elements compared (each replica counted once), like nonfinite
     failed_ranks: tuple[int, ...] = ()
 
     def __bool__(self) -> bool:

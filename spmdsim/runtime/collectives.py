@@ -7,7 +7,9 @@ communicates nothing). ``out=`` (allgather, alltoall, allreduce,
 reduce_scatter) receives into a caller's C-contiguous array instead, which
 spares hot loops the page faults of a fresh multi-MiB result. Every call is recorded in the open traces (runtime.trace)
 with the per-rank byte figures documented in docs/runtime.md. The wait inside
-the collective is the mesh's ``wait_mode`` (runtime.wait).
+the collective is the mesh's ``wait_mode`` (runtime.wait). Every call takes a
+sequence number; runtime.debug's divergence guard (SPMDSIM_CHECK) and
+watchdog (SPMDSIM_WATCHDOG) hook in here when switched on.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..errors import ShapeError
+from . import debug
 from .mesh import Mesh
 from .trace import record
 from .wait import polite_wait
@@ -59,6 +62,7 @@ def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int
     comm, g, _ = mesh.group_info(axes)
     x = _contig(local)
     d = _dim(tensor_dim, x.ndim, "tensor_dim")
+    seq = _begin(mesh, comm, g, "allgather", axes, x, (d,))
     if g == 1:
         record("allgather", comm_axes(axes), 1, 0, 0, 0.0, label)
         return x if out is None else _copy_into(out, x, "allgather")
@@ -67,11 +71,11 @@ def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int
     out_shape = shape[:d] + (shape[d] * g,) + shape[d + 1:]
     if d == 0 or int(np.prod(shape[:d], dtype=np.int64)) == 1:
         out = _result(out, out_shape, x.dtype, "allgather")
-        _run(mesh, comm.Allgather, comm.Iallgather, x, out)
+        _run(mesh, seq, "allgather", axes, comm.Allgather, comm.Iallgather, x, out)
     else:
         # Receive blocks side by side, then one copy puts them along tensor_dim.
         recv = np.empty((g,) + shape, x.dtype)
-        _run(mesh, comm.Allgather, comm.Iallgather, x, recv)
+        _run(mesh, seq, "allgather", axes, comm.Allgather, comm.Iallgather, x, recv)
         out = _result(out, out_shape, x.dtype, "allgather")
         _blocks(out, d, g)[...] = recv.reshape(g, _blocks(x, d, 1).shape[0], -1).swapaxes(0, 1)
     n = x.nbytes
@@ -87,6 +91,7 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
     s = _dim(split_dim, x.ndim, "split_dim")
     c = _dim(concat_dim, x.ndim, "concat_dim")
     _divisible(x.shape, s, g, "alltoall")
+    seq = _begin(mesh, comm, g, "alltoall", axes, x, (s, c))
     if g == 1:
         record("alltoall", comm_axes(axes), 1, 0, 0, 0.0, label)
         return x if out is None else _copy_into(out, x, "alltoall")
@@ -100,10 +105,10 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
     direct = c == 0 or int(np.prod(block_shape[:c], dtype=np.int64)) == 1
     if direct:
         out = _result(out, out_shape, x.dtype, "alltoall")
-        _run(mesh, comm.Alltoall, comm.Ialltoall, send, out)
+        _run(mesh, seq, "alltoall", axes, comm.Alltoall, comm.Ialltoall, send, out)
     else:
         recv = np.empty((g,) + block_shape, x.dtype)
-        _run(mesh, comm.Alltoall, comm.Ialltoall, send, recv)
+        _run(mesh, seq, "alltoall", axes, comm.Alltoall, comm.Ialltoall, send, recv)
         out = _result(out, out_shape, x.dtype, "alltoall")
         outer = int(np.prod(block_shape[:c], dtype=np.int64))
         _blocks(out, c, g)[...] = recv.reshape(g, outer, -1).swapaxes(0, 1)
@@ -117,12 +122,13 @@ def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | No
     """Elementwise sum of every member's `local`, on every member (into `out` if given)."""
     comm, g, _ = mesh.group_info(axes)
     x = _contig(local)
+    seq = _begin(mesh, comm, g, "allreduce", axes, x, ())
     if g == 1:
         record("allreduce", comm_axes(axes), 1, 0, 0, 0.0, label)
         return x if out is None else _copy_into(out, x, "allreduce")
     t0 = perf_counter()
     out = _result(out, x.shape, x.dtype, "allreduce")
-    _run(mesh, comm.Allreduce, comm.Iallreduce, x, out, _SUM)
+    _run(mesh, seq, "allreduce", axes, comm.Allreduce, comm.Iallreduce, x, out, _SUM)
     moved = 2 * (g - 1) * x.nbytes // g
     record("allreduce", comm_axes(axes), g, moved, moved, perf_counter() - t0, label)
     return out
@@ -135,6 +141,7 @@ def reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim
     x = _contig(local)
     d = _dim(tensor_dim, x.ndim, "tensor_dim")
     _divisible(x.shape, d, g, "reduce_scatter")
+    seq = _begin(mesh, comm, g, "reduce_scatter", axes, x, (d,))
     if g == 1:
         record("reduce_scatter", comm_axes(axes), 1, 0, 0, 0.0, label)
         return x if out is None else _copy_into(out, x, "reduce_scatter")
@@ -145,7 +152,7 @@ def reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim
     else:
         send = np.ascontiguousarray(_blocks(x, d, g).swapaxes(0, 1))
     out = _result(out, out_shape, x.dtype, "reduce_scatter")
-    _run(mesh, comm.Reduce_scatter_block, comm.Ireduce_scatter_block, send, out, _SUM)
+    _run(mesh, seq, "reduce_scatter", axes, comm.Reduce_scatter_block, comm.Ireduce_scatter_block, send, out, _SUM)
     moved = (g - 1) * x.nbytes // g
     record("reduce_scatter", comm_axes(axes), g, moved, moved, perf_counter() - t0, label)
     return out
@@ -161,6 +168,7 @@ def bcast(mesh: Mesh, local: Any, axes: str | Iterable[str], root: int = 0,
     comm, g, me = mesh.group_info(axes)
     if not 0 <= root < g:
         raise ShapeError(f"bcast root {root!r} is outside the group of {g} ranks over {comm_axes(axes)!r}")
+    seq = _begin(mesh, comm, g, "bcast", axes, local, (root,))
     if g == 1:
         record("bcast", comm_axes(axes), 1, 0, 0, 0.0, label)
         return _contig(local)
@@ -168,7 +176,7 @@ def bcast(mesh: Mesh, local: Any, axes: str | Iterable[str], root: int = 0,
     buf = local
     if not (type(buf) is np.ndarray and buf.flags.c_contiguous and buf.flags.writeable):
         buf = np.array(local, order="C")
-    _run(mesh, comm.Bcast, comm.Ibcast, buf, root=root)
+    _run(mesh, seq, "bcast", axes, comm.Bcast, comm.Ibcast, buf, root)
     n = buf.nbytes
     record("bcast", comm_axes(axes), g, n if me == root else 0, 0 if me == root else n,
            perf_counter() - t0, label)
@@ -184,6 +192,7 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
     """
     dtype = np.dtype(dtype)
     size, me = mesh.size, mesh.rank
+    seq = _begin(mesh, mesh.comm, size, "alltoallv", mesh.layout.alias_name, None, (), dtype)
     for peers, what in ((sends, "sends"), (recv_shapes, "recv_shapes")):
         for r in peers:
             if not 0 <= int(r) < size:
@@ -216,7 +225,7 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
             send[sdispls[r]:sdispls[r] + scounts[r]] = a.reshape(-1)
     recv = np.empty(int(rcounts.sum()), dtype)
     if size > 1:
-        _run(mesh, mesh.comm.Alltoallv, mesh.comm.Ialltoallv,
+        _run(mesh, seq, "alltoallv", mesh.layout.alias_name, mesh.comm.Alltoallv, mesh.comm.Ialltoallv,
              [send, (scounts.tolist(), sdispls.tolist())], [recv, (rcounts.tolist(), rdispls.tolist())])
     for r, shape in recv_shapes.items():
         r = int(r)
@@ -247,9 +256,22 @@ def comm_axes(axes: str | Iterable[str]) -> tuple[str, ...]:
     return (axes,) if isinstance(axes, str) else tuple(axes)
 
 
-def _run(mesh: Mesh, blocking: Any, nonblocking: Any, *args: Any, **kwargs: Any) -> None:
-    """Run one collective with the mesh's wait mode."""
-    if mesh.wait_mode == "polite":
-        polite_wait(nonblocking(*args, **kwargs))
+def _begin(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, x: Any, extra: tuple,
+           dtype: Any = None) -> int:
+    """Number this call; with SPMDSIM_CHECK, compare it with the group's before communicating."""
+    seq = debug.next_seq()
+    if g > 1 and debug.check_enabled():
+        shape = None if x is None else np.shape(x)
+        debug.verify(comm, op, comm_axes(axes), dtype if x is None else np.asarray(x).dtype,
+                     shape, extra, seq, mesh.wait_mode == "polite")
+    return seq
+
+
+def _run(mesh: Mesh, seq: int, op: str, axes: Any, blocking: Any, nonblocking: Any, *args: Any) -> None:
+    """Run one collective with the mesh's wait mode (and the watchdog when it is on)."""
+    if debug.watchdog_seconds() is not None:
+        debug.wait(nonblocking(*args), op, comm_axes(axes), seq, mesh.wait_mode == "polite")
+    elif mesh.wait_mode == "polite":
+        polite_wait(nonblocking(*args))
     else:
-        blocking(*args, **kwargs)
+        blocking(*args)

@@ -157,7 +157,15 @@ class DTensor:
         except ShapeError:
             # A mismatch on some ranks only must not skip the agreeing Allgather.
             stats = np.array([0.0, np.inf, np.inf, 0.0, float(actual.size), 0.0])
+        if not _primary(self._mesh, self._layout):
+            stats[3] = stats[4] = 0.0  # count each global element once, not once per replica
         return agree(self._mesh.comm, stats, rtol, atol)
+
+
+def _primary(mesh: Mesh, layout: TensorLayout) -> bool:
+    """True on the first replica of this shard (over replicated and partial axes)."""
+    axes = layout.replicated_axes + layout.partial
+    return not axes or layout.layout.group_index(mesh.rank, axes) == 0
 
 
 def _holds_value(mesh: Mesh, layout: TensorLayout) -> bool:

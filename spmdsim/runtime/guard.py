@@ -3,6 +3,8 @@
 * An SpmdsimError raised on every rank (validation before the first
   collective, an agreed failed check) is a clean error: rank 0 prints one line
   ``spmdsim: error: ...`` and every rank exits with code 2.
+* A SystemExit inside a guard passes when every rank exits, and aborts the
+  job when only some do (the others would wait forever).
 * Any other exception, or an SpmdsimError that not all ranks raise within a
   grace period (``SPMDSIM_GUARD_GRACE_S``, default 3 s), prints
   ``spmdsim: error on rank R: ...`` (with a traceback for unexpected errors)
@@ -89,10 +91,24 @@ def _abort(comm: Any, text: str) -> NoReturn:
     os._exit(1)  # Abort does not return; this is only a safety net
 
 
+class _GuardExit(SystemExit):
+    """The clean exit a guard raises after an all-ranks error; outer guards let it pass."""
+
+
+def _exit_alone(exc: SystemExit, comm: Any, private: Any) -> None:
+    """A SystemExit passes when every rank exits; on some ranks only it aborts the job."""
+    if _all_failed(private, _GRACE_S):
+        return
+    _abort(comm, f"spmdsim: error on rank {comm.Get_rank()}: exit with code {exc.code!r} "
+                 "(SystemExit) while other ranks go on\n")
+
+
 class abort_on_error:
     """Context manager and decorator: ``with abort_on_error(comm): ...`` (enter it on every rank).
 
-    A clean all-ranks SpmdsimError becomes ``SystemExit(2)``; anything else aborts the job.
+    A clean all-ranks SpmdsimError becomes ``SystemExit(2)``; a SystemExit
+    raised on every rank passes; anything else (a SystemExit on some ranks
+    included) aborts the job.
     """
 
     def __init__(self, comm: Any = None) -> None:
@@ -105,10 +121,13 @@ class abort_on_error:
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        if exc is None or isinstance(exc, (SystemExit, GeneratorExit)):
+        if exc is None or isinstance(exc, (_GuardExit, GeneratorExit)):
+            return False
+        if isinstance(exc, SystemExit):
+            _exit_alone(exc, self._comm, self._private)
             return False
         if handle_exception(exc, self._comm, self._private):
-            raise SystemExit(2) from None
+            raise _GuardExit(2) from None
         return False  # not reached: handle_exception aborts
 
     def __call__(self, fn: Callable) -> Callable:
@@ -130,14 +149,29 @@ def install_excepthook(comm: Any = None) -> None:
         if isinstance(exc, KeyboardInterrupt):
             previous(exc_type, exc, tb)
         if handle_exception(exc, comm, private):
-            from mpi4py import MPI
-
-            sys.stdout.flush()
-            if not MPI.Is_finalized():
-                MPI.Finalize()
-            os._exit(2)
+            _finalize_and_exit(2)
 
     sys.excepthook = hook
+
+
+def _finalize_and_exit(code: int) -> NoReturn:
+    """End this rank with `code` after MPI_Finalize, from inside sys.excepthook.
+
+    C exit(), not os._exit: MPICH's exit-time cleanup must run, or mpiexec
+    reports the rank as killed (signal 9) even after a clean Finalize.
+    """
+    from mpi4py import MPI
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if not MPI.Is_finalized():
+        MPI.Finalize()
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).exit(code)
+    finally:
+        os._exit(code)
 
 
 def run_guarded(fn: Callable[[], Any], comm: Any = None) -> int:
@@ -150,7 +184,10 @@ def run_guarded(fn: Callable[[], Any], comm: Any = None) -> int:
     private = _private(comm)
     try:
         return int(fn() or 0)
-    except SystemExit:
+    except _GuardExit:
+        raise
+    except SystemExit as exc:
+        _exit_alone(exc, comm, private)
         raise
     except BaseException as exc:  # noqa: BLE001 - every failure must end the job
         if handle_exception(exc, comm, private):

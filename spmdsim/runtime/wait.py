@@ -2,15 +2,20 @@
 
 Under oversubscription (more ranks than cores) MPICH ranks blocked in a
 collective spin and steal the cores the computing ranks need (DESIGN.md
-section 6). The polite wait posts the nonblocking collective, spins on
-``Test()`` for a few tens of microseconds (so small collectives among ranks
-that are all running stay fast), then sleeps between polls with a growing
-delay, handing the core to the ranks that still compute.
+section 6). The polite wait posts the nonblocking collective and polls
+``Test()``: first with ``sched_yield`` between polls for up to 1 ms (a plain
+Test spin is ~100x slower than the blocking call when oversubscribed, because
+the spinning rank keeps the core its peers need to make progress), then with
+sleeps growing from 20 to 100 us, handing the core to the ranks that still
+compute. Linux timer slack is set to 1 us for the process so that short sleeps
+are not stretched to the 50 us default.
 
 ``SPMDSIM_WAIT=busy|polite|auto`` picks the mode (default auto: polite when
 the ranks on this node outnumber the cores this process may run on).
-``SPMDSIM_WAIT_SPIN_US`` and ``SPMDSIM_WAIT_SLEEP_US`` tune the spin length and
-the longest sleep (0 polls with sched_yield instead of sleeping);
+Tuning: ``SPMDSIM_WAIT_SPIN_US`` (plain Test spin first, default 0),
+``SPMDSIM_WAIT_YIELD_US`` (yielding polls, default 1000),
+``SPMDSIM_WAIT_SLEEP_US`` (longest sleep, default 100; 0 = yield forever),
+``SPMDSIM_WAIT_SLACK=0`` keeps the default timer slack.
 docs/oversubscription.md has the measurements.
 """
 from __future__ import annotations
@@ -25,7 +30,8 @@ __all__ = ["WAIT_MODES", "resolve_wait_mode", "polite_wait", "cores_available", 
 
 WAIT_MODES = ("busy", "polite", "auto")
 
-_SPIN_S = float(os.environ.get("SPMDSIM_WAIT_SPIN_US", "50")) * 1e-6
+_SPIN_S = float(os.environ.get("SPMDSIM_WAIT_SPIN_US", "0")) * 1e-6
+_YIELD_S = float(os.environ.get("SPMDSIM_WAIT_YIELD_US", "1000")) * 1e-6
 _SLEEP_MAX_S = float(os.environ.get("SPMDSIM_WAIT_SLEEP_US", "100")) * 1e-6
 _SLEEP_MIN_S = min(20e-6, _SLEEP_MAX_S)
 
@@ -73,16 +79,42 @@ def resolve_wait_mode(mode: str | None, comm: Any) -> str:
     return "polite" if local_ranks(comm) > cores_available() else "busy"
 
 
+_SLACK_SET = False
+
+
+def _tight_timer_slack() -> None:
+    """Ask Linux for 1 us timer slack so 20-100 us sleeps are not stretched by the 50 us default."""
+    global _SLACK_SET
+    _SLACK_SET = True
+    if os.environ.get("SPMDSIM_WAIT_SLACK", "1") == "0":
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(29, 1000, 0, 0, 0)  # PR_SET_TIMERSLACK, in ns
+    except (OSError, AttributeError):
+        pass
+
+
 def polite_wait(request: Any) -> None:
     """Complete `request` by polling Test(): spin briefly, then sleep with backoff."""
     test = request.Test
     if test():
         return
+    if not _SLACK_SET:
+        _tight_timer_slack()
     clock = time.perf_counter
     deadline = clock() + _SPIN_S
     while clock() < deadline:
         if test():
             return
+    if _YIELD_S > 0:
+        yield_ = os.sched_yield
+        deadline = clock() + _YIELD_S
+        while clock() < deadline:
+            if test():
+                return
+            yield_()
     if _SLEEP_MAX_S <= 0:
         yield_ = os.sched_yield
         while not test():

@@ -83,6 +83,7 @@ def test_check_passes_on_right_data_for_every_reference_kind():
     for reference in (seeded, seeded.full(), seeded.region):
         verdict = x.check(reference)
         assert verdict.passed and verdict.max_abs_error == 0.0 and verdict.nonfinite == 0
+        assert verdict.elements == SHAPE[0] * SHAPE[1]
         assert (verdict.rtol, verdict.atol) == (1e-4, 1e-5)
     assert x.check(SeededTensor(SHAPE, "float64", seed=11).full()).passed  # float32 tolerance applies
     # Within tolerance: a relative perturbation of 1e-6 still passes.
