@@ -171,3 +171,12 @@ def test_networks_registry_and_purity():
     code = ("import sys, spmdsim.nets, spmdsim.demo.networks; "
             "sys.exit(1 if 'mpi4py' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_main_rejects_unknown_networks_before_mpi(capsys):
+    from spmdsim.nets.__main__ import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["net_nope"])
+    assert info.value.code == 2
+    assert "unknown network(s) ['net_nope']" in capsys.readouterr().err

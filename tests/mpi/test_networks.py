@@ -119,3 +119,14 @@ def test_demo_rows_pass_or_skip_with_a_reason():
     if COMM.size == 8:
         assert outcomes["net_mindspore_tutorial"].collectives == {
             "allreduce": 2, "alltoall": 1, "alltoallv": 1}
+
+
+def test_module_main_prints_the_table_and_passes(capsys):
+    from spmdsim.nets.__main__ import main
+
+    assert main(["net_paddle_tp"]) == 0
+    out = capsys.readouterr().out
+    if COMM.rank == 0:
+        assert "Allreduce(mp) x1" in out and out.rstrip().endswith("PASS")
+    else:
+        assert out == ""

@@ -1,0 +1,63 @@
+"""Run seed networks and print their per-operator tables.
+
+    timeout 120 mpiexec -n 8 python -m spmdsim.nets                 # every network that fits
+    timeout 120 mpiexec -n 4 python -m spmdsim.nets net_paddle_tp --seed 3
+
+Exits 1 when a value fails its check or a hop's collectives differ from its plan.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import NETWORKS, needs_eight, paddle_needs
+
+__all__ = ["main"]
+
+_NEEDS = {"net_mindspore_tutorial": needs_eight, "net_mindspore_layout": needs_eight,
+          "net_paddle_tp": paddle_needs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m spmdsim.nets", description=__doc__.split("\n")[0])
+    parser.add_argument("names", nargs="*", metavar="NAME",
+                        help=f"networks to run (default: all): {', '.join(NETWORKS)}")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    unknown = [n for n in args.names if n not in NETWORKS]
+    if unknown:
+        parser.error(f"unknown network(s) {unknown!r}; expected some of {sorted(NETWORKS)!r}")
+    from mpi4py import MPI
+
+    from ..runtime.guard import run_guarded
+
+    comm = MPI.COMM_WORLD
+    return run_guarded(lambda: _run(args.names or list(NETWORKS), args, comm), comm)
+
+
+def _run(names: list[str], args: argparse.Namespace, comm: object) -> int:
+    from .run import NetworkRunner
+
+    ok = True
+    for name in names:
+        reason = _NEEDS[name](comm.Get_size())
+        if reason:
+            if comm.Get_rank() == 0:
+                print(f"{name}: SKIP ({reason})\n")
+            continue
+        runner = NetworkRunner(NETWORKS[name](comm.Get_size(), dtype=args.dtype, seed=args.seed), comm)
+        result = runner.forward()
+        verdicts = result.check_all()
+        rows = result.rows()
+        passed = all(verdicts) and all(row.matches() for row in rows)
+        text = result.table()
+        runner.close()
+        ok = ok and passed
+        if comm.Get_rank() == 0:
+            print(f"{text}\n{verdicts[-1]}\n{'PASS' if passed else 'FAIL'}\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
