@@ -94,3 +94,17 @@ def test_importing_runtime_package_does_not_load_mpi4py():
            "print('mpi4py' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_launch_refuses_an_mpiexec_from_another_mpi(tmp_path, capsys):
+    from spmdsim.cli.main import main
+
+    fake = tmp_path / "mpiexec"
+    fake.write_text('#!/bin/sh\necho "mpirun (Open MPI) 5.0.3"\n')
+    fake.chmod(0o755)
+    lib = launch.subprocess.run([sys.executable, "-m", "mpi4py", "--mpi-library"],
+                                capture_output=True, text=True, timeout=60).stdout
+    if launch._family(lib.strip().rsplit("/", 1)[-1]) != "mpich":
+        pytest.skip("mpi4py does not use MPICH here")
+    assert main(["launch", "-n", "2", "--mpiexec", str(fake), "--", "python", "-c", "1"]) == 2
+    assert "is openmpi but mpi4py uses" in capsys.readouterr().err

@@ -71,13 +71,22 @@ def _family(text: str) -> str | None:
 
 def check_same_mpi(mpiexec: str) -> None:
     """Raise RuntimeMismatchError when mpiexec and mpi4py's library clearly differ in family."""
+    # Both probes at once: each is a process start-up (~0.2-1 s on a loaded machine).
+    probes: list[subprocess.Popen] = []
     try:
-        lib = subprocess.run([sys.executable, "-m", "mpi4py", "--mpi-library"], capture_output=True,
-                             text=True, timeout=30).stdout.strip()
-        ver = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30)
+        probes.append(subprocess.Popen([sys.executable, "-m", "mpi4py", "--mpi-library"],
+                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
+        probes.append(subprocess.Popen([mpiexec, "--version"], stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, text=True))
+        lib = probes[0].communicate(timeout=30)[0].strip()
+        ver = probes[1].communicate(timeout=30)[0]
     except (OSError, subprocess.TimeoutExpired):
+        for proc in probes:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         return  # cannot tell; SPMDSIM_EXPECT_WORLD still catches a mismatch at run time
-    lib_family, exec_family = _family(os.path.basename(lib)), _family(ver.stdout + ver.stderr)
+    lib_family, exec_family = _family(os.path.basename(lib)), _family(ver)
     if lib_family and exec_family and lib_family != exec_family:
         raise RuntimeMismatchError(
             f"mpiexec {mpiexec!r} is {exec_family} but mpi4py uses {lib!r} ({lib_family}); "
