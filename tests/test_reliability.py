@@ -116,3 +116,14 @@ def test_wait_without_watchdog_completes(monkeypatch) -> None:
     debug.wait(request, "allgather", ("x",), 1, polite=False,
                on_timeout=lambda text: pytest.fail(text))
     assert request.polls == 50
+
+
+def test_cli_arguments_configure_the_debug_mode() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    debug.add_cli_arguments(parser)
+    debug.configure_from_args(parser.parse_args(["--check", "--watchdog", "7.5"]))
+    assert debug.check_enabled() is True and debug.watchdog_seconds() == 7.5
+    with pytest.raises(SpmdsimError, match="--watchdog 'x'"):
+        debug.configure_from_args(parser.parse_args(["--watchdog", "x"]))

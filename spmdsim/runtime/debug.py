@@ -45,6 +45,8 @@ __all__ = [
     "verify",
     "wait",
     "FINGERPRINT_FIELDS",
+    "add_cli_arguments",
+    "configure_from_args",
 ]
 
 FINGERPRINT_FIELDS = 16
@@ -97,6 +99,24 @@ def configure(check: Optional[bool] = None, watchdog: Any = "keep") -> None:
     if watchdog != "keep":
         _State.watchdog = _seconds(watchdog, "watchdog")
         _State.watchdog_read = True
+
+
+def add_cli_arguments(parser: Any) -> None:
+    """Add ``--check`` and ``--watchdog SECONDS`` to an argparse parser (MPI subcommands)."""
+    parser.add_argument("--check", action="store_true",
+                        help="before each collective, compare the call across its group and stop "
+                             "with a message naming the rank that differs (SPMDSIM_CHECK=1)")
+    parser.add_argument("--watchdog", metavar="SECONDS", default=None,
+                        help="abort the job when a collective has not completed after SECONDS "
+                             "(SPMDSIM_WATCHDOG; default off)")
+
+
+def configure_from_args(args: Any) -> None:
+    """Apply ``--check``/``--watchdog``; call it on every rank inside the guard (a bad value
+    then raises the same SpmdsimError everywhere and prints once)."""
+    watchdog = getattr(args, "watchdog", None)
+    configure(check=True if getattr(args, "check", False) else None,
+              watchdog="keep" if watchdog is None else _seconds(watchdog, "--watchdog"))
 
 
 def check_enabled() -> bool:
