@@ -147,3 +147,29 @@ def test_shape_errors_are_raised_before_communication():
         C.reduce_scatter(mesh, np.ones((g + 1, 2)), axes, 0)
     with pytest.raises(ShapeError, match="out of range"):
         C.allgather(mesh, np.ones(3), axes, 1)
+
+
+def test_out_buffers_receive_the_result():
+    mesh = _meshes("busy")[0]
+    layout = mesh.layout
+    axes = tuple(layout.alias_name)
+    members = _members(layout, mesh.rank, axes)
+    g, me = len(members), members.index(mesh.rank)
+    shape = (g, 2 * g)
+    x = _data(mesh.rank, shape)
+    for d in (0, 1):
+        out = np.empty(tuple(s * g if i == d else s for i, s in enumerate(shape)))
+        assert C.allgather(mesh, x, axes, d, out=out) is out
+        np.testing.assert_array_equal(out, np.concatenate([_data(m, shape) for m in members], axis=d))
+    total = sum(_data(m, shape) for m in members)
+    out = np.empty(shape)
+    assert C.allreduce(mesh, x, axes, out=out) is out
+    np.testing.assert_array_equal(out, total)
+    out = np.empty((1, 2 * g))
+    assert C.reduce_scatter(mesh, x, axes, 0, out=out) is out
+    np.testing.assert_array_equal(out, total[me:me + 1])
+    out = np.empty((g * g, 2))
+    assert C.alltoall(mesh, x, axes, 1, 0, out=out) is out
+    np.testing.assert_array_equal(out, np.concatenate([np.split(_data(m, shape), g, axis=1)[me] for m in members]))
+    with pytest.raises(ShapeError, match=r"allreduce: out \(\(3,\), 'float64'\) must be"):
+        C.allreduce(mesh, x, axes, out=np.empty(3))
