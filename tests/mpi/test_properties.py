@@ -5,7 +5,8 @@ would draw differently per rank and deadlock the collectives). Pairs come from
 tests/test_properties.py's generator with the device count fixed to the world
 size; values are small integers so partial sums are exact in any order.
 Operators are MindSpore MatMul strategies ((a, b), (b, c)) with a*b*c dividing
-the world size (sometimes with an out_strategy, i.e. Reduce_scatter), and
+the world size (sometimes transposed, sometimes with an out_strategy, i.e.
+Reduce_scatter), batched ((d, a, b), (d, b, c)), and
 Megatron Linear / Embedding / MLP with random small shapes, each checked
 against its numpy reference with the CLI's tolerance.
 """
@@ -84,7 +85,7 @@ def _op_jobs(rng: random.Random, comm):
     triples = _divisor_triples(size)
     for i in range(OPS):
         dtype = rng.choice(("float32", "float64"))
-        kind = rng.choice(("matmul", "matmul", "matmul", "linear", "embedding", "mlp"))
+        kind = rng.choice(("matmul", "matmul", "matmul", "bmm", "linear", "embedding", "mlp"))
         seed = rng.randrange(1000)
         if kind == "matmul":
             a, b, c = rng.choice(triples)
@@ -97,6 +98,14 @@ def _op_jobs(rng: random.Random, comm):
                 jobs.strategy_matmul_job(comm, (x, w), (m, k, n), dtype=dtype, seed=seed,
                                          transpose_a=ta, transpose_b=tb,
                                          out_strategy=out[0] if out else None)
+        elif kind == "bmm":
+            d, a, b, c = rng.choice([(d,) + t for d in (1, 2) for t in triples
+                                     if size % (d * t[0] * t[1] * t[2]) == 0])
+            dims = (d * rng.randint(1, 2), a * b * rng.randint(1, 2), b * rng.randint(1, 2),
+                    c * rng.randint(1, 2))
+            strategy = ((d, a, b), (d, b, c))
+            yield f"batch matmul {strategy} {dtype} {dims}", \
+                jobs.strategy_matmul_job(comm, strategy, dims, dtype=dtype, seed=seed)
         elif kind == "linear":
             parallel = rng.choice(("column", "row"))
             dims = (rng.randint(1, 5), size * rng.randint(1, 3), size * rng.randint(1, 3))
