@@ -13,6 +13,7 @@ watchdog (SPMDSIM_WATCHDOG) hook in here when switched on.
 """
 from __future__ import annotations
 
+import math
 from time import perf_counter
 from typing import Any, Iterable, Mapping
 
@@ -52,7 +53,7 @@ def _divisible(shape: tuple[int, ...], tensor_dim: int, g: int, op: str) -> None
 
 def _blocks(x: np.ndarray, tensor_dim: int, g: int) -> np.ndarray:
     """View x as (outer, g, rest) so that block j along tensor_dim is [:, j]."""
-    outer = int(np.prod(x.shape[:tensor_dim], dtype=np.int64))
+    outer = math.prod(x.shape[:tensor_dim])
     return x.reshape(outer, g, -1)
 
 
@@ -69,15 +70,15 @@ def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int
     t0 = perf_counter()
     shape = x.shape
     out_shape = shape[:d] + (shape[d] * g,) + shape[d + 1:]
-    if d == 0 or int(np.prod(shape[:d], dtype=np.int64)) == 1:
+    if d == 0 or math.prod(shape[:d]) == 1:
         out = _result(out, out_shape, x.dtype, "allgather")
         _run(mesh, seq, "allgather", axes, comm.Allgather, comm.Iallgather, x, out)
     else:
         # Receive blocks side by side, then one copy puts them along tensor_dim.
+        out = _result(out, out_shape, x.dtype, "allgather")
         recv = np.empty((g,) + shape, x.dtype)
         _run(mesh, seq, "allgather", axes, comm.Allgather, comm.Iallgather, x, recv)
-        out = _result(out, out_shape, x.dtype, "allgather")
-        _blocks(out, d, g)[...] = recv.reshape(g, _blocks(x, d, 1).shape[0], -1).swapaxes(0, 1)
+        _blocks(out, d, g)[...] = recv.reshape(g, math.prod(shape[:d]), -1).swapaxes(0, 1)
     n = x.nbytes
     record("allgather", comm_axes(axes), g, (g - 1) * n, (g - 1) * n, perf_counter() - t0, label)
     return out
@@ -97,20 +98,20 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
         return x if out is None else _copy_into(out, x, "alltoall")
     t0 = perf_counter()
     block_shape = x.shape[:s] + (x.shape[s] // g,) + x.shape[s + 1:]
-    if s == 0 or int(np.prod(x.shape[:s], dtype=np.int64)) == 1:
+    if s == 0 or math.prod(x.shape[:s]) == 1:
         send = x
     else:
         send = np.ascontiguousarray(_blocks(x, s, g).swapaxes(0, 1))
     out_shape = block_shape[:c] + (block_shape[c] * g,) + block_shape[c + 1:]
-    direct = c == 0 or int(np.prod(block_shape[:c], dtype=np.int64)) == 1
+    direct = c == 0 or math.prod(block_shape[:c]) == 1
     if direct:
         out = _result(out, out_shape, x.dtype, "alltoall")
         _run(mesh, seq, "alltoall", axes, comm.Alltoall, comm.Ialltoall, send, out)
     else:
+        out = _result(out, out_shape, x.dtype, "alltoall")
         recv = np.empty((g,) + block_shape, x.dtype)
         _run(mesh, seq, "alltoall", axes, comm.Alltoall, comm.Ialltoall, send, recv)
-        out = _result(out, out_shape, x.dtype, "alltoall")
-        outer = int(np.prod(block_shape[:c], dtype=np.int64))
+        outer = math.prod(block_shape[:c])
         _blocks(out, c, g)[...] = recv.reshape(g, outer, -1).swapaxes(0, 1)
     moved = x.nbytes * (g - 1) // g
     record("alltoall", comm_axes(axes), g, moved, moved, perf_counter() - t0, label)
@@ -147,7 +148,7 @@ def reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim
         return x if out is None else _copy_into(out, x, "reduce_scatter")
     t0 = perf_counter()
     out_shape = x.shape[:d] + (x.shape[d] // g,) + x.shape[d + 1:]
-    if d == 0 or int(np.prod(x.shape[:d], dtype=np.int64)) == 1:
+    if d == 0 or math.prod(x.shape[:d]) == 1:
         send = x
     else:
         send = np.ascontiguousarray(_blocks(x, d, g).swapaxes(0, 1))
@@ -207,7 +208,7 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
         scounts[int(r)] = a.size
     rcounts = np.zeros(size, np.int64)
     for r, shape in recv_shapes.items():
-        rcounts[int(r)] = int(np.prod(shape, dtype=np.int64))
+        rcounts[int(r)] = math.prod(tuple(shape))
     out: dict[int, np.ndarray] = {}
     if me in recv_shapes:
         mine = arrays.get(me)
