@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONDONTWRITEBYTECODE=1
+# One BLAS thread per rank: ranks already outnumber the cores (docs/oversubscription.md).
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 python -m pytest -q -p no:cacheprovider "$@"
 for ranks in 8 4; do
     echo "== MPI tests on $ranks ranks"

@@ -6,6 +6,11 @@ when first used.
 """
 from __future__ import annotations
 
+from ._threads import cap_blas_threads_under_launcher
+
+# Before numpy loads its BLAS: one rank per simulated device, not a thread pool each.
+cap_blas_threads_under_launcher()
+
 from .datagen import SeededTensor
 from .errors import (
     CheckFailed,

@@ -23,11 +23,11 @@ import subprocess
 import sys
 from typing import Sequence
 
+from .._threads import THREAD_VARS, thread_cap
 from ..errors import RuntimeMismatchError, SpmdsimError
 
 __all__ = ["register", "run", "launch_env", "find_mpiexec", "build_command"]
 
-_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 _KILL_GRACE_S = 5.0
 
 
@@ -97,14 +97,12 @@ def check_same_mpi(mpiexec: str) -> None:
 def launch_env(ranks: int, wait: str | None, base: dict | None = None) -> dict:
     """The child environment: wait mode, BLAS thread caps, expected world size."""
     env = dict(os.environ if base is None else base)
-    from ..runtime.wait import cores_available  # pure module: no mpi4py
-
     if wait is not None:
         env["SPMDSIM_WAIT"] = wait
     else:
         env.setdefault("SPMDSIM_WAIT", "auto")
-    threads = str(max(1, cores_available() // ranks))
-    for var in _THREAD_VARS:
+    threads = str(thread_cap(ranks))
+    for var in THREAD_VARS:
         env.setdefault(var, threads)
     env["SPMDSIM_EXPECT_WORLD"] = str(ranks)
     return env

@@ -24,6 +24,7 @@ import os
 import time
 from typing import Any
 
+from .._threads import cores_available, launcher_local_ranks
 from ..errors import SpmdsimError
 
 __all__ = ["WAIT_MODES", "resolve_wait_mode", "polite_wait", "cores_available", "local_ranks"]
@@ -35,16 +36,6 @@ _YIELD_S = float(os.environ.get("SPMDSIM_WAIT_YIELD_US", "1000")) * 1e-6
 _SLEEP_MAX_S = float(os.environ.get("SPMDSIM_WAIT_SLEEP_US", "100")) * 1e-6
 _SLEEP_MIN_S = min(20e-6, _SLEEP_MAX_S)
 
-# Launchers that tell each rank how many ranks share its node.
-_LOCAL_SIZE_VARS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE")
-
-
-def cores_available() -> int:
-    """Cores this process may run on (its CPU affinity), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # not Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def local_ranks(comm: Any) -> int:
@@ -53,10 +44,9 @@ def local_ranks(comm: Any) -> int:
     The fallback is a collective over `comm`; every rank takes the same path
     because they all see the same launcher environment.
     """
-    for var in _LOCAL_SIZE_VARS:
-        value = os.environ.get(var, "")
-        if value.isdigit() and int(value) > 0:
-            return int(value)
+    from_launcher = launcher_local_ranks()
+    if from_launcher is not None:
+        return from_launcher
     from mpi4py import MPI
 
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
