@@ -39,15 +39,15 @@ for step in range(3):
 x = allreduce(mesh, x, "dp") / 2  # both groups exist now (Comm.Split is collective)
 """
 
-#: name -> (code run after _JOB, extra env, expected rc (None: any non-zero), regex on the output)
+#: name -> (code after _JOB, extra env, expected rc (None: any non-zero), regex on the output or None)
 FAULTS = {
     "raises": ('if rank == 3: raise ValueError("injected fault")\nallreduce(mesh, x, "mp")',
                {}, 1, r"spmdsim: error on rank 3: ValueError: injected fault"),
     "raises-spmdsim-error-alone": (
         'if rank == 3: raise OperatorError("injected operator error")\nallreduce(mesh, x, "mp")',
         {}, 1, r"spmdsim: error on rank 3: injected operator error"),
-    "os-exit": ('if rank == 3: os._exit(3)\nallreduce(mesh, x, ("dp", "mp"))', {}, None,
-                r"BAD TERMINATION|EXIT CODE"),
+    # A hard exit leaves no Python to print: mpiexec ends the job, its banner is optional.
+    "os-exit": ('if rank == 3: os._exit(3)\nallreduce(mesh, x, ("dp", "mp"))', {}, None, None),
     "sys-exit-in-guard": (
         'with abort_on_error():\n    if rank == 3: sys.exit(0)\n    allreduce(mesh, x, ("dp", "mp"))',
         {}, 1, r"spmdsim: error on rank 3: .*exit"),
@@ -82,5 +82,5 @@ def test_fault_ends_the_job_with_a_message(fault: str) -> None:
     assert rc != 0 and rc != 124, (rc, out)
     if want_rc is not None:
         assert rc == want_rc, (rc, out)
-    assert re.search(pattern, out), out
+    assert pattern is None or re.search(pattern, out), out
     assert seconds <= FAULT_LIMIT_S, f"{fault} took {seconds:.1f} s"
