@@ -27,6 +27,9 @@ def _mpi_requested(config: pytest.Config) -> bool:
     return False
 
 
+# trylast: the terminal reporter registers in its own pytest_configure, which
+# must have run before non-zero ranks can unregister it.
+@pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     global _WORLD
     if not _mpi_requested(config):
