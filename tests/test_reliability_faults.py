@@ -10,7 +10,10 @@ a few Allreduces and then injects one fault on one rank:
   collective by name on the waiting ranks and aborts;
 * calls another collective or another shape, or skips one on another group:
   the divergence guard (SPMDSIM_CHECK=1) names the rank that differs; a skipped
-  last call leaves the others waiting, which the watchdog reports.
+  last call leaves the others waiting, which the watchdog reports;
+* builds axis groups in another order (Comm.Split pairs by call order) or
+  skips the first call on a new group: the guard compares the split first,
+  the watchdog waits on a nonblocking barrier before it.
 """
 from __future__ import annotations
 
@@ -71,6 +74,16 @@ FAULTS = {
                             {"SPMDSIM_CHECK": "1", "SPMDSIM_WATCHDOG": "3"}, None,
                             r"\[rank [457]\] spmdsim: collective allreduce on \('mp',\) \(seq 5\) "
                             r"did not complete within 3\.0 s"),
+    "split-order": ('fresh = Mesh(Layout((2, 4), ("dp", "mp")))\n'
+                    'allreduce(fresh, x, "mp" if rank == 1 else "dp")',
+                    {"SPMDSIM_CHECK": "1"}, 2,
+                    r"spmdsim: error: collectives diverge: rank 1 calls split on \('mp',\) int64 "
+                    r"\(seq 1\) but rank 0 calls split on \('dp',\)"),
+    "skips-new-group-watchdog": ('fresh = Mesh(Layout((2, 4), ("dp", "mp")))\n'
+                                 'if rank != 6: allreduce(fresh, x, "dp")',
+                                 {"SPMDSIM_WATCHDOG": "2"}, None,
+                                 r"spmdsim: collective split on \('dp',\) \(seq 1\) did not "
+                                 r"complete within 2\.0 s"),
 }
 
 

@@ -79,6 +79,7 @@ class Mesh:
     def _split(self, axes: tuple[str, ...]) -> tuple[Any, int, int]:
         # Validates the names on every rank before the collective Split.
         color, key = self.layout.split_color_key(self.rank, axes)
+        _before_split(self, axes)
         sub = self.comm.Split(color, key)
         return sub, sub.Get_size(), sub.Get_rank()
 
@@ -105,3 +106,22 @@ class Mesh:
         # local in MPICH but collective in the standard, so only free on success.
         if exc[0] is None:
             self.close()
+
+
+def _before_split(mesh: Mesh, axes: tuple[str, ...]) -> None:
+    """Debug mode: ranks that build different groups (or one that skips) must not meet in Split.
+
+    Comm.Split has no nonblocking form, so the divergence guard compares the
+    request first and the watchdog waits on a nonblocking barrier instead;
+    numbered by how many groups this mesh has built.
+    """
+    from . import debug
+
+    if mesh.size == 1:
+        return
+    number = len(mesh._groups) + 1
+    polite = mesh.wait_mode == "polite"
+    if debug.check_enabled():
+        debug.verify(mesh.comm, "split", axes, "int64", None, (), number, polite)
+    elif debug.watchdog_seconds() is not None:
+        debug.wait(mesh.comm.Ibarrier(), "split", axes, number, polite)
