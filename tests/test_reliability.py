@@ -101,6 +101,10 @@ class _DoneAfter(_NeverDone):
         self.polls += 1
         return self.polls >= self.n
 
+    def Wait(self) -> None:  # noqa: N802
+        while not self.Test():
+            pass
+
 
 def test_watchdog_reports_the_collective_past_its_deadline(monkeypatch) -> None:
     monkeypatch.setattr(debug, "_world_rank", lambda: 5)
@@ -111,9 +115,12 @@ def test_watchdog_reports_the_collective_past_its_deadline(monkeypatch) -> None:
                     "within 0.05 s"]
 
 
-def test_wait_without_watchdog_completes(monkeypatch) -> None:
+@pytest.mark.parametrize("polite", [False, True])
+@pytest.mark.parametrize("watchdog", [None, 30.0])
+def test_wait_completes_before_the_deadline(polite, watchdog) -> None:
+    debug.configure(watchdog=watchdog)
     request = _DoneAfter(50)
-    debug.wait(request, "allgather", ("x",), 1, polite=False,
+    debug.wait(request, "allgather", ("x",), 1, polite=polite,
                on_timeout=lambda text: pytest.fail(text))
     assert request.polls == 50
 

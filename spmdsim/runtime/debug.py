@@ -23,7 +23,6 @@ This module imports mpi4py only when it aborts.
 from __future__ import annotations
 
 import os
-import sys
 import time
 import zlib
 from collections import Counter
@@ -229,50 +228,32 @@ def verify(comm: Any, op: str, axes: Sequence[str], dtype: Any, shape: Optional[
 
 def wait(request: Any, op: str, axes: Sequence[str], seq: int, polite: bool,
          on_timeout: Optional[Callable[[str], None]] = None) -> None:
-    """Complete `request`, polling; past the watchdog deadline report and abort the job.
+    """Complete `request`; past the watchdog deadline report and abort the job.
 
-    Polite polling goes through runtime.wait's phases (spin, yielding polls,
-    sleeps with backoff); otherwise it spins on Test(). Without a watchdog it
-    just completes the request, so callers may use it whenever one must complete.
+    Polling follows runtime.wait (polite: spin, yielding polls, sleeps; busy:
+    Test() spin). `on_timeout(text)` replaces the abort (tests); the request is
+    then left pending.
     """
-    test = request.Test
-    if test():
-        return
-    from . import wait as waiting  # pure module: the polite wait's tuning lives there
+    from . import wait as waiting  # pure module
 
     limit = watchdog_seconds()
-    if limit is None and polite and on_timeout is None:
-        waiting.polite_wait(request)
-        return
-    clock = time.monotonic
-    start = clock()
-    deadline = float("inf") if limit is None else start + limit
-    spin_until = start + getattr(waiting, "_SPIN_S", 0.0)
-    yield_until = spin_until + getattr(waiting, "_YIELD_S", 0.0)
-    sleep_max = getattr(waiting, "_SLEEP_MAX_S", 100e-6)
-    delay = min(20e-6, sleep_max)
-    while not test():
-        now = clock()
-        if now > deadline:
-            shown = f"{limit:.1f}" if limit >= 1 else f"{limit:g}"
-            text = (f"[rank {_world_rank()}] spmdsim: collective {op} on {tuple(axes)!r} "
-                    f"(seq {seq}) did not complete within {shown} s")
-            (on_timeout or _abort)(text)
-            return
-        if not polite or now < spin_until:
-            continue
-        if now < yield_until or sleep_max <= 0:
-            os.sched_yield()
+    if limit is None:
+        if polite:
+            waiting.polite_wait(request)
         else:
-            time.sleep(delay)
-            delay = min(2.0 * delay, sleep_max)
+            request.Wait()
+        return
+    if waiting.wait_until(request, time.monotonic() + limit, polite):
+        return
+    shown = f"{limit:.1f}" if limit >= 1 else f"{limit:g}"
+    text = (f"[rank {_world_rank()}] spmdsim: collective {op} on {tuple(axes)!r} "
+            f"(seq {seq}) did not complete within {shown} s")
+    (on_timeout or _abort)(text)
 
 
 def _abort(text: str) -> None:
     from mpi4py import MPI
 
-    sys.stdout.flush()
-    sys.stderr.write(text + "\n")
-    sys.stderr.flush()
-    MPI.COMM_WORLD.Abort(1)
-    os._exit(1)  # Abort does not return; a safety net
+    from .guard import abort_job
+
+    abort_job(MPI.COMM_WORLD, text + "\n")

@@ -26,7 +26,7 @@ from typing import Any, Callable, NoReturn
 
 from ..errors import SpmdsimError
 
-__all__ = ["abort_on_error", "install_excepthook", "run_guarded", "handle_exception"]
+__all__ = ["abort_on_error", "install_excepthook", "run_guarded", "handle_exception", "abort_job"]
 
 _GRACE_S = float(os.environ.get("SPMDSIM_GUARD_GRACE_S", "3"))
 _PRIVATE: dict[int, Any] = {}  # id(comm) -> (comm, private duplicate)
@@ -77,10 +77,11 @@ def handle_exception(exc: BaseException, comm: Any = None, private: Any = None) 
     else:
         detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         text = f"spmdsim: error on rank {rank}: {type(exc).__name__}: {exc}\n{detail}"
-    _abort(comm, text)
+    abort_job(comm, text)
 
 
-def _abort(comm: Any, text: str) -> NoReturn:
+def abort_job(comm: Any, text: str) -> NoReturn:
+    """Write `text` (newline-terminated) to stderr, let mpiexec forward it, then Abort the job."""
     sys.stdout.flush()
     sys.stderr.write(text + f"spmdsim: aborting the MPI job ({comm.Get_size()} ranks)\n")
     sys.stderr.flush()
@@ -99,7 +100,7 @@ def _exit_alone(exc: SystemExit, comm: Any, private: Any) -> None:
     """A SystemExit passes when every rank exits; on some ranks only it aborts the job."""
     if _all_failed(private, _GRACE_S):
         return
-    _abort(comm, f"spmdsim: error on rank {comm.Get_rank()}: exit with code {exc.code!r} "
+    abort_job(comm, f"spmdsim: error on rank {comm.Get_rank()}: exit with code {exc.code!r} "
                  "(SystemExit) while other ranks go on\n")
 
 

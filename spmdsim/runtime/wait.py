@@ -27,7 +27,8 @@ from typing import Any
 from .._threads import cores_available, launcher_local_ranks
 from ..errors import SpmdsimError
 
-__all__ = ["WAIT_MODES", "resolve_wait_mode", "polite_wait", "cores_available", "local_ranks"]
+__all__ = ["WAIT_MODES", "resolve_wait_mode", "polite_wait", "wait_until", "cores_available",
+           "local_ranks"]
 
 WAIT_MODES = ("busy", "polite", "auto")
 
@@ -116,3 +117,34 @@ def polite_wait(request: Any) -> None:
         sleep(delay)
         if delay < _SLEEP_MAX_S:
             delay = min(2.0 * delay, _SLEEP_MAX_S)
+
+
+def wait_until(request: Any, deadline: float, polite: bool) -> bool:
+    """Poll `request` until it completes (True) or time.monotonic() passes `deadline` (False).
+
+    The watchdog's wait (runtime.debug): polite polling goes through the same
+    phases as polite_wait (spin, yielding polls, sleeps with backoff); busy
+    polling spins on Test(). The request is left pending on False.
+    """
+    test = request.Test
+    if test():
+        return True
+    if polite and not _SLACK_SET:
+        _tight_timer_slack()
+    clock = time.monotonic
+    start = clock()
+    spin_until = start + _SPIN_S
+    yield_until = spin_until + _YIELD_S
+    delay = _SLEEP_MIN_S
+    while not test():
+        now = clock()
+        if now > deadline:
+            return False
+        if not polite or now < spin_until:
+            continue
+        if now < yield_until or _SLEEP_MAX_S <= 0:
+            os.sched_yield()
+        else:
+            time.sleep(delay)
+            delay = min(2.0 * delay, _SLEEP_MAX_S)
+    return True
