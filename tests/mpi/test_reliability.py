@@ -82,3 +82,30 @@ def test_sequence_numbers_agree_after_collectives() -> None:
         seqs = world.allgather(debug.current_seq())
     assert counted in (0, 2)  # 0 until the collectives are hooked (see docs/reliability.md)
     assert len(set(seqs)) == 1
+
+
+def test_operators_and_redistributions_pass_with_the_guard_and_watchdog_on() -> None:
+    from spmdsim import Layout
+    from spmdsim.demo import jobs
+    from spmdsim.demo.registry import run_job
+    from spmdsim.plan_exec import redistribute
+    from spmdsim.runtime import DTensor, Mesh
+
+    world = _world()
+    size = world.size
+    debug.configure(check=True, watchdog=60)
+    try:
+        before = debug.current_seq()
+        for job in (jobs.strategy_matmul_job(world, ((1, size), (size, 1)), (4, 2 * size, 6)),
+                    jobs.mlp_job(world, (3, 5, 2 * size)),
+                    jobs.embedding_job(world, "vocab", (2, 3, 2 * size, 4))):
+            assert run_job(job, world).verdict.passed
+        matrix = (2, size // 2) if size % 2 == 0 else (size, 1)
+        with Mesh(Layout(matrix, ("a", "b")), world) as mesh:
+            full = np.arange(4 * size * 6, dtype=np.float64).reshape(4 * size, 6)
+            x = DTensor.from_global(mesh, full, mesh.layout(("a", "b"), None))
+            y = redistribute(x, mesh.layout(("b", "a"), None))  # a general exchange (Alltoallv)
+            assert np.array_equal(y.local, full[y.slices])
+        assert debug.current_seq() - before >= 4
+    finally:
+        debug.configure(check=False, watchdog=None)
