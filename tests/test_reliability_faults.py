@@ -74,6 +74,13 @@ FAULTS = {
                             {"SPMDSIM_CHECK": "1", "SPMDSIM_WATCHDOG": "3"}, None,
                             r"\[rank [457]\] spmdsim: collective allreduce on \('mp',\) \(seq 5\) "
                             r"did not complete within 3\.0 s"),
+    "stuck-before-check": ('from spmdsim import SeededTensor\nfrom spmdsim.runtime import DTensor\n'
+                           'src = SeededTensor((8, 4))\n'
+                           't = DTensor.from_seeded(mesh, mesh.layout("dp", None), src)\n'
+                           'if rank == 3: time.sleep(120)\nt.check(src)',
+                           {"SPMDSIM_WATCHDOG": "2"}, None,
+                           r"spmdsim: collective check on \(\) \(seq 5\) did not complete "
+                           r"within 2\.0 s"),
     "split-order": ('fresh = Mesh(Layout((2, 4), ("dp", "mp")))\n'
                     'allreduce(fresh, x, "mp" if rank == 1 else "dp")',
                     {"SPMDSIM_CHECK": "1"}, 2,

@@ -99,10 +99,17 @@ def local_stats(actual: np.ndarray, expected: Any, rtol: float, atol: float) -> 
     return np.array([float(ok), max_abs, max_rel, float(nonfinite), float(actual.size), 1.0])
 
 
-def agree(comm: Any, stats: np.ndarray, rtol: float, atol: float) -> Verdict:
-    """Share every rank's record with one Allgather and build the same Verdict everywhere."""
+def agree(comm: Any, stats: np.ndarray, rtol: float, atol: float, polite: bool = False) -> Verdict:
+    """Share every rank's record with one Allgather and build the same Verdict everywhere.
+
+    The Allgather runs under the debug mode (runtime.debug) as "check".
+    """
+    from . import debug
+
     table = np.empty((comm.Get_size(), len(_FIELDS)), np.float64)
-    comm.Allgather(np.ascontiguousarray(stats, np.float64), table)
+    send = np.ascontiguousarray(stats, np.float64)
+    debug.collective(comm, "check", (), send, (), polite, comm.Allgather, comm.Iallgather,
+                     send, table)
     passed = table[:, 0] > 0
     failed = tuple(int(r) for r in np.flatnonzero(~passed))
     # Worst rank: a failing one with the largest error (non-finite counts as worst).

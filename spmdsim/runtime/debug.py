@@ -43,6 +43,7 @@ __all__ = [
     "describe",
     "verify",
     "wait",
+    "collective",
     "FINGERPRINT_FIELDS",
     "add_cli_arguments",
     "configure_from_args",
@@ -249,6 +250,28 @@ def wait(request: Any, op: str, axes: Sequence[str], seq: int, polite: bool,
     text = (f"[rank {_world_rank()}] spmdsim: collective {op} on {tuple(axes)!r} "
             f"(seq {seq}) did not complete within {shown} s")
     (on_timeout or _abort)(text)
+
+
+def collective(comm: Any, op: str, axes: Sequence[str], array: Any, extra: Sequence[Any],
+               polite: bool, blocking: Any, nonblocking: Any, *args: Any) -> None:
+    """Run one MPI collective that bypasses runtime.collectives under the debug mode.
+
+    Numbered like the others; compared first with SPMDSIM_CHECK; posted
+    nonblocking and watched with SPMDSIM_WATCHDOG; else the polite or the
+    blocking call. `array` is this rank's send buffer (its dtype and shape go
+    into the fingerprint).
+    """
+    seq = next_seq()
+    if comm.Get_size() > 1 and check_enabled():
+        verify(comm, op, axes, array.dtype, array.shape, extra, seq, polite)
+    if watchdog_seconds() is not None:
+        wait(nonblocking(*args), op, axes, seq, polite)
+    elif polite:
+        from .wait import polite_wait
+
+        polite_wait(nonblocking(*args))
+    else:
+        blocking(*args)
 
 
 def _abort(text: str) -> None:

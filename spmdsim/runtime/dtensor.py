@@ -13,7 +13,7 @@ import numpy as np
 from ..datagen import SeededTensor
 from ..errors import LayoutError, ShapeError
 from ..layout import TensorLayout
-from . import collectives
+from . import collectives, debug
 from .check import Verdict, agree, default_tolerances, local_stats
 from .mesh import Mesh
 
@@ -111,10 +111,14 @@ class DTensor:
             raise ShapeError(f"gather root {root!r} is not a mesh rank (0 <= root < {mesh.size})")
         local = np.ascontiguousarray(self.resolved_local(label="gather"))
         stack = np.empty((mesh.size,) + local.shape, local.dtype) if root in (None, mesh.rank) else None
+        comm, polite = mesh.comm, mesh.wait_mode == "polite"
         if root is None:
-            mesh.comm.Allgather(local, stack)
+            debug.collective(comm, "gather", (), local, (), polite, comm.Allgather,
+                             comm.Iallgather, local, stack)
         else:
-            mesh.comm.Gather(local, stack, root=root)
+            debug.collective(comm, "gather", (), local, (root,), polite,
+                             lambda *a: comm.Gather(*a, root=root),
+                             lambda *a: comm.Igather(*a, root=root), local, stack)
         if stack is None:
             return None
         out = np.empty(self._shape, local.dtype)
@@ -159,7 +163,7 @@ class DTensor:
             stats = np.array([0.0, np.inf, np.inf, 0.0, float(actual.size), 0.0])
         if not _primary(self._mesh, self._layout):
             stats[3] = stats[4] = 0.0  # count each global element once, not once per replica
-        return agree(self._mesh.comm, stats, rtol, atol)
+        return agree(self._mesh.comm, stats, rtol, atol, self._mesh.wait_mode == "polite")
 
 
 def _primary(mesh: Mesh, layout: TensorLayout) -> bool:
