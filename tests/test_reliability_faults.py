@@ -81,6 +81,14 @@ FAULTS = {
                            {"SPMDSIM_WATCHDOG": "2"}, None,
                            r"spmdsim: collective check on \(\) \(seq 5\) did not complete "
                            r"within 2\.0 s"),
+    "alltoallv-counts": ('from spmdsim.runtime.collectives import alltoallv\n'
+                         'sends = {r: np.full(2, float(rank)) for r in range(8)}\n'
+                         'shapes = {r: (2,) for r in range(8)}\n'
+                         'if rank == 2: shapes[0] = (3,)\n'
+                         'alltoallv(mesh, sends, shapes, "float64")',
+                         {"SPMDSIM_CHECK": "1"}, 2,
+                         r"spmdsim: error: alltoallv counts disagree \(seq 5\): rank 0 sends 2 "
+                         r"elements to rank 2, which expects 3"),
     "split-order": ('fresh = Mesh(Layout((2, 4), ("dp", "mp")))\n'
                     'allreduce(fresh, x, "mp" if rank == 1 else "dp")',
                     {"SPMDSIM_CHECK": "1"}, 2,

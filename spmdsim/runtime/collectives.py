@@ -217,6 +217,8 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
                              f"but sends {None if mine is None else mine.shape!r}")
         out[me] = np.array(mine, order="C").reshape(recv_shapes[me])
     scounts[me] = rcounts[me] = 0
+    if size > 1 and debug.check_enabled():
+        debug.verify_counts(mesh.comm, scounts, rcounts, seq, mesh.wait_mode == "polite")
     t0 = perf_counter()
     sdispls = np.concatenate(([0], np.cumsum(scounts)[:-1]))
     rdispls = np.concatenate(([0], np.cumsum(rcounts)[:-1]))

@@ -42,6 +42,7 @@ __all__ = [
     "fingerprint",
     "describe",
     "verify",
+    "verify_counts",
     "wait",
     "collective",
     "FINGERPRINT_FIELDS",
@@ -225,6 +226,28 @@ def verify(comm: Any, op: str, axes: Sequence[str], dtype: Any, shape: Optional[
         f"{notes[good][0]} calls {notes[good][1]}"
         + (f" ({best} of {g} ranks of the group agree)" if g > 2 else "")
     )
+
+
+def verify_counts(comm: Any, sends: Any, receives: Any, seq: int, polite: bool) -> None:
+    """Alltoallv: what each rank sends to rank j must be what j expects from it.
+
+    One Allgather of both count vectors; every rank checks the whole table and
+    raises the same RuntimeMismatchError for the first pair that disagrees
+    (MPI would truncate, or leave part of the receive buffer unwritten).
+    """
+    g = comm.Get_size()
+    mine = np.concatenate([np.asarray(sends, np.int64), np.asarray(receives, np.int64)])
+    table = np.empty((g, 2 * g), np.int64)
+    wait(comm.Iallgather(mine, table), "alltoallv", (), seq, polite)
+    sent, expected = table[:, :g], table[:, g:]
+    bad = np.argwhere(sent != expected.T)  # sent[i, j]: i -> j; expected[j, i]: j expects from i
+    if bad.size:
+        i, j = (int(v) for v in bad[0])
+        raise RuntimeMismatchError(
+            f"alltoallv counts disagree (seq {seq}): rank {i} sends {int(sent[i, j])} elements "
+            f"to rank {j}, which expects {int(expected[j, i])}"
+            + (f" ({len(bad)} pairs disagree)" if len(bad) > 1 else "")
+        )
 
 
 def wait(request: Any, op: str, axes: Sequence[str], seq: int, polite: bool,
