@@ -109,3 +109,17 @@ def test_operators_and_redistributions_pass_with_the_guard_and_watchdog_on() -> 
         assert debug.current_seq() - before >= 4
     finally:
         debug.configure(check=False, watchdog=None)
+
+
+def test_alltoallv_counts_that_disagree_are_named_on_every_rank(comm) -> None:
+    g = comm.size
+    sends = np.full(g, 3, np.int64)
+    receives = np.full(g, 3, np.int64)
+    sends[comm.rank] = receives[comm.rank] = 0
+    debug.verify_counts(comm, sends, receives, 1, polite=True)  # consistent: passes
+    if comm.rank == g - 1:
+        receives[0] = 4
+    with pytest.raises(RuntimeMismatchError) as info:
+        debug.verify_counts(comm, sends, receives, 2, polite=True)
+    assert str(info.value) == (f"alltoallv counts disagree (seq 2): rank 0 sends 3 elements to "
+                               f"rank {g - 1}, which expects 4")
