@@ -56,13 +56,13 @@ class Verdict:
 
     def __str__(self) -> str:
         head = "check passed" if self.passed else f"check FAILED on ranks {list(self.failed_ranks)!r}"
+        # Non-finite values lead: the error figures only cover the finite ones.
+        lead = f"{self.nonfinite} non-finite values (NaN/Inf); finite values: " if self.nonfinite else ""
         text = (
-            f"{head}: max abs err {self.max_abs_error:.3g}, max rel err {self.max_rel_error:.3g} "
-            f"(worst rank {self.worst_rank}; atol {self.atol:g}, rtol {self.rtol:g}; "
-            f"{self.elements} elements)"
+            f"{head}: {lead}max abs err {self.max_abs_error:.3g}, max rel err "
+            f"{self.max_rel_error:.3g} (worst rank {self.worst_rank}; atol {self.atol:g}, "
+            f"rtol {self.rtol:g}; {self.elements} elements)"
         )
-        if self.nonfinite:
-            text += f"; {self.nonfinite} non-finite values (NaN/Inf)"
         if self.max_abs_error == float("inf") and not self.nonfinite:
             text += "; shard shape differs from the reference region"
         return text
