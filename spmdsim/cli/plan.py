@@ -70,6 +70,10 @@ def register(subparsers: Any) -> None:
                     "bound (each rank receives only the part of its target block it lacks).",
     )
     add_plan_arguments(parser)
+    parser.add_argument("--show", action="store_true",
+                        help="also draw the layout before and after each step (ASCII, 80 columns)")
+    parser.add_argument("--png", metavar="DIR",
+                        help="write one picture per step into DIR (needs the 'plot' extra)")
     parser.set_defaults(func=run)
 
 
@@ -174,6 +178,17 @@ def run(args: argparse.Namespace) -> int:
     source, target, shape, dtype = layouts_from_args(args)
     plan = plan_redistribution(source, target, shape, dtype)
     print(json.dumps(plan.to_json()) if args.json else format_plan(plan))
+    if getattr(args, "show", False) and not args.json:
+        from ..viz import render_plan_ascii
+
+        print()
+        print(render_plan_ascii(plan), end="")
+    if getattr(args, "png", None):
+        from ..viz import render_plan_png
+
+        paths = render_plan_png(plan, args.png)
+        if not args.json:
+            print(f"wrote {len(paths)} picture(s) to {args.png}")
     return 0
 
 

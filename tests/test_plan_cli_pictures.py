@@ -1,0 +1,36 @@
+"""`spmdsim plan --show/--png`: the step-by-step pictures from the command line."""
+from __future__ import annotations
+
+import os
+
+from spmdsim import Layout
+from spmdsim.cli.main import main
+from spmdsim.plan import plan_redistribution
+
+ARGS = ["plan", "--device-matrix", "2,4", "--alias", "a,b", "--from", "(a,b),None",
+        "--to", "b,a", "--shape", "8,8"]
+MESH = Layout((2, 4), ("a", "b"))
+PLAN = plan_redistribution(MESH(("a", "b"), None), MESH("b", "a"), (8, 8), "float32")
+
+
+def test_show_draws_every_step_in_ascii(capsys):
+    assert main(ARGS + ["--show"]) == 0
+    out = capsys.readouterr().out
+    assert 'Before: (("a", "b"), None) on Layout(a=2, b=4)' in out
+    assert len(PLAN.steps) >= 1
+    for i, step in enumerate(PLAN.steps, 1):
+        assert f"Step {i}. {step}" in out
+        assert f"After step {i}: {step.after}" in out
+    assert f"Step {len(PLAN.steps) + 1}." not in out
+    assert all(len(line) <= 80 for line in out.splitlines() if "|" in line)
+
+
+def test_png_writes_one_picture_per_step(tmp_path, capsys):
+    assert main(ARGS + ["--png", str(tmp_path)]) == 0
+    files = sorted(os.listdir(tmp_path))
+    expected = ["step_00_source.png"] + [
+        f"step_{i:02d}_{step.op}.png" for i, step in enumerate(PLAN.steps, 1)
+    ]
+    assert files == expected
+    assert all(os.path.getsize(tmp_path / f) > 1000 for f in files)
+    assert f"wrote {len(files)} picture(s)" in capsys.readouterr().out
