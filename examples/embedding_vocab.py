@@ -10,9 +10,11 @@ from mpi4py import MPI
 from spmdsim import SeededTensor
 from spmdsim.ops import paddle_mesh, split
 from spmdsim.reference import embedding_region
-from spmdsim.runtime import DTensor, collect_trace
+from spmdsim.runtime import DTensor, collect_trace, install_excepthook
 
 comm = MPI.COMM_WORLD
+# An error on some ranks only ends the whole job instead of hanging the others.
+install_excepthook(comm)
 p = comm.size
 vocab, dim = 1000, 48
 if vocab % p:

@@ -8,9 +8,11 @@ from mpi4py import MPI
 
 from spmdsim import Layout, SeededTensor
 from spmdsim.ops import ColumnParallelLinear
-from spmdsim.runtime import DTensor, Mesh, collect_trace
+from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
 
 comm = MPI.COMM_WORLD
+# An error on some ranks only ends the whole job instead of hanging the others.
+install_excepthook(comm)
 p = comm.size
 k, n = 200, 120
 if n % p:

@@ -10,9 +10,11 @@ from spmdsim import SeededTensor
 from spmdsim.demo.jobs import contraction_atol
 from spmdsim.ops import paddle_mesh, split
 from spmdsim.reference import linear_region
-from spmdsim.runtime import DTensor, collect_trace
+from spmdsim.runtime import DTensor, collect_trace, install_excepthook
 
 comm = MPI.COMM_WORLD
+# An error on some ranks only ends the whole job instead of hanging the others.
+install_excepthook(comm)
 p = comm.size
 k, n = 200, 72
 if k % p:

@@ -10,9 +10,11 @@ from spmdsim import SeededTensor
 from spmdsim.dialects.strategy import matmul_layouts
 from spmdsim.ops import matmul
 from spmdsim.reference import matmul_region
-from spmdsim.runtime import DTensor, Mesh, collect_trace
+from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
 
 comm = MPI.COMM_WORLD
+# An error on some ranks only ends the whole job instead of hanging the others.
+install_excepthook(comm)
 if comm.size != 8:
     sys.exit("run with mpiexec -n 8")
 

@@ -9,9 +9,11 @@ from mpi4py import MPI
 from spmdsim import Layout, SeededTensor
 from spmdsim.demo.jobs import contraction_atol
 from spmdsim.ops import ParallelMLP
-from spmdsim.runtime import DTensor, Mesh, collect_trace
+from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
 
 comm = MPI.COMM_WORLD
+# An error on some ranks only ends the whole job instead of hanging the others.
+install_excepthook(comm)
 p = comm.size
 hidden, ffn = 96, 360
 if ffn % p:

@@ -12,8 +12,11 @@ import sys
 from mpi4py import MPI
 
 from spmdsim.nets import NetworkRunner, mindspore_layout
+from spmdsim.runtime import install_excepthook
 
 comm = MPI.COMM_WORLD
+# An error on some ranks only ends the whole job instead of hanging the others.
+install_excepthook(comm)
 if comm.size != 8:
     sys.exit("Layout((2, 2, 2)) and Layout((8,)) need exactly 8 ranks: run with mpiexec -n 8")
 

@@ -14,8 +14,11 @@ import sys
 from mpi4py import MPI
 
 from spmdsim.nets import NetworkRunner, mindspore_tutorial
+from spmdsim.runtime import install_excepthook
 
 comm = MPI.COMM_WORLD
+# An error on some ranks only ends the whole job instead of hanging the others.
+install_excepthook(comm)
 if comm.size != 8:
     sys.exit("the tutorial's strategies are written for 8 devices: run with mpiexec -n 8")
 

@@ -13,8 +13,11 @@ import sys
 from mpi4py import MPI
 
 from spmdsim.nets import NetworkRunner, paddle_needs, paddle_tp
+from spmdsim.runtime import install_excepthook
 
 comm = MPI.COMM_WORLD
+# An error on some ranks only ends the whole job instead of hanging the others.
+install_excepthook(comm)
 p = comm.size
 reason = paddle_needs(p)
 if reason:
