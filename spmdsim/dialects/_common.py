@@ -13,6 +13,7 @@ __all__ = [
     "positive_ints",
     "as_items",
     "split_top_level",
+    "entry_tokens",
     "axis_names",
     "check_major_order",
 ]
@@ -59,6 +60,34 @@ def as_items(value: object) -> Optional[list]:
     if hasattr(value, "__iter__") and hasattr(value, "__len__"):
         return list(value)  # numpy arrays and other sized sequences
     return None
+
+
+def entry_tokens(value: object, what: str, expected: str, items: str, per: str,
+                 plural: bool = False) -> list:
+    """The entries of an nD SBP or placements value: split text, or the items of a sequence.
+
+    Args:
+        what: the value's name in messages ("sbp", "placements").
+        expected: the grammar, appended to syntax errors.
+        items: what a sequence holds ("SBPs"), for the type error.
+        per: what one entry stands for ("placement axis"), for the empty error.
+        plural: `what` takes plural verbs ("placements have").
+    """
+    has, is_ = ("have", "are") if plural else ("has", "is")
+    if isinstance(value, str):
+        try:
+            tokens = split_top_level(value)
+        except ValueError:
+            raise DialectError(f"{what} {value!r} {has} unbalanced brackets; {expected}") from None
+        if any(t == "" for t in tokens):
+            raise DialectError(f"{what} {value!r} {has} an empty entry; {expected}")
+    else:
+        tokens = as_items(value)
+        if tokens is None:
+            raise DialectError(f"{what} {value!r} must be text or a sequence of {items}; {expected}")
+    if not tokens:
+        raise DialectError(f"{what} {value!r} {is_} empty; expected one per {per}")
+    return tokens
 
 
 def split_top_level(text: str) -> list[str]:

@@ -14,7 +14,7 @@ from typing import Optional, Sequence, Union
 
 from ..errors import DialectError
 from ..layout import Layout, TensorLayout
-from ._common import as_int, as_items, axis_names, check_major_order, positive_ints, split_top_level
+from ._common import as_int, axis_names, check_major_order, entry_tokens, positive_ints
 
 __all__ = [
     "Shard",
@@ -96,19 +96,7 @@ def parse_placements(value: object) -> tuple[Placement, ...]:
     """Normalize placements: objects, or text such as ``"S(0), R"`` / ``"(Shard(1), Partial())"``."""
     if isinstance(value, (Shard, Replicate, Partial)):
         return (value,)
-    if isinstance(value, str):
-        try:
-            tokens = split_top_level(value)
-        except ValueError:
-            raise DialectError(f"placements {value!r} have unbalanced brackets; {_EXPECTED}") from None
-        if any(t == "" for t in tokens):
-            raise DialectError(f"placements {value!r} have an empty entry; {_EXPECTED}")
-    else:
-        tokens = as_items(value)
-        if tokens is None:
-            raise DialectError(f"placements {value!r} must be a sequence of placements; {_EXPECTED}")
-    if not tokens:
-        raise DialectError(f"placements {value!r} are empty; expected one per mesh dim")
+    tokens = entry_tokens(value, "placements", _EXPECTED, "placements", "mesh dim", plural=True)
     return tuple(_parse_one(t, value) for t in tokens)
 
 

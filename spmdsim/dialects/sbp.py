@@ -15,7 +15,7 @@ from typing import Optional, Sequence, Union
 
 from ..errors import DialectError
 from ..layout import Layout, TensorLayout
-from ._common import as_int, as_items, axis_names, check_major_order, positive_ints, split_top_level
+from ._common import as_int, axis_names, check_major_order, entry_tokens, positive_ints
 
 __all__ = [
     "Broadcast",
@@ -95,19 +95,7 @@ def parse_sbp(value: object) -> tuple[SBP, ...]:
     """
     if isinstance(value, (Broadcast, Split, PartialSum)):
         return (value,)
-    if isinstance(value, str):
-        try:
-            tokens = split_top_level(value)
-        except ValueError:
-            raise DialectError(f"sbp {value!r} has unbalanced brackets; {_EXPECTED}") from None
-        if any(t == "" for t in tokens):
-            raise DialectError(f"sbp {value!r} has an empty entry; {_EXPECTED}")
-    else:
-        tokens = as_items(value)
-        if tokens is None:
-            raise DialectError(f"sbp {value!r} must be text or a sequence of SBPs; {_EXPECTED}")
-    if not tokens:
-        raise DialectError(f"sbp {value!r} is empty; expected one SBP per placement axis")
+    tokens = entry_tokens(value, "sbp", _EXPECTED, "SBPs", "placement axis")
     return tuple(_parse_one(t, value) for t in tokens)
 
 
