@@ -1,4 +1,4 @@
-"""Debug mode for collectives: a divergence guard and a watchdog.
+"""Debug mode for collectives: a divergence guard and a watchdog (docs/reliability.md).
 
 Divergence guard (``SPMDSIM_CHECK=1`` or ``configure(check=True)``, off by
 default): before each collective the ranks of its group Allgather a
@@ -6,19 +6,21 @@ fixed-size int64 fingerprint (sequence number, operation, axes, dtype, shape,
 extra arguments, group size) on the same communicator and compare it. When
 the rows differ, every member raises the same RuntimeMismatchError naming the
 first rank that differs from the majority, instead of deadlocking or
-reading garbage. A rank that skips a collective altogether cannot meet the
-others there; the watchdog reports that.
+reading garbage. Alltoallv also compares every pair's counts; Mesh compares
+each Comm.Split request. A rank that skips a collective altogether cannot
+meet the others there; the watchdog reports that.
 
 Watchdog (``SPMDSIM_WATCHDOG=seconds`` or ``configure(watchdog=...)``, off by
 default): every collective (and fingerprint exchange) is posted nonblocking
 and polled; past the deadline the rank prints
 ``[rank r] spmdsim: collective allreduce on ('mp',) (seq 12) did not complete
-within 5.0 s`` and calls ``MPI.COMM_WORLD.Abort(1)``, which ends every rank.
+within 5.0 s`` and aborts the job (guard.abort_job), which ends every rank.
 
 The sequence number counts the collectives this process issued through
-spmdsim.runtime.collectives (groups of one rank included), so a rank that
-issued one more or one fewer than its peers is caught at its next collective.
-This module imports mpi4py only when it aborts.
+runtime.collectives (groups of one rank included), the check's Allgather and
+DTensor.gather, so a rank that issued one more or one fewer than its peers on
+another group is caught at its next collective. This module imports mpi4py
+only when it aborts.
 """
 from __future__ import annotations
 
@@ -53,7 +55,6 @@ __all__ = [
 FINGERPRINT_FIELDS = 16
 _MAX_DIMS = 8  # shape dims stored one per field; further dims are folded into the last
 _MAGIC = 0x5350_4D44  # "SPMD": a row of garbage or zeros never matches a real one
-
 
 
 class _State:
