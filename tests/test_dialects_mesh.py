@@ -187,7 +187,7 @@ def test_placement_values_and_parsing():
         ("R,,R", "placements 'R,,R' have an empty entry"),
         ([], "placements [] are empty"),
         ([Shard(0), 2], "placement 2 in [Shard(dim=0), 2] is not a placement"),
-        (3, "placements 3 must be a sequence"),
+        (3, "placements 3 must be text or a sequence of placements"),
     ],
 )
 def test_parse_placements_errors(value, fragment):
