@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    return guarded(lambda: _run_all(chosen, args, comm), comm)
+    return guarded(lambda: _run_all(chosen, args, comm), comm, args)
 
 
 def _run_all(chosen: Sequence[Any], args: argparse.Namespace, comm: Any) -> int:

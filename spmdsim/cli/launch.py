@@ -25,6 +25,7 @@ from typing import Sequence
 
 from .._threads import THREAD_VARS, thread_cap
 from ..errors import RuntimeMismatchError, SpmdsimError
+from ..runtime.debug import add_cli_arguments
 
 __all__ = ["register", "run", "launch_env", "find_mpiexec", "build_command"]
 
@@ -42,7 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--wait", choices=("auto", "busy", "polite"), default=None,
                    help="collective wait mode (default: $SPMDSIM_WAIT or auto)")
     p.add_argument("--mpiexec", default=None, help="mpiexec to use (default: the one beside this Python)")
-    p.add_argument("--no-check", action="store_true", help="skip the mpiexec/mpi4py MPI match check")
+    # Not --no-check: --check is the divergence guard, as in `spmdsim run`.
+    p.add_argument("--no-mpi-check", action="store_true", help="skip the mpiexec/mpi4py MPI match check")
+    add_cli_arguments(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command each rank runs")
     p.set_defaults(func=run)
 
@@ -126,9 +129,15 @@ def run(args: argparse.Namespace) -> int:
         raise SpmdsimError(f"timeout {args.timeout!r} must be positive")
     mpiexec = find_mpiexec(args.mpiexec)
     cmd = build_command(mpiexec, args.ranks, args.command)
-    if not args.no_check:
+    if not args.no_mpi_check:
         check_same_mpi(mpiexec)
-    return run_with_timeout(cmd, launch_env(args.ranks, args.wait), args.timeout)
+    env = launch_env(args.ranks, args.wait)
+    # The debug flags reach every rank through the environment the runtime reads.
+    if args.check:
+        env["SPMDSIM_CHECK"] = "1"
+    if args.watchdog is not None:
+        env["SPMDSIM_WATCHDOG"] = str(args.watchdog)
+    return run_with_timeout(cmd, env, args.timeout)
 
 
 def run_with_timeout(cmd: list[str], env: dict, timeout: float) -> int:

@@ -56,9 +56,12 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_redistribute_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of `spmdsim run redistribute` (the plan flags plus --seed)."""
+    """Flags of `spmdsim run redistribute` (the plan flags plus --seed, --check, --watchdog)."""
+    from ..runtime.debug import add_cli_arguments
+
     add_plan_arguments(parser)
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated tensor")
+    add_cli_arguments(parser)
 
 
 def register(subparsers: Any) -> None:
@@ -196,10 +199,10 @@ def run_redistribute(args: argparse.Namespace) -> int:
     """`spmdsim run redistribute`: execute the plan under MPI and check it bit-exactly."""
     from mpi4py import MPI
 
-    from ..runtime.guard import run_guarded
+    from .run import guarded
 
     comm = MPI.COMM_WORLD
-    return run_guarded(lambda: _execute(args, comm), comm)
+    return guarded(lambda: _execute(args, comm), comm, args)
 
 
 def _execute(args: argparse.Namespace, comm: Any) -> int:

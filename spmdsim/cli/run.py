@@ -25,10 +25,13 @@ __all__ = ["register", "run", "add_common_arguments", "guarded", "report"]
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    """--dtype and --seed, shared with `spmdsim demo`."""
+    """--dtype, --seed and the debug flags (--check, --watchdog), shared with `spmdsim demo`."""
+    from ..runtime.debug import add_cli_arguments  # pure until a collective runs
+
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                         help="element type of the generated tensors (default float32)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated data")
+    add_cli_arguments(parser)
 
 
 def register(subparsers: Any) -> None:
@@ -87,11 +90,21 @@ def _add_redistribute(ops: Any) -> None:
     sub.set_defaults(op_func=plan.run_redistribute)
 
 
-def guarded(fn: Callable[[], int], comm: Any) -> int:
-    """Run `fn` so that an error on some ranks only ends the job instead of hanging it."""
+def guarded(fn: Callable[[], int], comm: Any, args: argparse.Namespace | None = None) -> int:
+    """Run `fn` so that an error on some ranks only ends the job instead of hanging it.
+
+    With `args`, their --check/--watchdog are applied first, inside the guard, so
+    a bad value raises the same one-line error on every rank.
+    """
+    from ..runtime.debug import configure_from_args
     from ..runtime.guard import run_guarded
 
-    return run_guarded(fn, comm)
+    def body() -> int:
+        if args is not None:
+            configure_from_args(args)
+        return fn()
+
+    return run_guarded(body, comm)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -103,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    return guarded(lambda: _run_op(args, comm), comm)
+    return guarded(lambda: _run_op(args, comm), comm, args)
 
 
 def _build(args: argparse.Namespace, comm: Any) -> Any:

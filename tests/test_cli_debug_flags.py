@@ -1,0 +1,46 @@
+"""--check/--watchdog on the MPI commands and `spmdsim launch` (2-rank launches)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+BIN = os.path.dirname(sys.executable)
+MPIEXEC = os.path.join(BIN, "mpiexec")
+SPMDSIM = os.path.join(BIN, "spmdsim")
+
+pytestmark = pytest.mark.skipif(not os.access(MPIEXEC, os.X_OK), reason="no mpiexec beside python")
+
+MATMUL = ["run", "matmul", "--strategy", "((1,2),(2,1))", "--shape", "8,6,4"]
+
+
+def _mpi(args: list[str], ranks: int = 2) -> subprocess.CompletedProcess:
+    cmd = ["timeout", "-k", "2", "60", MPIEXEC, "-n", str(ranks), SPMDSIM, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+
+
+def test_run_with_guard_and_watchdog_passes():
+    out = _mpi(MATMUL + ["--check", "--watchdog", "30"])
+    assert out.returncode == 0, out.stderr
+    assert "PASS" in out.stdout
+
+
+def test_bad_watchdog_value_is_one_line_on_every_rank():
+    out = _mpi(MATMUL + ["--watchdog", "abc"])
+    assert out.returncode == 2
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert lines == ["spmdsim: error: --watchdog 'abc' is not a number of seconds"]
+    assert "Traceback" not in out.stdout + out.stderr
+
+
+def test_launch_exports_debug_settings_to_every_rank():
+    code = ("import os; from mpi4py import MPI; "
+            "print(MPI.COMM_WORLD.rank, os.environ['SPMDSIM_CHECK'], os.environ['SPMDSIM_WATCHDOG'])")
+    cmd = [SPMDSIM, "launch", "-n", "2", "--timeout", "60", "--check", "--watchdog", "7",
+           "--", "python", "-c", code]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+    assert out.returncode == 0, out.stderr
+    # Ranks print concurrently, so lines may interleave; compare the tokens.
+    assert sorted(out.stdout.split()) == sorted("0 1 7 1 1 7".split())
