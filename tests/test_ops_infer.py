@@ -182,3 +182,16 @@ def test_inference_and_references_import_no_mpi():
         "assert 'mpi4py' not in sys.modules, 'mpi4py imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_contraction_mismatch_hint_is_itself_a_valid_map():
+    from spmdsim import Layout, OperatorError
+    from spmdsim.ops.infer import infer_matmul
+
+    mesh = Layout((2, 4), ("dp", "mp"))
+    with pytest.raises(OperatorError) as info:
+        infer_matmul(mesh("dp", "mp"), mesh(None, "mp"))
+    message = str(info.value)
+    assert message.endswith('e.g. w mapped ("mp", None)')
+    # Following the hint works: the suggested w layout is accepted.
+    assert infer_matmul(mesh("dp", "mp"), mesh("mp", None)) is not None

@@ -140,7 +140,8 @@ def infer_matmul(
     w_n, w_k = _matmul_dims(w.ndim, not transpose_b)
     k_x, k_w = x.tensor_map[x_k], w.tensor_map[w_k]
     if k_x != k_w:
-        fixed = list(w.tensor_map)
+        # Suggest a valid map: K's axes move to w's K dim and leave w's other dims.
+        fixed = [tuple(a for a in e if a not in k_x) for e in w.tensor_map]
         fixed[w_k] = k_x
         raise OperatorError(
             f"contraction dim K is split over {format_entry(k_x)} in x {_fmt(x)} but over "
