@@ -108,16 +108,28 @@ def _terms(op: str, algorithm: str, g: int, n: float) -> tuple[float, float, flo
 
 @dataclass(frozen=True)
 class OpParams:
-    """Per-collective override of (alpha, beta, gamma), set by `CostModel.fit`."""
+    """Override of (alpha, beta, gamma) for one collective, or one collective and group size.
+
+    Set by `CostModel.fit`; ``group_size=None`` applies to every group size
+    that has no override of its own.
+    """
 
     op: str
     alpha_s: float
     beta_s_per_byte: float
     gamma_s_per_byte: float = 0.0
+    group_size: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "op", normalize_op(self.op))
         _check_params(self.alpha_s, self.beta_s_per_byte, self.gamma_s_per_byte)
+        g = self.group_size
+        if g is not None and (isinstance(g, bool) or not isinstance(g, int) or g < 2):
+            raise SpmdsimError(f"override group size {g!r} must be None or an integer >= 2")
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.op, self.group_size or 0
 
 
 @dataclass(frozen=True)
@@ -157,7 +169,7 @@ class CostModel:
         beta_s_per_byte: transfer time per byte a rank sends, seconds.
         gamma_s_per_byte: reduction time per byte reduced, seconds.
         algorithm: "ring" (bandwidth-optimal) or "tree" (log-latency) formulas.
-        per_op: fitted per-collective overrides of the three parameters.
+        per_op: fitted overrides per collective (and per collective and group size).
         source: where the numbers come from (free text, saved with the model).
     """
 
@@ -177,17 +189,26 @@ class CostModel:
         per_op = tuple(self.per_op)
         if any(not isinstance(p, OpParams) for p in per_op):
             raise SpmdsimError(f"per_op {per_op!r} must hold OpParams values")
-        ops = [p.op for p in per_op]
-        if len(set(ops)) != len(ops):
-            raise SpmdsimError(f"per_op names a collective twice: {ops!r}")
-        object.__setattr__(self, "per_op", tuple(sorted(per_op, key=lambda p: OPS.index(p.op))))
+        keys = [p.key for p in per_op]
+        if len(set(keys)) != len(keys):
+            raise SpmdsimError(f"per_op overrides a collective and group size twice: {keys!r}")
+        per_op = sorted(per_op, key=lambda p: (OPS.index(p.op), p.group_size or 0))
+        object.__setattr__(self, "per_op", tuple(per_op))
 
-    def params(self, op: str) -> tuple[float, float, float]:
-        """(alpha, beta, gamma) used for `op`: its override, else the shared values."""
+    def params(self, op: str, group_size: int | None = None) -> tuple[float, float, float]:
+        """(alpha, beta, gamma) for `op` on `group_size` ranks.
+
+        The override for (op, group_size) if any, else the one for op, else the shared values.
+        """
         op = normalize_op(op)
+        found = None
         for p in self.per_op:
-            if p.op == op:
+            if p.op == op and p.group_size == group_size and group_size is not None:
                 return p.alpha_s, p.beta_s_per_byte, p.gamma_s_per_byte
+            if p.op == op and p.group_size is None:
+                found = p
+        if found is not None:
+            return found.alpha_s, found.beta_s_per_byte, found.gamma_s_per_byte
         return self.alpha_s, self.beta_s_per_byte, self.gamma_s_per_byte
 
     def predict(self, op: str, group_size: int, bytes_per_rank: float) -> float:
@@ -198,7 +219,7 @@ class CostModel:
         if bytes_per_rank < 0:
             raise SpmdsimError(f"bytes per rank {bytes_per_rank!r} must be >= 0")
         a, b, c = _terms(op, self.algorithm, int(group_size), float(bytes_per_rank))
-        alpha, beta, gamma = self.params(op)
+        alpha, beta, gamma = self.params(op, int(group_size))
         return a * alpha + b * beta + c * gamma
 
     # -- fitting -------------------------------------------------------------------
@@ -209,6 +230,7 @@ class CostModel:
         *,
         algorithm: str | None = None,
         per_op: bool = True,
+        per_group: bool = True,
         source: str = "fit",
     ) -> "CostModel":
         """Least-squares fit to measured calls; minimizes relative (not absolute) error.
@@ -216,7 +238,10 @@ class CostModel:
         Args:
             measurements: Measurement values or (op, group_size, bytes, seconds) tuples.
             algorithm: "ring" or "tree"; None tries both and keeps the better fit.
-            per_op: also fit each collective with >= 3 distinct sizes on its own.
+            per_op: also fit each collective with >= 3 distinct (g, n) points on its own.
+            per_group: also fit each (collective, group size) with >= 2 sizes on its own
+                (alpha and beta; one group size cannot tell beta from gamma).
+            Every override is kept only where it fits its own points better.
         """
         data = tuple(m if isinstance(m, Measurement) else Measurement(*m) for m in measurements)
         if len(data) < 2:
@@ -237,6 +262,8 @@ class CostModel:
                     if cls(0.0, 0.0, 0.0, algo, (own,)).log_error(mine) < shared.log_error(mine):
                         overrides.append(own)
             model = replace(shared, per_op=tuple(overrides))
+            if per_group:
+                model = _fit_groups(model, data, algo)
             err = model.log_error(data)
             if best is None or err < best[0]:
                 best = (err, model)
@@ -257,8 +284,9 @@ class CostModel:
             "beta_s_per_byte": self.beta_s_per_byte,
             "gamma_s_per_byte": self.gamma_s_per_byte,
             "algorithm": self.algorithm,
-            "per_op": {p.op: {"alpha_s": p.alpha_s, "beta_s_per_byte": p.beta_s_per_byte,
-                              "gamma_s_per_byte": p.gamma_s_per_byte} for p in self.per_op},
+            "per_op": [{"op": p.op, "group_size": p.group_size, "alpha_s": p.alpha_s,
+                        "beta_s_per_byte": p.beta_s_per_byte,
+                        "gamma_s_per_byte": p.gamma_s_per_byte} for p in self.per_op],
             "source": self.source,
         }
 
@@ -269,7 +297,10 @@ class CostModel:
                 f"cost model data {data!r:.80} is not a version {_FORMAT_VERSION} spmdsim cost model"
             )
         try:
-            per_op = tuple(OpParams(op, **vals) for op, vals in dict(data.get("per_op", {})).items())
+            raw = data.get("per_op", [])
+            if isinstance(raw, Mapping):  # early files: {op: {alpha_s, ...}}
+                raw = [dict(vals, op=op) for op, vals in raw.items()]
+            per_op = tuple(OpParams(**dict(vals)) for vals in raw)
             return cls(float(data["alpha_s"]), float(data["beta_s_per_byte"]),
                        float(data.get("gamma_s_per_byte", 0.0)), str(data.get("algorithm", "ring")),
                        per_op, str(data.get("source", "")))
@@ -301,16 +332,39 @@ class CostModel:
     def __str__(self) -> str:
         text = (f"CostModel({self.algorithm}: alpha={self.alpha_s * 1e6:.3g} us, "
                 f"beta={_gbps(self.beta_s_per_byte)}, gamma={_gbps(self.gamma_s_per_byte)}")
-        return text + (f", {len(self.per_op)} per-op fits)" if self.per_op else ")")
+        return text + (f", {len(self.per_op)} per-op/group fits)" if self.per_op else ")")
 
 
 def _gbps(s_per_byte: float) -> str:
     return "inf GB/s" if s_per_byte == 0 else f"{1e-9 / s_per_byte:.3g} GB/s"
 
 
-def _nnls_fit(data: Sequence[Measurement], algorithm: str) -> tuple[float, float, float]:
-    """Non-negative least squares on relative error; tries every subset of the 3 terms."""
+def _fit_groups(model: CostModel, data: Sequence[Measurement], algorithm: str) -> CostModel:
+    """Add an (alpha, beta) override per (collective, group size) where it fits better."""
+    overrides = list(model.per_op)
+    for op in OPS:
+        for g in sorted({m.group_size for m in data if m.op == op and m.group_size > 1}):
+            mine = [m for m in data if m.op == op and m.group_size == g]
+            if len({m.bytes_per_rank for m in mine}) < 2:
+                continue
+            own = OpParams(op, *_log_fit(mine, algorithm, use_gamma=False), group_size=g)
+            alone = CostModel(0.0, 0.0, 0.0, algorithm, (own,))
+            if alone.log_error(mine) < model.log_error(mine):
+                overrides.append(own)
+    return replace(model, per_op=tuple(overrides))
+
+
+def _rows(data: Sequence[Measurement], algorithm: str, use_gamma: bool) -> np.ndarray:
     rows = np.array([_terms(m.op, algorithm, m.group_size, m.bytes_per_rank) for m in data])
+    if not use_gamma:
+        rows[:, 2] = 0.0
+    return rows
+
+
+def _nnls_fit(data: Sequence[Measurement], algorithm: str,
+              use_gamma: bool = True) -> tuple[float, float, float]:
+    """Non-negative least squares on relative error; tries every subset of the 3 terms."""
+    rows = _rows(data, algorithm, use_gamma)
     times = np.array([m.seconds for m in data])
     # Divide each row by its measured time: the fit weighs a 10 us call like a 10 ms one.
     a_mat = rows / times[:, None]
@@ -332,15 +386,16 @@ def _nnls_fit(data: Sequence[Measurement], algorithm: str) -> tuple[float, float
     return best[1]
 
 
-def _log_fit(data: Sequence[Measurement], algorithm: str) -> tuple[float, float, float]:
+def _log_fit(data: Sequence[Measurement], algorithm: str,
+             use_gamma: bool = True) -> tuple[float, float, float]:
     """Minimize the squared log ratio predicted/measured (robust to a few fast outliers).
 
     Starts from the relative-error NNLS solution, then runs damped Gauss-Newton
     on log-parameters so every parameter stays >= 0.
     """
-    rows = np.array([_terms(m.op, algorithm, m.group_size, m.bytes_per_rank) for m in data])
+    rows = _rows(data, algorithm, use_gamma)
     log_t = np.log([m.seconds for m in data])
-    start = np.array(_nnls_fit(data, algorithm))
+    start = np.array(_nnls_fit(data, algorithm, use_gamma))
     scale = np.abs(rows).max(axis=0)
     used = scale > 0
     # Parameters the data cannot see stay 0; the others start from a floor above 0.
