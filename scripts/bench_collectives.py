@@ -84,9 +84,13 @@ def bench(args) -> list[dict]:
     records = []
     for n_bytes in args.sizes:
         pairs, real_bytes, g = _pairs(mesh, n_bytes, args.alloc)
-        repeats = args.repeats or (41 if n_bytes <= 64 << 10 else 15 if n_bytes <= 1 << 20 else 7)
+        # Even counts: each contender goes first equally often (order matters on 2 cores).
+        repeats = args.repeats or (80 if n_bytes <= 64 << 10 else 40 if n_bytes <= 1 << 20 else 16)
+        repeats += repeats % 2
         for op in args.ops:
             ours, raw = pairs[op]
+            if args.aa:
+                ours = raw  # A/A control: the harness's own noise, raw against raw
             ours(), raw()  # warm-up: groups, allocator, MPI buffers
             times = np.empty((repeats, 2))
             for i in range(repeats):
@@ -192,6 +196,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=0, help="repeats per case (default by size)")
     p.add_argument("--alloc", action="store_true", help="spmdsim allocates its results (no out=)")
     p.add_argument("--wait", choices=("busy", "polite", "auto"), default="busy")
+    p.add_argument("--aa", action="store_true",
+                   help="A/A control: time raw mpi4py against itself (ratios show the harness noise)")
     p.add_argument("--launches", type=int, default=0, help="run the launch test this many times")
     p.add_argument("-n", "--ranks", type=int, default=8, help="ranks for the launch test")
     p.add_argument("--iterations", type=int, default=60, help="iterations of the fixed job")
