@@ -84,17 +84,34 @@ def test_region_errors():
 
 
 PURE_MODULES = [
+    # Everything that decides: layouts, dialects, data, planning, cost, references,
+    # explanation and pictures. None of these may load mpi4py.
     "spmdsim",
     "spmdsim.layout",
     "spmdsim.slicing",
     "spmdsim.datagen",
     "spmdsim.errors",
     "spmdsim.dialects",
+    "spmdsim.dialects.strategy",
+    "spmdsim.dialects.sbp",
+    "spmdsim.dialects.dtensor",
+    "spmdsim.dialects.partition_spec",
+    "spmdsim.dialects.paddle",
     "spmdsim.explain",
     "spmdsim.plan",
+    "spmdsim.plan.emulator",
+    "spmdsim.cost",
     "spmdsim.reference",
     "spmdsim.ops.infer",
+    "spmdsim.nets.model",
+    "spmdsim.viz",
     "spmdsim.viz.ascii",
+    "spmdsim.viz.model",
+    "spmdsim.viz.plan",
+    "spmdsim.cli.cases",
+    # Entry points import the runtime only when a command runs under MPI.
+    "spmdsim.cli.main",
+    "spmdsim.runtime",
 ]
 
 
