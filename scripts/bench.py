@@ -100,16 +100,18 @@ def run_case(comm: Any, waiter: Waiter, case: Case, warmup: int, repeats: int) -
     """Interleaved timing of one case; slowest rank per repeat, median over repeats."""
     rank = comm.Get_rank()
     names = ["spmdsim", "raw"] + (["numpy"] if case.numpy is not None else [])
-    # Whole rotations only: the call right after the numpy one (ranks waking from a
-    # polite wait) is slower, so every contender must take that seat equally often.
-    repeats = -(-repeats // len(names)) * len(names)
+    repeats += repeats % 2  # an even count: each MPI contender goes first equally often
     total = np.zeros((3, repeats))
     comm_t = np.zeros((2, repeats))
     for rep in range(-warmup, repeats):
-        k = rep % len(names)
-        for name in names[k:] + names[:k]:
+        # spmdsim and raw swap places every repeat; numpy (rank 0 alone) comes last, so
+        # neither MPI contender always follows it (ranks wake slowly from a polite wait).
+        order = (["spmdsim", "raw"] if rep % 2 == 0 else ["raw", "spmdsim"]) + names[2:]
+        for name in order:
             i = names.index(name)
             waiter.barrier(comm)
+            if name != "numpy":
+                waiter.barrier(comm)  # a second, hot barrier: all ranks start together
             t0 = time.perf_counter()
             inner = None
             if name == "numpy":
@@ -146,7 +148,8 @@ def run_case(comm: Any, waiter: Waiter, case: Case, warmup: int, repeats: int) -
 
 
 # -- collectives --------------------------------------------------------------------------
-def collective_cases(comm: Any, waiter: Waiter, wait: str, sizes: list[int]) -> list[Case]:
+def collective_cases(comm: Any, waiter: Waiter, wait: str, sizes: list[int],
+                     raw_alloc: bool = False) -> list[Case]:
     from spmdsim.runtime import Mesh
 
     world = comm.Get_size()
@@ -156,12 +159,17 @@ def collective_cases(comm: Any, waiter: Waiter, wait: str, sizes: list[int]) -> 
     cases = []
     for mesh, axes in meshes:
         for n in sizes:
-            cases.extend(_collective_group_cases(mesh, axes, n, waiter))
+            cases.extend(_collective_group_cases(mesh, axes, n, waiter, raw_alloc))
     return cases
 
 
-def _collective_group_cases(mesh: Any, axes: tuple, n: int, waiter: Waiter) -> list[Case]:
-    """The collectives on one group of `mesh` with per-rank buffer n (own scope for closures)."""
+def _collective_group_cases(mesh: Any, axes: tuple, n: int, waiter: Waiter,
+                            raw_alloc: bool = False) -> list[Case]:
+    """The collectives on one group of `mesh` with per-rank buffer n (own scope for closures).
+
+    With `raw_alloc` the raw code allocates its receive buffer on every call, as
+    spmdsim does, instead of reusing one.
+    """
     from mpi4py import MPI
     from spmdsim.runtime import collectives as C
 
@@ -170,23 +178,27 @@ def _collective_group_cases(mesh: Any, axes: tuple, n: int, waiter: Waiter) -> l
     rows = max(g, n // 4 // cols // g * g)  # n = rows*cols*4, rows divisible by g
     full = np.ones((rows, cols), np.float32)
     part = np.ones((rows // g, cols), np.float32)
-    out_full, out_part = np.empty_like(full), np.empty_like(part)
+    kept_full, kept_part = np.empty_like(full), np.empty_like(part)
+
+    def fresh(kept: np.ndarray) -> np.ndarray:
+        return np.empty_like(kept) if raw_alloc else kept
     # numpy (rank 0 only): every member's buffer at once.
     stacked = np.ones((g,) + full.shape if mesh.rank == 0 else (g, g, 1), np.float32)
     raw = Raw(waiter)
     SUM = MPI.SUM
     specs = [
         ("allgather", lambda: C.allgather(mesh, part, axes, 0),
-         lambda: raw(sub.Allgather, sub.Iallgather, part, out_full),
+         lambda: raw(sub.Allgather, sub.Iallgather, part, fresh(kept_full)),
          lambda: np.concatenate([stacked[j][: rows // g] for j in range(g)])),
         ("allreduce", lambda: C.allreduce(mesh, full, axes),
-         lambda: raw(sub.Allreduce, sub.Iallreduce, full, out_full, SUM),
+         lambda: raw(sub.Allreduce, sub.Iallreduce, full, fresh(kept_full), SUM),
          lambda: stacked.sum(axis=0)),
         ("reduce_scatter", lambda: C.reduce_scatter(mesh, full, axes, 0),
-         lambda: raw(sub.Reduce_scatter_block, sub.Ireduce_scatter_block, full, out_part, SUM),
+         lambda: raw(sub.Reduce_scatter_block, sub.Ireduce_scatter_block, full, fresh(kept_part),
+                     SUM),
          lambda: stacked.sum(axis=0)),
         ("alltoall", lambda: C.alltoall(mesh, full, axes, 0, 0),
-         lambda: raw(sub.Alltoall, sub.Ialltoall, full, out_full),
+         lambda: raw(sub.Alltoall, sub.Ialltoall, full, fresh(kept_full)),
          lambda: np.ascontiguousarray(stacked.reshape(g, g, -1).swapaxes(0, 1))),
         ("bcast", lambda: C.bcast(mesh, full, axes, 0),
          lambda: raw(sub.Bcast, sub.Ibcast, full),
@@ -203,7 +215,7 @@ def _collective_group_cases(mesh: Any, axes: tuple, n: int, waiter: Waiter) -> l
         specs.append((
             "alltoallv", lambda: C.alltoallv(mesh, sends, shapes, np.float32),
             lambda: raw(sub.Alltoallv, sub.Ialltoallv, [sbuf, (counts, displs)],
-                        [rbuf, (counts, displs)]),
+                        [fresh(rbuf), (counts, displs)]),
             lambda: np.ascontiguousarray(stacked.reshape(g, g, -1).swapaxes(0, 1)),
         ))
     cases = []
@@ -653,6 +665,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    help="wait mode of spmdsim's mesh and the raw code (default $SPMDSIM_WAIT/auto)")
     p.add_argument("--cost-file", default=None,
                    help="cost model JSON (default: the saved calibration, else the built-in model)")
+    p.add_argument("--raw-alloc", action="store_true",
+                   help="collectives suite: raw allocates its receive buffer per call, as spmdsim")
     p.add_argument("--json", default=None, help="write the records to this file ('-' = stdout)")
     p.add_argument("--filter", default=None, help="only cases whose name contains this text")
     return p.parse_args(argv)
@@ -688,7 +702,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             continue
         if suite == "collectives":
             sizes = [parse_size(s) for s in (args.sizes or cfg["coll_sizes"]).split(",")]
-            cases = collective_cases(comm, waiter, waiter.mode, sizes)
+            cases = collective_cases(comm, waiter, waiter.mode, sizes, args.raw_alloc)
         elif suite == "redistribute":
             cases = redistribute_cases(comm, waiter, waiter.mode, cfg["redist_shape"])
         else:

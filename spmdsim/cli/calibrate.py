@@ -118,6 +118,7 @@ def time_interleaved(comm: Any, calls: Mapping[str, Callable[[], Any]], waiter: 
         for name in order:
             solo = name in only_rank0
             waiter.barrier(comm)
+            waiter.barrier(comm)  # a second, hot barrier: all ranks start together
             t0 = time.perf_counter()
             if not solo or rank == 0:
                 calls[name]()
