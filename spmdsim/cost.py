@@ -433,10 +433,11 @@ def _log_fit(data: Sequence[Measurement], algorithm: str,
     return tuple(float(v) for v in p)
 
 
-#: Used when no model was saved: shared-memory MPICH, 8 ranks on 2 oversubscribed cores
-#: (see docs/performance.md for how it was measured). Run `spmdsim calibrate` for yours.
+#: Used when no model was saved: the shared ring fit of `spmdsim calibrate --sizes
+#: 1M,2M,4M,8M,16M` for MPICH shared memory, 8 ranks on 2 cores, polite wait (see
+#: docs/performance.md). Latency is scheduling-bound there. Run `spmdsim calibrate` for yours.
 DEFAULT_MODEL = CostModel(
-    alpha_s=20e-6, beta_s_per_byte=1.0e-9, gamma_s_per_byte=0.5e-9, source="default"
+    alpha_s=200e-6, beta_s_per_byte=0.75e-9, gamma_s_per_byte=0.65e-9, source="default"
 )
 
 
