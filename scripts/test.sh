@@ -5,6 +5,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONDONTWRITEBYTECODE=1
+# The fault tests abort MPICH jobs on purpose, and an aborted MPICH job leaves
+# its ~8 MB shared-memory segment in /dev/shm. Remove the ones this run made.
+started=$(mktemp)
+cleanup() {
+    find /dev/shm -maxdepth 1 -name 'mpich_shm_*' -user "$(id -u)" -newer "$started" -delete 2>/dev/null || true
+    rm -f "$started"
+}
+trap cleanup EXIT
 # One BLAS thread per rank: ranks already outnumber the cores (docs/oversubscription.md).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 python -m pytest -q -p no:cacheprovider "$@"

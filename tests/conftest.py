@@ -47,6 +47,8 @@ def pytest_configure(config: pytest.Config) -> None:
     base = config.option.basetemp or os.path.join(
         os.environ.get("TMPDIR", "/tmp"), f"spmdsim-pytest-{os.getuid()}"
     )
+    # pytest creates basetemp itself but not its parent.
+    os.makedirs(str(base), exist_ok=True)
     config.option.basetemp = os.path.join(str(base), f"rank{_WORLD.rank}")
     if _WORLD.rank != 0:
         reporter = config.pluginmanager.get_plugin("terminalreporter")
