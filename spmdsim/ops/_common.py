@@ -21,14 +21,20 @@ def make_dtensor(mesh: Any, local: np.ndarray, layout: TensorLayout, shape: Sequ
     return DTensor(mesh, np.ascontiguousarray(local), layout, tuple(shape))
 
 
-def run_resolution(mesh: Any, local: np.ndarray, res: Resolution, label: Optional[str]) -> np.ndarray:
-    """Perform the collective a plan chose (nothing when `res.collective` is None)."""
+def run_resolution(mesh: Any, local: np.ndarray, res: Resolution, label: Optional[str],
+                   owned: bool = False) -> np.ndarray:
+    """Perform the collective a plan chose (nothing when `res.collective` is None).
+
+    `owned` says `local` is a temporary of the operator (its local product),
+    which an Allreduce may then overwrite in place instead of allocating.
+    """
     from ..runtime import collectives as coll
 
     if res.collective is None:
         return local
     if res.collective == ALLREDUCE:
-        return coll.allreduce(mesh, local, res.axes, label=label)
+        in_place = owned and local.flags.c_contiguous and local.flags.writeable
+        return coll.allreduce(mesh, local, res.axes, label=label, out=local if in_place else None)
     if res.collective == REDUCE_SCATTER:
         return coll.reduce_scatter(mesh, local, res.axes, res.tensor_dim, label=label)
     if res.collective == ALLGATHER:

@@ -97,7 +97,7 @@ def embedding(
         local = vocab_parallel_lookup(ids.local, padded, start)
     else:
         local = table.local[ids.local]
-    local = run_resolution(mesh, local, plan.reduce, label)
+    local = run_resolution(mesh, local, plan.reduce, label, owned=True)
     local = run_resolution(mesh, local, plan.gather, None if label is None else f"{label}.gather")
     return make_dtensor(mesh, local, plan.out, shape)
 

@@ -62,7 +62,7 @@ def linear(
     mesh = same_mesh(*(t for t in (x, weight, bias) if t is not None))
     plan, shape = plan_linear(x, weight, bias, gather_out=gather_out, reduce=reduce)
     local = np.matmul(x.local, weight.local)
-    local = run_resolution(mesh, local, plan.matmul.resolution, label)
+    local = run_resolution(mesh, local, plan.matmul.resolution, label, owned=True)
     if bias is not None:
         pending = plan.matmul.out.partial
         if not pending or mesh.layout.group_index(mesh.rank, pending) == 0:

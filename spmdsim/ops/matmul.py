@@ -64,5 +64,5 @@ def matmul(
     a = np.swapaxes(x.local, -1, -2) if transpose_a else x.local
     b = np.swapaxes(w.local, -1, -2) if transpose_b else w.local
     local = np.matmul(a, b)
-    local = run_resolution(mesh, local, plan.resolution, label)
+    local = run_resolution(mesh, local, plan.resolution, label, owned=True)
     return make_dtensor(mesh, local, plan.out, shape)

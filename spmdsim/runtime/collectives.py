@@ -29,6 +29,7 @@ from .wait import polite_wait
 __all__ = ["allgather", "alltoall", "allreduce", "reduce_scatter", "bcast", "alltoallv"]
 
 _SUM = MPI.SUM
+_IN_PLACE = MPI.IN_PLACE
 
 
 def _contig(local: Any) -> np.ndarray:
@@ -120,16 +121,22 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
 
 def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | None = None,
               out: np.ndarray | None = None) -> np.ndarray:
-    """Elementwise sum of every member's `local`, on every member (into `out` if given)."""
+    """Elementwise sum of every member's `local`, on every member (into `out` if given).
+
+    ``out=local`` sums in place (MPI.IN_PLACE): no result buffer is allocated,
+    which spares the page faults of fresh memory on every call.
+    """
     comm, g, _ = mesh.group_info(axes)
     x = _contig(local)
     seq = _begin(mesh, comm, g, "allreduce", axes, x, ())
     if g == 1:
         record("allreduce", comm_axes(axes), 1, 0, 0, 0.0, label)
-        return x if out is None else _copy_into(out, x, "allreduce")
+        return x if out is None or out is x else _copy_into(out, x, "allreduce")
     t0 = perf_counter()
+    in_place = out is x
     out = _result(out, x.shape, x.dtype, "allreduce")
-    _run(mesh, seq, "allreduce", axes, comm.Allreduce, comm.Iallreduce, x, out, _SUM)
+    send = _IN_PLACE if in_place else x
+    _run(mesh, seq, "allreduce", axes, comm.Allreduce, comm.Iallreduce, send, out, _SUM)
     moved = 2 * (g - 1) * x.nbytes // g
     record("allreduce", comm_axes(axes), g, moved, moved, perf_counter() - t0, label)
     return out

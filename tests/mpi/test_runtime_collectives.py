@@ -173,3 +173,15 @@ def test_out_buffers_receive_the_result():
     np.testing.assert_array_equal(out, np.concatenate([np.split(_data(m, shape), g, axis=1)[me] for m in members]))
     with pytest.raises(ShapeError, match=r"allreduce: out \(\(3,\), 'float64'\) must be"):
         C.allreduce(mesh, x, axes, out=np.empty(3))
+
+
+@pytest.mark.parametrize("wait", ["busy", "polite"])
+def test_allreduce_in_place_sums_into_the_input(wait):
+    world = MPI.COMM_WORLD
+    mesh = Mesh(Layout((world.size,), ("x",)), wait=wait)
+    local = np.arange(12, dtype=np.float64) * (world.rank + 1)
+    result = C.allreduce(mesh, local, ("x",), out=local)
+    total = sum(range(1, world.size + 1))
+    assert result is local
+    np.testing.assert_array_equal(local, np.arange(12, dtype=np.float64) * total)
+    mesh.close()
