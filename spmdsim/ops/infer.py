@@ -11,6 +11,7 @@ How a pending sum is finished (Allreduce / Reduce_scatter) lives in
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -112,6 +113,8 @@ def _matmul_dims(ndim: int, transpose: bool) -> tuple[int, int]:
     return (ndim - 1, ndim - 2) if transpose else (ndim - 2, ndim - 1)
 
 
+# Pure function of frozen layouts and flags: cached, as ops call it on every forward.
+@lru_cache(maxsize=1024)
 def infer_matmul(
     x: TensorLayout,
     w: TensorLayout,
@@ -214,6 +217,8 @@ class LinearPlan:
         return tuple(r for r in (self.matmul.resolution, self.gather) if r.collective)
 
 
+# Pure function of frozen layouts and flags: cached, as ops call it on every forward.
+@lru_cache(maxsize=1024)
 def infer_linear(
     x: TensorLayout,
     weight: TensorLayout,
@@ -273,6 +278,8 @@ class EmbeddingPlan:
         return tuple(r for r in (self.reduce, self.gather) if r.collective)
 
 
+# Pure function of frozen layouts and flags: cached, as ops call it on every forward.
+@lru_cache(maxsize=1024)
 def infer_embedding(
     ids: TensorLayout,
     table: TensorLayout,

@@ -41,8 +41,27 @@ def plan_redistribution(
 ) -> Plan:
     """The least-communication plan from `source` to `target` for a tensor of `shape`.
 
-    Plans are cached on their (hashable) inputs.
+    Plans are cached on their (hashable) inputs; a repeated call with the same
+    arguments skips validation too (it depends on nothing else).
     """
+    try:
+        return _VALIDATED[(source, target, shape, dtype)]
+    except (KeyError, TypeError):  # TypeError: an unhashable shape such as a list
+        pass
+    plan = _validated_plan(source, target, shape, dtype)
+    if len(_VALIDATED) < _VALIDATED_MAX:
+        try:
+            _VALIDATED[(source, target, shape, dtype)] = plan
+        except TypeError:
+            pass
+    return plan
+
+
+_VALIDATED: dict = {}
+_VALIDATED_MAX = 4096
+
+
+def _validated_plan(source: TensorLayout, target: TensorLayout, shape: Sequence[int], dtype: str) -> Plan:
     for name, tl in (("source", source), ("target", target)):
         if not isinstance(tl, TensorLayout):
             raise PlanError(f"{name} {tl!r} must be a TensorLayout")
