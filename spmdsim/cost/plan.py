@@ -1,0 +1,128 @@
+"""Plan predictions: seconds per step of a redistribution plan (duck-typed on its steps).
+
+Pure (never imports mpi4py); turns each planner step into one collective call
+of `spmdsim.cost.model` and prices it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import SpmdsimError
+from .model import DEFAULT_MODEL, CostModel, normalize_op
+
+__all__ = ["predict_plan", "StepPrediction"]
+
+# Planner steps that move nothing between ranks.
+_LOCAL_OPS = frozenset({"localslice", "local_slice", "slice", "local", "noop", "identity",
+                        "zero", "localzero", "local_zero", "keep", "b_to_p"})
+
+
+@dataclass(frozen=True)
+class StepPrediction:
+    """Predicted time of one plan step (0 for local steps)."""
+
+    index: int
+    op: str
+    group_size: int
+    bytes_per_rank: int
+    seconds: float
+
+
+def predict_plan(plan: Any, model: CostModel | None = None) -> tuple[StepPrediction, ...]:
+    """Predicted seconds per step of a redistribution plan (duck-typed on its steps).
+
+    `plan` is a plan with ``.steps`` or an iterable of steps. Each step needs an
+    op name (``op``, else its class name), a group size (``group_size``, or
+    ``axes`` with a layout) and the bytes one rank moves (``bytes_received`` /
+    ``bytes_sent``: an int or one int per rank; the busiest rank counts). Those
+    bytes are turned into the collective's buffer ``n`` with spmdsim.plan's
+    conventions (Allgather (g-1)n_in, Allreduce 2(g-1)/g n, others (g-1)/g n).
+    An Exchange with ``transfers`` is costed with the peers it really has.
+    """
+    model = DEFAULT_MODEL if model is None else model
+    steps = getattr(plan, "steps", plan)
+    out = []
+    for index, step in enumerate(steps):
+        name = _step_op(step)
+        key = name.strip().lower().replace("-", "_")
+        if key in _LOCAL_OPS or key.replace("_", "") in _LOCAL_OPS:
+            out.append(StepPrediction(index, key, 1, 0, 0.0))
+            continue
+        op = normalize_op(name)
+        moved = _step_bytes(step)
+        g = _exchange_peers(step) + 1 if op == "alltoallv" else _step_group_size(step, plan)
+        if g <= 1 or moved == 0:
+            out.append(StepPrediction(index, op, g, 0, 0.0))
+            continue
+        n = _buffer_bytes(op, g, moved)
+        out.append(StepPrediction(index, op, g, int(round(n)), model.predict(op, g, n)))
+    return tuple(out)
+
+
+def _step_op(step: Any) -> str:
+    for attr in ("op", "kind", "collective"):
+        value = getattr(step, attr, None)
+        if isinstance(value, str):
+            return value
+    return type(step).__name__
+
+
+def _step_group_size(step: Any, plan: Any) -> int:
+    for attr in ("group_size", "size", "num_ranks"):
+        value = getattr(step, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    axes = getattr(step, "axes", None)
+    layout = getattr(step, "before", None) or getattr(step, "layout", None) \
+        or getattr(plan, "layout", None)
+    layout = getattr(layout, "layout", layout)  # a TensorLayout carries its Layout
+    if axes is not None and layout is not None and hasattr(layout, "group_size"):
+        return layout.group_size(tuple(axes))
+    raise SpmdsimError(f"plan step {step!r:.80} has no group size (group_size or axes)")
+
+
+def _as_max(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, (tuple, list)) and all(isinstance(v, (int, float)) for v in value):
+        return float(max(value, default=0))
+    return None
+
+
+def _step_bytes(step: Any) -> float:
+    """Bytes the busiest rank receives (or sends, if more) in this step."""
+    found = [v for v in (_as_max(getattr(step, attr, None)) for attr in (
+        "bytes_received", "bytes_sent", "bytes_per_rank", "recv_bytes", "send_bytes"))
+        if v is not None]
+    if not found:
+        raise SpmdsimError(f"plan step {step!r:.80} has no byte count (bytes_received)")
+    return max(found)
+
+
+def _exchange_peers(step: Any) -> int:
+    """Most distinct peers any rank talks to in an exchange (else the group size - 1)."""
+    transfers = getattr(step, "transfers", None)
+    if transfers:
+        peers: dict[int, set] = {}
+        for src, dst, *_ in transfers:
+            if src != dst:
+                peers.setdefault(src, set()).add(dst)
+                peers.setdefault(dst, set()).add(src)
+        if peers:
+            return max(len(p) for p in peers.values())
+    try:
+        return max(1, _step_group_size(step, None) - 1)
+    except SpmdsimError:
+        return 1
+
+
+def _buffer_bytes(op: str, g: int, moved: float) -> float:
+    """Turn the bytes one rank moves into the collective buffer ``n`` of the formulas."""
+    if op == "allreduce":
+        return moved * g / (2 * (g - 1))
+    if op == "bcast":
+        return moved
+    return moved * g / (g - 1)
