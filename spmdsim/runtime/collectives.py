@@ -58,6 +58,16 @@ def _blocks(x: np.ndarray, tensor_dim: int, g: int) -> np.ndarray:
     return x.reshape(outer, g, -1)
 
 
+def _send_blocks(x: np.ndarray, tensor_dim: int, g: int) -> np.ndarray:
+    """`x` laid out so block j along `tensor_dim` is the j-th contiguous 1/g of the buffer.
+
+    Already so when nothing precedes that dim (no copy); otherwise one packing copy.
+    """
+    if tensor_dim == 0 or math.prod(x.shape[:tensor_dim]) == 1:
+        return x
+    return np.ascontiguousarray(_blocks(x, tensor_dim, g).swapaxes(0, 1))
+
+
 def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int,
               label: str | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """Concatenate every member's `local` along `tensor_dim`, in group order (into `out` if given)."""
@@ -99,10 +109,7 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
         return x if out is None else _copy_into(out, x, "alltoall")
     t0 = perf_counter()
     block_shape = x.shape[:s] + (x.shape[s] // g,) + x.shape[s + 1:]
-    if s == 0 or math.prod(x.shape[:s]) == 1:
-        send = x
-    else:
-        send = np.ascontiguousarray(_blocks(x, s, g).swapaxes(0, 1))
+    send = _send_blocks(x, s, g)
     out_shape = block_shape[:c] + (block_shape[c] * g,) + block_shape[c + 1:]
     direct = c == 0 or math.prod(block_shape[:c]) == 1
     if direct:
@@ -155,10 +162,7 @@ def reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim
         return x if out is None else _copy_into(out, x, "reduce_scatter")
     t0 = perf_counter()
     out_shape = x.shape[:d] + (x.shape[d] // g,) + x.shape[d + 1:]
-    if d == 0 or math.prod(x.shape[:d]) == 1:
-        send = x
-    else:
-        send = np.ascontiguousarray(_blocks(x, d, g).swapaxes(0, 1))
+    send = _send_blocks(x, d, g)
     out = _result(out, out_shape, x.dtype, "reduce_scatter")
     _run(mesh, seq, "reduce_scatter", axes, comm.Reduce_scatter_block, comm.Ireduce_scatter_block, send, out, _SUM)
     moved = (g - 1) * x.nbytes // g
