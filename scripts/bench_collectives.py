@@ -43,11 +43,17 @@ SIZES = (64 << 10, 1 << 20, 16 << 20)
 OPS = ("allgather", "alltoall", "allreduce", "reduce_scatter", "bcast")
 
 
-def _pairs(mesh, n_bytes, alloc):
+_PREPARED: list = []  # persistent requests to free before MPI finalizes
+
+
+def _pairs(mesh, n_bytes, alloc, prepared=False):
     """op -> (spmdsim callable, raw callable) on the same float32 buffers.
 
     spmdsim receives into the raw call's output buffer (``out=``) unless
-    `alloc`, where it allocates its result as plain calls do.
+    `alloc`, where it allocates its result as plain calls do. With `prepared`
+    the spmdsim side is a prepared (persistent) collective bound to those
+    buffers (`spmdsim.runtime.prepared`); bcast has no prepared form and keeps
+    the per-call one.
     """
     from mpi4py import MPI
 
@@ -61,6 +67,24 @@ def _pairs(mesh, n_bytes, alloc):
     block = np.empty(n // g, np.float32)
     bbuf = x.copy()
     o = (lambda buf: None) if alloc else (lambda buf: buf)
+    if prepared:
+        from spmdsim.runtime import prepared as P
+
+        steps = {
+            "allgather": P.prepare_allgather(mesh, x, ("x",), 0, out=gathered),
+            "alltoall": P.prepare_alltoall(mesh, x, ("x",), 0, out=same),
+            "allreduce": P.prepare_allreduce(mesh, x, ("x",), out=same),
+            "reduce_scatter": P.prepare_reduce_scatter(mesh, x, ("x",), 0, out=block),
+        }
+        _PREPARED.extend(steps.values())
+        return {
+            "allgather": (steps["allgather"].run, lambda: comm.Allgather(x, gathered)),
+            "alltoall": (steps["alltoall"].run, lambda: comm.Alltoall(x, same)),
+            "allreduce": (steps["allreduce"].run, lambda: comm.Allreduce(x, same, MPI.SUM)),
+            "reduce_scatter": (steps["reduce_scatter"].run,
+                               lambda: comm.Reduce_scatter_block(x, block, MPI.SUM)),
+            "bcast": (lambda: C.bcast(mesh, bbuf, ("x",), 0), lambda: comm.Bcast(bbuf, 0)),
+        }, n * 4, g
     return {
         "allgather": (lambda: C.allgather(mesh, x, ("x",), 0, out=o(gathered)),
                       lambda: comm.Allgather(x, gathered)),
@@ -83,7 +107,7 @@ def bench(args) -> list[dict]:
     mesh = Mesh(Layout((world.size,), ("x",)), wait=args.wait)
     records = []
     for n_bytes in args.sizes:
-        pairs, real_bytes, g = _pairs(mesh, n_bytes, args.alloc)
+        pairs, real_bytes, g = _pairs(mesh, n_bytes, args.alloc, args.prepared)
         # Even counts: each contender goes first equally often (order matters on 2 cores).
         repeats = args.repeats or (80 if n_bytes <= 64 << 10 else 40 if n_bytes <= 1 << 20 else 16)
         repeats += repeats % 2
@@ -105,6 +129,8 @@ def bench(args) -> list[dict]:
             s, r = (float(np.median(slowest[:, k])) for k in (0, 1))
             records.append({"op": op, "group_size": g, "bytes_per_rank": real_bytes,
                             "spmdsim_s": s, "raw_s": r, "ratio": s / r if r > 0 else float("nan")})
+    for step in _PREPARED:
+        step.free()
     mesh.close()
     return records if world.rank == 0 else []
 
@@ -196,6 +222,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=0, help="repeats per case (default by size)")
     p.add_argument("--alloc", action="store_true", help="spmdsim allocates its results (no out=)")
     p.add_argument("--wait", choices=("busy", "polite", "auto"), default="busy")
+    p.add_argument("--prepared", action="store_true",
+                   help="time spmdsim's prepared (persistent) collectives instead of the per-call ones")
     p.add_argument("--aa", action="store_true",
                    help="A/A control: time raw mpi4py against itself (ratios show the harness noise)")
     p.add_argument("--launches", type=int, default=0, help="run the launch test this many times")

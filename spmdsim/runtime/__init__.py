@@ -25,6 +25,11 @@ __all__ = [
     "reduce_scatter",
     "bcast",
     "alltoallv",
+    "Prepared",
+    "prepare_allreduce",
+    "prepare_allgather",
+    "prepare_reduce_scatter",
+    "prepare_alltoall",
 ]
 
 _WHERE = {
@@ -43,6 +48,11 @@ _WHERE = {
     "reduce_scatter": "collectives",
     "bcast": "collectives",
     "alltoallv": "collectives",
+    "Prepared": "prepared",
+    "prepare_allreduce": "prepared",
+    "prepare_allgather": "prepared",
+    "prepare_reduce_scatter": "prepared",
+    "prepare_alltoall": "prepared",
 }
 
 
