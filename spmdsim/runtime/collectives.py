@@ -26,7 +26,7 @@ from .mesh import Mesh
 from .trace import record
 from .wait import polite_wait
 
-__all__ = ["allgather", "alltoall", "allreduce", "reduce_scatter", "bcast", "alltoallv"]
+__all__ = ["allgather", "alltoall", "allreduce", "reduce_scatter", "bcast", "alltoallv", "moved_bytes"]
 
 _SUM = MPI.SUM
 _IN_PLACE = MPI.IN_PLACE
@@ -56,6 +56,22 @@ def _blocks(x: np.ndarray, tensor_dim: int, g: int) -> np.ndarray:
     """View x as (outer, g, rest) so that block j along tensor_dim is [:, j]."""
     outer = math.prod(x.shape[:tensor_dim])
     return x.reshape(outer, g, -1)
+
+
+def moved_bytes(op: str, group_size: int, local_nbytes: int) -> int:
+    """Bytes one member sends (and receives) in `op` over a group, as the trace records them.
+
+    Ring-algorithm figures (docs/runtime.md): allgather (g-1)*n of an n-byte
+    input; alltoall and reduce_scatter (g-1)/g of the input; allreduce twice that.
+    """
+    g, n = group_size, local_nbytes
+    if op == "allgather":
+        return (g - 1) * n
+    if op in ("alltoall", "reduce_scatter"):
+        return (g - 1) * n // g
+    if op == "allreduce":
+        return 2 * (g - 1) * n // g
+    raise ValueError(f"no byte formula for {op!r}")
 
 
 def _send_blocks(x: np.ndarray, tensor_dim: int, g: int) -> np.ndarray:
@@ -90,8 +106,8 @@ def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int
         recv = np.empty((g,) + shape, x.dtype)
         _run(mesh, seq, "allgather", axes, comm.Allgather, comm.Iallgather, x, recv)
         _blocks(out, d, g)[...] = recv.reshape(g, math.prod(shape[:d]), -1).swapaxes(0, 1)
-    n = x.nbytes
-    record("allgather", comm_axes(axes), g, (g - 1) * n, (g - 1) * n, perf_counter() - t0, label)
+    moved = moved_bytes("allgather", g, x.nbytes)
+    record("allgather", comm_axes(axes), g, moved, moved, perf_counter() - t0, label)
     return out
 
 
@@ -121,7 +137,7 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
         _run(mesh, seq, "alltoall", axes, comm.Alltoall, comm.Ialltoall, send, recv)
         outer = math.prod(block_shape[:c])
         _blocks(out, c, g)[...] = recv.reshape(g, outer, -1).swapaxes(0, 1)
-    moved = x.nbytes * (g - 1) // g
+    moved = moved_bytes("alltoall", g, x.nbytes)
     record("alltoall", comm_axes(axes), g, moved, moved, perf_counter() - t0, label)
     return out
 
@@ -144,7 +160,7 @@ def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | No
     out = _result(out, x.shape, x.dtype, "allreduce")
     send = _IN_PLACE if in_place else x
     _run(mesh, seq, "allreduce", axes, comm.Allreduce, comm.Iallreduce, send, out, _SUM)
-    moved = 2 * (g - 1) * x.nbytes // g
+    moved = moved_bytes("allreduce", g, x.nbytes)
     record("allreduce", comm_axes(axes), g, moved, moved, perf_counter() - t0, label)
     return out
 
@@ -165,7 +181,7 @@ def reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim
     send = _send_blocks(x, d, g)
     out = _result(out, out_shape, x.dtype, "reduce_scatter")
     _run(mesh, seq, "reduce_scatter", axes, comm.Reduce_scatter_block, comm.Ireduce_scatter_block, send, out, _SUM)
-    moved = (g - 1) * x.nbytes // g
+    moved = moved_bytes("reduce_scatter", g, x.nbytes)
     record("reduce_scatter", comm_axes(axes), g, moved, moved, perf_counter() - t0, label)
     return out
 

@@ -24,7 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..errors import ShapeError
-from .collectives import _begin, _contig, _dim, _divisible, _result, _run, comm_axes
+from .collectives import _begin, _contig, _dim, _divisible, _result, _run, comm_axes, moved_bytes
 from .mesh import Mesh
 from .trace import record
 
@@ -120,7 +120,7 @@ def prepare_allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], out: np
     in_place = out is x
     result = _result(out, x.shape, x.dtype, "allreduce")
     send = MPI.IN_PLACE if in_place else x
-    moved = 2 * (g - 1) * x.nbytes // g
+    moved = moved_bytes("allreduce", g, x.nbytes)
     return Prepared(mesh, "allreduce", axes, comm, g, x, result, (),
                     lambda: comm.Allreduce_init(send, result, MPI.SUM),
                     lambda: comm.Allreduce(send, result, MPI.SUM), (moved, moved), label)
@@ -131,10 +131,10 @@ def prepare_allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_
     """Every member's `local` concatenated along `tensor_dim` in group order."""
     axes, comm, g, x, d = _bind(mesh, local, axes, tensor_dim, "allgather", divisible=False)
     result = _result(out, x.shape[:d] + (x.shape[d] * g,) + x.shape[d + 1:], x.dtype, "allgather")
-    n = x.nbytes * (g - 1)
+    moved = moved_bytes("allgather", g, x.nbytes)
     return Prepared(mesh, "allgather", axes, comm, g, x, result, (d,),
                     lambda: comm.Allgather_init(x, result),
-                    lambda: comm.Allgather(x, result), (n, n), label)
+                    lambda: comm.Allgather(x, result), (moved, moved), label)
 
 
 def prepare_reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int,
@@ -143,7 +143,7 @@ def prepare_reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], te
     axes, comm, g, x, d = _bind(mesh, local, axes, tensor_dim, "reduce_scatter", divisible=True)
     result = _result(out, x.shape[:d] + (x.shape[d] // g,) + x.shape[d + 1:], x.dtype,
                      "reduce_scatter")
-    moved = (g - 1) * x.nbytes // g
+    moved = moved_bytes("reduce_scatter", g, x.nbytes)
     # No persistent request: MPICH runs persistent (like nonblocking)
     # Reduce_scatter_block with a slower schedule than the blocking call
     # (1.11x at 1 MiB, 8 ranks); the blocking call with checks done once wins.
@@ -156,7 +156,7 @@ def prepare_alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_d
     """Block j of `local` along `tensor_dim` to member j; received blocks joined along the same dim."""
     axes, comm, g, x, d = _bind(mesh, local, axes, tensor_dim, "alltoall", divisible=True)
     result = _result(out, x.shape, x.dtype, "alltoall")
-    moved = x.nbytes * (g - 1) // g
+    moved = moved_bytes("alltoall", g, x.nbytes)
     return Prepared(mesh, "alltoall", axes, comm, g, x, result, (d, d),
                     lambda: comm.Alltoall_init(x, result),
                     lambda: comm.Alltoall(x, result), (moved, moved), label)
