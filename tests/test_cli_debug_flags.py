@@ -35,12 +35,14 @@ def test_bad_watchdog_value_is_one_line_on_every_rank():
     assert "Traceback" not in out.stdout + out.stderr
 
 
-def test_launch_exports_debug_settings_to_every_rank():
-    code = ("import os; from mpi4py import MPI; "
-            "print(MPI.COMM_WORLD.rank, os.environ['SPMDSIM_CHECK'], os.environ['SPMDSIM_WATCHDOG'])")
+def test_launch_exports_debug_settings_to_every_rank(tmp_path):
+    # Each rank writes its own file: the launcher forwards concurrent stdout in
+    # chunks that can split a line, so printed tokens may run together.
+    code = ("import os; from mpi4py import MPI; r = MPI.COMM_WORLD.rank; "
+            f"open(os.path.join({str(tmp_path)!r}, str(r)), 'w').write("
+            "os.environ['SPMDSIM_CHECK'] + ' ' + os.environ['SPMDSIM_WATCHDOG'])")
     cmd = [SPMDSIM, "launch", "-n", "2", "--timeout", "60", "--check", "--watchdog", "7",
            "--", "python", "-c", code]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
     assert out.returncode == 0, out.stderr
-    # Ranks print concurrently, so lines may interleave; compare the tokens.
-    assert sorted(out.stdout.split()) == sorted("0 1 7 1 1 7".split())
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"0": "1 7", "1": "1 7"}

@@ -16,6 +16,7 @@ def _fresh_settings(monkeypatch):
     monkeypatch.setattr(debug._State, "check", None)
     monkeypatch.setattr(debug._State, "watchdog", None)
     monkeypatch.setattr(debug._State, "watchdog_read", False)
+    monkeypatch.setattr(debug._State, "quiet", None)
     monkeypatch.setattr(debug._State, "seq", 0)
 
 

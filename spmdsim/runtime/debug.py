@@ -39,6 +39,7 @@ __all__ = [
     "configure",
     "check_enabled",
     "watchdog_seconds",
+    "quiet",
     "next_seq",
     "current_seq",
     "fingerprint",
@@ -63,6 +64,7 @@ class _State:
     check: Optional[bool] = None
     watchdog: Optional[float] = None
     watchdog_read = False
+    quiet: Optional[bool] = None  # neither hook on; recomputed after configure()
     seq = 0
 
 
@@ -101,6 +103,7 @@ def configure(check: Optional[bool] = None, watchdog: Any = "keep") -> None:
     if watchdog != "keep":
         _State.watchdog = _seconds(watchdog, "watchdog")
         _State.watchdog_read = True
+    _State.quiet = None
 
 
 def add_cli_arguments(parser: Any) -> None:
@@ -134,6 +137,14 @@ def watchdog_seconds() -> Optional[float]:
         _State.watchdog = _seconds(os.environ.get("SPMDSIM_WATCHDOG"), "SPMDSIM_WATCHDOG")
         _State.watchdog_read = True
     return _State.watchdog
+
+
+def quiet() -> bool:
+    """True when neither the divergence guard nor the watchdog is on (the collectives' lean path)."""
+    q = _State.quiet
+    if q is None:
+        q = _State.quiet = not check_enabled() and watchdog_seconds() is None
+    return q
 
 
 def next_seq() -> int:

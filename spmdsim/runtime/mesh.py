@@ -24,7 +24,8 @@ class Mesh:
     Construction is collective-free validation first: every rank checks that
     ``prod(device_matrix) == comm.size`` and raises the same
     RuntimeMismatchError otherwise. Attributes: ``layout``, ``comm``, ``rank``,
-    ``size``, ``coords`` and ``wait_mode`` ("busy" or "polite", see runtime.wait).
+    ``size``, ``coords`` and ``wait_mode`` ("busy" or "polite", see runtime.wait;
+    ``polite`` is True for the latter).
     Use as a context manager, or call ``close()``, to free the sub-communicators.
     """
 
@@ -56,9 +57,13 @@ class Mesh:
         self.rank = comm.Get_rank()
         self.coords = layout.coords(self.rank)
         self.wait_mode = resolve_wait_mode(wait, comm)
+        self.polite = self.wait_mode == "polite"
         # axes -> (comm, size, rank); Split is collective, so ranks must ask for
         # groups in the same order (they do: every rank runs the same program).
         self._groups: dict[tuple[str, ...], tuple[Any, int, int]] = {}
+        # The same groups under the spellings callers used ("mp" for ("mp",)):
+        # one dict lookup per collective instead of normalizing the axes again.
+        self._spelled: dict[Any, tuple[Any, int, int]] = {}
 
     def __repr__(self) -> str:
         return f"Mesh({self.layout!r}, rank={self.rank}, size={self.size}, wait={self.wait_mode!r})"
@@ -69,11 +74,17 @@ class Mesh:
 
     def group_info(self, axes: str | Iterable[str]) -> tuple[Any, int, int]:
         """(comm, size, rank in group) for `axes`, built once with Comm.Split and cached."""
+        try:
+            return self._spelled[axes]
+        except (KeyError, TypeError):  # a new spelling, or an unhashable one (a list)
+            pass
         key = normalize_axes(axes)
         info = self._groups.get(key)
         if info is None:
             info = self._split(key)
             self._groups[key] = info
+        if isinstance(axes, (str, tuple)):
+            self._spelled[axes] = info
         return info
 
     def _split(self, axes: tuple[str, ...]) -> tuple[Any, int, int]:
@@ -97,6 +108,7 @@ class Mesh:
         for sub, _, _ in self._groups.values():
             sub.Free()
         self._groups.clear()
+        self._spelled.clear()
 
     def __enter__(self) -> "Mesh":
         return self

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator
 
-__all__ = ["TraceEntry", "Trace", "collect_trace", "record"]
+__all__ = ["TraceEntry", "Trace", "collect_trace", "record", "OPEN_TRACES"]
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,9 @@ class Trace:
 
 
 # Open collectors, innermost last; `record` skips all work when none is open.
+# Mutated in place only, so OPEN_TRACES (for hot paths that test it without a call) stays the same list.
 _ACTIVE: list[Trace] = []
+OPEN_TRACES = _ACTIVE
 
 
 @contextmanager

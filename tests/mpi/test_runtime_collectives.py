@@ -185,3 +185,54 @@ def test_allreduce_in_place_sums_into_the_input(wait):
     assert result is local
     np.testing.assert_array_equal(local, np.arange(12, dtype=np.float64) * total)
     mesh.close()
+
+
+@pytest.mark.parametrize("wait", ["busy", "polite"])
+def test_lean_and_generic_paths_agree(wait):
+    """Dim-0 calls take the lean path; with the divergence guard on they take the generic one."""
+    from spmdsim.runtime import debug
+
+    mesh = _meshes(wait)[0]
+    axes = tuple(mesh.layout.alias_name)
+    members = _members(mesh.layout, mesh.rank, axes)
+    g, me = len(members), members.index(mesh.rank)
+    shape = (2 * g, 3)
+    x = _data(mesh.rank, shape, np.float32)
+    total = sum(_data(m, shape, np.float32) for m in members)
+    expected = {
+        "allgather": np.concatenate([_data(m, shape, np.float32) for m in members]),
+        "alltoall": np.concatenate([np.split(_data(m, shape, np.float32), g)[me] for m in members]),
+        "allreduce": total,
+        "reduce_scatter": np.split(total, g)[me],
+    }
+    calls = {
+        "allgather": lambda out: C.allgather(mesh, x, axes, 0, out=out),
+        "alltoall": lambda out: C.alltoall(mesh, x, axes, 0, 0, out=out),
+        "allreduce": lambda out: C.allreduce(mesh, x, axes, out=out),
+        "reduce_scatter": lambda out: C.reduce_scatter(mesh, x, axes, 0, out=out),
+    }
+    entries = {}
+    try:
+        for check in (False, True):
+            debug.configure(check=check)
+            with collect_trace() as tr:
+                for op, call in calls.items():
+                    before = debug.current_seq()
+                    np.testing.assert_array_equal(call(None), expected[op])
+                    out = np.empty_like(expected[op])
+                    assert call(out) is out
+                    np.testing.assert_array_equal(out, expected[op])
+                    # Each call takes one sequence number on either path.
+                    assert debug.current_seq() - before == 2
+                    with pytest.raises(ShapeError, match=f"{op}: out"):
+                        call(np.empty(expected[op].shape, np.float64))
+                    with pytest.raises(ShapeError, match=f"{op}: out"):
+                        call(np.empty(expected[op].size + 1, np.float32))
+            entries[check] = [(e.op, e.axes, e.group_size, e.bytes_sent, e.bytes_received)
+                              for e in tr.entries]
+    finally:
+        debug.configure(check=False)
+    assert entries[False] == entries[True] and len(entries[False]) == 8
+    buf = x.copy() if me == 0 else np.zeros_like(x)
+    assert C.bcast(mesh, buf, axes, 0) is buf
+    np.testing.assert_array_equal(buf, _data(members[0], shape, np.float32))
