@@ -149,7 +149,7 @@ def run_case(comm: Any, waiter: Waiter, case: Case, warmup: int, repeats: int) -
 
 # -- collectives --------------------------------------------------------------------------
 def collective_cases(comm: Any, waiter: Waiter, wait: str, sizes: list[int],
-                     raw_alloc: bool = False) -> list[Case]:
+                     alloc: bool = False) -> list[Case]:
     from spmdsim.runtime import Mesh
 
     world = comm.Get_size()
@@ -159,16 +159,16 @@ def collective_cases(comm: Any, waiter: Waiter, wait: str, sizes: list[int],
     cases = []
     for mesh, axes in meshes:
         for n in sizes:
-            cases.extend(_collective_group_cases(mesh, axes, n, waiter, raw_alloc))
+            cases.extend(_collective_group_cases(mesh, axes, n, waiter, alloc))
     return cases
 
 
 def _collective_group_cases(mesh: Any, axes: tuple, n: int, waiter: Waiter,
-                            raw_alloc: bool = False) -> list[Case]:
+                            alloc: bool = False) -> list[Case]:
     """The collectives on one group of `mesh` with per-rank buffer n (own scope for closures).
 
-    With `raw_alloc` the raw code allocates its receive buffer on every call, as
-    spmdsim does, instead of reusing one.
+    Both sides receive into the same preallocated buffers (spmdsim with ``out=``);
+    with `alloc` both allocate a fresh result on every call instead.
     """
     from mpi4py import MPI
     from spmdsim.runtime import collectives as C
@@ -181,23 +181,24 @@ def _collective_group_cases(mesh: Any, axes: tuple, n: int, waiter: Waiter,
     kept_full, kept_part = np.empty_like(full), np.empty_like(part)
 
     def fresh(kept: np.ndarray) -> np.ndarray:
-        return np.empty_like(kept) if raw_alloc else kept
+        return np.empty_like(kept) if alloc else kept
+    out_full, out_part = (None, None) if alloc else (kept_full, kept_part)
     # numpy (rank 0 only): every member's buffer at once.
     stacked = np.ones((g,) + full.shape if mesh.rank == 0 else (g, g, 1), np.float32)
     raw = Raw(waiter)
     SUM = MPI.SUM
     specs = [
-        ("allgather", lambda: C.allgather(mesh, part, axes, 0),
+        ("allgather", lambda: C.allgather(mesh, part, axes, 0, out=out_full),
          lambda: raw(sub.Allgather, sub.Iallgather, part, fresh(kept_full)),
          lambda: np.concatenate([stacked[j][: rows // g] for j in range(g)])),
-        ("allreduce", lambda: C.allreduce(mesh, full, axes),
+        ("allreduce", lambda: C.allreduce(mesh, full, axes, out=out_full),
          lambda: raw(sub.Allreduce, sub.Iallreduce, full, fresh(kept_full), SUM),
          lambda: stacked.sum(axis=0)),
-        ("reduce_scatter", lambda: C.reduce_scatter(mesh, full, axes, 0),
+        ("reduce_scatter", lambda: C.reduce_scatter(mesh, full, axes, 0, out=out_part),
          lambda: raw(sub.Reduce_scatter_block, sub.Ireduce_scatter_block, full, fresh(kept_part),
                      SUM),
          lambda: stacked.sum(axis=0)),
-        ("alltoall", lambda: C.alltoall(mesh, full, axes, 0, 0),
+        ("alltoall", lambda: C.alltoall(mesh, full, axes, 0, 0, out=out_full),
          lambda: raw(sub.Alltoall, sub.Ialltoall, full, fresh(kept_full)),
          lambda: np.ascontiguousarray(stacked.reshape(g, g, -1).swapaxes(0, 1))),
         ("bcast", lambda: C.bcast(mesh, full, axes, 0),
@@ -234,57 +235,147 @@ def _size(n: float) -> str:
 
 
 # -- redistributions ------------------------------------------------------------------------
-def _raw_plan(comm: Any, plan: Any, itemsize: int, raw: Raw) -> Callable[[], None]:
-    """The plan's collectives in plain mpi4py on preallocated buffers of the same sizes."""
+def _raw_plan(comm: Any, plan: Any, raw: Raw) -> Callable[[np.ndarray], np.ndarray]:
+    """The plan written by hand in mpi4py + numpy: the same collectives and the same local copies.
+
+    What a careful hand-written program does: every receive buffer and
+    sub-communicator made once up front, blocks packed with one numpy copy
+    where the tensor dim is not the leading one (as spmdsim does), boxes of a
+    general exchange packed straight into one Alltoallv buffer and unpacked
+    into the new block. `raw` times the same span as spmdsim's trace: packing,
+    the MPI call and unpacking for the collectives; the exchange's packing and
+    Alltoallv. Returns a function from this rank's source block to its target block.
+    """
     from mpi4py import MPI
 
-    rank = comm.Get_rank()
-    calls = []
+    from spmdsim.plan.kernels import box_in, local_slice, local_zero
+    from spmdsim.plan.volume import intersect, rank_boxes
+
+    rank, shape = comm.Get_rank(), plan.shape
     subs: dict = {}
+    steps = []
     for step in plan.steps:
         op = step.op
         if op in ("local_slice", "local_zero"):
+            kernel = local_slice if op == "local_slice" else local_zero
+            steps.append(lambda x, st=step, k=kernel: k(st, rank, x, shape))
             continue
-        got = step.bytes_received[rank] // itemsize
+        before = rank_boxes(step.before, shape)[rank]
+        after = rank_boxes(step.after, shape)[rank]
+        in_shape = tuple(b - a for a, b in before)
+        out_shape = tuple(b - a for a, b in after)
         if op == "exchange":
-            size = comm.Get_size()
-            scount, rcount = [0] * size, [0] * size
-            for src, dst, box in step.transfers:
-                n = int(np.prod([b - a for a, b in box]))
-                if src == rank:
-                    scount[dst] += n
-                if dst == rank:
-                    rcount[src] += n
-            sd, rd = list(np.cumsum([0] + scount[:-1])), list(np.cumsum([0] + rcount[:-1]))
-            sb, rb = np.ones(sum(scount), np.float32), np.empty(sum(rcount), np.float32)
-            calls.append(lambda sb=sb, rb=rb, s=(scount, sd), r=(rcount, rd):
-                         raw(comm.Alltoallv, comm.Ialltoallv, [sb, s], [rb, r]))
+            steps.append(_raw_exchange(comm, step, rank, in_shape, out_shape, before, after, raw,
+                                       box_in, intersect))
             continue
-        layout = step.before.layout
-        key = (layout, step.axes)
+        key = (step.before.layout, step.axes)
         if key not in subs:
-            subs[key] = comm.Split(*layout.split_color_key(rank, step.axes))
+            subs[key] = comm.Split(*step.before.layout.split_color_key(rank, step.axes))
         sub = subs[key]
         g = sub.Get_size()
+        out = np.empty(out_shape, np.float32)
         if op == "allgather":
-            src, dst = np.ones(got // (g - 1), np.float32), np.empty(got // (g - 1) * g, np.float32)
-            calls.append(lambda s=sub, a=src, b=dst: raw(s.Allgather, s.Iallgather, a, b))
+            d = step.tensor_dim
+            outer = int(np.prod(in_shape[:d]))
+            recv = out if outer == 1 else np.empty((g,) + in_shape, np.float32)
+
+            def run(x, sub=sub, out=out, recv=recv, outer=outer, g=g, d=d):
+                raw(sub.Allgather, sub.Iallgather, x, recv)
+                if recv is not out:  # blocks side by side -> along tensor dim d
+                    out.reshape(outer, g, -1)[...] = recv.reshape(g, outer, -1).swapaxes(0, 1)
+                return out
         elif op == "alltoall":
-            n = got * g // (g - 1)
-            src, dst = np.ones(n, np.float32), np.empty(n, np.float32)
-            calls.append(lambda s=sub, a=src, b=dst: raw(s.Alltoall, s.Ialltoall, a, b))
+            s_, c = step.split_dim, step.concat_dim
+            s_outer = int(np.prod(in_shape[:s_]))
+            block = in_shape[:s_] + (in_shape[s_] // g,) + in_shape[s_ + 1:]
+            c_outer = int(np.prod(block[:c]))
+            recv = out if c_outer == 1 else np.empty((g,) + block, np.float32)
+
+            def run(x, sub=sub, out=out, recv=recv, s_outer=s_outer, c_outer=c_outer, g=g):
+                send = x if s_outer == 1 else np.ascontiguousarray(
+                    x.reshape(s_outer, g, -1).swapaxes(0, 1))
+                raw(sub.Alltoall, sub.Ialltoall, send, recv)
+                if recv is not out:
+                    out.reshape(c_outer, g, -1)[...] = recv.reshape(g, c_outer, -1).swapaxes(0, 1)
+                return out
         elif op == "allreduce":
-            n = got * g // (2 * (g - 1))
-            src, dst = np.ones(n, np.float32), np.empty(n, np.float32)
-            calls.append(lambda s=sub, a=src, b=dst: raw(s.Allreduce, s.Iallreduce, a, b, MPI.SUM))
+            def run(x, sub=sub, out=out):
+                raw(sub.Allreduce, sub.Iallreduce, x, out, MPI.SUM)
+                return out
         elif op == "reduce_scatter":
-            n = got * g // (g - 1)
-            src, dst = np.ones(n, np.float32), np.empty(n // g, np.float32)
-            calls.append(lambda s=sub, a=src, b=dst: raw(
-                s.Reduce_scatter_block, s.Ireduce_scatter_block, a, b, MPI.SUM))
+            d = step.tensor_dim
+            outer = int(np.prod(in_shape[:d]))
+
+            def run(x, sub=sub, out=out, outer=outer, g=g):
+                send = x if outer == 1 else np.ascontiguousarray(x.reshape(outer, g, -1).swapaxes(0, 1))
+                raw(sub.Reduce_scatter_block, sub.Ireduce_scatter_block, send, out, MPI.SUM)
+                return out
         else:
             raise SystemExit(f"bench: no raw version of plan step {op!r}")
-    return lambda: [c() for c in calls]
+        steps.append(_timed_span(raw, run))
+
+    def run_all(x: np.ndarray) -> np.ndarray:
+        for fn in steps:
+            x = fn(x)
+        return x
+    return run_all
+
+
+def _timed_span(raw: Raw, fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+    """`fn` with its whole span (packing, MPI, unpacking) counted as communication, like the trace."""
+    def call(x: np.ndarray) -> np.ndarray:
+        inner = raw.comm_s
+        t0 = time.perf_counter()
+        y = fn(x)
+        raw.comm_s = inner + (time.perf_counter() - t0)
+        return y
+    return call
+
+
+def _raw_exchange(comm: Any, step: Any, rank: int, in_shape: tuple, out_shape: tuple,
+                  before: tuple, after: tuple, raw: Raw, box_in: Any, intersect: Any) -> Callable:
+    """A general exchange by hand: pack every outgoing box into one buffer, Alltoallv, unpack."""
+    size = comm.Get_size()
+    scount, rcount = [0] * size, [0] * size
+    sends, recvs = [], []
+    for src, dst, box in step.transfers:
+        n = int(np.prod([b - a for a, b in box]))
+        if src == rank:
+            sends.append((dst, box_in(box, before), n))
+            scount[dst] += n
+        if dst == rank:
+            recvs.append((src, box_in(box, after), tuple(b - a for a, b in box), n))
+            rcount[src] += n
+    sd = [int(v) for v in np.cumsum([0] + scount[:-1])]
+    rd = [int(v) for v in np.cumsum([0] + rcount[:-1])]
+    sbuf, rbuf = np.empty(sum(scount), np.float32), np.empty(sum(rcount), np.float32)
+    out = np.empty(out_shape, np.float32)
+    common = intersect(before, after)
+    own = None if common is None else (box_in(common, after), box_in(common, before))
+    offset = {dst: sd[dst] for dst in range(size)}
+    packs = []
+    for dst, where, n in sends:
+        packs.append((where, offset[dst], n))
+        offset[dst] += n
+    offset = {src: rd[src] for src in range(size)}
+    unpacks = []
+    for src, where, box_shape, n in recvs:
+        unpacks.append((where, offset[src], n, box_shape))
+        offset[src] += n
+
+    def run(x: np.ndarray) -> np.ndarray:
+        t0 = time.perf_counter()
+        for where, at, n in packs:
+            piece = x[where]
+            sbuf[at:at + n].reshape(piece.shape)[...] = piece
+        raw.w.call(comm.Alltoallv, comm.Ialltoallv, [sbuf, (scount, sd)], [rbuf, (rcount, rd)])
+        raw.comm_s += time.perf_counter() - t0
+        if own is not None:
+            out[own[0]] = x[own[1]]
+        for where, at, n, box_shape in unpacks:
+            out[where] = rbuf[at:at + n].reshape(box_shape)
+        return out
+    return run
 
 
 def redistribute_cases(comm: Any, waiter: Waiter, wait: str, shape: tuple[int, int]) -> list[Case]:
@@ -324,7 +415,11 @@ def redistribute_cases(comm: Any, waiter: Waiter, wait: str, shape: tuple[int, i
             x = DTensor.from_seeded(mesh, src, source)
         plan = plan_redistribution(src, dst, shape, "float32")
         raw = Raw(waiter)
-        raw_fn = _raw_plan(comm, plan, 4, raw)
+        raw_plan = _raw_plan(comm, plan, raw)
+        # The hand-written version must compute what spmdsim computes, or the race is void.
+        if not np.array_equal(raw_plan(x.local), redistribute(x, dst).local):
+            raise SystemExit(f"bench: the raw version of {name} computes another result")
+        raw_fn = (lambda raw_plan=raw_plan, x=x: raw_plan(x.local))
         entries: list = []
         kinds = "+".join(s.op for s in plan.steps) or "none"
         local_bytes = x.local.nbytes
@@ -665,8 +760,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    help="wait mode of spmdsim's mesh and the raw code (default $SPMDSIM_WAIT/auto)")
     p.add_argument("--cost-file", default=None,
                    help="cost model JSON (default: the saved calibration, else the built-in model)")
-    p.add_argument("--raw-alloc", action="store_true",
-                   help="collectives suite: raw allocates its receive buffer per call, as spmdsim")
+    p.add_argument("--alloc", action="store_true",
+                   help="collectives suite: both sides allocate a fresh result per call "
+                        "(default: both receive into the same preallocated buffers)")
     p.add_argument("--json", default=None, help="write the records to this file ('-' = stdout)")
     p.add_argument("--filter", default=None, help="only cases whose name contains this text")
     return p.parse_args(argv)
@@ -702,7 +798,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             continue
         if suite == "collectives":
             sizes = [parse_size(s) for s in (args.sizes or cfg["coll_sizes"]).split(",")]
-            cases = collective_cases(comm, waiter, waiter.mode, sizes, args.raw_alloc)
+            cases = collective_cases(comm, waiter, waiter.mode, sizes, args.alloc)
         elif suite == "redistribute":
             cases = redistribute_cases(comm, waiter, waiter.mode, cfg["redist_shape"])
         else:

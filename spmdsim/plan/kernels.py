@@ -45,13 +45,9 @@ def local_zero(step: LocalZero, rank: int, local: np.ndarray, shape: tuple) -> n
 
 
 def exchange_sends(step: Exchange, rank: int, local: np.ndarray, shape: tuple) -> dict:
-    """Per destination rank, the flat buffer of the box this rank sends it."""
+    """Per destination rank, the box of `local` this rank sends it (a view: alltoallv packs it once)."""
     origin = rank_boxes(step.before, shape)[rank]
-    return {
-        dst: np.ascontiguousarray(local[box_in(box, origin)]).reshape(-1)
-        for src, dst, box in step.transfers
-        if src == rank
-    }
+    return {dst: local[box_in(box, origin)] for src, dst, box in step.transfers if src == rank}
 
 
 def exchange_recv_shapes(step: Exchange, rank: int) -> dict:

@@ -21,6 +21,7 @@ turn, while the group waits; the generic path's helper calls cost 5-12% of a
 from __future__ import annotations
 
 import math
+from itertools import accumulate
 from time import perf_counter
 from typing import Any, Iterable, Mapping
 
@@ -306,7 +307,9 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
         for r in peers:
             if not 0 <= int(r) < size:
                 raise ShapeError(f"alltoallv {what} key {r!r} is not a mesh rank (0 <= r < {size})")
-    scounts = np.zeros(size, np.int64)
+    # Counts and offsets as Python ints: a handful per rank, where numpy's
+    # per-call overhead would cost more than the arithmetic (docs/performance.md).
+    scounts = [0] * size
     arrays = {}
     for r, a in sends.items():
         a = np.asarray(a)
@@ -314,7 +317,7 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
             raise ShapeError(f"alltoallv block for rank {r} has dtype {a.dtype.name!r}, expected {dtype.name!r}")
         arrays[int(r)] = a
         scounts[int(r)] = a.size
-    rcounts = np.zeros(size, np.int64)
+    rcounts = [0] * size
     for r, shape in recv_shapes.items():
         rcounts[int(r)] = math.prod(tuple(shape))
     out: dict[int, np.ndarray] = {}
@@ -328,16 +331,16 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
     if size > 1 and debug.check_enabled():
         debug.verify_counts(mesh.comm, scounts, rcounts, seq, mesh.wait_mode == "polite")
     t0 = perf_counter()
-    sdispls = np.concatenate(([0], np.cumsum(scounts)[:-1]))
-    rdispls = np.concatenate(([0], np.cumsum(rcounts)[:-1]))
-    send = np.empty(int(scounts.sum()), dtype)
+    sdispls = [0, *accumulate(scounts[:-1])]
+    rdispls = [0, *accumulate(rcounts[:-1])]
+    send = np.empty(sdispls[-1] + scounts[-1], dtype)
     for r, a in arrays.items():
-        if r != me:
-            send[sdispls[r]:sdispls[r] + scounts[r]] = a.reshape(-1)
-    recv = np.empty(int(rcounts.sum()), dtype)
+        if r != me:  # one copy from a strided view straight into the send buffer
+            send[sdispls[r]:sdispls[r] + scounts[r]].reshape(a.shape)[...] = a
+    recv = np.empty(rdispls[-1] + rcounts[-1], dtype)
     if size > 1:
         _run(mesh, seq, "alltoallv", mesh.layout.alias_name, mesh.comm.Alltoallv, mesh.comm.Ialltoallv,
-             [send, (scounts.tolist(), sdispls.tolist())], [recv, (rcounts.tolist(), rdispls.tolist())])
+             [send, (scounts, sdispls)], [recv, (rcounts, rdispls)])
     for r, shape in recv_shapes.items():
         r = int(r)
         if r != me:

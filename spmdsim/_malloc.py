@@ -1,0 +1,55 @@
+"""Keep freed result buffers in the heap for reuse; standard library only.
+
+Every collective and operator returns a fresh array. With glibc's defaults a
+multi-MiB array is often served by a new mmap and handed back on free, so the
+next call pays one page fault per 4 KiB page of its result again. On the 2-core
+VM with 8 ranks that doubled a 16 MiB Allreduce (63 ms with a fresh result
+against 36 ms into a reused one) and made ``np.empty(16 MiB).fill(1)`` take
+6-8 ms instead of 1-2 ms (docs/performance.md, "Fresh result buffers").
+
+Under an MPI launcher, `keep_freed_buffers_under_launcher` asks glibc to serve
+allocations up to 32 MiB (its largest allowed mmap threshold) from the heap and
+to keep up to 64 MiB of freed heap top instead of returning it at once. Larger
+arrays are still mapped and unmapped as before, so a rank holds at most 64 MiB
+beyond its live arrays. Skipped when the user set glibc's own MALLOC_* knobs,
+with ``SPMDSIM_MALLOC=0``, and where the C library has no mallopt (not glibc).
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+
+from ._threads import launcher_local_ranks
+
+__all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "GLIBC_VARS", "keep_freed_buffers",
+           "keep_freed_buffers_under_launcher"]
+
+MMAP_THRESHOLD = 32 << 20  # glibc refuses more than half its 64 MiB heap size
+TRIM_THRESHOLD = 64 << 20
+GLIBC_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
+
+# mallopt parameter numbers from glibc's malloc.h
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+
+
+def keep_freed_buffers() -> bool:
+    """Set the two thresholds in this process; False where mallopt is missing or refuses."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+
+
+def keep_freed_buffers_under_launcher() -> bool:
+    """`keep_freed_buffers` for a rank started by an MPI launcher, unless the user chose otherwise."""
+    if launcher_local_ranks() is None or os.environ.get("SPMDSIM_MALLOC", "1").strip() == "0":
+        return False
+    if any(var in os.environ for var in GLIBC_VARS):
+        return False
+    return keep_freed_buffers()

@@ -1,0 +1,66 @@
+"""Freed result buffers stay in the heap for ranks started by an MPI launcher (spmdsim/_malloc.py)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from spmdsim import _malloc, _threads
+
+# Touch a fresh 16 MiB array twice over (allocate, fill, free) and print the
+# minor page faults of the second round: a reused heap block faults no pages.
+FAULTS = """
+import resource, numpy as np
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+np.empty(4 << 20, np.float32).fill(1)
+before = faults()
+np.empty(4 << 20, np.float32).fill(1)
+print(faults() - before)
+"""
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    for var in _threads.LOCAL_SIZE_VARS + _malloc.GLIBC_VARS + ("SPMDSIM_MALLOC",):
+        monkeypatch.delenv(var, raising=False)
+    made: list = []
+    monkeypatch.setattr(_malloc, "keep_freed_buffers", lambda: made.append(1) or True)
+    return made
+
+
+def test_only_under_a_launcher_and_not_against_the_users_choice(calls, monkeypatch):
+    assert _malloc.keep_freed_buffers_under_launcher() is False and calls == []
+    monkeypatch.setenv("PMI_LOCAL_SIZE", "8")
+    assert _malloc.keep_freed_buffers_under_launcher() is True and calls == [1]
+    monkeypatch.setenv("SPMDSIM_MALLOC", "0")
+    assert _malloc.keep_freed_buffers_under_launcher() is False
+    monkeypatch.delenv("SPMDSIM_MALLOC")
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "0")
+    assert _malloc.keep_freed_buffers_under_launcher() is False and calls == [1]
+
+
+def _second_round_faults(env_update: dict) -> tuple[bool, int]:
+    """(whether the import set the thresholds, page faults of the second round) in a fresh process."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in _threads.LOCAL_SIZE_VARS + _malloc.GLIBC_VARS + ("SPMDSIM_MALLOC",)}
+    env.update(env_update)
+    code = ("import spmdsim\nfrom spmdsim import _malloc\n"
+            "print(_malloc.keep_freed_buffers_under_launcher())\n" + FAULTS)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    applied, faults = out.stdout.split()
+    return applied == "True", int(faults)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
+def test_a_rank_reuses_a_freed_16_mib_buffer_without_page_faults():
+    applied, under_launcher = _second_round_faults({"PMI_LOCAL_SIZE": "8"})
+    if not applied:
+        pytest.skip("the C library has no mallopt")
+    assert _second_round_faults({"PMI_LOCAL_SIZE": "8", "SPMDSIM_MALLOC": "0"})[0] is False
+    opted_out = _second_round_faults({"PMI_LOCAL_SIZE": "8", "SPMDSIM_MALLOC": "0"})[1]
+    # 16 MiB is 4096 pages; a reused block faults (almost) none of them.
+    assert under_launcher < 200 < opted_out, (under_launcher, opted_out)
