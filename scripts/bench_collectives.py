@@ -66,12 +66,11 @@ def _pairs(mesh, n_bytes, alloc, prepared=False):
     same = np.empty(n, np.float32)
     block = np.empty(n // g, np.float32)
     bbuf = x.copy()
-    raw_gathered, raw_same, raw_block = gathered, same, block
     raw = {
-        "allgather": lambda: comm.Allgather(x, raw_gathered),
-        "alltoall": lambda: comm.Alltoall(x, raw_same),
-        "allreduce": lambda: comm.Allreduce(x, raw_same, MPI.SUM),
-        "reduce_scatter": lambda: comm.Reduce_scatter_block(x, raw_block, MPI.SUM),
+        "allgather": lambda: comm.Allgather(x, gathered),
+        "alltoall": lambda: comm.Alltoall(x, same),
+        "allreduce": lambda: comm.Allreduce(x, same, MPI.SUM),
+        "reduce_scatter": lambda: comm.Reduce_scatter_block(x, block, MPI.SUM),
         "bcast": lambda: comm.Bcast(bbuf, 0),
     }
     if prepared:
@@ -85,19 +84,17 @@ def _pairs(mesh, n_bytes, alloc, prepared=False):
         }
         _PREPARED.extend(steps.values())
         ours = {op: step.run for op, step in steps.items()}
-        ours["bcast"] = lambda: C.bcast(mesh, bbuf, ("x",), 0)
-        return {op: (ours[op], raw[op]) for op in OPS}, n * 4, g
-    if alloc:
-        gathered = same = block = None
-    # The `out` buffers are bound now, not looked up per call: the spmdsim side
-    # must not pay for harness work the raw side does not do.
-    ours = {
-        "allgather": lambda: C.allgather(mesh, x, ("x",), 0, out=gathered),
-        "alltoall": lambda: C.alltoall(mesh, x, ("x",), 0, 0, out=same),
-        "allreduce": lambda: C.allreduce(mesh, x, ("x",), out=same),
-        "reduce_scatter": lambda: C.reduce_scatter(mesh, x, ("x",), 0, out=block),
-        "bcast": lambda: C.bcast(mesh, bbuf, ("x",), 0),
-    }
+    else:
+        # The `out` buffers are bound now, not looked up per call: the spmdsim side
+        # must not pay for harness work the raw side does not do.
+        out_g, out_s, out_b = (None, None, None) if alloc else (gathered, same, block)
+        ours = {
+            "allgather": lambda: C.allgather(mesh, x, ("x",), 0, out=out_g),
+            "alltoall": lambda: C.alltoall(mesh, x, ("x",), 0, 0, out=out_s),
+            "allreduce": lambda: C.allreduce(mesh, x, ("x",), out=out_s),
+            "reduce_scatter": lambda: C.reduce_scatter(mesh, x, ("x",), 0, out=out_b),
+        }
+    ours["bcast"] = lambda: C.bcast(mesh, bbuf, ("x",), 0)  # no prepared form
     return {op: (ours[op], raw[op]) for op in OPS}, n * 4, g
 
 

@@ -329,15 +329,15 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
         out[me] = np.array(mine, order="C").reshape(recv_shapes[me])
     scounts[me] = rcounts[me] = 0
     if size > 1 and debug.check_enabled():
-        debug.verify_counts(mesh.comm, scounts, rcounts, seq, mesh.wait_mode == "polite")
+        debug.verify_counts(mesh.comm, scounts, rcounts, seq, mesh.polite)
     t0 = perf_counter()
     sdispls = [0, *accumulate(scounts[:-1])]
     rdispls = [0, *accumulate(rcounts[:-1])]
-    send = np.empty(sdispls[-1] + scounts[-1], dtype)
+    send = np.empty(sum(scounts), dtype)
     for r, a in arrays.items():
         if r != me:  # one copy from a strided view straight into the send buffer
             send[sdispls[r]:sdispls[r] + scounts[r]].reshape(a.shape)[...] = a
-    recv = np.empty(rdispls[-1] + rcounts[-1], dtype)
+    recv = np.empty(sum(rcounts), dtype)
     if size > 1:
         _run(mesh, seq, "alltoallv", mesh.layout.alias_name, mesh.comm.Alltoallv, mesh.comm.Ialltoallv,
              [send, (scounts, sdispls)], [recv, (rcounts, rdispls)])
@@ -391,15 +391,15 @@ def _begin(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, x: Any, extra: tup
     if g > 1 and debug.check_enabled():
         shape = None if x is None else np.shape(x)
         debug.verify(comm, op, comm_axes(axes), dtype if x is None else np.asarray(x).dtype,
-                     shape, extra, seq, mesh.wait_mode == "polite")
+                     shape, extra, seq, mesh.polite)
     return seq
 
 
 def _run(mesh: Mesh, seq: int, op: str, axes: Any, blocking: Any, nonblocking: Any, *args: Any) -> None:
     """Run one collective with the mesh's wait mode (and the watchdog when it is on)."""
     if debug.watchdog_seconds() is not None:
-        debug.wait(nonblocking(*args), op, comm_axes(axes), seq, mesh.wait_mode == "polite")
-    elif mesh.wait_mode == "polite":
+        debug.wait(nonblocking(*args), op, comm_axes(axes), seq, mesh.polite)
+    elif mesh.polite:
         polite_wait(nonblocking(*args))
     else:
         blocking(*args)

@@ -111,7 +111,7 @@ class DTensor:
             raise ShapeError(f"gather root {root!r} is not a mesh rank (0 <= root < {mesh.size})")
         local = np.ascontiguousarray(self.resolved_local(label="gather"))
         stack = np.empty((mesh.size,) + local.shape, local.dtype) if root in (None, mesh.rank) else None
-        comm, polite = mesh.comm, mesh.wait_mode == "polite"
+        comm, polite = mesh.comm, mesh.polite
         if root is None:
             debug.collective(comm, "gather", (), local, (), polite, comm.Allgather,
                              comm.Iallgather, local, stack)
@@ -163,7 +163,7 @@ class DTensor:
             stats = np.array([0.0, np.inf, np.inf, 0.0, float(actual.size), 0.0])
         if not _primary(self._mesh, self._layout):
             stats[3] = stats[4] = 0.0  # count each global element once, not once per replica
-        return agree(self._mesh.comm, stats, rtol, atol, self._mesh.wait_mode == "polite")
+        return agree(self._mesh.comm, stats, rtol, atol, self._mesh.polite)
 
 
 def _primary(mesh: Mesh, layout: TensorLayout) -> bool:

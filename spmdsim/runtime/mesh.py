@@ -132,7 +132,7 @@ def _before_split(mesh: Mesh, axes: tuple[str, ...]) -> None:
     if mesh.size == 1:
         return
     number = len(mesh._groups) + 1
-    polite = mesh.wait_mode == "polite"
+    polite = mesh.polite
     if debug.check_enabled():
         debug.verify(mesh.comm, "split", axes, "int64", None, (), number, polite)
     elif debug.watchdog_seconds() is not None:
