@@ -63,15 +63,21 @@ def peak_rss() -> int:
 
 
 def traced(fn: Callable[[], Any], sink: list) -> Callable[[], float]:
-    """Run fn inside a trace; return the seconds spent in collectives, keep the entries."""
-    from spmdsim.runtime import collect_trace
+    """Run fn; return the seconds it spent in collectives, keep the first call's entries.
+
+    run_case keeps one trace open around the whole case, so no collector is
+    opened per call: opening one right before the collective would time the
+    harness, not spmdsim (it moved 1 MiB results by 5-11% at 8 ranks on 2 cores).
+    """
+    from spmdsim.runtime.trace import OPEN_TRACES
 
     def call() -> float:
-        with collect_trace() as tr:
-            fn()
+        tr = OPEN_TRACES[-1]
+        start = len(tr)
+        fn()
         if not sink:
-            sink.extend(tr.entries)
-        return sum(e.seconds for e in tr.entries)
+            sink.extend(tr.entries[start:])
+        return tr.seconds(start)
 
     return call
 
@@ -96,13 +102,10 @@ class Raw:
         return call
 
 
-def run_case(comm: Any, waiter: Waiter, case: Case, warmup: int, repeats: int) -> dict:
-    """Interleaved timing of one case; slowest rank per repeat, median over repeats."""
+def _run_reps(comm: Any, waiter: Waiter, case: Case, warmup: int, repeats: int, names: list,
+              total: np.ndarray, comm_t: np.ndarray) -> None:
+    """The interleaved repeats of run_case: fills total[contender, repeat] and comm_t."""
     rank = comm.Get_rank()
-    names = ["spmdsim", "raw"] + (["numpy"] if case.numpy is not None else [])
-    repeats += repeats % 2  # an even count: each MPI contender goes first equally often
-    total = np.zeros((3, repeats))
-    comm_t = np.zeros((2, repeats))
     for rep in range(-warmup, repeats):
         # spmdsim and raw swap places every repeat; numpy (rank 0 alone) comes last, so
         # neither MPI contender always follows it (ranks wake slowly from a polite wait).
@@ -124,6 +127,18 @@ def run_case(comm: Any, waiter: Waiter, case: Case, warmup: int, repeats: int) -
                 total[i, rep] = elapsed
                 if inner is not None:
                     comm_t[i, rep] = inner
+
+
+def run_case(comm: Any, waiter: Waiter, case: Case, warmup: int, repeats: int) -> dict:
+    """Interleaved timing of one case; slowest rank per repeat, median over repeats."""
+    names = ["spmdsim", "raw"] + (["numpy"] if case.numpy is not None else [])
+    repeats += repeats % 2  # an even count: each MPI contender goes first equally often
+    total = np.zeros((3, repeats))
+    comm_t = np.zeros((2, repeats))
+    from spmdsim.runtime import collect_trace
+
+    with collect_trace():  # read by traced(); raw and numpy record nothing
+        _run_reps(comm, waiter, case, warmup, repeats, names, total, comm_t)
     from mpi4py import MPI
 
     both = np.concatenate([total, comm_t])

@@ -298,35 +298,34 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
     """General exchange over the whole mesh: `sends[r]` goes to mesh rank r; returns {source: array}.
 
     `recv_shapes[r]` is the shape of the block expected from rank r. A block
-    this rank sends to itself is copied locally, not sent.
+    this rank sends to itself is not sent: it comes back reshaped, a view of
+    the caller's array where numpy can reshape without a copy (as a group of
+    one rank returns its input).
     """
     dtype = np.dtype(dtype)
     size, me = mesh.size, mesh.rank
     seq = _begin(mesh, mesh.comm, size, "alltoallv", mesh.layout.alias_name, None, (), dtype)
-    for peers, what in ((sends, "sends"), (recv_shapes, "recv_shapes")):
-        for r in peers:
-            if not 0 <= int(r) < size:
-                raise ShapeError(f"alltoallv {what} key {r!r} is not a mesh rank (0 <= r < {size})")
     # Counts and offsets as Python ints: a handful per rank, where numpy's
     # per-call overhead would cost more than the arithmetic (docs/performance.md).
     scounts = [0] * size
     arrays = {}
     for r, a in sends.items():
+        r = _mesh_rank(r, size, "sends")
         a = np.asarray(a)
         if a.dtype != dtype:
             raise ShapeError(f"alltoallv block for rank {r} has dtype {a.dtype.name!r}, expected {dtype.name!r}")
-        arrays[int(r)] = a
-        scounts[int(r)] = a.size
+        arrays[r] = a
+        scounts[r] = a.size
     rcounts = [0] * size
     for r, shape in recv_shapes.items():
-        rcounts[int(r)] = math.prod(tuple(shape))
+        rcounts[_mesh_rank(r, size, "recv_shapes")] = math.prod(tuple(shape))
     out: dict[int, np.ndarray] = {}
     if me in recv_shapes:
         mine = arrays.get(me)
         if mine is None or mine.size != rcounts[me]:
             raise ShapeError(f"alltoallv: rank {me} expects {tuple(recv_shapes[me])!r} from itself "
                              f"but sends {None if mine is None else mine.shape!r}")
-        out[me] = np.array(mine, order="C").reshape(recv_shapes[me])
+        out[me] = np.reshape(mine, recv_shapes[me])
     scounts[me] = rcounts[me] = 0
     if size > 1 and debug.check_enabled():
         debug.verify_counts(mesh.comm, scounts, rcounts, seq, mesh.polite)
@@ -347,6 +346,13 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
             out[r] = recv[rdispls[r]:rdispls[r] + rcounts[r]].reshape(shape)
     record("alltoallv", mesh.layout.alias_name, size, send.nbytes, recv.nbytes, perf_counter() - t0, label)
     return out
+
+
+def _mesh_rank(r: Any, size: int, what: str) -> int:
+    """`r` as an int mesh rank, or a ShapeError naming the alltoallv argument it came from."""
+    if not 0 <= int(r) < size:
+        raise ShapeError(f"alltoallv {what} key {r!r} is not a mesh rank (0 <= r < {size})")
+    return int(r)
 
 
 def _result(out: np.ndarray | None, shape: tuple, dtype: np.dtype, op: str) -> np.ndarray:

@@ -50,6 +50,18 @@ class DTensor:
             )
         self._mesh, self._local, self._layout, self._shape = mesh, local, layout, shape
 
+    @classmethod
+    def _trusted(cls, mesh: Mesh, local: np.ndarray, layout: TensorLayout,
+                 global_shape: tuple[int, ...]) -> "DTensor":
+        """No checks: for runtime code that checked `local` against `layout` itself (plan_exec).
+
+        The full constructor re-derives the layout's local shape (~6 us), which
+        a repeated redistribution would otherwise pay on every call.
+        """
+        self = cls.__new__(cls)
+        self._mesh, self._local, self._layout, self._shape = mesh, local, layout, global_shape
+        return self
+
     # -- constructors ------------------------------------------------------------
     @classmethod
     def from_local(cls, mesh: Mesh, local: Any, layout: TensorLayout, global_shape: Sequence[int],
