@@ -14,13 +14,7 @@ from typing import Any, Callable, Optional
 from .errors import PlanError
 from .layout import Layout, TensorLayout
 from .plan import Plan, plan_redistribution
-from .plan.kernels import (
-    exchange_assemble,
-    exchange_recv_shapes,
-    exchange_sends,
-    local_slice,
-    local_zero,
-)
+from .plan.kernels import exchange_program, local_slice, local_zero
 from .plan.steps import (
     Allgather,
     Allreduce,
@@ -174,13 +168,13 @@ _RUNNERS: dict[type, Callable] = {
 
 
 def _exchange_runner(step: Exchange, rank: int, shape: tuple) -> Callable:
-    """The Exchange runner for this rank, its boxes worked out once (kernels.exchange_*)."""
-    recv_shapes = exchange_recv_shapes(step, rank)
+    """The Exchange runner for this rank, its boxes worked out once (kernels.exchange_program)."""
+    program = exchange_program(step, rank, shape)
 
     def run(step: Any, mesh: Any, local: Any, shape: tuple, label: str) -> Any:
         from .runtime import collectives
 
-        received = collectives.alltoallv(mesh, exchange_sends(step, rank, local, shape), recv_shapes,
+        received = collectives.alltoallv(mesh, program.send_views(local), program.recv_shapes,
                                          local.dtype, label=label)
-        return exchange_assemble(step, rank, local, received, shape)
+        return program.assemble(local, received)
     return run

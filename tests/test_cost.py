@@ -153,6 +153,39 @@ def test_save_load_round_trip(tmp_path, monkeypatch):
     assert load_or_default() == model
 
 
+def test_copy_term_prices_packing_and_survives_save(tmp_path):
+    model = CostModel(A, B, C, copy_s_per_byte=2e-10)
+    assert model.predict_copy(1 << 20) == pytest.approx((1 << 20) * 2e-10)
+    assert CostModel(A, B).predict_copy(1 << 20) == 0.0
+    assert "copy=5 GB/s" in str(model)
+    assert CostModel.load(model.save(tmp_path / "c.json")) == model
+    with pytest.raises(SpmdsimError, match="copy_s_per_byte -1"):
+        CostModel(A, B, copy_s_per_byte=-1)
+    with pytest.raises(SpmdsimError, match="bytes copied -5"):
+        model.predict_copy(-5)
+    # A file written before the copy term loads with no copy cost.
+    data = model.to_dict()
+    del data["copy_s_per_byte"]
+    assert CostModel.from_dict(data).copy_s_per_byte == 0.0
+
+
+@dataclass(frozen=True)
+class _Entry:
+    op: str
+    group_size: int
+    bytes_received: int
+    bytes_copied: int = 0
+
+
+def test_predict_plan_adds_the_copy_of_entries_that_pack():
+    model = CostModel(A, B, C, copy_s_per_byte=1e-9)
+    plain, packed = predict_plan([_Entry("alltoall", 8, 7 << 17), _Entry("alltoall", 8, 7 << 17, 2 << 20)],
+                                 model)
+    assert plain.bytes_copied == 0 and packed.bytes_copied == 2 << 20
+    assert plain.seconds == pytest.approx(model.predict("alltoall", 8, 1 << 20))
+    assert packed.seconds == pytest.approx(plain.seconds + (2 << 20) * 1e-9)
+
+
 def test_default_path_without_env(monkeypatch, tmp_path):
     monkeypatch.delenv("SPMDSIM_COST_FILE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))

@@ -68,6 +68,18 @@ def test_trace_collects_nested_and_skips_when_closed():
     assert reduced["bytes_sent_total"] == 280 and reduced["bytes_sent_max"] == 70
     assert reduced["counts"] == {"allgather": 1} and reduced["ranks"] == 4
     assert str(outer.entries[0]).startswith("allgather(dp,mp) g=8")
+    assert outer.seconds() == 0.25 and outer.seconds(1) == 0.0 and inner.seconds() == 0.0
+
+
+def test_trace_entries_keep_copied_bytes_and_build_once():
+    with trace.collect_trace() as tr:
+        trace.record("alltoall", ("x",), 8, 7, 7, 0.5, "a", 64)
+        first = tr.entries
+        trace.record("allgather", ("x",), 8, 7, 7, 0.25, None)
+    assert first[0].bytes_copied == 64 and tr.entries[1].bytes_copied == 0
+    assert tr.entries[0] is first[0]  # built on the first read, not again
+    assert json.loads(tr.to_json())[0]["bytes_copied"] == 64
+    assert len(tr) == 2 and tr.seconds(1) == 0.25
 
 
 def test_launch_command_env_and_family(monkeypatch):

@@ -153,6 +153,28 @@ def measure(comm: Any, ops: Sequence[str], group_sizes: Sequence[int], sizes: Se
     return out
 
 
+def measure_copy(comm: Any, sizes: Sequence[int], waiter: Waiter, *, warmup: int = 2,
+                 repeats: int = 7) -> float:
+    """Seconds per byte of the packing copy collectives do, every rank copying at once.
+
+    The copy is the one spmdsim makes to send blocks along a non-leading dim:
+    a (rows, g, rest) view transposed into a contiguous buffer. The median
+    slowest-rank time per byte over the sizes >= 1 MiB (all sizes if none are).
+    """
+    g = comm.Get_size()
+    rates = []
+    big = [n for n in sizes if n >= 1 << 20] or list(sizes)
+    for n in big:
+        count = _real_bytes(n, g * 64) // 4
+        src = np.ones((64, g, count // (64 * g)), np.float32)
+        dst = np.empty((g, 64, count // (64 * g)), np.float32)
+        view = src.swapaxes(0, 1)
+        times = time_interleaved(comm, {"copy": lambda: np.copyto(dst, view)}, waiter,
+                                 warmup=warmup, repeats=repeats)
+        rates.append(statistics.median(times["copy"]) / src.nbytes)
+    return statistics.median(rates)
+
+
 def _real_bytes(nbytes: int, g: int, item: int = 4) -> int:
     """The n raw_collective really used (rounded to g whole elements)."""
     return max(g, nbytes // item // g * g) * item
@@ -187,6 +209,8 @@ def run(args: argparse.Namespace) -> int:
                    warmup=args.warmup, repeats=args.repeats, progress=say)
     model = CostModel.fit(data, source=f"spmdsim calibrate: {comm.Get_size()} ranks, "
                           f"wait={waiter.mode}, {MPI.Get_library_version().splitlines()[0]}")
+    copy = measure_copy(comm, sizes, waiter, warmup=args.warmup, repeats=args.repeats)
+    model = dataclasses.replace(model, copy_s_per_byte=copy)
     if rank == 0:
         print(f"{'op':<15}{'g':>3}{'bytes':>11}{'measured ms':>13}{'model ms':>11}{'ratio':>7}")
         for m in data:

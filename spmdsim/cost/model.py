@@ -159,6 +159,8 @@ class CostModel:
         algorithm: "ring" (bandwidth-optimal) or "tree" (log-latency) formulas.
         per_op: fitted overrides per collective (and per collective and group size).
         source: where the numbers come from (free text, saved with the model).
+        copy_s_per_byte: local packing time per byte copied (a strided block copied
+            into a send buffer or out of a receive buffer), seconds; `predict_copy`.
     """
 
     alpha_s: float
@@ -167,9 +169,13 @@ class CostModel:
     algorithm: str = "ring"
     per_op: tuple[OpParams, ...] = ()
     source: str = ""
+    copy_s_per_byte: float = 0.0
 
     def __post_init__(self) -> None:
         _check_params(self.alpha_s, self.beta_s_per_byte, self.gamma_s_per_byte)
+        if not isinstance(self.copy_s_per_byte, (int, float)) or not math.isfinite(self.copy_s_per_byte) \
+                or self.copy_s_per_byte < 0:
+            raise SpmdsimError(f"copy_s_per_byte {self.copy_s_per_byte!r} must be a finite number >= 0")
         if self.algorithm not in ALGORITHMS:
             raise SpmdsimError(
                 f"algorithm {self.algorithm!r} is unknown; expected one of {ALGORITHMS!r}"
@@ -209,6 +215,12 @@ class CostModel:
         a, b, c = _terms(op, self.algorithm, int(group_size), float(bytes_per_rank))
         alpha, beta, gamma = self.params(op, int(group_size))
         return a * alpha + b * beta + c * gamma
+
+    def predict_copy(self, bytes_copied: float) -> float:
+        """Predicted seconds to pack or unpack `bytes_copied` bytes locally (a strided copy)."""
+        if bytes_copied < 0:
+            raise SpmdsimError(f"bytes copied {bytes_copied!r} must be >= 0")
+        return bytes_copied * self.copy_s_per_byte
 
     # -- fitting (spmdsim.cost.fit) ---------------------------------------------------
     @classmethod
@@ -270,6 +282,8 @@ class CostModel:
     def __str__(self) -> str:
         text = (f"CostModel({self.algorithm}: alpha={self.alpha_s * 1e6:.3g} us, "
                 f"beta={_gbps(self.beta_s_per_byte)}, gamma={_gbps(self.gamma_s_per_byte)}")
+        if self.copy_s_per_byte:
+            text += f", copy={_gbps(self.copy_s_per_byte)}"
         return text + (f", {len(self.per_op)} per-op/group fits)" if self.per_op else ")")
 
 

@@ -27,6 +27,7 @@ class StepPrediction:
     group_size: int
     bytes_per_rank: int
     seconds: float
+    bytes_copied: int = 0  # local packing/unpacking, priced with the model's copy rate
 
 
 def predict_plan(plan: Any, model: CostModel | None = None) -> tuple[StepPrediction, ...]:
@@ -39,6 +40,8 @@ def predict_plan(plan: Any, model: CostModel | None = None) -> tuple[StepPredict
     bytes are turned into the collective's buffer ``n`` with spmdsim.plan's
     conventions (Allgather (g-1)n_in, Allreduce 2(g-1)/g n, others (g-1)/g n).
     An Exchange with ``transfers`` is costed with the peers it really has.
+    A step (or trace entry) with ``bytes_copied`` also pays that local packing
+    at the model's copy rate (``CostModel.predict_copy``).
     """
     model = DEFAULT_MODEL if model is None else model
     steps = getattr(plan, "steps", plan)
@@ -56,7 +59,9 @@ def predict_plan(plan: Any, model: CostModel | None = None) -> tuple[StepPredict
             out.append(StepPrediction(index, op, g, 0, 0.0))
             continue
         n = _buffer_bytes(op, g, moved)
-        out.append(StepPrediction(index, op, g, int(round(n)), model.predict(op, g, n)))
+        copied = int(_as_max(getattr(step, "bytes_copied", 0)) or 0)
+        seconds = model.predict(op, g, n) + model.predict_copy(copied)
+        out.append(StepPrediction(index, op, g, int(round(n)), seconds, copied))
     return tuple(out)
 
 

@@ -36,6 +36,7 @@ def model_to_dict(model: CostModel) -> dict:
                     "beta_s_per_byte": p.beta_s_per_byte,
                     "gamma_s_per_byte": p.gamma_s_per_byte} for p in model.per_op],
         "source": model.source,
+        "copy_s_per_byte": model.copy_s_per_byte,
     }
 
 
@@ -52,7 +53,7 @@ def model_from_dict(cls: type[CostModel], data: Mapping[str, Any]) -> CostModel:
         per_op = tuple(OpParams(**dict(vals)) for vals in raw)
         return cls(float(data["alpha_s"]), float(data["beta_s_per_byte"]),
                    float(data.get("gamma_s_per_byte", 0.0)), str(data.get("algorithm", "ring")),
-                   per_op, str(data.get("source", "")))
+                   per_op, str(data.get("source", "")), float(data.get("copy_s_per_byte", 0.0)))
     except (KeyError, TypeError, ValueError) as exc:
         raise SpmdsimError(f"cost model data is malformed: {exc}") from None
 

@@ -4,6 +4,8 @@ Pure numpy: cutting, zero-padding, and packing/unpacking the boxes of an Exchang
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .steps import Exchange, LocalSlice, LocalZero
@@ -15,6 +17,8 @@ __all__ = [
     "exchange_sends",
     "exchange_recv_shapes",
     "exchange_assemble",
+    "exchange_program",
+    "ExchangeProgram",
     "box_in",
 ]
 
@@ -44,10 +48,55 @@ def local_zero(step: LocalZero, rank: int, local: np.ndarray, shape: tuple) -> n
     return out
 
 
+@dataclass(frozen=True, eq=False)
+class ExchangeProgram:
+    """One rank's part of an Exchange with its boxes worked out once (`exchange_program`).
+
+    sends: (destination, index into the local block) per outgoing box;
+    recv_shapes: per source, the flat shape of what arrives from it;
+    out_shape: the new block; own: (index in the new block, index in the old)
+    of the overlap this rank keeps, or None; places: (source, index in the new
+    block, box shape) per incoming box.
+    """
+
+    sends: tuple[tuple[int, tuple[slice, ...]], ...]
+    recv_shapes: dict
+    out_shape: tuple[int, ...]
+    own: tuple[tuple[slice, ...], tuple[slice, ...]] | None
+    places: tuple[tuple[int, tuple[slice, ...], tuple[int, ...]], ...]
+
+    def send_views(self, local: np.ndarray) -> dict:
+        """Per destination rank, the box of `local` it gets (a view: alltoallv packs it once)."""
+        return {dst: local[index] for dst, index in self.sends}
+
+    def assemble(self, local: np.ndarray, received: dict) -> np.ndarray:
+        """The new block: the overlap kept from `local`, the rest from `received` (by source)."""
+        out = np.empty(self.out_shape, dtype=local.dtype)
+        if self.own is not None:
+            out[self.own[0]] = local[self.own[1]]
+        for src, index, box_shape in self.places:
+            out[index] = np.asarray(received[src]).reshape(box_shape)
+        return out
+
+
+def exchange_program(step: Exchange, rank: int, shape: tuple) -> ExchangeProgram:
+    """`rank`'s sends, receives and assembly for `step` on a tensor of `shape`."""
+    before = rank_boxes(step.before, shape)[rank]
+    after = rank_boxes(step.after, shape)[rank]
+    common = intersect(before, after)
+    return ExchangeProgram(
+        sends=tuple((dst, box_in(box, before)) for src, dst, box in step.transfers if src == rank),
+        recv_shapes={src: (box_size(box),) for src, dst, box in step.transfers if dst == rank},
+        out_shape=tuple(b - a for a, b in after),
+        own=None if common is None else (box_in(common, after), box_in(common, before)),
+        places=tuple((src, box_in(box, after), tuple(b - a for a, b in box))
+                     for src, dst, box in step.transfers if dst == rank),
+    )
+
+
 def exchange_sends(step: Exchange, rank: int, local: np.ndarray, shape: tuple) -> dict:
     """Per destination rank, the box of `local` this rank sends it (a view: alltoallv packs it once)."""
-    origin = rank_boxes(step.before, shape)[rank]
-    return {dst: local[box_in(box, origin)] for src, dst, box in step.transfers if src == rank}
+    return exchange_program(step, rank, shape).send_views(local)
 
 
 def exchange_recv_shapes(step: Exchange, rank: int) -> dict:
@@ -59,15 +108,4 @@ def exchange_assemble(
     step: Exchange, rank: int, local: np.ndarray, received: dict, shape: tuple
 ) -> np.ndarray:
     """This rank's new block: its own overlap copied, the rest from `received` (by source)."""
-    before = rank_boxes(step.before, shape)[rank]
-    after = rank_boxes(step.after, shape)[rank]
-    out = np.empty(tuple(b - a for a, b in after), dtype=local.dtype)
-    common = intersect(before, after)
-    if common is not None:
-        out[box_in(common, after)] = local[box_in(common, before)]
-    for src, dst, box in step.transfers:
-        if dst == rank:
-            out[box_in(box, after)] = np.asarray(received[src]).reshape(
-                tuple(b - a for a, b in box)
-            )
-    return out
+    return exchange_program(step, rank, shape).assemble(local, received)

@@ -125,6 +125,7 @@ def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int
     t0 = perf_counter()
     shape = x.shape
     out_shape = shape[:d] + (shape[d] * g,) + shape[d + 1:]
+    copied = 0
     if d == 0 or math.prod(shape[:d]) == 1:
         out = _result(out, out_shape, x.dtype, "allgather")
         _run(mesh, seq, "allgather", axes, comm.Allgather, comm.Iallgather, x, out)
@@ -134,8 +135,9 @@ def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int
         recv = np.empty((g,) + shape, x.dtype)
         _run(mesh, seq, "allgather", axes, comm.Allgather, comm.Iallgather, x, recv)
         _blocks(out, d, g)[...] = recv.reshape(g, math.prod(shape[:d]), -1).swapaxes(0, 1)
+        copied = out.nbytes
     moved = moved_bytes("allgather", g, x.nbytes)
-    record("allgather", comm_axes(axes), g, moved, moved, perf_counter() - t0, label)
+    record("allgather", comm_axes(axes), g, moved, moved, perf_counter() - t0, label, copied)
     return out
 
 
@@ -178,8 +180,9 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
         _run(mesh, seq, "alltoall", axes, comm.Alltoall, comm.Ialltoall, send, recv)
         outer = math.prod(block_shape[:c])
         _blocks(out, c, g)[...] = recv.reshape(g, outer, -1).swapaxes(0, 1)
+    copied = (0 if send is x else x.nbytes) + (0 if direct else out.nbytes)
     moved = moved_bytes("alltoall", g, x.nbytes)
-    record("alltoall", comm_axes(axes), g, moved, moved, perf_counter() - t0, label)
+    record("alltoall", comm_axes(axes), g, moved, moved, perf_counter() - t0, label, copied)
     return out
 
 
@@ -252,7 +255,8 @@ def reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim
     out = _result(out, out_shape, x.dtype, "reduce_scatter")
     _run(mesh, seq, "reduce_scatter", axes, comm.Reduce_scatter_block, comm.Ireduce_scatter_block, send, out, _SUM)
     moved = moved_bytes("reduce_scatter", g, x.nbytes)
-    record("reduce_scatter", comm_axes(axes), g, moved, moved, perf_counter() - t0, label)
+    record("reduce_scatter", comm_axes(axes), g, moved, moved, perf_counter() - t0, label,
+           0 if send is x else x.nbytes)
     return out
 
 
@@ -344,7 +348,8 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
         r = int(r)
         if r != me:
             out[r] = recv[rdispls[r]:rdispls[r] + rcounts[r]].reshape(shape)
-    record("alltoallv", mesh.layout.alias_name, size, send.nbytes, recv.nbytes, perf_counter() - t0, label)
+    record("alltoallv", mesh.layout.alias_name, size, send.nbytes, recv.nbytes, perf_counter() - t0, label,
+           send.nbytes)  # every block sent is packed into `send`
     return out
 
 

@@ -29,6 +29,7 @@ class TraceEntry:
     bytes_received: int
     seconds: float
     label: str | None = None
+    bytes_copied: int = 0  # packed into a send buffer / unpacked from a receive buffer
 
     def __str__(self) -> str:
         where = ",".join(self.axes) or "-"
@@ -52,8 +53,9 @@ class Trace:
     @property
     def _entries(self) -> list[TraceEntry]:
         built, rows = self._built, self._rows
-        for op, axes, g, sent, received, seconds, label in rows[len(built):]:
-            built.append(TraceEntry(op, axes, g, int(sent), int(received), float(seconds), label))
+        for op, axes, g, sent, received, seconds, label, copied in rows[len(built):]:
+            built.append(TraceEntry(op, axes, g, int(sent), int(received), float(seconds), label,
+                                    int(copied)))
         return built
 
     @property
@@ -155,10 +157,10 @@ def collect_trace() -> _Collector:
 
 def record(
     op: str, axes: tuple[str, ...], group_size: int, sent: int, received: int, seconds: float,
-    label: str | None,
+    label: str | None, copied: int = 0,
 ) -> None:
-    """Append one entry to every open collector."""
+    """Append one entry to every open collector (`copied`: bytes packed/unpacked locally)."""
     if _ACTIVE:
-        row = (op, axes, group_size, sent, received, seconds, label)
+        row = (op, axes, group_size, sent, received, seconds, label, copied)
         for trace in _ACTIVE:
             trace._rows.append(row)

@@ -68,3 +68,4 @@ def test_calibrate_fits_and_saves(shared_dir):
     model = CostModel.load(out)
     assert model.predict("allreduce", comm.size, 1 << 20) > 0
     assert model.source.startswith("spmdsim calibrate")
+    assert model.copy_s_per_byte > 0  # the packing copy was timed too

@@ -108,6 +108,7 @@ def test_alltoallv_general_exchange(wait):
     (entry,) = tr.entries
     sent = sum(a.nbytes for s, a in sends.items() if s != r)
     assert (entry.op, entry.bytes_sent, entry.label) == ("alltoallv", sent, "exchange")
+    assert entry.bytes_copied == sent  # every block sent is packed into one buffer
 
 
 def test_trace_records_ops_bytes_and_nesting():
@@ -132,6 +133,15 @@ def test_trace_records_ops_bytes_and_nesting():
     assert rs.bytes_received == (g - 1) * n // g
     assert aa.bytes_sent == (g - 1) * n // g
     assert all(e.seconds >= 0 for e in outer.entries)
+    # Packing: alltoall 0 -> 1 sends leading blocks as they are and unpacks along dim 1;
+    # the others send and receive along dim 0 with no local copy.
+    assert (ag.bytes_copied, ar.bytes_copied, rs.bytes_copied) == (0, 0, 0)
+    assert aa.bytes_copied == n
+    with collect_trace() as packed:
+        C.allgather(mesh, x, axes, 1)
+        C.reduce_scatter(mesh, x, axes, 1)
+        C.alltoall(mesh, x, axes, 1, 0)
+    assert [e.bytes_copied for e in packed.entries] == [g * n, n, n]
     totals = outer.reduce(mesh.comm)
     assert totals["counts"]["allgather"] == 1
     assert totals["bytes_sent_total"] == mesh.size * sum(e.bytes_sent for e in outer.entries)
