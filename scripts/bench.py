@@ -62,8 +62,8 @@ def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def traced(fn: Callable[[], Any], sink: list) -> Callable[[], float]:
-    """Run fn; return the seconds it spent in collectives, keep the first call's entries.
+def traced(fn: Callable[[], Any], sink: list) -> Callable[[], tuple]:
+    """Run fn; return (seconds in collectives, their spans), keep the first call's entries.
 
     run_case keeps one trace open around the whole case, so no collector is
     opened per call: opening one right before the collective would time the
@@ -77,34 +77,43 @@ def traced(fn: Callable[[], Any], sink: list) -> Callable[[], float]:
         fn()
         if not sink:
             sink.extend(tr.entries[start:])
-        return tr.seconds(start)
+        return tr.seconds(start), tr.spans(start)
 
     return call
 
 
 class Raw:
-    """Raw mpi4py helpers on a communicator with the benchmark's wait mode; times comm."""
+    """Raw mpi4py helpers on a communicator with the benchmark's wait mode; times comm.
+
+    Every timed span (a collective, with its packing where spmdsim's trace
+    counts packing too) goes through `add`, as (start, end) perf_counter pairs.
+    """
 
     def __init__(self, waiter: Waiter) -> None:
         self.w = waiter
         self.comm_s = 0.0
+        self.spans: list[tuple[float, float]] = []
+
+    def add(self, t0: float, t1: float) -> None:
+        self.comm_s += t1 - t0
+        self.spans.append((t0, t1))
 
     def __call__(self, blocking: Callable, nonblocking: Callable, *args: Any) -> None:
         t0 = time.perf_counter()
         self.w.call(blocking, nonblocking, *args)
-        self.comm_s += time.perf_counter() - t0
+        self.add(t0, time.perf_counter())
 
-    def timed(self, fn: Callable[[], Any]) -> Callable[[], float]:
-        def call() -> float:
-            self.comm_s = 0.0
+    def timed(self, fn: Callable[[], Any]) -> Callable[[], tuple]:
+        def call() -> tuple:
+            self.comm_s, self.spans = 0.0, []
             fn()
-            return self.comm_s
+            return self.comm_s, self.spans
         return call
 
 
 def _run_reps(comm: Any, waiter: Waiter, case: Case, warmup: int, repeats: int, names: list,
-              total: np.ndarray, comm_t: np.ndarray) -> None:
-    """The interleaved repeats of run_case: fills total[contender, repeat] and comm_t."""
+              total: np.ndarray, comm_t: np.ndarray, spans: list) -> None:
+    """The interleaved repeats of run_case: fills total[contender, repeat], comm_t and spans."""
     rank = comm.Get_rank()
     for rep in range(-warmup, repeats):
         # spmdsim and raw swap places every repeat; numpy (rank 0 alone) comes last, so
@@ -126,7 +135,7 @@ def _run_reps(comm: Any, waiter: Waiter, case: Case, warmup: int, repeats: int, 
             if rep >= 0:
                 total[i, rep] = elapsed
                 if inner is not None:
-                    comm_t[i, rep] = inner
+                    comm_t[i, rep], spans[i][rep] = inner
 
 
 def run_case(comm: Any, waiter: Waiter, case: Case, warmup: int, repeats: int) -> dict:
@@ -137,8 +146,9 @@ def run_case(comm: Any, waiter: Waiter, case: Case, warmup: int, repeats: int) -
     comm_t = np.zeros((2, repeats))
     from spmdsim.runtime import collect_trace
 
+    spans: list = [[[] for _ in range(repeats)] for _ in range(2)]
     with collect_trace():  # read by traced(); raw and numpy record nothing
-        _run_reps(comm, waiter, case, warmup, repeats, names, total, comm_t)
+        _run_reps(comm, waiter, case, warmup, repeats, names, total, comm_t, spans)
     from mpi4py import MPI
 
     both = np.concatenate([total, comm_t])
@@ -158,8 +168,37 @@ def run_case(comm: Any, waiter: Waiter, case: Case, warmup: int, repeats: int) -
         "raw_comm_s": med[4],
         "comm_ratio_vs_raw": med[3] / med[4] if med[4] > 0 else None,
     }
+    for who, contender in ((0, "spmdsim"), (1, "raw")):
+        rec[f"{contender}_comm_after_arrival_s"] = after_arrival_s(comm, spans[who])
     rec.update(case.extra)
     return rec
+
+
+def after_arrival_s(comm: Any, spans: list) -> Optional[float]:
+    """Median over repeats of the time collectives took after their last rank arrived.
+
+    `spans[rep]` holds this rank's (start, end) per collective call of one
+    repeat. A call cannot finish before its last member starts it, so
+    ``end - max over ranks of start`` is its time without the wait for late
+    ranks (load imbalance, scheduling); summed over the calls, the slowest
+    rank per repeat, median. None when the ranks made different numbers of
+    calls (the spans would not line up). perf_counter is CLOCK_MONOTONIC,
+    one clock for every rank on a machine.
+    """
+    from mpi4py import MPI
+
+    counts = {len(s) for s in spans}
+    k = counts.pop() if len(counts) == 1 else -1
+    if comm.allreduce(k, op=MPI.MIN) != comm.allreduce(k, op=MPI.MAX) or k <= 0:
+        return None
+    pairs = np.asarray(spans, dtype=np.float64)  # (repeats, k, 2)
+    starts = np.ascontiguousarray(pairs[:, :, 0])
+    last = np.empty_like(starts)
+    comm.Allreduce(starts, last, MPI.MAX)
+    mine = np.clip(pairs[:, :, 1] - last, 0.0, None).sum(axis=1)
+    slowest = np.empty_like(mine)
+    comm.Allreduce(mine, slowest, MPI.MAX)
+    return float(np.median(slowest))
 
 
 # -- collectives --------------------------------------------------------------------------
@@ -235,8 +274,9 @@ def _collective_group_cases(mesh: Any, axes: tuple, n: int, waiter: Waiter,
             t0 = time.perf_counter()
             for piece, lo, hi in packs:
                 sbuf[lo:hi] = piece
-            raw.comm_s += time.perf_counter() - t0
-            raw(sub.Alltoallv, sub.Ialltoallv, [sbuf, (counts, displs)], [fresh(rbuf), (counts, displs)])
+            raw.w.call(sub.Alltoallv, sub.Ialltoallv, [sbuf, (counts, displs)],
+                       [fresh(rbuf), (counts, displs)])
+            raw.add(t0, time.perf_counter())
         specs.append((
             "alltoallv", lambda: C.alltoallv(mesh, sends, shapes, np.float32), raw_alltoallv,
             lambda: np.ascontiguousarray(stacked.reshape(g, g, -1).swapaxes(0, 1)),
@@ -348,7 +388,7 @@ def _timed_span(raw: Raw, fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[n
     def call(x: np.ndarray) -> np.ndarray:
         t0 = time.perf_counter()
         y = fn(x)
-        raw.comm_s += time.perf_counter() - t0
+        raw.add(t0, time.perf_counter())
         return y
     return call
 
@@ -390,7 +430,7 @@ def _raw_exchange(comm: Any, step: Any, rank: int, in_shape: tuple, out_shape: t
             piece = x[where]
             sbuf[at:at + n].reshape(piece.shape)[...] = piece
         raw.w.call(comm.Alltoallv, comm.Ialltoallv, [sbuf, (scount, sd)], [rbuf, (rcount, rd)])
-        raw.comm_s += time.perf_counter() - t0
+        raw.add(t0, time.perf_counter())
         if own is not None:
             out[own[0]] = x[own[1]]
         for where, at, n, box_shape in unpacks:
@@ -513,9 +553,12 @@ def op_cases(comm: Any, waiter: Waiter, wait: str, sz: dict) -> list[Case]:
         def raw_col(wl=wl, bl=bl, gather=gather, y=y, blocks=blocks, raw=raw):
             np.matmul(xin.local, wl, out=y)
             y += bl
-            if gather:
-                raw(comm.Allgather, comm.Iallgather, y, blocks)
-                return np.ascontiguousarray(blocks.transpose(1, 0, 2)).reshape(b, d_out)
+            if gather:  # the unpack is timed with the Allgather, as spmdsim's trace times it
+                t0 = time.perf_counter()
+                raw.w.call(comm.Allgather, comm.Iallgather, y, blocks)
+                full = np.ascontiguousarray(blocks.transpose(1, 0, 2)).reshape(b, d_out)
+                raw.add(t0, time.perf_counter())
+                return full
             return y
         tag = "gather" if gather else "split"
         add(f"column_linear {d_in}->{d_out} b{b} {tag}", b * d_out * 4 if gather else 0,
@@ -745,7 +788,7 @@ def predicted_s(entries: list, model: CostModel) -> float:
 
 def table(records: list[dict]) -> str:
     head = (f"{'case':<44}{'bytes/rk':>9}{'spmdsim':>9}{'raw':>9}{'numpy':>9}{'ratio':>7}"
-            f"{'comm':>9}{'rawcomm':>9}{'cratio':>7}{'model':>9}{'RSS MiB':>8}")
+            f"{'comm':>9}{'rawcomm':>9}{'cratio':>7}{'rawarr':>9}{'model':>9}{'RSS MiB':>8}")
     lines = [head, "-" * len(head)]
     ms = lambda v: "-" if v is None else f"{v * 1e3:.2f}"  # noqa: E731
     rt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
@@ -754,9 +797,11 @@ def table(records: list[dict]) -> str:
             f"{r['name'][:43]:<44}{_size(r['bytes_per_rank']):>9}{ms(r['spmdsim_s']):>9}"
             f"{ms(r['raw_s']):>9}{ms(r['numpy_s']):>9}{rt(r['ratio_vs_raw']):>7}"
             f"{ms(r['spmdsim_comm_s']):>9}{ms(r['raw_comm_s']):>9}{rt(r['comm_ratio_vs_raw']):>7}"
+            f"{ms(r.get('raw_comm_after_arrival_s')):>9}"
             f"{ms(r['predicted_comm_s']):>9}{r['peak_rss_bytes'] / 2**20:>8.0f}")
     lines.append("times in ms: median over repeats of the slowest rank; comm = time inside "
-                 "collectives; model = spmdsim.cost prediction of those collectives")
+                 "collectives; rawarr = raw comm after the last rank arrived (no load-imbalance "
+                 "wait); model = spmdsim.cost prediction of those collectives")
     return "\n".join(lines)
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import pytest
 
@@ -80,6 +81,9 @@ def test_trace_entries_keep_copied_bytes_and_build_once():
     assert tr.entries[0] is first[0]  # built on the first read, not again
     assert json.loads(tr.to_json())[0]["bytes_copied"] == 64
     assert len(tr) == 2 and tr.seconds(1) == 0.25
+    (start, end), = tr.spans(1)
+    assert end - start == 0.25 and end == tr.entries[1].ended_at
+    assert tr.entries[1].started_at == start and 0 < end <= time.perf_counter()
 
 
 def test_launch_command_env_and_family(monkeypatch):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from time import perf_counter
 from typing import Any
 
 __all__ = ["TraceEntry", "Trace", "collect_trace", "record", "OPEN_TRACES"]
@@ -30,6 +31,13 @@ class TraceEntry:
     seconds: float
     label: str | None = None
     bytes_copied: int = 0  # packed into a send buffer / unpacked from a receive buffer
+    # time.perf_counter() when the call returned: the ranks of one machine share
+    # this clock (CLOCK_MONOTONIC), so it tells when each rank arrived and left.
+    ended_at: float = 0.0
+
+    @property
+    def started_at(self) -> float:
+        return self.ended_at - self.seconds
 
     def __str__(self) -> str:
         where = ",".join(self.axes) or "-"
@@ -53,9 +61,9 @@ class Trace:
     @property
     def _entries(self) -> list[TraceEntry]:
         built, rows = self._built, self._rows
-        for op, axes, g, sent, received, seconds, label, copied in rows[len(built):]:
+        for op, axes, g, sent, received, seconds, label, copied, ended in rows[len(built):]:
             built.append(TraceEntry(op, axes, g, int(sent), int(received), float(seconds), label,
-                                    int(copied)))
+                                    int(copied), ended))
         return built
 
     @property
@@ -68,6 +76,10 @@ class Trace:
     def seconds(self, start: int = 0) -> float:
         """Seconds in the collectives recorded from entry number `start` on (cheap, no entries built)."""
         return sum(row[5] for row in self._rows[start:])
+
+    def spans(self, start: int = 0) -> list[tuple[float, float]]:
+        """(started_at, ended_at) of the entries from number `start` on (perf_counter seconds)."""
+        return [(row[8] - row[5], row[8]) for row in self._rows[start:]]
 
     def counts(self, include_local: bool = False) -> dict[str, int]:
         """Calls per op. Calls on a group of one rank (no communication) only with include_local."""
@@ -161,6 +173,7 @@ def record(
 ) -> None:
     """Append one entry to every open collector (`copied`: bytes packed/unpacked locally)."""
     if _ACTIVE:
-        row = (op, axes, group_size, sent, received, seconds, label, copied)
+        # Called right after the collective returns: now is when it ended.
+        row = (op, axes, group_size, sent, received, seconds, label, copied, perf_counter())
         for trace in _ACTIVE:
             trace._rows.append(row)

@@ -51,6 +51,10 @@ def test_bench_quick_collectives_json(shared_dir):
         assert r["spmdsim_s"] > 0 and r["raw_s"] > 0 and r["numpy_s"] >= 0
         assert r["peak_rss_bytes"] > 1 << 20 and r["bytes_per_rank"] > 0
         assert r["predicted_comm_s"] > 0
+        # After the last rank arrived is part of the time inside the collectives.
+        for who in ("spmdsim", "raw"):
+            after = r[f"{who}_comm_after_arrival_s"]
+            assert after is not None and 0 <= after <= r[f"{who}_comm_s"] + 1e-6
 
 
 def test_calibrate_fits_and_saves(shared_dir):
