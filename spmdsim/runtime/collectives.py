@@ -54,6 +54,8 @@ def _contig(local: Any) -> np.ndarray:
 
 
 def _dim(tensor_dim: int, ndim: int, what: str) -> int:
+    if isinstance(tensor_dim, bool) or not isinstance(tensor_dim, (int, np.integer)):
+        raise ShapeError(f"{what} {tensor_dim!r} must be an integer tensor dim (0 <= dim < {ndim})")
     if not -ndim <= tensor_dim < ndim:
         raise ShapeError(f"{what} {tensor_dim!r} is out of range for an array with {ndim} dims")
     return tensor_dim % ndim
@@ -102,10 +104,10 @@ def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int
               label: str | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """Concatenate every member's `local` along `tensor_dim`, in group order (into `out` if given)."""
     comm, g, _ = mesh.group_info(axes)
-    if (g > 1 and tensor_dim == 0 and type(local) is _ndarray and (_DEBUG.quiet or debug.quiet())
-            and local.ndim and local.flags.c_contiguous):
+    if type(local) is _ndarray and tensor_dim == 0 and g > 1 and (_DEBUG.quiet or debug.quiet()):
         shape = local.shape
-        dst = _lean_result(out, (shape[0] * g,) + shape[1:], local.dtype)
+        dst = (_lean_result(out, (shape[0] * g,) + shape[1:], local.dtype)
+               if shape and local.flags.carray else None)
         if dst is not None:
             t0 = perf_counter() if _TRACES else 0.0
             if mesh.polite:
@@ -145,9 +147,11 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
              label: str | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """Split `local` along split_dim into g blocks, send block j to member j, concat along concat_dim."""
     comm, g, _ = mesh.group_info(axes)
-    if (g > 1 and split_dim == 0 and concat_dim == 0 and type(local) is _ndarray and local.ndim
-            and local.shape[0] % g == 0 and local.flags.c_contiguous and (_DEBUG.quiet or debug.quiet())):
-        dst = _lean_result(out, local.shape, local.dtype)
+    if (type(local) is _ndarray and split_dim == 0 and concat_dim == 0 and g > 1
+            and (_DEBUG.quiet or debug.quiet())):
+        shape = local.shape
+        dst = (_lean_result(out, shape, local.dtype)
+               if shape and not shape[0] % g and local.flags.carray else None)
         if dst is not None:
             t0 = perf_counter() if _TRACES else 0.0
             if mesh.polite:
@@ -228,10 +232,10 @@ def reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim
                    label: str | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """Sum over the group, keeping this member's block (group order) along `tensor_dim`."""
     comm, g, _ = mesh.group_info(axes)
-    if (g > 1 and tensor_dim == 0 and type(local) is _ndarray and local.ndim
-            and local.shape[0] % g == 0 and local.flags.c_contiguous and (_DEBUG.quiet or debug.quiet())):
+    if type(local) is _ndarray and tensor_dim == 0 and g > 1 and (_DEBUG.quiet or debug.quiet()):
         shape = local.shape
-        dst = _lean_result(out, (shape[0] // g,) + shape[1:], local.dtype)
+        dst = (_lean_result(out, (shape[0] // g,) + shape[1:], local.dtype)
+               if shape and not shape[0] % g and local.flags.carray else None)
         if dst is not None:
             t0 = perf_counter() if _TRACES else 0.0
             if mesh.polite:
@@ -376,7 +380,9 @@ def _lean_result(out: np.ndarray | None, shape: tuple, dtype: np.dtype) -> np.nd
     """The lean path's result array: a new one, the caller's `out` when it fits, else None."""
     if out is None:
         return _empty(shape, dtype)
-    if type(out) is _ndarray and out.shape == shape and out.dtype == dtype and out.flags.carray:
+    # `is`: numpy shares one dtype object per builtin type; an equal but distinct
+    # dtype takes the generic path, which compares with == and goes on.
+    if type(out) is _ndarray and out.dtype is dtype and out.shape == shape and out.flags.carray:
         return out
     return None  # the generic path checks `out` again and says what is wrong
 

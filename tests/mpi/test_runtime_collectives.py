@@ -157,6 +157,12 @@ def test_shape_errors_are_raised_before_communication():
         C.reduce_scatter(mesh, np.ones((g + 1, 2)), axes, 0)
     with pytest.raises(ShapeError, match="out of range"):
         C.allgather(mesh, np.ones(3), axes, 1)
+    # A missing dim is named, not taken for dim 0 by the lean path.
+    x = np.ones((2 * g, 2))
+    for call in (lambda: C.allgather(mesh, x, axes, None), lambda: C.reduce_scatter(mesh, x, axes, None),
+                 lambda: C.alltoall(mesh, x, axes, None, 0), lambda: C.alltoall(mesh, x, axes, 0, "1")):
+        with pytest.raises(ShapeError, match="must be an integer tensor dim"):
+            call()
 
 
 def test_out_buffers_receive_the_result():
