@@ -288,6 +288,30 @@ def test_predict_plan_on_real_plans():
     assert [p.op for p in preds if p.seconds] and all(p.seconds >= 0 for p in preds)
 
 
+def test_predict_plan_prices_the_packing_of_planner_steps():
+    plan_mod = pytest.importorskip("spmdsim.plan")
+    one = Layout((8,), ("x",))
+    model = CostModel(A, B, C, copy_s_per_byte=1e-9)
+    shape = (4096, 1024)
+    local = 4096 * 1024 * 4 // 8  # one rank's 2 MiB block
+    cases = [
+        (one("x", None), one(None, None), 0),  # S(0)->B: blocks along dim 0, no copy
+        (one(None, "x"), one(None, None), 8 * local),  # S(1)->B: the gathered blocks are unpacked
+        (one("x", None), one(None, "x"), local),  # S(0)->S(1): packed along dim 1, lands on dim 0
+        (one(None, "x"), one("x", None), local),  # S(1)->S(0): sent as is, unpacked along dim 1
+        (one(None, None, partial=("x",)), one(None, "x"), 8 * local),  # reduce_scatter on dim 1
+    ]
+    for src, dst, copied in cases:
+        plan = plan_mod.plan_redistribution(src, dst, shape, "float32")
+        (pred,) = predict_plan(plan, model)
+        assert pred.bytes_copied == copied, (src, dst)
+        assert pred.seconds == pytest.approx(model.predict(pred.op, 8, pred.bytes_per_rank) + copied * 1e-9)
+    two = Layout((2, 4), ("dp", "mp"))
+    swap = plan_mod.plan_redistribution(two(("dp", "mp"), None), two(("mp", "dp"), None), shape)
+    (pred,) = predict_plan(swap, model)
+    assert pred.op == "alltoallv" and pred.bytes_copied == max(swap.steps[0].bytes_sent) == local
+
+
 def test_group_overrides_take_precedence():
     model = CostModel(A, B, C, per_op=(OpParams("allgather", 2 * A, B),
                                        OpParams("allgather", 3 * A, B, group_size=4)))

@@ -295,5 +295,6 @@ def _gbps(s_per_byte: float) -> str:
 #: 1M,2M,4M,8M,16M` for MPICH shared memory, 8 ranks on 2 cores, polite wait (see
 #: docs/performance.md). Latency is scheduling-bound there. Run `spmdsim calibrate` for yours.
 DEFAULT_MODEL = CostModel(
-    alpha_s=200e-6, beta_s_per_byte=0.75e-9, gamma_s_per_byte=0.65e-9, source="default"
+    alpha_s=200e-6, beta_s_per_byte=0.75e-9, gamma_s_per_byte=0.65e-9, source="default",
+    copy_s_per_byte=0.16e-9,  # 6.3 GB/s: the packing copy with 8 ranks copying at once
 )

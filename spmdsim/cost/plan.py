@@ -5,6 +5,7 @@ of `spmdsim.cost.model` and prices it.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,10 +60,54 @@ def predict_plan(plan: Any, model: CostModel | None = None) -> tuple[StepPredict
             out.append(StepPrediction(index, op, g, 0, 0.0))
             continue
         n = _buffer_bytes(op, g, moved)
-        copied = int(_as_max(getattr(step, "bytes_copied", 0)) or 0)
+        copied = _step_copied(step, plan, op, g)
         seconds = model.predict(op, g, n) + model.predict_copy(copied)
         out.append(StepPrediction(index, op, g, int(round(n)), seconds, copied))
     return tuple(out)
+
+
+def _step_copied(step: Any, plan: Any, op: str, g: int) -> int:
+    """Bytes the step packs or unpacks locally on the busiest rank.
+
+    ``bytes_copied`` when the step has it (trace entries do); for the planner's
+    steps, worked out as the runtime's collectives do it: blocks along a tensor
+    dim with a larger-than-one product of the dims before it are packed (send
+    side) or unpacked (receive side); an Exchange packs everything it sends.
+    """
+    given = _as_max(getattr(step, "bytes_copied", None))
+    if given is not None:
+        return int(given)
+    if op == "alltoallv":
+        return int(_as_max(getattr(step, "bytes_sent", 0)) or 0)
+    shape, before = getattr(plan, "shape", None), getattr(step, "before", None)
+    if shape is None or not hasattr(before, "local_shape"):
+        return 0
+    try:
+        local = tuple(before.local_shape(shape))
+        item = _itemsize(getattr(plan, "dtype", "float32"))
+    except Exception:  # noqa: BLE001 - a duck-typed step we cannot size costs no packing
+        return 0
+    n = math.prod(local) * item
+
+    def strided(dims: tuple, d: int) -> bool:
+        return math.prod(dims[:d]) > 1
+    if op == "allgather":
+        return n * g if strided(local, getattr(step, "tensor_dim", 0)) else 0
+    if op == "reduce_scatter":
+        return n if strided(local, getattr(step, "tensor_dim", 0)) else 0
+    if op == "alltoall":
+        s, c = getattr(step, "split_dim", 0), getattr(step, "concat_dim", 0)
+        block = local[:s] + (local[s] // g,) + local[s + 1:]
+        return (n if strided(local, s) else 0) + (n if strided(block, c) else 0)
+    return 0
+
+
+def _itemsize(dtype: Any) -> int:
+    sizes = {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4, "float64": 8, "int64": 8}
+    name = str(dtype)
+    if name not in sizes:
+        raise SpmdsimError(f"dtype {dtype!r} has no known item size")
+    return sizes[name]
 
 
 def _step_op(step: Any) -> str:

@@ -111,6 +111,15 @@ def test_redistribute_matches_the_generator_bit_exactly(index):
     moved = sum(e.bytes_received for e in trace.entries)
     ok = ok and moved == plan.bytes_received[comm.rank]
     assert all(comm.allgather(bool(ok))), str(plan)
+    # The cost model's packing bytes per step are what the busiest rank really copied.
+    from mpi4py import MPI
+
+    from spmdsim.cost import predict_plan
+
+    copied = {int(e.label.split("]")[0].split("[")[1]): e.bytes_copied for e in trace.entries}
+    for index, pred in enumerate(predict_plan(plan), 1):
+        busiest = comm.allreduce(copied.get(index, 0), op=MPI.MAX)
+        assert busiest == pred.bytes_copied, (index, str(plan))
 
 
 def test_plan_labels_name_the_step():
