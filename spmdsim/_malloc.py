@@ -5,7 +5,7 @@ multi-MiB array is often served by a new mmap and handed back on free, so the
 next call pays one page fault per 4 KiB page of its result again. On the 2-core
 VM with 8 ranks that doubled a 16 MiB Allreduce (63 ms with a fresh result
 against 36 ms into a reused one) and made ``np.empty(16 MiB).fill(1)`` take
-6-8 ms instead of 1-2 ms (docs/performance.md, "Current figures": heap reuse).
+6-8 ms instead of 1-2 ms (docs/performance.md, "Heap reuse for result buffers").
 
 Under an MPI launcher, `keep_freed_buffers_under_launcher` asks glibc to serve
 allocations up to 32 MiB (its largest allowed mmap threshold) from the heap and
