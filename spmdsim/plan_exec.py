@@ -7,9 +7,12 @@ does not start MPI. Every collective is traced with the step as its label
 """
 from __future__ import annotations
 
+import math
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
+
+import numpy as np
 
 from .errors import PlanError
 from .layout import Layout, TensorLayout
@@ -168,13 +171,33 @@ _RUNNERS: dict[type, Callable] = {
 
 
 def _exchange_runner(step: Exchange, rank: int, shape: tuple) -> Callable:
-    """The Exchange runner for this rank, its boxes worked out once (kernels.exchange_program)."""
+    """The Exchange runner for this rank: boxes, counts and offsets worked out once."""
+    from .runtime.exchange_spec import ExchangeSpec
+
     program = exchange_program(step, rank, shape)
+    size = step.before.layout.num_devices
+    local_shape = step.before.local_shape(shape)
+    spec = ExchangeSpec.build(
+        size, rank, local_shape,
+        [(dst, index, _box_shape(local_shape, index)) for dst, index in program.sends if dst != rank],
+        [(src, math.prod(box_shape)) for src, _, box_shape in program.places if src != rank],
+    )
+    slots = {src: (lo, hi) for src, lo, hi in spec.recv_slots}
+    places = tuple((index, *slots[src], box_shape) for src, index, box_shape in program.places
+                   if src != rank)
 
     def run(step: Any, mesh: Any, local: Any, shape: tuple, label: str) -> Any:
         from .runtime import collectives
 
-        received = collectives.alltoallv(mesh, program.send_views(local), program.recv_shapes,
-                                         local.dtype, label=label)
-        return program.assemble(local, received)
+        recv = collectives.exchange(mesh, local, spec, label=label)
+        out = np.empty(program.out_shape, dtype=local.dtype)
+        if program.own is not None:
+            out[program.own[0]] = local[program.own[1]]
+        for index, lo, hi, box_shape in places:
+            out[index] = recv[lo:hi].reshape(box_shape)
+        return out
     return run
+
+
+def _box_shape(block_shape: tuple, index: tuple) -> tuple[int, ...]:
+    return tuple(len(range(*sl.indices(n))) for sl, n in zip(index, block_shape))

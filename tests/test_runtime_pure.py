@@ -106,8 +106,8 @@ def test_launch_command_env_and_family(monkeypatch):
 def test_importing_runtime_package_does_not_load_mpi4py():
     import subprocess
 
-    code = "import sys, spmdsim.runtime, spmdsim.runtime.trace, spmdsim.runtime.wait, spmdsim.cli.launch; " \
-           "print('mpi4py' in sys.modules)"
+    code = ("import sys, spmdsim.runtime, spmdsim.runtime.trace, spmdsim.runtime.wait, spmdsim.cli.launch, "
+            "spmdsim.runtime.exchange_spec; print('mpi4py' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
 
@@ -124,3 +124,23 @@ def test_launch_refuses_an_mpiexec_from_another_mpi(tmp_path, capsys):
         pytest.skip("mpi4py does not use MPICH here")
     assert main(["launch", "-n", "2", "--mpiexec", str(fake), "--", "python", "-c", "1"]) == 2
     assert "is openmpi but mpi4py uses" in capsys.readouterr().err
+
+
+def test_exchange_spec_counts_offsets_and_slots():
+    from spmdsim.errors import ShapeError
+    from spmdsim.runtime.exchange_spec import ExchangeSpec
+
+    rows = (slice(0, 2), slice(0, 3))
+    spec = ExchangeSpec.build(4, 1, (4, 3), [(3, rows, (2, 3)), (0, (slice(2, 4), slice(0, 3)), (2, 3)),
+                                             (3, (slice(2, 3), slice(0, 3)), (1, 3))],
+                              [(2, 5), (0, 4), (2, 1)])
+    assert spec.scounts == (6, 0, 0, 9) and spec.sdispls == (0, 6, 6, 6) and spec.send_total == 15
+    assert [p[1:3] for p in spec.packs] == [(6, 12), (0, 6), (12, 15)]  # a peer's boxes stay in order
+    assert spec.rcounts == (4, 0, 6, 0) and spec.rdispls == (0, 4, 4, 10) and spec.recv_total == 10
+    assert spec.recv_slots == ((2, 4, 9), (0, 0, 4), (2, 9, 10))
+    with pytest.raises(ShapeError, match="destination 1 must be another mesh rank"):
+        ExchangeSpec.build(4, 1, (4, 3), [(1, rows, (2, 3))], [])
+    with pytest.raises(ShapeError, match="source 4 must be another mesh rank"):
+        ExchangeSpec.build(4, 1, (4, 3), [], [(4, 1)])
+    with pytest.raises(ShapeError, match="does not fit a block of shape"):
+        ExchangeSpec.build(4, 1, (4, 3), [(0, (slice(0, 1),), (1,))], [])

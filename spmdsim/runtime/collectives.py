@@ -30,12 +30,14 @@ from mpi4py import MPI
 
 from ..errors import ShapeError
 from . import debug
+from .exchange_spec import ExchangeSpec
 from .mesh import Mesh
 from .trace import OPEN_TRACES as _TRACES
 from .trace import record
 from .wait import polite_wait
 
-__all__ = ["allgather", "alltoall", "allreduce", "reduce_scatter", "bcast", "alltoallv", "moved_bytes"]
+__all__ = ["allgather", "alltoall", "allreduce", "reduce_scatter", "bcast", "alltoallv", "exchange",
+           "moved_bytes"]
 
 _SUM = MPI.SUM
 _IN_PLACE = MPI.IN_PLACE
@@ -355,6 +357,37 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
     record("alltoallv", mesh.layout.alias_name, size, send.nbytes, recv.nbytes, perf_counter() - t0, label,
            send.nbytes)  # every block sent is packed into `send`
     return out
+
+
+def exchange(mesh: Mesh, local: np.ndarray, spec: ExchangeSpec, label: str | None = None) -> np.ndarray:
+    """Alltoallv over the whole mesh by a prebuilt `spec`: its boxes of `local` go out, one flat buffer comes back.
+
+    The repeated form of `alltoallv` (plan_exec's Exchange steps): counts,
+    offsets and box indices were checked when the spec was built, so a call
+    checks only that the spec is this rank's and `local` has its shape. Box i
+    from a source is ``recv[start:stop]`` for its slot in ``spec.recv_slots``.
+    """
+    size = mesh.size
+    if spec.size != size or spec.rank != mesh.rank:
+        raise ShapeError(f"exchange spec for rank {spec.rank} of {spec.size} used on rank {mesh.rank} of {size}")
+    if type(local) is not np.ndarray or local.shape != spec.local_shape:
+        raise ShapeError(f"exchange: local block {getattr(local, 'shape', local)!r} is not an array of "
+                         f"shape {spec.local_shape!r}")
+    dtype = local.dtype
+    axes = mesh.layout.alias_name
+    seq = _begin(mesh, mesh.comm, size, "alltoallv", axes, None, (), dtype)
+    if size > 1 and debug.check_enabled():
+        debug.verify_counts(mesh.comm, list(spec.scounts), list(spec.rcounts), seq, mesh.polite)
+    t0 = perf_counter()
+    send = _empty(spec.send_total, dtype)
+    for index, lo, hi, shape in spec.packs:  # one copy from each box's view into the send buffer
+        send[lo:hi].reshape(shape)[...] = local[index]
+    recv = _empty(spec.recv_total, dtype)
+    if size > 1:
+        _run(mesh, seq, "alltoallv", axes, mesh.comm.Alltoallv, mesh.comm.Ialltoallv,
+             [send, (spec.scounts, spec.sdispls)], [recv, (spec.rcounts, spec.rdispls)])
+    record("alltoallv", axes, size, send.nbytes, recv.nbytes, perf_counter() - t0, label, send.nbytes)
+    return recv
 
 
 def _mesh_rank(r: Any, size: int, what: str) -> int:

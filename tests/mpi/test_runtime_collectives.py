@@ -111,6 +111,32 @@ def test_alltoallv_general_exchange(wait):
     assert entry.bytes_copied == sent  # every block sent is packed into one buffer
 
 
+
+def test_exchange_by_spec_matches_alltoallv():
+    from spmdsim.runtime.exchange_spec import ExchangeSpec
+
+    mesh = _meshes("polite")[0]
+    n, r = mesh.size, mesh.rank
+    local = np.arange(n * 3, dtype=np.float64).reshape(n, 3) + 100 * r
+    # Row s of this rank goes to rank s (all but its own); the same through both APIs.
+    sends = [(s, (slice(s, s + 1), slice(0, 3)), (1, 3)) for s in range(n) if s != r]
+    spec = ExchangeSpec.build(n, r, local.shape, sends, [(s, 3) for s in range(n) if s != r])
+    with collect_trace() as tr:
+        flat = C.exchange(mesh, local, spec, label="spec")
+    general = C.alltoallv(mesh, {s: local[s:s + 1] for s in range(n) if s != r},
+                          {s: (1, 3) for s in range(n) if s != r}, np.float64)
+    for src, lo, hi in spec.recv_slots:
+        np.testing.assert_array_equal(flat[lo:hi], general[src].reshape(-1))
+        np.testing.assert_array_equal(flat[lo:hi], np.arange(r * 3, r * 3 + 3) + 100 * src)
+    (entry,) = tr.entries
+    assert (entry.op, entry.label, entry.bytes_sent, entry.bytes_copied) == ("alltoallv", "spec", 24 * (n - 1),
+                                                                             24 * (n - 1))
+    with pytest.raises(ShapeError, match="is not an array of shape"):
+        C.exchange(mesh, local[1:], spec)
+    other = ExchangeSpec.build(n, (r + 1) % n, local.shape, [], [])
+    with pytest.raises(ShapeError, match="used on rank"):
+        C.exchange(mesh, local, other)
+
 def test_trace_records_ops_bytes_and_nesting():
     mesh = _meshes("polite")[0]
     layout = mesh.layout
