@@ -296,5 +296,5 @@ def _gbps(s_per_byte: float) -> str:
 #: docs/performance.md). Latency is scheduling-bound there. Run `spmdsim calibrate` for yours.
 DEFAULT_MODEL = CostModel(
     alpha_s=200e-6, beta_s_per_byte=0.75e-9, gamma_s_per_byte=0.65e-9, source="default",
-    copy_s_per_byte=0.16e-9,  # 6.3 GB/s: the packing copy with 8 ranks copying at once
+    copy_s_per_byte=1.0e-9,  # 1 GB/s: packing inside a collective step (spmdsim calibrate)
 )
