@@ -249,6 +249,20 @@ class TensorLayout:
         object.__setattr__(self, "tensor_map", entries)
         object.__setattr__(self, "partial", partial)
 
+    # TensorLayouts key the plan and program caches of every redistribution;
+    # hashing the nested tuples cost ~0.4 us per lookup, so the hash is kept.
+    # It is left out of pickles: str hashes differ between processes.
+    def __hash__(self) -> int:
+        try:
+            return self.__dict__["_hash"]
+        except KeyError:
+            value = hash((self.layout, self.tensor_map, self.partial))
+            object.__setattr__(self, "_hash", value)
+            return value
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     @staticmethod
     def _shown(entries: tuple, partial: tuple) -> str:
         text = "(" + ", ".join(format_entry(e) for e in entries) + ")"

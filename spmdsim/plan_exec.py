@@ -53,26 +53,23 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
     `target` may use another device matrix with the same device count; the
     returned DTensor then lives on a mesh of that matrix over the same communicator.
     """
-    from .runtime import DTensor
-
     mesh = dtensor.mesh
     local = dtensor.local
     shape = dtensor.global_shape
     if plan is None:
         # A repeated redistribution finds its compiled plan in one lookup: no
-        # planning, labels or per-step set-up between the caller and the MPI
-        # calls (at 8 ranks on 2 cores that set-up showed as 10-20% of a 2 MiB step).
-        programs = _PROGRAMS.get(mesh)
-        key = (dtensor.layout, target, shape, local.dtype)
+        # planning, imports, labels or per-step set-up between the caller and
+        # the MPI calls (at 8 ranks on 2 cores that set-up showed as 10-20% of a
+        # 2 MiB step).
+        programs = mesh.compiled
+        key = ("redistribute", dtensor.layout, target, shape, local.dtype)
         try:
             program = programs[key]
-        except (KeyError, TypeError):
+        except (KeyError, TypeError):  # TypeError: an unhashable target
             if not isinstance(target, TensorLayout):
                 raise PlanError(f"target {target!r} must be a TensorLayout") from None
             plan = plan_redistribution(dtensor.layout, target, shape, local.dtype.name)
             program = _program(plan, mesh)
-            if programs is None:
-                programs = _PROGRAMS.setdefault(mesh, {})
             if len(programs) < _PROGRAMS_MAX:
                 programs[key] = program
     else:
@@ -89,7 +86,7 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
     if local.shape != program.local_shape:
         raise PlanError(f"internal: the plan produced a shard of shape {local.shape!r}, expected "
                         f"{program.local_shape!r} under {target}")
-    return DTensor._trusted(program.target_mesh, local, target, shape)
+    return program.wrap(program.target_mesh, local, target, shape)
 
 
 def run_plan(plan: Plan, mesh: Any, local: Any) -> Any:
@@ -106,58 +103,62 @@ class _Program:
     steps: tuple[tuple[Callable, Any, Any, str], ...]
     target_mesh: Any
     local_shape: tuple[int, ...]  # this rank's target shard
+    wrap: Callable  # DTensor._trusted, bound here so a call imports nothing
 
 
-# Per source mesh, compiled plans by (source layout, target, shape, dtype).
-_PROGRAMS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+# Compiled plans per mesh (in Mesh.compiled), by (source layout, target, shape, dtype).
 _PROGRAMS_MAX = 1024
 
 
 def _program(plan: Plan, mesh: Any) -> _Program:
+    from .runtime import DTensor, collectives
+
     steps = []
     for index, step in enumerate(plan.steps, 1):
         step_mesh = _mesh_for(mesh, step.before.layout)
         if isinstance(step, Exchange):
-            runner: Callable = _exchange_runner(step, step_mesh.rank, plan.shape)
+            runner: Callable = _exchange_runner(step, step_mesh.rank, plan.shape, collectives)
         else:
-            runner = _RUNNERS.get(type(step))
-            if runner is None:
+            make = _RUNNERS.get(type(step))
+            if make is None:
                 raise PlanError(f"unknown plan step {step!r}")
+            runner = make(collectives)
         steps.append((runner, step, step_mesh, step_label(step, index)))
     target_mesh = _mesh_for(mesh, plan.target.layout)
-    return _Program(tuple(steps), target_mesh, plan.target.local_shape(plan.shape))
+    return _Program(tuple(steps), target_mesh, plan.target.local_shape(plan.shape), DTensor._trusted)
 
 
-def _local_slice(step: Any, mesh: Any, local: Any, shape: tuple, label: str) -> Any:
-    return local_slice(step, mesh.rank, local, shape)
+# Runner makers: each takes the collectives module (imported once, at compile
+# time) and returns run(step, mesh, local, shape, label) -> new local block.
+def _local_slice(C: Any) -> Callable:
+    return lambda step, mesh, local, shape, label: local_slice(step, mesh.rank, local, shape)
 
 
-def _local_zero(step: Any, mesh: Any, local: Any, shape: tuple, label: str) -> Any:
-    return local_zero(step, mesh.rank, local, shape)
+def _local_zero(C: Any) -> Callable:
+    return lambda step, mesh, local, shape, label: local_zero(step, mesh.rank, local, shape)
 
 
-def _allgather(step: Any, mesh: Any, local: Any, shape: tuple, label: str) -> Any:
-    from .runtime import collectives
-
-    return collectives.allgather(mesh, local, step.axes, step.tensor_dim, label=label)
-
-
-def _alltoall(step: Any, mesh: Any, local: Any, shape: tuple, label: str) -> Any:
-    from .runtime import collectives
-
-    return collectives.alltoall(mesh, local, step.axes, step.split_dim, step.concat_dim, label=label)
+def _allgather(C: Any) -> Callable:
+    allgather = C.allgather
+    return lambda step, mesh, local, shape, label: allgather(mesh, local, step.axes, step.tensor_dim,
+                                                             label=label)
 
 
-def _allreduce(step: Any, mesh: Any, local: Any, shape: tuple, label: str) -> Any:
-    from .runtime import collectives
+def _alltoall(C: Any) -> Callable:
+    alltoall = C.alltoall
+    return lambda step, mesh, local, shape, label: alltoall(mesh, local, step.axes, step.split_dim,
+                                                            step.concat_dim, label=label)
 
-    return collectives.allreduce(mesh, local, step.axes, label=label)
+
+def _allreduce(C: Any) -> Callable:
+    allreduce = C.allreduce
+    return lambda step, mesh, local, shape, label: allreduce(mesh, local, step.axes, label=label)
 
 
-def _reduce_scatter(step: Any, mesh: Any, local: Any, shape: tuple, label: str) -> Any:
-    from .runtime import collectives
-
-    return collectives.reduce_scatter(mesh, local, step.axes, step.tensor_dim, label=label)
+def _reduce_scatter(C: Any) -> Callable:
+    reduce_scatter = C.reduce_scatter
+    return lambda step, mesh, local, shape, label: reduce_scatter(mesh, local, step.axes, step.tensor_dim,
+                                                                  label=label)
 
 
 _RUNNERS: dict[type, Callable] = {
@@ -170,7 +171,7 @@ _RUNNERS: dict[type, Callable] = {
 }
 
 
-def _exchange_runner(step: Exchange, rank: int, shape: tuple) -> Callable:
+def _exchange_runner(step: Exchange, rank: int, shape: tuple, C: Any) -> Callable:
     """The Exchange runner for this rank: boxes, counts and offsets worked out once."""
     from .runtime.exchange_spec import ExchangeSpec
 
@@ -186,10 +187,10 @@ def _exchange_runner(step: Exchange, rank: int, shape: tuple) -> Callable:
     places = tuple((index, *slots[src], box_shape) for src, index, box_shape in program.places
                    if src != rank)
 
-    def run(step: Any, mesh: Any, local: Any, shape: tuple, label: str) -> Any:
-        from .runtime import collectives
+    exchange = C.exchange
 
-        recv = collectives.exchange(mesh, local, spec, label=label)
+    def run(step: Any, mesh: Any, local: Any, shape: tuple, label: str) -> Any:
+        recv = exchange(mesh, local, spec, label=label)
         out = np.empty(program.out_shape, dtype=local.dtype)
         if program.own is not None:
             out[program.own[0]] = local[program.own[1]]

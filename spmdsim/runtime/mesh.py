@@ -64,6 +64,9 @@ class Mesh:
         # The same groups under the spellings callers used ("mp" for ("mp",)):
         # one dict lookup per collective instead of normalizing the axes again.
         self._spelled: dict[Any, tuple[Any, int, int]] = {}
+        # Per-mesh cache of the layers above: plan_exec keeps its compiled
+        # redistributions here (an attribute read, not a weak-dictionary lookup).
+        self.compiled: dict[Any, Any] = {}
 
     def __repr__(self) -> str:
         return f"Mesh({self.layout!r}, rank={self.rank}, size={self.size}, wait={self.wait_mode!r})"
@@ -109,6 +112,7 @@ class Mesh:
             sub.Free()
         self._groups.clear()
         self._spelled.clear()
+        self.compiled.clear()
 
     def __enter__(self) -> "Mesh":
         return self
