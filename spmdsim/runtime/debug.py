@@ -58,14 +58,25 @@ _MAX_DIMS = 8  # shape dims stored one per field; further dims are folded into t
 _MAGIC = 0x5350_4D44  # "SPMD": a row of garbage or zeros never matches a real one
 
 
-class _State:
-    """Process-wide settings; None means 'read the environment on first use'."""
+class _Settings:
+    """Process-wide settings; None means 'read the environment on first use'.
 
-    check: Optional[bool] = None
-    watchdog: Optional[float] = None
-    watchdog_read = False
-    quiet: Optional[bool] = None  # neither hook on; recomputed after configure()
-    seq = 0
+    One instance, `_State`. Why an instance: `seq` changes on every collective,
+    and writing a class attribute invalidates the interpreter's attribute
+    caches for that class (a guarded increment: 136 ns on a class, 49 ns here).
+    """
+
+    __slots__ = ("check", "watchdog", "watchdog_read", "quiet", "seq")
+
+    def __init__(self) -> None:
+        self.check: Optional[bool] = None
+        self.watchdog: Optional[float] = None
+        self.watchdog_read = False
+        self.quiet: Optional[bool] = None  # neither hook on; recomputed after configure()
+        self.seq = 0
+
+
+_State = _Settings()
 
 
 def _flag(name: str) -> bool:
