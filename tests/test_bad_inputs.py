@@ -10,19 +10,16 @@ docs/reliability.md lists the messages and times.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
 
 import pytest
 
+from testkit import MPIEXEC as _MPIEXEC
+
 RANKS = 8
 LIMIT_S = 10.0
-
-_MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-if not os.access(_MPIEXEC, os.X_OK):
-    _MPIEXEC = shutil.which("mpiexec") or ""
 
 pytestmark = pytest.mark.skipif(not _MPIEXEC, reason="no mpiexec")
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import shutil
 import subprocess
 import sys
 
@@ -21,20 +20,8 @@ import numpy as np
 import pytest
 
 from spmdsim import Layout, SeededTensor
-
-_MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-if not os.access(_MPIEXEC, os.X_OK):
-    _MPIEXEC = shutil.which("mpiexec") or ""
-
-
-def _factorizations(n: int, parts: int):
-    if parts == 1:
-        yield (n,)
-        return
-    for d in range(1, n + 1):
-        if n % d == 0:
-            for rest in _factorizations(n // d, parts - 1):
-                yield (d,) + rest
+from testkit import MPIEXEC as _MPIEXEC
+from testkit import factorizations as _factorizations
 
 
 def _layouts(n: int):

@@ -23,18 +23,12 @@ from hypothesis import strategies as st
 from spmdsim import Layout, TensorLayout
 from spmdsim.plan import emulate, partial_addends, plan_redistribution, shards_of
 from spmdsim.plan.volume import rank_boxes
+from testkit import factorizations as _factorizations
 
 EXAMPLES = 1000
 DEVICE_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 Pick = Callable[[Sequence[Any]], Any]
-
-
-def _factorizations(n: int, parts: int) -> list[tuple[int, ...]]:
-    if parts == 1:
-        return [(n,)]
-    return [(d,) + rest for d in range(1, n + 1) if n % d == 0
-            for rest in _factorizations(n // d, parts - 1)]
 
 
 def random_layout_on(pick: Pick, n: int, prefix: str) -> Layout:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from spmdsim import Layout, SeededTensor
+from testkit import factorizations as _factorizations
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -21,16 +22,6 @@ def _world():
     from mpi4py import MPI
 
     return MPI.COMM_WORLD
-
-
-def _factorizations(n: int, parts: int):
-    if parts == 1:
-        yield (n,)
-        return
-    for d in range(1, n + 1):
-        if n % d == 0:
-            for rest in _factorizations(n // d, parts - 1):
-                yield (d,) + rest
 
 
 def test_seeded_shards_match_the_global_slice_for_every_device_matrix() -> None:
