@@ -8,11 +8,8 @@ does not start MPI. Every collective is traced with the step as its label
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
-
-import numpy as np
 
 from .errors import PlanError
 from .layout import Layout, TensorLayout
@@ -31,20 +28,20 @@ from .plan.steps import (
 
 __all__ = ["redistribute", "run_plan"]
 
-# Meshes of other device matrices over the same communicator, kept per source
-# mesh so their sub-communicators are split once, not on every call.
-_MESHES: "weakref.WeakKeyDictionary[Any, dict[Layout, Any]]" = weakref.WeakKeyDictionary()
-
-
 def _mesh_for(base: Any, layout: Layout) -> Any:
+    """A mesh of `layout` over `base`'s communicator, kept in `base.compiled`.
+
+    Kept so its sub-communicators are split once, not on every call.
+    """
     if layout == base.layout:
         return base
-    from .runtime import Mesh
+    key = ("mesh", layout)
+    mesh = base.compiled.get(key)
+    if mesh is None:
+        from .runtime import Mesh
 
-    meshes = _MESHES.setdefault(base, {})
-    if layout not in meshes:
-        meshes[layout] = Mesh(layout, base.comm, wait=base.wait_mode)
-    return meshes[layout]
+        mesh = base.compiled[key] = Mesh(layout, base.comm, wait=base.wait_mode)
+    return mesh
 
 
 def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None) -> Any:
@@ -106,7 +103,8 @@ class _Program:
     wrap: Callable  # DTensor._trusted, bound here so a call imports nothing
 
 
-# Compiled plans per mesh (in Mesh.compiled), by (source layout, target, shape, dtype).
+# Compiled plans per mesh (in Mesh.compiled, beside its meshes of other layouts),
+# by (source layout, target, shape, dtype).
 _PROGRAMS_MAX = 1024
 
 
@@ -176,29 +174,14 @@ def _exchange_runner(step: Exchange, rank: int, shape: tuple, C: Any) -> Callabl
     from .runtime.exchange_spec import ExchangeSpec
 
     program = exchange_program(step, rank, shape)
-    size = step.before.layout.num_devices
-    local_shape = step.before.local_shape(shape)
     spec = ExchangeSpec.build(
-        size, rank, local_shape,
-        [(dst, index, _box_shape(local_shape, index)) for dst, index in program.sends if dst != rank],
-        [(src, math.prod(box_shape)) for src, _, box_shape in program.places if src != rank],
+        step.before.layout.num_devices, rank, step.before.local_shape(shape), program.sends,
+        [(src, math.prod(box_shape)) for src, _, box_shape in program.places],
     )
-    slots = {src: (lo, hi) for src, lo, hi in spec.recv_slots}
-    places = tuple((index, *slots[src], box_shape) for src, index, box_shape in program.places
-                   if src != rank)
-
+    slots = tuple((lo, hi) for _, lo, hi in spec.recv_slots)  # in program.places order
     exchange = C.exchange
 
     def run(step: Any, mesh: Any, local: Any, shape: tuple, label: str) -> Any:
         recv = exchange(mesh, local, spec, label=label)
-        out = np.empty(program.out_shape, dtype=local.dtype)
-        if program.own is not None:
-            out[program.own[0]] = local[program.own[1]]
-        for index, lo, hi, box_shape in places:
-            out[index] = recv[lo:hi].reshape(box_shape)
-        return out
+        return program.assemble(local, (recv[lo:hi] for lo, hi in slots))
     return run
-
-
-def _box_shape(block_shape: tuple, index: tuple) -> tuple[int, ...]:
-    return tuple(len(range(*sl.indices(n))) for sl, n in zip(index, block_shape))

@@ -9,6 +9,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ..errors import SpmdsimError
 from .model import DEFAULT_MODEL, CostModel, normalize_op
 
@@ -84,7 +86,7 @@ def _step_copied(step: Any, plan: Any, op: str, g: int) -> int:
         return 0
     try:
         local = tuple(before.local_shape(shape))
-        item = _itemsize(getattr(plan, "dtype", "float32"))
+        item = np.dtype(getattr(plan, "dtype", "float32")).itemsize  # as the planner sizes steps
     except Exception:  # noqa: BLE001 - a duck-typed step we cannot size costs no packing
         return 0
     n = math.prod(local) * item
@@ -100,14 +102,6 @@ def _step_copied(step: Any, plan: Any, op: str, g: int) -> int:
         block = local[:s] + (local[s] // g,) + local[s + 1:]
         return (n if strided(local, s) else 0) + (n if strided(block, c) else 0)
     return 0
-
-
-def _itemsize(dtype: Any) -> int:
-    sizes = {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4, "float64": 8, "int64": 8}
-    name = str(dtype)
-    if name not in sizes:
-        raise SpmdsimError(f"dtype {dtype!r} has no known item size")
-    return sizes[name]
 
 
 def _step_op(step: Any) -> str:

@@ -5,17 +5,17 @@ Pure numpy: cutting, zero-padding, and packing/unpacking the boxes of an Exchang
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 import numpy as np
 
 from .steps import Exchange, LocalSlice, LocalZero
-from .volume import Box, box_size, intersect, rank_boxes
+from .volume import Box, box_shape, intersect, rank_boxes
 
 __all__ = [
     "local_slice",
     "local_zero",
     "exchange_sends",
-    "exchange_recv_shapes",
     "exchange_assemble",
     "exchange_program",
     "ExchangeProgram",
@@ -39,7 +39,7 @@ def local_zero(step: LocalZero, rank: int, local: np.ndarray, shape: tuple) -> n
     """Zero-padded block: one replica per new partial group keeps its values."""
     before = rank_boxes(step.before, shape)[rank]
     after = rank_boxes(step.after, shape)[rank]
-    out = np.zeros(tuple(b - a for a, b in after), dtype=local.dtype)
+    out = np.zeros(box_shape(after), dtype=local.dtype)
     layout = step.before.layout
     # Axes that were split keep every rank's own block; replicated ones keep index 0 only.
     replicated = [a for a in step.axes if a not in step.before.split_axes]
@@ -52,30 +52,28 @@ def local_zero(step: LocalZero, rank: int, local: np.ndarray, shape: tuple) -> n
 class ExchangeProgram:
     """One rank's part of an Exchange with its boxes worked out once (`exchange_program`).
 
-    sends: (destination, index into the local block) per outgoing box;
-    recv_shapes: per source, the flat shape of what arrives from it;
-    out_shape: the new block; own: (index in the new block, index in the old)
-    of the overlap this rank keeps, or None; places: (source, index in the new
-    block, box shape) per incoming box.
+    sends: (destination, index into the local block, box shape) per outgoing
+    box; out_shape: the new block; own: (index in the new block, index in the
+    old) of the overlap this rank keeps, or None; places: (source, index in the
+    new block, box shape) per incoming box.
     """
 
-    sends: tuple[tuple[int, tuple[slice, ...]], ...]
-    recv_shapes: dict
+    sends: tuple[tuple[int, tuple[slice, ...], tuple[int, ...]], ...]
     out_shape: tuple[int, ...]
     own: tuple[tuple[slice, ...], tuple[slice, ...]] | None
     places: tuple[tuple[int, tuple[slice, ...], tuple[int, ...]], ...]
 
     def send_views(self, local: np.ndarray) -> dict:
         """Per destination rank, the box of `local` it gets (a view: alltoallv packs it once)."""
-        return {dst: local[index] for dst, index in self.sends}
+        return {dst: local[index] for dst, index, _ in self.sends}
 
-    def assemble(self, local: np.ndarray, received: dict) -> np.ndarray:
-        """The new block: the overlap kept from `local`, the rest from `received` (by source)."""
+    def assemble(self, local: np.ndarray, pieces: Iterable[np.ndarray]) -> np.ndarray:
+        """The new block: the overlap kept from `local`, then one received piece per place, in order."""
         out = np.empty(self.out_shape, dtype=local.dtype)
         if self.own is not None:
             out[self.own[0]] = local[self.own[1]]
-        for src, index, box_shape in self.places:
-            out[index] = np.asarray(received[src]).reshape(box_shape)
+        for (_, index, extent), piece in zip(self.places, pieces):
+            out[index] = np.asarray(piece).reshape(extent)
         return out
 
 
@@ -85,11 +83,11 @@ def exchange_program(step: Exchange, rank: int, shape: tuple) -> ExchangeProgram
     after = rank_boxes(step.after, shape)[rank]
     common = intersect(before, after)
     return ExchangeProgram(
-        sends=tuple((dst, box_in(box, before)) for src, dst, box in step.transfers if src == rank),
-        recv_shapes={src: (box_size(box),) for src, dst, box in step.transfers if dst == rank},
-        out_shape=tuple(b - a for a, b in after),
+        sends=tuple((dst, box_in(box, before), box_shape(box))
+                    for src, dst, box in step.transfers if src == rank),
+        out_shape=box_shape(after),
         own=None if common is None else (box_in(common, after), box_in(common, before)),
-        places=tuple((src, box_in(box, after), tuple(b - a for a, b in box))
+        places=tuple((src, box_in(box, after), box_shape(box))
                      for src, dst, box in step.transfers if dst == rank),
     )
 
@@ -99,13 +97,9 @@ def exchange_sends(step: Exchange, rank: int, local: np.ndarray, shape: tuple) -
     return exchange_program(step, rank, shape).send_views(local)
 
 
-def exchange_recv_shapes(step: Exchange, rank: int) -> dict:
-    """Per source rank, the flat shape of the buffer this rank receives from it."""
-    return {src: (box_size(box),) for src, dst, box in step.transfers if dst == rank}
-
-
 def exchange_assemble(
     step: Exchange, rank: int, local: np.ndarray, received: dict, shape: tuple
 ) -> np.ndarray:
     """This rank's new block: its own overlap copied, the rest from `received` (by source)."""
-    return exchange_program(step, rank, shape).assemble(local, received)
+    program = exchange_program(step, rank, shape)
+    return program.assemble(local, (received[src] for src, _, _ in program.places))

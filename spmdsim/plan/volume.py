@@ -14,9 +14,14 @@ import numpy as np
 from ..layout import TensorLayout
 from .steps import Transfer
 
-__all__ = ["Box", "box_size", "intersect", "rank_boxes", "lower_bound", "exchange_transfers"]
+__all__ = ["Box", "box_shape", "box_size", "intersect", "rank_boxes", "lower_bound", "exchange_transfers"]
 
 Box = tuple[tuple[int, int], ...]
+
+
+def box_shape(box: Box) -> tuple[int, ...]:
+    """Extent of a box along each dim (the shape of the array it cuts out)."""
+    return tuple(b - a for a, b in box)
 
 
 def box_size(box: Box) -> int:

@@ -28,7 +28,7 @@ class ExchangeSpec:
         size, rank: the mesh it was built for.
         local_shape: the shape of the block the boxes are cut from.
         packs: (index into the local block, start, stop, box shape) per box sent.
-        recv_slots: (source, start, stop) per box received, in arrival order.
+        recv_slots: (source, start, stop) per box received, in the order given to `build`.
         scounts, sdispls, rcounts, rdispls: Alltoallv counts and offsets (elements).
     """
 

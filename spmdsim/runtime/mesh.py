@@ -65,7 +65,8 @@ class Mesh:
         # one dict lookup per collective instead of normalizing the axes again.
         self._spelled: dict[Any, tuple[Any, int, int]] = {}
         # Per-mesh cache of the layers above: plan_exec keeps its compiled
-        # redistributions here (an attribute read, not a weak-dictionary lookup).
+        # redistributions and its meshes of other layouts over this communicator
+        # here (an attribute read, not a weak-dictionary lookup).
         self.compiled: dict[Any, Any] = {}
 
     def __repr__(self) -> str:
