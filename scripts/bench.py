@@ -17,6 +17,11 @@ op). A time is the median over repeats (after warm-up) of the slowest rank.
 ``comm`` columns are the time inside collectives (spmdsim's trace; the raw
 code's own timers); ``model`` is spmdsim.cost's prediction for those calls.
 Peak RSS is ru_maxrss, the largest over ranks, so far in the run.
+
+``--aa`` is the A/A control: every case is built twice and the spmdsim slot
+runs the second copy's raw code, with its own buffers, against the first's.
+Its ratios are what the harness and buffer placement alone make of identical
+code: a spmdsim ratio inside that spread is not spmdsim's doing.
 """
 from __future__ import annotations
 
@@ -805,6 +810,24 @@ def table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def suite_cases(suite: str, comm: Any, waiter: Waiter, cfg: dict, args: argparse.Namespace) -> list[Case]:
+    """The cases of one timed suite, built now (buffers, meshes, seeded tensors)."""
+    if suite == "collectives":
+        sizes = [parse_size(s) for s in (args.sizes or cfg["coll_sizes"]).split(",")]
+        return collective_cases(comm, waiter, waiter.mode, sizes, args.alloc)
+    if suite == "redistribute":
+        return redistribute_cases(comm, waiter, waiter.mode, cfg["redist_shape"])
+    return op_cases(comm, waiter, waiter.mode, cfg)
+
+
+def aa_case(first: Case, twin: Case) -> Case:
+    """`first` with the spmdsim slot running `twin`'s raw code (the A/A control)."""
+    if twin.name != first.name:
+        raise SystemExit(f"bench: --aa built {twin.name!r} where {first.name!r} was expected")
+    return Case(first.name, first.bytes_per_rank, twin.raw, first.raw, first.numpy,
+                {**first.extra, "_trace": [], "aa": True})
+
+
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__,
@@ -829,6 +852,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--alloc", action="store_true",
                    help="collectives suite: both sides allocate a fresh result per call "
                         "(default: both receive into the same preallocated buffers)")
+    p.add_argument("--aa", action="store_true",
+                   help="A/A control: the spmdsim slot runs a separately built copy of the raw code")
     p.add_argument("--json", default=None, help="write the records to this file ('-' = stdout)")
     p.add_argument("--filter", default=None, help="only cases whose name contains this text")
     return p.parse_args(argv)
@@ -852,6 +877,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if rank == 0 else (lambda m: None)
     say(f"bench: {comm.Get_size()} ranks, wait={waiter.mode}, repeats={repeats}, "
         f"warmup={warmup}, model {model}")
+    if args.aa:
+        say("bench: A/A control: the spmdsim columns time a second, separately built copy of the raw code")
     baseline = comm.allreduce(peak_rss(), op=MPI.MAX)
     records = []
     for suite in suites:
@@ -862,13 +889,12 @@ def main(argv: Optional[list[str]] = None) -> int:
                 print(overhead_table(recs))
             records.extend(recs)
             continue
-        if suite == "collectives":
-            sizes = [parse_size(s) for s in (args.sizes or cfg["coll_sizes"]).split(",")]
-            cases = collective_cases(comm, waiter, waiter.mode, sizes, args.alloc)
-        elif suite == "redistribute":
-            cases = redistribute_cases(comm, waiter, waiter.mode, cfg["redist_shape"])
-        else:
-            cases = op_cases(comm, waiter, waiter.mode, cfg)
+        cases = suite_cases(suite, comm, waiter, cfg, args)
+        if args.aa:
+            # A second build of every case has its own buffers (and meshes); its
+            # raw code takes the spmdsim slot.
+            cases = [aa_case(first, twin) for first, twin in
+                     zip(cases, suite_cases(suite, comm, waiter, cfg, args))]
         if args.filter:
             cases = [c for c in cases if args.filter in c.name]
         for i, case in enumerate(cases, 1):
@@ -876,8 +902,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             rec = run_case(comm, waiter, case, warmup, repeats)
             trace = rec.pop("_trace", [])
             # Ranks move different amounts (e.g. an exchange): the busiest rank counts.
-            rec["predicted_comm_s"] = comm.allreduce(predicted_s(trace, model), op=MPI.MAX)
-            rec["collectives"] = "+".join(e.op for e in trace if e.group_size > 1) or "none"
+            rec["predicted_comm_s"] = (None if args.aa else
+                                       comm.allreduce(predicted_s(trace, model), op=MPI.MAX))
+            rec["collectives"] = (None if args.aa else
+                                  "+".join(e.op for e in trace if e.group_size > 1) or "none")
             rec["suite"] = suite
             records.append(rec)
             say(f"bench: [{suite} {i}/{len(cases)}] {case.name}: spmdsim "
@@ -886,6 +914,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     timed = [r for r in records if r.get("suite") != "overhead"]
     if rank == 0 and timed:
         print(table(timed))
+        if args.aa:
+            print("A/A control: the spmdsim columns are a second copy of the raw code")
         print(f"interpreter baseline peak RSS {baseline / 2**20:.0f} MiB (max over ranks, at start)")
         if args.json:
             text = json.dumps(records, indent=1)

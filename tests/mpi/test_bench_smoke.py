@@ -30,19 +30,29 @@ def shared_dir():
         shutil.rmtree(path, ignore_errors=True)
 
 
-def test_bench_quick_collectives_json(shared_dir):
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
+def _bench_module():
     spec = importlib.util.spec_from_file_location("spmdsim_bench_script", _BENCH)
     bench = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = bench  # dataclasses look their module up there
     spec.loader.exec_module(bench)
-    out = shared_dir / "bench.json"
-    rc = bench.main(["--quick", "--suite", "collectives", "--repeats", "1", "--warmup", "0",
-                     "--json", str(out), "--filter", "all"])
+    return bench
+
+
+def _run_bench(bench, out: Path, *args: str) -> list[dict]:
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rc = bench.main(["--quick", "--repeats", "1", "--warmup", "0", "--json", str(out), *args])
     assert rc == 0
-    records = comm.bcast(json.loads(out.read_text()) if comm.rank == 0 else None, root=0)
+    return comm.bcast(json.loads(out.read_text()) if comm.rank == 0 else None, root=0)
+
+
+def test_bench_quick_collectives_json(shared_dir):
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    bench = _bench_module()
+    records = _run_bench(bench, shared_dir / "bench.json", "--suite", "collectives", "--filter", "all")
     names = [r["name"] for r in records]
     assert any(n.startswith(f"allgather g{comm.size} ") for n in names)
     assert any(n.startswith(f"allreduce g{comm.size} ") for n in names)
@@ -55,6 +65,21 @@ def test_bench_quick_collectives_json(shared_dir):
         for who in ("spmdsim", "raw"):
             after = r[f"{who}_comm_after_arrival_s"]
             assert after is not None and 0 <= after <= r[f"{who}_comm_s"] + 1e-6
+
+
+def test_bench_aa_control_times_a_second_raw_copy(shared_dir):
+    """--aa: the same cases, the spmdsim slot timing a separately built raw copy (no trace, no model)."""
+    bench = _bench_module()
+    plain = _run_bench(bench, shared_dir / "plain.json", "--suite", "redistribute")
+    aa = _run_bench(bench, shared_dir / "aa.json", "--suite", "redistribute", "--aa")
+    assert [r["name"] for r in aa] == [r["name"] for r in plain]
+    for r in aa:
+        assert r["aa"] is True and r["predicted_comm_s"] is None and r["collectives"] is None
+        assert r["spmdsim_s"] > 0 and r["raw_s"] > 0
+        # The copy communicates exactly when the original does (B->S(0) is a local slice).
+        assert (r["spmdsim_comm_s"] > 0) == (r["raw_comm_s"] > 0)
+    assert any(r["raw_comm_s"] > 0 for r in aa)
+    assert all("aa" not in r for r in plain)
 
 
 def test_calibrate_fits_and_saves(shared_dir):
