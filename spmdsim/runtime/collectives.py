@@ -92,14 +92,18 @@ def moved_bytes(op: str, group_size: int, local_nbytes: int) -> int:
     raise ValueError(f"no byte formula for {op!r}")
 
 
-def _send_blocks(x: np.ndarray, tensor_dim: int, g: int) -> np.ndarray:
+def _send_blocks(mesh: Mesh, x: np.ndarray, tensor_dim: int, g: int) -> np.ndarray:
     """`x` laid out so block j along `tensor_dim` is the j-th contiguous 1/g of the buffer.
 
-    Already so when nothing precedes that dim (no copy); otherwise one packing copy.
+    Already so when nothing precedes that dim (no copy); otherwise one packing
+    copy into the mesh's send buffer.
     """
     if tensor_dim == 0 or math.prod(x.shape[:tensor_dim]) == 1:
         return x
-    return np.ascontiguousarray(_blocks(x, tensor_dim, g).swapaxes(0, 1))
+    blocks = _blocks(x, tensor_dim, g).swapaxes(0, 1)
+    send = mesh.send_scratch(blocks.shape, x.dtype)
+    send[...] = blocks
+    return send
 
 
 def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int,
@@ -174,7 +178,7 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
         return x if out is None else _copy_into(out, x, "alltoall")
     t0 = perf_counter()
     block_shape = x.shape[:s] + (x.shape[s] // g,) + x.shape[s + 1:]
-    send = _send_blocks(x, s, g)
+    send = _send_blocks(mesh, x, s, g)
     out_shape = block_shape[:c] + (block_shape[c] * g,) + block_shape[c + 1:]
     direct = c == 0 or math.prod(block_shape[:c]) == 1
     if direct:
@@ -257,7 +261,7 @@ def reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim
         return x if out is None else _copy_into(out, x, "reduce_scatter")
     t0 = perf_counter()
     out_shape = x.shape[:d] + (x.shape[d] // g,) + x.shape[d + 1:]
-    send = _send_blocks(x, d, g)
+    send = _send_blocks(mesh, x, d, g)
     out = _result(out, out_shape, x.dtype, "reduce_scatter")
     _run(mesh, seq, "reduce_scatter", axes, comm.Reduce_scatter_block, comm.Ireduce_scatter_block, send, out, _SUM)
     moved = moved_bytes("reduce_scatter", g, x.nbytes)
@@ -342,7 +346,7 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
     t0 = perf_counter()
     sdispls = [0, *accumulate(scounts[:-1])]
     rdispls = [0, *accumulate(rcounts[:-1])]
-    send = np.empty(sum(scounts), dtype)
+    send = mesh.send_scratch((sum(scounts),), dtype)
     for r, a in arrays.items():
         if r != me:  # one copy from a strided view straight into the send buffer
             send[sdispls[r]:sdispls[r] + scounts[r]].reshape(a.shape)[...] = a
@@ -379,7 +383,7 @@ def exchange(mesh: Mesh, local: np.ndarray, spec: ExchangeSpec, label: str | Non
     if size > 1 and debug.check_enabled():
         debug.verify_counts(mesh.comm, list(spec.scounts), list(spec.rcounts), seq, mesh.polite)
     t0 = perf_counter()
-    send = _empty(spec.send_total, dtype)
+    send = mesh.send_scratch((spec.send_total,), dtype)
     for index, lo, hi, shape in spec.packs:  # one copy from each box's view into the send buffer
         send[lo:hi].reshape(shape)[...] = local[index]
     recv = _empty(spec.recv_total, dtype)

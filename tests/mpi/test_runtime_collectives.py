@@ -137,6 +137,47 @@ def test_exchange_by_spec_matches_alltoallv():
     with pytest.raises(ShapeError, match="used on rank"):
         C.exchange(mesh, local, other)
 
+def test_kept_send_buffer_is_reused_and_never_part_of_a_result(monkeypatch):
+    """Packed sends go through the mesh's one kept buffer; later calls must not change earlier results."""
+    from spmdsim.runtime import mesh as mesh_module
+    from spmdsim.runtime.exchange_spec import ExchangeSpec
+
+    mesh = _meshes("busy")[0]
+    n, r, g = mesh.size, mesh.rank, mesh.size
+    axes = mesh.layout.alias_name
+    shape = (3, 2 * g)  # split on dim 1: blocks must be packed
+    want = {}
+    got = {}
+    for k in (1, 2):
+        x = _data(r, shape) * k
+        got["alltoall", k] = C.alltoall(mesh, x, axes, 1, 0)
+        want["alltoall", k] = np.concatenate(
+            [np.split(_data(m, shape) * k, g, axis=1)[r] for m in range(n)], axis=0)
+        got["reduce_scatter", k] = C.reduce_scatter(mesh, x, axes, 1)
+        want["reduce_scatter", k] = np.split(sum(_data(m, shape) * k for m in range(n)), g, axis=1)[r]
+        sends = [(s, (slice(s, s + 1), slice(0, 3)), (1, 3)) for s in range(n) if s != r]
+        spec = ExchangeSpec.build(n, r, (n, 3), sends, [(s, 3) for s in range(n) if s != r])
+        got["exchange", k] = C.exchange(mesh, np.full((n, 3), 10.0 * r + k), spec)
+        want["exchange", k] = np.concatenate([np.full(3, 10.0 * s + k) for s in range(n) if s != r])
+        general = C.alltoallv(mesh, {s: np.full(2, 100.0 * r + k) for s in range(n)},
+                              {s: (2,) for s in range(n)}, np.float64)
+        got["alltoallv", k] = np.concatenate([general[s] for s in range(n)])
+        want["alltoallv", k] = np.concatenate([np.full(2, 100.0 * s + k) for s in range(n)])
+        if k == 1:
+            kept = mesh._scratch
+            assert kept is not None
+    assert mesh._scratch is kept  # the same memory, not a new buffer per call
+    for key, value in got.items():
+        np.testing.assert_array_equal(value, want[key], err_msg=str(key))
+        assert not np.shares_memory(value, kept), key
+    # Above the limit a send buffer is made per call and not kept.
+    monkeypatch.setattr(mesh_module, "SCRATCH_MAX_BYTES", 64)
+    big = mesh.send_scratch((16,), np.float64)
+    assert big.shape == (16,) and not np.shares_memory(big, kept) and mesh._scratch is kept
+    small = mesh.send_scratch((2, 3), np.int32)
+    assert small.shape == (2, 3) and small.dtype == np.int32 and np.shares_memory(small, kept)
+
+
 def test_trace_records_ops_bytes_and_nesting():
     mesh = _meshes("polite")[0]
     layout = mesh.layout
