@@ -96,12 +96,12 @@ def _send_blocks(mesh: Mesh, x: np.ndarray, tensor_dim: int, g: int) -> np.ndarr
     """`x` laid out so block j along `tensor_dim` is the j-th contiguous 1/g of the buffer.
 
     Already so when nothing precedes that dim (no copy); otherwise one packing
-    copy into the mesh's send buffer.
+    copy into the mesh's kept send buffer.
     """
     if tensor_dim == 0 or math.prod(x.shape[:tensor_dim]) == 1:
         return x
     blocks = _blocks(x, tensor_dim, g).swapaxes(0, 1)
-    send = mesh.send_scratch(blocks.shape, x.dtype)
+    send = mesh.scratch("send", blocks.shape, x.dtype)
     send[...] = blocks
     return send
 
@@ -140,7 +140,7 @@ def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int
     else:
         # Receive blocks side by side, then one copy puts them along tensor_dim.
         out = _result(out, out_shape, x.dtype, "allgather")
-        recv = np.empty((g,) + shape, x.dtype)
+        recv = mesh.scratch("recv", (g,) + shape, x.dtype)
         _run(mesh, seq, "allgather", axes, comm.Allgather, comm.Iallgather, x, recv)
         _blocks(out, d, g)[...] = recv.reshape(g, math.prod(shape[:d]), -1).swapaxes(0, 1)
         copied = out.nbytes
@@ -186,7 +186,7 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
         _run(mesh, seq, "alltoall", axes, comm.Alltoall, comm.Ialltoall, send, out)
     else:
         out = _result(out, out_shape, x.dtype, "alltoall")
-        recv = np.empty((g,) + block_shape, x.dtype)
+        recv = mesh.scratch("recv", (g,) + block_shape, x.dtype)
         _run(mesh, seq, "alltoall", axes, comm.Alltoall, comm.Ialltoall, send, recv)
         outer = math.prod(block_shape[:c])
         _blocks(out, c, g)[...] = recv.reshape(g, outer, -1).swapaxes(0, 1)
@@ -346,7 +346,7 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
     t0 = perf_counter()
     sdispls = [0, *accumulate(scounts[:-1])]
     rdispls = [0, *accumulate(rcounts[:-1])]
-    send = mesh.send_scratch((sum(scounts),), dtype)
+    send = mesh.scratch("send", (sum(scounts),), dtype)
     for r, a in arrays.items():
         if r != me:  # one copy from a strided view straight into the send buffer
             send[sdispls[r]:sdispls[r] + scounts[r]].reshape(a.shape)[...] = a
@@ -383,7 +383,7 @@ def exchange(mesh: Mesh, local: np.ndarray, spec: ExchangeSpec, label: str | Non
     if size > 1 and debug.check_enabled():
         debug.verify_counts(mesh.comm, list(spec.scounts), list(spec.rcounts), seq, mesh.polite)
     t0 = perf_counter()
-    send = mesh.send_scratch((spec.send_total,), dtype)
+    send = mesh.scratch("send", (spec.send_total,), dtype)
     for index, lo, hi, shape in spec.packs:  # one copy from each box's view into the send buffer
         send[lo:hi].reshape(shape)[...] = local[index]
     recv = _empty(spec.recv_total, dtype)

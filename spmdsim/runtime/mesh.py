@@ -13,9 +13,10 @@ from .wait import resolve_wait_mode
 
 __all__ = ["Mesh", "normalize_axes", "SCRATCH_MAX_BYTES"]
 
-# Send buffers above this are allocated per call: glibc maps that size afresh
+# Temporaries above this are allocated per call: glibc maps that size afresh
 # anyway (spmdsim._malloc), and keeping one would pin that much per mesh.
 SCRATCH_MAX_BYTES = 32 << 20
+SCRATCH_ROLES = ("send", "recv")
 
 
 def normalize_axes(axes: str | Iterable[str]) -> tuple[str, ...]:
@@ -75,26 +76,29 @@ class Mesh:
         # redistributions and its meshes of other layouts over this communicator
         # here (an attribute read, not a weak-dictionary lookup).
         self.compiled: dict[Any, Any] = {}
-        self._scratch: np.ndarray | None = None  # see send_scratch
+        self._scratch: dict[str, np.ndarray] = {}  # see scratch()
 
-    def send_scratch(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-        """A C-contiguous send buffer of `shape` and `dtype`, the same memory on every call.
+    def scratch(self, role: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """A C-contiguous temporary of `shape` and `dtype`, the same memory on every call with this `role`.
 
-        For data a collective packs and sends within one call; it is never
-        returned, and the next collective on this mesh may overwrite it (MPI
-        calls on one communicator do not overlap, so neither do its users).
-        Fresh above SCRATCH_MAX_BYTES. Why: the raw code keeps its send buffers,
-        and at 8 ranks on 2 cores an exchange packing into a fresh heap buffer
-        every call measured 1.1-1.4x its time from a kept one
-        (docs/performance.md, "Kept send buffers").
+        Roles: "send" (data a collective packs before sending) and "recv" (blocks
+        received before they are copied into place). Such a buffer is filled and
+        drained within one call, never returned, and the next collective on this
+        mesh may overwrite it (MPI calls on one communicator do not overlap, so
+        neither do its users). Fresh above SCRATCH_MAX_BYTES. Why: the raw code
+        keeps its buffers, and at 8 ranks on 2 cores a fresh heap buffer per call
+        measured 1.1-1.4x the time of a kept one (docs/performance.md, "Kept
+        temporaries").
         """
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes > SCRATCH_MAX_BYTES:
             return np.empty(shape, dtype)
-        buf = self._scratch
+        buf = self._scratch.get(role)
         if buf is None or buf.nbytes < nbytes:
-            buf = self._scratch = np.empty(max(nbytes, 1), np.uint8)
+            if role not in SCRATCH_ROLES:
+                raise ValueError(f"scratch role {role!r} is not one of {SCRATCH_ROLES!r}")
+            buf = self._scratch[role] = np.empty(max(nbytes, 1), np.uint8)
         return buf[:nbytes].view(dtype).reshape(shape)
 
     def __repr__(self) -> str:
@@ -142,7 +146,7 @@ class Mesh:
         self._groups.clear()
         self._spelled.clear()
         self.compiled.clear()
-        self._scratch = None
+        self._scratch.clear()
 
     def __enter__(self) -> "Mesh":
         return self

@@ -137,8 +137,9 @@ def test_exchange_by_spec_matches_alltoallv():
     with pytest.raises(ShapeError, match="used on rank"):
         C.exchange(mesh, local, other)
 
-def test_kept_send_buffer_is_reused_and_never_part_of_a_result(monkeypatch):
-    """Packed sends go through the mesh's one kept buffer; later calls must not change earlier results."""
+def test_kept_temporaries_are_reused_and_never_part_of_a_result(monkeypatch):
+    """Packed sends and received blocks go through the mesh's kept buffers; later calls must not
+    change earlier results."""
     from spmdsim.runtime import mesh as mesh_module
     from spmdsim.runtime.exchange_spec import ExchangeSpec
 
@@ -153,6 +154,11 @@ def test_kept_send_buffer_is_reused_and_never_part_of_a_result(monkeypatch):
         got["alltoall", k] = C.alltoall(mesh, x, axes, 1, 0)
         want["alltoall", k] = np.concatenate(
             [np.split(_data(m, shape) * k, g, axis=1)[r] for m in range(n)], axis=0)
+        got["alltoall to dim 1", k] = C.alltoall(mesh, x.T.copy(), axes, 0, 1)  # received, then placed
+        want["alltoall to dim 1", k] = np.concatenate(
+            [np.split(_data(m, shape).T * k, g, axis=0)[r] for m in range(n)], axis=1)
+        got["allgather dim 1", k] = C.allgather(mesh, x, axes, 1)
+        want["allgather dim 1", k] = np.concatenate([_data(m, shape) * k for m in range(n)], axis=1)
         got["reduce_scatter", k] = C.reduce_scatter(mesh, x, axes, 1)
         want["reduce_scatter", k] = np.split(sum(_data(m, shape) * k for m in range(n)), g, axis=1)[r]
         sends = [(s, (slice(s, s + 1), slice(0, 3)), (1, 3)) for s in range(n) if s != r]
@@ -164,18 +170,20 @@ def test_kept_send_buffer_is_reused_and_never_part_of_a_result(monkeypatch):
         got["alltoallv", k] = np.concatenate([general[s] for s in range(n)])
         want["alltoallv", k] = np.concatenate([np.full(2, 100.0 * s + k) for s in range(n)])
         if k == 1:
-            kept = mesh._scratch
-            assert kept is not None
-    assert mesh._scratch is kept  # the same memory, not a new buffer per call
+            kept = dict(mesh._scratch)
+            assert sorted(kept) == ["recv", "send"]
+    assert all(mesh._scratch[role] is kept[role] for role in kept)  # the same memory on every call
     for key, value in got.items():
         np.testing.assert_array_equal(value, want[key], err_msg=str(key))
-        assert not np.shares_memory(value, kept), key
-    # Above the limit a send buffer is made per call and not kept.
+        assert not any(np.shares_memory(value, buf) for buf in kept.values()), key
+    # Above the limit a temporary is made per call and not kept.
     monkeypatch.setattr(mesh_module, "SCRATCH_MAX_BYTES", 64)
-    big = mesh.send_scratch((16,), np.float64)
-    assert big.shape == (16,) and not np.shares_memory(big, kept) and mesh._scratch is kept
-    small = mesh.send_scratch((2, 3), np.int32)
-    assert small.shape == (2, 3) and small.dtype == np.int32 and np.shares_memory(small, kept)
+    big = mesh.scratch("send", (16,), np.float64)
+    assert big.shape == (16,) and not np.shares_memory(big, kept["send"])
+    small = mesh.scratch("recv", (2, 3), np.int32)
+    assert small.shape == (2, 3) and small.dtype == np.int32 and np.shares_memory(small, kept["recv"])
+    with pytest.raises(ValueError, match="scratch role 'out'"):
+        mesh.scratch("out", (1,), np.float64)
 
 
 def test_trace_records_ops_bytes_and_nesting():

@@ -1,0 +1,148 @@
+#!/usr/bin/env python
+"""Summarize several bench.py runs: per case the median ratio over launches, and the targets.
+
+On a shared or oversubscribed machine one launch's ratios move by +-10% at
+1 MiB, and part of that is fixed for the whole launch (where each rank's
+buffers landed, how the scheduler interleaves the ranks), so more repeats in
+one launch do not remove it. The estimate here is the median over launches
+of each case's ratio. Runs of ``bench.py --aa`` passed with ``--aa`` add the
+A/A control: the same statistic for two copies of the raw code.
+
+    for i in 1 2 3 4 5; do timeout -k 5 900 mpiexec -n 8 python scripts/bench.py --json b$i.json; done
+    for i in 1 2 3; do timeout -k 5 900 mpiexec -n 8 python scripts/bench.py --aa --json aa$i.json; done
+    python scripts/bench_summary.py b*.json --aa aa*.json
+
+Targets (issue 6), over cases moving at least --min-bytes per rank:
+comm  <= 1.1x raw mpi4py (time inside collectives); model: the cost model's
+prediction within 2x of the raw comm time, or of its time after the last rank
+arrived (`rawarr`, no wait for late ranks).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from typing import Iterable, Optional
+
+COMM_TARGET = 1.1
+MODEL_FACTOR = 2.0
+
+
+def load(paths: Iterable[str]) -> list[list[dict]]:
+    """One list of timed records per file (the overhead suite's records are left out)."""
+    runs = []
+    for path in paths:
+        with open(path) as fh:
+            records = json.load(fh)
+        if not isinstance(records, list):
+            raise SystemExit(f"bench_summary: {path} holds {type(records).__name__}, expected bench.py's JSON list")
+        runs.append([r for r in records if r.get("suite") != "overhead" and "spmdsim_comm_s" in r])
+    return runs
+
+
+def _ratio(num: Optional[float], den: Optional[float]) -> Optional[float]:
+    return num / den if num is not None and den else None
+
+
+def case_ratios(record: dict) -> dict:
+    """The ratios one record gives: comm, after-arrival, model vs comm and vs after-arrival."""
+    raw_comm, raw_arr = record.get("raw_comm_s"), record.get("raw_comm_after_arrival_s")
+    return {
+        "comm": _ratio(record.get("spmdsim_comm_s"), raw_comm),
+        "arrival": _ratio(record.get("spmdsim_comm_after_arrival_s"), raw_arr),
+        "model": _ratio(record.get("predicted_comm_s"), raw_comm),
+        "model_arrival": _ratio(record.get("predicted_comm_s"), raw_arr),
+    }
+
+
+def summarize(runs: list[list[dict]], min_bytes: int) -> list[dict]:
+    """Per case (first-seen order): median and range over launches of each ratio."""
+    names: list[str] = []
+    per_case: dict[str, list[dict]] = {}
+    for records in runs:
+        for r in records:
+            if r["bytes_per_rank"] < min_bytes or not r.get("raw_comm_s"):
+                continue  # below the size the targets speak of, or no communication
+            if r["name"] not in per_case:
+                names.append(r["name"])
+                per_case[r["name"]] = []
+            per_case[r["name"]].append(case_ratios(r))
+    rows = []
+    for name in names:
+        row: dict = {"name": name, "launches": len(per_case[name])}
+        for key in ("comm", "arrival", "model", "model_arrival"):
+            values = [v[key] for v in per_case[name] if v[key] is not None]
+            row[key] = statistics.median(values) if values else None
+            row[key + "_range"] = (min(values), max(values)) if values else None
+        rows.append(row)
+    return rows
+
+
+def within(ratio: Optional[float], factor: float) -> bool:
+    return ratio is not None and 1.0 / factor <= ratio <= factor
+
+
+def targets(rows: list[dict]) -> dict:
+    """Counts of cases meeting each target, and the names of those that miss."""
+    comm_miss = [r["name"] for r in rows if r["comm"] is None or r["comm"] > COMM_TARGET]
+    model_miss = [r["name"] for r in rows if not within(r["model"], MODEL_FACTOR)]
+    model_arr_miss = [n for n in model_miss
+                      if not within(next(r for r in rows if r["name"] == n)["model_arrival"], MODEL_FACTOR)]
+    return {"cases": len(rows), "comm_met": len(rows) - len(comm_miss), "comm_miss": comm_miss,
+            "model_met": len(rows) - len(model_miss), "model_miss": model_miss,
+            "model_or_arrival_met": len(rows) - len(model_arr_miss), "model_or_arrival_miss": model_arr_miss}
+
+
+def _fmt(v: Optional[float]) -> str:
+    return "   -" if v is None else f"{v:4.2f}"
+
+
+def _span(r: Optional[tuple]) -> str:
+    return "-" if r is None else f"{r[0]:.2f}-{r[1]:.2f}"
+
+
+def table(rows: list[dict], aa_rows: Optional[list[dict]]) -> str:
+    aa = {r["name"]: r for r in aa_rows or []}
+    head = f"{'case':<46}{'n':>3}{'comm':>6}{'range':>11}{'arr':>6}{'model':>7}{'m/arr':>7}"
+    if aa_rows is not None:
+        head += f"{'A/A':>6}{'A/A range':>11}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        line = (f"{r['name'][:45]:<46}{r['launches']:>3}{_fmt(r['comm']):>6}{_span(r['comm_range']):>11}"
+                f"{_fmt(r['arrival']):>6}{_fmt(r['model']):>7}{_fmt(r['model_arrival']):>7}")
+        if aa_rows is not None:
+            a = aa.get(r["name"], {})
+            line += f"{_fmt(a.get('comm')):>6}{_span(a.get('comm_range')):>11}"
+        lines.append(line)
+    lines.append("comm, arr: spmdsim/raw time inside collectives (arr: after the last rank arrived); "
+                 "model, m/arr: predicted/measured raw comm (and its after-arrival time); "
+                 "medians over n launches, range = min-max")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("runs", nargs="+", help="bench.py --json files, one per launch")
+    p.add_argument("--aa", nargs="*", default=None, help="bench.py --aa --json files (the A/A control)")
+    p.add_argument("--min-bytes", type=int, default=1 << 20, help="smallest bytes/rank counted (default 1 MiB)")
+    p.add_argument("--json", action="store_true", help="print the rows and target counts as JSON")
+    args = p.parse_args(argv)
+    rows = summarize(load(args.runs), args.min_bytes)
+    aa_rows = summarize(load(args.aa), args.min_bytes) if args.aa else None
+    result = targets(rows)
+    if args.json:
+        print(json.dumps({"rows": rows, "aa_rows": aa_rows, "targets": result}, indent=1))
+        return 0
+    print(table(rows, aa_rows))
+    print(f"\ncomm <= {COMM_TARGET}x raw: {result['comm_met']} of {result['cases']}"
+          + (f" (misses: {', '.join(result['comm_miss'])})" if result["comm_miss"] else ""))
+    print(f"model within {MODEL_FACTOR:g}x of raw comm: {result['model_met']} of {result['cases']}; "
+          f"of raw comm or its after-arrival time: {result['model_or_arrival_met']} of {result['cases']}"
+          + (f" (misses: {', '.join(result['model_or_arrival_miss'])})" if result["model_or_arrival_miss"] else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
