@@ -323,23 +323,28 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
     # per-call overhead would cost more than the arithmetic (docs/performance.md).
     scounts = [0] * size
     arrays = {}
+    # The checks run between this rank's arrival and the MPI call, on cold
+    # caches when ranks share cores: plain ints and arrays of the right dtype
+    # pass on `type`/`is` tests; anything else takes the converting calls.
     for r, a in sends.items():
-        r = _mesh_rank(r, size, "sends")
-        a = np.asarray(a)
-        if a.dtype != dtype:
+        if type(r) is not int or not 0 <= r < size:
+            r = _mesh_rank(r, size, "sends")
+        if type(a) is not _ndarray:
+            a = np.asarray(a)
+        if a.dtype is not dtype and a.dtype != dtype:
             raise ShapeError(f"alltoallv block for rank {r} has dtype {a.dtype.name!r}, expected {dtype.name!r}")
         arrays[r] = a
         scounts[r] = a.size
     rcounts = [0] * size
     for r, shape in recv_shapes.items():
-        rcounts[_mesh_rank(r, size, "recv_shapes")] = math.prod(tuple(shape))
-    out: dict[int, np.ndarray] = {}
+        if type(r) is not int or not 0 <= r < size:
+            r = _mesh_rank(r, size, "recv_shapes")
+        rcounts[r] = math.prod(shape)
     if me in recv_shapes:
         mine = arrays.get(me)
         if mine is None or mine.size != rcounts[me]:
             raise ShapeError(f"alltoallv: rank {me} expects {tuple(recv_shapes[me])!r} from itself "
                              f"but sends {None if mine is None else mine.shape!r}")
-        out[me] = np.reshape(mine, recv_shapes[me])
     scounts[me] = rcounts[me] = 0
     if size > 1 and debug.check_enabled():
         debug.verify_counts(mesh.comm, scounts, rcounts, seq, mesh.polite)
@@ -349,14 +354,21 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
     send = mesh.scratch("send", (sum(scounts),), dtype)
     for r, a in arrays.items():
         if r != me:  # one copy from a strided view straight into the send buffer
-            send[sdispls[r]:sdispls[r] + scounts[r]].reshape(a.shape)[...] = a
+            lo = sdispls[r]
+            if a.ndim == 1:
+                send[lo:lo + scounts[r]] = a
+            else:
+                send[lo:lo + scounts[r]].reshape(a.shape)[...] = a
     recv = np.empty(sum(rcounts), dtype)
     if size > 1:
         _run(mesh, seq, "alltoallv", mesh.layout.alias_name, mesh.comm.Alltoallv, mesh.comm.Ialltoallv,
              [send, (scounts, sdispls)], [recv, (rcounts, rdispls)])
+    out: dict[int, np.ndarray] = {}
     for r, shape in recv_shapes.items():
         r = int(r)
-        if r != me:
+        if r == me:  # reshaped after the MPI call: nothing here needs it before
+            out[r] = np.reshape(arrays[me], shape)
+        else:
             out[r] = recv[rdispls[r]:rdispls[r] + rcounts[r]].reshape(shape)
     record("alltoallv", mesh.layout.alias_name, size, send.nbytes, recv.nbytes, perf_counter() - t0, label,
            send.nbytes)  # every block sent is packed into `send`

@@ -1,0 +1,81 @@
+"""scripts/bench_summary.py: medians over launches and the issue-6 target counts (pure, no MPI)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_summary.py"
+
+
+@pytest.fixture(scope="module")
+def summary():
+    spec = importlib.util.spec_from_file_location("spmdsim_bench_summary", _SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _rec(name, comm, raw_comm=1e-3, *, nbytes=1 << 20, arrival=None, predicted=1e-3, suite="collectives"):
+    """A bench.py record whose comm ratio is `comm` (raw comm 1 ms unless given)."""
+    raw_arr = 0.5e-3
+    return {"name": name, "bytes_per_rank": nbytes, "suite": suite,
+            "spmdsim_comm_s": comm * raw_comm, "raw_comm_s": raw_comm,
+            "spmdsim_comm_after_arrival_s": (arrival or comm) * raw_arr,
+            "raw_comm_after_arrival_s": raw_arr, "predicted_comm_s": predicted}
+
+
+def _write(tmp_path, name, records):
+    path = tmp_path / name
+    path.write_text(json.dumps(records))
+    return str(path)
+
+
+def test_median_over_launches_and_targets(summary, tmp_path):
+    runs = [
+        [_rec("steady", 1.0), _rec("noisy", 1.3), _rec("slow", 1.2, predicted=2.5e-3),
+         _rec("tiny", 3.0, nbytes=64 << 10), _rec("local", 1.0, raw_comm=0.0),
+         {"name": "overhead x", "suite": "overhead", "bytes_per_rank": 0}],
+        [_rec("steady", 1.04), _rec("noisy", 1.02), _rec("slow", 1.25, predicted=2.5e-3)],
+        [_rec("steady", 1.08), _rec("noisy", 1.05), _rec("slow", 1.15, predicted=2.5e-3)],
+    ]
+    paths = [_write(tmp_path, f"b{i}.json", recs) for i, recs in enumerate(runs)]
+    rows = summary.summarize(summary.load(paths), 1 << 20)
+    by = {r["name"]: r for r in rows}
+    assert list(by) == ["steady", "noisy", "slow"]  # below 1 MiB, no comm and overhead records left out
+    assert by["noisy"]["comm"] == pytest.approx(1.05) and by["noisy"]["comm_range"] == pytest.approx((1.02, 1.3))
+    assert by["slow"]["launches"] == 3 and by["slow"]["comm"] == pytest.approx(1.2)
+    # 2.5 ms predicted: 2.5x the raw comm time, but 5x its 0.5 ms after-arrival time.
+    assert by["slow"]["model"] == pytest.approx(2.5) and by["slow"]["model_arrival"] == pytest.approx(5.0)
+    t = summary.targets(rows)
+    assert (t["cases"], t["comm_met"], t["comm_miss"]) == (3, 2, ["slow"])
+    assert (t["model_met"], t["model_or_arrival_met"]) == (2, 2)
+
+
+def test_model_counts_when_within_2x_of_the_after_arrival_time(summary, tmp_path):
+    # Predicted 0.4 ms: 0.4x the 1 ms raw comm (a miss) but 0.8x its 0.5 ms after-arrival time.
+    path = _write(tmp_path, "b.json", [_rec("waits", 1.0, predicted=0.4e-3)])
+    t = summary.targets(summary.summarize(summary.load([path]), 1 << 20))
+    assert (t["model_met"], t["model_or_arrival_met"], t["model_or_arrival_miss"]) == (0, 1, [])
+
+
+def test_main_prints_table_targets_and_aa_column(summary, tmp_path, capsys):
+    plain = _write(tmp_path, "b.json", [_rec("case one", 1.05)])
+    aa = _write(tmp_path, "aa.json", [_rec("case one", 0.97)])
+    assert summary.main([plain, "--aa", aa]) == 0
+    out = capsys.readouterr().out
+    assert "case one" in out and "A/A" in out and "0.97" in out
+    assert "comm <= 1.1x raw: 1 of 1" in out
+    assert summary.main([plain, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["targets"]["comm_met"] == 1 and data["aa_rows"] is None
+
+
+def test_a_file_that_is_not_a_record_list_is_refused(summary, tmp_path):
+    path = _write(tmp_path, "bad.json", {"name": "x"})
+    with pytest.raises(SystemExit, match="expected bench.py's JSON list"):
+        summary.load([path])
