@@ -10,8 +10,10 @@ For 64 KiB, 1 MiB and 16 MiB per rank, each spmdsim collective over the whole
 mesh and the raw mpi4py buffer call run alternately on the same buffers
 (spmdsim receives into the raw call's preallocated output with ``out=``;
 ``--alloc`` lets it allocate its result instead), each after a barrier; a time is the median over repeats of the slowest rank. Both sides
-wait the same way (``--wait busy`` by default, so the ratio is the Python
-overhead; the polite wait is measured by the launch test).
+wait the same way: ``--wait busy`` (default) blocks in MPI on both sides, so
+the ratio is the Python overhead; with ``--wait polite`` (what ``spmdsim
+launch`` picks when ranks outnumber cores) the raw side posts the nonblocking
+call and completes it with the same `polite_wait` as spmdsim.
 
 Launch test (run serially; it starts the mpiexec runs itself):
 
@@ -66,13 +68,25 @@ def _pairs(mesh, n_bytes, alloc, prepared=False):
     same = np.empty(n, np.float32)
     block = np.empty(n // g, np.float32)
     bbuf = x.copy()
-    raw = {
-        "allgather": lambda: comm.Allgather(x, gathered),
-        "alltoall": lambda: comm.Alltoall(x, same),
-        "allreduce": lambda: comm.Allreduce(x, same, MPI.SUM),
-        "reduce_scatter": lambda: comm.Reduce_scatter_block(x, block, MPI.SUM),
-        "bcast": lambda: comm.Bcast(bbuf, 0),
-    }
+    if mesh.polite:
+        # The same wait as spmdsim's polite mesh: the nonblocking call, then polite_wait.
+        from spmdsim.runtime.wait import polite_wait as pw
+
+        raw = {
+            "allgather": lambda: pw(comm.Iallgather(x, gathered)),
+            "alltoall": lambda: pw(comm.Ialltoall(x, same)),
+            "allreduce": lambda: pw(comm.Iallreduce(x, same, MPI.SUM)),
+            "reduce_scatter": lambda: pw(comm.Ireduce_scatter_block(x, block, MPI.SUM)),
+            "bcast": lambda: pw(comm.Ibcast(bbuf, 0)),
+        }
+    else:
+        raw = {
+            "allgather": lambda: comm.Allgather(x, gathered),
+            "alltoall": lambda: comm.Alltoall(x, same),
+            "allreduce": lambda: comm.Allreduce(x, same, MPI.SUM),
+            "reduce_scatter": lambda: comm.Reduce_scatter_block(x, block, MPI.SUM),
+            "bcast": lambda: comm.Bcast(bbuf, 0),
+        }
     if prepared:
         from spmdsim.runtime import prepared as P
 

@@ -15,6 +15,7 @@ from spmdsim.cost import CostModel
 pytestmark = pytest.mark.mpi(min_size=2)
 
 _BENCH = Path(__file__).resolve().parents[2] / "scripts" / "bench.py"
+_BENCH_COLLECTIVES = _BENCH.with_name("bench_collectives.py")
 
 
 @pytest.fixture
@@ -30,8 +31,8 @@ def shared_dir():
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _bench_module():
-    spec = importlib.util.spec_from_file_location("spmdsim_bench_script", _BENCH)
+def _bench_module(path: Path = _BENCH, name: str = "spmdsim_bench_script"):
+    spec = importlib.util.spec_from_file_location(name, path)
     bench = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = bench  # dataclasses look their module up there
     spec.loader.exec_module(bench)
@@ -80,6 +81,26 @@ def test_bench_aa_control_times_a_second_raw_copy(shared_dir):
         assert (r["spmdsim_comm_s"] > 0) == (r["raw_comm_s"] > 0)
     assert any(r["raw_comm_s"] > 0 for r in aa)
     assert all("aa" not in r for r in plain)
+
+
+@pytest.mark.parametrize("wait", ["busy", "polite"])
+def test_bench_collectives_records_both_sides(wait):
+    """bench_collectives: every op timed for spmdsim and raw, rank 0 reports (polite: both sides polite)."""
+    import argparse
+
+    from mpi4py import MPI
+
+    bc = _bench_module(_BENCH_COLLECTIVES, "spmdsim_bench_collectives_script")
+    args = argparse.Namespace(sizes=[4096], ops=list(bc.OPS), repeats=2, alloc=False, wait=wait,
+                              prepared=False, aa=False)
+    records = bc.bench(args)
+    if MPI.COMM_WORLD.rank != 0:
+        assert records == []
+        return
+    assert [r["op"] for r in records] == list(bc.OPS)
+    for r in records:
+        assert r["spmdsim_s"] > 0 and r["raw_s"] > 0 and r["group_size"] == MPI.COMM_WORLD.size
+        assert r["ratio"] == pytest.approx(r["spmdsim_s"] / r["raw_s"])
 
 
 def test_calibrate_fits_and_saves(shared_dir):
