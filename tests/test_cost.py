@@ -253,6 +253,17 @@ def test_predict_plan_exchange_counts_real_peers():
     assert pred.seconds == pytest.approx(2 * A + 300 * B)
 
 
+def test_predict_plan_prices_a_traced_exchange_by_its_peers():
+    """A trace entry of an alltoallv over 8 ranks that talked to one peer pays one latency, not 7."""
+    from spmdsim.runtime.trace import TraceEntry
+
+    one = TraceEntry("alltoallv", ("x",), 8, 1000, 1000, 0.0, None, 0, 0.0, peers=1)
+    every = TraceEntry("alltoallv", ("x",), 8, 1000, 1000, 0.0, None, 0, 0.0)  # peers unknown: all 7
+    (p1,), (p7,) = predict_plan([one], CostModel(A, B)), predict_plan([every], CostModel(A, B))
+    assert (p1.group_size, p7.group_size) == (2, 8)
+    assert p1.seconds == pytest.approx(A + 1000 * B) and p7.seconds == pytest.approx(7 * A + 1000 * B)
+
+
 def test_predict_plan_errors():
     with pytest.raises(SpmdsimError, match="unknown collective 'gather'"):
         predict_plan([_Step("gather", ("x",), 1)], DEFAULT_MODEL)

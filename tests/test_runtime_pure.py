@@ -138,6 +138,7 @@ def test_exchange_spec_counts_offsets_and_slots():
     assert [p[1:3] for p in spec.packs] == [(6, 12), (0, 6), (12, 15)]  # a peer's boxes stay in order
     assert spec.rcounts == (4, 0, 6, 0) and spec.rdispls == (0, 4, 4, 10) and spec.recv_total == 10
     assert spec.recv_slots == ((2, 4, 9), (0, 0, 4), (2, 9, 10))
+    assert spec.peers == 3  # sends to 0 and 3, receives from 0 and 2
     with pytest.raises(ShapeError, match="destination 1 must be another mesh rank"):
         ExchangeSpec.build(4, 1, (4, 3), [(1, rows, (2, 3))], [])
     with pytest.raises(ShapeError, match="source 4 must be another mesh rank"):

@@ -42,7 +42,8 @@ def predict_plan(plan: Any, model: CostModel | None = None) -> tuple[StepPredict
     ``bytes_sent``: an int or one int per rank; the busiest rank counts). Those
     bytes are turned into the collective's buffer ``n`` with spmdsim.plan's
     conventions (Allgather (g-1)n_in, Allreduce 2(g-1)/g n, others (g-1)/g n).
-    An Exchange with ``transfers`` is costed with the peers it really has.
+    An Exchange with ``transfers`` (or a trace entry with ``peers``) is costed
+    with the peers it really has.
     A step (or trace entry) with ``bytes_copied`` also pays that local packing
     at the model's copy rate (``CostModel.predict_copy``).
     """
@@ -147,7 +148,14 @@ def _step_bytes(step: Any) -> float:
 
 
 def _exchange_peers(step: Any) -> int:
-    """Most distinct peers any rank talks to in an exchange (else the group size - 1)."""
+    """Most distinct peers any rank talks to in an exchange (else the group size - 1).
+
+    A trace entry says it (``peers``, this rank's); a planner step has its
+    ``transfers``.
+    """
+    peers = getattr(step, "peers", None)
+    if isinstance(peers, int) and not isinstance(peers, bool) and peers > 0:
+        return peers
     transfers = getattr(step, "transfers", None)
     if transfers:
         peers: dict[int, set] = {}

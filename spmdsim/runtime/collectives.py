@@ -371,7 +371,8 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
         else:
             out[r] = recv[rdispls[r]:rdispls[r] + rcounts[r]].reshape(shape)
     record("alltoallv", mesh.layout.alias_name, size, send.nbytes, recv.nbytes, perf_counter() - t0, label,
-           send.nbytes)  # every block sent is packed into `send`
+           send.nbytes,  # every block sent is packed into `send`
+           sum(1 for s, r in zip(scounts, rcounts) if s or r))
     return out
 
 
@@ -402,7 +403,8 @@ def exchange(mesh: Mesh, local: np.ndarray, spec: ExchangeSpec, label: str | Non
     if size > 1:
         _run(mesh, seq, "alltoallv", axes, mesh.comm.Alltoallv, mesh.comm.Ialltoallv,
              [send, (spec.scounts, spec.sdispls)], [recv, (spec.rcounts, spec.rdispls)])
-    record("alltoallv", axes, size, send.nbytes, recv.nbytes, perf_counter() - t0, label, send.nbytes)
+    record("alltoallv", axes, size, send.nbytes, recv.nbytes, perf_counter() - t0, label, send.nbytes,
+           spec.peers)
     return recv
 
 

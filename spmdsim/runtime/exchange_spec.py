@@ -43,6 +43,11 @@ class ExchangeSpec:
     rdispls: tuple[int, ...]
 
     @property
+    def peers(self) -> int:
+        """Other ranks this rank sends to or receives from."""
+        return sum(1 for s, r in zip(self.scounts, self.rcounts) if s or r)
+
+    @property
     def send_total(self) -> int:
         return self.sdispls[-1] + self.scounts[-1] if self.size else 0
 

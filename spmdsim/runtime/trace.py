@@ -34,6 +34,9 @@ class TraceEntry:
     # time.perf_counter() when the call returned: the ranks of one machine share
     # this clock (CLOCK_MONOTONIC), so it tells when each rank arrived and left.
     ended_at: float = 0.0
+    # alltoallv/exchange: how many other ranks this rank sent to or received from
+    # (the cost model prices one message per peer); 0 for the other collectives.
+    peers: int = 0
 
     @property
     def started_at(self) -> float:
@@ -61,9 +64,9 @@ class Trace:
     @property
     def _entries(self) -> list[TraceEntry]:
         built, rows = self._built, self._rows
-        for op, axes, g, sent, received, seconds, label, copied, ended in rows[len(built):]:
+        for op, axes, g, sent, received, seconds, label, copied, ended, peers in rows[len(built):]:
             built.append(TraceEntry(op, axes, g, int(sent), int(received), float(seconds), label,
-                                    int(copied), ended))
+                                    int(copied), ended, int(peers)))
         return built
 
     @property
@@ -169,11 +172,12 @@ def collect_trace() -> _Collector:
 
 def record(
     op: str, axes: tuple[str, ...], group_size: int, sent: int, received: int, seconds: float,
-    label: str | None, copied: int = 0,
+    label: str | None, copied: int = 0, peers: int = 0,
 ) -> None:
-    """Append one entry to every open collector (`copied`: bytes packed/unpacked locally)."""
+    """Append one entry to every open collector (`copied`: bytes packed/unpacked locally;
+    `peers`: other ranks an alltoallv/exchange talked to)."""
     if _ACTIVE:
         # Called right after the collective returns: now is when it ended.
-        row = (op, axes, group_size, sent, received, seconds, label, copied, perf_counter())
+        row = (op, axes, group_size, sent, received, seconds, label, copied, perf_counter(), peers)
         for trace in _ACTIVE:
             trace._rows.append(row)

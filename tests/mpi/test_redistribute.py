@@ -116,10 +116,15 @@ def test_redistribute_matches_the_generator_bit_exactly(index):
 
     from spmdsim.cost import predict_plan
 
-    copied = {int(e.label.split("]")[0].split("[")[1]): e.bytes_copied for e in trace.entries}
+    step_of = lambda e: int(e.label.split("]")[0].split("[")[1])  # noqa: E731
+    copied = {step_of(e): e.bytes_copied for e in trace.entries}
+    peers = {step_of(e): e.peers for e in trace.entries if e.op == "alltoallv"}
     for index, pred in enumerate(predict_plan(plan), 1):
         busiest = comm.allreduce(copied.get(index, 0), op=MPI.MAX)
         assert busiest == pred.bytes_copied, (index, str(plan))
+        # An Exchange is priced with the peers the busiest rank really had.
+        if pred.op == "alltoallv":
+            assert comm.allreduce(peers.get(index, 0), op=MPI.MAX) + 1 == pred.group_size, (index, str(plan))
 
 
 def test_plan_labels_name_the_step():

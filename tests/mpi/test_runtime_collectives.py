@@ -109,6 +109,8 @@ def test_alltoallv_general_exchange(wait):
     sent = sum(a.nbytes for s, a in sends.items() if s != r)
     assert (entry.op, entry.bytes_sent, entry.label) == ("alltoallv", sent, "exchange")
     assert entry.bytes_copied == sent  # every block sent is packed into one buffer
+    # Sends to all but r+1, receives from all but r-1: every other rank is a peer (none at 2 ranks).
+    assert entry.peers == (n - 1 if n > 2 else 0)
 
 
 
@@ -131,6 +133,7 @@ def test_exchange_by_spec_matches_alltoallv():
     (entry,) = tr.entries
     assert (entry.op, entry.label, entry.bytes_sent, entry.bytes_copied) == ("alltoallv", "spec", 24 * (n - 1),
                                                                              24 * (n - 1))
+    assert entry.peers == spec.peers == n - 1
     with pytest.raises(ShapeError, match="is not an array of shape"):
         C.exchange(mesh, local[1:], spec)
     other = ExchangeSpec.build(n, (r + 1) % n, local.shape, [], [])
