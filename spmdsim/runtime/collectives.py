@@ -30,7 +30,7 @@ from mpi4py import MPI
 
 from ..errors import ShapeError
 from . import debug
-from .exchange_spec import ExchangeSpec
+from .exchange_spec import ExchangeSpec, count_peers
 from .mesh import Mesh
 from .trace import OPEN_TRACES as _TRACES
 from .trace import record
@@ -372,7 +372,7 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
             out[r] = recv[rdispls[r]:rdispls[r] + rcounts[r]].reshape(shape)
     record("alltoallv", mesh.layout.alias_name, size, send.nbytes, recv.nbytes, perf_counter() - t0, label,
            send.nbytes,  # every block sent is packed into `send`
-           sum(1 for s, r in zip(scounts, rcounts) if s or r))
+           count_peers(scounts, rcounts))
     return out
 
 

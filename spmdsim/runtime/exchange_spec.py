@@ -15,7 +15,7 @@ from typing import Iterable
 
 from ..errors import ShapeError
 
-__all__ = ["ExchangeSpec"]
+__all__ = ["ExchangeSpec", "count_peers"]
 
 Index = tuple[slice, ...]
 
@@ -30,6 +30,7 @@ class ExchangeSpec:
         packs: (index into the local block, start, stop, box shape) per box sent.
         recv_slots: (source, start, stop) per box received, in the order given to `build`.
         scounts, sdispls, rcounts, rdispls: Alltoallv counts and offsets (elements).
+        peers: other ranks this rank sends to or receives from (`count_peers`).
     """
 
     size: int
@@ -41,11 +42,7 @@ class ExchangeSpec:
     sdispls: tuple[int, ...]
     rcounts: tuple[int, ...]
     rdispls: tuple[int, ...]
-
-    @property
-    def peers(self) -> int:
-        """Other ranks this rank sends to or receives from."""
-        return sum(1 for s, r in zip(self.scounts, self.rcounts) if s or r)
+    peers: int
 
     @property
     def send_total(self) -> int:
@@ -89,7 +86,12 @@ class ExchangeSpec:
             cursor[src] += count
             slots.append((src, lo, cursor[src]))
         return cls(size, rank, tuple(local_shape), tuple(packs), tuple(slots), tuple(scounts),
-                   sdispls, tuple(rcounts), rdispls)
+                   sdispls, tuple(rcounts), rdispls, count_peers(scounts, rcounts))
+
+
+def count_peers(scounts: Iterable[int], rcounts: Iterable[int]) -> int:
+    """How many ranks an Alltoallv with these counts sends to or receives from."""
+    return sum(1 for s, r in zip(scounts, rcounts) if s or r)
 
 
 def _peer(r: int, size: int, rank: int, what: str) -> None:
