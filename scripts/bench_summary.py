@@ -87,8 +87,8 @@ def targets(rows: list[dict]) -> dict:
     """Counts of cases meeting each target, and the names of those that miss."""
     comm_miss = [r["name"] for r in rows if r["comm"] is None or r["comm"] > COMM_TARGET]
     model_miss = [r["name"] for r in rows if not within(r["model"], MODEL_FACTOR)]
-    model_arr_miss = [n for n in model_miss
-                      if not within(next(r for r in rows if r["name"] == n)["model_arrival"], MODEL_FACTOR)]
+    model_arr_miss = [r["name"] for r in rows if not within(r["model"], MODEL_FACTOR)
+                      and not within(r["model_arrival"], MODEL_FACTOR)]
     return {"cases": len(rows), "comm_met": len(rows) - len(comm_miss), "comm_miss": comm_miss,
             "model_met": len(rows) - len(model_miss), "model_miss": model_miss,
             "model_or_arrival_met": len(rows) - len(model_arr_miss), "model_or_arrival_miss": model_arr_miss}
