@@ -1,23 +1,18 @@
 """scripts/bench_summary.py: medians over launches and the issue-6 target counts (pure, no MPI)."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from testkit import load_script
 
 _SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_summary.py"
 
 
 @pytest.fixture(scope="module")
 def summary():
-    spec = importlib.util.spec_from_file_location("spmdsim_bench_summary", _SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(_SCRIPT, "spmdsim_bench_summary")
 
 
 def _rec(name, comm, raw_comm=1e-3, *, nbytes=1 << 20, arrival=None, predicted=1e-3, suite="collectives"):

@@ -1,16 +1,15 @@
 """Smoke tests of the performance tools under MPI: tiny sizes, one repeat."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from spmdsim.cost import CostModel
+from testkit import load_script
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -32,11 +31,7 @@ def shared_dir():
 
 
 def _bench_module(path: Path = _BENCH, name: str = "spmdsim_bench_script"):
-    spec = importlib.util.spec_from_file_location(name, path)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench  # dataclasses look their module up there
-    spec.loader.exec_module(bench)
-    return bench
+    return load_script(path, name)
 
 
 def _run_bench(bench, out: Path, *args: str) -> list[dict]:

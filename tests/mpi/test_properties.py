@@ -12,7 +12,6 @@ against its numpy reference with the CLI's tolerance.
 """
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import random
@@ -21,6 +20,7 @@ import numpy as np
 import pytest
 
 from spmdsim.plan import partial_addends, shards_of
+from testkit import load_script
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -31,10 +31,7 @@ OPS = 40
 def _pairs_module():
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                         "test_properties.py")
-    spec = importlib.util.spec_from_file_location("_spmdsim_pair_gen", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(path, "_spmdsim_pair_gen")
 
 
 def _world():
