@@ -12,7 +12,8 @@ redistributions, one per kind of plan step) and ``ops`` (MatMul, column/row
 Linear, the fused MLP, vocab-parallel Embedding). Every case runs three
 contenders in turn, in a rotating order, after a barrier: spmdsim, raw mpi4py
 (the same collectives on preallocated buffers of the same sizes; for ops the
-same local numpy work too) and numpy in one process (rank 0 alone, the whole
+same local numpy work too; its buffers placed in the page as spmdsim places
+its own, spmdsim.buffers) and numpy in one process (rank 0 alone, the whole
 op). A time is the median over repeats (after warm-up) of the slowest rank.
 ``comm`` columns are the time inside collectives (spmdsim's trace; the raw
 code's own timers); ``model`` is spmdsim.cost's prediction for those calls.
@@ -42,7 +43,7 @@ from typing import Any, Callable, Optional  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from spmdsim import Layout, SeededTensor  # noqa: E402
+from spmdsim import Layout, SeededTensor, buffers  # noqa: E402
 from spmdsim.cli.calibrate import Waiter, parse_size  # noqa: E402
 from spmdsim.cost import CostModel, load_or_default, predict_plan  # noqa: E402
 
@@ -235,12 +236,11 @@ def _collective_group_cases(mesh: Any, axes: tuple, n: int, waiter: Waiter,
     sub, g, me = mesh.group_info(axes)
     cols = 256
     rows = max(g, n // 4 // cols // g * g)  # n = rows*cols*4, rows divisible by g
-    full = np.ones((rows, cols), np.float32)
-    part = np.ones((rows // g, cols), np.float32)
-    kept_full, kept_part = np.empty_like(full), np.empty_like(part)
+    full, part = _placed((rows, cols), 1), _placed((rows // g, cols), 1)
+    kept_full, kept_part = _placed(full.shape), _placed(part.shape)
 
     def fresh(kept: np.ndarray) -> np.ndarray:
-        return np.empty_like(kept) if alloc else kept
+        return _placed(kept.shape) if alloc else kept
     out_full, out_part = (None, None) if alloc else (kept_full, kept_part)
     # numpy (rank 0 only): every member's buffer at once.
     stacked = np.ones((g,) + full.shape if mesh.rank == 0 else (g, g, 1), np.float32)
@@ -270,8 +270,8 @@ def _collective_group_cases(mesh: Any, axes: tuple, n: int, waiter: Waiter,
         shapes = {r: block.shape for r in range(g)}
         counts = [0 if r == me else block.size for r in range(g)]
         displs = [int(v) for v in np.cumsum([0] + counts[:-1])]
-        sbuf = np.ones(block.size * (g - 1), np.float32)
-        rbuf = np.empty_like(sbuf)
+        sbuf = _placed(block.size * (g - 1), 1)
+        rbuf = _placed(sbuf.shape)
         packs = [(block, displs[r], displs[r] + counts[r]) for r in range(g) if r != me]
 
         def raw_alltoallv():
@@ -292,6 +292,18 @@ def _collective_group_cases(mesh: Any, axes: tuple, n: int, waiter: Waiter,
         cases.append(Case(f"{op} g{g} {_size(full.nbytes)}", full.nbytes, traced(fn_s, entries),
                           raw.timed(fn_r), fn_n, {"_trace": entries}))
     return cases
+
+
+def _placed(shape: Any, fill: Optional[float] = None) -> np.ndarray:
+    """A float32 buffer for the raw code, placed in the page as spmdsim places its own.
+
+    Both sides then start from the same placement (spmdsim.buffers): a ratio
+    measures spmdsim's work, not which side the heap happened to favour.
+    """
+    out = buffers.empty(shape, np.float32)
+    if fill is not None:
+        out.fill(fill)
+    return out
 
 
 def _size(n: float) -> str:
@@ -340,11 +352,11 @@ def _raw_plan(comm: Any, plan: Any, raw: Raw) -> Callable[[np.ndarray], np.ndarr
             subs[key] = comm.Split(*step.before.layout.split_color_key(rank, step.axes))
         sub = subs[key]
         g = sub.Get_size()
-        out = np.empty(out_shape, np.float32)
+        out = _placed(out_shape)
         if op == "allgather":
             d = step.tensor_dim
             outer = int(np.prod(in_shape[:d]))
-            recv = out if outer == 1 else np.empty((g,) + in_shape, np.float32)
+            recv = out if outer == 1 else _placed((g,) + in_shape)
 
             def run(x, sub=sub, out=out, recv=recv, outer=outer, g=g, d=d):
                 raw.w.call(sub.Allgather, sub.Iallgather, x, recv)
@@ -356,7 +368,7 @@ def _raw_plan(comm: Any, plan: Any, raw: Raw) -> Callable[[np.ndarray], np.ndarr
             s_outer = int(np.prod(in_shape[:s_]))
             block = in_shape[:s_] + (in_shape[s_] // g,) + in_shape[s_ + 1:]
             c_outer = int(np.prod(block[:c]))
-            recv = out if c_outer == 1 else np.empty((g,) + block, np.float32)
+            recv = out if c_outer == 1 else _placed((g,) + block)
 
             def run(x, sub=sub, out=out, recv=recv, s_outer=s_outer, c_outer=c_outer, g=g):
                 send = x if s_outer == 1 else np.ascontiguousarray(
@@ -414,8 +426,8 @@ def _raw_exchange(comm: Any, step: Any, rank: int, in_shape: tuple, out_shape: t
             rcount[src] += n
     sd = [int(v) for v in np.cumsum([0] + scount[:-1])]
     rd = [int(v) for v in np.cumsum([0] + rcount[:-1])]
-    sbuf, rbuf = np.empty(sum(scount), np.float32), np.empty(sum(rcount), np.float32)
-    out = np.empty(out_shape, np.float32)
+    sbuf, rbuf = _placed(sum(scount)), _placed(sum(rcount))
+    out = _placed(out_shape)
     common = intersect(before, after)
     own = None if common is None else (box_in(common, after), box_in(common, before))
     offset = {dst: sd[dst] for dst in range(size)}
@@ -532,7 +544,7 @@ def op_cases(comm: Any, waiter: Waiter, wait: str, sz: dict) -> list[Case]:
     X = DTensor.from_seeded(mesh, layout(None, "x"), xs)
     W = DTensor.from_seeded(mesh, layout("x", None), ws)
     raw = Raw(waiter)
-    part, out = np.empty((m, m), np.float32), np.empty((m, m), np.float32)
+    part, out = _placed((m, m)), _placed((m, m))
     xf, wf = (xs.full(), ws.full()) if root else (None, None)
 
     def raw_matmul(xl=X.local, wl=W.local, raw=raw):
@@ -552,8 +564,8 @@ def op_cases(comm: Any, waiter: Waiter, wait: str, sz: dict) -> list[Case]:
         wl, bl = col.weight.local, col.bias.local
         wf, bf = (col.weight_source.full(), col.bias_source.full()) if root else (None, None)
         raw = Raw(waiter)
-        blocks = np.empty((world, b, d_out // world), np.float32)
-        y = np.empty((b, wl.shape[1]), np.float32)
+        blocks = _placed((world, b, d_out // world))
+        y = _placed((b, wl.shape[1]))
 
         def raw_col(wl=wl, bl=bl, gather=gather, y=y, blocks=blocks, raw=raw):
             np.matmul(xin.local, wl, out=y)
@@ -576,7 +588,7 @@ def op_cases(comm: Any, waiter: Waiter, wait: str, sz: dict) -> list[Case]:
     hf = hsrc.full() if root else None
     rwf, rbf = (row.weight_source.full(), row.bias_source.full()) if root else (None, None)
     raw = Raw(waiter)
-    rpart, rout = np.empty((b, d_in), np.float32), np.empty((b, d_in), np.float32)
+    rpart, rout = _placed((b, d_in)), _placed((b, d_in))
 
     def raw_row(wl=row.weight.local, bl=row.bias.local, raw=raw):
         np.matmul(h.local, wl, out=rpart)
@@ -592,7 +604,7 @@ def op_cases(comm: Any, waiter: Waiter, wait: str, sz: dict) -> list[Case]:
     full_w = ([s.full() for s in (f1.weight_source, f1.bias_source, f2.weight_source,
                                   f2.bias_source)] if root else None)
     raw = Raw(waiter)
-    mpart, mout = np.empty((b, d_in), np.float32), np.empty((b, d_in), np.float32)
+    mpart, mout = _placed((b, d_in)), _placed((b, d_in))
 
     def raw_mlp(raw=raw):
         hid = gelu(xin.local @ f1.weight.local + f1.bias.local)
@@ -615,12 +627,13 @@ def op_cases(comm: Any, waiter: Waiter, wait: str, sz: dict) -> list[Case]:
     table_f = emb.weight_source.full() if root else None
     ids_f = idsrc.full()
     raw = Raw(waiter)
-    eout = np.empty((tokens, dim), np.float32)
+    eout, looked = _placed((tokens, dim)), _placed((tokens, dim))
     padded, start, stop = emb.padded_weight, emb.vocab_start_index, emb.vocab_end_index
 
     def raw_emb(raw=raw):
         owned = (ids.local >= start) & (ids.local < stop)
-        looked = padded[np.where(owned, ids.local - start, stop - start)]
+        np.take(padded, np.where(owned, ids.local - start, stop - start), axis=0, out=looked,
+                mode="clip")
         raw(comm.Allreduce, comm.Iallreduce, looked, eout, SUM)
         return eout
     add(f"vocab_embedding {vocab}x{dim} t{tokens}", eout.nbytes, lambda: emb(ids), raw_emb, raw,

@@ -59,15 +59,18 @@ def _pairs(mesh, n_bytes, alloc, prepared=False):
     """
     from mpi4py import MPI
 
+    from spmdsim import buffers
     from spmdsim.runtime import collectives as C
 
     comm, g, _ = mesh.group_info(("x",))
     n = max(g, (n_bytes // 4) // g * g)
-    x = np.random.default_rng(mesh.rank).random(n, dtype=np.float32)
-    gathered = np.empty(n * g, np.float32)
-    same = np.empty(n, np.float32)
-    block = np.empty(n // g, np.float32)
-    bbuf = x.copy()
+    # Buffers placed in the page as spmdsim places its own (spmdsim.buffers), so
+    # every launch compares the same placement.
+    x = buffers.placed_copy(np.random.default_rng(mesh.rank).random(n, dtype=np.float32))
+    gathered = buffers.empty(n * g, np.float32)
+    same = buffers.empty(n, np.float32)
+    block = buffers.empty(n // g, np.float32)
+    bbuf = buffers.placed_copy(x)
     if mesh.polite:
         # The same wait as spmdsim's polite mesh: the nonblocking call, then polite_wait.
         from spmdsim.runtime.wait import polite_wait as pw

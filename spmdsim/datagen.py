@@ -13,6 +13,7 @@ from typing import Sequence, Union
 
 import numpy as np
 
+from . import buffers
 from .errors import ShapeError, SpmdsimError
 
 __all__ = ["SeededTensor", "FLOAT_DTYPES", "INT_DTYPES"]
@@ -98,7 +99,7 @@ class SeededTensor:
         """The block given by per-dim slices or (start, stop) pairs, as a new array."""
         bounds = self._bounds(region)
         out_shape = tuple(b - a for a, b in bounds)
-        out = np.empty(out_shape, dtype=self.dtype)
+        out = buffers.empty(out_shape, self.dtype)
         if out.size == 0:
             return out
         strides = [1] * len(self.shape)

@@ -5,12 +5,13 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
+from .. import buffers
 from ..errors import OperatorError
 from ..layout import TensorLayout
 from .resolve import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, Resolution
 
 __all__ = [
-    "run_resolution", "make_dtensor", "seeded_dtensor", "scatter_local", "default_axes", "same_mesh",
+    "local_matmul", "run_resolution", "make_dtensor", "seeded_dtensor", "scatter_local", "default_axes", "same_mesh",
 ]
 
 
@@ -19,6 +20,12 @@ def make_dtensor(mesh: Any, local: np.ndarray, layout: TensorLayout, shape: Sequ
     from ..runtime import DTensor
 
     return DTensor(mesh, np.ascontiguousarray(local), layout, tuple(shape))
+
+
+def local_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``np.matmul(a, b)`` into a placed array (spmdsim.buffers): a collective usually sends it next."""
+    shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+    return np.matmul(a, b, out=buffers.empty(shape, np.result_type(a, b)))
 
 
 def run_resolution(mesh: Any, local: np.ndarray, res: Resolution, label: Optional[str],

@@ -20,6 +20,7 @@ from typing import Any, Iterable, Optional
 
 import numpy as np
 
+from .. import buffers
 from ..datagen import SeededTensor
 from ..errors import ShapeError
 from ..reference import RegionFn, Source, check_ids, embedding_region
@@ -52,7 +53,11 @@ def vocab_parallel_lookup(ids: np.ndarray, padded: np.ndarray, start: int) -> np
     """One rank's lookup: owned ids shifted to local rows, every other id to the padding row."""
     per_part = padded.shape[0] - 1
     owned = (ids >= start) & (ids < start + per_part)
-    return padded[np.where(owned, ids - start, per_part)]
+    rows = np.where(owned, ids - start, per_part)
+    # Into a placed array (spmdsim.buffers): the Allreduce sends it next. Every row
+    # index is in range by construction, so "clip" spares take's checked copy.
+    out = buffers.empty(rows.shape + padded.shape[1:], padded.dtype)
+    return np.take(padded, rows, axis=0, out=out, mode="clip")
 
 
 def plan_embedding(

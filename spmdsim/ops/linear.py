@@ -20,7 +20,7 @@ from ..datagen import SeededTensor
 from ..errors import ShapeError
 from ..reference import RegionFn, Source, linear_region
 from ._common import (
-    default_axes, make_dtensor, run_resolution, same_mesh, scatter_local, seeded_dtensor,
+    default_axes, local_matmul, make_dtensor, run_resolution, same_mesh, scatter_local, seeded_dtensor,
 )
 from .infer import LinearPlan, infer_linear, matmul_shape
 
@@ -61,7 +61,7 @@ def linear(
     """
     mesh = same_mesh(*(t for t in (x, weight, bias) if t is not None))
     plan, shape = plan_linear(x, weight, bias, gather_out=gather_out, reduce=reduce)
-    local = np.matmul(x.local, weight.local)
+    local = local_matmul(x.local, weight.local)
     local = run_resolution(mesh, local, plan.matmul.resolution, label, owned=True)
     if bias is not None:
         pending = plan.matmul.out.partial

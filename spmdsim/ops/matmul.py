@@ -12,7 +12,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..layout import TensorLayout
-from ._common import make_dtensor, run_resolution, same_mesh
+from ._common import local_matmul, make_dtensor, run_resolution, same_mesh
 from .infer import MatMulPlan, infer_matmul, matmul_shape
 
 __all__ = ["matmul", "plan_matmul"]
@@ -63,6 +63,6 @@ def matmul(
     )
     a = np.swapaxes(x.local, -1, -2) if transpose_a else x.local
     b = np.swapaxes(w.local, -1, -2) if transpose_b else w.local
-    local = np.matmul(a, b)
+    local = local_matmul(a, b)
     local = run_resolution(mesh, local, plan.resolution, label, owned=True)
     return make_dtensor(mesh, local, plan.out, shape)

@@ -9,6 +9,7 @@ from typing import Iterable
 
 import numpy as np
 
+from .. import buffers
 from .steps import Exchange, LocalSlice, LocalZero
 from .volume import Box, box_shape, intersect, rank_boxes
 
@@ -32,14 +33,14 @@ def local_slice(step: LocalSlice, rank: int, local: np.ndarray, shape: tuple) ->
     """The part of `local` this rank keeps (a contiguous copy)."""
     before = rank_boxes(step.before, shape)[rank]
     after = rank_boxes(step.after, shape)[rank]
-    return np.ascontiguousarray(local[box_in(after, before)])
+    return buffers.placed_copy(local[box_in(after, before)])
 
 
 def local_zero(step: LocalZero, rank: int, local: np.ndarray, shape: tuple) -> np.ndarray:
     """Zero-padded block: one replica per new partial group keeps its values."""
     before = rank_boxes(step.before, shape)[rank]
     after = rank_boxes(step.after, shape)[rank]
-    out = np.zeros(box_shape(after), dtype=local.dtype)
+    out = buffers.zeros(box_shape(after), local.dtype)
     layout = step.before.layout
     # Axes that were split keep every rank's own block; replicated ones keep index 0 only.
     replicated = [a for a in step.axes if a not in step.before.split_axes]
@@ -69,7 +70,7 @@ class ExchangeProgram:
 
     def assemble(self, local: np.ndarray, pieces: Iterable[np.ndarray]) -> np.ndarray:
         """The new block: the overlap kept from `local`, then one received piece per place, in order."""
-        out = np.empty(self.out_shape, dtype=local.dtype)
+        out = buffers.empty(self.out_shape, local.dtype)
         if self.own is not None:
             out[self.own[0]] = local[self.own[1]]
         for (_, index, extent), piece in zip(self.places, pieces):

@@ -28,6 +28,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 from mpi4py import MPI
 
+from .. import buffers
 from ..errors import ShapeError
 from . import debug
 from .exchange_spec import ExchangeSpec, count_peers
@@ -42,7 +43,7 @@ __all__ = ["allgather", "alltoall", "allreduce", "reduce_scatter", "bcast", "all
 _SUM = MPI.SUM
 _IN_PLACE = MPI.IN_PLACE
 _ndarray = np.ndarray
-_empty = np.empty
+_empty = buffers.empty  # placed in the page for MPI's copies (spmdsim.buffers)
 # The lean path reads these directly, without a call: debug's settings and call
 # counter (what debug.quiet() and debug.next_seq() read and advance), and the open traces.
 _DEBUG = debug._State
@@ -359,7 +360,7 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
                 send[lo:lo + scounts[r]] = a
             else:
                 send[lo:lo + scounts[r]].reshape(a.shape)[...] = a
-    recv = np.empty(sum(rcounts), dtype)
+    recv = _empty(sum(rcounts), dtype)
     if size > 1:
         _run(mesh, seq, "alltoallv", mesh.layout.alias_name, mesh.comm.Alltoallv, mesh.comm.Ialltoallv,
              [send, (scounts, sdispls)], [recv, (rcounts, rdispls)])
@@ -418,7 +419,7 @@ def _mesh_rank(r: Any, size: int, what: str) -> int:
 def _result(out: np.ndarray | None, shape: tuple, dtype: np.dtype, op: str) -> np.ndarray:
     """A new result array, or the caller's `out` after checking it can take the result."""
     if out is None:
-        return np.empty(shape, dtype)
+        return _empty(shape, dtype)
     if not (type(out) is np.ndarray and out.shape == shape and out.dtype == dtype
             and out.flags.c_contiguous and out.flags.writeable):
         got = (getattr(out, "shape", None), getattr(getattr(out, "dtype", None), "name", None))

@@ -10,6 +10,7 @@ from typing import Any, Callable, Sequence, Union
 
 import numpy as np
 
+from .. import buffers
 from ..datagen import SeededTensor
 from ..errors import LayoutError, ShapeError
 from ..layout import TensorLayout
@@ -79,7 +80,7 @@ class DTensor:
         if _holds_value(mesh, layout):
             local = seeded.region(layout.slices(mesh.rank, shape))
         else:
-            local = np.zeros(layout.local_shape(shape), seeded.dtype)
+            local = buffers.zeros(layout.local_shape(shape), seeded.dtype)
         return cls(mesh, local, layout, shape)
 
     @classmethod
@@ -88,9 +89,9 @@ class DTensor:
         array = np.asarray(array)
         shape = layout.check_shape(array.shape)
         if _holds_value(mesh, layout):
-            local = np.ascontiguousarray(array[layout.slices(mesh.rank, shape)]).copy()
+            local = buffers.placed_copy(array[layout.slices(mesh.rank, shape)])
         else:
-            local = np.zeros(layout.local_shape(shape), array.dtype)
+            local = buffers.zeros(layout.local_shape(shape), array.dtype)
         return cls(mesh, local, layout, shape)
 
     # -- views ---------------------------------------------------------------------
@@ -122,7 +123,7 @@ class DTensor:
         if root is not None and not 0 <= root < mesh.size:
             raise ShapeError(f"gather root {root!r} is not a mesh rank (0 <= root < {mesh.size})")
         local = np.ascontiguousarray(self.resolved_local(label="gather"))
-        stack = np.empty((mesh.size,) + local.shape, local.dtype) if root in (None, mesh.rank) else None
+        stack = buffers.empty((mesh.size,) + local.shape, local.dtype) if root in (None, mesh.rank) else None
         comm, polite = mesh.comm, mesh.polite
         if root is None:
             debug.collective(comm, "gather", (), local, (), polite, comm.Allgather,

@@ -7,6 +7,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from .. import buffers
 from ..errors import LayoutError, RuntimeMismatchError
 from ..layout import Layout
 from .wait import resolve_wait_mode
@@ -93,12 +94,12 @@ class Mesh:
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes > SCRATCH_MAX_BYTES:
-            return np.empty(shape, dtype)
+            return buffers.empty(shape, dtype)
         buf = self._scratch.get(role)
         if buf is None or buf.nbytes < nbytes:
             if role not in SCRATCH_ROLES:
                 raise ValueError(f"scratch role {role!r} is not one of {SCRATCH_ROLES!r}")
-            buf = self._scratch[role] = np.empty(max(nbytes, 1), np.uint8)
+            buf = self._scratch[role] = buffers.empty(max(nbytes, 1), np.uint8)
         return buf[:nbytes].view(dtype).reshape(shape)
 
     def __repr__(self) -> str:

@@ -189,6 +189,35 @@ def test_kept_temporaries_are_reused_and_never_part_of_a_result(monkeypatch):
         mesh.scratch("out", (1,), np.float64)
 
 
+def test_results_and_kept_buffers_start_at_the_page_offset():
+    """What spmdsim allocates for MPI to write (results, kept temporaries) is placed (spmdsim.buffers)."""
+    from spmdsim import buffers
+    from spmdsim.runtime.exchange_spec import ExchangeSpec
+
+    mesh = _meshes("busy")[0]
+    n, r, axes = mesh.size, mesh.rank, mesh.layout.alias_name
+    x = _data(r, (n * 128, 64))  # n * 64 KiB: every result below is at least buffers.MIN_BYTES
+    results = {
+        "allgather": C.allgather(mesh, x, axes, 0),
+        "allgather dim 1": C.allgather(mesh, x, axes, 1),
+        "alltoall": C.alltoall(mesh, x, axes, 0, 0),
+        "alltoall 0->1": C.alltoall(mesh, x, axes, 0, 1),
+        "allreduce": C.allreduce(mesh, x, axes),
+        "reduce_scatter": C.reduce_scatter(mesh, x, axes, 0),
+    }
+    rows = x.shape[0] // n
+    sends = [(s, (slice(s * rows, (s + 1) * rows), slice(None)), (rows, 64)) for s in range(n)]
+    spec = ExchangeSpec.build(n, r, x.shape, [t for t in sends if t[0] != r],
+                              [(s, rows * 64) for s in range(n) if s != r])
+    results["exchange"] = C.exchange(mesh, x, spec)
+    general = C.alltoallv(mesh, {s: x[:rows] for s in range(n)}, {s: (rows, 64) for s in range(n)}, x.dtype)
+    results.update({f"alltoallv from {s}": general[s] for s in range(n) if s != r})
+    results.update({f"kept {role}": buf for role, buf in mesh._scratch.items()})
+    for name, value in results.items():
+        assert value.nbytes >= buffers.MIN_BYTES, name
+        assert buffers.page_offset(value) == buffers.PAGE_OFFSET, name
+
+
 def test_trace_records_ops_bytes_and_nesting():
     mesh = _meshes("polite")[0]
     layout = mesh.layout

@@ -1,0 +1,66 @@
+"""Arrays placed at one fixed offset inside a memory page, for buffers MPI moves.
+
+Why: between processes on one node MPICH copies large messages with the
+kernel's cross-memory attach (CMA), and on this project's AMD VM that copy
+depends on where the receive buffer starts relative to the send buffer within
+their pages (``scripts/bench_placement.py``; docs/performance.md, "Buffer
+placement"). Both 16-byte aligned, as every malloc'd array is: 16 bytes apart
+(mod 32) costs 1.05-1.6x against 0 or 32 apart; 8 bytes apart costs 2-4x.
+Where the C library's heap puts each array is luck, so the same code ran 10-40%
+faster or slower from one launch to the next.
+
+Every array spmdsim allocates for MPI to read or write, from 64 KiB up, starts
+`PAGE_OFFSET` = 16 bytes into a page: 0 bytes from any other such array, and 0
+from the arrays glibc maps on their own (16 bytes into a page, after its chunk
+header: large numpy arrays by default, MPI's own large temporaries). Smaller
+arrays are plain ``np.empty``: below 64 KiB a 16-byte difference measured no
+slower.
+"""
+from __future__ import annotations
+
+import math
+import mmap
+from typing import Any
+
+import numpy as np
+
+__all__ = ["PAGE", "PAGE_OFFSET", "MIN_BYTES", "empty", "zeros", "page_offset", "placed_copy"]
+
+PAGE = mmap.PAGESIZE
+PAGE_OFFSET = 16  # where glibc's own maps start (its chunk header); a multiple of every itemsize
+MIN_BYTES = 64 << 10  # below this the 4 KiB of slack would cost more than it saves
+
+_np_empty = np.empty
+_uint8 = np.dtype(np.uint8)
+
+
+def empty(shape: Any, dtype: Any = float) -> np.ndarray:
+    """Like ``np.empty`` (C order); from MIN_BYTES up the data starts PAGE_OFFSET bytes into a page."""
+    dtype = np.dtype(dtype)
+    dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    nbytes = math.prod(dims) * dtype.itemsize
+    if nbytes < MIN_BYTES:
+        return _np_empty(dims, dtype)
+    raw = _np_empty(nbytes + PAGE, _uint8)
+    start = (PAGE_OFFSET - raw.ctypes.data) % PAGE
+    return raw[start:start + nbytes].view(dtype).reshape(dims)
+
+
+def zeros(shape: Any, dtype: Any = float) -> np.ndarray:
+    """Like ``np.zeros``, placed as `empty` places it."""
+    out = empty(shape, dtype)
+    out.fill(0)
+    return out
+
+
+def page_offset(array: np.ndarray) -> int:
+    """Where `array`'s data starts within its memory page, in bytes."""
+    return array.ctypes.data % PAGE
+
+
+def placed_copy(array: Any) -> np.ndarray:
+    """A C-contiguous copy of `array`, placed as `empty` places it."""
+    array = np.asarray(array)
+    out = empty(array.shape, array.dtype)
+    out[...] = array
+    return out
