@@ -15,6 +15,7 @@ pytestmark = pytest.mark.mpi(min_size=2)
 
 _BENCH = Path(__file__).resolve().parents[2] / "scripts" / "bench.py"
 _BENCH_COLLECTIVES = _BENCH.with_name("bench_collectives.py")
+_BENCH_PLACEMENT = _BENCH.with_name("bench_placement.py")
 
 
 @pytest.fixture
@@ -96,6 +97,25 @@ def test_bench_collectives_records_both_sides(wait):
     for r in records:
         assert r["spmdsim_s"] > 0 and r["raw_s"] > 0 and r["group_size"] == MPI.COMM_WORLD.size
         assert r["ratio"] == pytest.approx(r["spmdsim_s"] / r["raw_s"])
+
+
+@pytest.mark.parametrize("op", ["sendrecv", "alltoall"])
+def test_bench_placement_times_every_delta(op):
+    """bench_placement: one record per size and delta, ratios against delta 0, rank 0 reports."""
+    from mpi4py import MPI
+
+    bp = _bench_module(_BENCH_PLACEMENT, "spmdsim_bench_placement_script")
+    records = bp.bench([65536, 100000], [16, 0, -16], 2, op)
+    if MPI.COMM_WORLD.rank != 0:
+        assert records == []
+        return
+    whole = 8 * MPI.COMM_WORLD.size  # sizes are cut to whole Alltoall blocks
+    assert [(r["bytes_per_rank"], r["delta"]) for r in records] == [
+        (n - n % whole, d) for n in (65536, 100000) for d in (16, 0, -16)]
+    for r in records:
+        assert r["op"] == op and r["seconds"] > 0
+    base = {r["bytes_per_rank"]: r["seconds"] for r in records if r["delta"] == 0}
+    assert all(r["ratio"] == pytest.approx(r["seconds"] / base[r["bytes_per_rank"]]) for r in records)
 
 
 def test_calibrate_fits_and_saves(shared_dir):
