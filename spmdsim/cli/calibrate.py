@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from .. import buffers
 from ..cost import CostModel, Measurement, default_path, normalize_op
 
 __all__ = ["register", "run", "raw_collective", "time_interleaved", "Waiter", "measure",
@@ -66,7 +67,9 @@ def raw_collective(comm: Any, op: str, nbytes: int, waiter: Waiter,
     """A zero-argument call doing `op` with plain mpi4py on buffers made once.
 
     `nbytes` is the collective's per-rank buffer n (spmdsim.cost): gathered
-    output, unreduced input, or the whole send buffer.
+    output, unreduced input, or the whole send buffer. The buffers are placed
+    as spmdsim places its own (spmdsim.buffers), so the fit prices what
+    spmdsim's calls move.
     """
     from mpi4py import MPI
 
@@ -74,30 +77,35 @@ def raw_collective(comm: Any, op: str, nbytes: int, waiter: Waiter,
     g = comm.Get_size()
     item = np.dtype(dtype).itemsize
     count = max(g, nbytes // item // g * g)  # divisible by g, at least one element each
-    full = np.ones(count, dtype)
-    part = np.ones(count // g, dtype)
+    full, part = _ones(count, dtype), _ones(count // g, dtype)
     w = waiter.call
     if op == "allgather":
         return lambda: w(comm.Allgather, comm.Iallgather, part, full)
     if op == "allreduce":
-        out = np.empty_like(full)
+        out = buffers.empty(count, dtype)
         return lambda: w(comm.Allreduce, comm.Iallreduce, full, out, MPI.SUM)
     if op == "reduce_scatter":
         return lambda: w(comm.Reduce_scatter_block, comm.Ireduce_scatter_block, full, part, MPI.SUM)
     if op == "alltoall":
-        out = np.empty_like(full)
+        out = buffers.empty(count, dtype)
         return lambda: w(comm.Alltoall, comm.Ialltoall, full, out)
     if op == "alltoallv":
         # As spmdsim's alltoallv: the own block is not sent.
         me, block = comm.Get_rank(), count // g
         counts = [0 if r == me else block for r in range(g)]
         displs = list(np.cumsum([0] + counts[:-1]))
-        send, recv = np.ones(block * (g - 1), dtype), np.empty(block * (g - 1), dtype)
+        send, recv = _ones(block * (g - 1), dtype), buffers.empty(block * (g - 1), dtype)
         spec_s, spec_r = [send, (counts, displs)], [recv, (counts, displs)]
         return lambda: w(comm.Alltoallv, comm.Ialltoallv, spec_s, spec_r)
     if op == "bcast":
         return lambda: w(comm.Bcast, comm.Ibcast, full)
     raise AssertionError(op)  # normalize_op admits only OPS
+
+
+def _ones(count: int, dtype: str) -> np.ndarray:
+    out = buffers.empty(count, dtype)
+    out.fill(1)
+    return out
 
 
 def time_interleaved(comm: Any, calls: Mapping[str, Callable[[], Any]], waiter: Waiter, *,
