@@ -272,6 +272,7 @@ def _collective_group_cases(mesh: Any, axes: tuple, n: int, waiter: Waiter,
         displs = [int(v) for v in np.cumsum([0] + counts[:-1])]
         sbuf = _placed(block.size * (g - 1), 1)
         rbuf = _placed(sbuf.shape)
+        out_v = None if alloc else rbuf  # as the other cases: both sides receive into rbuf
         packs = [(block, displs[r], displs[r] + counts[r]) for r in range(g) if r != me]
 
         def raw_alltoallv():
@@ -283,7 +284,7 @@ def _collective_group_cases(mesh: Any, axes: tuple, n: int, waiter: Waiter,
                        [fresh(rbuf), (counts, displs)])
             raw.add(t0, time.perf_counter())
         specs.append((
-            "alltoallv", lambda: C.alltoallv(mesh, sends, shapes, np.float32), raw_alltoallv,
+            "alltoallv", lambda: C.alltoallv(mesh, sends, shapes, np.float32, out=out_v), raw_alltoallv,
             lambda: np.ascontiguousarray(stacked.reshape(g, g, -1).swapaxes(0, 1)),
         ))
     cases = []

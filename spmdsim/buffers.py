@@ -39,7 +39,7 @@ def empty(shape: Any, dtype: Any = float) -> np.ndarray:
     dtype = np.dtype(dtype)
     dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     nbytes = math.prod(dims) * dtype.itemsize
-    if nbytes < MIN_BYTES:
+    if nbytes < MIN_BYTES or dtype.hasobject:  # MPI never moves Python objects as bytes
         return _np_empty(dims, dtype)
     raw = _np_empty(nbytes + PAGE, _uint8)
     start = (PAGE_OFFSET - raw.ctypes.data) % PAGE

@@ -37,6 +37,7 @@ def test_small_arrays_are_plain_numpy_arrays():
     assert buffers.empty((), np.float32).shape == ()
     assert buffers.empty((0, 100000), np.float32).size == 0
     assert buffers.empty(np.int64(3), np.int32).shape == (3,)
+    assert buffers.empty(MIN_BYTES, object).dtype == object  # never a byte view of objects
 
 
 def test_zeros_and_placed_copy():

@@ -309,13 +309,15 @@ def bcast(mesh: Mesh, local: Any, axes: str | Iterable[str], root: int = 0,
 
 
 def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tuple],
-              dtype: Any, label: str | None = None) -> dict[int, np.ndarray]:
+              dtype: Any, label: str | None = None, out: np.ndarray | None = None) -> dict[int, np.ndarray]:
     """General exchange over the whole mesh: `sends[r]` goes to mesh rank r; returns {source: array}.
 
     `recv_shapes[r]` is the shape of the block expected from rank r. A block
     this rank sends to itself is not sent: it comes back reshaped, a view of
     the caller's array where numpy can reshape without a copy (as a group of
-    one rank returns its input).
+    one rank returns its input). The other blocks are views of one flat receive
+    buffer, sources in rank order: a new array, or `out` (C-contiguous, of
+    that many items and `dtype`) for loops that repeat the same exchange.
     """
     dtype = np.dtype(dtype)
     size, me = mesh.size, mesh.rank
@@ -360,21 +362,22 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
                 send[lo:lo + scounts[r]] = a
             else:
                 send[lo:lo + scounts[r]].reshape(a.shape)[...] = a
-    recv = _empty(sum(rcounts), dtype)
+    recv = _result(out, (sum(rcounts),), dtype, "alltoallv")
     if size > 1:
         _run(mesh, seq, "alltoallv", mesh.layout.alias_name, mesh.comm.Alltoallv, mesh.comm.Ialltoallv,
              [send, (scounts, sdispls)], [recv, (rcounts, rdispls)])
-    out: dict[int, np.ndarray] = {}
+    blocks: dict[int, np.ndarray] = {}
     for r, shape in recv_shapes.items():
         r = int(r)
         if r == me:  # reshaped after the MPI call: nothing here needs it before
-            out[r] = np.reshape(arrays[me], shape)
+            blocks[r] = arrays[me].reshape(shape)
         else:
-            out[r] = recv[rdispls[r]:rdispls[r] + rcounts[r]].reshape(shape)
-    record("alltoallv", mesh.layout.alias_name, size, send.nbytes, recv.nbytes, perf_counter() - t0, label,
-           send.nbytes,  # every block sent is packed into `send`
-           count_peers(scounts, rcounts))
-    return out
+            blocks[r] = recv[rdispls[r]:rdispls[r] + rcounts[r]].reshape(shape)
+    if _TRACES:
+        record("alltoallv", mesh.layout.alias_name, size, send.nbytes, recv.nbytes, perf_counter() - t0,
+               label, send.nbytes,  # every block sent is packed into `send`
+               count_peers(scounts, rcounts))
+    return blocks
 
 
 def exchange(mesh: Mesh, local: np.ndarray, spec: ExchangeSpec, label: str | None = None) -> np.ndarray:

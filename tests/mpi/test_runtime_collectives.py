@@ -296,6 +296,19 @@ def test_out_buffers_receive_the_result():
     np.testing.assert_array_equal(out, np.concatenate([np.split(_data(m, shape), g, axis=1)[me] for m in members]))
     with pytest.raises(ShapeError, match=r"allreduce: out \(\(3,\), 'float64'\) must be"):
         C.allreduce(mesh, x, axes, out=np.empty(3))
+    # alltoallv: the blocks from the other ranks are views of `out`, sources in rank order.
+    n, r = mesh.size, mesh.rank
+    sends = {s: np.full((2, s + 1), 10.0 * r + s) for s in range(n)}
+    shapes = {s: (2, r + 1) for s in range(n)}
+    flat = np.empty(2 * (r + 1) * (n - 1))
+    got = C.alltoallv(mesh, sends, shapes, np.float64, out=flat)
+    for s in range(n):
+        np.testing.assert_array_equal(got[s], np.full((2, r + 1), 10.0 * s + r))
+        assert np.shares_memory(got[s], flat) == (s != r)
+    np.testing.assert_array_equal(flat, np.concatenate([np.full(2 * (r + 1), 10.0 * s + r)
+                                                        for s in range(n) if s != r]))
+    with pytest.raises(ShapeError, match=r"alltoallv: out \(\(1,\), 'float64'\) must be"):
+        C.alltoallv(mesh, sends, shapes, np.float64, out=np.empty(1))
 
 
 @pytest.mark.parametrize("wait", ["busy", "polite"])
