@@ -11,7 +11,8 @@ from ..layout import TensorLayout
 from .resolve import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, Resolution
 
 __all__ = [
-    "local_matmul", "run_resolution", "make_dtensor", "seeded_dtensor", "scatter_local", "default_axes", "same_mesh",
+    "local_matmul", "run_resolution", "make_dtensor", "seeded_dtensor", "scatter_local", "default_axes",
+    "same_mesh",
 ]
 
 
