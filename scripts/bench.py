@@ -301,10 +301,7 @@ def _placed(shape: Any, fill: Optional[float] = None) -> np.ndarray:
     Both sides then start from the same placement (spmdsim.buffers): a ratio
     measures spmdsim's work, not which side the heap happened to favour.
     """
-    out = buffers.empty(shape, np.float32)
-    if fill is not None:
-        out.fill(fill)
-    return out
+    return buffers.empty(shape, np.float32) if fill is None else buffers.full(shape, fill, np.float32)
 
 
 def _size(n: float) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PAGE", "PAGE_OFFSET", "MIN_BYTES", "empty", "zeros", "page_offset", "placed_copy"]
+__all__ = ["PAGE", "PAGE_OFFSET", "MIN_BYTES", "empty", "full", "zeros", "page_offset", "placed_copy"]
 
 PAGE = mmap.PAGESIZE
 PAGE_OFFSET = 16  # where glibc's own maps start (its chunk header); a multiple of every itemsize
@@ -46,11 +46,16 @@ def empty(shape: Any, dtype: Any = float) -> np.ndarray:
     return raw[start:start + nbytes].view(dtype).reshape(dims)
 
 
+def full(shape: Any, fill_value: Any, dtype: Any = float) -> np.ndarray:
+    """Like ``np.full``, placed as `empty` places it."""
+    out = empty(shape, dtype)
+    out.fill(fill_value)
+    return out
+
+
 def zeros(shape: Any, dtype: Any = float) -> np.ndarray:
     """Like ``np.zeros``, placed as `empty` places it."""
-    out = empty(shape, dtype)
-    out.fill(0)
-    return out
+    return full(shape, 0, dtype)
 
 
 def page_offset(array: np.ndarray) -> int:

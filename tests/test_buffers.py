@@ -43,6 +43,8 @@ def test_small_arrays_are_plain_numpy_arrays():
 def test_zeros_and_placed_copy():
     z = buffers.zeros((300, 300), np.float32)
     assert page_offset(z) == PAGE_OFFSET and not z.any()
+    f = buffers.full((300, 300), 1.5, np.float32)
+    assert page_offset(f) == PAGE_OFFSET and f.dtype == np.float32 and (f == 1.5).all()
     src = np.arange(600 * 400, dtype=np.float64).reshape(600, 400)[:, ::2]  # not contiguous
     c = buffers.placed_copy(src)
     assert c.flags.c_contiguous and page_offset(c) == PAGE_OFFSET

@@ -77,7 +77,7 @@ def raw_collective(comm: Any, op: str, nbytes: int, waiter: Waiter,
     g = comm.Get_size()
     item = np.dtype(dtype).itemsize
     count = max(g, nbytes // item // g * g)  # divisible by g, at least one element each
-    full, part = _ones(count, dtype), _ones(count // g, dtype)
+    full, part = buffers.full(count, 1, dtype), buffers.full(count // g, 1, dtype)
     w = waiter.call
     if op == "allgather":
         return lambda: w(comm.Allgather, comm.Iallgather, part, full)
@@ -94,18 +94,12 @@ def raw_collective(comm: Any, op: str, nbytes: int, waiter: Waiter,
         me, block = comm.Get_rank(), count // g
         counts = [0 if r == me else block for r in range(g)]
         displs = list(np.cumsum([0] + counts[:-1]))
-        send, recv = _ones(block * (g - 1), dtype), buffers.empty(block * (g - 1), dtype)
+        send, recv = buffers.full(block * (g - 1), 1, dtype), buffers.empty(block * (g - 1), dtype)
         spec_s, spec_r = [send, (counts, displs)], [recv, (counts, displs)]
         return lambda: w(comm.Alltoallv, comm.Ialltoallv, spec_s, spec_r)
     if op == "bcast":
         return lambda: w(comm.Bcast, comm.Ibcast, full)
     raise AssertionError(op)  # normalize_op admits only OPS
-
-
-def _ones(count: int, dtype: str) -> np.ndarray:
-    out = buffers.empty(count, dtype)
-    out.fill(1)
-    return out
 
 
 def time_interleaved(comm: Any, calls: Mapping[str, Callable[[], Any]], waiter: Waiter, *,
