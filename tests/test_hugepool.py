@@ -1,0 +1,107 @@
+"""spmdsim._hugepool: arrays from 1 MiB sit on advised 2 MiB pages, from a pool of maps; pure, no MPI."""
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from spmdsim import _hugepool, buffers
+from spmdsim._hugepool import HUGE_PAGE, POOL_BYTES
+from spmdsim.buffers import HUGE_MIN, PAGE_OFFSET, page_offset
+
+needs_pool = pytest.mark.skipif(not _hugepool.enabled(), reason="no MADV_HUGEPAGE on this OS")
+MiB = 1 << 20
+
+
+@pytest.mark.parametrize("nbytes, want", [
+    (MiB, (2 * MiB, 2 * MiB)),                    # half a stretch or more: huge
+    (2 * MiB, (4 * MiB, 2 * MiB)),                # the 16 bytes past 2 MiB stay on 4 KiB pages
+    (2 * MiB + MiB // 2, (4 * MiB, 2 * MiB)),     # 0.5 MiB into the second stretch: 4 KiB pages
+    (3 * MiB, (4 * MiB, 4 * MiB)),
+    (8 * MiB - 16, (8 * MiB, 8 * MiB)),
+])
+def test_layout_maps_every_touched_stretch_and_advises_the_half_covered_ones(nbytes, want):
+    assert _hugepool._layout(nbytes, PAGE_OFFSET) == want
+
+
+@needs_pool
+@pytest.mark.parametrize("dtype", ["float32", "complex128", "int8"])
+def test_large_buffers_come_from_the_pool_at_the_page_offset(dtype):
+    a = buffers.empty((1024, 1024), dtype)
+    assert a.nbytes >= HUGE_MIN and a.shape == (1024, 1024) and a.dtype == np.dtype(dtype)
+    assert a.flags.c_contiguous and a.flags.writeable
+    assert page_offset(a) == PAGE_OFFSET and a.ctypes.data % HUGE_PAGE == PAGE_OFFSET
+    a[...] = 3
+    assert (a == 3).all()
+
+
+@needs_pool
+def test_a_freed_map_serves_the_next_array_of_its_size_and_views_keep_it_alive():
+    gc.collect()
+    a = buffers.empty(3 * MiB // 8, np.float64)
+    addr = a.ctypes.data
+    view = a[10:20]
+    view[...] = 5
+    del a
+    b = buffers.empty(3 * MiB // 8, np.float64)
+    assert b.ctypes.data != addr  # the view still holds the first map
+    assert (view == 5).all()
+    b[...] = 1
+    assert (view == 5).all()  # and the two never share memory
+    before = _hugepool.pooled_bytes()
+    del view
+    assert _hugepool.pooled_bytes() == before + 4 * MiB  # back in the pool
+    c = buffers.empty(3 * MiB, np.uint8)
+    assert c.ctypes.data == addr and _hugepool.pooled_bytes() == before
+    del b, c
+
+
+@needs_pool
+def test_the_pool_keeps_at_most_pool_bytes():
+    gc.collect()
+    arrays = [buffers.empty(4 * MiB - 64, np.uint8) for _ in range(POOL_BYTES // (4 * MiB) + 3)]
+    del arrays
+    assert 0 < _hugepool.pooled_bytes() <= POOL_BYTES
+    big = buffers.empty(POOL_BYTES, np.uint8)  # a map larger than the pool is unmapped when freed
+    before = _hugepool.pooled_bytes()
+    del big
+    assert _hugepool.pooled_bytes() == before
+
+
+def test_small_arrays_stay_on_the_heap():
+    a = buffers.empty(HUGE_MIN - 8, np.uint8)
+    assert page_offset(a) == PAGE_OFFSET and a.base.flags.owndata  # a view of a heap array
+
+
+@needs_pool
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux only")
+def test_the_kernel_sees_the_array_as_huge_page_eligible():
+    mode = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    if "[never]" in mode:
+        pytest.skip("transparent huge pages are off on this machine")
+    a = buffers.empty(4 * MiB, np.uint8)
+    addr = a.ctypes.data
+    eligible = None
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and head == "THPeligible:":
+                eligible = line.split()[1]
+    assert eligible == "1"
+
+
+def test_spmdsim_hugepages_0_turns_the_pool_off():
+    code = ("import numpy as np; from spmdsim import buffers, _hugepool; "
+            "a = buffers.empty(4 << 20, np.uint8); "
+            "print(_hugepool.enabled(), isinstance(a.base, np.ndarray) and a.base.flags.owndata)")
+    env = {**os.environ, "SPMDSIM_HUGEPAGES": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]
