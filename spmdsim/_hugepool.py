@@ -14,8 +14,9 @@ ranks and some launches and not others.
 stretch that the array covers at least half of as huge, the rest as 4 KiB
 pages, so a rank holds at most 1 MiB per array above its bytes. The data
 starts `offset` bytes in, as spmdsim.buffers places every buffer. When the
-array's last view dies its map goes back to a pool (up to POOL_BYTES in all)
-and serves the next array of the same map size without page faults.
+array's last view dies its map goes back to a pool (up to POOL_BYTES in all,
+the sizes freed longest ago leave first) and serves the next array of the
+same map size without page faults.
 
 Where the OS has no MADV_HUGEPAGE (macOS, Windows) or the user sets
 ``SPMDSIM_HUGEPAGES=0``, `enabled()` is False and callers use the heap.
@@ -91,6 +92,8 @@ def empty_bytes(nbytes: int, offset: int) -> np.ndarray:
     if free:
         m, start = free.pop()
         _pooled[0] -= key[0]
+        if not free:
+            del _pool[key]
     else:
         m, start = _new_map(*key)
     holder = _frombuffer(m, _uint8)
@@ -108,7 +111,18 @@ def _release(ref: Any) -> None:
     if entry is None:  # interpreter shutdown has already cleared the module
         return
     _, key, m, start = entry
-    if key[0] <= POOL_BYTES - _pooled[0]:
-        _pool.setdefault(key, []).append((m, start))
-        _pooled[0] += key[0]
-    # else: dropping the last reference unmaps it once the holder's export is released
+    size = key[0]
+    if size > POOL_BYTES:
+        return  # dropping the last reference unmaps it once the holder's export is released
+    # Room for the newest: the sizes freed longest ago go first (a loop reuses
+    # the sizes it just freed; an earlier phase's sizes may never come back).
+    while _pooled[0] + size > POOL_BYTES:
+        oldest = next(iter(_pool))
+        maps = _pool[oldest]
+        maps.pop(0)
+        _pooled[0] -= oldest[0]
+        if not maps:
+            del _pool[oldest]
+    maps = _pool.pop(key, [])
+    maps.append((m, start))
+    _pool[key] = maps  # re-inserted: the dict's order is the order sizes were last freed

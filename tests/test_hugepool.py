@@ -72,6 +72,19 @@ def test_the_pool_keeps_at_most_pool_bytes():
     assert _hugepool.pooled_bytes() == before
 
 
+@needs_pool
+def test_a_full_pool_makes_room_for_the_size_freed_last():
+    gc.collect()
+    olds = [buffers.empty(6 * MiB, np.uint8) for _ in range(POOL_BYTES // (8 * MiB))]
+    del olds  # the pool now holds mostly 8 MiB maps
+    new = buffers.empty(10 * MiB, np.uint8)
+    addr = new.ctypes.data
+    del new  # evicts the oldest maps to make room
+    assert _hugepool.pooled_bytes() <= POOL_BYTES
+    again = buffers.empty(10 * MiB, np.uint8)
+    assert again.ctypes.data == addr
+
+
 def test_small_arrays_stay_on_the_heap():
     a = buffers.empty(HUGE_MIN - 8, np.uint8)
     assert page_offset(a) == PAGE_OFFSET and a.base.flags.owndata  # a view of a heap array
