@@ -125,4 +125,5 @@ def _release(ref: Any) -> None:
             del _pool[oldest]
     maps = _pool.pop(key, [])
     maps.append((m, start))
+    _pooled[0] += size
     _pool[key] = maps  # re-inserted: the dict's order is the order sizes were last freed
