@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import mmap
 import shutil
 import tempfile
 from pathlib import Path
@@ -16,6 +17,7 @@ pytestmark = pytest.mark.mpi(min_size=2)
 _BENCH = Path(__file__).resolve().parents[2] / "scripts" / "bench.py"
 _BENCH_COLLECTIVES = _BENCH.with_name("bench_collectives.py")
 _BENCH_PLACEMENT = _BENCH.with_name("bench_placement.py")
+_BENCH_HUGEPAGES = _BENCH.with_name("bench_hugepages.py")
 
 
 @pytest.fixture
@@ -115,6 +117,27 @@ def test_bench_placement_times_every_delta(op):
     for r in records:
         assert r["op"] == op and r["seconds"] > 0
     base = {r["bytes_per_rank"]: r["seconds"] for r in records if r["delta"] == 0}
+    assert all(r["ratio"] == pytest.approx(r["seconds"] / base[r["bytes_per_rank"]]) for r in records)
+
+
+@pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"), reason="no transparent huge pages on this OS")
+@pytest.mark.parametrize("op", ["alltoall", "sendrecv"])
+def test_bench_hugepages_times_every_page_kind(op):
+    """bench_hugepages: four cases per size, ratios against 4 KiB on both sides, rank 0 reports."""
+    from mpi4py import MPI
+
+    bh = _bench_module(_BENCH_HUGEPAGES, "spmdsim_bench_hugepages_script")
+    records = bh.bench([65536, 3 << 20], 2, op)
+    if MPI.COMM_WORLD.rank != 0:
+        assert records == []
+        return
+    whole = 8 * MPI.COMM_WORLD.size
+    assert [(r["bytes_per_rank"], r["send_pages"], r["recv_pages"]) for r in records] == [
+        (n - n % whole, s, r) for n in (65536, 3 << 20) for s, r in bh.CASES]
+    for r in records:
+        assert r["op"] == op and r["seconds"] > 0
+        assert r["huge_share"] is None or 0 <= r["huge_share"] <= 1
+    base = {r["bytes_per_rank"]: r["seconds"] for r in records if r["send_pages"] == r["recv_pages"] == "4K"}
     assert all(r["ratio"] == pytest.approx(r["seconds"] / base[r["bytes_per_rank"]]) for r in records)
 
 

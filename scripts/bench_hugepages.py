@@ -1,0 +1,143 @@
+#!/usr/bin/env python
+"""What 2 MiB transparent huge pages under the send and receive buffers change for MPI.
+
+Run under MPI (every mpiexec under a timeout):
+
+    timeout -k 5 300 mpiexec -n 8 python scripts/bench_hugepages.py
+    timeout -k 5 300 mpiexec -n 2 python scripts/bench_hugepages.py --op sendrecv --json
+
+Four cases with plain mpi4py (``Alltoall``; ``--op sendrecv`` sends to the
+next rank and receives from the previous one): send and receive buffer each on
+4 KiB pages (advised ``MADV_NOHUGEPAGE``) or on 2 MiB huge pages (advised
+``MADV_HUGEPAGE``), both starting 16 bytes into a page as spmdsim.buffers
+places its own. The cases run in a random order per repeat on the same four
+allocations; a time is the median over repeats of the slowest rank, and
+`ratio` is against 4 KiB pages on both sides in the same run. `huge_share` is
+the share of the huge-advised buffers' pages the kernel really backed with
+huge pages (Linux, read from /proc/self/smaps; None elsewhere). Between
+processes on one node MPICH copies large messages with the kernel's
+cross-memory attach, which pins the sender's pages for each copy
+(docs/performance.md, "Huge pages").
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import numpy as np  # noqa: E402
+
+from spmdsim.cli.calibrate import parse_size  # noqa: E402
+
+SIZES = (1 << 20, 8 << 20)
+CASES = (("4K", "4K"), ("huge", "huge"), ("4K", "huge"), ("huge", "4K"))  # (send, receive)
+_HUGE = 2 << 20
+_maps: list = []  # kept alive until the process ends
+
+
+def _buffer(pages: str, nbytes: int, offset: int) -> np.ndarray:
+    """`nbytes` of fresh anonymous memory `offset` bytes into a 2 MiB-aligned stretch, advised `pages`."""
+    size = -(-(offset + nbytes) // _HUGE) * _HUGE
+    m = mmap.mmap(-1, size + _HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    _maps.append(m)
+    whole = np.frombuffer(m, np.uint8)
+    start = (-whole.ctypes.data) % _HUGE
+    m.madvise(mmap.MADV_HUGEPAGE if pages == "huge" else mmap.MADV_NOHUGEPAGE, start, size)
+    buf = whole[start + offset:start + offset + nbytes]
+    buf.fill(1)  # fault the pages in now, as the advice says
+    return buf
+
+
+def _anon_huge_kib() -> int | None:
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def bench(sizes: list[int], repeats: int, op: str) -> list[dict]:
+    from mpi4py import MPI
+
+    from spmdsim.buffers import PAGE_OFFSET
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    rng = np.random.default_rng(0)  # the same order on every rank
+    records = []
+    for nbytes in sizes:
+        nbytes -= nbytes % (size * 8)  # whole blocks for Alltoall
+        before = _anon_huge_kib()
+        bufs = {(side, pages): _buffer(pages, nbytes, PAGE_OFFSET)
+                for side in ("send", "recv") for pages in ("4K", "huge")}
+        after = _anon_huge_kib()
+        share = None if before is None else min(1.0, (after - before) * 1024 / (2 * nbytes))
+        share = comm.allreduce(share if share is not None else -1.0, op=MPI.MIN)
+        if op == "alltoall":
+            calls = [lambda s=bufs["send", s], r=bufs["recv", r]: comm.Alltoall(s, r) for s, r in CASES]
+        else:
+            right, left = (rank + 1) % size, (rank - 1) % size
+            calls = [lambda s=bufs["send", s], r=bufs["recv", r]: comm.Sendrecv(s, right, 0, r, left, 0)
+                     for s, r in CASES]
+        for call in calls:  # warm-up: MPI's own buffers
+            call()
+        times = np.empty((len(calls), repeats))
+        for rep in range(repeats):
+            # A random order per repeat: with more ranks than cores a fixed
+            # rotation of four contenders favoured some positions.
+            for k in rng.permutation(len(calls)):
+                comm.Barrier()
+                t0 = MPI.Wtime()
+                calls[k]()
+                times[k, rep] = MPI.Wtime() - t0
+        slowest = np.empty_like(times)
+        comm.Allreduce(times, slowest, MPI.MAX)
+        med = np.median(slowest, axis=1)
+        records += [{"op": op, "bytes_per_rank": nbytes, "send_pages": s, "recv_pages": r,
+                     "seconds": float(t), "ratio": float(t / med[0]),
+                     "huge_share": None if share < 0 else round(share, 3)}
+                    for (s, r), t in zip(CASES, med)]
+    return records if rank == 0 else []
+
+
+def _table(records: list[dict]) -> str:
+    lines = [f"{'op':<10}{'bytes/rank':>12}{'send':>6}{'recv':>6}{'ms':>10}{'ratio':>8}{'huge share':>12}"]
+    for r in records:
+        lines.append(f"{r['op']:<10}{r['bytes_per_rank']:>12}{r['send_pages']:>6}{r['recv_pages']:>6}"
+                     f"{r['seconds'] * 1e3:>10.3f}{r['ratio']:>8.2f}{str(r['huge_share']):>12}")
+    lines.append("ratio: against 4 KiB pages on both sides in this run; huge share: of the huge-advised "
+                 "buffers' bytes, on huge pages (smallest over ranks)")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default=",".join(f"{s >> 20}M" for s in SIZES),
+                   help="bytes per rank, comma-separated (K/M suffixes)")
+    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--op", choices=("alltoall", "sendrecv"), default="alltoall")
+    p.add_argument("--json", action="store_true", help="print a JSON list of records")
+    args = p.parse_args()
+    # Every rank parses the same arguments, so a bad one stops all of them here, before MPI.
+    try:
+        sizes = [parse_size(s) for s in args.sizes.split(",")]
+    except (argparse.ArgumentTypeError, ValueError) as e:
+        p.error(f"--sizes {args.sizes!r}: {e}")
+    if args.repeats < 1 or any(s < 1 for s in sizes):
+        p.error(f"--repeats {args.repeats} and every size in --sizes {args.sizes!r} must be >= 1")
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
+        p.error("this OS has no transparent huge pages to advise (mmap.MADV_HUGEPAGE is missing)")
+    records = bench(sizes, args.repeats, args.op)
+    if records:
+        print(json.dumps(records, indent=1) if args.json else _table(records), flush=True)
+
+
+if __name__ == "__main__":
+    main()
