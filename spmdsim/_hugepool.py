@@ -93,7 +93,7 @@ def empty_bytes(nbytes: int, offset: int) -> np.ndarray:
         m, start = free.pop()
         _pooled[0] -= key[0]
         if not free:
-            del _pool[key]
+            _pool.pop(key, None)
     else:
         m, start = _new_map(*key)
     holder = _frombuffer(m, _uint8)
@@ -107,8 +107,9 @@ def empty_bytes(nbytes: int, offset: int) -> np.ndarray:
 
 def _release(ref: Any) -> None:
     # Called while the holder is being freed: nothing can reach its memory any more.
-    entry = _held.pop(id(ref), None)
-    if entry is None:  # interpreter shutdown has already cleared the module
+    try:
+        entry = _held.pop(id(ref))
+    except (KeyError, AttributeError, TypeError):  # interpreter shutdown cleared the module
         return
     _, key, m, start = entry
     size = key[0]
