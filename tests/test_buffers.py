@@ -71,3 +71,18 @@ def test_vocab_lookup_is_placed_and_pads_unowned_ids():
     got = vocab_parallel_lookup(ids, padded, 0)
     want = np.where((ids < 40)[..., None], shard[np.minimum(ids, 39)], 0)
     assert np.array_equal(got, want) and page_offset(got) == PAGE_OFFSET
+
+
+def test_add_bias_works_in_place_only_when_the_sum_keeps_shape_and_dtype():
+    from spmdsim.ops._common import add_bias
+
+    owned = np.arange(12, dtype=np.float32).reshape(3, 4)
+    got = add_bias(owned, np.ones(4, np.float32))
+    assert got is owned and np.array_equal(got, np.arange(12).reshape(3, 4) + 1)
+    wider = add_bias(np.zeros((3, 4), np.float32), np.full(4, 0.5, np.float64))  # would lose precision
+    assert wider.dtype == np.float64 and (wider == 0.5).all()
+    grown = add_bias(np.zeros((1, 4), np.float32), np.ones((3, 4), np.float32))  # would not fit
+    assert grown.shape == (3, 4) and (grown == 1).all()
+    frozen = np.zeros((2, 2), np.float32)
+    frozen.flags.writeable = False
+    assert (add_bias(frozen, np.ones(2, np.float32)) == 1).all() and not frozen.any()

@@ -11,7 +11,7 @@ from ..layout import TensorLayout
 from .resolve import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, Resolution
 
 __all__ = [
-    "local_matmul", "run_resolution", "make_dtensor", "seeded_dtensor", "scatter_local", "default_axes",
+    "local_matmul", "add_bias", "run_resolution", "make_dtensor", "seeded_dtensor", "scatter_local", "default_axes",
     "same_mesh",
 ]
 
@@ -27,6 +27,21 @@ def local_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``np.matmul(a, b)`` into a placed array (spmdsim.buffers): a collective usually sends it next."""
     shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
     return np.matmul(a, b, out=buffers.empty(shape, np.result_type(a, b)))
+
+
+def add_bias(owned: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """``owned + bias``, in place when the sum keeps `owned`'s shape and dtype.
+
+    `owned` must be the operator's own temporary (its local product or a
+    collective's fresh result), never a caller's array. In place spares a new
+    array per call, and the work a rank does before the next collective is
+    paid several times over when ranks share cores (docs/performance.md).
+    """
+    if (np.result_type(owned, bias) == owned.dtype and owned.flags.writeable
+            and np.broadcast_shapes(owned.shape, bias.shape) == owned.shape):
+        return np.add(owned, bias, out=owned)
+    shape = np.broadcast_shapes(owned.shape, bias.shape)
+    return np.add(owned, bias, out=buffers.empty(shape, np.result_type(owned, bias)))
 
 
 def run_resolution(mesh: Any, local: np.ndarray, res: Resolution, label: Optional[str],

@@ -20,7 +20,7 @@ from ..datagen import SeededTensor
 from ..errors import ShapeError
 from ..reference import RegionFn, Source, linear_region
 from ._common import (
-    default_axes, local_matmul, make_dtensor, run_resolution, same_mesh, scatter_local, seeded_dtensor,
+    add_bias, default_axes, local_matmul, make_dtensor, run_resolution, same_mesh, scatter_local, seeded_dtensor,
 )
 from .infer import LinearPlan, infer_linear, matmul_shape
 
@@ -66,7 +66,7 @@ def linear(
     if bias is not None:
         pending = plan.matmul.out.partial
         if not pending or mesh.layout.group_index(mesh.rank, pending) == 0:
-            local = local + bias.local
+            local = add_bias(local, bias.local)
     gather_label = None if label is None else f"{label}.gather"
     local = run_resolution(mesh, local, plan.gather, gather_label)
     return make_dtensor(mesh, local, plan.out, shape)
