@@ -711,7 +711,7 @@ def overhead_records(comm: Any, wait: str, loops: int, profile: bool) -> list[di
     step = plan.steps[0]
     local += [
         ("function-level 'from ..runtime import DTensor'", lazy_import, None),
-        ("plan_matmul (layout inference, not cached)", lambda: plan_matmul(X, W), None),
+        ("plan_matmul (cached on layouts and shapes)", lambda: plan_matmul(X, W), None),
         ("make_dtensor (result wrapping)", lambda: make_dtensor(mesh, part, dst, (4, 4)), None),
         ("step_label (trace label string)", lambda: step_label(step, 1), None),
         ("  of which: planner._plan lru_cache hit",

@@ -12,6 +12,7 @@ Weights are stored (in_features, out_features) as in Paddle and MindSpore
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Iterable, Optional
 
 import numpy as np
@@ -31,15 +32,21 @@ def plan_linear(
     x: Any, weight: Any, bias: Any = None, *, gather_out: bool = False, reduce: bool = True
 ) -> tuple[LinearPlan, tuple[int, ...]]:
     """The plan and global output shape, validated on every rank before any collective."""
-    plan = infer_linear(
-        x.layout, weight.layout, None if bias is None else bias.layout,
-        gather_out=gather_out, reduce=reduce,
+    return _plan_linear(
+        x.layout, weight.layout, None if bias is None else bias.layout, x.global_shape,
+        weight.global_shape, None if bias is None else bias.global_shape, bool(gather_out), bool(reduce),
     )
-    shape = matmul_shape(x.global_shape, weight.global_shape)
-    if bias is not None and tuple(bias.global_shape) != shape[-1:]:
-        raise ShapeError(
-            f"bias of shape {tuple(bias.global_shape)!r} does not match out_features {shape[-1]!r}"
-        )
+
+
+@lru_cache(maxsize=256)
+def _plan_linear(x_layout: Any, w_layout: Any, b_layout: Any, x_shape: tuple, w_shape: tuple,
+                 b_shape: Optional[tuple], gather_out: bool, reduce: bool) -> tuple[LinearPlan, tuple[int, ...]]:
+    # Cached on the (hashable) layouts and shapes: a layer called in a loop plans
+    # once (inference cost ~4 us a call); a failed check raises and is not cached.
+    plan = infer_linear(x_layout, w_layout, b_layout, gather_out=gather_out, reduce=reduce)
+    shape = matmul_shape(x_shape, w_shape)
+    if b_shape is not None and tuple(b_shape) != shape[-1:]:
+        raise ShapeError(f"bias of shape {tuple(b_shape)!r} does not match out_features {shape[-1]!r}")
     for layout in (plan.matmul.local, plan.matmul.out, plan.out):
         layout.check_shape(shape)
     return plan, shape

@@ -7,6 +7,7 @@ MatMul -> AllReduce) or by Reduce_scatter when an output split is asked for
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Optional
 
 import numpy as np
@@ -28,11 +29,18 @@ def plan_matmul(
     reduce: bool = True,
 ) -> tuple[MatMulPlan, tuple[int, ...]]:
     """The plan and the global output shape, validated (shapes included) on every rank."""
-    plan = infer_matmul(
-        x.layout, w.layout, transpose_a=transpose_a, transpose_b=transpose_b,
-        out=out_layout, reduce=reduce,
-    )
-    shape = matmul_shape(x.global_shape, w.global_shape, transpose_a, transpose_b)
+    return _plan_matmul(x.layout, w.layout, x.global_shape, w.global_shape, bool(transpose_a),
+                        bool(transpose_b), out_layout, bool(reduce))
+
+
+@lru_cache(maxsize=256)
+def _plan_matmul(x_layout: Any, w_layout: Any, x_shape: tuple, w_shape: tuple, transpose_a: bool,
+                 transpose_b: bool, out_layout: Optional[TensorLayout],
+                 reduce: bool) -> tuple[MatMulPlan, tuple[int, ...]]:
+    # Cached on the (hashable) layouts and shapes, as linear's plan is.
+    plan = infer_matmul(x_layout, w_layout, transpose_a=transpose_a, transpose_b=transpose_b,
+                        out=out_layout, reduce=reduce)
+    shape = matmul_shape(x_shape, w_shape, transpose_a, transpose_b)
     plan.local.check_shape(shape)
     plan.out.check_shape(shape)
     return plan, shape

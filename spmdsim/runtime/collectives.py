@@ -140,9 +140,14 @@ def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int
         _run(mesh, seq, "allgather", axes, comm.Allgather, comm.Iallgather, x, out)
     else:
         # Receive blocks side by side, then one copy puts them along tensor_dim.
-        out = _result(out, out_shape, x.dtype, "allgather")
+        # A new result is made after the MPI call: work before it delays the
+        # whole group (docs/performance.md, "The fixed per-call cost"); a
+        # caller's `out` is still checked before.
+        out = None if out is None else _result(out, out_shape, x.dtype, "allgather")
         recv = mesh.scratch("recv", (g,) + shape, x.dtype)
         _run(mesh, seq, "allgather", axes, comm.Allgather, comm.Iallgather, x, recv)
+        if out is None:
+            out = _empty(out_shape, x.dtype)
         _blocks(out, d, g)[...] = recv.reshape(g, math.prod(shape[:d]), -1).swapaxes(0, 1)
         copied = out.nbytes
     moved = moved_bytes("allgather", g, x.nbytes)
@@ -186,9 +191,11 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
         out = _result(out, out_shape, x.dtype, "alltoall")
         _run(mesh, seq, "alltoall", axes, comm.Alltoall, comm.Ialltoall, send, out)
     else:
-        out = _result(out, out_shape, x.dtype, "alltoall")
+        out = None if out is None else _result(out, out_shape, x.dtype, "alltoall")
         recv = mesh.scratch("recv", (g,) + block_shape, x.dtype)
         _run(mesh, seq, "alltoall", axes, comm.Alltoall, comm.Ialltoall, send, recv)
+        if out is None:  # made after the MPI call, as in allgather
+            out = _empty(out_shape, x.dtype)
         outer = math.prod(block_shape[:c])
         _blocks(out, c, g)[...] = recv.reshape(g, outer, -1).swapaxes(0, 1)
     copied = (0 if send is x else x.nbytes) + (0 if direct else out.nbytes)

@@ -6,6 +6,7 @@ over the partial axes holds the value and the others hold zeros (B -> P).
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Callable, Sequence, Union
 
 import numpy as np
@@ -21,6 +22,15 @@ from .mesh import Mesh
 __all__ = ["DTensor"]
 
 Reference = Union[SeededTensor, np.ndarray, Callable[[tuple], Any]]
+
+
+@lru_cache(maxsize=1024)
+def _checked_shapes(layout: TensorLayout, global_shape: tuple) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(global shape as ints, every rank's shard shape), cached: operators wrap
+    every result in a DTensor, and deriving the shard shape each time was ~6 us
+    of each call (a failed check raises and is not cached)."""
+    shape = layout.check_shape(global_shape)
+    return shape, layout.local_shape(shape)
 
 
 class DTensor:
@@ -41,9 +51,12 @@ class DTensor:
             raise LayoutError(f"layout {layout!r} must be a TensorLayout")
         if layout.layout != mesh.layout:
             raise LayoutError(f"tensor layout is over {layout.layout} but the mesh is {mesh.layout}")
-        shape = layout.check_shape(global_shape)
+        try:
+            shape, expected = _checked_shapes(layout, global_shape)
+        except TypeError:  # an unhashable sequence (a list): checked without the cache
+            shape = layout.check_shape(global_shape)
+            expected = layout.local_shape(shape)
         local = np.asarray(local)
-        expected = layout.local_shape(shape)
         if local.shape != expected:
             raise ShapeError(
                 f"local shard shape {local.shape!r} does not match {expected!r}, the shard of "
