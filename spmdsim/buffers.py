@@ -18,7 +18,7 @@ slower.
 
 From HUGE_MIN (1 MiB) up, the array also sits on 2 MiB transparent huge pages
 (spmdsim._hugepool): a send buffer on huge pages made the same copies
-1.2-1.7x faster, and whether heap memory got them was luck too.
+1.7-2x faster, and whether heap memory got them was luck too.
 ``SPMDSIM_HUGEPAGES=0`` (read at import) keeps every array on the heap.
 """
 from __future__ import annotations
