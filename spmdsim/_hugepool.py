@@ -5,9 +5,8 @@ processes with the kernel's cross-memory attach, which pins the *sender's*
 pages for every copy. A send buffer on huge pages made that copy 1.7-2x
 faster (raw mpi4py Alltoall at 8 ranks and Sendrecv at 2 ranks, 1-16 MiB per
 rank, scripts/bench_hugepages.py), and a fresh 8 MiB array filled in 0.35 ms
-instead of 2-5 ms
-(docs/performance.md, "Huge pages"). numpy already advises arrays of 4 MiB and
-more to be huge, but whether the kernel can honour that depends on whether the
+instead of 2-5 ms (docs/performance.md, "Huge pages"). numpy already advises
+arrays of 4 MiB and more to be huge, but whether the kernel can honour that depends on whether the
 heap memory was touched before, so the same program got huge pages on some
 ranks and some launches and not others.
 
