@@ -48,9 +48,19 @@ _held: dict[int, tuple[Any, tuple[int, int], mmap.mmap, int]] = {}
 
 
 def enabled() -> bool:
-    """Whether huge-page arrays are on: the OS can advise them and SPMDSIM_HUGEPAGES is not 0."""
-    return (_ADVICE_HUGE is not None and _FLAGS != 0
+    """Whether huge-page arrays are on: the OS can advise 2 MiB huge pages and SPMDSIM_HUGEPAGES is not 0."""
+    return (_ADVICE_HUGE is not None and _FLAGS != 0 and _kernel_huge_page() == HUGE_PAGE
             and os.environ.get("SPMDSIM_HUGEPAGES", "1").strip() != "0")
+
+
+def _kernel_huge_page() -> int:
+    # Kernels with 16 or 64 KiB base pages (some arm64) have 32 or 512 MiB huge
+    # pages: aligning every array to those would waste too much, so they keep the heap.
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return HUGE_PAGE
 
 
 def pooled_bytes() -> int:
