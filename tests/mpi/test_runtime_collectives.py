@@ -187,6 +187,14 @@ def test_kept_temporaries_are_reused_and_never_part_of_a_result(monkeypatch):
     assert small.shape == (2, 3) and small.dtype == np.int32 and np.shares_memory(small, kept["recv"])
     with pytest.raises(ValueError, match="scratch role 'out'"):
         mesh.scratch("out", (1,), np.float64)
+    # A repeated request is served from the view cache; growing a role drops its cached views.
+    monkeypatch.setattr(mesh_module, "SCRATCH_MAX_BYTES", 32 << 20)
+    first = mesh.scratch("recv", (2, 3), np.int32)
+    assert mesh.scratch("recv", (2, 3), np.int32) is first
+    assert mesh.scratch("recv", (2, 3), np.dtype(np.int32)).dtype == np.int32
+    grown = mesh.scratch("recv", (kept["recv"].nbytes + 8,), np.uint8)
+    again = mesh.scratch("recv", (2, 3), np.int32)
+    assert again is not first and np.shares_memory(again, grown) and not np.shares_memory(again, first)
 
 
 def test_results_and_kept_buffers_start_at_the_page_offset():
