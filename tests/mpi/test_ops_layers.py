@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from spmdsim import Layout, OperatorError, SeededTensor
+from spmdsim.errors import ShapeError
 from spmdsim.demo.jobs import contraction_atol
 from spmdsim.reference import embedding_region, linear_region
 
@@ -111,6 +112,15 @@ def test_linear_layout_errors(mesh):
     b = _dt(mesh, mesh.layout(None), SeededTensor((2 * mesh.size,), "float32"))
     with pytest.raises(OperatorError, match="bias .* must be split like the output"):
         linear(x, w, b)
+    # Plans are cached per layouts and shapes; a failed check is not, so it raises every time.
+    wrong = _dt(mesh, mesh.layout("mp"), SeededTensor((mesh.size,), "float32"))
+    for _ in range(2):
+        with pytest.raises(ShapeError, match=r"bias of shape \(\d+,\) does not match out_features"):
+            linear(x, w, wrong)
+    good = _dt(mesh, mesh.layout("mp"), SeededTensor((2 * mesh.size,), "float32"))
+    assert linear(x, w, good).check(linear_region(
+        SeededTensor((4, 8), "float32"), SeededTensor((8, 2 * mesh.size), "float32"),
+        SeededTensor((2 * mesh.size,), "float32"))).passed
 
 
 # -- Embedding ------------------------------------------------------------------
