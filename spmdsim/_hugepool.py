@@ -95,8 +95,13 @@ def _new_map(size: int, huge: int) -> tuple[mmap.mmap, int]:
     return m, start
 
 
-def empty_bytes(nbytes: int, offset: int) -> np.ndarray:
-    """A writeable uint8 array of `nbytes` starting `offset` bytes into a 2 MiB huge page."""
+def empty_bytes(nbytes: int, offset: int) -> np.ndarray | None:
+    """A writeable uint8 array of `nbytes` starting `offset` bytes into a 2 MiB huge page.
+
+    None when the OS refuses a new map (e.g. the per-process limit on maps,
+    vm.max_map_count, with tens of thousands of arrays alive): the caller
+    then takes the heap.
+    """
     key = _layout(nbytes, offset)
     free = _pool.get(key)
     if free:
@@ -105,7 +110,10 @@ def empty_bytes(nbytes: int, offset: int) -> np.ndarray:
         if not free:
             _pool.pop(key, None)
     else:
-        m, start = _new_map(*key)
+        try:
+            m, start = _new_map(*key)
+        except (OSError, ValueError):
+            return None
     holder = _frombuffer(m, _uint8)
     # Every view of the result has `holder` as its base (numpy stops collapsing
     # bases at an array that views a non-array), so the weakref fires when the

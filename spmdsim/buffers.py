@@ -52,7 +52,9 @@ def empty(shape: Any, dtype: Any = float) -> np.ndarray:
     if nbytes < MIN_BYTES or dtype.hasobject:  # MPI never moves Python objects as bytes
         return _np_empty(dims, dtype)
     if nbytes >= HUGE_MIN and _HUGE:
-        return _hugepool.empty_bytes(nbytes, PAGE_OFFSET).view(dtype).reshape(dims)
+        mapped = _hugepool.empty_bytes(nbytes, PAGE_OFFSET)
+        if mapped is not None:
+            return mapped.view(dtype).reshape(dims)
     raw = _np_empty(nbytes + PAGE, _uint8)
     start = (PAGE_OFFSET - raw.ctypes.data) % PAGE
     return raw[start:start + nbytes].view(dtype).reshape(dims)

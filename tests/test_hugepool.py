@@ -118,3 +118,14 @@ def test_spmdsim_hugepages_0_turns_the_pool_off():
     env = {**os.environ, "SPMDSIM_HUGEPAGES": "0"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "True"]
+
+
+@needs_pool
+def test_a_refused_map_falls_back_to_the_heap(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise OSError(12, "Cannot allocate memory")
+    monkeypatch.setattr(_hugepool, "_new_map", refuse)
+    a = buffers.empty(5 * MiB + 3, np.uint8)  # a size no pooled map has
+    assert a.shape == (5 * MiB + 3,) and page_offset(a) == PAGE_OFFSET and a.base.flags.owndata
+    a[...] = 1
+    assert a.sum() == a.size
