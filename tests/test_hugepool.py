@@ -108,6 +108,8 @@ def test_the_kernel_sees_the_array_as_huge_page_eligible():
                 inside = lo <= addr < hi
             elif inside and head == "THPeligible:":
                 eligible = line.split()[1]
+    if eligible is None:
+        pytest.skip("this kernel's smaps has no THPeligible field")
     assert eligible == "1"
 
 
