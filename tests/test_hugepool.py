@@ -17,6 +17,14 @@ needs_pool = pytest.mark.skipif(not _hugepool.enabled(), reason="no MADV_HUGEPAG
 MiB = 1 << 20
 
 
+@pytest.fixture(autouse=True)
+def _empty_pool():
+    """Start each test with an empty pool: earlier tests in this process may have filled it."""
+    gc.collect()
+    _hugepool._pool.clear()
+    _hugepool._pooled[0] = 0
+
+
 @pytest.mark.parametrize("nbytes, want", [
     (MiB, (2 * MiB, 2 * MiB)),                    # half a stretch or more: huge
     (2 * MiB, (4 * MiB, 2 * MiB)),                # the 16 bytes past 2 MiB stay on 4 KiB pages
