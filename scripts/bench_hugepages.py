@@ -25,6 +25,7 @@ import argparse
 import json
 import mmap
 import os
+import sys
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
@@ -32,6 +33,11 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np  # noqa: E402
 
 from spmdsim.cli.calibrate import parse_size  # noqa: E402
+
+# The raw calls and their timing are bench_placement.py's (this folder is on
+# sys.path when the script runs; added for imports of this file by path, as the tests do).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_placement import pair_calls, slowest_medians  # noqa: E402
 
 SIZES = (1 << 20, 8 << 20)
 CASES = (("4K", "4K"), ("huge", "huge"), ("4K", "huge"), ("huge", "4K"))  # (send, receive)
@@ -80,26 +86,10 @@ def bench(sizes: list[int], repeats: int, op: str) -> list[dict]:
         after = _anon_huge_kib()
         share = None if before is None else min(1.0, (after - before) * 1024 / (2 * nbytes))
         share = comm.allreduce(share if share is not None else -1.0, op=MPI.MIN)
-        if op == "alltoall":
-            calls = [lambda s=bufs["send", s], r=bufs["recv", r]: comm.Alltoall(s, r) for s, r in CASES]
-        else:
-            right, left = (rank + 1) % size, (rank - 1) % size
-            calls = [lambda s=bufs["send", s], r=bufs["recv", r]: comm.Sendrecv(s, right, 0, r, left, 0)
-                     for s, r in CASES]
-        for call in calls:  # warm-up: MPI's own buffers
-            call()
-        times = np.empty((len(calls), repeats))
-        for rep in range(repeats):
-            # A random order per repeat: with more ranks than cores a fixed
-            # rotation of four contenders favoured some positions.
-            for k in rng.permutation(len(calls)):
-                comm.Barrier()
-                t0 = MPI.Wtime()
-                calls[k]()
-                times[k, rep] = MPI.Wtime() - t0
-        slowest = np.empty_like(times)
-        comm.Allreduce(times, slowest, MPI.MAX)
-        med = np.median(slowest, axis=1)
+        calls = pair_calls(comm, op, [(bufs["send", s], bufs["recv", r]) for s, r in CASES])
+        # A random order per repeat: with more ranks than cores a fixed
+        # rotation of four contenders favoured some positions.
+        med = slowest_medians(comm, calls, repeats, lambda rep: rng.permutation(len(calls)))
         records += [{"op": op, "bytes_per_rank": nbytes, "send_pages": s, "recv_pages": r,
                      "seconds": float(t), "ratio": float(t / med[0]),
                      "huge_share": None if share < 0 else round(share, 3)}

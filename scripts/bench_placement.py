@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from typing import Any, Callable, Iterable, Sequence
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
@@ -43,6 +44,39 @@ def _at_offset(buf: np.ndarray, offset: int, nbytes: int) -> np.ndarray:
     return buf[start:start + nbytes]
 
 
+def pair_calls(comm: Any, op: str, pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[Callable[[], None]]:
+    """One raw mpi4py call per (send, receive) pair: ``Alltoall``, or ``Sendrecv`` to the next rank from the previous."""
+    if op == "alltoall":
+        return [lambda s=s, r=r: comm.Alltoall(s, r) for s, r in pairs]
+    rank, size = comm.Get_rank(), comm.Get_size()
+    right, left = (rank + 1) % size, (rank - 1) % size
+    return [lambda s=s, r=r: comm.Sendrecv(s, right, 0, r, left, 0) for s, r in pairs]
+
+
+def slowest_medians(comm: Any, calls: Sequence[Callable[[], None]], repeats: int,
+                    order: Callable[[int], Iterable[int]]) -> np.ndarray:
+    """Per call, the median over `repeats` of the slowest rank's seconds.
+
+    Each call runs once first (MPI's buffers and the pages), then every repeat
+    runs all calls in ``order(repeat)``, each after a barrier. `order` must
+    give every rank the same sequence. Shared with bench_hugepages.py.
+    """
+    from mpi4py import MPI
+
+    for call in calls:
+        call()
+    times = np.empty((len(calls), repeats))
+    for rep in range(repeats):
+        for k in order(rep):
+            comm.Barrier()
+            t0 = MPI.Wtime()
+            calls[k]()
+            times[k, rep] = MPI.Wtime() - t0
+    slowest = np.empty_like(times)
+    comm.Allreduce(times, slowest, MPI.MAX)
+    return np.median(slowest, axis=1)
+
+
 def bench(sizes: list[int], deltas: list[int], repeats: int, op: str) -> list[dict]:
     from mpi4py import MPI
 
@@ -57,24 +91,10 @@ def bench(sizes: list[int], deltas: list[int], repeats: int, op: str) -> list[di
         recv_mem = np.empty(nbytes + 2 * PAGE, np.uint8)
         pairs = [(_at_offset(send_mem, PAGE_OFFSET, nbytes),
                   _at_offset(recv_mem, (PAGE_OFFSET + d) % PAGE, nbytes)) for d in deltas]
-        if op == "alltoall":
-            calls = [lambda s=s, r=r: comm.Alltoall(s, r) for s, r in pairs]
-        else:
-            right, left = (rank + 1) % size, (rank - 1) % size
-            calls = [lambda s=s, r=r: comm.Sendrecv(s, right, 0, r, left, 0) for s, r in pairs]
-        for call in calls:  # warm-up: MPI's buffers and the pages
-            call()
-        times = np.empty((len(calls), repeats))
-        for rep in range(repeats):
-            shift = rep % len(calls)  # every case goes first equally often
-            for k in list(range(shift, len(calls))) + list(range(shift)):
-                comm.Barrier()
-                t0 = MPI.Wtime()
-                calls[k]()
-                times[k, rep] = MPI.Wtime() - t0
-        slowest = np.empty_like(times)
-        comm.Allreduce(times, slowest, MPI.MAX)
-        med = np.median(slowest, axis=1)
+        n = len(pairs)
+        # Every case goes first equally often.
+        med = slowest_medians(comm, pair_calls(comm, op, pairs), repeats,
+                              lambda rep: list(range(rep % n, n)) + list(range(rep % n)))
         base = med[deltas.index(0)] if 0 in deltas else med[0]
         records += [{"op": op, "bytes_per_rank": nbytes, "delta": d, "seconds": float(t),
                      "ratio": float(t / base)} for d, t in zip(deltas, med)]
