@@ -37,11 +37,11 @@ def add_bias(owned: np.ndarray, bias: np.ndarray) -> np.ndarray:
     array per call, and the work a rank does before the next collective is
     paid several times over when ranks share cores (docs/performance.md).
     """
-    if (np.result_type(owned, bias) == owned.dtype and owned.flags.writeable
-            and np.broadcast_shapes(owned.shape, bias.shape) == owned.shape):
-        return np.add(owned, bias, out=owned)
+    dtype = np.result_type(owned, bias)
     shape = np.broadcast_shapes(owned.shape, bias.shape)
-    return np.add(owned, bias, out=buffers.empty(shape, np.result_type(owned, bias)))
+    if dtype == owned.dtype and shape == owned.shape and owned.flags.writeable:
+        return np.add(owned, bias, out=owned)
+    return np.add(owned, bias, out=buffers.empty(shape, dtype))
 
 
 def run_resolution(mesh: Any, local: np.ndarray, res: Resolution, label: Optional[str],
