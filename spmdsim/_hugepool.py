@@ -43,7 +43,6 @@ _frombuffer = np.frombuffer
 
 # (map size, huge part) -> freed (map, aligned start); _held: id(weakref) -> (weakref, key, map, start)
 _pool: dict[tuple[int, int], list[tuple[mmap.mmap, int]]] = {}
-_pooled = [0]
 _held: dict[int, tuple[Any, tuple[int, int], mmap.mmap, int]] = {}
 
 
@@ -64,8 +63,8 @@ def _kernel_huge_page() -> int:
 
 
 def pooled_bytes() -> int:
-    """Bytes of freed maps waiting in the pool."""
-    return _pooled[0]
+    """Bytes of freed maps waiting in the pool (a few dozen at most: summed when asked)."""
+    return sum(size * len(maps) for (size, _), maps in _pool.items())
 
 
 def _layout(nbytes: int, offset: int) -> tuple[int, int]:
@@ -106,7 +105,6 @@ def empty_bytes(nbytes: int, offset: int) -> np.ndarray | None:
     free = _pool.get(key)
     if free:
         m, start = free.pop()
-        _pooled[0] -= key[0]
         if not free:
             _pool.pop(key, None)
     else:
@@ -135,14 +133,12 @@ def _release(ref: Any) -> None:
         return  # dropping the last reference unmaps it once the holder's export is released
     # Room for the newest: the sizes freed longest ago go first (a loop reuses
     # the sizes it just freed; an earlier phase's sizes may never come back).
-    while _pooled[0] + size > POOL_BYTES:
+    while pooled_bytes() + size > POOL_BYTES:
         oldest = next(iter(_pool))
         maps = _pool[oldest]
         maps.pop(0)
-        _pooled[0] -= oldest[0]
         if not maps:
             del _pool[oldest]
     maps = _pool.pop(key, [])
     maps.append((m, start))
-    _pooled[0] += size
     _pool[key] = maps  # re-inserted: the dict's order is the order sizes were last freed

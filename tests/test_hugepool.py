@@ -22,7 +22,6 @@ def _empty_pool():
     """Start each test with an empty pool: earlier tests in this process may have filled it."""
     gc.collect()
     _hugepool._pool.clear()
-    _hugepool._pooled[0] = 0
 
 
 @pytest.mark.parametrize("nbytes, want", [
