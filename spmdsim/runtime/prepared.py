@@ -24,7 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..errors import ShapeError
-from .collectives import _begin, _contig, _dim, _divisible, _result, _run, comm_axes, moved_bytes
+from ._calls import _begin, _contig, _dim, _divisible, _result, _run, comm_axes, moved_bytes
 from .mesh import Mesh
 from . import debug
 from .trace import OPEN_TRACES, record

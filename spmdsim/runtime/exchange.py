@@ -1,0 +1,138 @@
+"""General exchanges over the whole mesh with one Alltoallv: any block to any rank.
+
+`alltoallv` takes per-destination blocks and per-source shapes and checks them
+on every call; `exchange` runs a prebuilt `ExchangeSpec` (runtime.exchange_spec),
+whose counts and boxes were checked once, and is what plan_exec's Exchange
+steps call in loops. Both pack the outgoing blocks into the mesh's kept send
+buffer, receive into one flat buffer, and record one trace entry.
+"""
+from __future__ import annotations
+
+import math
+from itertools import accumulate
+from time import perf_counter
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..errors import ShapeError
+from . import debug
+from ._calls import _DEBUG, _begin, _empty, _result, _run
+from .exchange_spec import ExchangeSpec, count_peers
+from .mesh import Mesh
+from .trace import OPEN_TRACES as _TRACES
+from .trace import record
+
+__all__ = ["alltoallv", "exchange"]
+
+_ndarray = np.ndarray
+
+def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tuple],
+              dtype: Any, label: str | None = None, out: np.ndarray | None = None) -> dict[int, np.ndarray]:
+    """General exchange over the whole mesh: `sends[r]` goes to mesh rank r; returns {source: array}.
+
+    `recv_shapes[r]` is the shape of the block expected from rank r. A block
+    this rank sends to itself is not sent: it comes back reshaped, a view of
+    the caller's array where numpy can reshape without a copy (as a group of
+    one rank returns its input). The other blocks are views of one flat receive
+    buffer, sources in rank order: a new array, or `out` (C-contiguous, of
+    that many items and `dtype`) for loops that repeat the same exchange.
+    """
+    dtype = np.dtype(dtype)
+    size, me = mesh.size, mesh.rank
+    seq = _begin(mesh, mesh.comm, size, "alltoallv", mesh.layout.alias_name, None, (), dtype)
+    # Counts and offsets as Python ints: a handful per rank, where numpy's
+    # per-call overhead would cost more than the arithmetic (docs/performance.md).
+    scounts = [0] * size
+    arrays = {}
+    # The checks run between this rank's arrival and the MPI call, on cold
+    # caches when ranks share cores: plain ints and arrays of the right dtype
+    # pass on `type`/`is` tests; anything else takes the converting calls.
+    for r, a in sends.items():
+        if type(r) is not int or not 0 <= r < size:
+            r = _mesh_rank(r, size, "sends")
+        if type(a) is not _ndarray:
+            a = np.asarray(a)
+        if a.dtype is not dtype and a.dtype != dtype:
+            raise ShapeError(f"alltoallv block for rank {r} has dtype {a.dtype.name!r}, expected {dtype.name!r}")
+        arrays[r] = a
+        scounts[r] = a.size
+    rcounts = [0] * size
+    for r, shape in recv_shapes.items():
+        if type(r) is not int or not 0 <= r < size:
+            r = _mesh_rank(r, size, "recv_shapes")
+        rcounts[r] = math.prod(shape)
+    if me in recv_shapes:
+        mine = arrays.get(me)
+        if mine is None or mine.size != rcounts[me]:
+            raise ShapeError(f"alltoallv: rank {me} expects {tuple(recv_shapes[me])!r} from itself "
+                             f"but sends {None if mine is None else mine.shape!r}")
+    scounts[me] = rcounts[me] = 0
+    if size > 1 and not _DEBUG.quiet and debug.check_enabled():
+        debug.verify_counts(mesh.comm, scounts, rcounts, seq, mesh.polite)
+    t0 = perf_counter()
+    sdispls = [0, *accumulate(scounts[:-1])]
+    rdispls = [0, *accumulate(rcounts[:-1])]
+    send = mesh.scratch("send", (sum(scounts),), dtype)
+    for r, a in arrays.items():
+        if r != me:  # one copy from a strided view straight into the send buffer
+            lo = sdispls[r]
+            if a.ndim == 1:
+                send[lo:lo + scounts[r]] = a
+            else:
+                send[lo:lo + scounts[r]].reshape(a.shape)[...] = a
+    recv = _result(out, (sum(rcounts),), dtype, "alltoallv")
+    if size > 1:
+        _run(mesh, seq, "alltoallv", mesh.layout.alias_name, mesh.comm.Alltoallv, mesh.comm.Ialltoallv,
+             [send, (scounts, sdispls)], [recv, (rcounts, rdispls)])
+    blocks: dict[int, np.ndarray] = {}
+    for r, shape in recv_shapes.items():
+        r = int(r)
+        if r == me:  # reshaped after the MPI call: nothing here needs it before
+            blocks[r] = arrays[me].reshape(shape)
+        else:
+            blocks[r] = recv[rdispls[r]:rdispls[r] + rcounts[r]].reshape(shape)
+    if _TRACES:
+        record("alltoallv", mesh.layout.alias_name, size, send.nbytes, recv.nbytes, perf_counter() - t0,
+               label, send.nbytes,  # every block sent is packed into `send`
+               count_peers(scounts, rcounts))
+    return blocks
+
+
+def exchange(mesh: Mesh, local: np.ndarray, spec: ExchangeSpec, label: str | None = None) -> np.ndarray:
+    """Alltoallv over the whole mesh by a prebuilt `spec`: its boxes of `local` go out, one flat buffer comes back.
+
+    The repeated form of `alltoallv` (plan_exec's Exchange steps): counts,
+    offsets and box indices were checked when the spec was built, so a call
+    checks only that the spec is this rank's and `local` has its shape. Box i
+    from a source is ``recv[start:stop]`` for its slot in ``spec.recv_slots``.
+    """
+    size = mesh.size
+    if spec.size != size or spec.rank != mesh.rank:
+        raise ShapeError(f"exchange spec for rank {spec.rank} of {spec.size} used on rank {mesh.rank} of {size}")
+    if type(local) is not np.ndarray or local.shape != spec.local_shape:
+        raise ShapeError(f"exchange: local block {getattr(local, 'shape', local)!r} is not an array of "
+                         f"shape {spec.local_shape!r}")
+    dtype = local.dtype
+    axes = mesh.layout.alias_name
+    seq = _begin(mesh, mesh.comm, size, "alltoallv", axes, None, (), dtype)
+    if size > 1 and not _DEBUG.quiet and debug.check_enabled():
+        debug.verify_counts(mesh.comm, list(spec.scounts), list(spec.rcounts), seq, mesh.polite)
+    t0 = perf_counter()
+    send = mesh.scratch("send", (spec.send_total,), dtype)
+    for index, lo, hi, shape in spec.packs:  # one copy from each box's view into the send buffer
+        send[lo:hi].reshape(shape)[...] = local[index]
+    recv = _empty(spec.recv_total, dtype)
+    if size > 1:
+        _run(mesh, seq, "alltoallv", axes, mesh.comm.Alltoallv, mesh.comm.Ialltoallv,
+             [send, (spec.scounts, spec.sdispls)], [recv, (spec.rcounts, spec.rdispls)])
+    record("alltoallv", axes, size, send.nbytes, recv.nbytes, perf_counter() - t0, label, send.nbytes,
+           spec.peers)
+    return recv
+
+
+def _mesh_rank(r: Any, size: int, what: str) -> int:
+    """`r` as an int mesh rank, or a ShapeError naming the alltoallv argument it came from."""
+    if not 0 <= int(r) < size:
+        raise ShapeError(f"alltoallv {what} key {r!r} is not a mesh rank (0 <= r < {size})")
+    return int(r)
