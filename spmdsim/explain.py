@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .layout import TensorLayout, format_entry
+from .layout import TensorLayout, format_entry, format_tensor_map
 
 __all__ = ["RankRow", "Explanation", "explain", "format_explanation", "explanation_to_dict"]
 
@@ -148,10 +148,6 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], left: Sequence
     return out
 
 
-def _shown_map(tl: TensorLayout) -> str:
-    return "(" + ", ".join(format_entry(e) for e in tl.tensor_map) + ")"
-
-
 def _bounds_text(bounds: Sequence[tuple[int, int]]) -> str:
     return "[" + ", ".join(f"{a}:{b}" for a, b in bounds) + "]"
 
@@ -170,7 +166,7 @@ def _values_text(values: Optional[Sequence[int]]) -> str:
 def _headline(ex: Explanation) -> list[str]:
     tl = ex.tensor_layout
     layout = tl.layout
-    names = ", ".join(f'"{a}"' for a in layout.alias_name)
+    names = ", ".join(f'"{a}"' for a in layout.alias_name) + ("," if len(layout.alias_name) == 1 else "")
     lines = []
     if ex.strategy is not None:
         lines += _wrap(
@@ -187,7 +183,7 @@ def _headline(ex: Explanation) -> list[str]:
             )
     table = _table(
         ["layout", f"Layout({layout.device_matrix!r}, ({names}))"],
-        [["tensor map", _shown_map(tl)], ["shape", str(ex.shape)]]
+        [["tensor map", format_tensor_map(tl.tensor_map)], ["shape", str(ex.shape)]]
         + ([["partial", ", ".join(tl.partial)]] if tl.partial else []),
         left=(0, 1),
     )

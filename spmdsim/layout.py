@@ -17,7 +17,7 @@ from typing import Iterable, Sequence, Union
 from .errors import LayoutError, ShapeError
 from .slicing import check_divisible, shard_bounds
 
-__all__ = ["Layout", "TensorLayout", "MapEntry", "normalize_entry", "format_entry"]
+__all__ = ["Layout", "TensorLayout", "MapEntry", "normalize_entry", "format_entry", "format_tensor_map"]
 
 #: One tensor-map entry as a user writes it: alias, None/"None", or tuple of aliases.
 MapEntry = Union[str, None, Sequence[str]]
@@ -54,6 +54,12 @@ def format_entry(axes: tuple[str, ...]) -> str:
     if len(axes) == 1:
         return f'"{axes[0]}"'
     return "(" + ", ".join(f'"{a}"' for a in axes) + ")"
+
+
+def format_tensor_map(entries: tuple) -> str:
+    """Short form of a tensor map: ("mp", ("sp", "dp")), or ("x",) for one dim."""
+    # One entry keeps Python's tuple comma: ("x") would read as a string.
+    return "(" + ", ".join(format_entry(e) for e in entries) + ("," if len(entries) == 1 else "") + ")"
 
 
 @dataclass(frozen=True)
@@ -265,7 +271,7 @@ class TensorLayout:
 
     @staticmethod
     def _shown(entries: tuple, partial: tuple) -> str:
-        text = "(" + ", ".join(format_entry(e) for e in entries) + ")"
+        text = format_tensor_map(entries)
         return text + (f" partial {partial!r}" if partial else "")
 
     def __str__(self) -> str:

@@ -115,6 +115,9 @@ def test_entries_normalize_and_repr_round_trips():
     assert eval(repr(a), namespace) == a
     assert eval(repr(layout), namespace) == layout
     assert str(layout("mp", ("dp",))) == '("mp", "dp")'
+    # One dim keeps the tuple comma: ("x") would be a string in Python.
+    assert str(Layout((4,), ("x",))("x")) == '("x",)'
+    assert str(Layout((4,), ("x",))(None, partial="x")) == "(None,) partial ('x',)"
 
 
 def test_local_shape_and_bounds():

@@ -323,7 +323,7 @@ def _notes(tl: TensorLayout, partial: bool) -> tuple[str, ...]:
         )
     if partial:
         notes.append(
-            f"partial: sum over {', '.join(tl.partial)} (hatched); '+' joins the ranks whose "
+            f"partial: sum over {', '.join(tl.partial)} (hatched in PNG pictures); '+' joins the ranks whose "
             "blocks add up to the value"
         )
     return tuple(notes)

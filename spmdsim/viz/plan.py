@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence, Union
 
-from ..layout import Layout
 from .ascii import tensor_lines
 from .model import layout_picture
 
@@ -34,10 +33,6 @@ def _per_rank(values: Sequence[int]) -> str:
     return f"{format_bytes(low)} to {format_bytes(high)}"
 
 
-def _mesh(layout: Layout) -> str:
-    return "Layout(" + ", ".join(f"{a}={n}" for a, n in zip(layout.alias_name, layout.device_matrix)) + ")"
-
-
 def _step_lines(step: Any, index: int) -> list[str]:
     group = step.group_size if step.axes else step.before.layout.num_devices
     return [
@@ -55,13 +50,13 @@ def render_plan_ascii(plan: Any, *, name: str = "x", width: int = 80) -> str:
         f"per rank received: {_per_rank(plan.bytes_received)} "
         f"(lower bound {_per_rank(plan.lower_bound)})",
         "",
-        f"Before: {plan.source} on {_mesh(plan.source.layout)}",
+        f"Before: {plan.source} on {plan.source.layout}",
     ]
     lines += tensor_lines(layout_picture(plan.source, plan.shape, name), width)
     for i, step in enumerate(plan.steps, 1):
         lines.append("")
         lines += _step_lines(step, i)
-        lines.append(f"After step {i}: {step.after} on {_mesh(step.after.layout)}")
+        lines.append(f"After step {i}: {step.after} on {step.after.layout}")
         lines += tensor_lines(layout_picture(step.after, plan.shape, name), width)
     if not plan.steps:
         lines += ["", "No step: the source layout already is the target."]

@@ -9,7 +9,7 @@ import os
 from typing import Any, Optional, Sequence, Union
 
 from ..errors import SpmdsimError
-from ..layout import Layout, TensorLayout
+from ..layout import TensorLayout
 from .model import LayoutPicture, layout_picture
 
 __all__ = ["PICTURE_SUFFIXES", "check_picture_path", "render_layout_png", "draw_layout", "shard_colour", "new_figure", "save_figure"]
@@ -70,10 +70,6 @@ def save_figure(fig: Any, path: Union[str, os.PathLike], dpi: int) -> str:
     return path
 
 
-def _layout_text(layout: Layout) -> str:
-    return "Layout(" + ", ".join(f"{a}={n}" for a, n in zip(layout.alias_name, layout.device_matrix)) + ")"
-
-
 def render_layout_png(
     picture: Union[LayoutPicture, TensorLayout],
     path: Union[str, os.PathLike],
@@ -110,7 +106,7 @@ def draw_layout(fig: Any, picture: LayoutPicture, label: str = "") -> None:
     d_rows, d_cols = picture.device_grid
     layout = picture.tensor_layout.layout
     lead = f"{label}: " if label else ""
-    fig.suptitle(f"{lead}{picture.title}\non {_layout_text(layout)}", fontsize=11, y=0.995)
+    fig.suptitle(f"{lead}{picture.title}\non {layout}", fontsize=11, y=0.995)
     left, right = fig.subfigures(1, 2, width_ratios=[t_cols, d_cols])
     left.text(0.5, 0.885, "tensor: ranks holding each block", ha="center", va="top", fontsize=9)
     right.text(0.5, 0.885, "device matrix: each rank's shard", ha="center", va="top", fontsize=9)
