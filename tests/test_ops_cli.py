@@ -44,7 +44,7 @@ def test_registering_a_name_twice_with_another_function_fails(monkeypatch):
 def test_outcome_record_and_table():
     ok = Outcome("mlp", "ParallelMLP (gelu)", "x[-,-] -> [-,-]", True, 2e-5, {"allreduce": 1}, 16128)
     bad = Outcome("linear_row", "RowParallelLinear", "x[-,mp]", False, 0.5, {"allreduce": 1}, 10)
-    skip = Outcome("matmul_2x4_4x1", "-", "MatMul ((2,4),(4,1))", True, 0.0, {}, 0,
+    skip = Outcome("matmul_2x4_4x1", "MatMul ((2,4),(4,1))", "-", True, 0.0, {}, 0,
                    skipped="needs 8 ranks")
     assert ok.record() == {"scenario": "mlp", "passed": True, "max_abs_error": 2e-5,
                            "collectives": {"allreduce": 1}, "bytes_sent_per_rank": 16128}
@@ -52,6 +52,11 @@ def test_outcome_record_and_table():
     text = format_table([ok, bad, skip], 8, "float32")
     assert "allreduce x1" in text and "PASS" in text and "FAIL" in text
     assert "SKIP (needs 8 ranks)" in text and text.endswith("1 passed, 1 failed, 1 skipped")
+    # A skipped scenario's title sits under "op", as the run rows' operators do.
+    skip_row = next(line for line in text.splitlines() if "SKIP" in line).split()
+    assert skip_row[:3] == ["matmul_2x4_4x1", "MatMul", "((2,4),(4,1))"]
+    ctx = registry.Context(comm=type("OneRank", (), {"Get_size": lambda self: 1})())
+    assert registry.run_scenario(registry.Scenario("s", "Title", None, lambda w: "no"), ctx).op == "Title"
 
 
 def test_short_layout_text_and_tolerance():
@@ -70,6 +75,29 @@ def test_parser_has_run_and_demo(capsys):
     assert main(["demo", "--list"]) == 0
     assert "matmul_layout_tuple" in capsys.readouterr().out
     assert main(["demo", "--only", "nope"]) == 2
+
+
+def test_demo_only_takes_commas_and_names_the_unknown():
+    from spmdsim.cli.demo import _only
+    from spmdsim.errors import SpmdsimError
+
+    chosen = scenarios()
+    assert [sc.name for sc in _only(chosen, ["mlp,linear_row"])] == ["linear_row", "mlp"]
+    assert [sc.name for sc in _only(chosen, ["mlp", "linear_row"])] == ["linear_row", "mlp"]
+    with pytest.raises(SpmdsimError, match=r"unknown scenario\(s\) \['nope'\]"):
+        _only(chosen, ["mlp,nope"])
+
+
+def test_usage_errors_print_on_the_first_rank_only(monkeypatch, capsys):
+    # Under mpiexec every rank parses the same argv; one usage block is enough.
+    monkeypatch.setenv("PMI_RANK", "3")
+    with pytest.raises(SystemExit) as info:
+        main(["run", "embedding"])
+    assert info.value.code == 2 and capsys.readouterr().err == ""
+    monkeypatch.setenv("PMI_RANK", "0")
+    with pytest.raises(SystemExit):
+        main(["run", "embedding"])
+    assert "the following arguments are required: --shape" in capsys.readouterr().err
 
 
 def test_demo_list_imports_no_mpi():

@@ -34,3 +34,16 @@ def test_png_writes_one_picture_per_step(tmp_path, capsys):
     assert files == expected
     assert all(os.path.getsize(tmp_path / f) > 1000 for f in files)
     assert f"wrote {len(files)} picture(s)" in capsys.readouterr().out
+
+
+def test_plan_report_says_why_it_is_above_the_bound_and_where_predictions_come_from(capsys, monkeypatch,
+                                                                                    tmp_path):
+    monkeypatch.setenv("SPMDSIM_COST_FILE", str(tmp_path / "none.json"))  # no calibration: built-in model
+    assert main(["plan", "--device-matrix", "2,4", "--alias", "p0,p1", "--from", "p0,None",
+                 "--from-partial", "p1", "--to", "p0,None", "--shape", "8,8"]) == 0
+    out = capsys.readouterr().out
+    assert "lower bound 128 B (above it: with pending sums the bound counts each summed element once" in out
+    assert "the whole tensor on every rank (Allreduce and Allgather, then slice) would receive 512 B" in out
+    assert "predicted: alpha-beta cost model, built-in model (`spmdsim calibrate`" in out
+    assert main(ARGS) == 0
+    assert "(meets it on every rank)\n" in capsys.readouterr().out

@@ -29,7 +29,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--json", action="store_true",
                         help="print a JSON list of records (scenario, passed, max_abs_error, "
                              "collectives, bytes_sent_per_rank)")
-    parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these scenarios")
+    parser.add_argument("--only", nargs="+", metavar="NAME",
+                        help="run only these scenarios (names as --list shows them, space- or comma-separated)")
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
     parser.set_defaults(func=run)
 
@@ -42,16 +43,23 @@ def run(args: argparse.Namespace) -> int:
         for sc in chosen:
             print(f"{sc.name:<22} {sc.title}")
         return 0
-    if args.only:
-        known = {sc.name for sc in chosen}
-        unknown = [n for n in args.only if n not in known]
-        if unknown:
-            raise SpmdsimError(f"unknown scenario(s) {unknown!r}; expected some of {sorted(known)!r}")
-        chosen = tuple(sc for sc in chosen if sc.name in args.only)
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    return guarded(lambda: _run_all(chosen, args, comm), comm, args)
+    # Inside the guard: an unknown name is the same error on every rank, printed once.
+    return guarded(lambda: _run_all(_only(chosen, args.only), args, comm), comm, args)
+
+
+def _only(chosen: Sequence[Any], names: Sequence[str] | None) -> tuple[Any, ...]:
+    """The scenarios `--only` names (space- or comma-separated), in registry order."""
+    if not names:
+        return tuple(chosen)
+    wanted = [n for name in names for n in name.split(",") if n]
+    known = {sc.name for sc in chosen}
+    unknown = [n for n in wanted if n not in known]
+    if unknown or not wanted:
+        raise SpmdsimError(f"unknown scenario(s) {unknown or names!r}; expected some of {sorted(known)!r}")
+    return tuple(sc for sc in chosen if sc.name in wanted)
 
 
 def _run_all(chosen: Sequence[Any], args: argparse.Namespace, comm: Any) -> int:
@@ -73,7 +81,7 @@ def format_table(outcomes: Sequence[Any], world_size: int, dtype: str) -> str:
     rows = []
     for o in outcomes:
         if o.skipped:
-            rows.append((o.scenario, "-", o.layouts, "-", "-", "-", f"SKIP ({o.skipped})"))
+            rows.append((o.scenario, o.op, o.layouts, "-", "-", "-", f"SKIP ({o.skipped})"))
             continue
         colls = ", ".join(f"{op} x{n}" for op, n in sorted(o.collectives.items())) or "none"
         rows.append((o.scenario, o.op, o.layouts, colls, str(o.bytes_sent_per_rank),

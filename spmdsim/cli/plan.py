@@ -136,14 +136,20 @@ def _baseline(plan: Plan) -> int:
     return out + (2 * (g - 1) * size // g if g > 1 else 0)
 
 
-def _predicted(plan: Plan) -> list[float]:
-    """Seconds per step from the alpha-beta model (spmdsim.cost); [] when it is unavailable."""
-    try:
-        from ..cost import load_or_default, predict_plan
+def _predicted(plan: Plan) -> tuple[list[float], str]:
+    """Seconds per step from the alpha-beta model (spmdsim.cost) and where the model came from.
 
-        return [p.seconds for p in predict_plan(plan, load_or_default())]
+    ([], "") when the estimate is unavailable.
+    """
+    try:
+        from ..cost import DEFAULT_MODEL, load_or_default, predict_plan
+
+        model = load_or_default()
+        origin = ("built-in model (`spmdsim calibrate` fits one for this machine)"
+                  if model is DEFAULT_MODEL else "this machine's calibration (`spmdsim calibrate`)")
+        return [p.seconds for p in predict_plan(plan, model)], origin
     except Exception:  # noqa: BLE001 - the estimate is optional decoration
-        return []
+        return [], ""
 
 
 def format_plan(plan: Plan) -> str:
@@ -159,7 +165,7 @@ def format_plan(plan: Plan) -> str:
     if not plan.steps:
         lines.append("  no steps: every rank already holds its target block")
     width = max([len(str(s)) for s in plan.steps] + [4])
-    seconds = _predicted(plan)
+    seconds, origin = _predicted(plan)
     if plan.steps:
         lines.append(f"  {'#':>2}  {'step':<{width}}  {'sent/rank':>14}  {'received/rank':>14}"
                      + ("  predicted" if seconds else ""))
@@ -169,11 +175,18 @@ def format_plan(plan: Plan) -> str:
                      + (f"  {seconds[i - 1] * 1e3:>8.3f} ms" if seconds else ""))
     got, low = plan.max_bytes_received, plan.max_lower_bound
     verdict = "meets it on every rank" if plan.meets_lower_bound else "above it"
+    if not plan.meets_lower_bound and (plan.source.partial or plan.target.partial):
+        # Say why, or a reader takes the plan for a poor one (docs/redistribution.md).
+        verdict += ": with pending sums the bound counts each summed element once; collectives that sum move more"
     lines.append(f"total received per rank (max): {got:,} B; lower bound {low:,} B ({verdict})")
     base = _baseline(plan)
     if base and got:
-        lines.append(f"an Allgather-based conversion receives {base:,} B per rank "
-                     f"({base / got:.1f}x this plan)")
+        how = " and ".join(w for w, on in (("Allreduce", plan.source.partial),
+                                            ("Allgather", plan.source.split_axes)) if on)
+        lines.append(f"for comparison, the whole tensor on every rank ({how}, then slice) would "
+                     f"receive {base:,} B per rank ({base / got:.1f}x this plan)")
+    if seconds:
+        lines.append(f"predicted: alpha-beta cost model, {origin}")
     return "\n".join(lines)
 
 

@@ -76,7 +76,7 @@ def _op(ops: Any, name: str, text: str) -> argparse.ArgumentParser:
     sub = ops.add_parser(name, help=text, description=text)
     add_common_arguments(sub)
     sub.add_argument("--explain", action="store_true",
-                     help="print per rank the local shapes and which collective runs and why")
+                     help="print per rank the block of each tensor it holds and which collective runs and why")
     sub.add_argument("--json", action="store_true", help="print one JSON record instead")
     return sub
 

@@ -164,6 +164,7 @@ def linear_job(
     mesh = _mesh(layout, comm)
     xs = SeededTensor((mm, k), dtype, seed)
     x = _dtensor(mesh, x_layout, xs)
+    inputs = {"x": x}
     if front == "paddle":
         w_src = SeededTensor((k, n), dtype, seed + 1)
         b_src = SeededTensor((n,), dtype, seed + 2) if bias else None
@@ -182,9 +183,15 @@ def linear_job(
                                          dtype=dtype, seed=seed + 1)
         w_src, b_src, op = layer.weight_source, layer.bias_source, type(layer).__name__
         forward = layer
+        inputs.update(_weights(W=layer.weight, b=layer.bias))
     return Job(op, f"x{short(x_layout)} W{short(w_layout)} -> {short(plan.out)}", mesh,
-               lambda: forward(x), linear_region(xs, w_src, b_src), {"x": x},
+               lambda: forward(x), linear_region(xs, w_src, b_src), inputs,
                _linear_steps(plan), contraction_atol(k, dtype))
+
+
+def _weights(**tensors: Any) -> dict[str, Any]:
+    """The layer's weights for the rank lines (which block each rank holds), Nones left out."""
+    return {name: t for name, t in tensors.items() if t is not None}
 
 
 def embedding_job(
@@ -254,6 +261,7 @@ def mlp_job(
     steps = ((Resolution("allreduce", ("mp",)),
               "fc1 leaves the hidden dim split over \"mp\" and fc2's weight rows are split the "
               "same way, so each rank holds a partial sum of the output"),)
+    inputs = {"x": x, **_weights(W1=mlp.linear_fc1.weight, W2=mlp.linear_fc2.weight)}
     return Job(f"ParallelMLP ({activation})", f"x[-,-] fc1 W[-,mp] -> {activation} -> "
-               "fc2 W[mp,-] -> [-,-]", mesh, lambda: mlp(x), mlp.reference(xs), {"x": x}, steps,
+               "fc2 W[mp,-] -> [-,-]", mesh, lambda: mlp(x), mlp.reference(xs), inputs, steps,
                contraction_atol(max(h, f), dtype))

@@ -17,6 +17,7 @@ from ..nets import (
     paddle_needs, paddle_tp, reference_rows,
 )
 from . import ops as _ops  # noqa: F401  (the single-operator seed scenarios are listed first)
+from .jobs import short
 from .registry import Context, Job, scenario
 
 __all__ = ["network_job"]
@@ -34,9 +35,9 @@ def network_job(net: Network, comm: Any) -> Job:
 
     ops = ">".join(s.name for s in net.stages)
     upto = len(net.stages)
-    cuts = net.input_layout.shards_per_dim, net.out.shards_per_dim
+    # The layouts of the network's input and output, as the operator rows write theirs.
     return Job(
-        ops, f"in {cuts[0]} -> out {cuts[1]} (slices per dim)",
+        ops, f"x{short(net.input_layout)} -> {short(net.out)}",
         runner.out_mesh, forward, lambda region: reference_rows(net, upto, region),
         {"x": x}, (), network_atol(net),
     )

@@ -173,7 +173,8 @@ def run_scenario(sc: Scenario, ctx: Context) -> Outcome:
     """Build and run one scenario, or report why it is skipped at this world size."""
     reason = sc.needs(ctx.world_size)
     if reason:
-        return Outcome(sc.name, "-", sc.title, True, 0.0, {}, 0, skipped=reason)
+        # Not built, so no layouts to show: the title names the operator.
+        return Outcome(sc.name, sc.title, "-", True, 0.0, {}, 0, skipped=reason)
     job = sc.build(ctx)
     run = run_job(job, ctx.comm)
     return Outcome(
@@ -184,11 +185,20 @@ def run_scenario(sc: Scenario, ctx: Context) -> Outcome:
 
 
 def rank_line(job: Job, out: Any) -> str:
-    """This rank's line: coordinates, local input shapes, and the output block it holds."""
+    """This rank's line: coordinates, the block of each input it holds, and its output block.
+
+    Blocks are global index ranges (``W[0:96, 32:64]``), so a reader sees which
+    part of each tensor the rank holds, not only how big its piece is.
+    """
     mesh = job.mesh
-    shapes = ", ".join(f"{name} {tuple(t.local.shape)}" for name, t in job.inputs.items())
-    block = ", ".join(f"{a}:{b}" for a, b in out.layout.bounds(mesh.rank, out.global_shape))
-    return f"rank {mesh.rank} {mesh.layout.coords(mesh.rank)}: local {shapes} -> output [{block}]"
+    r = mesh.rank
+    held = ", ".join(f"{name}{_block(t.layout, t.global_shape, r)}" for name, t in job.inputs.items())
+    return f"rank {r} {mesh.layout.coords(r)}: holds {held} -> output {_block(out.layout, out.global_shape, r)}"
+
+
+def _block(layout: Any, shape: tuple, rank: int) -> str:
+    text = "[" + ", ".join(f"{a}:{b}" for a, b in layout.bounds(rank, shape)) + "]"
+    return text + (f" partial over {', '.join(layout.partial)}" if layout.partial else "")
 
 
 def explain_lines(job: Job) -> list[str]:

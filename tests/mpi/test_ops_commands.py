@@ -46,6 +46,8 @@ def test_run_matmul_explain(capsys):
         assert "PASS" in text and "allreduce over ('k',)" in text
         assert "so each rank holds a partial sum; Allreduce over ranks {" in text
         assert text.count("rank ") >= size
+        # Each rank's line names the global block of each input it holds: rank 1 has K's second quarter.
+        assert f"rank 1 (0, 1, 0): holds x[0:6, {40 // size}:{2 * 40 // size}], w[{40 // size}:" in text
 
 
 def test_run_linear_embedding_mlp(capsys):
