@@ -1,7 +1,7 @@
 """Paddle ``distributed.split(x, size, operation="embedding", num_partitions)`` (seed 004).
 
 ids (10, 4) in [0, 1000) into a (1000, 48) table, vocab-parallel over all ranks.
-Run: mpiexec -n 8 python examples/embedding_vocab.py (any rank count dividing 1000)
+Run: timeout 120 mpiexec -n 8 python examples/embedding_vocab.py (any rank count dividing 1000)
 """
 import sys
 

@@ -1,6 +1,6 @@
 """Row-parallel Linear: Paddle ``split(x, size, "linear", axis=0)`` / Megatron RowParallelLinear.
 
-x (24, 200) @ W (200, 72) + b. Run: mpiexec -n 8 python examples/linear_row.py
+x (24, 200) @ W (200, 72) + b. Run: timeout 120 mpiexec -n 8 python examples/linear_row.py
 """
 import sys
 

@@ -1,6 +1,6 @@
 """MindSpore ``ops.MatMul().shard(((1, 8), (8, 1)))`` (seed 003, matmul2) on 8 ranks.
 
-x (32, 512) @ fc2_weight (512, 512). Run: mpiexec -n 8 python examples/matmul_1x8_8x1.py
+x (32, 512) @ fc2_weight (512, 512). Run: timeout 120 mpiexec -n 8 python examples/matmul_1x8_8x1.py
 """
 import sys
 
@@ -9,6 +9,7 @@ from mpi4py import MPI
 from spmdsim import SeededTensor
 from spmdsim.demo.jobs import contraction_atol
 from spmdsim.dialects.strategy import matmul_layouts
+from spmdsim.errors import SpmdsimError
 from spmdsim.ops import matmul
 from spmdsim.reference import matmul_region
 from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
@@ -17,7 +18,9 @@ comm = MPI.COMM_WORLD
 # An error on some ranks only ends the whole job instead of hanging the others.
 install_excepthook(comm)
 if comm.size != 8:
-    sys.exit("run with mpiexec -n 8")
+    # Raised on every rank alike: the excepthook prints it once and exits 2.
+    raise SpmdsimError(f"this example is written for 8 ranks, not {comm.size}: run with "
+                       "timeout 120 mpiexec -n 8 python examples/matmul_1x8_8x1.py")
 
 # Strategy ((1, 8), (8, 1)): only the contraction dim K is cut, 8 ways.
 # Device matrix (m, k, n) = (1, 8, 1): rank r holds K-slice r.

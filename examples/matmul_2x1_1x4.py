@@ -1,6 +1,6 @@
 """MindSpore ``ops.MatMul().shard(((2, 1), (1, 4)))`` on 8 ranks: no communication at all.
 
-x (256, 128) @ w (128, 192). Run: mpiexec -n 8 python examples/matmul_2x1_1x4.py
+x (256, 128) @ w (128, 192). Run: timeout 120 mpiexec -n 8 python examples/matmul_2x1_1x4.py
 """
 import sys
 
@@ -8,6 +8,7 @@ from mpi4py import MPI
 
 from spmdsim import SeededTensor
 from spmdsim.dialects.strategy import matmul_layouts
+from spmdsim.errors import SpmdsimError
 from spmdsim.ops import matmul
 from spmdsim.reference import matmul_region
 from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
@@ -16,7 +17,9 @@ comm = MPI.COMM_WORLD
 # An error on some ranks only ends the whole job instead of hanging the others.
 install_excepthook(comm)
 if comm.size != 8:
-    sys.exit("run with mpiexec -n 8")
+    # Raised on every rank alike: the excepthook prints it once and exits 2.
+    raise SpmdsimError(f"this example is written for 8 ranks, not {comm.size}: run with "
+                       "timeout 120 mpiexec -n 8 python examples/matmul_2x1_1x4.py")
 
 # Strategy ((2, 1), (1, 4)): x rows cut in 2, w columns cut in 4, K never cut.
 # Device matrix (m, k, n) = (2, 1, 4): rank = 4 * i_m + i_n.

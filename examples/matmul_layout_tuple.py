@@ -1,7 +1,7 @@
 """MindSpore advanced operator parallel (seed 003): Layout((2, 2, 2), ("dp", "sp", "mp")).
 
 matmul1.shard((layout("mp", ("sp", "dp")), layout(("sp", "dp"), "None"))) on
-x (32, 784) @ fc1_weight (784, 512). Run: mpiexec -n 8 python examples/matmul_layout_tuple.py
+x (32, 784) @ fc1_weight (784, 512). Run: timeout 120 mpiexec -n 8 python examples/matmul_layout_tuple.py
 """
 import sys
 
@@ -9,6 +9,7 @@ from mpi4py import MPI
 
 from spmdsim import Layout, SeededTensor
 from spmdsim.demo.jobs import contraction_atol
+from spmdsim.errors import SpmdsimError
 from spmdsim.ops import matmul
 from spmdsim.reference import matmul_region
 from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
@@ -17,7 +18,9 @@ comm = MPI.COMM_WORLD
 # An error on some ranks only ends the whole job instead of hanging the others.
 install_excepthook(comm)
 if comm.size != 8:
-    sys.exit("run with mpiexec -n 8")
+    # Raised on every rank alike: the excepthook prints it once and exits 2.
+    raise SpmdsimError(f"this example is written for 8 ranks, not {comm.size}: run with "
+                       "timeout 120 mpiexec -n 8 python examples/matmul_layout_tuple.py")
 
 layout = Layout((2, 2, 2), ("dp", "sp", "mp"))
 mesh = Mesh(layout, comm)

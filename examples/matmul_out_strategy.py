@@ -1,6 +1,6 @@
 """MindSpore MatMul ((2, 4), (4, 1)) with ``out_strategy ((8, 1),)``: Reduce_scatter, not Allreduce.
 
-x (32, 784) @ w (784, 512). Run: mpiexec -n 8 python examples/matmul_out_strategy.py
+x (32, 784) @ w (784, 512). Run: timeout 120 mpiexec -n 8 python examples/matmul_out_strategy.py
 """
 import sys
 
@@ -9,6 +9,7 @@ from mpi4py import MPI
 from spmdsim import SeededTensor
 from spmdsim.demo.jobs import contraction_atol
 from spmdsim.dialects.strategy import matmul_layouts
+from spmdsim.errors import SpmdsimError
 from spmdsim.ops import matmul
 from spmdsim.ops.infer import out_layout_from_strategy
 from spmdsim.reference import matmul_region
@@ -18,7 +19,9 @@ comm = MPI.COMM_WORLD
 # An error on some ranks only ends the whole job instead of hanging the others.
 install_excepthook(comm)
 if comm.size != 8:
-    sys.exit("run with mpiexec -n 8")
+    # Raised on every rank alike: the excepthook prints it once and exits 2.
+    raise SpmdsimError(f"this example is written for 8 ranks, not {comm.size}: run with "
+                       "timeout 120 mpiexec -n 8 python examples/matmul_out_strategy.py")
 
 # Same inputs as examples/matmul_2x4_4x1.py: device matrix (m, k, n) = (2, 4, 1);
 # each rank's (16, 512) product is a partial sum over the 4 ranks of its "k" group.

@@ -11,6 +11,7 @@ import sys
 
 from mpi4py import MPI
 
+from spmdsim.errors import SpmdsimError
 from spmdsim.nets import NetworkRunner, mindspore_layout
 from spmdsim.runtime import install_excepthook
 
@@ -18,7 +19,9 @@ comm = MPI.COMM_WORLD
 # An error on some ranks only ends the whole job instead of hanging the others.
 install_excepthook(comm)
 if comm.size != 8:
-    sys.exit("Layout((2, 2, 2)) and Layout((8,)) need exactly 8 ranks: run with mpiexec -n 8")
+    # Raised on every rank alike: the excepthook prints it once and exits 2.
+    raise SpmdsimError(f"Layout((2, 2, 2)) and Layout((8,)) need exactly 8 ranks, not {comm.size}: run with "
+                       "timeout 120 mpiexec -n 8 python examples/net_mindspore_layout.py")
 
 net = mindspore_layout(comm.size, seed=0)
 runner = NetworkRunner(net, comm)

@@ -13,6 +13,7 @@ import sys
 
 from mpi4py import MPI
 
+from spmdsim.errors import SpmdsimError
 from spmdsim.nets import NetworkRunner, mindspore_tutorial
 from spmdsim.runtime import install_excepthook
 
@@ -20,7 +21,9 @@ comm = MPI.COMM_WORLD
 # An error on some ranks only ends the whole job instead of hanging the others.
 install_excepthook(comm)
 if comm.size != 8:
-    sys.exit("the tutorial's strategies are written for 8 devices: run with mpiexec -n 8")
+    # Raised on every rank alike: the excepthook prints it once and exits 2.
+    raise SpmdsimError(f"the tutorial's strategies are written for 8 devices, not {comm.size}: run with "
+                       "timeout 120 mpiexec -n 8 python examples/net_mindspore_tutorial.py")
 
 # Every operator has its own device matrix, derived from its strategy:
 #   MatMul1 (2,4,1) axes (m,k,n): rank r = 4m + k holds x[16m:16m+16, 196k:196k+196]
