@@ -34,6 +34,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import resource  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -46,6 +47,14 @@ import numpy as np  # noqa: E402
 from spmdsim import Layout, SeededTensor, buffers  # noqa: E402
 from spmdsim.cli.calibrate import Waiter, parse_size  # noqa: E402
 from spmdsim.cost import CostModel, load_or_default, predict_plan  # noqa: E402
+from spmdsim.errors import RuntimeMismatchError, SpmdsimError  # noqa: E402
+from spmdsim.runtime.guard import run_guarded  # noqa: E402
+
+# The shared argument types live beside this file (on sys.path when the script runs;
+# added for imports of this file by path, as the tests do).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _bench_args import (ArgumentParser, byte_sizes, existing_file, int_at_least,  # noqa: E402
+                         output_path)
 
 SUITES = ("collectives", "redistribute", "ops", "overhead")
 KEYS = ("name", "bytes_per_rank", "spmdsim_s", "raw_s", "numpy_s", "ratio_vs_raw", "peak_rss_bytes")
@@ -824,7 +833,7 @@ def table(records: list[dict]) -> str:
 def suite_cases(suite: str, comm: Any, waiter: Waiter, cfg: dict, args: argparse.Namespace) -> list[Case]:
     """The cases of one timed suite, built now (buffers, meshes, seeded tensors)."""
     if suite == "collectives":
-        sizes = [parse_size(s) for s in (args.sizes or cfg["coll_sizes"]).split(",")]
+        sizes = args.sizes or [parse_size(s) for s in cfg["coll_sizes"].split(",")]
         return collective_cases(comm, waiter, waiter.mode, sizes, args.alloc)
     if suite == "redistribute":
         return redistribute_cases(comm, waiter, waiter.mode, cfg["redist_shape"])
@@ -839,39 +848,83 @@ def aa_case(first: Case, twin: Case) -> Case:
                 {**first.extra, "_trace": [], "aa": True})
 
 
+def split_dims(suite: str, cfg: dict) -> tuple[int, ...]:
+    """The sizes the suite's cases split over all ranks (the rank count must divide each)."""
+    return {"redistribute": tuple(cfg["redist_shape"]),
+            "ops": (cfg["matmul"], cfg["ffn"], cfg["vocab"])}.get(suite, ())
+
+
+def check_world(suites: list[str], cfg: dict, world: int) -> None:
+    """Refuse a rank count some suite cannot use, before any suite runs (not halfway through)."""
+    for suite in suites:
+        dims = split_dims(suite, cfg)
+        if any(d % world for d in dims):
+            raise RuntimeMismatchError(
+                f"the {suite} suite cannot run on {world} ranks: it splits sizes {dims} "
+                f"over all ranks; expected a rank count that divides {math.gcd(*dims)} "
+                "(or leave the suite out with --suite)")
+
+
+def _suite_list(text: str) -> list[str]:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in names if s not in SUITES]
+    if bad or not names:
+        what = f"unknown suite {bad[0]!r}" if bad else f"{text!r} names no suite"
+        raise argparse.ArgumentTypeError(f"{what}; expected a comma list of {', '.join(SUITES)}")
+    return names
+
+
+def _json_target(text: str) -> str:
+    return text if text == "-" else output_path(text)
+
+
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    """The command line, checked before MPI starts (a bad value: one message, exit 2 on every rank)."""
+    p = ArgumentParser(
         description=__doc__,
         epilog="run under MPI with a timeout, e.g.: timeout -k 5 120 mpiexec -n 8 python "
                "scripts/bench.py --quick   |   timeout -k 5 900 mpiexec -n 8 python "
                "scripts/bench.py --json bench.json",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny sizes, few repeats (smoke test)")
-    p.add_argument("--suite", default=",".join(SUITES[:3]),
+    p.add_argument("--suite", type=_suite_list, default=",".join(SUITES[:3]),
                    help=f"comma list of {SUITES} (default: the first three)")
-    p.add_argument("--loops", type=int, default=2000,
+    p.add_argument("--loops", type=int_at_least(1), default=2000,
                    help="calls per timing in the overhead suite (default 2000)")
     p.add_argument("--profile", action="store_true",
                    help="overhead suite: also print a cProfile of the tiny-message loop")
-    p.add_argument("--sizes", default=None, help="collective buffer sizes, e.g. 64K,1M,8M")
-    p.add_argument("--repeats", type=int, default=None)
-    p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--sizes", type=byte_sizes(1), default=None,
+                   help="collective buffer sizes, e.g. 64K,1M,8M")
+    p.add_argument("--repeats", type=int_at_least(1), default=None)
+    p.add_argument("--warmup", type=int_at_least(0), default=None)
     p.add_argument("--wait", choices=("busy", "polite", "auto"), default=None,
                    help="wait mode of spmdsim's mesh and the raw code (default $SPMDSIM_WAIT/auto)")
-    p.add_argument("--cost-file", default=None,
+    p.add_argument("--cost-file", type=existing_file, default=None,
                    help="cost model JSON (default: the saved calibration, else the built-in model)")
     p.add_argument("--alloc", action="store_true",
                    help="collectives suite: both sides allocate a fresh result per call "
                         "(default: both receive into the same preallocated buffers)")
     p.add_argument("--aa", action="store_true",
                    help="A/A control: the spmdsim slot runs a separately built copy of the raw code")
-    p.add_argument("--json", default=None, help="write the records to this file ('-' = stdout)")
-    p.add_argument("--filter", default=None, help="only cases whose name contains this text")
-    return p.parse_args(argv)
+    p.add_argument("--json", type=_json_target, default=None,
+                   help="write the records to this file ('-' = stdout)")
+    p.add_argument("--filter", default=None,
+                   help="only cases whose name contains this text (timed suites)")
+    args = p.parse_args(argv)
+    if args.filter and set(args.suite) == {"overhead"}:
+        p.error(f"--filter {args.filter!r} selects cases of the timed suites; "
+                "the overhead suite has none to select")
+    return args
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """Parse before MPI starts, then run under spmdsim's guard (a failing rank ends the job)."""
     args = parse_args(argv)
+    return run_guarded(lambda: run(args))
+
+
+def run(args: argparse.Namespace) -> int:
+    """The benchmark for parsed `args` (collective: every rank calls it)."""
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
@@ -879,11 +932,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     cfg = dict(QUICK if args.quick else FULL)
     repeats = args.repeats or cfg["repeats"]
     warmup = cfg["warmup"] if args.warmup is None else args.warmup
-    suites = [s.strip() for s in args.suite.split(",") if s.strip()]
-    for s in suites:
-        if s not in SUITES:
-            raise SystemExit(f"bench: unknown suite {s!r}; expected some of {SUITES!r}")
-    model = load_or_default(args.cost_file)
+    suites = args.suite
+    check_world(suites, cfg, comm.Get_size())
+    # A named file must load (a missing one is an error, not the built-in model).
+    model = CostModel.load(args.cost_file) if args.cost_file else load_or_default()
     waiter = Waiter(comm, args.wait)
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if rank == 0 else (lambda m: None)
     say(f"bench: {comm.Get_size()} ranks, wait={waiter.mode}, repeats={repeats}, "
@@ -892,6 +944,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         say("bench: A/A control: the spmdsim columns time a second, separately built copy of the raw code")
     baseline = comm.allreduce(peak_rss(), op=MPI.MAX)
     records = []
+    matched = 0  # timed cases that pass --filter (the same count on every rank)
     for suite in suites:
         say(f"bench: building {suite} cases")
         if suite == "overhead":
@@ -908,6 +961,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                      zip(cases, suite_cases(suite, comm, waiter, cfg, args))]
         if args.filter:
             cases = [c for c in cases if args.filter in c.name]
+            if not cases:
+                say(f"bench: no {suite} case matches --filter {args.filter!r}")
+        matched += len(cases)
         for i, case in enumerate(cases, 1):
             t0 = time.perf_counter()
             rec = run_case(comm, waiter, case, warmup, repeats)
@@ -922,39 +978,26 @@ def main(argv: Optional[list[str]] = None) -> int:
             say(f"bench: [{suite} {i}/{len(cases)}] {case.name}: spmdsim "
                 f"{rec['spmdsim_s'] * 1e3:.2f} ms, raw {rec['raw_s'] * 1e3:.2f} ms "
                 f"({time.perf_counter() - t0:.1f} s)")
+    if args.filter and not matched:
+        timed_suites = [s for s in suites if s != "overhead"]
+        raise SpmdsimError(f"no case matches --filter {args.filter!r} in the suites "
+                           f"{', '.join(timed_suites)}; expected part of a case name")
     timed = [r for r in records if r.get("suite") != "overhead"]
     if rank == 0 and timed:
         print(table(timed))
         if args.aa:
             print("A/A control: the spmdsim columns are a second copy of the raw code")
         print(f"interpreter baseline peak RSS {baseline / 2**20:.0f} MiB (max over ranks, at start)")
-        if args.json:
-            text = json.dumps(records, indent=1)
-            if args.json == "-":
-                print(text)
-            else:
-                with open(args.json, "w") as fh:
-                    fh.write(text + "\n")
+    if rank == 0 and args.json:  # the overhead suite's records too
+        text = json.dumps(records, indent=1)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w") as fh:
+                fh.write(text + "\n")
     comm.Barrier()
     return 0
 
 
-def _guarded_main() -> int:
-    """main(), ending the whole MPI job when one rank fails (never a hang)."""
-    try:
-        return main()
-    except BaseException as exc:
-        if isinstance(exc, SystemExit) and exc.code in (0, None):
-            raise
-        import traceback
-
-        from mpi4py import MPI
-
-        traceback.print_exc()
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
-        return 1
-
-
 if __name__ == "__main__":
-    sys.exit(_guarded_main())
+    sys.exit(main())

@@ -41,6 +41,13 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from spmdsim.runtime.guard import run_guarded  # noqa: E402
+
+# The shared argument types live beside this file (on sys.path when the script runs;
+# added for imports of this file by path, as the tests do).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _bench_args import ArgumentParser, byte_size, int_at_least  # noqa: E402
+
 SIZES = (64 << 10, 1 << 20, 16 << 20)
 OPS = ("allgather", "alltoall", "allreduce", "reduce_scatter", "bcast")
 
@@ -119,9 +126,16 @@ def bench(args) -> list[dict]:
     from mpi4py import MPI
 
     from spmdsim import Layout
+    from spmdsim.errors import SpmdsimError
     from spmdsim.runtime import Mesh
 
     world = MPI.COMM_WORLD
+    # Below one float32 per rank in each rank's block the buffers would be padded up
+    # silently; refused on every rank alike before any collective.
+    small = [n for n in args.sizes if n < 4 * world.size]
+    if small:
+        raise SpmdsimError(f"--sizes {small[0]}: below one float32 per rank for {world.size} ranks; "
+                           f"expected at least {4 * world.size} bytes")
     mesh = Mesh(Layout((world.size,), ("x",)), wait=args.wait)
     records = []
     for n_bytes in args.sizes:
@@ -211,9 +225,20 @@ def launches(args) -> None:
         for name, cmd in configs.items():
             load = os.getloadavg()[0]
             t0 = time.perf_counter()
-            proc = subprocess.run(cmd, env=env_of[name], capture_output=True, text=True, timeout=330)
+            try:
+                proc = subprocess.run(cmd, env=env_of[name], capture_output=True, text=True, timeout=330)
+                how = f"exit code {proc.returncode}"
+            except subprocess.TimeoutExpired:  # the job's own 300 s timeout should end it first
+                proc, how = subprocess.CompletedProcess(cmd, None, "", ""), "still running after 330 s"
             wall = time.perf_counter() - t0
-            job_s = json.loads(proc.stdout.strip().splitlines()[-1])["seconds"] if proc.returncode == 0 else float("nan")
+            job_s = _job_seconds(proc)
+            if job_s is None:
+                # One failed job makes the whole table meaningless: show why, stop, exit 1.
+                tail = "\n".join(f"{what}: {text[-3000:]}" for what, text in
+                                 (("stdout", proc.stdout), ("stderr", proc.stderr)) if text.strip())
+                sys.stderr.write(tail + "\n")
+                raise SystemExit(f"bench_collectives: launch {i + 1} ({name}) failed ({how}): "
+                                 f"{' '.join(cmd)}")
             results[name].append((wall, job_s, load))
             print(f"launch {i + 1:>2} {name:<15} wall {wall:7.2f} s  job {job_s:7.2f} s  load {load:5.2f}",
                   flush=True)
@@ -221,43 +246,81 @@ def launches(args) -> None:
     print(f"| settings | launches | job s median | min | max | max/min | wall s median | load (1-min avg) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, rows in results.items():
-        job = [r[1] for r in rows if r[1] == r[1]] or [float("nan")]
+        job = [r[1] for r in rows]
         wall = [r[0] for r in rows]
         loads = [r[2] for r in rows]
         print(f"| {name} | {len(rows)} | {statistics.median(job):.2f} | {min(job):.2f} | {max(job):.2f} | "
               f"{max(job) / min(job):.2f} | {statistics.median(wall):.2f} | {min(loads):.1f}-{max(loads):.1f} |")
 
 
+def _job_seconds(proc: subprocess.CompletedProcess) -> float | None:
+    """The job's time from its last output line, or None when the job failed."""
+    lines = proc.stdout.strip().splitlines() if proc.returncode == 0 else []
+    try:
+        return float(json.loads(lines[-1])["seconds"])
+    except (IndexError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _timeout() -> list[str]:
     return ["timeout", "-k", "5", "300"]
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def _even_ranks(text: str) -> int:
+    """An argparse type: the launch test's rank count (its job's mesh is 2 x n/2)."""
+    value = int_at_least(2)(text)
+    if value % 2:
+        raise argparse.ArgumentTypeError(f"expected an even rank count >= 2, got {text!r}")
+    return value
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked before MPI starts (a bad value: one message, exit 2 on every rank)."""
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", action="store_true", help="print a JSON list of records")
-    p.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="bytes per rank")
+    p.add_argument("--sizes", type=byte_size, nargs="+", default=list(SIZES),
+                   help="bytes per rank (K/M suffixes)")
     p.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS))
-    p.add_argument("--repeats", type=int, default=0, help="repeats per case (default by size)")
+    p.add_argument("--repeats", type=int_at_least(1), default=None,
+                   help="repeats per case (default by size)")
     p.add_argument("--alloc", action="store_true", help="spmdsim allocates its results (no out=)")
     p.add_argument("--wait", choices=("busy", "polite", "auto"), default="busy")
     p.add_argument("--prepared", action="store_true",
                    help="time spmdsim's prepared (persistent) collectives instead of the per-call ones")
     p.add_argument("--aa", action="store_true",
                    help="A/A control: time raw mpi4py against itself (ratios show the harness noise)")
-    p.add_argument("--launches", type=int, default=0, help="run the launch test this many times")
-    p.add_argument("-n", "--ranks", type=int, default=8, help="ranks for the launch test")
-    p.add_argument("--iterations", type=int, default=60, help="iterations of the fixed job")
-    p.add_argument("--workload", type=int, default=0, help=argparse.SUPPRESS)
-    args = p.parse_args()
+    p.add_argument("--launches", type=int_at_least(0), default=0,
+                   help="run the launch test this many times")
+    p.add_argument("-n", "--ranks", type=_even_ranks, default=8,
+                   help="ranks for the launch test (even)")
+    p.add_argument("--iterations", type=int_at_least(1), default=60,
+                   help="iterations of the fixed job")
+    p.add_argument("--workload", type=int_at_least(1), default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.prepared and args.alloc:
+        p.error("--prepared and --alloc conflict: a prepared collective is bound to its output "
+                "buffer; expected one of them")
+    return args
+
+
+def run(args: argparse.Namespace) -> int:
     if args.workload:
         workload(args.workload)
-    elif args.launches:
-        launches(args)
-    else:
-        records = bench(args)
-        if records:
-            print(json.dumps(records, indent=1) if args.json else _table(records), flush=True)
+        return 0
+    records = bench(args)
+    if records:
+        print(json.dumps(records, indent=1) if args.json else _table(records), flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse before MPI starts, then run under spmdsim's guard (a failing rank ends the job)."""
+    args = parse_args(argv)
+    if args.launches and not args.workload:
+        launches(args)  # serial: it starts the mpiexec runs itself, so no MPI here
+        return 0
+    return run_guarded(lambda: run(args))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

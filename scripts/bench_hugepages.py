@@ -32,12 +32,14 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
-from spmdsim.cli.calibrate import parse_size  # noqa: E402
+from spmdsim.runtime.guard import run_guarded  # noqa: E402
 
-# The raw calls and their timing are bench_placement.py's (this folder is on
-# sys.path when the script runs; added for imports of this file by path, as the tests do).
+# The raw calls, their timing and the argument types are bench_placement.py's and
+# _bench_args.py's (this folder is on sys.path when the script runs; added for
+# imports of this file by path, as the tests do).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_placement import pair_calls, slowest_medians  # noqa: E402
+from _bench_args import ArgumentParser, byte_sizes, int_at_least  # noqa: E402
+from bench_placement import pair_calls, slowest_medians, whole_blocks  # noqa: E402
 
 SIZES = (1 << 20, 8 << 20)
 CASES = (("4K", "4K"), ("huge", "huge"), ("4K", "huge"), ("huge", "4K"))  # (send, receive)
@@ -78,8 +80,7 @@ def bench(sizes: list[int], repeats: int, op: str) -> list[dict]:
     rank, size = comm.Get_rank(), comm.Get_size()
     rng = np.random.default_rng(0)  # the same order on every rank
     records = []
-    for nbytes in sizes:
-        nbytes -= nbytes % (size * 8)  # whole blocks for Alltoall
+    for nbytes in whole_blocks(sizes, size):  # whole blocks for Alltoall
         before = _anon_huge_kib()
         bufs = {(side, pages): _buffer(pages, nbytes, PAGE_OFFSET)
                 for side in ("send", "recv") for pages in ("4K", "huge")}
@@ -107,27 +108,32 @@ def _table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", default=",".join(f"{s >> 20}M" for s in SIZES),
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked before MPI starts (a bad value: one message, exit 2 on every rank)."""
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", type=byte_sizes(1), default=",".join(f"{s >> 20}M" for s in SIZES),
                    help="bytes per rank, comma-separated (K/M suffixes)")
-    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--repeats", type=int_at_least(1), default=30)
     p.add_argument("--op", choices=("alltoall", "sendrecv"), default="alltoall")
     p.add_argument("--json", action="store_true", help="print a JSON list of records")
-    args = p.parse_args()
-    # Every rank parses the same arguments, so a bad one stops all of them here, before MPI.
-    try:
-        sizes = [parse_size(s) for s in args.sizes.split(",")]
-    except (argparse.ArgumentTypeError, ValueError) as e:
-        p.error(f"--sizes {args.sizes!r}: {e}")
-    if args.repeats < 1 or any(s < 1 for s in sizes):
-        p.error(f"--repeats {args.repeats} and every size in --sizes {args.sizes!r} must be >= 1")
+    args = p.parse_args(argv)
     if not hasattr(mmap, "MADV_HUGEPAGE"):
         p.error("this OS has no transparent huge pages to advise (mmap.MADV_HUGEPAGE is missing)")
-    records = bench(sizes, args.repeats, args.op)
+    return args
+
+
+def run(args: argparse.Namespace) -> int:
+    records = bench(args.sizes, args.repeats, args.op)
     if records:
         print(json.dumps(records, indent=1) if args.json else _table(records), flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse before MPI starts, then run under spmdsim's guard (a failing rank ends the job)."""
+    args = parse_args(argv)
+    return run_guarded(lambda: run(args))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -29,6 +29,13 @@ from typing import Any, Callable, Optional  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from spmdsim.runtime.guard import run_guarded  # noqa: E402
+
+# The shared argument types live beside this file (on sys.path when the script runs;
+# added for imports of this file by path, as the tests do).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _bench_args import ArgumentParser, launcher_rank, output_path  # noqa: E402
+
 FULL = dict(shape=(4096, 1024), matmul=2048, batch=64, hidden=1024, ffn=4096, vocab=32000,
             emb_dim=1024, tokens=2048, repeats=7, warmup=2)
 QUICK = dict(shape=(256, 64), matmul=256, batch=8, hidden=128, ffn=512, vocab=1000, emb_dim=64,
@@ -182,19 +189,28 @@ def cases(comm: Any, torch: Any, cfg: dict) -> list[tuple[str, Callable, Callabl
     return [(name, fn_s, _synced(fn_t)) for name, fn_s, fn_t in out]
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                epilog="e.g. timeout -k 5 600 mpiexec -n 8 python "
-                                       "scripts/bench_peers.py")
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    """The command line, checked before MPI starts (a bad value: one message, exit 2 on every rank)."""
+    p = ArgumentParser(description=__doc__.split("\n\n")[0],
+                       epilog="e.g. timeout -k 5 600 mpiexec -n 8 python scripts/bench_peers.py")
     p.add_argument("--quick", action="store_true", help="tiny sizes, few repeats")
-    p.add_argument("--json", default=None, help="write the records to this file")
-    args = p.parse_args(argv)
+    p.add_argument("--json", type=output_path, default=None, help="write the records to this file")
+    return p.parse_args(argv)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Parse before MPI starts, then run under spmdsim's guard (a failing rank ends the job)."""
+    args = parse_args(argv)
     torch = _torch_or_none()
     if torch is None:
-        if os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")) == "0":
+        if launcher_rank() == 0:
             print("bench_peers: PyTorch with torch.distributed.tensor is not installed; nothing "
                   "to compare (pip install torch to run it). Skipping.")
         return 0
+    return run_guarded(lambda: run(args, torch))
+
+
+def run(args: argparse.Namespace, torch: Any) -> int:
     from mpi4py import MPI
 
     from spmdsim.cli.calibrate import Waiter

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from typing import Any, Callable, Iterable, Sequence
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -30,7 +31,13 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
-from spmdsim.cli.calibrate import parse_size  # noqa: E402
+from spmdsim.buffers import PAGE  # noqa: E402
+from spmdsim.runtime.guard import run_guarded  # noqa: E402
+
+# The shared argument types live beside this file (on sys.path when the script runs;
+# added for imports of this file by path, as the tests do).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _bench_args import ArgumentParser, byte_sizes, int_at_least  # noqa: E402
 
 DELTAS = (0, 8, 16, 32, 48, 64, 112, -112, 2048)
 SIZES = (1 << 20, 16 << 20)
@@ -38,10 +45,23 @@ SIZES = (1 << 20, 16 << 20)
 
 def _at_offset(buf: np.ndarray, offset: int, nbytes: int) -> np.ndarray:
     """The `nbytes` of `buf` that start `offset` bytes into a page."""
-    from spmdsim.buffers import PAGE
-
     start = (offset - buf.ctypes.data) % PAGE
     return buf[start:start + nbytes]
+
+
+def whole_blocks(sizes: Sequence[int], ranks: int) -> list[int]:
+    """`sizes` cut to whole 8-byte Alltoall blocks per rank; a size that leaves none is refused.
+
+    Raised on every rank alike before any collective. Shared with bench_hugepages.py.
+    """
+    from spmdsim.errors import SpmdsimError
+
+    block = 8 * ranks
+    small = [n for n in sizes if n < block]
+    if small:
+        raise SpmdsimError(f"--sizes {small[0]}: below one 8-byte block per rank for {ranks} "
+                           f"ranks; expected at least {block} bytes")
+    return [n - n % block for n in sizes]
 
 
 def pair_calls(comm: Any, op: str, pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[Callable[[], None]]:
@@ -80,13 +100,12 @@ def slowest_medians(comm: Any, calls: Sequence[Callable[[], None]], repeats: int
 def bench(sizes: list[int], deltas: list[int], repeats: int, op: str) -> list[dict]:
     from mpi4py import MPI
 
-    from spmdsim.buffers import PAGE, PAGE_OFFSET
+    from spmdsim.buffers import PAGE_OFFSET
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     records = []
-    for nbytes in sizes:
-        nbytes -= nbytes % (size * 8)  # whole blocks for Alltoall
+    for nbytes in whole_blocks(sizes, size):  # whole blocks for Alltoall
         send_mem = np.ones(nbytes + 2 * PAGE, np.uint8)
         recv_mem = np.empty(nbytes + 2 * PAGE, np.uint8)
         pairs = [(_at_offset(send_mem, PAGE_OFFSET, nbytes),
@@ -95,7 +114,7 @@ def bench(sizes: list[int], deltas: list[int], repeats: int, op: str) -> list[di
         # Every case goes first equally often.
         med = slowest_medians(comm, pair_calls(comm, op, pairs), repeats,
                               lambda rep: list(range(rep % n, n)) + list(range(rep % n)))
-        base = med[deltas.index(0)] if 0 in deltas else med[0]
+        base = med[deltas.index(0)]
         records += [{"op": op, "bytes_per_rank": nbytes, "delta": d, "seconds": float(t),
                      "ratio": float(t / base)} for d, t in zip(deltas, med)]
     return records if rank == 0 else []
@@ -111,28 +130,54 @@ def _table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", default=",".join(f"{s >> 20}M" for s in SIZES),
+def _deltas(text: str) -> list[int]:
+    """An argparse type: distinct offsets within a page (negative: back from the page's end), 0 among them."""
+    try:
+        deltas = [int(d) for d in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of whole byte offsets "
+                                         "like 0,16,-112") from None
+    seen: dict[int, int] = {}
+    for d in deltas:
+        if not -PAGE < d < PAGE:
+            raise argparse.ArgumentTypeError(f"delta {d} is not within a page; expected "
+                                             f"-{PAGE} < delta < {PAGE}")
+        if d % PAGE in seen:  # the same placement twice
+            prev = seen[d % PAGE]
+            how = "is given twice" if d == prev else f"is delta {prev} in {PAGE}-byte pages"
+            raise argparse.ArgumentTypeError(f"delta {d} {how}; expected distinct deltas")
+        seen[d % PAGE] = d
+    if 0 not in deltas:
+        raise argparse.ArgumentTypeError(f"{text!r} lacks 0; expected 0 among the deltas "
+                                         "(the ratios are against delta 0)")
+    return deltas
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked before MPI starts (a bad value: one message, exit 2 on every rank)."""
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", type=byte_sizes(1), default=",".join(f"{s >> 20}M" for s in SIZES),
                    help="bytes per rank, comma-separated (K/M suffixes)")
-    p.add_argument("--deltas", default=",".join(map(str, DELTAS)),
-                   help="receive-minus-send offsets in bytes, comma-separated")
-    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--deltas", type=_deltas, default=",".join(map(str, DELTAS)),
+                   help="receive-minus-send offsets in bytes, comma-separated (0 among them)")
+    p.add_argument("--repeats", type=int_at_least(1), default=30)
     p.add_argument("--op", choices=("sendrecv", "alltoall"), default="sendrecv")
     p.add_argument("--json", action="store_true", help="print a JSON list of records")
-    args = p.parse_args()
-    # Every rank parses the same arguments, so a bad one stops all of them here, before MPI.
-    try:
-        sizes = [parse_size(s) for s in args.sizes.split(",")]
-        deltas = [int(d) for d in args.deltas.split(",")]
-    except (argparse.ArgumentTypeError, ValueError) as e:
-        p.error(f"--sizes {args.sizes!r} / --deltas {args.deltas!r}: {e}")
-    if args.repeats < 1 or any(s < 1 for s in sizes):
-        p.error(f"--repeats {args.repeats} and every size in --sizes {args.sizes!r} must be >= 1")
-    records = bench(sizes, deltas, args.repeats, args.op)
+    return p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    records = bench(args.sizes, args.deltas, args.repeats, args.op)
     if records:
         print(json.dumps(records, indent=1) if args.json else _table(records), flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse before MPI starts, then run under spmdsim's guard (a failing rank ends the job)."""
+    args = parse_args(argv)
+    return run_guarded(lambda: run(args))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

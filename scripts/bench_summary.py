@@ -23,21 +23,69 @@ import argparse
 import json
 import statistics
 import sys
-from typing import Iterable, Optional
+from typing import Any, Iterable, NoReturn, Optional
 
 COMM_TARGET = 1.1
 MODEL_FACTOR = 2.0
+_EXPECTED = "expected bench.py's JSON list"
+_REQUIRED = ("name", "bytes_per_rank", "spmdsim_comm_s", "raw_comm_s")
+#: The keys of a timed record read here: the types their values may take, in words.
+_TYPES = {"name": ((str,), "a string"), "bytes_per_rank": ((int,), "a whole number"),
+          **{key: ((int, float, type(None)), "a number or null") for key in
+             ("spmdsim_comm_s", "raw_comm_s", "spmdsim_comm_after_arrival_s",
+              "raw_comm_after_arrival_s", "predicted_comm_s")}}
+
+
+def _fail(path: str, what: str) -> NoReturn:
+    raise SystemExit(f"bench_summary: {path}: {what}")
+
+
+def _read(path: str) -> Any:
+    """The JSON in `path`; any way it cannot be read ends the run with one line."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        _fail(path, f"cannot read it ({exc.strerror}); {_EXPECTED}")
+    except UnicodeDecodeError:
+        _fail(path, f"is not UTF-8 text; {_EXPECTED}")
+    if not text.strip():
+        _fail(path, f"is empty; {_EXPECTED}")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        _fail(path, f"is not JSON ({exc.msg}, line {exc.lineno} column {exc.colno}); {_EXPECTED}")
+
+
+def _is_timed(path: str, i: int, record: Any) -> bool:
+    """True for a timed record, False for an overhead one; anything else ends the run."""
+    if not isinstance(record, dict):
+        _fail(path, f"record {i} is {record!r:.60}; expected an object with a bench.py record's keys")
+    if record.get("suite") == "overhead":
+        return False
+    missing = [key for key in _REQUIRED if key not in record]
+    if missing:
+        _fail(path, f"record {i} lacks {', '.join(map(repr, missing))}; expected the keys of "
+                    "bench.py's timed records")
+    for key, (types, what) in _TYPES.items():
+        value = record.get(key)
+        if key in record and (isinstance(value, bool) or not isinstance(value, types)):
+            _fail(path, f"record {i}: {key} is {value!r:.60}; expected {what}")
+    return True
 
 
 def load(paths: Iterable[str]) -> list[list[dict]]:
     """One list of timed records per file (the overhead suite's records are left out)."""
     runs = []
     for path in paths:
-        with open(path) as fh:
-            records = json.load(fh)
+        records = _read(path)
         if not isinstance(records, list):
-            raise SystemExit(f"bench_summary: {path} holds {type(records).__name__}, expected bench.py's JSON list")
-        runs.append([r for r in records if r.get("suite") != "overhead" and "spmdsim_comm_s" in r])
+            _fail(path, f"holds {type(records).__name__}, {_EXPECTED}")
+        timed = [r for i, r in enumerate(records) if _is_timed(path, i, r)]
+        if not timed:
+            _fail(path, "has no timed records; expected records of bench.py's collectives, "
+                        "redistribute or ops suites")
+        runs.append(timed)
     return runs
 
 
@@ -125,7 +173,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("runs", nargs="+", help="bench.py --json files, one per launch")
-    p.add_argument("--aa", nargs="*", default=None, help="bench.py --aa --json files (the A/A control)")
+    p.add_argument("--aa", nargs="+", default=None, help="bench.py --aa --json files (the A/A control)")
     p.add_argument("--min-bytes", type=int, default=1 << 20, help="smallest bytes/rank counted (default 1 MiB)")
     p.add_argument("--json", action="store_true", help="print the rows and target counts as JSON")
     args = p.parse_args(argv)

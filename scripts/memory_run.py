@@ -29,6 +29,13 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from spmdsim.runtime.guard import run_guarded  # noqa: E402
+
+# The shared argument types live beside this file (on sys.path when the script runs;
+# added for imports of this file by path, as the tests do).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _bench_args import ArgumentParser, int_at_least, positive_float  # noqa: E402
+
 
 _ENFORCE_FROM = 256 << 20
 
@@ -43,27 +50,53 @@ def current_rss() -> int:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                epilog="e.g. timeout -k 5 120 mpiexec -n 8 python "
-                                       "scripts/memory_run.py --scale 0.01")
-    p.add_argument("--rows", type=int, default=49152, help="global rows M (default 49152)")
-    p.add_argument("--cols", type=int, default=65536, help="global cols K (default 65536)")
-    p.add_argument("--out", type=int, default=64, help="W's columns N (default 64)")
-    p.add_argument("--scale", type=float, default=1.0,
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked before MPI starts (a bad value: one message, exit 2 on every rank)."""
+    p = ArgumentParser(description=__doc__.split("\n\n")[0],
+                       epilog="e.g. timeout -k 5 120 mpiexec -n 8 python "
+                              "scripts/memory_run.py --scale 0.01")
+    p.add_argument("--rows", type=int_at_least(1), default=49152, help="global rows M (default 49152)")
+    p.add_argument("--cols", type=int_at_least(1), default=65536, help="global cols K (default 65536)")
+    p.add_argument("--out", type=int_at_least(1), default=64, help="W's columns N (default 64)")
+    p.add_argument("--scale", type=positive_float, default=1.0,
                    help="scale the rows (0.01 = a 1%% run); rows stay divisible by the ranks")
-    p.add_argument("--check-rows", type=int, default=4, help="rows of Y checked per rank")
-    args = p.parse_args(argv)
+    p.add_argument("--check-rows", type=int_at_least(1), default=4, help="rows of Y checked per rank")
+    return p.parse_args(argv)
 
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse before MPI starts, then run under spmdsim's guard (a failing rank ends the job)."""
+    args = parse_args(argv)
+    return run_guarded(lambda: run(args))
+
+
+def run(args: argparse.Namespace) -> int:
     from mpi4py import MPI
 
     from spmdsim import Layout, SeededTensor
+    from spmdsim.errors import SpmdsimError
     from spmdsim.ops import matmul
     from spmdsim.runtime import DTensor, Mesh
 
     comm = MPI.COMM_WORLD
     rank, world = comm.Get_rank(), comm.Get_size()
-    rows = max(world, int(args.rows * args.scale) // world * world)
+    # Refused on every rank alike before any collective: a shard larger than the
+    # machine (in floats: --scale 1e300 must not overflow) ...
+    per_rank = args.rows * args.scale * args.cols * 4 / world
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if per_rank > memory:
+        raise SpmdsimError(f"--rows {args.rows} x --scale {args.scale:g} x --cols {args.cols} float32 "
+                           f"is {per_rank / 2**30:.3g} GiB per rank on {world} ranks; expected at "
+                           f"most this machine's {memory / 2**30:.0f} GiB")
+    # ... and sizes that leave no row or column per rank once cut to multiples of the
+    # rank count (they were padded up silently).
+    scaled = int(args.rows * args.scale)
+    if scaled < world:
+        raise SpmdsimError(f"--rows {args.rows} x --scale {args.scale:g} gives {scaled} rows; "
+                           f"expected at least one per rank ({world})")
+    if args.cols < world:
+        raise SpmdsimError(f"--cols {args.cols}: expected at least one column per rank ({world})")
+    rows = scaled // world * world
     cols = args.cols // world * world
     shape = (rows, cols)
     layout = Layout((world,), ("x",))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,49 @@ def test_a_file_that_is_not_a_record_list_is_refused(summary, tmp_path):
     path = _write(tmp_path, "bad.json", {"name": "x"})
     with pytest.raises(SystemExit, match="expected bench.py's JSON list"):
         summary.load([path])
+
+
+_GOOD = _rec("case", 1.0)
+BAD_FILES = {  # name -> (bytes written, text the message must contain)
+    "empty.json": (b"", "is empty; expected bench.py's JSON list"),
+    "blank.json": (b" \n", "is empty"),
+    "latin1.json": (b'[{"name": "\xe9"}]', "is not UTF-8 text"),
+    "broken.json": (b'[{"name": ', "is not JSON (Expecting value, line 1 column 11)"),
+    "ints.json": (b"[1, 2]", "record 0 is 1; expected an object"),
+    "none.json": (b"[]", "has no timed records"),
+    "overhead.json": (json.dumps([{"name": "x", "suite": "overhead"}]).encode(), "has no timed records"),
+    "missing.json": (json.dumps([_GOOD, {"name": "x", "raw_comm_s": 1.0}]).encode(),
+                     "record 1 lacks 'bytes_per_rank', 'spmdsim_comm_s'"),
+    "name.json": (json.dumps([{**_GOOD, "name": 7}]).encode(), "record 0: name is 7; expected a string"),
+    "bytes.json": (json.dumps([{**_GOOD, "bytes_per_rank": "1M"}]).encode(),
+                   "bytes_per_rank is '1M'; expected a whole number"),
+    "seconds.json": (json.dumps([{**_GOOD, "predicted_comm_s": "fast"}]).encode(),
+                     "predicted_comm_s is 'fast'; expected a number or null"),
+    "bool.json": (json.dumps([{**_GOOD, "raw_comm_s": True}]).encode(), "raw_comm_s is True"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_FILES))
+def test_a_bad_file_is_one_line_naming_it(summary, tmp_path, name):
+    data, expected = BAD_FILES[name]
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(SystemExit) as info:
+        summary.main([str(path)])
+    message = str(info.value.code)
+    assert message.startswith(f"bench_summary: {path}: ") and expected in message, message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("what", ["missing", "folder"])
+def test_an_unreadable_path_is_one_line_naming_it(summary, tmp_path, what):
+    path = tmp_path / "nothing.json" if what == "missing" else tmp_path
+    with pytest.raises(SystemExit, match=re.escape(f"bench_summary: {path}: cannot read it")):
+        summary.main([str(path)])
+
+
+def test_aa_without_files_is_an_argument_error(summary, tmp_path, capsys):
+    plain = _write(tmp_path, "b.json", [_GOOD])
+    with pytest.raises(SystemExit) as info:
+        summary.main([plain, "--aa"])
+    assert info.value.code == 2 and "--aa: expected at least one argument" in capsys.readouterr().err

@@ -202,6 +202,9 @@ def test_load_errors(tmp_path):
     bad.write_text(json.dumps({"version": 99}))
     with pytest.raises(SpmdsimError, match="not a version 1"):
         CostModel.load(bad)
+    bad.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(SpmdsimError, match="is not text"):
+        CostModel.load(bad)
 
 
 @dataclass(frozen=True)

@@ -73,9 +73,11 @@ def load_model(cls: type[CostModel], path: str | os.PathLike | None = None) -> C
     or malformed."""
     source = Path(path) if path is not None else default_path()
     try:
-        text = source.read_text()
+        text = source.read_text(encoding="utf-8")
     except OSError as exc:
         raise SpmdsimError(f"cannot read cost model {str(source)!r}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise SpmdsimError(f"cost model {str(source)!r} is not text (UTF-8 JSON expected)") from None
     try:
         return cls.from_dict(json.loads(text))
     except json.JSONDecodeError as exc:

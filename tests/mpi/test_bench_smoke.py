@@ -81,6 +81,29 @@ def test_bench_aa_control_times_a_second_raw_copy(shared_dir):
     assert all("aa" not in r for r in plain)
 
 
+def test_bench_errors_every_rank_raises_are_one_line_and_exit_2(shared_dir, capsys):
+    """A bad cost file, a --filter that matches no case: exit code 2 on every rank, one line on rank 0."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    bench = _bench_module()
+    bad = shared_dir / "cost.json"
+    if comm.rank == 0:
+        bad.write_text('{"version": 1}')
+    comm.Barrier()
+    for argv, needle in ((["--suite", "overhead", "--cost-file", str(bad)], "cost model"),
+                         (["--suite", "collectives", "--filter", "nosuchcase"], "'nosuchcase'")):
+        rc = bench.main(["--quick", "--repeats", "1", "--warmup", "0", *argv])
+        err = capsys.readouterr().err
+        assert comm.allgather(rc) == [2] * comm.size
+        errors = [line for line in err.splitlines() if "error" in line]
+        assert "Traceback" not in err
+        if comm.rank == 0:
+            assert len(errors) == 1 and errors[0].startswith("spmdsim: error: ") and needle in errors[0], err
+        else:
+            assert errors == [], err
+
+
 @pytest.mark.parametrize("wait", ["busy", "polite"])
 def test_bench_collectives_records_both_sides(wait):
     """bench_collectives: every op timed for spmdsim and raw, rank 0 reports (polite: both sides polite)."""

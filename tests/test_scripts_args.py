@@ -1,0 +1,218 @@
+"""The bench scripts' command lines: every bad value refused in argparse, named in the message.
+
+Pure (plain pytest, no MPI): each script is loaded from its path and only its
+parser runs. Two launches under ``mpiexec -n`` at the end check the whole path
+(exit code 2, one message, no traceback).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spmdsim.errors import RuntimeMismatchError
+from testkit import MPIEXEC, load_script
+
+_SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def _script(name: str):
+    return load_script(_SCRIPTS / f"{name}.py", f"spmdsim_script_{name}")
+
+
+@pytest.fixture(scope="module")
+def args_mod():
+    return _script("_bench_args")
+
+
+# -- the shared argument types ---------------------------------------------------------
+@pytest.mark.parametrize("text, value", [("4096", 4096), ("64K", 65536), ("4M", 4 << 20),
+                                         ("1.5K", 1536), ("64KiB", 65536), (" 1G ", 1 << 30)])
+def test_byte_size_reads_what_calibrate_reads(args_mod, text, value):
+    assert args_mod.byte_size(text) == value
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("1Q", "not a byte count"), ("abc", "not a byte count"), ("", "not a byte count"),
+    ("nan", "not a byte count"), ("inf", "not a byte count"), ("-inf", "not a byte count"),
+    ("1e400", "not a byte count"), ("-4", "expected at least 1"), ("0", "expected at least 1"),
+    ("0.5", "expected at least 1"), ("1e30", "expected at most"), ("2048G", "expected at most"),
+])
+def test_byte_size_refuses_with_the_value_named(args_mod, text, expected):
+    with pytest.raises(argparse.ArgumentTypeError) as info:
+        args_mod.byte_size(text)
+    assert f"size {text!r}" in str(info.value) and expected in str(info.value)
+
+
+def test_byte_sizes_names_the_bad_item_and_its_minimum(args_mod):
+    assert args_mod.byte_sizes(8)("8,1K") == [8, 1024]
+    with pytest.raises(argparse.ArgumentTypeError, match=r"size '4' is 4 bytes; expected at least 8"):
+        args_mod.byte_sizes(8)("1K,4")
+    with pytest.raises(argparse.ArgumentTypeError, match=r"size ''"):
+        args_mod.byte_sizes()("1K,,2K")
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "1.5", "x", ""])
+def test_int_at_least(args_mod, text):
+    assert args_mod.int_at_least(1)("3") == 3
+    with pytest.raises(argparse.ArgumentTypeError, match=f"expected a whole number >= 1, got {text!r}"):
+        args_mod.int_at_least(1)(text)
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "nan", "inf", "-inf", "x"])
+def test_positive_float(args_mod, text):
+    assert args_mod.positive_float("0.01") == 0.01
+    with pytest.raises(argparse.ArgumentTypeError, match=f"expected a finite number > 0, got {text!r}"):
+        args_mod.positive_float(text)
+
+
+def test_existing_file_and_output_path(args_mod, tmp_path):
+    there = tmp_path / "cost.json"
+    there.write_text("{}")
+    assert args_mod.existing_file(str(there)) == str(there)
+    with pytest.raises(argparse.ArgumentTypeError, match=r"'/nonexistent/c.json' does not exist"):
+        args_mod.existing_file("/nonexistent/c.json")
+    with pytest.raises(argparse.ArgumentTypeError, match="is a folder"):
+        args_mod.existing_file(str(tmp_path))
+    assert args_mod.output_path(str(tmp_path / "b.json")) == str(tmp_path / "b.json")
+    with pytest.raises(argparse.ArgumentTypeError,
+                       match=r"cannot write '/nonexistent_dir/b.json': '/nonexistent_dir' is not"):
+        args_mod.output_path("/nonexistent_dir/b.json")
+    with pytest.raises(argparse.ArgumentTypeError, match="is not an existing folder"):
+        args_mod.output_path(str(there / "b.json"))  # its "folder" is a file
+    for bad in (str(tmp_path), ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected a file to write"):
+            args_mod.output_path(bad)
+
+
+def test_only_rank_0_prints_a_parse_error(args_mod, monkeypatch, capsys):
+    parser = args_mod.ArgumentParser(prog="x")
+    parser.add_argument("--n", type=args_mod.int_at_least(1))
+    for rank, printed in (("1", False), ("0", True)):
+        monkeypatch.setenv("PMI_RANK", rank)
+        with pytest.raises(SystemExit) as info:
+            parser.parse_args(["--n", "0"])
+        assert info.value.code == 2  # every rank exits alike
+        assert ("got '0'" in capsys.readouterr().err) == printed
+
+
+# -- each script's parser --------------------------------------------------------------
+BAD = [  # (script, argv, text the error line must contain)
+    ("bench", ["--suite", "nosuch"], "unknown suite 'nosuch'"),
+    ("bench", ["--suite", ""], "'' names no suite"),
+    ("bench", ["--suite", "ops,,x"], "unknown suite 'x'"),
+    ("bench", ["--sizes", "1Q"], "size '1Q'"),
+    ("bench", ["--sizes", "64K,abc"], "size 'abc'"),
+    ("bench", ["--sizes", "-4"], "size '-4'"),
+    ("bench", ["--sizes", "nan"], "size 'nan'"),
+    ("bench", ["--sizes", "inf"], "size 'inf'"),
+    ("bench", ["--sizes", "1e30"], "size '1e30'"),
+    ("bench", ["--repeats", "0"], "--repeats: expected a whole number >= 1, got '0'"),
+    ("bench", ["--repeats", "-3"], "got '-3'"),
+    ("bench", ["--warmup", "-1"], "--warmup: expected a whole number >= 0, got '-1'"),
+    ("bench", ["--loops", "0"], "--loops: expected a whole number >= 1, got '0'"),
+    ("bench", ["--loops", "-1"], "got '-1'"),
+    ("bench", ["--json", "/nonexistent_dir/b.json"], "'/nonexistent_dir' is not an existing folder"),
+    ("bench", ["--cost-file", "/nonexistent/cost.json"], "'/nonexistent/cost.json' does not exist"),
+    ("bench", ["--suite", "overhead", "--filter", "x"], "--filter 'x'"),
+    ("bench_collectives", ["--sizes", "0"], "size '0'"),
+    ("bench_collectives", ["--sizes", "4096", "-4"], "size '-4'"),
+    ("bench_collectives", ["--repeats", "0"], "got '0'"),
+    ("bench_collectives", ["--launches", "-1"], "--launches: expected a whole number >= 0, got '-1'"),
+    ("bench_collectives", ["--iterations", "0"], "--iterations: expected a whole number >= 1, got '0'"),
+    ("bench_collectives", ["--iterations", "-1"], "got '-1'"),
+    ("bench_collectives", ["-n", "3"], "expected an even rank count >= 2, got '3'"),
+    ("bench_collectives", ["-n", "0"], "got '0'"),
+    ("bench_collectives", ["--prepared", "--alloc"], "--prepared and --alloc conflict"),
+    ("bench_placement", ["--sizes", "abc"], "size 'abc'"),
+    ("bench_placement", ["--repeats", "0"], "got '0'"),
+    ("bench_placement", ["--deltas", "0,4096"], "delta 4096 is not within a page"),
+    ("bench_placement", ["--deltas", "0,-5000"], "delta -5000 is not within a page"),
+    ("bench_placement", ["--deltas", "0,16,16"], "delta 16 is given twice"),
+    ("bench_placement", ["--deltas", "0,-112,3984"], "delta 3984 is delta -112"),
+    ("bench_placement", ["--deltas", "16,32"], "'16,32' lacks 0"),
+    ("bench_placement", ["--deltas", "0,x"], "'0,x' is not a comma list"),
+    ("bench_hugepages", ["--sizes", "0"], "size '0'"),
+    ("bench_hugepages", ["--repeats", "-1"], "got '-1'"),
+    ("memory_run", ["--cols", "0"], "--cols: expected a whole number >= 1, got '0'"),
+    ("memory_run", ["--rows", "-5"], "--rows: expected a whole number >= 1, got '-5'"),
+    ("memory_run", ["--out", "-1"], "--out: expected a whole number >= 1, got '-1'"),
+    ("memory_run", ["--check-rows", "0"], "--check-rows: expected a whole number >= 1, got '0'"),
+    ("memory_run", ["--scale", "nan"], "--scale: expected a finite number > 0, got 'nan'"),
+    ("memory_run", ["--scale", "inf"], "got 'inf'"),
+    ("memory_run", ["--scale", "-1"], "got '-1'"),
+    ("memory_run", ["--scale", "0"], "got '0'"),
+    ("bench_peers", ["--json", "/nonexistent/p.json"], "'/nonexistent' is not an existing folder"),
+]
+
+
+@pytest.mark.parametrize("name, argv, needle", BAD, ids=[f"{n}{' '.join(a)}" for n, a, _ in BAD])
+def test_a_bad_argument_is_one_error_line_naming_it(name, argv, needle, capsys, monkeypatch):
+    monkeypatch.delenv("PMI_RANK", raising=False)
+    with pytest.raises(SystemExit) as info:
+        _script(name).parse_args(argv)
+    assert info.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
+    assert len(errors) == 1 and needle in errors[0], errors
+
+
+def test_valid_arguments_parse_as_before():
+    bench = _script("bench")
+    args = bench.parse_args([])
+    assert args.suite == ["collectives", "redistribute", "ops"] and args.sizes is None
+    args = bench.parse_args(["--suite", "collectives", "--sizes", "1M,8M", "--json", "-"])
+    assert args.sizes == [1 << 20, 8 << 20] and args.json == "-"
+    bc = _script("bench_collectives")
+    assert bc.parse_args([]).sizes == list(bc.SIZES)
+    assert bc.parse_args(["--sizes", "4096", "64K"]).sizes == [4096, 65536]
+    bp = _script("bench_placement")
+    args = bp.parse_args([])
+    assert args.sizes == list(bp.SIZES) and args.deltas == list(bp.DELTAS)
+    bh = _script("bench_hugepages")
+    assert bh.parse_args(["--sizes", "1M,8M,16M"]).sizes == [1 << 20, 8 << 20, 16 << 20]
+    args = _script("memory_run").parse_args(["--scale", "0.01"])
+    assert (args.rows, args.cols, args.scale) == (49152, 65536, 0.01)
+
+
+def test_bench_refuses_a_rank_count_a_suite_cannot_split_over():
+    bench = _script("bench")
+    for cfg in (bench.QUICK, bench.FULL):
+        bench.check_world(["collectives", "redistribute", "ops", "overhead"], cfg, 8)
+    bench.check_world(["collectives", "overhead"], bench.QUICK, 3)
+    with pytest.raises(RuntimeMismatchError, match=r"redistribute suite cannot run on 3 ranks.*"
+                                                   r"divides 64"):
+        bench.check_world(["collectives", "redistribute"], bench.QUICK, 3)
+    with pytest.raises(RuntimeMismatchError, match=r"ops suite cannot run on 16 ranks.*divides 8"):
+        bench.check_world(["ops"], bench.QUICK, 16)
+
+
+def test_a_failed_launch_shows_its_stderr_and_exits_non_zero(monkeypatch, capsys):
+    bc = _script("bench_collectives")
+
+    def failing(cmd, **kwargs):
+        return subprocess.CompletedProcess(cmd, 1, "", "Traceback ...\nValueError: boom in the job\n")
+    monkeypatch.setattr(bc.subprocess, "run", failing)
+    with pytest.raises(SystemExit, match=r"launch 1 \(default\) failed \(exit code 1\)"):
+        bc.launches(bc.parse_args(["--launches", "2", "-n", "2"]))
+    assert "boom in the job" in capsys.readouterr().err
+
+
+# -- the whole path under mpiexec ------------------------------------------------------
+@pytest.mark.skipif(not MPIEXEC, reason="no mpiexec")
+@pytest.mark.parametrize("ranks, argv, needle", [
+    (2, ["--suite", "nosuch"], "bench.py: error: argument --suite: unknown suite 'nosuch'"),
+    (3, ["--quick", "--suite", "collectives,ops"], "spmdsim: error: the ops suite cannot run on 3 ranks"),
+])
+def test_bench_under_mpiexec_exits_2_with_one_line(ranks, argv, needle):
+    cmd = ["timeout", "-k", "2", "60", MPIEXEC, "-n", str(ranks), sys.executable,
+           str(_SCRIPTS / "bench.py"), *argv]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1"))
+    errors = [line for line in proc.stdout.splitlines() if "error" in line]
+    assert "Traceback" not in proc.stdout, proc.stdout
+    assert proc.returncode == 2, proc.stdout
+    assert len(errors) == 1 and errors[0].startswith(needle), proc.stdout
