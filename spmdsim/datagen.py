@@ -8,6 +8,7 @@ bit-identical whatever the number of ranks or the layout.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Sequence, Union
 
@@ -15,6 +16,7 @@ import numpy as np
 
 from . import buffers
 from .errors import ShapeError, SpmdsimError
+from .validate import as_int, shape_arg
 
 __all__ = ["SeededTensor", "FLOAT_DTYPES", "INT_DTYPES"]
 
@@ -56,19 +58,19 @@ class SeededTensor:
     high: float = 1.0
 
     def __post_init__(self) -> None:
-        try:
-            shape = tuple(int(s) for s in self.shape)
-        except (TypeError, ValueError):
-            raise ShapeError(f"shape {self.shape!r} must be a sequence of integers") from None
-        if any(s < 0 for s in shape):
-            raise ShapeError(f"shape {shape!r} must not have negative sizes")
+        shape = shape_arg(self.shape)
         dtype = np.dtype(self.dtype).name if _known_dtype(self.dtype) else self.dtype
         if dtype not in FLOAT_DTYPES + INT_DTYPES:
             raise SpmdsimError(
                 f"dtype {self.dtype!r} is not supported; expected one of {FLOAT_DTYPES + INT_DTYPES!r}"
             )
-        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+        seed = as_int(self.seed)
+        if seed is None or not 0 <= seed < 2**63:
             raise SpmdsimError(f"seed {self.seed!r} must be an integer in [0, 2**63)")
+        for what, bound in (("low", self.low), ("high", self.high)):
+            # An infinite bound fills the tensor with inf or NaN (inf - inf).
+            if isinstance(bound, bool) or not isinstance(bound, numbers.Real) or not math.isfinite(bound):
+                raise SpmdsimError(f"{what} {bound!r} must be a finite number")
         if not self.low < self.high:
             raise SpmdsimError(f"range [{self.low!r}, {self.high!r}) is empty; expected low < high")
         if dtype in INT_DTYPES:
@@ -80,8 +82,15 @@ class SeededTensor:
                 raise SpmdsimError(
                     f"integer range [{self.low!r}, {self.high!r}) is wider than 2**32"
                 )
+            info = np.iinfo(dtype)
+            if int(self.low) < info.min or int(self.high) - 1 > info.max:
+                raise SpmdsimError(f"integer range [{self.low!r}, {self.high!r}) does not fit {dtype}")
+        elif max(abs(self.low), abs(self.high), self.high - self.low) > float(np.finfo(dtype).max):
+            # Values (or the span they are scaled by) would round to inf in this dtype.
+            raise SpmdsimError(f"range [{self.low!r}, {self.high!r}) does not fit {dtype}")
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "seed", seed)
 
     @property
     def size(self) -> int:
@@ -153,7 +162,7 @@ class SeededTensor:
                 if step != 1:
                     raise ShapeError(f"region dim {d} slice {part!r} must have step 1")
             else:
-                start, stop = (int(v) for v in part)
+                start, stop = _pair(part, d)
             if not 0 <= start <= stop <= size:
                 raise ShapeError(
                     f"region dim {d} range [{start}, {stop}) is outside size {size}"
@@ -162,9 +171,18 @@ class SeededTensor:
         return tuple(out)
 
 
+def _pair(part: object, d: int) -> tuple[int, int]:
+    """A region dim given as (start, stop): two integers, never truncated floats."""
+    items = None if isinstance(part, (str, bytes)) else tuple(part) if hasattr(part, "__iter__") else None
+    pair = None if items is None or len(items) != 2 else tuple(as_int(v) for v in items)
+    if pair is None or None in pair:
+        raise ShapeError(f"region dim {d} {part!r} must be a slice or a (start, stop) pair of integers")
+    return pair  # type: ignore[return-value]
+
+
 def _known_dtype(dtype: object) -> bool:
     try:
         np.dtype(dtype)
-    except TypeError:
+    except (TypeError, ValueError):
         return False
     return True

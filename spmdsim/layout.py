@@ -16,6 +16,7 @@ from typing import Iterable, Sequence, Union
 
 from .errors import LayoutError, ShapeError
 from .slicing import check_divisible, shard_bounds
+from .validate import as_int, shape_arg
 
 __all__ = ["Layout", "TensorLayout", "MapEntry", "normalize_entry", "format_entry", "format_tensor_map"]
 
@@ -74,6 +75,13 @@ class Layout:
     alias_name: tuple[str, ...]
 
     def __post_init__(self) -> None:
+        # A bare string is not a sequence of names here: "ab" would become axes 'a' and 'b'.
+        for what, value in (("device_matrix", self.device_matrix), ("alias_name", self.alias_name)):
+            if isinstance(value, (str, bytes)):
+                raise LayoutError(
+                    f"{what} {value!r} must be a sequence, not one string; e.g. "
+                    "Layout((2, 4), ('dp', 'mp'))"
+                )
         try:
             matrix = tuple(self.device_matrix)
             names = tuple(self.alias_name)
@@ -84,11 +92,13 @@ class Layout:
             ) from None
         if not matrix:
             raise LayoutError("device_matrix must have at least one axis, got ()")
-        for size in matrix:
-            if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        sizes = tuple(as_int(size) for size in matrix)  # numpy integers too, as the dialects take
+        for size, n in zip(matrix, sizes):
+            if n is None or n <= 0:
                 raise LayoutError(
                     f"device_matrix {matrix!r} must hold positive integers, got {size!r}"
                 )
+        matrix = sizes
         if len(names) != len(matrix):
             raise LayoutError(
                 f"alias_name {names!r} has {len(names)} names but device_matrix "
@@ -146,28 +156,37 @@ class Layout:
         return tuple(out)
 
     # -- rank <-> coordinates --------------------------------------------------
-    def _check_rank(self, rank: int) -> None:
+    def _check_rank(self, rank: int) -> int:
+        """`rank` as an int rank of this device matrix (a float rank would give float coords)."""
+        if type(rank) is not int:
+            n = as_int(rank)
+            if n is None:
+                raise LayoutError(
+                    f"rank {rank!r} must be an integer (expected 0 <= rank < {self.num_devices})"
+                )
+            rank = n
         if not 0 <= rank < self.num_devices:
             raise LayoutError(
                 f"rank {rank!r} is outside device matrix {self.device_matrix!r} "
                 f"(expected 0 <= rank < {self.num_devices})"
             )
+        return rank
 
     def coords(self, rank: int) -> tuple[int, ...]:
         """Device coordinates of `rank`, one per mesh axis."""
-        self._check_rank(rank)
+        rank = self._check_rank(rank)
         return tuple((rank // s) % n for s, n in zip(self.strides, self.device_matrix))
 
     def rank_of(self, coords: Sequence[int]) -> int:
         """Rank at the given device coordinates."""
         coords = tuple(coords)
         if len(coords) != self.ndim or any(
-            not 0 <= c < n for c, n in zip(coords, self.device_matrix)
+            as_int(c) is None or not 0 <= c < n for c, n in zip(coords, self.device_matrix)
         ):
             raise LayoutError(
                 f"coordinates {coords!r} do not fit device matrix {self.device_matrix!r}"
             )
-        return sum(c * s for c, s in zip(coords, self.strides))
+        return sum(int(c) * s for c, s in zip(coords, self.strides))
 
     def group_index(self, rank: int, axes: Sequence[str]) -> int:
         """Mixed-radix index of `rank` along `axes` (first listed major)."""
@@ -309,21 +328,20 @@ class TensorLayout:
         return TensorLayout(self.layout, tensor_map, self.partial)
 
     # -- shapes ----------------------------------------------------------------
-    def check_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
-        """Validate a global shape against this layout and return it as a tuple."""
-        try:
-            shape = tuple(int(s) for s in shape)
-        except (TypeError, ValueError):
-            raise ShapeError(f"shape {shape!r} must be a sequence of integers") from None
+    def check_shape(self, shape: Sequence[int], what: str | None = None) -> tuple[int, ...]:
+        """Validate a global shape against this layout and return it as a tuple of ints.
+
+        `what` names the tensor in a divisibility error ("ColumnParallelLinear weight W").
+        """
+        shape = shape_arg(shape, "shape" if what is None else f"{what} shape")
         if len(shape) != self.ndim:
             raise ShapeError(
-                f"tensor map {self} has {self.ndim} entries but shape {shape!r} "
-                f"has {len(shape)} dims"
+                f"{'' if what is None else what + ': '}tensor map {self} has {self.ndim} entries "
+                f"but shape {shape!r} has {len(shape)} dims"
             )
         for tensor_dim, (size, axes) in enumerate(zip(shape, self.tensor_map)):
-            if size < 0:
-                raise ShapeError(f"shape {shape!r} has a negative size in dim {tensor_dim}")
-            check_divisible(size, self.layout.group_size(axes), tensor_dim, axes)
+            check_divisible(size, self.layout.group_size(axes), tensor_dim, axes,
+                            None if what is None else (what, shape))
         return shape
 
     def local_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
@@ -356,7 +374,7 @@ class TensorLayout:
         """All ranks whose shard has the given per-dim index (replicas and partials)."""
         shard_index = tuple(shard_index)
         if len(shard_index) != self.ndim or any(
-            not 0 <= i < n for i, n in zip(shard_index, self.shards_per_dim)
+            as_int(i) is None or not 0 <= i < n for i, n in zip(shard_index, self.shards_per_dim)
         ):
             raise LayoutError(
                 f"shard index {shard_index!r} does not fit shards per dim {self.shards_per_dim!r}"

@@ -50,9 +50,11 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
     `target` may use another device matrix with the same device count; the
     returned DTensor then lives on a mesh of that matrix over the same communicator.
     """
-    mesh = dtensor.mesh
-    local = dtensor.local
-    shape = dtensor.global_shape
+    try:  # no isinstance check on the repeated path: an attribute miss says it all
+        mesh, local, shape = dtensor.mesh, dtensor.local, dtensor.global_shape
+    except AttributeError:
+        raise PlanError(f"redistribute: x must be a DTensor, got {type(dtensor).__name__}; build one "
+                        "with DTensor.from_local/from_seeded") from None
     if plan is None:
         # A repeated redistribution finds its compiled plan in one lookup: no
         # planning, imports, labels or per-step set-up between the caller and

@@ -70,7 +70,7 @@ def activation(name: str) -> Callable[[np.ndarray], np.ndarray]:
     """The activation function called `name` ("relu" or "gelu")."""
     try:
         return ACTIVATIONS[name]
-    except KeyError:
+    except (KeyError, TypeError):  # TypeError: an unhashable name
         raise OperatorError(
             f"activation {name!r} is not supported; expected one of {tuple(ACTIVATIONS)!r}"
         ) from None
@@ -83,6 +83,7 @@ def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def bias_add(x: np.ndarray, bias: np.ndarray) -> np.ndarray:
     """x + bias along the last dim."""
+    x, bias = np.asarray(x), np.asarray(bias)
     if bias.ndim != 1 or x.shape[-1:] != bias.shape:
         raise ShapeError(f"bias of shape {bias.shape!r} does not match last dim of {x.shape!r}")
     return x + bias
@@ -101,6 +102,9 @@ def matmul(
     x: np.ndarray, w: np.ndarray, transpose_a: bool = False, transpose_b: bool = False
 ) -> np.ndarray:
     """x @ w (batched over leading dims), optionally transposing the last two dims."""
+    x, w = np.asarray(x), np.asarray(w)
+    if x.ndim < 2 or w.ndim < 2:
+        raise ShapeError(f"matmul needs 2-d or batched operands, got shapes {x.shape!r} and {w.shape!r}")
     a = np.swapaxes(x, -1, -2) if transpose_a else x
     b = np.swapaxes(w, -1, -2) if transpose_b else w
     if a.shape[-1] != b.shape[-2]:
@@ -155,7 +159,16 @@ def _block(src: Source, region: Sequence[slice]) -> np.ndarray:
 
 
 def _shape(src: Source) -> tuple[int, ...]:
-    return tuple(src.shape)
+    return tuple(src.shape) if hasattr(src, "shape") else np.shape(src)
+
+
+def _check_bias(bias: Source, out_features: int, what: str) -> None:
+    """Raise ShapeError unless `bias` is 1-d with one entry per output column."""
+    if _shape(bias) != (out_features,):
+        raise ShapeError(
+            f"{what} bias of shape {_shape(bias)!r} does not match out_features {out_features!r}; "
+            f"expected shape {(out_features,)!r}"
+        )
 
 
 def full_region(array: np.ndarray) -> RegionFn:
@@ -196,6 +209,7 @@ def linear_region(x: Source, weight: Source, bias: Optional[Source] = None) -> R
     mm = matmul_region(x, weight)
     if bias is None:
         return mm
+    _check_bias(bias, _shape(weight)[-1], "linear")
 
     def region_fn(region: Region) -> np.ndarray:
         return mm(region) + _block(bias, (tuple(region)[-1],))
@@ -236,6 +250,12 @@ def mlp_region(
     """Region reference of the MLP: the hidden layer is built only for the asked rows."""
     fn = activation(act)
     full = slice(None)
+    matmul_region(x, w1)  # shape checks up front, as linear_region does
+    if len(_shape(w2)) != 2 or _shape(w2)[0] != _shape(w1)[-1]:
+        raise ShapeError(f"mlp w2 of shape {_shape(w2)!r} does not take w1's {_shape(w1)[-1]!r} outputs")
+    for name, bias, w in (("b1", b1, w1), ("b2", b2, w2)):
+        if bias is not None:
+            _check_bias(bias, _shape(w)[-1], f"mlp {name}")
 
     def region_fn(region: Region) -> np.ndarray:
         *rows, cols = tuple(region)

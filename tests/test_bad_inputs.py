@@ -41,7 +41,7 @@ CASES = {
     "cli-unknown-alias": (_MM + _DM + ["--x-map", "dp,zz", "--w-map", "mp,None"], "'zz'"),
     "lib-unknown-alias": ('mesh.layout("mp", "sp")', "'sp'"),
     "cli-axis-twice": (_MM + _DM + ["--x-map", "dp,dp", "--w-map", "mp,None"], "'dp' is used more"),
-    "cli-map-length": (_MM + _DM + ["--x-map", "dp", "--w-map", "mp,None"], '("dp")'),
+    "cli-map-length": (_MM + _DM + ["--x-map", "dp", "--w-map", "mp,None"], '("dp",)'),
     "cli-indivisible": (["run", "matmul", "--shape", "16,10,16"] + _DM
                         + ["--x-map", "dp,mp", "--w-map", "mp,None"], "size 10"),
     "cli-world-size": (["run", "matmul", "--shape", "16,16,16", "--device-matrix", "2,2",
@@ -74,6 +74,13 @@ CASES = {
                          "y = matmul(x, w)\n"
                          "y.check(xs.full().astype(np.float64) @ ws.full().astype(np.float64))"
                          ".raise_if_failed()", "64 non-finite"),
+    # 1.5 used to pass gather's range check and hang the job.
+    "lib-gather-root": ('x = DTensor.from_seeded(mesh, mesh.layout("mp", None), SeededTensor((16, 4)))\n'
+                        "x.gather(root=1.5)", "gather root 1.5"),
+    "lib-object-dtype": ('DTensor.from_global(mesh, np.zeros((16, 4), object), mesh.layout("mp", None))',
+                         "'|O' (object)"),
+    "lib-matmul-ndarray": ('x = DTensor.from_seeded(mesh, mesh.layout(None, "mp"), SeededTensor((4, 16)))\n'
+                           "matmul(x, np.ones((16, 4)))", "got ndarray of shape (16, 4)"),
     "cli-bad-strategy": (_MM + ["--strategy", "((2,1),(1,4)"], "'((2,1),(1,4)'"),
     "cli-bad-sbp": (["run", "redistribute", "--device-matrix", "2,4", "--alias", "a,b",
                      "--from-sbp", "S(x),B", "--to", "None,b", "--shape", "8,8"], "'S(x)'"),

@@ -91,6 +91,7 @@ PURE_MODULES = [
     "spmdsim.slicing",
     "spmdsim.datagen",
     "spmdsim.errors",
+    "spmdsim.validate",
     "spmdsim.dialects",
     "spmdsim.dialects.strategy",
     "spmdsim.dialects.sbp",

@@ -1,11 +1,12 @@
 """Small validators and text splitting shared by the dialect converters (private)."""
 from __future__ import annotations
 
-import operator
+from collections.abc import Mapping, Set as AbstractSet
 from typing import Optional, Sequence
 
 from ..errors import DialectError
 from ..layout import TensorLayout
+from ..validate import as_int  # shared with layouts, data and plans; re-exported for the dialects
 
 __all__ = [
     "as_int",
@@ -17,16 +18,6 @@ __all__ = [
     "axis_names",
     "check_major_order",
 ]
-
-
-def as_int(value: object) -> Optional[int]:
-    """`value` as a Python int if it is an integer (numpy ints too, bool not), else None."""
-    if isinstance(value, bool):
-        return None
-    try:
-        return operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        return None
 
 
 def positive_int(value: object, what: str) -> int:
@@ -53,7 +44,8 @@ def positive_ints(values: object, what: str) -> tuple[int, ...]:
 
 def as_items(value: object) -> Optional[list]:
     """The elements of a tuple/list/array-like value, or None for scalars and strings."""
-    if isinstance(value, (str, bytes)):
+    # Sets and mappings have no order to read dims or mesh axes from.
+    if isinstance(value, (str, bytes, AbstractSet, Mapping)):
         return None
     if isinstance(value, (tuple, list)):
         return list(value)

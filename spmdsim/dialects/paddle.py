@@ -74,11 +74,14 @@ class PaddleSplit:
         """[start, stop) of the global ids rank `rank` owns (embedding only)."""
         if self.kind != "vocab":
             raise DialectError(f"vocab_range applies to embedding splits, not {self.kind!r}")
-        if not 0 <= rank < self.num_partitions:
+        index = as_int(rank)
+        if index is None:
+            raise DialectError(f"rank {rank!r} must be an integer (0 <= rank < {self.num_partitions})")
+        if not 0 <= index < self.num_partitions:
             raise DialectError(
                 f"rank {rank!r} is outside the model-parallel group of {self.num_partitions}"
             )
-        return self.vocab_ranges[rank]
+        return self.vocab_ranges[index]
 
     def local_ids(self, ids: np.ndarray, rank: int) -> np.ndarray:
         """Paddle's ``shard_index``: ids owned by `rank` shifted to local rows, others -> padding."""

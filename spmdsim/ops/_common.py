@@ -7,13 +7,17 @@ import numpy as np
 
 from .. import buffers
 from ..errors import OperatorError
-from ..layout import TensorLayout
+from ..layout import Layout, TensorLayout
 from .resolve import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, Resolution
 
 __all__ = [
     "local_matmul", "add_bias", "run_resolution", "make_dtensor", "seeded_dtensor", "scatter_local", "default_axes",
-    "same_mesh",
+    "same_mesh", "check_dtensor", "raise_if_not_dtensors", "refuse_bool_sum", "describe",
 ]
+
+# runtime.DTensor, bound on first use: importing the ops must not start MPI.
+_DTENSOR: Any = None
+_BOOL = np.dtype(bool)
 
 
 def make_dtensor(mesh: Any, local: np.ndarray, layout: TensorLayout, shape: Sequence[int]) -> Any:
@@ -65,6 +69,55 @@ def run_resolution(mesh: Any, local: np.ndarray, res: Resolution, label: Optiona
     raise OperatorError(f"unknown collective {res.collective!r}")  # pragma: no cover
 
 
+def describe(value: Any) -> str:
+    """A short account of a value for messages: "ndarray of shape (4, 4)", "list [1, 2]"."""
+    if value is None:
+        return "None"
+    if isinstance(value, np.ndarray):
+        return f"ndarray of shape {value.shape!r}"
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def check_dtensor(value: Any, what: str) -> None:
+    """OperatorError unless `value` is a DTensor; `what` names it ("matmul: w")."""
+    global _DTENSOR
+    if type(value) is _DTENSOR:
+        return
+    if _DTENSOR is None:
+        from ..runtime.dtensor import DTensor
+
+        _DTENSOR = DTensor
+    if not isinstance(value, _DTENSOR):
+        raise OperatorError(f"{what} must be a DTensor, got {describe(value)}; build one with "
+                            "DTensor.from_local/from_seeded")
+
+
+def raise_if_not_dtensors(op: str, names: tuple[str, ...], *operands: Any) -> None:
+    """Raise the OperatorError for the first operand that is not a DTensor (None included).
+
+    Ops call it when reading their operands raised AttributeError, so a call
+    with DTensors pays nothing for the check:
+    ``except AttributeError: raise_if_not_dtensors("matmul", ("x", "w"), x, w); raise``.
+    """
+    for name, t in zip(names, operands):
+        try:
+            check_dtensor(t, f"{op}: {name}")
+        except OperatorError as error:
+            raise error from None
+
+
+def refuse_bool_sum(op: str, local: np.ndarray, why: str) -> None:
+    """OperatorError when an op's local result that ranks add up holds bools (MPI has no bool sum).
+
+    Called on the local product, before any collective: its dtype is the
+    same on every rank.
+    """
+    if local.dtype is _BOOL:
+        raise OperatorError(f"{op}: the operands have dtype 'bool', but {why}; use an integer, "
+                            "float or complex dtype")
+
+
 def same_mesh(*tensors: Any) -> Any:
     """The mesh the tensors share; OperatorError when they live on different meshes."""
     mesh = tensors[0].mesh
@@ -78,8 +131,12 @@ def same_mesh(*tensors: Any) -> Any:
 
 def default_axes(mesh: Any, axes: Optional[Iterable[str] | str]) -> tuple[str, ...]:
     """The tensor-parallel axes: `axes` as a tuple, or every mesh axis when None."""
+    if not isinstance(getattr(mesh, "layout", None), Layout):
+        raise OperatorError(f"mesh must be a spmdsim Mesh, got {describe(mesh)}")
     if axes is None:
         return tuple(mesh.layout.alias_name)
+    if not isinstance(axes, str) and not hasattr(axes, "__iter__"):
+        raise OperatorError(f"axes {axes!r} must be a mesh axis name or a sequence of them")
     out = (axes,) if isinstance(axes, str) else tuple(axes)
     for alias in out:
         mesh.layout.axis_index(alias)

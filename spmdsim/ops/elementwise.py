@@ -10,7 +10,7 @@ from typing import Any
 
 from .. import reference
 from ..errors import ShapeError
-from ._common import make_dtensor, same_mesh
+from ._common import make_dtensor, raise_if_not_dtensors, same_mesh
 from .infer import infer_add, infer_bias_add, infer_elementwise
 
 __all__ = ["relu", "gelu", "activation", "add", "bias_add"]
@@ -19,7 +19,11 @@ __all__ = ["relu", "gelu", "activation", "add", "bias_add"]
 def activation(x: Any, name: str) -> Any:
     """Apply the activation `name` ("relu" or "gelu") shard by shard."""
     fn = reference.activation(name)
-    layout = infer_elementwise(x.layout, name)
+    try:
+        layout = infer_elementwise(x.layout, name)
+    except AttributeError:
+        raise_if_not_dtensors(name, ("x",), x)
+        raise
     return make_dtensor(x.mesh, fn(x.local), layout, x.global_shape)
 
 
@@ -35,7 +39,11 @@ def gelu(x: Any) -> Any:
 
 def add(a: Any, b: Any) -> Any:
     """a + b for two DTensors of one shape and layout (two pending sums over the same axes add)."""
-    mesh = same_mesh(a, b)
+    try:
+        mesh = same_mesh(a, b)
+    except AttributeError:
+        raise_if_not_dtensors("add", ("a", "b"), a, b)
+        raise
     layout = infer_add(a.layout, b.layout)
     if tuple(a.global_shape) != tuple(b.global_shape):
         raise ShapeError(
@@ -46,7 +54,11 @@ def add(a: Any, b: Any) -> Any:
 
 def bias_add(x: Any, bias: Any) -> Any:
     """x + bias along the last dim; bias split like x's last dim, x not a pending sum."""
-    mesh = same_mesh(x, bias)
+    try:
+        mesh = same_mesh(x, bias)
+    except AttributeError:
+        raise_if_not_dtensors("bias_add", ("x", "bias"), x, bias)
+        raise
     layout = infer_bias_add(x.layout, bias.layout)
     if tuple(bias.global_shape) != tuple(x.global_shape)[-1:]:
         raise ShapeError(

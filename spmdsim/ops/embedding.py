@@ -22,9 +22,12 @@ import numpy as np
 
 from .. import buffers
 from ..datagen import SeededTensor
-from ..errors import ShapeError
+from ..errors import OperatorError, ShapeError
 from ..reference import RegionFn, Source, check_ids, embedding_region
-from ._common import default_axes, make_dtensor, run_resolution, same_mesh, seeded_dtensor
+from ..validate import int_arg
+from ._common import (
+    default_axes, make_dtensor, raise_if_not_dtensors, run_resolution, same_mesh, seeded_dtensor,
+)
 from .infer import EmbeddingPlan, infer_embedding
 
 __all__ = [
@@ -64,13 +67,21 @@ def plan_embedding(
     ids: Any, table: Any, *, gather_out: bool = True, reduce: bool = True
 ) -> tuple[EmbeddingPlan, tuple[int, ...]]:
     """Plan and global output shape; checks layouts, shapes and id values before any collective."""
-    plan = infer_embedding(ids.layout, table.layout, gather_out=gather_out, reduce=reduce)
+    try:
+        layouts = (ids.layout, table.layout)
+    except AttributeError:
+        raise_if_not_dtensors("embedding", ("ids", "table"), ids, table)
+        raise
+    plan = infer_embedding(*layouts, gather_out=gather_out, reduce=reduce)
     num_embeddings, dim = table.global_shape
     # Same ids on every rank of the table's groups: they all raise the same error.
     check_ids(ids.local, num_embeddings)
     shape = tuple(ids.global_shape) + (dim,)
+    if plan.vocab_axes and table.dtype.kind == "b":  # MPI has no sum of bools
+        raise OperatorError("embedding: the table has dtype 'bool', but a vocab-parallel lookup sums "
+                            "the ranks' lookups; use an integer, float or complex dtype")
     for layout in (plan.local, plan.out):
-        layout.check_shape(shape)
+        layout.check_shape(shape, "embedding output")
     return plan, shape
 
 
@@ -92,7 +103,11 @@ def embedding(
         reduce: False keeps the vocab-parallel pending sum.
         padded_local: this rank's padded shard (as VocabParallelEmbedding keeps it).
     """
-    mesh = same_mesh(ids, table)
+    try:
+        mesh = same_mesh(ids, table)
+    except AttributeError:
+        raise_if_not_dtensors("embedding", ("ids", "table"), ids, table)
+        raise
     plan, shape = plan_embedding(ids, table, gather_out=gather_out, reduce=reduce)
     if plan.vocab_axes:
         start, _ = table.layout.bounds(mesh.rank, table.global_shape)[0]
@@ -126,9 +141,12 @@ class VocabParallelEmbedding:
     ) -> None:
         self.mesh = mesh
         self.axes = default_axes(mesh, axes)
-        self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
-        self.weight_source = SeededTensor((self.num_embeddings, self.embedding_dim), dtype, seed)
-        self.weight = seeded_dtensor(mesh, mesh.layout(self.axes, None), self.weight_source)
+        self.num_embeddings, self.embedding_dim = _table_shape(self, num_embeddings, embedding_dim)
+        self.weight_source = SeededTensor((self.num_embeddings, self.embedding_dim), dtype,
+                                          int_arg(seed, "VocabParallelEmbedding seed", low=0))
+        layout = mesh.layout(self.axes, None)
+        layout.check_shape(self.weight_source.shape, "VocabParallelEmbedding table")
+        self.weight = seeded_dtensor(mesh, layout, self.weight_source)
         self.padded_weight = pad_vocab_shard(self.weight.local)
         parts = mesh.layout.group_size(self.axes)
         index = mesh.layout.group_index(mesh.rank, self.axes)
@@ -160,8 +178,11 @@ class ParallelEmbedding:
         self.mesh = mesh
         self.axes = default_axes(mesh, axes)
         self.gather_output = bool(gather_output)
-        self.weight_source = SeededTensor((int(num_embeddings), int(embedding_dim)), dtype, seed)
-        self.weight = seeded_dtensor(mesh, mesh.layout(None, self.axes), self.weight_source)
+        self.weight_source = SeededTensor(_table_shape(self, num_embeddings, embedding_dim), dtype,
+                                          int_arg(seed, "ParallelEmbedding seed", low=0))
+        layout = mesh.layout(None, self.axes)
+        layout.check_shape(self.weight_source.shape, "ParallelEmbedding table")
+        self.weight = seeded_dtensor(mesh, layout, self.weight_source)
 
     def __call__(self, ids: Any, label: Optional[str] = "dim_embedding") -> Any:
         return embedding(ids, self.weight, gather_out=self.gather_output, label=label)
@@ -169,3 +190,10 @@ class ParallelEmbedding:
     def reference(self, ids: Source) -> RegionFn:
         """Region reference of this layer applied to the global ids."""
         return embedding_region(ids, self.weight_source)
+
+
+def _table_shape(layer: Any, num_embeddings: Any, embedding_dim: Any) -> tuple[int, int]:
+    """(num_embeddings, embedding_dim) as ints >= 1: a vocabulary of 0 has nothing to look up."""
+    name = type(layer).__name__
+    return (int_arg(num_embeddings, f"{name} num_embeddings", low=1),
+            int_arg(embedding_dim, f"{name} embedding_dim", low=1))

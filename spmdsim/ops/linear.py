@@ -20,8 +20,10 @@ import numpy as np
 from ..datagen import SeededTensor
 from ..errors import ShapeError
 from ..reference import RegionFn, Source, linear_region
+from ..validate import int_arg
 from ._common import (
-    add_bias, default_axes, local_matmul, make_dtensor, run_resolution, same_mesh, scatter_local, seeded_dtensor,
+    add_bias, default_axes, local_matmul, make_dtensor, raise_if_not_dtensors, refuse_bool_sum, run_resolution,
+    same_mesh, scatter_local, seeded_dtensor,
 )
 from .infer import LinearPlan, infer_linear, matmul_shape
 
@@ -32,10 +34,14 @@ def plan_linear(
     x: Any, weight: Any, bias: Any = None, *, gather_out: bool = False, reduce: bool = True
 ) -> tuple[LinearPlan, tuple[int, ...]]:
     """The plan and global output shape, validated on every rank before any collective."""
-    return _plan_linear(
-        x.layout, weight.layout, None if bias is None else bias.layout, x.global_shape,
-        weight.global_shape, None if bias is None else bias.global_shape, bool(gather_out), bool(reduce),
-    )
+    try:
+        args = (x.layout, weight.layout, None if bias is None else bias.layout, x.global_shape,
+                weight.global_shape, None if bias is None else bias.global_shape)
+    except AttributeError:
+        given = (x, weight) if bias is None else (x, weight, bias)
+        raise_if_not_dtensors("linear", ("x", "weight", "bias"), *given)
+        raise
+    return _plan_linear(*args, bool(gather_out), bool(reduce))
 
 
 @lru_cache(maxsize=256)
@@ -48,7 +54,7 @@ def _plan_linear(x_layout: Any, w_layout: Any, b_layout: Any, x_shape: tuple, w_
     if b_shape is not None and tuple(b_shape) != shape[-1:]:
         raise ShapeError(f"bias of shape {tuple(b_shape)!r} does not match out_features {shape[-1]!r}")
     for layout in (plan.matmul.local, plan.matmul.out, plan.out):
-        layout.check_shape(shape)
+        layout.check_shape(shape, "linear output Y")
     return plan, shape
 
 
@@ -66,9 +72,15 @@ def linear(
     With ``reduce=False`` a row-parallel result stays a pending sum and the bias
     is added on the first rank of each reduction group only, so the sum is right.
     """
-    mesh = same_mesh(*(t for t in (x, weight, bias) if t is not None))
+    try:
+        mesh = same_mesh(*(t for t in (x, weight, bias) if t is not None))
+    except AttributeError:  # not DTensors: say which (no check on the common path)
+        given = (x, weight) if bias is None else (x, weight, bias)
+        raise_if_not_dtensors("linear", ("x", "weight", "bias"), *given)
+        raise
     plan, shape = plan_linear(x, weight, bias, gather_out=gather_out, reduce=reduce)
     local = local_matmul(x.local, weight.local)
+    refuse_bool_sum("linear", local, "a product sums over in_features")
     local = run_resolution(mesh, local, plan.matmul.resolution, label, owned=True)
     if bias is not None:
         pending = plan.matmul.out.partial
@@ -86,16 +98,24 @@ class _ParallelLinear:
         self, mesh: Any, input_size: int, output_size: int, *, bias: bool, axes: Any,
         dtype: str, seed: int, weight_map: tuple, bias_map: tuple,
     ) -> None:
+        name = type(self).__name__
         self.mesh = mesh
         self.axes = default_axes(mesh, axes)
-        self.input_size, self.output_size = int(input_size), int(output_size)
+        self.input_size = int_arg(input_size, f"{name} input_size", low=1)
+        self.output_size = int_arg(output_size, f"{name} output_size", low=1)
+        seed = int_arg(seed, f"{name} seed", low=0)
         self.weight_source = SeededTensor((self.input_size, self.output_size), dtype, seed)
         self.bias_source = SeededTensor((self.output_size,), dtype, seed + 1) if bias else None
         layout = mesh.layout
-        self.weight = seeded_dtensor(mesh, layout(*weight_map), self.weight_source)
-        self.bias = (
-            seeded_dtensor(mesh, layout(*bias_map), self.bias_source) if bias else None
-        )
+        # Checked here, where the message can say which tensor does not split.
+        weight_layout = layout(*weight_map)
+        weight_layout.check_shape(self.weight_source.shape, f"{name} weight W")
+        self.weight = seeded_dtensor(mesh, weight_layout, self.weight_source)
+        self.bias = None
+        if bias:
+            bias_layout = layout(*bias_map)
+            bias_layout.check_shape(self.bias_source.shape, f"{name} bias b")
+            self.bias = seeded_dtensor(mesh, bias_layout, self.bias_source)
 
     def reference(self, x: Source) -> RegionFn:
         """Region reference of this layer applied to the global input `x`."""

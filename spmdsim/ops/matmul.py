@@ -12,8 +12,11 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ..errors import OperatorError
 from ..layout import TensorLayout
-from ._common import local_matmul, make_dtensor, run_resolution, same_mesh
+from ._common import (
+    local_matmul, make_dtensor, raise_if_not_dtensors, refuse_bool_sum, run_resolution, same_mesh,
+)
 from .infer import MatMulPlan, infer_matmul, matmul_shape
 
 __all__ = ["matmul", "plan_matmul"]
@@ -29,8 +32,14 @@ def plan_matmul(
     reduce: bool = True,
 ) -> tuple[MatMulPlan, tuple[int, ...]]:
     """The plan and the global output shape, validated (shapes included) on every rank."""
-    return _plan_matmul(x.layout, w.layout, x.global_shape, w.global_shape, bool(transpose_a),
-                        bool(transpose_b), out_layout, bool(reduce))
+    if out_layout is not None and not isinstance(out_layout, TensorLayout):
+        raise OperatorError(f"matmul: out_layout {out_layout!r} must be a TensorLayout or None")
+    try:
+        layouts_shapes = (x.layout, w.layout, x.global_shape, w.global_shape)
+    except AttributeError:
+        raise_if_not_dtensors("matmul", ("x", "w"), x, w)
+        raise
+    return _plan_matmul(*layouts_shapes, bool(transpose_a), bool(transpose_b), out_layout, bool(reduce))
 
 
 @lru_cache(maxsize=256)
@@ -41,8 +50,8 @@ def _plan_matmul(x_layout: Any, w_layout: Any, x_shape: tuple, w_shape: tuple, t
     plan = infer_matmul(x_layout, w_layout, transpose_a=transpose_a, transpose_b=transpose_b,
                         out=out_layout, reduce=reduce)
     shape = matmul_shape(x_shape, w_shape, transpose_a, transpose_b)
-    plan.local.check_shape(shape)
-    plan.out.check_shape(shape)
+    plan.local.check_shape(shape, "matmul output Y")
+    plan.out.check_shape(shape, "matmul output Y")
     return plan, shape
 
 
@@ -64,7 +73,11 @@ def matmul(
         out_layout: wanted output layout (MindSpore out_strategy); None = Allreduce.
         reduce: False returns the pending sum (partial layout) without communicating.
     """
-    mesh = same_mesh(x, w)
+    try:
+        mesh = same_mesh(x, w)
+    except AttributeError:  # not DTensors: say which (no check on the common path)
+        raise_if_not_dtensors("matmul", ("x", "w"), x, w)
+        raise
     plan, shape = plan_matmul(
         x, w, transpose_a=transpose_a, transpose_b=transpose_b,
         out_layout=out_layout, reduce=reduce,
@@ -72,5 +85,6 @@ def matmul(
     a = np.swapaxes(x.local, -1, -2) if transpose_a else x.local
     b = np.swapaxes(w.local, -1, -2) if transpose_b else w.local
     local = local_matmul(a, b)
+    refuse_bool_sum("matmul", local, "a product sums over K")
     local = run_resolution(mesh, local, plan.resolution, label, owned=True)
     return make_dtensor(mesh, local, plan.out, shape)

@@ -12,6 +12,7 @@ from typing import Any, Iterable, Optional
 
 from ..reference import ACTIVATIONS, RegionFn, Source, mlp_region
 from ..errors import OperatorError
+from ..validate import int_arg
 from ._common import default_axes
 from .elementwise import activation
 from .linear import ColumnParallelLinear, RowParallelLinear
@@ -36,10 +37,13 @@ class ParallelMLP:
         activation: str = "gelu", bias: bool = True,
         axes: Optional[Iterable[str] | str] = None, dtype: str = "float32", seed: int = 0,
     ) -> None:
-        if activation not in ACTIVATIONS:
+        if not isinstance(activation, str) or activation not in ACTIVATIONS:
             raise OperatorError(
                 f"activation {activation!r} is not supported; expected one of {tuple(ACTIVATIONS)!r}"
             )
+        hidden_size = int_arg(hidden_size, "ParallelMLP hidden_size", low=1)
+        ffn_hidden_size = int_arg(ffn_hidden_size, "ParallelMLP ffn_hidden_size", low=1)
+        seed = int_arg(seed, "ParallelMLP seed", low=0)
         self.axes = default_axes(mesh, axes)
         self.activation = activation
         self.linear_fc1 = ColumnParallelLinear(

@@ -22,7 +22,8 @@ from ..datagen import SeededTensor
 from ..dialects.paddle import MP_AXIS, split_layouts
 from ..errors import OperatorError
 from ..layout import Layout
-from ._common import scatter_local, seeded_dtensor
+from ..validate import as_int
+from ._common import check_dtensor, scatter_local, seeded_dtensor
 
 __all__ = ["split", "paddle_mesh", "paddle_layout", "paddle_param"]
 
@@ -31,10 +32,16 @@ ParamAttr = Union[None, bool, int, SeededTensor]
 
 def paddle_layout(num_partitions: int, world_size: int) -> Layout:
     """("mp",) of size p, or ("dp", "mp") when the world has more ranks than p."""
-    if num_partitions <= 0 or world_size % num_partitions:
+    parts, world = as_int(num_partitions), as_int(world_size)
+    if world is None or world <= 0:
+        raise OperatorError(f"world_size {world_size!r} must be a positive integer")
+    if parts is None:
+        raise OperatorError(f"num_partitions={num_partitions!r} must be a positive integer")
+    if parts <= 0 or world % parts:
         raise OperatorError(
             f"num_partitions={num_partitions!r} must divide the world size {world_size!r}"
         )
+    num_partitions, world_size = parts, world
     if num_partitions == world_size:
         return Layout((num_partitions,), (MP_AXIS,))
     return Layout((world_size // num_partitions, num_partitions), ("dp", MP_AXIS))
@@ -47,6 +54,8 @@ def paddle_mesh(num_partitions: int, comm: Any = None) -> Any:
     from ..runtime import Mesh
 
     comm = MPI.COMM_WORLD if comm is None else comm
+    if not isinstance(comm, MPI.Intracomm):
+        raise OperatorError(f"comm {comm!r} must be an MPI intracommunicator (default COMM_WORLD)")
     return Mesh(paddle_layout(num_partitions, comm.Get_size()), comm)
 
 
@@ -58,7 +67,7 @@ def paddle_param(
         return None
     if attr is None or attr is True:
         return SeededTensor(tuple(shape), dtype, default_seed)
-    if isinstance(attr, int):
+    if as_int(attr) is not None:  # a seed: Python or numpy integer
         return SeededTensor(tuple(shape), dtype, attr)
     if isinstance(attr, SeededTensor):
         if tuple(attr.shape) != tuple(shape):
@@ -98,6 +107,7 @@ def split(
     from .embedding import embedding
     from .linear import linear
 
+    check_dtensor(x, "split: x")
     spec = split_layouts(size, operation, axis, num_partitions, gather_out, x.layout.ndim)
     mesh = x.mesh
     mp = _mp_axis(mesh, spec.num_partitions)

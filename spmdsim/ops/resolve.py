@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 
 from ..errors import OperatorError
 from ..layout import TensorLayout, format_entry
+from ..validate import as_int
 
 __all__ = [
     "ALLREDUCE",
@@ -110,7 +111,10 @@ def out_layout_from_strategy(local: TensorLayout, counts: Sequence[int]) -> Tens
     E.g. MatMul ((2, 4), (4, 1)) with out_strategy ((8, 1),): the pending sum over
     "k" is reduce-scattered along dim 0, giving ``(("m", "k"), "n")``.
     """
-    counts = tuple(int(c) for c in counts)
+    items = None if isinstance(counts, (str, bytes)) or not hasattr(counts, "__iter__") else tuple(counts)
+    if items is None or any(as_int(c) is None for c in items):
+        raise OperatorError(f"out_strategy {counts!r} must be a sequence of integer slice counts")
+    counts = tuple(as_int(c) for c in items)
     if len(counts) != local.ndim:
         raise OperatorError(
             f"out_strategy {counts!r} has {len(counts)} dims but the output has {local.ndim}"

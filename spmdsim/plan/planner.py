@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import PlanError, ShapeError
 from ..layout import TensorLayout
+from ..validate import dtype_arg
 from .meshes import common_refinement, translate
 from .record import Plan
 from .steps import (
@@ -42,12 +43,16 @@ def plan_redistribution(
     """The least-communication plan from `source` to `target` for a tensor of `shape`.
 
     Plans are cached on their (hashable) inputs; a repeated call with the same
-    arguments skips validation too (it depends on nothing else).
+    arguments skips validation too (it depends on nothing else). `dtype` must be
+    given: bool, integer, float or complex in native byte order.
     """
-    try:
-        return _VALIDATED[(source, target, shape, dtype)]
-    except (KeyError, TypeError):  # TypeError: an unhashable shape such as a list
-        pass
+    # Only a shape of plain ints may hit the cache: (16.0, 8) and (True, 8)
+    # hash and compare equal to (16, 8) but must be refused.
+    if type(shape) is tuple and _INT_ONLY.issuperset(map(type, shape)):
+        try:
+            return _VALIDATED[(source, target, shape, dtype)]
+        except (KeyError, TypeError):  # TypeError: an unhashable layout or dtype
+            pass
     plan = _validated_plan(source, target, shape, dtype)
     if len(_VALIDATED) < _VALIDATED_MAX:
         try:
@@ -58,6 +63,7 @@ def plan_redistribution(
 
 
 _VALIDATED: dict = {}
+_INT_ONLY = frozenset((int,))
 _VALIDATED_MAX = 4096
 
 
@@ -77,11 +83,12 @@ def _validated_plan(source: TensorLayout, target: TensorLayout, shape: Sequence[
         )
     shape = source.check_shape(shape)
     target.check_shape(shape)
-    try:
-        dtype = np.dtype(dtype).name
-    except TypeError:
-        raise PlanError(f"dtype {dtype!r} is not a numpy dtype") from None
-    return _plan(source, target, shape, dtype)
+    dt = dtype_arg(dtype, error=PlanError)
+    if dt.kind == "b" and (source.partial or target.partial):
+        # MPI has no sum of bools, and a pending sum of bools is not a bool.
+        raise PlanError(f"a bool tensor cannot be a pending sum ({source} -> {target}); "
+                        "use an integer dtype for sums")
+    return _plan(source, target, shape, dt.name)
 
 
 @lru_cache(maxsize=4096)

@@ -30,6 +30,8 @@ from typing import Any, Iterable
 import numpy as np
 from mpi4py import MPI
 
+from ..errors import ShapeError
+from ..validate import as_int
 from . import debug
 from ._calls import (_DEBUG, _begin, _contig, _copy_into, _dim, _divisible, _empty, _result, _run,
                      comm_axes, moved_bytes)
@@ -50,7 +52,8 @@ _ndarray = np.ndarray
 def _blocks(x: np.ndarray, tensor_dim: int, g: int) -> np.ndarray:
     """View x as (outer, g, rest) so that block j along tensor_dim is [:, j]."""
     outer = math.prod(x.shape[:tensor_dim])
-    return x.reshape(outer, g, -1)
+    # `rest` spelled out: numpy cannot infer a -1 size from a zero-size array.
+    return x.reshape(outer, g, math.prod(x.shape[tensor_dim:]) // g)
 
 
 def _send_blocks(mesh: Mesh, x: np.ndarray, tensor_dim: int, g: int) -> np.ndarray:
@@ -108,7 +111,7 @@ def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int
         _run(mesh, seq, "allgather", axes, comm.Allgather, comm.Iallgather, x, recv)
         if out is None:
             out = _empty(out_shape, x.dtype)
-        _blocks(out, d, g)[...] = recv.reshape(g, math.prod(shape[:d]), -1).swapaxes(0, 1)
+        _blocks(out, d, g)[...] = recv.reshape(g, math.prod(shape[:d]), math.prod(shape[d:])).swapaxes(0, 1)
         copied = out.nbytes
     moved = moved_bytes("allgather", g, x.nbytes)
     record("allgather", comm_axes(axes), g, moved, moved, perf_counter() - t0, label, copied)
@@ -157,7 +160,7 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
         if out is None:  # made after the MPI call, as in allgather
             out = _empty(out_shape, x.dtype)
         outer = math.prod(block_shape[:c])
-        _blocks(out, c, g)[...] = recv.reshape(g, outer, -1).swapaxes(0, 1)
+        _blocks(out, c, g)[...] = recv.reshape(g, outer, math.prod(block_shape[c:])).swapaxes(0, 1)
     copied = (0 if send is x else x.nbytes) + (0 if direct else out.nbytes)
     moved = moved_bytes("alltoall", g, x.nbytes)
     record("alltoall", comm_axes(axes), g, moved, moved, perf_counter() - t0, label, copied)
@@ -246,8 +249,8 @@ def bcast(mesh: Mesh, local: Any, axes: str | Iterable[str], root: int = 0,
     filled in place when contiguous and writeable, else a filled copy is returned.
     """
     comm, g, me = mesh.group_info(axes)
-    if not 0 <= root < g:
-        raise ShapeError(f"bcast root {root!r} is outside the group of {g} ranks over {comm_axes(axes)!r}")
+    if type(root) is not int or not 0 <= root < g:
+        root = _group_root(root, g, axes)
     if g > 1 and type(local) is _ndarray and local.flags.carray and (_DEBUG.quiet or debug.quiet()):
         t0 = perf_counter() if _TRACES else 0.0
         if mesh.polite:
@@ -273,6 +276,16 @@ def bcast(mesh: Mesh, local: Any, axes: str | Iterable[str], root: int = 0,
     record("bcast", comm_axes(axes), g, n if me == root else 0, 0 if me == root else n,
            perf_counter() - t0, label)
     return buf
+
+
+def _group_root(root: Any, g: int, axes: Any) -> int:
+    """`root` as an int group rank, or the ShapeError every member raises alike."""
+    index = as_int(root)
+    if index is None:
+        raise ShapeError(f"bcast root {root!r} must be an integer group rank (0 <= root < {g})")
+    if not 0 <= index < g:
+        raise ShapeError(f"bcast root {root!r} is outside the group of {g} ranks over {comm_axes(axes)!r}")
+    return index
 
 
 def _lean_result(out: np.ndarray | None, shape: tuple, dtype: np.dtype) -> np.ndarray | None:

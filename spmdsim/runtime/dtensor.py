@@ -15,17 +15,24 @@ from .. import buffers
 from ..datagen import SeededTensor
 from ..errors import LayoutError, ShapeError
 from ..layout import TensorLayout
+from ..validate import as_int, dtype_arg, tolerance_arg
 from . import collectives, debug
 from .check import Verdict, agree, default_tolerances, local_stats
 from .mesh import Mesh
 
 __all__ = ["DTensor"]
 
+# Dtypes a shard may have without more checks: numeric, not bool, native byte
+# order (a set lookup; the rest goes through _check_dtype).
+_PLAIN_DTYPES = frozenset(np.dtype(c) for c in np.typecodes["AllInteger"] + np.typecodes["AllFloat"])
+
 Reference = Union[SeededTensor, np.ndarray, Callable[[tuple], Any]]
 
 
-@lru_cache(maxsize=1024)
-def _checked_shapes(layout: TensorLayout, global_shape: tuple) -> tuple[tuple[int, ...], tuple[int, ...]]:
+# typed, with the sizes as separate arguments: (16.0, 8) and (True, 8) compare
+# and hash like (16, 8) and (1, 8), and must not find those entries.
+@lru_cache(maxsize=1024, typed=True)
+def _checked_shapes(layout: TensorLayout, *global_shape: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(global shape as ints, every rank's shard shape), cached: operators wrap
     every result in a DTensor, and deriving the shard shape each time was ~6 us
     of each call (a failed check raises and is not cached)."""
@@ -45,15 +52,12 @@ class DTensor:
 
     def __init__(self, mesh: Mesh, local: np.ndarray, layout: TensorLayout,
                  global_shape: Sequence[int]) -> None:
-        if not isinstance(mesh, Mesh):
-            raise LayoutError(f"mesh {mesh!r} must be a spmdsim Mesh")
-        if not isinstance(layout, TensorLayout):
-            raise LayoutError(f"layout {layout!r} must be a TensorLayout")
-        if layout.layout != mesh.layout:
-            raise LayoutError(f"tensor layout is over {layout.layout} but the mesh is {mesh.layout}")
+        _check_placement(mesh, layout)
         try:
-            shape, expected = _checked_shapes(layout, global_shape)
-        except TypeError:  # an unhashable sequence (a list): checked without the cache
+            if type(global_shape) is not tuple:  # a string must not be unpacked into sizes
+                raise TypeError
+            shape, expected = _checked_shapes(layout, *global_shape)
+        except TypeError:  # a list or unhashable sizes: checked without the cache
             shape = layout.check_shape(global_shape)
             expected = layout.local_shape(shape)
         local = np.asarray(local)
@@ -62,6 +66,8 @@ class DTensor:
                 f"local shard shape {local.shape!r} does not match {expected!r}, the shard of "
                 f"global shape {shape!r} under {layout}"
             )
+        if local.dtype not in _PLAIN_DTYPES:
+            _check_dtype(local.dtype, layout)
         self._mesh, self._local, self._layout, self._shape = mesh, local, layout, shape
 
     @classmethod
@@ -82,13 +88,19 @@ class DTensor:
                    dtype: Any = None) -> "DTensor":
         """Wrap an existing shard; its shape (and `dtype` when given) must match."""
         local = np.asarray(local)
-        if dtype is not None and local.dtype != np.dtype(dtype):
-            raise ShapeError(f"local shard dtype {local.dtype.name!r} does not match {np.dtype(dtype).name!r}")
+        if dtype is not None:
+            dtype = dtype_arg(dtype)
+            if local.dtype != dtype:
+                raise ShapeError(f"local shard dtype {local.dtype.name!r} does not match {dtype.name!r}")
         return cls(mesh, local, layout, global_shape)
 
     @classmethod
     def from_seeded(cls, mesh: Mesh, layout: TensorLayout, seeded: SeededTensor) -> "DTensor":
         """Build only this rank's shard of a seeded global tensor."""
+        _check_placement(mesh, layout)
+        if not isinstance(seeded, SeededTensor):
+            raise ShapeError(f"from_seeded needs a SeededTensor, got {type(seeded).__name__}"
+                             f"{_shape_note(seeded)}; use DTensor.from_global for an array")
         shape = layout.check_shape(seeded.shape)
         if _holds_value(mesh, layout):
             local = seeded.region(layout.slices(mesh.rank, shape))
@@ -99,7 +111,9 @@ class DTensor:
     @classmethod
     def from_global(cls, mesh: Mesh, array: Any, layout: TensorLayout) -> "DTensor":
         """Cut this rank's shard out of a global array every rank has (small demos)."""
+        _check_placement(mesh, layout)
         array = np.asarray(array)
+        dtype_arg(array.dtype, "array dtype")
         shape = layout.check_shape(array.shape)
         if _holds_value(mesh, layout):
             local = buffers.placed_copy(array[layout.slices(mesh.rank, shape)])
@@ -133,8 +147,14 @@ class DTensor:
     def gather(self, root: int | None = None) -> np.ndarray | None:
         """The global tensor on every rank (root=None) or on mesh rank `root` (None elsewhere)."""
         mesh = self._mesh
-        if root is not None and not 0 <= root < mesh.size:
-            raise ShapeError(f"gather root {root!r} is not a mesh rank (0 <= root < {mesh.size})")
+        if root is not None:
+            # Checked on every rank before the first collective: a root that only
+            # passed a range check (1.5) would send ranks down different paths.
+            index = as_int(root)
+            if index is None or not 0 <= index < mesh.size:
+                raise ShapeError(f"gather root {root!r} is not a mesh rank (an integer with "
+                                 f"0 <= root < {mesh.size})")
+            root = index
         local = np.ascontiguousarray(self.resolved_local(label="gather"))
         stack = buffers.empty((mesh.size,) + local.shape, local.dtype) if root in (None, mesh.rank) else None
         comm, polite = mesh.comm, mesh.polite
@@ -160,6 +180,10 @@ class DTensor:
         tuple of slices and returning that region. Partial values are summed
         first (traced with label "check"). Only this rank's region is made.
         """
+        # Checked before the first collective, on every rank alike: a negative or NaN
+        # tolerance fails even exact values ("FAILED ... max abs err 0").
+        rtol = None if rtol is None else tolerance_arg(rtol, "rtol")
+        atol = None if atol is None else tolerance_arg(atol, "atol")
         actual = self.resolved_local(label="check")
         region = self.slices
         # Tolerances depend only on dtypes every rank knows, so the verdict agrees.
@@ -169,8 +193,8 @@ class DTensor:
         elif isinstance(reference, np.ndarray):
             known.append(reference.dtype)
         d_rtol, d_atol = default_tolerances(*known)
-        rtol = d_rtol if rtol is None else float(rtol)
-        atol = d_atol if atol is None else float(atol)
+        rtol = d_rtol if rtol is None else rtol
+        atol = d_atol if atol is None else atol
         try:
             if isinstance(reference, SeededTensor):
                 if tuple(reference.shape) != self._shape:
@@ -190,6 +214,28 @@ class DTensor:
         if not _primary(self._mesh, self._layout):
             stats[3] = stats[4] = 0.0  # count each global element once, not once per replica
         return agree(self._mesh.comm, stats, rtol, atol, self._mesh.polite)
+
+
+def _check_dtype(dtype: np.dtype, layout: TensorLayout) -> None:
+    """Raise unless a shard of `dtype` can move (and, under a partial layout, be summed) by MPI."""
+    dtype_arg(dtype, "local shard dtype")  # names the dtype and what is supported
+    if dtype.kind == "b" and layout.partial:
+        raise ShapeError(f"a bool tensor cannot be a pending sum ({layout}); MPI has no sum of "
+                         "bools: use an integer dtype")
+
+
+def _check_placement(mesh: Any, layout: Any) -> None:
+    if not isinstance(mesh, Mesh):
+        raise LayoutError(f"mesh {mesh!r} must be a spmdsim Mesh")
+    if not isinstance(layout, TensorLayout):
+        raise LayoutError(f"layout {layout!r} must be a TensorLayout")
+    if layout.layout != mesh.layout:
+        raise LayoutError(f"tensor layout is over {layout.layout} but the mesh is {mesh.layout}")
+
+
+def _shape_note(value: Any) -> str:
+    shape = getattr(value, "shape", None)
+    return "" if shape is None else f" of shape {tuple(shape)!r}"
 
 
 def _primary(mesh: Mesh, layout: TensorLayout) -> bool:

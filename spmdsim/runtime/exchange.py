@@ -16,6 +16,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import ShapeError
+from ..validate import as_int
 from . import debug
 from ._calls import _DEBUG, _begin, _empty, _result, _run
 from .exchange_spec import ExchangeSpec, count_peers
@@ -133,6 +134,7 @@ def exchange(mesh: Mesh, local: np.ndarray, spec: ExchangeSpec, label: str | Non
 
 def _mesh_rank(r: Any, size: int, what: str) -> int:
     """`r` as an int mesh rank, or a ShapeError naming the alltoallv argument it came from."""
-    if not 0 <= int(r) < size:
-        raise ShapeError(f"alltoallv {what} key {r!r} is not a mesh rank (0 <= r < {size})")
-    return int(r)
+    index = as_int(r)  # 1.5 must not pass as rank 1
+    if index is None or not 0 <= index < size:
+        raise ShapeError(f"alltoallv {what} key {r!r} is not a mesh rank (an integer with 0 <= r < {size})")
+    return index

@@ -21,16 +21,6 @@ def _world():
 
 
 @pytest.fixture
-def mesh():
-    """1-D mesh over every rank, axis "mp"."""
-    from spmdsim.runtime import Mesh
-
-    m = Mesh(Layout((_world().size,), ("mp",)), _world())
-    yield m
-    m.close()
-
-
-@pytest.fixture
 def mesh2d():
     """(dp, mp) = (2, size/2) mesh."""
     from spmdsim.runtime import Mesh

@@ -1,0 +1,94 @@
+"""Validators for the plain values that enter the library: integers, shapes, dtypes, tolerances.
+
+Pure (numpy only). One rule everywhere: Python and numpy integers are
+integers; bools, floats and strings are not, so ``16.9``, ``True`` or ``"168"``
+raise instead of being truncated or read as a sequence. Each validator raises
+the caller's error class with a message that quotes the bad value.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import operator
+from typing import Any, Optional
+
+import numpy as np
+
+from .errors import ShapeError, SpmdsimError
+
+__all__ = [
+    "as_int",
+    "int_arg",
+    "shape_arg",
+    "dtype_arg",
+    "tolerance_arg",
+    "SUPPORTED_DTYPES",
+]
+
+#: What `dtype_arg` accepts, as its messages say it.
+SUPPORTED_DTYPES = "bool, int8..int64, uint8..uint64, float16..float64, complex64, complex128"
+
+# Kinds MPI can move and sum (bool only moves: MPI has no SUM for it), in native byte order.
+_KINDS = "biufc"
+
+
+def as_int(value: object) -> Optional[int]:
+    """`value` as a Python int if it is an integer (numpy ints too, bool not), else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+def int_arg(value: object, what: str, low: Optional[int] = None,
+            error: type[SpmdsimError] = ShapeError) -> int:
+    """`value` as a Python int, at least `low` when given; else `error` naming it as `what`."""
+    out = as_int(value)
+    if out is None or (low is not None and out < low):
+        bound = {None: "", 0: " >= 0", 1: " >= 1"}.get(low, f" >= {low}")
+        raise error(f"{what} {value!r} must be an integer{bound}")
+    return out
+
+
+def shape_arg(shape: object, what: str = "shape", error: type[SpmdsimError] = ShapeError) -> tuple[int, ...]:
+    """`shape` as a tuple of non-negative Python ints; a string is not a sequence of sizes here."""
+    if type(shape) is tuple and all(type(s) is int and s >= 0 for s in shape):
+        return shape  # the common case: already a shape
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+        raise error(f"{what} {shape!r} must be a sequence of integers")
+    items = tuple(shape)  # type: ignore[arg-type]
+    out = []
+    for tensor_dim, size in enumerate(items):
+        n = as_int(size)
+        if n is None:
+            raise error(f"{what} {items!r} must hold integers, got {size!r} in dim {tensor_dim}")
+        if n < 0:
+            raise error(f"{what} {items!r} must not have negative sizes, got {size!r} in dim {tensor_dim}")
+        out.append(n)
+    return tuple(out)
+
+
+def dtype_arg(dtype: Any, what: str = "dtype", error: type[SpmdsimError] = ShapeError) -> np.dtype:
+    """`dtype` as a numpy dtype that MPI can move: bool, integer, float or complex, native byte order."""
+    if dtype is None:  # np.dtype(None) would silently mean float64
+        raise error(f"{what} None is not a dtype; expected one of {SUPPORTED_DTYPES}")
+    try:
+        out = np.dtype(dtype)
+    except (TypeError, ValueError):
+        raise error(f"{what} {dtype!r} is not a numpy dtype; expected one of {SUPPORTED_DTYPES}") from None
+    if out.kind not in _KINDS or not out.isnative:
+        if out.kind in _KINDS:
+            raise error(f"{what} {out.str!r} ({out.name}) is not in native byte order; convert it "
+                        f"with .astype({out.name!r}) (supported: {SUPPORTED_DTYPES})")
+        raise error(f"{what} {out.str!r} ({out.name}) is not numeric; expected one of {SUPPORTED_DTYPES}")
+    return out
+
+
+def tolerance_arg(value: object, what: str, error: type[SpmdsimError] = SpmdsimError) -> float:
+    """A check tolerance: a finite real number >= 0, as a float."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+            or not math.isfinite(value) or value < 0:
+        raise error(f"{what} {value!r} must be a finite number >= 0")
+    return float(value)

@@ -1,0 +1,268 @@
+"""Bad values at the MPI-facing API: every rank raises the same error before any collective.
+
+Each case is raised on every rank alike (the inputs are the same everywhere),
+so a failure here aborts the job through conftest instead of hanging. Also the
+valid edge the checks must not refuse: zero-size tensors move and come back
+zero-size; bool tensors move.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+
+from spmdsim import Layout, OperatorError, PlanError, SeededTensor, ShapeError, SpmdsimError
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+
+def _world():
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def _all(ok: bool) -> bool:
+    return all(_world().allgather(bool(ok)))
+
+
+# -- DTensor: shapes, dtypes, gather root, check tolerances ---------------------------
+def test_gather_root_must_be_an_integer_mesh_rank(mesh):
+    from spmdsim.runtime import DTensor
+
+    size = mesh.size
+    x = DTensor.from_seeded(mesh, mesh.layout("mp", None), SeededTensor((2 * size, 3), seed=1))
+    # 1.5 used to pass the range check and hang the job (ranks took different paths).
+    for root in (1.5, "0", True, -1, size, np.float64(0)):
+        with pytest.raises(ShapeError, match=re.escape(f"gather root {root!r} is not a mesh rank")):
+            x.gather(root=root)
+    got = x.gather(root=np.int64(size - 1))
+    assert _all((got is None) == (mesh.rank != size - 1))
+    if got is not None:
+        np.testing.assert_array_equal(got, SeededTensor((2 * size, 3), seed=1).full())
+
+
+def test_global_shape_must_hold_integers_even_after_the_int_shape_was_seen(mesh):
+    from spmdsim.runtime import DTensor
+
+    tl = mesh.layout(None, None)
+    DTensor(mesh, np.zeros((16, 16)), tl, (16, 16))  # caches the (16, 16) entry
+    for shape, bad in (((16.7, 16.2), "16.7"), ((16.0, 16), "16.0"), ((True, 16), "True")):
+        with pytest.raises(ShapeError, match=re.escape(f"got {bad} in dim 0")):
+            DTensor(mesh, np.zeros((16, 16)), tl, shape)
+    assert DTensor(mesh, np.zeros((16, 16)), tl, np.array([16, 16])).global_shape == (16, 16)
+
+
+@pytest.mark.parametrize("dtype, fragment", [
+    (object, "'|O' (object) is not numeric"),
+    ("<U1", "'<U1' (str32) is not numeric"),
+    (">f4", "'>f4' (float32) is not in native byte order"),
+    ("datetime64[s]", "'<M8[s]' (datetime64[s]) is not numeric"),
+])
+def test_dtensors_hold_numeric_native_dtypes_only(mesh, dtype, fragment):
+    from spmdsim.runtime import DTensor
+
+    tl = mesh.layout(None, None)
+    data = np.zeros((4, 4), dtype=dtype)
+    with pytest.raises(ShapeError, match=re.escape("local shard dtype " + fragment)):
+        DTensor.from_local(mesh, data, tl, (4, 4))
+    with pytest.raises(ShapeError, match=re.escape("local shard dtype " + fragment)):
+        DTensor(mesh, data, tl, (4, 4))
+    with pytest.raises(ShapeError, match=re.escape("array dtype " + fragment)):
+        DTensor.from_global(mesh, data, tl)
+
+
+def test_from_local_dtype_and_from_seeded_source_are_checked(mesh):
+    from spmdsim.runtime import DTensor
+
+    tl = mesh.layout(None, None)
+    with pytest.raises(ShapeError, match=re.escape("dtype 'floaty' is not a numpy dtype")):
+        DTensor.from_local(mesh, np.zeros((4, 4)), tl, (4, 4), dtype="floaty")
+    with pytest.raises(ShapeError, match=re.escape("from_seeded needs a SeededTensor, got ndarray of shape (4, 4)")):
+        DTensor.from_seeded(mesh, tl, np.zeros((4, 4)))
+
+
+def test_bool_tensors_move_but_never_hold_pending_sums(mesh):
+    from spmdsim.plan_exec import redistribute
+    from spmdsim.runtime import DTensor
+
+    size = mesh.size
+    full = np.arange(2 * size * size).reshape(2 * size, size) % 3 == 0
+    x = DTensor.from_global(mesh, full, mesh.layout("mp", None))
+    y = redistribute(x, mesh.layout(None, "mp"))
+    assert _all(y.dtype == np.bool_ and np.array_equal(y.gather(), full))
+    with pytest.raises(ShapeError, match=re.escape("a bool tensor cannot be a pending sum")):
+        DTensor.from_global(mesh, full, mesh.layout(None, None, partial="mp"))
+    with pytest.raises(PlanError, match=re.escape("a bool tensor cannot be a pending sum")):
+        redistribute(x, mesh.layout(None, None, partial="mp"))
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(atol=-1), "atol -1 must be a finite number >= 0"),
+    (dict(rtol=math.nan), "rtol nan must be a finite number >= 0"),
+    (dict(rtol="big"), "rtol 'big' must be a finite number >= 0"),
+    (dict(atol=math.inf), "atol inf must be a finite number >= 0"),
+])
+def test_check_tolerances_are_finite_and_not_negative(mesh, kwargs, fragment):
+    from spmdsim.runtime import DTensor
+
+    src = SeededTensor((2 * mesh.size, 4), seed=2)
+    x = DTensor.from_seeded(mesh, mesh.layout("mp", None, partial=()), src)
+    with pytest.raises(SpmdsimError, match=re.escape(fragment)):
+        x.check(src, **kwargs)
+    assert x.check(src, rtol=0, atol=0).passed  # exact data passes with zero tolerances
+
+
+# -- zero-size tensors -------------------------------------------------------------------
+def test_zero_size_collectives_along_any_dim(mesh):
+    from spmdsim.runtime import allgather, alltoall, reduce_scatter
+
+    g = mesh.size
+    for shape, split_dim, concat_dim in (((0, 2 * g), 1, 0), ((2 * g, 0), 0, 1), ((0, g, 3), 1, 2)):
+        x = np.zeros(shape, np.float32)
+        out = alltoall(mesh, x, "mp", split_dim, concat_dim)
+        want = list(shape)
+        want[split_dim] //= g
+        want[concat_dim] *= g
+        assert out.shape == tuple(want)
+        assert allgather(mesh, x, "mp", 1).shape == (shape[0], shape[1] * g) + shape[2:]
+        if shape[1] % g == 0:
+            assert reduce_scatter(mesh, x, "mp", 1).shape == (shape[0], shape[1] // g) + shape[2:]
+
+
+@pytest.mark.parametrize("shape", [(0, 64), (64, 0)])
+def test_zero_size_redistribution_gives_zero_size_shards(shape):
+    from spmdsim.plan_exec import redistribute
+    from spmdsim.runtime import DTensor, Mesh
+
+    comm = _world()
+    if comm.size % 2:
+        pytest.skip("needs an even world size")
+    m = Layout((2, comm.size // 2), ("dp", "mp"))
+    x1 = Layout((comm.size,), ("x",))
+    mesh = Mesh(m, comm)
+    for source, target in ((m("dp", "mp"), m("mp", "dp")), (m(("dp", "mp"), None), m(None, ("mp", "dp"))),
+                           (m("mp", None), x1(None, "x")), (m(None, None), m(None, "mp", partial="dp"))):
+        x = DTensor.from_seeded(mesh, source, SeededTensor(shape, seed=1))
+        y = redistribute(x, target)
+        assert y.layout == target and y.global_shape == shape
+        assert y.local.shape == target.local_shape(shape) and y.local.size == 0
+        assert y.gather().shape == shape
+
+
+# -- operators: argument types, dtypes, layer sizes --------------------------------------------
+def test_operators_name_an_argument_that_is_not_a_dtensor(mesh):
+    from spmdsim import ops
+    from spmdsim.ops.linear import plan_linear
+    from spmdsim.ops.matmul import plan_matmul
+    from spmdsim.plan_exec import redistribute
+    from spmdsim.runtime import DTensor
+
+    g = mesh.size
+    x = DTensor.from_seeded(mesh, mesh.layout(None, "mp"), SeededTensor((4, g)))
+    w = DTensor.from_seeded(mesh, mesh.layout("mp", None), SeededTensor((g, 4)))
+    arr = np.ones((4, 4))
+    hint = "; build one with DTensor.from_local/from_seeded"
+    cases = [
+        (lambda: ops.matmul(x, arr), f"matmul: w must be a DTensor, got ndarray of shape (4, 4){hint}"),
+        (lambda: ops.matmul(arr, w), "matmul: x must be a DTensor, got ndarray of shape (4, 4)"),
+        (lambda: ops.relu(arr), "relu: x must be a DTensor, got ndarray of shape (4, 4)"),
+        (lambda: ops.gelu([1.0]), "gelu: x must be a DTensor, got list [1.0]"),
+        (lambda: ops.add(x, 3), "add: b must be a DTensor, got int 3"),
+        (lambda: ops.bias_add(x, arr), "bias_add: bias must be a DTensor"),
+        (lambda: ops.linear(x, arr), "linear: weight must be a DTensor"),
+        (lambda: ops.linear(x, w, arr[0]), "linear: bias must be a DTensor, got ndarray of shape (4,)"),
+        (lambda: ops.embedding(arr, w), "embedding: ids must be a DTensor"),
+        (lambda: ops.split(arr, (4, 4), "linear", 1, g), "split: x must be a DTensor"),
+        (lambda: plan_matmul(x, "w"), "matmul: w must be a DTensor, got str 'w'"),
+        (lambda: plan_linear(None, w), "linear: x must be a DTensor, got None"),
+    ]
+    for call, fragment in cases:
+        with pytest.raises(OperatorError, match=re.escape(fragment)):
+            call()
+    with pytest.raises(PlanError, match=re.escape("redistribute: x must be a DTensor, got ndarray")):
+        redistribute(arr, mesh.layout(None, None))
+
+
+def test_matmul_and_linear_refuse_bool_operands(mesh):
+    from spmdsim import ops
+    from spmdsim.runtime import DTensor
+
+    g = mesh.size
+    x = DTensor.from_global(mesh, np.ones((4, g), bool), mesh.layout(None, "mp"))
+    w = DTensor.from_global(mesh, np.ones((g, 4), bool), mesh.layout("mp", None))
+    with pytest.raises(OperatorError, match=re.escape("matmul: the operands have dtype 'bool', but a product sums over K")):
+        ops.matmul(x, w)
+    with pytest.raises(OperatorError, match=re.escape("linear: the operands have dtype 'bool'")):
+        ops.linear(x, w)
+    # A bool operand next to a numeric one is promoted by numpy, and sums fine.
+    wf = DTensor.from_global(mesh, np.full((g, 4), 2.0), mesh.layout("mp", None))
+    assert _all(np.array_equal(ops.matmul(x, wf).gather(), np.full((4, 4), 2.0 * g)))
+    table = DTensor.from_global(mesh, np.ones((g, 3), bool), mesh.layout("mp", None))
+    ids = DTensor.from_global(mesh, np.zeros((2,), np.int64), mesh.layout(None))
+    with pytest.raises(OperatorError, match=re.escape("embedding: the table has dtype 'bool'")):
+        ops.embedding(ids, table)
+
+
+def test_layers_refuse_non_integer_and_empty_sizes(mesh):
+    from spmdsim.ops import ColumnParallelLinear, ParallelEmbedding, ParallelMLP, RowParallelLinear
+    from spmdsim.ops import VocabParallelEmbedding
+
+    g = mesh.size
+    cases = [
+        (lambda: ColumnParallelLinear(mesh, 16.5, g), "ColumnParallelLinear input_size 16.5 must be an integer >= 1"),
+        (lambda: RowParallelLinear(mesh, g, "8"), "RowParallelLinear output_size '8' must be an integer >= 1"),
+        (lambda: ColumnParallelLinear(mesh, g, g, seed=1.5), "ColumnParallelLinear seed 1.5 must be an integer >= 0"),
+        (lambda: VocabParallelEmbedding(mesh, 0, 4), "VocabParallelEmbedding num_embeddings 0 must be an integer >= 1"),
+        (lambda: ParallelEmbedding(mesh, g, True), "ParallelEmbedding embedding_dim True must be an integer >= 1"),
+        (lambda: ParallelMLP(mesh, g, 0), "ParallelMLP ffn_hidden_size 0 must be an integer >= 1"),
+    ]
+    for call, fragment in cases:
+        with pytest.raises(ShapeError, match=re.escape(fragment)):
+            call()
+    layer = ColumnParallelLinear(mesh, np.int64(g), np.int64(2 * g))
+    assert (layer.input_size, layer.output_size) == (g, 2 * g)
+    with pytest.raises(OperatorError, match=re.escape("mesh must be a spmdsim Mesh, got None")):
+        ColumnParallelLinear(None, g, g)
+
+
+def test_layer_divisibility_errors_name_the_tensor(mesh):
+    from spmdsim.ops import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+
+    g = mesh.size
+    over = f"is not divisible by {g} shards over ('mp',)"
+    cases = [
+        (lambda: ColumnParallelLinear(mesh, 96, 99), f"ColumnParallelLinear weight W (96, 99): dim 1 of size 99 {over}"),
+        (lambda: RowParallelLinear(mesh, 99, 96), f"RowParallelLinear weight W (99, 96): dim 0 of size 99 {over}"),
+        (lambda: VocabParallelEmbedding(mesh, 99, 4), f"VocabParallelEmbedding table (99, 4): dim 0 of size 99 {over}"),
+    ]
+    for call, fragment in cases:
+        with pytest.raises(ShapeError, match=re.escape(fragment)):
+            call()
+
+
+def test_paddle_mesh_checks_num_partitions():
+    from spmdsim.ops import paddle_mesh
+
+    with pytest.raises(OperatorError, match=re.escape("num_partitions='8' must be a positive integer")):
+        paddle_mesh("8")
+    with pytest.raises(OperatorError, match=re.escape("comm 'world' must be an MPI intracommunicator")):
+        paddle_mesh(2, "world")
+
+
+# -- collectives: roots and ranks -------------------------------------------------------------
+def test_bcast_root_and_alltoallv_keys_must_be_integer_ranks(mesh):
+    from spmdsim.runtime import alltoallv, bcast
+
+    g = mesh.size
+    buf = np.zeros(3)
+    with pytest.raises(ShapeError, match=re.escape("bcast root 1.5 must be an integer group rank")):
+        bcast(mesh, buf, "mp", root=1.5)
+    with pytest.raises(ShapeError, match=re.escape(f"bcast root {g} is outside the group of {g} ranks")):
+        bcast(mesh, buf, "mp", root=g)
+    with pytest.raises(ShapeError, match=re.escape("alltoallv sends key 1.5 is not a mesh rank")):
+        alltoallv(mesh, {1.5: np.zeros(2)}, {}, "float64")
+    got = bcast(mesh, np.full(3, float(mesh.rank)), "mp", root=np.int64(g - 1))
+    assert _all(np.array_equal(got, np.full(3, float(g - 1))))
