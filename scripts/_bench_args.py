@@ -14,7 +14,7 @@ from typing import Callable
 
 from spmdsim.cli.calibrate import parse_size
 from spmdsim.cli.main import OnceParser as ArgumentParser  # usage and errors printed by rank 0 only
-from spmdsim.cli.main import launched_rank as launcher_rank
+from spmdsim._env import launcher_rank
 
 __all__ = ["ArgumentParser", "launcher_rank", "byte_size", "byte_sizes", "int_at_least",
            "positive_float", "existing_file", "output_path"]
@@ -79,7 +79,11 @@ def existing_file(text: str) -> str:
 
 
 def output_path(text: str) -> str:
-    """An argparse type: a file to write at the end of a run, checked now so the run is not lost."""
+    """An argparse type: a file to write at the end of a run, checked now so the run is not lost.
+
+    Stricter than the CLI's `check_output_file`: the scripts open the file as
+    given, so its folder must exist already.
+    """
     folder = os.path.dirname(os.path.abspath(text)) if text else ""
     if not text or os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a file name; expected a file to write")

@@ -19,16 +19,17 @@ the sizes freed longest ago leave first) and serves the next array of the
 same map size without page faults.
 
 Where the OS has no MADV_HUGEPAGE (macOS, Windows) or the user sets
-``SPMDSIM_HUGEPAGES=0``, `enabled()` is False and callers use the heap.
+``SPMDSIM_HUGEPAGES=0`` (or off/false/no), `enabled()` is False and callers use the heap.
 """
 from __future__ import annotations
 
 import mmap
-import os
 import weakref
 from typing import Any
 
 import numpy as np
+
+from ._env import env_switch
 
 __all__ = ["HUGE_PAGE", "POOL_BYTES", "enabled", "empty_bytes", "pooled_bytes"]
 
@@ -47,9 +48,10 @@ _held: dict[int, tuple[Any, tuple[int, int], mmap.mmap, int]] = {}
 
 
 def enabled() -> bool:
-    """Whether huge-page arrays are on: the OS can advise 2 MiB huge pages and SPMDSIM_HUGEPAGES is not 0."""
-    return (_ADVICE_HUGE is not None and _FLAGS != 0 and _kernel_huge_page() == HUGE_PAGE
-            and os.environ.get("SPMDSIM_HUGEPAGES", "1").strip() != "0")
+    """Whether huge-page arrays are on: the OS can advise 2 MiB huge pages and SPMDSIM_HUGEPAGES is not off."""
+    # The setting first, so that a value it does not understand is reported on every OS.
+    wanted = env_switch("SPMDSIM_HUGEPAGES", True)
+    return wanted and _ADVICE_HUGE is not None and _FLAGS != 0 and _kernel_huge_page() == HUGE_PAGE
 
 
 def _kernel_huge_page() -> int:

@@ -12,7 +12,7 @@ allocations up to 32 MiB (its largest allowed mmap threshold) from the heap and
 to keep up to 64 MiB of freed heap top instead of returning it at once. Larger
 arrays are still mapped and unmapped as before, so a rank holds at most 64 MiB
 beyond its live arrays. Skipped when the user set glibc's own MALLOC_* knobs,
-with ``SPMDSIM_MALLOC=0``, and where the C library has no mallopt (not glibc).
+with ``SPMDSIM_MALLOC=0`` (or off/false/no), and where the C library has no mallopt (not glibc).
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import ctypes
 import ctypes.util
 import os
 
+from ._env import env_switch
 from ._threads import launcher_local_ranks
 
 __all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "GLIBC_VARS", "keep_freed_buffers",
@@ -48,7 +49,8 @@ def keep_freed_buffers() -> bool:
 
 def keep_freed_buffers_under_launcher() -> bool:
     """`keep_freed_buffers` for a rank started by an MPI launcher, unless the user chose otherwise."""
-    if launcher_local_ranks() is None or os.environ.get("SPMDSIM_MALLOC", "1").strip() == "0":
+    # The setting first, so that a value it does not understand is reported even outside a launcher.
+    if not env_switch("SPMDSIM_MALLOC", True) or launcher_local_ranks() is None:
         return False
     if any(var in os.environ for var in GLIBC_VARS):
         return False

@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import buffers
 from ..cost import CostModel, Measurement, default_path, normalize_op
+from ..errors import SpmdsimError
 
 __all__ = ["register", "run", "raw_collective", "time_interleaved", "Waiter", "measure",
            "parse_size"]
@@ -197,35 +198,91 @@ def _real_bytes(nbytes: int, g: int, item: int = 4) -> int:
 
 def _group_sizes(text: str | None, world: int) -> list[int]:
     if text:
-        sizes = [int(v) for v in text.split(",")]
+        try:
+            sizes = [int(v) for v in text.split(",")]
+        except ValueError:
+            raise SpmdsimError(f"--group-sizes {text!r} must be comma-separated integers "
+                               "such as 2,4") from None
     else:
         sizes = [g for g in (2, 4, 8, 16, 32, 64) if g < world and world % g == 0] + [world]
     for g in sizes:
         if g < 2 or world % g:
-            raise argparse.ArgumentTypeError(
-                f"group size {g!r} must be >= 2 and divide the world size {world}")
+            raise SpmdsimError(
+                f"--group-sizes: group size {g!r} must be >= 2 and divide the world size {world}")
     return sorted(set(sizes))
+
+
+def _sizes(text: str) -> list[int]:
+    """--sizes as byte counts; an SpmdsimError (raised on every rank alike) names the bad one."""
+    try:
+        return [parse_size(s) for s in text.split(",")]
+    except argparse.ArgumentTypeError as exc:
+        raise SpmdsimError(f"--sizes {text!r}: {exc}") from None
+
+
+def _check_counts(args: argparse.Namespace) -> None:
+    if args.repeats < 1:
+        raise SpmdsimError(f"--repeats {args.repeats!r} must be at least 1 "
+                           "(each timing is a median over the repeats)")
+    if args.warmup < 0:
+        raise SpmdsimError(f"--warmup {args.warmup!r} must be at least 0")
+    if args.dry_run and args.output:
+        raise SpmdsimError(f"--output {args.output!r} has no effect with --dry-run "
+                           "(which saves nothing); give one of them")
+
+
+def _output_problem(args: argparse.Namespace) -> str | None:
+    """Why --output or --measurements cannot be written (rank 0 writes them), or None."""
+    from .paths import check_output_file
+
+    try:
+        if args.measurements:
+            check_output_file(args.measurements, "--measurements")
+        if not args.dry_run:
+            check_output_file(args.output if args.output else default_path(),
+                              "--output" if args.output else "the cost file (--output's default)")
+    except SpmdsimError as exc:
+        return str(exc)
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
     from mpi4py import MPI
 
+    from .run import guarded
+
     comm = MPI.COMM_WORLD
-    rank = comm.Get_rank()
     if comm.Get_size() < 2:
         print("spmdsim calibrate: run it under MPI with at least 2 ranks, e.g. "
               "timeout -k 5 300 mpiexec -n 8 spmdsim calibrate", file=sys.stderr)
         return 2
+    # Guarded: an error on some ranks only (a file rank 0 cannot write) ends the
+    # job instead of leaving the others in a collective.
+    return guarded(lambda: _calibrate(args, comm), comm)
+
+
+def _calibrate(args: argparse.Namespace, comm: Any) -> int:
+    from mpi4py import MPI
+
+    rank = comm.Get_rank()
+    # Every argument is checked before the first timing, on every rank alike.
+    _check_counts(args)
     ops = [normalize_op(o) for o in args.ops.split(",")]
-    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    sizes = _sizes(args.sizes)
+    group_sizes = _group_sizes(args.group_sizes, comm.Get_size())
+    # Rank 0 writes the files, so its verdict on the paths is everybody's.
+    problem = comm.bcast(_output_problem(args) if rank == 0 else None, root=0)
+    if problem:
+        raise SpmdsimError(problem)
     waiter = Waiter(comm, args.wait)
     say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if rank == 0 else None
-    data = measure(comm, ops, _group_sizes(args.group_sizes, comm.Get_size()), sizes, waiter,
+    data = measure(comm, ops, group_sizes, sizes, waiter,
                    warmup=args.warmup, repeats=args.repeats, progress=say)
     model = CostModel.fit(data, source=f"spmdsim calibrate: {comm.Get_size()} ranks, "
                           f"wait={waiter.mode}, {MPI.Get_library_version().splitlines()[0]}")
     copy = measure_copy(comm, sizes, waiter, warmup=args.warmup, repeats=args.repeats)
     model = dataclasses.replace(model, copy_s_per_byte=copy)
+    failure = None
     if rank == 0:
         print(f"{'op':<15}{'g':>3}{'bytes':>11}{'measured ms':>13}{'model ms':>11}{'ratio':>7}")
         for m in data:
@@ -233,14 +290,29 @@ def run(args: argparse.Namespace) -> int:
             print(f"{m.op:<15}{m.group_size:>3}{m.bytes_per_rank:>11}{m.seconds * 1e3:>13.4f}"
                   f"{pred * 1e3:>11.4f}{pred / m.seconds:>7.2f}")
         print(model)
+        failure = _save(args, model, data)
+    # Rank 0's outcome reaches every rank: a failed write is one error, not a hang.
+    failure = comm.bcast(failure, root=0)
+    if failure:
+        raise SpmdsimError(failure)
+    return 0
+
+
+def _save(args: argparse.Namespace, model: CostModel, data: Sequence[Measurement]) -> str | None:
+    """Write the measurements and the model (rank 0); why that failed, or None."""
+    where = args.measurements
+    try:
         if args.measurements:
             with open(args.measurements, "w") as fh:
                 json.dump([dataclasses.astuple(m) for m in data], fh)
         if not args.dry_run:
+            where = args.output or str(default_path())
             path = model.save(args.output)
             print(f"saved to {path}")
-    comm.Barrier()
-    return 0
+    except OSError as exc:
+        # Checked before measuring; this is the disk filling up or the path changing meanwhile.
+        return f"cannot write {where!r}: {exc.strerror or exc}"
+    return None
 
 
 def register(subparsers: Any) -> None:

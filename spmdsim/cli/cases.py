@@ -31,7 +31,13 @@ __all__ = [
     "parse_int_list",
     "parse_name_list",
     "parse_tensor_map",
+    "check_device_count",
+    "MAX_DEVICES",
 ]
+
+#: Most devices a layout may have here: the commands list or compare every rank,
+#: and a teaching tool that answers after minutes (or never) has failed.
+MAX_DEVICES = 65536
 
 _LAYOUT_KEYS = ("device_matrix", "alias_name", "tensor_map")
 _STRATEGY_KEYS = ("strategy", "world_size")
@@ -69,6 +75,15 @@ def _entry_json(axes: tuple[str, ...]) -> Any:
     if not axes:
         return None
     return axes[0] if len(axes) == 1 else list(axes)
+
+
+def check_device_count(devices: int, what: str, limit: int = MAX_DEVICES) -> None:
+    """Raise SpmdsimError when `devices` (given by `what`) is above `limit`."""
+    if devices > limit:
+        raise SpmdsimError(
+            f"{what} has {devices:,} devices; expected at most {limit:,} "
+            "(every rank is listed or compared, which would take too long)"
+        )
 
 
 # -- JSON values ----------------------------------------------------------------
@@ -146,10 +161,9 @@ def case_from_dict(data: Any) -> Case:
     partial = _name_list(data, "partial") if "partial" in data else ()
     if form == "layout":
         _require(data, _LAYOUT_KEYS, "layout")
-        layout = Layout(
-            _int_list(data, "device_matrix", "positive integers", 1),
-            _name_list(data, "alias_name"),
-        )
+        matrix = _int_list(data, "device_matrix", "positive integers", 1)
+        check_device_count(math.prod(matrix), f"device_matrix {matrix!r}")
+        layout = Layout(matrix, _name_list(data, "alias_name"))
         tl = layout(*_tensor_map(data), partial=partial)
         world = data.get("world_size", layout.num_devices)
         if world != layout.num_devices:
@@ -183,12 +197,8 @@ def _strategy_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ..
         )
     parsed = parsed[0]
     strategy = tuple(parsed)
-    if "world_size" in data:
-        world = data["world_size"]
-        if isinstance(world, bool) or not isinstance(world, int) or world < 1:
-            raise SpmdsimError(f"case key 'world_size' must be a positive integer, got {world!r}")
-    else:
-        world = math.prod(strategy)
+    world = _world_size(data) if "world_size" in data else math.prod(strategy)
+    check_device_count(max(world, math.prod(strategy)), f"strategy {value!r}")
     tl = strategy_layout(strategy, world)
     if partial:
         tl = tl.with_partial(partial)
@@ -201,10 +211,23 @@ def _sbp_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...]) -
     _require(data, _SBP_KEYS, "sbp")
     sbp = parse_sbp(data["sbp"])
     placement = _int_list(data, "placement", "positive integers", 1)
+    check_device_count(math.prod(placement), f"placement {placement!r}")
+    if "world_size" in data and _world_size(data) != math.prod(placement):
+        raise SpmdsimError(
+            f"case key 'world_size' is {data['world_size']!r} but placement {placement!r} "
+            f"has {math.prod(placement)} devices"
+        )
     tl = sbp_to_layout(sbp, placement, len(shape))
     if partial:
         tl = tl.with_partial(tuple(tl.partial) + tuple(p for p in partial if p not in tl.partial))
     return Case(tl, shape, "sbp", sbp=tuple(str(s) for s in sbp))
+
+
+def _world_size(data: Mapping) -> int:
+    world = data["world_size"]
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        raise SpmdsimError(f"case key 'world_size' must be a positive integer, got {world!r}")
+    return world
 
 
 def case_from_json(text: str, where: str = "case") -> Case:
@@ -352,14 +375,22 @@ def _read_case_source(path: Optional[str], stdin: Optional[TextIO]) -> dict:
                 "no case given: pass a JSON case file, pipe one on stdin, or use "
                 "--device-matrix/--alias/--tensor-map/--shape"
             )
-        text, where = stream.read(), "stdin"
+        where = "stdin"
+        try:
+            text = stream.read()
+        except UnicodeDecodeError as exc:
+            raise SpmdsimError(f"{where} is not UTF-8 text (a JSON case expected): {exc.reason} "
+                               f"at byte {exc.start}") from None
     else:
+        where = f"case file {path!r}"
         try:
             with open(path, encoding="utf-8") as fh:
                 text = fh.read()
         except OSError as exc:
             raise SpmdsimError(f"cannot read case file {path!r}: {exc.strerror}") from None
-        where = f"case file {path!r}"
+        except UnicodeDecodeError as exc:
+            raise SpmdsimError(f"{where} is not UTF-8 text (a JSON case expected): {exc.reason} "
+                               f"at byte {exc.start}") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -16,6 +16,7 @@ module never imports mpi4py (it asks ``python -m mpi4py --mpi-library``).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import signal
@@ -30,6 +31,10 @@ from ..runtime.debug import add_cli_arguments
 __all__ = ["register", "run", "launch_env", "find_mpiexec", "build_command"]
 
 _KILL_GRACE_S = 5.0
+
+#: Words an MPI launcher's --version output contains (MPICH/Hydra, Open MPI/PRRTE,
+#: Intel MPI, Slurm's srun, Cray's aprun, IBM's jsrun, Flux); anything else is not one.
+_LAUNCHER_WORDS = ("mpi", "hydra", "prte", "pmix", "orte", "slurm", "aprun", "alps", "jsrun", "flux")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -53,7 +58,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def find_mpiexec(explicit: str | None = None) -> str:
     """The venv's mpiexec (beside sys.executable), else the first on PATH."""
     if explicit:
-        return explicit
+        found = shutil.which(explicit)
+        if not found:
+            raise SpmdsimError(f"--mpiexec {explicit!r} is not an executable program "
+                               "(a path, or a name on PATH); expected an MPI launcher such as mpiexec")
+        return found
     beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     if os.access(beside, os.X_OK):
         return beside
@@ -89,6 +98,15 @@ def check_same_mpi(mpiexec: str) -> None:
                 proc.kill()
                 proc.wait()
         return  # cannot tell; SPMDSIM_EXPECT_WORLD still catches a mismatch at run time
+    if not any(word in ver.lower() for word in _LAUNCHER_WORDS):
+        # Every MPI launcher names itself on --version; another program (e.g.
+        # /bin/true) would "run" the job without starting a rank and exit 0.
+        first = (ver.strip().splitlines() or [""])[0][:60]
+        raise RuntimeMismatchError(
+            f"mpiexec {mpiexec!r} is not an MPI launcher: its --version output "
+            f"{first!r} names no MPI; pass --mpiexec with mpiexec or mpirun "
+            "(or --no-mpi-check to skip this check)"
+        )
     lib_family, exec_family = _family(os.path.basename(lib)), _family(ver)
     if lib_family and exec_family and lib_family != exec_family:
         raise RuntimeMismatchError(
@@ -125,8 +143,8 @@ def build_command(mpiexec: str, ranks: int, command: Sequence[str]) -> list[str]
 def run(args: argparse.Namespace) -> int:
     if args.ranks < 1:
         raise SpmdsimError(f"number of ranks {args.ranks!r} must be at least 1")
-    if args.timeout <= 0:
-        raise SpmdsimError(f"timeout {args.timeout!r} must be positive")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise SpmdsimError(f"--timeout {args.timeout!r} must be a positive, finite number of seconds")
     mpiexec = find_mpiexec(args.mpiexec)
     cmd = build_command(mpiexec, args.ranks, args.command)
     if not args.no_mpi_check:
@@ -142,7 +160,10 @@ def run(args: argparse.Namespace) -> int:
 
 def run_with_timeout(cmd: list[str], env: dict, timeout: float) -> int:
     """Run cmd in its own process group; on timeout SIGTERM the group, then SIGKILL; 124."""
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    try:
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    except OSError as exc:
+        raise SpmdsimError(f"cannot start {cmd[0]!r}: {exc.strerror or exc}") from None
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -9,29 +9,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 from typing import IO, Sequence
 
+from .._env import launcher_rank
 from ..errors import SpmdsimError
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS", "OnceParser"]
 
 #: Subcommand modules under spmdsim.cli, in the order `--help` lists them.
 SUBCOMMANDS: tuple[str, ...] = ("slices", "explain", "show", "calibrate", "run", "demo", "launch", "plan")
-
-
-#: Where launchers put a process's rank (MPICH/Hydra and Slurm's PMI, Open MPI, PMIx).
-_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
-
-
-def launched_rank() -> int:
-    """This process's rank as the MPI launcher set it in the environment (0 when not launched)."""
-    for name in _RANK_VARIABLES:
-        value = os.environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return 0
 
 
 class OnceParser(argparse.ArgumentParser):
@@ -43,7 +30,7 @@ class OnceParser(argparse.ArgumentParser):
     """
 
     def _print_message(self, message: str, file: IO[str] | None = None) -> None:
-        if launched_rank() == 0:
+        if launcher_rank() == 0:
             super()._print_message(message, file)
 
 

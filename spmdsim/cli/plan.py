@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import SpmdsimError
 from ..layout import Layout, TensorLayout
 from ..plan import Plan, plan_redistribution
-from .cases import parse_int_list, parse_name_list, parse_tensor_map
+from .cases import check_device_count, parse_int_list, parse_name_list, parse_tensor_map
 
 __all__ = [
     "register",
@@ -31,7 +31,12 @@ __all__ = [
     "layouts_from_args",
     "format_plan",
     "run_redistribute",
+    "MAX_PLAN_DEVICES",
 ]
+
+#: Most devices `plan` takes: the planner compares every pair of ranks, which
+#: took 17 s at 4,096 devices (and minutes beyond) on the 2-core test machine.
+MAX_PLAN_DEVICES = 4096
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,9 +85,12 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def _mesh(matrix: str, alias: str | None) -> Layout:
-    dims = parse_int_list(matrix, "--device-matrix")
-    names = parse_name_list(alias, "--alias") if alias else tuple(f"axis_{i}" for i in range(len(dims)))
+def _mesh(matrix: str, alias: str | None, prefix: str = "") -> Layout:
+    flag = f"--{prefix}device-matrix"
+    dims = parse_int_list(matrix, flag)
+    check_device_count(math.prod(dims), f"{flag} {matrix!r}", MAX_PLAN_DEVICES)
+    names = (parse_name_list(alias, f"--{prefix}alias") if alias
+             else tuple(f"axis_{i}" for i in range(len(dims))))
     return Layout(dims, names)
 
 
@@ -94,6 +102,10 @@ def _side(args, which: str, mesh: Layout, ndim: int, world: int) -> TensorLayout
         raise SpmdsimError(
             f"give exactly one of --{which}, --{which}-sbp and --{which}-strategy, got {given!r}"
         )
+    if strategy and which == "to" and (args.to_device_matrix or args.to_alias):
+        # A strategy brings its own device matrix; the target mesh flags would be dropped.
+        raise SpmdsimError("--to-strategy gives the target's device matrix itself; "
+                           "expected no --to-device-matrix or --to-alias with it")
     if strategy:
         from ..dialects.strategy import strategy_layout
 
@@ -114,12 +126,19 @@ def layouts_from_args(args: argparse.Namespace) -> tuple[TensorLayout, TensorLay
     shape = parse_int_list(args.shape, "--shape")
     source_mesh = _mesh(args.device_matrix, args.alias)
     if args.to_device_matrix:
-        target_mesh = _mesh(args.to_device_matrix, args.to_alias)
+        target_mesh = _mesh(args.to_device_matrix, args.to_alias, "to-")
     elif args.to_alias:
-        target_mesh = _mesh(args.device_matrix, args.to_alias)
+        target_mesh = _mesh(args.device_matrix, args.to_alias, "to-")
     else:
         target_mesh = source_mesh
     world = source_mesh.num_devices
+    # Before the maps: a map naming the source's axes on a target of another size
+    # would otherwise be reported as an unknown alias.
+    if target_mesh.num_devices != world:
+        raise SpmdsimError(
+            f"--to-device-matrix {args.to_device_matrix!r} has {target_mesh.num_devices} devices "
+            f"but --device-matrix {args.device_matrix!r} has {world}; expected the same count"
+        )
     source = _side(args, "from", source_mesh, len(shape), world)
     target = _side(args, "to", target_mesh, len(shape), world)
     return source, target, shape, args.dtype
@@ -139,17 +158,21 @@ def _baseline(plan: Plan) -> int:
 def _predicted(plan: Plan) -> tuple[list[float], str]:
     """Seconds per step from the alpha-beta model (spmdsim.cost) and where the model came from.
 
-    ([], "") when the estimate is unavailable.
+    ([], why) when the estimate is unavailable.
     """
-    try:
-        from ..cost import DEFAULT_MODEL, load_or_default, predict_plan
+    from ..cost import DEFAULT_MODEL, load_or_default, predict_plan
 
+    try:
         model = load_or_default()
-        origin = ("built-in model (`spmdsim calibrate` fits one for this machine)"
-                  if model is DEFAULT_MODEL else "this machine's calibration (`spmdsim calibrate`)")
+    except (SpmdsimError, OSError) as exc:
+        # The plan itself is still right: print it, and say why the column is missing.
+        return [], f"unavailable, {exc}"
+    origin = ("built-in model (`spmdsim calibrate` fits one for this machine)"
+              if model is DEFAULT_MODEL else "this machine's calibration (`spmdsim calibrate`)")
+    try:
         return [p.seconds for p in predict_plan(plan, model)], origin
-    except Exception:  # noqa: BLE001 - the estimate is optional decoration
-        return [], ""
+    except Exception as exc:  # noqa: BLE001 - the estimate is optional decoration, but say why
+        return [], f"unavailable, the cost model cannot price this plan: {exc}"
 
 
 def format_plan(plan: Plan) -> str:
@@ -187,10 +210,16 @@ def format_plan(plan: Plan) -> str:
                      f"receive {base:,} B per rank ({base / got:.1f}x this plan)")
     if seconds:
         lines.append(f"predicted: alpha-beta cost model, {origin}")
+    elif plan.steps and origin:
+        lines.append(f"predicted: {origin}")
     return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "png", None):
+        from .paths import check_output_dir
+
+        check_output_dir(args.png, "--png")  # before the report: no traceback after it
     source, target, shape, dtype = layouts_from_args(args)
     plan = plan_redistribution(source, target, shape, dtype)
     print(json.dumps(plan.to_json()) if args.json else format_plan(plan))

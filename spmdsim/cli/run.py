@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 from typing import Any, Callable
 
 from ..dialects.strategy import parse_strategy
 from ..errors import SpmdsimError
 from ..layout import Layout
-from .cases import parse_int_list, parse_name_list, parse_tensor_map
+from .cases import check_device_count, parse_int_list, parse_name_list, parse_tensor_map
 
 __all__ = ["register", "run", "add_common_arguments", "guarded", "report"]
 
@@ -119,44 +120,92 @@ def run(args: argparse.Namespace) -> int:
     return guarded(lambda: _run_op(args, comm), comm, args)
 
 
+def _shape(args: argparse.Namespace) -> tuple[int, ...]:
+    """--shape as integers, each >= 0, in the form the operator takes."""
+    dims = parse_int_list(args.shape, "--shape")
+    form = {"matmul": "M,K,N (or B,...,M,K,N)", "linear": "M,K,N", "mlp": "M,H,F",
+            "embedding": "ID_DIMS...,VOCAB,DIM"}[args.op]
+    if len(dims) < 3 or (args.op in ("linear", "mlp") and len(dims) != 3):
+        raise SpmdsimError(f"--shape {args.shape!r} has {len(dims)} sizes; expected {form}")
+    if any(d < 0 for d in dims):
+        raise SpmdsimError(f"--shape {args.shape!r} has a negative size; expected {form} >= 0")
+    if args.op == "embedding" and dims[-2] < 1:
+        # The ids are drawn from [0, VOCAB): an empty vocabulary has none to draw.
+        raise SpmdsimError(f"--shape {args.shape!r} gives a vocabulary of {dims[-2]} rows; "
+                           "expected VOCAB >= 1")
+    return dims
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Refuse flag combinations the operator would otherwise quietly ignore."""
+    if args.op == "linear" and args.gather_out and args.parallel == "row":
+        raise SpmdsimError("--gather-out applies to --parallel column only: a row-parallel "
+                           "output is already whole on every rank")
+    if args.op == "embedding" and args.mode == "dim" and args.front == "paddle":
+        raise SpmdsimError("--front paddle has no --mode dim: Paddle's split() embedding is "
+                           "vocab-parallel only; use --front megatron (ParallelEmbedding) for dim")
+    if args.op != "matmul":
+        return
+    map_flags = [flag for flag, value in (
+        ("--device-matrix", args.device_matrix), ("--alias-name", args.alias_name),
+        ("--x-map", args.x_map), ("--w-map", args.w_map), ("--out-map", args.out_map)) if value]
+    if args.strategy and map_flags:
+        raise SpmdsimError(f"--strategy and {'/'.join(map_flags)} both give the layouts; "
+                           "expected --strategy [--out-strategy], or the Layout flags alone")
+    if args.out_strategy and not args.strategy:
+        raise SpmdsimError("--out-strategy goes with --strategy; with --device-matrix and the "
+                           "maps give the wanted output layout as --out-map")
+
+
+def _out_strategy(text: str) -> tuple[int, ...]:
+    parsed = parse_strategy(text)
+    if len(parsed) != 1:
+        raise SpmdsimError(f"--out-strategy {text!r} gives {len(parsed)} tensors; expected the "
+                           "output's only, e.g. \"((8,1),)\"")
+    return parsed[0]
+
+
 def _build(args: argparse.Namespace, comm: Any) -> Any:
     from ..demo import jobs
 
     common = {"dtype": args.dtype, "seed": args.seed}
-    dims = parse_int_list(args.shape, "--shape")
+    _check_flags(args)
+    dims = _shape(args)
     if args.op == "linear":
-        return jobs.linear_job(comm, args.parallel, _exactly(dims, 3, "M,K,N"), **common,
+        return jobs.linear_job(comm, args.parallel, dims, **common,
                                gather_out=args.gather_out, bias=not args.no_bias,
                                front=args.front)
     if args.op == "embedding":
         return jobs.embedding_job(comm, args.mode, dims, **common, front=args.front)
     if args.op == "mlp":
-        return jobs.mlp_job(comm, _exactly(dims, 3, "M,H,F"), **common,
-                            activation=args.activation)
+        return jobs.mlp_job(comm, dims, **common, activation=args.activation)
     flags = {"transpose_a": args.transpose_a, "transpose_b": args.transpose_b}
     if args.strategy:
-        out = parse_strategy(args.out_strategy)[0] if args.out_strategy else None
+        out = _out_strategy(args.out_strategy) if args.out_strategy else None
         return jobs.strategy_matmul_job(comm, args.strategy, dims, **common, **flags,
                                         out_strategy=out)
     if not (args.device_matrix and args.alias_name and args.x_map and args.w_map):
         raise SpmdsimError("matmul needs --strategy, or --device-matrix, --alias-name, "
                            "--x-map and --w-map")
-    layout = Layout(parse_int_list(args.device_matrix, "--device-matrix"),
-                    parse_name_list(args.alias_name, "--alias-name"))
+    matrix = parse_int_list(args.device_matrix, "--device-matrix")
+    check_device_count(math.prod(matrix), f"--device-matrix {args.device_matrix!r}")
+    layout = Layout(matrix, parse_name_list(args.alias_name, "--alias-name"))
     x_map, w_map = parse_tensor_map(args.x_map), parse_tensor_map(args.w_map)
     *batch, m, k, n = dims
     x_shape = tuple(batch) + ((k, m) if args.transpose_a else (m, k))
     w_shape = tuple(batch)[len(batch) + 2 - len(w_map):] + (
         (n, k) if args.transpose_b else (k, n))
-    out = layout(*parse_tensor_map(args.out_map)) if args.out_map else None
+    out = None
+    if args.out_map:
+        out_map = parse_tensor_map(args.out_map)
+        # Checked here: the operator would report a wrong length as a needed redistribution.
+        if len(out_map) != len(dims) - 1:
+            raise SpmdsimError(f"--out-map {args.out_map!r} gives {len(out_map)} dims but the "
+                               f"output of --shape {args.shape!r} has {len(dims) - 1}; "
+                               f"expected {len(dims) - 1} entries")
+        out = layout(*out_map)
     return jobs.matmul_job(comm, layout(*x_map), layout(*w_map), x_shape, w_shape, **common,
                            **flags, out_layout=out)
-
-
-def _exactly(dims: tuple, n: int, what: str) -> tuple:
-    if len(dims) != n:
-        raise SpmdsimError(f"--shape {','.join(map(str, dims))!r} must be {what}")
-    return dims
 
 
 def _run_op(args: argparse.Namespace, comm: Any) -> int:

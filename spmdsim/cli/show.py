@@ -4,11 +4,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..errors import SpmdsimError
 from ..viz.ascii import render_layout_ascii
 from ..viz.model import layout_picture
 from .cases import add_case_arguments, case_from_args
 
-__all__ = ["register", "run"]
+__all__ = ["register", "run", "MIN_WIDTH"]
+
+#: Narrowest --width: a grid cell with its rank label and border needs about this much.
+MIN_WIDTH = 20
 
 
 def register(subparsers: Any) -> None:
@@ -25,16 +29,21 @@ def register(subparsers: Any) -> None:
     add_case_arguments(parser)
     parser.add_argument("--png", metavar="FILE", help="also write a picture (.png/.svg/.pdf)")
     parser.add_argument("--name", default="x", help="the tensor's name in titles (default x)")
-    parser.add_argument("--width", type=int, default=80, help="terminal columns (default 80)")
+    parser.add_argument("--width", type=int, default=80,
+                        help=f"terminal columns (default 80, at least {MIN_WIDTH})")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.width < MIN_WIDTH:
+        raise SpmdsimError(f"--width {args.width!r} is too narrow; expected at least {MIN_WIDTH} columns")
     case = case_from_args(args)
     if args.png:
         from ..viz.png import check_picture_path
+        from .paths import check_output_file
 
-        check_picture_path(args.png)  # fail before printing anything
+        # Fail before printing anything: the ASCII picture comes first.
+        check_output_file(check_picture_path(args.png), "--png")
     picture = layout_picture(case.tensor_layout, case.shape, args.name)
     print(render_layout_ascii(picture, width=args.width), end="")
     if args.png:

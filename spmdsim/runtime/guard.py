@@ -28,7 +28,35 @@ from ..errors import SpmdsimError
 
 __all__ = ["abort_on_error", "install_excepthook", "run_guarded", "handle_exception", "abort_job"]
 
-_GRACE_S = float(os.environ.get("SPMDSIM_GUARD_GRACE_S", "3"))
+_DEFAULT_GRACE_S = 3.0
+
+
+def _read_grace() -> tuple[float, str | None]:
+    """(seconds, problem): SPMDSIM_GUARD_GRACE_S, or the default and why the setting was refused.
+
+    Never raises: it is read at import, and the guard needs a grace period even
+    to report a bad one (the guards raise `problem` as an SpmdsimError on entry).
+    """
+    value = os.environ.get("SPMDSIM_GUARD_GRACE_S")
+    if value is None or not value.strip():
+        return _DEFAULT_GRACE_S, None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if 0 < seconds < float("inf"):
+        return seconds, None
+    return _DEFAULT_GRACE_S, (f"SPMDSIM_GUARD_GRACE_S={value!r} is not a positive, finite number "
+                              f"of seconds; expected e.g. {_DEFAULT_GRACE_S:g} (the default)")
+
+
+_GRACE_S, _GRACE_PROBLEM = _read_grace()
+
+
+def _check_settings() -> None:
+    """Raise the SpmdsimError a bad SPMDSIM_GUARD_GRACE_S calls for (the same on every rank)."""
+    if _GRACE_PROBLEM:
+        raise SpmdsimError(_GRACE_PROBLEM)
 _PRIVATE: dict[int, Any] = {}  # id(comm) -> (comm, private duplicate)
 
 
@@ -117,6 +145,7 @@ class abort_on_error:
         self._private: Any = None
 
     def __enter__(self) -> "abort_on_error":
+        _check_settings()
         self._comm = _world(self._comm)
         self._private = _private(self._comm)
         return self
@@ -142,6 +171,7 @@ class abort_on_error:
 
 def install_excepthook(comm: Any = None) -> None:
     """Make an uncaught exception end the whole job (call once, on every rank, at start-up)."""
+    _check_settings()
     comm = _world(comm)
     private = _private(comm)
     previous = sys.excepthook
@@ -184,6 +214,7 @@ def run_guarded(fn: Callable[[], Any], comm: Any = None) -> int:
     comm = _world(comm)
     private = _private(comm)
     try:
+        _check_settings()  # inside: a bad setting is then one clean line from rank 0
         return int(fn() or 0)
     except _GuardExit:
         raise

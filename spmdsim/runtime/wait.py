@@ -24,6 +24,7 @@ import os
 import time
 from typing import Any
 
+from .._env import env_number
 from .._threads import cores_available, launcher_local_ranks
 from ..errors import SpmdsimError
 
@@ -32,9 +33,10 @@ __all__ = ["WAIT_MODES", "resolve_wait_mode", "polite_wait", "wait_until", "core
 
 WAIT_MODES = ("busy", "polite", "auto")
 
-_SPIN_S = float(os.environ.get("SPMDSIM_WAIT_SPIN_US", "0")) * 1e-6
-_YIELD_S = float(os.environ.get("SPMDSIM_WAIT_YIELD_US", "1000")) * 1e-6
-_SLEEP_MAX_S = float(os.environ.get("SPMDSIM_WAIT_SLEEP_US", "100")) * 1e-6
+# Read at import (a bad value warns once and keeps the default: spmdsim._env).
+_SPIN_S = env_number("SPMDSIM_WAIT_SPIN_US", 0, "microseconds") * 1e-6
+_YIELD_S = env_number("SPMDSIM_WAIT_YIELD_US", 1000, "microseconds") * 1e-6
+_SLEEP_MAX_S = env_number("SPMDSIM_WAIT_SLEEP_US", 100, "microseconds") * 1e-6
 _SLEEP_MIN_S = min(20e-6, _SLEEP_MAX_S)
 
 

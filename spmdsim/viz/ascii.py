@@ -52,18 +52,27 @@ def wrapped_grid_lines(
 ) -> list[str]:
     """grid_lines, cut into column chunks stacked top to bottom when wider than `width`."""
     ncols = len(col_headers)
+    # A grid's widest line is its rule: margin, then each column's width and one border.
+    widths = [max([len(col_headers[j])] + [len(line) for row in cells for line in row[j]]) + 2
+              for j in range(ncols)]
+    margin = max((len(h) for h in row_headers), default=0)
+    fixed = (margin + 1 if margin else 0) + 1
+    # Fewer chunks than this cannot fit (some chunk is at least the average wide):
+    # starting here keeps thousands of columns from being drawn thousands of times.
+    first = max(1, -(-(sum(widths) + ncols) // max(1, width - fixed)))
     # Fewest chunks that fit, with columns spread evenly over them (8 -> 4 + 4, not 7 + 1).
-    for pieces in range(1, ncols + 1):
+    for pieces in range(min(first, ncols), ncols + 1):
         chunk = -(-ncols // pieces)
-        parts = []
-        for start in range(0, ncols, chunk):
+        starts = range(0, ncols, chunk)
+        if chunk > 1 and any(fixed + sum(widths[i:i + chunk]) + len(widths[i:i + chunk]) > width
+                             for i in starts):
+            continue
+        out: list[str] = []
+        for start in starts:
             cols = slice(start, start + chunk)
-            parts.append(grid_lines(row_headers, col_headers[cols], [row[cols] for row in cells]))
-        if chunk == 1 or max(len(x) for part in parts for x in part) <= width:
-            out: list[str] = []
-            for part in parts:
-                out += ([""] if out else []) + part
-            return out
+            part = grid_lines(row_headers, col_headers[cols], [row[cols] for row in cells])
+            out += ([""] if out else []) + part
+        return out
     raise AssertionError("unreachable")
 
 

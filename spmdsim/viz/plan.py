@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence, Union
 
+from ..errors import SpmdsimError
 from .ascii import tensor_lines
 from .model import layout_picture
 
@@ -73,7 +74,10 @@ def render_plan_png(
     from .png import draw_layout, new_figure, save_figure
 
     directory = os.fspath(directory)
-    os.makedirs(directory, exist_ok=True)
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+        raise SpmdsimError(f"cannot make picture directory {directory!r}: {exc.strerror or exc}") from None
     paths = []
     source = layout_picture(plan.source, plan.shape, name)
     fig = new_figure(*_size(source, rows=1))

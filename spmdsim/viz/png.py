@@ -64,9 +64,13 @@ def check_picture_path(path: Union[str, os.PathLike]) -> str:
 def save_figure(fig: Any, path: Union[str, os.PathLike], dpi: int) -> str:
     path = check_picture_path(path)
     directory = os.path.dirname(path)
-    if directory:
-        os.makedirs(directory, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
+    try:
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+        fig.savefig(path, dpi=dpi)
+    except OSError as exc:
+        # One line naming the file, not a traceback from deep inside matplotlib.
+        raise SpmdsimError(f"cannot write picture {path!r}: {exc.strerror or exc}") from None
     return path
 
 

@@ -1,0 +1,325 @@
+"""Bad command lines and settings: one `spmdsim: error: ...` line and exit 2, never a traceback.
+
+Pure tests call the CLI in-process (`main([...])`) or the helpers the MPI
+commands run inside their guard (so no MPI starts here); the few cases that
+need ranks launch ``timeout -k 5 60 mpiexec -n 2`` (skipped without mpiexec).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from spmdsim.cli import calibrate, paths
+from spmdsim.cli import run as run_cli
+from spmdsim.cli.main import build_parser, main
+from spmdsim.errors import SpmdsimError
+from testkit import MPIEXEC
+
+CASE = ["--device-matrix", "8", "--alias", "x", "--tensor-map", "x,None", "--shape", "8,8"]
+PLAN = ["plan", "--device-matrix", "8", "--alias", "x", "--from", "x,None", "--to", "None,x",
+        "--shape", "8,8"]
+
+
+def _fails(capsys, argv: list[str], needle: str) -> str:
+    """Run the CLI; expect exit 2, nothing on stdout, one error line containing `needle`."""
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert out == "" and len(lines) == 1, (out, err)
+    assert lines[0].startswith("spmdsim: error: ") and needle in lines[0], lines[0]
+    return lines[0]
+
+
+def _args(argv: list[str]):
+    return build_parser().parse_args(argv)
+
+
+# -- 1, 2: calibrate's arguments and output paths (checked inside its guard) ----------------------
+def test_calibrate_arguments_are_spmdsim_errors():
+    with pytest.raises(SpmdsimError, match=r"--sizes 'abc': size 'ABC' is not a byte count"):
+        calibrate._sizes("abc")
+    for text in ("1", "3"):
+        with pytest.raises(SpmdsimError, match=rf"--group-sizes: group size {text} must be >= 2 "
+                                               "and divide the world size 8"):
+            calibrate._group_sizes(text, 8)
+    with pytest.raises(SpmdsimError, match=r"--group-sizes 'x' must be comma-separated integers"):
+        calibrate._group_sizes("x", 8)
+    with pytest.raises(SpmdsimError, match=r"--repeats 0 must be at least 1"):
+        calibrate._check_counts(_args(["calibrate", "--repeats", "0"]))
+    with pytest.raises(SpmdsimError, match=r"--warmup -1 must be at least 0"):
+        calibrate._check_counts(_args(["calibrate", "--warmup", "-1"]))
+    with pytest.raises(SpmdsimError, match=r"--output 'c.json' has no effect with --dry-run"):
+        calibrate._check_counts(_args(["calibrate", "--dry-run", "--output", "c.json"]))
+
+
+def test_calibrate_checks_its_output_paths_before_measuring(tmp_path):
+    blocker = tmp_path / "in.json"
+    blocker.write_text("{}")
+    bad = str(blocker / "cost.json")
+    problem = calibrate._output_problem(_args(["calibrate", "--output", bad]))
+    assert problem == f"--output {bad!r} cannot be written: {str(blocker)!r} is a file, not a directory"
+    problem = calibrate._output_problem(_args(["calibrate", "--dry-run", "--measurements", bad]))
+    assert problem.startswith(f"--measurements {bad!r} cannot be written")
+    assert calibrate._output_problem(_args(["calibrate", "--dry-run"])) is None
+    good = tmp_path / "new" / "cost.json"
+    assert calibrate._output_problem(_args(["calibrate", "--output", str(good)])) is None
+    assert not good.parent.exists()  # checking makes nothing
+
+
+def test_output_path_checks(tmp_path):
+    blocker = tmp_path / "f"
+    blocker.write_text("")
+    (tmp_path / "d.png").mkdir()
+    assert paths.check_output_file(tmp_path / "a" / "b.png", "--png") == str(tmp_path / "a" / "b.png")
+    assert paths.check_output_dir(tmp_path / "pics", "--png") == str(tmp_path / "pics")
+    with pytest.raises(SpmdsimError, match=r"--png '.*d\.png' is a directory; expected a file path"):
+        paths.check_output_file(tmp_path / "d.png", "--png")
+    with pytest.raises(SpmdsimError, match=r"--png '.*f' is a file; expected a directory"):
+        paths.check_output_dir(blocker, "--png")
+    with pytest.raises(SpmdsimError, match=r"is a file, not a directory"):
+        paths.check_output_dir(blocker / "sub", "--png")
+    with pytest.raises(SpmdsimError, match=r"is empty"):
+        paths.check_output_file("", "--output")
+
+
+@pytest.mark.skipif(not MPIEXEC, reason="no mpiexec")
+@pytest.mark.parametrize("extra, needle", [
+    (["--output", "{blocker}/cost.json"], "--output '{blocker}/cost.json' cannot be written"),
+    (["--dry-run", "--measurements", "{blocker}/m.json"], "--measurements '{blocker}/m.json'"),
+    (["--dry-run", "--sizes", "abc"], "--sizes 'abc'"),
+    (["--dry-run", "--group-sizes", "3"], "group size 3 must be >= 2"),
+    (["--dry-run", "--repeats", "0"], "--repeats 0 must be at least 1"),
+])
+def test_calibrate_under_mpi_fails_once_and_fast(tmp_path, extra, needle):
+    # Before: a bad --output hung rank 1 in a barrier until the timeout.
+    blocker = tmp_path / "in.json"
+    blocker.write_text("{}")
+    extra = [a.format(blocker=blocker) for a in extra]
+    spmdsim = os.path.join(os.path.dirname(sys.executable), "spmdsim")
+    cmd = ["timeout", "-k", "5", "60", MPIEXEC, "-n", "2", spmdsim, "calibrate",
+           "--sizes", "64K", "--ops", "allreduce", "--repeats", "1", *extra]
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    start = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=90, env=env)
+    seconds = time.perf_counter() - start
+    errors = [line for line in out.stderr.splitlines() if line.startswith("spmdsim: error")]
+    assert "Traceback" not in out.stdout + out.stderr, out.stderr
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    assert len(errors) == 1 and needle.format(blocker=blocker) in errors[0], out.stderr
+    assert seconds < 30, seconds
+
+
+# -- 3, 4, 11: `run` flags that were ignored, shapes, output maps (checked inside the guard) -------
+MATMUL_MAPS = ["run", "matmul", "--device-matrix", "2", "--alias", "x", "--x-map", "None,x",
+               "--w-map", "x,None", "--shape", "8,8,8"]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (MATMUL_MAPS + ["--out-strategy", "((2,1),)"], "--out-strategy goes with --strategy"),
+    (MATMUL_MAPS + ["--strategy", "((1,2),(2,1))"],
+     "--strategy and --device-matrix/--alias-name/--x-map/--w-map both give the layouts"),
+    (["run", "matmul", "--strategy", "((1,2),(2,1))", "--out-map", "x", "--shape", "8,8,8"],
+     "--strategy and --out-map both give the layouts"),
+    (["run", "linear", "--parallel", "row", "--gather-out", "--shape", "4,8,8"],
+     "--gather-out applies to --parallel column only"),
+    (["run", "embedding", "--mode", "dim", "--front", "paddle", "--shape", "4,8,8"],
+     "--front paddle has no --mode dim"),
+])
+def test_run_refuses_flags_it_would_ignore(argv, needle):
+    with pytest.raises(SpmdsimError, match="^" + needle.replace("(", r"\(").replace(")", r"\)")):
+        run_cli._check_flags(_args(argv))
+
+
+def test_run_honours_or_refuses_every_out_strategy_entry():
+    assert run_cli._out_strategy("((8,1),)") == (8, 1)
+    with pytest.raises(SpmdsimError, match=r"--out-strategy '\(\(8,1\),\(1,1\)\)' gives 2 tensors"):
+        run_cli._out_strategy("((8,1),(1,1))")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["matmul", "--shape", "16,16"], "--shape '16,16' has 2 sizes; expected M,K,N (or B,...,M,K,N)"),
+    (["matmul", "--shape", "16,-16,16"], "--shape '16,-16,16' has a negative size"),
+    (["linear", "--shape", "4,8,8,3"], "--shape '4,8,8,3' has 4 sizes; expected M,K,N"),
+    (["mlp", "--shape", "4,8"], "--shape '4,8' has 2 sizes; expected M,H,F"),
+    (["embedding", "--shape", "4,0,8"], "--shape '4,0,8' gives a vocabulary of 0 rows; expected VOCAB >= 1"),
+    (["embedding", "--shape", "8,4"], "--shape '8,4' has 2 sizes; expected ID_DIMS...,VOCAB,DIM"),
+])
+def test_run_names_the_shape_flag(argv, needle):
+    with pytest.raises(SpmdsimError) as info:
+        run_cli._shape(_args(["run", *argv]))
+    assert str(info.value).startswith(needle), str(info.value)
+
+
+def test_run_shapes_that_were_valid_still_are():
+    assert run_cli._shape(_args(["run", "matmul", "--shape", "2,0,16,16"])) == (2, 0, 16, 16)
+    assert run_cli._shape(_args(["run", "embedding", "--shape", "10,4,1000,48"])) == (10, 4, 1000, 48)
+
+
+def test_run_out_map_of_the_wrong_length_says_so():
+    args = _args(MATMUL_MAPS + ["--out-map", "x"])
+    # No job is built: the check comes before any communicator is touched.
+    with pytest.raises(SpmdsimError, match=r"--out-map 'x' gives 1 dims but the output of --shape "
+                                           r"'8,8,8' has 2; expected 2 entries"):
+        run_cli._build(args, comm=None)
+
+
+def test_sbp_case_checks_world_size(tmp_path, capsys):
+    _fails(capsys, ["slices", "--sbp", "S(0)", "--placement", "8", "--world-size", "4", "--shape", "8"],
+           "case key 'world_size' is 4 but placement (8,) has 8 devices")
+    case = tmp_path / "case.json"
+    case.write_text(json.dumps({"sbp": "S(0)", "placement": [8], "world_size": 4, "shape": [8]}))
+    _fails(capsys, ["slices", str(case)], "case key 'world_size' is 4 but placement (8,) has 8")
+    case.write_text(json.dumps({"sbp": "S(0)", "placement": [8], "world_size": 8, "shape": [8]}))
+    assert main(["slices", str(case)]) == 0
+
+
+# -- 5, 6, 7: pictures, width, case file encoding --------------------------------------------------
+def test_show_png_path_is_checked_before_drawing(tmp_path, capsys):
+    blocker = tmp_path / "in.json"
+    blocker.write_text("{}")
+    (tmp_path / "d.png").mkdir()
+    _fails(capsys, ["show", *CASE, "--png", str(blocker / "x.png")], "is a file, not a directory")
+    _fails(capsys, ["show", *CASE, "--png", str(tmp_path / "d.png")], "is a directory; expected a file")
+    if os.path.isdir("/proc/self"):
+        _fails(capsys, ["show", *CASE, "--png", "/proc/x.png"], "'/proc' refuses new files")
+    _fails(capsys, ["show", *CASE, "--png", str(tmp_path / "x.txt")], "must end in one of")
+
+
+def test_plan_png_directory_is_checked_before_the_report(tmp_path, capsys):
+    blocker = tmp_path / "in.json"
+    blocker.write_text("{}")
+    _fails(capsys, PLAN + ["--png", str(blocker)], f"--png {str(blocker)!r} is a file; expected a directory")
+    _fails(capsys, PLAN + ["--png", str(blocker / "sub")], "is a file, not a directory")
+
+
+def test_show_width_has_a_minimum(capsys):
+    for width in ("0", "-5", "19"):
+        _fails(capsys, ["show", *CASE, "--width", width], f"--width {width} is too narrow; expected at least 20")
+    assert main(["show", *CASE, "--width", "20"]) == 0
+
+
+def test_case_file_that_is_not_utf8(tmp_path, capsys):
+    case = tmp_path / "case.json"
+    case.write_bytes(b"\xff\xfe{")
+    for command in ("slices", "explain", "show"):
+        _fails(capsys, [command, str(case)], f"case file {str(case)!r} is not UTF-8 text")
+
+
+# -- 8: launch ---------------------------------------------------------------------------------------
+def test_launch_bad_mpiexec_and_timeout(capsys):
+    _fails(capsys, ["launch", "-n", "2", "--mpiexec", "/nonexistent/mpiexec", "--", "true"],
+           "--mpiexec '/nonexistent/mpiexec' is not an executable program")
+    for value in ("nan", "inf", "0"):
+        _fails(capsys, ["launch", "-n", "1", "--timeout", value, "--", "true"],
+               f"--timeout {float(value)!r} must be a positive, finite number of seconds")
+    true = shutil.which("true")
+    if true:  # coreutils' true answers --version with its own name: no MPI there
+        _fails(capsys, ["launch", "-n", "2", "--mpiexec", true, "--", "true"], "is not an MPI launcher")
+
+
+# -- 9: settings from the environment ---------------------------------------------------------------
+class _OneRank:
+    """The little of a communicator run_guarded uses, for one rank."""
+
+    def Dup(self):  # noqa: N802 - mpi4py's name
+        return self
+
+    def Get_size(self):  # noqa: N802
+        return 1
+
+    def Get_rank(self):  # noqa: N802
+        return 0
+
+
+def test_bad_guard_grace_is_one_clean_error(monkeypatch, capsys):
+    from spmdsim.runtime import guard
+
+    for value in ("x", "-1", "nan", "inf"):
+        monkeypatch.setenv("SPMDSIM_GUARD_GRACE_S", value)
+        seconds, problem = guard._read_grace()
+        assert seconds == 3.0 and problem.startswith(f"SPMDSIM_GUARD_GRACE_S={value!r} is not a positive")
+    monkeypatch.setenv("SPMDSIM_GUARD_GRACE_S", "1.5")
+    assert guard._read_grace() == (1.5, None)
+    monkeypatch.setattr(guard, "_GRACE_PROBLEM", "SPMDSIM_GUARD_GRACE_S='x' is not a positive, finite")
+    ran = []
+    assert guard.run_guarded(lambda: ran.append(1), _OneRank()) == 2 and ran == []
+    assert capsys.readouterr().err == "spmdsim: error: SPMDSIM_GUARD_GRACE_S='x' is not a positive, finite\n"
+    # Importing the guard with a bad value no longer raises.
+    env = dict(os.environ, SPMDSIM_GUARD_GRACE_S="x")
+    out = subprocess.run([sys.executable, "-c", "import spmdsim.runtime.guard"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+
+
+@pytest.mark.parametrize("var", ["SPMDSIM_HUGEPAGES", "SPMDSIM_MALLOC"])
+def test_bad_switches_warn_once_and_keep_the_default(monkeypatch, capsys, var):
+    from spmdsim import _env
+
+    monkeypatch.delenv("PMI_RANK", raising=False)
+    monkeypatch.setattr(_env, "_WARNED", set())
+    monkeypatch.setenv(var, "x")
+    assert _env.env_switch(var, True) is True
+    assert capsys.readouterr().err == (
+        f"spmdsim: warning: {var}='x' is not a switch; expected 1/0, true/false, yes/no or on/off; "
+        "using 1 (on)\n")
+    assert _env.env_switch(var, True) is True and capsys.readouterr().err == ""  # once is enough
+    for value, on in (("0", False), ("off", False), ("1", True), ("", True)):
+        monkeypatch.setenv(var, value)
+        assert _env.env_switch(var, True) is on
+    monkeypatch.setattr(_env, "_WARNED", set())
+    monkeypatch.setenv(var, "x")
+    monkeypatch.setenv("PMI_RANK", "3")  # every rank reads it; the first one says so
+    _env.env_switch(var, True)
+    assert capsys.readouterr().err == ""
+
+
+def test_bad_settings_at_import_warn_instead_of_failing():
+    env = dict(os.environ, SPMDSIM_HUGEPAGES="x", SPMDSIM_MALLOC="y", SPMDSIM_WAIT_SPIN_US="z")
+    code = "import spmdsim, spmdsim.buffers, spmdsim.runtime.wait, spmdsim._hugepool as h; print(h.enabled())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    warned = sorted(line.split("=")[0] for line in out.stderr.splitlines())
+    assert warned == ["spmdsim: warning: SPMDSIM_HUGEPAGES", "spmdsim: warning: SPMDSIM_MALLOC",
+                      "spmdsim: warning: SPMDSIM_WAIT_SPIN_US"], out.stderr
+    assert "SPMDSIM_WAIT_SPIN_US='z' is not a finite number of microseconds >= 0; using 0" in out.stderr
+
+
+# -- 10, 11, 12: plan's cost column, device counts, size limits --------------------------------------
+def test_plan_says_why_predictions_are_missing(tmp_path, monkeypatch, capsys):
+    cost = tmp_path / "cost.json"
+    cost.write_text("not json")
+    monkeypatch.setenv("SPMDSIM_COST_FILE", str(cost))
+    assert main(PLAN) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith(f"predicted: unavailable, cost model {str(cost)!r} is not JSON"), last
+
+
+def test_plan_reports_a_device_count_mismatch_first(capsys):
+    _fails(capsys, PLAN + ["--to-device-matrix", "4"],
+           "--to-device-matrix '4' has 4 devices but --device-matrix '8' has 8; expected the same count")
+
+
+def test_device_matrices_above_the_limit_are_refused(capsys):
+    start = time.perf_counter()
+    _fails(capsys, ["slices", "--device-matrix", "4096,4096", "--alias", "a,b", "--tensor-map", "a,b",
+                    "--shape", "8,8"], "device_matrix (4096, 4096) has 16,777,216 devices; expected at most 65,536")
+    _fails(capsys, ["slices", "--strategy", "((4096,4096),)", "--shape", "8,8"], "has 16,777,216 devices")
+    _fails(capsys, ["slices", "--sbp", "S(0),B", "--placement", "4096,4096", "--shape", "8,8"],
+           "placement (4096, 4096) has 16,777,216 devices")
+    _fails(capsys, ["plan", "--device-matrix", "4096,4096", "--from", "axis_0,None", "--to", "None,axis_0",
+                    "--shape", "8,8"], "--device-matrix '4096,4096' has 16,777,216 devices; expected at most 4,096")
+    assert time.perf_counter() - start < 10
+
+
+def test_plan_to_strategy_refuses_target_mesh_flags(capsys):
+    base = ["plan", "--device-matrix", "8", "--alias", "x", "--from", "x,None", "--to-strategy", "((1,8),)",
+            "--shape", "8,8"]
+    for extra in (["--to-alias", "y"], ["--to-device-matrix", "2,4"]):
+        _fails(capsys, base + extra, "--to-strategy gives the target's device matrix itself")
+    assert main(base) == 0
