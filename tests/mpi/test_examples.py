@@ -2,7 +2,8 @@
 
 The examples are run in-process (runpy) under the suite's mpiexec rather than
 one launch each, which on 2 cores would cost seconds per file. An example that
-needs another world size exits with its reason and is skipped.
+needs another world size raises a SpmdsimError saying so, and is skipped; any
+other error fails the test.
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import sys
 
 import pytest
 from mpi4py import MPI
+
+from spmdsim.errors import SpmdsimError
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -37,6 +40,10 @@ def test_example_passes(path, monkeypatch):
             runpy.run_path(str(path), run_name="__main__")
         except SystemExit as exc:
             code = exc.code
+        except SpmdsimError as exc:
+            if f"not {comm.size}: run with" not in str(exc):
+                raise
+            code = str(exc)  # the world size it needs, on every rank alike
     codes = comm.allgather(code)
     if all(isinstance(c, str) for c in codes):
         pytest.skip(f"{path.name}: {codes[0]}")
