@@ -147,6 +147,8 @@ def test_parse_tensor_map_forms():
     assert parse_tensor_map("mp,[sp,dp],None") == ("mp", ("sp", "dp"), None)
     assert parse_tensor_map("(sp,dp),") == (("sp", "dp"),)
     assert parse_tensor_map("(x)") == ("x",)
+    with pytest.raises(SpmdsimError, match=r"tensor map 'a,,b' has an empty entry for tensor dim 1; write None"):
+        parse_tensor_map("a,,b")
 
 
 def test_explain_cli_text_and_json(capsys):

@@ -299,7 +299,10 @@ def parse_tensor_map(text: str) -> tuple:
     parts = _split_top(body) if body else []
     if parts and parts[-1] == "":
         parts.pop()  # trailing comma, as in ('mp',)
-    for part in parts:
+    for tensor_dim, part in enumerate(parts):
+        if not part.strip():  # "a,,b": a typo more often than a way to write None
+            raise SpmdsimError(f"tensor map {text!r} has an empty entry for tensor dim {tensor_dim}; "
+                               "write None for a dim that is not split")
         if part.startswith(("(", "[")):
             out.append(parse_name_list(part, "tensor map entry"))
         elif part.strip("'\"") in ("None", "none", "null", ""):
