@@ -9,7 +9,8 @@ Overhead table (run under MPI; every mpiexec under a timeout):
 For 64 KiB, 1 MiB and 16 MiB per rank, each spmdsim collective over the whole
 mesh and the raw mpi4py buffer call run alternately on the same buffers
 (spmdsim receives into the raw call's preallocated output with ``out=``;
-``--alloc`` lets it allocate its result instead), each after a barrier; a time is the median over repeats of the slowest rank. Both sides
+``--alloc`` lets it allocate its result instead), each after a barrier; a
+time is the median over repeats of the slowest rank. Both sides
 wait the same way: ``--wait busy`` (default) blocks in MPI on both sides, so
 the ratio is the Python overhead; with ``--wait polite`` (what ``spmdsim
 launch`` picks when ranks outnumber cores) the raw side posts the nonblocking

@@ -12,7 +12,8 @@ from ..errors import SpmdsimError
 from ..layout import TensorLayout
 from .model import LayoutPicture, layout_picture
 
-__all__ = ["PICTURE_SUFFIXES", "check_picture_path", "render_layout_png", "draw_layout", "shard_colour", "new_figure", "save_figure"]
+__all__ = ["PICTURE_SUFFIXES", "check_picture_path", "render_layout_png", "draw_layout", "shard_colour",
+           "new_figure", "save_figure"]
 
 _HATCH = "///"
 
