@@ -8,6 +8,7 @@ import sys
 from mpi4py import MPI
 
 from spmdsim import SeededTensor
+from spmdsim.holdings import holdings
 from spmdsim.ops import paddle_mesh, split
 from spmdsim.reference import embedding_region
 from spmdsim.runtime import DTensor, collect_trace, install_excepthook
@@ -39,6 +40,8 @@ with collect_trace() as trace:
 # Allreduce, since every rank checks the same ids.
 verdict = out.check(embedding_region(ids_src, table))
 if comm.rank == 0:
+    # Which block of each tensor every rank holds, from the layouts alone (no communication).
+    print(holdings({"ids": ids, "table": (mesh.layout("mp", None), (vocab, dim)), "out": out}))
     print(f"out layout {out.layout}, local {out.local.shape}")
     print(trace.summary())
     print(verdict)

@@ -7,6 +7,7 @@ import sys
 from mpi4py import MPI
 
 from spmdsim import Layout, SeededTensor
+from spmdsim.holdings import holdings
 from spmdsim.ops import ColumnParallelLinear
 from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
 
@@ -35,6 +36,8 @@ with collect_trace() as trace:
 
 verdict = y.check(layer.reference(xs))
 if comm.rank == 0:
+    # Which block of each tensor every rank holds, from the layouts alone (no communication).
+    print(holdings({"x": x, "W": layer.weight, "b": layer.bias, "y": y}))
     print(f"weight local {layer.weight.local.shape}, y layout {y.layout}, local {y.local.shape}")
     print(trace.summary())
     print(verdict)

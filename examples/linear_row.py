@@ -8,6 +8,7 @@ from mpi4py import MPI
 
 from spmdsim import SeededTensor
 from spmdsim.demo.jobs import contraction_atol
+from spmdsim.holdings import holdings
 from spmdsim.ops import paddle_mesh, split
 from spmdsim.reference import linear_region
 from spmdsim.runtime import DTensor, collect_trace, install_excepthook
@@ -38,6 +39,8 @@ with collect_trace() as trace:
 
 verdict = y.check(linear_region(xs, ws, bs), atol=contraction_atol(k, "float32"))
 if comm.rank == 0:
+    # Which block of each tensor every rank holds, from the layouts alone (no communication).
+    print(holdings({"x": x, "W": (mesh.layout("mp", None), (k, n)), "y": y}))
     print(f"y layout {y.layout}, local {y.local.shape}")
     print(trace.summary())
     print(verdict)

@@ -9,6 +9,7 @@ from mpi4py import MPI
 from spmdsim import SeededTensor
 from spmdsim.dialects.strategy import matmul_layouts
 from spmdsim.errors import SpmdsimError
+from spmdsim.holdings import holdings
 from spmdsim.ops import matmul
 from spmdsim.reference import matmul_region
 from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
@@ -40,6 +41,8 @@ with collect_trace() as trace:
 
 verdict = y.check(matmul_region(xs, ws))
 if comm.rank == 0:
+    # Which block of each tensor every rank holds, from the layouts alone (no communication).
+    print(holdings({"x": x, "w": w, "y": y}))
     print(f"y layout {y.layout}, local {y.local.shape}, collectives {trace.counts()}")
     print(verdict)
 sys.exit(0 if verdict.passed and not trace.counts() else 1)

@@ -10,6 +10,7 @@ from mpi4py import MPI
 from spmdsim import Layout, SeededTensor
 from spmdsim.demo.jobs import contraction_atol
 from spmdsim.errors import SpmdsimError
+from spmdsim.holdings import holdings
 from spmdsim.ops import matmul
 from spmdsim.reference import matmul_region
 from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
@@ -41,10 +42,10 @@ with collect_trace() as trace:
     y = matmul(x, w)
 
 verdict = y.check(matmul_region(xs, ws), atol=contraction_atol(784, "float32"))
-held = ", ".join(f"{s.start}:{s.stop}" for s in x.slices)
-lines = comm.gather(f"rank {comm.rank} (dp, sp, mp) = {layout.coords(comm.rank)}: x[{held}]", root=0)
 if comm.rank == 0:
-    print("\n".join(lines))
+    # Which block of each tensor every rank holds, from the layouts alone (no communication);
+    # coordinates are (dp, sp, mp).
+    print(holdings({"x": x, "w": w, "y": y}))
     print(f"y layout {y.layout}, local {y.local.shape}")
     print(trace.summary())
     print(verdict)

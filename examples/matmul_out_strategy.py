@@ -10,6 +10,7 @@ from spmdsim import SeededTensor
 from spmdsim.demo.jobs import contraction_atol
 from spmdsim.dialects.strategy import matmul_layouts
 from spmdsim.errors import SpmdsimError
+from spmdsim.holdings import holdings
 from spmdsim.ops import matmul
 from spmdsim.ops.infer import out_layout_from_strategy
 from spmdsim.reference import matmul_region
@@ -41,6 +42,8 @@ with collect_trace() as trace:
 
 verdict = y.check(matmul_region(xs, ws), atol=contraction_atol(784, "float32"))
 if comm.rank == 0:
+    # Which block of each tensor every rank holds, from the layouts alone (no communication).
+    print(holdings({"x": x, "w": w, "y": y}))
     print(f"y layout {y.layout}, local {y.local.shape}")
     print(trace.summary())
     print(verdict)

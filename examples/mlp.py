@@ -8,6 +8,7 @@ from mpi4py import MPI
 
 from spmdsim import Layout, SeededTensor
 from spmdsim.demo.jobs import contraction_atol
+from spmdsim.holdings import holdings
 from spmdsim.ops import ParallelMLP
 from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
 
@@ -36,6 +37,8 @@ with collect_trace() as trace:
 
 verdict = y.check(mlp.reference(xs), atol=contraction_atol(ffn, "float32"))
 if comm.rank == 0:
+    # Which block of each tensor every rank holds, from the layouts alone (no communication).
+    print(holdings({"x": x, "W1": mlp.linear_fc1.weight, "W2": mlp.linear_fc2.weight, "y": y}))
     print(f"y layout {y.layout}, local {y.local.shape}, collectives {trace.counts()}")
     print(trace.summary())
     print(verdict)

@@ -99,6 +99,7 @@ PURE_MODULES = [
     "spmdsim.dialects.partition_spec",
     "spmdsim.dialects.paddle",
     "spmdsim.explain",
+    "spmdsim.holdings",
     "spmdsim.plan",
     "spmdsim.plan.emulator",
     "spmdsim.cost",

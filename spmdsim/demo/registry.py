@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
 from ..errors import SpmdsimError
+from ..holdings import block_text, rank_blocks
 from ..ops.infer import Resolution
 from ..reference import RegionFn
 
@@ -192,13 +193,8 @@ def rank_line(job: Job, out: Any) -> str:
     """
     mesh = job.mesh
     r = mesh.rank
-    held = ", ".join(f"{name}{_block(t.layout, t.global_shape, r)}" for name, t in job.inputs.items())
-    return f"rank {r} {mesh.layout.coords(r)}: holds {held} -> output {_block(out.layout, out.global_shape, r)}"
-
-
-def _block(layout: Any, shape: tuple, rank: int) -> str:
-    text = "[" + ", ".join(f"{a}:{b}" for a, b in layout.bounds(rank, shape)) + "]"
-    return text + (f" partial over {', '.join(layout.partial)}" if layout.partial else "")
+    return (f"rank {r} {mesh.layout.coords(r)}: holds {rank_blocks(job.inputs, r)} "
+            f"-> output {block_text(out.layout, out.global_shape, r)}")
 
 
 def explain_lines(job: Job) -> list[str]:

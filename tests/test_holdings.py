@@ -1,0 +1,37 @@
+"""Who holds what: every rank's block of each tensor, from the layouts alone."""
+from __future__ import annotations
+
+import pytest
+
+from spmdsim import Layout, LayoutError, ShapeError
+from spmdsim.holdings import block_text, holdings, holdings_lines, rank_blocks
+
+MESH = Layout((2, 4), ("dp", "mp"))
+
+
+def test_one_line_per_rank_with_global_blocks():
+    lines = holdings_lines({"x": (MESH("dp", "mp"), (4, 8)), "w": (MESH("mp", None), (8, 3))})
+    assert len(lines) == 8
+    assert lines[0] == "rank 0 (0, 0): x[0:2, 0:2], w[0:2, 0:3]"
+    assert lines[6] == "rank 6 (1, 2): x[2:4, 4:6], w[4:6, 0:3]"
+    assert holdings({"x": (MESH("dp", "mp"), (4, 8))}, ranks=(5,)) == "rank 5 (1, 1): x[2:4, 2:4]"
+    assert rank_blocks({"x": (MESH("dp", "mp"), (4, 8))}, 5) == "x[2:4, 2:4]"
+
+
+def test_replicated_and_partial_blocks():
+    # Ranks that differ only in dp hold copies; a pending sum is marked.
+    assert block_text(MESH("mp", None), (8, 2), 1) == block_text(MESH("mp", None), (8, 2), 5) == "[2:4, 0:2]"
+    assert block_text(MESH(None, "mp", partial="dp"), (3, 8), 7) == "[0:3, 6:8] partial over dp"
+
+
+def test_refuses_what_it_cannot_list():
+    with pytest.raises(LayoutError, match="at least one tensor"):
+        holdings({})
+    with pytest.raises(LayoutError, match="one device matrix"):
+        holdings({"x": (MESH("dp", None), (4, 4)), "y": (Layout((8,), ("x",))("x"), (8,))})
+    with pytest.raises(LayoutError, match=r"'x' is of type ndarray; expected a DTensor or a \(TensorLayout, shape\) pair"):
+        import numpy as np
+
+        holdings({"x": np.zeros(4)})
+    with pytest.raises(ShapeError):
+        holdings({"x": (MESH("mp", None), (6, 4))})  # 6 rows do not divide over 4
