@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Summarize several bench.py runs: per case the median ratio over launches, and the targets.
 
-On a shared or oversubscribed machine one launch's ratios move by +-10% at
-1 MiB, and part of that is fixed for the whole launch (where each rank's
+On a shared or oversubscribed machine one launch's ratios move by up to +-0.15
+(typically +-0.1) at 1 MiB, and part of that is fixed for the whole launch (where each rank's
 buffers landed, how the scheduler interleaves the ranks), so more repeats in
 one launch do not remove it. The estimate here is the median over launches
 of each case's ratio. Runs of ``bench.py --aa`` passed with ``--aa`` add the
@@ -171,7 +171,8 @@ def table(rows: list[dict], aa_rows: Optional[list[dict]]) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("runs", nargs="+", help="bench.py --json files, one per launch")
     p.add_argument("--aa", nargs="+", default=None, help="bench.py --aa --json files (the A/A control)")
     p.add_argument("--min-bytes", type=int, default=1 << 20, help="smallest bytes/rank counted (default 1 MiB)")
