@@ -1,0 +1,143 @@
+"""bench.py's operator cases: MatMul, column/row Linear, the fused MLP, vocab-parallel Embedding."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from spmdsim import Layout, SeededTensor
+from spmdsim.cli.calibrate import Waiter
+
+from _bench_harness import Case, Raw, placed, traced
+
+__all__ = ["op_cases"]
+
+
+# -- operators ------------------------------------------------------------------------------
+def op_cases(comm: Any, waiter: Waiter, wait: str, sz: dict) -> list[Case]:
+    from mpi4py import MPI
+    from spmdsim.ops import (ColumnParallelLinear, ParallelMLP, RowParallelLinear,
+                             VocabParallelEmbedding, matmul)
+    from spmdsim.reference import gelu
+    from spmdsim.runtime import DTensor, Mesh
+
+    world, rank = comm.Get_size(), comm.Get_rank()
+    layout = Layout((world,), ("x",))
+    mesh = Mesh(layout, comm, wait=wait)
+    SUM = MPI.SUM
+    root = rank == 0
+    cases = []
+
+    def add(name: str, nbytes: int, fn_s, fn_r, raw: Raw, fn_n) -> None:
+        # The raw code must compute what spmdsim computes: compare once (also a warm-up).
+        got, want = fn_r(), fn_s().local
+        if not np.allclose(got, want, rtol=1e-4, atol=1e-4):
+            raise SystemExit(f"bench: raw version of {name!r} differs from spmdsim on rank {rank}")
+        entries: list = []
+        cases.append(Case(name, nbytes, traced(fn_s, entries), raw.timed(fn_r), fn_n,
+                          {"_trace": entries}))
+
+    # MatMul: X (m, m) split on K (columns), W (m, m) split on K (rows): Allreduce of (m, m).
+    m = sz["matmul"]
+    xs, ws = SeededTensor((m, m), seed=1), SeededTensor((m, m), seed=2)
+    X = DTensor.from_seeded(mesh, layout(None, "x"), xs)
+    W = DTensor.from_seeded(mesh, layout("x", None), ws)
+    raw = Raw(waiter)
+    part, out = placed((m, m)), placed((m, m))
+    xf, wf = (xs.full(), ws.full()) if root else (None, None)
+
+    def raw_matmul(xl=X.local, wl=W.local, raw=raw):
+        np.matmul(xl, wl, out=part)
+        raw(comm.Allreduce, comm.Iallreduce, part, out, SUM)
+        return out
+    add(f"matmul {m}x{m} K-split", part.nbytes, lambda: matmul(X, W), raw_matmul, raw,
+        lambda xf=xf, wf=wf: xf @ wf)
+
+    # Column-parallel Linear in -> out, batch b; gathered output (Allgather on columns).
+    b, d_in, d_out = sz["batch"], sz["hidden"], sz["ffn"]
+    xsrc = SeededTensor((b, d_in), seed=3)
+    xin = DTensor.from_seeded(mesh, layout(None, None), xsrc)
+    xin_f = xsrc.full()
+    for gather in (False, True):
+        col = ColumnParallelLinear(mesh, d_in, d_out, gather_output=gather, seed=10)
+        wl, bl = col.weight.local, col.bias.local
+        wf, bf = (col.weight_source.full(), col.bias_source.full()) if root else (None, None)
+        raw = Raw(waiter)
+        blocks = placed((world, b, d_out // world))
+        y = placed((b, wl.shape[1]))
+
+        def raw_col(wl=wl, bl=bl, gather=gather, y=y, blocks=blocks, raw=raw):
+            np.matmul(xin.local, wl, out=y)
+            y += bl
+            if gather:  # the unpack is timed with the Allgather, as spmdsim's trace times it
+                t0 = time.perf_counter()
+                raw.w.call(comm.Allgather, comm.Iallgather, y, blocks)
+                full = np.ascontiguousarray(blocks.transpose(1, 0, 2)).reshape(b, d_out)
+                raw.add(t0, time.perf_counter())
+                return full
+            return y
+        tag = "gather" if gather else "split"
+        add(f"column_linear {d_in}->{d_out} b{b} {tag}", b * d_out * 4 if gather else 0,
+            lambda col=col: col(xin), raw_col, raw, lambda wf=wf, bf=bf: xin_f @ wf + bf)
+
+    # Row-parallel Linear out -> in, input already split on its last dim: Allreduce of (b, in).
+    row = RowParallelLinear(mesh, d_out, d_in, input_is_parallel=True, seed=20)
+    hsrc = SeededTensor((b, d_out), seed=4)
+    h = DTensor.from_seeded(mesh, layout(None, "x"), hsrc)
+    hf = hsrc.full() if root else None
+    rwf, rbf = (row.weight_source.full(), row.bias_source.full()) if root else (None, None)
+    raw = Raw(waiter)
+    rpart, rout = placed((b, d_in)), placed((b, d_in))
+
+    def raw_row(wl=row.weight.local, bl=row.bias.local, raw=raw):
+        np.matmul(h.local, wl, out=rpart)
+        raw(comm.Allreduce, comm.Iallreduce, rpart, rout, SUM)
+        np.add(rout, bl, out=rout)
+        return rout
+    add(f"row_linear {d_out}->{d_in} b{b}", rpart.nbytes, lambda: row(h), raw_row, raw,
+        lambda: hf @ rwf + rbf)
+
+    # Fused MLP: column (no gather) -> gelu -> row, one Allreduce.
+    mlp = ParallelMLP(mesh, d_in, d_out, seed=30)
+    f1, f2 = mlp.linear_fc1, mlp.linear_fc2
+    full_w = ([s.full() for s in (f1.weight_source, f1.bias_source, f2.weight_source,
+                                  f2.bias_source)] if root else None)
+    raw = Raw(waiter)
+    mpart, mout = placed((b, d_in)), placed((b, d_in))
+
+    def raw_mlp(raw=raw):
+        hid = gelu(xin.local @ f1.weight.local + f1.bias.local)
+        np.matmul(hid, f2.weight.local, out=mpart)
+        raw(comm.Allreduce, comm.Iallreduce, mpart, mout, SUM)
+        np.add(mout, f2.bias.local, out=mout)
+        return mout
+
+    def numpy_mlp():
+        w1, b1, w2, b2 = full_w
+        return gelu(xin_f @ w1 + b1) @ w2 + b2
+    add(f"mlp {d_in}->{d_out}->{d_in} b{b}", mpart.nbytes, lambda: mlp(xin), raw_mlp, raw,
+        numpy_mlp)
+
+    # Vocab-parallel Embedding (N, M): masked local lookup, Allreduce of (tokens, M).
+    vocab, dim, tokens = sz["vocab"], sz["emb_dim"], sz["tokens"]
+    emb = VocabParallelEmbedding(mesh, vocab, dim, seed=40)
+    idsrc = SeededTensor((tokens,), "int64", seed=5, low=0, high=vocab)
+    ids = DTensor.from_seeded(mesh, layout(None), idsrc)
+    table_f = emb.weight_source.full() if root else None
+    ids_f = idsrc.full()
+    raw = Raw(waiter)
+    eout, looked = placed((tokens, dim)), placed((tokens, dim))
+    padded, start, stop = emb.padded_weight, emb.vocab_start_index, emb.vocab_end_index
+
+    def raw_emb(raw=raw):
+        owned = (ids.local >= start) & (ids.local < stop)
+        np.take(padded, np.where(owned, ids.local - start, stop - start), axis=0, out=looked,
+                mode="clip")
+        raw(comm.Allreduce, comm.Iallreduce, looked, eout, SUM)
+        return eout
+    add(f"vocab_embedding {vocab}x{dim} t{tokens}", eout.nbytes, lambda: emb(ids), raw_emb, raw,
+        lambda: table_f[ids_f])
+    return cases
+
+
