@@ -100,10 +100,33 @@ def test_slices_sbp_form(capsys, monkeypatch):
     assert json.loads(out)["rank_slices"]["2"] == [[2, 3], [0, 6]]
 
 
+def test_slices_dtensor_and_jax_forms(tmp_path, capsys, monkeypatch):
+    # PyTorch DTensor: Shard(0) on mesh dim 0 (size 2), Replicate on dim 1 (size 4).
+    case = {"placements": "S(0), R", "device_matrix": [2, 4], "shape": [4, 8]}
+    code, out, _ = _run(["slices"], capsys, json.dumps(case), monkeypatch)
+    assert code == 0 and json.loads(out)["rank_slices"]["5"] == [[2, 4], [0, 8]]
+    code, out, _ = _run(["slices", "--placements", "(Replicate(), Shard(1))", "--device-matrix", "2,4",
+                         "--shape", "4,8"], capsys)
+    assert json.loads(out)["rank_slices"]["5"] == [[0, 4], [2, 4]]
+    # JAX: the same as a tensor map over named axes; a short spec is padded with None.
+    code, out, _ = _run(["slices", "--partition-spec", "('y',)", "--device-matrix", "2,4", "--alias", "x,y",
+                         "--shape", "8,6"], capsys)
+    assert json.loads(out)["rank_slices"]["6"] == [[4, 6], [0, 6]]
+    # --device-matrix on the command line gives the file's DTensor case a new mesh.
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps(case))
+    code, out, _ = _run(["slices", str(path), "--device-matrix", "4,2"], capsys)
+    assert json.loads(out)["rank_slices"]["2"] == [[1, 2], [0, 8]]
+    code, out, err = _run(["slices", "--partition-spec", "x", "--device-matrix", "8", "--shape", "8"], capsys)
+    assert code == 2 and "missing key 'alias_name' (needed by the JAX PartitionSpec form)" in err
+
+
 @pytest.mark.parametrize(
     "case, words",
     [
         ({"device_matrix": [2], "alias_name": ["x"], "tensor_map": ["x"]}, ["'shape'"]),
+        ({"placements": "S(2)", "device_matrix": [2], "shape": [4]}, ["S(2)", "1 dim"]),
+        ({"placements": "S(0)", "device_matrix": [2], "tensor_map": ["x"], "shape": [4]}, ["mixes"]),
         ({"device_matrix": [2], "tensor_map": ["x"], "shape": [4]}, ["'alias_name'"]),
         ({"device_matrix": "2x2", "alias_name": ["x"], "tensor_map": ["x"], "shape": [4]},
          ["'device_matrix'", "comma-separated integers"]),

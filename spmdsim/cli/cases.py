@@ -1,12 +1,16 @@
 """One tensor's "case" for the teaching commands: a layout (in any dialect) and a shape.
 
 A case comes from a JSON object (a file argument or stdin) and/or command-line
-flags; flags override keys of the file. Three forms, one per dialect:
+flags; flags override keys of the file. One form per dialect:
 
 * Layout: ``{"device_matrix": [2, 2, 2], "alias_name": ["dp", "sp", "mp"],
   "tensor_map": ["mp", ["sp", "dp"]], "shape": [32, 784]}``
 * strategy: ``{"strategy": [[2, 1, 2, 2, 1]], "world_size": 8, "shape": [...]}``
 * SBP: ``{"sbp": ["S(0)", "B"], "placement": [2, 4], "shape": [...]}``
+* PyTorch DTensor: ``{"placements": "S(0), R", "device_matrix": [2, 4], "shape": [...]}``
+  (``alias_name`` names the mesh dims, default dim0, dim1, ...)
+* JAX: ``{"partition_spec": "('x', None)", "device_matrix": [2, 4], "alias_name": ["x", "y"],
+  "shape": [...]}`` (a shorter spec is padded with None)
 
 Each form may add ``"partial": [axis, ...]``. Pure: never imports mpi4py.
 """
@@ -44,7 +48,13 @@ _STRATEGY_KEYS = ("strategy", "world_size")
 _SBP_KEYS = ("sbp", "placement")
 # Free-text keys a teacher may put in a case file; ignored.
 _NOTE_KEYS = ("name", "comment", "description")
-_KNOWN_KEYS = _LAYOUT_KEYS + _STRATEGY_KEYS + _SBP_KEYS + ("shape", "partial") + _NOTE_KEYS
+_DTENSOR_KEYS = ("placements",)  # + device_matrix, optional alias_name (mesh dim names)
+_SPEC_KEYS = ("partition_spec",)  # + device_matrix and alias_name (mesh axis names)
+_KNOWN_KEYS = (_LAYOUT_KEYS + _STRATEGY_KEYS + _SBP_KEYS + _DTENSOR_KEYS + _SPEC_KEYS + ("shape", "partial")
+               + _NOTE_KEYS)
+# The keys that say which form a case is written in.
+_FORM_TRIGGERS = {"layout": _LAYOUT_KEYS, "strategy": ("strategy",), "sbp": _SBP_KEYS,
+                  "dtensor": _DTENSOR_KEYS, "partition_spec": _SPEC_KEYS}
 
 
 @dataclass(frozen=True)
@@ -53,7 +63,7 @@ class Case:
 
     tensor_layout: TensorLayout
     shape: tuple[int, ...]
-    source: str = "layout"  # "layout", "strategy" or "sbp"
+    source: str = "layout"  # "layout", "strategy", "sbp", "dtensor" or "partition_spec"
     strategy: Optional[tuple[int, ...]] = None
     sbp: Optional[tuple[str, ...]] = None
 
@@ -143,15 +153,15 @@ def case_from_dict(data: Any) -> Case:
         raise SpmdsimError(
             f"case has unknown key {unknown[0]!r}; expected keys among {_KNOWN_KEYS!r}"
         )
-    forms = [
-        name
-        for name, keys in (("layout", _LAYOUT_KEYS), ("strategy", ("strategy",)), ("sbp", _SBP_KEYS))
-        if any(k in data for k in keys)
-    ]
+    forms = [name for name, keys in _FORM_TRIGGERS.items() if any(k in data for k in keys)]
+    if "layout" in forms and "tensor_map" not in data and ("dtensor" in forms or "partition_spec" in forms):
+        # device_matrix/alias_name give the mesh of those two forms as well.
+        forms.remove("layout")
     if not forms:
         raise SpmdsimError(
             "case gives no layout: expected 'device_matrix'/'alias_name'/'tensor_map', "
-            "'strategy' (+ 'world_size') or 'sbp' + 'placement'"
+            "'strategy' (+ 'world_size'), 'sbp' + 'placement', 'placements' + 'device_matrix' "
+            "(PyTorch DTensor) or 'partition_spec' + 'device_matrix' + 'alias_name' (JAX)"
         )
     if len(forms) > 1:
         raise SpmdsimError(f"case mixes the {forms[0]} and {forms[1]} forms; give only one")
@@ -172,62 +182,14 @@ def case_from_dict(data: Any) -> Case:
                 f"{layout.device_matrix!r} has {layout.num_devices} devices"
             )
         case = Case(tl, shape, "layout")
-    elif form == "strategy":
-        case = _strategy_case(data, shape, partial)
     else:
-        case = _sbp_case(data, shape, partial)
+        from . import case_dialects
+
+        build = {"strategy": case_dialects.strategy_case, "sbp": case_dialects.sbp_case,
+                 "dtensor": case_dialects.dtensor_case, "partition_spec": case_dialects.partition_spec_case}
+        case = build[form](data, shape, partial)
     case.tensor_layout.check_shape(case.shape)
     return case
-
-
-def _strategy_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...]) -> Case:
-    from ..dialects.strategy import parse_strategy, strategy_layout
-
-    value = data["strategy"]
-    if isinstance(value, bool) or not isinstance(value, (str, list, tuple)):
-        raise SpmdsimError(
-            f"case key 'strategy' must be one tensor's strategy such as [[2, 1, 2, 2, 1]] "
-            f"or \"((2, 1, 2, 2, 1),)\", got {value!r}"
-        )
-    parsed = parse_strategy(value)
-    if len(parsed) != 1:
-        raise SpmdsimError(
-            f"case key 'strategy' {value!r} gives {len(parsed)} tensors; expected one "
-            "tensor's strategy such as [[2, 1, 2, 2, 1]]"
-        )
-    parsed = parsed[0]
-    strategy = tuple(parsed)
-    world = _world_size(data) if "world_size" in data else math.prod(strategy)
-    check_device_count(max(world, math.prod(strategy)), f"strategy {value!r}")
-    tl = strategy_layout(strategy, world)
-    if partial:
-        tl = tl.with_partial(partial)
-    return Case(tl, shape, "strategy", strategy=strategy)
-
-
-def _sbp_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...]) -> Case:
-    from ..dialects.sbp import parse_sbp, sbp_to_layout
-
-    _require(data, _SBP_KEYS, "sbp")
-    sbp = parse_sbp(data["sbp"])
-    placement = _int_list(data, "placement", "positive integers", 1)
-    check_device_count(math.prod(placement), f"placement {placement!r}")
-    if "world_size" in data and _world_size(data) != math.prod(placement):
-        raise SpmdsimError(
-            f"case key 'world_size' is {data['world_size']!r} but placement {placement!r} "
-            f"has {math.prod(placement)} devices"
-        )
-    tl = sbp_to_layout(sbp, placement, len(shape))
-    if partial:
-        tl = tl.with_partial(tuple(tl.partial) + tuple(p for p in partial if p not in tl.partial))
-    return Case(tl, shape, "sbp", sbp=tuple(str(s) for s in sbp))
-
-
-def _world_size(data: Mapping) -> int:
-    world = data["world_size"]
-    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
-        raise SpmdsimError(f"case key 'world_size' must be a positive integer, got {world!r}")
-    return world
 
 
 def case_from_json(text: str, where: str = "case") -> Case:
@@ -331,6 +293,10 @@ def add_case_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--world-size", type=int, metavar="N", help="ranks for --strategy")
     g.add_argument("--sbp", metavar="SBP", help='nD SBP, e.g. "S(0),B"')
     g.add_argument("--placement", metavar="N,N,..", help="placement shape for --sbp, e.g. 2,4")
+    g.add_argument("--placements", metavar="P", help='PyTorch DTensor placements over --device-matrix, '
+                   'e.g. "S(0),R" or "(Shard(0), Replicate())"')
+    g.add_argument("--partition-spec", metavar="SPEC", help="JAX PartitionSpec over --device-matrix/--alias, "
+                   "e.g. \"('x', None)\"")
 
 
 def case_from_args(args: argparse.Namespace, stdin: Optional[TextIO] = None) -> Case:
@@ -354,18 +320,28 @@ def case_from_args(args: argparse.Namespace, stdin: Optional[TextIO] = None) -> 
         flags["sbp"] = args.sbp
     if args.placement is not None:
         flags["placement"] = parse_int_list(args.placement, "--placement")
+    if args.placements is not None:
+        flags["placements"] = args.placements
+    if args.partition_spec is not None:
+        flags["partition_spec"] = args.partition_spec
     data: dict[str, Any] = {}
     if args.case is not None or not flags:
         data = _read_case_source(args.case, stdin)
-    forms = {"layout": _LAYOUT_KEYS, "strategy": _STRATEGY_KEYS, "sbp": _SBP_KEYS}
-    triggers = {"layout": _LAYOUT_KEYS, "strategy": ("strategy",), "sbp": _SBP_KEYS}
-    for form, keys in triggers.items():
+    # A flag of another form replaces the file's form instead of mixing with it;
+    # --device-matrix/--alias also give the mesh of the DTensor and JAX forms.
+    mesh_keys = _LAYOUT_KEYS[:2]
+    own = {"layout": _LAYOUT_KEYS, "strategy": _STRATEGY_KEYS, "sbp": _SBP_KEYS,
+           "dtensor": _DTENSOR_KEYS + mesh_keys, "partition_spec": _SPEC_KEYS + mesh_keys}
+    for form, keys in _FORM_TRIGGERS.items():
+        if form == "layout" and any(k in data for k in _DTENSOR_KEYS + _SPEC_KEYS) \
+                and not flags.get("tensor_map"):
+            continue  # a new mesh for the file's DTensor/JAX case, not a new form
         if any(k in flags for k in keys):
-            # A flag of another form replaces the file's form instead of mixing with it.
-            for other, other_keys in forms.items():
+            for other, other_keys in own.items():
                 if other != form:
                     for k in other_keys:
-                        data.pop(k, None)
+                        if k not in own[form]:
+                            data.pop(k, None)
     data.update(flags)
     return case_from_dict(data)
 

@@ -1,0 +1,95 @@
+"""The dialect forms of a teaching case: strategy, SBP, PyTorch DTensor placements, JAX PartitionSpec.
+
+Each builder turns the JSON keys of its form (spmdsim.cli.cases) into a Case
+whose TensorLayout the teaching commands draw and list. Pure: never imports mpi4py.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from ..errors import SpmdsimError
+from .cases import _SBP_KEYS, Case, _int_list, _name_list, _require, check_device_count
+
+__all__ = ["strategy_case", "sbp_case", "dtensor_case", "partition_spec_case"]
+
+
+def strategy_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...]) -> Case:
+    from ..dialects.strategy import parse_strategy, strategy_layout
+
+    value = data["strategy"]
+    if isinstance(value, bool) or not isinstance(value, (str, list, tuple)):
+        raise SpmdsimError(
+            f"case key 'strategy' must be one tensor's strategy such as [[2, 1, 2, 2, 1]] "
+            f"or \"((2, 1, 2, 2, 1),)\", got {value!r}"
+        )
+    parsed = parse_strategy(value)
+    if len(parsed) != 1:
+        raise SpmdsimError(
+            f"case key 'strategy' {value!r} gives {len(parsed)} tensors; expected one "
+            "tensor's strategy such as [[2, 1, 2, 2, 1]]"
+        )
+    parsed = parsed[0]
+    strategy = tuple(parsed)
+    world = _world_size(data) if "world_size" in data else math.prod(strategy)
+    check_device_count(max(world, math.prod(strategy)), f"strategy {value!r}")
+    tl = strategy_layout(strategy, world)
+    if partial:
+        tl = tl.with_partial(partial)
+    return Case(tl, shape, "strategy", strategy=strategy)
+
+
+def sbp_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...]) -> Case:
+    from ..dialects.sbp import parse_sbp, sbp_to_layout
+
+    _require(data, _SBP_KEYS, "sbp")
+    sbp = parse_sbp(data["sbp"])
+    placement = _int_list(data, "placement", "positive integers", 1)
+    check_device_count(math.prod(placement), f"placement {placement!r}")
+    if "world_size" in data and _world_size(data) != math.prod(placement):
+        raise SpmdsimError(
+            f"case key 'world_size' is {data['world_size']!r} but placement {placement!r} "
+            f"has {math.prod(placement)} devices"
+        )
+    tl = sbp_to_layout(sbp, placement, len(shape))
+    if partial:
+        tl = tl.with_partial(tuple(tl.partial) + tuple(p for p in partial if p not in tl.partial))
+    return Case(tl, shape, "sbp", sbp=tuple(str(s) for s in sbp))
+
+
+def _world_size(data: Mapping) -> int:
+    world = data["world_size"]
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        raise SpmdsimError(f"case key 'world_size' must be a positive integer, got {world!r}")
+    return world
+
+
+def dtensor_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...]) -> Case:
+    """PyTorch DTensor placements over a device mesh of `device_matrix` (dims named by `alias_name`)."""
+    from ..dialects.dtensor import placements_to_layout
+
+    _require(data, ("placements", "device_matrix"), "PyTorch DTensor")
+    mesh = _int_list(data, "device_matrix", "positive integers", 1)
+    check_device_count(math.prod(mesh), f"device_matrix {mesh!r}")
+    names = _name_list(data, "alias_name") if "alias_name" in data else None
+    tl = placements_to_layout(data["placements"], mesh, len(shape), names)
+    if partial:
+        tl = tl.with_partial(tuple(tl.partial) + tuple(p for p in partial if p not in tl.partial))
+    return Case(tl, shape, "dtensor")
+
+
+def partition_spec_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...]) -> Case:
+    """A JAX PartitionSpec over a mesh of `device_matrix` sizes and `alias_name` axis names."""
+    from ..dialects.partition_spec import partition_spec_to_layout
+    from .cases import parse_tensor_map
+
+    _require(data, ("partition_spec", "device_matrix", "alias_name"), "JAX PartitionSpec")
+    mesh = _int_list(data, "device_matrix", "positive integers", 1)
+    check_device_count(math.prod(mesh), f"device_matrix {mesh!r}")
+    spec = data["partition_spec"]
+    if isinstance(spec, str):
+        spec = parse_tensor_map(spec)  # the same text form: ('x', None), x,None, ((sp,dp),None)
+    tl = partition_spec_to_layout(spec, _name_list(data, "alias_name"), mesh, len(shape))
+    if partial:
+        tl = tl.with_partial(partial)
+    return Case(tl, shape, "partition_spec")
