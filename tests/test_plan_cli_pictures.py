@@ -1,6 +1,7 @@
 """`spmdsim plan --show/--png`: the step-by-step pictures from the command line."""
 from __future__ import annotations
 
+import json
 import os
 
 from spmdsim import Layout
@@ -47,3 +48,14 @@ def test_plan_report_says_why_it_is_above_the_bound_and_where_predictions_come_f
     assert "predicted: alpha-beta cost model, built-in model (`spmdsim calibrate`" in out
     assert main(ARGS) == 0
     assert "(meets it on every rank)\n" in capsys.readouterr().out
+
+
+def test_plan_takes_dtensor_placements(capsys):
+    # PyTorch DTensor placements over the device matrix plan the same as the tensor maps they mean.
+    base = ["plan", "--device-matrix", "2,4", "--alias", "dp,tp", "--shape", "64,64", "--json"]
+    assert main(base + ["--from-placements", "S(0),R", "--to-placements", "R,S(1)"]) == 0
+    by_placements = json.loads(capsys.readouterr().out)
+    assert main(base + ["--from", "dp,None", "--to", "None,tp"]) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == by_placements["steps"]
+    assert main(base + ["--from", "dp,None", "--from-placements", "S(0),R", "--to", "None,tp"]) == 2
+    assert "give exactly one of --from, --from-sbp, --from-placements" in capsys.readouterr().err

@@ -50,6 +50,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--to-partial", metavar="NAME,..", help="target axes holding pending sums")
     g.add_argument("--from-sbp", metavar="SBP", help='source nD SBP over the device matrix, e.g. "S(0),B"')
     g.add_argument("--to-sbp", metavar="SBP", help="target nD SBP over the target device matrix")
+    g.add_argument("--from-placements", metavar="P",
+                   help='source PyTorch DTensor placements over the device matrix, e.g. "S(0),R"')
+    g.add_argument("--to-placements", metavar="P", help="target DTensor placements over the target device matrix")
     g.add_argument("--from-strategy", metavar="S", help='source .shard strategy, e.g. "((8,1),)"')
     g.add_argument("--to-strategy", metavar="S", help='target .shard strategy, e.g. "((1,8),)"')
     g.add_argument("--to-device-matrix", metavar="N,..", help="target device matrix (same device count)")
@@ -97,10 +100,13 @@ def _mesh(matrix: str, alias: str | None, prefix: str = "") -> Layout:
 def _side(args, which: str, mesh: Layout, ndim: int, world: int) -> TensorLayout:
     tmap, partial = getattr(args, f"{which}_map"), getattr(args, f"{which}_partial")
     sbp, strategy = getattr(args, f"{which}_sbp"), getattr(args, f"{which}_strategy")
-    given = [flag for flag, v in (("map", tmap), ("sbp", sbp), ("strategy", strategy)) if v]
+    placements = getattr(args, f"{which}_placements")
+    given = [flag for flag, v in (("map", tmap), ("sbp", sbp), ("strategy", strategy),
+                                  ("placements", placements)) if v]
     if len(given) != 1:
         raise SpmdsimError(
-            f"give exactly one of --{which}, --{which}-sbp and --{which}-strategy, got {given!r}"
+            f"give exactly one of --{which}, --{which}-sbp, --{which}-placements and "
+            f"--{which}-strategy, got {given!r}"
         )
     if strategy and which == "to" and (args.to_device_matrix or args.to_alias):
         # A strategy brings its own device matrix; the target mesh flags would be dropped.
@@ -114,6 +120,10 @@ def _side(args, which: str, mesh: Layout, ndim: int, world: int) -> TensorLayout
         from ..dialects.sbp import sbp_to_layout
 
         tl = sbp_to_layout(sbp, mesh.device_matrix, ndim, mesh.alias_name)
+    elif placements:
+        from ..dialects.dtensor import placements_to_layout
+
+        tl = placements_to_layout(placements, mesh.device_matrix, ndim, mesh.alias_name)
     else:
         tl = mesh(*parse_tensor_map(tmap))
     if partial:
