@@ -39,5 +39,19 @@ def test_lab_command_runs(command, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     case = re.search(r"cat > case.json <<'EOF'\n(.*?)EOF", _lab_text(), flags=re.S)
     (tmp_path / "case.json").write_text(case.group(1))
-    assert main(shlex.split(command)[1:]) == 0
+    assert main(shlex.split(command, comments=True)[1:]) == 0
     assert capsys.readouterr().out
+
+
+def test_lab_exercise_9_answer(capsys):
+    """The five dialect forms of exercise 9: four agree, the strategy numbers its copies as neighbours."""
+    import json
+
+    text = _lab_text().split("## 9.")[1].split("**Question")[0]
+    commands = [line for line in text.splitlines() if line.startswith("spmdsim slices")]
+    assert len(commands) == 5
+    rows_of_rank_1 = []
+    for command in commands:
+        assert main(shlex.split(command, comments=True)[1:]) == 0
+        rows_of_rank_1.append(json.loads(capsys.readouterr().out)["rank_slices"]["1"][0])
+    assert rows_of_rank_1 == [[2, 4]] * 4 + [[0, 2]]
