@@ -9,12 +9,15 @@ import math
 from typing import Mapping
 
 from ..errors import SpmdsimError
-from .cases import _SBP_KEYS, Case, _int_list, _name_list, _require, check_device_count
+from ..layout import TensorLayout
+from .cases import (_SBP_KEYS, Case, _device_count_checked, _name_list, _require, check_device_count,
+                    parse_tensor_map)
 
 __all__ = ["strategy_case", "sbp_case", "dtensor_case", "partition_spec_case"]
 
 
 def strategy_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...]) -> Case:
+    """One tensor's MindSpore `.shard` strategy over `world_size` devices (default: the strategy's product)."""
     from ..dialects.strategy import parse_strategy, strategy_layout
 
     value = data["strategy"]
@@ -33,27 +36,23 @@ def strategy_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...
     strategy = tuple(parsed)
     world = _world_size(data) if "world_size" in data else math.prod(strategy)
     check_device_count(max(world, math.prod(strategy)), f"strategy {value!r}")
-    tl = strategy_layout(strategy, world)
-    if partial:
-        tl = tl.with_partial(partial)
-    return Case(tl, shape, "strategy", strategy=strategy)
+    return Case(_with_partial(strategy_layout(strategy, world), partial), shape, "strategy",
+                strategy=strategy)
 
 
 def sbp_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...]) -> Case:
+    """OneFlow nD SBP over a placement of devices."""
     from ..dialects.sbp import parse_sbp, sbp_to_layout
 
     _require(data, _SBP_KEYS, "sbp")
     sbp = parse_sbp(data["sbp"])
-    placement = _int_list(data, "placement", "positive integers", 1)
-    check_device_count(math.prod(placement), f"placement {placement!r}")
+    placement = _device_count_checked(data, "placement")
     if "world_size" in data and _world_size(data) != math.prod(placement):
         raise SpmdsimError(
             f"case key 'world_size' is {data['world_size']!r} but placement {placement!r} "
             f"has {math.prod(placement)} devices"
         )
-    tl = sbp_to_layout(sbp, placement, len(shape))
-    if partial:
-        tl = tl.with_partial(tuple(tl.partial) + tuple(p for p in partial if p not in tl.partial))
+    tl = _with_partial(sbp_to_layout(sbp, placement, len(shape)), partial)
     return Case(tl, shape, "sbp", sbp=tuple(str(s) for s in sbp))
 
 
@@ -69,27 +68,27 @@ def dtensor_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...]
     from ..dialects.dtensor import placements_to_layout
 
     _require(data, ("placements", "device_matrix"), "PyTorch DTensor")
-    mesh = _int_list(data, "device_matrix", "positive integers", 1)
-    check_device_count(math.prod(mesh), f"device_matrix {mesh!r}")
+    mesh = _device_count_checked(data, "device_matrix")
     names = _name_list(data, "alias_name") if "alias_name" in data else None
     tl = placements_to_layout(data["placements"], mesh, len(shape), names)
-    if partial:
-        tl = tl.with_partial(tuple(tl.partial) + tuple(p for p in partial if p not in tl.partial))
-    return Case(tl, shape, "dtensor")
+    return Case(_with_partial(tl, partial), shape, "dtensor")
 
 
 def partition_spec_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...]) -> Case:
     """A JAX PartitionSpec over a mesh of `device_matrix` sizes and `alias_name` axis names."""
     from ..dialects.partition_spec import partition_spec_to_layout
-    from .cases import parse_tensor_map
 
     _require(data, ("partition_spec", "device_matrix", "alias_name"), "JAX PartitionSpec")
-    mesh = _int_list(data, "device_matrix", "positive integers", 1)
-    check_device_count(math.prod(mesh), f"device_matrix {mesh!r}")
+    mesh = _device_count_checked(data, "device_matrix")
     spec = data["partition_spec"]
     if isinstance(spec, str):
         spec = parse_tensor_map(spec)  # the same text form: ('x', None), x,None, ((sp,dp),None)
     tl = partition_spec_to_layout(spec, _name_list(data, "alias_name"), mesh, len(shape))
-    if partial:
-        tl = tl.with_partial(partial)
-    return Case(tl, shape, "partition_spec")
+    return Case(_with_partial(tl, partial), shape, "partition_spec")
+
+
+def _with_partial(tl: TensorLayout, partial: tuple[str, ...]) -> TensorLayout:
+    """`tl` with the case's `partial` axes added to those its dialect already gives (SBP's P, DTensor's Partial)."""
+    if not partial:
+        return tl
+    return tl.with_partial(tuple(tl.partial) + tuple(p for p in partial if p not in tl.partial))

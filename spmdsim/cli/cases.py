@@ -108,6 +108,13 @@ def _int_list(data: Mapping, key: str, what: str, minimum: int) -> tuple[int, ..
     return tuple(value)
 
 
+def _device_count_checked(data: Mapping, key: str) -> tuple[int, ...]:
+    """The device matrix (or placement) under `key`: positive integers, at most MAX_DEVICES devices."""
+    matrix = _int_list(data, key, "positive integers", 1)
+    check_device_count(math.prod(matrix), f"{key} {matrix!r}")
+    return matrix
+
+
 def _name_list(data: Mapping, key: str) -> tuple[str, ...]:
     value = data[key]
     if isinstance(value, str):
@@ -171,9 +178,7 @@ def case_from_dict(data: Any) -> Case:
     partial = _name_list(data, "partial") if "partial" in data else ()
     if form == "layout":
         _require(data, _LAYOUT_KEYS, "layout")
-        matrix = _int_list(data, "device_matrix", "positive integers", 1)
-        check_device_count(math.prod(matrix), f"device_matrix {matrix!r}")
-        layout = Layout(matrix, _name_list(data, "alias_name"))
+        layout = Layout(_device_count_checked(data, "device_matrix"), _name_list(data, "alias_name"))
         tl = layout(*_tensor_map(data), partial=partial)
         world = data.get("world_size", layout.num_devices)
         if world != layout.num_devices:
