@@ -38,8 +38,8 @@ from spmdsim.runtime.guard import run_guarded  # noqa: E402
 # _bench_args.py's (this folder is on sys.path when the script runs; added for
 # imports of this file by path, as the tests do).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _bench_args import ArgumentParser, byte_sizes, int_at_least  # noqa: E402
-from bench_placement import pair_calls, slowest_medians, whole_blocks  # noqa: E402
+from _bench_args import ArgumentParser  # noqa: E402
+from bench_placement import add_pair_arguments, pair_calls, slowest_medians, whole_blocks  # noqa: E402
 
 SIZES = (1 << 20, 8 << 20)
 CASES = (("4K", "4K"), ("huge", "huge"), ("4K", "huge"), ("huge", "4K"))  # (send, receive)
@@ -111,11 +111,7 @@ def _table(records: list[dict]) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, checked before MPI starts (a bad value: one message, exit 2 on every rank)."""
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", type=byte_sizes(1), default=",".join(f"{s >> 20}M" for s in SIZES),
-                   help="bytes per rank, comma-separated (K/M suffixes)")
-    p.add_argument("--repeats", type=int_at_least(1), default=30)
-    p.add_argument("--op", choices=("alltoall", "sendrecv"), default="alltoall")
-    p.add_argument("--json", action="store_true", help="print a JSON list of records")
+    add_pair_arguments(p, SIZES, "alltoall")
     args = p.parse_args(argv)
     if not hasattr(mmap, "MADV_HUGEPAGE"):
         p.error("this OS has no transparent huge pages to advise (mmap.MADV_HUGEPAGE is missing)")

@@ -153,16 +153,21 @@ def _deltas(text: str) -> list[int]:
     return deltas
 
 
+def add_pair_arguments(p: argparse.ArgumentParser, sizes: Sequence[int], op: str) -> None:
+    """--sizes, --repeats, --op and --json, as this script and bench_hugepages.py take them."""
+    p.add_argument("--sizes", type=byte_sizes(1), default=",".join(f"{s >> 20}M" for s in sizes),
+                   help="bytes per rank, comma-separated (K/M suffixes)")
+    p.add_argument("--repeats", type=int_at_least(1), default=30)
+    p.add_argument("--op", choices=("sendrecv", "alltoall"), default=op)
+    p.add_argument("--json", action="store_true", help="print a JSON list of records")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, checked before MPI starts (a bad value: one message, exit 2 on every rank)."""
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", type=byte_sizes(1), default=",".join(f"{s >> 20}M" for s in SIZES),
-                   help="bytes per rank, comma-separated (K/M suffixes)")
+    add_pair_arguments(p, SIZES, "sendrecv")
     p.add_argument("--deltas", type=_deltas, default=",".join(map(str, DELTAS)),
                    help="receive-minus-send offsets in bytes, comma-separated (0 among them)")
-    p.add_argument("--repeats", type=int_at_least(1), default=30)
-    p.add_argument("--op", choices=("sendrecv", "alltoall"), default="sendrecv")
-    p.add_argument("--json", action="store_true", help="print a JSON list of records")
     return p.parse_args(argv)
 
 
