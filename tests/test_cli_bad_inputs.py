@@ -44,6 +44,9 @@ def _args(argv: list[str]):
 def test_calibrate_arguments_are_spmdsim_errors():
     with pytest.raises(SpmdsimError, match=r"--sizes 'abc': size 'ABC' is not a byte count"):
         calibrate._sizes("abc")
+    with pytest.raises(SpmdsimError, match=r"--sizes '1M,100G': 107,374,182,400 bytes per rank is above"):
+        calibrate._sizes("1M,100G")
+    assert calibrate._sizes("64K,1G") == [65536, 1 << 30]
     for text in ("1", "3"):
         with pytest.raises(SpmdsimError, match=rf"--group-sizes: group size {text} must be >= 2 "
                                                "and divide the world size 8"):
@@ -323,3 +326,17 @@ def test_plan_to_strategy_refuses_target_mesh_flags(capsys):
     for extra in (["--to-alias", "y"], ["--to-device-matrix", "2,4"]):
         _fails(capsys, base + extra, "--to-strategy gives the target's device matrix itself")
     assert main(base) == 0
+
+
+def test_plan_refuses_an_alias_no_side_uses(capsys):
+    # Both sides bring their own axes: --alias would be dropped without a word.
+    strategies = ["plan", "--device-matrix", "8", "--from-strategy", "((8,1),)", "--shape", "8,8"]
+    for target in (["--to-strategy", "((1,8),)"], ["--to-device-matrix", "2,4", "--to", "None,axis_1"],
+                   ["--to-alias", "y", "--to", "None,y"]):
+        _fails(capsys, strategies + ["--alias", "x"] + target, "--alias 'x' names no axis used here")
+        assert main(strategies + target) == 0
+        capsys.readouterr()
+    # Used by either side: accepted.
+    assert main(strategies + ["--alias", "x", "--to", "None,x"]) == 0
+    assert main(["plan", "--device-matrix", "8", "--alias", "x", "--from", "x,None",
+                 "--to-strategy", "((1,8),)", "--shape", "8,8"]) == 0

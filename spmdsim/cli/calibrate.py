@@ -212,12 +212,24 @@ def _group_sizes(text: str | None, world: int) -> list[int]:
     return sorted(set(sizes))
 
 
+#: Largest --sizes entry. Each rank holds about three buffers of the size, so 1 GiB
+#: already needs 24 GiB for 8 ranks on one machine, and the fit gains nothing
+#: beyond tens of MiB, where the bandwidth term dominates.
+MAX_CALIBRATION_BYTES = 1 << 30
+
+
 def _sizes(text: str) -> list[int]:
     """--sizes as byte counts; an SpmdsimError (raised on every rank alike) names the bad one."""
     try:
-        return [parse_size(s) for s in text.split(",")]
+        sizes = [parse_size(s) for s in text.split(",")]
     except argparse.ArgumentTypeError as exc:
         raise SpmdsimError(f"--sizes {text!r}: {exc}") from None
+    too_big = [n for n in sizes if n > MAX_CALIBRATION_BYTES]
+    if too_big:
+        raise SpmdsimError(f"--sizes {text!r}: {too_big[0]:,} bytes per rank is above the "
+                           f"{MAX_CALIBRATION_BYTES:,}-byte (1G) limit; expected sizes up to 1G "
+                           "(each rank allocates about three buffers of each size)")
+    return sizes
 
 
 def _check_counts(args: argparse.Namespace) -> None:

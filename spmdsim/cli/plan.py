@@ -151,7 +151,26 @@ def layouts_from_args(args: argparse.Namespace) -> tuple[TensorLayout, TensorLay
         )
     source = _side(args, "from", source_mesh, len(shape), world)
     target = _side(args, "to", target_mesh, len(shape), world)
+    _check_alias_used(args)
     return source, target, shape, args.dtype
+
+
+def _check_alias_used(args: argparse.Namespace) -> None:
+    """Refuse --alias when no side is written over --device-matrix's axes (it would be dropped).
+
+    A strategy brings its own device matrix, and the target uses its own mesh
+    when --to-device-matrix or --to-alias is given.
+    """
+    if not args.alias:
+        return
+    source_uses = not args.from_strategy
+    target_uses = not (args.to_strategy or args.to_device_matrix or args.to_alias)
+    if not (source_uses or target_uses):
+        raise SpmdsimError(
+            f"--alias {args.alias!r} names no axis used here: the source is a .shard strategy "
+            "(it brings its own device matrix and axis names) and the target is written over "
+            "its own mesh; expected no --alias, or a source/target written over --device-matrix"
+        )
 
 
 def _baseline(plan: Plan) -> int:
