@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import buffers
 from ..errors import ShapeError
+from ..validate import SUPPORTED_DTYPES
 from . import debug
 from .mesh import Mesh
 from .wait import polite_wait
@@ -85,9 +86,40 @@ def _copy_into(out: np.ndarray, x: np.ndarray, op: str) -> np.ndarray:
     return out
 
 
+# dtype kinds MPI moves (numbers, bool, and bytes/str as characters) and the ones it can sum.
+_MOVABLE = "biufcSU"
+_SUMMABLE = "iufc"
+
+
+def _check_dtype(op: str, dtype: np.dtype) -> None:
+    """Raise the ShapeError every member raises alike when MPI cannot move (or sum) `dtype`.
+
+    Called before the generic paths' MPI call, and by the lean paths only after
+    mpi4py refused their buffers (the common dtypes pay nothing for it).
+    """
+    sums = op in ("allreduce", "reduce_scatter")
+    if dtype.kind in (_SUMMABLE if sums else _MOVABLE) and dtype.isnative:
+        return
+    if not dtype.isnative:
+        raise ShapeError(f"{op}: dtype {dtype.str!r} is not in native byte order; convert the array "
+                         f"with .astype({dtype.newbyteorder('=').name!r}) first")
+    if sums and dtype.kind in _MOVABLE:
+        raise ShapeError(f"{op}: cannot sum dtype {dtype.name!r}; expected an integer, float or "
+                         "complex dtype (bool and text can be moved, not summed)")
+    raise ShapeError(f"{op}: MPI cannot send dtype {dtype.str!r} ({dtype.name}); expected a numeric "
+                     f"dtype: {SUPPORTED_DTYPES}")
+
+
 def _begin(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, x: Any, extra: tuple,
            dtype: Any = None) -> int:
-    """Number this call; with SPMDSIM_CHECK, compare it with the group's before communicating."""
+    """Number this call; with SPMDSIM_CHECK, compare it with the group's before communicating.
+
+    Refuses a dtype MPI cannot take first, on every member alike.
+    """
+    if type(x) is np.ndarray:
+        _check_dtype(op, x.dtype)
+    elif dtype is not None:
+        _check_dtype(op, np.dtype(dtype))
     _DEBUG.seq += 1  # what debug.next_seq() does, without the call (see the lean paths)
     seq = _DEBUG.seq
     if _DEBUG.quiet:

@@ -33,7 +33,7 @@ from mpi4py import MPI
 from ..errors import ShapeError
 from ..validate import as_int
 from . import debug
-from ._calls import (_DEBUG, _begin, _contig, _copy_into, _dim, _divisible, _empty, _result, _run,
+from ._calls import (_DEBUG, _begin, _check_dtype, _contig, _copy_into, _dim, _divisible, _empty, _result, _run,
                      comm_axes, moved_bytes)
 from .exchange import alltoallv, exchange  # the whole-mesh exchanges, importable from here as before
 from .mesh import Mesh
@@ -80,10 +80,14 @@ def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int
                if shape and local.flags.carray else None)
         if dst is not None:
             t0 = perf_counter() if _TRACES else 0.0
-            if mesh.polite:
-                polite_wait(comm.Iallgather(local, dst))
-            else:
-                comm.Allgather(local, dst)
+            try:  # costs nothing until mpi4py refuses the buffers
+                if mesh.polite:
+                    polite_wait(comm.Iallgather(local, dst))
+                else:
+                    comm.Allgather(local, dst)
+            except Exception:
+                _check_dtype("allgather", local.dtype)  # a clear error when the dtype is why
+                raise
             _DEBUG.seq += 1
             if _TRACES:
                 _record_lean("allgather", axes, g, local.nbytes, t0, label)
@@ -129,10 +133,14 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
                if shape and not shape[0] % g and local.flags.carray else None)
         if dst is not None:
             t0 = perf_counter() if _TRACES else 0.0
-            if mesh.polite:
-                polite_wait(comm.Ialltoall(local, dst))
-            else:
-                comm.Alltoall(local, dst)
+            try:  # costs nothing until mpi4py refuses the buffers
+                if mesh.polite:
+                    polite_wait(comm.Ialltoall(local, dst))
+                else:
+                    comm.Alltoall(local, dst)
+            except Exception:
+                _check_dtype("alltoall", local.dtype)  # a clear error when the dtype is why
+                raise
             _DEBUG.seq += 1
             if _TRACES:
                 _record_lean("alltoall", axes, g, local.nbytes, t0, label)
@@ -182,10 +190,14 @@ def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | No
             dst, send = _lean_result(out, local.shape, local.dtype), local
         if dst is not None:
             t0 = perf_counter() if _TRACES else 0.0
-            if mesh.polite:
-                polite_wait(comm.Iallreduce(send, dst, _SUM))
-            else:
-                comm.Allreduce(send, dst, _SUM)
+            try:  # costs nothing until mpi4py refuses the buffers
+                if mesh.polite:
+                    polite_wait(comm.Iallreduce(send, dst, _SUM))
+                else:
+                    comm.Allreduce(send, dst, _SUM)
+            except Exception:
+                _check_dtype("allreduce", local.dtype)  # a clear error when the dtype is why
+                raise
             _DEBUG.seq += 1
             if _TRACES:
                 _record_lean("allreduce", axes, g, local.nbytes, t0, label)
@@ -215,10 +227,14 @@ def reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim
                if shape and not shape[0] % g and local.flags.carray else None)
         if dst is not None:
             t0 = perf_counter() if _TRACES else 0.0
-            if mesh.polite:
-                polite_wait(comm.Ireduce_scatter_block(local, dst, _SUM))
-            else:
-                comm.Reduce_scatter_block(local, dst, _SUM)
+            try:  # costs nothing until mpi4py refuses the buffers
+                if mesh.polite:
+                    polite_wait(comm.Ireduce_scatter_block(local, dst, _SUM))
+                else:
+                    comm.Reduce_scatter_block(local, dst, _SUM)
+            except Exception:
+                _check_dtype("reduce_scatter", local.dtype)  # a clear error when the dtype is why
+                raise
             _DEBUG.seq += 1
             if _TRACES:
                 _record_lean("reduce_scatter", axes, g, local.nbytes, t0, label)
@@ -253,10 +269,14 @@ def bcast(mesh: Mesh, local: Any, axes: str | Iterable[str], root: int = 0,
         root = _group_root(root, g, axes)
     if g > 1 and type(local) is _ndarray and local.flags.carray and (_DEBUG.quiet or debug.quiet()):
         t0 = perf_counter() if _TRACES else 0.0
-        if mesh.polite:
-            polite_wait(comm.Ibcast(local, root))
-        else:
-            comm.Bcast(local, root)
+        try:  # costs nothing until mpi4py refuses the buffer
+            if mesh.polite:
+                polite_wait(comm.Ibcast(local, root))
+            else:
+                comm.Bcast(local, root)
+        except Exception:
+            _check_dtype("bcast", local.dtype)  # a clear error when the dtype is why
+            raise
         _DEBUG.seq += 1
         if _TRACES:
             n = local.nbytes

@@ -24,7 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..errors import ShapeError
-from ._calls import _begin, _contig, _dim, _divisible, _result, _run, comm_axes, moved_bytes
+from ._calls import _begin, _check_dtype, _contig, _dim, _divisible, _result, _run, comm_axes, moved_bytes
 from .mesh import Mesh
 from . import debug
 from .trace import OPEN_TRACES, record
@@ -51,6 +51,7 @@ class Prepared:
         # A group of one rank communicates nothing; the result is the input.
         self._copy = self.group_size == 1 and result is not send
         self._request = None
+        _check_dtype(op, send.dtype)  # before MPI binds the buffers: the same error on every member
         if self.group_size > 1 and persistent is not None:
             try:
                 self._request = persistent()

@@ -266,3 +266,48 @@ def test_bcast_root_and_alltoallv_keys_must_be_integer_ranks(mesh):
         alltoallv(mesh, {1.5: np.zeros(2)}, {}, "float64")
     got = bcast(mesh, np.full(3, float(mesh.rank)), "mp", root=np.int64(g - 1))
     assert _all(np.array_equal(got, np.full(3, float(g - 1))))
+
+
+# -- dtypes MPI cannot move or sum, straight to the collectives ----------------------------
+@pytest.mark.parametrize("dtype, ops, fragment", [
+    (bool, ("allreduce", "reduce_scatter"), "cannot sum dtype 'bool'"),
+    ("<U1", ("allreduce", "reduce_scatter"), "cannot sum dtype 'str32'"),
+    (object, ("allreduce", "reduce_scatter", "allgather", "alltoall", "bcast"),
+     "MPI cannot send dtype '|O' (object)"),
+    (">f4", ("allreduce", "reduce_scatter", "allgather", "alltoall", "bcast"),
+     "dtype '>f4' is not in native byte order; convert the array with .astype('float32')"),
+])
+def test_collectives_name_a_dtype_mpi_cannot_take(mesh, dtype, ops, fragment):
+    from spmdsim.runtime import allgather, allreduce, alltoall, bcast, prepare_allreduce, reduce_scatter
+
+    g = mesh.size
+    calls = {"allreduce": lambda a: allreduce(mesh, a, "mp"),
+             "reduce_scatter": lambda a: reduce_scatter(mesh, a, "mp", 0),
+             "allgather": lambda a: allgather(mesh, a, "mp", 0),
+             "alltoall": lambda a: alltoall(mesh, a, "mp", 0, 0),
+             "bcast": lambda a: bcast(mesh, a, "mp", 0)}
+    for op in ops:
+        for x in (np.zeros(2 * g, dtype=dtype), np.zeros((2 * g, 2 * g), dtype=dtype)[:, ::2]):
+            # Contiguous arrays take the lean path (mpi4py refuses, then the check explains);
+            # strided ones the generic path (checked before MPI).
+            with pytest.raises(ShapeError, match=re.escape(f"{op}: {fragment}")):
+                calls[op](x)
+    if "allreduce" in ops:
+        with pytest.raises(ShapeError, match=re.escape(f"allreduce: {fragment}")):
+            prepare_allreduce(mesh, np.zeros(2 * g, dtype=dtype), "mp")
+    # The collectives still work afterwards, and bool/str still move.
+    x = np.arange(2 * g, dtype=np.float32) + mesh.rank
+    assert np.array_equal(allreduce(mesh, x, "mp"), g * np.arange(2 * g) + sum(range(g)))
+    flags = np.array([mesh.rank % 2 == 0] * 2)
+    assert allgather(mesh, flags, "mp", 0).tolist() == [r % 2 == 0 for r in range(g) for _ in range(2)]
+
+
+def test_float16_and_complex_sums_are_exact(mesh):
+    from spmdsim.runtime import allreduce
+
+    g = mesh.size
+    for dtype in (np.float16, np.complex64):
+        x = (np.arange(4) + mesh.rank).astype(dtype) * (1 + 1j if dtype == np.complex64 else 1)
+        want = (g * np.arange(4) + sum(range(g))).astype(dtype) * (1 + 1j if dtype == np.complex64 else 1)
+        got = allreduce(mesh, x, "mp")
+        assert got.dtype == dtype and np.array_equal(got, want)
