@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Iterable, Sequence, Union
 
+import numpy as np
+
 from .errors import LayoutError, ShapeError
 from .slicing import check_divisible, shard_bounds
 from .validate import as_int, shape_arg
@@ -195,6 +197,21 @@ class Layout:
         for alias in axes:
             i = self.axis_index(alias)
             index = index * self.device_matrix[i] + coords[i]
+        return index
+
+    def group_indices(self, axes: Sequence[str]) -> np.ndarray:
+        """`group_index(rank, axes)` of every rank at once, as an int64 array in rank order.
+
+        For whole-mesh work (the planner at thousands of devices), where a call
+        per rank would dominate.
+        """
+        axes = tuple(axes)
+        self._check_axes(axes)
+        ranks = np.arange(self.num_devices, dtype=np.int64)
+        index = np.zeros(self.num_devices, dtype=np.int64)
+        for alias in axes:
+            i = self.axis_index(alias)
+            index = index * self.device_matrix[i] + (ranks // self.strides[i]) % self.device_matrix[i]
         return index
 
     def split_color_key(self, rank: int, axes: Sequence[str]) -> tuple[int, int]:

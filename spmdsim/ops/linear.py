@@ -15,8 +15,6 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Iterable, Optional
 
-import numpy as np
-
 from ..datagen import SeededTensor
 from ..errors import ShapeError
 from ..reference import RegionFn, Source, linear_region

@@ -6,12 +6,14 @@ keeps its number when the same ranks are viewed through another device matrix.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from functools import lru_cache
 
 import numpy as np
 
 from ..layout import TensorLayout
+from ..slicing import shard_bounds
 from .steps import Transfer
 
 __all__ = ["Box", "box_shape", "box_size", "intersect", "rank_boxes", "lower_bound", "exchange_transfers"]
@@ -42,8 +44,21 @@ def intersect(first: Box, second: Box) -> Box | None:
 
 @lru_cache(maxsize=16384)
 def rank_boxes(tl: TensorLayout, shape: tuple[int, ...]) -> tuple[Box, ...]:
-    """The box every rank holds under `tl`, indexed by rank."""
-    return tuple(tl.bounds(r, shape) for r in range(tl.layout.num_devices))
+    """The box every rank holds under `tl`, indexed by rank (`tl.bounds` of each rank).
+
+    Built per tensor dim from every rank's shard index at once: a `bounds` call
+    per rank took seconds at tens of thousands of devices.
+    """
+    shape = tl.check_shape(shape)
+    layout = tl.layout
+    per_dim = []
+    for size, axes in zip(shape, tl.tensor_map):
+        n = layout.group_size(axes)
+        bounds = [shard_bounds(size, n, i) for i in range(n)]
+        per_dim.append([bounds[i] for i in layout.group_indices(axes).tolist()])
+    if not per_dim:  # a 0-d tensor: every rank holds the empty box
+        return ((),) * layout.num_devices
+    return tuple(zip(*per_dim))
 
 
 def _uncovered(region: Box, covers: list[Box]) -> int:
@@ -125,13 +140,15 @@ def exchange_transfers(
     holders: dict[Box, list[int]] = {}
     for r, box in enumerate(src):
         holders.setdefault(box, []).append(r)
-    keys = [layout.group_index(r, before.partial) for r in range(len(src))]
+    keys = layout.group_indices(before.partial).tolist()
     load = [0] * len(src)
     out: list[Transfer] = []
+    overlapping = _grid_lookup(holders, src[0])
     for dst, want in enumerate(tgt):
         if src[dst] == want:
             continue
-        for box, ranks in holders.items():
+        for box in overlapping(want):
+            ranks = holders[box]
             if box == src[dst]:
                 continue  # the part it already holds is copied locally
             part = intersect(box, want)
@@ -142,3 +159,29 @@ def exchange_transfers(
             load[chosen] += box_size(part)
             out.append((chosen, dst, part))
     return tuple(out)
+
+
+def _grid_lookup(holders: dict[Box, list[int]], first: Box):
+    """A function: target box -> the source boxes that may overlap it, in `holders` order.
+
+    Even splits cut every dim into equal blocks, so the held boxes form a grid
+    and the candidates of a box are found per dim by division: O(overlaps)
+    per target instead of a scan of every held box (O(ranks^2) for a whole
+    plan, 17 s at 4,096 devices). Falls back to the scan for anything else.
+    """
+    order = {box: i for i, box in enumerate(holders)}
+    widths = tuple(b - a for a, b in first)
+    on_grid = all(w > 0 for w in widths) and all(
+        b - a == w and a % w == 0 for box in holders for (a, b), w in zip(box, widths))
+    if not on_grid:
+        return lambda want: holders
+    def overlapping(want: Box) -> list[Box]:
+        ranges = [range(a // w, -(-b // w)) for (a, b), w in zip(want, widths)]
+        found = []
+        for index in itertools.product(*ranges):
+            box = tuple((i * w, (i + 1) * w) for i, w in zip(index, widths))
+            if box in order:
+                found.append(box)
+        # The scan's order: the least-loaded choice among holders depends on it.
+        return sorted(found, key=order.__getitem__)
+    return overlapping

@@ -170,7 +170,6 @@ def layout_picture(tensor_layout: TensorLayout, shape: Sequence[int], name: str 
     """Build the picture model of `tensor_layout` applied to a tensor of `shape`."""
     tl = tensor_layout
     shape = tl.check_shape(shape)
-    layout = tl.layout
     shards = tl.shards_per_dim
     partial = bool(tl.partial)
     blocks = _blocks(tl, shape)
