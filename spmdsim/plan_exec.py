@@ -15,6 +15,7 @@ from .errors import PlanError
 from .layout import Layout, TensorLayout
 from .plan import Plan, plan_redistribution
 from .plan.kernels import exchange_program, local_slice, local_zero
+from .runtime import debug
 from .plan.steps import (
     Allgather,
     Allreduce,
@@ -55,6 +56,9 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
     except AttributeError:
         raise PlanError(f"redistribute: x must be a DTensor, got {type(dtensor).__name__}; build one "
                         "with DTensor.from_local/from_seeded") from None
+    if not debug.quiet():  # SPMDSIM_CHECK: the same move on every rank (else one flag read)
+        debug.verify_operands(mesh, "redistribute", (("x", shape, dtensor.layout, local.dtype),
+                                                     ("target", shape, target, local.dtype)))
     if plan is None:
         # A repeated redistribution finds its compiled plan in one lookup: no
         # planning, imports, labels or per-step set-up between the caller and

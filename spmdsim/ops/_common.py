@@ -8,11 +8,12 @@ import numpy as np
 from .. import buffers
 from ..errors import OperatorError
 from ..layout import Layout, TensorLayout
+from ..runtime import debug
 from .resolve import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, Resolution
 
 __all__ = [
     "local_matmul", "add_bias", "run_resolution", "make_dtensor", "seeded_dtensor", "scatter_local", "default_axes",
-    "same_mesh", "check_dtensor", "raise_if_not_dtensors", "refuse_bool_sum", "describe",
+    "same_mesh", "verify_operands", "check_dtensor", "raise_if_not_dtensors", "refuse_bool_sum", "describe",
 ]
 
 # runtime.DTensor, bound on first use: importing the ops must not start MPI.
@@ -127,6 +128,17 @@ def same_mesh(*tensors: Any) -> Any:
                 f"operands live on different meshes: {mesh.layout} and {t.mesh.layout}"
             )
     return mesh
+
+
+def verify_operands(mesh: Any, op: str, names: tuple[str, ...], *tensors: Any) -> None:
+    """With SPMDSIM_CHECK, the named operands' global shapes, layouts and dtypes agree on every rank.
+
+    Free otherwise (one flag read). A None tensor (no bias) is skipped.
+    """
+    if debug.quiet():
+        return
+    debug.verify_operands(mesh, op, tuple((name, t.global_shape, t.layout, t.local.dtype)
+                                          for name, t in zip(names, tensors) if t is not None))
 
 
 def default_axes(mesh: Any, axes: Optional[Iterable[str] | str]) -> tuple[str, ...]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from .. import reference
 from ..errors import ShapeError
-from ._common import make_dtensor, raise_if_not_dtensors, same_mesh
+from ._common import make_dtensor, raise_if_not_dtensors, same_mesh, verify_operands
 from .infer import infer_add, infer_bias_add, infer_elementwise
 
 __all__ = ["relu", "gelu", "activation", "add", "bias_add"]
@@ -44,6 +44,7 @@ def add(a: Any, b: Any) -> Any:
     except AttributeError:
         raise_if_not_dtensors("add", ("a", "b"), a, b)
         raise
+    verify_operands(mesh, "add", ("a", "b"), a, b)
     layout = infer_add(a.layout, b.layout)
     if tuple(a.global_shape) != tuple(b.global_shape):
         raise ShapeError(
@@ -59,6 +60,7 @@ def bias_add(x: Any, bias: Any) -> Any:
     except AttributeError:
         raise_if_not_dtensors("bias_add", ("x", "bias"), x, bias)
         raise
+    verify_operands(mesh, "bias_add", ("x", "bias"), x, bias)
     layout = infer_bias_add(x.layout, bias.layout)
     if tuple(bias.global_shape) != tuple(x.global_shape)[-1:]:
         raise ShapeError(

@@ -16,12 +16,12 @@ from functools import lru_cache
 from typing import Any, Iterable, Optional
 
 from ..datagen import SeededTensor
-from ..errors import ShapeError
+from ..errors import OperatorError, ShapeError
 from ..reference import RegionFn, Source, linear_region
 from ..validate import int_arg
 from ._common import (
     add_bias, default_axes, local_matmul, make_dtensor, raise_if_not_dtensors, refuse_bool_sum, run_resolution,
-    same_mesh, scatter_local, seeded_dtensor,
+    same_mesh, scatter_local, seeded_dtensor, verify_operands,
 )
 from .infer import LinearPlan, infer_linear, matmul_shape
 
@@ -76,6 +76,7 @@ def linear(
         given = (x, weight) if bias is None else (x, weight, bias)
         raise_if_not_dtensors("linear", ("x", "weight", "bias"), *given)
         raise
+    verify_operands(mesh, "linear", ("x", "weight", "bias"), x, weight, bias)
     plan, shape = plan_linear(x, weight, bias, gather_out=gather_out, reduce=reduce)
     local = local_matmul(x.local, weight.local)
     refuse_bool_sum("linear", local, "a product sums over in_features")
@@ -145,7 +146,10 @@ class ColumnParallelLinear(_ParallelLinear):
         self.gather_output = bool(gather_output)
 
     def __call__(self, x: Any, label: Optional[str] = "column_linear") -> Any:
-        return linear(x, self.weight, self.bias, gather_out=self.gather_output, label=label)
+        try:
+            return linear(x, self.weight, self.bias, gather_out=self.gather_output, label=label)
+        except OperatorError as exc:
+            raise _layer_error(self, x, False, exc) from None
 
 
 class RowParallelLinear(_ParallelLinear):
@@ -171,6 +175,37 @@ class RowParallelLinear(_ParallelLinear):
         self.input_is_parallel = bool(input_is_parallel)
 
     def __call__(self, x: Any, label: Optional[str] = "row_linear") -> Any:
-        if not self.input_is_parallel:
-            x = scatter_local(x, x.layout.ndim - 1, self.axes)
-        return linear(x, self.weight, self.bias, label=label)
+        given = x
+        try:
+            if not self.input_is_parallel:
+                x = scatter_local(x, x.layout.ndim - 1, self.axes)
+            return linear(x, self.weight, self.bias, label=label)
+        except OperatorError as exc:
+            raise _layer_error(self, given, self.input_is_parallel, exc) from None
+
+
+def _layer_error(layer: _ParallelLinear, x: Any, input_split: bool, exc: OperatorError) -> OperatorError:
+    """The operator's error with the fix in the layer's own terms first, when one applies.
+
+    The operator suggests other weight layouts, which a layer user cannot
+    pick: the input, `axes=` and the layer's flags are what they can change.
+    """
+    name, axes = type(layer).__name__, layer.axes
+    layout = getattr(x, "layout", None)
+    fix = ""
+    if layout is not None and layout.ndim:
+        last = set(layout.tensor_map[-1])
+        others = sorted({a for entry in layout.tensor_map[:-1] for a in entry} & set(axes))
+        if others:
+            fix = (f"{name} splits its weight over axes={axes!r} (the default is every mesh axis), "
+                   f"but x splits another dim over {tuple(others)!r}: pass axes= with the "
+                   "tensor-parallel axes only")
+        elif input_split and last != set(axes):
+            fix = (f"{name}(input_is_parallel=True) expects x split on its last dim over {axes!r}, "
+                   f"as a ColumnParallelLinear leaves it, but x is {layout}: pass "
+                   "input_is_parallel=False to let each rank take its piece of a replicated x")
+        elif not input_split and last & set(axes):
+            fix = (f"{name} expects x whole on its last dim, but x is {layout} (as a "
+                   "ColumnParallelLinear with gather_output=False leaves it): follow that layer "
+                   "with a RowParallelLinear(input_is_parallel=True), or give it gather_output=True")
+    return OperatorError(f"{fix} (linear: {exc})" if fix else str(exc))

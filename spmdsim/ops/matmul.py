@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import OperatorError
 from ..layout import TensorLayout
 from ._common import (
-    local_matmul, make_dtensor, raise_if_not_dtensors, refuse_bool_sum, run_resolution, same_mesh,
+    local_matmul, make_dtensor, raise_if_not_dtensors, refuse_bool_sum, run_resolution, same_mesh, verify_operands,
 )
 from .infer import MatMulPlan, infer_matmul, matmul_shape
 
@@ -78,6 +78,7 @@ def matmul(
     except AttributeError:  # not DTensors: say which (no check on the common path)
         raise_if_not_dtensors("matmul", ("x", "w"), x, w)
         raise
+    verify_operands(mesh, "matmul", ("x", "w"), x, w)
     plan, shape = plan_matmul(
         x, w, transpose_a=transpose_a, transpose_b=transpose_b,
         out_layout=out_layout, reduce=reduce,

@@ -46,6 +46,7 @@ __all__ = [
     "describe",
     "verify",
     "verify_counts",
+    "verify_operands",
     "wait",
     "collective",
     "FINGERPRINT_FIELDS",
@@ -249,6 +250,22 @@ def verify(comm: Any, op: str, axes: Sequence[str], dtype: Any, shape: Optional[
         f"{notes[good][0]} calls {notes[good][1]}"
         + (f" ({best} of {g} ranks of the group agree)" if g > 2 else "")
     )
+
+
+def verify_operands(mesh: Any, op: str, operands: Sequence[tuple[str, Any, Any, Any]]) -> None:
+    """With SPMDSIM_CHECK, compare an operation's operands across the mesh before it runs.
+
+    `operands` holds (name, global shape, layout, dtype) per tensor. A global
+    shape or layout computed differently on some rank can leave every
+    collective's buffer the same size, so the collectives' own fingerprints
+    match and the result is silently wrong; this catches it at the operation.
+    Without the guard it returns at once.
+    """
+    if not check_enabled() or mesh.comm.Get_size() == 1:
+        return
+    extra = tuple(f"{name} {tuple(int(n) for n in shape)!r} {layout} {np.dtype(dtype).name}"
+                  for name, shape, layout, dtype in operands)
+    verify(mesh.comm, f"{op} operands", (), operands[0][3], None, extra, next_seq(), mesh.polite)
 
 
 def verify_counts(comm: Any, sends: Any, receives: Any, seq: int, polite: bool) -> None:

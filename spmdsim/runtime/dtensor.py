@@ -184,6 +184,12 @@ class DTensor:
         # tolerance fails even exact values ("FAILED ... max abs err 0").
         rtol = None if rtol is None else tolerance_arg(rtol, "rtol")
         atol = None if atol is None else tolerance_arg(atol, "atol")
+        if isinstance(reference, (SeededTensor, np.ndarray)) and tuple(reference.shape) != self._shape:
+            # A whole-tensor reference every rank passes alike: refused before any collective.
+            raise ShapeError(
+                f"check: reference of shape {tuple(reference.shape)!r} does not match the tensor's "
+                f"global shape {self._shape!r}; expected the whole global tensor (a SeededTensor or "
+                "an ndarray of that shape), or a function of the region's slices")
         actual = self.resolved_local(label="check")
         region = self.slices
         # Tolerances depend only on dtypes every rank knows, so the verdict agrees.
@@ -197,8 +203,6 @@ class DTensor:
         atol = d_atol if atol is None else atol
         try:
             if isinstance(reference, SeededTensor):
-                if tuple(reference.shape) != self._shape:
-                    raise ShapeError(f"reference shape {reference.shape!r} differs from {self._shape!r}")
                 expected = reference.region(region)
             elif callable(reference):
                 expected = np.asarray(reference(region))

@@ -123,3 +123,41 @@ def test_alltoallv_counts_that_disagree_are_named_on_every_rank(comm) -> None:
         debug.verify_counts(comm, sends, receives, 2, polite=True)
     assert str(info.value) == (f"alltoallv counts disagree (seq 2): rank 0 sends 3 elements to "
                                f"rank {g - 1}, which expects 4")
+
+
+def test_guard_catches_operands_whose_global_shape_differs_on_one_rank() -> None:
+    # K = 16 on every rank but the last, 32 there: each collective's buffer is (4, 8)
+    # everywhere, so only the operands show the bug (before: a silently wrong result).
+    from spmdsim import Layout, SeededTensor
+    from spmdsim.ops import matmul
+    from spmdsim.plan_exec import redistribute
+    from spmdsim.runtime import DTensor, Mesh
+
+    world = _world()
+    size = world.size
+    last = world.rank == size - 1
+    k = 32 if last else 16
+    with Mesh(Layout((size,), ("mp",)), world) as mesh:
+        x = DTensor.from_seeded(mesh, mesh.layout(None, "mp"), SeededTensor((4, k * size), seed=1))
+        w = DTensor.from_seeded(mesh, mesh.layout("mp", None), SeededTensor((k * size, 8), seed=2))
+        debug.configure(check=True)
+        try:
+            with pytest.raises(RuntimeMismatchError) as info:
+                matmul(x, w)
+            text = str(info.value)
+            # The odd rank out is named (with two ranks the tie goes to rank 0's call).
+            assert text.startswith(f"collectives diverge: rank {size - 1} calls matmul operands"), text
+            assert f"x (4, {32 * size})" in text and f"but rank 0 calls matmul operands" in text, text
+            assert f"x (4, {16 * size})" in text, text
+            # The same operands agree: the guard passes them, and the product is right.
+            y = DTensor.from_seeded(mesh, mesh.layout(None, "mp"), SeededTensor((4, 16 * size), seed=1))
+            v = DTensor.from_seeded(mesh, mesh.layout("mp", None), SeededTensor((16 * size, 8), seed=2))
+            out = matmul(y, v)
+            assert np.allclose(out.local, SeededTensor((4, 16 * size), seed=1).full()
+                               @ SeededTensor((16 * size, 8), seed=2).full(), rtol=1e-5, atol=1e-5)
+            # A redistribution whose target differs on one rank is caught the same way.
+            target = mesh.layout(None, None) if last else mesh.layout("mp", None)
+            with pytest.raises(RuntimeMismatchError, match="redistribute operands"):
+                redistribute(y, target)
+        finally:
+            debug.configure(check=False)

@@ -311,3 +311,49 @@ def test_float16_and_complex_sums_are_exact(mesh):
         want = (g * np.arange(4) + sum(range(g))).astype(dtype) * (1 + 1j if dtype == np.complex64 else 1)
         got = allreduce(mesh, x, "mp")
         assert got.dtype == dtype and np.array_equal(got, want)
+
+
+def test_layer_errors_say_what_to_change_in_the_layer():
+    # The operator's own hint proposes other weight layouts, which a layer user cannot pick.
+    from mpi4py import MPI
+
+    from spmdsim.ops import ColumnParallelLinear, RowParallelLinear
+    from spmdsim.runtime import DTensor, Mesh
+
+    size = MPI.COMM_WORLD.size
+    if size % 2:
+        pytest.skip("needs an even rank count for a (2, n/2) mesh")
+    with Mesh(Layout((2, size // 2), ("dp", "mp"))) as mesh:
+        layout = mesh.layout
+        whole = DTensor.from_seeded(mesh, layout(None, None), SeededTensor((4, 8), seed=1))
+        split = ColumnParallelLinear(mesh, 8, 4 * size, axes="mp")(whole)
+        with pytest.raises(OperatorError, match=re.escape(
+                "ColumnParallelLinear expects x whole on its last dim, but x is (None, \"mp\") (as a "
+                "ColumnParallelLinear with gather_output=False leaves it): follow that layer with a "
+                "RowParallelLinear(input_is_parallel=True), or give it gather_output=True (linear: ")):
+            ColumnParallelLinear(mesh, 4 * size, 8, axes="mp")(split)
+        with pytest.raises(OperatorError, match=re.escape(
+                "RowParallelLinear(input_is_parallel=True) expects x split on its last dim over ('mp',)")):
+            RowParallelLinear(mesh, 8, 4, axes="mp", input_is_parallel=True)(whole)
+        by_batch = DTensor.from_seeded(mesh, layout("dp", None), SeededTensor((4, 8), seed=1))
+        with pytest.raises(OperatorError, match=re.escape(
+                "ColumnParallelLinear splits its weight over axes=('dp', 'mp') (the default is every "
+                "mesh axis), but x splits another dim over ('dp',): pass axes=")):
+            ColumnParallelLinear(mesh, 8, 4 * size)(by_batch)
+        # The fixes the messages name work.
+        assert RowParallelLinear(mesh, 4 * size, 8, axes="mp", input_is_parallel=True)(split).global_shape == (4, 8)
+        assert ColumnParallelLinear(mesh, 8, 4 * size, axes="mp")(by_batch).layout == layout("dp", "mp")
+
+
+def test_check_names_a_whole_tensor_reference_of_the_wrong_shape(mesh):
+    from spmdsim.runtime import DTensor
+
+    g = mesh.size
+    src = SeededTensor((2, 4 * g), seed=3)
+    x = DTensor.from_seeded(mesh, mesh.layout(None, "mp"), src)
+    for wrong in (np.zeros((4 * g, 2)), SeededTensor((4 * g, 2), seed=3)):
+        with pytest.raises(ShapeError, match=re.escape(
+                f"check: reference of shape {(4 * g, 2)!r} does not match the tensor's global shape "
+                f"{(2, 4 * g)!r}")):
+            x.check(wrong)
+    assert x.check(src.full()).passed and x.check(src).passed
