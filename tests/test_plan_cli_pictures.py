@@ -59,3 +59,23 @@ def test_plan_takes_dtensor_placements(capsys):
     assert json.loads(capsys.readouterr().out)["steps"] == by_placements["steps"]
     assert main(base + ["--from", "dp,None", "--from-placements", "S(0),R", "--to", "None,tp"]) == 2
     assert "give exactly one of --from, --from-sbp, --from-placements" in capsys.readouterr().err
+
+
+def test_plan_takes_partition_specs_and_placement(capsys):
+    # JAX PartitionSpecs over the mesh's axis names; --placement is --device-matrix's other name.
+    base = ["plan", "--placement", "2,4", "--alias", "dp,tp", "--shape", "64,64", "--json"]
+    assert main(base + ["--from-partition-spec", "('dp', None)", "--to-partition-spec", "(None, ('tp', 'dp'))"]) == 0
+    by_spec = json.loads(capsys.readouterr().out)
+    assert main(base + ["--from", "dp,None", "--to", "None,(tp,dp)"]) == 0
+    by_map = json.loads(capsys.readouterr().out)
+    assert by_spec["steps"] == by_map["steps"] and by_spec["steps"]
+    assert main(base + ["--from-sbp", "S(0),B", "--to-partition-spec", "(None, 'tp')"]) == 0
+    capsys.readouterr()
+
+
+def test_strategy_pairs_name_the_target_axes_apart(capsys):
+    # Both sides used to print ("s0", "s1"), so the move read like a no-op.
+    assert main(["plan", "--device-matrix", "8", "--from-strategy", "((4,1),)", "--to-strategy",
+                 "((1,8),)", "--shape", "32,512"]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert head == 'redistribute ("s0", "s1") -> ("t0", "t1") on Layout(s0=4, s1=1, rep=2) -> Layout(t0=1, t1=8)'

@@ -44,7 +44,8 @@ MAX_PLAN_DEVICES = 65536
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     """Source/target layout, shape and dtype flags (shared by `plan` and `run redistribute`)."""
     g = parser.add_argument_group("layouts")
-    g.add_argument("--device-matrix", required=True, metavar="N,..", help="e.g. 8 or 2,2,2")
+    g.add_argument("--device-matrix", "--placement", dest="device_matrix", required=True, metavar="N,..",
+                   help="e.g. 8 or 2,2,2 (--placement: the same, as OneFlow and `spmdsim show` call it)")
     g.add_argument("--alias", metavar="NAME,..", help="axis names (default axis_0,axis_1,..)")
     g.add_argument("--from", dest="from_map", metavar="MAP", help='source tensor map, e.g. "x,None"')
     g.add_argument("--to", dest="to_map", metavar="MAP", help='target tensor map, e.g. "None,(sp,dp)"')
@@ -55,6 +56,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--from-placements", metavar="P",
                    help='source PyTorch DTensor placements over the device matrix, e.g. "S(0),R"')
     g.add_argument("--to-placements", metavar="P", help="target DTensor placements over the target device matrix")
+    g.add_argument("--from-partition-spec", metavar="SPEC",
+                   help="source JAX PartitionSpec over the device matrix's axis names, e.g. \"('x', None)\"")
+    g.add_argument("--to-partition-spec", metavar="SPEC",
+                   help="target JAX PartitionSpec over the target mesh's axis names")
     g.add_argument("--from-strategy", metavar="S", help='source .shard strategy, e.g. "((8,1),)"')
     g.add_argument("--to-strategy", metavar="S", help='target .shard strategy, e.g. "((1,8),)"')
     g.add_argument("--to-device-matrix", metavar="N,..", help="target device matrix (same device count)")
@@ -103,12 +108,13 @@ def _side(args, which: str, mesh: Layout, ndim: int, world: int) -> TensorLayout
     tmap, partial = getattr(args, f"{which}_map"), getattr(args, f"{which}_partial")
     sbp, strategy = getattr(args, f"{which}_sbp"), getattr(args, f"{which}_strategy")
     placements = getattr(args, f"{which}_placements")
+    spec = getattr(args, f"{which}_partition_spec")
     given = [flag for flag, v in (("map", tmap), ("sbp", sbp), ("strategy", strategy),
-                                  ("placements", placements)) if v]
+                                  ("placements", placements), ("partition-spec", spec)) if v]
     if len(given) != 1:
         raise SpmdsimError(
-            f"give exactly one of --{which}, --{which}-sbp, --{which}-placements and "
-            f"--{which}-strategy, got {given!r}"
+            f"give exactly one of --{which}, --{which}-sbp, --{which}-placements, "
+            f"--{which}-partition-spec and --{which}-strategy, got {given!r}"
         )
     if strategy and which == "to" and (args.to_device_matrix or args.to_alias):
         # A strategy brings its own device matrix; the target mesh flags would be dropped.
@@ -118,6 +124,14 @@ def _side(args, which: str, mesh: Layout, ndim: int, world: int) -> TensorLayout
         from ..dialects.strategy import strategy_layout
 
         tl = strategy_layout(strategy, world)
+        if which == "to":
+            # Both sides of a strategy pair would name their axes s0, s1, ...: the
+            # target's become t0, t1, ... so the report tells the two meshes apart.
+            tl = _renamed(tl, {n: "t" + n[1:] for n in tl.layout.alias_name if n[:1] == "s"})
+    elif spec:
+        from ..dialects.partition_spec import partition_spec_to_layout
+
+        tl = partition_spec_to_layout(parse_tensor_map(spec), mesh.alias_name, mesh.device_matrix, ndim)
     elif sbp:
         from ..dialects.sbp import sbp_to_layout
 
@@ -131,6 +145,16 @@ def _side(args, which: str, mesh: Layout, ndim: int, world: int) -> TensorLayout
     if partial:
         tl = tl.with_partial(tuple(tl.partial) + parse_name_list(partial, f"--{which}-partial"))
     return tl
+
+
+def _renamed(tl: TensorLayout, names: dict[str, str]) -> TensorLayout:
+    """`tl` with its mesh axes renamed (the same device matrix and sharding)."""
+    def entry(axes: tuple[str, ...]) -> Any:
+        return None if not axes else tuple(names.get(a, a) for a in axes)
+
+    mesh = Layout(tl.layout.device_matrix, tuple(names.get(a, a) for a in tl.layout.alias_name))
+    return mesh(*(entry(axes) for axes in tl.tensor_map)).with_partial(
+        tuple(names.get(a, a) for a in tl.partial))
 
 
 def layouts_from_args(args: argparse.Namespace) -> tuple[TensorLayout, TensorLayout, tuple, str]:
