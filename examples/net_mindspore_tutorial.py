@@ -14,6 +14,7 @@ import sys
 from mpi4py import MPI
 
 from spmdsim.errors import SpmdsimError
+from spmdsim.holdings import rank_blocks
 from spmdsim.nets import NetworkRunner, mindspore_tutorial
 from spmdsim.runtime import install_excepthook
 
@@ -35,6 +36,11 @@ if comm.size != 8:
 # The images arrive data parallel (MindSpore's default dataset strategy): rank r holds
 # images 4r .. 4r+4, made from the seed, never the whole batch.
 net = mindspore_tutorial(comm.size, seed=0)
+# Which block of the images and of each weight every rank holds, from the layouts alone.
+# Each MatMul has its own device matrix, so the blocks are listed one tensor at a time.
+held = [("images", net.input_layout, net.source.shape)] + [
+    (f"fc{i}", stage.params[0].layout, stage.params[0].source.shape)
+    for i, stage in enumerate((s for s in net.stages if s.kind == "matmul"), 1)]
 runner = NetworkRunner(net, comm)
 result = runner.forward()
 
@@ -55,6 +61,9 @@ verdicts = result.check_all()  # every hop's value against the numpy network, ro
 ok = all(verdicts) and all(row.matches() for row in result.rows())
 runner.close()
 if comm.rank == 0:
+    for r in range(comm.size):
+        print(f"rank {r}: " + ", ".join(rank_blocks({name: (layout, shape)}, r)
+                                        for name, layout, shape in held))
     print(table)
     print(verdicts[-1])
     print("PASS" if ok else "FAIL")

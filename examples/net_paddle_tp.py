@@ -12,6 +12,7 @@ import sys
 
 from mpi4py import MPI
 
+from spmdsim.holdings import holdings
 from spmdsim.nets import NetworkRunner, paddle_needs, paddle_tp
 from spmdsim.runtime import install_excepthook
 
@@ -32,6 +33,13 @@ if reason:
 #   columns it already has, so no redistribution is needed; its product is a partial
 #   sum -> Allreduce, then the bias once. Two Allreduces in all, nothing else.
 net = paddle_tp(p, seed=0)
+# Which block of the ids and of each weight every rank holds, from the layouts alone
+# (all on the one ("mp",) mesh); the table's zero padding row is no block of the global table.
+(emb_w,), (w1, b1), (w2, b2) = (stage.params for stage in net.stages)
+held = {"ids": (net.input_layout, net.source.shape),
+        "table": (emb_w.layout, emb_w.source.shape, "+ zero padding row")}
+held.update((name, (param.layout, param.source.shape))
+            for name, param in (("W1", w1), ("b1", b1), ("W2", w2), ("b2", b2)))
 runner = NetworkRunner(net, comm)
 result = runner.forward()
 table = result.table()
@@ -41,6 +49,7 @@ counts = [n for row in rows for _, n in row.calls]
 ok = all(verdicts) and all(row.matches() for row in rows) and counts == ([1, 1] if p > 1 else [])
 runner.close()
 if comm.rank == 0:
+    print(holdings(held))
     print(table)
     print(verdicts[-1])
     print("PASS" if ok else "FAIL")

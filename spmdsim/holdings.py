@@ -5,7 +5,11 @@
 Pure (numpy only) and computed from the layouts alone, so one rank can print
 every rank's line without any communication: the public "who holds what"
 query, like JAX's ``devices_indices_map``. Accepts DTensors (anything with
-``layout`` and ``global_shape``) or ``(TensorLayout, shape)`` pairs.
+``layout`` and ``global_shape``), ``(TensorLayout, shape)`` pairs, or
+``(TensorLayout, shape, note)`` triples whose note follows the block: what a
+layout cannot say, such as Paddle's zero padding row of a vocab-parallel table
+
+    rank 1 (1,): table[500:1000, 0:48] + zero padding row (local (501, 48))
 """
 from __future__ import annotations
 
@@ -27,7 +31,8 @@ def holdings_lines(tensors: Mapping[str, Any], ranks: Sequence[int] | None = Non
     """One line per rank (all ranks of the device matrix, or `ranks`): each tensor's block.
 
     Args:
-        tensors: name -> DTensor, or name -> (TensorLayout, global shape); all on one device matrix.
+        tensors: name -> DTensor, (TensorLayout, global shape) or (TensorLayout, global shape,
+            note); all on one device matrix.
         ranks: the ranks to list (default every rank, in order).
     """
     pairs = _checked(tensors)
@@ -41,19 +46,23 @@ def rank_blocks(tensors: Mapping[str, Any], rank: int) -> str:
     return _blocks(_checked(tensors), rank)
 
 
-def _blocks(pairs: Mapping[str, tuple[TensorLayout, tuple[int, ...]]], rank: int) -> str:
-    return ", ".join(f"{name}{block_text(layout, shape, rank)}" for name, (layout, shape) in pairs.items())
+_Held = tuple[TensorLayout, tuple[int, ...], str]
 
 
-def _checked(tensors: Mapping[str, Any]) -> dict[str, tuple[TensorLayout, tuple[int, ...]]]:
-    """name -> (layout, shape), all on one device matrix, shapes checked against their layouts."""
+def _blocks(pairs: Mapping[str, _Held], rank: int) -> str:
+    return ", ".join(f"{name}{block_text(layout, shape, rank)}" + (f" {note}" if note else "")
+                     for name, (layout, shape, note) in pairs.items())
+
+
+def _checked(tensors: Mapping[str, Any]) -> dict[str, _Held]:
+    """name -> (layout, shape, note), all on one device matrix, shapes checked against layouts."""
     pairs = {name: _layout_and_shape(name, t) for name, t in tensors.items()}
     if not pairs:
         raise LayoutError("holdings needs at least one tensor")
-    meshes = {layout.layout for layout, _ in pairs.values()}
+    meshes = {layout.layout for layout, _, _ in pairs.values()}
     if len(meshes) > 1:
         raise LayoutError(f"holdings lists tensors of one device matrix, got {sorted(map(str, meshes))}")
-    for layout, shape in pairs.values():
+    for layout, shape, _ in pairs.values():
         layout.check_shape(shape)
     return pairs
 
@@ -63,11 +72,15 @@ def holdings(tensors: Mapping[str, Any], ranks: Sequence[int] | None = None) -> 
     return "\n".join(holdings_lines(tensors, ranks))
 
 
-def _layout_and_shape(name: str, tensor: Any) -> tuple[TensorLayout, tuple[int, ...]]:
-    if isinstance(tensor, tuple) and len(tensor) == 2 and isinstance(tensor[0], TensorLayout):
-        return tensor[0], tuple(tensor[1])
+def _layout_and_shape(name: str, tensor: Any) -> _Held:
+    if isinstance(tensor, tuple) and len(tensor) in (2, 3) and isinstance(tensor[0], TensorLayout):
+        note = tensor[2] if len(tensor) == 3 else ""
+        if not isinstance(note, str):
+            raise LayoutError(f"holdings: the note of {name!r} is {note!r}; expected a string")
+        return tensor[0], tuple(tensor[1]), note
     layout, shape = getattr(tensor, "layout", None), getattr(tensor, "global_shape", None)
     if not isinstance(layout, TensorLayout) or shape is None:
-        raise LayoutError(f"holdings: {name!r} is of type {type(tensor).__name__}; expected a DTensor "
-                          "or a (TensorLayout, shape) pair")
-    return layout, tuple(shape)
+        raise LayoutError(f"holdings: {name!r} is of type {type(tensor).__name__}; expected a "
+                          "DTensor, a (TensorLayout, shape) pair or a (TensorLayout, shape, note) "
+                          "triple")
+    return layout, tuple(shape), ""

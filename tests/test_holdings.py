@@ -29,9 +29,26 @@ def test_refuses_what_it_cannot_list():
         holdings({})
     with pytest.raises(LayoutError, match="one device matrix"):
         holdings({"x": (MESH("dp", None), (4, 4)), "y": (Layout((8,), ("x",))("x"), (8,))})
-    with pytest.raises(LayoutError, match=r"'x' is of type ndarray; expected a DTensor or a \(TensorLayout, shape\) pair"):
+    with pytest.raises(LayoutError, match=r"'x' is of type ndarray; expected a DTensor, a \(TensorLayout, shape\) pair "
+                       r"or a \(TensorLayout, shape, note\) triple"):
         import numpy as np
 
         holdings({"x": np.zeros(4)})
     with pytest.raises(ShapeError):
         holdings({"x": (MESH("mp", None), (6, 4))})  # 6 rows do not divide over 4
+
+
+def test_a_note_follows_the_block_it_qualifies():
+    # Paddle's vocab-parallel table: the global rows a rank holds, and the padding row no layout says.
+    mesh = Layout((2,), ("mp",))
+    held = {"ids": (mesh(None), (3,)), "table": (mesh("mp", None), (8, 6), "+ zero padding row"),
+            "b": (mesh(None), (6,), "")}
+    assert holdings_lines(held) == [
+        "rank 0 (0,): ids[0:3], table[0:4, 0:6] + zero padding row, b[0:6]",
+        "rank 1 (1,): ids[0:3], table[4:8, 0:6] + zero padding row, b[0:6]",
+    ]
+    assert rank_blocks({"table": (mesh("mp", None), (8, 6), "+ pad")}, 1) == "table[4:8, 0:6] + pad"
+    with pytest.raises(LayoutError, match=r"the note of 'table' is 3; expected a string"):
+        rank_blocks({"table": (mesh("mp", None), (8, 6), 3)}, 0)
+    with pytest.raises(LayoutError, match=r"\(TensorLayout, shape, note\) triple"):
+        holdings({"x": (mesh("mp"), (8,), "a", "b")})

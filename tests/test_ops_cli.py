@@ -104,3 +104,49 @@ def test_demo_list_imports_no_mpi():
     code = ("import sys\nfrom spmdsim.cli.main import main\nmain(['demo', '--list'])\n"
             "assert 'mpi4py' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+def _linear_args(*flags):
+    return build_parser().parse_args(["run", "linear", "--shape", "4,4,6", *flags])
+
+
+@pytest.mark.parametrize("flags, gathered", [
+    ((), False),                                                 # Megatron: gather_output=False
+    (("--front", "paddle"), True),                               # Paddle split: gather_out=True
+    (("--front", "paddle", "--no-gather-out"), False),
+    (("--gather-out",), True),
+    (("--no-gather-out",), False),
+    (("--front", "paddle", "--gather-out"), True),
+    (("--parallel", "row", "--front", "paddle"), False),         # a row output is whole already
+])
+def test_run_linear_gathers_by_each_fronts_default(flags, gathered):
+    from spmdsim.cli import run as run_cli
+
+    args = _linear_args(*flags)
+    run_cli._check_flags(args)
+    assert run_cli._gather_out(args) is gathered
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--gather-out", "--no-gather-out"),
+     "--gather-out and --no-gather-out contradict each other; expected at most one of them"),
+    (("--front", "paddle", "--parallel", "row", "--no-gather-out"),
+     "--no-gather-out applies to --parallel column only: a row-parallel output is already "
+     "whole on every rank"),
+    (("--parallel", "row", "--gather-out"), "--gather-out applies to --parallel column only"),
+])
+def test_run_linear_refuses_contradictory_gather_flags(flags, message):
+    from spmdsim.cli import run as run_cli
+
+    with pytest.raises(SpmdsimError) as info:
+        run_cli._check_flags(_linear_args(*flags))
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+def test_run_linear_help_names_each_fronts_gather_default(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "linear", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--no-gather-out keep the column output split" in text
+    assert "the default with --front paddle, as Paddle's split() gather_out=True" in text
+    assert "the default with --front megatron, as ColumnParallelLinear gather_output=False" in text

@@ -2,6 +2,7 @@
 
     mpiexec -n 8 spmdsim run matmul --strategy "((2,1),(1,4))" --shape 256,128,192
     mpiexec -n 8 spmdsim run linear --parallel row --shape 64,200,72 --explain
+    mpiexec -n 8 spmdsim run linear --front paddle --shape 64,200,72 --no-gather-out
     mpiexec -n 8 spmdsim run embedding --mode vocab --shape 10,4,1000,48
     mpiexec -n 8 spmdsim run mlp --shape 24,96,360 --activation relu
 
@@ -58,14 +59,25 @@ def register(subparsers: Any) -> None:
     lin = _op(ops, "linear", "column- or row-parallel Linear with bias over every rank")
     lin.add_argument("--shape", required=True, help="M,K,N: X (M, K), W (K, N)")
     lin.add_argument("--parallel", choices=("column", "row"), default="column")
-    lin.add_argument("--gather-out", action="store_true", help="Allgather the column output")
+    lin.add_argument("--gather-out", action="store_true",
+                     help="Allgather the column output into whole rows (the default with "
+                          "--front paddle, as Paddle's split() gather_out=True)")
+    lin.add_argument("--no-gather-out", action="store_true",
+                     help="keep the column output split, no communication (the default with "
+                          "--front megatron, as ColumnParallelLinear gather_output=False)")
     lin.add_argument("--no-bias", action="store_true")
     lin.add_argument("--front", choices=("megatron", "paddle"), default="megatron",
-                     help="Megatron layer classes or Paddle's split() (same implementation)")
+                     help="megatron: ColumnParallelLinear / RowParallelLinear (column output "
+                          "stays split by default); paddle: distributed.split(x, (K, N), "
+                          "\"linear\", axis=1 / 0) (column output gathered by default). "
+                          "Same implementation underneath")
     emb = _op(ops, "embedding", "vocab-parallel (Allreduce) or dim-parallel (Allgather) Embedding")
     emb.add_argument("--shape", required=True, help="ID_DIMS...,VOCAB,DIM, e.g. 10,4,1000,48")
     emb.add_argument("--mode", choices=("vocab", "dim"), default="vocab")
-    emb.add_argument("--front", choices=("megatron", "paddle"), default="megatron")
+    emb.add_argument("--front", choices=("megatron", "paddle"), default="megatron",
+                     help="megatron: VocabParallelEmbedding / ParallelEmbedding; paddle: "
+                          "distributed.split(ids, (VOCAB, DIM), \"embedding\"), each rank's "
+                          "table rows plus a zero padding row (vocab only)")
     mlp = _op(ops, "mlp", "ColumnParallelLinear -> activation -> RowParallelLinear")
     mlp.add_argument("--shape", required=True, help="M,H,F: X (M, H), inner width F")
     mlp.add_argument("--activation", choices=("gelu", "relu"), default="gelu")
@@ -137,10 +149,9 @@ def _shape(args: argparse.Namespace) -> tuple[int, ...]:
 
 
 def _check_flags(args: argparse.Namespace) -> None:
-    """Refuse flag combinations the operator would otherwise quietly ignore."""
-    if args.op == "linear" and args.gather_out and args.parallel == "row":
-        raise SpmdsimError("--gather-out applies to --parallel column only: a row-parallel "
-                           "output is already whole on every rank")
+    """Refuse flag combinations that contradict each other or that the operator would ignore."""
+    if args.op == "linear":
+        _gather_out(args)
     if args.op == "embedding" and args.mode == "dim" and args.front == "paddle":
         raise SpmdsimError("--front paddle has no --mode dim: Paddle's split() embedding is "
                            "vocab-parallel only; use --front megatron (ParallelEmbedding) for dim")
@@ -155,6 +166,26 @@ def _check_flags(args: argparse.Namespace) -> None:
     if args.out_strategy and not args.strategy:
         raise SpmdsimError("--out-strategy goes with --strategy; with --device-matrix and the "
                            "maps give the wanted output layout as --out-map")
+
+
+def _gather_out(args: argparse.Namespace) -> bool:
+    """Whether `run linear` gathers the column output: the flags, else the front's default.
+
+    Paddle's split() gathers by default (gather_out=True), Megatron's
+    ColumnParallelLinear does not (gather_output=False).
+    """
+    if args.gather_out and args.no_gather_out:
+        raise SpmdsimError("--gather-out and --no-gather-out contradict each other; "
+                           "expected at most one of them")
+    for flag, given in (("--gather-out", args.gather_out), ("--no-gather-out", args.no_gather_out)):
+        if given and args.parallel == "row":
+            raise SpmdsimError(f"{flag} applies to --parallel column only: a row-parallel "
+                               "output is already whole on every rank")
+    if args.parallel == "row":
+        return False
+    if args.gather_out or args.no_gather_out:
+        return bool(args.gather_out)
+    return args.front == "paddle"
 
 
 def _out_strategy(text: str) -> tuple[int, ...]:
@@ -173,7 +204,7 @@ def _build(args: argparse.Namespace, comm: Any) -> Any:
     dims = _shape(args)
     if args.op == "linear":
         return jobs.linear_job(comm, args.parallel, dims, **common,
-                               gather_out=args.gather_out, bias=not args.no_bias,
+                               gather_out=_gather_out(args), bias=not args.no_bias,
                                front=args.front)
     if args.op == "embedding":
         return jobs.embedding_job(comm, args.mode, dims, **common, front=args.front)

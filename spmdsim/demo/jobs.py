@@ -29,7 +29,11 @@ __all__ = [
     "linear_job",
     "embedding_job",
     "mlp_job",
+    "FRONTS",
 ]
+
+#: The APIs `linear_job` and `embedding_job` can go through (one implementation underneath).
+FRONTS = ("megatron", "paddle")
 
 
 def short(tl: TensorLayout) -> str:
@@ -141,21 +145,29 @@ def _linear_steps(plan: LinearPlan) -> tuple[tuple[Resolution, str], ...]:
 
 def linear_job(
     comm: Any, parallel: str, dims: Sequence[int], *, dtype: str = "float32", seed: int = 0,
-    gather_out: bool = False, bias: bool = True, front: str = "megatron",
+    gather_out: Optional[bool] = None, bias: bool = True, front: str = "megatron",
 ) -> Job:
     """Column- or row-parallel Linear on X (M, K) and W (K, N) over every rank ("mp").
 
     Row-parallel X arrives split on K (as a column-parallel layer leaves it);
-    `gather_out` applies to column-parallel only. W uses seed + 1, b seed + 2.
+    `gather_out` applies to column-parallel only and defaults to each front's
+    own default: True for Paddle's ``split`` (``gather_out=True``), False for
+    Megatron's ColumnParallelLinear (``gather_output=False``). W uses seed + 1,
+    b seed + 2.
     """
+    from ..dialects.paddle import split_layouts
     from ..ops.linear import ColumnParallelLinear, RowParallelLinear
     from ..ops.paddle_split import split
 
     if parallel not in ("column", "row"):
         raise OperatorError(f"parallel {parallel!r} must be 'column' or 'row'")
+    if front not in FRONTS:
+        raise OperatorError(f"front {front!r} must be one of {FRONTS!r}")
     mm, k, n = (int(d) for d in dims)
     row = parallel == "row"
-    gather_out = gather_out and not row
+    if gather_out is None:
+        gather_out = front == "paddle"
+    gather_out = bool(gather_out) and not row
     layout = mp_layout(comm.Get_size())
     x_layout = layout(None, "mp") if row else layout(None, None)
     w_layout = layout("mp", None) if row else layout(None, "mp")
@@ -166,12 +178,16 @@ def linear_job(
     x = _dtensor(mesh, x_layout, xs)
     inputs = {"x": x}
     if front == "paddle":
+        axis = 0 if row else 1
         w_src = SeededTensor((k, n), dtype, seed + 1)
         b_src = SeededTensor((n,), dtype, seed + 2) if bias else None
-        op = f"paddle split linear axis={0 if row else 1}"
+        op = f"paddle split linear axis={axis}" + ("" if row else f" gather_out={gather_out}")
+        # split() makes the weights inside the call; its layouts say which block each rank gets.
+        spec = split_layouts((k, n), "linear", axis, layout.num_devices, gather_out)
+        inputs.update(_weights(W=(spec.weight, (k, n)), b=(spec.bias, (n,)) if bias else None))
 
         def forward(x: Any) -> Any:
-            return split(x, (k, n), "linear", axis=0 if row else 1,
+            return split(x, (k, n), "linear", axis=axis,
                          num_partitions=layout.num_devices, gather_out=gather_out,
                          weight_attr=w_src, bias_attr=b_src if bias else False)
     else:
@@ -190,7 +206,11 @@ def linear_job(
 
 
 def _weights(**tensors: Any) -> dict[str, Any]:
-    """The layer's weights for the rank lines (which block each rank holds), Nones left out."""
+    """The layer's weights for the rank lines (which block each rank holds), Nones left out.
+
+    Each is a DTensor, or a (TensorLayout, shape[, note]) tuple (`spmdsim.holdings`)
+    for weights an operator makes inside the call, as Paddle's ``split`` does.
+    """
     return {name: t for name, t in tensors.items() if t is not None}
 
 
@@ -199,11 +219,14 @@ def embedding_job(
     front: str = "megatron", gather_out: bool = True,
 ) -> Job:
     """Embedding of ids (dims[:-2]) into a (V, D) = dims[-2:] table, vocab- or dim-parallel."""
+    from ..dialects.paddle import split_layouts
     from ..ops.embedding import ParallelEmbedding, VocabParallelEmbedding
     from ..ops.paddle_split import split
 
     if mode not in ("vocab", "dim"):
         raise OperatorError(f"embedding mode {mode!r} must be 'vocab' or 'dim'")
+    if front not in FRONTS:
+        raise OperatorError(f"front {front!r} must be one of {FRONTS!r}")
     dims = tuple(int(d) for d in dims)
     if len(dims) < 3:
         raise OperatorError(f"embedding shape {dims!r} must be ID_DIMS...,VOCAB,DIM")
@@ -215,10 +238,19 @@ def embedding_job(
     ids = _dtensor(mesh, ids_layout, ids_src)
     inputs = {"ids": ids}
     table_src = SeededTensor((vocab, dim), dtype, seed + 1)
+    zeros_why = ""
     if mode == "vocab":
         table_layout = layout("mp", None)
         if front == "paddle":
             op = "paddle split embedding"
+            # split() makes the table inside the call: N/p rows plus a zero padding row each.
+            spec = split_layouts((vocab, dim), "embedding", 0, layout.num_devices, True,
+                                 len(ids_shape))
+            inputs["table"] = (spec.weight, (vocab, dim),
+                               f"+ zero padding row (local {spec.local_weight_shape!r})")
+            start, stop = spec.vocab_range(mesh.rank)
+            zeros_why = (f"ids outside its rows [{start}, {stop}) look up its zero padding row, "
+                         f"local row {spec.padding_row}")
 
             def forward(ids: Any) -> Any:
                 return split(ids, (vocab, dim), "embedding", num_partitions=layout.num_devices,
@@ -227,6 +259,12 @@ def embedding_job(
             layer = VocabParallelEmbedding(mesh, vocab, dim, dtype=dtype, seed=seed + 1)
             op, forward = "VocabParallelEmbedding", layer
             inputs["table"] = layer.weight
+            # Megatron masks the ids out of range and zeroes their rows; spmdsim's layer gets
+            # the same zeros from a zero row kept beside its weight (spmdsim.ops.embedding).
+            zeros_why = (f"ids outside its rows [{layer.vocab_start_index}, "
+                         f"{layer.vocab_end_index}) give zero rows: Megatron masks them and "
+                         "zeroes their output; this layer reads the zeros from a zero row kept "
+                         "beside the weight, as Paddle does")
     else:
         table_layout = layout(None, "mp")
         layer = ParallelEmbedding(mesh, vocab, dim, gather_output=gather_out, dtype=dtype,
@@ -237,7 +275,7 @@ def embedding_job(
     steps = []
     if plan.reduce.collective:
         steps.append((plan.reduce, _partial_reason(plan.vocab_axes, "the vocabulary")
-                      + " (ids of other ranks hit the zero padding row)"))
+                      + f" ({zeros_why})"))
     if plan.gather.collective:
         steps.append((plan.gather, f"embedding columns are split over {format_entry(plan.dim_axes)}"))
     return Job(op, f"ids{short(ids_layout)} table{short(table_layout)} -> {short(plan.out)}",

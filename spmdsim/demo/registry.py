@@ -204,7 +204,7 @@ def explain_lines(job: Job) -> list[str]:
         return ["  no communication: every rank's block of the result is final"]
     lines = []
     for res, why in job.steps:
-        ranks = "{" + ",".join(str(r) for r in mesh.group_ranks(res.axes)) + "}"
+        ranks = "{" + ",".join(str(r) for r in sorted(mesh.group_ranks(res.axes))) + "}"
         lines.append(f"  {why}; {_NAMES.get(res.collective, res.collective)} over ranks {ranks}")
     return lines
 

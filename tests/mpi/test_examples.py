@@ -27,8 +27,8 @@ def test_examples_are_found():
     assert len(EXAMPLES) >= 12
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
-def test_example_passes(path, monkeypatch):
+def _run_example(path: pathlib.Path, monkeypatch) -> tuple[list, str]:
+    """Every rank's exit code (a str: the world size it needs) and this rank's output."""
     comm = MPI.COMM_WORLD
     monkeypatch.setattr(sys, "argv", [str(path)])
     # install_excepthook replaces sys.excepthook; keep the suite's own.
@@ -44,9 +44,55 @@ def test_example_passes(path, monkeypatch):
             if f"not {comm.size}: run with" not in str(exc):
                 raise
             code = str(exc)  # the world size it needs, on every rank alike
-    codes = comm.allgather(code)
+    return comm.allgather(code), out.getvalue()
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_example_passes(path, monkeypatch):
+    comm = MPI.COMM_WORLD
+    codes, out = _run_example(path, monkeypatch)
     if all(isinstance(c, str) for c in codes):
         pytest.skip(f"{path.name}: {codes[0]}")
-    assert codes == [0] * comm.size or codes == [None] * comm.size, (codes, out.getvalue())
+    assert codes == [0] * comm.size or codes == [None] * comm.size, (codes, out)
     if comm.rank == 0:
-        assert "PASS" in out.getvalue() or "passed" in out.getvalue(), out.getvalue()
+        assert "PASS" in out or "passed" in out, out
+
+
+def _example(name: str) -> pathlib.Path:
+    return next(path for path in EXAMPLES if path.stem == name)
+
+
+def test_mindspore_tutorial_example_prints_every_ranks_blocks(monkeypatch):
+    comm = MPI.COMM_WORLD
+    if comm.size != 8:
+        pytest.skip("the tutorial's strategies need exactly 8 ranks")
+    codes, out = _run_example(_example("net_mindspore_tutorial"), monkeypatch)
+    assert codes == [0] * comm.size, (codes, out)
+    if comm.rank == 0:
+        # images over all 8 ranks; fc1 rows over "k" of (m, k, n) = (2, 4, 1), rank = 4 m + k;
+        # fc2 rows over all 8; fc3 whole (data-parallel MatMul3).
+        lines = out.splitlines()
+        for r in range(8):
+            k = r % 4
+            assert lines[r] == (f"rank {r}: images[{4 * r}:{4 * r + 4}, 0:1, 0:28, 0:28], "
+                                f"fc1[{196 * k}:{196 * k + 196}, 0:512], "
+                                f"fc2[{64 * r}:{64 * r + 64}, 0:512], fc3[0:512, 0:10]"), out
+        assert lines[8].startswith("net_mindspore_tutorial: ")
+
+
+def test_paddle_example_prints_every_ranks_blocks(monkeypatch):
+    comm = MPI.COMM_WORLD
+    p = comm.size
+    if 960 % p or 240 % p:
+        pytest.skip(f"the Paddle network does not split over {p} ranks")
+    codes, out = _run_example(_example("net_paddle_tp"), monkeypatch)
+    assert codes == [0] * p, (codes, out)
+    if comm.rank == 0:
+        v, f = 960 // p, 240 // p
+        lines = out.splitlines()
+        for r in range(p):
+            assert lines[r] == (f"rank {r} ({r},): ids[0:4, 0:16], "
+                                f"table[{v * r}:{v * r + v}, 0:64] + zero padding row, "
+                                f"W1[0:64, {f * r}:{f * r + f}], b1[{f * r}:{f * r + f}], "
+                                f"W2[{f * r}:{f * r + f}, 0:64], b2[0:64]"), out
+        assert lines[p].startswith("net_paddle_tp: ")
