@@ -21,7 +21,14 @@ import numpy as np
 
 from .layout import TensorLayout, format_entry, format_tensor_map
 
-__all__ = ["RankRow", "Explanation", "explain", "format_explanation", "explanation_to_dict"]
+__all__ = [
+    "RankRow",
+    "Explanation",
+    "explain",
+    "format_explanation",
+    "explanation_to_dict",
+    "partial_text",
+]
 
 #: Largest global tensor for which the arange demo values are computed.
 MAX_VALUE_ELEMENTS = 1 << 16
@@ -54,6 +61,7 @@ class Explanation:
     dropped: tuple[str, ...]  # device axes the tensor map does not use
     rows: tuple[RankRow, ...]
     strategy: Optional[tuple[int, ...]] = None
+    values_requested: bool = True  # False: the caller asked for no values (--no-values)
 
     @property
     def axes(self) -> tuple[str, ...]:
@@ -70,6 +78,27 @@ class Explanation:
     @property
     def shard_numbers(self) -> tuple[int, ...]:
         return tuple(row.shard_number for row in self.rows)
+
+
+def partial_text(tensor_layout: TensorLayout) -> Optional[str]:
+    """The sentence on pending sums that explain, show and slices share (None if not partial)."""
+    tl = tensor_layout
+    if not tl.partial:
+        return None
+    axes = ", ".join(tl.partial)
+    if not tl.addend_axes:
+        return f"partial over {axes}: an axis of size 1 has one addend, so each block is the whole value"
+    return f"partial over {axes}: ranks differing only there hold addends, not copies; the value is their sum"
+
+
+def _keeps_value(tensor_layout: TensorLayout, coords: Sequence[int]) -> bool:
+    """Whether the rank at `coords` holds the demo values of a partial block (the others hold zeros).
+
+    The global value is the sum of the addends, so only one addend may carry
+    the values: the rank at coordinate 0 on every partial axis (as B -> P does).
+    """
+    layout = tensor_layout.layout
+    return all(coords[layout.axis_index(a)] == 0 for a in tensor_layout.partial)
 
 
 def _strides(sizes: Sequence[int]) -> tuple[int, ...]:
@@ -93,7 +122,8 @@ def explain(
         shape: the global shape (every split dim must divide evenly).
         strategy: the `.shard` strategy the layout came from, if any (changes the wording).
         values: attach each rank's values of ``arange(prod(shape)).reshape(shape)``
-            (skipped for tensors over MAX_VALUE_ELEMENTS elements).
+            (skipped for tensors over MAX_VALUE_ELEMENTS elements). With partial
+            axes one addend of each block holds them and the others zeros.
     """
     shape = tensor_layout.check_shape(shape)
     layout = tensor_layout.layout
@@ -112,7 +142,10 @@ def explain(
         bounds = tensor_layout.bounds(rank, shape)
         local = None
         if arange is not None:
-            local = tuple(int(v) for v in arange[tuple(slice(a, b) for a, b in bounds)].ravel())
+            block = arange[tuple(slice(a, b) for a, b in bounds)]
+            if not _keeps_value(tensor_layout, coords):
+                block = np.zeros_like(block)
+            local = tuple(int(v) for v in block.ravel())
         rows.append(
             RankRow(
                 rank=rank,
@@ -133,6 +166,7 @@ def explain(
         dropped=dropped,
         rows=tuple(rows),
         strategy=tuple(strategy) if strategy is not None else None,
+        values_requested=values,
     )
 
 
@@ -252,6 +286,52 @@ def format_explanation(ex: Explanation) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _major_formula(tensor_layout: TensorLayout, axes: Sequence[str]) -> str:
+    """'i_c*|a|*|b| + i_a*|b| + i_b = i_c*4 + i_a*2 + i_b' for axes (c, a, b): mixed radix, first major."""
+    sizes = [tensor_layout.layout.axis_size(a) for a in axes]
+    symbolic, numeric = [], []
+    for k, (axis, stride) in enumerate(zip(axes, _strides(sizes))):
+        later = "".join(f"*|{a}|" for a in axes[k + 1:])
+        symbolic.append(f"i_{axis}{later}")
+        numeric.append(f"i_{axis}*{stride}" if k < len(axes) - 1 else f"i_{axis}")
+    return " + ".join(symbolic) + " = " + " + ".join(numeric)
+
+
+def _replica_note(tensor_layout: TensorLayout) -> Optional[str]:
+    axes = tensor_layout.copy_axes
+    if not axes:
+        return None  # size-1 axes alone make no copies
+    groups = tensor_layout.layout.axis_groups(axes)
+    shown = ", ".join(str(g) for g in groups[:4]) + (", ..." if len(groups) > 4 else "")
+    which = f"axis {axes[0]} is" if len(axes) == 1 else f"axes {', '.join(axes)} are"
+    return (
+        f"{which} not in the tensor map: ranks that differ "
+        f"only there hold the same shard (replicas): {shown}."
+    )
+
+
+def _partial_note(ex: Explanation) -> Optional[str]:
+    tl = ex.tensor_layout
+    text = partial_text(tl)
+    if text is None:
+        return None
+    if not tl.addend_axes or ex.rows[0].values is None:
+        return text + "."
+    zero = ", ".join(f"{a}=0" for a in tl.partial)
+    return (
+        f"{text}. In the arange demo the rank with {zero} holds the values and the other "
+        "addends hold zeros (one addend keeps the value, as B -> P does), so the sum is arange."
+    )
+
+
+def _values_note(ex: Explanation) -> Optional[str]:
+    if not ex.rows or any(r.values is not None for r in ex.rows):
+        return None
+    if not ex.values_requested:
+        return "values omitted because --no-values was given."
+    return f"values omitted: the arange demo is for tensors up to {MAX_VALUE_ELEMENTS} elements."
+
+
 def _notes(ex: Explanation) -> list[str]:
     tl = ex.tensor_layout
     notes = []
@@ -259,29 +339,9 @@ def _notes(ex: Explanation) -> list[str]:
         if len(axes) > 1:
             notes.append(
                 f"tensor dim {d} is split over {format_entry(axes)}: the first listed axis "
-                "is major (shard = i_first * size_second + i_second)."
+                f"is major (mixed radix: shard = {_major_formula(tl, axes)})."
             )
-    if tl.replicated_axes:
-        groups = [g for g in tl.replica_groups()]
-        shown = ", ".join(str(g) for g in groups[:4]) + (", ..." if len(groups) > 4 else "")
-        which = (
-            f"axis {tl.replicated_axes[0]} is"
-            if len(tl.replicated_axes) == 1
-            else f"axes {', '.join(tl.replicated_axes)} are"
-        )
-        notes.append(
-            f"{which} not in the tensor map: ranks that differ "
-            f"only there hold the same shard (replicas): {shown}."
-        )
-    if tl.partial:
-        notes.append(
-            f"partial over {', '.join(tl.partial)}: ranks that differ only there hold pending "
-            "sums; the block's value is the sum of their local values."
-        )
-    if ex.rows and ex.rows[0].values is None and all(r.values is None for r in ex.rows):
-        notes.append(
-            f"values omitted: the arange demo is for tensors up to {MAX_VALUE_ELEMENTS} elements."
-        )
+    notes += [n for n in (_replica_note(tl), _partial_note(ex), _values_note(ex)) if n]
     if not notes:
         return []
     out = [""]

@@ -329,6 +329,16 @@ class TensorLayout:
         used = set(self.split_axes) | set(self.partial)
         return tuple(a for a in self.layout.alias_name if a not in used)
 
+    @cached_property
+    def copy_axes(self) -> tuple[str, ...]:
+        """Replicated axes that make copies: those of size above one (a size-1 axis makes none)."""
+        return tuple(a for a in self.replicated_axes if self.layout.axis_size(a) > 1)
+
+    @cached_property
+    def addend_axes(self) -> tuple[str, ...]:
+        """Partial axes that make several addends: those of size above one."""
+        return tuple(a for a in self.partial if self.layout.axis_size(a) > 1)
+
     def num_shards(self, tensor_dim: int) -> int:
         """Number of pieces tensor dim `tensor_dim` is cut into."""
         return self.layout.group_size(self.tensor_map[tensor_dim])

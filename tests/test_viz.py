@@ -58,9 +58,10 @@ def test_partial_blocks_are_hatched_and_list_terms():
     assert [b.terms for b in pic.blocks] == [((0, 2), (1, 3)), ((4, 6), (5, 7))]
     assert [b.label for b in pic.blocks] == ["r(0,2)+(1,3)", "r(4,6)+(5,7)"]
     assert all(c.partial for p in pic.device_panels for row in p.cells for c in row)
-    assert any("sum over mp" in n for n in pic.notes)
+    note = "partial over mp: ranks differing only there hold addends, not copies; the value is their sum"
+    assert note in pic.notes
     text = render_layout_ascii(pic)
-    assert "r(0,2)+(1,3)" in text and "sum over mp" in text
+    assert "r(0,2)+(1,3)" in text and "partial over mp" in text
 
 
 def test_multi_axis_entry_blocks():
@@ -176,7 +177,6 @@ x: shape (1, 2, 1, 4), tensor map ("b", "d", "e", "a")
 on Layout(a=4, b=1, c=1, d=2, e=1), 8 ranks
   dim 1 split over "d" into 2 shards
   dim 3 split over "a" into 4 shards
-  replicated over c: ranks listed together hold copies
 
 Tensor: ranks holding each block, shard number #k (rows dim 1, columns dim 3)
 x[:, :, :, :]
@@ -241,3 +241,52 @@ def test_scalar_tensor_is_one_block():
     pic = layout_picture(Layout((2,), ("x",))(), ())
     assert [b.label for b in pic.blocks] == ["r0,1"]
     assert "scalar" in render_layout_ascii(pic)
+
+
+def test_size1_axes_make_no_replica_note():
+    # Seed case 2: c has size 1; nothing about copies.
+    assert not any("replicated" in n for n in layout_picture(*_seed(2)).notes)
+    # Only the axis of size above one is named.
+    pic = layout_picture(Layout((2, 1, 2), ("a", "b", "c"))("a"), (4,))
+    assert "replicated over c: ranks listed together hold copies" in pic.notes
+    assert not any("over b" in n for n in pic.notes)
+
+
+def test_partial_notes_match_explain_and_fit_the_width():
+    from spmdsim.dialects.sbp import parse_sbp, sbp_to_layout
+
+    tl = sbp_to_layout(parse_sbp("S(0),P"), (2, 4), 2)
+    pic = layout_picture(tl, (8, 8))
+    assert pic.notes == (
+        'dim 0 split over "p0" into 2 shards',
+        "partial over p1: ranks differing only there hold addends, not copies; the value is their sum",
+        "'+' joins the ranks holding the addends of a block (hatched in PNG pictures)",
+    )
+    text = render_layout_ascii(pic)
+    wrapped = "  partial over p1: ranks differing only there hold addends, not copies; the\n    value is their sum\n"
+    assert wrapped in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    narrow = render_layout_ascii(pic, width=40)
+    assert max(len(line) for line in narrow.splitlines()[2:8]) <= 40
+
+
+def test_lab_legend_explains_every_label_notation():
+    """Each kind of label the ASCII picture prints is explained in docs/lab.md's legend."""
+    import os
+
+    lab = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "lab.md")
+    with open(lab, encoding="utf-8") as fh:
+        legend = fh.read().split("## 1.")[0]
+    mesh = Layout((2, 4), ("dp", "mp"))
+    labels = {
+        layout_picture(mesh("mp"), (4,)).blocks[0].label: "`r0,4`",
+        layout_picture(mesh("dp"), (2,)).blocks[0].label: "`r0-3`",
+        layout_picture(Layout((2,), ("p",))(None, partial=("p",)), (2,)).blocks[0].label: "`r0+1`",
+        layout_picture(Layout((2, 2), ("p", "c"))(None, partial=("p",)), (2,)).blocks[0].label:
+            "`r(0,1)+(2,3)`",
+        layout_picture(mesh(None, partial=("dp",)), (2,)).blocks[0].label: "`r(0-3)+(4-7)`",
+    }
+    assert list(labels) == ["r0,4", "r0-3", "r0+1", "r(0,1)+(2,3)", "r(0-3)+(4-7)"]
+    for notation in labels.values():
+        assert notation in legend
+    assert "`#0: r0, 2, 4, ...`" in legend  # the list under a picture whose labels were cut

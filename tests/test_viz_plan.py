@@ -14,8 +14,9 @@ def test_alltoall_plan_ascii():
     plan = plan_redistribution(mesh("x", None), mesh(None, "x"), (1024, 1024))
     text = render_plan_ascii(plan)
     assert 'Step 1. S(0)->S(1) via Alltoall on (\'x\',) (groups of 8 ranks)' in text
-    assert "per rank: sends 448 KiB, receives 448 KiB" in text
-    assert "per rank received: 448 KiB (lower bound 448 KiB)" in text
+    # Exact bytes as `spmdsim plan` prints them, the binary unit beside them.
+    assert "per rank: sends 458,752 B (448 KiB), receives 458,752 B (448 KiB)" in text
+    assert "per rank received: 458,752 B (448 KiB); lower bound 458,752 B (448 KiB)" in text
     assert '896:1024 |   r7   |' in text  # before: row blocks
     assert 'After step 1: (None, "x") on Layout(x=8)' in text
     assert max(len(line) for line in text.splitlines()) <= 80
@@ -54,5 +55,19 @@ def test_plan_png(tmp_path):
 
 def test_format_bytes():
     assert format_bytes(96) == "96 B"
-    assert format_bytes(458752) == "448 KiB"
-    assert format_bytes(3 << 20) == "3 MiB"
+    assert format_bytes(1023) == "1,023 B"
+    assert format_bytes(1792) == "1,792 B (1.75 KiB)"
+    assert format_bytes(458752) == "458,752 B (448 KiB)"
+    assert format_bytes(3 << 20) == "3,145,728 B (3 MiB)"
+
+
+def test_plan_picture_bytes_match_spmdsim_plan(capsys):
+    """docs/lab.md exercise 8: the Python one-liner and `spmdsim plan` print the same byte counts."""
+    from spmdsim.cli.main import main
+
+    mesh = Layout((8,), ("x",))
+    text = render_plan_ascii(plan_redistribution(mesh("x", None), mesh(None, "x"), (64, 64)))
+    assert "per rank received: 1,792 B (1.75 KiB); lower bound 1,792 B (1.75 KiB)" in text
+    assert main(["plan", "--device-matrix", "8", "--alias", "x", "--from", "x,None", "--to", "None,x",
+                 "--shape", "64,64"]) == 0
+    assert "total received per rank (max): 1,792 B; lower bound 1,792 B" in capsys.readouterr().out

@@ -8,10 +8,10 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from ..errors import SpmdsimError
+from ..errors import DialectError, SpmdsimError
 from ..layout import TensorLayout
 from .cases import (_SBP_KEYS, Case, _device_count_checked, _name_list, _require, check_device_count,
-                    parse_tensor_map)
+                    multi_axis_hint, parse_tensor_map)
 
 __all__ = ["strategy_case", "sbp_case", "dtensor_case", "partition_spec_case"]
 
@@ -83,7 +83,14 @@ def partition_spec_case(data: Mapping, shape: tuple[int, ...], partial: tuple[st
     spec = data["partition_spec"]
     if isinstance(spec, str):
         spec = parse_tensor_map(spec)  # the same text form: ('x', None), x,None, ((sp,dp),None)
-    tl = partition_spec_to_layout(spec, _name_list(data, "alias_name"), mesh, len(shape))
+    try:
+        tl = partition_spec_to_layout(spec, _name_list(data, "alias_name"), mesh, len(shape))
+    except DialectError as exc:
+        # Too many plain names for a 1-D tensor: perhaps one dim over several axes.
+        hint = multi_axis_hint(spec, len(shape)) if isinstance(spec, (tuple, list)) else ""
+        if not hint:
+            raise
+        raise DialectError(f"{exc}{hint}") from None
     return Case(_with_partial(tl, partial), shape, "partition_spec")
 
 

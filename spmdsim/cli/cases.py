@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, TextIO
 
-from ..errors import SpmdsimError
+from ..errors import ShapeError, SpmdsimError
 from ..layout import Layout, TensorLayout
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "parse_name_list",
     "parse_tensor_map",
     "check_device_count",
+    "multi_axis_hint",
     "MAX_DEVICES",
 ]
 
@@ -145,6 +146,29 @@ def _tensor_map(data: Mapping) -> tuple:
     return tuple(tuple(e) if isinstance(e, list) else e for e in value)
 
 
+def multi_axis_hint(entries: Sequence[Any], ndim: int) -> str:
+    """For a map of plain axis names too long for a 1-D tensor: how to write them as one entry.
+
+    "(b,a)" parses like a Python tuple, as two entries b and a; the user may
+    have meant one dim split over b then a. Returns "" when that reading does
+    not fit (the map is short enough, or holds None or a tuple).
+    """
+    names = []
+    for entry in entries:
+        if isinstance(entry, (tuple, list)) and len(entry) == 1:
+            entry = entry[0]
+        if not isinstance(entry, str) or entry in ("None", "none", "null"):
+            return ""
+        names.append(entry)
+    if ndim != 1 or len(names) <= 1:
+        return ""
+    flag = ",".join(names)
+    return (
+        f'; for one dim split over {" then ".join(names)}, write "(({flag}))" '
+        f"(JSON: {json.dumps([names])})"
+    )
+
+
 def _require(data: Mapping, keys: Sequence[str], form: str) -> None:
     for key in keys:
         if key not in data:
@@ -193,7 +217,13 @@ def case_from_dict(data: Any) -> Case:
         build = {"strategy": case_dialects.strategy_case, "sbp": case_dialects.sbp_case,
                  "dtensor": case_dialects.dtensor_case, "partition_spec": case_dialects.partition_spec_case}
         case = build[form](data, shape, partial)
-    case.tensor_layout.check_shape(case.shape)
+    try:
+        case.tensor_layout.check_shape(case.shape)
+    except ShapeError as exc:
+        hint = multi_axis_hint(case.tensor_layout.tensor_map, len(case.shape))
+        if not hint:
+            raise
+        raise ShapeError(f"{exc}{hint}") from None
     return case
 
 

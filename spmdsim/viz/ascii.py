@@ -191,7 +191,9 @@ def render_layout_ascii(
     layout = tl.layout
     axes = ", ".join(f"{a}={n}" for a, n in zip(layout.alias_name, layout.device_matrix))
     lines = [picture.title, f"on Layout({axes}), {layout.num_devices} ranks"]
-    lines += [f"  {note}" for note in picture.notes]
+    for note in picture.notes:
+        lines += textwrap.wrap(note, width=width, initial_indent="  ", subsequent_indent="    ",
+                               break_on_hyphens=False)
     lines.append("")
     lines += tensor_lines(picture, width)
     lines.append("")

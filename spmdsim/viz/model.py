@@ -7,13 +7,14 @@ block, which colour (one per shard) it gets, whether it is hatched (partial).
 Folding: the two last *split* tensor dims (or the last dims when fewer are
 split) form the rows and columns of a 2-D panel; any further split dims form
 a grid of panels. The device matrix folds the same way over its axes of size
-above one. Pure: numpy-free even.
+above one. Pure: no numpy of its own (the layout values bring it).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from ..explain import partial_text
 from ..layout import TensorLayout, format_entry
 
 __all__ = [
@@ -316,13 +317,13 @@ def _notes(tl: TensorLayout, partial: bool) -> tuple[str, ...]:
             notes.append(
                 f"dim {d} split over {format_entry(axes)} into {tl.num_shards(d)} shards"
             )
-    if tl.replicated_axes:
-        notes.append(
-            f"replicated over {', '.join(tl.replicated_axes)}: ranks listed together hold copies"
-        )
+    copies = tl.copy_axes  # a size-1 axis makes no copies: nothing to say about it
+    if copies:
+        notes.append(f"replicated over {', '.join(copies)}: ranks listed together hold copies")
     if partial:
-        notes.append(
-            f"partial: sum over {', '.join(tl.partial)} (hatched in PNG pictures); '+' joins the ranks whose "
-            "blocks add up to the value"
-        )
+        notes.append(partial_text(tl))
+        if tl.addend_axes:
+            notes.append("'+' joins the ranks holding the addends of a block (hatched in PNG pictures)")
+        else:
+            notes.append("partial blocks are hatched in PNG pictures")
     return tuple(notes)

@@ -17,13 +17,15 @@ __all__ = ["render_plan_ascii", "render_plan_png", "format_bytes"]
 
 
 def format_bytes(n: int) -> str:
-    """1536 -> '1.5 KiB'; below 1 KiB the exact count."""
+    """458752 -> '458,752 B (448 KiB)': exact bytes as `spmdsim plan` prints them, then the binary unit."""
+    exact = f"{n:,} B"
     if n < 1024:
-        return f"{n} B"
+        return exact
+    size = float(n)
     for unit in ("KiB", "MiB", "GiB"):
-        n /= 1024
-        if n < 1024 or unit == "GiB":
-            return f"{n:.4g} {unit}"
+        size /= 1024
+        if size < 1024 or unit == "GiB":
+            return f"{exact} ({size:.4g} {unit})"
     raise AssertionError("unreachable")
 
 
@@ -48,8 +50,8 @@ def render_plan_ascii(plan: Any, *, name: str = "x", width: int = 80) -> str:
     lines = [
         f"Plan for {name}: shape {tuple(plan.shape)!r} {plan.dtype} on {plan.num_ranks} ranks",
         f"{plan.source} -> {plan.target}: {len(plan.steps)} step(s)",
-        f"per rank received: {_per_rank(plan.bytes_received)} "
-        f"(lower bound {_per_rank(plan.lower_bound)})",
+        f"per rank received: {_per_rank(plan.bytes_received)}; "
+        f"lower bound {_per_rank(plan.lower_bound)}",
         "",
         f"Before: {plan.source} on {plan.source.layout}",
     ]
