@@ -167,7 +167,8 @@ def test_table_rows_and_text():
 
 
 def test_networks_registry_and_purity():
-    assert set(NETWORKS) == {"net_mindspore_tutorial", "net_mindspore_layout", "net_paddle_tp"}
+    assert set(NETWORKS) == {"net_mindspore_tutorial", "net_mindspore_layout", "net_paddle_tp",
+                             "net_oneflow_2d_sbp", "net_oneflow_2d_signature"}
     code = ("import sys, spmdsim.nets, spmdsim.demo.networks; "
             "sys.exit(1 if 'mpi4py' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
@@ -180,3 +181,37 @@ def test_main_rejects_unknown_networks_before_mpi(capsys):
         main(["net_nope"])
     assert info.value.code == 2
     assert "unknown network(s) ['net_nope']" in capsys.readouterr().err
+
+
+def test_oneflow_sample_matches_the_seed_placement_and_numpy():
+    # Seed 002: placement [[0, 1], [2, 3]], x (B, S(0)) with a (1, 2, 8) block per rank,
+    # Linear(8, 4) > ReLU > Linear(4, 2) with broadcast weights: no communication.
+    from spmdsim.nets import oneflow_2d_sbp, oneflow_needs
+
+    net = oneflow_2d_sbp(4, seed=2)
+    assert net.source.shape == (2, 2, 8) and net.input_layout.local_shape((2, 2, 8)) == (1, 2, 8)
+    assert [net.input_layout.bounds(r, (2, 2, 8))[0] for r in range(4)] == [(0, 1), (1, 2), (0, 1), (1, 2)]
+    assert [h.label for h in schedule(net)] == ["Linear1", "ReLU", "Linear2"]
+    assert all(h.expected == () for h in schedule(net))
+    x = net.source.full().astype(np.float64)
+    (w1, b1), _, (w2, b2) = ([p.source.full().astype(np.float64) for p in s.params] for s in net.stages)
+    whole = np.maximum(x @ w1 + b1, 0) @ w2 + b2
+    got = reference_rows(net, 3, (slice(None),) * 3)
+    np.testing.assert_allclose(got, whole, rtol=1e-5, atol=network_atol(net))
+    assert oneflow_needs(8) is None and "even rank count, not 3" in oneflow_needs(3)
+    assert oneflow_2d_sbp(8).source.shape == (4, 2, 8)
+
+
+def test_oneflow_signature_splits_the_columns_then_gathers_them():
+    # w (S(1), B) times x (B, S(0)): y's columns split over p0, gathered for Linear2's (B, B) weight.
+    from spmdsim.nets import oneflow_2d_signature
+
+    net = oneflow_2d_signature(4)
+    hops = schedule(net)
+    assert [h.label for h in hops] == ["Linear1", "ReLU", "-> Linear2", "Linear2"]
+    assert net.stages[0].out.tensor_map == (("p1",), (), ("p0",))
+    assert hops[2].expected == (("allgather", ("p0",)),)
+    with pytest.raises(OperatorError, match="weight_sbp 'P,B' must be"):
+        from spmdsim.nets import oneflow_2d_sbp
+
+        oneflow_2d_sbp(4, weight_sbp="P,B")

@@ -1,12 +1,13 @@
 """Demo scenarios of whole seed networks (spmdsim.nets): MindSpore tutorial (seed 003), its
-Layout-tuple variant, and Paddle's Embedding -> column Linear -> row Linear (seed 004).
+Layout-tuple variant, Paddle's Embedding -> column Linear -> row Linear (seed 004) and
+OneFlow's 2D SBP sample model (seed 002).
 
 Each scenario runs the full forward pass, with a redistribution wherever one
 operator's output layout differs from what the next one requires, and checks
 the network output against a numpy reference of the whole network. The
 per-operator table is printed by examples/net_*.py; the demo row gives the
 collectives of the whole pass. The MindSpore networks need exactly 8 ranks;
-the Paddle network uses every rank.
+the Paddle network uses every rank, the OneFlow one a 2 x n placement.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any, Callable
 
 from ..nets import (
     Network, NetworkRunner, mindspore_layout, mindspore_tutorial, needs_eight, network_atol,
-    paddle_needs, paddle_tp, reference_rows,
+    oneflow_2d_sbp, oneflow_2d_signature, oneflow_needs, paddle_needs, paddle_tp, reference_rows,
 )
 from . import ops as _ops  # noqa: F401  (the single-operator seed scenarios are listed first)
 from .jobs import short
@@ -56,3 +57,7 @@ scenario("net_mindspore_layout", "MindSpore tutorial net with Layout((2,2,2)) / 
          needs_eight)(_build(mindspore_layout))
 scenario("net_paddle_tp", "Paddle split net: Embedding > column Linear > row Linear",
          paddle_needs)(_build(paddle_tp))
+scenario("net_oneflow_2d_sbp", "OneFlow 2D SBP net: Linear > ReLU > Linear, x (B, S(0))",
+         oneflow_needs)(_build(oneflow_2d_sbp))
+scenario("net_oneflow_2d_signature", "OneFlow 2D SBP net, Linear1 w (S(1), B): y (S(2), S(0))",
+         oneflow_needs)(_build(oneflow_2d_signature))

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from .model import Hop, Network, Param, Stage, network_atol, reference_rows, schedule
 from .run import NetworkRun, NetworkRunner
-from .seeds import mindspore_layout, mindspore_tutorial, needs_eight, paddle_needs, paddle_tp
+from .seeds import (mindspore_layout, mindspore_tutorial, needs_eight, oneflow_2d_sbp,
+                    oneflow_2d_signature, oneflow_needs, paddle_needs, paddle_tp)
 from .table import HopRow, format_table
 
 __all__ = [
@@ -30,6 +31,9 @@ __all__ = [
     "paddle_tp",
     "needs_eight",
     "paddle_needs",
+    "oneflow_2d_sbp",
+    "oneflow_2d_signature",
+    "oneflow_needs",
     "NetworkRunner",
     "NetworkRun",
     "NETWORKS",
@@ -40,4 +44,6 @@ NETWORKS = {
     "net_mindspore_tutorial": mindspore_tutorial,
     "net_mindspore_layout": mindspore_layout,
     "net_paddle_tp": paddle_tp,
+    "net_oneflow_2d_sbp": oneflow_2d_sbp,
+    "net_oneflow_2d_signature": oneflow_2d_signature,
 }

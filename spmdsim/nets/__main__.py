@@ -10,12 +10,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import NETWORKS, needs_eight, paddle_needs
+from . import NETWORKS, needs_eight, oneflow_needs, paddle_needs
 
 __all__ = ["main"]
 
 _NEEDS = {"net_mindspore_tutorial": needs_eight, "net_mindspore_layout": needs_eight,
-          "net_paddle_tp": paddle_needs}
+          "net_paddle_tp": paddle_needs, "net_oneflow_2d_sbp": oneflow_needs,
+          "net_oneflow_2d_signature": oneflow_needs}
 
 
 def main(argv: list[str] | None = None) -> int:

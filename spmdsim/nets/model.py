@@ -23,7 +23,7 @@ from ..datagen import SeededTensor
 from ..dialects.paddle import split_layouts
 from ..errors import OperatorError, ShapeError
 from ..layout import TensorLayout
-from ..ops.infer import infer_matmul, matmul_shape
+from ..ops.infer import infer_linear, infer_matmul, matmul_shape
 from ..plan import Plan, plan_redistribution
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "Hop",
     "flatten_stage",
     "matmul_stage",
+    "linear_stage",
     "relu_stage",
     "paddle_stage",
     "schedule",
@@ -43,7 +44,7 @@ __all__ = [
 ]
 
 #: Operator kinds a Stage may have.
-KINDS = ("flatten", "matmul", "relu", "embedding", "column_linear", "row_linear")
+KINDS = ("flatten", "matmul", "linear", "relu", "embedding", "column_linear", "row_linear")
 
 _LOCAL_STEPS = ("local_slice", "local_zero")
 
@@ -177,6 +178,25 @@ def matmul_stage(name: str, how: str, x: TensorLayout, w: TensorLayout,
     return Stage(name, "matmul", how, x, plan.out, shape, (Param("w", w, w_source),), colls)
 
 
+def linear_stage(name: str, how: str, x: TensorLayout, w: TensorLayout, x_shape: Sequence[int],
+                 w_source: SeededTensor, b: Optional[TensorLayout] = None,
+                 b_source: Optional[SeededTensor] = None) -> Stage:
+    """Y = X @ W + b with the given layouts (`spmdsim.ops.infer.infer_linear`), as nn.Linear
+    under an SBP: a split in_features is finished by Allreduce, the bias added once."""
+    if (b is None) != (b_source is None):
+        raise OperatorError(f"{name}: give both the bias layout and its values, or neither")
+    plan = infer_linear(x, w, b)
+    shape = matmul_shape(tuple(x_shape), w_source.shape)
+    checks = [(x, x_shape), (w, w_source.shape), (plan.out, shape)]
+    if b is not None:
+        checks.append((b, b_source.shape))
+    for tl, s in checks:
+        tl.check_shape(s)
+    params = (Param("w", w, w_source),) + ((Param("b", b, b_source),) if b is not None else ())
+    colls = tuple((r.collective, r.axes) for r in plan.collectives)
+    return Stage(name, "linear", how, x, plan.out, shape, params, colls)
+
+
 def relu_stage(name: str, how: str, x: TensorLayout, shape: Sequence[int]) -> Stage:
     """ReLU on the layout its strategy gives: shard by shard, no communication."""
     shape = x.check_shape(shape)
@@ -285,6 +305,6 @@ def network_atol(net: Network, upto: Optional[int] = None) -> float:
     eps = float(np.finfo(dtype).eps)
     total = default_tolerances(dtype)[1]
     for stage in net.stages[:upto]:
-        if stage.kind in ("matmul", "column_linear", "row_linear"):
+        if stage.kind in ("matmul", "linear", "column_linear", "row_linear"):
             total += stage.params[0].source.shape[0] * eps
     return total

@@ -34,10 +34,10 @@ class NetworkRunner:
         for hop in self.hops:
             self.mesh(hop.before.layout)
             self.mesh(hop.after.layout)
-        # Weights of the strategy operators, cut once; the Paddle front end cuts its own.
+        # Weights of the strategy and SBP operators, cut once; the Paddle front end cuts its own.
         self.params: dict[int, tuple] = {}
         for i, stage in enumerate(net.stages):
-            if stage.kind == "matmul":
+            if stage.kind in ("matmul", "linear"):
                 self.params[i] = tuple(
                     DTensor.from_seeded(self.mesh(p.layout.layout), p.layout, p.source)
                     for p in stage.params)
@@ -112,6 +112,12 @@ def _matmul(runner: NetworkRunner, index: int, x: Any) -> Any:
     return matmul(x, w, label=runner.net.stages[index].name)
 
 
+def _linear(runner: NetworkRunner, index: int, x: Any) -> Any:
+    from ..ops import linear
+
+    return linear(x, *runner.params[index], label=runner.net.stages[index].name)
+
+
 def _relu(runner: NetworkRunner, index: int, x: Any) -> Any:
     from ..ops import relu
 
@@ -133,8 +139,8 @@ def _paddle(runner: NetworkRunner, index: int, x: Any) -> Any:
                  weight_attr=w, bias_attr=b, name=stage.name)
 
 
-_STAGES = {"flatten": _flatten, "matmul": _matmul, "relu": _relu, "embedding": _paddle,
-           "column_linear": _paddle, "row_linear": _paddle}
+_STAGES = {"flatten": _flatten, "matmul": _matmul, "linear": _linear, "relu": _relu,
+           "embedding": _paddle, "column_linear": _paddle, "row_linear": _paddle}
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,14 @@
-"""The seed networks as pure `Network` values (seed 003: MindSpore; seed 004: Paddle).
+"""The seed networks as pure `Network` values (seed 002: OneFlow; 003: MindSpore; 004: Paddle).
 
 * `mindspore_tutorial`: flatten -> MatMul.shard(((2,4),(4,1))) -> ReLU.shard(((4,1),))
   -> MatMul.shard(((1,8),(8,1))) -> ReLU.shard(((8,1),)) -> MatMul (no strategy);
 * `mindspore_layout`: the same network with matmul1 / matmul2 sharded by Layout
   tuples (Layout((2,2,2), ("dp","sp","mp")) and Layout((8,), ("tp",)));
 * `paddle_tp`: Embedding -> column Linear -> row Linear with
-  ``paddle.distributed.split`` over every rank.
+  ``paddle.distributed.split`` over every rank;
+* `oneflow_2d_sbp`: nn.Linear(8, 4) -> ReLU -> nn.Linear(4, 2) with broadcast
+  weights and the input (broadcast, split(0)) on a 2 x n placement;
+  `oneflow_2d_signature` gives the first Linear the seed's 2D MatMul signature.
 
 Choices (docs/networks.md): the images arrive data parallel (MindSpore's
 default ``dataset_strategy``: batch split over all devices); Flatten and the
@@ -19,10 +22,11 @@ import math
 from typing import Optional
 
 from ..datagen import SeededTensor
+from ..dialects.sbp import sbp_to_layout
 from ..dialects.strategy import format_strategy, matmul_layouts, strategy_layout
 from ..errors import OperatorError
 from ..layout import Layout
-from .model import Network, flatten_stage, matmul_stage, paddle_stage, relu_stage
+from .model import Network, flatten_stage, linear_stage, matmul_stage, paddle_stage, relu_stage
 
 __all__ = [
     "IMAGES",
@@ -35,6 +39,10 @@ __all__ = [
     "needs_eight",
     "paddle_needs",
     "PADDLE_SIZES",
+    "oneflow_2d_sbp",
+    "oneflow_2d_signature",
+    "oneflow_needs",
+    "ONEFLOW_SIZES",
 ]
 
 #: The tutorial's batch: 32 MNIST images (1, 28, 28); 512-wide layers; 10 classes.
@@ -62,6 +70,17 @@ def paddle_needs(world_size: int) -> Optional[str]:
     v, f = PADDLE_SIZES["vocab"], PADDLE_SIZES["ffn"]
     if v % world_size or f % world_size:
         return f"vocabulary {v} and ffn width {f} do not split over {world_size} ranks"
+    return None
+
+
+#: OneFlow's 2D SBP sample (seed 002): each rank's x is (1, 2, 8); Linear(8, 4), Linear(4, 2).
+ONEFLOW_SIZES = {"local_x": (1, 2, 8), "hidden": 4, "classes": 2}
+
+
+def oneflow_needs(world_size: int) -> Optional[str]:
+    """Reason to skip the OneFlow network: its placement is 2 x n devices."""
+    if world_size < 2 or world_size % 2:
+        return f"the 2 x n placement needs an even rank count, not {world_size}"
     return None
 
 
@@ -167,3 +186,51 @@ def paddle_tp(world_size: int, dtype: str = "float32", seed: int = 0) -> Network
     # The ids arrive replicated, as the embedding wants them (Paddle feeds every mp rank alike).
     return Network("net_paddle_tp", "Paddle split: Embedding -> column Linear -> row Linear",
                    ids, emb.x, (emb, col, row), batch_dims=len(ids_shape))
+
+
+def oneflow_2d_sbp(world_size: int, dtype: str = "float32", seed: int = 0,
+                   weight_sbp: str = "B,B") -> Network:
+    """Seed 002's sample model on a 2 x n placement (the seed's is [[0, 1], [2, 3]], n = 2).
+
+    ``model.to_global(placement, sbp=(B, B))`` broadcasts every weight and bias;
+    ``x.to_global(placement, sbp=(B, S(0)))`` makes each rank's (1, 2, 8) block
+    one slice of an (n, 2, 8) input, the same on both rows of the placement. With
+    broadcast weights each Linear is a local product: no communication, and the
+    output keeps (B, S(0)). `weight_sbp` "S(1),B" gives the first Linear the
+    seed's 2D signature instead (x (B, S(0)) times w (S(1), B) is y (S(1), S(0)),
+    here S(2) for the 3-d activations): its output columns are split over p0,
+    so the second Linear's broadcast weight needs them gathered first.
+    """
+    reason = oneflow_needs(world_size)
+    if reason:
+        raise OperatorError(reason)
+    if weight_sbp not in ("B,B", "S(1),B"):
+        raise OperatorError(f"weight_sbp {weight_sbp!r} must be 'B,B' (the seed's model) or 'S(1),B' "
+                            "(the seed's 2D MatMul signature)")
+    placement = (2, world_size // 2)
+    local_x, hidden, classes = ONEFLOW_SIZES["local_x"], ONEFLOW_SIZES["hidden"], ONEFLOW_SIZES["classes"]
+    x_shape = (local_x[0] * placement[1],) + local_x[1:]
+    features = x_shape[-1]
+    x = sbp_to_layout("B,S(0)", placement, len(x_shape))
+    broadcast_2d, broadcast_1d = sbp_to_layout("B,B", placement, 2), sbp_to_layout("B,B", placement, 1)
+    # The bias is split like the output's last dim: S(0) over p0 when the weight's columns are.
+    w1 = sbp_to_layout(weight_sbp, placement, 2)
+    b1 = broadcast_1d if weight_sbp == "B,B" else sbp_to_layout("S(0),B", placement, 1)
+    lin1 = linear_stage("Linear1", f"nn.Linear({features}, {hidden}), w sbp ({weight_sbp})", x, w1,
+                        x_shape, _weight((features, hidden), dtype, seed + 1), b1,
+                        SeededTensor((hidden,), dtype, seed + 2))
+    relu = relu_stage("ReLU", "local", lin1.out, lin1.out_shape)
+    # Linear2 wants its input as OneFlow's sample has it, (B, S(0)); a redistribution
+    # is scheduled when Linear1 left it otherwise.
+    lin2 = linear_stage("Linear2", f"nn.Linear({hidden}, {classes}), w sbp (B,B)", x, broadcast_2d,
+                        lin1.out_shape, _weight((hidden, classes), dtype, seed + 3), broadcast_1d,
+                        SeededTensor((classes,), dtype, seed + 4))
+    name, title = (("net_oneflow_2d_sbp", "OneFlow 2D SBP sample: Linear > ReLU > Linear")
+                   if weight_sbp == "B,B" else
+                   ("net_oneflow_2d_signature", "OneFlow 2D SBP: Linear with w (S(1), B) > ReLU > Linear"))
+    return Network(name, title, SeededTensor(x_shape, dtype, seed), x, (lin1, relu, lin2), batch_dims=2)
+
+
+def oneflow_2d_signature(world_size: int, dtype: str = "float32", seed: int = 0) -> Network:
+    """`oneflow_2d_sbp` with the seed's 2D MatMul signature on the first Linear (w (S(1), B))."""
+    return oneflow_2d_sbp(world_size, dtype, seed, weight_sbp="S(1),B")

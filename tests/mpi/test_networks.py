@@ -104,12 +104,33 @@ def test_paddle_network_adapts_and_needs_two_allreduces():
         runner.close()
 
 
+def test_oneflow_networks_check_every_hop_with_the_planned_collectives():
+    from spmdsim.nets import oneflow_2d_sbp, oneflow_2d_signature
+
+    for make, expected in ((oneflow_2d_sbp, {"Linear1": (), "ReLU": (), "Linear2": ()}),
+                           (oneflow_2d_signature, {"Linear1": (), "ReLU": (),
+                                                   "-> Linear2": (("allgather", ("p0",)),),
+                                                   "Linear2": ()})):
+        runner, result, verdicts, rows = _run(make(COMM.size, seed=5))
+        try:
+            assert all(v.passed for v in verdicts)
+            assert {label: _colls(rows, label) for label in rows} == expected
+            assert all(row.matches() for row in rows.values())
+            # Every rank holds its (1, 2, 2) block of the (n, 2, 2) output, as the seed's to_local shows.
+            assert result.output.local.shape == (1, 2, 2)
+        finally:
+            runner.close()
+
+
 def test_demo_rows_pass_or_skip_with_a_reason():
     chosen = [sc for sc in scenarios() if sc.name.startswith("net_")]
     assert [sc.name for sc in chosen] == [
-        "net_mindspore_tutorial", "net_mindspore_layout", "net_paddle_tp"]
+        "net_mindspore_tutorial", "net_mindspore_layout", "net_paddle_tp", "net_oneflow_2d_sbp",
+        "net_oneflow_2d_signature"]
     outcomes = {sc.name: run_scenario(sc, Context(COMM)) for sc in chosen}
     assert all(o.passed for o in outcomes.values())
+    assert outcomes["net_oneflow_2d_sbp"].collectives == {}
+    assert outcomes["net_oneflow_2d_signature"].collectives == {"allgather": 1}
     paddle = outcomes["net_paddle_tp"]
     assert paddle.skipped is None and paddle.collectives == {"allreduce": 2}
     for name in ("net_mindspore_tutorial", "net_mindspore_layout"):
