@@ -150,3 +150,12 @@ def test_run_linear_help_names_each_fronts_gather_default(capsys):
     assert "--no-gather-out keep the column output split" in text
     assert "the default with --front paddle, as Paddle's split() gather_out=True" in text
     assert "the default with --front megatron, as ColumnParallelLinear gather_output=False" in text
+
+
+def test_embedding_job_refuses_a_dim_parallel_paddle_front():
+    # Through the API as through the CLI: no quiet fallback to Megatron's ParallelEmbedding.
+    from spmdsim.demo.jobs import embedding_job
+    from spmdsim.errors import OperatorError
+
+    with pytest.raises(OperatorError, match="front 'paddle' has no mode 'dim'"):
+        embedding_job(None, "dim", (4, 16, 8), front="paddle")

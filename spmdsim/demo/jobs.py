@@ -227,6 +227,10 @@ def embedding_job(
         raise OperatorError(f"embedding mode {mode!r} must be 'vocab' or 'dim'")
     if front not in FRONTS:
         raise OperatorError(f"front {front!r} must be one of {FRONTS!r}")
+    if mode == "dim" and front == "paddle":
+        # The same refusal as the CLI's: split() has no dim-parallel embedding to run.
+        raise OperatorError("front 'paddle' has no mode 'dim': Paddle's split() embedding is "
+                            "vocab-parallel only; use front 'megatron' (ParallelEmbedding) for dim")
     dims = tuple(int(d) for d in dims)
     if len(dims) < 3:
         raise OperatorError(f"embedding shape {dims!r} must be ID_DIMS...,VOCAB,DIM")
