@@ -1,7 +1,7 @@
 """Paddle ``distributed.split(x, size, operation="embedding", num_partitions)`` (seed 004).
 
-ids (10, 4) in [0, 1000) into a (1000, 48) table, vocab-parallel over all ranks.
-Run: timeout 120 mpiexec -n 8 python examples/embedding_vocab.py (any rank count dividing 1000)
+ids (10, 4) in [0, 960) into a (960, 48) table, vocab-parallel over all ranks.
+Run: timeout 120 mpiexec -n 8 python examples/embedding_vocab.py (any rank count dividing 960)
 """
 import sys
 
@@ -17,7 +17,7 @@ comm = MPI.COMM_WORLD
 # An error on some ranks only ends the whole job instead of hanging the others.
 install_excepthook(comm)
 p = comm.size
-vocab, dim = 1000, 48
+vocab, dim = 960, 48
 if vocab % p:
     sys.exit(f"the vocabulary {vocab} must divide over {p} ranks")
 
@@ -36,7 +36,7 @@ ids = DTensor.from_seeded(mesh, mesh.layout(None, None), ids_src)
 with collect_trace() as trace:
     out = split(ids, (vocab, dim), operation="embedding", num_partitions=p, weight_attr=table)
 
-# Ids outside [0, 1000) would raise the same error on every rank before the
+# Ids outside [0, 960) would raise the same error on every rank before the
 # Allreduce, since every rank checks the same ids.
 verdict = out.check(embedding_region(ids_src, table))
 if comm.rank == 0:

@@ -1,6 +1,6 @@
 """Column-parallel Linear: Megatron ColumnParallelLinear(gather_output=True) / Paddle axis=1.
 
-x (24, 200) @ W (200, 120) + b. Run: timeout 120 mpiexec -n 8 python examples/linear_column.py
+x (24, 200) @ W (200, 240) + b. Run: timeout 120 mpiexec -n 8 python examples/linear_column.py
 """
 import sys
 
@@ -15,7 +15,7 @@ comm = MPI.COMM_WORLD
 # An error on some ranks only ends the whole job instead of hanging the others.
 install_excepthook(comm)
 p = comm.size
-k, n = 200, 120
+k, n = 200, 240
 if n % p:
     sys.exit(f"out_features {n} must divide over {p} ranks")
 
@@ -29,7 +29,7 @@ layer = ColumnParallelLinear(mesh, k, n, bias=True, gather_output=True, seed=1)
 
 # Each rank computes whole dot products for its n/p output columns (K is not
 # split), so no reduction is needed. gather_output=True asks every rank for the
-# full (24, 120) rows: one Allgather over all ranks concatenates the columns.
+# full (24, 240) rows: one Allgather over all ranks concatenates the columns.
 # With gather_output=False the output would stay split and nothing would move.
 with collect_trace() as trace:
     y = layer(x)

@@ -1,6 +1,6 @@
 """Row-parallel Linear: Paddle ``split(x, size, "linear", axis=0)`` / Megatron RowParallelLinear.
 
-x (24, 200) @ W (200, 72) + b. Run: timeout 120 mpiexec -n 8 python examples/linear_row.py
+x (24, 240) @ W (240, 72) + b. Run: timeout 120 mpiexec -n 8 python examples/linear_row.py
 """
 import sys
 
@@ -17,7 +17,7 @@ comm = MPI.COMM_WORLD
 # An error on some ranks only ends the whole job instead of hanging the others.
 install_excepthook(comm)
 p = comm.size
-k, n = 200, 72
+k, n = 240, 72
 if k % p:
     sys.exit(f"in_features {k} must divide over {p} ranks")
 

@@ -1,6 +1,6 @@
 """The fused tensor-parallel MLP: ColumnParallelLinear -> GELU -> RowParallelLinear, one Allreduce.
 
-x (24, 96), inner width 360. Run: timeout 120 mpiexec -n 8 python examples/mlp.py
+x (24, 96), inner width 480. Run: timeout 120 mpiexec -n 8 python examples/mlp.py
 """
 import sys
 
@@ -16,7 +16,7 @@ comm = MPI.COMM_WORLD
 # An error on some ranks only ends the whole job instead of hanging the others.
 install_excepthook(comm)
 p = comm.size
-hidden, ffn = 96, 360
+hidden, ffn = 96, 480
 if ffn % p:
     sys.exit(f"the inner width {ffn} must divide over {p} ranks")
 
@@ -24,10 +24,10 @@ mesh = Mesh(Layout((p,), ("mp",)), comm)
 xs = SeededTensor((24, hidden), "float32", seed=0)
 x = DTensor.from_seeded(mesh, mesh.layout(None, None), xs)  # replicated input
 
-# fc1 (96 -> 360) is column-parallel: rank r holds W1[:, 45r : 45(r+1)] and
-# computes its 45 hidden units for every row, with no communication.
+# fc1 (96 -> 480) is column-parallel: rank r holds W1[:, 60r : 60(r+1)] and
+# computes its 60 hidden units for every row, with no communication.
 # GELU acts on each hidden unit alone, so it runs on the split hidden dim.
-# fc2 (360 -> 96) is row-parallel: rank r holds W2[45r : 45(r+1), :], exactly the
+# fc2 (480 -> 96) is row-parallel: rank r holds W2[60r : 60(r+1), :], exactly the
 # rows matching its hidden units, so its input is already in place (no Allgather).
 # Its (24, 96) product is a partial sum over the hidden units: one Allreduce,
 # then fc2's bias once. The trace proves there is nothing else.

@@ -74,25 +74,25 @@ def _matmul_layout_tuple(ctx: Context) -> Job:
                       op="MatMul Layout((2,2,2))")
 
 
-@scenario("embedding_vocab", "vocab-parallel Embedding (Paddle split)", _divides(1000))
+@scenario("embedding_vocab", "vocab-parallel Embedding (Paddle split)", _divides(960))
 def _embedding_vocab(ctx: Context) -> Job:
     # Seed 004: each rank holds N/p rows + a zero padding row; Allreduce sums the lookups.
-    return embedding_job(ctx.comm, "vocab", (10, 4, 1000, 48), dtype=ctx.dtype,
+    return embedding_job(ctx.comm, "vocab", (10, 4, 960, 48), dtype=ctx.dtype,
                          seed=ctx.seed, front="paddle")
 
 
-@scenario("linear_row", "row-parallel Linear (Paddle split axis=0)", _divides(200))
+@scenario("linear_row", "row-parallel Linear (Paddle split axis=0)", _divides(240))
 def _linear_row(ctx: Context) -> Job:
-    return linear_job(ctx.comm, "row", (24, 200, 72), dtype=ctx.dtype, seed=ctx.seed,
+    return linear_job(ctx.comm, "row", (24, 240, 72), dtype=ctx.dtype, seed=ctx.seed,
                       front="paddle")
 
 
-@scenario("linear_column", "ColumnParallelLinear (gather_output)", _divides(120))
+@scenario("linear_column", "ColumnParallelLinear (gather_output)", _divides(240))
 def _linear_column(ctx: Context) -> Job:
-    return linear_job(ctx.comm, "column", (24, 200, 120), dtype=ctx.dtype, seed=ctx.seed,
+    return linear_job(ctx.comm, "column", (24, 200, 240), dtype=ctx.dtype, seed=ctx.seed,
                       gather_out=True)
 
 
-@scenario("mlp", "ParallelMLP column -> GELU -> row", _divides(360))
+@scenario("mlp", "ParallelMLP column -> GELU -> row", _divides(480))
 def _mlp(ctx: Context) -> Job:
-    return mlp_job(ctx.comm, (24, 96, 360), dtype=ctx.dtype, seed=ctx.seed)
+    return mlp_job(ctx.comm, (24, 96, 480), dtype=ctx.dtype, seed=ctx.seed)
