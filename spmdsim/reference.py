@@ -34,6 +34,8 @@ __all__ = [
     "activation",
     "add",
     "bias_add",
+    "softmax",
+    "transpose",
     "mlp",
     "check_ids",
     "full_region",
@@ -74,6 +76,19 @@ def activation(name: str) -> Callable[[np.ndarray], np.ndarray]:
         raise OperatorError(
             f"activation {name!r} is not supported; expected one of {tuple(ACTIVATIONS)!r}"
         ) from None
+
+
+def softmax(x: np.ndarray, dim: int = -1) -> np.ndarray:
+    """exp(x) / sum(exp(x)) along `dim`, shifted by the max for range (float results)."""
+    x = np.asarray(x)
+    shifted = x - np.max(x, axis=dim, keepdims=True)
+    e = np.exp(shifted)
+    return e / np.sum(e, axis=dim, keepdims=True)
+
+
+def transpose(x: np.ndarray, perm: Optional[Sequence[int]] = None) -> np.ndarray:
+    """numpy's transpose (`perm` None reverses the dims)."""
+    return np.transpose(x, perm)
 
 
 def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:

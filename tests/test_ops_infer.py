@@ -195,3 +195,32 @@ def test_contraction_mismatch_hint_is_itself_a_valid_map():
     assert message.endswith('e.g. w mapped ("mp", None)')
     # Following the hint works: the suggested w layout is accepted.
     assert infer_matmul(mesh("dp", "mp"), mesh("mp", None)) is not None
+
+
+def test_transpose_moves_the_tensor_map_with_the_dims():
+    from spmdsim.ops.infer import infer_transpose
+
+    mesh = Layout((2, 4), ("dp", "mp"))
+    x = mesh("dp", None, "mp").with_partial(())
+    assert infer_transpose(x, (2, 0, 1)) == (mesh("mp", "dp", None), (2, 0, 1))
+    assert infer_transpose(x)[0] == mesh("mp", None, "dp")  # None reverses, as numpy does
+    pending = Layout((2, 4), ("dp", "mp"))(None, "mp").with_partial(("dp",))
+    assert infer_transpose(pending, [1, 0])[0] == mesh("mp", None).with_partial(("dp",))
+    for bad in ((0, 1), (0, 0, 1), (0, 1, 3), (0, 1.0, 2), "012", 3):
+        with pytest.raises(OperatorError, match=r"transpose perm .* must be a permutation of 0..2"):
+            infer_transpose(x, bad)
+
+
+def test_softmax_needs_a_whole_dim_and_no_pending_sum():
+    from spmdsim.ops.infer import infer_softmax
+
+    mesh = Layout((2, 4), ("dp", "mp"))
+    x = mesh("dp", None)
+    assert infer_softmax(x, -1) == (x, 1) and infer_softmax(x, 1) == (x, 1)
+    with pytest.raises(OperatorError, match=r'softmax along dim 0 of .*split over "dp", so no rank holds a whole row'):
+        infer_softmax(x, 0)
+    with pytest.raises(OperatorError, match=r"softmax of a pending sum over \('mp',\) is wrong"):
+        infer_softmax(x.with_partial(("mp",)), 1)
+    for bad in (2, -3, 1.0, None):
+        with pytest.raises(OperatorError, match=r"softmax dim .* is out of range"):
+            infer_softmax(x, bad)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from .elementwise import activation, add, bias_add, gelu, relu
 from .embedding import ParallelEmbedding, VocabParallelEmbedding, embedding
 from .linear import ColumnParallelLinear, RowParallelLinear, linear
+from .local import softmax, transpose
 from .matmul import matmul
 from .mlp import ParallelMLP
 from .paddle_split import paddle_mesh, split
@@ -23,6 +24,8 @@ __all__ = [
     "activation",
     "add",
     "bias_add",
+    "transpose",
+    "softmax",
     "ColumnParallelLinear",
     "RowParallelLinear",
     "VocabParallelEmbedding",

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from ..errors import OperatorError, ShapeError
+from ..validate import as_int
 from ..layout import TensorLayout, format_entry
 from .resolve import (
     ALLGATHER,
@@ -38,6 +39,8 @@ __all__ = [
     "infer_elementwise",
     "infer_add",
     "infer_bias_add",
+    "infer_transpose",
+    "infer_softmax",
     "matmul_shape",
     "resolve_partial",
     "out_layout_from_strategy",
@@ -319,6 +322,45 @@ def infer_elementwise(x: TensorLayout, op: str = "relu") -> TensorLayout:
             f"{op}(a + b)); Allreduce or Reduce_scatter the input first"
         )
     return x
+
+
+def infer_transpose(x: TensorLayout, perm: Optional[Sequence[int]] = None) -> tuple[TensorLayout, tuple[int, ...]]:
+    """(layout, perm) of x with its dims permuted: the tensor map follows the dims, no communication.
+
+    `perm` None reverses the dims (numpy's rule). Pending sums stay pending
+    (a transpose is linear).
+    """
+    n = x.ndim
+    if perm is None:
+        perm = tuple(range(n - 1, -1, -1))
+    items = tuple(perm) if isinstance(perm, (tuple, list)) else None
+    dims = None if items is None else tuple(as_int(p) for p in items)
+    if dims is None or None in dims or sorted(dims) != list(range(n)):
+        raise OperatorError(f"transpose perm {perm!r} must be a permutation of 0..{n - 1} "
+                            f"(one entry per dim of {_fmt(x)})")
+    return x.layout(*(x.tensor_map[d] or None for d in dims)).with_partial(x.partial), dims
+
+
+def infer_softmax(x: TensorLayout, dim: int = -1) -> tuple[TensorLayout, int]:
+    """(layout, dim) of softmax along `dim`: local when that dim is whole on every rank.
+
+    Each rank needs the whole row to normalise it, so a split `dim` is refused
+    (redistribute x so that dim is whole first); so is a pending sum, whose
+    exponential is not the sum of the addends' exponentials.
+    """
+    d = as_int(dim)
+    if d is None or not -x.ndim <= d < x.ndim:
+        raise OperatorError(f"softmax dim {dim!r} is out of range for {_fmt(x)} ({x.ndim} dims)")
+    d %= x.ndim
+    if x.partial:
+        raise OperatorError(f"softmax of a pending sum over {x.partial!r} is wrong (exp(a) + exp(b) "
+                            "!= exp(a + b)); Allreduce or Reduce_scatter the input first")
+    if x.tensor_map[d]:
+        raise OperatorError(
+            f"softmax along dim {d} of {_fmt(x)}: that dim is split over {format_entry(x.tensor_map[d])}, "
+            "so no rank holds a whole row to normalise; redistribute x so dim "
+            f"{d} is whole (e.g. to the map with None there) first")
+    return x, d
 
 
 def infer_add(a: TensorLayout, b: TensorLayout) -> TensorLayout:
