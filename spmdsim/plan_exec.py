@@ -15,7 +15,6 @@ from .errors import PlanError
 from .layout import Layout, TensorLayout
 from .plan import Plan, plan_redistribution
 from .plan.kernels import exchange_program, local_slice, local_zero
-from .runtime import debug
 from .plan.steps import (
     Allgather,
     Allreduce,
@@ -26,6 +25,10 @@ from .plan.steps import (
     ReduceScatter,
     step_label,
 )
+from .runtime import debug
+
+# debug's settings, read as one attribute on the repeated path (what debug.quiet() caches).
+_DEBUG = debug._State
 
 __all__ = ["redistribute", "run_plan"]
 
@@ -56,7 +59,7 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
     except AttributeError:
         raise PlanError(f"redistribute: x must be a DTensor, got {type(dtensor).__name__}; build one "
                         "with DTensor.from_local/from_seeded") from None
-    if not debug.quiet():  # SPMDSIM_CHECK: the same move on every rank (else one flag read)
+    if _DEBUG.quiet is not True and not debug.quiet():  # SPMDSIM_CHECK: the same move on every rank
         debug.verify_operands(mesh, "redistribute", (("x", shape, dtensor.layout, local.dtype),
                                                      ("target", shape, target, local.dtype)))
     if plan is None:
