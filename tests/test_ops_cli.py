@@ -159,3 +159,16 @@ def test_embedding_job_refuses_a_dim_parallel_paddle_front():
 
     with pytest.raises(OperatorError, match="front 'paddle' has no mode 'dim'"):
         embedding_job(None, "dim", (4, 16, 8), front="paddle")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--strategy", "((2,1),(1,4))", "--x-sbp", "B,S(0)"], "--strategy and --x-sbp both give the layouts"),
+    (["--device-matrix", "2,2", "--placement", "2,2"], "--device-matrix and --placement both give"),
+    (["--placement", "2,2", "--x-sbp", "B,S(0)"], "the SBP form of matmul needs --placement, --x-sbp and --w-sbp"),
+])
+def test_run_matmul_sbp_flags_are_one_form(capsys, argv, needle):
+    from spmdsim.cli.main import main
+
+    assert main(["run", "matmul", "--shape", "8,4,4"] + argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err, err

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..dialects.strategy import parse_strategy
 from ..errors import SpmdsimError
@@ -54,6 +54,10 @@ def register(subparsers: Any) -> None:
     mm.add_argument("--x-map", help='tensor map of X, e.g. "mp,(sp,dp)"')
     mm.add_argument("--w-map", help='tensor map of W, e.g. "(sp,dp),None"')
     mm.add_argument("--out-map", help="wanted output map (Reduce_scatter when it extends a dim)")
+    mm.add_argument("--placement", help="OneFlow placement shape for the SBP flags, e.g. 2,2")
+    mm.add_argument("--x-sbp", help='nD SBP of X over --placement, e.g. "B,S(0)" (P: a pending sum)')
+    mm.add_argument("--w-sbp", help='nD SBP of W over --placement, e.g. "S(1),B"')
+    mm.add_argument("--out-sbp", help="wanted output SBP (Reduce_scatter when it splits a dim)")
     mm.add_argument("--transpose-a", action="store_true", help="X is stored (K, M)")
     mm.add_argument("--transpose-b", action="store_true", help="W is stored (N, K)")
     lin = _op(ops, "linear", "column- or row-parallel Linear with bias over every rank")
@@ -160,9 +164,13 @@ def _check_flags(args: argparse.Namespace) -> None:
     map_flags = [flag for flag, value in (
         ("--device-matrix", args.device_matrix), ("--alias-name", args.alias_name),
         ("--x-map", args.x_map), ("--w-map", args.w_map), ("--out-map", args.out_map)) if value]
-    if args.strategy and map_flags:
-        raise SpmdsimError(f"--strategy and {'/'.join(map_flags)} both give the layouts; "
-                           "expected --strategy [--out-strategy], or the Layout flags alone")
+    sbp_flags = [flag for flag, value in (
+        ("--placement", args.placement), ("--x-sbp", args.x_sbp), ("--w-sbp", args.w_sbp),
+        ("--out-sbp", args.out_sbp)) if value]
+    forms = [flags for flags in ((["--strategy"] if args.strategy else []), map_flags, sbp_flags) if flags]
+    if len(forms) > 1:
+        raise SpmdsimError(f"{' and '.join('/'.join(f) for f in forms)} both give the layouts; expected "
+                           "--strategy [--out-strategy], the Layout flags, or the SBP flags alone")
     if args.out_strategy and not args.strategy:
         raise SpmdsimError("--out-strategy goes with --strategy; with --device-matrix and the "
                            "maps give the wanted output layout as --out-map")
@@ -215,17 +223,16 @@ def _build(args: argparse.Namespace, comm: Any) -> Any:
         out = _out_strategy(args.out_strategy) if args.out_strategy else None
         return jobs.strategy_matmul_job(comm, args.strategy, dims, **common, **flags,
                                         out_strategy=out)
+    if args.placement or args.x_sbp or args.w_sbp or args.out_sbp:
+        return _sbp_matmul_job(args, comm, dims, common, flags)
     if not (args.device_matrix and args.alias_name and args.x_map and args.w_map):
         raise SpmdsimError("matmul needs --strategy, or --device-matrix, --alias-name, "
-                           "--x-map and --w-map")
+                           "--x-map and --w-map, or --placement, --x-sbp and --w-sbp")
     matrix = parse_int_list(args.device_matrix, "--device-matrix")
     check_device_count(math.prod(matrix), f"--device-matrix {args.device_matrix!r}")
     layout = Layout(matrix, parse_name_list(args.alias_name, "--alias-name"))
     x_map, w_map = parse_tensor_map(args.x_map), parse_tensor_map(args.w_map)
-    *batch, m, k, n = dims
-    x_shape = tuple(batch) + ((k, m) if args.transpose_a else (m, k))
-    w_shape = tuple(batch)[len(batch) + 2 - len(w_map):] + (
-        (n, k) if args.transpose_b else (k, n))
+    x_shape, w_shape = _operand_shapes(dims, args.transpose_a, args.transpose_b, len(w_map))
     out = None
     if args.out_map:
         out_map = parse_tensor_map(args.out_map)
@@ -237,6 +244,34 @@ def _build(args: argparse.Namespace, comm: Any) -> Any:
         out = layout(*out_map)
     return jobs.matmul_job(comm, layout(*x_map), layout(*w_map), x_shape, w_shape, **common,
                            **flags, out_layout=out)
+
+
+def _operand_shapes(dims: Sequence[int], transpose_a: bool, transpose_b: bool,
+                    w_ndim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """X's and W's stored shapes for --shape B...,M,K,N (W keeps its last `w_ndim` dims)."""
+    *batch, m, k, n = dims
+    x_shape = tuple(batch) + ((k, m) if transpose_a else (m, k))
+    w_shape = tuple(batch)[len(batch) + 2 - w_ndim:] + ((n, k) if transpose_b else (k, n))
+    return x_shape, w_shape
+
+
+def _sbp_matmul_job(args: argparse.Namespace, comm: Any, dims: Sequence[int], common: dict,
+                    flags: dict) -> Any:
+    """MatMul with OneFlow nD SBPs over a placement: axes p0, p1, ... (sbp_to_layout's names)."""
+    from ..demo import jobs
+    from ..dialects.sbp import sbp_to_layout
+
+    if not (args.placement and args.x_sbp and args.w_sbp):
+        raise SpmdsimError("the SBP form of matmul needs --placement, --x-sbp and --w-sbp "
+                           "(and optionally --out-sbp)")
+    placement = parse_int_list(args.placement, "--placement")
+    check_device_count(math.prod(placement), f"--placement {args.placement!r}")
+    x_shape, w_shape = _operand_shapes(dims, args.transpose_a, args.transpose_b, 2)
+    x = sbp_to_layout(args.x_sbp, placement, len(x_shape))
+    w = sbp_to_layout(args.w_sbp, placement, len(w_shape))
+    out = sbp_to_layout(args.out_sbp, placement, len(dims) - 1) if args.out_sbp else None
+    return jobs.matmul_job(comm, x, w, x_shape, w_shape, **common, **flags, out_layout=out,
+                           op=f"MatMul sbp x ({args.x_sbp}) w ({args.w_sbp})")
 
 
 def _run_op(args: argparse.Namespace, comm: Any) -> int:

@@ -76,3 +76,27 @@ def test_a_wrong_result_reports_fail_on_every_rank():
     assert not result.verdict.passed and result.verdict.max_abs_error > 9e-4
     text = report(job, result, [[rank_line(job, result.out)]])
     assert text.endswith("FAIL") and "allreduce over ('mp',)" in text
+
+
+@pytest.mark.parametrize("x_sbp, w_sbp, out_sbp, collectives", [
+    # OneFlow's 2D signature (seed 002): x (B, S(0)) @ w (S(1), B) = y (S(1), S(0)), no communication.
+    ("B,S(0)", "S(1),B", None, {}),
+    # K split on p0 on both sides: a pending sum over p0, resolved by Allreduce ...
+    ("S(1),B", "S(0),B", None, {"allreduce": 1}),
+    # ... or by Reduce_scatter when the wanted output splits rows over p0.
+    ("S(1),B", "S(0),B", "S(0),B", {"reduce_scatter": 1}),
+    # A pending-sum input stays linear through the product.
+    ("P,B", "B,B", None, {"allreduce": 1}),
+])
+def test_run_matmul_with_sbp(capsys, x_sbp, w_sbp, out_sbp, collectives):
+    size = _world().size
+    if size % 2:
+        pytest.skip("the placement is 2 x n")
+    argv = ["run", "matmul", "--shape", f"8,{2 * size},{2 * size}", "--placement", f"2,{size // 2}",
+            "--x-sbp", x_sbp, "--w-sbp", w_sbp, "--json"] + (["--out-sbp", out_sbp] if out_sbp else [])
+    rc = main(argv)
+    out = capsys.readouterr().out
+    assert rc == 0
+    record = _world().bcast(json.loads(out) if _world().rank == 0 else None)
+    assert record["passed"] is True and record["collectives"] == collectives
+    assert record["op"] == f"MatMul sbp x ({x_sbp}) w ({w_sbp})"
