@@ -206,3 +206,26 @@ def test_show_rejects_unknown_picture_type_before_printing(tmp_path, capsys):
     code, out, err = _run(["show", *SEED1_FLAGS, "--png", str(tmp_path / "a.jpg")], capsys)
     assert code == 2 and out == ""
     assert "must end in one of ('.png', '.svg', '.pdf')" in err
+
+
+def test_matmul_strategy_operands_show_seed_001(capsys):
+    # Seed 001: MatMul.shard(((2, 1), (1, 4))) on 8 devices: devices 0-3 hold X0, 4-7 X1;
+    # device r holds W's column block r % 4; the output is (m, n)-split, no pending sum.
+    base = ["slices", "--strategy", "((2,1),(1,4))", "--world-size", "8"]
+    code, out, _ = _run(base + ["--operand", "x", "--shape", "4,6"], capsys)
+    assert code == 0
+    x = json.loads(out)["rank_slices"]
+    assert [x[str(r)][0] for r in range(8)] == [[0, 2]] * 4 + [[2, 4]] * 4
+    code, out, _ = _run(base + ["--operand", "w", "--shape", "6,8"], capsys)
+    w = json.loads(out)["rank_slices"]
+    assert [w[str(r)][1] for r in range(8)] == [[2 * (r % 4), 2 * (r % 4) + 2] for r in range(8)]
+    code, out, _ = _run(base + ["--operand", "out", "--shape", "4,8"], capsys)
+    assert code == 0 and "partial" not in json.loads(out)
+    # A split K makes the output a pending sum over k, which slices names.
+    code, out, _ = _run(["slices", "--strategy", "((2,4),(4,1))", "--operand", "out", "--shape", "4,8"], capsys)
+    assert json.loads(out)["partial"]["axes"] == ["k"]
+    # Without --operand a two-tensor strategy says what to add; --operand needs a MatMul strategy.
+    code, _, err = _run(["slices", "--strategy", "((2,1),(1,4))", "--shape", "4,8"], capsys)
+    assert code == 2 and "for a MatMul strategy add --operand x, w or out" in err
+    code, _, err = _run(["slices", "--strategy", "((2,4),)", "--operand", "x", "--shape", "4,8"], capsys)
+    assert code == 2 and "operand 'x' goes with a MatMul strategy of two tensors" in err

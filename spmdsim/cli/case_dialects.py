@@ -27,10 +27,17 @@ def strategy_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...
             f"or \"((2, 1, 2, 2, 1),)\", got {value!r}"
         )
     parsed = parse_strategy(value)
+    operand = data.get("operand")
+    if len(parsed) == 2 and operand is not None:
+        return _matmul_operand_case(data, value, parsed, operand, shape, partial)
+    if operand is not None:
+        raise SpmdsimError(f"operand {operand!r} goes with a MatMul strategy of two tensors such as "
+                           f"((2, 1), (1, 4)); strategy {value!r} gives {len(parsed)}")
     if len(parsed) != 1:
+        hint = "; for a MatMul strategy add --operand x, w or out" if len(parsed) == 2 else ""
         raise SpmdsimError(
             f"case key 'strategy' {value!r} gives {len(parsed)} tensors; expected one "
-            "tensor's strategy such as [[2, 1, 2, 2, 1]]"
+            f"tensor's strategy such as [[2, 1, 2, 2, 1]]{hint}"
         )
     parsed = parsed[0]
     strategy = tuple(parsed)
@@ -38,6 +45,22 @@ def strategy_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...
     check_device_count(max(world, math.prod(strategy)), f"strategy {value!r}")
     return Case(_with_partial(strategy_layout(strategy, world), partial), shape, "strategy",
                 strategy=strategy)
+
+
+def _matmul_operand_case(data: Mapping, value: object, parsed: tuple, operand: object,
+                         shape: tuple[int, ...], partial: tuple[str, ...]) -> Case:
+    """One tensor of ``MatMul().shard(strategy)``: x, w or the (pending) output, as MindSpore lays it out."""
+    from ..dialects.strategy import matmul_layouts
+
+    if operand not in ("x", "w", "out"):
+        raise SpmdsimError(f"operand {operand!r} must be 'x', 'w' or 'out'")
+    xs, ws = parsed
+    # Every axis of the strategy's device matrix: batch and (m, k) from x, n from w.
+    needed = math.prod(xs) * ws[-1]
+    world = _world_size(data) if "world_size" in data else needed
+    check_device_count(max(world, needed), f"strategy {value!r}")
+    tl = getattr(matmul_layouts(parsed, world), operand)
+    return Case(_with_partial(tl, partial), shape, "strategy")
 
 
 def sbp_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...]) -> Case:

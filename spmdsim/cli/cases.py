@@ -45,7 +45,7 @@ __all__ = [
 MAX_DEVICES = 65536
 
 _LAYOUT_KEYS = ("device_matrix", "alias_name", "tensor_map")
-_STRATEGY_KEYS = ("strategy", "world_size")
+_STRATEGY_KEYS = ("strategy", "world_size", "operand")
 _SBP_KEYS = ("sbp", "placement")
 # Free-text keys a teacher may put in a case file; ignored.
 _NOTE_KEYS = ("name", "comment", "description")
@@ -326,6 +326,8 @@ def add_case_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--partial", metavar="NAME,..", help="axes holding pending sums")
     g.add_argument("--strategy", metavar="S", help='one tensor\'s .shard strategy, e.g. "((2,1,2,2,1),)"')
     g.add_argument("--world-size", type=int, metavar="N", help="ranks for --strategy")
+    g.add_argument("--operand", choices=("x", "w", "out"),
+                   help='with a MatMul strategy such as "((2,1),(1,4))": which tensor to show')
     g.add_argument("--sbp", metavar="SBP", help='nD SBP, e.g. "S(0),B"')
     g.add_argument("--placement", metavar="N,N,..", help="placement shape for --sbp, e.g. 2,4")
     g.add_argument("--placements", metavar="P", help='PyTorch DTensor placements over --device-matrix, '
@@ -351,6 +353,8 @@ def case_from_args(args: argparse.Namespace, stdin: Optional[TextIO] = None) -> 
         flags["strategy"] = args.strategy
     if args.world_size is not None:
         flags["world_size"] = args.world_size
+    if args.operand is not None:
+        flags["operand"] = args.operand
     if args.sbp is not None:
         flags["sbp"] = args.sbp
     if args.placement is not None:
