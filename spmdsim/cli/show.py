@@ -28,7 +28,8 @@ def register(subparsers: Any) -> None:
     )
     add_case_arguments(parser)
     parser.add_argument("--png", metavar="FILE", help="also write a picture (.png/.svg/.pdf)")
-    parser.add_argument("--name", default="x", help="the tensor's name in titles (default x)")
+    parser.add_argument("--name", default=None,
+                        help="the tensor's name in titles (default x, or the --operand)")
     parser.add_argument("--width", type=int, default=80,
                         help=f"terminal columns (default 80, at least {MIN_WIDTH})")
     parser.set_defaults(func=run)
@@ -44,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
 
         # Fail before printing anything: the ASCII picture comes first.
         check_output_file(check_picture_path(args.png), "--png")
-    picture = layout_picture(case.tensor_layout, case.shape, args.name)
+    name = args.name or getattr(args, "operand", None) or "x"
+    picture = layout_picture(case.tensor_layout, case.shape, name)
     print(render_layout_ascii(picture, width=args.width), end="")
     if args.png:
         from ..viz.png import render_layout_png
