@@ -1,7 +1,7 @@
 """Paddle ``distributed.split(x, size, operation="embedding", num_partitions)`` (seed 004).
 
 ids (10, 4) in [0, 960) into a (960, 48) table, vocab-parallel over all ranks.
-Run: timeout 120 mpiexec -n 8 python examples/embedding_vocab.py (any rank count dividing 960)
+Run: timeout -k 5 120 mpiexec -n 8 python examples/embedding_vocab.py (any rank count dividing 960)
 """
 import sys
 

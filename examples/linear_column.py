@@ -1,6 +1,6 @@
 """Column-parallel Linear: Megatron ColumnParallelLinear(gather_output=True) / Paddle axis=1.
 
-x (24, 200) @ W (200, 240) + b. Run: timeout 120 mpiexec -n 8 python examples/linear_column.py
+x (24, 200) @ W (200, 240) + b. Run: timeout -k 5 120 mpiexec -n 8 python examples/linear_column.py
 """
 import sys
 

@@ -1,6 +1,6 @@
 """Row-parallel Linear: Paddle ``split(x, size, "linear", axis=0)`` / Megatron RowParallelLinear.
 
-x (24, 240) @ W (240, 72) + b. Run: timeout 120 mpiexec -n 8 python examples/linear_row.py
+x (24, 240) @ W (240, 72) + b. Run: timeout -k 5 120 mpiexec -n 8 python examples/linear_row.py
 """
 import sys
 

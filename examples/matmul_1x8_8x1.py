@@ -1,6 +1,6 @@
 """MindSpore ``ops.MatMul().shard(((1, 8), (8, 1)))`` (seed 003, matmul2) on 8 ranks.
 
-x (32, 512) @ fc2_weight (512, 512). Run: timeout 120 mpiexec -n 8 python examples/matmul_1x8_8x1.py
+x (32, 512) @ fc2_weight (512, 512). Run: timeout -k 5 120 mpiexec -n 8 python examples/matmul_1x8_8x1.py
 """
 import sys
 
@@ -21,7 +21,7 @@ install_excepthook(comm)
 if comm.size != 8:
     # Raised on every rank alike: the excepthook prints it once and exits 2.
     raise SpmdsimError(f"this example is written for 8 ranks, not {comm.size}: run with "
-                       "timeout 120 mpiexec -n 8 python examples/matmul_1x8_8x1.py")
+                       "timeout -k 5 120 mpiexec -n 8 python examples/matmul_1x8_8x1.py")
 
 # Strategy ((1, 8), (8, 1)): only the contraction dim K is cut, 8 ways.
 # Device matrix (m, k, n) = (1, 8, 1): rank r holds K-slice r.

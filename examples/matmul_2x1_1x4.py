@@ -1,6 +1,6 @@
 """MindSpore ``ops.MatMul().shard(((2, 1), (1, 4)))`` on 8 ranks: no communication at all.
 
-x (256, 128) @ w (128, 192). Run: timeout 120 mpiexec -n 8 python examples/matmul_2x1_1x4.py
+x (256, 128) @ w (128, 192). Run: timeout -k 5 120 mpiexec -n 8 python examples/matmul_2x1_1x4.py
 """
 import sys
 
@@ -20,7 +20,7 @@ install_excepthook(comm)
 if comm.size != 8:
     # Raised on every rank alike: the excepthook prints it once and exits 2.
     raise SpmdsimError(f"this example is written for 8 ranks, not {comm.size}: run with "
-                       "timeout 120 mpiexec -n 8 python examples/matmul_2x1_1x4.py")
+                       "timeout -k 5 120 mpiexec -n 8 python examples/matmul_2x1_1x4.py")
 
 # Strategy ((2, 1), (1, 4)): x rows cut in 2, w columns cut in 4, K never cut.
 # Device matrix (m, k, n) = (2, 1, 4): rank = 4 * i_m + i_n.

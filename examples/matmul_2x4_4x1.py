@@ -1,6 +1,6 @@
 """MindSpore ``ops.MatMul().shard(((2, 4), (4, 1)))`` (seed 003, matmul1) on 8 ranks.
 
-x (32, 784) @ fc1_weight (784, 512). Run: timeout 120 mpiexec -n 8 python examples/matmul_2x4_4x1.py
+x (32, 784) @ fc1_weight (784, 512). Run: timeout -k 5 120 mpiexec -n 8 python examples/matmul_2x4_4x1.py
 """
 import sys
 
@@ -21,7 +21,7 @@ install_excepthook(comm)
 if comm.size != 8:
     # Raised on every rank alike: the excepthook prints it once and exits 2.
     raise SpmdsimError(f"this example is written for 8 ranks, not {comm.size}: run with "
-                       "timeout 120 mpiexec -n 8 python examples/matmul_2x4_4x1.py")
+                       "timeout -k 5 120 mpiexec -n 8 python examples/matmul_2x4_4x1.py")
 
 # Strategy ((2, 4), (4, 1)): x rows cut in 2, x columns (= K) cut in 4, w rows
 # (= K) cut in 4. Device matrix (m, k, n) = (2, 4, 1): rank = 4 * i_m + i_k.

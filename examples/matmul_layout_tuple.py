@@ -1,7 +1,7 @@
 """MindSpore advanced operator parallel (seed 003): Layout((2, 2, 2), ("dp", "sp", "mp")).
 
 matmul1.shard((layout("mp", ("sp", "dp")), layout(("sp", "dp"), "None"))) on
-x (32, 784) @ fc1_weight (784, 512). Run: timeout 120 mpiexec -n 8 python examples/matmul_layout_tuple.py
+x (32, 784) @ fc1_weight (784, 512). Run: timeout -k 5 120 mpiexec -n 8 python examples/matmul_layout_tuple.py
 """
 import sys
 
@@ -21,7 +21,7 @@ install_excepthook(comm)
 if comm.size != 8:
     # Raised on every rank alike: the excepthook prints it once and exits 2.
     raise SpmdsimError(f"this example is written for 8 ranks, not {comm.size}: run with "
-                       "timeout 120 mpiexec -n 8 python examples/matmul_layout_tuple.py")
+                       "timeout -k 5 120 mpiexec -n 8 python examples/matmul_layout_tuple.py")
 
 layout = Layout((2, 2, 2), ("dp", "sp", "mp"))
 mesh = Mesh(layout, comm)

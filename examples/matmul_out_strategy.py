@@ -1,6 +1,6 @@
 """MindSpore MatMul ((2, 4), (4, 1)) with ``out_strategy ((8, 1),)``: Reduce_scatter, not Allreduce.
 
-x (32, 784) @ w (784, 512). Run: timeout 120 mpiexec -n 8 python examples/matmul_out_strategy.py
+x (32, 784) @ w (784, 512). Run: timeout -k 5 120 mpiexec -n 8 python examples/matmul_out_strategy.py
 """
 import sys
 
@@ -22,7 +22,7 @@ install_excepthook(comm)
 if comm.size != 8:
     # Raised on every rank alike: the excepthook prints it once and exits 2.
     raise SpmdsimError(f"this example is written for 8 ranks, not {comm.size}: run with "
-                       "timeout 120 mpiexec -n 8 python examples/matmul_out_strategy.py")
+                       "timeout -k 5 120 mpiexec -n 8 python examples/matmul_out_strategy.py")
 
 # Same inputs as examples/matmul_2x4_4x1.py: device matrix (m, k, n) = (2, 4, 1);
 # each rank's (16, 512) product is a partial sum over the 4 ranks of its "k" group.

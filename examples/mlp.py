@@ -1,6 +1,6 @@
 """The fused tensor-parallel MLP: ColumnParallelLinear -> GELU -> RowParallelLinear, one Allreduce.
 
-x (24, 96), inner width 480. Run: timeout 120 mpiexec -n 8 python examples/mlp.py
+x (24, 96), inner width 480. Run: timeout -k 5 120 mpiexec -n 8 python examples/mlp.py
 """
 import sys
 

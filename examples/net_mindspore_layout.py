@@ -5,7 +5,7 @@
     matmul2.shard((layout2("None", "tp"), layout2("tp", "None")))
     (flatten, ReLU.shard(((4,1),)), ReLU.shard(((8,1),)) and MatMul3 as in the tutorial)
 
-Run: timeout 120 mpiexec -n 8 python examples/net_mindspore_layout.py
+Run: timeout -k 5 120 mpiexec -n 8 python examples/net_mindspore_layout.py
 """
 import sys
 
@@ -21,7 +21,7 @@ install_excepthook(comm)
 if comm.size != 8:
     # Raised on every rank alike: the excepthook prints it once and exits 2.
     raise SpmdsimError(f"Layout((2, 2, 2)) and Layout((8,)) need exactly 8 ranks, not {comm.size}: run with "
-                       "timeout 120 mpiexec -n 8 python examples/net_mindspore_layout.py")
+                       "timeout -k 5 120 mpiexec -n 8 python examples/net_mindspore_layout.py")
 
 net = mindspore_layout(comm.size, seed=0)
 runner = NetworkRunner(net, comm)

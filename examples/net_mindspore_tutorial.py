@@ -7,7 +7,7 @@
     x = ReLU.shard(((8, 1),))(x)
     logits = MatMul()(x, fc3)                   # (512, 10), no strategy: data parallel
 
-Run: timeout 120 mpiexec -n 8 python examples/net_mindspore_tutorial.py
+Run: timeout -k 5 120 mpiexec -n 8 python examples/net_mindspore_tutorial.py
 """
 import sys
 
@@ -24,7 +24,7 @@ install_excepthook(comm)
 if comm.size != 8:
     # Raised on every rank alike: the excepthook prints it once and exits 2.
     raise SpmdsimError(f"the tutorial's strategies are written for 8 devices, not {comm.size}: run with "
-                       "timeout 120 mpiexec -n 8 python examples/net_mindspore_tutorial.py")
+                       "timeout -k 5 120 mpiexec -n 8 python examples/net_mindspore_tutorial.py")
 
 # Every operator has its own device matrix, derived from its strategy:
 #   MatMul1 (2,4,1) axes (m,k,n): rank r = 4m + k holds x[16m:16m+16, 196k:196k+196]

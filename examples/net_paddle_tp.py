@@ -6,7 +6,7 @@
     y = paddle.distributed.split(h, (240, 64), "linear", axis=0, num_partitions=p)
 
 Adapts to the world size p (1, 2, 4, 8, ...: 960 and 240 must split over p).
-Run: timeout 120 mpiexec -n 8 python examples/net_paddle_tp.py
+Run: timeout -k 5 120 mpiexec -n 8 python examples/net_paddle_tp.py
 """
 import sys
 

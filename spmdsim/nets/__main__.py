@@ -1,7 +1,7 @@
 """Run seed networks and print their per-operator tables.
 
-    timeout 120 mpiexec -n 8 python -m spmdsim.nets                 # every network that fits
-    timeout 120 mpiexec -n 4 python -m spmdsim.nets net_paddle_tp --seed 3
+    timeout -k 5 120 mpiexec -n 8 python -m spmdsim.nets                 # every network that fits
+    timeout -k 5 120 mpiexec -n 4 python -m spmdsim.nets net_paddle_tp --seed 3
 
 Exits 1 when a value fails its check or a hop's collectives differ from its plan.
 """
