@@ -27,6 +27,7 @@ def test_show_draws_every_step_in_ascii(capsys):
 
 
 def test_png_writes_one_picture_per_step(tmp_path, capsys):
+    pytest.importorskip("matplotlib")  # the 'plot' extra (the README's test command installs it)
     assert main(ARGS + ["--png", str(tmp_path)]) == 0
     files = sorted(os.listdir(tmp_path))
     expected = ["step_00_source.png"] + [
