@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from spmdsim import Layout
 from spmdsim.cli.main import main
 from spmdsim.plan import plan_redistribution
