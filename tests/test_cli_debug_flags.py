@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from testkit import program_lines
 
 BIN = os.path.dirname(sys.executable)
 MPIEXEC = os.path.join(BIN, "mpiexec")
@@ -30,7 +31,7 @@ def test_run_with_guard_and_watchdog_passes():
 def test_bad_watchdog_value_is_one_line_on_every_rank():
     out = _mpi(MATMUL + ["--watchdog", "abc"])
     assert out.returncode == 2
-    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    lines = program_lines(out.stderr)  # Open MPI adds an exit banner
     assert lines == ["spmdsim: error: --watchdog 'abc' is not a number of seconds"]
     assert "Traceback" not in out.stdout + out.stderr
 

@@ -7,7 +7,7 @@ import shutil
 import sys
 from types import ModuleType
 
-__all__ = ["MPIEXEC", "factorizations", "load_script"]
+__all__ = ["MPIEXEC", "factorizations", "load_script", "program_lines"]
 
 # The venv's mpiexec (the pip `mpich` wheel) first, else the one on PATH, else "".
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
@@ -33,3 +33,31 @@ def load_script(path: str | os.PathLike, name: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def program_lines(stderr: str) -> list[str]:
+    """The non-blank stderr lines a job's ranks printed, without the launcher's own report.
+
+    MPICH's mpiexec adds nothing when a job exits non-zero; Open MPI's prterun
+    adds a block between lines of dashes that names itself ("prterun detected
+    that one or more processes exited with non-zero status ...") and libevent
+    "[warn]" lines. Only such blocks are dropped, so anything spmdsim prints counts.
+    """
+    lines, out, i = stderr.splitlines(), [], 0
+    while i < len(lines):
+        line = lines[i]
+        if _is_rule(line):
+            end = next((j for j in range(i + 1, len(lines)) if _is_rule(lines[j])), None)
+            block = "\n".join(lines[i:end])
+            if end is not None and ("prterun" in block or "mpirun" in block or "Open MPI" in block):
+                i = end + 1
+                continue
+        if line.strip() and not line.startswith("[warn] "):
+            out.append(line)
+        i += 1
+    return out
+
+
+def _is_rule(line: str) -> bool:
+    text = line.strip()
+    return len(text) >= 20 and set(text) == {"-"}
