@@ -13,7 +13,7 @@ from .resolve import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, Resolution
 
 __all__ = [
     "local_matmul", "add_bias", "run_resolution", "make_dtensor", "seeded_dtensor", "scatter_local", "default_axes",
-    "same_mesh", "verify_operands", "check_dtensor", "raise_if_not_dtensors", "refuse_bool_sum", "describe",
+    "same_mesh", "verify_operands", "operands_mesh", "check_dtensor", "raise_if_not_dtensors", "refuse_bool_sum", "describe",
 ]
 
 # runtime.DTensor, bound on first use: importing the ops must not start MPI.
@@ -140,6 +140,24 @@ def verify_operands(mesh: Any, op: str, names: tuple[str, ...], *tensors: Any) -
         return
     debug.verify_operands(mesh, op, tuple((name, t.global_shape, t.layout, t.local.dtype)
                                           for name, t in zip(names, tensors) if t is not None))
+
+
+def operands_mesh(op: str, names: tuple[str, ...], *tensors: Any) -> Any:
+    """The mesh an operator's DTensor operands share, checked at the operator's entry.
+
+    An operand that is not a DTensor is named (OperatorError; only looked for
+    when reading it failed, so DTensors pay nothing for it), operands on two
+    meshes are refused, and with SPMDSIM_CHECK the operands are compared across
+    ranks (`verify_operands`). Pass only the operands given (no None for an
+    absent bias).
+    """
+    try:
+        mesh = same_mesh(*tensors)
+    except AttributeError:  # not DTensors: say which
+        raise_if_not_dtensors(op, names, *tensors)
+        raise
+    verify_operands(mesh, op, names, *tensors)
+    return mesh
 
 
 def default_axes(mesh: Any, axes: Optional[Iterable[str] | str]) -> tuple[str, ...]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from .. import reference
 from ..errors import ShapeError
-from ._common import make_dtensor, raise_if_not_dtensors, same_mesh, verify_operands
+from ._common import make_dtensor, operands_mesh, raise_if_not_dtensors
 from .infer import infer_add, infer_bias_add, infer_elementwise
 
 __all__ = ["relu", "gelu", "activation", "add", "bias_add"]
@@ -39,12 +39,7 @@ def gelu(x: Any) -> Any:
 
 def add(a: Any, b: Any) -> Any:
     """a + b for two DTensors of one shape and layout (two pending sums over the same axes add)."""
-    try:
-        mesh = same_mesh(a, b)
-    except AttributeError:
-        raise_if_not_dtensors("add", ("a", "b"), a, b)
-        raise
-    verify_operands(mesh, "add", ("a", "b"), a, b)
+    mesh = operands_mesh("add", ("a", "b"), a, b)
     layout = infer_add(a.layout, b.layout)
     if tuple(a.global_shape) != tuple(b.global_shape):
         raise ShapeError(
@@ -55,12 +50,7 @@ def add(a: Any, b: Any) -> Any:
 
 def bias_add(x: Any, bias: Any) -> Any:
     """x + bias along the last dim; bias split like x's last dim, x not a pending sum."""
-    try:
-        mesh = same_mesh(x, bias)
-    except AttributeError:
-        raise_if_not_dtensors("bias_add", ("x", "bias"), x, bias)
-        raise
-    verify_operands(mesh, "bias_add", ("x", "bias"), x, bias)
+    mesh = operands_mesh("bias_add", ("x", "bias"), x, bias)
     layout = infer_bias_add(x.layout, bias.layout)
     if tuple(bias.global_shape) != tuple(x.global_shape)[-1:]:
         raise ShapeError(

@@ -26,7 +26,7 @@ from ..errors import OperatorError, ShapeError
 from ..reference import RegionFn, Source, check_ids, embedding_region
 from ..validate import int_arg
 from ._common import (
-    default_axes, make_dtensor, raise_if_not_dtensors, run_resolution, same_mesh, seeded_dtensor, verify_operands,
+    default_axes, make_dtensor, operands_mesh, raise_if_not_dtensors, run_resolution, seeded_dtensor,
 )
 from .infer import EmbeddingPlan, infer_embedding
 
@@ -103,12 +103,7 @@ def embedding(
         reduce: False keeps the vocab-parallel pending sum.
         padded_local: this rank's padded shard (as VocabParallelEmbedding keeps it).
     """
-    try:
-        mesh = same_mesh(ids, table)
-    except AttributeError:
-        raise_if_not_dtensors("embedding", ("ids", "table"), ids, table)
-        raise
-    verify_operands(mesh, "embedding", ("ids", "table"), ids, table)
+    mesh = operands_mesh("embedding", ("ids", "table"), ids, table)
     plan, shape = plan_embedding(ids, table, gather_out=gather_out, reduce=reduce)
     if plan.vocab_axes:
         start, _ = table.layout.bounds(mesh.rank, table.global_shape)[0]

@@ -20,8 +20,8 @@ from ..errors import OperatorError, ShapeError
 from ..reference import RegionFn, Source, linear_region
 from ..validate import int_arg
 from ._common import (
-    add_bias, default_axes, local_matmul, make_dtensor, raise_if_not_dtensors, refuse_bool_sum, run_resolution,
-    same_mesh, scatter_local, seeded_dtensor, verify_operands,
+    add_bias, default_axes, local_matmul, make_dtensor, operands_mesh, raise_if_not_dtensors, refuse_bool_sum,
+    run_resolution, scatter_local, seeded_dtensor,
 )
 from .infer import LinearPlan, infer_linear, matmul_shape
 
@@ -70,13 +70,8 @@ def linear(
     With ``reduce=False`` a row-parallel result stays a pending sum and the bias
     is added on the first rank of each reduction group only, so the sum is right.
     """
-    try:
-        mesh = same_mesh(*(t for t in (x, weight, bias) if t is not None))
-    except AttributeError:  # not DTensors: say which (no check on the common path)
-        given = (x, weight) if bias is None else (x, weight, bias)
-        raise_if_not_dtensors("linear", ("x", "weight", "bias"), *given)
-        raise
-    verify_operands(mesh, "linear", ("x", "weight", "bias"), x, weight, bias)
+    given = (x, weight) if bias is None else (x, weight, bias)
+    mesh = operands_mesh("linear", ("x", "weight", "bias"), *given)
     plan, shape = plan_linear(x, weight, bias, gather_out=gather_out, reduce=reduce)
     local = local_matmul(x.local, weight.local)
     refuse_bool_sum("linear", local, "a product sums over in_features")

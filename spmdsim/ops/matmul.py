@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import OperatorError
 from ..layout import TensorLayout
 from ._common import (
-    local_matmul, make_dtensor, raise_if_not_dtensors, refuse_bool_sum, run_resolution, same_mesh, verify_operands,
+    local_matmul, make_dtensor, operands_mesh, raise_if_not_dtensors, refuse_bool_sum, run_resolution,
 )
 from .infer import MatMulPlan, infer_matmul, matmul_shape
 
@@ -73,12 +73,7 @@ def matmul(
         out_layout: wanted output layout (MindSpore out_strategy); None = Allreduce.
         reduce: False returns the pending sum (partial layout) without communicating.
     """
-    try:
-        mesh = same_mesh(x, w)
-    except AttributeError:  # not DTensors: say which (no check on the common path)
-        raise_if_not_dtensors("matmul", ("x", "w"), x, w)
-        raise
-    verify_operands(mesh, "matmul", ("x", "w"), x, w)
+    mesh = operands_mesh("matmul", ("x", "w"), x, w)
     plan, shape = plan_matmul(
         x, w, transpose_a=transpose_a, transpose_b=transpose_b,
         out_layout=out_layout, reduce=reduce,
