@@ -352,9 +352,7 @@ def infer_softmax(x: TensorLayout, dim: int = -1) -> tuple[TensorLayout, int]:
     if d is None or not -x.ndim <= d < x.ndim:
         raise OperatorError(f"softmax dim {dim!r} is out of range for {_fmt(x)} ({x.ndim} dims)")
     d %= x.ndim
-    if x.partial:
-        raise OperatorError(f"softmax of a pending sum over {x.partial!r} is wrong (exp(a) + exp(b) "
-                            "!= exp(a + b)); Allreduce or Reduce_scatter the input first")
+    infer_elementwise(x, "softmax")  # nonlinear: a pending sum is refused as for ReLU
     if x.tensor_map[d]:
         raise OperatorError(
             f"softmax along dim {d} of {_fmt(x)}: that dim is split over {format_entry(x.tensor_map[d])}, "
