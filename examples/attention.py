@@ -1,6 +1,10 @@
-"""A single-head attention block on DTensors: column-parallel Q/K/V, softmax, row-parallel output.
+"""Multi-head attention on DTensors, heads split over the ranks (Megatron's layout): one Allreduce.
 
-x (8, 16) replicated, head width 4 per rank. Run: timeout -k 5 120 mpiexec -n 8 python examples/attention.py
+x (8, 16) replicated; 2 heads per rank of width 4. Q, K, V are column-parallel,
+so rank r computes the columns of its own heads; reshape and transpose give
+(heads, seq, width) with the heads split, attention runs per head with no
+communication, and the row-parallel output projection ends in the one
+Allreduce. Run: timeout -k 5 120 mpiexec -n 8 python examples/attention.py
 """
 import sys
 
@@ -8,46 +12,52 @@ from mpi4py import MPI
 
 from spmdsim import Layout, SeededTensor, reference
 from spmdsim.holdings import holdings
-from spmdsim.ops import matmul, softmax, transpose
+from spmdsim.ops import matmul, reshape, softmax, transpose
 from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
 
 comm = MPI.COMM_WORLD
 # An error on some ranks only ends the whole job instead of hanging the others.
 install_excepthook(comm)
 p = comm.size
-seq, d_model, head = 8, 16, 4 * p
+seq, d_model, heads, width = 8, 16, 2 * p, 4
 
 mesh = Mesh(Layout((p,), ("mp",)), comm)
 L = mesh.layout
 srcs = {name: SeededTensor(shape, "float64", seed, low=-1, high=1)
-        for name, shape, seed in (("x", (seq, d_model), 1), ("Wq", (d_model, head), 2),
-                                  ("Wk", (d_model, head), 3), ("Wv", (d_model, head), 4),
-                                  ("Wo", (head, d_model), 5))}
+        for name, shape, seed in (("x", (seq, d_model), 1), ("Wq", (d_model, heads * width), 2),
+                                  ("Wk", (d_model, heads * width), 3), ("Wv", (d_model, heads * width), 4),
+                                  ("Wo", (heads * width, d_model), 5))}
 x = DTensor.from_seeded(mesh, L(None, None), srcs["x"])  # replicated input
-# Q, K, V are column-parallel: rank r holds columns 4r:4r+4 of each weight and
-# computes those columns of q, k, v with no communication.
+# Column-parallel Q, K, V: rank r holds the columns of heads 2r and 2r+1.
 wq, wk, wv = (DTensor.from_seeded(mesh, L(None, "mp"), srcs[n]) for n in ("Wq", "Wk", "Wv"))
-# The output projection is row-parallel: its rows match the columns of v each rank holds.
+# Row-parallel output projection: its rows match the head columns each rank holds.
 wo = DTensor.from_seeded(mesh, L("mp", None), srcs["Wo"])
 
+
+def per_head(t):
+    """(seq, heads*width) split on columns -> (heads, seq, width) split on heads: no communication."""
+    return transpose(reshape(t, (seq, heads, width)), (1, 0, 2))
+
+
 with collect_trace() as trace:
-    q, k, v = matmul(x, wq), matmul(x, wk), matmul(x, wv)
-    # q @ k^T contracts over the split head dim: each rank holds a partial sum of every
-    # score, so one Allreduce gives all ranks the whole (seq, seq) scores.
-    scores = matmul(q, transpose(k))
-    # softmax along the key dim, which every rank now holds whole: no communication.
-    probs = softmax(scores)
-    # probs (whole) @ v (split columns) stays split; @ Wo (split rows) is a partial sum
-    # over the head dim: the second Allreduce.
-    y = matmul(matmul(probs, v), wo)
+    q, k, v = (per_head(matmul(x, w)) for w in (wq, wk, wv))
+    # Each rank holds whole heads, so the scores, the softmax along keys and the
+    # weighted values are all local (batched matmul over the split head dim).
+    scores = matmul(q, k, transpose_b=True)
+    ctx = matmul(softmax(scores), v)
+    # Back to (seq, heads*width) split on columns, then the row-parallel projection:
+    # a partial sum over the heads, finished by the one Allreduce.
+    merged = reshape(transpose(ctx, (1, 0, 2)), (seq, heads * width))
+    y = matmul(merged, wo)
 
 full = {n: t.full() for n, t in srcs.items()}
-qf, kf, vf = (full["x"] @ full[w] for w in ("Wq", "Wk", "Wv"))
-verdict = y.check(reference.softmax(qf @ kf.T) @ vf @ full["Wo"])
-expected = {"allreduce": 2} if p > 1 else {}
+qf, kf, vf = ((full["x"] @ full[w]).reshape(seq, heads, width).transpose(1, 0, 2) for w in ("Wq", "Wk", "Wv"))
+ctx_f = reference.softmax(qf @ kf.transpose(0, 2, 1)) @ vf
+verdict = y.check(ctx_f.transpose(1, 0, 2).reshape(seq, heads * width) @ full["Wo"])
+expected = {"allreduce": 1} if p > 1 else {}
 if comm.rank == 0:
     # Which block of each tensor every rank holds, from the layouts alone (no communication).
-    print(holdings({"x": x, "Wq": wq, "Wo": wo, "scores": scores, "y": y}))
+    print(holdings({"x": x, "Wq": wq, "q per head": q, "scores": scores, "Wo": wo, "y": y}))
     print(f"collectives {trace.counts()}")
     print(trace.summary())
     print(verdict)

@@ -244,7 +244,7 @@ def launches(args) -> None:
             print(f"launch {i + 1:>2} {name:<15} wall {wall:7.2f} s  job {job_s:7.2f} s  load {load:5.2f}",
                   flush=True)
     print()
-    print(f"| settings | launches | job s median | min | max | max/min | wall s median | load (1-min avg) |")
+    print("| settings | launches | job s median | min | max | max/min | wall s median | load (1-min avg) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, rows in results.items():
         job = [r[1] for r in rows]

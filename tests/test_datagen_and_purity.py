@@ -105,6 +105,8 @@ PURE_MODULES = [
     "spmdsim.cost",
     "spmdsim.reference",
     "spmdsim.ops.infer",
+    "spmdsim.ops.infer_reshape",
+    "spmdsim.ops.local",
     "spmdsim.nets.model",
     "spmdsim.viz",
     "spmdsim.viz.ascii",

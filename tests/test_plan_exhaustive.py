@@ -12,7 +12,6 @@ import itertools
 import time
 
 import numpy as np
-import pytest
 
 from spmdsim import Layout, TensorLayout
 from spmdsim.plan.meshes import common_refinement, translate

@@ -10,7 +10,7 @@ from __future__ import annotations
 from .elementwise import activation, add, bias_add, gelu, relu
 from .embedding import ParallelEmbedding, VocabParallelEmbedding, embedding
 from .linear import ColumnParallelLinear, RowParallelLinear, linear
-from .local import softmax, transpose
+from .local import reshape, softmax, transpose
 from .matmul import matmul
 from .mlp import ParallelMLP
 from .paddle_split import paddle_mesh, split
@@ -25,6 +25,7 @@ __all__ = [
     "add",
     "bias_add",
     "transpose",
+    "reshape",
     "softmax",
     "ColumnParallelLinear",
     "RowParallelLinear",

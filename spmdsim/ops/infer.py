@@ -18,6 +18,7 @@ from typing import Optional, Sequence
 from ..errors import OperatorError, ShapeError
 from ..validate import as_int
 from ..layout import TensorLayout, format_entry
+from .infer_reshape import infer_reshape
 from .resolve import (
     ALLGATHER,
     ALLREDUCE,
@@ -41,6 +42,7 @@ __all__ = [
     "infer_bias_add",
     "infer_transpose",
     "infer_softmax",
+    "infer_reshape",
     "matmul_shape",
     "resolve_partial",
     "out_layout_from_strategy",

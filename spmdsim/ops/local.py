@@ -1,7 +1,9 @@
-"""Ops that need no communication but work along whole dims: transpose and softmax.
+"""Ops that need no communication but work along whole dims: transpose, reshape and softmax.
 
 transpose permutes the dims and the tensor map with them (each rank permutes
-its own shard); softmax normalises along a dim that is whole on every rank and
+its own shard); reshape splits and merges dims when each rank's block stays a
+block (the head split of attention, (S, H*D) -> (S, H, D) with H split);
+softmax normalises along a dim that is whole on every rank and
 refuses a split one, where no rank could see a whole row. With matmul's
 ``transpose_b`` they let an attention block stay on DTensors.
 """
@@ -14,8 +16,9 @@ import numpy as np
 from .. import reference
 from ._common import make_dtensor, raise_if_not_dtensors
 from .infer import infer_softmax, infer_transpose
+from .infer_reshape import infer_reshape
 
-__all__ = ["transpose", "softmax"]
+__all__ = ["transpose", "reshape", "softmax"]
 
 
 def transpose(x: Any, perm: Optional[Sequence[int]] = None) -> Any:
@@ -27,6 +30,20 @@ def transpose(x: Any, perm: Optional[Sequence[int]] = None) -> Any:
         raise
     # make_dtensor copies the permuted view into C order, as the collectives read it.
     return make_dtensor(x.mesh, np.transpose(x.local, dims), layout, tuple(x.global_shape[d] for d in dims))
+
+
+def reshape(x: Any, shape: Any) -> Any:
+    """x with global shape `shape` (one -1 allowed), like numpy.reshape; no communication.
+
+    Each rank reshapes its own shard; refused when its block would not be a
+    block of the new dims (then redistribute the named dims whole first).
+    """
+    try:
+        layout, new_shape = infer_reshape(x.layout, x.global_shape, shape)
+    except AttributeError:
+        raise_if_not_dtensors("reshape", ("x",), x)
+        raise
+    return make_dtensor(x.mesh, x.local.reshape(layout.local_shape(new_shape)), layout, new_shape)
 
 
 def softmax(x: Any, dim: int = -1) -> Any:

@@ -1,7 +1,8 @@
-"""transpose and softmax on DTensors under MPI: each rank's block equals the numpy result's block.
+"""transpose, reshape and softmax on DTensors under MPI: each rank's block equals the numpy result's block.
 
-With them (and matmul's transpose_b) an attention block runs on DTensors end to
-end; its communication is exactly the two Allreduces of its split contractions.
+With them (and matmul's transpose_b) attention runs on DTensors end to end:
+single-head with the head dim split costs the two Allreduces of its split
+contractions, multi-head with the heads split only the output projection's one.
 """
 from __future__ import annotations
 
@@ -96,3 +97,62 @@ def test_attention_block_on_dtensors(mesh2d):
     assert np.allclose(scores.local, matmul(q, k, transpose_b=True).local)
     calls = [(e.op, e.axes) for e in trace.entries if e.group_size > 1]
     assert calls == ([("allreduce", ("mp",))] * 2 if mp > 1 else [])
+
+
+def test_reshape_moves_no_data_and_keeps_every_block(mesh2d):
+    from spmdsim.ops import reshape
+    from spmdsim.runtime import DTensor, collect_trace
+
+    mp = mesh2d.layout.device_matrix[1]
+    src = SeededTensor((4, 6, 4 * mp), seed=3)
+    x = DTensor.from_seeded(mesh2d, mesh2d.layout("dp", None, "mp"), src)
+    with collect_trace() as trace:
+        heads = reshape(x, (4, 6, 2 * mp, 2))            # the split dim becomes (heads, width)
+        flat = reshape(heads, (-1, 2 * mp * 2))          # dims 0-1 merge: dp stays on the merged dim
+    assert heads.layout == mesh2d.layout("dp", None, "mp", None)
+    assert flat.layout == mesh2d.layout("dp", "mp") and flat.global_shape == (24, 4 * mp)
+    assert heads.check(src.full().reshape(4, 6, 2 * mp, 2), rtol=0, atol=0).passed
+    assert flat.check(src.full().reshape(24, 4 * mp), rtol=0, atol=0).passed
+    assert trace.entries == [] or all(e.group_size == 1 for e in trace.entries)
+    # A pending sum stays pending through the reshape and resolves to the reshaped sum.
+    full = np.arange(4 * 2 * mp, dtype=np.float64).reshape(4, 2 * mp)
+    split = mesh2d.layout("dp", None)
+    part = DTensor(mesh2d, full[split.slices(mesh2d.rank, full.shape)] / mp, split.with_partial(("mp",)),
+                   full.shape)
+    r = reshape(part, (4, mp, 2))
+    assert r.layout.partial == ("mp",) and r.check(full.reshape(4, mp, 2), rtol=0, atol=0).passed
+    # Merging a split minor dim into a whole major one would leave gaps in each rank's block:
+    # refused on every rank alike, before any data moves.
+    if mp > 1:
+        with pytest.raises(OperatorError, match="redistribute x so those dims are whole"):
+            reshape(x, (4, 6 * 4 * mp))
+
+
+def test_multihead_attention_needs_one_allreduce(mesh2d):
+    # x (B, S, D) batch over dp; heads split over mp (Megatron): Q/K/V column-parallel, reshape
+    # to (B, S, H, W), heads to dim 1, attention per head with no communication, merge the heads
+    # back and the row-parallel output projection ends in the one Allreduce over mp.
+    from spmdsim.ops import matmul, reshape, softmax, transpose
+    from spmdsim.runtime import DTensor, collect_trace
+
+    L = mesh2d.layout
+    mp = L.device_matrix[1]
+    b, s, d, h, w = 2, 6, 8, 2 * mp, 3
+    srcs = {name: SeededTensor(shape, "float64", seed, low=-1, high=1)
+            for name, shape, seed in (("x", (b, s, d), 1), ("wq", (d, h * w), 2), ("wk", (d, h * w), 3),
+                                      ("wv", (d, h * w), 4), ("wo", (h * w, d), 5))}
+    x = DTensor.from_seeded(mesh2d, L("dp", None, None), srcs["x"])
+    wq, wk, wv = (DTensor.from_seeded(mesh2d, L(None, "mp"), srcs[n]) for n in ("wq", "wk", "wv"))
+    wo = DTensor.from_seeded(mesh2d, L("mp", None), srcs["wo"])
+    with collect_trace() as trace:
+        q, k, v = (transpose(reshape(matmul(x, t), (b, s, h, w)), (0, 2, 1, 3)) for t in (wq, wk, wv))
+        assert q.layout == L("dp", "mp", None, None)
+        ctx = matmul(softmax(matmul(q, k, transpose_b=True)), v)
+        out = matmul(reshape(transpose(ctx, (0, 2, 1, 3)), (b, s, h * w)), wo)
+    f = {n: t.full() for n, t in srcs.items()}
+    qf, kf, vf = ((f["x"] @ f[n]).reshape(b, s, h, w).transpose(0, 2, 1, 3) for n in ("wq", "wk", "wv"))
+    ctx_f = reference.softmax(qf @ kf.transpose(0, 1, 3, 2)) @ vf
+    assert out.layout == L("dp", None, None)
+    assert out.check(ctx_f.transpose(0, 2, 1, 3).reshape(b, s, h * w) @ f["wo"]).passed
+    calls = [(e.op, e.axes) for e in trace.entries if e.group_size > 1]
+    assert calls == ([("allreduce", ("mp",))] if mp > 1 else [])

@@ -1,0 +1,115 @@
+"""Reshape inference (pure): sound and complete against every rank's block, checked by brute force."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from spmdsim import Layout
+from spmdsim.errors import OperatorError
+from spmdsim.ops.infer_reshape import infer_reshape, reshape_shape
+
+MESHES = [Layout((2, 4), ("a", "b")), Layout((2, 2, 2), ("a", "b", "c")), Layout((4, 1, 2), ("a", "b", "c")),
+          Layout((8,), ("a",))]
+
+
+def _blocks(layout, shape: tuple[int, ...]) -> list[np.ndarray]:
+    """Every rank's block of arange(shape), as the flat indices it holds, in its row-major order."""
+    full = np.arange(math.prod(shape)).reshape(shape)
+    return [full[layout.slices(r, shape)].ravel() for r in range(layout.layout.num_devices)]
+
+
+def _all_maps(mesh: Layout, ndim: int):
+    """Every tensor map of `ndim` dims over `mesh` (each axis on one dim or none, any order within a dim)."""
+    axes = mesh.alias_name
+    for where in itertools.product(range(ndim + 1), repeat=len(axes)):
+        per_dim = [[a for a, w in zip(axes, where) if w == d] for d in range(ndim)]
+        for orders in itertools.product(*(itertools.permutations(p) for p in per_dim)):
+            yield mesh(*(o or None for o in orders))
+
+
+def _cases(seed: int, count: int):
+    rng = np.random.default_rng(seed)
+    factors = [1, 2, 2, 3, 4]
+    for _ in range(count):
+        mesh = MESHES[rng.integers(len(MESHES))]
+        sizes = [int(rng.choice(factors)) for _ in range(int(rng.integers(3, 6)))]
+        # The same factors cut two ways: into old dims and into new dims.
+        def cut(values):
+            dims, cur = [], 1
+            for v in values:
+                cur *= v
+                if rng.random() < 0.5:
+                    dims.append(cur)
+                    cur = 1
+            return tuple(dims + [cur]) if cur > 1 or not dims else tuple(dims)
+        old, new = cut(sizes), cut(sizes)
+        maps = [m for m in _all_maps(mesh, len(old)) if _fits(m, old)]
+        if maps:
+            yield maps[rng.integers(len(maps))], old, new
+
+
+def _fits(layout, shape) -> bool:
+    return all(s % layout.num_shards(d) == 0 for d, s in enumerate(shape))
+
+
+def test_reshape_is_sound_and_complete_on_random_cases():
+    accepted = refused = 0
+    for x, old, new in _cases(seed=7, count=400):
+        want = [b for b in _blocks(x, old)]
+        try:
+            layout, shape = infer_reshape(x, old, new)
+        except OperatorError:
+            refused += 1
+            # Complete: no tensor map of the new dims gives every rank the block it holds.
+            for cand in _all_maps(x.layout, len(new)):
+                if _fits(cand, new):
+                    got = _blocks(cand, new)
+                    assert not all(np.array_equal(g, w) for g, w in zip(got, want)), (x, old, new, cand)
+            continue
+        accepted += 1
+        assert shape == new and layout.partial == x.partial
+        # Sound: each rank's reshaped shard is exactly its block of the reshaped tensor.
+        for r, (g, w) in enumerate(zip(_blocks(layout, new), want)):
+            assert np.array_equal(g, w), (x, old, new, layout, r)
+    assert accepted > 50 and refused > 50  # both branches are really exercised
+
+
+def test_attention_head_split_and_merge():
+    mesh = Layout((2, 4), ("dp", "mp"))
+    q = mesh(None, "mp")
+    layout, shape = infer_reshape(q, (6, 32), (6, 8, 4))
+    assert shape == (6, 8, 4) and layout.tensor_map == ((), ("mp",), ())
+    back, shape = infer_reshape(layout, (6, 8, 4), (6, -1))
+    assert shape == (6, 32) and back == q
+    # Two axes on one dim merge in order, first major; and split back over two dims.
+    both = mesh(("dp", "mp"), None)
+    merged, _ = infer_reshape(mesh("dp", "mp", None), (2, 4, 3), (8, 3))
+    assert merged == both
+    split, _ = infer_reshape(both, (8, 3), (2, 4, 3))
+    assert split.tensor_map == (("dp",), ("mp",), ())
+
+
+def test_pending_sums_stay_pending():
+    mesh = Layout((2, 4), ("a", "b"))
+    layout, _ = infer_reshape(mesh("b", None).with_partial("a"), (4, 8), (32,))
+    assert layout.tensor_map == (("b",),) and layout.partial == ("a",)
+
+
+def test_refusals_name_the_dims():
+    mesh = Layout((2, 4), ("a", "b"))
+    with pytest.raises(OperatorError, match=r"old dims \(0, 1\) \(4, 8\) become new dims \(0,\) \(32,\)"):
+        infer_reshape(mesh(None, "b"), (4, 8), (32,))  # a split minor dim leaves gaps in the run
+    with pytest.raises(OperatorError, match='dims \\(1,\\) split over "b"'):
+        infer_reshape(mesh(None, "b"), (3, 12), (3, 2, 6))  # 4 pieces do not divide 2 and are not 2 x 2
+    with pytest.raises(OperatorError, match="element counts must match"):
+        reshape_shape((4, 8), (5, 6))
+    with pytest.raises(OperatorError, match="at most one -1"):
+        reshape_shape((4, 8), (-1, -1))
+    with pytest.raises(OperatorError, match="cannot fill the -1"):
+        reshape_shape((4, 8), (5, -1))
+    with pytest.raises(OperatorError, match="must hold non-negative integers"):
+        reshape_shape((4, 8), ("a", 8))
+    assert reshape_shape((4, 8), 32) == (32,)
