@@ -16,7 +16,7 @@ import numpy as np
 
 from . import buffers
 from .errors import ShapeError, SpmdsimError
-from .validate import as_int, shape_arg
+from .validate import as_int, counted, shape_arg
 
 __all__ = ["SeededTensor", "FLOAT_DTYPES", "INT_DTYPES"]
 
@@ -153,7 +153,7 @@ class SeededTensor:
         region = tuple(region)
         if len(region) != len(self.shape):
             raise ShapeError(
-                f"region {region!r} has {len(region)} dims but the tensor has shape {self.shape!r}"
+                f"region {region!r} has {counted(len(region), 'dim')} but the tensor has shape {self.shape!r}"
             )
         out = []
         for d, (part, size) in enumerate(zip(region, self.shape)):

@@ -18,7 +18,7 @@ import numpy as np
 
 from .errors import LayoutError, ShapeError
 from .slicing import check_divisible, shard_bounds
-from .validate import as_int, shape_arg
+from .validate import as_int, counted, shape_arg
 
 __all__ = ["Layout", "TensorLayout", "MapEntry", "normalize_entry", "format_entry", "format_tensor_map"]
 
@@ -363,8 +363,8 @@ class TensorLayout:
         shape = shape_arg(shape, "shape" if what is None else f"{what} shape")
         if len(shape) != self.ndim:
             raise ShapeError(
-                f"{'' if what is None else what + ': '}tensor map {self} has {self.ndim} entries "
-                f"but shape {shape!r} has {len(shape)} dims"
+                f"{'' if what is None else what + ': '}tensor map {self} has {counted(self.ndim, 'entry')} "
+                f"but shape {shape!r} has {counted(len(shape), 'dim')}"
             )
         for tensor_dim, (size, axes) in enumerate(zip(shape, self.tensor_map)):
             check_divisible(size, self.layout.group_size(axes), tensor_dim, axes,

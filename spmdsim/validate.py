@@ -22,6 +22,7 @@ __all__ = [
     "shape_arg",
     "dtype_arg",
     "tolerance_arg",
+    "counted",
     "SUPPORTED_DTYPES",
 ]
 
@@ -30,6 +31,13 @@ SUPPORTED_DTYPES = "bool, int8..int64, uint8..uint64, float16..float64, complex6
 
 # Kinds MPI can move and sum (bool only moves: MPI has no SUM for it), in native byte order.
 _KINDS = "biufc"
+
+
+def counted(n: int, noun: str) -> str:
+    """`n` and `noun` in messages: "1 dim", "3 dims", "1 entry", "2 entries"."""
+    if n == 1:
+        return f"1 {noun}"
+    return f"{n} {noun[:-1]}ies" if noun.endswith("y") else f"{n} {noun}s"
 
 
 def as_int(value: object) -> Optional[int]:

@@ -167,7 +167,7 @@ def test_run_shapes_that_were_valid_still_are():
 def test_run_out_map_of_the_wrong_length_says_so():
     args = _args(MATMUL_MAPS + ["--out-map", "x"])
     # No job is built: the check comes before any communicator is touched.
-    with pytest.raises(SpmdsimError, match=r"--out-map 'x' gives 1 dims but the output of --shape "
+    with pytest.raises(SpmdsimError, match=r"--out-map 'x' gives 1 dim but the output of --shape "
                                            r"'8,8,8' has 2; expected 2 entries"):
         run_cli._build(args, comm=None)
 

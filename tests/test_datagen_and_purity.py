@@ -79,7 +79,7 @@ def test_region_errors():
     t = SeededTensor((4, 4))
     with pytest.raises(SpmdsimError, match="outside size 4"):
         t.region([(0, 5), (0, 4)])
-    with pytest.raises(SpmdsimError, match="has 1 dims"):
+    with pytest.raises(SpmdsimError, match="has 1 dim but"):
         t.region([(0, 4)])
 
 

@@ -245,7 +245,7 @@ def test_matmul_layouts_compute_the_product(strategy, world, ta, tb, x_shape, w_
          "contraction dim of x is split 4 ways but of w 2 ways"),
         (((2, 2, 1), (4, 1, 2)), {}, "batch dim 0 of x is split 2 ways but batch dim 0 of w 4 ways"),
         (((2, 1),), {}, "has 1 input(s); expected two"),
-        (((2,), (2, 1)), {}, "matmul strategy for x (2,) has 1 dim(s); expected at least 2"),
+        (((2,), (2, 1)), {}, "matmul strategy for x (2,) has 1 dim; expected at least 2"),
         (((4, 2), (2, 4)), {}, "needs 32 devices but the world size is 8"),
         (((3, 1), (1, 1)), {}, "uses 3 devices, which does not divide the world size 8"),
         ("((2, 1), (1, q))", {}, "strategy '((2, 1), (1, q))' is not a tuple"),

@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 from ..dialects.strategy import parse_strategy
 from ..errors import SpmdsimError
 from ..layout import Layout
+from ..validate import counted
 from .cases import check_device_count, parse_int_list, parse_name_list, parse_tensor_map
 
 __all__ = ["register", "run", "add_common_arguments", "guarded", "report"]
@@ -238,7 +239,7 @@ def _build(args: argparse.Namespace, comm: Any) -> Any:
         out_map = parse_tensor_map(args.out_map)
         # Checked here: the operator would report a wrong length as a needed redistribution.
         if len(out_map) != len(dims) - 1:
-            raise SpmdsimError(f"--out-map {args.out_map!r} gives {len(out_map)} dims but the "
+            raise SpmdsimError(f"--out-map {args.out_map!r} gives {counted(len(out_map), 'dim')} but the "
                                f"output of --shape {args.shape!r} has {len(dims) - 1}; "
                                f"expected {len(dims) - 1} entries")
         out = layout(*out_map)

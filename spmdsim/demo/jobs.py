@@ -18,6 +18,7 @@ from ..ops.infer import (
     LinearPlan, Resolution, infer_embedding, infer_linear, out_layout_from_strategy,
 )
 from ..reference import embedding_region, linear_region, matmul_region
+from ..validate import counted
 from .registry import Job
 
 __all__ = [
@@ -118,7 +119,7 @@ def strategy_matmul_job(
     if len(batch) != m.x.ndim - 2:
         raise OperatorError(
             f"matmul shape {dims!r} has {len(batch)} batch dims but strategy "
-            f"{m.strategy!r} gives x {m.x.ndim} dims"
+            f"{m.strategy!r} gives x {counted(m.x.ndim, 'dim')}"
         )
     x_shape = tuple(batch) + ((k, mm) if transpose_a else (mm, k))
     w_batch = tuple(batch)[len(batch) - (m.w.ndim - 2):] if m.w.ndim > 2 else ()

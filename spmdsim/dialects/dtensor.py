@@ -14,6 +14,7 @@ from typing import Optional, Sequence, Union
 
 from ..errors import DialectError
 from ..layout import Layout, TensorLayout
+from ..validate import counted
 from ._common import as_int, axis_names, check_major_order, entry_tokens, positive_ints
 
 __all__ = [
@@ -119,8 +120,8 @@ def placements_to_layout(
     shape = positive_ints(mesh_shape, "mesh shape")
     if len(parsed) != len(shape):
         raise DialectError(
-            f"placements {format_placements(parsed)} have {len(parsed)} entries but mesh "
-            f"shape {shape!r} has {len(shape)} dims; expected one placement per mesh dim"
+            f"placements {format_placements(parsed)} have {counted(len(parsed), 'entry')} but mesh "
+            f"shape {shape!r} has {counted(len(shape), 'dim')}; expected one placement per mesh dim"
         )
     dims = as_int(ndim)
     if dims is None or dims < 0:
@@ -134,7 +135,7 @@ def placements_to_layout(
             if not 0 <= tensor_dim < dims:
                 raise DialectError(
                     f"placement {item} on mesh dim {mesh_dim} shards tensor dim {item.dim}, "
-                    f"but the tensor has {dims} dim(s)"
+                    f"but the tensor has {counted(dims, 'dim')}"
                 )
             # Ascending mesh-dim order: the lower mesh dim is major.
             entries[tensor_dim].append(name)

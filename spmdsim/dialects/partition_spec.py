@@ -11,6 +11,7 @@ from typing import Optional, Sequence
 
 from ..errors import DialectError
 from ..layout import Layout, TensorLayout
+from ..validate import counted
 from ._common import as_int, as_items, positive_ints
 
 __all__ = ["partition_spec_to_layout", "layout_to_partition_spec", "format_partition_spec"]
@@ -74,8 +75,8 @@ def partition_spec_to_layout(
             raise DialectError(f"ndim {ndim!r} must be a non-negative integer")
         if len(entries) > dims:
             raise DialectError(
-                f"partition spec {spec!r} has {len(entries)} entries but the tensor has "
-                f"{dims} dim(s)"
+                f"partition spec {spec!r} has {counted(len(entries), 'entry')} but the tensor has "
+                f"{counted(dims, 'dim')}"
             )
         entries = entries + [None] * (dims - len(entries))
     seen: set = set()

@@ -15,6 +15,7 @@ from typing import Optional, Sequence, Union
 
 from ..errors import DialectError
 from ..layout import Layout, TensorLayout
+from ..validate import counted
 from ._common import as_int, axis_names, check_major_order, entry_tokens, positive_ints
 
 __all__ = [
@@ -132,7 +133,7 @@ def sbp_to_layout(
             if item.tensor_dim >= dims:
                 raise DialectError(
                     f"sbp {item} on placement axis {axis} splits tensor dim "
-                    f"{item.tensor_dim}, but the tensor has {dims} dim(s)"
+                    f"{item.tensor_dim}, but the tensor has {counted(dims, 'dim')}"
                 )
             # Ascending placement-axis order: the lower axis is major.
             entries[item.tensor_dim].append(name)

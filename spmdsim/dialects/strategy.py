@@ -22,6 +22,7 @@ from typing import Sequence, Union
 
 from ..errors import DialectError
 from ..layout import Layout, TensorLayout
+from ..validate import counted
 from ._common import as_int, as_items, positive_int
 
 __all__ = [
@@ -201,7 +202,7 @@ def matmul_layouts(
     for name, counts in (("x", xs), ("w", ws)):
         if len(counts) < 2:
             raise DialectError(
-                f"matmul strategy for {name} {counts!r} has {len(counts)} dim(s); "
+                f"matmul strategy for {name} {counts!r} has {counted(len(counts), 'dim')}; "
                 "expected at least 2 (matrix rows and columns)"
             )
     a, k_x = (xs[-1], xs[-2]) if transpose_a else (xs[-2], xs[-1])

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from ..errors import OperatorError, ShapeError
-from ..validate import as_int
+from ..validate import as_int, counted
 from ..layout import TensorLayout, format_entry
 from .infer_reshape import infer_reshape
 from .resolve import (
@@ -352,7 +352,7 @@ def infer_softmax(x: TensorLayout, dim: int = -1) -> tuple[TensorLayout, int]:
     """
     d = as_int(dim)
     if d is None or not -x.ndim <= d < x.ndim:
-        raise OperatorError(f"softmax dim {dim!r} is out of range for {_fmt(x)} ({x.ndim} dims)")
+        raise OperatorError(f"softmax dim {dim!r} is out of range for {_fmt(x)} ({counted(x.ndim, 'dim')})")
     d %= x.ndim
     infer_elementwise(x, "softmax")  # nonlinear: a pending sum is refused as for ReLU
     if x.tensor_map[d]:

@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 
 from ..errors import OperatorError
 from ..layout import TensorLayout, format_entry
-from ..validate import as_int
+from ..validate import as_int, counted
 
 __all__ = [
     "ALLREDUCE",
@@ -117,7 +117,7 @@ def out_layout_from_strategy(local: TensorLayout, counts: Sequence[int]) -> Tens
     counts = tuple(as_int(c) for c in items)
     if len(counts) != local.ndim:
         raise OperatorError(
-            f"out_strategy {counts!r} has {len(counts)} dims but the output has {local.ndim}"
+            f"out_strategy {counts!r} has {counted(len(counts), 'dim')} but the output has {local.ndim}"
         )
     now = local.shards_per_dim
     extra = local.layout.group_size(local.partial)

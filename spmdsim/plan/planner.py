@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import PlanError, ShapeError
 from ..layout import TensorLayout
-from ..validate import dtype_arg
+from ..validate import counted, dtype_arg
 from .meshes import common_refinement, translate
 from .record import Plan
 from .steps import (
@@ -79,7 +79,7 @@ def _validated_plan(source: TensorLayout, target: TensorLayout, shape: Sequence[
         )
     if source.ndim != target.ndim:
         raise PlanError(
-            f"source {source} has {source.ndim} dims but target {target} has {target.ndim}"
+            f"source {source} has {counted(source.ndim, 'dim')} but target {target} has {target.ndim}"
         )
     shape = source.check_shape(shape)
     target.check_shape(shape)

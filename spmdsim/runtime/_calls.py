@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import buffers
 from ..errors import ShapeError
-from ..validate import SUPPORTED_DTYPES
+from ..validate import SUPPORTED_DTYPES, counted
 from . import debug
 from .mesh import Mesh
 from .wait import polite_wait
@@ -38,7 +38,7 @@ def _dim(tensor_dim: int, ndim: int, what: str) -> int:
     if isinstance(tensor_dim, bool) or not isinstance(tensor_dim, (int, np.integer)):
         raise ShapeError(f"{what} {tensor_dim!r} must be an integer tensor dim (0 <= dim < {ndim})")
     if not -ndim <= tensor_dim < ndim:
-        raise ShapeError(f"{what} {tensor_dim!r} is out of range for an array with {ndim} dims")
+        raise ShapeError(f"{what} {tensor_dim!r} is out of range for an array with {counted(ndim, 'dim')}")
     return tensor_dim % ndim
 
 
