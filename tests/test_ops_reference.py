@@ -57,6 +57,9 @@ def test_activations():
     np.testing.assert_allclose(ref.gelu(x), [-0.04540231, -0.15428599, 0.0, 0.34571401, 2.99636261],
                                rtol=1e-7)
     assert ref.gelu(x.astype(np.float32)).dtype == np.float32
+    # Integers are not truncated: GELU(1) is 0.841..., not 0.
+    assert ref.gelu(np.array([1, -1])).dtype == np.float64
+    np.testing.assert_allclose(ref.gelu(np.array([1, -1])), [0.84119199, -0.15880801], rtol=1e-7)
 
 
 def test_embedding_reference_and_id_errors():

@@ -13,7 +13,8 @@ from .resolve import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, Resolution
 
 __all__ = [
     "local_matmul", "add_bias", "run_resolution", "make_dtensor", "seeded_dtensor", "scatter_local", "default_axes",
-    "same_mesh", "verify_operands", "operands_mesh", "check_dtensor", "raise_if_not_dtensors", "refuse_bool_sum", "describe",
+    "same_mesh", "verify_operands", "operands_mesh", "check_dtensor", "raise_if_not_dtensors", "refuse_bool_sum", "require_float",
+    "describe",
 ]
 
 # runtime.DTensor, bound on first use: importing the ops must not start MPI.
@@ -107,6 +108,14 @@ def raise_if_not_dtensors(op: str, names: tuple[str, ...], *operands: Any) -> No
             check_dtensor(t, f"{op}: {name}")
         except OperatorError as error:
             raise error from None
+
+
+def require_float(op: str, local: np.ndarray) -> None:
+    """Refuse a non-floating `local` for `op` (GELU, softmax) as PyTorch does, instead of truncating."""
+    if local.dtype.kind != "f":
+        raise OperatorError(
+            f"{op} of a DTensor of dtype {local.dtype.name!r}: {op} needs a floating dtype "
+            "(float16, float32 or float64); convert first, e.g. x.astype('float64')")
 
 
 def refuse_bool_sum(op: str, local: np.ndarray, why: str) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from .. import reference
 from ..errors import ShapeError
-from ._common import make_dtensor, operands_mesh, raise_if_not_dtensors
+from ._common import make_dtensor, operands_mesh, raise_if_not_dtensors, require_float
 from .infer import infer_add, infer_bias_add, infer_elementwise
 
 __all__ = ["relu", "gelu", "activation", "add", "bias_add"]
@@ -24,6 +24,8 @@ def activation(x: Any, name: str) -> Any:
     except AttributeError:
         raise_if_not_dtensors(name, ("x",), x)
         raise
+    if name == "gelu":  # max(x, 0) is exact on integers; GELU's values are not integers
+        require_float(name, x.local)
     return make_dtensor(x.mesh, fn(x.local), layout, x.global_shape)
 
 
@@ -33,7 +35,7 @@ def relu(x: Any) -> Any:
 
 
 def gelu(x: Any) -> Any:
-    """GELU (tanh approximation); x must not be a pending sum."""
+    """GELU (tanh approximation); x must be floating and not a pending sum."""
     return activation(x, "gelu")
 
 

@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from .. import reference
-from ._common import make_dtensor, raise_if_not_dtensors
+from ._common import make_dtensor, raise_if_not_dtensors, require_float
 from .infer import infer_softmax, infer_transpose
 from .infer_reshape import infer_reshape
 
@@ -47,10 +47,11 @@ def reshape(x: Any, shape: Any) -> Any:
 
 
 def softmax(x: Any, dim: int = -1) -> Any:
-    """softmax along `dim`, which must be whole on every rank (not split, not a pending sum)."""
+    """softmax along `dim` of a floating x; `dim` must be whole on every rank (not split, not a pending sum)."""
     try:
         layout, d = infer_softmax(x.layout, dim)
     except AttributeError:
         raise_if_not_dtensors("softmax", ("x",), x)
         raise
+    require_float("softmax", x.local)
     return make_dtensor(x.mesh, reference.softmax(x.local, d), layout, x.global_shape)

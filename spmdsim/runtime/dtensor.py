@@ -82,6 +82,20 @@ class DTensor:
         self._mesh, self._local, self._layout, self._shape = mesh, local, layout, global_shape
         return self
 
+    def astype(self, dtype: Any) -> "DTensor":
+        """This tensor with every shard converted to `dtype` (same layout; no communication).
+
+        A pending sum may widen (int -> float) but not be cut to integers: the
+        sum of truncated addends is not the truncated sum.
+        """
+        want = dtype_arg(dtype)
+        if self._layout.partial and want.kind in "biu" and self._local.dtype.kind not in "biu":
+            raise ShapeError(
+                f"astype({want.name!r}) of a pending sum over {self._layout.partial!r} of dtype "
+                f"{self._local.dtype.name!r}: the addends would be truncated one by one; "
+                "resolve the sum first (redistribute to a layout without partial axes)")
+        return DTensor(self._mesh, self._local.astype(want), self._layout, self._shape)
+
     # -- constructors ------------------------------------------------------------
     @classmethod
     def from_local(cls, mesh: Mesh, local: Any, layout: TensorLayout, global_shape: Sequence[int],

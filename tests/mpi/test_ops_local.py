@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spmdsim import Layout, OperatorError, SeededTensor
+from spmdsim import Layout, OperatorError, SeededTensor, ShapeError
 from spmdsim import reference
 
 pytestmark = pytest.mark.mpi(min_size=2)
@@ -156,3 +156,23 @@ def test_multihead_attention_needs_one_allreduce(mesh2d):
     assert out.check(ctx_f.transpose(0, 2, 1, 3).reshape(b, s, h * w) @ f["wo"]).passed
     calls = [(e.op, e.axes) for e in trace.entries if e.group_size > 1]
     assert calls == ([("allreduce", ("mp",))] if mp > 1 else [])
+
+
+def test_gelu_and_softmax_refuse_integers_and_astype_converts(mesh2d):
+    # GELU/softmax of an integer tensor would be truncated (GELU(1) = 0): refused, as PyTorch does.
+    from spmdsim.ops import gelu, relu, softmax
+    from spmdsim.runtime import DTensor
+
+    full = np.arange(-8, 8).reshape(4, 4)
+    x = DTensor.from_global(mesh2d, full, mesh2d.layout("dp", None))
+    for op in (gelu, softmax):
+        with pytest.raises(OperatorError, match="needs a floating dtype .* x.astype"):
+            op(x)
+    assert relu(x).check(np.maximum(full, 0), rtol=0, atol=0).passed  # exact on integers
+    y = gelu(x.astype("float64"))
+    assert y.local.dtype == np.float64 and y.check(reference.gelu(full.astype(np.float64))).passed
+    # A pending sum may widen but not be cut to integers addend by addend.
+    part = DTensor(mesh2d, np.full((4, 4), 0.5), mesh2d.layout(None, None).with_partial(("dp",)), (4, 4))
+    assert part.astype("float32").check(np.ones((4, 4)), rtol=0, atol=0).passed
+    with pytest.raises(ShapeError, match="addends would be truncated"):
+        part.astype("int64")
