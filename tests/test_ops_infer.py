@@ -224,3 +224,12 @@ def test_softmax_needs_a_whole_dim_and_no_pending_sum():
     for bad in (2, -3, 1.0, None):
         with pytest.raises(OperatorError, match=r"softmax dim .* is out of range"):
             infer_softmax(x, bad)
+
+
+def test_out_layout_differing_only_by_size_one_axes_needs_nothing():
+    # An axis of size 1 cuts nothing: asking for it in the output is the result's own layout.
+    mesh = Layout((2, 1), ("dp", "mp"))
+    plan = infer_matmul(mesh("dp", "mp"), mesh("mp", None), out=mesh(("dp", "mp"), None))
+    assert plan.resolution.collective is None and plan.out == mesh(("dp", "mp"), None)
+    with pytest.raises(OperatorError, match="needs a redistribution"):
+        infer_matmul(mesh("dp", "mp"), mesh("mp", None), out=mesh(None, "dp"))

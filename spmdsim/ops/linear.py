@@ -7,6 +7,12 @@
   rank's product is a partial sum, Allreduced, and the (replicated) bias is
   added once, after the reduction.
 
+With ``sequence_parallel`` (Megatron's sequence parallelism, activations
+[s, b, h] split on the sequence dim 0 between the layers) the column layer
+Allgathers x along dim 0 first, and the row layer finishes its partial sums
+with a Reduce_scatter onto dim 0 instead of the Allreduce (then adds the bias
+to its own rows): the same bytes as the Allreduce, in two halves around the MLP.
+
 Weights are stored (in_features, out_features) as in Paddle and MindSpore
 (Megatron stores the transpose); both are generated from SeededTensors.
 """
@@ -17,13 +23,16 @@ from typing import Any, Iterable, Optional
 
 from ..datagen import SeededTensor
 from ..errors import OperatorError, ShapeError
+from ..layout import TensorLayout
 from ..reference import RegionFn, Source, linear_region
 from ..validate import int_arg
 from ._common import (
     add_bias, default_axes, local_matmul, make_dtensor, operands_mesh, raise_if_not_dtensors, refuse_bool_sum,
     run_resolution, scatter_local, seeded_dtensor,
 )
+from .elementwise import bias_add
 from .infer import LinearPlan, infer_linear, matmul_shape
+from .matmul import matmul
 
 __all__ = ["linear", "plan_linear", "ColumnParallelLinear", "RowParallelLinear"]
 
@@ -124,14 +133,17 @@ class ColumnParallelLinear(_ParallelLinear):
         input_size, output_size: in_features and out_features.
         bias: add a bias (split like the output columns).
         gather_output: Allgather the output columns (else they stay split).
+        sequence_parallel: x comes split on dim 0 (the sequence, [s, b, h])
+            over `axes`, as a sequence-parallel RowParallelLinear leaves it;
+            it is Allgathered along dim 0 first.
         axes: tensor-parallel mesh axes (default: every mesh axis).
         dtype, seed: how the weight (seed) and bias (seed + 1) are generated.
     """
 
     def __init__(
         self, mesh: Any, input_size: int, output_size: int, *, bias: bool = True,
-        gather_output: bool = False, axes: Optional[Iterable[str] | str] = None,
-        dtype: str = "float32", seed: int = 0,
+        gather_output: bool = False, sequence_parallel: bool = False,
+        axes: Optional[Iterable[str] | str] = None, dtype: str = "float32", seed: int = 0,
     ) -> None:
         axes_t = default_axes(mesh, axes)
         super().__init__(
@@ -139,8 +151,11 @@ class ColumnParallelLinear(_ParallelLinear):
             weight_map=(None, axes_t), bias_map=(axes_t,),
         )
         self.gather_output = bool(gather_output)
+        self.sequence_parallel = bool(sequence_parallel)
 
     def __call__(self, x: Any, label: Optional[str] = "column_linear") -> Any:
+        if self.sequence_parallel:
+            x = _gather_sequence(self, x)
         try:
             return linear(x, self.weight, self.bias, gather_out=self.gather_output, label=label)
         except OperatorError as exc:
@@ -154,29 +169,78 @@ class RowParallelLinear(_ParallelLinear):
         input_is_parallel: x already split on its last dim over `axes` (as a
             ColumnParallelLinear leaves it); otherwise each rank keeps its own
             piece of a replicated x first (no communication).
+        sequence_parallel: Reduce_scatter the output onto dim 0 (the sequence)
+            over `axes` instead of the Allreduce; needs input_is_parallel, as in
+            Megatron.
         Others as in ColumnParallelLinear (bias is replicated).
     """
 
     def __init__(
         self, mesh: Any, input_size: int, output_size: int, *, bias: bool = True,
-        input_is_parallel: bool = False, axes: Optional[Iterable[str] | str] = None,
-        dtype: str = "float32", seed: int = 0,
+        input_is_parallel: bool = False, sequence_parallel: bool = False,
+        axes: Optional[Iterable[str] | str] = None, dtype: str = "float32", seed: int = 0,
     ) -> None:
+        if sequence_parallel and not input_is_parallel:
+            raise OperatorError("RowParallelLinear(sequence_parallel=True) needs input_is_parallel=True "
+                                "(x split on its last dim, as a ColumnParallelLinear leaves it), as in Megatron")
         axes_t = default_axes(mesh, axes)
         super().__init__(
             mesh, input_size, output_size, bias=bias, axes=axes_t, dtype=dtype, seed=seed,
             weight_map=(axes_t, None), bias_map=(None,),
         )
         self.input_is_parallel = bool(input_is_parallel)
+        self.sequence_parallel = bool(sequence_parallel)
 
     def __call__(self, x: Any, label: Optional[str] = "row_linear") -> Any:
         given = x
         try:
             if not self.input_is_parallel:
                 x = scatter_local(x, x.layout.ndim - 1, self.axes)
+            if self.sequence_parallel:
+                return _scatter_sequence(self, x, label)
             return linear(x, self.weight, self.bias, label=label)
         except OperatorError as exc:
             raise _layer_error(self, given, self.input_is_parallel, exc) from None
+
+
+def _sequence_split(layer: _ParallelLinear, x: Any, x_split: bool) -> TensorLayout:
+    """The layout after the sequence step: the column layer's gathered x, or the row layer's output.
+
+    Column (`x_split`): x must have dim 0 split over exactly the layer's axes;
+    the result has it whole. Row: x must have dim 0 whole; the output has it
+    split over the axes and the last dim (out_features) whole. Checked in the
+    layer's terms, with no pending sum allowed.
+    """
+    raise_if_not_dtensors(type(layer).__name__, ("x",), x)
+    layout, name, axes = x.layout, type(layer).__name__, layer.axes
+    have = layout.tensor_map[0] if layout.ndim >= 2 else None
+    expected = axes if x_split else ()
+    if have != expected or layout.partial:
+        shown = f"split over {axes!r}" if x_split else "whole"
+        source = ("as a RowParallelLinear(sequence_parallel=True) leaves it" if x_split
+                  else "as a ColumnParallelLinear(sequence_parallel=True) leaves it: the sequence "
+                       "is gathered there")
+        raise OperatorError(
+            f"{name}(sequence_parallel=True) expects x with at least 2 dims, dim 0 (the sequence, "
+            f"[s, b, h]) {shown} ({source}) and no pending sum, but x is {layout}")
+    new_map = list(layout.tensor_map)
+    new_map[0] = () if x_split else axes
+    if not x_split:
+        new_map[-1] = ()  # the weight's out_features, whole on every rank
+    return TensorLayout(layout.layout, tuple(new_map))
+
+
+def _gather_sequence(layer: _ParallelLinear, x: Any) -> Any:
+    """Megatron's gather_from_sequence_parallel_region: Allgather x along dim 0 over the layer's axes."""
+    from ..plan_exec import redistribute
+
+    return redistribute(x, _sequence_split(layer, x, x_split=True))
+
+
+def _scatter_sequence(layer: "RowParallelLinear", x: Any, label: Optional[str]) -> Any:
+    """x @ W with the partial sums Reduce_scattered onto dim 0, then the bias on each rank's rows."""
+    y = matmul(x, layer.weight, out_layout=_sequence_split(layer, x, x_split=False), label=label)
+    return y if layer.bias is None else bias_add(y, layer.bias)
 
 
 def _layer_error(layer: _ParallelLinear, x: Any, input_split: bool, exc: OperatorError) -> OperatorError:

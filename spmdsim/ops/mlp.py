@@ -28,13 +28,16 @@ class ParallelMLP:
         hidden_size, ffn_hidden_size: model width and the MLP's inner width.
         activation: "gelu" (default) or "relu".
         bias: both layers have a bias.
+        sequence_parallel: x comes and goes split on dim 0 (the sequence) over
+            `axes`: an Allgather before fc1 and a Reduce_scatter after fc2
+            replace the Allreduce (Megatron's sequence parallelism).
         axes: tensor-parallel mesh axes (default: every mesh axis).
         dtype, seed: fc1 uses seed, seed + 1; fc2 uses seed + 2, seed + 3.
     """
 
     def __init__(
         self, mesh: Any, hidden_size: int, ffn_hidden_size: int, *,
-        activation: str = "gelu", bias: bool = True,
+        activation: str = "gelu", bias: bool = True, sequence_parallel: bool = False,
         axes: Optional[Iterable[str] | str] = None, dtype: str = "float32", seed: int = 0,
     ) -> None:
         if not isinstance(activation, str) or activation not in ACTIVATIONS:
@@ -48,11 +51,11 @@ class ParallelMLP:
         self.activation = activation
         self.linear_fc1 = ColumnParallelLinear(
             mesh, hidden_size, ffn_hidden_size, bias=bias, gather_output=False,
-            axes=self.axes, dtype=dtype, seed=seed,
+            sequence_parallel=sequence_parallel, axes=self.axes, dtype=dtype, seed=seed,
         )
         self.linear_fc2 = RowParallelLinear(
             mesh, ffn_hidden_size, hidden_size, bias=bias, input_is_parallel=True,
-            axes=self.axes, dtype=dtype, seed=seed + 2,
+            sequence_parallel=sequence_parallel, axes=self.axes, dtype=dtype, seed=seed + 2,
         )
 
     def __call__(self, x: Any) -> Any:

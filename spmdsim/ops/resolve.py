@@ -56,6 +56,13 @@ def fmt(layout: TensorLayout) -> str:
     return str(layout)
 
 
+def _cuts(t: TensorLayout) -> TensorLayout:
+    """`t` without its mesh axes of size 1, which cut nothing: layouts equal here hold the same blocks."""
+    size = t.layout.axis_size
+    return TensorLayout(t.layout, tuple(tuple(a for a in e if size(a) > 1) for e in t.tensor_map),
+                        tuple(a for a in t.partial if size(a) > 1))
+
+
 def resolve_partial(
     local: TensorLayout, out: Optional[TensorLayout] = None, reduce: bool = True
 ) -> tuple[TensorLayout, Resolution]:
@@ -73,12 +80,12 @@ def resolve_partial(
             f"output layout is on {out.layout} but the inputs are on {local.layout}"
         )
     if not pending or not reduce:
-        if out is not None and out != local:
+        if out is not None and out != local and _cuts(out) != _cuts(local):
             raise OperatorError(
                 f"the result has layout {fmt(local)}; requested output {fmt(out)} "
                 "needs a redistribution, which this operator does not do"
             )
-        return local, NO_COLLECTIVE
+        return (local if out is None else out), NO_COLLECTIVE
     full = local.with_partial(())
     if out is None or out == full:
         return full, Resolution(ALLREDUCE, pending)

@@ -213,6 +213,40 @@ def test_mlp_uses_exactly_one_allreduce(mesh, dtype, act):
     assert verdict.passed, verdict
 
 
+def test_sequence_parallel_mlp_allgathers_and_reduce_scatters(mesh2d):
+    # Megatron's sequence parallelism on a (dp, mp) mesh: x [s, b, h] split on the sequence
+    # over mp and on the batch over dp; fc1 Allgathers the sequence, fc2 Reduce_scatters it
+    # back, and the Allreduce is gone. The bias is added once, to each rank's own rows.
+    from spmdsim.ops import ColumnParallelLinear, ParallelMLP, RowParallelLinear
+
+    L, mp = mesh2d.layout, mesh2d.layout.device_matrix[1]
+    s, b, h = 2 * mp, 2, 6
+    xs = SeededTensor((s, b, h), "float64", seed=1)
+    x = _dt(mesh2d, L("mp", "dp", None), xs)
+    mlp = ParallelMLP(mesh2d, h, 4 * mp, sequence_parallel=True, axes="mp", dtype="float64", seed=4)
+    from spmdsim.runtime import collect_trace
+
+    with collect_trace() as trace:
+        out = mlp(x)
+    assert out.layout == x.layout
+    assert out.check(mlp.reference(xs)).passed
+    calls = [(e.op, e.axes) for e in trace.entries if e.group_size > 1]
+    assert calls == ([("allgather", ("mp",)), ("reduce_scatter", ("mp",))] if mp > 1 else [])
+    # The same layers without sequence parallelism give the same values through one Allreduce.
+    plain = ParallelMLP(mesh2d, h, 4 * mp, axes="mp", dtype="float64", seed=4)
+    whole = plain(_dt(mesh2d, L(None, "dp", None), xs))
+    assert np.allclose(whole.local[out.slices[0]], out.local)
+    # Layer-level refusals name the flag and the layout they expected.
+    col = ColumnParallelLinear(mesh2d, h, 4 * mp, sequence_parallel=True, axes="mp")
+    with pytest.raises(OperatorError, match=r"sequence_parallel=True\) expects x .* dim 0 .* split over \('mp',\)"):
+        col(_dt(mesh2d, L(None, "dp", None), SeededTensor((s, b, h), seed=2)))
+    with pytest.raises(OperatorError, match="needs input_is_parallel=True"):
+        RowParallelLinear(mesh2d, 4 * mp, h, sequence_parallel=True, axes="mp")
+    row = RowParallelLinear(mesh2d, 4 * mp, h, input_is_parallel=True, sequence_parallel=True, axes="mp")
+    with pytest.raises(OperatorError, match=r"dim 0 \(the sequence, \[s, b, h\]\) whole"):
+        row(_dt(mesh2d, L("mp", "dp", None), SeededTensor((s, b, 4 * mp), seed=3)))
+
+
 # -- Paddle split -----------------------------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("axis, gather", [(0, True), (1, True), (1, False)])
