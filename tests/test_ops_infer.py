@@ -233,3 +233,13 @@ def test_out_layout_differing_only_by_size_one_axes_needs_nothing():
     assert plan.resolution.collective is None and plan.out == mesh(("dp", "mp"), None)
     with pytest.raises(OperatorError, match="needs a redistribution"):
         infer_matmul(mesh("dp", "mp"), mesh("mp", None), out=mesh(None, "dp"))
+
+
+def test_contraction_messages_say_where_a_transpose_flag_puts_k():
+    mesh = Layout((2, 4), ("dp", "mp"))
+    with pytest.raises(OperatorError, match=r"w is stored \(\.\.\., N, K\) with transpose_b=True: K is its last dim"):
+        infer_matmul(mesh(None, "mp"), mesh("mp", None), transpose_b=True)
+    with pytest.raises(ShapeError, match=r"gives K=8 \(w is stored \(\.\.\., N, K\) with transpose_b=True"):
+        matmul_shape((8, 16), (16, 8), transpose_b=True)
+    with pytest.raises(ShapeError, match=r"x is stored \(\.\.\., K, M\) with transpose_a=True"):
+        matmul_shape((8, 16), (16, 8), transpose_a=True)

@@ -42,11 +42,13 @@ def gelu(x: Any) -> Any:
 def add(a: Any, b: Any) -> Any:
     """a + b for two DTensors of one shape and layout (two pending sums over the same axes add)."""
     mesh = operands_mesh("add", ("a", "b"), a, b)
-    layout = infer_add(a.layout, b.layout)
+    # Shapes first: no redistribution makes different shapes addable.
     if tuple(a.global_shape) != tuple(b.global_shape):
         raise ShapeError(
-            f"cannot add shapes {tuple(a.global_shape)!r} and {tuple(b.global_shape)!r}"
+            f"cannot add shapes {tuple(a.global_shape)!r} and {tuple(b.global_shape)!r}: add needs "
+            "one shape (it does not broadcast; bias_add adds a vector along the last dim)"
         )
+    layout = infer_add(a.layout, b.layout)
     return make_dtensor(mesh, a.local + b.local, layout, a.global_shape)
 
 

@@ -113,6 +113,13 @@ class MatMulPlan:
         )
 
 
+def _stored_k(transpose_a: bool, transpose_b: bool) -> str:
+    """Where K is stored when a transpose flag moved it, for the contraction messages."""
+    notes = (["x is stored (..., K, M) with transpose_a=True: K is its dim -2"] if transpose_a else []) + \
+        (["w is stored (..., N, K) with transpose_b=True: K is its last dim"] if transpose_b else [])
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
 def _matmul_dims(ndim: int, transpose: bool) -> tuple[int, int]:
     """(row-ish dim, contraction-or-col dim) positions for the last two dims."""
     return (ndim - 1, ndim - 2) if transpose else (ndim - 2, ndim - 1)
@@ -155,6 +162,7 @@ def infer_matmul(
             f"contraction dim K is split over {format_entry(k_x)} in x {_fmt(x)} but over "
             f"{format_entry(k_w)} in w {_fmt(w)}; both must use the same axes in the same "
             f"order, e.g. w mapped ({', '.join(format_entry(e) for e in fixed)})"
+            + _stored_k(transpose_a, transpose_b)
         )
     batch = x.tensor_map[:-2]
     if w.ndim > 2 and w.tensor_map[:-2] != batch:
@@ -199,7 +207,7 @@ def matmul_shape(
     if k != k_w:
         raise ShapeError(
             f"contraction sizes differ: x of shape {xs!r} gives K={k!r}, w of shape {ws!r} "
-            f"gives K={k_w!r}"
+            f"gives K={k_w!r}" + _stored_k(transpose_a, transpose_b)
         )
     if len(ws) > 2 and ws[:-2] != xs[:-2]:
         raise ShapeError(f"batch dims of x {xs[:-2]!r} and w {ws[:-2]!r} differ")

@@ -120,6 +120,13 @@ class _ParallelLinear:
             bias_layout.check_shape(self.bias_source.shape, f"{name} bias b")
             self.bias = seeded_dtensor(mesh, bias_layout, self.bias_source)
 
+    def _check_features(self, x: Any) -> None:
+        """x's last dim against input_size, in the layer's terms (before the operator's K message)."""
+        shape = getattr(x, "global_shape", None)
+        if shape and shape[-1] != self.input_size:
+            raise ShapeError(f"{type(self).__name__} has input_size {self.input_size} but x of shape "
+                             f"{tuple(shape)!r} has {shape[-1]} features in its last dim")
+
     def reference(self, x: Source) -> RegionFn:
         """Region reference of this layer applied to the global input `x`."""
         return linear_region(x, self.weight_source, self.bias_source)
@@ -154,6 +161,7 @@ class ColumnParallelLinear(_ParallelLinear):
         self.sequence_parallel = bool(sequence_parallel)
 
     def __call__(self, x: Any, label: Optional[str] = "column_linear") -> Any:
+        self._check_features(x)
         if self.sequence_parallel:
             x = _gather_sequence(self, x)
         try:
@@ -193,6 +201,7 @@ class RowParallelLinear(_ParallelLinear):
 
     def __call__(self, x: Any, label: Optional[str] = "row_linear") -> Any:
         given = x
+        self._check_features(x)
         try:
             if not self.input_is_parallel:
                 x = scatter_local(x, x.layout.ndim - 1, self.axes)

@@ -247,6 +247,20 @@ def test_sequence_parallel_mlp_allgathers_and_reduce_scatters(mesh2d):
         row(_dt(mesh2d, L("mp", "dp", None), SeededTensor((s, b, 4 * mp), seed=3)))
 
 
+def test_layer_and_add_errors_name_the_sizes(mesh2d):
+    from spmdsim.ops import ColumnParallelLinear, RowParallelLinear, add
+
+    L, mp = mesh2d.layout, mesh2d.layout.device_matrix[1]
+    x = _dt(mesh2d, L(None, None), SeededTensor((4, 24), seed=1))
+    for layer in (ColumnParallelLinear(mesh2d, 32, 4 * mp, axes="mp"),
+                  RowParallelLinear(mesh2d, 32, 4 * mp, axes="mp")):
+        with pytest.raises(ShapeError, match=r"has input_size 32 but x of shape \(4, 24\) has 24 features"):
+            layer(x)
+    scores = _dt(mesh2d, L("dp", None, None), SeededTensor((2, 4, 4), seed=2))
+    with pytest.raises(ShapeError, match=r"cannot add shapes \(2, 4, 4\) and \(4, 4\): add needs one shape"):
+        add(scores, _dt(mesh2d, L(None, None), SeededTensor((4, 4), seed=3)))
+
+
 # -- Paddle split -----------------------------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("axis, gather", [(0, True), (1, True), (1, False)])
