@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 from spmdsim import Layout, SeededTensor, reference
 from spmdsim.holdings import holdings
-from spmdsim.ops import matmul, reshape, softmax, transpose
+from spmdsim.ops import matmul, reshape, scale, softmax, transpose
 from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
 
 comm = MPI.COMM_WORLD
@@ -43,7 +43,7 @@ with collect_trace() as trace:
     q, k, v = (per_head(matmul(x, w)) for w in (wq, wk, wv))
     # Each rank holds whole heads, so the scores, the softmax along keys and the
     # weighted values are all local (batched matmul over the split head dim).
-    scores = matmul(q, k, transpose_b=True)
+    scores = scale(matmul(q, k, transpose_b=True), width ** -0.5)
     ctx = matmul(softmax(scores), v)
     # Back to (seq, heads*width) split on columns, then the row-parallel projection:
     # a partial sum over the heads, finished by the one Allreduce.
@@ -52,7 +52,7 @@ with collect_trace() as trace:
 
 full = {n: t.full() for n, t in srcs.items()}
 qf, kf, vf = ((full["x"] @ full[w]).reshape(seq, heads, width).transpose(1, 0, 2) for w in ("Wq", "Wk", "Wv"))
-ctx_f = reference.softmax(qf @ kf.transpose(0, 2, 1)) @ vf
+ctx_f = reference.softmax(qf @ kf.transpose(0, 2, 1) * width ** -0.5) @ vf
 verdict = y.check(ctx_f.transpose(1, 0, 2).reshape(seq, heads * width) @ full["Wo"])
 expected = {"allreduce": 1} if p > 1 else {}
 if comm.rank == 0:

@@ -7,7 +7,7 @@ operator first runs). The functions shadow their modules' names on purpose
 """
 from __future__ import annotations
 
-from .elementwise import activation, add, bias_add, gelu, relu
+from .elementwise import activation, add, bias_add, gelu, relu, scale
 from .embedding import ParallelEmbedding, VocabParallelEmbedding, embedding
 from .linear import ColumnParallelLinear, RowParallelLinear, linear
 from .local import reshape, softmax, transpose
@@ -22,6 +22,7 @@ __all__ = [
     "relu",
     "gelu",
     "activation",
+    "scale",
     "add",
     "bias_add",
     "transpose",

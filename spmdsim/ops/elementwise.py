@@ -1,4 +1,4 @@
-"""Elementwise ops on DTensors: ReLU, GELU, add, bias add. No communication; layout kept.
+"""Elementwise ops on DTensors: ReLU, GELU, scale, add, bias add. No communication; layout kept.
 
 A pending sum (partial layout) is rejected where the result would be wrong:
 ReLU(a) + ReLU(b) != ReLU(a + b), and adding a non-partial tensor to a pending
@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from .. import reference
-from ..errors import ShapeError
+from ..errors import OperatorError, ShapeError
 from ._common import make_dtensor, operands_mesh, raise_if_not_dtensors, require_float
 from .infer import infer_add, infer_bias_add, infer_elementwise
 
-__all__ = ["relu", "gelu", "activation", "add", "bias_add"]
+__all__ = ["relu", "gelu", "activation", "scale", "add", "bias_add"]
 
 
 def activation(x: Any, name: str) -> Any:
@@ -37,6 +39,27 @@ def relu(x: Any) -> Any:
 def gelu(x: Any) -> Any:
     """GELU (tanh approximation); x must be floating and not a pending sum."""
     return activation(x, "gelu")
+
+
+def scale(x: Any, factor: Any) -> Any:
+    """x * factor for a real scalar (attention's 1/sqrt(d)); x's dtype and layout are kept.
+
+    Linear, so a pending sum stays pending. An integer x takes only an integer
+    factor (a fraction would be truncated).
+    """
+    raise_if_not_dtensors("scale", ("x",), x)
+    value = factor.item() if isinstance(factor, np.generic) else factor
+    if type(value) not in (int, float) or value != value:
+        raise OperatorError(f"scale factor {factor!r} must be a real number (int or float, not NaN)")
+    dtype = x.local.dtype
+    if dtype.kind == "b" or (dtype.kind in "iu" and type(value) is not int):
+        raise OperatorError(f"scale of a DTensor of dtype {dtype.name!r} by {factor!r} would truncate; "
+                            "convert first, e.g. x.astype('float64')")
+    try:
+        factor_array = np.asarray(value, dtype=dtype)
+    except OverflowError:
+        raise OperatorError(f"scale factor {factor!r} does not fit dtype {dtype.name!r}") from None
+    return make_dtensor(x.mesh, x.local * factor_array, x.layout, x.global_shape)
 
 
 def add(a: Any, b: Any) -> Any:

@@ -176,3 +176,21 @@ def test_gelu_and_softmax_refuse_integers_and_astype_converts(mesh2d):
     assert part.astype("float32").check(np.ones((4, 4)), rtol=0, atol=0).passed
     with pytest.raises(ShapeError, match="addends would be truncated"):
         part.astype("int64")
+
+
+def test_scale_keeps_dtype_layout_and_pending_sums(mesh2d):
+    from spmdsim.ops import scale
+    from spmdsim.runtime import DTensor
+
+    src = SeededTensor((4, 6), "float32", seed=5)
+    x = DTensor.from_seeded(mesh2d, mesh2d.layout("dp", None), src)
+    y = scale(x, 0.5)
+    assert y.local.dtype == np.float32 and y.layout == x.layout
+    assert y.check(src.full() * np.float32(0.5), rtol=0, atol=0).passed
+    part = DTensor(mesh2d, np.full((4, 4), 0.5), mesh2d.layout(None, None).with_partial(("dp",)), (4, 4))
+    assert scale(part, 3).check(np.full((4, 4), 3.0), rtol=0, atol=0).passed
+    ints = DTensor.from_global(mesh2d, np.arange(16).reshape(4, 4), mesh2d.layout("dp", None))
+    assert scale(ints, -2).check(-2 * np.arange(16).reshape(4, 4), rtol=0, atol=0).passed
+    for bad, match in ((0.5, "would truncate"), ("2", "must be a real number"), (float("nan"), "not NaN")):
+        with pytest.raises(OperatorError, match=match):
+            scale(ints, bad)
