@@ -3,13 +3,16 @@
 Pure (numpy only). Each tensor dim's axes behave like a stack: collectives
 only change its minor end (Allgather/Alltoall pop, LocalSlice/Alltoall/
 ReduceScatter push). The planner builds a few candidate step sequences from
-that rule, plus a general exchange that always meets the lower bound, and
-keeps the one whose maximum bytes received per rank is smallest (ties: fewer
-received bytes in total, then collectives over the exchange, then fewer steps).
+that rule (also from starts that first slice, for free, the axes the source
+replicates and the target splits or sums), plus a general exchange that
+always meets the lower bound, and keeps the one whose maximum bytes received
+per rank is smallest (ties: fewer received bytes in total, then collectives
+over the exchange, then fewer steps).
 Different device matrices are first rewritten on a common refined mesh.
 """
 from __future__ import annotations
 
+import itertools
 from functools import lru_cache
 from typing import Optional, Sequence
 
@@ -97,18 +100,23 @@ def _plan(source: TensorLayout, target: TensorLayout, shape: tuple, dtype: str) 
     refinement = common_refinement(source.layout, target.layout)
     if refinement is None:
         src, tgt = source, target
-        candidates = [_cross_mesh(source, target, shape, itemsize)]
+        candidates = (lambda: [_cross_mesh(source, target, shape, itemsize)],)
     else:
         mesh, first, second = refinement
         src, tgt = translate(source, mesh, first), translate(target, mesh, second)
         candidates = _candidates(src, tgt, _Sizes(shape, itemsize))
     bound = lower_bound(src, tgt, shape, itemsize)
-    built = [c for c in candidates if not callable(c)]
-    best = min(built, key=_score, default=None)
-    if best is None or (_received(best) or (0,) * len(bound)) != bound:
-        # Exchanges only when no collective sequence already meets the bound: they cost more to plan.
-        built += [c() for c in candidates if callable(c)]
-        best = min(built, key=_score)
+    # Tiers, cheapest to plan first: the stack-rule collectives, the same from
+    # pre-sliced starts, then exchanges. A later tier only when none so far meets
+    # the bound (then nothing can beat it: ties go to collectives and earlier plans).
+    built: list = []
+    for tier in candidates:
+        built += tier()
+        best = min(built, key=_score, default=None)
+        if best is not None and (_received(best) or (0,) * len(bound)) == bound:
+            break
+    if best is None:
+        raise PlanError(f"no plan found from {src} to {tgt}")
     return Plan(source, target, shape, dtype, tuple(best), bound)
 
 
@@ -307,7 +315,28 @@ def _attempt(build, *args):
         return None
 
 
-def _candidates(src: TensorLayout, tgt: TensorLayout, sz: _Sizes) -> list[list[Step]]:
+def _candidates(src: TensorLayout, tgt: TensorLayout, sz: _Sizes) -> tuple:
+    """Three functions, each building one tier of candidate step lists (see `_plan`)."""
+    base = _from(src, tgt, sz)
+    later: list = []
+
+    def presliced() -> list:
+        # Sums and gathers then run on blocks already cut over the pre-sliced axes.
+        if not later:
+            later.append([(pre, c) for pre in _preslices(src, tgt, sz)
+                          for c in _from(pre[-1].after, tgt, sz)])
+        return later[0]
+
+    return (
+        lambda: [c for c in base if not callable(c)],
+        lambda: [pre + c for pre, c in presliced() if not callable(c)],
+        lambda: [c() for c in base if callable(c)]
+        + [pre + c() for pre, c in presliced() if callable(c)],
+    )
+
+
+def _from(src: TensorLayout, tgt: TensorLayout, sz: _Sizes) -> list:
+    """Stack-rule candidates from `src`, plus exchange builders (functions)."""
     kept = [a for a in src.partial if a in tgt.partial]
     resolve = frozenset(a for a in src.partial if a not in kept)
     new = [a for a in tgt.partial if a not in kept]
@@ -335,9 +364,42 @@ def _candidates(src: TensorLayout, tgt: TensorLayout, sz: _Sizes) -> list[list[S
             tail = [_local_zero(plain, tgt, sz)] if new else []
             out.append(lambda pre=pre, start=start, tail=tail:
                        pre + [_exchange(start, plain, sz)] + tail)
-    if not out:
-        raise PlanError(f"no plan found from {src} to {tgt}")
     return out
+
+
+_PRESLICE_MAX = 27  # above this many placements of the pre-sliced axes, try the plainest few
+
+
+def _preslices(src: TensorLayout, tgt: TensorLayout, sz: _Sizes) -> list[list[Step]]:
+    """Local slices, before anything else, of the axes `src` replicates and `tgt` splits or sums.
+
+    Such an axis costs nothing to cut first, and every Allreduce, Reduce_scatter
+    or Allgather after it moves 1/g of the bytes: (R,P) -> (P,R) on (dp, tp)
+    slices dp, Allreduces half the tensor over tp, then zero-pads dp (S -> P).
+    Each axis goes on some dim or stays whole; the stack rule does the rest.
+    """
+    free = set(src.replicated_axes)
+    order = [a for a in tgt.split_axes + tgt.partial if a in free and src.layout.axis_size(a) > 1]
+    if not order or not src.ndim:
+        return []
+    where = range(-1, src.ndim)  # -1: not pre-sliced
+    if (src.ndim + 1) ** len(order) <= _PRESLICE_MAX:
+        choices = list(itertools.product(where, repeat=len(order)))
+    else:
+        home = tuple(next((d for d, axes in enumerate(tgt.tensor_map) if a in axes), -1) for a in order)
+        choices = [home] + [(d,) * len(order) for d in where]
+    # All -1 is the plain start, already planned; None: a dim too small to cut.
+    return [s for s in (_attempt(_slices, src, order, c, sz) for c in choices) if s]
+
+
+def _slices(src: TensorLayout, order: list, choice: tuple, sz: _Sizes) -> list[Step]:
+    steps, cur = [], src
+    for d in range(src.ndim):
+        axes = tuple(a for a, c in zip(order, choice) if c == d)
+        if axes:
+            steps.append(_local_slice(cur, d, axes, sz))
+            cur = steps[-1].after
+    return steps
 
 
 def _cross_mesh(source: TensorLayout, target: TensorLayout, shape: tuple, itemsize: int):
