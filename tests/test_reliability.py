@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from spmdsim.errors import SpmdsimError
-from spmdsim.runtime import debug
+from spmdsim.runtime import _roster, debug
 
 
 @pytest.fixture(autouse=True)
@@ -112,8 +112,58 @@ def test_watchdog_reports_the_collective_past_its_deadline(monkeypatch) -> None:
     debug.configure(watchdog=0.05)
     seen = []
     debug.wait(_NeverDone(), "allreduce", ("mp",), 12, polite=True, on_timeout=seen.append)
+    # No side channel here (no guard, no communicator): the two usual causes instead of names.
     assert seen == ["[rank 5] spmdsim: collective allreduce on ('mp',) (seq 12) did not complete "
-                    "within 0.05 s"]
+                    "within 0.05 s: a rank of its group is not in it: did one skip this collective "
+                    "(inside an `if` on the rank?) or call a different one (SPMDSIM_CHECK=1 names "
+                    "it), or is it still computing or stuck?"]
+
+
+def test_ranks_text_folds_runs() -> None:
+    assert _roster.ranks_text([3]) == "rank 3"
+    assert _roster.ranks_text([7, 0, 1, 2, 4, 5, 6]) == "ranks 0-2,4-7"
+    assert _roster.ranks_text([1, 3]) == "ranks 1,3"
+
+
+_ALLREDUCE = ("allreduce", ("mp",), 12)
+
+
+def test_watchdog_names_the_rank_that_skipped_the_collective() -> None:
+    answers = {0: _ALLREDUCE, 1: _ALLREDUCE, 2: _ALLREDUCE, 3: None}
+    assert _roster.explain(_ALLREDUCE, answers, group_known=True) == (
+        ": ranks 0-2 wait in it; rank 3 is in no collective: skipped this one (inside an `if` on "
+        "the rank?), or still computing, stuck or finished")
+    # Asked the whole world (group unknown): a silent rank may belong to another group.
+    assert "ranks 3,7 are in no collective: skipped one (" in _roster.explain(
+        _ALLREDUCE, {**answers, 7: None}, group_known=False)
+
+
+def test_watchdog_names_where_other_ranks_wait() -> None:
+    answers = {0: _ALLREDUCE, 1: _ALLREDUCE, 3: ("allgather", ("dp",), 12), 2: None}
+    assert _roster.explain(_ALLREDUCE, answers, group_known=True) == (
+        ": ranks 0-1 wait in it; rank 3 waits in allgather on ('dp',) (seq 12); rank 2 is in no "
+        "collective: skipped this one (inside an `if` on the rank?), or still computing, stuck or "
+        "finished (held up elsewhere, or collectives called in different orders)")
+    everyone = {r: _ALLREDUCE for r in range(4)}
+    assert _roster.explain(_ALLREDUCE, everyone, True).endswith(
+        "ranks 0-3 wait in it; every rank of its group waits in it: do they pass different shapes "
+        "or dtypes? (SPMDSIM_CHECK=1 compares the calls)")
+    assert _roster.explain(_ALLREDUCE, everyone, True, check_on=True).endswith(
+        "every rank of its group waits in it (an MPI problem?)")
+
+
+def test_watchdog_says_check_and_gather_are_collective() -> None:
+    check = ("check", (), 5)
+    text = _roster.explain(check, {0: check, 1: None, 2: None, 3: None}, group_known=True)
+    assert text == (
+        ": rank 0 waits in it; ranks 1-3 are in no collective: skipped this one (inside an `if` on "
+        "the rank?), or still computing, stuck or finished; DTensor.check is collective: call it "
+        "on every rank and print on one (verdict = y.check(ref); if rank == 0: print(verdict))")
+    assert _roster.explain(check, None, True).endswith("DTensor.check is collective: call it on "
+                                                       "every rank and print on one (verdict = "
+                                                       "y.check(ref); if rank == 0: print(verdict))")
+    assert _roster.explain(("gather", (), 2), None, True).endswith(
+        "; DTensor.gather is collective: call it on every rank, not only on the root")
 
 
 @pytest.mark.parametrize("polite", [False, True])

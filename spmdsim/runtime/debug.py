@@ -12,15 +12,19 @@ meet the others there; the watchdog reports that.
 
 Watchdog (``SPMDSIM_WATCHDOG=seconds`` or ``configure(watchdog=...)``, off by
 default): every collective (and fingerprint exchange) is posted nonblocking
-and polled; past the deadline the rank prints
-``[rank r] spmdsim: collective allreduce on ('mp',) (seq 12) did not complete
-within 5.0 s`` and aborts the job (guard.abort_job), which ends every rank.
+and polled; past the deadline the rank asks the other ranks of its group where
+they are (runtime._roster: small point-to-point messages on a side channel,
+answered by ranks that wait too), prints
+``[rank 0] spmdsim: collective allreduce on ('mp',) (seq 12) did not complete
+within 5.0 s: ranks 0-2 wait in it; rank 3 is in no collective: skipped this
+one (inside an `if` on the rank?), or still computing, stuck or finished``
+and aborts the job (guard.abort_job), which ends every rank.
 
 The sequence number counts the collectives this process issued through
 runtime.collectives (groups of one rank included), the check's Allgather and
 DTensor.gather, so a rank that issued one more or one fewer than its peers on
 another group is caught at its next collective. This module imports mpi4py
-only when it aborts.
+only when the watchdog is on and a wait lasts longer than 0.1 s, or when it aborts.
 """
 from __future__ import annotations
 
@@ -34,6 +38,8 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from ..errors import RuntimeMismatchError, SpmdsimError
+from . import _roster
+from . import wait as waiting
 
 __all__ = [
     "configure",
@@ -231,7 +237,7 @@ def verify(comm: Any, op: str, axes: Sequence[str], dtype: Any, shape: Optional[
     mine[1] = seq
     table = np.empty((g, FINGERPRINT_FIELDS), np.int64)
     if polite or watchdog_seconds() is not None:
-        wait(comm.Iallgather(mine, table), op, axes, seq, polite)
+        wait(comm.Iallgather(mine, table), op, axes, seq, polite, comm=comm)
     else:
         comm.Allgather(mine, table)  # busy mode: MPI's own blocking wait is the fastest
     if (table == mine).all():
@@ -278,7 +284,7 @@ def verify_counts(comm: Any, sends: Any, receives: Any, seq: int, polite: bool) 
     g = comm.Get_size()
     mine = np.concatenate([np.asarray(sends, np.int64), np.asarray(receives, np.int64)])
     table = np.empty((g, 2 * g), np.int64)
-    wait(comm.Iallgather(mine, table), "alltoallv", (), seq, polite)
+    wait(comm.Iallgather(mine, table), "alltoallv", (), seq, polite, comm=comm)
     sent, expected = table[:, :g], table[:, g:]
     bad = np.argwhere(sent != expected.T)  # sent[i, j]: i -> j; expected[j, i]: j expects from i
     if bad.size:
@@ -291,15 +297,16 @@ def verify_counts(comm: Any, sends: Any, receives: Any, seq: int, polite: bool) 
 
 
 def wait(request: Any, op: str, axes: Sequence[str], seq: int, polite: bool,
-         on_timeout: Optional[Callable[[str], None]] = None) -> None:
+         on_timeout: Optional[Callable[[str], None]] = None, comm: Any = None) -> None:
     """Complete `request`; past the watchdog deadline report and abort the job.
 
     Polling follows runtime.wait (polite: spin, yielding polls, sleeps; busy:
-    Test() spin). `on_timeout(text)` replaces the abort (tests); the request is
-    then left pending.
+    Test() spin). `comm` is the communicator the request is on (None: unknown).
+    A wait longer than _roster.SERVE_S answers the other ranks' watchdogs
+    between polls; past the deadline this rank asks its group (the world when
+    `comm` is None) where they are and names who is missing (runtime._roster).
+    `on_timeout(text)` replaces the abort (tests); the request is then left pending.
     """
-    from . import wait as waiting  # pure module
-
     limit = watchdog_seconds()
     if limit is None:
         if polite:
@@ -307,12 +314,31 @@ def wait(request: Any, op: str, axes: Sequence[str], seq: int, polite: bool,
         else:
             request.Wait()
         return
-    if waiting.wait_until(request, time.monotonic() + limit, polite):
+    now = time.monotonic()
+    deadline = now + limit
+    # Sliced only past the first SERVE_S: a call that completes sooner polls exactly as before.
+    if waiting.wait_until(request, min(deadline, now + _roster.SERVE_S), polite):
         return
+    state = (op, tuple(axes), seq)
+    side = _roster.channel(comm)
+    while (now := time.monotonic()) < deadline:
+        if side is not None:
+            _roster.serve(side[0], state)
+        if waiting.wait_until(request, min(deadline, now + _roster.SERVE_S), polite):
+            return
+    me = _world_rank()
+    answers = _roster.survey(comm, state, min(1.0, max(0.25, limit / 2)))
     shown = f"{limit:.1f}" if limit >= 1 else f"{limit:g}"
-    text = (f"[rank {_world_rank()}] spmdsim: collective {op} on {tuple(axes)!r} "
-            f"(seq {seq}) did not complete within {shown} s")
-    (on_timeout or _abort)(text)
+    text = (f"[rank {me}] spmdsim: collective {op} on {tuple(axes)!r} (seq {seq}) did not "
+            f"complete within {shown} s" + _roster.explain(state, answers, comm is not None,
+                                                       check_enabled()))
+    if on_timeout is not None:
+        on_timeout(text)
+        return
+    same = [r for r, where in (answers or {}).items() if where == state]
+    if same and me != min(same):
+        _roster.linger(comm, state, 1.0)  # the lowest waiting rank reports: one message, not g
+    _abort(text)
 
 
 def collective(comm: Any, op: str, axes: Sequence[str], array: Any, extra: Sequence[Any],
@@ -328,7 +354,7 @@ def collective(comm: Any, op: str, axes: Sequence[str], array: Any, extra: Seque
     if comm.Get_size() > 1 and check_enabled():
         verify(comm, op, axes, array.dtype, array.shape, extra, seq, polite)
     if watchdog_seconds() is not None:
-        wait(nonblocking(*args), op, axes, seq, polite)
+        wait(nonblocking(*args), op, axes, seq, polite, comm=comm)
     elif polite:
         from .wait import polite_wait
 

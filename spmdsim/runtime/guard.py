@@ -26,7 +26,8 @@ from typing import Any, Callable, NoReturn
 
 from ..errors import SpmdsimError
 
-__all__ = ["abort_on_error", "install_excepthook", "run_guarded", "handle_exception", "abort_job"]
+__all__ = ["abort_on_error", "install_excepthook", "run_guarded", "handle_exception", "abort_job",
+           "world_channel"]
 
 _DEFAULT_GRACE_S = 3.0
 
@@ -67,6 +68,20 @@ def _private(comm: Any) -> Any:
         entry = (comm, comm.Dup())
         _PRIVATE[id(comm)] = entry
     return entry[1]
+
+
+def world_channel() -> Any:
+    """The private duplicate of COMM_WORLD if a guard set one up on this rank, else None.
+
+    The watchdog's side channel (runtime._roster): its point-to-point messages
+    never match the guard's barrier nor anything in user code. Setting the
+    guard up is collective, so every rank has one or none. Never imports mpi4py.
+    """
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None:
+        return None
+    entry = _PRIVATE.get(id(mpi.COMM_WORLD))
+    return entry[1] if entry is not None and entry[0] is mpi.COMM_WORLD else None
 
 
 def _world(comm: Any) -> Any:

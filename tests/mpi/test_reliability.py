@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from spmdsim.errors import RuntimeMismatchError
-from spmdsim.runtime import debug
+from spmdsim.runtime import _roster, debug
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -52,20 +52,67 @@ def test_one_differing_rank_is_named_on_every_rank(comm, what: str) -> None:
     assert all(comm.allgather(text == str(info.value)))
 
 
-def test_watchdog_names_the_collective_that_does_not_complete(comm) -> None:
-    debug.configure(watchdog=0.2)
+def test_watchdog_names_the_collective_and_the_rank_that_is_missing(comm) -> None:
+    debug.configure(watchdog=1.0)
     try:
         if comm.rank == 0:
-            time.sleep(1.0)  # late: the others' watchdog fires first
+            time.sleep(2.0)  # late: the others' watchdog fires (1 s) and asks (0.5 s) first
         seen: list[str] = []
         request = comm.Ibarrier()
-        debug.wait(request, "barrier", ("x",), 3, polite=True, on_timeout=seen.append)
+        debug.wait(request, "barrier", ("x",), 3, polite=True, on_timeout=seen.append, comm=comm)
         request.Wait()
     finally:
         debug.configure(watchdog=None)
+    _drain(comm)
     if comm.rank != 0:
+        waiting = _roster.ranks_text(list(range(1, comm.size)))
         assert seen == [f"[rank {_world().rank}] spmdsim: collective barrier on ('x',) (seq 3) "
-                        "did not complete within 0.2 s"]
+                        f"did not complete within 1.0 s: {waiting} wait{'s' * (comm.size == 2)} in "
+                        "it; rank 0 is in no collective: skipped this one (inside an `if` on the "
+                        "rank?), or still computing, stuck or finished"]
+
+
+def test_watchdog_names_where_a_rank_waits_instead(comm) -> None:
+    from spmdsim.runtime import guard
+
+    world = _world()
+    guard._private(world)  # the side channel spanning the world (collective; kept, as in a guarded run)
+    other = comm.Dup()
+    last = comm.size - 1
+    seen: list[str] = []
+    debug.configure(watchdog=1.0)
+    try:
+        # The last rank waits on another communicator: each side times out and names the other.
+        if comm.rank == last:
+            first, then, call = other.Ibarrier(), comm.Ibarrier, ("allgather", ("y",), 4, other)
+        else:
+            first, then, call = comm.Ibarrier(), other.Ibarrier, ("barrier", ("x",), 3, comm)
+        debug.wait(first, *call[:3], polite=True, on_timeout=seen.append, comm=call[3])
+        second = then()
+        first.Wait()
+        second.Wait()
+    finally:
+        debug.configure(watchdog=None)
+    _drain(comm)
+    other.Free()
+    head = f"[rank {world.rank}] spmdsim: collective "
+    if comm.rank == last:
+        assert seen == [head + f"allgather on ('y',) (seq 4) did not complete within 1.0 s: rank "
+                        f"{last} waits in it; {_roster.ranks_text(list(range(last)))} "
+                        f"wait{'s' * (last == 1)} in barrier on ('x',) (seq 3) (held up elsewhere, "
+                        "or collectives called in different orders)"]
+    else:
+        assert seen == [head + "barrier on ('x',) (seq 3) did not complete within 1.0 s: "
+                        f"{_roster.ranks_text(list(range(last)))} wait{'s' * (last == 1)} in it; "
+                        f"rank {last} waits in allgather on ('y',) (seq 4) (held up elsewhere, or "
+                        "collectives called in different orders)"]
+
+
+def _drain(comm) -> None:
+    # Questions to a rank that never answered, late answers: dropped so no later test sees them.
+    comm.Barrier()
+    for side in {id(c): c for c in (_roster.channel(comm)[0], comm)}.values():
+        _roster.drain(side)
     comm.Barrier()
 
 
