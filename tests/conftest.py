@@ -64,4 +64,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         f"{report.longreprtext}\n"
     )
     sys.stderr.flush()
+    from spmdsim.runtime.guard import release_shared_segments
+
+    release_shared_segments()  # Abort would leave MPICH's /dev/shm segment behind
     _WORLD.Abort(1)

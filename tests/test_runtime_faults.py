@@ -53,6 +53,53 @@ def test_exception_on_one_rank_mid_job_aborts_everyone():
     assert "spmdsim: error on rank 2: ValueError: boom on rank two" in proc.stderr
 
 
+def test_an_aborted_job_leaves_no_shared_memory_segment():
+    # MPI_Abort kills the ranks before MPICH unlinks its /dev/shm segment; the guard
+    # unlinks it first, or every aborted job would hold ~8 MB of memory until reboot.
+    proc, _ = _launch("""
+    segments = sorted({line.split(maxsplit=5)[5].strip() for line in open("/proc/self/maps")
+                       if "/dev/shm/" in line and "(deleted)" not in line})
+    if mesh.rank == 0:
+        print("SEGMENTS", " ".join(segments), flush=True)
+    with abort_on_error():
+        allreduce(mesh, np.ones(4), ("dp", "mp"))
+        if mesh.rank == 1:
+            raise ValueError("boom")
+        allreduce(mesh, np.ones(4), ("dp", "mp"))
+    """)
+    assert proc.returncode not in (0, 124), proc.stderr
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("SEGMENTS")), None)
+    assert line is not None, proc.stdout + proc.stderr
+    segments = line.split()[1:]
+    if not segments:
+        pytest.skip("this MPI maps no named /dev/shm segment")
+    assert [s for s in segments if os.path.exists(s)] == []
+
+
+def test_release_shared_segments_unlinks_only_mpi_segments(tmp_path):
+    from spmdsim.runtime.guard import release_shared_segments
+
+    mine = f"/dev/shm/mpich_shm_spmdsimtest_{os.getpid()}"
+    other = f"/dev/shm/spmdsimtest_other_{os.getpid()}"
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    for path in (mine, other):
+        open(path, "w").close()
+    try:
+        maps = tmp_path / "maps"
+        maps.write_text(f"7f00-7f01 rw-s 00000000 00:1a 12 {mine}\n"
+                        f"7f01-7f02 rw-s 00000000 00:1a 13 {other}\n"
+                        "7f02-7f03 rw-s 00000000 00:1a 14 /dev/shm/mpich_shm_gone (deleted)\n"
+                        "7f03-7f04 r-xp 00000000 08:01 15 /usr/lib/libc.so.6\n")
+        assert release_shared_segments(str(maps)) == [mine]
+        assert not os.path.exists(mine) and os.path.exists(other)
+        assert release_shared_segments(str(tmp_path / "missing")) == []
+    finally:
+        for path in (mine, other):
+            if os.path.exists(path):
+                os.unlink(path)
+
+
 def test_spmdsim_error_on_some_ranks_aborts_after_grace():
     proc, seconds = _launch("""
     with abort_on_error():
