@@ -16,6 +16,7 @@ def _fresh_settings(monkeypatch):
     monkeypatch.setattr(debug._State, "check", None)
     monkeypatch.setattr(debug._State, "watchdog", None)
     monkeypatch.setattr(debug._State, "watchdog_read", False)
+    monkeypatch.setattr(debug._State, "watchdog_set", False)
     monkeypatch.setattr(debug._State, "quiet", None)
     monkeypatch.setattr(debug._State, "seq", 0)
 
@@ -185,3 +186,28 @@ def test_cli_arguments_configure_the_debug_mode() -> None:
     assert debug.check_enabled() is True and debug.watchdog_seconds() == 7.5
     with pytest.raises(SpmdsimError, match="--watchdog 'x'"):
         debug.configure_from_args(parser.parse_args(["--watchdog", "x"]))
+
+
+def test_the_divergence_guard_brings_a_watchdog_unless_told_otherwise(monkeypatch) -> None:
+    # SPMDSIM_CHECK compares calls, but a rank that skips one would leave the others
+    # waiting forever: with the guard on, an unset watchdog defaults to CHECK_WATCHDOG_S.
+    monkeypatch.delenv("SPMDSIM_WATCHDOG", raising=False)
+    monkeypatch.setenv("SPMDSIM_CHECK", "1")
+    assert debug.watchdog_seconds() == debug.CHECK_WATCHDOG_S
+    monkeypatch.setenv("SPMDSIM_WATCHDOG", "0")  # explicitly off stays off
+    monkeypatch.setattr(debug._State, "watchdog_read", False)
+    assert debug.watchdog_seconds() is None
+    monkeypatch.setenv("SPMDSIM_WATCHDOG", "7")
+    monkeypatch.setattr(debug._State, "watchdog_read", False)
+    assert debug.watchdog_seconds() == 7.0
+    # The CLI's --check after the first read: the default follows the guard.
+    monkeypatch.delenv("SPMDSIM_WATCHDOG")
+    monkeypatch.setenv("SPMDSIM_CHECK", "0")
+    monkeypatch.setattr(debug._State, "check", None)
+    monkeypatch.setattr(debug._State, "watchdog_read", False)
+    assert debug.watchdog_seconds() is None
+    debug.configure(check=True)
+    assert debug.watchdog_seconds() == debug.CHECK_WATCHDOG_S and not debug.quiet()
+    debug.configure(watchdog=None)  # configure's own choice wins over the default
+    debug.configure(check=True)
+    assert debug.watchdog_seconds() is None

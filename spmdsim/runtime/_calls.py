@@ -134,7 +134,9 @@ def _begin(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, x: Any, extra: tup
 def _run(mesh: Mesh, seq: int, op: str, axes: Any, blocking: Any, nonblocking: Any, *args: Any) -> None:
     """Run one collective with the mesh's wait mode (and the watchdog when it is on)."""
     if not _DEBUG.quiet and debug.watchdog_seconds() is not None:
-        debug.wait(nonblocking(*args), op, comm_axes(axes), seq, mesh.polite)
+        # The bound method's communicator: the watchdog asks that group who is missing.
+        debug.wait(nonblocking(*args), op, comm_axes(axes), seq, mesh.polite,
+                   comm=getattr(nonblocking, "__self__", None))
     elif mesh.polite:
         polite_wait(nonblocking(*args))
     else:

@@ -190,6 +190,9 @@ class DTensor:
               atol: float | None = None) -> Verdict:
         """Compare this rank's region with `reference`; all ranks return the same Verdict.
 
+        Collective: call it on every rank and print on one
+        (``verdict = y.check(ref)``, then ``if rank == 0: print(verdict)``).
+
         `reference`: a SeededTensor, a global ndarray, or a callable taking a
         tuple of slices and returning that region. Partial values are summed
         first (traced with label "check"). Only this rank's region is made.

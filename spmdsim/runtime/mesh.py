@@ -194,4 +194,4 @@ def _before_split(mesh: Mesh, axes: tuple[str, ...]) -> None:
     if debug.check_enabled():
         debug.verify(mesh.comm, "split", axes, "int64", None, (), number, polite)
     elif debug.watchdog_seconds() is not None:
-        debug.wait(mesh.comm.Ibarrier(), "split", axes, number, polite)
+        debug.wait(mesh.comm.Ibarrier(), "split", axes, number, polite, comm=mesh.comm)
