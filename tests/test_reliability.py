@@ -110,6 +110,10 @@ class _DoneAfter(_NeverDone):
 
 def test_watchdog_reports_the_collective_past_its_deadline(monkeypatch) -> None:
     monkeypatch.setattr(debug, "_world_rank", lambda: 5)
+    # No side channel, even when an earlier test in this process installed a guard.
+    from spmdsim.runtime import guard
+
+    monkeypatch.setattr(guard, "world_channel", lambda: None)
     debug.configure(watchdog=0.05)
     seen = []
     debug.wait(_NeverDone(), "allreduce", ("mp",), 12, polite=True, on_timeout=seen.append)

@@ -32,8 +32,8 @@ w = DTensor.from_seeded(mesh, mesh.layout("mp", None), SeededTensor((16, 8), see
 y = matmul(x, w)  # every rank: the group exists, the sequence numbers agree
 """
 
-# The matmul's Allreduce does not tell the watchdog its group, so it asks every rank: "one".
-_MISSING = (r"rank 3 is in no collective: skipped one \(inside an `if` on the rank\?\), "
+# The matmul's Allreduce tells the watchdog its group, so the silent rank skipped "this one".
+_MISSING = (r"rank 3 is in no collective: skipped this one \(inside an `if` on the rank\?\), "
             r"or still computing, stuck or finished")
 
 #: name -> (program after the prelude, regex one output line must match)
