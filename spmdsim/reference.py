@@ -63,7 +63,7 @@ def gelu(x: np.ndarray) -> np.ndarray:
     x64 = np.asarray(x, dtype=np.float64)
     out = 0.5 * x64 * (1.0 + np.tanh(_SQRT_2_OVER_PI * (x64 + 0.044715 * x64**3)))
     # Integers get float64 (as softmax does), never truncated values.
-    return out.astype(x.dtype, copy=False) if np.asarray(x).dtype.kind == "f" else out
+    return out.astype(x.dtype, copy=False) if x.dtype.kind == "f" else out
 
 
 ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {"relu": relu, "gelu": gelu}

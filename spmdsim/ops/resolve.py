@@ -60,7 +60,7 @@ def _cuts(t: TensorLayout) -> TensorLayout:
     """`t` without its mesh axes of size 1, which cut nothing: layouts equal here hold the same blocks."""
     size = t.layout.axis_size
     return TensorLayout(t.layout, tuple(tuple(a for a in e if size(a) > 1) for e in t.tensor_map),
-                        tuple(a for a in t.partial if size(a) > 1))
+                        t.addend_axes)
 
 
 def resolve_partial(
