@@ -146,17 +146,10 @@ def drain(side: Any) -> None:
 
 
 def ranks_text(ranks: list[int]) -> str:
-    """``rank 3`` or ``ranks 0-2,4-7`` (sorted world ranks)."""
-    runs: list[str] = []
-    ranks = sorted(ranks)
-    i = 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        runs.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
-        i = j + 1
-    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(runs)
+    """``rank 3`` or ``ranks 0-2,4-7`` (sorted world ranks; two in a row fold too: ``0-1``)."""
+    from ..viz.model import compact_ranks  # pure; loaded only when a watchdog reports
+
+    return ("rank " if len(ranks) == 1 else "ranks ") + compact_ranks(ranks, run=2)
 
 
 def _where(state: State) -> str:

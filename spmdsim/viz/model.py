@@ -106,15 +106,15 @@ def _map_text(tl: TensorLayout) -> str:
     return "(" + ", ".join(format_entry(e) for e in tl.tensor_map) + ")"
 
 
-def compact_ranks(ranks: Sequence[int]) -> str:
-    """0,1 / 0-3 / 0,2,4: runs of three or more consecutive ranks become a-b."""
+def compact_ranks(ranks: Sequence[int], run: int = 3) -> str:
+    """0,1 / 0-3 / 0,2,4: runs of `run` or more consecutive ranks become a-b."""
     ranks = sorted(ranks)
     parts, i = [], 0
     while i < len(ranks):
         j = i
         while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
             j += 1
-        if j - i >= 2:
+        if j - i + 1 >= run:
             parts.append(f"{ranks[i]}-{ranks[j]}")
         else:
             parts.extend(str(r) for r in ranks[i : j + 1])
