@@ -13,7 +13,7 @@ Different device matrices are first rewritten on a common refined mesh.
 from __future__ import annotations
 
 import itertools
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Optional, Sequence
 
 import numpy as np
@@ -318,14 +318,11 @@ def _attempt(build, *args):
 def _candidates(src: TensorLayout, tgt: TensorLayout, sz: _Sizes) -> tuple:
     """Three functions, each building one tier of candidate step lists (see `_plan`)."""
     base = _from(src, tgt, sz)
-    later: list = []
 
+    @cache  # built once, for the second tier and (its exchanges) the third
     def presliced() -> list:
         # Sums and gathers then run on blocks already cut over the pre-sliced axes.
-        if not later:
-            later.append([(pre, c) for pre in _preslices(src, tgt, sz)
-                          for c in _from(pre[-1].after, tgt, sz)])
-        return later[0]
+        return [(pre, c) for pre in _preslices(src, tgt, sz) for c in _from(pre[-1].after, tgt, sz)]
 
     return (
         lambda: [c for c in base if not callable(c)],
