@@ -19,6 +19,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from .holdings import bounds_text
 from .layout import TensorLayout, format_entry, format_tensor_map
 
 __all__ = [
@@ -182,10 +183,6 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], left: Sequence
     return out
 
 
-def _bounds_text(bounds: Sequence[tuple[int, int]]) -> str:
-    return "[" + ", ".join(f"{a}:{b}" for a, b in bounds) + "]"
-
-
 def _values_text(values: Optional[Sequence[int]]) -> str:
     if values is None:
         return "-"
@@ -277,7 +274,7 @@ def format_explanation(ex: Explanation) -> str:
     lines += _table(
         ["rank", "shard", "index per dim", "slice", "values"],
         [
-            [r.rank, r.shard_number, str(r.shard_index), _bounds_text(r.bounds), _values_text(r.values)]
+            [r.rank, r.shard_number, str(r.shard_index), bounds_text(r.bounds), _values_text(r.values)]
             for r in ex.rows
         ],
         left=(2, 3, 4),

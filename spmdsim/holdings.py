@@ -18,12 +18,17 @@ from typing import Any, Mapping, Sequence
 from .errors import LayoutError
 from .layout import TensorLayout
 
-__all__ = ["block_text", "holdings", "holdings_lines", "rank_blocks"]
+__all__ = ["block_text", "bounds_text", "holdings", "holdings_lines", "rank_blocks"]
+
+
+def bounds_text(bounds: Sequence[tuple[int, int]]) -> str:
+    """``[0:128, 32:64]`` for per-dim [start, stop) bounds."""
+    return "[" + ", ".join(f"{a}:{b}" for a, b in bounds) + "]"
 
 
 def block_text(layout: TensorLayout, shape: Sequence[int], rank: int) -> str:
     """``[0:128, 32:64]`` for `rank`'s block, with `` partial over mp`` for a pending sum."""
-    text = "[" + ", ".join(f"{a}:{b}" for a, b in layout.bounds(rank, shape)) + "]"
+    text = bounds_text(layout.bounds(rank, shape))
     return text + (f" partial over {', '.join(layout.partial)}" if layout.partial else "")
 
 
