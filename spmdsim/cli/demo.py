@@ -32,6 +32,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--only", nargs="+", metavar="NAME",
                         help="run only these scenarios (names as --list shows them, space- or comma-separated)")
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    parser.add_argument("--wide", action="store_true",
+                        help="add the layouts column and keep each row on one line (wider than 100 columns)")
     parser.set_defaults(func=run)
 
 
@@ -71,27 +73,39 @@ def _run_all(chosen: Sequence[Any], args: argparse.Namespace, comm: Any) -> int:
         if args.json:
             print(json.dumps([o.record() for o in outcomes], indent=1))
         else:
-            print(format_table(outcomes, comm.Get_size(), args.dtype))
+            print(format_table(outcomes, comm.Get_size(), args.dtype, args.wide))
     return 0 if all(o.passed for o in outcomes) else 1
 
 
-def format_table(outcomes: Sequence[Any], world_size: int, dtype: str) -> str:
-    """The summary table: op, layouts, collectives, bytes/rank, max error, result."""
-    head = ("scenario", "op", "layouts", "collectives", "bytes/rank", "max error", "result")
-    rows = []
+def format_table(outcomes: Sequence[Any], world_size: int, dtype: str, wide: bool = False) -> str:
+    """The summary table: op, collectives, bytes sent per rank, max error, result.
+
+    Fits 100 columns (long cells fold onto more lines, skip reasons go below the
+    table); `wide` adds the layouts column and keeps every row on one line.
+    """
+    from ..validate import counted
+    from ..viz.table import fold_table, nbytes, wrap_lines
+
+    head = ("scenario", "op") + (("layouts",) if wide else ()) + (
+        "collectives", "sent/rank", "max error", "result")
+    rows, reasons = [], []
     for o in outcomes:
+        layouts = (o.layouts,) if wide else ()
         if o.skipped:
-            rows.append((o.scenario, o.op, o.layouts, "-", "-", "-", f"SKIP ({o.skipped})"))
+            rows.append((o.scenario, o.op) + layouts + ("-", "-", "-", "SKIP"))
+            reasons.append(f"  {o.scenario}: {o.skipped}")
             continue
         colls = ", ".join(f"{op} x{n}" for op, n in sorted(o.collectives.items())) or "none"
-        rows.append((o.scenario, o.op, o.layouts, colls, str(o.bytes_sent_per_rank),
+        rows.append((o.scenario, o.op) + layouts + (colls, nbytes(o.bytes_sent_per_rank),
                      f"{o.max_abs_error:.2e}", "PASS" if o.passed else "FAIL"))
-    widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head) - 1)]
-    lines = [f"spmdsim demo: {world_size} ranks, {dtype}"]
-    for r in [head] + rows:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+    right = (len(head) - 3,)
+    lines = [f"spmdsim demo: {counted(world_size, 'rank')}, {dtype}"]
+    lines += fold_table(head, rows, width=None if wide else 100, right=right, keep=(0,))
     passed = sum(1 for o in outcomes if o.passed and not o.skipped)
     skipped = sum(1 for o in outcomes if o.skipped)
     failed = len(outcomes) - passed - skipped
+    if reasons:
+        lines.append("skipped at this rank count:")
+        lines += reasons if wide else wrap_lines(reasons)
     lines.append(f"{passed} passed, {failed} failed, {skipped} skipped")
     return "\n".join(lines)

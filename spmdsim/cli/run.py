@@ -277,19 +277,26 @@ def _sbp_matmul_job(args: argparse.Namespace, comm: Any, dims: Sequence[int], co
 
 def _run_op(args: argparse.Namespace, comm: Any) -> int:
     from ..demo.registry import explain_lines, rank_line, run_job
+    from ..runtime.ranked import gather_ranked, trace_lines
 
     job = _build(args, comm)
     explained = explain_lines(job) if args.explain else []
     result = run_job(job, comm)
     lines = comm.gather([rank_line(job, result.out)] + explained, root=0)
+    calls = gather_ranked(comm, trace_lines(result.entries))
     if comm.Get_rank() == 0:
-        print(report(job, result, lines, args.json))
+        print(report(job, result, lines, args.json, calls, explain=args.explain))
     return 0 if result.verdict.passed else 1
 
 
-def report(job: Any, result: Any, rank_lines: list, as_json: bool = False) -> str:
-    """The text (or JSON) rank 0 prints for one run."""
+def report(job: Any, result: Any, rank_lines: list, as_json: bool = False,
+           calls: Sequence[str] | None = None, explain: bool = False) -> str:
+    """The text (or JSON) rank 0 prints for one run (`calls`: every rank's, folded; else rank 0's)."""
     import json
+
+    from ..demo.registry import explain_notes
+    from ..runtime.ranked import fold_ranked, trace_lines
+    from ..viz.table import nbytes, wrap_lines
 
     v, stats = result.verdict, result.stats
     if as_json:
@@ -301,13 +308,12 @@ def report(job: Any, result: Any, rank_lines: list, as_json: bool = False) -> st
     text = [f"{job.op}: {job.layouts} on {job.mesh.layout}"]
     for lines in rank_lines:
         text.extend(lines)
-    text.append("collectives (rank 0):")
-    live = [e for e in result.entries if e.group_size > 1]
-    for e in live:
-        text.append(f"  {e.op} over {e.axes!r} (group of {e.group_size}): "
-                    f"sent {e.bytes_sent} B, received {e.bytes_received} B")
-    if not live:
-        text.append("  none")
-    text.append(f"bytes sent per rank (max): {stats['bytes_sent_max']}")
+    if explain:
+        text.extend(explain_notes(job))
+    text.append("collectives:")
+    if calls is None:  # only this rank's trace at hand
+        calls = fold_ranked([trace_lines(result.entries)])
+    text.extend("  " + line for line in calls)
+    text.append(f"sent per rank (max): {nbytes(stats['bytes_sent_max'])}")
     text.append(f"max abs error: {float(v.max_abs_error):.3e}  {'PASS' if v.passed else 'FAIL'}")
-    return "\n".join(text)
+    return "\n".join(wrap_lines(text))

@@ -32,6 +32,8 @@ __all__ = [
     "prepare_allgather",
     "prepare_reduce_scatter",
     "prepare_alltoall",
+    "print_ranked",
+    "ranked",
 ]
 
 _WHERE = {
@@ -57,6 +59,8 @@ _WHERE = {
     "prepare_allgather": "prepared",
     "prepare_reduce_scatter": "prepared",
     "prepare_alltoall": "prepared",
+    "print_ranked": "ranked",
+    "ranked": "ranked",
 }
 
 
