@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import pathlib
 
 import pytest
 
@@ -121,3 +122,39 @@ def test_a_subcommand_error_shows_the_subcommands_usage(capsys):
     with pytest.raises(SystemExit):
         main(["run", "redistribute", "--device-matrix", "8", "--shape", "8", "--bogus"])
     assert capsys.readouterr().err.startswith("usage: spmdsim run redistribute ")
+
+
+SCHEMA = pathlib.Path(__file__).parent / "data" / "chrome_trace_event.schema.json"
+
+
+def _validate(obj: dict) -> None:
+    jsonschema = pytest.importorskip("jsonschema")  # in the `test` extra
+    jsonschema.validate(obj, json.loads(SCHEMA.read_text()))
+
+
+def test_chrome_trace_of_two_ranks_has_a_track_each_with_compute_and_collectives():
+    from spmdsim.runtime.trace import TraceEntry
+    from spmdsim.runtime.trace_export import chrome_events, chrome_trace
+
+    def entry(ended: float, seconds: float, sent: int) -> TraceEntry:
+        return TraceEntry("allreduce", ("k",), 4, sent, sent, seconds, "matmul", ended_at=ended)
+
+    rank0 = chrome_events([entry(10.5, 0.25, 96)], 0, start=10.0, end=11.0, spans=[("mm", 10.0, 11.0)])
+    rank1 = chrome_events([entry(10.5, 0.1, 96)], 1, start=10.2, end=10.6)
+    obj = chrome_trace([rank0, rank1])
+    _validate(obj)
+    timed = [e for e in obj["traceEvents"] if e["ph"] == "X"]
+    track0 = [(e["name"], e["ts"], e["dur"]) for e in timed if e["pid"] == 0 and e["tid"] == 0]
+    # Rank 0: compute 10.0-10.25, the Allreduce 10.25-10.5, compute 10.5-11.0 (microseconds from 10.0).
+    assert track0 == [("local compute", 0.0, 250000.0), ("allreduce(k) 96 B", 250000.0, 250000.0),
+                      ("local compute", 500000.0, 500000.0)]
+    coll = next(e for e in timed if e["pid"] == 1 and e["cat"] == "collective")
+    assert coll["args"] == {"bytes_sent": 96, "bytes_received": 96, "group_size": 4, "axes": ["k"],
+                            "label": "matmul"}
+    assert coll["ts"] == pytest.approx(400000.0)
+    names = {(e["pid"], e["args"]["name"]) for e in obj["traceEvents"] if e["name"] == "process_name"}
+    assert names == {(0, "rank 0"), (1, "rank 1")}
+    assert [e["name"] for e in timed if e["tid"] == 1] == ["mm"]
+    bad = dict(obj, traceEvents=obj["traceEvents"] + [{"name": "x", "ph": "X", "tid": 0, "ts": 0, "dur": 1}])
+    with pytest.raises(Exception, match="'pid' is a required property"):
+        _validate(bad)

@@ -13,7 +13,7 @@ import json
 from typing import Any, Sequence
 
 from ..errors import SpmdsimError
-from .run import add_common_arguments, guarded
+from .run import add_common_arguments, add_trace_out, check_trace_out, guarded
 
 __all__ = ["register", "run", "format_table"]
 
@@ -34,6 +34,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
     parser.add_argument("--wide", action="store_true",
                         help="add the layouts column and keep each row on one line (wider than 100 columns)")
+    add_trace_out(parser)
     parser.set_defaults(func=run)
 
 
@@ -67,14 +68,38 @@ def _only(chosen: Sequence[Any], names: Sequence[str] | None) -> tuple[Any, ...]
 def _run_all(chosen: Sequence[Any], args: argparse.Namespace, comm: Any) -> int:
     from ..demo.registry import Context, run_scenario
 
+    check_trace_out(args)
     ctx = Context(comm, args.dtype, args.seed)
-    outcomes = [run_scenario(sc, ctx) for sc in chosen]
+    if args.trace_out:
+        outcomes = _run_traced(chosen, ctx, args.trace_out)
+    else:
+        outcomes = [run_scenario(sc, ctx) for sc in chosen]
     if comm.Get_rank() == 0:
         if args.json:
             print(json.dumps([o.record() for o in outcomes], indent=1))
         else:
             print(format_table(outcomes, comm.Get_size(), args.dtype, args.wide))
     return 0 if all(o.passed for o in outcomes) else 1
+
+
+def _run_traced(chosen: Sequence[Any], ctx: Any, path: str) -> list[Any]:
+    """Run the scenarios under one trace and write it, each scenario a named span per rank."""
+    from time import perf_counter
+
+    from ..demo.registry import run_scenario
+    from ..runtime import collect_trace
+    from ..runtime.trace_export import write_chrome_trace
+
+    outcomes, spans = [], []
+    with collect_trace() as trace:
+        for sc in chosen:
+            began = perf_counter()
+            outcomes.append(run_scenario(sc, ctx))
+            if not outcomes[-1].skipped:
+                spans.append((sc.name, began, perf_counter()))
+    start, end = (spans[0][1], spans[-1][2]) if spans else (None, None)
+    write_chrome_trace(ctx.comm, trace, path, start, end, spans)
+    return outcomes
 
 
 def format_table(outcomes: Sequence[Any], world_size: int, dtype: str, wide: bool = False) -> str:

@@ -77,7 +77,10 @@ def add_redistribute_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `spmdsim run redistribute` (the plan flags plus --seed, --check, --watchdog)."""
     from ..runtime.debug import add_cli_arguments
 
+    from .run import add_trace_out
+
     add_plan_arguments(parser)
+    add_trace_out(parser)
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated tensor")
     add_cli_arguments(parser)
 
@@ -330,20 +333,31 @@ def run_redistribute(args: argparse.Namespace) -> int:
 
 
 def _execute(args: argparse.Namespace, comm: Any) -> int:
+    from time import perf_counter
+
     from mpi4py import MPI
 
     from ..datagen import SeededTensor
     from ..plan_exec import redistribute
     from ..runtime import DTensor, Mesh, collect_trace
 
+    from .run import check_trace_out
+
+    check_trace_out(args)
     source, target, shape, dtype = layouts_from_args(args)
     plan = plan_redistribution(source, target, shape, dtype)
     mesh = Mesh(source.layout, comm)
     seeded = SeededTensor(shape, dtype, seed=args.seed)
     x = DTensor.from_seeded(mesh, source, seeded)
     with collect_trace() as trace:
+        began = perf_counter()
         y = redistribute(x, target, plan)
+        ended = perf_counter()
     verdict = y.check(seeded, rtol=0.0, atol=0.0)
+    if args.trace_out:
+        from ..runtime.trace_export import write_chrome_trace
+
+        write_chrome_trace(comm, trace, args.trace_out, began, ended)
     received = comm.allreduce(sum(e.bytes_received for e in trace.entries), op=MPI.MAX)
     if comm.Get_rank() == 0:
         if args.json:

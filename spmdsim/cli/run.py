@@ -96,7 +96,23 @@ def _op(ops: Any, name: str, text: str) -> argparse.ArgumentParser:
     sub.add_argument("--explain", action="store_true",
                      help="print per rank the block of each tensor it holds and which collective runs and why")
     sub.add_argument("--json", action="store_true", help="print one JSON record instead")
+    add_trace_out(sub)
     return sub
+
+
+def add_trace_out(parser: argparse.ArgumentParser) -> None:
+    """--trace-out FILE (run, run redistribute, demo)."""
+    parser.add_argument("--trace-out", metavar="FILE",
+                        help="write a Chrome trace-event JSON file (one track per rank: local compute "
+                             "and each collective with its bytes) to open in ui.perfetto.dev")
+
+
+def check_trace_out(args: argparse.Namespace) -> None:
+    """Refuse an unwritable --trace-out before any work (the same error on every rank)."""
+    if getattr(args, "trace_out", None):
+        from .paths import check_output_file
+
+        check_output_file(args.trace_out, "--trace-out")
 
 
 def _add_redistribute(ops: Any) -> None:
@@ -279,11 +295,16 @@ def _run_op(args: argparse.Namespace, comm: Any) -> int:
     from ..demo.registry import explain_lines, rank_line, run_job
     from ..runtime.ranked import gather_ranked, trace_lines
 
+    check_trace_out(args)
     job = _build(args, comm)
     explained = explain_lines(job) if args.explain else []
     result = run_job(job, comm)
     lines = comm.gather([rank_line(job, result.out)] + explained, root=0)
     calls = gather_ranked(comm, trace_lines(result.entries))
+    if args.trace_out:
+        from ..runtime.trace_export import write_chrome_trace
+
+        write_chrome_trace(comm, result.entries, args.trace_out, *result.span)
     if comm.Get_rank() == 0:
         print(report(job, result, lines, args.json, calls, explain=args.explain))
     return 0 if result.verdict.passed else 1

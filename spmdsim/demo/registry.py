@@ -159,18 +159,23 @@ class JobRun:
     verdict: Any
     entries: tuple
     stats: dict
+    span: tuple[float, float] = (0.0, 0.0)  # perf_counter when the forward pass began and ended
 
 
 def run_job(job: Job, comm: Any) -> JobRun:
     """Run the forward pass under a trace, check it on every rank, reduce the trace, close the mesh."""
+    from time import perf_counter
+
     from ..runtime import collect_trace
 
     with collect_trace() as trace:
+        began = perf_counter()
         out = job.forward()
+        ended = perf_counter()
     verdict = out.check(job.reference, atol=job.atol)
     stats = trace.reduce(comm)
     job.mesh.close()
-    return JobRun(out, verdict, trace.entries, stats)
+    return JobRun(out, verdict, trace.entries, stats, (began, ended))
 
 
 def run_scenario(sc: Scenario, ctx: Context) -> Outcome:

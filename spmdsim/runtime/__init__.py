@@ -34,6 +34,7 @@ __all__ = [
     "prepare_alltoall",
     "print_ranked",
     "ranked",
+    "write_chrome_trace",
 ]
 
 _WHERE = {
@@ -61,6 +62,7 @@ _WHERE = {
     "prepare_alltoall": "prepared",
     "print_ranked": "ranked",
     "ranked": "ranked",
+    "write_chrome_trace": "trace_export",
 }
 
 

@@ -68,3 +68,26 @@ def test_print_ranked_over_world_and_self(capsys):
         evens = ",".join(str(r) for r in range(0, comm.size, 2))
         odds = ",".join(str(r) for r in range(1, comm.size, 2))
         assert text == f"ranks {evens}: parity 0\nranks {odds}: parity 1\n", text
+
+
+def test_trace_out_writes_one_track_per_rank_with_each_collectives_bytes(capsys, tmp_path):
+    import json
+    import pathlib
+
+    jsonschema = pytest.importorskip("jsonschema")
+    comm = MPI.COMM_WORLD
+    path = comm.bcast(str(tmp_path / "run.json"))  # rank 0's temp dir
+    p = comm.size
+    assert main(["run", "matmul", "--strategy", f"((1,{p}),({p},1))", "--shape", f"4,{2 * p},6",
+                 "--trace-out", path]) == 0
+    capsys.readouterr()
+    if comm.rank == 0:
+        obj = json.loads(pathlib.Path(path).read_text())
+        schema = pathlib.Path(__file__).parents[1] / "data" / "chrome_trace_event.schema.json"
+        jsonschema.validate(obj, json.loads(schema.read_text()))
+        colls = [e for e in obj["traceEvents"] if e.get("cat") == "collective"]
+        assert sorted(e["pid"] for e in colls) == list(range(p))
+        # The Allreduce of 4x6 float32 partial sums over p ranks: 2 (p-1)/p * 96 bytes each.
+        assert {e["args"]["bytes_sent"] for e in colls} == {2 * (p - 1) * 96 // p}
+        assert {e["name"] for e in obj["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
+    comm.Barrier()
