@@ -112,6 +112,8 @@ PURE_MODULES = [
     "spmdsim.viz.ascii",
     "spmdsim.viz.model",
     "spmdsim.viz.plan",
+    "spmdsim.viz.table",
+    "spmdsim.viz.why",
     "spmdsim.cli.cases",
     # Entry points import the runtime only when a command runs under MPI.
     "spmdsim.cli.main",
