@@ -113,6 +113,8 @@ PURE_MODULES = [
     "spmdsim.viz.model",
     "spmdsim.viz.plan",
     "spmdsim.cli.cases",
+    "spmdsim.algorithms",
+    "spmdsim.algorithms.table",
     # Entry points import the runtime only when a command runs under MPI.
     "spmdsim.cli.main",
     "spmdsim.runtime",
