@@ -46,12 +46,13 @@ def _slot_rule(group: list[Transfer], p: int, count: int) -> str:
 
 
 def _peer_rule(group: list[Transfer], p: int) -> str | None:
+    xors = {t.dst ^ t.src for t in group}
+    pairs = {(t.src, t.dst) for t in group}
+    if len(xors) == 1 and all((b, a) in pairs for a, b in pairs):  # pairs that swap
+        return f"r<->r^{xors.pop()}"
     shifts = {(t.dst - t.src) % p for t in group}
     if len(shifts) == 1:
         return f"r->r{_offset(shifts.pop(), p)}"
-    xors = {t.dst ^ t.src for t in group}
-    if len(xors) == 1:
-        return f"r<->r^{xors.pop()}"
     return None
 
 

@@ -25,7 +25,7 @@ from ..algorithms import build as build_schedule
 from ..algorithms.table import format_rounds
 from ..errors import ShapeError
 
-__all__ = ["RunRecord", "RoundLog", "collect_rounds", "run_schedule", "run_collective", "result_shape"]
+__all__ = ["RunRecord", "RoundLog", "collect_rounds", "run_schedule", "run_collective", "result_shape", "emulate"]
 
 _TAG = 7700  # tags _TAG + round number % _TAGS: inside MPI's guaranteed 32767
 _TAGS = 20000
@@ -223,3 +223,27 @@ def run_collective(comm: Any, name: str, local: Any, root: int = 0, out: np.ndar
     send = x.reshape(-1) if schedule.input_slots[comm.Get_rank()] else None
     run_schedule(comm, schedule, send, out.reshape(-1), wait, label)
     return out
+
+
+def emulate(mesh: Any, op: str, algorithm: str, comm: Any, send: Any, recv: Any,
+            *extra: Any, label: str | None = None) -> tuple[str, int, int]:
+    """Run `algorithm` in place of MPI's `op` on the buffers the collective would pass to MPI.
+
+    Called by runtime.collectives for a mesh made with ``algorithms=``; the
+    arguments are those of mpi4py's call (``Allreduce(send, recv, SUM)``,
+    ``Bcast(buf, root)``; a send buffer that is not an array is MPI.IN_PLACE).
+    Returns the trace name ("allreduce[ring]") and this rank's bytes sent and received.
+    """
+    me = comm.Get_rank()
+    root = 0
+    if op == "bcast":
+        send, recv, root = send, send, recv
+    if not isinstance(send, np.ndarray):  # MPI.IN_PLACE: the input is in the receive buffer
+        send = recv
+    schedule = build_schedule(op, algorithm, comm.Get_size(), int(send.size), send.dtype.itemsize, root)
+    flat_in = send.reshape(-1) if schedule.input_slots[me] else None
+    wait = None
+    if mesh.polite:
+        from .wait import polite_wait as wait
+    run_schedule(comm, schedule, flat_in, recv.reshape(-1), wait, label)
+    return f"{op}[{algorithm}]", schedule.bytes_sent()[me], schedule.bytes_received()[me]
