@@ -115,6 +115,8 @@ PURE_MODULES = [
     "spmdsim.viz.table",
     "spmdsim.viz.why",
     "spmdsim.cli.cases",
+    "spmdsim.algorithms",
+    "spmdsim.algorithms.table",
     # Entry points import the runtime only when a command runs under MPI.
     "spmdsim.cli.main",
     "spmdsim.runtime",
