@@ -43,24 +43,29 @@ def softmax_grad(s: np.ndarray, dy: np.ndarray, dim: int = -1) -> np.ndarray:
 
 
 def matmul_grads(x: np.ndarray, w: np.ndarray, dy: np.ndarray, transpose_a: bool = False,
-                 transpose_b: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """(dx, dw) of y = op(x) @ op(w); a 2-d w shared by a batched x gets the batch summed."""
+                 transpose_b: bool = False, need_dx: bool = True) -> tuple[Optional[np.ndarray], np.ndarray]:
+    """(dx, dw) of y = op(x) @ op(w); a 2-d w shared by a batched x gets the batch summed.
+
+    `need_dx` False skips dx (None): a network's first layer, whose input is data.
+    """
     f = np.float64
     a = np.swapaxes(x, -1, -2) if transpose_a else x
     b = np.swapaxes(w, -1, -2) if transpose_b else w
-    da = np.matmul(dy.astype(f), np.swapaxes(b, -1, -2).astype(f))
+    da = np.matmul(dy.astype(f), np.swapaxes(b, -1, -2).astype(f)) if need_dx else None
     db = np.matmul(np.swapaxes(a, -1, -2).astype(f), dy.astype(f))
     if w.ndim == 2 and db.ndim > 2:
         db = db.sum(axis=tuple(range(db.ndim - 2)))
-    dx = np.swapaxes(da, -1, -2) if transpose_a else da
     dw = np.swapaxes(db, -1, -2) if transpose_b else db
+    if da is None:
+        return None, dw.astype(w.dtype)
+    dx = np.swapaxes(da, -1, -2) if transpose_a else da
     return dx.astype(x.dtype), dw.astype(w.dtype)
 
 
-def linear_grads(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray],
-                 dy: np.ndarray) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
-    """(dx, dw, db) of y = x @ w + b (db None without a bias)."""
-    dx, dw = matmul_grads(x, w, dy)
+def linear_grads(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray], dy: np.ndarray,
+                 need_dx: bool = True) -> tuple[Optional[np.ndarray], np.ndarray, Optional[np.ndarray]]:
+    """(dx, dw, db) of y = x @ w + b (db None without a bias; dx None unless `need_dx`)."""
+    dx, dw = matmul_grads(x, w, dy, need_dx=need_dx)
     db = None if b is None else dy.reshape(-1, dy.shape[-1]).astype(np.float64).sum(0).astype(b.dtype)
     return dx, dw, db
 

@@ -109,6 +109,8 @@ PURE_MODULES = [
     "spmdsim.autograd.rules",
     "spmdsim.optim",
     "spmdsim.ops.losses",
+    "spmdsim.train_reference",
+    "spmdsim.nets.digits",
     "spmdsim.ops.infer",
     "spmdsim.ops.infer_reshape",
     "spmdsim.ops.local",
