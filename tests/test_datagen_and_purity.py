@@ -115,6 +115,7 @@ PURE_MODULES = [
     "spmdsim.viz.table",
     "spmdsim.viz.why",
     "spmdsim.cli.cases",
+    "spmdsim.cli.convert",
     # Entry points import the runtime only when a command runs under MPI.
     "spmdsim.cli.main",
     "spmdsim.runtime",
