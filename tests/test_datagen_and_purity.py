@@ -124,6 +124,7 @@ PURE_MODULES = [
     "spmdsim.cli.cases",
     "spmdsim.algorithms",
     "spmdsim.algorithms.table",
+    "spmdsim.cli.convert",
     # Entry points import the runtime only when a command runs under MPI.
     "spmdsim.cli.main",
     "spmdsim.runtime",
