@@ -113,8 +113,11 @@ PURE_MODULES = [
     "spmdsim.viz.model",
     "spmdsim.viz.plan",
     "spmdsim.cli.cases",
+    "spmdsim.autoshard",
+    "spmdsim.autoshard.execute",
     # Entry points import the runtime only when a command runs under MPI.
     "spmdsim.cli.main",
+    "spmdsim.cli.autoshard",
     "spmdsim.runtime",
 ]
 
