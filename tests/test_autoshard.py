@@ -115,7 +115,7 @@ def test_propagation_reproduces_seed_001(consumer, collective, nbytes):
     steps = [s for op in result.ops for plan in op.hops for s in plan.steps]
     assert [s.op for s in steps] == [collective]
     assert result.ops[3].in_bytes + result.ops[2].in_bytes == nbytes
-    assert result.ops[2].why.startswith("from MatMul1")
+    assert result.ops[2].why.startswith("propagated from MatMul1")
 
 
 def test_tutorial_with_matmul1_fixed_needs_no_more_than_its_own_strategies():

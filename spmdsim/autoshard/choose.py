@@ -138,8 +138,8 @@ def autoshard(network: Union[str, Graph], devices: int = 8, *,
                                               memory_limit)
     table = Table(graph, options, obj, dtypes)
     names = [n.name for n in graph.nodes]
-    fixed = {i for i, n in enumerate(graph.nodes) if n.name in (fix or {})} | {0}
-    prop = propagate(table.node, table.edge, {i: 0 for i in fixed}, names)
+    fixed = [i for i, n in enumerate(graph.nodes) if n.name in (fix or {})] + [0]
+    prop = propagate(table.node, table.edge, fixed, names, _unit(obj))
     if method == "propagate":
         outcome = prop
     elif graph.is_tree():
@@ -214,12 +214,12 @@ def _fixed(name: str, text: str, cands: list, hand: Optional[Candidate]) -> Cand
                        f" ({len(cands)} in all)")
 
 
-def _whys(graph: Graph, options, outcome: Outcome, fixed: set, obj: Objective) -> list[str]:
+def _whys(graph: Graph, options, outcome: Outcome, fixed: Sequence[int], obj: Objective) -> list[str]:
     out = []
     unit = _unit(obj)
     for i, node in enumerate(graph.nodes):
         if i == 0:
-            out.append("network input (given)")
+            out.append("input (given)")
         elif i in fixed:
             out.append("fixed")
         elif outcome.reasons:
@@ -233,7 +233,7 @@ def _whys(graph: Graph, options, outcome: Outcome, fixed: set, obj: Objective) -
             else:
                 c, value = nxt
                 alt = options[i][c].text.replace(", ", ",")
-                out.append(f"least total; next best +{unit(value - outcome.value)}: {alt}")
+                out.append(f"next best +{unit(max(0, value - outcome.value))}: {alt}")
     return out
 
 

@@ -24,15 +24,18 @@ def format_result(result: "Result") -> str:
     """Per operator: candidates, choice, bytes in and own, why; then the totals."""
     g, out = result.graph, result.outcome
     proof = "proven optimal" if out.proven else f"best found, not proven ({out.explored:,} nodes)"
+    if out.method == "propagation":
+        proof = "greedy from the fixed operators and the input"
     lines = [_fit(f"{g.name}: {g.title}", WIDTH),
-             f"{result.devices} devices, objective {result.objective.kind}: {out.method}, {proof}"]
-    head = ("op", "cands", "strategy", "in B/rank", "own B/rank", "why")
+             f"{result.devices} devices, objective {result.objective.kind}: {out.method}, {proof}",
+             "in B: bytes the busiest rank receives redistributing inputs; own B: in own collectives"]
+    head = ("op", "cands", "strategy", "in B", "own B", "why")
     rows = []
     for op in result.ops:
         cands = f"{op.considered}" + (f"-{op.ruled_out}" if op.ruled_out else "")
         rows.append((op.name, cands, op.candidate.text, _b(op.in_bytes), _b(op.own_bytes), op.why))
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(5)]
-    widths[2] = min(widths[2], 34)
+    widths[2] = min(widths[2], 30)
     room = WIDTH - sum(widths) - 2 * 5
     for r in [head] + rows:
         cells = [_fit(c, w).rjust(w) if i in (1, 3, 4) else _fit(c, w).ljust(w)

@@ -65,26 +65,35 @@ def _total(node: Sequence[np.ndarray], edge: Edges, choice: Sequence[int]) -> fl
 
 
 # -- propagation ---------------------------------------------------------------------
-def propagate(node: Sequence[np.ndarray], edge: Edges, decided: dict[int, int],
-              names: Sequence[str]) -> Outcome:
-    """Seed 001's sharding propagation from the `decided` nodes ({node: candidate})."""
+def propagate(node: Sequence[np.ndarray], edge: Edges, decided: Sequence[int], names: Sequence[str],
+              unit=str) -> Outcome:
+    """Seed 001's sharding propagation from the `decided` nodes (their only candidate, index 0).
+
+    Breadth first from the decided nodes in the order given (the fixed
+    operators, then the input): each operator reached takes the candidate with
+    the least redistribution cost to its decided neighbours, then its
+    neighbours are queued. `unit` formats a cost for the reasons.
+    """
     n = len(node)
     adj = neighbours(n, edge)
-    choice = dict(decided)
+    choice = {i: 0 for i in decided}
     reasons = {i: "" for i in decided}
-    while len(choice) < n:
-        frontier = [i for i in range(n) if i not in choice and any(j in choice for j, _ in adj[i])]
-        if not frontier:
-            raise ValueError("the graph is not connected to the decided operators")
-        i = frontier[0]
+    queue = [v for u in decided for v, _ in adj[u]]
+    while queue:
+        i = queue.pop(0)
+        if i in choice:
+            continue
         redis = np.zeros(len(node[i]))
         for j, m in adj[i]:
             if j in choice:
                 redis = redis + m[:, choice[j]]
         c = int(np.lexsort((np.arange(len(redis)), node[i], redis))[0])
+        froms = ", ".join(names[j] for j, _ in adj[i] if j in choice)
         choice[i] = c
-        froms = ", ".join(names[j] for j, _ in adj[i] if j in choice and j != i)
-        reasons[i] = f"from {froms}: least redistribution"
+        reasons[i] = f"propagated from {froms}: {unit(redis[c])}"
+        queue += [v for v, _ in adj[i] if v not in choice]
+    if len(choice) < n:
+        raise ValueError("the graph is not connected to the decided operators")
     picked = tuple(choice[i] for i in range(n))
     return Outcome("propagation", picked, _total(node, edge, picked), False,
                    reasons=tuple(reasons[i] for i in range(n)))
