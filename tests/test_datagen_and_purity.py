@@ -125,8 +125,11 @@ PURE_MODULES = [
     "spmdsim.algorithms",
     "spmdsim.algorithms.table",
     "spmdsim.cli.convert",
+    "spmdsim.autoshard",
+    "spmdsim.autoshard.execute",
     # Entry points import the runtime only when a command runs under MPI.
     "spmdsim.cli.main",
+    "spmdsim.cli.autoshard",
     "spmdsim.runtime",
 ]
 
