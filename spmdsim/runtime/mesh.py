@@ -34,13 +34,21 @@ class Mesh:
     ``prod(device_matrix) == comm.size`` and raises the same
     RuntimeMismatchError otherwise. Attributes: ``layout``, ``comm``, ``rank``,
     ``size``, ``coords`` and ``wait_mode`` ("busy" or "polite", see runtime.wait;
-    ``polite`` is True for the latter).
+    ``polite`` is True for the latter). ``algorithms={"allreduce": "ring", ...}``
+    makes the collectives run those algorithms step by step over point-to-point
+    messages (runtime.algorithms, docs/algorithms.md); ``algorithms`` is that
+    dict, or None (MPI's own collectives).
     Use as a context manager, or call ``close()``, to free the sub-communicators.
     """
 
-    def __init__(self, layout: Layout, comm: Any = None, *, wait: str | None = None) -> None:
+    def __init__(self, layout: Layout, comm: Any = None, *, wait: str | None = None,
+                 algorithms: dict[str, str] | None = None) -> None:
         from mpi4py import MPI
 
+        from ..algorithms import check_choices
+
+        # Checked first: the same error on every rank, before any collective.
+        self.algorithms = check_choices(algorithms)
         if not isinstance(layout, Layout):
             raise LayoutError(f"layout {layout!r} must be a spmdsim Layout")
         if comm is None:
