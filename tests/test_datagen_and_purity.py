@@ -115,8 +115,10 @@ PURE_MODULES = [
     "spmdsim.cli.cases",
     "spmdsim.algorithms",
     "spmdsim.algorithms.table",
+    "spmdsim.algorithms.picture",
     # Entry points import the runtime only when a command runs under MPI.
     "spmdsim.cli.main",
+    "spmdsim.cli.collective",
     "spmdsim.runtime",
 ]
 
