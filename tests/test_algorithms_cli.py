@@ -79,7 +79,7 @@ def test_report_and_json_from_a_run():
               "round_seconds": [1e-4] * 6, "wait_mode": "polite"}
     text = report(s, result, show=True)
     assert "bytes sent by the busiest rank: 98,304 B; textbook 98,304 B (equal)" in text
-    assert "  formula: 2(p-1)/p n (n: bytes per rank)" in text
+    assert "  formula: 2(p-1)/p n (n: bytes from each rank)" in text
     assert "result: matches MPI's Allreduce" in text and "emulated 2.000 ms, MPI 1.000 ms" in text
     assert max(len(line) for line in text.splitlines()) <= 100
     record = to_json(s, result)
@@ -87,3 +87,28 @@ def test_report_and_json_from_a_run():
     assert len(record["rounds"]) == 6 and record["rounds"][0]["transfers"][0] == {
         "src": 0, "dst": 1, "slots": [3], "reduce": True, "bytes": 16384}
     assert record["matches_mpi"] is True and record["formula_bytes"] == 98304
+
+
+def test_bench_script_arguments(capsys):
+    from pathlib import Path
+
+    from testkit import load_script
+
+    bench = load_script(Path(__file__).resolve().parents[1] / "scripts" / "bench_algorithms.py",
+                        "spmdsim_script_bench_algorithms")
+    args = bench.parse_args([])
+    assert args.sizes == [64 << 10, 1 << 20, 8 << 20] and args.names == list(NAMES)
+    assert bench.parse_args(["--algorithms", "bruck-alltoall,ring-allreduce"]).names == [
+        "bruck-alltoall", "ring-allreduce"]
+    for argv, needle in ((["--algorithms", "ring-alltoall"], "unknown algorithm 'ring-alltoall'"),
+                         (["--sizes", "0"], "size '0' is 0 bytes"), (["--repeats", "0"], "got '0'")):
+        with pytest.raises(SystemExit) as info:
+            bench.parse_args(argv)
+        assert info.value.code == 2 and needle in capsys.readouterr().err
+    row = {"algorithm": "ring-allreduce", "size": 1 << 20, "ranks": 8, "rounds": 14,
+           "bytes_sent_per_rank": 1835008, "formula_bytes": 1835008, "seconds_emulated": 0.004,
+           "seconds_mpi": 0.002, "seconds_model": 0.003, "matches_mpi": True, "wait_mode": "polite"}
+    text = bench.table([row])
+    assert text.splitlines()[2].split() == ["ring-allreduce", "1M", "14", "1,835,008", "yes", "4.000",
+                                            "2.000", "3.000", "yes"]
+    assert max(len(line) for line in text.splitlines()) <= 100

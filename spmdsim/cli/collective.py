@@ -40,7 +40,8 @@ def register(subparsers: Any) -> None:
                     f"Algorithms: {', '.join(NAMES)}.")
     parser.add_argument("name", metavar="NAME", help="the algorithm, e.g. ring-allreduce")
     parser.add_argument("--size", default="1M",
-                        help="bytes of each rank's input buffer, e.g. 64K, 1M, 8M (default 1M)")
+                        help="message size in bytes, e.g. 64K, 1M, 8M (default 1M): each rank's buffer; "
+                             "for allgather the gathered result (each rank gives size/p)")
     parser.add_argument("--dtype", choices=("float32", "float64", "int32", "int64"), default="float32",
                         help="element type (default float32)")
     parser.add_argument("--root", type=int, default=0, help="the bcast root (default 0)")
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
 def _execute(args: argparse.Namespace, comm: Any) -> int:
     import numpy as np
 
-    from ..algorithms import build
+    from ..algorithms import build, elements_for
     from ..runtime.algorithms import compare_with_mpi
 
     collective, algorithm, size = _check_args(args)  # inside the guard: rank 0 prints one line
@@ -104,13 +105,10 @@ def _execute(args: argparse.Namespace, comm: Any) -> int:
     dtype = np.dtype(args.dtype)
     if p < 2:
         raise SpmdsimError("spmdsim collective needs at least 2 ranks; launch it with mpiexec -n N")
-    if size % dtype.itemsize:
-        raise SpmdsimError(f"--size {args.size!r} is not a whole number of {dtype.name} elements "
-                           f"({dtype.itemsize} bytes each)")
-    count = size // dtype.itemsize
-    if collective in ("reduce_scatter", "alltoall") and count % p:
-        raise SpmdsimError(f"--size {args.size!r}: {count} {dtype.name} elements do not divide into "
-                           f"{p} blocks, one per rank; expected a multiple of {p * dtype.itemsize} bytes")
+    try:
+        count = elements_for(collective, p, size, dtype.itemsize)
+    except SpmdsimError as exc:
+        raise SpmdsimError(f"--size {args.size!r}: {exc}") from None
     if not 0 <= args.root < p:
         raise SpmdsimError(f"--root {args.root!r} must be a rank (0 <= root < {p})")
     schedule = build(collective, algorithm, p, count, dtype.itemsize, args.root)
@@ -157,12 +155,14 @@ def report(schedule: Any, result: dict, show: bool = False) -> str:
     sent = max(schedule.bytes_sent())
     formula = busiest_bytes_sent(schedule.name, p, me_bytes)
     builtin = _BUILTIN[schedule.collective]
-    lines = [f"{schedule.name} on {p} ranks: {me_bytes:,} B per rank ({schedule.input_count(schedule.root):,} "
-             f"elements of {schedule.itemsize} B) in {len(schedule.slot_counts)} slots",
+    gathered = f", {me_bytes * p:,} B gathered" if schedule.collective == "allgather" else ""
+    lines = [f"{schedule.name} on {p} ranks: {me_bytes:,} B from each rank{gathered}",
+             f"  {me_bytes // schedule.itemsize:,} elements of {schedule.itemsize} B, cut into "
+             f"{len(schedule.slot_counts)} slots",
              f"rounds: {len(schedule.rounds)} ({_phases(schedule)})",
              f"bytes sent by the busiest rank: {sent:,} B; textbook {formula:,} B "
              f"({'equal' if sent == formula else 'the buffer does not divide evenly into slots'})",
-             f"  formula: {FORMULAS[schedule.name][0]} (n: bytes per rank)"]
+             f"  formula: {FORMULAS[schedule.name][0]} (n: bytes from each rank)"]
     verdict = "matches" if result["matches_mpi"] else "DIFFERS FROM"
     lines.append(f"result: {verdict} MPI's {builtin} (max abs difference {result['max_abs_difference']:.3g}"
                  + (": sums in another order)" if schedule.collective in ("allreduce", "reduce_scatter") else ")"))
