@@ -3,7 +3,7 @@
     from spmdsim.algorithms import schedule, check
     s = schedule("ring-allreduce", 4, count=1024, itemsize=4)
     check(s)                 # every piece ends where Allreduce puts it, summed once
-    s.bytes_sent()           # per rank: 1536 each = 2(p-1)/p of 4096 bytes
+    s.bytes_sent()           # per rank: 6144 each = 2(p-1)/p of 4096 bytes
 
 Pure (no mpi4py, no numpy): spmdsim.runtime.algorithms runs a schedule over
 point-to-point messages; docs/algorithms.md describes each algorithm.
