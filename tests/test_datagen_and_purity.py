@@ -127,9 +127,11 @@ PURE_MODULES = [
     "spmdsim.cli.convert",
     "spmdsim.autoshard",
     "spmdsim.autoshard.execute",
+    "spmdsim.algorithms.picture",
     # Entry points import the runtime only when a command runs under MPI.
     "spmdsim.cli.main",
     "spmdsim.cli.autoshard",
+    "spmdsim.cli.collective",
     "spmdsim.runtime",
 ]
 

@@ -3,7 +3,7 @@
     from spmdsim.algorithms import schedule, check
     s = schedule("ring-allreduce", 4, count=1024, itemsize=4)
     check(s)                 # every piece ends where Allreduce puts it, summed once
-    s.bytes_sent()           # per rank: 1536 each = 2(p-1)/p of 4096 bytes
+    s.bytes_sent()           # per rank: 6144 each = 2(p-1)/p of 4096 bytes
 
 Pure (no mpi4py, no numpy): spmdsim.runtime.algorithms runs a schedule over
 point-to-point messages; docs/algorithms.md describes each algorithm.
@@ -21,7 +21,7 @@ from .symbolic import check, sum_order
 
 __all__ = ["COLLECTIVES", "ALGORITHMS", "NAMES", "schedule", "build", "parse_name", "check_choices",
            "Schedule", "Round", "Transfer", "check", "sum_order", "busiest_bytes_sent", "model_bytes",
-           "FORMULAS"]
+           "FORMULAS", "elements_for"]
 
 _BUILDERS = {
     "allreduce": {"ring": reducing.ring_allreduce,
@@ -86,6 +86,22 @@ def schedule(name: str, p: int, count: int, itemsize: int = 1, root: int = 0) ->
     """`build` by command-line name ("ring-allreduce", "bruck-alltoall", ...)."""
     collective, algorithm = parse_name(name)
     return build(collective, algorithm, p, count, itemsize, root)
+
+
+def elements_for(collective: str, p: int, size: int, itemsize: int) -> int:
+    """Input elements per rank for a message of `size` bytes, as the cost model counts it.
+
+    The buffer for allreduce, reduce_scatter, alltoall and bcast; the gathered
+    result for allgather (each rank contributes size/p). ShapeError when the
+    bytes are not whole elements, or not p blocks where the collective cuts them.
+    """
+    if size % itemsize:
+        raise ShapeError(f"{size:,} bytes are not a whole number of {itemsize}-byte elements")
+    count = size // itemsize
+    if collective in ("allgather", "reduce_scatter", "alltoall") and count % p:
+        raise ShapeError(f"{count:,} elements of {itemsize} bytes do not divide into {p} blocks, one per "
+                         f"rank; expected a multiple of {p * itemsize} bytes")
+    return count // p if collective == "allgather" else count
 
 
 def check_choices(choices: Mapping[str, str] | None) -> dict[str, str] | None:

@@ -43,7 +43,7 @@ FORMULAS = {
                                lambda p, n: 2 * (fold_sizes(p)[0] - 1) * n // fold_sizes(p)[0]
                                + (n if fold_sizes(p)[1] else 0)),
     "ring-allgather": ("(p-1) n", lambda p, n: (p - 1) * n),
-    "recursive-doubling-allgather": ("(p-1) n (folded: sum over k of (2^k + min(r, 2^k)) n, + (p-1) n)",
+    "recursive-doubling-allgather": ("(p-1) n (folded: sum over k of (2^k+min(r,2^k)) n + (p-1) n)",
                                      _rd_allgather),
     "bruck-allgather": ("(p-1) n", lambda p, n: (p - 1) * n),
     "ring-reduce-scatter": ("(p-1)/p n", lambda p, n: (p - 1) * n // p),

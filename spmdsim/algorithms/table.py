@@ -12,7 +12,7 @@ from ..viz.model import compact_ranks
 from .schedule import Schedule, Transfer
 from .symbolic import leaves, states
 
-__all__ = ["format_rounds", "format_states", "describe_round"]
+__all__ = ["format_rounds", "format_states", "describe_round", "cell_text"]
 
 _PATTERN = 50  # columns of the "sends" column; a table row stays within 100
 
@@ -92,7 +92,8 @@ def format_rounds(schedule: Schedule, seconds: Sequence[float] | None = None, wi
     return "\n".join(lines)
 
 
-def _cell(schedule: Schedule, term) -> str:
+def cell_text(schedule: Schedule, term) -> str:
+    """What a slot holds, in a few characters (see format_states)."""
     if term is None:
         return "."
     got = leaves(term)
@@ -112,7 +113,7 @@ def format_states(schedule: Schedule, width: int = 100) -> str:
     ``bK`` (piece K of the root's buffer, bcast); ``.`` holds nothing yet.
     """
     snapshots = states(schedule)
-    cells = [[[_cell(schedule, t) for t in rank_slots] for rank_slots in snap] for snap in snapshots]
+    cells = [[[cell_text(schedule, t) for t in rank_slots] for rank_slots in snap] for snap in snapshots]
     cell_width = max(len(c) for snap in cells for rank in snap for c in rank) + 1
     slots = len(schedule.slot_counts)
     if 8 + slots * cell_width > width:

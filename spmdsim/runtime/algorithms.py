@@ -6,8 +6,8 @@
     print(log.format())                                        # this rank's rounds, with times
 
 Works on any communicator with mpi4py's buffer ``Isend``/``Irecv`` and
-requests with ``Wait`` (MPI, or spmdsim's simulated ranks); imports no
-mpi4py itself. Each round posts every receive, then every send, then waits:
+requests with ``Wait`` (MPI, or spmdsim's simulated ranks); imports mpi4py
+only in `compare_with_mpi`, which times MPI's own collective beside it. Each round posts every receive, then every send, then waits:
 no order of arrival can deadlock. A rank adds a received piece to its own
 as ``own + received`` (docs/algorithms.md gives each algorithm's summation order).
 """
@@ -25,7 +25,8 @@ from ..algorithms import build as build_schedule
 from ..algorithms.table import format_rounds
 from ..errors import ShapeError
 
-__all__ = ["RunRecord", "RoundLog", "collect_rounds", "run_schedule", "run_collective", "result_shape", "emulate"]
+__all__ = ["RunRecord", "RoundLog", "collect_rounds", "run_schedule", "run_collective", "result_shape", "emulate",
+           "compare_with_mpi"]
 
 _TAG = 7700  # tags _TAG + round number % _TAGS: inside MPI's guaranteed 32767
 _TAGS = 20000
@@ -247,3 +248,77 @@ def emulate(mesh: Any, op: str, algorithm: str, comm: Any, send: Any, recv: Any,
         from .wait import polite_wait as wait
     run_schedule(comm, schedule, flat_in, recv.reshape(-1), wait, label)
     return f"{op}[{algorithm}]", schedule.bytes_sent()[me], schedule.bytes_received()[me]
+
+
+def _builtin(comm: Any, collective: str, send: np.ndarray, out: np.ndarray, root: int, polite: bool) -> None:
+    """MPI's own collective on the same buffers (blocks along the flat buffer)."""
+    from .wait import polite_wait
+
+    name = {"allreduce": "allreduce", "allgather": "allgather", "reduce_scatter": "reduce_scatter_block",
+            "alltoall": "alltoall", "bcast": "bcast"}[collective]
+    call = getattr(comm, "I" + name if polite else name.capitalize())
+    if collective == "bcast":
+        out[...] = send
+        args: tuple = (out, root)
+    elif collective in ("allreduce", "reduce_scatter"):
+        from mpi4py import MPI
+
+        args = (send, out, MPI.SUM)
+    else:
+        args = (send, out)
+    if polite:
+        polite_wait(call(*args))
+    else:
+        call(*args)
+
+
+def compare_with_mpi(comm: Any, schedule: Schedule, dtype: Any, repeat: int = 3,
+                     wait_mode: str | None = None) -> dict[str, Any]:
+    """Run `schedule` and MPI's own collective on the same input `repeat` times (collective).
+
+    Inputs: values in [-1, 1) (integers in [-50, 50) for integer dtypes), per rank.
+    Returns (the same on every rank): ``matches_mpi`` (bitwise for data movement and
+    integers; float sums within p*p*eps, the bound for summing p values of
+    magnitude < 1 in another order), ``max_abs_difference``, the median over the
+    runs of the slowest rank's seconds (``seconds_emulated``, ``seconds_mpi``,
+    ``round_seconds`` per round) and the ``wait_mode`` used.
+    """
+    from mpi4py import MPI
+
+    from .wait import polite_wait, resolve_wait_mode
+
+    dtype = np.dtype(dtype)
+    me, p = comm.Get_rank(), schedule.group_size
+    mode = resolve_wait_mode(wait_mode, comm)
+    polite = mode == "polite"
+    rng = np.random.default_rng(1000 + me)
+    count = schedule.input_count(schedule.root if schedule.collective == "bcast" else me)
+    if dtype.kind in "iu":
+        x = rng.integers(-50, 50, count).astype(dtype)
+    else:
+        x = (rng.random(count) * 2 - 1).astype(dtype)
+    ours = np.empty(schedule.output_count(me), dtype)
+    theirs = np.empty_like(ours)
+    send = x if schedule.input_slots[me] else None
+    runs = []
+    for _ in range(repeat):
+        comm.Barrier()
+        record = run_schedule(comm, schedule, send, ours, polite_wait if polite else None)
+        comm.Barrier()
+        t0 = perf_counter()
+        _builtin(comm, schedule.collective, x, theirs, schedule.root, polite)
+        runs.append((record.seconds, perf_counter() - t0) + record.round_seconds)
+    slowest = np.empty((repeat, 2 + len(schedule.rounds)))
+    comm.Allreduce(np.array(runs, dtype=np.float64), slowest, MPI.MAX)
+    summed = schedule.collective in ("allreduce", "reduce_scatter") and dtype.kind in "fc"
+    diff = float(np.max(np.abs(ours.astype(np.float64) - theirs), initial=0.0))
+    same = (diff <= p * p * float(np.finfo(dtype).eps)) if summed else bool(np.array_equal(ours, theirs))
+    median = np.median(slowest, axis=0)
+    return {
+        "matches_mpi": bool(comm.allreduce(same, MPI.LAND)),
+        "max_abs_difference": comm.allreduce(diff, MPI.MAX),
+        "seconds_emulated": float(median[0]),
+        "seconds_mpi": float(median[1]),
+        "round_seconds": [float(s) for s in median[2:]],
+        "wait_mode": mode,
+    }

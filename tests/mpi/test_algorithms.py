@@ -159,3 +159,22 @@ def test_unknown_algorithm_fails_on_every_rank_before_any_collective():
     with pytest.raises(SpmdsimError, match="'bruck' is not an algorithm for allreduce"):
         Mesh(Layout((WORLD.size,), ("x",)), algorithms={"allreduce": "bruck"})
     WORLD.Barrier()  # every rank got here: none is left in a collective
+
+
+def test_collective_command_json_and_show(capsys):
+    import json
+
+    from spmdsim.cli.main import main
+
+    p = WORLD.size
+    assert main(["collective", "ring-allreduce", "--size", "64K", "--json", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    record = WORLD.bcast(json.loads(out) if WORLD.rank == 0 else None)
+    assert record["matches_mpi"] is True and len(record["rounds"]) == 2 * (p - 1)
+    assert record["bytes_sent_per_rank"] == 2 * (p - 1) * 65536 // p == record["formula_bytes"]
+    assert main(["collective", "bruck-alltoall", "--size", "64K", "--dtype", "int32", "--show",
+                 "--repeat", "1"]) == 0
+    text = capsys.readouterr().out
+    if WORLD.rank == 0:
+        assert "result: matches MPI's Alltoall" in text and "bruck +1" in text
+        assert max(len(line) for line in text.splitlines()) <= 100
