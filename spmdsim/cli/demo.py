@@ -3,6 +3,7 @@
     mpiexec -n 8 spmdsim demo            # table on rank 0
     mpiexec -n 8 spmdsim demo --json     # list of records instead
     mpiexec -n 4 spmdsim demo            # scenarios that need 8 ranks are listed as SKIP
+    spmdsim demo --ranks 8               # 8 simulated ranks in this process, no mpiexec
 
 Exits 1 when any scenario fails.
 """
@@ -10,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any, Sequence
 
 from ..errors import SpmdsimError
-from .run import add_common_arguments, guarded
+from .run import add_common_arguments, guarded, on_world
 
 __all__ = ["register", "run", "format_table"]
 
@@ -43,11 +45,9 @@ def run(args: argparse.Namespace) -> int:
         for sc in chosen:
             print(f"{sc.name:<22} {sc.title}")
         return 0
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
     # Inside the guard: an unknown name is the same error on every rank, printed once.
-    return guarded(lambda: _run_all(_only(chosen, args.only), args, comm), comm, args)
+    return on_world(args, lambda comm: guarded(lambda: _run_all(_only(chosen, args.only), args, comm),
+                                               comm, args))
 
 
 def _only(chosen: Sequence[Any], names: Sequence[str] | None) -> tuple[Any, ...]:
@@ -67,6 +67,10 @@ def _run_all(chosen: Sequence[Any], args: argparse.Namespace, comm: Any) -> int:
 
     ctx = Context(comm, args.dtype, args.seed)
     outcomes = [run_scenario(sc, ctx) for sc in chosen]
+    if comm.Get_size() == 1 and comm.Get_rank() == 0:
+        print("spmdsim demo: one process is one rank; run the scenarios with `timeout -k 5 600 mpiexec "
+              "-n 8 spmdsim demo`, or on 8 simulated ranks in this process with `spmdsim demo --ranks 8`",
+              file=sys.stderr)
     if comm.Get_rank() == 0:
         if args.json:
             print(json.dumps([o.record() for o in outcomes], indent=1))

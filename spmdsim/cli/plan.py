@@ -294,11 +294,10 @@ def run(args: argparse.Namespace) -> int:
 
 def run_redistribute(args: argparse.Namespace) -> int:
     """`spmdsim run redistribute`: execute the plan under MPI and check it bit-exactly."""
-    from mpi4py import MPI
-
+    from ..sim.run import world
     from .run import guarded
 
-    comm = MPI.COMM_WORLD
+    comm = world()  # MPI's COMM_WORLD, or the simulated rank's under --ranks N
     return guarded(lambda: _execute(args, comm), comm, args)
 
 

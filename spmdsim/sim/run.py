@@ -107,6 +107,10 @@ def _raise_failure(engine: World, size: int) -> None:
     where = ("every simulated rank" if len(alike) == size
              else f"simulated {ranks_text(alike)} of {size}")
     note = f"raised on {where}"
+    try:
+        exc.simulated_ranks = tuple(sorted(alike))  # for spmdsim.sim.launch's exit codes
+    except AttributeError:  # an exception type with __slots__
+        pass
     if hasattr(exc, "add_note"):
         exc.add_note(note)
         raise exc
