@@ -55,7 +55,7 @@ def on_world(args: argparse.Namespace, fn: Callable[[Any], int]) -> int:
     from ..sim.launch import run_on_ranks
     from ..sim.run import world
 
-    return run_on_ranks(n, lambda: fn(world()), dry_run=args.dry_run)
+    return run_on_ranks(n, lambda: fn(world()), dry_run=args.dry_run, as_json=getattr(args, "json", False))
 
 
 def register(subparsers: Any) -> None:

@@ -10,6 +10,8 @@ the failing rank named. `script(__file__)` lets a script take ``--ranks N``.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import runpy
 import sys
 import traceback
@@ -33,14 +35,22 @@ def ways_out(n: int) -> str:
             f"process with `--ranks {n}` / spmdsim.simulate({n}, main))")
 
 
-def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, quiet: bool = False) -> int:
-    """Run `fn()` on `n` simulated ranks; return the exit code (see the module docstring)."""
+def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: bool = False) -> int:
+    """Run `fn()` on `n` simulated ranks; return the exit code (see the module docstring).
+
+    A dry run prints its report (a table, or JSON) instead of the program's output.
+    """
     from .run import simulate
 
-    if not quiet:
+    if not (dry_run and as_json):
         print(banner(n, dry_run), flush=True)
     try:
-        codes = simulate(n, _exit_code, fn, dry_run=dry_run)
+        if dry_run:
+            with contextlib.redirect_stdout(io.StringIO()):  # values of a dry run are not results
+                codes = simulate(n, _exit_code, fn, dry_run=True)
+            print(codes.report.to_json() if as_json else codes.report.table())
+            return 0
+        codes = simulate(n, _exit_code, fn)
     except SpmdsimError as exc:
         if len(getattr(exc, "simulated_ranks", ())) == n:
             print(f"spmdsim: error: {exc}", file=sys.stderr)
@@ -86,8 +96,9 @@ def ranks_argument(parser: Any) -> None:
 def script(path: str, argv: Optional[Sequence[str]] = None) -> None:
     """With ``--ranks N`` (or ``--ranks=N``) in argv, run the script at `path` on N simulated ranks and exit.
 
-    Inside the simulation, and without the flag, it returns at once and the
-    script goes on (under mpiexec, on its MPI rank).
+    ``--dry-run`` beside it makes that a dry run (spmdsim.sim.dry). Inside the
+    simulation, and without the flag, it returns at once and the script goes on
+    (under mpiexec, on its MPI rank).
     """
     if _local.current() is not None:
         return
@@ -95,12 +106,13 @@ def script(path: str, argv: Optional[Sequence[str]] = None) -> None:
     n = _take_ranks(args, path)
     if n is None:
         return
-    sys.argv[1:] = args
+    dry_run = "--dry-run" in args
+    sys.argv[1:] = [a for a in args if a != "--dry-run"]
 
     def rank() -> Any:
         runpy.run_path(path, run_name="__main__")
 
-    sys.exit(run_on_ranks(n, rank))
+    sys.exit(run_on_ranks(n, rank, dry_run=dry_run))
 
 
 def _take_ranks(args: list, path: str) -> Optional[int]:
