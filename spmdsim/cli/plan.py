@@ -342,11 +342,10 @@ def _text(plan: Plan, args: argparse.Namespace) -> str:
 
 def run_redistribute(args: argparse.Namespace) -> int:
     """`spmdsim run redistribute`: execute the plan under MPI and check it bit-exactly."""
-    from mpi4py import MPI
-
+    from ..sim.run import world
     from .run import guarded
 
-    comm = MPI.COMM_WORLD
+    comm = world()  # MPI's COMM_WORLD, or the simulated rank's under --ranks N
     return guarded(lambda: _execute(args, comm), comm, args)
 
 
