@@ -4,18 +4,26 @@
     mpiexec -n 8 spmdsim demo --json     # list of records instead
     mpiexec -n 4 spmdsim demo            # scenarios that need 8 ranks are listed as SKIP
 
-Exits 1 when any scenario fails.
+Exit codes: 0 every scenario that ran passed and at least half of those chosen
+ran; 1 a scenario failed; 2 bad input (an unknown --only name, ...); 3 every
+scenario was skipped, or fewer than half ran (the world size does not fit
+them: one line on stderr says which size does).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any, Sequence
 
 from ..errors import SpmdsimError
+from ..validate import counted
 from .run import add_common_arguments, add_trace_out, check_trace_out, guarded
 
-__all__ = ["register", "run", "format_table"]
+__all__ = ["register", "run", "format_table", "coverage", "TOO_FEW_RAN"]
+
+#: Exit code of a demo in which every scenario was skipped, or fewer than half ran.
+TOO_FEW_RAN = 3
 
 
 def register(subparsers: Any) -> None:
@@ -79,7 +87,31 @@ def _run_all(chosen: Sequence[Any], args: argparse.Namespace, comm: Any) -> int:
             print(json.dumps([o.record() for o in outcomes], indent=1))
         else:
             print(format_table(outcomes, comm.Get_size(), args.dtype, args.wide))
-    return 0 if all(o.passed for o in outcomes) else 1
+    if not all(o.passed for o in outcomes):
+        return 1
+    reason = coverage(outcomes, comm.Get_size(), chosen)
+    if reason:
+        if comm.Get_rank() == 0:
+            print(f"spmdsim demo: {reason}", file=sys.stderr)
+        return TOO_FEW_RAN
+    return 0
+
+
+def coverage(outcomes: Sequence[Any], world_size: int, chosen: Sequence[Any] = ()) -> str:
+    """Why a demo that failed nothing still proves too little: "" when at least half ran.
+
+    A pass in which every scenario was skipped checked nothing. With `chosen`
+    (the scenarios), the reason names the smallest world size that runs them all.
+    """
+    ran = sum(1 for o in outcomes if not o.skipped)
+    if outcomes and 2 * ran >= len(outcomes):
+        return ""
+    what = "every scenario was skipped" if not ran else "fewer than half the scenarios ran"
+    text = f"{what} ({ran} of {len(outcomes)} ran on {counted(world_size, 'rank')})"
+    fits = next((w for w in range(1, 1025) if chosen and all(sc.needs(w) is None for sc in chosen)), None)
+    if fits is not None:
+        text += f"; {fits} ranks run them all (mpiexec -n {fits})"
+    return text
 
 
 def _run_traced(chosen: Sequence[Any], ctx: Any, path: str) -> list[Any]:

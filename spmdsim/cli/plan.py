@@ -31,6 +31,7 @@ __all__ = [
     "layouts_from_args",
     "format_plan",
     "run_redistribute",
+    "ratio_text",
     "MAX_PLAN_DEVICES",
 ]
 
@@ -236,6 +237,17 @@ def _predicted(plan: Plan) -> tuple[list[float], str]:
         return [], f"unavailable, the cost model cannot price this plan: {exc}"
 
 
+def ratio_text(numerator: int, denominator: int) -> str:
+    """numerator / denominator to one decimal, rounded half up in integers (exact at any size)."""
+    tenths = (20 * numerator + denominator) // (2 * denominator)
+    return f"{tenths // 10:,}.{tenths % 10}"
+
+
+def _duration(seconds: float) -> str:
+    """A predicted time: milliseconds up to a thousand seconds, then seconds in 3 digits."""
+    return f"{seconds * 1e3:.3f} ms" if seconds < 1e3 else f"{seconds:.3g} s"
+
+
 def format_plan(plan: Plan, dialect: str = "sbp") -> str:
     """The human-readable `spmdsim plan` report (steps written in `dialect`: "sbp" or "dtensor")."""
     from ..viz.table import wrap_lines
@@ -252,14 +264,17 @@ def format_plan(plan: Plan, dialect: str = "sbp") -> str:
     if not plan.steps:
         lines.append("  no steps: every rank already holds its target block")
     width = max([len(step_text(s, dialect)) for s in plan.steps] + [4])
+    sent = [f"{s.max_bytes_sent:,} B" for s in plan.steps]
+    received = [f"{s.max_bytes_received:,} B" for s in plan.steps]
+    columns = max(map(len, sent + received + ["received/rank"]))  # wider at huge sizes, never cut
     seconds, origin = _predicted(plan)
     if plan.steps:
-        lines.append(f"  {'#':>2}  {'step':<{width}}  {'sent/rank':>14}  {'received/rank':>14}"
+        lines.append(f"  {'#':>2}  {'step':<{width}}  {'sent/rank':>{columns}}  {'received/rank':>{columns}}"
                      + ("  predicted" if seconds else ""))
     for i, step in enumerate(plan.steps, 1):
-        lines.append(f"  {i:>2}. {step_text(step, dialect):<{width}}  {step.max_bytes_sent:>12,} B  "
-                     f"{step.max_bytes_received:>12,} B"
-                     + (f"  {seconds[i - 1] * 1e3:>8.3f} ms" if seconds else ""))
+        lines.append(f"  {i:>2}. {step_text(step, dialect):<{width}}  {sent[i - 1]:>{columns}}  "
+                     f"{received[i - 1]:>{columns}}"
+                     + (f"  {_duration(seconds[i - 1]):>11}" if seconds else ""))
     got, low = plan.max_bytes_received, plan.max_lower_bound
     verdict = "meets it on every rank" if plan.meets_lower_bound else "above it"
     if not plan.meets_lower_bound and (plan.source.partial or plan.target.partial):
@@ -271,7 +286,7 @@ def format_plan(plan: Plan, dialect: str = "sbp") -> str:
         how = " and ".join(w for w, on in (("Allreduce", plan.source.partial),
                                             ("Allgather", plan.source.split_axes)) if on)
         lines.append(f"for comparison, the whole tensor on every rank ({how}, then slice) would "
-                     f"receive {base:,} B per rank ({base / got:.1f}x this plan)")
+                     f"receive {base:,} B per rank ({ratio_text(base, got)}x this plan)")
     if seconds:
         lines.append(f"predicted: alpha-beta cost model, {origin}")
     elif plan.steps and origin:

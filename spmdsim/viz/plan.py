@@ -22,12 +22,10 @@ def format_bytes(n: int) -> str:
     exact = f"{n:,} B"
     if n < 1024:
         return exact
-    size = float(n)
-    for unit in ("KiB", "MiB", "GiB"):
-        size /= 1024
-        if size < 1024 or unit == "GiB":
-            return f"{exact} ({size:.4g} {unit})"
-    raise AssertionError("unreachable")
+    units = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB")
+    # The unit from the exact int (a float of n loses bytes past 2**53, not the 4 digits shown).
+    power = min((n.bit_length() - 1) // 10, len(units))
+    return f"{exact} ({n / 1024 ** power:.4g} {units[power - 1]})"
 
 
 def _per_rank(values: Sequence[int]) -> str:

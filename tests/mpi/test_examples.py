@@ -21,6 +21,8 @@ from spmdsim.errors import SpmdsimError
 pytestmark = pytest.mark.mpi(min_size=2)
 
 EXAMPLES = sorted((pathlib.Path(__file__).resolve().parents[2] / "examples").glob("*.py"))
+# Arguments that keep an example short here (the training examples default to 100 steps).
+ARGS = {"train_mindspore_tutorial": ["--steps", "3", "--synthetic"], "train_megatron_block": ["--steps", "3"]}
 
 
 def test_examples_are_found():
@@ -30,7 +32,7 @@ def test_examples_are_found():
 def _run_example(path: pathlib.Path, monkeypatch) -> tuple[list, str]:
     """Every rank's exit code (a str: the world size it needs) and this rank's output."""
     comm = MPI.COMM_WORLD
-    monkeypatch.setattr(sys, "argv", [str(path)])
+    monkeypatch.setattr(sys, "argv", [str(path)] + ARGS.get(path.stem, []))
     # install_excepthook replaces sys.excepthook; keep the suite's own.
     monkeypatch.setattr(sys, "excepthook", sys.excepthook)
     out = io.StringIO()
