@@ -186,3 +186,38 @@ def test_small_frictions(capsys):
     by_mkn = capsys.readouterr().out
     assert main(argv + ["--shape", "128,192"]) == 0
     assert capsys.readouterr().out == by_mkn
+
+
+def _volume(box):
+    size = 1
+    for lo, hi in box:
+        size *= hi - lo
+    return size
+
+
+@pytest.mark.parametrize("source, target", [(("x", None), (None, "x")), (("x", None), (None, None)),
+                                            ((("x", "y"), None), ("y", "x"))])
+def test_step_moves_deliver_exactly_what_each_rank_receives(source, target):
+    from spmdsim.viz.moves import step_moves
+
+    mesh = Layout((2, 4), ("x", "y"))
+    if source == ("x", None) and target == (None, "x"):
+        mesh = Layout((8,), ("x",))
+    plan = plan_redistribution(mesh(*source), mesh(*target), (16, 24))
+    for step in plan.steps:
+        got = [0] * 8
+        for move in step_moves(step, plan.shape):
+            assert not move.summed and move.dst not in move.sources
+            got[move.dst] += _volume(move.box) * 4
+        assert tuple(got) == step.bytes_received, step
+
+
+def test_summed_moves_name_every_addend():
+    from spmdsim.viz.moves import step_moves
+
+    m = Layout((2, 4), ("dp", "tp"))
+    plan = plan_redistribution(m("dp", None, partial=("tp",)), m(None, "tp"), (8, 8))
+    moves = step_moves(plan.steps[0], plan.shape)  # Reduce_scatter over tp
+    assert {(mv.dst, mv.sources, mv.box) for mv in moves if mv.dst == 1} == {
+        (1, (0, 2, 3), ((0, 4), (2, 4)))}
+    assert all(mv.summed for mv in moves) and len(moves) == 8

@@ -121,6 +121,7 @@ PURE_MODULES = [
     "spmdsim.viz.plan",
     "spmdsim.viz.table",
     "spmdsim.viz.why",
+    "spmdsim.viz.moves",
     "spmdsim.cli.cases",
     "spmdsim.algorithms",
     "spmdsim.algorithms.table",
