@@ -122,6 +122,7 @@ PURE_MODULES = [
     "spmdsim.viz.table",
     "spmdsim.viz.why",
     "spmdsim.viz.moves",
+    "spmdsim.viz.matmul",
     "spmdsim.cli.cases",
     "spmdsim.algorithms",
     "spmdsim.algorithms.table",
