@@ -121,6 +121,8 @@ PURE_MODULES = [
     "spmdsim.viz.plan",
     "spmdsim.viz.table",
     "spmdsim.viz.why",
+    "spmdsim.viz.moves",
+    "spmdsim.viz.matmul",
     "spmdsim.cli.cases",
     "spmdsim.algorithms",
     "spmdsim.algorithms.table",

@@ -314,9 +314,30 @@ def run(args: argparse.Namespace) -> int:
         from ..viz import render_plan_png
 
         paths = render_plan_png(plan, args.png)
+        paths += _moves_and_bytes_png(plan, args.png, _dialect(args))
         if not args.json:
             print(f"wrote {len(paths)} picture(s) to {args.png}")
     return 0
+
+
+def _dialect(args: argparse.Namespace) -> str:
+    """How steps are written: DTensor names for DTensor input, SBP-style otherwise."""
+    return "dtensor" if args.from_placements or args.to_placements else "sbp"
+
+
+def _moves_and_bytes_png(plan: Plan, directory: str, dialect: str) -> list[str]:
+    """The pieces each step moves (moves_NN.png) and who sends how many bytes to whom (bytes.png)."""
+    import os
+
+    from ..viz.moves import render_byte_matrix_png, render_moves_png
+    from ..viz.why import byte_matrix
+
+    paths = render_moves_png(plan, directory, dialect=dialect)
+    if plan.steps:
+        title = f"bytes each rank sends to each rank: {plan.source} -> {plan.target}"
+        paths.append(render_byte_matrix_png(byte_matrix(plan.steps, plan.num_ranks),
+                                            os.path.join(directory, "bytes.png"), title))
+    return paths
 
 
 def _record(plan: Plan, args: argparse.Namespace) -> dict:
@@ -331,7 +352,7 @@ def _record(plan: Plan, args: argparse.Namespace) -> dict:
 
 def _text(plan: Plan, args: argparse.Namespace) -> str:
     """`format_plan`, followed by the --explain lines when asked for."""
-    dialect = "dtensor" if args.from_placements or args.to_placements else "sbp"
+    dialect = _dialect(args)
     if not args.explain:
         return format_plan(plan, dialect)
     from ..viz.table import wrap_lines
