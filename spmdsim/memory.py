@@ -34,6 +34,8 @@ __all__ = [
     "matmul_need",
     "matmul_operand_shapes",
     "matmul_job_need",
+    "redistribute_need",
+    "shard_multiples",
     "matmul_multiples",
     "budget_per_rank",
     "check_need",
@@ -159,6 +161,25 @@ def matmul_job_need(x_tl, w_tl, x_shape: Sequence[int], w_shape: Sequence[int], 
         return matmul_need(x_tl, w_tl, xs, ws, dtype, transpose_a, transpose_b, out_layout)
 
     return need_of, dims, matmul_multiples(x_tl, w_tl, len(dims), transpose_a, transpose_b)
+
+
+def redistribute_need(source, target, shape: Sequence[int], dtype) -> Need:
+    """One rank's peak for `spmdsim run redistribute`: the seeded source, the target, the busiest step.
+
+    A step holds what it sends and what it receives beside the blocks (Allgather's
+    output, an exchange's packed buffers).
+    """
+    from .plan import plan_redistribution
+
+    plan = plan_redistribution(source, target, tuple(shape), np.dtype(dtype).name)
+    moved = max((sum(pair) for s in plan.steps for pair in zip(s.bytes_sent, s.bytes_received)), default=0)
+    return Need(seeded_need(source, shape, dtype, "source shard").parts
+                + (("target shard", local_bytes(target, shape, dtype)), ("step buffers", moved)))
+
+
+def shard_multiples(*layouts) -> tuple[int, ...]:
+    """Per tensor dim, the number its size must be a multiple of under every one of `layouts`."""
+    return tuple(math.lcm(*(tl.num_shards(d) for tl in layouts)) for d in range(layouts[0].ndim))
 
 
 def _parse_size(text: str) -> Optional[int]:
