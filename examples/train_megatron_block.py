@@ -13,7 +13,6 @@ Run: timeout -k 5 300 mpiexec -n 8 python examples/train_megatron_block.py [--st
 import argparse
 import sys
 
-import numpy as np
 from mpi4py import MPI
 
 from spmdsim import Layout, SeededTensor
@@ -25,6 +24,7 @@ from spmdsim.optim import SGD
 from spmdsim.plan_exec import redistribute
 from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
 from spmdsim.train_reference import megatron_block
+import numpy as np  # noqa: E402 (after spmdsim, which caps BLAS threads under mpiexec)
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=20)

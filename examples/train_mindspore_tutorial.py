@@ -12,7 +12,6 @@ import argparse
 import sys
 import time
 
-import numpy as np
 from mpi4py import MPI
 
 from spmdsim.nets import mindspore_layout, mindspore_tutorial, needs_eight
@@ -20,10 +19,12 @@ from spmdsim.nets.digits import load_digits
 from spmdsim.nets.train import PHASES, NetworkTrainer
 from spmdsim.runtime import install_excepthook
 from spmdsim.train_reference import ReferenceTrainer
+import numpy as np  # noqa: E402 (after spmdsim, which caps BLAS threads under mpiexec)
 
-# float64: the distributed sums differ from one process's only by rounding (1e-10 allows
-# ~1e5 roundings of 1e-16); float32 against the float64 run: its rounding grows with steps.
-TOLERANCE = {"float64": (1e-10, 1e-10), "float32": (2e-3, 2e-3)}
+# (rtol, atol as a fraction of the tensor's largest entry). float64: the distributed sums
+# differ from one process's only in rounding order (measured 3e-15 over 100 steps). float32
+# is held to the float64 run: its rounding grows with the steps (2e-6 over 100 SGD steps).
+TOLERANCE = {"float64": (1e-10, 1e-10), "float32": (1e-4, 1e-4)}
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=100)
