@@ -16,7 +16,7 @@ from mpi4py import MPI
 
 from spmdsim.nets import mindspore_layout, mindspore_tutorial, needs_eight
 from spmdsim.nets.digits import load_digits
-from spmdsim.nets.train import PHASES, NetworkTrainer
+from spmdsim.nets.train import PHASES, NetworkTrainer, explain_backward
 from spmdsim.runtime import install_excepthook
 from spmdsim.train_reference import ReferenceTrainer
 import numpy as np  # noqa: E402 (after spmdsim, which caps BLAS threads under mpiexec)
@@ -33,6 +33,7 @@ parser.add_argument("--net", choices=("tutorial", "layout"), default="tutorial")
 parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
 parser.add_argument("--lr", type=float, default=None, help="default 1e-2 (SGD) or 1e-3 (Adam)")
 parser.add_argument("--synthetic", action="store_true", help="seeded synthetic digits instead of MNIST")
+parser.add_argument("--explain", action="store_true", help="say what each backward collective answers")
 args = parser.parse_args()
 
 comm = MPI.COMM_WORLD
@@ -60,7 +61,10 @@ bytes_by_phase = {phase: [0, 0] for phase in PHASES}  # calls, bytes sent (this 
 start = time.perf_counter()
 for step in range(args.steps):
     x, labels = data.batch(step, batch)
-    result = trainer.step(x, labels)
+    explain = [] if args.explain and step == 0 else None
+    result = trainer.step(x, labels, explain)
+    if explain and comm.rank == 0:
+        print(explain_backward(explain))
     ref = reference.step(x, labels)
     verdicts = trainer.check(result, ref, rtol, scale)
     failed += sum(not v for v in verdicts)
