@@ -13,6 +13,7 @@ from spmdsim.holdings import holdings
 from spmdsim.ops import matmul
 from spmdsim.reference import matmul_region
 from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
+from spmdsim.runtime.ranked import print_ranked, trace_lines
 
 comm = MPI.COMM_WORLD
 # An error on some ranks only ends the whole job instead of hanging the others.
@@ -43,6 +44,7 @@ verdict = y.check(matmul_region(xs, ws))
 if comm.rank == 0:
     # Which block of each tensor every rank holds, from the layouts alone (no communication).
     print(holdings({"x": x, "w": w, "y": y}))
-    print(f"y layout {y.layout}, local {y.local.shape}, collectives {trace.counts()}")
-    print(verdict)
+# Every rank's own lines, printed by rank 0 in rank order; ranks with the same lines
+# share one entry ("ranks 0-7: ...").
+print_ranked(comm, f"y layout {y.layout}, local {y.local.shape}", *trace_lines(trace), verdict)
 sys.exit(0 if verdict.passed and not trace.counts() else 1)

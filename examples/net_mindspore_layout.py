@@ -14,6 +14,7 @@ from mpi4py import MPI
 from spmdsim.errors import SpmdsimError
 from spmdsim.nets import NetworkRunner, mindspore_layout
 from spmdsim.runtime import install_excepthook
+from spmdsim.runtime.ranked import print_ranked
 
 comm = MPI.COMM_WORLD
 # An error on some ranks only ends the whole job instead of hanging the others.
@@ -52,6 +53,7 @@ runner.close()
 if comm.rank == 0:
     print("\n".join(lines))
     print(table)
-    print(verdicts[-1])
-    print("PASS" if ok else "FAIL")
+# Every rank's own lines, printed by rank 0 in rank order; ranks with the same lines
+# share one entry ("ranks 0-7: ...").
+print_ranked(comm, verdicts[-1], "PASS" if ok else "FAIL")
 sys.exit(0 if ok else 1)

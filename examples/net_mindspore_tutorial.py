@@ -17,6 +17,7 @@ from spmdsim.errors import SpmdsimError
 from spmdsim.holdings import rank_blocks
 from spmdsim.nets import NetworkRunner, mindspore_tutorial
 from spmdsim.runtime import install_excepthook
+from spmdsim.runtime.ranked import print_ranked
 
 comm = MPI.COMM_WORLD
 # An error on some ranks only ends the whole job instead of hanging the others.
@@ -65,6 +66,7 @@ if comm.rank == 0:
         print(f"rank {r}: " + ", ".join(rank_blocks({name: (layout, shape)}, r)
                                         for name, layout, shape in held))
     print(table)
-    print(verdicts[-1])
-    print("PASS" if ok else "FAIL")
+# Every rank's own lines, printed by rank 0 in rank order; ranks with the same lines
+# share one entry ("ranks 0-7: ...").
+print_ranked(comm, verdicts[-1], "PASS" if ok else "FAIL")
 sys.exit(0 if ok else 1)

@@ -45,7 +45,8 @@ def test_plan_report_says_why_it_is_above_the_bound_and_where_predictions_come_f
     monkeypatch.setenv("SPMDSIM_COST_FILE", str(tmp_path / "none.json"))  # no calibration: built-in model
     assert main(["plan", "--device-matrix", "2,4", "--alias", "p0,p1", "--from", "p0,None",
                  "--from-partial", "p1", "--to", "p0,None", "--shape", "8,8"]) == 0
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split(" "))  # long lines wrap at 100 columns
+    out = out.replace("\n  ", " ")
     assert "lower bound 128 B (above it: with pending sums the bound counts each summed element once" in out
     assert "the whole tensor on every rank (Allreduce and Allgather, then slice) would receive 512 B" in out
     assert "predicted: alpha-beta cost model, built-in model (`spmdsim calibrate`" in out

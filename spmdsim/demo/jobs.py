@@ -253,9 +253,9 @@ def embedding_job(
                                  len(ids_shape))
             inputs["table"] = (spec.weight, (vocab, dim),
                                f"+ zero padding row (local {spec.local_weight_shape!r})")
-            start, stop = spec.vocab_range(mesh.rank)
-            zeros_why = (f"ids outside its rows [{start}, {stop}) look up its zero padding row, "
+            zeros_why = ("ids outside a rank's rows look up its zero padding row, "
                          f"local row {spec.padding_row}")
+            rows = spec.vocab_range(mesh.rank)
 
             def forward(ids: Any) -> Any:
                 return split(ids, (vocab, dim), "embedding", num_partitions=layout.num_devices,
@@ -264,10 +264,10 @@ def embedding_job(
             layer = VocabParallelEmbedding(mesh, vocab, dim, dtype=dtype, seed=seed + 1)
             op, forward = "VocabParallelEmbedding", layer
             inputs["table"] = layer.weight
+            rows = (layer.vocab_start_index, layer.vocab_end_index)
             # Megatron masks the ids out of range and zeroes their rows; spmdsim's layer gets
             # the same zeros from a zero row kept beside its weight (spmdsim.ops.embedding).
-            zeros_why = (f"ids outside its rows [{layer.vocab_start_index}, "
-                         f"{layer.vocab_end_index}) give zero rows: Megatron masks them and "
+            zeros_why = ("ids outside a rank's rows give zero rows: Megatron masks them and "
                          "zeroes their output; this layer reads the zeros from a zero row kept "
                          "beside the weight, as Paddle does")
     else:
@@ -283,9 +283,22 @@ def embedding_job(
                       + f" ({zeros_why})"))
     if plan.gather.collective:
         steps.append((plan.gather, f"embedding columns are split over {format_entry(plan.dim_axes)}"))
+    notes = (_lookup_note(ids.local, rows),) if mode == "vocab" else ()
     return Job(op, f"ids{short(ids_layout)} table{short(table_layout)} -> {short(plan.out)}",
                mesh, lambda: forward(ids), embedding_region(ids_src, table_src), inputs,
-               tuple(steps))
+               tuple(steps), notes=notes)
+
+
+def _lookup_note(ids: Any, rows: tuple[int, int], most: int = 8) -> str:
+    """Which ids one rank's vocab rows serve and what the others give (the first `most` ids)."""
+    start, stop = (int(v) for v in rows)
+    flat = [int(i) for i in ids.reshape(-1)]
+    shown = flat[:most]
+    mine = [i for i in shown if start <= i < stop]
+    more = f" (first {most} of {len(flat)})" if len(flat) > most else ""
+    found = f"{', '.join(map(str, mine))} in its rows" if mine else "none in its rows"
+    return (f"ids {shown}{more}: {found} [{start}, {stop}); the other "
+            f"{len(shown) - len(mine)} give zero rows")
 
 
 def mlp_job(
