@@ -141,10 +141,11 @@ class NetworkTrainer:
             verdicts.append(p.check(new, rtol=rtol, atol=scale_atol * float(np.abs(new).max())))
         return tuple(verdicts)
 
-    def close(self) -> None:
-        """Free the meshes' sub-communicators (collective: all ranks call it)."""
+    def close(self, keep: Any = None) -> None:
+        """Free the meshes' sub-communicators, except `keep`'s (collective: all ranks call it)."""
         for mesh in self._meshes.values():
-            mesh.close()
+            if mesh is not keep:
+                mesh.close()
 
 
 def explain_backward(explain: list) -> str:
