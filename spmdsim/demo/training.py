@@ -47,10 +47,7 @@ def training_job(net: Network, comm: Any) -> Job:
 
 
 def _build(make: Callable[..., Network]) -> Callable[[Context], Job]:
-    def build(ctx: Context) -> Job:
-        return training_job(make(ctx.world_size, dtype=ctx.dtype, seed=ctx.seed), ctx.comm)
-
-    return build
+    return lambda ctx: training_job(make(ctx.world_size, dtype=ctx.dtype, seed=ctx.seed), ctx.comm)
 
 
 scenario("train_mindspore_tutorial", "MindSpore tutorial net: one SGD step, gradient of MatMul1's weight",
