@@ -173,11 +173,11 @@ class DTensor:
     requires_grad = property(lambda self: self._ag is not None)
     grad = property(lambda self: getattr(self._ag, "grad", None), doc="the gradient, in this layout")
 
-    def backward(self) -> None:
-        """Gradients of this scalar loss into every leaf's ``.grad`` (collective)."""
+    def backward(self, explain: list | None = None) -> None:
+        """Gradients of this scalar loss into every leaf's ``.grad`` (collective; see autograd.backward)."""
         from ..autograd.engine import backward
 
-        backward(self)
+        backward(self, explain)
 
     # -- whole-tensor views ------------------------------------------------------------
     def gather(self, root: int | None = None) -> np.ndarray | None:
