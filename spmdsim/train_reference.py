@@ -106,3 +106,44 @@ def _backward(kind: str, x: np.ndarray, ps: list, dy: np.ndarray, need_dx: bool)
         return None, (rg.embedding_grad(x, ps[0].shape[0], dy),)
     dx, dw, db = rg.linear_grads(x, ps[0], ps[1] if len(ps) > 1 else None, dy, need_dx)
     return dx, (dw,) if db is None else (dw, db)
+
+
+def megatron_block(params: dict, x: np.ndarray, labels: np.ndarray, heads: int) -> tuple[float, dict]:
+    """Loss and gradients of a transformer block with a language-model head, in numpy float64.
+
+    ``x + attn(x)`` (multi-head attention, Wq/Wk/Wv (d, H*D), Wo (H*D, d), no biases),
+    then ``+ mlp`` (W1, b1, GELU, W2, b2), then logits = x2 @ Wh and cross-entropy
+    against `labels`. Returns (loss, {name: gradient}) for every entry of `params`
+    and for "x".
+    """
+    p = {k: np.asarray(v, np.float64) for k, v in params.items()}
+    seq = x.shape[0]
+    width = p["Wq"].shape[1] // heads
+
+    def per_head(t: np.ndarray) -> np.ndarray:
+        return t.reshape(seq, heads, width).transpose(1, 0, 2)
+
+    q, k, v = (per_head(x @ p[n]) for n in ("Wq", "Wk", "Wv"))
+    c = width ** -0.5
+    probs = reference.softmax(q @ k.transpose(0, 2, 1) * c)
+    merged = (probs @ v).transpose(1, 0, 2).reshape(seq, heads * width)
+    x1 = x + merged @ p["Wo"]
+    a1 = reference.linear(x1, p["W1"], p["b1"])
+    x2 = x1 + reference.linear(reference.gelu(a1), p["W2"], p["b2"])
+    loss, dlogits = rg.cross_entropy(x2 @ p["Wh"], labels)
+    g: dict = {}
+    dx2, g["Wh"] = rg.matmul_grads(x2, p["Wh"], dlogits)
+    dg, g["W2"], g["b2"] = rg.linear_grads(reference.gelu(a1), p["W2"], p["b2"], dx2)
+    da1 = dg * rg.gelu_grad(a1)
+    dx1_mlp, g["W1"], g["b1"] = rg.linear_grads(x1, p["W1"], p["b1"], da1)
+    dx1 = dx2 + dx1_mlp
+    dmerged, g["Wo"] = rg.matmul_grads(merged, p["Wo"], dx1)
+    dctx = per_head(dmerged)
+    dprobs, dv = rg.matmul_grads(probs, v, dctx)
+    dscores = rg.softmax_grad(probs, dprobs) * c
+    dq, dk = rg.matmul_grads(q, k, dscores, transpose_b=True)
+    g["x"] = dx1
+    for name, d in (("Wq", dq), ("Wk", dk), ("Wv", dv)):
+        dx, g[name] = rg.matmul_grads(x, p[name], d.transpose(1, 0, 2).reshape(seq, heads * width))
+        g["x"] = g["x"] + dx
+    return loss, g

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import sys
 
 import pytest
 
@@ -158,3 +159,30 @@ def test_chrome_trace_of_two_ranks_has_a_track_each_with_compute_and_collectives
     bad = dict(obj, traceEvents=obj["traceEvents"] + [{"name": "x", "ph": "X", "tid": 0, "ts": 0, "dur": 1}])
     with pytest.raises(Exception, match="'pid' is a required property"):
         _validate(bad)
+
+
+def test_png_without_matplotlib_fails_first_with_the_install_line(capsys, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as after README's first install
+    for argv in (["show", "--device-matrix", "4", "--alias", "x", "--tensor-map", "x", "--shape", "8",
+                  "--png", str(tmp_path / "x.png")],
+                 ["plan", "--device-matrix", "4", "--alias", "x", "--from", "x", "--to", "None",
+                  "--shape", "8", "--png", str(tmp_path / "steps")]):
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == ""  # no picture or report printed before the error
+        assert err == ('spmdsim: error: pictures need matplotlib: pip install -e ".[plot]" in the '
+                       "spmdsim checkout (or pip install matplotlib)\n")
+
+
+def test_small_frictions(capsys):
+    assert main(["show", "--device-matrix", "2,4", "--tensor-map", "mp,None", "--shape", "8,6"]) == 2
+    assert "--alias is missing (case key 'alias_name'), needed by the layout form" in capsys.readouterr().err
+    assert main(["show", "--device-matrix", "1", "--alias", "x", "--tensor-map", "x", "--shape", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "on Layout(x=1), 1 rank\n" in out and "#k" not in out
+    # `show --operand` takes the M,K,N shape `run matmul` takes.
+    argv = ["slices", "--strategy", "((2,4),(4,1))", "--world-size", "8", "--operand", "w"]
+    assert main(argv + ["--shape", "256,128,192"]) == 0
+    by_mkn = capsys.readouterr().out
+    assert main(argv + ["--shape", "128,192"]) == 0
+    assert capsys.readouterr().out == by_mkn

@@ -124,9 +124,13 @@ PURE_MODULES = [
     "spmdsim.cli.cases",
     "spmdsim.algorithms",
     "spmdsim.algorithms.table",
+    "spmdsim.cli.convert",
+    "spmdsim.autoshard",
+    "spmdsim.autoshard.execute",
     "spmdsim.algorithms.picture",
     # Entry points import the runtime only when a command runs under MPI.
     "spmdsim.cli.main",
+    "spmdsim.cli.autoshard",
     "spmdsim.cli.collective",
     "spmdsim.runtime",
 ]

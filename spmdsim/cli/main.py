@@ -18,8 +18,8 @@ from ..errors import SpmdsimError
 __all__ = ["main", "build_parser", "SUBCOMMANDS", "OnceParser"]
 
 #: Subcommand modules under spmdsim.cli, in the order `--help` lists them.
-SUBCOMMANDS: tuple[str, ...] = ("slices", "explain", "show", "calibrate", "run", "demo", "launch", "plan",
-                                 "collective")
+SUBCOMMANDS: tuple[str, ...] = ("slices", "explain", "show", "convert", "calibrate", "run", "demo", "launch",
+                                 "plan", "autoshard", "collective")
 
 
 class OnceParser(argparse.ArgumentParser):

@@ -298,7 +298,10 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "png", None):
         from .paths import check_output_dir
 
+        from ..viz.png import require_matplotlib
+
         check_output_dir(args.png, "--png")  # before the report: no traceback after it
+        require_matplotlib()
     source, target, shape, dtype = layouts_from_args(args)
     plan = plan_redistribution(source, target, shape, dtype)
     print(json.dumps(_record(plan, args)) if args.json else _text(plan, args))

@@ -21,7 +21,7 @@ def register(subparsers: Any) -> None:
         help="draw a layout: tensor blocks with their ranks and the device matrix",
         description=(
             "Draw the global tensor cut into blocks, each labelled by the ranks that hold "
-            "it (r0,1 = replicas, r0+1 = partial terms to add) and its shard number #k, "
+            "it (r0,1 = replicas, r0+1 = partial terms to add) and its shard number (#0, #1, ...), "
             "then the device matrix with each rank's shard. ASCII by default; --png FILE "
             "also writes a matplotlib picture (.png or .svg)."
         ),
@@ -40,11 +40,12 @@ def run(args: argparse.Namespace) -> int:
         raise SpmdsimError(f"--width {args.width!r} is too narrow; expected at least {MIN_WIDTH} columns")
     case = case_from_args(args)
     if args.png:
-        from ..viz.png import check_picture_path
+        from ..viz.png import check_picture_path, require_matplotlib
         from .paths import check_output_file
 
         # Fail before printing anything: the ASCII picture comes first.
         check_output_file(check_picture_path(args.png), "--png")
+        require_matplotlib()
     name = args.name or getattr(args, "operand", None) or "x"
     picture = layout_picture(case.tensor_layout, case.shape, name)
     print(render_layout_ascii(picture, width=args.width), end="")

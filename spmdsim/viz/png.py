@@ -22,13 +22,20 @@ PICTURE_SUFFIXES = ("png", "svg", "pdf")
 
 
 def _matplotlib() -> Any:
+    """matplotlib, or one SpmdsimError line with the README's install command for it."""
     try:
         import matplotlib
     except ImportError:
         raise SpmdsimError(
-            "pictures need matplotlib: pip install 'spmdsim[plot]' (or matplotlib)"
+            'pictures need matplotlib: pip install -e ".[plot]" in the spmdsim checkout '
+            "(or pip install matplotlib)"
         ) from None
     return matplotlib
+
+
+def require_matplotlib() -> None:
+    """Raise before any work when a picture was asked for and matplotlib is missing."""
+    _matplotlib()
 
 
 def shard_colour(shard_number: int, num_shards: int) -> Any:
