@@ -398,6 +398,12 @@ def _execute(args: argparse.Namespace, comm: Any) -> int:
 
         write_chrome_trace(comm, trace, args.trace_out, began, ended)
     received = comm.allreduce(sum(e.bytes_received for e in trace.entries), op=MPI.MAX)
+    from ..runtime.ranked import gather_ranked
+
+    # Every rank's collectives, ranks with the same lines folded ("ranks 0-7: ...").
+    calls = gather_ranked(comm, [f"{(e.label or e.op).replace('redistribute', 'step', 1)}: sent "
+                                 f"{e.bytes_sent:,} B, received {e.bytes_received:,} B"
+                                 for e in trace.entries] or ["none"])
     if comm.Get_rank() == 0:
         if args.json:
             record = _record(plan, args)
@@ -406,9 +412,8 @@ def _execute(args: argparse.Namespace, comm: Any) -> int:
             print(json.dumps(record))
         else:
             print(_text(plan, args))
-            print("collectives (rank 0):")
-            for e in trace.entries:
-                print(f"  {e.label}: {e.op} sent {e.bytes_sent:,} B, received {e.bytes_received:,} B")
+            print("collectives:")
+            print("\n".join("  " + line for line in calls))
             print(f"measured bytes received per rank (max): {received:,} B")
             print(f"{verdict}  {'PASS' if verdict.passed else 'FAIL'}")
     return 0 if verdict.passed else 1
