@@ -92,6 +92,7 @@ PURE_MODULES = [
     "spmdsim.datagen",
     "spmdsim.errors",
     "spmdsim.validate",
+    "spmdsim.memory",
     "spmdsim.dialects",
     "spmdsim.dialects.strategy",
     "spmdsim.dialects.sbp",

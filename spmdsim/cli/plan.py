@@ -323,11 +323,10 @@ def run(args: argparse.Namespace) -> int:
 
 def run_redistribute(args: argparse.Namespace) -> int:
     """`spmdsim run redistribute`: execute the plan under MPI and check it bit-exactly."""
-    from mpi4py import MPI
-
+    from ..sim.run import world
     from .run import guarded
 
-    comm = MPI.COMM_WORLD
+    comm = world()  # MPI's COMM_WORLD, or the simulated rank's under --ranks N
     return guarded(lambda: _execute(args, comm), comm, args)
 
 
@@ -340,11 +339,16 @@ def _execute(args: argparse.Namespace, comm: Any) -> int:
     from ..plan_exec import redistribute
     from ..runtime import DTensor, Mesh, collect_trace
 
+    from ..memory import redistribute_need, shard_multiples
+    from ..runtime.budget import check_memory
     from .run import check_trace_out
 
     check_trace_out(args)
     source, target, shape, dtype = layouts_from_args(args)
     plan = plan_redistribution(source, target, shape, dtype)
+    check_memory(comm, f"redistribute {source} -> {target}",
+                 lambda s: redistribute_need(source, target, s, dtype), shape,
+                 shard_multiples(source, target), "--shape")
     mesh = Mesh(source.layout, comm)
     seeded = SeededTensor(shape, dtype, seed=args.seed)
     x = DTensor.from_seeded(mesh, source, seeded)
