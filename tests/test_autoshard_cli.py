@@ -45,6 +45,7 @@ def test_branching_network_reports_branch_and_bound(capsys):
     (["--memory-limit", "10"], "fits the memory limit of 10 bytes"),
     (["--devices", "0"], "--devices 0 must be >= 1"),
     (["--flops", "-1"], "--flops -1.0 must be > 0"),
+    (["--objective", "time", "--devices", "64"], "expected at most 16 (or --objective bytes)"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, extra, needle):
     assert main(TUTORIAL[:3] + extra) == 2
