@@ -1,19 +1,23 @@
 """Paddle ``distributed.split(x, size, operation="embedding", num_partitions)`` (seed 004).
 
 ids (10, 4) in [0, 960) into a (960, 48) table, vocab-parallel over all ranks.
-Run: timeout -k 5 120 mpiexec -n 8 python examples/embedding_vocab.py (any rank count dividing 960)
+Run: timeout -k 5 120 mpiexec -n 8 python examples/embedding_vocab.py
+(or `python examples/embedding_vocab.py --ranks 8`: simulated ranks, one process) (any rank count dividing 960)
 """
 import sys
 
-from mpi4py import MPI
-
+import spmdsim
+from spmdsim.sim import script
 from spmdsim import SeededTensor
 from spmdsim.holdings import holdings
 from spmdsim.ops import paddle_mesh, split
 from spmdsim.reference import embedding_region
 from spmdsim.runtime import DTensor, collect_trace, install_excepthook
+from spmdsim.runtime.ranked import print_ranked, trace_lines
 
-comm = MPI.COMM_WORLD
+# With --ranks N this file runs on N simulated ranks in this process (no mpiexec).
+script(__file__)
+comm = spmdsim.world()  # MPI's COMM_WORLD, or this simulated rank's
 # An error on some ranks only ends the whole job instead of hanging the others.
 install_excepthook(comm)
 p = comm.size
@@ -42,7 +46,7 @@ verdict = out.check(embedding_region(ids_src, table))
 if comm.rank == 0:
     # Which block of each tensor every rank holds, from the layouts alone (no communication).
     print(holdings({"ids": ids, "table": (mesh.layout("mp", None), (vocab, dim)), "out": out}))
-    print(f"out layout {out.layout}, local {out.local.shape}")
-    print(trace.summary())
-    print(verdict)
+# Every rank's own lines, printed by rank 0 in rank order; ranks with the same lines
+# share one entry ("ranks 0-7: ...").
+print_ranked(comm, f"out layout {out.layout}, local {out.local.shape}", *trace_lines(trace), verdict)
 sys.exit(0 if verdict.passed else 1)

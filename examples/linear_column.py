@@ -1,17 +1,21 @@
 """Column-parallel Linear: Megatron ColumnParallelLinear(gather_output=True) / Paddle axis=1.
 
 x (24, 200) @ W (200, 240) + b. Run: timeout -k 5 120 mpiexec -n 8 python examples/linear_column.py
+(or `python examples/linear_column.py --ranks 8`: simulated ranks, one process)
 """
 import sys
 
-from mpi4py import MPI
-
+import spmdsim
+from spmdsim.sim import script
 from spmdsim import Layout, SeededTensor
 from spmdsim.holdings import holdings
 from spmdsim.ops import ColumnParallelLinear
 from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
+from spmdsim.runtime.ranked import print_ranked, trace_lines
 
-comm = MPI.COMM_WORLD
+# With --ranks N this file runs on N simulated ranks in this process (no mpiexec).
+script(__file__)
+comm = spmdsim.world()  # MPI's COMM_WORLD, or this simulated rank's
 # An error on some ranks only ends the whole job instead of hanging the others.
 install_excepthook(comm)
 p = comm.size
@@ -38,7 +42,7 @@ verdict = y.check(layer.reference(xs))
 if comm.rank == 0:
     # Which block of each tensor every rank holds, from the layouts alone (no communication).
     print(holdings({"x": x, "W": layer.weight, "b": layer.bias, "y": y}))
-    print(f"weight local {layer.weight.local.shape}, y layout {y.layout}, local {y.local.shape}")
-    print(trace.summary())
-    print(verdict)
+# Every rank's own lines, printed by rank 0 in rank order; ranks with the same lines
+# share one entry ("ranks 0-7: ...").
+print_ranked(comm, f"weight local {layer.weight.local.shape}, y layout {y.layout}, local {y.local.shape}", *trace_lines(trace), verdict)
 sys.exit(0 if verdict.passed else 1)

@@ -1,11 +1,12 @@
 """MindSpore ``ops.MatMul().shard(((1, 8), (8, 1)))`` (seed 003, matmul2) on 8 ranks.
 
 x (32, 512) @ fc2_weight (512, 512). Run: timeout -k 5 120 mpiexec -n 8 python examples/matmul_1x8_8x1.py
+(or `python examples/matmul_1x8_8x1.py --ranks 8`: simulated ranks, one process)
 """
 import sys
 
-from mpi4py import MPI
-
+import spmdsim
+from spmdsim.sim import script
 from spmdsim import SeededTensor
 from spmdsim.demo.jobs import contraction_atol
 from spmdsim.dialects.strategy import matmul_layouts
@@ -14,14 +15,18 @@ from spmdsim.holdings import holdings
 from spmdsim.ops import matmul
 from spmdsim.reference import matmul_region
 from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
+from spmdsim.runtime.ranked import print_ranked, trace_lines
 
-comm = MPI.COMM_WORLD
+# With --ranks N this file runs on N simulated ranks in this process (no mpiexec).
+script(__file__)
+comm = spmdsim.world()  # MPI's COMM_WORLD, or this simulated rank's
 # An error on some ranks only ends the whole job instead of hanging the others.
 install_excepthook(comm)
 if comm.size != 8:
     # Raised on every rank alike: the excepthook prints it once and exits 2.
     raise SpmdsimError(f"this example is written for 8 ranks, not {comm.size}: run with "
-                       "timeout -k 5 120 mpiexec -n 8 python examples/matmul_1x8_8x1.py")
+                       "timeout -k 5 120 mpiexec -n 8 python examples/matmul_1x8_8x1.py,\n"
+                       f"or python examples/matmul_1x8_8x1.py --ranks 8")
 
 # Strategy ((1, 8), (8, 1)): only the contraction dim K is cut, 8 ways.
 # Device matrix (m, k, n) = (1, 8, 1): rank r holds K-slice r.
@@ -44,7 +49,7 @@ verdict = y.check(matmul_region(xs, ws), atol=contraction_atol(512, "float32"))
 if comm.rank == 0:
     # Which block of each tensor every rank holds, from the layouts alone (no communication).
     print(holdings({"x": x, "w": w, "y": y}))
-    print(f"y layout {y.layout}, local {y.local.shape}")
-    print(trace.summary())
-    print(verdict)
+# Every rank's own lines, printed by rank 0 in rank order; ranks with the same lines
+# share one entry ("ranks 0-7: ...").
+print_ranked(comm, f"y layout {y.layout}, local {y.local.shape}", *trace_lines(trace), verdict)
 sys.exit(0 if verdict.passed else 1)

@@ -7,16 +7,20 @@
 
 Adapts to the world size p (1, 2, 4, 8, ...: 960 and 240 must split over p).
 Run: timeout -k 5 120 mpiexec -n 8 python examples/net_paddle_tp.py
+(or `python examples/net_paddle_tp.py --ranks 8`: simulated ranks, one process)
 """
 import sys
 
-from mpi4py import MPI
-
+import spmdsim
+from spmdsim.sim import script
 from spmdsim.holdings import holdings
 from spmdsim.nets import NetworkRunner, paddle_needs, paddle_tp
 from spmdsim.runtime import install_excepthook
+from spmdsim.runtime.ranked import print_ranked
 
-comm = MPI.COMM_WORLD
+# With --ranks N this file runs on N simulated ranks in this process (no mpiexec).
+script(__file__)
+comm = spmdsim.world()  # MPI's COMM_WORLD, or this simulated rank's
 # An error on some ranks only ends the whole job instead of hanging the others.
 install_excepthook(comm)
 p = comm.size
@@ -49,8 +53,11 @@ counts = [n for row in rows for _, n in row.calls]
 ok = all(verdicts) and all(row.matches() for row in rows) and counts == ([1, 1] if p > 1 else [])
 runner.close()
 if comm.rank == 0:
-    print(holdings(held))
+    # Two blocks of lines (the lookup, then the MLP's weights), each within 100 columns.
+    print(holdings({name: held[name] for name in ("ids", "table")}))
+    print(holdings({name: held[name] for name in ("W1", "b1", "W2", "b2")}))
     print(table)
-    print(verdicts[-1])
-    print("PASS" if ok else "FAIL")
+# Every rank's own lines, printed by rank 0 in rank order; ranks with the same lines
+# share one entry ("ranks 0-7: ...").
+print_ranked(comm, verdicts[-1], "PASS" if ok else "FAIL")
 sys.exit(0 if ok else 1)

@@ -2,7 +2,8 @@
 
 The names exported here are pure (numpy only). MPI-facing names (`Mesh`,
 `DTensor`, ops) live in `spmdsim.runtime` and `spmdsim.ops` and import mpi4py
-when first used.
+when first used. `simulate(n, fn)` runs `fn` on n simulated ranks in this
+process and `world()` is the running rank's communicator (spmdsim.sim).
 """
 from __future__ import annotations
 
@@ -27,9 +28,21 @@ from .errors import (
 )
 from .layout import Layout, TensorLayout
 
+
+def __getattr__(name: str) -> object:
+    # simulate/world load the emulator on first use: `import spmdsim` stays free of mpi4py.
+    if name in ("simulate", "world"):
+        from . import sim
+
+        return getattr(sim, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __version__ = "0.1.0"
 
 __all__ = [
+    "simulate",
+    "world",
     "Layout",
     "TensorLayout",
     "SeededTensor",

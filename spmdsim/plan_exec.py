@@ -92,7 +92,12 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
     if local.shape != program.local_shape:
         raise PlanError(f"internal: the plan produced a shard of shape {local.shape!r}, expected "
                         f"{program.local_shape!r} under {target}")
-    return program.wrap(program.target_mesh, local, target, shape)
+    out = program.wrap(program.target_mesh, local, target, shape)
+    if getattr(dtensor, "_ag", None) is not None:  # autograd: the backward is the reverse move
+        from .autograd.rules import record_redistribute
+
+        record_redistribute(out, dtensor)
+    return out
 
 
 def run_plan(plan: Plan, mesh: Any, local: Any) -> Any:

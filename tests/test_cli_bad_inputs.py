@@ -299,7 +299,8 @@ def test_plan_says_why_predictions_are_missing(tmp_path, monkeypatch, capsys):
     cost.write_text("not json")
     monkeypatch.setenv("SPMDSIM_COST_FILE", str(cost))
     assert main(PLAN) == 0
-    last = capsys.readouterr().out.splitlines()[-1]
+    # The last line, its continuation lines (wrapped at 100 columns) joined back.
+    last = "predicted:" + capsys.readouterr().out.split("\npredicted:")[-1].replace("\n  ", " ")
     assert last.startswith(f"predicted: unavailable, cost model {str(cost)!r} is not JSON"), last
 
 

@@ -163,7 +163,7 @@ def test_table_rows_and_text():
     assert local.collectives_text() == "none (local slice)" and local.matches()
     text = format_table(net, [row, local], 2)
     assert "Allreduce(k) x1" in text and "MatMul1 shard(((2,4),(4,1)))" in text
-    assert text.splitlines()[-1].split()[-1] == "120"
+    assert text.splitlines()[-1].endswith(" 120 B") and "1 collective call " in text
 
 
 def test_networks_registry_and_purity():

@@ -60,7 +60,12 @@ def _matmul_operand_case(data: Mapping, value: object, parsed: tuple, operand: o
     world = _world_size(data) if "world_size" in data else needed
     check_device_count(max(world, needed), f"strategy {value!r}")
     tl = getattr(matmul_layouts(parsed, world), operand)
-    return Case(_with_partial(tl, partial), shape, "strategy")
+    if len(shape) == len(xs) + 1:
+        # The M,K,N (or B,...,M,K,N) shape `spmdsim run matmul` takes: this operand's part of it.
+        *batch, m, k, n = shape
+        shape = {"x": (*batch, m, k), "w": (*batch, k, n)[len(batch) + 2 - len(ws):],
+                 "out": (*batch, m, n)}[operand]
+    return Case(_with_partial(tl, partial), tuple(shape), "strategy")
 
 
 def sbp_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...]) -> Case:

@@ -169,10 +169,17 @@ def multi_axis_hint(entries: Sequence[Any], ndim: int) -> str:
     )
 
 
+# The flag that gives each case key, for messages: a user of the flags never typed the key.
+_FLAG_OF = {"device_matrix": "--device-matrix", "alias_name": "--alias", "tensor_map": "--tensor-map",
+            "shape": "--shape", "placement": "--placement", "placements": "--placements",
+            "partition_spec": "--partition-spec", "sbp": "--sbp", "strategy": "--strategy"}
+
+
 def _require(data: Mapping, keys: Sequence[str], form: str) -> None:
     for key in keys:
         if key not in data:
-            raise SpmdsimError(f"case is missing key {key!r} (needed by the {form} form)")
+            raise SpmdsimError(f"{_FLAG_OF.get(key, key)} is missing (case key {key!r}), "
+                               f"needed by the {form} form")
 
 
 def case_from_dict(data: Any) -> Case:

@@ -31,6 +31,7 @@ __all__ = [
     "layouts_from_args",
     "format_plan",
     "run_redistribute",
+    "ratio_text",
     "MAX_PLAN_DEVICES",
 ]
 
@@ -68,13 +69,19 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32",
                         choices=("float32", "float64", "int32", "int64"), help="default float32")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--explain", action="store_true",
+                        help="also say why each step runs, each rank's block before and after, and "
+                             "the bytes each rank sends to each rank")
 
 
 def add_redistribute_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `spmdsim run redistribute` (the plan flags plus --seed, --check, --watchdog)."""
     from ..runtime.debug import add_cli_arguments
 
+    from .run import add_trace_out
+
     add_plan_arguments(parser)
+    add_trace_out(parser)
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated tensor")
     add_cli_arguments(parser)
 
@@ -230,8 +237,22 @@ def _predicted(plan: Plan) -> tuple[list[float], str]:
         return [], f"unavailable, the cost model cannot price this plan: {exc}"
 
 
-def format_plan(plan: Plan) -> str:
-    """The human-readable `spmdsim plan` report."""
+def ratio_text(numerator: int, denominator: int) -> str:
+    """numerator / denominator to one decimal, rounded half up in integers (exact at any size)."""
+    tenths = (20 * numerator + denominator) // (2 * denominator)
+    return f"{tenths // 10:,}.{tenths % 10}"
+
+
+def _duration(seconds: float) -> str:
+    """A predicted time: milliseconds up to a thousand seconds, then seconds in 3 digits."""
+    return f"{seconds * 1e3:.3f} ms" if seconds < 1e3 else f"{seconds:.3g} s"
+
+
+def format_plan(plan: Plan, dialect: str = "sbp") -> str:
+    """The human-readable `spmdsim plan` report (steps written in `dialect`: "sbp" or "dtensor")."""
+    from ..viz.table import wrap_lines
+    from ..viz.why import BOUND_WITH_SUMS, step_text
+
     where = str(plan.source.layout)
     if plan.target.layout != plan.source.layout:
         where += f" -> {plan.target.layout}"
@@ -242,42 +263,48 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"planned on the common mesh {mesh}")
     if not plan.steps:
         lines.append("  no steps: every rank already holds its target block")
-    width = max([len(str(s)) for s in plan.steps] + [4])
+    width = max([len(step_text(s, dialect)) for s in plan.steps] + [4])
+    sent = [f"{s.max_bytes_sent:,} B" for s in plan.steps]
+    received = [f"{s.max_bytes_received:,} B" for s in plan.steps]
+    columns = max(map(len, sent + received + ["received/rank"]))  # wider at huge sizes, never cut
     seconds, origin = _predicted(plan)
     if plan.steps:
-        lines.append(f"  {'#':>2}  {'step':<{width}}  {'sent/rank':>14}  {'received/rank':>14}"
+        lines.append(f"  {'#':>2}  {'step':<{width}}  {'sent/rank':>{columns}}  {'received/rank':>{columns}}"
                      + ("  predicted" if seconds else ""))
     for i, step in enumerate(plan.steps, 1):
-        lines.append(f"  {i:>2}. {str(step):<{width}}  {step.max_bytes_sent:>12,} B  "
-                     f"{step.max_bytes_received:>12,} B"
-                     + (f"  {seconds[i - 1] * 1e3:>8.3f} ms" if seconds else ""))
+        lines.append(f"  {i:>2}. {step_text(step, dialect):<{width}}  {sent[i - 1]:>{columns}}  "
+                     f"{received[i - 1]:>{columns}}"
+                     + (f"  {_duration(seconds[i - 1]):>11}" if seconds else ""))
     got, low = plan.max_bytes_received, plan.max_lower_bound
     verdict = "meets it on every rank" if plan.meets_lower_bound else "above it"
     if not plan.meets_lower_bound and (plan.source.partial or plan.target.partial):
         # Say why, or a reader takes the plan for a poor one (docs/redistribution.md).
-        verdict += ": with pending sums the bound counts each summed element once; collectives that sum move more"
+        verdict += f": with pending sums {BOUND_WITH_SUMS}"
     lines.append(f"total received per rank (max): {got:,} B; lower bound {low:,} B ({verdict})")
     base = _baseline(plan)
     if base and got:
         how = " and ".join(w for w, on in (("Allreduce", plan.source.partial),
                                             ("Allgather", plan.source.split_axes)) if on)
         lines.append(f"for comparison, the whole tensor on every rank ({how}, then slice) would "
-                     f"receive {base:,} B per rank ({base / got:.1f}x this plan)")
+                     f"receive {base:,} B per rank ({ratio_text(base, got)}x this plan)")
     if seconds:
         lines.append(f"predicted: alpha-beta cost model, {origin}")
     elif plan.steps and origin:
         lines.append(f"predicted: {origin}")
-    return "\n".join(lines)
+    return "\n".join(wrap_lines(lines))
 
 
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "png", None):
         from .paths import check_output_dir
 
+        from ..viz.png import require_matplotlib
+
         check_output_dir(args.png, "--png")  # before the report: no traceback after it
+        require_matplotlib()
     source, target, shape, dtype = layouts_from_args(args)
     plan = plan_redistribution(source, target, shape, dtype)
-    print(json.dumps(plan.to_json()) if args.json else format_plan(plan))
+    print(json.dumps(_record(plan, args)) if args.json else _text(plan, args))
     if getattr(args, "show", False) and not args.json:
         from ..viz import render_plan_ascii
 
@@ -287,45 +314,102 @@ def run(args: argparse.Namespace) -> int:
         from ..viz import render_plan_png
 
         paths = render_plan_png(plan, args.png)
+        paths += _moves_and_bytes_png(plan, args.png, _dialect(args))
         if not args.json:
             print(f"wrote {len(paths)} picture(s) to {args.png}")
     return 0
 
 
+def _dialect(args: argparse.Namespace) -> str:
+    """How steps are written: DTensor names for DTensor input, SBP-style otherwise."""
+    return "dtensor" if args.from_placements or args.to_placements else "sbp"
+
+
+def _moves_and_bytes_png(plan: Plan, directory: str, dialect: str) -> list[str]:
+    """The pieces each step moves (moves_NN.png) and who sends how many bytes to whom (bytes.png)."""
+    import os
+
+    from ..viz.moves import render_byte_matrix_png, render_moves_png
+    from ..viz.why import byte_matrix
+
+    paths = render_moves_png(plan, directory, dialect=dialect)
+    if plan.steps:
+        title = f"bytes each rank sends to each rank: {plan.source} -> {plan.target}"
+        paths.append(render_byte_matrix_png(byte_matrix(plan.steps, plan.num_ranks),
+                                            os.path.join(directory, "bytes.png"), title))
+    return paths
+
+
+def _record(plan: Plan, args: argparse.Namespace) -> dict:
+    """The JSON record; with --explain, the rank -> rank byte matrix too."""
+    record = plan.to_json()
+    if args.explain:
+        from ..viz.why import byte_matrix
+
+        record["bytes_matrix"] = byte_matrix(plan.steps, plan.num_ranks)
+    return record
+
+
+def _text(plan: Plan, args: argparse.Namespace) -> str:
+    """`format_plan`, followed by the --explain lines when asked for."""
+    dialect = _dialect(args)
+    if not args.explain:
+        return format_plan(plan, dialect)
+    from ..viz.table import wrap_lines
+    from ..viz.why import explain_plan_lines
+
+    return "\n".join([format_plan(plan, dialect)] + wrap_lines(explain_plan_lines(plan, dialect)))
+
+
 def run_redistribute(args: argparse.Namespace) -> int:
     """`spmdsim run redistribute`: execute the plan under MPI and check it bit-exactly."""
-    from mpi4py import MPI
-
+    from ..sim.run import world
     from .run import guarded
 
-    comm = MPI.COMM_WORLD
+    comm = world()  # MPI's COMM_WORLD, or the simulated rank's under --ranks N
     return guarded(lambda: _execute(args, comm), comm, args)
 
 
 def _execute(args: argparse.Namespace, comm: Any) -> int:
+    from time import perf_counter
+
     from mpi4py import MPI
 
     from ..datagen import SeededTensor
     from ..plan_exec import redistribute
     from ..runtime import DTensor, Mesh, collect_trace
 
+    from ..memory import redistribute_need, shard_multiples
+    from ..runtime.budget import check_memory
+    from .run import check_trace_out
+
+    check_trace_out(args)
     source, target, shape, dtype = layouts_from_args(args)
     plan = plan_redistribution(source, target, shape, dtype)
+    check_memory(comm, f"redistribute {source} -> {target}",
+                 lambda s: redistribute_need(source, target, s, dtype), shape,
+                 shard_multiples(source, target), "--shape")
     mesh = Mesh(source.layout, comm)
     seeded = SeededTensor(shape, dtype, seed=args.seed)
     x = DTensor.from_seeded(mesh, source, seeded)
     with collect_trace() as trace:
+        began = perf_counter()
         y = redistribute(x, target, plan)
+        ended = perf_counter()
     verdict = y.check(seeded, rtol=0.0, atol=0.0)
+    if args.trace_out:
+        from ..runtime.trace_export import write_chrome_trace
+
+        write_chrome_trace(comm, trace, args.trace_out, began, ended)
     received = comm.allreduce(sum(e.bytes_received for e in trace.entries), op=MPI.MAX)
     if comm.Get_rank() == 0:
         if args.json:
-            record = plan.to_json()
+            record = _record(plan, args)
             record.update(passed=bool(verdict.passed), max_abs_error=float(verdict.max_abs_error),
                           measured_bytes_received_per_rank=int(received))
             print(json.dumps(record))
         else:
-            print(format_plan(plan))
+            print(_text(plan, args))
             print("collectives (rank 0):")
             for e in trace.entries:
                 print(f"  {e.label}: {e.op} sent {e.bytes_sent:,} B, received {e.bytes_received:,} B")

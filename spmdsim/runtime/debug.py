@@ -38,6 +38,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from ..errors import RuntimeMismatchError, SpmdsimError
+from ..sim import _local as _sim_local
 from . import _roster
 from . import wait as waiting
 
@@ -86,6 +87,30 @@ class _Settings:
 
 
 _State = _Settings()
+
+
+def _rank_seq(settings: _Settings) -> int:
+    return _sim_local.current().seq
+
+
+def _set_rank_seq(settings: _Settings, value: int) -> None:
+    _sim_local.current().seq = value
+
+
+class _PerRankSettings(_Settings):
+    """_Settings whose call counter is the running simulated rank's (spmdsim.sim).
+
+    `per_rank` swaps `_State`'s class while a simulation runs, so the hot
+    paths' ``_DEBUG.seq += 1`` stays a plain slot write under MPI.
+    """
+
+    __slots__ = ()
+    seq = property(_rank_seq, _set_rank_seq)
+
+
+def per_rank(on: bool) -> None:
+    """Count collectives per simulated rank (on) or per process (off); spmdsim.sim calls it."""
+    _State.__class__ = _PerRankSettings if on else _Settings
 
 #: The watchdog the divergence guard turns on when SPMDSIM_WATCHDOG is unset: the
 #: guard compares calls, but a rank that skips one would still leave the others
@@ -240,6 +265,9 @@ def describe(seq: int, op: str, axes: Sequence[str], dtype: Any,
 
 
 def _world_rank() -> int:
+    state = _sim_local.current()
+    if state is not None:
+        return state.rank
     from mpi4py import MPI
 
     return MPI.COMM_WORLD.Get_rank()
@@ -381,6 +409,8 @@ def collective(comm: Any, op: str, axes: Sequence[str], array: Any, extra: Seque
 
 
 def _abort(text: str) -> None:
+    if _sim_local.current() is not None:  # a simulated rank raises; simulate() ends the others
+        raise RuntimeMismatchError(text)
     from mpi4py import MPI
 
     from .guard import abort_job

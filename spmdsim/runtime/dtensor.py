@@ -48,7 +48,8 @@ class DTensor:
     of the global tensor).
     """
 
-    __slots__ = ("_mesh", "_local", "_layout", "_shape")
+    # _ag: autograd's record (None, a Leaf or a Node; spmdsim.autograd), None unless asked for.
+    __slots__ = ("_mesh", "_local", "_layout", "_shape", "_ag")
 
     def __init__(self, mesh: Mesh, local: np.ndarray, layout: TensorLayout,
                  global_shape: Sequence[int]) -> None:
@@ -69,6 +70,7 @@ class DTensor:
         if local.dtype not in _PLAIN_DTYPES:
             _check_dtype(local.dtype, layout)
         self._mesh, self._local, self._layout, self._shape = mesh, local, layout, shape
+        self._ag = None
 
     @classmethod
     def _trusted(cls, mesh: Mesh, local: np.ndarray, layout: TensorLayout,
@@ -80,6 +82,7 @@ class DTensor:
         """
         self = cls.__new__(cls)
         self._mesh, self._local, self._layout, self._shape = mesh, local, layout, global_shape
+        self._ag = None
         return self
 
     def astype(self, dtype: Any) -> "DTensor":
@@ -116,6 +119,9 @@ class DTensor:
             raise ShapeError(f"from_seeded needs a SeededTensor, got {type(seeded).__name__}"
                              f"{_shape_note(seeded)}; use DTensor.from_global for an array")
         shape = layout.check_shape(seeded.shape)
+        from .budget import check_seeded
+
+        check_seeded(mesh.comm, layout, seeded)  # before the shard exists, on every rank alike
         if _holds_value(mesh, layout):
             local = seeded.region(layout.slices(mesh.rank, shape))
         else:
@@ -156,6 +162,22 @@ class DTensor:
         if not self._layout.partial:
             return self._local
         return collectives.allreduce(self._mesh, self._local, self._layout.partial, label=label)
+
+    # -- autograd (spmdsim.autograd; docs/training.md) ---------------------------------
+    def requires_grad_(self, requires_grad: bool = True) -> "DTensor":
+        """Ask for ``.grad`` after ``loss.backward()`` (floating tensors only); returns self."""
+        from ..autograd.graph import requires_grad_
+
+        return requires_grad_(self, requires_grad)
+
+    requires_grad = property(lambda self: self._ag is not None)
+    grad = property(lambda self: getattr(self._ag, "grad", None), doc="the gradient, in this layout")
+
+    def backward(self, explain: list | None = None) -> None:
+        """Gradients of this scalar loss into every leaf's ``.grad`` (collective; see autograd.backward)."""
+        from ..autograd.engine import backward
+
+        backward(self, explain)
 
     # -- whole-tensor views ------------------------------------------------------------
     def gather(self, root: int | None = None) -> np.ndarray | None:

@@ -10,6 +10,9 @@
   ``spmdsim: error on rank R: ...`` (with a traceback for unexpected errors)
   and calls ``comm.Abort(1)``, which ends every rank.
 
+Under spmdsim.simulate the guards let exceptions through: simulate() itself
+stops every rank and raises in its caller, naming the rank.
+
 Ranks find out whether all of them failed with a nonblocking barrier on a
 private duplicate of the communicator (made when the guard is set up, so setting
 it up is collective); a barrier on the user's communicator could match the
@@ -25,6 +28,7 @@ import traceback
 from typing import Any, Callable, NoReturn
 
 from ..errors import SpmdsimError
+from ..sim import _local as _sim_local
 
 __all__ = ["abort_on_error", "install_excepthook", "run_guarded", "handle_exception", "abort_job",
            "world_channel", "release_shared_segments"]
@@ -87,9 +91,9 @@ def world_channel() -> Any:
 def _world(comm: Any) -> Any:
     if comm is not None:
         return comm
-    from mpi4py import MPI
+    from ..sim.run import world
 
-    return MPI.COMM_WORLD
+    return world()
 
 
 def _all_failed(private: Any, grace: float) -> bool:
@@ -109,6 +113,9 @@ def handle_exception(exc: BaseException, comm: Any = None, private: Any = None) 
     """Report `exc`; return True for a clean all-ranks SpmdsimError (caller exits 2), else Abort."""
     comm = _world(comm)
     rank = comm.Get_rank()
+    if isinstance(exc, MemoryError) and not isinstance(exc, SpmdsimError):
+        # Out of memory despite the estimate (spmdsim.memory): one line, no traceback.
+        exc = SpmdsimError(f"out of memory: {exc}; SPMDSIM_MEMORY sets what a rank may use")
     if isinstance(exc, SpmdsimError):
         if private is None:
             private = _private(comm)
@@ -152,6 +159,8 @@ def release_shared_segments(maps: str = "/proc/self/maps") -> list[str]:
 
 def abort_job(comm: Any, text: str) -> NoReturn:
     """Write `text` (newline-terminated) to stderr, let mpiexec forward it, then Abort the job."""
+    if _sim_local.current() is not None:  # a simulated rank raises; simulate() stops the others
+        raise SpmdsimError(text.strip())
     sys.stdout.flush()
     sys.stderr.write(text + f"spmdsim: aborting the MPI job ({comm.Get_size()} ranks)\n")
     sys.stderr.flush()
@@ -189,12 +198,14 @@ class abort_on_error:
 
     def __enter__(self) -> "abort_on_error":
         _check_settings()
+        if _sim_local.current() is not None:
+            return self  # simulate() ends every rank and reports the error
         self._comm = _world(self._comm)
         self._private = _private(self._comm)
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        if exc is None or isinstance(exc, (_GuardExit, GeneratorExit)):
+        if exc is None or isinstance(exc, (_GuardExit, GeneratorExit)) or self._private is None:
             return False
         if isinstance(exc, SystemExit):
             _exit_alone(exc, self._comm, self._private)
@@ -213,8 +224,13 @@ class abort_on_error:
 
 
 def install_excepthook(comm: Any = None) -> None:
-    """Make an uncaught exception end the whole job (call once, on every rank, at start-up)."""
+    """Make an uncaught exception end the whole job (call once, on every rank, at start-up).
+
+    Does nothing else under spmdsim.simulate, which already ends every rank.
+    """
     _check_settings()
+    if _sim_local.current() is not None:
+        return
     comm = _world(comm)
     private = _private(comm)
     previous = sys.excepthook
@@ -253,7 +269,11 @@ def run_guarded(fn: Callable[[], Any], comm: Any = None) -> int:
 
     A clean all-ranks SpmdsimError returns 2 (rank 0 printed one line); any
     other failure aborts the job. The CLI runs its MPI commands through this.
+    Under spmdsim.simulate exceptions pass to simulate(), which reports them.
     """
+    if _sim_local.current() is not None:
+        _check_settings()
+        return int(fn() or 0)
     comm = _world(comm)
     private = _private(comm)
     try:

@@ -10,7 +10,9 @@ import numpy as np
 from .. import buffers
 from ..errors import LayoutError, RuntimeMismatchError
 from ..layout import Layout
-from .wait import resolve_wait_mode
+from ..sim.comm import SimComm
+from ..sim.launch import ways_out
+from .wait import WAIT_MODES, resolve_wait_mode
 
 __all__ = ["Mesh", "normalize_axes", "SCRATCH_MAX_BYTES"]
 
@@ -28,44 +30,46 @@ def normalize_axes(axes: str | Iterable[str]) -> tuple[str, ...]:
 
 
 class Mesh:
-    """``Mesh(layout, comm=None)``: the device matrix of `layout` over `comm` (default COMM_WORLD).
+    """``Mesh(layout, comm=None)``: the device matrix of `layout` over `comm` (default `spmdsim.world()`).
 
     Construction is collective-free validation first: every rank checks that
     ``prod(device_matrix) == comm.size`` and raises the same
     RuntimeMismatchError otherwise. Attributes: ``layout``, ``comm``, ``rank``,
     ``size``, ``coords`` and ``wait_mode`` ("busy" or "polite", see runtime.wait;
-    ``polite`` is True for the latter).
+    ``polite`` is True for the latter). ``algorithms={"allreduce": "ring", ...}``
+    makes the collectives run those algorithms step by step over point-to-point
+    messages (runtime.algorithms, docs/algorithms.md); ``algorithms`` is that
+    dict, or None (MPI's own collectives).
     Use as a context manager, or call ``close()``, to free the sub-communicators.
     """
 
-    def __init__(self, layout: Layout, comm: Any = None, *, wait: str | None = None) -> None:
-        from mpi4py import MPI
+    def __init__(self, layout: Layout, comm: Any = None, *, wait: str | None = None,
+                 algorithms: dict[str, str] | None = None) -> None:
+        from ..algorithms import check_choices
+        from ..sim.run import world
 
+        # Checked first: the same error on every rank, before any collective.
+        self.algorithms = check_choices(algorithms)
         if not isinstance(layout, Layout):
             raise LayoutError(f"layout {layout!r} must be a spmdsim Layout")
         if comm is None:
-            comm = MPI.COMM_WORLD
-        if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
-            raise RuntimeMismatchError(f"communicator {comm!r} must be a valid MPI intracommunicator")
-        expected = os.environ.get("SPMDSIM_EXPECT_WORLD", "")
-        world = MPI.COMM_WORLD.Get_size()
-        if expected.isdigit() and int(expected) != world:
-            raise RuntimeMismatchError(
-                f"the MPI world has {world} ranks but {int(expected)} were launched: is mpiexec "
-                "from the same MPI as mpi4py? (python -m mpi4py --mpi-library)"
-            )
+            comm = world()
+        simulated = isinstance(comm, SimComm)
+        if not simulated:
+            _check_mpi_comm(comm)
         size = comm.Get_size()
         if layout.num_devices != size:
             raise RuntimeMismatchError(
                 f"device matrix {layout.device_matrix!r} needs {layout.num_devices} ranks but the "
-                f"communicator has {size}"
+                f"communicator has {size}" + (ways_out(layout.num_devices) if size == 1 else "")
             )
         self.layout = layout
         self.comm = comm
         self.size = size
         self.rank = comm.Get_rank()
         self.coords = layout.coords(self.rank)
-        self.wait_mode = resolve_wait_mode(wait, comm)
+        # Simulated ranks are threads of one process: no MPI progress to be polite to.
+        self.wait_mode = resolve_wait_mode(wait, comm) if not simulated else _simulated_wait(wait)
         self.polite = self.wait_mode == "polite"
         # axes -> (comm, size, rank); Split is collective, so ranks must ask for
         # groups in the same order (they do: every rank runs the same program).
@@ -176,6 +180,28 @@ class Mesh:
         # local in MPICH but collective in the standard, so only free on success.
         if exc[0] is None:
             self.close()
+
+
+def _check_mpi_comm(comm: Any) -> None:
+    """An MPI communicator must be a valid intracommunicator of the world mpiexec launched."""
+    from mpi4py import MPI
+
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        raise RuntimeMismatchError(f"communicator {comm!r} must be a valid MPI intracommunicator "
+                                   "(or a simulated one from spmdsim.simulate)")
+    expected = os.environ.get("SPMDSIM_EXPECT_WORLD", "")
+    world = MPI.COMM_WORLD.Get_size()
+    if expected.isdigit() and int(expected) != world:
+        raise RuntimeMismatchError(
+            f"the MPI world has {world} ranks but {int(expected)} were launched: is mpiexec "
+            "from the same MPI as mpi4py? (python -m mpi4py --mpi-library)"
+        )
+
+
+def _simulated_wait(wait: str | None) -> str:
+    if wait is not None and wait not in WAIT_MODES:
+        resolve_wait_mode(wait, None)  # raises the usual error for an unknown mode
+    return "busy"
 
 
 def _before_split(mesh: Mesh, axes: tuple[str, ...]) -> None:

@@ -1,6 +1,7 @@
 """A record of every collective: op, group, bytes on the wire, time.
 
 Pure Python (no mpi4py): ``reduce`` takes the communicator as an argument.
+Under spmdsim.simulate each simulated rank collects only its own calls.
 
     with collect_trace() as tr:
         y = allreduce(mesh, x, ("mp",))
@@ -15,6 +16,8 @@ import json
 from dataclasses import asdict, dataclass
 from time import perf_counter
 from typing import Any
+
+from ..sim import _local as _sim_local
 
 __all__ = ["TraceEntry", "Trace", "collect_trace", "record", "OPEN_TRACES"]
 
@@ -149,6 +152,46 @@ class Trace:
 # Mutated in place only, so OPEN_TRACES (for hot paths that test it without a call) stays the same list.
 _ACTIVE: list[Trace] = []
 OPEN_TRACES = _ACTIVE
+_PER_RANK = False  # set while spmdsim.sim runs ranks as threads: each has its own collectors
+
+
+def _open() -> list:
+    """The open collectors of this rank: the process's, or the running simulated rank's."""
+    return _sim_local.current().traces if _PER_RANK else _ACTIVE
+
+
+class _RankRows:
+    """Under simulation the one entry of _ACTIVE: record() appends to the running rank's collectors."""
+
+    __slots__ = ()
+
+    @property
+    def _rows(self) -> "_RankRows":
+        return self
+
+    def append(self, row: tuple) -> None:
+        for trace in _sim_local.current().traces:
+            trace._rows.append(row)
+
+
+def per_rank(on: bool) -> None:
+    """Give every simulated rank its own collectors (on), or the process its own again (off).
+
+    While on, _ACTIVE holds one `_RankRows`, so the hot paths' ``if _TRACES``
+    records and record() hands the row to the running rank; the process's own
+    collectors are set aside meanwhile (they see no simulated calls).
+    """
+    global _PER_RANK, _SET_ASIDE
+    if on:
+        _SET_ASIDE = list(_ACTIVE)
+        _ACTIVE[:] = [_RankRows()]
+    else:
+        _ACTIVE[:] = _SET_ASIDE
+        _SET_ASIDE = []
+    _PER_RANK = on
+
+
+_SET_ASIDE: list = []
 
 
 class _Collector:
@@ -158,15 +201,15 @@ class _Collector:
 
     def __enter__(self) -> Trace:
         self.trace = Trace()
-        _ACTIVE.append(self.trace)
+        _open().append(self.trace)
         return self.trace
 
     def __exit__(self, *exc: object) -> None:
-        _ACTIVE.remove(self.trace)
+        _open().remove(self.trace)
 
 
 def collect_trace() -> _Collector:
-    """Collect every collective this process performs inside the ``with`` block."""
+    """Collect every collective this rank performs inside the ``with`` block."""
     return _Collector()
 
 

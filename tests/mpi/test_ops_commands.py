@@ -44,7 +44,12 @@ def test_run_matmul_explain(capsys):
     assert rc == 0
     if _world().rank == 0:
         assert "PASS" in text and "allreduce over ('k',)" in text
-        assert "so each rank holds a partial sum; Allreduce over ranks {" in text
+        # Each rank names its group; the reason is said once, for all ranks.
+        assert f"\n  Allreduce over ranks {{{','.join(map(str, range(size)))}}}\n" in text
+        assert text.count("why Allreduce: contraction dim K is split over \"k\", so each rank holds a "
+                          "partial sum") == 1
+        assert f"  ranks 0-{size - 1}: allreduce over ('k',) (group of {size}): sent " in text
+        assert max(len(line) for line in text.splitlines()) <= 100
         assert text.count("rank ") >= size
         # Each rank's line names the global block of each input it holds: rank 1 has K's second quarter.
         assert f"rank 1 (0, 1, 0): holds x[0:6, {40 // size}:{2 * 40 // size}], w[{40 // size}:" in text

@@ -1,0 +1,266 @@
+"""The shared state of one simulation: one lock, who waits where, and the collective rendezvous.
+
+Every simulated rank is a thread. A collective is a rendezvous per
+(communicator, call number): each member deposits its call, waits until all
+members arrived (`enter`), reads the others' buffers and writes its own, then
+waits until all have finished reading (`leave`) so that a sender may reuse its
+buffer as soon as its call returns, as under MPI.
+
+All waiting goes through `World.wait` under the world lock, with one condition
+per rank (sharing that lock): a completed rendezvous wakes its own members
+only, so 1,024 ranks do not wake each other. The world counts the live ranks
+and those waiting on something not yet satisfied; when every live rank waits,
+nothing can complete, and every waiter raises a DeadlockError that names the
+call, the ranks waiting in it and where the others are. A rank that raises
+ends the simulation: the waiters raise `Aborted` and simulate() reports the
+first failure.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Optional
+
+from ..errors import RuntimeMismatchError, SpmdsimError
+
+__all__ = ["World", "Group", "Call", "Aborted", "DeadlockError", "SimulationError"]
+
+
+class SimulationError(SpmdsimError):
+    """A failure of the simulation itself (a rank called Abort, a bad use of simulate)."""
+
+
+class DeadlockError(RuntimeMismatchError):
+    """Every live simulated rank waits and none can go on (a skipped or mismatched call)."""
+
+
+class Aborted(BaseException):
+    """Raised in a simulated rank when another rank failed: it stops (simulate reports the failure).
+
+    A BaseException so that an ``except Exception`` in user code cannot keep
+    the rank running after its peers are gone.
+    """
+
+
+def ranks_text(ranks: Any) -> str:
+    """'rank 3' or 'ranks 0-2,5' (runs of three or more folded)."""
+    from ..viz.model import compact_ranks
+
+    ranks = sorted(ranks)
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {compact_ranks(ranks)}"
+
+
+class Call:
+    """One member's collective call: what it is (`signature`, compared across members) and its data."""
+
+    __slots__ = ("op", "signature", "data", "complete")
+
+    def __init__(self, op: str, signature: tuple, data: Any = None,
+                 complete: Optional[Callable[[Any], None]] = None) -> None:
+        self.op = op
+        self.signature = signature  # (op, dtype, count, root, ...): must be equal on every member
+        self.data = data
+        self.complete = complete  # run once, under the lock, by the last member to arrive
+
+    def describe(self) -> str:
+        """'allreduce float64 x3 sum': the op, then what must match (counts marked with x)."""
+        parts = [self.op] + [f"x{p}" if isinstance(p, int) else str(p) for p in self.signature[1:]
+                             if p is not None]
+        return " ".join(parts)
+
+
+class _Slot:
+    """The rendezvous of one collective call number on one communicator."""
+
+    __slots__ = ("calls", "arrived", "left", "error", "shared")
+
+    def __init__(self, size: int) -> None:
+        self.calls: list[Optional[Call]] = [None] * size
+        self.arrived = 0
+        self.left = 0
+        self.error: Optional[str] = None
+        self.shared: Any = None  # set by the calls' `complete` hook (a result every member reads)
+
+
+class Group:
+    """One communicator's members (world ranks, in group order), shared by its members' SimComms."""
+
+    def __init__(self, world: "World", members: tuple[int, ...]) -> None:
+        self.world = world
+        self.members = members
+        self.size = len(members)
+        self.slots: dict[int, _Slot] = {}
+        self.sends: list[Any] = []  # point-to-point messages not yet matched (spmdsim.sim.p2p)
+        self.recvs: list[Any] = []  # receives posted and not yet matched
+
+    def label(self) -> str:
+        if self.members == tuple(range(self.world.size)):
+            return "the world"
+        return f"the group of {ranks_text(self.members)}"
+
+    def enter(self, me: int, seq: int, call: Call) -> _Slot:
+        """Deposit member `me`'s call number `seq`; return the rendezvous once every member is there.
+
+        Raises RuntimeMismatchError on every member when the calls differ.
+        """
+        world = self.world
+        rank = self.members[me]
+        with world.lock:
+            world.check(rank)
+            slot = self.slots.get(seq)
+            if slot is None:
+                slot = self.slots[seq] = _Slot(self.size)
+            slot.calls[me] = call
+            slot.arrived += 1
+            if slot.error is None:
+                slot.error = self._mismatch(slot, me, seq)
+            if slot.error is not None or slot.arrived == self.size:
+                if slot.error is None:
+                    del self.slots[seq]  # every member holds the slot now
+                    if call.complete is not None:
+                        call.complete(slot)
+                for i, other in enumerate(slot.calls):
+                    if other is not None and i != me:
+                        world.release(self.members[i])
+            else:
+                world.wait(rank, _Waiting(call.op, self, seq))
+            if slot.error is not None:
+                raise RuntimeMismatchError(slot.error)
+        return slot
+
+    def leave(self, me: int, slot: _Slot) -> None:
+        """Wait until every member has finished reading the others' buffers for this call."""
+        world = self.world
+        with world.lock:
+            world.check(self.members[me])
+            slot.left += 1
+            if slot.left == self.size:
+                for i, m in enumerate(self.members):
+                    if i != me:
+                        world.release(m)
+            else:
+                world.wait(self.members[me], _Waiting(slot.calls[me].op, self, None))
+        # Nobody reads this member's buffers any more: drop them, so they are freed when the
+        # member drops them (a dry run's peak bytes held does not depend on the others' timing).
+        slot.calls[me].data = None
+
+    def _mismatch(self, slot: _Slot, me: int, seq: int) -> Optional[str]:
+        first = next(i for i, c in enumerate(slot.calls) if c is not None)
+        mine, theirs = slot.calls[me], slot.calls[first]
+        if first == me or mine.signature == theirs.signature:
+            return None
+        return (f"collectives diverge on {self.label()} (call {seq} on that communicator): "
+                f"rank {self.members[me]} calls {mine.describe()} but rank {self.members[first]} "
+                f"calls {theirs.describe()}")
+
+
+class _Waiting:
+    """What a rank waits in: a collective (group, call number) or a point-to-point request."""
+
+    __slots__ = ("op", "group", "seq", "token")
+
+    def __init__(self, op: str, group: Optional[Group], seq: Optional[int], token: Any = None) -> None:
+        self.op, self.group, self.seq, self.token = op, group, seq, token
+
+    def key(self) -> tuple:
+        return (self.op, id(self.group), self.seq, id(self.token) if self.token is not None else None)
+
+    def text(self) -> str:
+        where = "" if self.group is None else f" on {self.group.label()}"
+        number = "" if self.seq is None else f" (call {self.seq})"
+        return f"{self.op}{where}{number}"
+
+
+class World:
+    """The lock, the per-rank conditions and the live/waiting bookkeeping of one simulation."""
+
+    def __init__(self, size: int, dry_run: bool = False) -> None:
+        self.size = size
+        self.dry_run = dry_run  # collectives meet and compare but move no data (spmdsim.sim.dry)
+        self.lock = threading.Lock()
+        self._wakers = [threading.Condition(self.lock) for _ in range(size)]
+        self.waiting: dict[int, _Waiting] = {}  # rank -> what it waits for, until released
+        self.live = size
+        self.finished: set[int] = set()
+        self.failed: dict[int, BaseException] = {}  # rank -> its own (first) exception
+        self.failure: Optional[str] = None  # set once: why every waiter stops
+        self.deadlock: Optional[str] = None
+        self.root = Group(self, tuple(range(size)))
+
+    # -- waiting (all with the lock held) --------------------------------------------------
+
+    def check(self, rank: int) -> None:
+        """Raise in `rank` if the simulation is over (another rank failed, or a deadlock)."""
+        if self.deadlock is not None:
+            raise DeadlockError(self.deadlock)
+        if self.failure is not None:
+            raise Aborted(self.failure)
+
+    def wait(self, rank: int, what: _Waiting) -> None:
+        """Block `rank` until another rank releases it; raise when nothing can release it."""
+        self.waiting[rank] = what
+        if len(self.waiting) >= self.live:
+            self._declare_deadlock()
+        waker = self._wakers[rank]
+        while rank in self.waiting and self.failure is None and self.deadlock is None:
+            waker.wait()
+        if self.waiting.pop(rank, None) is not None:  # woken by a failure, not released
+            self.check(rank)
+
+    def release(self, rank: int, token: Any = None) -> None:
+        """Wake `rank` if it waits (for `token`'s request, when given)."""
+        what = self.waiting.get(rank)
+        if what is not None and (token is None or what.token is token):
+            del self.waiting[rank]
+            self._wakers[rank].notify()
+
+    def _wake_all(self) -> None:
+        for waker in self._wakers:
+            waker.notify_all()
+
+    # -- the end of a rank -------------------------------------------------------------------
+
+    def fail(self, rank: int, exc: BaseException) -> None:
+        """Rank `rank` raised `exc`: every other rank stops at its next wait."""
+        with self.lock:
+            self.failed.setdefault(rank, exc)
+            if self.failure is None:
+                self.failure = f"simulated rank {rank} failed: {type(exc).__name__}: {exc}"
+            self._wake_all()
+
+    def finish(self, rank: int) -> None:
+        """Rank `rank` returned (or raised); if all the others wait, none of them can go on."""
+        with self.lock:
+            self.live -= 1
+            self.finished.add(rank)
+            if self.waiting and len(self.waiting) >= self.live:
+                self._declare_deadlock()
+
+    def _declare_deadlock(self) -> None:
+        if self.deadlock is None and self.failure is None:
+            self.deadlock = self._explain()
+        self._wake_all()
+
+    def _explain(self) -> str:
+        """Who waits in what, and for each waited-on collective where its missing members are."""
+        by_call: dict[tuple, tuple[_Waiting, list[int]]] = {}
+        for rank, what in sorted(self.waiting.items()):
+            by_call.setdefault(what.key(), (what, []))[1].append(rank)
+        clauses = []
+        for what, ranks in by_call.values():
+            clause = f"{what.text()}: {ranks_text(ranks)} {'waits' if len(ranks) == 1 else 'wait'} in it"
+            if what.group is not None and what.token is None:
+                missing = [m for m in what.group.members if m not in ranks]
+                clause += "".join(f"; {self._whereabouts(m)}" for m in missing[:8])
+                if len(missing) > 8:
+                    clause += f"; and {len(missing) - 8} more"
+            clauses.append(clause)
+        return ("simulated ranks deadlock (every live rank waits, none can go on): "
+                + " | ".join(clauses))
+
+    def _whereabouts(self, rank: int) -> str:
+        what = self.waiting.get(rank)
+        if what is not None:
+            return f"rank {rank} is elsewhere, in {what.text()}"
+        if rank in self.failed:
+            return f"rank {rank} failed"
+        return f"rank {rank} finished" if rank in self.finished else f"rank {rank} is computing"

@@ -1,0 +1,340 @@
+"""The collective emulator (spmdsim.sim): every collective against numpy, groups, failures, scale."""
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import spmdsim
+from spmdsim.errors import RuntimeMismatchError, ShapeError
+from spmdsim.sim import DeadlockError, IN_PLACE, Request, SimComm, simulate, world
+
+SIZES = (1, 2, 3, 4, 8)
+
+
+def _data(rank: int, n: int = 6, dtype: str = "float64") -> np.ndarray:
+    """Rank-dependent values whose float sums depend on the order of addition."""
+    return (np.arange(n) * 0.1 + rank * 1.37 + 1e-3 * rank ** 2).astype(dtype)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_buffer_collectives_match_numpy(size):
+    def body():
+        comm = world()
+        r, g = comm.Get_rank(), comm.Get_size()
+        x = _data(r)
+        out = {}
+        y = np.empty_like(x)
+        comm.Allreduce(x, y, "sum")
+        out["sum"] = y
+        for op in ("max", "min", "prod"):
+            z = np.empty_like(x)
+            comm.Allreduce(x, z, op)
+            out[op] = z
+        inplace = x.copy()
+        comm.Allreduce(IN_PLACE, inplace, "sum")
+        out["inplace"] = inplace
+        gathered = np.empty(6 * g)
+        comm.Allgather(x, gathered)
+        out["allgather"] = gathered
+        send = np.arange(2 * g, dtype=np.int64) + 100 * r
+        recv = np.empty_like(send)
+        comm.Alltoall(send, recv)
+        out["alltoall"] = recv
+        full = np.arange(3 * g, dtype=np.float32) * (r + 1)
+        block = np.empty(3, np.float32)
+        comm.Reduce_scatter_block(full, block, "sum")
+        out["reduce_scatter"] = block
+        b = x.copy() if r == g - 1 else np.zeros_like(x)
+        comm.Bcast(b, root=g - 1)
+        out["bcast"] = b
+        # Alltoallv: rank r sends j + 1 items to rank j, all of value 10 * r + j.
+        sends = np.concatenate([np.full(j + 1, 10 * r + j, np.int32) for j in range(g)])
+        recvv = np.empty((r + 1) * g, np.int32)
+        comm.Alltoallv([sends, ([j + 1 for j in range(g)], None)],
+                       [recvv, ([r + 1] * g, [(r + 1) * j for j in range(g)])])
+        out["alltoallv"] = recvv
+        return out
+
+    results = simulate(size, body)
+    xs = [_data(r) for r in range(size)]
+    expected_sum = xs[0].copy()
+    for x in xs[1:]:
+        expected_sum = expected_sum + x  # the engine's fixed order: rank 0 + rank 1 + ...
+    for r, out in enumerate(results):
+        assert np.array_equal(out["sum"], expected_sum)  # bit for bit
+        assert np.array_equal(out["inplace"], expected_sum)
+        assert np.array_equal(out["max"], np.max(xs, axis=0))
+        assert np.array_equal(out["min"], np.min(xs, axis=0))
+        assert np.allclose(out["prod"], np.prod(xs, axis=0))
+        assert np.array_equal(out["allgather"], np.concatenate(xs))
+        assert out["alltoall"].tolist() == [100 * j + 2 * r + k for j in range(size) for k in range(2)]
+        assert np.allclose(out["reduce_scatter"],
+                           sum(np.arange(3 * size, dtype=np.float32)[3 * r:3 * r + 3] * (j + 1)
+                               for j in range(size)))
+        assert np.array_equal(out["bcast"], xs[-1])
+        assert out["alltoallv"].tolist() == [10 * j + r for j in range(size) for _ in range(r + 1)]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_object_collectives_and_gather(size):
+    def body():
+        comm = world()
+        r = comm.rank
+        local = np.full(2, r, np.int16)
+        stack = np.empty(2 * comm.size, np.int16) if r == 0 else None
+        comm.Gather(local, stack, root=0)
+        return (comm.allgather({"r": r}), comm.allreduce(r), comm.allreduce(r, "max"),
+                comm.bcast(f"from {r}", root=size - 1), comm.gather(r * r, root=0),
+                comm.scatter([i * 3 for i in range(size)] if r == 0 else None, root=0),
+                None if stack is None else stack.tolist())
+
+    results = simulate(size, body)
+    for r, (allg, total, biggest, text, gathered, scattered, stack) in enumerate(results):
+        assert allg == [{"r": i} for i in range(size)]
+        assert (total, biggest, text, scattered) == (sum(range(size)), size - 1, f"from {size - 1}", 3 * r)
+        assert gathered == ([i * i for i in range(size)] if r == 0 else None)
+        assert stack == ([i for i in range(size) for _ in range(2)] if r == 0 else None)
+
+
+def test_reductions_repeat_bit_for_bit():
+    def body():
+        x = np.random.default_rng(world().rank).standard_normal(1001).astype(np.float32)
+        y = np.empty_like(x)
+        world().Allreduce(x, y, "sum")
+        return y
+
+    first, second = simulate(8, body), simulate(8, body)
+    assert all(np.array_equal(a, first[0]) for a in first + second)
+
+
+def test_split_groups_and_dup():
+    def body():
+        comm = world()
+        r = comm.rank
+        rows = comm.Split(r // 4, -r)  # key reversed: rank 3 first in its row
+        cols = comm.Split(r % 4, r)
+        none = comm.Split(0 if r == 0 else spmdsim.sim._buffers.special("UNDEFINED"), 0)
+        dup = rows.Dup()
+        return (rows.rank, rows.size, rows.allgather(r), cols.allgather(r), dup.allreduce(r),
+                none.Get_size() if isinstance(none, SimComm) else "null")
+
+    for r, (row_rank, row_size, row, col, total, none) in enumerate(simulate(8, body)):
+        lo = r // 4 * 4
+        assert (row_rank, row_size) == (3 - r % 4, 4)
+        assert row == list(range(lo + 3, lo - 1, -1))
+        assert col == [r % 4, r % 4 + 4]
+        assert total == sum(range(lo, lo + 4))
+        assert none == (1 if r == 0 else "null")  # MPI.COMM_NULL (None without mpi4py)
+
+
+def test_point_to_point_ring_and_any_source():
+    def body():
+        comm = world()
+        r, g = comm.rank, comm.size
+        send = np.full(3, r, np.float64)
+        recv = np.empty(3)
+        comm.Sendrecv(send, (r + 1) % g, 5, recv, (r - 1) % g, 5)
+        reqs = [comm.Isend(np.array([r, j], np.int64), j, tag=1) for j in range(g) if j != r]
+        bufs = [np.empty(2, np.int64) for j in range(g) if j != r]
+        reqs += [comm.Irecv(b, source=None, tag=1) for b in bufs]
+        Request.Waitall(reqs)
+        token = comm.sendrecv(("hello", r), dest=(r + 1) % g, source=(r - 1) % g)
+        return recv.tolist(), sorted(tuple(b) for b in bufs), token
+
+    for r, (ring, got, token) in enumerate(simulate(4, body)):
+        assert ring == [(r - 1) % 4] * 3
+        assert got == sorted((j, r) for j in range(4) if j != r)
+        assert token == ("hello", (r - 1) % 4)
+
+
+def test_messages_between_two_ranks_do_not_overtake():
+    def body():
+        comm = world()
+        if comm.rank == 0:
+            for i in range(5):
+                comm.send(i, dest=1, tag=7)
+            return None
+        return [comm.recv(source=0, tag=7) for _ in range(5)]
+
+    assert simulate(2, body)[1] == [0, 1, 2, 3, 4]
+
+
+def test_sends_that_need_buffering_are_a_deadlock():
+    def body():
+        comm = world()
+        comm.Send(np.zeros(4), dest=1 - comm.rank)  # both send first: MPI may hang here too
+        comm.Recv(np.zeros(4), source=1 - comm.rank)
+
+    with pytest.raises(DeadlockError, match=r"send to group rank 1 \(tag 0\).*rank 0 waits"):
+        simulate(2, body)
+
+
+def test_skipped_collective_names_who_waits_and_who_finished():
+    def body():
+        comm = world()
+        if comm.rank != 2:
+            comm.Allreduce(np.ones(2), np.empty(2), "sum")
+
+    with pytest.raises(DeadlockError) as info:
+        simulate(4, body)
+    text = str(info.value)
+    assert "allreduce on the world (call 1): ranks 0,1,3 wait in it; rank 2 finished" in text
+    assert "raised on simulated ranks 0,1,3 of 4" in info.value.__notes__[0]
+
+
+def test_rank_elsewhere_is_named():
+    def body():
+        comm = world()
+        sub = comm.Split(comm.rank % 2, comm.rank)
+        if comm.rank == 3:
+            sub.Barrier()  # rank 3 waits on its group while the world waits for it
+        comm.Barrier()
+
+    with pytest.raises(DeadlockError, match=r"barrier on the world \(call 2\): ranks 0-2 wait in it; "
+                                            r"rank 3 is elsewhere, in barrier on the group of ranks 1,3"):
+        simulate(4, body)
+
+
+def test_mismatched_collective_names_both_calls():
+    def body():
+        comm = world()
+        x = np.ones(3)
+        if comm.rank == 1:
+            comm.Allgather(x, np.empty(3 * comm.size))
+        else:
+            comm.Allreduce(x, np.empty(3), "sum")
+
+    with pytest.raises(RuntimeMismatchError, match=r"rank 1 calls allgather float64 x3 but rank 0 calls "
+                                                   r"allreduce float64 x3 sum"):
+        simulate(4, body)
+
+
+def test_exception_on_one_rank_ends_all_and_names_it():
+    def body():
+        comm = world()
+        comm.Barrier()
+        if comm.rank == 5:
+            raise ValueError("rank five broke")
+        comm.Barrier()
+        comm.Barrier()
+
+    with pytest.raises(ValueError, match="rank five broke") as info:
+        simulate(8, body)
+    assert info.value.__notes__ == ["raised on simulated rank 5 of 8"]
+
+
+def test_layout_that_does_not_fit_fails_before_any_collective():
+    from spmdsim.runtime import Mesh
+
+    def body():
+        return Mesh(spmdsim.Layout((2, 4), ("dp", "mp")))
+
+    with pytest.raises(RuntimeMismatchError, match=r"needs 8 ranks but the communicator has 6") as info:
+        simulate(6, body)
+    assert info.value.__notes__ == ["raised on every simulated rank"]
+
+
+def test_each_rank_traces_only_its_own_calls():
+    from spmdsim.runtime import Mesh, allreduce, collect_trace
+
+    def body():
+        mesh = Mesh(spmdsim.Layout((4,), ("mp",)))
+        with collect_trace() as trace:
+            for _ in range(mesh.rank + 1):  # rank r makes r + 1 calls on its own group of one
+                allreduce(mesh, np.ones(4), (), label="mine")
+            allreduce(mesh, np.ones(4, np.float32), "mp")
+        return [(e.op, e.group_size, e.bytes_sent) for e in trace.entries]
+
+    for r, entries in enumerate(simulate(4, body)):
+        assert entries == [("allreduce", 1, 0)] * (r + 1) + [("allreduce", 4, 24)]
+
+
+def test_world_outside_simulate_is_mpi_and_guards_are_harmless():
+    from spmdsim.runtime import abort_on_error, install_excepthook
+
+    def body():
+        before = sys.excepthook
+        install_excepthook()
+        with pytest.raises(KeyError):
+            with abort_on_error():
+                raise KeyError("passes through")
+        return sys.excepthook is before
+
+    assert simulate(2, body) == [True, True]
+    from mpi4py import MPI
+
+    assert world() is MPI.COMM_WORLD
+
+
+def test_simulate_refuses_bad_counts_and_nesting():
+    with pytest.raises(spmdsim.SpmdsimError, match="rank count 0 must be an integer"):
+        simulate(0, lambda: None)
+    with pytest.raises(spmdsim.SpmdsimError, match="already running"):
+        simulate(1, lambda: simulate(1, lambda: None))
+
+
+def test_64_ranks_allreduce_and_split():
+    def body():
+        comm = world()
+        rows = comm.Split(comm.rank // 8, comm.rank)
+        y = np.empty(8)
+        rows.Allreduce(np.full(8, float(comm.rank)), y, "sum")
+        return y[0], comm.allreduce(1)
+
+    results = simulate(64, body)
+    assert [r[0] for r in results] == [sum(range(r // 8 * 8, r // 8 * 8 + 8)) for r in range(64)]
+    assert {r[1] for r in results} == {64}
+
+
+def test_bad_buffers_raise_shape_errors():
+    def body():
+        world().Allgather(np.ones(3), np.empty(2))
+
+    with pytest.raises(ShapeError, match="smaller than 2 x 3"):
+        simulate(2, body)
+
+
+README_EXAMPLE = textwrap.dedent('''
+    import spmdsim
+    from spmdsim import Layout, SeededTensor
+    from spmdsim.holdings import holdings
+    from spmdsim.ops import matmul
+    from spmdsim.reference import matmul_region
+    from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
+
+
+    def main():
+        comm = spmdsim.world()              # MPI's COMM_WORLD, or this simulated rank's communicator
+        install_excepthook(comm)            # an error on some ranks ends the job instead of hanging it
+        layout = Layout((2, 4), ("dp", "mp"))
+        mesh = Mesh(layout, comm)           # checks 8 == comm size on every rank
+        xs, ws = SeededTensor((64, 96), seed=0), SeededTensor((96, 32), seed=1)
+        x = DTensor.from_seeded(mesh, layout("dp", "mp"), xs)   # each rank builds its block only
+        w = DTensor.from_seeded(mesh, layout("mp", None), ws)
+        with collect_trace() as trace:
+            y = matmul(x, w)                # K split over mp: partial sums, one Allreduce
+        print(comm.rank, y.check(matmul_region(xs, ws)), trace.counts())
+        if comm.rank == 0:                  # who holds what, from the layouts alone (no communication)
+            print(holdings({"x": x, "w": w, "y": y}))
+
+
+    if __name__ == "__main__":
+        main()
+''')
+
+
+def test_readme_library_example_runs_on_8_simulated_ranks(tmp_path):
+    import subprocess
+
+    (tmp_path / "my_matmul.py").write_text(README_EXAMPLE)
+    run = subprocess.run([sys.executable, "-c", "import spmdsim, my_matmul; spmdsim.simulate(8, my_matmul.main)"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    verdicts = sorted(line for line in lines if "check passed" in line)
+    assert [v.split()[0] for v in verdicts] == [str(r) for r in range(8)]
+    assert all(v.endswith("{'allreduce': 1}") for v in verdicts)
+    assert "rank 1 (0, 1): x[0:32, 24:48], w[24:48, 0:32], y[0:32, 0:32]" in lines
