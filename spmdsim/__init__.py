@@ -47,3 +47,12 @@ __all__ = [
     "RuntimeMismatchError",
     "CheckFailed",
 ]
+
+
+def __getattr__(name: str):
+    # `spmdsim.autoshard(...)` (a callable module) without loading the search on every import.
+    if name == "autoshard":
+        import importlib
+
+        return importlib.import_module(".autoshard", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

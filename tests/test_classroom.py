@@ -186,3 +186,60 @@ def test_small_frictions(capsys):
     by_mkn = capsys.readouterr().out
     assert main(argv + ["--shape", "128,192"]) == 0
     assert capsys.readouterr().out == by_mkn
+
+
+def _volume(box):
+    size = 1
+    for lo, hi in box:
+        size *= hi - lo
+    return size
+
+
+@pytest.mark.parametrize("source, target", [(("x", None), (None, "x")), (("x", None), (None, None)),
+                                            ((("x", "y"), None), ("y", "x"))])
+def test_step_moves_deliver_exactly_what_each_rank_receives(source, target):
+    from spmdsim.viz.moves import step_moves
+
+    mesh = Layout((2, 4), ("x", "y"))
+    if source == ("x", None) and target == (None, "x"):
+        mesh = Layout((8,), ("x",))
+    plan = plan_redistribution(mesh(*source), mesh(*target), (16, 24))
+    for step in plan.steps:
+        got = [0] * 8
+        for move in step_moves(step, plan.shape):
+            assert not move.summed and move.dst not in move.sources
+            got[move.dst] += _volume(move.box) * 4
+        assert tuple(got) == step.bytes_received, step
+
+
+def test_summed_moves_name_every_addend():
+    from spmdsim.viz.moves import step_moves
+
+    m = Layout((2, 4), ("dp", "tp"))
+    plan = plan_redistribution(m("dp", None, partial=("tp",)), m(None, "tp"), (8, 8))
+    moves = step_moves(plan.steps[0], plan.shape)  # Reduce_scatter over tp
+    assert {(mv.dst, mv.sources, mv.box) for mv in moves if mv.dst == 1} == {
+        (1, (0, 2, 3), ((0, 4), (2, 4)))}
+    assert all(mv.summed for mv in moves) and len(moves) == 8
+
+
+def test_show_matmul_prints_each_ranks_addend_and_the_sum(capsys):
+    import numpy as np
+
+    from spmdsim.dialects.strategy import matmul_layouts
+    from spmdsim.viz.matmul import matmul_sum_lines
+
+    lines = matmul_sum_lines(matmul_layouts("((2,2),(2,1))", 4), (4, 4, 2))
+    x, w = np.arange(16).reshape(4, 4), np.arange(8).reshape(4, 2)
+    assert f"  r2      x[2:4, 0:2] @ w[0:2, 0:2] = {(x[2:4, :2] @ w[:2]).tolist()}".replace(" ", "") in [
+        line.replace(" ", "") for line in lines]
+    sums = [line for line in lines if line.lstrip().startswith("sum")]
+    assert len(sums) == 2 and str((x[:2] @ w).tolist()) in sums[0]
+    # No pending sum when K is whole: one addend per block, no sum line.
+    whole = matmul_sum_lines(matmul_layouts("((2,1),(1,2))", 4), (2, 3, 2))
+    assert not any(line.lstrip().startswith("sum") for line in whole)
+    assert main(["show", "--strategy", "((2,2),(2,1))", "--matmul", "--shape", "4,4,2"]) == 0
+    out = capsys.readouterr().out
+    assert "out[0:2, 0:2] is a pending sum over k:" in out and max(map(len, out.splitlines())) <= 80
+    assert main(["show", "--strategy", "((2,1),)", "--matmul", "--shape", "4,4,2"]) == 2
+    assert "--matmul needs a MatMul --strategy of two tensors" in capsys.readouterr().err

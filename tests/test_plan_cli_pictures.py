@@ -35,7 +35,9 @@ def test_png_writes_one_picture_per_step(tmp_path, capsys):
     expected = ["step_00_source.png"] + [
         f"step_{i:02d}_{step.op}.png" for i, step in enumerate(PLAN.steps, 1)
     ]
-    assert files == expected
+    # Beside the layouts: the pieces each moving step sends (2-D tensors) and the byte matrix.
+    moving = [f"moves_{i:02d}.png" for i, step in enumerate(PLAN.steps, 1) if any(step.bytes_received)]
+    assert files == sorted(expected + moving + ["bytes.png"])
     assert all(os.path.getsize(tmp_path / f) > 1000 for f in files)
     assert f"wrote {len(files)} picture(s)" in capsys.readouterr().out
 

@@ -314,9 +314,30 @@ def run(args: argparse.Namespace) -> int:
         from ..viz import render_plan_png
 
         paths = render_plan_png(plan, args.png)
+        paths += _moves_and_bytes_png(plan, args.png, _dialect(args))
         if not args.json:
             print(f"wrote {len(paths)} picture(s) to {args.png}")
     return 0
+
+
+def _dialect(args: argparse.Namespace) -> str:
+    """How steps are written: DTensor names for DTensor input, SBP-style otherwise."""
+    return "dtensor" if args.from_placements or args.to_placements else "sbp"
+
+
+def _moves_and_bytes_png(plan: Plan, directory: str, dialect: str) -> list[str]:
+    """The pieces each step moves (moves_NN.png) and who sends how many bytes to whom (bytes.png)."""
+    import os
+
+    from ..viz.moves import render_byte_matrix_png, render_moves_png
+    from ..viz.why import byte_matrix
+
+    paths = render_moves_png(plan, directory, dialect=dialect)
+    if plan.steps:
+        title = f"bytes each rank sends to each rank: {plan.source} -> {plan.target}"
+        paths.append(render_byte_matrix_png(byte_matrix(plan.steps, plan.num_ranks),
+                                            os.path.join(directory, "bytes.png"), title))
+    return paths
 
 
 def _record(plan: Plan, args: argparse.Namespace) -> dict:
@@ -331,7 +352,7 @@ def _record(plan: Plan, args: argparse.Namespace) -> dict:
 
 def _text(plan: Plan, args: argparse.Namespace) -> str:
     """`format_plan`, followed by the --explain lines when asked for."""
-    dialect = "dtensor" if args.from_placements or args.to_placements else "sbp"
+    dialect = _dialect(args)
     if not args.explain:
         return format_plan(plan, dialect)
     from ..viz.table import wrap_lines
@@ -342,11 +363,10 @@ def _text(plan: Plan, args: argparse.Namespace) -> str:
 
 def run_redistribute(args: argparse.Namespace) -> int:
     """`spmdsim run redistribute`: execute the plan under MPI and check it bit-exactly."""
-    from mpi4py import MPI
-
+    from ..sim.run import world
     from .run import guarded
 
-    comm = MPI.COMM_WORLD
+    comm = world()  # MPI's COMM_WORLD, or the simulated rank's under --ranks N
     return guarded(lambda: _execute(args, comm), comm, args)
 
 
@@ -359,11 +379,16 @@ def _execute(args: argparse.Namespace, comm: Any) -> int:
     from ..plan_exec import redistribute
     from ..runtime import DTensor, Mesh, collect_trace
 
+    from ..memory import redistribute_need, shard_multiples
+    from ..runtime.budget import check_memory
     from .run import check_trace_out
 
     check_trace_out(args)
     source, target, shape, dtype = layouts_from_args(args)
     plan = plan_redistribution(source, target, shape, dtype)
+    check_memory(comm, f"redistribute {source} -> {target}",
+                 lambda s: redistribute_need(source, target, s, dtype), shape,
+                 shard_multiples(source, target), "--shape")
     mesh = Mesh(source.layout, comm)
     seeded = SeededTensor(shape, dtype, seed=args.seed)
     x = DTensor.from_seeded(mesh, source, seeded)

@@ -86,8 +86,13 @@ def matmul_job(
     out_layout: Optional[TensorLayout] = None, op: str = "MatMul",
 ) -> Job:
     """Y = op(X) @ op(W) for explicit layouts (X from `seed`, W from `seed + 1`)."""
+    from ..memory import matmul_job_need
     from ..ops.matmul import matmul, plan_matmul
+    from ..runtime.budget import check_memory
 
+    # Before any shard exists: refused alike on every rank when the peak does not fit.
+    check_memory(comm, op, *matmul_job_need(x_layout, w_layout, x_shape, w_shape, dtype, transpose_a,
+                                            transpose_b, out_layout), shape_flag="--shape")
     mesh = _mesh(x_layout.layout, comm)
     xs, ws = SeededTensor(x_shape, dtype, seed), SeededTensor(w_shape, dtype, seed + 1)
     x, w = _dtensor(mesh, x_layout, xs), _dtensor(mesh, w_layout, ws)

@@ -48,14 +48,17 @@ def paddle_layout(num_partitions: int, world_size: int) -> Layout:
 
 
 def paddle_mesh(num_partitions: int, comm: Any = None) -> Any:
-    """A runtime Mesh over `comm` (default COMM_WORLD) with the layout of `paddle_layout`."""
-    from mpi4py import MPI
-
+    """A runtime Mesh over `comm` (default `spmdsim.world()`) with the layout of `paddle_layout`."""
     from ..runtime import Mesh
+    from ..sim.comm import SimComm
+    from ..sim.run import world
 
-    comm = MPI.COMM_WORLD if comm is None else comm
-    if not isinstance(comm, MPI.Intracomm):
-        raise OperatorError(f"comm {comm!r} must be an MPI intracommunicator (default COMM_WORLD)")
+    comm = world() if comm is None else comm
+    if not isinstance(comm, SimComm):
+        from mpi4py import MPI
+
+        if not isinstance(comm, MPI.Intracomm):
+            raise OperatorError(f"comm {comm!r} must be an MPI intracommunicator (default COMM_WORLD)")
     return Mesh(paddle_layout(num_partitions, comm.Get_size()), comm)
 
 

@@ -119,6 +119,9 @@ class DTensor:
             raise ShapeError(f"from_seeded needs a SeededTensor, got {type(seeded).__name__}"
                              f"{_shape_note(seeded)}; use DTensor.from_global for an array")
         shape = layout.check_shape(seeded.shape)
+        from .budget import check_seeded
+
+        check_seeded(mesh.comm, layout, seeded)  # before the shard exists, on every rank alike
         if _holds_value(mesh, layout):
             local = seeded.region(layout.slices(mesh.rank, shape))
         else:
@@ -170,11 +173,11 @@ class DTensor:
     requires_grad = property(lambda self: self._ag is not None)
     grad = property(lambda self: getattr(self._ag, "grad", None), doc="the gradient, in this layout")
 
-    def backward(self) -> None:
-        """Gradients of this scalar loss into every leaf's ``.grad`` (collective)."""
+    def backward(self, explain: list | None = None) -> None:
+        """Gradients of this scalar loss into every leaf's ``.grad`` (collective; see autograd.backward)."""
         from ..autograd.engine import backward
 
-        backward(self)
+        backward(self, explain)
 
     # -- whole-tensor views ------------------------------------------------------------
     def gather(self, root: int | None = None) -> np.ndarray | None:

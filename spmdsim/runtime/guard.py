@@ -89,6 +89,9 @@ def handle_exception(exc: BaseException, comm: Any = None, private: Any = None) 
     """Report `exc`; return True for a clean all-ranks SpmdsimError (caller exits 2), else Abort."""
     comm = _world(comm)
     rank = comm.Get_rank()
+    if isinstance(exc, MemoryError) and not isinstance(exc, SpmdsimError):
+        # Out of memory despite the estimate (spmdsim.memory): one line, no traceback.
+        exc = SpmdsimError(f"out of memory: {exc}; SPMDSIM_MEMORY sets what a rank may use")
     if isinstance(exc, SpmdsimError):
         if private is None:
             private = _private(comm)

@@ -11,6 +11,7 @@ from .. import buffers
 from ..errors import LayoutError, RuntimeMismatchError
 from ..layout import Layout
 from ..sim.comm import SimComm
+from ..sim.launch import ways_out
 from .wait import WAIT_MODES, resolve_wait_mode
 
 __all__ = ["Mesh", "normalize_axes", "SCRATCH_MAX_BYTES"]
@@ -77,7 +78,7 @@ class Mesh:
         if layout.num_devices != size:
             raise RuntimeMismatchError(
                 f"device matrix {layout.device_matrix!r} needs {layout.num_devices} ranks but the "
-                f"communicator has {size}" + _ways_out(layout.num_devices, size)
+                f"communicator has {size}" + (ways_out(layout.num_devices) if size == 1 else "")
             )
         self.layout = layout
         self.comm = comm
@@ -212,14 +213,6 @@ def _check_mpi_comm(comm: Any) -> None:
             f"the MPI world has {world} ranks but {int(expected)} were launched: is mpiexec "
             "from the same MPI as mpi4py? (python -m mpi4py --mpi-library)"
         )
-
-
-def _ways_out(needed: int, size: int) -> str:
-    """In a one-process run, how to get the ranks a layout needs: a launcher or simulated ranks."""
-    if size != 1:
-        return ""
-    return (f" (one process: launch {needed} ranks with `mpiexec -n {needed} ...`, or simulate "
-            f"them in this process with `--ranks {needed}` / spmdsim.simulate({needed}, main))")
 
 
 def _simulated_wait(wait: str | None) -> str:

@@ -46,9 +46,9 @@ def step_why(step: Step) -> str:
         return (f"dim {step.tensor_dim} is split over {_over(step)} and the target wants it whole: "
                 f"each rank receives {_others(g - 1, 'piece')} of its group of {g}")
     if isinstance(step, Alltoall):
+        sends = "sends the other rank its part" if g == 2 else f"sends each of the {g - 1} others its part"
         return (f"the split moves from dim {step.concat_dim} to dim {step.split_dim} over "
-                f"{_over(step)}: each rank keeps 1/{g} of its block and sends each of the "
-                f"{_others(g - 1, 'other')} theirs")
+                f"{_over(step)}: each rank keeps 1/{g} of its block and {sends}")
     if isinstance(step, Allreduce):
         return (f"the ranks over {_over(step)} hold addends of a pending sum and the target "
                 f"wants the value on every rank: a ring Allreduce sends 2({g}-1)/{g} of the block")
@@ -77,9 +77,7 @@ def step_text(step: Step, dialect: str = "sbp") -> str:
 
 
 def _others(n: int, noun: str) -> str:
-    """"the other piece" / "the other 3 pieces"; "other" / "3 others"."""
-    if noun == "other":
-        return "the other" if n == 1 else f"the {n} others"
+    """"the other piece" / "the other 3 pieces"."""
     return f"the other {noun}" if n == 1 else f"the other {n} {noun}s"
 
 
