@@ -8,7 +8,7 @@ flags; flags override keys of the file. One form per dialect:
 * strategy: ``{"strategy": [[2, 1, 2, 2, 1]], "world_size": 8, "shape": [...]}``
 * SBP: ``{"sbp": ["S(0)", "B"], "placement": [2, 4], "shape": [...]}``
 * PyTorch DTensor: ``{"placements": "S(0), R", "device_matrix": [2, 4], "shape": [...]}``
-  (``alias_name`` names the mesh dims, default dim0, dim1, ...)
+  (``alias_name`` names the mesh dims, default axis_0, axis_1, ...)
 * JAX: ``{"partition_spec": "('x', None)", "device_matrix": [2, 4], "alias_name": ["x", "y"],
   "shape": [...]}`` (a shorter spec is padded with None)
 

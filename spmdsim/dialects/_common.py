@@ -5,7 +5,7 @@ from collections.abc import Mapping, Set as AbstractSet
 from typing import Optional, Sequence
 
 from ..errors import DialectError
-from ..layout import TensorLayout
+from ..layout import TensorLayout, default_axis_names
 from ..validate import as_int  # shared with layouts, data and plans; re-exported for the dialects
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "split_top_level",
     "entry_tokens",
     "axis_names",
+    "renamed_keyword",
     "check_major_order",
 ]
 
@@ -124,15 +125,30 @@ def _encloses(body: str) -> bool:
 
 
 def axis_names(
-    names: Optional[Sequence[str]], count: int, prefix: str, what: str
+    names: Optional[Sequence[str]], count: int, what: str = "mesh_axis_names"
 ) -> tuple[str, ...]:
-    """User-given mesh axis names, or `prefix0, prefix1, ...` when None."""
+    """User-given mesh axis names, or ``axis_0, axis_1, ...`` when None."""
     if names is None:
-        return tuple(f"{prefix}{i}" for i in range(count))
+        return default_axis_names(count)
     out = as_items(names)
-    if out is None or len(out) != count:
-        raise DialectError(f"{what} {names!r} must give one name per mesh axis ({count} axes)")
+    if out is None or len(out) != count or not all(isinstance(n, str) for n in out):
+        raise DialectError(f"{what} {names!r} must give one name per mesh axis ({count} axes), "
+                           "each a string")
     return tuple(out)
+
+
+def renamed_keyword(kwargs: dict, old: str, new: str, value: object, function: str) -> object:
+    """`value`, or the deprecated keyword `old` from `kwargs` (with a DeprecationWarning)."""
+    if old in kwargs:
+        from .._deprecated import deprecated
+
+        deprecated(f"{function}({old}=...)", f"{function}({new}=...)", stacklevel=4)
+        if value is not None:
+            raise DialectError(f"{function} got both {old}= and {new}=; expected only {new}=")
+        value = kwargs.pop(old)
+    if kwargs:
+        raise TypeError(f"{function}() got unexpected keyword arguments {sorted(kwargs)!r}")
+    return value
 
 
 def check_major_order(tl: TensorLayout, dialect: str, fix_hint: str) -> None:

@@ -1,8 +1,8 @@
 """OneFlow nD SBP (split / broadcast / partial_sum) as TensorLayouts.
 
-A placement of shape ``(p0, p1, ...)`` carries one SBP per placement axis:
+A placement (mesh) of shape ``(n0, n1, ...)`` carries one SBP per placement axis:
 ``B`` (broadcast), ``S(d)`` (split tensor dim d), ``P`` (partial_sum). The
-placement axes become mesh axes named ``"p0", "p1", ...``. ``S(d)`` on several
+placement axes become mesh axes named ``"axis_0", "axis_1", ...`` unless named. ``S(d)`` on several
 placement axes splits d with the lower placement axis major (OneFlow: first
 over groups, then within each group), so a layout whose multi-axis entry is
 in another order has no SBP spelling.
@@ -16,7 +16,8 @@ from typing import Optional, Sequence, Union
 from ..errors import DialectError
 from ..layout import Layout, TensorLayout
 from ..validate import counted
-from ._common import as_int, axis_names, check_major_order, entry_tokens, positive_ints
+from ._common import (as_int, axis_names, check_major_order, entry_tokens, positive_ints,
+                      renamed_keyword)
 
 __all__ = [
     "Broadcast",
@@ -107,16 +108,20 @@ def format_sbp(sbp: object) -> str:
 
 def sbp_to_layout(
     sbp: object,
-    placement_shape: Sequence[int],
-    ndim: int,
+    mesh_shape: Optional[Sequence[int]] = None,
+    ndim: Optional[int] = None,
     mesh_axis_names: Optional[Sequence[str]] = None,
+    **deprecated: object,
 ) -> TensorLayout:
-    """TensorLayout of an `ndim`-dim tensor with nD SBP `sbp` on a placement of that shape.
+    """TensorLayout of an `ndim`-dim tensor with nD SBP `sbp` on a placement of `mesh_shape`.
 
-    Mesh axes are named ``"p0", "p1", ...`` unless `mesh_axis_names` is given.
+    Mesh axes are named ``"axis_0", "axis_1", ...`` unless `mesh_axis_names` is given.
+    (``placement_shape=`` is the deprecated name of `mesh_shape`.)
     """
+    mesh_shape = renamed_keyword(deprecated, "placement_shape", "mesh_shape", mesh_shape,
+                                 "sbp_to_layout")
     parsed = parse_sbp(sbp)
-    shape = positive_ints(placement_shape, "placement shape")
+    shape = positive_ints(mesh_shape, "placement shape")
     if len(parsed) != len(shape):
         raise DialectError(
             f"sbp {format_sbp(parsed)} has {len(parsed)} entries but placement shape "
@@ -125,7 +130,7 @@ def sbp_to_layout(
     dims = as_int(ndim)
     if dims is None or dims < 0:
         raise DialectError(f"ndim {ndim!r} must be a non-negative integer")
-    names = axis_names(mesh_axis_names, len(shape), "p", "mesh_axis_names")
+    names = axis_names(mesh_axis_names, len(shape))
     entries: list[list[str]] = [[] for _ in range(dims)]
     partial = []
     for axis, (name, item) in enumerate(zip(names, parsed)):
