@@ -105,15 +105,16 @@ def main(args):
         if comm.rank == 0 and step % 5 == 0:
             print(f"step {step}: loss {losses[-1]:.7f}")
         if step == 0 and comm.rank == 0:
-            print("step 0 collectives: " + "; ".join(f"{phase} {traces[phase].counts()}" for phase in PHASES))
+            for phase in PHASES:
+                print(f"step 0 {phase} collectives: {traces[phase].counts()}")
     if comm.rank == 0:
         print(f"loss first {losses[0]:.7f}, last {losses[-1]:.7f} "
               f"({'falling' if losses[-1] < losses[0] else 'NOT falling'})")
         print("per step (rank 0): " + ", ".join(f"{phase} {c[0] // args.steps} calls {c[1] // args.steps:,} B"
                                                  for phase, c in calls.items()))
         print(f"check: {len(verdicts) * args.steps} tensors over {args.steps} steps vs one process: "
-              f"{'PASS' if not failed else f'FAILED ({failed})'}; largest difference {worst:.2e} of the "
-              "tensor's largest entry")
+              f"{'PASS' if not failed else f'FAILED ({failed})'}")
+        print(f"largest difference {worst:.2e} of the tensor's largest entry")
     mesh.close()
     return 0 if not failed and losses[-1] < losses[0] else 1
 

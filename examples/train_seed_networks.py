@@ -45,9 +45,11 @@ def train(name, comm):
     counts = {phase: trace.counts() for phase, trace in result.traces.items()}
     trainer.close()
     if comm.rank == 0:
-        print(f"{net.title} ({comm.size} ranks): loss first {losses[0]:.7f}, last {losses[-1]:.7f}; "
+        print(f"{net.title}, {comm.size} ranks")
+        print(f"  loss first {losses[0]:.7f}, last {losses[-1]:.7f}; every step vs one process: "
               f"{'PASS' if not failed else f'FAILED ({failed})'}")
-        print("  collectives per step: " + "; ".join(f"{phase} {counts[phase]}" for phase in PHASES))
+        for phase in PHASES:
+            print(f"  {phase} collectives per step: {counts[phase]}")
     return not failed and losses[-1] < losses[0]
 
 
