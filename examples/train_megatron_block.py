@@ -17,12 +17,12 @@ import sys
 import spmdsim
 from spmdsim import Layout, SeededTensor
 from spmdsim import reference_grad as rg
-from spmdsim.nets.train import PHASES
+from spmdsim.nets.train import PHASES, run_main
 from spmdsim.ops import (ColumnParallelLinear, ParallelMLP, RowParallelLinear, VocabParallelEmbedding, add,
                          cross_entropy, matmul, reshape, scale, softmax, transpose)
 from spmdsim.optim import SGD
 from spmdsim.plan_exec import redistribute
-from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
+from spmdsim.runtime import DTensor, Mesh, collect_trace
 from spmdsim.train_reference import megatron_block
 import numpy as np  # noqa: E402 (after spmdsim, which caps BLAS threads under mpiexec)
 
@@ -121,9 +121,4 @@ def main(args):
 
 if args.steps < 1:
     sys.exit(f"--steps {args.steps} must be at least 1")
-if args.ranks:
-    sys.exit(spmdsim.simulate(args.ranks, main, args)[0])
-from mpi4py import MPI  # noqa: E402 (only when not simulating)
-
-install_excepthook(MPI.COMM_WORLD)  # an error on some ranks ends the whole job instead of hanging the others
-sys.exit(main(args))
+sys.exit(run_main(main, args, args.ranks))  # simulated ranks with --ranks, else MPI

@@ -16,8 +16,7 @@ import time
 import spmdsim
 from spmdsim.nets import mindspore_layout, mindspore_tutorial, needs_eight
 from spmdsim.nets.digits import load_digits
-from spmdsim.nets.train import PHASES, NetworkTrainer, explain_backward
-from spmdsim.runtime import install_excepthook
+from spmdsim.nets.train import PHASES, NetworkTrainer, explain_backward, run_main, world_size
 from spmdsim.train_reference import ReferenceTrainer
 
 # (rtol, atol as a fraction of the tensor's largest entry). float64: the distributed sums
@@ -94,13 +93,6 @@ def main(args):
 
 if args.steps < 1:
     sys.exit(f"--steps {args.steps} must be at least 1")
-if args.ranks:
-    if needs_eight(args.ranks):
-        sys.exit(needs_eight(args.ranks))
-    sys.exit(spmdsim.simulate(args.ranks, main, args)[0])
-from mpi4py import MPI  # noqa: E402 (only when not simulating)
-
-if needs_eight(MPI.COMM_WORLD.size):
-    sys.exit(needs_eight(MPI.COMM_WORLD.size))
-install_excepthook(MPI.COMM_WORLD)  # an error on some ranks ends the whole job instead of hanging the others
-sys.exit(main(args))
+if needs_eight(world_size(args.ranks)):
+    sys.exit(needs_eight(world_size(args.ranks)))
+sys.exit(run_main(main, args, args.ranks))  # simulated ranks with --ranks, else MPI

@@ -14,8 +14,7 @@ import sys
 
 import spmdsim
 from spmdsim.nets import seeds
-from spmdsim.nets.train import PHASES, NetworkTrainer
-from spmdsim.runtime import install_excepthook
+from spmdsim.nets.train import PHASES, NetworkTrainer, run_main
 from spmdsim.train_reference import ReferenceTrainer
 import numpy as np  # noqa: E402 (after spmdsim, which caps BLAS threads under mpiexec)
 
@@ -64,9 +63,4 @@ def main(args):
 
 if args.steps < 1:
     sys.exit(f"--steps {args.steps} must be at least 1")
-if args.ranks:
-    sys.exit(spmdsim.simulate(args.ranks, main, args)[0])
-from mpi4py import MPI  # noqa: E402 (only when not simulating)
-
-install_excepthook(MPI.COMM_WORLD)  # an error on some ranks ends the whole job instead of hanging the others
-sys.exit(main(args))
+sys.exit(run_main(main, args, args.ranks))  # simulated ranks with --ranks, else MPI
