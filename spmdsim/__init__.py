@@ -11,9 +11,11 @@ from .datagen import SeededTensor
 from .errors import (
     CheckFailed,
     DialectError,
+    DTypeError,
     LayoutError,
     OperatorError,
     PlanError,
+    RankError,
     RuntimeMismatchError,
     ShapeError,
     SpmdsimError,
@@ -27,6 +29,11 @@ def __getattr__(name: str) -> object:
         from . import sim
 
         return getattr(sim, name)
+    # `spmdsim.autoshard(...)` (a callable module) without loading the search on every import.
+    if name == "autoshard":
+        import importlib
+
+        return importlib.import_module(".autoshard", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -48,11 +55,3 @@ __all__ = [
     "CheckFailed",
 ]
 
-
-def __getattr__(name: str):
-    # `spmdsim.autoshard(...)` (a callable module) without loading the search on every import.
-    if name == "autoshard":
-        import importlib
-
-        return importlib.import_module(".autoshard", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
