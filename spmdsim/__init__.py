@@ -23,20 +23,6 @@ from .errors import (
 from .layout import Layout, TensorLayout
 
 
-def __getattr__(name: str) -> object:
-    # simulate/world load the emulator on first use: `import spmdsim` stays free of mpi4py.
-    if name in ("simulate", "world"):
-        from . import sim
-
-        return getattr(sim, name)
-    # `spmdsim.autoshard(...)` (a callable module) without loading the search on every import.
-    if name == "autoshard":
-        import importlib
-
-        return importlib.import_module(".autoshard", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __version__ = "0.1.0"
 
 __all__ = [
@@ -55,3 +41,14 @@ __all__ = [
     "CheckFailed",
 ]
 
+
+def __getattr__(name: str) -> object:
+    # Loaded on first use, so `import spmdsim` stays free of mpi4py: simulate/world
+    # (the emulator, spmdsim.sim) and `spmdsim.autoshard(...)` (a callable module).
+    import importlib
+
+    if name in ("simulate", "world"):
+        return getattr(importlib.import_module(".sim", __name__), name)
+    if name == "autoshard":
+        return importlib.import_module(".autoshard", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -83,7 +83,8 @@ def test_the_pictures_are_made_by_the_commands_beside_them(tmp_path, monkeypatch
             made, kept = _pixels(tmp_path / name), _pixels(ROOT / "docs" / "img" / name)
             assert made.shape == kept.shape, (name, made.shape, kept.shape)
             differ = float((abs(made - kept) > 0.05).any(axis=-1).mean())
-            assert differ < 0.01, f"{name}: {differ:.1%} of the pixels differ; remake it with {maker[0].command}"
+            assert differ < 0.01, (f"{name}: {differ:.1%} of the pixels differ; "
+                                   f"remake it with {maker[0].command}")
             checked.append(name)
     assert sorted(checked) == ["matmul_partial.png", "plan_dtensor/bytes.png",
                                "plan_dtensor/moves_01.png", "rows_partial_dp.png", "seed_layout.png"]

@@ -128,6 +128,7 @@ PURE_MODULES = [
     "spmdsim.algorithms",
     "spmdsim.algorithms.table",
     "spmdsim.cli.convert",
+    "spmdsim.cli.plan_explain",
     "spmdsim.autoshard",
     "spmdsim.autoshard.execute",
     "spmdsim.algorithms.picture",

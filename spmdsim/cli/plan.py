@@ -22,6 +22,7 @@ from ..errors import SpmdsimError
 from ..layout import Layout, TensorLayout, default_axis_names
 from ..plan import Plan, plan_redistribution
 from .cases import check_device_count, parse_int_list, parse_name_list, parse_tensor_map
+from .plan_explain import dialect_of, moves_and_bytes_png, plan_record, plan_text
 
 __all__ = [
     "register",
@@ -304,7 +305,7 @@ def run(args: argparse.Namespace) -> int:
         require_matplotlib()
     source, target, shape, dtype = layouts_from_args(args)
     plan = plan_redistribution(source, target, shape, dtype)
-    print(json.dumps(_record(plan, args)) if args.json else _text(plan, args))
+    print(json.dumps(plan_record(plan, args)) if args.json else plan_text(plan, args))
     if getattr(args, "show", False) and not args.json:
         from ..viz import render_plan_ascii
 
@@ -314,51 +315,10 @@ def run(args: argparse.Namespace) -> int:
         from ..viz import render_plan_png
 
         paths = render_plan_png(plan, args.png)
-        paths += _moves_and_bytes_png(plan, args.png, _dialect(args))
+        paths += moves_and_bytes_png(plan, args.png, dialect_of(args))
         if not args.json:
             print(f"wrote {len(paths)} picture(s) to {args.png}")
     return 0
-
-
-def _dialect(args: argparse.Namespace) -> str:
-    """How steps are written: DTensor names for DTensor input, SBP-style otherwise."""
-    return "dtensor" if args.from_placements or args.to_placements else "sbp"
-
-
-def _moves_and_bytes_png(plan: Plan, directory: str, dialect: str) -> list[str]:
-    """The pieces each step moves (moves_NN.png) and who sends how many bytes to whom (bytes.png)."""
-    import os
-
-    from ..viz.moves import render_byte_matrix_png, render_moves_png
-    from ..viz.why import byte_matrix
-
-    paths = render_moves_png(plan, directory, dialect=dialect)
-    if plan.steps:
-        title = f"bytes each rank sends to each rank: {plan.source} -> {plan.target}"
-        paths.append(render_byte_matrix_png(byte_matrix(plan.steps, plan.num_ranks),
-                                            os.path.join(directory, "bytes.png"), title))
-    return paths
-
-
-def _record(plan: Plan, args: argparse.Namespace) -> dict:
-    """The JSON record; with --explain, the rank -> rank byte matrix too."""
-    record = plan.to_json()
-    if args.explain:
-        from ..viz.why import byte_matrix
-
-        record["bytes_matrix"] = byte_matrix(plan.steps, plan.num_ranks)
-    return record
-
-
-def _text(plan: Plan, args: argparse.Namespace) -> str:
-    """`format_plan`, followed by the --explain lines when asked for."""
-    dialect = _dialect(args)
-    if not args.explain:
-        return format_plan(plan, dialect)
-    from ..viz.table import wrap_lines
-    from ..viz.why import explain_plan_lines
-
-    return "\n".join([format_plan(plan, dialect)] + wrap_lines(explain_plan_lines(plan, dialect)))
 
 
 def run_redistribute(args: argparse.Namespace) -> int:
@@ -402,17 +362,22 @@ def _execute(args: argparse.Namespace, comm: Any) -> int:
 
         write_chrome_trace(comm, trace, args.trace_out, began, ended)
     received = comm.allreduce(sum(e.bytes_received for e in trace.entries), op=MPI.MAX)
+    from ..runtime.ranked import gather_ranked
+
+    # Every rank's collectives, ranks with the same lines folded ("ranks 0-7: ...").
+    calls = gather_ranked(comm, [f"{(e.label or e.op).replace('redistribute', 'step', 1)}: sent "
+                                 f"{e.bytes_sent:,} B, received {e.bytes_received:,} B"
+                                 for e in trace.entries] or ["none"])
     if comm.Get_rank() == 0:
         if args.json:
-            record = _record(plan, args)
+            record = plan_record(plan, args)
             record.update(passed=bool(verdict.passed), max_abs_error=float(verdict.max_abs_error),
                           measured_bytes_received_per_rank=int(received))
             print(json.dumps(record))
         else:
-            print(_text(plan, args))
-            print("collectives (rank 0):")
-            for e in trace.entries:
-                print(f"  {e.label}: {e.op} sent {e.bytes_sent:,} B, received {e.bytes_received:,} B")
+            print(plan_text(plan, args))
+            print("collectives:")
+            print("\n".join("  " + line for line in calls))
             print(f"measured bytes received per rank (max): {received:,} B")
             print(f"{verdict}  {'PASS' if verdict.passed else 'FAIL'}")
     return 0 if verdict.passed else 1

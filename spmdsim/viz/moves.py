@@ -15,6 +15,7 @@ from typing import Any, Sequence, Union
 
 from ..plan.steps import Allreduce, Exchange, ReduceScatter, Step
 from .model import compact_ranks
+from .why import step_groups
 
 __all__ = ["Move", "step_moves", "render_moves_png", "render_byte_matrix_png"]
 
@@ -36,12 +37,6 @@ def _cut(a: Box, b: Box) -> Box | None:
     return box if all(lo < hi for lo, hi in box) else None
 
 
-def _groups(step: Step) -> tuple[tuple[int, ...], ...]:
-    if not step.axes:
-        return (tuple(range(step.before.layout.num_devices)),)
-    return step.before.layout.axis_groups(step.axes)
-
-
 def step_moves(step: Step, shape: Sequence[int]) -> tuple[Move, ...]:
     """Every box that reaches a rank from another in `step` (none for a local step)."""
     if isinstance(step, Exchange):
@@ -50,7 +45,7 @@ def step_moves(step: Step, shape: Sequence[int]) -> tuple[Move, ...]:
         return ()
     summed = isinstance(step, (Allreduce, ReduceScatter))
     moves = []
-    for group in _groups(step):
+    for group in step_groups(step):
         for dst in group:
             want = step.after.bounds(dst, shape)
             if summed:

@@ -34,13 +34,9 @@ def test_the_docs_quote_spmdsim_commands_at_4_and_8_ranks():
     assert counts.count(8) >= 8 and counts.count(4) >= 2
 
 
-@pytest.mark.parametrize("index", range(12))
-def test_each_quoted_mpi_command_runs_and_prints_what_the_doc_quotes(index, capsys, tmp_path,
+@pytest.mark.parametrize("quote", _here(), ids=lambda q: f"{q.doc}:{q.line}")
+def test_each_quoted_mpi_command_runs_and_prints_what_the_doc_quotes(quote, capsys, tmp_path,
                                                                      monkeypatch):
-    here = _here()
-    if index >= len(here):
-        pytest.skip(f"{len(here)} quoted commands at {MPI.COMM_WORLD.size} ranks")
-    quote = here[index]
     comm = MPI.COMM_WORLD
     monkeypatch.chdir(comm.bcast(str(tmp_path)))  # files a command writes (--trace-out) land on rank 0's
     monkeypatch.setenv("SPMDSIM_COST_FILE", str(tmp_path / "no-calibration.json"))
