@@ -11,9 +11,11 @@ from .datagen import SeededTensor
 from .errors import (
     CheckFailed,
     DialectError,
+    DTypeError,
     LayoutError,
     OperatorError,
     PlanError,
+    RankError,
     RuntimeMismatchError,
     ShapeError,
     SpmdsimError,

@@ -83,14 +83,15 @@ def entry_tokens(value: object, what: str, expected: str, items: str, per: str,
     return tokens
 
 
-def split_top_level(text: str) -> list[str]:
-    """Split "S(0), (B), P" at commas outside parentheses; strip one outer pair of brackets.
+def split_top_level(text: str, unwrap: bool = True) -> list[str]:
+    """Split "S(0), (B), P" at commas outside brackets; first strip one outer pair (`unwrap`).
 
-    Raises ValueError (the caller turns it into a DialectError naming the text)
-    on unbalanced brackets.
+    The one bracket-aware splitter (dialects and the CLI's lists and tensor
+    maps). Raises ValueError (the caller turns it into an error naming the
+    text) on unbalanced brackets.
     """
     body = text.strip()
-    if len(body) >= 2 and body[0] + body[-1] in ("()", "[]") and _encloses(body):
+    if unwrap and len(body) >= 2 and body[0] + body[-1] in ("()", "[]") and _encloses(body):
         body = body[1:-1]
     parts, depth, start = [], 0, 0
     for i, ch in enumerate(body):

@@ -28,6 +28,7 @@ __all__ = [
     "format_sbp",
     "sbp_to_layout",
     "layout_to_sbp",
+    "sbp_of_axis",
 ]
 
 
@@ -147,6 +148,14 @@ def sbp_to_layout(
     return Layout(shape, names)(*(tuple(e) for e in entries), partial=partial)
 
 
+def sbp_of_axis(tl: TensorLayout, axis: str) -> SBP:
+    """The SBP of one mesh axis in `tl`: Split(d) when it splits dim d, PartialSum or Broadcast."""
+    for tensor_dim, axes in enumerate(tl.tensor_map):
+        if axis in axes:
+            return Split(tensor_dim)
+    return PartialSum() if axis in tl.partial else Broadcast()
+
+
 def layout_to_sbp(tl: TensorLayout) -> tuple[SBP, ...]:
     """One SBP per mesh axis (in mesh-axis order) describing `tl`.
 
@@ -156,13 +165,4 @@ def layout_to_sbp(tl: TensorLayout) -> tuple[SBP, ...]:
     if not isinstance(tl, TensorLayout):
         raise DialectError(f"expected a TensorLayout, got {tl!r}")
     check_major_order(tl, "nD SBP", "reorder the tuple or permute the placement axes")
-    split_dim = {a: d for d, axes in enumerate(tl.tensor_map) for a in axes}
-    out: list[SBP] = []
-    for name in tl.layout.alias_name:
-        if name in tl.partial:
-            out.append(PartialSum())
-        elif name in split_dim:
-            out.append(Split(split_dim[name]))
-        else:
-            out.append(Broadcast())
-    return tuple(out)
+    return tuple(sbp_of_axis(tl, name) for name in tl.layout.alias_name)
