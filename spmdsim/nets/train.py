@@ -181,15 +181,18 @@ def world_size(ranks: int) -> int:
     return MPI.COMM_WORLD.Get_size()
 
 
-def run_main(main: Any, args: Any, ranks: int) -> Any:
-    """``main(args)`` on `ranks` simulated ranks (spmdsim.simulate), or on this MPI rank; rank 0's result.
+def run_main(main: Any, args: Any, ranks: int) -> int:
+    """``main(args)`` on `ranks` simulated ranks, or on this MPI rank; the exit code.
 
-    Under MPI an exception on some ranks ends the whole job instead of hanging the others.
+    Simulated ranks go through the same launcher as every example's ``--ranks N``
+    (spmdsim.sim.launch: the one-process banner first, errors named by rank, the
+    largest rank's exit code). Under MPI an exception on some ranks ends the whole
+    job instead of hanging the others.
     """
     if ranks:
-        from ..sim import simulate
+        from ..sim.launch import run_on_ranks
 
-        return simulate(ranks, main, args)[0]
+        return run_on_ranks(ranks, lambda: main(args))
     from mpi4py import MPI
 
     from ..runtime import install_excepthook
