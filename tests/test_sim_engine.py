@@ -207,9 +207,27 @@ def test_mismatched_collective_names_both_calls():
         else:
             comm.Allreduce(x, np.empty(3), "sum")
 
-    with pytest.raises(RuntimeMismatchError, match=r"rank 1 calls allgather float64 x3 but rank 0 calls "
-                                                   r"allreduce float64 x3 sum"):
+    # Which pair meets first depends on the threads' timing; rank 1 is in it either way.
+    with pytest.raises(RuntimeMismatchError, match=r"rank (0|2) calls allreduce float64 x3 sum but rank 1 calls "
+                                                   r"allgather float64 x3|rank 1 calls allgather float64 x3 but "
+                                                   r"rank (2|3) calls allreduce float64 x3 sum"):
         simulate(4, body)
+
+
+@pytest.mark.parametrize("late", [0, 3])
+def test_mismatch_is_found_whoever_arrives_last(late):
+    """A member that differs only in its reduction op or dtype, arriving last, is still refused."""
+    import time
+
+    def body(op, dtype):
+        comm = world()
+        if comm.rank == late:
+            time.sleep(0.2)
+            op, dtype = "max", np.float32
+        comm.Allreduce(IN_PLACE, np.ones(4, dtype), op)
+
+    with pytest.raises(RuntimeMismatchError, match=rf"rank {late} calls allreduce float32 x4 max"):
+        simulate(4, body, "sum", np.float64)
 
 
 def test_exception_on_one_rank_ends_all_and_names_it():

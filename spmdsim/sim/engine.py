@@ -144,13 +144,18 @@ class Group:
         slot.calls[me].data = None
 
     def _mismatch(self, slot: _Slot, me: int, seq: int) -> Optional[str]:
-        first = next(i for i, c in enumerate(slot.calls) if c is not None)
-        mine, theirs = slot.calls[me], slot.calls[first]
-        if first == me or mine.signature == theirs.signature:
+        # Compared with one member that arrived before: every earlier arrival was compared
+        # the same way, so equal signatures on arrival mean equal on every member.
+        first = next((i for i, c in enumerate(slot.calls) if c is not None and i != me), None)
+        if first is None:
             return None
+        mine, theirs = slot.calls[me], slot.calls[first]
+        if mine.signature == theirs.signature:
+            return None
+        (a, one), (b, other) = sorted([(self.members[me], mine), (self.members[first], theirs)],
+                                      key=lambda pair: pair[0])
         return (f"collectives diverge on {self.label()} (call {seq} on that communicator): "
-                f"rank {self.members[me]} calls {mine.describe()} but rank {self.members[first]} "
-                f"calls {theirs.describe()}")
+                f"rank {a} calls {one.describe()} but rank {b} calls {other.describe()}")
 
 
 class _Waiting:
