@@ -48,7 +48,7 @@ def test_dry_run_makes_no_data_and_moves_none():
 def test_dry_run_table_folds_equal_ranks_and_json_lists_all(capsys):
     assert main(["run", "mlp", "--shape", "24,96,360", "--ranks", "8", "--dry-run"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("spmdsim: a dry run (shapes only, no data) on 8 simulated ranks")
+    assert lines[0].startswith("spmdsim: a dry run (shapes only) on 8 simulated ranks")
     assert len(lines) == 4 and lines[3].startswith("ranks 0-7 ") and "allreduce x1" in lines[3]
     assert " 16,128 " in lines[3]  # 2 * 7/8 of the (24, 96) float32 output
     assert main(["run", "mlp", "--shape", "24,96,360", "--ranks", "8", "--dry-run", "--json"]) == 0

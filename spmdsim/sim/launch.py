@@ -25,7 +25,7 @@ __all__ = ["run_on_ranks", "script", "ranks_argument", "banner", "ways_out"]
 
 def banner(n: int, dry_run: bool = False) -> str:
     """The first line of a simulated run: says it is one process, not an MPI job."""
-    what = "a dry run (shapes only, no data) on" if dry_run else "running on"
+    what = "a dry run (shapes only) on" if dry_run else "running on"
     return f"spmdsim: {what} {n} simulated ranks in this process (--ranks {n}), no MPI launcher"
 
 
@@ -42,8 +42,8 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
     """
     from .run import simulate
 
-    if not (dry_run and as_json):
-        print(banner(n, dry_run), flush=True)
+    # With --json, stdout is the JSON document alone: the banner goes to stderr.
+    print(banner(n, dry_run), file=sys.stderr if as_json else sys.stdout, flush=True)
     try:
         if dry_run:
             with contextlib.redirect_stdout(io.StringIO()):  # values of a dry run are not results
