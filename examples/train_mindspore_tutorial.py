@@ -16,7 +16,7 @@ import time
 import spmdsim
 from spmdsim.nets import mindspore_layout, mindspore_tutorial, needs_eight
 from spmdsim.nets.digits import load_digits
-from spmdsim.nets.train import PHASES, NetworkTrainer, explain_backward, run_main, world_size
+from spmdsim.nets.train import PHASES, NetworkTrainer, explain_backward, run_main
 from spmdsim.train_reference import ReferenceTrainer
 
 # (rtol, atol as a fraction of the tensor's largest entry). float64: the distributed sums
@@ -32,7 +32,7 @@ parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
 parser.add_argument("--lr", type=float, default=None, help="default 1e-2 (SGD) or 1e-3 (Adam)")
 parser.add_argument("--synthetic", action="store_true", help="seeded synthetic digits instead of MNIST")
 parser.add_argument("--explain", action="store_true", help="say what each backward collective answers")
-parser.add_argument("--ranks", type=int, default=0, help="simulate this many ranks in one process")
+parser.add_argument("--ranks", type=int, default=None, help="simulate this many ranks in one process")
 args = parser.parse_args()
 data = load_digits(seed=0, synthetic=args.synthetic)  # every rank's copy (one for all simulated ranks)
 
@@ -91,8 +91,4 @@ def main(args):
     return 0 if not failed and losses[-1] < losses[0] else 1
 
 
-if args.steps < 1:
-    sys.exit(f"--steps {args.steps} must be at least 1")
-if needs_eight(world_size(args.ranks)):
-    sys.exit(needs_eight(world_size(args.ranks)))
-sys.exit(run_main(main, args, args.ranks))  # simulated ranks with --ranks, else MPI
+sys.exit(run_main(main, args, args.ranks, needs=needs_eight))  # --ranks N: simulated; else MPI

@@ -10,8 +10,9 @@ verdict per tensor).
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, NoReturn, Optional
 
 import numpy as np
 
@@ -19,7 +20,7 @@ from ..errors import OperatorError
 from ..layout import Layout, TensorLayout
 from .model import Hop, Network, schedule
 
-__all__ = ["NetworkTrainer", "StepResult", "PHASES", "explain_backward", "world_size", "run_main"]
+__all__ = ["NetworkTrainer", "StepResult", "PHASES", "explain_backward", "world_size", "run_main", "refuse"]
 
 #: Trace phases of a step, in order.
 PHASES = ("forward", "backward", "optimizer")
@@ -172,24 +173,45 @@ def _labels_layout(logits: TensorLayout) -> TensorLayout:
     return TensorLayout(logits.layout, logits.tensor_map[:1])
 
 
-def world_size(ranks: int) -> int:
-    """The rank count a run will have: `ranks` simulated ranks, or the MPI world's size."""
-    if ranks:
+def refuse(text: str) -> NoReturn:
+    """Bad input of an example: one line on stderr and exit 2, as the CLI does (no traceback)."""
+    print(f"spmdsim: error: {text}", file=sys.stderr)
+    sys.exit(2)
+
+
+def world_size(ranks: Optional[int]) -> int:
+    """The rank count a run will have: `ranks` simulated ranks (None: the MPI world's size)."""
+    if ranks is not None:
+        from ..sim.run import MAX_RANKS
+
+        if not 1 <= ranks <= MAX_RANKS:
+            refuse(f"--ranks {ranks!r} must be a number of ranks from 1 to {MAX_RANKS}, e.g. --ranks 8")
         return ranks
     from mpi4py import MPI
 
     return MPI.COMM_WORLD.Get_size()
 
 
-def run_main(main: Any, args: Any, ranks: int) -> int:
-    """``main(args)`` on `ranks` simulated ranks, or on this MPI rank; the exit code.
+def run_main(main: Any, args: Any, ranks: Optional[int],
+             needs: Optional[Callable[[int], Optional[str]]] = None) -> int:
+    """``main(args)`` on `ranks` simulated ranks, or on this MPI rank (`ranks` None); the exit code.
 
-    Simulated ranks go through the same launcher as every example's ``--ranks N``
-    (spmdsim.sim.launch: the one-process banner first, errors named by rank, the
-    largest rank's exit code). Under MPI an exception on some ranks ends the whole
-    job instead of hanging the others.
+    First, on inputs every rank shares: ``--steps`` at least 1, a valid ``--ranks``,
+    and ``needs(world size)`` (why the network cannot run at that size, or None),
+    each refused in one line with exit 2. Simulated ranks go through the same
+    launcher as every example's ``--ranks N`` (spmdsim.sim.launch: the
+    one-process banner first, errors named by rank, the largest rank's exit
+    code). Under MPI an exception on some ranks ends the whole job instead of
+    hanging the others.
     """
-    if ranks:
+    steps = getattr(args, "steps", 1)
+    if steps < 1:
+        refuse(f"--steps {steps!r} must be at least 1")
+    size = world_size(ranks)
+    problem = needs(size) if needs is not None else None
+    if problem:
+        refuse(f"{problem} (mpiexec -n 8, or --ranks 8)")
+    if ranks is not None:
         from ..sim.launch import run_on_ranks
 
         return run_on_ranks(ranks, lambda: main(args))
