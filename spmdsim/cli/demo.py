@@ -109,8 +109,7 @@ def coverage(outcomes: Sequence[Any], world_size: int, chosen: Sequence[Any] = (
     text = f"{what} ({ran} of {len(outcomes)} ran on {counted(world_size, 'rank')})"
     fits = next((w for w in range(1, 1025) if chosen and all(sc.needs(w) is None for sc in chosen)), None)
     if fits is not None:
-        text += (f"; {fits} ranks run them all (mpiexec -n {fits}, or `spmdsim demo --ranks {fits}` "
-                 "in one process)")
+        text += f"; {fits} run them all (mpiexec -n {fits}, or --ranks {fits})"
     return text
 
 

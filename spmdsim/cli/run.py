@@ -50,10 +50,11 @@ def on_world(args: argparse.Namespace, fn: Callable[[Any], int]) -> int:
         from mpi4py import MPI
 
         return fn(MPI.COMM_WORLD)
-    if n < 1:
-        raise SpmdsimError(f"--ranks {n!r} must be a positive number of ranks, e.g. --ranks 8")
     from ..sim.launch import run_on_ranks
-    from ..sim.run import world
+    from ..sim.run import MAX_RANKS, world
+
+    if not 1 <= n <= MAX_RANKS:
+        raise SpmdsimError(f"--ranks {n!r} must be a number of ranks from 1 to {MAX_RANKS}, e.g. --ranks 8")
 
     return run_on_ranks(n, lambda: fn(world()), dry_run=args.dry_run, as_json=getattr(args, "json", False))
 
