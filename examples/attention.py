@@ -5,18 +5,21 @@ so rank r computes the columns of its own heads; reshape and transpose give
 (heads, seq, width) with the heads split, attention runs per head with no
 communication, and the row-parallel output projection ends in the one
 Allreduce. Run: timeout -k 5 120 mpiexec -n 8 python examples/attention.py
+(or `python examples/attention.py --ranks 8`: simulated ranks, one process)
 """
 import sys
 
-from mpi4py import MPI
-
+import spmdsim
+from spmdsim.sim import script
 from spmdsim import Layout, SeededTensor, reference
 from spmdsim.holdings import holdings
 from spmdsim.ops import matmul, reshape, scale, softmax, transpose
 from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines
 
-comm = MPI.COMM_WORLD
+# With --ranks N this file runs on N simulated ranks in this process (no mpiexec).
+script(__file__)
+comm = spmdsim.world()  # MPI's COMM_WORLD, or this simulated rank's
 # An error on some ranks only ends the whole job instead of hanging the others.
 install_excepthook(comm)
 p = comm.size

@@ -1,12 +1,13 @@
 """Paddle ``distributed.split(x, size, operation="embedding", num_partitions)`` (seed 004).
 
 ids (10, 4) in [0, 960) into a (960, 48) table, vocab-parallel over all ranks.
-Run: timeout -k 5 120 mpiexec -n 8 python examples/embedding_vocab.py (any rank count dividing 960)
+Run: timeout -k 5 120 mpiexec -n 8 python examples/embedding_vocab.py
+(or `python examples/embedding_vocab.py --ranks 8`: simulated ranks, one process) (any rank count dividing 960)
 """
 import sys
 
-from mpi4py import MPI
-
+import spmdsim
+from spmdsim.sim import script
 from spmdsim import SeededTensor
 from spmdsim.holdings import holdings
 from spmdsim.ops import paddle_mesh, split
@@ -14,7 +15,9 @@ from spmdsim.reference import embedding_region
 from spmdsim.runtime import DTensor, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines
 
-comm = MPI.COMM_WORLD
+# With --ranks N this file runs on N simulated ranks in this process (no mpiexec).
+script(__file__)
+comm = spmdsim.world()  # MPI's COMM_WORLD, or this simulated rank's
 # An error on some ranks only ends the whole job instead of hanging the others.
 install_excepthook(comm)
 p = comm.size

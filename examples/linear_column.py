@@ -1,18 +1,21 @@
 """Column-parallel Linear: Megatron ColumnParallelLinear(gather_output=True) / Paddle axis=1.
 
 x (24, 200) @ W (200, 240) + b. Run: timeout -k 5 120 mpiexec -n 8 python examples/linear_column.py
+(or `python examples/linear_column.py --ranks 8`: simulated ranks, one process)
 """
 import sys
 
-from mpi4py import MPI
-
+import spmdsim
+from spmdsim.sim import script
 from spmdsim import Layout, SeededTensor
 from spmdsim.holdings import holdings
 from spmdsim.ops import ColumnParallelLinear
 from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines
 
-comm = MPI.COMM_WORLD
+# With --ranks N this file runs on N simulated ranks in this process (no mpiexec).
+script(__file__)
+comm = spmdsim.world()  # MPI's COMM_WORLD, or this simulated rank's
 # An error on some ranks only ends the whole job instead of hanging the others.
 install_excepthook(comm)
 p = comm.size

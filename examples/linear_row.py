@@ -1,11 +1,12 @@
 """Row-parallel Linear: Paddle ``split(x, size, "linear", axis=0)`` / Megatron RowParallelLinear.
 
 x (24, 240) @ W (240, 72) + b. Run: timeout -k 5 120 mpiexec -n 8 python examples/linear_row.py
+(or `python examples/linear_row.py --ranks 8`: simulated ranks, one process)
 """
 import sys
 
-from mpi4py import MPI
-
+import spmdsim
+from spmdsim.sim import script
 from spmdsim import SeededTensor
 from spmdsim.demo.jobs import contraction_atol
 from spmdsim.holdings import holdings
@@ -14,7 +15,9 @@ from spmdsim.reference import linear_region
 from spmdsim.runtime import DTensor, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines
 
-comm = MPI.COMM_WORLD
+# With --ranks N this file runs on N simulated ranks in this process (no mpiexec).
+script(__file__)
+comm = spmdsim.world()  # MPI's COMM_WORLD, or this simulated rank's
 # An error on some ranks only ends the whole job instead of hanging the others.
 install_excepthook(comm)
 p = comm.size

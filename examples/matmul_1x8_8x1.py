@@ -1,11 +1,12 @@
 """MindSpore ``ops.MatMul().shard(((1, 8), (8, 1)))`` (seed 003, matmul2) on 8 ranks.
 
 x (32, 512) @ fc2_weight (512, 512). Run: timeout -k 5 120 mpiexec -n 8 python examples/matmul_1x8_8x1.py
+(or `python examples/matmul_1x8_8x1.py --ranks 8`: simulated ranks, one process)
 """
 import sys
 
-from mpi4py import MPI
-
+import spmdsim
+from spmdsim.sim import script
 from spmdsim import SeededTensor
 from spmdsim.demo.jobs import contraction_atol
 from spmdsim.dialects.strategy import matmul_layouts
@@ -16,13 +17,16 @@ from spmdsim.reference import matmul_region
 from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines
 
-comm = MPI.COMM_WORLD
+# With --ranks N this file runs on N simulated ranks in this process (no mpiexec).
+script(__file__)
+comm = spmdsim.world()  # MPI's COMM_WORLD, or this simulated rank's
 # An error on some ranks only ends the whole job instead of hanging the others.
 install_excepthook(comm)
 if comm.size != 8:
     # Raised on every rank alike: the excepthook prints it once and exits 2.
     raise SpmdsimError(f"this example is written for 8 ranks, not {comm.size}: run with "
-                       "timeout -k 5 120 mpiexec -n 8 python examples/matmul_1x8_8x1.py")
+                       "timeout -k 5 120 mpiexec -n 8 python examples/matmul_1x8_8x1.py,\n"
+                       f"or python examples/matmul_1x8_8x1.py --ranks 8")
 
 # Strategy ((1, 8), (8, 1)): only the contraction dim K is cut, 8 ways.
 # Device matrix (m, k, n) = (1, 8, 1): rank r holds K-slice r.

@@ -1,11 +1,12 @@
 """MindSpore ``ops.MatMul().shard(((2, 1), (1, 4)))`` on 8 ranks: no communication at all.
 
 x (256, 128) @ w (128, 192). Run: timeout -k 5 120 mpiexec -n 8 python examples/matmul_2x1_1x4.py
+(or `python examples/matmul_2x1_1x4.py --ranks 8`: simulated ranks, one process)
 """
 import sys
 
-from mpi4py import MPI
-
+import spmdsim
+from spmdsim.sim import script
 from spmdsim import SeededTensor
 from spmdsim.dialects.strategy import matmul_layouts
 from spmdsim.errors import SpmdsimError
@@ -15,13 +16,16 @@ from spmdsim.reference import matmul_region
 from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines
 
-comm = MPI.COMM_WORLD
+# With --ranks N this file runs on N simulated ranks in this process (no mpiexec).
+script(__file__)
+comm = spmdsim.world()  # MPI's COMM_WORLD, or this simulated rank's
 # An error on some ranks only ends the whole job instead of hanging the others.
 install_excepthook(comm)
 if comm.size != 8:
     # Raised on every rank alike: the excepthook prints it once and exits 2.
     raise SpmdsimError(f"this example is written for 8 ranks, not {comm.size}: run with "
-                       "timeout -k 5 120 mpiexec -n 8 python examples/matmul_2x1_1x4.py")
+                       "timeout -k 5 120 mpiexec -n 8 python examples/matmul_2x1_1x4.py,\n"
+                       f"or python examples/matmul_2x1_1x4.py --ranks 8")
 
 # Strategy ((2, 1), (1, 4)): x rows cut in 2, w columns cut in 4, K never cut.
 # Device matrix (m, k, n) = (2, 1, 4): rank = 4 * i_m + i_n.

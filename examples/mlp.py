@@ -1,11 +1,12 @@
 """The fused tensor-parallel MLP: ColumnParallelLinear -> GELU -> RowParallelLinear, one Allreduce.
 
 x (24, 96), inner width 480. Run: timeout -k 5 120 mpiexec -n 8 python examples/mlp.py
+(or `python examples/mlp.py --ranks 8`: simulated ranks, one process)
 """
 import sys
 
-from mpi4py import MPI
-
+import spmdsim
+from spmdsim.sim import script
 from spmdsim import Layout, SeededTensor
 from spmdsim.demo.jobs import contraction_atol
 from spmdsim.holdings import holdings
@@ -13,7 +14,9 @@ from spmdsim.ops import ParallelMLP
 from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines
 
-comm = MPI.COMM_WORLD
+# With --ranks N this file runs on N simulated ranks in this process (no mpiexec).
+script(__file__)
+comm = spmdsim.world()  # MPI's COMM_WORLD, or this simulated rank's
 # An error on some ranks only ends the whole job instead of hanging the others.
 install_excepthook(comm)
 p = comm.size

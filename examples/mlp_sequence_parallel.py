@@ -3,11 +3,12 @@
 x [s, b, h] = (48, 2, 96) stays split on the sequence over the ranks outside
 the MLP (each rank holds 48/p positions); inner width 480.
 Run: timeout -k 5 120 mpiexec -n 8 python examples/mlp_sequence_parallel.py
+(or `python examples/mlp_sequence_parallel.py --ranks 8`: simulated ranks, one process)
 """
 import sys
 
-from mpi4py import MPI
-
+import spmdsim
+from spmdsim.sim import script
 from spmdsim import Layout, SeededTensor
 from spmdsim.demo.jobs import contraction_atol
 from spmdsim.holdings import holdings
@@ -15,7 +16,9 @@ from spmdsim.ops import ParallelMLP
 from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines
 
-comm = MPI.COMM_WORLD
+# With --ranks N this file runs on N simulated ranks in this process (no mpiexec).
+script(__file__)
+comm = spmdsim.world()  # MPI's COMM_WORLD, or this simulated rank's
 # An error on some ranks only ends the whole job instead of hanging the others.
 install_excepthook(comm)
 p = comm.size

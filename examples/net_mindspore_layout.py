@@ -6,23 +6,27 @@
     (flatten, ReLU.shard(((4,1),)), ReLU.shard(((8,1),)) and MatMul3 as in the tutorial)
 
 Run: timeout -k 5 120 mpiexec -n 8 python examples/net_mindspore_layout.py
+(or `python examples/net_mindspore_layout.py --ranks 8`: simulated ranks, one process)
 """
 import sys
 
-from mpi4py import MPI
-
+import spmdsim
+from spmdsim.sim import script
 from spmdsim.errors import SpmdsimError
 from spmdsim.nets import NetworkRunner, mindspore_layout
 from spmdsim.runtime import install_excepthook
 from spmdsim.runtime.ranked import print_ranked
 
-comm = MPI.COMM_WORLD
+# With --ranks N this file runs on N simulated ranks in this process (no mpiexec).
+script(__file__)
+comm = spmdsim.world()  # MPI's COMM_WORLD, or this simulated rank's
 # An error on some ranks only ends the whole job instead of hanging the others.
 install_excepthook(comm)
 if comm.size != 8:
     # Raised on every rank alike: the excepthook prints it once and exits 2.
     raise SpmdsimError(f"Layout((2, 2, 2)) and Layout((8,)) need exactly 8 ranks, not {comm.size}: run with "
-                       "timeout -k 5 120 mpiexec -n 8 python examples/net_mindspore_layout.py")
+                       "timeout -k 5 120 mpiexec -n 8 python examples/net_mindspore_layout.py,\n"
+                       f"or python examples/net_mindspore_layout.py --ranks 8")
 
 net = mindspore_layout(comm.size, seed=0)
 runner = NetworkRunner(net, comm)

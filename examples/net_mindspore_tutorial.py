@@ -8,29 +8,33 @@
     logits = MatMul()(x, fc3)                   # (512, 10), no strategy: data parallel
 
 Run: timeout -k 5 120 mpiexec -n 8 python examples/net_mindspore_tutorial.py
+(or `python examples/net_mindspore_tutorial.py --ranks 8`: simulated ranks, one process)
 """
 import sys
 
-from mpi4py import MPI
-
+import spmdsim
+from spmdsim.sim import script
 from spmdsim.errors import SpmdsimError
 from spmdsim.holdings import rank_blocks
 from spmdsim.nets import NetworkRunner, mindspore_tutorial
 from spmdsim.runtime import install_excepthook
 from spmdsim.runtime.ranked import print_ranked
 
-comm = MPI.COMM_WORLD
+# With --ranks N this file runs on N simulated ranks in this process (no mpiexec).
+script(__file__)
+comm = spmdsim.world()  # MPI's COMM_WORLD, or this simulated rank's
 # An error on some ranks only ends the whole job instead of hanging the others.
 install_excepthook(comm)
 if comm.size != 8:
     # Raised on every rank alike: the excepthook prints it once and exits 2.
     raise SpmdsimError(f"the tutorial's strategies are written for 8 devices, not {comm.size}: run with "
-                       "timeout -k 5 120 mpiexec -n 8 python examples/net_mindspore_tutorial.py")
+                       "timeout -k 5 120 mpiexec -n 8 python examples/net_mindspore_tutorial.py,\n"
+                       f"or python examples/net_mindspore_tutorial.py --ranks 8")
 
 # Every operator has its own device matrix, derived from its strategy:
 #   MatMul1 (2,4,1) axes (m,k,n): rank r = 4m + k holds x[16m:16m+16, 196k:196k+196]
 #           and fc1[196k:196k+196, :] (ranks k and 4 + k hold the same fc1 block);
-#   ReLU1   (4,1,2) axes (s0,s1,rep): rank r holds rows 8*(r//2) .. +8, all 512 columns
+#   ReLU1   (4,1,2) axes (axis_0,axis_1,rep): rank r holds rows 8*(r//2) .. +8, all 512 columns
 #           (neighbours r, r^1 repeat the same work: the "rep" axis MindSpore appends);
 #   MatMul2 (1,8,1): rank r holds x[:, 64r:64r+64] and fc2[64r:64r+64, :];
 #   ReLU2   (8,1) and MatMul3 (8,1,1): rank r holds rows 4r .. 4r+4; fc3 is whole everywhere.

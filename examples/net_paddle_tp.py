@@ -7,17 +7,20 @@
 
 Adapts to the world size p (1, 2, 4, 8, ...: 960 and 240 must split over p).
 Run: timeout -k 5 120 mpiexec -n 8 python examples/net_paddle_tp.py
+(or `python examples/net_paddle_tp.py --ranks 8`: simulated ranks, one process)
 """
 import sys
 
-from mpi4py import MPI
-
+import spmdsim
+from spmdsim.sim import script
 from spmdsim.holdings import holdings
 from spmdsim.nets import NetworkRunner, paddle_needs, paddle_tp
 from spmdsim.runtime import install_excepthook
 from spmdsim.runtime.ranked import print_ranked
 
-comm = MPI.COMM_WORLD
+# With --ranks N this file runs on N simulated ranks in this process (no mpiexec).
+script(__file__)
+comm = spmdsim.world()  # MPI's COMM_WORLD, or this simulated rank's
 # An error on some ranks only ends the whole job instead of hanging the others.
 install_excepthook(comm)
 p = comm.size

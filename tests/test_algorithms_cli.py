@@ -33,7 +33,7 @@ def test_bad_input_is_one_line(capsys, argv, needle):
 
 def test_png_without_matplotlib_says_how_to_install(capsys, monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
-    _fails(capsys, ["collective", "ring-allreduce", "--png", str(tmp_path)], "pip install 'spmdsim[plot]'")
+    _fails(capsys, ["collective", "ring-allreduce", "--png", str(tmp_path)], "pictures need matplotlib: pip install")
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -90,3 +90,29 @@ def test_embedding_candidates_split_vocabulary_and_dims():
     assert vocab and all(c.collectives() and c.collectives()[0].startswith("Allreduce")
                          for c in vocab)
     assert any(c.strategy[1] == (1, 4) and not c.own for c in cands)
+
+
+def test_batched_matmul_candidates_split_the_batch_too():
+    from spmdsim.autoshard import OpNode, ParamSpec
+    from spmdsim.autoshard.graph import weight
+    from spmdsim.datagen import SeededTensor
+
+    w = ParamSpec("w", SeededTensor((2, 16, 16), "float32", 1))
+    node = OpNode("BMM", "matmul", ("x",), ((2, 8, 16),), (2, 8, 16), "float32", (w,))
+    cands = candidates(node, 8)
+    assert {((2, 1, 1), (2, 1, 4)), ((2, 2, 2), (2, 2, 1)), ((1, 8, 1), (1, 1, 1))} <= \
+        {c.strategy for c in cands}
+    assert all(c.strategy[0][0] == c.strategy[1][0] for c in cands)  # batch split alike
+    linear = OpNode("Linear", "linear", ("x",), ((2, 8, 16),), (2, 8, 16), "float32",
+                    (ParamSpec("w", weight((16, 16), "float32", 2)),
+                     ParamSpec("b", SeededTensor((16,), "float32", 3))))
+    kinds = {c.strategy[1:] for c in candidates(linear, 4)}
+    assert ((1, 4), (4,)) in kinds and ((4, 1), (1,)) in kinds  # column and row parallel
+
+
+def test_the_package_is_callable():
+    import spmdsim
+
+    result = spmdsim.autoshard("chain", 4, flops_per_s=1e10)
+    assert result.graph.name == "chain" and len(result.ops) == 101
+    assert isinstance(result.total_bytes_per_rank, int)

@@ -10,7 +10,7 @@ import pytest
 from spmdsim import Layout
 from spmdsim.cli.main import main
 from spmdsim.plan import plan_redistribution
-from spmdsim.runtime.ranked import fold_ranked, gather_ranked, print_ranked, ranked
+from spmdsim.runtime.ranked import fold_ranked, gather_ranked, print_ranked, rank_ordered
 from spmdsim.viz.table import fold_cell, fold_table, nbytes, wrap_lines
 from spmdsim.viz.why import byte_matrix, format_byte_matrix, step_text, step_why
 
@@ -65,7 +65,7 @@ def test_print_ranked_on_any_communicator_with_lowercase_gather(capsys):
     comm = _FakeComm()
     print_ranked(comm, "same")
     assert capsys.readouterr().out == "rank 0: rank zero's line\nranks 1,2: same\n"
-    with ranked(comm) as out:
+    with rank_ordered(comm) as out:
         out.print("n =", 3)
     assert capsys.readouterr().out.splitlines()[-1] == "ranks 1,2: n = 3"
     wrapped = gather_ranked(comm, ["x" * 150])  # wrapped at 100 columns
@@ -186,3 +186,85 @@ def test_small_frictions(capsys):
     by_mkn = capsys.readouterr().out
     assert main(argv + ["--shape", "128,192"]) == 0
     assert capsys.readouterr().out == by_mkn
+
+
+def _volume(box):
+    size = 1
+    for lo, hi in box:
+        size *= hi - lo
+    return size
+
+
+@pytest.mark.parametrize("source, target", [(("x", None), (None, "x")), (("x", None), (None, None)),
+                                            ((("x", "y"), None), ("y", "x"))])
+def test_step_moves_deliver_exactly_what_each_rank_receives(source, target):
+    from spmdsim.viz.moves import step_moves
+
+    mesh = Layout((2, 4), ("x", "y"))
+    if source == ("x", None) and target == (None, "x"):
+        mesh = Layout((8,), ("x",))
+    plan = plan_redistribution(mesh(*source), mesh(*target), (16, 24))
+    for step in plan.steps:
+        got = [0] * 8
+        for move in step_moves(step, plan.shape):
+            assert not move.summed and move.dst not in move.sources
+            got[move.dst] += _volume(move.box) * 4
+        assert tuple(got) == step.bytes_received, step
+
+
+def test_summed_moves_name_every_addend():
+    from spmdsim.viz.moves import step_moves
+
+    m = Layout((2, 4), ("dp", "tp"))
+    plan = plan_redistribution(m("dp", None, partial=("tp",)), m(None, "tp"), (8, 8))
+    moves = step_moves(plan.steps[0], plan.shape)  # Reduce_scatter over tp
+    assert {(mv.dst, mv.sources, mv.box) for mv in moves if mv.dst == 1} == {
+        (1, (0, 2, 3), ((0, 4), (2, 4)))}
+    assert all(mv.summed for mv in moves) and len(moves) == 8
+
+
+def test_show_matmul_prints_each_ranks_addend_and_the_sum(capsys):
+    import numpy as np
+
+    from spmdsim.dialects.strategy import matmul_layouts
+    from spmdsim.viz.matmul import matmul_sum_lines
+
+    lines = matmul_sum_lines(matmul_layouts("((2,2),(2,1))", 4), (4, 4, 2))
+    x, w = np.arange(16).reshape(4, 4), np.arange(8).reshape(4, 2)
+    assert f"  r2      x[2:4, 0:2] @ w[0:2, 0:2] = {(x[2:4, :2] @ w[:2]).tolist()}".replace(" ", "") in [
+        line.replace(" ", "") for line in lines]
+    sums = [line for line in lines if line.lstrip().startswith("sum")]
+    assert len(sums) == 2 and str((x[:2] @ w).tolist()) in sums[0]
+    # No pending sum when K is whole: one addend per block, no sum line.
+    whole = matmul_sum_lines(matmul_layouts("((2,1),(1,2))", 4), (2, 3, 2))
+    assert not any(line.lstrip().startswith("sum") for line in whole)
+    assert main(["show", "--strategy", "((2,2),(2,1))", "--matmul", "--shape", "4,4,2"]) == 0
+    out = capsys.readouterr().out
+    assert "out[0:2, 0:2] is a pending sum over k:" in out and max(map(len, out.splitlines())) <= 80
+    assert main(["show", "--strategy", "((2,1),)", "--matmul", "--shape", "4,4,2"]) == 2
+    assert "--matmul needs a MatMul --strategy of two tensors" in capsys.readouterr().err
+
+
+def test_rank_order_and_trace_export_on_simulated_ranks(capsys, tmp_path):
+    import spmdsim
+    from spmdsim.runtime import collect_trace
+    from spmdsim.runtime.collectives import allreduce
+    from spmdsim.runtime.trace_export import write_chrome_trace
+
+    path = tmp_path / "sim.json"
+
+    def main_():
+        comm = spmdsim.world()
+        mesh = spmdsim.runtime.Mesh(Layout((4,), ("x",)), comm)
+        with collect_trace() as trace:
+            allreduce(mesh, __import__("numpy").ones(6, dtype="float32"), ("x",))
+        print_ranked(comm, "done", f"half {comm.rank // 2}")
+        write_chrome_trace(comm, trace, path)
+
+    spmdsim.simulate(4, main_)
+    assert capsys.readouterr().out == "ranks 0,1:\n  done\n  half 0\nranks 2,3:\n  done\n  half 1\n"
+    obj = json.loads(path.read_text())
+    _validate(obj)
+    colls = [e for e in obj["traceEvents"] if e.get("cat") == "collective"]
+    assert sorted(e["pid"] for e in colls) == [0, 1, 2, 3]
+    assert {e["args"]["bytes_sent"] for e in colls} == {2 * 3 * 24 // 4}

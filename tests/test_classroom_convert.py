@@ -62,7 +62,8 @@ def test_what_each_dialect_can_and_cannot_say(capsys):
     assert pending["JAX PartitionSpec"]["text"] is None and pending["MindSpore .shard"]["text"] is None
     assert pending["PyTorch DTensor"]["text"] == "(S(0), P)"
     columns = forms("columns")
-    assert columns["Paddle split"]["text"] == 'split(x, (8, 16), operation="linear", axis=1, num_partitions=8)'
+    assert columns["Paddle split"]["text"] == (
+        'split(x, (8, 16), operation="linear", axis=1, num_partitions=8)')
     assert main(["convert", *CASES["rows-two-copies"]]) == 0
     text = capsys.readouterr().out
     assert max(len(line) for line in text.splitlines()) <= 100

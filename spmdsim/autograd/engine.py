@@ -14,7 +14,7 @@ data-parallel gradient Allreduce. Every move is a redistribution planned by
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -25,14 +25,17 @@ from .graph import Leaf, Node, used_axes
 __all__ = ["backward", "grad_layout", "add_grads"]
 
 
-def backward(loss: Any) -> None:
+def backward(loss: Any, explain: Optional[list] = None) -> None:
     """Fill ``.grad`` of every leaf `loss` depends on; frees the graph (a second backward is refused).
 
     Collective: every rank calls it on the same graph. Every refusal depends
     only on what all ranks share (shapes, layouts, the graph), so all ranks
-    raise it alike before the first collective.
+    raise it alike before the first collective. `explain`, a list, receives
+    (forward step, this rank's trace entries) for each step the backward
+    answers, in backward order, and ("gradient of <leaf>", entries) for each
+    leaf's resolution.
     """
-    from ..runtime import DTensor
+    from ..runtime import DTensor, collect_trace
 
     _check_loss(loss)
     order = _topological(loss._ag)
@@ -47,17 +50,24 @@ def backward(loss: Any) -> None:
         node.backward, node.inputs = None, ()  # freed: saved tensors go with it
         if dy is None:
             continue
-        outs = run(_prepared(node, dy))
-        for tensor, g in zip(inputs, outs):
-            if g is None or tensor is None or tensor._ag is None:
-                continue
-            if isinstance(tensor._ag, Leaf) and tensor._ag not in grads:
-                leaves.append(tensor._ag)
-            _accumulate(grads, owners, tensor, g)
+        with collect_trace() as trace:
+            outs = run(_prepared(node, dy))
+            for tensor, g in zip(inputs, outs):
+                if g is None or tensor is None or tensor._ag is None:
+                    continue
+                if isinstance(tensor._ag, Leaf) and tensor._ag not in grads:
+                    leaves.append(tensor._ag)
+                _accumulate(grads, owners, tensor, g)
+        if explain is not None:
+            explain.append((node.describe(), trace.entries))
     for leaf in leaves:  # first-contribution order: the same on every rank
         tensor, g = owners[leaf], grads.pop(leaf)
         whole = tensor.layout.with_partial(())
-        g = _move(g, whole)
+        with collect_trace() as trace:
+            g = _move(g, whole)
+        if explain is not None:
+            explain.append((f"leaf {tuple(tensor.global_shape)} {tensor.layout}: its replicas' "
+                            "gradients summed", trace.entries))
         leaf.grad = g if leaf.grad is None else add_grads(leaf.grad, g, whole)
 
 
@@ -93,7 +103,7 @@ def _topological(root: Any) -> list:
         seen.add(id(node))
         if node.backward is None:
             raise OperatorError(
-                f"backward through the graph of {node.name!r} a second time: its saved tensors were "
+                f"backward through the graph of {node.describe()!r} a second time: its saved tensors were "
                 "freed by the first backward(); run the forward again")
         stack.append((node, True))
         for t in node.inputs:

@@ -52,7 +52,8 @@ class Node:
     """An operator's output in the graph.
 
     Attributes:
-        name: the operator ("matmul", "relu", "redistribute", ...).
+        name: the operator ("matmul", "relu", ...), or a function making a longer
+            text (the forward step, for explanations); `describe()` gives the text.
         inputs: the DTensor operands (None where an operand is not a DTensor).
         backward: ``backward(dy) -> tuple of gradients, one per input`` (None
             where an input needs none); None once the graph was freed.
@@ -68,10 +69,9 @@ class Node:
     def __init__(self, name: str, inputs: tuple, backward: Callable, want: Any, reads: tuple) -> None:
         self.name, self.inputs, self.backward, self.want, self.reads = name, inputs, backward, want, reads
 
-    def needs(self, index: int) -> bool:
-        """True when input `index` wants a gradient."""
-        t = self.inputs[index]
-        return t is not None and getattr(t, "_ag", None) is not None
+    def describe(self) -> str:
+        """The forward step this node records, as text."""
+        return self.name if isinstance(self.name, str) else self.name()
 
 
 def requires_grad_(tensor: Any, flag: bool = True) -> Any:
@@ -91,7 +91,7 @@ def requires_grad_(tensor: Any, flag: bool = True) -> Any:
     return tensor
 
 
-def record(out: Any, name: str, inputs: Sequence[Any], backward: Callable,
+def record(out: Any, name: str | Callable[[], str], inputs: Sequence[Any], backward: Callable,
            want: Any = None, reads: Optional[Sequence[Any]] = None) -> Any:
     """Attach a Node to `out` unless inside ``no_grad()``; returns `out`.
 

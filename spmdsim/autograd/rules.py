@@ -11,7 +11,7 @@ resolves by Allreduce or Reduce_scatter where it must). No rule communicates.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 
@@ -45,6 +45,14 @@ def grad_tensor(like: Any, local: np.ndarray, *pending: Iterable[str]) -> Any:
                    like.global_shape)
 
 
+def _named(op: str, label: Optional[str], plan: Any) -> Callable[[], str]:
+    """A node's name for explanations, made when asked: "matmul MatMul1 (contraction dim K ...)"."""
+    def name() -> str:
+        text = op if not label or label == op else f"{op} {label}"
+        return text if plan is None else f"{text}: {plan.why()}"
+    return name
+
+
 def _swap(a: np.ndarray) -> np.ndarray:
     return np.swapaxes(a, -1, -2)
 
@@ -74,17 +82,17 @@ def _matmul_grads(x: Any, w: Any, local: TensorLayout, ta: bool, tb: bool, dy: A
     return gx, gw
 
 
-def record_matmul(out: Any, x: Any, w: Any, plan: Any, ta: bool, tb: bool) -> Any:
+def record_matmul(out: Any, x: Any, w: Any, plan: Any, ta: bool, tb: bool, label: Optional[str] = None) -> Any:
     """Y = op(x) @ op(w): the gradient arrives in the local product's map (the resolution's conjugate)."""
     need = (x._ag is not None, w._ag is not None)
 
     def backward(dy: Any) -> tuple:
         return _matmul_grads(x, w, plan.local, ta, tb, dy, *need)
 
-    return record(out, "matmul", (x, w), backward, plan.local.with_partial(()))
+    return record(out, _named("matmul", label, plan), (x, w), backward, plan.local.with_partial(()))
 
 
-def record_linear(out: Any, x: Any, w: Any, bias: Any, plan: Any) -> Any:
+def record_linear(out: Any, x: Any, w: Any, bias: Any, plan: Any, label: Optional[str] = None) -> Any:
     """x @ w + bias (bias added once); the gather's conjugate is a local slice, the Allreduce's nothing."""
     local = plan.matmul.local
     need = (x._ag is not None, w._ag is not None, bias is not None and bias._ag is not None)
@@ -97,10 +105,11 @@ def record_linear(out: Any, x: Any, w: Any, bias: Any, plan: Any) -> Any:
             gb = grad_tensor(bias, rows, dy.layout.partial, axes_of(local, local.tensor_map[:-1]))
         return gx, gw, gb
 
-    return record(out, "linear", (x, w, bias), backward, local.with_partial(()))
+    return record(out, _named("linear", label, plan.matmul), (x, w, bias), backward,
+                  local.with_partial(()))
 
 
-def record_embedding(out: Any, ids: Any, table: Any, plan: Any, start: int) -> Any:
+def record_embedding(out: Any, ids: Any, table: Any, plan: Any, start: int, label: Optional[str] = None) -> Any:
     """table[ids]: the gradient rows are added into the rows this rank owns (no communication)."""
 
     def backward(dy: Any) -> tuple:
@@ -111,7 +120,7 @@ def record_embedding(out: Any, ids: Any, table: Any, plan: Any, start: int) -> A
         np.add.at(g, flat_ids[owned], dy.local.reshape(-1, g.shape[1])[owned])
         return None, grad_tensor(table, g, dy.layout.partial, axes_of(plan.local, plan.local.tensor_map[:-1]))
 
-    return record(out, "embedding", (ids, table), backward, plan.local.with_partial(()))
+    return record(out, _named("embedding", label, None), (ids, table), backward, plan.local.with_partial(()))
 
 
 def record_activation(out: Any, x: Any, name: str) -> Any:
@@ -184,4 +193,4 @@ def record_reshape(out: Any, x: Any) -> Any:
 
 def record_redistribute(out: Any, x: Any) -> Any:
     """A move: its backward is the planner's reverse move, which the engine makes."""
-    return record(out, "redistribute", (x,), lambda dy: (dy,))
+    return record(out, lambda: f"redistribute {x.layout} -> {out.layout}", (x,), lambda dy: (dy,))

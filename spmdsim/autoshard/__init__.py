@@ -6,9 +6,13 @@ the redistributions between them (`cost`: exact bytes per rank, or modelled
 seconds), and picks one per operator by propagation from the fixed operators
 or by search (`search`: exact DP on chains and trees, branch and bound on
 other graphs). `spmdsim autoshard --network NAME` is the command line;
-`spmdsim.autoshard.run` executes a choice under MPI.
+`spmdsim.autoshard.execute` runs a choice under MPI. The module is callable:
+``spmdsim.autoshard("net_mindspore_tutorial", 8)`` is ``autoshard(...)``.
 """
 from __future__ import annotations
+
+import sys
+import types
 
 from .candidates import Candidate, make_candidate
 from .choose import METHODS, OpReport, Result, autoshard
@@ -40,3 +44,13 @@ __all__ = [
     "tree_search",
     "branch_and_bound",
 ]
+
+
+class _CallableModule(types.ModuleType):
+    """This module, callable: ``spmdsim.autoshard(...)`` is `autoshard`; its names stay reachable."""
+
+    def __call__(self, *args, **kwargs) -> Result:
+        return autoshard(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -45,6 +45,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--dtype", choices=("float32", "float64", "int32", "int64"), default="float32",
                         help="element type (default float32)")
     parser.add_argument("--root", type=int, default=0, help="the bcast root (default 0)")
+    parser.add_argument("--ranks", type=int, default=None, metavar="N",
+                        help="run on N simulated ranks in this process instead of MPI ranks "
+                             "(compared with the simulated ranks' own collective)")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs; the median is shown (default 3)")
     parser.add_argument("--show", action="store_true",
                         help="print every round as a table and what each rank holds after it")
@@ -77,21 +80,37 @@ def _check_args(args: argparse.Namespace) -> tuple[str, str, int]:
     if args.repeat < 1:
         raise SpmdsimError(f"--repeat {args.repeat!r} must be at least 1")
     if args.png:
-        from ..viz.png import _matplotlib
+        from ..viz.png import require_matplotlib
         from .paths import check_output_dir
 
-        _matplotlib()  # one line naming the extra when matplotlib is missing
+        require_matplotlib()  # one line naming the extra when matplotlib is missing
         check_output_dir(args.png, "--png")
     return collective, algorithm, size
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.ranks is not None:
+        return _simulated(args)
     from mpi4py import MPI
 
     from .run import guarded
 
     comm = MPI.COMM_WORLD
     return guarded(lambda: _execute(args, comm), comm, args)
+
+
+def _simulated(args: argparse.Namespace) -> int:
+    """--ranks N: every rank a thread of this process (spmdsim.sim); the report says so first."""
+    from ..runtime.debug import configure_from_args
+    from ..sim import simulate, world
+
+    if isinstance(args.ranks, bool) or not 2 <= args.ranks <= 1024:
+        raise SpmdsimError(f"--ranks {args.ranks!r} must be between 2 and 1024")
+    _check_args(args)  # before the threads start: one error line
+    configure_from_args(args)
+    if not args.json:
+        print(f"{args.ranks} simulated ranks in one process (spmdsim.sim), not MPI")
+    return max(simulate(args.ranks, lambda: _execute(args, world())))
 
 
 def _execute(args: argparse.Namespace, comm: Any) -> int:
@@ -155,6 +174,7 @@ def report(schedule: Any, result: dict, show: bool = False) -> str:
     sent = max(schedule.bytes_sent())
     formula = busiest_bytes_sent(schedule.name, p, me_bytes)
     builtin = _BUILTIN[schedule.collective]
+    library = "the simulated ranks'" if result.get("simulated") else "MPI's"
     gathered = f", {me_bytes * p:,} B gathered" if schedule.collective == "allgather" else ""
     lines = [f"{schedule.name} on {p} ranks: {me_bytes:,} B from each rank{gathered}",
              f"  {me_bytes // schedule.itemsize:,} elements of {schedule.itemsize} B, cut into "
@@ -164,12 +184,13 @@ def report(schedule: Any, result: dict, show: bool = False) -> str:
              f"({'equal' if sent == formula else 'the buffer does not divide evenly into slots'})",
              f"  formula: {FORMULAS[schedule.name][0]} (n: bytes from each rank)"]
     verdict = "matches" if result["matches_mpi"] else "DIFFERS FROM"
-    lines.append(f"result: {verdict} MPI's {builtin} (max abs difference {result['max_abs_difference']:.3g}"
+    lines.append(f"result: {verdict} {library} {builtin} (max abs difference {result['max_abs_difference']:.3g}"
                  + (": sums in another order)" if schedule.collective in ("allreduce", "reduce_scatter") else ")"))
     seconds, origin = _predicted(schedule)
     model = f", cost model {seconds * 1e3:.3f} ms" if seconds is not None else ""
     lines.append(f"time (slowest rank, median, {result['wait_mode']} wait): emulated "
-                 f"{result['seconds_emulated'] * 1e3:.3f} ms, MPI {result['seconds_mpi'] * 1e3:.3f} ms" + model)
+                 f"{result['seconds_emulated'] * 1e3:.3f} ms, {'built-in' if result.get('simulated') else 'MPI'} "
+                 f"{result['seconds_mpi'] * 1e3:.3f} ms" + model)
     lines.append(f"cost model: {origin}")
     if show:
         lines += ["", format_rounds(schedule, result["round_seconds"]), "", format_states(schedule)]
@@ -197,4 +218,5 @@ def to_json(schedule: Any, result: dict) -> dict:
         "matches_mpi": result["matches_mpi"], "max_abs_difference": result["max_abs_difference"],
         "seconds_emulated": result["seconds_emulated"], "seconds_mpi": result["seconds_mpi"],
         "seconds_model": seconds, "wait_mode": result["wait_mode"],
+        "simulated": bool(result.get("simulated")),
     }

@@ -3,6 +3,7 @@
     mpiexec -n 8 spmdsim demo            # table on rank 0
     mpiexec -n 8 spmdsim demo --json     # list of records instead
     mpiexec -n 4 spmdsim demo            # scenarios that need 8 ranks are listed as SKIP
+    spmdsim demo --ranks 8               # 8 simulated ranks in this process, no mpiexec
 
 Exit codes: 0 every scenario that ran passed and at least half of those chosen
 ran; 1 a scenario failed; 2 bad input (an unknown --only name, ...); 3 every
@@ -18,7 +19,7 @@ from typing import Any, Sequence
 
 from ..errors import SpmdsimError
 from ..validate import counted
-from .run import add_common_arguments, add_trace_out, check_trace_out, guarded
+from .run import add_common_arguments, add_trace_out, check_trace_out, guarded, on_world
 
 __all__ = ["register", "run", "format_table", "coverage", "TOO_FEW_RAN"]
 
@@ -54,11 +55,9 @@ def run(args: argparse.Namespace) -> int:
         for sc in chosen:
             print(f"{sc.name:<22} {sc.title}")
         return 0
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
     # Inside the guard: an unknown name is the same error on every rank, printed once.
-    return guarded(lambda: _run_all(_only(chosen, args.only), args, comm), comm, args)
+    return on_world(args, lambda comm: guarded(lambda: _run_all(_only(chosen, args.only), args, comm),
+                                               comm, args))
 
 
 def _only(chosen: Sequence[Any], names: Sequence[str] | None) -> tuple[Any, ...]:
@@ -110,7 +109,8 @@ def coverage(outcomes: Sequence[Any], world_size: int, chosen: Sequence[Any] = (
     text = f"{what} ({ran} of {len(outcomes)} ran on {counted(world_size, 'rank')})"
     fits = next((w for w in range(1, 1025) if chosen and all(sc.needs(w) is None for sc in chosen)), None)
     if fits is not None:
-        text += f"; {fits} ranks run them all (mpiexec -n {fits})"
+        text += (f"; {fits} ranks run them all (mpiexec -n {fits}, or `spmdsim demo --ranks {fits}` "
+                 "in one process)")
     return text
 
 

@@ -19,9 +19,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import SpmdsimError
-from ..layout import Layout, TensorLayout
+from ..layout import Layout, TensorLayout, default_axis_names
 from ..plan import Plan, plan_redistribution
+from ..validate import counted
 from .cases import check_device_count, parse_int_list, parse_name_list, parse_tensor_map
+from .plan_explain import dialect_of, moves_and_bytes_png, plan_record, plan_text
 
 __all__ = [
     "register",
@@ -107,7 +109,7 @@ def _mesh(matrix: str, alias: str | None, prefix: str = "") -> Layout:
     dims = parse_int_list(matrix, flag)
     check_device_count(math.prod(dims), f"{flag} {matrix!r}", MAX_PLAN_DEVICES)
     names = (parse_name_list(alias, f"--{prefix}alias") if alias
-             else tuple(f"axis_{i}" for i in range(len(dims))))
+             else default_axis_names(len(dims)))
     return Layout(dims, names)
 
 
@@ -128,17 +130,17 @@ def _side(args, which: str, mesh: Layout, ndim: int, world: int) -> TensorLayout
         raise SpmdsimError("--to-strategy gives the target's device matrix itself; "
                            "expected no --to-device-matrix or --to-alias with it")
     if strategy:
-        from ..dialects.strategy import strategy_layout
+        from ..dialects.strategy import strategy_to_layout
 
-        tl = strategy_layout(strategy, world)
+        # Both sides of a strategy pair would name their axes axis_0, axis_1, ...: the
+        # target's are to_0, to_1, ... so the report tells the two meshes apart.
+        tl = strategy_to_layout(strategy, world)
         if which == "to":
-            # Both sides of a strategy pair would name their axes s0, s1, ...: the
-            # target's become t0, t1, ... so the report tells the two meshes apart.
-            tl = _renamed(tl, {n: "t" + n[1:] for n in tl.layout.alias_name if n[:1] == "s"})
+            tl = _renamed(tl, {n: "to_" + n[5:] for n in tl.layout.alias_name if n[:5] == "axis_"})
     elif spec:
         from ..dialects.partition_spec import partition_spec_to_layout
 
-        tl = partition_spec_to_layout(parse_tensor_map(spec), mesh.alias_name, mesh.device_matrix, ndim)
+        tl = partition_spec_to_layout(parse_tensor_map(spec), mesh.device_matrix, ndim, mesh.alias_name)
     elif sbp:
         from ..dialects.sbp import sbp_to_layout
 
@@ -304,7 +306,7 @@ def run(args: argparse.Namespace) -> int:
         require_matplotlib()
     source, target, shape, dtype = layouts_from_args(args)
     plan = plan_redistribution(source, target, shape, dtype)
-    print(json.dumps(_record(plan, args)) if args.json else _text(plan, args))
+    print(json.dumps(plan_record(plan, args)) if args.json else plan_text(plan, args))
     if getattr(args, "show", False) and not args.json:
         from ..viz import render_plan_ascii
 
@@ -314,39 +316,18 @@ def run(args: argparse.Namespace) -> int:
         from ..viz import render_plan_png
 
         paths = render_plan_png(plan, args.png)
+        paths += moves_and_bytes_png(plan, args.png, dialect_of(args))
         if not args.json:
-            print(f"wrote {len(paths)} picture(s) to {args.png}")
+            print(f"wrote {counted(len(paths), 'picture')} to {args.png}")
     return 0
-
-
-def _record(plan: Plan, args: argparse.Namespace) -> dict:
-    """The JSON record; with --explain, the rank -> rank byte matrix too."""
-    record = plan.to_json()
-    if args.explain:
-        from ..viz.why import byte_matrix
-
-        record["bytes_matrix"] = byte_matrix(plan.steps, plan.num_ranks)
-    return record
-
-
-def _text(plan: Plan, args: argparse.Namespace) -> str:
-    """`format_plan`, followed by the --explain lines when asked for."""
-    dialect = "dtensor" if args.from_placements or args.to_placements else "sbp"
-    if not args.explain:
-        return format_plan(plan, dialect)
-    from ..viz.table import wrap_lines
-    from ..viz.why import explain_plan_lines
-
-    return "\n".join([format_plan(plan, dialect)] + wrap_lines(explain_plan_lines(plan, dialect)))
 
 
 def run_redistribute(args: argparse.Namespace) -> int:
     """`spmdsim run redistribute`: execute the plan under MPI and check it bit-exactly."""
-    from mpi4py import MPI
-
+    from ..sim.run import world
     from .run import guarded
 
-    comm = MPI.COMM_WORLD
+    comm = world()  # MPI's COMM_WORLD, or the simulated rank's under --ranks N
     return guarded(lambda: _execute(args, comm), comm, args)
 
 
@@ -382,17 +363,22 @@ def _execute(args: argparse.Namespace, comm: Any) -> int:
 
         write_chrome_trace(comm, trace, args.trace_out, began, ended)
     received = comm.allreduce(sum(e.bytes_received for e in trace.entries), op=MPI.MAX)
+    from ..runtime.ranked import gather_ranked
+
+    # Every rank's collectives, ranks with the same lines folded ("ranks 0-7: ...").
+    calls = gather_ranked(comm, [f"{(e.label or e.op).replace('redistribute', 'step', 1)}: sent "
+                                 f"{e.bytes_sent:,} B, received {e.bytes_received:,} B"
+                                 for e in trace.entries] or ["none"])
     if comm.Get_rank() == 0:
         if args.json:
-            record = _record(plan, args)
+            record = plan_record(plan, args)
             record.update(passed=bool(verdict.passed), max_abs_error=float(verdict.max_abs_error),
                           measured_bytes_received_per_rank=int(received))
             print(json.dumps(record))
         else:
-            print(_text(plan, args))
-            print("collectives (rank 0):")
-            for e in trace.entries:
-                print(f"  {e.label}: {e.op} sent {e.bytes_sent:,} B, received {e.bytes_received:,} B")
+            print(plan_text(plan, args))
+            print("collectives:")
+            print("\n".join("  " + line for line in calls))
             print(f"measured bytes received per rank (max): {received:,} B")
             print(f"{verdict}  {'PASS' if verdict.passed else 'FAIL'}")
     return 0 if verdict.passed else 1

@@ -5,6 +5,7 @@
     mpiexec -n 8 spmdsim run linear --front paddle --shape 64,200,72 --no-gather-out
     mpiexec -n 8 spmdsim run embedding --mode vocab --shape 10,4,1000,48
     mpiexec -n 8 spmdsim run mlp --shape 24,96,360 --activation relu
+    spmdsim run mlp --shape 24,96,360 --ranks 8        # 8 simulated ranks, no mpiexec
 
 Prints each rank's layout (gathered to rank 0), the collectives with bytes,
 the max error and PASS/FAIL; exits 1 on FAIL. ``--explain`` adds, per rank,
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import math
+import re
 from typing import Any, Callable, Sequence
 
 from ..dialects.strategy import parse_strategy
@@ -24,17 +26,36 @@ from ..layout import Layout
 from ..validate import counted
 from .cases import check_device_count, parse_int_list, parse_name_list, parse_tensor_map
 
-__all__ = ["register", "run", "add_common_arguments", "guarded", "report"]
+__all__ = ["register", "run", "add_common_arguments", "on_world", "guarded", "report"]
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    """--dtype, --seed and the debug flags (--check, --watchdog), shared with `spmdsim demo`."""
+    """--dtype, --seed, --ranks and the debug flags (--check, --watchdog), shared with `spmdsim demo`."""
     from ..runtime.debug import add_cli_arguments  # pure until a collective runs
+    from ..sim.launch import ranks_argument
 
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                         help="element type of the generated tensors (default float32)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated data")
     add_cli_arguments(parser)
+    ranks_argument(parser)
+
+
+def on_world(args: argparse.Namespace, fn: Callable[[Any], int]) -> int:
+    """`fn(comm)` on the MPI world, or with ``--ranks N`` on N simulated ranks in this process."""
+    n = getattr(args, "ranks", None)
+    if n is None:
+        if getattr(args, "dry_run", False):
+            raise SpmdsimError("--dry-run needs --ranks N (a dry run simulates the ranks in this process)")
+        from mpi4py import MPI
+
+        return fn(MPI.COMM_WORLD)
+    if n < 1:
+        raise SpmdsimError(f"--ranks {n!r} must be a positive number of ranks, e.g. --ranks 8")
+    from ..sim.launch import run_on_ranks
+    from ..sim.run import world
+
+    return run_on_ranks(n, lambda: fn(world()), dry_run=args.dry_run, as_json=getattr(args, "json", False))
 
 
 def register(subparsers: Any) -> None:
@@ -121,6 +142,9 @@ def _add_redistribute(ops: Any) -> None:
     sub = ops.add_parser("redistribute", help="move a generated tensor between two layouts",
                          description="Plan, execute and check a redistribution (see spmdsim plan).")
     plan.add_redistribute_arguments(sub)
+    from ..sim.launch import ranks_argument
+
+    ranks_argument(sub)
     sub.set_defaults(op_func=plan.run_redistribute)
 
 
@@ -143,14 +167,11 @@ def guarded(fn: Callable[[], int], comm: Any, args: argparse.Namespace | None = 
 
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "op_func", None):
-        return int(args.op_func(args) or 0)
+        return on_world(args, lambda comm: int(args.op_func(args) or 0))
     if not args.op:
         args._parser.print_help()
         return 2
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
-    return guarded(lambda: _run_op(args, comm), comm, args)
+    return on_world(args, lambda comm: guarded(lambda: _run_op(args, comm), comm, args))
 
 
 def _shape(args: argparse.Namespace) -> tuple[int, ...]:
@@ -274,7 +295,7 @@ def _operand_shapes(dims: Sequence[int], transpose_a: bool, transpose_b: bool,
 
 def _sbp_matmul_job(args: argparse.Namespace, comm: Any, dims: Sequence[int], common: dict,
                     flags: dict) -> Any:
-    """MatMul with OneFlow nD SBPs over a placement: axes p0, p1, ... (sbp_to_layout's names)."""
+    """MatMul with OneFlow nD SBPs over a placement: axes axis_0, axis_1, ... (sbp_to_layout's names)."""
     from ..demo import jobs
     from ..dialects.sbp import sbp_to_layout
 
@@ -296,7 +317,10 @@ def _run_op(args: argparse.Namespace, comm: Any) -> int:
     from ..runtime.ranked import gather_ranked, trace_lines
 
     check_trace_out(args)
-    job = _build(args, comm)
+    try:
+        job = _build(args, comm)
+    except SpmdsimError as exc:
+        raise _with_ways_out(exc, comm) from None
     explained = explain_lines(job) if args.explain else []
     result = run_job(job, comm)
     lines = comm.gather([rank_line(job, result.out)] + explained, root=0)
@@ -308,6 +332,16 @@ def _run_op(args: argparse.Namespace, comm: Any) -> int:
     if comm.Get_rank() == 0:
         print(report(job, result, lines, args.json, calls, explain=args.explain))
     return 0 if result.verdict.passed else 1
+
+
+def _with_ways_out(exc: SpmdsimError, comm: Any) -> SpmdsimError:
+    """In one process, an error about too few ranks also says how to get them (mpiexec or --ranks)."""
+    found = re.search(r"needs (\d+) (?:devices|ranks)", str(exc))
+    if comm.Get_size() != 1 or found is None or "--ranks" in str(exc):
+        return exc
+    from ..sim.launch import ways_out
+
+    return type(exc)(f"{exc}{ways_out(int(found.group(1)))}")
 
 
 def report(job: Any, result: Any, rank_lines: list, as_json: bool = False,

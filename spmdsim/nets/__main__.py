@@ -29,11 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in args.names if n not in NETWORKS]
     if unknown:
         parser.error(f"unknown network(s) {unknown!r}; expected some of {sorted(NETWORKS)!r}")
-    from mpi4py import MPI
-
     from ..runtime.guard import run_guarded
+    from ..sim.run import world
 
-    comm = MPI.COMM_WORLD
+    comm = world()  # MPI's COMM_WORLD, or the simulated rank's
     return run_guarded(lambda: _run(args.names or list(NETWORKS), args, comm), comm)
 
 

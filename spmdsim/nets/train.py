@@ -11,7 +11,7 @@ verdict per tensor).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from ..errors import OperatorError
 from ..layout import Layout, TensorLayout
 from .model import Hop, Network, schedule
 
-__all__ = ["NetworkTrainer", "StepResult", "PHASES"]
+__all__ = ["NetworkTrainer", "StepResult", "PHASES", "explain_backward", "world_size", "run_main"]
 
 #: Trace phases of a step, in order.
 PHASES = ("forward", "backward", "optimizer")
@@ -79,8 +79,12 @@ class NetworkTrainer:
     def flat_params(self) -> tuple:
         return tuple(p for ps in self.params for p in ps)
 
-    def step(self, x: np.ndarray, labels: np.ndarray) -> StepResult:
-        """zero_grad, forward, cross-entropy, backward and the optimizer step, each phase traced."""
+    def step(self, x: np.ndarray, labels: np.ndarray, explain: Optional[list] = None) -> StepResult:
+        """zero_grad, forward, cross-entropy, backward and the optimizer step, each phase traced.
+
+        `explain`: a list that receives what each backward collective answers
+        (`spmdsim.autograd.backward`).
+        """
         from ..ops import cross_entropy, reshape
         from ..runtime import DTensor, collect_trace
 
@@ -98,7 +102,7 @@ class NetworkTrainer:
             loss = cross_entropy(value, DTensor.from_global(value.mesh, np.asarray(labels).reshape(-1),
                                                             _labels_layout(value.layout)))
         with collect_trace() as traces["backward"]:
-            loss.backward()
+            loss.backward(explain)
         with collect_trace() as traces["optimizer"]:
             self.optimizer.step()
         return StepResult(loss, traces)
@@ -109,7 +113,10 @@ class NetworkTrainer:
         from ..runtime import DTensor
 
         if hop.is_redistribution:
-            return redistribute(x, hop.after, hop.plan)
+            y = redistribute(x, hop.after, hop.plan)
+            if y._ag is not None:  # name the node after the hop, for explanations
+                y._ag.name = f"{hop.label} ({_plan_text(hop)})"
+            return y
         stage = self.net.stages[hop.stage]
         params = self.params[hop.stage]
         if stage.kind == "flatten":  # only the batch dim is split: a local reshape (x needs no grad)
@@ -134,12 +141,59 @@ class NetworkTrainer:
             verdicts.append(p.check(new, rtol=rtol, atol=scale_atol * float(np.abs(new).max())))
         return tuple(verdicts)
 
-    def close(self) -> None:
-        """Free the meshes' sub-communicators (collective: all ranks call it)."""
+    def close(self, keep: Any = None) -> None:
+        """Free the meshes' sub-communicators, except `keep`'s (collective: all ranks call it)."""
         for mesh in self._meshes.values():
-            mesh.close()
+            if mesh is not keep:
+                mesh.close()
+
+
+def explain_backward(explain: list) -> str:
+    """Lines "collective(axes) bytes  <- forward step" for the backward steps that communicated."""
+    lines = ["backward collectives (this rank) <- the forward step each answers"]
+    for step, entries in explain:
+        for e in entries:
+            if e.group_size > 1:
+                call = f"{e.op}({','.join(e.axes) or 'all'})"
+                lines.append(f"  {call:<22} {e.bytes_sent:>9,} B  <- {step}")
+    return "\n".join(lines)
+
+
+def _plan_text(hop: Hop) -> str:
+    """The forward move of a redistribution hop: "Allreduce(k) [m,n] -> [s0,s1]"."""
+    from .model import short_layout
+
+    ops = ", ".join(f"{s.op}({','.join(s.axes)})" for s in hop.plan.steps) or "no step"
+    return f"{short_layout(hop.before)} -> {short_layout(hop.after)} by {ops}"
 
 
 def _labels_layout(logits: TensorLayout) -> TensorLayout:
     """Labels split like the logits' batch dim."""
     return TensorLayout(logits.layout, logits.tensor_map[:1])
+
+
+def world_size(ranks: int) -> int:
+    """The rank count a run will have: `ranks` simulated ranks, or the MPI world's size."""
+    if ranks:
+        return ranks
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_size()
+
+
+def run_main(main: Any, args: Any, ranks: int) -> Any:
+    """``main(args)`` on `ranks` simulated ranks (spmdsim.simulate), or on this MPI rank; rank 0's result.
+
+    Under MPI an exception on some ranks ends the whole job instead of hanging the others.
+    """
+    if ranks:
+        from ..sim import simulate
+
+        return simulate(ranks, main, args)[0]
+    from mpi4py import MPI
+
+    from ..runtime import install_excepthook
+
+    install_excepthook(MPI.COMM_WORLD)
+    return main(args)
+

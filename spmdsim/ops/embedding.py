@@ -119,7 +119,7 @@ def embedding(
     local = run_resolution(mesh, local, plan.gather, None if label is None else f"{label}.gather")
     out = make_dtensor(mesh, local, plan.out, shape)
     if table._ag is not None:
-        record_embedding(out, ids, table, plan, start)
+        record_embedding(out, ids, table, plan, start, label)
     return out
 
 

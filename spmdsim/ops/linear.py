@@ -94,7 +94,7 @@ def linear(
     local = run_resolution(mesh, local, plan.gather, gather_label)
     out = make_dtensor(mesh, local, plan.out, shape)
     if x._ag is not None or weight._ag is not None or (bias is not None and bias._ag is not None):
-        record_linear(out, x, weight, bias, plan)
+        record_linear(out, x, weight, bias, plan, label)
     return out
 
 

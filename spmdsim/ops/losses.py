@@ -22,6 +22,7 @@ from ..autograd.graph import record
 from ..autograd.rules import axes_of, grad_tensor
 from ..errors import OperatorError, ShapeError
 from ..layout import TensorLayout
+from ..validate import counted
 from ._common import operands_mesh, require_float
 
 __all__ = ["mse_loss", "cross_entropy"]
@@ -122,8 +123,8 @@ def cross_entropy(logits: Any, labels: Any) -> Any:
     terms = np.log(sums[0]) - sums[1]
     total = _row_sum(mesh, np.array([terms.sum(), bad], z.dtype), row_axes, "cross_entropy")
     if total[1]:
-        raise OperatorError(f"cross_entropy: {int(total[1])} labels are outside [0, {classes}) "
-                            "(class indices must be below the number of classes)")
+        raise OperatorError(f"cross_entropy: {counted(int(total[1]), 'label')} outside [0, {classes}): "
+                            "labels are class indices, from 0 to the number of classes - 1")
     out = _scalar(mesh, total[0] / batch, z.dtype)
     if logits._ag is None:
         return out

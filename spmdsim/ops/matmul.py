@@ -86,5 +86,5 @@ def matmul(
     local = run_resolution(mesh, local, plan.resolution, label, owned=True)
     out = make_dtensor(mesh, local, plan.out, shape)
     if x._ag is not None or w._ag is not None:  # the one check autograd costs a forward
-        record_matmul(out, x, w, plan, bool(transpose_a), bool(transpose_b))
+        record_matmul(out, x, w, plan, bool(transpose_a), bool(transpose_b), label)
     return out

@@ -33,7 +33,7 @@ __all__ = [
     "prepare_reduce_scatter",
     "prepare_alltoall",
     "print_ranked",
-    "ranked",
+    "rank_ordered",
     "write_chrome_trace",
 ]
 
@@ -61,7 +61,7 @@ _WHERE = {
     "prepare_reduce_scatter": "prepared",
     "prepare_alltoall": "prepared",
     "print_ranked": "ranked",
-    "ranked": "ranked",
+    "rank_ordered": "ranked",
     "write_chrome_trace": "trace_export",
 }
 

@@ -7,13 +7,15 @@
 
 Works on any communicator with mpi4py's buffer ``Isend``/``Irecv`` and
 requests with ``Wait`` (MPI, or spmdsim's simulated ranks); imports mpi4py
-only in `compare_with_mpi`, which times MPI's own collective beside it. Each round posts every receive, then every send, then waits:
+only in `compare_with_mpi` on an MPI communicator, which times MPI's own
+collective beside it. Each round posts every receive, then every send, then waits:
 no order of arrival can deadlock. A rank adds a received piece to its own
 as ``own + received`` (docs/algorithms.md gives each algorithm's summation order).
 """
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Callable
@@ -70,21 +72,29 @@ class RoundLog:
         return "\n\n".join(parts)
 
 
-_OPEN: list[RoundLog] = []
+# Open logs per thread: simulated ranks (spmdsim.sim) are threads, each with its own.
+_LOCAL = threading.local()
+
+
+def _open_logs() -> list[RoundLog]:
+    logs = getattr(_LOCAL, "logs", None)
+    if logs is None:
+        logs = _LOCAL.logs = []
+    return logs
 
 
 class _Collector:
     def __enter__(self) -> RoundLog:
         self.log = RoundLog()
-        _OPEN.append(self.log)
+        _open_logs().append(self.log)
         return self.log
 
     def __exit__(self, *exc: object) -> None:
-        _OPEN.remove(self.log)
+        _open_logs().remove(self.log)
 
 
 def collect_rounds() -> _Collector:
-    """Record every schedule this process runs inside the ``with`` block (a RoundLog)."""
+    """Record every schedule this rank runs inside the ``with`` block (a RoundLog)."""
     return _Collector()
 
 
@@ -179,7 +189,7 @@ def run_schedule(comm: Any, schedule: Schedule, send: np.ndarray | None, out: np
     if not direct:
         out[...] = _gather(work, bounds, mine)
     record = RunRecord(schedule, me, tuple(seconds), label)
-    for log in _OPEN:
+    for log in _open_logs():
         log.records.append(record)
     return record
 
@@ -250,8 +260,19 @@ def emulate(mesh: Any, op: str, algorithm: str, comm: Any, send: Any, recv: Any,
     return f"{op}[{algorithm}]", schedule.bytes_sent()[me], schedule.bytes_received()[me]
 
 
+def _engine(comm: Any) -> tuple[bool, Any, Any, Any]:
+    """(simulated, SUM, MAX, MIN) for `comm`: MPI's op objects, or the names simulated ranks take."""
+    from ..sim.comm import SimComm
+
+    if isinstance(comm, SimComm):
+        return True, "sum", "max", "min"
+    from mpi4py import MPI
+
+    return False, MPI.SUM, MPI.MAX, MPI.MIN
+
+
 def _builtin(comm: Any, collective: str, send: np.ndarray, out: np.ndarray, root: int, polite: bool) -> None:
-    """MPI's own collective on the same buffers (blocks along the flat buffer)."""
+    """The library's own collective (MPI's, or the simulated ranks') on the same buffers."""
     from .wait import polite_wait
 
     name = {"allreduce": "allreduce", "allgather": "allgather", "reduce_scatter": "reduce_scatter_block",
@@ -261,9 +282,7 @@ def _builtin(comm: Any, collective: str, send: np.ndarray, out: np.ndarray, root
         out[...] = send
         args: tuple = (out, root)
     elif collective in ("allreduce", "reduce_scatter"):
-        from mpi4py import MPI
-
-        args = (send, out, MPI.SUM)
+        args = (send, out, _engine(comm)[1])
     else:
         args = (send, out)
     if polite:
@@ -277,19 +296,20 @@ def compare_with_mpi(comm: Any, schedule: Schedule, dtype: Any, repeat: int = 3,
     """Run `schedule` and MPI's own collective on the same input `repeat` times (collective).
 
     Inputs: values in [-1, 1) (integers in [-50, 50) for integer dtypes), per rank.
-    Returns (the same on every rank): ``matches_mpi`` (bitwise for data movement and
+    On simulated ranks "MPI's" collective is theirs (spmdsim.sim). Returns (the
+    same on every rank): ``matches_mpi`` (bitwise for data movement and
     integers; float sums within p*p*eps, the bound for summing p values of
     magnitude < 1 in another order), ``max_abs_difference``, the median over the
     runs of the slowest rank's seconds (``seconds_emulated``, ``seconds_mpi``,
     ``round_seconds`` per round) and the ``wait_mode`` used.
     """
-    from mpi4py import MPI
-
     from .wait import polite_wait, resolve_wait_mode
 
+    simulated, _, op_max, op_min = _engine(comm)
     dtype = np.dtype(dtype)
     me, p = comm.Get_rank(), schedule.group_size
-    mode = resolve_wait_mode(wait_mode, comm)
+    # Simulated ranks are threads of one process: nothing to be polite to.
+    mode = "busy" if simulated else resolve_wait_mode(wait_mode, comm)
     polite = mode == "polite"
     rng = np.random.default_rng(1000 + me)
     count = schedule.input_count(schedule.root if schedule.collective == "bcast" else me)
@@ -309,16 +329,17 @@ def compare_with_mpi(comm: Any, schedule: Schedule, dtype: Any, repeat: int = 3,
         _builtin(comm, schedule.collective, x, theirs, schedule.root, polite)
         runs.append((record.seconds, perf_counter() - t0) + record.round_seconds)
     slowest = np.empty((repeat, 2 + len(schedule.rounds)))
-    comm.Allreduce(np.array(runs, dtype=np.float64), slowest, MPI.MAX)
+    comm.Allreduce(np.array(runs, dtype=np.float64), slowest, op_max)
     summed = schedule.collective in ("allreduce", "reduce_scatter") and dtype.kind in "fc"
     diff = float(np.max(np.abs(ours.astype(np.float64) - theirs), initial=0.0))
     same = (diff <= p * p * float(np.finfo(dtype).eps)) if summed else bool(np.array_equal(ours, theirs))
     median = np.median(slowest, axis=0)
     return {
-        "matches_mpi": bool(comm.allreduce(same, MPI.LAND)),
-        "max_abs_difference": comm.allreduce(diff, MPI.MAX),
+        "matches_mpi": bool(comm.allreduce(int(same), op_min)),
+        "max_abs_difference": comm.allreduce(diff, op_max),
         "seconds_emulated": float(median[0]),
         "seconds_mpi": float(median[1]),
         "round_seconds": [float(s) for s in median[2:]],
         "wait_mode": mode,
+        "simulated": simulated,
     }

@@ -11,6 +11,7 @@ from .. import buffers
 from ..errors import LayoutError, RuntimeMismatchError
 from ..layout import Layout
 from ..sim.comm import SimComm
+from ..sim.launch import ways_out
 from .wait import WAIT_MODES, resolve_wait_mode
 
 __all__ = ["Mesh", "normalize_axes", "SCRATCH_MAX_BYTES"]
@@ -26,6 +27,22 @@ def normalize_axes(axes: str | Iterable[str]) -> tuple[str, ...]:
     if isinstance(axes, str):
         return (axes,)
     return tuple(axes)
+
+
+_TUNED = []
+
+
+def _tune_process_once() -> None:
+    """Under an MPI launcher, once per process: BLAS threads to this rank's share, freed heap kept.
+
+    Here rather than at import: ``import spmdsim`` changes no process setting
+    (spmdsim._threads, spmdsim._malloc; `spmdsim launch` sets both for its ranks).
+    """
+    if not _TUNED:
+        from .._malloc import keep_freed_buffers_under_launcher
+        from .._threads import cap_blas_threads_under_launcher
+
+        _TUNED.append((cap_blas_threads_under_launcher(), keep_freed_buffers_under_launcher()))
 
 
 class Mesh:
@@ -56,11 +73,12 @@ class Mesh:
         simulated = isinstance(comm, SimComm)
         if not simulated:
             _check_mpi_comm(comm)
+            _tune_process_once()
         size = comm.Get_size()
         if layout.num_devices != size:
             raise RuntimeMismatchError(
                 f"device matrix {layout.device_matrix!r} needs {layout.num_devices} ranks but the "
-                f"communicator has {size}" + _ways_out(layout.num_devices, size)
+                f"communicator has {size}" + (ways_out(layout.num_devices) if size == 1 else "")
             )
         self.layout = layout
         self.comm = comm
@@ -195,14 +213,6 @@ def _check_mpi_comm(comm: Any) -> None:
             f"the MPI world has {world} ranks but {int(expected)} were launched: is mpiexec "
             "from the same MPI as mpi4py? (python -m mpi4py --mpi-library)"
         )
-
-
-def _ways_out(needed: int, size: int) -> str:
-    """In a one-process run, how to get the ranks a layout needs: a launcher or simulated ranks."""
-    if size != 1:
-        return ""
-    return (f" (one process: launch {needed} ranks with `mpiexec -n {needed} ...`, or simulate "
-            f"them in this process with `--ranks {needed}` / spmdsim.simulate({needed}, main))")
 
 
 def _simulated_wait(wait: str | None) -> str:

@@ -50,7 +50,8 @@ def chrome_events(trace: Any, rank: int, start: float | None = None, end: float 
     events: list[dict] = [
         {"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}},
         {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}},
-        {"ph": "M", "name": "thread_name", "pid": rank, "tid": 0, "args": {"name": "compute and collectives"}},
+        {"ph": "M", "name": "thread_name", "pid": rank, "tid": 0,
+         "args": {"name": "compute and collectives"}},
     ]
     cursor = start
     for e in _entries(trace):

@@ -11,13 +11,15 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["simulate", "world", "current_rank", "SimComm", "Request", "IN_PLACE", "DeadlockError",
-           "SimulationError", "MAX_RANKS"]
+__all__ = ["simulate", "world", "current_rank", "script", "run_on_ranks", "SimComm", "Request", "IN_PLACE",
+           "DeadlockError", "SimulationError", "MAX_RANKS"]
 
 _WHERE = {
     "simulate": "run",
     "world": "run",
     "current_rank": "run",
+    "script": "launch",
+    "run_on_ranks": "launch",
     "MAX_RANKS": "run",
     "SimComm": "comm",
     "Request": "p2p",

@@ -18,14 +18,15 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ..errors import ShapeError
-from . import p2p
+from ..errors import DTypeError, ShapeError
+from . import _local, p2p
 from ._buffers import flat, in_place, reduction, special, vector
 from .engine import Call, Group, SimulationError
 
 __all__ = ["SimComm"]
 
 _PICKLE = pickle.HIGHEST_PROTOCOL
+DRY_MOVE_BYTES = 64 << 10  # see SimComm._dry
 
 
 def _fold(ufunc: Any, parts: list, out: np.ndarray) -> None:
@@ -40,7 +41,7 @@ def _fold(ufunc: Any, parts: list, out: np.ndarray) -> None:
 
 def _same_dtype(op: str, a: np.ndarray, b: np.ndarray) -> None:
     if a.dtype != b.dtype:
-        raise ShapeError(f"{op}: send dtype {a.dtype.name!r} and receive dtype {b.dtype.name!r} differ")
+        raise DTypeError(f"{op}: send dtype {a.dtype.name!r} and receive dtype {b.dtype.name!r} differ")
 
 
 def _shared(n: int, dtype: np.dtype) -> Callable[[Any], None]:
@@ -79,6 +80,23 @@ class SimComm:
 
     def __repr__(self) -> str:
         return f"<SimComm rank {self._me} of {self._group.size} ({self._group.label()})>"
+
+    def _dry(self, op: str, signature: tuple, src: np.ndarray, dst: Any = None) -> bool:
+        """In a dry run, for a large buffer: count it as held, meet the group, write zeros; True when done.
+
+        Buffers up to DRY_MOVE_BYTES move for real even in a dry run: they carry
+        what the program decides by (fingerprints, check tables, counts).
+        """
+        if not self._group.world.dry_run:
+            return False
+        _local.current().meter.hold(src, dst)
+        if src.nbytes <= DRY_MOVE_BYTES:
+            return False
+        slot = self._enter(op, signature)
+        self._group.leave(self._me, slot)
+        if dst is not None and dst is not src:
+            dst.fill(0)  # a result the program can read without tripping over garbage
+        return True
 
     def _enter(self, op: str, signature: tuple, data: Any = None,
                complete: Optional[Callable[[Any], None]] = None) -> Any:
@@ -139,7 +157,10 @@ class SimComm:
         src = dst if in_place(sendbuf) else flat(sendbuf, "Allreduce sendbuf")
         _same_dtype("Allreduce", src, dst)
         n = src.size
-        slot = self._enter("allreduce", ("allreduce", src.dtype.name, n, name), src, _shared(n, src.dtype))
+        signature = ("allreduce", src.dtype.name, n, name)
+        if self._dry("allreduce", signature, src, dst):
+            return
+        slot = self._enter("allreduce", signature, src, _shared(n, src.dtype))
         g, me = self._group.size, self._me
         lo, hi = n * me // g, n * (me + 1) // g
         if hi > lo:
@@ -156,6 +177,8 @@ class SimComm:
         n = src.size
         if dst.size < n * g:
             raise ShapeError(f"Allgather: receive buffer of {dst.size} items is smaller than {g} x {n}")
+        if self._dry("allgather", ("allgather", src.dtype.name, n), src, dst):
+            return
         slot = self._enter("allgather", ("allgather", src.dtype.name, n), src)
         if inplace:
             for j, call in enumerate(slot.calls):
@@ -175,6 +198,8 @@ class SimComm:
             raise ShapeError(f"Alltoall: {src.size} items do not split into {g} equal blocks "
                              f"or do not fit the receive buffer of {dst.size}")
         b = src.size // g
+        if self._dry("alltoall", ("alltoall", src.dtype.name, src.size), src, dst):
+            return
         slot = self._enter("alltoall", ("alltoall", src.dtype.name, src.size), src)
         for j, call in enumerate(slot.calls):
             dst[j * b:(j + 1) * b] = call.data[me * b:(me + 1) * b]
@@ -188,6 +213,8 @@ class SimComm:
         if len(scounts) != g or len(rcounts) != g:
             raise ShapeError(f"Alltoallv: {len(scounts)} send and {len(rcounts)} receive counts "
                              f"for a group of {g}")
+        if self._dry("alltoallv", ("alltoallv", src.dtype.name), src, dst):
+            return
         slot = self._enter("alltoallv", ("alltoallv", src.dtype.name), (src, scounts, sdispls))
         for j, call in enumerate(slot.calls):
             theirs, counts, displs = call.data
@@ -208,6 +235,8 @@ class SimComm:
         b = src.size // g if inplace else dst.size
         if src.size < b * g:
             raise ShapeError(f"Reduce_scatter_block: {src.size} items are fewer than {g} blocks of {b}")
+        if self._dry("reduce_scatter", ("reduce_scatter", src.dtype.name, b, name), src, dst):
+            return
         slot = self._enter("reduce_scatter", ("reduce_scatter", src.dtype.name, b, name), src)
         out = np.empty(b, src.dtype) if inplace else dst[:b]
         _fold(ufunc, [c.data[me * b:(me + 1) * b] for c in slot.calls], out)
@@ -217,6 +246,8 @@ class SimComm:
 
     def Bcast(self, buf: Any, root: int = 0) -> None:
         data = flat(buf, "Bcast buffer")
+        if self._dry("bcast", ("bcast", data.dtype.name, data.size, f"root {root}"), data):
+            return
         slot = self._enter("bcast", ("bcast", data.dtype.name, data.size, f"root {root}"), data)
         if self._me != root:
             data[...] = slot.calls[root].data

@@ -139,6 +139,9 @@ class Group:
                         world.release(m)
             else:
                 world.wait(self.members[me], _Waiting(slot.calls[me].op, self, None))
+        # Nobody reads this member's buffers any more: drop them, so they are freed when the
+        # member drops them (a dry run's peak bytes held does not depend on the others' timing).
+        slot.calls[me].data = None
 
     def _mismatch(self, slot: _Slot, me: int, seq: int) -> Optional[str]:
         first = next(i for i, c in enumerate(slot.calls) if c is not None)
@@ -170,8 +173,9 @@ class _Waiting:
 class World:
     """The lock, the per-rank conditions and the live/waiting bookkeeping of one simulation."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, dry_run: bool = False) -> None:
         self.size = size
+        self.dry_run = dry_run  # collectives meet and compare but move no data (spmdsim.sim.dry)
         self.lock = threading.Lock()
         self._wakers = [threading.Condition(self.lock) for _ in range(size)]
         self.waiting: dict[int, _Waiting] = {}  # rank -> what it waits for, until released

@@ -29,6 +29,12 @@ class RankState:
         self.seq = 0  # runtime.debug's collective counter of this rank
         self.dry_run = dry_run
         self.meter: Any = None  # spmdsim.sim.dry's byte meter in a dry run
+        if dry_run:
+            from ..runtime.trace import Trace
+            from .dry import Meter
+
+            self.meter = Meter()
+            self.traces.append(Trace())  # every collective of the run, for the report
 
 
 def world() -> Any:
@@ -45,7 +51,8 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
     """Run ``fn(*args, **kwargs)`` on `n` simulated ranks in this process; return their results in rank order.
 
     Inside `fn`, ``spmdsim.world()`` is the rank's communicator and ``Mesh(layout)``
-    uses it. An exception on any rank stops every rank and is raised here, with a
+    uses it. With ``dry_run=True`` arrays carry shapes but no data (spmdsim.sim.dry)
+    and the returned list has a ``report`` of each rank's bytes sent, received and held. An exception on any rank stops every rank and is raised here, with a
     note naming the rank (all ranks alike: "every simulated rank"); a deadlock
     (a skipped or mismatched collective) raises DeadlockError naming who waits where.
     """
@@ -62,12 +69,19 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
         _RUNNING.release()
 
 
+class DryRunResults(list):
+    """The per-rank results of a dry run, with `report` (spmdsim.sim.dry.DryRunReport)."""
+
+    report: Any = None
+
+
 def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict, dry_run: bool) -> list:
-    engine = World(size)
-    results: list = [None] * size
+    engine = World(size, dry_run)
+    results: list = DryRunResults([None] * size) if dry_run else [None] * size
+    states: list = [None] * size
 
     def body(rank: int) -> None:
-        state = RankState(rank, size, SimComm(engine.root, rank), dry_run)
+        state = states[rank] = RankState(rank, size, SimComm(engine.root, rank), dry_run)
         _local.enter(state)
         try:
             results[rank] = fn(*args, **kwargs)
@@ -93,6 +107,10 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict, dry_run: 
                 t.join(1.0)
             raise
     _raise_failure(engine, size)
+    if dry_run:
+        from .dry import report
+
+        results.report = report(states)
     return results
 
 
@@ -107,6 +125,10 @@ def _raise_failure(engine: World, size: int) -> None:
     where = ("every simulated rank" if len(alike) == size
              else f"simulated {ranks_text(alike)} of {size}")
     note = f"raised on {where}"
+    try:
+        exc.simulated_ranks = tuple(sorted(alike))  # for spmdsim.sim.launch's exit codes
+    except AttributeError:  # an exception type with __slots__
+        pass
     if hasattr(exc, "add_note"):
         exc.add_note(note)
         raise exc

@@ -16,8 +16,8 @@ from ..plan.record import Plan
 from ..plan.steps import Allgather, Allreduce, Alltoall, Exchange, LocalSlice, LocalZero, ReduceScatter, Step
 from .table import WIDTH, fold_table, nbytes
 
-__all__ = ["step_why", "step_text", "explain_plan_lines", "byte_matrix", "format_byte_matrix",
-           "BOUND_WITH_SUMS"]
+__all__ = ["step_why", "step_text", "step_groups", "explain_plan_lines", "byte_matrix",
+           "format_byte_matrix", "BOUND_WITH_SUMS"]
 
 #: Why a plan with pending sums stays above the lower bound, in one sentence.
 BOUND_WITH_SUMS = ("the bound counts each summed element once, as if adding were free; the "
@@ -25,7 +25,8 @@ BOUND_WITH_SUMS = ("the bound counts each summed element once, as if adding were
                    "so no plan reaches it")
 
 # S(d)/B/P as PyTorch DTensor writes them: the placements a DTensor user gave.
-_DTENSOR = ((re.compile(r"S\((\d+)\)"), r"Shard(\1)"), (re.compile(r"(?<![A-Za-z])B(?![A-Za-z(])"), "Replicate()"),
+_DTENSOR = ((re.compile(r"S\((\d+)\)"), r"Shard(\1)"),
+            (re.compile(r"(?<![A-Za-z])B(?![A-Za-z(])"), "Replicate()"),
             (re.compile(r"(?<![A-Za-z])P(?![A-Za-z(])"), "Partial()"))
 
 
@@ -46,9 +47,9 @@ def step_why(step: Step) -> str:
         return (f"dim {step.tensor_dim} is split over {_over(step)} and the target wants it whole: "
                 f"each rank receives {_others(g - 1, 'piece')} of its group of {g}")
     if isinstance(step, Alltoall):
+        sends = "sends the other rank its part" if g == 2 else f"sends each of the {g - 1} others its part"
         return (f"the split moves from dim {step.concat_dim} to dim {step.split_dim} over "
-                f"{_over(step)}: each rank keeps 1/{g} of its block and sends each of the "
-                f"{_others(g - 1, 'other')} theirs")
+                f"{_over(step)}: each rank keeps 1/{g} of its block and {sends}")
     if isinstance(step, Allreduce):
         return (f"the ranks over {_over(step)} hold addends of a pending sum and the target "
                 f"wants the value on every rank: a ring Allreduce sends 2({g}-1)/{g} of the block")
@@ -77,13 +78,12 @@ def step_text(step: Step, dialect: str = "sbp") -> str:
 
 
 def _others(n: int, noun: str) -> str:
-    """"the other piece" / "the other 3 pieces"; "other" / "3 others"."""
-    if noun == "other":
-        return "the other" if n == 1 else f"the {n} others"
+    """"the other piece" / "the other 3 pieces"."""
     return f"the other {noun}" if n == 1 else f"the other {n} {noun}s"
 
 
-def _groups(step: Step) -> tuple[tuple[int, ...], ...]:
+def step_groups(step: Step) -> tuple[tuple[int, ...], ...]:
+    """The rank groups `step` runs on (every rank in one group for an Exchange)."""
     if not step.axes:
         return (tuple(range(step.before.layout.num_devices)),)
     return step.before.layout.axis_groups(step.axes)
@@ -102,7 +102,7 @@ def byte_matrix(steps: Step | Sequence[Step], num_ranks: int) -> list[list[int]]
             for src, dst, box in step.transfers:
                 out[src][dst] += step.bytes_sent[src] * _volume(box) // volume[src]
             continue
-        for group in _groups(step):
+        for group in step_groups(step):
             peers = len(group) - 1
             for src in group:
                 if peers < 1 or not step.bytes_sent[src]:

@@ -5,8 +5,8 @@ runs at any world size that splits its vocabulary and ffn width (8 and 4 here).
 """
 from __future__ import annotations
 
+import engines
 import pytest
-from mpi4py import MPI
 
 from spmdsim.demo.registry import Context, scenarios, run_scenario
 from spmdsim.nets import NetworkRunner, mindspore_layout, mindspore_tutorial, paddle_tp
@@ -14,12 +14,13 @@ from spmdsim.nets import reference_rows
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
-COMM = MPI.COMM_WORLD
-EIGHT = pytest.mark.skipif(COMM.size != 8, reason="the MindSpore strategies need 8 ranks")
+def _eight():
+    if engines.world().size != 8:
+        pytest.skip("the MindSpore strategies need 8 ranks")
 
 
 def _run(net, every_hop=True):
-    runner = NetworkRunner(net, COMM)
+    runner = NetworkRunner(net, engines.world())
     result = runner.forward()
     verdicts = result.check_all() if every_hop else (result.check(),)
     rows = result.rows()
@@ -30,8 +31,8 @@ def _colls(rows, label):
     return rows[label].collectives()
 
 
-@EIGHT
 def test_tutorial_network_checks_every_hop_with_the_planned_collectives():
+    _eight()
     runner, result, verdicts, rows = _run(mindspore_tutorial(8, seed=5))
     try:
         assert all(v.passed for v in verdicts), [str(v) for v in verdicts if not v.passed]
@@ -58,20 +59,20 @@ def test_tutorial_network_checks_every_hop_with_the_planned_collectives():
         runner.close()
 
 
-@EIGHT
 def test_tutorial_with_replicated_matmul3_allgathers_first():
+    _eight()
     runner, result, verdicts, rows = _run(mindspore_tutorial(8, no_strategy="replicated"),
                                            every_hop=False)
     try:
         assert all(v.passed for v in verdicts)
-        assert _colls(rows, "-> MatMul3") == (("allgather", ("s0",)),)
+        assert _colls(rows, "-> MatMul3") == (("allgather", ("axis_0",)),)
         assert result.output.local.shape == (32, 10)
     finally:
         runner.close()
 
 
-@EIGHT
 def test_layout_network_checks_every_hop_with_the_planned_collectives():
+    _eight()
     runner, result, verdicts, rows = _run(mindspore_layout(8, seed=2))
     try:
         assert all(v.passed for v in verdicts)
@@ -81,7 +82,7 @@ def test_layout_network_checks_every_hop_with_the_planned_collectives():
         assert _colls(rows, "-> ReLU2") == () and _colls(rows, "MatMul3") == ()
         # Rank 2 = device (0, 1, 0) holds x[0:16, 392:588] for MatMul1.
         x1 = result.outputs[1]
-        if COMM.rank == 2:
+        if engines.world().rank == 2:
             assert x1.slices == (slice(0, 16), slice(392, 588))
         assert x1.local.shape == (16, 196)
     finally:
@@ -89,7 +90,7 @@ def test_layout_network_checks_every_hop_with_the_planned_collectives():
 
 
 def test_paddle_network_adapts_and_needs_two_allreduces():
-    p = COMM.size
+    p = engines.world().size
     runner, result, verdicts, rows = _run(paddle_tp(p, seed=4))
     try:
         assert all(v.passed for v in verdicts)
@@ -109,9 +110,9 @@ def test_oneflow_networks_check_every_hop_with_the_planned_collectives():
 
     for make, expected in ((oneflow_2d_sbp, {"Linear1": (), "ReLU": (), "Linear2": ()}),
                            (oneflow_2d_signature, {"Linear1": (), "ReLU": (),
-                                                   "-> Linear2": (("allgather", ("p0",)),),
+                                                   "-> Linear2": (("allgather", ("axis_0",)),),
                                                    "Linear2": ()})):
-        runner, result, verdicts, rows = _run(make(COMM.size, seed=5))
+        runner, result, verdicts, rows = _run(make(engines.world().size, seed=5))
         try:
             assert all(v.passed for v in verdicts)
             assert {label: _colls(rows, label) for label in rows} == expected
@@ -127,18 +128,18 @@ def test_demo_rows_pass_or_skip_with_a_reason():
     assert [sc.name for sc in chosen] == [
         "net_mindspore_tutorial", "net_mindspore_layout", "net_paddle_tp", "net_oneflow_2d_sbp",
         "net_oneflow_2d_signature"]
-    outcomes = {sc.name: run_scenario(sc, Context(COMM)) for sc in chosen}
+    outcomes = {sc.name: run_scenario(sc, Context(engines.world())) for sc in chosen}
     assert all(o.passed for o in outcomes.values())
     assert outcomes["net_oneflow_2d_sbp"].collectives == {}
     assert outcomes["net_oneflow_2d_signature"].collectives == {"allgather": 1}
     paddle = outcomes["net_paddle_tp"]
     assert paddle.skipped is None and paddle.collectives == {"allreduce": 2}
     for name in ("net_mindspore_tutorial", "net_mindspore_layout"):
-        if COMM.size == 8:
+        if engines.world().size == 8:
             assert outcomes[name].skipped is None and outcomes[name].collectives["allreduce"] == 2
         else:
             assert "need exactly 8 ranks" in outcomes[name].skipped
-    if COMM.size == 8:
+    if engines.world().size == 8:
         assert outcomes["net_mindspore_tutorial"].collectives == {
             "allreduce": 2, "alltoall": 1, "alltoallv": 1}
 
@@ -147,8 +148,8 @@ def test_module_main_prints_the_table_and_passes(capsys):
     from spmdsim.nets.__main__ import main
 
     assert main(["net_paddle_tp"]) == 0
-    out = capsys.readouterr().out
-    if COMM.rank == 0:
+    out = engines.rank_output(capsys)
+    if engines.world().rank == 0:
         assert "Allreduce(mp) x1" in out and out.rstrip().endswith("PASS")
     else:
         assert out == ""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import engines
 import pytest
 
 from spmdsim import Layout, OperatorError, SeededTensor
@@ -15,12 +16,10 @@ DTYPES = ("float32", "float64")
 
 
 def _world():
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD
+    return engines.world()  # MPI.COMM_WORLD, or the simulated rank's (tests/engines.py)
 
 
-@pytest.fixture
+@engines.per_rank
 def mesh2d():
     """(dp, mp) = (2, size/2) mesh."""
     from spmdsim.runtime import Mesh

@@ -7,6 +7,7 @@ contractions, multi-head with the heads split only the output projection's one.
 from __future__ import annotations
 
 import numpy as np
+import engines
 import pytest
 
 from spmdsim import Layout, OperatorError, SeededTensor, ShapeError
@@ -16,12 +17,10 @@ pytestmark = pytest.mark.mpi(min_size=2)
 
 
 def _world():
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD
+    return engines.world()  # MPI.COMM_WORLD, or the simulated rank's (tests/engines.py)
 
 
-@pytest.fixture
+@engines.per_rank
 def mesh2d():
     """(dp, mp) = (2, size/2) mesh (size/2 = 1 on two ranks)."""
     from spmdsim.runtime import Mesh

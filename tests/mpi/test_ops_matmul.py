@@ -1,6 +1,7 @@
 """MatMul under MPI: MindSpore strategies, Layout tuples, transposes, batches, out_strategy."""
 from __future__ import annotations
 
+import engines
 import pytest
 
 from spmdsim import Layout, OperatorError, SeededTensor
@@ -22,9 +23,7 @@ STRATEGIES = {
 
 
 def _world():
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD
+    return engines.world()  # MPI.COMM_WORLD, or the simulated rank's (tests/engines.py)
 
 
 def _strategies():

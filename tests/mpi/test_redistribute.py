@@ -6,6 +6,7 @@ are integers stored as float64 so partial sums are exact in any order.
 from __future__ import annotations
 
 import numpy as np
+import engines
 import pytest
 
 from spmdsim import Layout, SeededTensor
@@ -17,9 +18,7 @@ SHAPE = (16, 24)
 
 
 def _world():
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD
+    return engines.world()  # MPI.COMM_WORLD, or the simulated rank's (tests/engines.py)
 
 
 def _cases(size: int):
@@ -148,7 +147,7 @@ def test_cli_run_redistribute(capsys):
     comm = _world()
     code = main(["run", "redistribute", "--device-matrix", str(comm.size), "--alias", "x",
                  "--from", "x,None", "--to", "None,x", "--shape", "16,16", "--dtype", "float64"])
-    out = capsys.readouterr().out
+    out = engines.rank_output(capsys)
     assert code == 0
     if comm.rank == 0:
         assert "S(0)->S(1) via Alltoall on ('x',)" in out and "PASS" in out

@@ -17,7 +17,7 @@ def _comm():
     return MPI.COMM_WORLD
 
 
-def _train(net, steps, optimizer="sgd", lr=1e-2, data=None):
+def _train(net, steps, optimizer="sgd", lr=1e-2, data=None, explain=None):
     from spmdsim.nets.train import NetworkTrainer
 
     trainer = NetworkTrainer(net, _comm(), optimizer=optimizer, lr=lr)
@@ -26,7 +26,7 @@ def _train(net, steps, optimizer="sgd", lr=1e-2, data=None):
     try:
         for step in range(steps):
             x, labels = data.batch(step, net.source.shape[0])
-            result = trainer.step(x, labels)
+            result = trainer.step(x, labels, explain if step == 0 else None)
             for verdict in trainer.check(result, reference.step(x, labels), 1e-10, 1e-10):
                 assert verdict.passed, verdict
             results.append(result)
@@ -41,7 +41,10 @@ def test_mindspore_networks_train_like_one_process(build, optimizer):
     if needs_eight(_comm().size):
         pytest.skip(needs_eight(_comm().size))
     net = build(8, dtype="float64")
-    results = _train(net, 2, optimizer, 1e-2 if optimizer == "sgd" else 1e-3, load_digits(synthetic=True))
+    explain = []
+    steps = 1 if optimizer == "sgd" else 2  # Adam's second step uses its moments
+    results = _train(net, steps, optimizer, 1e-2 if optimizer == "sgd" else 1e-3, load_digits(synthetic=True),
+                     explain)
     counts = {phase: trace.counts() for phase, trace in results[-1].traces.items()}
     assert counts["optimizer"] == {}  # each rank updates its own shards
     if build is mindspore_tutorial:
@@ -50,6 +53,9 @@ def test_mindspore_networks_train_like_one_process(build, optimizer):
         # Alltoall into MatMul1 has no answer), plus the data-parallel Allreduces of MatMul1's
         # and MatMul3's weight gradients.
         assert counts["backward"] == {"allreduce": 2, "allgather": 2, "alltoallv": 1}, counts
+        answered = [step for step, entries in explain for e in entries if e.group_size > 1]
+        assert [a.split()[:2] for a in answered] == [["->", "ReLU2"], ["->", "MatMul2"], ["->", "ReLU1"],
+                                                     ["leaf", "(512,"], ["leaf", "(784,"]], answered
 
 
 class _Fixed:

@@ -1,0 +1,121 @@
+"""Dry runs: simulated ranks with shapes and dtypes but no data, and what each rank would move and hold.
+
+In ``simulate(..., dry_run=True)`` a SeededTensor block is ``np.zeros`` (the
+kernel maps zero pages lazily: nothing is generated or written), collectives
+meet and compare their calls but copy and add nothing, and every collective
+is traced with its bytes. Each rank's `Meter` counts the bytes it holds: the
+blocks made from seeds and every buffer a collective sends or receives, for as
+long as the array lives, plus the collective's own buffers during the call;
+its peak is the "peak bytes held". Local temporaries that never reach a
+collective are not counted. Results of a dry run are not values: checks are
+meaningless, and the report replaces the program's own output.
+"""
+from __future__ import annotations
+
+import json
+import weakref
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import _local
+
+__all__ = ["Meter", "RankBytes", "DryRunReport", "dry_zeros", "meter"]
+
+
+class Meter:
+    """The bytes one simulated rank holds now and at most (thread-confined: only its rank touches it)."""
+
+    __slots__ = ("held", "peak", "_live", "__weakref__")
+
+    def __init__(self) -> None:
+        self.held = 0
+        self.peak = 0
+        self._live: dict[int, int] = {}  # id(array) -> nbytes, until the array is freed
+
+    def hold(self, *arrays: Any) -> None:
+        """Count these arrays as held until they are freed, then update the peak."""
+        for a in arrays:
+            if type(a) is np.ndarray and id(a) not in self._live and a.nbytes:
+                self._live[id(a)] = a.nbytes
+                self.held += a.nbytes
+                weakref.finalize(a, _release, weakref.ref(self), id(a))
+        if self.held > self.peak:
+            self.peak = self.held
+
+
+def _release(ref: Any, key: int) -> None:
+    owner = ref()
+    if owner is not None:
+        owner.held -= owner._live.pop(key, 0)
+
+
+def meter() -> Meter | None:
+    """The running rank's meter in a dry run, else None."""
+    state = _local.current()
+    return None if state is None else state.meter
+
+
+def dry_zeros(shape: tuple, dtype: Any) -> np.ndarray | None:
+    """A block of zeros standing in for generated data in a dry run (counted as held), else None."""
+    m = meter()
+    if m is None:
+        return None
+    out = np.zeros(shape, dtype)
+    m.hold(out)
+    return out
+
+
+@dataclass(frozen=True)
+class RankBytes:
+    """One rank's line of a dry run: its collectives, bytes on the wire, peak bytes held."""
+
+    rank: int
+    calls: int
+    bytes_sent: int
+    bytes_received: int
+    peak_bytes_held: int
+    counts: tuple[tuple[str, int], ...] = ()
+
+    def key(self) -> tuple:
+        return (self.calls, self.bytes_sent, self.bytes_received, self.peak_bytes_held, self.counts)
+
+
+@dataclass(frozen=True)
+class DryRunReport:
+    """Every rank's line; `table()` folds runs of ranks with equal lines, `to_json()` lists them all."""
+
+    ranks: tuple[RankBytes, ...]
+
+    def folded(self) -> list[tuple[list[int], RankBytes]]:
+        """(ranks, line) for each distinct line, ranks in order (equal lines anywhere fold together)."""
+        groups: dict[tuple, tuple[list[int], RankBytes]] = {}
+        for row in self.ranks:
+            groups.setdefault(row.key(), ([], row))[0].append(row.rank)
+        return list(groups.values())
+
+    def table(self) -> str:
+        from .engine import ranks_text
+
+        head = f"{'ranks':<22}{'calls':>7}{'sent B':>14}{'received B':>14}{'peak held B':>14}  collectives"
+        lines = [f"dry run on {len(self.ranks)} simulated ranks (no data; bytes from the trace)", head]
+        for ranks, row in self.folded():
+            names = ", ".join(f"{op} x{n}" for op, n in row.counts) or "none"
+            lines.append(f"{ranks_text(ranks)[:21]:<22}{row.calls:>7}{row.bytes_sent:>14,}"
+                         f"{row.bytes_received:>14,}{row.peak_bytes_held:>14,}  {names}")
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        return json.dumps({"ranks": [asdict(r) for r in self.ranks]})
+
+
+def report(states: Sequence[Any]) -> DryRunReport:
+    """The report of a finished dry run from its ranks' states (spmdsim.sim.run.RankState)."""
+    rows = []
+    for state in states:
+        trace = state.traces[0]
+        totals = trace.totals()
+        rows.append(RankBytes(state.rank, totals["calls"], totals["bytes_sent"], totals["bytes_received"],
+                              state.meter.peak, tuple(sorted(trace.counts().items()))))
+    return DryRunReport(tuple(rows))

@@ -1,0 +1,128 @@
+"""Commands and scripts on simulated ranks: ``--ranks N`` for the CLI and the examples.
+
+    spmdsim demo --ranks 8
+    python examples/mlp.py --ranks 8
+
+`run_on_ranks(n, fn)` runs `fn()` on n simulated ranks and turns the outcome
+into an exit code the way the MPI guard does: the ranks' own codes (the
+largest), 2 with one line for an SpmdsimError every rank raised, else 1 with
+the failing rank named. `script(__file__)` lets a script take ``--ranks N``.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import runpy
+import sys
+import traceback
+from typing import Any, Callable, Optional, Sequence
+
+from ..errors import SpmdsimError
+from . import _local
+
+__all__ = ["run_on_ranks", "script", "ranks_argument", "banner", "ways_out"]
+
+
+def banner(n: int, dry_run: bool = False) -> str:
+    """The first line of a simulated run: says it is one process, not an MPI job."""
+    what = "a dry run (shapes only, no data) on" if dry_run else "running on"
+    return f"spmdsim: {what} {n} simulated ranks in this process (--ranks {n}), no MPI launcher"
+
+
+def ways_out(n: int) -> str:
+    """What a one-process run that needs `n` ranks says after its error: the launcher, or --ranks."""
+    return (f" (one process: launch {n} ranks with `mpiexec -n {n} ...`, or simulate them in this "
+            f"process with `--ranks {n}` / spmdsim.simulate({n}, main))")
+
+
+def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: bool = False) -> int:
+    """Run `fn()` on `n` simulated ranks; return the exit code (see the module docstring).
+
+    A dry run prints its report (a table, or JSON) instead of the program's output.
+    """
+    from .run import simulate
+
+    if not (dry_run and as_json):
+        print(banner(n, dry_run), flush=True)
+    try:
+        if dry_run:
+            with contextlib.redirect_stdout(io.StringIO()):  # values of a dry run are not results
+                codes = simulate(n, _exit_code, fn, dry_run=True)
+            print(codes.report.to_json() if as_json else codes.report.table())
+            return 0
+        codes = simulate(n, _exit_code, fn)
+    except SpmdsimError as exc:
+        if len(getattr(exc, "simulated_ranks", ())) == n:
+            print(f"spmdsim: error: {exc}", file=sys.stderr)
+            return 2
+        print(f"spmdsim: error on {_where(exc)}: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - reported as the MPI guard reports it
+        detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        print(f"spmdsim: error on {_where(exc)}: {type(exc).__name__}: {exc}\n{detail}",
+              file=sys.stderr, end="")
+        return 1
+    return max(codes)
+
+
+def _exit_code(fn: Callable[[], Any]) -> int:
+    try:
+        code = fn()
+    except SystemExit as exc:  # a script's sys.exit(code) on every rank
+        code = exc.code
+    if code is None or isinstance(code, int):
+        return int(code or 0)
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _where(exc: BaseException) -> str:
+    ranks = getattr(exc, "simulated_ranks", ())
+    from .engine import ranks_text
+
+    return f"simulated {ranks_text(ranks)}" if ranks else "a simulated rank"
+
+
+def ranks_argument(parser: Any) -> None:
+    """Add ``--ranks N`` (and ``--dry-run``) to an argparse parser."""
+    parser.add_argument("--ranks", type=int, metavar="N", default=None,
+                        help="run on N simulated ranks in this process (no mpiexec); "
+                             "see docs/simulate.md")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="with --ranks: shapes only, no data; print each rank's bytes sent, "
+                             "received and peak bytes held")
+
+
+def script(path: str, argv: Optional[Sequence[str]] = None) -> None:
+    """With ``--ranks N`` (or ``--ranks=N``) in argv, run the script at `path` on N simulated ranks and exit.
+
+    ``--dry-run`` beside it makes that a dry run (spmdsim.sim.dry). Inside the
+    simulation, and without the flag, it returns at once and the script goes on
+    (under mpiexec, on its MPI rank).
+    """
+    if _local.current() is not None:
+        return
+    args = list(sys.argv[1:] if argv is None else argv)
+    n = _take_ranks(args, path)
+    if n is None:
+        return
+    dry_run = "--dry-run" in args
+    sys.argv[1:] = [a for a in args if a != "--dry-run"]
+
+    def rank() -> Any:
+        runpy.run_path(path, run_name="__main__")
+
+    sys.exit(run_on_ranks(n, rank, dry_run=dry_run))
+
+
+def _take_ranks(args: list, path: str) -> Optional[int]:
+    for i, arg in enumerate(args):
+        if arg == "--ranks" or arg.startswith("--ranks="):
+            value = arg.partition("=")[2] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
+            del args[i:i + (1 if "=" in arg else 2)]
+            if not value.isdigit() or int(value) < 1:
+                print(f"spmdsim: error: --ranks {value!r} must be a positive number of ranks "
+                      f"(python {path} --ranks 8)", file=sys.stderr)
+                sys.exit(2)
+            return int(value)
+    return None

@@ -1,0 +1,63 @@
+"""Dry runs (spmdsim.simulate(..., dry_run=True), --dry-run): no data, every collective's bytes, peaks."""
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+
+import spmdsim
+from spmdsim.cli.main import main
+from testkit import load_script
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _bytes_per_rank(comm):
+    from spmdsim.demo.registry import Context, run_job, scenarios
+
+    chosen = [sc for sc in scenarios() if sc.name in ("matmul_out_strategy", "linear_column", "net_mindspore_layout")]
+    return [[(e.op, e.axes, e.bytes_sent, e.bytes_received) for e in run_job(sc.build(Context(comm)), comm).entries]
+            for sc in chosen]
+
+
+def test_dry_run_traces_the_same_bytes_as_a_real_run():
+    real = spmdsim.simulate(8, lambda: _bytes_per_rank(spmdsim.world()))
+    dry = spmdsim.simulate(8, lambda: _bytes_per_rank(spmdsim.world()), dry_run=True)
+    assert dry == real and any(entries for entries in real[0])
+    rows = dry.report.ranks
+    assert [r.rank for r in rows] == list(range(8))
+    assert all(r.bytes_sent == sum(e[2] for sc in dry[r.rank] for e in sc) for r in rows)
+    assert all(r.peak_bytes_held > 0 for r in rows)
+
+
+def test_dry_run_makes_no_data_and_moves_none():
+    from spmdsim.runtime import DTensor, Mesh, allreduce
+
+    def body():
+        mesh = Mesh(spmdsim.Layout((4,), ("mp",)))
+        x = DTensor.from_seeded(mesh, mesh.layout("mp", None), spmdsim.SeededTensor((4 * 8192, 4), "float32"))
+        y = allreduce(mesh, x.local + 1, "mp")  # 128 KiB: above what a dry run moves for real
+        return float(np.abs(x.local).max()), float(np.abs(y).max()), y.shape
+
+    results = spmdsim.simulate(4, body, dry_run=True)
+    assert results == [(0.0, 0.0, (8192, 4))] * 4  # zeros in, nothing added up
+    assert {r.peak_bytes_held for r in results.report.ranks} == {3 * 8192 * 4 * 4}  # x, x + 1, y
+
+
+def test_dry_run_table_folds_equal_ranks_and_json_lists_all(capsys):
+    assert main(["run", "mlp", "--shape", "24,96,360", "--ranks", "8", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("spmdsim: a dry run (shapes only, no data) on 8 simulated ranks")
+    assert len(lines) == 4 and lines[3].startswith("ranks 0-7 ") and "allreduce x1" in lines[3]
+    assert " 16,128 " in lines[3]  # 2 * 7/8 of the (24, 96) float32 output
+    assert main(["run", "mlp", "--shape", "24,96,360", "--ranks", "8", "--dry-run", "--json"]) == 0
+    ranks = json.loads(capsys.readouterr().out)["ranks"]
+    assert [r["rank"] for r in ranks] == list(range(8)) and {r["bytes_sent"] for r in ranks} == {16128}
+
+
+def test_scale_script_meets_the_cost_formulas(capsys):
+    script = load_script(ROOT / "scripts" / "dry_scale.py", "dry_scale")
+    assert script.main(["--mesh", "4,16"]) == 0
+    out = capsys.readouterr().out
+    assert "ranks 0-63 " in out and "all ranks equal" in out
