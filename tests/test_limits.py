@@ -108,3 +108,12 @@ def test_ratio_and_byte_texts_are_exact():
     assert ratio_text(10 ** 400, 10 ** 397) == "1,000.0"  # ... this one overflows a float
     assert format_bytes(2 ** 80) == "1,208,925,819,614,629,174,706,176 B (1 YiB)"
     assert format_bytes(5 * 2 ** 40) == "5,497,558,138,880 B (5 TiB)"
+
+
+def test_pictures_of_a_tensor_past_int64(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    code, out, err = _cli(capsys, "plan", "--device-matrix", "2", "--alias", "a", "--from", "a,None",
+                          "--to", "None,a", "--shape", f"{2 ** 70},4", "--png", str(tmp_path))
+    written = sorted(tmp_path.iterdir())
+    assert (code, err) == (0, "") and f"wrote {len(written)} pictures" in out
+    assert len(written) >= 2 and {p.suffix for p in written} == {".png"}

@@ -18,7 +18,7 @@ def test_demo_coverage_refuses_a_pass_that_ran_too_little():
         assert "8 run them all (mpiexec -n 8, or --ranks 8)" in reason
     assert "on 1 rank)" in coverage(_outcomes(1), 1, chosen)
     assert coverage(_outcomes(8), 8, chosen) == ""
-    assert coverage(_outcomes(4), 4, chosen) == ""  # 7 of 14: half ran
+    assert coverage(_outcomes(4), 4, chosen) == ""  # 9 of 17: half ran
 
 
 def test_demo_coverage_names_an_all_skipped_run():

@@ -84,3 +84,23 @@ def test_largest_fitting_shape_and_sizes():
     assert [format_size(n) for n in (0, 1023, 1536, 3 * GIB // 2, 2 ** 80)] == \
         ["0 B", "1023 B", "1.5 KiB", "1.5 GiB", "1 YiB"]
     assert str(Need((("a", 1024), ("b", 0)))) == "1 KiB (a 1 KiB)"
+
+
+def test_simulated_ranks_share_the_process_memory_and_refuse_alike(monkeypatch):
+    from spmdsim.datagen import SeededTensor
+    from spmdsim.runtime import DTensor, Mesh
+    from spmdsim.sim import simulate
+
+    monkeypatch.delenv("SPMDSIM_MEMORY", raising=False)
+
+    def build(rows: int):
+        mesh = Mesh(Layout((4,), ("x",)))
+        x = DTensor.from_seeded(mesh, mesh.layout("x", None), SeededTensor((rows, 8), "float64"))
+        return x.local.shape
+
+    assert simulate(4, build, 16) == [(4, 8)] * 4
+    with pytest.raises(ResourceError, match=r"over 4 ranks on this node\); the largest shape that fits is "):
+        simulate(4, build, 2 ** 40)  # 16 TiB per simulated rank: refused before any shard exists
+    monkeypatch.setenv("SPMDSIM_MEMORY", "64K")
+    with pytest.raises(ResourceError, match=r"SPMDSIM_MEMORY=64K"):
+        simulate(4, build, 4 * 4096)

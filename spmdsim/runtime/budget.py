@@ -2,7 +2,7 @@
 
 Ranks read MemAvailable at slightly different times and see slightly different
 figures; a refusal must be the same on every rank, so they take the minimum
-(one Allreduce per communicator, on first use, cached). The ranks sharing a
+(one Allgather per communicator, on first use, cached). The ranks sharing a
 node come from ``Split_type(COMM_TYPE_SHARED)``; without it, the whole
 communicator counts as one node (conservative). mpi4py is imported lazily.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -24,16 +25,19 @@ _AGREED: dict[tuple, tuple[Any, Optional[Budget]]] = {}  # (id(comm), setting) -
 
 
 def _ranks_on_node(comm: Any) -> int:
-    from mpi4py import MPI
+    """Ranks of `comm` on this rank's node (collective); all of them if MPI cannot say.
 
+    Simulated ranks (spmdsim.sim) share one process: their Split_type gives all of them.
+    """
+    mpi = sys.modules.get("mpi4py.MPI")  # loaded wherever a real communicator exists
     try:
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    except (MPI.Exception, AttributeError, NotImplementedError):
+        node = comm.Split_type(mpi.COMM_TYPE_SHARED if mpi is not None else 0)
+        try:
+            return node.Get_size()
+        finally:
+            node.Free()
+    except Exception:  # noqa: BLE001 - an MPI without shared-memory splits: count every rank
         return comm.Get_size()
-    try:
-        return node.Get_size()
-    finally:
-        node.Free()
 
 
 def agreed_budget(comm: Any) -> Optional[Budget]:
@@ -49,10 +53,8 @@ def agreed_budget(comm: Any) -> Optional[Budget]:
     mine = budget_per_rank(1)  # validates SPMDSIM_MEMORY first, on every rank alike
     # Whether to agree depends only on the environment mpiexec gives every rank.
     if not os.environ.get(ENV_VAR, "").strip() and comm.Get_size() > 1:
-        from mpi4py import MPI
-
         mine = budget_per_rank(_ranks_on_node(comm))
-        low = comm.allreduce(_UNKNOWN if mine is None else mine.bytes, op=MPI.MIN)
+        low = min(comm.allgather(_UNKNOWN if mine is None else mine.bytes))  # object form: sim ranks too
         mine = None if low == _UNKNOWN else Budget(low, mine.source if mine else "MemAvailable")
     _AGREED[key] = (comm, mine)
     return mine

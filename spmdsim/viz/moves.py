@@ -97,15 +97,15 @@ def render_moves_png(plan: Any, directory: Union[str, os.PathLike], *, name: str
             boxes.setdefault(m.box, []).append(m)
         fig = new_figure(19.2, 10.8)
         ax = fig.add_axes((0.06, 0.1, 0.62, 0.72))
-        ax.set_xlim(0, cols)
-        ax.set_ylim(rows, 0)
+        ax.set_xlim(0, float(cols))  # floats: matplotlib cannot place ints past int64
+        ax.set_ylim(float(rows), 0)
         ax.set_xlabel("dim 1", fontsize=14)
         ax.set_ylabel("dim 0", fontsize=14)
         ax.tick_params(labelsize=12)
         labels = {box: _label(group) for box, group in boxes.items()}
         size = _font(boxes, labels, plan.shape)
         for box, group in boxes.items():
-            (r0, r1), (c0, c1) = box
+            (r0, r1), (c0, c1) = (tuple(map(float, pair)) for pair in box)
             # A sum is coloured by the rank it lands on (it leaves several), a copy by its source.
             who = group[0].dst if group[0].summed else group[0].sources[0]
             ax.add_patch(_rect(c0, r0, c1 - c0, r1 - r0, shard_colour(who, plan.num_ranks),
@@ -165,7 +165,8 @@ def render_byte_matrix_png(matrix: Sequence[Sequence[int]], path: Union[str, os.
     n = len(matrix)
     fig = new_figure(19.2, 10.8)
     ax = fig.add_axes((0.12, 0.1, 0.62, 0.78))
-    image = ax.imshow(matrix, cmap="Blues", vmin=0)
+    # Floats for the colours: byte counts past int64 make an object array matplotlib cannot draw.
+    image = ax.imshow([[float(v) for v in row] for row in matrix], cmap="Blues", vmin=0)
     ax.set_xlabel("to rank", fontsize=16)
     ax.set_ylabel("from rank", fontsize=16)
     step = max(1, n // 16)

@@ -146,10 +146,12 @@ def draw_tensor_panel(ax: Any, panel: Any, picture: LayoutPicture, scale: float 
 
     rows, cols = len(panel.blocks), len(panel.blocks[0])
     size = _fontsize(rows, cols) * scale
+    # Floats: matplotlib cannot place Python ints past int64 (a 2**70-row tensor).
+    col_edges, row_edges = [float(e) for e in panel.col_edges], [float(e) for e in panel.row_edges]
     for i, row in enumerate(panel.blocks):
         for j, block in enumerate(row):
-            x0, x1 = panel.col_edges[j], panel.col_edges[j + 1]
-            y0, y1 = panel.row_edges[i], panel.row_edges[i + 1]
+            x0, x1 = col_edges[j], col_edges[j + 1]
+            y0, y1 = row_edges[i], row_edges[i + 1]
             ax.add_patch(
                 Rectangle(
                     (x0, y0), x1 - x0, y1 - y0,
@@ -161,10 +163,10 @@ def draw_tensor_panel(ax: Any, panel: Any, picture: LayoutPicture, scale: float 
             ax.text((x0 + x1) / 2, (y0 + y1) / 2, f"{block.label}\n#{block.shard_number}",
                     ha="center", va="center", fontsize=size,
                     bbox={"facecolor": "white", "alpha": 0.7, "linewidth": 0, "pad": 1})
-    ax.set_xlim(panel.col_edges[0], panel.col_edges[-1])
-    ax.set_ylim(panel.row_edges[-1], panel.row_edges[0])  # row 0 on top, like a matrix
-    ax.set_xticks(panel.col_edges)
-    ax.set_yticks(panel.row_edges if panel.row_dim is not None else [])
+    ax.set_xlim(col_edges[0], col_edges[-1])
+    ax.set_ylim(row_edges[-1], row_edges[0])  # row 0 on top, like a matrix
+    ax.set_xticks(col_edges)
+    ax.set_yticks(row_edges if panel.row_dim is not None else [])
     ax.tick_params(labelsize=7 * scale)
     ax.xaxis.tick_top()
     ax.set_xlabel(f"dim {panel.col_dim}", fontsize=8 * scale)
