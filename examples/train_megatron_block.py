@@ -22,7 +22,7 @@ from spmdsim.ops import (ColumnParallelLinear, ParallelMLP, RowParallelLinear, V
                          cross_entropy, matmul, reshape, scale, softmax, transpose)
 from spmdsim.optim import SGD
 from spmdsim.plan_exec import redistribute
-from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
+from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook, print_ranked
 from spmdsim.train_reference import megatron_block
 import numpy as np  # noqa: E402 (after spmdsim, which caps BLAS threads under mpiexec)
 
@@ -104,16 +104,16 @@ def main(args):
             calls[phase][1] += trace.totals()["bytes_sent"]
         if comm.rank == 0 and step % 5 == 0:
             print(f"step {step}: loss {losses[-1]:.7f}")
-        if step == 0 and comm.rank == 0:
-            print("step 0 collectives: " + "; ".join(f"{phase} {traces[phase].counts()}" for phase in PHASES))
+        if step == 0:  # every rank's collectives of the first step, in rank order
+            print_ranked(comm, *(f"step 0 {phase}: {traces[phase].counts()}" for phase in PHASES))
+    print_ranked(comm, "per step: " + ", ".join(f"{phase} {c[0] // args.steps} calls {c[1] // args.steps:,} B"
+                                                for phase, c in calls.items()))
     if comm.rank == 0:
         print(f"loss first {losses[0]:.7f}, last {losses[-1]:.7f} "
               f"({'falling' if losses[-1] < losses[0] else 'NOT falling'})")
-        print("per step (rank 0): " + ", ".join(f"{phase} {c[0] // args.steps} calls {c[1] // args.steps:,} B"
-                                                 for phase, c in calls.items()))
         print(f"check: {len(verdicts) * args.steps} tensors over {args.steps} steps vs one process: "
-              f"{'PASS' if not failed else f'FAILED ({failed})'}; largest difference {worst:.2e} of the "
-              "tensor's largest entry")
+              f"{'PASS' if not failed else f'FAILED ({failed})'};")
+        print(f"  largest difference {worst:.2e} of the tensor's largest entry")
     mesh.close()
     return 0 if not failed and losses[-1] < losses[0] else 1
 

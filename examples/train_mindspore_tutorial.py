@@ -17,7 +17,7 @@ import spmdsim
 from spmdsim.nets import mindspore_layout, mindspore_tutorial, needs_eight
 from spmdsim.nets.digits import load_digits
 from spmdsim.nets.train import PHASES, NetworkTrainer, explain_backward
-from spmdsim.runtime import install_excepthook
+from spmdsim.runtime import install_excepthook, print_ranked
 from spmdsim.train_reference import ReferenceTrainer
 
 # (rtol, atol as a fraction of the tensor's largest entry). float64: the distributed sums
@@ -49,9 +49,10 @@ def main(args):
     rtol, scale = TOLERANCE[args.dtype]
     batch = net.source.shape[0]
     if comm.rank == 0:
-        print(f"{net.title}, {args.dtype}, {comm.size} ranks; data: {data.source}")
-        print(f"{args.optimizer}(lr {lr:g}), batch {batch}, {args.steps} steps; every step checked against "
-              f"one process (rtol {rtol:g}, atol {scale:g} x the tensor's largest entry)")
+        print(f"{net.title}, {args.dtype}, {comm.size} ranks")
+        print(f"data: {data.source}")
+        print(f"{args.optimizer}(lr {lr:g}), batch {batch}, {args.steps} steps; every step checked")
+        print(f"against one process (rtol {rtol:g}, atol {scale:g} x the tensor's largest entry)")
 
     losses, worst, failed = [], 0.0, 0
     bytes_by_phase = {phase: [0, 0] for phase in PHASES}  # calls, bytes sent (this rank)
@@ -74,19 +75,21 @@ def main(args):
         if comm.rank == 0 and step % 10 == 0:
             print(f"epoch: 0 step: {step}, loss is {result.value:.7f}")
     seconds = time.perf_counter() - start
-    counts = comm.gather(bytes_by_phase, root=0)
     trainer.close()
+    # Each rank's collectives per step, printed by rank 0 in rank order (ranks that sent the
+    # same share one entry: "ranks 0-7: ...").
+    print_ranked(comm, "collectives per step: " + ", ".join(
+        f"{phase} {bytes_by_phase[phase][0] / args.steps:g} calls {bytes_by_phase[phase][1] // args.steps:,} B"
+        for phase in PHASES))
     if comm.rank == 0:
         trend = "falling" if losses[-1] < losses[0] else "NOT falling"
         print(f"loss first {losses[0]:.7f}, last {losses[-1]:.7f} ({trend})")
-        print("collectives per step (busiest rank): " + ", ".join(
-            f"{phase} {max(c[phase][0] for c in counts) / args.steps:g} calls "
-            f"{max(c[phase][1] for c in counts) // args.steps:,} B" for phase in PHASES))
         checked = len(verdicts) * args.steps
         verdict = "PASS" if not failed else f"FAILED ({failed} of {checked})"
         print(f"check: {checked} tensors over {args.steps} steps (loss, {len(ref.grads)} gradients, "
-              f"{len(ref.params)} parameters per step) vs one process: {verdict}; largest difference "
-              f"{worst:.2e} of the tensor's largest entry; {seconds:.1f} s")
+              f"{len(ref.params)} parameters per step)")
+        print(f"  vs one process: {verdict}; largest difference {worst:.2e} of the tensor's largest "
+              f"entry; {seconds:.1f} s")
     return 0 if not failed and losses[-1] < losses[0] else 1
 
 
