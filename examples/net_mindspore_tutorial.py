@@ -34,7 +34,7 @@ if comm.size != 8:
 # Every operator has its own device matrix, derived from its strategy:
 #   MatMul1 (2,4,1) axes (m,k,n): rank r = 4m + k holds x[16m:16m+16, 196k:196k+196]
 #           and fc1[196k:196k+196, :] (ranks k and 4 + k hold the same fc1 block);
-#   ReLU1   (4,1,2) axes (s0,s1,rep): rank r holds rows 8*(r//2) .. +8, all 512 columns
+#   ReLU1   (4,1,2) axes (axis_0,axis_1,rep): rank r holds rows 8*(r//2) .. +8, all 512 columns
 #           (neighbours r, r^1 repeat the same work: the "rep" axis MindSpore appends);
 #   MatMul2 (1,8,1): rank r holds x[:, 64r:64r+64] and fc2[64r:64r+64, :];
 #   ReLU2   (8,1) and MatMul3 (8,1,1): rank r holds rows 4r .. 4r+4; fc3 is whole everywhere.

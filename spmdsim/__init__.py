@@ -7,21 +7,15 @@ process and `world()` is the running rank's communicator (spmdsim.sim).
 """
 from __future__ import annotations
 
-from ._malloc import keep_freed_buffers_under_launcher
-from ._threads import cap_blas_threads_under_launcher
-
-# Before numpy loads its BLAS: one rank per simulated device, not a thread pool each.
-cap_blas_threads_under_launcher()
-# Result arrays reuse freed heap memory instead of faulting in fresh pages (spmdsim/_malloc.py).
-keep_freed_buffers_under_launcher()
-
 from .datagen import SeededTensor
 from .errors import (
     CheckFailed,
     DialectError,
+    DTypeError,
     LayoutError,
     OperatorError,
     PlanError,
+    RankError,
     RuntimeMismatchError,
     ShapeError,
     SpmdsimError,

@@ -136,14 +136,18 @@ def matmul_operand_shapes(dims: Sequence[int], w_ndim: int, transpose_a: bool = 
 
 
 def matmul_multiples(x_tl, w_tl, dims_ndim: int, transpose_a: bool = False,
-                     transpose_b: bool = False) -> tuple[int, ...]:
-    """Per dim of (batch..., M, K, N), the number its size must be a multiple of (its shard counts)."""
-    x_dims = list(range(dims_ndim - 3)) + ([dims_ndim - 2, dims_ndim - 3] if transpose_a
-                                           else [dims_ndim - 3, dims_ndim - 2])
+                     transpose_b: bool = False, outputs: Sequence = ()) -> tuple[int, ...]:
+    """Per dim of (batch..., M, K, N), the number its size must be a multiple of (its shard counts).
+
+    `outputs`: layouts of the result (batch..., M, N) that must divide it too.
+    """
+    batch = list(range(dims_ndim - 3))
+    x_dims = batch + ([dims_ndim - 2, dims_ndim - 3] if transpose_a else [dims_ndim - 3, dims_ndim - 2])
     w_pair = [dims_ndim - 1, dims_ndim - 2] if transpose_b else [dims_ndim - 2, dims_ndim - 1]
-    w_dims = list(range(dims_ndim - 3))[dims_ndim - 3 - (w_tl.ndim - 2):] + w_pair
+    w_dims = batch[len(batch) - (w_tl.ndim - 2):] + w_pair
     out = [1] * dims_ndim
-    for tl, where in ((x_tl, x_dims), (w_tl, w_dims)):
+    for tl, where in ((x_tl, x_dims), (w_tl, w_dims), *((y, batch + [dims_ndim - 3, dims_ndim - 1])
+                                                          for y in outputs)):
         for tensor_dim, d in enumerate(where):
             out[d] = math.lcm(out[d], tl.num_shards(tensor_dim))
     return tuple(out)
@@ -151,8 +155,14 @@ def matmul_multiples(x_tl, w_tl, dims_ndim: int, transpose_a: bool = False,
 
 def matmul_job_need(x_tl, w_tl, x_shape: Sequence[int], w_shape: Sequence[int], dtype,
                     transpose_a: bool = False, transpose_b: bool = False, out_layout=None):
-    """(need of dims, dims, multiples) of a MatMul, over dims (batch..., M, K, N) as `run --shape` gives them."""
-    x_shape, w_shape = tuple(x_shape), tuple(w_shape)
+    """(need of dims, dims, multiples) of a MatMul, over dims (batch..., M, K, N) as `run --shape` gives them.
+
+    Validates the shapes and layouts first, raising what the job itself would.
+    """
+    from .ops.infer import infer_matmul
+
+    x_shape, w_shape = x_tl.check_shape(x_shape), w_tl.check_shape(w_shape)
+    plan = infer_matmul(x_tl, w_tl, transpose_a=transpose_a, transpose_b=transpose_b, out=out_layout)
     m, k = (x_shape[-1], x_shape[-2]) if transpose_a else (x_shape[-2], x_shape[-1])
     dims = x_shape[:-2] + (m, k, w_shape[-2] if transpose_b else w_shape[-1])
 
@@ -160,7 +170,8 @@ def matmul_job_need(x_tl, w_tl, x_shape: Sequence[int], w_shape: Sequence[int], 
         xs, ws = matmul_operand_shapes(d, len(w_shape), transpose_a, transpose_b)
         return matmul_need(x_tl, w_tl, xs, ws, dtype, transpose_a, transpose_b, out_layout)
 
-    return need_of, dims, matmul_multiples(x_tl, w_tl, len(dims), transpose_a, transpose_b)
+    multiples = matmul_multiples(x_tl, w_tl, len(dims), transpose_a, transpose_b, (plan.local, plan.out))
+    return need_of, dims, multiples
 
 
 def redistribute_need(source, target, shape: Sequence[int], dtype) -> Need:
@@ -256,7 +267,9 @@ def largest_fitting_shape(shape: Sequence[int], need_of: Callable[[tuple], int],
     least that; None when even the smallest such shape does not fit.
     """
     def scaled(num: int, den: int) -> tuple[int, ...]:
-        return tuple(max(m, s * num // den // m * m) if s else 0 for s, m in zip(shape, multiples))
+        # Nearest multiple, never above the size: a small dim is not halved by rounding down.
+        return tuple(min(s, max(m, (2 * s * num + den * m) // (2 * den * m) * m)) if s else 0
+                     for s, m in zip(shape, multiples))
 
     if need_of(tuple(shape)) <= limit:
         return tuple(shape)

@@ -13,6 +13,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from .autograd.graph import Leaf
 from .errors import OperatorError
 from .validate import tolerance_arg
 
@@ -27,7 +28,7 @@ class _Optimizer:
         if not self.params:
             raise OperatorError("optimizer got an empty parameter list")
         for i, p in enumerate(self.params):
-            if getattr(p, "_ag", None) is None or type(p._ag).__name__ != "Leaf":
+            if not isinstance(getattr(p, "_ag", None), Leaf):
                 raise OperatorError(f"optimizer parameter {i} ({p!r}) must be a DTensor leaf with "
                                     "requires_grad_() (layers' weights are)")
             if not p.local.flags.writeable:

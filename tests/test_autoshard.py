@@ -134,13 +134,20 @@ def test_tutorial_with_matmul1_fixed_needs_no_more_than_its_own_strategies():
     assert sum(op["bytes_per_rank"] for op in record["operators"]) == record["total_bytes_per_rank"]
 
 
-def test_hand_written_hops_match_the_network_schedule():
-    from spmdsim.nets import mindspore_tutorial, schedule
+@pytest.mark.parametrize("name", ["net_mindspore_tutorial", "net_mindspore_layout", "net_paddle_tp",
+                                  "net_oneflow_2d_sbp", "net_oneflow_2d_signature"])
+def test_hand_written_hops_match_the_network_schedule(name):
+    from spmdsim.nets import NETWORKS, schedule
 
-    result = autoshard("net_mindspore_tutorial", 8, flops_per_s=RATE)
-    hops = schedule(mindspore_tutorial(8))
+    result = autoshard(name, 8, flops_per_s=RATE)
+    hops = schedule(NETWORKS[name](8))
     planned = sum(h.plan.max_bytes_received for h in hops if h.plan is not None)
-    assert sum(op.in_bytes for op in result.hand_ops) == planned == 9_408 + 6_144
+    assert sum(op.in_bytes for op in result.hand_ops) == planned
+    # Each operator's own collectives are the ones the network's stage runs.
+    for op, stage in zip(result.hand_ops[1:], NETWORKS[name](8).stages):
+        ran = tuple((s.op, tuple(s.axes)) for p in op.candidate.own for s in p.steps if s.group_size > 1)
+        assert ran == tuple((c, tuple(a)) for c, a in stage.collectives), op.name
+    assert result.total_bytes_per_rank <= result.hand_written_total_bytes_per_rank
 
 
 def test_memory_limit_rules_candidates_out():

@@ -45,8 +45,26 @@ def test_branching_network_reports_branch_and_bound(capsys):
     (["--memory-limit", "10"], "fits the memory limit of 10 bytes"),
     (["--devices", "0"], "--devices 0 must be >= 1"),
     (["--flops", "-1"], "--flops -1.0 must be > 0"),
+    (["--objective", "time", "--devices", "64"], "expected at most 16 (or --objective bytes)"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, extra, needle):
     assert main(TUTORIAL[:3] + extra) == 2
     out, err = capsys.readouterr()
     assert out == "" and len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_run_on_simulated_ranks_moves_the_predicted_bytes(capsys):
+    # Vocabulary or dims split (the whole table, 245,760 B, is over the limit), 4 ranks in-process.
+    assert main(["autoshard", "--network", "net_paddle_tp", "--memory-limit", "100K", "--run",
+                 "--ranks", "4", "--flops", "1e10", "--repeat", "1", "--json"]) == 0
+    out = capsys.readouterr().out
+    record = json.loads(out[out.index("{"):])  # after the simulator's one-line banner
+    assert record["passed"] is True
+    assert [m["bytes_received_per_rank"] for m in record["measured"]] == \
+        [op["bytes_per_rank"] for op in record["operators"]]
+    assert record["total_bytes_per_rank"] > 0
+
+
+def test_ranks_needs_run(capsys):
+    assert main(TUTORIAL + ["--ranks", "4"]) == 2
+    assert "--ranks N simulates the ranks of --run; add --run" in capsys.readouterr().err

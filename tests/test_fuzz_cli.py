@@ -1,4 +1,4 @@
-"""Fuzzed CLI: every flag of `slices`, `explain`, `show` and `plan` with hostile values.
+"""Fuzzed CLI: every flag of `slices`, `explain`, `show`, `convert` and `plan` with hostile values.
 
 Each call runs `spmdsim.cli.main.main(argv)` in this process (stdin, stdout and
 stderr replaced) and must end with exit 0 and valid output, or exit 2 and one
@@ -25,7 +25,7 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
 )
 FUZZ = settings.get_profile("spmdsim-fuzz")
-EXAMPLES = 510  # per command: 2,040 in all
+EXAMPLES = 420  # per command: 2,100 in all
 COUNTED: dict[str, int] = {}
 
 # -- values ------------------------------------------------------------------------
@@ -76,7 +76,8 @@ PLAN_FLAGS = {
     "--to-device-matrix": int_list, "--to-alias": name_list, "--shape": shape_list,
     "--dtype": st.one_of(st.sampled_from(["float32", "float64", "int32", "int64"]), text),
 }
-SWITCHES = {"explain": ["--json", "--no-values"], "plan": ["--json", "--show"], "slices": [], "show": []}
+SWITCHES = {"explain": ["--json", "--no-values"], "plan": ["--json", "--show"], "slices": [], "show": [],
+            "convert": ["--json"]}
 EXTRA = {"show": {"--width": st.one_of(ints.map(str), text), "--name": text,
                   "--png": st.sampled_from(OUT_PATHS)},
          "plan": {"--png": st.sampled_from(OUT_PATHS)}}
@@ -233,7 +234,13 @@ def test_fuzz_show(call):
     _check(*call)
 
 
+@settings(FUZZ, max_examples=EXAMPLES)
+@given(argv_for("convert"))
+def test_fuzz_convert(call):
+    _check(*call)
+
+
 def test_fuzz_ran_every_example():
-    """The four fuzz tests above ran their examples (in this order, as pytest runs a module)."""
-    if len(COUNTED) == 4:  # skipped when a -k selection ran only some of them
-        assert sum(COUNTED.values()) >= 4 * EXAMPLES
+    """The five fuzz tests above ran their examples (in this order, as pytest runs a module)."""
+    if len(COUNTED) == 5:  # skipped when a -k selection ran only some of them
+        assert sum(COUNTED.values()) >= 5 * EXAMPLES

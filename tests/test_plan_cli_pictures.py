@@ -80,8 +80,8 @@ def test_plan_takes_partition_specs_and_placement(capsys):
 
 
 def test_strategy_pairs_name_the_target_axes_apart(capsys):
-    # Both sides used to print ("s0", "s1"), so the move read like a no-op.
+    # Both sides used to print ("axis_0", "axis_1"), so the move read like a no-op.
     assert main(["plan", "--device-matrix", "8", "--from-strategy", "((4,1),)", "--to-strategy",
                  "((1,8),)", "--shape", "32,512"]) == 0
-    head = capsys.readouterr().out.splitlines()[0]
-    assert head == 'redistribute ("s0", "s1") -> ("t0", "t1") on Layout(s0=4, s1=1, rep=2) -> Layout(t0=1, t1=8)'
+    head = " ".join(line.strip() for line in capsys.readouterr().out.splitlines()[:2])
+    assert head == 'redistribute ("axis_0", "axis_1") -> ("to_0", "to_1") on Layout(axis_0=4, axis_1=1, rep=2) -> Layout(to_0=1, to_1=8)'

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from spmdsim.cli.main import main
+from testkit import EXAMPLE_ARGS
 
 EXAMPLES = sorted((pathlib.Path(__file__).resolve().parents[1] / "examples").glob("*.py"))
 
@@ -48,7 +49,7 @@ def test_one_process_names_both_ways_out(capsys):
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_every_example_runs_on_8_simulated_ranks(path, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", [str(path), "--ranks", "8"])
+    monkeypatch.setattr(sys, "argv", [str(path), "--ranks", "8"] + EXAMPLE_ARGS.get(path.stem, []))
     with pytest.raises(SystemExit) as done:
         runpy.run_path(str(path), run_name="__main__")
     out = capsys.readouterr().out

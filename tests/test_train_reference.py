@@ -103,3 +103,12 @@ def test_digits():
     x, labels = data.batch(156, 32)  # wraps around the 5,000
     assert x.shape == (32, 1, 28, 28) and set(labels) <= set(range(10))
     assert abs(float(data.images.mean())) < 1.0  # normalized as seed 003's dataset is
+
+
+def test_optimizers_refuse_what_they_cannot_update():
+    from spmdsim.optim import SGD, Adam
+
+    with pytest.raises(OperatorError, match="empty parameter list"):
+        SGD([], lr=0.1)
+    with pytest.raises(OperatorError, match="must be a DTensor leaf with requires_grad_"):
+        Adam([np.zeros(3)])

@@ -258,12 +258,12 @@ def test_partial_notes_match_explain_and_fit_the_width():
     tl = sbp_to_layout(parse_sbp("S(0),P"), (2, 4), 2)
     pic = layout_picture(tl, (8, 8))
     assert pic.notes == (
-        'dim 0 split over "p0" into 2 shards',
-        "partial over p1: ranks differing only there hold addends, not copies; the value is their sum",
+        'dim 0 split over "axis_0" into 2 shards',
+        "partial over axis_1: ranks differing only there hold addends, not copies; the value is their sum",
         "'+' joins the ranks holding the addends of a block (hatched in PNG pictures)",
     )
     text = render_layout_ascii(pic)
-    wrapped = "  partial over p1: ranks differing only there hold addends, not copies; the\n    value is their sum\n"
+    wrapped = "  partial over axis_1: ranks differing only there hold addends, not copies; the\n    value is their sum\n"
     assert wrapped in text
     assert max(len(line) for line in text.splitlines()) <= 80
     narrow = render_layout_ascii(pic, width=40)

@@ -7,12 +7,16 @@ import shutil
 import sys
 from types import ModuleType
 
-__all__ = ["MPIEXEC", "factorizations", "load_script", "program_lines"]
+__all__ = ["MPIEXEC", "EXAMPLE_ARGS", "factorizations", "load_script", "program_lines"]
 
 # The venv's mpiexec (the pip `mpich` wheel) first, else the one on PATH, else "".
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 if not os.access(MPIEXEC, os.X_OK):
     MPIEXEC = shutil.which("mpiexec") or ""
+
+# Arguments the test runs give examples that would otherwise run for long (training: 2 steps).
+EXAMPLE_ARGS = {"train_mindspore_tutorial": ["--steps", "2", "--synthetic"],
+                "train_megatron_block": ["--steps", "2"], "train_seed_networks": ["--steps", "2"]}
 
 
 def factorizations(n: int, parts: int) -> list[tuple[int, ...]]:

@@ -64,10 +64,12 @@ def draw_round(ax: Any, schedule: Schedule, snapshot: list, index: int) -> None:
 
 def _colour(index: int, count: int) -> tuple:
     """Ten well-separated colours while they last (tab10), then the layout pictures' palette."""
-    from ..viz.png import _matplotlib, shard_colour
+    import matplotlib
+
+    from ..viz.png import shard_colour
 
     if count <= 10:
-        return tuple(_matplotlib().colormaps["tab10"](index))
+        return tuple(matplotlib.colormaps["tab10"](index))
     return tuple(shard_colour(index, count))
 
 

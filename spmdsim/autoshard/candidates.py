@@ -24,7 +24,7 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
-from ..dialects.strategy import format_strategy, matmul_layouts, strategy_layout, strategy_of
+from ..dialects.strategy import format_strategy, layout_to_strategy, matmul_layouts, strategy_to_layout
 from ..errors import SpmdsimError
 from ..layout import Layout, TensorLayout
 from ..ops.infer import (infer_elementwise, infer_embedding, infer_linear, infer_matmul,
@@ -107,7 +107,7 @@ def make_candidate(node: OpNode, inputs: Sequence[TensorLayout], params: Sequenc
     memory += sum(_local_bytes(tl, p.shape, p.source.dtype) for tl, p in zip(params, node.params))
     memory += max(_local_bytes(local, node.out_shape, node.dtype),
                   _local_bytes(final, node.out_shape, node.dtype))
-    strategy = strategy_of(*inputs, *params) if inputs else (final.shards_per_dim,)
+    strategy = tuple(map(layout_to_strategy, (*inputs, *params))) if inputs else (final.shards_per_dim,)
     out_strategy = None
     if out is not None and out.shards_per_dim != local.shards_per_dim:
         out_strategy = (out.shards_per_dim,)
@@ -234,7 +234,7 @@ def _layouts(node: OpNode, devices: int) -> Iterator[tuple]:
         x = shapes[0]
         whole = range(1, len(x)) if kind == "flatten" else (len(x) - 1,) if kind == "softmax" else ()
         for counts in _counts(x, devices, tuple(whole)):
-            yield (strategy_layout(counts, devices),), (), None
+            yield (strategy_to_layout(counts, devices),), (), None
         return
     if kind == "embedding":
         yield from _embedding_layouts(node, devices)
@@ -246,7 +246,7 @@ def _embedding_layouts(node: OpNode, devices: int) -> Iterator[tuple]:
     ids, table = node.in_shapes[0], node.params[0].shape
     n = len(ids)
     for counts in _counts(ids + table, devices):
-        full = strategy_layout(counts, devices)
+        full = strategy_to_layout(counts, devices)
         names = [f"s{i}" for i in range(n + 2)]
         yield (full.layout(*names[:n]),), (full.layout(*names[n:]),), None
 

@@ -23,9 +23,13 @@ from .graph import Graph
 from .networks import Hand, build
 from .search import Outcome, branch_and_bound, propagate, tree_search
 
-__all__ = ["autoshard", "Result", "OpReport", "METHODS", "PLANNED_HOPS_MAX_DEVICES"]
+__all__ = ["autoshard", "Result", "OpReport", "METHODS", "PLANNED_HOPS_MAX_DEVICES",
+           "TIME_OBJECTIVE_MAX_DEVICES"]
 
 METHODS = ("search", "propagate")
+
+#: The time objective plans every pair of candidate layouts (~20 s for the tutorial at 16).
+TIME_OBJECTIVE_MAX_DEVICES = 16
 
 #: Above this many devices the chosen hops are priced from the blocks alone
 #: (exact bytes) and not planned step by step (the planner takes ~0.5 s a hop at 4,096).
@@ -125,6 +129,9 @@ def autoshard(network: Union[str, Graph], devices: int = 8, *,
     devices = int_arg(devices, "devices", low=1)
     if method not in METHODS:
         raise SpmdsimError(f"method {method!r} must be one of {METHODS!r}")
+    if objective == "time" and devices > TIME_OBJECTIVE_MAX_DEVICES:
+        raise SpmdsimError(f"the time objective plans every pair of layouts, too slow at {devices} "
+                           f"devices; expected at most {TIME_OBJECTIVE_MAX_DEVICES} (or --objective bytes)")
     if isinstance(network, str):
         graph, hand = build(network, devices)
     else:

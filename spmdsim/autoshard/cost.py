@@ -223,10 +223,17 @@ class Table:
         return redistribution_bytes(unique_s, unique_t, shape, dtype)[np.ix_(rows, cols)]
 
     def _edge_seconds(self, p: int, q: int, pos: int) -> np.ndarray:
+        key = ("seconds", tuple(map(id, self.options[p])), tuple(map(id, self.options[q])), pos,
+               self.graph.nodes[q].in_shapes[pos], self.dtypes[p])
+        return self._once(key, lambda: self._price_seconds(p, q, pos))
+
+    def _price_seconds(self, p: int, q: int, pos: int) -> np.ndarray:
         sources, targets, shape, dtype = self._pairs(p, q, pos)
+        unique_s, unique_t = list(dict.fromkeys(sources)), list(dict.fromkeys(targets))
         model = self.objective.model
-        return np.array([[plan_seconds(hop_plans(s, t, shape, dtype), model) for t in targets]
-                         for s in sources]).reshape(len(sources), len(targets))
+        matrix = np.array([[plan_seconds(hop_plans(s, t, shape, dtype), model) for t in unique_t]
+                           for s in unique_s]).reshape(len(unique_s), len(unique_t))
+        return matrix[np.ix_(_positions(sources), _positions(targets))]
 
     def total(self, choice: Sequence[int]) -> float:
         """Objective value of a whole choice (one candidate index per node)."""

@@ -77,6 +77,8 @@ class OpNode:
                                 f"{len(self.in_shapes)} input shapes")
         if (self.kind == "input") != (self.layout is not None):
             raise OperatorError(f"{self.name}: only the input node has a fixed layout")
+        if self.kind != "input" and not self.inputs:
+            raise OperatorError(f"{self.name}: an operator consumes at least one earlier output")
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from ..errors import SpmdsimError
+
 __all__ = ["Outcome", "propagate", "tree_search", "branch_and_bound", "neighbours"]
 
 Edges = dict[tuple[int, int], np.ndarray]
@@ -93,7 +95,7 @@ def propagate(node: Sequence[np.ndarray], edge: Edges, decided: Sequence[int], n
         reasons[i] = f"propagated from {froms}: {unit(redis[c])}"
         queue += [v for v, _ in adj[i] if v not in choice]
     if len(choice) < n:
-        raise ValueError("the graph is not connected to the decided operators")
+        raise SpmdsimError("the graph is not connected to the decided operators")
     picked = tuple(choice[i] for i in range(n))
     return Outcome("propagation", picked, _total(node, edge, picked), False,
                    reasons=tuple(reasons[i] for i in range(n)))
@@ -112,7 +114,7 @@ def _bfs(n: int, adj: list, root: int = 0) -> tuple[list[int], list[int]]:
 
 
 def tree_search(node: Sequence[np.ndarray], edge: Edges, runners_up: int = 3) -> Outcome:
-    """Exact minimum on a forest-free tree by min-sum message passing (two sweeps)."""
+    """Exact minimum on a tree (connected, no cycle) by min-sum message passing in two sweeps."""
     n = len(node)
     adj = neighbours(n, edge)
     order, parent = _bfs(n, adj)
@@ -218,7 +220,7 @@ def branch_and_bound(node: Sequence[np.ndarray], edge: Edges, start: Optional[tu
                     nxt[v] = acc[v] + m[c]
             picked[u] = int(c)
             rest = sum(float(nxt[v].min()) for v in order[depth + 1:])
-            if step + rest < bar() or (step + rest == bar() and len(best) < keep):
+            if step + rest < bar():
                 visit(depth + 1, nxt, step, picked)
             del picked[u]
             if state["stopped"]:

@@ -3,10 +3,11 @@
     spmdsim autoshard --network net_mindspore_tutorial --devices 8 --fix "MatMul1=((2,4),(4,1))"
     spmdsim autoshard --network attention --devices 8 --objective time --json
     timeout -k 5 120 mpiexec -n 8 spmdsim autoshard --network net_mindspore_tutorial --run
+    spmdsim autoshard --network net_paddle_tp --memory-limit 100K --run --ranks 4   # no mpiexec
 
 Planning is pure (no MPI); `--run` executes the choice on the ranks of the
 launch (their count is the device count) and prints predicted vs measured
-bytes and times per operator.
+bytes and times per operator (`--ranks N`: N simulated ranks in this process).
 """
 from __future__ import annotations
 
@@ -52,7 +53,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--run", action="store_true",
                         help="execute the choice under MPI and print predicted vs measured per operator")
     parser.add_argument("--repeat", type=int, default=3, help="--run: forward passes (median)")
-    parser.set_defaults(func=run)
+    parser.add_argument("--ranks", type=int, metavar="N",
+                        help="--run on N simulated ranks in this process (no mpiexec; bytes are "
+                             "exact, times are not a cluster's)")
+    parser.set_defaults(func=run, dry_run=False)
 
 
 def _fixes(items: list[str]) -> dict[str, str]:
@@ -78,6 +82,8 @@ def _choose(args: argparse.Namespace, devices: int, flops: float | None) -> Any:
 def run(args: argparse.Namespace) -> int:
     if args.flops is not None and not args.flops > 0:
         raise SpmdsimError(f"--flops {args.flops!r} must be > 0")
+    if args.ranks is not None and not args.run:
+        raise SpmdsimError("--ranks N simulates the ranks of --run; add --run")
     if args.run:
         return _run_mpi(args)
     devices = 8 if args.devices is None else args.devices
@@ -89,9 +95,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_mpi(args: argparse.Namespace) -> int:
-    from mpi4py import MPI
+    from .run import guarded, on_world
 
-    from .run import guarded
+    if args.ranks is not None:
+        return on_world(args, lambda comm: _run_choice(args, comm))
+    from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     return guarded(lambda: _run_choice(args, comm), comm)
@@ -107,7 +115,7 @@ def _run_choice(args: argparse.Namespace, comm: Any) -> int:
                            f"differs (launch with mpiexec -n {args.devices})")
     # Every rank measures at once (they share the cores, as they will when running);
     # the slowest rate, agreed, makes every rank choose the same strategies.
-    flops = args.flops or comm.allreduce(measure_flops_rate(), op=_min())
+    flops = args.flops or min(comm.allgather(measure_flops_rate()))
     result = _choose(args, size, flops)
     to_network(result)  # a branching or unsupported network raises here, on every rank
     if comm.bcast(result.outcome.choice) != result.outcome.choice:
@@ -127,9 +135,3 @@ def _run_choice(args: argparse.Namespace, comm: Any) -> int:
             print(format_measured(result, measured))
             print("PASS" if passed else "FAIL")
     return 0 if passed else 1
-
-
-def _min() -> Any:
-    from mpi4py import MPI
-
-    return MPI.MIN

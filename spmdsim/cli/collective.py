@@ -80,10 +80,10 @@ def _check_args(args: argparse.Namespace) -> tuple[str, str, int]:
     if args.repeat < 1:
         raise SpmdsimError(f"--repeat {args.repeat!r} must be at least 1")
     if args.png:
-        from ..viz.png import _matplotlib
+        from ..viz.png import require_matplotlib
         from .paths import check_output_dir
 
-        _matplotlib()  # one line naming the extra when matplotlib is missing
+        require_matplotlib()  # one line naming the extra when matplotlib is missing
         check_output_dir(args.png, "--png")
     return collective, algorithm, size
 

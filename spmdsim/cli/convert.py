@@ -102,7 +102,7 @@ def _block(tl: TensorLayout, shape: tuple[int, ...], rank: int) -> str:
 
 
 def _strategy(tl: TensorLayout, shape: tuple[int, ...]) -> Form:
-    from ..dialects.strategy import format_strategy, layout_to_strategy, strategy_layout
+    from ..dialects.strategy import format_strategy, layout_to_strategy, strategy_to_layout
 
     counts = layout_to_strategy(tl)
     world = tl.layout.num_devices
@@ -113,7 +113,7 @@ def _strategy(tl: TensorLayout, shape: tuple[int, ...]) -> Form:
                                       f"pending sums (here over {', '.join(tl.partial)})")
     if world % math.prod(counts):
         return Form(DIALECTS[1], None, f"its {math.prod(counts)} slices do not divide {world} devices")
-    why = _same_blocks(tl, strategy_layout(counts, world), shape)
+    why = _same_blocks(tl, strategy_to_layout(counts, world), shape)
     if why:
         return Form(DIALECTS[1], text, f"{why} (a strategy puts its copies on the last, fastest "
                                        "device axis)", flags)
@@ -171,7 +171,7 @@ def convert_layout(tl: TensorLayout, shape: tuple[int, ...]) -> tuple[Form, ...]
                    lambda v: placements_to_layout(v, m.device_matrix, ndim, m.alias_name),
                    format_placements, "--placements", tl, shape, mesh),
         _mesh_form(DIALECTS[4], layout_to_partition_spec,
-                   lambda v: partition_spec_to_layout(v, m.alias_name, m.device_matrix, ndim),
+                   lambda v: partition_spec_to_layout(v, m.device_matrix, ndim, m.alias_name),
                    format_partition_spec, "--partition-spec", tl, shape, mesh),
         _paddle(tl, shape),
     )

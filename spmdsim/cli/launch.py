@@ -8,6 +8,8 @@ child it sets, unless already set:
 * ``OMP_NUM_THREADS``/``OPENBLAS_NUM_THREADS``/``MKL_NUM_THREADS`` to
   cores // N (at least 1): BLAS thread pools of 8 oversubscribed ranks made a
   measured job 20x slower (docs/oversubscription.md);
+* ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_`` (unless any glibc
+  malloc variable is set): freed result buffers stay in the heap (spmdsim._malloc);
 * ``SPMDSIM_EXPECT_WORLD=N``, so a Mesh fails loudly under a foreign mpiexec.
 
 A job killed from outside (a rank's SIGKILL, the timeout) leaves its MPI
@@ -31,6 +33,7 @@ import sys
 import time
 from typing import Sequence
 
+from .._malloc import glibc_env
 from .._threads import THREAD_VARS, thread_cap
 from ..errors import RuntimeMismatchError, SpmdsimError
 from ..runtime.debug import add_cli_arguments
@@ -134,7 +137,7 @@ def check_same_mpi(mpiexec: str) -> str | None:
 
 
 def launch_env(ranks: int, wait: str | None, base: dict | None = None) -> dict:
-    """The child environment: wait mode, BLAS thread caps, expected world size."""
+    """The child environment: wait mode, BLAS thread caps, glibc heap thresholds, expected world size."""
     env = dict(os.environ if base is None else base)
     if wait is not None:
         env["SPMDSIM_WAIT"] = wait
@@ -144,7 +147,7 @@ def launch_env(ranks: int, wait: str | None, base: dict | None = None) -> dict:
     for var in THREAD_VARS:
         env.setdefault(var, threads)
     env["SPMDSIM_EXPECT_WORLD"] = str(ranks)
-    return env
+    return glibc_env(env)
 
 
 def build_command(mpiexec: str, ranks: int, command: Sequence[str]) -> list[str]:

@@ -12,7 +12,7 @@ import importlib
 import sys
 from typing import IO, Sequence
 
-from .._env import launcher_rank
+from .._threads import launcher_rank
 from ..errors import SpmdsimError
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS", "OnceParser"]

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SpmdsimError
-from ..layout import Layout, TensorLayout
+from ..layout import Layout, TensorLayout, default_axis_names
 from ..plan import Plan, plan_redistribution
 from ..validate import counted
 from .cases import check_device_count, parse_int_list, parse_name_list, parse_tensor_map
@@ -109,7 +109,7 @@ def _mesh(matrix: str, alias: str | None, prefix: str = "") -> Layout:
     dims = parse_int_list(matrix, flag)
     check_device_count(math.prod(dims), f"{flag} {matrix!r}", MAX_PLAN_DEVICES)
     names = (parse_name_list(alias, f"--{prefix}alias") if alias
-             else tuple(f"axis_{i}" for i in range(len(dims))))
+             else default_axis_names(len(dims)))
     return Layout(dims, names)
 
 
@@ -130,17 +130,17 @@ def _side(args, which: str, mesh: Layout, ndim: int, world: int) -> TensorLayout
         raise SpmdsimError("--to-strategy gives the target's device matrix itself; "
                            "expected no --to-device-matrix or --to-alias with it")
     if strategy:
-        from ..dialects.strategy import strategy_layout
+        from ..dialects.strategy import strategy_to_layout
 
-        tl = strategy_layout(strategy, world)
+        # Both sides of a strategy pair would name their axes axis_0, axis_1, ...: the
+        # target's are to_0, to_1, ... so the report tells the two meshes apart.
+        tl = strategy_to_layout(strategy, world)
         if which == "to":
-            # Both sides of a strategy pair would name their axes s0, s1, ...: the
-            # target's become t0, t1, ... so the report tells the two meshes apart.
-            tl = _renamed(tl, {n: "t" + n[1:] for n in tl.layout.alias_name if n[:1] == "s"})
+            tl = _renamed(tl, {n: "to_" + n[5:] for n in tl.layout.alias_name if n[:5] == "axis_"})
     elif spec:
         from ..dialects.partition_spec import partition_spec_to_layout
 
-        tl = partition_spec_to_layout(parse_tensor_map(spec), mesh.alias_name, mesh.device_matrix, ndim)
+        tl = partition_spec_to_layout(parse_tensor_map(spec), mesh.device_matrix, ndim, mesh.alias_name)
     elif sbp:
         from ..dialects.sbp import sbp_to_layout
 

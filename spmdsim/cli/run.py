@@ -295,7 +295,7 @@ def _operand_shapes(dims: Sequence[int], transpose_a: bool, transpose_b: bool,
 
 def _sbp_matmul_job(args: argparse.Namespace, comm: Any, dims: Sequence[int], common: dict,
                     flags: dict) -> Any:
-    """MatMul with OneFlow nD SBPs over a placement: axes p0, p1, ... (sbp_to_layout's names)."""
+    """MatMul with OneFlow nD SBPs over a placement: axes axis_0, axis_1, ... (sbp_to_layout's names)."""
     from ..demo import jobs
     from ..dialects.sbp import sbp_to_layout
 

@@ -90,10 +90,10 @@ def matmul_job(
     from ..ops.matmul import matmul, plan_matmul
     from ..runtime.budget import check_memory
 
+    mesh = _mesh(x_layout.layout, comm)
     # Before any shard exists: refused alike on every rank when the peak does not fit.
     check_memory(comm, op, *matmul_job_need(x_layout, w_layout, x_shape, w_shape, dtype, transpose_a,
                                             transpose_b, out_layout), shape_flag="--shape")
-    mesh = _mesh(x_layout.layout, comm)
     xs, ws = SeededTensor(x_shape, dtype, seed), SeededTensor(w_shape, dtype, seed + 1)
     x, w = _dtensor(mesh, x_layout, xs), _dtensor(mesh, w_layout, ws)
     plan, _ = plan_matmul(x, w, transpose_a=transpose_a, transpose_b=transpose_b,

@@ -19,7 +19,7 @@ from ..errors import OperatorError
 from ..layout import Layout, TensorLayout
 from .model import Hop, Network, schedule
 
-__all__ = ["NetworkTrainer", "StepResult", "PHASES", "explain_backward"]
+__all__ = ["NetworkTrainer", "StepResult", "PHASES", "explain_backward", "world_size", "run_main"]
 
 #: Trace phases of a step, in order.
 PHASES = ("forward", "backward", "optimizer")
@@ -170,3 +170,33 @@ def _plan_text(hop: Hop) -> str:
 def _labels_layout(logits: TensorLayout) -> TensorLayout:
     """Labels split like the logits' batch dim."""
     return TensorLayout(logits.layout, logits.tensor_map[:1])
+
+
+def world_size(ranks: int) -> int:
+    """The rank count a run will have: `ranks` simulated ranks, or the MPI world's size."""
+    if ranks:
+        return ranks
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_size()
+
+
+def run_main(main: Any, args: Any, ranks: int) -> int:
+    """``main(args)`` on `ranks` simulated ranks, or on this MPI rank; the exit code.
+
+    Simulated ranks go through the same launcher as every example's ``--ranks N``
+    (spmdsim.sim.launch: the one-process banner first, errors named by rank, the
+    largest rank's exit code). Under MPI an exception on some ranks ends the whole
+    job instead of hanging the others.
+    """
+    if ranks:
+        from ..sim.launch import run_on_ranks
+
+        return run_on_ranks(ranks, lambda: main(args))
+    from mpi4py import MPI
+
+    from ..runtime import install_excepthook
+
+    install_excepthook(MPI.COMM_WORLD)
+    return main(args)
+

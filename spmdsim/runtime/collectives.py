@@ -30,11 +30,11 @@ from typing import Any, Iterable
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import ShapeError
+from ..errors import RankError, ShapeError
 from ..validate import as_int
 from . import debug
 from ._calls import (_DEBUG, _begin, _check_dtype, _contig, _copy_into, _dim, _divisible, _empty, _result, _run,
-                     comm_axes, moved_bytes)
+                     normalize_axes, moved_bytes)
 from .exchange import alltoallv, exchange  # the whole-mesh exchanges, importable from here as before
 from .mesh import Mesh
 from .trace import OPEN_TRACES as _TRACES
@@ -97,7 +97,7 @@ def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int
     d = _dim(tensor_dim, x.ndim, "tensor_dim")
     seq = _begin(mesh, comm, g, "allgather", axes, x, (d,))
     if g == 1:
-        record("allgather", comm_axes(axes), 1, 0, 0, 0.0, label)
+        record("allgather", normalize_axes(axes), 1, 0, 0, 0.0, label)
         return x if out is None else _copy_into(out, x, "allgather")
     t0 = perf_counter()
     shape = x.shape
@@ -120,7 +120,7 @@ def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int
         copied = out.nbytes
     moved = moved_bytes("allgather", g, x.nbytes)
     op, sent, received = how or ("allgather", moved, moved)
-    record(op, comm_axes(axes), g, sent, received, perf_counter() - t0, label, copied)
+    record(op, normalize_axes(axes), g, sent, received, perf_counter() - t0, label, copied)
     return out
 
 
@@ -153,7 +153,7 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
     _divisible(x.shape, s, g, "alltoall")
     seq = _begin(mesh, comm, g, "alltoall", axes, x, (s, c))
     if g == 1:
-        record("alltoall", comm_axes(axes), 1, 0, 0, 0.0, label)
+        record("alltoall", normalize_axes(axes), 1, 0, 0, 0.0, label)
         return x if out is None else _copy_into(out, x, "alltoall")
     t0 = perf_counter()
     block_shape = x.shape[:s] + (x.shape[s] // g,) + x.shape[s + 1:]
@@ -174,7 +174,7 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
     copied = (0 if send is x else x.nbytes) + (0 if direct else out.nbytes)
     moved = moved_bytes("alltoall", g, x.nbytes)
     op, sent, received = how or ("alltoall", moved, moved)
-    record(op, comm_axes(axes), g, sent, received, perf_counter() - t0, label, copied)
+    record(op, normalize_axes(axes), g, sent, received, perf_counter() - t0, label, copied)
     return out
 
 
@@ -209,7 +209,7 @@ def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | No
     x = _contig(local)
     seq = _begin(mesh, comm, g, "allreduce", axes, x, ())
     if g == 1:
-        record("allreduce", comm_axes(axes), 1, 0, 0, 0.0, label)
+        record("allreduce", normalize_axes(axes), 1, 0, 0, 0.0, label)
         return x if out is None or out is x else _copy_into(out, x, "allreduce")
     t0 = perf_counter()
     in_place = out is x
@@ -218,7 +218,7 @@ def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | No
     how = _exec(mesh, seq, "allreduce", axes, comm.Allreduce, comm.Iallreduce, send, out, _SUM)
     moved = moved_bytes("allreduce", g, x.nbytes)
     op, sent, received = how or ("allreduce", moved, moved)
-    record(op, comm_axes(axes), g, sent, received, perf_counter() - t0, label)
+    record(op, normalize_axes(axes), g, sent, received, perf_counter() - t0, label)
     return out
 
 
@@ -250,7 +250,7 @@ def reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim
     _divisible(x.shape, d, g, "reduce_scatter")
     seq = _begin(mesh, comm, g, "reduce_scatter", axes, x, (d,))
     if g == 1:
-        record("reduce_scatter", comm_axes(axes), 1, 0, 0, 0.0, label)
+        record("reduce_scatter", normalize_axes(axes), 1, 0, 0, 0.0, label)
         return x if out is None else _copy_into(out, x, "reduce_scatter")
     t0 = perf_counter()
     out_shape = x.shape[:d] + (x.shape[d] // g,) + x.shape[d + 1:]
@@ -260,7 +260,7 @@ def reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim
                 send, out, _SUM)
     moved = moved_bytes("reduce_scatter", g, x.nbytes)
     op, sent, received = how or ("reduce_scatter", moved, moved)
-    record(op, comm_axes(axes), g, sent, received, perf_counter() - t0, label, 0 if send is x else x.nbytes)
+    record(op, normalize_axes(axes), g, sent, received, perf_counter() - t0, label, 0 if send is x else x.nbytes)
     return out
 
 
@@ -288,12 +288,12 @@ def bcast(mesh: Mesh, local: Any, axes: str | Iterable[str], root: int = 0,
         _DEBUG.seq += 1
         if _TRACES:
             n = local.nbytes
-            record("bcast", comm_axes(axes), g, n if me == root else 0, 0 if me == root else n,
+            record("bcast", normalize_axes(axes), g, n if me == root else 0, 0 if me == root else n,
                    perf_counter() - t0, label)
         return local
     seq = _begin(mesh, comm, g, "bcast", axes, local, (root,))
     if g == 1:
-        record("bcast", comm_axes(axes), 1, 0, 0, 0.0, label)
+        record("bcast", normalize_axes(axes), 1, 0, 0, 0.0, label)
         return _contig(local)
     t0 = perf_counter()
     buf = local
@@ -302,7 +302,7 @@ def bcast(mesh: Mesh, local: Any, axes: str | Iterable[str], root: int = 0,
     how = _exec(mesh, seq, "bcast", axes, comm.Bcast, comm.Ibcast, buf, root)
     n = buf.nbytes
     op, sent, received = how or ("bcast", n if me == root else 0, 0 if me == root else n)
-    record(op, comm_axes(axes), g, sent, received, perf_counter() - t0, label)
+    record(op, normalize_axes(axes), g, sent, received, perf_counter() - t0, label)
     return buf
 
 
@@ -316,16 +316,16 @@ def _exec(mesh: Mesh, seq: int, op: str, axes: Any, blocking: Any, nonblocking: 
         return None
     from .algorithms import emulate
 
-    return emulate(mesh, op, algorithm, blocking.__self__, *args, label="axes " + ",".join(comm_axes(axes)))
+    return emulate(mesh, op, algorithm, blocking.__self__, *args, label="axes " + ",".join(normalize_axes(axes)))
 
 
 def _group_root(root: Any, g: int, axes: Any) -> int:
     """`root` as an int group rank, or the ShapeError every member raises alike."""
     index = as_int(root)
     if index is None:
-        raise ShapeError(f"bcast root {root!r} must be an integer group rank (0 <= root < {g})")
+        raise RankError(f"bcast root {root!r} must be an integer group rank (0 <= root < {g})")
     if not 0 <= index < g:
-        raise ShapeError(f"bcast root {root!r} is outside the group of {g} ranks over {comm_axes(axes)!r}")
+        raise RankError(f"bcast root {root!r} is outside the group of {g} ranks over {normalize_axes(axes)!r}")
     return index
 
 
@@ -342,4 +342,4 @@ def _lean_result(out: np.ndarray | None, shape: tuple, dtype: np.dtype) -> np.nd
 
 def _record_lean(op: str, axes: Any, g: int, local_nbytes: int, t0: float, label: str | None) -> None:
     moved = moved_bytes(op, g, local_nbytes)
-    record(op, comm_axes(axes), g, moved, moved, perf_counter() - t0, label)
+    record(op, normalize_axes(axes), g, moved, moved, perf_counter() - t0, label)

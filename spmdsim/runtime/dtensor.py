@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import buffers
 from ..datagen import SeededTensor
-from ..errors import LayoutError, ShapeError
+from ..errors import DTypeError, LayoutError, RankError, ShapeError
 from ..layout import TensorLayout
 from ..validate import as_int, dtype_arg, tolerance_arg
 from . import collectives, debug
@@ -45,7 +45,7 @@ class DTensor:
 
     Attributes: ``mesh``, ``local`` (this rank's shard), ``layout``,
     ``global_shape``, ``dtype``, ``partial`` and ``slices`` (this rank's region
-    of the global tensor).
+    of the global tensor); ``requires_grad`` and ``grad`` (docs/training.md).
     """
 
     # _ag: autograd's record (None, a Leaf or a Node; spmdsim.autograd), None unless asked for.
@@ -93,7 +93,7 @@ class DTensor:
         """
         want = dtype_arg(dtype)
         if self._layout.partial and want.kind in "biu" and self._local.dtype.kind not in "biu":
-            raise ShapeError(
+            raise DTypeError(
                 f"astype({want.name!r}) of a pending sum over {self._layout.partial!r} of dtype "
                 f"{self._local.dtype.name!r}: the addends would be truncated one by one; "
                 "resolve the sum first (redistribute to a layout without partial axes)")
@@ -108,7 +108,7 @@ class DTensor:
         if dtype is not None:
             dtype = dtype_arg(dtype)
             if local.dtype != dtype:
-                raise ShapeError(f"local shard dtype {local.dtype.name!r} does not match {dtype.name!r}")
+                raise DTypeError(f"local shard dtype {local.dtype.name!r} does not match {dtype.name!r}")
         return cls(mesh, local, layout, global_shape)
 
     @classmethod
@@ -188,7 +188,7 @@ class DTensor:
             # passed a range check (1.5) would send ranks down different paths.
             index = as_int(root)
             if index is None or not 0 <= index < mesh.size:
-                raise ShapeError(f"gather root {root!r} is not a mesh rank (an integer with "
+                raise RankError(f"gather root {root!r} is not a mesh rank (an integer with "
                                  f"0 <= root < {mesh.size})")
             root = index
         local = np.ascontiguousarray(self.resolved_local(label="gather"))
@@ -263,7 +263,7 @@ def _check_dtype(dtype: np.dtype, layout: TensorLayout) -> None:
     """Raise unless a shard of `dtype` can move (and, under a partial layout, be summed) by MPI."""
     dtype_arg(dtype, "local shard dtype")  # names the dtype and what is supported
     if dtype.kind == "b" and layout.partial:
-        raise ShapeError(f"a bool tensor cannot be a pending sum ({layout}); MPI has no sum of "
+        raise DTypeError(f"a bool tensor cannot be a pending sum ({layout}); MPI has no sum of "
                          "bools: use an integer dtype")
 
 

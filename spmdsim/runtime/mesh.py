@@ -29,6 +29,22 @@ def normalize_axes(axes: str | Iterable[str]) -> tuple[str, ...]:
     return tuple(axes)
 
 
+_TUNED = []
+
+
+def _tune_process_once() -> None:
+    """Under an MPI launcher, once per process: BLAS threads to this rank's share, freed heap kept.
+
+    Here rather than at import: ``import spmdsim`` changes no process setting
+    (spmdsim._threads, spmdsim._malloc; `spmdsim launch` sets both for its ranks).
+    """
+    if not _TUNED:
+        from .._malloc import keep_freed_buffers_under_launcher
+        from .._threads import cap_blas_threads_under_launcher
+
+        _TUNED.append((cap_blas_threads_under_launcher(), keep_freed_buffers_under_launcher()))
+
+
 class Mesh:
     """``Mesh(layout, comm=None)``: the device matrix of `layout` over `comm` (default `spmdsim.world()`).
 
@@ -57,6 +73,7 @@ class Mesh:
         simulated = isinstance(comm, SimComm)
         if not simulated:
             _check_mpi_comm(comm)
+            _tune_process_once()
         size = comm.Get_size()
         if layout.num_devices != size:
             raise RuntimeMismatchError(

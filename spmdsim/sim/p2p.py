@@ -102,16 +102,7 @@ def post_send(group: Group, me: int, dest: int, tag: int, buf: Any, obj: Any = N
         return completed()
     send = Request(group, me, "send", dest, tag, None if buf is None else flat(buf, "send buffer"),
                    None if buf is not None else pickle.dumps(obj, pickle.HIGHEST_PROTOCOL))
-    world = group.world
-    with world.lock:
-        world.check(group.members[me])
-        recv = next((r for r in group.recvs if r.me == dest and _fits(r, me, tag)), None)
-        if recv is None:
-            group.sends.append(send)
-            return send
-        group.recvs.remove(recv)
-    _deliver(send, recv)
-    return send
+    return _post(send, group.recvs, lambda r: r.me == dest and _fits(r, me, tag), group.sends)
 
 
 def post_recv(group: Group, me: int, source: int, tag: int, buf: Any) -> Request:
@@ -121,16 +112,25 @@ def post_recv(group: Group, me: int, source: int, tag: int, buf: Any) -> Request
     if source == special("PROC_NULL"):
         return completed()
     recv = Request(group, me, "recv", source, tag, None if buf is None else flat(buf, "receive buffer"))
+    return _post(recv, group.sends, lambda s: s.peer == me and _fits(recv, s.me, s.tag), group.recvs)
+
+
+def _post(mine: Request, pending: list, matches: Any, queue: list) -> Request:
+    """Match `mine` with the oldest fitting request in `pending` and deliver, or queue it."""
+    group = mine.group
     world = group.world
     with world.lock:
-        world.check(group.members[me])
-        send = next((s for s in group.sends if s.peer == me and _fits(recv, s.me, s.tag)), None)
-        if send is None:
-            group.recvs.append(recv)
-            return recv
-        group.sends.remove(send)
-    _deliver(send, recv)
-    return recv
+        world.check(group.members[mine.me])
+        other = next((r for r in pending if matches(r)), None)
+        if other is None:
+            queue.append(mine)
+            return mine
+        pending.remove(other)
+    if mine.kind == "send":
+        _deliver(mine, other)
+    else:
+        _deliver(other, mine)
+    return mine
 
 
 def _deliver(send: Request, recv: Request) -> None:

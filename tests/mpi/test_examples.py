@@ -22,8 +22,7 @@ pytestmark = pytest.mark.mpi(min_size=2)
 
 EXAMPLES = sorted((pathlib.Path(__file__).resolve().parents[2] / "examples").glob("*.py"))
 # Arguments that keep an example short here (the training examples default to 100 steps).
-ARGS = {"train_mindspore_tutorial": ["--steps", "3", "--synthetic"],
-        "train_megatron_block": ["--steps", "3"]}
+from testkit import EXAMPLE_ARGS as ARGS  # noqa: E402
 
 
 def test_examples_are_found():

@@ -86,9 +86,9 @@ def test_a_wrong_result_reports_fail_on_every_rank():
 @pytest.mark.parametrize("x_sbp, w_sbp, out_sbp, collectives", [
     # OneFlow's 2D signature (seed 002): x (B, S(0)) @ w (S(1), B) = y (S(1), S(0)), no communication.
     ("B,S(0)", "S(1),B", None, {}),
-    # K split on p0 on both sides: a pending sum over p0, resolved by Allreduce ...
+    # K split on axis_0 on both sides: a pending sum over axis_0, resolved by Allreduce ...
     ("S(1),B", "S(0),B", None, {"allreduce": 1}),
-    # ... or by Reduce_scatter when the wanted output splits rows over p0.
+    # ... or by Reduce_scatter when the wanted output splits rows over axis_0.
     ("S(1),B", "S(0),B", "S(0),B", {"reduce_scatter": 1}),
     # A pending-sum input stays linear through the product.
     ("P,B", "B,B", None, {"allreduce": 1}),

@@ -170,3 +170,20 @@ def test_mse_loss_target_gradient(mesh):
     y, t = (dt(mesh, a, mesh.layout("dp", None), grad=True) for a in arrays)
     loss = mse_loss(y, t)
     _assert(check_grads([y, t], arrays, lambda a, b: rg.mse_loss(a, b)[0], loss))
+
+
+def test_pending_sums_flow_through_the_backward(mesh):
+    from spmdsim.ops import add, matmul, scale
+    from spmdsim.plan_exec import redistribute
+
+    p = mesh.layout.axis_size("mp")
+    arrays = [_rand(4, 2 * p), _rand(2 * p, 3, seed=8), _rand(3, 5, seed=9)]
+    x = dt(mesh, arrays[0], mesh.layout("dp", "mp"), grad=True)
+    w1 = dt(mesh, arrays[1], mesh.layout("mp", None), grad=True)
+    w2 = dt(mesh, arrays[2], mesh.layout(None, None), grad=True)
+    pending = matmul(x, w1, reduce=False)  # a pending sum over mp
+    # A pending x times a replicated w stays pending; pending sums add and scale as they are.
+    z = matmul(add(pending, scale(pending, 0.5)), w2)
+    y = redistribute(z, mesh.layout("dp", None))
+    ref = lambda a, b, c: 1.5 * (a @ b) @ c  # noqa: E731
+    _assert(mse_check(mesh, [x, w1, w2], arrays, y, ref))
