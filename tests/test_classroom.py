@@ -246,8 +246,10 @@ def test_show_matmul_prints_each_ranks_addend_and_the_sum(capsys):
 
 
 def test_rank_order_and_trace_export_on_simulated_ranks(capsys, tmp_path):
+    import numpy as np
+
     import spmdsim
-    from spmdsim.runtime import collect_trace
+    from spmdsim.runtime import Mesh, collect_trace
     from spmdsim.runtime.collectives import allreduce
     from spmdsim.runtime.trace_export import write_chrome_trace
 
@@ -255,9 +257,9 @@ def test_rank_order_and_trace_export_on_simulated_ranks(capsys, tmp_path):
 
     def main_():
         comm = spmdsim.world()
-        mesh = spmdsim.runtime.Mesh(Layout((4,), ("x",)), comm)
+        mesh = Mesh(Layout((4,), ("x",)), comm)
         with collect_trace() as trace:
-            allreduce(mesh, __import__("numpy").ones(6, dtype="float32"), ("x",))
+            allreduce(mesh, np.ones(6, dtype="float32"), ("x",))
         print_ranked(comm, "done", f"half {comm.rank // 2}")
         write_chrome_trace(comm, trace, path)
 
