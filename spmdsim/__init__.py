@@ -35,6 +35,10 @@ def __getattr__(name: str) -> object:
         from . import sim
 
         return getattr(sim, name)
+    if name == "autoshard":  # a callable module: spmdsim.autoshard(...), loaded on first use
+        import importlib
+
+        return importlib.import_module(".autoshard", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -56,11 +60,3 @@ __all__ = [
     "CheckFailed",
 ]
 
-
-def __getattr__(name: str):
-    # `spmdsim.autoshard(...)` (a callable module) without loading the search on every import.
-    if name == "autoshard":
-        import importlib
-
-        return importlib.import_module(".autoshard", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
