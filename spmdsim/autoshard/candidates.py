@@ -84,10 +84,6 @@ def _local_bytes(tl: TensorLayout, shape: Sequence[int], dtype: str) -> int:
     return math.prod(tl.local_shape(shape)) * np.dtype(dtype).itemsize
 
 
-def _dtype_of(node: OpNode, producers_dtype: Sequence[str]) -> Sequence[str]:
-    return producers_dtype or (node.dtype,) * len(node.inputs)
-
-
 def make_candidate(node: OpNode, inputs: Sequence[TensorLayout], params: Sequence[TensorLayout],
                    in_dtypes: Sequence[str] = (), out: Optional[TensorLayout] = None,
                    hand: bool = False) -> Candidate:
@@ -97,7 +93,7 @@ def make_candidate(node: OpNode, inputs: Sequence[TensorLayout], params: Sequenc
     `in_dtypes` are the activation inputs' dtypes (default: the node's).
     """
     inputs, params = tuple(inputs), tuple(params)
-    in_dtypes = _dtype_of(node, tuple(in_dtypes))
+    in_dtypes = tuple(in_dtypes) or (node.dtype,) * len(node.inputs)
     for tl, shape in zip(inputs + params, node.in_shapes + tuple(p.shape for p in node.params)):
         tl.check_shape(shape)
     local, final, flops = _infer(node, inputs, params, out)

@@ -168,6 +168,7 @@ def autoshard(network: Union[str, Graph], devices: int = 8, *,
 
 
 def _hand(graph: Graph, hand, in_dtypes) -> Optional[list[Candidate]]:
+    """The hand-written layouts as candidates (the input's is its given layout)."""
     if hand is None:
         return None
     out = []
