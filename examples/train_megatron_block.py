@@ -21,7 +21,7 @@ from spmdsim.nets.train import PHASES
 from spmdsim.ops import (ColumnParallelLinear, ParallelMLP, RowParallelLinear, VocabParallelEmbedding, add,
                          cross_entropy, matmul, reshape, scale, softmax, transpose)
 from spmdsim.optim import SGD
-from spmdsim.plan_exec import redistribute
+from spmdsim import redistribute
 from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
 from spmdsim.train_reference import megatron_block
 import numpy as np  # noqa: E402 (after spmdsim, which caps BLAS threads under mpiexec)
