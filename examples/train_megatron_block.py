@@ -17,14 +17,14 @@ import sys
 import spmdsim
 from spmdsim import Layout, SeededTensor
 from spmdsim import reference_grad as rg
-from spmdsim.nets.train import PHASES
+from spmdsim.nets.train import PHASES, run_main
 from spmdsim.ops import (ColumnParallelLinear, ParallelMLP, RowParallelLinear, VocabParallelEmbedding, add,
                          cross_entropy, matmul, reshape, scale, softmax, transpose)
 from spmdsim.optim import SGD
 from spmdsim import redistribute
-from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
+from spmdsim.runtime import DTensor, Mesh, collect_trace
 from spmdsim.train_reference import megatron_block
-import numpy as np  # noqa: E402 (after spmdsim, which caps BLAS threads under mpiexec)
+import numpy as np  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=20)
@@ -105,24 +105,20 @@ def main(args):
         if comm.rank == 0 and step % 5 == 0:
             print(f"step {step}: loss {losses[-1]:.7f}")
         if step == 0 and comm.rank == 0:
-            print("step 0 collectives: " + "; ".join(f"{phase} {traces[phase].counts()}" for phase in PHASES))
+            for phase in PHASES:
+                print(f"step 0 {phase} collectives: {traces[phase].counts()}")
     if comm.rank == 0:
         print(f"loss first {losses[0]:.7f}, last {losses[-1]:.7f} "
               f"({'falling' if losses[-1] < losses[0] else 'NOT falling'})")
         print("per step (rank 0): " + ", ".join(f"{phase} {c[0] // args.steps} calls {c[1] // args.steps:,} B"
                                                  for phase, c in calls.items()))
         print(f"check: {len(verdicts) * args.steps} tensors over {args.steps} steps vs one process: "
-              f"{'PASS' if not failed else f'FAILED ({failed})'}; largest difference {worst:.2e} of the "
-              "tensor's largest entry")
+              f"{'PASS' if not failed else f'FAILED ({failed})'}")
+        print(f"largest difference {worst:.2e} of the tensor's largest entry")
     mesh.close()
     return 0 if not failed and losses[-1] < losses[0] else 1
 
 
 if args.steps < 1:
     sys.exit(f"--steps {args.steps} must be at least 1")
-if args.ranks:
-    sys.exit(spmdsim.simulate(args.ranks, main, args)[0])
-from mpi4py import MPI  # noqa: E402 (only when not simulating)
-
-install_excepthook(MPI.COMM_WORLD)  # an error on some ranks ends the whole job instead of hanging the others
-sys.exit(main(args))
+sys.exit(run_main(main, args, args.ranks))  # simulated ranks with --ranks, else MPI

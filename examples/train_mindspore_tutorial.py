@@ -16,8 +16,7 @@ import time
 import spmdsim
 from spmdsim.nets import mindspore_layout, mindspore_tutorial, needs_eight
 from spmdsim.nets.digits import load_digits
-from spmdsim.nets.train import PHASES, NetworkTrainer, explain_backward
-from spmdsim.runtime import install_excepthook
+from spmdsim.nets.train import PHASES, NetworkTrainer, explain_backward, run_main, world_size
 from spmdsim.train_reference import ReferenceTrainer
 
 # (rtol, atol as a fraction of the tensor's largest entry). float64: the distributed sums
@@ -49,9 +48,10 @@ def main(args):
     rtol, scale = TOLERANCE[args.dtype]
     batch = net.source.shape[0]
     if comm.rank == 0:
-        print(f"{net.title}, {args.dtype}, {comm.size} ranks; data: {data.source}")
-        print(f"{args.optimizer}(lr {lr:g}), batch {batch}, {args.steps} steps; every step checked against "
-              f"one process (rtol {rtol:g}, atol {scale:g} x the tensor's largest entry)")
+        print(f"{net.title}, {args.dtype}, {comm.size} ranks")
+        print(f"data: {data.source}")
+        print(f"{args.optimizer}(lr {lr:g}), batch {batch}, {args.steps} steps; each step checked against one")
+        print(f"process (rtol {rtol:g}, atol {scale:g} x the tensor's largest entry)")
 
     losses, worst, failed = [], 0.0, 0
     bytes_by_phase = {phase: [0, 0] for phase in PHASES}  # calls, bytes sent (this rank)
@@ -80,25 +80,19 @@ def main(args):
         trend = "falling" if losses[-1] < losses[0] else "NOT falling"
         print(f"loss first {losses[0]:.7f}, last {losses[-1]:.7f} ({trend})")
         print("collectives per step (busiest rank): " + ", ".join(
-            f"{phase} {max(c[phase][0] for c in counts) / args.steps:g} calls "
-            f"{max(c[phase][1] for c in counts) // args.steps:,} B" for phase in PHASES))
+            f"{phase} {max(c[phase][0] for c in counts) / args.steps:g}" for phase in PHASES))
+        print("bytes sent per step (busiest rank): " + ", ".join(
+            f"{phase} {max(c[phase][1] for c in counts) // args.steps:,}" for phase in PHASES))
         checked = len(verdicts) * args.steps
         verdict = "PASS" if not failed else f"FAILED ({failed} of {checked})"
         print(f"check: {checked} tensors over {args.steps} steps (loss, {len(ref.grads)} gradients, "
-              f"{len(ref.params)} parameters per step) vs one process: {verdict}; largest difference "
-              f"{worst:.2e} of the tensor's largest entry; {seconds:.1f} s")
+              f"{len(ref.params)} parameters per step) vs one process: {verdict}")
+        print(f"largest difference {worst:.2e} of the tensor's largest entry; {seconds:.1f} s")
     return 0 if not failed and losses[-1] < losses[0] else 1
 
 
 if args.steps < 1:
     sys.exit(f"--steps {args.steps} must be at least 1")
-if args.ranks:
-    if needs_eight(args.ranks):
-        sys.exit(needs_eight(args.ranks))
-    sys.exit(spmdsim.simulate(args.ranks, main, args)[0])
-from mpi4py import MPI  # noqa: E402 (only when not simulating)
-
-if needs_eight(MPI.COMM_WORLD.size):
-    sys.exit(needs_eight(MPI.COMM_WORLD.size))
-install_excepthook(MPI.COMM_WORLD)  # an error on some ranks ends the whole job instead of hanging the others
-sys.exit(main(args))
+if needs_eight(world_size(args.ranks)):
+    sys.exit(needs_eight(world_size(args.ranks)))
+sys.exit(run_main(main, args, args.ranks))  # simulated ranks with --ranks, else MPI

@@ -14,10 +14,9 @@ import sys
 
 import spmdsim
 from spmdsim.nets import seeds
-from spmdsim.nets.train import PHASES, NetworkTrainer
-from spmdsim.runtime import install_excepthook
+from spmdsim.nets.train import PHASES, NetworkTrainer, run_main
 from spmdsim.train_reference import ReferenceTrainer
-import numpy as np  # noqa: E402 (after spmdsim, which caps BLAS threads under mpiexec)
+import numpy as np  # noqa: E402
 
 NETWORKS = {"paddle_tp": seeds.paddle_needs, "oneflow_2d_sbp": seeds.oneflow_needs,
             "oneflow_2d_signature": seeds.oneflow_needs}
@@ -45,9 +44,11 @@ def train(name, comm):
     counts = {phase: trace.counts() for phase, trace in result.traces.items()}
     trainer.close()
     if comm.rank == 0:
-        print(f"{net.title} ({comm.size} ranks): loss first {losses[0]:.7f}, last {losses[-1]:.7f}; "
+        print(f"{net.title}, {comm.size} ranks")
+        print(f"  loss first {losses[0]:.7f}, last {losses[-1]:.7f}; every step vs one process: "
               f"{'PASS' if not failed else f'FAILED ({failed})'}")
-        print("  collectives per step: " + "; ".join(f"{phase} {counts[phase]}" for phase in PHASES))
+        for phase in PHASES:
+            print(f"  {phase} collectives per step: {counts[phase]}")
     return not failed and losses[-1] < losses[0]
 
 
@@ -62,9 +63,4 @@ def main(args):
 
 if args.steps < 1:
     sys.exit(f"--steps {args.steps} must be at least 1")
-if args.ranks:
-    sys.exit(spmdsim.simulate(args.ranks, main, args)[0])
-from mpi4py import MPI  # noqa: E402 (only when not simulating)
-
-install_excepthook(MPI.COMM_WORLD)  # an error on some ranks ends the whole job instead of hanging the others
-sys.exit(main(args))
+sys.exit(run_main(main, args, args.ranks))  # simulated ranks with --ranks, else MPI

@@ -10,7 +10,7 @@ import pytest
 from spmdsim import Layout
 from spmdsim.cli.main import main
 from spmdsim.plan import plan_redistribution
-from spmdsim.runtime.ranked import fold_ranked, gather_ranked, print_ranked, ranked
+from spmdsim.runtime.ranked import fold_ranked, gather_ranked, print_ranked, rank_ordered
 from spmdsim.viz.table import fold_cell, fold_table, nbytes, wrap_lines
 from spmdsim.viz.why import byte_matrix, format_byte_matrix, step_text, step_why
 
@@ -65,7 +65,7 @@ def test_print_ranked_on_any_communicator_with_lowercase_gather(capsys):
     comm = _FakeComm()
     print_ranked(comm, "same")
     assert capsys.readouterr().out == "rank 0: rank zero's line\nranks 1,2: same\n"
-    with ranked(comm) as out:
+    with rank_ordered(comm) as out:
         out.print("n =", 3)
     assert capsys.readouterr().out.splitlines()[-1] == "ranks 1,2: n = 3"
     wrapped = gather_ranked(comm, ["x" * 150])  # wrapped at 100 columns
@@ -243,3 +243,28 @@ def test_show_matmul_prints_each_ranks_addend_and_the_sum(capsys):
     assert "out[0:2, 0:2] is a pending sum over k:" in out and max(map(len, out.splitlines())) <= 80
     assert main(["show", "--strategy", "((2,1),)", "--matmul", "--shape", "4,4,2"]) == 2
     assert "--matmul needs a MatMul --strategy of two tensors" in capsys.readouterr().err
+
+
+def test_rank_order_and_trace_export_on_simulated_ranks(capsys, tmp_path):
+    import spmdsim
+    from spmdsim.runtime import collect_trace
+    from spmdsim.runtime.collectives import allreduce
+    from spmdsim.runtime.trace_export import write_chrome_trace
+
+    path = tmp_path / "sim.json"
+
+    def main_():
+        comm = spmdsim.world()
+        mesh = spmdsim.runtime.Mesh(Layout((4,), ("x",)), comm)
+        with collect_trace() as trace:
+            allreduce(mesh, __import__("numpy").ones(6, dtype="float32"), ("x",))
+        print_ranked(comm, "done", f"half {comm.rank // 2}")
+        write_chrome_trace(comm, trace, path)
+
+    spmdsim.simulate(4, main_)
+    assert capsys.readouterr().out == "ranks 0,1:\n  done\n  half 0\nranks 2,3:\n  done\n  half 1\n"
+    obj = json.loads(path.read_text())
+    _validate(obj)
+    colls = [e for e in obj["traceEvents"] if e.get("cat") == "collective"]
+    assert sorted(e["pid"] for e in colls) == [0, 1, 2, 3]
+    assert {e["args"]["bytes_sent"] for e in colls} == {2 * 3 * 24 // 4}

@@ -39,7 +39,7 @@ def test_png_writes_one_picture_per_step(tmp_path, capsys):
     moving = [f"moves_{i:02d}.png" for i, step in enumerate(PLAN.steps, 1) if any(step.bytes_received)]
     assert files == sorted(expected + moving + ["bytes.png"])
     assert all(os.path.getsize(tmp_path / f) > 1000 for f in files)
-    assert f"wrote {len(files)} picture(s)" in capsys.readouterr().out
+    assert f"wrote {len(files)} pictures" in capsys.readouterr().out
 
 
 def test_plan_report_says_why_it_is_above_the_bound_and_where_predictions_come_from(capsys, monkeypatch,

@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import SpmdsimError
 from ..layout import Layout, TensorLayout, default_axis_names
 from ..plan import Plan, plan_redistribution
+from ..validate import counted
 from .cases import check_device_count, parse_int_list, parse_name_list, parse_tensor_map
 from .plan_explain import dialect_of, moves_and_bytes_png, plan_record, plan_text
 
@@ -317,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
         paths = render_plan_png(plan, args.png)
         paths += moves_and_bytes_png(plan, args.png, dialect_of(args))
         if not args.json:
-            print(f"wrote {len(paths)} picture(s) to {args.png}")
+            print(f"wrote {counted(len(paths), 'picture')} to {args.png}")
     return 0
 
 

@@ -19,7 +19,7 @@ from ..errors import OperatorError
 from ..layout import Layout, TensorLayout
 from .model import Hop, Network, schedule
 
-__all__ = ["NetworkTrainer", "StepResult", "PHASES", "explain_backward"]
+__all__ = ["NetworkTrainer", "StepResult", "PHASES", "explain_backward", "world_size", "run_main"]
 
 #: Trace phases of a step, in order.
 PHASES = ("forward", "backward", "optimizer")
@@ -170,3 +170,30 @@ def _plan_text(hop: Hop) -> str:
 def _labels_layout(logits: TensorLayout) -> TensorLayout:
     """Labels split like the logits' batch dim."""
     return TensorLayout(logits.layout, logits.tensor_map[:1])
+
+
+def world_size(ranks: int) -> int:
+    """The rank count a run will have: `ranks` simulated ranks, or the MPI world's size."""
+    if ranks:
+        return ranks
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_size()
+
+
+def run_main(main: Any, args: Any, ranks: int) -> Any:
+    """``main(args)`` on `ranks` simulated ranks (spmdsim.simulate), or on this MPI rank; rank 0's result.
+
+    Under MPI an exception on some ranks ends the whole job instead of hanging the others.
+    """
+    if ranks:
+        from ..sim import simulate
+
+        return simulate(ranks, main, args)[0]
+    from mpi4py import MPI
+
+    from ..runtime import install_excepthook
+
+    install_excepthook(MPI.COMM_WORLD)
+    return main(args)
+

@@ -33,7 +33,7 @@ __all__ = [
     "prepare_reduce_scatter",
     "prepare_alltoall",
     "print_ranked",
-    "ranked",
+    "rank_ordered",
     "write_chrome_trace",
     "redistribute",
 ]
@@ -62,7 +62,7 @@ _WHERE = {
     "prepare_reduce_scatter": "prepared",
     "prepare_alltoall": "prepared",
     "print_ranked": "ranked",
-    "ranked": "ranked",
+    "rank_ordered": "ranked",
     "write_chrome_trace": "trace_export",
     "redistribute": "spmdsim.plan_exec",  # the planner's executor, beside the runtime
 }

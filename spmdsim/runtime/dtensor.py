@@ -45,7 +45,7 @@ class DTensor:
 
     Attributes: ``mesh``, ``local`` (this rank's shard), ``layout``,
     ``global_shape``, ``dtype``, ``partial`` and ``slices`` (this rank's region
-    of the global tensor).
+    of the global tensor); ``requires_grad`` and ``grad`` (docs/training.md).
     """
 
     # _ag: autograd's record (None, a Leaf or a Node; spmdsim.autograd), None unless asked for.

@@ -7,7 +7,7 @@ them rank by rank; ranks that printed the same lines share one entry:
 
     print_ranked(comm, y.check(ref))        # ranks 0-7: check passed: ...
 
-    with ranked(comm) as out:               # print-like, flushed at the end of the block
+    with rank_ordered(comm) as out:         # print-like, printed when the block ends
         out.print("rank", comm.rank, "holds", x.local.shape)
 
 No mpi4py import: any object with ``gather``, ``Get_rank``/``rank`` works
@@ -22,7 +22,7 @@ from typing import IO, Any, Sequence
 from ..viz.model import compact_ranks
 from ..viz.table import WIDTH, nbytes, wrap_lines
 
-__all__ = ["print_ranked", "gather_ranked", "fold_ranked", "ranked", "trace_lines"]
+__all__ = ["print_ranked", "gather_ranked", "fold_ranked", "rank_ordered", "trace_lines"]
 
 
 def fold_ranked(per_rank: Sequence[Sequence[str]], fold: bool = True) -> list[str]:
@@ -90,7 +90,7 @@ def print_ranked(comm: Any, *lines: Any, root: int = 0, fold: bool = True,
         print("\n".join(text), file=file or sys.stdout, flush=True)
 
 
-class ranked:  # noqa: N801 - used like a function: ``with ranked(comm) as out``
+class rank_ordered:  # noqa: N801 - used like a function: ``with rank_ordered(comm) as out``
     """Collect this rank's ``out.print(...)`` lines; print all ranks' in order when the block ends.
 
     The gather runs at the end of the block on every rank, so every rank must
@@ -106,7 +106,7 @@ class ranked:  # noqa: N801 - used like a function: ``with ranked(comm) as out``
         """Keep one line, as ``print`` would write it."""
         self.lines.append(sep.join(str(v) for v in values))
 
-    def __enter__(self) -> "ranked":
+    def __enter__(self) -> "rank_ordered":
         return self
 
     def __exit__(self, kind: Any, *exc: Any) -> None:

@@ -48,7 +48,7 @@ def render_plan_ascii(plan: Any, *, name: str = "x", width: int = 80) -> str:
     """The plan as text: the source layout's blocks, then each step and the blocks after it."""
     lines = [
         f"Plan for {name}: shape {tuple(plan.shape)!r} {plan.dtype} on {counted(plan.num_ranks, 'rank')}",
-        f"{plan.source} -> {plan.target}: {len(plan.steps)} step(s)",
+        f"{plan.source} -> {plan.target}: {counted(len(plan.steps), 'step')}",
         f"per rank received: {_per_rank(plan.bytes_received)}; "
         f"lower bound {_per_rank(plan.lower_bound)}",
         "",

@@ -5,7 +5,7 @@ import pytest
 from mpi4py import MPI
 
 from spmdsim.cli.main import main
-from spmdsim.runtime.ranked import print_ranked, ranked
+from spmdsim.runtime.ranked import print_ranked, rank_ordered
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -61,7 +61,7 @@ def test_print_ranked_over_world_and_self(capsys):
         else:
             assert out == ""
     comm = MPI.COMM_WORLD
-    with ranked(comm) as out:
+    with rank_ordered(comm) as out:
         out.print("parity", comm.rank % 2)
     text = capsys.readouterr().out
     if comm.rank == 0:
