@@ -9,7 +9,7 @@ import sys
 import spmdsim
 from spmdsim.sim import script
 from spmdsim import Layout, SeededTensor
-from spmdsim.demo.jobs import contraction_atol
+from spmdsim import contraction_atol
 from spmdsim.errors import SpmdsimError
 from spmdsim.holdings import holdings
 from spmdsim.ops import matmul

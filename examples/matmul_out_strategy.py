@@ -8,7 +8,7 @@ import sys
 import spmdsim
 from spmdsim.sim import script
 from spmdsim import SeededTensor
-from spmdsim.demo.jobs import contraction_atol
+from spmdsim import contraction_atol
 from spmdsim.dialects.strategy import matmul_layouts
 from spmdsim.errors import SpmdsimError
 from spmdsim.holdings import holdings

@@ -8,7 +8,7 @@ import sys
 import spmdsim
 from spmdsim.sim import script
 from spmdsim import Layout, SeededTensor
-from spmdsim.demo.jobs import contraction_atol
+from spmdsim import contraction_atol
 from spmdsim.holdings import holdings
 from spmdsim.ops import ParallelMLP
 from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook

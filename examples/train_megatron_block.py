@@ -21,10 +21,10 @@ from spmdsim.nets.train import PHASES, run_main
 from spmdsim.ops import (ColumnParallelLinear, ParallelMLP, RowParallelLinear, VocabParallelEmbedding, add,
                          cross_entropy, matmul, reshape, scale, softmax, transpose)
 from spmdsim.optim import SGD
-from spmdsim.plan_exec import redistribute
+from spmdsim import redistribute
 from spmdsim.runtime import DTensor, Mesh, collect_trace
 from spmdsim.train_reference import megatron_block
-import numpy as np  # noqa: E402 (after spmdsim, which caps BLAS threads under mpiexec)
+import numpy as np  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=20)

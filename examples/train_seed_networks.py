@@ -16,7 +16,7 @@ import spmdsim
 from spmdsim.nets import seeds
 from spmdsim.nets.train import PHASES, NetworkTrainer, run_main
 from spmdsim.train_reference import ReferenceTrainer
-import numpy as np  # noqa: E402 (after spmdsim, which caps BLAS threads under mpiexec)
+import numpy as np  # noqa: E402
 
 NETWORKS = {"paddle_tp": seeds.paddle_needs, "oneflow_2d_sbp": seeds.oneflow_needs,
             "oneflow_2d_signature": seeds.oneflow_needs}

@@ -1,11 +1,15 @@
 """spmdsim: run and check tensor-parallel programs on plain CPUs with MPI.
 
-The names exported here are pure (numpy only). MPI-facing names (`Mesh`,
-`DTensor`, ops) live in `spmdsim.runtime` and `spmdsim.ops` and import mpi4py
-when first used. `simulate(n, fn)` runs `fn` on n simulated ranks in this
-process and `world()` is the running rank's communicator (spmdsim.sim).
+The front door: ``from spmdsim import Layout, Mesh, DTensor, SeededTensor,
+redistribute, ops, simulate, world, optim, ...`` gives what the examples use.
+Pure names (layouts, data, tolerances, errors) load with the package; the
+MPI-facing ones load on first use, so ``import spmdsim`` loads no mpi4py and
+changes no process setting. docs/api.md lists every public name.
 """
 from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from .datagen import SeededTensor
 from .errors import (
@@ -21,34 +25,46 @@ from .errors import (
     SpmdsimError,
 )
 from .layout import Layout, TensorLayout
-
+from .tolerances import contraction_atol, default_tolerances
 
 __version__ = "0.1.0"
 
+# Loaded on first use: name -> (module, attribute; None for the module itself).
+_LAZY = {
+    "Mesh": ("spmdsim.runtime.mesh", "Mesh"),
+    "DTensor": ("spmdsim.runtime.dtensor", "DTensor"),
+    "redistribute": ("spmdsim.plan_exec", "redistribute"),
+    "collect_trace": ("spmdsim.runtime.trace", "collect_trace"),
+    "install_excepthook": ("spmdsim.runtime.guard", "install_excepthook"),
+    "abort_on_error": ("spmdsim.runtime.guard", "abort_on_error"),
+    "print_ranked": ("spmdsim.runtime.ranked", "print_ranked"),
+    "simulate": ("spmdsim.sim", "simulate"),
+    "world": ("spmdsim.sim", "world"),
+    "script": ("spmdsim.sim", "script"),
+    "ops": ("spmdsim.ops", None),
+    "optim": ("spmdsim.optim", None),
+    "dialects": ("spmdsim.dialects", None),
+    "reference": ("spmdsim.reference", None),
+    "autoshard": ("spmdsim.autoshard", None),  # also callable: spmdsim.autoshard(...)
+}
+
 __all__ = [
-    "simulate",
-    "world",
-    "Layout",
-    "TensorLayout",
-    "SeededTensor",
-    "SpmdsimError",
-    "LayoutError",
-    "ShapeError",
-    "DialectError",
-    "OperatorError",
-    "PlanError",
-    "RuntimeMismatchError",
-    "CheckFailed",
+    "Layout", "TensorLayout", "SeededTensor", "contraction_atol", "default_tolerances",
+    *_LAZY,
+    "SpmdsimError", "LayoutError", "ShapeError", "DTypeError", "RankError", "DialectError",
+    "OperatorError", "PlanError", "RuntimeMismatchError", "CheckFailed",
 ]
 
 
-def __getattr__(name: str) -> object:
-    # Loaded on first use, so `import spmdsim` stays free of mpi4py: simulate/world
-    # (the emulator, spmdsim.sim) and `spmdsim.autoshard(...)` (a callable module).
-    import importlib
+def __getattr__(name: str) -> Any:
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(where[0])
+    value = module if where[1] is None else getattr(module, where[1])
+    globals()[name] = value
+    return value
 
-    if name in ("simulate", "world"):
-        return getattr(importlib.import_module(".sim", __name__), name)
-    if name == "autoshard":
-        return importlib.import_module(".autoshard", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -29,8 +29,6 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["HUGE_PAGE", "POOL_BYTES", "enabled", "empty_bytes", "pooled_bytes"]
-
 HUGE_PAGE = 2 << 20  # x86-64 and arm64 (4 KiB base pages) transparent huge page size
 POOL_BYTES = 64 << 20  # freed maps kept for reuse, per process (as _malloc keeps 64 MiB of heap)
 

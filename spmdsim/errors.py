@@ -27,14 +27,14 @@ class ShapeError(SpmdsimError, ValueError):
     """A shape does not fit a layout (length, divisibility, local shard shape)."""
 
 
+# DTypeError and RankError subclass ShapeError, which spmdsim raised for them before:
+# code that catches ShapeError keeps working.
 class DTypeError(ShapeError):
-    """A dtype the operation cannot take (not sendable, not summable, mismatched); a ShapeError
-    subclass so that code catching ShapeError for these still works."""
+    """A dtype the operation cannot take (not sendable, not summable, mismatched)."""
 
 
 class RankError(ShapeError):
-    """A rank argument (a bcast or gather root, an exchange peer) outside its group; a ShapeError
-    subclass so that code catching ShapeError for these still works."""
+    """A rank argument (a bcast or gather root, an exchange peer) outside its group."""
 
 
 class DialectError(SpmdsimError, ValueError):

@@ -22,11 +22,11 @@ def test_slices_names_the_partial_axes(capsys):
     code, out, _ = _run(["slices", *SBP_P], capsys)
     assert code == 0
     assert out.splitlines()[-1] == (
-        ' "partial": {"axes": ["p1"], "note": "partial over p1: ranks differing only there hold addends, '
+        ' "partial": {"axes": ["axis_1"], "note": "partial over axis_1: ranks differing only there hold addends, '
         'not copies; the value is their sum"}}'
     )
     data = json.loads(out)
-    assert data["partial"]["axes"] == ["p1"]
+    assert data["partial"]["axes"] == ["axis_1"]
     # Same slices as S(0),B; only the partial line tells them apart.
     code, plain, _ = _run(["slices", "--sbp", "S(0),B", "--placement", "2,4", "--shape", "8,8"], capsys)
     assert json.loads(plain) == {"rank_slices": data["rank_slices"]}
@@ -45,7 +45,7 @@ def test_explain_partial_demo_and_show_agree(capsys):
     assert "     0      0  (0, 0)         [0:4, 0:8]  0 1 2 3 4 5 6 7 8 9 ... (32 values)" in out
     assert "     1      0  (0, 0)         [0:4, 0:8]  0 0 0 0 0 0 0 0 0 0 ... (32 values)" in out
     code, shown, _ = _run(["show", *SBP_P], capsys)
-    assert "  partial over p1: ranks differing only there hold addends, not copies; the\n" in shown
+    assert "  partial over axis_1: ranks differing only there hold addends, not copies; the\n" in shown
     assert "| r0+1+2+3 |" in shown
 
 

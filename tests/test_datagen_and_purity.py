@@ -94,6 +94,8 @@ PURE_MODULES = [
     "spmdsim.validate",
     "spmdsim.memory",
     "spmdsim.dialects",
+    "spmdsim.tolerances",
+    "spmdsim._deprecated",
     "spmdsim.dialects.strategy",
     "spmdsim.dialects.sbp",
     "spmdsim.dialects.dtensor",

@@ -39,21 +39,21 @@ def test_partial_demo_one_addend_keeps_the_values():
     tl = _sbp("S(0),P", (2, 4), shape)
     ex = explain(tl, shape)
     full = np.arange(64).reshape(shape)
-    # Rank 0 (p1=0) keeps rows 0:4, ranks 1-3 hold zeros; likewise rank 4 for rows 4:8.
+    # Rank 0 (axis_1=0) keeps rows 0:4, ranks 1-3 hold zeros; likewise rank 4 for rows 4:8.
     assert ex.rows[0].values == tuple(full[0:4].ravel())
     assert ex.rows[4].values == tuple(full[4:8].ravel())
     for rank in (1, 2, 3, 5, 6, 7):
         assert ex.rows[rank].values == (0,) * 32
     # The sum of the addends is the global value, as the note says.
-    for group in tl.layout.axis_groups(("p1",)):
+    for group in tl.layout.axis_groups(("axis_1",)):
         total = np.sum([ex.rows[r].values for r in group], axis=0)
         assert tuple(total) == tuple(full[tl.slices(group[0], shape)].ravel())
     text = format_explanation(ex)
     assert "     1      0  (0, 0)         [0:4, 0:8]  0 0 0 0 0 0 0 0 0 0 ... (32 values)" in text
-    assert ("Note: partial over p1: ranks differing only there hold addends, not copies;\n"
-            "the value is their sum. In the arange demo the rank with p1=0 holds the values\n"
-            "and the other addends hold zeros (one addend keeps the value, as B -> P does),\n"
-            "so the sum is arange.") in text
+    assert ("Note: partial over axis_1: ranks differing only there hold addends, not copies; "
+            "the value is their sum. In the arange demo the rank with axis_1=0 holds the values "
+            "and the other addends hold zeros (one addend keeps the value, as B -> P does), "
+            "so the sum is arange.") in " ".join(text.split())  # wrapped at 80 columns
     assert explanation_to_dict(ex)["ranks"][1]["values"] == [0] * 32
 
 

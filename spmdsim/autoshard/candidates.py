@@ -243,7 +243,7 @@ def _embedding_layouts(node: OpNode, devices: int) -> Iterator[tuple]:
     n = len(ids)
     for counts in _counts(ids + table, devices):
         full = strategy_to_layout(counts, devices)
-        names = [f"s{i}" for i in range(n + 2)]
+        names = full.layout.alias_name[: n + 2]  # one strategy axis per dim; "rep" after them
         yield (full.layout(*names[:n]),), (full.layout(*names[n:]),), None
 
 

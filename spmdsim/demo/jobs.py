@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-import numpy as np
 
 from ..datagen import SeededTensor
 from ..dialects.strategy import format_strategy, matmul_layouts
@@ -18,6 +17,7 @@ from ..ops.infer import (
     LinearPlan, Resolution, infer_embedding, infer_linear, out_layout_from_strategy,
 )
 from ..reference import embedding_region, linear_region, matmul_region
+from ..tolerances import contraction_atol
 from ..validate import counted
 from .registry import Job
 
@@ -62,17 +62,6 @@ def _dtensor(mesh: Any, layout: TensorLayout, source: SeededTensor) -> Any:
     from ..runtime import DTensor
 
     return DTensor.from_seeded(mesh, layout, source)
-
-
-def contraction_atol(k: int, dtype: str) -> float:
-    """Absolute tolerance for sums of `k` products of values in [-1, 1).
-
-    A result near zero has no relative accuracy: its rounding error grows with
-    the contraction length, so the check allows k * eps (at least the default).
-    """
-    from ..runtime.check import default_tolerances
-
-    return max(default_tolerances(dtype)[1], k * float(np.finfo(dtype).eps))
 
 
 def _partial_reason(axes: tuple[str, ...], what: str) -> str:

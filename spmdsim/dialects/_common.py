@@ -8,18 +8,6 @@ from ..errors import DialectError
 from ..layout import TensorLayout, default_axis_names
 from ..validate import as_int  # shared with layouts, data and plans; re-exported for the dialects
 
-__all__ = [
-    "as_int",
-    "positive_int",
-    "positive_ints",
-    "as_items",
-    "split_top_level",
-    "entry_tokens",
-    "axis_names",
-    "renamed_keyword",
-    "check_major_order",
-]
-
 
 def positive_int(value: object, what: str) -> int:
     """Validate one positive integer argument, naming it as `what` in the error."""

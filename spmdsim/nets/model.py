@@ -297,7 +297,7 @@ def network_atol(net: Network, upto: Optional[int] = None) -> float:
     """Absolute tolerance after `upto` stages: the contraction allowances of each layer add up.
 
     A sum of k products has no relative accuracy near zero; each layer allows
-    k * eps (as `spmdsim.demo.jobs.contraction_atol`), and the errors carry on.
+    k * eps (as `spmdsim.tolerances.contraction_atol`), and the errors carry on.
     """
     from ..runtime.check import default_tolerances  # pure module (no mpi4py at import)
 

@@ -11,12 +11,6 @@ from ..layout import Layout, TensorLayout
 from ..runtime import debug
 from .resolve import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, Resolution
 
-__all__ = [
-    "local_matmul", "add_bias", "run_resolution", "make_dtensor", "seeded_dtensor", "scatter_local", "default_axes",
-    "same_mesh", "verify_operands", "operands_mesh", "check_dtensor", "raise_if_not_dtensors", "refuse_bool_sum", "require_float",
-    "describe",
-]
-
 # runtime.DTensor, bound on first use: importing the ops must not start MPI.
 _DTENSOR: Any = None
 _BOOL = np.dtype(bool)

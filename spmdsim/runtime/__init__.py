@@ -35,6 +35,7 @@ __all__ = [
     "print_ranked",
     "rank_ordered",
     "write_chrome_trace",
+    "redistribute",
 ]
 
 _WHERE = {
@@ -63,6 +64,7 @@ _WHERE = {
     "print_ranked": "ranked",
     "rank_ordered": "ranked",
     "write_chrome_trace": "trace_export",
+    "redistribute": "spmdsim.plan_exec",  # the planner's executor, beside the runtime
 }
 
 
@@ -70,7 +72,8 @@ def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    path = module if module.startswith("spmdsim.") else f"{__name__}.{module}"
+    value = getattr(importlib.import_module(path), name)
     globals()[name] = value
     return value
 

@@ -20,8 +20,6 @@ from . import debug
 from .mesh import Mesh, normalize_axes
 from .wait import polite_wait
 
-__all__ = ["moved_bytes", "normalize_axes"]
-
 _empty = buffers.empty  # placed in the page for MPI's copies (spmdsim.buffers)
 # debug's settings and call counter, read without a call on the hot paths
 # (what debug.quiet() and debug.next_seq() read and advance).

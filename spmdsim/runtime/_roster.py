@@ -24,9 +24,6 @@ import itertools
 import time
 from typing import Any, Optional
 
-__all__ = ["SERVE_S", "State", "channel", "serve", "survey", "linger", "drain", "explain",
-           "ranks_text"]
-
 SERVE_S = 0.1  # a waiting rank looks for questions this often, after waiting this long
 _QUERY_TAG = 0x7351
 _ANSWER_TAG = 0x7352

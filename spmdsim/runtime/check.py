@@ -1,9 +1,6 @@
 """Compare each rank's shard with its reference slice; every rank gets the same Verdict.
 
-Default tolerances (|actual - expected| <= atol + rtol * |expected|), chosen
-for results whose summation order differs from numpy's (split contractions,
-ring reductions): float32 rtol 1e-4, atol 1e-5; float64 rtol 1e-9,
-atol 1e-12; integers exact. A NaN or Inf on either side fails the check and
+Default tolerances: spmdsim.tolerances. A NaN or Inf on either side fails the check and
 is counted in ``nonfinite``.
 """
 from __future__ import annotations
@@ -14,27 +11,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import CheckFailed
+from ..tolerances import default_tolerances  # noqa: F401 - importable from here as before
 
 __all__ = ["Verdict", "default_tolerances", "local_stats", "agree"]
 
-# (rtol, atol) by element type; complex types use their real part's entry.
-_TOLERANCES = {
-    "float16": (1e-2, 1e-3), "float32": (1e-4, 1e-5), "float64": (1e-9, 1e-12),
-    "complex64": (1e-4, 1e-5), "complex128": (1e-9, 1e-12),
-}
-
 # Layout of the per-rank record that one Allgather shares.
 _FIELDS = ("passed", "max_abs", "max_rel", "nonfinite", "elements", "shape_ok")
-
-
-def default_tolerances(*dtypes: Any) -> tuple[float, float]:
-    """(rtol, atol) for the least precise of `dtypes`; integers and bools compare exactly."""
-    best = (0.0, 0.0)
-    for dtype in dtypes:
-        dtype = np.dtype(dtype)
-        if dtype.kind in "fc":
-            best = max(best, _TOLERANCES.get(dtype.name, (1e-9, 1e-12)))
-    return best
 
 
 @dataclass(frozen=True)

@@ -157,6 +157,12 @@ class DTensor:
         return (f"DTensor(shape={self._shape!r}, layout={self._layout}, dtype={self.dtype.name}, "
                 f"rank={self._mesh.rank}, local_shape={self._local.shape!r})")
 
+    def redistribute(self, target: TensorLayout) -> "DTensor":
+        """This tensor re-laid out as `target` by the least-communication plan (`spmdsim.redistribute`)."""
+        from ..plan_exec import redistribute
+
+        return redistribute(self, target)
+
     def resolved_local(self, label: str | None = None) -> np.ndarray:
         """This rank's shard with pending partial sums added up (the local array if none)."""
         if not self._layout.partial:

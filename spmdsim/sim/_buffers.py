@@ -9,8 +9,6 @@ import numpy as np
 
 from ..errors import ShapeError
 
-__all__ = ["IN_PLACE", "flat", "vector", "in_place", "reduction", "special"]
-
 
 class _InPlace:
     """spmdsim.sim.IN_PLACE: MPI.IN_PLACE for code that does not import mpi4py."""

@@ -8,8 +8,6 @@ from __future__ import annotations
 import threading
 from typing import Any, Optional
 
-__all__ = ["current", "enter", "leave"]
-
 _THREAD = threading.local()
 
 

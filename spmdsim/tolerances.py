@@ -1,0 +1,40 @@
+"""Check tolerances: |actual - expected| <= atol + rtol * |expected|; numpy only.
+
+Chosen for results whose summation order differs from numpy's (split
+contractions, ring reductions): float32 rtol 1e-4, atol 1e-5; float64 rtol
+1e-9, atol 1e-12; integers exact. `DTensor.check` uses `default_tolerances`
+unless given others; examples pass `contraction_atol(k, dtype)` for a sum of
+k products.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["default_tolerances", "contraction_atol"]
+
+# (rtol, atol) by element type; complex types use their real part's entry.
+_TOLERANCES = {
+    "float16": (1e-2, 1e-3), "float32": (1e-4, 1e-5), "float64": (1e-9, 1e-12),
+    "complex64": (1e-4, 1e-5), "complex128": (1e-9, 1e-12),
+}
+
+
+def default_tolerances(*dtypes: Any) -> tuple[float, float]:
+    """(rtol, atol) for the least precise of `dtypes`; integers and bools compare exactly."""
+    best = (0.0, 0.0)
+    for dtype in dtypes:
+        dtype = np.dtype(dtype)
+        if dtype.kind in "fc":
+            best = max(best, _TOLERANCES.get(dtype.name, (1e-9, 1e-12)))
+    return best
+
+
+def contraction_atol(k: int, dtype: str) -> float:
+    """Absolute tolerance for sums of `k` products of values in [-1, 1).
+
+    A result near zero has no relative accuracy: its rounding error grows with
+    the contraction length, so the check allows k * eps (at least the default).
+    """
+    return max(default_tolerances(dtype)[1], k * float(np.finfo(dtype).eps))
