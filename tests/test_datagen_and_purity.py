@@ -116,6 +116,12 @@ PURE_MODULES = [
     # Entry points import the runtime only when a command runs under MPI.
     "spmdsim.cli.main",
     "spmdsim.runtime",
+    # The emulator itself needs no MPI (the runtime's collectives import mpi4py when a program runs).
+    "spmdsim.sim",
+    "spmdsim.sim.run",
+    "spmdsim.sim.comm",
+    "spmdsim.sim.dry",
+    "spmdsim.sim.launch",
 ]
 
 
