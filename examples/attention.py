@@ -15,6 +15,7 @@ from spmdsim import Layout, SeededTensor, reference
 from spmdsim.holdings import holdings
 from spmdsim.ops import matmul, reshape, scale, softmax, transpose
 from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
+from spmdsim.runtime.ranked import print_ranked, trace_lines
 
 # With --ranks N this file runs on N simulated ranks in this process (no mpiexec).
 script(__file__)
@@ -58,11 +59,12 @@ qf, kf, vf = ((full["x"] @ full[w]).reshape(seq, heads, width).transpose(1, 0, 2
 ctx_f = reference.softmax(qf @ kf.transpose(0, 2, 1) * width ** -0.5) @ vf
 verdict = y.check(ctx_f.transpose(1, 0, 2).reshape(seq, heads * width) @ full["Wo"])
 expected = {"allreduce": 1} if p > 1 else {}
+ok = verdict.passed and trace.counts() == expected
 if comm.rank == 0:
     # Which block of each tensor every rank holds, from the layouts alone (no communication).
-    print(holdings({"x": x, "Wq": wq, "q per head": q, "scores": scores, "Wo": wo, "y": y}))
-    print(f"collectives {trace.counts()}")
-    print(trace.summary())
-    print(verdict)
-    print("PASS" if verdict.passed and trace.counts() == expected else "FAIL")
-sys.exit(0 if verdict.passed and trace.counts() == expected else 1)
+    print(holdings({"x": x, "Wq": wq, "Wo": wo}))                  # the inputs
+    print(holdings({"q per head": q, "scores": scores, "y": y}))  # what the heads compute
+# Every rank's own lines, printed by rank 0 in rank order; ranks with the same lines
+# share one entry ("ranks 0-7: ...").
+print_ranked(comm, *trace_lines(trace), verdict, "PASS" if ok else "FAIL")
+sys.exit(0 if ok else 1)

@@ -13,6 +13,7 @@ from spmdsim.holdings import holdings
 from spmdsim.ops import paddle_mesh, split
 from spmdsim.reference import embedding_region
 from spmdsim.runtime import DTensor, collect_trace, install_excepthook
+from spmdsim.runtime.ranked import print_ranked, trace_lines
 
 # With --ranks N this file runs on N simulated ranks in this process (no mpiexec).
 script(__file__)
@@ -45,7 +46,7 @@ verdict = out.check(embedding_region(ids_src, table))
 if comm.rank == 0:
     # Which block of each tensor every rank holds, from the layouts alone (no communication).
     print(holdings({"ids": ids, "table": (mesh.layout("mp", None), (vocab, dim)), "out": out}))
-    print(f"out layout {out.layout}, local {out.local.shape}")
-    print(trace.summary())
-    print(verdict)
+# Every rank's own lines, printed by rank 0 in rank order; ranks with the same lines
+# share one entry ("ranks 0-7: ...").
+print_ranked(comm, f"out layout {out.layout}, local {out.local.shape}", *trace_lines(trace), verdict)
 sys.exit(0 if verdict.passed else 1)

@@ -13,6 +13,7 @@ from spmdsim.holdings import holdings
 from spmdsim.ops import paddle_mesh, split
 from spmdsim.reference import linear_region
 from spmdsim.runtime import DTensor, collect_trace, install_excepthook
+from spmdsim.runtime.ranked import print_ranked, trace_lines
 
 # With --ranks N this file runs on N simulated ranks in this process (no mpiexec).
 script(__file__)
@@ -44,7 +45,7 @@ verdict = y.check(linear_region(xs, ws, bs), atol=contraction_atol(k, "float32")
 if comm.rank == 0:
     # Which block of each tensor every rank holds, from the layouts alone (no communication).
     print(holdings({"x": x, "W": (mesh.layout("mp", None), (k, n)), "y": y}))
-    print(f"y layout {y.layout}, local {y.local.shape}")
-    print(trace.summary())
-    print(verdict)
+# Every rank's own lines, printed by rank 0 in rank order; ranks with the same lines
+# share one entry ("ranks 0-7: ...").
+print_ranked(comm, f"y layout {y.layout}, local {y.local.shape}", *trace_lines(trace), verdict)
 sys.exit(0 if verdict.passed else 1)

@@ -15,6 +15,7 @@ from spmdsim.holdings import holdings
 from spmdsim.ops import matmul
 from spmdsim.reference import matmul_region
 from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
+from spmdsim.runtime.ranked import print_ranked, trace_lines
 
 # With --ranks N this file runs on N simulated ranks in this process (no mpiexec).
 script(__file__)
@@ -48,7 +49,7 @@ verdict = y.check(matmul_region(xs, ws), atol=contraction_atol(512, "float32"))
 if comm.rank == 0:
     # Which block of each tensor every rank holds, from the layouts alone (no communication).
     print(holdings({"x": x, "w": w, "y": y}))
-    print(f"y layout {y.layout}, local {y.local.shape}")
-    print(trace.summary())
-    print(verdict)
+# Every rank's own lines, printed by rank 0 in rank order; ranks with the same lines
+# share one entry ("ranks 0-7: ...").
+print_ranked(comm, f"y layout {y.layout}, local {y.local.shape}", *trace_lines(trace), verdict)
 sys.exit(0 if verdict.passed else 1)

@@ -14,6 +14,7 @@ from spmdsim.demo.jobs import contraction_atol
 from spmdsim.holdings import holdings
 from spmdsim.ops import ParallelMLP
 from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
+from spmdsim.runtime.ranked import print_ranked, trace_lines
 
 # With --ranks N this file runs on N simulated ranks in this process (no mpiexec).
 script(__file__)
@@ -43,7 +44,7 @@ verdict = y.check(mlp.reference(xs), atol=contraction_atol(ffn, "float32"))
 if comm.rank == 0:
     # Which block of each tensor every rank holds, from the layouts alone (no communication).
     print(holdings({"x": x, "W1": mlp.linear_fc1.weight, "W2": mlp.linear_fc2.weight, "y": y}))
-    print(f"y layout {y.layout}, local {y.local.shape}, collectives {trace.counts()}")
-    print(trace.summary())
-    print(verdict)
+# Every rank's own lines, printed by rank 0 in rank order; ranks with the same lines
+# share one entry ("ranks 0-7: ...").
+print_ranked(comm, f"y layout {y.layout}, local {y.local.shape}", *trace_lines(trace), verdict)
 sys.exit(0 if verdict.passed and trace.counts() == expected else 1)

@@ -15,6 +15,7 @@ from spmdsim.sim import script
 from spmdsim.errors import SpmdsimError
 from spmdsim.nets import NetworkRunner, mindspore_layout
 from spmdsim.runtime import install_excepthook
+from spmdsim.runtime.ranked import print_ranked
 
 # With --ranks N this file runs on N simulated ranks in this process (no mpiexec).
 script(__file__)
@@ -56,6 +57,7 @@ runner.close()
 if comm.rank == 0:
     print("\n".join(lines))
     print(table)
-    print(verdicts[-1])
-    print("PASS" if ok else "FAIL")
+# Every rank's own lines, printed by rank 0 in rank order; ranks with the same lines
+# share one entry ("ranks 0-7: ...").
+print_ranked(comm, verdicts[-1], "PASS" if ok else "FAIL")
 sys.exit(0 if ok else 1)

@@ -18,6 +18,7 @@ from spmdsim.errors import SpmdsimError
 from spmdsim.holdings import rank_blocks
 from spmdsim.nets import NetworkRunner, mindspore_tutorial
 from spmdsim.runtime import install_excepthook
+from spmdsim.runtime.ranked import print_ranked
 
 # With --ranks N this file runs on N simulated ranks in this process (no mpiexec).
 script(__file__)
@@ -33,7 +34,7 @@ if comm.size != 8:
 # Every operator has its own device matrix, derived from its strategy:
 #   MatMul1 (2,4,1) axes (m,k,n): rank r = 4m + k holds x[16m:16m+16, 196k:196k+196]
 #           and fc1[196k:196k+196, :] (ranks k and 4 + k hold the same fc1 block);
-#   ReLU1   (4,1,2) axes (s0,s1,rep): rank r holds rows 8*(r//2) .. +8, all 512 columns
+#   ReLU1   (4,1,2) axes (axis_0,axis_1,rep): rank r holds rows 8*(r//2) .. +8, all 512 columns
 #           (neighbours r, r^1 repeat the same work: the "rep" axis MindSpore appends);
 #   MatMul2 (1,8,1): rank r holds x[:, 64r:64r+64] and fc2[64r:64r+64, :];
 #   ReLU2   (8,1) and MatMul3 (8,1,1): rank r holds rows 4r .. 4r+4; fc3 is whole everywhere.
@@ -69,6 +70,7 @@ if comm.rank == 0:
         print(f"rank {r}: " + ", ".join(rank_blocks({name: (layout, shape)}, r)
                                         for name, layout, shape in held))
     print(table)
-    print(verdicts[-1])
-    print("PASS" if ok else "FAIL")
+# Every rank's own lines, printed by rank 0 in rank order; ranks with the same lines
+# share one entry ("ranks 0-7: ...").
+print_ranked(comm, verdicts[-1], "PASS" if ok else "FAIL")
 sys.exit(0 if ok else 1)

@@ -16,6 +16,7 @@ from spmdsim.sim import script
 from spmdsim.holdings import holdings
 from spmdsim.nets import NetworkRunner, paddle_needs, paddle_tp
 from spmdsim.runtime import install_excepthook
+from spmdsim.runtime.ranked import print_ranked
 
 # With --ranks N this file runs on N simulated ranks in this process (no mpiexec).
 script(__file__)
@@ -52,8 +53,11 @@ counts = [n for row in rows for _, n in row.calls]
 ok = all(verdicts) and all(row.matches() for row in rows) and counts == ([1, 1] if p > 1 else [])
 runner.close()
 if comm.rank == 0:
-    print(holdings(held))
+    # Two blocks of lines (the lookup, then the MLP's weights), each within 100 columns.
+    print(holdings({name: held[name] for name in ("ids", "table")}))
+    print(holdings({name: held[name] for name in ("W1", "b1", "W2", "b2")}))
     print(table)
-    print(verdicts[-1])
-    print("PASS" if ok else "FAIL")
+# Every rank's own lines, printed by rank 0 in rank order; ranks with the same lines
+# share one entry ("ranks 0-7: ...").
+print_ranked(comm, verdicts[-1], "PASS" if ok else "FAIL")
 sys.exit(0 if ok else 1)

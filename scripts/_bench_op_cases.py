@@ -1,4 +1,5 @@
-"""bench.py's operator cases: MatMul, column/row Linear, the fused MLP, vocab-parallel Embedding."""
+"""bench.py's operator cases: MatMul, column/row Linear, the fused MLP, vocab-parallel Embedding,
+and a training step of the MLP (forward, backward, SGD)."""
 from __future__ import annotations
 
 import time
@@ -138,6 +139,59 @@ def op_cases(comm: Any, waiter: Waiter, wait: str, sz: dict) -> list[Case]:
         return eout
     add(f"vocab_embedding {vocab}x{dim} t{tokens}", eout.nbytes, lambda: emb(ids), raw_emb, raw,
         lambda: table_f[ids_f])
+    _training_step(comm, mesh, waiter, xsrc, d_in, d_out, add)
     return cases
+
+
+def _training_step(comm: Any, mesh: Any, waiter: Waiter, xsrc: Any, d_in: int, d_out: int, add) -> None:
+    """One training step of the fused MLP: forward, mse_loss, backward, SGD (docs/training.md).
+
+    x requires grad (a layer inside a network), so the backward has the
+    Allreduce answering Megatron's f; the raw code does the same math and the
+    same two Allreduces by hand. Both sides update their own copy of the weights.
+    """
+    from mpi4py import MPI
+
+    from spmdsim.ops import ParallelMLP, mse_loss
+    from spmdsim.optim import SGD
+    from spmdsim.reference import gelu
+    from spmdsim.reference_grad import gelu_grad
+    from spmdsim.runtime import DTensor
+
+    lr = 1e-4
+    mlp = ParallelMLP(mesh, d_in, d_out, seed=50)
+    x = DTensor.from_seeded(mesh, mesh.layout(None, None), xsrc).requires_grad_()
+    target = DTensor.from_seeded(mesh, x.layout, SeededTensor(xsrc.shape, seed=6))
+    params = [mlp.linear_fc1.weight, mlp.linear_fc1.bias, mlp.linear_fc2.weight, mlp.linear_fc2.bias]
+    opt = SGD(params, lr)
+
+    def spmdsim_step():
+        opt.zero_grad()
+        x._ag.grad = None
+        mse_loss(mlp(x), target).backward()
+        opt.step()
+        return x.grad
+
+    w1, b1, w2, b2 = (p.local.copy() for p in params)
+    raw = Raw(waiter)
+    y, part, dx, dx_part = (placed(x.local.shape) for _ in range(4))
+    n = float(np.prod(x.global_shape))
+
+    def raw_step(raw=raw):
+        a = x.local @ w1 + b1
+        h = gelu(a)
+        np.matmul(h, w2, out=part)
+        raw(comm.Allreduce, comm.Iallreduce, part, y, MPI.SUM)
+        np.add(y, b2, out=y)
+        dy = (y - target.local) * np.float32(2.0 / n)
+        da = (dy @ w2.T) * gelu_grad(a)
+        np.matmul(da, w1.T, out=dx_part)
+        raw(comm.Allreduce, comm.Iallreduce, dx_part, dx, MPI.SUM)
+        for p, g in ((w2, h.T @ dy), (b2, dy.sum(0)), (w1, x.local.T @ da), (b1, da.sum(0))):
+            p -= np.float32(lr) * g
+        return dx
+
+    add(f"train step mlp {d_in}->{d_out}->{d_in} b{x.global_shape[0]}", 2 * part.nbytes, spmdsim_step,
+        raw_step, raw, None)
 
 

@@ -7,35 +7,20 @@ process and `world()` is the running rank's communicator (spmdsim.sim).
 """
 from __future__ import annotations
 
-from ._malloc import keep_freed_buffers_under_launcher
-from ._threads import cap_blas_threads_under_launcher
-
-# Before numpy loads its BLAS: one rank per simulated device, not a thread pool each.
-cap_blas_threads_under_launcher()
-# Result arrays reuse freed heap memory instead of faulting in fresh pages (spmdsim/_malloc.py).
-keep_freed_buffers_under_launcher()
-
 from .datagen import SeededTensor
 from .errors import (
     CheckFailed,
     DialectError,
+    DTypeError,
     LayoutError,
     OperatorError,
     PlanError,
+    RankError,
     RuntimeMismatchError,
     ShapeError,
     SpmdsimError,
 )
 from .layout import Layout, TensorLayout
-
-
-def __getattr__(name: str) -> object:
-    # simulate/world load the emulator on first use: `import spmdsim` stays free of mpi4py.
-    if name in ("simulate", "world"):
-        from . import sim
-
-        return getattr(sim, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __version__ = "0.1.0"
@@ -55,3 +40,15 @@ __all__ = [
     "RuntimeMismatchError",
     "CheckFailed",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # Loaded on first use, so `import spmdsim` stays free of mpi4py: simulate/world
+    # (the emulator, spmdsim.sim) and `spmdsim.autoshard(...)` (a callable module).
+    import importlib
+
+    if name in ("simulate", "world"):
+        return getattr(importlib.import_module(".sim", __name__), name)
+    if name == "autoshard":
+        return importlib.import_module(".autoshard", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,8 +18,8 @@ array's last view dies its map goes back to a pool (up to POOL_BYTES in all,
 the sizes freed longest ago leave first) and serves the next array of the
 same map size without page faults.
 
-Where the OS has no MADV_HUGEPAGE (macOS, Windows) or the user sets
-``SPMDSIM_HUGEPAGES=0`` (or off/false/no), `enabled()` is False and callers use the heap.
+Where the OS has no MADV_HUGEPAGE (macOS, Windows), `enabled()` is False and
+callers use the heap (``spmdsim.buffers.use_huge_pages(False)`` does so anywhere).
 """
 from __future__ import annotations
 
@@ -28,8 +28,6 @@ import weakref
 from typing import Any
 
 import numpy as np
-
-from ._env import env_switch
 
 __all__ = ["HUGE_PAGE", "POOL_BYTES", "enabled", "empty_bytes", "pooled_bytes"]
 
@@ -48,10 +46,8 @@ _held: dict[int, tuple[Any, tuple[int, int], mmap.mmap, int]] = {}
 
 
 def enabled() -> bool:
-    """Whether huge-page arrays are on: the OS can advise 2 MiB huge pages and SPMDSIM_HUGEPAGES is not off."""
-    # The setting first, so that a value it does not understand is reported on every OS.
-    wanted = env_switch("SPMDSIM_HUGEPAGES", True)
-    return wanted and _ADVICE_HUGE is not None and _FLAGS != 0 and _kernel_huge_page() == HUGE_PAGE
+    """Whether huge-page arrays can be had: the OS can advise 2 MiB huge pages."""
+    return _ADVICE_HUGE is not None and _FLAGS != 0 and _kernel_huge_page() == HUGE_PAGE
 
 
 def _kernel_huge_page() -> int:

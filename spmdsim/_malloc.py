@@ -7,12 +7,16 @@ VM with 8 ranks that doubled a 16 MiB Allreduce (63 ms with a fresh result
 against 36 ms into a reused one) and made ``np.empty(16 MiB).fill(1)`` take
 6-8 ms instead of 1-2 ms (docs/performance.md, "Heap reuse for result buffers").
 
-Under an MPI launcher, `keep_freed_buffers_under_launcher` asks glibc to serve
-allocations up to 32 MiB (its largest allowed mmap threshold) from the heap and
-to keep up to 64 MiB of freed heap top instead of returning it at once. Larger
-arrays are still mapped and unmapped as before, so a rank holds at most 64 MiB
-beyond its live arrays. Skipped when the user set glibc's own MALLOC_* knobs,
-with ``SPMDSIM_MALLOC=0`` (or off/false/no), and where the C library has no mallopt (not glibc).
+Under an MPI launcher, glibc serves allocations up to 32 MiB (its largest
+allowed mmap threshold) from the heap and keeps up to 64 MiB of freed heap top
+instead of returning it at once. Larger arrays are still mapped and unmapped as
+before, so a rank holds at most 64 MiB beyond its live arrays. `spmdsim launch`
+sets glibc's own variables for its ranks (`glibc_env`); a rank started by a
+plain ``mpiexec`` calls mallopt when it makes its first Mesh
+(`keep_freed_buffers_under_launcher`). ``import spmdsim`` changes nothing.
+Skipped when the user set any of glibc's knobs (GLIBC_VARS: that is also how to
+opt out, e.g. ``MALLOC_TRIM_THRESHOLD_=131072``, glibc's default) and where the
+C library has no mallopt (not glibc).
 """
 from __future__ import annotations
 
@@ -20,11 +24,7 @@ import ctypes
 import ctypes.util
 import os
 
-from ._env import env_switch
 from ._threads import launcher_local_ranks
-
-__all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "GLIBC_VARS", "keep_freed_buffers",
-           "keep_freed_buffers_under_launcher"]
 
 MMAP_THRESHOLD = 32 << 20  # glibc refuses more than half its 64 MiB heap size
 TRIM_THRESHOLD = 64 << 20
@@ -49,9 +49,14 @@ def keep_freed_buffers() -> bool:
 
 def keep_freed_buffers_under_launcher() -> bool:
     """`keep_freed_buffers` for a rank started by an MPI launcher, unless the user chose otherwise."""
-    # The setting first, so that a value it does not understand is reported even outside a launcher.
-    if not env_switch("SPMDSIM_MALLOC", True) or launcher_local_ranks() is None:
-        return False
-    if any(var in os.environ for var in GLIBC_VARS):
+    if launcher_local_ranks() is None or any(var in os.environ for var in GLIBC_VARS):
         return False
     return keep_freed_buffers()
+
+
+def glibc_env(env: dict) -> dict:
+    """`env` with glibc's variables for the two thresholds, unless it sets any of GLIBC_VARS."""
+    if any(var in env for var in GLIBC_VARS):
+        return env
+    return {**env, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
+            "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD)}

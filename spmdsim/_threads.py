@@ -1,22 +1,37 @@
 """Cores, ranks per node and BLAS thread caps; standard library only.
 
-Imported by `spmdsim/__init__.py` before numpy, so that a rank started by an
-MPI launcher caps its BLAS thread pool to its share of the node's cores. With
-numpy's default pools, 8 ranks on 2 cores ran a measured job 20x slower
-(docs/oversubscription.md); a user's own setting always wins.
+A rank started by an MPI launcher should run its BLAS on its share of the
+node's cores: with numpy's default pools, 8 ranks on 2 cores ran a measured job
+20x slower (docs/oversubscription.md). `spmdsim launch` sets the thread
+variables for its ranks before they start; a rank started by a plain
+``mpiexec`` caps the BLAS numpy already loaded when it makes its first Mesh
+(`cap_blas_threads_under_launcher`). ``import spmdsim`` changes nothing. A
+user's own setting always wins.
 """
 from __future__ import annotations
 
+import ctypes
 import os
-
-__all__ = ["THREAD_VARS", "LOCAL_SIZE_VARS", "cores_available", "launcher_local_ranks",
-           "thread_cap", "cap_blas_threads_under_launcher"]
+import re
 
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 # Launchers that tell each rank how many ranks share its node.
 LOCAL_SIZE_VARS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_LOCAL_SIZE",
                    "SLURM_NTASKS_PER_NODE")
+
+
+#: Where launchers put a process's rank (MPICH/Hydra and Slurm's PMI, Open MPI, PMIx).
+RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+
+
+def launcher_rank() -> int:
+    """This process's rank as the MPI launcher set it in the environment (0 when not launched)."""
+    for name in RANK_VARIABLES:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
 
 
 def cores_available() -> int:
@@ -41,11 +56,54 @@ def thread_cap(ranks_on_node: int) -> int:
     return max(1, cores_available() // max(1, ranks_on_node))
 
 
-def cap_blas_threads_under_launcher() -> None:
-    """Under an MPI launcher, default every unset BLAS thread variable to this rank's share."""
+# Thread setters of the BLAS libraries numpy and scipy ship (as threadpoolctl finds them).
+_SETTERS = {"openblas": [f"{p}openblas_set_num_threads{s}" for p in ("", "scipy_")
+                         for s in ("", "64_", "_64")],
+            "mkl_rt": ["MKL_Set_Num_Threads"]}
+
+
+def cap_loaded_blas(threads: int, maps: str = "/proc/self/maps") -> list[str]:
+    """Set the thread count of every OpenBLAS/MKL this process has loaded; the paths set.
+
+    Thread variables are read when a BLAS loads, so a process that imported
+    numpy before deciding must call the library itself. Linux only (reads `maps`).
+    """
+    try:
+        with open(maps) as f:
+            paths = sorted({line.split()[-1] for line in f if ".so" in line})
+    except OSError:
+        return []
+    done = []
+    for path in paths:
+        kind = next((k for k in _SETTERS if re.search(k, os.path.basename(path))), None)
+        if kind is None:
+            continue
+        try:
+            lib = ctypes.CDLL(path)  # already loaded: the same handle, no second copy
+        except OSError:
+            continue
+        for name in _SETTERS[kind]:
+            setter = getattr(lib, name, None)
+            if setter is not None:
+                setter.argtypes = (ctypes.c_int,)
+                setter(threads)
+                done.append(path)
+                break
+    return done
+
+
+def cap_blas_threads_under_launcher() -> int | None:
+    """Under an MPI launcher, cap BLAS threads at this rank's share of the cores; the cap or None.
+
+    Skipped outside a launcher and when the user set any of THREAD_VARS. Sets
+    the unset variables (for BLAS loaded later and child processes) and the
+    loaded BLAS libraries.
+    """
     ranks = launcher_local_ranks()
     if ranks is None or any(var in os.environ for var in THREAD_VARS):
-        return
-    threads = str(thread_cap(ranks))
+        return None
+    threads = thread_cap(ranks)
     for var in THREAD_VARS:
-        os.environ[var] = threads
+        os.environ[var] = str(threads)
+    cap_loaded_blas(threads)
+    return threads

@@ -19,7 +19,7 @@ slower.
 From HUGE_MIN (1 MiB) up, the array also sits on 2 MiB transparent huge pages
 (spmdsim._hugepool): a send buffer on huge pages made the same copies
 1.7-2x faster, and whether heap memory got them was luck too.
-``SPMDSIM_HUGEPAGES=0`` (read at import) keeps every array on the heap.
+``use_huge_pages(False)`` keeps every later array on the heap.
 """
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ import numpy as np
 
 from . import _hugepool
 
-__all__ = ["PAGE", "PAGE_OFFSET", "MIN_BYTES", "HUGE_MIN", "empty", "full", "zeros", "page_offset", "placed_copy"]
+__all__ = ["PAGE", "PAGE_OFFSET", "MIN_BYTES", "HUGE_MIN", "empty", "full", "zeros", "page_offset", "placed_copy",
+           "use_huge_pages"]
 
 PAGE = mmap.PAGESIZE
 PAGE_OFFSET = 16  # where glibc's own maps start (its chunk header); a multiple of every itemsize
@@ -39,6 +40,13 @@ MIN_BYTES = 64 << 10  # below this the 4 KiB of slack would cost more than it sa
 # From here up a huge page holds at most 2x the array's bytes; smaller arrays would waste more.
 HUGE_MIN = 1 << 20
 _HUGE = _hugepool.enabled()
+
+
+def use_huge_pages(on: bool) -> bool:
+    """Whether arrays from HUGE_MIN up go on huge pages from now on (where the OS has them); returns it."""
+    global _HUGE
+    _HUGE = bool(on) and _hugepool.enabled()
+    return _HUGE
 
 _np_empty = np.empty
 _uint8 = np.dtype(np.uint8)

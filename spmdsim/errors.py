@@ -5,6 +5,8 @@ __all__ = [
     "SpmdsimError",
     "LayoutError",
     "ShapeError",
+    "DTypeError",
+    "RankError",
     "DialectError",
     "OperatorError",
     "PlanError",
@@ -23,6 +25,16 @@ class LayoutError(SpmdsimError, ValueError):
 
 class ShapeError(SpmdsimError, ValueError):
     """A shape does not fit a layout (length, divisibility, local shard shape)."""
+
+
+class DTypeError(ShapeError):
+    """A dtype the operation cannot take (not sendable, not summable, mismatched); a ShapeError
+    subclass so that code catching ShapeError for these still works."""
+
+
+class RankError(ShapeError):
+    """A rank argument (a bcast or gather root, an exchange peer) outside its group; a ShapeError
+    subclass so that code catching ShapeError for these still works."""
 
 
 class DialectError(SpmdsimError, ValueError):

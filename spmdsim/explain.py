@@ -21,6 +21,7 @@ import numpy as np
 
 from .holdings import bounds_text
 from .layout import TensorLayout, format_entry, format_tensor_map
+from .validate import counted
 
 __all__ = [
     "RankRow",
@@ -201,14 +202,14 @@ def _headline(ex: Explanation) -> list[str]:
     lines = []
     if ex.strategy is not None:
         lines += _wrap(
-            f"strategy {ex.strategy!r} on {layout.num_devices} ranks: the device matrix is the "
+            f"strategy {ex.strategy!r} on {counted(layout.num_devices, 'rank')}: the device matrix is the "
             "strategy and the tensor map takes the dims in order (MindSpore's tensor_map "
             f"{tuple(range(len(ex.strategy) - 1, -1, -1))!r}), so step 2 keeps the axis order.",
             "",
         )
         if layout.num_devices > math.prod(ex.strategy):
             lines += _wrap(
-                f"The strategy uses {math.prod(ex.strategy)} of {layout.num_devices} ranks: the "
+                f"The strategy uses {math.prod(ex.strategy)} of {counted(layout.num_devices, 'rank')}: the "
                 "extra axis on the right repeats the calculation.",
                 "",
             )

@@ -20,10 +20,16 @@ from .errors import LayoutError, ShapeError
 from .slicing import check_divisible, shard_bounds
 from .validate import as_int, counted, shape_arg
 
-__all__ = ["Layout", "TensorLayout", "MapEntry", "normalize_entry", "format_entry", "format_tensor_map"]
+__all__ = ["Layout", "TensorLayout", "MapEntry", "normalize_entry", "format_entry", "format_tensor_map",
+           "default_axis_names"]
 
 #: One tensor-map entry as a user writes it: alias, None/"None", or tuple of aliases.
 MapEntry = Union[str, None, Sequence[str]]
+
+
+def default_axis_names(count: int) -> tuple[str, ...]:
+    """The mesh axis names every entry point uses when none are given: ``axis_0, axis_1, ...``."""
+    return tuple(f"axis_{i}" for i in range(count))
 
 
 def _is_none(entry: object) -> bool:

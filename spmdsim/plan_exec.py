@@ -30,7 +30,7 @@ from .runtime import debug
 # debug's settings, read as one attribute on the repeated path (what debug.quiet() caches).
 _DEBUG = debug._State
 
-__all__ = ["redistribute", "run_plan"]
+__all__ = ["redistribute"]
 
 def _mesh_for(base: Any, layout: Layout) -> Any:
     """A mesh of `layout` over `base`'s communicator, kept in `base.compiled`.
@@ -92,14 +92,12 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
     if local.shape != program.local_shape:
         raise PlanError(f"internal: the plan produced a shard of shape {local.shape!r}, expected "
                         f"{program.local_shape!r} under {target}")
-    return program.wrap(program.target_mesh, local, target, shape)
+    out = program.wrap(program.target_mesh, local, target, shape)
+    if getattr(dtensor, "_ag", None) is not None:  # autograd: the backward is the reverse move
+        from .autograd.rules import record_redistribute
 
-
-def run_plan(plan: Plan, mesh: Any, local: Any) -> Any:
-    """This rank's target block after running every step of `plan` from its source block."""
-    for run, step, step_mesh, label in _program(plan, mesh).steps:
-        local = run(step, step_mesh, local, plan.shape, label)
-    return local
+        record_redistribute(out, dtensor)
+    return out
 
 
 @dataclass(frozen=True)

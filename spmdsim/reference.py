@@ -38,7 +38,6 @@ __all__ = [
     "transpose",
     "mlp",
     "check_ids",
-    "full_region",
     "matmul_region",
     "linear_region",
     "embedding_region",
@@ -185,11 +184,6 @@ def _check_bias(bias: Source, out_features: int, what: str) -> None:
             f"{what} bias of shape {_shape(bias)!r} does not match out_features {out_features!r}; "
             f"expected shape {(out_features,)!r}"
         )
-
-
-def full_region(array: np.ndarray) -> RegionFn:
-    """Region reference over an already computed global array."""
-    return lambda region: np.asarray(array)[tuple(region)]
 
 
 def matmul_region(

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .errors import ShapeError, SpmdsimError
+from .errors import DTypeError, ShapeError, SpmdsimError
 
 __all__ = [
     "as_int",
@@ -78,7 +78,7 @@ def shape_arg(shape: object, what: str = "shape", error: type[SpmdsimError] = Sh
     return tuple(out)
 
 
-def dtype_arg(dtype: Any, what: str = "dtype", error: type[SpmdsimError] = ShapeError) -> np.dtype:
+def dtype_arg(dtype: Any, what: str = "dtype", error: type[SpmdsimError] = DTypeError) -> np.dtype:
     """`dtype` as a numpy dtype that MPI can move: bool, integer, float or complex, native byte order."""
     if dtype is None:  # np.dtype(None) would silently mean float64
         raise error(f"{what} None is not a dtype; expected one of {SUPPORTED_DTYPES}")

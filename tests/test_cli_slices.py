@@ -118,7 +118,7 @@ def test_slices_dtensor_and_jax_forms(tmp_path, capsys, monkeypatch):
     code, out, _ = _run(["slices", str(path), "--device-matrix", "4,2"], capsys)
     assert json.loads(out)["rank_slices"]["2"] == [[1, 2], [0, 8]]
     code, out, err = _run(["slices", "--partition-spec", "x", "--device-matrix", "8", "--shape", "8"], capsys)
-    assert code == 2 and "missing key 'alias_name' (needed by the JAX PartitionSpec form)" in err
+    assert code == 2 and "--alias is missing (case key 'alias_name'), needed by the JAX PartitionSpec form" in err
 
 
 @pytest.mark.parametrize(

@@ -97,8 +97,8 @@ def test_seed_002_broadcast_then_split():
     # placement [[0, 1], [2, 3]], sbp (broadcast, split(0)): ranks 0 and 2 hold the same
     # rows, ranks 1 and 3 the other rows (the seed's printed cpu:0 == cpu:2, cpu:1 == cpu:3).
     tl = sbp_to_layout("(B, S(0))", (2, 2), 2)
-    assert tl.layout == Layout((2, 2), ("p0", "p1"))
-    assert tl.tensor_map == (("p1",), ())
+    assert tl.layout == Layout((2, 2), ("axis_0", "axis_1"))
+    assert tl.tensor_map == (("axis_1",), ())
     a = np.array([[1, 2], [3, 4]])
     held = [a[tl.slices(r, a.shape)].tolist() for r in range(4)]
     assert held == [[[1, 2]], [[3, 4]], [[1, 2]], [[3, 4]]]
@@ -122,8 +122,8 @@ def test_seed_002_matmul_2d_signature():
 
 def test_sbp_split_on_several_axes_lower_axis_major():
     tl = sbp_to_layout("S(0), B, S(0)", (2, 3, 2), 1)
-    assert tl.tensor_map == (("p0", "p2"),)
-    # shard index = i_p0 * 2 + i_p2
+    assert tl.tensor_map == (("axis_0", "axis_2"),)
+    # shard index = i_axis_0 * 2 + i_axis_2
     assert [tl.shard_index(r)[0] for r in range(12)] == [0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3]
 
 
@@ -201,9 +201,9 @@ def test_placement_value_errors():
 
 def test_placements_to_layout_examples():
     tl = placements_to_layout([Shard(0), Replicate()], (2, 4), 2)
-    assert tl.layout == Layout((2, 4), ("mesh0", "mesh1"))
-    assert tl.tensor_map == (("mesh0",), ())
-    tl = placements_to_layout("S(-1), S(1), P", (2, 2, 2), 2, mesh_dim_names=("dp", "tp", "cp"))
+    assert tl.layout == Layout((2, 4), ("axis_0", "axis_1"))
+    assert tl.tensor_map == (("axis_0",), ())
+    tl = placements_to_layout("S(-1), S(1), P", (2, 2, 2), 2, mesh_axis_names=("dp", "tp", "cp"))
     assert tl.tensor_map == ((), ("dp", "tp")) and tl.partial == ("cp",)
     assert layout_to_placements(tl) == (Shard(1), Shard(1), Partial())
 
@@ -216,8 +216,8 @@ def test_placements_to_layout_examples():
         (([Shard(-3)], (4,), 2), {}, "shards tensor dim -3, but the tensor has 2 dims"),
         (([Shard(0)], (2, 2), 2), {}, "(S(0)) have 1 entry but mesh shape (2, 2) has 2 dims"),
         (([Shard(0)], (4,), 1.5), {}, "ndim 1.5 must be a non-negative integer"),
-        (([Shard(0)], (4,), 1), {"mesh_dim_names": ("a", "b")},
-         "mesh_dim_names ('a', 'b') must give one name"),
+        (([Shard(0)], (4,), 1), {"mesh_axis_names": ("a", "b")},
+         "mesh_axis_names ('a', 'b') must give one name"),
         (([Shard(0)], "4", 1), {}, "mesh shape '4' must be a non-empty sequence"),
     ],
 )
@@ -236,7 +236,7 @@ def test_layout_to_placements_rejects_descending_order():
 # -- JAX PartitionSpec --------------------------------------------------------------
 def test_partition_spec_design_example():
     # DESIGN.md: mesh (dp, sp, mp) = (2, 2, 2), x (32, 784) mapped ("mp", ("sp", "dp")).
-    tl = partition_spec_to_layout(("mp", ("sp", "dp")), ("dp", "sp", "mp"), (2, 2, 2))
+    tl = partition_spec_to_layout(("mp", ("sp", "dp")), (2, 2, 2), 2, ("dp", "sp", "mp"))
     shape = (32, 784)
     assert tl.slices(tl.layout.rank_of((0, 1, 0)), shape) == (slice(0, 16), slice(392, 588))
     assert tl.slices(tl.layout.rank_of((1, 0, 0)), shape) == (slice(0, 16), slice(196, 392))
@@ -245,26 +245,27 @@ def test_partition_spec_design_example():
 
 
 def test_partition_spec_padding_and_entry_forms():
-    tl = partition_spec_to_layout(["dp"], ["dp", "mp"], [2, 4], ndim=3)
+    tl = partition_spec_to_layout(["dp"], [2, 4], 3, ["dp", "mp"])
     assert tl.tensor_map == (("dp",), (), ())
     assert layout_to_partition_spec(tl) == ("dp", None, None)
-    tl = partition_spec_to_layout((("mp",), (), None), ("dp", "mp"), (2, 4))
+    tl = partition_spec_to_layout((("mp",), (), None), (2, 4), mesh_axis_names=("dp", "mp"))
     assert layout_to_partition_spec(tl) == ("mp", None, None)
-    assert partition_spec_to_layout((), ("x",), (8,), ndim=0).ndim == 0
+    assert partition_spec_to_layout((), (8,), 0, ("x",)).ndim == 0
 
 
 @pytest.mark.parametrize(
     "args, kwargs, fragment",
     [
-        (("dp", ("dp",), (2,)), {}, "partition spec 'dp' must be a tuple with one entry per"),
-        ((("z",), ("dp", "mp"), (2, 4)), {},
+        (("dp", (2,), None, ("dp",)), {}, "partition spec 'dp' must be a tuple with one entry per"),
+        ((("z",), (2, 4), None, ("dp", "mp")), {},
          "partition spec ('z',) names mesh axis 'z', which is not one of the mesh axes ('dp', 'mp')"),
-        ((("dp", ("mp", "dp")), ("dp", "mp"), (2, 4)), {}, "uses mesh axis 'dp' more than once"),
-        (((5,), ("dp",), (2,)), {}, "partition spec (5,) has entry 5; expected None, a mesh"),
-        ((("dp", None, None), ("dp",), (2,)), {"ndim": 2}, "has 3 entries but the tensor has 2 dims"),
-        ((("dp",), ("dp",), (2,)), {"ndim": -1}, "ndim -1 must be a non-negative integer"),
-        ((("dp",), ("dp", "mp"), (2,)), {}, "names ('dp', 'mp') and mesh shape (2,) differ in length"),
-        ((("dp",), "dp", (2,)), {}, "mesh axis names 'dp' must be a sequence of strings"),
+        ((("dp", ("mp", "dp")), (2, 4), None, ("dp", "mp")), {}, "uses mesh axis 'dp' more than once"),
+        (((5,), (2,), None, ("dp",)), {}, "partition spec (5,) has entry 5; expected None, a mesh"),
+        ((("dp", None, None), (2,), 2, ("dp",)), {}, "has 3 entries but the tensor has 2 dims"),
+        ((("dp",), (2,), -1, ("dp",)), {}, "ndim -1 must be a non-negative integer"),
+        ((("dp",), (2,), None, ("dp", "mp")), {},
+         "mesh_axis_names ('dp', 'mp') must give one name per mesh axis (1 axes)"),
+        ((("dp",), (2,), None, "dp"), {}, "mesh_axis_names 'dp' must give one name"),
     ],
 )
 def test_partition_spec_errors(args, kwargs, fragment):
@@ -287,3 +288,23 @@ def test_dialects_import_no_mpi4py():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_old_names_and_orders_warn_and_still_work():
+    new = partition_spec_to_layout(("mp", None), (2, 4), 2, ("dp", "mp"))
+    with pytest.warns(DeprecationWarning, match="partition_spec_to_layout"):
+        assert partition_spec_to_layout(("mp", None), ("dp", "mp"), (2, 4), 2) == new
+    with pytest.warns(DeprecationWarning, match="mesh_dim_names"):
+        old = placements_to_layout("S(0), R", (2, 4), 2, mesh_dim_names=("dp", "mp"))
+    assert old == placements_to_layout("S(0), R", (2, 4), 2, ("dp", "mp"))
+    with pytest.warns(DeprecationWarning, match="placement_shape"):
+        assert sbp_to_layout("B, S(0)", placement_shape=(2, 4), ndim=1) == sbp_to_layout("B, S(0)", (2, 4), 1)
+    with pytest.raises(TypeError, match="mesh_dim"):
+        placements_to_layout("S(0)", (2,), 1, mesh_dims=("a",))
+
+
+def test_every_dialect_names_unnamed_axes_the_same_way():
+    expected = ("axis_0", "axis_1")
+    assert sbp_to_layout("B, S(0)", (2, 4), 1).layout.alias_name == expected
+    assert placements_to_layout("R, S(0)", (2, 4), 1).layout.alias_name == expected
+    assert partition_spec_to_layout(("axis_1",), (2, 4), 1).layout.alias_name == expected

@@ -28,8 +28,7 @@ from spmdsim.dialects import (
     partition_spec_to_layout,
     placements_to_layout,
     sbp_to_layout,
-    strategy_layout,
-    strategy_of,
+    strategy_to_layout,
 )
 
 _SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -127,15 +126,15 @@ def test_partition_spec_round_trip(tl):
     names, shape = tl.layout.alias_name, tl.layout.device_matrix
     spec = layout_to_partition_spec(tl)
     assert len(spec) == tl.ndim
-    assert partition_spec_to_layout(spec, names, shape) == tl
-    assert layout_to_partition_spec(partition_spec_to_layout(spec, names, shape)) == spec
+    assert partition_spec_to_layout(spec, shape, None, names) == tl
+    assert layout_to_partition_spec(partition_spec_to_layout(spec, shape, None, names)) == spec
 
 
 @_SETTINGS
 @given(sizes(min_axes=0), st.integers(1, 8))
 def test_strategy_round_trip_and_rep_neighbours(counts, rep):
     world = math.prod(counts) * rep
-    tl = strategy_layout(counts, world)
+    tl = strategy_to_layout(counts, world)
     assert layout_to_strategy(tl) == counts
     if counts:  # a bare () is "no inputs" to parse_strategy; "((),)" is the scalar
         assert parse_strategy(format_strategy(counts)) == (counts,)
@@ -162,7 +161,7 @@ def matmul_cases(draw):
 def test_matmul_round_trip_and_product(case):
     strategy, world, ta, tb, batch, (a, k, c) = case
     m = matmul_layouts(strategy, world, ta, tb)
-    assert strategy_of(m.x, m.w) == strategy
+    assert tuple(map(layout_to_strategy, (m.x, m.w))) == strategy
     assert m.out.shards_per_dim == batch + (a, c)
     assert m.out.partial == (("k",) if k > 1 else ())
     assert m.layout.num_devices == world
@@ -195,7 +194,7 @@ def test_same_layout_in_every_dialect_gives_the_same_slices(case):
     spec = tuple(None if not ax else ax[0] if len(ax) == 1 else tuple(ax) for ax in split_axes)
     from_sbp = sbp_to_layout(sbp, shape, ndim)
     from_dt = placements_to_layout(placements, shape, ndim)
-    from_ps = partition_spec_to_layout(spec, names, shape)
+    from_ps = partition_spec_to_layout(spec, shape, None, names)
     global_shape = _global_shape(from_sbp)
     expected = from_sbp.rank_slices(global_shape)
     assert from_dt.rank_slices(global_shape) == expected
@@ -208,13 +207,13 @@ def test_same_layout_in_every_dialect_gives_the_same_slices(case):
 @_SETTINGS
 @given(sizes(), st.integers(1, 4))
 def test_strategy_layout_expressed_in_mesh_dialects(counts, rep):
-    tl = strategy_layout(counts, math.prod(counts) * rep)
+    tl = strategy_to_layout(counts, math.prod(counts) * rep)
     shape, names = tl.layout.device_matrix, tl.layout.alias_name
     global_shape = _global_shape(tl)
     expected = tl.rank_slices(global_shape)
     via_sbp = sbp_to_layout(layout_to_sbp(tl), shape, tl.ndim)
     via_dt = placements_to_layout(layout_to_placements(tl), shape, tl.ndim)
-    via_ps = partition_spec_to_layout(layout_to_partition_spec(tl), names, shape)
+    via_ps = partition_spec_to_layout(layout_to_partition_spec(tl), shape, None, names)
     for other in (via_sbp, via_dt, via_ps):
         assert other.rank_slices(global_shape) == expected
     assert layout_to_sbp(tl)[: len(counts)] == tuple(Split(i) for i in range(len(counts)))

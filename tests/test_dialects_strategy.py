@@ -15,6 +15,7 @@ from spmdsim.dialects import (
     parse_strategy,
     strategy_layout,
     strategy_of,
+    strategy_to_layout,
 )
 
 
@@ -84,15 +85,15 @@ def test_format_strategy_round_trips():
 def test_seed_shard_full_8_ranks_rank_holds_its_number():
     # input_strategy ((2, 1, 2, 2, 1),): dev_matrix = strategy, tensor_map (4,3,2,1,0);
     # the seed's strides (4, 4, 2, 1, 1) give shard number == rank.
-    tl = strategy_layout("((2, 1, 2, 2, 1),)", 8)
-    assert tl.layout == Layout((2, 1, 2, 2, 1), ("s0", "s1", "s2", "s3", "s4"))
-    assert tl.tensor_map == (("s0",), ("s1",), ("s2",), ("s3",), ("s4",))
+    tl = strategy_to_layout("((2, 1, 2, 2, 1),)", 8)
+    assert tl.layout == Layout((2, 1, 2, 2, 1), ("axis_0", "axis_1", "axis_2", "axis_3", "axis_4"))
+    assert tl.tensor_map == (("axis_0",), ("axis_1",), ("axis_2",), ("axis_3",), ("axis_4",))
     assert _value_per_rank(tl, (2, 1, 2, 2, 1)) == list(range(8))
 
 
 def test_seed_shard_equals_layout_with_dims_in_order():
     # The seed simulates .shard with a Layout: same slices on every rank.
-    tl = strategy_layout((2, 1, 2, 2, 1), 8)
+    tl = strategy_to_layout((2, 1, 2, 2, 1), 8)
     ref = Layout((2, 1, 2, 2, 1), ("a", "b", "c", "d", "e"))("a", "b", "c", "d", "e")
     shape = (4, 3, 2, 6, 5)
     assert tl.rank_slices(shape) == ref.rank_slices(shape)
@@ -102,13 +103,13 @@ def test_seed_shard_strategy_does_not_fit_layout_example_shape():
     # DESIGN's Layout example tensor (1, 2, 1, 2, 2) cannot take strategy (2, 1, 2, 2, 1):
     # dim 0 of size 1 does not split in 2.
     with pytest.raises(ShapeError, match="tensor dim 0 of size 1"):
-        strategy_layout((2, 1, 2, 2, 1), 8).slices(0, (1, 2, 1, 2, 2))
+        strategy_to_layout((2, 1, 2, 2, 1), 8).slices(0, (1, 2, 1, 2, 2))
 
 
 def test_seed_shard_not_full_repeats_on_neighbouring_ranks():
     # input_strategy ((2, 1, 1, 2, 1),) on 8 ranks: 4 shards, repeated twice; MindSpore puts
     # the repeat axis on the right, so ranks 2i and 2i+1 hold the same shard.
-    tl = strategy_layout(((2, 1, 1, 2, 1),), 8)
+    tl = strategy_to_layout(((2, 1, 1, 2, 1),), 8)
     assert tl.layout.device_matrix == (2, 1, 1, 2, 1, 2)
     assert tl.layout.alias_name[-1] == REP_AXIS == "rep"
     assert tl.replicated_axes == ("rep",)
@@ -117,15 +118,15 @@ def test_seed_shard_not_full_repeats_on_neighbouring_ranks():
 
 
 def test_design_two_axis_example_as_strategy():
-    tl = strategy_layout((2, 4), 8)
+    tl = strategy_to_layout((2, 4), 8)
     assert _value_per_rank(tl, (2, 4)) == list(range(8))
 
 
 def test_strategy_layout_scalar_and_world_of_one():
-    assert strategy_layout((1, 1), 1).layout.device_matrix == (1, 1)
-    scalar = strategy_layout("((),)", 4)
+    assert strategy_to_layout((1, 1), 1).layout.device_matrix == (1, 1)
+    scalar = strategy_to_layout("((),)", 4)
     assert scalar.layout == Layout((4,), ("rep",)) and scalar.ndim == 0
-    assert strategy_layout((), 4) == scalar
+    assert strategy_to_layout((), 4) == scalar
 
 
 @pytest.mark.parametrize(
@@ -140,15 +141,25 @@ def test_strategy_layout_scalar_and_world_of_one():
 )
 def test_strategy_layout_errors(strategy, world, fragment):
     with pytest.raises(DialectError) as info:
-        strategy_layout(strategy, world)
+        strategy_to_layout(strategy, world)
     assert fragment in str(info.value)
 
 
-def test_layout_to_strategy_and_strategy_of():
+def test_layout_to_strategy_and_deprecated_names():
     tl = Layout((2, 2, 2), ("dp", "sp", "mp"))("mp", ("sp", "dp"))
     assert layout_to_strategy(tl) == (2, 4)
     assert layout_to_strategy(tl.with_partial(())) == (2, 4)
-    assert strategy_of(tl, strategy_layout((4, 2), 8)) == ((2, 4), (4, 2))
+    with pytest.warns(DeprecationWarning, match="strategy_of"):
+        assert strategy_of(tl, strategy_to_layout((4, 2), 8)) == ((2, 4), (4, 2))
+    with pytest.warns(DeprecationWarning, match="strategy_to_layout"):
+        assert strategy_layout((4, 2), 8) == strategy_to_layout((4, 2), 8)
+
+
+def test_strategy_to_layout_takes_a_mesh_shape_ndim_and_names():
+    tl = strategy_to_layout((2, 1), (2, 4), 2, ("dp", "mp"))
+    assert tl.layout == Layout((2, 1, 4), ("dp", "mp", "rep")) and tl.tensor_map == (("dp",), ("mp",))
+    with pytest.raises(DialectError, match="has 2 dims but ndim is 3"):
+        strategy_to_layout((2, 1), 8, 3)
     with pytest.raises(DialectError, match="expected a TensorLayout, got"):
         layout_to_strategy((2, 4))
 
@@ -171,7 +182,7 @@ def test_matmul_split_contraction_is_partial_over_k():
     assert m.out.partial == ("k",) and m.contraction_axis == "k"
     assert m.reduced_out.partial == ()
     assert m.layout.axis_groups(("k",))[0] == (0, 1, 2, 3)
-    assert strategy_of(m.x, m.w) == ((2, 4), (4, 1)) == m.strategy
+    assert (layout_to_strategy(m.x), layout_to_strategy(m.w)) == ((2, 4), (4, 1)) == m.strategy
 
 
 def test_matmul_rep_axis_on_the_right():
@@ -188,7 +199,7 @@ def test_matmul_transposes_use_storage_order():
     ma = matmul_layouts(((4, 2), (4, 1)), 8, transpose_a=True)  # x stored (k, m)
     assert ma.layout.device_matrix == (2, 4, 1)
     assert ma.x.tensor_map == (("k",), ("m",))
-    assert strategy_of(ma.x, ma.w) == ((4, 2), (4, 1))
+    assert (layout_to_strategy(ma.x), layout_to_strategy(ma.w)) == ((4, 2), (4, 1))
 
 
 def test_matmul_batched_aligns_batch_dims_from_the_right():

@@ -94,9 +94,9 @@ def test_partial_and_multi_axis_notes():
 
 def test_strategy_wording_and_repeat_axis():
     # Seed 2.2.2: strategy (2, 1, 1, 2, 1) on 8 ranks, a repeated-calculation axis on the right.
-    from spmdsim.dialects.strategy import strategy_layout
+    from spmdsim.dialects.strategy import strategy_to_layout
 
-    tl = strategy_layout((2, 1, 1, 2, 1), 8)
+    tl = strategy_to_layout((2, 1, 1, 2, 1), 8)
     ex = explain(tl, (2, 1, 1, 2, 1), strategy=(2, 1, 1, 2, 1))
     assert list(ex.shard_numbers) == [0, 0, 1, 1, 2, 2, 3, 3]
     assert ex.map_strides == (2, 2, 2, 1, 1)  # the seed's stride[4] .. stride[0]

@@ -120,12 +120,11 @@ def test_the_kernel_sees_the_array_as_huge_page_eligible():
     assert eligible == "1"
 
 
-def test_spmdsim_hugepages_0_turns_the_pool_off():
-    code = ("import numpy as np; from spmdsim import buffers, _hugepool; "
-            "a = buffers.empty(4 << 20, np.uint8); "
-            "print(_hugepool.enabled(), isinstance(a.base, np.ndarray) and a.base.flags.owndata)")
-    env = {**os.environ, "SPMDSIM_HUGEPAGES": "0"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+def test_use_huge_pages_false_turns_the_pool_off():
+    code = ("import numpy as np; from spmdsim import buffers; "
+            "on = buffers.use_huge_pages(False); a = buffers.empty(4 << 20, np.uint8); "
+            "print(on, isinstance(a.base, np.ndarray) and a.base.flags.owndata)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "True"]
 
 

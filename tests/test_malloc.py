@@ -24,7 +24,7 @@ print(faults() - before)
 
 @pytest.fixture
 def calls(monkeypatch):
-    for var in _threads.LOCAL_SIZE_VARS + _malloc.GLIBC_VARS + ("SPMDSIM_MALLOC",):
+    for var in _threads.LOCAL_SIZE_VARS + _malloc.GLIBC_VARS:
         monkeypatch.delenv(var, raising=False)
     made: list = []
     monkeypatch.setattr(_malloc, "keep_freed_buffers", lambda: made.append(1) or True)
@@ -35,17 +35,20 @@ def test_only_under_a_launcher_and_not_against_the_users_choice(calls, monkeypat
     assert _malloc.keep_freed_buffers_under_launcher() is False and calls == []
     monkeypatch.setenv("PMI_LOCAL_SIZE", "8")
     assert _malloc.keep_freed_buffers_under_launcher() is True and calls == [1]
-    monkeypatch.setenv("SPMDSIM_MALLOC", "0")
-    assert _malloc.keep_freed_buffers_under_launcher() is False
-    monkeypatch.delenv("SPMDSIM_MALLOC")
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "0")
     assert _malloc.keep_freed_buffers_under_launcher() is False and calls == [1]
 
 
+def test_launch_sets_glibcs_variables_unless_the_user_did():
+    env = _malloc.glibc_env({"PATH": "/bin"})
+    assert env["MALLOC_MMAP_THRESHOLD_"] == str(32 << 20) and env["MALLOC_TRIM_THRESHOLD_"] == str(64 << 20)
+    assert _malloc.glibc_env({"GLIBC_TUNABLES": "x"}) == {"GLIBC_TUNABLES": "x"}
+
+
 def _second_round_faults(env_update: dict) -> tuple[bool, int]:
-    """(whether the import set the thresholds, page faults of the second round) in a fresh process."""
+    """(whether the thresholds were set, page faults of the second round) in a fresh process."""
     env = {k: v for k, v in os.environ.items()
-           if k not in _threads.LOCAL_SIZE_VARS + _malloc.GLIBC_VARS + ("SPMDSIM_MALLOC",)}
+           if k not in _threads.LOCAL_SIZE_VARS + _malloc.GLIBC_VARS}
     env.update(env_update)
     code = ("import spmdsim\nfrom spmdsim import _malloc\n"
             "print(_malloc.keep_freed_buffers_under_launcher())\n" + FAULTS)
@@ -60,7 +63,9 @@ def test_a_rank_reuses_a_freed_16_mib_buffer_without_page_faults():
     applied, under_launcher = _second_round_faults({"PMI_LOCAL_SIZE": "8"})
     if not applied:
         pytest.skip("the C library has no mallopt")
-    applied_anyway, opted_out = _second_round_faults({"PMI_LOCAL_SIZE": "8", "SPMDSIM_MALLOC": "0"})
+    # Any glibc malloc variable opts out (here glibc's own default trim threshold).
+    applied_anyway, opted_out = _second_round_faults({"PMI_LOCAL_SIZE": "8",
+                                                      "MALLOC_TRIM_THRESHOLD_": "131072"})
     assert applied_anyway is False
     # 16 MiB is 4096 pages; a reused block faults (almost) none of them.
     assert under_launcher < 200 < opted_out, (under_launcher, opted_out)

@@ -51,7 +51,10 @@ def test_outcome_record_and_table():
     assert skip.record()["skipped"] == "needs 8 ranks"
     text = format_table([ok, bad, skip], 8, "float32")
     assert "allreduce x1" in text and "PASS" in text and "FAIL" in text
-    assert "SKIP (needs 8 ranks)" in text and text.endswith("1 passed, 1 failed, 1 skipped")
+    assert "  matmul_2x4_4x1: needs 8 ranks" in text  # the reason, below the table
+    assert text.endswith("1 passed, 1 failed, 1 skipped") and "16,128 B" in text
+    assert max(len(line) for line in text.splitlines()) <= 100
+    assert "x[-,-] -> [-,-]" not in text and "x[-,-] -> [-,-]" in format_table([ok], 8, "float32", wide=True)
     # A skipped scenario's title sits under "op", as the run rows' operators do.
     skip_row = next(line for line in text.splitlines() if "SKIP" in line).split()
     assert skip_row[:3] == ["matmul_2x4_4x1", "MatMul", "((2,4),(4,1))"]

@@ -17,7 +17,7 @@ def test_demo_on_simulated_ranks_says_so_and_passes(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "spmdsim: running on 8 simulated ranks in this process (--ranks 8), no MPI launcher"
     assert lines[1] == "spmdsim demo: 8 ranks, float32"
-    assert "allreduce x1" in lines[3] and " 49152 " in lines[3] and lines[3].endswith("PASS")
+    assert "allreduce x1" in lines[3] and " 49,152 B " in lines[3] and lines[3].endswith("PASS")
     assert lines[-1] == "2 passed, 0 failed, 0 skipped"
 
 

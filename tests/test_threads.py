@@ -1,4 +1,4 @@
-"""BLAS thread caps for ranks started by an MPI launcher."""
+"""BLAS thread caps for ranks started by an MPI launcher; `import spmdsim` changes nothing."""
 from __future__ import annotations
 
 import os
@@ -7,46 +7,81 @@ import sys
 
 import pytest
 
-from spmdsim import _threads
+from spmdsim import _malloc, _threads
 
 
 @pytest.fixture
 def clean_env(monkeypatch):
+    saved = dict(os.environ)  # the code under test sets variables itself: put them all back
     for var in _threads.THREAD_VARS + _threads.LOCAL_SIZE_VARS:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(_threads, "cores_available", lambda: 4)
-    return monkeypatch
+    capped: list = []
+    monkeypatch.setattr(_threads, "cap_loaded_blas", capped.append)
+    yield monkeypatch, capped
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def test_no_launcher_leaves_environment_alone(clean_env):
-    _threads.cap_blas_threads_under_launcher()
+    assert _threads.cap_blas_threads_under_launcher() is None and clean_env[1] == []
     assert not any(var in os.environ for var in _threads.THREAD_VARS)
 
 
 def test_launcher_caps_threads_to_share_of_cores(clean_env):
-    clean_env.setenv("MPI_LOCALNRANKS", "8")
-    _threads.cap_blas_threads_under_launcher()
+    env, capped = clean_env
+    env.setenv("MPI_LOCALNRANKS", "8")
+    assert _threads.cap_blas_threads_under_launcher() == 1 and capped == [1]
     assert [os.environ[v] for v in _threads.THREAD_VARS] == ["1", "1", "1"]
-    clean_env.setenv("MPI_LOCALNRANKS", "2")
+    env.setenv("MPI_LOCALNRANKS", "2")
     for var in _threads.THREAD_VARS:
-        clean_env.delenv(var)
+        del os.environ[var]  # not env.delenv: its undo would put the "1" back
     _threads.cap_blas_threads_under_launcher()
-    assert os.environ["OMP_NUM_THREADS"] == "2"
+    assert os.environ["OMP_NUM_THREADS"] == "2" and capped == [1, 2]
 
 
 def test_user_setting_wins(clean_env):
-    clean_env.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "8")
-    clean_env.setenv("OPENBLAS_NUM_THREADS", "3")
-    _threads.cap_blas_threads_under_launcher()
+    env, capped = clean_env
+    env.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "8")
+    env.setenv("OPENBLAS_NUM_THREADS", "3")
+    assert _threads.cap_blas_threads_under_launcher() is None and capped == []
     assert os.environ["OPENBLAS_NUM_THREADS"] == "3"
     assert "OMP_NUM_THREADS" not in os.environ
 
 
-def test_importing_spmdsim_under_a_launcher_sets_the_cap_before_numpy():
-    env = {k: v for k, v in os.environ.items() if k not in _threads.THREAD_VARS}
+# In a fresh interpreter under a launcher's environment: what `import spmdsim` did to the process.
+_PROBE = """
+import os, sys
+before = dict(os.environ)
+import spmdsim, spmdsim.layout, spmdsim.dialects
+print("mpi4py" in sys.modules, dict(os.environ) == before,
+      any("openblas" in line for line in open("/proc/self/maps")))
+"""
+
+
+def test_import_spmdsim_loads_no_mpi4py_and_changes_no_process_setting():
+    env = {k: v for k, v in os.environ.items()
+           if k not in _threads.THREAD_VARS + _malloc.GLIBC_VARS}
     env["MPI_LOCALNRANKS"] = "64"
-    code = "import spmdsim, os; print(os.environ.get('OMP_NUM_THREADS'))"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-X", "importtime", "-c", _PROBE], env=env,
+                         capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "1"
+    assert out.stdout.split() == ["False", "True", "True"]  # numpy's BLAS loaded, untouched
+    imported = [line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines()]
+    assert "spmdsim" in imported and not any(name.startswith("mpi4py") for name in imported)
+    assert not any(name in imported for name in ("spmdsim._threads", "spmdsim._malloc"))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_cap_loaded_blas_sets_numpys_openblas():
+    code = ("import ctypes, numpy; from spmdsim import _threads\n"
+            "paths = _threads.cap_loaded_blas(1)\n"
+            "lib = paths and ctypes.CDLL(paths[0])\n"
+            "get = [getattr(lib, n.replace('set', 'get')) for n in _threads._SETTERS['openblas']\n"
+            "       if lib and hasattr(lib, n.replace('set', 'get'))]\n"
+            "print(len(paths), get[0]() if get else 1)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    if out.stdout.split()[0] == "0":
+        pytest.skip("this numpy loads no OpenBLAS or MKL")
+    assert out.stdout.split() == ["1", "1"]

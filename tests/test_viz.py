@@ -149,7 +149,7 @@ on Layout(a=2, b=1, c=2, d=2, e=1), 8 ranks
   dim 3 split over "c" into 2 shards
   dim 4 split over "a" into 2 shards
 
-Tensor: ranks holding each block, shard number #k (rows dim 3, columns dim 4)
+Tensor: ranks holding each block, #: shard number (rows dim 3, columns dim 4)
 x[:, 0:1, :, :, :]   x[:, 1:2, :, :, :]
       0:1   1:2            0:1   1:2
     +-----+-----+        +-----+-----+
@@ -160,7 +160,7 @@ x[:, 0:1, :, :, :]   x[:, 1:2, :, :, :]
     |  #2 |  #3 |        |  #6 |  #7 |
     +-----+-----+        +-----+-----+
 
-Device matrix (a=2, b=1, c=2, d=2, e=1): each rank and the shard #k it holds
+Device matrix (a=2, b=1, c=2, d=2, e=1): each rank and the shard number it holds
 a=0                 a=1
       d=0   d=1           d=0   d=1
     +-----+-----+       +-----+-----+
@@ -178,7 +178,7 @@ on Layout(a=4, b=1, c=1, d=2, e=1), 8 ranks
   dim 1 split over "d" into 2 shards
   dim 3 split over "a" into 4 shards
 
-Tensor: ranks holding each block, shard number #k (rows dim 1, columns dim 3)
+Tensor: ranks holding each block, #: shard number (rows dim 1, columns dim 3)
 x[:, :, :, :]
       0:1   1:2   2:3   3:4
     +-----+-----+-----+-----+
@@ -189,7 +189,7 @@ x[:, :, :, :]
     |  #4 |  #5 |  #6 |  #7 |
     +-----+-----+-----+-----+
 
-Device matrix (a=4, b=1, c=1, d=2, e=1): each rank and the shard #k it holds
+Device matrix (a=4, b=1, c=1, d=2, e=1): each rank and the shard number it holds
       d=0   d=1
     +-----+-----+
 a=0 |  r0 |  r1 |
@@ -213,7 +213,7 @@ on Layout(a=2, b=1, c=2, d=2, e=1), 8 ranks
   dim 3 split over "a" into 2 shards
   replicated over d: ranks listed together hold copies
 
-Tensor: ranks holding each block, shard number #k (rows dim 2, columns dim 3)
+Tensor: ranks holding each block, #: shard number (rows dim 2, columns dim 3)
 x[:, :, :, :]
       0:1    1:2
     +------+------+
@@ -224,7 +224,7 @@ x[:, :, :, :]
     |  #2  |  #3  |
     +------+------+
 
-Device matrix (a=2, b=1, c=2, d=2, e=1): each rank and the shard #k it holds
+Device matrix (a=2, b=1, c=2, d=2, e=1): each rank and the shard number it holds
 a=0                 a=1
       d=0   d=1           d=0   d=1
     +-----+-----+       +-----+-----+
@@ -258,12 +258,12 @@ def test_partial_notes_match_explain_and_fit_the_width():
     tl = sbp_to_layout(parse_sbp("S(0),P"), (2, 4), 2)
     pic = layout_picture(tl, (8, 8))
     assert pic.notes == (
-        'dim 0 split over "p0" into 2 shards',
-        "partial over p1: ranks differing only there hold addends, not copies; the value is their sum",
+        'dim 0 split over "axis_0" into 2 shards',
+        "partial over axis_1: ranks differing only there hold addends, not copies; the value is their sum",
         "'+' joins the ranks holding the addends of a block (hatched in PNG pictures)",
     )
     text = render_layout_ascii(pic)
-    wrapped = "  partial over p1: ranks differing only there hold addends, not copies; the\n    value is their sum\n"
+    wrapped = "  partial over axis_1: ranks differing only there hold addends, not copies; the\n    value is their sum\n"
     assert wrapped in text
     assert max(len(line) for line in text.splitlines()) <= 80
     narrow = render_layout_ascii(pic, width=40)

@@ -18,7 +18,7 @@ __all__ = ["strategy_case", "sbp_case", "dtensor_case", "partition_spec_case"]
 
 def strategy_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...]) -> Case:
     """One tensor's MindSpore `.shard` strategy over `world_size` devices (default: the strategy's product)."""
-    from ..dialects.strategy import parse_strategy, strategy_layout
+    from ..dialects.strategy import parse_strategy, strategy_to_layout
 
     value = data["strategy"]
     if isinstance(value, bool) or not isinstance(value, (str, list, tuple)):
@@ -43,7 +43,7 @@ def strategy_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...
     strategy = tuple(parsed)
     world = _world_size(data) if "world_size" in data else math.prod(strategy)
     check_device_count(max(world, math.prod(strategy)), f"strategy {value!r}")
-    return Case(_with_partial(strategy_layout(strategy, world), partial), shape, "strategy",
+    return Case(_with_partial(strategy_to_layout(strategy, world), partial), shape, "strategy",
                 strategy=strategy)
 
 
@@ -60,7 +60,12 @@ def _matmul_operand_case(data: Mapping, value: object, parsed: tuple, operand: o
     world = _world_size(data) if "world_size" in data else needed
     check_device_count(max(world, needed), f"strategy {value!r}")
     tl = getattr(matmul_layouts(parsed, world), operand)
-    return Case(_with_partial(tl, partial), shape, "strategy")
+    if len(shape) == len(xs) + 1:
+        # The M,K,N (or B,...,M,K,N) shape `spmdsim run matmul` takes: this operand's part of it.
+        *batch, m, k, n = shape
+        shape = {"x": (*batch, m, k), "w": (*batch, k, n)[len(batch) + 2 - len(ws):],
+                 "out": (*batch, m, n)}[operand]
+    return Case(_with_partial(tl, partial), tuple(shape), "strategy")
 
 
 def sbp_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...]) -> Case:
@@ -107,7 +112,7 @@ def partition_spec_case(data: Mapping, shape: tuple[int, ...], partial: tuple[st
     if isinstance(spec, str):
         spec = parse_tensor_map(spec)  # the same text form: ('x', None), x,None, ((sp,dp),None)
     try:
-        tl = partition_spec_to_layout(spec, _name_list(data, "alias_name"), mesh, len(shape))
+        tl = partition_spec_to_layout(spec, mesh, len(shape), _name_list(data, "alias_name"))
     except DialectError as exc:
         # Too many plain names for a 1-D tensor: perhaps one dim over several axes.
         hint = multi_axis_hint(spec, len(shape)) if isinstance(spec, (tuple, list)) else ""

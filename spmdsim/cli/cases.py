@@ -8,7 +8,7 @@ flags; flags override keys of the file. One form per dialect:
 * strategy: ``{"strategy": [[2, 1, 2, 2, 1]], "world_size": 8, "shape": [...]}``
 * SBP: ``{"sbp": ["S(0)", "B"], "placement": [2, 4], "shape": [...]}``
 * PyTorch DTensor: ``{"placements": "S(0), R", "device_matrix": [2, 4], "shape": [...]}``
-  (``alias_name`` names the mesh dims, default dim0, dim1, ...)
+  (``alias_name`` names the mesh dims, default axis_0, axis_1, ...)
 * JAX: ``{"partition_spec": "('x', None)", "device_matrix": [2, 4], "alias_name": ["x", "y"],
   "shape": [...]}`` (a shorter spec is padded with None)
 
@@ -23,13 +23,13 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, TextIO
 
+from ..dialects._common import split_top_level
 from ..errors import ShapeError, SpmdsimError
 from ..layout import Layout, TensorLayout
 
 __all__ = [
     "Case",
     "case_from_dict",
-    "case_from_json",
     "case_from_args",
     "add_case_arguments",
     "parse_int_list",
@@ -169,10 +169,17 @@ def multi_axis_hint(entries: Sequence[Any], ndim: int) -> str:
     )
 
 
+# The flag that gives each case key, for messages: a user of the flags never typed the key.
+_FLAG_OF = {"device_matrix": "--device-matrix", "alias_name": "--alias", "tensor_map": "--tensor-map",
+            "shape": "--shape", "placement": "--placement", "placements": "--placements",
+            "partition_spec": "--partition-spec", "sbp": "--sbp", "strategy": "--strategy"}
+
+
 def _require(data: Mapping, keys: Sequence[str], form: str) -> None:
     for key in keys:
         if key not in data:
-            raise SpmdsimError(f"case is missing key {key!r} (needed by the {form} form)")
+            raise SpmdsimError(f"{_FLAG_OF.get(key, key)} is missing (case key {key!r}), "
+                               f"needed by the {form} form")
 
 
 def case_from_dict(data: Any) -> Case:
@@ -227,61 +234,21 @@ def case_from_dict(data: Any) -> Case:
     return case
 
 
-def case_from_json(text: str, where: str = "case") -> Case:
-    """Parse a JSON case; `where` names the source in error messages."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpmdsimError(f"{where} is not valid JSON: {exc}") from None
-    return case_from_dict(data)
-
-
 # -- command-line flags -----------------------------------------------------------
-def _split_top(text: str) -> list[str]:
-    """Split on commas outside brackets."""
-    parts, depth, cur = [], 0, []
-    for ch in text:
-        if ch in "([":
-            depth += 1
-        elif ch in ")]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    parts.append("".join(cur))
-    return [p.strip() for p in parts]
-
-
-def _unwrap(text: str) -> str:
-    """Drop one pair of brackets around the whole text, if they enclose all of it."""
-    text = text.strip()
-    if len(text) >= 2 and text[0] in "([" and text[-1] in ")]":
-        depth = 0
-        for i, ch in enumerate(text):
-            depth += ch in "(["
-            depth -= ch in ")]"
-            if depth == 0 and i < len(text) - 1:
-                return text
-        return text[1:-1].strip()
-    return text
-
-
 def parse_int_list(text: str, key: str = "value") -> tuple[int, ...]:
     """'2,1,2' or '(2, 1, 2)' -> (2, 1, 2)."""
-    body = _unwrap(text)
-    parts = [p for p in _split_top(body) if p] if body else []
     try:
-        return tuple(int(p) for p in parts)
+        return tuple(int(p) for p in split_top_level(text) if p)
     except ValueError:
         raise SpmdsimError(f"{key} {text!r} must be comma-separated integers such as 2,4") from None
 
 
 def parse_name_list(text: str, key: str = "value") -> tuple[str, ...]:
     """'dp,sp,mp' -> ('dp', 'sp', 'mp'); quotes are optional."""
-    body = _unwrap(text)
-    names = tuple(p.strip("'\" ") for p in _split_top(body) if p) if body else ()
+    try:
+        names = tuple(p.strip("'\" ") for p in split_top_level(text) if p)
+    except ValueError:
+        names = ("(",)  # unbalanced brackets: refused below
     if any(not n or any(c in n for c in "()[]") for n in names):
         raise SpmdsimError(f"{key} {text!r} must be comma-separated axis names such as dp,mp")
     return names
@@ -290,12 +257,16 @@ def parse_name_list(text: str, key: str = "value") -> tuple[str, ...]:
 def parse_tensor_map(text: str) -> tuple:
     """'mp,(sp,dp),None' -> ('mp', ('sp', 'dp'), None); Python-style brackets are optional."""
     body = text.strip()
-    if len(_split_top(body)) == 1:
-        body = _unwrap(body)  # '(b, d, e)' is the whole map, written as a tuple
+    try:
+        # '(b, d, e)' alone is the whole map written as a tuple; 'a, (b, d)' is not.
+        parts = split_top_level(body, unwrap=False) if body else []
+        if len(parts) == 1:
+            parts = split_top_level(body)
+    except ValueError:
+        raise SpmdsimError(f"tensor map {text!r} has unbalanced brackets") from None
+    if parts == [""]:
+        parts = []  # "()": a scalar's map
     out: list = []
-    parts = _split_top(body) if body else []
-    if parts and parts[-1] == "":
-        parts.pop()  # trailing comma, as in ('mp',)
     for tensor_dim, part in enumerate(parts):
         if not part.strip():  # "a,,b": a typo more often than a way to write None
             raise SpmdsimError(f"tensor map {text!r} has an empty entry for tensor dim {tensor_dim}; "

@@ -5,7 +5,10 @@
     mpiexec -n 4 spmdsim demo            # scenarios that need 8 ranks are listed as SKIP
     spmdsim demo --ranks 8               # 8 simulated ranks in this process, no mpiexec
 
-Exits 1 when any scenario fails.
+Exit codes: 0 every scenario that ran passed and at least half of those chosen
+ran; 1 a scenario failed; 2 bad input (an unknown --only name, ...); 3 every
+scenario was skipped, or fewer than half ran (the world size does not fit
+them: one line on stderr says which size does).
 """
 from __future__ import annotations
 
@@ -15,9 +18,13 @@ import sys
 from typing import Any, Sequence
 
 from ..errors import SpmdsimError
-from .run import add_common_arguments, guarded, on_world
+from ..validate import counted
+from .run import add_common_arguments, add_trace_out, check_trace_out, guarded, on_world
 
-__all__ = ["register", "run", "format_table"]
+__all__ = ["register", "run", "format_table", "coverage", "TOO_FEW_RAN"]
+
+#: Exit code of a demo in which every scenario was skipped, or fewer than half ran.
+TOO_FEW_RAN = 3
 
 
 def register(subparsers: Any) -> None:
@@ -34,6 +41,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--only", nargs="+", metavar="NAME",
                         help="run only these scenarios (names as --list shows them, space- or comma-separated)")
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    parser.add_argument("--wide", action="store_true",
+                        help="add the layouts column and keep each row on one line (wider than 100 columns)")
+    add_trace_out(parser)
     parser.set_defaults(func=run)
 
 
@@ -65,37 +75,94 @@ def _only(chosen: Sequence[Any], names: Sequence[str] | None) -> tuple[Any, ...]
 def _run_all(chosen: Sequence[Any], args: argparse.Namespace, comm: Any) -> int:
     from ..demo.registry import Context, run_scenario
 
+    check_trace_out(args)
     ctx = Context(comm, args.dtype, args.seed)
-    outcomes = [run_scenario(sc, ctx) for sc in chosen]
-    if comm.Get_size() == 1 and comm.Get_rank() == 0:
-        print("spmdsim demo: one process is one rank; run the scenarios with `timeout -k 5 600 mpiexec "
-              "-n 8 spmdsim demo`, or on 8 simulated ranks in this process with `spmdsim demo --ranks 8`",
-              file=sys.stderr)
+    if args.trace_out:
+        outcomes = _run_traced(chosen, ctx, args.trace_out)
+    else:
+        outcomes = [run_scenario(sc, ctx) for sc in chosen]
     if comm.Get_rank() == 0:
         if args.json:
             print(json.dumps([o.record() for o in outcomes], indent=1))
         else:
-            print(format_table(outcomes, comm.Get_size(), args.dtype))
-    return 0 if all(o.passed for o in outcomes) else 1
+            print(format_table(outcomes, comm.Get_size(), args.dtype, args.wide))
+    if not all(o.passed for o in outcomes):
+        return 1
+    reason = coverage(outcomes, comm.Get_size(), chosen)
+    if reason:
+        if comm.Get_rank() == 0:
+            print(f"spmdsim demo: {reason}", file=sys.stderr)
+        return TOO_FEW_RAN
+    return 0
 
 
-def format_table(outcomes: Sequence[Any], world_size: int, dtype: str) -> str:
-    """The summary table: op, layouts, collectives, bytes/rank, max error, result."""
-    head = ("scenario", "op", "layouts", "collectives", "bytes/rank", "max error", "result")
-    rows = []
+def coverage(outcomes: Sequence[Any], world_size: int, chosen: Sequence[Any] = ()) -> str:
+    """Why a demo that failed nothing still proves too little: "" when at least half ran.
+
+    A pass in which every scenario was skipped checked nothing. With `chosen`
+    (the scenarios), the reason names the smallest world size that runs them all.
+    """
+    ran = sum(1 for o in outcomes if not o.skipped)
+    if outcomes and 2 * ran >= len(outcomes):
+        return ""
+    what = "every scenario was skipped" if not ran else "fewer than half the scenarios ran"
+    text = f"{what} ({ran} of {len(outcomes)} ran on {counted(world_size, 'rank')})"
+    fits = next((w for w in range(1, 1025) if chosen and all(sc.needs(w) is None for sc in chosen)), None)
+    if fits is not None:
+        text += (f"; {fits} ranks run them all (mpiexec -n {fits}, or `spmdsim demo --ranks {fits}` "
+                 "in one process)")
+    return text
+
+
+def _run_traced(chosen: Sequence[Any], ctx: Any, path: str) -> list[Any]:
+    """Run the scenarios under one trace and write it, each scenario a named span per rank."""
+    from time import perf_counter
+
+    from ..demo.registry import run_scenario
+    from ..runtime import collect_trace
+    from ..runtime.trace_export import write_chrome_trace
+
+    outcomes, spans = [], []
+    with collect_trace() as trace:
+        for sc in chosen:
+            began = perf_counter()
+            outcomes.append(run_scenario(sc, ctx))
+            if not outcomes[-1].skipped:
+                spans.append((sc.name, began, perf_counter()))
+    start, end = (spans[0][1], spans[-1][2]) if spans else (None, None)
+    write_chrome_trace(ctx.comm, trace, path, start, end, spans)
+    return outcomes
+
+
+def format_table(outcomes: Sequence[Any], world_size: int, dtype: str, wide: bool = False) -> str:
+    """The summary table: op, collectives, bytes sent per rank, max error, result.
+
+    Fits 100 columns (long cells fold onto more lines, skip reasons go below the
+    table); `wide` adds the layouts column and keeps every row on one line.
+    """
+    from ..validate import counted
+    from ..viz.table import fold_table, nbytes, wrap_lines
+
+    head = ("scenario", "op") + (("layouts",) if wide else ()) + (
+        "collectives", "sent/rank", "max error", "result")
+    rows, reasons = [], []
     for o in outcomes:
+        layouts = (o.layouts,) if wide else ()
         if o.skipped:
-            rows.append((o.scenario, o.op, o.layouts, "-", "-", "-", f"SKIP ({o.skipped})"))
+            rows.append((o.scenario, o.op) + layouts + ("-", "-", "-", "SKIP"))
+            reasons.append(f"  {o.scenario}: {o.skipped}")
             continue
         colls = ", ".join(f"{op} x{n}" for op, n in sorted(o.collectives.items())) or "none"
-        rows.append((o.scenario, o.op, o.layouts, colls, str(o.bytes_sent_per_rank),
+        rows.append((o.scenario, o.op) + layouts + (colls, nbytes(o.bytes_sent_per_rank),
                      f"{o.max_abs_error:.2e}", "PASS" if o.passed else "FAIL"))
-    widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head) - 1)]
-    lines = [f"spmdsim demo: {world_size} ranks, {dtype}"]
-    for r in [head] + rows:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+    right = (len(head) - 3,)
+    lines = [f"spmdsim demo: {counted(world_size, 'rank')}, {dtype}"]
+    lines += fold_table(head, rows, width=None if wide else 100, right=right, keep=(0,))
     passed = sum(1 for o in outcomes if o.passed and not o.skipped)
     skipped = sum(1 for o in outcomes if o.skipped)
     failed = len(outcomes) - passed - skipped
+    if reasons:
+        lines.append("skipped at this rank count:")
+        lines += reasons if wide else wrap_lines(reasons)
     lines.append(f"{passed} passed, {failed} failed, {skipped} skipped")
     return "\n".join(lines)

@@ -8,7 +8,15 @@ child it sets, unless already set:
 * ``OMP_NUM_THREADS``/``OPENBLAS_NUM_THREADS``/``MKL_NUM_THREADS`` to
   cores // N (at least 1): BLAS thread pools of 8 oversubscribed ranks made a
   measured job 20x slower (docs/oversubscription.md);
+* ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_`` (unless any glibc
+  malloc variable is set): freed result buffers stay in the heap (spmdsim._malloc);
 * ``SPMDSIM_EXPECT_WORLD=N``, so a Mesh fails loudly under a foreign mpiexec.
+
+A job killed from outside (a rank's SIGKILL, the timeout) leaves its MPI
+shared-memory segment in /dev/shm (MPICH: ``mpich_shm_*``, 8 MB). While the job
+runs, launch notes the /dev/shm files its processes map; when it has ended it
+removes those that still exist and did not exist before it started, and says
+so in one line. Nothing else in /dev/shm is touched (other jobs' segments).
 
 A leading ``python``/``python3`` in COMMAND becomes this interpreter. This
 module never imports mpi4py (it asks ``python -m mpi4py --mpi-library``).
@@ -22,8 +30,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from typing import Sequence
 
+from .._malloc import glibc_env
 from .._threads import THREAD_VARS, thread_cap
 from ..errors import RuntimeMismatchError, SpmdsimError
 from ..runtime.debug import add_cli_arguments
@@ -127,7 +137,7 @@ def check_same_mpi(mpiexec: str) -> str | None:
 
 
 def launch_env(ranks: int, wait: str | None, base: dict | None = None) -> dict:
-    """The child environment: wait mode, BLAS thread caps, expected world size."""
+    """The child environment: wait mode, BLAS thread caps, glibc heap thresholds, expected world size."""
     env = dict(os.environ if base is None else base)
     if wait is not None:
         env["SPMDSIM_WAIT"] = wait
@@ -137,7 +147,7 @@ def launch_env(ranks: int, wait: str | None, base: dict | None = None) -> dict:
     for var in THREAD_VARS:
         env.setdefault(var, threads)
     env["SPMDSIM_EXPECT_WORLD"] = str(ranks)
-    return env
+    return glibc_env(env)
 
 
 def build_command(mpiexec: str, ranks: int, command: Sequence[str]) -> list[str]:
@@ -172,13 +182,35 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_with_timeout(cmd: list[str], env: dict, timeout: float) -> int:
-    """Run cmd in its own process group; on timeout SIGTERM the group, then SIGKILL; 124."""
+    """Run cmd in its own process group; on timeout SIGTERM the group, then SIGKILL; 124.
+
+    Shared-memory segments the job left behind are removed afterwards (`_SegmentWatch`).
+    """
+    watch = _SegmentWatch()
     try:
         proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     except OSError as exc:
         raise SpmdsimError(f"cannot start {cmd[0]!r}: {exc.strerror or exc}") from None
     try:
-        return proc.wait(timeout=timeout)
+        return _wait(proc, timeout, watch)
+    finally:
+        removed = watch.remove_left()
+        if removed:
+            print(f"spmdsim: removed {len(removed)} shared-memory segment(s) the job left: "
+                  f"{', '.join(removed)}", file=sys.stderr)
+
+
+def _wait(proc: subprocess.Popen, timeout: float, watch: "_SegmentWatch") -> int:
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            watch.note(proc.pid)
+            left = deadline - time.monotonic()
+            try:
+                return proc.wait(timeout=max(0.0, min(left, _WATCH_INTERVAL_S)))
+            except subprocess.TimeoutExpired:
+                if left <= _WATCH_INTERVAL_S:
+                    raise
     except subprocess.TimeoutExpired:
         print(f"spmdsim: error: job exceeded the {timeout:g} s timeout; killing it", file=sys.stderr)
         _kill_group(proc, signal.SIGTERM)
@@ -196,6 +228,73 @@ def run_with_timeout(cmd: list[str], env: dict, timeout: float) -> int:
             _kill_group(proc, signal.SIGKILL)
             proc.wait()
         return 130
+
+
+_SHM = "/dev/shm"
+#: How often the job's maps are read: MPI creates its segment at MPI_Init and
+#: keeps it mapped for the job's life, so a job alive this long is seen.
+_WATCH_INTERVAL_S = 0.2
+
+
+class _SegmentWatch:
+    """The /dev/shm files a job's processes map, noted while it runs (Linux /proc; else nothing)."""
+
+    def __init__(self) -> None:
+        self.before = self._names()
+        self.seen: set[str] = set()
+
+    @staticmethod
+    def _names() -> set[str]:
+        try:
+            return set(os.listdir(_SHM))
+        except OSError:
+            return set()
+
+    def note(self, root: int) -> None:
+        """Add the /dev/shm files mapped by `root` and its descendants now."""
+        for pid in _descendants(root):
+            try:
+                with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as fh:
+                    for line in fh:
+                        at = line.find(_SHM + "/")
+                        if at >= 0:
+                            name = line[at + len(_SHM) + 1:].split()[0]
+                            if "/" not in name and name not in self.before:
+                                self.seen.add(name)
+            except OSError:
+                continue  # the process ended meanwhile
+
+    def remove_left(self) -> list[str]:
+        """Remove the noted files that still exist and are this user's; their names."""
+        removed = []
+        for name in sorted(self.seen):
+            path = os.path.join(_SHM, name)
+            try:
+                if os.stat(path).st_uid == os.getuid():
+                    os.unlink(path)
+                    removed.append(name)
+            except OSError:
+                continue  # gone already: the job ended normally and removed it
+        return removed
+
+
+def _descendants(root: int) -> list[int]:
+    """`root` and every process below it (/proc/PID/task/TID/children), root first."""
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children", encoding="ascii") as fh:
+                    todo.extend(int(c) for c in fh.read().split())
+            except (OSError, ValueError):
+                continue
+    return out
 
 
 def _kill_group(proc: subprocess.Popen, sig: int) -> None:

@@ -12,13 +12,14 @@ import importlib
 import sys
 from typing import IO, Sequence
 
-from .._env import launcher_rank
+from .._threads import launcher_rank
 from ..errors import SpmdsimError
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS", "OnceParser"]
 
 #: Subcommand modules under spmdsim.cli, in the order `--help` lists them.
-SUBCOMMANDS: tuple[str, ...] = ("slices", "explain", "show", "calibrate", "run", "demo", "launch", "plan")
+SUBCOMMANDS: tuple[str, ...] = ("slices", "explain", "show", "convert", "calibrate", "run", "demo", "launch",
+                                 "plan", "autoshard", "collective")
 
 
 class OnceParser(argparse.ArgumentParser):
@@ -42,12 +43,26 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         importlib.import_module(f"{__package__}.{name}").register(subparsers)
+    _mark_usage(parser)
     return parser
+
+
+def _mark_usage(parser: argparse.ArgumentParser) -> None:
+    """Let every (sub)command remember its own parser, so its errors show its own usage."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                sub.set_defaults(_usage_parser=sub)
+                _mark_usage(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # argparse reports flags a subcommand does not know with the top-level usage;
+        # the subcommand's own usage says which flags it takes.
+        getattr(args, "_usage_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -19,9 +19,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import SpmdsimError
-from ..layout import Layout, TensorLayout
+from ..layout import Layout, TensorLayout, default_axis_names
 from ..plan import Plan, plan_redistribution
+from ..validate import counted
 from .cases import check_device_count, parse_int_list, parse_name_list, parse_tensor_map
+from .plan_explain import dialect_of, moves_and_bytes_png, plan_record, plan_text
 
 __all__ = [
     "register",
@@ -31,6 +33,7 @@ __all__ = [
     "layouts_from_args",
     "format_plan",
     "run_redistribute",
+    "ratio_text",
     "MAX_PLAN_DEVICES",
 ]
 
@@ -68,13 +71,19 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32",
                         choices=("float32", "float64", "int32", "int64"), help="default float32")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--explain", action="store_true",
+                        help="also say why each step runs, each rank's block before and after, and "
+                             "the bytes each rank sends to each rank")
 
 
 def add_redistribute_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `spmdsim run redistribute` (the plan flags plus --seed, --check, --watchdog)."""
     from ..runtime.debug import add_cli_arguments
 
+    from .run import add_trace_out
+
     add_plan_arguments(parser)
+    add_trace_out(parser)
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated tensor")
     add_cli_arguments(parser)
 
@@ -100,7 +109,7 @@ def _mesh(matrix: str, alias: str | None, prefix: str = "") -> Layout:
     dims = parse_int_list(matrix, flag)
     check_device_count(math.prod(dims), f"{flag} {matrix!r}", MAX_PLAN_DEVICES)
     names = (parse_name_list(alias, f"--{prefix}alias") if alias
-             else tuple(f"axis_{i}" for i in range(len(dims))))
+             else default_axis_names(len(dims)))
     return Layout(dims, names)
 
 
@@ -121,17 +130,17 @@ def _side(args, which: str, mesh: Layout, ndim: int, world: int) -> TensorLayout
         raise SpmdsimError("--to-strategy gives the target's device matrix itself; "
                            "expected no --to-device-matrix or --to-alias with it")
     if strategy:
-        from ..dialects.strategy import strategy_layout
+        from ..dialects.strategy import strategy_to_layout
 
-        tl = strategy_layout(strategy, world)
+        # Both sides of a strategy pair would name their axes axis_0, axis_1, ...: the
+        # target's are to_0, to_1, ... so the report tells the two meshes apart.
+        tl = strategy_to_layout(strategy, world)
         if which == "to":
-            # Both sides of a strategy pair would name their axes s0, s1, ...: the
-            # target's become t0, t1, ... so the report tells the two meshes apart.
-            tl = _renamed(tl, {n: "t" + n[1:] for n in tl.layout.alias_name if n[:1] == "s"})
+            tl = _renamed(tl, {n: "to_" + n[5:] for n in tl.layout.alias_name if n[:5] == "axis_"})
     elif spec:
         from ..dialects.partition_spec import partition_spec_to_layout
 
-        tl = partition_spec_to_layout(parse_tensor_map(spec), mesh.alias_name, mesh.device_matrix, ndim)
+        tl = partition_spec_to_layout(parse_tensor_map(spec), mesh.device_matrix, ndim, mesh.alias_name)
     elif sbp:
         from ..dialects.sbp import sbp_to_layout
 
@@ -230,8 +239,22 @@ def _predicted(plan: Plan) -> tuple[list[float], str]:
         return [], f"unavailable, the cost model cannot price this plan: {exc}"
 
 
-def format_plan(plan: Plan) -> str:
-    """The human-readable `spmdsim plan` report."""
+def ratio_text(numerator: int, denominator: int) -> str:
+    """numerator / denominator to one decimal, rounded half up in integers (exact at any size)."""
+    tenths = (20 * numerator + denominator) // (2 * denominator)
+    return f"{tenths // 10:,}.{tenths % 10}"
+
+
+def _duration(seconds: float) -> str:
+    """A predicted time: milliseconds up to a thousand seconds, then seconds in 3 digits."""
+    return f"{seconds * 1e3:.3f} ms" if seconds < 1e3 else f"{seconds:.3g} s"
+
+
+def format_plan(plan: Plan, dialect: str = "sbp") -> str:
+    """The human-readable `spmdsim plan` report (steps written in `dialect`: "sbp" or "dtensor")."""
+    from ..viz.table import wrap_lines
+    from ..viz.why import BOUND_WITH_SUMS, step_text
+
     where = str(plan.source.layout)
     if plan.target.layout != plan.source.layout:
         where += f" -> {plan.target.layout}"
@@ -242,42 +265,48 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"planned on the common mesh {mesh}")
     if not plan.steps:
         lines.append("  no steps: every rank already holds its target block")
-    width = max([len(str(s)) for s in plan.steps] + [4])
+    width = max([len(step_text(s, dialect)) for s in plan.steps] + [4])
+    sent = [f"{s.max_bytes_sent:,} B" for s in plan.steps]
+    received = [f"{s.max_bytes_received:,} B" for s in plan.steps]
+    columns = max(map(len, sent + received + ["received/rank"]))  # wider at huge sizes, never cut
     seconds, origin = _predicted(plan)
     if plan.steps:
-        lines.append(f"  {'#':>2}  {'step':<{width}}  {'sent/rank':>14}  {'received/rank':>14}"
+        lines.append(f"  {'#':>2}  {'step':<{width}}  {'sent/rank':>{columns}}  {'received/rank':>{columns}}"
                      + ("  predicted" if seconds else ""))
     for i, step in enumerate(plan.steps, 1):
-        lines.append(f"  {i:>2}. {str(step):<{width}}  {step.max_bytes_sent:>12,} B  "
-                     f"{step.max_bytes_received:>12,} B"
-                     + (f"  {seconds[i - 1] * 1e3:>8.3f} ms" if seconds else ""))
+        lines.append(f"  {i:>2}. {step_text(step, dialect):<{width}}  {sent[i - 1]:>{columns}}  "
+                     f"{received[i - 1]:>{columns}}"
+                     + (f"  {_duration(seconds[i - 1]):>11}" if seconds else ""))
     got, low = plan.max_bytes_received, plan.max_lower_bound
     verdict = "meets it on every rank" if plan.meets_lower_bound else "above it"
     if not plan.meets_lower_bound and (plan.source.partial or plan.target.partial):
         # Say why, or a reader takes the plan for a poor one (docs/redistribution.md).
-        verdict += ": with pending sums the bound counts each summed element once; collectives that sum move more"
+        verdict += f": with pending sums {BOUND_WITH_SUMS}"
     lines.append(f"total received per rank (max): {got:,} B; lower bound {low:,} B ({verdict})")
     base = _baseline(plan)
     if base and got:
         how = " and ".join(w for w, on in (("Allreduce", plan.source.partial),
                                             ("Allgather", plan.source.split_axes)) if on)
         lines.append(f"for comparison, the whole tensor on every rank ({how}, then slice) would "
-                     f"receive {base:,} B per rank ({base / got:.1f}x this plan)")
+                     f"receive {base:,} B per rank ({ratio_text(base, got)}x this plan)")
     if seconds:
         lines.append(f"predicted: alpha-beta cost model, {origin}")
     elif plan.steps and origin:
         lines.append(f"predicted: {origin}")
-    return "\n".join(lines)
+    return "\n".join(wrap_lines(lines))
 
 
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "png", None):
         from .paths import check_output_dir
 
+        from ..viz.png import require_matplotlib
+
         check_output_dir(args.png, "--png")  # before the report: no traceback after it
+        require_matplotlib()
     source, target, shape, dtype = layouts_from_args(args)
     plan = plan_redistribution(source, target, shape, dtype)
-    print(json.dumps(plan.to_json()) if args.json else format_plan(plan))
+    print(json.dumps(plan_record(plan, args)) if args.json else plan_text(plan, args))
     if getattr(args, "show", False) and not args.json:
         from ..viz import render_plan_ascii
 
@@ -287,8 +316,9 @@ def run(args: argparse.Namespace) -> int:
         from ..viz import render_plan_png
 
         paths = render_plan_png(plan, args.png)
+        paths += moves_and_bytes_png(plan, args.png, dialect_of(args))
         if not args.json:
-            print(f"wrote {len(paths)} picture(s) to {args.png}")
+            print(f"wrote {counted(len(paths), 'picture')} to {args.png}")
     return 0
 
 
@@ -302,32 +332,53 @@ def run_redistribute(args: argparse.Namespace) -> int:
 
 
 def _execute(args: argparse.Namespace, comm: Any) -> int:
+    from time import perf_counter
+
     from mpi4py import MPI
 
     from ..datagen import SeededTensor
     from ..plan_exec import redistribute
     from ..runtime import DTensor, Mesh, collect_trace
 
+    from ..memory import redistribute_need, shard_multiples
+    from ..runtime.budget import check_memory
+    from .run import check_trace_out
+
+    check_trace_out(args)
     source, target, shape, dtype = layouts_from_args(args)
     plan = plan_redistribution(source, target, shape, dtype)
+    check_memory(comm, f"redistribute {source} -> {target}",
+                 lambda s: redistribute_need(source, target, s, dtype), shape,
+                 shard_multiples(source, target), "--shape")
     mesh = Mesh(source.layout, comm)
     seeded = SeededTensor(shape, dtype, seed=args.seed)
     x = DTensor.from_seeded(mesh, source, seeded)
     with collect_trace() as trace:
+        began = perf_counter()
         y = redistribute(x, target, plan)
+        ended = perf_counter()
     verdict = y.check(seeded, rtol=0.0, atol=0.0)
+    if args.trace_out:
+        from ..runtime.trace_export import write_chrome_trace
+
+        write_chrome_trace(comm, trace, args.trace_out, began, ended)
     received = comm.allreduce(sum(e.bytes_received for e in trace.entries), op=MPI.MAX)
+    from ..runtime.ranked import gather_ranked
+
+    # Every rank's collectives, ranks with the same lines folded ("ranks 0-7: ...").
+    calls = gather_ranked(comm, [f"{(e.label or e.op).replace('redistribute', 'step', 1)}: sent "
+                                 f"{e.bytes_sent:,} B, received {e.bytes_received:,} B"
+                                 for e in trace.entries] or ["none"])
     if comm.Get_rank() == 0:
         if args.json:
-            record = plan.to_json()
+            record = plan_record(plan, args)
             record.update(passed=bool(verdict.passed), max_abs_error=float(verdict.max_abs_error),
                           measured_bytes_received_per_rank=int(received))
             print(json.dumps(record))
         else:
-            print(format_plan(plan))
-            print("collectives (rank 0):")
-            for e in trace.entries:
-                print(f"  {e.label}: {e.op} sent {e.bytes_sent:,} B, received {e.bytes_received:,} B")
+            print(plan_text(plan, args))
+            print("collectives:")
+            print("\n".join("  " + line for line in calls))
             print(f"measured bytes received per rank (max): {received:,} B")
             print(f"{verdict}  {'PASS' if verdict.passed else 'FAIL'}")
     return 0 if verdict.passed else 1

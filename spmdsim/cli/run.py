@@ -117,7 +117,23 @@ def _op(ops: Any, name: str, text: str) -> argparse.ArgumentParser:
     sub.add_argument("--explain", action="store_true",
                      help="print per rank the block of each tensor it holds and which collective runs and why")
     sub.add_argument("--json", action="store_true", help="print one JSON record instead")
+    add_trace_out(sub)
     return sub
+
+
+def add_trace_out(parser: argparse.ArgumentParser) -> None:
+    """--trace-out FILE (run, run redistribute, demo)."""
+    parser.add_argument("--trace-out", metavar="FILE",
+                        help="write a Chrome trace-event JSON file (one track per rank: local compute "
+                             "and each collective with its bytes) to open in ui.perfetto.dev")
+
+
+def check_trace_out(args: argparse.Namespace) -> None:
+    """Refuse an unwritable --trace-out before any work (the same error on every rank)."""
+    if getattr(args, "trace_out", None):
+        from .paths import check_output_file
+
+        check_output_file(args.trace_out, "--trace-out")
 
 
 def _add_redistribute(ops: Any) -> None:
@@ -279,7 +295,7 @@ def _operand_shapes(dims: Sequence[int], transpose_a: bool, transpose_b: bool,
 
 def _sbp_matmul_job(args: argparse.Namespace, comm: Any, dims: Sequence[int], common: dict,
                     flags: dict) -> Any:
-    """MatMul with OneFlow nD SBPs over a placement: axes p0, p1, ... (sbp_to_layout's names)."""
+    """MatMul with OneFlow nD SBPs over a placement: axes axis_0, axis_1, ... (sbp_to_layout's names)."""
     from ..demo import jobs
     from ..dialects.sbp import sbp_to_layout
 
@@ -298,7 +314,9 @@ def _sbp_matmul_job(args: argparse.Namespace, comm: Any, dims: Sequence[int], co
 
 def _run_op(args: argparse.Namespace, comm: Any) -> int:
     from ..demo.registry import explain_lines, rank_line, run_job
+    from ..runtime.ranked import gather_ranked, trace_lines
 
+    check_trace_out(args)
     try:
         job = _build(args, comm)
     except SpmdsimError as exc:
@@ -306,8 +324,13 @@ def _run_op(args: argparse.Namespace, comm: Any) -> int:
     explained = explain_lines(job) if args.explain else []
     result = run_job(job, comm)
     lines = comm.gather([rank_line(job, result.out)] + explained, root=0)
+    calls = gather_ranked(comm, trace_lines(result.entries))
+    if args.trace_out:
+        from ..runtime.trace_export import write_chrome_trace
+
+        write_chrome_trace(comm, result.entries, args.trace_out, *result.span)
     if comm.Get_rank() == 0:
-        print(report(job, result, lines, args.json))
+        print(report(job, result, lines, args.json, calls, explain=args.explain))
     return 0 if result.verdict.passed else 1
 
 
@@ -321,9 +344,14 @@ def _with_ways_out(exc: SpmdsimError, comm: Any) -> SpmdsimError:
     return type(exc)(f"{exc}{ways_out(int(found.group(1)))}")
 
 
-def report(job: Any, result: Any, rank_lines: list, as_json: bool = False) -> str:
-    """The text (or JSON) rank 0 prints for one run."""
+def report(job: Any, result: Any, rank_lines: list, as_json: bool = False,
+           calls: Sequence[str] | None = None, explain: bool = False) -> str:
+    """The text (or JSON) rank 0 prints for one run (`calls`: every rank's, folded; else rank 0's)."""
     import json
+
+    from ..demo.registry import explain_notes
+    from ..runtime.ranked import fold_ranked, trace_lines
+    from ..viz.table import nbytes, wrap_lines
 
     v, stats = result.verdict, result.stats
     if as_json:
@@ -335,13 +363,12 @@ def report(job: Any, result: Any, rank_lines: list, as_json: bool = False) -> st
     text = [f"{job.op}: {job.layouts} on {job.mesh.layout}"]
     for lines in rank_lines:
         text.extend(lines)
-    text.append("collectives (rank 0):")
-    live = [e for e in result.entries if e.group_size > 1]
-    for e in live:
-        text.append(f"  {e.op} over {e.axes!r} (group of {e.group_size}): "
-                    f"sent {e.bytes_sent} B, received {e.bytes_received} B")
-    if not live:
-        text.append("  none")
-    text.append(f"bytes sent per rank (max): {stats['bytes_sent_max']}")
+    if explain:
+        text.extend(explain_notes(job))
+    text.append("collectives:")
+    if calls is None:  # only this rank's trace at hand
+        calls = fold_ranked([trace_lines(result.entries)])
+    text.extend("  " + line for line in calls)
+    text.append(f"sent per rank (max): {nbytes(stats['bytes_sent_max'])}")
     text.append(f"max abs error: {float(v.max_abs_error):.3e}  {'PASS' if v.passed else 'FAIL'}")
-    return "\n".join(text)
+    return "\n".join(wrap_lines(text))

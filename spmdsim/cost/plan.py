@@ -6,6 +6,7 @@ of `spmdsim.cost.model` and prices it.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,8 +65,8 @@ def predict_plan(plan: Any, model: CostModel | None = None) -> tuple[StepPredict
             continue
         n = _buffer_bytes(op, g, moved)
         copied = _step_copied(step, plan, op, g)
-        seconds = model.predict(op, g, n) + model.predict_copy(copied)
-        out.append(StepPrediction(index, op, g, int(round(n)), seconds, copied))
+        seconds = model.predict(op, g, float(n)) + model.predict_copy(copied)
+        out.append(StepPrediction(index, op, g, round(n), seconds, copied))
     return tuple(out)
 
 
@@ -127,17 +128,19 @@ def _step_group_size(step: Any, plan: Any) -> int:
     raise SpmdsimError(f"plan step {step!r:.80} has no group size (group_size or axes)")
 
 
-def _as_max(value: Any) -> float | None:
+def _as_max(value: Any) -> int | float | None:
+    """A byte count, or the largest of one per rank; ints stay exact Python ints at any size."""
     if isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, (tuple, list)) and all(isinstance(v, (int, float)) for v in value):
-        return float(max(value, default=0))
+        return value
+    if isinstance(value, (tuple, list)) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        return max(value, default=0)
     return None
 
 
-def _step_bytes(step: Any) -> float:
+def _step_bytes(step: Any) -> int | float:
     """Bytes the busiest rank receives (or sends, if more) in this step."""
     found = [v for v in (_as_max(getattr(step, attr, None)) for attr in (
         "bytes_received", "bytes_sent", "bytes_per_rank", "recv_bytes", "send_bytes"))
@@ -171,8 +174,14 @@ def _exchange_peers(step: Any) -> int:
         return 1
 
 
-def _buffer_bytes(op: str, g: int, moved: float) -> float:
-    """Turn the bytes one rank moves into the collective buffer ``n`` of the formulas."""
+def _buffer_bytes(op: str, g: int, moved: int | float) -> Fraction:
+    """Turn the bytes one rank moves into the collective buffer ``n`` of the formulas.
+
+    A Fraction: exact at any size (a float quotient loses bytes past 2**53).
+    """
+    if isinstance(moved, float) and not math.isfinite(moved):
+        raise SpmdsimError(f"byte count {moved!r} must be a finite number")
+    moved = Fraction(moved)
     if op == "allreduce":
         return moved * g / (2 * (g - 1))
     if op == "bcast":

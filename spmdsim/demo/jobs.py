@@ -86,9 +86,14 @@ def matmul_job(
     out_layout: Optional[TensorLayout] = None, op: str = "MatMul",
 ) -> Job:
     """Y = op(X) @ op(W) for explicit layouts (X from `seed`, W from `seed + 1`)."""
+    from ..memory import matmul_job_need
     from ..ops.matmul import matmul, plan_matmul
+    from ..runtime.budget import check_memory
 
     mesh = _mesh(x_layout.layout, comm)
+    # Before any shard exists: refused alike on every rank when the peak does not fit.
+    check_memory(comm, op, *matmul_job_need(x_layout, w_layout, x_shape, w_shape, dtype, transpose_a,
+                                            transpose_b, out_layout), shape_flag="--shape")
     xs, ws = SeededTensor(x_shape, dtype, seed), SeededTensor(w_shape, dtype, seed + 1)
     x, w = _dtensor(mesh, x_layout, xs), _dtensor(mesh, w_layout, ws)
     plan, _ = plan_matmul(x, w, transpose_a=transpose_a, transpose_b=transpose_b,
@@ -253,9 +258,9 @@ def embedding_job(
                                  len(ids_shape))
             inputs["table"] = (spec.weight, (vocab, dim),
                                f"+ zero padding row (local {spec.local_weight_shape!r})")
-            start, stop = spec.vocab_range(mesh.rank)
-            zeros_why = (f"ids outside its rows [{start}, {stop}) look up its zero padding row, "
+            zeros_why = ("ids outside a rank's rows look up its zero padding row, "
                          f"local row {spec.padding_row}")
+            rows = spec.vocab_range(mesh.rank)
 
             def forward(ids: Any) -> Any:
                 return split(ids, (vocab, dim), "embedding", num_partitions=layout.num_devices,
@@ -264,10 +269,10 @@ def embedding_job(
             layer = VocabParallelEmbedding(mesh, vocab, dim, dtype=dtype, seed=seed + 1)
             op, forward = "VocabParallelEmbedding", layer
             inputs["table"] = layer.weight
+            rows = (layer.vocab_start_index, layer.vocab_end_index)
             # Megatron masks the ids out of range and zeroes their rows; spmdsim's layer gets
             # the same zeros from a zero row kept beside its weight (spmdsim.ops.embedding).
-            zeros_why = (f"ids outside its rows [{layer.vocab_start_index}, "
-                         f"{layer.vocab_end_index}) give zero rows: Megatron masks them and "
+            zeros_why = ("ids outside a rank's rows give zero rows: Megatron masks them and "
                          "zeroes their output; this layer reads the zeros from a zero row kept "
                          "beside the weight, as Paddle does")
     else:
@@ -283,9 +288,22 @@ def embedding_job(
                       + f" ({zeros_why})"))
     if plan.gather.collective:
         steps.append((plan.gather, f"embedding columns are split over {format_entry(plan.dim_axes)}"))
+    notes = (_lookup_note(ids.local, rows),) if mode == "vocab" else ()
     return Job(op, f"ids{short(ids_layout)} table{short(table_layout)} -> {short(plan.out)}",
                mesh, lambda: forward(ids), embedding_region(ids_src, table_src), inputs,
-               tuple(steps))
+               tuple(steps), notes=notes)
+
+
+def _lookup_note(ids: Any, rows: tuple[int, int], most: int = 8) -> str:
+    """Which ids one rank's vocab rows serve and what the others give (the first `most` ids)."""
+    start, stop = (int(v) for v in rows)
+    flat = [int(i) for i in ids.reshape(-1)]
+    shown = flat[:most]
+    mine = [i for i in shown if start <= i < stop]
+    more = f" (first {most} of {len(flat)})" if len(flat) > most else ""
+    found = f"{', '.join(map(str, mine))} in its rows" if mine else "none in its rows"
+    return (f"ids {shown}{more}: {found} [{start}, {stop}); the other "
+            f"{len(shown) - len(mine)} give zero rows")
 
 
 def mlp_job(

@@ -35,6 +35,7 @@ __all__ = [
     "run_job",
     "run_scenario",
     "explain_lines",
+    "explain_notes",
     "rank_line",
 ]
 
@@ -65,6 +66,7 @@ class Job:
         inputs: name -> input DTensor (for the local shapes `--explain` prints).
         steps: (collective, why) in the order the forward pass runs them.
         atol: absolute tolerance of the check (None: the runtime's default for the dtype).
+        notes: this rank's own `--explain` lines (what its local compute does), before its collectives.
     """
 
     op: str
@@ -75,6 +77,7 @@ class Job:
     inputs: Mapping[str, Any] = field(default_factory=dict)
     steps: tuple[tuple[Resolution, str], ...] = ()
     atol: Optional[float] = None
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -156,18 +159,23 @@ class JobRun:
     verdict: Any
     entries: tuple
     stats: dict
+    span: tuple[float, float] = (0.0, 0.0)  # perf_counter when the forward pass began and ended
 
 
 def run_job(job: Job, comm: Any) -> JobRun:
     """Run the forward pass under a trace, check it on every rank, reduce the trace, close the mesh."""
+    from time import perf_counter
+
     from ..runtime import collect_trace
 
     with collect_trace() as trace:
+        began = perf_counter()
         out = job.forward()
+        ended = perf_counter()
     verdict = out.check(job.reference, atol=job.atol)
     stats = trace.reduce(comm)
     job.mesh.close()
-    return JobRun(out, verdict, trace.entries, stats)
+    return JobRun(out, verdict, trace.entries, stats, (began, ended))
 
 
 def run_scenario(sc: Scenario, ctx: Context) -> Outcome:
@@ -198,15 +206,20 @@ def rank_line(job: Job, out: Any) -> str:
 
 
 def explain_lines(job: Job) -> list[str]:
-    """This rank's `--explain` text: each collective, over which ranks, and why."""
+    """This rank's `--explain` lines: each collective it joins and over which ranks."""
     mesh = job.mesh
+    lines = [f"  {note}" for note in job.notes]
     if not job.steps:
-        return ["  no communication: every rank's block of the result is final"]
-    lines = []
-    for res, why in job.steps:
+        return lines + ["  no communication: every rank's block of the result is final"]
+    for res, _ in job.steps:
         ranks = "{" + ",".join(str(r) for r in sorted(mesh.group_ranks(res.axes))) + "}"
-        lines.append(f"  {why}; {_NAMES.get(res.collective, res.collective)} over ranks {ranks}")
+        lines.append(f"  {_NAMES.get(res.collective, res.collective)} over ranks {ranks}")
     return lines
+
+
+def explain_notes(job: Job) -> list[str]:
+    """Why each collective of `job` runs, once for all ranks (`--explain`, after the rank lines)."""
+    return [f"why {_NAMES.get(res.collective, res.collective)}: {why}" for res, why in job.steps]
 
 
 _NAMES = {"allreduce": "Allreduce", "reduce_scatter": "Reduce_scatter", "allgather": "Allgather"}

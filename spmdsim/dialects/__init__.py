@@ -46,6 +46,7 @@ from .strategy import (
     parse_strategy,
     strategy_layout,
     strategy_of,
+    strategy_to_layout,
 )
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "MatMulLayouts",
     "parse_strategy",
     "format_strategy",
+    "strategy_to_layout",
     "strategy_layout",
     "matmul_layouts",
     "layout_to_strategy",

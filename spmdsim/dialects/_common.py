@@ -5,7 +5,7 @@ from collections.abc import Mapping, Set as AbstractSet
 from typing import Optional, Sequence
 
 from ..errors import DialectError
-from ..layout import TensorLayout
+from ..layout import TensorLayout, default_axis_names
 from ..validate import as_int  # shared with layouts, data and plans; re-exported for the dialects
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "split_top_level",
     "entry_tokens",
     "axis_names",
+    "renamed_keyword",
     "check_major_order",
 ]
 
@@ -82,14 +83,15 @@ def entry_tokens(value: object, what: str, expected: str, items: str, per: str,
     return tokens
 
 
-def split_top_level(text: str) -> list[str]:
-    """Split "S(0), (B), P" at commas outside parentheses; strip one outer pair of brackets.
+def split_top_level(text: str, unwrap: bool = True) -> list[str]:
+    """Split "S(0), (B), P" at commas outside brackets; first strip one outer pair (`unwrap`).
 
-    Raises ValueError (the caller turns it into a DialectError naming the text)
-    on unbalanced brackets.
+    The one bracket-aware splitter (dialects and the CLI's lists and tensor
+    maps). Raises ValueError (the caller turns it into an error naming the
+    text) on unbalanced brackets.
     """
     body = text.strip()
-    if len(body) >= 2 and body[0] + body[-1] in ("()", "[]") and _encloses(body):
+    if unwrap and len(body) >= 2 and body[0] + body[-1] in ("()", "[]") and _encloses(body):
         body = body[1:-1]
     parts, depth, start = [], 0, 0
     for i, ch in enumerate(body):
@@ -124,15 +126,30 @@ def _encloses(body: str) -> bool:
 
 
 def axis_names(
-    names: Optional[Sequence[str]], count: int, prefix: str, what: str
+    names: Optional[Sequence[str]], count: int, what: str = "mesh_axis_names"
 ) -> tuple[str, ...]:
-    """User-given mesh axis names, or `prefix0, prefix1, ...` when None."""
+    """User-given mesh axis names, or ``axis_0, axis_1, ...`` when None."""
     if names is None:
-        return tuple(f"{prefix}{i}" for i in range(count))
+        return default_axis_names(count)
     out = as_items(names)
-    if out is None or len(out) != count:
-        raise DialectError(f"{what} {names!r} must give one name per mesh axis ({count} axes)")
+    if out is None or len(out) != count or not all(isinstance(n, str) for n in out):
+        raise DialectError(f"{what} {names!r} must give one name per mesh axis ({count} axes), "
+                           "each a string")
     return tuple(out)
+
+
+def renamed_keyword(kwargs: dict, old: str, new: str, value: object, function: str) -> object:
+    """`value`, or the deprecated keyword `old` from `kwargs` (with a DeprecationWarning)."""
+    if old in kwargs:
+        from .._deprecated import deprecated
+
+        deprecated(f"{function}({old}=...)", f"{function}({new}=...)", stacklevel=4)
+        if value is not None:
+            raise DialectError(f"{function} got both {old}= and {new}=; expected only {new}=")
+        value = kwargs.pop(old)
+    if kwargs:
+        raise TypeError(f"{function}() got unexpected keyword arguments {sorted(kwargs)!r}")
+    return value
 
 
 def check_major_order(tl: TensorLayout, dialect: str, fix_hint: str) -> None:

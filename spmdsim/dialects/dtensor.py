@@ -4,7 +4,7 @@ Plain values mirroring ``torch.distributed.tensor.placement_types``; torch is
 never imported. One placement per device-mesh dim. ``Shard(d)`` on several
 mesh dims splits d with the lower mesh dim major (DTensor's default
 left-to-right order; its ``_StridedShard`` for other orders is not modelled).
-Mesh dims without names are called ``"mesh0", "mesh1", ...``.
+Mesh dims without names are called ``"axis_0", "axis_1", ...``.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from typing import Optional, Sequence, Union
 from ..errors import DialectError
 from ..layout import Layout, TensorLayout
 from ..validate import counted
-from ._common import as_int, axis_names, check_major_order, entry_tokens, positive_ints
+from ._common import (as_int, axis_names, check_major_order, entry_tokens, positive_ints,
+                      renamed_keyword)
 
 __all__ = [
     "Shard",
@@ -110,12 +111,17 @@ def placements_to_layout(
     placements: object,
     mesh_shape: Sequence[int],
     ndim: int,
-    mesh_dim_names: Optional[Sequence[str]] = None,
+    mesh_axis_names: Optional[Sequence[str]] = None,
+    **deprecated: object,
 ) -> TensorLayout:
     """TensorLayout of an `ndim`-dim DTensor with these placements on a mesh of `mesh_shape`.
 
     Only ``Partial("sum")`` is supported: spmdsim's partial axes hold pending sums.
+    Mesh dims are named ``"axis_0", "axis_1", ...`` unless `mesh_axis_names` is given
+    (``mesh_dim_names=`` is its deprecated name).
     """
+    mesh_axis_names = renamed_keyword(deprecated, "mesh_dim_names", "mesh_axis_names",
+                                      mesh_axis_names, "placements_to_layout")
     parsed = parse_placements(placements)
     shape = positive_ints(mesh_shape, "mesh shape")
     if len(parsed) != len(shape):
@@ -126,7 +132,7 @@ def placements_to_layout(
     dims = as_int(ndim)
     if dims is None or dims < 0:
         raise DialectError(f"ndim {ndim!r} must be a non-negative integer")
-    names = axis_names(mesh_dim_names, len(shape), "mesh", "mesh_dim_names")
+    names = axis_names(mesh_axis_names, len(shape))
     entries: list[list[str]] = [[] for _ in range(dims)]
     partial = []
     for mesh_dim, (name, item) in enumerate(zip(names, parsed)):

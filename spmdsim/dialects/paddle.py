@@ -20,15 +20,19 @@ asserts this; its embedding would give the last rank the remainder).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from ..errors import DialectError
+from ..datagen import SeededTensor
+from ..errors import DialectError, OperatorError
 from ..layout import Layout, TensorLayout
 from ._common import as_int, as_items, positive_int
 
-__all__ = ["MP_AXIS", "PaddleSplit", "split_layouts"]
+__all__ = ["MP_AXIS", "PaddleSplit", "split_layouts", "paddle_layout", "paddle_param", "ParamAttr"]
+
+#: What names a weight or bias: None/True (default seed), False (none), a seed or a SeededTensor.
+ParamAttr = Union[None, bool, int, SeededTensor]
 
 #: The single mesh axis of Paddle's model-parallel group.
 MP_AXIS = "mp"
@@ -184,3 +188,41 @@ def _check_divisible(shape: tuple[int, int], dim: int, parts: int, what: str) ->
             f"size[{dim}]={shape[dim]!r}, the {what}, is not divisible by "
             f"num_partitions={parts!r}"
         )
+
+
+def paddle_layout(num_partitions: int, world_size: int) -> Layout:
+    """("mp",) of size p, or ("dp", "mp") when the world has more ranks than p."""
+    parts, world = as_int(num_partitions), as_int(world_size)
+    if world is None or world <= 0:
+        raise OperatorError(f"world_size {world_size!r} must be a positive integer")
+    if parts is None:
+        raise OperatorError(f"num_partitions={num_partitions!r} must be a positive integer")
+    if parts <= 0 or world % parts:
+        raise OperatorError(
+            f"num_partitions={num_partitions!r} must divide the world size {world_size!r}"
+        )
+    num_partitions, world_size = parts, world
+    if num_partitions == world_size:
+        return Layout((num_partitions,), (MP_AXIS,))
+    return Layout((world_size // num_partitions, num_partitions), ("dp", MP_AXIS))
+
+
+def paddle_param(
+    attr: ParamAttr, shape: Sequence[int], dtype: str, default_seed: int
+) -> Optional[SeededTensor]:
+    """The SeededTensor a weight/bias attr names (None when `attr` is False)."""
+    if attr is False:
+        return None
+    if attr is None or attr is True:
+        return SeededTensor(tuple(shape), dtype, default_seed)
+    if as_int(attr) is not None:  # a seed: Python or numpy integer
+        return SeededTensor(tuple(shape), dtype, attr)
+    if isinstance(attr, SeededTensor):
+        if tuple(attr.shape) != tuple(shape):
+            raise OperatorError(
+                f"parameter of shape {attr.shape!r} does not match the expected {tuple(shape)!r}"
+            )
+        return attr
+    raise OperatorError(
+        f"parameter attr {attr!r} must be None, False, a seed or a SeededTensor"
+    )

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 from ..errors import DialectError
 from ..layout import Layout, TensorLayout
 from ..validate import counted
-from ._common import as_int, as_items, positive_ints
+from ._common import as_int, as_items, axis_names, positive_ints
 
 __all__ = ["partition_spec_to_layout", "layout_to_partition_spec", "format_partition_spec"]
 
@@ -46,29 +46,31 @@ def _entry(item: object, spec: object, names: tuple[str, ...], seen: set) -> tup
 
 def partition_spec_to_layout(
     spec: Sequence[object],
-    mesh_axis_names: Sequence[str],
     mesh_shape: Sequence[int],
     ndim: Optional[int] = None,
+    mesh_axis_names: Optional[Sequence[str]] = None,
 ) -> TensorLayout:
-    """TensorLayout of a tensor sharded by `spec` over a mesh of these axis names and sizes.
+    """TensorLayout of a tensor sharded by `spec` over a mesh of `mesh_shape`.
 
-    With `ndim`, a shorter spec is padded with None (JAX's trailing-dims rule).
+    Mesh axes are named ``"axis_0", "axis_1", ...`` unless `mesh_axis_names` is
+    given. With `ndim`, a shorter spec is padded with None (JAX's trailing-dims
+    rule). The old order ``(spec, mesh_axis_names, mesh_shape, ndim)`` still
+    works, with a DeprecationWarning.
     """
+    if as_items(mesh_shape) and all(isinstance(n, str) for n in as_items(mesh_shape)):
+        from .._deprecated import deprecated
+
+        deprecated("partition_spec_to_layout(spec, mesh_axis_names, mesh_shape, ndim)",
+                   "partition_spec_to_layout(spec, mesh_shape, ndim, mesh_axis_names)")
+        mesh_axis_names, mesh_shape, ndim = mesh_shape, ndim, mesh_axis_names
     entries = as_items(spec)
     if entries is None:
         raise DialectError(
             f"partition spec {spec!r} must be a tuple with one entry per tensor dim "
             f"({_ENTRY}), e.g. ('dp', None)"
         )
-    names_list = as_items(mesh_axis_names)
-    if names_list is None or not all(isinstance(n, str) for n in names_list):
-        raise DialectError(f"mesh axis names {mesh_axis_names!r} must be a sequence of strings")
-    names = tuple(names_list)
     shape = positive_ints(mesh_shape, "mesh shape")
-    if len(names) != len(shape):
-        raise DialectError(
-            f"mesh axis names {names!r} and mesh shape {shape!r} differ in length"
-        )
+    names = axis_names(mesh_axis_names, len(shape))
     if ndim is not None:
         dims = as_int(ndim)
         if dims is None or dims < 0:

@@ -1,8 +1,8 @@
 """OneFlow nD SBP (split / broadcast / partial_sum) as TensorLayouts.
 
-A placement of shape ``(p0, p1, ...)`` carries one SBP per placement axis:
+A placement (mesh) of shape ``(n0, n1, ...)`` carries one SBP per placement axis:
 ``B`` (broadcast), ``S(d)`` (split tensor dim d), ``P`` (partial_sum). The
-placement axes become mesh axes named ``"p0", "p1", ...``. ``S(d)`` on several
+placement axes become mesh axes named ``"axis_0", "axis_1", ...`` unless named. ``S(d)`` on several
 placement axes splits d with the lower placement axis major (OneFlow: first
 over groups, then within each group), so a layout whose multi-axis entry is
 in another order has no SBP spelling.
@@ -16,7 +16,8 @@ from typing import Optional, Sequence, Union
 from ..errors import DialectError
 from ..layout import Layout, TensorLayout
 from ..validate import counted
-from ._common import as_int, axis_names, check_major_order, entry_tokens, positive_ints
+from ._common import (as_int, axis_names, check_major_order, entry_tokens, positive_ints,
+                      renamed_keyword)
 
 __all__ = [
     "Broadcast",
@@ -27,6 +28,7 @@ __all__ = [
     "format_sbp",
     "sbp_to_layout",
     "layout_to_sbp",
+    "sbp_of_axis",
 ]
 
 
@@ -107,16 +109,20 @@ def format_sbp(sbp: object) -> str:
 
 def sbp_to_layout(
     sbp: object,
-    placement_shape: Sequence[int],
-    ndim: int,
+    mesh_shape: Optional[Sequence[int]] = None,
+    ndim: Optional[int] = None,
     mesh_axis_names: Optional[Sequence[str]] = None,
+    **deprecated: object,
 ) -> TensorLayout:
-    """TensorLayout of an `ndim`-dim tensor with nD SBP `sbp` on a placement of that shape.
+    """TensorLayout of an `ndim`-dim tensor with nD SBP `sbp` on a placement of `mesh_shape`.
 
-    Mesh axes are named ``"p0", "p1", ...`` unless `mesh_axis_names` is given.
+    Mesh axes are named ``"axis_0", "axis_1", ...`` unless `mesh_axis_names` is given.
+    (``placement_shape=`` is the deprecated name of `mesh_shape`.)
     """
+    mesh_shape = renamed_keyword(deprecated, "placement_shape", "mesh_shape", mesh_shape,
+                                 "sbp_to_layout")
     parsed = parse_sbp(sbp)
-    shape = positive_ints(placement_shape, "placement shape")
+    shape = positive_ints(mesh_shape, "placement shape")
     if len(parsed) != len(shape):
         raise DialectError(
             f"sbp {format_sbp(parsed)} has {len(parsed)} entries but placement shape "
@@ -125,7 +131,7 @@ def sbp_to_layout(
     dims = as_int(ndim)
     if dims is None or dims < 0:
         raise DialectError(f"ndim {ndim!r} must be a non-negative integer")
-    names = axis_names(mesh_axis_names, len(shape), "p", "mesh_axis_names")
+    names = axis_names(mesh_axis_names, len(shape))
     entries: list[list[str]] = [[] for _ in range(dims)]
     partial = []
     for axis, (name, item) in enumerate(zip(names, parsed)):
@@ -142,6 +148,14 @@ def sbp_to_layout(
     return Layout(shape, names)(*(tuple(e) for e in entries), partial=partial)
 
 
+def sbp_of_axis(tl: TensorLayout, axis: str) -> SBP:
+    """The SBP of one mesh axis in `tl`: Split(d) when it splits dim d, PartialSum or Broadcast."""
+    for tensor_dim, axes in enumerate(tl.tensor_map):
+        if axis in axes:
+            return Split(tensor_dim)
+    return PartialSum() if axis in tl.partial else Broadcast()
+
+
 def layout_to_sbp(tl: TensorLayout) -> tuple[SBP, ...]:
     """One SBP per mesh axis (in mesh-axis order) describing `tl`.
 
@@ -151,13 +165,4 @@ def layout_to_sbp(tl: TensorLayout) -> tuple[SBP, ...]:
     if not isinstance(tl, TensorLayout):
         raise DialectError(f"expected a TensorLayout, got {tl!r}")
     check_major_order(tl, "nD SBP", "reorder the tuple or permute the placement axes")
-    split_dim = {a: d for d, axes in enumerate(tl.tensor_map) for a in axes}
-    out: list[SBP] = []
-    for name in tl.layout.alias_name:
-        if name in tl.partial:
-            out.append(PartialSum())
-        elif name in split_dim:
-            out.append(Split(split_dim[name]))
-        else:
-            out.append(Broadcast())
-    return tuple(out)
+    return tuple(sbp_of_axis(tl, name) for name in tl.layout.alias_name)

@@ -5,8 +5,9 @@ A strategy gives, per input tensor, the number of slices of each tensor dim:
 and tensor maps from it; this module does the same with named axes:
 
 * one tensor, strategy ``(s_0, ..., s_{n-1})``: device matrix = the strategy,
-  axes ``"s0" ... "s{n-1}"``, tensor dim i split over ``"s{i}"`` (MindSpore's
-  tensor_map ``(n-1, ..., 0)`` in its right-to-left axis numbering);
+  axes ``"axis_0" ... "axis_{n-1}"`` (or names given), tensor dim i split over
+  ``"axis_{i}"`` (MindSpore's tensor_map ``(n-1, ..., 0)`` in its right-to-left
+  axis numbering);
 * MatMul ``((a, b), (b, c))``: device matrix ``(a, b, c)`` with axes
   ``("m", "k", "n")``; batched inputs add leading axes ``"batch0", ...``;
 * when the strategy uses fewer devices than the world, one repeated-calculation
@@ -18,12 +19,12 @@ from __future__ import annotations
 import ast
 import math
 from dataclasses import dataclass
-from typing import Sequence, Union
+from typing import Optional, Sequence, Union
 
 from ..errors import DialectError
 from ..layout import Layout, TensorLayout
 from ..validate import counted
-from ._common import as_int, as_items, positive_int
+from ._common import as_int, as_items, axis_names, positive_int
 
 __all__ = [
     "REP_AXIS",
@@ -31,6 +32,7 @@ __all__ = [
     "MatMulLayouts",
     "parse_strategy",
     "format_strategy",
+    "strategy_to_layout",
     "strategy_layout",
     "matmul_layouts",
     "layout_to_strategy",
@@ -130,12 +132,21 @@ def _device_layout(
     return Layout(matrix, names)
 
 
-def strategy_layout(strategy: StrategyLike, world_size: int) -> TensorLayout:
-    """TensorLayout of one tensor sharded by `strategy` on `world_size` ranks.
+def strategy_to_layout(
+    strategy: StrategyLike,
+    mesh_shape: Union[int, Sequence[int]],
+    ndim: Optional[int] = None,
+    mesh_axis_names: Optional[Sequence[str]] = None,
+) -> TensorLayout:
+    """TensorLayout of one tensor sharded by `strategy` on the ranks of `mesh_shape`.
 
-    Device matrix = strategy (axes ``"s0", "s1", ...``), tensor dim i split over
-    ``"s{i}"``, plus ``"rep"`` on the right when the strategy uses fewer ranks.
-    An empty strategy ``()`` is a scalar (only the "rep" axis).
+    MindSpore lays a strategy over a flat device list, so only the number of
+    ranks counts: `mesh_shape` is that number or any shape with that product.
+    Device matrix = strategy (axes ``"axis_0", "axis_1", ...`` or
+    `mesh_axis_names`, one per tensor dim), tensor dim i split over axis i,
+    plus ``"rep"`` on the right when the strategy uses fewer ranks. An empty
+    strategy ``()`` is a scalar (only the "rep" axis). `ndim`, when given, must
+    equal the strategy's length.
     """
     # () alone is ambiguous for parse_strategy (no inputs); here it can only be a scalar.
     parsed = ((),) if as_items(strategy) == [] else parse_strategy(strategy)
@@ -144,9 +155,22 @@ def strategy_layout(strategy: StrategyLike, world_size: int) -> TensorLayout:
             f"strategy {strategy!r} has {len(parsed)} inputs; expected one tensor's slice counts"
         )
     counts = parsed[0]
-    names = tuple(f"s{i}" for i in range(len(counts)))
-    layout = _device_layout(counts, names, world_size, f"strategy {counts!r}")
+    if ndim is not None and as_int(ndim) != len(counts):
+        raise DialectError(f"strategy {counts!r} has {counted(len(counts), 'dim')} but ndim is "
+                           f"{ndim!r}; expected one slice count per tensor dim")
+    names = axis_names(mesh_axis_names, len(counts))
+    shape = as_items(mesh_shape)
+    world = math.prod(positive_int(n, "mesh shape") for n in shape) if shape else mesh_shape
+    layout = _device_layout(counts, names, world, f"strategy {counts!r}")
     return layout(*names)
+
+
+def strategy_layout(strategy: StrategyLike, world_size: int) -> TensorLayout:
+    """Deprecated name of `strategy_to_layout` (goes in the next release)."""
+    from .._deprecated import deprecated
+
+    deprecated("strategy_layout(strategy, world_size)", "strategy_to_layout(strategy, mesh_shape)")
+    return strategy_to_layout(strategy, world_size)
 
 
 @dataclass(frozen=True)
@@ -254,5 +278,8 @@ def layout_to_strategy(tl: TensorLayout) -> tuple[int, ...]:
 
 
 def strategy_of(*layouts: TensorLayout) -> tuple[tuple[int, ...], ...]:
-    """The `.shard` strategy of several input layouts, e.g. ``strategy_of(m.x, m.w)``."""
+    """Deprecated: ``tuple(layout_to_strategy(tl) for tl in layouts)`` (goes in the next release)."""
+    from .._deprecated import deprecated
+
+    deprecated("strategy_of(*layouts)", "tuple(layout_to_strategy(tl) for tl in layouts)")
     return tuple(layout_to_strategy(tl) for tl in layouts)

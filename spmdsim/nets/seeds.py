@@ -23,7 +23,7 @@ from typing import Optional
 
 from ..datagen import SeededTensor
 from ..dialects.sbp import sbp_to_layout
-from ..dialects.strategy import format_strategy, matmul_layouts, strategy_layout
+from ..dialects.strategy import format_strategy, matmul_layouts, strategy_to_layout
 from ..errors import OperatorError
 from ..layout import Layout
 from .model import Network, flatten_stage, linear_stage, matmul_stage, paddle_stage, relu_stage
@@ -99,7 +99,7 @@ def _head(world_size: int, dtype: str, seed: int) -> tuple:
     """Input (data parallel over all devices) and Flatten, shared by both MindSpore networks."""
     images = SeededTensor(IMAGES, dtype, seed)
     dp = (world_size,) + (1,) * (len(IMAGES) - 1)
-    x_in = strategy_layout(dp, world_size)
+    x_in = strategy_to_layout(dp, world_size)
     return images, x_in, flatten_stage(x_in, IMAGES, how=f"data parallel {format_strategy(dp)}")
 
 
@@ -108,7 +108,7 @@ def _tail(world_size: int, dtype: str, seed: int, no_strategy: str) -> tuple:
     batch = IMAGES[0]
     if no_strategy not in NO_STRATEGY:
         raise OperatorError(f"no_strategy {no_strategy!r} must be one of {tuple(NO_STRATEGY)!r}")
-    relu2 = relu_stage("ReLU2", "shard(((8,1),))", strategy_layout((8, 1), world_size),
+    relu2 = relu_stage("ReLU2", "shard(((8,1),))", strategy_to_layout((8, 1), world_size),
                        (batch, HIDDEN))
     strategy = NO_STRATEGY[no_strategy] or ((world_size, 1), (1, 1))
     m3 = matmul_layouts(strategy, world_size)
@@ -130,7 +130,7 @@ def mindspore_tutorial(world_size: int = 8, dtype: str = "float32", seed: int = 
         flatten,
         matmul_stage("MatMul1", "shard(((2,4),(4,1)))", m1.x, m1.w, flatten.out_shape,
                      _weight((flatten.out_shape[1], HIDDEN), dtype, seed + 1)),
-        relu_stage("ReLU1", "shard(((4,1),))", strategy_layout((4, 1), world_size),
+        relu_stage("ReLU1", "shard(((4,1),))", strategy_to_layout((4, 1), world_size),
                    (batch, HIDDEN)),
         matmul_stage("MatMul2", "shard(((1,8),(8,1)))", m2.x, m2.w, (batch, HIDDEN),
                      _weight((HIDDEN, HIDDEN), dtype, seed + 2)),
@@ -152,7 +152,7 @@ def mindspore_layout(world_size: int = 8, dtype: str = "float32", seed: int = 0,
         matmul_stage("MatMul1", 'shard((layout("mp",("sp","dp")), layout(("sp","dp"),"None")))',
                      layout("mp", ("sp", "dp")), layout(("sp", "dp"), "None"),
                      flatten.out_shape, _weight((flatten.out_shape[1], HIDDEN), dtype, seed + 1)),
-        relu_stage("ReLU1", "shard(((4,1),))", strategy_layout((4, 1), world_size),
+        relu_stage("ReLU1", "shard(((4,1),))", strategy_to_layout((4, 1), world_size),
                    (batch, HIDDEN)),
         matmul_stage("MatMul2", 'shard((layout2("None","tp"), layout2("tp","None")))',
                      layout2("None", "tp"), layout2("tp", "None"), (batch, HIDDEN),
@@ -198,7 +198,7 @@ def oneflow_2d_sbp(world_size: int, dtype: str = "float32", seed: int = 0,
     broadcast weights each Linear is a local product: no communication, and the
     output keeps (B, S(0)). `weight_sbp` "S(1),B" gives the first Linear the
     seed's 2D signature instead (x (B, S(0)) times w (S(1), B) is y (S(1), S(0)),
-    here S(2) for the 3-d activations): its output columns are split over p0,
+    here S(2) for the 3-d activations): its output columns are split over axis_0,
     so the second Linear's broadcast weight needs them gathered first.
     """
     reason = oneflow_needs(world_size)
@@ -213,7 +213,7 @@ def oneflow_2d_sbp(world_size: int, dtype: str = "float32", seed: int = 0,
     features = x_shape[-1]
     x = sbp_to_layout("B,S(0)", placement, len(x_shape))
     broadcast_2d, broadcast_1d = sbp_to_layout("B,B", placement, 2), sbp_to_layout("B,B", placement, 1)
-    # The bias is split like the output's last dim: S(0) over p0 when the weight's columns are.
+    # The bias is split like the output's last dim: S(0) over axis_0 when the weight's columns are.
     w1 = sbp_to_layout(weight_sbp, placement, 2)
     b1 = broadcast_1d if weight_sbp == "B,B" else sbp_to_layout("S(0),B", placement, 1)
     lin1 = linear_stage("Linear1", f"nn.Linear({features}, {hidden}), w sbp ({weight_sbp})", x, w1,

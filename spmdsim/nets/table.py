@@ -70,9 +70,15 @@ def row_of(index: int, hop: Hop, per_rank: Sequence[Sequence[tuple]]) -> HopRow:
     return HopRow(index, hop, tuple(calls.items()), sent)
 
 
-def format_table(net: Network, rows: Sequence[HopRow], world_size: int) -> str:
-    """The text table with a totals line (bytes: the rank that sent most over the whole run)."""
-    head = ("#", "step", "device matrix", "layout in -> out", "collectives", "sent B/rank")
+def format_table(net: Network, rows: Sequence[HopRow], world_size: int, width: int | None = 100) -> str:
+    """The text table with a totals line (bytes: the rank that sent most over the whole run).
+
+    Long cells fold onto more lines to keep within `width` columns (None: one line per row).
+    """
+    from ..validate import counted
+    from ..viz.table import fold_table, nbytes, wrap_lines
+
+    head = ("#", "step", "device matrix", "layout in -> out", "collectives", "sent/rank")
     body = []
     for row in rows:
         hop = row.hop
@@ -82,14 +88,12 @@ def format_table(net: Network, rows: Sequence[HopRow], world_size: int) -> str:
         names = ",".join(hop.after.layout.alias_name)
         body.append((str(row.index), step, f"{matrix} ({names})",
                      f"{short_layout(hop.before)} -> {short_layout(hop.after)}",
-                     row.collectives_text(), str(row.max_sent)))
+                     row.collectives_text(), nbytes(row.max_sent)))
     totals = [sum(r.sent[rank] for r in rows) for rank in range(world_size)] if rows else [0]
     calls = sum(n for r in rows for _, n in r.calls)
-    body.append(("", "total", "", "", f"{calls} collective calls", str(max(totals))))
-    widths = [max(len(r[i]) for r in [head] + body) for i in range(len(head))]
-    lines = [f"{net.name}: {net.title}; input {net.source.shape} {net.source.dtype}, "
-             f"{world_size} ranks"]
-    for r in [head] + body:
-        cells = [c.rjust(w) if i in (0, 5) else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
-        lines.append("  ".join(cells).rstrip())
+    body.append(("", "total", "", "", counted(calls, "collective call"), nbytes(max(totals))))
+    title = (f"{net.name}: {net.title}; input {net.source.shape} {net.source.dtype}, "
+             f"{counted(world_size, 'rank')}")
+    lines = wrap_lines([title], width) if width else [title]
+    lines += fold_table(head, body, width=width, right=(0, 5), keep=(0,))
     return "\n".join(lines)

@@ -11,6 +11,7 @@ from .elementwise import activation, add, bias_add, gelu, relu, scale
 from .embedding import ParallelEmbedding, VocabParallelEmbedding, embedding
 from .linear import ColumnParallelLinear, RowParallelLinear, linear
 from .local import reshape, softmax, transpose
+from .losses import cross_entropy, mse_loss
 from .matmul import matmul
 from .mlp import ParallelMLP
 from .paddle_split import paddle_mesh, split
@@ -28,6 +29,8 @@ __all__ = [
     "transpose",
     "reshape",
     "softmax",
+    "mse_loss",
+    "cross_entropy",
     "ColumnParallelLinear",
     "RowParallelLinear",
     "VocabParallelEmbedding",

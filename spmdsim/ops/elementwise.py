@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from .. import reference
+from ..autograd import rules
 from ..errors import OperatorError, ShapeError
 from ._common import make_dtensor, operands_mesh, raise_if_not_dtensors, require_float
 from .infer import infer_add, infer_bias_add, infer_elementwise
@@ -28,7 +29,8 @@ def activation(x: Any, name: str) -> Any:
         raise
     if name == "gelu":  # max(x, 0) is exact on integers; GELU's values are not integers
         require_float(name, x.local)
-    return make_dtensor(x.mesh, fn(x.local), layout, x.global_shape)
+    out = make_dtensor(x.mesh, fn(x.local), layout, x.global_shape)
+    return out if x._ag is None else rules.record_activation(out, x, name)
 
 
 def relu(x: Any) -> Any:
@@ -59,7 +61,8 @@ def scale(x: Any, factor: Any) -> Any:
         factor_array = np.asarray(value, dtype=dtype)
     except OverflowError:
         raise OperatorError(f"scale factor {factor!r} does not fit dtype {dtype.name!r}") from None
-    return make_dtensor(x.mesh, x.local * factor_array, x.layout, x.global_shape)
+    out = make_dtensor(x.mesh, x.local * factor_array, x.layout, x.global_shape)
+    return out if x._ag is None else rules.record_scale(out, x, value)
 
 
 def add(a: Any, b: Any) -> Any:
@@ -72,7 +75,8 @@ def add(a: Any, b: Any) -> Any:
             "one shape (it does not broadcast; bias_add adds a vector along the last dim)"
         )
     layout = infer_add(a.layout, b.layout)
-    return make_dtensor(mesh, a.local + b.local, layout, a.global_shape)
+    out = make_dtensor(mesh, a.local + b.local, layout, a.global_shape)
+    return out if a._ag is None and b._ag is None else rules.record_add(out, a, b)
 
 
 def bias_add(x: Any, bias: Any) -> Any:
@@ -84,4 +88,5 @@ def bias_add(x: Any, bias: Any) -> Any:
             f"bias of shape {tuple(bias.global_shape)!r} does not match the last dim of "
             f"{tuple(x.global_shape)!r}"
         )
-    return make_dtensor(mesh, x.local + bias.local, layout, x.global_shape)
+    out = make_dtensor(mesh, x.local + bias.local, layout, x.global_shape)
+    return out if x._ag is None and bias._ag is None else rules.record_bias_add(out, x, bias)

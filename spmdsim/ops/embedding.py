@@ -21,6 +21,7 @@ from typing import Any, Iterable, Optional
 import numpy as np
 
 from .. import buffers
+from ..autograd.rules import record_embedding
 from ..datagen import SeededTensor
 from ..errors import OperatorError, ShapeError
 from ..reference import RegionFn, Source, check_ids, embedding_region
@@ -105,6 +106,7 @@ def embedding(
     """
     mesh = operands_mesh("embedding", ("ids", "table"), ids, table)
     plan, shape = plan_embedding(ids, table, gather_out=gather_out, reduce=reduce)
+    start = 0
     if plan.vocab_axes:
         start, _ = table.layout.bounds(mesh.rank, table.global_shape)[0]
         padded = pad_vocab_shard(table.local) if padded_local is None else padded_local
@@ -115,7 +117,10 @@ def embedding(
         local = table.local[ids.local]
     local = run_resolution(mesh, local, plan.reduce, label, owned=True)
     local = run_resolution(mesh, local, plan.gather, None if label is None else f"{label}.gather")
-    return make_dtensor(mesh, local, plan.out, shape)
+    out = make_dtensor(mesh, local, plan.out, shape)
+    if table._ag is not None:
+        record_embedding(out, ids, table, plan, start, label)
+    return out
 
 
 class VocabParallelEmbedding:
@@ -142,8 +147,11 @@ class VocabParallelEmbedding:
                                           int_arg(seed, "VocabParallelEmbedding seed", low=0))
         layout = mesh.layout(self.axes, None)
         layout.check_shape(self.weight_source.shape, "VocabParallelEmbedding table")
-        self.weight = seeded_dtensor(mesh, layout, self.weight_source)
-        self.padded_weight = pad_vocab_shard(self.weight.local)
+        shard = seeded_dtensor(mesh, layout, self.weight_source)
+        self.padded_weight = pad_vocab_shard(shard.local)
+        # The parameter's block is a view of the padded table, so an optimizer's
+        # in-place update reaches the lookups (the padding row stays zero).
+        self.weight = type(shard)(mesh, self.padded_weight[:-1], layout, shard.global_shape).requires_grad_()
         parts = mesh.layout.group_size(self.axes)
         index = mesh.layout.group_index(mesh.rank, self.axes)
         self.vocab_start_index, self.vocab_end_index = vocab_range(
@@ -178,7 +186,7 @@ class ParallelEmbedding:
                                           int_arg(seed, "ParallelEmbedding seed", low=0))
         layout = mesh.layout(None, self.axes)
         layout.check_shape(self.weight_source.shape, "ParallelEmbedding table")
-        self.weight = seeded_dtensor(mesh, layout, self.weight_source)
+        self.weight = seeded_dtensor(mesh, layout, self.weight_source).requires_grad_()
 
     def __call__(self, ids: Any, label: Optional[str] = "dim_embedding") -> Any:
         return embedding(ids, self.weight, gather_out=self.gather_output, label=label)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Iterable, Optional
 
+from ..autograd.rules import record_linear
 from ..datagen import SeededTensor
 from ..errors import OperatorError, ShapeError
 from ..layout import TensorLayout
@@ -91,7 +92,10 @@ def linear(
             local = add_bias(local, bias.local)
     gather_label = None if label is None else f"{label}.gather"
     local = run_resolution(mesh, local, plan.gather, gather_label)
-    return make_dtensor(mesh, local, plan.out, shape)
+    out = make_dtensor(mesh, local, plan.out, shape)
+    if x._ag is not None or weight._ag is not None or (bias is not None and bias._ag is not None):
+        record_linear(out, x, weight, bias, plan, label)
+    return out
 
 
 class _ParallelLinear:
@@ -113,12 +117,13 @@ class _ParallelLinear:
         # Checked here, where the message can say which tensor does not split.
         weight_layout = layout(*weight_map)
         weight_layout.check_shape(self.weight_source.shape, f"{name} weight W")
-        self.weight = seeded_dtensor(mesh, weight_layout, self.weight_source)
+        # Parameters: they get .grad from loss.backward() (spmdsim.autograd).
+        self.weight = seeded_dtensor(mesh, weight_layout, self.weight_source).requires_grad_()
         self.bias = None
         if bias:
             bias_layout = layout(*bias_map)
             bias_layout.check_shape(self.bias_source.shape, f"{name} bias b")
-            self.bias = seeded_dtensor(mesh, bias_layout, self.bias_source)
+            self.bias = seeded_dtensor(mesh, bias_layout, self.bias_source).requires_grad_()
 
     def _check_features(self, x: Any) -> None:
         """x's last dim against input_size, in the layer's terms (before the operator's K message)."""

@@ -14,6 +14,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from .. import reference
+from ..autograd import rules
 from ._common import make_dtensor, raise_if_not_dtensors, require_float
 from .infer import infer_softmax, infer_transpose
 from .infer_reshape import infer_reshape
@@ -29,7 +30,8 @@ def transpose(x: Any, perm: Optional[Sequence[int]] = None) -> Any:
         raise_if_not_dtensors("transpose", ("x",), x)
         raise
     # make_dtensor copies the permuted view into C order, as the collectives read it.
-    return make_dtensor(x.mesh, np.transpose(x.local, dims), layout, tuple(x.global_shape[d] for d in dims))
+    out = make_dtensor(x.mesh, np.transpose(x.local, dims), layout, tuple(x.global_shape[d] for d in dims))
+    return out if x._ag is None else rules.record_transpose(out, x, dims)
 
 
 def reshape(x: Any, shape: Any) -> Any:
@@ -43,7 +45,8 @@ def reshape(x: Any, shape: Any) -> Any:
     except AttributeError:
         raise_if_not_dtensors("reshape", ("x",), x)
         raise
-    return make_dtensor(x.mesh, x.local.reshape(layout.local_shape(new_shape)), layout, new_shape)
+    out = make_dtensor(x.mesh, x.local.reshape(layout.local_shape(new_shape)), layout, new_shape)
+    return out if x._ag is None else rules.record_reshape(out, x)
 
 
 def softmax(x: Any, dim: int = -1) -> Any:
@@ -54,4 +57,5 @@ def softmax(x: Any, dim: int = -1) -> Any:
         raise_if_not_dtensors("softmax", ("x",), x)
         raise
     require_float("softmax", x.local)
-    return make_dtensor(x.mesh, reference.softmax(x.local, d), layout, x.global_shape)
+    out = make_dtensor(x.mesh, reference.softmax(x.local, d), layout, x.global_shape)
+    return out if x._ag is None else rules.record_softmax(out, x, d)

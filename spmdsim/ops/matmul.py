@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ..autograd.rules import record_matmul
 from ..errors import OperatorError
 from ..layout import TensorLayout
 from ._common import (
@@ -83,4 +84,7 @@ def matmul(
     local = local_matmul(a, b)
     refuse_bool_sum("matmul", local, "a product sums over K")
     local = run_resolution(mesh, local, plan.resolution, label, owned=True)
-    return make_dtensor(mesh, local, plan.out, shape)
+    out = make_dtensor(mesh, local, plan.out, shape)
+    if x._ag is not None or w._ag is not None:  # the one check autograd costs a forward
+        record_matmul(out, x, w, plan, bool(transpose_a), bool(transpose_b), label)
+    return out

@@ -16,35 +16,15 @@ so a reference can rebuild them. ``bias_attr=False`` means no bias.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence
 
 from ..datagen import SeededTensor
-from ..dialects.paddle import MP_AXIS, split_layouts
+# The pure part (layouts, parameters) lives in the dialect; importable from here as before.
+from ..dialects.paddle import MP_AXIS, ParamAttr, paddle_layout, paddle_param, split_layouts
 from ..errors import OperatorError
-from ..layout import Layout
-from ..validate import as_int
 from ._common import check_dtensor, scatter_local, seeded_dtensor
 
 __all__ = ["split", "paddle_mesh", "paddle_layout", "paddle_param"]
-
-ParamAttr = Union[None, bool, int, SeededTensor]
-
-
-def paddle_layout(num_partitions: int, world_size: int) -> Layout:
-    """("mp",) of size p, or ("dp", "mp") when the world has more ranks than p."""
-    parts, world = as_int(num_partitions), as_int(world_size)
-    if world is None or world <= 0:
-        raise OperatorError(f"world_size {world_size!r} must be a positive integer")
-    if parts is None:
-        raise OperatorError(f"num_partitions={num_partitions!r} must be a positive integer")
-    if parts <= 0 or world % parts:
-        raise OperatorError(
-            f"num_partitions={num_partitions!r} must divide the world size {world_size!r}"
-        )
-    num_partitions, world_size = parts, world
-    if num_partitions == world_size:
-        return Layout((num_partitions,), (MP_AXIS,))
-    return Layout((world_size // num_partitions, num_partitions), ("dp", MP_AXIS))
 
 
 def paddle_mesh(num_partitions: int, comm: Any = None) -> Any:
@@ -60,27 +40,6 @@ def paddle_mesh(num_partitions: int, comm: Any = None) -> Any:
         if not isinstance(comm, MPI.Intracomm):
             raise OperatorError(f"comm {comm!r} must be an MPI intracommunicator (default COMM_WORLD)")
     return Mesh(paddle_layout(num_partitions, comm.Get_size()), comm)
-
-
-def paddle_param(
-    attr: ParamAttr, shape: Sequence[int], dtype: str, default_seed: int
-) -> Optional[SeededTensor]:
-    """The SeededTensor a weight/bias attr names (None when `attr` is False)."""
-    if attr is False:
-        return None
-    if attr is None or attr is True:
-        return SeededTensor(tuple(shape), dtype, default_seed)
-    if as_int(attr) is not None:  # a seed: Python or numpy integer
-        return SeededTensor(tuple(shape), dtype, attr)
-    if isinstance(attr, SeededTensor):
-        if tuple(attr.shape) != tuple(shape):
-            raise OperatorError(
-                f"parameter of shape {attr.shape!r} does not match the expected {tuple(shape)!r}"
-            )
-        return attr
-    raise OperatorError(
-        f"parameter attr {attr!r} must be None, False, a seed or a SeededTensor"
-    )
 
 
 def _mp_axis(mesh: Any, num_partitions: int) -> str:

@@ -13,6 +13,7 @@ Different device matrices are first rewritten on a common refined mesh.
 from __future__ import annotations
 
 import itertools
+import math
 from functools import cache, lru_cache
 from typing import Optional, Sequence
 
@@ -144,7 +145,8 @@ class _Sizes:
     def local(self, tl: TensorLayout) -> int:
         key = (tl.layout, tl.tensor_map)
         if key not in self._local:
-            self._local[key] = int(np.prod(tl.local_shape(self.shape))) * self.itemsize
+            # math.prod: exact Python ints at any size (np.prod wraps past 2**63).
+            self._local[key] = math.prod(tl.local_shape(self.shape)) * self.itemsize
         return self._local[key]
 
     def uniform(self, cls, before, after, axes, per_rank: int, **extra) -> Step:

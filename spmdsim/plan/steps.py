@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from ..dialects.sbp import sbp_of_axis
 from ..layout import TensorLayout
 
 __all__ = [
@@ -46,11 +47,8 @@ Transfer = tuple[int, int, tuple[tuple[int, int], ...]]
 
 
 def placement(tl: TensorLayout, axis: str) -> str:
-    """Short SBP-style placement of one mesh axis in `tl`: S(d), P or B."""
-    for tensor_dim, axes in enumerate(tl.tensor_map):
-        if axis in axes:
-            return f"S({tensor_dim})"
-    return "P" if axis in tl.partial else "B"
+    """Short SBP-style placement of one mesh axis in `tl`: S(d), P or B (the SBP dialect's text)."""
+    return str(sbp_of_axis(tl, axis))
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ def _uncovered(region: Box, covers: list[Box]) -> int:
         for box in covers:
             a, b = box[dim]
             points.update(p for p in (a, b) if lo < p < hi)
-        cuts.append(np.array(sorted(points)))
+        cuts.append(_coordinates(sorted(points)))
     covered = np.zeros(tuple(len(c) - 1 for c in cuts), dtype=bool)
     for box in covers:
         index = tuple(
@@ -79,12 +79,23 @@ def _uncovered(region: Box, covers: list[Box]) -> int:
             for c, (a, b) in zip(cuts, box)
         )
         covered[index] = True
-    widths = np.ones(covered.shape, dtype=np.int64)
+    # int64 while the region's size fits (the usual case), exact Python ints past it.
+    exact = box_size(region) >= _INT64_LIMIT
+    widths = np.ones(covered.shape, dtype=object if exact else np.int64)
     for dim, c in enumerate(cuts):
         shape = [1] * len(cuts)
         shape[dim] = len(c) - 1
-        widths = widths * np.diff(c).reshape(shape)
+        step = np.diff(c.astype(object) if exact else c)
+        widths = widths * step.reshape(shape)
     return int(widths[~covered].sum())
+
+
+_INT64_LIMIT = 2 ** 63
+
+
+def _coordinates(points: list[int]) -> np.ndarray:
+    """Sorted cut points as an int64 array, or an object array of Python ints past int64."""
+    return np.array(points, dtype=object if points[-1] >= _INT64_LIMIT else np.int64)
 
 
 def _kept_and_new(source: TensorLayout, target: TensorLayout) -> tuple[set, tuple, bool]:

@@ -32,6 +32,9 @@ __all__ = [
     "prepare_allgather",
     "prepare_reduce_scatter",
     "prepare_alltoall",
+    "print_ranked",
+    "rank_ordered",
+    "write_chrome_trace",
 ]
 
 _WHERE = {
@@ -57,6 +60,9 @@ _WHERE = {
     "prepare_allgather": "prepared",
     "prepare_reduce_scatter": "prepared",
     "prepare_alltoall": "prepared",
+    "print_ranked": "ranked",
+    "rank_ordered": "ranked",
+    "write_chrome_trace": "trace_export",
 }
 
 

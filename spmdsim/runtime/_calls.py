@@ -9,18 +9,18 @@ number with runtime.debug's divergence guard, and the mesh's wait mode
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
 from .. import buffers
-from ..errors import ShapeError
+from ..errors import DTypeError, ShapeError
 from ..validate import SUPPORTED_DTYPES, counted
 from . import debug
-from .mesh import Mesh
+from .mesh import Mesh, normalize_axes
 from .wait import polite_wait
 
-__all__ = ["moved_bytes", "comm_axes"]
+__all__ = ["moved_bytes", "normalize_axes"]
 
 _empty = buffers.empty  # placed in the page for MPI's copies (spmdsim.buffers)
 # debug's settings and call counter, read without a call on the hot paths
@@ -65,10 +65,6 @@ def moved_bytes(op: str, group_size: int, local_nbytes: int) -> int:
     raise ValueError(f"no byte formula for {op!r}")
 
 
-def comm_axes(axes: str | Iterable[str]) -> tuple[str, ...]:
-    return (axes,) if isinstance(axes, str) else tuple(axes)
-
-
 def _result(out: np.ndarray | None, shape: tuple, dtype: np.dtype, op: str) -> np.ndarray:
     """A new result array, or the caller's `out` after checking it can take the result."""
     if out is None:
@@ -101,12 +97,12 @@ def _check_dtype(op: str, dtype: np.dtype) -> None:
     if dtype.kind in (_SUMMABLE if sums else _MOVABLE) and dtype.isnative:
         return
     if not dtype.isnative:
-        raise ShapeError(f"{op}: dtype {dtype.str!r} is not in native byte order; convert the array "
+        raise DTypeError(f"{op}: dtype {dtype.str!r} is not in native byte order; convert the array "
                          f"with .astype({dtype.newbyteorder('=').name!r}) first")
     if sums and dtype.kind in _MOVABLE:
-        raise ShapeError(f"{op}: cannot sum dtype {dtype.name!r}; expected an integer, float or "
+        raise DTypeError(f"{op}: cannot sum dtype {dtype.name!r}; expected an integer, float or "
                          "complex dtype (bool and text can be moved, not summed)")
-    raise ShapeError(f"{op}: MPI cannot send dtype {dtype.str!r} ({dtype.name}); expected a numeric "
+    raise DTypeError(f"{op}: MPI cannot send dtype {dtype.str!r} ({dtype.name}); expected a numeric "
                      f"dtype: {SUPPORTED_DTYPES}")
 
 
@@ -126,7 +122,7 @@ def _begin(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, x: Any, extra: tup
         return seq
     if g > 1 and debug.check_enabled():
         shape = None if x is None else np.shape(x)
-        debug.verify(comm, op, comm_axes(axes), dtype if x is None else np.asarray(x).dtype,
+        debug.verify(comm, op, normalize_axes(axes), dtype if x is None else np.asarray(x).dtype,
                      shape, extra, seq, mesh.polite)
     return seq
 
@@ -135,7 +131,7 @@ def _run(mesh: Mesh, seq: int, op: str, axes: Any, blocking: Any, nonblocking: A
     """Run one collective with the mesh's wait mode (and the watchdog when it is on)."""
     if not _DEBUG.quiet and debug.watchdog_seconds() is not None:
         # The bound method's communicator: the watchdog asks that group who is missing.
-        debug.wait(nonblocking(*args), op, comm_axes(axes), seq, mesh.polite,
+        debug.wait(nonblocking(*args), op, normalize_axes(axes), seq, mesh.polite,
                    comm=getattr(nonblocking, "__self__", None))
     elif mesh.polite:
         polite_wait(nonblocking(*args))

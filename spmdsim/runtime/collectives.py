@@ -30,11 +30,11 @@ from typing import Any, Iterable
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import ShapeError
+from ..errors import RankError, ShapeError
 from ..validate import as_int
 from . import debug
 from ._calls import (_DEBUG, _begin, _check_dtype, _contig, _copy_into, _dim, _divisible, _empty, _result, _run,
-                     comm_axes, moved_bytes)
+                     normalize_axes, moved_bytes)
 from .exchange import alltoallv, exchange  # the whole-mesh exchanges, importable from here as before
 from .mesh import Mesh
 from .trace import OPEN_TRACES as _TRACES
@@ -74,7 +74,8 @@ def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int
               label: str | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """Concatenate every member's `local` along `tensor_dim`, in group order (into `out` if given)."""
     comm, g, _ = mesh.group_info(axes)
-    if type(local) is _ndarray and tensor_dim == 0 and g > 1 and (_DEBUG.quiet or debug.quiet()):
+    if (type(local) is _ndarray and tensor_dim == 0 and g > 1 and (_DEBUG.quiet or debug.quiet())
+            and mesh.algorithms is None):
         shape = local.shape
         dst = (_lean_result(out, (shape[0] * g,) + shape[1:], local.dtype)
                if shape and local.flags.carray else None)
@@ -96,7 +97,7 @@ def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int
     d = _dim(tensor_dim, x.ndim, "tensor_dim")
     seq = _begin(mesh, comm, g, "allgather", axes, x, (d,))
     if g == 1:
-        record("allgather", comm_axes(axes), 1, 0, 0, 0.0, label)
+        record("allgather", normalize_axes(axes), 1, 0, 0, 0.0, label)
         return x if out is None else _copy_into(out, x, "allgather")
     t0 = perf_counter()
     shape = x.shape
@@ -104,7 +105,7 @@ def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int
     copied = 0
     if d == 0 or math.prod(shape[:d]) == 1:
         out = _result(out, out_shape, x.dtype, "allgather")
-        _run(mesh, seq, "allgather", axes, comm.Allgather, comm.Iallgather, x, out)
+        how = _exec(mesh, seq, "allgather", axes, comm.Allgather, comm.Iallgather, x, out)
     else:
         # Receive blocks side by side, then one copy puts them along tensor_dim.
         # A new result is made after the MPI call: work before it delays the
@@ -112,13 +113,14 @@ def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int
         # caller's `out` is still checked before.
         out = None if out is None else _result(out, out_shape, x.dtype, "allgather")
         recv = mesh.scratch("recv", (g,) + shape, x.dtype)
-        _run(mesh, seq, "allgather", axes, comm.Allgather, comm.Iallgather, x, recv)
+        how = _exec(mesh, seq, "allgather", axes, comm.Allgather, comm.Iallgather, x, recv)
         if out is None:
             out = _empty(out_shape, x.dtype)
         _blocks(out, d, g)[...] = recv.reshape(g, math.prod(shape[:d]), math.prod(shape[d:])).swapaxes(0, 1)
         copied = out.nbytes
     moved = moved_bytes("allgather", g, x.nbytes)
-    record("allgather", comm_axes(axes), g, moved, moved, perf_counter() - t0, label, copied)
+    op, sent, received = how or ("allgather", moved, moved)
+    record(op, normalize_axes(axes), g, sent, received, perf_counter() - t0, label, copied)
     return out
 
 
@@ -127,7 +129,7 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
     """Split `local` along split_dim into g blocks, send block j to member j, concat along concat_dim."""
     comm, g, _ = mesh.group_info(axes)
     if (type(local) is _ndarray and split_dim == 0 and concat_dim == 0 and g > 1
-            and (_DEBUG.quiet or debug.quiet())):
+            and (_DEBUG.quiet or debug.quiet()) and mesh.algorithms is None):
         shape = local.shape
         dst = (_lean_result(out, shape, local.dtype)
                if shape and not shape[0] % g and local.flags.carray else None)
@@ -151,7 +153,7 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
     _divisible(x.shape, s, g, "alltoall")
     seq = _begin(mesh, comm, g, "alltoall", axes, x, (s, c))
     if g == 1:
-        record("alltoall", comm_axes(axes), 1, 0, 0, 0.0, label)
+        record("alltoall", normalize_axes(axes), 1, 0, 0, 0.0, label)
         return x if out is None else _copy_into(out, x, "alltoall")
     t0 = perf_counter()
     block_shape = x.shape[:s] + (x.shape[s] // g,) + x.shape[s + 1:]
@@ -160,18 +162,19 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
     direct = c == 0 or math.prod(block_shape[:c]) == 1
     if direct:
         out = _result(out, out_shape, x.dtype, "alltoall")
-        _run(mesh, seq, "alltoall", axes, comm.Alltoall, comm.Ialltoall, send, out)
+        how = _exec(mesh, seq, "alltoall", axes, comm.Alltoall, comm.Ialltoall, send, out)
     else:
         out = None if out is None else _result(out, out_shape, x.dtype, "alltoall")
         recv = mesh.scratch("recv", (g,) + block_shape, x.dtype)
-        _run(mesh, seq, "alltoall", axes, comm.Alltoall, comm.Ialltoall, send, recv)
+        how = _exec(mesh, seq, "alltoall", axes, comm.Alltoall, comm.Ialltoall, send, recv)
         if out is None:  # made after the MPI call, as in allgather
             out = _empty(out_shape, x.dtype)
         outer = math.prod(block_shape[:c])
         _blocks(out, c, g)[...] = recv.reshape(g, outer, math.prod(block_shape[c:])).swapaxes(0, 1)
     copied = (0 if send is x else x.nbytes) + (0 if direct else out.nbytes)
     moved = moved_bytes("alltoall", g, x.nbytes)
-    record("alltoall", comm_axes(axes), g, moved, moved, perf_counter() - t0, label, copied)
+    op, sent, received = how or ("alltoall", moved, moved)
+    record(op, normalize_axes(axes), g, sent, received, perf_counter() - t0, label, copied)
     return out
 
 
@@ -183,7 +186,8 @@ def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | No
     which spares the page faults of fresh memory on every call.
     """
     comm, g, _ = mesh.group_info(axes)
-    if g > 1 and type(local) is _ndarray and local.flags.c_contiguous and (_DEBUG.quiet or debug.quiet()):
+    if (g > 1 and type(local) is _ndarray and local.flags.c_contiguous and (_DEBUG.quiet or debug.quiet())
+            and mesh.algorithms is None):
         if out is local:
             dst, send = (local, _IN_PLACE) if local.flags.writeable else (None, None)
         else:
@@ -205,15 +209,16 @@ def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | No
     x = _contig(local)
     seq = _begin(mesh, comm, g, "allreduce", axes, x, ())
     if g == 1:
-        record("allreduce", comm_axes(axes), 1, 0, 0, 0.0, label)
+        record("allreduce", normalize_axes(axes), 1, 0, 0, 0.0, label)
         return x if out is None or out is x else _copy_into(out, x, "allreduce")
     t0 = perf_counter()
     in_place = out is x
     out = _result(out, x.shape, x.dtype, "allreduce")
     send = _IN_PLACE if in_place else x
-    _run(mesh, seq, "allreduce", axes, comm.Allreduce, comm.Iallreduce, send, out, _SUM)
+    how = _exec(mesh, seq, "allreduce", axes, comm.Allreduce, comm.Iallreduce, send, out, _SUM)
     moved = moved_bytes("allreduce", g, x.nbytes)
-    record("allreduce", comm_axes(axes), g, moved, moved, perf_counter() - t0, label)
+    op, sent, received = how or ("allreduce", moved, moved)
+    record(op, normalize_axes(axes), g, sent, received, perf_counter() - t0, label)
     return out
 
 
@@ -221,7 +226,8 @@ def reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim
                    label: str | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """Sum over the group, keeping this member's block (group order) along `tensor_dim`."""
     comm, g, _ = mesh.group_info(axes)
-    if type(local) is _ndarray and tensor_dim == 0 and g > 1 and (_DEBUG.quiet or debug.quiet()):
+    if (type(local) is _ndarray and tensor_dim == 0 and g > 1 and (_DEBUG.quiet or debug.quiet())
+            and mesh.algorithms is None):
         shape = local.shape
         dst = (_lean_result(out, (shape[0] // g,) + shape[1:], local.dtype)
                if shape and not shape[0] % g and local.flags.carray else None)
@@ -244,16 +250,17 @@ def reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim
     _divisible(x.shape, d, g, "reduce_scatter")
     seq = _begin(mesh, comm, g, "reduce_scatter", axes, x, (d,))
     if g == 1:
-        record("reduce_scatter", comm_axes(axes), 1, 0, 0, 0.0, label)
+        record("reduce_scatter", normalize_axes(axes), 1, 0, 0, 0.0, label)
         return x if out is None else _copy_into(out, x, "reduce_scatter")
     t0 = perf_counter()
     out_shape = x.shape[:d] + (x.shape[d] // g,) + x.shape[d + 1:]
     send = _send_blocks(mesh, x, d, g)
     out = _result(out, out_shape, x.dtype, "reduce_scatter")
-    _run(mesh, seq, "reduce_scatter", axes, comm.Reduce_scatter_block, comm.Ireduce_scatter_block, send, out, _SUM)
+    how = _exec(mesh, seq, "reduce_scatter", axes, comm.Reduce_scatter_block, comm.Ireduce_scatter_block,
+                send, out, _SUM)
     moved = moved_bytes("reduce_scatter", g, x.nbytes)
-    record("reduce_scatter", comm_axes(axes), g, moved, moved, perf_counter() - t0, label,
-           0 if send is x else x.nbytes)
+    op, sent, received = how or ("reduce_scatter", moved, moved)
+    record(op, normalize_axes(axes), g, sent, received, perf_counter() - t0, label, 0 if send is x else x.nbytes)
     return out
 
 
@@ -267,7 +274,8 @@ def bcast(mesh: Mesh, local: Any, axes: str | Iterable[str], root: int = 0,
     comm, g, me = mesh.group_info(axes)
     if type(root) is not int or not 0 <= root < g:
         root = _group_root(root, g, axes)
-    if g > 1 and type(local) is _ndarray and local.flags.carray and (_DEBUG.quiet or debug.quiet()):
+    if (g > 1 and type(local) is _ndarray and local.flags.carray and (_DEBUG.quiet or debug.quiet())
+            and mesh.algorithms is None):
         t0 = perf_counter() if _TRACES else 0.0
         try:  # costs nothing until mpi4py refuses the buffer
             if mesh.polite:
@@ -280,31 +288,44 @@ def bcast(mesh: Mesh, local: Any, axes: str | Iterable[str], root: int = 0,
         _DEBUG.seq += 1
         if _TRACES:
             n = local.nbytes
-            record("bcast", comm_axes(axes), g, n if me == root else 0, 0 if me == root else n,
+            record("bcast", normalize_axes(axes), g, n if me == root else 0, 0 if me == root else n,
                    perf_counter() - t0, label)
         return local
     seq = _begin(mesh, comm, g, "bcast", axes, local, (root,))
     if g == 1:
-        record("bcast", comm_axes(axes), 1, 0, 0, 0.0, label)
+        record("bcast", normalize_axes(axes), 1, 0, 0, 0.0, label)
         return _contig(local)
     t0 = perf_counter()
     buf = local
     if not (type(buf) is np.ndarray and buf.flags.c_contiguous and buf.flags.writeable):
         buf = np.array(local, order="C")
-    _run(mesh, seq, "bcast", axes, comm.Bcast, comm.Ibcast, buf, root)
+    how = _exec(mesh, seq, "bcast", axes, comm.Bcast, comm.Ibcast, buf, root)
     n = buf.nbytes
-    record("bcast", comm_axes(axes), g, n if me == root else 0, 0 if me == root else n,
-           perf_counter() - t0, label)
+    op, sent, received = how or ("bcast", n if me == root else 0, 0 if me == root else n)
+    record(op, normalize_axes(axes), g, sent, received, perf_counter() - t0, label)
     return buf
+
+
+def _exec(mesh: Mesh, seq: int, op: str, axes: Any, blocking: Any, nonblocking: Any,
+          *args: Any) -> tuple[str, int, int] | None:
+    """MPI's collective (None), or the algorithm `mesh.algorithms` names for `op`: its trace
+    name ("allreduce[ring]") and this rank's real bytes sent and received."""
+    algorithm = mesh.algorithms and mesh.algorithms.get(op)
+    if not algorithm:
+        _run(mesh, seq, op, axes, blocking, nonblocking, *args)
+        return None
+    from .algorithms import emulate
+
+    return emulate(mesh, op, algorithm, blocking.__self__, *args, label="axes " + ",".join(normalize_axes(axes)))
 
 
 def _group_root(root: Any, g: int, axes: Any) -> int:
     """`root` as an int group rank, or the ShapeError every member raises alike."""
     index = as_int(root)
     if index is None:
-        raise ShapeError(f"bcast root {root!r} must be an integer group rank (0 <= root < {g})")
+        raise RankError(f"bcast root {root!r} must be an integer group rank (0 <= root < {g})")
     if not 0 <= index < g:
-        raise ShapeError(f"bcast root {root!r} is outside the group of {g} ranks over {comm_axes(axes)!r}")
+        raise RankError(f"bcast root {root!r} is outside the group of {g} ranks over {normalize_axes(axes)!r}")
     return index
 
 
@@ -321,4 +342,4 @@ def _lean_result(out: np.ndarray | None, shape: tuple, dtype: np.dtype) -> np.nd
 
 def _record_lean(op: str, axes: Any, g: int, local_nbytes: int, t0: float, label: str | None) -> None:
     moved = moved_bytes(op, g, local_nbytes)
-    record(op, comm_axes(axes), g, moved, moved, perf_counter() - t0, label)
+    record(op, normalize_axes(axes), g, moved, moved, perf_counter() - t0, label)

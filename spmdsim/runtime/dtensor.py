@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import buffers
 from ..datagen import SeededTensor
-from ..errors import LayoutError, ShapeError
+from ..errors import DTypeError, LayoutError, RankError, ShapeError
 from ..layout import TensorLayout
 from ..validate import as_int, dtype_arg, tolerance_arg
 from . import collectives, debug
@@ -45,10 +45,11 @@ class DTensor:
 
     Attributes: ``mesh``, ``local`` (this rank's shard), ``layout``,
     ``global_shape``, ``dtype``, ``partial`` and ``slices`` (this rank's region
-    of the global tensor).
+    of the global tensor); ``requires_grad`` and ``grad`` (docs/training.md).
     """
 
-    __slots__ = ("_mesh", "_local", "_layout", "_shape")
+    # _ag: autograd's record (None, a Leaf or a Node; spmdsim.autograd), None unless asked for.
+    __slots__ = ("_mesh", "_local", "_layout", "_shape", "_ag")
 
     def __init__(self, mesh: Mesh, local: np.ndarray, layout: TensorLayout,
                  global_shape: Sequence[int]) -> None:
@@ -69,6 +70,7 @@ class DTensor:
         if local.dtype not in _PLAIN_DTYPES:
             _check_dtype(local.dtype, layout)
         self._mesh, self._local, self._layout, self._shape = mesh, local, layout, shape
+        self._ag = None
 
     @classmethod
     def _trusted(cls, mesh: Mesh, local: np.ndarray, layout: TensorLayout,
@@ -80,6 +82,7 @@ class DTensor:
         """
         self = cls.__new__(cls)
         self._mesh, self._local, self._layout, self._shape = mesh, local, layout, global_shape
+        self._ag = None
         return self
 
     def astype(self, dtype: Any) -> "DTensor":
@@ -90,7 +93,7 @@ class DTensor:
         """
         want = dtype_arg(dtype)
         if self._layout.partial and want.kind in "biu" and self._local.dtype.kind not in "biu":
-            raise ShapeError(
+            raise DTypeError(
                 f"astype({want.name!r}) of a pending sum over {self._layout.partial!r} of dtype "
                 f"{self._local.dtype.name!r}: the addends would be truncated one by one; "
                 "resolve the sum first (redistribute to a layout without partial axes)")
@@ -105,7 +108,7 @@ class DTensor:
         if dtype is not None:
             dtype = dtype_arg(dtype)
             if local.dtype != dtype:
-                raise ShapeError(f"local shard dtype {local.dtype.name!r} does not match {dtype.name!r}")
+                raise DTypeError(f"local shard dtype {local.dtype.name!r} does not match {dtype.name!r}")
         return cls(mesh, local, layout, global_shape)
 
     @classmethod
@@ -116,6 +119,9 @@ class DTensor:
             raise ShapeError(f"from_seeded needs a SeededTensor, got {type(seeded).__name__}"
                              f"{_shape_note(seeded)}; use DTensor.from_global for an array")
         shape = layout.check_shape(seeded.shape)
+        from .budget import check_seeded
+
+        check_seeded(mesh.comm, layout, seeded)  # before the shard exists, on every rank alike
         if _holds_value(mesh, layout):
             local = seeded.region(layout.slices(mesh.rank, shape))
         else:
@@ -157,6 +163,22 @@ class DTensor:
             return self._local
         return collectives.allreduce(self._mesh, self._local, self._layout.partial, label=label)
 
+    # -- autograd (spmdsim.autograd; docs/training.md) ---------------------------------
+    def requires_grad_(self, requires_grad: bool = True) -> "DTensor":
+        """Ask for ``.grad`` after ``loss.backward()`` (floating tensors only); returns self."""
+        from ..autograd.graph import requires_grad_
+
+        return requires_grad_(self, requires_grad)
+
+    requires_grad = property(lambda self: self._ag is not None)
+    grad = property(lambda self: getattr(self._ag, "grad", None), doc="the gradient, in this layout")
+
+    def backward(self, explain: list | None = None) -> None:
+        """Gradients of this scalar loss into every leaf's ``.grad`` (collective; see autograd.backward)."""
+        from ..autograd.engine import backward
+
+        backward(self, explain)
+
     # -- whole-tensor views ------------------------------------------------------------
     def gather(self, root: int | None = None) -> np.ndarray | None:
         """The global tensor on every rank (root=None) or on mesh rank `root` (None elsewhere)."""
@@ -166,7 +188,7 @@ class DTensor:
             # passed a range check (1.5) would send ranks down different paths.
             index = as_int(root)
             if index is None or not 0 <= index < mesh.size:
-                raise ShapeError(f"gather root {root!r} is not a mesh rank (an integer with "
+                raise RankError(f"gather root {root!r} is not a mesh rank (an integer with "
                                  f"0 <= root < {mesh.size})")
             root = index
         local = np.ascontiguousarray(self.resolved_local(label="gather"))
@@ -241,7 +263,7 @@ def _check_dtype(dtype: np.dtype, layout: TensorLayout) -> None:
     """Raise unless a shard of `dtype` can move (and, under a partial layout, be summed) by MPI."""
     dtype_arg(dtype, "local shard dtype")  # names the dtype and what is supported
     if dtype.kind == "b" and layout.partial:
-        raise ShapeError(f"a bool tensor cannot be a pending sum ({layout}); MPI has no sum of "
+        raise DTypeError(f"a bool tensor cannot be a pending sum ({layout}); MPI has no sum of "
                          "bools: use an integer dtype")
 
 

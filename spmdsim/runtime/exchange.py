@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..errors import ShapeError
+from ..errors import DTypeError, RankError, ShapeError
 from ..validate import as_int
 from . import debug
 from ._calls import _DEBUG, _begin, _empty, _result, _run
@@ -55,7 +55,7 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
         if type(a) is not _ndarray:
             a = np.asarray(a)
         if a.dtype is not dtype and a.dtype != dtype:
-            raise ShapeError(f"alltoallv block for rank {r} has dtype {a.dtype.name!r}, expected {dtype.name!r}")
+            raise DTypeError(f"alltoallv block for rank {r} has dtype {a.dtype.name!r}, expected {dtype.name!r}")
         arrays[r] = a
         scounts[r] = a.size
     rcounts = [0] * size
@@ -136,5 +136,5 @@ def _mesh_rank(r: Any, size: int, what: str) -> int:
     """`r` as an int mesh rank, or a ShapeError naming the alltoallv argument it came from."""
     index = as_int(r)  # 1.5 must not pass as rank 1
     if index is None or not 0 <= index < size:
-        raise ShapeError(f"alltoallv {what} key {r!r} is not a mesh rank (an integer with 0 <= r < {size})")
+        raise RankError(f"alltoallv {what} key {r!r} is not a mesh rank (an integer with 0 <= r < {size})")
     return index

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable
 
-from ..errors import ShapeError
+from ..errors import RankError, ShapeError
 
 __all__ = ["ExchangeSpec", "count_peers"]
 
@@ -96,7 +96,7 @@ def count_peers(scounts: Iterable[int], rcounts: Iterable[int]) -> int:
 
 def _peer(r: int, size: int, rank: int, what: str) -> None:
     if not 0 <= r < size or r == rank:
-        raise ShapeError(f"exchange {what} {r!r} must be another mesh rank (0 <= r < {size}, r != {rank})")
+        raise RankError(f"exchange {what} {r!r} must be another mesh rank (0 <= r < {size}, r != {rank})")
 
 
 def _offsets(counts: list[int]) -> tuple[int, ...]:

@@ -6,7 +6,7 @@
 * A SystemExit inside a guard passes when every rank exits, and aborts the
   job when only some do (the others would wait forever).
 * Any other exception, or an SpmdsimError that not all ranks raise within a
-  grace period (``SPMDSIM_GUARD_GRACE_S``, default 3 s), prints
+  grace period (`GRACE_S`, 3 s; tests lower it), prints
   ``spmdsim: error on rank R: ...`` (with a traceback for unexpected errors)
   and calls ``comm.Abort(1)``, which ends every rank.
 
@@ -33,35 +33,11 @@ from ..sim import _local as _sim_local
 __all__ = ["abort_on_error", "install_excepthook", "run_guarded", "handle_exception", "abort_job",
            "world_channel", "release_shared_segments"]
 
-_DEFAULT_GRACE_S = 3.0
+#: Seconds ranks wait for each other to agree that all of them failed (module constant;
+#: a test that makes ranks fail on purpose may lower it: ``guard.GRACE_S = 1.0``).
+GRACE_S = 3.0
 
 
-def _read_grace() -> tuple[float, str | None]:
-    """(seconds, problem): SPMDSIM_GUARD_GRACE_S, or the default and why the setting was refused.
-
-    Never raises: it is read at import, and the guard needs a grace period even
-    to report a bad one (the guards raise `problem` as an SpmdsimError on entry).
-    """
-    value = os.environ.get("SPMDSIM_GUARD_GRACE_S")
-    if value is None or not value.strip():
-        return _DEFAULT_GRACE_S, None
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = float("nan")
-    if 0 < seconds < float("inf"):
-        return seconds, None
-    return _DEFAULT_GRACE_S, (f"SPMDSIM_GUARD_GRACE_S={value!r} is not a positive, finite number "
-                              f"of seconds; expected e.g. {_DEFAULT_GRACE_S:g} (the default)")
-
-
-_GRACE_S, _GRACE_PROBLEM = _read_grace()
-
-
-def _check_settings() -> None:
-    """Raise the SpmdsimError a bad SPMDSIM_GUARD_GRACE_S calls for (the same on every rank)."""
-    if _GRACE_PROBLEM:
-        raise SpmdsimError(_GRACE_PROBLEM)
 _PRIVATE: dict[int, Any] = {}  # id(comm) -> (comm, private duplicate)
 
 
@@ -113,10 +89,13 @@ def handle_exception(exc: BaseException, comm: Any = None, private: Any = None) 
     """Report `exc`; return True for a clean all-ranks SpmdsimError (caller exits 2), else Abort."""
     comm = _world(comm)
     rank = comm.Get_rank()
+    if isinstance(exc, MemoryError) and not isinstance(exc, SpmdsimError):
+        # Out of memory despite the estimate (spmdsim.memory): one line, no traceback.
+        exc = SpmdsimError(f"out of memory: {exc}; SPMDSIM_MEMORY sets what a rank may use")
     if isinstance(exc, SpmdsimError):
         if private is None:
             private = _private(comm)
-        if _all_failed(private, _GRACE_S):
+        if _all_failed(private, GRACE_S):
             if rank == 0:
                 print(f"spmdsim: error: {exc}", file=sys.stderr, flush=True)
             return True
@@ -175,7 +154,7 @@ class _GuardExit(SystemExit):
 
 def _exit_alone(exc: SystemExit, comm: Any, private: Any) -> None:
     """A SystemExit passes when every rank exits; on some ranks only it aborts the job."""
-    if _all_failed(private, _GRACE_S):
+    if _all_failed(private, GRACE_S):
         return
     abort_job(comm, f"spmdsim: error on rank {comm.Get_rank()}: exit with code {exc.code!r} "
                  "(SystemExit) while other ranks go on\n")
@@ -194,7 +173,6 @@ class abort_on_error:
         self._private: Any = None
 
     def __enter__(self) -> "abort_on_error":
-        _check_settings()
         if _sim_local.current() is not None:
             return self  # simulate() ends every rank and reports the error
         self._comm = _world(self._comm)
@@ -225,7 +203,6 @@ def install_excepthook(comm: Any = None) -> None:
 
     Does nothing else under spmdsim.simulate, which already ends every rank.
     """
-    _check_settings()
     if _sim_local.current() is not None:
         return
     comm = _world(comm)
@@ -269,12 +246,10 @@ def run_guarded(fn: Callable[[], Any], comm: Any = None) -> int:
     Under spmdsim.simulate exceptions pass to simulate(), which reports them.
     """
     if _sim_local.current() is not None:
-        _check_settings()
         return int(fn() or 0)
     comm = _world(comm)
     private = _private(comm)
     try:
-        _check_settings()  # inside: a bad setting is then one clean line from rank 0
         return int(fn() or 0)
     except _GuardExit:
         raise

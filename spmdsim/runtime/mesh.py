@@ -29,6 +29,22 @@ def normalize_axes(axes: str | Iterable[str]) -> tuple[str, ...]:
     return tuple(axes)
 
 
+_TUNED = []
+
+
+def _tune_process_once() -> None:
+    """Under an MPI launcher, once per process: BLAS threads to this rank's share, freed heap kept.
+
+    Here rather than at import: ``import spmdsim`` changes no process setting
+    (spmdsim._threads, spmdsim._malloc; `spmdsim launch` sets both for its ranks).
+    """
+    if not _TUNED:
+        from .._malloc import keep_freed_buffers_under_launcher
+        from .._threads import cap_blas_threads_under_launcher
+
+        _TUNED.append((cap_blas_threads_under_launcher(), keep_freed_buffers_under_launcher()))
+
+
 class Mesh:
     """``Mesh(layout, comm=None)``: the device matrix of `layout` over `comm` (default `spmdsim.world()`).
 
@@ -36,13 +52,20 @@ class Mesh:
     ``prod(device_matrix) == comm.size`` and raises the same
     RuntimeMismatchError otherwise. Attributes: ``layout``, ``comm``, ``rank``,
     ``size``, ``coords`` and ``wait_mode`` ("busy" or "polite", see runtime.wait;
-    ``polite`` is True for the latter).
+    ``polite`` is True for the latter). ``algorithms={"allreduce": "ring", ...}``
+    makes the collectives run those algorithms step by step over point-to-point
+    messages (runtime.algorithms, docs/algorithms.md); ``algorithms`` is that
+    dict, or None (MPI's own collectives).
     Use as a context manager, or call ``close()``, to free the sub-communicators.
     """
 
-    def __init__(self, layout: Layout, comm: Any = None, *, wait: str | None = None) -> None:
+    def __init__(self, layout: Layout, comm: Any = None, *, wait: str | None = None,
+                 algorithms: dict[str, str] | None = None) -> None:
+        from ..algorithms import check_choices
         from ..sim.run import world
 
+        # Checked first: the same error on every rank, before any collective.
+        self.algorithms = check_choices(algorithms)
         if not isinstance(layout, Layout):
             raise LayoutError(f"layout {layout!r} must be a spmdsim Layout")
         if comm is None:
@@ -50,6 +73,7 @@ class Mesh:
         simulated = isinstance(comm, SimComm)
         if not simulated:
             _check_mpi_comm(comm)
+            _tune_process_once()
         size = comm.Get_size()
         if layout.num_devices != size:
             raise RuntimeMismatchError(

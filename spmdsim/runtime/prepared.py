@@ -24,7 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..errors import ShapeError
-from ._calls import _begin, _check_dtype, _contig, _dim, _divisible, _result, _run, comm_axes, moved_bytes
+from ._calls import _begin, _check_dtype, _contig, _dim, _divisible, _result, _run, normalize_axes, moved_bytes
 from .mesh import Mesh
 from . import debug
 from .trace import OPEN_TRACES, record
@@ -117,7 +117,7 @@ class Prepared:
 def _bind(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int, what: str,
           divisible: bool) -> tuple[tuple[str, ...], Any, int, np.ndarray, int]:
     """(axes, comm, group size, buffer, dim) for a collective along `tensor_dim`, checked."""
-    axes = comm_axes(axes)
+    axes = normalize_axes(axes)
     comm, g, _ = mesh.group_info(axes)
     x = _contig(local)
     d = _dim(tensor_dim, x.ndim, "tensor_dim")
@@ -134,7 +134,7 @@ def _bind(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int, wh
 def prepare_allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], out: np.ndarray | None = None,
                       label: str | None = None) -> Prepared:
     """Sum of `local` over the group into `out` (a new array; ``out=local`` sums in place)."""
-    axes = comm_axes(axes)
+    axes = normalize_axes(axes)
     comm, g, _ = mesh.group_info(axes)
     x = _contig(local)
     in_place = out is x

@@ -11,12 +11,9 @@ compute. Linux timer slack is set to 1 us for the process so that short sleeps
 are not stretched to the 50 us default.
 
 ``SPMDSIM_WAIT=busy|polite|auto`` picks the mode (default auto: polite when
-the ranks on this node outnumber the cores this process may run on).
-Tuning: ``SPMDSIM_WAIT_SPIN_US`` (plain Test spin first, default 0),
-``SPMDSIM_WAIT_YIELD_US`` (yielding polls, default 1000),
-``SPMDSIM_WAIT_SLEEP_US`` (longest sleep, default 100; 0 = yield forever),
-``SPMDSIM_WAIT_SLACK=0`` keeps the default timer slack.
-docs/oversubscription.md has the measurements.
+the ranks on this node outnumber the cores this process may run on). The
+polling constants below (spin, yield, sleep) were measured on a 2-core VM with
+8 ranks; docs/oversubscription.md has the measurements.
 """
 from __future__ import annotations
 
@@ -24,7 +21,6 @@ import os
 import time
 from typing import Any
 
-from .._env import env_number
 from .._threads import cores_available, launcher_local_ranks
 from ..errors import SpmdsimError
 
@@ -33,11 +29,10 @@ __all__ = ["WAIT_MODES", "resolve_wait_mode", "polite_wait", "wait_until", "core
 
 WAIT_MODES = ("busy", "polite", "auto")
 
-# Read at import (a bad value warns once and keeps the default: spmdsim._env).
-_SPIN_S = env_number("SPMDSIM_WAIT_SPIN_US", 0, "microseconds") * 1e-6
-_YIELD_S = env_number("SPMDSIM_WAIT_YIELD_US", 1000, "microseconds") * 1e-6
-_SLEEP_MAX_S = env_number("SPMDSIM_WAIT_SLEEP_US", 100, "microseconds") * 1e-6
-_SLEEP_MIN_S = min(20e-6, _SLEEP_MAX_S)
+_SPIN_S = 0.0  # plain Test() spin first: none (a spinning rank keeps the core its peers need)
+_YIELD_S = 1000e-6  # then Test() with sched_yield between polls
+_SLEEP_MAX_S = 100e-6  # then sleeps growing from _SLEEP_MIN_S to this
+_SLEEP_MIN_S = 20e-6
 
 
 
@@ -79,8 +74,6 @@ def _tight_timer_slack() -> None:
     """Ask Linux for 1 us timer slack so 20-100 us sleeps are not stretched by the 50 us default."""
     global _SLACK_SET
     _SLACK_SET = True
-    if os.environ.get("SPMDSIM_WAIT_SLACK", "1") == "0":
-        return
     try:
         import ctypes
 

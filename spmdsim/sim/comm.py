@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ..errors import ShapeError
+from ..errors import DTypeError, ShapeError
 from . import _local, p2p
 from ._buffers import flat, in_place, reduction, special, vector
 from .engine import Call, Group, SimulationError
@@ -41,7 +41,7 @@ def _fold(ufunc: Any, parts: list, out: np.ndarray) -> None:
 
 def _same_dtype(op: str, a: np.ndarray, b: np.ndarray) -> None:
     if a.dtype != b.dtype:
-        raise ShapeError(f"{op}: send dtype {a.dtype.name!r} and receive dtype {b.dtype.name!r} differ")
+        raise DTypeError(f"{op}: send dtype {a.dtype.name!r} and receive dtype {b.dtype.name!r} differ")
 
 
 def _shared(n: int, dtype: np.dtype) -> Callable[[Any], None]:

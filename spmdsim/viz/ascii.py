@@ -2,7 +2,7 @@
 
 Draws a LayoutPicture: the global tensor cut into blocks, each labelled by the
 ranks holding it (``r0,1`` replicas, ``r0+1`` partial terms to add) and its
-shard number ``#k``; then the device matrix with each rank's shard number.
+shard number (``#0``, ``#1``, ...); then the device matrix with each rank's shard number.
 """
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import textwrap
 from typing import Optional, Sequence, Union
 
 from ..layout import TensorLayout
+from ..validate import counted
 from .model import LayoutPicture, Panel, layout_picture
 
 __all__ = ["render_layout_ascii", "tensor_lines", "grid_lines", "wrapped_grid_lines", "hstack"]
@@ -158,9 +159,9 @@ def tensor_lines(picture: LayoutPicture, width: int = 80) -> list[str]:
     else:
         where = f"columns dim {first.col_dim}"
     if short:
-        lines = [f"Tensor: shard number #k of each block ({where})"]
+        lines = [f"Tensor: #: shard number of each block ({where})"]
     else:
-        lines = [f"Tensor: ranks holding each block, shard number #k ({where})"]
+        lines = [f"Tensor: ranks holding each block, #: shard number ({where})"]
     lines += tensor
     if short:
         lines.append("")
@@ -190,13 +191,13 @@ def render_layout_ascii(
     tl = picture.tensor_layout
     layout = tl.layout
     axes = ", ".join(f"{a}={n}" for a, n in zip(layout.alias_name, layout.device_matrix))
-    lines = [picture.title, f"on Layout({axes}), {layout.num_devices} ranks"]
+    lines = [picture.title, f"on Layout({axes}), {counted(layout.num_devices, 'rank')}"]
     for note in picture.notes:
         lines += textwrap.wrap(note, width=width, initial_indent="  ", subsequent_indent="    ",
                                break_on_hyphens=False)
     lines.append("")
     lines += tensor_lines(picture, width)
     lines.append("")
-    lines.append(f"Device matrix ({axes}): each rank and the shard #k it holds")
+    lines.append(f"Device matrix ({axes}): each rank and the shard number it holds")
     lines += _device_lines(picture, width)
     return "\n".join(line.rstrip() for line in lines) + "\n"

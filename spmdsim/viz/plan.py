@@ -10,6 +10,7 @@ import os
 from typing import Any, Sequence, Union
 
 from ..errors import SpmdsimError
+from ..validate import counted
 from .ascii import tensor_lines
 from .model import layout_picture
 
@@ -21,12 +22,10 @@ def format_bytes(n: int) -> str:
     exact = f"{n:,} B"
     if n < 1024:
         return exact
-    size = float(n)
-    for unit in ("KiB", "MiB", "GiB"):
-        size /= 1024
-        if size < 1024 or unit == "GiB":
-            return f"{exact} ({size:.4g} {unit})"
-    raise AssertionError("unreachable")
+    units = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB")
+    # The unit from the exact int (a float of n loses bytes past 2**53, not the 4 digits shown).
+    power = min((n.bit_length() - 1) // 10, len(units))
+    return f"{exact} ({n / 1024 ** power:.4g} {units[power - 1]})"
 
 
 def _per_rank(values: Sequence[int]) -> str:
@@ -39,7 +38,7 @@ def _per_rank(values: Sequence[int]) -> str:
 def _step_lines(step: Any, index: int) -> list[str]:
     group = step.group_size if step.axes else step.before.layout.num_devices
     return [
-        f"Step {index}. {step} (groups of {group} ranks)",
+        f"Step {index}. {step} (groups of {counted(group, 'rank')})",
         f"  per rank: sends {_per_rank(step.bytes_sent)}, "
         f"receives {_per_rank(step.bytes_received)}",
     ]
@@ -48,8 +47,8 @@ def _step_lines(step: Any, index: int) -> list[str]:
 def render_plan_ascii(plan: Any, *, name: str = "x", width: int = 80) -> str:
     """The plan as text: the source layout's blocks, then each step and the blocks after it."""
     lines = [
-        f"Plan for {name}: shape {tuple(plan.shape)!r} {plan.dtype} on {plan.num_ranks} ranks",
-        f"{plan.source} -> {plan.target}: {len(plan.steps)} step(s)",
+        f"Plan for {name}: shape {tuple(plan.shape)!r} {plan.dtype} on {counted(plan.num_ranks, 'rank')}",
+        f"{plan.source} -> {plan.target}: {counted(len(plan.steps), 'step')}",
         f"per rank received: {_per_rank(plan.bytes_received)}; "
         f"lower bound {_per_rank(plan.lower_bound)}",
         "",
@@ -84,7 +83,7 @@ def render_plan_png(
     source = layout_picture(plan.source, plan.shape, name)
     fig = new_figure(*_size(source, rows=1))
     draw_layout(fig, source)
-    fig.text(0.99, 0.995, f"plan: source, {plan.num_ranks} ranks", ha="right", va="top", fontsize=9)
+    fig.text(0.99, 0.995, f"plan: source, {counted(plan.num_ranks, 'rank')}", ha="right", va="top", fontsize=9)
     paths.append(save_figure(fig, os.path.join(directory, "step_00_source.png"), dpi))
     for i, step in enumerate(plan.steps, 1):
         before = layout_picture(step.before, plan.shape, name)

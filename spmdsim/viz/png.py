@@ -12,7 +12,8 @@ from ..errors import SpmdsimError
 from ..layout import TensorLayout
 from .model import LayoutPicture, layout_picture
 
-__all__ = ["PICTURE_SUFFIXES", "check_picture_path", "render_layout_png", "draw_layout", "shard_colour",
+__all__ = ["PICTURE_SUFFIXES", "check_picture_path", "render_layout_png", "draw_layout", "draw_tensor_panel",
+           "shard_colour",
            "new_figure", "save_figure"]
 
 _HATCH = "///"
@@ -22,13 +23,20 @@ PICTURE_SUFFIXES = ("png", "svg", "pdf")
 
 
 def _matplotlib() -> Any:
+    """matplotlib, or one SpmdsimError line with the README's install command for it."""
     try:
         import matplotlib
     except ImportError:
         raise SpmdsimError(
-            "pictures need matplotlib: pip install 'spmdsim[plot]' (or matplotlib)"
+            'pictures need matplotlib: pip install -e ".[plot]" in the spmdsim checkout '
+            "(or pip install matplotlib)"
         ) from None
     return matplotlib
+
+
+def require_matplotlib() -> None:
+    """Raise before any work when a picture was asked for and matplotlib is missing."""
+    _matplotlib()
 
 
 def shard_colour(shard_number: int, num_shards: int) -> Any:
@@ -117,7 +125,7 @@ def draw_layout(fig: Any, picture: LayoutPicture, label: str = "") -> None:
     right.text(0.5, 0.885, "device matrix: each rank's shard", ha="center", va="top", fontsize=9)
     t_axes = left.subplots(t_rows, t_cols, squeeze=False)
     for panel in picture.panels:
-        _draw_panel(t_axes[panel.grid_pos], panel, picture)
+        draw_tensor_panel(t_axes[panel.grid_pos], panel, picture)
     d_axes = right.subplots(d_rows, d_cols, squeeze=False)
     for panel in picture.device_panels:
         _draw_device_panel(d_axes[panel.grid_pos], panel, picture)
@@ -132,11 +140,12 @@ def _fontsize(rows: int, cols: int) -> float:
     return max(5.0, min(10.0, 28.0 / max(rows, cols, 1)))
 
 
-def _draw_panel(ax: Any, panel: Any, picture: LayoutPicture) -> None:
+def draw_tensor_panel(ax: Any, panel: Any, picture: LayoutPicture, scale: float = 1.0) -> None:
+    """One panel of tensor blocks on `ax`, labels `scale` times the default size."""
     from matplotlib.patches import Rectangle
 
     rows, cols = len(panel.blocks), len(panel.blocks[0])
-    size = _fontsize(rows, cols)
+    size = _fontsize(rows, cols) * scale
     for i, row in enumerate(panel.blocks):
         for j, block in enumerate(row):
             x0, x1 = panel.col_edges[j], panel.col_edges[j + 1]
@@ -156,12 +165,12 @@ def _draw_panel(ax: Any, panel: Any, picture: LayoutPicture) -> None:
     ax.set_ylim(panel.row_edges[-1], panel.row_edges[0])  # row 0 on top, like a matrix
     ax.set_xticks(panel.col_edges)
     ax.set_yticks(panel.row_edges if panel.row_dim is not None else [])
-    ax.tick_params(labelsize=7)
+    ax.tick_params(labelsize=7 * scale)
     ax.xaxis.tick_top()
-    ax.set_xlabel(f"dim {panel.col_dim}", fontsize=8)
+    ax.set_xlabel(f"dim {panel.col_dim}", fontsize=8 * scale)
     if panel.row_dim is not None:
-        ax.set_ylabel(f"dim {panel.row_dim}", fontsize=8)
-    ax.set_title(panel.title, fontsize=8, pad=14)
+        ax.set_ylabel(f"dim {panel.row_dim}", fontsize=8 * scale)
+    ax.set_title(panel.title, fontsize=8 * scale, pad=14)
 
 
 def _draw_device_panel(ax: Any, panel: Any, picture: LayoutPicture) -> None:

@@ -21,6 +21,9 @@ from spmdsim.errors import SpmdsimError
 pytestmark = pytest.mark.mpi(min_size=2)
 
 EXAMPLES = sorted((pathlib.Path(__file__).resolve().parents[2] / "examples").glob("*.py"))
+# Arguments that keep an example short here (the training examples default to 100 steps).
+ARGS = {"train_mindspore_tutorial": ["--steps", "2", "--synthetic"],
+        "train_megatron_block": ["--steps", "2"], "train_seed_networks": ["--steps", "2"]}
 
 
 def test_examples_are_found():
@@ -30,7 +33,7 @@ def test_examples_are_found():
 def _run_example(path: pathlib.Path, monkeypatch) -> tuple[list, str]:
     """Every rank's exit code (a str: the world size it needs) and this rank's output."""
     comm = MPI.COMM_WORLD
-    monkeypatch.setattr(sys, "argv", [str(path)])
+    monkeypatch.setattr(sys, "argv", [str(path)] + ARGS.get(path.stem, []))
     # install_excepthook replaces sys.excepthook; keep the suite's own.
     monkeypatch.setattr(sys, "excepthook", sys.excepthook)
     out = io.StringIO()
@@ -90,9 +93,12 @@ def test_paddle_example_prints_every_ranks_blocks(monkeypatch):
     if comm.rank == 0:
         v, f = 960 // p, 240 // p
         lines = out.splitlines()
+        # Two blocks of rank lines (the lookup, then the MLP's weights) keep within 100 columns.
         for r in range(p):
             assert lines[r] == (f"rank {r} ({r},): ids[0:4, 0:16], "
-                                f"table[{v * r}:{v * r + v}, 0:64] + zero padding row, "
-                                f"W1[0:64, {f * r}:{f * r + f}], b1[{f * r}:{f * r + f}], "
-                                f"W2[{f * r}:{f * r + f}, 0:64], b2[0:64]"), out
-        assert lines[p].startswith("net_paddle_tp: ")
+                                f"table[{v * r}:{v * r + v}, 0:64] + zero padding row"), out
+            assert lines[p + r] == (f"rank {r} ({r},): "
+                                    f"W1[0:64, {f * r}:{f * r + f}], b1[{f * r}:{f * r + f}], "
+                                    f"W2[{f * r}:{f * r + f}, 0:64], b2[0:64]"), out
+        assert lines[2 * p].startswith("net_paddle_tp: ")
+        assert max(len(line) for line in lines) <= 100, out

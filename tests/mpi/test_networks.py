@@ -65,7 +65,7 @@ def test_tutorial_with_replicated_matmul3_allgathers_first():
                                            every_hop=False)
     try:
         assert all(v.passed for v in verdicts)
-        assert _colls(rows, "-> MatMul3") == (("allgather", ("s0",)),)
+        assert _colls(rows, "-> MatMul3") == (("allgather", ("axis_0",)),)
         assert result.output.local.shape == (32, 10)
     finally:
         runner.close()
@@ -110,7 +110,7 @@ def test_oneflow_networks_check_every_hop_with_the_planned_collectives():
 
     for make, expected in ((oneflow_2d_sbp, {"Linear1": (), "ReLU": (), "Linear2": ()}),
                            (oneflow_2d_signature, {"Linear1": (), "ReLU": (),
-                                                   "-> Linear2": (("allgather", ("p0",)),),
+                                                   "-> Linear2": (("allgather", ("axis_0",)),),
                                                    "Linear2": ()})):
         runner, result, verdicts, rows = _run(make(engines.world().size, seed=5))
         try:

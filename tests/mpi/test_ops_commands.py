@@ -44,7 +44,12 @@ def test_run_matmul_explain(capsys):
     assert rc == 0
     if _world().rank == 0:
         assert "PASS" in text and "allreduce over ('k',)" in text
-        assert "so each rank holds a partial sum; Allreduce over ranks {" in text
+        # Each rank names its group; the reason is said once, for all ranks.
+        assert f"\n  Allreduce over ranks {{{','.join(map(str, range(size)))}}}\n" in text
+        assert text.count("why Allreduce: contraction dim K is split over \"k\", so each rank holds a "
+                          "partial sum") == 1
+        assert f"  ranks 0-{size - 1}: allreduce over ('k',) (group of {size}): sent " in text
+        assert max(len(line) for line in text.splitlines()) <= 100
         assert text.count("rank ") >= size
         # Each rank's line names the global block of each input it holds: rank 1 has K's second quarter.
         assert f"rank 1 (0, 1, 0): holds x[0:6, {40 // size}:{2 * 40 // size}], w[{40 // size}:" in text
@@ -81,9 +86,9 @@ def test_a_wrong_result_reports_fail_on_every_rank():
 @pytest.mark.parametrize("x_sbp, w_sbp, out_sbp, collectives", [
     # OneFlow's 2D signature (seed 002): x (B, S(0)) @ w (S(1), B) = y (S(1), S(0)), no communication.
     ("B,S(0)", "S(1),B", None, {}),
-    # K split on p0 on both sides: a pending sum over p0, resolved by Allreduce ...
+    # K split on axis_0 on both sides: a pending sum over axis_0, resolved by Allreduce ...
     ("S(1),B", "S(0),B", None, {"allreduce": 1}),
-    # ... or by Reduce_scatter when the wanted output splits rows over p0.
+    # ... or by Reduce_scatter when the wanted output splits rows over axis_0.
     ("S(1),B", "S(0),B", "S(0),B", {"reduce_scatter": 1}),
     # A pending-sum input stays linear through the product.
     ("P,B", "B,B", None, {"allreduce": 1}),

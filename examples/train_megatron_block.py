@@ -1,0 +1,124 @@
+"""A Megatron transformer block with sequence parallelism and vocab-parallel cross-entropy, trained.
+
+Tokens -> VocabParallelEmbedding -> scattered along the sequence (Megatron's sequence
+parallelism) -> x + attention(x) (the sequence Allgathered; Q, K, V column-parallel with
+the heads split; the row-parallel output projection Reduce_scattered back onto the
+sequence) -> + ParallelMLP(sequence_parallel) -> a column-parallel head whose logits stay
+split over the vocabulary -> vocab-parallel cross-entropy (the logits are never gathered).
+SGD on every parameter; each step's loss, gradients and updated parameters are checked
+against the block trained in one process (numpy float64). Any world size.
+
+Run: timeout -k 5 300 mpiexec -n 8 python examples/train_megatron_block.py [--steps 20]
+  or python examples/train_megatron_block.py --ranks 8   (8 simulated ranks in one process)
+"""
+import argparse
+import sys
+
+import spmdsim
+from spmdsim import Layout, SeededTensor
+from spmdsim import reference_grad as rg
+from spmdsim.nets.train import PHASES, run_main
+from spmdsim.ops import (ColumnParallelLinear, ParallelMLP, RowParallelLinear, VocabParallelEmbedding, add,
+                         cross_entropy, matmul, reshape, scale, softmax, transpose)
+from spmdsim.optim import SGD
+from spmdsim.plan_exec import redistribute
+from spmdsim.runtime import DTensor, Mesh, collect_trace
+from spmdsim.train_reference import megatron_block
+import numpy as np  # noqa: E402 (after spmdsim, which caps BLAS threads under mpiexec)
+
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--steps", type=int, default=20)
+parser.add_argument("--lr", type=float, default=0.05)
+parser.add_argument("--ranks", type=int, default=0, help="simulate this many ranks in one process")
+args = parser.parse_args()
+
+
+def main(args):
+    """One rank's training (MPI or simulated); returns the exit code every rank agrees on."""
+    comm = spmdsim.world()  # MPI.COMM_WORLD under mpiexec, this thread's rank under --ranks
+    p = comm.size
+    seq, d_model, heads, width, ffn, vocab = 2 * p, 8, p, 4, 4 * p, 4 * p
+    mesh = Mesh(Layout((p,), ("tp",)), comm)
+    L = mesh.layout
+
+    emb = VocabParallelEmbedding(mesh, vocab, d_model, axes="tp", dtype="float64", seed=1)
+    wq, wk, wv = (ColumnParallelLinear(mesh, d_model, heads * width, bias=False, axes="tp", dtype="float64",
+                                       seed=s) for s in (2, 4, 6))
+    wo = RowParallelLinear(mesh, heads * width, d_model, bias=False, input_is_parallel=True,
+                           sequence_parallel=True, axes="tp", dtype="float64", seed=8)
+    mlp = ParallelMLP(mesh, d_model, ffn, sequence_parallel=True, axes="tp", dtype="float64", seed=10)
+    head = ColumnParallelLinear(mesh, d_model, vocab, bias=False, sequence_parallel=True, axes="tp",
+                                dtype="float64", seed=14)
+    params = {"table": emb.weight, "Wq": wq.weight, "Wk": wk.weight, "Wv": wv.weight, "Wo": wo.weight,
+              "W1": mlp.linear_fc1.weight, "b1": mlp.linear_fc1.bias, "W2": mlp.linear_fc2.weight,
+              "b2": mlp.linear_fc2.bias, "Wh": head.weight}
+    tokens_g = SeededTensor((seq,), "int64", 20, low=0, high=vocab).full()
+    labels_g = np.roll(tokens_g, -1)  # next-token targets
+    tokens = DTensor.from_global(mesh, tokens_g, L(None))
+    labels = DTensor.from_global(mesh, labels_g, L(None))
+
+
+    def per_head(t):
+        """(seq, heads*width) split on columns -> (heads, seq, width) split on heads: no communication."""
+        return transpose(reshape(t, (seq, heads, width)), (1, 0, 2))
+
+
+    def block_loss():
+        x = redistribute(emb(tokens), L("tp", None))  # scatter to the sequence-parallel region
+        h = redistribute(x, L(None, None))  # Allgather the sequence (its backward: Reduce_scatter)
+        q, k, v = (per_head(layer(h)) for layer in (wq, wk, wv))
+        ctx = matmul(softmax(scale(matmul(q, k, transpose_b=True), width ** -0.5)), v)
+        x1 = add(x, wo(reshape(transpose(ctx, (1, 0, 2)), (seq, heads * width))))  # Reduce_scatter
+        x2 = add(x1, mlp(x1))
+        return cross_entropy(head(x2), labels)  # logits split over the vocabulary
+
+
+    reference = {name: t.gather() for name, t in params.items()}  # small: the reference holds it whole
+    optimizer = SGD(list(params.values()), lr=args.lr)
+    losses, failed, worst = [], 0, 0.0
+    calls = {phase: [0, 0] for phase in PHASES}
+    for step in range(args.steps):
+        optimizer.zero_grad()
+        traces = {}
+        with collect_trace() as traces["forward"]:
+            loss = block_loss()
+        with collect_trace() as traces["backward"]:
+            loss.backward()
+        with collect_trace() as traces["optimizer"]:
+            optimizer.step()
+        x_ref = reference["table"][tokens_g]
+        ref_loss, grads = megatron_block({k: v for k, v in reference.items() if k != "table"}, x_ref,
+                                         labels_g, heads)
+        grads["table"] = rg.embedding_grad(tokens_g, vocab, grads["x"])
+        verdicts = [loss.check(np.asarray(ref_loss), rtol=1e-10, atol=1e-10 * abs(ref_loss))]
+        for name, t in params.items():
+            scale_g = float(np.abs(grads[name]).max())
+            verdicts.append(t.grad.check(grads[name], rtol=1e-10, atol=1e-10 * scale_g))
+            reference[name] = reference[name] - args.lr * grads[name]
+            verdicts.append(t.check(reference[name], rtol=1e-10, atol=1e-10 * float(np.abs(reference[name]).max())))
+        failed += sum(not v for v in verdicts)
+        worst = max([worst] + [v.max_abs_error / max(v.atol / 1e-10, 1e-300) for v in verdicts])
+        losses.append(float(loss.local))
+        for phase, trace in traces.items():
+            calls[phase][0] += trace.totals()["calls"]
+            calls[phase][1] += trace.totals()["bytes_sent"]
+        if comm.rank == 0 and step % 5 == 0:
+            print(f"step {step}: loss {losses[-1]:.7f}")
+        if step == 0 and comm.rank == 0:
+            for phase in PHASES:
+                print(f"step 0 {phase} collectives: {traces[phase].counts()}")
+    if comm.rank == 0:
+        print(f"loss first {losses[0]:.7f}, last {losses[-1]:.7f} "
+              f"({'falling' if losses[-1] < losses[0] else 'NOT falling'})")
+        print("per step (rank 0): " + ", ".join(f"{phase} {c[0] // args.steps} calls {c[1] // args.steps:,} B"
+                                                 for phase, c in calls.items()))
+        print(f"check: {len(verdicts) * args.steps} tensors over {args.steps} steps vs one process: "
+              f"{'PASS' if not failed else f'FAILED ({failed})'}")
+        print(f"largest difference {worst:.2e} of the tensor's largest entry")
+    mesh.close()
+    return 0 if not failed and losses[-1] < losses[0] else 1
+
+
+if args.steps < 1:
+    sys.exit(f"--steps {args.steps} must be at least 1")
+sys.exit(run_main(main, args, args.ranks))  # simulated ranks with --ranks, else MPI

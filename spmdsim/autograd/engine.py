@@ -1,0 +1,167 @@
+"""``loss.backward()``: walk the recorded graph backwards, moving gradients with the planner.
+
+Gradients are DTensors. The gradient of a tensor keeps the tensor's tensor
+map and may be a pending sum over axes the tensor is replicated on: each
+rank's copy of a replicated value contributed its own part, and the true
+gradient is their sum. Such sums are carried (a backward is linear in the
+gradient, so they pass through any operator whose other operands repeat over
+those axes) and resolved once, where an operator needs the whole value or at
+a leaf, where ``.grad`` is whole: there the planner's Allreduce is the
+data-parallel gradient Allreduce. Every move is a redistribution planned by
+`spmdsim.plan`, so each backward collective is the conjugate of a forward one
+(docs/training.md).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import numpy as np
+
+from ..errors import OperatorError
+from ..layout import TensorLayout
+from .graph import Leaf, Node, used_axes
+
+__all__ = ["backward", "grad_layout", "add_grads"]
+
+
+def backward(loss: Any, explain: Optional[list] = None) -> None:
+    """Fill ``.grad`` of every leaf `loss` depends on; frees the graph (a second backward is refused).
+
+    Collective: every rank calls it on the same graph. Every refusal depends
+    only on what all ranks share (shapes, layouts, the graph), so all ranks
+    raise it alike before the first collective. `explain`, a list, receives
+    (forward step, this rank's trace entries) for each step the backward
+    answers, in backward order, and ("gradient of <leaf>", entries) for each
+    leaf's resolution.
+    """
+    from ..runtime import DTensor, collect_trace
+
+    _check_loss(loss)
+    order = _topological(loss._ag)
+    grads: dict = {}
+    owners: dict = {}  # Node/Leaf -> the tensor it belongs to (for the target layout)
+    _accumulate(grads, owners, loss, DTensor(loss.mesh, np.ones(loss.local.shape, loss.dtype),
+                                             loss.layout, loss.global_shape))
+    leaves = []
+    for node in order:
+        dy = grads.pop(node, None)
+        run, inputs = node.backward, node.inputs
+        node.backward, node.inputs = None, ()  # freed: saved tensors go with it
+        if dy is None:
+            continue
+        with collect_trace() as trace:
+            outs = run(_prepared(node, dy))
+            for tensor, g in zip(inputs, outs):
+                if g is None or tensor is None or tensor._ag is None:
+                    continue
+                if isinstance(tensor._ag, Leaf) and tensor._ag not in grads:
+                    leaves.append(tensor._ag)
+                _accumulate(grads, owners, tensor, g)
+        if explain is not None:
+            explain.append((node.describe(), trace.entries))
+    for leaf in leaves:  # first-contribution order: the same on every rank
+        tensor, g = owners[leaf], grads.pop(leaf)
+        whole = tensor.layout.with_partial(())
+        with collect_trace() as trace:
+            g = _move(g, whole)
+        if explain is not None:
+            explain.append((f"leaf {tuple(tensor.global_shape)} {tensor.layout}: its replicas' "
+                            "gradients summed", trace.entries))
+        leaf.grad = g if leaf.grad is None else add_grads(leaf.grad, g, whole)
+
+
+def _check_loss(loss: Any) -> None:
+    shape = getattr(loss, "global_shape", None)
+    if shape is None or not hasattr(loss, "_ag"):
+        raise OperatorError(f"backward() needs a DTensor loss, got {type(loss).__name__}")
+    if math.prod(shape) != 1:
+        raise OperatorError(f"backward() needs a scalar loss (one element), got global shape "
+                            f"{tuple(shape)!r}; reduce it first (mse_loss, cross_entropy)")
+    if loss.layout.partial:
+        raise OperatorError(f"backward() from a pending sum over {loss.layout.partial!r}: the loss "
+                            "must be whole; redistribute it to a layout without partial axes first")
+    if loss._ag is None:
+        raise OperatorError("backward() of a loss that does not require grad: no tensor it was "
+                            "computed from has requires_grad_() (or it was computed under no_grad())")
+    if isinstance(loss._ag, Leaf):
+        raise OperatorError("backward() of a leaf: the loss must be computed from the parameters")
+
+
+def _topological(root: Any) -> list:
+    """Nodes reachable from `root`, each after every node that consumes it (refuses freed ones)."""
+    order: list = []
+    seen: set = set()
+    stack = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            order.append(node)
+            continue
+        if id(node) in seen or not isinstance(node, Node):
+            continue
+        seen.add(id(node))
+        if node.backward is None:
+            raise OperatorError(
+                f"backward through the graph of {node.describe()!r} a second time: its saved tensors were "
+                "freed by the first backward(); run the forward again")
+        stack.append((node, True))
+        for t in node.inputs:
+            parent = getattr(t, "_ag", None)
+            if isinstance(parent, Node) and id(parent) not in seen:
+                stack.append((parent, False))
+    order.reverse()
+    return order
+
+
+def _prepared(node: Node, dy: Any) -> Any:
+    """`dy` in the layout the node's backward wants, keeping the pending sums it can pass."""
+    if node.want is None:
+        return dy
+    used = used_axes(node.reads)
+    target = node.want.with_partial(a for a in dy.layout.partial if a not in used)
+    return dy if dy.layout == target else _move(dy, target)
+
+
+def grad_layout(layout: TensorLayout, g_layout: TensorLayout) -> TensorLayout:
+    """Where a gradient of a tensor of `layout` is kept: its tensor map, pending sums it may keep.
+
+    A pending sum may stay over axes the tensor is replicated on (the
+    tensor's own partial axes excluded: an addend's gradient is the whole
+    value); a gradient from another device matrix is resolved.
+    """
+    keep = set(layout.replicated_axes) & set(g_layout.partial) if g_layout.layout == layout.layout else ()
+    return TensorLayout(layout.layout, layout.tensor_map, tuple(a for a in layout.layout.alias_name if a in keep))
+
+
+def add_grads(a: Any, b: Any, layout: TensorLayout) -> Any:
+    """a + b for two gradients of one tensor (brought to one layout first: B -> P is free)."""
+    from ..runtime import DTensor
+
+    if a.layout != b.layout:
+        both = set(a.layout.partial) | set(b.layout.partial)
+        common = layout.with_partial(x for x in layout.layout.alias_name if x in both)
+        a, b = _move(a, common), _move(b, common)
+    return DTensor(a.mesh, a.local + b.local, a.layout, a.global_shape)
+
+
+def _accumulate(grads: dict, owners: dict, tensor: Any, g: Any) -> None:
+    if tuple(g.global_shape) != tuple(tensor.global_shape):
+        raise OperatorError(f"internal: gradient of shape {tuple(g.global_shape)!r} for a tensor of "
+                            f"shape {tuple(tensor.global_shape)!r}")  # pragma: no cover
+    key = tensor._ag
+    target = grad_layout(tensor.layout, g.layout)
+    g = _move(g, target)
+    have = grads.get(key)
+    if have is None:
+        grads[key], owners[key] = g, tensor
+    else:
+        grads[key] = add_grads(have, g, target)
+
+
+def _move(g: Any, target: TensorLayout) -> Any:
+    if g.layout == target:
+        return g
+    from ..plan_exec import redistribute
+
+    return redistribute(g, target)

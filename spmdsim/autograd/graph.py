@@ -1,0 +1,116 @@
+"""The recorded graph: leaves that require grad, nodes that operators attach to their outputs.
+
+Each DTensor has one slot, ``_ag``: None (no gradient wanted: the forward
+pays one attribute check per operand), a `Leaf` (a tensor the user marked
+with ``requires_grad_()``, holding ``.grad``) or a `Node` (the output of an
+operator one of whose inputs required grad). A node keeps its inputs and a
+backward function that maps the output's gradient to one gradient per input.
+Pure Python: importing it starts no MPI.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+from ..errors import OperatorError
+
+__all__ = ["Leaf", "Node", "record", "no_grad", "is_grad_enabled", "requires_grad_", "used_axes"]
+
+
+class _Mode:
+    """Whether operators record (False inside ``no_grad()``)."""
+
+    enabled = True
+
+
+def is_grad_enabled() -> bool:
+    """True unless inside ``no_grad()``."""
+    return _Mode.enabled
+
+
+@contextmanager
+def no_grad() -> Iterator[None]:
+    """Operators run inside this block record no graph (optimizer updates, checks)."""
+    before = _Mode.enabled
+    _Mode.enabled = False
+    try:
+        yield
+    finally:
+        _Mode.enabled = before
+
+
+class Leaf:
+    """A tensor the user asked gradients for; ``grad`` is a DTensor in its layout (or None)."""
+
+    __slots__ = ("grad",)
+
+    def __init__(self) -> None:
+        self.grad: Any = None
+
+
+class Node:
+    """An operator's output in the graph.
+
+    Attributes:
+        name: the operator ("matmul", "relu", ...), or a function making a longer
+            text (the forward step, for explanations); `describe()` gives the text.
+        inputs: the DTensor operands (None where an operand is not a DTensor).
+        backward: ``backward(dy) -> tuple of gradients, one per input`` (None
+            where an input needs none); None once the graph was freed.
+        want: the layout (without partial axes) the gradient of the output must
+            have when `backward` receives it, or None to take it as it comes.
+        reads: layouts of the tensors `backward` reads besides the gradient; a
+            pending sum of the gradient over an axis none of them uses passes
+            through (the backward is linear and their blocks repeat there).
+    """
+
+    __slots__ = ("name", "inputs", "backward", "want", "reads")
+
+    def __init__(self, name: str, inputs: tuple, backward: Callable, want: Any, reads: tuple) -> None:
+        self.name, self.inputs, self.backward, self.want, self.reads = name, inputs, backward, want, reads
+
+    def describe(self) -> str:
+        """The forward step this node records, as text."""
+        return self.name if isinstance(self.name, str) else self.name()
+
+
+def requires_grad_(tensor: Any, flag: bool = True) -> Any:
+    """Mark `tensor` (a leaf) as needing ``.grad``; integer and bool tensors are refused."""
+    if not flag:
+        if isinstance(tensor._ag, Node):
+            raise OperatorError("requires_grad_(False) on the output of an operator: only a leaf "
+                                "(a tensor you built) can stop requiring grad; use no_grad() instead")
+        tensor._ag = None
+        return tensor
+    if tensor.dtype.kind != "f":
+        raise OperatorError(
+            f"requires_grad_() on a DTensor of dtype {tensor.dtype.name!r}: only floating tensors "
+            "have gradients (integer ids and labels never need one)")
+    if tensor._ag is None:
+        tensor._ag = Leaf()
+    return tensor
+
+
+def record(out: Any, name: str | Callable[[], str], inputs: Sequence[Any], backward: Callable,
+           want: Any = None, reads: Optional[Sequence[Any]] = None) -> Any:
+    """Attach a Node to `out` unless inside ``no_grad()``; returns `out`.
+
+    Operators call it only when an input has ``_ag`` set. `reads`: the
+    tensors (or layouts) the backward reads; default the inputs and `out`.
+    """
+    if not _Mode.enabled:
+        return out
+    if reads is None:
+        reads = tuple(inputs) + (out,)
+    layouts = tuple(getattr(t, "layout", t) for t in reads if t is not None)
+    out._ag = Node(name, tuple(inputs), backward, want, layouts)
+    return out
+
+
+def used_axes(layouts: Sequence[Any]) -> frozenset:
+    """Mesh axes that split or hold pending sums in any of `layouts`."""
+    used: set = set()
+    for layout in layouts:
+        used.update(layout.split_axes)
+        used.update(layout.partial)
+    return frozenset(used)

@@ -1,0 +1,196 @@
+"""Backward rules: each operator's local gradient math and the layout it lands in.
+
+An operator calls ``record_<op>(out, ...)`` when one of its inputs has
+``_ag`` set. The rule's backward gets the output's gradient in the layout the
+node asked for (`Node.want`: for matmul the local product's, so the forward's
+Allreduce answers with nothing, its Reduce_scatter with an Allgather) and
+returns each input's gradient as a DTensor in the input's tensor map, a
+pending sum over the axes its local math summed over (a split contraction:
+the conjugate of a replicated input is a pending sum, which the engine
+resolves by Allreduce or Reduce_scatter where it must). No rule communicates.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Optional
+
+import numpy as np
+
+from .. import reference_grad
+from ..layout import TensorLayout
+from .graph import record
+
+__all__ = [
+    "record_matmul", "record_linear", "record_embedding", "record_activation", "record_softmax",
+    "record_bias_add", "record_add", "record_scale", "record_transpose", "record_reshape",
+    "record_redistribute", "grad_tensor", "axes_of",
+]
+
+
+def axes_of(layout: TensorLayout, entries: Iterable[tuple[str, ...]]) -> tuple[str, ...]:
+    """The axes (of size above one) in map entries `entries` of `layout`."""
+    return tuple(a for e in entries for a in e if layout.layout.axis_size(a) > 1)
+
+
+def grad_tensor(like: Any, local: np.ndarray, *pending: Iterable[str]) -> Any:
+    """A gradient of `like`: its tensor map, pending over the union of `pending`, block `local`."""
+    from ..runtime import DTensor
+
+    layout = like.layout
+    wanted = set(a for group in pending for a in group)
+    partial = tuple(a for a in layout.layout.alias_name if a in wanted)
+    local = np.asarray(local, dtype=like.dtype)
+    if not local.flags.c_contiguous:  # collectives read C order (ascontiguousarray makes 0-d 1-d)
+        local = local.copy()
+    return DTensor(like.mesh, local, TensorLayout(layout.layout, layout.tensor_map, partial),
+                   like.global_shape)
+
+
+def _named(op: str, label: Optional[str], plan: Any) -> Callable[[], str]:
+    """A node's name for explanations, made when asked: "matmul MatMul1 (contraction dim K ...)"."""
+    def name() -> str:
+        text = op if not label or label == op else f"{op} {label}"
+        return text if plan is None else f"{text}: {plan.why()}"
+    return name
+
+
+def _swap(a: np.ndarray) -> np.ndarray:
+    return np.swapaxes(a, -1, -2)
+
+
+def _matmul_grads(x: Any, w: Any, local: TensorLayout, ta: bool, tb: bool, dy: Any,
+                  need_x: bool, need_w: bool) -> tuple[Optional[Any], Optional[Any]]:
+    """(dX, dW) of Y = op(X) @ op(W) from dY in the local product's tensor map.
+
+    dX sums over N (pending over N's axes and over W's own pending axes);
+    dW sums over M and, for a 2-d W, over the batch dims (pending over their axes).
+    """
+    passed = dy.layout.partial
+    a = _swap(x.local) if ta else x.local
+    b = _swap(w.local) if tb else w.local
+    gx = gw = None
+    if need_x:
+        da = np.matmul(dy.local, _swap(b))
+        gx = grad_tensor(x, _swap(da) if ta else da, passed, axes_of(local, local.tensor_map[-1:]),
+                         w.layout.partial)
+    if need_w:
+        db = np.matmul(_swap(a), dy.local)
+        summed = local.tensor_map[-2:-1]
+        if w.layout.ndim == 2 and db.ndim > 2:
+            db = db.sum(axis=tuple(range(db.ndim - 2)))
+            summed = local.tensor_map[:-1]
+        gw = grad_tensor(w, _swap(db) if tb else db, passed, axes_of(local, summed), x.layout.partial)
+    return gx, gw
+
+
+def record_matmul(out: Any, x: Any, w: Any, plan: Any, ta: bool, tb: bool, label: Optional[str] = None) -> Any:
+    """Y = op(x) @ op(w): the gradient arrives in the local product's map (the resolution's conjugate)."""
+    need = (x._ag is not None, w._ag is not None)
+
+    def backward(dy: Any) -> tuple:
+        return _matmul_grads(x, w, plan.local, ta, tb, dy, *need)
+
+    return record(out, _named("matmul", label, plan), (x, w), backward, plan.local.with_partial(()))
+
+
+def record_linear(out: Any, x: Any, w: Any, bias: Any, plan: Any, label: Optional[str] = None) -> Any:
+    """x @ w + bias (bias added once); the gather's conjugate is a local slice, the Allreduce's nothing."""
+    local = plan.matmul.local
+    need = (x._ag is not None, w._ag is not None, bias is not None and bias._ag is not None)
+
+    def backward(dy: Any) -> tuple:
+        gx, gw = _matmul_grads(x, w, local, False, False, dy, need[0], need[1])
+        gb = None
+        if need[2]:
+            rows = dy.local.reshape(-1, dy.local.shape[-1]).sum(axis=0)
+            gb = grad_tensor(bias, rows, dy.layout.partial, axes_of(local, local.tensor_map[:-1]))
+        return gx, gw, gb
+
+    return record(out, _named("linear", label, plan.matmul), (x, w, bias), backward,
+                  local.with_partial(()))
+
+
+def record_embedding(out: Any, ids: Any, table: Any, plan: Any, start: int, label: Optional[str] = None) -> Any:
+    """table[ids]: the gradient rows are added into the rows this rank owns (no communication)."""
+
+    def backward(dy: Any) -> tuple:
+        rows = table.local.shape[0]
+        flat_ids = ids.local.reshape(-1) - start
+        owned = (flat_ids >= 0) & (flat_ids < rows)
+        g = np.zeros(table.local.shape, dy.local.dtype)
+        np.add.at(g, flat_ids[owned], dy.local.reshape(-1, g.shape[1])[owned])
+        return None, grad_tensor(table, g, dy.layout.partial, axes_of(plan.local, plan.local.tensor_map[:-1]))
+
+    return record(out, _named("embedding", label, None), (ids, table), backward, plan.local.with_partial(()))
+
+
+def record_activation(out: Any, x: Any, name: str) -> Any:
+    """relu / gelu: dX = dY * act'(x), shard by shard."""
+    derivative = reference_grad.ACTIVATION_GRADS[name]
+
+    def backward(dy: Any) -> tuple:
+        return (grad_tensor(x, dy.local * derivative(x.local), dy.layout.partial),)
+
+    return record(out, name, (x,), backward, x.layout)
+
+
+def record_softmax(out: Any, x: Any, dim: int) -> Any:
+    """softmax along a whole dim: dX = s * (dY - sum(dY * s)), shard by shard."""
+
+    def backward(dy: Any) -> tuple:
+        return (grad_tensor(x, reference_grad.softmax_grad(out.local, dy.local, dim), dy.layout.partial),)
+
+    return record(out, "softmax", (x,), backward, out.layout, reads=(x, out))
+
+
+def record_bias_add(out: Any, x: Any, bias: Any) -> Any:
+    """x + bias: dX = dY, dbias = dY summed over the leading dims (pending over their axes)."""
+    need_x, need_b = x._ag is not None, bias._ag is not None
+
+    def backward(dy: Any) -> tuple:
+        gx = grad_tensor(x, dy.local, dy.layout.partial) if need_x else None
+        gb = None
+        if need_b:
+            rows = dy.local.reshape(-1, dy.local.shape[-1]).sum(axis=0)
+            gb = grad_tensor(bias, rows, dy.layout.partial, axes_of(x.layout, x.layout.tensor_map[:-1]))
+        return gx, gb
+
+    return record(out, "bias_add", (x, bias), backward, x.layout)
+
+
+def record_add(out: Any, a: Any, b: Any) -> Any:
+    """a + b: both gradients are dY (a pending dY stays pending)."""
+    return record(out, "add", (a, b), lambda dy: (dy, dy))
+
+
+def record_scale(out: Any, x: Any, factor: Any) -> Any:
+    """x * factor: dX = dY * factor."""
+    from ..runtime import DTensor
+
+    def backward(dy: Any) -> tuple:
+        return (DTensor(dy.mesh, dy.local * np.asarray(factor, dy.dtype), dy.layout, dy.global_shape),)
+
+    return record(out, "scale", (x,), backward)
+
+
+def record_transpose(out: Any, x: Any, dims: tuple[int, ...]) -> Any:
+    """Permuted dims: the gradient is permuted back."""
+    inverse = tuple(int(i) for i in np.argsort(dims))
+
+    def backward(dy: Any) -> tuple:
+        return (grad_tensor(x, np.transpose(dy.local, inverse), dy.layout.partial),)
+
+    return record(out, "transpose", (x,), backward)
+
+
+def record_reshape(out: Any, x: Any) -> Any:
+    """A local reshape: the gradient is reshaped back."""
+
+    def backward(dy: Any) -> tuple:
+        return (grad_tensor(x, dy.local.reshape(x.local.shape), dy.layout.partial),)
+
+    return record(out, "reshape", (x,), backward)
+
+
+def record_redistribute(out: Any, x: Any) -> Any:
+    """A move: its backward is the planner's reverse move, which the engine makes."""
+    return record(out, lambda: f"redistribute {x.layout} -> {out.layout}", (x,), lambda dy: (dy,))

@@ -1,0 +1,56 @@
+"""Sharding propagation and strategy search (seed 001): choose every operator's strategy.
+
+Pure (numpy only; never imports mpi4py). `autoshard(network, devices, ...)`
+enumerates each operator's candidate strategies (`candidates`), prices them and
+the redistributions between them (`cost`: exact bytes per rank, or modelled
+seconds), and picks one per operator by propagation from the fixed operators
+or by search (`search`: exact DP on chains and trees, branch and bound on
+other graphs). `spmdsim autoshard --network NAME` is the command line;
+`spmdsim.autoshard.execute` runs a choice under MPI. The module is callable:
+``spmdsim.autoshard("net_mindspore_tutorial", 8)`` is ``autoshard(...)``.
+"""
+from __future__ import annotations
+
+import sys
+import types
+
+from .candidates import Candidate, make_candidate
+from .choose import METHODS, OpReport, Result, autoshard
+from .cost import OBJECTIVES, Objective, Table, redistribution_bytes
+from .graph import Graph, OpNode, ParamSpec, attention, mlp_chain
+from .networks import NAMES, build
+from .search import Outcome, branch_and_bound, propagate, tree_search
+
+__all__ = [
+    "autoshard",
+    "Result",
+    "OpReport",
+    "Candidate",
+    "make_candidate",
+    "Graph",
+    "OpNode",
+    "ParamSpec",
+    "mlp_chain",
+    "attention",
+    "NAMES",
+    "build",
+    "Objective",
+    "OBJECTIVES",
+    "METHODS",
+    "Table",
+    "redistribution_bytes",
+    "Outcome",
+    "propagate",
+    "tree_search",
+    "branch_and_bound",
+]
+
+
+class _CallableModule(types.ModuleType):
+    """This module, callable: ``spmdsim.autoshard(...)`` is `autoshard`; its names stay reachable."""
+
+    def __call__(self, *args, **kwargs) -> Result:
+        return autoshard(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

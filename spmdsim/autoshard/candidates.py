@@ -1,0 +1,279 @@
+"""Candidate strategies per operator: every `.shard` strategy whose split counts fit the devices.
+
+Pure (never imports mpi4py). A strategy gives the number of slices of each dim
+of each input (MindSpore's ``.shard``); its layouts come from
+`spmdsim.dialects.strategy` (device matrix = the counts, plus the
+repeated-calculation axis "rep" on the right when they use fewer devices than
+the world), and the operator's own communication from the pure inference of
+`spmdsim.ops.infer`, priced by the redistribution planner (the step that turns
+the local result into the finished output). Per kind:
+
+* matmul / linear / bmm ``((batch.., a, b), (batch.., b, c))``: every (a, b, c)
+  whose product divides the devices; a split contraction b also with each
+  ``out_strategy`` that Reduce_scatters into one output dim;
+* relu / gelu: every split of the input; softmax: the last dim whole;
+* flatten: only the batch dim split (a local reshape);
+* embedding ``((v, d), (ids..))``: vocabulary and/or embedding dim split, ids split too.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Iterator, Optional, Sequence
+
+import numpy as np
+
+from ..dialects.strategy import format_strategy, layout_to_strategy, matmul_layouts, strategy_to_layout
+from ..errors import SpmdsimError
+from ..layout import Layout, TensorLayout
+from ..ops.infer import (infer_elementwise, infer_embedding, infer_linear, infer_matmul,
+                         infer_softmax, out_layout_from_strategy)
+from ..plan import Plan, plan_redistribution
+from .graph import ELEMENTWISE, OpNode
+
+__all__ = ["Candidate", "candidates", "make_candidate"]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to run an operator: the layouts it needs and what it costs by itself.
+
+    Attributes:
+        strategy: slice counts per input, activations then weights (MindSpore's order).
+        out_strategy: slice counts of the output when it is reduce-scattered, else None.
+        inputs: the layout each activation input must arrive in.
+        params: the layout of each weight (placed there for free).
+        out: the layout of the finished output.
+        own: plans of the operator's own collectives (local result -> `out`).
+        own_bytes: bytes the busiest rank receives in them.
+        flops: floating-point operations one rank performs.
+        memory: bytes one rank holds while it runs (weights, inputs, outputs).
+        hand: whether this is the network's hand-written strategy.
+    """
+
+    strategy: tuple[tuple[int, ...], ...]
+    out_strategy: Optional[tuple[tuple[int, ...], ...]]
+    inputs: tuple[TensorLayout, ...]
+    params: tuple[TensorLayout, ...]
+    out: TensorLayout
+    own: tuple[Plan, ...]
+    own_bytes: int
+    flops: int
+    memory: int
+    hand: bool = False
+
+    @property
+    def text(self) -> str:
+        """MindSpore's spelling: ``((2, 4), (4, 1))``, ``... out ((8, 1),)``."""
+        text = format_strategy(self.strategy) if self.strategy else "()"
+        if self.out_strategy:
+            text += f" out {format_strategy(self.out_strategy)}"
+        return text
+
+    def collectives(self) -> tuple[str, ...]:
+        """Names of the operator's own collectives, in order (``Allreduce(k)``)."""
+        return tuple(f"{s.via}({','.join(s.axes)})" for p in self.own for s in p.steps
+                     if s.op not in ("local_slice", "local_zero"))
+
+    def same_layouts(self, other: "Candidate") -> bool:
+        return (self.inputs, self.params, self.out) == (other.inputs, other.params, other.out)
+
+
+def _local_bytes(tl: TensorLayout, shape: Sequence[int], dtype: str) -> int:
+    return math.prod(tl.local_shape(shape)) * np.dtype(dtype).itemsize
+
+
+def _dtype_of(node: OpNode, producers_dtype: Sequence[str]) -> Sequence[str]:
+    return producers_dtype or (node.dtype,) * len(node.inputs)
+
+
+def make_candidate(node: OpNode, inputs: Sequence[TensorLayout], params: Sequence[TensorLayout],
+                   in_dtypes: Sequence[str] = (), out: Optional[TensorLayout] = None,
+                   hand: bool = False) -> Candidate:
+    """The candidate running `node` on these layouts (OperatorError/ShapeError when it cannot).
+
+    `out` asks for a reduce-scattered output (MindSpore's out_strategy);
+    `in_dtypes` are the activation inputs' dtypes (default: the node's).
+    """
+    inputs, params = tuple(inputs), tuple(params)
+    in_dtypes = _dtype_of(node, tuple(in_dtypes))
+    for tl, shape in zip(inputs + params, node.in_shapes + tuple(p.shape for p in node.params)):
+        tl.check_shape(shape)
+    local, final, flops = _infer(node, inputs, params, out)
+    final.check_shape(node.out_shape)
+    own = (own_plan(local, final, node.out_shape, node.dtype),) if local.partial else ()
+    memory = sum(_local_bytes(tl, s, d) for tl, s, d in zip(inputs, node.in_shapes, in_dtypes))
+    memory += sum(_local_bytes(tl, p.shape, p.source.dtype) for tl, p in zip(params, node.params))
+    memory += max(_local_bytes(local, node.out_shape, node.dtype),
+                  _local_bytes(final, node.out_shape, node.dtype))
+    strategy = tuple(map(layout_to_strategy, (*inputs, *params))) if inputs else (final.shards_per_dim,)
+    out_strategy = None
+    if out is not None and out.shards_per_dim != local.shards_per_dim:
+        out_strategy = (out.shards_per_dim,)
+    own_bytes = sum(p.max_bytes_received for p in own)
+    return Candidate(strategy, out_strategy, inputs, params, final, own, own_bytes, flops, memory, hand)
+
+
+def _infer(node: OpNode, inputs: tuple, params: tuple, out: Optional[TensorLayout]) -> tuple:
+    """(local result layout, finished layout, flops per rank) of one operator."""
+    kind = node.kind
+    if kind == "input":
+        return node.layout, node.layout, 0
+    if kind == "flatten":
+        (x,) = inputs
+        infer_elementwise(x, "flatten")
+        if any(x.num_shards(d) > 1 for d in range(1, x.ndim)):
+            raise SpmdsimError(f"flatten of {x} needs only dim 0 split to be a local reshape")
+        out = x.layout(x.tensor_map[0], None)
+        return out, out, 0
+    if kind in ELEMENTWISE:
+        (x,) = inputs
+        infer_elementwise(x, kind)
+        if kind == "softmax" and x.num_shards(x.ndim - 1) > 1:
+            infer_softmax(x)  # raises: each rank needs whole rows to normalise
+        return x, x, math.prod(x.local_shape(node.out_shape)) * (5 if kind == "softmax" else 1)
+    if kind == "embedding":
+        plan = infer_embedding(inputs[0], params[0], gather_out=False)
+        return plan.local, plan.out, 0
+    if kind == "linear":
+        plan = infer_linear(inputs[0], *params)
+        mm = plan.matmul
+    else:
+        x, w = (inputs[0], params[0]) if kind == "matmul" else inputs
+        mm = infer_matmul(x, w, transpose_b=node.transpose_b, out=out)
+    k_size = node.in_shapes[0][-1] // mm.x.layout.group_size(mm.contraction_axes)
+    flops = 2 * math.prod(mm.local.local_shape(node.out_shape)) * k_size
+    return mm.local, mm.out, flops
+
+
+def own_plan(local: TensorLayout, final: TensorLayout, shape: Sequence[int], dtype: str) -> Plan:
+    """The planner's plan of an operator's own collective, on the mesh of its pending axes only.
+
+    The collective sums each rank's local block within the groups over the
+    pending axes and (Reduce_scatter) keeps one part of a dim; the other axes
+    only say which block a group works on. Planned on those axes alone, with
+    the local block as the tensor, it moves the same bytes per rank (tested
+    against the whole-mesh plan) and stays quick at thousands of devices. The
+    block is folded to (elements,) for an Allreduce and to (before, dim, after)
+    for a Reduce_scatter: the same bytes, and the same packing for the cost model.
+    """
+    pending = local.partial
+    mesh = Layout(tuple(local.layout.axis_size(a) for a in pending), pending)
+    block = local.with_partial(()).local_shape(shape)
+    target = [tuple(a for a in axes if a in pending) for axes in final.tensor_map]
+    dims = [d for d, axes in enumerate(target) if axes]
+    if not dims:
+        folded, target = (math.prod(block),), [()]
+    else:
+        d = dims[0]
+        before, after = math.prod(block[:d]), math.prod(block[d + 1:])
+        folded = ((before,) if before > 1 else ()) + (block[d], after)
+        target = ([()] if before > 1 else []) + [target[d], ()]
+    return plan_redistribution(mesh(*([None] * len(folded)), partial=pending), mesh(*target),
+                               folded, dtype)
+
+
+# -- enumeration -------------------------------------------------------------------------
+def _counts(sizes: Sequence[int], devices: int, whole: Sequence[int] = ()) -> Iterator[tuple[int, ...]]:
+    """Every tuple of slice counts, one per size, each dividing its size, product dividing devices.
+
+    Dims listed in `whole` are never split.
+    """
+    options = []
+    for d, size in enumerate(sizes):
+        options.append([1] if d in whole else
+                       [c for c in range(1, devices + 1) if devices % c == 0 and size % c == 0])
+    for combo in itertools.product(*options):
+        if devices % math.prod(combo) == 0:
+            yield combo
+
+
+def candidates(node: OpNode, devices: int, in_dtypes: Sequence[str] = ()) -> tuple[Candidate, ...]:
+    """Every candidate of `node` on `devices` devices, in a fixed order (most devices first).
+
+    Operators of the same kind and shapes share one (cached) tuple: a chain of
+    identical layers enumerates once.
+    """
+    shapes = (node.kind, node.in_shapes, node.out_shape, node.dtype, node.transpose_b, node.layout,
+              tuple((p.shape, p.source.dtype) for p in node.params))
+    key = (shapes, devices, tuple(in_dtypes))
+    if key not in _CACHE:
+        if len(_CACHE) >= 256:
+            _CACHE.clear()
+        _CACHE[key] = _enumerate(node, devices, tuple(in_dtypes))
+    return _CACHE[key]
+
+
+_CACHE: dict = {}
+
+
+def _enumerate(node: OpNode, devices: int, in_dtypes: tuple) -> tuple[Candidate, ...]:
+    out = []
+    for inputs, params, want in _layouts(node, devices):
+        try:
+            out.append(make_candidate(node, inputs, params, in_dtypes, want))
+        except SpmdsimError:
+            continue  # a shape that does not divide, an axis reused: not a candidate
+    return tuple(sorted(out, key=_devices_used, reverse=True))
+
+
+def _devices_used(c: Candidate) -> int:
+    """Devices that compute different things (the rest repeat the calculation)."""
+    layout = c.out.layout
+    return layout.num_devices // (layout.axis_size("rep") if "rep" in layout.alias_name else 1)
+
+
+def _layouts(node: OpNode, devices: int) -> Iterator[tuple]:
+    """(activation layouts, weight layouts, wanted output or None) of every strategy."""
+    kind, shapes = node.kind, node.in_shapes
+    if kind == "input":
+        yield (), (), None
+        return
+    if kind in ("flatten",) + ELEMENTWISE:
+        x = shapes[0]
+        whole = range(1, len(x)) if kind == "flatten" else (len(x) - 1,) if kind == "softmax" else ()
+        for counts in _counts(x, devices, tuple(whole)):
+            yield (strategy_to_layout(counts, devices),), (), None
+        return
+    if kind == "embedding":
+        yield from _embedding_layouts(node, devices)
+        return
+    yield from _matmul_layouts(node, devices)
+
+
+def _embedding_layouts(node: OpNode, devices: int) -> Iterator[tuple]:
+    ids, table = node.in_shapes[0], node.params[0].shape
+    n = len(ids)
+    for counts in _counts(ids + table, devices):
+        full = strategy_to_layout(counts, devices)
+        names = [f"s{i}" for i in range(n + 2)]
+        yield (full.layout(*names[:n]),), (full.layout(*names[n:]),), None
+
+
+def _matmul_layouts(node: OpNode, devices: int) -> Iterator[tuple]:
+    x = node.in_shapes[0]
+    w = node.in_shapes[1] if node.kind == "bmm" else node.params[0].shape
+    tb = node.transpose_b
+    m, k = x[-2], x[-1]
+    n = w[-2] if tb else w[-1]
+    batch = x[:-2]
+    for counts in _counts(batch + (m, k, n), devices):
+        *bc, a, b, c = counts
+        xs, ws = tuple(bc) + (a, b), (tuple(bc) if len(w) > 2 else ()) + ((c, b) if tb else (b, c))
+        try:
+            mm = matmul_layouts((xs, ws), devices, transpose_b=tb)
+        except SpmdsimError:
+            continue
+        if node.kind == "bmm":
+            yield (mm.x, mm.w), (), None
+            continue
+        params = (mm.w,) if node.kind == "matmul" else (mm.w, mm.layout(mm.out.tensor_map[-1]))
+        yield (mm.x,), params, None
+        if b == 1 or node.kind != "matmul":
+            continue
+        for d, size in enumerate(node.out_shape):
+            want = list(mm.out.shards_per_dim)
+            want[d] *= b
+            if size % want[d] == 0:
+                yield (mm.x,), params, out_layout_from_strategy(mm.out, want)

@@ -1,0 +1,279 @@
+"""`autoshard(...)`: candidates, costs, propagation or search, and the report of the choice.
+
+Pure (never imports mpi4py).
+
+    from spmdsim.autoshard import autoshard
+    result = autoshard("net_mindspore_tutorial", 8, fix={"MatMul1": "((2, 4), (4, 1))"})
+    print(result.table()); result.total_bytes_per_rank
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence, Union
+
+from ..cost import CostModel, load_or_default
+from ..dialects.strategy import parse_strategy
+from ..errors import OperatorError, SpmdsimError
+from ..plan import Plan
+from ..validate import int_arg
+from .candidates import Candidate, candidates, make_candidate
+from .cost import Objective, Table, hop_plans, measure_flops_rate, plan_seconds, redistribution_bytes
+from .graph import Graph
+from .networks import Hand, build
+from .search import Outcome, branch_and_bound, propagate, tree_search
+
+__all__ = ["autoshard", "Result", "OpReport", "METHODS", "PLANNED_HOPS_MAX_DEVICES",
+           "TIME_OBJECTIVE_MAX_DEVICES"]
+
+METHODS = ("search", "propagate")
+
+#: The time objective plans every pair of candidate layouts (~20 s for the tutorial at 16).
+TIME_OBJECTIVE_MAX_DEVICES = 16
+
+#: Above this many devices the chosen hops are priced from the blocks alone
+#: (exact bytes) and not planned step by step (the planner takes ~0.5 s a hop at 4,096).
+PLANNED_HOPS_MAX_DEVICES = 512
+
+
+@dataclass(frozen=True)
+class OpReport:
+    """One operator of a choice: its candidate and what it costs.
+
+    Attributes:
+        considered: candidates enumerated; ruled_out: of those, over the memory limit.
+        in_bytes: bytes the busiest rank receives redistributing its inputs.
+        own_bytes: bytes the busiest rank receives in its own collectives.
+        hops: the planner's plans of those redistributions (empty when not planned).
+        comm_seconds, compute_seconds: modelled.
+        why: the reason for the choice.
+    """
+
+    name: str
+    kind: str
+    considered: int
+    ruled_out: int
+    candidate: Candidate
+    in_bytes: int
+    own_bytes: int
+    hops: tuple[Plan, ...]
+    comm_seconds: float
+    compute_seconds: float
+    why: str = ""
+
+    @property
+    def bytes_per_rank(self) -> int:
+        return self.in_bytes + self.own_bytes
+
+    @property
+    def seconds(self) -> float:
+        return self.comm_seconds + self.compute_seconds
+
+
+@dataclass(frozen=True)
+class Result:
+    """What `autoshard` chose, why, and how it compares with the hand-written strategies."""
+
+    graph: Graph
+    devices: int
+    objective: Objective
+    outcome: Outcome
+    ops: tuple[OpReport, ...]
+    hand_ops: Optional[tuple[OpReport, ...]]
+    propagation: Outcome
+    propagation_bytes: int
+    runners_up: tuple[tuple[int, float, tuple[str, ...]], ...]
+
+    @property
+    def total_bytes_per_rank(self) -> int:
+        return sum(op.bytes_per_rank for op in self.ops)
+
+    @property
+    def hand_written_total_bytes_per_rank(self) -> Optional[int]:
+        return None if self.hand_ops is None else sum(op.bytes_per_rank for op in self.hand_ops)
+
+    @property
+    def total_seconds(self) -> float:
+        return sum(op.seconds for op in self.ops)
+
+    def table(self) -> str:
+        from .report import format_result
+
+        return format_result(self)
+
+    def to_json(self) -> dict:
+        from .report import result_json
+
+        return result_json(self)
+
+
+def autoshard(network: Union[str, Graph], devices: int = 8, *,
+              fix: Optional[Mapping[str, str]] = None, memory_limit: Optional[int] = None,
+              objective: str = "bytes", method: str = "search", flops_per_s: Optional[float] = None,
+              model: Optional[CostModel] = None, runners_up: int = 3, node_limit: int = 200_000,
+              time_limit_s: Optional[float] = None, hand: Optional[Sequence[Optional[Hand]]] = None) -> Result:
+    """Choose every operator's strategy of `network` on `devices` devices.
+
+    Args:
+        network: a name (`spmdsim.autoshard.networks.NAMES`) or a Graph (then `hand`
+            may give its hand-written layouts, one per node, None for the input).
+        fix: {operator: strategy text} held fixed, e.g. ``"((2, 4), (4, 1))"``,
+            ``"((2, 4), (4, 1)) out ((8, 1),)"``, or ``"hand"`` (the hand-written one).
+        memory_limit: bytes per rank an operator may hold (weights, inputs, output).
+        objective: "bytes" (per rank, exact) or "time" (alpha-beta model + compute).
+        method: "search" (tree DP, else branch and bound) or "propagate" (seed 001).
+        flops_per_s: compute rate of one rank (default: measured now).
+        model: the collectives' cost model (default: the calibrated one, `spmdsim calibrate`).
+        node_limit, time_limit_s: when branch and bound stops (then not proven optimal).
+    """
+    devices = int_arg(devices, "devices", low=1)
+    if method not in METHODS:
+        raise SpmdsimError(f"method {method!r} must be one of {METHODS!r}")
+    if objective == "time" and devices > TIME_OBJECTIVE_MAX_DEVICES:
+        raise SpmdsimError(f"the time objective plans every pair of layouts, too slow at {devices} "
+                           f"devices; expected at most {TIME_OBJECTIVE_MAX_DEVICES} (or --objective bytes)")
+    if isinstance(network, str):
+        graph, hand = build(network, devices)
+    else:
+        graph = network
+    obj = Objective(objective, flops_per_s or measure_flops_rate(),
+                    model if model is not None else load_or_default())
+    dtypes = [n.dtype for n in graph.nodes]
+    in_dtypes = [tuple(dtypes[graph.index(i)] for i in n.inputs) for n in graph.nodes]
+    hand_cands = _hand(graph, hand, in_dtypes)
+    options, considered, ruled_out = _options(graph, devices, in_dtypes, hand_cands, dict(fix or {}),
+                                              memory_limit)
+    table = Table(graph, options, obj, dtypes)
+    names = [n.name for n in graph.nodes]
+    fixed = [i for i, n in enumerate(graph.nodes) if n.name in (fix or {})] + [0]
+    prop = propagate(table.node, table.edge, fixed, names, _unit(obj))
+    if method == "propagate":
+        outcome = prop
+    elif graph.is_tree():
+        outcome = tree_search(table.node, table.edge, runners_up)
+    else:
+        outcome = branch_and_bound(table.node, table.edge, prop.choice, runners_up, node_limit,
+                                   time_limit_s)
+    chosen = [options[i][c] for i, c in enumerate(outcome.choice)]
+    whys = _whys(graph, options, outcome, fixed, obj)
+    ops = _reports(graph, chosen, considered, ruled_out, obj, whys)
+    hand_ops = None if hand_cands is None else _reports(graph, hand_cands, considered, ruled_out, obj,
+                                                        ["hand-written"] * len(chosen))
+    others = tuple((_exact_bytes(graph, [options[i][c] for i, c in enumerate(alt)]), value,
+                    tuple(f"{names[i]}={options[i][c].text}" for i, c in enumerate(alt)
+                          if c != outcome.choice[i]))
+                   for value, alt in outcome.runners_up)
+    prop_bytes = _exact_bytes(graph, [options[i][c] for i, c in enumerate(prop.choice)])
+    return Result(graph, devices, obj, outcome, ops, hand_ops, prop, prop_bytes, others)
+
+
+def _hand(graph: Graph, hand, in_dtypes) -> Optional[list[Candidate]]:
+    if hand is None:
+        return None
+    out = []
+    for node, h, dts in zip(graph.nodes, hand, in_dtypes):
+        if h is None:
+            out.append(make_candidate(node, (), (), dts, hand=True))
+        else:
+            want = h.out if node.kind == "matmul" else None
+            out.append(make_candidate(node, h.inputs, h.params, dts, want, hand=True))
+    return out
+
+
+def _options(graph: Graph, devices: int, in_dtypes, hand_cands, fix: dict, memory_limit) -> tuple:
+    """Per node: the candidates the search may take, how many were enumerated, how many ruled out."""
+    for name in fix:
+        graph.index(name)  # an unknown name raises, listing the known ones
+    if graph.nodes[0].name in fix:
+        raise OperatorError(f"{graph.nodes[0].name!r} is the network input; its layout is given")
+    options, considered, ruled_out = [], [], []
+    for i, node in enumerate(graph.nodes):
+        cands = list(candidates(node, devices, in_dtypes[i]))
+        if hand_cands is not None and i and not any(c.same_layouts(hand_cands[i]) for c in cands):
+            cands.append(hand_cands[i])
+        considered.append(len(cands))
+        if node.name in fix:
+            cands = [_fixed(node.name, fix[node.name], cands, hand_cands and hand_cands[i])]
+        fits = [c for c in cands if memory_limit is None or c.memory <= memory_limit or i == 0]
+        if not fits:
+            least = min(c.memory for c in cands)
+            raise SpmdsimError(f"no strategy of {node.name} fits the memory limit of {memory_limit!r} "
+                               f"bytes per rank; the smallest needs {least}")
+        ruled_out.append(len(cands) - len(fits) if node.name not in fix else 0)
+        options.append(tuple(fits))
+    return options, considered, ruled_out
+
+
+def _fixed(name: str, text: str, cands: list, hand: Optional[Candidate]) -> Candidate:
+    """The candidate `text` names: "hand", or an in-strategy with an optional "out" strategy."""
+    if text.strip().lower() == "hand":
+        if hand is None:
+            raise SpmdsimError(f"{name} has no hand-written strategy at this device count")
+        return next(c for c in cands if c.same_layouts(hand))
+    parts = re.split(r"\s+out\s+", text.strip())
+    strategy = parse_strategy(parts[0])
+    out = parse_strategy(parts[1]) if len(parts) == 2 else None
+    for c in sorted(cands, key=lambda c: c.hand):  # an enumerated one before a hand-written twin
+        if c.strategy == strategy and c.out_strategy == out:
+            return c
+    shown = ", ".join(c.text for c in cands[:6])
+    raise SpmdsimError(f"strategy {text!r} is not a candidate of {name}; candidates are e.g. {shown}"
+                       f" ({len(cands)} in all)")
+
+
+def _whys(graph: Graph, options, outcome: Outcome, fixed: Sequence[int], obj: Objective) -> list[str]:
+    out = []
+    unit = _unit(obj)
+    for i, node in enumerate(graph.nodes):
+        if i == 0:
+            out.append("input (given)")
+        elif i in fixed:
+            out.append("fixed")
+        elif outcome.reasons:
+            out.append(outcome.reasons[i])
+        elif len(options[i]) == 1:
+            out.append("the only candidate")
+        else:
+            nxt = outcome.next_here[i] if outcome.next_here else None
+            if nxt is None:
+                out.append("least total")
+            else:
+                c, value = nxt
+                alt = options[i][c].text.replace(", ", ",")
+                out.append(f"next best +{unit(max(0, value - outcome.value))}: {alt}")
+    return out
+
+
+def _unit(obj: Objective):
+    if obj.kind == "bytes":
+        return lambda v: f"{int(round(v)):,} B"
+    return lambda v: f"{v * 1e3:.3g} ms"
+
+
+def _reports(graph: Graph, chosen: Sequence[Candidate], considered, ruled_out, obj: Objective,
+             whys: Sequence[str]) -> tuple[OpReport, ...]:
+    """Exact bytes (planned hops up to PLANNED_HOPS_MAX_DEVICES) and modelled seconds per operator."""
+    devices = chosen[0].out.layout.num_devices
+    planned = devices <= PLANNED_HOPS_MAX_DEVICES
+    out = []
+    for q, node in enumerate(graph.nodes):
+        hops, in_bytes = [], 0
+        for pos, src in enumerate(node.inputs):
+            p = graph.index(src)
+            s, t, shape = chosen[p].out, chosen[q].inputs[pos], node.in_shapes[pos]
+            if planned:
+                hops += hop_plans(s, t, shape, graph.nodes[p].dtype)
+            in_bytes += int(redistribution_bytes([s], [t], shape, graph.nodes[p].dtype)[0, 0])
+        c = chosen[q]
+        comm = plan_seconds(tuple(hops) + c.own, obj.model)
+        out.append(OpReport(node.name, node.kind, considered[q], ruled_out[q], c, in_bytes,
+                            c.own_bytes, tuple(hops), comm, c.flops / obj.flops_per_s, whys[q]))
+    return tuple(out)
+
+
+def _exact_bytes(graph: Graph, chosen: Sequence[Candidate]) -> int:
+    total = sum(c.own_bytes for c in chosen)
+    for p, q, pos in graph.edges:
+        total += int(redistribution_bytes([chosen[p].out], [chosen[q].inputs[pos]],
+                                          graph.nodes[q].in_shapes[pos], graph.nodes[p].dtype)[0, 0])
+    return total

@@ -1,0 +1,252 @@
+"""What a choice of candidates costs: each operator's own collectives plus the redistributions.
+
+Pure (never imports mpi4py). Two objectives:
+
+* ``bytes``: the bytes the busiest rank receives, summed over the hops (each
+  operator's own collectives, each redistribution from a producer's output
+  layout to the layout its consumer needs). A redistribution between layouts
+  without pending sums costs exactly its lower bound (the planner's exchange
+  always meets it, and the planner keeps the least), which `redistribution_bytes`
+  computes for many targets at once from the blocks each rank holds, without
+  building plans: the search prices every pair of candidates this way, and
+  the chosen hops are planned by `spmdsim.plan` afterwards;
+* ``time``: the calibrated alpha-beta model (`spmdsim.cost`) over the planned
+  steps, plus each operator's floating-point work at a stated or measured rate.
+
+`Table` holds, per operator, the cost of each candidate and, per edge, the
+matrix of redistribution costs between the producer's and the consumer's candidates.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ..cost import DEFAULT_MODEL, CostModel, predict_plan
+from ..errors import SpmdsimError
+from ..layout import TensorLayout
+from ..plan import Plan, plan_redistribution
+from .candidates import Candidate
+from .graph import Graph
+
+__all__ = ["OBJECTIVES", "Objective", "Table", "redistribution_bytes", "measure_flops_rate",
+           "plan_seconds"]
+
+OBJECTIVES = ("bytes", "time")
+
+_CHUNK = 1 << 22  # elements per vectorised block (targets x dims x ranks)
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What the search minimises: "bytes" (per rank, exact) or "time" (seconds, modelled).
+
+    Attributes:
+        flops_per_s: compute rate of one rank (time objective and the time columns).
+        model: the alpha-beta model of the collectives.
+    """
+
+    kind: str = "bytes"
+    flops_per_s: float = 1e9
+    model: CostModel = DEFAULT_MODEL
+
+    def __post_init__(self) -> None:
+        if self.kind not in OBJECTIVES:
+            raise SpmdsimError(f"objective {self.kind!r} must be one of {OBJECTIVES!r}")
+        if not self.flops_per_s > 0:
+            raise SpmdsimError(f"compute rate {self.flops_per_s!r} FLOP/s must be > 0")
+
+
+def measure_flops_rate(n: int = 192, repeats: int = 5) -> float:
+    """FLOP/s of a float32 (n, n) @ (n, n) product on this process (best of `repeats`)."""
+    a = np.random.default_rng(0).random((n, n), dtype=np.float32)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ a
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / max(best, 1e-9)
+
+
+def plan_seconds(plans: Sequence[Plan], model: CostModel) -> float:
+    """Predicted seconds of some plans' steps under `model`."""
+    return sum(p.seconds for plan in plans for p in predict_plan(plan, model))
+
+
+@lru_cache(maxsize=8192)
+def _starts(tl: TensorLayout, shape: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """(first index held per dim and rank, block width per dim) of a layout without pending sums."""
+    widths = np.array(tl.local_shape(shape), dtype=np.int64)
+    starts = np.stack([tl.layout.group_indices(axes) * w
+                       for axes, w in zip(tl.tensor_map, widths)]) if shape else \
+        np.zeros((0, tl.layout.num_devices), dtype=np.int64)
+    return starts, widths
+
+
+def redistribution_bytes(sources: Sequence[TensorLayout], targets: Sequence[TensorLayout],
+                         shape: Sequence[int], dtype: str) -> np.ndarray:
+    """Per (source, target), the bytes the busiest rank receives going there (int64 matrix).
+
+    Each rank receives the part of its target block it does not hold: the
+    lower bound, which the planner's plan meets when neither side is a pending
+    sum (tested against `plan_redistribution`); pending sums go to the planner.
+    On power-of-two meshes the blocks nest, so the bound follows from which
+    rank bits index each dim (`_nested_need`); otherwise from every rank's blocks.
+    """
+    shape, itemsize = tuple(shape), np.dtype(dtype).itemsize
+    out = np.zeros((len(sources), len(targets)), dtype=np.int64)
+    bits_t = [_bits(t, shape) for t in targets]
+    easy = [j for j, t in enumerate(targets) if not t.partial and bits_t[j] is None]
+    nested = [j for j, t in enumerate(targets) if not t.partial and bits_t[j] is not None]
+    for i, source in enumerate(sources):
+        bits_s = None if source.partial else _bits(source, shape)
+        hard = range(len(targets)) if source.partial else \
+            [j for j, t in enumerate(targets) if t.partial or (bits_s is None and j in nested)]
+        for j in hard:
+            out[i, j] = plan_redistribution(source, targets[j], shape, dtype).max_bytes_received
+        if bits_s is not None:
+            for j in nested:
+                out[i, j] = _nested_need(bits_s, bits_t[j]) * itemsize
+        if not source.partial and easy:
+            out[i, easy] = _blocks_need(source, [targets[j] for j in easy], shape) * itemsize
+    return out
+
+
+@lru_cache(maxsize=8192)
+def _bits(tl: TensorLayout, shape: tuple) -> Optional[tuple]:
+    """Per dim (rank bits indexing its block, major first; block width), on a power-of-two mesh."""
+    layout, where = tl.layout, {}
+    for name, size, stride in zip(layout.alias_name, layout.device_matrix, layout.strides):
+        if size & (size - 1):
+            return None
+        low, k = stride.bit_length() - 1, size.bit_length() - 1
+        where[name] = tuple(range(low + k - 1, low - 1, -1))
+    widths = tl.local_shape(shape)
+    return tuple((tuple(b for a in axes for b in where[a]), w) for axes, w in zip(tl.tensor_map, widths))
+
+
+def _nested_need(source: tuple, target: tuple) -> int:
+    """Elements the busiest rank lacks of its target block when every split is a power of two.
+
+    Along each dim the finer block lies inside one coarser block; a rank holds
+    its whole target block there (the smaller width) exactly when the coarser
+    index is read from the same rank bits as the top of the finer one, on
+    every rank; one rank that reads other bits holds nothing of it.
+    """
+    held, size = 1, 1
+    for (bits_s, w_s), (bits_t, w_t) in zip(source, target):
+        size *= w_t
+        short, long = (bits_s, bits_t) if len(bits_s) <= len(bits_t) else (bits_t, bits_s)
+        if long[:len(short)] != short:
+            held = 0
+        held *= min(w_s, w_t)
+    return size - held
+
+
+def _blocks_need(source: TensorLayout, targets: Sequence[TensorLayout], shape: tuple) -> np.ndarray:
+    """Per target, elements the busiest rank lacks, from every rank's blocks (vectorised)."""
+    out = np.zeros(len(targets), dtype=np.int64)
+    lo, w = zip(*(_starts(t, shape) for t in targets))
+    t_lo, t_w = np.stack(lo), np.stack(w)  # (T, dims, ranks), (T, dims)
+    t_hi, t_size = t_lo + t_w[:, :, None], t_w.prod(axis=1)
+    s_lo, s_w = _starts(source, shape)
+    s_hi = s_lo + s_w[:, None]
+    step = max(1, _CHUNK // max(1, s_lo.size))
+    for first in range(0, len(targets), step):
+        part = slice(first, first + step)
+        overlap = np.minimum(s_hi, t_hi[part]) - np.maximum(s_lo, t_lo[part])
+        held = np.clip(overlap, 0, None).prod(axis=1)  # (T, ranks)
+        out[part] = t_size[part] - held.min(axis=1)
+    return out
+
+
+class Table:
+    """Costs of every candidate (`node[i][c]`) and every edge (`edge[(p, q)][cp, cq]`).
+
+    Parallel edges between the same two operators are summed. Bytes are int64,
+    seconds float64; `objective` says which the search minimises.
+    """
+
+    def __init__(self, graph: Graph, options: Sequence[Sequence[Candidate]], objective: Objective,
+                 dtypes: Sequence[str]) -> None:
+        self.graph, self.options, self.objective = graph, options, objective
+        self.dtypes = tuple(dtypes)
+        self._memo: dict = {}
+        self.node_bytes = [self._once(("bytes", tuple(map(id, cands))), lambda: np.array(
+            [c.own_bytes for c in cands], dtype=np.int64)) for cands in options]
+        self.node_seconds = [self._once(("seconds", tuple(map(id, cands))), lambda: np.array(
+            [self.own_seconds(c) for c in cands])) for cands in options]
+        self.edge_bytes: dict[tuple[int, int], np.ndarray] = {}
+        self.edge_seconds: dict[tuple[int, int], np.ndarray] = {}
+        for p, q, pos in graph.edges:
+            b = self._edge_bytes(p, q, pos)
+            self.edge_bytes[(p, q)] = self.edge_bytes.get((p, q), 0) + b
+            if objective.kind == "time":
+                s = self._edge_seconds(p, q, pos)
+                self.edge_seconds[(p, q)] = self.edge_seconds.get((p, q), 0) + s
+
+    @property
+    def node(self) -> list[np.ndarray]:
+        return self.node_bytes if self.objective.kind == "bytes" else self.node_seconds
+
+    @property
+    def edge(self) -> dict[tuple[int, int], np.ndarray]:
+        return self.edge_bytes if self.objective.kind == "bytes" else self.edge_seconds
+
+    def own_seconds(self, c: Candidate) -> float:
+        """Modelled seconds of a candidate's own collectives and its compute."""
+        return plan_seconds(c.own, self.objective.model) + c.flops / self.objective.flops_per_s
+
+    def _pairs(self, p: int, q: int, pos: int) -> tuple[list, list, tuple, str]:
+        sources = [c.out for c in self.options[p]]
+        targets = [c.inputs[pos] for c in self.options[q]]
+        return sources, targets, self.graph.nodes[q].in_shapes[pos], self.dtypes[p]
+
+    def _once(self, key: tuple, make) -> np.ndarray:
+        # Layers of one kind and shape share their candidates (the same objects): price once.
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
+
+    def _edge_bytes(self, p: int, q: int, pos: int) -> np.ndarray:
+        key = (tuple(map(id, self.options[p])), tuple(map(id, self.options[q])), pos,
+               self.graph.nodes[q].in_shapes[pos], self.dtypes[p])
+        return self._once(key, lambda: self._price_bytes(p, q, pos))
+
+    def _price_bytes(self, p: int, q: int, pos: int) -> np.ndarray:
+        sources, targets, shape, dtype = self._pairs(p, q, pos)
+        unique_s, unique_t = list(dict.fromkeys(sources)), list(dict.fromkeys(targets))
+        rows, cols = _positions(sources), _positions(targets)
+        return redistribution_bytes(unique_s, unique_t, shape, dtype)[np.ix_(rows, cols)]
+
+    def _edge_seconds(self, p: int, q: int, pos: int) -> np.ndarray:
+        key = ("seconds", tuple(map(id, self.options[p])), tuple(map(id, self.options[q])), pos,
+               self.graph.nodes[q].in_shapes[pos], self.dtypes[p])
+        return self._once(key, lambda: self._price_seconds(p, q, pos))
+
+    def _price_seconds(self, p: int, q: int, pos: int) -> np.ndarray:
+        sources, targets, shape, dtype = self._pairs(p, q, pos)
+        unique_s, unique_t = list(dict.fromkeys(sources)), list(dict.fromkeys(targets))
+        model = self.objective.model
+        matrix = np.array([[plan_seconds(hop_plans(s, t, shape, dtype), model) for t in unique_t]
+                           for s in unique_s]).reshape(len(unique_s), len(unique_t))
+        return matrix[np.ix_(_positions(sources), _positions(targets))]
+
+    def total(self, choice: Sequence[int]) -> float:
+        """Objective value of a whole choice (one candidate index per node)."""
+        value = sum(self.node[i][c] for i, c in enumerate(choice))
+        return value + sum(m[choice[p], choice[q]] for (p, q), m in self.edge.items())
+
+
+def _positions(items: Sequence) -> list[int]:
+    """Index of each item among the distinct items, in first-seen order."""
+    seen: dict = {}
+    return [seen.setdefault(x, len(seen)) for x in items]
+
+
+def hop_plans(source: TensorLayout, target: TensorLayout, shape: tuple, dtype: str) -> tuple[Plan, ...]:
+    """The planner's plan from `source` to `target` (none when they are equal)."""
+    return () if source == target else (plan_redistribution(source, target, tuple(shape), dtype),)

@@ -1,0 +1,137 @@
+"""`spmdsim autoshard`: choose every operator's strategy of a network by least communication.
+
+    spmdsim autoshard --network net_mindspore_tutorial --devices 8 --fix "MatMul1=((2,4),(4,1))"
+    spmdsim autoshard --network attention --devices 8 --objective time --json
+    timeout -k 5 120 mpiexec -n 8 spmdsim autoshard --network net_mindspore_tutorial --run
+    spmdsim autoshard --network net_paddle_tp --memory-limit 100K --run --ranks 4   # no mpiexec
+
+Planning is pure (no MPI); `--run` executes the choice on the ranks of the
+launch (their count is the device count) and prints predicted vs measured
+bytes and times per operator (`--ranks N`: N simulated ranks in this process).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ..errors import SpmdsimError
+
+__all__ = ["register", "run"]
+
+
+def register(subparsers: Any) -> None:
+    from ..autoshard import METHODS, NAMES, OBJECTIVES
+    from .calibrate import parse_size
+
+    parser = subparsers.add_parser(
+        "autoshard", help="choose every operator's strategy by least communication (seed 001)",
+        description="Enumerate each operator's strategies, price them (own collectives + "
+                    "redistribution between operators), and choose by search (exact on chains "
+                    "and trees, branch and bound otherwise) or by propagation from the fixed "
+                    "operators. Compares the total with the network's hand-written strategies.",
+    )
+    parser.add_argument("--network", required=True, choices=tuple(NAMES), metavar="NAME",
+                        help=f"one of {', '.join(NAMES)}")
+    parser.add_argument("--devices", type=int, default=None,
+                        help="device count (default 8; with --run, the ranks of the launch)")
+    parser.add_argument("--fix", action="append", default=[], metavar="OP=STRATEGY",
+                        help='hold an operator\'s strategy, e.g. "MatMul1=((2,4),(4,1))", '
+                             '"MatMul2=((1,8),(8,1)) out ((8,1),)" or "MatMul1=hand" (repeatable)')
+    parser.add_argument("--memory-limit", type=parse_size, metavar="BYTES",
+                        help="bytes per rank one operator may hold (weights, inputs, output), e.g. 1M")
+    parser.add_argument("--objective", choices=OBJECTIVES, default="bytes",
+                        help="minimise bytes per rank (exact) or modelled time (default bytes)")
+    parser.add_argument("--method", choices=METHODS, default="search",
+                        help="search (default) or propagate (seed 001's sharding propagation)")
+    parser.add_argument("--flops", type=float, metavar="FLOP/S",
+                        help="compute rate of one rank (default: measured now)")
+    parser.add_argument("--node-limit", type=int, default=200_000,
+                        help="branch and bound stops after this many nodes (then not proven)")
+    parser.add_argument("--json", action="store_true",
+                        help="print a JSON object (operators with name, strategy, bytes_per_rank; totals)")
+    parser.add_argument("--run", action="store_true",
+                        help="execute the choice under MPI and print predicted vs measured per operator")
+    parser.add_argument("--repeat", type=int, default=3, help="--run: forward passes (median)")
+    parser.add_argument("--ranks", type=int, metavar="N",
+                        help="--run on N simulated ranks in this process (no mpiexec; bytes are "
+                             "exact, times are not a cluster's)")
+    parser.set_defaults(func=run, dry_run=False)
+
+
+def _fixes(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name.strip() or not text.strip():
+            raise SpmdsimError(f"--fix {item!r} must read OP=STRATEGY, e.g. 'MatMul1=((2,4),(4,1))'")
+        out[name.strip()] = text.strip()
+    return out
+
+
+def _choose(args: argparse.Namespace, devices: int, flops: float | None) -> Any:
+    from ..autoshard import autoshard
+
+    if args.node_limit < 1:
+        raise SpmdsimError(f"--node-limit {args.node_limit!r} must be >= 1")
+    return autoshard(args.network, devices, fix=_fixes(args.fix), memory_limit=args.memory_limit,
+                     objective=args.objective, method=args.method, flops_per_s=flops,
+                     node_limit=args.node_limit)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.flops is not None and not args.flops > 0:
+        raise SpmdsimError(f"--flops {args.flops!r} must be > 0")
+    if args.ranks is not None and not args.run:
+        raise SpmdsimError("--ranks N simulates the ranks of --run; add --run")
+    if args.run:
+        return _run_mpi(args)
+    devices = 8 if args.devices is None else args.devices
+    if devices < 1:
+        raise SpmdsimError(f"--devices {devices!r} must be >= 1")
+    result = _choose(args, devices, args.flops)
+    print(json.dumps(result.to_json(), indent=1) if args.json else result.table())
+    return 0
+
+
+def _run_mpi(args: argparse.Namespace) -> int:
+    from .run import guarded, on_world
+
+    if args.ranks is not None:
+        return on_world(args, lambda comm: _run_choice(args, comm))
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    return guarded(lambda: _run_choice(args, comm), comm)
+
+
+def _run_choice(args: argparse.Namespace, comm: Any) -> int:
+    from ..autoshard.cost import measure_flops_rate
+    from ..autoshard.execute import format_measured, run_choice, to_network
+
+    size = comm.Get_size()
+    if args.devices not in (None, size):
+        raise SpmdsimError(f"--run uses the {size} ranks of the launch; --devices {args.devices} "
+                           f"differs (launch with mpiexec -n {args.devices})")
+    # Every rank measures at once (they share the cores, as they will when running);
+    # the slowest rate, agreed, makes every rank choose the same strategies.
+    flops = args.flops or min(comm.allgather(measure_flops_rate()))
+    result = _choose(args, size, flops)
+    to_network(result)  # a branching or unsupported network raises here, on every rank
+    if comm.bcast(result.outcome.choice) != result.outcome.choice:
+        raise SpmdsimError("the ranks chose different strategies; run with --flops to agree")
+    measured, passed = run_choice(result, comm, args.repeat)
+    if comm.Get_rank() == 0:
+        if args.json:
+            record = result.to_json()
+            record["measured"] = [{"name": m.name, "bytes_received_per_rank": m.bytes_received,
+                                   "comm_seconds": m.comm_seconds, "seconds": m.seconds}
+                                  for m in measured]
+            record["passed"] = passed
+            print(json.dumps(record, indent=1))
+        else:
+            print(result.table())
+            print()
+            print(format_measured(result, measured))
+            print("PASS" if passed else "FAIL")
+    return 0 if passed else 1

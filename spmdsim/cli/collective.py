@@ -1,0 +1,222 @@
+"""`spmdsim collective NAME`: run one collective algorithm step by step and check it against MPI's.
+
+    mpiexec -n 8 spmdsim collective ring-allreduce --size 1M --show
+    mpiexec -n 4 spmdsim collective bruck-alltoall --size 64K --json
+    mpiexec -n 4 spmdsim collective ring-allreduce --size 64K --png rounds/
+
+Every rank makes its own input (values in [-1, 1), integers for int dtypes),
+runs the algorithm over point-to-point messages (spmdsim.runtime.algorithms)
+and MPI's built-in collective on the same input, compares the results and
+times both. Rank 0 prints the report; --show adds the rounds table and what
+every rank holds after each round.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ..algorithms import NAMES
+from ..errors import SpmdsimError
+
+__all__ = ["register", "run", "report", "to_json", "MAX_SIZE"]
+
+#: Largest --size: each rank holds about four buffers of it (p of them for allgather).
+MAX_SIZE = 64 << 20
+_BUILTIN = {"allreduce": "Allreduce", "allgather": "Allgather", "reduce_scatter": "Reduce_scatter_block",
+            "alltoall": "Alltoall", "bcast": "Bcast"}
+
+
+def register(subparsers: Any) -> None:
+    from ..runtime.debug import add_cli_arguments
+
+    parser = subparsers.add_parser(
+        "collective", help="run a collective algorithm round by round and check it against MPI's",
+        description="Run one collective algorithm (ring, recursive doubling/halving, Rabenseifner, "
+                    "Bruck, pairwise, binomial tree, scatter+allgather) over point-to-point "
+                    "messages on every rank, compare its result with MPI's own collective, and "
+                    "print its rounds, bytes per rank against the textbook formula, and times "
+                    "next to MPI's and the cost model's. Launch with mpiexec -n N (N >= 2). "
+                    f"Algorithms: {', '.join(NAMES)}.")
+    parser.add_argument("name", metavar="NAME", help="the algorithm, e.g. ring-allreduce")
+    parser.add_argument("--size", default="1M",
+                        help="message size in bytes, e.g. 64K, 1M, 8M (default 1M): each rank's buffer; "
+                             "for allgather the gathered result (each rank gives size/p)")
+    parser.add_argument("--dtype", choices=("float32", "float64", "int32", "int64"), default="float32",
+                        help="element type (default float32)")
+    parser.add_argument("--root", type=int, default=0, help="the bcast root (default 0)")
+    parser.add_argument("--ranks", type=int, default=None, metavar="N",
+                        help="run on N simulated ranks in this process instead of MPI ranks "
+                             "(compared with the simulated ranks' own collective)")
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs; the median is shown (default 3)")
+    parser.add_argument("--show", action="store_true",
+                        help="print every round as a table and what each rank holds after it")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--png", metavar="DIR",
+                        help="draw each round into DIR (round_NN.png, rounds.png; needs the 'plot' extra)")
+    add_cli_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def parse_size(text: str) -> int:
+    """'64K' -> 65536 bytes; SpmdsimError naming the flag otherwise."""
+    from .calibrate import parse_size as parse
+
+    try:
+        size = parse(text)
+    except argparse.ArgumentTypeError as exc:
+        raise SpmdsimError(f"--size: {exc}") from None
+    if not 0 < size <= MAX_SIZE:
+        raise SpmdsimError(f"--size {text!r} must be between 1 byte and {MAX_SIZE >> 20}M")
+    return size
+
+
+def _check_args(args: argparse.Namespace) -> tuple[str, str, int]:
+    """(collective, algorithm, size), or the SpmdsimError every rank raises alike, before any MPI."""
+    from ..algorithms import parse_name
+
+    collective, algorithm = parse_name(args.name)
+    size = parse_size(args.size)
+    if args.repeat < 1:
+        raise SpmdsimError(f"--repeat {args.repeat!r} must be at least 1")
+    if args.png:
+        from ..viz.png import require_matplotlib
+        from .paths import check_output_dir
+
+        require_matplotlib()  # one line naming the extra when matplotlib is missing
+        check_output_dir(args.png, "--png")
+    return collective, algorithm, size
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.ranks is not None:
+        return _simulated(args)
+    from mpi4py import MPI
+
+    from .run import guarded
+
+    comm = MPI.COMM_WORLD
+    return guarded(lambda: _execute(args, comm), comm, args)
+
+
+def _simulated(args: argparse.Namespace) -> int:
+    """--ranks N: every rank a thread of this process (spmdsim.sim); the report says so first."""
+    from ..runtime.debug import configure_from_args
+    from ..sim import simulate, world
+
+    if isinstance(args.ranks, bool) or not 2 <= args.ranks <= 1024:
+        raise SpmdsimError(f"--ranks {args.ranks!r} must be between 2 and 1024")
+    _check_args(args)  # before the threads start: one error line
+    configure_from_args(args)
+    if not args.json:
+        print(f"{args.ranks} simulated ranks in one process (spmdsim.sim), not MPI")
+    return max(simulate(args.ranks, lambda: _execute(args, world())))
+
+
+def _execute(args: argparse.Namespace, comm: Any) -> int:
+    import numpy as np
+
+    from ..algorithms import build, elements_for
+    from ..runtime.algorithms import compare_with_mpi
+
+    collective, algorithm, size = _check_args(args)  # inside the guard: rank 0 prints one line
+    p = comm.Get_size()
+    dtype = np.dtype(args.dtype)
+    if p < 2:
+        raise SpmdsimError("spmdsim collective needs at least 2 ranks; launch it with mpiexec -n N")
+    try:
+        count = elements_for(collective, p, size, dtype.itemsize)
+    except SpmdsimError as exc:
+        raise SpmdsimError(f"--size {args.size!r}: {exc}") from None
+    if not 0 <= args.root < p:
+        raise SpmdsimError(f"--root {args.root!r} must be a rank (0 <= root < {p})")
+    schedule = build(collective, algorithm, p, count, dtype.itemsize, args.root)
+    result = compare_with_mpi(comm, schedule, dtype, args.repeat)
+    if comm.Get_rank() == 0:
+        print(json.dumps(to_json(schedule, result)) if args.json else report(schedule, result, args.show))
+        if args.png:
+            from ..algorithms.picture import render_rounds_png
+
+            paths = render_rounds_png(schedule, args.png)
+            if not args.json:
+                print(f"wrote {len(paths)} pictures to {args.png} (all rounds: {paths[-1]})")
+    return 0 if result["matches_mpi"] else 1
+
+
+def _predicted(schedule: Any) -> tuple[float | None, str]:
+    """The cost model's seconds for the schedule's rounds and bytes, and where the model came from."""
+    from ..algorithms.formulas import predict_seconds
+    from ..cost import DEFAULT_MODEL, load_or_default
+
+    try:
+        model = load_or_default()
+    except (SpmdsimError, OSError) as exc:
+        return None, f"unavailable, {exc}"
+    origin = ("the built-in model; `spmdsim calibrate` fits this machine's" if model is DEFAULT_MODEL
+              else "this machine's calibration")
+    return predict_seconds(schedule, model), origin
+
+
+def _phases(schedule: Any) -> str:
+    counts: dict[str, int] = {}
+    for rnd in schedule.rounds:
+        phase = rnd.phase.split(" ")[0]
+        counts[phase] = counts.get(phase, 0) + 1
+    return ", ".join(f"{k} {v}" for k, v in counts.items())
+
+
+def report(schedule: Any, result: dict, show: bool = False) -> str:
+    """The text report: bytes against the formula, the check against MPI, times; with `show` the rounds."""
+    from ..algorithms.formulas import FORMULAS, busiest_bytes_sent
+    from ..algorithms.table import format_rounds, format_states
+
+    p, me_bytes = schedule.group_size, schedule.input_count(schedule.root) * schedule.itemsize
+    sent = max(schedule.bytes_sent())
+    formula = busiest_bytes_sent(schedule.name, p, me_bytes)
+    builtin = _BUILTIN[schedule.collective]
+    library = "the simulated ranks'" if result.get("simulated") else "MPI's"
+    gathered = f", {me_bytes * p:,} B gathered" if schedule.collective == "allgather" else ""
+    lines = [f"{schedule.name} on {p} ranks: {me_bytes:,} B from each rank{gathered}",
+             f"  {me_bytes // schedule.itemsize:,} elements of {schedule.itemsize} B, cut into "
+             f"{len(schedule.slot_counts)} slots",
+             f"rounds: {len(schedule.rounds)} ({_phases(schedule)})",
+             f"bytes sent by the busiest rank: {sent:,} B; textbook {formula:,} B "
+             f"({'equal' if sent == formula else 'the buffer does not divide evenly into slots'})",
+             f"  formula: {FORMULAS[schedule.name][0]} (n: bytes from each rank)"]
+    verdict = "matches" if result["matches_mpi"] else "DIFFERS FROM"
+    lines.append(f"result: {verdict} {library} {builtin} (max abs difference {result['max_abs_difference']:.3g}"
+                 + (": sums in another order)" if schedule.collective in ("allreduce", "reduce_scatter") else ")"))
+    seconds, origin = _predicted(schedule)
+    model = f", cost model {seconds * 1e3:.3f} ms" if seconds is not None else ""
+    lines.append(f"time (slowest rank, median, {result['wait_mode']} wait): emulated "
+                 f"{result['seconds_emulated'] * 1e3:.3f} ms, {'built-in' if result.get('simulated') else 'MPI'} "
+                 f"{result['seconds_mpi'] * 1e3:.3f} ms" + model)
+    lines.append(f"cost model: {origin}")
+    if show:
+        lines += ["", format_rounds(schedule, result["round_seconds"]), "", format_states(schedule)]
+    return "\n".join(lines)
+
+
+def to_json(schedule: Any, result: dict) -> dict:
+    """The --json record: rounds with their transfers and times, bytes, the check and the times."""
+    from ..algorithms.formulas import FORMULAS, busiest_bytes_sent
+
+    n = schedule.input_count(schedule.root) * schedule.itemsize
+    rounds = [{"round": i + 1, "phase": rnd.phase, "seconds_max": result["round_seconds"][i],
+               "transfers": [{"src": t.src, "dst": t.dst, "slots": list(t.src_slots), "reduce": t.reduce,
+                              "bytes": schedule.slot_bytes(t.src_slots)} for t in rnd.transfers]}
+              for i, rnd in enumerate(schedule.rounds)]
+    seconds, _ = _predicted(schedule)
+    return {
+        "algorithm": schedule.name, "collective": schedule.collective, "ranks": schedule.group_size,
+        "bytes_per_rank": n, "slot_counts": list(schedule.slot_counts), "rounds": rounds,
+        "bytes_sent_per_rank": max(schedule.bytes_sent()),
+        "bytes_sent_by_rank": list(schedule.bytes_sent()),
+        "bytes_received_by_rank": list(schedule.bytes_received()),
+        "formula": FORMULAS[schedule.name][0],
+        "formula_bytes": busiest_bytes_sent(schedule.name, schedule.group_size, n),
+        "matches_mpi": result["matches_mpi"], "max_abs_difference": result["max_abs_difference"],
+        "seconds_emulated": result["seconds_emulated"], "seconds_mpi": result["seconds_mpi"],
+        "seconds_model": seconds, "wait_mode": result["wait_mode"],
+        "simulated": bool(result.get("simulated")),
+    }

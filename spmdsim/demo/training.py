@@ -1,0 +1,58 @@
+"""Demo scenarios of training steps: a seed network's forward, backward and SGD step in one row.
+
+Each row runs one step of `spmdsim.nets.train.NetworkTrainer` (cross-entropy
+against seeded labels, SGD lr 1e-2) on the network's own seeded input, and
+checks the gradient of its first weight (which the whole backward feeds)
+against `spmdsim.train_reference`; the row's collectives are the forward's and
+the backward's together (docs/training.md splits them).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from ..nets import (Network, mindspore_tutorial, needs_eight, oneflow_2d_sbp, oneflow_needs, paddle_needs,
+                    paddle_tp)
+from . import networks as _networks  # noqa: F401  (the operator and network rows are listed first)
+from .jobs import short
+from .registry import Context, Job, scenario
+
+__all__ = ["training_job"]
+
+
+def training_job(net: Network, comm: Any) -> Job:
+    """A Job running one training step; its output is the first weight's gradient."""
+    from ..nets.train import NetworkTrainer
+    from ..train_reference import ReferenceTrainer
+
+    trainer = NetworkTrainer(net, comm)
+    x = net.source.full()
+    classes = net.out_shape[-1]
+    labels = np.random.default_rng(0).integers(0, classes, int(np.prod(net.out_shape[:-1])))
+    weight = trainer.flat_params[0]
+    ref = ReferenceTrainer(net).step(x, labels)
+    scale = float(np.abs(ref.grads[0]).max())
+    tolerance = {"float64": 1e-10, "float32": 1e-4}.get(str(net.source.dtype), 1e-4)
+
+    def forward() -> Any:
+        trainer.step(x, labels)
+        trainer.close(keep=weight.mesh)  # run_job closes this one after the check
+        return weight.grad
+
+    stages = ">".join(s.name for s in net.stages)
+    return Job(f"SGD step: {stages}", f"x{short(net.input_layout)} -> dW{short(weight.layout)}",
+               weight.mesh, forward, lambda region: ref.grads[0][tuple(region)], {"W": weight}, (),
+               tolerance * scale)
+
+
+def _build(make: Callable[..., Network]) -> Callable[[Context], Job]:
+    return lambda ctx: training_job(make(ctx.world_size, dtype=ctx.dtype, seed=ctx.seed), ctx.comm)
+
+
+scenario("train_mindspore_tutorial", "MindSpore tutorial net: one SGD step, gradient of MatMul1's weight",
+         needs_eight)(_build(mindspore_tutorial))
+scenario("train_paddle_tp", "Paddle split net: one SGD step, gradient of the embedding table",
+         paddle_needs)(_build(paddle_tp))
+scenario("train_oneflow_2d_sbp", "OneFlow 2D SBP net: one SGD step, gradient of Linear1's weight",
+         oneflow_needs)(_build(oneflow_2d_sbp))

@@ -1,0 +1,199 @@
+"""Train a seed `Network` under MPI: forward hop by hop, cross-entropy, backward, optimizer; checked step by step.
+
+mpi4py is imported lazily (through spmdsim.runtime). Every parameter is this
+rank's shard of its SeededTensor, marked ``requires_grad_()``; the forward runs
+the network's schedule (redistributions planned by `spmdsim.plan`, operators
+from `spmdsim.ops`), so the backward's collectives are the conjugates of those
+hops. Each phase runs under its own trace. `TrainingRun.check` compares the
+step with `spmdsim.train_reference` on each rank's own slices (one agreed
+verdict per tensor).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from ..errors import OperatorError
+from ..layout import Layout, TensorLayout
+from .model import Hop, Network, schedule
+
+__all__ = ["NetworkTrainer", "StepResult", "PHASES", "explain_backward", "world_size", "run_main"]
+
+#: Trace phases of a step, in order.
+PHASES = ("forward", "backward", "optimizer")
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One step on this rank: the loss DTensor and the trace of each phase."""
+
+    loss: Any
+    traces: dict
+
+    @property
+    def value(self) -> float:
+        return float(self.loss.local)
+
+
+class NetworkTrainer:
+    """``NetworkTrainer(net, comm, optimizer="sgd", lr=1e-2, momentum=0.0)``: shards, meshes and optimizer.
+
+    Call `step(x, labels)` with the global batch (every rank passes the same
+    arrays; each cuts its own shard), `check(step, reference_step)` to compare,
+    and `close()` at the end.
+    """
+
+    def __init__(self, net: Network, comm: Any, optimizer: str = "sgd", lr: float = 1e-2,
+                 momentum: float = 0.0) -> None:
+        from .. import optim
+        from ..runtime import DTensor, Mesh
+
+        if net.stages[-1].out.ndim < 2:
+            raise OperatorError(f"{net.name}: the output must have a class dim to train with cross-entropy")
+        self.net, self.comm = net, comm
+        self.hops = schedule(net)
+        self._meshes: dict[Layout, Any] = {}
+        self._mesh_type = Mesh
+        self.params: list[tuple] = []
+        for stage in net.stages:
+            self.params.append(tuple(DTensor.from_seeded(self.mesh(p.layout.layout), p.layout, p.source)
+                                     .requires_grad_() for p in stage.params))
+        flat = [p for ps in self.params for p in ps]
+        if optimizer == "sgd":
+            self.optimizer: Any = optim.SGD(flat, lr, momentum)
+        elif optimizer == "adam":
+            self.optimizer = optim.Adam(flat, lr)
+        else:
+            raise OperatorError(f"optimizer {optimizer!r} must be 'sgd' or 'adam'")
+
+    def mesh(self, layout: Layout) -> Any:
+        """The runtime Mesh of `layout` over this trainer's communicator (one per device matrix)."""
+        mesh = self._meshes.get(layout)
+        if mesh is None:
+            mesh = self._meshes[layout] = self._mesh_type(layout, self.comm)
+        return mesh
+
+    @property
+    def flat_params(self) -> tuple:
+        return tuple(p for ps in self.params for p in ps)
+
+    def step(self, x: np.ndarray, labels: np.ndarray, explain: Optional[list] = None) -> StepResult:
+        """zero_grad, forward, cross-entropy, backward and the optimizer step, each phase traced.
+
+        `explain`: a list that receives what each backward collective answers
+        (`spmdsim.autograd.backward`).
+        """
+        from ..ops import cross_entropy, reshape
+        from ..runtime import DTensor, collect_trace
+
+        net = self.net
+        self.optimizer.zero_grad()
+        traces = {}
+        with collect_trace() as traces["forward"]:
+            value = DTensor.from_global(self.mesh(net.input_layout.layout), x.astype(net.source.dtype),
+                                        net.input_layout)
+            for hop in self.hops:
+                value = self._hop(hop, value)
+            classes = value.global_shape[-1]
+            if value.layout.ndim > 2:
+                value = reshape(value, (-1, classes))
+            loss = cross_entropy(value, DTensor.from_global(value.mesh, np.asarray(labels).reshape(-1),
+                                                            _labels_layout(value.layout)))
+        with collect_trace() as traces["backward"]:
+            loss.backward(explain)
+        with collect_trace() as traces["optimizer"]:
+            self.optimizer.step()
+        return StepResult(loss, traces)
+
+    def _hop(self, hop: Hop, x: Any) -> Any:
+        from .. import ops
+        from ..plan_exec import redistribute
+        from ..runtime import DTensor
+
+        if hop.is_redistribution:
+            y = redistribute(x, hop.after, hop.plan)
+            if y._ag is not None:  # name the node after the hop, for explanations
+                y._ag.name = f"{hop.label} ({_plan_text(hop)})"
+            return y
+        stage = self.net.stages[hop.stage]
+        params = self.params[hop.stage]
+        if stage.kind == "flatten":  # only the batch dim is split: a local reshape (x needs no grad)
+            local = x.local.reshape(x.local.shape[:self.net.batch_dims] + (-1,))
+            return DTensor(self.mesh(stage.out.layout), local, stage.out, stage.out_shape)
+        if stage.kind == "relu":
+            return ops.relu(x)
+        if stage.kind == "matmul":
+            return ops.matmul(x, params[0], label=stage.name)
+        if stage.kind == "embedding":
+            return ops.embedding(x, params[0], label=stage.name)
+        return ops.linear(x, *params, label=stage.name)  # linear, column_linear, row_linear
+
+    def check(self, result: StepResult, ref: Any, rtol: float, scale_atol: float) -> tuple:
+        """Verdicts (agreed by all ranks) of the loss, every gradient and every updated parameter.
+
+        Each tensor is compared with atol = `scale_atol` * max |reference| and `rtol`.
+        """
+        verdicts = [result.loss.check(np.asarray(ref.loss), rtol=rtol, atol=scale_atol * abs(ref.loss))]
+        for p, g, new in zip(self.flat_params, ref.grads, ref.params):
+            verdicts.append(p.grad.check(g, rtol=rtol, atol=scale_atol * float(np.abs(g).max())))
+            verdicts.append(p.check(new, rtol=rtol, atol=scale_atol * float(np.abs(new).max())))
+        return tuple(verdicts)
+
+    def close(self, keep: Any = None) -> None:
+        """Free the meshes' sub-communicators, except `keep`'s (collective: all ranks call it)."""
+        for mesh in self._meshes.values():
+            if mesh is not keep:
+                mesh.close()
+
+
+def explain_backward(explain: list) -> str:
+    """Lines "collective(axes) bytes  <- forward step" for the backward steps that communicated."""
+    lines = ["backward collectives (this rank) <- the forward step each answers"]
+    for step, entries in explain:
+        for e in entries:
+            if e.group_size > 1:
+                call = f"{e.op}({','.join(e.axes) or 'all'})"
+                lines.append(f"  {call:<22} {e.bytes_sent:>9,} B  <- {step}")
+    return "\n".join(lines)
+
+
+def _plan_text(hop: Hop) -> str:
+    """The forward move of a redistribution hop: "Allreduce(k) [m,n] -> [s0,s1]"."""
+    from .model import short_layout
+
+    ops = ", ".join(f"{s.op}({','.join(s.axes)})" for s in hop.plan.steps) or "no step"
+    return f"{short_layout(hop.before)} -> {short_layout(hop.after)} by {ops}"
+
+
+def _labels_layout(logits: TensorLayout) -> TensorLayout:
+    """Labels split like the logits' batch dim."""
+    return TensorLayout(logits.layout, logits.tensor_map[:1])
+
+
+def world_size(ranks: int) -> int:
+    """The rank count a run will have: `ranks` simulated ranks, or the MPI world's size."""
+    if ranks:
+        return ranks
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_size()
+
+
+def run_main(main: Any, args: Any, ranks: int) -> Any:
+    """``main(args)`` on `ranks` simulated ranks (spmdsim.simulate), or on this MPI rank; rank 0's result.
+
+    Under MPI an exception on some ranks ends the whole job instead of hanging the others.
+    """
+    if ranks:
+        from ..sim import simulate
+
+        return simulate(ranks, main, args)[0]
+    from mpi4py import MPI
+
+    from ..runtime import install_excepthook
+
+    install_excepthook(MPI.COMM_WORLD)
+    return main(args)
+

@@ -1,0 +1,138 @@
+"""Losses on DTensors: mean squared error and cross-entropy (Megatron's vocab-parallel form included).
+
+Both return a replicated scalar DTensor (global shape (), ``.local`` the
+value), the mean over the global batch. Each rank sums the terms of its own
+rows; one Allreduce over the axes splitting the rows adds them (replicas of a
+row are counted once). With the classes split (logits (B, C) with C split
+over some axes: Megatron's vocab-parallel cross-entropy) the row max is
+Allgathered over the class axes (a few numbers per row) and the sum of
+exponentials and the target logit are Allreduced over them together: the
+logits are never gathered. Their backward needs no communication.
+
+Labels out of range are counted on each rank and the count rides in the final
+Allreduce, so every rank raises the same error after the same collectives.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..autograd.graph import record
+from ..autograd.rules import axes_of, grad_tensor
+from ..errors import OperatorError, ShapeError
+from ..layout import TensorLayout
+from ..validate import counted
+from ._common import operands_mesh, require_float
+
+__all__ = ["mse_loss", "cross_entropy"]
+
+
+def _scalar(mesh: Any, value: Any, dtype: np.dtype) -> Any:
+    """A replicated 0-d DTensor (make_dtensor's ascontiguousarray would make it 1-d)."""
+    from ..runtime import DTensor
+
+    return DTensor(mesh, np.array(value, dtype=dtype), TensorLayout(mesh.layout, ()), ())
+
+
+def _row_sum(mesh: Any, values: np.ndarray, axes: tuple[str, ...], label: str) -> np.ndarray:
+    """Allreduce of a small vector over `axes` (nothing when no axis splits the rows)."""
+    if not axes:
+        return values
+    from ..runtime import collectives
+
+    return collectives.allreduce(mesh, np.ascontiguousarray(values), axes, label=label)
+
+
+def mse_loss(y: Any, target: Any) -> Any:
+    """mean((y - target)^2) over every element; `target` a DTensor of y's shape and layout."""
+    mesh = operands_mesh("mse_loss", ("y", "target"), y, target)
+    if tuple(target.global_shape) != tuple(y.global_shape):
+        raise ShapeError(f"mse_loss: target of shape {tuple(target.global_shape)!r} does not match "
+                         f"y of shape {tuple(y.global_shape)!r}")
+    if y.layout.partial or target.layout.partial:
+        raise OperatorError(f"mse_loss of a pending sum (y {y.layout}, target {target.layout}): "
+                            "resolve it first (redistribute to a layout without partial axes)")
+    if target.layout != y.layout:
+        raise OperatorError(f"mse_loss: target is laid out {target.layout} but y {y.layout}; "
+                            "redistribute the target to y's layout")
+    require_float("mse_loss", y.local)
+    n = max(1, int(np.prod(y.global_shape)))
+    diff = y.local - target.local.astype(y.dtype, copy=False)
+    axes = axes_of(y.layout, y.layout.tensor_map)
+    total = _row_sum(mesh, np.array([np.sum(diff * diff)], y.dtype), axes, "mse_loss")
+    out = _scalar(mesh, total[0] / n, y.dtype)
+    if y._ag is None and target._ag is None:
+        return out
+
+    def backward(dl: Any) -> tuple:
+        g = diff * (2.0 / n) * dl.local
+        return (grad_tensor(y, g, dl.layout.partial) if y._ag is not None else None,
+                grad_tensor(target, -g, dl.layout.partial) if target._ag is not None else None)
+
+    return record(out, "mse_loss", (y, target), backward, out.layout.with_partial(()))
+
+
+def _check_labels(logits: Any, labels: Any) -> None:
+    """Shapes, dtypes and layouts every rank shares: refused alike before any collective."""
+    if logits.layout.ndim != 2:
+        raise ShapeError(f"cross_entropy: logits must be 2-d (batch, classes), got shape "
+                         f"{tuple(logits.global_shape)!r}")
+    require_float("cross_entropy", logits.local)
+    if labels.dtype.kind not in "iu":
+        raise OperatorError(f"cross_entropy: labels must be integers (class indices), got dtype "
+                            f"{labels.dtype.name!r}")
+    if tuple(labels.global_shape) != tuple(logits.global_shape[:1]):
+        raise ShapeError(f"cross_entropy: labels of shape {tuple(labels.global_shape)!r} do not match "
+                         f"the logits' batch: expected {tuple(logits.global_shape[:1])!r}")
+    if logits.layout.partial or labels.layout.partial:
+        raise OperatorError(f"cross_entropy of a pending sum (logits {logits.layout}): resolve it first")
+    if labels.layout.tensor_map != logits.layout.tensor_map[:1]:
+        raise OperatorError(f"cross_entropy: labels {labels.layout} must be split like the logits' "
+                            f"batch dim ({logits.layout}): expected map {logits.layout.tensor_map[:1]!r}")
+
+
+def cross_entropy(logits: Any, labels: Any) -> Any:
+    """Mean over the global batch of -log softmax(logits)[label]; vocab-parallel when classes are split.
+
+    Args:
+        logits: float DTensor (batch, classes), any split of either dim.
+        labels: integer DTensor (batch,), split like the logits' batch dim.
+    """
+    mesh = operands_mesh("cross_entropy", ("logits", "labels"), logits, labels)
+    _check_labels(logits, labels)
+    layout, (batch, classes) = logits.layout, logits.global_shape
+    row_axes, class_axes = axes_of(layout, layout.tensor_map[:1]), axes_of(layout, layout.tensor_map[1:])
+    z, ids = logits.local, labels.local
+    start = layout.bounds(mesh.rank, logits.global_shape)[1][0]
+    bad = int(np.count_nonzero((ids < 0) | (ids >= classes)))
+    ids = np.clip(ids, 0, classes - 1) - start
+    owned = (ids >= 0) & (ids < z.shape[1])
+    rows = np.arange(z.shape[0])
+    if class_axes:  # Megatron: a common shift per row, then two sums over the class axes
+        from ..runtime import collectives
+
+        peaks = collectives.allgather(mesh, np.ascontiguousarray(z.max(axis=1)[:, None]), class_axes, 1,
+                                      label="cross_entropy.max")
+        shift = peaks.max(axis=1)
+    else:
+        shift = z.max(axis=1)
+    e = np.exp(z - shift[:, None])
+    target = np.where(owned, z[rows, np.where(owned, ids, 0)] - shift, 0.0)
+    sums = _row_sum(mesh, np.stack([e.sum(axis=1), target]), class_axes, "cross_entropy.sum")
+    terms = np.log(sums[0]) - sums[1]
+    total = _row_sum(mesh, np.array([terms.sum(), bad], z.dtype), row_axes, "cross_entropy")
+    if total[1]:
+        raise OperatorError(f"cross_entropy: {counted(int(total[1]), 'label')} outside [0, {classes}): "
+                            "labels are class indices, from 0 to the number of classes - 1")
+    out = _scalar(mesh, total[0] / batch, z.dtype)
+    if logits._ag is None:
+        return out
+    sum_exp = sums[0]
+
+    def backward(dl: Any) -> tuple:
+        g = e / sum_exp[:, None]
+        g[rows[owned], ids[owned]] -= 1.0
+        return grad_tensor(logits, g * (dl.local / batch), dl.layout.partial), None
+
+    return record(out, "cross_entropy", (logits, labels), backward, out.layout.with_partial(()))

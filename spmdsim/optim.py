@@ -1,0 +1,109 @@
+"""Optimizers over DTensor parameters: SGD (with momentum) and Adam; each rank updates its own shards.
+
+A parameter's ``.grad`` is whole (no pending sum) and laid out like the
+parameter, so an update is elementwise on the local block: no communication,
+and the optimizer state (momentum, Adam's moments) is sharded like the
+parameters. Updates write the parameters' blocks in place (a layer holding a
+view of them, such as the padded vocabulary table, sees the new values).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+import numpy as np
+
+from .autograd.graph import Leaf
+from .errors import OperatorError
+from .validate import tolerance_arg
+
+__all__ = ["SGD", "Adam"]
+
+
+class _Optimizer:
+    """Parameters and the shared checks; subclasses define `_update`."""
+
+    def __init__(self, params: Iterable[Any], lr: float) -> None:
+        self.params = tuple(params)
+        if not self.params:
+            raise OperatorError("optimizer got an empty parameter list")
+        for i, p in enumerate(self.params):
+            if not isinstance(getattr(p, "_ag", None), Leaf):
+                raise OperatorError(f"optimizer parameter {i} ({p!r}) must be a DTensor leaf with "
+                                    "requires_grad_() (layers' weights are)")
+            if not p.local.flags.writeable:
+                raise OperatorError(f"optimizer parameter {i}'s local block is read-only")
+        self.lr = _positive(lr, "lr")
+        self.steps = 0
+
+    def zero_grad(self) -> None:
+        """Forget every parameter's gradient (the next backward starts from zero)."""
+        for p in self.params:
+            p._ag.grad = None
+
+    def step(self) -> None:
+        """Update every parameter that has a gradient (local blocks only)."""
+        self.steps += 1
+        for i, p in enumerate(self.params):
+            g = p.grad
+            if g is None:
+                continue
+            if g.layout != p.layout.with_partial(()) or g.local.shape != p.local.shape:
+                raise OperatorError(f"parameter {i}: gradient laid out {g.layout} does not match {p.layout}")
+            self._update(i, p.local, g.local)
+
+    def _update(self, index: int, param: np.ndarray, grad: np.ndarray) -> None:
+        raise NotImplementedError
+
+
+def _positive(value: Any, name: str) -> float:
+    out = tolerance_arg(value, name, OperatorError)
+    if not out > 0:
+        raise OperatorError(f"{name} {value!r} must be positive")
+    return out
+
+
+class SGD(_Optimizer):
+    """p -= lr * (g + momentum * buffer), PyTorch's form (buffer = momentum * buffer + g)."""
+
+    def __init__(self, params: Iterable[Any], lr: float, momentum: float = 0.0) -> None:
+        super().__init__(params, lr)
+        self.momentum = tolerance_arg(momentum, "momentum", OperatorError)
+        if self.momentum >= 1:
+            raise OperatorError(f"momentum {momentum!r} must be in [0, 1)")
+        self.buffers: dict[int, np.ndarray] = {}
+
+    def _update(self, index: int, param: np.ndarray, grad: np.ndarray) -> None:
+        if self.momentum:
+            buf = self.buffers.get(index)
+            buf = grad.copy() if buf is None else np.add(buf * self.momentum, grad, out=buf)
+            self.buffers[index] = buf
+            grad = buf
+        param -= np.asarray(self.lr, param.dtype) * grad
+
+
+class Adam(_Optimizer):
+    """Adam (Kingma and Ba; PyTorch's defaults): moments per shard, bias-corrected step."""
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple = (0.9, 0.999),
+                 eps: float = 1e-8) -> None:
+        super().__init__(params, lr)
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise OperatorError(f"betas {betas!r} must be a pair (beta1, beta2)")
+        self.betas = tuple(tolerance_arg(b, "beta", OperatorError) for b in betas)
+        if not all(b < 1 for b in self.betas):
+            raise OperatorError(f"betas {betas!r} must be in [0, 1)")
+        self.eps = _positive(eps, "eps")
+        self.moments: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def _update(self, index: int, param: np.ndarray, grad: np.ndarray) -> None:
+        b1, b2 = self.betas
+        m, v = self.moments.get(index) or (np.zeros_like(param), np.zeros_like(param))
+        m *= b1
+        m += (1 - b1) * grad
+        v *= b2
+        v += (1 - b2) * grad * grad
+        self.moments[index] = (m, v)
+        t = self.steps
+        step = self.lr * math.sqrt(1 - b2**t) / (1 - b1**t)
+        param -= (step * m / (np.sqrt(v) + self.eps * math.sqrt(1 - b2**t))).astype(param.dtype)

@@ -1,0 +1,104 @@
+"""Single-process numpy gradients of every operator and loss (the backward's references).
+
+Pure numpy; never imports mpi4py. Each ``*_grads`` function takes the
+forward's inputs and the output's gradient ``dy`` and returns the inputs'
+gradients; losses return ``(value, gradient)``. Whole arrays, float64 math,
+results in the inputs' dtype (as `spmdsim.reference` does for the forward).
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import numpy as np
+
+from .errors import OperatorError, ShapeError
+from .reference import _SQRT_2_OVER_PI
+
+__all__ = [
+    "relu_grad", "gelu_grad", "ACTIVATION_GRADS", "softmax_grad", "matmul_grads", "linear_grads",
+    "embedding_grad", "mse_loss", "cross_entropy",
+]
+
+
+def relu_grad(x: np.ndarray) -> np.ndarray:
+    """d relu / dx: 1 where x > 0, else 0 (0 at 0, as PyTorch), in x's dtype."""
+    return (x > 0).astype(x.dtype)
+
+
+def gelu_grad(x: np.ndarray) -> np.ndarray:
+    """d gelu / dx of the tanh approximation, in x's dtype."""
+    x64 = np.asarray(x, dtype=np.float64)
+    inner = _SQRT_2_OVER_PI * (x64 + 0.044715 * x64**3)
+    t = np.tanh(inner)
+    out = 0.5 * (1.0 + t) + 0.5 * x64 * (1.0 - t * t) * _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * x64**2)
+    return out.astype(x.dtype, copy=False)
+
+
+ACTIVATION_GRADS: dict[str, Callable[[np.ndarray], np.ndarray]] = {"relu": relu_grad, "gelu": gelu_grad}
+
+
+def softmax_grad(s: np.ndarray, dy: np.ndarray, dim: int = -1) -> np.ndarray:
+    """dx of s = softmax(x) along `dim`: s * (dy - sum(dy * s))."""
+    return s * (dy - np.sum(dy * s, axis=dim, keepdims=True))
+
+
+def matmul_grads(x: np.ndarray, w: np.ndarray, dy: np.ndarray, transpose_a: bool = False,
+                 transpose_b: bool = False, need_dx: bool = True) -> tuple[Optional[np.ndarray], np.ndarray]:
+    """(dx, dw) of y = op(x) @ op(w); a 2-d w shared by a batched x gets the batch summed.
+
+    `need_dx` False skips dx (None): a network's first layer, whose input is data.
+    """
+    f = np.float64
+    a = np.swapaxes(x, -1, -2) if transpose_a else x
+    b = np.swapaxes(w, -1, -2) if transpose_b else w
+    da = np.matmul(dy.astype(f), np.swapaxes(b, -1, -2).astype(f)) if need_dx else None
+    db = np.matmul(np.swapaxes(a, -1, -2).astype(f), dy.astype(f))
+    if w.ndim == 2 and db.ndim > 2:
+        db = db.sum(axis=tuple(range(db.ndim - 2)))
+    dw = np.swapaxes(db, -1, -2) if transpose_b else db
+    if da is None:
+        return None, dw.astype(w.dtype)
+    dx = np.swapaxes(da, -1, -2) if transpose_a else da
+    return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+def linear_grads(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray], dy: np.ndarray,
+                 need_dx: bool = True) -> tuple[Optional[np.ndarray], np.ndarray, Optional[np.ndarray]]:
+    """(dx, dw, db) of y = x @ w + b (db None without a bias; dx None unless `need_dx`)."""
+    dx, dw = matmul_grads(x, w, dy, need_dx=need_dx)
+    db = None if b is None else dy.reshape(-1, dy.shape[-1]).astype(np.float64).sum(0).astype(b.dtype)
+    return dx, dw, db
+
+
+def embedding_grad(ids: np.ndarray, num_embeddings: int, dy: np.ndarray) -> np.ndarray:
+    """d table of table[ids]: each id's row gets the sum of its dy rows."""
+    g = np.zeros((num_embeddings, dy.shape[-1]), np.float64)
+    np.add.at(g, np.asarray(ids).reshape(-1), dy.reshape(-1, dy.shape[-1]))
+    return g.astype(dy.dtype)
+
+
+def mse_loss(y: np.ndarray, target: np.ndarray) -> tuple[float, np.ndarray]:
+    """(mean((y - target)^2), its gradient with respect to y)."""
+    if np.shape(y) != np.shape(target):
+        raise ShapeError(f"mse_loss: target of shape {np.shape(target)!r} does not match y's {np.shape(y)!r}")
+    diff = np.asarray(y, np.float64) - np.asarray(target, np.float64)
+    n = diff.size
+    return float(np.sum(diff * diff) / n), (2.0 / n * diff).astype(np.asarray(y).dtype)
+
+
+def cross_entropy(logits: np.ndarray, labels: np.ndarray) -> tuple[float, np.ndarray]:
+    """(mean over the batch of -log softmax(logits)[label], its gradient w.r.t. the logits)."""
+    z = np.asarray(logits, np.float64)
+    labels = np.asarray(labels)
+    if z.ndim != 2 or labels.shape != z.shape[:1]:
+        raise ShapeError(f"cross_entropy: logits {z.shape!r} must be (batch, classes) and labels "
+                         f"(batch,), got labels {labels.shape!r}")
+    if labels.size and (labels.min() < 0 or labels.max() >= z.shape[1]):
+        raise OperatorError(f"cross_entropy: labels must be in [0, {z.shape[1]})")
+    shifted = z - z.max(axis=1, keepdims=True)
+    log_sum = np.log(np.exp(shifted).sum(axis=1))
+    rows = np.arange(z.shape[0])
+    loss = float(np.sum(log_sum - shifted[rows, labels]) / z.shape[0])
+    grad = np.exp(shifted - log_sum[:, None])
+    grad[rows, labels] -= 1.0
+    return loss, (grad / z.shape[0]).astype(np.asarray(logits).dtype)

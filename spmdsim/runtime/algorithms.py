@@ -1,0 +1,345 @@
+"""Run a collective algorithm's schedule (spmdsim.algorithms) with point-to-point messages.
+
+    from spmdsim.runtime.algorithms import collect_rounds, run_collective
+    with collect_rounds() as log:
+        total = run_collective(comm, "ring-allreduce", x)   # equals comm.Allreduce's result
+    print(log.format())                                        # this rank's rounds, with times
+
+Works on any communicator with mpi4py's buffer ``Isend``/``Irecv`` and
+requests with ``Wait`` (MPI, or spmdsim's simulated ranks); imports mpi4py
+only in `compare_with_mpi` on an MPI communicator, which times MPI's own
+collective beside it. Each round posts every receive, then every send, then waits:
+no order of arrival can deadlock. A rank adds a received piece to its own
+as ``own + received`` (docs/algorithms.md gives each algorithm's summation order).
+"""
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from time import perf_counter
+from typing import Any, Callable
+
+import numpy as np
+
+from ..algorithms import Schedule, parse_name
+from ..algorithms import build as build_schedule
+from ..algorithms.table import format_rounds
+from ..errors import ShapeError
+
+__all__ = ["RunRecord", "RoundLog", "collect_rounds", "run_schedule", "run_collective", "result_shape", "emulate",
+           "compare_with_mpi"]
+
+_TAG = 7700  # tags _TAG + round number % _TAGS: inside MPI's guaranteed 32767
+_TAGS = 20000
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One rank's run of one schedule: seconds per round (this rank's clock)."""
+
+    schedule: Schedule
+    rank: int
+    round_seconds: tuple[float, ...]
+    label: str | None = None
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.round_seconds)
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.schedule.bytes_sent()[self.rank]
+
+    @property
+    def bytes_received(self) -> int:
+        return self.schedule.bytes_received()[self.rank]
+
+
+class RoundLog:
+    """The schedules run inside one ``collect_rounds()`` block on this rank, in order."""
+
+    def __init__(self) -> None:
+        self.records: list[RunRecord] = []
+
+    def format(self, width: int = 100) -> str:
+        """Every recorded run as a rounds table (this rank's times)."""
+        parts = []
+        for rec in self.records:
+            head = f"{rec.schedule.name} on {rec.schedule.group_size} ranks" + (
+                f" [{rec.label}]" if rec.label else "") + f", rank {rec.rank}'s times"
+            parts.append(head + "\n" + format_rounds(rec.schedule, rec.round_seconds, width))
+        return "\n\n".join(parts)
+
+
+# Open logs per thread: simulated ranks (spmdsim.sim) are threads, each with its own.
+_LOCAL = threading.local()
+
+
+def _open_logs() -> list[RoundLog]:
+    logs = getattr(_LOCAL, "logs", None)
+    if logs is None:
+        logs = _LOCAL.logs = []
+    return logs
+
+
+class _Collector:
+    def __enter__(self) -> RoundLog:
+        self.log = RoundLog()
+        _open_logs().append(self.log)
+        return self.log
+
+    def __exit__(self, *exc: object) -> None:
+        _open_logs().remove(self.log)
+
+
+def collect_rounds() -> _Collector:
+    """Record every schedule this rank runs inside the ``with`` block (a RoundLog)."""
+    return _Collector()
+
+
+def _bounds(schedule: Schedule) -> list[int]:
+    out = [0]
+    for n in schedule.slot_counts:
+        out.append(out[-1] + n)
+    return out
+
+
+def _span(bounds: list[int], slots: tuple[int, ...]) -> tuple[int, int] | None:
+    """(start, stop) when `slots` are consecutive in order (one contiguous range), else None."""
+    if any(b != a + 1 for a, b in zip(slots, slots[1:])):
+        return None
+    return bounds[slots[0]], bounds[slots[-1] + 1]
+
+
+def _gather(work: np.ndarray, bounds: list[int], slots: tuple[int, ...]) -> np.ndarray:
+    span = _span(bounds, slots)
+    if span is not None:
+        return work[span[0]:span[1]]
+    return np.concatenate([work[bounds[s]:bounds[s + 1]] for s in slots])
+
+
+def _scatter(work: np.ndarray, bounds: list[int], slots: tuple[int, ...], data: np.ndarray,
+             add: bool) -> None:
+    at = 0
+    for s in slots:
+        piece = work[bounds[s]:bounds[s + 1]]
+        n = piece.size
+        if add:
+            np.add(piece, data[at:at + n], out=piece)
+        else:
+            piece[...] = data[at:at + n]
+        at += n
+
+
+def _wait_all(requests: list, wait: Callable[[Any], None] | None) -> None:
+    if wait is not None:
+        for req in requests:
+            wait(req)
+        return
+    waitall = getattr(type(requests[0]), "Waitall", None) if requests else None
+    if waitall is not None:
+        waitall(requests)
+    else:
+        for req in requests:
+            req.Wait()
+
+
+def run_schedule(comm: Any, schedule: Schedule, send: np.ndarray | None, out: np.ndarray,
+                 wait: Callable[[Any], None] | None = None, label: str | None = None) -> RunRecord:
+    """Run `schedule` as this rank (comm's rank): flat `send` in, flat `out` filled.
+
+    Args:
+        send: this rank's input, 1-D contiguous (None for a bcast receiver); may be `out` itself.
+        out: the 1-D contiguous output buffer.
+        wait: completes one request (the mesh's polite wait); default Waitall / Wait.
+    """
+    me = comm.Get_rank()
+    bounds = _bounds(schedule)
+    total = bounds[-1]
+    mine = schedule.output_slots[me]
+    # Work in `out` itself when the output is the whole work buffer in order.
+    direct = mine == tuple(range(len(schedule.slot_counts))) and out.size == total and send is not out
+    work = out if direct else np.empty(total, out.dtype)
+    if schedule.input_slots[me]:
+        _scatter(work, bounds, schedule.input_slots[me], send, False)
+    seconds = []
+    for number, rnd in enumerate(schedule.rounds):
+        t0 = perf_counter()
+        tag = _TAG + number % _TAGS
+        sends = [t for t in rnd.transfers if t.src == me]
+        reading = {s for t in sends for s in t.src_slots}
+        requests, landed = [], []
+        for t in rnd.transfers:
+            if t.dst != me:
+                continue
+            span = _span(bounds, t.dst_slots)
+            if not t.reduce and span is not None and not reading.intersection(t.dst_slots):
+                requests.append(comm.Irecv(work[span[0]:span[1]], t.src, tag))  # straight into place
+            else:
+                buf = np.empty(_size(bounds, t.dst_slots), work.dtype)
+                requests.append(comm.Irecv(buf, t.src, tag))
+                landed.append((t, buf))
+        for t in sends:
+            requests.append(comm.Isend(_gather(work, bounds, t.src_slots), t.dst, tag))
+        _wait_all(requests, wait)
+        for t, buf in landed:
+            _scatter(work, bounds, t.dst_slots, buf, t.reduce)
+        seconds.append(perf_counter() - t0)
+    if not direct:
+        out[...] = _gather(work, bounds, mine)
+    record = RunRecord(schedule, me, tuple(seconds), label)
+    for log in _open_logs():
+        log.records.append(record)
+    return record
+
+
+def _size(bounds: list[int], slots: tuple[int, ...]) -> int:
+    return sum(bounds[s + 1] - bounds[s] for s in slots)
+
+
+def result_shape(collective: str, shape: tuple[int, ...], p: int) -> tuple[int, ...]:
+    """The result's shape for an input of `shape`: blocks are along dim 0 (as MPI's buffers)."""
+    count = math.prod(shape)
+    if collective == "allgather":
+        return (shape[0] * p,) + shape[1:] if shape else (p,)
+    if collective == "reduce_scatter":
+        if shape and shape[0] % p == 0:
+            return (shape[0] // p,) + shape[1:]
+        return (count // p,)
+    return shape
+
+
+def run_collective(comm: Any, name: str, local: Any, root: int = 0, out: np.ndarray | None = None,
+                   wait: Callable[[Any], None] | None = None, label: str | None = None) -> np.ndarray:
+    """Algorithm `name` ("ring-allreduce", ...) over `comm` on this rank's array; returns the result.
+
+    Blocks lie along dim 0, as in MPI's buffer collectives: allgather
+    concatenates the members' arrays, reduce_scatter keeps this rank's
+    1/p of the summed array, alltoall sends the j-th 1/p to rank j. Bcast
+    returns the root's array on every rank (`local` gives shape and dtype).
+    """
+    collective, algorithm = parse_name(name)
+    x = np.ascontiguousarray(local)
+    p = comm.Get_size()
+    if collective in ("reduce_scatter", "alltoall") and x.size % p:
+        raise ShapeError(f"{name}: {x.size} elements per rank do not divide into {p} blocks")
+    schedule = build_schedule(collective, algorithm, p, int(x.size), x.dtype.itemsize, root)
+    shape = result_shape(collective, x.shape, p)
+    if out is None:
+        out = np.empty(shape, x.dtype)
+    elif out.shape != shape or out.dtype != x.dtype or not out.flags.c_contiguous:
+        raise ShapeError(f"{name}: out {(out.shape, out.dtype.name)!r} must be a C-contiguous array of "
+                         f"{(shape, x.dtype.name)!r}")
+    send = x.reshape(-1) if schedule.input_slots[comm.Get_rank()] else None
+    run_schedule(comm, schedule, send, out.reshape(-1), wait, label)
+    return out
+
+
+def emulate(mesh: Any, op: str, algorithm: str, comm: Any, send: Any, recv: Any,
+            *extra: Any, label: str | None = None) -> tuple[str, int, int]:
+    """Run `algorithm` in place of MPI's `op` on the buffers the collective would pass to MPI.
+
+    Called by runtime.collectives for a mesh made with ``algorithms=``; the
+    arguments are those of mpi4py's call (``Allreduce(send, recv, SUM)``,
+    ``Bcast(buf, root)``; a send buffer that is not an array is MPI.IN_PLACE).
+    Returns the trace name ("allreduce[ring]") and this rank's bytes sent and received.
+    """
+    me = comm.Get_rank()
+    root = 0
+    if op == "bcast":
+        send, recv, root = send, send, recv
+    if not isinstance(send, np.ndarray):  # MPI.IN_PLACE: the input is in the receive buffer
+        send = recv
+    schedule = build_schedule(op, algorithm, comm.Get_size(), int(send.size), send.dtype.itemsize, root)
+    flat_in = send.reshape(-1) if schedule.input_slots[me] else None
+    wait = None
+    if mesh.polite:
+        from .wait import polite_wait as wait
+    run_schedule(comm, schedule, flat_in, recv.reshape(-1), wait, label)
+    return f"{op}[{algorithm}]", schedule.bytes_sent()[me], schedule.bytes_received()[me]
+
+
+def _engine(comm: Any) -> tuple[bool, Any, Any, Any]:
+    """(simulated, SUM, MAX, MIN) for `comm`: MPI's op objects, or the names simulated ranks take."""
+    from ..sim.comm import SimComm
+
+    if isinstance(comm, SimComm):
+        return True, "sum", "max", "min"
+    from mpi4py import MPI
+
+    return False, MPI.SUM, MPI.MAX, MPI.MIN
+
+
+def _builtin(comm: Any, collective: str, send: np.ndarray, out: np.ndarray, root: int, polite: bool) -> None:
+    """The library's own collective (MPI's, or the simulated ranks') on the same buffers."""
+    from .wait import polite_wait
+
+    name = {"allreduce": "allreduce", "allgather": "allgather", "reduce_scatter": "reduce_scatter_block",
+            "alltoall": "alltoall", "bcast": "bcast"}[collective]
+    call = getattr(comm, "I" + name if polite else name.capitalize())
+    if collective == "bcast":
+        out[...] = send
+        args: tuple = (out, root)
+    elif collective in ("allreduce", "reduce_scatter"):
+        args = (send, out, _engine(comm)[1])
+    else:
+        args = (send, out)
+    if polite:
+        polite_wait(call(*args))
+    else:
+        call(*args)
+
+
+def compare_with_mpi(comm: Any, schedule: Schedule, dtype: Any, repeat: int = 3,
+                     wait_mode: str | None = None) -> dict[str, Any]:
+    """Run `schedule` and MPI's own collective on the same input `repeat` times (collective).
+
+    Inputs: values in [-1, 1) (integers in [-50, 50) for integer dtypes), per rank.
+    On simulated ranks "MPI's" collective is theirs (spmdsim.sim). Returns (the
+    same on every rank): ``matches_mpi`` (bitwise for data movement and
+    integers; float sums within p*p*eps, the bound for summing p values of
+    magnitude < 1 in another order), ``max_abs_difference``, the median over the
+    runs of the slowest rank's seconds (``seconds_emulated``, ``seconds_mpi``,
+    ``round_seconds`` per round) and the ``wait_mode`` used.
+    """
+    from .wait import polite_wait, resolve_wait_mode
+
+    simulated, _, op_max, op_min = _engine(comm)
+    dtype = np.dtype(dtype)
+    me, p = comm.Get_rank(), schedule.group_size
+    # Simulated ranks are threads of one process: nothing to be polite to.
+    mode = "busy" if simulated else resolve_wait_mode(wait_mode, comm)
+    polite = mode == "polite"
+    rng = np.random.default_rng(1000 + me)
+    count = schedule.input_count(schedule.root if schedule.collective == "bcast" else me)
+    if dtype.kind in "iu":
+        x = rng.integers(-50, 50, count).astype(dtype)
+    else:
+        x = (rng.random(count) * 2 - 1).astype(dtype)
+    ours = np.empty(schedule.output_count(me), dtype)
+    theirs = np.empty_like(ours)
+    send = x if schedule.input_slots[me] else None
+    runs = []
+    for _ in range(repeat):
+        comm.Barrier()
+        record = run_schedule(comm, schedule, send, ours, polite_wait if polite else None)
+        comm.Barrier()
+        t0 = perf_counter()
+        _builtin(comm, schedule.collective, x, theirs, schedule.root, polite)
+        runs.append((record.seconds, perf_counter() - t0) + record.round_seconds)
+    slowest = np.empty((repeat, 2 + len(schedule.rounds)))
+    comm.Allreduce(np.array(runs, dtype=np.float64), slowest, op_max)
+    summed = schedule.collective in ("allreduce", "reduce_scatter") and dtype.kind in "fc"
+    diff = float(np.max(np.abs(ours.astype(np.float64) - theirs), initial=0.0))
+    same = (diff <= p * p * float(np.finfo(dtype).eps)) if summed else bool(np.array_equal(ours, theirs))
+    median = np.median(slowest, axis=0)
+    return {
+        "matches_mpi": bool(comm.allreduce(int(same), op_min)),
+        "max_abs_difference": comm.allreduce(diff, op_max),
+        "seconds_emulated": float(median[0]),
+        "seconds_mpi": float(median[1]),
+        "round_seconds": [float(s) for s in median[2:]],
+        "wait_mode": mode,
+        "simulated": simulated,
+    }

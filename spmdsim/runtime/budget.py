@@ -1,0 +1,84 @@
+"""The memory budget every rank of a communicator agrees on (the MPI side of spmdsim.memory).
+
+Ranks read MemAvailable at slightly different times and see slightly different
+figures; a refusal must be the same on every rank, so they take the minimum
+(one Allreduce per communicator, on first use, cached). The ranks sharing a
+node come from ``Split_type(COMM_TYPE_SHARED)``; without it, the whole
+communicator counts as one node (conservative). mpi4py is imported lazily.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from ..errors import ShapeError
+from ..memory import ENV_VAR, Budget, Need, budget_per_rank, check_need, seeded_need
+
+__all__ = ["agreed_budget", "check_memory", "check_seeded"]
+
+_UNKNOWN = 1 << 62  # a rank that cannot tell leaves the decision to those that can
+_AGREED: dict[tuple, tuple[Any, Optional[Budget]]] = {}  # (id(comm), setting) -> (comm, budget)
+
+
+def _ranks_on_node(comm: Any) -> int:
+    from mpi4py import MPI
+
+    try:
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    except (MPI.Exception, AttributeError, NotImplementedError):
+        return comm.Get_size()
+    try:
+        return node.Get_size()
+    finally:
+        node.Free()
+
+
+def agreed_budget(comm: Any) -> Optional[Budget]:
+    """The bytes each rank of `comm` may use, the same on every rank (collective on first use).
+
+    None when the check is off (SPMDSIM_MEMORY=off) or the machine does not say.
+    A bad SPMDSIM_MEMORY raises the same SpmdsimError on every rank, before any collective.
+    """
+    key = (id(comm), os.environ.get(ENV_VAR, ""))  # a changed setting is read again
+    entry = _AGREED.get(key)
+    if entry is not None and entry[0] is comm:
+        return entry[1]
+    mine = budget_per_rank(1)  # validates SPMDSIM_MEMORY first, on every rank alike
+    # Whether to agree depends only on the environment mpiexec gives every rank.
+    if not os.environ.get(ENV_VAR, "").strip() and comm.Get_size() > 1:
+        from mpi4py import MPI
+
+        mine = budget_per_rank(_ranks_on_node(comm))
+        low = comm.allreduce(_UNKNOWN if mine is None else mine.bytes, op=MPI.MIN)
+        mine = None if low == _UNKNOWN else Budget(low, mine.source if mine else "MemAvailable")
+    _AGREED[key] = (comm, mine)
+    return mine
+
+
+def check_memory(comm: Any, what: str, need_of: Callable[[tuple], Need], shape: Sequence[int],
+                 multiples: Sequence[int], shape_flag: str = "shape") -> None:
+    """Refuse, on every rank of `comm` alike, a job whose `need_of(shape)` exceeds the agreed budget.
+
+    The message names the largest `shape_flag` that fits (`shape` scaled down, each
+    dim a multiple of its entry in `multiples`). Collective on first use per comm.
+    """
+    budget = agreed_budget(comm)
+    if budget is not None:
+        shape = tuple(shape)
+        check_need(need_of(shape), budget, what, (shape, lambda s: need_of(s).total, multiples), shape_flag)
+
+
+def check_seeded(comm: Any, layout: Any, seeded: Any) -> None:
+    """Refuse a `DTensor.from_seeded` shard that the generator cannot index or the rank cannot hold."""
+    span = math.prod(max(1, n) for n in seeded.shape) * np.dtype(seeded.dtype).itemsize
+    if span >= 1 << 63:
+        # numpy sizes arrays (empty dims counted as 1) and the generator numbers elements
+        # in 64-bit integers: past that they would fail or wrap.
+        raise ShapeError(f"seeded tensor of shape {seeded.shape!r} is too large to index: numpy and the "
+                         "generator address it in 64-bit integers; expected the product of its sizes "
+                         "(empty dims counted as 1) times the item size below 2**63")
+    check_memory(comm, f"a {seeded.dtype} tensor of shape {seeded.shape!r} under {layout}",
+                 lambda s: seeded_need(layout, s, seeded.dtype), seeded.shape, layout.shards_per_dim)

@@ -1,0 +1,38 @@
+"""Chosen strategies executed by the network runner: values checked, bytes exactly as predicted."""
+from __future__ import annotations
+
+import pytest
+from mpi4py import MPI
+
+from spmdsim.autoshard import autoshard
+from spmdsim.autoshard.execute import run_choice
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+COMM = MPI.COMM_WORLD
+RATE = 1e10  # stated, so every rank chooses the same strategies
+
+
+def _check(result):
+    measured, passed = run_choice(result, COMM, repeats=1)
+    assert passed
+    # Every operator (with the redistribution into it) moves exactly the predicted bytes.
+    assert [m.bytes_received for m in measured] == [op.bytes_per_rank for op in result.ops]
+    return measured
+
+
+@pytest.mark.skipif(COMM.size != 8, reason="MatMul1's tutorial strategy needs 8 ranks")
+def test_tutorial_choice_with_matmul1_fixed_runs_as_predicted():
+    result = autoshard("net_mindspore_tutorial", 8, fix={"MatMul1": "((2, 4), (4, 1))"},
+                       memory_limit=1 << 20, flops_per_s=RATE)
+    measured = _check(result)
+    assert result.total_bytes_per_rank <= result.hand_written_total_bytes_per_rank
+    assert measured[2].bytes_received == 9_408 + 49_152  # Alltoall into MatMul1, its Allreduce
+
+
+@pytest.mark.skipif(COMM.size not in (4, 8), reason="the Paddle network splits over 4 or 8 ranks")
+def test_paddle_choice_under_a_memory_limit_runs_as_predicted():
+    # Whole tables (245,760 B) no longer fit: the embedding must split its vocabulary or dims.
+    result = autoshard("net_paddle_tp", COMM.size, memory_limit=200_000, flops_per_s=RATE)
+    assert result.ops[1].candidate.strategy[1] != (1, 1)
+    _check(result)

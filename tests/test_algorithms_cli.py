@@ -1,0 +1,114 @@
+"""`spmdsim collective` without MPI ranks: bad input, the rounds table and states, pictures, the report."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from spmdsim.algorithms import NAMES, parse_name, schedule
+from spmdsim.algorithms.table import format_rounds, format_states
+from spmdsim.cli.collective import report, to_json
+from spmdsim.cli.main import main
+
+
+def _fails(capsys, argv, needle):
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert out == "" and len(lines) == 1 and lines[0].startswith("spmdsim: error: "), (out, err)
+    assert needle in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["ring-alltoall"], "unknown collective algorithm 'ring-alltoall'; expected one of ring-allreduce"),
+    (["ring-allreduce", "--size", "1X"], "--size: size '1X' is not a byte count like 64K or 4M"),
+    (["ring-allreduce", "--size", "0"], "--size '0' must be between 1 byte and 64M"),
+    (["ring-allreduce", "--size", "1G"], "must be between 1 byte and 64M"),
+    (["ring-allreduce", "--repeat", "0"], "--repeat 0 must be at least 1"),
+    (["ring-allreduce", "--size", "64K"], "needs at least 2 ranks; launch it with mpiexec -n N"),
+])
+def test_bad_input_is_one_line(capsys, argv, needle):
+    _fails(capsys, ["collective"] + argv, needle)
+
+
+def test_png_without_matplotlib_says_how_to_install(capsys, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
+    _fails(capsys, ["collective", "ring-allreduce", "--png", str(tmp_path)], "pictures need matplotlib: pip install")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_tables_fit_100_columns(name):
+    collective, _ = parse_name(name)
+    for p in (2, 3, 4, 6, 8, 12, 16):
+        s = schedule(name, p, 64 * p, 4)
+        text = format_rounds(s, [0.001] * len(s.rounds)) + "\n" + format_states(s)
+        assert max(len(line) for line in text.splitlines()) <= 100, (name, p)
+        assert len(format_rounds(s).splitlines()) >= len(s.rounds) + 1
+
+
+def test_ring_table_folds_the_ranks_into_one_line_per_round():
+    lines = format_rounds(schedule("ring-allreduce", 8, 1 << 18, 4)).splitlines()
+    assert len(lines) == 15
+    assert lines[1].split() == ["1", "reduce-scatter", "r->r+1", "(0-7),", "slot", "r-1", "131,072"]
+    assert lines[8].split()[:4] == ["8", "allgather", "r->r+1", "(0-7),"]
+    rd = format_rounds(schedule("recursive-doubling-allreduce", 4, 8)).splitlines()
+    assert "r<->r^2 (0-3), slot 0" in rd[2]
+
+
+def test_states_show_the_sum_growing_round_by_round():
+    text = format_states(schedule("ring-allreduce", 4, 16))
+    blocks = text.split("after round ")
+    assert blocks[0].splitlines()[2].split() == ["0", "0", "0", "0", "0"]
+    assert blocks[3].startswith("3 (reduce-scatter)")
+    assert blocks[3].splitlines()[2].split() == ["0", "0-3", "0,2,3", "0,3", "0"]  # rank 0 holds slot 0 whole
+    assert all(row.split()[1:] == ["0-3"] * 4 for row in blocks[6].splitlines()[2:])
+
+
+def test_pictures_of_every_round(tmp_path):
+    pytest.importorskip("matplotlib")
+    from spmdsim.algorithms.picture import render_rounds_png
+
+    paths = render_rounds_png(schedule("bruck-allgather", 3, 4, 4), tmp_path / "pics")
+    assert [p.rsplit("/", 1)[1] for p in paths] == ["round_00.png", "round_01.png", "round_02.png", "rounds.png"]
+    assert all((tmp_path / "pics" / p.rsplit("/", 1)[1]).stat().st_size > 1000 for p in paths)
+
+
+def test_report_and_json_from_a_run():
+    s = schedule("ring-allreduce", 4, 1 << 14, 4)
+    result = {"matches_mpi": True, "max_abs_difference": 2e-7, "seconds_emulated": 2e-3, "seconds_mpi": 1e-3,
+              "round_seconds": [1e-4] * 6, "wait_mode": "polite"}
+    text = report(s, result, show=True)
+    assert "bytes sent by the busiest rank: 98,304 B; textbook 98,304 B (equal)" in text
+    assert "  formula: 2(p-1)/p n (n: bytes from each rank)" in text
+    assert "result: matches MPI's Allreduce" in text and "emulated 2.000 ms, MPI 1.000 ms" in text
+    assert max(len(line) for line in text.splitlines()) <= 100
+    record = to_json(s, result)
+    assert record["bytes_sent_per_rank"] == 98304 and type(record["bytes_sent_per_rank"]) is int
+    assert len(record["rounds"]) == 6 and record["rounds"][0]["transfers"][0] == {
+        "src": 0, "dst": 1, "slots": [3], "reduce": True, "bytes": 16384}
+    assert record["matches_mpi"] is True and record["formula_bytes"] == 98304
+
+
+def test_bench_script_arguments(capsys):
+    from pathlib import Path
+
+    from testkit import load_script
+
+    bench = load_script(Path(__file__).resolve().parents[1] / "scripts" / "bench_algorithms.py",
+                        "spmdsim_script_bench_algorithms")
+    args = bench.parse_args([])
+    assert args.sizes == [64 << 10, 1 << 20, 8 << 20] and args.names == list(NAMES)
+    assert bench.parse_args(["--algorithms", "bruck-alltoall,ring-allreduce"]).names == [
+        "bruck-alltoall", "ring-allreduce"]
+    for argv, needle in ((["--algorithms", "ring-alltoall"], "unknown algorithm 'ring-alltoall'"),
+                         (["--sizes", "0"], "size '0' is 0 bytes"), (["--repeats", "0"], "got '0'")):
+        with pytest.raises(SystemExit) as info:
+            bench.parse_args(argv)
+        assert info.value.code == 2 and needle in capsys.readouterr().err
+    row = {"algorithm": "ring-allreduce", "size": 1 << 20, "ranks": 8, "rounds": 14,
+           "bytes_sent_per_rank": 1835008, "formula_bytes": 1835008, "seconds_emulated": 0.004,
+           "seconds_mpi": 0.002, "seconds_model": 0.003, "matches_mpi": True, "wait_mode": "polite"}
+    text = bench.table([row])
+    assert text.splitlines()[2].split() == ["ring-allreduce", "1M", "14", "1,835,008", "yes", "4.000",
+                                            "2.000", "3.000", "yes"]
+    assert max(len(line) for line in text.splitlines()) <= 100

@@ -1,0 +1,70 @@
+"""`spmdsim autoshard`: the table fits 100 columns, --json has the documented keys, bad input exits 2."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spmdsim.cli.main import main
+
+TUTORIAL = ["autoshard", "--network", "net_mindspore_tutorial", "--flops", "1e10"]
+
+
+def test_table_against_the_hand_written_strategies(capsys):
+    assert main(TUTORIAL + ["--fix", "MatMul1=((2,4),(4,1))"]) == 0
+    out = capsys.readouterr().out
+    assert all(len(line) <= 100 for line in out.splitlines())
+    assert "total 58,560 B/rank; hand-written 179,392 B/rank; saves 120,832 B (67.4%)" in out
+    assert "tree DP, proven optimal" in out
+    row = next(line for line in out.splitlines() if line.startswith("MatMul1"))
+    assert "((2, 4), (4, 1))" in row and "9,408" in row and "49,152" in row and row.endswith("fixed")
+
+
+def test_json_has_operators_and_integer_totals(capsys):
+    assert main(TUTORIAL + ["--json", "--memory-limit", "1M"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert isinstance(record["total_bytes_per_rank"], int)
+    assert record["hand_written_total_bytes_per_rank"] == 179_392
+    for op in record["operators"]:
+        assert {"name", "strategy", "bytes_per_rank"} <= set(op) and isinstance(op["bytes_per_rank"], int)
+    assert sum(op["bytes_per_rank"] for op in record["operators"]) == record["total_bytes_per_rank"]
+
+
+def test_branching_network_reports_branch_and_bound(capsys):
+    assert main(["autoshard", "--network", "attention", "--devices", "4", "--flops", "1e10",
+                 "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["method"] == "branch and bound" and record["proven_optimal"] is True
+    assert record["hand_written_total_bytes_per_rank"] is None
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--fix", "MatMul1"], "--fix 'MatMul1' must read OP=STRATEGY"),
+    (["--fix", "Nope=((8,1),(1,1))"], "no operator 'Nope'"),
+    (["--fix", "MatMul1=((2,4)"], "is not a tuple of positive integers"),
+    (["--memory-limit", "10"], "fits the memory limit of 10 bytes"),
+    (["--devices", "0"], "--devices 0 must be >= 1"),
+    (["--flops", "-1"], "--flops -1.0 must be > 0"),
+    (["--objective", "time", "--devices", "64"], "expected at most 16 (or --objective bytes)"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, extra, needle):
+    assert main(TUTORIAL[:3] + extra) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_run_on_simulated_ranks_moves_the_predicted_bytes(capsys):
+    # Vocabulary or dims split (the whole table, 245,760 B, is over the limit), 4 ranks in-process.
+    assert main(["autoshard", "--network", "net_paddle_tp", "--memory-limit", "100K", "--run",
+                 "--ranks", "4", "--flops", "1e10", "--repeat", "1", "--json"]) == 0
+    out = capsys.readouterr().out
+    record = json.loads(out[out.index("{"):])  # after the simulator's one-line banner
+    assert record["passed"] is True
+    assert [m["bytes_received_per_rank"] for m in record["measured"]] == \
+        [op["bytes_per_rank"] for op in record["operators"]]
+    assert record["total_bytes_per_rank"] > 0
+
+
+def test_ranks_needs_run(capsys):
+    assert main(TUTORIAL + ["--ranks", "4"]) == 2
+    assert "--ranks N simulates the ranks of --run; add --run" in capsys.readouterr().err

@@ -1,0 +1,106 @@
+"""Every command README.md and docs/lab.md quote runs, and prints what they quote (pure commands).
+
+The MPI commands run in tests/mpi/test_classroom_docs.py at their own rank
+count; the examples in tests/mpi/test_examples.py. The pictures beside a
+command are made again and compared with the committed ones.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from docs_commands import DOCS, ROOT, mismatch, quotes
+from spmdsim.cli.main import main
+
+_BIN = pathlib.Path(sys.executable).parent
+# Commands a test here does not run, and why (each must still be quoted as written).
+_ELSEWHERE = (
+    (re.compile(r"^python3 -m venv "), "the install itself"),
+    (re.compile(r"^timeout -k 5 \d+ mpiexec "), "tests/mpi/test_classroom_docs.py and test_examples.py"),
+    (re.compile(r"^spmdsim (launch|demo|calibrate|run)\b"), "MPI: named in prose, run in the MPI tests"),
+)
+
+
+def _shell(command: str, cwd: pathlib.Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PATH=f"{_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+               SPMDSIM_COST_FILE=str(cwd / "no-calibration.json"))
+    return subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_every_pure_command_runs_and_prints_what_the_doc_quotes(doc, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # case files and pictures the commands write land here
+    monkeypatch.setenv("SPMDSIM_COST_FILE", str(tmp_path / "no-calibration.json"))  # built-in model
+    ran = 0
+    for quote in quotes(doc):
+        if any(pattern.match(quote.command) for pattern, _ in _ELSEWHERE):
+            continue
+        if quote.argv is not None:
+            code = main(quote.argv)
+            out, err = capsys.readouterr()
+        elif quote.inline and quote.command.split()[1:2] and len(quote.command.split()) < 3:
+            continue  # a subcommand's name in prose
+        else:
+            done = _shell(quote.command, tmp_path)
+            code, out, err = done.returncode, done.stdout, done.stderr
+        assert code == 0, f"{quote.where()}\n{err}"
+        if quote.output:
+            why = mismatch(quote.output, out)
+            assert why is None, f"{quote.where()}: {why}\n{out}"
+        if not quote.inline:
+            assert max((len(line) for line in out.splitlines()), default=0) <= 100, quote.where()
+        ran += 1
+    assert ran >= 10
+
+
+def _pixels(path: pathlib.Path):
+    import matplotlib.image
+
+    return matplotlib.image.imread(str(path))
+
+
+def test_the_pictures_are_made_by_the_commands_beside_them(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("matplotlib")
+    monkeypatch.chdir(tmp_path)
+    checked = []
+    for doc in DOCS:
+        text = (ROOT / doc).read_text()
+        commands = [q for q in quotes(doc) if q.argv and "--png" in q.argv]
+        for name in re.findall(r"!\[[^\]]*\]\((?:docs/)?img/([\w./]+\.png)\)", text):
+            # `--png NAME.png` (show), or `--png DIR` writing DIR/NAME.png (plan)
+            maker = [q for q in commands if q.argv[q.argv.index("--png") + 1] in (name, name.split("/")[0])]
+            if not maker:  # drawn under MPI (`spmdsim collective --png DIR`): a command must say how
+                assert any("--png" in q.command for q in quotes(doc)), f"{doc}: who draws {name}?"
+                continue
+            assert main(maker[0].argv) == 0
+            capsys.readouterr()
+            made, kept = _pixels(tmp_path / name), _pixels(ROOT / "docs" / "img" / name)
+            assert made.shape == kept.shape, (name, made.shape, kept.shape)
+            differ = float((abs(made - kept) > 0.05).any(axis=-1).mean())
+            assert differ < 0.01, (f"{name}: {differ:.1%} of the pixels differ; "
+                                   f"remake it with {maker[0].command}")
+            checked.append(name)
+    assert sorted(checked) == ["matmul_partial.png", "plan_dtensor/bytes.png",
+                               "plan_dtensor/moves_01.png", "rows_partial_dp.png", "seed_layout.png"]
+
+
+def test_every_mpiexec_the_docs_quote_runs_under_a_timeout():
+    launched = [q for doc in DOCS for q in quotes(doc) if "mpiexec" in q.command]
+    assert len(launched) >= 10
+    for quote in launched:
+        assert re.search(r"(^|&& )timeout -k 5 \d+ mpiexec -n \d+ ", quote.command), quote.where()
+
+
+def test_quoted_output_matching():
+    from docs_commands import mismatch
+
+    assert mismatch(("a", "...", "c 1.5e-06"), "a\nb\nc 2.25e-07\n") is None
+    assert mismatch(("a", "c"), "a\nb\nc\n") == "expected 'c', got 'b'"
+    assert mismatch(("...", "z"), "a\n") == "quoted line 'z' is not in the output"
+    assert mismatch(("t 2.268 ms",), "t 0.5 ms") is None

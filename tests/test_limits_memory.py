@@ -1,0 +1,86 @@
+"""Memory before allocation (pure side): budgets, estimates and the one-line refusal."""
+from __future__ import annotations
+
+import pytest
+
+from spmdsim import Layout
+from spmdsim.dialects.strategy import matmul_layouts
+from spmdsim.errors import SpmdsimError
+from spmdsim.memory import (
+    Budget, Need, ResourceError, budget_per_rank, check_need, format_size, largest_fitting_shape,
+    matmul_job_need, matmul_need, seeded_need,
+)
+
+GIB = 1 << 30
+
+
+def _meminfo(tmp_path, kib: int) -> str:
+    path = tmp_path / "meminfo"
+    path.write_text(f"MemTotal:       99999999 kB\nMemFree:         1 kB\nMemAvailable:   {kib} kB\n")
+    return str(path)
+
+
+def test_budget_is_memavailable_over_the_ranks_of_the_node(tmp_path):
+    info, nowhere = _meminfo(tmp_path, 16 * 1024 * 1024), str(tmp_path / "no-cgroup")
+    got = budget_per_rank(8, env={}, meminfo=info, cgroup_root=nowhere)
+    assert got == Budget(2 * GIB, "MemAvailable 16 GiB over 8 ranks on this node")
+    assert budget_per_rank(1, env={}, meminfo=info, cgroup_root=nowhere).bytes == 16 * GIB
+    assert budget_per_rank(8, env={}, meminfo=str(tmp_path / "missing"), cgroup_root=nowhere) is None
+
+
+def test_budget_follows_spmdsim_memory(tmp_path):
+    info = _meminfo(tmp_path, 1024)
+    assert budget_per_rank(8, env={"SPMDSIM_MEMORY": "512M"}, meminfo=info).bytes == 512 << 20
+    assert budget_per_rank(8, env={"SPMDSIM_MEMORY": "1.5GiB"}, meminfo=info).bytes == 3 * GIB // 2
+    assert budget_per_rank(8, env={"SPMDSIM_MEMORY": "1e9"}, meminfo=info).bytes == 10 ** 9
+    assert budget_per_rank(8, env={"SPMDSIM_MEMORY": "off"}, meminfo=info) is None
+    for bad in ("bogus", "-1G", "12 parsecs", "inf"):
+        with pytest.raises(SpmdsimError, match="SPMDSIM_MEMORY=.* is not a size"):
+            budget_per_rank(8, env={"SPMDSIM_MEMORY": bad}, meminfo=info)
+
+
+def test_seeded_need_counts_the_shard_and_the_generator():
+    tl = Layout((2, 4), ("a", "b"))("a", "b")
+    need = seeded_need(tl, (64, 1024), "float64")
+    # Shard 32 x 256 float64; a row of 256 uint64 indices; one pass of 8,192 elements x 3 arrays.
+    assert need.parts == (("shard", 32 * 256 * 8), ("generator", 8 * 256 + 24 * 32 * 256))
+    huge = seeded_need(tl, (2 ** 40, 2 ** 40), "float32")
+    assert huge.parts[0] == ("shard", 2 ** 39 * 2 ** 38 * 4)  # exact at 2**80 elements
+
+
+def test_matmul_need_by_hand():
+    m = matmul_layouts(((2, 4), (4, 1)), 8, False, False)
+    need = matmul_need(m.x, m.w, (40, 80), (80, 16), "float32")
+    # x 20 x 20, w 20 x 16; the Allreduce output 20 x 16 (and the product, same size);
+    # the check's rows of x (20 x 80) and columns of w (80 x 16) and block, in 4 + 8 bytes.
+    assert dict(need.parts) == {"x shard": 1600, "w shard": 1280, "output": 1280,
+                                "product or check": 12 * (20 * 80 + 80 * 16 + 20 * 16)}
+
+
+def test_refusal_is_one_line_with_need_memory_and_the_largest_shape_that_fits():
+    m = matmul_layouts(((2, 4), (4, 1)), 8, False, False)
+    need_of, dims, multiples = matmul_job_need(m.x, m.w, (400000, 400000), (400000, 400000), "float32")
+    assert dims == (400000, 400000, 400000) and multiples == (2, 4, 1)
+    budget = Budget(2 * GIB, "MemAvailable 16 GiB over 8 ranks on this node")
+    with pytest.raises(ResourceError) as info:
+        check_need(need_of(dims), budget, "MatMul", (dims, lambda d: need_of(d).total, multiples), "--shape")
+    text = str(info.value)
+    assert "\n" not in text and text.startswith("MatMul needs 4 TiB (x shard 74.5 GiB")
+    assert "but a rank has 2 GiB (MemAvailable 16 GiB over 8 ranks on this node)" in text
+    fits = tuple(int(v) for v in text.split("the largest --shape that fits is ")[1].split(";")[0].split(","))
+    assert need_of(fits).total <= budget.bytes
+    assert all(f % m_ == 0 for f, m_ in zip(fits, multiples))
+    bigger = tuple(f + m_ for f, m_ in zip(fits, multiples))
+    assert need_of(bigger).total > budget.bytes  # the next shape of the same proportions does not fit
+    check_need(need_of(fits), budget, "MatMul")  # no error
+    check_need(need_of(dims), None, "MatMul")  # no budget: no check
+
+
+def test_largest_fitting_shape_and_sizes():
+    area = lambda s: s[0] * s[1]  # noqa: E731
+    assert largest_fitting_shape((1000, 100), area, 2500, (10, 1)) == (150, 15)  # (160, 16) is 2,560
+    assert largest_fitting_shape((1000, 100), area, 5, (10, 1)) is None
+    assert largest_fitting_shape((1000, 0), area, 0, (10, 1)) == (1000, 0)
+    assert [format_size(n) for n in (0, 1023, 1536, 3 * GIB // 2, 2 ** 80)] == \
+        ["0 B", "1023 B", "1.5 KiB", "1.5 GiB", "1 YiB"]
+    assert str(Need((("a", 1024), ("b", 0)))) == "1 KiB (a 1 KiB)"

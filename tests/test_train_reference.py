@@ -1,0 +1,114 @@
+"""The pure side of training: numpy gradient references against central differences, the
+single-process trainer, the digits loader."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from spmdsim import OperatorError, ShapeError, reference
+from spmdsim import reference_grad as rg
+from spmdsim.nets import mindspore_tutorial, paddle_tp
+from spmdsim.nets.digits import load_digits
+from spmdsim.train_reference import ReferenceTrainer
+
+RNG = np.random.default_rng(0)
+
+
+def _fd(fn, x, eps=1e-6):
+    x = x.astype(np.float64).copy()
+    out = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        keep = x[i]
+        x[i] = keep + eps
+        up = fn(x)
+        x[i] = keep - eps
+        out[i] = (up - fn(x)) / (2 * eps)
+        x[i] = keep
+    return out
+
+
+def _close(a, b):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("ta, tb", [(False, False), (True, False), (False, True), (True, True)])
+def test_matmul_grads(ta, tb):
+    x, w, dy = RNG.standard_normal((2, 3, 4)), RNG.standard_normal((2, 4, 5)), RNG.standard_normal((2, 3, 5))
+    x = np.swapaxes(x, -1, -2).copy() if ta else x
+    w = np.swapaxes(w, -1, -2).copy() if tb else w
+    dx, dw = rg.matmul_grads(x, w, dy, ta, tb)
+    _close(dx, _fd(lambda a: np.sum(reference.matmul(a, w, ta, tb) * dy), x))
+    _close(dw, _fd(lambda b: np.sum(reference.matmul(x, b, ta, tb) * dy), w))
+    assert rg.matmul_grads(x, w, dy, ta, tb, need_dx=False)[0] is None
+
+
+def test_shared_weight_and_linear_grads():
+    x, w, b, dy = (RNG.standard_normal(s) for s in ((2, 3, 4), (4, 5), (5,), (2, 3, 5)))
+    dx, dw, db = rg.linear_grads(x, w, b, dy)
+    _close(dw, _fd(lambda v: np.sum(reference.linear(x, v, b) * dy), w))
+    _close(db, _fd(lambda v: np.sum(reference.linear(x, w, v) * dy), b))
+    _close(dx, _fd(lambda v: np.sum(reference.linear(v, w, b) * dy), x))
+
+
+@pytest.mark.parametrize("name", ["relu", "gelu"])
+def test_activation_and_softmax_grads(name):
+    x, dy = RNG.standard_normal((3, 4)), RNG.standard_normal((3, 4))
+    _close(dy * rg.ACTIVATION_GRADS[name](x), _fd(lambda v: np.sum(reference.activation(name)(v) * dy), x))
+    s = reference.softmax(x, 0)
+    _close(rg.softmax_grad(s, dy, 0), _fd(lambda v: np.sum(reference.softmax(v, 0) * dy), x))
+
+
+def test_embedding_and_losses():
+    table, ids, dy = RNG.standard_normal((5, 3)), np.array([[0, 4], [4, 1]]), RNG.standard_normal((2, 2, 3))
+    _close(rg.embedding_grad(ids, 5, dy), _fd(lambda t: np.sum(t[ids] * dy), table))
+    y, t = RNG.standard_normal((3, 4)), RNG.standard_normal((3, 4))
+    _close(rg.mse_loss(y, t)[1], _fd(lambda v: rg.mse_loss(v, t)[0], y))
+    labels = np.array([0, 3, 1])
+    value, grad = rg.cross_entropy(y, labels)
+    assert value == pytest.approx(-np.mean(np.log(reference.softmax(y)[np.arange(3), labels])))
+    _close(grad, _fd(lambda v: rg.cross_entropy(v, labels)[0], y))
+    with pytest.raises(OperatorError, match="labels must be in"):
+        rg.cross_entropy(y, np.array([0, 4, 1]))
+    with pytest.raises(ShapeError, match="target of shape"):
+        rg.mse_loss(y, t[:2])
+
+
+@pytest.mark.parametrize("optimizer, lr", [("sgd", 1e-2), ("adam", 1e-3)])
+def test_reference_trainer_learns_the_digits(optimizer, lr):
+    net = mindspore_tutorial(8, dtype="float64")
+    data = load_digits(synthetic=True)
+    trainer = ReferenceTrainer(net, optimizer=optimizer, lr=lr)
+    losses = [trainer.step(*data.batch(step, 32)).loss for step in range(8)]
+    assert losses[-1] < losses[0]
+    step = trainer.step(*data.batch(8, 32))
+    assert [g.shape for g in step.grads] == [(784, 512), (512, 512), (512, 10)]
+
+
+def test_reference_trainer_embedding_network():
+    net = paddle_tp(4, dtype="float64")
+    trainer = ReferenceTrainer(net, lr=0.1)
+    ids = net.source.full()
+    labels = ids % net.stages[-1].out_shape[-1]
+    first = trainer.step(ids, labels)
+    assert [g.shape for g in first.grads] == [p.source.shape for s in net.stages for p in s.params]
+    assert trainer.step(ids, labels).loss < first.loss
+    with pytest.raises(OperatorError, match="optimizer"):
+        ReferenceTrainer(net, optimizer="lamb")
+
+
+def test_digits():
+    data = load_digits(synthetic=True)
+    assert data.images.shape == (5000, 1, 28, 28) and data.labels.shape == (5000,)
+    assert "synthetic" in data.source
+    x, labels = data.batch(156, 32)  # wraps around the 5,000
+    assert x.shape == (32, 1, 28, 28) and set(labels) <= set(range(10))
+    assert abs(float(data.images.mean())) < 1.0  # normalized as seed 003's dataset is
+
+
+def test_optimizers_refuse_what_they_cannot_update():
+    from spmdsim.optim import SGD, Adam
+
+    with pytest.raises(OperatorError, match="empty parameter list"):
+        SGD([], lr=0.1)
+    with pytest.raises(OperatorError, match="must be a DTensor leaf with requires_grad_"):
+        Adam([np.zeros(3)])

@@ -1,0 +1,83 @@
+"""Training on simulated ranks (spmdsim.simulate): the same gradient and step checks as under MPI."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from trainkit import check_grads, dt, mse_check
+
+import spmdsim
+from spmdsim import Layout, reference
+from spmdsim import reference_grad as rg
+
+
+def _mesh():
+    from spmdsim.runtime import Mesh
+
+    return Mesh(Layout((2, spmdsim.world().size // 2), ("dp", "mp")))
+
+
+def _passed(verdicts):
+    return all(v.passed for v in verdicts), [v for v in verdicts if not v.passed]
+
+
+@pytest.mark.parametrize("ranks", [4, 8])
+def test_matmul_chain_and_vocab_parallel_cross_entropy(ranks):
+    from spmdsim.ops import cross_entropy, matmul, relu
+
+    def body():
+        mesh = _mesh()
+        p = mesh.layout.axis_size("mp")
+        rng = np.random.default_rng(0)
+        arrays = [rng.standard_normal((4, 6)), rng.standard_normal((6, 2 * p)), rng.standard_normal((2 * p, 3))]
+        x = dt(mesh, arrays[0], mesh.layout("dp", None), grad=True)
+        w1 = dt(mesh, arrays[1], mesh.layout(None, "mp"), grad=True)
+        w2 = dt(mesh, arrays[2], mesh.layout("mp", None), grad=True)
+        ref = lambda a, b, c: reference.relu(a @ b) @ c  # noqa: E731
+        first = mse_check(mesh, [x, w1, w2], arrays, matmul(relu(matmul(x, w1)), w2), ref)
+        logits_g, labels_g = rng.standard_normal((8, 2 * p)), rng.integers(0, 2 * p, 8)
+        logits = dt(mesh, logits_g, mesh.layout("dp", "mp"), grad=True)
+        loss = cross_entropy(logits, dt(mesh, labels_g, mesh.layout("dp")))
+        second = check_grads([logits], [logits_g], lambda z: rg.cross_entropy(z, labels_g)[0], loss)
+        return _passed(first + second)
+
+    for ok, failed in spmdsim.simulate(ranks, body):
+        assert ok, failed
+
+
+def test_sequence_parallel_mlp_on_4_ranks():
+    from spmdsim.ops import ParallelMLP
+
+    def body():
+        mesh = _mesh()
+        p = mesh.layout.axis_size("mp")
+        mlp = ParallelMLP(mesh, 4, 2 * p, sequence_parallel=True, axes="mp", dtype="float64", seed=2)
+        x = dt(mesh, np.random.default_rng(1).standard_normal((p, 2, 4)), mesh.layout("mp", "dp", None),
+               grad=True)
+        fc1, fc2 = mlp.linear_fc1, mlp.linear_fc2
+        tensors = [x, fc1.weight, fc1.bias, fc2.weight, fc2.bias]
+        ref = lambda *a: reference.mlp(*a, "gelu")  # noqa: E731
+        return _passed(mse_check(mesh, tensors, [t.gather() for t in tensors], mlp(x), ref))
+
+    for ok, failed in spmdsim.simulate(4, body):
+        assert ok, failed
+
+
+def test_seed_003_trains_on_8_simulated_ranks():
+    from spmdsim.nets import mindspore_tutorial
+    from spmdsim.nets.digits import load_digits
+    from spmdsim.nets.train import NetworkTrainer
+    from spmdsim.train_reference import ReferenceTrainer
+
+    data = load_digits(synthetic=True)
+
+    def body():
+        net = mindspore_tutorial(8, dtype="float64")
+        trainer, ref = NetworkTrainer(net, spmdsim.world()), ReferenceTrainer(net)
+        verdicts = []
+        for step in range(1):  # one step: loss, gradients and the updated parameters
+            x, labels = data.batch(step, 32)
+            verdicts += trainer.check(trainer.step(x, labels), ref.step(x, labels), 1e-10, 1e-10)
+        return _passed(verdicts)
+
+    for ok, failed in spmdsim.simulate(8, body):
+        assert ok, failed
