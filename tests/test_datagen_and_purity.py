@@ -139,6 +139,12 @@ PURE_MODULES = [
     "spmdsim.cli.autoshard",
     "spmdsim.cli.collective",
     "spmdsim.runtime",
+    # The emulator itself needs no MPI (the runtime's collectives import mpi4py when a program runs).
+    "spmdsim.sim",
+    "spmdsim.sim.run",
+    "spmdsim.sim.comm",
+    "spmdsim.sim.dry",
+    "spmdsim.sim.launch",
 ]
 
 
