@@ -44,7 +44,8 @@ def _mesh_for(base: Any, layout: Layout) -> Any:
     if mesh is None:
         from .runtime import Mesh
 
-        mesh = base.compiled[key] = Mesh(layout, base.comm, wait=base.wait_mode)
+        mesh = base.compiled[key] = Mesh(layout, base.comm, wait=base.wait_mode,
+                                         algorithms=base.algorithms)
     return mesh
 
 

@@ -114,14 +114,15 @@ class Trace:
             row[1] += e.bytes_sent
             row[2] += e.bytes_received
             row[3] += e.seconds
-        lines = [f"{'op':<15}{'axes':<14}{'g':>3}{'calls':>7}{'sent B':>13}{'recv B':>13}{'ms':>10}"]
+        width = max([15] + [len(op) + 1 for op, _, _ in rows])  # "allreduce[recursive-doubling]"
+        lines = [f"{'op':<{width}}{'axes':<14}{'g':>3}{'calls':>7}{'sent B':>13}{'recv B':>13}{'ms':>10}"]
         for (op, axes, g), (n, sent, recv, sec) in rows.items():
             lines.append(
-                f"{op:<15}{','.join(axes) or '-':<14}{g:>3}{n:>7}{sent:>13}{recv:>13}{sec * 1e3:>10.3f}"
+                f"{op:<{width}}{','.join(axes) or '-':<14}{g:>3}{n:>7}{sent:>13}{recv:>13}{sec * 1e3:>10.3f}"
             )
         t = self.totals()
         lines.append(
-            f"{'total':<32}{t['calls']:>7}{t['bytes_sent']:>13}{t['bytes_received']:>13}"
+            f"{'total':<{width + 17}}{t['calls']:>7}{t['bytes_sent']:>13}{t['bytes_received']:>13}"
             f"{t['seconds'] * 1e3:>10.3f}"
         )
         return "\n".join(lines)
