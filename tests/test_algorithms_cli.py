@@ -25,7 +25,7 @@ def _fails(capsys, argv, needle):
     (["ring-allreduce", "--size", "0"], "--size '0' must be between 1 byte and 64M"),
     (["ring-allreduce", "--size", "1G"], "must be between 1 byte and 64M"),
     (["ring-allreduce", "--repeat", "0"], "--repeat 0 must be at least 1"),
-    (["ring-allreduce", "--size", "64K"], "needs at least 2 ranks; launch it with mpiexec -n N"),
+    (["ring-allreduce", "--size", "64K"], "needs at least 2 ranks: mpiexec -n N, or --ranks N"),
 ])
 def test_bad_input_is_one_line(capsys, argv, needle):
     _fails(capsys, ["collective"] + argv, needle)

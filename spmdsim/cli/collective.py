@@ -102,15 +102,15 @@ def run(args: argparse.Namespace) -> int:
 def _simulated(args: argparse.Namespace) -> int:
     """--ranks N: every rank a thread of this process (spmdsim.sim); the report says so first."""
     from ..runtime.debug import configure_from_args
-    from ..sim import simulate, world
+    from ..sim.launch import run_on_ranks
+    from ..sim.run import world
 
     if isinstance(args.ranks, bool) or not 2 <= args.ranks <= 1024:
         raise SpmdsimError(f"--ranks {args.ranks!r} must be between 2 and 1024")
     _check_args(args)  # before the threads start: one error line
     configure_from_args(args)
-    if not args.json:
-        print(f"{args.ranks} simulated ranks in one process (spmdsim.sim), not MPI")
-    return max(simulate(args.ranks, lambda: _execute(args, world())))
+    # The same launcher as every --ranks: its banner first (stderr with --json), errors by rank.
+    return run_on_ranks(args.ranks, lambda: _execute(args, world()), as_json=args.json)
 
 
 def _execute(args: argparse.Namespace, comm: Any) -> int:
@@ -123,7 +123,7 @@ def _execute(args: argparse.Namespace, comm: Any) -> int:
     p = comm.Get_size()
     dtype = np.dtype(args.dtype)
     if p < 2:
-        raise SpmdsimError("spmdsim collective needs at least 2 ranks; launch it with mpiexec -n N")
+        raise SpmdsimError("spmdsim collective needs at least 2 ranks: mpiexec -n N, or --ranks N")
     try:
         count = elements_for(collective, p, size, dtype.itemsize)
     except SpmdsimError as exc:
