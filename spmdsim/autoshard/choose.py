@@ -17,6 +17,7 @@ from ..dialects.strategy import parse_strategy
 from ..errors import OperatorError, SpmdsimError
 from ..plan import Plan
 from ..validate import int_arg
+from .backward import BackwardOp, replay
 from .candidates import Candidate, candidates, make_candidate
 from .cost import Objective, Table, hop_plans, measure_flops_rate, plan_seconds, redistribution_bytes
 from .graph import Graph
@@ -83,6 +84,17 @@ class Result:
     propagation: Outcome
     propagation_bytes: int
     runners_up: tuple[tuple[int, float, tuple[str, ...]], ...]
+    backward: tuple[BackwardOp, ...] = ()
+    hand_backward: Optional[tuple[BackwardOp, ...]] = None
+
+    @property
+    def backward_bytes_per_rank(self) -> int:
+        """Bytes per rank of a training step's backward (`backward.replay`; 0 without --training)."""
+        return sum(op.bytes_per_rank for op in self.backward)
+
+    @property
+    def hand_written_backward_bytes_per_rank(self) -> Optional[int]:
+        return None if self.hand_backward is None else sum(op.bytes_per_rank for op in self.hand_backward)
 
     @property
     def total_bytes_per_rank(self) -> int:
@@ -111,7 +123,8 @@ def autoshard(network: Union[str, Graph], devices: int = 8, *,
               fix: Optional[Mapping[str, str]] = None, memory_limit: Optional[int] = None,
               objective: str = "bytes", method: str = "search", flops_per_s: Optional[float] = None,
               model: Optional[CostModel] = None, runners_up: int = 3, node_limit: int = 200_000,
-              time_limit_s: Optional[float] = None, hand: Optional[Sequence[Optional[Hand]]] = None) -> Result:
+              time_limit_s: Optional[float] = None, hand: Optional[Sequence[Optional[Hand]]] = None,
+              training: bool = False) -> Result:
     """Choose every operator's strategy of `network` on `devices` devices.
 
     Args:
@@ -125,6 +138,7 @@ def autoshard(network: Union[str, Graph], devices: int = 8, *,
         flops_per_s: compute rate of one rank (default: measured now).
         model: the collectives' cost model (default: the calibrated one, `spmdsim calibrate`).
         node_limit, time_limit_s: when branch and bound stops (then not proven optimal).
+        training: also price the backward of a training step (bytes objective only).
     """
     devices = int_arg(devices, "devices", low=1)
     if method not in METHODS:
@@ -137,7 +151,7 @@ def autoshard(network: Union[str, Graph], devices: int = 8, *,
     else:
         graph = network
     obj = Objective(objective, flops_per_s or measure_flops_rate(),
-                    model if model is not None else load_or_default())
+                    model if model is not None else load_or_default(), bool(training))
     dtypes = [n.dtype for n in graph.nodes]
     in_dtypes = [tuple(dtypes[graph.index(i)] for i in n.inputs) for n in graph.nodes]
     hand_cands = _hand(graph, hand, in_dtypes)
@@ -164,7 +178,9 @@ def autoshard(network: Union[str, Graph], devices: int = 8, *,
                           if c != outcome.choice[i]))
                    for value, alt in outcome.runners_up)
     prop_bytes = _exact_bytes(graph, [options[i][c] for i, c in enumerate(prop.choice)])
-    return Result(graph, devices, obj, outcome, ops, hand_ops, prop, prop_bytes, others)
+    back = replay(graph, chosen) if training else ()
+    hand_back = replay(graph, hand_cands) if training and hand_cands is not None else None
+    return Result(graph, devices, obj, outcome, ops, hand_ops, prop, prop_bytes, others, back, hand_back)
 
 
 def _hand(graph: Graph, hand, in_dtypes) -> Optional[list[Candidate]]:

@@ -29,6 +29,7 @@ from ..cost import DEFAULT_MODEL, CostModel, predict_plan
 from ..errors import SpmdsimError
 from ..layout import TensorLayout
 from ..plan import Plan, plan_redistribution
+from . import backward
 from .candidates import Candidate
 from .graph import Graph
 
@@ -47,15 +48,20 @@ class Objective:
     Attributes:
         flops_per_s: compute rate of one rank (time objective and the time columns).
         model: the alpha-beta model of the collectives.
+        training: add each candidate's and each hop's backward bytes (`backward`).
     """
 
     kind: str = "bytes"
     flops_per_s: float = 1e9
     model: CostModel = DEFAULT_MODEL
+    training: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in OBJECTIVES:
             raise SpmdsimError(f"objective {self.kind!r} must be one of {OBJECTIVES!r}")
+        if self.training and self.kind != "bytes":
+            raise SpmdsimError(f"training prices the backward in bytes; objective {self.kind!r} must be "
+                               "'bytes' with it")
         if not self.flops_per_s > 0:
             raise SpmdsimError(f"compute rate {self.flops_per_s!r} FLOP/s must be > 0")
 
@@ -181,8 +187,15 @@ class Table:
             [self.own_seconds(c) for c in cands])) for cands in options]
         self.edge_bytes: dict[tuple[int, int], np.ndarray] = {}
         self.edge_seconds: dict[tuple[int, int], np.ndarray] = {}
+        need = backward.needs_grad(graph) if objective.training else ()
+        if objective.training:  # the backward adds to every candidate's and every hop's bytes
+            self.node_bytes = [self.node_bytes[i] + np.array(
+                [backward.node_bytes(n, c, [need[graph.index(s)] for s in n.inputs]) for c in options[i]],
+                dtype=np.int64) for i, n in enumerate(graph.nodes)]
         for p, q, pos in graph.edges:
             b = self._edge_bytes(p, q, pos)
+            if objective.training:
+                b = b + self._edge_backward(p, q, pos, [need[graph.index(s)] for s in graph.nodes[q].inputs])
             self.edge_bytes[(p, q)] = self.edge_bytes.get((p, q), 0) + b
             if objective.kind == "time":
                 s = self._edge_seconds(p, q, pos)
@@ -215,6 +228,9 @@ class Table:
         key = (tuple(map(id, self.options[p])), tuple(map(id, self.options[q])), pos,
                self.graph.nodes[q].in_shapes[pos], self.dtypes[p])
         return self._once(key, lambda: self._price_bytes(p, q, pos))
+
+    def _edge_backward(self, p: int, q: int, pos: int, need: list) -> np.ndarray:
+        return backward.edge_bytes(self.graph, p, q, pos, self.options[p], self.options[q], need)
 
     def _price_bytes(self, p: int, q: int, pos: int) -> np.ndarray:
         sources, targets, shape, dtype = self._pairs(p, q, pos)
