@@ -132,6 +132,7 @@ PURE_MODULES = [
     "spmdsim.cli.convert",
     "spmdsim.cli.plan_explain",
     "spmdsim.autoshard",
+    "spmdsim.autoshard.backward",
     "spmdsim.autoshard.execute",
     "spmdsim.algorithms.picture",
     # Entry points import the runtime only when a command runs under MPI.

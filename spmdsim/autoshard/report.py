@@ -29,40 +29,54 @@ def format_result(result: "Result") -> str:
     lines = [_fit(f"{g.name}: {g.title}", WIDTH),
              f"{result.devices} devices, objective {result.objective.kind}: {out.method}, {proof}",
              "in B: bytes the busiest rank receives redistributing inputs; own B: in own collectives"]
-    head = ("op", "cands", "strategy", "in B", "own B", "why")
+    back = result.backward
+    if back:
+        lines.append("bwd B: in the backward (gradients' reverse moves, weight gradients' sums)")
+    head = ("op", "cands", "strategy", "in B", "own B") + (("bwd B",) if back else ()) + ("why",)
     rows = []
-    for op in result.ops:
+    for i, op in enumerate(result.ops):
         cands = f"{op.considered}" + (f"-{op.ruled_out}" if op.ruled_out else "")
-        rows.append((op.name, cands, op.candidate.text, _b(op.in_bytes), _b(op.own_bytes), op.why))
-    widths = [max(len(r[i]) for r in [head] + rows) for i in range(5)]
+        rows.append((op.name, cands, op.candidate.text, _b(op.in_bytes), _b(op.own_bytes))
+                    + ((_b(back[i].bytes_per_rank),) if back else ()) + (op.why,))
+    n = len(head) - 1
+    widths = [max(len(r[i]) for r in [head] + rows) for i in range(n)]
     widths[2] = min(widths[2], 30)
-    room = WIDTH - sum(widths) - 2 * 5
+    room = WIDTH - sum(widths) - 2 * n
     for r in [head] + rows:
-        cells = [_fit(c, w).rjust(w) if i in (1, 3, 4) else _fit(c, w).ljust(w)
-                 for i, (c, w) in enumerate(zip(r[:5], widths))]
-        lines.append("  ".join(cells + [_fit(r[5], max(room, 10))]).rstrip())
+        cells = [_fit(c, w).rjust(w) if i not in (0, 2) else _fit(c, w).ljust(w)
+                 for i, (c, w) in enumerate(zip(r[:n], widths))]
+        lines.append("  ".join(cells + [_fit(r[n], max(room, 10))]).rstrip())
     lines += _totals(result)
     return "\n".join(lines)
 
 
 def _totals(result: "Result") -> list[str]:
     total, hand = result.total_bytes_per_rank, result.hand_written_total_bytes_per_rank
-    line = f"total {_b(total)} B/rank"
+    line = f"total {_b(total)} B/rank" + (" forward" if result.backward else "")
+    lines = []
     if hand is not None:
         saved = hand - total
         share = f" ({100 * saved / hand:.1f}%)" if hand else ""
         line += f"; hand-written {_b(hand)} B/rank; saves {_b(saved)} B{share}"
-    lines = [line, f"propagation (seed 001) from the input and fixed operators: "
-                    f"{_b(result.propagation_bytes)} B/rank"]
+    lines.append(line)
+    if result.backward:
+        bwd, hand_bwd = result.backward_bytes_per_rank, result.hand_written_backward_bytes_per_rank
+        line = f"training {_b(total + bwd)} B/rank = fwd {_b(total)} + bwd {_b(bwd)}"
+        if hand is not None and hand_bwd is not None:
+            line += f"; hand-written {_b(hand + hand_bwd)} = {_b(hand)} + {_b(hand_bwd)}"
+        lines = [_fit(line, WIDTH)] + lines
+    lines.append(f"propagation (seed 001) from the input and fixed operators: "
+                 f"{_b(result.propagation_bytes)} B/rank" + (" forward" if result.backward else ""))
     comm = sum(op.comm_seconds for op in result.ops)
     compute = sum(op.compute_seconds for op in result.ops)
     lines.append(f"modelled time {1e3 * (comm + compute):.3g} ms: communication {1e3 * comm:.3g} ms "
                  f"+ compute {1e3 * compute:.3g} ms at {result.objective.flops_per_s / 1e9:.3g} GFLOP/s")
     if any(op.ruled_out for op in result.ops):
         lines.append("cands N-M: N enumerated, M over the memory limit")
-    for k, (nbytes, _, changes) in enumerate(result.runners_up, 1):
-        lines.append(_fit(f"runner-up {k}: {_b(nbytes)} B/rank with " + ("; ".join(changes) or "-"),
-                          WIDTH))
+    for k, (nbytes, value, changes) in enumerate(result.runners_up, 1):
+        what = f"{_b(int(value))} B/rank training (search's price)" if result.backward else \
+            f"{_b(nbytes)} B/rank"
+        lines.append(_fit(f"runner-up {k}: {what} with " + ("; ".join(changes) or "-"), WIDTH))
     return lines
 
 
@@ -87,6 +101,11 @@ def result_json(result: "Result") -> dict:
             "hops": [p.to_json() for p in op.hops],
         } for op in reports]
 
+    def with_backward(rows: list, back) -> list:
+        for row, b in zip(rows, back or ()):
+            row["backward_bytes_per_rank"] = b.bytes_per_rank
+        return rows
+
     out = result.outcome
     return {
         "network": result.graph.name,
@@ -95,10 +114,14 @@ def result_json(result: "Result") -> dict:
         "method": out.method,
         "proven_optimal": out.proven,
         "explored": out.explored,
-        "operators": ops(result.ops),
+        "training": result.objective.training,
+        "operators": with_backward(ops(result.ops), result.backward),
         "total_bytes_per_rank": result.total_bytes_per_rank,
         "hand_written_total_bytes_per_rank": result.hand_written_total_bytes_per_rank,
-        "hand_written": None if result.hand_ops is None else ops(result.hand_ops),
+        "hand_written": None if result.hand_ops is None else with_backward(ops(result.hand_ops),
+                                                                           result.hand_backward),
+        "backward_bytes_per_rank": result.backward_bytes_per_rank if result.backward else None,
+        "hand_written_backward_bytes_per_rank": result.hand_written_backward_bytes_per_rank,
         "propagation_total_bytes_per_rank": result.propagation_bytes,
         "total_seconds": result.total_seconds,
         "flops_per_s": result.objective.flops_per_s,

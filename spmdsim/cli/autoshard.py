@@ -42,6 +42,9 @@ def register(subparsers: Any) -> None:
                         help="bytes per rank one operator may hold (weights, inputs, output), e.g. 1M")
     parser.add_argument("--objective", choices=OBJECTIVES, default="bytes",
                         help="minimise bytes per rank (exact) or modelled time (default bytes)")
+    parser.add_argument("--training", action="store_true",
+                        help="also price a training step's backward: the gradients' reverse moves "
+                             "and the weight gradients' sums (bytes objective)")
     parser.add_argument("--method", choices=METHODS, default="search",
                         help="search (default) or propagate (seed 001's sharding propagation)")
     parser.add_argument("--flops", type=float, metavar="FLOP/S",
@@ -76,7 +79,7 @@ def _choose(args: argparse.Namespace, devices: int, flops: float | None) -> Any:
         raise SpmdsimError(f"--node-limit {args.node_limit!r} must be >= 1")
     return autoshard(args.network, devices, fix=_fixes(args.fix), memory_limit=args.memory_limit,
                      objective=args.objective, method=args.method, flops_per_s=flops,
-                     node_limit=args.node_limit)
+                     node_limit=args.node_limit, training=args.training)
 
 
 def run(args: argparse.Namespace) -> int:
