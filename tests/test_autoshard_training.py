@@ -15,13 +15,21 @@ DOCS = Path(__file__).resolve().parents[1] / "docs" / "autoshard.md"
 
 def _measured_backward(net) -> int:
     """Bytes the busiest of 8 simulated ranks receives in one training step's backward."""
+    from spmdsim import ops
     from spmdsim.nets.digits import load_digits
     from spmdsim.nets.train import NetworkTrainer
+
+    class Trainer(NetworkTrainer):  # MatMul in its chosen output layout (an out_strategy scatters)
+        def _hop(self, hop, x):
+            stage = self.net.stages[hop.stage]
+            if hop.is_redistribution or stage.kind != "matmul":
+                return super()._hop(hop, x)
+            return ops.matmul(x, self.params[hop.stage][0], out_layout=stage.out, label=stage.name)
 
     x, labels = load_digits(synthetic=True).batch(0, 32)
 
     def body() -> int:
-        trainer = NetworkTrainer(net, spmdsim.world())
+        trainer = Trainer(net, spmdsim.world())
         step = trainer.step(x, labels)
         trainer.close()
         return sum(e.bytes_received for e in step.traces["backward"].entries if e.group_size > 1)
@@ -36,6 +44,10 @@ def test_training_prediction_equals_measured_backward():
                        flops_per_s=1e9, training=True)
     assert result.hand_written_backward_bytes_per_rank == _measured_backward(mindspore_tutorial(8))
     assert result.backward_bytes_per_rank == _measured_backward(to_network(result)) > 0
+    # a choice under a memory limit: Reduce_scatter outputs (their backward Allgathers), split weights
+    limited = autoshard("net_mindspore_tutorial", 8, memory_limit=400_000, flops_per_s=1e9, training=True)
+    assert any(op.candidate.out_strategy for op in limited.ops)
+    assert limited.backward_bytes_per_rank == _measured_backward(to_network(limited)) > 0
     # the hand-written backward: MatMul1's dW Allreduce over m, then the hops' reverse moves
     assert [op.weight_bytes for op in result.hand_backward][2] == 784 // 4 * 512 * 4 * 2 * (2 - 1) // 2
 

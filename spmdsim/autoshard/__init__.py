@@ -5,7 +5,7 @@ enumerates each operator's candidate strategies (`candidates`), prices them and
 the redistributions between them (`cost`: exact bytes per rank, or modelled
 seconds), and picks one per operator by propagation from the fixed operators
 or by search (`search`: exact DP on chains and trees, branch and bound on
-other graphs). `spmdsim autoshard --network NAME` is the command line;
+other graphs); ``training=True`` adds the backward's bytes (`backward`). `spmdsim autoshard --network NAME` is the command line;
 `spmdsim.autoshard.execute` runs a choice under MPI. The module is callable:
 ``spmdsim.autoshard("net_mindspore_tutorial", 8)`` is ``autoshard(...)``.
 """

@@ -91,16 +91,16 @@ def _op(node: OpNode, c: Candidate, dy: TensorLayout, need: Sequence[bool]) -> t
     """(own bytes, weight bytes, per input its gradient layout or None) of one rule."""
     kind = node.kind
     grads: list = [None] * len(node.inputs)
-    if kind in ("input",):
+    if kind == "input":
         return 0, 0, grads
     if kind in ("flatten",) + ELEMENTWISE:
+        own = 0
         if kind != "flatten":  # want = the input's layout; pending over replicated axes passes
             used = set(c.inputs[0].split_axes) | set(c.out.split_axes)
             target = c.inputs[0].with_partial(a for a in dy.partial if a not in used)
-            own = _move(dy, target, node.out_shape, node.dtype)
-            dy = target
+            own, dy = _move(dy, target, node.out_shape, node.dtype), target
         grads[0] = _pending(c.inputs[0], dy.partial) if need[0] else None
-        return (own if kind != "flatten" else 0), 0, grads
+        return own, 0, grads
     local = _infer(node, c.inputs, c.params, c.out)[0]
     reads = list(c.inputs) + list(c.params) + [c.out]
     used = {a for tl in reads for a in tl.split_axes + tl.partial}
