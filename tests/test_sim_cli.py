@@ -10,6 +10,9 @@ import pytest
 from spmdsim.cli.main import main
 
 EXAMPLES = sorted((pathlib.Path(__file__).resolve().parents[1] / "examples").glob("*.py"))
+# The training examples default to 100 steps; two show the same (as tests/mpi/test_examples.py runs them).
+SHORT = {"train_mindspore_tutorial": ["--steps", "2", "--synthetic"],
+         "train_megatron_block": ["--steps", "2"], "train_seed_networks": ["--steps", "2"]}
 
 
 def test_demo_on_simulated_ranks_says_so_and_passes(capsys):
@@ -48,7 +51,7 @@ def test_one_process_names_both_ways_out(capsys):
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_every_example_runs_on_8_simulated_ranks(path, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", [str(path), "--ranks", "8"])
+    monkeypatch.setattr(sys, "argv", [str(path), "--ranks", "8", *SHORT.get(path.stem, [])])
     with pytest.raises(SystemExit) as done:
         runpy.run_path(str(path), run_name="__main__")
     out = capsys.readouterr().out

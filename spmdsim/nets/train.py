@@ -188,7 +188,9 @@ def run_main(main: Any, args: Any, ranks: int) -> Any:
     """
     if ranks:
         from ..sim import simulate
+        from ..sim.launch import banner
 
+        print(banner(ranks), flush=True)  # the first line says it is one process (docs/simulate.md)
         return simulate(ranks, main, args)[0]
     from mpi4py import MPI
 
