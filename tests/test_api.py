@@ -74,3 +74,11 @@ def test_front_door_runs_a_redistribution_on_simulated_ranks():
 def test_no_example_imports_the_demo_package():
     for path in sorted((ROOT / "examples").glob("*.py")):
         assert "spmdsim.demo" not in path.read_text(), path.name
+
+
+def test_the_environment_variables_are_the_documented_few():
+    code = {m for path in (ROOT / "spmdsim").rglob("*.py")
+            for m in re.findall(r"SPMDSIM_[A-Z_]+", path.read_text())}
+    table = re.findall(r"^\| `(SPMDSIM_[A-Z_]+)", (ROOT / "docs" / "runtime.md").read_text(), re.M)
+    assert len(table) <= 5, table  # the settings a user sets; docs/runtime.md has their one table
+    assert code == set(table) | {"SPMDSIM_EXPECT_WORLD"}, sorted(code ^ (set(table) | {"SPMDSIM_EXPECT_WORLD"}))

@@ -26,7 +26,7 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
 )
 FUZZ = settings.get_profile("spmdsim-fuzz")
-EXAMPLES = 420  # per command: 2,100 in all
+EXAMPLES = 400  # per command: 2,000 in all
 COUNTED: dict[str, int] = {}
 
 # -- values ------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -315,44 +314,17 @@ def test_bad_buffers_raise_shape_errors():
         simulate(2, body)
 
 
-README_EXAMPLE = textwrap.dedent('''
-    import spmdsim
-    from spmdsim import Layout, SeededTensor
-    from spmdsim.holdings import holdings
-    from spmdsim.ops import matmul
-    from spmdsim.reference import matmul_region
-    from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
-
-
-    def main():
-        comm = spmdsim.world()              # MPI's COMM_WORLD, or this simulated rank's communicator
-        install_excepthook(comm)            # an error on some ranks ends the job instead of hanging it
-        layout = Layout((2, 4), ("dp", "mp"))
-        mesh = Mesh(layout, comm)           # checks 8 == comm size on every rank
-        xs, ws = SeededTensor((64, 96), seed=0), SeededTensor((96, 32), seed=1)
-        x = DTensor.from_seeded(mesh, layout("dp", "mp"), xs)   # each rank builds its block only
-        w = DTensor.from_seeded(mesh, layout("mp", None), ws)
-        with collect_trace() as trace:
-            y = matmul(x, w)                # K split over mp: partial sums, one Allreduce
-        print(comm.rank, y.check(matmul_region(xs, ws)), trace.counts())
-        if comm.rank == 0:                  # who holds what, from the layouts alone (no communication)
-            print(holdings({"x": x, "w": w, "y": y}))
-
-
-    if __name__ == "__main__":
-        main()
-''')
-
-
 def test_readme_library_example_runs_on_8_simulated_ranks(tmp_path):
+    """README's library example, as README quotes it, with `--ranks 8` (one process, no launcher)."""
     import subprocess
 
-    (tmp_path / "my_matmul.py").write_text(README_EXAMPLE)
-    run = subprocess.run([sys.executable, "-c", "import spmdsim, my_matmul; spmdsim.simulate(8, my_matmul.main)"],
+    from testkit import readme_library_example
+
+    (tmp_path / "my_matmul.py").write_text(readme_library_example())
+    run = subprocess.run([sys.executable, "my_matmul.py", "--ranks", "8"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
-    verdicts = sorted(line for line in lines if "check passed" in line)
-    assert [v.split()[0] for v in verdicts] == [str(r) for r in range(8)]
-    assert all(v.endswith("{'allreduce': 1}") for v in verdicts)
     assert "rank 1 (0, 1): x[0:32, 24:48], w[24:48, 0:32], y[0:32, 0:32]" in lines
+    at = lines.index("ranks 0-7:")  # every rank's verdict and counts are the same: one folded entry
+    assert lines[at + 1].startswith("  check passed: ") and lines[-1] == "  {'allreduce': 1}"

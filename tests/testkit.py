@@ -7,7 +7,8 @@ import shutil
 import sys
 from types import ModuleType
 
-__all__ = ["MPIEXEC", "EXAMPLE_ARGS", "factorizations", "load_script", "program_lines"]
+__all__ = ["MPIEXEC", "EXAMPLE_ARGS", "factorizations", "load_script", "program_lines",
+           "readme_library_example"]
 
 # The venv's mpiexec (the pip `mpich` wheel) first, else the one on PATH, else "".
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
@@ -17,6 +18,16 @@ if not os.access(MPIEXEC, os.X_OK):
 # Arguments the test runs give examples that would otherwise run for long (training: 2 steps).
 EXAMPLE_ARGS = {"train_mindspore_tutorial": ["--steps", "2", "--synthetic"],
                 "train_megatron_block": ["--steps", "2"], "train_seed_networks": ["--steps", "2"]}
+
+
+def readme_library_example() -> str:
+    """The Python program README.md quotes under "Using it as a library" (its only python block)."""
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text[text.index("## Using it as a library"):]
+    return re.search(r"^```python\n(.*?)^```", section, re.S | re.M).group(1)
 
 
 def factorizations(n: int, parts: int) -> list[tuple[int, ...]]:

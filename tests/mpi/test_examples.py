@@ -101,3 +101,25 @@ def test_paddle_example_prints_every_ranks_blocks(monkeypatch):
                                     f"W2[{f * r}:{f * r + f}, 0:64], b2[0:64]"), out
         assert lines[2 * p].startswith("net_paddle_tp: ")
         assert max(len(line) for line in lines) <= 100, out
+
+
+def test_readme_library_example_runs_under_mpi(tmp_path, monkeypatch):
+    """README's library example, as README quotes it, on this MPI world (it needs 8 ranks)."""
+    from testkit import readme_library_example
+
+    comm = MPI.COMM_WORLD
+    if comm.size != 8:
+        pytest.skip("the README example's layout needs 8 ranks")
+    path = tmp_path / "my_matmul.py"
+    if comm.rank == 0:
+        path.write_text(readme_library_example())
+    path = pathlib.Path(comm.bcast(str(path)))
+    codes, out = _run_example(path, monkeypatch)
+    assert codes == [0] * comm.size, (codes, out)  # it ran to its end on every rank
+    if comm.rank == 0:
+        lines = out.splitlines()
+        assert "rank 1 (0, 1): x[0:32, 24:48], w[24:48, 0:32], y[0:32, 0:32]" in lines
+        at = lines.index("ranks 0-7:")
+        assert lines[at + 1].startswith("  check passed: ") and lines[-1] == "  {'allreduce': 1}"
+    else:
+        assert out == ""  # only rank 0 prints: the verdicts come in rank order, not interleaved
