@@ -207,18 +207,21 @@ def run_main(main: Any, args: Any, ranks: Optional[int],
     steps = getattr(args, "steps", 1)
     if steps < 1:
         refuse(f"--steps {steps!r} must be at least 1")
-    size = world_size(ranks)
-    problem = needs(size) if needs is not None else None
-    if problem:
-        refuse(f"{problem} (mpiexec -n 8, or --ranks 8)")
     if ranks is not None:
+        problem = needs(world_size(ranks)) if needs is not None else None
+        if problem:
+            refuse(f"{problem}: run with mpiexec -n 8, or --ranks 8")
         from ..sim.launch import run_on_ranks
 
         return run_on_ranks(ranks, lambda: main(args))
     from mpi4py import MPI
 
+    from ..errors import SpmdsimError
     from ..runtime import install_excepthook
 
     install_excepthook(MPI.COMM_WORLD)
+    problem = needs(MPI.COMM_WORLD.Get_size()) if needs is not None else None
+    if problem:  # raised on every rank alike: the excepthook prints it once and exits 2
+        raise SpmdsimError(f"{problem}: run with mpiexec -n 8, or --ranks 8")
     return main(args)
 
