@@ -7,6 +7,7 @@ rank and the gloo rendezvous address), always under a timeout:
 
     timeout -k 5 600 mpiexec -n 8 python scripts/bench_peers.py
     timeout -k 5 120 mpiexec -n 8 python scripts/bench_peers.py --quick
+    timeout -k 5 300 mpiexec -n 8 python scripts/bench_peers.py --train-only
 
 Each case runs spmdsim and DTensor in turn (rotating order, barrier before
 each call); a time is the median over repeats of the slowest rank. The ratio
@@ -189,11 +190,82 @@ def cases(comm: Any, torch: Any, cfg: dict) -> list[tuple[str, Callable, Callabl
     return [(name, fn_s, _synced(fn_t)) for name, fn_s, fn_t in out]
 
 
+def _peak_rss_mib(comm: Any) -> tuple[float, float]:
+    """(min, max) over ranks of this process's peak RSS so far (ru_maxrss), in MiB."""
+    import resource
+
+    peaks = comm.allgather(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    return min(peaks), max(peaks)
+
+
+def training_case(comm: Any, torch: Any, cfg: dict) -> tuple[tuple[str, Callable, Callable], dict]:
+    """MLP training step (forward, mse loss, backward, SGD) on both sides, and memory per rank.
+
+    spmdsim is built and stepped first, then DTensor; ru_maxrss is the process's
+    peak so far, so DTensor's figure includes spmdsim's. The local parameter
+    bytes per rank show that neither side holds a whole weight.
+    """
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    from spmdsim import Layout, SeededTensor
+    from spmdsim.ops import ParallelMLP, mse_loss
+    from spmdsim.optim import SGD
+    from spmdsim.runtime import DTensor, Mesh
+
+    world = comm.Get_size()
+    layout = Layout((world,), ("x",))
+    mesh = Mesh(layout, comm)
+    b, d_in, d_ff, lr = cfg["batch"], cfg["hidden"], cfg["ffn"], 1e-4
+    mem = {"rss_start_mib": _peak_rss_mib(comm)}
+    xs, ts = SeededTensor((b, d_in), seed=3), SeededTensor((b, d_in), seed=6)
+    x = DTensor.from_seeded(mesh, layout(None, None), xs)
+    target = DTensor.from_seeded(mesh, layout(None, None), ts)
+    mlp = ParallelMLP(mesh, d_in, d_ff, seed=60)
+    params = [mlp.linear_fc1.weight, mlp.linear_fc1.bias, mlp.linear_fc2.weight,
+              mlp.linear_fc2.bias]
+    opt = SGD(params, lr)
+
+    def spmdsim_step() -> Any:
+        opt.zero_grad()
+        mse_loss(mlp(x), target).backward()
+        opt.step()
+        return params[0].local
+
+    spmdsim_step()
+    mem["spmdsim_param_mib"] = sum(p.local.nbytes for p in params) / 2**20
+    mem["rss_spmdsim_mib"] = _peak_rss_mib(comm)
+    tmesh = init_device_mesh("cpu", (world,))
+    t_in, t_target = torch.from_numpy(xs.full()), torch.from_numpy(ts.full())
+    tmlp = parallelize_module(
+        nn.Sequential(nn.Linear(d_in, d_ff), nn.GELU(approximate="tanh"), nn.Linear(d_ff, d_in)),
+        tmesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    topt = torch.optim.SGD(tmlp.parameters(), lr=lr)
+
+    def dtensor_step() -> Any:
+        topt.zero_grad(set_to_none=True)
+        F.mse_loss(tmlp(t_in), t_target).backward()
+        topt.step()
+        return tmlp[0].weight
+
+    dtensor_step()
+    mem["dtensor_param_mib"] = sum(p.to_local().nbytes for p in tmlp.parameters()) / 2**20
+    mem["rss_dtensor_mib"] = _peak_rss_mib(comm)
+    mem["whole_w1_mib"] = d_in * d_ff * 4 / 2**20
+    name = f"train step mlp {d_in}->{d_ff}->{d_in} b{b}"
+    return (name, spmdsim_step, _synced(dtensor_step)), mem
+
+
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """The command line, checked before MPI starts (a bad value: one message, exit 2 on every rank)."""
     p = ArgumentParser(description=__doc__.split("\n\n")[0],
                        epilog="e.g. timeout -k 5 600 mpiexec -n 8 python scripts/bench_peers.py")
     p.add_argument("--quick", action="store_true", help="tiny sizes, few repeats")
+    p.add_argument("--train-only", action="store_true",
+                   help="only the MLP training-step case (its memory figures are then its own)")
     p.add_argument("--json", type=output_path, default=None, help="write the records to this file")
     return p.parse_args(argv)
 
@@ -220,11 +292,14 @@ def run(args: argparse.Namespace, torch: Any) -> int:
     _init_gloo(comm, torch)
     waiter = Waiter(comm)
     records = []
-    for name, fn_s, fn_t in cases(comm, torch, cfg):
+    train, mem = training_case(comm, torch, cfg)
+    todo = [train] if args.train_only else cases(comm, torch, cfg) + [train]
+    for name, fn_s, fn_t in todo:
         t = _timeit(comm, waiter, {"spmdsim": fn_s, "dtensor": fn_t}, cfg["warmup"],
                     cfg["repeats"])
         records.append({"name": name, "spmdsim_s": t["spmdsim"], "dtensor_s": t["dtensor"],
-                        "ratio_spmdsim_vs_dtensor": t["spmdsim"] / t["dtensor"]})
+                        "ratio_spmdsim_vs_dtensor": t["spmdsim"] / t["dtensor"],
+                        **({"memory": mem} if name == train[0] else {})})
         if comm.Get_rank() == 0:
             print(f"bench_peers: {name} done", file=sys.stderr, flush=True)
     if comm.Get_rank() == 0:
@@ -232,6 +307,11 @@ def run(args: argparse.Namespace, torch: Any) -> int:
         for r in records:
             print(f"{r['name'][:43]:<44}{r['spmdsim_s'] * 1e3:>11.2f}{r['dtensor_s'] * 1e3:>11.2f}"
                   f"{r['ratio_spmdsim_vs_dtensor']:>7.2f}")
+        print("peak RSS/rank MiB (min-max, peak so far): start "
+              "{0:.0f}-{1:.0f}, spmdsim step {2:.0f}-{3:.0f}, DTensor step {4:.0f}-{5:.0f}".format(
+                  *mem["rss_start_mib"], *mem["rss_spmdsim_mib"], *mem["rss_dtensor_mib"]))
+        print(f"training parameters per rank, MiB: spmdsim {mem['spmdsim_param_mib']:.2f}, "
+              f"DTensor {mem['dtensor_param_mib']:.2f} (a whole W1: {mem['whole_w1_mib']:.2f})")
         print(f"torch {torch.__version__} gloo, {comm.Get_size()} ranks, wait={waiter.mode}; "
               "ratio = spmdsim / DTensor")
         if args.json:
