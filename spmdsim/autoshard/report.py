@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..validate import counted
+
 if TYPE_CHECKING:
     from .choose import Result
 
@@ -27,7 +29,7 @@ def format_result(result: "Result") -> str:
     if out.method == "propagation":
         proof = "greedy from the fixed operators and the input"
     lines = [_fit(f"{g.name}: {g.title}", WIDTH),
-             f"{result.devices} devices, objective {result.objective.kind}: {out.method}, {proof}",
+             f"{counted(result.devices, 'device')}, objective {result.objective.kind}: {out.method}, {proof}",
              "in B: bytes the busiest rank receives redistributing inputs; own B: in own collectives"]
     back = result.backward
     if back:

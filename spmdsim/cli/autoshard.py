@@ -113,6 +113,10 @@ def _run_choice(args: argparse.Namespace, comm: Any) -> int:
     from ..autoshard.execute import format_measured, run_choice, to_network
 
     size = comm.Get_size()
+    if size == 1 and args.ranks is None:  # one plain process: say how to get ranks, on every rank alike
+        n = args.devices or 8
+        raise SpmdsimError(f"--run in one process would run on 1 rank: launch it with mpiexec -n {n}, "
+                           f"or add --ranks {n}")
     if args.devices not in (None, size):
         raise SpmdsimError(f"--run uses the {size} ranks of the launch; --devices {args.devices} "
                            f"differs (launch with mpiexec -n {args.devices})")
