@@ -139,7 +139,6 @@ def format_table(outcomes: Sequence[Any], world_size: int, dtype: str, wide: boo
     Fits 100 columns (long cells fold onto more lines, skip reasons go below the
     table); `wide` adds the layouts column and keeps every row on one line.
     """
-    from ..validate import counted
     from ..viz.table import fold_table, nbytes, wrap_lines
 
     head = ("scenario", "op") + (("layouts",) if wide else ()) + (

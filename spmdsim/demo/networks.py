@@ -21,7 +21,7 @@ from . import ops as _ops  # noqa: F401  (the single-operator seed scenarios are
 from .jobs import short
 from .registry import Context, Job, scenario
 
-__all__ = ["network_job"]
+__all__ = ["network_job", "seed_network_builder"]
 
 
 def network_job(net: Network, comm: Any) -> Job:
@@ -44,11 +44,17 @@ def network_job(net: Network, comm: Any) -> Job:
     )
 
 
-def _build(make: Callable[..., Network]) -> Callable[[Context], Job]:
+def seed_network_builder(job: Callable[[Network, Any], Job],
+                         make: Callable[..., Network]) -> Callable[[Context], Job]:
+    """A scenario's build: `make` the seed network for the context, then `job(net, comm)` (also training's)."""
     def build(ctx: Context) -> Job:
-        return network_job(make(ctx.world_size, dtype=ctx.dtype, seed=ctx.seed), ctx.comm)
+        return job(make(ctx.world_size, dtype=ctx.dtype, seed=ctx.seed), ctx.comm)
 
     return build
+
+
+def _build(make: Callable[..., Network]) -> Callable[[Context], Job]:
+    return seed_network_builder(network_job, make)
 
 
 scenario("net_mindspore_tutorial", "MindSpore tutorial net: flatten > 3 MatMul.shard, 2 ReLU",
