@@ -27,8 +27,7 @@ from .plan.steps import (
 )
 from .runtime import debug
 
-# debug's settings, read as one attribute on the repeated path (what debug.quiet() caches).
-_DEBUG = debug._State
+_HOOKS = debug.HOOKS  # whether the debug hooks are on (HOOKS.quiet: one attribute read)
 
 __all__ = ["redistribute"]
 
@@ -60,7 +59,7 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
     except AttributeError:
         raise PlanError(f"redistribute: x must be a DTensor, got {type(dtensor).__name__}; build one "
                         "with DTensor.from_local/from_seeded") from None
-    if _DEBUG.quiet is not True and not debug.quiet():  # SPMDSIM_CHECK: the same move on every rank
+    if not _HOOKS.quiet:  # SPMDSIM_CHECK: the same move on every rank
         debug.verify_operands(mesh, "redistribute", (("x", shape, dtensor.layout, local.dtype),
                                                      ("target", shape, target, local.dtype)))
     if plan is None:

@@ -12,13 +12,10 @@ from spmdsim.runtime import _roster, debug
 
 
 @pytest.fixture(autouse=True)
-def _fresh_settings(monkeypatch):
-    monkeypatch.setattr(debug._State, "check", None)
-    monkeypatch.setattr(debug._State, "watchdog", None)
-    monkeypatch.setattr(debug._State, "watchdog_read", False)
-    monkeypatch.setattr(debug._State, "watchdog_set", False)
-    monkeypatch.setattr(debug._State, "quiet", None)
-    monkeypatch.setattr(debug._State, "seq", 0)
+def _fresh_settings():
+    debug._reset()
+    yield
+    debug._reset()
 
 
 def test_importing_debug_does_not_import_mpi4py() -> None:
@@ -83,6 +80,24 @@ def test_bad_settings_name_the_value(monkeypatch, var, value, needle) -> None:
 def test_sequence_numbers_count_up() -> None:
     assert [debug.next_seq() for _ in range(3)] == [1, 2, 3]
     assert debug.current_seq() == 3
+
+
+def test_hooks_quiet_follows_the_settings(monkeypatch) -> None:
+    # HOOKS.quiet is what hot paths read: worked out from the environment, again after configure().
+    monkeypatch.delenv("SPMDSIM_CHECK", raising=False)
+    monkeypatch.delenv("SPMDSIM_WATCHDOG", raising=False)
+    assert debug.HOOKS.quiet is True and debug.quiet() is True
+    debug.configure(check=True)
+    assert debug.HOOKS.quiet is False
+    debug.configure(check=False)
+    assert debug.HOOKS.quiet is True
+    debug.configure(watchdog=5)
+    assert debug.HOOKS.quiet is False
+    debug._reset()
+    monkeypatch.setenv("SPMDSIM_WATCHDOG", "2.5")
+    assert debug.HOOKS.quiet is False and debug.watchdog_seconds() == 2.5
+    with pytest.raises(AttributeError):
+        debug.HOOKS.nothing
 
 
 class _NeverDone:
@@ -199,16 +214,16 @@ def test_the_divergence_guard_brings_a_watchdog_unless_told_otherwise(monkeypatc
     monkeypatch.setenv("SPMDSIM_CHECK", "1")
     assert debug.watchdog_seconds() == debug.CHECK_WATCHDOG_S
     monkeypatch.setenv("SPMDSIM_WATCHDOG", "0")  # explicitly off stays off
-    monkeypatch.setattr(debug._State, "watchdog_read", False)
+    debug.HOOKS.watchdog_read = False
     assert debug.watchdog_seconds() is None
     monkeypatch.setenv("SPMDSIM_WATCHDOG", "7")
-    monkeypatch.setattr(debug._State, "watchdog_read", False)
+    debug.HOOKS.watchdog_read = False
     assert debug.watchdog_seconds() == 7.0
     # The CLI's --check after the first read: the default follows the guard.
     monkeypatch.delenv("SPMDSIM_WATCHDOG")
     monkeypatch.setenv("SPMDSIM_CHECK", "0")
-    monkeypatch.setattr(debug._State, "check", None)
-    monkeypatch.setattr(debug._State, "watchdog_read", False)
+    debug.HOOKS.check = None
+    debug.HOOKS.watchdog_read = False
     assert debug.watchdog_seconds() is None
     debug.configure(check=True)
     assert debug.watchdog_seconds() == debug.CHECK_WATCHDOG_S and not debug.quiet()

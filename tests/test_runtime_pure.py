@@ -172,3 +172,24 @@ def test_launch_asks_open_mpi_to_oversubscribe(monkeypatch, family, ranks, set_b
     args = build_parser().parse_args(argv)
     assert launch.run(args) == 0
     assert {v: seen[v] for v in launch.OPENMPI_OVERSUBSCRIBE if v in seen} == expected
+
+
+def test_one_module_reaches_mpi_for_the_collectives_and_none_reads_debugs_private_state():
+    # The collective layer's one body (runtime._calls.issue) records every traced call and
+    # applies the debug layers; nothing else in the package reaches into runtime.debug's privates.
+    import pathlib
+    import re
+
+    import spmdsim
+
+    root = pathlib.Path(spmdsim.__file__).parent
+    recorders, readers = [], []
+    for path in root.rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        name = path.relative_to(root).as_posix()
+        if re.search(r"\brecord\(", text) and "from .trace import" in text and name != "runtime/trace.py":
+            recorders.append(name)
+        if name != "runtime/debug.py" and re.search(r"\bdebug\._[A-Za-z]|_State\b", text):
+            readers.append(name)
+    assert recorders == ["runtime/_calls.py"]
+    assert readers == []

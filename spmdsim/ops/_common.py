@@ -14,7 +14,7 @@ from .resolve import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, Resolution
 # runtime.DTensor, bound on first use: importing the ops must not start MPI.
 _DTENSOR: Any = None
 _BOOL = np.dtype(bool)
-_DEBUG = debug._State  # debug's settings (what debug.quiet() caches)
+_HOOKS = debug.HOOKS  # whether the debug hooks are on (HOOKS.quiet: one attribute read)
 
 
 def make_dtensor(mesh: Any, local: np.ndarray, layout: TensorLayout, shape: Sequence[int]) -> Any:
@@ -139,7 +139,7 @@ def verify_operands(mesh: Any, op: str, names: tuple[str, ...], *tensors: Any) -
 
     Free otherwise (one flag read). A None tensor (no bias) is skipped.
     """
-    if _DEBUG.quiet is True or debug.quiet():  # one attribute read once the setting is known
+    if _HOOKS.quiet:
         return
     debug.verify_operands(mesh, op, tuple((name, t.global_shape, t.layout, t.local.dtype)
                                           for name, t in zip(names, tensors) if t is not None))

@@ -1,15 +1,24 @@
-"""What every collective call does around its MPI call: argument checks, numbering, the wait.
+"""The one body every collective runs: its MPI call, with the trace, check and watchdog around it.
 
-Shared by the regular collectives (runtime.collectives), the whole-mesh
-exchanges (runtime.exchange) and the prepared collectives (runtime.prepared):
-checks of tensor dims and result buffers that raise `ShapeError` before any
-MPI call, the per-rank byte figures the trace records, the call's sequence
-number with runtime.debug's divergence guard, and the mesh's wait mode
-(with the watchdog when it is on).
+`issue` is where runtime.collectives, runtime.exchange and runtime.prepared
+reach MPI. Each call is numbered (runtime.debug's counter) and then takes one
+of two ways:
+- plain, when neither debug hook is on and the mesh emulates no algorithm:
+  the MPI call with the mesh's wait (runtime.wait) and nothing else before it;
+- layered: the dtype refused alike on every member, the SPMDSIM_CHECK
+  fingerprint (debug.begin), then the algorithm the mesh names
+  (runtime.algorithms) or MPI's call under the watchdog (debug.complete);
+and is recorded in the open traces (runtime.trace). Why the plain way is kept
+so bare: with 8 ranks sharing 2 cores, each rank runs its pre-MPI Python with
+cold caches, in turn, while the group waits (docs/runtime.md).
+
+Also here: the argument checks the callers share, which raise ShapeError or
+DTypeError before any MPI call, and the per-rank byte figures of the trace.
 """
 from __future__ import annotations
 
-from typing import Any
+from time import perf_counter
+from typing import Any, Callable
 
 import numpy as np
 
@@ -17,27 +26,119 @@ from .. import buffers
 from ..errors import DTypeError, ShapeError
 from ..validate import SUPPORTED_DTYPES, counted
 from . import debug
+from .exchange_spec import count_peers
 from .mesh import Mesh, normalize_axes
+from .trace import OPEN_TRACES as _TRACES
+from .trace import record
 from .wait import polite_wait
 
 _empty = buffers.empty  # placed in the page for MPI's copies (spmdsim.buffers)
-# debug's settings and call counter, read without a call on the hot paths
-# (what debug.quiet() and debug.next_seq() read and advance).
-_DEBUG = debug._State
+_HOOKS = debug.HOOKS
+_ndarray = np.ndarray
+
+
+def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, blocking: Any,
+          nonblocking: Any, a: Any, b: Any, c: Any, result: Any, x: Any, extra: tuple, nbytes: Any,
+          copied: int = 0, t0: float | None = None, then: Callable[[], Any] | None = None,
+          counts: tuple | None = None) -> Any:
+    """Run one collective over `comm` (g > 1 members) and return `result` (or `then()`).
+
+    Args:
+        blocking, nonblocking, a, b, c: MPI's call pair (``comm.Allreduce``,
+            ``comm.Iallreduce``) and its arguments (c None: a call of two). Spelled
+            out, not a tuple: a call with ``*args`` costs more than the rest of the way.
+        x, extra: what SPMDSIM_CHECK compares: the array (its dtype and shape;
+            a dtype alone where shapes differ by rank) and the call's other arguments.
+        nbytes: an int n (the trace records moved_bytes(op, g, n) both ways) or
+            (sent, received).
+        copied: the bytes packed and unpacked around the MPI call (the trace's bytes_copied).
+        t0: when the traced time began (before packing); default: now.
+        then: run after the MPI call, inside the traced time (unpacking); its value is returned.
+        counts: an Alltoallv's (send, receive) counts: compared pairwise with
+            SPMDSIM_CHECK; the trace counts the peers they name.
+    """
+    if _HOOKS.quiet and mesh.algorithms is None:
+        if t0 is None and _TRACES:
+            t0 = perf_counter()
+        try:  # costs nothing until mpi4py refuses the buffers
+            if c is None:
+                if mesh.polite:
+                    polite_wait(nonblocking(a, b))
+                else:
+                    blocking(a, b)
+            elif mesh.polite:
+                polite_wait(nonblocking(a, b, c))
+            else:
+                blocking(a, b, c)
+        except Exception:
+            _check_dtype(op, x.dtype if type(x) is _ndarray else x)  # a clear error when the dtype is why
+            raise
+        _HOOKS.seq += 1
+        if then is None and not _TRACES:
+            return result
+        name = op
+    else:
+        args = (a, b) if c is None else (a, b, c)
+        name, nbytes, t0 = _layered(mesh, comm, op, axes, blocking, nonblocking, args, x, extra, nbytes,
+                                    t0, counts)
+    if then is not None:
+        result = then()
+    if _TRACES:
+        seconds = perf_counter() - t0
+        if type(nbytes) is int:
+            sent = received = moved_bytes(op, g, nbytes)
+        else:
+            sent, received = nbytes
+        record(name, normalize_axes(axes), g, sent, received, seconds, label, copied,
+               0 if counts is None else count_peers(*counts))
+    return result
+
+
+def _layered(mesh: Mesh, comm: Any, op: str, axes: Any, blocking: Any, nonblocking: Any, args: tuple,
+             x: Any, extra: tuple, nbytes: Any, t0: float | None, counts: tuple | None) -> tuple:
+    """`issue` with a debug hook on or an emulated algorithm: (trace name, nbytes, t0)."""
+    array = type(x) is _ndarray
+    dtype = x.dtype if array else np.dtype(x)
+    _check_dtype(op, dtype)  # before the check's exchange: every member raises alike
+    start = perf_counter()
+    axes = normalize_axes(axes)
+    seq = debug.begin(comm, op, axes, dtype, x.shape if array else None, extra, mesh.polite, counts)
+    # The check's own exchange is not the collective's time.
+    t0 = perf_counter() if t0 is None else t0 + (perf_counter() - start)
+    algorithm = mesh.algorithms and mesh.algorithms.get(op)
+    if not algorithm:
+        debug.complete(blocking, nonblocking, args, op, axes, seq, mesh.polite, comm)
+        return op, nbytes, t0
+    from .algorithms import emulate
+
+    name, sent, received = emulate(mesh, op, algorithm, comm, *args, label="axes " + ",".join(axes))
+    return name, (sent, received), t0
+
+
+def _alone(op: str, axes: Any, label: str | None, dtype: Any) -> None:
+    """A collective over a group of one rank: its dtype checked (unless None), numbered, traced; nothing sent."""
+    if dtype is not None:
+        _check_dtype(op, np.dtype(dtype))
+    _HOOKS.seq += 1
+    record(op, normalize_axes(axes), 1, 0, 0, 0.0, label)
+
 
 def _contig(local: Any) -> np.ndarray:
     # Copy only when MPI could not read the buffer as is.
-    if type(local) is np.ndarray and local.flags.c_contiguous:
+    if type(local) is _ndarray and local.flags.c_contiguous:
         return local
     return np.ascontiguousarray(local)
 
 
 def _dim(tensor_dim: int, ndim: int, what: str) -> int:
+    """`tensor_dim` as a dim of an array with `ndim` dims (negative counts from the end)."""
+    if type(tensor_dim) is int and 0 <= tensor_dim < ndim:
+        return tensor_dim
     if isinstance(tensor_dim, bool) or not isinstance(tensor_dim, (int, np.integer)):
         raise ShapeError(f"{what} {tensor_dim!r} must be an integer tensor dim (0 <= dim < {ndim})")
     if not -ndim <= tensor_dim < ndim:
         raise ShapeError(f"{what} {tensor_dim!r} is out of range for an array with {counted(ndim, 'dim')}")
-    return tensor_dim % ndim
+    return int(tensor_dim) % ndim
 
 
 def _divisible(shape: tuple[int, ...], tensor_dim: int, g: int, op: str) -> None:
@@ -67,12 +168,16 @@ def _result(out: np.ndarray | None, shape: tuple, dtype: np.dtype, op: str) -> n
     """A new result array, or the caller's `out` after checking it can take the result."""
     if out is None:
         return _empty(shape, dtype)
-    if not (type(out) is np.ndarray and out.shape == shape and out.dtype == dtype
+    # `is`: numpy shares one dtype object per builtin type (an equal but distinct one is compared
+    # next); `carray`: C-contiguous, aligned and writeable, in one flag read.
+    if type(out) is _ndarray and out.shape == shape and out.dtype is dtype and out.flags.carray:
+        return out
+    if (type(out) is _ndarray and out.shape == shape and out.dtype == dtype
             and out.flags.c_contiguous and out.flags.writeable):
-        got = (getattr(out, "shape", None), getattr(getattr(out, "dtype", None), "name", None))
-        raise ShapeError(f"{op}: out {got!r} must be a writeable C-contiguous array of "
-                         f"{(shape, np.dtype(dtype).name)!r}")
-    return out
+        return out
+    got = (getattr(out, "shape", None), getattr(getattr(out, "dtype", None), "name", None))
+    raise ShapeError(f"{op}: out {got!r} must be a writeable C-contiguous array of "
+                     f"{(shape, np.dtype(dtype).name)!r}")
 
 
 def _copy_into(out: np.ndarray, x: np.ndarray, op: str) -> np.ndarray:
@@ -86,10 +191,10 @@ _SUMMABLE = "iufc"
 
 
 def _check_dtype(op: str, dtype: np.dtype) -> None:
-    """Raise the ShapeError every member raises alike when MPI cannot move (or sum) `dtype`.
+    """Raise the DTypeError every member raises alike when MPI cannot move (or sum) `dtype`.
 
-    Called before the generic paths' MPI call, and by the lean paths only after
-    mpi4py refused their buffers (the common dtypes pay nothing for it).
+    Called before the layered way's MPI call, and by the plain way only after
+    mpi4py refused its buffers (the common dtypes pay nothing for it).
     """
     sums = op in ("allreduce", "reduce_scatter")
     if dtype.kind in (_SUMMABLE if sums else _MOVABLE) and dtype.isnative:
@@ -102,36 +207,3 @@ def _check_dtype(op: str, dtype: np.dtype) -> None:
                          "complex dtype (bool and text can be moved, not summed)")
     raise DTypeError(f"{op}: MPI cannot send dtype {dtype.str!r} ({dtype.name}); expected a numeric "
                      f"dtype: {SUPPORTED_DTYPES}")
-
-
-def _begin(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, x: Any, extra: tuple,
-           dtype: Any = None) -> int:
-    """Number this call; with SPMDSIM_CHECK, compare it with the group's before communicating.
-
-    Refuses a dtype MPI cannot take first, on every member alike.
-    """
-    if type(x) is np.ndarray:
-        _check_dtype(op, x.dtype)
-    elif dtype is not None:
-        _check_dtype(op, np.dtype(dtype))
-    _DEBUG.seq += 1  # what debug.next_seq() does, without the call (see the lean paths)
-    seq = _DEBUG.seq
-    if _DEBUG.quiet:
-        return seq
-    if g > 1 and debug.check_enabled():
-        shape = None if x is None else np.shape(x)
-        debug.verify(comm, op, normalize_axes(axes), dtype if x is None else np.asarray(x).dtype,
-                     shape, extra, seq, mesh.polite)
-    return seq
-
-
-def _run(mesh: Mesh, seq: int, op: str, axes: Any, blocking: Any, nonblocking: Any, *args: Any) -> None:
-    """Run one collective with the mesh's wait mode (and the watchdog when it is on)."""
-    if not _DEBUG.quiet and debug.watchdog_seconds() is not None:
-        # The bound method's communicator: the watchdog asks that group who is missing.
-        debug.wait(nonblocking(*args), op, normalize_axes(axes), seq, mesh.polite,
-                   comm=getattr(nonblocking, "__self__", None))
-    elif mesh.polite:
-        polite_wait(nonblocking(*args))
-    else:
-        blocking(*args)

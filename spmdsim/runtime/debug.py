@@ -42,37 +42,25 @@ from ..sim import _local as _sim_local
 from . import _roster
 from . import wait as waiting
 
-__all__ = [
-    "configure",
-    "check_enabled",
-    "watchdog_seconds",
-    "quiet",
-    "next_seq",
-    "current_seq",
-    "fingerprint",
-    "describe",
-    "verify",
-    "verify_counts",
-    "verify_operands",
-    "wait",
-    "collective",
-    "FINGERPRINT_FIELDS",
-    "CHECK_WATCHDOG_S",
-    "add_cli_arguments",
-    "configure_from_args",
-]
+__all__ = ["HOOKS", "configure", "check_enabled", "watchdog_seconds", "quiet", "next_seq", "current_seq",
+           "fingerprint", "describe", "verify", "verify_counts", "verify_operands", "wait", "begin",
+           "complete", "collective", "FINGERPRINT_FIELDS", "CHECK_WATCHDOG_S", "add_cli_arguments",
+           "configure_from_args"]
 
 FINGERPRINT_FIELDS = 16
 _MAX_DIMS = 8  # shape dims stored one per field; further dims are folded into the last
 _MAGIC = 0x5350_4D44  # "SPMD": a row of garbage or zeros never matches a real one
 
 
-class _Settings:
-    """Process-wide settings; None means 'read the environment on first use'.
+class Hooks:
+    """Whether the debug hooks are on, and the collectives' call counter: one instance, `HOOKS`.
 
-    One instance, `_State`. Why an instance: `seq` changes on every collective,
-    and writing a class attribute invalidates the interpreter's attribute
-    caches for that class (a guarded increment: 136 ns on a class, 49 ns here).
+    ``HOOKS.quiet``: True when neither the divergence guard nor the watchdog is
+    on, in one attribute read for hot paths (worked out on first read and after
+    configure()). ``HOOKS.seq``: collectives so far (next_seq()). The rest are
+    the settings (None: read the environment on first use). An instance, not
+    the class: writing a class attribute invalidates the interpreter's caches
+    for that class (a guarded increment: 136 ns on a class, 49 ns here).
     """
 
     __slots__ = ("check", "watchdog", "watchdog_read", "watchdog_set", "quiet", "seq")
@@ -82,35 +70,49 @@ class _Settings:
         self.watchdog: Optional[float] = None
         self.watchdog_read = False
         self.watchdog_set = False  # configure() chose it: the environment and the default step aside
-        self.quiet: Optional[bool] = None  # neither hook on; recomputed after configure()
-        self.seq = 0
+        self.seq = 0  # `quiet` stays unset until first read (__getattr__)
+
+    def __getattr__(self, name: str) -> Any:
+        # Reached only for an unset slot: `quiet` is worked out once, then a plain read.
+        if name != "quiet":
+            raise AttributeError(name)
+        self.quiet = not check_enabled() and watchdog_seconds() is None
+        return self.quiet
 
 
-_State = _Settings()
+HOOKS = Hooks()
 
 
-def _rank_seq(settings: _Settings) -> int:
-    return _sim_local.current().seq
+def _forget_quiet() -> None:
+    """Work `HOOKS.quiet` out again on its next read (the settings changed)."""
+    try:
+        del HOOKS.quiet
+    except AttributeError:
+        pass
 
 
-def _set_rank_seq(settings: _Settings, value: int) -> None:
-    _sim_local.current().seq = value
+class _PerRankHooks(Hooks):
+    """Hooks whose call counter is the running simulated rank's (spmdsim.sim).
 
-
-class _PerRankSettings(_Settings):
-    """_Settings whose call counter is the running simulated rank's (spmdsim.sim).
-
-    `per_rank` swaps `_State`'s class while a simulation runs, so the hot
-    paths' ``_DEBUG.seq += 1`` stays a plain slot write under MPI.
+    `per_rank` swaps `HOOKS`'s class while a simulation runs, so the hot
+    paths' ``HOOKS.seq += 1`` stays a plain slot write under MPI.
     """
 
     __slots__ = ()
-    seq = property(_rank_seq, _set_rank_seq)
+    seq = property(lambda self: _sim_local.current().seq,
+                   lambda self, value: setattr(_sim_local.current(), "seq", value))
 
 
 def per_rank(on: bool) -> None:
     """Count collectives per simulated rank (on) or per process (off); spmdsim.sim calls it."""
-    _State.__class__ = _PerRankSettings if on else _Settings
+    HOOKS.__class__ = _PerRankHooks if on else Hooks
+
+
+def _reset() -> None:
+    """Every setting back to 'read the environment on first use', the counter to 0 (tests)."""
+    HOOKS.__init__()
+    _forget_quiet()
+
 
 #: The watchdog the divergence guard turns on when SPMDSIM_WATCHDOG is unset: the
 #: guard compares calls, but a rank that skips one would still leave the others
@@ -149,13 +151,13 @@ def configure(check: Optional[bool] = None, watchdog: Any = "keep") -> None:
     out keep the current setting (the environment's until first changed).
     """
     if check is not None:
-        _State.check = bool(check)
-        if not _State.watchdog_set:
-            _State.watchdog_read = False  # its default follows the guard
+        HOOKS.check = bool(check)
+        if not HOOKS.watchdog_set:
+            HOOKS.watchdog_read = False  # its default follows the guard
     if watchdog != "keep":
-        _State.watchdog = _seconds(watchdog, "watchdog")
-        _State.watchdog_read = _State.watchdog_set = True
-    _State.quiet = None
+        HOOKS.watchdog = _seconds(watchdog, "watchdog")
+        HOOKS.watchdog_read = HOOKS.watchdog_set = True
+    _forget_quiet()
 
 
 def add_cli_arguments(parser: Any) -> None:
@@ -178,9 +180,9 @@ def configure_from_args(args: Any) -> None:
 
 def check_enabled() -> bool:
     """Whether collectives compare fingerprints first (SPMDSIM_CHECK)."""
-    if _State.check is None:
-        _State.check = _flag("SPMDSIM_CHECK")
-    return _State.check
+    if HOOKS.check is None:
+        HOOKS.check = _flag("SPMDSIM_CHECK")
+    return HOOKS.check
 
 
 def watchdog_seconds() -> Optional[float]:
@@ -189,32 +191,29 @@ def watchdog_seconds() -> Optional[float]:
     Unset, it is off, or CHECK_WATCHDOG_S when the divergence guard is on;
     SPMDSIM_WATCHDOG=0 turns it off even then.
     """
-    if not _State.watchdog_read:
+    if not HOOKS.watchdog_read:
         raw = os.environ.get("SPMDSIM_WATCHDOG")
         if raw is None or not raw.strip():
-            _State.watchdog = CHECK_WATCHDOG_S if check_enabled() else None
+            HOOKS.watchdog = CHECK_WATCHDOG_S if check_enabled() else None
         else:
-            _State.watchdog = _seconds(raw, "SPMDSIM_WATCHDOG")
-        _State.watchdog_read = True
-    return _State.watchdog
+            HOOKS.watchdog = _seconds(raw, "SPMDSIM_WATCHDOG")
+        HOOKS.watchdog_read = True
+    return HOOKS.watchdog
 
 
 def quiet() -> bool:
     """True when neither the divergence guard nor the watchdog is on (the collectives' lean path)."""
-    q = _State.quiet
-    if q is None:
-        q = _State.quiet = not check_enabled() and watchdog_seconds() is None
-    return q
+    return HOOKS.quiet
 
 
 def next_seq() -> int:
     """Count one more collective and return its sequence number (1-based)."""
-    _State.seq += 1
-    return _State.seq
+    HOOKS.seq += 1
+    return HOOKS.seq
 
 
 def current_seq() -> int:
-    return _State.seq
+    return HOOKS.seq
 
 
 def _code(text: str) -> int:
@@ -386,26 +385,41 @@ def wait(request: Any, op: str, axes: Sequence[str], seq: int, polite: bool,
     _abort(text)
 
 
-def collective(comm: Any, op: str, axes: Sequence[str], array: Any, extra: Sequence[Any],
-               polite: bool, blocking: Any, nonblocking: Any, *args: Any) -> None:
-    """Run one MPI collective that bypasses runtime.collectives under the debug mode.
+def begin(comm: Any, op: str, axes: Sequence[str], dtype: Any, shape: Optional[Sequence[int]],
+          extra: Sequence[Any], polite: bool, counts: Optional[tuple] = None) -> int:
+    """Number one collective on `comm`; with SPMDSIM_CHECK compare it across the group first.
 
-    Numbered like the others; compared first with SPMDSIM_CHECK; posted
-    nonblocking and watched with SPMDSIM_WATCHDOG; else the polite or the
-    blocking call. `array` is this rank's send buffer (its dtype and shape go
-    into the fingerprint).
+    `shape` None leaves the shape out of the comparison; `counts` (an
+    Alltoallv's send and receive counts) are compared pairwise after it.
+    Returns the call's sequence number.
     """
     seq = next_seq()
-    if comm.Get_size() > 1 and check_enabled():
-        verify(comm, op, axes, array.dtype, array.shape, extra, seq, polite)
+    if check_enabled() and comm.Get_size() > 1:
+        verify(comm, op, axes, dtype, shape, extra, seq, polite)
+        if counts is not None:
+            verify_counts(comm, counts[0], counts[1], seq, polite)
+    return seq
+
+
+def complete(blocking: Any, nonblocking: Any, args: tuple, op: str, axes: Sequence[str], seq: int,
+             polite: bool, comm: Any) -> None:
+    """Run one collective: posted and watched with SPMDSIM_WATCHDOG, else the polite or blocking call."""
     if watchdog_seconds() is not None:
         wait(nonblocking(*args), op, axes, seq, polite, comm=comm)
     elif polite:
-        from .wait import polite_wait
-
-        polite_wait(nonblocking(*args))
+        waiting.polite_wait(nonblocking(*args))
     else:
         blocking(*args)
+
+
+def collective(comm: Any, op: str, axes: Sequence[str], array: Any, extra: Sequence[Any],
+               polite: bool, blocking: Any, nonblocking: Any, *args: Any) -> None:
+    """Run one MPI collective outside a mesh (not traced) with the debug layers: begin, then complete.
+
+    `array` is this rank's send buffer (its dtype and shape go into the fingerprint).
+    """
+    seq = begin(comm, op, axes, array.dtype, array.shape, extra, polite)
+    complete(blocking, nonblocking, args, op, axes, seq, polite, comm)
 
 
 def _abort(text: str) -> None:

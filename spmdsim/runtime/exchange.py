@@ -17,12 +17,9 @@ import numpy as np
 
 from ..errors import DTypeError, RankError, ShapeError
 from ..validate import as_int
-from . import debug
-from ._calls import _DEBUG, _begin, _empty, _result, _run
-from .exchange_spec import ExchangeSpec, count_peers
+from ._calls import _alone, _empty, _result, issue
+from .exchange_spec import ExchangeSpec
 from .mesh import Mesh
-from .trace import OPEN_TRACES as _TRACES
-from .trace import record
 
 __all__ = ["alltoallv", "exchange"]
 
@@ -41,7 +38,6 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
     """
     dtype = np.dtype(dtype)
     size, me = mesh.size, mesh.rank
-    seq = _begin(mesh, mesh.comm, size, "alltoallv", mesh.layout.alias_name, None, (), dtype)
     # Counts and offsets as Python ints: a handful per rank, where numpy's
     # per-call overhead would cost more than the arithmetic (docs/performance.md).
     scounts = [0] * size
@@ -59,22 +55,22 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
         arrays[r] = a
         scounts[r] = a.size
     rcounts = [0] * size
+    wanted = []  # (source, shape) with plain int sources, for the views after the call
     for r, shape in recv_shapes.items():
         if type(r) is not int or not 0 <= r < size:
             r = _mesh_rank(r, size, "recv_shapes")
         rcounts[r] = math.prod(shape)
+        wanted.append((r, shape))
     if me in recv_shapes:
         mine = arrays.get(me)
         if mine is None or mine.size != rcounts[me]:
             raise ShapeError(f"alltoallv: rank {me} expects {tuple(recv_shapes[me])!r} from itself "
                              f"but sends {None if mine is None else mine.shape!r}")
     scounts[me] = rcounts[me] = 0
-    if size > 1 and not _DEBUG.quiet and debug.check_enabled():
-        debug.verify_counts(mesh.comm, scounts, rcounts, seq, mesh.polite)
     t0 = perf_counter()
     sdispls = [0, *accumulate(scounts[:-1])]
     rdispls = [0, *accumulate(rcounts[:-1])]
-    send = mesh.scratch("send", (sum(scounts),), dtype)
+    send = mesh.scratch("send", (sdispls[-1] + scounts[-1],), dtype)
     for r, a in arrays.items():
         if r != me:  # one copy from a strided view straight into the send buffer
             lo = sdispls[r]
@@ -82,22 +78,26 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
                 send[lo:lo + scounts[r]] = a
             else:
                 send[lo:lo + scounts[r]].reshape(a.shape)[...] = a
-    recv = _result(out, (sum(rcounts),), dtype, "alltoallv")
-    if size > 1:
-        _run(mesh, seq, "alltoallv", mesh.layout.alias_name, mesh.comm.Alltoallv, mesh.comm.Ialltoallv,
-             [send, (scounts, sdispls)], [recv, (rcounts, rdispls)])
-    blocks: dict[int, np.ndarray] = {}
-    for r, shape in recv_shapes.items():
-        r = int(r)
-        if r == me:  # reshaped after the MPI call: nothing here needs it before
-            blocks[r] = arrays[me].reshape(shape)
-        else:
-            blocks[r] = recv[rdispls[r]:rdispls[r] + rcounts[r]].reshape(shape)
-    if _TRACES:
-        record("alltoallv", mesh.layout.alias_name, size, send.nbytes, recv.nbytes, perf_counter() - t0,
-               label, send.nbytes,  # every block sent is packed into `send`
-               count_peers(scounts, rcounts))
-    return blocks
+    recv = _result(out, (rdispls[-1] + rcounts[-1],), dtype, "alltoallv")
+
+    def views() -> dict[int, np.ndarray]:
+        blocks: dict[int, np.ndarray] = {}
+        for r, shape in wanted:
+            if r == me:  # reshaped after the MPI call: nothing here needs it before
+                blocks[r] = arrays[me].reshape(shape)
+            else:
+                lo = rdispls[r]
+                block = recv[lo:lo + rcounts[r]]
+                blocks[r] = block if len(shape) == 1 else block.reshape(shape)
+        return blocks
+    if size == 1:
+        _alone("alltoallv", mesh.layout.alias_name, label, dtype)
+        return views()
+    comm = mesh.comm
+    # Every block sent is packed into `send` (the trace's bytes_copied).
+    return issue(mesh, comm, size, "alltoallv", mesh.layout.alias_name, label, comm.Alltoallv,
+                 comm.Ialltoallv, [send, (scounts, sdispls)], [recv, (rcounts, rdispls)], None, None, dtype,
+                 (), (send.nbytes, recv.nbytes), send.nbytes, t0, views, (scounts, rcounts))
 
 
 def exchange(mesh: Mesh, local: np.ndarray, spec: ExchangeSpec, label: str | None = None) -> np.ndarray:
@@ -116,20 +116,18 @@ def exchange(mesh: Mesh, local: np.ndarray, spec: ExchangeSpec, label: str | Non
                          f"shape {spec.local_shape!r}")
     dtype = local.dtype
     axes = mesh.layout.alias_name
-    seq = _begin(mesh, mesh.comm, size, "alltoallv", axes, None, (), dtype)
-    if size > 1 and not _DEBUG.quiet and debug.check_enabled():
-        debug.verify_counts(mesh.comm, list(spec.scounts), list(spec.rcounts), seq, mesh.polite)
     t0 = perf_counter()
     send = mesh.scratch("send", (spec.send_total,), dtype)
     for index, lo, hi, shape in spec.packs:  # one copy from each box's view into the send buffer
         send[lo:hi].reshape(shape)[...] = local[index]
     recv = _empty(spec.recv_total, dtype)
-    if size > 1:
-        _run(mesh, seq, "alltoallv", axes, mesh.comm.Alltoallv, mesh.comm.Ialltoallv,
-             [send, (spec.scounts, spec.sdispls)], [recv, (spec.rcounts, spec.rdispls)])
-    record("alltoallv", axes, size, send.nbytes, recv.nbytes, perf_counter() - t0, label, send.nbytes,
-           spec.peers)
-    return recv
+    if size == 1:
+        _alone("alltoallv", axes, label, dtype)
+        return recv
+    comm = mesh.comm
+    return issue(mesh, comm, size, "alltoallv", axes, label, comm.Alltoallv, comm.Ialltoallv,
+                 [send, (spec.scounts, spec.sdispls)], [recv, (spec.rcounts, spec.rdispls)], None, recv, dtype,
+                 (), (send.nbytes, recv.nbytes), send.nbytes, t0, None, (spec.scounts, spec.rcounts))
 
 
 def _mesh_rank(r: Any, size: int, what: str) -> int:

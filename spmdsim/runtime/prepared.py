@@ -17,89 +17,88 @@ the blocking call instead, its checks already done.
 """
 from __future__ import annotations
 
-from time import perf_counter
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import numpy as np
 from mpi4py import MPI
 
 from ..errors import ShapeError
-from ._calls import _begin, _check_dtype, _contig, _dim, _divisible, _result, _run, normalize_axes, moved_bytes
+from ._calls import _alone, _check_dtype, _contig, _dim, _divisible, _result, issue, normalize_axes, moved_bytes
 from .mesh import Mesh
-from . import debug
-from .trace import OPEN_TRACES, record
-from .wait import polite_wait
 
 __all__ = ["Prepared", "prepare_allreduce", "prepare_allgather", "prepare_reduce_scatter",
            "prepare_alltoall"]
+
+
+class _Done:
+    """The request of a call that already completed (a blocking call in place of a persistent one)."""
+
+    __slots__ = ()
+
+    def Test(self) -> bool:  # noqa: N802 - mpi4py's name
+        return True
+
+    def Wait(self) -> None:  # noqa: N802 - mpi4py's name
+        return None
+
+
+_DONE = _Done()
 
 
 class Prepared:
     """One collective on fixed buffers; `run()` performs it and returns the result array."""
 
     __slots__ = ("mesh", "op", "axes", "group_size", "result", "label", "_send", "_extra",
-                 "_comm", "_request", "_blocking", "_bytes", "_copy")
+                 "_comm", "_request", "_blocking", "_args", "_bytes", "_copy")
 
     def __init__(self, mesh: Mesh, op: str, axes: tuple[str, ...], comm: Any, group_size: int,
-                 send: np.ndarray, result: np.ndarray, extra: tuple,
-                 persistent: Callable[[], Any] | None, blocking: Callable[[], None],
-                 nbytes: tuple[int, int], label: str | None) -> None:
+                 send: np.ndarray, result: np.ndarray, extra: tuple, blocking: Any, persistent: Any,
+                 args: tuple, label: str | None) -> None:
         self.mesh, self.op, self.axes, self.label = mesh, op, axes, label
         self._comm, self.group_size = comm, group_size
         self._send, self.result, self._extra = send, result, extra
-        self._blocking, self._bytes = blocking, nbytes
+        # MPI's blocking call and its three arguments (the buffers: what an emulated algorithm
+        # runs on; the third None for a call of two).
+        self._blocking, self._args = blocking, args + (None,) * (3 - len(args))
+        moved = moved_bytes(op, group_size, send.nbytes)
+        self._bytes = (moved, moved)
         # A group of one rank communicates nothing; the result is the input.
         self._copy = self.group_size == 1 and result is not send
         self._request = None
         _check_dtype(op, send.dtype)  # before MPI binds the buffers: the same error on every member
         if self.group_size > 1 and persistent is not None:
             try:
-                self._request = persistent()
+                self._request = persistent(*args)
             except NotImplementedError:  # MPI older than 4.0: no persistent collectives
                 self._request = None
 
     def run(self) -> np.ndarray:
         """Perform the collective on the bound buffers (every member calls it alike)."""
         g = self.group_size
-        if g > 1 and debug.quiet():
-            # No debug hook: start and wait with nothing else before MPI (see collectives).
-            t0 = perf_counter() if OPEN_TRACES else 0.0
-            request = self._request
-            if request is None:
-                self._blocking()
-            else:
-                request.Start()
-                if self.mesh.polite:
-                    polite_wait(request)
-                else:
-                    request.Wait()
-            debug.next_seq()
-            if OPEN_TRACES:
-                record(self.op, self.axes, g, self._bytes[0], self._bytes[1], perf_counter() - t0,
-                       self.label)
-            return self.result
-        seq = _begin(self.mesh, self._comm, g, self.op, self.axes, self._send, self._extra)
         if g == 1:
+            _alone(self.op, self.axes, self.label, self._send.dtype)
             if self._copy:
                 self.result[...] = self._send
-            record(self.op, self.axes, 1, 0, 0, 0.0, self.label)
             return self.result
-        t0 = perf_counter()
-        if self._request is None:
-            self._blocking()
+        if self._request is None:  # the blocking call, with its checks done once
+            blocking, nonblocking = self._blocking, self._blocking_done
         else:
-            _run(self.mesh, seq, self.op, self.axes, self._start_wait, self._start)
-        record(self.op, self.axes, g, self._bytes[0], self._bytes[1], perf_counter() - t0,
-               self.label)
-        return self.result
+            blocking, nonblocking = self._start_wait, self._start
+        a, b, c = self._args
+        return issue(self.mesh, self._comm, g, self.op, self.axes, self.label, blocking, nonblocking,
+                     a, b, c, self.result, self._send, self._extra, self._bytes)
 
-    def _start(self) -> Any:
+    def _start(self, *args: Any) -> Any:
         self._request.Start()
         return self._request
 
-    def _start_wait(self) -> None:
+    def _start_wait(self, *args: Any) -> None:
         self._request.Start()
         self._request.Wait()
+
+    def _blocking_done(self, *args: Any) -> _Done:
+        self._blocking(*args)
+        return _DONE
 
     def free(self) -> None:
         """Release the persistent request (also on leaving a `with` block)."""
@@ -140,10 +139,8 @@ def prepare_allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], out: np
     in_place = out is x
     result = _result(out, x.shape, x.dtype, "allreduce")
     send = MPI.IN_PLACE if in_place else x
-    moved = moved_bytes("allreduce", g, x.nbytes)
-    return Prepared(mesh, "allreduce", axes, comm, g, x, result, (),
-                    lambda: comm.Allreduce_init(send, result, MPI.SUM),
-                    lambda: comm.Allreduce(send, result, MPI.SUM), (moved, moved), label)
+    return Prepared(mesh, "allreduce", axes, comm, g, x, result, (), comm.Allreduce, comm.Allreduce_init,
+                    (send, result, MPI.SUM), label)
 
 
 def prepare_allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int,
@@ -151,10 +148,8 @@ def prepare_allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_
     """Every member's `local` concatenated along `tensor_dim` in group order."""
     axes, comm, g, x, d = _bind(mesh, local, axes, tensor_dim, "allgather", divisible=False)
     result = _result(out, x.shape[:d] + (x.shape[d] * g,) + x.shape[d + 1:], x.dtype, "allgather")
-    moved = moved_bytes("allgather", g, x.nbytes)
-    return Prepared(mesh, "allgather", axes, comm, g, x, result, (d,),
-                    lambda: comm.Allgather_init(x, result),
-                    lambda: comm.Allgather(x, result), (moved, moved), label)
+    return Prepared(mesh, "allgather", axes, comm, g, x, result, (d,), comm.Allgather, comm.Allgather_init,
+                    (x, result), label)
 
 
 def prepare_reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int,
@@ -163,12 +158,11 @@ def prepare_reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], te
     axes, comm, g, x, d = _bind(mesh, local, axes, tensor_dim, "reduce_scatter", divisible=True)
     result = _result(out, x.shape[:d] + (x.shape[d] // g,) + x.shape[d + 1:], x.dtype,
                      "reduce_scatter")
-    moved = moved_bytes("reduce_scatter", g, x.nbytes)
     # No persistent request: MPICH runs persistent (like nonblocking)
     # Reduce_scatter_block with a slower schedule than the blocking call
     # (1.11x at 1 MiB, 8 ranks); the blocking call with checks done once wins.
-    return Prepared(mesh, "reduce_scatter", axes, comm, g, x, result, (d,), None,
-                    lambda: comm.Reduce_scatter_block(x, result, MPI.SUM), (moved, moved), label)
+    return Prepared(mesh, "reduce_scatter", axes, comm, g, x, result, (d,), comm.Reduce_scatter_block, None,
+                    (x, result, MPI.SUM), label)
 
 
 def prepare_alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int,
@@ -176,7 +170,5 @@ def prepare_alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_d
     """Block j of `local` along `tensor_dim` to member j; received blocks joined along the same dim."""
     axes, comm, g, x, d = _bind(mesh, local, axes, tensor_dim, "alltoall", divisible=True)
     result = _result(out, x.shape, x.dtype, "alltoall")
-    moved = moved_bytes("alltoall", g, x.nbytes)
-    return Prepared(mesh, "alltoall", axes, comm, g, x, result, (d, d),
-                    lambda: comm.Alltoall_init(x, result),
-                    lambda: comm.Alltoall(x, result), (moved, moved), label)
+    return Prepared(mesh, "alltoall", axes, comm, g, x, result, (d, d), comm.Alltoall, comm.Alltoall_init,
+                    (x, result), label)

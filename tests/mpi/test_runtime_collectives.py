@@ -272,7 +272,7 @@ def test_shape_errors_are_raised_before_communication():
         C.reduce_scatter(mesh, np.ones((g + 1, 2)), axes, 0)
     with pytest.raises(ShapeError, match="out of range"):
         C.allgather(mesh, np.ones(3), axes, 1)
-    # A missing dim is named, not taken for dim 0 by the lean path.
+    # A missing dim is named, not taken for dim 0.
     x = np.ones((2 * g, 2))
     for call in (lambda: C.allgather(mesh, x, axes, None), lambda: C.reduce_scatter(mesh, x, axes, None),
                  lambda: C.alltoall(mesh, x, axes, None, 0), lambda: C.alltoall(mesh, x, axes, 0, "1")):
@@ -332,8 +332,8 @@ def test_allreduce_in_place_sums_into_the_input(wait):
 
 
 @pytest.mark.parametrize("wait", ["busy", "polite"])
-def test_lean_and_generic_paths_agree(wait):
-    """Dim-0 calls take the lean path; with the divergence guard on they take the generic one."""
+def test_plain_and_layered_ways_agree(wait):
+    """Calls run plain (MPI alone); with the divergence guard on, layered (fingerprint, watchdog)."""
     from spmdsim.runtime import debug
 
     mesh = _meshes(wait)[0]
@@ -366,7 +366,7 @@ def test_lean_and_generic_paths_agree(wait):
                     out = np.empty_like(expected[op])
                     assert call(out) is out
                     np.testing.assert_array_equal(out, expected[op])
-                    # Each call takes one sequence number on either path.
+                    # Each call takes one sequence number either way.
                     assert debug.current_seq() - before == 2
                     with pytest.raises(ShapeError, match=f"{op}: out"):
                         call(np.empty(expected[op].shape, np.float64))
