@@ -36,7 +36,8 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
     buffer, sources in rank order: a new array, or `out` (C-contiguous, of
     that many items and `dtype`) for loops that repeat the same exchange.
     """
-    dtype = np.dtype(dtype)
+    if not isinstance(dtype, np.dtype):
+        dtype = np.dtype(dtype)
     size, me = mesh.size, mesh.rank
     # Counts and offsets as Python ints: a handful per rank, where numpy's
     # per-call overhead would cost more than the arithmetic (docs/performance.md).
