@@ -337,7 +337,7 @@ def _execute(args: argparse.Namespace, comm: Any) -> int:
     from mpi4py import MPI
 
     from ..datagen import SeededTensor
-    from ..plan_exec import redistribute
+    from ..runtime.executor import redistribute
     from ..runtime import DTensor, Mesh, collect_trace
 
     from ..memory import redistribute_need, shard_multiples
