@@ -308,9 +308,9 @@ def mlp_job(
     x = _dtensor(mesh, layout(None, None), xs)
     mlp = ParallelMLP(mesh, h, f, activation=activation, dtype=dtype, seed=seed + 1)
     fc2 = infer_linear(layout(None, "mp"), mlp.linear_fc2.weight.layout)  # the hidden dim split over mp
-    steps = ((fc2.steps[-1],
-              "fc1 leaves the hidden dim split over \"mp\" and fc2's weight rows are split the "
-              "same way, so each rank holds a partial sum of the output"),)
+    why = ("fc1 leaves the hidden dim split over \"mp\" and fc2's weight rows are split the "
+           "same way, so each rank holds a partial sum of the output")
+    steps = tuple((step, why) for step in fc2.steps)
     inputs = {"x": x, **_weights(W1=mlp.linear_fc1.weight, W2=mlp.linear_fc2.weight)}
     return Job(f"ParallelMLP ({activation})", f"x[-,-] fc1 W[-,mp] -> {activation} -> "
                "fc2 W[mp,-] -> [-,-]", mesh, lambda: mlp(x), mlp.reference(xs), inputs, steps,

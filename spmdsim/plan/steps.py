@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from typing import Optional
 
 from ..dialects.sbp import sbp_of_axis
@@ -82,6 +83,14 @@ class Step:
     def moved(group_size: int, local_nbytes: int) -> int:
         """Bytes one member sends (and receives) for an `local_nbytes`-byte input: none (local)."""
         return 0
+
+    @staticmethod
+    def buffer_bytes(group_size: int, moved: Fraction) -> Fraction:
+        """The cost model's buffer ``n`` (the larger of input and output) for `moved` bytes per member.
+
+        (g-1)/g of the buffer for every kind but Allreduce, which moves twice that.
+        """
+        return moved * group_size / (group_size - 1)
 
     def sized(self, shape: tuple[int, ...], itemsize: int) -> "Step":
         """This step with every rank's byte figures for a global `shape` of `itemsize`-byte items."""
@@ -159,6 +168,10 @@ class Allreduce(Step):
     def moved(group_size: int, local_nbytes: int) -> int:
         """Ring: a reduce-scatter then an allgather of the 1/g parts."""
         return 2 * (group_size - 1) * local_nbytes // group_size
+
+    @staticmethod
+    def buffer_bytes(group_size: int, moved: Fraction) -> Fraction:
+        return moved * group_size / (2 * (group_size - 1))
 
 
 @dataclass(frozen=True)
