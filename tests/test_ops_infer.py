@@ -244,3 +244,13 @@ def test_contraction_messages_say_where_a_transpose_flag_puts_k():
         matmul_shape((8, 16), (16, 8), transpose_b=True)
     with pytest.raises(ShapeError, match=r"x is stored \(\.\.\., K, M\) with transpose_a=True"):
         matmul_shape((8, 16), (16, 8), transpose_a=True)
+
+
+def test_operators_md_inference_example_runs_as_quoted():
+    """docs/operators.md's `>>>` example of an operator program (its steps and bytes) holds."""
+    import doctest
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "docs" / "operators.md"
+    result = doctest.testfile(str(path), module_relative=False, verbose=False)
+    assert result.attempted >= 6 and result.failed == 0
