@@ -19,9 +19,9 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from ..datagen import SeededTensor
+# The pure part (layouts, parameters) lives in the dialect; importable from here as before.
 from ..dialects.paddle import MP_AXIS, ParamAttr, paddle_layout, paddle_param, split_layouts
 from ..errors import OperatorError
-# The pure part (layouts, parameters) lives in the dialect; importable from here as before.
 from ._common import check_dtensor, scatter_local, seeded_dtensor
 
 __all__ = ["split", "paddle_mesh", "paddle_layout", "paddle_param"]
