@@ -40,7 +40,7 @@ _ndarray = np.ndarray
 def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, blocking: Any,
           nonblocking: Any, a: Any, b: Any, c: Any, result: Any, x: Any, extra: tuple, nbytes: Any,
           copied: int = 0, t0: float | None = None, then: Callable[[], Any] | None = None,
-          counts: tuple | None = None) -> Any:
+          counts: tuple | None = None, emulate: bool = True) -> Any:
     """Run one collective over `comm` (g > 1 members) and return `result` (or `then()`).
 
     Args:
@@ -56,6 +56,7 @@ def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, 
         then: run after the MPI call, inside the traced time (unpacking); its value is returned.
         counts: an Alltoallv's (send, receive) counts: compared pairwise with
             SPMDSIM_CHECK; the trace counts the peers they name.
+        emulate: False keeps MPI's call on a mesh made with ``algorithms=`` (prepared collectives).
     """
     if _HOOKS.quiet and mesh.algorithms is None:
         if t0 is None and _TRACES:
@@ -80,7 +81,7 @@ def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, 
     else:
         args = (a, b) if c is None else (a, b, c)
         name, nbytes, t0 = _layered(mesh, comm, op, axes, blocking, nonblocking, args, x, extra, nbytes,
-                                    t0, counts)
+                                    t0, counts, emulate)
     if then is not None:
         result = then()
     if _TRACES:
@@ -95,7 +96,8 @@ def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, 
 
 
 def _layered(mesh: Mesh, comm: Any, op: str, axes: Any, blocking: Any, nonblocking: Any, args: tuple,
-             x: Any, extra: tuple, nbytes: Any, t0: float | None, counts: tuple | None) -> tuple:
+             x: Any, extra: tuple, nbytes: Any, t0: float | None, counts: tuple | None,
+             emulate: bool) -> tuple:
     """`issue` with a debug hook on or an emulated algorithm: (trace name, nbytes, t0)."""
     array = type(x) is _ndarray
     dtype = x.dtype if array else np.dtype(x)
@@ -105,13 +107,13 @@ def _layered(mesh: Mesh, comm: Any, op: str, axes: Any, blocking: Any, nonblocki
     seq = debug.begin(comm, op, axes, dtype, x.shape if array else None, extra, mesh.polite, counts)
     # The check's own exchange is not the collective's time.
     t0 = perf_counter() if t0 is None else t0 + (perf_counter() - start)
-    algorithm = mesh.algorithms and mesh.algorithms.get(op)
+    algorithm = emulate and mesh.algorithms and mesh.algorithms.get(op)
     if not algorithm:
         debug.complete(blocking, nonblocking, args, op, axes, seq, mesh.polite, comm)
         return op, nbytes, t0
-    from .algorithms import emulate
+    from .algorithms import emulate as run_algorithm
 
-    name, sent, received = emulate(mesh, op, algorithm, comm, *args, label="axes " + ",".join(axes))
+    name, sent, received = run_algorithm(mesh, op, algorithm, comm, *args, label="axes " + ",".join(axes))
     return name, (sent, received), t0
 
 

@@ -155,7 +155,7 @@ def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | No
     if g == 1:
         _alone("allreduce", axes, label, x.dtype)
         return x if out is None or out is x else _copy_into(out, x, "allreduce")
-    dst = _result(out, x.shape, x.dtype, "allreduce")
+    dst = x if out is x and x.flags.writeable else _result(out, x.shape, x.dtype, "allreduce")
     return issue(mesh, comm, g, "allreduce", axes, label, comm.Allreduce, comm.Iallreduce,
                  _IN_PLACE if dst is x else x, dst, _SUM, dst, x, (), x.nbytes)
 

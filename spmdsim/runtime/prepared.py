@@ -57,8 +57,7 @@ class Prepared:
         self.mesh, self.op, self.axes, self.label = mesh, op, axes, label
         self._comm, self.group_size = comm, group_size
         self._send, self.result, self._extra = send, result, extra
-        # MPI's blocking call and its three arguments (the buffers: what an emulated algorithm
-        # runs on; the third None for a call of two).
+        # MPI's blocking call and its three arguments (the third None for a call of two).
         self._blocking, self._args = blocking, args + (None,) * (3 - len(args))
         moved = moved_bytes(op, group_size, send.nbytes)
         self._bytes = (moved, moved)
@@ -86,7 +85,7 @@ class Prepared:
             blocking, nonblocking = self._start_wait, self._start
         a, b, c = self._args
         return issue(self.mesh, self._comm, g, self.op, self.axes, self.label, blocking, nonblocking,
-                     a, b, c, self.result, self._send, self._extra, self._bytes)
+                     a, b, c, self.result, self._send, self._extra, self._bytes, emulate=False)
 
     def _start(self, *args: Any) -> Any:
         self._request.Start()

@@ -55,6 +55,20 @@ def test_in_place_allreduce_and_trace(mesh):
     assert entry.bytes_sent == 2 * (mesh.size - 1) * grads.nbytes // mesh.size
 
 
+def test_prepared_collectives_keep_mpis_call_on_a_mesh_that_emulates_algorithms():
+    # A mesh's algorithms= applies to the per-call collectives (docs/algorithms.md): a prepared
+    # call binds MPI's persistent request and stays on it, traced under MPI's name.
+    world = MPI.COMM_WORLD
+    mesh = Mesh(Layout((world.size,), ("x",)), algorithms={"allreduce": "ring"})
+    x = np.arange(4 * world.size, dtype=np.float64) + world.rank
+    expected = world.size * np.arange(4 * world.size) + sum(range(world.size))
+    with collect_trace() as trace, P.prepare_allreduce(mesh, x, "x") as step:
+        np.testing.assert_array_equal(step.run(), expected)
+        np.testing.assert_array_equal(C.allreduce(mesh, x, "x"), expected)
+    assert [e.op for e in trace.entries] == ["allreduce", "allreduce[ring]"]
+    mesh.close()
+
+
 def test_group_of_one_rank_returns_the_input_without_communicating():
     world = MPI.COMM_WORLD
     mesh = Mesh(Layout((world.size, 1), ("dp", "one")))
