@@ -202,7 +202,7 @@ def watchdog_seconds() -> Optional[float]:
 
 
 def quiet() -> bool:
-    """True when neither the divergence guard nor the watchdog is on (the collectives' lean path)."""
+    """True when neither the divergence guard nor the watchdog is on (as `HOOKS.quiet`, a call)."""
     return HOOKS.quiet
 
 
