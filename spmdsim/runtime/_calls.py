@@ -37,16 +37,18 @@ _HOOKS = debug.HOOKS
 _ndarray = np.ndarray
 
 
-def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, blocking: Any,
-          nonblocking: Any, a: Any, b: Any, c: Any, result: Any, x: Any, extra: tuple, nbytes: Any,
+def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, calls: Any, blocking: str,
+          nonblocking: str, a: Any, b: Any, c: Any, result: Any, x: Any, extra: tuple, nbytes: Any,
           copied: int = 0, t0: float | None = None, then: Callable[[], Any] | None = None,
           counts: tuple | None = None, emulate: bool = True) -> Any:
     """Run one collective over `comm` (g > 1 members) and return `result` (or `then()`).
 
     Args:
-        blocking, nonblocking, a, b, c: MPI's call pair (``comm.Allreduce``,
-            ``comm.Iallreduce``) and its arguments (c None: a call of two). Spelled
-            out, not a tuple: a call with ``*args`` costs more than the rest of the way.
+        calls, blocking, nonblocking, a, b, c: the object whose methods of those names
+            make the call (`comm` with "Allreduce" and "Iallreduce"; a prepared
+            collective's own) and their arguments (c None: a call of two). Names, and
+            arguments spelled out: bound methods made ahead and ``*args`` would cost
+            more than the rest of the way.
         x, extra: what SPMDSIM_CHECK compares: the array (its dtype and shape;
             a dtype alone where shapes differ by rank) and the call's other arguments.
         nbytes: an int n (the trace records moved_bytes(op, g, n) both ways) or
@@ -64,13 +66,13 @@ def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, 
         try:  # costs nothing until mpi4py refuses the buffers
             if c is None:
                 if mesh.polite:
-                    polite_wait(nonblocking(a, b))
+                    polite_wait(getattr(calls, nonblocking)(a, b))
                 else:
-                    blocking(a, b)
+                    getattr(calls, blocking)(a, b)
             elif mesh.polite:
-                polite_wait(nonblocking(a, b, c))
+                polite_wait(getattr(calls, nonblocking)(a, b, c))
             else:
-                blocking(a, b, c)
+                getattr(calls, blocking)(a, b, c)
         except Exception:
             _check_dtype(op, x.dtype if type(x) is _ndarray else x)  # a clear error when the dtype is why
             raise
@@ -80,8 +82,8 @@ def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, 
         name = op
     else:
         args = (a, b) if c is None else (a, b, c)
-        name, nbytes, t0 = _layered(mesh, comm, op, axes, blocking, nonblocking, args, x, extra, nbytes,
-                                    t0, counts, emulate)
+        name, nbytes, t0 = _layered(mesh, comm, op, axes, getattr(calls, blocking),
+                                    getattr(calls, nonblocking), args, x, extra, nbytes, t0, counts, emulate)
     if then is not None:
         result = then()
     if _TRACES:
@@ -118,7 +120,7 @@ def _layered(mesh: Mesh, comm: Any, op: str, axes: Any, blocking: Any, nonblocki
 
 
 def _alone(op: str, axes: Any, label: str | None, dtype: Any) -> None:
-    """A collective over a group of one rank: its dtype checked (unless None), numbered, traced; nothing sent."""
+    """A collective over a group of one rank: dtype checked (unless None), numbered, traced; nothing sent."""
     if dtype is not None:
         _check_dtype(op, np.dtype(dtype))
     _HOOKS.seq += 1

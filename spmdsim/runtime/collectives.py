@@ -102,11 +102,11 @@ def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int
             t0 = perf_counter()
             dst = None if out is None else _result(out, out_shape, x.dtype, "allgather")
             recv, unpack = _unpacker(mesh, dst, out_shape, shape, x.dtype, d, g)
-            return issue(mesh, comm, g, "allgather", axes, label, comm.Allgather, comm.Iallgather,
+            return issue(mesh, comm, g, "allgather", axes, label, comm, "Allgather", "Iallgather",
                          x, recv, None, None, x, (d,), x.nbytes, x.nbytes * g, t0, unpack)
     dst = _result(out, out_shape, x.dtype, "allgather")
-    return issue(mesh, comm, g, "allgather", axes, label, comm.Allgather, comm.Iallgather, x, dst, None, dst,
-                 x, (d,), x.nbytes)
+    return issue(mesh, comm, g, "allgather", axes, label, comm, "Allgather", "Iallgather", x, dst, None,
+                 dst, x, (d,), x.nbytes)
 
 
 def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, concat_dim: int,
@@ -126,8 +126,8 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
         return x if out is None else _copy_into(out, x, "alltoall")
     if s == c == 0:  # blocks are contiguous 1/g of the buffer both ways
         dst = _result(out, shape, x.dtype, "alltoall")
-        return issue(mesh, comm, g, "alltoall", axes, label, comm.Alltoall, comm.Ialltoall, x, dst, None, dst,
-                     x, (s, c), x.nbytes)
+        return issue(mesh, comm, g, "alltoall", axes, label, comm, "Alltoall", "Ialltoall", x, dst, None,
+                     dst, x, (s, c), x.nbytes)
     t0 = perf_counter()
     block_shape = shape[:s] + (shape[s] // g,) + shape[s + 1:]
     send = _send_blocks(mesh, x, s, g)
@@ -135,12 +135,12 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
     copied = 0 if send is x else x.nbytes
     if c == 0 or math.prod(block_shape[:c]) == 1:
         dst = _result(out, out_shape, x.dtype, "alltoall")
-        return issue(mesh, comm, g, "alltoall", axes, label, comm.Alltoall, comm.Ialltoall, send, dst,
+        return issue(mesh, comm, g, "alltoall", axes, label, comm, "Alltoall", "Ialltoall", send, dst,
                      None, dst, x, (s, c), x.nbytes, copied, t0)
     dst = None if out is None else _result(out, out_shape, x.dtype, "alltoall")
     recv, unpack = _unpacker(mesh, dst, out_shape, block_shape, x.dtype, c, g)
-    return issue(mesh, comm, g, "alltoall", axes, label, comm.Alltoall, comm.Ialltoall, send, recv, None, None,
-                 x, (s, c), x.nbytes, copied + x.nbytes, t0, unpack)
+    return issue(mesh, comm, g, "alltoall", axes, label, comm, "Alltoall", "Ialltoall", send, recv, None,
+                 None, x, (s, c), x.nbytes, copied + x.nbytes, t0, unpack)
 
 
 def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | None = None,
@@ -156,7 +156,7 @@ def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | No
         _alone("allreduce", axes, label, x.dtype)
         return x if out is None or out is x else _copy_into(out, x, "allreduce")
     dst = x if out is x and x.flags.writeable else _result(out, x.shape, x.dtype, "allreduce")
-    return issue(mesh, comm, g, "allreduce", axes, label, comm.Allreduce, comm.Iallreduce,
+    return issue(mesh, comm, g, "allreduce", axes, label, comm, "Allreduce", "Iallreduce",
                  _IN_PLACE if dst is x else x, dst, _SUM, dst, x, (), x.nbytes)
 
 
@@ -182,8 +182,8 @@ def reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim
         copied = 0 if send is x else x.nbytes
         out_shape = shape[:d] + (shape[d] // g,) + shape[d + 1:]
     dst = _result(out, out_shape, x.dtype, "reduce_scatter")
-    return issue(mesh, comm, g, "reduce_scatter", axes, label, comm.Reduce_scatter_block,
-                 comm.Ireduce_scatter_block, send, dst, _SUM, dst, x, (d,), x.nbytes, copied, t0)
+    return issue(mesh, comm, g, "reduce_scatter", axes, label, comm, "Reduce_scatter_block",
+                 "Ireduce_scatter_block", send, dst, _SUM, dst, x, (d,), x.nbytes, copied, t0)
 
 
 def bcast(mesh: Mesh, local: Any, axes: str | Iterable[str], root: int = 0,
@@ -203,7 +203,7 @@ def bcast(mesh: Mesh, local: Any, axes: str | Iterable[str], root: int = 0,
     if not (type(buf) is _ndarray and (flags := buf.flags).c_contiguous and flags.writeable):
         buf = np.array(local, order="C")
     n = buf.nbytes
-    return issue(mesh, comm, g, "bcast", axes, label, comm.Bcast, comm.Ibcast, buf, root, None, buf, buf,
+    return issue(mesh, comm, g, "bcast", axes, label, comm, "Bcast", "Ibcast", buf, root, None, buf, buf,
                  (root,), (n, 0) if me == root else (0, n))
 
 

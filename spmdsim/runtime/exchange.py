@@ -96,9 +96,9 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
         return views()
     comm = mesh.comm
     # Every block sent is packed into `send` (the trace's bytes_copied).
-    return issue(mesh, comm, size, "alltoallv", mesh.layout.alias_name, label, comm.Alltoallv,
-                 comm.Ialltoallv, [send, (scounts, sdispls)], [recv, (rcounts, rdispls)], None, None, dtype,
-                 (), (send.nbytes, recv.nbytes), send.nbytes, t0, views, (scounts, rcounts))
+    return issue(mesh, comm, size, "alltoallv", mesh.layout.alias_name, label, comm, "Alltoallv",
+                 "Ialltoallv", [send, (scounts, sdispls)], [recv, (rcounts, rdispls)], None, None,
+                 dtype, (), (send.nbytes, recv.nbytes), send.nbytes, t0, views, (scounts, rcounts))
 
 
 def exchange(mesh: Mesh, local: np.ndarray, spec: ExchangeSpec, label: str | None = None) -> np.ndarray:
@@ -126,9 +126,9 @@ def exchange(mesh: Mesh, local: np.ndarray, spec: ExchangeSpec, label: str | Non
         _alone("alltoallv", axes, label, dtype)
         return recv
     comm = mesh.comm
-    return issue(mesh, comm, size, "alltoallv", axes, label, comm.Alltoallv, comm.Ialltoallv,
-                 [send, (spec.scounts, spec.sdispls)], [recv, (spec.rcounts, spec.rdispls)], None, recv, dtype,
-                 (), (send.nbytes, recv.nbytes), send.nbytes, t0, None, (spec.scounts, spec.rcounts))
+    return issue(mesh, comm, size, "alltoallv", axes, label, comm, "Alltoallv", "Ialltoallv",
+                 [send, (spec.scounts, spec.sdispls)], [recv, (spec.rcounts, spec.rdispls)], None, recv,
+                 dtype, (), (send.nbytes, recv.nbytes), send.nbytes, t0, None, (spec.scounts, spec.rcounts))
 
 
 def _mesh_rank(r: Any, size: int, what: str) -> int:

@@ -79,12 +79,10 @@ class Prepared:
             if self._copy:
                 self.result[...] = self._send
             return self.result
-        if self._request is None:  # the blocking call, with its checks done once
-            blocking, nonblocking = self._blocking, self._blocking_done
-        else:
-            blocking, nonblocking = self._start_wait, self._start
+        # The blocking call with its checks done once, or the persistent request.
+        calls = ("_blocking", "_blocking_done") if self._request is None else ("_start_wait", "_start")
         a, b, c = self._args
-        return issue(self.mesh, self._comm, g, self.op, self.axes, self.label, blocking, nonblocking,
+        return issue(self.mesh, self._comm, g, self.op, self.axes, self.label, self, *calls,
                      a, b, c, self.result, self._send, self._extra, self._bytes, emulate=False)
 
     def _start(self, *args: Any) -> Any:
