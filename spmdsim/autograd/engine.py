@@ -196,7 +196,7 @@ def _accumulate(grads: dict, owners: dict, tensor: Any, g: Any) -> None:
 
 
 def _move(g: Any, target: TensorLayout) -> Any:
-    if g.layout == target:
+    if g.layout is target or g.layout == target:
         return g
     from ..plan_exec import redistribute
 
