@@ -31,6 +31,7 @@ __all__ = [
     "embedding",
     "relu",
     "gelu",
+    "gelu_tanh",
     "activation",
     "add",
     "bias_add",
