@@ -13,7 +13,7 @@ from spmdsim.dialects.strategy import matmul_layouts
 from spmdsim.errors import SpmdsimError
 from spmdsim.holdings import holdings
 from spmdsim.ops import matmul
-from spmdsim.ops.infer import out_layout_from_strategy
+from spmdsim.infer import out_layout_from_strategy
 from spmdsim.reference import matmul_region
 from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines

@@ -248,7 +248,7 @@ def _raw_exchange(comm: Any, step: Any, rank: int, in_shape: tuple, out_shape: t
 
 def redistribute_cases(comm: Any, waiter: Waiter, wait: str, shape: tuple[int, int]) -> list[Case]:
     from spmdsim.plan import plan_redistribution
-    from spmdsim.plan_exec import redistribute
+    from spmdsim.runtime.executor import redistribute
     from spmdsim.runtime import DTensor, Mesh
 
     world = comm.Get_size()

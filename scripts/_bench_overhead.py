@@ -37,7 +37,7 @@ def overhead_records(comm: Any, wait: str, loops: int, profile: bool) -> list[di
     from mpi4py import MPI
     from spmdsim.ops import matmul
     from spmdsim.plan import plan_redistribution
-    from spmdsim.plan_exec import redistribute
+    from spmdsim.runtime.executor import redistribute
     from spmdsim.runtime import DTensor, Mesh, collect_trace
     from spmdsim.runtime import collectives as C
     from spmdsim.runtime.trace import record

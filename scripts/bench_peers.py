@@ -118,7 +118,7 @@ def cases(comm: Any, torch: Any, cfg: dict) -> list[tuple[str, Callable, Callabl
     from spmdsim import Layout, SeededTensor
     from spmdsim.ops import (ColumnParallelLinear, ParallelMLP, RowParallelLinear,
                              VocabParallelEmbedding, matmul)
-    from spmdsim.plan_exec import redistribute
+    from spmdsim.runtime.executor import redistribute
     from spmdsim.runtime import DTensor, Mesh
 
     world, rank = comm.Get_size(), comm.Get_rank()

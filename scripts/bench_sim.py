@@ -35,7 +35,7 @@ SIZES = {"allreduce 1 MiB": 1 << 20, "allgather 128 KiB -> 1 MiB": 128 << 10,
 def _cases(comm):
     """name -> a callable that performs the case once on this rank (inputs built here, once)."""
     from spmdsim import Layout, SeededTensor
-    from spmdsim.plan_exec import redistribute
+    from spmdsim.runtime.executor import redistribute
     from spmdsim.runtime import DTensor, Mesh, allgather, allreduce, alltoall, reduce_scatter
 
     line = Mesh(Layout((comm.Get_size(),), ("x",)), comm)

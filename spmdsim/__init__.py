@@ -33,7 +33,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "Mesh": ("spmdsim.runtime.mesh", "Mesh"),
     "DTensor": ("spmdsim.runtime.dtensor", "DTensor"),
-    "redistribute": ("spmdsim.plan_exec", "redistribute"),
+    "redistribute": ("spmdsim.runtime.executor", "redistribute"),
     "collect_trace": ("spmdsim.runtime.trace", "collect_trace"),
     "install_excepthook": ("spmdsim.runtime.guard", "install_excepthook"),
     "abort_on_error": ("spmdsim.runtime.guard", "abort_on_error"),

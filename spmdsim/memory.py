@@ -110,7 +110,7 @@ def matmul_need(x_tl, w_tl, x_shape: Sequence[int], w_shape: Sequence[int], dtyp
     result; the check then makes the reference block from the rank's rows of X
     and columns of W over the whole contraction dim, in float64 (reference.matmul).
     """
-    from .ops.infer import infer_matmul, matmul_shape
+    from .infer import infer_matmul, matmul_shape
 
     plan = infer_matmul(x_tl, w_tl, transpose_a=transpose_a, transpose_b=transpose_b, out=out_layout)
     y_shape = matmul_shape(tuple(x_shape), tuple(w_shape), transpose_a, transpose_b)
@@ -159,7 +159,7 @@ def matmul_job_need(x_tl, w_tl, x_shape: Sequence[int], w_shape: Sequence[int], 
 
     Validates the shapes and layouts first, raising what the job itself would.
     """
-    from .ops.infer import infer_matmul
+    from .infer import infer_matmul
 
     x_shape, w_shape = x_tl.check_shape(x_shape), w_tl.check_shape(w_shape)
     plan = infer_matmul(x_tl, w_tl, transpose_a=transpose_a, transpose_b=transpose_b, out=out_layout)

@@ -8,11 +8,11 @@ k products.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
-__all__ = ["default_tolerances", "contraction_atol"]
+__all__ = ["default_tolerances", "contraction_atol", "network_atol"]
 
 # (rtol, atol) by element type; complex types use their real part's entry.
 _TOLERANCES = {
@@ -38,3 +38,18 @@ def contraction_atol(k: int, dtype: str) -> float:
     the contraction length, so the check allows k * eps (at least the default).
     """
     return max(default_tolerances(dtype)[1], k * float(np.finfo(dtype).eps))
+
+
+def network_atol(net: Any, upto: Optional[int] = None) -> float:
+    """Absolute tolerance after `upto` stages: the contraction allowances of each layer add up.
+
+    A sum of k products has no relative accuracy near zero; each layer allows
+    k * eps (as `spmdsim.tolerances.contraction_atol`), and the errors carry on.
+    """
+    dtype = net.stages[-1].params[0].source.dtype if net.stages[-1].params else "float32"
+    eps = float(np.finfo(dtype).eps)
+    total = default_tolerances(dtype)[1]
+    for stage in net.stages[:upto]:
+        if stage.kind in ("matmul", "linear", "column_linear", "row_linear"):
+            total += stage.params[0].source.shape[0] * eps
+    return total

@@ -10,7 +10,7 @@ import pytest
 from spmdsim.autoshard import build, mlp_chain
 from spmdsim.autoshard.candidates import candidates
 from spmdsim.autoshard.cost import redistribution_bytes
-from spmdsim.ops.infer import infer_matmul
+from spmdsim.infer import infer_matmul
 from spmdsim.plan import plan_redistribution
 
 

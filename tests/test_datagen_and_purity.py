@@ -111,12 +111,12 @@ PURE_MODULES = [
     "spmdsim.autograd",
     "spmdsim.autograd.rules",
     "spmdsim.optim",
-    "spmdsim.ops.losses",
     "spmdsim.train_reference",
     "spmdsim.nets.digits",
-    "spmdsim.ops.infer",
-    "spmdsim.ops.infer_reshape",
-    "spmdsim.ops.local",
+    "spmdsim.infer",
+    "spmdsim.infer.reshape",
+    "spmdsim.infer.operators",
+    "spmdsim.infer.finish",
     "spmdsim.nets.model",
     "spmdsim.viz",
     "spmdsim.viz.ascii",
@@ -139,7 +139,6 @@ PURE_MODULES = [
     "spmdsim.cli.main",
     "spmdsim.cli.autoshard",
     "spmdsim.cli.collective",
-    "spmdsim.runtime",
     # The emulator itself needs no MPI (the runtime's collectives import mpi4py when a program runs).
     "spmdsim.sim",
     "spmdsim.sim.run",
@@ -149,16 +148,32 @@ PURE_MODULES = [
 ]
 
 
-def test_pure_modules_do_not_import_mpi4py():
+#: The operators and the runtime package load spmdsim.runtime (lazily, names on first
+#: use) but still no mpi4py until a program runs.
+MPI_FREE_MODULES = ["spmdsim.ops", "spmdsim.ops.losses", "spmdsim.ops.local", "spmdsim.runtime"]
+
+
+def _loaded_after_import(modules: list[str], prefixes: tuple[str, ...]) -> str:
+    """Import `modules` in a fresh interpreter; the loaded modules starting with `prefixes`."""
     code = (
         "import importlib, importlib.util, sys\n"
-        f"for name in {PURE_MODULES!r}:\n"
+        f"for name in {modules!r}:\n"
         "    if importlib.util.find_spec(name) is None:\n"
-        "        raise SystemExit('missing pure module ' + name)\n"
+        "        raise SystemExit('missing module ' + name)\n"
         "    importlib.import_module(name)\n"
-        "bad = sorted(m for m in sys.modules if m.startswith('mpi4py'))\n"
+        f"bad = sorted(m for m in sys.modules if m.startswith({prefixes!r}))\n"
         "print(','.join(bad))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr + out.stdout
-    assert out.stdout.strip() == "", f"pure modules imported {out.stdout.strip()}"
+    return out.stdout.strip()
+
+
+def test_pure_modules_import_neither_the_runtime_nor_mpi4py():
+    loaded = _loaded_after_import(PURE_MODULES, ("mpi4py", "spmdsim.runtime"))
+    assert loaded == "", f"pure modules imported {loaded}"
+
+
+def test_operators_and_runtime_package_do_not_import_mpi4py():
+    loaded = _loaded_after_import(MPI_FREE_MODULES, ("mpi4py",))
+    assert loaded == "", f"importing the operators loaded {loaded}"

@@ -1,4 +1,4 @@
-"""Pure layout inference of the operators: output layout and collective for given input layouts."""
+"""Pure layout inference of the operators: output layout and the steps that finish it."""
 from __future__ import annotations
 
 import subprocess
@@ -8,7 +8,7 @@ import pytest
 
 from spmdsim import Layout, OperatorError, ShapeError
 from spmdsim.dialects.strategy import matmul_layouts
-from spmdsim.ops.infer import (
+from spmdsim.infer import (
     infer_add,
     infer_bias_add,
     infer_elementwise,
@@ -37,7 +37,7 @@ def test_mindspore_strategies(strategy, out_map, collective, axes):
     m = matmul_layouts(strategy, 8)
     plan = infer_matmul(m.x, m.w)
     assert plan.out == m.layout(*out_map)
-    assert plan.collective == collective and plan.resolution.axes == axes
+    assert plan.collective == collective and tuple(a for s in plan.steps for a in s.axes) == axes
     assert plan.local == (m.out if collective else m.out.with_partial(()))
 
 
@@ -45,9 +45,9 @@ def test_layout_tuple_matmul_allreduces_over_both_axes():
     plan = infer_matmul(L3("mp", ("sp", "dp")), L3(("sp", "dp"), None))
     assert plan.local == L3("mp", None, partial=("sp", "dp"))
     assert plan.out == L3("mp", None)
-    assert plan.collective == "allreduce" and plan.resolution.axes == ("sp", "dp")
+    assert plan.collective == "allreduce" and plan.steps[0].axes == ("sp", "dp")
     # Group members in mixed-radix order of (sp, dp), sp major.
-    assert L3.axis_groups(plan.resolution.axes)[0] == (0, 4, 2, 6)
+    assert L3.axis_groups(plan.steps[0].axes)[0] == (0, 4, 2, 6)
     assert "partial sum" in plan.why() and "Allreduce" in plan.why()
 
 
@@ -55,9 +55,9 @@ def test_out_strategy_asks_for_reduce_scatter():
     m = matmul_layouts("((2,4),(4,1))", 8)
     plan = infer_matmul(m.x, m.w, out=m.layout(("m", "k"), "n"))
     assert plan.collective == "reduce_scatter"
-    assert plan.resolution.axes == ("k",) and plan.resolution.tensor_dim == 0
+    assert plan.steps[0].axes == ("k",) and plan.steps[0].tensor_dim == 0
     plan = infer_matmul(m.x, m.w, out=m.layout("m", ("n", "k")))
-    assert plan.resolution.tensor_dim == 1
+    assert plan.steps[0].tensor_dim == 1
     # The reduced axes must come after (minor to) the existing ones.
     with pytest.raises(OperatorError, match="Reduce_scatter"):
         infer_matmul(m.x, m.w, out=m.layout(("k", "m"), "n"))
@@ -78,7 +78,7 @@ def test_transposes_and_batch():
         assert plan.out == m.layout("m", "n") and plan.collective == "allreduce"
     b = Layout((2, 2, 2), ("b", "m", "k"))
     plan = infer_matmul(b("b", "m", "k"), b("b", "k", None))
-    assert plan.out == b("b", "m", None) and plan.resolution.axes == ("k",)
+    assert plan.out == b("b", "m", None) and plan.steps[0].axes == ("k",)
     plan = infer_matmul(b("b", "m", "k"), b("k", None))  # shared 2-d weight
     assert plan.out == b("b", "m", None)
     assert matmul_shape((3, 6, 10), (10, 14)) == (3, 6, 14)
@@ -120,13 +120,14 @@ def test_matmul_errors_mesh_partial_shape():
 
 def test_linear_column_and_row():
     col = infer_linear(L2("dp", None), L2(None, "mp"), L2("mp"))
-    assert col.kind == "column" and col.out == L2("dp", "mp") and not col.collectives
+    assert col.kind == "column" and col.out == L2("dp", "mp") and not col.steps
     gathered = infer_linear(L2("dp", None), L2(None, "mp"), L2("mp"), gather_out=True)
     assert gathered.out == L2("dp", None)
-    assert [str(r) for r in gathered.collectives] == ["allgather('mp',), dim 1"]
+    assert [str(s) for s in gathered.steps] == ["S(1)->B via Allgather on ('mp',)"]
+    assert gathered.steps[0].tensor_dim == 1 and gathered.steps[0].after == L2("dp", None)
     row = infer_linear(L2("dp", "mp"), L2("mp", None), L2(None))
     assert row.kind == "row" and row.out == L2("dp", None)
-    assert [r.collective for r in row.collectives] == ["allreduce"]
+    assert [s.op for s in row.steps] == ["allreduce"] and row.steps[0].before.partial == ("mp",)
     pending = infer_linear(L2("dp", "mp"), L2("mp", None), L2(None), reduce=False)
     assert pending.bias_on_pending and pending.out.partial == ("mp",)
     with pytest.raises(OperatorError, match="bias .* must be split like the output's last dim"):
@@ -139,14 +140,14 @@ def test_embedding_vocab_and_dim_parallel():
     one = Layout((8,), ("mp",))
     vocab = infer_embedding(one(None, None), one("mp", None))
     assert vocab.local.partial == ("mp",) and vocab.out == one(None, None, None)
-    assert [r.collective for r in vocab.collectives] == ["allreduce"]
+    assert [s.op for s in vocab.steps] == ["allreduce"]
     dim = infer_embedding(one(None), one(None, "mp"))
-    assert [str(r) for r in dim.collectives] == ["allgather('mp',), dim 1"]
+    assert [str(s) for s in dim.steps] == ["S(1)->B via Allgather on ('mp',)"]
     assert infer_embedding(one(None), one(None, "mp"), gather_out=False).out == one(None, "mp")
     both = infer_embedding(L2(None), L2("dp", "mp"))
     assert both.local == L2(None, "mp", partial=("dp",)) and both.out == L2(None, None)
     ids_split = infer_embedding(L2("dp", None), L2("mp", None))
-    assert ids_split.out == L2("dp", None, None) and ids_split.reduce.axes == ("mp",)
+    assert ids_split.out == L2("dp", None, None) and ids_split.reduce[0].axes == ("mp",)
     with pytest.raises(OperatorError, match="ids must be replicated over the table's axes"):
         infer_embedding(one("mp"), one("mp", None))
 
@@ -170,14 +171,14 @@ def test_elementwise_rules():
 
 def test_resolve_partial_without_pending_rejects_other_layout():
     full = L2("dp", None)
-    assert resolve_partial(full)[1].collective is None
+    assert resolve_partial(full) == (full, ())
     with pytest.raises(OperatorError, match="needs a redistribution"):
         resolve_partial(full, L2(None, "dp"))
 
 
 def test_inference_and_references_import_no_mpi():
     code = (
-        "import sys, spmdsim.ops.infer, spmdsim.reference, spmdsim.ops.matmul, "
+        "import sys, spmdsim.infer, spmdsim.reference, spmdsim.ops.matmul, "
         "spmdsim.ops.linear, spmdsim.ops.embedding, spmdsim.ops.mlp, spmdsim.ops.paddle_split\n"
         "assert 'mpi4py' not in sys.modules, 'mpi4py imported'"
     )
@@ -186,7 +187,7 @@ def test_inference_and_references_import_no_mpi():
 
 def test_contraction_mismatch_hint_is_itself_a_valid_map():
     from spmdsim import Layout, OperatorError
-    from spmdsim.ops.infer import infer_matmul
+    from spmdsim.infer import infer_matmul
 
     mesh = Layout((2, 4), ("dp", "mp"))
     with pytest.raises(OperatorError) as info:
@@ -198,7 +199,7 @@ def test_contraction_mismatch_hint_is_itself_a_valid_map():
 
 
 def test_transpose_moves_the_tensor_map_with_the_dims():
-    from spmdsim.ops.infer import infer_transpose
+    from spmdsim.infer import infer_transpose
 
     mesh = Layout((2, 4), ("dp", "mp"))
     x = mesh("dp", None, "mp").with_partial(())
@@ -212,7 +213,7 @@ def test_transpose_moves_the_tensor_map_with_the_dims():
 
 
 def test_softmax_needs_a_whole_dim_and_no_pending_sum():
-    from spmdsim.ops.infer import infer_softmax
+    from spmdsim.infer import infer_softmax
 
     mesh = Layout((2, 4), ("dp", "mp"))
     x = mesh("dp", None)
@@ -230,7 +231,7 @@ def test_out_layout_differing_only_by_size_one_axes_needs_nothing():
     # An axis of size 1 cuts nothing: asking for it in the output is the result's own layout.
     mesh = Layout((2, 1), ("dp", "mp"))
     plan = infer_matmul(mesh("dp", "mp"), mesh("mp", None), out=mesh(("dp", "mp"), None))
-    assert plan.resolution.collective is None and plan.out == mesh(("dp", "mp"), None)
+    assert plan.steps == () and plan.out == mesh(("dp", "mp"), None)
     with pytest.raises(OperatorError, match="needs a redistribution"):
         infer_matmul(mesh("dp", "mp"), mesh("mp", None), out=mesh(None, "dp"))
 
@@ -243,3 +244,13 @@ def test_contraction_messages_say_where_a_transpose_flag_puts_k():
         matmul_shape((8, 16), (16, 8), transpose_b=True)
     with pytest.raises(ShapeError, match=r"x is stored \(\.\.\., K, M\) with transpose_a=True"):
         matmul_shape((8, 16), (16, 8), transpose_a=True)
+
+
+def test_operators_md_inference_example_runs_as_quoted():
+    """docs/operators.md's `>>>` example of an operator program (its steps and bytes) holds."""
+    import doctest
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "docs" / "operators.md"
+    result = doctest.testfile(str(path), module_relative=False, verbose=False)
+    assert result.attempted >= 6 and result.failed == 0

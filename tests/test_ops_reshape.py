@@ -9,7 +9,7 @@ import pytest
 
 from spmdsim import Layout
 from spmdsim.errors import OperatorError
-from spmdsim.ops.infer_reshape import infer_reshape, reshape_shape
+from spmdsim.infer.reshape import infer_reshape, reshape_shape
 
 MESHES = [Layout((2, 4), ("a", "b")), Layout((2, 2, 2), ("a", "b", "c")), Layout((4, 1, 2), ("a", "b", "c")),
           Layout((8,), ("a",))]

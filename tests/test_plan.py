@@ -154,7 +154,7 @@ def test_indivisible_shape_is_a_shape_error():
 
 
 def test_planning_imports_no_mpi4py():
-    code = ("import sys, spmdsim.plan, spmdsim.plan_exec, spmdsim.cli.plan; "
+    code = ("import sys, spmdsim.plan, spmdsim.runtime.executor, spmdsim.cli.plan; "
             "assert 'mpi4py' not in sys.modules, 'mpi4py imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -17,7 +17,7 @@ from spmdsim import (
 from spmdsim import reference
 from spmdsim.dialects import parse_sbp, parse_strategy, split_layouts
 from spmdsim.ops.paddle_split import paddle_layout, paddle_param
-from spmdsim.ops.resolve import out_layout_from_strategy
+from spmdsim.infer.finish import out_layout_from_strategy
 from spmdsim.plan import emulate, plan_redistribution, shards_of
 from spmdsim.validate import as_int, dtype_arg, int_arg, shape_arg, tolerance_arg
 

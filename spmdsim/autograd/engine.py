@@ -198,6 +198,6 @@ def _accumulate(grads: dict, owners: dict, tensor: Any, g: Any) -> None:
 def _move(g: Any, target: TensorLayout) -> Any:
     if g.layout is target or g.layout == target:
         return g
-    from ..plan_exec import redistribute
+    from ..runtime.executor import redistribute
 
     return redistribute(g, target)

@@ -5,7 +5,7 @@ of each input (MindSpore's ``.shard``); its layouts come from
 `spmdsim.dialects.strategy` (device matrix = the counts, plus the
 repeated-calculation axis "rep" on the right when they use fewer devices than
 the world), and the operator's own communication from the pure inference of
-`spmdsim.ops.infer`, priced by the redistribution planner (the step that turns
+`spmdsim.infer`, priced by the redistribution planner (the step that turns
 the local result into the finished output). Per kind:
 
 * matmul / linear / bmm ``((batch.., a, b), (batch.., b, c))``: every (a, b, c)
@@ -27,7 +27,7 @@ import numpy as np
 from ..dialects.strategy import format_strategy, layout_to_strategy, matmul_layouts, strategy_to_layout
 from ..errors import SpmdsimError
 from ..layout import Layout, TensorLayout
-from ..ops.infer import (infer_elementwise, infer_embedding, infer_linear, infer_matmul,
+from ..infer import (infer_elementwise, infer_embedding, infer_linear, infer_matmul,
                          infer_softmax, out_layout_from_strategy)
 from ..plan import Plan, plan_redistribution
 from .graph import ELEMENTWISE, OpNode

@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import SpmdsimError
 from ..layout import Layout, TensorLayout, default_axis_names
 from ..plan import Plan, plan_redistribution
+from ..plan.steps import Allgather, Allreduce
 from ..validate import counted
 from .cases import check_device_count, parse_int_list, parse_name_list, parse_tensor_map
 from .plan_explain import dialect_of, moves_and_bytes_png, plan_record, plan_text
@@ -213,10 +214,8 @@ def _baseline(plan: Plan) -> int:
     source, layout = plan.source, plan.source.layout
     size = math.prod(plan.shape) * np.dtype(plan.dtype).itemsize
     gathered = layout.group_size(source.split_axes)
-    local = size // gathered
-    out = (gathered - 1) * local
     g = layout.group_size(source.partial)
-    return out + (2 * (g - 1) * size // g if g > 1 else 0)
+    return Allgather.moved(gathered, size // gathered) + (Allreduce.moved(g, size) if g > 1 else 0)
 
 
 def _predicted(plan: Plan) -> tuple[list[float], str]:
@@ -337,7 +336,7 @@ def _execute(args: argparse.Namespace, comm: Any) -> int:
     from mpi4py import MPI
 
     from ..datagen import SeededTensor
-    from ..plan_exec import redistribute
+    from ..runtime.executor import redistribute
     from ..runtime import DTensor, Mesh, collect_trace
 
     from ..memory import redistribute_need, shard_multiples

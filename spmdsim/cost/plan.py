@@ -13,7 +13,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import SpmdsimError
+from ..plan.steps import KINDS
 from .model import DEFAULT_MODEL, CostModel, normalize_op
+
+# The cost model's name of a collective -> the plan step kind that owns its bytes.
+_STEP_OF = {"alltoallv": "exchange"}
 
 __all__ = ["predict_plan", "StepPrediction"]
 
@@ -182,8 +186,6 @@ def _buffer_bytes(op: str, g: int, moved: int | float) -> Fraction:
     if isinstance(moved, float) and not math.isfinite(moved):
         raise SpmdsimError(f"byte count {moved!r} must be a finite number")
     moved = Fraction(moved)
-    if op == "allreduce":
-        return moved * g / (2 * (g - 1))
-    if op == "bcast":
+    if op == "bcast":  # not a plan step: the root's buffer is what every member receives
         return moved
-    return moved * g / (g - 1)
+    return KINDS[_STEP_OF.get(op, op)].buffer_bytes(g, moved)

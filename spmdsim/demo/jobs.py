@@ -13,9 +13,8 @@ from ..datagen import SeededTensor
 from ..dialects.strategy import format_strategy, matmul_layouts
 from ..errors import OperatorError
 from ..layout import Layout, TensorLayout, format_entry
-from ..ops.infer import (
-    LinearPlan, Resolution, infer_embedding, infer_linear, out_layout_from_strategy,
-)
+from ..infer import LinearPlan, infer_embedding, infer_linear, out_layout_from_strategy
+from ..plan.steps import Step
 from ..reference import embedding_region, linear_region, matmul_region
 from ..tolerances import contraction_atol
 from ..validate import counted
@@ -89,7 +88,7 @@ def matmul_job(
                           out_layout=out_layout)
     steps = ()
     if plan.collective:
-        steps = ((plan.resolution, _partial_reason(plan.contraction_axes, "contraction dim K")),)
+        steps = ((plan.steps[0], _partial_reason(plan.contraction_axes, "contraction dim K")),)
     return Job(
         op, f"x{short(x_layout)} w{short(w_layout)} -> {short(plan.out)}", mesh,
         lambda: matmul(x, w, transpose_a=transpose_a, transpose_b=transpose_b,
@@ -126,15 +125,15 @@ def strategy_matmul_job(
                       transpose_a=transpose_a, transpose_b=transpose_b, out_layout=out, op=op)
 
 
-def _linear_steps(plan: LinearPlan) -> tuple[tuple[Resolution, str], ...]:
+def _linear_steps(plan: LinearPlan) -> tuple[tuple[Step, str], ...]:
     steps = []
     if plan.matmul.collective:
-        steps.append((plan.matmul.resolution,
+        steps.append((plan.matmul.steps[0],
                       _partial_reason(plan.matmul.contraction_axes, "the input dim (weight rows)")
                       + " (the bias is added once, after the sum)"))
-    if plan.gather.collective:
-        steps.append((plan.gather, f"output columns are split over {format_entry(plan.gather.axes)} and "
-                                   "gather_out asks for whole rows"))
+    for gather in plan.gather:
+        steps.append((gather, f"output columns are split over {format_entry(gather.axes)} and "
+                              "gather_out asks for whole rows"))
     return tuple(steps)
 
 
@@ -272,11 +271,11 @@ def embedding_job(
         inputs["table"] = layer.weight
     plan = infer_embedding(ids_layout, table_layout, gather_out=gather_out)
     steps = []
-    if plan.reduce.collective:
-        steps.append((plan.reduce, _partial_reason(plan.vocab_axes, "the vocabulary")
+    for reduce in plan.reduce:
+        steps.append((reduce, _partial_reason(plan.vocab_axes, "the vocabulary")
                       + f" ({zeros_why})"))
-    if plan.gather.collective:
-        steps.append((plan.gather, f"embedding columns are split over {format_entry(plan.dim_axes)}"))
+    for gather in plan.gather:
+        steps.append((gather, f"embedding columns are split over {format_entry(plan.dim_axes)}"))
     notes = (_lookup_note(ids.local, rows),) if mode == "vocab" else ()
     return Job(op, f"ids{short(ids_layout)} table{short(table_layout)} -> {short(plan.out)}",
                mesh, lambda: forward(ids), embedding_region(ids_src, table_src), inputs,
@@ -308,9 +307,10 @@ def mlp_job(
     xs = SeededTensor((mm, h), dtype, seed)
     x = _dtensor(mesh, layout(None, None), xs)
     mlp = ParallelMLP(mesh, h, f, activation=activation, dtype=dtype, seed=seed + 1)
-    steps = ((Resolution("allreduce", ("mp",)),
-              "fc1 leaves the hidden dim split over \"mp\" and fc2's weight rows are split the "
-              "same way, so each rank holds a partial sum of the output"),)
+    fc2 = infer_linear(layout(None, "mp"), mlp.linear_fc2.weight.layout)  # the hidden dim split over mp
+    why = ("fc1 leaves the hidden dim split over \"mp\" and fc2's weight rows are split the "
+           "same way, so each rank holds a partial sum of the output")
+    steps = tuple((step, why) for step in fc2.steps)
     inputs = {"x": x, **_weights(W1=mlp.linear_fc1.weight, W2=mlp.linear_fc2.weight)}
     return Job(f"ParallelMLP ({activation})", f"x[-,-] fc1 W[-,mp] -> {activation} -> "
                "fc2 W[mp,-] -> [-,-]", mesh, lambda: mlp(x), mlp.reference(xs), inputs, steps,

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from ..errors import SpmdsimError
 from ..holdings import block_text, rank_blocks
-from ..ops.infer import Resolution
+from ..plan.steps import Step
 from ..reference import RegionFn
 
 __all__ = [
@@ -75,7 +75,7 @@ class Job:
     forward: Callable[[], Any]
     reference: RegionFn
     inputs: Mapping[str, Any] = field(default_factory=dict)
-    steps: tuple[tuple[Resolution, str], ...] = ()
+    steps: tuple[tuple[Step, str], ...] = ()
     atol: Optional[float] = None
     notes: tuple[str, ...] = ()
 
@@ -211,15 +211,14 @@ def explain_lines(job: Job) -> list[str]:
     lines = [f"  {note}" for note in job.notes]
     if not job.steps:
         return lines + ["  no communication: every rank's block of the result is final"]
-    for res, _ in job.steps:
-        ranks = "{" + ",".join(str(r) for r in sorted(mesh.group_ranks(res.axes))) + "}"
-        lines.append(f"  {_NAMES.get(res.collective, res.collective)} over ranks {ranks}")
+    for step, _ in job.steps:
+        ranks = "{" + ",".join(str(r) for r in sorted(mesh.group_ranks(step.axes))) + "}"
+        lines.append(f"  {step.via} over ranks {ranks}")
     return lines
 
 
 def explain_notes(job: Job) -> list[str]:
     """Why each collective of `job` runs, once for all ranks (`--explain`, after the rank lines)."""
-    return [f"why {_NAMES.get(res.collective, res.collective)}: {why}" for res, why in job.steps]
+    return [f"why {step.via}: {why}" for step, why in job.steps]
 
 
-_NAMES = {"allreduce": "Allreduce", "reduce_scatter": "Reduce_scatter", "allgather": "Allgather"}

@@ -10,7 +10,8 @@ runtime when first built.
 """
 from __future__ import annotations
 
-from .model import Hop, Network, Param, Stage, network_atol, reference_rows, schedule
+from ..tolerances import network_atol
+from .model import Hop, Network, Param, Stage, reference_rows, schedule
 from .run import NetworkRun, NetworkRunner
 from .seeds import (mindspore_layout, mindspore_tutorial, needs_eight, oneflow_2d_sbp,
                     oneflow_2d_signature, oneflow_needs, paddle_needs, paddle_tp)

@@ -3,7 +3,7 @@
 Never imports mpi4py. A `Network` is its global input (a SeededTensor and the
 layout it arrives in) and a tuple of `Stage`s, each stating the input layout
 its operator requires, its parameters and its output layout (inferred by
-`spmdsim.ops.infer` / `spmdsim.dialects.paddle`, so a bad strategy fails here,
+`spmdsim.infer` / `spmdsim.dialects.paddle`, so a bad strategy fails here,
 on every rank alike, before any collective). `schedule` turns a network into
 `Hop`s: a redistribution wherever the previous output's layout differs from
 what the next operator requires (planned by `spmdsim.plan`), then the operator.
@@ -23,7 +23,7 @@ from ..datagen import SeededTensor
 from ..dialects.paddle import split_layouts
 from ..errors import OperatorError, ShapeError
 from ..layout import TensorLayout
-from ..ops.infer import infer_linear, infer_matmul, matmul_shape
+from ..infer import infer_linear, infer_matmul, matmul_shape
 from ..plan import Plan, plan_redistribution
 
 __all__ = [
@@ -39,7 +39,6 @@ __all__ = [
     "paddle_stage",
     "schedule",
     "reference_rows",
-    "network_atol",
     "short_layout",
 ]
 
@@ -174,14 +173,14 @@ def matmul_stage(name: str, how: str, x: TensorLayout, w: TensorLayout,
     shape = matmul_shape(tuple(x_shape), w_source.shape)
     for tl, s in ((x, x_shape), (w, w_source.shape), (plan.out, shape)):
         tl.check_shape(s)
-    colls = ((plan.collective, plan.resolution.axes),) if plan.collective else ()
+    colls = tuple((s.op, s.axes) for s in plan.steps)
     return Stage(name, "matmul", how, x, plan.out, shape, (Param("w", w, w_source),), colls)
 
 
 def linear_stage(name: str, how: str, x: TensorLayout, w: TensorLayout, x_shape: Sequence[int],
                  w_source: SeededTensor, b: Optional[TensorLayout] = None,
                  b_source: Optional[SeededTensor] = None) -> Stage:
-    """Y = X @ W + b with the given layouts (`spmdsim.ops.infer.infer_linear`), as nn.Linear
+    """Y = X @ W + b with the given layouts (`spmdsim.infer.infer_linear`), as nn.Linear
     under an SBP: a split in_features is finished by Allreduce, the bias added once."""
     if (b is None) != (b_source is None):
         raise OperatorError(f"{name}: give both the bias layout and its values, or neither")
@@ -193,7 +192,7 @@ def linear_stage(name: str, how: str, x: TensorLayout, w: TensorLayout, x_shape:
     for tl, s in checks:
         tl.check_shape(s)
     params = (Param("w", w, w_source),) + ((Param("b", b, b_source),) if b is not None else ())
-    colls = tuple((r.collective, r.axes) for r in plan.collectives)
+    colls = tuple((s.op, s.axes) for s in plan.steps)
     return Stage(name, "linear", how, x, plan.out, shape, params, colls)
 
 
@@ -291,20 +290,3 @@ def reference_rows(net: Network, upto: int, region: Sequence[slice]) -> np.ndarr
     for stage in net.stages[:upto]:
         value = _apply(stage, value, net.batch_dims)
     return value[(slice(None),) * net.batch_dims + region[net.batch_dims:]]
-
-
-def network_atol(net: Network, upto: Optional[int] = None) -> float:
-    """Absolute tolerance after `upto` stages: the contraction allowances of each layer add up.
-
-    A sum of k products has no relative accuracy near zero; each layer allows
-    k * eps (as `spmdsim.tolerances.contraction_atol`), and the errors carry on.
-    """
-    from ..runtime.check import default_tolerances  # pure module (no mpi4py at import)
-
-    dtype = net.stages[-1].params[0].source.dtype if net.stages[-1].params else "float32"
-    eps = float(np.finfo(dtype).eps)
-    total = default_tolerances(dtype)[1]
-    for stage in net.stages[:upto]:
-        if stage.kind in ("matmul", "linear", "column_linear", "row_linear"):
-            total += stage.params[0].source.shape[0] * eps
-    return total

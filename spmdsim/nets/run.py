@@ -3,7 +3,7 @@
 mpi4py is imported lazily (through spmdsim.runtime) when a runner is built.
 Each rank builds only its shards: the input and the weights come from
 SeededTensors cut by the layout each operator requires. Between operators
-whose layouts differ, `spmdsim.plan_exec.redistribute` moves the value.
+whose layouts differ, `spmdsim.runtime.executor.redistribute` moves the value.
 """
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..layout import Layout
-from .model import Hop, Network, network_atol, reference_rows, schedule
+from ..tolerances import network_atol
+from .model import Hop, Network, reference_rows, schedule
 from .table import HopRow, format_table, row_of
 
 __all__ = ["NetworkRunner", "NetworkRun"]
@@ -82,7 +83,7 @@ class NetworkRunner:
         from ..runtime import DTensor
 
         if hop.is_redistribution:
-            from ..plan_exec import redistribute
+            from ..runtime.executor import redistribute
 
             y = redistribute(x, hop.after, hop.plan)
             # Keep every value on this runner's mesh of its device matrix.

@@ -110,7 +110,7 @@ class NetworkTrainer:
 
     def _hop(self, hop: Hop, x: Any) -> Any:
         from .. import ops
-        from ..plan_exec import redistribute
+        from ..runtime.executor import redistribute
         from ..runtime import DTensor
 
         if hop.is_redistribution:

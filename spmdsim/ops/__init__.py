@@ -1,4 +1,4 @@
-"""Distributed operators on DTensors, and their pure layout inference (`spmdsim.ops.infer`).
+"""Distributed operators on DTensors, and their pure layout inference (`spmdsim.infer`).
 
 Importing these modules does not import mpi4py (the runtime is loaded when an
 operator first runs). The functions shadow their modules' names on purpose

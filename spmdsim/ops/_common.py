@@ -1,4 +1,4 @@
-"""Shared pieces of the MPI operators: running a plan's collective, local B -> S slicing."""
+"""Shared pieces of the MPI operators: operand checks, result tensors, local B -> S slicing."""
 from __future__ import annotations
 
 from typing import Any, Iterable, Optional, Sequence
@@ -9,12 +9,10 @@ from .. import buffers
 from ..errors import OperatorError
 from ..layout import Layout, TensorLayout
 from ..runtime import debug
-from .resolve import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, Resolution
 
 # runtime.DTensor, bound on first use: importing the ops must not start MPI.
 _DTENSOR: Any = None
 _BOOL = np.dtype(bool)
-_DEBUG = debug._State  # debug's settings (what debug.quiet() caches)
 
 
 def make_dtensor(mesh: Any, local: np.ndarray, layout: TensorLayout, shape: Sequence[int]) -> Any:
@@ -45,27 +43,6 @@ def add_bias(owned: np.ndarray, bias: np.ndarray) -> np.ndarray:
     if dtype == owned.dtype and shape == owned.shape and owned.flags.writeable:
         return np.add(owned, bias, out=owned)
     return np.add(owned, bias, out=buffers.empty(shape, dtype))
-
-
-def run_resolution(mesh: Any, local: np.ndarray, res: Resolution, label: Optional[str],
-                   owned: bool = False) -> np.ndarray:
-    """Perform the collective a plan chose (nothing when `res.collective` is None).
-
-    `owned` says `local` is a temporary of the operator (its local product),
-    which an Allreduce may then overwrite in place instead of allocating.
-    """
-    from ..runtime import collectives as coll
-
-    if res.collective is None:
-        return local
-    if res.collective == ALLREDUCE:
-        in_place = owned and local.flags.c_contiguous and local.flags.writeable
-        return coll.allreduce(mesh, local, res.axes, label=label, out=local if in_place else None)
-    if res.collective == REDUCE_SCATTER:
-        return coll.reduce_scatter(mesh, local, res.axes, res.tensor_dim, label=label)
-    if res.collective == ALLGATHER:
-        return coll.allgather(mesh, local, res.axes, res.tensor_dim, label=label)
-    raise OperatorError(f"unknown collective {res.collective!r}")  # pragma: no cover
 
 
 def describe(value: Any) -> str:
@@ -141,7 +118,7 @@ def verify_operands(mesh: Any, op: str, names: tuple[str, ...], *tensors: Any) -
 
     Free otherwise (one flag read). A None tensor (no bias) is skipped.
     """
-    if _DEBUG.quiet is True or debug.quiet():  # one attribute read once the setting is known
+    if debug.quiet():
         return
     debug.verify_operands(mesh, op, tuple((name, t.global_shape, t.layout, t.local.dtype)
                                           for name, t in zip(names, tensors) if t is not None))
@@ -185,7 +162,7 @@ def scatter_local(x: Any, tensor_dim: int, axes: tuple[str, ...]) -> Any:
     Megatron's ``scatter_to_tensor_model_parallel_region`` / Paddle's ``_c_split``;
     the redistribution planner turns it into one local slice.
     """
-    from ..plan_exec import redistribute
+    from ..runtime.executor import redistribute
 
     layout = x.layout
     used = [a for a in axes if a in layout.split_axes or a in layout.partial]

@@ -14,7 +14,7 @@ from .. import reference
 from ..autograd import rules
 from ..errors import OperatorError, ShapeError
 from ._common import make_dtensor, operands_mesh, raise_if_not_dtensors, require_float
-from .infer import infer_add, infer_bias_add, infer_elementwise
+from ..infer import infer_add, infer_bias_add, infer_elementwise
 
 __all__ = ["relu", "gelu", "activation", "scale", "add", "bias_add"]
 

@@ -26,10 +26,11 @@ from ..datagen import SeededTensor
 from ..errors import OperatorError, ShapeError
 from ..reference import RegionFn, Source, check_ids, embedding_region
 from ..validate import int_arg
+from ..runtime.executor import execute
 from ._common import (
-    default_axes, make_dtensor, operands_mesh, raise_if_not_dtensors, run_resolution, seeded_dtensor,
+    default_axes, make_dtensor, operands_mesh, raise_if_not_dtensors, seeded_dtensor,
 )
-from .infer import EmbeddingPlan, infer_embedding
+from ..infer import EmbeddingPlan, infer_embedding
 
 __all__ = [
     "embedding",
@@ -115,8 +116,9 @@ def embedding(
         local = vocab_parallel_lookup(ids.local, padded, start)
     else:
         local = table.local[ids.local]
-    local = run_resolution(mesh, local, plan.reduce, label, owned=True)
-    local = run_resolution(mesh, local, plan.gather, None if label is None else f"{label}.gather")
+    local = execute(mesh, local, plan.reduce, shape, label, owned=True)
+    local = execute(mesh, local, plan.gather, shape, None if label is None else f"{label}.gather",
+                    owned=True)
     out = make_dtensor(mesh, local, plan.out, shape)
     if table._ag is not None:
         record_embedding(out, ids, table, plan, start, label)

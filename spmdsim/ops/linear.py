@@ -27,12 +27,13 @@ from ..errors import OperatorError, ShapeError
 from ..layout import TensorLayout
 from ..reference import RegionFn, Source, linear_region
 from ..validate import int_arg
+from ..runtime.executor import execute
 from ._common import (
     add_bias, default_axes, local_matmul, make_dtensor, operands_mesh, raise_if_not_dtensors, refuse_bool_sum,
-    run_resolution, scatter_local, seeded_dtensor,
+    scatter_local, seeded_dtensor,
 )
 from .elementwise import bias_add
-from .infer import LinearPlan, infer_linear, matmul_shape
+from ..infer import LinearPlan, infer_linear, matmul_shape
 from .matmul import matmul
 
 __all__ = ["linear", "plan_linear", "ColumnParallelLinear", "RowParallelLinear"]
@@ -85,13 +86,13 @@ def linear(
     plan, shape = plan_linear(x, weight, bias, gather_out=gather_out, reduce=reduce)
     local = local_matmul(x.local, weight.local)
     refuse_bool_sum("linear", local, "a product sums over in_features")
-    local = run_resolution(mesh, local, plan.matmul.resolution, label, owned=True)
+    local = execute(mesh, local, plan.matmul.steps, shape, label, owned=True)
     if bias is not None:
         pending = plan.matmul.out.partial
         if not pending or mesh.layout.group_index(mesh.rank, pending) == 0:
             local = add_bias(local, bias.local)
     gather_label = None if label is None else f"{label}.gather"
-    local = run_resolution(mesh, local, plan.gather, gather_label)
+    local = execute(mesh, local, plan.gather, shape, gather_label, owned=True)
     out = make_dtensor(mesh, local, plan.out, shape)
     if x._ag is not None or weight._ag is not None or (bias is not None and bias._ag is not None):
         record_linear(out, x, weight, bias, plan, label)
@@ -246,7 +247,7 @@ def _sequence_split(layer: _ParallelLinear, x: Any, x_split: bool) -> TensorLayo
 
 def _gather_sequence(layer: _ParallelLinear, x: Any) -> Any:
     """Megatron's gather_from_sequence_parallel_region: Allgather x along dim 0 over the layer's axes."""
-    from ..plan_exec import redistribute
+    from ..runtime.executor import redistribute
 
     return redistribute(x, _sequence_split(layer, x, x_split=True))
 

@@ -15,10 +15,10 @@ import numpy as np
 from ..autograd.rules import record_matmul
 from ..errors import OperatorError
 from ..layout import TensorLayout
+from ..runtime.executor import execute
 from ._common import (
-    local_matmul, make_dtensor, operands_mesh, raise_if_not_dtensors, refuse_bool_sum, run_resolution,
-)
-from .infer import MatMulPlan, infer_matmul, matmul_shape
+    local_matmul, make_dtensor, operands_mesh, raise_if_not_dtensors, refuse_bool_sum, )
+from ..infer import MatMulPlan, infer_matmul, matmul_shape
 
 __all__ = ["matmul", "plan_matmul"]
 
@@ -83,7 +83,7 @@ def matmul(
     b = np.swapaxes(w.local, -1, -2) if transpose_b else w.local
     local = local_matmul(a, b)
     refuse_bool_sum("matmul", local, "a product sums over K")
-    local = run_resolution(mesh, local, plan.resolution, label, owned=True)
+    local = execute(mesh, local, plan.steps, shape, label, owned=True)
     out = make_dtensor(mesh, local, plan.out, shape)
     if x._ag is not None or w._ag is not None:  # the one check autograd costs a forward
         record_matmul(out, x, w, plan, bool(transpose_a), bool(transpose_b), label)

@@ -2,7 +2,7 @@
 
 `plan_redistribution(source, target, shape, dtype)` returns a `Plan` whose
 steps the in-process `emulate` (here) or the MPI executor
-(`spmdsim.plan_exec.redistribute`) carry out.
+(`spmdsim.runtime.executor.redistribute`) carry out.
 """
 from __future__ import annotations
 

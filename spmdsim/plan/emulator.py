@@ -11,7 +11,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..layout import TensorLayout
-from .kernels import exchange_assemble, exchange_sends, local_slice, local_zero
+from .kernels import exchange_program, local_slice, local_zero
 from .record import Plan
 from .volume import rank_boxes
 from .steps import (
@@ -87,10 +87,10 @@ def run_step(step: Step, locals_: Locals, shape: tuple) -> Locals:
     if isinstance(step, LocalZero):
         return {r: local_zero(step, r, x, shape) for r, x in locals_.items()}
     if isinstance(step, Exchange):
-        sends = {r: exchange_sends(step, r, x, shape) for r, x in locals_.items()}
+        programs = {r: exchange_program(step, r, shape) for r in locals_}
+        sends = {r: programs[r].send_views(x) for r, x in locals_.items()}
         for r, x in locals_.items():
-            received = {src: sends[src][r] for src in sends if r in sends[src]}
-            out[r] = exchange_assemble(step, r, x, received, shape)
+            out[r] = programs[r].assemble(x, (sends[src][r] for src, _, _ in programs[r].places))
         return out
     for group in _groups(step):
         blocks = [locals_[m] for m in group]

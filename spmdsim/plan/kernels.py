@@ -16,8 +16,6 @@ from .volume import Box, box_shape, intersect, rank_boxes
 __all__ = [
     "local_slice",
     "local_zero",
-    "exchange_sends",
-    "exchange_assemble",
     "exchange_program",
     "ExchangeProgram",
     "box_in",
@@ -91,16 +89,3 @@ def exchange_program(step: Exchange, rank: int, shape: tuple) -> ExchangeProgram
         places=tuple((src, box_in(box, after), box_shape(box))
                      for src, dst, box in step.transfers if dst == rank),
     )
-
-
-def exchange_sends(step: Exchange, rank: int, local: np.ndarray, shape: tuple) -> dict:
-    """Per destination rank, the box of `local` this rank sends it (a view: alltoallv packs it once)."""
-    return exchange_program(step, rank, shape).send_views(local)
-
-
-def exchange_assemble(
-    step: Exchange, rank: int, local: np.ndarray, received: dict, shape: tuple
-) -> np.ndarray:
-    """This rank's new block: its own overlap copied, the rest from `received` (by source)."""
-    program = exchange_program(step, rank, shape)
-    return program.assemble(local, (received[src] for src, _, _ in program.places))

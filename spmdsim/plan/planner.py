@@ -34,7 +34,7 @@ from .steps import (
     ReduceScatter,
     Step,
 )
-from .volume import box_size, exchange_transfers, lower_bound
+from .volume import exchange_transfers, lower_bound
 
 __all__ = ["plan_redistribution"]
 
@@ -149,10 +149,12 @@ class _Sizes:
             self._local[key] = math.prod(tl.local_shape(self.shape)) * self.itemsize
         return self._local[key]
 
-    def uniform(self, cls, before, after, axes, per_rank: int, **extra) -> Step:
+    def uniform(self, cls, before, after, axes, **extra) -> Step:
+        """A collective or local step with its kind's bytes (`Step.moved`) on every rank."""
         self.local(after)  # raises ShapeError when `after` cannot split the shape
-        n = (per_rank,) * before.layout.num_devices
-        return cls(before, after, tuple(axes), n, n, **extra)
+        n = cls.moved(before.layout.group_size(axes), self.local(before))
+        per_rank = (n,) * before.layout.num_devices
+        return cls(before, after, tuple(axes), per_rank, per_rank, **extra)
 
 
 def _with(tl: TensorLayout, tensor_map, partial) -> TensorLayout:
@@ -168,27 +170,24 @@ def _set_dim(tensor_map: Map, tensor_dim: int, axes: tuple) -> list:
 # -- single moves --------------------------------------------------------------------
 def _local_slice(cur, d, axes, sz: _Sizes) -> Step:
     after = _with(cur, _set_dim(cur.tensor_map, d, cur.tensor_map[d] + axes), cur.partial)
-    return sz.uniform(LocalSlice, cur, after, axes, 0)
+    return sz.uniform(LocalSlice, cur, after, axes)
 
 
 def _reduce_scatter(cur, d, axes, sz: _Sizes) -> Step:
     partial = [a for a in cur.partial if a not in axes]
     after = _with(cur, _set_dim(cur.tensor_map, d, cur.tensor_map[d] + axes), partial)
-    g = cur.layout.group_size(axes)
-    return sz.uniform(ReduceScatter, cur, after, axes, (g - 1) * sz.local(cur) // g, tensor_dim=d)
+    return sz.uniform(ReduceScatter, cur, after, axes, tensor_dim=d)
 
 
 def _allreduce(cur, axes, sz: _Sizes) -> Step:
     after = _with(cur, cur.tensor_map, [a for a in cur.partial if a not in axes])
-    g = cur.layout.group_size(axes)
-    return sz.uniform(Allreduce, cur, after, axes, 2 * (g - 1) * sz.local(cur) // g)
+    return sz.uniform(Allreduce, cur, after, axes)
 
 
 def _allgather(cur, d, k, sz: _Sizes) -> Step:
     axes = cur.tensor_map[d][-k:]
     after = _with(cur, _set_dim(cur.tensor_map, d, cur.tensor_map[d][:-k]), cur.partial)
-    g = cur.layout.group_size(axes)
-    return sz.uniform(Allgather, cur, after, axes, (g - 1) * sz.local(cur), tensor_dim=d)
+    return sz.uniform(Allgather, cur, after, axes, tensor_dim=d)
 
 
 def _alltoall(cur, i, j, k, sz: _Sizes) -> Step:
@@ -196,26 +195,17 @@ def _alltoall(cur, i, j, k, sz: _Sizes) -> Step:
     tensor_map = _set_dim(cur.tensor_map, i, cur.tensor_map[i][:-k])
     tensor_map[j] = tensor_map[j] + axes
     after = _with(cur, tensor_map, cur.partial)
-    g = cur.layout.group_size(axes)
-    return sz.uniform(
-        Alltoall, cur, after, axes, (g - 1) * sz.local(cur) // g, split_dim=j, concat_dim=i
-    )
+    return sz.uniform(Alltoall, cur, after, axes, split_dim=j, concat_dim=i)
 
 
 def _local_zero(cur, after, sz: _Sizes) -> Step:
     axes = tuple(a for a in after.partial if a not in cur.partial)
-    return sz.uniform(LocalZero, cur, after, axes, 0)
+    return sz.uniform(LocalZero, cur, after, axes)
 
 
 def _exchange(cur, after, sz: _Sizes) -> Step:
     transfers = exchange_transfers(cur, after, sz.shape)
-    sent = [0] * cur.layout.num_devices
-    received = [0] * cur.layout.num_devices
-    for src, dst, box in transfers:
-        n = box_size(box) * sz.itemsize
-        sent[src] += n
-        received[dst] += n
-    return Exchange(cur, after, (), tuple(sent), tuple(received), transfers=transfers)
+    return Exchange(cur, after, (), transfers=transfers).sized(sz.shape, sz.itemsize)
 
 
 # -- the stack rule ---------------------------------------------------------------------

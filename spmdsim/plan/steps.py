@@ -2,7 +2,12 @@
 
 Every step turns one TensorLayout (`before`) into another (`after`) on the
 same global shape and states, per rank, the bytes it sends and receives.
-The planner builds them, the emulator and the MPI executor interpret them.
+The redistribution planner and the operators' inference (spmdsim.infer) build
+them, the emulator and the executor (spmdsim.runtime.executor) run them. Each
+kind owns its byte formula (`moved`); the planner, the trace, `spmdsim plan`,
+`--explain` and the cost model all take bytes from it. A step an operator's
+inference makes is shape-free (no byte figures) until `sized` binds it to a
+global shape and element size.
 
 Which collective serves which transition (on one mesh-axis group; DESIGN.md):
 
@@ -22,7 +27,9 @@ any -> any  Exchange (Alltoallv of box parts)  exact
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
+from fractions import Fraction
 from typing import Optional
 
 from ..dialects.sbp import sbp_of_axis
@@ -38,6 +45,8 @@ __all__ = [
     "LocalZero",
     "Exchange",
     "Transfer",
+    "KINDS",
+    "moved_bytes",
     "placement",
     "step_label",
 ]
@@ -64,11 +73,30 @@ class Step:
     before: TensorLayout
     after: TensorLayout
     axes: tuple[str, ...]
-    bytes_sent: tuple[int, ...]
-    bytes_received: tuple[int, ...]
+    bytes_sent: tuple[int, ...] = ()
+    bytes_received: tuple[int, ...] = ()
 
     op = "step"
     via = "step"
+
+    @staticmethod
+    def moved(group_size: int, local_nbytes: int) -> int:
+        """Bytes one member sends (and receives) for an `local_nbytes`-byte input: none (local)."""
+        return 0
+
+    @staticmethod
+    def buffer_bytes(group_size: int, moved: Fraction) -> Fraction:
+        """The cost model's buffer ``n`` (the larger of input and output) for `moved` bytes per member.
+
+        (g-1)/g of the buffer for every kind but Allreduce, which moves twice that.
+        """
+        return moved * group_size / (group_size - 1)
+
+    def sized(self, shape: tuple[int, ...], itemsize: int) -> "Step":
+        """This step with every rank's byte figures for a global `shape` of `itemsize`-byte items."""
+        n = self.moved(self.group_size, math.prod(self.before.local_shape(shape)) * itemsize)
+        per_rank = (n,) * self.before.layout.num_devices
+        return replace(self, bytes_sent=per_rank, bytes_received=per_rank)
 
     @property
     def group_size(self) -> int:
@@ -108,6 +136,11 @@ class Allgather(Step):
     op = "allgather"
     via = "Allgather"
 
+    @staticmethod
+    def moved(group_size: int, local_nbytes: int) -> int:
+        """Ring: each member passes on the g - 1 shards it lacks."""
+        return (group_size - 1) * local_nbytes
+
 
 @dataclass(frozen=True)
 class Alltoall(Step):
@@ -118,6 +151,11 @@ class Alltoall(Step):
     op = "alltoall"
     via = "Alltoall"
 
+    @staticmethod
+    def moved(group_size: int, local_nbytes: int) -> int:
+        """Every member keeps 1/g of its input and sends the rest."""
+        return (group_size - 1) * local_nbytes // group_size
+
 
 @dataclass(frozen=True)
 class Allreduce(Step):
@@ -125,6 +163,15 @@ class Allreduce(Step):
 
     op = "allreduce"
     via = "Allreduce"
+
+    @staticmethod
+    def moved(group_size: int, local_nbytes: int) -> int:
+        """Ring: a reduce-scatter then an allgather of the 1/g parts."""
+        return 2 * (group_size - 1) * local_nbytes // group_size
+
+    @staticmethod
+    def buffer_bytes(group_size: int, moved: Fraction) -> Fraction:
+        return moved * group_size / (2 * (group_size - 1))
 
 
 @dataclass(frozen=True)
@@ -134,6 +181,11 @@ class ReduceScatter(Step):
     tensor_dim: int = 0
     op = "reduce_scatter"
     via = "Reduce_scatter"
+
+    @staticmethod
+    def moved(group_size: int, local_nbytes: int) -> int:
+        """Ring: g - 1 partial sums of 1/g of the input each."""
+        return (group_size - 1) * local_nbytes // group_size
 
 
 @dataclass(frozen=True)
@@ -160,8 +212,31 @@ class Exchange(Step):
     op = "exchange"
     via = "Alltoallv exchange"
 
+    def sized(self, shape: tuple[int, ...], itemsize: int) -> "Step":
+        """The bytes of the boxes each rank sends and receives (`transfers` are for `shape`)."""
+        sent = [0] * self.before.layout.num_devices
+        received = list(sent)
+        for src, dst, box in self.transfers:
+            n = math.prod(hi - lo for lo, hi in box) * itemsize
+            sent[src] += n
+            received[dst] += n
+        return replace(self, bytes_sent=tuple(sent), bytes_received=tuple(received))
+
     def __str__(self) -> str:
         return f"{self.before}->{self.after} via {self.via}"
+
+
+#: Step kinds by their `op` name (the names the runtime's collectives trace).
+KINDS: dict[str, type[Step]] = {k.op: k for k in (LocalSlice, Allgather, Alltoall, Allreduce,
+                                                  ReduceScatter, LocalZero, Exchange)}
+
+
+def moved_bytes(op: str, group_size: int, local_nbytes: int) -> int:
+    """Bytes one member of a group sends (and receives) in collective `op`: the step kind's formula."""
+    kind = KINDS.get(op)
+    if kind is None or kind is Exchange:
+        raise ValueError(f"no byte formula for {op!r}")
+    return kind.moved(group_size, local_nbytes)
 
 
 def step_label(step: Step, index: Optional[int] = None) -> str:

@@ -64,7 +64,7 @@ _WHERE = {
     "print_ranked": "ranked",
     "rank_ordered": "ranked",
     "write_chrome_trace": "trace_export",
-    "redistribute": "spmdsim.plan_exec",  # the planner's executor, beside the runtime
+    "redistribute": "executor",
 }
 
 

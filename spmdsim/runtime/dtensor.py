@@ -159,7 +159,7 @@ class DTensor:
 
     def redistribute(self, target: TensorLayout) -> "DTensor":
         """This tensor re-laid out as `target` by the least-communication plan (`spmdsim.redistribute`)."""
-        from ..plan_exec import redistribute
+        from .executor import redistribute
 
         return redistribute(self, target)
 

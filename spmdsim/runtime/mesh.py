@@ -94,10 +94,6 @@ class Mesh:
         # The same groups under the spellings callers used ("mp" for ("mp",)):
         # one dict lookup per collective instead of normalizing the axes again.
         self._spelled: dict[Any, tuple[Any, int, int]] = {}
-        # Per-mesh cache of the layers above: plan_exec keeps its compiled
-        # redistributions and its meshes of other layouts over this communicator
-        # here (an attribute read, not a weak-dictionary lookup).
-        self.compiled: dict[Any, Any] = {}
         self._scratch: dict[str, np.ndarray] = {}  # see scratch()
         # (role, shape, dtype) -> the view scratch() returned for it last time:
         # one dict lookup for a repeated call instead of three numpy views,
@@ -185,7 +181,9 @@ class Mesh:
             sub.Free()
         self._groups.clear()
         self._spelled.clear()
-        self.compiled.clear()
+        from .executor import PROGRAMS  # its compiled redistributions use these groups
+
+        PROGRAMS.forget(self)
         self._scratch.clear()
         self._scratch_views.clear()
 

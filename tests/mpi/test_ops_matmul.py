@@ -7,7 +7,7 @@ import pytest
 from spmdsim import Layout, OperatorError, SeededTensor
 from spmdsim.demo.jobs import contraction_atol
 from spmdsim.dialects.strategy import matmul_layouts
-from spmdsim.ops.infer import out_layout_from_strategy
+from spmdsim.infer import out_layout_from_strategy
 from spmdsim.reference import matmul_region
 
 pytestmark = pytest.mark.mpi(min_size=2)

@@ -45,7 +45,7 @@ def _all(comm, ok: bool) -> bool:
 
 
 def test_random_redistributions_bit_exact_under_mpi() -> None:
-    from spmdsim.plan_exec import redistribute
+    from spmdsim.runtime.executor import redistribute
     from spmdsim.runtime import DTensor, Mesh
 
     gen = _pairs_module()

@@ -82,7 +82,7 @@ def _case_ids(size):
 
 @pytest.mark.parametrize("index", range(11))
 def test_redistribute_matches_the_generator_bit_exactly(index):
-    from spmdsim.plan_exec import redistribute
+    from spmdsim.runtime.executor import redistribute
     from spmdsim.runtime import Mesh, collect_trace
 
     comm = _world()
@@ -127,7 +127,7 @@ def test_redistribute_matches_the_generator_bit_exactly(index):
 
 
 def test_plan_labels_name_the_step():
-    from spmdsim.plan_exec import redistribute
+    from spmdsim.runtime.executor import redistribute
     from spmdsim.runtime import Mesh, collect_trace
 
     comm = _world()

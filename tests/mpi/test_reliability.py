@@ -135,7 +135,7 @@ def test_operators_and_redistributions_pass_with_the_guard_and_watchdog_on() -> 
     from spmdsim import Layout
     from spmdsim.demo import jobs
     from spmdsim.demo.registry import run_job
-    from spmdsim.plan_exec import redistribute
+    from spmdsim.runtime.executor import redistribute
     from spmdsim.runtime import DTensor, Mesh
 
     world = _world()
@@ -177,7 +177,7 @@ def test_guard_catches_operands_whose_global_shape_differs_on_one_rank() -> None
     # everywhere, so only the operands show the bug (before: a silently wrong result).
     from spmdsim import Layout, SeededTensor
     from spmdsim.ops import matmul
-    from spmdsim.plan_exec import redistribute
+    from spmdsim.runtime.executor import redistribute
     from spmdsim.runtime import DTensor, Mesh
 
     world = _world()

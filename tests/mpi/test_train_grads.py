@@ -79,7 +79,7 @@ def test_backward_collectives_are_the_conjugates(mesh):
 @pytest.mark.parametrize("how", ["reduce_scatter", "pending"])
 def test_matmul_resolutions(mesh, how):
     from spmdsim.ops import matmul
-    from spmdsim.plan_exec import redistribute
+    from spmdsim.runtime.executor import redistribute
 
     p = mesh.layout.axis_size("mp")
     arrays = [_rand(2 * p, 2 * p), _rand(2 * p, 4, seed=3)]
@@ -139,7 +139,7 @@ def test_reshape_transpose_softmax(mesh):
 
 
 def test_redistribute_backward_is_the_reverse_move(mesh):
-    from spmdsim.plan_exec import redistribute
+    from spmdsim.runtime.executor import redistribute
 
     p = mesh.layout.axis_size("mp")
     arrays = [_rand(2 * p, 4)]
@@ -180,7 +180,7 @@ def test_mse_loss_target_gradient(mesh):
 
 def test_pending_sums_flow_through_the_backward(mesh):
     from spmdsim.ops import add, matmul, scale
-    from spmdsim.plan_exec import redistribute
+    from spmdsim.runtime.executor import redistribute
 
     p = mesh.layout.axis_size("mp")
     arrays = [_rand(4, 2 * p), _rand(2 * p, 3, seed=8), _rand(3, 5, seed=9)]

@@ -133,7 +133,7 @@ def test_optimizer_updates_the_vocab_table_the_lookup_reads(mesh, optimizer):
 
 def test_bad_input_is_refused_on_every_rank(mesh):
     from spmdsim.ops import cross_entropy, mse_loss
-    from spmdsim.plan_exec import redistribute
+    from spmdsim.runtime.executor import redistribute
 
     p = mesh.layout.axis_size("mp")
     x = dt(mesh, np.ones((4, 2 * p)), mesh.layout("dp", "mp"), grad=True)

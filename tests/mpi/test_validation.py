@@ -85,7 +85,7 @@ def test_from_local_dtype_and_from_seeded_source_are_checked(mesh):
 
 
 def test_bool_tensors_move_but_never_hold_pending_sums(mesh):
-    from spmdsim.plan_exec import redistribute
+    from spmdsim.runtime.executor import redistribute
     from spmdsim.runtime import DTensor
 
     size = mesh.size
@@ -134,7 +134,7 @@ def test_zero_size_collectives_along_any_dim(mesh):
 
 @pytest.mark.parametrize("shape", [(0, 64), (64, 0)])
 def test_zero_size_redistribution_gives_zero_size_shards(shape):
-    from spmdsim.plan_exec import redistribute
+    from spmdsim.runtime.executor import redistribute
     from spmdsim.runtime import DTensor, Mesh
 
     comm = _world()
@@ -157,7 +157,7 @@ def test_operators_name_an_argument_that_is_not_a_dtensor(mesh):
     from spmdsim import ops
     from spmdsim.ops.linear import plan_linear
     from spmdsim.ops.matmul import plan_matmul
-    from spmdsim.plan_exec import redistribute
+    from spmdsim.runtime.executor import redistribute
     from spmdsim.runtime import DTensor
 
     g = mesh.size

@@ -1,13 +1,14 @@
-"""Pure layout inference for the operators: output layout and the collective that finishes it.
+"""Pure layout inference for the operators: each operator's program.
 
-Never imports mpi4py. Given the inputs' TensorLayouts, each `infer_*` returns a
-frozen plan: the layout of the local result (possibly partial: pending sums
-over the axes that split a contraction), the final layout, and which
-collective (Allreduce, Reduce_scatter, Allgather) turns one into the other.
-Inconsistent inputs raise OperatorError saying what would have to change.
+Never imports mpi4py or spmdsim.runtime. Given the inputs' TensorLayouts, each
+`infer_*` returns a frozen plan: the layout of the local result (possibly
+partial: pending sums over the axes that split a contraction), the final
+layout, and the step records (`spmdsim.plan.steps`: Allreduce, ReduceScatter,
+Allgather, the same records the redistribution planner emits) that turn one
+into the other; `spmdsim.runtime.executor` runs them. Inconsistent inputs
+raise OperatorError saying what would have to change.
 
-How a pending sum is finished (Allreduce / Reduce_scatter) lives in
-`spmdsim.ops.resolve`; its names are re-exported here.
+How a pending sum is finished lives in `spmdsim.infer.finish`.
 """
 from __future__ import annotations
 
@@ -18,19 +19,12 @@ from typing import Optional, Sequence
 from ..errors import OperatorError, ShapeError
 from ..validate import as_int, counted
 from ..layout import TensorLayout, format_entry
-from .infer_reshape import infer_reshape
-from .resolve import (
-    ALLGATHER,
-    ALLREDUCE,
-    NO_COLLECTIVE,
-    Resolution,
-    fmt as _fmt,
-    out_layout_from_strategy,
-    resolve_partial,
-)
+from .reshape import infer_reshape
+from ..plan.steps import Allreduce, Step
+from .finish import fmt as _fmt
+from .finish import gather_dim, out_layout_from_strategy, resolve_partial
 
 __all__ = [
-    "Resolution",
     "MatMulPlan",
     "LinearPlan",
     "EmbeddingPlan",
@@ -77,25 +71,25 @@ def _check_no_reuse(out_map: Sequence[tuple[str, ...]], names: Sequence[str], wh
 
 @dataclass(frozen=True)
 class MatMulPlan:
-    """How Y = X @ W runs: local product layout, final layout, resolving collective."""
+    """How Y = X @ W runs: local product layout, final layout, the steps from one to the other."""
 
     x: TensorLayout
     w: TensorLayout
     local: TensorLayout
     out: TensorLayout
-    resolution: Resolution
+    steps: tuple[Step, ...]
     contraction_axes: tuple[str, ...]
     transpose_a: bool = False
     transpose_b: bool = False
 
     @property
     def collective(self) -> Optional[str]:
-        return self.resolution.collective
+        """The finishing collective's name ("allreduce", "reduce_scatter"), or None."""
+        return self.steps[0].op if self.steps else None
 
     def why(self) -> str:
         """One sentence a teacher would say about the communication."""
-        res = self.resolution
-        if res.collective is None:
+        if not self.steps:
             if self.local.partial:
                 return f"the result stays a pending sum over {self.local.partial!r}"
             return "the contraction dim K is not split, so each rank's product is final"
@@ -105,11 +99,12 @@ class MatMulPlan:
             if self.contraction_axes
             else f"the input is a pending sum over {self.local.partial!r}"
         )
-        if res.collective == ALLREDUCE:
-            return f"{source}; Allreduce over {format_entry(res.axes)} adds the partial sums"
+        step = self.steps[0]
+        if isinstance(step, Allreduce):
+            return f"{source}; Allreduce over {format_entry(step.axes)} adds the partial sums"
         return (
-            f"{source}; Reduce_scatter over {format_entry(res.axes)} adds them and leaves each rank "
-            f"one piece of dim {res.tensor_dim}"
+            f"{source}; Reduce_scatter over {format_entry(step.axes)} adds them and leaves each rank "
+            f"one piece of dim {step.tensor_dim}"
         )
 
 
@@ -188,8 +183,8 @@ def infer_matmul(
     split_k = tuple(a for a in k_x if x.layout.axis_size(a) > 1)
     pending = split_k + x.partial + w.partial
     local = TensorLayout(x.layout, out_map, pending)
-    final, resolution = resolve_partial(local, out, reduce)
-    return MatMulPlan(x, w, local, final, resolution, split_k, transpose_a, transpose_b)
+    final, steps = resolve_partial(local, out, reduce)
+    return MatMulPlan(x, w, local, final, steps, split_k, transpose_a, transpose_b)
 
 
 def matmul_shape(
@@ -222,12 +217,13 @@ class LinearPlan:
     kind: str  # "column", "row", "replicated" or "2d"
     bias: Optional[TensorLayout]
     bias_on_pending: bool
-    gather: Resolution
+    gather: tuple[Step, ...]  # () or the output's Allgather, after the bias
     out: TensorLayout
 
     @property
-    def collectives(self) -> tuple[Resolution, ...]:
-        return tuple(r for r in (self.matmul.resolution, self.gather) if r.collective)
+    def steps(self) -> tuple[Step, ...]:
+        """Every step of the layer in order: the matmul's, then the gather."""
+        return self.matmul.steps + self.gather
 
 
 # Pure function of frozen layouts and flags: cached, as ops call it on every forward.
@@ -264,12 +260,9 @@ def infer_linear(
                 f"bias {_fmt(bias)} must be split like the output's last dim "
                 f"({format_entry(out.tensor_map[-1])}) of {_fmt(out)}"
             )
-    gather = NO_COLLECTIVE
-    if gather_out and out.tensor_map[-1]:
-        if out.partial:
-            raise OperatorError("gather_out needs a reduced result; got a pending sum")
-        gather = Resolution(ALLGATHER, out.tensor_map[-1], out.ndim - 1)
-        out = out.with_map(*out.tensor_map[:-1], None)
+    if gather_out and out.tensor_map[-1] and out.partial:
+        raise OperatorError("gather_out needs a reduced result; got a pending sum")
+    out, gather = gather_dim(out, gather_out)
     return LinearPlan(mm, kind, bias, bool(mm.out.partial), gather, out)
 
 
@@ -283,12 +276,13 @@ class EmbeddingPlan:
     out: TensorLayout
     vocab_axes: tuple[str, ...]
     dim_axes: tuple[str, ...]
-    reduce: Resolution
-    gather: Resolution
+    reduce: tuple[Step, ...]  # () or the vocabulary's Allreduce
+    gather: tuple[Step, ...]  # () or the embedding dim's Allgather
 
     @property
-    def collectives(self) -> tuple[Resolution, ...]:
-        return tuple(r for r in (self.reduce, self.gather) if r.collective)
+    def steps(self) -> tuple[Step, ...]:
+        """Every step of the lookup in order: the reduction, then the gather."""
+        return self.reduce + self.gather
 
 
 # Pure function of frozen layouts and flags: cached, as ops call it on every forward.
@@ -317,10 +311,7 @@ def infer_embedding(
     pending = tuple(a for a in vocab if table.layout.axis_size(a) > 1)
     local = TensorLayout(ids.layout, ids.tensor_map + (dim,), pending)
     out, red = resolve_partial(local, None, reduce)
-    gather = NO_COLLECTIVE
-    if gather_out and dim and not out.partial:
-        gather = Resolution(ALLGATHER, dim, out.ndim - 1)
-        out = out.with_map(*out.tensor_map[:-1], None)
+    out, gather = gather_dim(out, gather_out and not out.partial)
     return EmbeddingPlan(ids, table, local, out, tuple(vocab), tuple(dim), red, gather)
 
 

@@ -1,4 +1,4 @@
-"""Finishing a result: which collective turns a local result into the wanted layout (pure).
+"""Finishing a result: the step records that turn a local result into the wanted layout (pure).
 
 Collective choice (DESIGN.md section 2):
 | local result -> wanted            | collective      |
@@ -9,46 +9,14 @@ Collective choice (DESIGN.md section 2):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from ..errors import OperatorError
 from ..layout import TensorLayout, format_entry
+from ..plan.steps import Allgather, Allreduce, ReduceScatter, Step
 from ..validate import as_int, counted
 
-__all__ = [
-    "ALLREDUCE",
-    "REDUCE_SCATTER",
-    "ALLGATHER",
-    "Resolution",
-    "NO_COLLECTIVE",
-    "resolve_partial",
-    "out_layout_from_strategy",
-    "fmt",
-]
-
-ALLREDUCE = "allreduce"
-REDUCE_SCATTER = "reduce_scatter"
-ALLGATHER = "allgather"
-
-
-@dataclass(frozen=True)
-class Resolution:
-    """One collective that finishes a result: `collective` over `axes` (None: no communication)."""
-
-    collective: Optional[str]
-    axes: tuple[str, ...] = ()
-    tensor_dim: Optional[int] = None
-
-    def __str__(self) -> str:
-        if self.collective is None:
-            return "none"
-        where = f", dim {self.tensor_dim}" if self.tensor_dim is not None else ""
-        return f"{self.collective}{self.axes!r}{where}"
-
-
-#: No communication.
-NO_COLLECTIVE = Resolution(None)
+__all__ = ["resolve_partial", "gather_dim", "out_layout_from_strategy", "fmt"]
 
 
 def fmt(layout: TensorLayout) -> str:
@@ -65,8 +33,8 @@ def _cuts(t: TensorLayout) -> TensorLayout:
 
 def resolve_partial(
     local: TensorLayout, out: Optional[TensorLayout] = None, reduce: bool = True
-) -> tuple[TensorLayout, Resolution]:
-    """Final layout and collective for a local result that may hold pending sums.
+) -> tuple[TensorLayout, tuple[Step, ...]]:
+    """Final layout and the steps (none or one collective) for a local result with pending sums.
 
     Args:
         local: the local result's layout (partial axes = pending sums).
@@ -85,10 +53,10 @@ def resolve_partial(
                 f"the result has layout {fmt(local)}; requested output {fmt(out)} "
                 "needs a redistribution, which this operator does not do"
             )
-        return (local if out is None else out), NO_COLLECTIVE
+        return (local if out is None else out), ()
     full = local.with_partial(())
     if out is None or out == full:
-        return full, Resolution(ALLREDUCE, pending)
+        return full, (Allreduce(local, full, pending),)
     if out.partial or out.ndim != local.ndim:
         raise OperatorError(
             f"requested output {fmt(out)} must be a non-partial layout with {local.ndim} dims"
@@ -99,7 +67,7 @@ def resolve_partial(
         base, want = local.tensor_map[d], out.tensor_map[d]
         suffix = want[len(base):]
         if want[: len(base)] == base and sorted(suffix) == sorted(pending):
-            return out, Resolution(REDUCE_SCATTER, suffix, d)
+            return out, (ReduceScatter(local, out, suffix, tensor_dim=d),)
     example = list(local.tensor_map)
     example[0] = example[0] + pending
     shown = "(" + ", ".join(format_entry(e) for e in example) + ")"
@@ -110,6 +78,18 @@ def resolve_partial(
         "(Reduce_scatter)"
     )
 
+
+
+def gather_dim(out: TensorLayout, enabled: bool = True) -> tuple[TensorLayout, tuple[Step, ...]]:
+    """The output gathered along its last dim (column-parallel ``gather_output``): layout and steps.
+
+    No step when `enabled` is False or the last dim is whole.
+    """
+    axes = out.tensor_map[-1]
+    if not enabled or not axes:
+        return out, ()
+    whole = out.with_map(*out.tensor_map[:-1], None)
+    return whole, (Allgather(out, whole, axes, tensor_dim=out.ndim - 1),)
 
 
 def out_layout_from_strategy(local: TensorLayout, counts: Sequence[int]) -> TensorLayout:
