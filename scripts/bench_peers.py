@@ -11,7 +11,9 @@ rank and the gloo rendezvous address), always under a timeout:
 
 Each case runs spmdsim and DTensor in turn (rotating order, barrier before
 each call); a time is the median over repeats of the slowest rank. The ratio
-is spmdsim / DTensor (below 1: spmdsim is faster).
+is spmdsim / DTensor (below 1: spmdsim is faster). The training step also
+runs a third time, written by hand in numpy with one mpi4py Allreduce: the
+floor for any numpy implementation of that step.
 """
 from __future__ import annotations
 
