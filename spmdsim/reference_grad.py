@@ -34,19 +34,21 @@ def gelu_grad(x: np.ndarray, tanh: Optional[np.ndarray] = None) -> np.ndarray:
     x = np.asarray(x)
     x64 = x.astype(np.float64, copy=False)
     t = gelu_tanh(x64) if tanh is None else tanh
-    # 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2), on two temporaries.
-    slope = x64 * x64
-    slope *= 3 * 0.044715
-    slope += 1.0
-    slope *= x64
-    slope *= 0.5 * _SQRT_2_OVER_PI
-    sech2 = np.multiply(t, t)
-    np.subtract(1.0, sech2, out=sech2)
-    slope *= sech2
-    np.add(t, 1.0, out=sech2)
-    sech2 *= 0.5
-    sech2 += slope
-    return sech2.astype(x.dtype, copy=False)
+    # 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2), in that order (rounding as
+    # the textbook expression rounds), on two temporaries.
+    tmp = np.multiply(t, t)
+    np.subtract(1.0, tmp, out=tmp)
+    right = np.multiply(x64, 0.5)
+    right *= tmp
+    right *= _SQRT_2_OVER_PI
+    np.multiply(x64, x64, out=tmp)
+    tmp *= 3 * 0.044715
+    tmp += 1.0
+    right *= tmp
+    np.add(t, 1.0, out=tmp)
+    tmp *= 0.5
+    tmp += right
+    return tmp.astype(x.dtype, copy=False)
 
 
 ACTIVATION_GRADS: dict[str, Callable[[np.ndarray], np.ndarray]] = {"relu": relu_grad, "gelu": gelu_grad}
