@@ -13,8 +13,8 @@ import numpy as np
 from .. import reference
 from ..autograd import rules
 from ..errors import OperatorError, ShapeError
-from ._common import make_dtensor, operands_mesh, raise_if_not_dtensors, require_float
 from ..infer import infer_add, infer_bias_add, infer_elementwise
+from ._common import make_dtensor, operands_mesh, raise_if_not_dtensors, require_float
 
 __all__ = ["relu", "gelu", "activation", "scale", "add", "bias_add"]
 

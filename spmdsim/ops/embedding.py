@@ -24,13 +24,11 @@ from .. import buffers
 from ..autograd.rules import record_embedding
 from ..datagen import SeededTensor
 from ..errors import OperatorError, ShapeError
-from ..reference import RegionFn, Source, check_ids, embedding_region
-from ..validate import int_arg
-from ..runtime.executor import execute
-from ._common import (
-    default_axes, make_dtensor, operands_mesh, raise_if_not_dtensors, seeded_dtensor,
-)
 from ..infer import EmbeddingPlan, infer_embedding
+from ..reference import RegionFn, Source, check_ids, embedding_region
+from ..runtime.executor import execute
+from ..validate import int_arg
+from ._common import default_axes, make_dtensor, operands_mesh, raise_if_not_dtensors, seeded_dtensor
 
 __all__ = [
     "embedding",

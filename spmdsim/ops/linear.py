@@ -24,16 +24,16 @@ from typing import Any, Iterable, Optional
 from ..autograd.rules import record_linear
 from ..datagen import SeededTensor
 from ..errors import OperatorError, ShapeError
+from ..infer import LinearPlan, infer_linear, matmul_shape
 from ..layout import TensorLayout
 from ..reference import RegionFn, Source, linear_region
-from ..validate import int_arg
 from ..runtime.executor import execute
+from ..validate import int_arg
 from ._common import (
     add_bias, default_axes, local_matmul, make_dtensor, operands_mesh, raise_if_not_dtensors, refuse_bool_sum,
     scatter_local, seeded_dtensor,
 )
 from .elementwise import bias_add
-from ..infer import LinearPlan, infer_linear, matmul_shape
 from .matmul import matmul
 
 __all__ = ["linear", "plan_linear", "ColumnParallelLinear", "RowParallelLinear"]

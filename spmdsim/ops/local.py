@@ -15,9 +15,8 @@ import numpy as np
 
 from .. import reference
 from ..autograd import rules
+from ..infer import infer_reshape, infer_softmax, infer_transpose
 from ._common import make_dtensor, raise_if_not_dtensors, require_float
-from ..infer import infer_softmax, infer_transpose
-from ..infer.reshape import infer_reshape
 
 __all__ = ["transpose", "reshape", "softmax"]
 

@@ -14,11 +14,10 @@ import numpy as np
 
 from ..autograd.rules import record_matmul
 from ..errors import OperatorError
+from ..infer import MatMulPlan, infer_matmul, matmul_shape
 from ..layout import TensorLayout
 from ..runtime.executor import execute
-from ._common import (
-    local_matmul, make_dtensor, operands_mesh, raise_if_not_dtensors, refuse_bool_sum, )
-from ..infer import MatMulPlan, infer_matmul, matmul_shape
+from ._common import local_matmul, make_dtensor, operands_mesh, raise_if_not_dtensors, refuse_bool_sum
 
 __all__ = ["matmul", "plan_matmul"]
 

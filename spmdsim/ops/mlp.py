@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional
 
-from ..reference import ACTIVATIONS, RegionFn, Source, mlp_region
 from ..errors import OperatorError
+from ..reference import ACTIVATIONS, RegionFn, Source, mlp_region
 from ..validate import int_arg
 from ._common import default_axes
 from .elementwise import activation
