@@ -35,7 +35,7 @@ def gelu_grad(x: np.ndarray, tanh: Optional[np.ndarray] = None) -> np.ndarray:
     x64 = x.astype(np.float64, copy=False)
     t = gelu_tanh(x64) if tanh is None else tanh
     # 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2), in that order (rounding as
-    # the textbook expression rounds), on two temporaries.
+    # the textbook expression rounds), on two temporaries besides the tanh.
     tmp = np.multiply(t, t)
     np.subtract(1.0, tmp, out=tmp)
     right = np.multiply(x64, 0.5)
