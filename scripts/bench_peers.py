@@ -11,7 +11,9 @@ rank and the gloo rendezvous address), always under a timeout:
 
 Each case runs spmdsim and DTensor in turn (rotating order, barrier before
 each call); a time is the median over repeats of the slowest rank. The ratio
-is spmdsim / DTensor (below 1: spmdsim is faster).
+is spmdsim / DTensor (below 1: spmdsim is faster). The training step also
+runs a third time, written by hand in numpy with one mpi4py Allreduce: the
+floor for any numpy implementation of that step.
 """
 from __future__ import annotations
 
@@ -198,12 +200,14 @@ def _peak_rss_mib(comm: Any) -> tuple[float, float]:
     return min(peaks), max(peaks)
 
 
-def training_case(comm: Any, torch: Any, cfg: dict) -> tuple[tuple[str, Callable, Callable], dict]:
+def training_case(comm: Any, torch: Any, cfg: dict,
+                  waiter: Any) -> tuple[tuple[str, Callable, Callable], Callable, dict]:
     """MLP training step (forward, mse loss, backward, SGD) on both sides, and memory per rank.
 
     spmdsim is built and stepped first, then DTensor; ru_maxrss is the process's
     peak so far, so DTensor's figure includes spmdsim's. The local parameter
-    bytes per rank show that neither side holds a whole weight.
+    bytes per rank show that neither side holds a whole weight. The second
+    item is the same step written by hand in numpy + mpi4py (`_numpy_step`).
     """
     import torch.nn as nn
     import torch.nn.functional as F
@@ -235,6 +239,7 @@ def training_case(comm: Any, torch: Any, cfg: dict) -> tuple[tuple[str, Callable
         opt.step()
         return params[0].local
 
+    by_hand = _numpy_step(comm, waiter, x.local, target.local, [p.local.copy() for p in params], lr)
     spmdsim_step()
     mem["spmdsim_param_mib"] = sum(p.local.nbytes for p in params) / 2**20
     mem["rss_spmdsim_mib"] = _peak_rss_mib(comm)
@@ -256,7 +261,43 @@ def training_case(comm: Any, torch: Any, cfg: dict) -> tuple[tuple[str, Callable
     mem["rss_dtensor_mib"] = _peak_rss_mib(comm)
     mem["whole_w1_mib"] = d_in * d_ff * 4 / 2**20
     name = f"train step mlp {d_in}->{d_ff}->{d_in} b{b}"
-    return (name, spmdsim_step, _synced(dtensor_step)), mem
+    return (name, spmdsim_step, _synced(dtensor_step)), by_hand, mem
+
+
+def _numpy_step(comm: Any, waiter: Any, x: np.ndarray, target: np.ndarray, params: list,
+                lr: float) -> Callable[[], Any]:
+    """The training step's math by hand on this rank's blocks: numpy and one mpi4py Allreduce.
+
+    The floor for any numpy implementation of the step: spmdsim's local math
+    (GELU and its gradient from spmdsim.reference) without its Python around
+    it, waiting as spmdsim waits. It updates its own copies of the weights.
+    """
+    from mpi4py import MPI
+
+    from spmdsim.reference import gelu
+    from spmdsim.reference_grad import gelu_grad
+
+    w1, b1, w2, b2 = params
+    y = np.empty(target.shape, target.dtype)
+    scale, rate = np.float32(2.0 / (target.size)), np.asarray(lr, w1.dtype)
+
+    def step() -> Any:
+        a = x @ w1
+        a += b1
+        h = gelu(a)
+        part = h @ w2
+        waiter.call(comm.Allreduce, comm.Iallreduce, part, y, MPI.SUM)
+        np.add(y, b2, out=y)
+        diff = y - target
+        np.sum(diff * diff)  # the loss (its Allreduce: none, y is replicated)
+        dy = diff * scale
+        da = dy @ w2.T
+        da *= gelu_grad(a)
+        for p, g in ((w2, h.T @ dy), (b2, dy.sum(0)), (w1, x.T @ da), (b1, da.sum(0))):
+            p -= rate * g
+        return w1
+
+    return step
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -292,14 +333,16 @@ def run(args: argparse.Namespace, torch: Any) -> int:
     _init_gloo(comm, torch)
     waiter = Waiter(comm)
     records = []
-    train, mem = training_case(comm, torch, cfg)
+    train, by_hand, mem = training_case(comm, torch, cfg, waiter)
     todo = [train] if args.train_only else cases(comm, torch, cfg) + [train]
     for name, fn_s, fn_t in todo:
-        t = _timeit(comm, waiter, {"spmdsim": fn_s, "dtensor": fn_t}, cfg["warmup"],
-                    cfg["repeats"])
+        calls = {"spmdsim": fn_s, "dtensor": fn_t, **({"numpy": by_hand} if fn_s is train[1] else {})}
+        t = _timeit(comm, waiter, calls, cfg["warmup"], cfg["repeats"])
         records.append({"name": name, "spmdsim_s": t["spmdsim"], "dtensor_s": t["dtensor"],
                         "ratio_spmdsim_vs_dtensor": t["spmdsim"] / t["dtensor"],
-                        **({"memory": mem} if name == train[0] else {})})
+                        **({"memory": mem, "numpy_by_hand_s": t["numpy"],
+                            "ratio_numpy_by_hand_vs_dtensor": t["numpy"] / t["dtensor"]}
+                           if name == train[0] else {})})
         if comm.Get_rank() == 0:
             print(f"bench_peers: {name} done", file=sys.stderr, flush=True)
     if comm.Get_rank() == 0:
@@ -307,6 +350,10 @@ def run(args: argparse.Namespace, torch: Any) -> int:
         for r in records:
             print(f"{r['name'][:43]:<44}{r['spmdsim_s'] * 1e3:>11.2f}{r['dtensor_s'] * 1e3:>11.2f}"
                   f"{r['ratio_spmdsim_vs_dtensor']:>7.2f}")
+        hand = next(r for r in records if "numpy_by_hand_s" in r)
+        print(f"same training step by hand (numpy + one mpi4py Allreduce): "
+              f"{hand['numpy_by_hand_s'] * 1e3:.2f} ms, {hand['ratio_numpy_by_hand_vs_dtensor']:.2f}x "
+              "DTensor's")
         print("peak RSS/rank MiB (min-max, peak so far): start "
               "{0:.0f}-{1:.0f}, spmdsim step {2:.0f}-{3:.0f}, DTensor step {4:.0f}-{5:.0f}".format(
                   *mem["rss_start_mib"], *mem["rss_spmdsim_mib"], *mem["rss_dtensor_mib"]))

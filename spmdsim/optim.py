@@ -13,7 +13,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from .autograd.graph import Leaf
+from .autograd.graph import Leaf, with_partial
 from .errors import OperatorError
 from .validate import tolerance_arg
 
@@ -48,7 +48,7 @@ class _Optimizer:
             g = p.grad
             if g is None:
                 continue
-            if g.layout != p.layout.with_partial(()) or g.local.shape != p.local.shape:
+            if g.layout != with_partial(p.layout, ()) or g.local.shape != p.local.shape:
                 raise OperatorError(f"parameter {i}: gradient laid out {g.layout} does not match {p.layout}")
             self._update(i, p.local, g.local)
 

@@ -12,7 +12,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from .errors import OperatorError, ShapeError
-from .reference import _SQRT_2_OVER_PI
+from .reference import _SQRT_2_OVER_PI, gelu_tanh
 
 __all__ = [
     "relu_grad", "gelu_grad", "ACTIVATION_GRADS", "softmax_grad", "matmul_grads", "linear_grads",
@@ -25,13 +25,30 @@ def relu_grad(x: np.ndarray) -> np.ndarray:
     return (x > 0).astype(x.dtype)
 
 
-def gelu_grad(x: np.ndarray) -> np.ndarray:
-    """d gelu / dx of the tanh approximation, in x's dtype."""
-    x64 = np.asarray(x, dtype=np.float64)
-    inner = _SQRT_2_OVER_PI * (x64 + 0.044715 * x64**3)
-    t = np.tanh(inner)
-    out = 0.5 * (1.0 + t) + 0.5 * x64 * (1.0 - t * t) * _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * x64**2)
-    return out.astype(x.dtype, copy=False)
+def gelu_grad(x: np.ndarray, tanh: Optional[np.ndarray] = None) -> np.ndarray:
+    """d gelu / dx of the tanh approximation, in x's dtype.
+
+    `tanh`: the forward's ``reference.gelu_tanh(x)`` (float64) when it was kept,
+    so the backward does not compute it again; it is not modified.
+    """
+    x = np.asarray(x)
+    x64 = x.astype(np.float64, copy=False)
+    t = gelu_tanh(x64) if tanh is None else tanh
+    # 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2), in that order (rounding as
+    # the textbook expression rounds), on two temporaries besides the tanh.
+    tmp = np.multiply(t, t)
+    np.subtract(1.0, tmp, out=tmp)
+    right = np.multiply(x64, 0.5)
+    right *= tmp
+    right *= _SQRT_2_OVER_PI
+    np.multiply(x64, x64, out=tmp)
+    tmp *= 3 * 0.044715
+    tmp += 1.0
+    right *= tmp
+    np.add(t, 1.0, out=tmp)
+    tmp *= 0.5
+    tmp += right
+    return tmp.astype(x.dtype, copy=False)
 
 
 ACTIVATION_GRADS: dict[str, Callable[[np.ndarray], np.ndarray]] = {"relu": relu_grad, "gelu": gelu_grad}

@@ -58,6 +58,28 @@ def test_activation_and_softmax_grads(name):
     _close(rg.softmax_grad(s, dy, 0), _fd(lambda v: np.sum(reference.softmax(v, 0) * dy), x))
 
 
+def _gelu_textbook(x):
+    c = np.sqrt(2 / np.pi)
+    t = np.tanh(c * (x + 0.044715 * x**3))
+    return 0.5 * x * (1 + t), 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x**2)
+
+
+def test_gelu_and_its_gradient_match_the_textbook_formula():
+    """The in-place GELU pieces equal the formula with x**3, in float64 and rounded to float32."""
+    x32 = (RNG.standard_normal((64, 33)) * 4).astype(np.float32)
+    x = x32.astype(np.float64)
+    want, want_grad = _gelu_textbook(x)
+    kept = x.copy()
+    np.testing.assert_allclose(reference.gelu(x), want, rtol=1e-14, atol=1e-15)
+    np.testing.assert_allclose(rg.gelu_grad(x), want_grad, rtol=1e-14, atol=1e-15)
+    np.testing.assert_array_equal(rg.gelu_grad(x, reference.gelu_tanh(x)), rg.gelu_grad(x))
+    np.testing.assert_array_equal(x, kept)  # inputs are never written
+    assert reference.gelu(x32).dtype == rg.gelu_grad(x32).dtype == np.float32
+    # float32 results are the float64 values rounded (at most one float32 step away).
+    np.testing.assert_allclose(reference.gelu(x32), want.astype(np.float32), rtol=1.2e-7, atol=1e-30)
+    np.testing.assert_allclose(rg.gelu_grad(x32), want_grad.astype(np.float32), rtol=1.2e-7, atol=1e-30)
+
+
 def test_embedding_and_losses():
     table, ids, dy = RNG.standard_normal((5, 3)), np.array([[0, 4], [4, 1]]), RNG.standard_normal((2, 2, 3))
     _close(rg.embedding_grad(ids, 5, dy), _fd(lambda t: np.sum(t[ids] * dy), table))

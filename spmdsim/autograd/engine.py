@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import OperatorError
 from ..layout import TensorLayout
-from .graph import Leaf, Node, used_axes
+from .graph import Leaf, Node, used_axes, with_partial
 
 __all__ = ["backward", "grad_layout", "add_grads"]
 
@@ -35,7 +35,7 @@ def backward(loss: Any, explain: Optional[list] = None) -> None:
     answers, in backward order, and ("gradient of <leaf>", entries) for each
     leaf's resolution.
     """
-    from ..runtime import DTensor, collect_trace
+    from ..runtime import DTensor
 
     _check_loss(loss)
     order = _topological(loss._ag)
@@ -50,7 +50,7 @@ def backward(loss: Any, explain: Optional[list] = None) -> None:
         node.backward, node.inputs = None, ()  # freed: saved tensors go with it
         if dy is None:
             continue
-        with collect_trace() as trace:
+        with _collector(explain) as trace:
             outs = run(_prepared(node, dy))
             for tensor, g in zip(inputs, outs):
                 if g is None or tensor is None or tensor._ag is None:
@@ -62,8 +62,8 @@ def backward(loss: Any, explain: Optional[list] = None) -> None:
             explain.append((node.describe(), trace.entries))
     for leaf in leaves:  # first-contribution order: the same on every rank
         tensor, g = owners[leaf], grads.pop(leaf)
-        whole = tensor.layout.with_partial(())
-        with collect_trace() as trace:
+        whole = with_partial(tensor.layout, ())
+        with _collector(explain) as trace:
             g = _move(g, whole)
         if explain is not None:
             explain.append((f"leaf {tuple(tensor.global_shape)} {tensor.layout}: its replicas' "
@@ -119,7 +119,7 @@ def _prepared(node: Node, dy: Any) -> Any:
     if node.want is None:
         return dy
     used = used_axes(node.reads)
-    target = node.want.with_partial(a for a in dy.layout.partial if a not in used)
+    target = with_partial(node.want, tuple(a for a in dy.layout.partial if a not in used))
     return dy if dy.layout == target else _move(dy, target)
 
 
@@ -130,8 +130,44 @@ def grad_layout(layout: TensorLayout, g_layout: TensorLayout) -> TensorLayout:
     tensor's own partial axes excluded: an addend's gradient is the whole
     value); a gradient from another device matrix is resolved.
     """
+    key = (layout, g_layout)
+    try:
+        return _GRAD_LAYOUTS[key]
+    except KeyError:
+        pass
     keep = set(layout.replicated_axes) & set(g_layout.partial) if g_layout.layout == layout.layout else ()
-    return TensorLayout(layout.layout, layout.tensor_map, tuple(a for a in layout.layout.alias_name if a in keep))
+    out = TensorLayout(layout.layout, layout.tensor_map, tuple(a for a in layout.layout.alias_name if a in keep))
+    if len(_GRAD_LAYOUTS) >= 4096:  # a long run over many layouts: start over
+        _GRAD_LAYOUTS.clear()
+    _GRAD_LAYOUTS[key] = out
+    return out
+
+
+_GRAD_LAYOUTS: dict = {}  # (layout, gradient's layout) -> grad_layout's answer
+
+
+class _NoTrace:
+    """What `_collector` gives without an explanation to fill: records nothing."""
+
+    entries = ()
+
+    def __enter__(self) -> "_NoTrace":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NO_TRACE = _NoTrace()
+
+
+def _collector(explain: Optional[list]) -> Any:
+    """A trace collector where `explain` wants the entries; otherwise one that costs nothing."""
+    if explain is None:
+        return _NO_TRACE
+    from ..runtime import collect_trace
+
+    return collect_trace()
 
 
 def add_grads(a: Any, b: Any, layout: TensorLayout) -> Any:
@@ -160,7 +196,7 @@ def _accumulate(grads: dict, owners: dict, tensor: Any, g: Any) -> None:
 
 
 def _move(g: Any, target: TensorLayout) -> Any:
-    if g.layout == target:
+    if g.layout is target or g.layout == target:
         return g
     from ..runtime.executor import redistribute
 

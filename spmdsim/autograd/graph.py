@@ -14,7 +14,8 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 from ..errors import OperatorError
 
-__all__ = ["Leaf", "Node", "record", "no_grad", "is_grad_enabled", "requires_grad_", "used_axes"]
+__all__ = ["Leaf", "Node", "record", "no_grad", "is_grad_enabled", "requires_grad_", "used_axes",
+           "with_partial"]
 
 
 class _Mode:
@@ -114,3 +115,21 @@ def used_axes(layouts: Sequence[Any]) -> frozenset:
         used.update(layout.split_axes)
         used.update(layout.partial)
     return frozenset(used)
+
+
+# (layout, partial axes) -> that layout with those partial axes. A step's backward asks for the
+# same few layouts again and again; building one (validating its map) costs ~5 us each time.
+_WITH_PARTIAL: dict = {}
+_CACHE_MAX = 4096
+
+
+def with_partial(layout: Any, partial: tuple[str, ...]) -> Any:
+    """``layout.with_partial(partial)`` for a tuple of axis names, the same object on every call."""
+    key = (layout, partial)
+    try:
+        return _WITH_PARTIAL[key]
+    except KeyError:
+        if len(_WITH_PARTIAL) >= _CACHE_MAX:  # a long run over many shapes: start over
+            _WITH_PARTIAL.clear()
+        out = _WITH_PARTIAL[key] = layout.with_partial(partial)
+        return out

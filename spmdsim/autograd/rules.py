@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import reference_grad
 from ..layout import TensorLayout
-from .graph import record
+from .graph import record, with_partial
 
 __all__ = [
     "record_matmul", "record_linear", "record_embedding", "record_activation", "record_softmax",
@@ -41,8 +41,7 @@ def grad_tensor(like: Any, local: np.ndarray, *pending: Iterable[str]) -> Any:
     local = np.asarray(local, dtype=like.dtype)
     if not local.flags.c_contiguous:  # collectives read C order (ascontiguousarray makes 0-d 1-d)
         local = local.copy()
-    return DTensor(like.mesh, local, TensorLayout(layout.layout, layout.tensor_map, partial),
-                   like.global_shape)
+    return DTensor(like.mesh, local, with_partial(layout, partial), like.global_shape)
 
 
 def _named(op: str, label: Optional[str], plan: Any) -> Callable[[], str]:

@@ -19,7 +19,9 @@ def make_dtensor(mesh: Any, local: np.ndarray, layout: TensorLayout, shape: Sequ
     """A DTensor from this rank's block (the one place that builds result tensors)."""
     from ..runtime import DTensor
 
-    return DTensor(mesh, np.ascontiguousarray(local), layout, tuple(shape))
+    local = np.asarray(local)  # ascontiguousarray alone would make a 0-d block (a loss) 1-d
+    return DTensor(mesh, local if local.flags.c_contiguous else np.ascontiguousarray(local), layout,
+                   tuple(shape))
 
 
 def local_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..autograd.graph import record
+from ..autograd.graph import record, with_partial
 from ..autograd.rules import axes_of, grad_tensor
 from ..errors import OperatorError, ShapeError
 from ..layout import TensorLayout
@@ -66,11 +66,13 @@ def mse_loss(y: Any, target: Any) -> Any:
         return out
 
     def backward(dl: Any) -> tuple:
-        g = diff * (2.0 / n) * dl.local
+        g = diff * (2.0 / n)
+        if dl.local != 1:  # a loss scaled after mse_loss (backward() itself starts from 1)
+            g *= dl.local
         return (grad_tensor(y, g, dl.layout.partial) if y._ag is not None else None,
                 grad_tensor(target, -g, dl.layout.partial) if target._ag is not None else None)
 
-    return record(out, "mse_loss", (y, target), backward, out.layout.with_partial(()))
+    return record(out, "mse_loss", (y, target), backward, with_partial(out.layout, ()))
 
 
 def _check_labels(logits: Any, labels: Any) -> None:
@@ -135,4 +137,4 @@ def cross_entropy(logits: Any, labels: Any) -> Any:
         g[rows[owned], ids[owned]] -= 1.0
         return grad_tensor(logits, g * (dl.local / batch), dl.layout.partial), None
 
-    return record(out, "cross_entropy", (logits, labels), backward, out.layout.with_partial(()))
+    return record(out, "cross_entropy", (logits, labels), backward, with_partial(out.layout, ()))

@@ -170,6 +170,12 @@ def test_mse_loss_target_gradient(mesh):
     y, t = (dt(mesh, a, mesh.layout("dp", None), grad=True) for a in arrays)
     loss = mse_loss(y, t)
     _assert(check_grads([y, t], arrays, lambda a, b: rg.mse_loss(a, b)[0], loss))
+    # A loss scaled after mse_loss: its backward gets 0.25, not 1.
+    from spmdsim.ops import scale
+
+    y, t = (dt(mesh, a, mesh.layout("dp", None), grad=True) for a in arrays)
+    loss = scale(mse_loss(y, t), 0.25)
+    _assert(check_grads([y, t], arrays, lambda a, b: 0.25 * rg.mse_loss(a, b)[0], loss))
 
 
 def test_pending_sums_flow_through_the_backward(mesh):
