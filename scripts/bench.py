@@ -7,7 +7,7 @@ Run under MPI (8 ranks is the reference setup); every mpiexec under a timeout:
     timeout -k 5 900 mpiexec -n 8 python scripts/bench.py --json bench.json
     timeout -k 5 600 mpiexec -n 8 python scripts/bench.py --suite ops --repeats 9
 
-Suites: ``collectives`` (each runtime collective), ``redistribute`` (plan_exec
+Suites: ``collectives`` (each runtime collective), ``redistribute`` (the executor's
 redistributions, one per kind of plan step) and ``ops`` (MatMul, column/row
 Linear, the fused MLP, vocab-parallel Embedding). Every case runs three
 contenders in turn, in a rotating order, after a barrier: spmdsim, raw mpi4py

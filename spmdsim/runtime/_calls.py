@@ -13,7 +13,8 @@ so bare: with 8 ranks sharing 2 cores, each rank runs its pre-MPI Python with
 cold caches, in turn, while the group waits (docs/runtime.md).
 
 Also here: the argument checks the callers share, which raise ShapeError or
-DTypeError before any MPI call, and the per-rank byte figures of the trace.
+DTypeError before any MPI call. The trace's byte figures are the step kinds'
+(`spmdsim.plan.steps.moved_bytes`).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import numpy as np
 
 from .. import buffers
 from ..errors import DTypeError, ShapeError
+from ..plan.steps import moved_bytes  # each step kind owns its byte formula
 from ..validate import SUPPORTED_DTYPES, counted
 from . import debug
 from .exchange_spec import count_peers
@@ -150,22 +152,6 @@ def _divisible(shape: tuple[int, ...], tensor_dim: int, g: int, op: str) -> None
         raise ShapeError(
             f"{op}: dim {tensor_dim} of local shape {shape!r} is not divisible by group size {g}"
         )
-
-
-def moved_bytes(op: str, group_size: int, local_nbytes: int) -> int:
-    """Bytes one member sends (and receives) in `op` over a group, as the trace records them.
-
-    Ring-algorithm figures (docs/runtime.md): allgather (g-1)*n of an n-byte
-    input; alltoall and reduce_scatter (g-1)/g of the input; allreduce twice that.
-    """
-    g, n = group_size, local_nbytes
-    if op == "allgather":
-        return (g - 1) * n
-    if op in ("alltoall", "reduce_scatter"):
-        return (g - 1) * n // g
-    if op == "allreduce":
-        return 2 * (g - 1) * n // g
-    raise ValueError(f"no byte formula for {op!r}")
 
 
 def _result(out: np.ndarray | None, shape: tuple, dtype: np.dtype, op: str) -> np.ndarray:

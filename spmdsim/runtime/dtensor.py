@@ -75,7 +75,7 @@ class DTensor:
     @classmethod
     def _trusted(cls, mesh: Mesh, local: np.ndarray, layout: TensorLayout,
                  global_shape: tuple[int, ...]) -> "DTensor":
-        """No checks: for runtime code that checked `local` against `layout` itself (plan_exec).
+        """No checks: for runtime code that checked `local` against `layout` itself (runtime.executor).
 
         The full constructor re-derives the layout's local shape (~6 us), which
         a repeated redistribution would otherwise pay on every call.

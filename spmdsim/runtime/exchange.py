@@ -2,7 +2,7 @@
 
 `alltoallv` takes per-destination blocks and per-source shapes and checks them
 on every call; `exchange` runs a prebuilt `ExchangeSpec` (runtime.exchange_spec),
-whose counts and boxes were checked once, and is what plan_exec's Exchange
+whose counts and boxes were checked once, and is what the executor's Exchange
 steps call in loops. Both pack the outgoing blocks into the mesh's kept send
 buffer, receive into one flat buffer, and record one trace entry.
 """
@@ -104,7 +104,7 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
 def exchange(mesh: Mesh, local: np.ndarray, spec: ExchangeSpec, label: str | None = None) -> np.ndarray:
     """Alltoallv over the whole mesh by a prebuilt `spec`: its boxes of `local` go out, one flat buffer comes back.
 
-    The repeated form of `alltoallv` (plan_exec's Exchange steps): counts,
+    The repeated form of `alltoallv` (the executor's Exchange steps): counts,
     offsets and box indices were checked when the spec was built, so a call
     checks only that the spec is this rank's and `local` has its shape. Box i
     from a source is ``recv[start:stop]`` for its slot in ``spec.recv_slots``.

@@ -3,7 +3,7 @@
 Pure (no mpi4py). `collectives.exchange` runs it: boxes of the local block are
 packed into one send buffer at the offsets worked out here, and what arrives
 lands in one receive buffer whose per-source slots are here too. Built once
-per plan step (plan_exec), it spares every call the loops that validate and
+per plan step (runtime.executor), it spares every call the loops that validate and
 count a general `alltoallv`'s dictionaries, work that runs on cold caches
 between the ranks' arrival and the MPI call when ranks share cores.
 """
