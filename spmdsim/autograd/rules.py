@@ -33,15 +33,18 @@ def axes_of(layout: TensorLayout, entries: Iterable[tuple[str, ...]]) -> tuple[s
 
 def grad_tensor(like: Any, local: np.ndarray, *pending: Iterable[str]) -> Any:
     """A gradient of `like`: its tensor map, pending over the union of `pending`, block `local`."""
-    from ..runtime import DTensor
-
     layout = like.layout
     wanted = set(a for group in pending for a in group)
     partial = tuple(a for a in layout.layout.alias_name if a in wanted)
     local = np.asarray(local, dtype=like.dtype)
     if not local.flags.c_contiguous:  # collectives read C order (ascontiguousarray makes 0-d 1-d)
         local = local.copy()
-    return DTensor(like.mesh, local, with_partial(layout, partial), like.global_shape)
+    grad_layout = with_partial(layout, partial)
+    if local.shape == like.local.shape:  # `like`'s block shape under the same tensor map: checked
+        return type(like)._trusted(like.mesh, local, grad_layout, like.global_shape)
+    from ..runtime import DTensor
+
+    return DTensor(like.mesh, local, grad_layout, like.global_shape)  # raises, naming the shapes
 
 
 def _named(op: str, label: Optional[str], plan: Any) -> Callable[[], str]:

@@ -7,6 +7,7 @@ over the partial axes holds the value and the others hold zeros (B -> P).
 from __future__ import annotations
 
 from functools import lru_cache
+from operator import attrgetter
 from typing import Any, Callable, Sequence, Union
 
 import numpy as np
@@ -141,13 +142,13 @@ class DTensor:
             local = buffers.zeros(layout.local_shape(shape), array.dtype)
         return cls(mesh, local, layout, shape)
 
-    # -- views ---------------------------------------------------------------------
-    mesh = property(lambda self: self._mesh)
-    local = property(lambda self: self._local)
-    layout = property(lambda self: self._layout)
-    global_shape = property(lambda self: self._shape)
-    dtype = property(lambda self: self._local.dtype)
-    partial = property(lambda self: self._layout.partial)
+    # -- views (read-only; attrgetter: C, the operators and autograd read them often) --
+    mesh = property(attrgetter("_mesh"))
+    local = property(attrgetter("_local"))
+    layout = property(attrgetter("_layout"))
+    global_shape = property(attrgetter("_shape"))
+    dtype = property(attrgetter("_local.dtype"))
+    partial = property(attrgetter("_layout.partial"))
 
     @property
     def slices(self) -> tuple[slice, ...]:
@@ -274,6 +275,8 @@ def _check_dtype(dtype: np.dtype, layout: TensorLayout) -> None:
 
 
 def _check_placement(mesh: Any, layout: Any) -> None:
+    if type(layout) is TensorLayout and type(mesh) is Mesh and layout.layout is mesh.layout:
+        return  # the usual case, in three identity tests
     if not isinstance(mesh, Mesh):
         raise LayoutError(f"mesh {mesh!r} must be a spmdsim Mesh")
     if not isinstance(layout, TensorLayout):
