@@ -26,7 +26,10 @@ def make_dtensor(mesh: Any, local: np.ndarray, layout: TensorLayout, shape: Sequ
 
 def local_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``np.matmul(a, b)`` into a placed array (spmdsim.buffers): a collective usually sends it next."""
-    shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+    lead_a, lead_b = a.shape[:-2], b.shape[:-2]
+    # np.broadcast_shapes costs ~1 us (Python); equal or absent batch dims need none of it.
+    lead = lead_a if lead_a == lead_b or not lead_b else np.broadcast_shapes(lead_a, lead_b)
+    shape = lead + (a.shape[-2], b.shape[-1])
     return np.matmul(a, b, out=buffers.empty(shape, np.result_type(a, b)))
 
 
@@ -39,7 +42,9 @@ def add_bias(owned: np.ndarray, bias: np.ndarray) -> np.ndarray:
     paid several times over when ranks share cores (docs/performance.md).
     """
     dtype = np.result_type(owned, bias)
-    shape = np.broadcast_shapes(owned.shape, bias.shape)
+    # A bias along the last dim (the usual case) keeps `owned`'s shape without np.broadcast_shapes (~1 us).
+    fits = bias.shape == owned.shape[-1:] or bias.shape == owned.shape
+    shape = owned.shape if fits else np.broadcast_shapes(owned.shape, bias.shape)
     if dtype == owned.dtype and shape == owned.shape and owned.flags.writeable:
         return np.add(owned, bias, out=owned)
     return np.add(owned, bias, out=buffers.empty(shape, dtype))

@@ -14,6 +14,8 @@ Allreduce, so every rank raises the same error after the same collectives.
 """
 from __future__ import annotations
 
+import math
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -32,7 +34,13 @@ def _scalar(mesh: Any, value: Any, dtype: np.dtype) -> Any:
     """A replicated 0-d DTensor (make_dtensor's ascontiguousarray would make it 1-d)."""
     from ..runtime import DTensor
 
-    return DTensor(mesh, np.array(value, dtype=dtype), TensorLayout(mesh.layout, ()), ())
+    return DTensor(mesh, np.array(value, dtype=dtype), _scalar_layout(mesh.layout), ())
+
+
+@lru_cache(maxsize=64)
+def _scalar_layout(layout: Any) -> TensorLayout:
+    """The 0-d layout on `layout` (made once: a loss makes one a step)."""
+    return TensorLayout(layout, ())
 
 
 def _row_sum(mesh: Any, values: np.ndarray, axes: tuple[str, ...], label: str) -> np.ndarray:
@@ -57,7 +65,7 @@ def mse_loss(y: Any, target: Any) -> Any:
         raise OperatorError(f"mse_loss: target is laid out {target.layout} but y {y.layout}; "
                             "redistribute the target to y's layout")
     require_float("mse_loss", y.local)
-    n = max(1, int(np.prod(y.global_shape)))
+    n = max(1, math.prod(y.global_shape))
     diff = y.local - target.local.astype(y.dtype, copy=False)
     axes = axes_of(y.layout, y.layout.tensor_map)
     total = _row_sum(mesh, np.array([np.sum(diff * diff)], y.dtype), axes, "mse_loss")
