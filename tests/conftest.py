@@ -13,18 +13,9 @@ import os
 import sys
 
 import pytest
+from engines import mpi_requested
 
 _WORLD = None  # MPI.COMM_WORLD when running under --with-mpi/--only-mpi
-
-
-def _mpi_requested(config: pytest.Config) -> bool:
-    for flag in ("--with-mpi", "--only-mpi"):
-        try:
-            if config.getoption(flag):
-                return True
-        except ValueError:
-            pass
-    return False
 
 
 # trylast: the terminal reporter registers in its own pytest_configure, which
@@ -32,7 +23,7 @@ def _mpi_requested(config: pytest.Config) -> bool:
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     global _WORLD
-    if not _mpi_requested(config):
+    if not mpi_requested(config):
         return
     from mpi4py import MPI
 

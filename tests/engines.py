@@ -66,14 +66,15 @@ def per_rank(factory: Callable[[], Any]) -> Any:
     return pytest.fixture(name=factory.__name__)(fixture)
 
 
-def _pure_pass(config: pytest.Config) -> bool:
+def mpi_requested(config: pytest.Config) -> bool:
+    """Whether pytest runs under MPI (--with-mpi or --only-mpi); tests/conftest.py asks it too."""
     for flag in ("--with-mpi", "--only-mpi"):
         try:
             if config.getoption(flag):
-                return False
+                return True
         except ValueError:
             pass
-    return True
+    return False
 
 
 def _simulated_file(path: Any) -> bool:
@@ -82,7 +83,7 @@ def _simulated_file(path: Any) -> bool:
 
 def parametrize(metafunc: pytest.Metafunc) -> None:
     """In the pure pass, run each test of a SIMULATED file on every simulated world size."""
-    if ("engine" in metafunc.fixturenames and _pure_pass(metafunc.config)
+    if ("engine" in metafunc.fixturenames and not mpi_requested(metafunc.config)
             and _simulated_file(metafunc.definition.path)):
         metafunc.parametrize("engine", [f"sim{n}" for n in SIM_SIZES], indirect=True,
                              ids=[f"sim{n}" for n in SIM_SIZES])
@@ -90,7 +91,7 @@ def parametrize(metafunc: pytest.Metafunc) -> None:
 
 def unskip(config: pytest.Config, items: list) -> None:
     """Keep pytest-mpi from skipping the simulated runs in the pure pass (they need no mpiexec)."""
-    if not _pure_pass(config):
+    if mpi_requested(config):
         return
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
