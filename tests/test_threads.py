@@ -44,9 +44,18 @@ def test_user_setting_wins(clean_env):
     env, capped = clean_env
     env.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "8")
     env.setenv("OPENBLAS_NUM_THREADS", "3")
-    assert _threads.cap_blas_threads_under_launcher() is None and capped == []
+    # The user's value reaches the BLAS numpy loaded before it was set; nothing else is set.
+    assert _threads.cap_blas_threads_under_launcher() is None and capped == [3]
     assert os.environ["OPENBLAS_NUM_THREADS"] == "3"
     assert "OMP_NUM_THREADS" not in os.environ
+    env.setenv("OMP_NUM_THREADS", "2")  # OpenBLAS's own variable still comes first
+    _threads.cap_blas_threads_under_launcher()
+    assert capped == [3, 3]
+    env.setenv("OPENBLAS_NUM_THREADS", "many")  # not a count: OMP_NUM_THREADS's 2
+    _threads.cap_blas_threads_under_launcher()
+    env.setenv("OMP_NUM_THREADS", "0")  # no usable count: the loaded BLAS is left alone
+    _threads.cap_blas_threads_under_launcher()
+    assert capped == [3, 3, 2]
 
 
 # In a fresh interpreter under a launcher's environment: what `import spmdsim` did to the process.
