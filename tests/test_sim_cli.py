@@ -39,6 +39,9 @@ def test_errors_on_simulated_ranks_exit_like_mpi(capsys):
     assert err.startswith("spmdsim: error: ") and "8" in err and err.count("\n") == 1
     assert main(["demo", "--dry-run"]) == 2
     assert "--dry-run needs --ranks N" in capsys.readouterr().err
+    assert main(["demo", "--ranks", "8", "--only", "nosuch"]) == 2
+    out = capsys.readouterr()  # the error alone: no "running on 8 simulated ranks" banner first
+    assert out.out == "" and out.err.startswith("spmdsim: error: unknown scenario(s) ['nosuch']")
 
 
 def test_one_process_names_both_ways_out(capsys):

@@ -55,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
         for sc in chosen:
             print(f"{sc.name:<22} {sc.title}")
         return 0
+    if getattr(args, "ranks", None) is not None:
+        _only(chosen, args.only)  # one process: a bad name is the only line, before the banner
     # Inside the guard: an unknown name is the same error on every rank, printed once.
     return on_world(args, lambda comm: guarded(lambda: _run_all(_only(chosen, args.only), args, comm),
                                                comm, args))
