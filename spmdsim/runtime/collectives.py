@@ -31,7 +31,8 @@ from mpi4py import MPI
 
 from ..errors import RankError
 from ..validate import as_int
-from ._calls import _alone, _contig, _copy_into, _dim, _divisible, _empty, _result, issue, moved_bytes
+from ..plan.steps import moved_bytes  # each step kind owns its byte formula
+from ._calls import _alone, _contig, _copy_into, _dim, _divisible, _empty, _result, issue
 from .exchange import alltoallv, exchange  # the whole-mesh exchanges, importable from here as before
 from .mesh import Mesh, normalize_axes
 

@@ -23,7 +23,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ..errors import ShapeError
-from ._calls import _alone, _check_dtype, _contig, _dim, _divisible, _result, issue, normalize_axes, moved_bytes
+from ..plan.steps import moved_bytes
+from ._calls import _alone, _check_dtype, _contig, _dim, _divisible, _result, issue, normalize_axes
 from .mesh import Mesh
 
 __all__ = ["Prepared", "prepare_allreduce", "prepare_allgather", "prepare_reduce_scatter",

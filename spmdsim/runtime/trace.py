@@ -68,6 +68,8 @@ class Trace:
     def _entries(self) -> list[TraceEntry]:
         built, rows = self._built, self._rows
         for op, axes, g, sent, received, seconds, label, copied, ended, peers in rows[len(built):]:
+            if received is None:  # a row as runtime._calls.issue appends it: finish it here
+                op, axes, sent, received, peers = _as_called(op, axes, g, sent, peers)
             built.append(TraceEntry(op, axes, g, int(sent), int(received), float(seconds), label,
                                     int(copied), ended, int(peers)))
         return built
@@ -147,6 +149,23 @@ class Trace:
     def to_json(self) -> str:
         """This rank's entries as a JSON list of objects."""
         return json.dumps([asdict(e) for e in self._entries])
+
+
+def _as_called(op: str, axes: Any, g: int, nbytes: Any, counts: Any) -> tuple:
+    """(op, axes, sent, received, peers) of a row `issue` recorded with its call's own arguments.
+
+    `nbytes`: the per-rank n of the step kind's byte formula (spmdsim.plan.steps.moved_bytes),
+    or (sent, received); `counts`: an Alltoallv's (send, receive) counts, or None.
+    """
+    from ..plan.steps import moved_bytes
+    from .exchange_spec import count_peers
+    from .mesh import normalize_axes
+
+    if type(nbytes) is int:
+        sent = received = moved_bytes(op, g, nbytes)
+    else:
+        sent, received = nbytes
+    return op, normalize_axes(axes), sent, received, 0 if counts is None else count_peers(*counts)
 
 
 # Open collectors, innermost last; `record` skips all work when none is open.
