@@ -101,13 +101,16 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
                  dtype, (), (send.nbytes, recv.nbytes), send.nbytes, t0, views, (scounts, rcounts))
 
 
-def exchange(mesh: Mesh, local: np.ndarray, spec: ExchangeSpec, label: str | None = None) -> np.ndarray:
+def exchange(mesh: Mesh, local: np.ndarray, spec: ExchangeSpec, label: str | None = None,
+             out: np.ndarray | None = None) -> np.ndarray:
     """Alltoallv over the whole mesh by a prebuilt `spec`: its boxes of `local` go out, one flat buffer comes back.
 
     The repeated form of `alltoallv` (the executor's Exchange steps): counts,
     offsets and box indices were checked when the spec was built, so a call
     checks only that the spec is this rank's and `local` has its shape. Box i
     from a source is ``recv[start:stop]`` for its slot in ``spec.recv_slots``.
+    `out`: the flat receive buffer to fill (the executor passes the mesh's kept
+    one, which it drains before the next collective); default a new array.
     """
     size = mesh.size
     if spec.size != size or spec.rank != mesh.rank:
@@ -121,7 +124,7 @@ def exchange(mesh: Mesh, local: np.ndarray, spec: ExchangeSpec, label: str | Non
     send = mesh.scratch("send", (spec.send_total,), dtype)
     for index, lo, hi, shape in spec.packs:  # one copy from each box's view into the send buffer
         send[lo:hi].reshape(shape)[...] = local[index]
-    recv = _empty(spec.recv_total, dtype)
+    recv = _empty(spec.recv_total, dtype) if out is None else _result(out, (spec.recv_total,), dtype, "exchange")
     if size == 1:
         _alone("alltoallv", axes, label, dtype)
         return recv

@@ -226,8 +226,10 @@ def _exchange_runner(step: Exchange, rank: int, shape: tuple) -> Runner:
         [(src, math.prod(box_shape)) for src, _, box_shape in program.places],
     )
     slots = tuple((lo, hi) for _, lo, hi in spec.recv_slots)  # in program.places order
+    total = spec.recv_total
 
     def run(step: Any, mesh: Any, local: Any, shape: tuple, label: Optional[str], owned: bool) -> Any:
-        recv = exchange(mesh, local, spec, label=label)
+        # Into the mesh's kept receive buffer (Mesh.scratch): assemble copies out of it at once.
+        recv = exchange(mesh, local, spec, label=label, out=mesh.scratch("recv", (total,), local.dtype))
         return program.assemble(local, (recv[lo:hi] for lo, hi in slots))
     return run

@@ -139,6 +139,12 @@ def test_exchange_by_spec_matches_alltoallv():
     other = ExchangeSpec.build(n, (r + 1) % n, local.shape, [], [])
     with pytest.raises(ShapeError, match="used on rank"):
         C.exchange(mesh, local, other)
+    # Into a caller's buffer (the executor's kept one): the same values, in that buffer.
+    into = np.full(spec.recv_total, -1.0)
+    assert C.exchange(mesh, local, spec, out=into) is into
+    np.testing.assert_array_equal(into, flat)
+    with pytest.raises(ShapeError, match="exchange: out"):
+        C.exchange(mesh, local, spec, out=np.empty(spec.recv_total + 1))
 
 def test_kept_temporaries_are_reused_and_never_part_of_a_result(monkeypatch):
     """Packed sends and received blocks go through the mesh's kept buffers; later calls must not
