@@ -297,6 +297,16 @@ class TensorLayout:
         object.__setattr__(self, "tensor_map", entries)
         object.__setattr__(self, "partial", partial)
 
+    # Equal layouts are mostly the same object (the planners' and autograd's caches hand them
+    # out): `is` first spares the generated __eq__'s two field tuples (~0.3 us, 25 times a step).
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (self.layout == other.layout and self.tensor_map == other.tensor_map  # type: ignore[attr-defined]
+                and self.partial == other.partial)  # type: ignore[attr-defined]
+
     # TensorLayouts key the plan and program caches of every redistribution;
     # hashing the nested tuples cost ~0.4 us per lookup, so the hash is kept.
     # It is left out of pickles: str hashes differ between processes.

@@ -182,7 +182,7 @@ def add_grads(a: Any, b: Any, layout: TensorLayout) -> Any:
 
 
 def _accumulate(grads: dict, owners: dict, tensor: Any, g: Any) -> None:
-    if tuple(g.global_shape) != tuple(tensor.global_shape):
+    if g.global_shape != tensor.global_shape:  # both tuples (DTensor keeps its shape as one)
         raise OperatorError(f"internal: gradient of shape {tuple(g.global_shape)!r} for a tensor of "
                             f"shape {tuple(tensor.global_shape)!r}")  # pragma: no cover
     key = tensor._ag

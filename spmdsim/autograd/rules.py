@@ -34,8 +34,11 @@ def axes_of(layout: TensorLayout, entries: Iterable[tuple[str, ...]]) -> tuple[s
 def grad_tensor(like: Any, local: np.ndarray, *pending: Iterable[str]) -> Any:
     """A gradient of `like`: its tensor map, pending over the union of `pending`, block `local`."""
     layout = like.layout
-    wanted = set(a for group in pending for a in group)
-    partial = tuple(a for a in layout.layout.alias_name if a in wanted)
+    if any(pending):
+        wanted = set(a for group in pending for a in group)
+        partial = tuple(a for a in layout.layout.alias_name if a in wanted)
+    else:  # nothing pending (most gradients): no sets to build
+        partial = ()
     local = np.asarray(local, dtype=like.dtype)
     if not local.flags.c_contiguous:  # collectives read C order (ascontiguousarray makes 0-d 1-d)
         local = local.copy()
@@ -91,7 +94,7 @@ def record_matmul(out: Any, x: Any, w: Any, plan: Any, ta: bool, tb: bool, label
     def backward(dy: Any) -> tuple:
         return _matmul_grads(x, w, plan.local, ta, tb, dy, *need)
 
-    return record(out, _named("matmul", label, plan), (x, w), backward, plan.local.with_partial(()))
+    return record(out, _named("matmul", label, plan), (x, w), backward, with_partial(plan.local, ()))
 
 
 def record_linear(out: Any, x: Any, w: Any, bias: Any, plan: Any, label: Optional[str] = None) -> Any:
@@ -108,7 +111,7 @@ def record_linear(out: Any, x: Any, w: Any, bias: Any, plan: Any, label: Optiona
         return gx, gw, gb
 
     return record(out, _named("linear", label, plan.matmul), (x, w, bias), backward,
-                  local.with_partial(()))
+                  with_partial(local, ()))
 
 
 def record_embedding(out: Any, ids: Any, table: Any, plan: Any, start: int, label: Optional[str] = None) -> Any:
@@ -122,7 +125,7 @@ def record_embedding(out: Any, ids: Any, table: Any, plan: Any, start: int, labe
         np.add.at(g, flat_ids[owned], dy.local.reshape(-1, g.shape[1])[owned])
         return None, grad_tensor(table, g, dy.layout.partial, axes_of(plan.local, plan.local.tensor_map[:-1]))
 
-    return record(out, _named("embedding", label, None), (ids, table), backward, plan.local.with_partial(()))
+    return record(out, _named("embedding", label, None), (ids, table), backward, with_partial(plan.local, ()))
 
 
 def record_activation(out: Any, x: Any, name: str) -> Any:
