@@ -90,6 +90,8 @@ def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, 
         # The row as called (runtime.trace.Trace works out bytes, axes and peers when read):
         # each microsecond here is paid by the group's last rank at 4 ranks per core.
         now = perf_counter()
+        if type(axes) is not tuple and type(axes) is not str:  # a list the caller may change later
+            axes = normalize_axes(axes)
         row = (name, axes, g, nbytes, None, now - t0, label, copied, now, counts)
         for trace in _TRACES:
             trace._rows.append(row)
