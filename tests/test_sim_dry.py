@@ -61,3 +61,48 @@ def test_scale_script_meets_the_cost_formulas(capsys):
     assert script.main(["--mesh", "4,16"]) == 0
     out = capsys.readouterr().out
     assert "ranks 0-63 " in out and "all ranks equal" in out
+
+
+def test_dry_run_multiplies_nothing_and_moves_the_same_bytes(monkeypatch):
+    """A training step's products (forward and gradients) are zeros made without np.matmul."""
+    from spmdsim.ops import ParallelMLP, mse_loss
+    from spmdsim.optim import SGD
+    from spmdsim.runtime import DTensor, Mesh, collect_trace
+
+    calls = []
+    real_matmul = np.matmul
+    monkeypatch.setattr(np, "matmul", lambda *a, **k: calls.append(1) or real_matmul(*a, **k))
+
+    def step():
+        mesh = Mesh(spmdsim.Layout((2, 2), ("dp", "mp")))
+        x = DTensor.from_seeded(mesh, mesh.layout("dp", None), spmdsim.SeededTensor((8, 16), seed=1))
+        target = DTensor.from_seeded(mesh, mesh.layout("dp", None), spmdsim.SeededTensor((8, 16), seed=2))
+        mlp = ParallelMLP(mesh, 16, 32, axes="mp", seed=3)
+        params = [mlp.linear_fc1.weight, mlp.linear_fc2.weight]
+        with collect_trace() as tr:
+            y = mlp(x)
+            mse_loss(y, target).backward()
+        SGD(params, 0.1).step()
+        return y.local.shape, [(e.op, e.axes, e.bytes_sent) for e in tr.entries], params[0].grad.local.shape
+
+    real = spmdsim.simulate(4, step)
+    multiplied = len(calls)
+    dry = spmdsim.simulate(4, step, dry_run=True)
+    assert multiplied >= 4 * 5  # per rank: two forward products, three gradient products at least
+    assert len(calls) == multiplied  # the dry run called np.matmul not once
+    assert dry == real  # the same shapes, the same collectives with the same bytes
+
+
+def test_dry_run_check_makes_no_reference():
+    from spmdsim.runtime import DTensor, Mesh
+
+    asked = []
+
+    def body():
+        mesh = Mesh(spmdsim.Layout((4,), ("mp",)))
+        x = DTensor.from_seeded(mesh, mesh.layout("mp", None), spmdsim.SeededTensor((8, 4), "float32"))
+        return bool(x.check(lambda region: asked.append(region) or np.ones((2, 4))).passed)
+
+    assert spmdsim.simulate(4, body) == [False] * 4 and len(asked) == 4  # a real run asks every rank
+    asked.clear()
+    assert spmdsim.simulate(4, body, dry_run=True) == [True] * 4 and asked == []

@@ -17,6 +17,8 @@ import numpy as np
 
 from .. import reference_grad
 from ..layout import TensorLayout
+from ..sim.dry import RUNNING as _DRY_RUNNING
+from ..sim.dry import product as dry_product
 from .graph import record, with_partial
 
 __all__ = [
@@ -62,6 +64,15 @@ def _swap(a: np.ndarray) -> np.ndarray:
     return np.swapaxes(a, -1, -2)
 
 
+def _product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``np.matmul(a, b)``; in a dry run its zeros, not multiplied (spmdsim.sim.dry)."""
+    if _DRY_RUNNING[0]:
+        dry = dry_product(a, b)
+        if dry is not None:
+            return dry
+    return np.matmul(a, b)
+
+
 def _matmul_grads(x: Any, w: Any, local: TensorLayout, ta: bool, tb: bool, dy: Any,
                   need_x: bool, need_w: bool) -> tuple[Optional[Any], Optional[Any]]:
     """(dX, dW) of Y = op(X) @ op(W) from dY in the local product's tensor map.
@@ -74,11 +85,11 @@ def _matmul_grads(x: Any, w: Any, local: TensorLayout, ta: bool, tb: bool, dy: A
     b = _swap(w.local) if tb else w.local
     gx = gw = None
     if need_x:
-        da = np.matmul(dy.local, _swap(b))
+        da = _product(dy.local, _swap(b))
         gx = grad_tensor(x, _swap(da) if ta else da, passed, axes_of(local, local.tensor_map[-1:]),
                          w.layout.partial)
     if need_w:
-        db = np.matmul(_swap(a), dy.local)
+        db = _product(_swap(a), dy.local)
         summed = local.tensor_map[-2:-1]
         if w.layout.ndim == 2 and db.ndim > 2:
             db = db.sum(axis=tuple(range(db.ndim - 2)))

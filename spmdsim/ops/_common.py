@@ -9,6 +9,8 @@ from .. import buffers
 from ..errors import OperatorError
 from ..layout import Layout, TensorLayout
 from ..runtime import debug
+from ..sim.dry import RUNNING as _DRY_RUNNING
+from ..sim.dry import product as dry_product
 
 # runtime.DTensor, bound on first use: importing the ops must not start MPI.
 _DTENSOR: Any = None
@@ -25,7 +27,14 @@ def make_dtensor(mesh: Any, local: np.ndarray, layout: TensorLayout, shape: Sequ
 
 
 def local_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``np.matmul(a, b)`` into a placed array (spmdsim.buffers): a collective usually sends it next."""
+    """``np.matmul(a, b)`` into a placed array (spmdsim.buffers): a collective usually sends it next.
+
+    In a dry run (spmdsim.sim.dry) the zeros it would give, not multiplied.
+    """
+    if _DRY_RUNNING[0]:
+        dry = dry_product(a, b)
+        if dry is not None:
+            return dry
     lead_a, lead_b = a.shape[:-2], b.shape[:-2]
     # np.broadcast_shapes costs ~1 us (Python); equal or absent batch dims need none of it.
     lead = lead_a if lead_a == lead_b or not lead_b else np.broadcast_shapes(lead_a, lead_b)

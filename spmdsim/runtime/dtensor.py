@@ -16,6 +16,8 @@ from .. import buffers
 from ..datagen import SeededTensor
 from ..errors import DTypeError, LayoutError, RankError, ShapeError
 from ..layout import TensorLayout
+from ..sim.dry import RUNNING as _DRY_RUNNING
+from ..sim.dry import meter as dry_meter
 from ..validate import as_int, dtype_arg, tolerance_arg
 from . import collectives, debug
 from .check import Verdict, agree, default_tolerances, local_stats
@@ -248,7 +250,9 @@ class DTensor:
         rtol = d_rtol if rtol is None else rtol
         atol = d_atol if atol is None else atol
         try:
-            if isinstance(reference, SeededTensor):
+            if _DRY_RUNNING[0] and dry_meter() is not None:
+                expected = actual  # a dry run has no values to check: its reference is not made
+            elif isinstance(reference, SeededTensor):
                 expected = reference.region(region)
             elif callable(reference):
                 expected = np.asarray(reference(region))

@@ -7,7 +7,9 @@ is traced with its bytes. Each rank's `Meter` counts the bytes it holds: the
 blocks made from seeds and every buffer a collective sends or receives, for as
 long as the array lives, plus the collective's own buffers during the call;
 its peak is the "peak bytes held". Local temporaries that never reach a
-collective are not counted. Results of a dry run are not values: checks are
+collective are not counted. Local products (the operators' matmuls and their
+gradients, `product`) are zeros made without multiplying; the other local
+steps still run on the zeros. Results of a dry run are not values: checks are
 meaningless, and the report replaces the program's own output.
 """
 from __future__ import annotations
@@ -21,7 +23,11 @@ import numpy as np
 
 from . import _local
 
-__all__ = ["Meter", "RankBytes", "DryRunReport", "dry_zeros", "meter"]
+__all__ = ["Meter", "RankBytes", "DryRunReport", "dry_zeros", "meter", "RUNNING", "product"]
+
+#: Dry runs in progress in this process ([count], changed by spmdsim.sim.run): the hot paths
+#: test ``RUNNING[0]`` before asking which rank runs, so a real run pays one list read.
+RUNNING = [0]
 
 
 class Meter:
@@ -65,6 +71,19 @@ def dry_zeros(shape: tuple, dtype: Any) -> np.ndarray | None:
     out = np.zeros(shape, dtype)
     m.hold(out)
     return out
+
+
+def product(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
+    """In a dry run, zeros of ``np.matmul(a, b)``'s shape and dtype (not computed), else None.
+
+    Blocks of a dry run are zeros, so every product is zeros: skipping the
+    multiplication spares its time (a matmul is the one local step that costs
+    more than its operands' size) and leaves the result's pages unwritten.
+    """
+    if not RUNNING[0] or meter() is None:
+        return None
+    lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    return np.zeros(lead + (a.shape[-2], b.shape[-1]), np.result_type(a, b))
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,9 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict, dry_run: 
 
     threads = [threading.Thread(target=body, args=(r,), name=f"spmdsim rank {r}", daemon=True)
                for r in range(size)]
+    from .dry import RUNNING
+
+    RUNNING[0] += dry_run
     with _per_rank_runtime():
         try:
             for t in threads:
@@ -106,6 +109,8 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict, dry_run: 
             for t in threads:
                 t.join(1.0)
             raise
+        finally:
+            RUNNING[0] -= dry_run
     _raise_failure(engine, size)
     if dry_run:
         from .dry import report
