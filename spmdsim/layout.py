@@ -120,6 +120,15 @@ class Layout:
         object.__setattr__(self, "device_matrix", matrix)
         object.__setattr__(self, "alias_name", names)
 
+    def __eq__(self, other: object) -> bool:
+        # `is` first, as TensorLayout's: meshes and plans share their Layout objects.
+        if self is other:
+            return True
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (self.device_matrix == other.device_matrix  # type: ignore[attr-defined]
+                and self.alias_name == other.alias_name)  # type: ignore[attr-defined]
+
     def __call__(self, *tensor_map: MapEntry, partial: str | Iterable[str] = ()) -> "TensorLayout":
         # A bare string is one axis name, never a sequence of one-letter axes.
         partial = (partial,) if isinstance(partial, str) else tuple(partial)

@@ -43,23 +43,19 @@ def backward(loss: Any, explain: Optional[list] = None) -> None:
     owners: dict = {}  # Node/Leaf -> the tensor it belongs to (for the target layout)
     _accumulate(grads, owners, loss, DTensor(loss.mesh, np.ones(loss.local.shape, loss.dtype),
                                              loss.layout, loss.global_shape))
-    leaves = []
+    leaves: list = []
     for node in order:
         dy = grads.pop(node, None)
         run, inputs = node.backward, node.inputs
         node.backward, node.inputs = None, ()  # freed: saved tensors go with it
         if dy is None:
             continue
+        if explain is None:
+            _take(grads, owners, leaves, inputs, run(_prepared(node, dy)))
+            continue
         with _collector(explain) as trace:
-            outs = run(_prepared(node, dy))
-            for tensor, g in zip(inputs, outs):
-                if g is None or tensor is None or tensor._ag is None:
-                    continue
-                if isinstance(tensor._ag, Leaf) and tensor._ag not in grads:
-                    leaves.append(tensor._ag)
-                _accumulate(grads, owners, tensor, g)
-        if explain is not None:
-            explain.append((node.describe(), trace.entries))
+            _take(grads, owners, leaves, inputs, run(_prepared(node, dy)))
+        explain.append((node.describe(), trace.entries))
     for leaf in leaves:  # first-contribution order: the same on every rank
         tensor, g = owners[leaf], grads.pop(leaf)
         whole = with_partial(tensor.layout, ())
@@ -69,6 +65,16 @@ def backward(loss: Any, explain: Optional[list] = None) -> None:
             explain.append((f"leaf {tuple(tensor.global_shape)} {tensor.layout}: its replicas' "
                             "gradients summed", trace.entries))
         leaf.grad = g if leaf.grad is None else add_grads(leaf.grad, g, whole)
+
+
+def _take(grads: dict, owners: dict, leaves: list, inputs: tuple, outs: tuple) -> None:
+    """Add a node's input gradients `outs` to `grads`; note leaves in first-contribution order."""
+    for tensor, g in zip(inputs, outs):
+        if g is None or tensor is None or tensor._ag is None:
+            continue
+        if isinstance(tensor._ag, Leaf) and tensor._ag not in grads:
+            leaves.append(tensor._ag)
+        _accumulate(grads, owners, tensor, g)
 
 
 def _check_loss(loss: Any) -> None:
@@ -136,7 +142,9 @@ def grad_layout(layout: TensorLayout, g_layout: TensorLayout) -> TensorLayout:
     except KeyError:
         pass
     keep = set(layout.replicated_axes) & set(g_layout.partial) if g_layout.layout == layout.layout else ()
-    out = TensorLayout(layout.layout, layout.tensor_map, tuple(a for a in layout.layout.alias_name if a in keep))
+    # From with_partial's table: the gradients' layouts are then the very objects the
+    # rules make, and the engine's layout comparisons stop at `is`.
+    out = with_partial(layout, tuple(a for a in layout.layout.alias_name if a in keep))
     if len(_GRAD_LAYOUTS) >= 4096:  # a long run over many layouts: start over
         _GRAD_LAYOUTS.clear()
     _GRAD_LAYOUTS[key] = out

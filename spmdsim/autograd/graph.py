@@ -109,12 +109,24 @@ def record(out: Any, name: str | Callable[[], str], inputs: Sequence[Any], backw
 
 
 def used_axes(layouts: Sequence[Any]) -> frozenset:
-    """Mesh axes that split or hold pending sums in any of `layouts`."""
+    """Mesh axes that split or hold pending sums in any of `layouts` (a tuple: remembered)."""
+    try:
+        return _USED[layouts]
+    except (KeyError, TypeError):  # new, or not hashable (a list)
+        pass
     used: set = set()
     for layout in layouts:
         used.update(layout.split_axes)
         used.update(layout.partial)
-    return frozenset(used)
+    out = frozenset(used)
+    if type(layouts) is tuple:
+        if len(_USED) >= _CACHE_MAX:
+            _USED.clear()
+        _USED[layouts] = out
+    return out
+
+
+_USED: dict = {}  # a node's read layouts -> used_axes of them (a step asks for the same few)
 
 
 # (layout, partial axes) -> that layout with those partial axes. A step's backward asks for the
