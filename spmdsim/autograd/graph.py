@@ -103,7 +103,7 @@ def record(out: Any, name: str | Callable[[], str], inputs: Sequence[Any], backw
         return out
     if reads is None:
         reads = tuple(inputs) + (out,)
-    layouts = tuple(getattr(t, "layout", t) for t in reads if t is not None)
+    layouts = tuple([getattr(t, "layout", t) for t in reads if t is not None])  # a list: no generator
     out._ag = Node(name, tuple(inputs), backward, want, layouts)
     return out
 

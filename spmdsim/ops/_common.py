@@ -19,11 +19,20 @@ _BOOL = np.dtype(bool)
 
 def make_dtensor(mesh: Any, local: np.ndarray, layout: TensorLayout, shape: Sequence[int]) -> Any:
     """A DTensor from this rank's block (the one place that builds result tensors)."""
-    from ..runtime import DTensor
+    cls = _DTENSOR or _dtensor_class()
+    if type(local) is not np.ndarray:
+        local = np.asarray(local)  # ascontiguousarray alone would make a 0-d block (a loss) 1-d
+    return cls(mesh, local if local.flags.c_contiguous else np.ascontiguousarray(local), layout,
+               shape if type(shape) is tuple else tuple(shape))
 
-    local = np.asarray(local)  # ascontiguousarray alone would make a 0-d block (a loss) 1-d
-    return DTensor(mesh, local if local.flags.c_contiguous else np.ascontiguousarray(local), layout,
-                   tuple(shape))
+
+def _dtensor_class() -> Any:
+    """runtime.DTensor, imported on first use (importing the ops must not start MPI)."""
+    global _DTENSOR
+    from ..runtime.dtensor import DTensor
+
+    _DTENSOR = DTensor
+    return DTensor
 
 
 def local_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -71,14 +80,9 @@ def describe(value: Any) -> str:
 
 def check_dtensor(value: Any, what: str) -> None:
     """OperatorError unless `value` is a DTensor; `what` names it ("matmul: w")."""
-    global _DTENSOR
     if type(value) is _DTENSOR:
         return
-    if _DTENSOR is None:
-        from ..runtime.dtensor import DTensor
-
-        _DTENSOR = DTensor
-    if not isinstance(value, _DTENSOR):
+    if not isinstance(value, _DTENSOR or _dtensor_class()):
         raise OperatorError(f"{what} must be a DTensor, got {describe(value)}; build one with "
                             "DTensor.from_local/from_seeded")
 

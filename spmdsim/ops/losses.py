@@ -25,16 +25,14 @@ from ..autograd.rules import axes_of, grad_tensor
 from ..errors import OperatorError, ShapeError
 from ..layout import TensorLayout
 from ..validate import counted
-from ._common import operands_mesh, require_float
+from ._common import make_dtensor, operands_mesh, require_float
 
 __all__ = ["mse_loss", "cross_entropy"]
 
 
 def _scalar(mesh: Any, value: Any, dtype: np.dtype) -> Any:
-    """A replicated 0-d DTensor (make_dtensor's ascontiguousarray would make it 1-d)."""
-    from ..runtime import DTensor
-
-    return DTensor(mesh, np.array(value, dtype=dtype), _scalar_layout(mesh.layout), ())
+    """A replicated 0-d DTensor (make_dtensor: a 0-d array stays 0-d)."""
+    return make_dtensor(mesh, np.array(value, dtype=dtype), _scalar_layout(mesh.layout), ())
 
 
 @lru_cache(maxsize=64)
@@ -55,7 +53,7 @@ def _row_sum(mesh: Any, values: np.ndarray, axes: tuple[str, ...], label: str) -
 def mse_loss(y: Any, target: Any) -> Any:
     """mean((y - target)^2) over every element; `target` a DTensor of y's shape and layout."""
     mesh = operands_mesh("mse_loss", ("y", "target"), y, target)
-    if tuple(target.global_shape) != tuple(y.global_shape):
+    if target.global_shape != y.global_shape:  # tuples, as DTensor keeps them
         raise ShapeError(f"mse_loss: target of shape {tuple(target.global_shape)!r} does not match "
                          f"y of shape {tuple(y.global_shape)!r}")
     if y.layout.partial or target.layout.partial:
@@ -68,7 +66,7 @@ def mse_loss(y: Any, target: Any) -> Any:
     n = max(1, math.prod(y.global_shape))
     diff = y.local - target.local.astype(y.dtype, copy=False)
     axes = axes_of(y.layout, y.layout.tensor_map)
-    total = _row_sum(mesh, np.array([np.sum(diff * diff)], y.dtype), axes, "mse_loss")
+    total = _row_sum(mesh, np.array([(diff * diff).sum()], y.dtype), axes, "mse_loss")
     out = _scalar(mesh, total[0] / n, y.dtype)
     if y._ag is None and target._ag is None:
         return out
