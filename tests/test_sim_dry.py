@@ -101,8 +101,12 @@ def test_dry_run_check_makes_no_reference():
     def body():
         mesh = Mesh(spmdsim.Layout((4,), ("mp",)))
         x = DTensor.from_seeded(mesh, mesh.layout("mp", None), spmdsim.SeededTensor((8, 4), "float32"))
-        return bool(x.check(lambda region: asked.append(region) or np.ones((2, 4))).passed)
+        verdict = x.check(lambda region: asked.append(region) or np.ones((2, 4)))
+        return verdict.passed, verdict.dry_run, str(verdict)
 
-    assert spmdsim.simulate(4, body) == [False] * 4 and len(asked) == 4  # a real run asks every rank
+    real = spmdsim.simulate(4, body)  # a real run asks every rank for its region
+    assert len(asked) == 4 and {r[:2] for r in real} == {(False, False)}
+    assert real[0][2].startswith("check FAILED")
     asked.clear()
-    assert spmdsim.simulate(4, body, dry_run=True) == [True] * 4 and asked == []
+    dry = spmdsim.simulate(4, body, dry_run=True)
+    assert asked == [] and set(dry) == {(True, True, "check not made: a dry run has no values (32 elements)")}

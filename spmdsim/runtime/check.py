@@ -32,11 +32,14 @@ class Verdict:
     nonfinite: int
     elements: int = 0  # global elements compared (each replica counted once), like nonfinite
     failed_ranks: tuple[int, ...] = ()
+    dry_run: bool = False  # a dry run's check (spmdsim.sim.dry): no values, nothing compared
 
     def __bool__(self) -> bool:
         return self.passed
 
     def __str__(self) -> str:
+        if self.dry_run:
+            return f"check not made: a dry run has no values ({self.elements} elements)"
         head = "check passed" if self.passed else f"check FAILED on ranks {list(self.failed_ranks)!r}"
         # Non-finite values lead: the error figures only cover the finite ones.
         lead = f"{self.nonfinite} non-finite values (NaN/Inf); finite values: " if self.nonfinite else ""
