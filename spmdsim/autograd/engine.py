@@ -50,12 +50,10 @@ def backward(loss: Any, explain: Optional[list] = None) -> None:
         node.backward, node.inputs = None, ()  # freed: saved tensors go with it
         if dy is None:
             continue
-        if explain is None:
-            _take(grads, owners, leaves, inputs, run(_prepared(node, dy)))
-            continue
         with _collector(explain) as trace:
             _take(grads, owners, leaves, inputs, run(_prepared(node, dy)))
-        explain.append((node.describe(), trace.entries))
+        if explain is not None:
+            explain.append((node.describe(), trace.entries))
     for leaf in leaves:  # first-contribution order: the same on every rank
         tensor, g = owners[leaf], grads.pop(leaf)
         whole = with_partial(tensor.layout, ())

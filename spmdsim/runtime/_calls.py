@@ -29,7 +29,7 @@ from ..validate import SUPPORTED_DTYPES, counted
 from . import debug
 from .mesh import Mesh, normalize_axes
 from .trace import OPEN_TRACES as _TRACES
-from .trace import record
+from .trace import record, record_call
 from .wait import polite_wait
 
 _empty = buffers.empty  # placed in the page for MPI's copies (spmdsim.buffers)
@@ -87,14 +87,8 @@ def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, 
     if then is not None:
         result = then()
     if _TRACES:
-        # The row as called (runtime.trace.Trace works out bytes, axes and peers when read):
-        # each microsecond here is paid by the group's last rank at 4 ranks per core.
         now = perf_counter()
-        if type(axes) is not tuple and type(axes) is not str:  # a list the caller may change later
-            axes = normalize_axes(axes)
-        row = (name, axes, g, nbytes, None, now - t0, label, copied, now, counts)
-        for trace in _TRACES:
-            trace._rows.append(row)
+        record_call(name, axes, g, nbytes, now - t0, label, copied, now, counts)
     return result
 
 

@@ -17,8 +17,7 @@ from .. import buffers
 from ..datagen import SeededTensor
 from ..errors import DTypeError, LayoutError, RankError, ShapeError
 from ..layout import TensorLayout
-from ..sim.dry import RUNNING as _DRY_RUNNING
-from ..sim.dry import meter as dry_meter
+from ..sim.dry import active as dry_run_active
 from ..validate import as_int, dtype_arg, tolerance_arg
 from . import collectives, debug
 from .check import Verdict, agree, default_tolerances, local_stats
@@ -250,7 +249,7 @@ class DTensor:
         d_rtol, d_atol = default_tolerances(*known)
         rtol = d_rtol if rtol is None else rtol
         atol = d_atol if atol is None else atol
-        dry = bool(_DRY_RUNNING[0]) and dry_meter() is not None
+        dry = dry_run_active()
         try:
             if dry:
                 expected = actual  # a dry run has no values to check: its reference is not made

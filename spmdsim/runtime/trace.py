@@ -58,8 +58,8 @@ class Trace:
     """The entries collected by one ``collect_trace()`` block (this rank only)."""
 
     def __init__(self) -> None:
-        # record() appends plain tuples (TraceEntry fields); entries are built on
-        # first read. Why: a frozen dataclass costs ~1 us per call, and at 8 ranks
+        # record() appends plain tuples (TraceEntry fields), record_call() the
+        # call's own arguments; entries are built on first read. Why: a frozen dataclass costs ~1 us per call, and at 8 ranks
         # on 2 cores every microsecond around a collective shows in its time.
         self._rows: list[tuple] = []
         self._built: list[TraceEntry] = []
@@ -244,3 +244,20 @@ def record(
         row = (op, axes, group_size, sent, received, seconds, label, copied, perf_counter(), peers)
         for trace in _ACTIVE:
             trace._rows.append(row)
+
+
+def record_call(op: str, axes: Any, group_size: int, nbytes: Any, seconds: float, label: str | None,
+                copied: int, ended: float, counts: Any) -> None:
+    """Append one collective to every open collector as it was called (runtime._calls.issue).
+
+    The row keeps the call's own arguments (`nbytes`: the per-rank n of the
+    step kind's byte formula, or (sent, received); `counts`: an Alltoallv's
+    (send, receive) counts, or None) and is finished when the trace is read
+    (`_as_called`): each microsecond spent here is paid by the group's last
+    rank at 4 ranks per core.
+    """
+    if type(axes) is not tuple and type(axes) is not str:  # a list the caller may change later
+        axes = tuple(axes)
+    row = (op, axes, group_size, nbytes, None, seconds, label, copied, ended, counts)
+    for trace in _ACTIVE:
+        trace._rows.append(row)

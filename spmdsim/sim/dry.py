@@ -23,7 +23,7 @@ import numpy as np
 
 from . import _local
 
-__all__ = ["Meter", "RankBytes", "DryRunReport", "dry_zeros", "meter", "RUNNING", "product"]
+__all__ = ["Meter", "RankBytes", "DryRunReport", "dry_zeros", "meter", "active", "RUNNING", "product"]
 
 #: Dry runs in progress in this process ([count], changed by spmdsim.sim.run): the hot paths
 #: test ``RUNNING[0]`` before asking which rank runs, so a real run pays one list read.
@@ -63,6 +63,11 @@ def meter() -> Meter | None:
     return None if state is None else state.meter
 
 
+def active() -> bool:
+    """Whether the running thread is a rank of a dry run."""
+    return bool(RUNNING[0]) and meter() is not None
+
+
 def dry_zeros(shape: tuple, dtype: Any) -> np.ndarray | None:
     """A block of zeros standing in for generated data in a dry run (counted as held), else None."""
     m = meter()
@@ -80,7 +85,7 @@ def product(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     multiplication spares its time (a matmul is the one local step that costs
     more than its operands' size) and leaves the result's pages unwritten.
     """
-    if not RUNNING[0] or meter() is None:
+    if not active():
         return None
     lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     return np.zeros(lead + (a.shape[-2], b.shape[-1]), np.result_type(a, b))
