@@ -20,6 +20,7 @@ def op_cases(comm: Any, waiter: Waiter, wait: str, sz: dict) -> list[Case]:
     from mpi4py import MPI
     from spmdsim.ops import (ColumnParallelLinear, ParallelMLP, RowParallelLinear,
                              VocabParallelEmbedding, matmul)
+    from spmdsim import activations
     from spmdsim.reference import gelu
     from spmdsim.runtime import DTensor, Mesh
 
@@ -108,7 +109,7 @@ def op_cases(comm: Any, waiter: Waiter, wait: str, sz: dict) -> list[Case]:
     mpart, mout = placed((b, d_in)), placed((b, d_in))
 
     def raw_mlp(raw=raw):
-        hid = gelu(xin.local @ f1.weight.local + f1.bias.local)
+        hid = activations.gelu(xin.local @ f1.weight.local + f1.bias.local)  # spmdsim's local kernel
         np.matmul(hid, f2.weight.local, out=mpart)
         raw(comm.Allreduce, comm.Iallreduce, mpart, mout, SUM)
         np.add(mout, f2.bias.local, out=mout)
@@ -154,8 +155,7 @@ def _training_step(comm: Any, mesh: Any, waiter: Waiter, xsrc: Any, d_in: int, d
 
     from spmdsim.ops import ParallelMLP, mse_loss
     from spmdsim.optim import SGD
-    from spmdsim.reference import gelu
-    from spmdsim.reference_grad import gelu_grad
+    from spmdsim.activations import gelu, gelu_backward
     from spmdsim.runtime import DTensor
 
     lr = 1e-4
@@ -184,7 +184,7 @@ def _training_step(comm: Any, mesh: Any, waiter: Waiter, xsrc: Any, d_in: int, d
         raw(comm.Allreduce, comm.Iallreduce, part, y, MPI.SUM)
         np.add(y, b2, out=y)
         dy = (y - target.local) * np.float32(2.0 / n)
-        da = (dy @ w2.T) * gelu_grad(a)
+        da = gelu_backward(a, dy @ w2.T)
         np.matmul(da, w1.T, out=dx_part)
         raw(comm.Allreduce, comm.Iallreduce, dx_part, dx, MPI.SUM)
         for p, g in ((w2, h.T @ dy), (b2, dy.sum(0)), (w1, x.local.T @ da), (b1, da.sum(0))):

@@ -269,13 +269,13 @@ def _numpy_step(comm: Any, waiter: Any, x: np.ndarray, target: np.ndarray, param
     """The training step's math by hand on this rank's blocks: numpy and one mpi4py Allreduce.
 
     The floor for any numpy implementation of the step: spmdsim's local math
-    (GELU and its gradient from spmdsim.reference) without its Python around
-    it, waiting as spmdsim waits. It updates its own copies of the weights.
+    (GELU and its gradient from spmdsim.activations, the kernels its operators
+    run) without its Python around it, waiting as spmdsim waits. It updates
+    its own copies of the weights.
     """
     from mpi4py import MPI
 
-    from spmdsim.reference import gelu
-    from spmdsim.reference_grad import gelu_grad
+    from spmdsim.activations import gelu, gelu_backward
 
     w1, b1, w2, b2 = params
     y = np.empty(target.shape, target.dtype)
@@ -291,8 +291,7 @@ def _numpy_step(comm: Any, waiter: Any, x: np.ndarray, target: np.ndarray, param
         diff = y - target
         np.sum(diff * diff)  # the loss (its Allreduce: none, y is replicated)
         dy = diff * scale
-        da = dy @ w2.T
-        da *= gelu_grad(a)
+        da = gelu_backward(a, dy @ w2.T)
         for p, g in ((w2, h.T @ dy), (b2, dy.sum(0)), (w1, x.T @ da), (b1, da.sum(0))):
             p -= rate * g
         return w1

@@ -108,6 +108,7 @@ PURE_MODULES = [
     "spmdsim.cost",
     "spmdsim.reference",
     "spmdsim.reference_grad",
+    "spmdsim.activations",
     "spmdsim.autograd",
     "spmdsim.autograd.rules",
     "spmdsim.optim",

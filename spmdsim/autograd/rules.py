@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 
-from .. import reference_grad
+from .. import activations, reference_grad
 from ..layout import TensorLayout
 from ..sim.dry import RUNNING as _DRY_RUNNING
 from ..sim.dry import product as dry_product
@@ -141,10 +141,10 @@ def record_embedding(out: Any, ids: Any, table: Any, plan: Any, start: int, labe
 
 def record_activation(out: Any, x: Any, name: str) -> Any:
     """relu / gelu: dX = dY * act'(x), shard by shard."""
-    derivative = reference_grad.ACTIVATION_GRADS[name]
+    kernel = activations.backward(name)
 
     def backward(dy: Any) -> tuple:
-        return (grad_tensor(x, dy.local * derivative(x.local), dy.layout.partial),)
+        return (grad_tensor(x, kernel(x.local, dy.local), dy.layout.partial),)
 
     return record(out, name, (x,), backward, x.layout)
 
