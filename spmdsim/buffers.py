@@ -23,6 +23,7 @@ From HUGE_MIN (1 MiB) up, the array also sits on 2 MiB transparent huge pages
 """
 from __future__ import annotations
 
+import ctypes
 import math
 import mmap
 from typing import Any
@@ -49,12 +50,16 @@ def use_huge_pages(on: bool) -> bool:
     return _HUGE
 
 _np_empty = np.empty
+_ndarray = np.ndarray
+_dtype = np.dtype
 _uint8 = np.dtype(np.uint8)
+# A fresh array's address: ctypes over its buffer takes ~0.15 us, ``ndarray.ctypes.data`` ~0.9.
+_as_char, _address = ctypes.c_char.from_buffer, ctypes.addressof
 
 
 def empty(shape: Any, dtype: Any = float) -> np.ndarray:
     """Like ``np.empty`` (C order); from MIN_BYTES up the data starts PAGE_OFFSET bytes into a page."""
-    dtype = np.dtype(dtype)
+    dtype = dtype if isinstance(dtype, _dtype) else np.dtype(dtype)
     dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     nbytes = math.prod(dims) * dtype.itemsize
     if nbytes < MIN_BYTES or dtype.hasobject:  # MPI never moves Python objects as bytes
@@ -62,10 +67,10 @@ def empty(shape: Any, dtype: Any = float) -> np.ndarray:
     if nbytes >= HUGE_MIN and _HUGE:
         mapped = _hugepool.empty_bytes(nbytes, PAGE_OFFSET)
         if mapped is not None:
-            return mapped.view(dtype).reshape(dims)
+            return _ndarray(dims, dtype, mapped)
     raw = _np_empty(nbytes + PAGE, _uint8)
-    start = (PAGE_OFFSET - raw.ctypes.data) % PAGE
-    return raw[start:start + nbytes].view(dtype).reshape(dims)
+    # One ndarray over the raw bytes at the offset: a third of slicing, viewing and reshaping.
+    return _ndarray(dims, dtype, raw, (PAGE_OFFSET - _address(_as_char(raw))) % PAGE)
 
 
 def full(shape: Any, fill_value: Any, dtype: Any = float) -> np.ndarray:

@@ -84,7 +84,7 @@ def linear(
     given = (x, weight) if bias is None else (x, weight, bias)
     mesh = operands_mesh("linear", ("x", "weight", "bias"), *given)
     plan, shape = plan_linear(x, weight, bias, gather_out=gather_out, reduce=reduce)
-    local = local_matmul(x.local, weight.local)
+    local = local_matmul(x.local, weight.local, bool(plan.matmul.steps or plan.gather))
     refuse_bool_sum("linear", local, "a product sums over in_features")
     local = execute(mesh, local, plan.matmul.steps, shape, label, owned=True)
     if bias is not None:

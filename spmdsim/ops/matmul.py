@@ -80,7 +80,7 @@ def matmul(
     )
     a = np.swapaxes(x.local, -1, -2) if transpose_a else x.local
     b = np.swapaxes(w.local, -1, -2) if transpose_b else w.local
-    local = local_matmul(a, b)
+    local = local_matmul(a, b, bool(plan.steps))
     refuse_bool_sum("matmul", local, "a product sums over K")
     local = execute(mesh, local, plan.steps, shape, label, owned=True)
     out = make_dtensor(mesh, local, plan.out, shape)
