@@ -53,6 +53,7 @@ from _bench_comm_cases import collective_cases, redistribute_cases  # noqa: E402
 from _bench_harness import Case, peak_rss, run_case, size_text  # noqa: E402
 from _bench_op_cases import op_cases  # noqa: E402
 from _bench_overhead import overhead_records, overhead_table  # noqa: E402
+from spmdsim._threads import blas_kernels_text  # noqa: E402
 
 SUITES = ("collectives", "redistribute", "ops", "overhead")
 KEYS = ("name", "bytes_per_rank", "spmdsim_s", "raw_s", "numpy_s", "ratio_vs_raw", "peak_rss_bytes")
@@ -197,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
     waiter = Waiter(comm, args.wait)
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if rank == 0 else (lambda m: None)
     say(f"bench: {comm.Get_size()} ranks, wait={waiter.mode}, repeats={repeats}, "
-        f"warmup={warmup}, model {model}")
+        f"warmup={warmup}, {blas_kernels_text()}, model {model}")
     if args.aa:
         say("bench: A/A control: the spmdsim columns time a second, separately built copy of the raw code")
     baseline = comm.allreduce(peak_rss(), op=MPI.MAX)

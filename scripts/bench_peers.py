@@ -38,6 +38,7 @@ from spmdsim.runtime.guard import run_guarded  # noqa: E402
 # added for imports of this file by path, as the tests do).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_args import ArgumentParser, launcher_rank, output_path  # noqa: E402
+from spmdsim._threads import blas_kernels_text  # noqa: E402
 
 FULL = dict(shape=(4096, 1024), matmul=2048, batch=64, hidden=1024, ffn=4096, vocab=32000,
             emb_dim=1024, tokens=2048, repeats=7, warmup=2)
@@ -358,7 +359,8 @@ def run(args: argparse.Namespace, torch: Any) -> int:
                   *mem["rss_start_mib"], *mem["rss_spmdsim_mib"], *mem["rss_dtensor_mib"]))
         print(f"training parameters per rank, MiB: spmdsim {mem['spmdsim_param_mib']:.2f}, "
               f"DTensor {mem['dtensor_param_mib']:.2f} (a whole W1: {mem['whole_w1_mib']:.2f})")
-        print(f"torch {torch.__version__} gloo, {comm.Get_size()} ranks, wait={waiter.mode}; "
+        print(f"torch {torch.__version__} gloo, {comm.Get_size()} ranks, wait={waiter.mode}, "
+              f"{blas_kernels_text()}; "
               "ratio = spmdsim / DTensor")
         if args.json:
             with open(args.json, "w") as fh:

@@ -93,6 +93,44 @@ def cap_loaded_blas(threads: int, maps: str = "/proc/self/maps") -> list[str]:
     return done
 
 
+_CORENAMES = [f"{p}openblas_get_corename{s}" for p in ("", "scipy_") for s in ("", "64_", "_64")]
+
+
+def blas_kernels(maps: str = "/proc/self/maps") -> str | None:
+    """The kernels the loaded OpenBLAS runs ("SkylakeX", "Haswell"), or None (no OpenBLAS, not Linux).
+
+    OpenBLAS picks them for the CPU when it loads unless OPENBLAS_CORETYPE
+    names others; on an AVX-512 CPU pinned to "Haswell" a float32 matmul takes
+    1.6x as long (docs/performance.md). The benchmarks print it beside their figures.
+    """
+    try:
+        with open(maps) as f:
+            paths = sorted({line.split()[-1] for line in f if "openblas" in line})
+    except OSError:
+        return None
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)  # already loaded: the same handle
+        except OSError:
+            continue
+        for name in _CORENAMES:
+            getter = getattr(lib, name, None)
+            if getter is not None:
+                getter.restype = ctypes.c_char_p
+                name = getter()
+                return name.decode(errors="replace").strip() if name else None
+    return None
+
+
+def blas_kernels_text() -> str:
+    """One phrase for a benchmark's header: "numpy BLAS kernels SkylakeX" (and the pin, if one is set)."""
+    kernels = blas_kernels()
+    if kernels is None:
+        return "numpy BLAS kernels unknown (not OpenBLAS)"
+    pinned = os.environ.get("OPENBLAS_CORETYPE")
+    return f"numpy BLAS kernels {kernels}" + (f" (OPENBLAS_CORETYPE={pinned})" if pinned else "")
+
+
 def user_thread_count() -> int | None:
     """The BLAS thread count the user's variables ask for (OpenBLAS's and MKL's own first), or None."""
     for var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"):

@@ -94,3 +94,24 @@ def test_cap_loaded_blas_sets_numpys_openblas():
     if out.stdout.split()[0] == "0":
         pytest.skip("this numpy loads no OpenBLAS or MKL")
     assert out.stdout.split() == ["1", "1"]
+
+
+def test_blas_kernels_names_what_openblas_chose_and_the_pin():
+    # A fresh interpreter: OpenBLAS reads OPENBLAS_CORETYPE when numpy loads it.
+    code = ("import numpy, sys; from spmdsim._threads import blas_kernels, blas_kernels_text; "
+            "print(blas_kernels()); print(blas_kernels_text())")
+    env = {**os.environ, "OPENBLAS_CORETYPE": "Haswell"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    kernels, text = out.stdout.splitlines()
+    if kernels == "None":  # numpy on another BLAS (Accelerate, MKL): nothing to name
+        assert text == "numpy BLAS kernels unknown (not OpenBLAS)"
+        return
+    assert kernels.lower() == "haswell"
+    assert text == f"numpy BLAS kernels {kernels} (OPENBLAS_CORETYPE=Haswell)"
+
+
+def test_blas_kernels_without_a_maps_file_is_none(tmp_path):
+    from spmdsim._threads import blas_kernels
+
+    assert blas_kernels(str(tmp_path / "missing")) is None
