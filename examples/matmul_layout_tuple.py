@@ -24,9 +24,7 @@ comm = spmdsim.world()  # MPI's COMM_WORLD, or this simulated rank's
 install_excepthook(comm)
 if comm.size != 8:
     # Raised on every rank alike: the excepthook prints it once and exits 2.
-    raise SpmdsimError(f"this example is written for 8 ranks, not {comm.size}: run with "
-                       "timeout -k 5 120 mpiexec -n 8 python examples/matmul_layout_tuple.py,\n"
-                       f"or python examples/matmul_layout_tuple.py --ranks 8")
+    raise SpmdsimError(f"this example needs 8 ranks, not {comm.size}: use --ranks 8 or mpiexec -n 8")
 
 layout = Layout((2, 2, 2), ("dp", "sp", "mp"))
 mesh = Mesh(layout, comm)

@@ -27,9 +27,7 @@ comm = spmdsim.world()  # MPI's COMM_WORLD, or this simulated rank's
 install_excepthook(comm)
 if comm.size != 8:
     # Raised on every rank alike: the excepthook prints it once and exits 2.
-    raise SpmdsimError(f"the tutorial's strategies are written for 8 devices, not {comm.size}: run with "
-                       "timeout -k 5 120 mpiexec -n 8 python examples/net_mindspore_tutorial.py,\n"
-                       f"or python examples/net_mindspore_tutorial.py --ranks 8")
+    raise SpmdsimError(f"the tutorial's strategies need 8 ranks, not {comm.size}: use --ranks 8 or mpiexec -n 8")
 
 # Every operator has its own device matrix, derived from its strategy:
 #   MatMul1 (2,4,1) axes (m,k,n): rank r = 4m + k holds x[16m:16m+16, 196k:196k+196]

@@ -61,7 +61,7 @@ PADDLE_SIZES = {"ids": (4, 16), "vocab": 960, "hidden": 64, "ffn": 240}
 def needs_eight(world_size: int) -> Optional[str]:
     """Reason to skip the MindSpore networks: their strategies are written for 8 devices."""
     if world_size != 8:
-        return f"the tutorial's strategies and Layout((2,2,2)) need exactly 8 ranks, not {world_size}"
+        return f"seed 003's strategies need exactly 8 ranks, not {world_size}"
     return None
 
 

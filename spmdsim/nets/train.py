@@ -210,7 +210,7 @@ def run_main(main: Any, args: Any, ranks: Optional[int],
     if ranks is not None:
         problem = needs(world_size(ranks)) if needs is not None else None
         if problem:
-            refuse(f"{problem}: run with mpiexec -n 8, or --ranks 8")
+            refuse(f"{problem}: use --ranks 8 or mpiexec -n 8")
         from ..sim.launch import run_on_ranks
 
         return run_on_ranks(ranks, lambda: main(args))
@@ -222,6 +222,6 @@ def run_main(main: Any, args: Any, ranks: Optional[int],
     install_excepthook(MPI.COMM_WORLD)
     problem = needs(MPI.COMM_WORLD.Get_size()) if needs is not None else None
     if problem:  # raised on every rank alike: the excepthook prints it once and exits 2
-        raise SpmdsimError(f"{problem}: run with mpiexec -n 8, or --ranks 8")
+        raise SpmdsimError(f"{problem}: use --ranks 8 or mpiexec -n 8")
     return main(args)
 
