@@ -14,15 +14,34 @@ nothing can complete, and every waiter raises a DeadlockError that names the
 call, the ranks waiting in it and where the others are. A rank that raises
 ends the simulation: the waiters raise `Aborted` and simulate() reports the
 first failure.
+
+At most `World.slots` ranks compute at once (the cores, at least 2, at most
+32): a rank holds a run slot from its start, gives it to the next rank in
+line while it waits in a collective and takes one back before it goes on.
+The interpreter runs one thread's Python at a time anyway; the cap bounds how
+many ranks are inside numpy's BLAS together. OpenBLAS as numpy ships it keeps
+per-caller buffers for 64 threads and past about 128 concurrent callers
+corrupts its memory ("BLAS : Bad memory unallocation!", then glibc aborts):
+256 simulated ranks multiplying at once crashed the process.
 """
 from __future__ import annotations
 
 import threading
+from collections import deque
 from typing import Any, Callable, Optional
 
 from ..errors import RuntimeMismatchError, SpmdsimError
 
-__all__ = ["World", "Group", "Call", "Aborted", "DeadlockError", "SimulationError"]
+__all__ = ["World", "Group", "Call", "Aborted", "DeadlockError", "SimulationError", "run_slots"]
+
+MAX_SLOTS = 32  # well inside the 64 callers numpy's OpenBLAS keeps buffers for
+
+
+def run_slots(size: int) -> int:
+    """How many of `size` simulated ranks may compute at once: the cores, at least 2, at most 32."""
+    from .._threads import cores_available
+
+    return max(1, min(size, max(2, min(cores_available(), MAX_SLOTS))))
 
 
 class SimulationError(SpmdsimError):
@@ -190,6 +209,56 @@ class World:
         self.failure: Optional[str] = None  # set once: why every waiter stops
         self.deadlock: Optional[str] = None
         self.root = Group(self, tuple(range(size)))
+        # Run slots: how many more ranks may compute now, who waits for one (in order), who got one.
+        self.slots = run_slots(size)
+        self._free = self.slots
+        self._queue: deque = deque()
+        self._granted: set[int] = set()
+        self._holding: set[int] = set()
+
+    # -- run slots (all with the lock held) --------------------------------------------------
+
+    def start(self, rank: int) -> None:
+        """Block `rank`'s thread until it may compute (a run slot); raise if the simulation ended."""
+        with self.lock:
+            self._take_slot(rank)
+
+    def pause(self, rank: int) -> None:
+        """`rank` polls a request that is not done (Test): a rank in line for a slot computes first.
+
+        Without this, ranks spinning on Test for a message from a rank that
+        stands in line would hold every slot and never let it in.
+        """
+        with self.lock:
+            self.check(rank)
+            if self._queue and rank in self._holding:
+                self._give_slot(rank)
+                self._take_slot(rank)
+
+    def _take_slot(self, rank: int) -> None:
+        if self._free and not self._queue:
+            self._free -= 1
+        else:
+            self._queue.append(rank)
+            waker = self._wakers[rank]
+            while rank not in self._granted and self.failure is None and self.deadlock is None:
+                waker.wait()
+            if rank not in self._granted:  # the simulation ended while this rank stood in line
+                self._queue.remove(rank)
+                self.check(rank)
+            self._granted.discard(rank)
+        self._holding.add(rank)
+
+    def _give_slot(self, rank: int) -> None:
+        if rank not in self._holding:
+            return
+        self._holding.discard(rank)
+        if self._queue:
+            nxt = self._queue.popleft()
+            self._granted.add(nxt)
+            self._wakers[nxt].notify()
+        else:
+            self._free += 1
 
     # -- waiting (all with the lock held) --------------------------------------------------
 
@@ -205,11 +274,13 @@ class World:
         self.waiting[rank] = what
         if len(self.waiting) >= self.live:
             self._declare_deadlock()
+        self._give_slot(rank)  # another rank computes while this one waits
         waker = self._wakers[rank]
         while rank in self.waiting and self.failure is None and self.deadlock is None:
             waker.wait()
         if self.waiting.pop(rank, None) is not None:  # woken by a failure, not released
             self.check(rank)
+        self._take_slot(rank)
 
     def release(self, rank: int, token: Any = None) -> None:
         """Wake `rank` if it waits (for `token`'s request, when given)."""
@@ -237,6 +308,7 @@ class World:
         with self.lock:
             self.live -= 1
             self.finished.add(rank)
+            self._give_slot(rank)
             if self.waiting and len(self.waiting) >= self.live:
                 self._declare_deadlock()
 

@@ -64,7 +64,14 @@ class Request:
     def Test(self, status: Any = None) -> bool:
         if self.done:
             _fill(status, self)
+        else:
+            self._pause()
         return self.done
+
+    def _pause(self) -> None:
+        """Not done yet: let a rank waiting for a run slot compute (it may be the peer)."""
+        if self.group is not None:
+            self.group.world.pause(self.group.members[self.me])
 
     def Free(self) -> None:
         pass
@@ -77,7 +84,10 @@ class Request:
 
     @classmethod
     def Testall(cls, requests: Sequence["Request"]) -> bool:
-        return all(r.done for r in requests)
+        pending = next((r for r in requests if not r.done), None)
+        if pending is not None:
+            pending._pause()
+        return pending is None
 
 
 def completed() -> Request:

@@ -84,6 +84,7 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict, dry_run: 
         state = states[rank] = RankState(rank, size, SimComm(engine.root, rank), dry_run)
         _local.enter(state)
         try:
+            engine.start(rank)  # a run slot: at most engine.slots ranks compute at once
             results[rank] = fn(*args, **kwargs)
         except Aborted:
             pass  # stopped because another rank failed; that rank's error is the one reported

@@ -1,0 +1,128 @@
+"""Run slots of simulated ranks: at most World.slots compute at once, and no program hangs for it."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from spmdsim.sim import engine, simulate, world
+
+
+@pytest.fixture
+def two_slots(monkeypatch):
+    monkeypatch.setattr(engine, "run_slots", lambda size: min(size, 2))
+
+
+def test_slots_follow_the_cores_within_bounds(monkeypatch):
+    monkeypatch.setattr("spmdsim._threads.cores_available", lambda: 1)
+    assert engine.run_slots(8) == 2 and engine.run_slots(1) == 1
+    monkeypatch.setattr("spmdsim._threads.cores_available", lambda: 500)
+    assert engine.run_slots(1024) == engine.MAX_SLOTS == 32
+
+
+def test_at_most_the_slots_compute_at_once(two_slots):
+    lock, now, most = threading.Lock(), [0], [0]
+
+    def body():
+        comm = world()
+        for _ in range(5):
+            with lock:
+                now[0] += 1
+                most[0] = max(most[0], now[0])
+            time.sleep(0.002)  # a rank computing (the interpreter lets the others run meanwhile)
+            with lock:
+                now[0] -= 1
+            comm.Barrier()
+        return comm.allreduce(comm.rank)
+
+    assert simulate(8, body) == [28] * 8
+    assert most[0] == 2
+
+
+def test_ranks_polling_test_let_the_ranks_in_line_run():
+    # Ranks 0 and 1 take the two slots and spin on Test for messages that ranks 6 and 7 send:
+    # they must let the ranks in line compute. Without that this never ends: a subprocess, so
+    # that a regression fails on its timeout instead of hanging the suite.
+    code = textwrap.dedent("""
+        import numpy as np
+        from spmdsim.sim import Request, engine, simulate, world
+
+        engine.run_slots = lambda size: min(size, 2)
+
+        def body():
+            comm = world()
+            r = comm.rank
+            if r in (0, 1):
+                buf = np.zeros(1)
+                req = comm.Irecv(buf, source=r + 6, tag=3)
+                while not req.Test():
+                    pass
+                pending = [comm.Irecv(np.zeros(1), source=r + 6, tag=4)]
+                while not Request.Testall(pending):
+                    pass
+                return float(buf[0])
+            if r in (6, 7):
+                comm.Send(np.full(1, float(r)), dest=r - 6, tag=3)
+                comm.Send(np.zeros(1), dest=r - 6, tag=4)
+            return None
+
+        print(simulate(8, body)[:2])
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[6.0, 7.0]"
+
+
+def test_a_deadlock_is_still_named_with_ranks_in_line(two_slots):
+    from spmdsim.sim import DeadlockError
+
+    def body():
+        comm = world()
+        if comm.rank != 5:
+            comm.Barrier()
+
+    with pytest.raises(DeadlockError, match="rank 5 finished"):
+        simulate(8, body)
+
+
+def test_a_failure_stops_the_ranks_in_line(two_slots):
+    def body():
+        comm = world()
+        if comm.rank == 0:
+            raise ValueError("rank 0 gives up")
+        comm.Barrier()
+
+    with pytest.raises(ValueError, match="rank 0 gives up"):
+        simulate(8, body)
+
+
+def test_256_ranks_multiplying_at_once_do_not_corrupt_blas():
+    # Without the slots, numpy's OpenBLAS printed "BLAS : Bad memory unallocation!" here and glibc
+    # aborted the process ("corrupted size vs. prev_size"). A subprocess: a crash must fail the test.
+    code = textwrap.dedent("""
+        import numpy as np
+        from spmdsim import simulate, world
+
+        def body():
+            comm = world()
+            a = np.random.default_rng(comm.rank).standard_normal((96, 96))
+            total = 0.0
+            for _ in range(20):
+                total += float((a @ a.T)[0, 0])
+                comm.Barrier()
+            return total
+
+        out = simulate(256, body)
+        want = [float(sum((np.random.default_rng(r).standard_normal((96, 96)) ** 2)[0].sum()
+                          for _ in range(20))) for r in range(256)]
+        print("ok" if np.allclose(out, want) else "WRONG")
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "ok"
+    assert "Bad memory" not in done.stderr
