@@ -12,6 +12,7 @@ from spmdsim import SeededTensor
 from spmdsim.holdings import holdings
 from spmdsim.ops import paddle_mesh, split
 from spmdsim.reference import embedding_region
+from spmdsim.errors import SpmdsimError
 from spmdsim.runtime import DTensor, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines
 
@@ -23,7 +24,8 @@ install_excepthook(comm)
 p = comm.size
 vocab, dim = 960, 48
 if vocab % p:
-    sys.exit(f"the vocabulary {vocab} must divide over {p} ranks")
+    # Raised on every rank alike: the excepthook prints it once and exits 2.
+    raise SpmdsimError(f"the vocabulary {vocab} does not split over {p} ranks: use --ranks 8 or another divisor")
 
 # A 1-D mesh ("mp",) over every rank: Paddle's model-parallel group.
 mesh = paddle_mesh(p)

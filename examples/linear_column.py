@@ -10,6 +10,7 @@ from spmdsim.sim import script
 from spmdsim import Layout, SeededTensor
 from spmdsim.holdings import holdings
 from spmdsim.ops import ColumnParallelLinear
+from spmdsim.errors import SpmdsimError
 from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines
 
@@ -21,7 +22,8 @@ install_excepthook(comm)
 p = comm.size
 k, n = 200, 240
 if n % p:
-    sys.exit(f"out_features {n} must divide over {p} ranks")
+    # Raised on every rank alike: the excepthook prints it once and exits 2.
+    raise SpmdsimError(f"out_features {n} does not split over {p} ranks: use --ranks 8 or another divisor")
 
 mesh = Mesh(Layout((p,), ("mp",)), comm)
 xs = SeededTensor((24, k), "float32", seed=0)

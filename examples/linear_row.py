@@ -12,6 +12,7 @@ from spmdsim import contraction_atol
 from spmdsim.holdings import holdings
 from spmdsim.ops import paddle_mesh, split
 from spmdsim.reference import linear_region
+from spmdsim.errors import SpmdsimError
 from spmdsim.runtime import DTensor, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines
 
@@ -23,7 +24,8 @@ install_excepthook(comm)
 p = comm.size
 k, n = 240, 72
 if k % p:
-    sys.exit(f"in_features {k} must divide over {p} ranks")
+    # Raised on every rank alike: the excepthook prints it once and exits 2.
+    raise SpmdsimError(f"in_features {k} does not split over {p} ranks: use --ranks 8 or another divisor")
 
 mesh = paddle_mesh(p)  # 1-D ("mp",) over every rank
 xs = SeededTensor((24, k), "float32", seed=0)

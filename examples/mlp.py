@@ -11,6 +11,7 @@ from spmdsim import Layout, SeededTensor
 from spmdsim import contraction_atol
 from spmdsim.holdings import holdings
 from spmdsim.ops import ParallelMLP
+from spmdsim.errors import SpmdsimError
 from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines
 
@@ -22,7 +23,8 @@ install_excepthook(comm)
 p = comm.size
 hidden, ffn = 96, 480
 if ffn % p:
-    sys.exit(f"the inner width {ffn} must divide over {p} ranks")
+    # Raised on every rank alike: the excepthook prints it once and exits 2.
+    raise SpmdsimError(f"the inner width {ffn} does not split over {p} ranks: use --ranks 8 or another divisor")
 
 mesh = Mesh(Layout((p,), ("mp",)), comm)
 xs = SeededTensor((24, hidden), "float32", seed=0)

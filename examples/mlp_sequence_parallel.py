@@ -13,6 +13,7 @@ from spmdsim import Layout, SeededTensor
 from spmdsim import contraction_atol
 from spmdsim.holdings import holdings
 from spmdsim.ops import ParallelMLP
+from spmdsim.errors import SpmdsimError
 from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines
 
@@ -24,7 +25,8 @@ install_excepthook(comm)
 p = comm.size
 seq, batch, hidden, ffn = 48, 2, 96, 480
 if seq % p or ffn % p:
-    sys.exit(f"the sequence {seq} and the inner width {ffn} must divide over {p} ranks")
+    # Raised on every rank alike: the excepthook prints it once and exits 2.
+    raise SpmdsimError(f"sequence {seq} and inner width {ffn} do not split over {p} ranks: use --ranks 8")
 
 mesh = Mesh(Layout((p,), ("mp",)), comm)
 xs = SeededTensor((seq, batch, hidden), "float32", seed=0)

@@ -15,6 +15,7 @@ import spmdsim
 from spmdsim.sim import script
 from spmdsim.holdings import holdings
 from spmdsim.nets import NetworkRunner, paddle_needs, paddle_tp
+from spmdsim.errors import SpmdsimError
 from spmdsim.runtime import install_excepthook
 from spmdsim.runtime.ranked import print_ranked
 
@@ -26,7 +27,8 @@ install_excepthook(comm)
 p = comm.size
 reason = paddle_needs(p)
 if reason:
-    sys.exit(reason)
+    # Raised on every rank alike: the excepthook prints it once and exits 2.
+    raise SpmdsimError(f"{reason}: use --ranks 8")
 
 # Every rank holds the ids (4, 16) whole (they are tiny; Paddle feeds each mp rank alike).
 # Embedding: rank r holds table rows [960r/p, 960(r+1)/p) plus one zero padding row; ids

@@ -126,3 +126,14 @@ def test_256_ranks_multiplying_at_once_do_not_corrupt_blas():
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "ok"
     assert "Bad memory" not in done.stderr
+
+
+def test_an_error_every_rank_raises_is_every_ranks_even_from_the_line(two_slots):
+    # Ranks in line for a slot are not stopped by the first rank's error: like MPI ranks they
+    # run on and raise it too, so it is reported once, as every rank's (the CLI's one line).
+    def body():
+        raise ValueError(f"width 480 does not split over {world().size} ranks")
+
+    with pytest.raises(ValueError, match="does not split over 8 ranks") as info:
+        simulate(8, body)
+    assert info.value.__notes__ == ["raised on every simulated rank"]

@@ -239,13 +239,12 @@ class World:
         if self._free and not self._queue:
             self._free -= 1
         else:
+            # A failure elsewhere does not stop a rank in line: like an MPI rank, it runs on to its
+            # next wait (a rank that raises what the others raised is reported with them).
             self._queue.append(rank)
             waker = self._wakers[rank]
-            while rank not in self._granted and self.failure is None and self.deadlock is None:
+            while rank not in self._granted:
                 waker.wait()
-            if rank not in self._granted:  # the simulation ended while this rank stood in line
-                self._queue.remove(rank)
-                self.check(rank)
             self._granted.discard(rank)
         self._holding.add(rank)
 
