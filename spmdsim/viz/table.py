@@ -50,6 +50,12 @@ def fold_cell(text: str, width: int) -> list[str]:
     return lines or [""]
 
 
+def _longest_word(cells: list[str], cap: int) -> int:
+    """The longest piece between separators in `cells` that is at most `cap` long (0 if none)."""
+    lengths = [len(p.strip()) for c in cells for p in _BREAK.split(c)]
+    return max([n for n in lengths if n <= cap], default=0)
+
+
 def _fit(columns: list[list[str]], natural: list[int], minimum: list[int], width: int,
          gap: int) -> list[int]:
     """Column widths within `width`: narrow, one column at a time, where that adds the fewest lines."""
@@ -95,8 +101,11 @@ def fold_table(head: Sequence[str], rows: Iterable[Sequence[str]], *, width: int
     """
     rows = [tuple(str(c) for c in r) for r in rows]
     natural = [max([len(head[i])] + [len(r[i]) for r in rows]) for i in range(len(head))]
-    minimum = [natural[i] if i in keep else max(len(head[i]), 8) for i in range(len(head))]
     columns = [[r[i] for r in rows] for i in range(len(head))]
+    # A column narrows to its title, at least 8, and keeps its longest word (up to 16) whole:
+    # "reduce_scatter" is not cut to "reduce_scatt" / "er" while another column can give.
+    minimum = [natural[i] if i in keep else max(len(head[i]), 8, _longest_word(columns[i], 16))
+               for i in range(len(head))]
     widths = natural if width is None else _fit(columns, natural, minimum, width, gap)
     lines = []
     for r in [tuple(head)] + rows:
