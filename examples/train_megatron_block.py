@@ -17,6 +17,7 @@ import sys
 import spmdsim
 from spmdsim import Layout, SeededTensor
 from spmdsim import reference_grad as rg
+from spmdsim.errors import SpmdsimError
 from spmdsim.nets.train import PHASES, run_main
 from spmdsim.ops import (ColumnParallelLinear, ParallelMLP, RowParallelLinear, VocabParallelEmbedding, add,
                          cross_entropy, matmul, reshape, scale, softmax, transpose)
@@ -86,6 +87,9 @@ def main(args):
             loss.backward()
         with collect_trace() as traces["optimizer"]:
             optimizer.step()
+        if not np.isfinite(loss.local).all():  # replicated: every rank sees the same value
+            raise SpmdsimError(f"the loss diverged at step {step} ({float(loss.local)}): "
+                               f"lower --lr (now {args.lr})")
         x_ref = reference["table"][tokens_g]
         ref_loss, grads = megatron_block({k: v for k, v in reference.items() if k != "table"}, x_ref,
                                          labels_g, heads)
