@@ -89,8 +89,8 @@ class ReferenceTrainer:
 def _forward(kind: str, x: np.ndarray, ps: list, batch_dims: int) -> np.ndarray:
     if kind == "flatten":
         return x.reshape(x.shape[:batch_dims] + (-1,))
-    if kind == "relu":
-        return reference.relu(x)
+    if kind in ("relu", "gelu"):
+        return reference.activation(kind)(x)
     if kind == "embedding":
         return reference.embedding(x, ps[0])
     return reference.linear(x, *ps)  # matmul, linear, column_linear, row_linear
@@ -100,8 +100,8 @@ def _backward(kind: str, x: np.ndarray, ps: list, dy: np.ndarray, need_dx: bool)
     """(gradient of the stage's input (None unless `need_dx`), gradients of its parameters)."""
     if kind == "flatten":
         return (dy.reshape(x.shape) if need_dx else None), ()
-    if kind == "relu":
-        return (dy * rg.relu_grad(x) if need_dx else None), ()
+    if kind in ("relu", "gelu"):
+        return (dy * rg.ACTIVATION_GRADS[kind](x) if need_dx else None), ()
     if kind == "embedding":
         return None, (rg.embedding_grad(x, ps[0].shape[0], dy),)
     dx, dw, db = rg.linear_grads(x, ps[0], ps[1] if len(ps) > 1 else None, dy, need_dx)

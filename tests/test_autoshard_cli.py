@@ -65,6 +65,18 @@ def test_run_on_simulated_ranks_moves_the_predicted_bytes(capsys):
     assert record["total_bytes_per_rank"] > 0
 
 
+def test_run_executes_the_mlp_with_its_gelu(capsys):
+    # Column -> GELU -> row on 8 simulated ranks: the GELU stage runs shard by shard and checks.
+    assert main(["autoshard", "--network", "mlp", "--run", "--ranks", "8", "--flops", "1e10",
+                 "--repeat", "1", "--json"]) == 0
+    out = capsys.readouterr().out
+    record = json.loads(out[out.index("{"):])
+    assert record["passed"] is True
+    assert [m["name"] for m in record["measured"]][1:] == ["fc1", "GELU", "fc2"]
+    assert [m["bytes_received_per_rank"] for m in record["measured"]] == \
+        [op["bytes_per_rank"] for op in record["operators"]]
+
+
 def test_ranks_needs_run(capsys):
     assert main(TUTORIAL + ["--ranks", "4"]) == 2
     assert "--ranks N simulates the ranks of --run; add --run" in capsys.readouterr().err

@@ -134,3 +134,22 @@ def test_optimizers_refuse_what_they_cannot_update():
         SGD([], lr=0.1)
     with pytest.raises(OperatorError, match="must be a DTensor leaf with requires_grad_"):
         Adam([np.zeros(3)])
+
+
+def test_reference_trainer_gelu_stage_matches_central_differences():
+    # A GELU stage (autoshard's mlp network runs one): its input gradient in the reference trainer.
+    from spmdsim import train_reference as tr
+
+    rng = np.random.default_rng(5)
+    x, dy = rng.standard_normal((3, 4)), rng.standard_normal((3, 4))
+    dx, grads = tr._backward("gelu", x, [], dy, True)
+    assert grads == ()
+    h = 1e-6
+    numeric = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        up, down = x.copy(), x.copy()
+        up[i] += h
+        down[i] -= h
+        numeric[i] = np.sum(dy * (tr._forward("gelu", up, [], 1) - tr._forward("gelu", down, [], 1))) / (2 * h)
+    np.testing.assert_allclose(dx, numeric, rtol=1e-7, atol=1e-9)
+    np.testing.assert_array_equal(tr._forward("gelu", x, [], 1), reference.gelu(x))

@@ -18,7 +18,7 @@ from .choose import Result
 __all__ = ["RUNNABLE", "to_network", "run_choice", "Measured", "format_measured"]
 
 #: Node kinds the network runner executes.
-RUNNABLE = ("input", "flatten", "matmul", "linear", "relu", "embedding")
+RUNNABLE = ("input", "flatten", "matmul", "linear", "relu", "gelu", "embedding")
 
 
 def to_network(result: Result) -> Network:
@@ -28,7 +28,8 @@ def to_network(result: Result) -> Network:
         raise SpmdsimError(f"--run executes chains of operators; {graph.name!r} has branches")
     odd = [(n.name, n.kind) for n in graph.nodes if n.kind not in RUNNABLE]
     if odd:
-        raise SpmdsimError(f"--run executes {', '.join(RUNNABLE[1:])} operators; not {odd!r}")
+        raise SpmdsimError(f"--run executes {', '.join(RUNNABLE[1:])} operators, not "
+                           + ", ".join(f"{name} ({kind})" for name, kind in odd))
     stages = []
     for node, op in zip(graph.nodes[1:], result.ops[1:]):
         c = op.candidate

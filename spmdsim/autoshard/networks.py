@@ -21,7 +21,7 @@ from .graph import Graph, OpNode, ParamSpec, attention, data_parallel, mlp_chain
 __all__ = ["NAMES", "Hand", "build", "from_network"]
 
 #: Stage kinds of `spmdsim.nets` -> node kinds here (Paddle's split layers are Linear layers).
-_KIND = {"flatten": "flatten", "matmul": "matmul", "linear": "linear", "relu": "relu",
+_KIND = {"flatten": "flatten", "matmul": "matmul", "linear": "linear", "relu": "relu", "gelu": "gelu",
          "embedding": "embedding", "column_linear": "linear", "row_linear": "linear"}
 
 

@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 #: Operator kinds a Stage may have.
-KINDS = ("flatten", "matmul", "linear", "relu", "embedding", "column_linear", "row_linear")
+KINDS = ("flatten", "matmul", "linear", "relu", "gelu", "embedding", "column_linear", "row_linear")
 
 _LOCAL_STEPS = ("local_slice", "local_zero")
 
@@ -268,8 +268,8 @@ def _apply(stage: Stage, x: np.ndarray, batch_dims: int) -> np.ndarray:
     params = [_full(p.source) for p in stage.params]
     if stage.kind == "flatten":
         return x.reshape(x.shape[:batch_dims] + (-1,))
-    if stage.kind == "relu":
-        return reference.relu(x)
+    if stage.kind in ("relu", "gelu"):
+        return reference.activation(stage.kind)(x)
     if stage.kind == "matmul":
         return reference.matmul(x, params[0])
     if stage.kind == "embedding":

@@ -125,6 +125,12 @@ def _relu(runner: NetworkRunner, index: int, x: Any) -> Any:
     return relu(x)
 
 
+def _gelu(runner: NetworkRunner, index: int, x: Any) -> Any:
+    from ..ops import gelu
+
+    return gelu(x)
+
+
 def _paddle(runner: NetworkRunner, index: int, x: Any) -> Any:
     from ..ops import split
 
@@ -140,7 +146,7 @@ def _paddle(runner: NetworkRunner, index: int, x: Any) -> Any:
                  weight_attr=w, bias_attr=b, name=stage.name)
 
 
-_STAGES = {"flatten": _flatten, "matmul": _matmul, "linear": _linear, "relu": _relu,
+_STAGES = {"flatten": _flatten, "matmul": _matmul, "linear": _linear, "relu": _relu, "gelu": _gelu,
            "embedding": _paddle, "column_linear": _paddle, "row_linear": _paddle}
 
 

@@ -123,8 +123,8 @@ class NetworkTrainer:
         if stage.kind == "flatten":  # only the batch dim is split: a local reshape (x needs no grad)
             local = x.local.reshape(x.local.shape[:self.net.batch_dims] + (-1,))
             return DTensor(self.mesh(stage.out.layout), local, stage.out, stage.out_shape)
-        if stage.kind == "relu":
-            return ops.relu(x)
+        if stage.kind in ("relu", "gelu"):
+            return ops.activation(x, stage.kind)
         if stage.kind == "matmul":
             return ops.matmul(x, params[0], label=stage.name)
         if stage.kind == "embedding":
