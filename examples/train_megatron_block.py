@@ -29,7 +29,8 @@ import numpy as np  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=20)
-parser.add_argument("--lr", type=float, default=0.05)
+parser.add_argument("--lr", type=float, default=None,
+                    help="SGD step (default 0.05, and 0.05 * 64 / ranks above 64 ranks: the widths grow with the ranks)")
 parser.add_argument("--ranks", type=int, default=None, help="simulate this many ranks in one process")
 args = parser.parse_args()
 
@@ -75,7 +76,9 @@ def main(args):
 
 
     reference = {name: t.gather() for name, t in params.items()}  # small: the reference holds it whole
-    optimizer = SGD(list(params.values()), lr=args.lr)
+    # The widths grow with the ranks and the logits with them: a fixed step diverges at 128 ranks.
+    lr = args.lr if args.lr is not None else 0.05 * min(1.0, 64 / p)
+    optimizer = SGD(list(params.values()), lr=lr)
     losses, failed, worst = [], 0, 0.0
     calls = {phase: [0, 0] for phase in PHASES}
     for step in range(args.steps):
@@ -89,7 +92,7 @@ def main(args):
             optimizer.step()
         if not np.isfinite(loss.local).all():  # replicated: every rank sees the same value
             raise SpmdsimError(f"the loss diverged at step {step} ({float(loss.local)}): "
-                               f"lower --lr (now {args.lr})")
+                               f"lower --lr (now {lr})")
         x_ref = reference["table"][tokens_g]
         ref_loss, grads = megatron_block({k: v for k, v in reference.items() if k != "table"}, x_ref,
                                          labels_g, heads)
@@ -98,7 +101,7 @@ def main(args):
         for name, t in params.items():
             scale_g = float(np.abs(grads[name]).max())
             verdicts.append(t.grad.check(grads[name], rtol=1e-10, atol=1e-10 * scale_g))
-            reference[name] = reference[name] - args.lr * grads[name]
+            reference[name] = reference[name] - lr * grads[name]
             verdicts.append(t.check(reference[name], rtol=1e-10, atol=1e-10 * float(np.abs(reference[name]).max())))
         failed += sum(not v for v in verdicts)
         worst = max([worst] + [v.max_abs_error / max(v.atol / 1e-10, 1e-300) for v in verdicts])
