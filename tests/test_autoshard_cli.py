@@ -80,3 +80,22 @@ def test_run_executes_the_mlp_with_its_gelu(capsys):
 def test_ranks_needs_run(capsys):
     assert main(TUTORIAL + ["--ranks", "4"]) == 2
     assert "--ranks N simulates the ranks of --run; add --run" in capsys.readouterr().err
+
+
+def test_a_slow_choice_says_it_is_still_working(capsys, monkeypatch):
+    import time
+
+    from spmdsim.cli import autoshard as cli
+
+    real = cli._choose
+    monkeypatch.setattr(cli, "PATIENCE_S", 0.02)
+    monkeypatch.setattr(cli, "_choose", lambda *a: (time.sleep(0.1), real(*a))[1])
+    assert main(TUTORIAL) == 0
+    out, err = capsys.readouterr()
+    assert "spmdsim: still pricing net_mindspore_tutorial on 8 devices after 0 s" in err
+    assert "total" in out  # the choice itself still goes to stdout
+
+
+def test_a_quick_choice_prints_nothing_on_stderr(capsys):
+    assert main(TUTORIAL) == 0
+    assert capsys.readouterr().err == ""

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+import threading
 from typing import Any
 
 from ..errors import SpmdsimError
@@ -92,9 +94,40 @@ def run(args: argparse.Namespace) -> int:
     devices = 8 if args.devices is None else args.devices
     if devices < 1:
         raise SpmdsimError(f"--devices {devices!r} must be >= 1")
-    result = _choose(args, devices, args.flops)
+    with _still_working(args, devices):
+        result = _choose(args, devices, args.flops)
     print(json.dumps(result.to_json(), indent=1) if args.json else result.table())
     return 0
+
+
+#: Seconds before the first "still choosing" line on stderr, and between the next ones.
+PATIENCE_S = 15.0
+
+
+class _still_working:
+    """Say on stderr, every PATIENCE_S seconds, that the choice is still being priced (never silent for minutes).
+
+    The training objective plans each gradient move in full: the attention network at 64 devices
+    takes about 90 s, at 128 several minutes (docs/autoshard.md).
+    """
+
+    def __init__(self, args: argparse.Namespace, devices: int) -> None:
+        self.what = f"{args.network} on {devices} devices" + (", training" if args.training else "")
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._say, daemon=True, name="autoshard progress")
+
+    def _say(self) -> None:
+        waited = 0.0
+        while not self.done.wait(PATIENCE_S):
+            waited += PATIENCE_S
+            print(f"spmdsim: still pricing {self.what} after {waited:.0f} s", file=sys.stderr, flush=True)
+
+    def __enter__(self) -> None:
+        self.thread.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join()
 
 
 def _run_mpi(args: argparse.Namespace) -> int:
