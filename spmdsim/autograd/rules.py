@@ -17,8 +17,7 @@ import numpy as np
 
 from .. import activations, reference_grad
 from ..layout import TensorLayout
-from ..sim.dry import RUNNING as _DRY_RUNNING
-from ..sim.dry import product as dry_product
+from ..sim.dry import matmul as _product  # np.matmul; a dry run's zeros unmultiplied
 from .graph import record, with_partial
 
 __all__ = [
@@ -62,15 +61,6 @@ def _named(op: str, label: Optional[str], plan: Any) -> Callable[[], str]:
 
 def _swap(a: np.ndarray) -> np.ndarray:
     return np.swapaxes(a, -1, -2)
-
-
-def _product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``np.matmul(a, b)``; in a dry run its zeros, not multiplied (spmdsim.sim.dry)."""
-    if _DRY_RUNNING[0]:
-        dry = dry_product(a, b)
-        if dry is not None:
-            return dry
-    return np.matmul(a, b)
 
 
 def _matmul_grads(x: Any, w: Any, local: TensorLayout, ta: bool, tb: bool, dy: Any,

@@ -119,16 +119,10 @@ def _linear(runner: NetworkRunner, index: int, x: Any) -> Any:
     return linear(x, *runner.params[index], label=runner.net.stages[index].name)
 
 
-def _relu(runner: NetworkRunner, index: int, x: Any) -> Any:
-    from ..ops import relu
+def _activation(runner: NetworkRunner, index: int, x: Any) -> Any:
+    from ..ops import activation
 
-    return relu(x)
-
-
-def _gelu(runner: NetworkRunner, index: int, x: Any) -> Any:
-    from ..ops import gelu
-
-    return gelu(x)
+    return activation(x, runner.net.stages[index].kind)
 
 
 def _paddle(runner: NetworkRunner, index: int, x: Any) -> Any:
@@ -146,7 +140,7 @@ def _paddle(runner: NetworkRunner, index: int, x: Any) -> Any:
                  weight_attr=w, bias_attr=b, name=stage.name)
 
 
-_STAGES = {"flatten": _flatten, "matmul": _matmul, "linear": _linear, "relu": _relu, "gelu": _gelu,
+_STAGES = {"flatten": _flatten, "matmul": _matmul, "linear": _linear, "relu": _activation, "gelu": _activation,
            "embedding": _paddle, "column_linear": _paddle, "row_linear": _paddle}
 
 

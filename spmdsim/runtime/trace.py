@@ -59,8 +59,9 @@ class Trace:
 
     def __init__(self) -> None:
         # record() appends plain tuples (TraceEntry fields), record_call() the
-        # call's own arguments; entries are built on first read. Why: a frozen dataclass costs ~1 us per call, and at 8 ranks
-        # on 2 cores every microsecond around a collective shows in its time.
+        # call's own arguments; entries are built on first read. Why: a frozen
+        # dataclass costs ~1 us per call, and at 8 ranks on 2 cores every
+        # microsecond around a collective shows in its time.
         self._rows: list[tuple] = []
         self._built: list[TraceEntry] = []
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from . import _local
 
-__all__ = ["Meter", "RankBytes", "DryRunReport", "dry_zeros", "meter", "active", "RUNNING", "product"]
+__all__ = ["Meter", "RankBytes", "DryRunReport", "dry_zeros", "meter", "active", "RUNNING", "product", "matmul"]
 
 #: Dry runs in progress in this process ([count], changed by spmdsim.sim.run): the hot paths
 #: test ``RUNNING[0]`` before asking which rank runs, so a real run pays one list read.
@@ -89,6 +89,15 @@ def product(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
         return None
     lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     return np.zeros(lead + (a.shape[-2], b.shape[-1]), np.result_type(a, b))
+
+
+def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``np.matmul(a, b)``; in a dry run its zeros, not multiplied (`product`). A real run reads one list item."""
+    if RUNNING[0]:
+        dry = product(a, b)
+        if dry is not None:
+            return dry
+    return np.matmul(a, b)
 
 
 @dataclass(frozen=True)

@@ -219,7 +219,7 @@ class World:
     # -- run slots (all with the lock held) --------------------------------------------------
 
     def start(self, rank: int) -> None:
-        """Block `rank`'s thread until it may compute (a run slot); raise if the simulation ended."""
+        """Block `rank`'s thread until it may compute (a run slot), even after another rank failed."""
         with self.lock:
             self._take_slot(rank)
 
