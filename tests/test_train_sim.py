@@ -81,3 +81,44 @@ def test_seed_003_trains_on_8_simulated_ranks():
 
     for ok, failed in spmdsim.simulate(8, body):
         assert ok, failed
+
+
+@pytest.mark.parametrize("x_map,activation,bias", [
+    ((None, None), "gelu", True), (("dp", None), "relu", True), ((None, "dp", None), "gelu", False)])
+def test_fused_mlp_matches_its_layers_one_by_one(x_map, activation, bias):
+    """ParallelMLP's one-node way (no sequence parallelism) against fc1 -> act -> fc2 called apart:
+    the same output, loss and every gradient, to the last bits the products allow, and the same
+    collectives in the same order."""
+    from spmdsim.ops import ParallelMLP, mse_loss
+    from spmdsim.ops.elementwise import activation as act
+    from spmdsim.runtime import collect_trace
+
+    def body():
+        mesh = _mesh()
+        p = mesh.layout.axis_size("mp")
+        shape = (4, 6) if len(x_map) == 2 else (2, 4, 6)
+        x_g = np.random.default_rng(5).standard_normal(shape)
+        results = []
+        for fused in (True, False):
+            mlp = ParallelMLP(mesh, 6, 2 * p, activation=activation, bias=bias, axes="mp",
+                              dtype="float64", seed=9)
+            x = dt(mesh, x_g, mesh.layout(*x_map), grad=True)
+            with collect_trace() as trace:
+                if fused:
+                    y = mlp(x)
+                else:
+                    y = mlp.linear_fc2(act(mlp.linear_fc1(x, label="mlp.fc1"), activation), label="mlp.fc2")
+                one_node = len(y._ag.inputs) == 5  # x and the four parameters: one node
+                mse_loss(y, dt(mesh, np.ones(y.global_shape), y.layout)).backward()
+            params = [t for t in (mlp.linear_fc1.weight, mlp.linear_fc1.bias, mlp.linear_fc2.weight,
+                                  mlp.linear_fc2.bias) if t is not None]
+            results.append((y.local, [t.grad.local for t in [x] + params],
+                            [(e.op, e.label, e.bytes_sent) for e in trace.entries], one_node))
+        (y1, g1, t1, node1), (y2, g2, t2, node2) = results
+        same = np.allclose(y1, y2, rtol=1e-12, atol=0) and all(
+            np.allclose(a, b, rtol=1e-12, atol=1e-15) for a, b in zip(g1, g2))
+        shown = "\n".join(map(str, [same, node1, node2] + t1 + ["--"] + t2))
+        return same and t1 == t2 and node1 and not node2, shown
+
+    for ok, traces in spmdsim.simulate(8, body):
+        assert ok, traces

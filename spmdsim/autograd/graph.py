@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from ..errors import OperatorError
+from ..layout import TensorLayout
 
 __all__ = ["Leaf", "Node", "record", "no_grad", "is_grad_enabled", "requires_grad_", "used_axes",
            "with_partial"]
@@ -103,7 +104,8 @@ def record(out: Any, name: str | Callable[[], str], inputs: Sequence[Any], backw
         return out
     if reads is None:
         reads = tuple(inputs) + (out,)
-    layouts = tuple([getattr(t, "layout", t) for t in reads if t is not None])  # a list: no generator
+    # A list, not a generator; a TensorLayout is its own layout (its `.layout` is the device matrix).
+    layouts = tuple([t if type(t) is TensorLayout else t.layout for t in reads if t is not None])
     out._ag = Node(name, tuple(inputs), backward, want, layouts)
     return out
 

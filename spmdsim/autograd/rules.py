@@ -21,7 +21,7 @@ from ..sim.dry import matmul as _product  # np.matmul; a dry run's zeros unmulti
 from .graph import record, with_partial
 
 __all__ = [
-    "record_matmul", "record_linear", "record_embedding", "record_activation", "record_softmax",
+    "record_matmul", "record_linear", "record_mlp", "record_embedding", "record_activation", "record_softmax",
     "record_bias_add", "record_add", "record_scale", "record_transpose", "record_reshape",
     "record_redistribute", "grad_tensor", "axes_of",
 ]
@@ -113,6 +113,43 @@ def record_linear(out: Any, x: Any, w: Any, bias: Any, plan: Any, label: Optiona
 
     return record(out, _named("linear", label, plan.matmul), (x, w, bias), backward,
                   with_partial(local, ()))
+
+
+def record_mlp(out: Any, x: Any, fc1: tuple, fc2: tuple, plans: tuple, a: np.ndarray, h: np.ndarray,
+               kind: str, name: Callable[[], str]) -> Any:
+    """act(x @ w1 + b1) @ w2 + b2 as one node (ParallelMLP with no step before fc2's reduction).
+
+    `fc1`, `fc2`: (weight, bias or None); `plans`: the two LinearPlans; `a`,
+    `h`: this rank's pre-activation and hidden blocks. The gradients are
+    record_linear's and record_activation's composed, with no tensors between:
+    the hidden gradient is never pending (fc2's weight is whole on its
+    columns), so the pending sums `dy` carries pass through, and each input's
+    gradient is pending over them and the axes its own product summed over.
+    The node's inputs are in the order the layers' backward reaches them (fc2's
+    weight and bias, then x and fc1's), so leaves resolve in the same order.
+    """
+    (w1, b1), (w2, b2) = fc1, fc2
+    l1, l2 = plans[0].matmul.local, plans[1].matmul.local
+    kernel = activations.backward(kind)
+    rows1, rows2 = axes_of(l1, l1.tensor_map[:-1]), axes_of(l2, l2.tensor_map[:-1])
+    x_sums = axes_of(l1, l1.tensor_map[-1:])
+    need = [t is not None and t._ag is not None for t in (w2, b2, x, w1, b1)]
+
+    def backward(dy: Any) -> tuple:
+        passed, d = dy.layout.partial, dy.local
+        d2, h2 = d.reshape(-1, d.shape[-1]), h.reshape(-1, h.shape[-1])
+        gw2 = grad_tensor(w2, _product(h2.T, d2), passed, rows2) if need[0] else None
+        gb2 = grad_tensor(b2, d2.sum(axis=0), passed, rows2) if need[1] else None
+        da = kernel(a, _product(d, _swap(w2.local)))
+        da2 = da.reshape(-1, da.shape[-1])
+        gx = grad_tensor(x, _product(da, _swap(w1.local)), passed, x_sums) if need[2] else None
+        gw1 = grad_tensor(w1, _product(x.local.reshape(-1, x.local.shape[-1]).T, da2), passed,
+                          rows1) if need[3] else None
+        gb1 = grad_tensor(b1, da2.sum(axis=0), passed, rows1) if need[4] else None
+        return gw2, gb2, gx, gw1, gb1
+
+    return record(out, name, (w2, b2, x, w1, b1), backward, with_partial(l2, ()),
+                  reads=(x, w1, b1, w2, b2, plans[0].out, out))
 
 
 def record_embedding(out: Any, ids: Any, table: Any, plan: Any, start: int, label: Optional[str] = None) -> Any:
