@@ -50,16 +50,20 @@ def backward(loss: Any, explain: Optional[list] = None) -> None:
         node.backward, node.inputs = None, ()  # freed: saved tensors go with it
         if dy is None:
             continue
-        with _collector(explain) as trace:
+        if explain is None:
             _take(grads, owners, leaves, inputs, run(_prepared(node, dy)))
-        if explain is not None:
-            explain.append((node.describe(), trace.entries))
+            continue
+        with _collector() as trace:
+            _take(grads, owners, leaves, inputs, run(_prepared(node, dy)))
+        explain.append((node.describe(), trace.entries))
     for leaf in leaves:  # first-contribution order: the same on every rank
         tensor, g = owners[leaf], grads.pop(leaf)
         whole = with_partial(tensor.layout, ())
-        with _collector(explain) as trace:
+        if explain is None:
             g = _move(g, whole)
-        if explain is not None:
+        else:
+            with _collector() as trace:
+                g = _move(g, whole)
             explain.append((f"leaf {tuple(tensor.global_shape)} {tensor.layout}: its replicas' "
                             "gradients summed", trace.entries))
         leaf.grad = g if leaf.grad is None else add_grads(leaf.grad, g, whole)
@@ -152,25 +156,8 @@ def grad_layout(layout: TensorLayout, g_layout: TensorLayout) -> TensorLayout:
 _GRAD_LAYOUTS: dict = {}  # (layout, gradient's layout) -> grad_layout's answer
 
 
-class _NoTrace:
-    """What `_collector` gives without an explanation to fill: records nothing."""
-
-    entries = ()
-
-    def __enter__(self) -> "_NoTrace":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-_NO_TRACE = _NoTrace()
-
-
-def _collector(explain: Optional[list]) -> Any:
-    """A trace collector where `explain` wants the entries; otherwise one that costs nothing."""
-    if explain is None:
-        return _NO_TRACE
+def _collector() -> Any:
+    """A trace collector for the explanation (only opened when one is asked for)."""
     from ..runtime import collect_trace
 
     return collect_trace()
