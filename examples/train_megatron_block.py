@@ -24,6 +24,7 @@ from spmdsim.ops import (ColumnParallelLinear, ParallelMLP, RowParallelLinear, V
 from spmdsim.optim import SGD
 from spmdsim import redistribute
 from spmdsim.runtime import DTensor, Mesh, collect_trace
+from spmdsim.sim import once
 from spmdsim.train_reference import megatron_block
 import numpy as np  # noqa: E402
 
@@ -94,8 +95,9 @@ def main(args):
             raise SpmdsimError(f"the loss diverged at step {step} ({float(loss.local)}): "
                                f"lower --lr (now {lr})")
         x_ref = reference["table"][tokens_g]
-        ref_loss, grads = megatron_block({k: v for k, v in reference.items() if k != "table"}, x_ref,
-                                         labels_g, heads)
+        # Simulated ranks (--ranks) run the reference once between them (spmdsim.sim.once).
+        ref_loss, grads = once(("megatron_block", step), megatron_block,
+                               {k: v for k, v in reference.items() if k != "table"}, x_ref, labels_g, heads)
         grads["table"] = rg.embedding_grad(tokens_g, vocab, grads["x"])
         verdicts = [loss.check(np.asarray(ref_loss), rtol=1e-10, atol=1e-10 * abs(ref_loss))]
         for name, t in params.items():

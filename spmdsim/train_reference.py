@@ -11,6 +11,7 @@ parameter's gradient and every parameter after the update.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from . import reference
 from . import reference_grad as rg
 from .errors import OperatorError
 from .nets.model import Network
+from .sim.shared import once
 
 __all__ = ["ReferenceStep", "ReferenceTrainer", "OPTIMIZERS"]
 
@@ -48,42 +50,59 @@ class ReferenceTrainer:
         self.steps = 0
 
     def step(self, x: np.ndarray, labels: np.ndarray) -> ReferenceStep:
-        """Forward, cross-entropy, backward and update on the global batch `x` with `labels`."""
-        net, params = self.net, iter(self.params)
-        saved = []
-        value = np.asarray(x, dtype=np.float64) if np.asarray(x).dtype.kind == "f" else np.asarray(x)
-        for stage in net.stages:
-            ps = [next(params) for _ in stage.params]
-            saved.append((value, ps))
-            value = _forward(stage.kind, value, ps, net.batch_dims)
-        classes = value.shape[-1]
-        loss, grad = rg.cross_entropy(value.reshape(-1, classes), np.asarray(labels).reshape(-1))
-        grad = grad.reshape(value.shape)
-        grads: list = []
-        for index in reversed(range(len(net.stages))):
-            inp, ps = saved[index]
-            first = not any(s.params for s in net.stages[:index])  # nothing before needs a gradient
-            grad, pgrads = _backward(net.stages[index].kind, inp, ps, grad, not first)
-            grads = list(pgrads) + grads
-        self.steps += 1
-        for i, g in enumerate(grads):
-            self._update(i, g)
-        return ReferenceStep(loss, tuple(grads), tuple(p.copy() for p in self.params))
+        """Forward, cross-entropy, backward and update on the global batch `x` with `labels`.
 
-    def _update(self, i: int, g: np.ndarray) -> None:
-        p = self.params[i]
-        if self.optimizer == "sgd":
-            if self.momentum:
-                self.state[i] = g.copy() if self.state[i] is None else self.momentum * self.state[i] + g
-                g = self.state[i]
-            p -= self.lr * g
-            return
-        b1, b2 = self.betas
-        m, v = self.state[i] if self.state[i] is not None else (np.zeros_like(p), np.zeros_like(p))
-        m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
-        self.state[i] = (m, v)
-        m_hat, v_hat = m / (1 - b1**self.steps), v / (1 - b2**self.steps)
-        p -= self.lr * m_hat / (np.sqrt(v_hat) + self.eps)
+        Simulated ranks with equal trainers and batches compute it once
+        (`spmdsim.sim.once`): the step's arrays are then shared, read-only.
+        """
+        config = (self.net, self.optimizer, self.lr, self.momentum, self.betas, self.eps)
+        result, params, state = once(("spmdsim.ReferenceTrainer.step", self.steps), _train_step, config,
+                                     tuple(self.params), tuple(self.state), self.steps, x, labels)
+        self.params, self.state = list(params), list(state)
+        self.steps += 1
+        return result
+
+
+def _train_step(config: tuple, params: tuple, state: tuple, steps: int, x: np.ndarray,
+                labels: np.ndarray) -> tuple:
+    """(ReferenceStep, parameters after the update, optimizer state after it); changes nothing given."""
+    net, optimizer, lr, momentum, betas, eps = config
+    saved = []
+    it = iter(params)
+    value = np.asarray(x, dtype=np.float64) if np.asarray(x).dtype.kind == "f" else np.asarray(x)
+    for stage in net.stages:
+        ps = [next(it) for _ in stage.params]
+        saved.append((value, ps))
+        value = _forward(stage.kind, value, ps, net.batch_dims)
+    classes = value.shape[-1]
+    loss, grad = rg.cross_entropy(value.reshape(-1, classes), np.asarray(labels).reshape(-1))
+    grad = grad.reshape(value.shape)
+    grads: list = []
+    for index in reversed(range(len(net.stages))):
+        inp, ps = saved[index]
+        first = not any(s.params for s in net.stages[:index])  # nothing before needs a gradient
+        grad, pgrads = _backward(net.stages[index].kind, inp, ps, grad, not first)
+        grads = list(pgrads) + grads
+    updated = [_update(optimizer, lr, momentum, betas, eps, steps + 1, p, g, st)
+               for p, g, st in zip(params, grads, state)]
+    new_params = tuple(p for p, _ in updated)
+    step = ReferenceStep(loss, tuple(grads), tuple(p.copy() for p in new_params))
+    return step, new_params, tuple(st for _, st in updated)
+
+
+def _update(optimizer: str, lr: float, momentum: float, betas: tuple, eps: float, steps: int,
+            p: np.ndarray, g: np.ndarray, state: Any) -> tuple:
+    """(new parameter, new optimizer state): textbook SGD (with momentum) or Adam at step `steps`."""
+    if optimizer == "sgd":
+        if momentum:
+            state = g.copy() if state is None else momentum * state + g
+            g = state
+        return p - lr * g, state
+    b1, b2 = betas
+    m, v = state if state is not None else (np.zeros_like(p), np.zeros_like(p))
+    m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+    m_hat, v_hat = m / (1 - b1**steps), v / (1 - b2**steps)
+    return p - lr * m_hat / (np.sqrt(v_hat) + eps), (m, v)
 
 
 def _forward(kind: str, x: np.ndarray, ps: list, batch_dims: int) -> np.ndarray:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["simulate", "world", "current_rank", "script", "run_on_ranks", "SimComm", "Request", "IN_PLACE",
-           "DeadlockError", "SimulationError", "MAX_RANKS"]
+__all__ = ["simulate", "world", "current_rank", "script", "run_on_ranks", "once", "SimComm", "Request",
+           "IN_PLACE", "DeadlockError", "SimulationError", "MAX_RANKS"]
 
 _WHERE = {
     "simulate": "run",
@@ -20,6 +20,7 @@ _WHERE = {
     "current_rank": "run",
     "script": "launch",
     "run_on_ranks": "launch",
+    "once": "shared",
     "MAX_RANKS": "run",
     "SimComm": "comm",
     "Request": "p2p",

@@ -21,10 +21,11 @@ _RUNNING = threading.Lock()  # one simulation at a time: the runtime's per-rank 
 class RankState:
     """What one simulated rank sees as its own: its world communicator, open traces, call counter."""
 
-    __slots__ = ("rank", "size", "comm", "traces", "seq", "dry_run", "meter")
+    __slots__ = ("rank", "size", "comm", "traces", "seq", "dry_run", "meter", "shared")
 
-    def __init__(self, rank: int, size: int, comm: SimComm, dry_run: bool) -> None:
+    def __init__(self, rank: int, size: int, comm: SimComm, dry_run: bool, shared: dict) -> None:
         self.rank, self.size, self.comm = rank, size, comm
+        self.shared = shared  # spmdsim.sim.once's results, one table for every rank of the run
         self.traces: list = []  # runtime.trace's open collectors of this rank
         self.seq = 0  # runtime.debug's collective counter of this rank
         self.dry_run = dry_run
@@ -79,9 +80,10 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict, dry_run: 
     engine = World(size, dry_run)
     results: list = DryRunResults([None] * size) if dry_run else [None] * size
     states: list = [None] * size
+    shared: dict = {}
 
     def body(rank: int) -> None:
-        state = states[rank] = RankState(rank, size, SimComm(engine.root, rank), dry_run)
+        state = states[rank] = RankState(rank, size, SimComm(engine.root, rank), dry_run, shared)
         _local.enter(state)
         try:
             engine.start(rank)  # a run slot: at most engine.slots ranks compute at once

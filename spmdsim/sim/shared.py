@@ -1,0 +1,113 @@
+"""Local work every simulated rank would repeat on equal inputs, done once per simulation.
+
+Simulated ranks (spmdsim.simulate) are threads of one process. Checking a
+training step against the single-process reference makes every rank run the
+whole network in numpy: p ranks do p times the same work, which grows as p^2
+where the widths grow with the ranks (the Megatron block example spent about
+30 s a step on it at 128 ranks). ``once(key, fn, *args)`` runs ``fn(*args)``
+for the first rank that asks with `key`; a rank that asks later with the same
+key and equal arguments (compared exactly: arrays value by value, NaN equal
+to NaN) gets that result instead of computing it. Unequal arguments, or a key
+not asked before, compute as usual, so a program whose ranks disagree gets
+each rank's own answer, never another rank's. Outside a simulation (under MPI
+a rank is a process) and on one rank it is just ``fn(*args)``.
+
+`fn` must be local work (no collectives): two ranks may compute the same key
+at once (the first result stored is kept), and none waits for another. The
+shared arrays are made read-only, so changing one in place raises numpy's
+error instead of changing the other ranks' copy; lists, tuples and dicts in
+the result are copied for each caller. An entry is dropped once every rank
+took it (or with its simulation).
+
+Pure: imports numpy and the thread's rank (`spmdsim.sim._local`) only.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+from . import _local
+
+__all__ = ["once"]
+
+_LOCK = threading.Lock()
+
+
+def once(key: Any, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, computed once per simulation for a hashable `key` and equal `args` (module doc)."""
+    state = _local.current()
+    if state is None or state.size == 1:
+        return fn(*args)
+    table = state.shared
+    with _LOCK:
+        entry = table.get(key)
+    if entry is not None and _equal(entry[0], args):
+        return _take(table, key, entry, state.size)
+    result = fn(*args)
+    _freeze(result)
+    with _LOCK:
+        if key not in table:
+            table[key] = entry = [args, result, 0]
+        else:  # another rank stored it first: keep the first, count this rank if its inputs match
+            entry = table[key]
+            if not _equal(entry[0], args):
+                return _copy(result)
+    return _take(table, key, entry, state.size)
+
+
+def _take(table: dict, key: Any, entry: list, size: int) -> Any:
+    with _LOCK:
+        entry[2] += 1
+        if entry[2] >= size:
+            table.pop(key, None)
+    return _copy(entry[1])
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """Exact equality of two argument structures (arrays by value, NaN equal to NaN)."""
+    if a is b:
+        return True
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
+            return False
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return False
+        return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    try:
+        return bool(a == b)
+    except Exception:  # an object that cannot say: not known equal
+        return False
+
+
+def _freeze(value: Any) -> None:
+    """Clear the writeable flag of every array in `value` (lists, tuples, dicts, dataclass fields)."""
+    if isinstance(value, np.ndarray):
+        value.setflags(write=False)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _freeze(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _freeze(item)
+    elif hasattr(value, "__dataclass_fields__"):
+        for name in value.__dataclass_fields__:
+            _freeze(getattr(value, name))
+
+
+def _copy(value: Any) -> Any:
+    """`value` with its lists, tuples and dicts copied (arrays and other objects shared)."""
+    if isinstance(value, list):
+        return [_copy(item) for item in value]
+    if type(value) is tuple:
+        return tuple(_copy(item) for item in value)
+    if isinstance(value, dict):
+        return {k: _copy(item) for k, item in value.items()}
+    return value

@@ -1,0 +1,74 @@
+"""spmdsim.sim.once: local work simulated ranks share when their inputs are equal."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import spmdsim
+from spmdsim.sim import once
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, *args):
+        with self.lock:
+            self.calls += 1
+        return {"sum": np.asarray(args[0]).sum() * np.ones(3), "parts": [np.arange(2.0)], "args": args[1:]}
+
+
+def test_outside_a_simulation_it_is_a_plain_call():
+    count = _Counter()
+    first, second = once("k", count, np.ones(2)), once("k", count, np.ones(2))
+    assert count.calls == 2 and first["sum"].flags.writeable and first is not second
+
+
+def test_equal_inputs_are_computed_once_and_shared_read_only():
+    count = _Counter()
+
+    def body():
+        comm = spmdsim.world()
+        out = once(("step", 0), count, np.full((4, 4), 2.0), "same")
+        out["mine"] = comm.rank  # containers are each rank's own
+        out["parts"].append(None)
+        try:
+            out["sum"][0] = 0.0
+            wrote = True
+        except ValueError:  # the shared arrays are read-only
+            wrote = False
+        comm.Barrier()
+        left = len(spmdsim.sim._local.current().shared)  # taken by every rank: dropped
+        return out["sum"].tolist(), len(out["parts"]), out["mine"], wrote, left
+
+    results = spmdsim.simulate(8, body)
+    assert count.calls == 1
+    assert [r[0] for r in results] == [[32.0] * 3] * 8
+    assert [r[1:] for r in results] == [(2, rank, False, 0) for rank in range(8)]
+
+
+def test_a_rank_with_other_inputs_gets_its_own_answer():
+    count = _Counter()
+
+    def body():
+        rank = spmdsim.world().rank
+        value = np.full(3, 5.0 if rank == 3 else 1.0)
+        value[0] = np.nan  # NaN equals NaN here: ranks 0, 1 and 2 still have equal inputs
+        return float(once("k", count, value[1:], value)["args"][0][2])
+
+    results = spmdsim.simulate(4, body)
+    assert count.calls == 2  # ranks 0, 1, 2 share one; rank 3 computes its own
+    assert results == [1.0, 1.0, 1.0, 5.0]
+
+
+@pytest.mark.parametrize("a,b,same", [
+    (np.zeros(3), np.zeros(3, np.float32), False), (np.zeros(3), np.zeros(4), False),
+    ({"a": 1}, {"a": 1}, True), ([1, (2, 3)], [1, (2, 3)], True), ([1, 2], (1, 2), False),
+    (np.arange(3), [0, 1, 2], False)])
+def test_inputs_compare_exactly(a, b, same):
+    from spmdsim.sim.shared import _equal
+
+    assert _equal(a, b) is same
