@@ -15,6 +15,7 @@ import argparse
 import sys
 
 import spmdsim
+from spmdsim.sim.launch import ranks_argument
 from spmdsim import Layout, SeededTensor
 from spmdsim import reference_grad as rg
 from spmdsim.errors import SpmdsimError
@@ -32,7 +33,7 @@ parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--lr", type=float, default=None,
                     help="SGD step (default 0.05, and 0.05 * 64 / ranks above 64 ranks: the widths grow with the ranks)")
-parser.add_argument("--ranks", type=int, default=None, help="simulate this many ranks in one process")
+ranks_argument(parser)  # --ranks N (simulated ranks) and --dry-run beside it
 args = parser.parse_args()
 
 

@@ -14,6 +14,7 @@ import sys
 import time
 
 import spmdsim
+from spmdsim.sim.launch import ranks_argument
 from spmdsim.nets import mindspore_layout, mindspore_tutorial, needs_eight
 from spmdsim.nets.digits import load_digits
 from spmdsim.nets.train import PHASES, NetworkTrainer, explain_backward, run_main
@@ -32,7 +33,7 @@ parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
 parser.add_argument("--lr", type=float, default=None, help="default 1e-2 (SGD) or 1e-3 (Adam)")
 parser.add_argument("--synthetic", action="store_true", help="seeded synthetic digits instead of MNIST")
 parser.add_argument("--explain", action="store_true", help="say what each backward collective answers")
-parser.add_argument("--ranks", type=int, default=None, help="simulate this many ranks in one process")
+ranks_argument(parser)  # --ranks N (simulated ranks) and --dry-run beside it
 args = parser.parse_args()
 data = load_digits(seed=0, synthetic=args.synthetic)  # every rank's copy (one for all simulated ranks)
 

@@ -13,6 +13,7 @@ import argparse
 import sys
 
 import spmdsim
+from spmdsim.sim.launch import ranks_argument
 from spmdsim.nets import seeds
 from spmdsim.nets.train import PHASES, NetworkTrainer, run_main
 from spmdsim.train_reference import ReferenceTrainer
@@ -25,7 +26,7 @@ parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=10)
 parser.add_argument("--lr", type=float, default=0.1)
 parser.add_argument("--net", choices=tuple(NETWORKS), nargs="*", default=list(NETWORKS))
-parser.add_argument("--ranks", type=int, default=None, help="simulate this many ranks in one process")
+ranks_argument(parser)  # --ranks N (simulated ranks) and --dry-run beside it
 args = parser.parse_args()
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pathlib
+import re
 import runpy
 import sys
 
@@ -59,6 +60,43 @@ def test_every_example_runs_on_8_simulated_ranks(path, monkeypatch, capsys):
     assert done.value.code == 0, out
     assert out.startswith("spmdsim: running on 8 simulated ranks in this process")
     assert "PASS" in out or "passed" in out
+
+
+TRAINING = [p for p in EXAMPLES if p.stem.startswith("train_")]
+
+
+@pytest.mark.parametrize("path", TRAINING, ids=lambda p: p.stem)
+def test_training_examples_dry_run_to_the_bytes_of_a_real_step(path, monkeypatch, capsys):
+    """--ranks 8 --dry-run prints the report, whose calls and bytes are the real run's per step."""
+    def run(*extra):
+        monkeypatch.setattr(sys, "argv", [str(path), "--ranks", "8", "--steps", "2"] + list(extra)
+                            + EXAMPLE_ARGS.get(path.stem, []))
+        with pytest.raises(SystemExit) as done:
+            runpy.run_path(str(path), run_name="__main__")
+        return done.value.code, capsys.readouterr().out
+
+    code, out = run("--dry-run")
+    assert code == 0 and out.startswith("spmdsim: a dry run (shapes only) on 8 simulated ranks"), out
+    row = next(line for line in out.splitlines() if line.startswith("ranks 0-7"))
+    calls, sent = int(row.split()[2]), int(row.split()[3].replace(",", ""))
+    code, out = run()
+    assert code == 0, out
+    real = {k: v for k, v in re.findall(r"(collectives|bytes sent) per step \(busiest rank\): (.*)", out)}
+    per_step = lambda text: sum(float(v.replace(",", "")) for v in re.findall(r"[a-z]+ ([\d,.]+)", text))  # noqa: E731
+    assert real or path.stem != "train_mindspore_tutorial"
+    if real:  # the seed-003 example prints both per-step lines
+        assert calls == 2 * per_step(real["collectives"]) and sent == 2 * per_step(real["bytes sent"]), (row, real)
+    assert calls > 0 and sent > 0
+
+
+def test_a_dry_run_without_simulated_ranks_is_refused(monkeypatch, capsys):
+    path = next(p for p in TRAINING if p.stem == "train_megatron_block")
+    monkeypatch.setattr(sys, "argv", [str(path), "--dry-run"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(path), run_name="__main__")
+    assert done.value.code == 2
+    assert capsys.readouterr().err == ("spmdsim: error: --dry-run needs --ranks N (a dry run simulates the "
+                                       "ranks in this process)\n")
 
 
 def test_an_example_in_one_process_names_both_ways_out(monkeypatch):

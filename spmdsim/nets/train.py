@@ -197,6 +197,8 @@ def run_main(main: Any, args: Any, ranks: Optional[int],
     """``main(args)`` on `ranks` simulated ranks, or on this MPI rank (`ranks` None); the exit code.
 
     First, on inputs every rank shares: ``--steps`` at least 1, a valid ``--ranks``,
+    ``--dry-run`` only beside ``--ranks`` (then the run is a dry run: shapes only,
+    the report of each rank's bytes instead of the output; docs/simulate.md),
     and ``needs(world size)`` (why the network cannot run at that size, or None),
     each refused in one line with exit 2. Simulated ranks go through the same
     launcher as every example's ``--ranks N`` (spmdsim.sim.launch: the
@@ -207,13 +209,16 @@ def run_main(main: Any, args: Any, ranks: Optional[int],
     steps = getattr(args, "steps", 1)
     if steps < 1:
         refuse(f"--steps {steps!r} must be at least 1")
+    dry_run = bool(getattr(args, "dry_run", False))
+    if dry_run and ranks is None:
+        refuse("--dry-run needs --ranks N (a dry run simulates the ranks in this process)")
     if ranks is not None:
         problem = needs(world_size(ranks)) if needs is not None else None
         if problem:
             refuse(f"{problem}: use --ranks 8 or mpiexec -n 8")
         from ..sim.launch import run_on_ranks
 
-        return run_on_ranks(ranks, lambda: main(args))
+        return run_on_ranks(ranks, lambda: main(args), dry_run=dry_run)
     from mpi4py import MPI
 
     from ..errors import SpmdsimError
