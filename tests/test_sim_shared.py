@@ -72,3 +72,18 @@ def test_inputs_compare_exactly(a, b, same):
     from spmdsim.sim.shared import _equal
 
     assert _equal(a, b) is same
+
+
+def test_one_key_holds_each_distinct_input_apart():
+    """Two trainers asking with the same key (step 0 of two networks) each share their own result."""
+    count = _Counter()
+
+    def body():
+        rank = spmdsim.world().rank
+        # Ranks ask in different orders, so both entries are live at once.
+        order = ("a", "b") if rank % 2 else ("b", "a")
+        got = {name: once("step 0", count, np.zeros(1), name)["args"][0] for name in order}
+        return got == {"a": "a", "b": "b"}
+
+    results = spmdsim.simulate(8, body)
+    assert count.calls == 2 and all(results)

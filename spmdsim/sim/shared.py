@@ -42,26 +42,32 @@ def once(key: Any, fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args)
     table = state.shared
     with _LOCK:
-        entry = table.get(key)
-    if entry is not None and _equal(entry[0], args):
-        return _take(table, key, entry, state.size)
+        entries = list(table.get(key, ()))
+    for entry in entries:  # one per distinct arguments asked with this key
+        if _equal(entry[0], args):
+            return _take(table, key, entry, state.size)
     result = fn(*args)
     _freeze(result)
     with _LOCK:
-        if key not in table:
-            table[key] = entry = [args, result, 0]
-        else:  # another rank stored it first: keep the first, count this rank if its inputs match
-            entry = table[key]
-            if not _equal(entry[0], args):
-                return _copy(result)
+        entries = table.setdefault(key, [])
+        entry = next((e for e in entries if _equal(e[0], args)), None)  # another rank's, stored meanwhile
+        if entry is None:
+            entry = [args, result, 0]
+            entries.append(entry)
     return _take(table, key, entry, state.size)
 
 
 def _take(table: dict, key: Any, entry: list, size: int) -> Any:
+    """`entry`'s result for one more rank; the entry goes once every rank took it."""
     with _LOCK:
         entry[2] += 1
         if entry[2] >= size:
-            table.pop(key, None)
+            # By identity: `==` on entries would compare their arrays.
+            entries = [e for e in table.get(key, []) if e is not entry]
+            if entries:
+                table[key] = entries
+            else:
+                table.pop(key, None)
     return _copy(entry[1])
 
 
