@@ -20,3 +20,6 @@ def test_notebook_runs_every_cell_without_error():
     assert "rank 7: block (8, 8), check PASS, {'allreduce': 1}" in text
     assert "S(0)->S(1) via Alltoall on ('x',)" in text
     assert "ranks 0-7 " in text and "allreduce x1" in text
+    assert "forward collectives {'allreduce': 1}, backward {'allreduce': 1}" in text
+    assert "allreduce(mp)                896 B  <- leaf (4, 16)" in text
+    assert "every gradient on every rank matches the single-process step" in text
