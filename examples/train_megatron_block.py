@@ -16,6 +16,7 @@ import sys
 
 import spmdsim
 from spmdsim.sim.launch import ranks_argument
+from spmdsim.validate import counted
 from spmdsim import Layout, SeededTensor
 from spmdsim import reference_grad as rg
 from spmdsim.errors import SpmdsimError
@@ -122,7 +123,7 @@ def main(args):
               f"({'falling' if losses[-1] < losses[0] else 'NOT falling'})")
         print("per step (rank 0): " + ", ".join(f"{phase} {c[0] // args.steps} calls {c[1] // args.steps:,} B"
                                                  for phase, c in calls.items()))
-        print(f"check: {len(verdicts) * args.steps} tensors over {args.steps} steps vs one process: "
+        print(f"check: {len(verdicts) * args.steps} tensors over {counted(args.steps, 'step')} vs one process: "
               f"{'PASS' if not failed else f'FAILED ({failed})'}")
         print(f"largest difference {worst:.2e} of the tensor's largest entry")
     mesh.close()

@@ -15,6 +15,7 @@ import time
 
 import spmdsim
 from spmdsim.sim.launch import ranks_argument
+from spmdsim.validate import counted
 from spmdsim.nets import mindspore_layout, mindspore_tutorial, needs_eight
 from spmdsim.nets.digits import load_digits
 from spmdsim.nets.train import PHASES, NetworkTrainer, explain_backward, run_main
@@ -51,7 +52,7 @@ def main(args):
     if comm.rank == 0:
         print(f"{net.title}, {args.dtype}, {comm.size} ranks")
         print(f"data: {data.source}")
-        print(f"{args.optimizer}(lr {lr:g}), batch {batch}, {args.steps} steps; each step checked against one")
+        print(f"{args.optimizer}(lr {lr:g}), batch {batch}, {counted(args.steps, 'step')}; each step checked against one")
         print(f"process (rtol {rtol:g}, atol {scale:g} x the tensor's largest entry)")
 
     losses, worst, failed = [], 0.0, 0
@@ -86,7 +87,7 @@ def main(args):
             f"{phase} {max(c[phase][1] for c in counts) // args.steps:,}" for phase in PHASES))
         checked = len(verdicts) * args.steps
         verdict = "PASS" if not failed else f"FAILED ({failed} of {checked})"
-        print(f"check: {checked} tensors over {args.steps} steps (loss, {len(ref.grads)} gradients, "
+        print(f"check: {checked} tensors over {counted(args.steps, 'step')} (loss, {len(ref.grads)} gradients, "
               f"{len(ref.params)} parameters per step) vs one process: {verdict}")
         print(f"largest difference {worst:.2e} of the tensor's largest entry; {seconds:.1f} s")
     return 0 if not failed and losses[-1] < losses[0] else 1
