@@ -148,7 +148,8 @@ def _training_step(comm: Any, mesh: Any, waiter: Waiter, xsrc: Any, d_in: int, d
     """One training step of the fused MLP: forward, mse_loss, backward, SGD (docs/training.md).
 
     x requires grad (a layer inside a network), so the backward has the
-    Allreduce answering Megatron's f; the raw code does the same math and the
+    Allreduce answering Megatron's f; the raw code does the same math in the
+    same order (the loss's value, every gradient, then that Allreduce) and the
     same two Allreduces by hand. Both sides update their own copy of the weights.
     """
     from mpi4py import MPI
@@ -183,11 +184,17 @@ def _training_step(comm: Any, mesh: Any, waiter: Waiter, xsrc: Any, d_in: int, d
         np.matmul(h, w2, out=part)
         raw(comm.Allreduce, comm.Iallreduce, part, y, MPI.SUM)
         np.add(y, b2, out=y)
-        dy = (y - target.local) * np.float32(2.0 / n)
+        diff = y - target.local
+        float((diff * diff).sum())  # the loss's value, as mse_loss computes it
+        dy = diff * np.float32(2.0 / n)
+        # spmdsim's order: every gradient of the MLP, then the sum of x's partial gradients
+        # (the work between two collectives is what the later one waits for).
+        gw2, gb2 = h.T @ dy, dy.sum(0)
         da = gelu_backward(a, dy @ w2.T)
         np.matmul(da, w1.T, out=dx_part)
+        gw1, gb1 = x.local.T @ da, da.sum(0)
         raw(comm.Allreduce, comm.Iallreduce, dx_part, dx, MPI.SUM)
-        for p, g in ((w2, h.T @ dy), (b2, dy.sum(0)), (w1, x.local.T @ da), (b1, da.sum(0))):
+        for p, g in ((w2, gw2), (b2, gb2), (w1, gw1), (b1, gb1)):
             p -= np.float32(lr) * g
         return dx
 
