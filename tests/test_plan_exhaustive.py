@@ -15,6 +15,7 @@ import numpy as np
 
 from spmdsim import Layout, TensorLayout
 from spmdsim.plan.meshes import common_refinement, translate
+from spmdsim.plan.planner import received_per_rank
 from spmdsim.plan import (
     ReduceScatter,
     emulate,
@@ -62,6 +63,8 @@ def _blocks(tl: TensorLayout):
 
 def _check(source, target):
     plan = plan_redistribution(source, target, SHAPE, "float64")
+    # What pricing asks (no senders chosen) is what the plan's transfers deliver.
+    assert received_per_rank(source, target, SHAPE, "float64") == plan.bytes_received, str(plan)
     out = emulate(plan, dict(_blocks(source)))
     want = _blocks(target) if not target.partial else None
     if want is not None:

@@ -7,8 +7,9 @@ the axes splitting N, dW over those splitting M); the engine keeps a pending
 sum over the axes the tensor is replicated on (same device matrix) and
 resolves it where an operator needs the whole value or at a leaf (a weight:
 the data-parallel Allreduce). `replay` follows those rules layout by layout
-and prices each move by `plan_redistribution`, exactly as the engine plans
-it, so its bytes are the bytes `NetworkTrainer` measures (tested at 8
+and prices each move by the planner's choice (`plan.planner.received_per_rank`:
+the bytes of `plan_redistribution`'s plan without choosing who sends each
+box), exactly as the engine plans it, so its bytes are the bytes `NetworkTrainer` measures (tested at 8
 simulated ranks). The search prices the backward per candidate and per edge
 (`node_bytes`, `edge_bytes`): there each operator's output gradient is
 resolved to its layout, which `replay` does not require.
@@ -22,7 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from ..layout import TensorLayout
-from ..plan import plan_redistribution
+from ..plan.planner import received_per_rank
 from .candidates import Candidate, _infer
 from . import cost as _cost
 from .graph import ELEMENTWISE, Graph, OpNode
@@ -60,7 +61,7 @@ def _move(src: TensorLayout, dst: TensorLayout, shape: tuple, dtype: str) -> int
         return 0
     if not src.partial and not dst.partial:
         return int(_cost.redistribution_bytes([src], [dst], shape, dtype)[0, 0])
-    return plan_redistribution(src, dst, tuple(shape), dtype).max_bytes_received
+    return max(received_per_rank(src, dst, tuple(shape), dtype), default=0)
 
 
 def _pending(like: TensorLayout, *groups) -> TensorLayout:

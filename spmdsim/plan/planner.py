@@ -34,7 +34,7 @@ from .steps import (
     ReduceScatter,
     Step,
 )
-from .volume import exchange_transfers, lower_bound
+from .volume import exchange_received, exchange_transfers, lower_bound
 
 __all__ = ["plan_redistribution"]
 
@@ -72,6 +72,11 @@ _VALIDATED_MAX = 4096
 
 
 def _validated_plan(source: TensorLayout, target: TensorLayout, shape: Sequence[int], dtype: str) -> Plan:
+    return _plan(*_validated(source, target, shape, dtype))
+
+
+def _validated(source: TensorLayout, target: TensorLayout, shape: Sequence[int], dtype: str) -> tuple:
+    """(source, target, shape as a tuple, dtype name), or the PlanError every rank raises alike."""
     for name, tl in (("source", source), ("target", target)):
         if not isinstance(tl, TensorLayout):
             raise PlanError(f"{name} {tl!r} must be a TensorLayout")
@@ -92,11 +97,27 @@ def _validated_plan(source: TensorLayout, target: TensorLayout, shape: Sequence[
         # MPI has no sum of bools, and a pending sum of bools is not a bool.
         raise PlanError(f"a bool tensor cannot be a pending sum ({source} -> {target}); "
                         "use an integer dtype for sums")
-    return _plan(source, target, shape, dt.name)
+    return source, target, shape, dt.name
+
+
+def received_per_rank(source: TensorLayout, target: TensorLayout, shape: Sequence[int],
+                      dtype: str = "float32") -> tuple[int, ...]:
+    """Per rank, the bytes the plan from `source` to `target` delivers: the Plan's `bytes_received`,
+    without choosing which replica sends each box of an exchange (what pricing many moves needs)."""
+    steps, _ = _choice(*_validated(source, target, shape, dtype))
+    return _received(list(steps)) or (0,) * source.layout.num_devices
 
 
 @lru_cache(maxsize=4096)
 def _plan(source: TensorLayout, target: TensorLayout, shape: tuple, dtype: str) -> Plan:
+    steps, bound = _choice(source, target, shape, dtype)
+    sz = _Sizes(shape, np.dtype(dtype).itemsize)
+    return Plan(source, target, shape, dtype, tuple(_sent(step, sz) for step in steps), bound)
+
+
+@lru_cache(maxsize=4096)
+def _choice(source: TensorLayout, target: TensorLayout, shape: tuple, dtype: str) -> tuple:
+    """(the least-communication steps, exchanges still unsent; the lower bound per rank)."""
     itemsize = np.dtype(dtype).itemsize
     refinement = common_refinement(source.layout, target.layout)
     if refinement is None:
@@ -111,28 +132,30 @@ def _plan(source: TensorLayout, target: TensorLayout, shape: tuple, dtype: str) 
     # pre-sliced starts, then exchanges. A later tier only when none so far meets
     # the bound (then nothing can beat it: ties go to collectives and earlier plans).
     built: list = []
+    scores: list = []  # _score of each plan in `built`, worked out once
+    best = None
     for tier in candidates:
-        built += tier()
-        best = min(built, key=_score, default=None)
+        plans = tier()
+        built += plans
+        scores += [_score(p) for p in plans]
+        if built:  # the first of the least scores, as min(built, key=_score) picks
+            best = built[scores.index(min(scores))]
         if best is not None and (_received(best) or (0,) * len(bound)) == bound:
             break
     if best is None:
         raise PlanError(f"no plan found from {src} to {tgt}")
-    return Plan(source, target, shape, dtype, tuple(best), bound)
+    return tuple(best), bound
 
 
 def _received(steps: list[Step]) -> tuple:
-    return tuple(sum(s.bytes_received[r] for s in steps) for r in range(_ranks(steps)))
+    """Per rank, the bytes every step of a plan delivers to it (summed column by column)."""
+    return tuple(map(sum, zip(*[s.bytes_received for s in steps])))
 
 
 def _score(steps: list[Step]) -> tuple:
     received = _received(steps)
     exchanges = sum(isinstance(s, Exchange) for s in steps)
     return (max(received, default=0), sum(received), exchanges, len(steps))
-
-
-def _ranks(steps: list[Step]) -> int:
-    return len(steps[0].bytes_received) if steps else 0
 
 
 class _Sizes:
@@ -203,9 +226,22 @@ def _local_zero(cur, after, sz: _Sizes) -> Step:
     return sz.uniform(LocalZero, cur, after, axes)
 
 
+class _Unsent(Exchange):
+    """An exchange candidate with its bytes received only: who sends each box is chosen
+    (`exchange_transfers`, the costly part) only for the plan that wins (`_sent`)."""
+
+
 def _exchange(cur, after, sz: _Sizes) -> Step:
-    transfers = exchange_transfers(cur, after, sz.shape)
-    return Exchange(cur, after, (), transfers=transfers).sized(sz.shape, sz.itemsize)
+    received = tuple(n * sz.itemsize for n in exchange_received(cur, after, sz.shape))
+    return _Unsent(cur, after, (), bytes_received=received)
+
+
+def _sent(step: Step, sz: _Sizes) -> Step:
+    """`step`, an exchange candidate made whole: its transfers and the bytes each rank sends."""
+    if type(step) is not _Unsent:
+        return step
+    transfers = exchange_transfers(step.before, step.after, sz.shape)
+    return Exchange(step.before, step.after, (), transfers=transfers).sized(sz.shape, sz.itemsize)
 
 
 # -- the stack rule ---------------------------------------------------------------------
