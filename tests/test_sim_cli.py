@@ -108,3 +108,27 @@ def test_an_example_in_one_process_names_both_ways_out(monkeypatch):
     # One line (under 100 columns with its "spmdsim: error: " prefix) naming both ways.
     with pytest.raises(SpmdsimError, match=r"^this example needs 8 ranks, not 1: use --ranks 8 or mpiexec -n 8$"):
         runpy.run_path(str(path), run_name="__main__")
+
+
+@pytest.mark.parametrize("count", ["0", "5000", "x"])
+@pytest.mark.parametrize("entry", ["cli", "script", "training"])
+def test_a_rank_count_that_cannot_be_is_one_line_before_anything_else(entry, count, monkeypatch, capsys):
+    """`spmdsim ... --ranks`, an example's `--ranks` (spmdsim.script) and a training example's
+    (run_main) refuse it alike, before the one-process banner: no traceback, exit 2."""
+    if entry == "cli":
+        if count == "x":
+            return  # argparse's own type error for the CLI's int option
+        code = main(["demo", "--ranks", count])
+    else:
+        stem = "attention" if entry == "script" else "train_megatron_block"
+        path = next(p for p in EXAMPLES if p.stem == stem)
+        if entry == "training" and count == "x":
+            return  # argparse's own type error for the example's int option
+        monkeypatch.setattr(sys, "argv", [str(path), "--ranks", count])
+        with pytest.raises(SystemExit) as done:
+            runpy.run_path(str(path), run_name="__main__")
+        code = done.value.code
+    out = capsys.readouterr()
+    shown = count if count == "x" and entry == "script" else int(count)
+    assert code == 2 and out.out == ""
+    assert out.err == f"spmdsim: error: --ranks {shown!r} must be a number of ranks from 1 to 4096, e.g. --ranks 8\n"

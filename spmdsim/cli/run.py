@@ -50,11 +50,12 @@ def on_world(args: argparse.Namespace, fn: Callable[[Any], int]) -> int:
         from mpi4py import MPI
 
         return fn(MPI.COMM_WORLD)
-    from ..sim.launch import run_on_ranks
-    from ..sim.run import MAX_RANKS, world
+    from ..sim.launch import ranks_problem, run_on_ranks
+    from ..sim.run import world
 
-    if not 1 <= n <= MAX_RANKS:
-        raise SpmdsimError(f"--ranks {n!r} must be a number of ranks from 1 to {MAX_RANKS}, e.g. --ranks 8")
+    problem = ranks_problem(n)
+    if problem:
+        raise SpmdsimError(problem)
 
     return run_on_ranks(n, lambda: fn(world()), dry_run=args.dry_run, as_json=getattr(args, "json", False))
 

@@ -182,10 +182,11 @@ def refuse(text: str) -> NoReturn:
 def world_size(ranks: Optional[int]) -> int:
     """The rank count a run will have: `ranks` simulated ranks (None: the MPI world's size)."""
     if ranks is not None:
-        from ..sim.run import MAX_RANKS
+        from ..sim.launch import ranks_problem
 
-        if not 1 <= ranks <= MAX_RANKS:
-            refuse(f"--ranks {ranks!r} must be a number of ranks from 1 to {MAX_RANKS}, e.g. --ranks 8")
+        problem = ranks_problem(ranks)
+        if problem:
+            refuse(problem)
         return ranks
     from mpi4py import MPI
 
@@ -213,7 +214,8 @@ def run_main(main: Any, args: Any, ranks: Optional[int],
     if dry_run and ranks is None:
         refuse("--dry-run needs --ranks N (a dry run simulates the ranks in this process)")
     if ranks is not None:
-        problem = needs(world_size(ranks)) if needs is not None else None
+        size = world_size(ranks)  # refuses a count that cannot be
+        problem = needs(size) if needs is not None else None
         if problem:
             refuse(f"{problem}: use --ranks 8 or mpiexec -n 8")
         from ..sim.launch import run_on_ranks

@@ -35,12 +35,27 @@ def ways_out(n: int) -> str:
             f"process with `--ranks {n}` / spmdsim.simulate({n}, main))")
 
 
+def ranks_problem(n: Any) -> Optional[str]:
+    """Why `n` cannot be a ``--ranks`` count (one line for "spmdsim: error: "), or None."""
+    from .run import MAX_RANKS
+
+    if type(n) is int and 1 <= n <= MAX_RANKS:
+        return None
+    return f"--ranks {n!r} must be a number of ranks from 1 to {MAX_RANKS}, e.g. --ranks 8"
+
+
 def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: bool = False) -> int:
     """Run `fn()` on `n` simulated ranks; return the exit code (see the module docstring).
 
     A dry run prints its report (a table, or JSON) instead of the program's output.
+    A count that cannot be is refused in one line before anything else (exit 2).
     """
     from .run import simulate
+
+    problem = ranks_problem(n)
+    if problem:
+        print(f"spmdsim: error: {problem}", file=sys.stderr)
+        return 2
 
     # With --json, stdout is the JSON document alone: the banner goes to stderr.
     print(banner(n, dry_run), file=sys.stderr if as_json else sys.stdout, flush=True)
@@ -120,9 +135,9 @@ def _take_ranks(args: list, path: str) -> Optional[int]:
         if arg == "--ranks" or arg.startswith("--ranks="):
             value = arg.partition("=")[2] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
             del args[i:i + (1 if "=" in arg else 2)]
-            if not value.isdigit() or int(value) < 1:
-                print(f"spmdsim: error: --ranks {value!r} must be a positive number of ranks "
-                      f"(python {path} --ranks 8)", file=sys.stderr)
+            problem = ranks_problem(int(value) if value.isdigit() else value)
+            if problem:
+                print(f"spmdsim: error: {problem}", file=sys.stderr)
                 sys.exit(2)
             return int(value)
     return None
