@@ -42,7 +42,7 @@ def _args(argv: list[str]):
 
 # -- 1, 2: calibrate's arguments and output paths (checked inside its guard) ----------------------
 def test_calibrate_arguments_are_spmdsim_errors():
-    with pytest.raises(SpmdsimError, match=r"--sizes 'abc': size 'ABC' is not a byte count"):
+    with pytest.raises(SpmdsimError, match=r"--sizes 'abc': size 'abc' is not a byte count"):
         calibrate._sizes("abc")
     with pytest.raises(SpmdsimError, match=r"--sizes '1M,100G': 107,374,182,400 bytes per rank is above"):
         calibrate._sizes("1M,100G")
@@ -274,3 +274,13 @@ def test_plan_refuses_an_alias_no_side_uses(capsys):
     assert main(strategies + ["--alias", "x", "--to", "None,x"]) == 0
     assert main(["plan", "--device-matrix", "8", "--alias", "x", "--from", "x,None",
                  "--to-strategy", "((1,8),)", "--shape", "8,8"]) == 0
+
+
+def test_a_byte_count_is_echoed_as_typed_and_infinity_is_refused():
+    import argparse
+
+    from spmdsim.cli.calibrate import parse_size
+
+    for text in ("inf", "1e400", "abc"):
+        with pytest.raises(argparse.ArgumentTypeError, match=rf"^size '{text}' is not a byte count"):
+            parse_size(text)

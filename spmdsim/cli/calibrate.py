@@ -32,15 +32,16 @@ _DEFAULT_OPS = "allgather,allreduce,reduce_scatter,alltoall,alltoallv,bcast"
 
 def parse_size(text: str) -> int:
     """'64K' -> 65536, '4M' -> 4194304, '100' -> 100 (binary units)."""
+    given = text
     text = text.strip().upper().removesuffix("B").removesuffix("I")
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
     number = text[:-1] if scale != 1 else text
     try:
         value = int(float(number) * scale)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"size {text!r} is not a byte count like 64K or 4M") from None
+    except (ValueError, OverflowError):  # OverflowError: "inf"
+        raise argparse.ArgumentTypeError(f"size {given!r} is not a byte count like 64K or 4M") from None
     if value < 0:
-        raise argparse.ArgumentTypeError(f"size {text!r} must be >= 0")
+        raise argparse.ArgumentTypeError(f"size {given!r} must be >= 0")
     return value
 
 
