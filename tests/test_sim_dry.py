@@ -110,3 +110,34 @@ def test_dry_run_check_makes_no_reference():
     asked.clear()
     dry = spmdsim.simulate(4, body, dry_run=True)
     assert asked == [] and set(dry) == {(True, True, "check not made: a dry run has no values (32 elements)")}
+
+
+def test_a_dry_run_computes_no_activation_softmax_or_their_gradients(monkeypatch):
+    """Their results would be zeros of the same shape anyway: the kernels are not called, and the
+    result and gradient shapes and dtypes are the real run's."""
+    from spmdsim import activations, reference, reference_grad
+    from spmdsim.ops import gelu, mse_loss, softmax
+    from spmdsim.runtime import DTensor, Mesh
+
+    calls = []
+    for module, name in ((reference, "softmax"), (reference_grad, "softmax_grad")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
+    real_forward, real_backward = activations.forward, activations.backward
+    monkeypatch.setattr(activations, "forward", lambda kind: (lambda x: calls.append(kind) or real_forward(kind)(x)))
+    monkeypatch.setattr(activations, "backward",
+                        lambda kind: (lambda x, dy: calls.append(kind + "'") or real_backward(kind)(x, dy)))
+
+    def body():
+        mesh = Mesh(spmdsim.Layout((4,), ("mp",)))
+        x = DTensor.from_seeded(mesh, mesh.layout(None, "mp"), spmdsim.SeededTensor((8, 16), "float32", 1))
+        x.requires_grad_()
+        y = softmax(gelu(x), 0)
+        mse_loss(y, DTensor.from_seeded(mesh, y.layout, spmdsim.SeededTensor((8, 16), "float32", 2))).backward()
+        return y.local.shape, y.local.dtype, x.grad.local.shape, x.grad.local.dtype
+
+    real_run = spmdsim.simulate(4, body)
+    assert sorted(set(calls)) == ["gelu", "gelu'", "softmax", "softmax_grad"]
+    calls.clear()
+    dry_run = spmdsim.simulate(4, body, dry_run=True)
+    assert calls == [] and list(dry_run) == real_run

@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import activations, reference_grad
 from ..layout import TensorLayout
+from ..sim.dry import local as _local  # the kernel; a dry run's zeros, not computed
 from ..sim.dry import matmul as _product  # np.matmul; a dry run's zeros unmultiplied
 from .graph import record, with_partial
 
@@ -140,7 +141,8 @@ def record_mlp(out: Any, x: Any, fc1: tuple, fc2: tuple, plans: tuple, a: np.nda
         d2, h2 = d.reshape(-1, d.shape[-1]), h.reshape(-1, h.shape[-1])
         gw2 = grad_tensor(w2, _product(h2.T, d2), passed, rows2) if need[0] else None
         gb2 = grad_tensor(b2, d2.sum(axis=0), passed, rows2) if need[1] else None
-        da = kernel(a, _product(d, _swap(w2.local)))
+        dh = _product(d, _swap(w2.local))
+        da = _local(kernel, dh, a, dh)
         da2 = da.reshape(-1, da.shape[-1])
         gx = grad_tensor(x, _product(da, _swap(w1.local)), passed, x_sums) if need[2] else None
         gw1 = grad_tensor(w1, _product(x.local.reshape(-1, x.local.shape[-1]).T, da2), passed,
@@ -171,7 +173,7 @@ def record_activation(out: Any, x: Any, name: str) -> Any:
     kernel = activations.backward(name)
 
     def backward(dy: Any) -> tuple:
-        return (grad_tensor(x, kernel(x.local, dy.local), dy.layout.partial),)
+        return (grad_tensor(x, _local(kernel, dy.local, x.local, dy.local), dy.layout.partial),)
 
     return record(out, name, (x,), backward, x.layout)
 
@@ -180,7 +182,8 @@ def record_softmax(out: Any, x: Any, dim: int) -> Any:
     """softmax along a whole dim: dX = s * (dY - sum(dY * s)), shard by shard."""
 
     def backward(dy: Any) -> tuple:
-        return (grad_tensor(x, reference_grad.softmax_grad(out.local, dy.local, dim), dy.layout.partial),)
+        grad = _local(reference_grad.softmax_grad, dy.local, out.local, dy.local, dim)
+        return (grad_tensor(x, grad, dy.layout.partial),)
 
     return record(out, "softmax", (x,), backward, out.layout, reads=(x, out))
 

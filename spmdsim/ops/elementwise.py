@@ -14,6 +14,7 @@ from .. import activations
 from ..autograd import rules
 from ..errors import OperatorError, ShapeError
 from ..infer import infer_add, infer_bias_add, infer_elementwise
+from ..sim.dry import local as dry_local
 from ._common import make_dtensor, operands_mesh, raise_if_not_dtensors, require_float
 
 __all__ = ["relu", "gelu", "activation", "scale", "add", "bias_add"]
@@ -29,7 +30,7 @@ def activation(x: Any, name: str) -> Any:
         raise
     if name == "gelu":  # max(x, 0) is exact on integers; GELU's values are not integers
         require_float(name, x.local)
-    out = make_dtensor(x.mesh, fn(x.local), layout, x.global_shape)
+    out = make_dtensor(x.mesh, dry_local(fn, x.local, x.local), layout, x.global_shape)
     return out if x._ag is None else rules.record_activation(out, x, name)
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["simulate", "world", "current_rank", "script", "run_on_ranks", "once", "SimComm", "Request",
-           "IN_PLACE", "DeadlockError", "SimulationError", "MAX_RANKS"]
+__all__ = ["simulate", "world", "current_rank", "script", "run_on_ranks", "once", "dry_run_active", "SimComm",
+           "Request", "IN_PLACE", "DeadlockError", "SimulationError", "MAX_RANKS"]
 
 _WHERE = {
     "simulate": "run",
@@ -21,6 +21,7 @@ _WHERE = {
     "script": "launch",
     "run_on_ranks": "launch",
     "once": "shared",
+    "dry_run_active": "dry",
     "MAX_RANKS": "run",
     "SimComm": "comm",
     "Request": "p2p",

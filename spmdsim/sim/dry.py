@@ -23,7 +23,8 @@ import numpy as np
 
 from . import _local
 
-__all__ = ["Meter", "RankBytes", "DryRunReport", "dry_zeros", "meter", "active", "RUNNING", "product", "matmul"]
+__all__ = ["Meter", "RankBytes", "DryRunReport", "dry_zeros", "meter", "active", "dry_run_active", "RUNNING",
+           "product", "matmul", "local"]
 
 #: Dry runs in progress in this process ([count], changed by spmdsim.sim.run): the hot paths
 #: test ``RUNNING[0]`` before asking which rank runs, so a real run pays one list read.
@@ -68,6 +69,11 @@ def active() -> bool:
     return bool(RUNNING[0]) and meter() is not None
 
 
+def dry_run_active() -> bool:
+    """Whether this code runs as a rank of a dry run (shapes, no values): skip work only values need."""
+    return active()
+
+
 def dry_zeros(shape: tuple, dtype: Any) -> np.ndarray | None:
     """A block of zeros standing in for generated data in a dry run (counted as held), else None."""
     m = meter()
@@ -89,6 +95,20 @@ def product(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
         return None
     lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     return np.zeros(lead + (a.shape[-2], b.shape[-1]), np.result_type(a, b))
+
+
+def local(fn: Any, like: np.ndarray, *args: Any) -> np.ndarray:
+    """``fn(*args)``, an elementwise kernel whose result is shaped and typed like `like`; in a
+    dry run those zeros instead, not computed.
+
+    A dry run's values are not results, so its activations, softmaxes and their
+    gradients need not run: they would touch every page of their temporaries
+    (attention's scores: 2 MiB a rank at 256 ranks of the Megatron block). A
+    real run reads one list item.
+    """
+    if RUNNING[0] and active():
+        return np.zeros(like.shape, like.dtype)
+    return fn(*args)
 
 
 def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
