@@ -132,3 +132,27 @@ def test_a_rank_count_that_cannot_be_is_one_line_before_anything_else(entry, cou
     shown = count if count == "x" and entry == "script" else int(count)
     assert code == 2 and out.out == ""
     assert out.err == f"spmdsim: error: --ranks {shown!r} must be a number of ranks from 1 to 4096, e.g. --ranks 8\n"
+
+
+def test_ctrl_c_stops_every_simulated_rank_with_one_line():
+    """SIGINT while 64 simulated ranks train: one line, exit 130, no traceback, no hang."""
+    import signal
+    import subprocess
+    import time
+
+    path = next(p for p in EXAMPLES if p.stem == "train_megatron_block")
+    proc = subprocess.Popen([sys.executable, str(path), "--ranks", "64", "--steps", "500"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # wait until the ranks run (the banner is out)
+            line = proc.stdout.readline()
+            if "simulated ranks" in line:
+                break
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert err == "spmdsim: interrupted (Ctrl-C): the simulated ranks were stopped\n"

@@ -66,6 +66,9 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
             print(codes.report.to_json() if as_json else codes.report.table())
             return 0
         codes = simulate(n, _exit_code, fn)
+    except KeyboardInterrupt:  # simulate() stopped every rank at its next wait
+        print("spmdsim: interrupted (Ctrl-C): the simulated ranks were stopped", file=sys.stderr)
+        return 130
     except SpmdsimError as exc:
         if len(getattr(exc, "simulated_ranks", ())) == n:
             print(f"spmdsim: error: {exc}", file=sys.stderr)
