@@ -160,3 +160,34 @@ def test_launch_cli_runs_the_job_and_enforces_its_timeout():
     assert "exceeded the 2 s timeout" in slow.stderr
     bad = run("-n", "2", "--")
     assert bad.returncode == 2 and "needs a command" in bad.stderr
+
+
+def test_ctrl_c_ends_an_mpi_job_with_one_line_and_130():
+    """mpiexec forwards SIGINT to every rank: rank 0 says so once, no traceback, exit 130."""
+    import signal
+
+    body = HEADER + textwrap.dedent("""
+    import sys
+    install_excepthook()
+    x = np.ones(1000)
+    for i in range(10**9):
+        allreduce(mesh, x, ("dp", "mp"), out=x)
+        x[:] = 1
+        if i == 10 and mesh.rank == 0:
+            print("running", flush=True)
+    """)
+    proc = subprocess.Popen([MPIEXEC, "-n", str(RANKS), sys.executable, "-c", body], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "running" not in proc.stdout.readline():
+            pass
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole group
+        _, err = proc.communicate(timeout=BOUND_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert err.count("spmdsim: interrupted (Ctrl-C): every rank stopped") == 1, err
+    assert "Traceback" not in err

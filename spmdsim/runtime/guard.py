@@ -86,9 +86,14 @@ def _all_failed(private: Any, grace: float) -> bool:
 
 
 def handle_exception(exc: BaseException, comm: Any = None, private: Any = None) -> bool:
-    """Report `exc`; return True for a clean all-ranks SpmdsimError (caller exits 2), else Abort."""
+    """Report `exc`; return True for a clean all-ranks SpmdsimError (caller exits 2), else Abort.
+
+    Ctrl-C (KeyboardInterrupt) ends the job without returning (`_interrupted`).
+    """
     comm = _world(comm)
     rank = comm.Get_rank()
+    if isinstance(exc, KeyboardInterrupt):
+        _interrupted(comm, private)
     if isinstance(exc, MemoryError) and not isinstance(exc, SpmdsimError):
         # Out of memory despite the estimate (spmdsim.memory): one line, no traceback.
         exc = SpmdsimError(f"out of memory: {exc}; SPMDSIM_MEMORY sets what a rank may use")
@@ -104,6 +109,34 @@ def handle_exception(exc: BaseException, comm: Any = None, private: Any = None) 
         detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         text = f"spmdsim: error on rank {rank}: {type(exc).__name__}: {exc}\n{detail}"
     abort_job(comm, text)
+
+
+def _interrupted(comm: Any, private: Any) -> NoReturn:
+    """Ctrl-C: mpiexec forwards SIGINT to every rank, so each lands here.
+
+    When every rank does (within GRACE_S), rank 0 says so in one line and the
+    job exits 130, as a shell reports Ctrl-C; no traceback, no Abort per rank.
+    Exits without MPI_Finalize (a collective may be half done), so the shared
+    memory segments are unlinked first. A rank interrupted alone aborts the job
+    naming itself.
+    """
+    if private is None:
+        private = _private(comm)
+    if private is not None and _all_failed(private, GRACE_S):
+        if comm.Get_rank() == 0:
+            print("spmdsim: interrupted (Ctrl-C): every rank stopped", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Nobody leaves before rank 0 has said so; then rank 0's MPI_Abort ends the job
+        # with 130 (an exit of one rank would have mpiexec kill the rest with signal 9,
+        # and an Abort on every rank prints a line each). The others wait to be ended.
+        _all_failed(private, GRACE_S)
+        release_shared_segments()
+        if comm.Get_rank() != 0:
+            time.sleep(GRACE_S)
+        comm.Abort(130)
+        os._exit(130)  # Abort does not return; this is only a safety net
+    abort_job(comm, f"spmdsim: rank {comm.Get_rank()} was interrupted (Ctrl-C) while other ranks go on\n")
 
 
 _SEGMENT_PREFIXES = ("/dev/shm/mpich_shm_", "/dev/shm/sm_segment.")  # MPICH's, Open MPI's
@@ -210,9 +243,7 @@ def install_excepthook(comm: Any = None) -> None:
     previous = sys.excepthook
 
     def hook(exc_type: Any, exc: BaseException, tb: Any) -> None:
-        if isinstance(exc, KeyboardInterrupt):
-            previous(exc_type, exc, tb)
-        if handle_exception(exc, comm, private):
+        if handle_exception(exc, comm, private):  # Ctrl-C included: one line, exit 130
             _finalize_and_exit(2)
 
     sys.excepthook = hook
