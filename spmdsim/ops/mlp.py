@@ -81,9 +81,11 @@ class ParallelMLP:
     def _fusion(self, x: Any) -> Optional[tuple]:
         """(fc1's plan, fc2's plan, output shape) when the fused way applies to `x`, else None."""
         fc1, fc2 = self.linear_fc1, self.linear_fc2
+        b1, b2 = fc1.bias, fc2.bias
         try:
             key = (x.layout, x.global_shape, x.local.dtype, x.mesh, fc1.weight.layout,
-                   fc1.weight.local.dtype, fc2.weight.layout, fc2.weight.local.dtype)
+                   fc1.weight.local.dtype, fc2.weight.layout, fc2.weight.local.dtype,
+                   None if b1 is None else b1.layout, None if b2 is None else b2.layout)
         except AttributeError:  # not a DTensor: the layers say so
             return None
         try:
