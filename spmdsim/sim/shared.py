@@ -14,6 +14,9 @@ a rank is a process) and on one rank it is just ``fn(*args)``.
 
 `fn` must be local work (no collectives): two ranks may compute the same key
 at once (the first result stored is kept), and none waits for another. The
+first asker's arguments are kept (not copied) to compare the others' with, so
+they must not change in place while other ranks may still ask: replace them
+(``p = p - lr * g``), as `ReferenceTrainer` does. The
 shared arrays are made read-only, so changing one in place raises numpy's
 error instead of changing the other ranks' copy; lists, tuples and dicts in
 the result are copied for each caller. An entry is dropped once every rank
