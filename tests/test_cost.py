@@ -323,7 +323,12 @@ def test_predict_plan_prices_the_packing_of_planner_steps():
     two = Layout((2, 4), ("dp", "mp"))
     swap = plan_mod.plan_redistribution(two(("dp", "mp"), None), two(("mp", "dp"), None), shape)
     (pred,) = predict_plan(swap, model)
-    assert pred.op == "alltoallv" and pred.bytes_copied == max(swap.steps[0].bytes_sent) == local
+    # A permutation of whole blocks: each rank sends its block as it lies, nothing is packed.
+    assert pred.op == "alltoallv" and pred.bytes_copied == 0 and max(swap.steps[0].bytes_sent) == local
+    # Half blocks to two peers are packed: (dp, mp) rows -> (mp, dp) rows and columns split over mp.
+    halves = plan_mod.plan_redistribution(two(("dp", "mp"), None), two("mp", "dp"), shape)
+    (pred,) = predict_plan(halves, model)
+    assert pred.op == "alltoallv" and pred.bytes_copied == max(halves.steps[0].bytes_sent) > 0
 
 
 def test_group_overrides_take_precedence():

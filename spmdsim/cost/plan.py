@@ -80,13 +80,14 @@ def _step_copied(step: Any, plan: Any, op: str, g: int) -> int:
     ``bytes_copied`` when the step has it (trace entries do); for the planner's
     steps, worked out as the runtime's collectives do it: blocks along a tensor
     dim with a larger-than-one product of the dims before it are packed (send
-    side) or unpacked (receive side); an Exchange packs everything it sends.
+    side) or unpacked (receive side); an Exchange packs everything it sends,
+    except a rank's whole block going to one peer (sent as it lies).
     """
     given = _as_max(getattr(step, "bytes_copied", None))
     if given is not None:
         return int(given)
     if op == "alltoallv":
-        return int(_as_max(getattr(step, "bytes_sent", 0)) or 0)
+        return _exchange_copied(step, plan)
     shape, before = getattr(plan, "shape", None), getattr(step, "before", None)
     if shape is None or not hasattr(before, "local_shape"):
         return 0
@@ -108,6 +109,22 @@ def _step_copied(step: Any, plan: Any, op: str, g: int) -> int:
         block = local[:s] + (local[s] // g,) + local[s + 1:]
         return (n if strided(local, s) else 0) + (n if strided(block, c) else 0)
     return 0
+
+
+def _exchange_copied(step: Any, plan: Any) -> int:
+    """The most bytes a rank packs for an Exchange: all it sends, unless that is its whole block."""
+    sent = getattr(step, "bytes_sent", 0)
+    transfers, shape = getattr(step, "transfers", None), getattr(plan, "shape", None)
+    if not transfers or shape is None or not hasattr(step, "before"):
+        return int(_as_max(sent) or 0)
+    from ..plan.volume import rank_boxes
+
+    held = rank_boxes(step.before, tuple(shape))
+    boxes: dict = {}
+    for src, _, box in transfers:
+        boxes.setdefault(src, []).append(box)
+    whole = {r for r, sends in boxes.items() if len(sends) == 1 and sends[0] == held[r]}
+    return max((n for r, n in enumerate(sent) if r not in whole), default=0)
 
 
 def _step_op(step: Any) -> str:

@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional
 from ..errors import PlanError
 from ..layout import Layout, TensorLayout
 from ..plan import Plan, plan_redistribution
+from ..buffers import empty as _new_block  # placed for MPI's copies (spmdsim.buffers)
 from ..plan.kernels import exchange_program, local_slice, local_zero
 from ..plan.steps import (
     Allgather,
@@ -227,8 +228,16 @@ def _exchange_runner(step: Exchange, rank: int, shape: tuple) -> Runner:
     )
     slots = tuple((lo, hi) for _, lo, hi in spec.recv_slots)  # in program.places order
     total = spec.recv_total
+    out_shape = program.out_shape
+    # The new block arrives whole from one peer (a permutation of blocks): receive it in place.
+    whole = (program.own is None and len(program.places) == 1
+             and program.places[0][2] == out_shape and math.prod(out_shape) == total)
 
     def run(step: Any, mesh: Any, local: Any, shape: tuple, label: Optional[str], owned: bool) -> Any:
+        if whole:
+            out = _new_block(out_shape, local.dtype)
+            exchange(mesh, local, spec, label=label, out=out.reshape(-1))
+            return out
         # Into the mesh's kept receive buffer (Mesh.scratch): assemble copies out of it at once.
         recv = exchange(mesh, local, spec, label=label, out=mesh.scratch("recv", (total,), local.dtype))
         return program.assemble(local, (recv[lo:hi] for lo, hi in slots))
