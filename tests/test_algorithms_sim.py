@@ -41,5 +41,5 @@ def test_collective_command_on_simulated_ranks(capsys):
     assert len(record["rounds"]) == 6 and record["bytes_sent_per_rank"] == 2 * 3 * n // 4 + n
     assert main(["collective", "ring-allreduce", "--size", "64K", "--ranks", "4", "--repeat", "1"]) == 0
     text = capsys.readouterr().out.splitlines()
-    assert text[0] == "spmdsim: running on 4 simulated ranks in this process (--ranks 4), no MPI launcher"
+    assert text[0] == "spmdsim: running on 4 simulated ranks in one process (--ranks 4), no mpiexec"
     assert any(line.startswith("result: matches the simulated ranks' Allreduce") for line in text)

@@ -17,7 +17,7 @@ EXAMPLES = sorted((pathlib.Path(__file__).resolve().parents[1] / "examples").glo
 def test_demo_on_simulated_ranks_says_so_and_passes(capsys):
     assert main(["demo", "--ranks", "8", "--only", "matmul_2x4_4x1,net_paddle_tp"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "spmdsim: running on 8 simulated ranks in this process (--ranks 8), no MPI launcher"
+    assert lines[0] == "spmdsim: running on 8 simulated ranks in one process (--ranks 8), no mpiexec"
     assert lines[1] == "spmdsim demo: 8 ranks, float32"
     assert "allreduce x1" in lines[3] and " 49,152 B " in lines[3] and lines[3].endswith("PASS")
     assert lines[-1] == "2 passed, 0 failed, 0 skipped"
@@ -58,7 +58,7 @@ def test_every_example_runs_on_8_simulated_ranks(path, monkeypatch, capsys):
         runpy.run_path(str(path), run_name="__main__")
     out = capsys.readouterr().out
     assert done.value.code == 0, out
-    assert out.startswith("spmdsim: running on 8 simulated ranks in this process")
+    assert out.startswith("spmdsim: running on 8 simulated ranks in one process")
     assert "PASS" in out or "passed" in out
 
 

@@ -36,7 +36,7 @@ def test_each_command_runs_in_one_process(command, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     if "--ranks" in argv:
-        assert out.startswith("spmdsim: ") and "simulated ranks in this process" in out.splitlines()[0]
+        assert out.startswith("spmdsim: ") and "simulated ranks in one process" in out.splitlines()[0]
     if "--dry-run" in argv or "dry_scale" in command:
         assert "peak held B" in out
     if "dry_scale" in command:

@@ -22,4 +22,5 @@ def test_notebook_runs_every_cell_without_error():
     assert "ranks 0-7 " in text and "allreduce x1" in text
     assert "forward collectives {'allreduce': 1}, backward {'allreduce': 1}" in text
     assert "allreduce(mp)                896 B  <- leaf (4, 16)" in text
+    assert " " * 41 + "(read by ParallelMLP)" in text  # the forward step the sum answers
     assert "every gradient on every rank matches the single-process step" in text

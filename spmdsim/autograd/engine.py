@@ -44,6 +44,7 @@ def backward(loss: Any, explain: Optional[list] = None) -> None:
     _accumulate(grads, owners, loss, DTensor(loss.mesh, np.ones(loss.local.shape, loss.dtype),
                                              loss.layout, loss.global_shape))
     leaves: list = []
+    readers: dict = {}  # with an explanation: leaf -> the forward steps that read it
     for node in order:
         dy = grads.pop(node, None)
         run, inputs = node.backward, node.inputs
@@ -55,7 +56,14 @@ def backward(loss: Any, explain: Optional[list] = None) -> None:
             continue
         with _collector() as trace:
             _take(grads, owners, leaves, inputs, run(_prepared(node, dy)))
-        explain.append((node.describe(), trace.entries))
+        step = node.describe()
+        explain.append((step, trace.entries))
+        for t in inputs:
+            if t is not None and isinstance(t._ag, Leaf):
+                names = readers.setdefault(t._ag, [])
+                short = step.split(":")[0]  # "matmul MatMul1", without the plan's reasons
+                if short not in names:
+                    names.append(short)
     for leaf in leaves:  # first-contribution order: the same on every rank
         tensor, g = owners[leaf], grads.pop(leaf)
         whole = with_partial(tensor.layout, ())
@@ -64,8 +72,9 @@ def backward(loss: Any, explain: Optional[list] = None) -> None:
         else:
             with _collector() as trace:
                 g = _move(g, whole)
+            read = ", ".join(readers.get(leaf, ()))
             explain.append((f"leaf {tuple(tensor.global_shape)} {tensor.layout}: its replicas' "
-                            "gradients summed", trace.entries))
+                            f"gradients summed" + (f" (read by {read})" if read else ""), trace.entries))
         leaf.grad = g if leaf.grad is None else add_grads(leaf.grad, g, whole)
 
 

@@ -156,7 +156,12 @@ def explain_backward(explain: list) -> str:
         for e in entries:
             if e.group_size > 1:
                 call = f"{e.op}({','.join(e.axes) or 'all'})"
-                lines.append(f"  {call:<22} {e.bytes_sent:>9,} B  <- {step}")
+                text = f"  {call:<22} {e.bytes_sent:>9,} B  <- "
+                head, cut, tail = step.partition(" (read by ")
+                if cut and len(text + step) > 100:  # the readers on a line of their own, under the step
+                    lines += [text + head, " " * len(text) + "(read by " + tail]
+                else:
+                    lines.append(text + step)
     return "\n".join(lines)
 
 

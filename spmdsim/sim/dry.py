@@ -149,15 +149,16 @@ class DryRunReport:
         return list(groups.values())
 
     def table(self) -> str:
+        """Equal ranks folded into one row; within 100 columns (a long list of collectives folds)."""
+        from ..viz.table import fold_table
         from .engine import ranks_text
 
-        head = f"{'ranks':<22}{'calls':>7}{'sent B':>14}{'received B':>14}{'peak held B':>14}  collectives"
-        lines = [f"dry run on {len(self.ranks)} simulated ranks (no data; bytes from the trace)", head]
-        for ranks, row in self.folded():
-            names = ", ".join(f"{op} x{n}" for op, n in row.counts) or "none"
-            lines.append(f"{ranks_text(ranks)[:21]:<22}{row.calls:>7}{row.bytes_sent:>14,}"
-                         f"{row.bytes_received:>14,}{row.peak_bytes_held:>14,}  {names}")
-        return "\n".join(lines)
+        head = ("ranks", "calls", "sent B", "received B", "peak held B", "collectives")
+        rows = [(ranks_text(ranks)[:21], row.calls, f"{row.bytes_sent:,}", f"{row.bytes_received:,}",
+                 f"{row.peak_bytes_held:,}", ", ".join(f"{op} x{n}" for op, n in row.counts) or "none")
+                for ranks, row in self.folded()]
+        return "\n".join([f"dry run on {len(self.ranks)} simulated ranks (no data; bytes from the trace)"]
+                         + fold_table(head, rows, right=(1, 2, 3, 4), keep=(0, 1, 2, 3, 4)))
 
     def to_json(self) -> str:
         return json.dumps({"ranks": [asdict(r) for r in self.ranks]})

@@ -26,7 +26,7 @@ __all__ = ["run_on_ranks", "script", "ranks_argument", "banner", "ways_out"]
 def banner(n: int, dry_run: bool = False) -> str:
     """The first line of a simulated run: says it is one process, not an MPI job."""
     what = "a dry run (shapes only) on" if dry_run else "running on"
-    return f"spmdsim: {what} {n} simulated ranks in this process (--ranks {n}), no MPI launcher"
+    return f"spmdsim: {what} {n} simulated ranks in one process (--ranks {n}), no mpiexec"
 
 
 def ways_out(n: int) -> str:

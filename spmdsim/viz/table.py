@@ -22,6 +22,7 @@ WIDTH = 100
 
 # Break after a comma or a space, or before ">" / "->": the pieces keep their separators.
 _BREAK = re.compile(r"(?<=, )|(?<= )(?=\S)|(?=>)")
+_ITEMS = re.compile(r"(?<=, )")
 
 
 def nbytes(n: int) -> str:
@@ -33,7 +34,11 @@ def fold_cell(text: str, width: int) -> list[str]:
     """`text` cut into lines of at most `width` columns at separators (hard cut if none)."""
     if len(text) <= width or width < 1:
         return [text]
-    pieces = [p for p in _BREAK.split(text) if p]
+    # Items of a list ("allreduce x3, reduce_scatter x5") stay whole when each fits a line
+    # (not inside brackets: "((2, 4), (4, 1))" is one value).
+    pieces = [p for p in _ITEMS.split(text) if p] if "(" not in text else [text]
+    if any(len(p.rstrip()) > width for p in pieces):
+        pieces = [p for p in _BREAK.split(text) if p]
     lines: list[str] = []
     line = ""
     for piece in pieces:
