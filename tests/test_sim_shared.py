@@ -87,3 +87,16 @@ def test_one_key_holds_each_distinct_input_apart():
 
     results = spmdsim.simulate(8, body)
     assert count.calls == 2 and all(results)
+
+
+def test_an_unhashable_key_is_refused_alike_in_and_out_of_a_simulation():
+    from spmdsim.errors import SpmdsimError
+
+    with pytest.raises(SpmdsimError, match=r"^once: key \['step', 0\] must be hashable"):
+        once(["step", 0], _Counter(), np.zeros(1))
+
+    def body():
+        once(["step", 0], _Counter(), np.zeros(1))
+
+    with pytest.raises(SpmdsimError, match=r"must be hashable"):
+        spmdsim.simulate(4, body)

@@ -22,7 +22,7 @@ error instead of changing the other ranks' copy; lists, tuples and dicts in
 the result are copied for each caller. An entry is dropped once every rank
 took it (or with its simulation).
 
-Pure: imports numpy and the thread's rank (`spmdsim.sim._local`) only.
+Pure: imports numpy, spmdsim.errors and the thread's rank (`spmdsim.sim._local`) only.
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..errors import SpmdsimError
 from . import _local
 
 __all__ = ["once"]
@@ -40,6 +41,11 @@ _LOCK = threading.Lock()
 
 def once(key: Any, fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)``, computed once per simulation for a hashable `key` and equal `args` (module doc)."""
+    try:  # checked under MPI too: a program must not work there and fail simulated
+        hash(key)
+    except TypeError:
+        raise SpmdsimError(f"once: key {key!r:.80} must be hashable (a str, int or tuple of them), "
+                           f"not {type(key).__name__}") from None
     state = _local.current()
     if state is None or state.size == 1:
         return fn(*args)
