@@ -156,3 +156,14 @@ def test_ctrl_c_stops_every_simulated_rank_with_one_line():
         proc.kill()
     assert proc.returncode == 130
     assert err == "spmdsim: interrupted (Ctrl-C): the simulated ranks were stopped\n"
+
+
+def test_an_example_asked_for_a_dry_run_without_simulated_ranks_refuses(monkeypatch, capsys):
+    """It ran a real one-process job and ignored --dry-run."""
+    path = next(p for p in EXAMPLES if p.stem == "attention")
+    monkeypatch.setattr(sys, "argv", [str(path), "--dry-run"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(path), run_name="__main__")
+    out = capsys.readouterr()
+    assert done.value.code == 2 and out.out == ""
+    assert out.err == "spmdsim: error: --dry-run needs --ranks N (a dry run simulates the ranks in this process)\n"

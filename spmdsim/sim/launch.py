@@ -123,6 +123,13 @@ def script(path: str, argv: Optional[Sequence[str]] = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     n = _take_ranks(args, path)
     if n is None:
+        if "--dry-run" in args:  # a dry run asked for and a real run given would be a silent surprise
+            from .._threads import launcher_rank
+
+            if launcher_rank() == 0:  # under mpiexec every rank refuses; one says so
+                print("spmdsim: error: --dry-run needs --ranks N (a dry run simulates the ranks in this "
+                      "process)", file=sys.stderr)
+            sys.exit(2)
         return
     dry_run = "--dry-run" in args
     sys.argv[1:] = [a for a in args if a != "--dry-run"]
