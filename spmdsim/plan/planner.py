@@ -181,7 +181,22 @@ class _Sizes:
 
 
 def _with(tl: TensorLayout, tensor_map, partial) -> TensorLayout:
-    return TensorLayout(tl.layout, tuple(tuple(e) for e in tensor_map), tuple(partial))
+    """`tl`'s device matrix with `tensor_map` and `partial`: one object per distinct layout.
+
+    Candidate plans build the same intermediate layouts over and over
+    (hundreds of thousands while autoshard prices a network at 64 devices);
+    each is validated once. An invalid one raises and is not kept.
+    """
+    key = (tl.layout, tuple(tuple(e) for e in tensor_map), tuple(partial))
+    out = _LAYOUTS.get(key)
+    if out is None:
+        if len(_LAYOUTS) >= 65536:  # a long run over many meshes: start over
+            _LAYOUTS.clear()
+        out = _LAYOUTS[key] = TensorLayout(*key)
+    return out
+
+
+_LAYOUTS: dict = {}  # (device matrix, tensor map, partial axes) -> the TensorLayout
 
 
 def _set_dim(tensor_map: Map, tensor_dim: int, axes: tuple) -> list:
