@@ -58,10 +58,10 @@ def backward(loss: Any, explain: Optional[list] = None) -> None:
             _take(grads, owners, leaves, inputs, run(_prepared(node, dy)))
         step = node.describe()
         explain.append((step, trace.entries))
+        short = step.split(":")[0]  # "matmul MatMul1", without the plan's reasons
         for t in inputs:
             if t is not None and isinstance(t._ag, Leaf):
                 names = readers.setdefault(t._ag, [])
-                short = step.split(":")[0]  # "matmul MatMul1", without the plan's reasons
                 if short not in names:
                     names.append(short)
     for leaf in leaves:  # first-contribution order: the same on every rank

@@ -46,7 +46,9 @@ def on_world(args: argparse.Namespace, fn: Callable[[Any], int]) -> int:
     n = getattr(args, "ranks", None)
     if n is None:
         if getattr(args, "dry_run", False):
-            raise SpmdsimError("--dry-run needs --ranks N (a dry run simulates the ranks in this process)")
+            from ..sim.launch import DRY_RUN_NEEDS_RANKS
+
+            raise SpmdsimError(DRY_RUN_NEEDS_RANKS)
         from mpi4py import MPI
 
         return fn(MPI.COMM_WORLD)

@@ -217,7 +217,9 @@ def run_main(main: Any, args: Any, ranks: Optional[int],
         refuse(f"--steps {steps!r} must be at least 1")
     dry_run = bool(getattr(args, "dry_run", False))
     if dry_run and ranks is None:
-        refuse("--dry-run needs --ranks N (a dry run simulates the ranks in this process)")
+        from ..sim.launch import DRY_RUN_NEEDS_RANKS
+
+        refuse(DRY_RUN_NEEDS_RANKS)
     if ranks is not None:
         size = world_size(ranks)  # refuses a count that cannot be
         problem = needs(size) if needs is not None else None

@@ -88,15 +88,25 @@ def linear(
     refuse_bool_sum("linear", local, "a product sums over in_features")
     local = execute(mesh, local, plan.matmul.steps, shape, label, owned=True)
     if bias is not None:
-        pending = plan.matmul.out.partial
-        if not pending or mesh.layout.group_index(mesh.rank, pending) == 0:
-            local = add_bias(local, bias.local)
+        local = bias_once(mesh, local, bias, plan)
     gather_label = None if label is None else f"{label}.gather"
     local = execute(mesh, local, plan.gather, shape, gather_label, owned=True)
     out = make_dtensor(mesh, local, plan.out, shape)
     if x._ag is not None or weight._ag is not None or (bias is not None and bias._ag is not None):
         record_linear(out, x, weight, bias, plan, label)
     return out
+
+
+def bias_once(mesh: Any, local: Any, bias: Any, plan: LinearPlan) -> Any:
+    """`local` (the product after its steps) plus the bias, counted once in the sum.
+
+    Where the result is still a pending sum, only the first rank of each
+    reduction group adds it; elsewhere every rank does.
+    """
+    pending = plan.matmul.out.partial
+    if not pending or mesh.layout.group_index(mesh.rank, pending) == 0:
+        return add_bias(local, bias.local)
+    return local
 
 
 class _ParallelLinear:

@@ -27,7 +27,7 @@ from ..sim.dry import local as dry_local
 from ..validate import int_arg
 from ._common import add_bias, default_axes, local_matmul, make_dtensor
 from .elementwise import activation
-from .linear import ColumnParallelLinear, RowParallelLinear, _plan_linear
+from .linear import ColumnParallelLinear, RowParallelLinear, _plan_linear, bias_once
 
 __all__ = ["ParallelMLP"]
 
@@ -131,9 +131,7 @@ class ParallelMLP:
         steps = p2.matmul.steps
         y = execute(mesh, local_matmul(h, w2.local, bool(steps)), steps, shape, "mlp.fc2", owned=True)
         if b2 is not None:
-            pending = p2.matmul.out.partial
-            if not pending or mesh.layout.group_index(mesh.rank, pending) == 0:
-                y = add_bias(y, b2.local)
+            y = bias_once(mesh, y, b2, p2)
         out = make_dtensor(mesh, y, p2.out, shape)
         if graph.is_grad_enabled() and any(t is not None and t._ag is not None for t in (x, w1, b1, w2, b2)):
             kind = self.activation

@@ -64,26 +64,32 @@ def rank_boxes(tl: TensorLayout, shape: tuple[int, ...]) -> tuple[Box, ...]:
 
 @lru_cache(maxsize=4096)
 def _box_array(tl: TensorLayout, shape: tuple[int, ...]) -> np.ndarray | None:
-    """`rank_boxes` as an int64 array (ranks, dims, 2); None for a 0-d tensor or past int64's range
-    (with room for the bytes of 16-byte items)."""
-    if not shape or math.prod(shape) >= _INT64_LIMIT >> 4:
+    """`rank_boxes` as an int64 array (ranks, dims, 2); None for a 0-d tensor or past int64's range."""
+    if not shape or math.prod(shape) >= _INT64_LIMIT:
         return None
     boxes = rank_boxes(tl, shape)
     return np.array(boxes, dtype=np.int64).reshape(len(boxes), len(shape), 2)
 
 
-def _held_of_new(before: TensorLayout, after: TensorLayout, shape: tuple[int, ...]) -> tuple | None:
-    """Per rank (its new block's elements, those of them it already holds), as int64 arrays, or None.
+def _held_of_new(before: TensorLayout, after: TensorLayout, shape: tuple[int, ...]) -> tuple[list, list]:
+    """Per rank, its new block's elements and how many of them it already holds (two lists of ints).
 
-    One numpy pass over every rank's two boxes: a Python intersection per rank
-    was most of the planner's time at 64 devices and more.
+    One numpy pass over every rank's two boxes where int64 holds the sizes: a
+    Python intersection per rank was most of the planner's time at 64 devices
+    and more. Exact Python ints past that (and for a 0-d tensor).
     """
+    shape = tuple(shape)
     old, new = _box_array(before, shape), _box_array(after, shape)
-    if old is None or new is None:
-        return None
-    extent = np.minimum(old[:, :, 1], new[:, :, 1]) - np.maximum(old[:, :, 0], new[:, :, 0])
-    held = np.where((extent > 0).all(axis=1), np.clip(extent, 0, None).prod(axis=1), 0)
-    return (new[:, :, 1] - new[:, :, 0]).prod(axis=1), held
+    if old is not None and new is not None:
+        extent = np.minimum(old[:, :, 1], new[:, :, 1]) - np.maximum(old[:, :, 0], new[:, :, 0])
+        held = np.where((extent > 0).all(axis=1), np.clip(extent, 0, None).prod(axis=1), 0)
+        return (new[:, :, 1] - new[:, :, 0]).prod(axis=1).tolist(), held.tolist()
+    wanted, held = [], []
+    for own, want in zip(rank_boxes(before, shape), rank_boxes(after, shape)):
+        common = intersect(own, want)
+        wanted.append(box_size(want))
+        held.append(0 if common is None else box_size(common))
+    return wanted, held
 
 
 def _uncovered(region: Box, covers: list[Box]) -> int:
@@ -145,18 +151,9 @@ def lower_bound(
     """
     _, new, resolved = _kept_and_new(source, target)
     if not new:
-        sizes = _held_of_new(source, target, tuple(shape))
-        if sizes is not None:
-            wanted, held = sizes
-            return tuple(((wanted if resolved else wanted - held) * itemsize).tolist())
+        wanted, held = _held_of_new(source, target, shape)
+        return tuple((w if resolved else w - h) * itemsize for w, h in zip(wanted, held))
     src, tgt = rank_boxes(source, shape), rank_boxes(target, shape)
-    if not new:
-        need = []
-        for s, t in zip(src, tgt):
-            common = intersect(s, t)
-            held = 0 if resolved or common is None else box_size(common)
-            need.append(box_size(t) - held)
-        return tuple(n * itemsize for n in need)
     out = [0] * len(tgt)
     for group in target.layout.axis_groups(new):
         region = tgt[group[0]]
@@ -173,19 +170,8 @@ def exchange_received(before: TensorLayout, after: TensorLayout, shape: tuple[in
     The held boxes tile the tensor, so a rank receives its new block less the
     part of it that it already holds, whichever replica sends each piece.
     """
-    sizes = _held_of_new(before, after, tuple(shape))
-    if sizes is not None:
-        wanted, held = sizes
-        return tuple((wanted - held).tolist())
-    src, tgt = rank_boxes(before, shape), rank_boxes(after, shape)
-    out = []
-    for own, want in zip(src, tgt):
-        if own == want:
-            out.append(0)
-            continue
-        kept = intersect(own, want)
-        out.append(box_size(want) - (0 if kept is None else box_size(kept)))
-    return tuple(out)
+    wanted, held = _held_of_new(before, after, shape)
+    return tuple(w - h for w, h in zip(wanted, held))
 
 
 def exchange_transfers(

@@ -35,6 +35,10 @@ def ways_out(n: int) -> str:
             f"process with `--ranks {n}` / spmdsim.simulate({n}, main))")
 
 
+#: The refusal of --dry-run without --ranks N, from the CLI, the examples and the training scripts.
+DRY_RUN_NEEDS_RANKS = "--dry-run needs --ranks N (a dry run simulates the ranks in this process)"
+
+
 def ranks_problem(n: Any) -> Optional[str]:
     """Why `n` cannot be a ``--ranks`` count (one line for "spmdsim: error: "), or None."""
     from .run import MAX_RANKS
@@ -127,8 +131,7 @@ def script(path: str, argv: Optional[Sequence[str]] = None) -> None:
             from .._threads import launcher_rank
 
             if launcher_rank() == 0:  # under mpiexec every rank refuses; one says so
-                print("spmdsim: error: --dry-run needs --ranks N (a dry run simulates the ranks in this "
-                      "process)", file=sys.stderr)
+                print(f"spmdsim: error: {DRY_RUN_NEEDS_RANKS}", file=sys.stderr)
             sys.exit(2)
         return
     dry_run = "--dry-run" in args
