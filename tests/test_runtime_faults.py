@@ -176,14 +176,16 @@ def test_ctrl_c_ends_an_mpi_job_with_one_line_and_130():
         if i == 10 and mesh.rank == 0:
             print("running", flush=True)
     """)
-    proc = subprocess.Popen([MPIEXEC, "-n", str(RANKS), sys.executable, "-c", body], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+    # timeout forwards the SIGINT it gets to mpiexec, which forwards it to every rank, as a
+    # terminal's Ctrl-C reaches them.
+    proc = subprocess.Popen(["timeout", "-k", "5", "60", MPIEXEC, "-n", str(RANKS), sys.executable, "-c", body],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and "running" not in proc.stdout.readline():
             pass
-        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole group
+        proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=BOUND_S)
     finally:
         if proc.poll() is None:
