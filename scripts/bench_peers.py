@@ -13,7 +13,11 @@ Each case runs spmdsim and DTensor in turn (rotating order, barrier before
 each call); a time is the median over repeats of the slowest rank. The ratio
 is spmdsim / DTensor (below 1: spmdsim is faster). The training step also
 runs a third time, written by hand in numpy with one mpi4py Allreduce: the
-floor for any numpy implementation of that step.
+floor for any numpy implementation of that step. Where the environment pins
+numpy's OpenBLAS kernels (OPENBLAS_CORETYPE, as this project's VM does for older
+builds), time a current numpy with both variables unset in that command alone:
+``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE timeout ...``; the last line
+names the kernels numpy ran.
 """
 from __future__ import annotations
 
