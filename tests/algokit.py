@@ -134,3 +134,36 @@ def matmul_on_a_ring(comm: Any) -> tuple[dict, list, int]:
     out.check(matmul_region(xs, ws, False, False), atol=1e-9).raise_if_failed()
     mesh.close()
     return tr.counts(), [r.schedule.name for r in log.records], len(log.records[0].round_seconds)
+
+
+def allreduce_max_mismatches(comm: Any) -> list:
+    """``collectives.allreduce(..., op="max")`` on every axis group, plain and through each
+    emulated Allreduce algorithm, against numpy's maximum over the group; in place too.
+    """
+    from spmdsim.runtime import Mesh
+    from spmdsim.runtime import collectives as C
+
+    p, me = comm.Get_size(), comm.Get_rank()
+    layout = Layout((2, p // 2), ("dp", "mp"))
+    # Every rank's values, so each rank can work out any group's maximum itself.
+    every = [np.random.default_rng(500 + r).standard_normal((5, 7)) for r in range(p)]
+    bad = []
+    meshes = [Mesh(layout, comm)] + [Mesh(layout, comm, algorithms={"allreduce": a})
+                                     for a in ALGORITHMS["allreduce"]]
+    for mesh in meshes:
+        for axes in ("dp", "mp", ("dp", "mp")):
+            names = (axes,) if isinstance(axes, str) else axes
+            others = [i for i, a in enumerate(layout.alias_name) if a not in names]
+            group = [r for r in range(p)
+                     if all(layout.coords(r)[i] == layout.coords(me)[i] for i in others)]
+            want = np.max([every[r] for r in group], axis=0)
+            got = C.allreduce(mesh, every[me], axes, op="max")
+            mine = every[me].copy()
+            kept = C.allreduce(mesh, mine, axes, out=mine, op="max")
+            where = (sorted(mesh.algorithms or {}), axes)
+            if not np.array_equal(got, want):
+                bad.append(where + ("result",))
+            if kept is not mine or not np.array_equal(mine, want):
+                bad.append(where + ("in place",))
+        mesh.close()
+    return bad

@@ -2,15 +2,16 @@
 
 The same bodies (tests/algokit.py), compared with the simulated ranks' own
 collectives: every algorithm at 2, 3, 4, 6 and 8 ranks, the Mesh option on
-every axis group, a MatMul's ring Allreduce, and `spmdsim collective --ranks`.
+every axis group, a MatMul's ring Allreduce, Allreduce's maximum, and `spmdsim collective --ranks`.
 """
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
-from algokit import matmul_on_a_ring, mesh_mismatches, mismatches
+from algokit import allreduce_max_mismatches, matmul_on_a_ring, mesh_mismatches, mismatches
 from spmdsim.cli.main import main
 from spmdsim.sim import simulate, world
 
@@ -43,3 +44,24 @@ def test_collective_command_on_simulated_ranks(capsys):
     text = capsys.readouterr().out.splitlines()
     assert text[0] == "spmdsim: running on 4 simulated ranks in one process (--ranks 4), no mpiexec"
     assert any(line.startswith("result: matches the simulated ranks' Allreduce") for line in text)
+
+
+@pytest.mark.parametrize("p", [4, 8])
+def test_allreduce_max_plain_and_emulated(p):
+    assert simulate(p, lambda: allreduce_max_mismatches(world())) == [[]] * p
+
+
+def test_allreduce_refuses_an_unknown_op_on_every_rank():
+    from spmdsim import Layout
+    from spmdsim.errors import OperatorError
+    from spmdsim.runtime import Mesh
+    from spmdsim.runtime import collectives as C
+
+    def body():
+        mesh = Mesh(Layout((2,), ("x",)), world())
+        try:
+            C.allreduce(mesh, np.ones(3), "x", op="min")
+        except OperatorError as e:
+            return str(e)
+
+    assert simulate(2, body) == ["allreduce op 'min' is not supported; expected 'sum' or 'max'"] * 2

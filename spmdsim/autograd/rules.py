@@ -213,7 +213,9 @@ def record_scale(out: Any, x: Any, factor: Any) -> Any:
     from ..runtime import DTensor
 
     def backward(dy: Any) -> tuple:
-        return (DTensor(dy.mesh, dy.local * np.asarray(factor, dy.dtype), dy.layout, dy.global_shape),)
+        d = dy.local
+        return (DTensor(dy.mesh, _local(np.multiply, d, d, np.asarray(factor, d.dtype)), dy.layout,
+                        dy.global_shape),)
 
     return record(out, "scale", (x,), backward)
 

@@ -62,7 +62,8 @@ def scale(x: Any, factor: Any) -> Any:
         factor_array = np.asarray(value, dtype=dtype)
     except OverflowError:
         raise OperatorError(f"scale factor {factor!r} does not fit dtype {dtype.name!r}") from None
-    out = make_dtensor(x.mesh, x.local * factor_array, x.layout, x.global_shape)
+    out = make_dtensor(x.mesh, dry_local(np.multiply, x.local, x.local, factor_array), x.layout,
+                       x.global_shape)
     return out if x._ag is None else rules.record_scale(out, x, value)
 
 

@@ -4,10 +4,11 @@ Both return a replicated scalar DTensor (global shape (), ``.local`` the
 value), the mean over the global batch. Each rank sums the terms of its own
 rows; one Allreduce over the axes splitting the rows adds them (replicas of a
 row are counted once). With the classes split (logits (B, C) with C split
-over some axes: Megatron's vocab-parallel cross-entropy) the row max is
-Allgathered over the class axes (a few numbers per row) and the sum of
-exponentials and the target logit are Allreduced over them together: the
-logits are never gathered. Their backward needs no communication.
+over some axes: Megatron's vocab-parallel cross-entropy) each row's max is
+one Allreduce with MPI.MAX over the class axes (one number per row, whatever
+the number of ranks) and the sum of exponentials and the target logit are
+Allreduced over them together: the logits are never gathered. Their backward
+needs no communication.
 
 Labels out of range are counted on each rank and the count rides in the final
 Allreduce, so every rank raises the same error after the same collectives.
@@ -120,9 +121,8 @@ def cross_entropy(logits: Any, labels: Any) -> Any:
     if class_axes:  # Megatron: a common shift per row, then two sums over the class axes
         from ..runtime import collectives
 
-        peaks = collectives.allgather(mesh, np.ascontiguousarray(z.max(axis=1)[:, None]), class_axes, 1,
-                                      label="cross_entropy.max")
-        shift = peaks.max(axis=1)
+        shift = collectives.allreduce(mesh, np.ascontiguousarray(z.max(axis=1)), class_axes,
+                                      label="cross_entropy.max", op="max")
     else:
         shift = z.max(axis=1)
     e = np.exp(z - shift[:, None])

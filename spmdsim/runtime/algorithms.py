@@ -120,13 +120,14 @@ def _gather(work: np.ndarray, bounds: list[int], slots: tuple[int, ...]) -> np.n
 
 
 def _scatter(work: np.ndarray, bounds: list[int], slots: tuple[int, ...], data: np.ndarray,
-             add: bool) -> None:
+             combine: Any) -> None:
+    """`data` into `slots` of `work`: combined with what is there (a ufunc), or copied (None)."""
     at = 0
     for s in slots:
         piece = work[bounds[s]:bounds[s + 1]]
         n = piece.size
-        if add:
-            np.add(piece, data[at:at + n], out=piece)
+        if combine is not None:
+            combine(piece, data[at:at + n], out=piece)
         else:
             piece[...] = data[at:at + n]
         at += n
@@ -146,13 +147,15 @@ def _wait_all(requests: list, wait: Callable[[Any], None] | None) -> None:
 
 
 def run_schedule(comm: Any, schedule: Schedule, send: np.ndarray | None, out: np.ndarray,
-                 wait: Callable[[Any], None] | None = None, label: str | None = None) -> RunRecord:
+                 wait: Callable[[Any], None] | None = None, label: str | None = None,
+                 combine: Any = np.add) -> RunRecord:
     """Run `schedule` as this rank (comm's rank): flat `send` in, flat `out` filled.
 
     Args:
         send: this rank's input, 1-D contiguous (None for a bcast receiver); may be `out` itself.
         out: the 1-D contiguous output buffer.
         wait: completes one request (the mesh's polite wait); default Waitall / Wait.
+        combine: the ufunc a reducing transfer applies (np.add; np.maximum for a max).
     """
     me = comm.Get_rank()
     bounds = _bounds(schedule)
@@ -162,7 +165,7 @@ def run_schedule(comm: Any, schedule: Schedule, send: np.ndarray | None, out: np
     direct = mine == tuple(range(len(schedule.slot_counts))) and out.size == total and send is not out
     work = out if direct else np.empty(total, out.dtype)
     if schedule.input_slots[me]:
-        _scatter(work, bounds, schedule.input_slots[me], send, False)
+        _scatter(work, bounds, schedule.input_slots[me], send, None)
     seconds = []
     for number, rnd in enumerate(schedule.rounds):
         t0 = perf_counter()
@@ -184,7 +187,7 @@ def run_schedule(comm: Any, schedule: Schedule, send: np.ndarray | None, out: np
             requests.append(comm.Isend(_gather(work, bounds, t.src_slots), t.dst, tag))
         _wait_all(requests, wait)
         for t, buf in landed:
-            _scatter(work, bounds, t.dst_slots, buf, t.reduce)
+            _scatter(work, bounds, t.dst_slots, buf, combine if t.reduce else None)
         seconds.append(perf_counter() - t0)
     if not direct:
         out[...] = _gather(work, bounds, mine)
@@ -256,7 +259,12 @@ def emulate(mesh: Any, op: str, algorithm: str, comm: Any, send: Any, recv: Any,
     wait = None
     if mesh.polite:
         from .wait import polite_wait as wait
-    run_schedule(comm, schedule, flat_in, recv.reshape(-1), wait, label)
+    combine = np.add
+    if op == "allreduce" and extra:  # Allreduce(send, recv, op): MPI's op or a simulated rank's name
+        from ..sim._buffers import reduction
+
+        combine = reduction(extra[0])[1]
+    run_schedule(comm, schedule, flat_in, recv.reshape(-1), wait, label, combine)
     return f"{op}[{algorithm}]", schedule.bytes_sent()[me], schedule.bytes_received()[me]
 
 

@@ -29,7 +29,7 @@ from typing import Any, Iterable
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import RankError
+from ..errors import OperatorError, RankError
 from ..validate import as_int
 from ..plan.steps import moved_bytes  # each step kind owns its byte formula
 from ._calls import _alone, _contig, _copy_into, _dim, _divisible, _empty, _result, issue
@@ -145,12 +145,15 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
 
 
 def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | None = None,
-              out: np.ndarray | None = None) -> np.ndarray:
-    """Elementwise sum of every member's `local`, on every member (into `out` if given).
+              out: np.ndarray | None = None, op: str = "sum") -> np.ndarray:
+    """Elementwise sum (or, with ``op="max"``, maximum) of every member's `local`, on every member.
 
-    ``out=local`` sums in place (MPI.IN_PLACE): no result buffer is allocated,
-    which spares the page faults of fresh memory on every call.
+    ``out=local`` reduces in place (MPI.IN_PLACE): no result buffer is
+    allocated, which spares the page faults of fresh memory on every call.
+    A maximum is exact in any order: vocab-parallel cross-entropy's common
+    shift per row is one, as in Megatron.
     """
+    reduce = _SUM if op == "sum" else _reduction(op)
     comm, g, _ = mesh.group_info(axes)
     x = local if type(local) is _ndarray and local.flags.c_contiguous else _contig(local)
     if g == 1:
@@ -158,7 +161,14 @@ def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | No
         return x if out is None or out is x else _copy_into(out, x, "allreduce")
     dst = x if out is x and x.flags.writeable else _result(out, x.shape, x.dtype, "allreduce")
     return issue(mesh, comm, g, "allreduce", axes, label, comm, "Allreduce", "Iallreduce",
-                 _IN_PLACE if dst is x else x, dst, _SUM, dst, x, (), x.nbytes)
+                 _IN_PLACE if dst is x else x, dst, reduce, dst, x, (), x.nbytes)
+
+
+def _reduction(op: Any) -> Any:
+    """MPI's op for allreduce's `op` name, or the OperatorError every member raises alike."""
+    if op == "max":
+        return MPI.MAX
+    raise OperatorError(f"allreduce op {op!r} is not supported; expected 'sum' or 'max'")
 
 
 def reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int,

@@ -1,7 +1,7 @@
 """Dry runs: simulated ranks with shapes and dtypes but no data, and what each rank would move and hold.
 
-In ``simulate(..., dry_run=True)`` a SeededTensor block is ``np.zeros`` (the
-kernel maps zero pages lazily: nothing is generated or written), collectives
+In ``simulate(..., dry_run=True)`` a SeededTensor block is zeros (`zeros`:
+pages the kernel maps on first write, so nothing is generated or written), collectives
 meet and compare their calls but copy and add nothing, and every collective
 is traced with its bytes. Each rank's `Meter` counts the bytes it holds: the
 blocks made from seeds and every buffer a collective sends or receives, for as
@@ -15,6 +15,8 @@ meaningless, and the report replaces the program's own output.
 from __future__ import annotations
 
 import json
+import math
+import mmap
 import weakref
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
@@ -23,7 +25,7 @@ import numpy as np
 
 from . import _local
 
-__all__ = ["Meter", "RankBytes", "DryRunReport", "dry_zeros", "meter", "active", "dry_run_active", "RUNNING",
+__all__ = ["Meter", "RankBytes", "DryRunReport", "zeros", "dry_zeros", "meter", "active", "dry_run_active", "RUNNING",
            "product", "matmul", "local"]
 
 #: Dry runs in progress in this process ([count], changed by spmdsim.sim.run): the hot paths
@@ -74,12 +76,35 @@ def dry_run_active() -> bool:
     return active()
 
 
+#: From this size up a dry run's zeros are their own anonymous mapping (`zeros`).
+LAZY_BYTES = 1 << 20
+
+
+def zeros(shape: tuple, dtype: Any) -> np.ndarray:
+    """Zeros whose pages cost no memory until written: a dry run's stand-in for any value.
+
+    ``np.zeros`` is calloc, and in a process of simulated ranks (threads) glibc
+    serves a multi-MiB calloc from a thread arena it has used before and
+    clears it, writing every page: a 1024-rank dry run of the Megatron block
+    was killed for memory at 24 GiB. An anonymous mapping is zero-filled by the
+    kernel page by page on first write, and unmapped when the array is freed.
+    """
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes >= LAZY_BYTES:
+        try:
+            return np.frombuffer(mmap.mmap(-1, nbytes), dtype).reshape(shape)
+        except OSError:  # out of mappings (vm.max_map_count) or address space: numpy's own
+            pass
+    return np.zeros(shape, dtype)
+
+
 def dry_zeros(shape: tuple, dtype: Any) -> np.ndarray | None:
     """A block of zeros standing in for generated data in a dry run (counted as held), else None."""
     m = meter()
     if m is None:
         return None
-    out = np.zeros(shape, dtype)
+    out = zeros(shape, dtype)
     m.hold(out)
     return out
 
@@ -94,7 +119,7 @@ def product(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     if not active():
         return None
     lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    return np.zeros(lead + (a.shape[-2], b.shape[-1]), np.result_type(a, b))
+    return zeros(lead + (a.shape[-2], b.shape[-1]), np.result_type(a, b))
 
 
 def local(fn: Any, like: np.ndarray, *args: Any) -> np.ndarray:
@@ -107,7 +132,7 @@ def local(fn: Any, like: np.ndarray, *args: Any) -> np.ndarray:
     real run reads one list item.
     """
     if RUNNING[0] and active():
-        return np.zeros(like.shape, like.dtype)
+        return zeros(like.shape, like.dtype)
     return fn(*args)
 
 

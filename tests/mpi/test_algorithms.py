@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from algokit import matmul_on_a_ring, mesh_mismatches, mismatches
+from algokit import allreduce_max_mismatches, matmul_on_a_ring, mesh_mismatches, mismatches
 from spmdsim import Layout, SpmdsimError
 from spmdsim.runtime.algorithms import collect_rounds, run_collective
 
@@ -81,3 +81,11 @@ def test_collective_command_json_and_show(capsys):
     if WORLD.rank == 0:
         assert "result: matches MPI's Alltoall" in text and "bruck +1" in text
         assert max(len(line) for line in text.splitlines()) <= 100
+
+
+@pytest.mark.mpi(min_size=4)
+def test_allreduce_max_plain_and_emulated():
+    if WORLD.size % 2:
+        pytest.skip("a (2, p/2) mesh needs an even world")
+    everyone = WORLD.allgather(allreduce_max_mismatches(WORLD))
+    assert not any(everyone), everyone
