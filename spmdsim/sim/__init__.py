@@ -12,7 +12,7 @@ import importlib
 from typing import Any
 
 __all__ = ["simulate", "world", "current_rank", "script", "run_on_ranks", "once", "dry_run_active", "SimComm",
-           "Request", "IN_PLACE", "DeadlockError", "SimulationError", "MAX_RANKS"]
+           "Request", "IN_PLACE", "DeadlockError", "SimulationError", "MemoryLimitError", "MAX_RANKS"]
 
 _WHERE = {
     "simulate": "run",
@@ -28,6 +28,7 @@ _WHERE = {
     "IN_PLACE": "_buffers",
     "DeadlockError": "engine",
     "SimulationError": "engine",
+    "MemoryLimitError": "memory",
 }
 
 

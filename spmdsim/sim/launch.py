@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from ..errors import SpmdsimError
 from . import _local
+from .memory import MemoryLimitError
 
 __all__ = ["run_on_ranks", "script", "ranks_argument", "banner", "ways_out"]
 
@@ -73,6 +74,9 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
     except KeyboardInterrupt:  # simulate() stopped every rank at its next wait
         print("spmdsim: interrupted (Ctrl-C): the simulated ranks were stopped", file=sys.stderr)
         return 130
+    except MemoryLimitError as exc:  # not one rank's error: the whole simulation's
+        print(f"spmdsim: error: {exc}", file=sys.stderr)
+        return 1
     except SpmdsimError as exc:
         if len(getattr(exc, "simulated_ranks", ())) == n:
             print(f"spmdsim: error: {exc}", file=sys.stderr)

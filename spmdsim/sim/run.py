@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from typing import Any, Callable, Optional
 
 from ..errors import SpmdsimError
 from ..validate import as_int
-from . import _local
+from . import _local, memory
 from .comm import SimComm
 from .engine import Aborted, SimulationError, World, ranks_text
 
@@ -106,11 +107,18 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict, dry_run: 
             for t in threads:
                 t.start()
             for t in threads:
-                t.join()
-        except BaseException as exc:  # Ctrl-C in the caller: stop the ranks at their next wait
+                while t.is_alive():  # and now and then: is the machine nearly out of memory?
+                    t.join(memory.POLL_S)
+                    why = memory.problem(size)
+                    if why is not None:
+                        raise memory.MemoryLimitError(why)
+        except BaseException as exc:  # Ctrl-C in the caller, or memory: stop the ranks at their next wait
             engine.fail(-1, exc)
+            # Short of memory, a rank inside numpy may not reach its next wait before the
+            # machine runs out: give them all half a second together, then leave (daemon threads).
+            deadline = time.monotonic() + (0.5 if isinstance(exc, memory.MemoryLimitError) else 1e9)
             for t in threads:
-                t.join(1.0)
+                t.join(max(0.0, min(1.0, deadline - time.monotonic())))
             raise
         finally:
             RUNNING[0] -= dry_run
