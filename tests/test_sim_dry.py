@@ -197,3 +197,12 @@ def test_the_megatron_block_dry_run_at_512_ranks_fits_in_1_5_gib():
     assert peak and peak[0][2] == "0", out.stdout[-2000:] + out.stderr[-2000:]
     assert "allreduce x4" in out.stdout and "ranks 0-511" in out.stdout
     assert int(peak[0][1]) < 1536 * 1024, f"peak RSS {int(peak[0][1]) // 1024} MiB"  # KiB on Linux
+
+
+def test_a_rank_list_too_long_for_its_column_says_how_many():
+    from spmdsim.sim.dry import DryRunReport, RankBytes
+
+    # Every third rank differs: the others' list ("ranks 0-1,3-4,6-7,...") cannot fit 21 columns.
+    rows = tuple(RankBytes(r, 1, 8, 8, 100 if r % 3 == 2 else 50, (("allreduce", 1),)) for r in range(30))
+    table = DryRunReport(rows).table().splitlines()
+    assert [line.split("  ")[0] for line in table[2:]] == ["20 ranks", "10 ranks"]

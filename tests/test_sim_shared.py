@@ -100,3 +100,19 @@ def test_an_unhashable_key_is_refused_alike_in_and_out_of_a_simulation():
 
     with pytest.raises(SpmdsimError, match=r"must be hashable"):
         spmdsim.simulate(4, body)
+
+
+def test_in_a_dry_run_the_shared_result_is_no_ranks_bytes_held():
+    """Whichever rank computes it first would otherwise carry it in its peak: a report that
+    changed from run to run (the attention example's reference at 8 ranks: 2 of 8 ranks)."""
+    from spmdsim.runtime import DTensor, Mesh
+
+    def body():
+        mesh = Mesh(spmdsim.Layout((4,), ("mp",)))
+        src = spmdsim.SeededTensor((256, 64), "float64", 3)
+        x = DTensor.from_seeded(mesh, mesh.layout("mp", None), src)
+        once("whole", lambda: src.full())  # 128 KiB, the global tensor
+        return x.local.nbytes
+
+    dry = spmdsim.simulate(4, body, dry_run=True)
+    assert [r.peak_bytes_held for r in dry.report.ranks] == [256 * 64 * 8 // 4] * 4

@@ -176,10 +176,9 @@ class DryRunReport:
     def table(self) -> str:
         """Equal ranks folded into one row; within 100 columns (a long list of collectives folds)."""
         from ..viz.table import fold_table
-        from .engine import ranks_text
 
         head = ("ranks", "calls", "sent B", "received B", "peak held B", "collectives")
-        rows = [(ranks_text(ranks)[:21], row.calls, f"{row.bytes_sent:,}", f"{row.bytes_received:,}",
+        rows = [(_ranks_cell(ranks), row.calls, f"{row.bytes_sent:,}", f"{row.bytes_received:,}",
                  f"{row.peak_bytes_held:,}", ", ".join(f"{op} x{n}" for op, n in row.counts) or "none")
                 for ranks, row in self.folded()]
         return "\n".join([f"dry run on {len(self.ranks)} simulated ranks (no data; bytes from the trace)"]
@@ -187,6 +186,14 @@ class DryRunReport:
 
     def to_json(self) -> str:
         return json.dumps({"ranks": [asdict(r) for r in self.ranks]})
+
+
+def _ranks_cell(ranks: list[int]) -> str:
+    """"ranks 0-6,8-44" within 21 columns, else how many ("1022 ranks"; --json lists them)."""
+    from .engine import ranks_text
+
+    text = ranks_text(ranks)
+    return text if len(text) <= 21 else f"{len(ranks)} ranks"
 
 
 def report(states: Sequence[Any]) -> DryRunReport:

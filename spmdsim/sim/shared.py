@@ -55,7 +55,7 @@ def once(key: Any, fn: Callable[..., Any], *args: Any) -> Any:
     for entry in entries:  # one per distinct arguments asked with this key
         if _equal(entry[0], args):
             return _take(table, key, entry, state.size)
-    result = fn(*args)
+    result = _unmetered(state, fn, args)
     _freeze(result)
     with _LOCK:
         entries = table.setdefault(key, [])
@@ -64,6 +64,23 @@ def once(key: Any, fn: Callable[..., Any], *args: Any) -> Any:
             entry = [args, result, 0]
             entries.append(entry)
     return _take(table, key, entry, state.size)
+
+
+def _unmetered(state: Any, fn: Callable[..., Any], args: tuple) -> Any:
+    """``fn(*args)`` for every rank: in a dry run, what it makes is no one rank's bytes held.
+
+    Whichever rank comes first computes a shared result; charging its arrays
+    to that rank's peak would make the report differ from run to run.
+    """
+    if state.meter is None:
+        return fn(*args)
+    from .dry import Meter
+
+    own, state.meter = state.meter, Meter()
+    try:
+        return fn(*args)
+    finally:
+        state.meter = own
 
 
 def _take(table: dict, key: Any, entry: list, size: int) -> Any:
