@@ -89,6 +89,16 @@ def test_training_examples_dry_run_to_the_bytes_of_a_real_step(path, monkeypatch
     assert calls > 0 and sent > 0
 
 
+@pytest.mark.parametrize("path", TRAINING, ids=lambda p: p.stem)
+def test_one_training_step_passes_without_a_trend(path, monkeypatch, capsys):
+    """--steps 1 shows a step's collectives and checks it: one loss is no failed training."""
+    monkeypatch.setattr(sys, "argv", [str(path), "--ranks", "8"] + EXAMPLE_ARGS.get(path.stem, []) + ["--steps", "1"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(path), run_name="__main__")
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "(1 step: no trend to judge)" in out and "FAIL" not in out, out
+
+
 def test_a_dry_run_without_simulated_ranks_is_refused(monkeypatch, capsys):
     path = next(p for p in TRAINING if p.stem == "train_megatron_block")
     monkeypatch.setattr(sys, "argv", [str(path), "--dry-run"])

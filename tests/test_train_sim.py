@@ -122,3 +122,11 @@ def test_fused_mlp_matches_its_layers_one_by_one(x_map, activation, bias):
 
     for ok, traces in spmdsim.simulate(8, body):
         assert ok, traces
+
+
+def test_one_step_has_no_trend_to_judge():
+    from spmdsim.nets.train import loss_trend
+
+    assert loss_trend([2.5]) == ("loss 2.5000000 (1 step: no trend to judge)", True)
+    assert loss_trend([2.5, 2.0]) == ("loss first 2.5000000, last 2.0000000 (falling)", True)
+    assert loss_trend([2.5, 2.5]) == ("loss first 2.5000000, last 2.5000000 (NOT falling)", False)

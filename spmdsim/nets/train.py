@@ -20,7 +20,8 @@ from ..errors import OperatorError
 from ..layout import Layout, TensorLayout
 from .model import Hop, Network, schedule
 
-__all__ = ["NetworkTrainer", "StepResult", "PHASES", "explain_backward", "world_size", "run_main", "refuse"]
+__all__ = ["NetworkTrainer", "StepResult", "PHASES", "explain_backward", "world_size", "run_main", "refuse",
+           "loss_trend"]
 
 #: Trace phases of a step, in order.
 PHASES = ("forward", "backward", "optimizer")
@@ -196,6 +197,19 @@ def world_size(ranks: Optional[int]) -> int:
     from mpi4py import MPI
 
     return MPI.COMM_WORLD.Get_size()
+
+
+def loss_trend(losses: Any) -> tuple[str, bool]:
+    """("loss first a, last b (falling)", whether the trend passes) for a training's losses.
+
+    One step has no trend: its loss alone, and a pass (a user asking for one
+    step to see its collectives is not told the training failed).
+    """
+    if len(losses) < 2:
+        return f"loss {losses[0]:.7f} (1 step: no trend to judge)", True
+    falling = losses[-1] < losses[0]
+    return (f"loss first {losses[0]:.7f}, last {losses[-1]:.7f} "
+            f"({'falling' if falling else 'NOT falling'})"), falling
 
 
 def run_main(main: Any, args: Any, ranks: Optional[int],
