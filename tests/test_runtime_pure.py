@@ -22,6 +22,12 @@ class _FakeComm:
     def allgather(self, value):
         return [value] * self.size
 
+    def gather(self, value, root=0):  # this rank is the root: every rank sent the same
+        return [value] * self.size
+
+    def bcast(self, value, root=0):
+        return value
+
 
 def test_wait_mode_from_argument_env_and_auto(monkeypatch):
     comm = _FakeComm(8)

@@ -98,6 +98,23 @@ def test_object_collectives_and_gather(size):
         assert stack == ([i for i in range(size) for _ in range(2)] if r == 0 else None)
 
 
+def test_object_allreduce_reduces_once_and_hands_each_rank_its_own_copy():
+    """Lists add in rank order; a rank changing its result changes no other rank's; a reduction
+    that fails raises the same error on every rank."""
+    def body():
+        comm = world()
+        got = comm.allreduce([comm.rank])
+        got.append("mine")
+        try:
+            comm.allreduce({"a": 1})  # dicts do not add
+        except TypeError as exc:
+            return got, str(exc)
+
+    results = simulate(4, body)
+    assert [r[0] for r in results] == [[0, 1, 2, 3, "mine"]] * 4
+    assert {r[1] for r in results} == {"unsupported operand type(s) for +: 'dict' and 'dict'"}
+
+
 def test_reductions_repeat_bit_for_bit():
     def body():
         x = np.random.default_rng(world().rank).standard_normal(1001).astype(np.float32)

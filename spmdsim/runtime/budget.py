@@ -40,6 +40,12 @@ def _ranks_on_node(comm: Any) -> int:
         return comm.Get_size()
 
 
+def _min_op(comm: Any) -> Any:
+    """MPI.MIN for an MPI communicator; simulated ranks take its name too."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    return mpi.MIN if mpi is not None else "min"
+
+
 def agreed_budget(comm: Any) -> Optional[Budget]:
     """The bytes each rank of `comm` may use, the same on every rank (collective on first use).
 
@@ -54,7 +60,8 @@ def agreed_budget(comm: Any) -> Optional[Budget]:
     # Whether to agree depends only on the environment mpiexec gives every rank.
     if not os.environ.get(ENV_VAR, "").strip() and comm.Get_size() > 1:
         mine = budget_per_rank(_ranks_on_node(comm))
-        low = min(comm.allgather(_UNKNOWN if mine is None else mine.bytes))  # object form: sim ranks too
+        # Object form (simulated ranks too); a reduction, so p simulated ranks cost O(p).
+        low = comm.allreduce(_UNKNOWN if mine is None else mine.bytes, op=_min_op(comm))
         mine = None if low == _UNKNOWN else Budget(low, mine.source if mine else "MemAvailable")
     _AGREED[key] = (comm, mine)
     return mine

@@ -306,8 +306,21 @@ class SimComm:
 
     def allreduce(self, sendobj: Any, op: Any = None) -> Any:
         name, _, fn = reduction("sum" if op is None else op)
-        slot = self._enter("allreduce(obj)", ("allreduce(obj)", name), pickle.dumps(sendobj, _PICKLE))
-        return functools.reduce(fn, [pickle.loads(c.data) for c in slot.calls])
+
+        def complete(slot: Any) -> None:
+            # Reduced once, by the last member to arrive (in rank order, as before): each member
+            # then unpickles its own copy, so p ranks cost O(p), not p reductions of p objects.
+            try:
+                slot.shared = (True, pickle.dumps(functools.reduce(fn, [pickle.loads(c.data) for c in slot.calls]),
+                                                  _PICKLE))
+            except Exception as exc:  # noqa: BLE001 - raised alike on every member below
+                slot.shared = (False, exc)
+
+        slot = self._enter("allreduce(obj)", ("allreduce(obj)", name), pickle.dumps(sendobj, _PICKLE), complete)
+        ok, value = slot.shared
+        if not ok:
+            raise type(value)(*value.args)
+        return pickle.loads(value)
 
     def bcast(self, obj: Any = None, root: int = 0) -> Any:
         mine = pickle.dumps(obj, _PICKLE) if self._me == root else None
