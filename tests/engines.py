@@ -17,9 +17,10 @@ import pytest
 
 __all__ = ["world", "per_rank", "rank_output", "SIMULATED", "SIM_SIZES"]
 
-# The operator, layer, redistribution and network tests (tests/mpi/), run on both engines.
+# The operator, layer, redistribution, network and gradient tests (tests/mpi/), run on both engines.
 SIMULATED = frozenset({"test_ops_matmul.py", "test_ops_layers.py", "test_ops_local.py",
-                       "test_redistribute.py", "test_networks.py"})
+                       "test_redistribute.py", "test_networks.py", "test_train_grads.py",
+                       "test_train_layers.py"})
 SIM_SIZES = (8, 4)
 
 

@@ -8,6 +8,7 @@ something (the conjugates of the forward's).
 """
 from __future__ import annotations
 
+import engines
 import numpy as np
 import pytest
 from trainkit import check_grads, dt, mse_check
@@ -18,13 +19,13 @@ from spmdsim import reference_grad as rg
 pytestmark = pytest.mark.mpi(min_size=4)
 
 
-@pytest.fixture
+@engines.per_rank
 def mesh():
-    from mpi4py import MPI
-
+    """(dp, mp) = (2, size/2) mesh over MPI.COMM_WORLD, or the simulated rank's world."""
     from spmdsim.runtime import Mesh
 
-    m = Mesh(Layout((2, MPI.COMM_WORLD.size // 2), ("dp", "mp")), MPI.COMM_WORLD)
+    world = engines.world()
+    m = Mesh(Layout((2, world.size // 2), ("dp", "mp")), world)
     yield m
     m.close()
 

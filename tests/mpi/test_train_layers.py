@@ -2,6 +2,7 @@
 parallelism, Paddle's split) against central differences, optimizers and bad input."""
 from __future__ import annotations
 
+import engines
 import numpy as np
 import pytest
 from trainkit import check_grads, dt, mse_check
@@ -12,13 +13,12 @@ pytestmark = pytest.mark.mpi(min_size=4)
 
 
 def _world():
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD
+    return engines.world()  # MPI.COMM_WORLD, or the simulated rank's (tests/engines.py)
 
 
-@pytest.fixture
+@engines.per_rank
 def mesh():
+    """(dp, mp) = (2, size/2) mesh."""
     from spmdsim.runtime import Mesh
 
     m = Mesh(Layout((2, _world().size // 2), ("dp", "mp")), _world())
