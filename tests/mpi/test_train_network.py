@@ -1,6 +1,7 @@
-"""Seed networks trained under MPI, every step checked against the single-process trainer."""
+"""Seed networks trained on MPI and simulated ranks, every step checked against the single-process trainer."""
 from __future__ import annotations
 
+import engines
 import numpy as np
 import pytest
 
@@ -12,9 +13,7 @@ pytestmark = pytest.mark.mpi(min_size=2)
 
 
 def _comm():
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD
+    return engines.world()  # MPI.COMM_WORLD, or the simulated rank's (tests/engines.py)
 
 
 def _train(net, steps, optimizer="sgd", lr=1e-2, data=None, explain=None):
