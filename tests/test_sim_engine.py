@@ -345,3 +345,26 @@ def test_readme_library_example_runs_on_8_simulated_ranks(tmp_path):
     assert "rank 1 (0, 1): x[0:32, 24:48], w[24:48, 0:32], y[0:32, 0:32]" in lines
     at = lines.index("ranks 0-7:")  # every rank's verdict and counts are the same: one folded entry
     assert lines[at + 1].startswith("  check passed: ") and lines[-1] == "  {'allreduce': 1}"
+
+
+class _Picky(Exception):
+    def __init__(self, a, b):  # not rebuilt from its args alone
+        super().__init__(f"{a}/{b}")
+
+
+class _Odd:
+    def __init__(self, v):
+        self.v = v
+
+    def __add__(self, other):
+        raise _Picky(self.v, other.v)
+
+
+def test_a_reduction_error_that_cannot_be_rebuilt_still_reaches_every_rank():
+    def body():
+        try:
+            world().allreduce(_Odd(world().rank))
+        except Exception as exc:  # noqa: BLE001
+            return type(exc).__name__, str(exc)
+
+    assert simulate(3, body) == [("SimulationError", "_Picky: 0/1")] * 3

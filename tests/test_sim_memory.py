@@ -45,16 +45,19 @@ def test_the_command_line_prints_one_line_and_exits_1(monkeypatch, capsys):
 @pytest.mark.parametrize("held, left", [(GIB // 2, GIB // 8), (22 * GIB, 3 * GIB)])
 def test_a_small_run_or_a_machine_with_room_is_left_alone(monkeypatch, held, left):
     """Under 1 GiB held, another process is short of memory, not this one; 3 of 24 GiB left is room."""
-    monkeypatch.setattr(memory, "readings", lambda: (held, left, 24 * GIB))
+    looks = []
+    monkeypatch.setattr(memory, "readings", lambda: looks.append(1) or (held, left, 24 * GIB))
     monkeypatch.setattr(memory, "POLL_S", 0.01)
 
     def body():
+        import time
+
         comm = spmdsim.world()
-        for _ in range(200):
-            comm.Barrier()
+        time.sleep(0.2)  # long enough for the guard to look several times
+        comm.Barrier()
         return comm.Get_rank()
 
-    assert spmdsim.simulate(4, body) == [0, 1, 2, 3]
+    assert spmdsim.simulate(4, body) == [0, 1, 2, 3] and len(looks) >= 3
 
 
 def test_readings_of_this_machine_are_sane():

@@ -44,6 +44,14 @@ def _same_dtype(op: str, a: np.ndarray, b: np.ndarray) -> None:
         raise DTypeError(f"{op}: send dtype {a.dtype.name!r} and receive dtype {b.dtype.name!r} differ")
 
 
+def _alike(exc: BaseException) -> BaseException:
+    """A fresh copy of `exc` for one more rank (each raises its own), or a SimulationError saying it."""
+    try:
+        return type(exc)(*exc.args)
+    except Exception:  # noqa: BLE001 - a type that cannot be rebuilt from its args
+        return SimulationError(f"{type(exc).__name__}: {exc}")
+
+
 def _shared(n: int, dtype: np.dtype) -> Callable[[Any], None]:
     def complete(slot: Any) -> None:
         slot.shared = np.empty(n, dtype)
@@ -319,7 +327,7 @@ class SimComm:
         slot = self._enter("allreduce(obj)", ("allreduce(obj)", name), pickle.dumps(sendobj, _PICKLE), complete)
         ok, value = slot.shared
         if not ok:
-            raise type(value)(*value.args)
+            raise _alike(value)
         return pickle.loads(value)
 
     def bcast(self, obj: Any = None, root: int = 0) -> Any:

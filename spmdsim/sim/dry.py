@@ -85,8 +85,8 @@ def zeros(shape: tuple, dtype: Any) -> np.ndarray:
 
     ``np.zeros`` is calloc, and in a process of simulated ranks (threads) glibc
     serves a multi-MiB calloc from a thread arena it has used before and
-    clears it, writing every page: a 1024-rank dry run of the Megatron block
-    was killed for memory at 24 GiB. An anonymous mapping is zero-filled by the
+    clears it, writing every page (the Megatron block's attention scores are
+    32 MiB a rank at 1,024 ranks). An anonymous mapping is zero-filled by the
     kernel page by page on first write, and unmapped when the array is freed.
     """
     dtype = np.dtype(dtype)

@@ -106,12 +106,15 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict, dry_run: 
         try:
             for t in threads:
                 t.start()
+            looked = time.monotonic()
             for t in threads:
-                while t.is_alive():  # and now and then: is the machine nearly out of memory?
+                while t.is_alive():  # and every POLL_S: is the machine nearly out of memory?
                     t.join(memory.POLL_S)
-                    why = memory.problem(size)
-                    if why is not None:
-                        raise memory.MemoryLimitError(why)
+                    if time.monotonic() - looked >= memory.POLL_S:
+                        looked = time.monotonic()
+                        why = memory.problem(size)
+                        if why is not None:
+                            raise memory.MemoryLimitError(why)
         except BaseException as exc:  # Ctrl-C in the caller, or memory: stop the ranks at their next wait
             engine.fail(-1, exc)
             # Short of memory, a rank inside numpy may not reach its next wait before the
