@@ -26,6 +26,8 @@ parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=10)
 parser.add_argument("--lr", type=float, default=0.1)
 parser.add_argument("--net", choices=tuple(NETWORKS), nargs="*", default=list(NETWORKS))
+parser.add_argument("--bucket", action="store_true",
+                    help="sum the replicas' gradients pending over the same axes in one Allreduce")
 ranks_argument(parser)  # --ranks N (simulated ranks) and --dry-run beside it
 args = parser.parse_args()
 
@@ -36,7 +38,8 @@ def train(name, comm):
     x = net.source.full()
     rows = int(np.prod(net.out_shape[:-1]))
     labels = np.random.default_rng(1).integers(0, net.out_shape[-1], rows)
-    trainer, reference = NetworkTrainer(net, comm, lr=args.lr), ReferenceTrainer(net, lr=args.lr)
+    trainer = NetworkTrainer(net, comm, lr=args.lr, bucket=args.bucket)
+    reference = ReferenceTrainer(net, lr=args.lr)
     failed, losses = 0, []
     for step in range(args.steps):
         result = trainer.step(x, labels)

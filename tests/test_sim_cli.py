@@ -177,3 +177,15 @@ def test_an_example_asked_for_a_dry_run_without_simulated_ranks_refuses(monkeypa
     out = capsys.readouterr()
     assert done.value.code == 2 and out.out == ""
     assert out.err == "spmdsim: error: --dry-run needs --ranks N (a dry run simulates the ranks in this process)\n"
+
+
+def test_seed_networks_bucket_their_gradient_sums(monkeypatch, capsys):
+    """OneFlow's 2D SBP model sums four parameters' gradients over dp: --bucket makes that one call."""
+    path = next(p for p in TRAINING if p.stem == "train_seed_networks")
+    monkeypatch.setattr(sys, "argv", [str(path), "--ranks", "4", "--net", "oneflow_2d_sbp", "--steps", "3",
+                                      "--bucket"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(path), run_name="__main__")
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "every step vs one process: PASS" in out, out
+    assert "  backward collectives per step: {'allreduce': 1}" in out.splitlines(), out

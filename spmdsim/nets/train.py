@@ -40,21 +40,22 @@ class StepResult:
 
 
 class NetworkTrainer:
-    """``NetworkTrainer(net, comm, optimizer="sgd", lr=1e-2, momentum=0.0)``: shards, meshes and optimizer.
+    """``NetworkTrainer(net, comm, optimizer="sgd", lr=1e-2, momentum=0.0, bucket=False)``: shards, meshes, optimizer.
 
     Call `step(x, labels)` with the global batch (every rank passes the same
     arrays; each cuts its own shard), `check(step, reference_step)` to compare,
-    and `close()` at the end.
+    and `close()` at the end. `bucket`: the backward sums the replicas'
+    gradients of parameters pending over the same axes in one Allreduce.
     """
 
     def __init__(self, net: Network, comm: Any, optimizer: str = "sgd", lr: float = 1e-2,
-                 momentum: float = 0.0) -> None:
+                 momentum: float = 0.0, bucket: bool = False) -> None:
         from .. import optim
         from ..runtime import DTensor, Mesh
 
         if net.stages[-1].out.ndim < 2:
             raise OperatorError(f"{net.name}: the output must have a class dim to train with cross-entropy")
-        self.net, self.comm = net, comm
+        self.net, self.comm, self.bucket = net, comm, bool(bucket)
         self.hops = schedule(net)
         self._meshes: dict[Layout, Any] = {}
         self._mesh_type = Mesh
@@ -104,7 +105,7 @@ class NetworkTrainer:
             loss = cross_entropy(value, DTensor.from_global(value.mesh, np.asarray(labels).reshape(-1),
                                                             _labels_layout(value.layout)))
         with collect_trace() as traces["backward"]:
-            loss.backward(explain)
+            loss.backward(explain, bucket=self.bucket)
         with collect_trace() as traces["optimizer"]:
             self.optimizer.step()
         return StepResult(loss, traces)

@@ -182,11 +182,14 @@ class DTensor:
     requires_grad = property(lambda self: self._ag is not None)
     grad = property(lambda self: getattr(self._ag, "grad", None), doc="the gradient, in this layout")
 
-    def backward(self, explain: list | None = None) -> None:
-        """Gradients of this scalar loss into every leaf's ``.grad`` (collective; see autograd.backward)."""
+    def backward(self, explain: list | None = None, bucket: bool = False) -> None:
+        """Gradients of this scalar loss into every leaf's ``.grad`` (collective; see autograd.backward).
+
+        ``bucket=True``: gradients summed over the same axes share one Allreduce.
+        """
         from ..autograd.engine import backward
 
-        backward(self, explain)
+        backward(self, explain, bucket)
 
     # -- whole-tensor views ------------------------------------------------------------
     def gather(self, root: int | None = None) -> np.ndarray | None:
