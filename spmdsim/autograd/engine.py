@@ -25,7 +25,7 @@ from .graph import Leaf, Node, used_axes, with_partial
 __all__ = ["backward", "grad_layout", "add_grads"]
 
 
-def backward(loss: Any, explain: Optional[list] = None, bucket: bool = False) -> None:
+def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False) -> None:
     """Fill ``.grad`` of every leaf `loss` depends on; frees the graph (a second backward is refused).
 
     Collective: every rank calls it on the same graph. Every refusal depends
@@ -35,8 +35,11 @@ def backward(loss: Any, explain: Optional[list] = None, bucket: bool = False) ->
     answers, in backward order, and ("gradient of <leaf>", entries) for each
     leaf's resolution. `bucket`: the leaves whose replicas' gradients are
     summed over the same axes share one Allreduce (data-parallel gradient
-    bucketing, as DDP and Megatron do): fewer calls, the same bytes.
+    bucketing, as DDP and Megatron do): fewer calls, the same bytes. True
+    puts them all in one bucket; a byte count caps each bucket (by the
+    parameters' global bytes, DDP's ``bucket_cap_mb``; a larger one goes alone).
     """
+    cap = _bucket_cap(bucket)
     from ..runtime import DTensor
 
     _check_loss(loss)
@@ -66,7 +69,7 @@ def backward(loss: Any, explain: Optional[list] = None, bucket: bool = False) ->
                 names = readers.setdefault(t._ag, [])
                 if short not in names:
                     names.append(short)
-    buckets = _buckets(leaves, owners, grads) if bucket else {}
+    buckets = _buckets(leaves, owners, grads, cap) if cap else {}
     for leaf in leaves:  # first-contribution order: the same on every rank
         tensor, g = owners[leaf], grads.pop(leaf)
         whole = with_partial(tensor.layout, ())
@@ -84,25 +87,44 @@ def backward(loss: Any, explain: Optional[list] = None, bucket: bool = False) ->
         leaf.grad = g if leaf.grad is None else add_grads(leaf.grad, g, whole)
 
 
-def _buckets(leaves: list, owners: dict, grads: dict) -> dict:
+def _bucket_cap(bucket: Any) -> float:
+    """`backward`'s `bucket` as a byte cap (0: no buckets, inf: no cap), or the error every rank raises."""
+    if bucket is False or bucket is None:
+        return 0
+    if bucket is True:
+        return math.inf
+    if type(bucket) is int and bucket > 0:
+        return bucket
+    raise OperatorError(f"bucket {bucket!r} must be True, False or a positive number of bytes "
+                        "(each bucket's cap, e.g. 25 << 20)")
+
+
+def _buckets(leaves: list, owners: dict, grads: dict, cap: float) -> dict:
     """Leaf -> its bucket, for leaves whose gradient needs only an Allreduce over the same axes.
 
     A bucket (a dict: its leaves in order, their gradients, the summed results
     once made) groups gradients of one mesh and dtype pending over the same
-    axes with the leaf's own tensor map; two or more share one call, in the
-    order of their first leaf. Every rank groups alike: the layouts decide.
+    axes with the leaf's own tensor map, in leaf order, while their global
+    bytes stay within `cap`; two or more share one call, in the order of
+    their first leaf. Every rank groups alike: the layouts and shapes decide.
     """
-    groups: dict = {}
+    open_buckets: dict = {}
+    made: list = []
     for leaf in leaves:
         tensor, g = owners[leaf], grads[leaf]
         layout = g.layout
         if not layout.partial or layout.layout != tensor.layout.layout or layout.tensor_map != tensor.layout.tensor_map:
             continue
         key = (id(g.mesh), layout.partial, g.local.dtype.str)
-        groups.setdefault(key, {"leaves": [], "grads": [], "done": None})
-        groups[key]["leaves"].append(leaf)
-        groups[key]["grads"].append(g)
-    return {leaf: b for b in groups.values() if len(b["leaves"]) > 1 for leaf in b["leaves"]}
+        size = math.prod(g.global_shape) * g.local.dtype.itemsize
+        current = open_buckets.get(key)
+        if current is None or current["bytes"] + size > cap:
+            current = open_buckets[key] = {"leaves": [], "grads": [], "done": None, "bytes": 0}
+            made.append(current)
+        current["leaves"].append(leaf)
+        current["grads"].append(g)
+        current["bytes"] += size
+    return {leaf: b for b in made if len(b["leaves"]) > 1 for leaf in b["leaves"]}
 
 
 def _bucketed(bucket: dict, leaf: Any, explain: Optional[list], readers: dict) -> Any:

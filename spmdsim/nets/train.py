@@ -49,13 +49,13 @@ class NetworkTrainer:
     """
 
     def __init__(self, net: Network, comm: Any, optimizer: str = "sgd", lr: float = 1e-2,
-                 momentum: float = 0.0, bucket: bool = False) -> None:
+                 momentum: float = 0.0, bucket: Any = False) -> None:
         from .. import optim
         from ..runtime import DTensor, Mesh
 
         if net.stages[-1].out.ndim < 2:
             raise OperatorError(f"{net.name}: the output must have a class dim to train with cross-entropy")
-        self.net, self.comm, self.bucket = net, comm, bool(bucket)
+        self.net, self.comm, self.bucket = net, comm, bucket
         self.hops = schedule(net)
         self._meshes: dict[Layout, Any] = {}
         self._mesh_type = Mesh

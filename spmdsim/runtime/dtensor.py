@@ -182,10 +182,11 @@ class DTensor:
     requires_grad = property(lambda self: self._ag is not None)
     grad = property(lambda self: getattr(self._ag, "grad", None), doc="the gradient, in this layout")
 
-    def backward(self, explain: list | None = None, bucket: bool = False) -> None:
+    def backward(self, explain: list | None = None, bucket: bool | int = False) -> None:
         """Gradients of this scalar loss into every leaf's ``.grad`` (collective; see autograd.backward).
 
-        ``bucket=True``: gradients summed over the same axes share one Allreduce.
+        ``bucket=True``: gradients summed over the same axes share one Allreduce
+        (a byte count: buckets of at most that many bytes).
         """
         from ..autograd.engine import backward
 

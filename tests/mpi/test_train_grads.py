@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from trainkit import check_grads, dt, mse_check
 
-from spmdsim import Layout, reference
+from spmdsim import Layout, OperatorError, reference
 from spmdsim import reference_grad as rg
 
 pytestmark = pytest.mark.mpi(min_size=4)
@@ -224,3 +224,26 @@ def test_bucketed_gradients_share_one_allreduce(mesh):
     text = [step for step, entries in explain if entries]
     assert text == ["3 leaves (5, 3), (5,), (6, 5): their replicas' gradients summed in one bucket "
                     "(read by matmul, bias_add)"], text
+
+
+def test_bucket_caps_and_bad_values(mesh):
+    """A byte cap closes a bucket before it would pass the cap (global bytes: W2 120 B, b1 40 B,
+    W1 240 B in backward order); a bad value is refused before any collective."""
+    from spmdsim.autograd import backward
+    from spmdsim.ops import bias_add, matmul, mse_loss, relu
+    from spmdsim.runtime import collect_trace
+
+    arrays = [_rand(4, 6), _rand(6, 5, seed=1), _rand(5, seed=2), _rand(5, 3, seed=3), _rand(4, 3, seed=4)]
+
+    def calls(bucket):
+        x = dt(mesh, arrays[0], mesh.layout("dp", None))
+        w1, b1, w2 = (dt(mesh, a, mesh.layout(*(None,) * a.ndim), grad=True) for a in arrays[1:4])
+        loss = mse_loss(matmul(relu(bias_add(matmul(x, w1), b1)), w2), dt(mesh, arrays[4], mesh.layout("dp", None)))
+        with collect_trace() as trace:
+            backward(loss, bucket=bucket)
+        return [e.bytes_sent for e in trace.entries]  # dp has 2 ranks: each sends its whole buffer
+
+    assert calls(160) == [160, 240] and calls(100) == [120, 40, 240] and calls(400) == [400]
+    for bad in (-1, 0, 1.5, "yes"):
+        with pytest.raises(OperatorError, match=r"^bucket .* must be True, False or a positive number of bytes"):
+            calls(bad)
