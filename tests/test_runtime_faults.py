@@ -193,3 +193,24 @@ def test_ctrl_c_ends_an_mpi_job_with_one_line_and_130():
     assert proc.returncode == 130, err
     assert err.count("spmdsim: interrupted (Ctrl-C): every rank stopped") == 1, err
     assert "Traceback" not in err
+
+
+def test_a_job_nearly_out_of_memory_ends_with_one_line_per_rank_that_saw_it():
+    """The memory watch (runtime.memwatch) ends the job with MPI_Abort instead of leaving the
+    kernel to kill a rank without a word; rank 1 here reads a machine with 256 MiB of 24 GiB left."""
+    proc, seconds = _launch("""
+    import time
+    import spmdsim.runtime.memwatch as memwatch
+    from spmdsim.sim import memory
+    memwatch.POLL_S = 0.1
+    if mesh.rank == 1:
+        memory.readings = lambda: (2 << 30, 1 << 28, 24 << 30)
+    time.sleep(30)  # a long computation: the watch ends it
+    allreduce(mesh, np.ones(4), ("dp", "mp"))
+    """)
+    assert proc.returncode not in (0, 124), proc.stderr
+    assert seconds < BOUND_S
+    assert ("spmdsim: error: rank 1 ended the job before this machine ran out of memory: it holds 2.0 GiB, "
+            f"{RANKS} ranks run on this node and 0.2 GiB of its 24.0 GiB are left; run fewer ranks or smaller "
+            "shapes, or a dry run (--ranks N --dry-run: shapes only, each rank's bytes)") in proc.stderr.splitlines()
+    assert "Traceback" not in proc.stderr

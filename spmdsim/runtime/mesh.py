@@ -33,16 +33,20 @@ _TUNED = []
 
 
 def _tune_process_once() -> None:
-    """Under an MPI launcher, once per process: BLAS threads to this rank's share, freed heap kept.
+    """Under an MPI launcher, once per process: BLAS threads to this rank's share, freed heap kept,
+    and the memory watch started (runtime.memwatch).
 
     Here rather than at import: ``import spmdsim`` changes no process setting
     (spmdsim._threads, spmdsim._malloc; `spmdsim launch` sets both for its ranks).
     """
     if not _TUNED:
         from .._malloc import keep_freed_buffers_under_launcher
-        from .._threads import cap_blas_threads_under_launcher
+        from .._threads import cap_blas_threads_under_launcher, launcher_local_ranks
+        from . import memwatch
 
-        _TUNED.append((cap_blas_threads_under_launcher(), keep_freed_buffers_under_launcher()))
+        local = launcher_local_ranks()
+        _TUNED.append((cap_blas_threads_under_launcher(), keep_freed_buffers_under_launcher(),
+                       local is not None and memwatch.start(local)))  # the memory watch (memwatch)
 
 
 class Mesh:

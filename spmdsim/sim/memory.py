@@ -18,7 +18,7 @@ from typing import Optional
 
 from .engine import SimulationError
 
-__all__ = ["MemoryLimitError", "POLL_S", "readings", "problem"]
+__all__ = ["MemoryLimitError", "POLL_S", "readings", "problem", "gib"]
 
 POLL_S = 0.2
 LOW_FRACTION = 0.08  # stop when less than 8% of the memory is left ...
@@ -73,7 +73,8 @@ def readings() -> Optional[tuple[int, int, int]]:
     return held, left, total
 
 
-def _gib(n: int) -> str:
+def gib(n: int) -> str:
+    """`n` bytes as "21.3 GiB"."""
     return f"{n / 2**30:.1f} GiB"
 
 
@@ -86,5 +87,5 @@ def problem(ranks: int) -> Optional[str]:
     if held < MIN_HELD or left >= max(LOW_FLOOR, LOW_FRACTION * total):
         return None
     return (f"the {ranks} simulated ranks were stopped before this machine ran out of memory: "
-            f"they hold {_gib(held)}, and {_gib(left)} of its {_gib(total)} are left; run fewer "
+            f"they hold {gib(held)}, and {gib(left)} of its {gib(total)} are left; run fewer "
             "ranks or smaller shapes, or a dry run (--dry-run: shapes only, each rank's bytes)")
