@@ -55,6 +55,8 @@ def _watch(local_ranks: int) -> None:
     rank = world.Get_rank()
     while True:
         time.sleep(POLL_S)
+        if MPI.Is_finalized():  # the program ended while this thread slept
+            return
         why = problem(rank, local_ranks)
         if why is not None:
             sys.stderr.write(f"spmdsim: error: {why}\n")
