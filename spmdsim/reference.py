@@ -187,8 +187,19 @@ def mlp(
 # -- region references ------------------------------------------------------------
 def _block(src: Source, region: Sequence[slice]) -> np.ndarray:
     if isinstance(src, SeededTensor):
-        return src.region(tuple(region))
+        region = tuple(region)
+        if all(s == _WHOLE for s in region):
+            # A whole tensor (an MLP's W1, a contraction's other operand): every simulated
+            # rank asks for the same one, so it is generated once (read-only; a plain call
+            # under MPI).
+            from .sim.shared import once
+
+            return once(("reference: whole", src), src.full)
+        return src.region(region)
     return np.asarray(src)[tuple(region)]
+
+
+_WHOLE = slice(None)
 
 
 def _shape(src: Source) -> tuple[int, ...]:
