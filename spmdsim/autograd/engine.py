@@ -13,6 +13,7 @@ data-parallel gradient Allreduce. Every move is a redistribution planned by
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Optional
 
@@ -81,9 +82,8 @@ def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False) -> 
         else:
             with _collector() as trace:
                 g = _move(g, whole)
-            read = ", ".join(readers.get(leaf, ()))
             explain.append((f"leaf {tuple(tensor.global_shape)} {tensor.layout}: its replicas' "
-                            f"gradients summed" + (f" (read by {read})" if read else ""), trace.entries))
+                            f"gradients summed" + _read_by(readers, [leaf]), trace.entries))
         leaf.grad = g if leaf.grad is None else add_grads(leaf.grad, g, whole)
 
 
@@ -136,17 +136,12 @@ def _bucketed(bucket: dict, leaf: Any, explain: Optional[list], readers: dict) -
         first = grads[0]
         flat = np.concatenate([g.local.reshape(-1) for g in grads])
         label = f"gradient bucket of {len(grads)} leaves"
-        if explain is None:
+        with (_collector() if explain is not None else contextlib.nullcontext()) as trace:
             summed = collectives.allreduce(first.mesh, flat, first.layout.partial, label=label, out=flat)
-        else:
-            with _collector() as trace:
-                summed = collectives.allreduce(first.mesh, flat, first.layout.partial, label=label, out=flat)
-            read = []
-            for one in bucket["leaves"]:
-                read += [name for name in readers.get(one, ()) if name not in read]
+        if explain is not None:
             shapes = ", ".join(str(tuple(g.global_shape)) for g in grads)
             explain.append((f"{len(grads)} leaves {shapes}: their replicas' gradients summed in one "
-                            "bucket" + (f" (read by {', '.join(read)})" if read else ""), trace.entries))
+                            "bucket" + _read_by(readers, bucket["leaves"]), trace.entries))
         done, at = [], 0
         for g in grads:
             n = g.local.size
@@ -155,6 +150,14 @@ def _bucketed(bucket: dict, leaf: Any, explain: Optional[list], readers: dict) -
             at += n
         bucket["done"] = done
     return bucket["done"][bucket["leaves"].index(leaf)]
+
+
+def _read_by(readers: dict, leaves: list) -> str:
+    """" (read by matmul MatMul1, ...)": the forward steps that read `leaves`, each once; "" if none."""
+    names: list = []
+    for leaf in leaves:
+        names += [n for n in readers.get(leaf, ()) if n not in names]
+    return f" (read by {', '.join(names)})" if names else ""
 
 
 def _take(grads: dict, owners: dict, leaves: list, inputs: tuple, outs: tuple) -> None:

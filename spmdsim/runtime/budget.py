@@ -40,8 +40,8 @@ def _ranks_on_node(comm: Any) -> int:
         return comm.Get_size()
 
 
-def _min_op(comm: Any) -> Any:
-    """MPI.MIN for an MPI communicator; simulated ranks take its name too."""
+def _min_op() -> Any:
+    """MPI.MIN where mpi4py is loaded (simulated ranks take it too), else its name for them."""
     mpi = sys.modules.get("mpi4py.MPI")
     return mpi.MIN if mpi is not None else "min"
 
@@ -61,7 +61,7 @@ def agreed_budget(comm: Any) -> Optional[Budget]:
     if not os.environ.get(ENV_VAR, "").strip() and comm.Get_size() > 1:
         mine = budget_per_rank(_ranks_on_node(comm))
         # Object form (simulated ranks too); a reduction, so p simulated ranks cost O(p).
-        low = comm.allreduce(_UNKNOWN if mine is None else mine.bytes, op=_min_op(comm))
+        low = comm.allreduce(_UNKNOWN if mine is None else mine.bytes, op=_min_op())
         mine = None if low == _UNKNOWN else Budget(low, mine.source if mine else "MemAvailable")
     _AGREED[key] = (comm, mine)
     return mine

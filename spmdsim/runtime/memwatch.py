@@ -27,12 +27,10 @@ _STARTED: list = []
 
 def problem(rank: int, local_ranks: int) -> Optional[str]:
     """Why rank `rank` (one of `local_ranks` on this node) must end the job now, or None."""
-    got = memory.readings()
+    got = memory.short(local_ranks)
     if got is None:
         return None
     held, left, total = got
-    if held * local_ranks < memory.MIN_HELD or left >= max(memory.LOW_FLOOR, memory.LOW_FRACTION * total):
-        return None
     gib = memory.gib
     return (f"rank {rank} ended the job before this machine ran out of memory: it holds {gib(held)}, "
             f"{local_ranks} ranks run on this node and {gib(left)} of its {gib(total)} are left; run fewer "

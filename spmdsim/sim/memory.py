@@ -18,7 +18,7 @@ from typing import Optional
 
 from .engine import SimulationError
 
-__all__ = ["MemoryLimitError", "POLL_S", "readings", "problem", "gib"]
+__all__ = ["MemoryLimitError", "POLL_S", "readings", "short", "problem", "gib"]
 
 POLL_S = 0.2
 LOW_FRACTION = 0.08  # stop when less than 8% of the memory is left ...
@@ -78,14 +78,24 @@ def gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-def problem(ranks: int) -> Optional[str]:
-    """Why the simulation of `ranks` ranks must stop now for want of memory, or None."""
+def short(processes: int = 1) -> Optional[tuple[int, int, int]]:
+    """`readings()` when the machine is nearly out of memory and this process, counted
+    `processes` times (an MPI rank among its node's), holds `MIN_HELD` or more; else None."""
     got = readings()
     if got is None:
         return None
     held, left, total = got
-    if held < MIN_HELD or left >= max(LOW_FLOOR, LOW_FRACTION * total):
+    if held * processes < MIN_HELD or left >= max(LOW_FLOOR, LOW_FRACTION * total):
         return None
+    return got
+
+
+def problem(ranks: int) -> Optional[str]:
+    """Why the simulation of `ranks` ranks must stop now for want of memory, or None."""
+    got = short()
+    if got is None:
+        return None
+    held, left, total = got
     return (f"the {ranks} simulated ranks were stopped before this machine ran out of memory: "
             f"they hold {gib(held)}, and {gib(left)} of its {gib(total)} are left; run fewer "
             "ranks or smaller shapes, or a dry run (--dry-run: shapes only, each rank's bytes)")
