@@ -78,11 +78,7 @@ class DTensor:
     @classmethod
     def _trusted(cls, mesh: Mesh, local: np.ndarray, layout: TensorLayout,
                  global_shape: tuple[int, ...]) -> "DTensor":
-        """No checks: for runtime code that checked `local` against `layout` itself (runtime.executor).
-
-        The full constructor re-derives the layout's local shape (~6 us), which
-        a repeated redistribution would otherwise pay on every call.
-        """
+        """No checks (~6 us less): for runtime code that checked `local` against `layout` itself (runtime.executor)."""
         self = cls.__new__(cls)
         self._mesh, self._local, self._layout, self._shape = mesh, local, layout, global_shape
         self._ag = None
@@ -223,14 +219,11 @@ class DTensor:
 
     def check(self, reference: Reference, rtol: float | None = None,
               atol: float | None = None) -> Verdict:
-        """Compare this rank's region with `reference`; all ranks return the same Verdict.
-
-        Collective: call it on every rank and print on one
-        (``verdict = y.check(ref)``, then ``if rank == 0: print(verdict)``).
+        """Compare this rank's region with `reference`; all ranks return the same Verdict (collective).
 
         `reference`: a SeededTensor, a global ndarray, or a callable taking a
-        tuple of slices and returning that region. Partial values are summed
-        first (traced with label "check"). Only this rank's region is made.
+        tuple of slices and returning that region; only this rank's region is
+        made. Partial values are summed first (traced with label "check").
         """
         # Checked before the first collective, on every rank alike: a negative or NaN
         # tolerance fails even exact values ("FAILED ... max abs err 0").
