@@ -1,24 +1,13 @@
-"""Collectives over mesh axes with mpi4py's buffer methods on contiguous numpy arrays.
+"""Collectives over mesh axes with mpi4py's buffer methods on contiguous numpy arrays (docs/runtime.md).
 
 Each function takes the mesh, this rank's array and the mesh axes of the group
-(one sub-communicator, ranks in mixed-radix order of the axes, first major),
-and returns a new array (a group of one rank returns the input itself and
-communicates nothing). ``out=`` (allgather, alltoall, allreduce,
-reduce_scatter) receives into a caller's C-contiguous array instead, which
-spares hot loops the page faults of a fresh multi-MiB result.
-
-Each function checks its arguments and lays out the buffers (blocks along a
-dim with data before it are packed into the mesh's kept send buffer, or
-received side by side and copied into place), then hands MPI's call to
-runtime._calls.issue, the one body every collective runs: numbered, with the
-mesh's wait (runtime.wait), traced (runtime.trace, byte figures in
-docs/runtime.md), and with runtime.debug's divergence guard (SPMDSIM_CHECK)
-and watchdog (SPMDSIM_WATCHDOG) around it when they are switched on. The
-common case (C-contiguous arrays, blocks along dim 0) makes no helper call
+(one sub-communicator, ranks in mixed-radix order of the axes, first major) and
+returns a new array, or fills ``out=``; a group of one rank returns the input
+itself. Each checks its arguments and lays out the buffers (packing blocks
+along a dim with data before it), then hands MPI's call to runtime._calls.issue.
+The common case (C-contiguous arrays, blocks along dim 0) makes no helper call
 but the result check before MPI: with 8 ranks sharing 2 cores, each rank runs
-its pre-MPI Python with cold caches, in turn, while the group waits
-(docs/runtime.md). The whole-mesh exchanges (`alltoallv`, `exchange`) are in
-runtime.exchange.
+its pre-MPI Python on cold caches, in turn, while the group waits.
 """
 from __future__ import annotations
 

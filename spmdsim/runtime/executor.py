@@ -1,16 +1,11 @@
 """The executor: runs step programs (spmdsim.plan.steps) on this rank's block.
 
-One executor for both kinds of program: an operator's (its inference in
-spmdsim.infer gives the steps that finish its local result: Allreduce,
-Reduce_scatter, Allgather) and a redistribution's (the planner's steps).
-Each step kind has one runner here, which calls the runtime's collectives
-(runtime.collectives) or the local kernels (spmdsim.plan.kernels); every
-collective is traced with the operator's label or the step's own
-(``redistribute[1] S(0)->S(1) via Alltoall on ('x',)``). Importing this module
-does not start MPI: the collectives are bound when a program first runs.
-
-Compiled redistributions (a runner, mesh and label per step, worked out once)
-live in `PROGRAMS`, a cache of their own keyed by mesh.
+One executor for an operator's program (the steps spmdsim.infer gives to
+finish its local result) and a redistribution's (the planner's steps). Each
+step kind has one runner here, which calls a collective or a local kernel
+(spmdsim.plan.kernels), traced with the operator's label or the step's own.
+Importing this module does not start MPI: the collectives are bound when a
+program first runs. Compiled redistributions live in `PROGRAMS`, per mesh.
 """
 from __future__ import annotations
 

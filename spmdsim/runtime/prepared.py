@@ -1,13 +1,11 @@
-"""Prepared collectives: checked once, bound to fixed buffers, then run many times.
+"""Prepared collectives: checked once, bound to fixed buffers, then run many times (docs/runtime.md).
 
-For a collective repeated on the same buffers (a training step, a benchmark
-loop), the per-call checks of `collectives` cost about 2 µs, which 8 ranks
-sharing 2 cores amplify to 5-10% of a 1 MiB call (docs/runtime.md). A prepared
-collective validates shapes once and builds an MPI-4 persistent request
-(`Allreduce_init`, ...); each `run()` is then `Start`, the mesh's wait, and
-one trace entry. Where the MPI library has no persistent collectives (and for
-reduce_scatter, whose persistent form MPICH runs more slowly), `run()` makes
-the blocking call instead, its checks already done.
+A prepared collective validates shapes once and builds an MPI-4 persistent
+request (`Allreduce_init`, ...); each `run()` is then `Start`, the mesh's wait
+and one trace entry, sparing the ~2 us of per-call checks that 8 ranks on 2
+cores amplify to 5-10% of a 1 MiB call. Without persistent collectives (and
+for reduce_scatter, whose persistent form MPICH runs more slowly) `run()`
+makes the blocking call instead, its checks already done.
 
     step = prepare_allreduce(mesh, grads, ("dp",), out=grads)   # in place
     for _ in range(steps):
