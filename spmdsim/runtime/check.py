@@ -85,10 +85,7 @@ def local_stats(actual: np.ndarray, expected: Any, rtol: float, atol: float) -> 
 
 
 def agree(comm: Any, stats: np.ndarray, rtol: float, atol: float, polite: bool = False) -> Verdict:
-    """Share every rank's record with one Allgather and build the same Verdict everywhere.
-
-    The Allgather runs under the debug mode (runtime.debug) as "check".
-    """
+    """Share every rank's record with one Allgather ("check" to runtime.debug) and build the same Verdict."""
     from . import debug
 
     table = np.empty((comm.Get_size(), len(_FIELDS)), np.float64)

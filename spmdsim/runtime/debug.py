@@ -269,10 +269,8 @@ def verify(comm: Any, op: str, axes: Sequence[str], dtype: Any, shape: Optional[
     if (table == mine).all():
         return
     rows = [tuple(r) for r in table.tolist()]
-    # The majority call is taken as intended; ties go to the lowest group rank.
-    counts = Counter(rows)
-    best = max(counts.values())
-    expected = next(r for r in rows if counts[r] == best)
+    # The majority call is taken as intended; ties go to the lowest group rank (most_common keeps row order).
+    expected, best = Counter(rows).most_common(1)[0]
     bad = next(i for i, r in enumerate(rows) if r != expected)
     good = rows.index(expected)
     # Every member saw the same table, so all of them take this extra exchange.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Iterable
 
 from ..errors import RankError, ShapeError
@@ -71,8 +72,8 @@ class ExchangeSpec:
         for src, count in receives:
             _peer(src, size, rank, "source")
             rcounts[src] += count
-        sdispls = _offsets(scounts)
-        rdispls = _offsets(rcounts)
+        sdispls = tuple(accumulate(scounts[:-1], initial=0)) if size else ()
+        rdispls = tuple(accumulate(rcounts[:-1], initial=0)) if size else ()
         cursor = list(sdispls)
         packs = []
         for dst, index, shape in sends:
@@ -97,11 +98,3 @@ def count_peers(scounts: Iterable[int], rcounts: Iterable[int]) -> int:
 def _peer(r: int, size: int, rank: int, what: str) -> None:
     if not 0 <= r < size or r == rank:
         raise RankError(f"exchange {what} {r!r} must be another mesh rank (0 <= r < {size}, r != {rank})")
-
-
-def _offsets(counts: list[int]) -> tuple[int, ...]:
-    out, total = [], 0
-    for c in counts:
-        out.append(total)
-        total += c
-    return tuple(out)

@@ -75,10 +75,9 @@ def _runner(step: Step) -> Runner:
 
 def execute(mesh: Any, local: Any, steps: tuple[Step, ...], shape: tuple, label: Optional[str],
             owned: bool = False) -> Any:
-    """Run an operator's steps on this rank's block `local` of a tensor of global `shape`.
+    """Run an operator's steps on this rank's block `local` of a tensor of global `shape`, traced under `label`.
 
-    Every collective is traced under `label`; `owned` says `local` is the
-    operator's own temporary (an Allreduce may then sum in place).
+    `owned`: `local` is the operator's own temporary (an Allreduce may then sum in place).
     """
     for step in steps:
         try:

@@ -231,8 +231,7 @@ def install_excepthook(comm: Any = None) -> None:
 def _finalize_and_exit(code: int) -> NoReturn:
     """End this rank with `code` after MPI_Finalize, from inside sys.excepthook.
 
-    C exit(), not os._exit: MPICH's exit-time cleanup must run, or mpiexec
-    reports the rank as killed (signal 9) even after a clean Finalize.
+    C exit(), not os._exit: without MPICH's exit-time cleanup mpiexec reports the rank as killed (signal 9).
     """
     from mpi4py import MPI
 

@@ -24,9 +24,7 @@ SCRATCH_ROLES = ("send", "recv")
 
 def normalize_axes(axes: str | Iterable[str]) -> tuple[str, ...]:
     """Accept "mp" or ("dp", "mp") and return a tuple of axis names."""
-    if isinstance(axes, str):
-        return (axes,)
-    return tuple(axes)
+    return (axes,) if isinstance(axes, str) else tuple(axes)
 
 
 _TUNED = []

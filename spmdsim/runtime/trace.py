@@ -123,10 +123,9 @@ class Trace:
         return "\n".join(lines)
 
     def reduce(self, comm: Any) -> dict[str, Any]:
-        """Totals over all ranks of `comm` and the maximum per rank (a collective call).
+        """Totals over all ranks of `comm` and the maximum per rank, the same dict on every rank (collective).
 
-        Gathered on rank 0, reduced there and broadcast: every rank gets the same
-        dict, and p simulated ranks cost O(p), where an allgather costs O(p^2).
+        Gathered on rank 0, reduced there and broadcast: O(p) for p simulated ranks, not an allgather's O(p^2).
         """
         mine = self.totals()
         mine["counts"] = self.counts()

@@ -31,11 +31,8 @@ _SLEEP_MIN_S = 20e-6
 
 
 def local_ranks(comm: Any) -> int:
-    """Ranks of `comm` on this node: from the launcher's environment, else one Split_type.
-
-    The fallback is a collective over `comm`; every rank takes the same path
-    because they all see the same launcher environment.
-    """
+    """Ranks of `comm` on this node: from the launcher's environment, else one Split_type (collective;
+    every rank takes the same path, as all see the same environment)."""
     from_launcher = launcher_local_ranks()
     if from_launcher is not None:
         return from_launcher
