@@ -75,10 +75,9 @@ def _mapped(maps: str, part: str) -> list[str]:
 
 
 def cap_loaded_blas(threads: int, maps: str = "/proc/self/maps") -> list[str]:
-    """Set the thread count of every OpenBLAS/MKL this process has loaded; the paths set.
+    """Set the thread count of every OpenBLAS/MKL this process has loaded; the paths set (Linux only).
 
-    Thread variables are read when a BLAS loads, so a process that imported
-    numpy before deciding must call the library itself. Linux only (reads `maps`).
+    Thread variables are read when a BLAS loads, so after numpy loaded the library itself must be called.
     """
     done = []
     for path in _mapped(maps, ".so"):
@@ -102,9 +101,8 @@ def cap_loaded_blas(threads: int, maps: str = "/proc/self/maps") -> list[str]:
 def blas_kernels(maps: str = "/proc/self/maps") -> str | None:
     """The kernels the loaded OpenBLAS runs ("SkylakeX", "Haswell"), or None (no OpenBLAS, not Linux).
 
-    OpenBLAS picks them for the CPU when it loads unless OPENBLAS_CORETYPE
-    names others; on an AVX-512 CPU pinned to "Haswell" a float32 matmul takes
-    1.6x as long (docs/performance.md). The benchmarks print it beside their figures.
+    OpenBLAS picks them for the CPU unless OPENBLAS_CORETYPE names others (on an AVX-512 CPU
+    pinned to "Haswell" a float32 matmul takes 1.6x as long); the benchmarks print it.
     """
     for path in _mapped(maps, "openblas"):
         try:

@@ -210,13 +210,8 @@ def fingerprint(seq: int, op: str, axes: Sequence[str], dtype: Any,
                 group_size: int = 0) -> np.ndarray:
     """The int64 row one rank contributes: what it is about to call, in fixed fields (`shape` None: left out)."""
     row = np.full(FINGERPRINT_FIELDS, -1, np.int64)
-    row[0] = _MAGIC
-    row[1] = seq
-    row[2] = _code(op)
-    row[3] = _code(repr(tuple(axes)))
-    row[4] = _code(np.dtype(dtype).str)
-    row[5] = group_size
-    row[6] = _code(repr(tuple(extra)))
+    row[:7] = (_MAGIC, seq, _code(op), _code(repr(tuple(axes))), _code(np.dtype(dtype).str), group_size,
+               _code(repr(tuple(extra))))
     if shape is not None:
         shape = tuple(int(s) for s in shape)
         row[7] = len(shape)
@@ -275,11 +270,9 @@ def verify(comm: Any, op: str, axes: Sequence[str], dtype: Any, shape: Optional[
     good = rows.index(expected)
     # Every member saw the same table, so all of them take this extra exchange.
     notes = comm.allgather((_world_rank(), describe(seq, op, axes, dtype, shape, extra)))
-    raise RuntimeMismatchError(
-        f"collectives diverge: rank {notes[bad][0]} calls {notes[bad][1]} but rank "
-        f"{notes[good][0]} calls {notes[good][1]}"
-        + (f" ({best} of {g} ranks of the group agree)" if g > 2 else "")
-    )
+    raise RuntimeMismatchError(f"collectives diverge: rank {notes[bad][0]} calls {notes[bad][1]} but rank "
+                               f"{notes[good][0]} calls {notes[good][1]}"
+                               + (f" ({best} of {g} ranks of the group agree)" if g > 2 else ""))
 
 
 def verify_operands(mesh: Any, op: str, operands: Sequence[tuple[str, Any, Any, Any]]) -> None:
@@ -309,11 +302,9 @@ def verify_counts(comm: Any, sends: Any, receives: Any, seq: int, polite: bool) 
     bad = np.argwhere(sent != expected.T)  # sent[i, j]: i -> j; expected[j, i]: j expects from i
     if bad.size:
         i, j = (int(v) for v in bad[0])
-        raise RuntimeMismatchError(
-            f"alltoallv counts disagree (seq {seq}): rank {i} sends {int(sent[i, j])} elements "
-            f"to rank {j}, which expects {int(expected[j, i])}"
-            + (f" ({len(bad)} pairs disagree)" if len(bad) > 1 else "")
-        )
+        raise RuntimeMismatchError(f"alltoallv counts disagree (seq {seq}): rank {i} sends {int(sent[i, j])} "
+                                   f"elements to rank {j}, which expects {int(expected[j, i])}"
+                                   + (f" ({len(bad)} pairs disagree)" if len(bad) > 1 else ""))
 
 
 def wait(request: Any, op: str, axes: Sequence[str], seq: int, polite: bool,

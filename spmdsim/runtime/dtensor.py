@@ -66,10 +66,8 @@ class DTensor:
             expected = layout.local_shape(shape)
         local = np.asarray(local)
         if local.shape != expected:
-            raise ShapeError(
-                f"local shard shape {local.shape!r} does not match {expected!r}, the shard of "
-                f"global shape {shape!r} under {layout}"
-            )
+            raise ShapeError(f"local shard shape {local.shape!r} does not match {expected!r}, the shard of "
+                             f"global shape {shape!r} under {layout}")
         if local.dtype not in _PLAIN_DTYPES:
             _check_dtype(local.dtype, layout)
         self._mesh, self._local, self._layout, self._shape = mesh, local, layout, shape
@@ -87,8 +85,7 @@ class DTensor:
     def astype(self, dtype: Any) -> "DTensor":
         """This tensor with every shard converted to `dtype` (same layout; no communication).
 
-        A pending sum may widen (int -> float) but not be cut to integers: the
-        sum of truncated addends is not the truncated sum.
+        A pending sum may widen but not be cut to integers: the sum of truncated addends is not the truncated sum.
         """
         want = dtype_arg(dtype)
         if self._layout.partial and want.kind in "biu" and self._local.dtype.kind not in "biu":
@@ -181,8 +178,7 @@ class DTensor:
     def backward(self, explain: list | None = None, bucket: bool | int = False) -> None:
         """Gradients of this scalar loss into every leaf's ``.grad`` (collective; see autograd.backward).
 
-        ``bucket=True``: gradients summed over the same axes share one Allreduce
-        (a byte count: buckets of at most that many bytes).
+        ``bucket=True``: gradients summed over the same axes share one Allreduce; an int caps a bucket's bytes.
         """
         from ..autograd.engine import backward
 

@@ -59,8 +59,7 @@ class ExchangeSpec:
               receives: Iterable[tuple[int, int]]) -> "ExchangeSpec":
         """From (destination, index, box shape) per box sent and (source, elements) per box received.
 
-        Boxes to or from `rank` itself are not part of an exchange and raise.
-        Boxes for one peer are packed (and arrive) in the order given.
+        Boxes for one peer are packed (and arrive) in the order given; a box to or from `rank` raises.
         """
         sends, receives = list(sends), list(receives)
         scounts, rcounts = [0] * size, [0] * size

@@ -71,14 +71,10 @@ class Mesh:
             _tune_process_once()
         size = comm.Get_size()
         if layout.num_devices != size:
-            raise RuntimeMismatchError(
-                f"device matrix {layout.device_matrix!r} needs {layout.num_devices} ranks but the "
-                f"communicator has {size}" + (ways_out(layout.num_devices) if size == 1 else "")
-            )
-        self.layout = layout
-        self.comm = comm
-        self.size = size
-        self.rank = comm.Get_rank()
+            raise RuntimeMismatchError(f"device matrix {layout.device_matrix!r} needs {layout.num_devices} ranks "
+                                       f"but the communicator has {size}"
+                                       + (ways_out(layout.num_devices) if size == 1 else ""))
+        self.layout, self.comm, self.size, self.rank = layout, comm, size, comm.Get_rank()
         self.coords = layout.coords(self.rank)
         # Simulated ranks are threads of one process: no MPI progress to be polite to.
         self.wait_mode = resolve_wait_mode(wait, comm) if not simulated else _simulated_wait(wait)
@@ -195,10 +191,8 @@ def _check_mpi_comm(comm: Any) -> None:
     expected = os.environ.get("SPMDSIM_EXPECT_WORLD", "")
     world = MPI.COMM_WORLD.Get_size()
     if expected.isdigit() and int(expected) != world:
-        raise RuntimeMismatchError(
-            f"the MPI world has {world} ranks but {int(expected)} were launched: is mpiexec "
-            "from the same MPI as mpi4py? (python -m mpi4py --mpi-library)"
-        )
+        raise RuntimeMismatchError(f"the MPI world has {world} ranks but {int(expected)} were launched: is "
+                                   "mpiexec from the same MPI as mpi4py? (python -m mpi4py --mpi-library)")
 
 
 def _simulated_wait(wait: str | None) -> str:

@@ -42,10 +42,8 @@ class TraceEntry:
     def __str__(self) -> str:
         where = ",".join(self.axes) or "-"
         tag = f" [{self.label}]" if self.label else ""
-        return (
-            f"{self.op}({where}) g={self.group_size} sent={self.bytes_sent}B "
-            f"recv={self.bytes_received}B {self.seconds * 1e3:.3f}ms{tag}"
-        )
+        return (f"{self.op}({where}) g={self.group_size} sent={self.bytes_sent}B "
+                f"recv={self.bytes_received}B {self.seconds * 1e3:.3f}ms{tag}")
 
 
 class Trace:
@@ -112,14 +110,11 @@ class Trace:
         width = max([15] + [len(op) + 1 for op, _, _ in rows])  # "allreduce[recursive-doubling]"
         lines = [f"{'op':<{width}}{'axes':<14}{'g':>3}{'calls':>7}{'sent B':>13}{'recv B':>13}{'ms':>10}"]
         for (op, axes, g), (n, sent, recv, sec) in rows.items():
-            lines.append(
-                f"{op:<{width}}{','.join(axes) or '-':<14}{g:>3}{n:>7}{sent:>13}{recv:>13}{sec * 1e3:>10.3f}"
-            )
+            lines.append(f"{op:<{width}}{','.join(axes) or '-':<14}{g:>3}{n:>7}{sent:>13}{recv:>13}"
+                         f"{sec * 1e3:>10.3f}")
         t = self.totals()
-        lines.append(
-            f"{'total':<{width + 17}}{t['calls']:>7}{t['bytes_sent']:>13}{t['bytes_received']:>13}"
-            f"{t['seconds'] * 1e3:>10.3f}"
-        )
+        lines.append(f"{'total':<{width + 17}}{t['calls']:>7}{t['bytes_sent']:>13}{t['bytes_received']:>13}"
+                     f"{t['seconds'] * 1e3:>10.3f}")
         return "\n".join(lines)
 
     def reduce(self, comm: Any) -> dict[str, Any]:

@@ -96,10 +96,9 @@ def polite_wait(request: Any) -> None:
 
 
 def wait_until(request: Any, deadline: float, polite: bool) -> bool:
-    """Poll `request` until it completes (True) or time.monotonic() passes `deadline` (False).
+    """Poll `request` until it completes (True) or time.monotonic() passes `deadline` (False: left pending).
 
-    The watchdog's wait (runtime.debug): polite polling goes through the same
-    phases as polite_wait; busy polling spins on Test(). The request is left pending on False.
+    The watchdog's wait: polite polling as polite_wait polls, busy polling a Test() spin.
     """
     test = request.Test
     if test():
