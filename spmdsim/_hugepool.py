@@ -97,9 +97,8 @@ def empty_bytes(nbytes: int, offset: int) -> np.ndarray | None:
         except (OSError, ValueError):
             return None
     holder = _frombuffer(m, _uint8)
-    # Every view of the result has `holder` as its base (numpy stops collapsing
-    # bases at an array that views a non-array), so the weakref fires when the
-    # last view dies and the map can serve again.
+    # Every view of the result has `holder` as its base (numpy stops collapsing bases at an array that
+    # views a non-array), so the weakref fires when the last view dies and the map can serve again.
     ref = weakref.ref(holder, _release)
     _held[id(ref)] = (ref, key, m, start)
     return holder[start + offset:start + offset + nbytes]
@@ -108,10 +107,9 @@ def empty_bytes(nbytes: int, offset: int) -> np.ndarray | None:
 def _release(ref: Any) -> None:
     # Called while the holder is being freed: nothing can reach its memory any more.
     try:
-        entry = _held.pop(id(ref))
+        _, key, m, start = _held.pop(id(ref))
     except (KeyError, AttributeError, TypeError):  # interpreter shutdown cleared the module
         return
-    _, key, m, start = entry
     size = key[0]
     if size > POOL_BYTES:
         return  # dropping the last reference unmaps it once the holder's export is released

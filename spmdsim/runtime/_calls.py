@@ -41,13 +41,11 @@ def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, 
             (c None: a call of two); bound methods made ahead and ``*args`` would cost more.
         x, extra: what SPMDSIM_CHECK compares: the array (its dtype and shape;
             a dtype alone where shapes differ by rank) and the call's other arguments.
-        nbytes: an int n (the trace records moved_bytes(op, g, n) both ways) or
-            (sent, received).
+        nbytes: an int n (the trace records moved_bytes(op, g, n) both ways) or (sent, received).
         copied: the bytes packed and unpacked around the MPI call (the trace's bytes_copied).
         t0: when the traced time began (before packing); default: now.
         then: run after the MPI call, inside the traced time (unpacking); its value is returned.
-        counts: an Alltoallv's (send, receive) counts: compared pairwise with
-            SPMDSIM_CHECK; the trace counts the peers they name.
+        counts: an Alltoallv's (send, receive) counts: compared with SPMDSIM_CHECK, peers for the trace.
         emulate: False keeps MPI's call on a mesh made with ``algorithms=`` (prepared collectives).
     """
     if _HOOKS.quiet and mesh.algorithms is None:

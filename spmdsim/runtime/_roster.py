@@ -1,11 +1,9 @@
 """Who is where when the watchdog fires: the side channel behind its message (runtime.debug).
 
-Past its deadline a rank asks the other ranks of the collective's group (the
-world when the caller did not say which communicator it waits on) where they
-are, with small point-to-point messages. Ranks answer from inside the
-watchdog's wait, between polls (every `SERVE_S` once a wait has lasted that
-long), so a call that completes sooner costs nothing more; a rank that is not
-waiting never answers.
+Past its deadline a rank asks the other ranks of the collective's group (else
+the world) where they are, with small point-to-point messages. Ranks answer
+between the watchdog's polls once a wait has lasted `SERVE_S`, so a call that
+completes sooner costs nothing more; a rank that is not waiting never answers.
 
 Side channel: the guard's private duplicate of COMM_WORLD (guard.world_channel),
 else the collective's own communicator (point-to-point messages never match a

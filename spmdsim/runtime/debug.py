@@ -101,9 +101,8 @@ def _reset() -> None:
     _forget_quiet()
 
 
-#: The watchdog the divergence guard turns on when SPMDSIM_WATCHDOG is unset: the
-#: guard compares calls, but a rank that skips one would still leave the others
-#: waiting forever. Long enough for a slow local step on a loaded laptop.
+#: The watchdog the divergence guard turns on when SPMDSIM_WATCHDOG is unset (a rank that skips a
+#: call would leave the others waiting forever); long enough for a slow local step on a loaded laptop.
 CHECK_WATCHDOG_S = 300.0
 
 

@@ -32,13 +32,11 @@ _PLAIN_DTYPES = frozenset(np.dtype(c) for c in np.typecodes["AllInteger"] + np.t
 Reference = Union[SeededTensor, np.ndarray, Callable[[tuple], Any]]
 
 
-# typed, with the sizes as separate arguments: (16.0, 8) and (True, 8) compare
-# and hash like (16, 8) and (1, 8), and must not find those entries.
+# typed, the sizes as separate arguments: (16.0, 8) and (True, 8) hash like (16, 8) and (1, 8) and must miss.
 @lru_cache(maxsize=1024, typed=True)
 def _checked_shapes(layout: TensorLayout, *global_shape: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(global shape as ints, every rank's shard shape), cached: operators wrap
-    every result in a DTensor, and deriving the shard shape each time was ~6 us
-    of each call (a failed check raises and is not cached)."""
+    """(global shape as ints, every rank's shard shape), cached: deriving the shard shape of every
+    operator's result was ~6 us of each call (a failed check raises and is not cached)."""
     shape = layout.check_shape(global_shape)
     return shape, layout.local_shape(shape)
 

@@ -1,11 +1,9 @@
-"""ExchangeSpec: one rank's part of a repeated Alltoallv, counted and checked once.
+"""ExchangeSpec: one rank's part of a repeated Alltoallv, counted and checked once (pure, no mpi4py).
 
-Pure (no mpi4py). `collectives.exchange` runs it: boxes of the local block are
-packed into one send buffer at the offsets worked out here, and what arrives
-lands in one receive buffer whose per-source slots are here too. Built once
-per plan step (runtime.executor), it spares every call the loops that validate and
-count a general `alltoallv`'s dictionaries, work that runs on cold caches
-between the ranks' arrival and the MPI call when ranks share cores.
+`collectives.exchange` runs it. Built once per plan step (runtime.executor), it
+spares every call the loops that validate and count a general `alltoallv`'s
+dictionaries, which run on cold caches between the ranks' arrival and the MPI
+call when ranks share cores.
 """
 from __future__ import annotations
 

@@ -34,9 +34,8 @@ from . import debug
 
 __all__ = ["execute", "redistribute", "ProgramCache", "PROGRAMS"]
 
-# A runner: run(step, mesh, local, shape, label, owned) -> the new local block.
-# `owned` says `local` is the program's own temporary, which an Allreduce may
-# overwrite in place instead of allocating.
+# A runner: run(step, mesh, local, shape, label, owned) -> the new local block; `owned`: `local`
+# is the program's own temporary, which an Allreduce may overwrite in place instead of allocating.
 Runner = Callable[[Any, Any, Any, tuple, Optional[str], bool], Any]
 _RUNNERS: dict[type, Runner] = {}
 

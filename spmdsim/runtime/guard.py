@@ -35,8 +35,7 @@ def _private(comm: Any) -> Any:
     """A duplicate of `comm` kept for the guard's barrier (collective on first use per comm)."""
     entry = _PRIVATE.get(id(comm))
     if entry is None or entry[0] is not comm:
-        entry = (comm, comm.Dup())
-        _PRIVATE[id(comm)] = entry
+        entry = _PRIVATE[id(comm)] = (comm, comm.Dup())
     return entry[1]
 
 
@@ -74,10 +73,7 @@ def _all_failed(private: Any, grace: float) -> bool:
 
 
 def handle_exception(exc: BaseException, comm: Any = None, private: Any = None) -> bool:
-    """Report `exc`; return True for a clean all-ranks SpmdsimError (caller exits 2), else Abort.
-
-    Ctrl-C (KeyboardInterrupt) ends the job without returning (`_interrupted`).
-    """
+    """Report `exc`; return True for a clean all-ranks SpmdsimError (caller exits 2), else Abort (Ctrl-C too)."""
     comm = _world(comm)
     rank = comm.Get_rank()
     if isinstance(exc, KeyboardInterrupt):
@@ -170,10 +166,9 @@ class _GuardExit(SystemExit):
 
 def _exit_alone(exc: SystemExit, comm: Any, private: Any) -> None:
     """A SystemExit passes when every rank exits; on some ranks only it aborts the job."""
-    if _all_failed(private, GRACE_S):
-        return
-    abort_job(comm, f"spmdsim: error on rank {comm.Get_rank()}: exit with code {exc.code!r} "
-                 "(SystemExit) while other ranks go on\n")
+    if not _all_failed(private, GRACE_S):
+        abort_job(comm, f"spmdsim: error on rank {comm.Get_rank()}: exit with code {exc.code!r} "
+                        "(SystemExit) while other ranks go on\n")
 
 
 class abort_on_error:

@@ -148,8 +148,7 @@ class Trace:
 def _as_called(op: str, axes: Any, g: int, nbytes: Any, counts: Any) -> tuple:
     """(op, axes, sent, received, peers) of a row `issue` recorded with its call's own arguments.
 
-    `nbytes`: the per-rank n of the step kind's byte formula (spmdsim.plan.steps.moved_bytes),
-    or (sent, received); `counts`: an Alltoallv's (send, receive) counts, or None.
+    `nbytes`: the per-rank n of `moved_bytes`, or (sent, received); `counts`: an Alltoallv's counts, or None.
     """
     from ..plan.steps import moved_bytes
     from .exchange_spec import count_peers
