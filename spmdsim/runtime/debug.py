@@ -208,7 +208,7 @@ def fingerprint(seq: int, op: str, axes: Sequence[str], dtype: Any,
                 shape: Optional[Sequence[int]], extra: Sequence[Any] = (),
                 group_size: int = 0) -> np.ndarray:
     """The int64 row one rank contributes: what it is about to call, in fixed fields (`shape` None: left out)."""
-    row = np.full(FINGERPRINT_FIELDS, -1, np.int64)
+    row = np.full(FINGERPRINT_FIELDS, -1, np.int64)  # magic, seq, op, axes, dtype, group size, extra, shape
     row[:7] = (_MAGIC, seq, _code(op), _code(repr(tuple(axes))), _code(np.dtype(dtype).str), group_size,
                _code(repr(tuple(extra))))
     if shape is not None:
