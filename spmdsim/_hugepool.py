@@ -1,25 +1,18 @@
 """Arrays on 2 MiB transparent huge pages, from a small pool of anonymous maps; stdlib and numpy only.
 
-Why: on this project's machines, MPICH copies a large message between two
-processes with the kernel's cross-memory attach, which pins the *sender's*
-pages for every copy. A send buffer on huge pages made that copy 1.7-2x
-faster (raw mpi4py Alltoall at 8 ranks and Sendrecv at 2 ranks, 1-16 MiB per
-rank, scripts/bench_hugepages.py), and a fresh 8 MiB array filled in 0.35 ms
-instead of 2-5 ms (docs/performance.md, "Huge pages"). numpy already advises
-arrays of 4 MiB and more to be huge, but whether the kernel can honour that depends on whether the
-heap memory was touched before, so the same program got huge pages on some
-ranks and some launches and not others.
+Why: MPICH's cross-memory copy between two processes pins the *sender's* pages
+for every copy; a send buffer on huge pages made it 1.7-2x faster, and a fresh
+8 MiB array filled in 0.35 ms instead of 2-5 ms (scripts/bench_hugepages.py;
+docs/performance.md, "Huge pages"). numpy advises arrays from 4 MiB to be huge,
+but whether the kernel honours that depends on the heap's history, so it
+differed by rank and launch.
 
-`empty_bytes(n)` maps fresh memory aligned to 2 MiB and advises each 2 MiB
-stretch that the array covers at least half of as huge, the rest as 4 KiB
-pages, so a rank holds at most 1 MiB per array above its bytes. The data
-starts `offset` bytes in, as spmdsim.buffers places every buffer. When the
-array's last view dies its map goes back to a pool (up to POOL_BYTES in all,
-the sizes freed longest ago leave first) and serves the next array of the
-same map size without page faults.
-
-Where the OS has no MADV_HUGEPAGE (macOS, Windows), `enabled()` is False and
-callers use the heap (``spmdsim.buffers.use_huge_pages(False)`` does so anywhere).
+`empty_bytes(n)` maps fresh memory aligned to 2 MiB, advised huge where the
+array covers at least half of a 2 MiB stretch (so at most 1 MiB over its bytes
+per array). When the array's last view dies its map goes back to a pool (up to
+POOL_BYTES, sizes freed longest ago leave first) for the next array of the same
+map size, without page faults. Where the OS has no MADV_HUGEPAGE, `enabled()`
+is False and callers use the heap.
 """
 from __future__ import annotations
 
@@ -66,9 +59,7 @@ def pooled_bytes() -> int:
 def _layout(nbytes: int, offset: int) -> tuple[int, int]:
     """(bytes to map, bytes of it advised huge) for an array of `nbytes` at `offset`.
 
-    The map covers every 2 MiB stretch the data touches; a stretch is huge
-    where the data covers at least half of it, so a 2 MiB + 16 byte array
-    holds 2 MiB + 4 KiB, not 4 MiB.
+    A stretch is huge where the data covers at least half of it: 2 MiB + 16 bytes hold 2 MiB + 4 KiB, not 4 MiB.
     """
     used = offset + nbytes
     size = -(-used // HUGE_PAGE) * HUGE_PAGE
@@ -78,8 +69,7 @@ def _layout(nbytes: int, offset: int) -> tuple[int, int]:
 def _new_map(size: int, huge: int) -> tuple[mmap.mmap, int]:
     """A fresh anonymous map with a 2 MiB-aligned stretch of `size` bytes; (map, where it starts).
 
-    Mapping one huge page more than needed leaves room to align; the unused
-    part is never touched, so it costs address space only.
+    One huge page more than needed leaves room to align; never touched, it costs address space only.
     """
     m = mmap.mmap(-1, size + HUGE_PAGE, flags=_FLAGS)
     start = (-_frombuffer(m, _uint8, count=1).ctypes.data) % HUGE_PAGE
@@ -93,9 +83,7 @@ def _new_map(size: int, huge: int) -> tuple[mmap.mmap, int]:
 def empty_bytes(nbytes: int, offset: int) -> np.ndarray | None:
     """A writeable uint8 array of `nbytes` starting `offset` bytes into a 2 MiB huge page.
 
-    None when the OS refuses a new map (e.g. the per-process limit on maps,
-    vm.max_map_count, with tens of thousands of arrays alive): the caller
-    then takes the heap.
+    None when the OS refuses a new map (e.g. vm.max_map_count, with tens of thousands of arrays alive).
     """
     key = _layout(nbytes, offset)
     free = _pool.get(key)
@@ -109,9 +97,8 @@ def empty_bytes(nbytes: int, offset: int) -> np.ndarray | None:
         except (OSError, ValueError):
             return None
     holder = _frombuffer(m, _uint8)
-    # Every view of the result has `holder` as its base (numpy stops collapsing
-    # bases at an array that views a non-array), so the weakref fires when the
-    # last view dies and the map can serve again.
+    # Every view of the result has `holder` as its base (numpy stops collapsing bases at an array that
+    # views a non-array), so the weakref fires when the last view dies and the map can serve again.
     ref = weakref.ref(holder, _release)
     _held[id(ref)] = (ref, key, m, start)
     return holder[start + offset:start + offset + nbytes]
@@ -120,10 +107,9 @@ def empty_bytes(nbytes: int, offset: int) -> np.ndarray | None:
 def _release(ref: Any) -> None:
     # Called while the holder is being freed: nothing can reach its memory any more.
     try:
-        entry = _held.pop(id(ref))
+        _, key, m, start = _held.pop(id(ref))
     except (KeyError, AttributeError, TypeError):  # interpreter shutdown cleared the module
         return
-    _, key, m, start = entry
     size = key[0]
     if size > POOL_BYTES:
         return  # dropping the last reference unmaps it once the holder's export is released

@@ -1,22 +1,17 @@
 """Keep freed result buffers in the heap for reuse; standard library only.
 
 Every collective and operator returns a fresh array. With glibc's defaults a
-multi-MiB array is often served by a new mmap and handed back on free, so the
-next call pays one page fault per 4 KiB page of its result again. On the 2-core
-VM with 8 ranks that doubled a 16 MiB Allreduce (63 ms with a fresh result
-against 36 ms into a reused one) and made ``np.empty(16 MiB).fill(1)`` take
-6-8 ms instead of 1-2 ms (docs/performance.md, "Heap reuse for result buffers").
+multi-MiB array is often a new mmap handed back on free, so the next call pays
+one page fault per 4 KiB page again: on the 2-core VM with 8 ranks that doubled
+a 16 MiB Allreduce (docs/performance.md, "Heap reuse for result buffers").
 
 Under an MPI launcher, glibc serves allocations up to 32 MiB (its largest
-allowed mmap threshold) from the heap and keeps up to 64 MiB of freed heap top
-instead of returning it at once. Larger arrays are still mapped and unmapped as
-before, so a rank holds at most 64 MiB beyond its live arrays. `spmdsim launch`
-sets glibc's own variables for its ranks (`glibc_env`); a rank started by a
-plain ``mpiexec`` calls mallopt when it makes its first Mesh
-(`keep_freed_buffers_under_launcher`). ``import spmdsim`` changes nothing.
-Skipped when the user set any of glibc's knobs (GLIBC_VARS: that is also how to
-opt out, e.g. ``MALLOC_TRIM_THRESHOLD_=131072``, glibc's default) and where the
-C library has no mallopt (not glibc).
+mmap threshold) from the heap and keeps up to 64 MiB of freed heap top, so a
+rank holds at most 64 MiB beyond its live arrays. `spmdsim launch` sets glibc's
+variables for its ranks (`glibc_env`); a rank of a plain ``mpiexec`` calls
+mallopt at its first Mesh (`keep_freed_buffers_under_launcher`). Skipped when
+the user set any of GLIBC_VARS (to opt out: ``MALLOC_TRIM_THRESHOLD_=131072``,
+glibc's default) and without glibc. ``import spmdsim`` changes nothing.
 """
 from __future__ import annotations
 

@@ -20,8 +20,6 @@ THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 # Launchers that tell each rank how many ranks share its node.
 LOCAL_SIZE_VARS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_LOCAL_SIZE",
                    "SLURM_NTASKS_PER_NODE")
-
-
 #: Where launchers put a process's rank (MPICH/Hydra and Slurm's PMI, Open MPI, PMIx).
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 
@@ -57,25 +55,32 @@ def thread_cap(ranks_on_node: int) -> int:
     return max(1, cores_available() // max(1, ranks_on_node))
 
 
+def _openblas(function: str) -> list[str]:
+    """The names OpenBLAS builds export `function` under (numpy's and scipy's; 64-bit integer builds)."""
+    return [f"{p}openblas_{function}{s}" for p in ("", "scipy_") for s in ("", "64_", "_64")]
+
+
 # Thread setters of the BLAS libraries numpy and scipy ship (as threadpoolctl finds them).
-_SETTERS = {"openblas": [f"{p}openblas_set_num_threads{s}" for p in ("", "scipy_")
-                         for s in ("", "64_", "_64")],
-            "mkl_rt": ["MKL_Set_Num_Threads"]}
+_SETTERS = {"openblas": _openblas("set_num_threads"), "mkl_rt": ["MKL_Set_Num_Threads"]}
+_CORENAMES = _openblas("get_corename")
+
+
+def _mapped(maps: str, part: str) -> list[str]:
+    """Sorted paths of the files this process maps whose `maps` lines hold `part` ([] if unreadable)."""
+    try:
+        with open(maps) as f:
+            return sorted({line.split()[-1] for line in f if part in line})
+    except OSError:
+        return []
 
 
 def cap_loaded_blas(threads: int, maps: str = "/proc/self/maps") -> list[str]:
-    """Set the thread count of every OpenBLAS/MKL this process has loaded; the paths set.
+    """Set the thread count of every OpenBLAS/MKL this process has loaded; the paths set (Linux only).
 
-    Thread variables are read when a BLAS loads, so a process that imported
-    numpy before deciding must call the library itself. Linux only (reads `maps`).
+    Thread variables are read when a BLAS loads, so after numpy loaded the library itself must be called.
     """
-    try:
-        with open(maps) as f:
-            paths = sorted({line.split()[-1] for line in f if ".so" in line})
-    except OSError:
-        return []
     done = []
-    for path in paths:
+    for path in _mapped(maps, ".so"):
         kind = next((k for k in _SETTERS if re.search(k, os.path.basename(path))), None)
         if kind is None:
             continue
@@ -93,22 +98,13 @@ def cap_loaded_blas(threads: int, maps: str = "/proc/self/maps") -> list[str]:
     return done
 
 
-_CORENAMES = [f"{p}openblas_get_corename{s}" for p in ("", "scipy_") for s in ("", "64_", "_64")]
-
-
 def blas_kernels(maps: str = "/proc/self/maps") -> str | None:
     """The kernels the loaded OpenBLAS runs ("SkylakeX", "Haswell"), or None (no OpenBLAS, not Linux).
 
-    OpenBLAS picks them for the CPU when it loads unless OPENBLAS_CORETYPE
-    names others; on an AVX-512 CPU pinned to "Haswell" a float32 matmul takes
-    1.6x as long (docs/performance.md). The benchmarks print it beside their figures.
+    OpenBLAS picks them for the CPU unless OPENBLAS_CORETYPE names others (on an AVX-512 CPU
+    pinned to "Haswell" a float32 matmul takes 1.6x as long); the benchmarks print it.
     """
-    try:
-        with open(maps) as f:
-            paths = sorted({line.split()[-1] for line in f if "openblas" in line})
-    except OSError:
-        return None
-    for path in paths:
+    for path in _mapped(maps, "openblas"):
         try:
             lib = ctypes.CDLL(path)  # already loaded: the same handle
         except OSError:
@@ -143,12 +139,11 @@ def user_thread_count() -> int | None:
 def cap_blas_threads_under_launcher() -> int | None:
     """Under an MPI launcher, cap BLAS threads at this rank's share of the cores; the cap or None.
 
-    Skipped outside a launcher. When the user set any of THREAD_VARS, their
-    value is given to the loaded BLAS libraries instead (a variable set after
-    numpy loaded its BLAS is otherwise never read: 8 ranks on 2 cores with two
-    threads each ran a training step 15x slower) and None is returned.
-    Otherwise sets the unset variables (for BLAS loaded later and child
-    processes) and the loaded BLAS libraries.
+    When the user set any of THREAD_VARS, their value goes to the loaded BLAS
+    instead and None is returned (a variable set after numpy loaded its BLAS is
+    otherwise never read: 8 ranks on 2 cores with two threads each ran a
+    training step 15x slower). Else sets the variables (for BLAS loaded later
+    and child processes) and the loaded BLAS libraries.
     """
     ranks = launcher_local_ranks()
     if ranks is None:

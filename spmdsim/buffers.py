@@ -1,24 +1,17 @@
 """Arrays placed at one fixed offset inside a memory page, for buffers MPI moves.
 
-Why: between processes on one node MPICH copies large messages with the
-kernel's cross-memory attach (CMA), and on this project's AMD VM that copy
-depends on where the receive buffer starts relative to the send buffer within
-their pages (``scripts/bench_placement.py``; docs/performance.md, "Buffer
-placement"). Both 16-byte aligned, as every malloc'd array is: 16 bytes apart
-(mod 32) costs 1.05-1.6x against 0 or 32 apart; 8 bytes apart costs 2-4x.
-Where the C library's heap puts each array is luck, so the same code ran 10-40%
-faster or slower from one launch to the next.
+Why: MPICH copies large messages between processes with the kernel's
+cross-memory attach, and on this project's AMD VM that copy depends on where
+the receive buffer starts relative to the send buffer within their pages: 16
+bytes apart (mod 32) costs 1.05-1.6x against 0 or 32 apart, 8 bytes apart 2-4x
+(docs/performance.md, "Buffer placement"). Where the heap puts each array is
+luck, so the same code ran 10-40% faster or slower from one launch to the next.
 
-Every array spmdsim allocates for MPI to read or write, from 64 KiB up, starts
-`PAGE_OFFSET` = 16 bytes into a page: 0 bytes from any other such array, and 0
-from the arrays glibc maps on their own (16 bytes into a page, after its chunk
-header: large numpy arrays by default, MPI's own large temporaries). Smaller
-arrays are plain ``np.empty``: below 64 KiB a 16-byte difference measured no
-slower.
-
-From HUGE_MIN (1 MiB) up, the array also sits on 2 MiB transparent huge pages
-(spmdsim._hugepool): a send buffer on huge pages made the same copies
-1.7-2x faster, and whether heap memory got them was luck too.
+Every array spmdsim allocates for MPI, from 64 KiB up, starts `PAGE_OFFSET` =
+16 bytes into a page: where glibc's own maps start (after its chunk header),
+so 0 bytes from those too. Smaller arrays are plain ``np.empty``. From HUGE_MIN
+(1 MiB) up the array also sits on 2 MiB transparent huge pages
+(spmdsim._hugepool; a send buffer on them made the copies 1.7-2x faster);
 ``use_huge_pages(False)`` keeps every later array on the heap.
 """
 from __future__ import annotations
@@ -48,6 +41,7 @@ def use_huge_pages(on: bool) -> bool:
     global _HUGE
     _HUGE = bool(on) and _hugepool.enabled()
     return _HUGE
+
 
 _np_empty = np.empty
 _ndarray = np.ndarray

@@ -1,20 +1,12 @@
 """The one body every collective runs: its MPI call, with the trace, check and watchdog around it.
 
 `issue` is where runtime.collectives, runtime.exchange and runtime.prepared
-reach MPI. Each call is numbered (runtime.debug's counter) and then takes one
-of two ways:
-- plain, when neither debug hook is on and the mesh emulates no algorithm:
-  the MPI call with the mesh's wait (runtime.wait) and nothing else before it;
-- layered: the dtype refused alike on every member, the SPMDSIM_CHECK
-  fingerprint (debug.begin), then the algorithm the mesh names
-  (runtime.algorithms) or MPI's call under the watchdog (debug.complete);
-and is recorded in the open traces (runtime.trace). Why the plain way is kept
-so bare: with 8 ranks sharing 2 cores, each rank runs its pre-MPI Python with
-cold caches, in turn, while the group waits (docs/runtime.md).
-
-Also here: the argument checks the callers share, which raise ShapeError or
-DTypeError before any MPI call. The trace's byte figures are the step kinds'
-(`spmdsim.plan.steps.moved_bytes`), worked out when the trace is read.
+reach MPI, by a plain way (the MPI call with the mesh's wait, nothing before
+it) or a layered one (debug hooks or an emulated algorithm): docs/runtime.md,
+"One body per collective". The plain way is kept bare because with 8 ranks on
+2 cores each rank runs its pre-MPI Python on cold caches, in turn, while the
+group waits. Also here: the argument checks the callers share, which raise
+ShapeError or DTypeError before any MPI call.
 """
 from __future__ import annotations
 
@@ -45,19 +37,15 @@ def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, 
 
     Args:
         calls, blocking, nonblocking, a, b, c: the object whose methods of those names
-            make the call (`comm` with "Allreduce" and "Iallreduce"; a prepared
-            collective's own) and their arguments (c None: a call of two). Names, and
-            arguments spelled out: bound methods made ahead and ``*args`` would cost
-            more than the rest of the way.
+            make the call (`comm` with "Allreduce" and "Iallreduce") and their arguments
+            (c None: a call of two); bound methods made ahead and ``*args`` would cost more.
         x, extra: what SPMDSIM_CHECK compares: the array (its dtype and shape;
             a dtype alone where shapes differ by rank) and the call's other arguments.
-        nbytes: an int n (the trace records moved_bytes(op, g, n) both ways) or
-            (sent, received).
+        nbytes: an int n (the trace records moved_bytes(op, g, n) both ways) or (sent, received).
         copied: the bytes packed and unpacked around the MPI call (the trace's bytes_copied).
         t0: when the traced time began (before packing); default: now.
         then: run after the MPI call, inside the traced time (unpacking); its value is returned.
-        counts: an Alltoallv's (send, receive) counts: compared pairwise with
-            SPMDSIM_CHECK; the trace counts the peers they name.
+        counts: an Alltoallv's (send, receive) counts: compared with SPMDSIM_CHECK, peers for the trace.
         emulate: False keeps MPI's call on a mesh made with ``algorithms=`` (prepared collectives).
     """
     if _HOOKS.quiet and mesh.algorithms is None:
@@ -176,8 +164,7 @@ _SUMMABLE = "iufc"
 def _check_dtype(op: str, dtype: np.dtype) -> None:
     """Raise the DTypeError every member raises alike when MPI cannot move (or sum) `dtype`.
 
-    Called before the layered way's MPI call, and by the plain way only after
-    mpi4py refused its buffers (the common dtypes pay nothing for it).
+    The plain way calls it only after mpi4py refused its buffers (the common dtypes pay nothing).
     """
     sums = op in ("allreduce", "reduce_scatter")
     if dtype.kind in (_SUMMABLE if sums else _MOVABLE) and dtype.isnative:

@@ -1,22 +1,13 @@
 """Who is where when the watchdog fires: the side channel behind its message (runtime.debug).
 
-Past its deadline a rank asks the other ranks of the collective's group (every
-rank of the world when the caller did not say which communicator it waits on)
-where they are, with small point-to-point messages, and its message names the
-ranks that wait in the same call, those that wait in another one, and those
-that do not answer: in no watched collective, because they skipped this one
-(an ``if`` on the rank), still compute, are stuck or have finished.
+Past its deadline a rank asks the other ranks of the collective's group (else
+the world) where they are, with small point-to-point messages. Ranks answer
+between the watchdog's polls once a wait has lasted `SERVE_S`, so a call that
+completes sooner costs nothing more; a rank that is not waiting never answers.
 
-Ranks answer from inside the watchdog's wait, between polls (every
-`SERVE_S` once a wait has lasted that long), so a call that completes sooner
-costs nothing more, and a rank that is not waiting never answers.
-
-Side channel: the guard's private duplicate of COMM_WORLD (made collectively
-when the guard is set up: install_excepthook, abort_on_error, run_guarded),
+Side channel: the guard's private duplicate of COMM_WORLD (guard.world_channel),
 else the collective's own communicator (point-to-point messages never match a
-collective; a wildcard receive in user code on that communicator could take
-one, only after a timeout). Nothing here blocks: Isend, Improbe, and the
-receive of a message already matched. Errors (a peer gone) mean "no answer".
+collective). Nothing here blocks; errors (a peer gone) mean "no answer".
 """
 from __future__ import annotations
 
@@ -49,9 +40,7 @@ def channel(comm: Any) -> Optional[tuple[Any, bool]]:
     side = world_channel()
     if side is not None:
         return side, True
-    if comm is not None:
-        return comm, False
-    return None
+    return None if comm is None else (comm, False)
 
 
 def _send(side: Any, message: Any, dest: int, tag: int) -> None:
@@ -79,8 +68,7 @@ def serve(side: Any, state: State) -> None:
 def survey(comm: Any, state: State, grace: float) -> Optional[dict[int, Optional[State]]]:
     """Ask the ranks of `comm` (None: of the world) where they wait; {world rank: state or None}.
 
-    Answers questions meanwhile; returns after every peer answered or after
-    `grace` seconds; None without a side channel or on an MPI error.
+    Answers questions meanwhile, for up to `grace` seconds; None without a side channel or on an MPI error.
     """
     found = channel(comm)
     if found is None:

@@ -43,11 +43,9 @@ class Verdict:
         head = "check passed" if self.passed else f"check FAILED on ranks {list(self.failed_ranks)!r}"
         # Non-finite values lead: the error figures only cover the finite ones.
         lead = f"{self.nonfinite} non-finite values (NaN/Inf); finite values: " if self.nonfinite else ""
-        text = (
-            f"{head}: {lead}max abs err {self.max_abs_error:.3g}, max rel err "
-            f"{self.max_rel_error:.3g} (worst rank {self.worst_rank}; atol {self.atol:g}, "
-            f"rtol {self.rtol:g}; {self.elements} elements)"
-        )
+        text = (f"{head}: {lead}max abs err {self.max_abs_error:.3g}, max rel err "
+                f"{self.max_rel_error:.3g} (worst rank {self.worst_rank}; atol {self.atol:g}, "
+                f"rtol {self.rtol:g}; {self.elements} elements)")
         if self.max_abs_error == float("inf") and not self.nonfinite:
             text += "; shard shape differs from the reference region"
         return text
@@ -85,10 +83,7 @@ def local_stats(actual: np.ndarray, expected: Any, rtol: float, atol: float) -> 
 
 
 def agree(comm: Any, stats: np.ndarray, rtol: float, atol: float, polite: bool = False) -> Verdict:
-    """Share every rank's record with one Allgather and build the same Verdict everywhere.
-
-    The Allgather runs under the debug mode (runtime.debug) as "check".
-    """
+    """Share every rank's record with one Allgather ("check" to runtime.debug) and build the same Verdict."""
     from . import debug
 
     table = np.empty((comm.Get_size(), len(_FIELDS)), np.float64)
@@ -101,14 +96,6 @@ def agree(comm: Any, stats: np.ndarray, rtol: float, atol: float, polite: bool =
     score = np.where(table[:, 3] > 0, np.inf, table[:, 1])
     candidates = np.flatnonzero(~passed) if failed else np.arange(len(table))
     worst = int(candidates[np.argmax(score[candidates])])
-    return Verdict(
-        passed=not failed,
-        max_abs_error=float(table[:, 1].max()),
-        max_rel_error=float(table[:, 2].max()),
-        worst_rank=worst,
-        atol=float(atol),
-        rtol=float(rtol),
-        nonfinite=int(table[:, 3].sum()),
-        elements=int(table[:, 4].sum()),
-        failed_ranks=failed,
-    )
+    return Verdict(passed=not failed, max_abs_error=float(table[:, 1].max()),
+                   max_rel_error=float(table[:, 2].max()), worst_rank=worst, atol=float(atol), rtol=float(rtol),
+                   nonfinite=int(table[:, 3].sum()), elements=int(table[:, 4].sum()), failed_ranks=failed)

@@ -1,24 +1,13 @@
-"""Collectives over mesh axes with mpi4py's buffer methods on contiguous numpy arrays.
+"""Collectives over mesh axes with mpi4py's buffer methods on contiguous numpy arrays (docs/runtime.md).
 
 Each function takes the mesh, this rank's array and the mesh axes of the group
-(one sub-communicator, ranks in mixed-radix order of the axes, first major),
-and returns a new array (a group of one rank returns the input itself and
-communicates nothing). ``out=`` (allgather, alltoall, allreduce,
-reduce_scatter) receives into a caller's C-contiguous array instead, which
-spares hot loops the page faults of a fresh multi-MiB result.
-
-Each function checks its arguments and lays out the buffers (blocks along a
-dim with data before it are packed into the mesh's kept send buffer, or
-received side by side and copied into place), then hands MPI's call to
-runtime._calls.issue, the one body every collective runs: numbered, with the
-mesh's wait (runtime.wait), traced (runtime.trace, byte figures in
-docs/runtime.md), and with runtime.debug's divergence guard (SPMDSIM_CHECK)
-and watchdog (SPMDSIM_WATCHDOG) around it when they are switched on. The
-common case (C-contiguous arrays, blocks along dim 0) makes no helper call
+(one sub-communicator, ranks in mixed-radix order of the axes, first major) and
+returns a new array, or fills ``out=``; a group of one rank returns the input
+itself. Each checks its arguments and lays out the buffers (packing blocks
+along a dim with data before it), then hands MPI's call to runtime._calls.issue.
+The common case (C-contiguous arrays, blocks along dim 0) makes no helper call
 but the result check before MPI: with 8 ranks sharing 2 cores, each rank runs
-its pre-MPI Python with cold caches, in turn, while the group waits
-(docs/runtime.md). The whole-mesh exchanges (`alltoallv`, `exchange`) are in
-runtime.exchange.
+its pre-MPI Python on cold caches, in turn, while the group waits.
 """
 from __future__ import annotations
 
@@ -52,11 +41,8 @@ def _blocks(x: np.ndarray, tensor_dim: int, g: int) -> np.ndarray:
 
 
 def _send_blocks(mesh: Mesh, x: np.ndarray, tensor_dim: int, g: int) -> np.ndarray:
-    """`x` laid out so block j along `tensor_dim` is the j-th contiguous 1/g of the buffer.
-
-    Already so when nothing precedes that dim (no copy); otherwise one packing
-    copy into the mesh's kept send buffer.
-    """
+    """`x` laid out so block j along `tensor_dim` is the j-th contiguous 1/g of the buffer
+    (as it is when nothing precedes that dim; else one copy into the mesh's kept send buffer)."""
     if tensor_dim == 0 or math.prod(x.shape[:tensor_dim]) == 1:
         return x
     blocks = _blocks(x, tensor_dim, g).swapaxes(0, 1)
@@ -69,9 +55,8 @@ def _unpacker(mesh: Mesh, out: np.ndarray | None, shape: tuple, block_shape: tup
               tensor_dim: int, g: int) -> tuple[np.ndarray, Any]:
     """(receive buffer, unpack) for g blocks of `block_shape` arriving side by side.
 
-    unpack() copies them into place along `tensor_dim` of the result of `shape`
-    (`out`, or a new array made after the MPI call: work before it delays the
-    whole group, docs/performance.md "The fixed per-call cost") and returns it.
+    unpack() copies them into place along `tensor_dim` of the result (`out`, or a new array made
+    after the MPI call: work before it delays the whole group) and returns it.
     """
     recv = mesh.scratch("recv", (g,) + block_shape, dtype)
     outer = math.prod(block_shape[:tensor_dim])
@@ -148,10 +133,8 @@ def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | No
               out: np.ndarray | None = None, op: str = "sum") -> np.ndarray:
     """Elementwise sum (or, with ``op="max"``, maximum) of every member's `local`, on every member.
 
-    ``out=local`` reduces in place (MPI.IN_PLACE): no result buffer is
-    allocated, which spares the page faults of fresh memory on every call.
-    A maximum is exact in any order: vocab-parallel cross-entropy's common
-    shift per row is one, as in Megatron.
+    ``out=local`` reduces in place (MPI.IN_PLACE), sparing the page faults of a fresh result.
+    A maximum is exact in any order (vocab-parallel cross-entropy's shift per row, as in Megatron).
     """
     reduce = _SUM if op == "sum" else _reduction(op)
     comm, g, _ = mesh.group_info(axes)
@@ -201,8 +184,7 @@ def bcast(mesh: Mesh, local: Any, axes: str | Iterable[str], root: int = 0,
           label: str | None = None) -> np.ndarray:
     """Member `root` (group rank) sends `local`; the others receive into `local` (in place) and return it.
 
-    Non-root members must pass an array of the same shape and dtype; it is
-    filled in place when contiguous and writeable, else a filled copy is returned.
+    Non-root members pass an array of the same shape and dtype (not contiguous and writeable: a copy is filled).
     """
     comm, g, me = mesh.group_info(axes)
     if type(root) is not int or not 0 <= root < g:

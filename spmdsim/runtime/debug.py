@@ -1,30 +1,21 @@
 """Debug mode for collectives: a divergence guard and a watchdog (docs/reliability.md).
 
-Divergence guard (``SPMDSIM_CHECK=1`` or ``configure(check=True)``, off by
-default): before each collective the ranks of its group Allgather a
-fixed-size int64 fingerprint (sequence number, operation, axes, dtype, shape,
-extra arguments, group size) on the same communicator and compare it. When
-the rows differ, every member raises the same RuntimeMismatchError naming the
-first rank that differs from the majority, instead of deadlocking or
-reading garbage. Alltoallv also compares every pair's counts; Mesh compares
-each Comm.Split request. A rank that skips a collective altogether cannot
-meet the others there; the watchdog reports that.
+Divergence guard (``SPMDSIM_CHECK=1`` or ``configure(check=True)``): before each
+collective the ranks of its group Allgather a fixed-size int64 fingerprint
+(sequence number, operation, axes, dtype, shape, extra arguments, group size);
+when the rows differ every member raises the same RuntimeMismatchError naming
+the first rank that differs from the majority. Alltoallv also compares every
+pair's counts; Mesh compares each Comm.Split request.
 
-Watchdog (``SPMDSIM_WATCHDOG=seconds`` or ``configure(watchdog=...)``, off by
-default): every collective (and fingerprint exchange) is posted nonblocking
-and polled; past the deadline the rank asks the other ranks of its group where
-they are (runtime._roster: small point-to-point messages on a side channel,
-answered by ranks that wait too), prints
-``[rank 0] spmdsim: collective allreduce on ('mp',) (seq 12) did not complete
-within 5.0 s: ranks 0-2 wait in it; rank 3 is in no collective: skipped this
-one (inside an `if` on the rank?), or still computing, stuck or finished``
-and aborts the job (guard.abort_job), which ends every rank.
+Watchdog (``SPMDSIM_WATCHDOG=seconds`` or ``configure(watchdog=...)``): every
+collective (and fingerprint exchange) is posted nonblocking and polled; past
+the deadline the rank asks its group where they are (runtime._roster), prints
+who waits where and who is missing, and aborts the job (guard.abort_job).
 
-The sequence number counts the collectives this process issued through
-runtime.collectives (groups of one rank included), the check's Allgather and
-DTensor.gather, so a rank that issued one more or one fewer than its peers on
-another group is caught at its next collective. This module imports mpi4py
-only when the watchdog is on and a wait lasts longer than 0.1 s, or when it aborts.
+The sequence number counts the collectives this process issued (groups of one
+rank included), the check's Allgather and DTensor.gather, so a rank that issued
+one more or one fewer than its peers is caught at its next collective. mpi4py
+is imported only when a watched wait lasts longer than 0.1 s, or to abort.
 """
 from __future__ import annotations
 
@@ -55,12 +46,11 @@ _MAGIC = 0x5350_4D44  # "SPMD": a row of garbage or zeros never matches a real o
 class Hooks:
     """Whether the debug hooks are on, and the collectives' call counter: one instance, `HOOKS`.
 
-    ``HOOKS.quiet``: True when neither the divergence guard nor the watchdog is
-    on, in one attribute read for hot paths (worked out on first read and after
-    configure()). ``HOOKS.seq``: collectives so far (next_seq()). The rest are
-    the settings (None: read the environment on first use). An instance, not
-    the class: writing a class attribute invalidates the interpreter's caches
-    for that class (a guarded increment: 136 ns on a class, 49 ns here).
+    ``HOOKS.quiet``: True when neither hook is on, one attribute read for hot
+    paths (worked out on first read and after configure()); ``HOOKS.seq``: the
+    collectives so far; the rest are the settings (None: read the environment
+    on first use). An instance, not the class: writing a class attribute
+    invalidates the interpreter's caches for it (an increment: 136 ns there, 49 here).
     """
 
     __slots__ = ("check", "watchdog", "watchdog_read", "watchdog_set", "quiet", "seq")
@@ -92,11 +82,8 @@ def _forget_quiet() -> None:
 
 
 class _PerRankHooks(Hooks):
-    """Hooks whose call counter is the running simulated rank's (spmdsim.sim).
-
-    `per_rank` swaps `HOOKS`'s class while a simulation runs, so the hot
-    paths' ``HOOKS.seq += 1`` stays a plain slot write under MPI.
-    """
+    """Hooks whose counter is the running simulated rank's: `per_rank` swaps `HOOKS`'s class
+    while a simulation runs, so ``HOOKS.seq += 1`` stays a plain slot write under MPI."""
 
     __slots__ = ()
     seq = property(lambda self: _sim_local.current().seq,
@@ -114,9 +101,8 @@ def _reset() -> None:
     _forget_quiet()
 
 
-#: The watchdog the divergence guard turns on when SPMDSIM_WATCHDOG is unset: the
-#: guard compares calls, but a rank that skips one would still leave the others
-#: waiting forever. Long enough for a slow local step on a loaded laptop.
+#: The watchdog the divergence guard turns on when SPMDSIM_WATCHDOG is unset (a rank that skips a
+#: call would leave the others waiting forever); long enough for a slow local step on a loaded laptop.
 CHECK_WATCHDOG_S = 300.0
 
 
@@ -145,10 +131,9 @@ def _seconds(value: Any, what: str) -> Optional[float]:
 
 
 def configure(check: Optional[bool] = None, watchdog: Any = "keep") -> None:
-    """Turn the divergence guard on/off and set the watchdog (seconds; None or 0 = off).
+    """Turn the divergence guard on/off and set the watchdog (seconds; None or 0 = off), on every rank alike.
 
-    Call it on every rank alike (the CLI's ``--check`` does). Arguments left
-    out keep the current setting (the environment's until first changed).
+    Arguments left out keep the current setting (the environment's until first changed).
     """
     if check is not None:
         HOOKS.check = bool(check)
@@ -188,8 +173,7 @@ def check_enabled() -> bool:
 def watchdog_seconds() -> Optional[float]:
     """The watchdog's timeout in seconds, or None when it is off (SPMDSIM_WATCHDOG).
 
-    Unset, it is off, or CHECK_WATCHDOG_S when the divergence guard is on;
-    SPMDSIM_WATCHDOG=0 turns it off even then.
+    Unset: off, or CHECK_WATCHDOG_S with the divergence guard; 0 turns it off even then.
     """
     if not HOOKS.watchdog_read:
         raw = os.environ.get("SPMDSIM_WATCHDOG")
@@ -223,18 +207,10 @@ def _code(text: str) -> int:
 def fingerprint(seq: int, op: str, axes: Sequence[str], dtype: Any,
                 shape: Optional[Sequence[int]], extra: Sequence[Any] = (),
                 group_size: int = 0) -> np.ndarray:
-    """The int64 row one rank contributes: what it is about to call, in fixed fields.
-
-    `shape` None leaves the shape out (collectives whose per-rank sizes may differ).
-    """
-    row = np.full(FINGERPRINT_FIELDS, -1, np.int64)
-    row[0] = _MAGIC
-    row[1] = seq
-    row[2] = _code(op)
-    row[3] = _code(repr(tuple(axes)))
-    row[4] = _code(np.dtype(dtype).str)
-    row[5] = group_size
-    row[6] = _code(repr(tuple(extra)))
+    """The int64 row one rank contributes: what it is about to call, in fixed fields (`shape` None: left out)."""
+    row = np.full(FINGERPRINT_FIELDS, -1, np.int64)  # magic, seq, op, axes, dtype, group size, extra, shape
+    row[:7] = (_MAGIC, seq, _code(op), _code(repr(tuple(axes))), _code(np.dtype(dtype).str), group_size,
+               _code(repr(tuple(extra))))
     if shape is not None:
         shape = tuple(int(s) for s in shape)
         row[7] = len(shape)
@@ -287,29 +263,23 @@ def verify(comm: Any, op: str, axes: Sequence[str], dtype: Any, shape: Optional[
     if (table == mine).all():
         return
     rows = [tuple(r) for r in table.tolist()]
-    # The majority call is taken as intended; ties go to the lowest group rank.
-    counts = Counter(rows)
-    best = max(counts.values())
-    expected = next(r for r in rows if counts[r] == best)
+    # The majority call is taken as intended; ties go to the lowest group rank (most_common keeps row order).
+    expected, best = Counter(rows).most_common(1)[0]
     bad = next(i for i, r in enumerate(rows) if r != expected)
     good = rows.index(expected)
     # Every member saw the same table, so all of them take this extra exchange.
     notes = comm.allgather((_world_rank(), describe(seq, op, axes, dtype, shape, extra)))
-    raise RuntimeMismatchError(
-        f"collectives diverge: rank {notes[bad][0]} calls {notes[bad][1]} but rank "
-        f"{notes[good][0]} calls {notes[good][1]}"
-        + (f" ({best} of {g} ranks of the group agree)" if g > 2 else "")
-    )
+    raise RuntimeMismatchError(f"collectives diverge: rank {notes[bad][0]} calls {notes[bad][1]} but rank "
+                               f"{notes[good][0]} calls {notes[good][1]}"
+                               + (f" ({best} of {g} ranks of the group agree)" if g > 2 else ""))
 
 
 def verify_operands(mesh: Any, op: str, operands: Sequence[tuple[str, Any, Any, Any]]) -> None:
-    """With SPMDSIM_CHECK, compare an operation's operands across the mesh before it runs.
+    """With SPMDSIM_CHECK, compare an operation's operands, (name, global shape, layout, dtype) each, across the mesh.
 
-    `operands` holds (name, global shape, layout, dtype) per tensor. A global
-    shape or layout computed differently on some rank can leave every
-    collective's buffer the same size, so the collectives' own fingerprints
-    match and the result is silently wrong; this catches it at the operation.
-    Without the guard it returns at once.
+    A global shape or layout computed differently on some rank can leave every
+    collective's buffer the same size, so their fingerprints match and the
+    result is silently wrong. Without the guard it returns at once.
     """
     if not check_enabled() or mesh.comm.Get_size() == 1:
         return
@@ -319,11 +289,9 @@ def verify_operands(mesh: Any, op: str, operands: Sequence[tuple[str, Any, Any, 
 
 
 def verify_counts(comm: Any, sends: Any, receives: Any, seq: int, polite: bool) -> None:
-    """Alltoallv: what each rank sends to rank j must be what j expects from it.
+    """Alltoallv: what each rank sends to rank j must be what j expects from it (MPI would truncate).
 
-    One Allgather of both count vectors; every rank checks the whole table and
-    raises the same RuntimeMismatchError for the first pair that disagrees
-    (MPI would truncate, or leave part of the receive buffer unwritten).
+    One Allgather of both count vectors; every rank raises the same error for the first pair that disagrees.
     """
     g = comm.Get_size()
     mine = np.concatenate([np.asarray(sends, np.int64), np.asarray(receives, np.int64)])
@@ -333,23 +301,19 @@ def verify_counts(comm: Any, sends: Any, receives: Any, seq: int, polite: bool) 
     bad = np.argwhere(sent != expected.T)  # sent[i, j]: i -> j; expected[j, i]: j expects from i
     if bad.size:
         i, j = (int(v) for v in bad[0])
-        raise RuntimeMismatchError(
-            f"alltoallv counts disagree (seq {seq}): rank {i} sends {int(sent[i, j])} elements "
-            f"to rank {j}, which expects {int(expected[j, i])}"
-            + (f" ({len(bad)} pairs disagree)" if len(bad) > 1 else "")
-        )
+        raise RuntimeMismatchError(f"alltoallv counts disagree (seq {seq}): rank {i} sends {int(sent[i, j])} "
+                                   f"elements to rank {j}, which expects {int(expected[j, i])}"
+                                   + (f" ({len(bad)} pairs disagree)" if len(bad) > 1 else ""))
 
 
 def wait(request: Any, op: str, axes: Sequence[str], seq: int, polite: bool,
          on_timeout: Optional[Callable[[str], None]] = None, comm: Any = None) -> None:
     """Complete `request`; past the watchdog deadline report and abort the job.
 
-    Polling follows runtime.wait (polite: spin, yielding polls, sleeps; busy:
-    Test() spin). `comm` is the communicator the request is on (None: unknown).
-    A wait longer than _roster.SERVE_S answers the other ranks' watchdogs
-    between polls; past the deadline this rank asks its group (the world when
-    `comm` is None) where they are and names who is missing (runtime._roster).
-    `on_timeout(text)` replaces the abort (tests); the request is then left pending.
+    `comm`: the communicator the request is on (None: unknown, the world is
+    asked). A wait longer than _roster.SERVE_S answers the other ranks'
+    watchdogs between polls. `on_timeout(text)` replaces the abort (tests); the
+    request is then left pending.
     """
     limit = watchdog_seconds()
     if limit is None:
@@ -387,11 +351,9 @@ def wait(request: Any, op: str, axes: Sequence[str], seq: int, polite: bool,
 
 def begin(comm: Any, op: str, axes: Sequence[str], dtype: Any, shape: Optional[Sequence[int]],
           extra: Sequence[Any], polite: bool, counts: Optional[tuple] = None) -> int:
-    """Number one collective on `comm`; with SPMDSIM_CHECK compare it across the group first.
+    """Number one collective on `comm` and return its sequence number; with SPMDSIM_CHECK compare it first.
 
-    `shape` None leaves the shape out of the comparison; `counts` (an
-    Alltoallv's send and receive counts) are compared pairwise after it.
-    Returns the call's sequence number.
+    `shape` None is left out of the comparison; `counts` (an Alltoallv's send and receive counts) are compared too.
     """
     seq = next_seq()
     if check_enabled() and comm.Get_size() > 1:
@@ -414,10 +376,7 @@ def complete(blocking: Any, nonblocking: Any, args: tuple, op: str, axes: Sequen
 
 def collective(comm: Any, op: str, axes: Sequence[str], array: Any, extra: Sequence[Any],
                polite: bool, blocking: Any, nonblocking: Any, *args: Any) -> None:
-    """Run one MPI collective outside a mesh (not traced) with the debug layers: begin, then complete.
-
-    `array` is this rank's send buffer (its dtype and shape go into the fingerprint).
-    """
+    """Run one MPI collective outside a mesh (not traced) with the debug layers; `array`: this rank's send buffer."""
     seq = begin(comm, op, axes, array.dtype, array.shape, extra, polite)
     complete(blocking, nonblocking, args, op, axes, seq, polite, comm)
 

@@ -32,13 +32,11 @@ _PLAIN_DTYPES = frozenset(np.dtype(c) for c in np.typecodes["AllInteger"] + np.t
 Reference = Union[SeededTensor, np.ndarray, Callable[[tuple], Any]]
 
 
-# typed, with the sizes as separate arguments: (16.0, 8) and (True, 8) compare
-# and hash like (16, 8) and (1, 8), and must not find those entries.
+# typed, the sizes as separate arguments: (16.0, 8) and (True, 8) hash like (16, 8) and (1, 8) and must miss.
 @lru_cache(maxsize=1024, typed=True)
 def _checked_shapes(layout: TensorLayout, *global_shape: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(global shape as ints, every rank's shard shape), cached: operators wrap
-    every result in a DTensor, and deriving the shard shape each time was ~6 us
-    of each call (a failed check raises and is not cached)."""
+    """(global shape as ints, every rank's shard shape), cached: deriving the shard shape of every
+    operator's result was ~6 us of each call (a failed check raises and is not cached)."""
     shape = layout.check_shape(global_shape)
     return shape, layout.local_shape(shape)
 
@@ -66,10 +64,8 @@ class DTensor:
             expected = layout.local_shape(shape)
         local = np.asarray(local)
         if local.shape != expected:
-            raise ShapeError(
-                f"local shard shape {local.shape!r} does not match {expected!r}, the shard of "
-                f"global shape {shape!r} under {layout}"
-            )
+            raise ShapeError(f"local shard shape {local.shape!r} does not match {expected!r}, the shard of "
+                             f"global shape {shape!r} under {layout}")
         if local.dtype not in _PLAIN_DTYPES:
             _check_dtype(local.dtype, layout)
         self._mesh, self._local, self._layout, self._shape = mesh, local, layout, shape
@@ -78,11 +74,7 @@ class DTensor:
     @classmethod
     def _trusted(cls, mesh: Mesh, local: np.ndarray, layout: TensorLayout,
                  global_shape: tuple[int, ...]) -> "DTensor":
-        """No checks: for runtime code that checked `local` against `layout` itself (runtime.executor).
-
-        The full constructor re-derives the layout's local shape (~6 us), which
-        a repeated redistribution would otherwise pay on every call.
-        """
+        """No checks (~6 us less): for runtime code that checked `local` against `layout` itself (runtime.executor)."""
         self = cls.__new__(cls)
         self._mesh, self._local, self._layout, self._shape = mesh, local, layout, global_shape
         self._ag = None
@@ -91,8 +83,7 @@ class DTensor:
     def astype(self, dtype: Any) -> "DTensor":
         """This tensor with every shard converted to `dtype` (same layout; no communication).
 
-        A pending sum may widen (int -> float) but not be cut to integers: the
-        sum of truncated addends is not the truncated sum.
+        A pending sum may widen but not be cut to integers: the sum of truncated addends is not the truncated sum.
         """
         want = dtype_arg(dtype)
         if self._layout.partial and want.kind in "biu" and self._local.dtype.kind not in "biu":
@@ -185,8 +176,7 @@ class DTensor:
     def backward(self, explain: list | None = None, bucket: bool | int = False) -> None:
         """Gradients of this scalar loss into every leaf's ``.grad`` (collective; see autograd.backward).
 
-        ``bucket=True``: gradients summed over the same axes share one Allreduce
-        (a byte count: buckets of at most that many bytes).
+        ``bucket=True``: gradients summed over the same axes share one Allreduce; an int caps a bucket's bytes.
         """
         from ..autograd.engine import backward
 
@@ -223,14 +213,11 @@ class DTensor:
 
     def check(self, reference: Reference, rtol: float | None = None,
               atol: float | None = None) -> Verdict:
-        """Compare this rank's region with `reference`; all ranks return the same Verdict.
-
-        Collective: call it on every rank and print on one
-        (``verdict = y.check(ref)``, then ``if rank == 0: print(verdict)``).
+        """Compare this rank's region with `reference`; all ranks return the same Verdict (collective).
 
         `reference`: a SeededTensor, a global ndarray, or a callable taking a
-        tuple of slices and returning that region. Partial values are summed
-        first (traced with label "check"). Only this rank's region is made.
+        tuple of slices and returning that region; only this rank's region is
+        made. Partial values are summed first (traced with label "check").
         """
         # Checked before the first collective, on every rank alike: a negative or NaN
         # tolerance fails even exact values ("FAILED ... max abs err 0").

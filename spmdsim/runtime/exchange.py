@@ -25,16 +25,15 @@ __all__ = ["alltoallv", "exchange"]
 
 _ndarray = np.ndarray
 
+
 def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tuple],
               dtype: Any, label: str | None = None, out: np.ndarray | None = None) -> dict[int, np.ndarray]:
     """General exchange over the whole mesh: `sends[r]` goes to mesh rank r; returns {source: array}.
 
-    `recv_shapes[r]` is the shape of the block expected from rank r. A block
-    this rank sends to itself is not sent: it comes back reshaped, a view of
-    the caller's array where numpy can reshape without a copy (as a group of
-    one rank returns its input). The other blocks are views of one flat receive
-    buffer, sources in rank order: a new array, or `out` (C-contiguous, of
-    that many items and `dtype`) for loops that repeat the same exchange.
+    `recv_shapes[r]` is the shape of the block expected from rank r. A block to
+    itself is not sent: it comes back reshaped (a view where numpy can). The
+    others are views of one flat receive buffer, sources in rank order: a new
+    array, or `out` (C-contiguous, of that many items and `dtype`).
     """
     if not isinstance(dtype, np.dtype):
         dtype = np.dtype(dtype)
@@ -43,9 +42,8 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
     # per-call overhead would cost more than the arithmetic (docs/performance.md).
     scounts = [0] * size
     arrays = {}
-    # The checks run between this rank's arrival and the MPI call, on cold
-    # caches when ranks share cores: plain ints and arrays of the right dtype
-    # pass on `type`/`is` tests; anything else takes the converting calls.
+    # Checked on cold caches between this rank's arrival and the MPI call: plain ints
+    # and arrays of the right dtype pass on `type`/`is` tests, the rest is converted.
     for r, a in sends.items():
         if type(r) is not int or not 0 <= r < size:
             r = _mesh_rank(r, size, "sends")
@@ -105,15 +103,11 @@ def exchange(mesh: Mesh, local: np.ndarray, spec: ExchangeSpec, label: str | Non
              out: np.ndarray | None = None) -> np.ndarray:
     """Alltoallv over the whole mesh by a prebuilt `spec`: its boxes of `local` go out, one flat buffer comes back.
 
-    A block that goes whole to one peer (a permutation of blocks) is sent from
-    `local` itself, with no packing copy.
-
-    The repeated form of `alltoallv` (the executor's Exchange steps): counts,
-    offsets and box indices were checked when the spec was built, so a call
-    checks only that the spec is this rank's and `local` has its shape. Box i
-    from a source is ``recv[start:stop]`` for its slot in ``spec.recv_slots``.
-    `out`: the flat receive buffer to fill (the executor passes the mesh's kept
-    one, which it drains before the next collective); default a new array.
+    The repeated form of `alltoallv` (the executor's Exchange steps): the spec
+    was checked when built, so a call checks only that it is this rank's and
+    `local` has its shape. A box from a source is ``recv[start:stop]`` of its
+    slot in ``spec.recv_slots``. A block that goes whole to one peer is sent
+    from `local` itself, with no packing copy. `out`: the receive buffer to fill.
     """
     size = mesh.size
     if spec.size != size or spec.rank != mesh.rank:

@@ -1,16 +1,15 @@
-"""ExchangeSpec: one rank's part of a repeated Alltoallv, counted and checked once.
+"""ExchangeSpec: one rank's part of a repeated Alltoallv, counted and checked once (pure, no mpi4py).
 
-Pure (no mpi4py). `collectives.exchange` runs it: boxes of the local block are
-packed into one send buffer at the offsets worked out here, and what arrives
-lands in one receive buffer whose per-source slots are here too. Built once
-per plan step (runtime.executor), it spares every call the loops that validate and
-count a general `alltoallv`'s dictionaries, work that runs on cold caches
-between the ranks' arrival and the MPI call when ranks share cores.
+`collectives.exchange` runs it. Built once per plan step (runtime.executor), it
+spares every call the loops that validate and count a general `alltoallv`'s
+dictionaries, which run on cold caches between the ranks' arrival and the MPI
+call when ranks share cores.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Iterable
 
 from ..errors import RankError, ShapeError
@@ -58,8 +57,7 @@ class ExchangeSpec:
               receives: Iterable[tuple[int, int]]) -> "ExchangeSpec":
         """From (destination, index, box shape) per box sent and (source, elements) per box received.
 
-        Boxes to or from `rank` itself are not part of an exchange and raise.
-        Boxes for one peer are packed (and arrive) in the order given.
+        Boxes for one peer are packed (and arrive) in the order given; a box to or from `rank` raises.
         """
         sends, receives = list(sends), list(receives)
         scounts, rcounts = [0] * size, [0] * size
@@ -71,8 +69,8 @@ class ExchangeSpec:
         for src, count in receives:
             _peer(src, size, rank, "source")
             rcounts[src] += count
-        sdispls = _offsets(scounts)
-        rdispls = _offsets(rcounts)
+        sdispls = tuple(accumulate(scounts[:-1], initial=0)) if size else ()
+        rdispls = tuple(accumulate(rcounts[:-1], initial=0)) if size else ()
         cursor = list(sdispls)
         packs = []
         for dst, index, shape in sends:
@@ -97,11 +95,3 @@ def count_peers(scounts: Iterable[int], rcounts: Iterable[int]) -> int:
 def _peer(r: int, size: int, rank: int, what: str) -> None:
     if not 0 <= r < size or r == rank:
         raise RankError(f"exchange {what} {r!r} must be another mesh rank (0 <= r < {size}, r != {rank})")
-
-
-def _offsets(counts: list[int]) -> tuple[int, ...]:
-    out, total = [], 0
-    for c in counts:
-        out.append(total)
-        total += c
-    return tuple(out)

@@ -1,16 +1,11 @@
 """The executor: runs step programs (spmdsim.plan.steps) on this rank's block.
 
-One executor for both kinds of program: an operator's (its inference in
-spmdsim.infer gives the steps that finish its local result: Allreduce,
-Reduce_scatter, Allgather) and a redistribution's (the planner's steps).
-Each step kind has one runner here, which calls the runtime's collectives
-(runtime.collectives) or the local kernels (spmdsim.plan.kernels); every
-collective is traced with the operator's label or the step's own
-(``redistribute[1] S(0)->S(1) via Alltoall on ('x',)``). Importing this module
-does not start MPI: the collectives are bound when a program first runs.
-
-Compiled redistributions (a runner, mesh and label per step, worked out once)
-live in `PROGRAMS`, a cache of their own keyed by mesh.
+One executor for an operator's program (the steps spmdsim.infer gives to
+finish its local result) and a redistribution's (the planner's steps). Each
+step kind has one runner here, which calls a collective or a local kernel
+(spmdsim.plan.kernels), traced with the operator's label or the step's own.
+Importing this module does not start MPI: the collectives are bound when a
+program first runs. Compiled redistributions live in `PROGRAMS`, per mesh.
 """
 from __future__ import annotations
 
@@ -39,9 +34,8 @@ from . import debug
 
 __all__ = ["execute", "redistribute", "ProgramCache", "PROGRAMS"]
 
-# A runner: run(step, mesh, local, shape, label, owned) -> the new local block.
-# `owned` says `local` is the program's own temporary, which an Allreduce may
-# overwrite in place instead of allocating.
+# A runner: run(step, mesh, local, shape, label, owned) -> the new local block; `owned`: `local`
+# is the program's own temporary, which an Allreduce may overwrite in place instead of allocating.
 Runner = Callable[[Any, Any, Any, tuple, Optional[str], bool], Any]
 _RUNNERS: dict[type, Runner] = {}
 
@@ -80,10 +74,9 @@ def _runner(step: Step) -> Runner:
 
 def execute(mesh: Any, local: Any, steps: tuple[Step, ...], shape: tuple, label: Optional[str],
             owned: bool = False) -> Any:
-    """Run an operator's steps on this rank's block `local` of a tensor of global `shape`.
+    """Run an operator's steps on this rank's block `local` of a tensor of global `shape`, traced under `label`.
 
-    Every collective is traced under `label`; `owned` says `local` is the
-    operator's own temporary (an Allreduce may then sum in place).
+    `owned`: `local` is the operator's own temporary (an Allreduce may then sum in place).
     """
     for step in steps:
         try:
@@ -98,9 +91,8 @@ def execute(mesh: Any, local: Any, steps: tuple[Step, ...], shape: tuple, label:
 class ProgramCache:
     """Compiled redistributions and meshes of other layouts, per mesh (dropped with the mesh).
 
-    A repeated redistribution finds its compiled program in one lookup: no
-    planning, imports, labels or per-step set-up between the caller and the
-    MPI calls (at 8 ranks on 2 cores that set-up showed as 10-20% of a 2 MiB step).
+    A repeated redistribution finds its program in one lookup, with no set-up before the MPI
+    calls (at 8 ranks on 2 cores that set-up showed as 10-20% of a 2 MiB step).
     """
 
     MAX_PER_MESH = 1024
@@ -148,8 +140,7 @@ def _mesh_for(base: Any, layout: Layout) -> Any:
 def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None) -> Any:
     """`dtensor` re-laid out as `target` (same global shape), by the least-communication plan.
 
-    `target` may use another device matrix with the same device count; the
-    returned DTensor then lives on a mesh of that matrix over the same communicator.
+    `target` may use another device matrix of as many devices (the result then lives on a mesh of it).
     """
     try:  # no isinstance check on the repeated path: an attribute miss says it all
         mesh, local, shape = dtensor.mesh, dtensor.local, dtensor.global_shape

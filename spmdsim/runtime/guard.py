@@ -1,17 +1,9 @@
-"""Never hang: an exception on some ranks ends the whole MPI job.
+"""Never hang: an exception on some ranks ends the whole MPI job (docs/runtime.md, "Never hang").
 
-* An SpmdsimError raised on every rank (validation before the first
-  collective, an agreed failed check) is a clean error: rank 0 prints one line
-  ``spmdsim: error: ...`` and every rank exits with code 2.
-* A SystemExit inside a guard passes when every rank exits, and aborts the
-  job when only some do (the others would wait forever).
-* Any other exception, or an SpmdsimError that not all ranks raise within a
-  grace period (`GRACE_S`, 3 s; tests lower it), prints
-  ``spmdsim: error on rank R: ...`` (with a traceback for unexpected errors)
-  and calls ``comm.Abort(1)``, which ends every rank.
-
-Under spmdsim.simulate the guards let exceptions through: simulate() itself
-stops every rank and raises in its caller, naming the rank.
+An SpmdsimError raised on every rank within `GRACE_S` is a clean error (rank 0
+prints ``spmdsim: error: ...``, every rank exits 2); a SystemExit on every rank
+passes; anything else prints ``spmdsim: error on rank R: ...`` and aborts the
+job. Under spmdsim.simulate exceptions pass: simulate() stops every rank.
 
 Ranks find out whether all of them failed with a nonblocking barrier on a
 private duplicate of the communicator (made when the guard is set up, so setting
@@ -33,10 +25,8 @@ from ..sim import _local as _sim_local
 __all__ = ["abort_on_error", "install_excepthook", "run_guarded", "handle_exception", "abort_job",
            "world_channel", "release_shared_segments"]
 
-#: Seconds ranks wait for each other to agree that all of them failed (module constant;
-#: a test that makes ranks fail on purpose may lower it: ``guard.GRACE_S = 1.0``).
+#: Seconds ranks wait for each other to agree that all of them failed (tests lower it).
 GRACE_S = 3.0
-
 
 _PRIVATE: dict[int, Any] = {}  # id(comm) -> (comm, private duplicate)
 
@@ -45,17 +35,14 @@ def _private(comm: Any) -> Any:
     """A duplicate of `comm` kept for the guard's barrier (collective on first use per comm)."""
     entry = _PRIVATE.get(id(comm))
     if entry is None or entry[0] is not comm:
-        entry = (comm, comm.Dup())
-        _PRIVATE[id(comm)] = entry
+        entry = _PRIVATE[id(comm)] = (comm, comm.Dup())
     return entry[1]
 
 
 def world_channel() -> Any:
-    """The private duplicate of COMM_WORLD if a guard set one up on this rank, else None.
+    """The private duplicate of COMM_WORLD if a guard set one up on this rank (every rank or none), else None.
 
-    The watchdog's side channel (runtime._roster): its point-to-point messages
-    never match the guard's barrier nor anything in user code. Setting the
-    guard up is collective, so every rank has one or none. Never imports mpi4py.
+    The watchdog's side channel (runtime._roster): its messages match nothing in user code. Never imports mpi4py.
     """
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is None:
@@ -86,10 +73,7 @@ def _all_failed(private: Any, grace: float) -> bool:
 
 
 def handle_exception(exc: BaseException, comm: Any = None, private: Any = None) -> bool:
-    """Report `exc`; return True for a clean all-ranks SpmdsimError (caller exits 2), else Abort.
-
-    Ctrl-C (KeyboardInterrupt) ends the job without returning (`_interrupted`).
-    """
+    """Report `exc`; return True for a clean all-ranks SpmdsimError (caller exits 2), else Abort (Ctrl-C too)."""
     comm = _world(comm)
     rank = comm.Get_rank()
     if isinstance(exc, KeyboardInterrupt):
@@ -112,17 +96,14 @@ def handle_exception(exc: BaseException, comm: Any = None, private: Any = None) 
 
 
 def _interrupted(comm: Any, private: Any) -> NoReturn:
-    """Ctrl-C: mpiexec forwards SIGINT to every rank, so each lands here.
+    """Ctrl-C (mpiexec forwards SIGINT to every rank): when every rank lands here within GRACE_S,
+    rank 0 says so in one line and the job exits 130; a rank interrupted alone aborts the job.
 
-    When every rank does (within GRACE_S), rank 0 says so in one line and the
-    job exits 130, as a shell reports Ctrl-C; no traceback, no Abort per rank.
-    Exits without MPI_Finalize (a collective may be half done), so the shared
-    memory segments are unlinked first. A rank interrupted alone aborts the job
-    naming itself.
+    No MPI_Finalize (a collective may be half done), so the shared memory segments are unlinked first.
     """
     if private is None:
         private = _private(comm)
-    if private is not None and _all_failed(private, GRACE_S):
+    if _all_failed(private, GRACE_S):
         if comm.Get_rank() == 0:
             print("spmdsim: interrupted (Ctrl-C): every rank stopped", file=sys.stderr, flush=True)
         sys.stdout.flush()
@@ -143,12 +124,10 @@ _SEGMENT_PREFIXES = ("/dev/shm/mpich_shm_", "/dev/shm/sm_segment.")  # MPICH's, 
 
 
 def release_shared_segments(maps: str = "/proc/self/maps") -> list[str]:
-    """Unlink the MPI shared-memory segments this process maps; return their paths.
+    """Unlink the MPI shared-memory segments this process maps; return their paths (Linux only).
 
     MPI_Abort kills the ranks before MPICH unlinks its ~8 MB /dev/shm segment,
-    so every aborted job would leave one in memory until reboot (a teaching lab
-    aborts many). The name can go now: every rank keeps its mapping until it
-    dies. Linux only (/proc); elsewhere nothing happens.
+    so every aborted job would leave one until reboot; each rank keeps its mapping until it dies.
     """
     try:
         with open(maps) as fh:
@@ -187,18 +166,16 @@ class _GuardExit(SystemExit):
 
 def _exit_alone(exc: SystemExit, comm: Any, private: Any) -> None:
     """A SystemExit passes when every rank exits; on some ranks only it aborts the job."""
-    if _all_failed(private, GRACE_S):
-        return
-    abort_job(comm, f"spmdsim: error on rank {comm.Get_rank()}: exit with code {exc.code!r} "
-                 "(SystemExit) while other ranks go on\n")
+    if not _all_failed(private, GRACE_S):
+        abort_job(comm, f"spmdsim: error on rank {comm.Get_rank()}: exit with code {exc.code!r} "
+                        "(SystemExit) while other ranks go on\n")
 
 
 class abort_on_error:
     """Context manager and decorator: ``with abort_on_error(comm): ...`` (enter it on every rank).
 
-    A clean all-ranks SpmdsimError becomes ``SystemExit(2)``; a SystemExit
-    raised on every rank passes; anything else (a SystemExit on some ranks
-    included) aborts the job.
+    A clean all-ranks SpmdsimError becomes ``SystemExit(2)``; a SystemExit on
+    every rank passes; anything else aborts the job.
     """
 
     def __init__(self, comm: Any = None) -> None:
@@ -232,10 +209,7 @@ class abort_on_error:
 
 
 def install_excepthook(comm: Any = None) -> None:
-    """Make an uncaught exception end the whole job (call once, on every rank, at start-up).
-
-    Does nothing else under spmdsim.simulate, which already ends every rank.
-    """
+    """Make an uncaught exception end the whole job (call once, on every rank; nothing under simulate)."""
     if _sim_local.current() is not None:
         return
     comm = _world(comm)
@@ -252,8 +226,7 @@ def install_excepthook(comm: Any = None) -> None:
 def _finalize_and_exit(code: int) -> NoReturn:
     """End this rank with `code` after MPI_Finalize, from inside sys.excepthook.
 
-    C exit(), not os._exit: MPICH's exit-time cleanup must run, or mpiexec
-    reports the rank as killed (signal 9) even after a clean Finalize.
+    C exit(), not os._exit: without MPICH's exit-time cleanup mpiexec reports the rank as killed (signal 9).
     """
     from mpi4py import MPI
 
@@ -270,11 +243,10 @@ def _finalize_and_exit(code: int) -> NoReturn:
 
 
 def run_guarded(fn: Callable[[], Any], comm: Any = None) -> int:
-    """Run fn() on every rank and return its exit code (int, None = 0).
+    """Run fn() on every rank and return its exit code (int, None = 0); the CLI's MPI commands use it.
 
-    A clean all-ranks SpmdsimError returns 2 (rank 0 printed one line); any
-    other failure aborts the job. The CLI runs its MPI commands through this.
-    Under spmdsim.simulate exceptions pass to simulate(), which reports them.
+    A clean all-ranks SpmdsimError returns 2; any other failure aborts the job
+    (under spmdsim.simulate exceptions pass to simulate()).
     """
     if _sim_local.current() is not None:
         return int(fn() or 0)

@@ -24,9 +24,7 @@ SCRATCH_ROLES = ("send", "recv")
 
 def normalize_axes(axes: str | Iterable[str]) -> tuple[str, ...]:
     """Accept "mp" or ("dp", "mp") and return a tuple of axis names."""
-    if isinstance(axes, str):
-        return (axes,)
-    return tuple(axes)
+    return (axes,) if isinstance(axes, str) else tuple(axes)
 
 
 _TUNED = []
@@ -34,11 +32,7 @@ _TUNED = []
 
 def _tune_process_once() -> None:
     """Under an MPI launcher, once per process: BLAS threads to this rank's share, freed heap kept,
-    and the memory watch started (runtime.memwatch).
-
-    Here rather than at import: ``import spmdsim`` changes no process setting
-    (spmdsim._threads, spmdsim._malloc; `spmdsim launch` sets both for its ranks).
-    """
+    the memory watch started. Here, not at import: ``import spmdsim`` changes no process setting."""
     if not _TUNED:
         from .._malloc import keep_freed_buffers_under_launcher
         from .._threads import cap_blas_threads_under_launcher, launcher_local_ranks
@@ -46,20 +40,17 @@ def _tune_process_once() -> None:
 
         local = launcher_local_ranks()
         _TUNED.append((cap_blas_threads_under_launcher(), keep_freed_buffers_under_launcher(),
-                       local is not None and memwatch.start(local)))  # the memory watch (memwatch)
+                       local is not None and memwatch.start(local)))
 
 
 class Mesh:
     """``Mesh(layout, comm=None)``: the device matrix of `layout` over `comm` (default `spmdsim.world()`).
 
-    Construction is collective-free validation first: every rank checks that
-    ``prod(device_matrix) == comm.size`` and raises the same
-    RuntimeMismatchError otherwise. Attributes: ``layout``, ``comm``, ``rank``,
-    ``size``, ``coords`` and ``wait_mode`` ("busy" or "polite", see runtime.wait;
-    ``polite`` is True for the latter). ``algorithms={"allreduce": "ring", ...}``
-    makes the collectives run those algorithms step by step over point-to-point
-    messages (runtime.algorithms, docs/algorithms.md); ``algorithms`` is that
-    dict, or None (MPI's own collectives).
+    Every rank checks ``prod(device_matrix) == comm.size`` before any collective
+    (the same RuntimeMismatchError otherwise). Attributes: ``layout``, ``comm``,
+    ``rank``, ``size``, ``coords``, ``wait_mode`` ("busy" or "polite"; ``polite``),
+    ``algorithms`` (``{"allreduce": "ring", ...}``: run step by step over
+    point-to-point messages, docs/algorithms.md; None: MPI's own collectives).
     Use as a context manager, or call ``close()``, to free the sub-communicators.
     """
 
@@ -80,14 +71,10 @@ class Mesh:
             _tune_process_once()
         size = comm.Get_size()
         if layout.num_devices != size:
-            raise RuntimeMismatchError(
-                f"device matrix {layout.device_matrix!r} needs {layout.num_devices} ranks but the "
-                f"communicator has {size}" + (ways_out(layout.num_devices) if size == 1 else "")
-            )
-        self.layout = layout
-        self.comm = comm
-        self.size = size
-        self.rank = comm.Get_rank()
+            raise RuntimeMismatchError(f"device matrix {layout.device_matrix!r} needs {layout.num_devices} ranks "
+                                       f"but the communicator has {size}"
+                                       + (ways_out(layout.num_devices) if size == 1 else ""))
+        self.layout, self.comm, self.size, self.rank = layout, comm, size, comm.Get_rank()
         self.coords = layout.coords(self.rank)
         # Simulated ranks are threads of one process: no MPI progress to be polite to.
         self.wait_mode = resolve_wait_mode(wait, comm) if not simulated else _simulated_wait(wait)
@@ -95,26 +82,20 @@ class Mesh:
         # axes -> (comm, size, rank); Split is collective, so ranks must ask for
         # groups in the same order (they do: every rank runs the same program).
         self._groups: dict[tuple[str, ...], tuple[Any, int, int]] = {}
-        # The same groups under the spellings callers used ("mp" for ("mp",)):
-        # one dict lookup per collective instead of normalizing the axes again.
+        # The same groups under the spellings callers used ("mp" for ("mp",)): one lookup per collective.
         self._spelled: dict[Any, tuple[Any, int, int]] = {}
         self._scratch: dict[str, np.ndarray] = {}  # see scratch()
-        # (role, shape, dtype) -> the view scratch() returned for it last time:
-        # one dict lookup for a repeated call instead of three numpy views,
-        # which cost ~7 us per call with cold caches at 4 ranks per core.
+        # (role, shape, dtype) -> the view scratch() returned last time: one lookup instead of
+        # three numpy views, which cost ~7 us per call with cold caches at 4 ranks per core.
         self._scratch_views: dict[tuple, np.ndarray] = {}
 
     def scratch(self, role: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         """A C-contiguous temporary of `shape` and `dtype`, the same memory on every call with this `role`.
 
-        Roles: "send" (data a collective packs before sending) and "recv" (blocks
-        received before they are copied into place). Such a buffer is filled and
-        drained within one call, never returned, and the next collective on this
-        mesh may overwrite it (MPI calls on one communicator do not overlap, so
-        neither do its users). Fresh above SCRATCH_MAX_BYTES. Why: the raw code
-        keeps its buffers, and at 8 ranks on 2 cores a fresh heap buffer per call
-        measured 1.1-1.4x the time of a kept one (docs/performance.md, "Kept
-        temporaries").
+        Roles: "send" (packed before sending) and "recv" (received before being
+        copied into place); filled and drained within one call, never returned.
+        Fresh above SCRATCH_MAX_BYTES. At 8 ranks on 2 cores a fresh buffer per
+        call measured 1.1-1.4x a kept one (docs/performance.md, "Kept temporaries").
         """
         key = (role, shape, dtype)
         try:
@@ -157,8 +138,7 @@ class Mesh:
         key = normalize_axes(axes)
         info = self._groups.get(key)
         if info is None:
-            info = self._split(key)
-            self._groups[key] = info
+            info = self._groups[key] = self._split(key)
         if isinstance(axes, (str, tuple)):
             self._spelled[axes] = info
         return info
@@ -211,10 +191,8 @@ def _check_mpi_comm(comm: Any) -> None:
     expected = os.environ.get("SPMDSIM_EXPECT_WORLD", "")
     world = MPI.COMM_WORLD.Get_size()
     if expected.isdigit() and int(expected) != world:
-        raise RuntimeMismatchError(
-            f"the MPI world has {world} ranks but {int(expected)} were launched: is mpiexec "
-            "from the same MPI as mpi4py? (python -m mpi4py --mpi-library)"
-        )
+        raise RuntimeMismatchError(f"the MPI world has {world} ranks but {int(expected)} were launched: is "
+                                   "mpiexec from the same MPI as mpi4py? (python -m mpi4py --mpi-library)")
 
 
 def _simulated_wait(wait: str | None) -> str:
@@ -226,9 +204,8 @@ def _simulated_wait(wait: str | None) -> str:
 def _before_split(mesh: Mesh, axes: tuple[str, ...]) -> None:
     """Debug mode: ranks that build different groups (or one that skips) must not meet in Split.
 
-    Comm.Split has no nonblocking form, so the divergence guard compares the
-    request first and the watchdog waits on a nonblocking barrier instead;
-    numbered by how many groups this mesh has built.
+    Split has no nonblocking form: the guard compares the request first, the watchdog waits on
+    an Ibarrier instead; numbered by how many groups this mesh has built.
     """
     from . import debug
 

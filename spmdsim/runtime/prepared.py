@@ -1,13 +1,11 @@
-"""Prepared collectives: checked once, bound to fixed buffers, then run many times.
+"""Prepared collectives: checked once, bound to fixed buffers, then run many times (docs/runtime.md).
 
-For a collective repeated on the same buffers (a training step, a benchmark
-loop), the per-call checks of `collectives` cost about 2 µs, which 8 ranks
-sharing 2 cores amplify to 5-10% of a 1 MiB call (docs/runtime.md). A prepared
-collective validates shapes once and builds an MPI-4 persistent request
-(`Allreduce_init`, ...); each `run()` is then `Start`, the mesh's wait, and
-one trace entry. Where the MPI library has no persistent collectives (and for
-reduce_scatter, whose persistent form MPICH runs more slowly), `run()` makes
-the blocking call instead, its checks already done.
+A prepared collective validates shapes once and builds an MPI-4 persistent
+request (`Allreduce_init`, ...); each `run()` is then `Start`, the mesh's wait
+and one trace entry, sparing the ~2 us of per-call checks that 8 ranks on 2
+cores amplify to 5-10% of a 1 MiB call. Without persistent collectives (and
+for reduce_scatter, whose persistent form MPICH runs more slowly) `run()`
+makes the blocking call instead, its checks already done.
 
     step = prepare_allreduce(mesh, grads, ("dp",), out=grads)   # in place
     for _ in range(steps):
@@ -156,9 +154,8 @@ def prepare_reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], te
     axes, comm, g, x, d = _bind(mesh, local, axes, tensor_dim, "reduce_scatter", divisible=True)
     result = _result(out, x.shape[:d] + (x.shape[d] // g,) + x.shape[d + 1:], x.dtype,
                      "reduce_scatter")
-    # No persistent request: MPICH runs persistent (like nonblocking)
-    # Reduce_scatter_block with a slower schedule than the blocking call
-    # (1.11x at 1 MiB, 8 ranks); the blocking call with checks done once wins.
+    # No persistent request: MPICH runs persistent (like nonblocking) Reduce_scatter_block with a slower
+    # schedule than the blocking call (1.11x at 1 MiB, 8 ranks); the blocking call with checks done once wins.
     return Prepared(mesh, "reduce_scatter", axes, comm, g, x, result, (d,), comm.Reduce_scatter_block, None,
                     (x, result, MPI.SUM), label)
 

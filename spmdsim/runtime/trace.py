@@ -1,14 +1,8 @@
-"""A record of every collective: op, group, bytes on the wire, time.
+"""A record of every collective: op, group, bytes on the wire, time (docs/runtime.md, "Trace").
 
 Pure Python (no mpi4py): ``reduce`` takes the communicator as an argument.
-Under spmdsim.simulate each simulated rank collects only its own calls.
-
-    with collect_trace() as tr:
-        y = allreduce(mesh, x, ("mp",))
-    print(tr.summary())
-
-Collectors nest: an entry goes to every collector open at the time.
-Byte figures are per rank and follow the formulas in docs/runtime.md.
+Collectors nest: an entry goes to every collector open at the time. Under
+spmdsim.simulate each simulated rank collects only its own calls.
 """
 from __future__ import annotations
 
@@ -48,20 +42,16 @@ class TraceEntry:
     def __str__(self) -> str:
         where = ",".join(self.axes) or "-"
         tag = f" [{self.label}]" if self.label else ""
-        return (
-            f"{self.op}({where}) g={self.group_size} sent={self.bytes_sent}B "
-            f"recv={self.bytes_received}B {self.seconds * 1e3:.3f}ms{tag}"
-        )
+        return (f"{self.op}({where}) g={self.group_size} sent={self.bytes_sent}B "
+                f"recv={self.bytes_received}B {self.seconds * 1e3:.3f}ms{tag}")
 
 
 class Trace:
     """The entries collected by one ``collect_trace()`` block (this rank only)."""
 
     def __init__(self) -> None:
-        # record() appends plain tuples (TraceEntry fields), record_call() the
-        # call's own arguments; entries are built on first read. Why: a frozen
-        # dataclass costs ~1 us per call, and at 8 ranks on 2 cores every
-        # microsecond around a collective shows in its time.
+        # Plain tuples (record: TraceEntry's fields; record_call: the call's own arguments), built
+        # into entries on first read: a frozen dataclass costs ~1 us per call, which shows at 8 ranks on 2 cores.
         self._rows: list[tuple] = []
         self._built: list[TraceEntry] = []
 
@@ -120,21 +110,17 @@ class Trace:
         width = max([15] + [len(op) + 1 for op, _, _ in rows])  # "allreduce[recursive-doubling]"
         lines = [f"{'op':<{width}}{'axes':<14}{'g':>3}{'calls':>7}{'sent B':>13}{'recv B':>13}{'ms':>10}"]
         for (op, axes, g), (n, sent, recv, sec) in rows.items():
-            lines.append(
-                f"{op:<{width}}{','.join(axes) or '-':<14}{g:>3}{n:>7}{sent:>13}{recv:>13}{sec * 1e3:>10.3f}"
-            )
+            lines.append(f"{op:<{width}}{','.join(axes) or '-':<14}{g:>3}{n:>7}{sent:>13}{recv:>13}"
+                         f"{sec * 1e3:>10.3f}")
         t = self.totals()
-        lines.append(
-            f"{'total':<{width + 17}}{t['calls']:>7}{t['bytes_sent']:>13}{t['bytes_received']:>13}"
-            f"{t['seconds'] * 1e3:>10.3f}"
-        )
+        lines.append(f"{'total':<{width + 17}}{t['calls']:>7}{t['bytes_sent']:>13}{t['bytes_received']:>13}"
+                     f"{t['seconds'] * 1e3:>10.3f}")
         return "\n".join(lines)
 
     def reduce(self, comm: Any) -> dict[str, Any]:
-        """Totals over all ranks of `comm` and the maximum per rank (a collective call).
+        """Totals over all ranks of `comm` and the maximum per rank, the same dict on every rank (collective).
 
-        Gathered on rank 0, reduced there and broadcast: every rank gets the same
-        dict, and p simulated ranks cost O(p), where an allgather costs O(p^2).
+        Gathered on rank 0, reduced there and broadcast: O(p) for p simulated ranks, not an allgather's O(p^2).
         """
         mine = self.totals()
         mine["counts"] = self.counts()
@@ -162,8 +148,7 @@ class Trace:
 def _as_called(op: str, axes: Any, g: int, nbytes: Any, counts: Any) -> tuple:
     """(op, axes, sent, received, peers) of a row `issue` recorded with its call's own arguments.
 
-    `nbytes`: the per-rank n of the step kind's byte formula (spmdsim.plan.steps.moved_bytes),
-    or (sent, received); `counts`: an Alltoallv's (send, receive) counts, or None.
+    `nbytes`: the per-rank n of `moved_bytes`, or (sent, received); `counts`: an Alltoallv's counts, or None.
     """
     from ..plan.steps import moved_bytes
     from .exchange_spec import count_peers
@@ -181,6 +166,7 @@ def _as_called(op: str, axes: Any, g: int, nbytes: Any, counts: Any) -> tuple:
 _ACTIVE: list[Trace] = []
 OPEN_TRACES = _ACTIVE
 _PER_RANK = False  # set while spmdsim.sim runs ranks as threads: each has its own collectors
+_SET_ASIDE: list = []  # the process's collectors while _PER_RANK
 
 
 def _open() -> list:
@@ -205,9 +191,8 @@ class _RankRows:
 def per_rank(on: bool) -> None:
     """Give every simulated rank its own collectors (on), or the process its own again (off).
 
-    While on, _ACTIVE holds one `_RankRows`, so the hot paths' ``if _TRACES``
-    records and record() hands the row to the running rank; the process's own
-    collectors are set aside meanwhile (they see no simulated calls).
+    While on, _ACTIVE holds one `_RankRows` (so the hot paths' ``if _TRACES`` records and the
+    row goes to the running rank); the process's own collectors are set aside meanwhile.
     """
     global _PER_RANK, _SET_ASIDE
     if on:
@@ -217,9 +202,6 @@ def per_rank(on: bool) -> None:
         _ACTIVE[:] = _SET_ASIDE
         _SET_ASIDE = []
     _PER_RANK = on
-
-
-_SET_ASIDE: list = []
 
 
 class _Collector:
@@ -241,10 +223,8 @@ def collect_trace() -> _Collector:
     return _Collector()
 
 
-def record(
-    op: str, axes: tuple[str, ...], group_size: int, sent: int, received: int, seconds: float,
-    label: str | None, copied: int = 0, peers: int = 0,
-) -> None:
+def record(op: str, axes: tuple[str, ...], group_size: int, sent: int, received: int, seconds: float,
+           label: str | None, copied: int = 0, peers: int = 0) -> None:
     """Append one entry to every open collector (`copied`: bytes packed/unpacked locally;
     `peers`: other ranks an alltoallv/exchange talked to)."""
     if _ACTIVE:
@@ -258,11 +238,8 @@ def record_call(op: str, axes: Any, group_size: int, nbytes: Any, seconds: float
                 copied: int, ended: float, counts: Any) -> None:
     """Append one collective to every open collector as it was called (runtime._calls.issue).
 
-    The row keeps the call's own arguments (`nbytes`: the per-rank n of the
-    step kind's byte formula, or (sent, received); `counts`: an Alltoallv's
-    (send, receive) counts, or None) and is finished when the trace is read
-    (`_as_called`): each microsecond spent here is paid by the group's last
-    rank at 4 ranks per core.
+    The row keeps the call's own arguments (`nbytes`, `counts`: see `_as_called`) and is finished
+    when the trace is read: each microsecond here is paid by the group's last rank at 4 ranks per core.
     """
     if type(axes) is not tuple and type(axes) is not str:  # a list the caller may change later
         axes = tuple(axes)

@@ -1,19 +1,13 @@
 """How a rank waits inside a collective: "busy" (MPI's own blocking call) or "polite".
 
-Under oversubscription (more ranks than cores) MPICH ranks blocked in a
-collective spin and steal the cores the computing ranks need (DESIGN.md
-section 6). The polite wait posts the nonblocking collective and polls
-``Test()``: first with ``sched_yield`` between polls for up to 1 ms (a plain
-Test spin is ~100x slower than the blocking call when oversubscribed, because
-the spinning rank keeps the core its peers need to make progress), then with
-sleeps growing from 20 to 100 us, handing the core to the ranks that still
-compute. Linux timer slack is set to 1 us for the process so that short sleeps
-are not stretched to the 50 us default.
-
-``SPMDSIM_WAIT=busy|polite|auto`` picks the mode (default auto: polite when
-the ranks on this node outnumber the cores this process may run on). The
-polling constants below (spin, yield, sleep) were measured on a 2-core VM with
-8 ranks; docs/oversubscription.md has the measurements.
+Under oversubscription MPICH ranks blocked in a collective spin and steal the
+cores the computing ranks need (DESIGN.md section 6). The polite wait posts the
+nonblocking collective and polls ``Test()``, first with ``sched_yield`` between
+polls (a plain Test spin is ~100x slower than the blocking call when
+oversubscribed: the spinning rank keeps the core its peers need), then with
+sleeps of growing length, under a 1 us timer slack so short sleeps stay short.
+``SPMDSIM_WAIT=busy|polite|auto`` picks the mode. The constants below were
+measured on a 2-core VM with 8 ranks (docs/oversubscription.md).
 """
 from __future__ import annotations
 
@@ -29,19 +23,16 @@ __all__ = ["WAIT_MODES", "resolve_wait_mode", "polite_wait", "wait_until", "core
 
 WAIT_MODES = ("busy", "polite", "auto")
 
-_SPIN_S = 0.0  # plain Test() spin first: none (a spinning rank keeps the core its peers need)
-_YIELD_S = 1000e-6  # then Test() with sched_yield between polls
-_SLEEP_MAX_S = 100e-6  # then sleeps growing from _SLEEP_MIN_S to this
+# No plain Test() spin (a spinning rank keeps the core its peers need): first Test() with
+# sched_yield between polls for _YIELD_S, then sleeps growing from _SLEEP_MIN_S to _SLEEP_MAX_S.
+_YIELD_S = 1000e-6
+_SLEEP_MAX_S = 100e-6
 _SLEEP_MIN_S = 20e-6
 
 
-
 def local_ranks(comm: Any) -> int:
-    """Ranks of `comm` on this node: from the launcher's environment, else one Split_type.
-
-    The fallback is a collective over `comm`; every rank takes the same path
-    because they all see the same launcher environment.
-    """
+    """Ranks of `comm` on this node: from the launcher's environment, else one Split_type (collective;
+    every rank takes the same path, as all see the same environment)."""
     from_launcher = launcher_local_ranks()
     if from_launcher is not None:
         return from_launcher
@@ -83,29 +74,19 @@ def _tight_timer_slack() -> None:
 
 
 def polite_wait(request: Any) -> None:
-    """Complete `request` by polling Test(): spin briefly, then sleep with backoff."""
+    """Complete `request` by polling Test(): yielding the core between polls, then sleeping with backoff."""
     test = request.Test
     if test():
         return
     if not _SLACK_SET:
         _tight_timer_slack()
     clock = time.perf_counter
-    deadline = clock() + _SPIN_S
+    yield_ = os.sched_yield
+    deadline = clock() + _YIELD_S
     while clock() < deadline:
         if test():
             return
-    if _YIELD_S > 0:
-        yield_ = os.sched_yield
-        deadline = clock() + _YIELD_S
-        while clock() < deadline:
-            if test():
-                return
-            yield_()
-    if _SLEEP_MAX_S <= 0:
-        yield_ = os.sched_yield
-        while not test():
-            yield_()
-        return
+        yield_()
     delay = _SLEEP_MIN_S
     sleep = time.sleep
     while not test():
@@ -115,11 +96,9 @@ def polite_wait(request: Any) -> None:
 
 
 def wait_until(request: Any, deadline: float, polite: bool) -> bool:
-    """Poll `request` until it completes (True) or time.monotonic() passes `deadline` (False).
+    """Poll `request` until it completes (True) or time.monotonic() passes `deadline` (False: left pending).
 
-    The watchdog's wait (runtime.debug): polite polling goes through the same
-    phases as polite_wait (spin, yielding polls, sleeps with backoff); busy
-    polling spins on Test(). The request is left pending on False.
+    The watchdog's wait: polite polling as polite_wait polls, busy polling a Test() spin.
     """
     test = request.Test
     if test():
@@ -127,17 +106,15 @@ def wait_until(request: Any, deadline: float, polite: bool) -> bool:
     if polite and not _SLACK_SET:
         _tight_timer_slack()
     clock = time.monotonic
-    start = clock()
-    spin_until = start + _SPIN_S
-    yield_until = spin_until + _YIELD_S
+    yield_until = clock() + _YIELD_S
     delay = _SLEEP_MIN_S
     while not test():
         now = clock()
         if now > deadline:
             return False
-        if not polite or now < spin_until:
+        if not polite:
             continue
-        if now < yield_until or _SLEEP_MAX_S <= 0:
+        if now < yield_until:
             os.sched_yield()
         else:
             time.sleep(delay)
