@@ -205,15 +205,8 @@ class CostModel:
 
     # -- fitting (spmdsim.cost.fit) ---------------------------------------------------
     @classmethod
-    def fit(
-        cls,
-        measurements: Iterable[Measurement | Sequence[Any]],
-        *,
-        algorithm: str | None = None,
-        per_op: bool = True,
-        per_group: bool = True,
-        source: str = "fit",
-    ) -> "CostModel":
+    def fit(cls, measurements: Iterable[Measurement | Sequence[Any]], *, algorithm: str | None = None,
+            per_op: bool = True, per_group: bool = True, source: str = "fit") -> "CostModel":
         """Least-squares fit to measured calls; minimizes relative (not absolute) error.
 
         Args:

@@ -32,9 +32,8 @@ __all__ = ["plan_redistribution"]
 Map = tuple[tuple[str, ...], ...]
 
 
-def plan_redistribution(
-    source: TensorLayout, target: TensorLayout, shape: Sequence[int], dtype: str = "float32"
-) -> Plan:
+def plan_redistribution(source: TensorLayout, target: TensorLayout, shape: Sequence[int],
+                        dtype: str = "float32") -> Plan:
     """The least-communication plan from `source` to `target` for a tensor of `shape`.
 
     Plans are cached on their (hashable) inputs; a repeated call with the same
@@ -78,8 +77,7 @@ def _validated(source: TensorLayout, target: TensorLayout, shape: Sequence[int],
     dt = dtype_arg(dtype, error=PlanError)
     if dt.kind == "b" and (source.partial or target.partial):
         # MPI has no sum of bools, and a pending sum of bools is not a bool.
-        raise PlanError(f"a bool tensor cannot be a pending sum ({source} -> {target}); "
-                        "use an integer dtype for sums")
+        raise PlanError(f"a bool tensor cannot be a pending sum ({source} -> {target}); use an integer dtype for sums")
     return source, target, shape, dt.name
 
 
