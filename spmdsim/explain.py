@@ -97,10 +97,8 @@ def _keeps_value(tensor_layout: TensorLayout, coords: Sequence[int]) -> bool:
 
 
 def _strides(sizes: Sequence[int]) -> tuple[int, ...]:
-    out = [1] * len(sizes)
-    for i in range(len(sizes) - 2, -1, -1):
-        out[i] = out[i + 1] * sizes[i + 1]
-    return tuple(out)
+    """Row-major strides: each is the product of the sizes after it."""
+    return tuple(math.prod(sizes[i + 1:]) for i in range(len(sizes)))
 
 
 def explain(tensor_layout: TensorLayout, shape: Sequence[int], *, strategy: Optional[Sequence[int]] = None,

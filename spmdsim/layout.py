@@ -151,10 +151,7 @@ class Layout:
     @cached_property
     def strides(self) -> tuple[int, ...]:
         """Row-major strides: the last axis varies fastest."""
-        out = [1] * self.ndim
-        for i in range(self.ndim - 2, -1, -1):
-            out[i] = out[i + 1] * self.device_matrix[i + 1]
-        return tuple(out)
+        return tuple(math.prod(self.device_matrix[i + 1:]) for i in range(self.ndim))
 
     # -- rank <-> coordinates --------------------------------------------------
     def _check_rank(self, rank: int) -> int:

@@ -142,11 +142,9 @@ def verify_operands(mesh: Any, op: str, names: tuple[str, ...], *tensors: Any) -
 def operands_mesh(op: str, names: tuple[str, ...], *tensors: Any) -> Any:
     """The mesh an operator's DTensor operands share, checked at the operator's entry.
 
-    An operand that is not a DTensor is named (OperatorError; only looked for
-    when reading it failed, so DTensors pay nothing for it), operands on two
-    meshes are refused, and with SPMDSIM_CHECK the operands are compared across
-    ranks (`verify_operands`). Pass only the operands given (no None for an
-    absent bias).
+    A non-DTensor operand is named (looked for only when reading it failed, so DTensors pay nothing), operands
+    on two meshes are refused, and with SPMDSIM_CHECK they are compared across ranks (`verify_operands`).
+    Pass only the operands given (no None for an absent bias).
     """
     try:
         mesh = same_mesh(*tensors)
