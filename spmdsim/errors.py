@@ -1,18 +1,8 @@
 """The spmdsim exception family: every user-facing error subclasses SpmdsimError."""
 from __future__ import annotations
 
-__all__ = [
-    "SpmdsimError",
-    "LayoutError",
-    "ShapeError",
-    "DTypeError",
-    "RankError",
-    "DialectError",
-    "OperatorError",
-    "PlanError",
-    "RuntimeMismatchError",
-    "CheckFailed",
-]
+__all__ = ["SpmdsimError", "LayoutError", "ShapeError", "DTypeError", "RankError", "DialectError", "OperatorError",
+           "PlanError", "RuntimeMismatchError", "CheckFailed"]
 
 
 class SpmdsimError(Exception):

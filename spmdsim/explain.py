@@ -23,14 +23,7 @@ from .holdings import bounds_text
 from .layout import TensorLayout, format_entry, format_tensor_map
 from .validate import counted
 
-__all__ = [
-    "RankRow",
-    "Explanation",
-    "explain",
-    "format_explanation",
-    "explanation_to_dict",
-    "partial_text",
-]
+__all__ = ["RankRow", "Explanation", "explain", "format_explanation", "explanation_to_dict", "partial_text"]
 
 #: Largest global tensor for which the arange demo values are computed.
 MAX_VALUE_ELEMENTS = 1 << 16
@@ -104,19 +97,12 @@ def _keeps_value(tensor_layout: TensorLayout, coords: Sequence[int]) -> bool:
 
 
 def _strides(sizes: Sequence[int]) -> tuple[int, ...]:
-    out = [1] * len(sizes)
-    for i in range(len(sizes) - 2, -1, -1):
-        out[i] = out[i + 1] * sizes[i + 1]
-    return tuple(out)
+    """Row-major strides: each is the product of the sizes after it."""
+    return tuple(math.prod(sizes[i + 1:]) for i in range(len(sizes)))
 
 
-def explain(
-    tensor_layout: TensorLayout,
-    shape: Sequence[int],
-    *,
-    strategy: Optional[Sequence[int]] = None,
-    values: bool = True,
-) -> Explanation:
+def explain(tensor_layout: TensorLayout, shape: Sequence[int], *, strategy: Optional[Sequence[int]] = None,
+            values: bool = True) -> Explanation:
     """Derive, for every rank, its coordinates, shard number, slice and arange values.
 
     Args:
@@ -148,28 +134,10 @@ def explain(
             if not _keeps_value(tensor_layout, coords):
                 block = np.zeros_like(block)
             local = tuple(int(v) for v in block.ravel())
-        rows.append(
-            RankRow(
-                rank=rank,
-                coords=coords,
-                map_coords=map_coords,
-                shard_number=sum(c * s for c, s in zip(map_coords, map_strides)),
-                shard_index=tensor_layout.shard_index(rank),
-                bounds=bounds,
-                values=local,
-            )
-        )
-    return Explanation(
-        tensor_layout=tensor_layout,
-        shape=shape,
-        map_axes=map_axes,
-        map_dims=map_dims,
-        map_strides=map_strides,
-        dropped=dropped,
-        rows=tuple(rows),
-        strategy=tuple(strategy) if strategy is not None else None,
-        values_requested=values,
-    )
+        shard_number = sum(c * s for c, s in zip(map_coords, map_strides))
+        rows.append(RankRow(rank, coords, map_coords, shard_number, tensor_layout.shard_index(rank), bounds, local))
+    return Explanation(tensor_layout, shape, map_axes, map_dims, map_strides, dropped, tuple(rows),
+                       tuple(strategy) if strategy is not None else None, values)
 
 
 # -- text ----------------------------------------------------------------------------
@@ -201,85 +169,53 @@ def _headline(ex: Explanation) -> list[str]:
     names = ", ".join(f'"{a}"' for a in layout.alias_name) + ("," if len(layout.alias_name) == 1 else "")
     lines = []
     if ex.strategy is not None:
-        lines += _wrap(
-            f"strategy {ex.strategy!r} on {counted(layout.num_devices, 'rank')}: the device matrix is the "
-            "strategy and the tensor map takes the dims in order (MindSpore's tensor_map "
-            f"{tuple(range(len(ex.strategy) - 1, -1, -1))!r}), so step 2 keeps the axis order.",
-            "",
-        )
+        lines += _wrap(f"strategy {ex.strategy!r} on {counted(layout.num_devices, 'rank')}: the device matrix is "
+                       "the strategy and the tensor map takes the dims in order (MindSpore's tensor_map "
+                       f"{tuple(range(len(ex.strategy) - 1, -1, -1))!r}), so step 2 keeps the axis order.")
         if layout.num_devices > math.prod(ex.strategy):
-            lines += _wrap(
-                f"The strategy uses {math.prod(ex.strategy)} of {counted(layout.num_devices, 'rank')}: the "
-                "extra axis on the right repeats the calculation.",
-                "",
-            )
-    table = _table(
-        ["layout", f"Layout({layout.device_matrix!r}, ({names}))"],
-        [["tensor map", format_tensor_map(tl.tensor_map)], ["shape", str(ex.shape)]]
-        + ([["partial", ", ".join(tl.partial)]] if tl.partial else []),
-        left=(0, 1),
-    )
+            lines += _wrap(f"The strategy uses {math.prod(ex.strategy)} of {counted(layout.num_devices, 'rank')}: "
+                           "the extra axis on the right repeats the calculation.")
+    table = _table(["layout", f"Layout({layout.device_matrix!r}, ({names}))"],
+                   [["tensor map", format_tensor_map(tl.tensor_map)], ["shape", str(ex.shape)]]
+                   + ([["partial", ", ".join(tl.partial)]] if tl.partial else []), left=(0, 1))
     return lines + [line[2:] for line in table]
 
 
-def _wrap(text: str, indent: str) -> list[str]:
-    return textwrap.wrap(text, width=78, initial_indent=indent, subsequent_indent=indent)
+def _wrap(text: str) -> list[str]:
+    return textwrap.wrap(text, width=78)
 
 
 def format_explanation(ex: Explanation) -> str:
     """The derivation as plain-text tables (what `spmdsim explain` prints)."""
-    lines = _headline(ex) + [""]
-    lines.append("Step 1. Number the device matrix right to left: the last axis varies")
-    lines.append("        fastest and each axis counts in base its size (mixed radix).")
-    lines.append("")
-    lines += _table(["axis"] + list(ex.axes), [["size"] + list(ex.sizes)], left=(0,))
-    lines.append("")
-    lines += _table(["rank"] + list(ex.axes), [[r.rank] + list(r.coords) for r in ex.rows])
-    lines.append("")
-    lines.append("Step 2. Reorder the columns by the tensor map; drop the axes it does not use.")
-    lines.append("")
+    lines = _headline(ex) + ["",
+                             "Step 1. Number the device matrix right to left: the last axis varies",
+                             "        fastest and each axis counts in base its size (mixed radix).", ""]
+    lines += _table(["axis"] + list(ex.axes), [["size"] + list(ex.sizes)], left=(0,)) + [""]
+    lines += _table(["rank"] + list(ex.axes), [[r.rank] + list(r.coords) for r in ex.rows]) + [""]
+    lines += ["Step 2. Reorder the columns by the tensor map; drop the axes it does not use.", ""]
     if ex.map_axes and ex.map_axes == tuple(a for a in ex.axes if a in ex.map_axes):
         lines.append("  (the tensor map already lists its axes in device-matrix order)")
     if ex.dropped:
-        lines.append(f"  dropped (not in the tensor map): {', '.join(ex.dropped)}")
-        lines.append("")
+        lines += [f"  dropped (not in the tensor map): {', '.join(ex.dropped)}", ""]
     if ex.map_axes:
-        lines += _table(
-            ["axis"] + list(ex.map_axes), [["tensor dim"] + list(ex.map_dims)], left=(0,)
-        )
-        lines.append("")
-        lines += _table(
-            ["rank"] + list(ex.map_axes), [[r.rank] + list(r.map_coords) for r in ex.rows]
-        )
+        lines += _table(["axis"] + list(ex.map_axes), [["tensor dim"] + list(ex.map_dims)], left=(0,)) + [""]
+        lines += _table(["rank"] + list(ex.map_axes), [[r.rank] + list(r.map_coords) for r in ex.rows])
     else:
         lines.append("  the tensor map splits nothing: every rank holds the whole tensor")
-    lines.append("")
-    lines.append("Step 3. Stride of each axis = product of the sizes to its right (new order);")
-    lines.append("        shard number = sum of index * stride.")
-    lines.append("")
+    lines += ["", "Step 3. Stride of each axis = product of the sizes to its right (new order);",
+              "        shard number = sum of index * stride.", ""]
     if ex.map_axes:
-        lines += _table(
-            ["axis"] + list(ex.map_axes),
-            [["size"] + list(ex.map_sizes), ["stride"] + list(ex.map_strides)],
-            left=(0,),
-        )
-        lines.append("")
+        lines += _table(["axis"] + list(ex.map_axes),
+                        [["size"] + list(ex.map_sizes), ["stride"] + list(ex.map_strides)], left=(0,)) + [""]
     sums = []
     for r in ex.rows:
         terms = " + ".join(f"{c}*{s}" for c, s in zip(r.map_coords, ex.map_strides)) or "0"
         sums.append([r.rank, f"{terms} = {r.shard_number}"])
     lines += _table(["rank", "shard number"], sums, left=(1,))
-    lines.append("")
-    lines.append("Result. Each rank's block, and its values of arange(n).reshape(shape).")
-    lines.append("")
-    lines += _table(
-        ["rank", "shard", "index per dim", "slice", "values"],
-        [
-            [r.rank, r.shard_number, str(r.shard_index), bounds_text(r.bounds), _values_text(r.values)]
-            for r in ex.rows
-        ],
-        left=(2, 3, 4),
-    )
+    lines += ["", "Result. Each rank's block, and its values of arange(n).reshape(shape).", ""]
+    lines += _table(["rank", "shard", "index per dim", "slice", "values"],
+                    [[r.rank, r.shard_number, str(r.shard_index), bounds_text(r.bounds), _values_text(r.values)]
+                     for r in ex.rows], left=(2, 3, 4))
     lines += _notes(ex)
     return "\n".join(lines) + "\n"
 
@@ -302,10 +238,7 @@ def _replica_note(tensor_layout: TensorLayout) -> Optional[str]:
     groups = tensor_layout.layout.axis_groups(axes)
     shown = ", ".join(str(g) for g in groups[:4]) + (", ..." if len(groups) > 4 else "")
     which = f"axis {axes[0]} is" if len(axes) == 1 else f"axes {', '.join(axes)} are"
-    return (
-        f"{which} not in the tensor map: ranks that differ "
-        f"only there hold the same shard (replicas): {shown}."
-    )
+    return f"{which} not in the tensor map: ranks that differ only there hold the same shard (replicas): {shown}."
 
 
 def _partial_note(ex: Explanation) -> Optional[str]:
@@ -316,10 +249,8 @@ def _partial_note(ex: Explanation) -> Optional[str]:
     if not tl.addend_axes or ex.rows[0].values is None:
         return text + "."
     zero = ", ".join(f"{a}=0" for a in tl.partial)
-    return (
-        f"{text}. In the arange demo the rank with {zero} holds the values and the other "
-        "addends hold zeros (one addend keeps the value, as B -> P does), so the sum is arange."
-    )
+    return (f"{text}. In the arange demo the rank with {zero} holds the values and the other "
+            "addends hold zeros (one addend keeps the value, as B -> P does), so the sum is arange.")
 
 
 def _values_note(ex: Explanation) -> Optional[str]:
@@ -335,16 +266,12 @@ def _notes(ex: Explanation) -> list[str]:
     notes = []
     for d, axes in enumerate(tl.tensor_map):
         if len(axes) > 1:
-            notes.append(
-                f"tensor dim {d} is split over {format_entry(axes)}: the first listed axis "
-                f"is major (mixed radix: shard = {_major_formula(tl, axes)})."
-            )
+            notes.append(f"tensor dim {d} is split over {format_entry(axes)}: the first listed axis "
+                         f"is major (mixed radix: shard = {_major_formula(tl, axes)}).")
     notes += [n for n in (_replica_note(tl), _partial_note(ex), _values_note(ex)) if n]
-    if not notes:
-        return []
-    out = [""]
+    out = [""] if notes else []
     for note in notes:
-        out += _wrap("Note: " + note, "")
+        out += _wrap("Note: " + note)
     return out
 
 
@@ -366,27 +293,11 @@ def explanation_to_dict(ex: Explanation) -> dict[str, Any]:
         "shape": list(ex.shape),
         "strategy": list(ex.strategy) if ex.strategy is not None else None,
         "step1": {"axes": list(ex.axes), "sizes": list(ex.sizes)},
-        "step2": {
-            "axes": list(ex.map_axes),
-            "tensor_dims": list(ex.map_dims),
-            "dropped": list(ex.dropped),
-        },
-        "step3": {
-            "axes": list(ex.map_axes),
-            "sizes": list(ex.map_sizes),
-            "strides": list(ex.map_strides),
-        },
-        "ranks": [
-            {
-                "rank": r.rank,
-                "coords": list(r.coords),
-                "map_coords": list(r.map_coords),
-                "shard_number": r.shard_number,
-                "shard_index": list(r.shard_index),
-                "slice": [list(b) for b in r.bounds],
-                "values": list(r.values) if r.values is not None else None,
-            }
-            for r in ex.rows
-        ],
+        "step2": {"axes": list(ex.map_axes), "tensor_dims": list(ex.map_dims), "dropped": list(ex.dropped)},
+        "step3": {"axes": list(ex.map_axes), "sizes": list(ex.map_sizes), "strides": list(ex.map_strides)},
+        "ranks": [{"rank": r.rank, "coords": list(r.coords), "map_coords": list(r.map_coords),
+                   "shard_number": r.shard_number, "shard_index": list(r.shard_index),
+                   "slice": [list(b) for b in r.bounds],
+                   "values": list(r.values) if r.values is not None else None} for r in ex.rows],
         "replica_groups": [list(g) for g in tl.replica_groups()],
     }

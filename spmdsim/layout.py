@@ -46,14 +46,10 @@ def normalize_entry(entry: MapEntry) -> tuple[str, ...]:
         names = tuple(entry)
         for name in names:
             if not isinstance(name, str) or name == "None":
-                raise LayoutError(
-                    f"tensor map tuple {entry!r} must hold axis names only, got {name!r}"
-                )
+                raise LayoutError(f"tensor map tuple {entry!r} must hold axis names only, got {name!r}")
         # A one-element tuple is the same as the bare alias; () stays 'not split'.
         return names
-    raise LayoutError(
-        f"tensor map entry {entry!r} must be an axis name, None/'None' or a tuple of axis names"
-    )
+    raise LayoutError(f"tensor map entry {entry!r} must be an axis name, None/'None' or a tuple of axis names")
 
 
 def format_entry(axes: tuple[str, ...]) -> str:
@@ -86,32 +82,24 @@ class Layout:
         # A bare string is not a sequence of names here: "ab" would become axes 'a' and 'b'.
         for what, value in (("device_matrix", self.device_matrix), ("alias_name", self.alias_name)):
             if isinstance(value, (str, bytes)):
-                raise LayoutError(
-                    f"{what} {value!r} must be a sequence, not one string; e.g. "
-                    "Layout((2, 4), ('dp', 'mp'))"
-                )
+                raise LayoutError(f"{what} {value!r} must be a sequence, not one string; e.g. "
+                                  "Layout((2, 4), ('dp', 'mp'))")
         try:
             matrix = tuple(self.device_matrix)
             names = tuple(self.alias_name)
         except TypeError:
-            raise LayoutError(
-                f"device_matrix {self.device_matrix!r} and alias_name {self.alias_name!r} "
-                "must be sequences"
-            ) from None
+            raise LayoutError(f"device_matrix {self.device_matrix!r} and alias_name {self.alias_name!r} "
+                              "must be sequences") from None
         if not matrix:
             raise LayoutError("device_matrix must have at least one axis, got ()")
         sizes = tuple(as_int(size) for size in matrix)  # numpy integers too, as the dialects take
         for size, n in zip(matrix, sizes):
             if n is None or n <= 0:
-                raise LayoutError(
-                    f"device_matrix {matrix!r} must hold positive integers, got {size!r}"
-                )
+                raise LayoutError(f"device_matrix {matrix!r} must hold positive integers, got {size!r}")
         matrix = sizes
         if len(names) != len(matrix):
-            raise LayoutError(
-                f"alias_name {names!r} has {len(names)} names but device_matrix "
-                f"{matrix!r} has {len(matrix)} axes"
-            )
+            raise LayoutError(f"alias_name {names!r} has {len(names)} names but device_matrix "
+                              f"{matrix!r} has {len(matrix)} axes")
         for name in names:
             if not isinstance(name, str) or not name or name == "None":
                 raise LayoutError(f"alias name {name!r} must be a non-empty string other than 'None'")
@@ -130,8 +118,6 @@ class Layout:
                 and self.alias_name == other.alias_name)  # type: ignore[attr-defined]
 
     def __call__(self, *tensor_map: MapEntry, partial: str | Iterable[str] = ()) -> "TensorLayout":
-        # A bare string is one axis name, never a sequence of one-letter axes.
-        partial = (partial,) if isinstance(partial, str) else tuple(partial)
         return TensorLayout(self, tensor_map, partial)
 
     def __str__(self) -> str:
@@ -153,9 +139,7 @@ class Layout:
         try:
             return self.alias_name.index(alias)
         except ValueError:
-            raise LayoutError(
-                f"unknown alias {alias!r}; expected one of {self.alias_name!r}"
-            ) from None
+            raise LayoutError(f"unknown alias {alias!r}; expected one of {self.alias_name!r}") from None
 
     def axis_size(self, alias: str) -> int:
         return self.device_matrix[self.axis_index(alias)]
@@ -167,10 +151,7 @@ class Layout:
     @cached_property
     def strides(self) -> tuple[int, ...]:
         """Row-major strides: the last axis varies fastest."""
-        out = [1] * self.ndim
-        for i in range(self.ndim - 2, -1, -1):
-            out[i] = out[i + 1] * self.device_matrix[i + 1]
-        return tuple(out)
+        return tuple(math.prod(self.device_matrix[i + 1:]) for i in range(self.ndim))
 
     # -- rank <-> coordinates --------------------------------------------------
     def _check_rank(self, rank: int) -> int:
@@ -178,15 +159,11 @@ class Layout:
         if type(rank) is not int:
             n = as_int(rank)
             if n is None:
-                raise LayoutError(
-                    f"rank {rank!r} must be an integer (expected 0 <= rank < {self.num_devices})"
-                )
+                raise LayoutError(f"rank {rank!r} must be an integer (expected 0 <= rank < {self.num_devices})")
             rank = n
         if not 0 <= rank < self.num_devices:
-            raise LayoutError(
-                f"rank {rank!r} is outside device matrix {self.device_matrix!r} "
-                f"(expected 0 <= rank < {self.num_devices})"
-            )
+            raise LayoutError(f"rank {rank!r} is outside device matrix {self.device_matrix!r} "
+                              f"(expected 0 <= rank < {self.num_devices})")
         return rank
 
     def coords(self, rank: int) -> tuple[int, ...]:
@@ -200,9 +177,7 @@ class Layout:
         if len(coords) != self.ndim or any(
             as_int(c) is None or not 0 <= c < n for c, n in zip(coords, self.device_matrix)
         ):
-            raise LayoutError(
-                f"coordinates {coords!r} do not fit device matrix {self.device_matrix!r}"
-            )
+            raise LayoutError(f"coordinates {coords!r} do not fit device matrix {self.device_matrix!r}")
         return sum(int(c) * s for c, s in zip(coords, self.strides))
 
     def group_index(self, rank: int, axes: Sequence[str]) -> int:
@@ -255,9 +230,7 @@ class Layout:
         for rank in range(self.num_devices):
             color, key = self.split_color_key(rank, axes)
             groups.setdefault(color, []).append((key, rank))
-        return tuple(
-            tuple(r for _, r in sorted(members)) for _, members in sorted(groups.items())
-        )
+        return tuple(tuple(r for _, r in sorted(members)) for _, members in sorted(groups.items()))
 
     def _check_axes(self, axes: tuple[str, ...]) -> None:
         for alias in axes:
@@ -284,24 +257,19 @@ class TensorLayout:
         if not isinstance(self.layout, Layout):
             raise LayoutError(f"layout {self.layout!r} must be a Layout")
         if isinstance(self.tensor_map, (str, type(None))):
-            raise LayoutError(
-                f"tensor_map {self.tensor_map!r} must be a sequence of entries, one per tensor dim"
-            )
+            raise LayoutError(f"tensor_map {self.tensor_map!r} must be a sequence of entries, one per tensor dim")
         entries = tuple(normalize_entry(e) for e in self.tensor_map)
+        # A bare string is one axis name, never a sequence of one-letter axes.
         partial = (self.partial,) if isinstance(self.partial, str) else tuple(self.partial)
         seen: set[str] = set()
         for axes in entries + (partial,):
             for alias in axes:
                 if alias not in self.layout.alias_name:
-                    raise LayoutError(
-                        f"unknown alias {alias!r} in tensor map {self._shown(entries, partial)}; "
-                        f"expected one of {self.layout.alias_name!r}"
-                    )
+                    raise LayoutError(f"unknown alias {alias!r} in tensor map {self._shown(entries, partial)}; "
+                                      f"expected one of {self.layout.alias_name!r}")
                 if alias in seen:
-                    raise LayoutError(
-                        f"axis {alias!r} is used more than once in tensor map "
-                        f"{self._shown(entries, partial)}; each mesh axis may appear at most once"
-                    )
+                    raise LayoutError(f"axis {alias!r} is used more than once in tensor map "
+                                      f"{self._shown(entries, partial)}; each mesh axis may appear at most once")
                 seen.add(alias)
         object.__setattr__(self, "tensor_map", entries)
         object.__setattr__(self, "partial", partial)
@@ -373,7 +341,6 @@ class TensorLayout:
         return tuple(self.num_shards(d) for d in range(self.ndim))
 
     def with_partial(self, partial: str | Iterable[str]) -> "TensorLayout":
-        partial = (partial,) if isinstance(partial, str) else tuple(partial)
         return TensorLayout(self.layout, self.tensor_map, partial)
 
     def with_map(self, *tensor_map: MapEntry) -> "TensorLayout":
@@ -387,10 +354,8 @@ class TensorLayout:
         """
         shape = shape_arg(shape, "shape" if what is None else f"{what} shape")
         if len(shape) != self.ndim:
-            raise ShapeError(
-                f"{'' if what is None else what + ': '}tensor map {self} has {counted(self.ndim, 'entry')} "
-                f"but shape {shape!r} has {counted(len(shape), 'dim')}"
-            )
+            raise ShapeError(f"{'' if what is None else what + ': '}tensor map {self} has "
+                             f"{counted(self.ndim, 'entry')} but shape {shape!r} has {counted(len(shape), 'dim')}")
         for tensor_dim, (size, axes) in enumerate(zip(shape, self.tensor_map)):
             check_divisible(size, self.layout.group_size(axes), tensor_dim, axes,
                             None if what is None else (what, shape))
@@ -409,10 +374,7 @@ class TensorLayout:
     def bounds(self, rank: int, shape: Sequence[int]) -> tuple[tuple[int, int], ...]:
         """Per tensor dim, the half-open [start, stop) that `rank` holds."""
         shape = self.check_shape(shape)
-        return tuple(
-            shard_bounds(size, n, i)
-            for size, n, i in zip(shape, self.shards_per_dim, self.shard_index(rank))
-        )
+        return tuple(shard_bounds(size, n, i) for size, n, i in zip(shape, self.shards_per_dim, self.shard_index(rank)))
 
     def slices(self, rank: int, shape: Sequence[int]) -> tuple[slice, ...]:
         """Per tensor dim, the slice of the global tensor that `rank` holds."""
@@ -428,12 +390,8 @@ class TensorLayout:
         if len(shard_index) != self.ndim or any(
             as_int(i) is None or not 0 <= i < n for i, n in zip(shard_index, self.shards_per_dim)
         ):
-            raise LayoutError(
-                f"shard index {shard_index!r} does not fit shards per dim {self.shards_per_dim!r}"
-            )
-        return tuple(
-            r for r in range(self.layout.num_devices) if self.shard_index(r) == shard_index
-        )
+            raise LayoutError(f"shard index {shard_index!r} does not fit shards per dim {self.shards_per_dim!r}")
+        return tuple(r for r in range(self.layout.num_devices) if self.shard_index(r) == shard_index)
 
     def replica_groups(self) -> tuple[tuple[int, ...], ...]:
         """Groups of ranks that hold identical local values (differ only on replicated axes)."""

@@ -22,28 +22,9 @@ import numpy as np
 from .datagen import SeededTensor
 from .errors import OperatorError, ShapeError
 
-__all__ = [
-    "ACTIVATIONS",
-    "Region",
-    "RegionFn",
-    "matmul",
-    "linear",
-    "embedding",
-    "relu",
-    "gelu",
-    "gelu_tanh",
-    "activation",
-    "add",
-    "bias_add",
-    "softmax",
-    "transpose",
-    "mlp",
-    "check_ids",
-    "matmul_region",
-    "linear_region",
-    "embedding_region",
-    "mlp_region",
-]
+__all__ = ["ACTIVATIONS", "Region", "RegionFn", "matmul", "linear", "embedding", "relu", "gelu", "gelu_tanh",
+           "activation", "add", "bias_add", "softmax", "transpose", "mlp", "check_ids", "matmul_region",
+           "linear_region", "embedding_region", "mlp_region"]
 
 Region = Sequence[slice]
 RegionFn = Callable[[Region], np.ndarray]
@@ -91,9 +72,7 @@ def activation(name: str) -> Callable[[np.ndarray], np.ndarray]:
     try:
         return ACTIVATIONS[name]
     except (KeyError, TypeError):  # TypeError: an unhashable name
-        raise OperatorError(
-            f"activation {name!r} is not supported; expected one of {tuple(ACTIVATIONS)!r}"
-        ) from None
+        raise OperatorError(f"activation {name!r} is not supported; expected one of {tuple(ACTIVATIONS)!r}") from None
 
 
 def softmax(x: np.ndarray, dim: int = -1) -> np.ndarray:
@@ -123,17 +102,7 @@ def bias_add(x: np.ndarray, bias: np.ndarray) -> np.ndarray:
 
 
 # -- matmul family ---------------------------------------------------------------
-def _mm(x: np.ndarray, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    return np.matmul(x.astype(np.float64), w.astype(np.float64)).astype(dtype)
-
-
-def _result_dtype(*arrays: np.ndarray) -> np.dtype:
-    return np.result_type(*(a.dtype for a in arrays))
-
-
-def matmul(
-    x: np.ndarray, w: np.ndarray, transpose_a: bool = False, transpose_b: bool = False
-) -> np.ndarray:
+def matmul(x: np.ndarray, w: np.ndarray, transpose_a: bool = False, transpose_b: bool = False) -> np.ndarray:
     """x @ w (batched over leading dims), optionally transposing the last two dims."""
     x, w = np.asarray(x), np.asarray(w)
     if x.ndim < 2 or w.ndim < 2:
@@ -141,10 +110,8 @@ def matmul(
     a = np.swapaxes(x, -1, -2) if transpose_a else x
     b = np.swapaxes(w, -1, -2) if transpose_b else w
     if a.shape[-1] != b.shape[-2]:
-        raise ShapeError(
-            f"contraction sizes differ: x gives {a.shape[-1]!r}, w gives {b.shape[-2]!r}"
-        )
-    return _mm(a, b, _result_dtype(x, w))
+        raise ShapeError(f"contraction sizes differ: x gives {a.shape[-1]!r}, w gives {b.shape[-2]!r}")
+    return np.matmul(a.astype(np.float64), b.astype(np.float64)).astype(np.result_type(x.dtype, w.dtype))
 
 
 def linear(x: np.ndarray, weight: np.ndarray, bias: Optional[np.ndarray] = None) -> np.ndarray:
@@ -160,10 +127,8 @@ def check_ids(ids: np.ndarray, num_embeddings: int) -> None:
         raise OperatorError(f"embedding ids must be integers, got dtype {ids.dtype.name!r}")
     if ids.size and (ids.min() < 0 or ids.max() >= num_embeddings):
         bad = ids[(ids < 0) | (ids >= num_embeddings)]
-        raise OperatorError(
-            f"embedding id {int(bad.flat[0])!r} is outside [0, {num_embeddings}) "
-            f"({bad.size} ids out of range)"
-        )
+        raise OperatorError(f"embedding id {int(bad.flat[0])!r} is outside [0, {num_embeddings}) "
+                            f"({bad.size} ids out of range)")
 
 
 def embedding(ids: np.ndarray, table: np.ndarray) -> np.ndarray:
@@ -172,14 +137,8 @@ def embedding(ids: np.ndarray, table: np.ndarray) -> np.ndarray:
     return table[ids]
 
 
-def mlp(
-    x: np.ndarray,
-    w1: np.ndarray,
-    b1: Optional[np.ndarray],
-    w2: np.ndarray,
-    b2: Optional[np.ndarray],
-    act: str = "gelu",
-) -> np.ndarray:
+def mlp(x: np.ndarray, w1: np.ndarray, b1: Optional[np.ndarray], w2: np.ndarray, b2: Optional[np.ndarray],
+        act: str = "gelu") -> np.ndarray:
     """linear(act(linear(x, w1, b1)), w2, b2)."""
     return linear(activation(act)(linear(x, w1, b1)), w2, b2)
 
@@ -189,9 +148,8 @@ def _block(src: Source, region: Sequence[slice]) -> np.ndarray:
     if isinstance(src, SeededTensor):
         region = tuple(region)
         if all(s == _WHOLE for s in region):
-            # A whole tensor (an MLP's W1, a contraction's other operand): every simulated
-            # rank asks for the same one, so it is generated once (read-only; a plain call
-            # under MPI).
+            # A whole tensor (an MLP's W1, a contraction's other operand): every simulated rank
+            # asks for the same one, so it is generated once (read-only; a plain call under MPI).
             from .sim.shared import once
 
             return once(("reference: whole", src), src.full)
@@ -209,15 +167,11 @@ def _shape(src: Source) -> tuple[int, ...]:
 def _check_bias(bias: Source, out_features: int, what: str) -> None:
     """Raise ShapeError unless `bias` is 1-d with one entry per output column."""
     if _shape(bias) != (out_features,):
-        raise ShapeError(
-            f"{what} bias of shape {_shape(bias)!r} does not match out_features {out_features!r}; "
-            f"expected shape {(out_features,)!r}"
-        )
+        raise ShapeError(f"{what} bias of shape {_shape(bias)!r} does not match out_features {out_features!r}; "
+                         f"expected shape {(out_features,)!r}")
 
 
-def matmul_region(
-    x: Source, w: Source, transpose_a: bool = False, transpose_b: bool = False
-) -> RegionFn:
+def matmul_region(x: Source, w: Source, transpose_a: bool = False, transpose_b: bool = False) -> RegionFn:
     """Region reference of x @ w: block (batch..., rows, cols) reads only X rows and W cols.
 
     `w` may have the same leading batch dims as `x` or none (shared weight).
@@ -231,13 +185,12 @@ def matmul_region(
     k_w = ws[-1] if transpose_b else ws[-2]
     if k_x != k_w:
         raise ShapeError(f"contraction sizes differ: x gives {k_x!r}, w gives {k_w!r}")
-    full = slice(None)
 
     def region_fn(region: Region) -> np.ndarray:
         *batch, rows, cols = tuple(region)
-        xr = (*batch, full, rows) if transpose_a else (*batch, rows, full)
+        xr = (*batch, _WHOLE, rows) if transpose_a else (*batch, rows, _WHOLE)
         wb = tuple(batch) if len(ws) > 2 else ()
-        wr = (*wb, cols, full) if transpose_b else (*wb, full, cols)
+        wr = (*wb, cols, _WHOLE) if transpose_b else (*wb, _WHOLE, cols)
         return matmul(_block(x, xr), _block(w, wr), transpose_a, transpose_b)
 
     return region_fn
@@ -266,7 +219,7 @@ def embedding_region(ids: Source, table: Source) -> RegionFn:
         check_ids(block_ids, num_embeddings)
         if block_ids.size == 0:
             width = len(range(*cols.indices(_shape(table)[1])))
-            return np.empty(block_ids.shape + (width,), dtype=_table_dtype(table))
+            return np.empty(block_ids.shape + (width,), dtype=np.dtype(table.dtype))
         lo, hi = int(block_ids.min()), int(block_ids.max()) + 1
         rows = _block(table, (slice(lo, hi), cols))
         return rows[block_ids - lo]
@@ -274,21 +227,10 @@ def embedding_region(ids: Source, table: Source) -> RegionFn:
     return region_fn
 
 
-def _table_dtype(table: Source) -> np.dtype:
-    return np.dtype(table.dtype)
-
-
-def mlp_region(
-    x: Source,
-    w1: Source,
-    b1: Optional[Source],
-    w2: Source,
-    b2: Optional[Source],
-    act: str = "gelu",
-) -> RegionFn:
+def mlp_region(x: Source, w1: Source, b1: Optional[Source], w2: Source, b2: Optional[Source],
+               act: str = "gelu") -> RegionFn:
     """Region reference of the MLP: the hidden layer is built only for the asked rows."""
     fn = activation(act)
-    full = slice(None)
     matmul_region(x, w1)  # shape checks up front, as linear_region does
     if len(_shape(w2)) != 2 or _shape(w2)[0] != _shape(w1)[-1]:
         raise ShapeError(f"mlp w2 of shape {_shape(w2)!r} does not take w1's {_shape(w1)[-1]!r} outputs")
@@ -298,9 +240,8 @@ def mlp_region(
 
     def region_fn(region: Region) -> np.ndarray:
         *rows, cols = tuple(region)
-        hidden = linear(_block(x, (*rows, full)), _block(w1, (full, full)),
-                        None if b1 is None else _block(b1, (full,)))
-        return linear(fn(hidden), _block(w2, (full, cols)),
-                      None if b2 is None else _block(b2, (cols,)))
+        hidden = linear(_block(x, (*rows, _WHOLE)), _block(w1, (_WHOLE, _WHOLE)),
+                        None if b1 is None else _block(b1, (_WHOLE,)))
+        return linear(fn(hidden), _block(w2, (_WHOLE, cols)), None if b2 is None else _block(b2, (cols,)))
 
     return region_fn

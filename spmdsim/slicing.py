@@ -21,15 +21,10 @@ def check_divisible(size: int, num_shards: int, tensor_dim: int, axes: tuple = (
         if named is not None:
             what, shape = named
             over = f" over {axes!r}" if axes else ""
-            raise ShapeError(
-                f"{what} {shape!r}: dim {tensor_dim} of size {size!r} is not divisible by "
-                f"{num_shards} shards{over}"
-            )
+            raise ShapeError(f"{what} {shape!r}: dim {tensor_dim} of size {size!r} is not divisible by "
+                             f"{num_shards} shards{over}")
         where = f" (axes {axes!r})" if axes else ""
-        raise ShapeError(
-            f"tensor dim {tensor_dim} of size {size!r} is not divisible by "
-            f"{num_shards} shards{where}"
-        )
+        raise ShapeError(f"tensor dim {tensor_dim} of size {size!r} is not divisible by {num_shards} shards{where}")
 
 
 def shard_bounds(size: int, num_shards: int, shard_index: int) -> tuple[int, int]:

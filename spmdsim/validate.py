@@ -16,15 +16,7 @@ import numpy as np
 
 from .errors import DTypeError, ShapeError, SpmdsimError
 
-__all__ = [
-    "as_int",
-    "int_arg",
-    "shape_arg",
-    "dtype_arg",
-    "tolerance_arg",
-    "counted",
-    "SUPPORTED_DTYPES",
-]
+__all__ = ["as_int", "int_arg", "shape_arg", "dtype_arg", "tolerance_arg", "counted", "SUPPORTED_DTYPES"]
 
 #: What `dtype_arg` accepts, as its messages say it.
 SUPPORTED_DTYPES = "bool, int8..int64, uint8..uint64, float16..float64, complex64, complex128"

@@ -17,15 +17,9 @@ from .model import ALGORITHMS, OPS, CostModel, Measurement, OpParams, _terms
 __all__ = ["fit_model"]
 
 
-def fit_model(
-    cls: type[CostModel],
-    measurements: Iterable[Measurement | Sequence[Any]],
-    *,
-    algorithm: str | None = None,
-    per_op: bool = True,
-    per_group: bool = True,
-    source: str = "fit",
-) -> CostModel:
+def fit_model(cls: type[CostModel], measurements: Iterable[Measurement | Sequence[Any]], *,
+              algorithm: str | None = None, per_op: bool = True, per_group: bool = True,
+              source: str = "fit") -> CostModel:
     """`CostModel.fit` (see there): the best of the ring and tree fits, with overrides."""
     data = tuple(m if isinstance(m, Measurement) else Measurement(*m) for m in measurements)
     if len(data) < 2:

@@ -33,30 +33,15 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ..errors import SpmdsimError
 
-__all__ = [
-    "OPS",
-    "ALGORITHMS",
-    "CostModel",
-    "Measurement",
-    "OpParams",
-    "DEFAULT_MODEL",
-    "normalize_op",
-]
+__all__ = ["OPS", "ALGORITHMS", "CostModel", "Measurement", "OpParams", "DEFAULT_MODEL", "normalize_op"]
 
 OPS = ("allgather", "reduce_scatter", "allreduce", "alltoall", "alltoallv", "bcast")
 ALGORITHMS = ("ring", "tree")
 
 # Names other modules use for the same collective (planner steps, MPI names).
-_ALIASES = {
-    "all_gather": "allgather",
-    "reducescatter": "reduce_scatter",
-    "reduce_scatter_block": "reduce_scatter",
-    "all_reduce": "allreduce",
-    "all_to_all": "alltoall",
-    "all_to_allv": "alltoallv",
-    "exchange": "alltoallv",
-    "broadcast": "bcast",
-}
+_ALIASES = {"all_gather": "allgather", "reducescatter": "reduce_scatter", "reduce_scatter_block": "reduce_scatter",
+            "all_reduce": "allreduce", "all_to_all": "alltoall", "all_to_allv": "alltoallv", "exchange": "alltoallv",
+            "broadcast": "bcast"}
 
 
 def normalize_op(op: str) -> str:
@@ -65,8 +50,6 @@ def normalize_op(op: str) -> str:
         raise SpmdsimError(f"collective name {op!r} must be a string; expected one of {OPS!r}")
     key = op.strip().lower().replace("-", "_").replace(" ", "_")
     key = _ALIASES.get(key, _ALIASES.get(key.replace("_", ""), key))
-    if key.replace("_", "") == "reducescatter":
-        key = "reduce_scatter"
     if key not in OPS:
         raise SpmdsimError(f"unknown collective {op!r}; expected one of {OPS!r}")
     return key
@@ -110,7 +93,8 @@ class OpParams:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "op", normalize_op(self.op))
-        _check_params(self.alpha_s, self.beta_s_per_byte, self.gamma_s_per_byte)
+        _check_params(alpha_s=self.alpha_s, beta_s_per_byte=self.beta_s_per_byte,
+                      gamma_s_per_byte=self.gamma_s_per_byte)
         g = self.group_size
         if g is not None and (isinstance(g, bool) or not isinstance(g, int) or g < 2):
             raise SpmdsimError(f"override group size {g!r} must be None or an integer >= 2")
@@ -131,19 +115,21 @@ class Measurement:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "op", normalize_op(self.op))
-        if isinstance(self.group_size, bool) or int(self.group_size) != self.group_size \
-                or self.group_size < 1:
-            raise SpmdsimError(f"group size {self.group_size!r} must be a positive integer")
+        _check_group_size(self.group_size)
         if self.bytes_per_rank < 0 or not self.seconds > 0:
-            raise SpmdsimError(
-                f"measurement bytes {self.bytes_per_rank!r} / seconds {self.seconds!r} "
-                "must be >= 0 and > 0"
-            )
+            raise SpmdsimError(f"measurement bytes {self.bytes_per_rank!r} / seconds {self.seconds!r} "
+                               "must be >= 0 and > 0")
         object.__setattr__(self, "group_size", int(self.group_size))
 
 
-def _check_params(alpha: float, beta: float, gamma: float) -> None:
-    for name, value in (("alpha_s", alpha), ("beta_s_per_byte", beta), ("gamma_s_per_byte", gamma)):
+def _check_group_size(g: int) -> None:
+    if isinstance(g, bool) or int(g) != g or g < 1:
+        raise SpmdsimError(f"group size {g!r} must be a positive integer")
+
+
+def _check_params(**params: float) -> None:
+    """Each named parameter (a rate or latency) must be a finite number >= 0."""
+    for name, value in params.items():
         if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise SpmdsimError(f"{name} {value!r} must be a finite number >= 0")
 
@@ -172,14 +158,10 @@ class CostModel:
     copy_s_per_byte: float = 0.0
 
     def __post_init__(self) -> None:
-        _check_params(self.alpha_s, self.beta_s_per_byte, self.gamma_s_per_byte)
-        if not isinstance(self.copy_s_per_byte, (int, float)) or not math.isfinite(self.copy_s_per_byte) \
-                or self.copy_s_per_byte < 0:
-            raise SpmdsimError(f"copy_s_per_byte {self.copy_s_per_byte!r} must be a finite number >= 0")
+        _check_params(alpha_s=self.alpha_s, beta_s_per_byte=self.beta_s_per_byte,
+                      gamma_s_per_byte=self.gamma_s_per_byte, copy_s_per_byte=self.copy_s_per_byte)
         if self.algorithm not in ALGORITHMS:
-            raise SpmdsimError(
-                f"algorithm {self.algorithm!r} is unknown; expected one of {ALGORITHMS!r}"
-            )
+            raise SpmdsimError(f"algorithm {self.algorithm!r} is unknown; expected one of {ALGORITHMS!r}")
         per_op = tuple(self.per_op)
         if any(not isinstance(p, OpParams) for p in per_op):
             raise SpmdsimError(f"per_op {per_op!r} must hold OpParams values")
@@ -208,8 +190,7 @@ class CostModel:
     def predict(self, op: str, group_size: int, bytes_per_rank: float) -> float:
         """Predicted seconds of one `op` over `group_size` ranks with per-rank buffer bytes."""
         op = normalize_op(op)
-        if isinstance(group_size, bool) or int(group_size) != group_size or group_size < 1:
-            raise SpmdsimError(f"group size {group_size!r} must be a positive integer")
+        _check_group_size(group_size)
         if bytes_per_rank < 0:
             raise SpmdsimError(f"bytes per rank {bytes_per_rank!r} must be >= 0")
         a, b, c = _terms(op, self.algorithm, int(group_size), float(bytes_per_rank))
@@ -224,15 +205,8 @@ class CostModel:
 
     # -- fitting (spmdsim.cost.fit) ---------------------------------------------------
     @classmethod
-    def fit(
-        cls,
-        measurements: Iterable[Measurement | Sequence[Any]],
-        *,
-        algorithm: str | None = None,
-        per_op: bool = True,
-        per_group: bool = True,
-        source: str = "fit",
-    ) -> "CostModel":
+    def fit(cls, measurements: Iterable[Measurement | Sequence[Any]], *, algorithm: str | None = None,
+            per_op: bool = True, per_group: bool = True, source: str = "fit") -> "CostModel":
         """Least-squares fit to measured calls; minimizes relative (not absolute) error.
 
         Args:

@@ -16,14 +16,12 @@ from ..errors import SpmdsimError
 from ..plan.steps import KINDS
 from .model import DEFAULT_MODEL, CostModel, normalize_op
 
-# The cost model's name of a collective -> the plan step kind that owns its bytes.
-_STEP_OF = {"alltoallv": "exchange"}
-
 __all__ = ["predict_plan", "StepPrediction"]
 
-# Planner steps that move nothing between ranks.
-_LOCAL_OPS = frozenset({"localslice", "local_slice", "slice", "local", "noop", "identity",
-                        "zero", "localzero", "local_zero", "keep", "b_to_p"})
+# The cost model's name of a collective -> the plan step kind that owns its bytes.
+_STEP_OF = {"alltoallv": "exchange"}
+# Planner steps that move nothing between ranks (matched with and without underscores).
+_LOCAL_OPS = frozenset({"localslice", "slice", "local", "noop", "identity", "zero", "localzero", "keep", "b_to_p"})
 
 
 @dataclass(frozen=True)

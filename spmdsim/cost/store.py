@@ -12,14 +12,7 @@ from typing import Any, Mapping
 from ..errors import SpmdsimError
 from .model import DEFAULT_MODEL, CostModel, OpParams
 
-__all__ = [
-    "default_path",
-    "load_or_default",
-    "model_to_dict",
-    "model_from_dict",
-    "save_model",
-    "load_model",
-]
+__all__ = ["default_path", "load_or_default", "model_to_dict", "model_from_dict", "save_model", "load_model"]
 
 _FORMAT_VERSION = 1
 
@@ -43,9 +36,7 @@ def model_to_dict(model: CostModel) -> dict:
 def model_from_dict(cls: type[CostModel], data: Mapping[str, Any]) -> CostModel:
     """`CostModel.from_dict`: a `cls` from `model_to_dict` output (or an early file's)."""
     if not isinstance(data, Mapping) or data.get("version") != _FORMAT_VERSION:
-        raise SpmdsimError(
-            f"cost model data {data!r:.80} is not a version {_FORMAT_VERSION} spmdsim cost model"
-        )
+        raise SpmdsimError(f"cost model data {data!r:.80} is not a version {_FORMAT_VERSION} spmdsim cost model")
     try:
         raw = data.get("per_op", [])
         if isinstance(raw, Mapping):  # early files: {op: {alpha_s, ...}}
@@ -69,8 +60,7 @@ def save_model(model: CostModel, path: str | os.PathLike | None = None) -> Path:
 
 
 def load_model(cls: type[CostModel], path: str | os.PathLike | None = None) -> CostModel:
-    """`CostModel.load`: read a saved model (default `default_path()`); raises if missing
-    or malformed."""
+    """`CostModel.load`: read a saved model (default `default_path()`); raises if missing or malformed."""
     source = Path(path) if path is not None else default_path()
     try:
         text = source.read_text(encoding="utf-8")

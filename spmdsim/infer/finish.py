@@ -44,23 +44,17 @@ def resolve_partial(
     """
     pending = local.partial
     if out is not None and out.layout != local.layout:
-        raise OperatorError(
-            f"output layout is on {out.layout} but the inputs are on {local.layout}"
-        )
+        raise OperatorError(f"output layout is on {out.layout} but the inputs are on {local.layout}")
     if not pending or not reduce:
         if out is not None and out != local and _cuts(out) != _cuts(local):
-            raise OperatorError(
-                f"the result has layout {fmt(local)}; requested output {fmt(out)} "
-                "needs a redistribution, which this operator does not do"
-            )
+            raise OperatorError(f"the result has layout {fmt(local)}; requested output {fmt(out)} "
+                                "needs a redistribution, which this operator does not do")
         return (local if out is None else out), ()
     full = local.with_partial(())
     if out is None or out == full:
         return full, (Allreduce(local, full, pending),)
     if out.partial or out.ndim != local.ndim:
-        raise OperatorError(
-            f"requested output {fmt(out)} must be a non-partial layout with {local.ndim} dims"
-        )
+        raise OperatorError(f"requested output {fmt(out)} must be a non-partial layout with {local.ndim} dims")
     changed = [d for d in range(local.ndim) if out.tensor_map[d] != local.tensor_map[d]]
     if len(changed) == 1:
         d = changed[0]
@@ -71,13 +65,9 @@ def resolve_partial(
     example = list(local.tensor_map)
     example[0] = example[0] + pending
     shown = "(" + ", ".join(format_entry(e) for e in example) + ")"
-    raise OperatorError(
-        f"requested output {fmt(out)} cannot be reached from the pending sum "
-        f"{fmt(local)} with one collective; expected {fmt(full)} (Allreduce over "
-        f"{pending!r}) or one dim extended by the partial axes {pending!r}, e.g. {shown} "
-        "(Reduce_scatter)"
-    )
-
+    raise OperatorError(f"requested output {fmt(out)} cannot be reached from the pending sum {fmt(local)} with one "
+                        f"collective; expected {fmt(full)} (Allreduce over {pending!r}) or one dim extended by the "
+                        f"partial axes {pending!r}, e.g. {shown} (Reduce_scatter)")
 
 
 def gather_dim(out: TensorLayout, enabled: bool = True) -> tuple[TensorLayout, tuple[Step, ...]]:
@@ -103,9 +93,8 @@ def out_layout_from_strategy(local: TensorLayout, counts: Sequence[int]) -> Tens
         raise OperatorError(f"out_strategy {counts!r} must be a sequence of integer slice counts")
     counts = tuple(as_int(c) for c in items)
     if len(counts) != local.ndim:
-        raise OperatorError(
-            f"out_strategy {counts!r} has {counted(len(counts), 'dim')} but the output has {local.ndim}"
-        )
+        raise OperatorError(f"out_strategy {counts!r} has {counted(len(counts), 'dim')} "
+                            f"but the output has {local.ndim}")
     now = local.shards_per_dim
     extra = local.layout.group_size(local.partial)
     grown = [d for d in range(local.ndim) if counts[d] != now[d]]
@@ -116,8 +105,5 @@ def out_layout_from_strategy(local: TensorLayout, counts: Sequence[int]) -> Tens
         entries = list(local.tensor_map)
         entries[d] = entries[d] + local.partial
         return TensorLayout(local.layout, tuple(entries))
-    raise OperatorError(
-        f"out_strategy {counts!r} does not follow from the output {fmt(local)} "
-        f"(cut {now!r}); expected {now!r} or one dim cut {extra} times more "
-        f"(the contraction's {local.partial!r})"
-    )
+    raise OperatorError(f"out_strategy {counts!r} does not follow from the output {fmt(local)} (cut {now!r}); "
+                        f"expected {now!r} or one dim cut {extra} times more (the contraction's {local.partial!r})")

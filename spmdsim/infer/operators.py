@@ -24,23 +24,9 @@ from ..plan.steps import Allreduce, Step
 from .finish import fmt as _fmt
 from .finish import gather_dim, out_layout_from_strategy, resolve_partial
 
-__all__ = [
-    "MatMulPlan",
-    "LinearPlan",
-    "EmbeddingPlan",
-    "infer_matmul",
-    "infer_linear",
-    "infer_embedding",
-    "infer_elementwise",
-    "infer_add",
-    "infer_bias_add",
-    "infer_transpose",
-    "infer_softmax",
-    "infer_reshape",
-    "matmul_shape",
-    "resolve_partial",
-    "out_layout_from_strategy",
-]
+__all__ = ["MatMulPlan", "LinearPlan", "EmbeddingPlan", "infer_matmul", "infer_linear", "infer_embedding",
+           "infer_elementwise", "infer_add", "infer_bias_add", "infer_transpose", "infer_softmax", "infer_reshape",
+           "matmul_shape", "resolve_partial", "out_layout_from_strategy"]
 
 
 def _check_same_mesh(**layouts: TensorLayout) -> None:
@@ -51,10 +37,8 @@ def _check_same_mesh(**layouts: TensorLayout) -> None:
     first_name, first = items[0]
     for name, layout in items[1:]:
         if layout.layout != first.layout:
-            raise OperatorError(
-                f"{first_name} is on {first.layout} but {name} is on {layout.layout}; "
-                "operands must share one device matrix"
-            )
+            raise OperatorError(f"{first_name} is on {first.layout} but {name} is on {layout.layout}; "
+                                "operands must share one device matrix")
 
 
 def _check_no_reuse(out_map: Sequence[tuple[str, ...]], names: Sequence[str], what: str) -> None:
@@ -62,10 +46,8 @@ def _check_no_reuse(out_map: Sequence[tuple[str, ...]], names: Sequence[str], wh
     for axes, name in zip(out_map, names):
         for alias in axes:
             if alias in seen:
-                raise OperatorError(
-                    f"axis {alias!r} splits both {seen[alias]} and {name}; the {what} would be "
-                    f"split twice over it: map one of them to another axis or to None"
-                )
+                raise OperatorError(f"axis {alias!r} splits both {seen[alias]} and {name}; the {what} would be "
+                                    f"split twice over it: map one of them to another axis or to None")
             seen[alias] = name
 
 
@@ -93,19 +75,16 @@ class MatMulPlan:
             if self.local.partial:
                 return f"the result stays a pending sum over {self.local.partial!r}"
             return "the contraction dim K is not split, so each rank's product is final"
-        source = (
-            f"contraction dim K is split over {format_entry(self.contraction_axes)}, so each rank holds "
-            "a partial sum"
-            if self.contraction_axes
-            else f"the input is a pending sum over {self.local.partial!r}"
-        )
+        if self.contraction_axes:
+            source = (f"contraction dim K is split over {format_entry(self.contraction_axes)}, so each rank "
+                      "holds a partial sum")
+        else:
+            source = f"the input is a pending sum over {self.local.partial!r}"
         step = self.steps[0]
         if isinstance(step, Allreduce):
             return f"{source}; Allreduce over {format_entry(step.axes)} adds the partial sums"
-        return (
-            f"{source}; Reduce_scatter over {format_entry(step.axes)} adds them and leaves each rank "
-            f"one piece of dim {step.tensor_dim}"
-        )
+        return (f"{source}; Reduce_scatter over {format_entry(step.axes)} adds them and leaves each rank "
+                f"one piece of dim {step.tensor_dim}")
 
 
 def _stored_k(transpose_a: bool, transpose_b: bool) -> str:
@@ -122,15 +101,8 @@ def _matmul_dims(ndim: int, transpose: bool) -> tuple[int, int]:
 
 # Pure function of frozen layouts and flags: cached, as ops call it on every forward.
 @lru_cache(maxsize=1024)
-def infer_matmul(
-    x: TensorLayout,
-    w: TensorLayout,
-    *,
-    transpose_a: bool = False,
-    transpose_b: bool = False,
-    out: Optional[TensorLayout] = None,
-    reduce: bool = True,
-) -> MatMulPlan:
+def infer_matmul(x: TensorLayout, w: TensorLayout, *, transpose_a: bool = False, transpose_b: bool = False,
+                 out: Optional[TensorLayout] = None, reduce: bool = True) -> MatMulPlan:
     """Plan Y = op(X) @ op(W) for layouts whose contraction dims use the same axes.
 
     X is (..., M, K) ((..., K, M) with transpose_a); W is (K, N) or (..., K, N)
@@ -139,13 +111,9 @@ def infer_matmul(
     """
     _check_same_mesh(x=x, w=w)
     if x.ndim < 2 or w.ndim < 2:
-        raise OperatorError(
-            f"matmul needs operands with at least 2 dims, got x {_fmt(x)} and w {_fmt(w)}"
-        )
+        raise OperatorError(f"matmul needs operands with at least 2 dims, got x {_fmt(x)} and w {_fmt(w)}")
     if w.ndim != 2 and w.ndim != x.ndim:
-        raise OperatorError(
-            f"w {_fmt(w)} must have 2 dims or the same {x.ndim} dims as x {_fmt(x)}"
-        )
+        raise OperatorError(f"w {_fmt(w)} must have 2 dims or the same {x.ndim} dims as x {_fmt(x)}")
     x_m, x_k = _matmul_dims(x.ndim, transpose_a)
     w_n, w_k = _matmul_dims(w.ndim, not transpose_b)
     k_x, k_w = x.tensor_map[x_k], w.tensor_map[w_k]
@@ -161,20 +129,14 @@ def infer_matmul(
         )
     batch = x.tensor_map[:-2]
     if w.ndim > 2 and w.tensor_map[:-2] != batch:
-        raise OperatorError(
-            f"batch dims of x {_fmt(x)} and w {_fmt(w)} must be split the same way"
-        )
+        raise OperatorError(f"batch dims of x {_fmt(x)} and w {_fmt(w)} must be split the same way")
     if x.partial and w.partial:
-        raise OperatorError(
-            f"x {_fmt(x)} and w {_fmt(w)} are both pending sums; resolve one first"
-        )
+        raise OperatorError(f"x {_fmt(x)} and w {_fmt(w)} are both pending sums; resolve one first")
     for a, b, a_name, b_name in ((x, w, "x", "w"), (w, x, "w", "x")):
         clash = [p for p in a.partial if p in b.split_axes]
         if clash:
-            raise OperatorError(
-                f"{a_name} {_fmt(a)} is a pending sum over {tuple(clash)!r} but {b_name} "
-                f"{_fmt(b)} is split over them; resolve {a_name} (Allreduce) first"
-            )
+            raise OperatorError(f"{a_name} {_fmt(a)} is a pending sum over {tuple(clash)!r} but {b_name} "
+                                f"{_fmt(b)} is split over them; resolve {a_name} (Allreduce) first")
     out_map = tuple(batch) + (x.tensor_map[x_m], w.tensor_map[w_n])
     names = [f"batch dim {i} of x" for i in range(len(batch))] + ["dim M of x", "dim N of w"]
     # N may not reuse an axis of x's batch or M dims (x's own dims never share one).
@@ -187,12 +149,8 @@ def infer_matmul(
     return MatMulPlan(x, w, local, final, steps, split_k, transpose_a, transpose_b)
 
 
-def matmul_shape(
-    x_shape: Sequence[int],
-    w_shape: Sequence[int],
-    transpose_a: bool = False,
-    transpose_b: bool = False,
-) -> tuple[int, ...]:
+def matmul_shape(x_shape: Sequence[int], w_shape: Sequence[int], transpose_a: bool = False,
+                 transpose_b: bool = False) -> tuple[int, ...]:
     """Global output shape of op(X) @ op(W); ShapeError when the sizes disagree."""
     xs, ws = tuple(x_shape), tuple(w_shape)
     if len(xs) < 2 or len(ws) < 2:
@@ -200,10 +158,8 @@ def matmul_shape(
     m, k = (xs[-1], xs[-2]) if transpose_a else (xs[-2], xs[-1])
     n, k_w = (ws[-2], ws[-1]) if transpose_b else (ws[-1], ws[-2])
     if k != k_w:
-        raise ShapeError(
-            f"contraction sizes differ: x of shape {xs!r} gives K={k!r}, w of shape {ws!r} "
-            f"gives K={k_w!r}" + _stored_k(transpose_a, transpose_b)
-        )
+        raise ShapeError(f"contraction sizes differ: x of shape {xs!r} gives K={k!r}, w of shape {ws!r} "
+                         f"gives K={k_w!r}" + _stored_k(transpose_a, transpose_b))
     if len(ws) > 2 and ws[:-2] != xs[:-2]:
         raise ShapeError(f"batch dims of x {xs[:-2]!r} and w {ws[:-2]!r} differ")
     return xs[:-2] + (m, n)
@@ -228,14 +184,8 @@ class LinearPlan:
 
 # Pure function of frozen layouts and flags: cached, as ops call it on every forward.
 @lru_cache(maxsize=1024)
-def infer_linear(
-    x: TensorLayout,
-    weight: TensorLayout,
-    bias: Optional[TensorLayout] = None,
-    *,
-    gather_out: bool = False,
-    reduce: bool = True,
-) -> LinearPlan:
+def infer_linear(x: TensorLayout, weight: TensorLayout, bias: Optional[TensorLayout] = None, *,
+                 gather_out: bool = False, reduce: bool = True) -> LinearPlan:
     """Plan a Linear layer with weight (in_features, out_features).
 
     Column-parallel (weight split on out_features): output split on its last
@@ -256,10 +206,8 @@ def infer_linear(
         if bias.ndim != 1 or bias.partial:
             raise OperatorError(f"bias layout {_fmt(bias)} must be 1-d and not partial")
         if bias.tensor_map[0] != out.tensor_map[-1]:
-            raise OperatorError(
-                f"bias {_fmt(bias)} must be split like the output's last dim "
-                f"({format_entry(out.tensor_map[-1])}) of {_fmt(out)}"
-            )
+            raise OperatorError(f"bias {_fmt(bias)} must be split like the output's last dim "
+                                f"({format_entry(out.tensor_map[-1])}) of {_fmt(out)}")
     if gather_out and out.tensor_map[-1] and out.partial:
         raise OperatorError("gather_out needs a reduced result; got a pending sum")
     out, gather = gather_dim(out, gather_out)
@@ -287,13 +235,8 @@ class EmbeddingPlan:
 
 # Pure function of frozen layouts and flags: cached, as ops call it on every forward.
 @lru_cache(maxsize=1024)
-def infer_embedding(
-    ids: TensorLayout,
-    table: TensorLayout,
-    *,
-    gather_out: bool = True,
-    reduce: bool = True,
-) -> EmbeddingPlan:
+def infer_embedding(ids: TensorLayout, table: TensorLayout, *, gather_out: bool = True,
+                    reduce: bool = True) -> EmbeddingPlan:
     """Plan an Embedding lookup; the table is (num_embeddings, embedding_dim)."""
     _check_same_mesh(ids=ids, table=table)
     if table.ndim != 2:
@@ -304,10 +247,8 @@ def infer_embedding(
     for axes, what in ((vocab, "vocabulary (rows)"), (dim, "embedding dim (columns)")):
         clash = [a for a in axes if a in ids.split_axes]
         if clash:
-            raise OperatorError(
-                f"the table's {what} is split over {tuple(clash)!r}, which also splits the "
-                f"ids {_fmt(ids)}; ids must be replicated over the table's axes"
-            )
+            raise OperatorError(f"the table's {what} is split over {tuple(clash)!r}, which also splits the "
+                                f"ids {_fmt(ids)}; ids must be replicated over the table's axes")
     pending = tuple(a for a in vocab if table.layout.axis_size(a) > 1)
     local = TensorLayout(ids.layout, ids.tensor_map + (dim,), pending)
     out, red = resolve_partial(local, None, reduce)
@@ -318,10 +259,8 @@ def infer_embedding(
 def infer_elementwise(x: TensorLayout, op: str = "relu") -> TensorLayout:
     """Layout of a nonlinear elementwise op (ReLU, GELU): the input's, never partial."""
     if x.partial:
-        raise OperatorError(
-            f"{op} of a pending sum over {x.partial!r} is wrong ({op}(a) + {op}(b) != "
-            f"{op}(a + b)); Allreduce or Reduce_scatter the input first"
-        )
+        raise OperatorError(f"{op} of a pending sum over {x.partial!r} is wrong ({op}(a) + {op}(b) != "
+                            f"{op}(a + b)); Allreduce or Reduce_scatter the input first")
     return x
 
 
@@ -366,15 +305,12 @@ def infer_add(a: TensorLayout, b: TensorLayout) -> TensorLayout:
     """Layout of a + b: both inputs must have one layout (pending sums only with pending sums)."""
     _check_same_mesh(a=a, b=b)
     if a.partial != b.partial:
-        raise OperatorError(
-            f"cannot add {_fmt(a)} and {_fmt(b)}: a pending sum plus a value that is not "
-            "pending over the same axes would count the latter once per rank of the group; "
-            "resolve the pending sum first"
-        )
+        raise OperatorError(f"cannot add {_fmt(a)} and {_fmt(b)}: a pending sum plus a value that is not "
+                            "pending over the same axes would count the latter once per rank of the group; "
+                            "resolve the pending sum first")
     if a.tensor_map != b.tensor_map:
-        raise OperatorError(
-            f"cannot add {_fmt(a)} and {_fmt(b)} shard by shard; redistribute one to the other's layout"
-        )
+        raise OperatorError(f"cannot add {_fmt(a)} and {_fmt(b)} shard by shard; "
+                            "redistribute one to the other's layout")
     return a
 
 
@@ -382,13 +318,9 @@ def infer_bias_add(x: TensorLayout, bias: TensorLayout) -> TensorLayout:
     """Layout of x + bias (bias along the last dim): bias split like x's last dim."""
     _check_same_mesh(x=x, bias=bias)
     if x.partial:
-        raise OperatorError(
-            f"bias add on a pending sum over {x.partial!r} would add the bias once per rank; "
-            "Allreduce first"
-        )
+        raise OperatorError(f"bias add on a pending sum over {x.partial!r} would add the bias once per rank; "
+                            "Allreduce first")
     if bias.ndim != 1 or bias.partial or bias.tensor_map[0] != x.tensor_map[-1]:
-        raise OperatorError(
-            f"bias {_fmt(bias)} must be 1-d, not partial, and split like the last dim "
-            f"({format_entry(x.tensor_map[-1])}) of {_fmt(x)}"
-        )
+        raise OperatorError(f"bias {_fmt(bias)} must be 1-d, not partial, and split like the last dim "
+                            f"({format_entry(x.tensor_map[-1])}) of {_fmt(x)}")
     return x

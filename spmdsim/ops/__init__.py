@@ -16,26 +16,6 @@ from .matmul import matmul
 from .mlp import ParallelMLP
 from .paddle_split import paddle_mesh, split
 
-__all__ = [
-    "matmul",
-    "linear",
-    "embedding",
-    "relu",
-    "gelu",
-    "activation",
-    "scale",
-    "add",
-    "bias_add",
-    "transpose",
-    "reshape",
-    "softmax",
-    "mse_loss",
-    "cross_entropy",
-    "ColumnParallelLinear",
-    "RowParallelLinear",
-    "VocabParallelEmbedding",
-    "ParallelEmbedding",
-    "ParallelMLP",
-    "split",
-    "paddle_mesh",
-]
+__all__ = ["matmul", "linear", "embedding", "relu", "gelu", "activation", "scale", "add", "bias_add", "transpose",
+           "reshape", "softmax", "mse_loss", "cross_entropy", "ColumnParallelLinear", "RowParallelLinear",
+           "VocabParallelEmbedding", "ParallelEmbedding", "ParallelMLP", "split", "paddle_mesh"]

@@ -12,8 +12,7 @@ from ..runtime import debug
 from ..sim.dry import RUNNING as _DRY_RUNNING
 from ..sim.dry import matmul as dry_matmul
 
-# runtime.DTensor, bound on first use: importing the ops must not start MPI.
-_DTENSOR: Any = None
+_DTENSOR: Any = None  # runtime.DTensor, bound by _dtensor_class on first use
 _BOOL = np.dtype(bool)
 
 
@@ -105,9 +104,8 @@ def raise_if_not_dtensors(op: str, names: tuple[str, ...], *operands: Any) -> No
 def require_float(op: str, local: np.ndarray) -> None:
     """Refuse a non-floating `local` for `op` (GELU, softmax) as PyTorch does, instead of truncating."""
     if local.dtype.kind != "f":
-        raise OperatorError(
-            f"{op} of a DTensor of dtype {local.dtype.name!r}: {op} needs a floating dtype "
-            "(float16, float32 or float64); convert first, e.g. x.astype('float64')")
+        raise OperatorError(f"{op} of a DTensor of dtype {local.dtype.name!r}: {op} needs a floating dtype "
+                            "(float16, float32 or float64); convert first, e.g. x.astype('float64')")
 
 
 def refuse_bool_sum(op: str, local: np.ndarray, why: str) -> None:
@@ -126,9 +124,7 @@ def same_mesh(*tensors: Any) -> Any:
     mesh = tensors[0].mesh
     for t in tensors[1:]:
         if t.mesh is not mesh and t.mesh.layout != mesh.layout:
-            raise OperatorError(
-                f"operands live on different meshes: {mesh.layout} and {t.mesh.layout}"
-            )
+            raise OperatorError(f"operands live on different meshes: {mesh.layout} and {t.mesh.layout}")
     return mesh
 
 
@@ -146,11 +142,9 @@ def verify_operands(mesh: Any, op: str, names: tuple[str, ...], *tensors: Any) -
 def operands_mesh(op: str, names: tuple[str, ...], *tensors: Any) -> Any:
     """The mesh an operator's DTensor operands share, checked at the operator's entry.
 
-    An operand that is not a DTensor is named (OperatorError; only looked for
-    when reading it failed, so DTensors pay nothing for it), operands on two
-    meshes are refused, and with SPMDSIM_CHECK the operands are compared across
-    ranks (`verify_operands`). Pass only the operands given (no None for an
-    absent bias).
+    A non-DTensor operand is named (looked for only when reading it failed, so DTensors pay nothing), operands
+    on two meshes are refused, and with SPMDSIM_CHECK they are compared across ranks (`verify_operands`).
+    Pass only the operands given (no None for an absent bias).
     """
     try:
         mesh = same_mesh(*tensors)
@@ -186,10 +180,8 @@ def scatter_local(x: Any, tensor_dim: int, axes: tuple[str, ...]) -> Any:
     layout = x.layout
     used = [a for a in axes if a in layout.split_axes or a in layout.partial]
     if used:
-        raise OperatorError(
-            f"cannot split dim {tensor_dim} of {layout} over {axes!r}: {tuple(used)!r} already "
-            "split the tensor or hold a pending sum"
-        )
+        raise OperatorError(f"cannot split dim {tensor_dim} of {layout} over {axes!r}: {tuple(used)!r} already "
+                            "split the tensor or hold a pending sum")
     new_map = list(layout.tensor_map)
     new_map[tensor_dim] = layout.tensor_map[tensor_dim] + axes
     return redistribute(x, TensorLayout(layout.layout, tuple(new_map), layout.partial))

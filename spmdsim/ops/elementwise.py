@@ -72,10 +72,8 @@ def add(a: Any, b: Any) -> Any:
     mesh = operands_mesh("add", ("a", "b"), a, b)
     # Shapes first: no redistribution makes different shapes addable.
     if tuple(a.global_shape) != tuple(b.global_shape):
-        raise ShapeError(
-            f"cannot add shapes {tuple(a.global_shape)!r} and {tuple(b.global_shape)!r}: add needs "
-            "one shape (it does not broadcast; bias_add adds a vector along the last dim)"
-        )
+        raise ShapeError(f"cannot add shapes {tuple(a.global_shape)!r} and {tuple(b.global_shape)!r}: add needs "
+                         "one shape (it does not broadcast; bias_add adds a vector along the last dim)")
     layout = infer_add(a.layout, b.layout)
     out = make_dtensor(mesh, a.local + b.local, layout, a.global_shape)
     return out if a._ag is None and b._ag is None else rules.record_add(out, a, b)
@@ -86,9 +84,7 @@ def bias_add(x: Any, bias: Any) -> Any:
     mesh = operands_mesh("bias_add", ("x", "bias"), x, bias)
     layout = infer_bias_add(x.layout, bias.layout)
     if tuple(bias.global_shape) != tuple(x.global_shape)[-1:]:
-        raise ShapeError(
-            f"bias of shape {tuple(bias.global_shape)!r} does not match the last dim of "
-            f"{tuple(x.global_shape)!r}"
-        )
+        raise ShapeError(f"bias of shape {tuple(bias.global_shape)!r} does not match the last dim of "
+                         f"{tuple(x.global_shape)!r}")
     out = make_dtensor(mesh, x.local + bias.local, layout, x.global_shape)
     return out if x._ag is None and bias._ag is None else rules.record_bias_add(out, x, bias)

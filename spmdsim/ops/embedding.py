@@ -30,15 +30,8 @@ from ..runtime.executor import execute
 from ..validate import int_arg
 from ._common import default_axes, make_dtensor, operands_mesh, raise_if_not_dtensors, seeded_dtensor
 
-__all__ = [
-    "embedding",
-    "plan_embedding",
-    "vocab_range",
-    "pad_vocab_shard",
-    "vocab_parallel_lookup",
-    "VocabParallelEmbedding",
-    "ParallelEmbedding",
-]
+__all__ = ["embedding", "plan_embedding", "vocab_range", "pad_vocab_shard", "vocab_parallel_lookup",
+           "VocabParallelEmbedding", "ParallelEmbedding"]
 
 
 def vocab_range(num_embeddings: int, index: int, parts: int) -> tuple[int, int]:
@@ -63,9 +56,8 @@ def vocab_parallel_lookup(ids: np.ndarray, padded: np.ndarray, start: int) -> np
     return np.take(padded, rows, axis=0, out=out, mode="clip")
 
 
-def plan_embedding(
-    ids: Any, table: Any, *, gather_out: bool = True, reduce: bool = True
-) -> tuple[EmbeddingPlan, tuple[int, ...]]:
+def plan_embedding(ids: Any, table: Any, *, gather_out: bool = True,
+                   reduce: bool = True) -> tuple[EmbeddingPlan, tuple[int, ...]]:
     """Plan and global output shape; checks layouts, shapes and id values before any collective."""
     try:
         layouts = (ids.layout, table.layout)
@@ -85,15 +77,8 @@ def plan_embedding(
     return plan, shape
 
 
-def embedding(
-    ids: Any,
-    table: Any,
-    *,
-    gather_out: bool = True,
-    reduce: bool = True,
-    padded_local: Optional[np.ndarray] = None,
-    label: Optional[str] = "embedding",
-) -> Any:
+def embedding(ids: Any, table: Any, *, gather_out: bool = True, reduce: bool = True,
+              padded_local: Optional[np.ndarray] = None, label: Optional[str] = "embedding") -> Any:
     """table[ids] on DTensors; the table's layout picks vocab- and/or dim-parallel.
 
     Args:
@@ -154,9 +139,7 @@ class VocabParallelEmbedding:
         self.weight = type(shard)(mesh, self.padded_weight[:-1], layout, shard.global_shape).requires_grad_()
         parts = mesh.layout.group_size(self.axes)
         index = mesh.layout.group_index(mesh.rank, self.axes)
-        self.vocab_start_index, self.vocab_end_index = vocab_range(
-            self.num_embeddings, index, parts
-        )
+        self.vocab_start_index, self.vocab_end_index = vocab_range(self.num_embeddings, index, parts)
 
     def __call__(self, ids: Any, label: Optional[str] = "vocab_embedding") -> Any:
         return embedding(ids, self.weight, padded_local=self.padded_weight, label=label)

@@ -39,9 +39,8 @@ from .matmul import matmul
 __all__ = ["linear", "plan_linear", "ColumnParallelLinear", "RowParallelLinear"]
 
 
-def plan_linear(
-    x: Any, weight: Any, bias: Any = None, *, gather_out: bool = False, reduce: bool = True
-) -> tuple[LinearPlan, tuple[int, ...]]:
+def plan_linear(x: Any, weight: Any, bias: Any = None, *, gather_out: bool = False,
+                reduce: bool = True) -> tuple[LinearPlan, tuple[int, ...]]:
     """The plan and global output shape, validated on every rank before any collective."""
     try:
         args = (x.layout, weight.layout, None if bias is None else bias.layout, x.global_shape,
@@ -67,15 +66,8 @@ def _plan_linear(x_layout: Any, w_layout: Any, b_layout: Any, x_shape: tuple, w_
     return plan, shape
 
 
-def linear(
-    x: Any,
-    weight: Any,
-    bias: Any = None,
-    *,
-    gather_out: bool = False,
-    reduce: bool = True,
-    label: Optional[str] = "linear",
-) -> Any:
+def linear(x: Any, weight: Any, bias: Any = None, *, gather_out: bool = False, reduce: bool = True,
+           label: Optional[str] = "linear") -> Any:
     """x @ weight + bias on DTensors; the weight's layout picks column or row parallel.
 
     With ``reduce=False`` a row-parallel result stays a pending sum and the bias
@@ -112,13 +104,13 @@ def bias_once(mesh: Any, local: Any, bias: Any, plan: LinearPlan) -> Any:
 class _ParallelLinear:
     """Weight (and bias) generated from seeds, sharded over the tensor-parallel axes."""
 
-    def __init__(
-        self, mesh: Any, input_size: int, output_size: int, *, bias: bool, axes: Any,
-        dtype: str, seed: int, weight_map: tuple, bias_map: tuple,
-    ) -> None:
+    def __init__(self, mesh: Any, input_size: int, output_size: int, *, bias: bool, axes: Any, dtype: str,
+                 seed: int, column: bool) -> None:
         name = type(self).__name__
         self.mesh = mesh
         self.axes = default_axes(mesh, axes)
+        # Column-parallel: W and b split on out_features; row-parallel: W split on in_features, b whole.
+        weight_map, bias_map = ((None, self.axes), (self.axes,)) if column else ((self.axes, None), (None,))
         self.input_size = int_arg(input_size, f"{name} input_size", low=1)
         self.output_size = int_arg(output_size, f"{name} output_size", low=1)
         seed = int_arg(seed, f"{name} seed", low=0)
@@ -168,11 +160,7 @@ class ColumnParallelLinear(_ParallelLinear):
         gather_output: bool = False, sequence_parallel: bool = False,
         axes: Optional[Iterable[str] | str] = None, dtype: str = "float32", seed: int = 0,
     ) -> None:
-        axes_t = default_axes(mesh, axes)
-        super().__init__(
-            mesh, input_size, output_size, bias=bias, axes=axes_t, dtype=dtype, seed=seed,
-            weight_map=(None, axes_t), bias_map=(axes_t,),
-        )
+        super().__init__(mesh, input_size, output_size, bias=bias, axes=axes, dtype=dtype, seed=seed, column=True)
         self.gather_output = bool(gather_output)
         self.sequence_parallel = bool(sequence_parallel)
 
@@ -207,11 +195,7 @@ class RowParallelLinear(_ParallelLinear):
         if sequence_parallel and not input_is_parallel:
             raise OperatorError("RowParallelLinear(sequence_parallel=True) needs input_is_parallel=True "
                                 "(x split on its last dim, as a ColumnParallelLinear leaves it), as in Megatron")
-        axes_t = default_axes(mesh, axes)
-        super().__init__(
-            mesh, input_size, output_size, bias=bias, axes=axes_t, dtype=dtype, seed=seed,
-            weight_map=(axes_t, None), bias_map=(None,),
-        )
+        super().__init__(mesh, input_size, output_size, bias=bias, axes=axes, dtype=dtype, seed=seed, column=False)
         self.input_is_parallel = bool(input_is_parallel)
         self.sequence_parallel = bool(sequence_parallel)
 

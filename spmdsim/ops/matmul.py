@@ -22,15 +22,8 @@ from ._common import local_matmul, make_dtensor, operands_mesh, raise_if_not_dte
 __all__ = ["matmul", "plan_matmul"]
 
 
-def plan_matmul(
-    x: Any,
-    w: Any,
-    *,
-    transpose_a: bool = False,
-    transpose_b: bool = False,
-    out_layout: Optional[TensorLayout] = None,
-    reduce: bool = True,
-) -> tuple[MatMulPlan, tuple[int, ...]]:
+def plan_matmul(x: Any, w: Any, *, transpose_a: bool = False, transpose_b: bool = False,
+                out_layout: Optional[TensorLayout] = None, reduce: bool = True) -> tuple[MatMulPlan, tuple[int, ...]]:
     """The plan and the global output shape, validated (shapes included) on every rank."""
     if out_layout is not None and not isinstance(out_layout, TensorLayout):
         raise OperatorError(f"matmul: out_layout {out_layout!r} must be a TensorLayout or None")
@@ -55,16 +48,8 @@ def _plan_matmul(x_layout: Any, w_layout: Any, x_shape: tuple, w_shape: tuple, t
     return plan, shape
 
 
-def matmul(
-    x: Any,
-    w: Any,
-    *,
-    transpose_a: bool = False,
-    transpose_b: bool = False,
-    out_layout: Optional[TensorLayout] = None,
-    reduce: bool = True,
-    label: Optional[str] = "matmul",
-) -> Any:
+def matmul(x: Any, w: Any, *, transpose_a: bool = False, transpose_b: bool = False,
+           out_layout: Optional[TensorLayout] = None, reduce: bool = True, label: Optional[str] = "matmul") -> Any:
     """Y = op(x) @ op(w) on DTensors; returns a DTensor.
 
     Args:
@@ -74,10 +59,8 @@ def matmul(
         reduce: False returns the pending sum (partial layout) without communicating.
     """
     mesh = operands_mesh("matmul", ("x", "w"), x, w)
-    plan, shape = plan_matmul(
-        x, w, transpose_a=transpose_a, transpose_b=transpose_b,
-        out_layout=out_layout, reduce=reduce,
-    )
+    plan, shape = plan_matmul(x, w, transpose_a=transpose_a, transpose_b=transpose_b, out_layout=out_layout,
+                              reduce=reduce)
     a = np.swapaxes(x.local, -1, -2) if transpose_a else x.local
     b = np.swapaxes(w.local, -1, -2) if transpose_b else w.local
     local = local_matmul(a, b, bool(plan.steps))

@@ -53,9 +53,7 @@ class ParallelMLP:
         axes: Optional[Iterable[str] | str] = None, dtype: str = "float32", seed: int = 0,
     ) -> None:
         if not isinstance(activation, str) or activation not in ACTIVATIONS:
-            raise OperatorError(
-                f"activation {activation!r} is not supported; expected one of {tuple(ACTIVATIONS)!r}"
-            )
+            raise OperatorError(f"activation {activation!r} is not supported; expected one of {tuple(ACTIVATIONS)!r}")
         hidden_size = int_arg(hidden_size, "ParallelMLP hidden_size", low=1)
         ffn_hidden_size = int_arg(ffn_hidden_size, "ParallelMLP ffn_hidden_size", low=1)
         seed = int_arg(seed, "ParallelMLP seed", low=0)
@@ -145,7 +143,4 @@ class ParallelMLP:
     def reference(self, x: Source) -> RegionFn:
         """Region reference of the MLP applied to the global input `x`."""
         fc1, fc2 = self.linear_fc1, self.linear_fc2
-        return mlp_region(
-            x, fc1.weight_source, fc1.bias_source, fc2.weight_source, fc2.bias_source,
-            self.activation,
-        )
+        return mlp_region(x, fc1.weight_source, fc1.bias_source, fc2.weight_source, fc2.bias_source, self.activation)

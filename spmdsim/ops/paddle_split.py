@@ -48,23 +48,13 @@ def _mp_axis(mesh: Any, num_partitions: int) -> str:
         return MP_AXIS
     if layout.ndim == 1 and layout.device_matrix[0] == num_partitions:
         return layout.alias_name[0]
-    raise OperatorError(
-        f"num_partitions={num_partitions!r} needs a mesh axis {MP_AXIS!r} of that size; "
-        f"x lives on {layout} (build the mesh with paddle_mesh({num_partitions}))"
-    )
+    raise OperatorError(f"num_partitions={num_partitions!r} needs a mesh axis {MP_AXIS!r} of that size; "
+                        f"x lives on {layout} (build the mesh with paddle_mesh({num_partitions}))")
 
 
-def split(
-    x: Any,
-    size: Sequence[int],
-    operation: str,
-    axis: int = 0,
-    num_partitions: int = 1,
-    gather_out: bool = True,
-    weight_attr: ParamAttr = None,
-    bias_attr: ParamAttr = None,
-    name: Optional[str] = None,
-) -> Any:
+def split(x: Any, size: Sequence[int], operation: str, axis: int = 0, num_partitions: int = 1,
+          gather_out: bool = True, weight_attr: ParamAttr = None, bias_attr: ParamAttr = None,
+          name: Optional[str] = None) -> Any:
     """Paddle's distributed split on a DTensor `x` (ids for embedding); returns a DTensor."""
     from .embedding import embedding
     from .linear import linear

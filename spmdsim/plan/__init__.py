@@ -9,32 +9,8 @@ from __future__ import annotations
 from .emulator import emulate, partial_addends, shards_of, sum_partials
 from .planner import plan_redistribution
 from .record import Plan
-from .steps import (
-    Allgather,
-    Allreduce,
-    Alltoall,
-    Exchange,
-    LocalSlice,
-    LocalZero,
-    ReduceScatter,
-    Step,
-)
+from .steps import Allgather, Allreduce, Alltoall, Exchange, LocalSlice, LocalZero, ReduceScatter, Step
 from .volume import lower_bound
 
-__all__ = [
-    "plan_redistribution",
-    "Plan",
-    "Step",
-    "LocalSlice",
-    "Allgather",
-    "Alltoall",
-    "Allreduce",
-    "ReduceScatter",
-    "LocalZero",
-    "Exchange",
-    "emulate",
-    "shards_of",
-    "partial_addends",
-    "sum_partials",
-    "lower_bound",
-]
+__all__ = ["plan_redistribution", "Plan", "Step", "LocalSlice", "Allgather", "Alltoall", "Allreduce", "ReduceScatter",
+           "LocalZero", "Exchange", "emulate", "shards_of", "partial_addends", "sum_partials", "lower_bound"]

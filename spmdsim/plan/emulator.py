@@ -14,16 +14,7 @@ from ..layout import TensorLayout
 from .kernels import exchange_program, local_slice, local_zero
 from .record import Plan
 from .volume import rank_boxes
-from .steps import (
-    Allgather,
-    Allreduce,
-    Alltoall,
-    Exchange,
-    LocalSlice,
-    LocalZero,
-    ReduceScatter,
-    Step,
-)
+from .steps import Allgather, Allreduce, Alltoall, Exchange, LocalSlice, LocalZero, ReduceScatter, Step
 
 __all__ = ["emulate", "run_step", "shards_of", "partial_addends", "sum_partials"]
 
@@ -32,10 +23,8 @@ Locals = dict[int, np.ndarray]
 
 def shards_of(tl: TensorLayout, full: np.ndarray) -> Locals:
     """Every rank's block of a (non-partial) global array."""
-    return {
-        r: np.ascontiguousarray(full[tuple(slice(a, b) for a, b in box)])
-        for r, box in enumerate(rank_boxes(tl, tuple(full.shape)))
-    }
+    return {r: np.ascontiguousarray(full[tuple(slice(a, b) for a, b in box)])
+            for r, box in enumerate(rank_boxes(tl, tuple(full.shape)))}
 
 
 def partial_addends(tl: TensorLayout, full: np.ndarray, seed: int = 0) -> Locals:
@@ -51,12 +40,9 @@ def partial_addends(tl: TensorLayout, full: np.ndarray, seed: int = 0) -> Locals
     addends = [rng.integers(-8, 8, size=full.shape).astype(full.dtype) for _ in range(g - 1)]
     first = full - sum(addends) if addends else full
     parts = [first] + addends
-    return {
-        r: np.ascontiguousarray(
-            parts[tl.layout.group_index(r, tl.partial)][tuple(slice(a, b) for a, b in box)]
-        )
-        for r, box in enumerate(rank_boxes(tl, tuple(full.shape)))
-    }
+    index = tl.layout.group_indices(tl.partial).tolist()
+    return {r: np.ascontiguousarray(parts[index[r]][tuple(slice(a, b) for a, b in box)])
+            for r, box in enumerate(rank_boxes(tl, tuple(full.shape)))}
 
 
 def sum_partials(tl: TensorLayout, locals_: Locals) -> Locals:
@@ -75,10 +61,6 @@ def _axis_groups(layout, axes: tuple) -> tuple:
     return layout.axis_groups(axes)
 
 
-def _groups(step: Step):
-    return _axis_groups(step.before.layout, step.axes)
-
-
 def run_step(step: Step, locals_: Locals, shape: tuple) -> Locals:
     """Apply one step to every rank's block."""
     out: Locals = {}
@@ -92,7 +74,7 @@ def run_step(step: Step, locals_: Locals, shape: tuple) -> Locals:
         for r, x in locals_.items():
             out[r] = programs[r].assemble(x, (sends[src][r] for src, _, _ in programs[r].places))
         return out
-    for group in _groups(step):
+    for group in _axis_groups(step.before.layout, step.axes):
         blocks = [locals_[m] for m in group]
         g = len(group)
         if isinstance(step, Allgather):
@@ -114,10 +96,7 @@ def run_step(step: Step, locals_: Locals, shape: tuple) -> Locals:
 
 
 def _sum(blocks: list) -> np.ndarray:
-    total = blocks[0].copy()
-    for b in blocks[1:]:
-        total += b
-    return total
+    return sum(blocks[1:], blocks[0].copy())
 
 
 def emulate(plan: Plan, locals_: Locals) -> Locals:

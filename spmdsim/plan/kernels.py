@@ -13,13 +13,7 @@ from .. import buffers
 from .steps import Exchange, LocalSlice, LocalZero
 from .volume import Box, box_shape, intersect, rank_boxes
 
-__all__ = [
-    "local_slice",
-    "local_zero",
-    "exchange_program",
-    "ExchangeProgram",
-    "box_in",
-]
+__all__ = ["local_slice", "local_zero", "exchange_program", "ExchangeProgram", "box_in"]
 
 
 def box_in(box: Box, origin: Box) -> tuple[slice, ...]:

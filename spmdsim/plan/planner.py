@@ -24,16 +24,7 @@ from ..layout import TensorLayout
 from ..validate import counted, dtype_arg
 from .meshes import common_refinement, translate
 from .record import Plan
-from .steps import (
-    Allgather,
-    Allreduce,
-    Alltoall,
-    Exchange,
-    LocalSlice,
-    LocalZero,
-    ReduceScatter,
-    Step,
-)
+from .steps import Allgather, Allreduce, Alltoall, Exchange, LocalSlice, LocalZero, ReduceScatter, Step
 from .volume import exchange_received, exchange_transfers, lower_bound
 
 __all__ = ["plan_redistribution"]
@@ -41,9 +32,8 @@ __all__ = ["plan_redistribution"]
 Map = tuple[tuple[str, ...], ...]
 
 
-def plan_redistribution(
-    source: TensorLayout, target: TensorLayout, shape: Sequence[int], dtype: str = "float32"
-) -> Plan:
+def plan_redistribution(source: TensorLayout, target: TensorLayout, shape: Sequence[int],
+                        dtype: str = "float32") -> Plan:
     """The least-communication plan from `source` to `target` for a tensor of `shape`.
 
     Plans are cached on their (hashable) inputs; a repeated call with the same
@@ -57,7 +47,7 @@ def plan_redistribution(
             return _VALIDATED[(source, target, shape, dtype)]
         except (KeyError, TypeError):  # TypeError: an unhashable layout or dtype
             pass
-    plan = _validated_plan(source, target, shape, dtype)
+    plan = _plan(*_validated(source, target, shape, dtype))
     if len(_VALIDATED) < _VALIDATED_MAX:
         try:
             _VALIDATED[(source, target, shape, dtype)] = plan
@@ -71,32 +61,23 @@ _INT_ONLY = frozenset((int,))
 _VALIDATED_MAX = 4096
 
 
-def _validated_plan(source: TensorLayout, target: TensorLayout, shape: Sequence[int], dtype: str) -> Plan:
-    return _plan(*_validated(source, target, shape, dtype))
-
-
 def _validated(source: TensorLayout, target: TensorLayout, shape: Sequence[int], dtype: str) -> tuple:
     """(source, target, shape as a tuple, dtype name), or the PlanError every rank raises alike."""
     for name, tl in (("source", source), ("target", target)):
         if not isinstance(tl, TensorLayout):
             raise PlanError(f"{name} {tl!r} must be a TensorLayout")
     if source.layout.num_devices != target.layout.num_devices:
-        raise PlanError(
-            f"source device matrix {source.layout.device_matrix!r} has "
-            f"{source.layout.num_devices} devices but target "
-            f"{target.layout.device_matrix!r} has {target.layout.num_devices}; expected the same count"
-        )
+        raise PlanError(f"source device matrix {source.layout.device_matrix!r} has {source.layout.num_devices} "
+                        f"devices but target {target.layout.device_matrix!r} has {target.layout.num_devices}; "
+                        "expected the same count")
     if source.ndim != target.ndim:
-        raise PlanError(
-            f"source {source} has {counted(source.ndim, 'dim')} but target {target} has {target.ndim}"
-        )
+        raise PlanError(f"source {source} has {counted(source.ndim, 'dim')} but target {target} has {target.ndim}")
     shape = source.check_shape(shape)
     target.check_shape(shape)
     dt = dtype_arg(dtype, error=PlanError)
     if dt.kind == "b" and (source.partial or target.partial):
         # MPI has no sum of bools, and a pending sum of bools is not a bool.
-        raise PlanError(f"a bool tensor cannot be a pending sum ({source} -> {target}); "
-                        "use an integer dtype for sums")
+        raise PlanError(f"a bool tensor cannot be a pending sum ({source} -> {target}); use an integer dtype for sums")
     return source, target, shape, dt.name
 
 
@@ -131,15 +112,12 @@ def _choice(source: TensorLayout, target: TensorLayout, shape: tuple, dtype: str
     # Tiers, cheapest to plan first: the stack-rule collectives, the same from
     # pre-sliced starts, then exchanges. A later tier only when none so far meets
     # the bound (then nothing can beat it: ties go to collectives and earlier plans).
-    built: list = []
-    scores: list = []  # _score of each plan in `built`, worked out once
-    best = None
+    best, best_score = None, None
     for tier in candidates:
-        plans = tier()
-        built += plans
-        scores += [_score(p) for p in plans]
-        if built:  # the first of the least scores, as min(built, key=_score) picks
-            best = built[scores.index(min(scores))]
+        for plan in tier():
+            score = _score(plan)
+            if best is None or score < best_score:  # the first of the least scores
+                best, best_score = plan, score
         if best is not None and (_received(best) or (0,) * len(bound)) == bound:
             break
     if best is None:
@@ -260,15 +238,6 @@ def _sent(step: Step, sz: _Sizes) -> Step:
 
 
 # -- the stack rule ---------------------------------------------------------------------
-def _run(axes: tuple, keep) -> tuple:
-    out = []
-    for a in axes:
-        if not keep(a):
-            break
-        out.append(a)
-    return tuple(out)
-
-
 def _push(cur: TensorLayout, tmap: Map, resolve: frozenset, sz: _Sizes) -> Optional[Step]:
     """A move that only grows a dim toward its target: slice, reduce-scatter or alltoall."""
     free = set(cur.replicated_axes)
@@ -276,10 +245,10 @@ def _push(cur: TensorLayout, tmap: Map, resolve: frozenset, sz: _Sizes) -> Optio
         if want[: len(have)] != have or len(want) == len(have):
             continue
         nxt = want[len(have):]
-        run = _run(nxt, lambda a: a in free)
+        run = tuple(itertools.takewhile(lambda a: a in free, nxt))
         if run:
             return _local_slice(cur, d, run, sz)
-        run = _run(nxt, lambda a: a in resolve and a in cur.partial)
+        run = tuple(itertools.takewhile(lambda a: a in resolve and a in cur.partial, nxt))
         if run:
             return _reduce_scatter(cur, d, run, sz)
         for i, axes in enumerate(cur.tensor_map):

@@ -32,9 +32,7 @@ class Plan:
     @property
     def bytes_received(self) -> tuple[int, ...]:
         """Per rank, the bytes received over all steps."""
-        return tuple(
-            sum(s.bytes_received[r] for s in self.steps) for r in range(self.num_ranks)
-        )
+        return tuple(sum(s.bytes_received[r] for s in self.steps) for r in range(self.num_ranks))
 
     @property
     def bytes_sent(self) -> tuple[int, ...]:
@@ -60,16 +58,8 @@ class Plan:
             "target": str(self.target),
             "shape": list(self.shape),
             "dtype": self.dtype,
-            "steps": [
-                {
-                    "op": s.op,
-                    "label": str(s),
-                    "axes": list(s.axes),
-                    "bytes_sent_per_rank": s.max_bytes_sent,
-                    "bytes_received_per_rank": s.max_bytes_received,
-                }
-                for s in self.steps
-            ],
+            "steps": [{"op": s.op, "label": str(s), "axes": list(s.axes), "bytes_sent_per_rank": s.max_bytes_sent,
+                       "bytes_received_per_rank": s.max_bytes_received} for s in self.steps],
             "bytes_received_per_rank": self.max_bytes_received,
             "lower_bound_bytes_received_per_rank": self.max_lower_bound,
         }

@@ -35,21 +35,8 @@ from typing import Optional
 from ..dialects.sbp import sbp_of_axis
 from ..layout import TensorLayout
 
-__all__ = [
-    "Step",
-    "LocalSlice",
-    "Allgather",
-    "Alltoall",
-    "Allreduce",
-    "ReduceScatter",
-    "LocalZero",
-    "Exchange",
-    "Transfer",
-    "KINDS",
-    "moved_bytes",
-    "placement",
-    "step_label",
-]
+__all__ = ["Step", "LocalSlice", "Allgather", "Alltoall", "Allreduce", "ReduceScatter", "LocalZero", "Exchange",
+           "Transfer", "KINDS", "moved_bytes", "placement", "step_label"]
 
 #: One box of an Exchange: (source rank, destination rank, global [start, stop) per dim).
 Transfer = tuple[int, int, tuple[tuple[int, int], ...]]

@@ -138,9 +138,7 @@ def _kept_and_new(source: TensorLayout, target: TensorLayout) -> tuple[set, tupl
     return kept, new, source.layout.group_size(resolved) > 1
 
 
-def lower_bound(
-    source: TensorLayout, target: TensorLayout, shape: tuple[int, ...], itemsize: int
-) -> tuple[int, ...]:
+def lower_bound(source: TensorLayout, target: TensorLayout, shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
     """Per rank, the fewest bytes any plan must deliver to it.
 
     Without partial sums: the part of its target block it does not hold. When a
@@ -174,9 +172,7 @@ def exchange_received(before: TensorLayout, after: TensorLayout, shape: tuple[in
     return tuple(w - h for w, h in zip(wanted, held))
 
 
-def exchange_transfers(
-    before: TensorLayout, after: TensorLayout, shape: tuple[int, ...]
-) -> tuple[Transfer, ...]:
+def exchange_transfers(before: TensorLayout, after: TensorLayout, shape: tuple[int, ...]) -> tuple[Transfer, ...]:
     """Boxes to move so every rank ends with its `after` block, receiving only what it lacks.
 
     The holder of each missing box is chosen among the ranks that hold it (and
