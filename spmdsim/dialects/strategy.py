@@ -24,19 +24,11 @@ from typing import Optional, Sequence, Union
 from ..errors import DialectError
 from ..layout import Layout, TensorLayout
 from ..validate import counted
-from ._common import as_int, as_items, axis_names, positive_int
+from ._common import as_int, as_items, axis_names, positive_int, require_layout
 
 __all__ = [
-    "REP_AXIS",
-    "StrategyLike",
-    "MatMulLayouts",
-    "parse_strategy",
-    "format_strategy",
-    "strategy_to_layout",
-    "strategy_layout",
-    "matmul_layouts",
-    "layout_to_strategy",
-    "strategy_of",
+    "REP_AXIS", "StrategyLike", "MatMulLayouts", "parse_strategy", "format_strategy",
+    "strategy_to_layout", "strategy_layout", "matmul_layouts", "layout_to_strategy", "strategy_of",
 ]
 
 #: Name of the repeated-calculation axis appended when a strategy uses fewer devices.
@@ -272,8 +264,7 @@ def _batch_counts(
 
 def layout_to_strategy(tl: TensorLayout) -> tuple[int, ...]:
     """Number of slices per tensor dim (always expressible; partial axes are not part of it)."""
-    if not isinstance(tl, TensorLayout):
-        raise DialectError(f"expected a TensorLayout, got {tl!r}")
+    require_layout(tl)
     return tl.shards_per_dim
 
 
