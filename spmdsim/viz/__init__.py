@@ -9,16 +9,8 @@ from .model import Block, DeviceCell, DevicePanel, LayoutPicture, Panel, layout_
 from .plan import render_plan_ascii, render_plan_png
 
 __all__ = [
-    "Block",
-    "Panel",
-    "DeviceCell",
-    "DevicePanel",
-    "LayoutPicture",
-    "layout_picture",
-    "render_layout_ascii",
-    "render_layout_png",
-    "render_plan_ascii",
-    "render_plan_png",
+    "Block", "Panel", "DeviceCell", "DevicePanel", "LayoutPicture", "layout_picture",
+    "render_layout_ascii", "render_layout_png", "render_plan_ascii", "render_plan_png",
 ]
 
 

@@ -11,21 +11,14 @@ above one. Pure: no numpy of its own (the layout values bring it).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 from ..explain import partial_text
 from ..layout import TensorLayout, format_entry
 
-__all__ = [
-    "Block",
-    "Panel",
-    "DeviceCell",
-    "DevicePanel",
-    "LayoutPicture",
-    "layout_picture",
-    "compact_ranks",
-]
+__all__ = ["Block", "Panel", "DeviceCell", "DevicePanel", "LayoutPicture", "layout_picture", "compact_ranks"]
 
 
 @dataclass(frozen=True)
@@ -163,6 +156,28 @@ def _mixed(counts: Sequence[int]) -> list[tuple[int, ...]]:
     return out
 
 
+def _slabs(
+    sizes: Sequence[int], grid_rows: Sequence[int], grid_cols: Sequence[int],
+    row: Optional[int], col: Optional[int],
+) -> Iterator[tuple[tuple[int, int], dict[int, int], list[list[tuple[int, ...]]]]]:
+    """Per panel of a `_fold`: its grid position, the {dim: index} it fixes, its [row][col] index tuples."""
+    for gi, gr in enumerate(_mixed([sizes[d] for d in grid_rows])):
+        for gj, gc in enumerate(_mixed([sizes[d] for d in grid_cols])):
+            fixed = dict(zip(grid_rows, gr)) | dict(zip(grid_cols, gc))
+            indices = []
+            for i in range(sizes[row] if row is not None else 1):
+                line = []
+                for j in range(sizes[col] if col is not None else 1):
+                    index = [fixed.get(d, 0) for d in range(len(sizes))]
+                    if row is not None:
+                        index[row] = i
+                    if col is not None:
+                        index[col] = j
+                    line.append(tuple(index))
+                indices.append(line)
+            yield (gi, gj), fixed, indices
+
+
 def _edges(size: int, shards: int) -> tuple[int, ...]:
     return tuple(size * i // shards for i in range(shards + 1))
 
@@ -184,38 +199,25 @@ def layout_picture(tensor_layout: TensorLayout, shape: Sequence[int], name: str 
         panels.append(Panel(f"{name}[]", (0, 0), None, -1, (0, 1), (0, 1), ((only,),)))
         grid = (1, 1)
     else:
-        grid = (_count(shards, grid_rows), _count(shards, grid_cols))
-        for gi, gr in enumerate(_mixed([shards[d] for d in grid_rows])):
-            for gj, gc in enumerate(_mixed([shards[d] for d in grid_cols])):
-                fixed = dict(zip(grid_rows, gr)) | dict(zip(grid_cols, gc))
-                rows = []
-                for i in range(shards[row_dim] if row_dim is not None else 1):
-                    row = []
-                    for j in range(shards[col_dim]):
-                        index = [0] * tl.ndim
-                        for d, v in fixed.items():
-                            index[d] = v
-                        if row_dim is not None:
-                            index[row_dim] = i
-                        index[col_dim] = j
-                        row.append(blocks[tuple(index)])
-                    rows.append(tuple(row))
-                first = rows[0][0]
-                ranges = [
-                    f"{first.bounds[d][0]}:{first.bounds[d][1]}" if d in fixed else ":"
-                    for d in range(tl.ndim)
-                ]
-                panels.append(
-                    Panel(
-                        title=f"{name}[{', '.join(ranges)}]",
-                        grid_pos=(gi, gj),
-                        row_dim=row_dim,
-                        col_dim=col_dim,
-                        row_edges=_edges(shape[row_dim], shards[row_dim]) if row_dim is not None else (0, 1),
-                        col_edges=_edges(shape[col_dim], shards[col_dim]),
-                        blocks=tuple(rows),
-                    )
+        grid = (math.prod(shards[d] for d in grid_rows), math.prod(shards[d] for d in grid_cols))
+        for pos, fixed, indices in _slabs(shards, grid_rows, grid_cols, row_dim, col_dim):
+            rows = tuple(tuple(blocks[index] for index in row) for row in indices)
+            first = rows[0][0]
+            ranges = [
+                f"{first.bounds[d][0]}:{first.bounds[d][1]}" if d in fixed else ":"
+                for d in range(tl.ndim)
+            ]
+            panels.append(
+                Panel(
+                    title=f"{name}[{', '.join(ranges)}]",
+                    grid_pos=pos,
+                    row_dim=row_dim,
+                    col_dim=col_dim,
+                    row_edges=_edges(shape[row_dim], shards[row_dim]) if row_dim is not None else (0, 1),
+                    col_edges=_edges(shape[col_dim], shards[col_dim]),
+                    blocks=rows,
                 )
+            )
 
     # -- device panels ------------------------------------------------------------
     device_panels, device_grid = _device_panels(tl, blocks)
@@ -230,13 +232,6 @@ def layout_picture(tensor_layout: TensorLayout, shape: Sequence[int], name: str 
         num_shards=len(blocks),
         notes=_notes(tl, partial),
     )
-
-
-def _count(shards: Sequence[int], dims: Sequence[int]) -> int:
-    out = 1
-    for d in dims:
-        out *= shards[d]
-    return out
 
 
 def _blocks(tl: TensorLayout, shape: tuple[int, ...]) -> dict[tuple[int, ...], Block]:
@@ -272,42 +267,35 @@ def _device_panels(
     big = [i for i, n in enumerate(sizes) if n > 1]
     grid_rows, grid_cols, row_ax, col_ax = _fold(sizes, big, pad=False)
     panels = []
-    for gi, gr in enumerate(_mixed([sizes[a] for a in grid_rows])):
-        for gj, gc in enumerate(_mixed([sizes[a] for a in grid_cols])):
-            fixed = dict(zip(grid_rows, gr)) | dict(zip(grid_cols, gc))
-            rows = []
-            for i in range(sizes[row_ax] if row_ax is not None else 1):
-                row = []
-                for j in range(sizes[col_ax] if col_ax is not None else 1):
-                    coords = [0] * layout.ndim
-                    for a, v in fixed.items():
-                        coords[a] = v
-                    if row_ax is not None:
-                        coords[row_ax] = i
-                    if col_ax is not None:
-                        coords[col_ax] = j
-                    rank = layout.rank_of(coords)
-                    block = blocks[tl.shard_index(rank)]
-                    row.append(DeviceCell(rank, tuple(coords), block.shard_number, f"r{rank}", block.partial))
-                rows.append(tuple(row))
-            title = ", ".join(f"{names[a]}={v}" for a, v in sorted(fixed.items()))
-            panels.append(
-                DevicePanel(
-                    title=title,
-                    grid_pos=(gi, gj),
-                    row_axis=names[row_ax] if row_ax is not None else None,
-                    col_axis=names[col_ax] if col_ax is not None else None,
-                    row_labels=tuple(f"{names[row_ax]}={i}" for i in range(sizes[row_ax]))
-                    if row_ax is not None
-                    else ("",),
-                    col_labels=tuple(f"{names[col_ax]}={j}" for j in range(sizes[col_ax]))
-                    if col_ax is not None
-                    else ("",),
-                    cells=tuple(rows),
-                )
+    for pos, fixed, coords in _slabs(sizes, grid_rows, grid_cols, row_ax, col_ax):
+        rows = []
+        for row in coords:
+            cells = []
+            for c in row:
+                rank = layout.rank_of(c)
+                block = blocks[tl.shard_index(rank)]
+                cells.append(DeviceCell(rank, c, block.shard_number, f"r{rank}", block.partial))
+            rows.append(tuple(cells))
+        panels.append(
+            DevicePanel(
+                title=", ".join(f"{names[a]}={v}" for a, v in sorted(fixed.items())),
+                grid_pos=pos,
+                row_axis=names[row_ax] if row_ax is not None else None,
+                col_axis=names[col_ax] if col_ax is not None else None,
+                row_labels=_axis_labels(names, sizes, row_ax),
+                col_labels=_axis_labels(names, sizes, col_ax),
+                cells=tuple(rows),
             )
-    grid = (_count(sizes, grid_rows), _count(sizes, grid_cols))
+        )
+    grid = (math.prod(sizes[a] for a in grid_rows), math.prod(sizes[a] for a in grid_cols))
     return tuple(panels), grid
+
+
+def _axis_labels(names: Sequence[str], sizes: Sequence[int], axis: Optional[int]) -> tuple[str, ...]:
+    """"c=0", "c=1", ... along a device panel's row or column axis ("" when it has none)."""
+    if axis is None:
+        return ("",)
+    return tuple(f"{names[axis]}={i}" for i in range(sizes[axis]))
 
 
 def _notes(tl: TensorLayout, partial: bool) -> tuple[str, ...]:
