@@ -77,13 +77,9 @@ class SeededTensor:
             raise SpmdsimError(f"range [{self.low!r}, {self.high!r}) is empty; expected low < high")
         if dtype in INT_DTYPES:
             if int(self.low) != self.low or int(self.high) != self.high:
-                raise SpmdsimError(
-                    f"integer range [{self.low!r}, {self.high!r}) must have integer bounds"
-                )
+                raise SpmdsimError(f"integer range [{self.low!r}, {self.high!r}) must have integer bounds")
             if int(self.high) - int(self.low) > 2**32:
-                raise SpmdsimError(
-                    f"integer range [{self.low!r}, {self.high!r}) is wider than 2**32"
-                )
+                raise SpmdsimError(f"integer range [{self.low!r}, {self.high!r}) is wider than 2**32")
             info = np.iinfo(dtype)
             if int(self.low) < info.min or int(self.high) - 1 > info.max:
                 raise SpmdsimError(f"integer range [{self.low!r}, {self.high!r}) does not fit {dtype}")
@@ -168,9 +164,7 @@ class SeededTensor:
             else:
                 start, stop = _pair(part, d)
             if not 0 <= start <= stop <= size:
-                raise ShapeError(
-                    f"region dim {d} range [{start}, {stop}) is outside size {size}"
-                )
+                raise ShapeError(f"region dim {d} range [{start}, {stop}) is outside size {size}")
             out.append((start, stop))
         return tuple(out)
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-
 from ..datagen import SeededTensor
 from ..dialects.strategy import format_strategy, matmul_layouts
 from ..errors import OperatorError
 from ..layout import Layout, TensorLayout, format_entry
 from ..infer import LinearPlan, infer_embedding, infer_linear, out_layout_from_strategy
+from ..nets.model import short_layout as short  # compact layout text for tables: [mp,(sp,dp)]
 from ..plan.steps import Step
 from ..reference import embedding_region, linear_region, matmul_region
 from ..tolerances import contraction_atol
@@ -21,29 +21,12 @@ from ..validate import counted
 from .registry import Job
 
 __all__ = [
-    "short",
-    "contraction_atol",
-    "mp_layout",
-    "matmul_job",
-    "strategy_matmul_job",
-    "linear_job",
-    "embedding_job",
-    "mlp_job",
-    "FRONTS",
+    "short", "contraction_atol", "mp_layout", "matmul_job", "strategy_matmul_job", "linear_job",
+    "embedding_job", "mlp_job", "FRONTS",
 ]
 
 #: The APIs `linear_job` and `embedding_job` can go through (one implementation underneath).
 FRONTS = ("megatron", "paddle")
-
-
-def short(tl: TensorLayout) -> str:
-    """Compact layout text for tables: [mp,(sp,dp)] or [m,n]P(k)."""
-    parts = [
-        "-" if not axes else axes[0] if len(axes) == 1 else "(" + ",".join(axes) + ")"
-        for axes in tl.tensor_map
-    ]
-    text = "[" + ",".join(parts) + "]"
-    return text + (f"P({','.join(tl.partial)})" if tl.partial else "")
 
 
 def mp_layout(world_size: int) -> Layout:
@@ -202,8 +185,8 @@ def linear_job(
 def _weights(**tensors: Any) -> dict[str, Any]:
     """The layer's weights for the rank lines (which block each rank holds), Nones left out.
 
-    Each is a DTensor, or a (TensorLayout, shape[, note]) tuple (`spmdsim.holdings`)
-    for weights an operator makes inside the call, as Paddle's ``split`` does.
+    Each is a DTensor, or a (TensorLayout, shape[, note]) tuple (`spmdsim.holdings`) for
+    weights the operator makes inside the call, as Paddle's ``split`` does.
     """
     return {name: t for name, t in tensors.items() if t is not None}
 

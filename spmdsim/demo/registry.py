@@ -24,19 +24,8 @@ from ..plan.steps import Step
 from ..reference import RegionFn
 
 __all__ = [
-    "Context",
-    "Job",
-    "Scenario",
-    "Outcome",
-    "scenario",
-    "scenarios",
-    "load_scenarios",
-    "JobRun",
-    "run_job",
-    "run_scenario",
-    "explain_lines",
-    "explain_notes",
-    "rank_line",
+    "Context", "Job", "Scenario", "Outcome", "scenario", "scenarios", "load_scenarios", "JobRun",
+    "run_job", "run_scenario", "explain_lines", "explain_notes", "rank_line",
 ]
 
 

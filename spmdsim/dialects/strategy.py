@@ -90,16 +90,8 @@ def _counts(items: list, shown: object, input_index: object) -> tuple[int, ...]:
 
 
 def format_strategy(strategy: StrategyLike) -> str:
-    """MindSpore's spelling of a strategy: ``((2, 1), (1, 4))`` or ``((2, 1),)``."""
-    parsed = parse_strategy(strategy)
-    inner = ", ".join(_format_one(counts) for counts in parsed)
-    return f"({inner},)" if len(parsed) == 1 else f"({inner})"
-
-
-def _format_one(counts: tuple[int, ...]) -> str:
-    if len(counts) == 1:
-        return f"({counts[0]},)"
-    return "(" + ", ".join(str(c) for c in counts) + ")"
+    """MindSpore's spelling of a strategy: ``((2, 1), (1, 4))`` or ``((2, 1),)`` (a tuple's repr)."""
+    return repr(parse_strategy(strategy))
 
 
 def _device_layout(
@@ -247,19 +239,15 @@ def _batch_counts(
     x_batch: tuple[int, ...], w_batch: tuple[int, ...], parsed: object
 ) -> tuple[int, ...]:
     """Batch slice counts of the longer input; the shorter one must agree from the right."""
-    longer = x_batch if len(x_batch) >= len(w_batch) else w_batch
-    offset_x = len(longer) - len(x_batch)
-    offset_w = len(longer) - len(w_batch)
-    for i in range(len(longer)):
-        if i < offset_x or i < offset_w:
-            continue
-        px, pw = x_batch[i - offset_x], w_batch[i - offset_w]
-        if px != pw:
+    shared = min(len(x_batch), len(w_batch))
+    for i in range(shared):
+        ix, iw = len(x_batch) - shared + i, len(w_batch) - shared + i
+        if x_batch[ix] != w_batch[iw]:
             raise DialectError(
-                f"batch dim {i - offset_x} of x is split {px} ways but batch dim "
-                f"{i - offset_w} of w {pw} ways; they must be equal (matmul strategy {parsed!r})"
+                f"batch dim {ix} of x is split {x_batch[ix]} ways but batch dim "
+                f"{iw} of w {w_batch[iw]} ways; they must be equal (matmul strategy {parsed!r})"
             )
-    return longer
+    return x_batch if len(x_batch) >= len(w_batch) else w_batch
 
 
 def layout_to_strategy(tl: TensorLayout) -> tuple[int, ...]:

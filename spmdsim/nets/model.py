@@ -27,19 +27,8 @@ from ..infer import infer_linear, infer_matmul, matmul_shape
 from ..plan import Plan, plan_redistribution
 
 __all__ = [
-    "KINDS",
-    "Param",
-    "Stage",
-    "Network",
-    "Hop",
-    "flatten_stage",
-    "matmul_stage",
-    "linear_stage",
-    "relu_stage",
-    "paddle_stage",
-    "schedule",
-    "reference_rows",
-    "short_layout",
+    "KINDS", "Param", "Stage", "Network", "Hop", "flatten_stage", "matmul_stage", "linear_stage",
+    "relu_stage", "paddle_stage", "schedule", "reference_rows", "short_layout",
 ]
 
 #: Operator kinds a Stage may have.
