@@ -111,9 +111,7 @@ class SeededTensor:
         out = buffers.empty(out_shape, self.dtype)
         if out.size == 0:
             return out
-        strides = [1] * len(self.shape)
-        for i in range(len(self.shape) - 2, -1, -1):
-            strides[i] = strides[i + 1] * self.shape[i + 1]
+        strides = [math.prod(self.shape[d + 1:]) for d in range(len(self.shape))]
         key = _mix(np.array([self.seed], dtype=np.uint64) + _GOLDEN)[0]
         if not self.shape:
             self._fill(np.array([key + _GOLDEN], dtype=np.uint64), out.reshape(1))

@@ -241,8 +241,6 @@ def embedding_job(
             op, forward = "VocabParallelEmbedding", layer
             inputs["table"] = layer.weight
             rows = (layer.vocab_start_index, layer.vocab_end_index)
-            # Megatron masks the ids out of range and zeroes their rows; spmdsim's layer gets
-            # the same zeros from a zero row kept beside its weight (spmdsim.ops.embedding).
             zeros_why = ("ids outside a rank's rows give zero rows: Megatron masks them and "
                          "zeroes their output; this layer reads the zeros from a zero row kept "
                          "beside the weight, as Paddle does")

@@ -1,21 +1,11 @@
 """Paddle ``paddle.distributed.split`` (seed 004) as layouts on a 1-D "mp" mesh.
 
-Three cases, named after Megatron layers:
-
-* ``operation="linear", axis=0``: row-parallel. The weight (in, out) is split
-  on ``in``; each rank multiplies its column block of x (split on the last
-  dim) and the partial outputs are summed by AllReduce (always; Paddle's
-  ``gather_out`` does not apply). The bias is added once, after the sum.
-* ``operation="linear", axis=1``: column-parallel. The weight is split on
-  ``out``; x is replicated; each rank's output holds its column block, which
-  AllGather concatenates when ``gather_out`` (Paddle's default).
-* ``operation="embedding"`` (axis 0 only): vocab-parallel. Rank r holds rows
-  ``[r*N/p, (r+1)*N/p)`` of the (N, M) table plus one zero padding row (local
-  row N/p); ids outside its range are mapped to that row, and AllReduce sums
-  the per-rank lookups.
-
-Version 1 needs the split dim divisible by num_partitions (Paddle's linear
-asserts this; its embedding would give the last rank the remainder).
+``operation="linear"``, axis 0 is row-parallel (weight rows split, partial
+outputs summed by AllReduce, bias added once after the sum); axis 1 is
+column-parallel (weight columns split, AllGather when ``gather_out``);
+``operation="embedding"`` is vocab-parallel (each rank's rows plus a zero
+padding row for the ids it does not own, AllReduce of the lookups). The split
+dim must be divisible by num_partitions. The tables are in docs/dialects.md.
 """
 from __future__ import annotations
 

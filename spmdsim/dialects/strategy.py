@@ -1,18 +1,11 @@
 """MindSpore `.shard` strategies as TensorLayouts (DESIGN.md section 2, "Strategies").
 
-A strategy gives, per input tensor, the number of slices of each tensor dim:
-``ops.MatMul().shard(((2, 1), (1, 4)))``. MindSpore derives a device matrix
-and tensor maps from it; this module does the same with named axes:
-
-* one tensor, strategy ``(s_0, ..., s_{n-1})``: device matrix = the strategy,
-  axes ``"axis_0" ... "axis_{n-1}"`` (or names given), tensor dim i split over
-  ``"axis_{i}"`` (MindSpore's tensor_map ``(n-1, ..., 0)`` in its right-to-left
-  axis numbering);
-* MatMul ``((a, b), (b, c))``: device matrix ``(a, b, c)`` with axes
-  ``("m", "k", "n")``; batched inputs add leading axes ``"batch0", ...``;
-* when the strategy uses fewer devices than the world, one repeated-calculation
-  axis ``"rep"`` of size world // product is appended on the right of the
-  device matrix (MindSpore's default), so neighbouring ranks hold the same data.
+A strategy gives, per input tensor, the slice count of each tensor dim:
+``ops.MatMul().shard(((2, 1), (1, 4)))``. One tensor's device matrix is its
+strategy (axes ``"axis_0", ...``); a MatMul's is ``(batch.., a, b, c)`` named
+``("batch0", .., "m", "k", "n")``. A strategy using fewer devices than the world
+gets a repeated-calculation axis ``"rep"`` on the right (MindSpore's default).
+The tables are in docs/dialects.md.
 """
 from __future__ import annotations
 

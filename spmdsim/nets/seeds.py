@@ -1,20 +1,9 @@
 """The seed networks as pure `Network` values (seed 002: OneFlow; 003: MindSpore; 004: Paddle).
 
-* `mindspore_tutorial`: flatten -> MatMul.shard(((2,4),(4,1))) -> ReLU.shard(((4,1),))
-  -> MatMul.shard(((1,8),(8,1))) -> ReLU.shard(((8,1),)) -> MatMul (no strategy);
-* `mindspore_layout`: the same network with matmul1 / matmul2 sharded by Layout
-  tuples (Layout((2,2,2), ("dp","sp","mp")) and Layout((8,), ("tp",)));
-* `paddle_tp`: Embedding -> column Linear -> row Linear with
-  ``paddle.distributed.split`` over every rank;
-* `oneflow_2d_sbp`: nn.Linear(8, 4) -> ReLU -> nn.Linear(4, 2) with broadcast
-  weights and the input (broadcast, split(0)) on a 2 x n placement;
-  `oneflow_2d_signature` gives the first Linear the seed's 2D MatMul signature.
-
-Choices (docs/networks.md): the images arrive data parallel (MindSpore's
-default ``dataset_strategy``: batch split over all devices); Flatten and the
-MatMul without a strategy get MindSpore's default data-parallel strategy
-(batch dim over all devices, weight replicated). Weights are uniform in
-±sqrt(6 / fan_in) so activations stay near 1 through the layers.
+`mindspore_tutorial` (MatMul strategies) and `mindspore_layout` (Layout tuples),
+`paddle_tp` (``paddle.distributed.split`` over every rank), `oneflow_2d_sbp` and
+`oneflow_2d_signature` (2D SBP on a 2 x n placement). Their choices (data-parallel
+input, default strategies, weights uniform in ±sqrt(6 / fan_in)) are in docs/networks.md.
 """
 from __future__ import annotations
 

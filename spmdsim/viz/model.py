@@ -91,12 +91,8 @@ class LayoutPicture:
 
     @property
     def title(self) -> str:
-        tl = self.tensor_layout
-        return f"{self.name}: shape {self.shape!r}, tensor map {_map_text(tl)}"
-
-
-def _map_text(tl: TensorLayout) -> str:
-    return "(" + ", ".join(format_entry(e) for e in tl.tensor_map) + ")"
+        entries = ", ".join(format_entry(e) for e in self.tensor_layout.tensor_map)
+        return f"{self.name}: shape {self.shape!r}, tensor map ({entries})"
 
 
 def compact_ranks(ranks: Sequence[int], run: int = 3) -> str:
@@ -187,7 +183,6 @@ def layout_picture(tensor_layout: TensorLayout, shape: Sequence[int], name: str 
     tl = tensor_layout
     shape = tl.check_shape(shape)
     shards = tl.shards_per_dim
-    partial = bool(tl.partial)
     blocks = _blocks(tl, shape)
 
     # -- tensor panels ------------------------------------------------------------
@@ -230,7 +225,7 @@ def layout_picture(tensor_layout: TensorLayout, shape: Sequence[int], name: str 
         device_grid=device_grid,
         device_panels=device_panels,
         num_shards=len(blocks),
-        notes=_notes(tl, partial),
+        notes=_notes(tl),
     )
 
 
@@ -298,7 +293,7 @@ def _axis_labels(names: Sequence[str], sizes: Sequence[int], axis: Optional[int]
     return tuple(f"{names[axis]}={i}" for i in range(sizes[axis]))
 
 
-def _notes(tl: TensorLayout, partial: bool) -> tuple[str, ...]:
+def _notes(tl: TensorLayout) -> tuple[str, ...]:
     notes = []
     for d, axes in enumerate(tl.tensor_map):
         if tl.num_shards(d) > 1:
@@ -308,7 +303,7 @@ def _notes(tl: TensorLayout, partial: bool) -> tuple[str, ...]:
     copies = tl.copy_axes  # a size-1 axis makes no copies: nothing to say about it
     if copies:
         notes.append(f"replicated over {', '.join(copies)}: ranks listed together hold copies")
-    if partial:
+    if tl.partial:
         notes.append(partial_text(tl))
         if tl.addend_axes:
             notes.append("'+' joins the ranks holding the addends of a block (hatched in PNG pictures)")
