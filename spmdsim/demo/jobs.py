@@ -251,12 +251,9 @@ def embedding_job(
         op, forward = "ParallelEmbedding (dim-parallel)", layer
         inputs["table"] = layer.weight
     plan = infer_embedding(ids_layout, table_layout, gather_out=gather_out)
-    steps = []
-    for reduce in plan.reduce:
-        steps.append((reduce, _partial_reason(plan.vocab_axes, "the vocabulary")
-                      + f" ({zeros_why})"))
-    for gather in plan.gather:
-        steps.append((gather, f"embedding columns are split over {format_entry(plan.dim_axes)}"))
+    reduce_why = _partial_reason(plan.vocab_axes, "the vocabulary") + f" ({zeros_why})"
+    gather_why = f"embedding columns are split over {format_entry(plan.dim_axes)}"
+    steps = [(step, reduce_why) for step in plan.reduce] + [(step, gather_why) for step in plan.gather]
     notes = (_lookup_note(ids.local, rows),) if mode == "vocab" else ()
     return Job(op, f"ids{short(ids_layout)} table{short(table_layout)} -> {short(plan.out)}",
                mesh, lambda: forward(ids), embedding_region(ids_src, table_src), inputs,

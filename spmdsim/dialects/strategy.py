@@ -117,13 +117,9 @@ def strategy_to_layout(
 ) -> TensorLayout:
     """TensorLayout of one tensor sharded by `strategy` on the ranks of `mesh_shape`.
 
-    MindSpore lays a strategy over a flat device list, so only the number of
-    ranks counts: `mesh_shape` is that number or any shape with that product.
-    Device matrix = strategy (axes ``"axis_0", "axis_1", ...`` or
-    `mesh_axis_names`, one per tensor dim), tensor dim i split over axis i,
-    plus ``"rep"`` on the right when the strategy uses fewer ranks. An empty
-    strategy ``()`` is a scalar (only the "rep" axis). `ndim`, when given, must
-    equal the strategy's length.
+    Only the number of ranks counts (`mesh_shape` is that number or any shape with
+    that product), as MindSpore lays a strategy over a flat device list. ``()`` is
+    a scalar (only the "rep" axis); `ndim`, when given, must equal the strategy's length.
     """
     # () alone is ambiguous for parse_strategy (no inputs); here it can only be a scalar.
     parsed = ((),) if as_items(strategy) == [] else parse_strategy(strategy)

@@ -168,5 +168,4 @@ class NetworkRun:
 
     def table(self) -> str:
         """The per-operator table (a collective call; every rank gets the text)."""
-        comm = self.runner.comm
-        return format_table(self.runner.net, self.rows(), comm.Get_size())
+        return format_table(self.runner.net, self.rows(), self.runner.comm.Get_size())
