@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import product
 from typing import Iterator, Optional, Sequence
 
 from ..explain import partial_text
@@ -144,33 +145,20 @@ def _fold(
     return grid[: len(grid) // 2], grid[len(grid) // 2 :], chosen[-2], chosen[-1]
 
 
-def _mixed(counts: Sequence[int]) -> list[tuple[int, ...]]:
-    """All index tuples of a mixed-radix counter, last fastest."""
-    out: list[tuple[int, ...]] = [()]
-    for n in counts:
-        out = [t + (i,) for t in out for i in range(n)]
-    return out
-
-
 def _slabs(
     sizes: Sequence[int], grid_rows: Sequence[int], grid_cols: Sequence[int],
     row: Optional[int], col: Optional[int],
 ) -> Iterator[tuple[tuple[int, int], dict[int, int], list[list[tuple[int, ...]]]]]:
     """Per panel of a `_fold`: its grid position, the {dim: index} it fixes, its [row][col] index tuples."""
-    for gi, gr in enumerate(_mixed([sizes[d] for d in grid_rows])):
-        for gj, gc in enumerate(_mixed([sizes[d] for d in grid_cols])):
+    rows = range(sizes[row] if row is not None else 1)
+    cols = range(sizes[col] if col is not None else 1)
+    for gi, gr in enumerate(product(*(range(sizes[d]) for d in grid_rows))):
+        for gj, gc in enumerate(product(*(range(sizes[d]) for d in grid_cols))):
             fixed = dict(zip(grid_rows, gr)) | dict(zip(grid_cols, gc))
             indices = []
-            for i in range(sizes[row] if row is not None else 1):
-                line = []
-                for j in range(sizes[col] if col is not None else 1):
-                    index = [fixed.get(d, 0) for d in range(len(sizes))]
-                    if row is not None:
-                        index[row] = i
-                    if col is not None:
-                        index[col] = j
-                    line.append(tuple(index))
-                indices.append(line)
+            for i in rows:
+                cells = [fixed | {row: i, col: j} for j in cols]  # a None row or col is never read
+                indices.append([tuple(at.get(d, 0) for d in range(len(sizes))) for at in cells])
             yield (gi, gj), fixed, indices
 
 
@@ -235,7 +223,7 @@ def _blocks(tl: TensorLayout, shape: tuple[int, ...]) -> dict[tuple[int, ...], B
     for rank in range(layout.num_devices):
         holders.setdefault(tl.shard_index(rank), []).append(rank)
     out = {}
-    for number, index in enumerate(_mixed(tl.shards_per_dim)):
+    for number, index in enumerate(product(*map(range, tl.shards_per_dim))):
         ranks = tuple(sorted(holders[index]))
         terms: dict[int, list[int]] = {}
         for rank in ranks:
