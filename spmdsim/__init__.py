@@ -12,18 +12,8 @@ import importlib
 from typing import Any
 
 from .datagen import SeededTensor
-from .errors import (
-    CheckFailed,
-    DialectError,
-    DTypeError,
-    LayoutError,
-    OperatorError,
-    PlanError,
-    RankError,
-    RuntimeMismatchError,
-    ShapeError,
-    SpmdsimError,
-)
+from .errors import (CheckFailed, DialectError, DTypeError, LayoutError, OperatorError,
+                     PlanError, RankError, RuntimeMismatchError, ShapeError, SpmdsimError)
 from .layout import Layout, TensorLayout
 from .tolerances import contraction_atol, default_tolerances
 

@@ -77,13 +77,9 @@ class SeededTensor:
             raise SpmdsimError(f"range [{self.low!r}, {self.high!r}) is empty; expected low < high")
         if dtype in INT_DTYPES:
             if int(self.low) != self.low or int(self.high) != self.high:
-                raise SpmdsimError(
-                    f"integer range [{self.low!r}, {self.high!r}) must have integer bounds"
-                )
+                raise SpmdsimError(f"integer range [{self.low!r}, {self.high!r}) must have integer bounds")
             if int(self.high) - int(self.low) > 2**32:
-                raise SpmdsimError(
-                    f"integer range [{self.low!r}, {self.high!r}) is wider than 2**32"
-                )
+                raise SpmdsimError(f"integer range [{self.low!r}, {self.high!r}) is wider than 2**32")
             info = np.iinfo(dtype)
             if int(self.low) < info.min or int(self.high) - 1 > info.max:
                 raise SpmdsimError(f"integer range [{self.low!r}, {self.high!r}) does not fit {dtype}")
@@ -115,9 +111,7 @@ class SeededTensor:
         out = buffers.empty(out_shape, self.dtype)
         if out.size == 0:
             return out
-        strides = [1] * len(self.shape)
-        for i in range(len(self.shape) - 2, -1, -1):
-            strides[i] = strides[i + 1] * self.shape[i + 1]
+        strides = [math.prod(self.shape[d + 1:]) for d in range(len(self.shape))]
         key = _mix(np.array([self.seed], dtype=np.uint64) + _GOLDEN)[0]
         if not self.shape:
             self._fill(np.array([key + _GOLDEN], dtype=np.uint64), out.reshape(1))
@@ -168,9 +162,7 @@ class SeededTensor:
             else:
                 start, stop = _pair(part, d)
             if not 0 <= start <= stop <= size:
-                raise ShapeError(
-                    f"region dim {d} range [{start}, {stop}) is outside size {size}"
-                )
+                raise ShapeError(f"region dim {d} range [{start}, {stop}) is outside size {size}")
             out.append((start, stop))
         return tuple(out)
 

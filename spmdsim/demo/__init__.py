@@ -1,8 +1,8 @@
 """Demo scenarios: named operator runs on generated data, checked against references.
 
 `registry` holds the scenario registry and runner; `jobs` the builders shared
-with `spmdsim run`; every other public module (``ops`` now, e.g. ``networks``
-later) registers scenarios with ``@scenario(...)`` and is found automatically.
+with `spmdsim run`; every other public module (``ops``, ``networks``, ``training``)
+registers scenarios with ``@scenario(...)`` and is found automatically.
 """
 from __future__ import annotations
 

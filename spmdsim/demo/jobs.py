@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-
 from ..datagen import SeededTensor
 from ..dialects.strategy import format_strategy, matmul_layouts
 from ..errors import OperatorError
 from ..layout import Layout, TensorLayout, format_entry
 from ..infer import LinearPlan, infer_embedding, infer_linear, out_layout_from_strategy
+from ..nets.model import short_layout as short  # compact layout text for tables: [mp,(sp,dp)]
 from ..plan.steps import Step
 from ..reference import embedding_region, linear_region, matmul_region
 from ..tolerances import contraction_atol
@@ -21,29 +21,12 @@ from ..validate import counted
 from .registry import Job
 
 __all__ = [
-    "short",
-    "contraction_atol",
-    "mp_layout",
-    "matmul_job",
-    "strategy_matmul_job",
-    "linear_job",
-    "embedding_job",
-    "mlp_job",
-    "FRONTS",
+    "short", "contraction_atol", "mp_layout", "matmul_job", "strategy_matmul_job", "linear_job",
+    "embedding_job", "mlp_job", "FRONTS",
 ]
 
 #: The APIs `linear_job` and `embedding_job` can go through (one implementation underneath).
 FRONTS = ("megatron", "paddle")
-
-
-def short(tl: TensorLayout) -> str:
-    """Compact layout text for tables: [mp,(sp,dp)] or [m,n]P(k)."""
-    parts = [
-        "-" if not axes else axes[0] if len(axes) == 1 else "(" + ",".join(axes) + ")"
-        for axes in tl.tensor_map
-    ]
-    text = "[" + ",".join(parts) + "]"
-    return text + (f"P({','.join(tl.partial)})" if tl.partial else "")
 
 
 def mp_layout(world_size: int) -> Layout:
@@ -202,8 +185,8 @@ def linear_job(
 def _weights(**tensors: Any) -> dict[str, Any]:
     """The layer's weights for the rank lines (which block each rank holds), Nones left out.
 
-    Each is a DTensor, or a (TensorLayout, shape[, note]) tuple (`spmdsim.holdings`)
-    for weights an operator makes inside the call, as Paddle's ``split`` does.
+    Each is a DTensor, or a (TensorLayout, shape[, note]) tuple (`spmdsim.holdings`) for
+    weights the operator makes inside the call, as Paddle's ``split`` does.
     """
     return {name: t for name, t in tensors.items() if t is not None}
 
@@ -258,8 +241,6 @@ def embedding_job(
             op, forward = "VocabParallelEmbedding", layer
             inputs["table"] = layer.weight
             rows = (layer.vocab_start_index, layer.vocab_end_index)
-            # Megatron masks the ids out of range and zeroes their rows; spmdsim's layer gets
-            # the same zeros from a zero row kept beside its weight (spmdsim.ops.embedding).
             zeros_why = ("ids outside a rank's rows give zero rows: Megatron masks them and "
                          "zeroes their output; this layer reads the zeros from a zero row kept "
                          "beside the weight, as Paddle does")
@@ -270,12 +251,9 @@ def embedding_job(
         op, forward = "ParallelEmbedding (dim-parallel)", layer
         inputs["table"] = layer.weight
     plan = infer_embedding(ids_layout, table_layout, gather_out=gather_out)
-    steps = []
-    for reduce in plan.reduce:
-        steps.append((reduce, _partial_reason(plan.vocab_axes, "the vocabulary")
-                      + f" ({zeros_why})"))
-    for gather in plan.gather:
-        steps.append((gather, f"embedding columns are split over {format_entry(plan.dim_axes)}"))
+    reduce_why = _partial_reason(plan.vocab_axes, "the vocabulary") + f" ({zeros_why})"
+    gather_why = f"embedding columns are split over {format_entry(plan.dim_axes)}"
+    steps = [(step, reduce_why) for step in plan.reduce] + [(step, gather_why) for step in plan.gather]
     notes = (_lookup_note(ids.local, rows),) if mode == "vocab" else ()
     return Job(op, f"ids{short(ids_layout)} table{short(table_layout)} -> {short(plan.out)}",
                mesh, lambda: forward(ids), embedding_region(ids_src, table_src), inputs,

@@ -1,13 +1,8 @@
-"""Demo scenarios of whole seed networks (spmdsim.nets): MindSpore tutorial (seed 003), its
-Layout-tuple variant, Paddle's Embedding -> column Linear -> row Linear (seed 004) and
-OneFlow's 2D SBP sample model (seed 002).
+"""Demo scenarios of whole seed networks (`spmdsim.nets`, docs/networks.md).
 
-Each scenario runs the full forward pass, with a redistribution wherever one
-operator's output layout differs from what the next one requires, and checks
-the network output against a numpy reference of the whole network. The
-per-operator table is printed by examples/net_*.py; the demo row gives the
-collectives of the whole pass. The MindSpore networks need exactly 8 ranks;
-the Paddle network uses every rank, the OneFlow one a 2 x n placement.
+Each runs the full forward pass, redistributing wherever one operator's output
+layout differs from what the next requires, and checks the output against a
+numpy reference of the whole network; its row gives the collectives of the pass.
 """
 from __future__ import annotations
 

@@ -1,15 +1,10 @@
 """Scenario registry and runner shared by `spmdsim demo` and `spmdsim run`.
 
-A scenario is a named function ``build(ctx) -> Job`` registered with
-``@scenario(name, title, needs=...)``. Any module of the `spmdsim.demo`
-package (not starting with "_") is imported by `load_scenarios`, so adding a
-file such as ``spmdsim/demo/networks.py`` with decorated functions adds
-scenarios to the demo; nothing else changes. ``needs(world_size)`` returns a
-reason to skip (pure, so every rank agrees) or None.
-
-A Job is one operator run on generated data: a forward callable, the region
-reference to check it against, and what `--explain` prints. `run_job` traces
-the forward pass, checks the result on every rank and reduces the trace.
+A scenario is a function ``build(ctx) -> Job`` registered with ``@scenario(name,
+title, needs=...)`` in any public module of `spmdsim.demo` (`load_scenarios`
+imports them all); ``needs(world_size)`` is a reason to skip (pure, so every rank
+agrees) or None. A Job is one operator on generated data: a forward callable, the
+region reference it is checked against, and what `--explain` prints.
 """
 from __future__ import annotations
 
@@ -24,19 +19,8 @@ from ..plan.steps import Step
 from ..reference import RegionFn
 
 __all__ = [
-    "Context",
-    "Job",
-    "Scenario",
-    "Outcome",
-    "scenario",
-    "scenarios",
-    "load_scenarios",
-    "JobRun",
-    "run_job",
-    "run_scenario",
-    "explain_lines",
-    "explain_notes",
-    "rank_line",
+    "Context", "Job", "Scenario", "Outcome", "scenario", "scenarios", "load_scenarios", "JobRun",
+    "run_job", "run_scenario", "explain_lines", "explain_notes", "rank_line",
 ]
 
 

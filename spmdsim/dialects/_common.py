@@ -74,9 +74,7 @@ def entry_tokens(value: object, what: str, expected: str, items: str, per: str,
 def split_top_level(text: str, unwrap: bool = True) -> list[str]:
     """Split "S(0), (B), P" at commas outside brackets; first strip one outer pair (`unwrap`).
 
-    The one bracket-aware splitter (dialects and the CLI's lists and tensor
-    maps). Raises ValueError (the caller turns it into an error naming the
-    text) on unbalanced brackets.
+    Also splits the CLI's lists and tensor maps. Raises ValueError on unbalanced brackets.
     """
     body = text.strip()
     if unwrap and len(body) >= 2 and body[0] + body[-1] in ("()", "[]") and _encloses(body):
@@ -140,13 +138,19 @@ def renamed_keyword(kwargs: dict, old: str, new: str, value: object, function: s
     return value
 
 
+def require_layout(tl: object) -> None:
+    """Raise DialectError unless `tl` is a TensorLayout."""
+    if not isinstance(tl, TensorLayout):
+        raise DialectError(f"expected a TensorLayout, got {tl!r}")
+
+
 def check_major_order(tl: TensorLayout, dialect: str, fix_hint: str) -> None:
-    """Raise unless every multi-axis tensor-map entry lists its axes in mesh order.
+    """Raise unless `tl` is a TensorLayout whose multi-axis tensor-map entries list axes in mesh order.
 
     SBP and DTensor placements say only *which* mesh axes split a dim; the
-    order among them is fixed (lower mesh axis major), so another order is not
-    expressible there.
+    lower mesh axis is always major, so another order is not expressible there.
     """
+    require_layout(tl)
     for tensor_dim, axes in enumerate(tl.tensor_map):
         positions = [tl.layout.axis_index(a) for a in axes]
         if positions != sorted(positions):

@@ -19,14 +19,8 @@ from ._common import (as_int, axis_names, check_major_order, entry_tokens, posit
                       renamed_keyword)
 
 __all__ = [
-    "Shard",
-    "Replicate",
-    "Partial",
-    "Placement",
-    "parse_placements",
-    "format_placements",
-    "placements_to_layout",
-    "layout_to_placements",
+    "Shard", "Replicate", "Partial", "Placement", "parse_placements", "format_placements",
+    "placements_to_layout", "layout_to_placements",
 ]
 
 
@@ -161,8 +155,6 @@ def layout_to_placements(tl: TensorLayout) -> tuple[Placement, ...]:
     Raises DialectError when a dim is split over several axes listed in an
     order other than ascending mesh order (not expressible without _StridedShard).
     """
-    if not isinstance(tl, TensorLayout):
-        raise DialectError(f"expected a TensorLayout, got {tl!r}")
     check_major_order(tl, "DTensor placements", "DTensor would need _StridedShard")
     shard_dim = {a: d for d, axes in enumerate(tl.tensor_map) for a in axes}
     out: list[Placement] = []

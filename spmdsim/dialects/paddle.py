@@ -1,21 +1,11 @@
 """Paddle ``paddle.distributed.split`` (seed 004) as layouts on a 1-D "mp" mesh.
 
-Three cases, named after Megatron layers:
-
-* ``operation="linear", axis=0``: row-parallel. The weight (in, out) is split
-  on ``in``; each rank multiplies its column block of x (split on the last
-  dim) and the partial outputs are summed by AllReduce (always; Paddle's
-  ``gather_out`` does not apply). The bias is added once, after the sum.
-* ``operation="linear", axis=1``: column-parallel. The weight is split on
-  ``out``; x is replicated; each rank's output holds its column block, which
-  AllGather concatenates when ``gather_out`` (Paddle's default).
-* ``operation="embedding"`` (axis 0 only): vocab-parallel. Rank r holds rows
-  ``[r*N/p, (r+1)*N/p)`` of the (N, M) table plus one zero padding row (local
-  row N/p); ids outside its range are mapped to that row, and AllReduce sums
-  the per-rank lookups.
-
-Version 1 needs the split dim divisible by num_partitions (Paddle's linear
-asserts this; its embedding would give the last rank the remainder).
+``operation="linear"``, axis 0 is row-parallel (weight rows split, partial
+outputs summed by AllReduce, bias added once after the sum); axis 1 is
+column-parallel (weight columns split, AllGather when ``gather_out``);
+``operation="embedding"`` is vocab-parallel (each rank's rows plus a zero
+padding row for the ids it does not own, AllReduce of the lookups). The split
+dim must be divisible by num_partitions. The tables are in docs/dialects.md.
 """
 from __future__ import annotations
 
@@ -82,9 +72,8 @@ class PaddleSplit:
         if index is None:
             raise DialectError(f"rank {rank!r} must be an integer (0 <= rank < {self.num_partitions})")
         if not 0 <= index < self.num_partitions:
-            raise DialectError(
-                f"rank {rank!r} is outside the model-parallel group of {self.num_partitions}"
-            )
+            raise DialectError(f"rank {rank!r} is outside the model-parallel group of "
+                               f"{self.num_partitions}")
         return self.vocab_ranges[index]
 
     def local_ids(self, ids: np.ndarray, rank: int) -> np.ndarray:
@@ -117,6 +106,8 @@ def split_layouts(
     which = as_int(axis)  # None for bools and non-integers: True == 1 must not pass
     layout = Layout((parts,), (MP_AXIS,))
     lead = (None,) * (ndim - 1)
+    common = dict(operation=operation, size=shape, num_partitions=parts, gather_out=bool(gather_out),
+                  layout=layout)
     if operation == "embedding":
         if which != 0:
             raise DialectError(
@@ -126,9 +117,7 @@ def split_layouts(
         per_part = shape[0] // parts
         partial_out = layout(*(None,) * (ndim + 1), partial=(MP_AXIS,))
         return PaddleSplit(
-            kind="vocab", operation=operation, axis=0, size=shape, num_partitions=parts,
-            gather_out=bool(gather_out), layout=layout,
-            weight=layout(MP_AXIS, None), bias=None,
+            kind="vocab", axis=0, **common, weight=layout(MP_AXIS, None), bias=None,
             input=layout(*(None,) * ndim),
             output_before=partial_out, output_after=partial_out.with_partial(()),
             collective="allreduce" if parts > 1 else None,
@@ -137,16 +126,13 @@ def split_layouts(
             padding_row=per_part,
         )
     if operation != "linear":
-        raise DialectError(
-            f"operation {operation!r} is not supported; expected 'linear' or 'embedding'"
-        )
+        raise DialectError(f"operation {operation!r} is not supported; "
+                           "expected 'linear' or 'embedding'")
     if which == 0:
         _check_divisible(shape, 0, parts, "rows (in features) of the linear weight")
         partial_out = layout(*lead, None, partial=(MP_AXIS,))
         return PaddleSplit(
-            kind="row", operation=operation, axis=0, size=shape, num_partitions=parts,
-            gather_out=bool(gather_out), layout=layout,
-            weight=layout(MP_AXIS, None), bias=layout(None),
+            kind="row", axis=0, **common, weight=layout(MP_AXIS, None), bias=layout(None),
             input=layout(*lead, MP_AXIS),
             output_before=partial_out, output_after=partial_out.with_partial(()),
             collective="allreduce" if parts > 1 else None,
@@ -157,9 +143,7 @@ def split_layouts(
         split_out = layout(*lead, MP_AXIS)
         gathered = bool(gather_out) and parts > 1
         return PaddleSplit(
-            kind="column", operation=operation, axis=1, size=shape, num_partitions=parts,
-            gather_out=bool(gather_out), layout=layout,
-            weight=layout(None, MP_AXIS), bias=layout(MP_AXIS),
+            kind="column", axis=1, **common, weight=layout(None, MP_AXIS), bias=layout(MP_AXIS),
             input=layout(*lead, None),
             output_before=split_out,
             output_after=layout(*lead, None) if gathered else split_out,
@@ -185,9 +169,7 @@ def _size(size: object) -> tuple[int, int]:
 def _check_divisible(shape: tuple[int, int], dim: int, parts: int, what: str) -> None:
     if shape[dim] % parts != 0:
         raise DialectError(
-            f"size[{dim}]={shape[dim]!r}, the {what}, is not divisible by "
-            f"num_partitions={parts!r}"
-        )
+            f"size[{dim}]={shape[dim]!r}, the {what}, is not divisible by num_partitions={parts!r}")
 
 
 def paddle_layout(num_partitions: int, world_size: int) -> Layout:
@@ -198,13 +180,11 @@ def paddle_layout(num_partitions: int, world_size: int) -> Layout:
     if parts is None:
         raise OperatorError(f"num_partitions={num_partitions!r} must be a positive integer")
     if parts <= 0 or world % parts:
-        raise OperatorError(
-            f"num_partitions={num_partitions!r} must divide the world size {world_size!r}"
-        )
-    num_partitions, world_size = parts, world
-    if num_partitions == world_size:
-        return Layout((num_partitions,), (MP_AXIS,))
-    return Layout((world_size // num_partitions, num_partitions), ("dp", MP_AXIS))
+        raise OperatorError(f"num_partitions={num_partitions!r} must divide the world size "
+                            f"{world_size!r}")
+    if parts == world:
+        return Layout((parts,), (MP_AXIS,))
+    return Layout((world // parts, parts), ("dp", MP_AXIS))
 
 
 def paddle_param(
@@ -223,6 +203,4 @@ def paddle_param(
                 f"parameter of shape {attr.shape!r} does not match the expected {tuple(shape)!r}"
             )
         return attr
-    raise OperatorError(
-        f"parameter attr {attr!r} must be None, False, a seed or a SeededTensor"
-    )
+    raise OperatorError(f"parameter attr {attr!r} must be None, False, a seed or a SeededTensor")

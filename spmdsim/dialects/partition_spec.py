@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 from ..errors import DialectError
 from ..layout import Layout, TensorLayout
 from ..validate import counted
-from ._common import as_int, as_items, axis_names, positive_ints
+from ._common import as_int, as_items, axis_names, positive_ints, require_layout
 
 __all__ = ["partition_spec_to_layout", "layout_to_partition_spec", "format_partition_spec"]
 
@@ -91,8 +91,7 @@ def layout_to_partition_spec(tl: TensorLayout) -> tuple:
 
     Raises DialectError for partial layouts: a PartitionSpec has no pending sums.
     """
-    if not isinstance(tl, TensorLayout):
-        raise DialectError(f"expected a TensorLayout, got {tl!r}")
+    require_layout(tl)
     if tl.partial:
         raise DialectError(
             f"PartitionSpec cannot express partial sums over {tl.partial!r}; "

@@ -20,15 +20,8 @@ from ._common import (as_int, axis_names, check_major_order, entry_tokens, posit
                       renamed_keyword)
 
 __all__ = [
-    "Broadcast",
-    "Split",
-    "PartialSum",
-    "SBP",
-    "parse_sbp",
-    "format_sbp",
-    "sbp_to_layout",
-    "layout_to_sbp",
-    "sbp_of_axis",
+    "Broadcast", "Split", "PartialSum", "SBP", "parse_sbp", "format_sbp", "sbp_to_layout",
+    "layout_to_sbp", "sbp_of_axis",
 ]
 
 
@@ -162,7 +155,5 @@ def layout_to_sbp(tl: TensorLayout) -> tuple[SBP, ...]:
     Raises DialectError when a dim is split over several axes listed in an
     order other than ascending mesh order (SBP always makes the lower axis major).
     """
-    if not isinstance(tl, TensorLayout):
-        raise DialectError(f"expected a TensorLayout, got {tl!r}")
     check_major_order(tl, "nD SBP", "reorder the tuple or permute the placement axes")
     return tuple(sbp_of_axis(tl, name) for name in tl.layout.alias_name)

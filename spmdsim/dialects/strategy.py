@@ -1,18 +1,11 @@
 """MindSpore `.shard` strategies as TensorLayouts (DESIGN.md section 2, "Strategies").
 
-A strategy gives, per input tensor, the number of slices of each tensor dim:
-``ops.MatMul().shard(((2, 1), (1, 4)))``. MindSpore derives a device matrix
-and tensor maps from it; this module does the same with named axes:
-
-* one tensor, strategy ``(s_0, ..., s_{n-1})``: device matrix = the strategy,
-  axes ``"axis_0" ... "axis_{n-1}"`` (or names given), tensor dim i split over
-  ``"axis_{i}"`` (MindSpore's tensor_map ``(n-1, ..., 0)`` in its right-to-left
-  axis numbering);
-* MatMul ``((a, b), (b, c))``: device matrix ``(a, b, c)`` with axes
-  ``("m", "k", "n")``; batched inputs add leading axes ``"batch0", ...``;
-* when the strategy uses fewer devices than the world, one repeated-calculation
-  axis ``"rep"`` of size world // product is appended on the right of the
-  device matrix (MindSpore's default), so neighbouring ranks hold the same data.
+A strategy gives, per input tensor, the slice count of each tensor dim:
+``ops.MatMul().shard(((2, 1), (1, 4)))``. One tensor's device matrix is its
+strategy (axes ``"axis_0", ...``); a MatMul's is ``(batch.., a, b, c)`` named
+``("batch0", .., "m", "k", "n")``. A strategy using fewer devices than the world
+gets a repeated-calculation axis ``"rep"`` on the right (MindSpore's default).
+The tables are in docs/dialects.md.
 """
 from __future__ import annotations
 
@@ -24,19 +17,11 @@ from typing import Optional, Sequence, Union
 from ..errors import DialectError
 from ..layout import Layout, TensorLayout
 from ..validate import counted
-from ._common import as_int, as_items, axis_names, positive_int
+from ._common import as_int, as_items, axis_names, positive_int, require_layout
 
 __all__ = [
-    "REP_AXIS",
-    "StrategyLike",
-    "MatMulLayouts",
-    "parse_strategy",
-    "format_strategy",
-    "strategy_to_layout",
-    "strategy_layout",
-    "matmul_layouts",
-    "layout_to_strategy",
-    "strategy_of",
+    "REP_AXIS", "StrategyLike", "MatMulLayouts", "parse_strategy", "format_strategy",
+    "strategy_to_layout", "strategy_layout", "matmul_layouts", "layout_to_strategy", "strategy_of",
 ]
 
 #: Name of the repeated-calculation axis appended when a strategy uses fewer devices.
@@ -98,16 +83,8 @@ def _counts(items: list, shown: object, input_index: object) -> tuple[int, ...]:
 
 
 def format_strategy(strategy: StrategyLike) -> str:
-    """MindSpore's spelling of a strategy: ``((2, 1), (1, 4))`` or ``((2, 1),)``."""
-    parsed = parse_strategy(strategy)
-    inner = ", ".join(_format_one(counts) for counts in parsed)
-    return f"({inner},)" if len(parsed) == 1 else f"({inner})"
-
-
-def _format_one(counts: tuple[int, ...]) -> str:
-    if len(counts) == 1:
-        return f"({counts[0]},)"
-    return "(" + ", ".join(str(c) for c in counts) + ")"
+    """MindSpore's spelling of a strategy: ``((2, 1), (1, 4))`` or ``((2, 1),)`` (a tuple's repr)."""
+    return repr(parse_strategy(strategy))
 
 
 def _device_layout(
@@ -140,13 +117,9 @@ def strategy_to_layout(
 ) -> TensorLayout:
     """TensorLayout of one tensor sharded by `strategy` on the ranks of `mesh_shape`.
 
-    MindSpore lays a strategy over a flat device list, so only the number of
-    ranks counts: `mesh_shape` is that number or any shape with that product.
-    Device matrix = strategy (axes ``"axis_0", "axis_1", ...`` or
-    `mesh_axis_names`, one per tensor dim), tensor dim i split over axis i,
-    plus ``"rep"`` on the right when the strategy uses fewer ranks. An empty
-    strategy ``()`` is a scalar (only the "rep" axis). `ndim`, when given, must
-    equal the strategy's length.
+    Only the number of ranks counts (`mesh_shape` is that number or any shape with
+    that product), as MindSpore lays a strategy over a flat device list. ``()`` is
+    a scalar (only the "rep" axis); `ndim`, when given, must equal the strategy's length.
     """
     # () alone is ambiguous for parse_strategy (no inputs); here it can only be a scalar.
     parsed = ((),) if as_items(strategy) == [] else parse_strategy(strategy)
@@ -255,25 +228,20 @@ def _batch_counts(
     x_batch: tuple[int, ...], w_batch: tuple[int, ...], parsed: object
 ) -> tuple[int, ...]:
     """Batch slice counts of the longer input; the shorter one must agree from the right."""
-    longer = x_batch if len(x_batch) >= len(w_batch) else w_batch
-    offset_x = len(longer) - len(x_batch)
-    offset_w = len(longer) - len(w_batch)
-    for i in range(len(longer)):
-        if i < offset_x or i < offset_w:
-            continue
-        px, pw = x_batch[i - offset_x], w_batch[i - offset_w]
-        if px != pw:
+    shared = min(len(x_batch), len(w_batch))
+    for i in range(shared):
+        ix, iw = len(x_batch) - shared + i, len(w_batch) - shared + i
+        if x_batch[ix] != w_batch[iw]:
             raise DialectError(
-                f"batch dim {i - offset_x} of x is split {px} ways but batch dim "
-                f"{i - offset_w} of w {pw} ways; they must be equal (matmul strategy {parsed!r})"
+                f"batch dim {ix} of x is split {x_batch[ix]} ways but batch dim "
+                f"{iw} of w {w_batch[iw]} ways; they must be equal (matmul strategy {parsed!r})"
             )
-    return longer
+    return x_batch if len(x_batch) >= len(w_batch) else w_batch
 
 
 def layout_to_strategy(tl: TensorLayout) -> tuple[int, ...]:
     """Number of slices per tensor dim (always expressible; partial axes are not part of it)."""
-    if not isinstance(tl, TensorLayout):
-        raise DialectError(f"expected a TensorLayout, got {tl!r}")
+    require_layout(tl)
     return tl.shards_per_dim
 
 

@@ -18,26 +18,10 @@ from .seeds import (mindspore_layout, mindspore_tutorial, needs_eight, oneflow_2
 from .table import HopRow, format_table
 
 __all__ = [
-    "Network",
-    "Stage",
-    "Param",
-    "Hop",
-    "HopRow",
-    "schedule",
-    "reference_rows",
-    "network_atol",
-    "format_table",
-    "mindspore_tutorial",
-    "mindspore_layout",
-    "paddle_tp",
-    "needs_eight",
-    "paddle_needs",
-    "oneflow_2d_sbp",
-    "oneflow_2d_signature",
-    "oneflow_needs",
-    "NetworkRunner",
-    "NetworkRun",
-    "NETWORKS",
+    "Network", "Stage", "Param", "Hop", "HopRow", "schedule", "reference_rows", "network_atol",
+    "format_table", "mindspore_tutorial", "mindspore_layout", "paddle_tp", "needs_eight",
+    "paddle_needs", "oneflow_2d_sbp", "oneflow_2d_signature", "oneflow_needs", "NetworkRunner",
+    "NetworkRun", "NETWORKS",
 ]
 
 #: Network builders by scenario name: ``NETWORKS[name](world_size, dtype=..., seed=...)``.

@@ -1,14 +1,11 @@
 """Whole networks as pure values: stages with the layouts they need, a schedule, a reference.
 
-Never imports mpi4py. A `Network` is its global input (a SeededTensor and the
-layout it arrives in) and a tuple of `Stage`s, each stating the input layout
-its operator requires, its parameters and its output layout (inferred by
-`spmdsim.infer` / `spmdsim.dialects.paddle`, so a bad strategy fails here,
-on every rank alike, before any collective). `schedule` turns a network into
-`Hop`s: a redistribution wherever the previous output's layout differs from
-what the next operator requires (planned by `spmdsim.plan`), then the operator.
-Each hop also states the collectives it must perform, which the MPI tests hold
-the trace to.
+A `Network` is its global input (a SeededTensor and the layout it arrives in)
+and its `Stage`s, each with the input layout its operator requires, its
+parameters and its output layout (inferred here, so a bad strategy fails on every
+rank alike before any collective). `schedule` makes the `Hop`s: a planned
+redistribution wherever the previous output's layout differs from what the next
+operator requires, then the operator, each with the collectives it must run.
 """
 from __future__ import annotations
 
@@ -27,19 +24,8 @@ from ..infer import infer_linear, infer_matmul, matmul_shape
 from ..plan import Plan, plan_redistribution
 
 __all__ = [
-    "KINDS",
-    "Param",
-    "Stage",
-    "Network",
-    "Hop",
-    "flatten_stage",
-    "matmul_stage",
-    "linear_stage",
-    "relu_stage",
-    "paddle_stage",
-    "schedule",
-    "reference_rows",
-    "short_layout",
+    "KINDS", "Param", "Stage", "Network", "Hop", "flatten_stage", "matmul_stage", "linear_stage",
+    "relu_stage", "paddle_stage", "schedule", "reference_rows", "short_layout",
 ]
 
 #: Operator kinds a Stage may have.

@@ -64,10 +64,7 @@ class NetworkRunner:
         return DTensor.from_seeded(self.mesh(net.input_layout.layout), net.input_layout, net.source)
 
     def forward(self, x: Any = None) -> "NetworkRun":
-        """Run every hop, each under its own trace; returns the outputs and the traces.
-
-        `x`: the input DTensor (default: `input()`, made now).
-        """
+        """Run every hop, each under its own trace, on `x` (default: `input()`); the outputs and traces."""
         from ..runtime import collect_trace
 
         value = self.input() if x is None else x
@@ -106,17 +103,12 @@ def _flatten(runner: NetworkRunner, index: int, x: Any) -> Any:
     return DTensor(runner.mesh(stage.out.layout), local, stage.out, stage.out_shape)
 
 
-def _matmul(runner: NetworkRunner, index: int, x: Any) -> Any:
-    from ..ops import matmul
+def _product(runner: NetworkRunner, index: int, x: Any) -> Any:
+    from ..ops import linear, matmul
 
-    (w,) = runner.params[index]
-    return matmul(x, w, label=runner.net.stages[index].name)
-
-
-def _linear(runner: NetworkRunner, index: int, x: Any) -> Any:
-    from ..ops import linear
-
-    return linear(x, *runner.params[index], label=runner.net.stages[index].name)
+    stage = runner.net.stages[index]
+    op = matmul if stage.kind == "matmul" else linear
+    return op(x, *runner.params[index], label=stage.name)
 
 
 def _activation(runner: NetworkRunner, index: int, x: Any) -> Any:
@@ -140,7 +132,7 @@ def _paddle(runner: NetworkRunner, index: int, x: Any) -> Any:
                  weight_attr=w, bias_attr=b, name=stage.name)
 
 
-_STAGES = {"flatten": _flatten, "matmul": _matmul, "linear": _linear, "relu": _activation, "gelu": _activation,
+_STAGES = {"flatten": _flatten, "matmul": _product, "linear": _product, "relu": _activation, "gelu": _activation,
            "embedding": _paddle, "column_linear": _paddle, "row_linear": _paddle}
 
 
@@ -176,5 +168,4 @@ class NetworkRun:
 
     def table(self) -> str:
         """The per-operator table (a collective call; every rank gets the text)."""
-        comm = self.runner.comm
-        return format_table(self.runner.net, self.rows(), comm.Get_size())
+        return format_table(self.runner.net, self.rows(), self.runner.comm.Get_size())

@@ -1,25 +1,14 @@
 """The seed networks as pure `Network` values (seed 002: OneFlow; 003: MindSpore; 004: Paddle).
 
-* `mindspore_tutorial`: flatten -> MatMul.shard(((2,4),(4,1))) -> ReLU.shard(((4,1),))
-  -> MatMul.shard(((1,8),(8,1))) -> ReLU.shard(((8,1),)) -> MatMul (no strategy);
-* `mindspore_layout`: the same network with matmul1 / matmul2 sharded by Layout
-  tuples (Layout((2,2,2), ("dp","sp","mp")) and Layout((8,), ("tp",)));
-* `paddle_tp`: Embedding -> column Linear -> row Linear with
-  ``paddle.distributed.split`` over every rank;
-* `oneflow_2d_sbp`: nn.Linear(8, 4) -> ReLU -> nn.Linear(4, 2) with broadcast
-  weights and the input (broadcast, split(0)) on a 2 x n placement;
-  `oneflow_2d_signature` gives the first Linear the seed's 2D MatMul signature.
-
-Choices (docs/networks.md): the images arrive data parallel (MindSpore's
-default ``dataset_strategy``: batch split over all devices); Flatten and the
-MatMul without a strategy get MindSpore's default data-parallel strategy
-(batch dim over all devices, weight replicated). Weights are uniform in
-±sqrt(6 / fan_in) so activations stay near 1 through the layers.
+`mindspore_tutorial` (MatMul strategies) and `mindspore_layout` (Layout tuples),
+`paddle_tp` (``paddle.distributed.split`` over every rank), `oneflow_2d_sbp` and
+`oneflow_2d_signature` (2D SBP on a 2 x n placement). Their choices (data-parallel
+input, default strategies, weights uniform in ±sqrt(6 / fan_in)) are in docs/networks.md.
 """
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 from ..datagen import SeededTensor
 from ..dialects.sbp import sbp_to_layout
@@ -29,20 +18,9 @@ from ..layout import Layout
 from .model import Network, flatten_stage, linear_stage, matmul_stage, paddle_stage, relu_stage
 
 __all__ = [
-    "IMAGES",
-    "HIDDEN",
-    "CLASSES",
-    "NO_STRATEGY",
-    "mindspore_tutorial",
-    "mindspore_layout",
-    "paddle_tp",
-    "needs_eight",
-    "paddle_needs",
-    "PADDLE_SIZES",
-    "oneflow_2d_sbp",
-    "oneflow_2d_signature",
-    "oneflow_needs",
-    "ONEFLOW_SIZES",
+    "IMAGES", "HIDDEN", "CLASSES", "NO_STRATEGY", "mindspore_tutorial", "mindspore_layout", "paddle_tp",
+    "needs_eight", "paddle_needs", "PADDLE_SIZES", "oneflow_2d_sbp", "oneflow_2d_signature",
+    "oneflow_needs", "ONEFLOW_SIZES",
 ]
 
 #: The tutorial's batch: 32 MNIST images (1, 28, 28); 512-wide layers; 10 classes.
@@ -89,23 +67,32 @@ def _weight(shape: tuple[int, int], dtype: str, seed: int) -> SeededTensor:
     return SeededTensor(shape, dtype, seed, low=-bound, high=bound)
 
 
-def _check_world(world_size: int) -> None:
-    reason = needs_eight(world_size)
+def _require(needs: Callable[[int], Optional[str]], world_size: int) -> None:
+    reason = needs(world_size)
     if reason:
         raise OperatorError(reason)
 
 
-def _head(world_size: int, dtype: str, seed: int) -> tuple:
-    """Input (data parallel over all devices) and Flatten, shared by both MindSpore networks."""
+def _mindspore(name: str, title: str, world_size: int, dtype: str, seed: int, no_strategy: str,
+               matmul1: tuple, matmul2: tuple) -> Network:
+    """Flatten > MatMul1 > ReLU1 > MatMul2 > ReLU2 > MatMul3; `matmulN` is (how, x layout, w layout).
+
+    The input arrives data parallel over all devices; MatMul3 has no strategy
+    (data parallel or replicated, `no_strategy`).
+    """
+    batch = IMAGES[0]
     images = SeededTensor(IMAGES, dtype, seed)
     dp = (world_size,) + (1,) * (len(IMAGES) - 1)
     x_in = strategy_to_layout(dp, world_size)
-    return images, x_in, flatten_stage(x_in, IMAGES, how=f"data parallel {format_strategy(dp)}")
-
-
-def _tail(world_size: int, dtype: str, seed: int, no_strategy: str) -> tuple:
-    """ReLU2 ((8,1),) and MatMul3 without a strategy (data parallel or replicated)."""
-    batch = IMAGES[0]
+    flatten = flatten_stage(x_in, IMAGES, how=f"data parallel {format_strategy(dp)}")
+    stages = (
+        flatten,
+        matmul_stage("MatMul1", *matmul1, flatten.out_shape,
+                     _weight((flatten.out_shape[1], HIDDEN), dtype, seed + 1)),
+        relu_stage("ReLU1", "shard(((4,1),))", strategy_to_layout((4, 1), world_size),
+                   (batch, HIDDEN)),
+        matmul_stage("MatMul2", *matmul2, (batch, HIDDEN), _weight((HIDDEN, HIDDEN), dtype, seed + 2)),
+    )
     if no_strategy not in NO_STRATEGY:
         raise OperatorError(f"no_strategy {no_strategy!r} must be one of {tuple(NO_STRATEGY)!r}")
     relu2 = relu_stage("ReLU2", "shard(((8,1),))", strategy_to_layout((8, 1), world_size),
@@ -115,51 +102,34 @@ def _tail(world_size: int, dtype: str, seed: int, no_strategy: str) -> tuple:
     matmul3 = matmul_stage("MatMul3", f"no strategy: {no_strategy} {format_strategy(strategy)}",
                            m3.x, m3.w, (batch, HIDDEN),
                            _weight((HIDDEN, CLASSES), dtype, seed + 3))
-    return relu2, matmul3
+    return Network(name, title, images, x_in, stages + (relu2, matmul3))
 
 
 def mindspore_tutorial(world_size: int = 8, dtype: str = "float32", seed: int = 0,
                        no_strategy: str = "data_parallel") -> Network:
     """Seed 003's operator-parallel sample network on 32 images of 28*28."""
-    _check_world(world_size)
-    batch = IMAGES[0]
-    images, x_in, flatten = _head(world_size, dtype, seed)
+    _require(needs_eight, world_size)
     m1 = matmul_layouts(((2, 4), (4, 1)), world_size)
     m2 = matmul_layouts(((1, 8), (8, 1)), world_size)
-    stages = (
-        flatten,
-        matmul_stage("MatMul1", "shard(((2,4),(4,1)))", m1.x, m1.w, flatten.out_shape,
-                     _weight((flatten.out_shape[1], HIDDEN), dtype, seed + 1)),
-        relu_stage("ReLU1", "shard(((4,1),))", strategy_to_layout((4, 1), world_size),
-                   (batch, HIDDEN)),
-        matmul_stage("MatMul2", "shard(((1,8),(8,1)))", m2.x, m2.w, (batch, HIDDEN),
-                     _weight((HIDDEN, HIDDEN), dtype, seed + 2)),
-    ) + _tail(world_size, dtype, seed, no_strategy)
-    return Network("net_mindspore_tutorial", "MindSpore operator-parallel tutorial network",
-                   images, x_in, stages)
+    return _mindspore("net_mindspore_tutorial", "MindSpore operator-parallel tutorial network",
+                      world_size, dtype, seed, no_strategy, ("shard(((2,4),(4,1)))", m1.x, m1.w),
+                      ("shard(((1,8),(8,1)))", m2.x, m2.w))
 
 
 def mindspore_layout(world_size: int = 8, dtype: str = "float32", seed: int = 0,
                      no_strategy: str = "data_parallel") -> Network:
     """Seed 003's advanced variant: matmul1 and matmul2 sharded with Layout tuples."""
-    _check_world(world_size)
-    batch = IMAGES[0]
-    images, x_in, flatten = _head(world_size, dtype, seed)
+    _require(needs_eight, world_size)
     layout = Layout((2, 2, 2), ("dp", "sp", "mp"))
     layout2 = Layout((8,), ("tp",))
-    stages = (
-        flatten,
-        matmul_stage("MatMul1", 'shard((layout("mp",("sp","dp")), layout(("sp","dp"),"None")))',
-                     layout("mp", ("sp", "dp")), layout(("sp", "dp"), "None"),
-                     flatten.out_shape, _weight((flatten.out_shape[1], HIDDEN), dtype, seed + 1)),
-        relu_stage("ReLU1", "shard(((4,1),))", strategy_to_layout((4, 1), world_size),
-                   (batch, HIDDEN)),
-        matmul_stage("MatMul2", 'shard((layout2("None","tp"), layout2("tp","None")))',
-                     layout2("None", "tp"), layout2("tp", "None"), (batch, HIDDEN),
-                     _weight((HIDDEN, HIDDEN), dtype, seed + 2)),
-    ) + _tail(world_size, dtype, seed, no_strategy)
-    return Network("net_mindspore_layout", "MindSpore advanced operator parallel (Layout tuples)",
-                   images, x_in, stages)
+    return _mindspore(
+        "net_mindspore_layout", "MindSpore advanced operator parallel (Layout tuples)",
+        world_size, dtype, seed, no_strategy,
+        ('shard((layout("mp",("sp","dp")), layout(("sp","dp"),"None")))', layout("mp", ("sp", "dp")),
+         layout(("sp", "dp"), "None")),
+        ('shard((layout2("None","tp"), layout2("tp","None")))', layout2("None", "tp"),
+         layout2("tp", "None")),
+    )
 
 
 def paddle_tp(world_size: int, dtype: str = "float32", seed: int = 0) -> Network:
@@ -169,9 +139,7 @@ def paddle_tp(world_size: int, dtype: str = "float32", seed: int = 0) -> Network
     the input split the row layer needs: only the embedding's and the row
     layer's Allreduce communicate.
     """
-    reason = paddle_needs(world_size)
-    if reason:
-        raise OperatorError(reason)
+    _require(paddle_needs, world_size)
     ids_shape, vocab = PADDLE_SIZES["ids"], PADDLE_SIZES["vocab"]
     hidden, ffn = PADDLE_SIZES["hidden"], PADDLE_SIZES["ffn"]
     ids = SeededTensor(ids_shape, "int64", seed, low=0, high=vocab)
@@ -201,9 +169,7 @@ def oneflow_2d_sbp(world_size: int, dtype: str = "float32", seed: int = 0,
     here S(2) for the 3-d activations): its output columns are split over axis_0,
     so the second Linear's broadcast weight needs them gathered first.
     """
-    reason = oneflow_needs(world_size)
-    if reason:
-        raise OperatorError(reason)
+    _require(oneflow_needs, world_size)
     if weight_sbp not in ("B,B", "S(1),B"):
         raise OperatorError(f"weight_sbp {weight_sbp!r} must be 'B,B' (the seed's model) or 'S(1),B' "
                             "(the seed's 2D MatMul signature)")

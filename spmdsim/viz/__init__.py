@@ -7,23 +7,9 @@ from __future__ import annotations
 from .ascii import render_layout_ascii
 from .model import Block, DeviceCell, DevicePanel, LayoutPicture, Panel, layout_picture
 from .plan import render_plan_ascii, render_plan_png
+from .png import render_layout_png
 
 __all__ = [
-    "Block",
-    "Panel",
-    "DeviceCell",
-    "DevicePanel",
-    "LayoutPicture",
-    "layout_picture",
-    "render_layout_ascii",
-    "render_layout_png",
-    "render_plan_ascii",
-    "render_plan_png",
+    "Block", "Panel", "DeviceCell", "DevicePanel", "LayoutPicture", "layout_picture",
+    "render_layout_ascii", "render_layout_png", "render_plan_ascii", "render_plan_png",
 ]
-
-
-def render_layout_png(picture, path, shape=None, **kwargs):  # noqa: ANN001 - lazy wrapper
-    """Draw a LayoutPicture to `path` (.png or .svg) with matplotlib; see viz.png."""
-    from .png import render_layout_png as _render
-
-    return _render(picture, path, shape, **kwargs)

@@ -106,12 +106,10 @@ def hstack(blocks: Sequence[list[str]], width: int) -> list[str]:
 
 
 def _panel_lines(panel: Panel, short: bool, width: int) -> list[str]:
-    rows = [f"{a}:{b}" for a, b in zip(panel.row_edges, panel.row_edges[1:])]
-    if panel.row_dim is None:
-        rows = [""]
-    cols = [f"{a}:{b}" for a, b in zip(panel.col_edges, panel.col_edges[1:])]
-    if panel.col_dim < 0:
-        cols = ["scalar"]
+    spans = [f"{a}:{b}" for a, b in zip(panel.row_edges, panel.row_edges[1:])]
+    rows = [""] if panel.row_dim is None else spans
+    spans = [f"{a}:{b}" for a, b in zip(panel.col_edges, panel.col_edges[1:])]
+    cols = ["scalar"] if panel.col_dim < 0 else spans
     cells = [
         [[f"#{b.shard_number}"] if short else [b.label, f"#{b.shard_number}"] for b in row]
         for row in panel.blocks
@@ -158,11 +156,8 @@ def tensor_lines(picture: LayoutPicture, width: int = 80) -> list[str]:
         where = f"rows dim {first.row_dim}, columns dim {first.col_dim}"
     else:
         where = f"columns dim {first.col_dim}"
-    if short:
-        lines = [f"Tensor: #: shard number of each block ({where})"]
-    else:
-        lines = [f"Tensor: ranks holding each block, #: shard number ({where})"]
-    lines += tensor
+    what = "#: shard number of each block" if short else "ranks holding each block, #: shard number"
+    lines = [f"Tensor: {what} ({where})"] + tensor
     if short:
         lines.append("")
         for b in picture.blocks:

@@ -11,21 +11,15 @@ above one. Pure: no numpy of its own (the layout values bring it).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from itertools import product
+from typing import Iterator, Optional, Sequence
 
 from ..explain import partial_text
 from ..layout import TensorLayout, format_entry
 
-__all__ = [
-    "Block",
-    "Panel",
-    "DeviceCell",
-    "DevicePanel",
-    "LayoutPicture",
-    "layout_picture",
-    "compact_ranks",
-]
+__all__ = ["Block", "Panel", "DeviceCell", "DevicePanel", "LayoutPicture", "layout_picture", "compact_ranks"]
 
 
 @dataclass(frozen=True)
@@ -98,12 +92,8 @@ class LayoutPicture:
 
     @property
     def title(self) -> str:
-        tl = self.tensor_layout
-        return f"{self.name}: shape {self.shape!r}, tensor map {_map_text(tl)}"
-
-
-def _map_text(tl: TensorLayout) -> str:
-    return "(" + ", ".join(format_entry(e) for e in tl.tensor_map) + ")"
+        entries = ", ".join(format_entry(e) for e in self.tensor_layout.tensor_map)
+        return f"{self.name}: shape {self.shape!r}, tensor map ({entries})"
 
 
 def compact_ranks(ranks: Sequence[int], run: int = 3) -> str:
@@ -155,12 +145,21 @@ def _fold(
     return grid[: len(grid) // 2], grid[len(grid) // 2 :], chosen[-2], chosen[-1]
 
 
-def _mixed(counts: Sequence[int]) -> list[tuple[int, ...]]:
-    """All index tuples of a mixed-radix counter, last fastest."""
-    out: list[tuple[int, ...]] = [()]
-    for n in counts:
-        out = [t + (i,) for t in out for i in range(n)]
-    return out
+def _slabs(
+    sizes: Sequence[int], grid_rows: Sequence[int], grid_cols: Sequence[int],
+    row: Optional[int], col: Optional[int],
+) -> Iterator[tuple[tuple[int, int], dict[int, int], list[list[tuple[int, ...]]]]]:
+    """Per panel of a `_fold`: its grid position, the {dim: index} it fixes, its [row][col] index tuples."""
+    rows = range(sizes[row] if row is not None else 1)
+    cols = range(sizes[col] if col is not None else 1)
+    for gi, gr in enumerate(product(*(range(sizes[d]) for d in grid_rows))):
+        for gj, gc in enumerate(product(*(range(sizes[d]) for d in grid_cols))):
+            fixed = dict(zip(grid_rows, gr)) | dict(zip(grid_cols, gc))
+            indices = []
+            for i in rows:
+                cells = [fixed | {row: i, col: j} for j in cols]  # a None row or col is never read
+                indices.append([tuple(at.get(d, 0) for d in range(len(sizes))) for at in cells])
+            yield (gi, gj), fixed, indices
 
 
 def _edges(size: int, shards: int) -> tuple[int, ...]:
@@ -172,7 +171,6 @@ def layout_picture(tensor_layout: TensorLayout, shape: Sequence[int], name: str 
     tl = tensor_layout
     shape = tl.check_shape(shape)
     shards = tl.shards_per_dim
-    partial = bool(tl.partial)
     blocks = _blocks(tl, shape)
 
     # -- tensor panels ------------------------------------------------------------
@@ -184,38 +182,25 @@ def layout_picture(tensor_layout: TensorLayout, shape: Sequence[int], name: str 
         panels.append(Panel(f"{name}[]", (0, 0), None, -1, (0, 1), (0, 1), ((only,),)))
         grid = (1, 1)
     else:
-        grid = (_count(shards, grid_rows), _count(shards, grid_cols))
-        for gi, gr in enumerate(_mixed([shards[d] for d in grid_rows])):
-            for gj, gc in enumerate(_mixed([shards[d] for d in grid_cols])):
-                fixed = dict(zip(grid_rows, gr)) | dict(zip(grid_cols, gc))
-                rows = []
-                for i in range(shards[row_dim] if row_dim is not None else 1):
-                    row = []
-                    for j in range(shards[col_dim]):
-                        index = [0] * tl.ndim
-                        for d, v in fixed.items():
-                            index[d] = v
-                        if row_dim is not None:
-                            index[row_dim] = i
-                        index[col_dim] = j
-                        row.append(blocks[tuple(index)])
-                    rows.append(tuple(row))
-                first = rows[0][0]
-                ranges = [
-                    f"{first.bounds[d][0]}:{first.bounds[d][1]}" if d in fixed else ":"
-                    for d in range(tl.ndim)
-                ]
-                panels.append(
-                    Panel(
-                        title=f"{name}[{', '.join(ranges)}]",
-                        grid_pos=(gi, gj),
-                        row_dim=row_dim,
-                        col_dim=col_dim,
-                        row_edges=_edges(shape[row_dim], shards[row_dim]) if row_dim is not None else (0, 1),
-                        col_edges=_edges(shape[col_dim], shards[col_dim]),
-                        blocks=tuple(rows),
-                    )
+        grid = (math.prod(shards[d] for d in grid_rows), math.prod(shards[d] for d in grid_cols))
+        for pos, fixed, indices in _slabs(shards, grid_rows, grid_cols, row_dim, col_dim):
+            rows = tuple(tuple(blocks[index] for index in row) for row in indices)
+            first = rows[0][0]
+            ranges = [
+                f"{first.bounds[d][0]}:{first.bounds[d][1]}" if d in fixed else ":"
+                for d in range(tl.ndim)
+            ]
+            panels.append(
+                Panel(
+                    title=f"{name}[{', '.join(ranges)}]",
+                    grid_pos=pos,
+                    row_dim=row_dim,
+                    col_dim=col_dim,
+                    row_edges=_edges(shape[row_dim], shards[row_dim]) if row_dim is not None else (0, 1),
+                    col_edges=_edges(shape[col_dim], shards[col_dim]),
+                    blocks=rows,
                 )
+            )
 
     # -- device panels ------------------------------------------------------------
     device_panels, device_grid = _device_panels(tl, blocks)
@@ -228,15 +213,8 @@ def layout_picture(tensor_layout: TensorLayout, shape: Sequence[int], name: str 
         device_grid=device_grid,
         device_panels=device_panels,
         num_shards=len(blocks),
-        notes=_notes(tl, partial),
+        notes=_notes(tl),
     )
-
-
-def _count(shards: Sequence[int], dims: Sequence[int]) -> int:
-    out = 1
-    for d in dims:
-        out *= shards[d]
-    return out
 
 
 def _blocks(tl: TensorLayout, shape: tuple[int, ...]) -> dict[tuple[int, ...], Block]:
@@ -245,7 +223,7 @@ def _blocks(tl: TensorLayout, shape: tuple[int, ...]) -> dict[tuple[int, ...], B
     for rank in range(layout.num_devices):
         holders.setdefault(tl.shard_index(rank), []).append(rank)
     out = {}
-    for number, index in enumerate(_mixed(tl.shards_per_dim)):
+    for number, index in enumerate(product(*map(range, tl.shards_per_dim))):
         ranks = tuple(sorted(holders[index]))
         terms: dict[int, list[int]] = {}
         for rank in ranks:
@@ -272,45 +250,38 @@ def _device_panels(
     big = [i for i, n in enumerate(sizes) if n > 1]
     grid_rows, grid_cols, row_ax, col_ax = _fold(sizes, big, pad=False)
     panels = []
-    for gi, gr in enumerate(_mixed([sizes[a] for a in grid_rows])):
-        for gj, gc in enumerate(_mixed([sizes[a] for a in grid_cols])):
-            fixed = dict(zip(grid_rows, gr)) | dict(zip(grid_cols, gc))
-            rows = []
-            for i in range(sizes[row_ax] if row_ax is not None else 1):
-                row = []
-                for j in range(sizes[col_ax] if col_ax is not None else 1):
-                    coords = [0] * layout.ndim
-                    for a, v in fixed.items():
-                        coords[a] = v
-                    if row_ax is not None:
-                        coords[row_ax] = i
-                    if col_ax is not None:
-                        coords[col_ax] = j
-                    rank = layout.rank_of(coords)
-                    block = blocks[tl.shard_index(rank)]
-                    row.append(DeviceCell(rank, tuple(coords), block.shard_number, f"r{rank}", block.partial))
-                rows.append(tuple(row))
-            title = ", ".join(f"{names[a]}={v}" for a, v in sorted(fixed.items()))
-            panels.append(
-                DevicePanel(
-                    title=title,
-                    grid_pos=(gi, gj),
-                    row_axis=names[row_ax] if row_ax is not None else None,
-                    col_axis=names[col_ax] if col_ax is not None else None,
-                    row_labels=tuple(f"{names[row_ax]}={i}" for i in range(sizes[row_ax]))
-                    if row_ax is not None
-                    else ("",),
-                    col_labels=tuple(f"{names[col_ax]}={j}" for j in range(sizes[col_ax]))
-                    if col_ax is not None
-                    else ("",),
-                    cells=tuple(rows),
-                )
+    for pos, fixed, coords in _slabs(sizes, grid_rows, grid_cols, row_ax, col_ax):
+        rows = []
+        for row in coords:
+            cells = []
+            for c in row:
+                rank = layout.rank_of(c)
+                block = blocks[tl.shard_index(rank)]
+                cells.append(DeviceCell(rank, c, block.shard_number, f"r{rank}", block.partial))
+            rows.append(tuple(cells))
+        panels.append(
+            DevicePanel(
+                title=", ".join(f"{names[a]}={v}" for a, v in sorted(fixed.items())),
+                grid_pos=pos,
+                row_axis=names[row_ax] if row_ax is not None else None,
+                col_axis=names[col_ax] if col_ax is not None else None,
+                row_labels=_axis_labels(names, sizes, row_ax),
+                col_labels=_axis_labels(names, sizes, col_ax),
+                cells=tuple(rows),
             )
-    grid = (_count(sizes, grid_rows), _count(sizes, grid_cols))
+        )
+    grid = (math.prod(sizes[a] for a in grid_rows), math.prod(sizes[a] for a in grid_cols))
     return tuple(panels), grid
 
 
-def _notes(tl: TensorLayout, partial: bool) -> tuple[str, ...]:
+def _axis_labels(names: Sequence[str], sizes: Sequence[int], axis: Optional[int]) -> tuple[str, ...]:
+    """"c=0", "c=1", ... along a device panel's row or column axis ("" when it has none)."""
+    if axis is None:
+        return ("",)
+    return tuple(f"{names[axis]}={i}" for i in range(sizes[axis]))
+
+
+def _notes(tl: TensorLayout) -> tuple[str, ...]:
     notes = []
     for d, axes in enumerate(tl.tensor_map):
         if tl.num_shards(d) > 1:
@@ -320,7 +291,7 @@ def _notes(tl: TensorLayout, partial: bool) -> tuple[str, ...]:
     copies = tl.copy_axes  # a size-1 axis makes no copies: nothing to say about it
     if copies:
         notes.append(f"replicated over {', '.join(copies)}: ranks listed together hold copies")
-    if partial:
+    if tl.partial:
         notes.append(partial_text(tl))
         if tl.addend_axes:
             notes.append("'+' joins the ranks holding the addends of a block (hatched in PNG pictures)")

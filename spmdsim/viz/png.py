@@ -13,8 +13,7 @@ from ..layout import TensorLayout
 from .model import LayoutPicture, layout_picture
 
 __all__ = ["PICTURE_SUFFIXES", "check_picture_path", "render_layout_png", "draw_layout", "draw_tensor_panel",
-           "shard_colour",
-           "new_figure", "save_figure"]
+           "shard_colour", "new_figure", "save_figure"]
 
 _HATCH = "///"
 
@@ -142,27 +141,13 @@ def _fontsize(rows: int, cols: int) -> float:
 
 def draw_tensor_panel(ax: Any, panel: Any, picture: LayoutPicture, scale: float = 1.0) -> None:
     """One panel of tensor blocks on `ax`, labels `scale` times the default size."""
-    from matplotlib.patches import Rectangle
-
     rows, cols = len(panel.blocks), len(panel.blocks[0])
     size = _fontsize(rows, cols) * scale
     # Floats: matplotlib cannot place Python ints past int64 (a 2**70-row tensor).
     col_edges, row_edges = [float(e) for e in panel.col_edges], [float(e) for e in panel.row_edges]
     for i, row in enumerate(panel.blocks):
         for j, block in enumerate(row):
-            x0, x1 = col_edges[j], col_edges[j + 1]
-            y0, y1 = row_edges[i], row_edges[i + 1]
-            ax.add_patch(
-                Rectangle(
-                    (x0, y0), x1 - x0, y1 - y0,
-                    facecolor=shard_colour(block.shard_number, picture.num_shards),
-                    edgecolor="black", linewidth=1.0,
-                    hatch=_HATCH if block.partial else None,
-                )
-            )
-            ax.text((x0 + x1) / 2, (y0 + y1) / 2, f"{block.label}\n#{block.shard_number}",
-                    ha="center", va="center", fontsize=size,
-                    bbox={"facecolor": "white", "alpha": 0.7, "linewidth": 0, "pad": 1})
+            _box(ax, col_edges[j], row_edges[i], col_edges[j + 1], row_edges[i + 1], block, picture, size)
     ax.set_xlim(col_edges[0], col_edges[-1])
     ax.set_ylim(row_edges[-1], row_edges[0])  # row 0 on top, like a matrix
     ax.set_xticks(col_edges)
@@ -175,24 +160,25 @@ def draw_tensor_panel(ax: Any, panel: Any, picture: LayoutPicture, scale: float 
     ax.set_title(panel.title, fontsize=8 * scale, pad=14)
 
 
-def _draw_device_panel(ax: Any, panel: Any, picture: LayoutPicture) -> None:
+def _box(ax: Any, x0: float, y0: float, x1: float, y1: float, item: Any, picture: LayoutPicture,
+         size: float) -> None:
+    """A block or device cell: its shard's colour, hatched when partial, labelled with ranks and shard."""
     from matplotlib.patches import Rectangle
 
+    ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0,
+                           facecolor=shard_colour(item.shard_number, picture.num_shards),
+                           edgecolor="black", linewidth=1.0, hatch=_HATCH if item.partial else None))
+    ax.text((x0 + x1) / 2, (y0 + y1) / 2, f"{item.label}\n#{item.shard_number}",
+            ha="center", va="center", fontsize=size,
+            bbox={"facecolor": "white", "alpha": 0.7, "linewidth": 0, "pad": 1})
+
+
+def _draw_device_panel(ax: Any, panel: Any, picture: LayoutPicture) -> None:
     rows, cols = len(panel.cells), len(panel.cells[0])
     size = _fontsize(rows, cols)
     for i, row in enumerate(panel.cells):
         for j, cell in enumerate(row):
-            ax.add_patch(
-                Rectangle(
-                    (j, i), 1, 1,
-                    facecolor=shard_colour(cell.shard_number, picture.num_shards),
-                    edgecolor="black", linewidth=1.0,
-                    hatch=_HATCH if cell.partial else None,
-                )
-            )
-            ax.text(j + 0.5, i + 0.5, f"{cell.label}\n#{cell.shard_number}",
-                    ha="center", va="center", fontsize=size,
-                    bbox={"facecolor": "white", "alpha": 0.7, "linewidth": 0, "pad": 1})
+            _box(ax, j, i, j + 1, i + 1, cell, picture, size)
     ax.set_xlim(0, cols)
     ax.set_ylim(rows, 0)
     ax.set_aspect("equal")
