@@ -213,9 +213,7 @@ def test_results_and_kept_buffers_start_at_the_page_offset():
     x = _data(r, (n * 128, 64))  # n * 64 KiB: every result below is at least buffers.MIN_BYTES
     results = {
         "allgather": C.allgather(mesh, x, axes, 0),
-        "allgather dim 1": C.allgather(mesh, x, axes, 1),
         "alltoall": C.alltoall(mesh, x, axes, 0, 0),
-        "alltoall 0->1": C.alltoall(mesh, x, axes, 0, 1),
         "allreduce": C.allreduce(mesh, x, axes),
         "reduce_scatter": C.reduce_scatter(mesh, x, axes, 0),
     }
@@ -226,6 +224,10 @@ def test_results_and_kept_buffers_start_at_the_page_offset():
     results["exchange"] = C.exchange(mesh, x, spec)
     general = C.alltoallv(mesh, {s: x[:rows] for s in range(n)}, {s: (rows, 64) for s in range(n)}, x.dtype)
     results.update({f"alltoallv from {s}": general[s] for s in range(n) if s != r})
+    # Blocks along a later dim arrive in the kept receive buffer (placed, below); the result
+    # they are unpacked into is filled by numpy, not MPI, and is numpy's own array.
+    for unpacked in (C.allgather(mesh, x, axes, 1), C.alltoall(mesh, x, axes, 0, 1)):
+        assert unpacked.flags.owndata and unpacked.base is None
     results.update({f"kept {role}": buf for role, buf in mesh._scratch.items()})
     for name, value in results.items():
         assert value.nbytes >= buffers.MIN_BYTES, name
