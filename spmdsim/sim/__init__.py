@@ -11,25 +11,20 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["simulate", "world", "current_rank", "script", "run_on_ranks", "once", "dry_run_active", "SimComm",
-           "Request", "IN_PLACE", "DeadlockError", "SimulationError", "MemoryLimitError", "MAX_RANKS"]
+# Where each public name lives (module of this package); the order is __all__'s.
+_WHERE = {name: module for module, names in {
+    "run": ("simulate", "world", "current_rank", "MAX_RANKS"),
+    "launch": ("script", "run_on_ranks"),
+    "shared": ("once",),
+    "dry": ("dry_run_active",),
+    "comm": ("SimComm",),
+    "p2p": ("Request",),
+    "_buffers": ("IN_PLACE",),
+    "engine": ("DeadlockError", "SimulationError"),
+    "memory": ("MemoryLimitError",),
+}.items() for name in names}
 
-_WHERE = {
-    "simulate": "run",
-    "world": "run",
-    "current_rank": "run",
-    "script": "launch",
-    "run_on_ranks": "launch",
-    "once": "shared",
-    "dry_run_active": "dry",
-    "MAX_RANKS": "run",
-    "SimComm": "comm",
-    "Request": "p2p",
-    "IN_PLACE": "_buffers",
-    "DeadlockError": "engine",
-    "SimulationError": "engine",
-    "MemoryLimitError": "memory",
-}
+__all__ = list(_WHERE)
 
 
 def __getattr__(name: str) -> Any:
