@@ -62,6 +62,7 @@ def _openblas(function: str) -> list[str]:
 
 # Thread setters of the BLAS libraries numpy and scipy ship (as threadpoolctl finds them).
 _SETTERS = {"openblas": _openblas("set_num_threads"), "mkl_rt": ["MKL_Set_Num_Threads"]}
+_GETTERS = {"openblas": _openblas("get_num_threads"), "mkl_rt": ["MKL_Get_Max_Threads"]}
 _CORENAMES = _openblas("get_corename")
 
 
@@ -74,28 +75,42 @@ def _mapped(maps: str, part: str) -> list[str]:
         return []
 
 
-def cap_loaded_blas(threads: int, maps: str = "/proc/self/maps") -> list[str]:
-    """Set the thread count of every OpenBLAS/MKL this process has loaded; the paths set (Linux only).
-
-    Thread variables are read when a BLAS loads, so after numpy loaded the library itself must be called.
-    """
-    done = []
+def _loaded_blas(table: dict, maps: str) -> list:
+    """(path, function) for each loaded OpenBLAS/MKL that exports one of `table`'s names for its kind."""
+    found = []
     for path in _mapped(maps, ".so"):
-        kind = next((k for k in _SETTERS if re.search(k, os.path.basename(path))), None)
+        kind = next((k for k in table if re.search(k, os.path.basename(path))), None)
         if kind is None:
             continue
         try:
             lib = ctypes.CDLL(path)  # already loaded: the same handle, no second copy
         except OSError:
             continue
-        for name in _SETTERS[kind]:
-            setter = getattr(lib, name, None)
-            if setter is not None:
-                setter.argtypes = (ctypes.c_int,)
-                setter(threads)
-                done.append(path)
-                break
+        function = next((getattr(lib, n) for n in table[kind] if hasattr(lib, n)), None)
+        if function is not None:
+            found.append((path, function))
+    return found
+
+
+def cap_loaded_blas(threads: int, maps: str = "/proc/self/maps") -> list[str]:
+    """Set the thread count of every OpenBLAS/MKL this process has loaded; the paths set (Linux only).
+
+    Thread variables are read when a BLAS loads, so after numpy loaded the library itself must be called.
+    """
+    done = []
+    for path, setter in _loaded_blas(_SETTERS, maps):
+        setter.argtypes = (ctypes.c_int,)
+        setter(threads)
+        done.append(path)
     return done
+
+
+def loaded_blas_threads(maps: str = "/proc/self/maps") -> int | None:
+    """The thread count of the first OpenBLAS/MKL this process has loaded, or None (none found)."""
+    for _, getter in _loaded_blas(_GETTERS, maps):
+        getter.restype = ctypes.c_int
+        return int(getter())
+    return None
 
 
 def blas_kernels(maps: str = "/proc/self/maps") -> str | None:

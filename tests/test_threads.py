@@ -89,11 +89,10 @@ def test_cap_loaded_blas_sets_numpys_openblas():
             "get = [getattr(lib, n.replace('set', 'get')) for n in _threads._SETTERS['openblas']\n"
             "       if lib and hasattr(lib, n.replace('set', 'get'))]\n"
             "print(len(paths), get[0]() if get else 1)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    if out.stdout.split()[0] == "0":
+    out = _python(code)
+    if out.split()[0] == "0":
         pytest.skip("this numpy loads no OpenBLAS or MKL")
-    assert out.stdout.split() == ["1", "1"]
+    assert out.split() == ["1", "1"]
 
 
 def test_blas_kernels_names_what_openblas_chose_and_the_pin():
@@ -115,3 +114,25 @@ def test_blas_kernels_without_a_maps_file_is_none(tmp_path):
     from spmdsim._threads import blas_kernels
 
     assert blas_kernels(str(tmp_path / "missing")) is None
+
+
+def test_simulated_ranks_run_blas_on_one_thread_each_and_give_the_count_back():
+    code = ("import os, numpy, spmdsim; from spmdsim import _threads as t\n"
+            "for v in t.THREAD_VARS: os.environ.pop(v, None)\n"
+            "if not t.cap_loaded_blas(3): print('none'); raise SystemExit\n"
+            "print(sorted(set(spmdsim.simulate(4, t.loaded_blas_threads))), t.loaded_blas_threads(),\n"
+            "      spmdsim.simulate(1, t.loaded_blas_threads))\n"
+            "os.environ['OPENBLAS_NUM_THREADS'] = '3'\n"
+            "print(spmdsim.simulate(2, t.loaded_blas_threads))")
+    out = _python(code)
+    if out.strip() == "none":
+        pytest.skip("this numpy loads no OpenBLAS or MKL")
+    # Four ranks: one thread each, then the count before; one rank, or a count the user set: kept.
+    assert out.splitlines() == ["[1] 3 [3]", "[3, 3]"]
+
+
+def _python(code: str) -> str:
+    """What `code` prints in a fresh interpreter (its BLAS settings stay out of this one)."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout

@@ -1,6 +1,7 @@
 """simulate(n, fn): run `fn` once per simulated rank, one thread each, all in this process."""
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -54,9 +55,11 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
 
     Inside `fn`, ``spmdsim.world()`` is the rank's communicator and ``Mesh(layout)``
     uses it. With ``dry_run=True`` arrays carry shapes but no data (spmdsim.sim.dry)
-    and the returned list has a ``report`` of each rank's bytes sent, received and held. An exception on any rank stops every rank and is raised here, with a
+    and the returned list has a ``report`` of each rank's bytes sent, received and
+    held. An exception on any rank stops every rank and is raised here, with a
     note naming the rank (all ranks alike: "every simulated rank"); a deadlock
     (a skipped or mismatched collective) raises DeadlockError naming who waits where.
+    While ranks run, the loaded BLAS uses one thread (unless a thread variable is set).
     """
     size = as_int(n)
     if size is None or not 1 <= size <= MAX_RANKS:
@@ -102,7 +105,7 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict, dry_run: 
     from .dry import RUNNING
 
     RUNNING[0] += dry_run
-    with _per_rank_runtime():
+    with _per_rank_runtime(engine.slots):
         try:
             for t in threads:
                 t.start()
@@ -155,12 +158,23 @@ def _raise_failure(engine: World, size: int) -> None:
 
 
 class _per_rank_runtime:
-    """Switch the runtime's process-wide state (call counter, traces, buffers) to per rank, and back."""
+    """Switch the runtime's process-wide state (call counter, traces, buffers, BLAS threads) to per rank, and back."""
+
+    def __init__(self, slots: int) -> None:
+        self._slots = slots
 
     def __enter__(self) -> None:
-        from .. import buffers
+        from .. import _threads, buffers
         from ..runtime import debug, trace
 
+        # Ranks computing at once each call BLAS: one thread each, as an MPI rank on its share of the
+        # cores (a multithreaded OpenBLAS runs one caller's call at a time; seed 003's training at 8
+        # ranks on 2 cores took 1.2-1.4x as long with two). A thread count the user set is kept.
+        self._blas = None
+        if self._slots > 1 and not any(var in os.environ for var in _threads.THREAD_VARS):
+            self._blas = _threads.loaded_blas_threads()
+            if self._blas is not None:
+                _threads.cap_loaded_blas(1)
         self._huge = buffers._HUGE
         buffers._HUGE = False  # no cross-process copies to speed up; the pool is not thread-safe
         debug.per_rank(True)
@@ -178,6 +192,10 @@ class _per_rank_runtime:
         trace.per_rank(False)
         debug.per_rank(False)
         buffers._HUGE = self._huge
+        if self._blas is not None:
+            from .. import _threads
+
+            _threads.cap_loaded_blas(self._blas)
 
 
 class _Lines:
