@@ -176,20 +176,25 @@ def test_ctrl_c_ends_an_mpi_job_with_one_line_and_130():
         if i == 10 and mesh.rank == 0:
             print("running", flush=True)
     """)
-    # timeout forwards the SIGINT it gets to mpiexec, which forwards it to every rank, as a
-    # terminal's Ctrl-C reaches them.
-    proc = subprocess.Popen(["timeout", "-k", "5", "60", MPIEXEC, "-n", str(RANKS), sys.executable, "-c", body],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and "running" not in proc.stdout.readline():
-            pass
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=BOUND_S)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    for attempt in range(3):
+        # timeout forwards the SIGINT it gets to mpiexec, which forwards it to every rank, as a
+        # terminal's Ctrl-C reaches them.
+        proc = subprocess.Popen(["timeout", "-k", "5", "60", MPIEXEC, "-n", str(RANKS), sys.executable, "-c",
+                                 body], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and "running" not in proc.stdout.readline():
+                pass
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=BOUND_S)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        # MPICH's Hydra proxy can lose a race with ranks exiting on the signal ("assert (!closed)
+        # failed", exit 255: its own error, seen once in many CI runs): launch again.
+        if not (proc.returncode == 255 and "assert (!closed) failed" in err):
+            break
     assert proc.returncode == 130, err
     assert err.count("spmdsim: interrupted (Ctrl-C): every rank stopped") == 1, err
     assert "Traceback" not in err
