@@ -11,9 +11,11 @@ was made after numpy loaded.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
+from typing import Any, Iterator
 
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -75,21 +77,23 @@ def _mapped(maps: str, part: str) -> list[str]:
         return []
 
 
-def _loaded_blas(table: dict, maps: str) -> list:
-    """(path, function) for each loaded OpenBLAS/MKL that exports one of `table`'s names for its kind."""
+def _loaded_blas(maps: str, kinds: tuple = ("openblas", "mkl_rt")) -> list[tuple[str, str, Any]]:
+    """(path, kind, library) of each OpenBLAS/MKL this process has loaded (Linux only: reads `maps`)."""
     found = []
     for path in _mapped(maps, ".so"):
-        kind = next((k for k in table if re.search(k, os.path.basename(path))), None)
+        kind = next((k for k in kinds if re.search(k, os.path.basename(path))), None)
         if kind is None:
             continue
         try:
-            lib = ctypes.CDLL(path)  # already loaded: the same handle, no second copy
+            found.append((path, kind, ctypes.CDLL(path)))  # already loaded: the same handle, no second copy
         except OSError:
             continue
-        function = next((getattr(lib, n) for n in table[kind] if hasattr(lib, n)), None)
-        if function is not None:
-            found.append((path, function))
     return found
+
+
+def _function(lib: Any, names: list[str]) -> Any:
+    """The first of `names` that `lib` exports, or None."""
+    return next((getattr(lib, n) for n in names if hasattr(lib, n)), None)
 
 
 def cap_loaded_blas(threads: int, maps: str = "/proc/self/maps") -> list[str]:
@@ -98,19 +102,41 @@ def cap_loaded_blas(threads: int, maps: str = "/proc/self/maps") -> list[str]:
     Thread variables are read when a BLAS loads, so after numpy loaded the library itself must be called.
     """
     done = []
-    for path, setter in _loaded_blas(_SETTERS, maps):
-        setter.argtypes = (ctypes.c_int,)
-        setter(threads)
-        done.append(path)
+    for path, kind, lib in _loaded_blas(maps):
+        setter = _function(lib, _SETTERS[kind])
+        if setter is not None:
+            setter.argtypes = (ctypes.c_int,)
+            setter(threads)
+            done.append(path)
     return done
 
 
 def loaded_blas_threads(maps: str = "/proc/self/maps") -> int | None:
     """The thread count of the first OpenBLAS/MKL this process has loaded, or None (none found)."""
-    for _, getter in _loaded_blas(_GETTERS, maps):
-        getter.restype = ctypes.c_int
-        return int(getter())
+    for _, kind, lib in _loaded_blas(maps):
+        getter = _function(lib, _GETTERS[kind])
+        if getter is not None:
+            getter.restype = ctypes.c_int
+            return int(getter())
     return None
+
+
+@contextlib.contextmanager
+def blas_threads(threads: int, maps: str = "/proc/self/maps") -> Iterator[None]:
+    """Every loaded OpenBLAS/MKL on `threads` threads inside the block, each back to its own count after."""
+    saved = []
+    for _, kind, lib in _loaded_blas(maps):
+        getter, setter = _function(lib, _GETTERS[kind]), _function(lib, _SETTERS[kind])
+        if getter is None or setter is None:
+            continue
+        getter.restype, setter.argtypes = ctypes.c_int, (ctypes.c_int,)
+        saved.append((setter, getter()))
+        setter(threads)
+    try:
+        yield
+    finally:
+        for setter, count in saved:
+            setter(count)
 
 
 def blas_kernels(maps: str = "/proc/self/maps") -> str | None:
@@ -119,17 +145,12 @@ def blas_kernels(maps: str = "/proc/self/maps") -> str | None:
     OpenBLAS picks them for the CPU unless OPENBLAS_CORETYPE names others (on an AVX-512 CPU
     pinned to "Haswell" a float32 matmul takes 1.6x as long); the benchmarks print it.
     """
-    for path in _mapped(maps, "openblas"):
-        try:
-            lib = ctypes.CDLL(path)  # already loaded: the same handle
-        except OSError:
-            continue
-        for name in _CORENAMES:
-            getter = getattr(lib, name, None)
-            if getter is not None:
-                getter.restype = ctypes.c_char_p
-                name = getter()
-                return name.decode(errors="replace").strip() if name else None
+    for _, _, lib in _loaded_blas(maps, ("openblas",)):
+        getter = _function(lib, _CORENAMES)
+        if getter is not None:
+            getter.restype = ctypes.c_char_p
+            name = getter()
+            return name.decode(errors="replace").strip() if name else None
     return None
 
 
@@ -140,6 +161,11 @@ def blas_kernels_text() -> str:
         return "numpy BLAS kernels unknown (not OpenBLAS)"
     pinned = os.environ.get("OPENBLAS_CORETYPE")
     return f"numpy BLAS kernels {kernels}" + (f" (OPENBLAS_CORETYPE={pinned})" if pinned else "")
+
+
+def threads_set_by_user() -> bool:
+    """Whether any of THREAD_VARS is set: then the user's choice stands."""
+    return any(var in os.environ for var in THREAD_VARS)
 
 
 def user_thread_count() -> int | None:
@@ -163,7 +189,7 @@ def cap_blas_threads_under_launcher() -> int | None:
     ranks = launcher_local_ranks()
     if ranks is None:
         return None
-    if any(var in os.environ for var in THREAD_VARS):
+    if threads_set_by_user():
         users = user_thread_count()
         if users is not None:
             cap_loaded_blas(users)

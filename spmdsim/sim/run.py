@@ -1,7 +1,7 @@
 """simulate(n, fn): run `fn` once per simulated rank, one thread each, all in this process."""
 from __future__ import annotations
 
-import os
+import contextlib
 import sys
 import threading
 import time
@@ -170,11 +170,9 @@ class _per_rank_runtime:
         # Ranks computing at once each call BLAS: one thread each, as an MPI rank on its share of the
         # cores (a multithreaded OpenBLAS runs one caller's call at a time; seed 003's training at 8
         # ranks on 2 cores took 1.2-1.4x as long with two). A thread count the user set is kept.
-        self._blas = None
-        if self._slots > 1 and not any(var in os.environ for var in _threads.THREAD_VARS):
-            self._blas = _threads.loaded_blas_threads()
-            if self._blas is not None:
-                _threads.cap_loaded_blas(1)
+        self._blas = contextlib.ExitStack()
+        if self._slots > 1 and not _threads.threads_set_by_user():
+            self._blas.enter_context(_threads.blas_threads(1))
         self._huge = buffers._HUGE
         buffers._HUGE = False  # no cross-process copies to speed up; the pool is not thread-safe
         debug.per_rank(True)
@@ -192,10 +190,7 @@ class _per_rank_runtime:
         trace.per_rank(False)
         debug.per_rank(False)
         buffers._HUGE = self._huge
-        if self._blas is not None:
-            from .. import _threads
-
-            _threads.cap_loaded_blas(self._blas)
+        self._blas.close()
 
 
 class _Lines:
