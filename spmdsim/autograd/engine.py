@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
@@ -57,11 +58,10 @@ def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False) -> 
         node.backward, node.inputs = None, ()  # freed: saved tensors go with it
         if dy is None:
             continue
+        with _collector(explain) as trace:
+            _take(grads, owners, leaves, inputs, run(_prepared(node, dy)))
         if explain is None:
-            _take(grads, owners, leaves, inputs, run(_prepared(node, dy)))
             continue
-        with _collector() as trace:
-            _take(grads, owners, leaves, inputs, run(_prepared(node, dy)))
         step = node.describe()
         explain.append((step, trace.entries))
         short = step.split(":")[0]  # "matmul MatMul1", without the plan's reasons
@@ -77,13 +77,12 @@ def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False) -> 
         shared = buckets.get(leaf)
         if shared is not None:
             g = _bucketed(shared, leaf, explain, readers)
-        elif explain is None:
-            g = _move(g, whole)
         else:
-            with _collector() as trace:
+            with _collector(explain) as trace:
                 g = _move(g, whole)
-            explain.append((f"leaf {tuple(tensor.global_shape)} {tensor.layout}: its replicas' "
-                            f"gradients summed" + _read_by(readers, [leaf]), trace.entries))
+            if explain is not None:
+                explain.append((f"leaf {tuple(tensor.global_shape)} {tensor.layout}: its replicas' "
+                                f"gradients summed" + _read_by(readers, [leaf]), trace.entries))
         leaf.grad = g if leaf.grad is None else add_grads(leaf.grad, g, whole)
 
 
@@ -102,8 +101,7 @@ def _bucket_cap(bucket: Any) -> float:
 def _buckets(leaves: list, owners: dict, grads: dict, cap: float) -> dict:
     """Leaf -> its bucket, for leaves whose gradient needs only an Allreduce over the same axes.
 
-    A bucket (a dict: its leaves in order, their gradients, the summed results
-    once made) groups gradients of one mesh and dtype pending over the same
+    A bucket groups gradients of one mesh and dtype pending over the same
     axes with the leaf's own tensor map, in leaf order, while their global
     bytes stay within `cap`; two or more share one call, in the order of
     their first leaf. Every rank groups alike: the layouts and shapes decide.
@@ -118,38 +116,48 @@ def _buckets(leaves: list, owners: dict, grads: dict, cap: float) -> dict:
         key = (id(g.mesh), layout.partial, g.local.dtype.str)
         size = math.prod(g.global_shape) * g.local.dtype.itemsize
         current = open_buckets.get(key)
-        if current is None or current["bytes"] + size > cap:
-            current = open_buckets[key] = {"leaves": [], "grads": [], "done": None, "bytes": 0}
+        if current is None or current.bytes + size > cap:
+            current = open_buckets[key] = _Bucket()
             made.append(current)
-        current["leaves"].append(leaf)
-        current["grads"].append(g)
-        current["bytes"] += size
-    return {leaf: b for b in made if len(b["leaves"]) > 1 for leaf in b["leaves"]}
+        current.leaves.append(leaf)
+        current.grads.append(g)
+        current.bytes += size
+    return {leaf: b for b in made if len(b.leaves) > 1 for leaf in b.leaves}
 
 
-def _bucketed(bucket: dict, leaf: Any, explain: Optional[list], readers: dict) -> Any:
+@dataclass
+class _Bucket:
+    """Leaves whose gradients share one Allreduce: in leaf order, their global bytes, the results once made."""
+
+    leaves: list = field(default_factory=list)
+    grads: list = field(default_factory=list)
+    bytes: int = 0
+    done: Optional[list] = None
+
+
+def _bucketed(bucket: _Bucket, leaf: Any, explain: Optional[list], readers: dict) -> Any:
     """`leaf`'s whole gradient from its bucket's one Allreduce (made when its first leaf asks)."""
     from ..runtime import DTensor, collectives
 
-    if bucket["done"] is None:
-        grads = bucket["grads"]
+    if bucket.done is None:
+        grads = bucket.grads
         first = grads[0]
         flat = np.concatenate([g.local.reshape(-1) for g in grads])
         label = f"gradient bucket of {len(grads)} leaves"
-        with (_collector() if explain is not None else contextlib.nullcontext()) as trace:
+        with _collector(explain) as trace:
             summed = collectives.allreduce(first.mesh, flat, first.layout.partial, label=label, out=flat)
         if explain is not None:
             shapes = ", ".join(str(tuple(g.global_shape)) for g in grads)
             explain.append((f"{len(grads)} leaves {shapes}: their replicas' gradients summed in one "
-                            "bucket" + _read_by(readers, bucket["leaves"]), trace.entries))
+                            "bucket" + _read_by(readers, bucket.leaves), trace.entries))
         done, at = [], 0
         for g in grads:
             n = g.local.size
             done.append(DTensor(g.mesh, summed[at:at + n].reshape(g.local.shape),
                                 with_partial(g.layout, ()), g.global_shape))
             at += n
-        bucket["done"] = done
-    return bucket["done"][bucket["leaves"].index(leaf)]
+        bucket.done = done
+    return bucket.done[bucket.leaves.index(leaf)]
 
 
 def _read_by(readers: dict, leaves: list) -> str:
@@ -247,8 +255,10 @@ def grad_layout(layout: TensorLayout, g_layout: TensorLayout) -> TensorLayout:
 _GRAD_LAYOUTS: dict = {}  # (layout, gradient's layout) -> grad_layout's answer
 
 
-def _collector() -> Any:
-    """A trace collector for the explanation (only opened when one is asked for)."""
+def _collector(explain: Optional[list]) -> Any:
+    """A trace collector for the explanation; a null context when none is asked for."""
+    if explain is None:
+        return contextlib.nullcontext()
     from ..runtime import collect_trace
 
     return collect_trace()
