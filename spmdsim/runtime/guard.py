@@ -22,7 +22,7 @@ from typing import Any, Callable, NoReturn
 from ..errors import SpmdsimError
 from ..sim import _local as _sim_local
 
-__all__ = ["abort_on_error", "install_excepthook", "run_guarded", "handle_exception", "abort_job",
+__all__ = ["abort_on_error", "install_excepthook", "run_guarded", "handle_exception", "abort_job", "end_job",
            "world_channel", "release_shared_segments"]
 
 #: Seconds ranks wait for each other to agree that all of them failed (tests lower it).
@@ -149,11 +149,16 @@ def abort_job(comm: Any, text: str) -> NoReturn:
     """Write `text` (newline-terminated) to stderr, let mpiexec forward it, then Abort the job."""
     if _sim_local.current() is not None:  # a simulated rank raises; simulate() stops the others
         raise SpmdsimError(text.strip())
+    end_job(comm, text + f"spmdsim: aborting the MPI job ({comm.Get_size()} ranks)\n")
+
+
+def end_job(comm: Any, text: str) -> NoReturn:
+    """Write `text` to stderr, give mpiexec time to forward it, unlink MPI's segment, MPI_Abort (exit 1)."""
     sys.stdout.flush()
-    sys.stderr.write(text + f"spmdsim: aborting the MPI job ({comm.Get_size()} ranks)\n")
+    sys.stderr.write(text)
     sys.stderr.flush()
-    # Give mpiexec a moment to forward the message before Abort tears the job down
-    # (seen: stderr lost when the job's output goes to a pipe).
+    # Abort at once and the job's whole stderr can be lost when it goes to a pipe (seen: an empty
+    # stderr and exit 1 in CI); the launcher reads it within this pause.
     time.sleep(0.3)
     release_shared_segments()
     comm.Abort(1)

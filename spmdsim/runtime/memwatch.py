@@ -12,7 +12,6 @@ allocation larger than what is left still meets the kernel first.
 """
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from typing import Optional
@@ -57,9 +56,6 @@ def _watch(local_ranks: int) -> None:
             return
         why = problem(rank, local_ranks)
         if why is not None:
-            sys.stderr.write(f"spmdsim: error: {why}\n")
-            sys.stderr.flush()
-            from .guard import release_shared_segments
+            from .guard import end_job
 
-            release_shared_segments()  # MPI_Abort would leave MPICH's /dev/shm segment behind
-            world.Abort(1)
+            end_job(world, f"spmdsim: error: {why}\n")
