@@ -138,6 +138,12 @@ BAD = [  # (script, argv, text the error line must contain)
     ("bench_placement", ["--deltas", "0,x"], "'0,x' is not a comma list"),
     ("bench_hugepages", ["--sizes", "0"], "size '0'"),
     ("bench_hugepages", ["--repeats", "-1"], "got '-1'"),
+    ("bench_front", ["--size", "0"], "size '0'"),
+    ("bench_front", ["--repeats", "0"], "got '0'"),
+    ("bench_front", ["--spins", "0,5"], "spin 0 us is out of range"),
+    ("bench_front", ["--spins", "5,20000"], "spin 20000 us is out of range"),
+    ("bench_front", ["--spins", "5,5"], "'5,5' names a spin twice"),
+    ("bench_front", ["--spins", "1,x"], "'1,x' is not a comma list"),
     ("memory_run", ["--cols", "0"], "--cols: expected a whole number >= 1, got '0'"),
     ("memory_run", ["--rows", "-5"], "--rows: expected a whole number >= 1, got '-5'"),
     ("memory_run", ["--out", "-1"], "--out: expected a whole number >= 1, got '-1'"),
@@ -216,3 +222,20 @@ def test_bench_under_mpiexec_exits_2_with_one_line(ranks, argv, needle):
     assert "Traceback" not in proc.stdout, proc.stdout
     assert proc.returncode == 2, proc.stdout
     assert len(errors) == 1 and errors[0].startswith(needle), proc.stdout
+
+
+@pytest.mark.skipif(not MPIEXEC, reason="no mpiexec")
+def test_bench_front_prints_one_row_per_case_with_ratios_against_raw():
+    cmd = ["timeout", "-k", "2", "120", MPIEXEC, "-n", "2", sys.executable, str(_SCRIPTS / "bench_front.py"),
+           "--size", "64K", "--repeats", "4", "--spins", "3,7"]
+    proc = subprocess.run(cmd, capture_output=True, text=True,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("Alltoall of 65536 B per rank over 2 ranks"), proc.stdout
+    rows = {line[:32].strip(): line[32:].split() for line in lines[2:-1]}
+    assert list(rows) == ["raw mpi4py", "raw again (A/A)", "raw after 3 us of spin", "raw after 7 us of spin",
+                          "spmdsim's body (_calls.issue)", "collectives.alltoall"], proc.stdout
+    assert rows["raw mpi4py"][1] == "1.00"
+    assert all(float(cols[0]) > 0 for cols in rows.values())
+    assert len(rows["raw after 3 us of spin"]) == 3 and len(rows["collectives.alltoall"]) == 2
