@@ -50,12 +50,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if _WORLD is None or _WORLD.size == 1 or not report.failed:
         return
-    sys.stderr.write(
-        f"\n[rank {_WORLD.rank}] {report.nodeid} failed ({report.when}); aborting the MPI job\n"
-        f"{report.longreprtext}\n"
-    )
-    sys.stderr.flush()
-    from spmdsim.runtime.guard import release_shared_segments
+    from spmdsim.runtime.guard import end_job
 
-    release_shared_segments()  # Abort would leave MPICH's /dev/shm segment behind
-    _WORLD.Abort(1)
+    # Written, forwarded by mpiexec, MPICH's /dev/shm segment unlinked, then MPI_Abort.
+    end_job(_WORLD, f"\n[rank {_WORLD.rank}] {report.nodeid} failed ({report.when}); aborting the MPI job\n"
+                    f"{report.longreprtext}\n")

@@ -25,6 +25,9 @@ from ..sim import _local as _sim_local
 __all__ = ["abort_on_error", "install_excepthook", "run_guarded", "handle_exception", "abort_job", "end_job",
            "world_channel", "release_shared_segments"]
 
+#: Seconds a rank waits between writing its last words and MPI_Abort: abort at once and the job's
+#: whole stderr can be lost when it goes to a pipe (seen: an empty stderr and exit 1 in CI).
+FORWARD_S = 0.3
 #: Seconds ranks wait for each other to agree that all of them failed (tests lower it).
 GRACE_S = 3.0
 
@@ -113,8 +116,7 @@ def _interrupted(comm: Any, private: Any) -> NoReturn:
         # and an Abort on every rank prints a line each). The others wait to be ended.
         _all_failed(private, GRACE_S)
         release_shared_segments()
-        if comm.Get_rank() != 0:
-            time.sleep(GRACE_S)
+        time.sleep(FORWARD_S if comm.Get_rank() == 0 else GRACE_S)
         comm.Abort(130)
         os._exit(130)  # Abort does not return; this is only a safety net
     abort_job(comm, f"spmdsim: rank {comm.Get_rank()} was interrupted (Ctrl-C) while other ranks go on\n")
@@ -157,9 +159,7 @@ def end_job(comm: Any, text: str) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.write(text)
     sys.stderr.flush()
-    # Abort at once and the job's whole stderr can be lost when it goes to a pipe (seen: an empty
-    # stderr and exit 1 in CI); the launcher reads it within this pause.
-    time.sleep(0.3)
+    time.sleep(FORWARD_S)
     release_shared_segments()
     comm.Abort(1)
     os._exit(1)  # Abort does not return; this is only a safety net
