@@ -192,8 +192,9 @@ def test_ctrl_c_ends_an_mpi_job_with_one_line_and_130():
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
         # MPICH's Hydra proxy can lose a race with ranks exiting on the signal ("assert (!closed)
-        # failed", exit 255: its own error, seen once in many CI runs): launch again.
-        if not (proc.returncode == 255 and "assert (!closed) failed" in err):
+        # failed", its own error, with exit 255 or 0: about 1 launch in 40 here; pmodels/mpich#1455
+        # is this class of race with piped output): launch again.
+        if "assert (!closed) failed" not in err:
             break
     assert proc.returncode == 130, err
     assert err.count("spmdsim: interrupted (Ctrl-C): every rank stopped") == 1, err
