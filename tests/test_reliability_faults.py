@@ -50,6 +50,9 @@ FAULTS = {
         'if rank == 3: raise OperatorError("injected operator error")\nallreduce(mesh, x, "mp")',
         {}, 1, r"spmdsim: error on rank 3: injected operator error"),
     # A hard exit leaves no Python to print: mpiexec ends the job, its banner is optional.
+    # SIGINT to one rank alone (not mpiexec's Ctrl-C to all): the others wait inside MPI.
+    "sigint-alone": ('if rank == 3: os.kill(os.getpid(), 2)\nallreduce(mesh, x, "mp")', {}, 1,
+                     r"spmdsim: rank 3 was interrupted \(Ctrl-C\) while other ranks go on"),
     "os-exit": ('if rank == 3: os._exit(3)\nallreduce(mesh, x, ("dp", "mp"))', {}, None, None),
     "sys-exit-in-guard": (
         'with abort_on_error():\n    if rank == 3: sys.exit(0)\n    allreduce(mesh, x, ("dp", "mp"))',

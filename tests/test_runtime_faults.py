@@ -162,8 +162,12 @@ def test_launch_cli_runs_the_job_and_enforces_its_timeout():
     assert bad.returncode == 2 and "needs a command" in bad.stderr
 
 
-def test_ctrl_c_ends_an_mpi_job_with_one_line_and_130():
-    """mpiexec forwards SIGINT to every rank: rank 0 says so once, no traceback, exit 130."""
+@pytest.mark.parametrize("wait", ["polite", "busy"])
+def test_ctrl_c_ends_an_mpi_job_with_one_line_and_130(wait):
+    """mpiexec forwards SIGINT to every rank: rank 0 says so once, no traceback, exit 130.
+
+    Busy: ranks wait inside MPI's blocking calls, where their main threads run no Python.
+    """
     import signal
 
     body = HEADER + textwrap.dedent("""
@@ -181,7 +185,8 @@ def test_ctrl_c_ends_an_mpi_job_with_one_line_and_130():
         # terminal's Ctrl-C reaches them.
         proc = subprocess.Popen(["timeout", "-k", "5", "60", MPIEXEC, "-n", str(RANKS), sys.executable, "-c",
                                  body], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                                start_new_session=True,
+                                env={**os.environ, "OMP_NUM_THREADS": "1", "SPMDSIM_WAIT": wait})
         try:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and "running" not in proc.stdout.readline():

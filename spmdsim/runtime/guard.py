@@ -9,12 +9,19 @@ Ranks find out whether all of them failed with a nonblocking barrier on a
 private duplicate of the communicator (made when the guard is set up, so setting
 it up is collective); a barrier on the user's communicator could match the
 nonblocking collectives of healthy ranks.
+
+Ctrl-C is handled on a thread of its own (`_watch_ctrl_c`): a rank inside a
+blocking MPI call (the busy wait) runs no Python until the call returns, so
+it could not take part in the all-ranks agreement from its main thread.
 """
 from __future__ import annotations
 
 import functools
 import os
+import signal
+import socket
 import sys
+import threading
 import time
 import traceback
 from typing import Any, Callable, NoReturn
@@ -32,14 +39,64 @@ FORWARD_S = 0.3
 GRACE_S = 3.0
 
 _PRIVATE: dict[int, Any] = {}  # id(comm) -> (comm, private duplicate)
+_CTRL_C = threading.Event()  # set by the Ctrl-C watch when SIGINT reached this process
+_WATCHING: list = []  # the Ctrl-C watch's socket pair, once it runs
 
 
 def _private(comm: Any) -> Any:
-    """A duplicate of `comm` kept for the guard's barrier (collective on first use per comm)."""
+    """A duplicate of `comm` kept for the guard's barrier (collective on first use per comm).
+
+    On COMM_WORLD the first time, a second duplicate goes to the Ctrl-C watch (`_watch_ctrl_c`).
+    """
     entry = _PRIVATE.get(id(comm))
     if entry is None or entry[0] is not comm:
         entry = _PRIVATE[id(comm)] = (comm, comm.Dup())
+        from mpi4py import MPI
+
+        if comm is MPI.COMM_WORLD and comm.Get_size() > 1 and not _WATCHING:
+            _watch_ctrl_c(comm, comm.Dup())  # every rank duplicates; starting the thread may differ
     return entry[1]
+
+
+def _watch_ctrl_c(comm: Any, signals: Any) -> None:
+    """Start the thread that ends the job on Ctrl-C, wherever the main thread is.
+
+    Python's C-level handler writes the signal's number to the wakeup fd at once,
+    even while the main thread waits inside MPI; the thread reads it and runs the
+    all-ranks agreement (`_interrupted`) on `signals`, its own duplicate of
+    COMM_WORLD. Not started (the main thread handles Ctrl-C as before) off the
+    main thread, when MPI gives no MPI_THREAD_MULTIPLE, when SIGINT has a handler
+    of the program's own, or when another library holds the wakeup fd (asyncio).
+    """
+    from mpi4py import MPI
+
+    if (threading.current_thread() is not threading.main_thread()
+            or MPI.Query_thread() < MPI.THREAD_MULTIPLE
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        return
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    if previous != -1:  # another library's: given back, and Ctrl-C stays with the main thread
+        signal.set_wakeup_fd(previous)
+        reader.close()
+        writer.close()
+        return
+    _WATCHING.append((reader, writer))
+    threading.Thread(target=_ctrl_c_watch, args=(reader, comm, signals), name="spmdsim Ctrl-C watch",
+                     daemon=True).start()
+
+
+def _ctrl_c_watch(reader: socket.socket, comm: Any, signals: Any) -> None:
+    from mpi4py import MPI
+
+    while True:
+        data = reader.recv(64)
+        if not data or MPI.Is_finalized():  # the program has ended its MPI: Python handles the rest
+            return
+        if signal.SIGINT in data:
+            _CTRL_C.set()
+            _interrupted(comm, signals)
 
 
 def world_channel() -> Any:
@@ -80,6 +137,9 @@ def handle_exception(exc: BaseException, comm: Any = None, private: Any = None) 
     comm = _world(comm)
     rank = comm.Get_rank()
     if isinstance(exc, KeyboardInterrupt):
+        if _WATCHING and _CTRL_C.wait(0.5):  # a real Ctrl-C: the watch's thread ends the job
+            time.sleep(2 * GRACE_S + FORWARD_S + 5.0)
+            abort_job(comm, f"spmdsim: rank {rank} was interrupted (Ctrl-C) and its job did not end\n")
         _interrupted(comm, private)
     if isinstance(exc, MemoryError) and not isinstance(exc, SpmdsimError):
         # Out of memory despite the estimate (spmdsim.memory): one line, no traceback.
