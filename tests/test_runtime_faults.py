@@ -215,6 +215,7 @@ def test_a_job_nearly_out_of_memory_ends_with_one_line_per_rank_that_saw_it():
     from spmdsim.sim import memory
     memwatch.POLL_S = 0.1
     if mesh.rank == 1:
+        memory.held = lambda: 2 << 30
         memory.readings = lambda: (2 << 30, 1 << 28, 24 << 30)
     time.sleep(30)  # a long computation: the watch ends it
     allreduce(mesh, np.ones(4), ("dp", "mp"))

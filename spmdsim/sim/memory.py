@@ -18,7 +18,7 @@ from typing import Optional
 
 from .engine import SimulationError
 
-__all__ = ["MemoryLimitError", "POLL_S", "readings", "short", "problem", "gib"]
+__all__ = ["MemoryLimitError", "POLL_S", "held", "readings", "short", "problem", "gib"]
 
 POLL_S = 0.2
 LOW_FRACTION = 0.08  # stop when less than 8% of the memory is left ...
@@ -53,11 +53,21 @@ def _cgroup() -> Optional[tuple[int, int]]:
     return None if limit is None or used is None else (limit, used)
 
 
-def readings() -> Optional[tuple[int, int, int]]:
-    """(bytes this process holds, bytes left, total bytes) of the machine or its smaller cgroup; None off Linux."""
+def held() -> Optional[int]:
+    """The bytes this process holds (resident), or None off Linux: the cheap part of `readings`."""
     try:
         with open("/proc/self/statm") as fh:
-            held = int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def readings() -> Optional[tuple[int, int, int]]:
+    """(bytes this process holds, bytes left, total bytes) of the machine or its smaller cgroup; None off Linux."""
+    mine = held()
+    if mine is None:
+        return None
+    try:
         info = {}
         with open("/proc/meminfo") as fh:
             for line in fh:
@@ -70,7 +80,7 @@ def readings() -> Optional[tuple[int, int, int]]:
     group = _cgroup()
     if group is not None and group[0] < total:
         total, left = group[0], min(left, max(0, group[0] - group[1]))
-    return held, left, total
+    return mine, left, total
 
 
 def gib(n: int) -> str:
