@@ -160,6 +160,22 @@ def _block(src: Source, region: Sequence[slice]) -> np.ndarray:
 _WHOLE = slice(None)
 
 
+def _shared(what: tuple, region: Region, shape: tuple, compute: Callable[[], np.ndarray]) -> np.ndarray:
+    """compute(): for the whole output from seeded sources, once per simulation (spmdsim.sim.once).
+
+    Every replica of a replicated output checks the same whole reference, which p simulated
+    ranks computed p times (a plain call under MPI, for a region, or from an array source).
+    """
+    region = tuple(region)
+    whole = len(region) == len(shape) and all(
+        isinstance(r, slice) and r.indices(n) == (0, n, 1) for r, n in zip(region, shape))
+    if not whole or not all(w is None or isinstance(w, (SeededTensor, str, bool)) for w in what):
+        return compute()
+    from .sim.shared import once
+
+    return once(("reference: whole output", *what), compute)
+
+
 def _shape(src: Source) -> tuple[int, ...]:
     return tuple(src.shape) if hasattr(src, "shape") else np.shape(src)
 
@@ -186,12 +202,15 @@ def matmul_region(x: Source, w: Source, transpose_a: bool = False, transpose_b: 
     if k_x != k_w:
         raise ShapeError(f"contraction sizes differ: x gives {k_x!r}, w gives {k_w!r}")
 
+    out = (*xs[:-2], xs[-1] if transpose_a else xs[-2], ws[-2] if transpose_b else ws[-1])
+
     def region_fn(region: Region) -> np.ndarray:
         *batch, rows, cols = tuple(region)
         xr = (*batch, _WHOLE, rows) if transpose_a else (*batch, rows, _WHOLE)
         wb = tuple(batch) if len(ws) > 2 else ()
         wr = (*wb, cols, _WHOLE) if transpose_b else (*wb, _WHOLE, cols)
-        return matmul(_block(x, xr), _block(w, wr), transpose_a, transpose_b)
+        return _shared(("matmul", x, w, transpose_a, transpose_b), region, out,
+                       lambda: matmul(_block(x, xr), _block(w, wr), transpose_a, transpose_b))
 
     return region_fn
 
@@ -203,8 +222,11 @@ def linear_region(x: Source, weight: Source, bias: Optional[Source] = None) -> R
         return mm
     _check_bias(bias, _shape(weight)[-1], "linear")
 
+    out = (*_shape(x)[:-1], _shape(weight)[-1])
+
     def region_fn(region: Region) -> np.ndarray:
-        return mm(region) + _block(bias, (tuple(region)[-1],))
+        return _shared(("linear", x, weight, bias), region, out,
+                       lambda: mm(region) + _block(bias, (tuple(region)[-1],)))
 
     return region_fn
 
@@ -238,10 +260,15 @@ def mlp_region(x: Source, w1: Source, b1: Optional[Source], w2: Source, b2: Opti
         if bias is not None:
             _check_bias(bias, _shape(w)[-1], f"mlp {name}")
 
+    out = (*_shape(x)[:-1], _shape(w2)[-1])
+
     def region_fn(region: Region) -> np.ndarray:
         *rows, cols = tuple(region)
-        hidden = linear(_block(x, (*rows, _WHOLE)), _block(w1, (_WHOLE, _WHOLE)),
-                        None if b1 is None else _block(b1, (_WHOLE,)))
-        return linear(fn(hidden), _block(w2, (_WHOLE, cols)), None if b2 is None else _block(b2, (cols,)))
+
+        def compute() -> np.ndarray:
+            hidden = linear(_block(x, (*rows, _WHOLE)), _block(w1, (_WHOLE, _WHOLE)),
+                            None if b1 is None else _block(b1, (_WHOLE,)))
+            return linear(fn(hidden), _block(w2, (_WHOLE, cols)), None if b2 is None else _block(b2, (cols,)))
+        return _shared(("mlp", x, w1, b1, w2, b2, act), region, out, compute)
 
     return region_fn
