@@ -205,19 +205,25 @@ def matmul_region(x: Source, w: Source, transpose_a: bool = False, transpose_b: 
     out = (*xs[:-2], xs[-1] if transpose_a else xs[-2], ws[-2] if transpose_b else ws[-1])
 
     def region_fn(region: Region) -> np.ndarray:
-        *batch, rows, cols = tuple(region)
-        xr = (*batch, _WHOLE, rows) if transpose_a else (*batch, rows, _WHOLE)
-        wb = tuple(batch) if len(ws) > 2 else ()
-        wr = (*wb, cols, _WHOLE) if transpose_b else (*wb, _WHOLE, cols)
         return _shared(("matmul", x, w, transpose_a, transpose_b), region, out,
-                       lambda: matmul(_block(x, xr), _block(w, wr), transpose_a, transpose_b))
+                       lambda: _matmul_block(x, w, region, transpose_a, transpose_b))
 
     return region_fn
 
 
+def _matmul_block(x: Source, w: Source, region: Region, transpose_a: bool = False,
+                  transpose_b: bool = False) -> np.ndarray:
+    """The (batch..., rows, cols) block of x @ w from the X rows and W cols it reads."""
+    *batch, rows, cols = tuple(region)
+    xr = (*batch, _WHOLE, rows) if transpose_a else (*batch, rows, _WHOLE)
+    wb = tuple(batch) if len(_shape(w)) > 2 else ()
+    wr = (*wb, cols, _WHOLE) if transpose_b else (*wb, _WHOLE, cols)
+    return matmul(_block(x, xr), _block(w, wr), transpose_a, transpose_b)
+
+
 def linear_region(x: Source, weight: Source, bias: Optional[Source] = None) -> RegionFn:
     """Region reference of x @ weight + bias (bias read only for the asked columns)."""
-    mm = matmul_region(x, weight)
+    mm = matmul_region(x, weight)  # its shape checks
     if bias is None:
         return mm
     _check_bias(bias, _shape(weight)[-1], "linear")
@@ -226,7 +232,7 @@ def linear_region(x: Source, weight: Source, bias: Optional[Source] = None) -> R
 
     def region_fn(region: Region) -> np.ndarray:
         return _shared(("linear", x, weight, bias), region, out,
-                       lambda: mm(region) + _block(bias, (tuple(region)[-1],)))
+                       lambda: _matmul_block(x, weight, region) + _block(bias, (tuple(region)[-1],)))
 
     return region_fn
 
