@@ -236,16 +236,28 @@ class World:
                 self._take_slot(rank)
 
     def _take_slot(self, rank: int) -> None:
+        self._line_up(rank)
+        self._await_slot(rank)
+
+    def _line_up(self, rank: int) -> None:
+        """Grant `rank` a free run slot, or put it in line for one (`_give_slot` grants it later)."""
         if self._free and not self._queue:
             self._free -= 1
+            self._granted.add(rank)
+            self._wakers[rank].notify()  # for a rank released while it waits in `wait`
         else:
-            # A failure elsewhere does not stop a rank in line: like an MPI rank, it runs on to its
-            # next wait (a rank that raises what the others raised is reported with them).
             self._queue.append(rank)
-            waker = self._wakers[rank]
-            while rank not in self._granted:
-                waker.wait()
-            self._granted.discard(rank)
+
+    def _await_slot(self, rank: int) -> None:
+        """Block until `rank` holds its granted slot.
+
+        A failure elsewhere does not stop a rank in line: like an MPI rank, it runs on to its
+        next wait (a rank that raises what the others raised is reported with them).
+        """
+        waker = self._wakers[rank]
+        while rank not in self._granted:
+            waker.wait()
+        self._granted.discard(rank)
         self._holding.add(rank)
 
     def _give_slot(self, rank: int) -> None:
@@ -279,12 +291,7 @@ class World:
             waker.wait()
         if self.waiting.pop(rank, None) is not None:  # woken by a failure, not released
             self.check(rank)
-        # Released: `release` gave it a run slot or put it in line for one (it stays in line after a
-        # failure elsewhere, as `_take_slot` keeps a rank in line).
-        while rank not in self._granted:
-            waker.wait()
-        self._granted.discard(rank)
-        self._holding.add(rank)
+        self._await_slot(rank)  # `release` lined it up
 
     def release(self, rank: int, token: Any = None) -> None:
         """Let `rank` go on if it waits (for `token`'s request, when given): with a free run slot now,
@@ -296,12 +303,7 @@ class World:
         what = self.waiting.get(rank)
         if what is not None and (token is None or what.token is token):
             del self.waiting[rank]
-            if self._free and not self._queue:
-                self._free -= 1
-                self._granted.add(rank)
-                self._wakers[rank].notify()
-            else:
-                self._queue.append(rank)
+            self._line_up(rank)
 
     def _wake_all(self) -> None:
         for waker in self._wakers:
