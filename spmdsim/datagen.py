@@ -114,7 +114,8 @@ class SeededTensor:
         strides = [math.prod(self.shape[d + 1:]) for d in range(len(self.shape))]
         key = _mix(np.array([self.seed], dtype=np.uint64) + _GOLDEN)[0]
         if not self.shape:
-            self._fill(np.array([key + _GOLDEN], dtype=np.uint64), out.reshape(1))
+            # An array sum wraps modulo 2**64 silently (a numpy scalar sum warns of overflow).
+            self._fill(np.array([key], dtype=np.uint64) + _GOLDEN, out.reshape(1))
             return out
         # Flat index of the block minus its first dim, built by broadcasting.
         inner = np.zeros(out_shape[1:], dtype=np.uint64)

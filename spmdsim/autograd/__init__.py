@@ -9,6 +9,7 @@ conjugate of a forward one. Importing this package starts no MPI.
 from __future__ import annotations
 
 from .engine import backward
+from .function import Function, FunctionCtx
 from .graph import is_grad_enabled, no_grad
 
-__all__ = ["backward", "no_grad", "is_grad_enabled"]
+__all__ = ["backward", "no_grad", "is_grad_enabled", "Function", "FunctionCtx"]

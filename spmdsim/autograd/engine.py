@@ -27,7 +27,7 @@ from .graph import Leaf, Node, used_axes, with_partial
 __all__ = ["backward", "grad_layout", "add_grads"]
 
 
-def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False) -> None:
+def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gradient: Any = None) -> None:
     """Fill ``.grad`` of every leaf `loss` depends on; frees the graph (a second backward is refused).
 
     Collective: every rank calls it on the same graph. Every refusal depends
@@ -40,16 +40,21 @@ def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False) -> 
     bucketing, as DDP and Megatron do): fewer calls, the same bytes. True
     puts them all in one bucket; a byte count caps each bucket (by the
     parameters' global bytes, DDP's ``bucket_cap_mb``; a larger one goes alone).
+    `gradient`: the upstream gradient, a DTensor of `loss`'s global shape in
+    any layout (moved to the loss's); None for a scalar loss (ones).
     """
     cap = _bucket_cap(bucket)
     from ..runtime import DTensor
 
-    _check_loss(loss)
+    _check_loss(loss, gradient)
     order = _topological(loss._ag)
     grads: dict = {}
     owners: dict = {}  # Node/Leaf -> the tensor it belongs to (for the target layout)
-    _accumulate(grads, owners, loss, DTensor(loss.mesh, np.ones(loss.local.shape, loss.dtype),
-                                             loss.layout, loss.global_shape))
+    if gradient is None:
+        # d loss / d loss = 1, whole: a pending loss's every addend gets all of it.
+        gradient = DTensor(loss.mesh, np.ones(loss.local.shape, loss.dtype), with_partial(loss.layout, ()),
+                           loss.global_shape)
+    _accumulate(grads, owners, loss, gradient)
     leaves: list = []
     readers: dict = {}  # with an explanation: leaf -> the forward steps that read it
     for node in order:
@@ -178,16 +183,25 @@ def _take(grads: dict, owners: dict, leaves: list, inputs: tuple, outs: tuple) -
         _accumulate(grads, owners, tensor, g)
 
 
-def _check_loss(loss: Any) -> None:
+def _check_loss(loss: Any, gradient: Any) -> None:
     shape = getattr(loss, "global_shape", None)
     if shape is None or not hasattr(loss, "_ag"):
         raise OperatorError(f"backward() needs a DTensor loss, got {type(loss).__name__}")
-    if math.prod(shape) != 1:
+    if gradient is not None:
+        g_shape = getattr(gradient, "global_shape", None)
+        if g_shape is None or not hasattr(gradient, "_ag"):
+            raise OperatorError(f"backward(gradient): the gradient must be a DTensor, got "
+                                f"{type(gradient).__name__}")
+        if tuple(g_shape) != tuple(shape):
+            raise OperatorError(f"backward(gradient): gradient of global shape {tuple(g_shape)!r} for a tensor "
+                                f"of global shape {tuple(shape)!r}; expected the same shape")
+        if gradient.layout.layout != loss.layout.layout:
+            raise OperatorError(f"backward(gradient): the gradient is on {gradient.layout.layout} but the tensor "
+                                f"on {loss.layout.layout}")
+    elif math.prod(shape) != 1:
         raise OperatorError(f"backward() needs a scalar loss (one element), got global shape "
-                            f"{tuple(shape)!r}; reduce it first (mse_loss, cross_entropy)")
-    if loss.layout.partial:
-        raise OperatorError(f"backward() from a pending sum over {loss.layout.partial!r}: the loss "
-                            "must be whole; redistribute it to a layout without partial axes first")
+                            f"{tuple(shape)!r}; reduce it first (mse_loss, cross_entropy) or pass its "
+                            "upstream gradient: backward(gradient)")
     if loss._ag is None:
         raise OperatorError("backward() of a loss that does not require grad: no tensor it was "
                             "computed from has requires_grad_() (or it was computed under no_grad())")

@@ -9,6 +9,7 @@ Pure Python: importing it starts no MPI.
 """
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -19,10 +20,14 @@ __all__ = ["Leaf", "Node", "record", "no_grad", "is_grad_enabled", "requires_gra
            "with_partial"]
 
 
-class _Mode:
-    """Whether operators record (False inside ``no_grad()``)."""
+class _ModeState(threading.local):
+    """Whether operators record (False inside ``no_grad()``), per thread: simulated ranks are threads,
+    and one rank's ``no_grad()`` must not switch recording off for the others."""
 
     enabled = True
+
+
+_Mode = _ModeState()
 
 
 def is_grad_enabled() -> bool:

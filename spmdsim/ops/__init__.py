@@ -7,15 +7,22 @@ operator first runs). The functions shadow their modules' names on purpose
 """
 from __future__ import annotations
 
-from .elementwise import activation, add, bias_add, gelu, relu, scale
+from .einsum import einsum
+from .elementwise import activation, bias_add, gelu, relu, scale
 from .embedding import ParallelEmbedding, VocabParallelEmbedding, embedding
 from .linear import ColumnParallelLinear, RowParallelLinear, linear
-from .local import reshape, softmax, transpose
+from .local import reshape, transpose
 from .losses import cross_entropy, mse_loss
 from .matmul import matmul
 from .mlp import ParallelMLP
+from .norms import causal_mask, dropout, layer_norm, log_softmax, masked_fill, resolved, rms_norm, softmax
 from .paddle_split import paddle_mesh, split
+from .pointwise import abs, add, div, exp, log, maximum, minimum, mul, neg, pow, sqrt, sub, tanh, where
+from .reduce import max, mean, min, sum
 
-__all__ = ["matmul", "linear", "embedding", "relu", "gelu", "activation", "scale", "add", "bias_add", "transpose",
-           "reshape", "softmax", "mse_loss", "cross_entropy", "ColumnParallelLinear", "RowParallelLinear",
-           "VocabParallelEmbedding", "ParallelEmbedding", "ParallelMLP", "split", "paddle_mesh"]
+__all__ = ["matmul", "einsum", "linear", "embedding", "relu", "gelu", "activation", "scale", "add", "sub", "mul",
+           "div", "neg", "pow", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "abs", "sum", "mean",
+           "max", "min", "bias_add", "transpose", "reshape", "softmax", "log_softmax", "layer_norm", "rms_norm",
+           "causal_mask", "masked_fill", "dropout", "resolved", "mse_loss", "cross_entropy",
+           "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "ParallelEmbedding",
+           "ParallelMLP", "split", "paddle_mesh"]

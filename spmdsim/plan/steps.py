@@ -146,10 +146,15 @@ class Alltoall(Step):
 
 @dataclass(frozen=True)
 class Allreduce(Step):
-    """P -> B on `axes`: sum the pending addends."""
+    """P -> B on `axes`: sum the pending addends (``reduction`` "max"/"min": a reduction's maximum)."""
 
+    reduction: str = "sum"
     op = "allreduce"
     via = "Allreduce"
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return text if self.reduction == "sum" else text.replace("via Allreduce", f"via Allreduce({self.reduction.upper()})")
 
     @staticmethod
     def moved(group_size: int, local_nbytes: int) -> int:

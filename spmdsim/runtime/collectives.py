@@ -133,7 +133,7 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
 
 def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | None = None,
               out: np.ndarray | None = None, op: str = "sum") -> np.ndarray:
-    """Elementwise sum (or, with ``op="max"``, maximum) of every member's `local`, on every member.
+    """Elementwise sum (or, with ``op="max"``/``"min"``, maximum/minimum) of every member's `local`, on every member.
 
     ``out=local`` reduces in place (MPI.IN_PLACE), sparing the page faults of a fresh result.
     A maximum is exact in any order (vocab-parallel cross-entropy's shift per row, as in Megatron).
@@ -153,7 +153,9 @@ def _reduction(op: Any) -> Any:
     """MPI's op for allreduce's `op` name, or the OperatorError every member raises alike."""
     if op == "max":
         return MPI.MAX
-    raise OperatorError(f"allreduce op {op!r} is not supported; expected 'sum' or 'max'")
+    if op == "min":
+        return MPI.MIN
+    raise OperatorError(f"allreduce op {op!r} is not supported; expected 'sum', 'max' or 'min'")
 
 
 def reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int,

@@ -173,14 +173,76 @@ class DTensor:
     requires_grad = property(lambda self: self._ag is not None)
     grad = property(lambda self: getattr(self._ag, "grad", None), doc="the gradient, in this layout")
 
-    def backward(self, explain: list | None = None, bucket: bool | int = False) -> None:
+    def backward(self, gradient: "DTensor | None" = None, explain: list | None = None,
+                 bucket: bool | int = False) -> None:
         """Gradients of this scalar loss into every leaf's ``.grad`` (collective; see autograd.backward).
 
-        ``bucket=True``: gradients summed over the same axes share one Allreduce; an int caps a bucket's bytes.
+        `gradient`: the upstream gradient of a non-scalar tensor (a DTensor of its global shape, any
+        layout). ``bucket=True``: gradients summed over the same axes share one Allreduce; an int caps
+        a bucket's bytes.
         """
         from ..autograd.engine import backward
 
-        backward(self, explain, bucket)
+        backward(self, explain, bucket, gradient)
+
+    # -- arithmetic (spmdsim.ops.pointwise: broadcasting; a number is a replicated 0-d operand) --
+    __array_ufunc__ = None  # numpy defers to the reflected methods: 2.0 * t is a DTensor
+
+    def __add__(self, other: Any) -> "DTensor":
+        return _pointwise("add", self, other)
+
+    def __radd__(self, other: Any) -> "DTensor":
+        return _pointwise("add", other, self)
+
+    def __sub__(self, other: Any) -> "DTensor":
+        return _pointwise("sub", self, other)
+
+    def __rsub__(self, other: Any) -> "DTensor":
+        return _pointwise("sub", other, self)
+
+    def __mul__(self, other: Any) -> "DTensor":
+        return _pointwise("mul", self, other)
+
+    def __rmul__(self, other: Any) -> "DTensor":
+        return _pointwise("mul", other, self)
+
+    def __truediv__(self, other: Any) -> "DTensor":
+        return _pointwise("div", self, other)
+
+    def __rtruediv__(self, other: Any) -> "DTensor":
+        return _pointwise("div", other, self)
+
+    def __pow__(self, other: Any) -> "DTensor":
+        return _pointwise("pow", self, other)
+
+    def __rpow__(self, other: Any) -> "DTensor":
+        return _pointwise("pow", other, self)
+
+    def __neg__(self) -> "DTensor":
+        return _pointwise("neg", self)
+
+    def __matmul__(self, other: Any) -> "DTensor":
+        from ..ops.matmul import matmul
+
+        return matmul(self, other)
+
+    def sum(self, dims: Any = None, keepdims: bool = False) -> "DTensor":
+        """`spmdsim.ops.sum`: over a split dim, a pending sum."""
+        from ..ops.reduce import reduce
+
+        return reduce("sum", self, dims, keepdims)
+
+    def mean(self, dims: Any = None, keepdims: bool = False) -> "DTensor":
+        """`spmdsim.ops.mean`: over a split dim, a pending sum."""
+        from ..ops.reduce import reduce
+
+        return reduce("mean", self, dims, keepdims)
+
+    def max(self, dims: Any = None, keepdims: bool = False) -> "DTensor":
+        """`spmdsim.ops.max`: over a split dim, one Allreduce(MAX)."""
+        from ..ops.reduce import reduce
+
+        return reduce("max", self, dims, keepdims)
 
     # -- whole-tensor views ------------------------------------------------------------
     def gather(self, root: int | None = None) -> np.ndarray | None:
@@ -207,8 +269,9 @@ class DTensor:
         if stack is None:
             return None
         out = np.empty(self._shape, local.dtype)
+        block = self._local.shape  # a 0-d shard travels as one element
         for rank in range(mesh.size):
-            out[self._layout.slices(rank, self._shape)] = stack[rank]
+            out[self._layout.slices(rank, self._shape)] = stack[rank].reshape(block)
         return out
 
     def check(self, reference: Reference, rtol: float | None = None,
@@ -262,6 +325,12 @@ class DTensor:
         verdict = agree(self._mesh.comm, stats, rtol, atol, self._mesh.polite)
         # Passed, so that a program's raise_if_failed() lets its dry run go on; its text says why.
         return replace(verdict, dry_run=True) if dry else verdict
+
+
+def _pointwise(op: str, *args: Any) -> "DTensor":
+    from ..ops.pointwise import pointwise
+
+    return pointwise(op, *args)
 
 
 def _check_dtype(dtype: np.dtype, layout: TensorLayout) -> None:

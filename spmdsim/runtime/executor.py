@@ -48,7 +48,7 @@ def _bind() -> None:
 
     def run_allreduce(step, mesh, local, shape, label, owned):
         in_place = owned and local.flags.c_contiguous and local.flags.writeable
-        return allreduce(mesh, local, step.axes, label=label, out=local if in_place else None)
+        return allreduce(mesh, local, step.axes, label=label, out=local if in_place else None, op=step.reduction)
 
     _RUNNERS.update({
         LocalSlice: lambda step, mesh, local, shape, label, owned: local_slice(step, mesh.rank, local, shape),

@@ -1,0 +1,109 @@
+"""``spmdsim.autograd.Function``: a user's own local op on shards, with its own backward.
+
+Like ``torch.autograd.Function``, but each rank's `forward` and `backward`
+see numpy blocks (this rank's shards), not global tensors::
+
+    class Square(spmdsim.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):          # x: this rank's block of a DTensor
+            ctx.save_for_backward(x)
+            return x * x
+        @staticmethod
+        def backward(ctx, dy):        # dy: this rank's block of the output's gradient
+            (x,) = ctx.saved_tensors
+            return 2 * x * dy
+
+    y = Square.apply(x)               # a DTensor in x's layout
+
+The output has the first DTensor argument's layout and global shape unless
+``apply(..., layout=, shape=)`` says otherwise; its block must have that
+layout's shard shape. Inputs must not be pending sums (the op is the user's:
+spmdsim cannot know it is linear); the gradient reaches `backward` whole in
+the output's layout, and each returned block is the gradient of that input's
+block (None for none).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import OperatorError
+from .graph import record, with_partial
+
+__all__ = ["Function", "FunctionCtx"]
+
+
+class FunctionCtx:
+    """What `forward` passes to `backward`: ``save_for_backward(*arrays)``, ``saved_tensors``, and any attribute.
+
+    ``ctx.rank``, ``ctx.slices`` (per DTensor argument, this rank's region of it) and ``ctx.layouts`` say where
+    the blocks sit in the global tensors.
+    """
+
+    def __init__(self, rank: int, slices: tuple, layouts: tuple) -> None:
+        self.rank, self.slices, self.layouts = rank, slices, layouts
+        self.saved_tensors: tuple = ()
+
+    def save_for_backward(self, *arrays: Any) -> None:
+        self.saved_tensors = arrays
+
+
+class Function:
+    """Subclass with static ``forward(ctx, *blocks_and_args)`` and ``backward(ctx, dy_block)``; call ``apply``."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, *args: Any) -> Any:  # pragma: no cover - the subclass's
+        raise NotImplementedError("a Function subclass defines forward(ctx, *args)")
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, dy: Any) -> Any:  # pragma: no cover - the subclass's
+        raise NotImplementedError("a Function subclass defines backward(ctx, dy)")
+
+    @classmethod
+    def apply(cls, *args: Any, layout: Any = None, shape: Sequence[int] | None = None) -> Any:
+        """Run `forward` on this rank's blocks of the DTensor arguments (others pass as they are)."""
+        from ..ops._common import make_dtensor
+
+        tensors = [a for a in args if hasattr(a, "_ag") and hasattr(a, "layout")]
+        name = cls.__name__
+        if not tensors:
+            raise OperatorError(f"{name}.apply: no argument is a DTensor")
+        first = tensors[0]
+        for t in tensors:
+            if t.layout.partial:
+                raise OperatorError(f"{name}.apply: argument of layout {t.layout} is a pending sum; resolve it "
+                                    "first (redistribute to a layout without partial axes): spmdsim cannot know "
+                                    f"whether {name} is linear")
+        layout = first.layout if layout is None else layout
+        shape = tuple(first.global_shape) if shape is None else tuple(shape)
+        ctx = FunctionCtx(first.mesh.rank, tuple(t.slices for t in tensors), tuple(t.layout for t in tensors))
+        block = cls.forward(ctx, *[a.local if any(a is t for t in tensors) else a for a in args])
+        block = np.asarray(block)
+        expected = layout.local_shape(shape)
+        if block.shape != expected:
+            raise OperatorError(f"{name}.forward returned a block of shape {block.shape!r}; the output's layout "
+                                f"{layout} of global shape {shape!r} needs {expected!r}")
+        out = make_dtensor(first.mesh, block, layout, shape)
+        if all(t._ag is None for t in tensors):
+            return out
+
+        def backward(dy: Any) -> tuple:
+            grads = cls.backward(ctx, dy.local)
+            grads = grads if isinstance(grads, tuple) else (grads,)
+            if len(grads) != len(tensors):
+                raise OperatorError(f"{name}.backward returned {len(grads)} gradients for {len(tensors)} "
+                                    "DTensor arguments (one per DTensor argument, None for none)")
+            result = []
+            for t, g in zip(tensors, grads):
+                if g is None or t._ag is None:
+                    result.append(None)
+                    continue
+                g = np.asarray(g, dtype=t.dtype)
+                if g.shape != t.local.shape:
+                    raise OperatorError(f"{name}.backward returned a gradient block of shape {g.shape!r} "
+                                        f"for an argument block of shape {t.local.shape!r}")
+                result.append(make_dtensor(t.mesh, g, t.layout, t.global_shape))
+            return tuple(result)
+
+        return record(out, name, tuple(tensors), backward, with_partial(layout, ()))

@@ -1,0 +1,113 @@
+"""``einsum(spec, *xs)`` on DTensors by the sharding rules of spmdsim.infer.einsum.
+
+The operands are redistributed to the plan's layouts (the least-bytes
+choice), each rank contracts its own blocks, and the result is a pending
+sum over the axes that split a contracted letter (no collective here: the
+next op that needs the whole value resolves it, or ``redistribute`` does,
+by Allreduce or Reduce_scatter). Two operands contract as one batched BLAS
+matmul. The gradient of each operand is the einsum of dY with the other
+operands, pending over the axes of the letters it sums over.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..autograd.graph import record, with_partial
+from ..autograd.rules import grad_tensor
+from ..errors import OperatorError
+from ..infer.einsum import infer_einsum
+from ..sim.dry import matmul as _product
+from ._common import check_dtensor
+
+__all__ = ["einsum", "contract"]
+
+
+def _sum_alone(word: str, block: np.ndarray, keep: str) -> tuple[str, np.ndarray]:
+    """Sum out the letters of `word` that are not in `keep`."""
+    gone = tuple(i for i, ch in enumerate(word) if ch not in keep)
+    if not gone:
+        return word, block
+    return "".join(ch for ch in word if ch in keep), block.sum(axis=gone)
+
+
+def _pair(a_word: str, a: np.ndarray, b_word: str, b: np.ndarray, out: str) -> np.ndarray:
+    """einsum of two blocks as one batched matmul (transposes around np.matmul)."""
+    a_word, a = _sum_alone(a_word, a, b_word + out)
+    b_word, b = _sum_alone(b_word, b, a_word + out)
+    batch = [ch for ch in out if ch in a_word and ch in b_word]
+    m = [ch for ch in a_word if ch not in b_word]
+    n = [ch for ch in b_word if ch not in a_word]
+    k = [ch for ch in a_word if ch in b_word and ch not in out]
+    size = dict(zip(a_word, a.shape)) | dict(zip(b_word, b.shape))
+    lhs = np.transpose(a, [a_word.index(ch) for ch in batch + m + k])
+    rhs = np.transpose(b, [b_word.index(ch) for ch in batch + k + n])
+    prod = [math.prod(size[ch] for ch in group) for group in (batch, m, k, n)]
+    result = _product(lhs.reshape(prod[0], prod[1], prod[2]), rhs.reshape(prod[0], prod[2], prod[3]))
+    result = result.reshape([size[ch] for ch in batch + m + n])
+    order = batch + m + n
+    return np.ascontiguousarray(np.transpose(result, [order.index(ch) for ch in out]))
+
+
+def contract(words: Sequence[str], blocks: Sequence[np.ndarray], out: str) -> np.ndarray:
+    """The local einsum ``words -> out`` of `blocks`; letters of `out` in no operand are broadcast."""
+    present = "".join(ch for ch in out if any(ch in w for w in words))
+    if len(blocks) == 2:
+        result = _pair(words[0], blocks[0], words[1], blocks[1], present)
+    elif len(blocks) == 1:
+        word, block = _sum_alone(words[0], blocks[0], present)
+        result = np.transpose(block, [word.index(ch) for ch in present])
+    else:
+        result = np.einsum(",".join(words) + "->" + present, *blocks, optimize=True)
+    if present == out:
+        return result
+    return result, present  # type: ignore[return-value]  # the caller broadcasts the missing letters
+
+
+def einsum(spec: str, *xs: Any) -> Any:
+    """Einstein summation over DTensors, like ``numpy.einsum`` (one '...' per operand allowed)."""
+    from ..runtime.executor import redistribute
+    from ._common import make_dtensor
+
+    for k, x in enumerate(xs):
+        check_dtensor(x, f"einsum: operand {k}")
+    if not xs:
+        raise OperatorError("einsum needs at least one operand")
+    dtype = np.result_type(*[x.local.dtype for x in xs])
+    plan = infer_einsum(spec, tuple(x.layout for x in xs), tuple(x.global_shape for x in xs), dtype.name)
+    xs = tuple(x if x.layout == t else redistribute(x, t) for x, t in zip(xs, plan.targets))
+    words = plan.spec.inputs
+    block = contract(words, [x.local for x in xs], plan.spec.output)
+    out = make_dtensor(xs[0].mesh, block, plan.local, plan.shape)
+    if all(x._ag is None for x in xs):
+        return out
+    return _record(out, xs, plan)
+
+
+def _record(out: Any, xs: tuple, plan: Any) -> Any:
+    words, output = plan.spec.inputs, plan.spec.output
+    mesh = plan.local.layout
+    split = dict(plan.choice.splits)
+    need = tuple(x._ag is not None for x in xs)
+
+    def backward(dy: Any) -> tuple:
+        grads = []
+        for k, x in enumerate(xs):
+            if not need[k]:
+                grads.append(None)
+                continue
+            others = [i for i in range(len(xs)) if i != k]
+            g = contract([output] + [words[i] for i in others], [dy.local] + [xs[i].local for i in others], words[k])
+            if isinstance(g, tuple):  # letters only x has (summed away by the forward): dY spread over them
+                g, present = g  # `present` keeps x's letter order, so a reshape puts the ones in place
+                g = np.broadcast_to(np.reshape(g, [g.shape[present.index(ch)] if ch in present else 1
+                                                   for ch in words[k]]), x.local.shape).copy()
+            summed = tuple(a for ch, axes in split.items() if ch not in words[k] for a in axes
+                           if mesh.axis_size(a) > 1)
+            carried = tuple(a for i in others for a in xs[i].layout.partial)
+            grads.append(grad_tensor(x, g, dy.layout.partial, summed, carried))
+        return tuple(grads)
+
+    return record(out, f"einsum {plan.spec}", xs, backward, with_partial(plan.local, ()))

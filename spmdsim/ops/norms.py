@@ -1,0 +1,171 @@
+"""Softmax over any dim, layer and RMS norms, causal masks and dropout on DTensors.
+
+Built from the general rules (spmdsim.ops.pointwise, reduce), so each
+works on any layout and its gradient comes from theirs:
+
+- ``softmax``/``log_softmax`` along a split dim: the row maximum by
+  Allreduce(MAX), the sum of exponentials by Allreduce; no rank gathers a row.
+  A whole dim takes the local kernel.
+- ``layer_norm``/``rms_norm`` over the last dim: split there (tensor
+  parallel), the statistics are Allreduces of one number per row; split along
+  the sequence instead (sequence parallel), nothing moves forward, and the
+  weight's gradient is a pending sum over the sequence axes that the backward
+  resolves by Allreduce, as Megatron does.
+- ``causal_mask`` builds only this rank's block; ``masked_fill`` is ``where``.
+- ``dropout``: the mask of element i is a pure function of (seed, i) over the
+  global index (spmdsim.SeededTensor), so replicas of a region draw the same
+  mask and different regions independent ones, whatever the layout, and one
+  numpy process reproduces it exactly.
+"""
+from __future__ import annotations
+
+from numbers import Real
+from typing import Any, Optional
+
+import numpy as np
+
+from ..autograd.graph import no_grad, record, with_partial
+from ..autograd.rules import grad_tensor
+from ..datagen import SeededTensor
+from ..errors import OperatorError
+from ..validate import as_int
+from . import local as _whole
+from . import pointwise as P
+from . import reduce as R
+from ._common import make_dtensor, raise_if_not_dtensors, require_float
+
+__all__ = ["softmax", "log_softmax", "layer_norm", "rms_norm", "causal_mask", "masked_fill", "dropout",
+           "resolved"]
+
+
+def resolved(x: Any) -> Any:
+    """`x` with its pending sums added up (Allreduce; the same tensor when nothing is pending)."""
+    if not x.layout.partial:
+        return x
+    from ..runtime.executor import redistribute
+
+    return redistribute(x, x.layout.with_partial(()))
+
+
+def _dim(x: Any, dim: Any, op: str) -> int:
+    try:
+        ndim = x.layout.ndim
+    except AttributeError:
+        raise_if_not_dtensors(op, ("x",), x)
+        raise
+    d = as_int(dim)
+    if d is None or not -ndim <= d < ndim:
+        raise OperatorError(f"{op}: dim {dim!r} is out of range for a tensor of {ndim} dims")
+    require_float(op, x.local)
+    return d % ndim
+
+
+def _shifted(x: Any, d: int) -> Any:
+    """x minus its maximum along `d` (the shift carries no gradient: softmax does not depend on it)."""
+    with no_grad():
+        top = R.max(x, d, keepdims=True)
+    return P.sub(x, top)
+
+
+def softmax(x: Any, dim: int = -1) -> Any:
+    """exp(x) / sum(exp(x)) along `dim`, which may be split (then two Allreduces of one number per row)."""
+    d = _dim(x, dim, "softmax")
+    x = resolved(x)
+    if not x.layout.tensor_map[d]:
+        return _whole.softmax(x, d)
+    e = P.exp(_shifted(x, d))
+    return P.div(e, resolved(R.sum(e, d, keepdims=True)))
+
+
+def log_softmax(x: Any, dim: int = -1) -> Any:
+    """x - logsumexp(x) along `dim` (split or whole)."""
+    d = _dim(x, dim, "log_softmax")
+    z = _shifted(resolved(x), d)
+    return P.sub(z, P.log(resolved(R.sum(P.exp(z), d, keepdims=True))))
+
+
+def _eps(eps: Any, op: str) -> float:
+    if not isinstance(eps, Real) or isinstance(eps, bool) or not eps >= 0:
+        raise OperatorError(f"{op}: eps {eps!r} must be a non-negative real number")
+    return float(eps)
+
+
+def _affine(y: Any, weight: Optional[Any], bias: Optional[Any]) -> Any:
+    if weight is not None:
+        y = P.mul(y, weight)
+    if bias is not None:
+        y = P.add(y, bias)
+    return y
+
+
+def layer_norm(x: Any, weight: Optional[Any] = None, bias: Optional[Any] = None, eps: float = 1e-5) -> Any:
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last dim (biased variance, as PyTorch)."""
+    d = _dim(x, -1, "layer_norm")
+    eps = _eps(eps, "layer_norm")
+    x = resolved(x)
+    inv = 1.0 / x.global_shape[d]
+    centred = P.sub(x, P.mul(resolved(R.sum(x, d, keepdims=True)), inv))
+    var = P.mul(resolved(R.sum(P.mul(centred, centred), d, keepdims=True)), inv)
+    return _affine(P.div(centred, P.sqrt(P.add(var, eps))), weight, bias)
+
+
+def rms_norm(x: Any, weight: Optional[Any] = None, eps: float = 1e-6) -> Any:
+    """x / sqrt(mean(x ** 2) + eps) * weight over the last dim."""
+    d = _dim(x, -1, "rms_norm")
+    eps = _eps(eps, "rms_norm")
+    x = resolved(x)
+    ms = P.mul(resolved(R.sum(P.mul(x, x), d, keepdims=True)), 1.0 / x.global_shape[d])
+    return _affine(P.div(x, P.sqrt(P.add(ms, eps))), weight, None)
+
+
+def causal_mask(mesh: Any, shape: Any, layout: Any = None) -> Any:
+    """A bool DTensor, True where the last dim's index exceeds the second last's (keys after the query).
+
+    `layout`: its TensorLayout (default replicated); only this rank's block is built.
+    """
+    from ..validate import shape_arg
+
+    shape = shape_arg(shape, "causal_mask shape")
+    if len(shape) < 2:
+        raise OperatorError(f"causal_mask shape {shape!r} needs at least 2 dims (queries, keys)")
+    layout = mesh.layout(*([None] * len(shape))) if layout is None else layout
+    region = layout.slices(mesh.rank, shape)
+    rows = np.arange(region[-2].start, region[-2].stop)[:, None]
+    cols = np.arange(region[-1].start, region[-1].stop)[None, :]
+    block = np.broadcast_to(cols > rows, layout.local_shape(shape)).copy()
+    return make_dtensor(mesh, block, layout, shape)
+
+
+def masked_fill(x: Any, mask: Any, value: float) -> Any:
+    """x with `value` where the bool DTensor `mask` is True (broadcasting), e.g. -inf above the diagonal."""
+    return P.where(mask, value, x)
+
+
+def dropout(x: Any, p: float, seed: int, training: bool = True) -> Any:
+    """Zero each element with probability `p` and scale the rest by 1 / (1 - p); identity when not training.
+
+    The mask is ``SeededTensor(x.global_shape, seed=seed) >= p`` read at this rank's region, so the
+    result does not depend on the layout; a pending sum stays pending (dropout is linear).
+    """
+    if not isinstance(p, Real) or isinstance(p, bool) or not 0 <= p < 1:
+        raise OperatorError(f"dropout: p {p!r} must be a number with 0 <= p < 1")
+    if as_int(seed) is None or isinstance(seed, bool):
+        raise OperatorError(f"dropout: seed {seed!r} must be an integer")
+    try:
+        region = x.slices
+    except AttributeError:
+        raise_if_not_dtensors("dropout", ("x",), x)
+        raise
+    if not training or p == 0:
+        return x
+    require_float("dropout", x.local)
+    keep = SeededTensor(tuple(x.global_shape), "float64", seed=int(seed), low=0.0, high=1.0).region(region) >= p
+    scale = np.asarray(1.0 / (1.0 - p), x.dtype)
+    out = make_dtensor(x.mesh, x.local * keep * scale, x.layout, x.global_shape)
+    if x._ag is None:
+        return out
+
+    def backward(dy: Any) -> tuple:
+        return (grad_tensor(x, dy.local * keep * scale, dy.layout.partial),)
+
+    return record(out, "dropout", (x,), backward, with_partial(x.layout, ()))

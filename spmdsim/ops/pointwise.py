@@ -1,0 +1,213 @@
+"""Elementwise ops with numpy broadcasting on DTensors, by the sharding rules of spmdsim.infer.pointwise.
+
+Each op plans (pure, cached), redistributes the operands that disagree with
+the plan (the planner's least-bytes moves, recorded for autograd), runs
+numpy's kernel on this rank's blocks, and records its backward: each
+operand's gradient is the local derivative summed over the dims the operand
+was broadcast along (a pending sum over the axes that split those dims) and
+over the pending sums the forward kept. Python numbers are replicated 0-d
+operands. ``DTensor``'s ``+ - * / ** -x`` call these.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Any, Callable
+
+import numpy as np
+
+from ..autograd.graph import record, with_partial
+from ..autograd.rules import axes_of, grad_tensor
+from ..errors import OperatorError
+from ..infer.pointwise import infer_pointwise
+from ..sim.dry import local as dry_local
+from ._common import describe, make_dtensor
+
+__all__ = ["add", "sub", "mul", "div", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "pow", "neg",
+           "abs", "lift", "pointwise"]
+
+
+def _half(mask: np.ndarray, ties: np.ndarray) -> np.ndarray:
+    return mask + 0.5 * ties
+
+
+# op -> (forward kernel, backward: (dy, operands, out, need) -> per operand the gradient or None).
+_KERNELS: dict[str, tuple[Callable, Callable]] = {
+    "add": (np.add, lambda dy, x, o, n: (dy, dy)),
+    "sub": (np.subtract, lambda dy, x, o, n: (dy, -dy if n[1] else None)),
+    "mul": (np.multiply, lambda dy, x, o, n: (dy * x[1] if n[0] else None, dy * x[0] if n[1] else None)),
+    "div": (np.divide, lambda dy, x, o, n: (dy / x[1] if n[0] else None, -dy * o / x[1] if n[1] else None)),
+    "maximum": (np.maximum, lambda dy, x, o, n: (dy * _half(x[0] > x[1], x[0] == x[1]),
+                                                 dy * _half(x[1] > x[0], x[0] == x[1]))),
+    "minimum": (np.minimum, lambda dy, x, o, n: (dy * _half(x[0] < x[1], x[0] == x[1]),
+                                                 dy * _half(x[1] < x[0], x[0] == x[1]))),
+    "where": (np.where, lambda dy, x, o, n: (None, np.where(x[0], dy, 0) if n[1] else None,
+                                             np.where(x[0], 0, dy) if n[2] else None)),
+    "exp": (np.exp, lambda dy, x, o, n: (dy * o,)),
+    "log": (np.log, lambda dy, x, o, n: (dy / x[0],)),
+    "sqrt": (np.sqrt, lambda dy, x, o, n: (dy * 0.5 / o,)),
+    "tanh": (np.tanh, lambda dy, x, o, n: (dy * (1 - o * o),)),
+    "neg": (np.negative, lambda dy, x, o, n: (-dy,)),
+    "abs": (np.abs, lambda dy, x, o, n: (dy * np.sign(x[0]),)),
+    "pow": (np.power, lambda dy, x, o, n: (dy * x[1] * np.power(x[0], x[1] - 1) if n[0] else None,
+                                           dy * o * np.log(x[0]) if n[1] else None)),
+    "eq": (np.equal, None), "lt": (np.less, None), "gt": (np.greater, None),
+}
+
+
+def lift(mesh: Any, value: Any, dtype: np.dtype, op: str) -> Any:
+    """A Python or numpy number as a replicated 0-d DTensor of `dtype` (numpy's weak scalar rule)."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if not isinstance(value, (numbers.Real, bool)):
+        raise OperatorError(f"{op}: operand {describe(value)} must be a DTensor or a real number; wrap an array "
+                            "with DTensor.from_global or from_local first")
+    target = np.dtype(np.float64) if isinstance(value, float) and dtype.kind not in "fc" else dtype
+    return make_dtensor(mesh, np.asarray(value, dtype=target), mesh.layout(), ())
+
+
+def _operands(op: str, args: tuple) -> tuple[Any, list]:
+    """The mesh and the operands as DTensors (numbers lifted to the tensors' dtype)."""
+    tensors = [a for a in args if hasattr(a, "_ag") and hasattr(a, "layout")]
+    if not tensors:
+        raise OperatorError(f"{op}: no operand is a DTensor (got {', '.join(describe(a) for a in args)})")
+    mesh = tensors[0].mesh
+    for t in tensors[1:]:
+        if t.mesh is not mesh and t.mesh.layout != mesh.layout:
+            raise OperatorError(f"{op}: operands live on different meshes: {mesh.layout} and {t.mesh.layout}")
+    dtype = np.result_type(*[t.local.dtype for t in tensors if t.local.dtype.kind != "b"] or [np.float64])
+    return mesh, [a if any(a is t for t in tensors) else lift(mesh, a, dtype, op) for a in args]
+
+
+def _summed(local: np.ndarray, shape: tuple, out_shape: tuple) -> tuple[np.ndarray, tuple[int, ...]]:
+    """`local` (an output-shaped gradient block) summed down to an operand of global `shape`.
+
+    Returns the block and the output dims summed over (whose split axes make it pending).
+    """
+    lead = len(out_shape) - len(shape)
+    dims = tuple(range(lead)) + tuple(lead + d for d, s in enumerate(shape) if s == 1 and out_shape[lead + d] != 1)
+    if lead:
+        local = local.sum(axis=tuple(range(lead)))
+    inner = tuple(d - lead for d in dims if d >= lead)
+    if inner:
+        local = local.sum(axis=inner, keepdims=True)
+    return local, dims
+
+
+def pointwise(op: str, *args: Any) -> Any:
+    """Run elementwise `op` on DTensors and numbers with numpy broadcasting (see the module docstring)."""
+    from ..runtime.executor import redistribute
+
+    mesh, xs = _operands(op, args)
+    dtype = np.result_type(*[x.local.dtype for x in xs]).name
+    plan = infer_pointwise(op, tuple(x.layout for x in xs), tuple(x.global_shape for x in xs), dtype)
+    xs = [x if x.layout == t else redistribute(x, t) for x, t in zip(xs, plan.targets)]
+    forward, backward = _KERNELS[op]
+    locals_ = [x.local for x in xs]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        block = forward(*locals_)
+    out = make_dtensor(mesh, block, plan.out, plan.shape)
+    if backward is None or not any(x._ag is not None for x in xs):
+        return out
+    return _record(op, out, xs, backward, plan)
+
+
+def _record(op: str, out: Any, xs: list, backward: Callable, plan: Any) -> Any:
+    need = tuple(x._ag is not None for x in xs)
+    kept = plan.out.partial
+
+    def grads(dy: Any) -> tuple:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            fulls = dry_local(lambda: backward(dy.local, [x.local for x in xs], out.local, need), dy.local)
+        if not isinstance(fulls, tuple):  # a dry run's zeros: one block shaped like dy for every operand
+            fulls = tuple(fulls if n else None for n in need)
+        result = []
+        for x, g, n in zip(xs, fulls, need):
+            if not n or g is None:
+                result.append(None)
+                continue
+            g = np.broadcast_to(g, dy.local.shape) if np.ndim(g) < dy.local.ndim else g
+            block, dims = _summed(np.asarray(g), x.global_shape, plan.shape)
+            summed = axes_of(plan.out, (plan.out.tensor_map[d] for d in dims))
+            # A bilinear op's other operand read only this rank's addend: its gradient is pending too.
+            carried = kept if not x.layout.partial else ()
+            result.append(grad_tensor(x, block.reshape(x.local.shape), dy.layout.partial, summed, carried))
+        return tuple(result)
+
+    return record(out, op, tuple(xs), grads, with_partial(plan.out, ()))
+
+
+def add(a: Any, b: Any) -> Any:
+    """a + b with numpy broadcasting; a pending sum stays pending (the other operand joins on one replica)."""
+    return pointwise("add", a, b)
+
+
+def sub(a: Any, b: Any) -> Any:
+    """a - b with numpy broadcasting (pending sums as for add)."""
+    return pointwise("sub", a, b)
+
+
+def mul(a: Any, b: Any) -> Any:
+    """a * b with numpy broadcasting; one pending operand stays pending (two: the smaller is resolved)."""
+    return pointwise("mul", a, b)
+
+
+def div(a: Any, b: Any) -> Any:
+    """a / b with numpy broadcasting; a pending numerator stays pending, a pending denominator is resolved."""
+    return pointwise("div", a, b)
+
+
+def maximum(a: Any, b: Any) -> Any:
+    """Elementwise maximum (ties share the gradient equally, as PyTorch does); pending sums are resolved."""
+    return pointwise("maximum", a, b)
+
+
+def minimum(a: Any, b: Any) -> Any:
+    """Elementwise minimum (ties share the gradient); pending sums are resolved."""
+    return pointwise("minimum", a, b)
+
+
+def where(condition: Any, a: Any, b: Any) -> Any:
+    """a where `condition` (a bool DTensor) is true, else b, with broadcasting; the condition gets no gradient."""
+    if getattr(getattr(condition, "local", None), "dtype", None) != np.dtype(bool):
+        raise OperatorError(f"where: condition must be a bool DTensor, got {describe(condition)}")
+    return pointwise("where", condition, a, b)
+
+
+def exp(x: Any) -> Any:
+    """e ** x (a pending sum is resolved first)."""
+    return pointwise("exp", x)
+
+
+def log(x: Any) -> Any:
+    """Natural logarithm (a pending sum is resolved first)."""
+    return pointwise("log", x)
+
+
+def sqrt(x: Any) -> Any:
+    """Square root (a pending sum is resolved first)."""
+    return pointwise("sqrt", x)
+
+
+def tanh(x: Any) -> Any:
+    """Hyperbolic tangent (a pending sum is resolved first)."""
+    return pointwise("tanh", x)
+
+
+def neg(x: Any) -> Any:
+    """-x (linear: a pending sum stays pending)."""
+    return pointwise("neg", x)
+
+
+def abs(x: Any) -> Any:  # noqa: A001 - numpy's name
+    """|x| (a pending sum is resolved first)."""
+    return pointwise("abs", x)
+
+
+def pow(x: Any, exponent: Any) -> Any:  # noqa: A001 - numpy's name
+    """x ** exponent (a number or a DTensor; pending sums are resolved first)."""
+    return pointwise("pow", x, exponent)
+
+
+def compare(op: str, a: Any, b: Any) -> Any:
+    """a == b, a < b or a > b (op "eq", "lt", "gt") as a bool DTensor (no gradient)."""
+    return pointwise(op, a, b)

@@ -1,0 +1,107 @@
+"""Reductions over any dims of a DTensor: sum, mean, max, min (rules in spmdsim.infer.pointwise).
+
+Over a split dim, ``sum`` and ``mean`` leave a pending sum over its axes (no
+communication: the next op that needs the whole value resolves it, or
+``redistribute`` does); ``max`` and ``min`` finish with one
+Allreduce(MAX/MIN). Gradients: ``sum`` spreads dY over the reduced dims,
+``mean`` divides by the global count, ``max``/``min`` send dY to the
+positions that attain the extreme, shared equally among ties (counted over
+the whole group, as ``numpy``'s ``amax`` derivative and JAX do).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..autograd.graph import record, with_partial
+from ..autograd.rules import grad_tensor
+from ..infer.pointwise import infer_reduce, reduce_dims
+from ._common import make_dtensor, raise_if_not_dtensors
+
+__all__ = ["sum", "mean", "max", "min", "reduce"]
+
+_KERNELS = {"sum": np.sum, "mean": np.sum, "max": np.max, "min": np.min}
+
+
+def reduce(kind: str, x: Any, dims: Any = None, keepdims: bool = False) -> Any:
+    """Reduce `x` by `kind` ("sum", "mean", "max", "min") over `dims` (None: all dims), like numpy."""
+    from ..runtime.executor import execute, redistribute
+
+    try:
+        layout = x.layout
+    except AttributeError:
+        raise_if_not_dtensors(kind, ("x",), x)
+        raise
+    if not isinstance(keepdims, bool):
+        from ..errors import OperatorError
+
+        raise OperatorError(f"{kind}: keepdims {keepdims!r} must be True or False")
+    axes = reduce_dims(dims, layout.ndim, kind)
+    plan = infer_reduce(kind, layout, axes, keepdims)
+    if layout != plan.target:
+        x = redistribute(x, plan.target)
+    shape = tuple(1 if d in axes else s for d, s in enumerate(x.global_shape) if keepdims or d not in axes)
+    block = np.asarray(_KERNELS[kind](x.local, axis=axes, keepdims=keepdims))
+    count = math.prod(x.global_shape[d] for d in axes)
+    if kind == "mean":
+        block = block / np.asarray(count, block.dtype) if block.dtype.kind == "f" else block / count
+    if plan.steps:  # collectives take at least one dim: a 0-d result travels as one element
+        local_shape = block.shape
+        block = execute(x.mesh, np.ascontiguousarray(block).reshape(-1) if not local_shape else
+                        np.ascontiguousarray(block), plan.steps, shape, kind, owned=True).reshape(local_shape)
+    out = make_dtensor(x.mesh, block, plan.out, shape)
+    if x._ag is None:
+        return out
+    return _record(kind, out, x, plan, axes, keepdims, count)
+
+
+def _record(kind: str, out: Any, x: Any, plan: Any, axes: tuple, keepdims: bool, count: int) -> Any:
+    def backward(dy: Any) -> tuple:
+        d = dy.local if keepdims else np.expand_dims(dy.local, axes)
+        if kind in ("sum", "mean"):
+            g = np.broadcast_to(d / count if kind == "mean" else d, x.local.shape)
+            return (grad_tensor(x, np.array(g), dy.layout.partial),)
+        extreme = out.local if keepdims else np.expand_dims(out.local, axes)
+        hit = x.local == extreme
+        ties = hit.sum(axis=axes, keepdims=True).astype(x.dtype)
+        if plan.steps:  # ties elsewhere in the group count too: their sum over the reduced dims' axes
+            from ..runtime.executor import redistribute
+
+            ndim = x.layout.ndim
+            kept = plan.out if keepdims else _keepdims_layout(plan.out, axes, ndim)
+            shape = tuple(1 if i in axes else n for i, n in enumerate(x.global_shape))
+            pending = with_partial(kept, plan.local.partial)
+            ties = redistribute(make_dtensor(x.mesh, ties, pending, shape), kept).local
+        return (grad_tensor(x, d * hit / ties, dy.layout.partial),)
+
+    return record(out, kind, (x,), backward, with_partial(plan.local, ()))
+
+
+def _keepdims_layout(layout: Any, axes: tuple, ndim: int) -> Any:
+    """`layout` of a reduction without keepdims, with the reduced dims put back unsplit."""
+    entries = list(layout.tensor_map)
+    for d in axes:
+        entries.insert(d, ())
+    return layout.layout(*[e or None for e in entries], partial=layout.partial)
+
+
+def sum(x: Any, dims: Any = None, keepdims: bool = False) -> Any:  # noqa: A001 - numpy's name
+    """Sum over `dims`; over a split dim the result is a pending sum over its axes."""
+    return reduce("sum", x, dims, keepdims)
+
+
+def mean(x: Any, dims: Any = None, keepdims: bool = False) -> Any:
+    """Mean over `dims` (divided by the global count); over a split dim a pending sum, as for sum."""
+    return reduce("mean", x, dims, keepdims)
+
+
+def max(x: Any, dims: Any = None, keepdims: bool = False) -> Any:  # noqa: A001 - numpy's name
+    """Maximum over `dims`; over a split dim one Allreduce(MAX)."""
+    return reduce("max", x, dims, keepdims)
+
+
+def min(x: Any, dims: Any = None, keepdims: bool = False) -> Any:  # noqa: A001 - numpy's name
+    """Minimum over `dims`; over a split dim one Allreduce(MIN)."""
+    return reduce("min", x, dims, keepdims)

@@ -1,0 +1,192 @@
+"""Cases for the general operators: a DTensor program, its numpy twin, operands on random layouts.
+
+`run_case` runs on every rank (MPI or simulated): it builds the operands in
+their layouts (a pending operand holds its value on one member and zeros on
+the others), checks the forward against numpy, runs ``y.backward(G)`` with a
+seeded upstream gradient and compares every operand's gathered gradient with
+central differences of ``sum(numpy_fn(...) * G)``, in float64. Every rank
+returns the same errors (the checks are collective).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from spmdsim import Layout, SeededTensor, ops
+
+__all__ = ["Case", "run_case", "random_case", "CASES", "numeric_grad"]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One op on operands: global shapes, tensor maps, pending axes, and the mesh."""
+
+    name: str
+    mesh: tuple[int, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    maps: tuple[tuple, ...]
+    partial: tuple[tuple[str, ...], ...]
+    positive: bool = False  # operands must be positive (log, sqrt, pow)
+    grads: bool = True
+
+
+def _np_softmax(x: np.ndarray, d: int) -> np.ndarray:
+    e = np.exp(x - x.max(d, keepdims=True))
+    return e / e.sum(d, keepdims=True)
+
+
+def _np_layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + 1e-5) * w + b
+
+
+def _causal(shape: tuple[int, ...]) -> np.ndarray:
+    return np.triu(np.ones(shape[-2:], bool), 1)
+
+
+def _dropout_ref(x: np.ndarray) -> np.ndarray:
+    keep = SeededTensor(x.shape, "float64", seed=7, low=0.0, high=1.0).full() >= 0.3
+    return x * keep / 0.7
+
+
+# name -> (operand shapes, DTensor program, numpy twin, positive operands)
+CASES: dict[str, tuple[tuple[tuple[int, ...], ...], Callable, Callable, bool]] = {
+    "einsum_matmul": (((4, 8), (8, 4)), lambda a, b: ops.einsum("ij,jk->ik", a, b),
+                      lambda a, b: a @ b, False),
+    "einsum_batched": (((2, 4, 8), (2, 8, 4)), lambda a, b: ops.einsum("bij,bjk->bik", a, b),
+                       lambda a, b: a @ b, False),
+    "einsum_scores": (((2, 4, 2, 4), (2, 4, 2, 4)), lambda q, k: ops.einsum("bqhd,bkhd->bhqk", q, k),
+                      lambda q, k: np.einsum("bqhd,bkhd->bhqk", q, k), False),
+    "einsum_outer_sum": (((4, 8), (8,)), lambda a, v: ops.einsum("ij,j->i", a, v),
+                         lambda a, v: a @ v, False),
+    "einsum_alone": (((4, 2, 8), (4, 8)), lambda a, b: ops.einsum("ijk,ik->j", a, b),
+                     lambda a, b: np.einsum("ijk,ik->j", a, b), False),
+    "einsum_ellipsis": (((2, 4, 8), (8, 4)), lambda a, b: ops.einsum("...k,kn->...n", a, b),
+                        lambda a, b: a @ b, False),
+    "add_broadcast": (((4, 8), (8,)), lambda a, b: a + b, lambda a, b: a + b, False),
+    "sub_keepdim": (((4, 8), (4, 1)), lambda a, b: a - b, lambda a, b: a - b, False),
+    "mul": (((4, 8), (4, 8)), lambda a, b: a * b, lambda a, b: a * b, False),
+    "mul_scalar": (((4, 8),), lambda a: 3.0 * a - 1.0, lambda a: 3.0 * a - 1.0, False),
+    "div": (((4, 8), (1, 8)), lambda a, b: a / b, lambda a, b: a / b, True),
+    "maximum": (((4, 8), (8,)), lambda a, b: ops.maximum(a, b), lambda a, b: np.maximum(a, b), False),
+    "exp_tanh": (((4, 8),), lambda a: ops.exp(ops.tanh(a)), lambda a: np.exp(np.tanh(a)), False),
+    "log_sqrt": (((4, 8),), lambda a: ops.log(a) + ops.sqrt(a), lambda a: np.log(a) + np.sqrt(a), True),
+    "pow": (((4, 8),), lambda a: a ** 3.0 + (-a), lambda a: a ** 3.0 - a, True),
+    "sum": (((4, 8, 2),), lambda a: ops.sum(a, (0, 2)), lambda a: a.sum((0, 2)), False),
+    "mean_keepdims": (((4, 8),), lambda a: ops.mean(a, 1, keepdims=True), lambda a: a.mean(1, keepdims=True),
+                      False),
+    "max": (((4, 8),), lambda a: ops.max(a, 1), lambda a: a.max(1), False),
+    "min_all": (((4, 8),), lambda a: ops.min(a), lambda a: a.min(), False),
+    "softmax_last": (((4, 8),), lambda a: ops.softmax(a, -1), lambda a: _np_softmax(a, -1), False),
+    "softmax_first": (((4, 8),), lambda a: ops.softmax(a, 0), lambda a: _np_softmax(a, 0), False),
+    "log_softmax": (((4, 8),), lambda a: ops.log_softmax(a, -1),
+                    lambda a: np.log(_np_softmax(a, -1)), False),
+    "layer_norm": (((4, 8), (8,), (8,)), lambda x, w, b: ops.layer_norm(x, w, b), _np_layer_norm, False),
+    "rms_norm": (((4, 8), (8,)), lambda x, w: ops.rms_norm(x, w),
+                 lambda x, w: x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * w, False),
+    "masked_softmax": (((2, 8, 8),), lambda s: ops.softmax(ops.masked_fill(
+        s, ops.causal_mask(s.mesh, s.global_shape), -np.inf), -1),
+        lambda s: _np_softmax(np.where(_causal(s.shape), -np.inf, s), -1), False),
+    "dropout": (((4, 8),), lambda a: ops.dropout(a, 0.3, seed=7), _dropout_ref, False),
+    "where": (((4, 8), (4, 8)), lambda a, b: ops.where(ops.causal_mask(a.mesh, a.global_shape), a, b),
+              lambda a, b: np.where(_causal(a.shape), a, b), False),
+}
+
+#: Ops under which an operand may be a pending sum going in (the rule then keeps or resolves it).
+PENDING_OK = frozenset(CASES)
+
+
+def random_case(name: str, ranks: int, rng: np.random.Generator, pending: bool = True) -> Case:
+    """A case of op `name` on a random mesh of `ranks` devices (1-3 axes) and random layouts."""
+    shapes = CASES[name][0]
+    positive = CASES[name][3]
+    axes_count = int(rng.integers(1, 4))
+    sizes = _factor(ranks, axes_count, rng)
+    names = tuple(f"m{i}" for i in range(len(sizes)))
+    maps, partial = [], []
+    for shape in shapes:
+        free = list(names)
+        rng.shuffle(free)
+        entry_list = []
+        for size in shape:
+            entry: list[str] = []
+            while free and rng.random() < 0.5:
+                axis = free[-1]
+                group = math.prod(sizes[names.index(a)] for a in entry) * sizes[names.index(axis)]
+                if size % group:
+                    break
+                entry.append(free.pop())
+            entry_list.append(tuple(entry) if entry else None)
+        pend = tuple(a for a in free if pending and rng.random() < 0.25)
+        maps.append(tuple(entry_list))
+        partial.append(tuple(a for a in names if a in pend))
+    return Case(name, sizes, shapes, tuple(maps), tuple(partial), positive)
+
+
+def _factor(n: int, parts: int, rng: np.random.Generator) -> tuple[int, ...]:
+    sizes = [1] * parts
+    while n > 1:
+        sizes[int(rng.integers(parts))] *= 2
+        n //= 2
+    return tuple(sizes)
+
+
+def operands(case: Case, seed: int = 0) -> list[np.ndarray]:
+    """The global operands (float64; positive ones in [0.5, 2))."""
+    out = []
+    for k, shape in enumerate(case.shapes):
+        low, high = (0.5, 2.0) if case.positive else (-1.0, 1.0)
+        out.append(SeededTensor(shape, "float64", seed=100 * seed + k + 1, low=low, high=high).full())
+    return out
+
+
+def numeric_grad(fn: Callable, arrays: Sequence[np.ndarray], upstream: np.ndarray, h: float = 1e-6) -> list:
+    """Central differences of sum(fn(*arrays) * upstream) with respect to each array."""
+    grads = []
+    for k, a in enumerate(arrays):
+        g = np.zeros_like(a)
+        flat = g.reshape(-1)
+        for i in range(a.size):
+            plus = [x.copy() for x in arrays]
+            minus = [x.copy() for x in arrays]
+            plus[k].reshape(-1)[i] += h
+            minus[k].reshape(-1)[i] -= h
+            flat[i] = (np.sum(_finite(fn(*plus)) * upstream) - np.sum(_finite(fn(*minus)) * upstream)) / (2 * h)
+        grads.append(g)
+    return grads
+
+
+def _finite(y: np.ndarray) -> np.ndarray:
+    return np.where(np.isfinite(y), y, 0.0)
+
+
+def run_case(comm: Any, case: Case, seed: int = 0) -> tuple[float, float, Optional[str]]:
+    """(forward max abs error, gradient max relative error, the first failing text or None) on every rank."""
+    from spmdsim.runtime import DTensor, Mesh
+
+    mesh = Mesh(Layout(case.mesh, tuple(f"m{i}" for i in range(len(case.mesh)))), comm)
+    L = mesh.layout
+    _, program, twin, _ = CASES[case.name]
+    arrays = operands(case, seed)
+    xs = [DTensor.from_global(mesh, a, L(*m, partial=p)).requires_grad_()
+          for a, m, p in zip(arrays, case.maps, case.partial)]
+    y = program(*xs)
+    expected = np.asarray(twin(*arrays))
+    got = y.gather()
+    finite = np.isfinite(expected)
+    if got.shape != expected.shape or not np.array_equal(finite, np.isfinite(got)):
+        return math.inf, math.inf, f"{case}: forward shape or infinities differ"
+    forward = float(np.max(np.abs(np.where(finite, got - expected, 0.0)), initial=0.0))
+    upstream = SeededTensor(expected.shape, "float64", seed=999, low=-1, high=1).full()
+    y.backward(DTensor.from_global(mesh, upstream, L(*([None] * len(expected.shape)))))
+    numeric = numeric_grad(twin, arrays, upstream)
+    worst = 0.0
+    for x, want in zip(xs, numeric):
+        have = x.grad.gather()
+        worst = max(worst, float(np.max(np.abs(have - want) / (1e-6 + np.abs(want)), initial=0.0)))
+    note = None if forward < 1e-10 and worst < 1e-5 else f"{case}: forward {forward:.3g}, gradient {worst:.3g}"
+    return forward, worst, note
