@@ -9,7 +9,6 @@ import pytest
 from spmdsim import Layout, OperatorError, ShapeError
 from spmdsim.dialects.strategy import matmul_layouts
 from spmdsim.infer import (
-    infer_add,
     infer_bias_add,
     infer_elementwise,
     infer_embedding,
@@ -157,11 +156,6 @@ def test_elementwise_rules():
     with pytest.raises(OperatorError, match=r"relu\(a\) \+ relu\(b\) != relu\(a \+ b\)"):
         infer_elementwise(L2("dp", None, partial=("mp",)), "relu")
     p = L2("dp", None, partial=("mp",))
-    assert infer_add(p, p) == p
-    with pytest.raises(OperatorError, match="pending sum plus a value"):
-        infer_add(p, L2("dp", None))
-    with pytest.raises(OperatorError, match="redistribute"):
-        infer_add(L2("dp", None), L2(None, "dp"))
     assert infer_bias_add(L2("dp", "mp"), L2("mp")) == L2("dp", "mp")
     with pytest.raises(OperatorError, match="once per rank"):
         infer_bias_add(p, L2(None))

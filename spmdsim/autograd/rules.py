@@ -23,7 +23,7 @@ from .graph import record, with_partial
 
 __all__ = [
     "record_matmul", "record_linear", "record_mlp", "record_embedding", "record_activation", "record_softmax",
-    "record_bias_add", "record_add", "record_scale", "record_transpose", "record_reshape",
+    "record_bias_add", "record_scale", "record_transpose", "record_reshape",
     "record_redistribute", "grad_tensor", "axes_of",
 ]
 
@@ -201,11 +201,6 @@ def record_bias_add(out: Any, x: Any, bias: Any) -> Any:
         return gx, gb
 
     return record(out, "bias_add", (x, bias), backward, x.layout)
-
-
-def record_add(out: Any, a: Any, b: Any) -> Any:
-    """a + b: both gradients are dY (a pending dY stays pending)."""
-    return record(out, "add", (a, b), lambda dy: (dy, dy))
 
 
 def record_scale(out: Any, x: Any, factor: Any) -> Any:

@@ -25,7 +25,7 @@ from .finish import fmt as _fmt
 from .finish import gather_dim, out_layout_from_strategy, resolve_partial
 
 __all__ = ["MatMulPlan", "LinearPlan", "EmbeddingPlan", "infer_matmul", "infer_linear", "infer_embedding",
-           "infer_elementwise", "infer_add", "infer_bias_add", "infer_transpose", "infer_softmax", "infer_reshape",
+           "infer_elementwise", "infer_bias_add", "infer_transpose", "infer_softmax", "infer_reshape",
            "matmul_shape", "resolve_partial", "out_layout_from_strategy"]
 
 
@@ -299,19 +299,6 @@ def infer_softmax(x: TensorLayout, dim: int = -1) -> tuple[TensorLayout, int]:
             "so no rank holds a whole row to normalise; redistribute x so dim "
             f"{d} is whole (e.g. to the map with None there) first")
     return x, d
-
-
-def infer_add(a: TensorLayout, b: TensorLayout) -> TensorLayout:
-    """Layout of a + b: both inputs must have one layout (pending sums only with pending sums)."""
-    _check_same_mesh(a=a, b=b)
-    if a.partial != b.partial:
-        raise OperatorError(f"cannot add {_fmt(a)} and {_fmt(b)}: a pending sum plus a value that is not "
-                            "pending over the same axes would count the latter once per rank of the group; "
-                            "resolve the pending sum first")
-    if a.tensor_map != b.tensor_map:
-        raise OperatorError(f"cannot add {_fmt(a)} and {_fmt(b)} shard by shard; "
-                            "redistribute one to the other's layout")
-    return a
 
 
 def infer_bias_add(x: TensorLayout, bias: TensorLayout) -> TensorLayout:

@@ -1,4 +1,6 @@
-"""Elementwise ops on DTensors: ReLU, GELU, scale, add, bias add. No communication; layout kept.
+"""Elementwise ops on DTensors: ReLU, GELU, scale, bias add. No communication; layout kept.
+
+Broadcasting arithmetic (add, mul, ...) is spmdsim.ops.pointwise.
 
 A pending sum (partial layout) is rejected where the result would be wrong:
 ReLU(a) + ReLU(b) != ReLU(a + b), and adding a non-partial tensor to a pending
@@ -13,11 +15,11 @@ import numpy as np
 from .. import activations
 from ..autograd import rules
 from ..errors import OperatorError, ShapeError
-from ..infer import infer_add, infer_bias_add, infer_elementwise
+from ..infer import infer_bias_add, infer_elementwise
 from ..sim.dry import local as dry_local
 from ._common import make_dtensor, operands_mesh, raise_if_not_dtensors, require_float
 
-__all__ = ["relu", "gelu", "activation", "scale", "add", "bias_add"]
+__all__ = ["relu", "gelu", "activation", "scale", "bias_add"]
 
 
 def activation(x: Any, name: str) -> Any:
@@ -65,18 +67,6 @@ def scale(x: Any, factor: Any) -> Any:
     out = make_dtensor(x.mesh, dry_local(np.multiply, x.local, x.local, factor_array), x.layout,
                        x.global_shape)
     return out if x._ag is None else rules.record_scale(out, x, value)
-
-
-def add(a: Any, b: Any) -> Any:
-    """a + b for two DTensors of one shape and layout (two pending sums over the same axes add)."""
-    mesh = operands_mesh("add", ("a", "b"), a, b)
-    # Shapes first: no redistribution makes different shapes addable.
-    if tuple(a.global_shape) != tuple(b.global_shape):
-        raise ShapeError(f"cannot add shapes {tuple(a.global_shape)!r} and {tuple(b.global_shape)!r}: add needs "
-                         "one shape (it does not broadcast; bias_add adds a vector along the last dim)")
-    layout = infer_add(a.layout, b.layout)
-    out = make_dtensor(mesh, a.local + b.local, layout, a.global_shape)
-    return out if a._ag is None and b._ag is None else rules.record_add(out, a, b)
 
 
 def bias_add(x: Any, bias: Any) -> Any:

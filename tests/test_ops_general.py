@@ -1,0 +1,226 @@
+"""General operators by sharding rules on simulated ranks: hypothesis draws the meshes and layouts.
+
+Every case (tests/generalkit.py) builds its operands on a random mesh of 1-3
+axes with random tensor maps (several axes on one dim, pending operands),
+checks the forward against numpy and every operand's float64 gradient
+against central differences, on 8 and 4 simulated ranks. The rules' own
+texts and refusals are checked without ranks.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import spmdsim
+from spmdsim import Layout, OperatorError, SeededTensor, ShapeError, ops
+from spmdsim.infer.einsum import infer_einsum, parse_einsum
+from spmdsim.infer.pointwise import infer_pointwise, infer_reduce
+
+from generalkit import CASES, Case, random_case, run_case
+
+L = Layout((2, 4), ("dp", "tp"))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(sorted(CASES)), seed=st.integers(0, 2 ** 32 - 1), ranks=st.sampled_from([8, 4]))
+def test_every_rule_matches_numpy_forward_and_backward(name, seed, ranks):
+    case = random_case(name, ranks, np.random.default_rng(seed))
+    results = spmdsim.simulate(ranks, lambda: run_case(spmdsim.world(), case))
+    assert len(set(results)) == 1  # every rank reached the same verdict
+    assert results[0][2] is None, results[0][2]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_op_on_a_fixed_split_layout(name):
+    """Each op with every operand split on its last dim over 4 ranks (the hard case for norms)."""
+    shapes = CASES[name][0]
+    maps = tuple((None,) * (len(s) - 1) + ("m0" if s[-1] % 4 == 0 else None,) for s in shapes)
+    case = Case(name, (4,), shapes, maps, ((),) * len(shapes), CASES[name][3])
+    results = spmdsim.simulate(4, lambda: run_case(spmdsim.world(), case))
+    assert results[0][2] is None, results[0][2]
+
+
+def test_einsum_rule_keeps_free_splits_and_leaves_contracted_ones_pending():
+    plan = infer_einsum("bsd,de->bse", (L("dp", None, "tp"), L("tp", None)), ((4, 8, 16), (16, 32)), "float64")
+    assert plan.local == L("dp", None, None, partial=("tp",))
+    assert plan.targets == (L("dp", None, "tp"), L("tp", None))
+    assert "contracted letter 'd' is split over \"tp\"" in plan.why()
+
+
+def test_einsum_rule_moves_the_cheaper_operand():
+    # x split on its contracted dim over tp, w whole: slicing w (free) beats gathering x.
+    plan = infer_einsum("ij,jk->ik", (L(None, "tp"), L(None, None)), ((8, 64), (64, 4)), "float64")
+    assert plan.targets == (L(None, "tp"), L("tp", None))
+    assert plan.choice.moved == (0, 0)
+    assert "a local slice, no communication" in plan.why()
+    # Both split the contracted dim over different axes: one of them moves, by the fewer bytes.
+    plan = infer_einsum("ij,jk->ik", (L(None, "tp"), L("dp", None)), ((8, 64), (64, 4)), "float64")
+    assert plan.targets[0].tensor_map[1] == plan.targets[1].tensor_map[0]
+    assert sum(plan.choice.moved) == min(plan.choice.moved[0] + plan.choice.moved[1], sum(plan.choice.moved))
+    assert "the least of 2 choices" in plan.why()
+
+
+def test_two_pending_operands_resolve_one_and_say_why():
+    p = L(None, None, partial=("tp",))
+    plan = infer_einsum("ij,jk->ik", (p, L(None, None, partial=("tp",))), ((4, 8), (8, 2)), "float64")
+    assert plan.resolved == (1,) and plan.local.partial == ("tp",)
+    assert "a product of sums is not the sum of the products" in plan.why()
+
+
+def test_elementwise_pending_rules():
+    pending = L("dp", None, partial=("tp",))
+    assert infer_pointwise("mul", (pending, L()), ((4, 8), ()), "float64").out == pending
+    assert infer_pointwise("add", (pending, pending), ((4, 8), (4, 8)), "float64").out == pending
+    exp = infer_pointwise("exp", (pending,), ((4, 8),), "float64")
+    assert exp.out == L("dp", None) and exp.resolved == (0,)
+    assert "exp(a + b) != exp(a) + exp(b)" in exp.why()
+    div = infer_pointwise("div", (L("dp", None), pending), ((4, 8), (4, 8)), "float64")
+    assert div.resolved == (1,) and not div.out.partial
+    assert "dividing by a sum is not the sum of divisions" in div.why()
+    # A small pending mean is resolved at its own size rather than making the large result pending.
+    sub = infer_pointwise("sub", (L("dp", None), L("dp", None, partial=("tp",))), ((8, 64), (8, 1)), "float64")
+    assert sub.out == L("dp", None) and sub.resolved == (1,)
+
+
+def test_reduction_rules():
+    plan = infer_reduce("sum", L("dp", "tp"), (1,), False)
+    assert plan.out == L("dp", partial=("tp",)) and not plan.steps
+    plan = infer_reduce("max", L("dp", "tp"), (1,), True)
+    assert plan.out == L("dp", None) and str(plan.steps[0]).endswith("via Allreduce(MAX) on ('tp',)")
+    plan = infer_reduce("min", L("dp", None, partial=("tp",)), (0,), False)
+    assert plan.target == L("dp", None) and "min of a sum is not the sum of mins" in plan.why()
+
+
+@pytest.mark.parametrize("spec, ndims, message", [
+    ("ij,jk", (2,), "names 2 operands but 1 were given"),
+    ("ii->i", (2,), "letter 'i' repeats in operand 0"),
+    ("ij->k", (2,), "output letter 'k' is in no operand"),
+    ("ij->ii", (2,), "output letter 'i' repeats"),
+    ("i$->i", (2,), "character '$' is not a letter"),
+    ("ijk->i", (2,), "operand 0 has 2 dims but subscripts 'ijk'"),
+])
+def test_einsum_spec_errors_are_one_line(spec, ndims, message):
+    with pytest.raises(OperatorError, match=re.escape(message)):
+        parse_einsum(spec, ndims)
+
+
+def test_einsum_spec_implicit_output_and_ellipsis():
+    assert str(parse_einsum("ij,jk", (2, 2))) == "ij,jk->ik"
+    assert str(parse_einsum("...ij,jk->...ik", (4, 2))) == "ABij,jk->ABik"
+
+
+def _on_ranks(n, fn):
+    return spmdsim.simulate(n, fn)
+
+
+def test_bad_operands_get_one_line():
+    from spmdsim.runtime import DTensor, Mesh
+
+    def body():
+        mesh = Mesh(Layout((4,), ("tp",)), spmdsim.world())
+        x = DTensor.from_global(mesh, np.ones((4, 8)), mesh.layout(None, "tp"))
+        cases = [
+            (lambda: x + np.ones(3), OperatorError, "add: operand ndarray of shape (3,) must be a DTensor"),
+            (lambda: x * DTensor.from_global(mesh, np.ones((3, 8)), mesh.layout(None, "tp")), ShapeError,
+             "mul: shapes (4, 8), (3, 8) do not broadcast"),
+            (lambda: ops.einsum("ij,jk->ik", x, x), ShapeError, "letter 'j' has size 8 in operand 0 but 4"),
+            (lambda: ops.sum(x, 2), OperatorError, "sum: dim 2 is out of range for a tensor of 2 dims"),
+            (lambda: ops.max(x, (1, -1)), OperatorError, "max: dim -1 is given twice"),
+            (lambda: ops.dropout(x, 1.0, seed=1), OperatorError, "dropout: p 1.0 must be a number with 0 <= p < 1"),
+            (lambda: ops.dropout(x, 0.1, seed="a"), OperatorError, "dropout: seed 'a' must be an integer"),
+            (lambda: ops.layer_norm(x, eps=-1), OperatorError, "layer_norm: eps -1 must be a non-negative"),
+            (lambda: ops.where(x, x, x), OperatorError, "where: condition must be a bool DTensor"),
+            (lambda: ops.causal_mask(mesh, (4,)), OperatorError, "causal_mask shape (4,) needs at least 2 dims"),
+            (lambda: x.backward(), OperatorError, "backward() needs a scalar loss"),
+        ]
+        for call, kind, text in cases:
+            with pytest.raises(kind, match=re.escape(text)):
+                call()
+        return True
+
+    assert all(_on_ranks(4, body))
+
+
+def test_backward_with_an_upstream_gradient_checks_it():
+    from spmdsim.runtime import DTensor, Mesh
+
+    def body():
+        mesh = Mesh(Layout((4,), ("tp",)), spmdsim.world())
+        x = DTensor.from_global(mesh, np.arange(16.0).reshape(4, 4), mesh.layout(None, "tp")).requires_grad_()
+        y = x * x
+        with pytest.raises(OperatorError, match=re.escape("gradient of global shape (4, 2) for a tensor of "
+                                                          "global shape (4, 4)")):
+            y.backward(DTensor.from_global(mesh, np.ones((4, 2)), mesh.layout(None, None)))
+        y.backward(DTensor.from_global(mesh, np.full((4, 4), 3.0), mesh.layout("tp", None)))
+        return x.grad.gather()
+
+    grad = _on_ranks(4, body)[0]
+    assert np.array_equal(grad, 6.0 * np.arange(16.0).reshape(4, 4))
+
+
+def test_a_pending_scalar_loss_backpropagates():
+    from spmdsim.runtime import DTensor, Mesh
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
+        w = DTensor.from_global(mesh, np.arange(8.0).reshape(4, 2), mesh.layout("dp", "tp")).requires_grad_()
+        loss = ops.mean(w * w)
+        assert loss.layout.partial == ("dp", "tp")
+        loss.backward()
+        return w.grad.gather(), ops.resolved(loss).local
+
+    grad, value = _on_ranks(4, body)[0]
+    full = np.arange(8.0).reshape(4, 2)
+    assert np.allclose(grad, 2 * full / 8) and np.isclose(value, (full ** 2).mean())
+
+
+class _Cube(spmdsim.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, k):
+        ctx.save_for_backward(x)
+        ctx.k = k
+        return k * x ** 3
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        return 3 * ctx.k * x ** 2 * dy
+
+
+def test_custom_autograd_function_on_shards():
+    from spmdsim.runtime import DTensor, Mesh
+
+    src = SeededTensor((4, 8), "float64", seed=3)
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
+        x = DTensor.from_seeded(mesh, mesh.layout("dp", "tp"), src).requires_grad_()
+        y = _Cube.apply(x, 2.0)
+        assert y.check(2.0 * src.full() ** 3).passed
+        ops.sum(y).backward()
+        with pytest.raises(OperatorError, match="is a pending sum; resolve it first"):
+            _Cube.apply(ops.sum(x, 1, keepdims=True), 1.0)
+        return x.grad.gather()
+
+    assert np.allclose(_on_ranks(4, body)[0], 6.0 * src.full() ** 2)
+
+
+def test_dropout_mask_does_not_depend_on_the_layout():
+    from spmdsim.runtime import DTensor, Mesh
+
+    src = SeededTensor((8, 8), "float64", seed=5)
+
+    def body(tmap):
+        mesh = Mesh(Layout((2, 4), ("dp", "tp")), spmdsim.world())
+        x = DTensor.from_seeded(mesh, mesh.layout(*tmap), src)
+        return ops.dropout(x, 0.5, seed=11).gather()
+
+    a = _on_ranks(8, lambda: body(("dp", "tp")))[0]
+    b = _on_ranks(8, lambda: body((None, ("tp", "dp"))))[0]
+    keep = SeededTensor((8, 8), "float64", seed=11, low=0.0, high=1.0).full() >= 0.5
+    assert np.array_equal(a, b) and np.array_equal(a, src.full() * keep * 2.0)
+    assert 0.25 < keep.mean() < 0.75
