@@ -1,4 +1,4 @@
-"""Optimizers over DTensor parameters: SGD (with momentum) and Adam; each rank updates its own shards.
+"""Optimizers over DTensor parameters: SGD (with momentum), Adam and AdamW; each rank updates its own shards.
 
 A parameter's ``.grad`` is whole (no pending sum) and laid out like the
 parameter, so an update is elementwise on the local block: no communication,
@@ -9,7 +9,7 @@ view of them, such as the padded vocabulary table, sees the new values).
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Union
 
 import numpy as np
 
@@ -17,7 +17,7 @@ from .autograd.graph import Leaf, with_partial
 from .errors import OperatorError
 from .validate import tolerance_arg
 
-__all__ = ["SGD", "Adam"]
+__all__ = ["SGD", "Adam", "AdamW", "adamw_update"]
 
 
 class _Optimizer:
@@ -107,3 +107,70 @@ class Adam(_Optimizer):
         t = self.steps
         step = self.lr * math.sqrt(1 - b2**t) / (1 - b1**t)
         param -= (step * m / (np.sqrt(v) + self.eps * math.sqrt(1 - b2**t))).astype(param.dtype)
+
+
+class AdamW(_Optimizer):
+    """AdamW (Loshchilov and Hutter; torch.optim.AdamW's semantics): decay decoupled from the moments.
+
+    Args:
+        decay: which parameters decay: None (those of 2 or more dims), a predicate
+            ``decay(param) -> bool``, or an iterable of the parameters that decay.
+    """
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 1e-2,
+                 decay: Union[None, Callable[[Any], bool], Iterable[Any]] = None) -> None:
+        super().__init__(params, lr)
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise OperatorError(f"betas {betas!r} must be a pair (beta1, beta2)")
+        self.betas = tuple(tolerance_arg(b, "beta", OperatorError) for b in betas)
+        if not all(b < 1 for b in self.betas):
+            raise OperatorError(f"betas {betas!r} must be in [0, 1)")
+        self.eps = _positive(eps, "eps")
+        self.weight_decay = tolerance_arg(weight_decay, "weight_decay", OperatorError)
+        self.decays = _decay_flags(self.params, decay)
+        # Per parameter, as PyTorch keeps it: (steps taken, first moment, second moment).
+        self.state: dict[int, tuple[int, np.ndarray, np.ndarray]] = {}
+
+    def _update(self, index: int, param: np.ndarray, grad: np.ndarray) -> None:
+        t, m, v = self.state.get(index) or (0, np.zeros_like(param), np.zeros_like(param))
+        self.state[index] = (t + 1, m, v)
+        adamw_update(param, grad, m, v, t + 1, lr=self.lr, betas=self.betas, eps=self.eps,
+                     weight_decay=self.weight_decay if self.decays[index] else 0.0)
+
+
+def adamw_update(param: np.ndarray, grad: np.ndarray, m: np.ndarray, v: np.ndarray, t: int, *,
+                 lr: float, betas: tuple, eps: float, weight_decay: float) -> None:
+    """One AdamW step in place on numpy arrays (param, m, v); `t` is this parameter's step, from 1.
+
+    p -= lr * wd * p; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+    p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
+    """
+    b1, b2 = betas
+    if weight_decay:
+        param -= lr * weight_decay * param
+    m *= b1
+    m += (1 - b1) * grad
+    v *= b2
+    v += (1 - b2) * grad * grad
+    param -= lr * (m / (1 - b1**t)) / (np.sqrt(v / (1 - b2**t)) + eps)
+
+
+def _decay_flags(params: tuple, decay: Any) -> tuple[bool, ...]:
+    """Whether each parameter decays, from AdamW's `decay` argument."""
+    if decay is None:
+        return tuple(len(p.global_shape) >= 2 for p in params)
+    if callable(decay):
+        flags = tuple(decay(p) for p in params)
+        for i, flag in enumerate(flags):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise OperatorError(f"decay predicate returned {flag!r} for parameter {i}; expected True or False")
+        return tuple(bool(f) for f in flags)
+    if isinstance(decay, (str, bytes)) or not hasattr(decay, "__iter__"):
+        raise OperatorError(f"decay {decay!r} must be None, a predicate or an iterable of parameters")
+    chosen = {id(p) for p in decay}
+    known = {id(p) for p in params}
+    if not chosen <= known:
+        raise OperatorError(f"decay names {len(chosen - known)} object(s) that are not among the optimizer's "
+                            "parameters")
+    return tuple(id(p) in chosen for p in params)

@@ -131,6 +131,52 @@ def test_optimizer_updates_the_vocab_table_the_lookup_reads(mesh, optimizer):
     assert layer.weight.grad is None
 
 
+def _adamw_formula(p, grads, lr, b1, b2, eps, wd):
+    """torch.optim.AdamW written out in numpy: the parameter after each of `grads` in turn."""
+    m, v = np.zeros_like(p), np.zeros_like(p)
+    for t, g in enumerate(grads, start=1):
+        p = p * (1 - lr * wd)
+        m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g**2
+        p = p - lr * (m / (1 - b1**t)) / (np.sqrt(v / (1 - b2**t)) + eps)
+    return p
+
+
+@pytest.mark.parametrize("decay", ["default", "predicate", "iterable"])
+def test_adamw_matches_its_formula_on_split_and_replicated_parameters(mesh, decay):
+    from spmdsim.ops import mse_loss
+    from spmdsim.optim import AdamW
+
+    p = mesh.layout.axis_size("mp")
+    rng = np.random.default_rng(11)
+    w0, b0 = rng.standard_normal((4, 2 * p)), rng.standard_normal(2 * p)
+    w = dt(mesh, w0, mesh.layout("dp", "mp"), grad=True)
+    b = dt(mesh, b0, mesh.layout(None), grad=True)
+    choose = {"default": None, "predicate": lambda t: len(t.global_shape) == 2, "iterable": [w]}[decay]
+    lr, betas, eps, wd = 0.05, (0.8, 0.95), 1e-8, 0.3
+    opt = AdamW([w, b], lr=lr, betas=betas, eps=eps, weight_decay=wd, decay=choose)
+    targets = [(rng.standard_normal(w0.shape), rng.standard_normal(b0.shape)) for _ in range(3)]
+    w_grads, b_grads = [], []
+    for tw, tb in targets:
+        # d mean((x - t)^2) / dx = 2 (x - t) / n, from the parameters before this step
+        w_grads.append(2 * (w.gather() - tw) / w0.size)
+        b_grads.append(2 * (b.gather() - tb) / b0.size)
+        mse_loss(w, dt(mesh, tw, w.layout)).backward()
+        mse_loss(b, dt(mesh, tb, b.layout)).backward()
+        opt.step()
+        opt.zero_grad()
+    assert opt.decays == (True, False)
+    for t, want in ((w, _adamw_formula(w0, w_grads, lr, *betas, eps, wd)),
+                    (b, _adamw_formula(b0, b_grads, lr, *betas, eps, 0.0))):
+        verdict = t.check(want, rtol=1e-12, atol=1e-14)
+        assert verdict.passed, verdict
+    with pytest.raises(OperatorError, match="decay names 1 object"):
+        AdamW([w], decay=[b0])
+    with pytest.raises(OperatorError, match="decay predicate returned 1 for parameter 0"):
+        AdamW([w], decay=lambda t: 1)
+    with pytest.raises(OperatorError, match=r"weight_decay -0.1 must be a finite number >= 0"):
+        AdamW([w], weight_decay=-0.1)
+
+
 def test_bad_input_is_refused_on_every_rank(mesh):
     from spmdsim.ops import cross_entropy, mse_loss
     from spmdsim.runtime.executor import redistribute

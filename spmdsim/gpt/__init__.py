@@ -1,0 +1,26 @@
+"""A small GPT shared by the distributed model and its single-process numpy reference.
+
+``GPTConfig`` (config), the parameters and dropout masks as seeded tensors (params),
+the text and its batches (data); ``spmdsim.gpt.reference`` trains the same model in one
+numpy process (``python -m spmdsim.gpt.reference --steps 200``). Pure: no mpi4py.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .config import GPTConfig
+from .data import batch, decode, encode, load_text
+from .params import (ParamSpec, constant, decays, dropout_seed, dropout_shape, dropout_sites, dropout_tensor,
+                     initial_value, param_specs, seeded)
+
+__all__ = ["GPTConfig", "ParamSpec", "param_specs", "seeded", "constant", "decays", "initial_value",
+           "dropout_seed", "dropout_tensor", "dropout_shape", "dropout_sites", "load_text", "encode",
+           "decode", "batch", "reference"]
+
+
+def __getattr__(name: str) -> Any:
+    # Loaded on first use, so `python -m spmdsim.gpt.reference` runs it once, as __main__.
+    if name == "reference":
+        return importlib.import_module(".reference", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

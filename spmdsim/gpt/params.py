@@ -1,0 +1,133 @@
+"""The GPT's parameters (names, shapes, seeded initial values) and its dropout masks' seeds.
+
+Every initial weight and every dropout mask is a `SeededTensor`: the reference takes
+``.full()``, a rank ``.region(its slices)``, and both see the same numbers.
+
+Dropout sites and the global shape of the tensor each one masks (the mask's element
+order is the tensor's, so a rank's block of it is ``.region`` of these shapes):
+
+    "emb"          (B, T, D)      wte[x] + wpe
+    "h{l}.attn"    (B, H, T, T)   the attention probabilities, "bhqk"
+    "h{l}.resid1"  (B, T, D)      o @ wo + bo
+    "h{l}.resid2"  (B, T, D)      m @ w2 + b2
+"""
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from ..datagen import SeededTensor
+from ..errors import SpmdsimError
+from ..validate import as_int
+from .config import GPTConfig
+
+__all__ = ["ParamSpec", "INITS", "param_specs", "seeded", "constant", "decays", "initial_value",
+           "dropout_seed", "dropout_tensor", "dropout_shape", "dropout_sites"]
+
+#: How a parameter starts: "seeded" (uniform weights of std init_std), "zeros" or "ones".
+INITS = ("seeded", "zeros", "ones")
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One parameter: its name ("h0.attn.wq"), global shape and how it starts (one of INITS)."""
+
+    name: str
+    shape: tuple[int, ...]
+    init: str
+
+    def __post_init__(self) -> None:
+        if self.init not in INITS:
+            raise SpmdsimError(f"parameter {self.name!r} init {self.init!r} must be one of {INITS!r}")
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+
+
+def param_specs(cfg: GPTConfig) -> tuple[ParamSpec, ...]:
+    """Every parameter in the optimizer's order: wte, wpe, the blocks h0..h{L-1}, lnf."""
+    V, D, T = cfg.vocab, cfg.d_model, cfg.seq
+    out = [ParamSpec("wte", (V, D), "seeded"), ParamSpec("wpe", (T, D), "seeded")]
+    for layer in range(cfg.layers):
+        h = f"h{layer}"
+        out += [ParamSpec(f"{h}.ln1.w", (D,), "ones"), ParamSpec(f"{h}.ln1.b", (D,), "zeros")]
+        for w in ("q", "k", "v", "o"):
+            out += [ParamSpec(f"{h}.attn.w{w}", (D, D), "seeded"), ParamSpec(f"{h}.attn.b{w}", (D,), "zeros")]
+        out += [ParamSpec(f"{h}.ln2.w", (D,), "ones"), ParamSpec(f"{h}.ln2.b", (D,), "zeros"),
+                ParamSpec(f"{h}.mlp.w1", (D, 4 * D), "seeded"), ParamSpec(f"{h}.mlp.b1", (4 * D,), "zeros"),
+                ParamSpec(f"{h}.mlp.w2", (4 * D, D), "seeded"), ParamSpec(f"{h}.mlp.b2", (D,), "zeros")]
+    out += [ParamSpec("lnf.w", (D,), "ones"), ParamSpec("lnf.b", (D,), "zeros")]
+    return tuple(out)
+
+
+def seeded(cfg: GPTConfig, spec: ParamSpec) -> Optional[SeededTensor]:
+    """The seeded global tensor a weight starts from; None for "zeros" and "ones" parameters.
+
+    Uniform in [-a, a) with a = sqrt(3) * init_std (std init_std); the residual outputs
+    (attn.wo, mlp.w2) use a / sqrt(2 * layers), GPT-2's scaling.
+    """
+    if spec.init != "seeded":
+        return None
+    a = math.sqrt(3.0) * cfg.init_std
+    if spec.name.endswith((".attn.wo", ".mlp.w2")):
+        a /= math.sqrt(2.0 * cfg.layers)
+    seed = zlib.crc32(f"{cfg.seed}:{spec.name}".encode())
+    return SeededTensor(spec.shape, "float64", seed=seed, low=-a, high=a)
+
+
+def constant(spec: ParamSpec) -> float:
+    """The value every element of a "zeros" or "ones" parameter starts at."""
+    if spec.init == "seeded":
+        raise SpmdsimError(f"parameter {spec.name!r} is seeded, not constant; use seeded(cfg, spec)")
+    return 0.0 if spec.init == "zeros" else 1.0
+
+
+def decays(spec: ParamSpec) -> bool:
+    """Whether AdamW's weight decay applies: to the 2-d weights, never to biases or norms."""
+    return len(spec.shape) >= 2
+
+
+def initial_value(cfg: GPTConfig, spec: ParamSpec) -> np.ndarray:
+    """The whole initial parameter as a new float64 array (references and small runs)."""
+    source = seeded(cfg, spec)
+    if source is None:
+        return np.full(spec.shape, constant(spec), dtype=np.float64)
+    return np.array(source.full(), dtype=np.float64)
+
+
+def dropout_sites(cfg: GPTConfig) -> tuple[str, ...]:
+    """Every dropout site in forward order."""
+    return ("emb",) + tuple(f"h{layer}.{part}" for layer in range(cfg.layers)
+                            for part in ("attn", "resid1", "resid2"))
+
+
+def dropout_shape(cfg: GPTConfig, site: str, batch: Optional[int] = None) -> tuple[int, ...]:
+    """The global shape a site's mask covers (batch defaults to cfg.batch)."""
+    b = cfg.batch if batch is None else batch
+    _check_site(cfg, site)
+    if site.endswith(".attn"):
+        return (b, cfg.heads, cfg.seq, cfg.seq)
+    return (b, cfg.seq, cfg.d_model)
+
+
+def dropout_seed(cfg: GPTConfig, step: int, site: str) -> int:
+    """The seed of the mask at `site` in training step `step` (0-based)."""
+    n = as_int(step)
+    if n is None or n < 0:
+        raise SpmdsimError(f"step {step!r} must be an integer >= 0")
+    _check_site(cfg, site)
+    return zlib.crc32(f"{cfg.seed}:dropout:{n}:{site}".encode())
+
+
+def dropout_tensor(cfg: GPTConfig, step: int, site: str, batch: Optional[int] = None) -> SeededTensor:
+    """The uniform [0, 1) numbers behind a site's mask: keep where value >= cfg.dropout."""
+    return SeededTensor(dropout_shape(cfg, site, batch), "float64", seed=dropout_seed(cfg, step, site),
+                        low=0.0, high=1.0)
+
+
+def _check_site(cfg: GPTConfig, site: str) -> None:
+    if site not in dropout_sites(cfg):
+        raise SpmdsimError(f"dropout site {site!r} is not one of this model's: 'emb', "
+                           f"'h{{l}}.attn', 'h{{l}}.resid1', 'h{{l}}.resid2' for l < {cfg.layers}")
