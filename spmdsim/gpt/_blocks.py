@@ -80,7 +80,9 @@ def block_forward(params: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig,
     a, ln1 = layer_norm(h, params[pre + "ln1.w"], params[pre + "ln1.b"], cfg.ln_eps)
 
     def heads(w: str) -> np.ndarray:  # (B, H, T, Dh)
-        out = a @ params[pre + "attn.w" + w] + params[pre + "attn.b" + w]
+        out = a @ params[pre + "attn.w" + w]
+        if w != "k":  # no key bias (spmdsim.gpt.params)
+            out = out + params[pre + "attn.b" + w]
         return out.reshape(B, T, H, Dh).transpose(0, 2, 1, 3)
 
     qh, kh, vh = heads("q"), heads("k"), heads("v")
@@ -123,7 +125,9 @@ def block_backward(params: dict, pre: str, dh: np.ndarray, c: dict[str, Any], cf
     da = 0.0
     for w, d in (("q", dq), ("k", dk), ("v", dv)):
         d = d.transpose(0, 2, 1, 3).reshape(B * T, H * Dh)
-        grads[pre + "attn.w" + w], grads[pre + "attn.b" + w] = c["a"].T @ d, d.sum(axis=0)
+        grads[pre + "attn.w" + w] = c["a"].T @ d
+        if w != "k":
+            grads[pre + "attn.b" + w] = d.sum(axis=0)
         da = da + d @ params[pre + "attn.w" + w].T
     dx, grads[pre + "ln1.w"], grads[pre + "ln1.b"] = layer_norm_backward(da, c["ln1"])
     return dh + dx

@@ -54,7 +54,9 @@ def param_specs(cfg: GPTConfig) -> tuple[ParamSpec, ...]:
         h = f"h{layer}"
         out += [ParamSpec(f"{h}.ln1.w", (D,), "ones"), ParamSpec(f"{h}.ln1.b", (D,), "zeros")]
         for w in ("q", "k", "v", "o"):
-            out += [ParamSpec(f"{h}.attn.w{w}", (D, D), "seeded"), ParamSpec(f"{h}.attn.b{w}", (D,), "zeros")]
+            out.append(ParamSpec(f"{h}.attn.w{w}", (D, D), "seeded"))
+            if w != "k":  # no key bias: softmax ignores it, its gradient is zero but for rounding, which
+                out.append(ParamSpec(f"{h}.attn.b{w}", (D,), "zeros"))  # Adam would blow up to +-lr steps
         out += [ParamSpec(f"{h}.ln2.w", (D,), "ones"), ParamSpec(f"{h}.ln2.b", (D,), "zeros"),
                 ParamSpec(f"{h}.mlp.w1", (D, 4 * D), "seeded"), ParamSpec(f"{h}.mlp.b1", (4 * D,), "zeros"),
                 ParamSpec(f"{h}.mlp.w2", (4 * D, D), "seeded"), ParamSpec(f"{h}.mlp.b2", (D,), "zeros")]

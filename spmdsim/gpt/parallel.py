@@ -1,0 +1,164 @@
+"""The GPT of spmdsim.gpt on DTensors: Megatron's tensor-parallel splits, data parallel, optional sequence parallel.
+
+Mesh ``Layout((dp, tp), ("dp", "tp"))``; the batch is split over dp. The
+splits are Megatron's (docs/operators.md, "A GPT"):
+
+| parameter                | layout          | why                                                   |
+| ------------------------ | --------------- | ----------------------------------------------------- |
+| wte (V, D)               | ("tp", None)    | vocab-parallel embedding, and the tied head's columns |
+| wpe (T, D)               | (None, None); ("tp", None) with sp | added to the sequence-split activations |
+| wq, wk, wv, w1 (D, *)    | (None, "tp")    | column-parallel: each rank its heads / hidden columns |
+| bq, bv, b1 (no key bias) | ("tp",)         | split like the columns                                |
+| wo, w2 (*, D)            | ("tp", None)    | row-parallel: a pending sum, resolved by one collective |
+| bo, b2, ln*.w, ln*.b     | (None,)         | replicated                                            |
+
+Without sequence parallelism the row-parallel outputs are Allreduced; with
+it (``sp=True``) they are Reduce_scattered onto the sequence, the layer
+norms, dropout and residuals run on a sequence shard, and each block's input
+is Allgathered along the sequence before its column-parallel products. The
+LayerNorm weights' gradients are then pending over tp (each rank saw its
+sequence shard) and are Allreduced at the leaf, as Megatron does. Every
+operator is a general rule (spmdsim.ops: einsum, broadcasting, layer_norm,
+softmax, dropout), so the model is written as on one device plus layouts.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import numpy as np
+
+from .. import ops
+from ..errors import SpmdsimError
+from ..layout import Layout, TensorLayout
+from .config import GPTConfig
+from .params import constant, dropout_seed, param_specs, seeded
+
+__all__ = ["GPT", "megatron_layouts", "mesh_problem"]
+
+
+def mesh_problem(cfg: GPTConfig, dp: int, tp: int, sp: bool) -> Optional[str]:
+    """Why the model cannot run on a (dp, tp) mesh (one line), or None."""
+    checks = [(cfg.batch % dp, f"batch {cfg.batch} is not divisible by dp {dp}"),
+              (cfg.heads % tp, f"heads {cfg.heads} is not divisible by tp {tp} (heads are split over tp)"),
+              (cfg.vocab % tp, f"vocab {cfg.vocab} is not divisible by tp {tp} (vocab-parallel embedding)"),
+              (sp and cfg.seq % tp, f"seq {cfg.seq} is not divisible by tp {tp} (sequence parallelism)")]
+    return next((text for bad, text in checks if bad), None)
+
+
+def megatron_layouts(cfg: GPTConfig, layout: Layout, sp: bool = False) -> dict[str, TensorLayout]:
+    """Each parameter's TensorLayout on a ("dp", "tp") layout (the table in the module docstring)."""
+    out = {}
+    for spec in param_specs(cfg):
+        leaf = spec.name.rsplit(".", 1)[-1]
+        if spec.name == "wte" or leaf in ("wo", "w2"):
+            out[spec.name] = layout("tp", None)
+        elif spec.name == "wpe":
+            out[spec.name] = layout("tp", None) if sp else layout(None, None)
+        elif leaf in ("wq", "wk", "wv", "w1"):
+            out[spec.name] = layout(None, "tp")
+        elif leaf in ("bq", "bv", "b1"):
+            out[spec.name] = layout("tp")
+        else:
+            out[spec.name] = layout(None)
+    return out
+
+
+class GPT:
+    """The model's parameters as DTensors on `mesh` (each rank builds only its shards) and its forward.
+
+    Args:
+        cfg: the model (spmdsim.gpt.GPTConfig).
+        mesh: a spmdsim Mesh whose layout has axes "dp" and "tp".
+        sp: sequence parallelism.
+        layouts: parameter name -> TensorLayout, overriding `megatron_layouts` (any dialect's layout,
+            converted to a TensorLayout: spmdsim.dialects).
+    """
+
+    def __init__(self, cfg: GPTConfig, mesh: Any, sp: bool = False,
+                 layouts: Optional[dict[str, TensorLayout]] = None) -> None:
+        from ..runtime import DTensor
+
+        names = tuple(mesh.layout.alias_name)
+        if names != ("dp", "tp"):
+            raise SpmdsimError(f"the GPT runs on a mesh with axes ('dp', 'tp'), got {names!r}")
+        dp, tp = mesh.layout.device_matrix
+        problem = mesh_problem(cfg, dp, tp, sp)
+        if problem:
+            raise SpmdsimError(f"the GPT cannot run on dp {dp} x tp {tp}: {problem}")
+        self.cfg, self.mesh, self.sp = cfg, mesh, bool(sp)
+        chosen = megatron_layouts(cfg, mesh.layout, sp)
+        chosen.update(layouts or {})
+        self.layouts = chosen
+        self.params: dict[str, Any] = {}
+        for spec in param_specs(cfg):
+            layout, source = chosen[spec.name], seeded(cfg, spec)
+            if source is None:
+                local = np.full(layout.local_shape(spec.shape), constant(spec), np.float64)
+                self.params[spec.name] = DTensor(mesh, local, layout, spec.shape)
+            else:
+                self.params[spec.name] = DTensor.from_seeded(mesh, layout, source)
+            self.params[spec.name].requires_grad_()
+        L = mesh.layout
+        self.act = L("dp", "tp", None) if sp else L("dp", None, None)  # (B, T, D) between blocks
+        self.full = L("dp", None, None)  # (B, T, D) whole on tp: the column-parallel products' input
+
+    def _dropout(self, x: Any, site: str, step: Optional[int], train: bool) -> Any:
+        if not train or self.cfg.dropout == 0:
+            return x
+        return ops.dropout(x, self.cfg.dropout, seed=dropout_seed(self.cfg, step, site))
+
+    def _row_out(self, y: Any) -> Any:
+        """A row-parallel product's pending sum: Reduce_scatter onto the sequence (sp) or Allreduce."""
+        from ..runtime.executor import redistribute
+
+        return redistribute(y, self.act)
+
+    def _gathered(self, x: Any) -> Any:
+        """The activations whole along the sequence (an Allgather with sp; nothing without)."""
+        from ..runtime.executor import redistribute
+
+        return x if x.layout == self.full else redistribute(x, self.full)
+
+    def _block(self, h: Any, layer: int, step: Optional[int], train: bool) -> Any:
+        p, cfg = self.params, self.cfg
+        pre = f"h{layer}."
+        B, T, D, H = h.global_shape[0], cfg.seq, cfg.d_model, cfg.heads
+        a = self._gathered(ops.layer_norm(h, p[pre + "ln1.w"], p[pre + "ln1.b"], cfg.ln_eps))
+
+        def heads(name: str) -> Any:
+            y = ops.einsum("btd,de->bte", a, p[pre + f"attn.w{name}"])
+            if name != "k":  # no key bias (spmdsim.gpt.params)
+                y = y + p[pre + f"attn.b{name}"]
+            return ops.reshape(y, (B, T, H, cfg.head_dim))
+
+        q, k, v = heads("q"), heads("k"), heads("v")
+        scores = ops.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / math.sqrt(cfg.head_dim))
+        scores = ops.masked_fill(scores, ops.causal_mask(self.mesh, (T, T)), -np.inf)
+        att = self._dropout(ops.softmax(scores, -1), pre + "attn", step, train)
+        o = ops.reshape(ops.einsum("bhqk,bkhd->bqhd", att, v), (B, T, D))
+        proj = self._row_out(ops.einsum("btd,de->bte", o, p[pre + "attn.wo"])) + p[pre + "attn.bo"]
+        h = h + self._dropout(proj, pre + "resid1", step, train)
+        m = self._gathered(ops.layer_norm(h, p[pre + "ln2.w"], p[pre + "ln2.b"], cfg.ln_eps))
+        m = ops.gelu(ops.einsum("btd,de->bte", m, p[pre + "mlp.w1"]) + p[pre + "mlp.b1"])
+        out = self._row_out(ops.einsum("btf,fd->btd", m, p[pre + "mlp.w2"])) + p[pre + "mlp.b2"]
+        return h + self._dropout(out, pre + "resid2", step, train)
+
+    def logits(self, ids: Any, step: Optional[int] = None, train: bool = False) -> Any:
+        """Logits (B, T, V) split over the vocabulary on tp, from token ids (B, T) laid out ("dp", None)."""
+        from ..runtime.executor import redistribute
+
+        p, cfg = self.params, self.cfg
+        # Vocab-parallel lookup: a pending sum over tp, Allreduced (or Reduce_scattered onto the sequence).
+        tok = redistribute(ops.embedding(ids, p["wte"], reduce=False), self.act)
+        h = self._dropout(tok + p["wpe"], "emb", step, train)
+        for layer in range(cfg.layers):
+            h = self._block(h, layer, step, train)
+        h = self._gathered(ops.layer_norm(h, p["lnf.w"], p["lnf.b"], cfg.ln_eps))
+        return ops.einsum("btd,vd->btv", h, p["wte"])  # the tied head: columns split like the vocabulary
+
+    def loss(self, ids: Any, targets: Any, step: Optional[int], train: bool = True) -> Any:
+        """Mean cross-entropy over the batch's tokens (vocab-parallel: the logits are never gathered)."""
+        z = self.logits(ids, step, train)
+        B, T, V = z.global_shape
+        return ops.cross_entropy(ops.reshape(z, (B * T, V)), ops.reshape(targets, (B * T,)))
