@@ -162,3 +162,24 @@ class GPT:
         z = self.logits(ids, step, train)
         B, T, V = z.global_shape
         return ops.cross_entropy(ops.reshape(z, (B * T, V)), ops.reshape(targets, (B * T,)))
+
+    def generate(self, prompt: bytes, n: int) -> bytes:
+        """`n` characters greedily after `prompt` (eval mode), the reference's windows: the last T tokens,
+        left-padded with spaces; each step one forward on the mesh and the last position's logits gathered."""
+        from ..autograd import no_grad
+        from ..runtime import DTensor
+        from ..runtime.executor import redistribute
+        from .data import decode, encode
+
+        cfg, mesh = self.cfg, self.mesh
+        dp = mesh.layout.device_matrix[0]
+        ids = [int(i) for i in encode(prompt)]
+        pad = 32 if cfg.vocab > 32 else 0
+        with no_grad():
+            for _ in range(n):
+                context = ids[-cfg.seq:]
+                window = np.array([[pad] * (cfg.seq - len(context)) + context] * dp, dtype=np.int64)
+                z = self.logits(DTensor.from_global(mesh, window, mesh.layout("dp", None)))
+                last = redistribute(z, mesh.layout(None, None, None)).local[0, -1]
+                ids.append(int(np.argmax(last)))
+        return decode(np.array(ids[len(ids) - n:], dtype=np.int64)).encode()
