@@ -16,7 +16,7 @@ from .reference import _SQRT_2_OVER_PI, gelu_tanh
 
 __all__ = [
     "relu_grad", "gelu_grad", "ACTIVATION_GRADS", "softmax_grad", "matmul_grads", "linear_grads",
-    "embedding_grad", "mse_loss", "cross_entropy",
+    "embedding_grad", "mse_loss", "cross_entropy", "numeric_grads",
 ]
 
 
@@ -119,3 +119,25 @@ def cross_entropy(logits: np.ndarray, labels: np.ndarray) -> tuple[float, np.nda
     grad = np.exp(shifted - log_sum[:, None])
     grad[rows, labels] -= 1.0
     return loss, (grad / z.shape[0]).astype(np.asarray(logits).dtype)
+
+
+def numeric_grads(fn: Callable[..., np.ndarray], *arrays: np.ndarray, h: float = 1e-6) -> list[np.ndarray]:
+    """Central differences of ``sum(fn(*arrays))`` with respect to each array (float64; small arrays).
+
+    The reference for a program with no hand-written backward: 2 evaluations of `fn` per element.
+    """
+    base = [np.array(a, dtype=np.float64) for a in arrays]
+    grads = []
+    for k, a in enumerate(base):
+        g = np.zeros_like(a)
+        flat, values = g.reshape(-1), a.reshape(-1)
+        for i in range(a.size):
+            old = values[i]
+            values[i] = old + h
+            up = float(np.sum(fn(*base)))
+            values[i] = old - h
+            down = float(np.sum(fn(*base)))
+            values[i] = old
+            flat[i] = (up - down) / (2 * h)
+        grads.append(g)
+    return grads

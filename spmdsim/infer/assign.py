@@ -13,7 +13,7 @@ layout is kept when nothing is cheaper.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..layout import TensorLayout
 from ..plan import plan_redistribution
@@ -69,7 +69,8 @@ def _greedy(order: Sequence[int], letters: Sequence[str], layouts: Sequence[Tens
 
 def choose_splits(letters: Sequence[str], layouts: Sequence[TensorLayout], shapes: Sequence[tuple[int, ...]],
                   dtype: str, partials: Sequence[tuple[str, ...]], reserved: Sequence[str] = (),
-                  splittable: Sequence[frozenset] | None = None) -> Choice:
+                  splittable: Sequence[frozenset] | None = None,
+                  later: Callable[[dict], int] | None = None) -> Choice:
     """The least-bytes consistent split of every letter, and each operand's target layout.
 
     Args:
@@ -80,6 +81,9 @@ def choose_splits(letters: Sequence[str], layouts: Sequence[TensorLayout], shape
         reserved: mesh axes no letter may be split over (those of pending sums kept).
         splittable: per operand, the letters its splits may decide (default: all); a broadcast dim of
             size 1 decides nothing.
+        later: the bytes a candidate's result will cost later (letter -> axes given): einsum prices
+            resolving the pending sum a split contraction leaves, so a small move now that spares a
+            large Allreduce later wins.
     """
     n = len(layouts)
     if splittable is None:
@@ -97,7 +101,7 @@ def choose_splits(letters: Sequence[str], layouts: Sequence[TensorLayout], shape
                                                               for ch in letters[k]), partials[k])
                         for k in range(n))
         moved = tuple(moved_bytes(layouts[k], targets[k], shapes[k], dtype) for k in range(n))
-        seen[key] = (sum(moved), lead, taken, targets, moved)
+        seen[key] = (sum(moved) + (later(taken) if later else 0), lead, taken, targets, moved)
         if best is None or seen[key][:2] < best[:2]:
             best = seen[key]
     _, _, taken, targets, moved = best

@@ -4,7 +4,7 @@
 | ----------------------------------------- | ---------------------------------------- |
 | in the output, split over A               | the output dim stays split over A        |
 | contracted (not in the output), split over A | the local product is a pending sum over A |
-| split differently in two operands         | the operands are redistributed first, by the least-bytes choice (spmdsim.infer.assign) |
+| split differently in two operands         | the operands are redistributed first, by the least-bytes choice (spmdsim.infer.assign), counting the bytes a pending result will need to be resolved |
 | an operand pending over P                 | einsum is linear in each operand: the result stays pending over P (the others may not be split over P) |
 | two operands pending                      | all but the largest are resolved first (a product of sums is not a sum of products) |
 
@@ -20,7 +20,7 @@ from typing import Sequence
 
 from ..errors import OperatorError, ShapeError
 from ..layout import TensorLayout, format_entry
-from .assign import Choice, choose_splits, moved_text
+from .assign import Choice, choose_splits, moved_bytes, moved_text
 
 __all__ = ["EinsumSpec", "EinsumPlan", "parse_einsum", "infer_einsum"]
 
@@ -153,13 +153,20 @@ def infer_einsum(spec: str, layouts: tuple[TensorLayout, ...], shapes: tuple[tup
     keep = max(pending, key=lambda k: (math.prod(shapes[k]), -k)) if pending else None
     partials = [addends[k] if k == keep else () for k in range(len(layouts))]
     reserved = partials[keep] if keep is not None else ()
-    choice = choose_splits(parsed.inputs, layouts, shapes, dtype, partials, reserved)
-    contracted = tuple(a for ch, axes in choice.splits if ch not in parsed.output for a in axes
-                       if mesh.axis_size(a) > 1)
-    pending_axes = set(reserved) | set(contracted)
-    partial = tuple(a for a in mesh.alias_name if a in pending_axes)
-    local = TensorLayout(mesh, tuple(choice.axes(ch) for ch in parsed.output), partial)
     shape = tuple(sizes[ch] for ch in parsed.output)
+
+    def product(taken: dict) -> TensorLayout:
+        contracted = {a for ch, axes in taken.items() if ch not in parsed.output for a in axes
+                      if mesh.axis_size(a) > 1}
+        partial = tuple(a for a in mesh.alias_name if a in contracted or a in reserved)
+        return TensorLayout(mesh, tuple(taken.get(ch, ()) for ch in parsed.output), partial)
+
+    def later(taken: dict) -> int:  # the Allreduce (or Reduce_scatter) the pending result will need
+        local = product(taken)
+        return moved_bytes(local, local.with_partial(()), shape, dtype) if local.partial else 0
+
+    choice = choose_splits(parsed.inputs, layouts, shapes, dtype, partials, reserved, later=later)
+    local = product(dict(choice.splits))
     local.check_shape(shape)
     resolved = tuple(k for k in pending if k != keep)
     return EinsumPlan(parsed, tuple(layouts), choice, local, shape, resolved)

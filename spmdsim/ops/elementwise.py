@@ -2,9 +2,9 @@
 
 Broadcasting arithmetic (add, mul, ...) is spmdsim.ops.pointwise.
 
-A pending sum (partial layout) is rejected where the result would be wrong:
-ReLU(a) + ReLU(b) != ReLU(a + b), and adding a non-partial tensor to a pending
-sum would count it once per rank of the group.
+A pending sum (partial layout) is added up before an activation (ReLU(a) +
+ReLU(b) != ReLU(a + b)) and refused by bias_add, which would count the bias
+once per rank of the group (spmdsim.ops.add keeps it pending exactly).
 """
 from __future__ import annotations
 
@@ -23,9 +23,14 @@ __all__ = ["relu", "gelu", "activation", "scale", "bias_add"]
 
 
 def activation(x: Any, name: str) -> Any:
-    """Apply the activation `name` ("relu" or "gelu") shard by shard."""
+    """Apply the activation `name` ("relu" or "gelu") shard by shard; a pending sum is added up first
+    (Allreduce: relu(a + b) != relu(a) + relu(b))."""
     fn = activations.forward(name)  # the shard in its own precision (spmdsim.activations)
     try:
+        if x.layout.partial:
+            from .norms import resolved
+
+            x = resolved(x)
         layout = infer_elementwise(x.layout, name)
     except AttributeError:
         raise_if_not_dtensors(name, ("x",), x)

@@ -1,0 +1,47 @@
+"""Causal multi-head self-attention with the heads split over 4 ranks, forward and gradients checked.
+
+Q, K, V column-parallel (each rank its heads), scores per head, a causal mask
+built rank by rank, softmax over the keys, the row-parallel output projection
+(a pending sum, one Allreduce when the result is checked); every weight's
+gradient against central differences of the same numpy program.
+Run: python examples/causal_attention.py --ranks 4   (or: timeout -k 5 120 mpiexec -n 4 python ...)
+"""
+import numpy as np
+
+import spmdsim
+from spmdsim import Layout, SeededTensor, ops
+from spmdsim.reference_grad import numeric_grads
+from spmdsim.runtime import DTensor, Mesh, collect_trace
+
+spmdsim.script(__file__)  # with --ranks N: N simulated ranks in this process
+mesh = Mesh(Layout((4,), ("tp",)), spmdsim.world())
+L = mesh.layout
+T, D, H = 6, 16, 4  # sequence, model width, heads (one per rank)
+src = [SeededTensor(s, "float64", seed=i) for i, s in enumerate([(T, D), (D, D), (D, D), (D, D), (D, D)])]
+maps = [(None, None), (None, "tp"), (None, "tp"), (None, "tp"), ("tp", None)]
+x, wq, wk, wv, wo = [DTensor.from_seeded(mesh, L(*m), s).requires_grad_() for m, s in zip(maps, src)]
+with collect_trace() as trace:
+    q, k, v = (ops.reshape(ops.einsum("td,de->te", x, w), (T, H, D // H)) for w in (wq, wk, wv))
+    s = ops.masked_fill(ops.einsum("qhd,khd->hqk", q, k) * (D // H) ** -0.5, ops.causal_mask(mesh, (T, T)), -np.inf)
+    o = ops.reshape(ops.einsum("hqk,khd->qhd", ops.softmax(s, -1), v), (T, D))
+    y = ops.einsum("te,ed->td", o, wo)
+    ops.sum(y * y).backward()
+
+
+def numpy_program(x, wq, wk, wv, wo):
+    q, k, v = ((x @ w).reshape(T, H, D // H) for w in (wq, wk, wv))
+    s = np.einsum("qhd,khd->hqk", q, k) * (D // H) ** -0.5
+    s = np.where(np.triu(np.ones((T, T), bool), 1), -np.inf, s)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    y = np.einsum("hqk,khd->qhd", p / p.sum(-1, keepdims=True), v).reshape(T, D) @ wo
+    return y
+
+
+arrays = [s.full() for s in src]
+verdicts = [y.check(numpy_program(*arrays))]
+numeric = numeric_grads(lambda *a: numpy_program(*a) ** 2, *arrays)  # central differences: good to ~1e-8
+verdicts += [t.grad.check(r, rtol=1e-6, atol=1e-6) for t, r in zip((x, wq, wk, wv, wo), numeric)]
+if mesh.rank == 0:
+    print(f"collectives: {trace.counts()}; forward and 5 gradients vs numpy: "
+          f"{'PASS' if all(verdicts) else 'FAILED'} (max error {max(v.max_abs_error for v in verdicts):.1e})")
+raise SystemExit(0 if all(verdicts) else 1)
