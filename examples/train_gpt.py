@@ -23,6 +23,7 @@ from spmdsim.gpt.train import TOLERANCE, train
 from spmdsim.nets.train import loss_trend, run_main
 from spmdsim.sim import dry_run_active
 from spmdsim.sim.launch import ranks_argument
+from spmdsim.validate import counted
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=200)
@@ -54,45 +55,44 @@ def split(world):
     tp = args.tp or (args.dp and world // args.dp) or min(world, 4)
     dp = args.dp or world // tp
     if dp < 1 or tp < 1 or dp * tp != world:
-        return None, f"--dp {args.dp} x --tp {args.tp} must multiply to the world size {world}"
+        return None, f"dp {dp} x tp {tp} must multiply to the world size {world} (set --dp and --tp)"
     return (dp, tp), mesh_problem(cfg, dp, tp, args.sp)
-
-
-def needs(world):
-    return split(world)[1]
 
 
 def main(args):
     comm = spmdsim.world()
-    dp, tp = split(comm.size)[0]
+    shape, problem = split(comm.size)
+    if problem:  # every rank alike, before any collective
+        raise spmdsim.SpmdsimError(f"the GPT cannot run on {comm.size} ranks: {problem}")
+    dp, tp = shape
     text = load_text()
     ids = encode(text)
     rank0 = comm.rank == 0
     if rank0:
-        print(f"GPT: {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, seq {cfg.seq}, "
-              f"batch {cfg.batch}; {len(text):,} characters of Python's standard library")
+        print(f"GPT: {counted(cfg.layers, 'layer')}, d_model {cfg.d_model}, {cfg.heads} heads, seq {cfg.seq}, "
+              f"batch {cfg.batch}, dropout {cfg.dropout}")
+        print(f"text: {len(text):,} characters of Python's standard library sources (character level)")
         print(f"mesh dp {dp} x tp {tp}{' with sequence parallelism' if args.sp else ''}; AdamW lr {cfg.lr}")
-    check = not args.no_check
+    check = not args.no_check and not dry_run_active()
+    if rank0:
+        print(" step    loss  collectives  bytes sent" +
+              ("  difference from one numpy process: loss grads params" if check else ""))
 
     def report(r):
         if rank0 and (r.step % args.every == 0 or r.step == args.steps - 1):
-            diffs = "" if not check or dry_run_active() else (
-                f"  vs one process: loss {r.errors[0]:.1e} grads {r.errors[1]:.1e} params {r.errors[2]:.1e}")
-            print(f"step {r.step:4d}: loss {r.loss:.4f}  {r.calls} collectives, {r.bytes_sent:,} B sent{diffs}")
+            diffs = "".join(f"  {e:.1e}" for e in r.errors) if check else ""
+            print(f"{r.step:5d}  {r.loss:6.4f}  {r.calls:11d}  {r.bytes_sent:10,}           {diffs}")
 
     model, results = train(cfg, comm, dp, tp, args.steps, ids, sp=args.sp, check=check, on_step=report)
     trend, falling = loss_trend([r.loss for r in results])
     failed = sum(not r.passed for r in results)
-    checked = check and not dry_run_active()
-    if checked:
+    if check and rank0:
         worst = max(max(r.errors) for r in results)
-        verdict = "PASS" if not failed else f"FAILED at {failed} steps"
-        line = (f"check: {len(results)} steps (loss, {len(model.params)} gradients and parameters each) vs one "
-                f"numpy process: {verdict}, largest difference {worst:.1e} (tolerance {TOLERANCE:.0e})")
+        print(f"check: {len(results)} steps vs one numpy process (loss, {len(model.params)} gradients and "
+              f"parameters each): {'PASS' if not failed else f'FAILED at {failed} steps'}")
+        print(f"largest difference {worst:.1e} of the tensor's largest entry (tolerance {TOLERANCE:.0e})")
     if rank0:
         print(trend)
-        if checked:
-            print(line)
     if args.sample and not dry_run_active():
         prompt = b"def "
         sample = model.generate(prompt, args.sample)
@@ -103,4 +103,4 @@ def main(args):
     return 0 if not failed and falling else 1
 
 
-sys.exit(run_main(main, args, args.ranks, needs))  # simulated ranks with --ranks, else MPI
+sys.exit(run_main(main, args, args.ranks))  # simulated ranks with --ranks, else MPI

@@ -1,0 +1,23 @@
+"""The GPT under MPI: a few training steps, each equal to one numpy process's step within 1e-10."""
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_gpt_steps_match_one_numpy_process(sp):
+    from mpi4py import MPI
+
+    from spmdsim.gpt import GPTConfig, encode, load_text
+    from spmdsim.gpt.train import TOLERANCE, train
+
+    comm = MPI.COMM_WORLD
+    tp = 4 if comm.size % 4 == 0 else 2 if comm.size % 2 == 0 else 1
+    cfg = GPTConfig(layers=1, d_model=16, heads=4, seq=8, batch=comm.size // tp * 2, dropout=0.2)
+    model, results = train(cfg, comm, comm.size // tp, tp, 2, encode(load_text(20_000)), sp=sp)
+    assert [r.step for r in results] == [0, 1]
+    assert all(r.passed and max(r.errors) <= TOLERANCE for r in results), results
+    assert comm.allgather(results[-1].loss) == [results[-1].loss] * comm.size
+    model.mesh.close()
