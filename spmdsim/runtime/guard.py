@@ -143,7 +143,9 @@ def handle_exception(exc: BaseException, comm: Any = None, private: Any = None) 
         _interrupted(comm, private)
     if isinstance(exc, MemoryError) and not isinstance(exc, SpmdsimError):
         # Out of memory despite the estimate (spmdsim.memory): one line, no traceback.
-        exc = SpmdsimError(f"out of memory: {exc}; SPMDSIM_MEMORY sets what a rank may use")
+        from ..memory import out_of_memory
+
+        exc = SpmdsimError(out_of_memory(exc))
     if isinstance(exc, SpmdsimError):
         if private is None:
             private = _private(comm)
