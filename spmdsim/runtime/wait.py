@@ -1,7 +1,7 @@
 """How a rank waits inside a collective: "busy" (MPI's own blocking call) or "polite".
 
 Under oversubscription MPICH ranks blocked in a collective spin and steal the
-cores the computing ranks need (DESIGN.md section 6). The polite wait posts the
+cores the computing ranks need (docs/oversubscription.md). The polite wait posts the
 nonblocking collective and polls ``Test()``, first with ``sched_yield`` between
 polls (a plain Test spin is ~100x slower than the blocking call when
 oversubscribed: the spinning rank keeps the core its peers need), then with
