@@ -72,3 +72,21 @@ def test_docs_networks_tables_are_what_the_command_prints(capsys):
         why = mismatch(quote.output, out)
         assert why is None, f"{quote.where()}: {why}\n{out}"
         assert _widest(out) <= 100, quote.where()
+
+
+def test_demo_pass_counts_are_the_ones_the_docs_give(capsys):
+    # README: the 8-rank table ends "17 passed"; at 16 ranks "13 of the 17 run".
+    # docs/operators.md: "17 of 17 pass at 8 ranks, 13 at 16 ..., 9 at 4 and at 6, 6 at 3".
+    readme = (ROOT / "README.md").read_text()
+    operators = " ".join((ROOT / "docs" / "operators.md").read_text().split())
+    m = re.search(r"(\d+) of (\d+) pass at 8 ranks, (\d+) at 16 .*?, (\d+) at 4 and at 6, (\d+) at 3", operators)
+    assert m, "docs/operators.md states the demo's counts"
+    total = int(m.group(2))
+    said = {8: int(m.group(1)), 16: int(m.group(3)), 4: int(m.group(4)), 6: int(m.group(4)), 3: int(m.group(5))}
+    assert f"\n{said[8]} passed, 0 failed, 0 skipped\n```" in readme
+    assert f"(at 16 ranks {said[16]} of the {total} run)" in readme
+    for ranks, passed in said.items():
+        code = main(["demo", "--ranks", str(ranks)])
+        out, err = capsys.readouterr()
+        assert f"\n{passed} passed, 0 failed, {total - passed} skipped\n" in out, (ranks, out[-300:])
+        assert code == (3 if 2 * passed < total else 0), (ranks, err)
