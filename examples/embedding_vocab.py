@@ -1,4 +1,4 @@
-"""Paddle ``distributed.split(x, size, operation="embedding", num_partitions)`` (seed 004).
+"""Paddle ``distributed.split(x, size, operation="embedding", num_partitions)``.
 
 ids (10, 4) in [0, 960) into a (960, 48) table, vocab-parallel over all ranks.
 Run: timeout -k 5 120 mpiexec -n 8 python examples/embedding_vocab.py

@@ -1,4 +1,4 @@
-"""MindSpore ``ops.MatMul().shard(((1, 8), (8, 1)))`` (seed 003, matmul2) on 8 ranks.
+"""MindSpore ``ops.MatMul().shard(((1, 8), (8, 1)))`` (the operator-level parallel tutorial's matmul2) on 8 ranks.
 
 x (32, 512) @ fc2_weight (512, 512). Run: timeout -k 5 120 mpiexec -n 8 python examples/matmul_1x8_8x1.py
 (or `python examples/matmul_1x8_8x1.py --ranks 8`: simulated ranks, one process)

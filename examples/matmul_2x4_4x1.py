@@ -1,4 +1,4 @@
-"""MindSpore ``ops.MatMul().shard(((2, 4), (4, 1)))`` (seed 003, matmul1) on 8 ranks.
+"""MindSpore ``ops.MatMul().shard(((2, 4), (4, 1)))`` (the operator-level parallel tutorial's matmul1) on 8 ranks.
 
 x (32, 784) @ fc1_weight (784, 512). Run: timeout -k 5 120 mpiexec -n 8 python examples/matmul_2x4_4x1.py
 (or `python examples/matmul_2x4_4x1.py --ranks 8`: simulated ranks, one process)

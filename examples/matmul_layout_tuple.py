@@ -1,4 +1,4 @@
-"""MindSpore advanced operator parallel (seed 003): Layout((2, 2, 2), ("dp", "sp", "mp")).
+"""MindSpore advanced operator parallel: Layout((2, 2, 2), ("dp", "sp", "mp")).
 
 matmul1.shard((layout("mp", ("sp", "dp")), layout(("sp", "dp"), "None"))) on
 x (32, 784) @ fc1_weight (784, 512). Run: timeout -k 5 120 mpiexec -n 8 python examples/matmul_layout_tuple.py

@@ -1,4 +1,4 @@
-"""MindSpore advanced operator parallel (seed 003): the tutorial network with Layout tuples.
+"""MindSpore advanced operator parallel: the tutorial network with Layout tuples.
 
     layout = Layout((2, 2, 2), ("dp", "sp", "mp")); layout2 = Layout((8,), ("tp",))
     matmul1.shard((layout("mp", ("sp", "dp")), layout(("sp", "dp"), "None")))

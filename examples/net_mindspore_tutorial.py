@@ -1,4 +1,4 @@
-"""MindSpore operator-parallel tutorial network (seed 003), end to end on 8 ranks.
+"""MindSpore operator-parallel tutorial network, end to end on 8 ranks.
 
     x = flatten(images)                         # (32, 1, 28, 28) -> (32, 784)
     x = MatMul.shard(((2, 4), (4, 1)))(x, fc1)  # (784, 512)

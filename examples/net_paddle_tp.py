@@ -1,4 +1,4 @@
-"""Paddle tensor parallelism (seed 004): Embedding -> column Linear -> row Linear on every rank.
+"""Paddle tensor parallelism (Paddle's distributed.split): Embedding -> column Linear -> row Linear on every rank.
 
     h = paddle.distributed.split(ids, (960, 64), "embedding", num_partitions=p)
     h = paddle.distributed.split(h, (64, 240), "linear", axis=1, num_partitions=p,

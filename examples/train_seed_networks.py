@@ -1,4 +1,4 @@
-"""Paddle's Embedding > column Linear > row Linear (seed 004) and OneFlow's 2D SBP model (seed 002), trained.
+"""Paddle's Embedding > column Linear > row Linear and OneFlow's 2D SBP model, trained.
 
 Each network learns seeded labels for its own seeded input (cross-entropy over its
 last dim, SGD); every step's loss, gradients and updated parameters are compared with

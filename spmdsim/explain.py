@@ -1,4 +1,4 @@
-"""The shard derivation a teacher shows: number, reorder, compute (seed 000).
+"""The shard derivation a teacher shows: number, reorder, compute (MindSpore's Layout tutorial).
 
 MindSpore's tutorial derives which shard each card holds in three steps:
 

@@ -1,6 +1,6 @@
 """Device matrices and tensor layouts: who holds which slice of a global tensor.
 
-Pure Python; never imports mpi4py. Semantics (DESIGN.md section 2):
+Pure Python; never imports mpi4py. Semantics (docs/semantics.md):
 
 * ranks are numbered row-major over the device matrix (last axis fastest);
 * a tensor map entry names the mesh axes a tensor dim is split over; with

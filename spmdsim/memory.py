@@ -41,6 +41,7 @@ __all__ = [
     "check_need",
     "largest_fitting_shape",
     "format_size",
+    "out_of_memory",
 ]
 
 ENV_VAR = "SPMDSIM_MEMORY"
@@ -239,13 +240,16 @@ def budget_per_rank(ranks_on_node: int, env: Optional[Mapping[str, str]] = None,
     """
     env = os.environ if env is None else env
     value = env.get(ENV_VAR, "").strip()
-    if value.lower() in ("off", "none", "0"):
+    if value.lower() in ("off", "none"):
         return None
     if value:
         size = _parse_size(value)
         if size is None:
             raise SpmdsimError(f"{ENV_VAR}={value!r} is not a size; expected bytes per rank such as "
                                "2GiB, 512M or 1e9, or off (no memory check)")
+        if size == 0:  # not "off": a limit of no memory would refuse every run, so say which is meant
+            raise SpmdsimError(f"{ENV_VAR}={value!r} would give a rank no memory at all; expected bytes per "
+                               "rank such as 2GiB, 512M or 1e9, or off (no memory check)")
         return Budget(size, f"{ENV_VAR}={value}")
     available = _meminfo_available(meminfo)
     if available is None:
@@ -257,6 +261,17 @@ def budget_per_rank(ranks_on_node: int, env: Optional[Mapping[str, str]] = None,
     n = max(1, int(ranks_on_node))
     per = "" if n == 1 else f" over {n} ranks on this node"
     return Budget(available // n, f"{source} {format_size(available)}{per}")
+
+
+def out_of_memory(exc: MemoryError, env: Optional[Mapping[str, str]] = None) -> str:
+    """One line for a MemoryError the estimate did not prevent (numpy's own, with the check off or short)."""
+    env = os.environ if env is None else env
+    value = env.get(ENV_VAR, "").strip()
+    if value.lower() in ("off", "none"):
+        why = f"the memory check is off ({ENV_VAR}={value}): unset it to have such a run refused before it starts"
+    else:
+        why = f"{ENV_VAR} sets what a rank may use"
+    return f"out of memory: {exc}; {why}"
 
 
 def largest_fitting_shape(shape: Sequence[int], need_of: Callable[[tuple], int], limit: int,

@@ -54,7 +54,7 @@ def test_every_pure_command_runs_and_prints_what_the_doc_quotes(doc, tmp_path, m
         if quote.output:
             why = mismatch(quote.output, out)
             assert why is None, f"{quote.where()}: {why}\n{out}"
-        if not quote.inline and "--json" not in quote.command:  # JSON stays complete, any width
+        if "--json" not in quote.command:  # JSON stays complete, any width
             assert max((len(line) for line in out.splitlines()), default=0) <= 100, quote.where()
         ran += 1
     assert ran >= (1 if doc == "docs/architecture.md" else 10)  # the lab pages quote many

@@ -70,17 +70,30 @@ def test_calibrate_checks_its_output_paths_before_measuring(tmp_path):
     problem = calibrate._output_problem(_args(["calibrate", "--dry-run", "--measurements", bad]))
     assert problem.startswith(f"--measurements {bad!r} cannot be written")
     assert calibrate._output_problem(_args(["calibrate", "--dry-run"])) is None
-    good = tmp_path / "new" / "cost.json"
+    good = tmp_path / "cost.json"
     assert calibrate._output_problem(_args(["calibrate", "--output", str(good)])) is None
-    assert not good.parent.exists()  # checking makes nothing
+    assert not good.exists()  # checking makes nothing
+    missing = tmp_path / "new" / "cost.json"  # a typo in a folder is refused, not made
+    assert calibrate._output_problem(_args(["calibrate", "--output", str(missing)])) == (
+        f"--output {str(missing)!r} cannot be written: directory {str(missing.parent)!r} does not exist; "
+        "expected a path in an existing directory")
+    assert not missing.parent.exists()
+    assert calibrate._output_problem(_args(["calibrate", "--output", ""])).endswith("is empty; expected a file path")
 
 
 def test_output_path_checks(tmp_path):
     blocker = tmp_path / "f"
     blocker.write_text("")
     (tmp_path / "d.png").mkdir()
-    assert paths.check_output_file(tmp_path / "a" / "b.png", "--png") == str(tmp_path / "a" / "b.png")
+    assert paths.check_output_file(tmp_path / "b.png", "--png") == str(tmp_path / "b.png")
+    with pytest.raises(SpmdsimError, match=r"^--png '.*/a/b\.png' cannot be written: directory '.*/a' does not "
+                                           r"exist; expected a path in an existing directory$"):
+        paths.check_output_file(tmp_path / "a" / "b.png", "--png")
+    assert paths.check_output_file(tmp_path / "a" / "b.png", "--png", make_parents=True)
+    assert not (tmp_path / "a").exists()
     assert paths.check_output_dir(tmp_path / "pics", "--png") == str(tmp_path / "pics")
+    with pytest.raises(SpmdsimError, match=r"directory '.*/new' does not exist"):
+        paths.check_output_dir(tmp_path / "new" / "pics", "--png")
     with pytest.raises(SpmdsimError, match=r"--png '.*d\.png' is a directory; expected a file path"):
         paths.check_output_file(tmp_path / "d.png", "--png")
     with pytest.raises(SpmdsimError, match=r"--png '.*f' is a file; expected a directory"):

@@ -235,7 +235,7 @@ def test_layout_to_placements_rejects_descending_order():
 
 # -- JAX PartitionSpec --------------------------------------------------------------
 def test_partition_spec_design_example():
-    # DESIGN.md: mesh (dp, sp, mp) = (2, 2, 2), x (32, 784) mapped ("mp", ("sp", "dp")).
+    # docs/semantics.md: mesh (dp, sp, mp) = (2, 2, 2), x (32, 784) mapped ("mp", ("sp", "dp")).
     tl = partition_spec_to_layout(("mp", ("sp", "dp")), (2, 2, 2), 2, ("dp", "sp", "mp"))
     shape = (32, 784)
     assert tl.slices(tl.layout.rank_of((0, 1, 0)), shape) == (slice(0, 16), slice(392, 588))

@@ -129,6 +129,7 @@ def test_watchdog_reports_the_collective_past_its_deadline(monkeypatch) -> None:
     from spmdsim.runtime import guard
 
     monkeypatch.setattr(guard, "world_channel", lambda: None)
+    monkeypatch.setattr(debug, "MIN_WATCHDOG_S", 0.01)  # a short deadline keeps this test fast
     debug.configure(watchdog=0.05)
     seen = []
     debug.wait(_NeverDone(), "allreduce", ("mp",), 12, polite=True, on_timeout=seen.append)
@@ -205,6 +206,21 @@ def test_cli_arguments_configure_the_debug_mode() -> None:
     assert debug.check_enabled() is True and debug.watchdog_seconds() == 7.5
     with pytest.raises(SpmdsimError, match="--watchdog 'x'"):
         debug.configure_from_args(parser.parse_args(["--watchdog", "x"]))
+
+
+@pytest.mark.parametrize("value", ["1e-9", "0.5", "-3", "inf"])
+def test_a_watchdog_too_short_to_be_right_is_refused(monkeypatch, value) -> None:
+    # 1e-9 s would end a correct program, naming a rank "missing" that is only on its way.
+    monkeypatch.setenv("SPMDSIM_WATCHDOG", value)
+    debug._reset()
+    with pytest.raises(SpmdsimError, match=rf"^SPMDSIM_WATCHDOG '{value}' (is below the watchdog's minimum "
+                                           r"of 1 s .*expected seconds >= 1, or 0 for off|must be a positive)"):
+        debug.watchdog_seconds()
+    with pytest.raises(SpmdsimError, match="minimum of 1 s|must be a positive"):
+        debug.configure(watchdog=float(value))
+    monkeypatch.setenv("SPMDSIM_WATCHDOG", "1")
+    debug._reset()
+    assert debug.watchdog_seconds() == 1.0
 
 
 def test_the_divergence_guard_brings_a_watchdog_unless_told_otherwise(monkeypatch) -> None:

@@ -42,8 +42,11 @@ def test_wait_mode_from_argument_env_and_auto(monkeypatch):
     monkeypatch.setattr(wait, "cores_available", lambda: 16)
     assert wait.resolve_wait_mode(None, comm) == "busy"
     assert wait.resolve_wait_mode("auto", _FakeComm(1)) == "busy"
-    with pytest.raises(SpmdsimError, match=r"wait mode 'spin' is not known; expected one of"):
+    with pytest.raises(SpmdsimError, match=r"'spin' is not a known wait mode; expected one of"):
         wait.resolve_wait_mode("spin", comm)
+    monkeypatch.setenv("SPMDSIM_WAIT", "sleepy")
+    with pytest.raises(SpmdsimError, match=r"^SPMDSIM_WAIT='sleepy' is not a known wait mode; expected one of"):
+        wait.resolve_wait_mode(None, comm)
 
 
 def test_polite_wait_polls_until_done():

@@ -24,3 +24,7 @@ def test_notebook_runs_every_cell_without_error():
     assert "allreduce(mp)                896 B  <- leaf (4, 16)" in text
     assert " " * 41 + "(read by ParallelMLP)" in text  # the forward step the sum answers
     assert "every gradient on every rank matches the single-process step" in text
+    widest = max(text.splitlines(), key=len)
+    assert len(widest) <= 100, widest  # a notebook cell's output fits 100 columns too
+    first = "".join(nb.cells[0].source)
+    assert 'pip install -e ".[notebook]"' in first  # how to open it, where a notebook user reads

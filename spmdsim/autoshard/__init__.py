@@ -1,4 +1,4 @@
-"""Sharding propagation and strategy search (seed 001): choose every operator's strategy.
+"""Sharding propagation and strategy search (MindSpore's auto-parallel concepts): choose every operator's strategy.
 
 Pure (numpy only; never imports mpi4py). `autoshard(network, devices, ...)`
 enumerates each operator's candidate strategies (`candidates`), prices them and

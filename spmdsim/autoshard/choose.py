@@ -134,7 +134,7 @@ def autoshard(network: Union[str, Graph], devices: int = 8, *,
             ``"((2, 4), (4, 1)) out ((8, 1),)"``, or ``"hand"`` (the hand-written one).
         memory_limit: bytes per rank an operator may hold (weights, inputs, output).
         objective: "bytes" (per rank, exact) or "time" (alpha-beta model + compute).
-        method: "search" (tree DP, else branch and bound) or "propagate" (seed 001).
+        method: "search" (tree DP, else branch and bound) or "propagate" (MindSpore's sharding propagation).
         flops_per_s: compute rate of one rank (default: measured now).
         model: the collectives' cost model (default: the calibrated one, `spmdsim calibrate`).
         node_limit, time_limit_s: when branch and bound stops (then not proven optimal).

@@ -67,7 +67,7 @@ def _totals(result: "Result") -> list[str]:
         if hand is not None and hand_bwd is not None:
             line += f"; hand-written {_b(hand + hand_bwd)} = {_b(hand)} + {_b(hand_bwd)}"
         lines = [_fit(line, WIDTH)] + lines
-    lines.append(f"propagation (seed 001) from the input and fixed operators: "
+    lines.append(f"propagation (MindSpore's) from the input and fixed operators: "
                  f"{_b(result.propagation_bytes)} B/rank" + (" forward" if result.backward else ""))
     comm = sum(op.comm_seconds for op in result.ops)
     compute = sum(op.compute_seconds for op in result.ops)

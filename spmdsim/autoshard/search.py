@@ -1,4 +1,4 @@
-"""Choosing one candidate per operator: propagation (seed 001), exact tree DP, branch and bound.
+"""Choosing one candidate per operator: propagation (MindSpore's), exact tree DP, branch and bound.
 
 Pure (never imports mpi4py). All three read a `Table` (costs per candidate and
 per edge) through plain arrays: ``node[i][c]`` and ``edge[(p, q)][cp, cq]``.

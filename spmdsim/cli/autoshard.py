@@ -27,7 +27,7 @@ def register(subparsers: Any) -> None:
     from .calibrate import parse_size
 
     parser = subparsers.add_parser(
-        "autoshard", help="choose every operator's strategy by least communication (seed 001)",
+        "autoshard", help="choose every operator's strategy by least communication",
         description="Enumerate each operator's strategies, price them (own collectives + "
                     "redistribution between operators), and choose by search (exact on chains "
                     "and trees, branch and bound otherwise) or by propagation from the fixed "
@@ -48,7 +48,7 @@ def register(subparsers: Any) -> None:
                         help="also price a training step's backward: the gradients' reverse moves "
                              "and the weight gradients' sums (bytes objective)")
     parser.add_argument("--method", choices=METHODS, default="search",
-                        help="search (default) or propagate (seed 001's sharding propagation)")
+                        help="search (default) or propagate (MindSpore's sharding propagation)")
     parser.add_argument("--flops", type=float, metavar="FLOP/S",
                         help="compute rate of one rank (default: measured now)")
     parser.add_argument("--node-limit", type=int, default=200_000,

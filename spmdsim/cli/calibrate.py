@@ -239,7 +239,7 @@ def _check_counts(args: argparse.Namespace) -> None:
                            "(each timing is a median over the repeats)")
     if args.warmup < 0:
         raise SpmdsimError(f"--warmup {args.warmup!r} must be at least 0")
-    if args.dry_run and args.output:
+    if args.dry_run and args.output is not None:
         raise SpmdsimError(f"--output {args.output!r} has no effect with --dry-run "
                            "(which saves nothing); give one of them")
 
@@ -249,11 +249,13 @@ def _output_problem(args: argparse.Namespace) -> str | None:
     from .paths import check_output_file
 
     try:
-        if args.measurements:
+        if args.measurements is not None:
             check_output_file(args.measurements, "--measurements")
         if not args.dry_run:
-            check_output_file(args.output if args.output else default_path(),
-                              "--output" if args.output else "the cost file (--output's default)")
+            if args.output is not None:
+                check_output_file(args.output, "--output")
+            else:  # the default's folder (~/.cache/spmdsim) is made on first use
+                check_output_file(default_path(), "the cost file (--output's default)", make_parents=True)
     except SpmdsimError as exc:
         return str(exc)
     return None

@@ -79,7 +79,7 @@ def _check_args(args: argparse.Namespace) -> tuple[str, str, int]:
     size = parse_size(args.size)
     if args.repeat < 1:
         raise SpmdsimError(f"--repeat {args.repeat!r} must be at least 1")
-    if args.png:
+    if args.png is not None:
         from ..viz.png import require_matplotlib
         from .paths import check_output_dir
 

@@ -166,6 +166,10 @@ def run(args: argparse.Namespace) -> int:
         raise SpmdsimError(f"number of ranks {args.ranks!r} must be at least 1")
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise SpmdsimError(f"--timeout {args.timeout!r} must be a positive, finite number of seconds")
+    if args.watchdog is not None:  # refused here, not in N ranks after the launch
+        from ..runtime.debug import watchdog_setting
+
+        watchdog_setting(args.watchdog, "--watchdog")
     mpiexec = find_mpiexec(args.mpiexec)
     cmd = build_command(mpiexec, args.ranks, args.command)
     family = None if args.no_mpi_check else check_same_mpi(mpiexec)

@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="spmdsim",
         description="Run and check tensor-parallel programs on plain CPUs with MPI.",
     )
+    from .. import __version__
+
+    parser.add_argument("--version", action="version", version=f"spmdsim {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         importlib.import_module(f"{__package__}.{name}").register(subparsers)

@@ -42,32 +42,44 @@ def _probe_dir(directory: str, flag: str, path: str) -> None:
         ) from None
 
 
-def _check_parent(path: str, flag: str) -> None:
-    """The parent directory exists and is writable, or can be created under a writable one."""
+def _check_parent(path: str, flag: str, make_parents: bool = False) -> None:
+    """The parent directory exists and is writable (a missing one is not made: a typo in a
+    directory name would otherwise leave a new tree behind and the file where nobody looks).
+
+    `make_parents`: missing parents may be made under a writable ancestor (a default path such
+    as ~/.cache/spmdsim/cost.json, which nobody typed).
+    """
     parent = os.path.dirname(os.path.abspath(path))
     base = _existing_ancestor(parent)
     if not os.path.isdir(base):
         raise SpmdsimError(
             f"{flag} {path!r} cannot be written: {base!r} is a file, not a directory"
         )
+    if base != parent and not make_parents:
+        raise SpmdsimError(
+            f"{flag} {path!r} cannot be written: directory {parent!r} does not exist; "
+            "expected a path in an existing directory"
+        )
     _probe_dir(base, flag, path)
 
 
-def check_output_file(path: str | os.PathLike, flag: str) -> str:
-    """Raise SpmdsimError unless `path` can be written as a file (missing parents may be made)."""
+def check_output_file(path: str | os.PathLike, flag: str, make_parents: bool = False) -> str:
+    """Raise SpmdsimError unless `path` can be written as a file in an existing directory
+    (or, with `make_parents`, one that can be made)."""
     path = os.fspath(path)
     if not path:
         raise SpmdsimError(f"{flag} {path!r} is empty; expected a file path")
     if os.path.isdir(path):
         raise SpmdsimError(f"{flag} {path!r} is a directory; expected a file path")
-    _check_parent(path, flag)
+    _check_parent(path, flag, make_parents)
     if os.path.lexists(path) and not os.access(path, os.W_OK):
         raise SpmdsimError(f"{flag} {path!r} exists and is not writable")
     return path
 
 
 def check_output_dir(path: str | os.PathLike, flag: str) -> str:
-    """Raise SpmdsimError unless files can be written into directory `path` (made if missing)."""
+    """Raise SpmdsimError unless files can be written into directory `path` (made if missing,
+    in an existing parent)."""
     path = os.fspath(path)
     if not path:
         raise SpmdsimError(f"{flag} {path!r} is empty; expected a directory")

@@ -296,7 +296,7 @@ def format_plan(plan: Plan, dialect: str = "sbp") -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if getattr(args, "png", None):
+    if getattr(args, "png", None) is not None:
         from .paths import check_output_dir
 
         from ..viz.png import require_matplotlib
@@ -311,7 +311,7 @@ def run(args: argparse.Namespace) -> int:
 
         print()
         print(render_plan_ascii(plan), end="")
-    if getattr(args, "png", None):
+    if getattr(args, "png", None) is not None:
         from ..viz import render_plan_png
 
         paths = render_plan_png(plan, args.png)

@@ -134,7 +134,7 @@ def add_trace_out(parser: argparse.ArgumentParser) -> None:
 
 def check_trace_out(args: argparse.Namespace) -> None:
     """Refuse an unwritable --trace-out before any work (the same error on every rank)."""
-    if getattr(args, "trace_out", None):
+    if getattr(args, "trace_out", None) is not None:
         from .paths import check_output_file
 
         check_output_file(args.trace_out, "--trace-out")

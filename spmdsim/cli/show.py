@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     if args.matmul:
         return _matmul(args)
     case = case_from_args(args)
-    if args.png:
+    if args.png is not None:
         from ..viz.png import check_picture_path, require_matplotlib
         from .paths import check_output_file
 
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     name = args.name or getattr(args, "operand", None) or "x"
     picture = layout_picture(case.tensor_layout, case.shape, name)
     print(render_layout_ascii(picture, width=args.width), end="")
-    if args.png:
+    if args.png is not None:
         from ..viz.png import render_layout_png
 
         path = render_layout_png(picture, args.png)
@@ -80,14 +80,14 @@ def _matmul(args: argparse.Namespace) -> int:
     layouts = matmul_layouts(strategy, world)
     for tl, shape in ((layouts.x, mkn[:2]), (layouts.w, mkn[1:]), (layouts.out, (mkn[0], mkn[2]))):
         tl.check_shape(shape)
-    if args.png:
+    if args.png is not None:
         from ..viz.png import check_picture_path, require_matplotlib
         from .paths import check_output_file
 
         check_output_file(check_picture_path(args.png), "--png")
         require_matplotlib()
     print(matmul_ascii(layouts, mkn, args.width), end="")
-    if args.png:
+    if args.png is not None:
         from ..viz.matmul import render_matmul_png
 
         print(f"wrote {render_matmul_png(layouts, mkn, args.png)}")

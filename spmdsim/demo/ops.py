@@ -1,5 +1,5 @@
-"""The seed scenarios of `spmdsim demo`: MindSpore MatMul strategies and Layout tuples (seed 003),
-Paddle split / Megatron layers (seed 004), and the fused MLP.
+"""The scenarios of `spmdsim demo`: MindSpore MatMul strategies and Layout tuples (MindSpore's
+operator-level parallel tutorial), Paddle split / Megatron layers, and the fused MLP.
 
 Shapes follow the seeds where they divide (x (32, 784) @ fc1 (784, 512));
 the others are small and not powers of two. MatMul strategies and the

@@ -1,4 +1,4 @@
-"""Paddle ``paddle.distributed.split`` (seed 004) as layouts on a 1-D "mp" mesh.
+"""Paddle ``paddle.distributed.split`` (Paddle's distributed.split document) as layouts on a 1-D "mp" mesh.
 
 ``operation="linear"``, axis 0 is row-parallel (weight rows split, partial
 outputs summed by AllReduce, bias added once after the sum); axis 1 is

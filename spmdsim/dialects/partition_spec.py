@@ -2,7 +2,7 @@
 
 A spec has one entry per tensor dim: ``None`` (not split), a mesh axis name,
 or a tuple of names (split over several axes, the first listed major, as in
-JAX and DESIGN.md). Mesh axes the spec does not name are replicated. jax is
+JAX and docs/semantics.md). Mesh axes the spec does not name are replicated. jax is
 never imported; ``PartitionSpec("x", None)`` is written ``("x", None)``.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""MindSpore `.shard` strategies as TensorLayouts (DESIGN.md section 2, "Strategies").
+"""MindSpore `.shard` strategies as TensorLayouts (docs/semantics.md, "Strategies").
 
 A strategy gives, per input tensor, the slice count of each tensor dim:
 ``ops.MatMul().shard(((2, 1), (1, 4)))``. One tensor's device matrix is its

@@ -2,6 +2,7 @@
 
     timeout -k 5 120 mpiexec -n 8 python -m spmdsim.nets                 # every network that fits
     timeout -k 5 120 mpiexec -n 4 python -m spmdsim.nets net_paddle_tp --seed 3
+    python -m spmdsim.nets --ranks 8                                     # simulated ranks, no mpiexec
 
 Exits 1 when a value fails its check or a hop's collectives differ from its plan.
 """
@@ -25,10 +26,20 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"networks to run (default: all): {', '.join(NETWORKS)}")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ranks", type=int, metavar="N", default=None,
+                        help="run on N simulated ranks in this process (no mpiexec)")
     args = parser.parse_args(argv)
     unknown = [n for n in args.names if n not in NETWORKS]
     if unknown:
         parser.error(f"unknown network(s) {unknown!r}; expected some of {sorted(NETWORKS)!r}")
+    if args.ranks is not None:
+        from ..sim.launch import run_on_ranks
+
+        return run_on_ranks(args.ranks, lambda: _on_world(args))
+    return _on_world(args)
+
+
+def _on_world(args: argparse.Namespace) -> int:
     from ..runtime.guard import run_guarded
     from ..sim.run import world
 

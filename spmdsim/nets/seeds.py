@@ -1,4 +1,5 @@
-"""The seed networks as pure `Network` values (seed 002: OneFlow; 003: MindSpore; 004: Paddle).
+"""The source documents' networks as pure `Network` values (OneFlow's 2D SBP sample, MindSpore's
+operator-level parallel tutorial, Paddle's distributed.split; docs/semantics.md, "Source documents").
 
 `mindspore_tutorial` (MatMul strategies) and `mindspore_layout` (Layout tuples),
 `paddle_tp` (``paddle.distributed.split`` over every rank), `oneflow_2d_sbp` and
@@ -39,7 +40,7 @@ PADDLE_SIZES = {"ids": (4, 16), "vocab": 960, "hidden": 64, "ffn": 240}
 def needs_eight(world_size: int) -> Optional[str]:
     """Reason to skip the MindSpore networks: their strategies are written for 8 devices."""
     if world_size != 8:
-        return f"seed 003's strategies need exactly 8 ranks, not {world_size}"
+        return f"the MindSpore tutorial's strategies need exactly 8 ranks, not {world_size}"
     return None
 
 
@@ -51,7 +52,7 @@ def paddle_needs(world_size: int) -> Optional[str]:
     return None
 
 
-#: OneFlow's 2D SBP sample (seed 002): each rank's x is (1, 2, 8); Linear(8, 4), Linear(4, 2).
+#: OneFlow's 2D SBP sample: each rank's x is (1, 2, 8); Linear(8, 4), Linear(4, 2).
 ONEFLOW_SIZES = {"local_x": (1, 2, 8), "hidden": 4, "classes": 2}
 
 

@@ -91,9 +91,13 @@ def format_table(net: Network, rows: Sequence[HopRow], world_size: int, width: i
                      row.collectives_text(), nbytes(row.max_sent)))
     totals = [sum(r.sent[rank] for r in rows) for rank in range(world_size)] if rows else [0]
     calls = sum(n for r in rows for _, n in r.calls)
-    body.append(("", "total", "", "", counted(calls, "collective call"), nbytes(max(totals))))
     title = (f"{net.name}: {net.title}; input {net.source.shape} {net.source.dtype}, "
              f"{counted(world_size, 'rank')}")
     lines = wrap_lines([title], width) if width else [title]
-    lines += fold_table(head, body, width=width, right=(0, 5), keep=(0,))
-    return "\n".join(lines)
+    table = fold_table(head, body, width=width, right=(0, 5), keep=(0,))
+    # The totals on one line of their own, under the step column and the bytes column: in the
+    # table the count would fold inside the narrow collectives column ("2 collective / calls").
+    left = " " * table[0].index("step") + f"total: {counted(calls, 'collective call')}"
+    sent = nbytes(max(totals))
+    room = max(len(line) for line in table) - len(left)
+    return "\n".join(lines + table + [left + (sent.rjust(room) if room > len(sent) else "  " + sent)])

@@ -40,6 +40,14 @@ class Verdict:
     def __str__(self) -> str:
         if self.dry_run:
             return f"check not made: a dry run has no values ({self.elements} elements)"
+        if self.passed and not self.nonfinite and self.max_abs_error != float("inf"):
+            # The tolerance first, so that a relative error above rtol cannot read as a failure:
+            # every element passed |err| <= atol + rtol x |ref|, and where the relative error is
+            # above rtol the reference is near 0 and atol is what covered it.
+            covered = "; above rtol only where atol covers it" if self.max_rel_error > self.rtol else ""
+            return (f"check passed: every element within atol {self.atol:g} + rtol {self.rtol:g} x |ref| "
+                    f"({self.elements} elements)\n  max abs err {self.max_abs_error:.3g}, max rel err "
+                    f"{self.max_rel_error:.3g} (worst rank {self.worst_rank}{covered})")
         head = "check passed" if self.passed else f"check FAILED on ranks {list(self.failed_ranks)!r}"
         # Non-finite values lead: the error figures only cover the finite ones.
         lead = f"{self.nonfinite} non-finite values (NaN/Inf); finite values: " if self.nonfinite else ""

@@ -36,9 +36,13 @@ from . import wait as waiting
 __all__ = ["HOOKS", "configure", "check_enabled", "watchdog_seconds", "quiet", "next_seq", "current_seq",
            "fingerprint", "describe", "verify", "verify_counts", "verify_operands", "wait", "begin",
            "complete", "collective", "FINGERPRINT_FIELDS", "CHECK_WATCHDOG_S", "add_cli_arguments",
-           "configure_from_args"]
+           "configure_from_args", "MIN_WATCHDOG_S", "watchdog_setting"]
 
 FINGERPRINT_FIELDS = 16
+#: The shortest watchdog: it reports a collective that never completes, and a healthy one on
+#: oversubscribed ranks (8 on 2 cores) can take a good part of a second; a shorter limit would
+#: abort correct programs naming a rank as missing that is only on its way.
+MIN_WATCHDOG_S = 1.0
 _MAX_DIMS = 8  # shape dims stored one per field; further dims are folded into the last
 _MAGIC = 0x5350_4D44  # "SPMD": a row of garbage or zeros never matches a real one
 
@@ -115,8 +119,11 @@ def _flag(name: str) -> bool:
     raise SpmdsimError(f"{name}={value!r} is not a switch; expected 1/0, true/false, yes/no or on/off")
 
 
-def _seconds(value: Any, what: str) -> Optional[float]:
-    """Seconds from a setting; None, "", "0" and "off" mean no watchdog."""
+def watchdog_setting(value: Any, what: str) -> Optional[float]:
+    """The watchdog's seconds from a setting named `what` (None, "", "0" and "off": no watchdog).
+
+    Raises SpmdsimError for anything else that is not a finite number of seconds >= MIN_WATCHDOG_S.
+    """
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "off", "none")):
         return None
     try:
@@ -127,6 +134,10 @@ def _seconds(value: Any, what: str) -> Optional[float]:
         return None
     if not 0 < seconds < float("inf"):
         raise SpmdsimError(f"{what} {value!r} must be a positive, finite number of seconds (0 = off)")
+    if seconds < MIN_WATCHDOG_S:
+        raise SpmdsimError(f"{what} {value!r} is below the watchdog's minimum of {MIN_WATCHDOG_S:g} s (a healthy "
+                           "collective on oversubscribed ranks can take most of a second); expected seconds "
+                           f">= {MIN_WATCHDOG_S:g}, or 0 for off")
     return seconds
 
 
@@ -140,7 +151,7 @@ def configure(check: Optional[bool] = None, watchdog: Any = "keep") -> None:
         if not HOOKS.watchdog_set:
             HOOKS.watchdog_read = False  # its default follows the guard
     if watchdog != "keep":
-        HOOKS.watchdog = _seconds(watchdog, "watchdog")
+        HOOKS.watchdog = watchdog_setting(watchdog, "watchdog")
         HOOKS.watchdog_read = HOOKS.watchdog_set = True
     _forget_quiet()
 
@@ -160,7 +171,7 @@ def configure_from_args(args: Any) -> None:
     then raises the same SpmdsimError everywhere and prints once)."""
     watchdog = getattr(args, "watchdog", None)
     configure(check=True if getattr(args, "check", False) else None,
-              watchdog="keep" if watchdog is None else _seconds(watchdog, "--watchdog"))
+              watchdog="keep" if watchdog is None else watchdog_setting(watchdog, "--watchdog"))
 
 
 def check_enabled() -> bool:
@@ -180,7 +191,7 @@ def watchdog_seconds() -> Optional[float]:
         if raw is None or not raw.strip():
             HOOKS.watchdog = CHECK_WATCHDOG_S if check_enabled() else None
         else:
-            HOOKS.watchdog = _seconds(raw, "SPMDSIM_WATCHDOG")
+            HOOKS.watchdog = watchdog_setting(raw, "SPMDSIM_WATCHDOG")
         HOOKS.watchdog_read = True
     return HOOKS.watchdog
 

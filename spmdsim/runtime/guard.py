@@ -143,7 +143,9 @@ def handle_exception(exc: BaseException, comm: Any = None, private: Any = None) 
         _interrupted(comm, private)
     if isinstance(exc, MemoryError) and not isinstance(exc, SpmdsimError):
         # Out of memory despite the estimate (spmdsim.memory): one line, no traceback.
-        exc = SpmdsimError(f"out of memory: {exc}; SPMDSIM_MEMORY sets what a rank may use")
+        from ..memory import out_of_memory
+
+        exc = SpmdsimError(out_of_memory(exc))
     if isinstance(exc, SpmdsimError):
         if private is None:
             private = _private(comm)
@@ -185,11 +187,13 @@ def _interrupted(comm: Any, private: Any) -> NoReturn:
 _SEGMENT_PREFIXES = ("/dev/shm/mpich_shm_", "/dev/shm/sm_segment.")  # MPICH's, Open MPI's
 
 
-def release_shared_segments(maps: str = "/proc/self/maps") -> list[str]:
+def release_shared_segments(maps: str = "/proc/self/maps",
+                            prefixes: tuple[str, ...] = _SEGMENT_PREFIXES) -> list[str]:
     """Unlink the MPI shared-memory segments this process maps; return their paths (Linux only).
 
     MPI_Abort kills the ranks before MPICH unlinks its ~8 MB /dev/shm segment,
     so every aborted job would leave one until reboot; each rank keeps its mapping until it dies.
+    `prefixes`: which segments (default MPICH's and Open MPI's).
     """
     try:
         with open(maps) as fh:
@@ -198,7 +202,7 @@ def release_shared_segments(maps: str = "/proc/self/maps") -> list[str]:
         return []
     done = []
     for path in sorted(paths):
-        if path.startswith(_SEGMENT_PREFIXES) and not path.endswith("(deleted)"):
+        if path.startswith(prefixes) and not path.endswith("(deleted)"):
             try:
                 os.unlink(path)
                 done.append(path)

@@ -43,6 +43,31 @@ def _tune_process_once() -> None:
                        local is not None and memwatch.start(local)))
 
 
+_MPICH_SEGMENT = ("/dev/shm/mpich_shm_",)
+_UNLINKED: list = []
+
+
+def _unlink_segments_once(comm: Any) -> None:
+    """Once per process, on the first mesh over the whole world: unlink MPICH's /dev/shm segment.
+
+    MPICH keeps one segment (~8 MB at 8 ranks) linked until MPI_Finalize, so a rank killed with
+    SIGKILL (or by the OOM killer) left it in /dev/shm until reboot. After a Barrier over the
+    world every local rank has attached it; unlinked, each keeps its mapping and the memory goes
+    when the last one exits, however it exits. Open MPI's segments are left alone.
+    """
+    if _UNLINKED:
+        return
+    from mpi4py import MPI
+
+    if comm.Get_size() != MPI.COMM_WORLD.Get_size():
+        return  # not every rank takes part: wait for a mesh that spans the world
+    _UNLINKED.append(True)
+    from .guard import release_shared_segments
+
+    comm.Barrier()
+    release_shared_segments(prefixes=_MPICH_SEGMENT)
+
+
 class Mesh:
     """``Mesh(layout, comm=None)``: the device matrix of `layout` over `comm` (default `spmdsim.world()`).
 
@@ -69,6 +94,7 @@ class Mesh:
         if not simulated:
             _check_mpi_comm(comm)
             _tune_process_once()
+            _unlink_segments_once(comm)
         size = comm.Get_size()
         if layout.num_devices != size:
             raise RuntimeMismatchError(f"device matrix {layout.device_matrix!r} needs {layout.num_devices} ranks "
@@ -188,16 +214,29 @@ def _check_mpi_comm(comm: Any) -> None:
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
         raise RuntimeMismatchError(f"communicator {comm!r} must be a valid MPI intracommunicator "
                                    "(or a simulated one from spmdsim.simulate)")
-    expected = os.environ.get("SPMDSIM_EXPECT_WORLD", "")
+    expected = _expected_world()
     world = MPI.COMM_WORLD.Get_size()
-    if expected.isdigit() and int(expected) != world:
-        raise RuntimeMismatchError(f"the MPI world has {world} ranks but {int(expected)} were launched: is "
+    if expected is not None and expected != world:
+        raise RuntimeMismatchError(f"the MPI world has {world} ranks but {expected} were launched: is "
                                    "mpiexec from the same MPI as mpi4py? (python -m mpi4py --mpi-library)")
 
 
+def _expected_world() -> int | None:
+    """SPMDSIM_EXPECT_WORLD as a rank count (None when unset); anything else is refused."""
+    raw = os.environ.get("SPMDSIM_EXPECT_WORLD", "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise RuntimeMismatchError(f"SPMDSIM_EXPECT_WORLD={raw!r} is not a number of ranks; expected the "
+                                   "count mpiexec launches, e.g. 8 (spmdsim launch sets it), or unset")
+    return int(raw)
+
+
 def _simulated_wait(wait: str | None) -> str:
-    if wait is not None and wait not in WAIT_MODES:
-        resolve_wait_mode(wait, None)  # raises the usual error for an unknown mode
+    """Simulated ranks always wait busily (threads: no MPI progress to be polite to), but a
+    setting that MPI would refuse is refused here too, so a typo does not wait for the cluster."""
+    resolve_wait_mode(wait, None, check_only=True)
+    _expected_world()  # only its spelling: a simulation is not the world mpiexec launched
     return "busy"
 
 

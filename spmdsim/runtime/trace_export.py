@@ -111,8 +111,6 @@ def write_chrome_trace(comm: Any, trace: Any, path: str | os.PathLike, start: fl
     rank = _rank(comm)
     per_rank = comm.gather(chrome_events(trace, rank, start, end, spans), root=root)
     if rank == root:
-        parent = os.path.dirname(os.path.abspath(path))
-        os.makedirs(parent, exist_ok=True)  # check_output_file allows missing parents
         with open(path, "w", encoding="utf-8") as f:
             json.dump(chrome_trace(per_rank), f, indent=0)
             f.write("\n")

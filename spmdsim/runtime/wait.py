@@ -1,7 +1,7 @@
 """How a rank waits inside a collective: "busy" (MPI's own blocking call) or "polite".
 
 Under oversubscription MPICH ranks blocked in a collective spin and steal the
-cores the computing ranks need (DESIGN.md section 6). The polite wait posts the
+cores the computing ranks need (docs/oversubscription.md). The polite wait posts the
 nonblocking collective and polls ``Test()``, first with ``sched_yield`` between
 polls (a plain Test spin is ~100x slower than the blocking call when
 oversubscribed: the spinning rank keeps the core its peers need), then with
@@ -45,13 +45,18 @@ def local_ranks(comm: Any) -> int:
         node.Free()
 
 
-def resolve_wait_mode(mode: str | None, comm: Any) -> str:
-    """Turn "busy"/"polite"/"auto"/None (= $SPMDSIM_WAIT, default auto) into busy or polite."""
+def resolve_wait_mode(mode: str | None, comm: Any, check_only: bool = False) -> str:
+    """Turn "busy"/"polite"/"auto"/None (= $SPMDSIM_WAIT, default auto) into busy or polite.
+
+    `check_only`: only refuse an unknown mode, and return it as given (no communicator needed).
+    """
+    what = f"{mode!r}"
     if mode is None:
-        mode = os.environ.get("SPMDSIM_WAIT", "auto").strip().lower() or "auto"
+        raw = os.environ.get("SPMDSIM_WAIT", "auto")
+        mode, what = raw.strip().lower() or "auto", f"SPMDSIM_WAIT={raw!r}"
     if mode not in WAIT_MODES:
-        raise SpmdsimError(f"wait mode {mode!r} is not known; expected one of {WAIT_MODES!r}")
-    if mode != "auto":
+        raise SpmdsimError(f"{what} is not a known wait mode; expected one of {WAIT_MODES!r}")
+    if check_only or mode != "auto":
         return mode
     if comm.Get_size() == 1:
         return "busy"

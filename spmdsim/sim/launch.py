@@ -83,6 +83,12 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
             return 2
         print(f"spmdsim: error on {_where(exc)}: {exc}", file=sys.stderr)
         return 1
+    except MemoryError as exc:  # numpy's own (the estimate was off or short): one line, as under MPI
+        from ..memory import out_of_memory
+
+        every = len(getattr(exc, "simulated_ranks", ())) == n
+        print(f"spmdsim: error{'' if every else ' on ' + _where(exc)}: {out_of_memory(exc)}", file=sys.stderr)
+        return 2 if every else 1
     except Exception as exc:  # noqa: BLE001 - reported as the MPI guard reports it
         detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         print(f"spmdsim: error on {_where(exc)}: {type(exc).__name__}: {exc}\n{detail}",

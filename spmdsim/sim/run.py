@@ -168,8 +168,9 @@ class _per_rank_runtime:
         from ..runtime import debug, trace
 
         # Ranks computing at once each call BLAS: one thread each, as an MPI rank on its share of the
-        # cores (a multithreaded OpenBLAS runs one caller's call at a time; seed 003's training at 8
-        # ranks on 2 cores took 1.2-1.4x as long with two). A thread count the user set is kept.
+        # cores (a multithreaded OpenBLAS runs one caller's call at a time; the MindSpore tutorial
+        # network's training at 8 ranks on 2 cores took 1.2-1.4x as long with two). A thread count
+        # the user set is kept.
         self._blas = contextlib.ExitStack()
         if self._slots > 1 and not _threads.threads_set_by_user():
             self._blas.enter_context(_threads.blas_threads(1))

@@ -168,6 +168,11 @@ def tensor_lines(picture: LayoutPicture, width: int = 80) -> list[str]:
     return lines
 
 
+def _wrapped(line: str, width: int) -> list[str]:
+    """A heading kept within `width` (a 5-axis device matrix names every axis)."""
+    return textwrap.wrap(line, width=width, subsequent_indent="  ", break_on_hyphens=False) or [""]
+
+
 def render_layout_ascii(
     picture: Union[LayoutPicture, TensorLayout],
     shape: Optional[Sequence[int]] = None,
@@ -186,13 +191,14 @@ def render_layout_ascii(
     tl = picture.tensor_layout
     layout = tl.layout
     axes = ", ".join(f"{a}={n}" for a, n in zip(layout.alias_name, layout.device_matrix))
-    lines = [picture.title, f"on Layout({axes}), {counted(layout.num_devices, 'rank')}"]
+    lines = _wrapped(picture.title, width) + _wrapped(f"on Layout({axes}), "
+                                                      f"{counted(layout.num_devices, 'rank')}", width)
     for note in picture.notes:
         lines += textwrap.wrap(note, width=width, initial_indent="  ", subsequent_indent="    ",
                                break_on_hyphens=False)
     lines.append("")
     lines += tensor_lines(picture, width)
     lines.append("")
-    lines.append(f"Device matrix ({axes}): each rank and the shard number it holds")
+    lines += _wrapped(f"Device matrix ({axes}): each rank and the shard number it holds", width)
     lines += _device_lines(picture, width)
     return "\n".join(line.rstrip() for line in lines) + "\n"

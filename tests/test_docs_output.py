@@ -1,0 +1,92 @@
+"""What the docs say a command prints, run the way the docs quote it, within 100 columns."""
+from __future__ import annotations
+
+import re
+
+from docs_commands import ROOT
+from spmdsim.cli.main import main
+
+MLP = ["autoshard", "--network", "mlp", "--run", "--ranks", "8"]
+MEGATRON = ["--fix", "fc1=((1,1),(1,8),(8,))", "--fix", "fc2=((1,8),(8,1),(1,))"]
+
+
+def _widest(text: str) -> int:
+    return max((len(line) for line in text.splitlines()), default=0)
+
+
+def test_nets_tables_fit_100_columns_with_their_totals_on_one_line(capsys):
+    from spmdsim.nets.__main__ import main as nets
+
+    assert nets(["--ranks", "8"]) == 0
+    out = capsys.readouterr().out
+    assert _widest(out) <= 100
+    totals = [line for line in out.splitlines() if "total" in line]
+    # One per network, the count and the bytes on the same line (not folded in a narrow column).
+    assert len(totals) == 5, totals
+    assert all(re.fullmatch(r" +total: \d+ collective calls? +[\d,]+ B", line) for line in totals), totals
+    assert out.count("\nPASS\n") == 5
+    # The check line leads with the tolerance that passed it.
+    assert out.count("check passed: every element within atol ") == 5
+
+
+def test_autoshard_mlp_is_what_readme_says(capsys):
+    readme = (ROOT / "README.md").read_text()
+    assert "spmdsim autoshard --network mlp --run --ranks 8" in readme
+    assert "The last line chooses data parallel" in readme and "16,128 B per\nrank" in readme
+
+    assert main(MLP) == 0
+    out = capsys.readouterr().out
+    assert _widest(out) <= 100
+    assert re.search(r"^fc1 +\d+ +\(\(8, 1\), \(1, 1\), \(1,\)\) +0 +0 ", out, re.M), out
+    assert "\ntotal 0 B/rank\n" in out and out.rstrip().endswith("PASS")
+
+    assert main(MLP + MEGATRON) == 0
+    out = capsys.readouterr().out
+    assert _widest(out) <= 100
+    assert re.search(r"^fc2 +\d+ +\(\(1, 8\), \(8, 1\), \(1,\)\) +0 +16,128 +fixed", out, re.M), out
+    assert "\ntotal 16,128 B/rank\n" in out and out.rstrip().endswith("PASS")
+
+
+def test_the_seed_strategy_picture_of_lab_exercise_5_fits(capsys):
+    lab = (ROOT / "docs" / "lab.md").read_text()
+    command = 'spmdsim show --strategy "((2,1,1,2,1),)" --world-size 8 --shape 2,1,1,2,1'
+    assert command in lab
+    assert main(["show", "--strategy", "((2,1,1,2,1),)", "--world-size", "8", "--shape", "2,1,1,2,1"]) == 0
+    out = capsys.readouterr().out
+    assert _widest(out) <= 80  # show's ASCII fits 80 columns (README)
+    assert "Device matrix (axis_0=2, axis_1=1, axis_2=1, axis_3=2, axis_4=1, rep=2): each\n" in out
+
+
+def test_docs_networks_tables_are_what_the_command_prints(capsys):
+    import shlex
+
+    from docs_commands import mismatch, quotes
+    from spmdsim.nets.__main__ import main as nets
+
+    quoted = [q for q in quotes("docs/networks.md") if q.output and q.command.startswith("python -m spmdsim.nets")]
+    assert len(quoted) == 5
+    for quote in quoted:
+        assert nets(shlex.split(quote.command)[3:]) == 0
+        captured = capsys.readouterr()
+        out = captured.err + captured.out  # the banner goes to stderr with --json only
+        why = mismatch(quote.output, out)
+        assert why is None, f"{quote.where()}: {why}\n{out}"
+        assert _widest(out) <= 100, quote.where()
+
+
+def test_demo_pass_counts_are_the_ones_the_docs_give(capsys):
+    # README: the 8-rank table ends "17 passed"; at 16 ranks "13 of the 17 run".
+    # docs/operators.md: "17 of 17 pass at 8 ranks, 13 at 16 ..., 9 at 4 and at 6, 6 at 3".
+    readme = (ROOT / "README.md").read_text()
+    operators = " ".join((ROOT / "docs" / "operators.md").read_text().split())
+    m = re.search(r"(\d+) of (\d+) pass at 8 ranks, (\d+) at 16 .*?, (\d+) at 4 and at 6, (\d+) at 3", operators)
+    assert m, "docs/operators.md states the demo's counts"
+    total = int(m.group(2))
+    said = {8: int(m.group(1)), 16: int(m.group(3)), 4: int(m.group(4)), 6: int(m.group(4)), 3: int(m.group(5))}
+    assert f"\n{said[8]} passed, 0 failed, 0 skipped\n```" in readme
+    assert f"(at 16 ranks {said[16]} of the {total} run)" in readme
+    for ranks, passed in said.items():
+        code = main(["demo", "--ranks", str(ranks)])
+        out, err = capsys.readouterr()
+        assert f"\n{passed} passed, 0 failed, {total - passed} skipped\n" in out, (ranks, out[-300:])
+        assert code == (3 if 2 * passed < total else 0), (ranks, err)
