@@ -1,8 +1,9 @@
 """The GPT trained in one numpy process: forward, hand-written backward, AdamW, sampling.
 
 The distributed model is checked against this at every step (loss, gradients,
-parameters), so it follows docs' spec (spmdsim/gpt/params.py) operation by operation:
-float64, seeded weights and dropout masks taken whole (``SeededTensor.full()``).
+parameters), so both follow one description operation by operation: float64, the
+parameters and dropout masks of spmdsim/gpt/params.py taken whole (``SeededTensor.full()``),
+the blocks of spmdsim/gpt/_blocks.py.
 ``python -m spmdsim.gpt.reference --steps 200`` trains the default model and prints a sample.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ..validate import as_int
 from . import _blocks as blk
 from .config import GPTConfig
 from .data import batch, decode, encode, load_text
-from .params import decays, dropout_tensor, initial_value, param_specs
+from .params import decays, dropout_sites, dropout_tensor, initial_value, param_specs
 
 __all__ = ["init_params", "logits", "loss_and_grads", "AdamW", "train", "generate", "main"]
 
@@ -73,8 +74,10 @@ class AdamW:
 
     def __init__(self, lr: float = 3e-3, betas: tuple = (0.9, 0.99), eps: float = 1e-8,
                  weight_decay: float = 0.1, decay: Union[None, Callable[[str], bool], Iterable[str]] = None) -> None:
-        # GPTConfig validates these fields the same way.
-        cfg = GPTConfig(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        try:  # GPTConfig checks these fields; its message, said of AdamW
+            cfg = GPTConfig(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        except SpmdsimError as e:
+            raise SpmdsimError(str(e).replace("GPTConfig ", "AdamW ", 1)) from None
         self.lr, self.betas, self.eps, self.weight_decay = cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay
         if decay is None or callable(decay):
             self._decay = decay
@@ -143,8 +146,11 @@ def generate(params: Params, cfg: GPTConfig, prompt_ids: Any, n: int, temperatur
         raise SpmdsimError(f"temperature {temperature!r} must be a finite number >= 0")
     prompt = encode(prompt_ids) if isinstance(prompt_ids, (bytes, bytearray, str)) \
         else np.asarray(prompt_ids).reshape(-1)
-    if prompt.size and (prompt.dtype.kind not in "iu" or prompt.min() < 0 or prompt.max() >= cfg.vocab):
-        raise SpmdsimError(f"prompt ids must be integers in [0, {cfg.vocab}), got {prompt_ids!r}")
+    if prompt.size and prompt.dtype.kind not in "iu":
+        raise SpmdsimError(f"prompt ids of dtype {prompt.dtype} must be integers in [0, {cfg.vocab})")
+    if prompt.size and (prompt.min() < 0 or prompt.max() >= cfg.vocab):
+        bad = int(prompt.min()) if prompt.min() < 0 else int(prompt.max())
+        raise SpmdsimError(f"prompt ids must be integers in [0, {cfg.vocab}), got {bad!r}")
     base = cfg.seed if seed is None else seed
     rng = np.random.default_rng(zlib.crc32(f"{base}:generate".encode()))
     T, pad = cfg.seq, 32 if cfg.vocab > 32 else 0
@@ -191,9 +197,8 @@ def _masks(cfg: GPTConfig, step: Optional[int], train: bool, batch_size: int) ->
         return None
     if step is None:
         raise SpmdsimError("step is None in training mode; dropout masks need the 0-based step")
-    sites = ["emb"] + [f"h{layer}.{part}" for layer in range(cfg.layers) for part in ("attn", "resid1", "resid2")]
     return {site: (dropout_tensor(cfg, step, site, batch_size).full() >= cfg.dropout).astype(np.float64)
-            for site in sites}
+            for site in dropout_sites(cfg)}
 
 
 def _forward(params: Params, x: np.ndarray, cfg: GPTConfig, step: Optional[int], train: bool,
