@@ -260,13 +260,14 @@ def test_reference_refuses_bad_input():
 
 def test_command_line_prints_losses_and_a_sample_in_100_columns(capsys):
     code = ref.main(["--steps", "3", "--every", "2", "--layers", "1", "--d-model", "16", "--heads", "2",
-                     "--seq", "16", "--batch", "2", "--sample", "150", "--prompt", "import "])
+                     "--seq", "16", "--batch", "2", "--sample", "150", "--prompt", "import ", "--threads", "1"])
     out = capsys.readouterr().out
     assert code == 0 and "step     2  loss" in out and "s per step" in out and "sample" in out
     assert all(len(line) <= 100 for line in out.splitlines())
     assert ref.main(["--heads", "3", "--steps", "1"]) == 2
     err = capsys.readouterr().err
     assert err.strip().count("\n") == 0 and "divisible by heads 3" in err
+    assert ref.main(["--threads", "0"]) == 2 and "--threads 0 must be" in capsys.readouterr().err
 
 
 def test_gpt_modules_import_neither_mpi4py_nor_the_runtime():

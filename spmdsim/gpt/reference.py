@@ -9,6 +9,7 @@ the blocks of spmdsim/gpt/_blocks.py.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import sys
 import time
@@ -17,6 +18,7 @@ from typing import Any, Callable, Iterable, Optional, Union
 
 import numpy as np
 
+from .._threads import blas_threads, loaded_blas_threads
 from ..errors import SpmdsimError
 from ..optim import adamw_update
 from ..validate import as_int
@@ -250,7 +252,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--prompt", default="def ", help="text the sample starts from")
     ap.add_argument("--sample", type=int, default=300, help="characters to generate")
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    ap.add_argument("--threads", type=int, default=None, help="BLAS threads (default: numpy's own)")
     args = ap.parse_args(argv)
+    if args.threads is not None and args.threads < 1:
+        print(f"error: --threads {args.threads!r} must be an integer >= 1", file=sys.stderr)
+        return 2
+    with contextlib.ExitStack() as stack:
+        if args.threads is not None:
+            stack.enter_context(blas_threads(args.threads))
+        return _main(args)
+
+
+def _main(args: argparse.Namespace) -> int:
     try:
         cfg = GPTConfig(layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq,
                         batch=args.batch, dropout=args.dropout, seed=args.seed)
@@ -258,7 +271,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise SpmdsimError(f"--every {args.every!r} must be an integer >= 1")
         text = load_text()
         print(f"GPT {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, seq {cfg.seq}, batch "
-              f"{cfg.batch}, dropout {cfg.dropout}; {len(text):,} characters of stdlib source")
+              f"{cfg.batch}, dropout {cfg.dropout}")
+        print(f"{len(text):,} characters of stdlib source; BLAS threads {loaded_blas_threads()}")
         start = [time.perf_counter()]
 
         def report(step: int, loss: float, grads: Params, params: Params) -> None:
