@@ -14,6 +14,15 @@ from spmdsim.gpt import (GPTConfig, batch, decays, decode, dropout_seed, dropout
                          param_specs, seeded)
 from spmdsim.gpt import reference as ref
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_blas_thread():
+    # Small matrices; a BLAS pool on cores other agents keep busy spins (25x slower when measured).
+    from spmdsim._threads import blas_threads
+
+    with blas_threads(1):
+        yield
+
+
 TINY = GPTConfig(vocab=16, d_model=8, heads=2, layers=2, seq=6, batch=3, dropout=0.2, init_std=0.3)
 
 
@@ -109,6 +118,9 @@ def test_adamw_steps_and_training_lower_the_loss(text_ids):
     assert seen[-1][2] == params["wte"][0, 0]  # on_step sees the parameters after the update
     assert losses[0] == pytest.approx(math.log(128), abs=0.3)  # near uniform at the start
     assert np.mean(losses[-5:]) < losses[0] - 1.0, losses
+    # One step at a time (beside a distributed run): the same numbers.
+    trainer = ref.Trainer(cfg, text_ids)
+    assert [trainer.step()[0] for _ in range(3)] == losses[:3] and trainer.steps == 3
 
 
 def test_adamw_matches_the_formula_and_decays_only_matrices():

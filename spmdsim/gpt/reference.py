@@ -27,7 +27,7 @@ from .config import GPTConfig
 from .data import batch, decode, encode, load_text
 from .params import decays, dropout_sites, dropout_tensor, initial_value, param_specs
 
-__all__ = ["init_params", "logits", "loss_and_grads", "AdamW", "train", "generate", "main"]
+__all__ = ["init_params", "logits", "loss_and_grads", "AdamW", "Trainer", "train", "generate", "main"]
 
 Params = dict[str, np.ndarray]
 
@@ -110,6 +110,29 @@ class AdamW:
                          weight_decay=self.weight_decay if decay else 0.0)
 
 
+class Trainer:
+    """The reference training one step at a time, to walk beside a distributed run.
+
+    ``t = Trainer(cfg, text_ids); loss, grads = t.step()``: init_params, AdamW.from_config,
+    step k trains on ``batch(text_ids, cfg, k)``; ``t.params`` are updated in place.
+    """
+
+    def __init__(self, cfg: GPTConfig, text_ids: Any) -> None:
+        self.cfg = cfg
+        self.text_ids = encode(text_ids) if isinstance(text_ids, (bytes, bytearray, str)) else text_ids
+        self.params = init_params(cfg)
+        self.optimizer = AdamW.from_config(cfg)
+        self.steps = 0
+
+    def step(self) -> tuple[float, Params]:
+        """One training step: the loss and gradients at the parameters before the update."""
+        x, y = batch(self.text_ids, self.cfg, self.steps)
+        loss, grads = loss_and_grads(self.params, x, y, self.cfg, self.steps)
+        self.optimizer.step(self.params, grads)
+        self.steps += 1
+        return loss, grads
+
+
 def train(cfg: GPTConfig, steps: int, text_ids: Any,
           on_step: Optional[Callable[[int, float, Params, Params], Any]] = None) -> tuple[Params, list[float]]:
     """Train from init_params for `steps` steps of `batch(text_ids, cfg, step)` with AdamW.
@@ -120,16 +143,13 @@ def train(cfg: GPTConfig, steps: int, text_ids: Any,
     n = as_int(steps)
     if n is None or n < 0:
         raise SpmdsimError(f"steps {steps!r} must be an integer >= 0")
-    ids = encode(text_ids) if isinstance(text_ids, (bytes, bytearray, str)) else text_ids
-    params, opt, losses = init_params(cfg), AdamW.from_config(cfg), []
+    trainer, losses = Trainer(cfg, text_ids), []
     for step in range(n):
-        x, y = batch(ids, cfg, step)
-        loss, grads = loss_and_grads(params, x, y, cfg, step)
-        opt.step(params, grads)
+        loss, grads = trainer.step()
         losses.append(loss)
         if on_step is not None:
-            on_step(step, loss, grads, params)
-    return params, losses
+            on_step(step, loss, grads, trainer.params)
+    return trainer.params, losses
 
 
 def generate(params: Params, cfg: GPTConfig, prompt_ids: Any, n: int, temperature: float = 0.0,
