@@ -14,6 +14,15 @@ from spmdsim.gpt import (GPTConfig, batch, decays, decode, dropout_seed, dropout
                          param_specs, seeded)
 from spmdsim.gpt import reference as ref
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_blas_thread():
+    # Small matrices; a BLAS pool on cores other agents keep busy spins (25x slower when measured).
+    from spmdsim._threads import blas_threads
+
+    with blas_threads(1):
+        yield
+
+
 TINY = GPTConfig(vocab=16, d_model=8, heads=2, layers=2, seq=6, batch=3, dropout=0.2, init_std=0.3)
 
 
@@ -109,6 +118,9 @@ def test_adamw_steps_and_training_lower_the_loss(text_ids):
     assert seen[-1][2] == params["wte"][0, 0]  # on_step sees the parameters after the update
     assert losses[0] == pytest.approx(math.log(128), abs=0.3)  # near uniform at the start
     assert np.mean(losses[-5:]) < losses[0] - 1.0, losses
+    # One step at a time (beside a distributed run): the same numbers.
+    trainer = ref.Trainer(cfg, text_ids)
+    assert [trainer.step()[0] for _ in range(3)] == losses[:3] and trainer.steps == 3
 
 
 def test_adamw_matches_the_formula_and_decays_only_matrices():
@@ -136,6 +148,8 @@ def test_adamw_matches_the_formula_and_decays_only_matrices():
     assert np.array_equal(params["b"], before) and opt.state["b"][0] == 3 and opt.state["w"][0] == 4
     with pytest.raises(SpmdsimError, match=r"gradient of 'w' has shape \(2,\); expected \(3, 2\)"):
         opt.step(params, {"w": np.ones(2)})
+    with pytest.raises(SpmdsimError, match=r"^AdamW lr -1 must be a finite number > 0$"):
+        ref.AdamW(lr=-1)
     names = ref.AdamW.from_config(TINY)._decay
     assert names("wte") and names("h0.mlp.w1") and not names("h0.ln1.w") and not names("lnf.b")
 
@@ -225,7 +239,6 @@ def test_config_defaults_and_specs():
 
 
 def test_generate_is_deterministic_and_in_range():
-    params, _, _ = _tiny_problem()
     cfg = GPTConfig(vocab=40, d_model=8, heads=2, layers=1, seq=6, batch=1)
     params = ref.init_params(cfg)
     out = ref.generate(params, cfg, [1, 2, 3], 10)
@@ -238,7 +251,7 @@ def test_generate_is_deterministic_and_in_range():
     assert np.array_equal(hot, ref.generate(params, cfg, list(range(9)), 25, temperature=1.0, seed=5))
     assert len(set(hot.tolist())) > 3  # sampling from a near-uniform model spreads out
     assert ref.generate(params, cfg, [], 3).shape == (3,)
-    with pytest.raises(SpmdsimError, match=r"prompt ids must be integers in \[0, 40\)"):
+    with pytest.raises(SpmdsimError, match=r"prompt ids must be integers in \[0, 40\), got 40"):
         ref.generate(params, cfg, [40], 3)
     with pytest.raises(SpmdsimError, match="temperature -1 must be a finite number >= 0"):
         ref.generate(params, cfg, [1], 3, temperature=-1)
@@ -259,13 +272,14 @@ def test_reference_refuses_bad_input():
 
 def test_command_line_prints_losses_and_a_sample_in_100_columns(capsys):
     code = ref.main(["--steps", "3", "--every", "2", "--layers", "1", "--d-model", "16", "--heads", "2",
-                     "--seq", "16", "--batch", "2", "--sample", "150", "--prompt", "import "])
+                     "--seq", "16", "--batch", "2", "--sample", "150", "--prompt", "import ", "--threads", "1"])
     out = capsys.readouterr().out
     assert code == 0 and "step     2  loss" in out and "s per step" in out and "sample" in out
     assert all(len(line) <= 100 for line in out.splitlines())
     assert ref.main(["--heads", "3", "--steps", "1"]) == 2
     err = capsys.readouterr().err
     assert err.strip().count("\n") == 0 and "divisible by heads 3" in err
+    assert ref.main(["--threads", "0"]) == 2 and "--threads 0 must be" in capsys.readouterr().err
 
 
 def test_gpt_modules_import_neither_mpi4py_nor_the_runtime():

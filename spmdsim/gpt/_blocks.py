@@ -86,9 +86,12 @@ def block_forward(params: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig,
         return out.reshape(B, T, H, Dh).transpose(0, 2, 1, 3)
 
     qh, kh, vh = heads("q"), heads("k"), heads("v")
-    s = (qh @ kh.transpose(0, 1, 3, 2)) * (1.0 / math.sqrt(Dh)) + _causal(T)
-    e = np.exp(s - s.max(axis=-1, keepdims=True))  # each row's diagonal is finite
-    probs = e / e.sum(axis=-1, keepdims=True)
+    probs = qh @ kh.transpose(0, 1, 3, 2)  # the scores, then in place their softmax
+    probs *= 1.0 / math.sqrt(Dh)
+    probs += _causal(T)
+    probs -= probs.max(axis=-1, keepdims=True)  # each row's diagonal is finite
+    np.exp(probs, out=probs)
+    probs /= probs.sum(axis=-1, keepdims=True)
     pd = drop(probs, layer + ".attn")
     o = (pd @ vh).transpose(0, 2, 1, 3).reshape(B * T, H * Dh)
     h = h + drop(o @ params[pre + "attn.wo"] + params[pre + "attn.bo"], layer + ".resid1")
@@ -120,7 +123,10 @@ def block_backward(params: dict, pre: str, dh: np.ndarray, c: dict[str, Any], cf
     dprobs = undrop(do @ c["v"].transpose(0, 1, 3, 2), layer + ".attn")
     probs = c["probs"]
     # Softmax backward; masked entries have probs 0, so their gradient is 0.
-    ds = probs * (dprobs - (dprobs * probs).sum(axis=-1, keepdims=True)) * (1.0 / math.sqrt(Dh))
+    ds = dprobs * probs
+    dprobs -= ds.sum(axis=-1, keepdims=True)
+    np.multiply(probs, dprobs, out=ds)
+    ds *= 1.0 / math.sqrt(Dh)
     dq, dk = ds @ c["k"], ds.transpose(0, 1, 3, 2) @ c["q"]
     da = 0.0
     for w, d in (("q", dq), ("k", dk), ("v", dv)):

@@ -1,13 +1,15 @@
 """The GPT trained in one numpy process: forward, hand-written backward, AdamW, sampling.
 
 The distributed model is checked against this at every step (loss, gradients,
-parameters), so it follows docs' spec (spmdsim/gpt/params.py) operation by operation:
-float64, seeded weights and dropout masks taken whole (``SeededTensor.full()``).
+parameters), so both follow one description operation by operation: float64, the
+parameters and dropout masks of spmdsim/gpt/params.py taken whole (``SeededTensor.full()``),
+the blocks of spmdsim/gpt/_blocks.py.
 ``python -m spmdsim.gpt.reference --steps 200`` trains the default model and prints a sample.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import sys
 import time
@@ -16,15 +18,16 @@ from typing import Any, Callable, Iterable, Optional, Union
 
 import numpy as np
 
+from .._threads import blas_threads, loaded_blas_threads
 from ..errors import SpmdsimError
 from ..optim import adamw_update
 from ..validate import as_int
 from . import _blocks as blk
 from .config import GPTConfig
 from .data import batch, decode, encode, load_text
-from .params import decays, dropout_tensor, initial_value, param_specs
+from .params import decays, dropout_sites, dropout_tensor, initial_value, param_specs
 
-__all__ = ["init_params", "logits", "loss_and_grads", "AdamW", "train", "generate", "main"]
+__all__ = ["init_params", "logits", "loss_and_grads", "AdamW", "Trainer", "train", "generate", "main"]
 
 Params = dict[str, np.ndarray]
 
@@ -73,8 +76,10 @@ class AdamW:
 
     def __init__(self, lr: float = 3e-3, betas: tuple = (0.9, 0.99), eps: float = 1e-8,
                  weight_decay: float = 0.1, decay: Union[None, Callable[[str], bool], Iterable[str]] = None) -> None:
-        # GPTConfig validates these fields the same way.
-        cfg = GPTConfig(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        try:  # GPTConfig checks these fields; its message, said of AdamW
+            cfg = GPTConfig(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        except SpmdsimError as e:
+            raise SpmdsimError(str(e).replace("GPTConfig ", "AdamW ", 1)) from None
         self.lr, self.betas, self.eps, self.weight_decay = cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay
         if decay is None or callable(decay):
             self._decay = decay
@@ -105,6 +110,29 @@ class AdamW:
                          weight_decay=self.weight_decay if decay else 0.0)
 
 
+class Trainer:
+    """The reference training one step at a time, to walk beside a distributed run.
+
+    ``t = Trainer(cfg, text_ids); loss, grads = t.step()``: init_params, AdamW.from_config,
+    step k trains on ``batch(text_ids, cfg, k)``; ``t.params`` are updated in place.
+    """
+
+    def __init__(self, cfg: GPTConfig, text_ids: Any) -> None:
+        self.cfg = cfg
+        self.text_ids = encode(text_ids) if isinstance(text_ids, (bytes, bytearray, str)) else text_ids
+        self.params = init_params(cfg)
+        self.optimizer = AdamW.from_config(cfg)
+        self.steps = 0
+
+    def step(self) -> tuple[float, Params]:
+        """One training step: the loss and gradients at the parameters before the update."""
+        x, y = batch(self.text_ids, self.cfg, self.steps)
+        loss, grads = loss_and_grads(self.params, x, y, self.cfg, self.steps)
+        self.optimizer.step(self.params, grads)
+        self.steps += 1
+        return loss, grads
+
+
 def train(cfg: GPTConfig, steps: int, text_ids: Any,
           on_step: Optional[Callable[[int, float, Params, Params], Any]] = None) -> tuple[Params, list[float]]:
     """Train from init_params for `steps` steps of `batch(text_ids, cfg, step)` with AdamW.
@@ -115,16 +143,13 @@ def train(cfg: GPTConfig, steps: int, text_ids: Any,
     n = as_int(steps)
     if n is None or n < 0:
         raise SpmdsimError(f"steps {steps!r} must be an integer >= 0")
-    ids = encode(text_ids) if isinstance(text_ids, (bytes, bytearray, str)) else text_ids
-    params, opt, losses = init_params(cfg), AdamW.from_config(cfg), []
+    trainer, losses = Trainer(cfg, text_ids), []
     for step in range(n):
-        x, y = batch(ids, cfg, step)
-        loss, grads = loss_and_grads(params, x, y, cfg, step)
-        opt.step(params, grads)
+        loss, grads = trainer.step()
         losses.append(loss)
         if on_step is not None:
-            on_step(step, loss, grads, params)
-    return params, losses
+            on_step(step, loss, grads, trainer.params)
+    return trainer.params, losses
 
 
 def generate(params: Params, cfg: GPTConfig, prompt_ids: Any, n: int, temperature: float = 0.0,
@@ -143,8 +168,11 @@ def generate(params: Params, cfg: GPTConfig, prompt_ids: Any, n: int, temperatur
         raise SpmdsimError(f"temperature {temperature!r} must be a finite number >= 0")
     prompt = encode(prompt_ids) if isinstance(prompt_ids, (bytes, bytearray, str)) \
         else np.asarray(prompt_ids).reshape(-1)
-    if prompt.size and (prompt.dtype.kind not in "iu" or prompt.min() < 0 or prompt.max() >= cfg.vocab):
-        raise SpmdsimError(f"prompt ids must be integers in [0, {cfg.vocab}), got {prompt_ids!r}")
+    if prompt.size and prompt.dtype.kind not in "iu":
+        raise SpmdsimError(f"prompt ids of dtype {prompt.dtype} must be integers in [0, {cfg.vocab})")
+    if prompt.size and (prompt.min() < 0 or prompt.max() >= cfg.vocab):
+        bad = int(prompt.min()) if prompt.min() < 0 else int(prompt.max())
+        raise SpmdsimError(f"prompt ids must be integers in [0, {cfg.vocab}), got {bad!r}")
     base = cfg.seed if seed is None else seed
     rng = np.random.default_rng(zlib.crc32(f"{base}:generate".encode()))
     T, pad = cfg.seq, 32 if cfg.vocab > 32 else 0
@@ -191,9 +219,8 @@ def _masks(cfg: GPTConfig, step: Optional[int], train: bool, batch_size: int) ->
         return None
     if step is None:
         raise SpmdsimError("step is None in training mode; dropout masks need the 0-based step")
-    sites = ["emb"] + [f"h{layer}.{part}" for layer in range(cfg.layers) for part in ("attn", "resid1", "resid2")]
     return {site: (dropout_tensor(cfg, step, site, batch_size).full() >= cfg.dropout).astype(np.float64)
-            for site in sites}
+            for site in dropout_sites(cfg)}
 
 
 def _forward(params: Params, x: np.ndarray, cfg: GPTConfig, step: Optional[int], train: bool,
@@ -245,7 +272,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--prompt", default="def ", help="text the sample starts from")
     ap.add_argument("--sample", type=int, default=300, help="characters to generate")
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    ap.add_argument("--threads", type=int, default=None, help="BLAS threads (default: numpy's own)")
     args = ap.parse_args(argv)
+    if args.threads is not None and args.threads < 1:
+        print(f"error: --threads {args.threads!r} must be an integer >= 1", file=sys.stderr)
+        return 2
+    with contextlib.ExitStack() as stack:
+        if args.threads is not None:
+            stack.enter_context(blas_threads(args.threads))
+        return _main(args)
+
+
+def _main(args: argparse.Namespace) -> int:
     try:
         cfg = GPTConfig(layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq,
                         batch=args.batch, dropout=args.dropout, seed=args.seed)
@@ -253,7 +291,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise SpmdsimError(f"--every {args.every!r} must be an integer >= 1")
         text = load_text()
         print(f"GPT {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, seq {cfg.seq}, batch "
-              f"{cfg.batch}, dropout {cfg.dropout}; {len(text):,} characters of stdlib source")
+              f"{cfg.batch}, dropout {cfg.dropout}")
+        print(f"{len(text):,} characters of stdlib source; BLAS threads {loaded_blas_threads()}")
         start = [time.perf_counter()]
 
         def report(step: int, loss: float, grads: Params, params: Params) -> None:
