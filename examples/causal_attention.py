@@ -1,4 +1,4 @@
-"""Causal multi-head self-attention with the heads split over 4 ranks, forward and gradients checked.
+"""Causal multi-head self-attention with the heads split over the ranks, forward and gradients checked.
 
 Q, K, V column-parallel (each rank its heads), scores per head, a causal mask
 built rank by rank, softmax over the keys, the row-parallel output projection
@@ -14,15 +14,16 @@ from spmdsim.reference_grad import numeric_grads
 from spmdsim.runtime import DTensor, Mesh, collect_trace
 
 spmdsim.script(__file__)  # with --ranks N: N simulated ranks in this process
-mesh = Mesh(Layout((4,), ("tp",)), spmdsim.world())
+mesh = Mesh(Layout((spmdsim.world().size,), ("tp",)), spmdsim.world())  # one axis over every rank
 L = mesh.layout
-T, D, H = 6, 16, 4  # sequence, model width, heads (one per rank)
+T, D, H = 6, 4 * mesh.size, mesh.size  # sequence, model width, heads (one per rank, 4 wide)
 src = [SeededTensor(s, "float64", seed=i) for i, s in enumerate([(T, D), (D, D), (D, D), (D, D), (D, D)])]
 maps = [(None, None), (None, "tp"), (None, "tp"), (None, "tp"), ("tp", None)]
 x, wq, wk, wv, wo = [DTensor.from_seeded(mesh, L(*m), s).requires_grad_() for m, s in zip(maps, src)]
 with collect_trace() as trace:
     q, k, v = (ops.reshape(ops.einsum("td,de->te", x, w), (T, H, D // H)) for w in (wq, wk, wv))
-    s = ops.masked_fill(ops.einsum("qhd,khd->hqk", q, k) * (D // H) ** -0.5, ops.causal_mask(mesh, (T, T)), -np.inf)
+    s = ops.einsum("qhd,khd->hqk", q, k) * (D // H) ** -0.5
+    s = ops.masked_fill(s, ops.causal_mask(mesh, (T, T)), -np.inf)  # keys after the query: -inf
     o = ops.reshape(ops.einsum("hqk,khd->qhd", ops.softmax(s, -1), v), (T, D))
     y = ops.einsum("te,ed->td", o, wo)
     ops.sum(y * y).backward()

@@ -1,4 +1,4 @@
-"""A LayerNorm and a 2-layer MLP, column -> row parallel on 4 ranks, forward and gradients checked.
+"""A LayerNorm and a 2-layer MLP, column -> row parallel over the ranks, forward and gradients checked.
 
 LayerNorm over a hidden dim split across the ranks (mean and variance: an
 Allreduce of one number per row), Megatron's column-parallel fc1, GELU,
@@ -15,9 +15,9 @@ from spmdsim.reference_grad import numeric_grads
 from spmdsim.runtime import DTensor, Mesh, collect_trace
 
 spmdsim.script(__file__)  # with --ranks N: N simulated ranks in this process
-mesh = Mesh(Layout((4,), ("tp",)), spmdsim.world())
-L = mesh.layout
-src = [SeededTensor(s, "float64", seed=i) for i, s in enumerate([(8, 16), (16,), (16, 32), (32, 16)])]
+mesh = Mesh(Layout((spmdsim.world().size,), ("tp",)), spmdsim.world())  # one axis over every rank
+L, p = mesh.layout, mesh.size
+src = [SeededTensor(s, "float64", seed=i) for i, s in enumerate([(8, 4 * p), (4 * p,), (4 * p, 8 * p), (8 * p, 4 * p)])]
 maps = [(None, "tp"), ("tp",), (None, "tp"), ("tp", None)]  # x split on hidden; fc1 columns, fc2 rows
 x, g, w1, w2 = [DTensor.from_seeded(mesh, L(*m), s).requires_grad_() for m, s in zip(maps, src)]
 with collect_trace() as trace:

@@ -17,7 +17,9 @@ if not os.access(MPIEXEC, os.X_OK):
 
 # Arguments the test runs give examples that would otherwise run for long (training: 2 steps).
 EXAMPLE_ARGS = {"train_mindspore_tutorial": ["--steps", "2", "--synthetic"],
-                "train_megatron_block": ["--steps", "2"], "train_seed_networks": ["--steps", "2"]}
+                "train_megatron_block": ["--steps", "2"], "train_seed_networks": ["--steps", "2"],
+                "train_gpt": ["--layers", "1", "--d-model", "16", "--seq", "8", "--batch", "4", "--steps", "2",
+                              "--sample", "4"]}
 
 
 def readme_library_example() -> str:
