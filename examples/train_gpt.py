@@ -16,8 +16,10 @@ Run: timeout -k 5 1800 mpiexec -n 8 python examples/train_gpt.py --dp 2 --tp 4 -
 import argparse
 import sys
 
+import numpy as np
+
 import spmdsim
-from spmdsim.gpt import GPTConfig, encode, load_text
+from spmdsim.gpt import GPTConfig, decode, encode, load_text
 from spmdsim.gpt.parallel import mesh_problem
 from spmdsim.gpt.train import TOLERANCE, train
 from spmdsim.nets.train import loss_trend, run_main
@@ -40,6 +42,7 @@ parser.add_argument("--lr", type=float, default=3e-3)
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--every", type=int, default=20, help="print every N steps")
 parser.add_argument("--sample", type=int, default=120, help="characters to generate at the end (0: none)")
+parser.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (0: greedy)")
 parser.add_argument("--no-check", action="store_true", help="skip the single-process reference")
 ranks_argument(parser)  # --ranks N (simulated ranks) and --dry-run beside it
 args = parser.parse_args()
@@ -95,10 +98,19 @@ def main(args):
         print(trend)
     if args.sample and not dry_run_active():
         prompt = b"def "
-        sample = model.generate(prompt, args.sample)
+        sample = model.generate(prompt, args.sample, args.temperature)
+        same = ""
+        if check:  # the single-process model with these parameters draws the same characters
+            from spmdsim.gpt.reference import generate
+            from spmdsim.gpt.train import gathered
+
+            ids = generate(gathered(model), cfg, prompt, args.sample, args.temperature)
+            agree = bool((ids == sample).all())
+            same = ", as one numpy process" if agree else ", NOT as one numpy process"
+            failed += not agree
         if rank0:
-            print("sample (greedy, after 'def '):")
-            print((prompt + sample).decode("ascii", "replace"))
+            print(f"sample (temperature {args.temperature}{same}):")
+            print(decode(np.concatenate([encode(prompt), sample])))
     model.mesh.close()
     return 0 if not failed and falling else 1
 

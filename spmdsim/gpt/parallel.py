@@ -163,16 +163,23 @@ class GPT:
         B, T, V = z.global_shape
         return ops.cross_entropy(ops.reshape(z, (B * T, V)), ops.reshape(targets, (B * T,)))
 
-    def generate(self, prompt: bytes, n: int) -> bytes:
-        """`n` characters greedily after `prompt` (eval mode), the reference's windows: the last T tokens,
-        left-padded with spaces; each step one forward on the mesh and the last position's logits gathered."""
+    def generate(self, prompt: bytes, n: int, temperature: float = 0.0, seed: Optional[int] = None) -> np.ndarray:
+        """The ids of `n` characters after `prompt` (eval mode), drawn as spmdsim.gpt.reference.generate does.
+
+        Each step: one forward of the last T tokens (left-padded with spaces) on the mesh, the last
+        position's logits gathered on every rank, then greedy (temperature 0) or a draw from
+        softmax(logits / temperature) with the reference's generator (every rank draws alike).
+        """
+        import zlib
+
         from ..autograd import no_grad
         from ..runtime import DTensor
         from ..runtime.executor import redistribute
-        from .data import decode, encode
+        from .data import encode
 
         cfg, mesh = self.cfg, self.mesh
         dp = mesh.layout.device_matrix[0]
+        rng = np.random.default_rng(zlib.crc32(f"{cfg.seed if seed is None else seed}:generate".encode()))
         ids = [int(i) for i in encode(prompt)]
         pad = 32 if cfg.vocab > 32 else 0
         with no_grad():
@@ -181,5 +188,9 @@ class GPT:
                 window = np.array([[pad] * (cfg.seq - len(context)) + context] * dp, dtype=np.int64)
                 z = self.logits(DTensor.from_global(mesh, window, mesh.layout("dp", None)))
                 last = redistribute(z, mesh.layout(None, None, None)).local[0, -1]
-                ids.append(int(np.argmax(last)))
-        return decode(np.array(ids[len(ids) - n:], dtype=np.int64)).encode()
+                if temperature == 0:
+                    ids.append(int(np.argmax(last)))
+                else:
+                    e = np.exp(last / temperature - (last / temperature).max())
+                    ids.append(int(rng.choice(cfg.vocab, p=e / e.sum())))
+        return np.array(ids[len(ids) - n:], dtype=np.int64)

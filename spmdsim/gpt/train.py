@@ -26,7 +26,7 @@ from .config import GPTConfig
 from .data import batch
 from .params import decays, param_specs
 
-__all__ = ["StepResult", "train", "TOLERANCE"]
+__all__ = ["StepResult", "train", "gathered", "TOLERANCE"]
 
 #: The largest relative difference a step may show against the single-process reference (float64).
 TOLERANCE = 1e-10
@@ -69,7 +69,7 @@ def _zero_moments(cfg: GPTConfig) -> dict:
     return {"m": zeros, "v": dict(zeros)}
 
 
-def _gathered(model: Any) -> dict:
+def gathered(model: Any) -> dict:
     """Every parameter whole on every rank, from one Allgather of all this rank's blocks."""
     from ..runtime import collectives
 
@@ -118,7 +118,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     for step in range(steps):
         x, y = batch(text_ids, cfg, step)
         xd, yd = DTensor.from_global(mesh, x, ids_layout), DTensor.from_global(mesh, y, ids_layout)
-        start = _gathered(model) if check else None
+        start = gathered(model) if check else None
         optimizer.zero_grad()
         with collect_trace() as trace:
             loss = model.loss(xd, yd, step)
