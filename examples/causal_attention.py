@@ -43,6 +43,7 @@ verdicts = [y.check(numpy_program(*arrays))]
 numeric = numeric_grads(lambda *a: numpy_program(*a) ** 2, *arrays)  # central differences: good to ~1e-8
 verdicts += [t.grad.check(r, rtol=1e-6, atol=1e-6) for t, r in zip((x, wq, wk, wv, wo), numeric)]
 if mesh.rank == 0:
-    print(f"collectives: {trace.counts()}; forward and 5 gradients vs numpy: "
-          f"{'PASS' if all(verdicts) else 'FAILED'} (max error {max(v.max_abs_error for v in verdicts):.1e})")
+    print(f"collectives: {trace.counts()}")
+    print(f"forward and 5 gradients vs numpy: {'PASS' if all(verdicts) else 'FAILED'} "
+          f"(max error {max(v.max_abs_error for v in verdicts):.1e})")
 raise SystemExit(0 if all(verdicts) else 1)

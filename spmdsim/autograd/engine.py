@@ -190,8 +190,9 @@ def _check_loss(loss: Any, gradient: Any) -> None:
     if gradient is not None:
         g_shape = getattr(gradient, "global_shape", None)
         if g_shape is None or not hasattr(gradient, "_ag"):
+            hint = "; explain is a keyword: backward(explain=[...])" if isinstance(gradient, list) else ""
             raise OperatorError(f"backward(gradient): the gradient must be a DTensor, got "
-                                f"{type(gradient).__name__}")
+                                f"{type(gradient).__name__}{hint}")
         if tuple(g_shape) != tuple(shape):
             raise OperatorError(f"backward(gradient): gradient of global shape {tuple(g_shape)!r} for a tensor "
                                 f"of global shape {tuple(shape)!r}; expected the same shape")

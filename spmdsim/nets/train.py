@@ -105,7 +105,7 @@ class NetworkTrainer:
             loss = cross_entropy(value, DTensor.from_global(value.mesh, np.asarray(labels).reshape(-1),
                                                             _labels_layout(value.layout)))
         with collect_trace() as traces["backward"]:
-            loss.backward(explain, bucket=self.bucket)
+            loss.backward(explain=explain, bucket=self.bucket)
         with collect_trace() as traces["optimizer"]:
             self.optimizer.step()
         return StepResult(loss, traces)
