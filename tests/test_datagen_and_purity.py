@@ -119,6 +119,13 @@ PURE_MODULES = [
     "spmdsim.infer.reshape",
     "spmdsim.infer.operators",
     "spmdsim.infer.finish",
+    "spmdsim.infer.assign",
+    "spmdsim.infer.einsum",
+    "spmdsim.infer.pointwise",
+    "spmdsim.autograd.function",
+    "spmdsim.gpt",
+    "spmdsim.gpt.reference",
+    "spmdsim.gpt.train",
     "spmdsim.nets.model",
     "spmdsim.viz",
     "spmdsim.viz.ascii",
@@ -152,7 +159,9 @@ PURE_MODULES = [
 
 #: The operators and the runtime package load spmdsim.runtime (lazily, names on first
 #: use) but still no mpi4py until a program runs.
-MPI_FREE_MODULES = ["spmdsim.ops", "spmdsim.ops.losses", "spmdsim.ops.local", "spmdsim.runtime"]
+MPI_FREE_MODULES = ["spmdsim.ops", "spmdsim.ops.losses", "spmdsim.ops.local", "spmdsim.ops.einsum",
+                    "spmdsim.ops.pointwise", "spmdsim.ops.reduce", "spmdsim.ops.norms", "spmdsim.gpt.parallel",
+                    "spmdsim.runtime"]
 
 
 def _loaded_after_import(modules: list[str], prefixes: tuple[str, ...]) -> str:
