@@ -94,10 +94,12 @@ def _worst(local: np.ndarray, reference: np.ndarray, region: tuple, floor: float
 
 
 def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.ndarray, sp: bool = False,
-          check: bool = True, on_step: Optional[Callable[[StepResult], Any]] = None) -> tuple[Any, list]:
+          check: bool = True, on_step: Optional[Callable[[StepResult], Any]] = None,
+          mesh: Any = None) -> tuple[Any, list]:
     """Train `steps` steps on a (dp, tp) mesh over `comm`; returns (the model, one StepResult per step).
 
-    Collective: every rank calls it alike.
+    Collective: every rank calls it alike. `mesh`: a Mesh of Layout((dp, tp), ("dp", "tp")) to use
+    instead of making one over `comm`.
     """
     from .. import ops
     from ..optim import AdamW
@@ -105,7 +107,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     from ..sim import dry_run_active, once
     from .parallel import GPT
 
-    mesh = Mesh(Layout((dp, tp), ("dp", "tp")), comm)
+    mesh = Mesh(Layout((dp, tp), ("dp", "tp")), comm) if mesh is None else mesh
     model = GPT(cfg, mesh, sp=sp)
     specs = param_specs(cfg)
     params = [model.params[s.name] for s in specs]
