@@ -239,3 +239,26 @@ def test_bench_front_prints_one_row_per_case_with_ratios_against_raw():
     assert rows["raw mpi4py"][1] == "1.00"
     assert all(float(cols[0]) > 0 for cols in rows.values())
     assert len(rows["raw after 3 us of spin"]) == 3 and len(rows["collectives.alltoall"]) == 2
+
+
+@pytest.mark.parametrize("flag", ["--launches", "--steps", "--layers", "--d-model", "--seq"])
+def test_bench_gpt_refuses_a_count_below_one(flag):
+    done = subprocess.run([sys.executable, str(_SCRIPTS / "bench_gpt.py"), flag, "0"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].endswith(f"error: {flag} 0 must be at least 1")
+
+
+def test_bench_gpt_times_every_row_in_one_run():
+    """One launch of each worker on a 1-layer GPT: every row, the ratios, the absent peer in one line."""
+    if not MPIEXEC:
+        pytest.skip("no mpiexec")
+    done = subprocess.run([sys.executable, str(_SCRIPTS / "bench_gpt.py"), "--launches", "1", "--steps", "1",
+                           "--layers", "1", "--d-model", "32", "--seq", "16"], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    for row in ("one numpy process ", "(A/A control)", "8 simulated ranks", "8 MPI ranks",
+                "its collectives inside spmdsim", "the same collectives, raw mpi4py", "PyTorch DTensor"):
+        assert any(row in line for line in lines), (row, done.stdout)
+    assert max(len(line) for line in lines) <= 100

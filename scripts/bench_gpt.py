@@ -1,0 +1,220 @@
+"""A GPT training step on simulated ranks, on MPI ranks and in one numpy process, side by side in one run.
+
+    python scripts/bench_gpt.py                          # 3 launches of each, 3 timed steps each
+    python scripts/bench_gpt.py --launches 5 --steps 5 --layers 2
+
+Each worker is its own launch (the rows interleave, launch by launch), runs one
+warm-up step, then times --steps steps (each after a barrier, the slowest
+rank's wall time); a row is the median over launches of each launch's median
+step. Rows:
+
+- one numpy process: spmdsim.gpt.reference's step (loss, hand-written
+  backward, AdamW) on one BLAS thread, twice: the second is the A/A control,
+  the spread between two equal runs on this machine now;
+- 8 simulated ranks (dp 2 x tp 4, sequence parallel): forward, backward, AdamW;
+- 8 MPI ranks (mpiexec): the same step, and the time its collectives take
+  inside spmdsim (the trace's seconds, the slowest rank) against the same
+  collectives issued as raw mpi4py calls (Allreduce, Allgather,
+  Reduce_scatter_block on the same sub-communicators and buffer sizes),
+  replayed right after each step;
+- PyTorch DTensor's tensor-parallel plan on 8 gloo ranks when torch is
+  installed (the `bench` extra); its absence is one line.
+
+Ratios: simulated step / one process, spmdsim collectives / raw mpi4py. The
+load average is printed: on a shared machine compare within one run only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+MESH = (2, 4)
+
+
+def _config(args):
+    from spmdsim.gpt import GPTConfig
+
+    return GPTConfig(layers=args.layers, d_model=args.d_model, heads=4, seq=args.seq, batch=8, dropout=0.1)
+
+
+def _reference(args) -> dict:
+    from spmdsim._threads import blas_threads
+    from spmdsim.gpt import encode, load_text
+    from spmdsim.gpt.reference import Trainer
+
+    cfg = _config(args)
+    times = []
+    with blas_threads(1):
+        trainer = Trainer(cfg, encode(load_text()))
+        for step in range(args.steps + 1):
+            t0 = time.perf_counter()
+            trainer.step()
+            times.append(time.perf_counter() - t0)
+    return {"step": statistics.median(times[1:])}
+
+
+def _steps(args, comm, replay: bool) -> dict:
+    """Time the distributed steps on this rank's comm; with `replay`, the collectives raw too."""
+    import numpy as np
+
+    from spmdsim import Layout
+    from spmdsim.gpt import batch, encode, load_text
+    from spmdsim.gpt.parallel import GPT
+    from spmdsim.gpt.params import decays, param_specs
+    from spmdsim.optim import AdamW
+    from spmdsim.runtime import DTensor, Mesh, collect_trace
+
+    cfg, ids = _config(args), encode(load_text())
+    walls, inside, raw = [], [], []
+
+    mesh = Mesh(Layout(MESH, ("dp", "tp")), comm)
+    model = GPT(cfg, mesh, sp=True)
+    specs = param_specs(cfg)
+    opt = AdamW([model.params[s.name] for s in specs], lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                weight_decay=cfg.weight_decay, decay=[model.params[s.name] for s in specs if decays(s)])
+    for step in range(args.steps + 1):
+        x, y = batch(ids, cfg, step)
+        xd, yd = (DTensor.from_global(mesh, a, mesh.layout("dp", None)) for a in (x, y))
+        comm.Barrier()
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        with collect_trace() as trace:
+            model.loss(xd, yd, step).backward()
+            opt.step()
+        wall = time.perf_counter() - t0
+        spent = sum(e.seconds for e in trace.entries)
+        if replay:
+            raw.append(comm.allreduce(_replay(mesh, trace.entries, np), op=_max()))
+        walls.append(comm.allreduce(wall, op=_max()))
+        inside.append(comm.allreduce(spent, op=_max()))
+    mesh.close()
+    out = {"step": statistics.median(walls[1:]), "collectives": statistics.median(inside[1:])}
+    if replay:
+        out["raw"] = statistics.median(raw[1:])
+    return out
+
+
+def _max():
+    from mpi4py import MPI
+
+    return MPI.MAX
+
+
+def _replay(mesh, entries, np) -> float:
+    """The same collectives as raw mpi4py buffer calls on the mesh's sub-communicators; seconds."""
+    calls = []
+    for e in entries:
+        comm, g, _ = mesh.group_info(e.axes)
+        if g == 1:
+            continue
+        if e.op == "allreduce":
+            n = e.bytes_sent * g // (2 * (g - 1)) // 8
+            src, dst = np.ones(n), np.empty(n)
+            calls.append(lambda c=comm, s=src, d=dst: c.Allreduce(s, d))
+        elif e.op == "allgather":
+            n = e.bytes_sent // (g - 1) // 8
+            src, dst = np.ones(n), np.empty(n * g)
+            calls.append(lambda c=comm, s=src, d=dst: c.Allgather(s, d))
+        elif e.op == "reduce_scatter":
+            n = e.bytes_sent * g // (g - 1) // 8
+            src, dst = np.ones(n), np.empty(n // g)
+            calls.append(lambda c=comm, s=src, d=dst: c.Reduce_scatter_block(s, d))
+        elif e.op == "alltoall":
+            n = e.bytes_sent * g // (g - 1) // 8
+            src, dst = np.ones(n), np.empty(n)
+            calls.append(lambda c=comm, s=src, d=dst: c.Alltoall(s, d))
+    mesh.comm.Barrier()
+    t0 = time.perf_counter()
+    for call in calls:
+        call()
+    return time.perf_counter() - t0
+
+
+def _worker(args) -> None:
+    if args.worker == "ref":
+        result = _reference(args)
+    elif args.worker == "sim":
+        import spmdsim
+
+        result = spmdsim.simulate(8, lambda: _steps(args, spmdsim.world(), False))[0]
+    else:
+        from mpi4py import MPI
+
+        result = _steps(args, MPI.COMM_WORLD, True)
+        if MPI.COMM_WORLD.rank != 0:
+            return
+    print("RESULT " + json.dumps(result))
+
+
+def _launch(args, worker: str) -> dict | None:
+    common = ["--steps", str(args.steps), "--layers", str(args.layers), "--d-model", str(args.d_model),
+              "--seq", str(args.seq), "--worker", worker]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parents[1]))
+    cmd = [sys.executable, str(HERE)] + common
+    if worker == "mpi":
+        mpiexec = str(Path(sys.executable).parent / "mpiexec")
+        cmd = ["timeout", "-k", "5", "900", mpiexec if os.access(mpiexec, os.X_OK) else "mpiexec", "-n", "8"] + cmd
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=960)
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    print(f"bench_gpt: the {worker} worker failed (exit {done.returncode}): "
+          f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}", file=sys.stderr)
+    return None
+
+
+def _median(rows: list, key: str) -> float:
+    return statistics.median(r[key] for r in rows if r)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--launches", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--d-model", type=int, default=128)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--worker", choices=("ref", "sim", "mpi"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    for name in ("launches", "steps", "layers", "d_model", "seq"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} {getattr(args, name)} must be at least 1")
+    if args.worker:
+        _worker(args)
+        return 0
+    print(f"GPT {args.layers} layers, d_model {args.d_model}, seq {args.seq}, batch 8; mesh dp 2 x tp 4 "
+          f"(sequence parallel); load average {os.getloadavg()[0]:.1f}")
+    rows = {"ref": [], "ref2": [], "sim": [], "mpi": []}
+    for _ in range(args.launches):
+        for worker in rows:
+            rows[worker].append(_launch(args, "ref" if worker == "ref2" else worker))
+    if not all(any(r) for r in rows.values()):
+        return 1
+    one, aa = _median(rows["ref"], "step"), _median(rows["ref2"], "step")
+    sim, mpi = _median(rows["sim"], "step"), _median(rows["mpi"], "step")
+    inside, raw = _median(rows["mpi"], "collectives"), _median(rows["mpi"], "raw")
+    print(f"{'run':42} {'s/step':>8}  ratio")
+    print(f"{'one numpy process':42} {one:8.3f}")
+    print(f"{'one numpy process again (A/A control)':42} {aa:8.3f}  {aa / one:5.2f}x")
+    print(f"{'8 simulated ranks':42} {sim:8.3f}  {sim / one:5.2f}x one process")
+    print(f"{'8 MPI ranks':42} {mpi:8.3f}  {mpi / one:5.2f}x one process")
+    print(f"{'  its collectives inside spmdsim':42} {inside:8.3f}  {inside / raw:5.2f}x raw mpi4py")
+    print(f"{'  the same collectives, raw mpi4py':42} {raw:8.3f}")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("PyTorch DTensor: not installed (pip install -e '.[bench]' to time its tensor-parallel plan)")
+    else:
+        print("PyTorch DTensor: installed, but its GPT tensor-parallel plan is not timed by this script yet")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
