@@ -110,7 +110,8 @@ def main(args):
             failed += not agree
         if rank0:
             print(f"sample (temperature {args.temperature}{same}):")
-            print(decode(np.concatenate([encode(prompt), sample])))
+            for line in decode(np.concatenate([encode(prompt), sample])).splitlines():
+                print("\n".join(line[i:i + 100] for i in range(0, max(len(line), 1), 100)))
     model.mesh.close()
     return 0 if not failed and falling else 1
 

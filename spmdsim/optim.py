@@ -82,18 +82,23 @@ class SGD(_Optimizer):
         param -= np.asarray(self.lr, param.dtype) * grad
 
 
+def _adam_args(betas: Any, eps: Any) -> tuple[tuple[float, float], float]:
+    """Adam's and AdamW's (betas, eps), checked: a pair in [0, 1) and a positive number."""
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise OperatorError(f"betas {betas!r} must be a pair (beta1, beta2)")
+    pair = tuple(tolerance_arg(b, "beta", OperatorError) for b in betas)
+    if not all(b < 1 for b in pair):
+        raise OperatorError(f"betas {betas!r} must be in [0, 1)")
+    return pair, _positive(eps, "eps")  # type: ignore[return-value]
+
+
 class Adam(_Optimizer):
     """Adam (Kingma and Ba; PyTorch's defaults): moments per shard, bias-corrected step."""
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple = (0.9, 0.999),
                  eps: float = 1e-8) -> None:
         super().__init__(params, lr)
-        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise OperatorError(f"betas {betas!r} must be a pair (beta1, beta2)")
-        self.betas = tuple(tolerance_arg(b, "beta", OperatorError) for b in betas)
-        if not all(b < 1 for b in self.betas):
-            raise OperatorError(f"betas {betas!r} must be in [0, 1)")
-        self.eps = _positive(eps, "eps")
+        self.betas, self.eps = _adam_args(betas, eps)
         self.moments: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def _update(self, index: int, param: np.ndarray, grad: np.ndarray) -> None:
@@ -121,12 +126,7 @@ class AdamW(_Optimizer):
                  eps: float = 1e-8, weight_decay: float = 1e-2,
                  decay: Union[None, Callable[[Any], bool], Iterable[Any]] = None) -> None:
         super().__init__(params, lr)
-        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise OperatorError(f"betas {betas!r} must be a pair (beta1, beta2)")
-        self.betas = tuple(tolerance_arg(b, "beta", OperatorError) for b in betas)
-        if not all(b < 1 for b in self.betas):
-            raise OperatorError(f"betas {betas!r} must be in [0, 1)")
-        self.eps = _positive(eps, "eps")
+        self.betas, self.eps = _adam_args(betas, eps)
         self.weight_decay = tolerance_arg(weight_decay, "weight_decay", OperatorError)
         self.decays = _decay_flags(self.params, decay)
         # Per parameter, as PyTorch keeps it: (steps taken, first moment, second moment).

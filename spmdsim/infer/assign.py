@@ -30,6 +30,19 @@ class Choice:
     moved: tuple[int, ...]  # per operand: the most bytes any rank receives to get there
     candidates: int  # how many distinct candidates were priced
 
+    def moves(self, sources: Sequence[TensorLayout], skip: Sequence[int] = ()) -> list[str]:
+        """A clause per operand that moves (`skip`: those explained elsewhere), for the plans' ``why()``."""
+        out = []
+        for k, (s, t, b) in enumerate(zip(sources, self.targets, self.moved)):
+            if s == t or k in skip:
+                continue
+            if s.tensor_map == t.tensor_map and set(t.partial) > set(s.partial):
+                out.append(f"operand {k} becomes an addend of the pending sum on one replica (B -> P, "
+                           "no communication)")
+            else:
+                out.append(f"operand {k} {s} -> {t} ({moved_text(b, self.candidates)})")
+        return out
+
     def axes(self, letter: str) -> tuple[str, ...]:
         """The mesh axes `letter` is split over (() when whole)."""
         for name, axes in self.splits:

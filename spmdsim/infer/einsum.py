@@ -20,7 +20,7 @@ from typing import Sequence
 
 from ..errors import OperatorError, ShapeError
 from ..layout import TensorLayout, format_entry
-from .assign import Choice, choose_splits, moved_bytes, moved_text
+from .assign import Choice, choose_splits, moved_bytes
 
 __all__ = ["EinsumSpec", "EinsumPlan", "parse_einsum", "infer_einsum"]
 
@@ -109,10 +109,7 @@ class EinsumPlan:
         for k in self.resolved:
             parts.append(f"operand {k} is resolved first (two pending operands: a product of sums "
                          "is not the sum of the products)")
-        moved = [(k, s, t, b) for k, (s, t, b) in enumerate(zip(self.sources, self.targets, self.choice.moved))
-                 if s != t and k not in self.resolved]
-        for k, source, target, nbytes in moved:
-            parts.append(f"operand {k} {source} -> {target} ({moved_text(nbytes, self.choice.candidates)})")
+        parts += self.choice.moves(self.sources, self.resolved)
         contracted = [(ch, axes) for ch, axes in self.choice.splits
                       if ch not in self.spec.output and any(self.local.layout.axis_size(a) > 1 for a in axes)]
         for ch, axes in contracted:

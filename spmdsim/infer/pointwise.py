@@ -29,7 +29,7 @@ from ..errors import OperatorError, ShapeError
 from ..layout import TensorLayout, format_entry
 from ..plan.steps import Allreduce, Step
 from ..validate import as_int
-from .assign import Choice, choose_splits, moved_text, moved_bytes
+from .assign import Choice, choose_splits, moved_bytes
 
 __all__ = ["PointwisePlan", "ReducePlan", "infer_pointwise", "infer_reduce", "LINEARITY", "broadcast_shape"]
 
@@ -77,14 +77,7 @@ class PointwisePlan:
         for k in self.resolved:
             parts.append(f"operand {k} (pending over {self.sources[k].partial!r}) is resolved first: "
                          f"{_reason(self.op, k)}")
-        for k, (s, t, b) in enumerate(zip(self.sources, self.targets, self.choice.moved)):
-            if s == t or k in self.resolved:
-                continue
-            if s.tensor_map == t.tensor_map and set(t.partial) > set(s.partial):
-                parts.append(f"operand {k} becomes an addend of the pending sum on one replica (B -> P, "
-                             "no communication)")
-            else:
-                parts.append(f"operand {k} {s} -> {t} ({moved_text(b, self.choice.candidates)})")
+        parts += self.choice.moves(self.sources, self.resolved)
         if self.out.partial:
             parts.append(f"the result stays pending over {self.out.partial!r} ({self.op} is linear there)")
         return "; ".join(parts) if parts else "the operands' splits agree: no communication"
