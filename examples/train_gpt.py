@@ -20,7 +20,7 @@ import numpy as np
 
 import spmdsim
 from spmdsim.gpt import GPTConfig, decode, encode, load_text
-from spmdsim.gpt.parallel import mesh_problem
+from spmdsim.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
 from spmdsim.gpt.train import TOLERANCE, train
 from spmdsim.nets.train import loss_trend, run_main
 from spmdsim.sim import dry_run_active
@@ -44,6 +44,8 @@ parser.add_argument("--every", type=int, default=20, help="print every N steps")
 parser.add_argument("--sample", type=int, default=120, help="characters to generate at the end (0: none)")
 parser.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (0: greedy)")
 parser.add_argument("--no-check", action="store_true", help="skip the single-process reference")
+parser.add_argument("--dialect", choices=sorted(DIALECTS), default="mindspore",
+                    help="the dialect Megatron's parameter layouts are written in (the same layouts)")
 ranks_argument(parser)  # --ranks N (simulated ranks) and --dry-run beside it
 args = parser.parse_args()
 try:
@@ -76,6 +78,10 @@ def main(args):
               f"batch {cfg.batch}, dropout {cfg.dropout}")
         print(f"text: {len(text):,} characters of Python's standard library sources (character level)")
         print(f"mesh dp {dp} x tp {tp}{' with sequence parallelism' if args.sp else ''}; AdamW lr {cfg.lr}")
+    layouts = dialect_layouts(cfg, spmdsim.Layout((dp, tp), ("dp", "tp")), args.dialect, args.sp)
+    if rank0:
+        words = DIALECTS[args.dialect]
+        print(f"layouts in {args.dialect}: column-parallel {words['columns']}, row-parallel {words['rows']}")
     check = not args.no_check and not dry_run_active()
     if rank0:
         print(" step    loss  collectives  bytes sent" +
@@ -86,7 +92,8 @@ def main(args):
             diffs = "".join(f"  {e:.1e}" for e in r.errors) if check else ""
             print(f"{r.step:5d}  {r.loss:6.4f}  {r.calls:11d}  {r.bytes_sent:10,}           {diffs}")
 
-    model, results = train(cfg, comm, dp, tp, args.steps, ids, sp=args.sp, check=check, on_step=report)
+    model, results = train(cfg, comm, dp, tp, args.steps, ids, sp=args.sp, check=check, on_step=report,
+                           layouts=layouts)
     trend, falling = loss_trend([r.loss for r in results])
     failed = sum(not r.passed for r in results)
     if check and rank0:

@@ -56,6 +56,21 @@ def test_a_wrong_gradient_is_caught():
     assert not results[0][0].passed and results[0][0].errors[1] > 1e-8
 
 
+@pytest.mark.parametrize("sp", [False, True])
+def test_every_dialect_writes_megatrons_layouts(sp):
+    from spmdsim import Layout
+    from spmdsim.gpt.parallel import DIALECTS, dialect_layouts, megatron_layouts
+
+    layout = Layout((2, 4), ("dp", "tp"))
+    want = megatron_layouts(SMALL, layout, sp)
+    assert want["h0.attn.wq"] == layout(None, "tp") and want["h0.mlp.w2"] == layout("tp", None)
+    assert want["wpe"] == (layout("tp", None) if sp else layout(None, None))
+    for dialect in DIALECTS:
+        assert dialect_layouts(SMALL, layout, dialect, sp) == want, dialect
+    with pytest.raises(SpmdsimError, match=r"dialect 'mxnet' is not one of"):
+        dialect_layouts(SMALL, layout, "mxnet")
+
+
 def test_mesh_problems_are_one_line():
     assert mesh_problem(SMALL, 3, 1, False) == "batch 4 is not divisible by dp 3"
     assert "heads 4 is not divisible by tp 8" in mesh_problem(SMALL, 1, 8, False)
@@ -83,7 +98,8 @@ def test_train_gpt_example_as_a_user_runs_it():
     assert lines[1] == "GPT: 1 layer, d_model 32, 4 heads, seq 16, batch 4, dropout 0.1"
     assert lines[2].startswith("text: 200,000 characters of Python's standard library sources")
     assert "mesh dp 2 x tp 4 with sequence parallelism" in lines[3]
-    steps = [line.split() for line in lines[5:8]]
+    assert lines[4] == "layouts in mindspore: column-parallel ('None', 'tp'), row-parallel ('tp', 'None')"
+    steps = [line.split() for line in lines[6:9]]
     assert [s[0] for s in steps] == ["0", "1", "2"] and all(float(s[-2]) <= 1e-10 for s in steps)
     assert "check: 3 steps vs one numpy process (loss, 19 gradients and parameters each): PASS" in lines
     at = lines.index("sample (temperature 0.8, as one numpy process):")

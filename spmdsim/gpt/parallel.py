@@ -34,7 +34,7 @@ from ..layout import Layout, TensorLayout
 from .config import GPTConfig
 from .params import constant, dropout_seed, param_specs, seeded
 
-__all__ = ["GPT", "megatron_layouts", "mesh_problem"]
+__all__ = ["GPT", "megatron_layouts", "dialect_layouts", "DIALECTS", "mesh_problem"]
 
 
 def mesh_problem(cfg: GPTConfig, dp: int, tp: int, sp: bool) -> Optional[str]:
@@ -46,21 +46,54 @@ def mesh_problem(cfg: GPTConfig, dp: int, tp: int, sp: bool) -> Optional[str]:
     return next((text for bad, text in checks if bad), None)
 
 
+def _role(name: str, sp: bool) -> str:
+    """A parameter's place in Megatron's plan: "rows" split, "columns" split, a split "vector", or "whole"."""
+    leaf = name.rsplit(".", 1)[-1]
+    if name == "wte" or leaf in ("wo", "w2") or (name == "wpe" and sp):
+        return "rows"
+    if leaf in ("wq", "wk", "wv", "w1"):
+        return "columns"
+    if leaf in ("bq", "bv", "b1"):
+        return "vector"
+    return "whole"
+
+
 def megatron_layouts(cfg: GPTConfig, layout: Layout, sp: bool = False) -> dict[str, TensorLayout]:
     """Each parameter's TensorLayout on a ("dp", "tp") layout (the table in the module docstring)."""
+    maps = {"rows": ("tp", None), "columns": (None, "tp"), "vector": ("tp",)}
+    return {s.name: layout(*maps.get(_role(s.name, sp), (None,) * len(s.shape))) for s in param_specs(cfg)}
+
+
+#: Megatron's plan as each dialect writes it on the (dp, tp) mesh: per role, a parameter's text.
+DIALECTS = {
+    "mindspore": {"rows": ("tp", "None"), "columns": ("None", "tp"), "vector": ("tp",), "whole": ("None",)},
+    "jax": {"rows": ("tp", None), "columns": (None, "tp"), "vector": ("tp",), "whole": (None,)},
+    "dtensor": {"rows": "R,S(0)", "columns": "R,S(1)", "vector": "R,S(0)", "whole": "R,R"},
+    "oneflow": {"rows": "B,S(0)", "columns": "B,S(1)", "vector": "B,S(0)", "whole": "B,B"},
+}
+
+
+def dialect_layouts(cfg: GPTConfig, layout: Layout, dialect: str, sp: bool = False) -> dict[str, TensorLayout]:
+    """`megatron_layouts` written in `dialect` ("mindspore", "jax", "dtensor" or "oneflow") and converted
+    by spmdsim.dialects: the same TensorLayouts, whichever dialect wrote them."""
+    from ..dialects.dtensor import placements_to_layout
+    from ..dialects.partition_spec import partition_spec_to_layout
+    from ..dialects.sbp import sbp_to_layout
+
+    if dialect not in DIALECTS:
+        raise SpmdsimError(f"dialect {dialect!r} is not one of {sorted(DIALECTS)!r}")
+    shape, names = layout.device_matrix, layout.alias_name
     out = {}
     for spec in param_specs(cfg):
-        leaf = spec.name.rsplit(".", 1)[-1]
-        if spec.name == "wte" or leaf in ("wo", "w2"):
-            out[spec.name] = layout("tp", None)
-        elif spec.name == "wpe":
-            out[spec.name] = layout("tp", None) if sp else layout(None, None)
-        elif leaf in ("wq", "wk", "wv", "w1"):
-            out[spec.name] = layout(None, "tp")
-        elif leaf in ("bq", "bv", "b1"):
-            out[spec.name] = layout("tp")
+        text, ndim = DIALECTS[dialect][_role(spec.name, sp)], len(spec.shape)
+        if dialect == "mindspore":  # Layout(device_matrix, alias_name)(tensor_map)
+            out[spec.name] = layout(*(tuple(text) * ndim)[:ndim])
+        elif dialect == "jax":
+            out[spec.name] = partition_spec_to_layout(text, shape, ndim, names)
+        elif dialect == "dtensor":
+            out[spec.name] = placements_to_layout(text, shape, ndim, names)
         else:
-            out[spec.name] = layout(None)
+            out[spec.name] = sbp_to_layout(text, shape, ndim, names)
     return out
 
 

@@ -95,11 +95,11 @@ def _worst(local: np.ndarray, reference: np.ndarray, region: tuple, floor: float
 
 def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.ndarray, sp: bool = False,
           check: bool = True, on_step: Optional[Callable[[StepResult], Any]] = None,
-          mesh: Any = None) -> tuple[Any, list]:
+          mesh: Any = None, layouts: Optional[dict] = None) -> tuple[Any, list]:
     """Train `steps` steps on a (dp, tp) mesh over `comm`; returns (the model, one StepResult per step).
 
     Collective: every rank calls it alike. `mesh`: a Mesh of Layout((dp, tp), ("dp", "tp")) to use
-    instead of making one over `comm`.
+    instead of making one over `comm`. `layouts`: parameter name -> TensorLayout (default Megatron's).
     """
     from .. import ops
     from ..optim import AdamW
@@ -108,7 +108,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     from .parallel import GPT
 
     mesh = Mesh(Layout((dp, tp), ("dp", "tp")), comm) if mesh is None else mesh
-    model = GPT(cfg, mesh, sp=sp)
+    model = GPT(cfg, mesh, sp=sp, layouts=layouts)
     specs = param_specs(cfg)
     params = [model.params[s.name] for s in specs]
     optimizer = AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
