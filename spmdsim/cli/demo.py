@@ -29,8 +29,9 @@ TOO_FEW_RAN = 3
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "demo", help="run every seed scenario under MPI and print a summary table",
-        description="Run the seed scenarios (MindSpore MatMul strategies and Layout tuples, "
+        "demo", help="run every scenario of the source documents (MindSpore, OneFlow, Paddle) and "
+                     "print a summary table",
+        description="Run the scenarios of the source documents (MindSpore MatMul strategies and Layout tuples, "
                     "Paddle split / Megatron layers, the fused MLP) on generated data, each "
                     "checked against its numpy reference.",
     )
