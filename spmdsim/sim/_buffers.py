@@ -126,7 +126,7 @@ def numpy_dtype(datatype: Any) -> np.dtype:
     mpi = _mpi()
     if isinstance(datatype, str):
         if mpi is not None:
-            datatype = mpi.TypeDict.get(datatype, datatype)
+            datatype = mpi._typedict.get(datatype, datatype)
         if isinstance(datatype, str):
             return np.dtype(datatype)
     key = datatype.py2f() if mpi is not None and isinstance(datatype, mpi.Datatype) else id(datatype)

@@ -58,7 +58,7 @@ class SimComm(PointToPoint, BufferCollectives, ObjectCollectives):
             return
         if group is not None and not isinstance(group, Group):
             mpi = _mpi()
-            if mpi is None or not isinstance(group, mpi.Comm) or group != mpi.COMM_NULL:
+            if mpi is None or not isinstance(group, mpi.__dict__["Comm"]) or group != mpi.COMM_NULL:
                 raise TypeError(f"expected a communicator, got {type(group).__name__}")
             group = None
         self._group = group
@@ -107,10 +107,7 @@ class SimComm(PointToPoint, BufferCollectives, ObjectCollectives):
     name = property(Get_name, Set_name)
 
     def Get_info(self) -> Any:
-        info = _mpi().Info.Create()
-        if self._h.info is not None:
-            info.Update(self._h.info)
-        return info
+        return self._h.info.Dup() if self._h.info is not None else _mpi().Info.Create()
 
     def Set_info(self, info: Any) -> None:
         self._h.info = info.Dup() if info is not None and info != _mpi().INFO_NULL else None
@@ -135,7 +132,7 @@ class SimComm(PointToPoint, BufferCollectives, ObjectCollectives):
         if isinstance(other, SimComm):
             return (self._h is other._h) or (not self and not other)
         mpi = _mpi()
-        if mpi is not None and isinstance(other, mpi.Comm):
+        if mpi is not None and isinstance(other, mpi.__dict__["Comm"]):  # the class itself, also swapped
             return not self and other == mpi.COMM_NULL
         return NotImplemented
 
@@ -147,6 +144,8 @@ class SimComm(PointToPoint, BufferCollectives, ObjectCollectives):
         return id(self._h)
 
     def __reduce__(self) -> Any:
+        if not self:
+            return (SimComm, ())
         state = _local.current()
         for kind in ("world", "self"):
             canonical = None if state is None else (state.comm if kind == "world" else self_comm(state))
@@ -211,11 +210,26 @@ class SimComm(PointToPoint, BufferCollectives, ObjectCollectives):
             return comm_null()
         return SimComm(new, new.members.index(self.world_rank))
 
-    def Split_type(self, split_type: int, key: int = 0, info: Any = None) -> "SimComm":
-        """Every simulated rank is on one node in one process: one communicator of all members
-        for any type MPI defines (MPI.COMM_TYPE_SHARED, ...); MPI.UNDEFINED gives MPI.COMM_NULL."""
+    def Split_type(self, split_type: int, key: int = 0, info: Any = None) -> Any:
+        """All simulated ranks share one node and one process: MPI.COMM_TYPE_SHARED, and the guided
+        types asking for "mpi_shared_memory", give one communicator of all members; the other guided
+        requests, MPI.COMM_TYPE_HW_UNGUIDED (no smaller hardware domain is modelled) and
+        MPI.UNDEFINED give MPI.COMM_NULL."""
+        split_type = int(split_type)
         undefined = special("UNDEFINED")
-        return self.Split(undefined if int(split_type) == undefined else 0, key)
+        mpi = _mpi()
+        color = undefined
+        if split_type == special("COMM_TYPE_SHARED"):
+            color = 0
+        elif mpi is not None and split_type in (getattr(mpi, "COMM_TYPE_HW_GUIDED", None),
+                                                getattr(mpi, "COMM_TYPE_RESOURCE_GUIDED", None)):
+            asked = None if info is None or info == mpi.INFO_NULL else info.Get("mpi_hw_resource_type")
+            color = 0 if asked == "mpi_shared_memory" else undefined
+        elif split_type != undefined and (mpi is None or split_type != getattr(mpi, "COMM_TYPE_HW_UNGUIDED", None)):
+            if mpi is not None:
+                raise mpi.Exception(mpi.ERR_ARG)
+            raise ValueError(f"Split_type: split type {split_type!r} is not an MPI.COMM_TYPE_*")
+        return self.Split(color, key)
 
     def Dup(self, info: Any = None) -> "SimComm":
         group = self._group

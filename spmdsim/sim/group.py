@@ -93,7 +93,7 @@ class SimGroup:
         import sys
 
         mpi = sys.modules.get("mpi4py.MPI")
-        if mpi is not None and isinstance(other, mpi.Group):
+        if mpi is not None and isinstance(other, mpi.__dict__["Group"]):  # the class itself, also swapped
             if other == mpi.GROUP_NULL:
                 return self._members is None
             if other == mpi.GROUP_EMPTY:

@@ -25,7 +25,9 @@ __all__ = ["swapped", "real", "SWAPPED"]
 
 #: The names of mpi4py.MPI that a simulated rank sees as its own.
 SWAPPED = ("COMM_WORLD", "COMM_SELF", "Comm", "Intracomm", "Request", "Group", "Init", "Init_thread",
-           "Finalize", "Is_finalized")
+           "Finalize", "Is_finalized", "Attach_buffer", "Detach_buffer", "Flush_buffer", "Iflush_buffer")
+
+_BSEND_BUFFERS: dict = {}  # thread -> the buffer a simulated rank attached (its Bsend copies anyway)
 
 _LOCK = threading.Lock()
 _DEPTH = [0, None]  # nesting depth, the module's own type
@@ -57,6 +59,14 @@ def _simulated(name: str, state: Any) -> Any:
         return SimGroup
     if name == "Is_finalized":
         return lambda: False
+    if name == "Attach_buffer":
+        return lambda buf: _BSEND_BUFFERS.__setitem__(threading.get_ident(), buf)
+    if name == "Detach_buffer":
+        return lambda: _BSEND_BUFFERS.pop(threading.get_ident(), None)
+    if name == "Iflush_buffer":
+        from .requests import completed
+
+        return completed
     return lambda *args, **kwargs: None  # Init, Init_thread, Finalize
 
 

@@ -165,8 +165,10 @@ def probe(group: Group, me: int, source: int, tag: int, status: Any, block: bool
                 group.probes.append(token)
                 world.wait(rank, _Waiting(f"probe from {source} (tag {tag})", group, None, token=token))
                 continue
+            if found is not None:  # read under the lock: a receive may take the message next
+                found = (found.me, found.tag, found.payload.nbytes)
         if found is not None:
-            fill_status(status, found.me, found.tag, found.payload.nbytes)
+            fill_status(status, *found)
             return True
         world.pause(rank)
         return False
@@ -261,6 +263,10 @@ class PointToPoint:
 
     def recv(self, buf: Any = None, source: Optional[int] = None, tag: Optional[int] = None,
              status: Any = None) -> Any:
+        if buf is not None:  # as mpi4py warns; the message is unpickled from its own bytes
+            import warnings
+
+            warnings.warn("the 'buf' argument is deprecated", UserWarning, stacklevel=2)
         return self.irecv(None, source, tag).wait(status)
 
     def sendrecv(self, sendobj: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,

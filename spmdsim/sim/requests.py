@@ -78,9 +78,8 @@ class Request:
         if isinstance(other, Request):
             return self is other or (self.null and other.null)
         mpi = _mpi()
-        if mpi is not None and other is mpi.REQUEST_NULL or (mpi is not None and isinstance(other, mpi.Request)
-                                                              and other == mpi.REQUEST_NULL):
-            return self.null
+        if mpi is not None and isinstance(other, mpi.__dict__["Request"]):  # the class itself, also swapped
+            return self.null and other == mpi.REQUEST_NULL
         return NotImplemented
 
     def __ne__(self, other: Any) -> Any:
@@ -125,13 +124,13 @@ class Request:
         recv = next((p for p in self.parts if p.kind == "recv"), self)
         if recv.error is not None:
             raise recv.error
-        if recv.kind == "recv":
+        if recv.kind == "recv" or recv.cancelled:
             fill_status(status, recv.source, recv.got_tag, recv.nbytes, recv.cancelled)
         elif recv.kind == "recv-null":  # MPI: a receive from MPI.PROC_NULL
             fill_status(status, special("PROC_NULL"), special("ANY_TAG"), 0)
         elif status is not None and self.kind != "send":
             _empty(status)
-        if recv.kind == "recv" and recv.buf is None and recv.payload is not None:
+        if recv.kind == "recv" and recv.buf is None and recv.payload:  # an empty message is None
             return pickle.loads(recv.payload)
         return None
 
@@ -171,7 +170,7 @@ class Request:
             _empty(status)
             return True
         if self._ready():
-            if self.kind == "recv":
+            if self.kind == "recv" or self.cancelled:
                 fill_status(status, self.source, self.got_tag, self.nbytes, self.cancelled)
             return True
         self._pause()
