@@ -57,7 +57,10 @@ def from_dlpack(obj: Any) -> np.ndarray:
     """The host memory of a DLPack producer as a numpy array (no copy)."""
     if hasattr(obj, "__dlpack_device__") and int(obj.__dlpack_device__()[0]) not in (1, 3):
         raise TypeError(f"DLPack buffer on device {obj.__dlpack_device__()!r}: only host memory is simulated")
-    capsule = obj.__dlpack__()
+    try:  # DLPack 1.0, then the unversioned protocol (mpi4py's order)
+        capsule = obj.__dlpack__(max_version=(1, 0), copy=False)
+    except TypeError:
+        capsule = obj.__dlpack__()
     readonly = False
     if _IS(capsule, b"dltensor_versioned"):
         managed = _Versioned.from_address(_GET(capsule, b"dltensor_versioned"))

@@ -72,7 +72,7 @@ def post_send(group: Group, me: int, dest: int, tag: int, buf: Any, obj: Any = N
             group.sends.append(send)
             _wake_probes(group, send)
             return send
-        group.recvs.remove(other)
+        _remove(group.recvs, other)
     _deliver(send, other)
     return send
 
@@ -95,7 +95,7 @@ def post_recv(group: Group, me: int, source: int, tag: int, buf: Any) -> Request
         if other is None:
             group.recvs.append(recv)
             return recv
-        group.sends.remove(other)
+        _remove(group.sends, other)
     _deliver(other, recv)
     return recv
 
@@ -130,6 +130,15 @@ def _truncated(send: Request, recv: Request, n: int) -> BaseException:
                       f"but group rank {recv.me} receives into {recv.buf.nbytes}")
 
 
+def _remove(queue: list, req: Request) -> bool:
+    """Take `req` itself out of `queue` (not an equal one: every null request equals every other)."""
+    for i, other in enumerate(queue):
+        if other is req:
+            del queue[i]
+            return True
+    return False
+
+
 def cancel(req: Request) -> None:
     """Cancel `req` if no message matched it yet (MPI_Cancel): it completes as cancelled."""
     group = req.group
@@ -137,15 +146,14 @@ def cancel(req: Request) -> None:
         return
     with group.world.lock:
         queue = group.recvs if req.kind == "recv" else group.sends
-        if req in queue and not req.done:
-            queue.remove(req)
+        if not req.done and _remove(queue, req):
             req.done = req.cancelled = True
 
 
 def _wake_probes(group: Group, send: Request) -> None:
     """A send just queued (lock held): release the probes of its destination that it answers."""
     for probe in [p for p in group.probes if p.me == send.peer and _fits(p, send.me, send.tag)]:
-        group.probes.remove(probe)
+        _remove(group.probes, probe)
         group.world.release(group.members[probe.me], probe)
 
 
