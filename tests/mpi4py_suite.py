@@ -161,7 +161,7 @@ def run_one(cls: type, method: str, n: int) -> tuple[str, str]:
 
 
 def run(test_dir: Path, ranks: list[int], only: str | None = None, files=FILES) -> dict:
-    """{ranks: {test id: [outcome, detail, out-of-scope reason or None]}}."""
+    """{ranks: {test id: [outcome, detail, out-of-scope reason or None, seconds]}}."""
     from spmdsim.sim.mpi4py_world import swapped
 
     cases = load(test_dir, files)
@@ -172,8 +172,9 @@ def run(test_dir: Path, ranks: list[int], only: str | None = None, files=FILES) 
             for test_id, (cls, method) in cases.items():
                 if only and not re.search(only, test_id):
                     continue
+                t0 = time.perf_counter()
                 outcome, detail = run_one(cls, method, n)
-                table[test_id] = [outcome, detail, out_of_scope(test_id)]
+                table[test_id] = [outcome, detail, out_of_scope(test_id), round(time.perf_counter() - t0, 3)]
     return results
 
 
@@ -207,7 +208,7 @@ def main(argv=None) -> int:
     for line in summary(results):
         print(line)
     for n, table in results.items():
-        for test_id, (outcome, detail, why) in table.items():
+        for test_id, (outcome, detail, why, _) in table.items():
             if outcome == "fail" and (why is None or args.verbose):
                 print(f"FAIL {n} {test_id}{' (out of scope: ' + why + ')' if why else ''}")
                 if args.verbose:

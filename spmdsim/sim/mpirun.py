@@ -108,6 +108,9 @@ def run(n: int, command: Sequence[str]) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m spmdsim.sim.mpirun", description=__doc__.splitlines()[0])
     add_arguments(parser)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) > 2 and argv[0] in ("-n", "-np", "--np") and argv[2] == "-m":
+        argv.insert(2, "python")  # argparse takes a leading -m for an option of its own
     args = parser.parse_args(argv)
     return run(args.ranks, args.command)
 
