@@ -73,6 +73,10 @@ class Reduction:
     def __init__(self, name: str, ufunc: Any, fn: Any, op: Any) -> None:
         self.name, self.ufunc, self.fn, self.op = name, ufunc, fn, op
 
+    def __getitem__(self, i: int) -> Any:
+        """(name, ufunc, fn)[i], as runtime.algorithms reads a reduction."""
+        return (self.name, self.ufunc, self.fn)[i]
+
 
 _BY_NAME: dict = {}
 

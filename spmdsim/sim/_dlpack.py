@@ -12,9 +12,6 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["from_dlpack"]
-
-
 class _Device(ctypes.Structure):
     _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int32)]
 
