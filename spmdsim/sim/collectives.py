@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import DTypeError, ShapeError
-from ._buffers import copy_into, fold, in_place, message, reduction, vector
+from ._buffers import copy_into, dtype_name, fold, in_place, message, reduction, vector
 
 __all__ = ["BufferCollectives", "bad_root"]
 
@@ -71,7 +71,7 @@ class BufferCollectives:
                 raise ShapeError(f"Allreduce: {ns} items do not fit the receive buffer of {dst.size}")
             n = ns
             src = src[:n]
-        signature = ("allreduce", src.dtype.name, n, red.name)
+        signature = ("allreduce", dtype_name(src.dtype), n, red.name)
         if self._dry("allreduce", signature, src, dst):
             return
         slot = self._enter("allreduce", signature, src, _shared(n, src.dtype))
@@ -92,7 +92,7 @@ class BufferCollectives:
         else:
             src, n, dt = message(sendbuf, "Reduce sendbuf")
             src = src[:n]
-        slot = self._enter("reduce", ("reduce", src.dtype.name, n, red.name, f"root {root}"), src)
+        slot = self._enter("reduce", ("reduce", dtype_name(src.dtype), n, red.name, f"root {root}"), src)
         out = np.empty(n, src.dtype) if me == root else None
         if me == root:
             fold(red, [c.data for c in slot.calls], out, dt)
@@ -104,7 +104,7 @@ class BufferCollectives:
         red = reduction(op)
         dst, n, dt = message(recvbuf, f"{call} recvbuf", readonly=False)
         src = dst[:n] if in_place(sendbuf) else message(sendbuf, f"{call} sendbuf")[0][:n]
-        slot = self._enter(call.lower(), (call.lower(), src.dtype.name, n, red.name), src)
+        slot = self._enter(call.lower(), (call.lower(), dtype_name(src.dtype), n, red.name), src)
         me = self._me
         upto = me if exclusive else me + 1
         out = np.empty(n, src.dtype) if upto else None
@@ -134,7 +134,7 @@ class BufferCollectives:
             if bs != b:
                 raise ShapeError(f"Reduce_scatter_block: send buffer of {g} x {bs} items for receive "
                                  f"blocks of {b}")
-        signature = ("reduce_scatter", src.dtype.name, b, red.name)
+        signature = ("reduce_scatter", dtype_name(src.dtype), b, red.name)
         if self._dry("reduce_scatter", signature, src, dst):
             return
         slot = self._enter("reduce_scatter", signature, src)
@@ -167,8 +167,8 @@ class BufferCollectives:
                 raise ValueError(f"Reduce_scatter: send count {ns} and receive count {rc} do not match "
                                  f"recvcounts {counts}")
             src = src[:total]
-        slot = self._enter("reduce_scatter_v", ("reduce_scatter_v", src.dtype.name, tuple(counts), red.name),
-                           src)
+        signature = ("reduce_scatter_v", dtype_name(src.dtype), tuple(counts), red.name)
+        slot = self._enter("reduce_scatter_v", signature, src)
         lo = sum(counts[:me])
         out = np.empty(counts[me], src.dtype)
         fold(red, [c.data[lo:lo + counts[me]] for c in slot.calls], out, dt)
@@ -189,7 +189,7 @@ class BufferCollectives:
                     raise ShapeError(f"Allgather: receive buffer of {dst.size} items is smaller than "
                                      f"{g} x {src.size}")
                 _blocks_fit("Allgather", src, dst[:n])
-        signature = ("allgather", src.dtype.name, src.size)
+        signature = ("allgather", dtype_name(src.dtype), src.size)
         if self._dry("allgather", signature, src, dst):
             return
         slot = self._enter("allgather", signature, src)
@@ -283,13 +283,16 @@ class BufferCollectives:
             if b * src.itemsize != n * dst.itemsize:
                 raise ShapeError(f"Alltoall: blocks of {b} x {src.dtype.name} are sent where "
                                  f"blocks of {n} x {dst.dtype.name} are received")
-        signature = ("alltoall", src.dtype.name, b * g)
+        signature = ("alltoall", dtype_name(src.dtype), b * g)
         if self._dry("alltoall", signature, src, dst):
             return
         slot = self._enter("alltoall", signature, (src, b))
         for j, call in enumerate(slot.calls):
             theirs, tb = call.data
-            copy_into(dst[j * n:(j + 1) * n], theirs[me * tb:(me + 1) * tb])
+            if theirs.dtype is dst.dtype:
+                dst[j * n:(j + 1) * n] = theirs[me * tb:(me + 1) * tb]
+            else:
+                copy_into(dst[j * n:(j + 1) * n], theirs[me * tb:(me + 1) * tb])
         self._group.leave(me, slot)
 
     def Alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:
@@ -300,25 +303,28 @@ class BufferCollectives:
             scounts, sdispls = rcounts, rdispls
         else:
             src, scounts, sdispls, _ = vector(sendbuf, "Alltoallv sendbuf", g)
-        if self._dry("alltoallv", ("alltoallv", src.dtype.name), src, dst):
+        if self._dry("alltoallv", ("alltoallv", dtype_name(src.dtype)), src, dst):
             return
-        slot = self._enter("alltoallv", ("alltoallv", src.dtype.name), (src, scounts, sdispls))
+        slot = self._enter("alltoallv", ("alltoallv", dtype_name(src.dtype)), (src, scounts, sdispls))
+        size = dst.itemsize
         for j, call in enumerate(slot.calls):
             theirs, counts, displs = call.data
-            sent = theirs[displs[me]:displs[me] + counts[me]]
-            part = dst[rdispls[j]:rdispls[j] + rcounts[j]]
-            if sent.nbytes != part.nbytes:
+            c, at, n = counts[me], displs[me], rcounts[j]
+            if c != n and c * theirs.itemsize != n * size:
                 raise ShapeError(f"Alltoallv counts disagree: rank {self._group.members[j]} sends "
-                                 f"{counts[me]} items to rank {self.world_rank}, which expects {rcounts[j]}")
-            if rcounts[j]:
-                copy_into(part, sent)
+                                 f"{c} items to rank {self.world_rank}, which expects {n}")
+            if n:
+                if theirs.dtype is dst.dtype or theirs.dtype == dst.dtype:
+                    dst[rdispls[j]:rdispls[j] + n] = theirs[at:at + c]
+                else:
+                    copy_into(dst[rdispls[j]:rdispls[j] + n], theirs[at:at + c])
         self._group.leave(me, slot)
 
     def Bcast(self, buf: Any, root: int = 0) -> None:
         root = self._root(root, "Bcast")
         data, n, _ = message(buf, "Bcast buffer", readonly=self._me == root)
         data = data[:n]
-        signature = ("bcast", data.dtype.name, data.size, f"root {root}")
+        signature = ("bcast", dtype_name(data.dtype), data.size, f"root {root}")
         if self._dry("bcast", signature, data):
             return
         slot = self._enter("bcast", signature, data)
