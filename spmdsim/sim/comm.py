@@ -11,7 +11,7 @@ datatypes, one-sided, I/O and intercommunicators are not simulated
 from __future__ import annotations
 
 import sys
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 

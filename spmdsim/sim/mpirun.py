@@ -19,7 +19,7 @@ import os
 import runpy
 import sys
 import traceback
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 __all__ = ["main", "add_arguments", "run"]
 

@@ -12,7 +12,6 @@ from typing import Any, Optional
 
 from ..errors import ShapeError
 from ._buffers import reduction
-from .collectives import bad_root
 from .engine import SimulationError
 
 __all__ = ["ObjectCollectives"]
@@ -38,7 +37,7 @@ def _op(op: Any) -> tuple[str, Any]:
     return red.name, (red.op if red.op is not None else red.fn)
 
 
-def _shared_fold(fn: Any, upto: Optional[int] = None) -> Any:
+def _shared_fold(fn: Any) -> Any:
     """A rendezvous hook that reduces every member's object once (by the last to arrive)."""
     def complete(slot: Any) -> None:
         try:
