@@ -179,10 +179,11 @@ def test_messages_between_two_ranks_do_not_overtake():
 
 
 def test_sends_that_need_buffering_are_a_deadlock():
+    """Both ranks Send first a message above the eager limit (8 KiB): MPICH hangs there too."""
     def body():
         comm = world()
-        comm.Send(np.zeros(4), dest=1 - comm.rank)  # both send first: MPI may hang here too
-        comm.Recv(np.zeros(4), source=1 - comm.rank)
+        comm.Send(np.zeros(1024), dest=1 - comm.rank)
+        comm.Recv(np.zeros(1024), source=1 - comm.rank)
 
     with pytest.raises(DeadlockError, match=r"send to group rank 1 \(tag 0\).*rank 0 waits"):
         simulate(2, body)

@@ -19,7 +19,7 @@ __all__ = ["main", "build_parser", "SUBCOMMANDS", "OnceParser"]
 
 #: Subcommand modules under spmdsim.cli, in the order `--help` lists them.
 SUBCOMMANDS: tuple[str, ...] = ("slices", "explain", "show", "convert", "calibrate", "run", "demo", "launch",
-                                 "plan", "autoshard", "collective")
+                                 "plan", "autoshard", "collective", "mpirun")
 
 
 class OnceParser(argparse.ArgumentParser):

@@ -1,4 +1,11 @@
-"""Reading mpi4py-style buffer arguments and MPI constants without importing mpi4py."""
+"""Reading mpi4py-style message arguments, datatypes, ops and MPI constants without importing mpi4py.
+
+A message is read as mpi4py reads it (its msgbuffer.pxi): ``buf``, ``[buf, datatype]``,
+``[buf, count]``, ``[buf, count, datatype]``, ``[buf, (count, displ), datatype]`` or
+``[buf, count, displ, datatype]``, where a count is per peer in the collectives that move one
+block per peer (`blocks`), and a buffer is anything with the buffer protocol, ``__dlpack__``
+or ``__cuda_array_interface__`` (host memory), seen in place, never copied.
+"""
 from __future__ import annotations
 
 import operator
@@ -21,86 +28,345 @@ IN_PLACE = _InPlace()
 
 # MPICH's values, used when mpi4py is not loaded (a program that passes MPI's
 # constants has loaded it, and then its own values are read).
-_DEFAULTS = {"ANY_SOURCE": -2, "ANY_TAG": -1, "PROC_NULL": -1, "UNDEFINED": -32766}
+_DEFAULTS = {"ANY_SOURCE": -2, "ANY_TAG": -1, "PROC_NULL": -1, "UNDEFINED": -32766, "ROOT": -3,
+             "IDENT": 0, "CONGRUENT": 1, "SIMILAR": 2, "UNEQUAL": 3, "COMM_TYPE_SHARED": 1}
 
+# Ops a numpy ufunc computes (the fast path); the others go through MPI.Op.Reduce_local.
 _REDUCTIONS = {
     "sum": (np.add, operator.add),
     "max": (np.maximum, max),
     "min": (np.minimum, min),
     "prod": (np.multiply, operator.mul),
+    "land": (np.logical_and, lambda a, b: a and b),
+    "lor": (np.logical_or, lambda a, b: a or b),
+    "lxor": (np.logical_xor, lambda a, b: bool(a) != bool(b)),
+    "band": (np.bitwise_and, operator.and_),
+    "bor": (np.bitwise_or, operator.or_),
+    "bxor": (np.bitwise_xor, operator.xor),
 }
+_OTHER_OPS = ("maxloc", "minloc", "replace", "no_op")
 
 
 def _mpi() -> Any:
     return sys.modules.get("mpi4py.MPI")
 
 
+_NAMES: dict = {}
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """dtype.name, cached: numpy computes it in Python (~5 us), and every collective's signature has it."""
+    name = _NAMES.get(dtype)
+    if name is None:
+        name = _NAMES[dtype] = dtype.name
+    return name
+
+
 def special(name: str) -> int:
-    """MPI.ANY_SOURCE / ANY_TAG / PROC_NULL / UNDEFINED as this process's MPI defines them."""
+    """MPI.ANY_SOURCE / ANY_TAG / PROC_NULL / UNDEFINED ... as this process's MPI defines them."""
     mpi = _mpi()
     return int(getattr(mpi, name)) if mpi is not None else _DEFAULTS[name]
 
 
 def in_place(buf: Any) -> bool:
-    if buf is IN_PLACE:
+    """MPI.IN_PLACE (or None, which mpi4py takes for it in a collective's send buffer)."""
+    if buf is None or buf is IN_PLACE:
         return True
     mpi = _mpi()
     return mpi is not None and buf is mpi.IN_PLACE
 
 
-def reduction(op: Any) -> tuple[str, Any, Any]:
-    """(name, numpy ufunc, Python function) of MPI.SUM/MAX/MIN/PROD, or the names "sum", ...."""
-    if isinstance(op, str) and op.lower() in _REDUCTIONS:
-        return (op.lower(), *_REDUCTIONS[op.lower()])
+class Reduction:
+    """One reduction op: its name, numpy ufunc (None: MPI computes it), Python function for objects."""
+
+    __slots__ = ("name", "ufunc", "fn", "op")
+
+    def __init__(self, name: str, ufunc: Any, fn: Any, op: Any) -> None:
+        self.name, self.ufunc, self.fn, self.op = name, ufunc, fn, op
+
+    def __getitem__(self, i: int) -> Any:
+        """(name, ufunc, fn)[i], as runtime.algorithms reads a reduction."""
+        return (self.name, self.ufunc, self.fn)[i]
+
+
+_BY_NAME: dict = {}
+_BY_OP: dict = {}  # id(MPI.SUM) -> its Reduction, for the predefined ops
+
+
+def reduction(op: Any) -> Reduction:
+    """The Reduction of MPI.SUM/MAX/..., a user MPI.Op, or the names "sum", "max", "min", "prod"."""
+    if isinstance(op, str):
+        found = _BY_NAME.get(op.lower())
+        if found is None and op.lower() in _REDUCTIONS:
+            found = _BY_NAME[op.lower()] = Reduction(op.lower(), *_REDUCTIONS[op.lower()], None)
+        if found is not None:
+            return found
+    found = _BY_OP.get(id(op))
+    if found is not None and found.op is op:  # MPI.SUM, ...: the object itself, kept by the cache
+        return found
     mpi = _mpi()
-    if mpi is not None:
-        for name in _REDUCTIONS:
-            if op is getattr(mpi, name.upper()):
-                return (name, *_REDUCTIONS[name])
-    raise ShapeError(f"reduction {op!r} is not simulated; expected MPI.SUM, MPI.MAX, MPI.MIN or MPI.PROD")
+    if mpi is not None and isinstance(op, mpi.Op):
+        for name in (*_REDUCTIONS, *_OTHER_OPS):
+            if op == getattr(mpi, name.upper()):
+                ufunc, fn = _REDUCTIONS.get(name, (None, op))
+                found = Reduction(name, ufunc, fn, op)
+                if op is getattr(mpi, name.upper()):
+                    _BY_OP[id(op)] = found
+                return found
+        if op != mpi.OP_NULL:
+            return Reduction(f"user op {op.py2f()}", None, op, op)
+    raise ShapeError(f"reduction {op!r} is not simulated; expected an MPI.Op (MPI.SUM, MPI.MAX, ...) "
+                     f"or one of 'sum', 'max', 'min', 'prod'")
 
 
-def _array(buf: Any, what: str) -> np.ndarray:
-    a = buf if type(buf) is np.ndarray else np.asarray(buf)
+def fold(red: Reduction, parts: list, out: np.ndarray, datatype: Any = None) -> None:
+    """out = parts[0] op parts[1] op ... in that order (the fixed order every run repeats)."""
+    if len(parts) == 1:
+        np.copyto(out, parts[0])
+        return
+    if red.ufunc is not None and out.dtype.fields is None:
+        red.ufunc(parts[0], parts[1], out=out)
+        for part in parts[2:]:
+            red.ufunc(out, part, out=out)
+        return
+    mpitype = datatype if datatype is not None else mpi_datatype(out.dtype)
+    acc = np.array(parts[0])
+    for part in parts[1:]:
+        nxt = np.array(part)
+        red.op.Reduce_local([acc, mpitype], [nxt, mpitype])  # nxt = acc op nxt
+        acc = nxt
+    np.copyto(out, acc)
+
+
+# -- datatypes -------------------------------------------------------------------------------
+
+_DTYPES: dict = {}
+
+
+def numpy_dtype(datatype: Any) -> np.dtype:
+    """The numpy dtype of an MPI datatype (predefined ones) or of a typecode string like 'd'."""
+    mpi = _mpi()
+    if isinstance(datatype, str):
+        if mpi is not None:
+            datatype = mpi._typedict.get(datatype, datatype)
+        if isinstance(datatype, str):
+            return np.dtype(datatype)
+    key = datatype.py2f() if mpi is not None and isinstance(datatype, mpi.Datatype) else id(datatype)
+    found = _DTYPES.get(key)
+    if found is not None:
+        return found
+    if mpi is None or not isinstance(datatype, mpi.Datatype):
+        raise ShapeError(f"datatype {datatype!r} is not an MPI datatype or a typecode")
+    if datatype == mpi.DATATYPE_NULL:
+        raise ShapeError("datatype MPI.DATATYPE_NULL cannot carry a message")
+    if not datatype.is_predefined:
+        raise NotImplementedError("derived datatypes are not simulated (docs/simulate.md)")
+    from mpi4py.util.dtlib import to_numpy_dtype
+
+    if datatype in (mpi.BYTE, mpi.PACKED):
+        found = np.dtype(np.uint8)
+    else:
+        found = to_numpy_dtype(datatype)
+    _DTYPES[key] = found
+    return found
+
+
+def mpi_datatype(dtype: np.dtype) -> Any:
+    from mpi4py.util.dtlib import from_numpy_dtype
+
+    return from_numpy_dtype(dtype)
+
+
+# -- buffers ---------------------------------------------------------------------------------
+
+class _Interface:
+    """A __cuda_array_interface__ on host memory, offered to numpy as an __array_interface__."""
+
+    def __init__(self, cai: dict) -> None:
+        self.__array_interface__ = {"shape": tuple(cai["shape"]), "typestr": cai["typestr"],
+                                    "data": tuple(cai["data"]), "strides": cai.get("strides"),
+                                    "version": 3}
+
+
+def array_of(buf: Any, what: str, readonly: bool = True) -> np.ndarray:
+    """`buf` as a flat numpy array over the same memory (never a copy)."""
+    if type(buf) is np.ndarray:
+        a = buf
+    elif isinstance(buf, np.ndarray):
+        a = buf
+    else:
+        try:
+            view = memoryview(buf)
+        except TypeError:
+            view = None
+        if view is not None:
+            a = np.asarray(view)
+        elif hasattr(buf, "__dlpack__"):
+            from ._dlpack import from_dlpack
+
+            a = from_dlpack(buf)
+        elif hasattr(buf, "__cuda_array_interface__"):
+            a = np.asarray(_Interface(buf.__cuda_array_interface__))
+        else:
+            raise TypeError(f"{what}: {type(buf).__name__!r} is not a buffer (expected an array, "
+                            f"or [buffer, count, datatype])")
     if not a.flags.c_contiguous:
         raise ShapeError(f"{what}: buffer of shape {a.shape!r} is not C-contiguous; MPI needs one block")
+    if not readonly and not a.flags.writeable:
+        raise ShapeError(f"{what}: buffer is read-only")
     return a.reshape(-1)
 
 
-def flat(spec: Any, what: str) -> np.ndarray:
-    """The buffer of `spec` (an array, or [array, datatype] / [array, count, datatype]) as a flat view."""
-    count: Optional[int] = None
+def _typed(a: np.ndarray, dtype: Optional[np.dtype], what: str) -> np.ndarray:
+    if dtype is None or dtype == a.dtype:
+        return a
+    raw = a.view(np.uint8)
+    usable = raw.size - raw.size % dtype.itemsize
+    return raw[:usable].view(dtype)
+
+
+def _unpack(spec: Any) -> tuple:
+    """(buffer, count, displ, datatype) of a message spec, as mpi4py's message_simple reads it."""
+    count = displ = dtype = None
     if isinstance(spec, (list, tuple)):
-        if len(spec) >= 2 and isinstance(spec[1], (int, np.integer)):
-            count = int(spec[1])
-        spec = spec[0]
-    a = _array(spec, what)
-    return a if count is None else a[:count]
-
-
-def vector(spec: Any, what: str) -> tuple[np.ndarray, list[int], list[int]]:
-    """(flat buffer, counts, displacements) of a v-collective buffer spec, in elements.
-
-    Accepts [array, (counts, displs)], [array, (counts, displs), datatype],
-    [array, counts, displs, datatype] and [array, counts] (packed displacements).
-    """
-    if not isinstance(spec, (list, tuple)) or len(spec) < 2:
-        raise ShapeError(f"{what}: expected [buffer, (counts, displacements)], got {type(spec).__name__}")
-    a = _array(spec[0], what)
-    if isinstance(spec[1], tuple) and len(spec[1]) == 2 and not isinstance(spec[1][0], (int, np.integer)):
-        counts, displs = spec[1]
-    elif len(spec) >= 3 and not _is_datatype(spec[2]):
-        counts, displs = spec[1], spec[2]
+        n = len(spec)
+        if n == 2:
+            buf, count = spec
+            if _is_datatype(count):
+                count, dtype = None, count
+            elif isinstance(count, (list, tuple)):
+                count, displ = count
+        elif n == 3:
+            buf, count, dtype = spec
+            if isinstance(count, (list, tuple)):
+                count, displ = count
+        elif n == 4:
+            buf, count, displ, dtype = spec
+        else:
+            raise ValueError("message: expecting 2 to 4 items")
     else:
-        counts, displs = spec[1], None
-    counts = [int(c) for c in counts]
+        buf = spec
+    return buf, count, displ, dtype
+
+
+def message(spec: Any, what: str, blocks: int = 1, readonly: bool = True) -> tuple[np.ndarray, int, Any]:
+    """(typed flat view from the displacement on, count per block, MPI datatype or None) of `spec`.
+
+    Without a count, the buffer's entries split into `blocks` equal blocks (mpi4py's rule).
+    """
+    if type(spec) is np.ndarray and spec.flags.c_contiguous:  # the hot path: a plain array
+        a = spec.reshape(-1)
+        if not readonly and not a.flags.writeable:
+            raise ShapeError(f"{what}: buffer is read-only")
+        n = a.size
+        if blocks > 1 and n % blocks:
+            raise ValueError(f"{what}: {n} entries do not split into {blocks} equal blocks")
+        return a, n // blocks if blocks > 1 else n, None
+    buf, count, displ, datatype = _unpack(spec)
+    dtype = None if datatype is None else numpy_dtype(datatype)
+    if buf is None:
+        a = np.empty(0, dtype or np.uint8)
+    else:
+        a = _typed(array_of(buf, what, readonly), dtype, what)
+    if displ is not None:
+        displ = operator.index(displ)
+        if displ < 0 or displ > a.size:
+            raise ValueError(f"{what}: displacement {displ} out of bounds of {a.size} entries")
+        a = a[displ:]
+    if count is None:
+        if blocks > 1 and a.size % blocks:
+            raise ValueError(f"{what}: {a.size} entries do not split into {blocks} equal blocks")
+        count = a.size // blocks if blocks > 1 else a.size
+    else:
+        count = operator.index(count)
+        if count < 0:
+            raise ValueError(f"{what}: negative count {count}")
+    if count * max(blocks, 1) > a.size:
+        raise ShapeError(f"{what}: {blocks} x {count} entries do not fit a buffer of {a.size}")
+    return a, count, datatype
+
+
+def vector(spec: Any, what: str, blocks: int, readonly: bool = True) -> tuple[np.ndarray, list, list, Any]:
+    """(typed flat buffer, counts, displacements, MPI datatype or None) of a v-collective message.
+
+    As mpi4py's message_vector: ``[buf, counts]``, ``[buf, (counts, displs)]``, ``[buf, counts,
+    datatype]``, ``[buf, counts, displs, datatype]``; a count or a displacement may be one integer
+    (every block that count; displacements i * that stride); no counts split the buffer evenly.
+    """
+    counts = displs = datatype = None
+    if (type(spec) is list and len(spec) == 2 and type(spec[0]) is np.ndarray and type(spec[1]) is tuple
+            and len(spec[1]) == 2 and type(spec[1][0]) is list and spec[0].flags.c_contiguous):
+        # The hot path (runtime.executor's moves): [array, (counts, displs or None)], no datatype.
+        a = spec[0].reshape(-1)
+        if not readonly and not a.flags.writeable:
+            raise ShapeError(f"{what}: buffer is read-only")
+        counts, displs = spec[1]
+        return (a, *_layout(counts, displs, blocks, a.size, what), None)
+    if isinstance(spec, (list, tuple)):
+        n = len(spec)
+        if n == 2:
+            buf, counts = spec
+            if _is_datatype(counts):
+                counts, datatype = None, counts
+            elif isinstance(counts, tuple):
+                counts, displs = counts
+        elif n == 3:
+            buf, counts, datatype = spec
+            if isinstance(counts, tuple):
+                counts, displs = counts
+        elif n == 4:
+            buf, counts, displs, datatype = spec
+        else:
+            raise ValueError("message: expecting 2 to 4 items")
+    else:
+        buf = spec
+    dtype = None if datatype is None else numpy_dtype(datatype)
+    a = np.empty(0, dtype or np.uint8) if buf is None else _typed(array_of(buf, what, readonly), dtype, what)
+    if counts is None:
+        size = a.size
+        counts = [size // blocks + (size % blocks > i) for i in range(blocks)]
+    elif isinstance(counts, (int, np.integer)):
+        counts = [int(counts)] * blocks
+    return (a, *_layout(counts, displs, blocks, a.size, what), datatype)
+
+
+def _layout(counts: Any, displs: Any, blocks: int, size: int, what: str) -> tuple[list, list]:
+    """(counts, displacements) of `blocks` blocks, checked to lie inside a buffer of `size` entries."""
+    counts = list(map(operator.index, counts))
+    if len(counts) < blocks:
+        raise ValueError(f"{what}: {len(counts)} counts for {blocks} ranks")
+    del counts[blocks:]
     if displs is None:
         displs, at = [], 0
         for c in counts:
             displs.append(at)
             at += c
-    return a, counts, [int(d) for d in displs]
+    elif isinstance(displs, (int, np.integer)):
+        displs = [int(displs) * i for i in range(blocks)]
+    else:
+        displs = list(map(operator.index, displs))
+        del displs[blocks:]
+    if blocks and (min(counts) < 0 or min(displs) < 0 or max(map(operator.add, counts, displs)) > size):
+        bad = next((c, d) for c, d in zip(counts, displs) if c < 0 or d < 0 or c + d > size)
+        raise ShapeError(f"{what}: block of {bad[0]} entries at {bad[1]} is outside a buffer of {size}")
+    return counts, displs
 
 
 def _is_datatype(value: Any) -> bool:
-    return not isinstance(value, (list, tuple, np.ndarray))
+    if isinstance(value, str):
+        return True
+    mpi = _mpi()
+    return mpi is not None and isinstance(value, mpi.Datatype)
+
+
+def as_bytes(a: np.ndarray) -> np.ndarray:
+    """The bytes of a contiguous array (a view)."""
+    return a.view(np.uint8) if a.dtype.itemsize != 1 or a.dtype != np.uint8 else a
+
+
+def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
+    """dst[:] = src, as bytes when the two dtypes differ (MPI moves a type signature's bytes)."""
+    if dst.dtype == src.dtype:
+        dst[...] = src
+    else:
+        as_bytes(dst)[...] = as_bytes(src)

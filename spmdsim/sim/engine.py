@@ -110,6 +110,7 @@ class Group:
         self.slots: dict[int, _Slot] = {}
         self.sends: list[Any] = []  # point-to-point messages not yet matched (spmdsim.sim.p2p)
         self.recvs: list[Any] = []  # receives posted and not yet matched
+        self.probes: list[Any] = []  # blocking probes waiting for a message to arrive
 
     def label(self) -> str:
         if self.members == tuple(range(self.world.size)):
@@ -301,7 +302,8 @@ class World:
         through the lock twice per call (docs/simulate.md, "Limits").
         """
         what = self.waiting.get(rank)
-        if what is not None and (token is None or what.token is token):
+        if what is not None and (token is None or what.token is token
+                                 or (type(what.token) is tuple and any(t is token for t in what.token))):
             del self.waiting[rank]
             self._line_up(rank)
 

@@ -1,118 +1,80 @@
-"""Point-to-point messages between simulated ranks: Isend/Irecv matching and requests.
+"""Point-to-point messages between simulated ranks: matching, eager sends, probes, and SimComm's methods.
 
 A send is matched with the first posted receive of its destination that takes
 its source and tag, and a receive with the oldest pending send that fits, so
-messages between two ranks never overtake each other (MPI's rule). No message
-is buffered: the rank that completes the match copies straight from the
-sender's buffer into the receiver's, and the send completes then (MPI's
-synchronous mode). A program that needs MPI to buffer its sends (both ranks
-Send, then Recv) is reported as a deadlock, which is what it does at large
-sizes under MPI too; Sendrecv, or Isend/Irecv and Wait, never need it.
+messages between two ranks never overtake each other (MPI's rule). A message
+is bytes: an object send carries its pickle, and a buffer receive of it gets
+those bytes (a ``recv()`` of a buffer send unpickles the buffer's bytes), as
+under MPI. A standard send smaller than EAGER_BYTES is copied and completes
+at once if no receive is posted (MPICH's eager protocol on one node: a ring
+of small Send then Recv works); a larger one, and every Ssend, completes
+only when its receive matches it, so both ranks sending large messages first
+is a deadlock, as under MPICH. Bsend always buffers.
 """
 from __future__ import annotations
 
 import pickle
-from typing import Any, Optional, Sequence
+import sys
+from typing import Any, Optional
 
 import numpy as np
 
 from ..errors import ShapeError
-from ._buffers import flat, special
+from ._buffers import message, special
 from .engine import Group, _Waiting
+from .requests import Request, completed, fill_status
 
-__all__ = ["Request", "post_send", "post_recv", "completed"]
+__all__ = ["Request", "post_send", "post_recv", "completed", "PointToPoint", "EAGER_BYTES"]
 
-
-class Request:
-    """A pending point-to-point operation (mpi4py's Request subset: Wait, Test, Waitall, Testall)."""
-
-    __slots__ = ("group", "me", "peer", "tag", "buf", "obj", "done", "error", "source", "got_tag",
-                 "count", "kind")
-
-    def __init__(self, group: Optional[Group], me: int, kind: str, peer: int, tag: int,
-                 buf: Optional[np.ndarray], obj: Any = None) -> None:
-        self.group, self.me, self.kind = group, me, kind
-        self.peer, self.tag, self.buf, self.obj = peer, tag, buf, obj
-        self.done = group is None
-        self.error: Optional[str] = None
-        self.source, self.got_tag, self.count = peer, tag, 0
-
-    def _what(self) -> str:
-        peer = "any rank" if self.peer == special("ANY_SOURCE") else f"group rank {self.peer}"
-        way = "to" if self.kind == "send" else "from"
-        return f"{self.kind} {way} {peer} (tag {self.tag})"
-
-    def Wait(self, status: Any = None) -> Any:
-        """Block until the operation completed; a receive of an object returns it."""
-        if not self.done:
-            group = self.group
-            world = group.world
-            rank = group.members[self.me]
-            with world.lock:
-                world.check(rank)
-                if not self.done:
-                    world.wait(rank, _Waiting(self._what(), group, None, token=self))
-        if self.error is not None:
-            raise ShapeError(self.error)
-        _fill(status, self)
-        if self.kind == "recv" and self.buf is None:
-            return pickle.loads(self.obj)
-        return None
-
-    wait = Wait
-
-    def Test(self, status: Any = None) -> bool:
-        if self.done:
-            _fill(status, self)
-        else:
-            self._pause()
-        return self.done
-
-    def _pause(self) -> None:
-        """Not done yet: let a rank waiting for a run slot compute (it may be the peer)."""
-        if self.group is not None:
-            self.group.world.pause(self.group.members[self.me])
-
-    def Free(self) -> None:
-        pass
-
-    @classmethod
-    def Waitall(cls, requests: Sequence["Request"], statuses: Any = None) -> list:
-        return [r.Wait(None if statuses is None else statuses[i]) for i, r in enumerate(requests)]
-
-    waitall = Waitall
-
-    @classmethod
-    def Testall(cls, requests: Sequence["Request"]) -> bool:
-        pending = next((r for r in requests if not r.done), None)
-        if pending is not None:
-            pending._pause()
-        return pending is None
+#: Standard sends below this many bytes are buffered (MPICH 4's shared-memory eager limit is 8 KiB).
+EAGER_BYTES = 8 << 10
 
 
-def completed() -> Request:
-    """A request that is already complete (a send or receive with MPI.PROC_NULL, an eager collective)."""
-    return Request(None, 0, "done", 0, 0, None)
-
-
-def _fill(status: Any, request: Request) -> None:
-    if status is not None and request.kind == "recv" and hasattr(status, "Set_source"):
-        status.Set_source(request.source)
-        status.Set_tag(request.got_tag)
+def _any(value: Optional[int], name: str) -> int:
+    return special(name) if value is None else int(value)
 
 
 def _fits(recv: Request, source: int, tag: int) -> bool:
     return (recv.peer in (source, special("ANY_SOURCE"))) and (recv.tag in (tag, special("ANY_TAG")))
 
 
-def post_send(group: Group, me: int, dest: int, tag: int, buf: Any, obj: Any = None) -> Request:
-    """Isend from group rank `me` to group rank `dest`: matched now if the receive is posted."""
+def _check_peer(group: Group, peer: Any, what: str) -> None:
+    if not isinstance(peer, (int, np.integer)):
+        raise ShapeError(f"{what} {peer!r} must be an integer rank of the communicator")
+    if not (0 <= peer < group.size or peer == special("PROC_NULL")):
+        mpi = sys.modules.get("mpi4py.MPI")
+        if mpi is not None:
+            raise mpi.Exception(mpi.ERR_RANK)
+        raise ShapeError(f"{what} rank {peer!r} is outside the communicator of {group.size} ranks")
+
+
+def post_send(group: Group, me: int, dest: int, tag: int, buf: Any, obj: Any = None,
+              mode: str = "standard") -> Request:
+    """Isend from group rank `me` to group rank `dest` (`buf` None: the pickle of `obj`)."""
     _check_peer(group, dest, "dest")
     if dest == special("PROC_NULL"):
-        return completed()
-    send = Request(group, me, "send", dest, tag, None if buf is None else flat(buf, "send buffer"),
-                   None if buf is not None else pickle.dumps(obj, pickle.HIGHEST_PROTOCOL))
-    return _post(send, group.recvs, lambda r: r.me == dest and _fits(r, me, tag), group.sends)
+        return completed(kind="send")
+    if buf is None:
+        payload = np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), np.uint8)
+    else:
+        data, count, _ = message(buf, "send buffer")
+        payload = data[:count].view(np.uint8) if count else np.empty(0, np.uint8)
+    send = Request(group, me, "send", dest, tag)
+    send.payload, send.mode = payload, mode
+    world = group.world
+    with world.lock:
+        world.check(group.members[me])
+        other = next((r for r in group.recvs if r.me == dest and _fits(r, me, tag)), None)
+        if other is None:
+            if mode == "buffered" or (mode == "standard" and payload.nbytes < EAGER_BYTES):
+                send.payload = payload.copy()  # the sender may reuse its buffer now
+                send.done = True
+            group.sends.append(send)
+            _wake_probes(group, send)
+            return send
+        _remove(group.recvs, other)
+    _deliver(send, other)
+    return send
 
 
 def post_recv(group: Group, me: int, source: int, tag: int, buf: Any) -> Request:
@@ -120,53 +82,204 @@ def post_recv(group: Group, me: int, source: int, tag: int, buf: Any) -> Request
     if source != special("ANY_SOURCE"):
         _check_peer(group, source, "source")
     if source == special("PROC_NULL"):
-        return completed()
-    recv = Request(group, me, "recv", source, tag, None if buf is None else flat(buf, "receive buffer"))
-    return _post(recv, group.sends, lambda s: s.peer == me and _fits(recv, s.me, s.tag), group.recvs)
-
-
-def _post(mine: Request, pending: list, matches: Any, queue: list) -> Request:
-    """Match `mine` with the oldest fitting request in `pending` and deliver, or queue it."""
-    group = mine.group
+        return completed(kind="recv-null")
+    view = None
+    if buf is not None:
+        data, count, _ = message(buf, "receive buffer", readonly=False)
+        view = data[:count]
+    recv = Request(group, me, "recv", source, tag, view)
     world = group.world
     with world.lock:
-        world.check(group.members[mine.me])
-        other = next((r for r in pending if matches(r)), None)
+        world.check(group.members[me])
+        other = next((s for s in group.sends if s.peer == me and _fits(recv, s.me, s.tag)), None)
         if other is None:
-            queue.append(mine)
-            return mine
-        pending.remove(other)
-    if mine.kind == "send":
-        _deliver(mine, other)
-    else:
-        _deliver(other, mine)
-    return mine
+            group.recvs.append(recv)
+            return recv
+        _remove(group.sends, other)
+    _deliver(other, recv)
+    return recv
 
 
 def _deliver(send: Request, recv: Request) -> None:
     """Copy the message (outside the lock), then complete both requests and wake their owners."""
     recv.source, recv.got_tag = send.me, send.tag
+    payload = send.payload
+    n = payload.nbytes
     if recv.buf is None:
-        recv.obj = send.obj if send.obj is not None else pickle.dumps(np.array(send.buf))
-    elif send.buf is None:
-        recv.error = "an object was sent where a buffer receive was posted (use recv/Recv alike)"
-    elif send.buf.nbytes > recv.buf.nbytes:
-        recv.error = (f"message truncated: group rank {send.me} sends {send.buf.nbytes} bytes (tag "
-                      f"{send.tag}) but group rank {recv.me} receives into {recv.buf.nbytes}")
+        recv.payload = payload.tobytes()
+        recv.nbytes = n
+    elif n > recv.buf.nbytes:
+        recv.error = _truncated(send, recv, n)
     else:
-        n = send.buf.nbytes
-        recv.buf.view(np.uint8)[:n] = send.buf.view(np.uint8)
-        recv.count = n
+        recv.buf.view(np.uint8)[:n] = payload
+        recv.nbytes = n
     group = send.group
     world = group.world
     with world.lock:
         send.done = recv.done = True
+        send.payload = None
         world.release(group.members[send.me], send)
         world.release(group.members[recv.me], recv)
 
 
-def _check_peer(group: Group, peer: Any, what: str) -> None:
-    if type(peer) is not int and not isinstance(peer, (int, np.integer)):
-        raise ShapeError(f"{what} {peer!r} must be an integer rank of the communicator")
-    if not (0 <= peer < group.size or peer == special("PROC_NULL")):
-        raise ShapeError(f"{what} rank {peer!r} is outside the communicator of {group.size} ranks")
+def _truncated(send: Request, recv: Request, n: int) -> BaseException:
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None:
+        return mpi.Exception(mpi.ERR_TRUNCATE)
+    return ShapeError(f"message truncated: group rank {send.me} sends {n} bytes (tag {send.tag}) "
+                      f"but group rank {recv.me} receives into {recv.buf.nbytes}")
+
+
+def _remove(queue: list, req: Request) -> bool:
+    """Take `req` itself out of `queue` (not an equal one: every null request equals every other)."""
+    for i, other in enumerate(queue):
+        if other is req:
+            del queue[i]
+            return True
+    return False
+
+
+def cancel(req: Request) -> None:
+    """Cancel `req` if no message matched it yet (MPI_Cancel): it completes as cancelled."""
+    group = req.group
+    if group is None or req.done:
+        return
+    with group.world.lock:
+        queue = group.recvs if req.kind == "recv" else group.sends
+        if not req.done and _remove(queue, req):
+            req.done = req.cancelled = True
+
+
+def _wake_probes(group: Group, send: Request) -> None:
+    """A send just queued (lock held): release the probes of its destination that it answers."""
+    for probe in [p for p in group.probes if p.me == send.peer and _fits(p, send.me, send.tag)]:
+        _remove(group.probes, probe)
+        group.world.release(group.members[probe.me], probe)
+
+
+def probe(group: Group, me: int, source: int, tag: int, status: Any, block: bool) -> bool:
+    """Whether a message from `source` with `tag` waits for rank `me` (block: until one does)."""
+    if source == special("PROC_NULL"):
+        fill_status(status, source, special("ANY_TAG"), 0)
+        return True
+    world = group.world
+    rank = group.members[me]
+    token = Request(group, me, "probe", source, tag)
+    while True:
+        with world.lock:
+            world.check(rank)
+            found = next((s for s in group.sends if s.peer == me and _fits(token, s.me, s.tag)), None)
+            if found is None and block:
+                group.probes.append(token)
+                world.wait(rank, _Waiting(f"probe from {source} (tag {tag})", group, None, token=token))
+                continue
+            if found is not None:  # read under the lock: a receive may take the message next
+                found = (found.me, found.tag, found.payload.nbytes)
+        if found is not None:
+            fill_status(status, *found)
+            return True
+        world.pause(rank)
+        return False
+
+
+class PointToPoint:
+    """Point-to-point methods of SimComm (a mixin; `self._group`, `self._me`)."""
+
+    def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
+        return post_send(self._group, self._me, dest, tag, buf)
+
+    def Ibsend(self, buf: Any, dest: int, tag: int = 0) -> Request:
+        return post_send(self._group, self._me, dest, tag, buf, mode="buffered")
+
+    def Issend(self, buf: Any, dest: int, tag: int = 0) -> Request:
+        return post_send(self._group, self._me, dest, tag, buf, mode="synchronous")
+
+    Irsend = Isend
+
+    def Irecv(self, buf: Any, source: Optional[int] = None, tag: Optional[int] = None) -> Request:
+        return post_recv(self._group, self._me, _any(source, "ANY_SOURCE"), _any(tag, "ANY_TAG"), buf)
+
+    def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
+        self.Isend(buf, dest, tag).Wait()
+
+    def Bsend(self, buf: Any, dest: int, tag: int = 0) -> None:
+        self.Ibsend(buf, dest, tag).Wait()
+
+    def Ssend(self, buf: Any, dest: int, tag: int = 0) -> None:
+        self.Issend(buf, dest, tag).Wait()
+
+    Rsend = Send
+
+    def Recv(self, buf: Any, source: Optional[int] = None, tag: Optional[int] = None, status: Any = None) -> None:
+        self.Irecv(buf, source, tag).Wait(status)
+
+    def Isendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
+                  source: Optional[int] = None, recvtag: Optional[int] = None) -> Request:
+        send = self.Isend(sendbuf, dest, sendtag)
+        recv = self.Irecv(recvbuf, source, recvtag)
+        both = Request(None, self._me, "sendrecv")
+        both.null, both.parts = False, (send, recv)
+        return both
+
+    def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
+                 source: Optional[int] = None, recvtag: Optional[int] = None, status: Any = None) -> None:
+        self.Isendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag).Wait(status)
+
+    def Isendrecv_replace(self, buf: Any, dest: int, sendtag: int = 0, source: Optional[int] = None,
+                          recvtag: Optional[int] = None) -> Request:
+        data, count, _ = message(buf, "Sendrecv_replace buffer", readonly=False)
+        both = Request(None, self._me, "sendrecv")
+        send = self.Isend(data[:count].copy(), dest, sendtag)  # sent from a copy: `buf` is received into
+        both.null, both.parts = False, (send, self.Irecv(data[:count], source, recvtag))
+        return both
+
+    def Sendrecv_replace(self, buf: Any, dest: int, sendtag: int = 0, source: Optional[int] = None,
+                         recvtag: Optional[int] = None, status: Any = None) -> None:
+        self.Isendrecv_replace(buf, dest, sendtag, source, recvtag).Wait(status)
+
+    def Probe(self, source: Optional[int] = None, tag: Optional[int] = None, status: Any = None) -> bool:
+        return probe(self._group, self._me, _any(source, "ANY_SOURCE"), _any(tag, "ANY_TAG"), status, True)
+
+    def Iprobe(self, source: Optional[int] = None, tag: Optional[int] = None, status: Any = None) -> bool:
+        return probe(self._group, self._me, _any(source, "ANY_SOURCE"), _any(tag, "ANY_TAG"), status, False)
+
+    probe = Probe
+    iprobe = Iprobe
+
+    # -- objects (pickled) -------------------------------------------------------------------------
+
+    def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
+        return post_send(self._group, self._me, dest, tag, None, obj)
+
+    def ibsend(self, obj: Any, dest: int, tag: int = 0) -> Request:
+        return post_send(self._group, self._me, dest, tag, None, obj, mode="buffered")
+
+    def issend(self, obj: Any, dest: int, tag: int = 0) -> Request:
+        return post_send(self._group, self._me, dest, tag, None, obj, mode="synchronous")
+
+    def irecv(self, buf: Any = None, source: Optional[int] = None, tag: Optional[int] = None) -> Request:
+        return post_recv(self._group, self._me, _any(source, "ANY_SOURCE"), _any(tag, "ANY_TAG"), None)
+
+    def send(self, obj: Any, dest: int, tag: int = 0) -> None:
+        self.isend(obj, dest, tag).wait()
+
+    def bsend(self, obj: Any, dest: int, tag: int = 0) -> None:
+        self.ibsend(obj, dest, tag).wait()
+
+    def ssend(self, obj: Any, dest: int, tag: int = 0) -> None:
+        self.issend(obj, dest, tag).wait()
+
+    def recv(self, buf: Any = None, source: Optional[int] = None, tag: Optional[int] = None,
+             status: Any = None) -> Any:
+        if buf is not None:  # as mpi4py warns; the message is unpickled from its own bytes
+            import warnings
+
+            warnings.warn("the 'buf' argument is deprecated", UserWarning, stacklevel=2)
+        return self.irecv(None, source, tag).wait(status)
+
+    def sendrecv(self, sendobj: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
+                 source: Optional[int] = None, recvtag: Optional[int] = None, status: Any = None) -> Any:
+        send = self.isend(sendobj, dest, sendtag)
+        got = self.irecv(None, source, recvtag).wait(status)
+        send.wait()
+        return got

@@ -23,10 +23,11 @@ _RUNNING = threading.Lock()  # one simulation at a time: the runtime's per-rank 
 class RankState:
     """What one simulated rank sees as its own: its world communicator, open traces, call counter."""
 
-    __slots__ = ("rank", "size", "comm", "traces", "seq", "dry_run", "meter", "shared")
+    __slots__ = ("rank", "size", "comm", "traces", "seq", "dry_run", "meter", "shared", "self_comm")
 
     def __init__(self, rank: int, size: int, comm: SimComm, dry_run: bool, shared: dict) -> None:
         self.rank, self.size, self.comm = rank, size, comm
+        self.self_comm: Any = None  # MPI.COMM_SELF of this rank, made on first use (sim.comm.self_comm)
         self.shared = shared  # spmdsim.sim.once's results, one table for every rank of the run
         self.traces: list = []  # runtime.trace's open collectors of this rank
         self.seq = 0  # runtime.debug's collective counter of this rank
@@ -87,7 +88,7 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict, dry_run: 
     shared: dict = {}
 
     def body(rank: int) -> None:
-        state = states[rank] = RankState(rank, size, SimComm(engine.root, rank), dry_run, shared)
+        state = states[rank] = RankState(rank, size, SimComm(engine.root, rank, "MPI_COMM_WORLD"), dry_run, shared)
         _local.enter(state)
         try:
             engine.start(rank)  # a run slot: at most engine.slots ranks compute at once

@@ -1,0 +1,389 @@
+"""The buffer collectives of SimComm (mpi4py's Intracomm methods with capitalized names).
+
+Every member deposits its send data, reads the others' once all are there and
+writes only its own receive buffer, then waits until all have read
+(engine.Group.enter/leave). Counts are read from the message arguments as
+mpi4py reads them (spmdsim.sim._buffers.message): in Allgather, Alltoall,
+Gather and Scatter a count is per peer. Reductions add in group order (member
+0 + member 1 + ...), so every rank gets the same bytes on every run.
+Nonblocking forms complete when posted (a program posts collectives in the
+same order on every member, as MPI requires) and return an active request.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import DTypeError, ShapeError
+from ._buffers import copy_into, dtype_name, fold, in_place, message, reduction, vector
+
+__all__ = ["BufferCollectives", "bad_root"]
+
+_SUM = "sum"
+
+
+def bad_root(root: Any, size: int, call: str) -> BaseException:
+    """MPI's error for a root outside the communicator (MPI.Exception ERR_ROOT under mpi4py)."""
+    import sys
+
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None:
+        return mpi.Exception(mpi.ERR_ROOT)
+    return ShapeError(f"{call}: root {root!r} is outside the communicator of {size} ranks")
+
+
+def _same(op: str, a: np.ndarray, b: np.ndarray) -> None:
+    if a.dtype != b.dtype:
+        raise DTypeError(f"{op}: send dtype {a.dtype.name!r} and receive dtype {b.dtype.name!r} differ")
+
+
+def _shared(n: int, dtype: np.dtype) -> Callable[[Any], None]:
+    def complete(slot: Any) -> None:
+        slot.shared = np.empty(n, dtype)
+    return complete
+
+
+def _blocks_fit(op: str, sent: np.ndarray, recv: np.ndarray) -> None:
+    if sent.nbytes != recv.nbytes:
+        raise ShapeError(f"{op}: a block of {sent.size} x {sent.dtype.name} is sent where "
+                         f"{recv.size} x {recv.dtype.name} are received")
+
+
+class BufferCollectives:
+    """Buffer collectives on `self._group` (a mixin of SimComm)."""
+
+    def _root(self, root: Any, call: str) -> int:
+        g = self._group.size
+        if isinstance(root, (int, np.integer)) and 0 <= root < g:
+            return int(root)
+        raise bad_root(root, g, call)
+
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> None:
+        red = reduction(op)
+        dst, n, dt = message(recvbuf, "Allreduce recvbuf", readonly=False)
+        if in_place(sendbuf):
+            src = dst[:n]
+        else:
+            src, ns, _ = message(sendbuf, "Allreduce sendbuf")
+            _same("Allreduce", src, dst)
+            if ns > dst.size:
+                raise ShapeError(f"Allreduce: {ns} items do not fit the receive buffer of {dst.size}")
+            n = ns
+            src = src[:n]
+        signature = ("allreduce", dtype_name(src.dtype), n, red.name)
+        if self._dry("allreduce", signature, src, dst):
+            return
+        slot = self._enter("allreduce", signature, src, _shared(n, src.dtype))
+        g, me = self._group.size, self._me
+        lo, hi = n * me // g, n * (me + 1) // g
+        if hi > lo:
+            fold(red, [c.data[lo:hi] for c in slot.calls], slot.shared[lo:hi], dt)
+        self._group.leave(me, slot)
+        dst[:n] = slot.shared
+
+    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM, root: int = 0) -> None:
+        red = reduction(op)
+        me, root = self._me, self._root(root, "Reduce")
+        dst = dt = None
+        if me == root:
+            dst, n, dt = message(recvbuf, "Reduce recvbuf", readonly=False)
+            src = dst[:n] if in_place(sendbuf) else message(sendbuf, "Reduce sendbuf")[0][:n]
+        else:
+            src, n, dt = message(sendbuf, "Reduce sendbuf")
+            src = src[:n]
+        slot = self._enter("reduce", ("reduce", dtype_name(src.dtype), n, red.name, f"root {root}"), src)
+        out = np.empty(n, src.dtype) if me == root else None
+        if me == root:
+            fold(red, [c.data for c in slot.calls], out, dt)
+        self._group.leave(me, slot)
+        if me == root:
+            dst[:n] = out
+
+    def _scan(self, call: str, sendbuf: Any, recvbuf: Any, op: Any, exclusive: bool) -> None:
+        red = reduction(op)
+        dst, n, dt = message(recvbuf, f"{call} recvbuf", readonly=False)
+        src = dst[:n] if in_place(sendbuf) else message(sendbuf, f"{call} sendbuf")[0][:n]
+        slot = self._enter(call.lower(), (call.lower(), dtype_name(src.dtype), n, red.name), src)
+        me = self._me
+        upto = me if exclusive else me + 1
+        out = np.empty(n, src.dtype) if upto else None
+        if upto:
+            fold(red, [c.data for c in slot.calls[:upto]], out, dt)
+        self._group.leave(me, slot)
+        if upto:  # Exscan leaves rank 0's receive buffer as it was (MPI: undefined)
+            dst[:n] = out
+
+    def Scan(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> None:
+        self._scan("Scan", sendbuf, recvbuf, op, False)
+
+    def Exscan(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> None:
+        self._scan("Exscan", sendbuf, recvbuf, op, True)
+
+    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> None:
+        red = reduction(op)
+        g, me = self._group.size, self._me
+        inplace = in_place(sendbuf)
+        if inplace:
+            src, b, dt = message(recvbuf, "Reduce_scatter_block recvbuf", blocks=g, readonly=False)
+            dst = src
+        else:
+            dst, b, dt = message(recvbuf, "Reduce_scatter_block recvbuf", readonly=False)
+            src, bs, _ = message(sendbuf, "Reduce_scatter_block sendbuf", blocks=g)
+            _same("Reduce_scatter_block", src, dst)
+            if bs != b:
+                raise ShapeError(f"Reduce_scatter_block: send buffer of {g} x {bs} items for receive "
+                                 f"blocks of {b}")
+        signature = ("reduce_scatter", dtype_name(src.dtype), b, red.name)
+        if self._dry("reduce_scatter", signature, src, dst):
+            return
+        slot = self._enter("reduce_scatter", signature, src)
+        out = np.empty(b, src.dtype) if inplace else dst[:b]
+        fold(red, [c.data[me * b:(me + 1) * b] for c in slot.calls], out, dt)
+        self._group.leave(me, slot)
+        if inplace:
+            dst[:b] = out
+
+    def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = _SUM) -> None:
+        red = reduction(op)
+        g, me = self._group.size, self._me
+        dst, rc, dt = message(recvbuf, "Reduce_scatter recvbuf", readonly=False)
+        inplace = in_place(sendbuf)
+        if recvcounts is None:
+            if inplace:
+                raise ShapeError("Reduce_scatter with MPI.IN_PLACE needs recvcounts")
+            counts = [int(c) for c in self.allgather(rc)]
+        else:
+            counts = [int(c) for c in recvcounts]
+            if len(counts) != g:
+                raise ValueError(f"Reduce_scatter: {len(counts)} recvcounts for {g} ranks")
+        total = sum(counts)
+        if inplace:
+            src = dst[:total]
+        else:
+            src, ns, _ = message(sendbuf, "Reduce_scatter sendbuf")
+            _same("Reduce_scatter", src, dst)
+            if ns != total or rc != counts[me]:
+                raise ValueError(f"Reduce_scatter: send count {ns} and receive count {rc} do not match "
+                                 f"recvcounts {counts}")
+            src = src[:total]
+        signature = ("reduce_scatter_v", dtype_name(src.dtype), tuple(counts), red.name)
+        slot = self._enter("reduce_scatter_v", signature, src)
+        lo = sum(counts[:me])
+        out = np.empty(counts[me], src.dtype)
+        fold(red, [c.data[lo:lo + counts[me]] for c in slot.calls], out, dt)
+        self._group.leave(me, slot)
+        dst[:counts[me]] = out
+
+    def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
+        g, me = self._group.size, self._me
+        dst, n, _ = message(recvbuf, "Allgather recvbuf", blocks=g, readonly=False)
+        inplace = in_place(sendbuf)
+        if inplace:
+            src = dst[me * n:(me + 1) * n]
+        else:
+            src, ns, _ = message(sendbuf, "Allgather sendbuf")
+            src = src[:ns]
+            if src.nbytes != n * dst.itemsize:
+                if dst.nbytes < src.nbytes * g:
+                    raise ShapeError(f"Allgather: receive buffer of {dst.size} items is smaller than "
+                                     f"{g} x {src.size}")
+                _blocks_fit("Allgather", src, dst[:n])
+        signature = ("allgather", dtype_name(src.dtype), src.size)
+        if self._dry("allgather", signature, src, dst):
+            return
+        slot = self._enter("allgather", signature, src)
+        if not inplace and src.dtype == dst.dtype:
+            np.concatenate([c.data for c in slot.calls], out=dst[:n * g])
+        else:
+            for j, call in enumerate(slot.calls):
+                if j != me or not inplace:
+                    copy_into(dst[j * n:(j + 1) * n], call.data)
+        self._group.leave(me, slot)
+
+    def Allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:
+        g, me = self._group.size, self._me
+        dst, counts, displs, _ = vector(recvbuf, "Allgatherv recvbuf", g, readonly=False)
+        inplace = in_place(sendbuf)
+        if inplace:
+            src = dst[displs[me]:displs[me] + counts[me]]
+        else:
+            src, ns, _ = message(sendbuf, "Allgatherv sendbuf")
+            src = src[:ns]
+        slot = self._enter("allgatherv", ("allgatherv",), src)
+        for j, call in enumerate(slot.calls):
+            if j != me or not inplace:
+                part = dst[displs[j]:displs[j] + counts[j]]
+                _blocks_fit("Allgatherv", call.data, part)
+                copy_into(part, call.data)
+        self._group.leave(me, slot)
+
+    def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+        self._gather("Gather", sendbuf, recvbuf, root, False)
+
+    def Gatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+        self._gather("Gatherv", sendbuf, recvbuf, root, True)
+
+    def _gather(self, call: str, sendbuf: Any, recvbuf: Any, root: int, v: bool) -> None:
+        g, me, root = self._group.size, self._me, self._root(root, call)
+        skip = me == root and in_place(sendbuf)  # the root's block is in place already
+        src = None
+        if not skip:
+            src, ns, _ = message(sendbuf, f"{call} sendbuf")
+            src = src[:ns]
+        slot = self._enter(call.lower(), (call.lower(), f"root {root}"), src)
+        if me == root:
+            if v:
+                dst, counts, displs, _ = vector(recvbuf, f"{call} recvbuf", g, readonly=False)
+            else:
+                dst, n, _ = message(recvbuf, f"{call} recvbuf", blocks=g, readonly=False)
+                counts, displs = [n] * g, [n * j for j in range(g)]
+            for j, c in enumerate(slot.calls):
+                if c.data is not None:
+                    part = dst[displs[j]:displs[j] + counts[j]]
+                    _blocks_fit(call, c.data, part)
+                    copy_into(part, c.data)
+        self._group.leave(me, slot)
+
+    def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+        g, me, root = self._group.size, self._me, self._root(root, "Scatter")
+        data = None
+        if me == root:
+            src, n, _ = message(sendbuf, "Scatter sendbuf", blocks=g)
+            data = [src[j * n:(j + 1) * n] for j in range(g)]
+        slot = self._enter("scatter", ("scatter", f"root {root}"), data)
+        if not (me == root and in_place(recvbuf)):
+            dst, n, _ = message(recvbuf, "Scatter recvbuf", readonly=False)
+            block = slot.calls[root].data[me]
+            _blocks_fit("Scatter", block, dst[:n])
+            copy_into(dst[:n], block)
+        self._group.leave(me, slot)
+
+    def Scatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+        g, me, root = self._group.size, self._me, self._root(root, "Scatterv")
+        data = None
+        if me == root:
+            src, counts, displs, _ = vector(sendbuf, "Scatterv sendbuf", g)
+            data = [src[d:d + c] for c, d in zip(counts, displs)]
+        slot = self._enter("scatterv", ("scatterv", f"root {root}"), data)
+        if not (me == root and in_place(recvbuf)):
+            dst, n, _ = message(recvbuf, "Scatterv recvbuf", readonly=False)
+            block = slot.calls[root].data[me]
+            _blocks_fit("Scatterv", block, dst[:n])
+            copy_into(dst[:n], block)
+        self._group.leave(me, slot)
+
+    def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
+        g, me = self._group.size, self._me
+        dst, n, _ = message(recvbuf, "Alltoall recvbuf", blocks=g, readonly=False)
+        if in_place(sendbuf):
+            src, b = dst[:n * g].copy(), n  # every member reads it while this one writes dst
+        else:
+            src, b, _ = message(sendbuf, "Alltoall sendbuf", blocks=g)
+            if b * src.itemsize != n * dst.itemsize:
+                raise ShapeError(f"Alltoall: blocks of {b} x {src.dtype.name} are sent where "
+                                 f"blocks of {n} x {dst.dtype.name} are received")
+        signature = ("alltoall", dtype_name(src.dtype), b * g)
+        if self._dry("alltoall", signature, src, dst):
+            return
+        slot = self._enter("alltoall", signature, (src, b))
+        for j, call in enumerate(slot.calls):
+            theirs, tb = call.data
+            if theirs.dtype is dst.dtype:
+                dst[j * n:(j + 1) * n] = theirs[me * tb:(me + 1) * tb]
+            else:
+                copy_into(dst[j * n:(j + 1) * n], theirs[me * tb:(me + 1) * tb])
+        self._group.leave(me, slot)
+
+    def Alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:
+        g, me = self._group.size, self._me
+        dst, rcounts, rdispls, _ = vector(recvbuf, "Alltoallv recvbuf", g, readonly=False)
+        if in_place(sendbuf):
+            src = dst.copy()  # every member reads it while this one writes dst
+            scounts, sdispls = rcounts, rdispls
+        else:
+            src, scounts, sdispls, _ = vector(sendbuf, "Alltoallv sendbuf", g)
+        if self._dry("alltoallv", ("alltoallv", dtype_name(src.dtype)), src, dst):
+            return
+        slot = self._enter("alltoallv", ("alltoallv", dtype_name(src.dtype)), (src, scounts, sdispls))
+        size = dst.itemsize
+        for j, call in enumerate(slot.calls):
+            theirs, counts, displs = call.data
+            c, at, n = counts[me], displs[me], rcounts[j]
+            if c != n and c * theirs.itemsize != n * size:
+                raise ShapeError(f"Alltoallv counts disagree: rank {self._group.members[j]} sends "
+                                 f"{c} items to rank {self.world_rank}, which expects {n}")
+            if n:
+                if theirs.dtype is dst.dtype or theirs.dtype == dst.dtype:
+                    dst[rdispls[j]:rdispls[j] + n] = theirs[at:at + c]
+                else:
+                    copy_into(dst[rdispls[j]:rdispls[j] + n], theirs[at:at + c])
+        self._group.leave(me, slot)
+
+    def Bcast(self, buf: Any, root: int = 0) -> None:
+        root = self._root(root, "Bcast")
+        data, n, _ = message(buf, "Bcast buffer", readonly=self._me == root)
+        data = data[:n]
+        signature = ("bcast", dtype_name(data.dtype), data.size, f"root {root}")
+        if self._dry("bcast", signature, data):
+            return
+        slot = self._enter("bcast", signature, data)
+        if self._me != root:
+            copy_into(data, slot.calls[root].data)
+        self._group.leave(self._me, slot)
+
+    # -- nonblocking: posted and completed at once (see the module docstring) --------------------
+
+    def _posted(self, method: Callable, *args: Any) -> Any:
+        from .p2p import completed
+
+        method(*args)
+        return completed(self._group, self._me)
+
+    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> Any:
+        return self._posted(self.Allreduce, sendbuf, recvbuf, op)
+
+    def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM, root: int = 0) -> Any:
+        return self._posted(self.Reduce, sendbuf, recvbuf, op, root)
+
+    def Iscan(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> Any:
+        return self._posted(self.Scan, sendbuf, recvbuf, op)
+
+    def Iexscan(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> Any:
+        return self._posted(self.Exscan, sendbuf, recvbuf, op)
+
+    def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> Any:
+        return self._posted(self.Reduce_scatter_block, sendbuf, recvbuf, op)
+
+    def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = _SUM) -> Any:
+        return self._posted(self.Reduce_scatter, sendbuf, recvbuf, recvcounts, op)
+
+    def Iallgather(self, sendbuf: Any, recvbuf: Any) -> Any:
+        return self._posted(self.Allgather, sendbuf, recvbuf)
+
+    def Iallgatherv(self, sendbuf: Any, recvbuf: Any) -> Any:
+        return self._posted(self.Allgatherv, sendbuf, recvbuf)
+
+    def Igather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Any:
+        return self._posted(self.Gather, sendbuf, recvbuf, root)
+
+    def Igatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Any:
+        return self._posted(self.Gatherv, sendbuf, recvbuf, root)
+
+    def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Any:
+        return self._posted(self.Scatter, sendbuf, recvbuf, root)
+
+    def Iscatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Any:
+        return self._posted(self.Scatterv, sendbuf, recvbuf, root)
+
+    def Ialltoall(self, sendbuf: Any, recvbuf: Any) -> Any:
+        return self._posted(self.Alltoall, sendbuf, recvbuf)
+
+    def Ialltoallv(self, sendbuf: Any, recvbuf: Any) -> Any:
+        return self._posted(self.Alltoallv, sendbuf, recvbuf)
+
+    def Ibcast(self, buf: Any, root: int = 0) -> Any:
+        return self._posted(self.Bcast, buf, root)
+
+    def Ibarrier(self) -> Any:
+        return self._posted(self.Barrier)

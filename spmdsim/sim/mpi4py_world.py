@@ -1,0 +1,107 @@
+"""Unmodified mpi4py programs on simulated ranks: ``MPI.COMM_WORLD`` is each rank's own communicator.
+
+    with swapped():
+        spmdsim.simulate(8, main)     # inside main, MPI.COMM_WORLD is the simulated world
+
+While `swapped()` is active, the threads of simulated ranks see, on the
+``mpi4py.MPI`` module, COMM_WORLD and COMM_SELF as their own SimComms and
+Comm, Intracomm, Request and Group as the simulated classes (so
+``MPI.Request.Waitall(reqs)`` and ``MPI.Comm.Compare(a, b)`` take simulated
+objects); Init and Finalize do nothing (the real MPI stays initialized for the
+other ranks). Every other thread, and every other name, sees mpi4py as it is.
+It works by giving the module object a subclass of its type with those names
+as properties, and gives the type back on exit.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import types
+from typing import Any, Iterator
+
+from . import _local
+
+__all__ = ["swapped", "real", "SWAPPED"]
+
+#: The names of mpi4py.MPI that a simulated rank sees as its own.
+SWAPPED = ("COMM_WORLD", "COMM_SELF", "Comm", "Intracomm", "Request", "Group", "Init", "Init_thread",
+           "Finalize", "Is_finalized", "Attach_buffer", "Detach_buffer", "Flush_buffer", "Iflush_buffer")
+
+_BSEND_BUFFERS: dict = {}  # thread -> the buffer a simulated rank attached (its Bsend copies anyway)
+
+_LOCK = threading.Lock()
+_DEPTH = [0, None]  # nesting depth, the module's own type
+
+
+def real(name: str) -> Any:
+    """The mpi4py.MPI attribute `name` as mpi4py defines it (not swapped)."""
+    from mpi4py import MPI
+
+    return MPI.__dict__[name]
+
+
+def _simulated(name: str, state: Any) -> Any:
+    from .comm import SimComm, self_comm
+
+    if name == "COMM_WORLD":
+        return state.comm
+    if name == "COMM_SELF":
+        return self_comm(state)
+    if name in ("Comm", "Intracomm"):
+        return SimComm
+    if name == "Request":
+        from .requests import Request
+
+        return Request
+    if name == "Group":
+        from .group import SimGroup
+
+        return SimGroup
+    if name == "Is_finalized":
+        return lambda: False
+    if name == "Attach_buffer":
+        return lambda buf: _BSEND_BUFFERS.__setitem__(threading.get_ident(), buf)
+    if name == "Detach_buffer":
+        return lambda: _BSEND_BUFFERS.pop(threading.get_ident(), None)
+    if name == "Iflush_buffer":
+        from .requests import completed
+
+        return completed
+    return lambda *args, **kwargs: None  # Init, Init_thread, Finalize
+
+
+def _property(name: str) -> property:
+    def get(module: Any) -> Any:
+        state = _local.current()
+        if state is None:
+            return module.__dict__[name]
+        return _simulated(name, state)
+    return property(get)
+
+
+class _SimulatedMPI(types.ModuleType):
+    """mpi4py.MPI's module type while swapped (see the module docstring)."""
+
+
+for _name in SWAPPED:
+    setattr(_SimulatedMPI, _name, _property(_name))
+del _name
+
+
+@contextlib.contextmanager
+def swapped() -> Iterator[None]:
+    """Within this block, simulated ranks' threads see MPI.COMM_WORLD as their own (nests)."""
+    from mpi4py import MPI
+
+    with _LOCK:
+        if _DEPTH[0] == 0:
+            _DEPTH[1] = type(MPI)
+            MPI.__class__ = _SimulatedMPI
+        _DEPTH[0] += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _DEPTH[0] -= 1
+            if _DEPTH[0] == 0:
+                MPI.__class__ = _DEPTH[1]

@@ -1,0 +1,312 @@
+"""Requests of simulated ranks, with mpi4py's Request API: Wait/Test and Waitall/any/some, Cancel, Free.
+
+A request is active (truthy, unequal to MPI.REQUEST_NULL) until a Wait or a
+successful Test completes it; then it is null, as in mpi4py. The class
+methods take lists of these requests; inside `spmdsim mpirun` (and
+spmdsim.sim.mpi4py_world) ``MPI.Request`` is this class, so
+``MPI.Request.Waitall(reqs)`` works unchanged.
+"""
+from __future__ import annotations
+
+import pickle
+import sys
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from ._buffers import special
+from .engine import Group, _Waiting
+
+__all__ = ["Request", "completed", "fill_status"]
+
+
+def _mpi() -> Any:
+    return sys.modules.get("mpi4py.MPI")
+
+
+def fill_status(status: Any, source: int, tag: int, nbytes: int, cancelled: bool = False) -> None:
+    """Write source, tag and byte count into an MPI.Status (Get_count(datatype) then divides)."""
+    if status is None or not hasattr(status, "Set_source"):
+        return
+    status.Set_source(source)
+    status.Set_tag(tag)
+    status.Set_error(0)
+    mpi = _mpi()
+    if mpi is not None and hasattr(status, "Set_elements"):
+        status.Set_elements(mpi.BYTE, nbytes)
+        status.Set_cancelled(cancelled)
+
+
+def _empty(status: Any) -> None:
+    """MPI's empty status (a null request's): any source, any tag, no data."""
+    fill_status(status, special("ANY_SOURCE"), special("ANY_TAG"), 0)
+
+
+class Request:
+    """A pending operation of one simulated rank (see the module docstring)."""
+
+    __slots__ = ("group", "me", "kind", "peer", "tag", "buf", "payload", "done", "null", "error",
+                 "source", "got_tag", "nbytes", "obj", "parts", "cancelled", "mode", "__weakref__")
+
+    def __init__(self, group: Any = None, me: int = 0, kind: str = "null", peer: int = 0, tag: int = 0,
+                 buf: Optional[np.ndarray] = None) -> None:
+        if not isinstance(group, (Group, type(None))):  # MPI.Request(request): mpi4py's copy
+            if not isinstance(group, Request):
+                raise TypeError(f"expected a Request, got {type(group).__name__}")
+            other = group
+            for name in Request.__slots__[:-1]:
+                setattr(self, name, getattr(other, name))
+            return
+        self.group, self.me, self.kind = group, me, kind
+        self.peer, self.tag, self.buf = peer, tag, buf
+        self.payload: Optional[np.ndarray] = None  # a send's bytes (a receive's, once delivered)
+        self.done = group is None
+        self.null = kind == "null"
+        self.error: Optional[BaseException] = None
+        self.source, self.got_tag, self.nbytes = special("ANY_SOURCE"), special("ANY_TAG"), 0
+        self.obj = None
+        self.parts: tuple = ()
+        self.cancelled = False
+        self.mode = "standard"
+
+    # -- identity (mpi4py: a completed request equals MPI.REQUEST_NULL and is falsy) ------------
+
+    def __bool__(self) -> bool:
+        return not self.null
+
+    def __eq__(self, other: Any) -> bool:
+        if isinstance(other, Request):
+            return self is other or (self.null and other.null)
+        mpi = _mpi()
+        if mpi is not None and isinstance(other, mpi.__dict__["Request"]):  # the class itself, also swapped
+            return self.null and other == mpi.REQUEST_NULL
+        return NotImplemented
+
+    def __ne__(self, other: Any) -> Any:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return f"<simulated Request {'null' if self.null else self._what()}>"
+
+    def _what(self) -> str:
+        if self.kind not in ("send", "recv"):
+            return self.kind
+        peer = "any rank" if self.peer == special("ANY_SOURCE") else f"group rank {self.peer}"
+        way = "to" if self.kind == "send" else "from"
+        return f"{self.kind} {way} {peer} (tag {self.tag})"
+
+    # -- completion ---------------------------------------------------------------------------
+
+    def _ready(self) -> bool:
+        return self.done and all(p.done for p in self.parts)
+
+    def _block(self) -> None:
+        """Wait (as this rank) until the operation is done."""
+        for part in (*self.parts, self):
+            if part.group is None or part.done:
+                continue
+            world = part.group.world
+            rank = part.group.members[part.me]
+            with world.lock:
+                world.check(rank)
+                if not part.done:
+                    world.wait(rank, _Waiting(part._what(), part.group, None, token=part))
+
+    def _finish(self, status: Any) -> Any:
+        """Make the request null; fill `status`; return the received object (object receives)."""
+        if self.null:
+            _empty(status)
+            return None
+        self.null = True
+        recv = next((p for p in self.parts if p.kind == "recv"), self)
+        if recv.error is not None:
+            raise recv.error
+        if recv.kind == "recv" or recv.cancelled:
+            fill_status(status, recv.source, recv.got_tag, recv.nbytes, recv.cancelled)
+        elif recv.kind == "recv-null":  # MPI: a receive from MPI.PROC_NULL
+            fill_status(status, special("PROC_NULL"), special("ANY_TAG"), 0)
+        elif status is not None and self.kind != "send":
+            _empty(status)
+        if recv.kind == "recv" and recv.buf is None and recv.payload:  # an empty message is None
+            return pickle.loads(recv.payload)
+        return None
+
+    def _pause(self) -> None:
+        """Not done yet: let a rank waiting for a run slot compute (it may be the peer)."""
+        group = self.group or next((p.group for p in self.parts if p.group is not None), None)
+        if group is not None:
+            group.world.pause(group.members[self.me])
+
+    def Wait(self, status: Any = None) -> bool:
+        """Block until the operation completed (mpi4py returns True)."""
+        self._block()
+        self._finish(status)
+        return True
+
+    def wait(self, status: Any = None) -> Any:
+        """Block until done; a receive of an object returns it."""
+        self._block()
+        return self._finish(status)
+
+    def Test(self, status: Any = None) -> bool:
+        if self.null or self._ready():
+            self._finish(status)
+            return True
+        self._pause()
+        return False
+
+    def test(self, status: Any = None) -> tuple[bool, Any]:
+        if self.null or self._ready():
+            return True, self._finish(status)
+        self._pause()
+        return False, None
+
+    def Get_status(self, status: Any = None) -> bool:
+        """Whether done, without completing the request."""
+        if self.null:
+            _empty(status)
+            return True
+        if self._ready():
+            if self.kind == "recv" or self.cancelled:
+                fill_status(status, self.source, self.got_tag, self.nbytes, self.cancelled)
+            return True
+        self._pause()
+        return False
+
+    get_status = Get_status
+
+    def Cancel(self) -> None:
+        """Cancel a receive (or a send) that no message matched yet."""
+        from .p2p import cancel
+
+        cancel(self)
+
+    cancel = Cancel
+
+    def Free(self) -> None:
+        """Drop the handle; the operation still completes (MPI_Request_free)."""
+        self.null = True
+
+    free = Free
+
+    # -- many requests -------------------------------------------------------------------------
+
+    @classmethod
+    def Waitall(cls, requests: Sequence["Request"], statuses: Any = None) -> bool:
+        cls.waitall(requests, statuses)
+        return True
+
+    @classmethod
+    def waitall(cls, requests: Sequence["Request"], statuses: Any = None) -> list:
+        statuses = _statuses(statuses, len(requests))
+        for r in requests:
+            r._block()
+        return [r._finish(statuses[i] if statuses else None) for i, r in enumerate(requests)]
+
+    @classmethod
+    def Testall(cls, requests: Sequence["Request"], statuses: Any = None) -> bool:
+        return cls.testall(requests, statuses)[0]
+
+    @classmethod
+    def testall(cls, requests: Sequence["Request"], statuses: Any = None) -> tuple[bool, Optional[list]]:
+        pending = next((r for r in requests if not r.null and not r._ready()), None)
+        if pending is not None:
+            pending._pause()
+            return False, None
+        statuses = _statuses(statuses, len(requests))
+        return True, [r._finish(statuses[i] if statuses else None) for i, r in enumerate(requests)]
+
+    @classmethod
+    def Waitany(cls, requests: Sequence["Request"], status: Any = None) -> int:
+        return cls.waitany(requests, status)[0]
+
+    @classmethod
+    def waitany(cls, requests: Sequence["Request"], status: Any = None) -> tuple[int, Any]:
+        while True:
+            index, flag, obj = cls.testany(requests, status, pause=False)
+            if flag:
+                return index, obj
+            _block_any(requests)
+
+    @classmethod
+    def Testany(cls, requests: Sequence["Request"], status: Any = None) -> tuple[int, bool]:
+        index, flag, _ = cls.testany(requests, status)
+        return index, flag
+
+    @classmethod
+    def testany(cls, requests: Sequence["Request"], status: Any = None,
+                pause: bool = True) -> tuple[int, bool, Any]:
+        active = [i for i, r in enumerate(requests) if not r.null]
+        if not active:
+            _empty(status)
+            return special("UNDEFINED"), True, None
+        for i in active:
+            if requests[i]._ready():
+                return i, True, requests[i]._finish(status)
+        if pause:
+            requests[active[0]]._pause()
+        return special("UNDEFINED"), False, None
+
+    @classmethod
+    def Waitsome(cls, requests: Sequence["Request"], statuses: Any = None) -> Optional[list]:
+        return cls.waitsome(requests, statuses)[0]
+
+    @classmethod
+    def waitsome(cls, requests: Sequence["Request"], statuses: Any = None) -> tuple:
+        while True:
+            indices, objs = cls.testsome(requests, statuses, pause=False)
+            if indices is None or indices:
+                return indices, objs
+            _block_any(requests)
+
+    @classmethod
+    def Testsome(cls, requests: Sequence["Request"], statuses: Any = None) -> Optional[list]:
+        return cls.testsome(requests, statuses)[0]
+
+    @classmethod
+    def testsome(cls, requests: Sequence["Request"], statuses: Any = None, pause: bool = True) -> tuple:
+        active = [i for i, r in enumerate(requests) if not r.null]
+        if not active:
+            return None, None
+        ready = [i for i in active if requests[i]._ready()]
+        if not ready:
+            if pause:
+                requests[active[0]]._pause()
+            return [], []
+        statuses = _statuses(statuses, len(ready))
+        objs = [requests[i]._finish(statuses[k] if statuses else None) for k, i in enumerate(ready)]
+        return ready, objs
+
+
+def _statuses(statuses: Any, n: int) -> Any:
+    """mpi4py's rule: a list of statuses shorter than needed grows with new MPI.Status objects."""
+    if statuses is None:
+        return None
+    if isinstance(statuses, list) and len(statuses) < n:
+        statuses += [_mpi().Status() for _ in range(n - len(statuses))]
+    return statuses
+
+
+def _block_any(requests: Sequence[Request]) -> None:
+    """Wait until one of `requests` (not null, not done) completes."""
+    pending = tuple(p for r in requests if not r.null for p in (*r.parts, r) if not p.done and p.group)
+    if not pending:
+        return
+    group = pending[0].group
+    world = group.world
+    rank = group.members[pending[0].me]
+    with world.lock:
+        world.check(rank)
+        if all(not p.done for p in pending):
+            world.wait(rank, _Waiting(" | ".join(p._what() for p in pending[:3]), group, None, token=pending))
+
+
+def completed(group: Optional[Group] = None, me: int = 0, kind: str = "done") -> Request:
+    """An active request whose operation is already complete (a nonblocking collective, PROC_NULL)."""
+    req = Request(None, me, kind)
+    req.null = False
+    req.group = None
+    return req

@@ -1,0 +1,221 @@
+"""mpi4py's own test files, run against simulated ranks (MPI.COMM_WORLD swapped per rank).
+
+    python tests/mpi4py_suite.py --ranks 1,2,3,4,8            # every in-scope test file
+    python tests/mpi4py_suite.py --ranks 4 --only testAlltoall --verbose
+
+The test files are those of the installed mpi4py's sdist (``test/``, not in the
+wheel): from $SPMDSIM_MPI4PY_TESTS, else from ~/.cache/spmdsim/mpi4py-<version>/test,
+which ``--fetch`` fills with ``pip download --no-binary :all: mpi4py==<version>``.
+Each test method runs in its own ``spmdsim.simulate(n, ...)``: every rank runs
+the method on its own TestCase, as ``mpiexec -n N python -m mpi4py`` would.
+A test counts as passed when it passes on every rank. OUT_OF_SCOPE lists what
+the emulator does not do, with why; tests/test_sim_mpi4py_suite.py fails on any
+other failure.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+import traceback
+import unittest
+from pathlib import Path
+
+#: The test files run (mpi4py's intracommunicator collectives, communicators, point to point).
+FILES = ("test_cco_buf", "test_cco_nb_buf", "test_cco_obj", "test_cco_vec", "test_cco_nb_vec", "test_comm",
+         "test_p2p_buf", "test_p2p_obj")
+
+#: Test names (regular expressions on "module.Class.method") that are out of scope, and why.
+OUT_OF_SCOPE = {
+    r"\.testAlltoallw|\.testAlltoallwBottom|TypeIndexed": "derived datatypes",
+    r"\.testPersistent|\.testPreq|Persistent|\.test\w*Init\b|_init": "persistent requests",
+    r"test_comm\.TestComm\w*\.testCreateFromGroup": "MPI sessions (Intracomm.Create_from_group)",
+    r"test_p2p_buf\.\w+\.testConstructor": "persistent requests (it builds an MPI.Prequest)",
+    r"\.testCommLock": "mpi4py's private lock table of a real MPI communicator (MPI._comm_lock_table)",
+}
+
+
+def out_of_scope(test_id: str) -> str | None:
+    for pattern, why in OUT_OF_SCOPE.items():
+        if re.search(pattern, test_id):
+            return why
+    return None
+
+
+def cache_dir() -> Path:
+    import mpi4py
+
+    return Path.home() / ".cache" / "spmdsim" / f"mpi4py-{mpi4py.__version__}"
+
+
+def find_tests() -> Path | None:
+    """The directory of mpi4py's test files, or None."""
+    env = os.environ.get("SPMDSIM_MPI4PY_TESTS")
+    if env:
+        return Path(env)
+    found = cache_dir() / "test"
+    return found if (found / "mpiunittest.py").exists() else None
+
+
+def fetch() -> Path:
+    """Download the installed mpi4py's sdist with pip and keep its test/ in the cache."""
+    import mpi4py
+
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                        f"mpi4py=={mpi4py.__version__}", "-d", tmp], check=True, capture_output=True)
+        sdist = next(Path(tmp).glob("mpi4py-*.tar.gz"))
+        with tarfile.open(sdist) as tar:
+            top = f"mpi4py-{mpi4py.__version__}/test/"
+            members = [m for m in tar.getmembers() if m.name.startswith(top) and m.isfile()]
+            for m in members:
+                m.name = m.name[len(f"mpi4py-{mpi4py.__version__}/"):]
+            cache_dir().mkdir(parents=True, exist_ok=True)
+            tar.extractall(cache_dir(), members=members, filter="data")
+    return cache_dir() / "test"
+
+
+class _PerRank:
+    """A TestCase class attribute COMM that is each simulated rank's MPI.COMM_WORLD / COMM_SELF."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: object, cls: type) -> object:
+        from mpi4py import MPI
+
+        return getattr(MPI, self.name)
+
+
+class _ThreadLoop(threading.local):
+    """arrayimpl.loop with its attributes (loop.array, loop.typecode) per thread, as per process under MPI."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+
+def load(test_dir: Path, files=FILES) -> dict:
+    """test id -> (module, TestCase class, method name), with COMM made per rank."""
+    from mpi4py import MPI
+
+    sys.path.insert(0, str(test_dir))
+    import arrayimpl
+
+    if not isinstance(arrayimpl.loop, _ThreadLoop):
+        arrayimpl.loop = _ThreadLoop(arrayimpl.loop)
+    world, self_ = MPI.__dict__["COMM_WORLD"], MPI.__dict__["COMM_SELF"]
+    cases = {}
+    for name in files:
+        module = __import__(name)
+        for cls in vars(module).values():
+            if not (isinstance(cls, type) and issubclass(cls, unittest.TestCase)):
+                continue
+            for klass in cls.__mro__:
+                comm = klass.__dict__.get("COMM")
+                if comm is world:
+                    klass.COMM = _PerRank("COMM_WORLD")
+                elif comm is self_:
+                    klass.COMM = _PerRank("COMM_SELF")
+            for method in unittest.TestLoader().getTestCaseNames(cls):
+                cases[f"{name}.{cls.__name__}.{method}"] = (cls, method)
+    return cases
+
+
+def _rank_body(cls: type, method: str) -> tuple[str, str]:
+    result = unittest.TestResult()
+    cls(method).run(result)
+    problems = result.errors + result.failures
+    if problems:
+        return "fail", problems[0][1][-1500:]
+    if result.skipped and not result.testsRun - len(result.skipped):
+        return "skip", result.skipped[0][1]
+    return "pass", ""
+
+
+def run_one(cls: type, method: str, n: int) -> tuple[str, str]:
+    """('pass' | 'fail' | 'skip', detail) of one test method on n simulated ranks."""
+    import spmdsim
+
+    try:
+        outcomes = spmdsim.simulate(n, _rank_body, cls, method)
+    except BaseException as exc:  # noqa: BLE001 - a test that broke the simulation fails
+        return "fail", "".join(traceback.format_exception_only(type(exc), exc))[-1500:]
+    bad = [(r, d) for r, (v, d) in enumerate(outcomes) if v == "fail"]
+    if bad:
+        return "fail", f"rank {bad[0][0]}: {bad[0][1]}"
+    if all(v == "skip" for v, _ in outcomes):
+        return "skip", outcomes[0][1]
+    return "pass", ""
+
+
+def run(test_dir: Path, ranks: list[int], only: str | None = None, files=FILES) -> dict:
+    """{ranks: {test id: [outcome, detail, out-of-scope reason or None, seconds]}}."""
+    from spmdsim.sim.mpi4py_world import swapped
+
+    cases = load(test_dir, files)
+    results: dict = {}
+    with swapped():
+        for n in ranks:
+            table = results[str(n)] = {}
+            for test_id, (cls, method) in cases.items():
+                if only and not re.search(only, test_id):
+                    continue
+                t0 = time.perf_counter()
+                outcome, detail = run_one(cls, method, n)
+                table[test_id] = [outcome, detail, out_of_scope(test_id), round(time.perf_counter() - t0, 3)]
+    return results
+
+
+def summary(results: dict) -> list[str]:
+    lines = []
+    for n, table in results.items():
+        scope = [v for v in table.values() if v[2] is None and v[0] != "skip"]
+        passed = sum(v[0] == "pass" for v in scope)
+        outside = sum(v[2] is not None for v in table.values())
+        lines.append(f"{n} ranks: {passed} of {len(scope)} in-scope tests pass; "
+                     f"{outside} out of scope; {sum(v[0] == 'skip' for v in table.values())} skipped")
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", default="1,2,3,4,8")
+    parser.add_argument("--only", help="a regular expression on the test ids")
+    parser.add_argument("--fetch", action="store_true", help="download mpi4py's test files first")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    test_dir = find_tests()
+    if test_dir is None and args.fetch:
+        test_dir = fetch()
+    if test_dir is None:
+        print("mpi4py's test files are not here: run with --fetch, or set SPMDSIM_MPI4PY_TESTS", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    results = run(test_dir, [int(n) for n in args.ranks.split(",")], args.only)
+    for line in summary(results):
+        print(line)
+    for n, table in results.items():
+        for test_id, (outcome, detail, why, _) in table.items():
+            if outcome == "fail" and (why is None or args.verbose):
+                print(f"FAIL {n} {test_id}{' (out of scope: ' + why + ')' if why else ''}")
+                if args.verbose:
+                    print("   " + detail.strip().replace("\n", "\n   "))
+    print(f"{time.perf_counter() - t0:.1f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

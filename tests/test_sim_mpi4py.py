@@ -1,0 +1,130 @@
+"""Simulated ranks behave as mpi4py's intracommunicator: values from MPI's semantics, and MPICH's own.
+
+The snippets (tests/mpi4py_snippets.py) are plain mpi4py code on MPI.COMM_WORLD;
+here they run on simulated ranks with MPI.COMM_WORLD swapped, and the same file
+runs under ``mpiexec -n N`` for MPICH's results.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mpi4py_snippets as snippets
+from spmdsim.sim import simulate
+from spmdsim.sim.mpi4py_world import swapped
+from testkit import MPIEXEC
+
+HERE = Path(__file__).resolve().parent
+
+
+def _simulated(n: int) -> list:
+    with swapped():
+        return [json.loads(json.dumps(r)) for r in simulate(n, snippets.run_all)]
+
+
+@pytest.mark.parametrize("p", [2, 4])
+def test_values_mpi_defines(p):
+    from mpi4py import MPI
+
+    got = _simulated(p)
+    for r, res in enumerate(got):
+        # A count in Alltoall/Allgather/Gather/Reduce_scatter_block is per peer.
+        assert res["alltoall_count_per_peer"] == [10 * j + 2 * r + k for j in range(p) for k in range(2)] + [0, 0]
+        allg, gath = res["allgather_and_gather_count_per_peer"]
+        assert allg == list(range(p)) + [0] * p
+        assert gath == (list(range(p)) if r == 0 else []) + [0] * (2 * p if r else p)
+        assert res["reduce_scatter_block_count"] == [p * k + p * (p - 1) / 2 for k in (2 * r, 2 * r + 1)] + [0.0]
+        # Status: source, tag and count of the message; PROC_NULL's status.
+        left = (r - 1) % p
+        assert res["recv_status_and_proc_null"] == [left, 7, 3, [left, left + 1, left + 2, 0, 0], True, True, 0]
+        # Requests: active until waited, then null; Wait returns True; Waitall fills the statuses.
+        assert res["requests_null_after_wait"] == [[True, True], True, False, True, True, 2, left, [False, False]]
+        comms = res["communicators"]
+        assert comms[:5] == [True, True, p, True, p] and comms[5] == r
+        assert comms[6] == (r // 2 if r % 2 == 0 else MPI.UNDEFINED)
+        assert comms[7] == ((p + 1) // 2 if r % 2 == 0 else None)
+        assert comms[8] == (list(range(0, p, 2)) if r % 2 == 0 else None)
+        assert comms[9:] == [True, True, False, "MPI_COMM_WORLD", "mine"]
+        # Pickled bytes sent as a buffer arrive as the object; bcast hands the root a copy.
+        assert res["pickled_bytes_and_objects"] == [{"from": left, "x": [1, 2, 3]}, {"r": 0}, False]
+        # DLPack and __cuda_array_interface__ buffers are written in place.
+        assert res["dlpack_and_cai_in_place"] == [[float(p - 1)] * 3, [p * (p - 1) // 2] * 2]
+        s, g, root = res["in_place_and_none"]
+        assert s == [p * (p + 1) // 2] * 2 and g == [100 + j for j in range(p)]
+        assert root == ([7] + list(range(1, p)) if r == 0 else None)
+        assert res["alltoallv_forms"] == [[100 * j + 2 * r + k for j in range(p) for k in range(2)]] * 3
+        assert res["bcast_bad_root"] is True
+        assert res["eager_ring_of_small_sends"] == [[left] * 4, 10 * left, [left]]
+        counts = [j + 1 for j in range(p)]
+        full = list(range(sum(counts)))
+        mine, block, back, every = res["scatter_gather_v"]
+        assert mine == [float(v) for v in full[sum(counts[:r]):sum(counts[:r + 1])]]
+        assert block == [2 * r, 2 * r + 1]
+        assert back == ([2.0 * v for v in full] if r == p - 1 else None)
+        assert every == [float(v) for v in full]
+        inc, exc, rs, best, worst, land, scan, exscan = res["scans_and_reductions"]
+        assert inc == [sum(j + 1 for j in range(r + 1)), sum(2 * j for j in range(r + 1))]
+        assert exc == ([sum(j + 1 for j in range(r)), sum(2 * j for j in range(r))] if r else None)
+        assert rs == [p * v for v in full[sum(counts[:r]):sum(counts[:r + 1])]]
+        values = [(j * 3) % p for j in range(p)]
+        assert best == [float(max(values)), values.index(max(values))]
+        assert worst == [0.0, 0] and land == [0] and scan == sum(range(r + 1))
+        assert exscan == (sum(range(r)) if r else None)
+        assert res["p2p_more"] == [[left] * 3, {"r": left}, left, [left, 10], True, left]
+
+
+@pytest.mark.skipif(not MPIEXEC, reason="no mpiexec beside this Python (pip install -e '.[mpi]')")
+@pytest.mark.parametrize("p", [1, 3, 4])
+def test_same_results_as_mpich(p, tmp_path):
+    out = tmp_path / "mpich.json"
+    run = subprocess.run(["timeout", "-k", "5", "120", MPIEXEC, "-n", str(p), sys.executable,
+                          str(HERE / "mpi4py_snippets.py"), str(out)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    mpich = json.loads(out.read_text())
+    for r, (ours, theirs) in enumerate(zip(_simulated(p), mpich)):
+        for name in theirs:
+            assert ours[name] == theirs[name], f"{name} on rank {r} of {p}"
+
+
+def test_request_api_on_simulated_requests():
+    """MPI.Request's class methods take simulated requests; Testsome/Waitsome/any as mpi4py returns."""
+    from mpi4py import MPI
+
+    def body():
+        comm = MPI.COMM_WORLD
+        r = comm.rank
+        if r == 0:
+            big = np.zeros(4096)  # above the eager limit: pending until rank 1 receives
+            reqs = [comm.Isend(big, 1, 1), comm.Issend(np.ones(1), 1, 2)]
+            first = MPI.Request.Testall(reqs), MPI.Request.Testsome(reqs), MPI.Request.Testany(reqs)
+            comm.Barrier()
+            done = MPI.Request.Waitsome(reqs)
+            MPI.Request.Waitall(reqs)
+            return [first[0], first[1], first[2], sorted(done) in ([0], [1], [0, 1]), [bool(q) for q in reqs],
+                    MPI.Request.Waitany(reqs) == MPI.UNDEFINED, MPI.Request.Testsome(reqs)]
+        comm.Barrier()
+        comm.Recv(np.zeros(4096), 0, 1)
+        comm.Recv(np.zeros(1), 0, 2)
+        return None
+
+    with swapped():
+        result = simulate(2, body)[0]
+    assert result == [False, [], (MPI.UNDEFINED, False), True, [False, False], True, None]
+
+
+def test_unmodified_script_sees_its_own_world():
+    """Outside simulated ranks mpi4py is untouched; inside, MPI.COMM_WORLD is the rank's."""
+    from mpi4py import MPI
+
+    real = MPI.COMM_WORLD
+    with swapped():
+        ranks = simulate(3, lambda: (MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size(),
+                                     MPI.COMM_SELF.Get_size(), MPI.Is_finalized()))
+        assert MPI.COMM_WORLD is real
+    assert ranks == [(0, 3, 1, False), (1, 3, 1, False), (2, 3, 1, False)]
+    assert MPI.COMM_WORLD is real and type(MPI).__name__ == "module"

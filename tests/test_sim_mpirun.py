@@ -1,0 +1,61 @@
+"""`spmdsim mpirun -n 8 python script.py`: unmodified mpi4py programs print what MPICH's mpiexec prints."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spmdsim.cli.main import main
+from testkit import MPIEXEC
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples" / "mpi4py"
+STDIN = {"cpi.py": "10000\n100\n0\n"}  # cpi reads interval counts until 0
+
+
+def _lines(name: str, out: str) -> list:
+    if name == "helloworld.py":  # ranks print at once: MPICH may even join lines
+        return sorted(re.findall(r"Hello, World! I am process \d+ of \d+ on \S+\.", out))
+    return out.splitlines()
+
+
+@pytest.mark.skipif(not MPIEXEC, reason="no mpiexec beside this Python (pip install -e '.[mpi]')")
+@pytest.mark.parametrize("name", ["helloworld.py", "cpi.py", "ring.py", "matvec.py", "psort.py"])
+def test_example_prints_what_mpiexec_prints(name):
+    script = str(EXAMPLES / name)
+    stdin = STDIN.get(name, "")
+    sim = subprocess.run([sys.executable, "-m", "spmdsim", "mpirun", "-n", "8", "python", script],
+                         input=stdin, capture_output=True, text=True, timeout=120)
+    mpi = subprocess.run(["timeout", "-k", "5", "60", MPIEXEC, "-n", "8", sys.executable, script],
+                         input=stdin, capture_output=True, text=True)
+    assert sim.returncode == 0 and mpi.returncode == 0, (sim.stderr, mpi.stderr)
+    assert sim.stderr == ""
+    assert _lines(name, sim.stdout) == _lines(name, mpi.stdout) and sim.stdout.strip()
+
+
+def test_exit_codes_errors_and_module_form(tmp_path, capsys):
+    prog = tmp_path / "prog.py"
+    prog.write_text("import sys\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
+                    "print('rank', comm.rank, 'argv', sys.argv[1:])\n"
+                    "if comm.rank == 2 and sys.argv[1:] == ['boom']:\n    raise ValueError('rank two broke')\n"
+                    "comm.Barrier()\nsys.exit(comm.rank if sys.argv[1:] == ['codes'] else 0)\n")
+    assert main(["mpirun", "-n", "4", "python", str(prog), "codes"]) == 3
+    out = capsys.readouterr().out
+    assert sorted(out.splitlines()) == [f"rank {r} argv ['codes']" for r in range(4)]
+    assert main(["mpirun", "-n", "4", str(prog), "boom"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("spmdsim mpirun: error on simulated rank 2: ValueError: rank two broke\n")
+    assert err.endswith("raised on simulated rank 2 of 4\n")
+    assert main(["mpirun", "-n", "0", str(prog)]) == 2
+    assert "-n 0 must be a number of ranks from 1 to 4096" in capsys.readouterr().err
+    assert main(["mpirun", "-n", "2", "python", str(tmp_path / "absent.py")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    run = subprocess.run([sys.executable, "-m", "spmdsim.sim.mpirun", "-n", "3", "-m", "mpi4py.bench", "helloworld"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert sorted(run.stdout.splitlines()) == sorted(f"Hello, World! I am process {r} of 3 on "
+                                                     f"{run.stdout.split(' on ')[1].split('.')[0]}."
+                                                     for r in range(3))
