@@ -60,8 +60,8 @@ def test_allreduce_refuses_an_unknown_op_on_every_rank():
     def body():
         mesh = Mesh(Layout((2,), ("x",)), world())
         try:
-            C.allreduce(mesh, np.ones(3), "x", op="min")
+            C.allreduce(mesh, np.ones(3), "x", op="prod")
         except OperatorError as e:
             return str(e)
 
-    assert simulate(2, body) == ["allreduce op 'min' is not supported; expected 'sum' or 'max'"] * 2
+    assert simulate(2, body) == ["allreduce op 'prod' is not supported; expected 'sum', 'max' or 'min'"] * 2

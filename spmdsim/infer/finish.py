@@ -1,6 +1,6 @@
 """Finishing a result: the step records that turn a local result into the wanted layout (pure).
 
-Collective choice (DESIGN.md section 2):
+Collective choice (docs/semantics.md, the collective of each move):
 | local result -> wanted            | collective      |
 | --------------------------------- | --------------- |
 | partial over P -> not partial     | Allreduce(P)    |

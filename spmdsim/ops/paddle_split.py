@@ -3,7 +3,7 @@
 ``split(x, size, operation="linear"|"embedding", axis, num_partitions, gather_out)``
 runs on a mesh with a model-parallel axis "mp" of size num_partitions (see
 `paddle_mesh`; other axes act as data parallel). The layouts come from
-`spmdsim.dialects.paddle.split_layouts` (seed 004):
+`spmdsim.dialects.paddle.split_layouts` (Paddle's distributed.split):
 
 * linear, axis=0: row-parallel; x is split on its last dim locally when it is
   replicated (Paddle's ``_c_split``), Allreduce, bias added after the sum;
