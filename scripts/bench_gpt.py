@@ -86,7 +86,7 @@ def _steps(args, comm, replay: bool) -> dict:
         t0 = time.perf_counter()
         opt.zero_grad()
         with collect_trace() as trace:
-            model.loss(xd, yd, step).backward()
+            model.loss(xd, yd, step).backward(bucket=True)
             opt.step()
         wall = time.perf_counter() - t0
         spent = sum(e.seconds for e in trace.entries)

@@ -224,3 +224,46 @@ def test_dropout_mask_does_not_depend_on_the_layout():
     keep = SeededTensor((8, 8), "float64", seed=11, low=0.0, high=1.0).full() >= 0.5
     assert np.array_equal(a, b) and np.array_equal(a, src.full() * keep * 2.0)
     assert 0.25 < keep.mean() < 0.75
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2 ** 32 - 1), batched=st.booleans(), ta=st.booleans(), tb=st.booleans())
+def test_matmul_is_einsum_on_every_layout_matmul_accepts(seed, batched, ta, tb):
+    """On any layouts matmul accepts (MindSpore's contract: K split alike), einsum plans the same local
+    product: no operand moves, the same output map, pending over the same axes, the same collectives."""
+    from spmdsim.infer import infer_matmul
+
+    rng = np.random.default_rng(seed)
+    case = random_case("einsum_batched" if batched else "einsum_matmul", int(rng.choice([4, 8])), rng)
+    layout = Layout(case.mesh, tuple(f"m{i}" for i in range(len(case.mesh))))
+    (xs, ws), (xm, wm) = case.shapes, [list(m) for m in case.maps]
+    # Make w's K split x's (and take those axes off w's other dims); its batch dims follow x's.
+    k_axes = tuple(xm[-1] or ())
+    wm = [None if e is None else tuple(a for a in e if a not in k_axes) or None for e in wm]
+    wm[-2] = xm[-1]
+    if batched:
+        wm[0] = xm[0]
+    if set(ax for e in wm[-1:] if e for ax in e) & set(ax for e in xm[:-1] if e for ax in e):
+        wm[-1] = None  # N may not reuse an axis of x's batch or M dims
+    used_w = {a for e in wm if e for a in e}
+    w_partial = () if case.partial[0] else tuple(a for a in case.partial[1] if a not in used_w)
+    x, w = layout(*xm, partial=case.partial[0]), layout(*wm, partial=w_partial)
+    if set(x.partial) & set(w.split_axes) or set(w.partial) & set(x.split_axes):
+        return  # matmul refuses these (resolve first); einsum resolves them
+    # The stored (transposed) forms and einsum's letters for them.
+    sx = "bkm" if ta else "bmk"
+    sw = "bnk" if tb else "bkn"
+    if not batched:
+        sx, sw = sx[1:], sw[1:]
+    xt = layout(*(xm[:-2] + [xm[-1], xm[-2]]), partial=x.partial) if ta else x
+    wt = layout(*(wm[:-2] + [wm[-1], wm[-2]]), partial=w.partial) if tb else w
+    x_shape = xs[:-2] + (xs[-1], xs[-2]) if ta else xs
+    w_shape = ws[:-2] + (ws[-1], ws[-2]) if tb else ws
+    mat = infer_matmul(xt, wt, transpose_a=ta, transpose_b=tb, reduce=False)
+    ein = infer_einsum(f"{sx},{sw}->{'b' if batched else ''}mn", (xt, wt), (x_shape, w_shape), "float64")
+    assert ein.choice.moved == (0, 0)
+    assert [t.tensor_map for t in ein.targets] == [xt.tensor_map, wt.tensor_map]
+    assert ein.local.tensor_map == mat.local.tensor_map
+    # A pending sum over an axis of size 1 is already whole: matmul keeps its name, einsum drops it.
+    cut = lambda p: {a for a in p if layout.axis_size(a) > 1}  # noqa: E731
+    assert cut(ein.local.partial) == cut(mat.local.partial)

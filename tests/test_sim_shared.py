@@ -138,3 +138,44 @@ def test_a_whole_output_reference_is_made_once_for_every_replica(monkeypatch):
     mine = reference.mlp_region(x.full(), w1, None, w2, None)  # an array source: not compared, not shared
     spmdsim.simulate(4, mine, (slice(None), slice(None)))
     assert len(calls) == 8
+
+
+def test_ranks_wait_for_a_computation_in_progress_and_compute_their_own_if_it_fails():
+    """A rank asking while another computes the same key waits for it (one computation for all);
+    when that computation raises, the waiting ranks compute their own."""
+    import threading
+    import time
+
+    from spmdsim.sim.shared import once
+
+    calls, lock = [], threading.Lock()
+
+    def slow(x):
+        with lock:
+            calls.append(1)
+        time.sleep(0.05)  # numpy-like work that lets the other ranks run meanwhile
+        return x * 2
+
+    assert spmdsim.simulate(8, lambda: once("slow", slow, 21)) == [42] * 8
+    assert len(calls) == 1
+
+    calls.clear()
+
+    def fails_first(x):
+        with lock:
+            calls.append(1)
+            first = len(calls) == 1
+        time.sleep(0.05)
+        if first:
+            raise ValueError("the first computation fails")
+        return x + 1
+
+    def body():
+        try:
+            return once("fails", fails_first, 1)
+        except ValueError:
+            return "raised"
+
+    out = spmdsim.simulate(8, body)
+    assert out.count("raised") == 1 and out.count(2) == 7
+    assert 2 <= len(calls) <= 8  # the waiters recomputed (sharing among themselves where they can)

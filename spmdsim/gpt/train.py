@@ -124,7 +124,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         optimizer.zero_grad()
         with collect_trace() as trace:
             loss = model.loss(xd, yd, step)
-            loss.backward()
+            loss.backward(bucket=True)  # gradients summed over the same axes share one Allreduce
             optimizer.step()
         value = float(ops.resolved(loss).local)
         errors = (float("nan"),) * 3

@@ -12,8 +12,10 @@ not asked before, compute as usual, so a program whose ranks disagree gets
 each rank's own answer, never another rank's. Outside a simulation (under MPI
 a rank is a process) and on one rank it is just ``fn(*args)``.
 
-`fn` must be local work (no collectives): two ranks may compute the same key
-at once (the first result stored is kept), and none waits for another. The
+`fn` must be local work (no collectives): a rank that asks while another
+computes the same key and arguments waits for that result (local work always
+finishes, so the wait cannot deadlock); if that computation raises, each
+waiting rank computes its own and raises its own error. The
 first asker's arguments are kept (not copied) to compare the others' with, so
 they must not change in place while other ranks may still ask: replace them
 (``p = p - lr * g``), as `ReferenceTrainer` does. The
@@ -50,20 +52,41 @@ def once(key: Any, fn: Callable[..., Any], *args: Any) -> Any:
     if state is None or state.size == 1:
         return fn(*args)
     table = state.shared
-    with _LOCK:
-        entries = list(table.get(key, ()))
-    for entry in entries:  # one per distinct arguments asked with this key
-        if _equal(entry[0], args):
-            return _take(table, key, entry, state.size)
-    result = _unmetered(state, fn, args)
-    _freeze(result)
-    with _LOCK:
-        entries = table.setdefault(key, [])
-        entry = next((e for e in entries if _equal(e[0], args)), None)  # another rank's, stored meanwhile
+    tried: list = []  # entries whose computation failed: this rank computes its own
+    while True:
+        with _LOCK:
+            entries = [e for e in table.get(key, ()) if not any(e is t for t in tried)]
+        entry = next((e for e in entries if _equal(e[0], args)), None)
         if entry is None:
-            entry = [args, result, 0]
-            entries.append(entry)
+            with _LOCK:  # another rank may have registered the same arguments meanwhile
+                known = [e for e in table.get(key, ()) if not any(e is t for t in entries + tried)]
+                entry = next((e for e in known if _equal(e[0], args)), None)
+                if entry is None:
+                    entry = [args, _PENDING, 0, threading.Event()]
+                    table.setdefault(key, []).append(entry)
+                    break
+        entry[3].wait()
+        if entry[1] is not _PENDING:
+            return _take(table, key, entry, state.size)
+        tried.append(entry)
+    try:
+        result = _unmetered(state, fn, args)
+        _freeze(result)
+        entry[1] = result
+    finally:
+        if entry[1] is _PENDING:  # fn raised: the waiters compute their own; later askers too
+            with _LOCK:
+                rest = [e for e in table.get(key, []) if e is not entry]
+                if rest:
+                    table[key] = rest
+                else:
+                    table.pop(key, None)
+        entry[3].set()
     return _take(table, key, entry, state.size)
+
+
+#: An entry's result while its first asker computes it.
+_PENDING = object()
 
 
 def _unmetered(state: Any, fn: Callable[..., Any], args: tuple) -> Any:
