@@ -20,7 +20,7 @@ from ..autograd.rules import grad_tensor
 from ..errors import OperatorError
 from ..infer.einsum import infer_einsum
 from ..sim.dry import matmul as _product
-from ._common import check_dtensor
+from ._common import check_dtensor, dtype_name, result_dtype
 
 __all__ = ["einsum", "contract"]
 
@@ -75,8 +75,8 @@ def einsum(spec: str, *xs: Any) -> Any:
         check_dtensor(x, f"einsum: operand {k}")
     if not xs:
         raise OperatorError("einsum needs at least one operand")
-    dtype = np.result_type(*[x.local.dtype for x in xs])
-    plan = infer_einsum(spec, tuple(x.layout for x in xs), tuple(x.global_shape for x in xs), dtype.name)
+    dtype = result_dtype(*[x.local.dtype for x in xs])
+    plan = infer_einsum(spec, tuple(x.layout for x in xs), tuple(x.global_shape for x in xs), dtype_name(dtype))
     xs = tuple(x if x.layout == t else redistribute(x, t) for x, t in zip(xs, plan.targets))
     words = plan.spec.inputs
     block = contract(words, [x.local for x in xs], plan.spec.output)

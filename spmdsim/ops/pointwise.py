@@ -20,7 +20,7 @@ from ..autograd.rules import axes_of, grad_tensor
 from ..errors import OperatorError
 from ..infer.pointwise import infer_pointwise
 from ..sim.dry import local as dry_local
-from ._common import describe, make_dtensor
+from ._common import describe, dtype_name, make_dtensor, result_dtype
 
 __all__ = ["add", "sub", "mul", "div", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "pow", "neg",
            "abs", "lift", "pointwise"]
@@ -54,6 +54,13 @@ _KERNELS: dict[str, tuple[Callable, Callable]] = {
 }
 
 
+#: Ops that warn on finite operands (x / 0, log 0, sqrt and pow of negatives, exp's overflow): numpy's
+#: warnings silenced there, as the masked and padded values of a model meet them by design. The others
+#: warn only on operands that are already inf or nan, as numpy does in one process; np.errstate costs
+#: ~10 us a call, more than a small shard's arithmetic.
+_LOUD = frozenset({"div", "log", "sqrt", "pow", "exp"})
+
+
 def lift(mesh: Any, value: Any, dtype: np.dtype, op: str) -> Any:
     """A Python or numpy number as a replicated 0-d DTensor of `dtype` (numpy's weak scalar rule)."""
     if isinstance(value, np.generic):
@@ -74,7 +81,7 @@ def _operands(op: str, args: tuple) -> tuple[Any, list]:
     for t in tensors[1:]:
         if t.mesh is not mesh and t.mesh.layout != mesh.layout:
             raise OperatorError(f"{op}: operands live on different meshes: {mesh.layout} and {t.mesh.layout}")
-    dtype = np.result_type(*[t.local.dtype for t in tensors if t.local.dtype.kind != "b"] or [np.float64])
+    dtype = result_dtype(*[t.local.dtype for t in tensors if t.local.dtype.kind != "b"] or [np.dtype(np.float64)])
     return mesh, [a if any(a is t for t in tensors) else lift(mesh, a, dtype, op) for a in args]
 
 
@@ -98,12 +105,15 @@ def pointwise(op: str, *args: Any) -> Any:
     from ..runtime.executor import redistribute
 
     mesh, xs = _operands(op, args)
-    dtype = np.result_type(*[x.local.dtype for x in xs]).name
+    dtype = dtype_name(result_dtype(*[x.local.dtype for x in xs]))
     plan = infer_pointwise(op, tuple(x.layout for x in xs), tuple(x.global_shape for x in xs), dtype)
     xs = [x if x.layout == t else redistribute(x, t) for x, t in zip(xs, plan.targets)]
     forward, backward = _KERNELS[op]
     locals_ = [x.local for x in xs]
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+    if op in _LOUD:
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            block = forward(*locals_)
+    else:
         block = forward(*locals_)
     out = make_dtensor(mesh, block, plan.out, plan.shape)
     if backward is None or not any(x._ag is not None for x in xs):
@@ -116,7 +126,10 @@ def _record(op: str, out: Any, xs: list, backward: Callable, plan: Any) -> Any:
     kept = plan.out.partial
 
     def grads(dy: Any) -> tuple:
-        with np.errstate(divide="ignore", invalid="ignore"):
+        if op in _LOUD:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                fulls = dry_local(lambda: backward(dy.local, [x.local for x in xs], out.local, need), dy.local)
+        else:
             fulls = dry_local(lambda: backward(dy.local, [x.local for x in xs], out.local, need), dy.local)
         if not isinstance(fulls, tuple):  # a dry run's zeros: one block shaped like dy for every operand
             fulls = tuple(fulls if n else None for n in need)
