@@ -371,24 +371,24 @@ def main(argv: Optional[list[str]] = None) -> int:
                       ("tp", 1)):
         if getattr(args, name) < low:
             ap.error(f"--{name.replace('_', '-')} {getattr(args, name)} must be at least {low}")
+    size = int(os.environ.get("PMI_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE") or 1)
+    problem = _mesh_problem(args, size)  # before any rank starts gloo: every rank stops alike
+    if problem:
+        if launcher_rank() == 0:
+            print(f"peer_dtensor_gpt: {problem}", file=sys.stderr)
+        return 2
     text = missing()
     if text is not None:
         if launcher_rank() == 0:
             print(text)
         return 0
-    size = int(os.environ.get("PMI_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE") or 1)
-    problem = _mesh_problem(args, size)
-    if problem:
-        if launcher_rank() == 0:
-            print(f"peer_dtensor_gpt: {problem}", file=sys.stderr)
-        return 2
     result = run(args)
     if result:
         pairs = list(zip(result["losses"], result["reference"]))
         print(f"torch {result['torch']} gloo, {size} ranks (dp {args.dp} x tp {args.tp}), float64")
         for k, (a, b) in enumerate(pairs):
-            print(f"step {k} loss {a:.12f}, one numpy process {b:.12f} (|diff| {abs(a - b):.1e}, "
-                  f"spmdsim's dropout masks)")
+            print(f"step {k} loss {a:.12f}, one numpy process {b:.12f} (same dropout masks), "
+                  f"|diff| {abs(a - b):.1e}")
         print(f"training step {result['step']:.3f} s (median of {args.steps} after a warm-up, slowest rank, "
               f"torch's dropout)")
         print("RESULT " + json.dumps(result))
