@@ -11,8 +11,9 @@ is Megatron's as PyTorch writes it, on the "tp" dim of a (dp, tp) DeviceMesh:
 vocab-parallel embedding (RowwiseParallel, output on the sequence), q/k/v and
 w1 ColwiseParallel, wo and w2 RowwiseParallel reduce-scattered onto the
 sequence, LayerNorms SequenceParallel, the tied head ColwiseParallel with
-loss_parallel's cross-entropy; the gradients are summed over "dp" in one
-Allreduce (what DDP does, one bucket).
+loss_parallel's cross-entropy. The LayerNorms' gradients (Partial over tp) are
+summed in one Allreduce, and all gradients averaged over "dp" in one more (what
+Megatron and DDP do, one bucket each).
 
 First --check steps run with spmdsim's dropout masks (spmdsim.gpt.params), and
 rank 0 compares their losses with spmdsim.gpt.reference's; the timed steps
@@ -174,17 +175,8 @@ def parallelize(model: Any, tp_mesh: Any) -> Any:
     parallelize_module(model, tp_mesh, plan)
     model.head.weight = model.wte.weight  # tied again: both are (V, D) split on the vocab, Shard(0)
     with torch.no_grad():  # the positions split like the sequence they are added to
-        model.wpe = nn.Parameter(distribute_tensor(wpe, tp_mesh, [Shard(0)], src_data_rank=None)
-                                 if _has_src_rank() else distribute_tensor(wpe, tp_mesh, [Shard(0)]))
+        model.wpe = nn.Parameter(distribute_tensor(wpe, tp_mesh, [Shard(0)]))
     return model
-
-
-def _has_src_rank() -> bool:
-    import inspect
-
-    from torch.distributed.tensor import distribute_tensor
-
-    return "src_data_rank" in inspect.signature(distribute_tensor).parameters
 
 
 def reference_drop(cfg: Any, step_no: int, rows: slice = slice(None), tp_rank: int = 0,
@@ -246,6 +238,8 @@ def step(model: Any, opt: Any, x: Any, y: Any, dp_group: Any = None, dp: int = 1
     with loss_parallel() if tp else contextlib.nullcontext():
         loss = model(x, y)
         loss.backward()
+    if tp:
+        _sum_partial_grads(model)
     if dp > 1:
         import torch.distributed as dist
 
@@ -257,6 +251,23 @@ def step(model: Any, opt: Any, x: Any, y: Any, dp_group: Any = None, dp: int = 1
             g.copy_(part.view_as(g))
     opt.step()
     return float((loss.full_tensor() if tp else loss).detach())
+
+
+def _sum_partial_grads(model: Any) -> None:
+    """The sequence-parallel LayerNorms' gradients (Partial over tp) summed in one Allreduce, as
+    Megatron does; left Partial, AdamW would Allreduce each of them twice, one op at a time."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, Replicate
+
+    pending = [p for p in model.parameters() if any(q.is_partial() for q in p.grad.placements)]
+    if not pending:
+        return
+    locals_ = [p.grad.to_local() for p in pending]
+    flat = torch.cat([g.reshape(-1) for g in locals_])
+    dist.all_reduce(flat, group=pending[0].grad.device_mesh.get_group())
+    for p, g, part in zip(pending, locals_, torch.split(flat, [g.numel() for g in locals_])):
+        p.grad = DTensor.from_local(part.view_as(g), p.grad.device_mesh, [Replicate()], run_check=False)
 
 
 def single_process_losses(cfg: Any, steps: int = 1) -> list[float]:
