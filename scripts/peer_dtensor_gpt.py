@@ -349,10 +349,10 @@ def run(args: argparse.Namespace) -> dict:
         losses.append(one(k))
     model.drop.fn, walls = native_drop(cfg), []
     for k in range(args.check, args.check + args.steps + 1):
-        dist.barrier()
+        x, y = (torch.from_numpy(a[rows]) for a in batch(ids, cfg, k))  # made before the clock, as
+        dist.barrier()  # bench_gpt makes spmdsim's
         t0 = time.perf_counter()
-        one_loss = step(model, opt, *(torch.from_numpy(a[rows]) for a in batch(ids, cfg, k)),
-                        dp_group, args.dp)
+        one_loss = step(model, opt, x, y, dp_group, args.dp)
         walls.append(time.perf_counter() - t0)
     every = comm.gather(walls, root=0)  # per step, the slowest rank's wall time
     dist.destroy_process_group()
