@@ -17,11 +17,16 @@ step. Rows:
   collectives issued as raw mpi4py calls (Allreduce, Allgather,
   Reduce_scatter_block on the same sub-communicators and buffer sizes),
   replayed right after each step;
-- PyTorch DTensor's tensor-parallel plan on 8 gloo ranks when torch is
-  installed (the `bench` extra); its absence is one line.
+- PyTorch DTensor (gloo, 8 ranks under mpiexec): the same GPT in torch float64,
+  from spmdsim.gpt's initial parameters, with PyTorch's tensor-parallel plan on
+  the same dp 2 x tp 4 mesh, sequence parallel (scripts/peer_dtensor_gpt.py);
+  the first launch also runs step 0 with spmdsim's dropout masks and prints its
+  loss beside the one-process reference's. Needs torch (the `bench` extra);
+  without it, one line.
 
-Ratios: simulated step / one process, spmdsim collectives / raw mpi4py. The
-load average is printed: on a shared machine compare within one run only.
+Ratios: simulated step / one process, spmdsim collectives / raw mpi4py,
+spmdsim's MPI and simulated steps / DTensor's. The load average is printed: on
+a shared machine compare within one run only.
 """
 from __future__ import annotations
 
@@ -36,6 +41,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve()
 MESH = (2, 4)
+
+sys.path.insert(0, str(HERE.parent))  # the peer beside this file, also when imported by path
+from peer_dtensor_gpt import missing  # noqa: E402
 
 
 def _config(args):
@@ -153,12 +161,14 @@ def _worker(args) -> None:
     print("RESULT " + json.dumps(result))
 
 
-def _launch(args, worker: str) -> dict | None:
+def _launch(args, worker: str, check: int = 0) -> dict | None:
     common = ["--steps", str(args.steps), "--layers", str(args.layers), "--d-model", str(args.d_model),
               "--seq", str(args.seq), "--worker", worker]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parents[1]))
     cmd = [sys.executable, str(HERE)] + common
-    if worker == "mpi":
+    if worker == "dtensor":
+        cmd = [sys.executable, str(HERE.parent / "peer_dtensor_gpt.py")] + common[:-2] + ["--check", str(check)]
+    if worker in ("mpi", "dtensor"):
         mpiexec = str(Path(sys.executable).parent / "mpiexec")
         cmd = ["timeout", "-k", "5", "900", mpiexec if os.access(mpiexec, os.X_OK) else "mpiexec", "-n", "8"] + cmd
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=960)
@@ -191,10 +201,11 @@ def main() -> int:
         return 0
     print(f"GPT {args.layers} layers, d_model {args.d_model}, seq {args.seq}, batch 8; mesh dp 2 x tp 4 "
           f"(sequence parallel); load average {os.getloadavg()[0]:.1f}")
-    rows = {"ref": [], "ref2": [], "sim": [], "mpi": []}
-    for _ in range(args.launches):
+    peer = missing()
+    rows = {"ref": [], "ref2": [], "sim": [], "mpi": []} | ({} if peer else {"dtensor": []})
+    for launch in range(args.launches):
         for worker in rows:
-            rows[worker].append(_launch(args, "ref" if worker == "ref2" else worker))
+            rows[worker].append(_launch(args, "ref" if worker == "ref2" else worker, check=int(launch == 0)))
     if not all(any(r) for r in rows.values()):
         return 1
     one, aa = _median(rows["ref"], "step"), _median(rows["ref2"], "step")
@@ -207,12 +218,17 @@ def main() -> int:
     print(f"{'8 MPI ranks':42} {mpi:8.3f}  {mpi / one:5.2f}x one process")
     print(f"{'  its collectives inside spmdsim':42} {inside:8.3f}  {inside / raw:5.2f}x raw mpi4py")
     print(f"{'  the same collectives, raw mpi4py':42} {raw:8.3f}")
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        print("PyTorch DTensor: not installed (pip install -e '.[bench]' to time its tensor-parallel plan)")
-    else:
-        print("PyTorch DTensor: installed, but its GPT tensor-parallel plan is not timed by this script yet")
+    if peer:
+        print(peer)
+        return 0
+    dt = _median(rows["dtensor"], "step")
+    print(f"{'PyTorch DTensor (gloo, 8 ranks)':42} {dt:8.3f}")
+    print(f"{'  8 MPI ranks (spmdsim) / DTensor':42} {'':8}  {mpi / dt:5.2f}x")
+    print(f"{'  8 simulated ranks (spmdsim) / DTensor':42} {'':8}  {sim / dt:5.2f}x")
+    first = rows["dtensor"][0]
+    for k, (loss, ref) in enumerate(zip(first["losses"], first["reference"]) if first else ()):
+        print(f"DTensor step {k} loss {loss:.12f}, one process {ref:.12f} (same masks), "
+              f"|diff| {abs(loss - ref):.1e}")
     return 0
 
 

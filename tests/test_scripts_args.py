@@ -7,6 +7,7 @@ parser runs. Two launches under ``mpiexec -n`` at the end check the whole path
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import subprocess
 import sys
@@ -262,3 +263,12 @@ def test_bench_gpt_times_every_row_in_one_run():
                 "its collectives inside spmdsim", "the same collectives, raw mpi4py", "PyTorch DTensor"):
         assert any(row in line for line in lines), (row, done.stdout)
     assert max(len(line) for line in lines) <= 100
+    if importlib.util.find_spec("torch") is None:
+        assert lines[-1].startswith("PyTorch DTensor: not installed (pip install -e '.[bench]'"), done.stdout
+        return
+    for row in ("PyTorch DTensor (gloo, 8 ranks)", "8 MPI ranks (spmdsim) / DTensor",
+                "8 simulated ranks (spmdsim) / DTensor"):
+        assert any(line.strip().startswith(row) for line in lines), (row, done.stdout)
+    check = [line for line in lines if line.startswith("DTensor step 0 loss ")]
+    assert len(check) == 1, done.stdout
+    assert float(check[0].rsplit("|diff| ", 1)[1]) <= 1e-10, check[0]
