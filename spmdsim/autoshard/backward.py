@@ -26,6 +26,7 @@ from ..layout import TensorLayout
 from ..plan.planner import received_per_rank
 from .candidates import Candidate, _infer
 from . import cost as _cost
+from . import rules
 from .graph import ELEMENTWISE, Graph, OpNode
 
 __all__ = ["BackwardOp", "replay", "needs_grad", "node_bytes", "edge_bytes", "backward_total"]
@@ -94,6 +95,8 @@ def _op(node: OpNode, c: Candidate, dy: TensorLayout, need: Sequence[bool]) -> t
     grads: list = [None] * len(node.inputs)
     if kind == "input":
         return 0, 0, grads
+    if kind in rules.KINDS:
+        return _general(node, c, dy, need)
     if kind in ("flatten",) + ELEMENTWISE:
         own = 0
         if kind != "flatten":  # want = the input's layout; pending over replicated axes passes
@@ -125,6 +128,50 @@ def _op(node: OpNode, c: Candidate, dy: TensorLayout, need: Sequence[bool]) -> t
     weight = sum(_move(g, _grad_layout(p, g), spec.shape, spec.source.dtype)
                  + _move(_grad_layout(p, g), p.with_partial(()), spec.shape, spec.source.dtype)
                  for g, p, spec in zip(w, c.params, node.params))
+    return own, weight, grads
+
+
+def _summed(node: OpNode, c: Candidate, local: TensorLayout) -> list[tuple[str, ...]]:
+    """Per operand (activations, then weights), the mesh axes its gradient's local math sums over."""
+    operands = list(c.inputs) + list(c.params)
+    if node.kind == "einsum":
+        words, _, _ = rules.letters(node)
+        where = {ch: axes for w, tl in zip(words, operands) for ch, axes in zip(w, tl.tensor_map)}
+        return [_axes(local, [where[ch] for ch in where if ch not in w]) for w in words]
+    if node.kind == "pointwise":
+        words, out_word, _ = rules.letters(node)
+        return [_axes(local, [e for ch, e in zip(out_word, c.out.tensor_map) if ch not in w]) for w in words]
+    if node.kind == "layernorm":  # the weights' gradients sum over the rows
+        return [()] + [_axes(local, c.inputs[0].tensor_map[:-1])] * len(c.params)
+    return [()] * len(operands)
+
+
+def _general(node: OpNode, c: Candidate, dy: TensorLayout, need: Sequence[bool]) -> tuple:
+    """(own bytes, weight bytes, per input its gradient layout or None) of a `rules` kind.
+
+    Every backward is linear in the output gradient: a pending sum over axes the
+    operator does not split passes to its operands' gradients. Each operand's
+    gradient is also pending over the axes of the letters its local math sums
+    (an einsum's letters it lacks, a broadcast operand's broadcast dims). A split
+    hidden dim costs a layer norm's backward the two row sums its forward needed.
+    """
+    local = rules.infer(node, c.inputs, c.params, c.out)[0]
+    reads = list(c.inputs) + list(c.params) + [c.out, local]
+    used = {a for tl in reads for a in tl.split_axes + tl.partial}
+    target = local.with_partial(()).with_partial(a for a in dy.partial if a not in used)
+    own = _move(dy, target, node.out_shape, node.dtype)
+    if node.kind == "layernorm":
+        own += c.own_bytes
+    passed = target.partial
+    summed = _summed(node, c, local)
+    n = len(node.inputs)
+    grads = [_pending(tl, passed, s) if want else None
+             for tl, s, want in zip(c.inputs, summed[:n], need)]
+    weight = 0
+    for p, s, spec in zip(c.params, summed[n:], node.params):
+        g = _pending(p, passed, s)
+        weight += (_move(g, _grad_layout(p, g), spec.shape, spec.source.dtype)
+                   + _move(_grad_layout(p, g), p.with_partial(()), spec.shape, spec.source.dtype))
     return own, weight, grads
 
 
