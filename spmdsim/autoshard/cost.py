@@ -189,9 +189,10 @@ class Table:
         self.edge_seconds: dict[tuple[int, int], np.ndarray] = {}
         need = backward.needs_grad(graph) if objective.training else ()
         if objective.training:  # the backward adds to every candidate's and every hop's bytes
-            self.node_bytes = [self.node_bytes[i] + np.array(
-                [backward.node_bytes(n, c, [need[graph.index(s)] for s in n.inputs]) for c in options[i]],
-                dtype=np.int64) for i, n in enumerate(graph.nodes)]
+            self.node_bytes = [self.node_bytes[i] + self._once(
+                ("backward", tuple(map(id, options[i])), _signature(n), self._needs(i, need)),
+                lambda: np.array([backward.node_bytes(n, c, self._needs(i, need)) for c in options[i]],
+                                 dtype=np.int64)) for i, n in enumerate(graph.nodes)]
         for p, q, pos in graph.edges:
             b = self._edge_bytes(p, q, pos)
             if objective.training:
@@ -229,8 +230,15 @@ class Table:
                self.graph.nodes[q].in_shapes[pos], self.dtypes[p])
         return self._once(key, lambda: self._price_bytes(p, q, pos))
 
+    def _needs(self, i: int, need: Sequence[bool]) -> tuple[bool, ...]:
+        return tuple(need[self.graph.index(s)] for s in self.graph.nodes[i].inputs)
+
     def _edge_backward(self, p: int, q: int, pos: int, need: list) -> np.ndarray:
-        return backward.edge_bytes(self.graph, p, q, pos, self.options[p], self.options[q], need)
+        # Identical layers share their candidates: price each kind of hop once.
+        key = ("edge backward", tuple(map(id, self.options[p])), tuple(map(id, self.options[q])), pos,
+               _signature(self.graph.nodes[q]), self.dtypes[p], tuple(need))
+        return self._once(key, lambda: backward.edge_bytes(self.graph, p, q, pos, self.options[p],
+                                                           self.options[q], need))
 
     def _price_bytes(self, p: int, q: int, pos: int) -> np.ndarray:
         sources, targets, shape, dtype = self._pairs(p, q, pos)
@@ -255,6 +263,12 @@ class Table:
         """Objective value of a whole choice (one candidate index per node)."""
         value = sum(self.node[i][c] for i, c in enumerate(choice))
         return value + sum(m[choice[p], choice[q]] for (p, q), m in self.edge.items())
+
+
+def _signature(node) -> tuple:
+    """What a node's backward depends on besides its candidates: kind, spec, shapes, weights."""
+    return (node.kind, node.spec, node.in_shapes, node.out_shape, node.dtype, node.transpose_b,
+            tuple((p.shape, p.source.dtype) for p in node.params))
 
 
 def _positions(items: Sequence) -> list[int]:
