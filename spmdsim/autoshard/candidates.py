@@ -226,6 +226,8 @@ def _enumerate(node: OpNode, devices: int, in_dtypes: tuple, full: bool) -> tupl
             out.append(make_candidate(node, inputs, params, in_dtypes, want))
         except SpmdsimError:
             continue  # a shape that does not divide, an axis reused: not a candidate
+    if full and not out:  # no strategy using every device runs (a reshape's blocks): every strategy
+        return _enumerate(node, devices, in_dtypes, False)
     return tuple(sorted(out, key=_devices_used, reverse=True))
 
 
