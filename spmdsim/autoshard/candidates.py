@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Iterator, Optional, Sequence
 
 import numpy as np
@@ -81,8 +82,14 @@ class Candidate:
         return (self.inputs, self.params, self.out) == (other.inputs, other.params, other.out)
 
 
-def _local_bytes(tl: TensorLayout, shape: Sequence[int], dtype: str) -> int:
+@lru_cache(maxsize=65536)
+def _local_bytes(tl: TensorLayout, shape: tuple, dtype: str) -> int:
     return math.prod(tl.local_shape(shape)) * np.dtype(dtype).itemsize
+
+
+@lru_cache(maxsize=65536)
+def _check(tl: TensorLayout, shape: tuple) -> None:
+    tl.check_shape(shape)
 
 
 def make_candidate(node: OpNode, inputs: Sequence[TensorLayout], params: Sequence[TensorLayout],
@@ -96,12 +103,12 @@ def make_candidate(node: OpNode, inputs: Sequence[TensorLayout], params: Sequenc
     inputs, params = tuple(inputs), tuple(params)
     in_dtypes = tuple(in_dtypes) or (node.dtype,) * len(node.inputs)
     for tl, shape in zip(inputs + params, node.in_shapes + tuple(p.shape for p in node.params)):
-        tl.check_shape(shape)
+        _check(tl, tuple(shape))
     if node.kind in rules.KINDS:
         local, final, flops, extra = rules.infer(node, inputs, params, out)
     else:
         (local, final, flops), extra = _infer(node, inputs, params, out), ()
-    final.check_shape(node.out_shape)
+    _check(final, tuple(node.out_shape))
     own = ((own_plan(local, final, node.out_shape, node.dtype),) if local.partial else ()) + extra
     memory = sum(_local_bytes(tl, s, d) for tl, s, d in zip(inputs, node.in_shapes, in_dtypes))
     memory += sum(_local_bytes(tl, p.shape, p.source.dtype) for tl, p in zip(params, node.params))
@@ -259,7 +266,8 @@ def _layouts(node: OpNode, devices: int, full: bool = False) -> Iterator[tuple]:
 
 
 def _embedding_layouts(node: OpNode, devices: int, full: bool) -> Iterator[tuple]:
-    """Ids and table split; a split vocabulary also Reduce_scatters into each output dim it divides."""
+    """Ids and table split; with spec "scatter" a split vocabulary also Reduce_scatters into each
+    output dim it divides (as Megatron's sequence parallelism does)."""
     ids, table = node.in_shapes[0], node.params[0].shape
     n = len(ids)
     for counts in fitting(ids + table, devices, (), full):
@@ -268,7 +276,7 @@ def _embedding_layouts(node: OpNode, devices: int, full: bool) -> Iterator[tuple
         x, t = whole.layout(*names[:n]), whole.layout(*names[n:])
         yield (x,), (t,), None
         vocab = counts[n]
-        if vocab == 1:
+        if vocab == 1 or node.spec != "scatter":
             continue
         local = infer_embedding(x, t, gather_out=False).local
         for d, size in enumerate(node.out_shape):

@@ -113,9 +113,8 @@ def redistribution_bytes(sources: Sequence[TensorLayout], targets: Sequence[Tens
             [j for j, t in enumerate(targets) if t.partial or (bits_s is None and j in nested)]
         for j in hard:
             out[i, j] = plan_redistribution(source, targets[j], shape, dtype).max_bytes_received
-        if bits_s is not None:
-            for j in nested:
-                out[i, j] = _nested_need(bits_s, bits_t[j]) * itemsize
+        if bits_s is not None and nested:
+            out[i, nested] = _nested_needs(bits_s, [bits_t[j] for j in nested]) * itemsize
         if not source.partial and easy:
             out[i, easy] = _blocks_need(source, [targets[j] for j in easy], shape) * itemsize
     return out
@@ -149,6 +148,21 @@ def _nested_need(source: tuple, target: tuple) -> int:
         if long[:len(short)] != short:
             held = 0
         held *= min(w_s, w_t)
+    return size - held
+
+
+def _nested_needs(source: tuple, targets: Sequence[tuple]) -> np.ndarray:
+    """`_nested_need` of one source against many targets, each dim's bit test done once per distinct bits."""
+    size = np.ones(len(targets), dtype=np.int64)
+    held = np.ones(len(targets), dtype=np.int64)
+    for d, (bits_s, w_s) in enumerate(source):
+        distinct: dict = {}
+        index = np.array([distinct.setdefault(t[d][0], len(distinct)) for t in targets])
+        match = np.array([long[:len(short)] == short for bits_t in distinct
+                          for short, long in [sorted((bits_s, bits_t), key=len)]])
+        widths = np.array([t[d][1] for t in targets], dtype=np.int64)
+        size *= widths
+        held *= match[index] * np.minimum(widths, w_s)
     return size - held
 
 

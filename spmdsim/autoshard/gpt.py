@@ -61,7 +61,7 @@ def gpt_graph(cfg: GPTConfig, devices: int) -> Graph:
                             tuple(_param(p, s, next(seed)) for p, s in params), spec=spec))
         return name
 
-    h = add("wte", "embedding", ("x",), ((B, T),), btd, (("wte", (V, D)),))
+    h = add("wte", "embedding", ("x",), ((B, T),), btd, (("wte", (V, D)),), "scatter")
     h = add("wpe", "pointwise", (h,), (btd,), btd, (("wpe", (T, D)),), "add")
     for layer in range(cfg.layers):
         p = f"h{layer}."

@@ -56,7 +56,8 @@ class OpNode:
         params: weights (matmul: w; linear: w, b; embedding: the table).
         transpose_b: bmm only: the second input is stored (..., N, K).
         spec: einsum: its subscripts ("btd,de->bte"); pointwise: the op ("add", "mul"). Their
-            operands are the activation inputs, then the weights, in that order.
+            operands are the activation inputs, then the weights, in that order. Embedding:
+            "scatter" also offers a split vocabulary's Reduce_scatter into an output dim.
         layout: input only: the layout the network input arrives in.
         source: input only: the global input values.
     """
