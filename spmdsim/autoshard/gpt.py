@@ -2,14 +2,15 @@
 
 Pure (never imports mpi4py). `gpt_graph(cfg, devices)` follows
 `spmdsim.gpt.parallel.GPT.loss` operator by operator: the token embedding, the
-position embedding's add, per block the layer norm, the Q, K and V products
+position embedding's add, per block the layer norm, the products' shared input
+(an identity, where sequence parallelism Allgathers once), the Q, K and V products
 (einsum ``btd,de->bte``) with their biases and head reshapes, the scores
 (``bqhd,bkhd->bhqk``), their scale, the causal softmax (the mask folded in),
 the context (``bhqk,bkhd->bqhd``), the heads merged, the output projection,
 its bias and the residual add, then the MLP (product, bias, GELU, product,
 bias, residual); the final layer norm, the head tied to the token embedding
-(``btd,vd->btv``), the flatten and the vocab-parallel cross-entropy: 24 nodes
-a block plus 7 (103 at 4 layers). Dropout (a local mask) moves nothing and is
+(``btd,vd->btv``), the flatten and the vocab-parallel cross-entropy: 25 nodes
+a block plus 7 (107 at 4 layers). Dropout (a local mask) moves nothing and is
 left out. Weights are placed where a strategy wants them (the tied table once
 per use, so its gradient is summed once per use). Activations are float64, as
 the GPT trains.
@@ -66,6 +67,9 @@ def gpt_graph(cfg: GPTConfig, devices: int) -> Graph:
     for layer in range(cfg.layers):
         p = f"h{layer}."
         a = add(p + "ln1", "layernorm", (h,), (btd,), btd, ((p + "ln1.w", (D,)), (p + "ln1.b", (D,))))
+        # The products' shared input (an identity): one hop into it, where sequence parallelism
+        # Allgathers once for Q, K and V (spmdsim.gpt.parallel's `_gathered`).
+        a = add(p + "qkv_in", "reshape", (a,), (btd,), btd)
         qkv = []
         for w in "qkv":
             y = add(p + w, "einsum", (a,), (btd,), btd, ((p + "attn.w" + w, (D, D)),), "btd,de->bte")
@@ -118,6 +122,8 @@ def megatron(cfg: GPTConfig, graph: Graph, devices: int, sp: bool = False) -> Op
             ins, res = (L("dp", None),), act
         elif kind == "layernorm" or leaf in ("wpe", "proj_bias", "fc2_bias", "resid1", "resid2"):
             ins, res = (act,) * len(node.inputs), act
+        elif leaf == "qkv_in":
+            ins, res = (full,), full
         elif leaf in ("q", "k", "v", "fc1", "head") or name == "head":
             ins, res = (full,), cols
         elif leaf in ("q_bias", "v_bias", "fc1_bias", "gelu"):
