@@ -34,7 +34,7 @@ TIME_OBJECTIVE_MAX_DEVICES = 16
 
 #: Graphs with cycles and more operators than this are searched by variable elimination (exact
 #: when its tables fit), smaller ones by branch and bound (which keeps the k best whole plans).
-BRANCH_AND_BOUND_MAX_NODES = 32
+BRANCH_AND_BOUND_MAX_NODES = 16
 
 #: Above this many devices the chosen hops are priced from the blocks alone
 #: (exact bytes) and not planned step by step (the planner takes ~0.5 s a hop at 4,096).
