@@ -107,6 +107,7 @@ def redistribution_bytes(sources: Sequence[TensorLayout], targets: Sequence[Tens
     bits_t = [_bits(t, shape) for t in targets]
     easy = [j for j, t in enumerate(targets) if not t.partial and bits_t[j] is None]
     nested = [j for j, t in enumerate(targets) if not t.partial and bits_t[j] is not None]
+    prepared = _prepare([bits_t[j] for j in nested]) if nested else None
     for i, source in enumerate(sources):
         bits_s = None if source.partial else _bits(source, shape)
         hard = range(len(targets)) if source.partial else \
@@ -114,7 +115,7 @@ def redistribution_bytes(sources: Sequence[TensorLayout], targets: Sequence[Tens
         for j in hard:
             out[i, j] = plan_redistribution(source, targets[j], shape, dtype).max_bytes_received
         if bits_s is not None and nested:
-            out[i, nested] = _nested_needs(bits_s, [bits_t[j] for j in nested]) * itemsize
+            out[i, nested] = _nested_needs(bits_s, prepared) * itemsize
         if not source.partial and easy:
             out[i, easy] = _blocks_need(source, [targets[j] for j in easy], shape) * itemsize
     return out
@@ -151,17 +152,24 @@ def _nested_need(source: tuple, target: tuple) -> int:
     return size - held
 
 
-def _nested_needs(source: tuple, targets: Sequence[tuple]) -> np.ndarray:
-    """`_nested_need` of one source against many targets, each dim's bit test done once per distinct bits."""
-    size = np.ones(len(targets), dtype=np.int64)
-    held = np.ones(len(targets), dtype=np.int64)
-    for d, (bits_s, w_s) in enumerate(source):
+def _prepare(targets: Sequence[tuple]) -> tuple:
+    """Per dim of many targets' `_bits`: (distinct rank bits, each target's index there, widths); sizes."""
+    dims = []
+    for d in range(len(targets[0])):
         distinct: dict = {}
         index = np.array([distinct.setdefault(t[d][0], len(distinct)) for t in targets])
+        dims.append((tuple(distinct), index, np.array([t[d][1] for t in targets], dtype=np.int64)))
+    size = np.prod([w for _, _, w in dims], axis=0) if dims else np.ones(len(targets), dtype=np.int64)
+    return dims, size
+
+
+def _nested_needs(source: tuple, prepared: tuple) -> np.ndarray:
+    """`_nested_need` of one source against many targets (`_prepare`d): each bit test once per distinct bits."""
+    dims, size = prepared
+    held = np.ones(len(size), dtype=np.int64)
+    for (bits_s, w_s), (distinct, index, widths) in zip(source, dims):
         match = np.array([long[:len(short)] == short for bits_t in distinct
                           for short, long in [sorted((bits_s, bits_t), key=len)]])
-        widths = np.array([t[d][1] for t in targets], dtype=np.int64)
-        size *= widths
         held *= match[index] * np.minimum(widths, w_s)
     return size - held
 
@@ -197,8 +205,9 @@ class Table:
         self._memo: dict = {}
         self.node_bytes = [self._once(("bytes", tuple(map(id, cands))), lambda: np.array(
             [c.own_bytes for c in cands], dtype=np.int64)) for cands in options]
+        # Seconds only where the search minimises them (the report models the chosen ones itself).
         self.node_seconds = [self._once(("seconds", tuple(map(id, cands))), lambda: np.array(
-            [self.own_seconds(c) for c in cands])) for cands in options]
+            [self.own_seconds(c) for c in cands])) for cands in options] if objective.kind == "time" else []
         self.edge_bytes: dict[tuple[int, int], np.ndarray] = {}
         self.edge_seconds: dict[tuple[int, int], np.ndarray] = {}
         need = backward.needs_grad(graph) if objective.training else ()
