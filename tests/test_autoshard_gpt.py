@@ -5,6 +5,7 @@ import math
 
 import pytest
 
+from docs_commands import ROOT
 from spmdsim.autoshard import autoshard, build
 from spmdsim.autoshard.candidates import candidates, make_candidate
 from spmdsim.autoshard.cost import redistribution_bytes
@@ -17,6 +18,7 @@ from spmdsim.plan import plan_redistribution
 
 RATE = 1e10
 KIB = 1024
+DOCS = ROOT / "docs" / "autoshard.md"
 
 
 def _hand(graph, hand):
@@ -52,6 +54,19 @@ def test_training_choice_needs_no_more_than_megatron(name, limit):
     assert mine <= theirs
     assert (mine, theirs) == (7_863_832, {"gpt": 8_894_480, "gpt_sp": 8_796_176}[name])
     assert all(op.candidate.memory <= limit for op in r.ops)
+    text, table = DOCS.read_text(), r.table()
+    for fwd, bwd in ((r.total_bytes_per_rank, r.backward_bytes_per_rank),
+                     (r.hand_written_total_bytes_per_rank, r.hand_written_backward_bytes_per_rank)):
+        assert f"| {fwd:,} | {bwd:,} | {fwd + bwd:,} |" in text
+    assert all(len(line) <= 100 for line in table.splitlines())
+    if name == "gpt":  # the docs quote this table's totals
+        totals = [line for line in table.splitlines() if line.startswith(("training ", "hand-written ", "total "))]
+        assert len(totals) == 3 and all(line in text for line in totals), totals
+        free = autoshard(name, 8, training=True, flops_per_s=RATE)  # no limit: every operator whole
+        assert (free.total_bytes_per_rank, free.backward_bytes_per_rank) == (3584, 0)
+        assert "| `--training`, no limit | 3,584 | 0 | 3,584 |" in text
+        assert max(op.candidate.memory for op in free.ops) == 2 * 8 * 64 * 512 * 8 + 512 * 8 == 4_198_400
+        assert "holding up to 4,198,400 B" in text
 
 
 def test_megatron_forward_is_an_allreduce_per_row_parallel_product():
@@ -102,6 +117,9 @@ def test_split_hidden_layer_norm_pays_two_row_allreduces():
 def test_4096_devices_fully_use_them():
     r = autoshard("gpt", 4096, flops_per_s=RATE)
     assert r.outcome.proven and len(r.ops) == 107
+    shown = r.table().splitlines()
+    for line in shown[:8] + [f"total {r.total_bytes_per_rank:,} B/rank"]:
+        assert line in DOCS.read_text().splitlines(), line
     graph, short = r.graph, set()
     for node, op in zip(graph.nodes[1:], r.ops[1:]):
         if _used(op.candidate) < 4096:
