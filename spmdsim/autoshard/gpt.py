@@ -27,7 +27,6 @@ from typing import Optional
 
 from ..datagen import SeededTensor
 from ..gpt.config import GPTConfig
-from ..gpt.parallel import megatron_layouts, mesh_problem
 from ..layout import Layout
 from .graph import Graph, OpNode, ParamSpec, data_parallel
 
@@ -103,6 +102,9 @@ def gpt_graph(cfg: GPTConfig, devices: int) -> Graph:
 def megatron(cfg: GPTConfig, graph: Graph, devices: int, sp: bool = False) -> Optional[tuple]:
     """Megatron's layouts for every node of `gpt_graph` on dp = devices / 4 x tp = 4 (None when they do
     not fit: `mesh_problem`), as `networks.Hand`s (None for the input)."""
+    # spmdsim.gpt.parallel holds the model on DTensors (it loads spmdsim.runtime, never mpi4py):
+    # imported only when the layouts are asked for.
+    from ..gpt.parallel import megatron_layouts, mesh_problem
     from .networks import Hand
 
     tp = MEGATRON_TP

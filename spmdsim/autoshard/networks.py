@@ -21,7 +21,7 @@ from ..nets import NETWORKS as SEED_NETWORKS
 from ..nets import Network
 from .graph import Graph, OpNode, ParamSpec, attention, data_parallel, mlp_chain, weight
 
-__all__ = ["NAMES", "Hand", "build", "from_network"]
+__all__ = ["NAMES", "Hand", "build", "from_network", "gpt_network"]
 
 #: Stage kinds of `spmdsim.nets` -> node kinds here (Paddle's split layers are Linear layers).
 _KIND = {"flatten": "flatten", "matmul": "matmul", "linear": "linear", "relu": "relu", "gelu": "gelu",
