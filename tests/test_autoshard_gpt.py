@@ -9,7 +9,8 @@ from docs_commands import ROOT
 from spmdsim.autoshard import autoshard, build
 from spmdsim.autoshard.candidates import candidates, make_candidate
 from spmdsim.autoshard.cost import redistribution_bytes
-from spmdsim.autoshard.gpt import gpt_graph, megatron
+from spmdsim.autoshard.gpt import gpt_graph
+from spmdsim.autoshard.networks import gpt_network
 from spmdsim.cli.main import main
 from spmdsim.gpt.config import GPTConfig
 from spmdsim.infer.einsum import infer_einsum
@@ -162,3 +163,43 @@ def test_small_gpt_from_the_command_line(capsys):
     assert "GPT 1 layers, d_model 32, 4 heads, seq 16, batch 8, vocab 32" in out
     assert "hand-written" in out and "variable elimination, proven optimal" in out
     assert math.isfinite(len(out))
+
+
+def _measured_step(cfg: GPTConfig, sp: bool) -> tuple[int, int]:
+    """Bytes the busiest of 8 simulated ranks receives in the GPT's forward and its backward (Megatron)."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim.gpt.parallel import GPT
+
+    def body() -> tuple[int, int]:
+        from spmdsim.runtime import DTensor, Mesh, collect_trace
+
+        mesh = Mesh(Layout((2, 4), ("dp", "tp")), spmdsim.world())
+        model = GPT(cfg, mesh, sp=sp)
+        rng = np.random.default_rng(0)
+        x, y = (DTensor.from_global(mesh, rng.integers(0, cfg.vocab, (cfg.batch, cfg.seq)),
+                                    mesh.layout("dp", None)) for _ in range(2))
+        with collect_trace() as fwd:
+            loss = model.loss(x, y, None, train=False)
+        with collect_trace() as bwd:
+            loss.backward()
+        return tuple(sum(e.bytes_received for e in t.entries if e.group_size > 1) for t in (fwd, bwd))
+
+    out = spmdsim.simulate(8, body)
+    return max(f for f, _ in out), max(b for _, b in out)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_megatron_prices_equal_a_simulated_training_step(sp):
+    # spmdsim.gpt.parallel's GPT on 8 simulated ranks, its collectives' bytes measured.
+    cfg = GPTConfig(layers=1, d_model=32, heads=4, seq=16, batch=8, vocab=32)
+    graph, hand = gpt_network(8, cfg, sp)
+    r = autoshard(graph, 8, hand=hand, training=True, flops_per_s=RATE)
+    fwd, bwd = _measured_step(cfg, sp)
+    # The graph's ids arrive split 8 ways and move to Megatron's 2 (the runtime's start there).
+    ids_hop = r.hand_ops[graph.index("wte")].in_bytes
+    assert fwd == r.hand_written_total_bytes_per_rank - ids_hop == 76_048
+    # The tied table's gradient is summed once per use in the price, once in the runtime:
+    # its (8, 32) float64 shard Allreduced over dp (2 ranks) once more.
+    assert bwd == r.hand_written_backward_bytes_per_rank - 8 * 32 * 8
