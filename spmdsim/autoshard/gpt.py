@@ -12,8 +12,9 @@ bias, residual); the final layer norm, the head tied to the token embedding
 (``btd,vd->btv``), the flatten and the vocab-parallel cross-entropy: 25 nodes
 a block plus 7 (107 at 4 layers). Dropout (a local mask) moves nothing and is
 left out. Weights are placed where a strategy wants them (the tied table once
-per use, so its gradient is summed once per use). Activations are float64, as
-the GPT trains.
+per use: the search sums its gradient once per use, the reported backward once
+where both uses lay it out alike, as the engine does). Activations are float64,
+as the GPT trains.
 
 `megatron(cfg, graph, devices, sp)` gives every node the layouts
 `spmdsim.gpt.parallel` runs with on a (dp, tp=4) mesh (`megatron_layouts`):
@@ -53,12 +54,12 @@ def gpt_graph(cfg: GPTConfig, devices: int) -> Graph:
     nodes: list[OpNode] = [OpNode("x", "input", (), (), (B, T), "int64",
                                   layout=data_parallel(devices, (B, T)),
                                   source=SeededTensor((B, T), "int64", cfg.seed, low=0, high=V))]
-    seed = iter(range(1, 1 << 20))
+    made: dict[str, ParamSpec] = {}  # by name: the head's "wte" is the embedding's (tied)
 
     def add(name: str, kind: str, inputs: tuple, in_shapes: tuple, out: tuple, params: tuple = (),
             spec: str = "") -> str:
-        nodes.append(OpNode(name, kind, inputs, in_shapes, out, _DT,
-                            tuple(_param(p, s, next(seed)) for p, s in params), spec=spec))
+        specs = tuple(made.setdefault(p, _param(p, s, len(made) + 1)) for p, s in params)
+        nodes.append(OpNode(name, kind, inputs, in_shapes, out, _DT, specs, spec=spec))
         return name
 
     h = add("wte", "embedding", ("x",), ((B, T),), btd, (("wte", (V, D)),), "scatter")
