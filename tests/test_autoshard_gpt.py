@@ -119,6 +119,7 @@ def test_4096_devices_fully_use_them():
     r = autoshard("gpt", 4096, flops_per_s=RATE)
     assert r.outcome.proven and len(r.ops) == 107
     shown = r.table().splitlines()
+    assert max(len(line) for line in shown) <= 100
     for line in shown[:8] + [f"total {r.total_bytes_per_rank:,} B/rank"]:
         assert line in DOCS.read_text().splitlines(), line
     graph, short = r.graph, set()

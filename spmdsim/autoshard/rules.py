@@ -99,9 +99,9 @@ def infer(node, inputs: tuple, params: tuple, out: Optional[TensorLayout]) -> tu
         local = plan.local
         final = local.with_partial(()) if out is None else out
         words, _, sizes = letters(node)
-        local_sizes = [n // local.layout.group_size((ch,)) if ch in local.layout.alias_name else n
-                       for ch, n in sizes.items()]
-        return local, final, 2 * math.prod(local_sizes), ()
+        where = {ch: axes for word, tl in zip(words, operands) for ch, axes in zip(word, tl.tensor_map)}
+        work = math.prod(n // local.layout.group_size(where[ch]) for ch, n in sizes.items())
+        return local, final, 2 * work, ()
     if kind == "pointwise":
         plan = infer_pointwise(node.spec, operands, shapes, dtype)
         if plan.targets != operands:
