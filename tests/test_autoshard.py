@@ -172,3 +172,17 @@ def test_layout_tuple_network_keeps_its_hand_written_layouts():
     result = autoshard("net_mindspore_layout", 8, fix={"MatMul1": "hand"}, flops_per_s=RATE)
     hand = result.hand_ops[2].candidate
     assert result.ops[2].candidate.same_layouts(hand) and hand.hand
+
+
+@pytest.mark.parametrize("devices", [4, 8])
+def test_variable_elimination_equals_brute_force_with_branches(devices):
+    from spmdsim.autoshard.search import eliminate
+
+    table = _table(_branches(devices), devices)
+    grid = _brute(table)
+    out = eliminate(table.node, table.edge)
+    assert out.proven and out.value == grid.min() == table.total(out.choice)
+    for value, alt in out.runners_up:  # one operator changed, priced exactly
+        assert value == table.total(alt) >= out.value
+        assert sum(a != b for a, b in zip(alt, out.choice)) == 1
+    assert eliminate(table.node, table.edge, max_entries=1) is None  # a table over its limit: none

@@ -4,8 +4,8 @@ Pure (numpy only; never imports mpi4py). `autoshard(network, devices, ...)`
 enumerates each operator's candidate strategies (`candidates`), prices them and
 the redistributions between them (`cost`: exact bytes per rank, or modelled
 seconds), and picks one per operator by propagation from the fixed operators
-or by search (`search`: exact DP on chains and trees, branch and bound on
-other graphs); ``training=True`` adds the backward's bytes (`backward`). `spmdsim autoshard --network NAME` is the command line;
+or by search (`search`: exact DP on chains and trees, branch and bound or
+variable elimination on other graphs); ``training=True`` adds the backward's bytes (`backward`). `spmdsim autoshard --network NAME` is the command line;
 `spmdsim.autoshard.execute` runs a choice under MPI. The module is callable:
 ``spmdsim.autoshard("net_mindspore_tutorial", 8)`` is ``autoshard(...)``.
 """
@@ -17,9 +17,10 @@ import types
 from .candidates import Candidate, make_candidate
 from .choose import METHODS, OpReport, Result, autoshard
 from .cost import OBJECTIVES, Objective, Table, redistribution_bytes
+from .gpt import gpt_graph, megatron
 from .graph import Graph, OpNode, ParamSpec, attention, mlp_chain
-from .networks import NAMES, build
-from .search import Outcome, branch_and_bound, propagate, tree_search
+from .networks import NAMES, build, gpt_network
+from .search import Outcome, branch_and_bound, eliminate, propagate, tree_search
 
 __all__ = [
     "autoshard",
@@ -32,6 +33,9 @@ __all__ = [
     "ParamSpec",
     "mlp_chain",
     "attention",
+    "gpt_graph",
+    "megatron",
+    "gpt_network",
     "NAMES",
     "build",
     "Objective",
@@ -43,6 +47,7 @@ __all__ = [
     "propagate",
     "tree_search",
     "branch_and_bound",
+    "eliminate",
 ]
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from ..layout import TensorLayout
 from ..plan.planner import received_per_rank
 from .candidates import Candidate, _infer
 from . import cost as _cost
+from . import rules
 from .graph import ELEMENTWISE, Graph, OpNode
 
 __all__ = ["BackwardOp", "replay", "needs_grad", "node_bytes", "edge_bytes", "backward_total"]
@@ -88,12 +89,33 @@ def needs_grad(graph: Graph) -> list[bool]:
     return out
 
 
-def _op(node: OpNode, c: Candidate, dy: TensorLayout, need: Sequence[bool]) -> tuple:
+def _sums(weights, charged: Optional[set]) -> int:
+    """Bytes of resolving weight gradients [(pending layout, weight layout, ParamSpec)] at the leaves.
+
+    `charged` (the replay's): a weight used twice (the GPT's tied table: one ParamSpec in two
+    nodes) whose uses lay out it and its gradient alike is summed once, as the engine adds the
+    two gradients locally first.
+    """
+    total = 0
+    for g, p, spec in weights:
+        if charged is not None:
+            if (spec, p, g) in charged:
+                continue
+            charged.add((spec, p, g))
+        total += (_move(g, _grad_layout(p, g), spec.shape, spec.source.dtype)
+                  + _move(_grad_layout(p, g), p.with_partial(()), spec.shape, spec.source.dtype))
+    return total
+
+
+def _op(node: OpNode, c: Candidate, dy: TensorLayout, need: Sequence[bool],
+        charged: Optional[set] = None) -> tuple:
     """(own bytes, weight bytes, per input its gradient layout or None) of one rule."""
     kind = node.kind
     grads: list = [None] * len(node.inputs)
     if kind == "input":
         return 0, 0, grads
+    if kind in rules.KINDS:
+        return _general(node, c, dy, need, charged)
     if kind in ("flatten",) + ELEMENTWISE:
         own = 0
         if kind != "flatten":  # want = the input's layout; pending over replicated axes passes
@@ -122,10 +144,48 @@ def _op(node: OpNode, c: Candidate, dy: TensorLayout, need: Sequence[bool]) -> t
         else:
             w = [gw] + ([_pending(c.params[1], passed, _axes(local, local.tensor_map[:-1]))]
                         if kind == "linear" else [])
-    weight = sum(_move(g, _grad_layout(p, g), spec.shape, spec.source.dtype)
-                 + _move(_grad_layout(p, g), p.with_partial(()), spec.shape, spec.source.dtype)
-                 for g, p, spec in zip(w, c.params, node.params))
-    return own, weight, grads
+    return own, _sums(zip(w, c.params, node.params), charged), grads
+
+
+def _summed(node: OpNode, c: Candidate, local: TensorLayout) -> list[tuple[str, ...]]:
+    """Per operand (activations, then weights), the mesh axes its gradient's local math sums over."""
+    operands = list(c.inputs) + list(c.params)
+    if node.kind == "einsum":
+        words, _, _ = rules.letters(node)
+        where = {ch: axes for w, tl in zip(words, operands) for ch, axes in zip(w, tl.tensor_map)}
+        return [_axes(local, [where[ch] for ch in where if ch not in w]) for w in words]
+    if node.kind == "pointwise":
+        words, out_word, _ = rules.letters(node)
+        return [_axes(local, [e for ch, e in zip(out_word, c.out.tensor_map) if ch not in w]) for w in words]
+    if node.kind == "layernorm":  # the weights' gradients sum over the rows
+        return [()] + [_axes(local, c.inputs[0].tensor_map[:-1])] * len(c.params)
+    return [()] * len(operands)
+
+
+def _general(node: OpNode, c: Candidate, dy: TensorLayout, need: Sequence[bool],
+             charged: Optional[set] = None) -> tuple:
+    """(own bytes, weight bytes, per input its gradient layout or None) of a `rules` kind.
+
+    Every backward is linear in the output gradient: a pending sum over axes the
+    operator does not split passes to its operands' gradients. Each operand's
+    gradient is also pending over the axes of the letters its local math sums
+    (an einsum's letters it lacks, a broadcast operand's broadcast dims). A split
+    hidden dim costs a layer norm's backward the two row sums its forward needed.
+    """
+    local = rules.infer(node, c.inputs, c.params, c.out)[0]
+    reads = list(c.inputs) + list(c.params) + [c.out, local]
+    used = {a for tl in reads for a in tl.split_axes + tl.partial}
+    target = local.with_partial(()).with_partial(a for a in dy.partial if a not in used)
+    own = _move(dy, target, node.out_shape, node.dtype)
+    if node.kind == "layernorm":
+        own += c.own_bytes
+    passed = target.partial
+    summed = _summed(node, c, local)
+    n = len(node.inputs)
+    grads = [_pending(tl, passed, s) if want else None
+             for tl, s, want in zip(c.inputs, summed[:n], need)]
+    weights = [(_pending(p, passed, s), p, spec) for p, s, spec in zip(c.params, summed[n:], node.params)]
+    return own, _sums(weights, charged), grads
 
 
 def _back(g: TensorLayout, consumer_in: TensorLayout, producer_out: TensorLayout, shape: tuple,
@@ -153,12 +213,13 @@ def replay(graph: Graph, chosen: Sequence[Candidate]) -> tuple[BackwardOp, ...]:
     last = len(graph.nodes) - 1
     grads: dict[int, TensorLayout] = {last: chosen[last].out.with_partial(())}
     rows: dict[int, list[int]] = {i: [0, 0, 0] for i in range(len(graph.nodes))}
+    charged: set = set()  # weight gradients already summed (a tied weight: once)
     for q in range(last, 0, -1):
         node, dy = graph.nodes[q], grads.pop(q, None)
         if dy is None or not need[q]:
             continue
         wants = [need[graph.index(i)] for i in node.inputs]
-        own, weight, gs = _op(node, chosen[q], dy, wants)
+        own, weight, gs = _op(node, chosen[q], dy, wants, charged)
         rows[q][1] += own
         rows[q][2] += weight
         for pos, (src, g) in enumerate(zip(node.inputs, gs)):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Iterator, Optional, Sequence
 
 import numpy as np
@@ -30,9 +31,10 @@ from ..layout import Layout, TensorLayout
 from ..infer import (infer_elementwise, infer_embedding, infer_linear, infer_matmul,
                          infer_softmax, out_layout_from_strategy)
 from ..plan import Plan, plan_redistribution
+from . import rules
 from .graph import ELEMENTWISE, OpNode
 
-__all__ = ["Candidate", "candidates", "make_candidate"]
+__all__ = ["Candidate", "candidates", "make_candidate", "fitting"]
 
 
 @dataclass(frozen=True)
@@ -80,8 +82,14 @@ class Candidate:
         return (self.inputs, self.params, self.out) == (other.inputs, other.params, other.out)
 
 
-def _local_bytes(tl: TensorLayout, shape: Sequence[int], dtype: str) -> int:
+@lru_cache(maxsize=65536)
+def _local_bytes(tl: TensorLayout, shape: tuple, dtype: str) -> int:
     return math.prod(tl.local_shape(shape)) * np.dtype(dtype).itemsize
+
+
+@lru_cache(maxsize=65536)
+def _check(tl: TensorLayout, shape: tuple) -> None:
+    tl.check_shape(shape)
 
 
 def make_candidate(node: OpNode, inputs: Sequence[TensorLayout], params: Sequence[TensorLayout],
@@ -95,10 +103,13 @@ def make_candidate(node: OpNode, inputs: Sequence[TensorLayout], params: Sequenc
     inputs, params = tuple(inputs), tuple(params)
     in_dtypes = tuple(in_dtypes) or (node.dtype,) * len(node.inputs)
     for tl, shape in zip(inputs + params, node.in_shapes + tuple(p.shape for p in node.params)):
-        tl.check_shape(shape)
-    local, final, flops = _infer(node, inputs, params, out)
-    final.check_shape(node.out_shape)
-    own = (own_plan(local, final, node.out_shape, node.dtype),) if local.partial else ()
+        _check(tl, tuple(shape))
+    if node.kind in rules.KINDS:
+        local, final, flops, extra = rules.infer(node, inputs, params, out)
+    else:
+        (local, final, flops), extra = _infer(node, inputs, params, out), ()
+    _check(final, tuple(node.out_shape))
+    own = ((own_plan(local, final, node.out_shape, node.dtype),) if local.partial else ()) + extra
     memory = sum(_local_bytes(tl, s, d) for tl, s, d in zip(inputs, node.in_shapes, in_dtypes))
     memory += sum(_local_bytes(tl, p.shape, p.source.dtype) for tl, p in zip(params, node.params))
     memory += max(_local_bytes(local, node.out_shape, node.dtype),
@@ -131,7 +142,7 @@ def _infer(node: OpNode, inputs: tuple, params: tuple, out: Optional[TensorLayou
         return x, x, math.prod(x.local_shape(node.out_shape)) * (5 if kind == "softmax" else 1)
     if kind == "embedding":
         plan = infer_embedding(inputs[0], params[0], gather_out=False)
-        return plan.local, plan.out, 0
+        return plan.local, plan.out if out is None else out, 0
     if kind == "linear":
         plan = infer_linear(inputs[0], *params)
         mm = plan.matmul
@@ -185,32 +196,45 @@ def _counts(sizes: Sequence[int], devices: int, whole: Sequence[int] = ()) -> It
             yield combo
 
 
-def candidates(node: OpNode, devices: int, in_dtypes: Sequence[str] = ()) -> tuple[Candidate, ...]:
+def fitting(sizes: Sequence[int], devices: int, whole: Sequence[int] = (),
+            full: bool = False) -> list[tuple[int, ...]]:
+    """`_counts`; with `full`, only those using every device when any does (MindSpore's fully_use_devices)."""
+    combos = list(_counts(sizes, devices, whole))
+    if full and any(math.prod(c) == devices for c in combos):
+        combos = [c for c in combos if math.prod(c) == devices]
+    return combos
+
+
+def candidates(node: OpNode, devices: int, in_dtypes: Sequence[str] = (),
+               full: bool = False) -> tuple[Candidate, ...]:
     """Every candidate of `node` on `devices` devices, in a fixed order (most devices first).
 
     Operators of the same kind and shapes share one (cached) tuple: a chain of
-    identical layers enumerates once.
+    identical layers enumerates once. `full`: only strategies that use every
+    device, for operators that have any (MindSpore's ``fully_use_devices``).
     """
-    shapes = (node.kind, node.in_shapes, node.out_shape, node.dtype, node.transpose_b, node.layout,
-              tuple((p.shape, p.source.dtype) for p in node.params))
-    key = (shapes, devices, tuple(in_dtypes))
+    shapes = (node.kind, node.in_shapes, node.out_shape, node.dtype, node.transpose_b, node.spec,
+              node.layout, tuple((p.shape, p.source.dtype) for p in node.params))
+    key = (shapes, devices, tuple(in_dtypes), full)
     if key not in _CACHE:
         if len(_CACHE) >= 256:
             _CACHE.clear()
-        _CACHE[key] = _enumerate(node, devices, tuple(in_dtypes))
+        _CACHE[key] = _enumerate(node, devices, tuple(in_dtypes), full)
     return _CACHE[key]
 
 
 _CACHE: dict = {}
 
 
-def _enumerate(node: OpNode, devices: int, in_dtypes: tuple) -> tuple[Candidate, ...]:
+def _enumerate(node: OpNode, devices: int, in_dtypes: tuple, full: bool) -> tuple[Candidate, ...]:
     out = []
-    for inputs, params, want in _layouts(node, devices):
+    for inputs, params, want in _layouts(node, devices, full):
         try:
             out.append(make_candidate(node, inputs, params, in_dtypes, want))
         except SpmdsimError:
             continue  # a shape that does not divide, an axis reused: not a candidate
+    if full and not out:  # no strategy using every device runs (a reshape's blocks): every strategy
+        return _enumerate(node, devices, in_dtypes, False)
     return tuple(sorted(out, key=_devices_used, reverse=True))
 
 
@@ -220,31 +244,46 @@ def _devices_used(c: Candidate) -> int:
     return layout.num_devices // (layout.axis_size("rep") if "rep" in layout.alias_name else 1)
 
 
-def _layouts(node: OpNode, devices: int) -> Iterator[tuple]:
+def _layouts(node: OpNode, devices: int, full: bool = False) -> Iterator[tuple]:
     """(activation layouts, weight layouts, wanted output or None) of every strategy."""
     kind, shapes = node.kind, node.in_shapes
     if kind == "input":
         yield (), (), None
         return
+    if kind in rules.KINDS:
+        yield from rules.layouts(node, devices, full)
+        return
     if kind in ("flatten",) + ELEMENTWISE:
         x = shapes[0]
         whole = range(1, len(x)) if kind == "flatten" else (len(x) - 1,) if kind == "softmax" else ()
-        for counts in _counts(x, devices, tuple(whole)):
+        for counts in fitting(x, devices, tuple(whole), full):
             yield (strategy_to_layout(counts, devices),), (), None
         return
     if kind == "embedding":
-        yield from _embedding_layouts(node, devices)
+        yield from _embedding_layouts(node, devices, full)
         return
     yield from _matmul_layouts(node, devices)
 
 
-def _embedding_layouts(node: OpNode, devices: int) -> Iterator[tuple]:
+def _embedding_layouts(node: OpNode, devices: int, full: bool) -> Iterator[tuple]:
+    """Ids and table split; with spec "scatter" a split vocabulary also Reduce_scatters into each
+    output dim it divides (as Megatron's sequence parallelism does)."""
     ids, table = node.in_shapes[0], node.params[0].shape
     n = len(ids)
-    for counts in _counts(ids + table, devices):
-        full = strategy_to_layout(counts, devices)
-        names = full.layout.alias_name[: n + 2]  # one strategy axis per dim; "rep" after them
-        yield (full.layout(*names[:n]),), (full.layout(*names[n:]),), None
+    for counts in fitting(ids + table, devices, (), full):
+        whole = strategy_to_layout(counts, devices)
+        names = whole.layout.alias_name[: n + 2]  # one strategy axis per dim; "rep" after them
+        x, t = whole.layout(*names[:n]), whole.layout(*names[n:])
+        yield (x,), (t,), None
+        vocab = counts[n]
+        if vocab == 1 or node.spec != "scatter":
+            continue
+        local = infer_embedding(x, t, gather_out=False).local
+        for d, size in enumerate(node.out_shape):
+            want = list(local.shards_per_dim)
+            want[d] *= vocab
+            if size % want[d] == 0:
+                yield (x,), (t,), out_layout_from_strategy(local, want)
 
 
 def _matmul_layouts(node: OpNode, devices: int) -> Iterator[tuple]:

@@ -22,7 +22,7 @@ from .candidates import Candidate, candidates, make_candidate
 from .cost import Objective, Table, hop_plans, measure_flops_rate, plan_seconds, redistribution_bytes
 from .graph import Graph
 from .networks import Hand, build
-from .search import Outcome, branch_and_bound, propagate, tree_search
+from .search import Outcome, branch_and_bound, eliminate, propagate, tree_search
 
 __all__ = ["autoshard", "Result", "OpReport", "METHODS", "PLANNED_HOPS_MAX_DEVICES",
            "TIME_OBJECTIVE_MAX_DEVICES"]
@@ -31,6 +31,10 @@ METHODS = ("search", "propagate")
 
 #: The time objective plans every pair of candidate layouts (~20 s for the tutorial at 16).
 TIME_OBJECTIVE_MAX_DEVICES = 16
+
+#: Graphs with cycles and more operators than this are searched by variable elimination (exact
+#: when its tables fit), smaller ones by branch and bound (which keeps the k best whole plans).
+BRANCH_AND_BOUND_MAX_NODES = 16
 
 #: Above this many devices the chosen hops are priced from the blocks alone
 #: (exact bytes) and not planned step by step (the planner takes ~0.5 s a hop at 4,096).
@@ -166,8 +170,18 @@ def autoshard(network: Union[str, Graph], devices: int = 8, *,
     elif graph.is_tree():
         outcome = tree_search(table.node, table.edge, runners_up)
     else:
-        outcome = branch_and_bound(table.node, table.edge, prop.choice, runners_up, node_limit,
-                                   time_limit_s)
+        outcome = None
+        if len(graph.nodes) > BRANCH_AND_BOUND_MAX_NODES:
+            outcome = eliminate(table.node, table.edge, runners_up)
+        if outcome is None:
+            start = prop.choice
+            if hand_cands is not None:  # the better of propagation and the hand-written plan seeds it
+                mine = tuple(next(k for k, c in enumerate(options[i]) if c.same_layouts(hand_cands[i]))
+                             if any(c.same_layouts(hand_cands[i]) for c in options[i]) else 0
+                             for i in range(len(options)))
+                start = min((prop.choice, mine), key=table.total)
+            outcome = branch_and_bound(table.node, table.edge, start, runners_up, node_limit,
+                                       time_limit_s)
     chosen = [options[i][c] for i, c in enumerate(outcome.choice)]
     whys = _whys(graph, options, outcome, fixed, obj)
     ops = _reports(graph, chosen, considered, ruled_out, obj, whys)
@@ -192,7 +206,7 @@ def _hand(graph: Graph, hand, in_dtypes) -> Optional[list[Candidate]]:
         if h is None:
             out.append(make_candidate(node, (), (), dts, hand=True))
         else:
-            want = h.out if node.kind == "matmul" else None
+            want = h.out if node.kind in ("matmul", "einsum", "embedding") else None
             out.append(make_candidate(node, h.inputs, h.params, dts, want, hand=True))
     return out
 
@@ -204,8 +218,9 @@ def _options(graph: Graph, devices: int, in_dtypes, hand_cands, fix: dict, memor
     if graph.nodes[0].name in fix:
         raise OperatorError(f"{graph.nodes[0].name!r} is the network input; its layout is given")
     options, considered, ruled_out = [], [], []
+    full = graph.fully_use_above is not None and devices > graph.fully_use_above
     for i, node in enumerate(graph.nodes):
-        cands = list(candidates(node, devices, in_dtypes[i]))
+        cands = list(candidates(node, devices, in_dtypes[i], full))
         if hand_cands is not None and i and not any(c.same_layouts(hand_cands[i]) for c in cands):
             cands.append(hand_cands[i])
         considered.append(len(cands))

@@ -107,15 +107,15 @@ def redistribution_bytes(sources: Sequence[TensorLayout], targets: Sequence[Tens
     bits_t = [_bits(t, shape) for t in targets]
     easy = [j for j, t in enumerate(targets) if not t.partial and bits_t[j] is None]
     nested = [j for j, t in enumerate(targets) if not t.partial and bits_t[j] is not None]
+    prepared = _prepare([bits_t[j] for j in nested]) if nested else None
     for i, source in enumerate(sources):
         bits_s = None if source.partial else _bits(source, shape)
         hard = range(len(targets)) if source.partial else \
             [j for j, t in enumerate(targets) if t.partial or (bits_s is None and j in nested)]
         for j in hard:
             out[i, j] = plan_redistribution(source, targets[j], shape, dtype).max_bytes_received
-        if bits_s is not None:
-            for j in nested:
-                out[i, j] = _nested_need(bits_s, bits_t[j]) * itemsize
+        if bits_s is not None and nested:
+            out[i, nested] = _nested_needs(bits_s, prepared) * itemsize
         if not source.partial and easy:
             out[i, easy] = _blocks_need(source, [targets[j] for j in easy], shape) * itemsize
     return out
@@ -152,6 +152,28 @@ def _nested_need(source: tuple, target: tuple) -> int:
     return size - held
 
 
+def _prepare(targets: Sequence[tuple]) -> tuple:
+    """Per dim of many targets' `_bits`: (distinct rank bits, each target's index there, widths); sizes."""
+    dims = []
+    for d in range(len(targets[0])):
+        distinct: dict = {}
+        index = np.array([distinct.setdefault(t[d][0], len(distinct)) for t in targets])
+        dims.append((tuple(distinct), index, np.array([t[d][1] for t in targets], dtype=np.int64)))
+    size = np.prod([w for _, _, w in dims], axis=0) if dims else np.ones(len(targets), dtype=np.int64)
+    return dims, size
+
+
+def _nested_needs(source: tuple, prepared: tuple) -> np.ndarray:
+    """`_nested_need` of one source against many targets (`_prepare`d): each bit test once per distinct bits."""
+    dims, size = prepared
+    held = np.ones(len(size), dtype=np.int64)
+    for (bits_s, w_s), (distinct, index, widths) in zip(source, dims):
+        match = np.array([long[:len(short)] == short for bits_t in distinct
+                          for short, long in [sorted((bits_s, bits_t), key=len)]])
+        held *= match[index] * np.minimum(widths, w_s)
+    return size - held
+
+
 def _blocks_need(source: TensorLayout, targets: Sequence[TensorLayout], shape: tuple) -> np.ndarray:
     """Per target, elements the busiest rank lacks, from every rank's blocks (vectorised)."""
     out = np.zeros(len(targets), dtype=np.int64)
@@ -183,15 +205,17 @@ class Table:
         self._memo: dict = {}
         self.node_bytes = [self._once(("bytes", tuple(map(id, cands))), lambda: np.array(
             [c.own_bytes for c in cands], dtype=np.int64)) for cands in options]
+        # Seconds only where the search minimises them (the report models the chosen ones itself).
         self.node_seconds = [self._once(("seconds", tuple(map(id, cands))), lambda: np.array(
-            [self.own_seconds(c) for c in cands])) for cands in options]
+            [self.own_seconds(c) for c in cands])) for cands in options] if objective.kind == "time" else []
         self.edge_bytes: dict[tuple[int, int], np.ndarray] = {}
         self.edge_seconds: dict[tuple[int, int], np.ndarray] = {}
         need = backward.needs_grad(graph) if objective.training else ()
         if objective.training:  # the backward adds to every candidate's and every hop's bytes
-            self.node_bytes = [self.node_bytes[i] + np.array(
-                [backward.node_bytes(n, c, [need[graph.index(s)] for s in n.inputs]) for c in options[i]],
-                dtype=np.int64) for i, n in enumerate(graph.nodes)]
+            self.node_bytes = [self.node_bytes[i] + self._once(
+                ("backward", tuple(map(id, options[i])), _signature(n), self._needs(i, need)),
+                lambda: np.array([backward.node_bytes(n, c, self._needs(i, need)) for c in options[i]],
+                                 dtype=np.int64)) for i, n in enumerate(graph.nodes)]
         for p, q, pos in graph.edges:
             b = self._edge_bytes(p, q, pos)
             if objective.training:
@@ -229,8 +253,15 @@ class Table:
                self.graph.nodes[q].in_shapes[pos], self.dtypes[p])
         return self._once(key, lambda: self._price_bytes(p, q, pos))
 
+    def _needs(self, i: int, need: Sequence[bool]) -> tuple[bool, ...]:
+        return tuple(need[self.graph.index(s)] for s in self.graph.nodes[i].inputs)
+
     def _edge_backward(self, p: int, q: int, pos: int, need: list) -> np.ndarray:
-        return backward.edge_bytes(self.graph, p, q, pos, self.options[p], self.options[q], need)
+        # Identical layers share their candidates: price each kind of hop once.
+        key = ("edge backward", tuple(map(id, self.options[p])), tuple(map(id, self.options[q])), pos,
+               _signature(self.graph.nodes[q]), self.dtypes[p], tuple(need))
+        return self._once(key, lambda: backward.edge_bytes(self.graph, p, q, pos, self.options[p],
+                                                           self.options[q], need))
 
     def _price_bytes(self, p: int, q: int, pos: int) -> np.ndarray:
         sources, targets, shape, dtype = self._pairs(p, q, pos)
@@ -255,6 +286,12 @@ class Table:
         """Objective value of a whole choice (one candidate index per node)."""
         value = sum(self.node[i][c] for i, c in enumerate(choice))
         return value + sum(m[choice[p], choice[q]] for (p, q), m in self.edge.items())
+
+
+def _signature(node) -> tuple:
+    """What a node's backward depends on besides its candidates: kind, spec, shapes, weights."""
+    return (node.kind, node.spec, node.in_shapes, node.out_shape, node.dtype, node.transpose_b,
+            tuple((p.shape, p.source.dtype) for p in node.params))
 
 
 def _positions(items: Sequence) -> list[int]:

@@ -23,7 +23,8 @@ from ..layout import Layout, TensorLayout
 __all__ = ["KINDS", "ParamSpec", "OpNode", "Graph", "mlp_chain", "attention", "weight", "data_parallel"]
 
 #: Operator kinds a node may have ("input" is the network input, its layout fixed).
-KINDS = ("input", "flatten", "matmul", "linear", "bmm", "relu", "gelu", "softmax", "embedding")
+KINDS = ("input", "flatten", "matmul", "linear", "bmm", "relu", "gelu", "softmax", "embedding",
+         "einsum", "pointwise", "layernorm", "reshape", "cross_entropy")
 
 #: Kinds that take one activation and keep its layout (no communication).
 ELEMENTWISE = ("relu", "gelu", "softmax")
@@ -54,6 +55,9 @@ class OpNode:
         dtype: dtype of the output.
         params: weights (matmul: w; linear: w, b; embedding: the table).
         transpose_b: bmm only: the second input is stored (..., N, K).
+        spec: einsum: its subscripts ("btd,de->bte"); pointwise: the op ("add", "mul"). Their
+            operands are the activation inputs, then the weights, in that order. Embedding:
+            "scatter" also offers a split vocabulary's Reduce_scatter into an output dim.
         layout: input only: the layout the network input arrives in.
         source: input only: the global input values.
     """
@@ -66,6 +70,7 @@ class OpNode:
     dtype: str
     params: tuple[ParamSpec, ...] = ()
     transpose_b: bool = False
+    spec: str = ""
     layout: Optional[TensorLayout] = None
     source: Optional[SeededTensor] = None
 
@@ -86,13 +91,16 @@ class Graph:
     """Operators in topological order; node 0 is the input.
 
     `batch_dims` leading dims are rows the network treats independently (the
-    network runner's reference uses it).
+    network runner's reference uses it). Above `fully_use_above` devices only
+    strategies that use every device are candidates, for operators that have
+    any (MindSpore's ``fully_use_devices``); None: every strategy at any count.
     """
 
     name: str
     title: str
     nodes: tuple[OpNode, ...]
     batch_dims: int = 1
+    fully_use_above: Optional[int] = None
 
     def __post_init__(self) -> None:
         names = [n.name for n in self.nodes]

@@ -6,6 +6,9 @@ the layouts its hand-written strategy gives (`Hand`); at a device count their
 strategies were not written for, the same shapes are searched without them.
 The examples' patterns: ``mlp`` (examples/mlp.py), ``attention``
 (examples/attention.py's pattern, one head) and ``chain`` (MatMul/ReLU x 50).
+``gpt`` is examples/train_gpt.py's GPT, every operator a node (`gpt`), against
+Megatron's layouts on dp x tp 4; ``gpt_sp`` the same against Megatron's with
+sequence parallelism.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from ..nets import NETWORKS as SEED_NETWORKS
 from ..nets import Network
 from .graph import Graph, OpNode, ParamSpec, attention, data_parallel, mlp_chain, weight
 
-__all__ = ["NAMES", "Hand", "build", "from_network"]
+__all__ = ["NAMES", "Hand", "build", "from_network", "gpt_network"]
 
 #: Stage kinds of `spmdsim.nets` -> node kinds here (Paddle's split layers are Linear layers).
 _KIND = {"flatten": "flatten", "matmul": "matmul", "linear": "linear", "relu": "relu", "gelu": "gelu",
@@ -85,12 +88,28 @@ def _mlp(devices: int) -> tuple:
     return Graph("mlp", "examples/mlp.py: Linear > GELU > Linear", (x, fc1, act, fc2)), None
 
 
+def gpt_network(devices: int, cfg=None, sp: bool = False) -> tuple:
+    """examples/train_gpt.py's GPT (`spmdsim.gpt.GPTConfig`, default: 4 layers, d_model 128, 4 heads,
+    seq 64, batch 8, vocabulary 128) and Megatron's layouts when dp x 4 fits the devices."""
+    from ..gpt.config import GPTConfig
+    from .gpt import gpt_graph, megatron
+
+    cfg = GPTConfig() if cfg is None else cfg
+    graph = gpt_graph(cfg, devices)
+    if sp:
+        graph = Graph("gpt_sp", graph.title + " (hand-written: sequence parallel)", graph.nodes,
+                      graph.batch_dims, graph.fully_use_above)
+    return graph, megatron(cfg, graph, devices, sp)
+
+
 #: Network builders by name: ``NAMES[name](devices) -> (Graph, hand layouts or None)``.
 NAMES: dict[str, Callable[[int], tuple]] = {
     **{name: _seed(name) for name in SEED_NETWORKS},
     "mlp": _mlp,
     "attention": lambda devices: (attention(devices), None),
     "chain": lambda devices: (mlp_chain(devices), None),
+    "gpt": gpt_network,
+    "gpt_sp": lambda devices: gpt_network(devices, sp=True),
 }
 
 

@@ -64,9 +64,12 @@ def _totals(result: "Result") -> list[str]:
     if result.backward:
         bwd, hand_bwd = result.backward_bytes_per_rank, result.hand_written_backward_bytes_per_rank
         line = f"training {_b(total + bwd)} B/rank = fwd {_b(total)} + bwd {_b(bwd)}"
+        head = [line]
         if hand is not None and hand_bwd is not None:
-            line += f"; hand-written {_b(hand + hand_bwd)} = {_b(hand)} + {_b(hand_bwd)}"
-        lines = [_fit(line, WIDTH)] + lines
+            theirs = f"hand-written {_b(hand + hand_bwd)} = {_b(hand)} + {_b(hand_bwd)}"
+            both = f"{line}; {theirs}"
+            head = [both] if len(both) <= WIDTH else [line, f"{theirs} B/rank"]
+        lines = [_fit(text, WIDTH) for text in head] + lines
     lines.append(f"propagation (MindSpore's) from the input and fixed operators: "
                  f"{_b(result.propagation_bytes)} B/rank" + (" forward" if result.backward else ""))
     comm = sum(op.comm_seconds for op in result.ops)

@@ -13,6 +13,10 @@ per edge) through plain arrays: ``node[i][c]`` and ``edge[(p, q)][cp, cq]``.
   with that candidate (the runners-up).
 * `branch_and_bound`: exact on any graph when it finishes within its node
   limit (then `proven` is True), else the best found; keeps the k best plans.
+* `eliminate`: exact on any graph by min-sum variable elimination (the
+  operator whose elimination makes the smallest table first), for graphs whose
+  cycles are short (a GPT's residuals and attention branches); None when a
+  table would exceed its limit.
 """
 from __future__ import annotations
 
@@ -25,7 +29,11 @@ import numpy as np
 
 from ..errors import SpmdsimError
 
-__all__ = ["Outcome", "propagate", "tree_search", "branch_and_bound", "neighbours"]
+__all__ = ["Outcome", "propagate", "tree_search", "branch_and_bound", "eliminate", "neighbours",
+           "ELIMINATION_MAX_ENTRIES"]
+
+#: The largest table (entries) variable elimination builds before giving up.
+ELIMINATION_MAX_ENTRIES = 20_000_000
 
 Edges = dict[tuple[int, int], np.ndarray]
 
@@ -246,3 +254,58 @@ def _local_next(node, edge, adj, choice: tuple[int, ...]) -> tuple[Optional[tupl
         out.append(None if c is None else (c, base + float(delta[c])))
     return tuple(out)
 
+
+
+# -- any graph, exactly, when its cycles are short ---------------------------------
+def eliminate(node: Sequence[np.ndarray], edge: Edges, runners_up: int = 3,
+              max_entries: int = ELIMINATION_MAX_ENTRIES) -> Optional[Outcome]:
+    """Exact minimum by min-sum variable elimination; None when a table would exceed `max_entries`.
+
+    Each step removes the operator whose factors join into the smallest table
+    (ties: the earliest), minimising it out into a factor over its neighbours,
+    and keeps the argmin to decode the choice backwards. The runners-up are the
+    best plans with one operator changed (`_local_next`).
+    """
+    n = len(node)
+    sizes = [len(v) for v in node]
+    factors: list[tuple[tuple[int, ...], np.ndarray]] = [((i,), np.asarray(v, dtype=float))
+                                                          for i, v in enumerate(node)]
+    factors += [((p, q), np.asarray(m, dtype=float)) if p < q else ((q, p), np.asarray(m, dtype=float).T)
+                for (p, q), m in edge.items()]
+    alive, steps = set(range(n)), []
+    while alive:
+        scopes: dict[int, set] = {v: set() for v in alive}
+        for scope, _ in factors:
+            for v in scope:
+                scopes[v].update(scope)
+        v = min(alive, key=lambda u: (int(np.prod([sizes[w] for w in scopes[u]], dtype=float)), u))
+        union = tuple(sorted(scopes[v]))
+        if np.prod([sizes[w] for w in union], dtype=float) > max_entries:
+            return None
+        joined = np.zeros([sizes[w] for w in union])
+        keep = []
+        for scope, table in factors:
+            if v in scope:
+                joined = joined + table.reshape([sizes[w] if w in scope else 1 for w in union])
+            else:
+                keep.append((scope, table))
+        axis = union.index(v)
+        rest = tuple(w for w in union if w != v)
+        steps.append((v, rest, np.argmin(joined, axis=axis)))
+        factors = keep + [(rest, joined.min(axis=axis))]
+        alive.discard(v)
+    choice: dict[int, int] = {}
+    for v, rest, arg in reversed(steps):
+        choice[v] = int(arg[tuple(choice[w] for w in rest)])
+    picked = tuple(choice[i] for i in range(n))
+    value = _total(node, edge, picked)
+    adj = neighbours(n, edge)
+    nxt = _local_next(node, edge, adj, picked)
+    others = sorted((value_, u, c) for u, item in enumerate(nxt) if item is not None
+                    for c, value_ in [item])
+    alts = []
+    for value_, u, c in others[:runners_up]:
+        alt = list(picked)
+        alt[u] = c
+        alts.append((value_, tuple(alt)))
+    return Outcome("variable elimination", picked, value, True, tuple(alts), nxt)

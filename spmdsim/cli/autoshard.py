@@ -2,6 +2,8 @@
 
     spmdsim autoshard --network net_mindspore_tutorial --devices 8 --fix "MatMul1=((2,4),(4,1))"
     spmdsim autoshard --network attention --devices 8 --objective time --json
+    spmdsim autoshard --network gpt --devices 8 --training --memory-limit 768K
+    spmdsim autoshard --network gpt --gpt layers=2,d_model=64 --devices 4096
     timeout -k 5 120 mpiexec -n 8 spmdsim autoshard --network net_mindspore_tutorial --run
     spmdsim autoshard --network net_paddle_tp --memory-limit 100K --run --ranks 4   # no mpiexec
 
@@ -35,6 +37,10 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--network", required=True, choices=tuple(NAMES), metavar="NAME",
                         help=f"one of {', '.join(NAMES)}")
+    parser.add_argument("--gpt", metavar="KEY=VALUE,...",
+                        help="--network gpt / gpt_sp: the model's size, e.g. 'layers=2,d_model=64' "
+                             "(keys vocab, d_model, heads, layers, seq, batch; default examples/"
+                             "train_gpt.py's 4 layers, d_model 128, 4 heads, seq 64, batch 8, vocab 128)")
     parser.add_argument("--devices", type=int, default=None,
                         help="device count (default 8; with --run, the ranks of the launch)")
     parser.add_argument("--fix", action="append", default=[], metavar="OP=STRATEGY",
@@ -74,14 +80,47 @@ def _fixes(items: list[str]) -> dict[str, str]:
     return out
 
 
+#: The GPTConfig fields --gpt sets.
+GPT_KEYS = ("vocab", "d_model", "heads", "layers", "seq", "batch")
+
+
+def _gpt_config(text: str) -> Any:
+    """--gpt 'layers=2,d_model=64' as a GPTConfig (its own checks name a bad value)."""
+    from ..gpt.config import GPTConfig
+
+    fields: dict = {}
+    for item in text.split(","):
+        key, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or key not in GPT_KEYS:
+            raise SpmdsimError(f"--gpt {item.strip()!r} must read KEY=VALUE with KEY one of {GPT_KEYS!r}, "
+                               "e.g. 'layers=2,d_model=64'")
+        try:
+            fields[key] = int(value)
+        except ValueError:
+            raise SpmdsimError(f"--gpt {key} {value!r} must be an integer >= 1") from None
+    return GPTConfig(**fields)
+
+
+def _network(args: argparse.Namespace, devices: int) -> tuple:
+    """(network name or graph, hand-written layouts or None) for autoshard."""
+    if args.gpt is None:
+        return args.network, None
+    if args.network not in ("gpt", "gpt_sp"):
+        raise SpmdsimError(f"--gpt sizes the GPT; --network {args.network!r} is not 'gpt' or 'gpt_sp'")
+    from ..autoshard.networks import gpt_network
+
+    return gpt_network(devices, _gpt_config(args.gpt), sp=args.network == "gpt_sp")
+
+
 def _choose(args: argparse.Namespace, devices: int, flops: float | None) -> Any:
     from ..autoshard import autoshard
 
     if args.node_limit < 1:
         raise SpmdsimError(f"--node-limit {args.node_limit!r} must be >= 1")
-    return autoshard(args.network, devices, fix=_fixes(args.fix), memory_limit=args.memory_limit,
+    network, hand = _network(args, devices)
+    return autoshard(network, devices, fix=_fixes(args.fix), memory_limit=args.memory_limit,
                      objective=args.objective, method=args.method, flops_per_s=flops,
-                     node_limit=args.node_limit, training=args.training)
+                     node_limit=args.node_limit, training=args.training, hand=hand)
 
 
 def run(args: argparse.Namespace) -> int:

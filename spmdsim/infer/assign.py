@@ -104,12 +104,14 @@ def choose_splits(letters: Sequence[str], layouts: Sequence[TensorLayout], shape
     seen: dict = {}
     order_letters = list(dict.fromkeys(ch for word in letters for ch in word))
     best = None
+    options: dict = {}
     for lead in range(n):
         order = [lead] + [k for k in range(n) if k != lead]
         taken = _greedy(order, letters, layouts, frozenset(reserved), splittable)
-        key = tuple(sorted(taken.items()))
-        if key in seen:
-            continue
+        options.setdefault(tuple(sorted(taken.items())), (lead, taken))
+    if len(options) == 1:  # one consistent split: nothing to compare, so nothing later to price
+        later = None
+    for key, (lead, taken) in options.items():
         targets = tuple(TensorLayout(layouts[k].layout, tuple(taken.get(ch, ()) if ch in splittable[k] else ()
                                                               for ch in letters[k]), partials[k])
                         for k in range(n))
