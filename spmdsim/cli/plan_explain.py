@@ -19,7 +19,13 @@ def dialect_of(args: argparse.Namespace) -> str:
 
 
 def moves_and_bytes_png(plan: Plan, directory: str, dialect: str) -> list[str]:
-    """The pieces each step moves (moves_NN.png) and who sends how many bytes to whom (bytes.png)."""
+    """The pieces each step moves (moves_NN.png) and who sends how many bytes to whom (bytes.png).
+
+    Up to FOLD_RANKS ranks: past that the pieces are too many to draw (a 65,536-device exchange
+    can move 2**28) and the matrix too large; --explain describes the traffic per group.
+    """
+    if plan.num_ranks > FOLD_RANKS:
+        return []
     from ..viz.moves import render_byte_matrix_png, render_moves_png
     from ..viz.why import byte_matrix
 
