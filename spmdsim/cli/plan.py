@@ -22,6 +22,7 @@ from ..errors import SpmdsimError
 from ..layout import Layout, TensorLayout, default_axis_names
 from ..plan import Plan, plan_redistribution
 from ..plan.steps import Allgather, Allreduce
+from ..plan.summary import FOLD_RANKS
 from ..validate import counted
 from .cases import check_device_count, parse_int_list, parse_name_list, parse_tensor_map
 from .plan_explain import dialect_of, moves_and_bytes_png, plan_record, plan_text
@@ -38,10 +39,10 @@ __all__ = [
     "MAX_PLAN_DEVICES",
 ]
 
-#: Most devices `plan` takes (as `slices`, `explain` and `show`). Planning is
-#: linear in devices and in the boxes moved: 0.6 s for a transpose on 128 x 128
-#: devices, 3 s on 256 x 256; a plan that moves a million boxes (65,536 devices,
-#: 16 sources each) takes 30-60 s on the 2-core test machine.
+#: Most devices `plan` takes (as `slices`, `explain` and `show`). Planning and
+#: --explain are linear in the devices (exchanges past 2**16 sender choices are
+#: folded, --explain past 64 ranks prints traffic per group): about 2 s and
+#: 150 MB at 65,536 (docs/redistribution.md, "At scale").
 MAX_PLAN_DEVICES = 65536
 
 
@@ -318,6 +319,9 @@ def run(args: argparse.Namespace) -> int:
         paths += moves_and_bytes_png(plan, args.png, dialect_of(args))
         if not args.json:
             print(f"wrote {counted(len(paths), 'picture')} to {args.png}")
+            if plan.num_ranks > FOLD_RANKS:
+                print(f"(moves_NN.png and bytes.png are drawn up to {FOLD_RANKS} ranks; "
+                      "--explain gives the traffic per group)")
     return 0
 
 

@@ -22,6 +22,7 @@ import numpy as np
 from ..errors import PlanError, ShapeError
 from ..layout import TensorLayout
 from ..validate import counted, dtype_arg
+from .folded import foldable, folded_exchange
 from .meshes import common_refinement, translate
 from .record import Plan
 from .steps import Allgather, Allreduce, Alltoall, Exchange, LocalSlice, LocalZero, ReduceScatter, Step
@@ -233,6 +234,8 @@ def _sent(step: Step, sz: _Sizes) -> Step:
     """`step`, an exchange candidate made whole: its transfers and the bytes each rank sends."""
     if type(step) is not _Unsent:
         return step
+    if foldable(step.before, step.after, sz.shape):
+        return folded_exchange(step.before, step.after, sz.shape, sz.itemsize)
     transfers = exchange_transfers(step.before, step.after, sz.shape)
     return Exchange(step.before, step.after, (), transfers=transfers).sized(sz.shape, sz.itemsize)
 

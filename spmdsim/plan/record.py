@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from ..layout import TensorLayout
 from .steps import Step
@@ -29,14 +30,14 @@ class Plan:
     def num_ranks(self) -> int:
         return self.source.layout.num_devices
 
-    @property
+    @cached_property
     def bytes_received(self) -> tuple[int, ...]:
         """Per rank, the bytes received over all steps."""
-        return tuple(sum(s.bytes_received[r] for s in self.steps) for r in range(self.num_ranks))
+        return _per_rank([s.bytes_received for s in self.steps], self.num_ranks)
 
-    @property
+    @cached_property
     def bytes_sent(self) -> tuple[int, ...]:
-        return tuple(sum(s.bytes_sent[r] for s in self.steps) for r in range(self.num_ranks))
+        return _per_rank([s.bytes_sent for s in self.steps], self.num_ranks)
 
     @property
     def max_bytes_received(self) -> int:
@@ -68,3 +69,10 @@ class Plan:
         lines = [f"{self.source} -> {self.target}, shape {self.shape} {self.dtype}"]
         lines += [f"  {i}. {s}" for i, s in enumerate(self.steps, 1)]
         return "\n".join(lines)
+
+
+def _per_rank(columns: list, num_ranks: int) -> tuple[int, ...]:
+    """Per rank, the sum of its entry in every column (exact Python ints)."""
+    if not columns:
+        return (0,) * num_ranks
+    return tuple(map(sum, zip(*columns))) if len(columns) > 1 else tuple(columns[0])

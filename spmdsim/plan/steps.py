@@ -197,10 +197,17 @@ class Exchange(Step):
     """Any -> any: each rank receives exactly the boxes of its new block it lacks (Alltoallv).
 
     `transfers` lists every box moved between two different ranks; the part of
-    a rank's new block it already holds is copied locally.
+    a rank's new block it already holds is copied locally. A folded exchange
+    (spmdsim.plan.folded, past thousands of devices) holds a `FoldedTransfers`
+    there instead, which works out one rank's boxes when asked, and says
+    `peers` (at least the most ranks one rank talks to) and `bytes_copied` (the
+    most bytes a rank packs) for the cost model, which would otherwise list
+    every box to count them.
     """
 
     transfers: tuple[Transfer, ...] = ()
+    peers: Optional[int] = None
+    bytes_copied: Optional[int] = None
     op = "exchange"
     via = "Alltoallv exchange"
 

@@ -67,8 +67,15 @@ def _box_array(tl: TensorLayout, shape: tuple[int, ...]) -> np.ndarray | None:
     """`rank_boxes` as an int64 array (ranks, dims, 2); None for a 0-d tensor or past int64's range."""
     if not shape or math.prod(shape) >= _INT64_LIMIT:
         return None
-    boxes = rank_boxes(tl, shape)
-    return np.array(boxes, dtype=np.int64).reshape(len(boxes), len(shape), 2)
+    shape = tl.check_shape(shape)
+    layout = tl.layout
+    out = np.empty((layout.num_devices, len(shape), 2), dtype=np.int64)
+    for d, (size, axes) in enumerate(zip(shape, tl.tensor_map)):
+        # Even splits: shard i of n is [i * size//n, (i+1) * size//n) (slicing.shard_bounds).
+        width = size // layout.group_size(axes)
+        out[:, d, 0] = layout.group_indices(axes) * width
+        out[:, d, 1] = out[:, d, 0] + width
+    return out
 
 
 def _held_of_new(before: TensorLayout, after: TensorLayout, shape: tuple[int, ...]) -> tuple[list, list]:
