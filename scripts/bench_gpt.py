@@ -16,7 +16,10 @@ step. Rows:
   inside spmdsim (the trace's seconds, the slowest rank) against the same
   collectives issued as raw mpi4py calls (Allreduce, Allgather,
   Reduce_scatter_block on the same sub-communicators and buffer sizes),
-  replayed right after each step;
+  replayed right after each step; and both after each call's last group
+  member arrived (a call cannot end before that: the rest is waiting for a
+  late rank, which the step's compute spreads and a back-to-back replay does
+  not);
 - PyTorch DTensor (gloo, 8 ranks under mpiexec): the same GPT in torch float64,
   from spmdsim.gpt's initial parameters, with PyTorch's tensor-parallel plan on
   the same dp 2 x tp 4 mesh, sequence parallel (scripts/peer_dtensor_gpt.py);
@@ -80,7 +83,7 @@ def _steps(args, comm, replay: bool) -> dict:
     from spmdsim.runtime import DTensor, Mesh, collect_trace
 
     cfg, ids = _config(args), encode(load_text())
-    walls, inside, raw = [], [], []
+    walls, inside, raw, arrived, raw_arrived = [], [], [], [], []
 
     mesh = Mesh(Layout(MESH, ("dp", "tp")), comm)
     model = GPT(cfg, mesh, sp=True)
@@ -99,14 +102,35 @@ def _steps(args, comm, replay: bool) -> dict:
         wall = time.perf_counter() - t0
         spent = sum(e.seconds for e in trace.entries)
         if replay:
-            raw.append(comm.allreduce(_replay(mesh, trace.entries, np), op=_max()))
+            seconds, spans = _replay(mesh, trace.entries, np)
+            raw.append(comm.allreduce(seconds, op=_max()))
+            raw_arrived.append(comm.allreduce(_after_arrival(mesh, spans), op=_max()))
+            mine = [(e.axes, e.started_at, e.ended_at) for e in trace.entries]
+            arrived.append(comm.allreduce(_after_arrival(mesh, mine), op=_max()))
         walls.append(comm.allreduce(wall, op=_max()))
         inside.append(comm.allreduce(spent, op=_max()))
     mesh.close()
     out = {"step": statistics.median(walls[1:]), "collectives": statistics.median(inside[1:])}
     if replay:
         out["raw"] = statistics.median(raw[1:])
+        out["arrived"] = statistics.median(arrived[1:])
+        out["raw_arrived"] = statistics.median(raw_arrived[1:])
     return out
+
+
+def _after_arrival(mesh, spans) -> float:
+    """Seconds this rank spent in collectives after their group's last member arrived.
+
+    `spans`: (axes, start, end) per call, alike on every rank. A call cannot finish before its last
+    member starts it, so ``end - the group's latest start`` is its time without the wait for late
+    members (load imbalance, the scheduler); perf_counter is one clock for the ranks of a machine.
+    """
+    total = 0.0
+    for axes, start, end in spans:
+        comm, g, _ = mesh.group_info(axes)
+        if g > 1:
+            total += max(0.0, end - comm.allreduce(start, op=_max()))
+    return total
 
 
 def _max():
@@ -115,9 +139,10 @@ def _max():
     return MPI.MAX
 
 
-def _replay(mesh, entries, np) -> float:
-    """The same collectives as raw mpi4py buffer calls on the mesh's sub-communicators; seconds."""
-    calls = []
+def _replay(mesh, entries, np) -> tuple:
+    """The same collectives as raw mpi4py buffer calls on the mesh's sub-communicators: seconds, and
+    (axes, start, end) per call."""
+    calls, axes = [], []
     for e in entries:
         comm, g, _ = mesh.group_info(e.axes)
         if g == 1:
@@ -138,11 +163,16 @@ def _replay(mesh, entries, np) -> float:
             n = e.bytes_sent * g // (g - 1) // 8
             src, dst = np.ones(n), np.empty(n)
             calls.append(lambda c=comm, s=src, d=dst: c.Alltoall(s, d))
+        if len(calls) > len(axes):
+            axes.append(e.axes)
     mesh.comm.Barrier()
     t0 = time.perf_counter()
+    ends = []
     for call in calls:
         call()
-    return time.perf_counter() - t0
+        ends.append(time.perf_counter())
+    seconds = time.perf_counter() - t0
+    return seconds, [(a, start, end) for a, start, end in zip(axes, [t0] + ends[:-1], ends)]
 
 
 def _worker(args) -> None:
@@ -216,8 +246,11 @@ def main() -> int:
     print(f"{'one numpy process again (A/A control)':42} {aa:8.3f}  {aa / one:5.2f}x")
     print(f"{'8 simulated ranks':42} {sim:8.3f}  {sim / one:5.2f}x one process")
     print(f"{'8 MPI ranks':42} {mpi:8.3f}  {mpi / one:5.2f}x one process")
+    arrived, raw_arrived = _median(rows["mpi"], "arrived"), _median(rows["mpi"], "raw_arrived")
     print(f"{'  its collectives inside spmdsim':42} {inside:8.3f}  {inside / raw:5.2f}x raw mpi4py")
     print(f"{'  the same collectives, raw mpi4py':42} {raw:8.3f}")
+    print(f"{'  after the last member arrived: spmdsim':42} {arrived:8.3f}  {arrived / raw_arrived:5.2f}x raw mpi4py")
+    print(f"{'  after the last member arrived: raw':42} {raw_arrived:8.3f}")
     if peer:
         print(peer)
         return 0

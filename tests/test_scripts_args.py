@@ -260,7 +260,8 @@ def test_bench_gpt_times_every_row_in_one_run():
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     for row in ("one numpy process ", "(A/A control)", "8 simulated ranks", "8 MPI ranks",
-                "its collectives inside spmdsim", "the same collectives, raw mpi4py", "PyTorch DTensor"):
+                "its collectives inside spmdsim", "the same collectives, raw mpi4py",
+                "after the last member arrived: spmdsim", "after the last member arrived: raw", "PyTorch DTensor"):
         assert any(row in line for line in lines), (row, done.stdout)
     assert max(len(line) for line in lines) <= 100
     if importlib.util.find_spec("torch") is None:
