@@ -11,6 +11,9 @@ step. Rows:
 - one numpy process: spmdsim.gpt.reference's step (loss, hand-written
   backward, AdamW) on one BLAS thread, twice: the second is the A/A control,
   the spread between two equal runs on this machine now;
+- 1 simulated rank on a 1 x 1 mesh: the same step through spmdsim with
+  nothing to communicate, so its excess over one process is what spmdsim's
+  per-operator Python costs one rank (8 ranks pay it 8 times on the cores);
 - 8 simulated ranks (dp 2 x tp 4, sequence parallel): forward, backward, AdamW;
 - 8 MPI ranks (mpiexec): the same step, and the time its collectives take
   inside spmdsim (the trace's seconds, the slowest rank) against the same
@@ -71,7 +74,7 @@ def _reference(args) -> dict:
     return {"step": statistics.median(times[1:])}
 
 
-def _steps(args, comm, replay: bool) -> dict:
+def _steps(args, comm, replay: bool, shape: tuple = MESH) -> dict:
     """Time the distributed steps on this rank's comm; with `replay`, the collectives raw too."""
     import numpy as np
 
@@ -85,8 +88,8 @@ def _steps(args, comm, replay: bool) -> dict:
     cfg, ids = _config(args), encode(load_text())
     walls, inside, raw, arrived, raw_arrived = [], [], [], [], []
 
-    mesh = Mesh(Layout(MESH, ("dp", "tp")), comm)
-    model = GPT(cfg, mesh, sp=True)
+    mesh = Mesh(Layout(shape, ("dp", "tp")), comm)
+    model = GPT(cfg, mesh, sp=shape[1] > 1)
     specs = param_specs(cfg)
     opt = AdamW([model.params[s.name] for s in specs], lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                 weight_decay=cfg.weight_decay, decay=[model.params[s.name] for s in specs if decays(s)])
@@ -182,6 +185,10 @@ def _worker(args) -> None:
         import spmdsim
 
         result = spmdsim.simulate(8, lambda: _steps(args, spmdsim.world(), False))[0]
+    elif args.worker == "one":
+        import spmdsim
+
+        result = spmdsim.simulate(1, lambda: _steps(args, spmdsim.world(), False, (1, 1)))[0]
     else:
         from mpi4py import MPI
 
@@ -221,7 +228,7 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--d-model", type=int, default=128)
     ap.add_argument("--seq", type=int, default=64)
-    ap.add_argument("--worker", choices=("ref", "sim", "mpi"), help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=("ref", "one", "sim", "mpi"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     for name in ("launches", "steps", "layers", "d_model", "seq"):
         if getattr(args, name) < 1:
@@ -232,7 +239,7 @@ def main() -> int:
     print(f"GPT {args.layers} layers, d_model {args.d_model}, seq {args.seq}, batch 8; mesh dp 2 x tp 4 "
           f"(sequence parallel); load average {os.getloadavg()[0]:.1f}")
     peer = missing()
-    rows = {"ref": [], "ref2": [], "sim": [], "mpi": []} | ({} if peer else {"dtensor": []})
+    rows = {"ref": [], "ref2": [], "one": [], "sim": [], "mpi": []} | ({} if peer else {"dtensor": []})
     for launch in range(args.launches):
         for worker in rows:
             rows[worker].append(_launch(args, "ref" if worker == "ref2" else worker, check=int(launch == 0)))
@@ -244,6 +251,8 @@ def main() -> int:
     print(f"{'run':42} {'s/step':>8}  ratio")
     print(f"{'one numpy process':42} {one:8.3f}")
     print(f"{'one numpy process again (A/A control)':42} {aa:8.3f}  {aa / one:5.2f}x")
+    lone = _median(rows["one"], "step")
+    print(f"{'1 simulated rank on a 1 x 1 mesh':42} {lone:8.3f}  {lone / one:5.2f}x one process")
     print(f"{'8 simulated ranks':42} {sim:8.3f}  {sim / one:5.2f}x one process")
     print(f"{'8 MPI ranks':42} {mpi:8.3f}  {mpi / one:5.2f}x one process")
     arrived, raw_arrived = _median(rows["mpi"], "arrived"), _median(rows["mpi"], "raw_arrived")

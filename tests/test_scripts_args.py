@@ -259,7 +259,8 @@ def test_bench_gpt_times_every_row_in_one_run():
                           timeout=600)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    for row in ("one numpy process ", "(A/A control)", "8 simulated ranks", "8 MPI ranks",
+    for row in ("one numpy process ", "(A/A control)", "1 simulated rank on a 1 x 1 mesh", "8 simulated ranks",
+                "8 MPI ranks",
                 "its collectives inside spmdsim", "the same collectives, raw mpi4py",
                 "after the last member arrived: spmdsim", "after the last member arrived: raw", "PyTorch DTensor"):
         assert any(row in line for line in lines), (row, done.stdout)
