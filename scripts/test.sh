@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every test: the pure tests in one process, then the MPI tests under
+# Runs every test: the pure tests (on two workers), then the MPI tests under
 # mpiexec on 8 and on 4 ranks (oversubscribed on small machines). Each mpiexec
 # runs under a timeout so a hang fails the run instead of stalling it.
 set -euo pipefail
@@ -24,7 +24,16 @@ if mpiexec --version 2>/dev/null | grep -i 'open mpi' >/dev/null; then
 fi
 # One BLAS thread per rank: ranks already outnumber the cores (docs/oversubscription.md).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-python -m pytest -q -p no:cacheprovider "$@"
+# The pure tests on two workers (pytest-xdist, the test extra) when it is installed: many of them
+# wait (on launched MPI jobs, watchdogs, timeouts) and the other worker computes meanwhile. A test
+# file stays on one worker (--dist loadfile): some files check, in their last test, what their
+# earlier tests counted. SPMDSIM_TEST_WORKERS=0 runs them in this one process.
+workers=${SPMDSIM_TEST_WORKERS:-2}
+if [ "$workers" != 0 ] && python -c "import xdist" 2>/dev/null; then
+    python -m pytest -q -p no:cacheprovider -n "$workers" --dist loadfile "$@"
+else
+    python -m pytest -q -p no:cacheprovider "$@"
+fi
 echo "== MPI tests on 8 ranks"
 SPMDSIM_EXPECT_WORLD=8 timeout -k 10 420 \
     mpiexec -n 8 python -m mpi4py -m pytest -q -p no:cacheprovider --only-mpi "$@"

@@ -1,17 +1,25 @@
 """The bad-input matrix: each case under `mpiexec -n 8` ends with one line on every rank's behalf.
 
-Each case launches ``timeout -k 2 30 mpiexec -n 8 ...`` (the CLI, or a
-`python -c` snippet that uses the library behind the documented guard
-one-liner) and asserts: exit code 2 (every rank raised the same error within
-the guard's grace; one rank alone would abort with 1), before the 30 s
-timeout (a hang exits 124; the seconds are printed, not asserted: a loaded
-2-core machine takes 1-12 s to start 8 Pythons), exactly
-one ``spmdsim: error: ...`` line naming the offending value, no traceback.
-docs/reliability.md lists the messages and times.
+Every case asserts: exit code 2 (every rank raised the same error within the
+guard's grace; one rank alone would abort with 1), exactly one
+``spmdsim: error: ...`` line naming the offending value, no traceback, and no
+hang (each launch runs under ``timeout -k``; a hang exits 124).
+
+The cases share one launch: a driver runs them one after the other on the same
+8 ranks, each library case inside ``abort_on_error()`` and each CLI case as
+``spmdsim.cli.main.main(argv)`` (what ``python -m spmdsim`` runs), and rank 0
+marks where each case starts and ends and what its exit code is. Starting 8
+Pythons is most of a launch's cost (1-12 s on a loaded 2-core machine), so one
+launch for the whole matrix instead of one per case. Two cases also run alone
+to the end of their process: through the documented guard one-liner
+(``install_excepthook``) and through ``python -m spmdsim``, so the real exit
+code and output of a whole job stay tested. docs/reliability.md lists the messages.
 """
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -24,9 +32,9 @@ RANKS = 8
 
 pytestmark = pytest.mark.skipif(not _MPIEXEC, reason="no mpiexec")
 
-# The guard one-liner (docs/reliability.md) and a mesh over every rank.
+# The guard one-liner (docs/reliability.md), then a mesh over every rank.
+_HOOK = "from spmdsim.runtime import install_excepthook; install_excepthook()\n"
 _PRELUDE = """\
-from spmdsim.runtime import install_excepthook; install_excepthook()
 import numpy as np
 from spmdsim import Layout, SeededTensor
 from spmdsim.runtime import Mesh, DTensor
@@ -101,19 +109,86 @@ def launch(argv: list[str], limit: float = 30.0, ranks: int = RANKS,
     return proc.returncode, proc.stdout, time.perf_counter() - start
 
 
-def _argv(spec: object) -> list[str]:
-    if isinstance(spec, str):
-        return ["-c", _PRELUDE + spec]
-    return ["-m", "spmdsim", *spec]
+# Runs the cases of argv[1] (a JSON list of [name, spec]) one after the other on every rank.
+# Rank 0 writes all it prints to the file argv[2], in order: through mpiexec, the other ranks'
+# lines (numpy's overflow warning on every rank, say) could land in the middle of rank 0's.
+_DRIVER = """\
+import json, sys
+from mpi4py import MPI
+from spmdsim.cli.main import main
+from spmdsim.runtime import abort_on_error
+comm = MPI.COMM_WORLD
+if comm.rank == 0:
+    sys.stdout = sys.stderr = open(sys.argv[2], "w", buffering=1)
+for name, spec in json.loads(sys.argv[1]):
+    comm.Barrier()
+    if comm.rank == 0:
+        print("== case", name)
+    try:
+        if isinstance(spec, str):
+            with abort_on_error():
+                exec(PRELUDE + spec, {})
+            code = 0
+        else:
+            code = main(spec)
+    except SystemExit as exc:  # abort_on_error's clean all-ranks exit, or argparse's
+        code = exc.code
+    if comm.rank == 0:
+        print("== end", name, "rc", code)
+"""
+
+_MARK = re.compile(r"^== case (\S+)$(.*?)^== end \1 rc (\S+)$", re.S | re.M)
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory) -> tuple[int, str, str, dict[str, tuple[str, str]]]:
+    """One launch of every case: (rc, the job's output, rank 0's file,
+    {case: (exit code, what rank 0 printed between its markers)})."""
+    cases = json.dumps([(name, spec) for name, (spec, _) in sorted(CASES.items())])
+    log = tmp_path_factory.mktemp("bad_inputs") / "rank0.txt"
+    rc, out, seconds = launch(["-c", _DRIVER.replace("PRELUDE", repr(_PRELUDE)), cases, str(log)],
+                              limit=120)
+    print(f"\n{len(CASES)} cases in one launch: rc={rc} {seconds:.2f} s")
+    rank0 = log.read_text() if log.exists() else ""
+    return rc, out, rank0, {m.group(1): (m.group(3), m.group(2)) for m in _MARK.finditer(rank0)}
+
+
+def _one_line(out: str, needle: str) -> None:
+    errors = [line for line in out.splitlines() if line.startswith("spmdsim: error")]
+    assert "Traceback" not in out, out
+    assert len(errors) == 1 and errors[0].startswith("spmdsim: error: "), out
+    assert needle in errors[0], (needle, errors[0])
+
+
+def test_the_batch_ran_every_case_and_only_rank_0_spoke(batch) -> None:
+    rc, out, rank0, found = batch
+    assert rc == 0, (rc, out, rank0)  # every case ended cleanly, and the driver with it
+    assert sorted(found) == sorted(CASES), rank0
+    assert "Traceback" not in out + rank0, (out, rank0)
+    # The other ranks print no error line of their own (the guard has rank 0 speak for all).
+    assert not [line for line in out.splitlines() if "spmdsim: " in line], out
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_bad_input_ends_the_job_with_one_line(case: str) -> None:
+def test_bad_input_ends_the_job_with_one_line(case: str, batch) -> None:
     spec, needle = CASES[case]
-    rc, out, seconds = launch(_argv(spec))
-    errors = [line for line in out.splitlines() if line.startswith("spmdsim: error")]
-    print(f"\n{case}: rc={rc} {seconds:.2f} s {errors[0] if errors else out[-400:]!r}")
-    assert "Traceback" not in out, out
-    assert rc == 2, (rc, out)  # 2: a clean error raised on every rank (the guard's exit code)
-    assert len(errors) == 1 and errors[0].startswith("spmdsim: error: "), out
-    assert needle in errors[0], (needle, errors[0])
+    code, out = batch[3].get(case, (None, batch[2]))
+    print(f"\n{case}: rc={code} {out.strip()!r}")
+    assert code == "2", (code, out)  # 2: a clean error raised on every rank (the guard's exit code)
+    _one_line(out, needle)
+
+
+#: A case of each kind run alone to the end of its process, on 3 ranks (any count shows it).
+ALONE = {
+    "cli": (["-m", "spmdsim", *_MM, "--strategy", "((2,1),(1,4)"], "'((2,1),(1,4)'"),
+    "lib": (["-c", _HOOK + _PRELUDE.replace("(8,)", "(3,)") + 'mesh.layout("mp", "sp")'], "'sp'"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(ALONE))
+def test_a_case_alone_ends_its_process_with_2_and_one_line(kind: str) -> None:
+    argv, needle = ALONE[kind]
+    rc, out, seconds = launch(argv, ranks=3)
+    print(f"\n{kind} alone: rc={rc} {seconds:.2f} s")
+    assert rc == 2, (rc, out)
+    _one_line(out, needle)

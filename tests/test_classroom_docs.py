@@ -6,6 +6,8 @@ command are made again and compared with the committed ones.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import pathlib
 import re
@@ -33,31 +35,53 @@ def _shell(command: str, cwd: pathlib.Path) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
-@pytest.mark.parametrize("doc", DOCS)
-def test_every_pure_command_runs_and_prints_what_the_doc_quotes(doc, tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)  # case files and pictures the commands write land here
-    monkeypatch.setenv("SPMDSIM_COST_FILE", str(tmp_path / "no-calibration.json"))  # built-in model
-    ran = 0
-    for quote in quotes(doc):
-        if any(pattern.match(quote.command) for pattern, _ in _ELSEWHERE):
-            continue
-        if quote.argv is not None:
+def _run(quote, workdir: pathlib.Path) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of one quoted command, run in `workdir`."""
+    if quote.argv is not None:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = main(quote.argv)
-            out, err = capsys.readouterr()
-        elif quote.inline and quote.command.split()[1:2] and len(quote.command.split()) < 3:
-            continue  # a subcommand's name in prose
-        else:
-            # `python examples/...` and `python scripts/...` are quoted from the repository's root.
-            done = _shell(quote.command, ROOT if quote.command.startswith("python ") else tmp_path)
-            code, out, err = done.returncode, done.stdout, done.stderr
+        return code, out.getvalue(), err.getvalue()
+    # `python examples/...` and `python scripts/...` are quoted from the repository's root.
+    done = _shell(quote.command, ROOT if quote.command.startswith("python ") else workdir)
+    return done.returncode, done.stdout, done.stderr
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory) -> dict:
+    """Every pure command the docs quote, run once in one folder (README and lab.md quote some
+    commands twice, with and without their output): {doc: [(quote, (code, out, err))]}, and the
+    folder, where the pictures they draw are, under the key "workdir"."""
+    workdir = tmp_path_factory.mktemp("docs")
+    done: dict = {}
+    results: dict = {"workdir": workdir}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(workdir)  # case files and pictures the commands write land here
+        mp.setenv("SPMDSIM_COST_FILE", str(workdir / "no-calibration.json"))  # built-in model
+        for doc in DOCS:
+            results[doc] = []
+            for quote in quotes(doc):
+                if any(pattern.match(quote.command) for pattern, _ in _ELSEWHERE):
+                    continue
+                if quote.argv is None and quote.inline and quote.command.split()[1:2] \
+                        and len(quote.command.split()) < 3:
+                    continue  # a subcommand's name in prose
+                if quote.command not in done:
+                    done[quote.command] = _run(quote, workdir)
+                results[doc].append((quote, done[quote.command]))
+    return results
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_every_pure_command_runs_and_prints_what_the_doc_quotes(doc, ran):
+    for quote, (code, out, err) in ran[doc]:
         assert code == 0, f"{quote.where()}\n{err}"
         if quote.output:
             why = mismatch(quote.output, out)
             assert why is None, f"{quote.where()}: {why}\n{out}"
         if "--json" not in quote.command:  # JSON stays complete, any width
             assert max((len(line) for line in out.splitlines()), default=0) <= 100, quote.where()
-        ran += 1
-    assert ran >= (1 if doc == "docs/architecture.md" else 10)  # the lab pages quote many
+    assert len(ran[doc]) >= (1 if doc == "docs/architecture.md" else 10)  # the lab pages quote many
 
 
 def _pixels(path: pathlib.Path):
@@ -66,9 +90,9 @@ def _pixels(path: pathlib.Path):
     return matplotlib.image.imread(str(path))
 
 
-def test_the_pictures_are_made_by_the_commands_beside_them(tmp_path, monkeypatch, capsys):
+def test_the_pictures_are_made_by_the_commands_beside_them(ran):
+    """Each picture a doc shows is drawn again by the command beside it (run once, in `ran`)."""
     pytest.importorskip("matplotlib")
-    monkeypatch.chdir(tmp_path)
     checked = []
     for doc in DOCS:
         text = (ROOT / doc).read_text()
@@ -79,9 +103,8 @@ def test_the_pictures_are_made_by_the_commands_beside_them(tmp_path, monkeypatch
             if not maker:  # drawn under MPI (`spmdsim collective --png DIR`): a command must say how
                 assert any("--png" in q.command for q in quotes(doc)), f"{doc}: who draws {name}?"
                 continue
-            assert main(maker[0].argv) == 0
-            capsys.readouterr()
-            made, kept = _pixels(tmp_path / name), _pixels(ROOT / "docs" / "img" / name)
+            assert any(q.command == maker[0].command for q, _ in ran[doc]), maker[0].where()
+            made, kept = _pixels(ran["workdir"] / name), _pixels(ROOT / "docs" / "img" / name)
             assert made.shape == kept.shape, (name, made.shape, kept.shape)
             differ = float((abs(made - kept) > 0.05).any(axis=-1).mean())
             assert differ < 0.01, (f"{name}: {differ:.1%} of the pixels differ; "

@@ -1,6 +1,7 @@
-"""Faults under `mpiexec -n 8`: every one ends the whole job with a message, never a hang.
+"""Faults under `mpiexec -n 4`: every one ends the whole job with a message, never a hang.
 
-Serial tests; each launches one 8-rank job under ``timeout -k 2 60`` that runs
+Serial tests; each launches one 4-rank job (a 2 x 2 mesh: two groups on each
+axis, all that the faults below need) under ``timeout -k 2 60`` that runs
 a few Allreduces and then injects one fault on one rank:
 
 * raises (an unexpected exception, or an SpmdsimError on that rank only),
@@ -26,6 +27,7 @@ from test_bad_inputs import _MPIEXEC, launch
 pytestmark = pytest.mark.skipif(not _MPIEXEC, reason="no mpiexec")
 
 FAULT_LIMIT_S = 30.0
+RANKS = 4
 
 _JOB = """\
 from spmdsim.runtime import install_excepthook, abort_on_error; install_excepthook()
@@ -34,11 +36,13 @@ import numpy as np
 from spmdsim import Layout
 from spmdsim.errors import OperatorError
 from spmdsim.runtime import Mesh, allreduce, allgather
-mesh = Mesh(Layout((2, 4), ("dp", "mp")))
+import spmdsim.runtime.guard as guard
+guard.GRACE_S = 1.0  # ranks fail on purpose here: decide sooner whether all of them did
+mesh = Mesh(Layout((2, 2), ("dp", "mp")))
 rank = mesh.rank
 x = np.ones(8)
 for step in range(3):
-    x = allreduce(mesh, x, "mp") / 4
+    x = allreduce(mesh, x, "mp") / 2
 x = allreduce(mesh, x, "dp") / 2  # both groups exist now (Comm.Split is collective)
 """
 
@@ -59,23 +63,23 @@ FAULTS = {
         {}, 1, r"spmdsim: error on rank 3: .*exit"),
     "stuck-watchdog": ('if rank == 3: time.sleep(120)\nallreduce(mesh, x, "mp")',
                        {"SPMDSIM_WATCHDOG": "2"}, None,
-                       r"\[rank [0-7]\] spmdsim: collective allreduce on \('mp',\) \(seq 5\) "
+                       r"\[rank [0-3]\] spmdsim: collective allreduce on \('mp',\) \(seq 5\) "
                        r"did not complete within 2\.0 s"),
-    "diverge-op": ('allgather(mesh, x, "mp", 0) if rank == 2 else allreduce(mesh, x, "mp")',
+    "diverge-op": ('allgather(mesh, x, "mp", 0) if rank == 1 else allreduce(mesh, x, "mp")',
                    {"SPMDSIM_CHECK": "1"}, None,
-                   r"collectives diverge: rank 2 calls allgather on \('mp',\) float64 \(8,\) "
+                   r"collectives diverge: rank 1 calls allgather on \('mp',\) float64 \(8,\) "
                    r"\(0,\) \(seq 5\) but rank 0 calls allreduce"),
-    "diverge-shape": ('allreduce(mesh, x[:4] if rank == 5 else x, "mp")',
+    "diverge-shape": ('allreduce(mesh, x[:4] if rank == 3 else x, "mp")',
                       {"SPMDSIM_CHECK": "1"}, None,
-                      r"collectives diverge: rank 5 calls allreduce on \('mp',\) float64 \(4,\) "
-                      r"\(seq 5\) but rank 4 calls allreduce on \('mp',\) float64 \(8,\)"),
-    "skips-one-elsewhere": ('if rank != 6: allreduce(mesh, x, "dp")\nallreduce(mesh, x, "mp")',
+                      r"collectives diverge: rank 3 calls allreduce on \('mp',\) float64 \(4,\) "
+                      r"\(seq 5\) but rank 2 calls allreduce on \('mp',\) float64 \(8,\)"),
+    "skips-one-elsewhere": ('if rank != 3: allreduce(mesh, x, "dp")\nallreduce(mesh, x, "mp")',
                             {"SPMDSIM_CHECK": "1"}, 1,
-                            r"collectives diverge: rank 6 calls allreduce on \('mp',\) float64 \(8,\) "
-                            r"\(seq 5\) but rank 4 calls allreduce on \('mp',\) float64 \(8,\) \(seq 6\)"),
-    "skips-last-watchdog": ('if rank != 6: allreduce(mesh, x, "mp")',
+                            r"collectives diverge: rank 3 calls allreduce on \('mp',\) float64 \(8,\) "
+                            r"\(seq 5\) but rank 2 calls allreduce on \('mp',\) float64 \(8,\) \(seq 6\)"),
+    "skips-last-watchdog": ('if rank != 3: allreduce(mesh, x, "mp")',
                             {"SPMDSIM_CHECK": "1", "SPMDSIM_WATCHDOG": "3"}, None,
-                            r"\[rank [457]\] spmdsim: collective allreduce on \('mp',\) \(seq 5\) "
+                            r"\[rank 2\] spmdsim: collective allreduce on \('mp',\) \(seq 5\) "
                             r"did not complete within 3\.0 s"),
     "stuck-before-check": ('from spmdsim import SeededTensor\nfrom spmdsim.runtime import DTensor\n'
                            'src = SeededTensor((8, 4))\n'
@@ -85,20 +89,20 @@ FAULTS = {
                            r"spmdsim: collective check on \(\) \(seq 5\) did not complete "
                            r"within 2\.0 s"),
     "alltoallv-counts": ('from spmdsim.runtime.collectives import alltoallv\n'
-                         'sends = {r: np.full(2, float(rank)) for r in range(8)}\n'
-                         'shapes = {r: (2,) for r in range(8)}\n'
+                         'sends = {r: np.full(2, float(rank)) for r in range(4)}\n'
+                         'shapes = {r: (2,) for r in range(4)}\n'
                          'if rank == 2: shapes[0] = (3,)\n'
                          'alltoallv(mesh, sends, shapes, "float64")',
                          {"SPMDSIM_CHECK": "1"}, 2,
                          r"spmdsim: error: alltoallv counts disagree \(seq 5\): rank 0 sends 2 "
                          r"elements to rank 2, which expects 3"),
-    "split-order": ('fresh = Mesh(Layout((2, 4), ("dp", "mp")))\n'
+    "split-order": ('fresh = Mesh(Layout((2, 2), ("dp", "mp")))\n'
                     'allreduce(fresh, x, "mp" if rank == 1 else "dp")',
                     {"SPMDSIM_CHECK": "1"}, 2,
                     r"spmdsim: error: collectives diverge: rank 1 calls split on \('mp',\) int64 "
                     r"\(seq 1\) but rank 0 calls split on \('dp',\)"),
-    "skips-new-group-watchdog": ('fresh = Mesh(Layout((2, 4), ("dp", "mp")))\n'
-                                 'if rank != 6: allreduce(fresh, x, "dp")',
+    "skips-new-group-watchdog": ('fresh = Mesh(Layout((2, 2), ("dp", "mp")))\n'
+                                 'if rank != 3: allreduce(fresh, x, "dp")',
                                  {"SPMDSIM_WATCHDOG": "2"}, None,
                                  r"spmdsim: collective split on \('dp',\) \(seq 1\) did not "
                                  r"complete within 2\.0 s"),
@@ -108,7 +112,7 @@ FAULTS = {
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_fault_ends_the_job_with_a_message(fault: str) -> None:
     code, env, want_rc, pattern = FAULTS[fault]
-    rc, out, seconds = launch(["-c", _JOB + code], limit=60, env=env)
+    rc, out, seconds = launch(["-c", _JOB + code], limit=60, ranks=RANKS, env=env)
     print(f"\n{fault}: rc={rc} {seconds:.2f} s")
     assert rc != 0 and rc != 124, (rc, out)
     if want_rc is not None:
