@@ -12,6 +12,7 @@ import spmdsim
 from spmdsim import Layout, SeededTensor, ops
 from spmdsim.reference_grad import numeric_grads
 from spmdsim.runtime import DTensor, Mesh, collect_trace
+from spmdsim.sim import once
 
 spmdsim.script(__file__)  # with --ranks N: N simulated ranks in this process
 mesh = Mesh(Layout((spmdsim.world().size,), ("tp",)), spmdsim.world())  # one axis over every rank
@@ -40,7 +41,9 @@ def numpy_program(x, wq, wk, wv, wo):
 
 arrays = [s.full() for s in src]
 verdicts = [y.check(numpy_program(*arrays))]
-numeric = numeric_grads(lambda *a: numpy_program(*a) ** 2, *arrays)  # central differences: good to ~1e-8
+# Central differences (good to ~1e-8); simulated ranks compute them once between them (spmdsim.sim.once).
+numeric = once("causal_attention numeric gradients", lambda *a: numeric_grads(lambda *b: numpy_program(*b) ** 2, *a),
+               *arrays)
 verdicts += [t.grad.check(r, rtol=1e-6, atol=1e-6) for t, r in zip((x, wq, wk, wv, wo), numeric)]
 if mesh.rank == 0:
     print(f"collectives: {trace.counts()}")

@@ -13,6 +13,7 @@ from spmdsim import Layout, SeededTensor, ops
 from spmdsim.reference import gelu
 from spmdsim.reference_grad import numeric_grads
 from spmdsim.runtime import DTensor, Mesh, collect_trace
+from spmdsim.sim import once
 
 spmdsim.script(__file__)  # with --ranks N: N simulated ranks in this process
 mesh = Mesh(Layout((spmdsim.world().size,), ("tp",)), spmdsim.world())  # one axis over every rank
@@ -32,7 +33,8 @@ def numpy_program(x, g, w1, w2):
 
 arrays = [s.full() for s in src]
 verdicts = [y.check(numpy_program(*arrays))]
-numeric = numeric_grads(numpy_program, *arrays)  # central differences: good to ~1e-8
+# Central differences (good to ~1e-8); simulated ranks compute them once between them (spmdsim.sim.once).
+numeric = once("mlp_layernorm numeric gradients", lambda *a: numeric_grads(numpy_program, *a), *arrays)
 verdicts += [t.grad.check(r, rtol=1e-6, atol=1e-6) for t, r in zip((x, g, w1, w2), numeric)]
 if mesh.rank == 0:
     print(f"collectives: {trace.counts()}")
