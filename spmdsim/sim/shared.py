@@ -52,14 +52,13 @@ def once(key: Any, fn: Callable[..., Any], *args: Any) -> Any:
     if state is None or state.size == 1:
         return fn(*args)
     table = state.shared
-    tried: list = []  # entries whose computation failed: this rank computes its own
     while True:
         with _LOCK:
-            entries = [e for e in table.get(key, ()) if not any(e is t for t in tried)]
+            entries = list(table.get(key, ()))
         entry = next((e for e in entries if _equal(e[0], args)), None)
         if entry is None:
             with _LOCK:  # another rank may have registered the same arguments meanwhile
-                known = [e for e in table.get(key, ()) if not any(e is t for t in entries + tried)]
+                known = [e for e in table.get(key, ()) if not any(e is k for k in entries)]
                 entry = next((e for e in known if _equal(e[0], args)), None)
                 if entry is None:
                     entry = [args, _PENDING, 0, threading.Event()]
@@ -68,7 +67,7 @@ def once(key: Any, fn: Callable[..., Any], *args: Any) -> Any:
         entry[3].wait()
         if entry[1] is not _PENDING:
             return _take(table, key, entry, state.size)
-        tried.append(entry)
+        # Its computation raised and left the table: look again, and compute if no one else does.
     try:
         result = _unmetered(state, fn, args)
         _freeze(result)
@@ -76,11 +75,7 @@ def once(key: Any, fn: Callable[..., Any], *args: Any) -> Any:
     finally:
         if entry[1] is _PENDING:  # fn raised: the waiters compute their own; later askers too
             with _LOCK:
-                rest = [e for e in table.get(key, []) if e is not entry]
-                if rest:
-                    table[key] = rest
-                else:
-                    table.pop(key, None)
+                _drop(table, key, entry)
         entry[3].set()
     return _take(table, key, entry, state.size)
 
@@ -111,13 +106,18 @@ def _take(table: dict, key: Any, entry: list, size: int) -> Any:
     with _LOCK:
         entry[2] += 1
         if entry[2] >= size:
-            # By identity: `==` on entries would compare their arrays.
-            entries = [e for e in table.get(key, []) if e is not entry]
-            if entries:
-                table[key] = entries
-            else:
-                table.pop(key, None)
+            _drop(table, key, entry)
     return _copy(entry[1])
+
+
+def _drop(table: dict, key: Any, entry: list) -> None:
+    """Remove `entry` from `key`'s entries (with _LOCK held)."""
+    # By identity: `==` on entries would compare their arrays.
+    rest = [e for e in table.get(key, []) if e is not entry]
+    if rest:
+        table[key] = rest
+    else:
+        table.pop(key, None)
 
 
 def _equal(a: Any, b: Any) -> bool:
