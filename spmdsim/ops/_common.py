@@ -64,18 +64,6 @@ def result_dtype(*dtypes: np.dtype) -> np.dtype:
         return out
 
 
-_DTYPE_NAMES: dict = {}
-
-
-def dtype_name(dtype: np.dtype) -> str:
-    """``dtype.name``, cached (numpy computes the name in Python on every read, ~3 us)."""
-    try:
-        return _DTYPE_NAMES[dtype]
-    except KeyError:
-        out = _DTYPE_NAMES[dtype] = dtype.name
-        return out
-
-
 def add_bias(owned: np.ndarray, bias: np.ndarray) -> np.ndarray:
     """``owned + bias``, in place when the sum keeps `owned`'s shape and dtype.
 

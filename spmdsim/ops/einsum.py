@@ -20,7 +20,8 @@ from ..autograd.rules import grad_tensor
 from ..errors import OperatorError
 from ..infer.einsum import infer_einsum
 from ..sim.dry import matmul as _product
-from ._common import check_dtensor, dtype_name, result_dtype
+from ..sim._buffers import dtype_name
+from ._common import check_dtensor, result_dtype
 
 __all__ = ["einsum", "contract"]
 

@@ -10,6 +10,7 @@ operands. ``DTensor``'s ``+ - * / ** -x`` call these.
 """
 from __future__ import annotations
 
+import contextlib
 import numbers
 from typing import Any, Callable
 
@@ -20,7 +21,8 @@ from ..autograd.rules import axes_of, grad_tensor
 from ..errors import OperatorError
 from ..infer.pointwise import infer_pointwise
 from ..sim.dry import local as dry_local
-from ._common import describe, dtype_name, make_dtensor, result_dtype
+from ..sim._buffers import dtype_name
+from ._common import describe, make_dtensor, result_dtype
 
 __all__ = ["add", "sub", "mul", "div", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "pow", "neg",
            "abs", "lift", "pointwise"]
@@ -59,6 +61,11 @@ _KERNELS: dict[str, tuple[Callable, Callable]] = {
 #: warn only on operands that are already inf or nan, as numpy does in one process; np.errstate costs
 #: ~10 us a call, more than a small shard's arithmetic.
 _LOUD = frozenset({"div", "log", "sqrt", "pow", "exp"})
+
+
+def _quiet(op: str, **errors: str) -> Any:
+    """np.errstate(**errors) for the ops in _LOUD, else a context that does nothing."""
+    return np.errstate(**errors) if op in _LOUD else contextlib.nullcontext()
 
 
 def lift(mesh: Any, value: Any, dtype: np.dtype, op: str) -> Any:
@@ -110,10 +117,7 @@ def pointwise(op: str, *args: Any) -> Any:
     xs = [x if x.layout == t else redistribute(x, t) for x, t in zip(xs, plan.targets)]
     forward, backward = _KERNELS[op]
     locals_ = [x.local for x in xs]
-    if op in _LOUD:
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            block = forward(*locals_)
-    else:
+    with _quiet(op, divide="ignore", invalid="ignore", over="ignore"):
         block = forward(*locals_)
     out = make_dtensor(mesh, block, plan.out, plan.shape)
     if backward is None or not any(x._ag is not None for x in xs):
@@ -126,10 +130,7 @@ def _record(op: str, out: Any, xs: list, backward: Callable, plan: Any) -> Any:
     kept = plan.out.partial
 
     def grads(dy: Any) -> tuple:
-        if op in _LOUD:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                fulls = dry_local(lambda: backward(dy.local, [x.local for x in xs], out.local, need), dy.local)
-        else:
+        with _quiet(op, divide="ignore", invalid="ignore"):
             fulls = dry_local(lambda: backward(dy.local, [x.local for x in xs], out.local, need), dy.local)
         if not isinstance(fulls, tuple):  # a dry run's zeros: one block shaped like dy for every operand
             fulls = tuple(fulls if n else None for n in need)
