@@ -47,7 +47,8 @@ _REDUCTIONS = {
 _OTHER_OPS = ("maxloc", "minloc", "replace", "no_op")
 
 
-def _mpi() -> Any:
+def mpi_module() -> Any:
+    """mpi4py.MPI when the program has imported it (its constants and classes), else None."""
     return sys.modules.get("mpi4py.MPI")
 
 
@@ -64,7 +65,7 @@ def dtype_name(dtype: np.dtype) -> str:
 
 def special(name: str) -> int:
     """MPI.ANY_SOURCE / ANY_TAG / PROC_NULL / UNDEFINED ... as this process's MPI defines them."""
-    mpi = _mpi()
+    mpi = mpi_module()
     return int(getattr(mpi, name)) if mpi is not None else _DEFAULTS[name]
 
 
@@ -72,7 +73,7 @@ def in_place(buf: Any) -> bool:
     """MPI.IN_PLACE (or None, which mpi4py takes for it in a collective's send buffer)."""
     if buf is None or buf is IN_PLACE:
         return True
-    mpi = _mpi()
+    mpi = mpi_module()
     return mpi is not None and buf is mpi.IN_PLACE
 
 
@@ -104,7 +105,7 @@ def reduction(op: Any) -> Reduction:
     found = _BY_OP.get(id(op))
     if found is not None and found.op is op:  # MPI.SUM, ...: the object itself, kept by the cache
         return found
-    mpi = _mpi()
+    mpi = mpi_module()
     if mpi is not None and isinstance(op, mpi.Op):
         for name in (*_REDUCTIONS, *_OTHER_OPS):
             if op == getattr(mpi, name.upper()):
@@ -145,7 +146,7 @@ _DTYPES: dict = {}
 
 def numpy_dtype(datatype: Any) -> np.dtype:
     """The numpy dtype of an MPI datatype (predefined ones) or of a typecode string like 'd'."""
-    mpi = _mpi()
+    mpi = mpi_module()
     if isinstance(datatype, str):
         if mpi is not None:
             datatype = mpi._typedict.get(datatype, datatype)
@@ -225,8 +226,11 @@ def _typed(a: np.ndarray, dtype: Optional[np.dtype], what: str) -> np.ndarray:
     return raw[:usable].view(dtype)
 
 
-def _unpack(spec: Any) -> tuple:
-    """(buffer, count, displ, datatype) of a message spec, as mpi4py's message_simple reads it."""
+def _unpack(spec: Any, pair: Any = (list, tuple)) -> tuple:
+    """(buffer, count, displ, datatype) of a message spec, as mpi4py's message_simple reads it.
+
+    A count of a type in `pair` is (count, displ); message_vector passes ``tuple`` (its list is counts).
+    """
     count = displ = dtype = None
     if isinstance(spec, (list, tuple)):
         n = len(spec)
@@ -234,11 +238,11 @@ def _unpack(spec: Any) -> tuple:
             buf, count = spec
             if _is_datatype(count):
                 count, dtype = None, count
-            elif isinstance(count, (list, tuple)):
+            elif isinstance(count, pair):
                 count, displ = count
         elif n == 3:
             buf, count, dtype = spec
-            if isinstance(count, (list, tuple)):
+            if isinstance(count, pair):
                 count, displ = count
         elif n == 4:
             buf, count, displ, dtype = spec
@@ -293,7 +297,6 @@ def vector(spec: Any, what: str, blocks: int, readonly: bool = True) -> tuple[np
     datatype]``, ``[buf, counts, displs, datatype]``; a count or a displacement may be one integer
     (every block that count; displacements i * that stride); no counts split the buffer evenly.
     """
-    counts = displs = datatype = None
     if (type(spec) is list and len(spec) == 2 and type(spec[0]) is np.ndarray and type(spec[1]) is tuple
             and len(spec[1]) == 2 and type(spec[1][0]) is list and spec[0].flags.c_contiguous):
         # The hot path (runtime.executor's moves): [array, (counts, displs or None)], no datatype.
@@ -302,24 +305,7 @@ def vector(spec: Any, what: str, blocks: int, readonly: bool = True) -> tuple[np
             raise ShapeError(f"{what}: buffer is read-only")
         counts, displs = spec[1]
         return (a, *_layout(counts, displs, blocks, a.size, what), None)
-    if isinstance(spec, (list, tuple)):
-        n = len(spec)
-        if n == 2:
-            buf, counts = spec
-            if _is_datatype(counts):
-                counts, datatype = None, counts
-            elif isinstance(counts, tuple):
-                counts, displs = counts
-        elif n == 3:
-            buf, counts, datatype = spec
-            if isinstance(counts, tuple):
-                counts, displs = counts
-        elif n == 4:
-            buf, counts, displs, datatype = spec
-        else:
-            raise ValueError("message: expecting 2 to 4 items")
-    else:
-        buf = spec
+    buf, counts, displs, datatype = _unpack(spec, pair=tuple)
     dtype = None if datatype is None else numpy_dtype(datatype)
     a = np.empty(0, dtype or np.uint8) if buf is None else _typed(array_of(buf, what, readonly), dtype, what)
     if counts is None:
@@ -355,7 +341,7 @@ def _layout(counts: Any, displs: Any, blocks: int, size: int, what: str) -> tupl
 def _is_datatype(value: Any) -> bool:
     if isinstance(value, str):
         return True
-    mpi = _mpi()
+    mpi = mpi_module()
     return mpi is not None and isinstance(value, mpi.Datatype)
 
 

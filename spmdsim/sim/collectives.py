@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import DTypeError, ShapeError
-from ._buffers import copy_into, dtype_name, fold, in_place, message, reduction, vector
+from ._buffers import copy_into, dtype_name, fold, in_place, message, mpi_module, reduction, vector
 
 __all__ = ["BufferCollectives", "bad_root"]
 
@@ -25,9 +25,7 @@ _SUM = "sum"
 
 def bad_root(root: Any, size: int, call: str) -> BaseException:
     """MPI's error for a root outside the communicator (MPI.Exception ERR_ROOT under mpi4py)."""
-    import sys
-
-    mpi = sys.modules.get("mpi4py.MPI")
+    mpi = mpi_module()
     if mpi is not None:
         return mpi.Exception(mpi.ERR_ROOT)
     return ShapeError(f"{call}: root {root!r} is outside the communicator of {size} ranks")
@@ -251,13 +249,7 @@ class BufferCollectives:
         if me == root:
             src, n, _ = message(sendbuf, "Scatter sendbuf", blocks=g)
             data = [src[j * n:(j + 1) * n] for j in range(g)]
-        slot = self._enter("scatter", ("scatter", f"root {root}"), data)
-        if not (me == root and in_place(recvbuf)):
-            dst, n, _ = message(recvbuf, "Scatter recvbuf", readonly=False)
-            block = slot.calls[root].data[me]
-            _blocks_fit("Scatter", block, dst[:n])
-            copy_into(dst[:n], block)
-        self._group.leave(me, slot)
+        self._scattered("Scatter", data, recvbuf, root)
 
     def Scatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         g, me, root = self._group.size, self._me, self._root(root, "Scatterv")
@@ -265,11 +257,16 @@ class BufferCollectives:
         if me == root:
             src, counts, displs, _ = vector(sendbuf, "Scatterv sendbuf", g)
             data = [src[d:d + c] for c, d in zip(counts, displs)]
-        slot = self._enter("scatterv", ("scatterv", f"root {root}"), data)
+        self._scattered("Scatterv", data, recvbuf, root)
+
+    def _scattered(self, call: str, data: Any, recvbuf: Any, root: int) -> None:
+        """The rest of Scatter(v): the root deposits its blocks (`data`), each member copies its own."""
+        me, op = self._me, call.lower()
+        slot = self._enter(op, (op, f"root {root}"), data)
         if not (me == root and in_place(recvbuf)):
-            dst, n, _ = message(recvbuf, "Scatterv recvbuf", readonly=False)
+            dst, n, _ = message(recvbuf, f"{call} recvbuf", readonly=False)
             block = slot.calls[root].data[me]
-            _blocks_fit("Scatterv", block, dst[:n])
+            _blocks_fit(call, block, dst[:n])
             copy_into(dst[:n], block)
         self._group.leave(me, slot)
 

@@ -10,13 +10,12 @@ datatypes, one-sided, I/O and intercommunicators are not simulated
 """
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import numpy as np
 
 from . import _local
-from ._buffers import special
+from ._buffers import mpi_module, special
 from .collectives import BufferCollectives
 from .engine import Call, Group, SimulationError
 from .group import SimGroup
@@ -27,9 +26,6 @@ __all__ = ["SimComm", "self_comm", "comm_null"]
 
 DRY_MOVE_BYTES = 64 << 10  # see SimComm._dry
 
-
-def _mpi() -> Any:
-    return sys.modules.get("mpi4py.MPI")
 
 
 class _Handle:
@@ -57,7 +53,7 @@ class SimComm(PointToPoint, BufferCollectives, ObjectCollectives):
             self._group, self._me, self._h = group._group, group._me, group._h
             return
         if group is not None and not isinstance(group, Group):
-            mpi = _mpi()
+            mpi = mpi_module()
             if mpi is None or not isinstance(group, mpi.__dict__["Comm"]) or group != mpi.COMM_NULL:
                 raise TypeError(f"expected a communicator, got {type(group).__name__}")
             group = None
@@ -107,10 +103,10 @@ class SimComm(PointToPoint, BufferCollectives, ObjectCollectives):
     name = property(Get_name, Set_name)
 
     def Get_info(self) -> Any:
-        return self._h.info.Dup() if self._h.info is not None else _mpi().Info.Create()
+        return self._h.info.Dup() if self._h.info is not None else mpi_module().Info.Create()
 
     def Set_info(self, info: Any) -> None:
-        self._h.info = info.Dup() if info is not None and info != _mpi().INFO_NULL else None
+        self._h.info = info.Dup() if info is not None and info != mpi_module().INFO_NULL else None
 
     info = property(Get_info, Set_info)
 
@@ -131,7 +127,7 @@ class SimComm(PointToPoint, BufferCollectives, ObjectCollectives):
     def __eq__(self, other: Any) -> bool:
         if isinstance(other, SimComm):
             return (self._h is other._h) or (not self and not other)
-        mpi = _mpi()
+        mpi = mpi_module()
         if mpi is not None and isinstance(other, mpi.__dict__["Comm"]):  # the class itself, also swapped
             return not self and other == mpi.COMM_NULL
         return NotImplemented
@@ -217,7 +213,7 @@ class SimComm(PointToPoint, BufferCollectives, ObjectCollectives):
         MPI.UNDEFINED give MPI.COMM_NULL."""
         split_type = int(split_type)
         undefined = special("UNDEFINED")
-        mpi = _mpi()
+        mpi = mpi_module()
         color = undefined
         if split_type == special("COMM_TYPE_SHARED"):
             color = 0
@@ -236,7 +232,7 @@ class SimComm(PointToPoint, BufferCollectives, ObjectCollectives):
         slot = self._enter("dup", ("dup",), None,
                            lambda s: setattr(s, "shared", Group(group.world, group.members)))
         new = SimComm(slot.shared, self._me)
-        if info is not None and _mpi() is not None and info != _mpi().INFO_NULL:
+        if info is not None and mpi_module() is not None and info != mpi_module().INFO_NULL:
             new.Set_info(info)
         return new
 
@@ -289,7 +285,7 @@ class SimComm(PointToPoint, BufferCollectives, ObjectCollectives):
 
     @classmethod
     def Get_parent(cls) -> Any:
-        mpi = _mpi()
+        mpi = mpi_module()
         return mpi.Intercomm() if mpi is not None else None
 
     def Free(self) -> None:
@@ -326,7 +322,7 @@ class SimComm(PointToPoint, BufferCollectives, ObjectCollectives):
 
 def comm_null() -> Any:
     """MPI.COMM_NULL (None when mpi4py is not loaded), what Split gives a rank of no color."""
-    mpi = _mpi()
+    mpi = mpi_module()
     return None if mpi is None else mpi.COMM_NULL
 
 

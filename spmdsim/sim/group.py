@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from ._buffers import special
+from ._buffers import mpi_module, special
 
 __all__ = ["SimGroup"]
 
@@ -90,9 +90,7 @@ class SimGroup:
     def __eq__(self, other: Any) -> bool:
         if isinstance(other, SimGroup):
             return self._members == other._members
-        import sys
-
-        mpi = sys.modules.get("mpi4py.MPI")
+        mpi = mpi_module()
         if mpi is not None and isinstance(other, mpi.__dict__["Group"]):  # the class itself, also swapped
             if other == mpi.GROUP_NULL:
                 return self._members is None
@@ -100,10 +98,6 @@ class SimGroup:
                 return self._members == ()
             return False
         return NotImplemented
-
-    def __ne__(self, other: Any) -> Any:
-        eq = self.__eq__(other)
-        return eq if eq is NotImplemented else not eq
 
     __hash__ = object.__hash__
 

@@ -14,13 +14,12 @@ is a deadlock, as under MPICH. Bsend always buffers.
 from __future__ import annotations
 
 import pickle
-import sys
 from typing import Any, Optional
 
 import numpy as np
 
 from ..errors import ShapeError
-from ._buffers import message, special
+from ._buffers import message, mpi_module, special
 from .engine import Group, _Waiting
 from .requests import Request, completed, fill_status
 
@@ -42,7 +41,7 @@ def _check_peer(group: Group, peer: Any, what: str) -> None:
     if not isinstance(peer, (int, np.integer)):
         raise ShapeError(f"{what} {peer!r} must be an integer rank of the communicator")
     if not (0 <= peer < group.size or peer == special("PROC_NULL")):
-        mpi = sys.modules.get("mpi4py.MPI")
+        mpi = mpi_module()
         if mpi is not None:
             raise mpi.Exception(mpi.ERR_RANK)
         raise ShapeError(f"{what} rank {peer!r} is outside the communicator of {group.size} ranks")
@@ -123,7 +122,7 @@ def _deliver(send: Request, recv: Request) -> None:
 
 
 def _truncated(send: Request, recv: Request, n: int) -> BaseException:
-    mpi = sys.modules.get("mpi4py.MPI")
+    mpi = mpi_module()
     if mpi is not None:
         return mpi.Exception(mpi.ERR_TRUNCATE)
     return ShapeError(f"message truncated: group rank {send.me} sends {n} bytes (tag {send.tag}) "

@@ -9,19 +9,15 @@ spmdsim.sim.mpi4py_world) ``MPI.Request`` is this class, so
 from __future__ import annotations
 
 import pickle
-import sys
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ._buffers import special
+from ._buffers import mpi_module, special
 from .engine import Group, _Waiting
 
 __all__ = ["Request", "completed", "fill_status"]
 
-
-def _mpi() -> Any:
-    return sys.modules.get("mpi4py.MPI")
 
 
 def fill_status(status: Any, source: int, tag: int, nbytes: int, cancelled: bool = False) -> None:
@@ -31,7 +27,7 @@ def fill_status(status: Any, source: int, tag: int, nbytes: int, cancelled: bool
     status.Set_source(source)
     status.Set_tag(tag)
     status.Set_error(0)
-    mpi = _mpi()
+    mpi = mpi_module()
     if mpi is not None and hasattr(status, "Set_elements"):
         status.Set_elements(mpi.BYTE, nbytes)
         status.Set_cancelled(cancelled)
@@ -77,14 +73,10 @@ class Request:
     def __eq__(self, other: Any) -> bool:
         if isinstance(other, Request):
             return self is other or (self.null and other.null)
-        mpi = _mpi()
+        mpi = mpi_module()
         if mpi is not None and isinstance(other, mpi.__dict__["Request"]):  # the class itself, also swapped
             return self.null and other == mpi.REQUEST_NULL
         return NotImplemented
-
-    def __ne__(self, other: Any) -> Any:
-        eq = self.__eq__(other)
-        return eq if eq is NotImplemented else not eq
 
     __hash__ = object.__hash__
 
@@ -286,7 +278,7 @@ def _statuses(statuses: Any, n: int) -> Any:
     if statuses is None:
         return None
     if isinstance(statuses, list) and len(statuses) < n:
-        statuses += [_mpi().Status() for _ in range(n - len(statuses))]
+        statuses += [mpi_module().Status() for _ in range(n - len(statuses))]
     return statuses
 
 
