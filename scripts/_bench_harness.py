@@ -39,10 +39,10 @@ def traced(fn: Callable[[], Any], sink: list) -> Callable[[], tuple]:
     opened per call: opening one right before the collective would time the
     harness, not spmdsim (it moved 1 MiB results by 5-11% at 8 ranks on 2 cores).
     """
-    from spmdsim.runtime.trace import OPEN_TRACES
+    from spmdsim.runtime.trace import open_traces
 
     def call() -> float:
-        tr = OPEN_TRACES[-1]
+        tr = open_traces()[-1]
         start = len(tr)
         fn()
         if not sink:

@@ -150,7 +150,7 @@ def _block(src: Source, region: Sequence[slice]) -> np.ndarray:
         if all(s == _WHOLE for s in region):
             # A whole tensor (an MLP's W1, a contraction's other operand): every simulated rank
             # asks for the same one, so it is generated once (read-only; a plain call under MPI).
-            from .sim.shared import once
+            from .engines.once import once
 
             return once(("reference: whole", src), src.full)
         return src.region(region)
@@ -171,7 +171,7 @@ def _shared(what: tuple, region: Region, shape: tuple, compute: Callable[[], np.
         isinstance(r, slice) and r.indices(n) == (0, n, 1) for r, n in zip(region, shape))
     if not whole or not all(w is None or isinstance(w, (SeededTensor, str, bool)) for w in what):
         return compute()
-    from .sim.shared import once
+    from .engines.once import once
 
     return once(("reference: whole output", *what), compute)
 

@@ -19,7 +19,7 @@ from . import reference
 from . import reference_grad as rg
 from .errors import OperatorError
 from .nets.model import Network
-from .sim.shared import once
+from .engines.once import once
 
 __all__ = ["ReferenceStep", "ReferenceTrainer", "OPTIMIZERS"]
 

@@ -113,7 +113,7 @@ PURE_MODULES = [
     "spmdsim.autograd.rules",
     "spmdsim.optim",
     "spmdsim.train_reference",
-    "spmdsim.sim.shared",
+    "spmdsim.engines.once",
     "spmdsim.nets.digits",
     "spmdsim.infer",
     "spmdsim.infer.reshape",

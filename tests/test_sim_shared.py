@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import spmdsim
+import spmdsim.engines.context
 from spmdsim.sim import once
 
 
@@ -41,7 +42,7 @@ def test_equal_inputs_are_computed_once_and_shared_read_only():
         except ValueError:  # the shared arrays are read-only
             wrote = False
         comm.Barrier()
-        left = len(spmdsim.sim._local.current().shared)  # taken by every rank: dropped
+        left = len(spmdsim.engines.context.current().shared)  # taken by every rank: dropped
         return out["sum"].tolist(), len(out["parts"]), out["mine"], wrote, left
 
     results = spmdsim.simulate(8, body)
@@ -69,7 +70,7 @@ def test_a_rank_with_other_inputs_gets_its_own_answer():
     ({"a": 1}, {"a": 1}, True), ([1, (2, 3)], [1, (2, 3)], True), ([1, 2], (1, 2), False),
     (np.arange(3), [0, 1, 2], False)])
 def test_inputs_compare_exactly(a, b, same):
-    from spmdsim.sim.shared import _equal
+    from spmdsim.engines.once import _equal
 
     assert _equal(a, b) is same
 
@@ -146,7 +147,7 @@ def test_ranks_wait_for_a_computation_in_progress_and_compute_their_own_if_it_fa
     import threading
     import time
 
-    from spmdsim.sim.shared import once
+    from spmdsim.engines.once import once
 
     calls, lock = [], threading.Lock()
 

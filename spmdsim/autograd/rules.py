@@ -17,8 +17,8 @@ import numpy as np
 
 from .. import activations, reference_grad
 from ..layout import TensorLayout
-from ..sim.dry import local as _local  # the kernel; a dry run's zeros, not computed
-from ..sim.dry import matmul as _product  # np.matmul; a dry run's zeros unmultiplied
+from ..engines import local as _local  # the kernel; the dry engine's zeros, not computed
+from ..engines import matmul as _product  # np.matmul; the dry engine's zeros, unmultiplied
 from .graph import record, with_partial
 
 __all__ = [

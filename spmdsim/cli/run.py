@@ -55,7 +55,7 @@ def on_world(args: argparse.Namespace, fn: Callable[[Any], int]) -> int:
     from ..sim.launch import ranks_problem, run_on_ranks
     from ..sim.run import world
 
-    problem = ranks_problem(n)
+    problem = ranks_problem(n, bool(getattr(args, "dry_run", False)))
     if problem:
         raise SpmdsimError(problem)
 

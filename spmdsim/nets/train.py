@@ -186,12 +186,12 @@ def refuse(text: str) -> NoReturn:
     sys.exit(2)
 
 
-def world_size(ranks: Optional[int]) -> int:
+def world_size(ranks: Optional[int], dry_run: bool = False) -> int:
     """The rank count a run will have: `ranks` simulated ranks (None: the MPI world's size)."""
     if ranks is not None:
         from ..sim.launch import ranks_problem
 
-        problem = ranks_problem(ranks)
+        problem = ranks_problem(ranks, dry_run)
         if problem:
             refuse(problem)
         return ranks
@@ -236,7 +236,7 @@ def run_main(main: Any, args: Any, ranks: Optional[int],
 
         refuse(DRY_RUN_NEEDS_RANKS)
     if ranks is not None:
-        size = world_size(ranks)  # refuses a count that cannot be
+        size = world_size(ranks, dry_run)  # refuses a count that cannot be
         problem = needs(size) if needs is not None else None
         if problem:
             refuse(f"{problem}: use --ranks 8 or mpiexec -n 8")

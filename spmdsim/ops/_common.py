@@ -9,8 +9,7 @@ from .. import buffers
 from ..errors import OperatorError
 from ..layout import Layout, TensorLayout
 from ..runtime import debug
-from ..sim.dry import RUNNING as _DRY_RUNNING
-from ..sim.dry import matmul as dry_matmul
+from ..engines.context import current as _context
 
 _DTENSOR: Any = None  # runtime.DTensor, bound by _dtensor_class on first use
 _BOOL = np.dtype(bool)
@@ -39,11 +38,12 @@ def local_matmul(a: np.ndarray, b: np.ndarray, sent: bool = True) -> np.ndarray:
 
     A product no collective reads (a column-parallel Linear without its
     gather) is numpy's own array: placing it costs ~2 us of Python, several
-    times that at 4 ranks per core, and buys nothing. In a dry run
+    times that at 4 ranks per core, and buys nothing. On the dry engine
     (spmdsim.sim.dry) the zeros it would give, not multiplied.
     """
-    if not sent or _DRY_RUNNING[0]:  # numpy's own array, or a dry run's zeros
-        return dry_matmul(a, b)
+    engine = _context().engine
+    if not sent or engine.dry:  # numpy's own array, or a dry run's zeros
+        return engine.matmul(a, b)
     lead_a, lead_b = a.shape[:-2], b.shape[:-2]
     # np.broadcast_shapes costs ~1 us (Python); equal or absent batch dims need none of it.
     lead = lead_a if lead_a == lead_b or not lead_b else np.broadcast_shapes(lead_a, lead_b)

@@ -19,7 +19,7 @@ from ..autograd.graph import record, with_partial
 from ..autograd.rules import grad_tensor
 from ..errors import OperatorError
 from ..infer.einsum import infer_einsum
-from ..sim.dry import matmul as _product
+from ..engines import matmul as _product
 from ..sim._buffers import dtype_name
 from ._common import check_dtensor, result_dtype
 

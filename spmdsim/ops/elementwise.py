@@ -16,7 +16,7 @@ from .. import activations
 from ..autograd import rules
 from ..errors import OperatorError, ShapeError
 from ..infer import infer_bias_add, infer_elementwise
-from ..sim.dry import local as dry_local
+from ..engines import local as engine_local
 from ._common import make_dtensor, operands_mesh, raise_if_not_dtensors, require_float
 
 __all__ = ["relu", "gelu", "activation", "scale", "bias_add"]
@@ -37,7 +37,7 @@ def activation(x: Any, name: str) -> Any:
         raise
     if name == "gelu":  # max(x, 0) is exact on integers; GELU's values are not integers
         require_float(name, x.local)
-    out = make_dtensor(x.mesh, dry_local(fn, x.local, x.local), layout, x.global_shape)
+    out = make_dtensor(x.mesh, engine_local(fn, x.local, x.local), layout, x.global_shape)
     return out if x._ag is None else rules.record_activation(out, x, name)
 
 
@@ -69,7 +69,7 @@ def scale(x: Any, factor: Any) -> Any:
         factor_array = np.asarray(value, dtype=dtype)
     except OverflowError:
         raise OperatorError(f"scale factor {factor!r} does not fit dtype {dtype.name!r}") from None
-    out = make_dtensor(x.mesh, dry_local(np.multiply, x.local, x.local, factor_array), x.layout,
+    out = make_dtensor(x.mesh, engine_local(np.multiply, x.local, x.local, factor_array), x.layout,
                        x.global_shape)
     return out if x._ag is None else rules.record_scale(out, x, value)
 

@@ -16,7 +16,7 @@ import numpy as np
 from .. import reference
 from ..autograd import rules
 from ..infer import infer_reshape, infer_softmax, infer_transpose
-from ..sim.dry import local as dry_local
+from ..engines import local as engine_local
 from ._common import make_dtensor, raise_if_not_dtensors, require_float
 
 __all__ = ["transpose", "reshape", "softmax"]
@@ -57,5 +57,5 @@ def softmax(x: Any, dim: int = -1) -> Any:
         raise_if_not_dtensors("softmax", ("x",), x)
         raise
     require_float("softmax", x.local)
-    out = make_dtensor(x.mesh, dry_local(reference.softmax, x.local, x.local, d), layout, x.global_shape)
+    out = make_dtensor(x.mesh, engine_local(reference.softmax, x.local, x.local, d), layout, x.global_shape)
     return out if x._ag is None else rules.record_softmax(out, x, d)

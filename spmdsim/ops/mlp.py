@@ -23,7 +23,7 @@ from ..errors import OperatorError
 from ..reference import ACTIVATIONS, RegionFn, Source, mlp_region
 from ..runtime import debug
 from ..runtime.executor import execute
-from ..sim.dry import local as dry_local
+from ..engines import local as engine_local
 from ..validate import int_arg
 from ._common import add_bias, default_axes, local_matmul, make_dtensor
 from .elementwise import activation
@@ -125,7 +125,7 @@ class ParallelMLP:
         a = local_matmul(x.local, w1.local, False)
         if b1 is not None:
             a = add_bias(a, b1.local)
-        h = dry_local(activations.forward(self.activation), a, a)
+        h = engine_local(activations.forward(self.activation), a, a)
         steps = p2.matmul.steps
         y = execute(mesh, local_matmul(h, w2.local, bool(steps)), steps, shape, "mlp.fc2", owned=True)
         if b2 is not None:

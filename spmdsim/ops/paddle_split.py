@@ -29,12 +29,11 @@ __all__ = ["split", "paddle_mesh", "paddle_layout", "paddle_param"]
 
 def paddle_mesh(num_partitions: int, comm: Any = None) -> Any:
     """A runtime Mesh over `comm` (default `spmdsim.world()`) with the layout of `paddle_layout`."""
+    from ..engines import engine_of, world
     from ..runtime import Mesh
-    from ..sim.comm import SimComm
-    from ..sim.run import world
 
     comm = world() if comm is None else comm
-    if not isinstance(comm, SimComm):
+    if not engine_of(comm).simulated:
         from mpi4py import MPI
 
         if not isinstance(comm, MPI.Intracomm):

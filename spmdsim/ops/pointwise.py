@@ -20,7 +20,7 @@ from ..autograd.graph import record, with_partial
 from ..autograd.rules import axes_of, grad_tensor
 from ..errors import OperatorError
 from ..infer.pointwise import infer_pointwise
-from ..sim.dry import local as dry_local
+from ..engines import local as engine_local
 from ..sim._buffers import dtype_name
 from ._common import describe, make_dtensor, result_dtype
 
@@ -131,7 +131,7 @@ def _record(op: str, out: Any, xs: list, backward: Callable, plan: Any) -> Any:
 
     def grads(dy: Any) -> tuple:
         with _quiet(op, divide="ignore", invalid="ignore"):
-            fulls = dry_local(lambda: backward(dy.local, [x.local for x in xs], out.local, need), dy.local)
+            fulls = engine_local(lambda: backward(dy.local, [x.local for x in xs], out.local, need), dy.local)
         if not isinstance(fulls, tuple):  # a dry run's zeros: one block shaped like dy for every operand
             fulls = tuple(fulls if n else None for n in need)
         result = []

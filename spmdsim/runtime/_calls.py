@@ -20,7 +20,7 @@ from ..errors import DTypeError, ShapeError
 from ..validate import SUPPORTED_DTYPES, counted
 from . import debug
 from .mesh import Mesh, normalize_axes
-from .trace import OPEN_TRACES as _TRACES
+from ..engines.context import current as _context
 from .trace import record, record_call
 from .wait import polite_wait
 
@@ -48,8 +48,10 @@ def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, 
         counts: an Alltoallv's (send, receive) counts: compared with SPMDSIM_CHECK, peers for the trace.
         emulate: False keeps MPI's call on a mesh made with ``algorithms=`` (prepared collectives).
     """
+    context = _context()  # the running rank's: its open traces and call counter
+    traces = context.traces
     if _HOOKS.quiet and mesh.algorithms is None:
-        if t0 is None and _TRACES:
+        if t0 is None and traces:
             t0 = perf_counter()
         try:  # costs nothing until mpi4py refuses the buffers
             if c is None:
@@ -64,8 +66,8 @@ def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, 
         except Exception:
             _check_dtype(op, x.dtype if type(x) is _ndarray else x)  # a clear error when the dtype is why
             raise
-        _HOOKS.seq += 1
-        if then is None and not _TRACES:
+        context.seq += 1
+        if then is None and not traces:
             return result
         name = op
     else:
@@ -74,7 +76,7 @@ def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, 
                                     getattr(calls, nonblocking), args, x, extra, nbytes, t0, counts, emulate)
     if then is not None:
         result = then()
-    if _TRACES:
+    if traces:
         now = perf_counter()
         record_call(name, axes, g, nbytes, now - t0, label, copied, now, counts)
     return result
@@ -106,7 +108,7 @@ def _alone(op: str, axes: Any, label: str | None, dtype: Any) -> None:
     """A collective over a group of one rank: dtype checked (unless None), numbered, traced; nothing sent."""
     if dtype is not None:
         _check_dtype(op, np.dtype(dtype))
-    _HOOKS.seq += 1
+    _context().seq += 1
     record(op, normalize_axes(axes), 1, 0, 0, 0.0, label)
 
 

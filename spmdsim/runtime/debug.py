@@ -29,7 +29,8 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from ..errors import RuntimeMismatchError, SpmdsimError
-from ..sim import _local as _sim_local
+from ..engines.context import current as _context
+from ..engines.context import simulated as _simulated
 from . import _roster
 from . import wait as waiting
 
@@ -51,20 +52,19 @@ class Hooks:
     """Whether the debug hooks are on, and the collectives' call counter: one instance, `HOOKS`.
 
     ``HOOKS.quiet``: True when neither hook is on, one attribute read for hot
-    paths (worked out on first read and after configure()); ``HOOKS.seq``: the
-    collectives so far; the rest are the settings (None: read the environment
-    on first use). An instance, not the class: writing a class attribute
-    invalidates the interpreter's caches for it (an increment: 136 ns there, 49 here).
+    paths (worked out on first read and after configure()); the rest are the
+    settings (None: read the environment on first use). The collectives' call
+    counter is the running rank's (spmdsim.engines.context: ``current().seq``).
     """
 
-    __slots__ = ("check", "watchdog", "watchdog_read", "watchdog_set", "quiet", "seq")
+    __slots__ = ("check", "watchdog", "watchdog_read", "watchdog_set", "quiet")
 
     def __init__(self) -> None:
         self.check: Optional[bool] = None
         self.watchdog: Optional[float] = None
         self.watchdog_read = False
         self.watchdog_set = False  # configure() chose it: the environment and the default step aside
-        self.seq = 0  # `quiet` stays unset until first read (__getattr__)
+        # `quiet` stays unset until first read (__getattr__)
 
     def __getattr__(self, name: str) -> Any:
         # Reached only for an unset slot: `quiet` is worked out once, then a plain read.
@@ -85,23 +85,10 @@ def _forget_quiet() -> None:
         pass
 
 
-class _PerRankHooks(Hooks):
-    """Hooks whose counter is the running simulated rank's: `per_rank` swaps `HOOKS`'s class
-    while a simulation runs, so ``HOOKS.seq += 1`` stays a plain slot write under MPI."""
-
-    __slots__ = ()
-    seq = property(lambda self: _sim_local.current().seq,
-                   lambda self, value: setattr(_sim_local.current(), "seq", value))
-
-
-def per_rank(on: bool) -> None:
-    """Count collectives per simulated rank (on) or per process (off); spmdsim.sim calls it."""
-    HOOKS.__class__ = _PerRankHooks if on else Hooks
-
-
 def _reset() -> None:
     """Every setting back to 'read the environment on first use', the counter to 0 (tests)."""
     HOOKS.__init__()
+    _context().seq = 0
     _forget_quiet()
 
 
@@ -203,12 +190,13 @@ def quiet() -> bool:
 
 def next_seq() -> int:
     """Count one more collective and return its sequence number (1-based)."""
-    HOOKS.seq += 1
-    return HOOKS.seq
+    context = _context()
+    context.seq += 1
+    return context.seq
 
 
 def current_seq() -> int:
-    return HOOKS.seq
+    return _context().seq
 
 
 def _code(text: str) -> int:
@@ -251,7 +239,7 @@ def describe(seq: int, op: str, axes: Sequence[str], dtype: Any,
 
 
 def _world_rank() -> int:
-    state = _sim_local.current()
+    state = _simulated()
     if state is not None:
         return state.rank
     from mpi4py import MPI
@@ -393,7 +381,7 @@ def collective(comm: Any, op: str, axes: Sequence[str], array: Any, extra: Seque
 
 
 def _abort(text: str) -> None:
-    if _sim_local.current() is not None:  # a simulated rank raises; simulate() ends the others
+    if _simulated() is not None:  # a simulated rank raises; simulate() ends the others
         raise RuntimeMismatchError(text)
     from mpi4py import MPI
 

@@ -17,7 +17,7 @@ from .. import buffers
 from ..datagen import SeededTensor
 from ..errors import DTypeError, LayoutError, RankError, ShapeError
 from ..layout import TensorLayout
-from ..sim.dry import active as dry_run_active
+from ..engines.context import current as _context
 from ..validate import as_int, dtype_arg, tolerance_arg
 from . import collectives, debug
 from .check import Verdict, agree, default_tolerances, local_stats
@@ -303,7 +303,7 @@ class DTensor:
         d_rtol, d_atol = default_tolerances(*known)
         rtol = d_rtol if rtol is None else rtol
         atol = d_atol if atol is None else atol
-        dry = dry_run_active()
+        dry = _context().dry_run
         try:
             if dry:
                 expected = actual  # a dry run has no values to check: its reference is not made

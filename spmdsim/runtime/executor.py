@@ -200,15 +200,32 @@ def _compile(plan: Plan, mesh: Any) -> _Compiled:
     steps = []
     for index, step in enumerate(plan.steps, 1):
         step_mesh = _mesh_for(mesh, step.before.layout)
-        run = (_exchange_runner(step, step_mesh.rank, plan.shape) if isinstance(step, Exchange)
+        run = (_exchange_runner(step, step_mesh, plan.shape) if isinstance(step, Exchange)
                else _runner(step))
         steps.append((run, step, step_mesh, step_label(step, index)))
     target_mesh = _mesh_for(mesh, plan.target.layout)
     return _Compiled(tuple(steps), target_mesh, plan.target.local_shape(plan.shape), DTensor._trusted)
 
 
-def _exchange_runner(step: Exchange, rank: int, shape: tuple) -> Runner:
+def _exchange_runner(step: Exchange, mesh: Any, shape: tuple) -> Runner:
     """The Exchange runner for this rank: boxes, counts and offsets worked out once."""
+    from .collectives import exchange
+    from .exchange_spec import ExchangeSpec
+
+    rank = mesh.rank
+    if mesh.engine.dry:  # one rank runs for all: the step record says what each rank moves
+        return _told(mesh.engine, _exchange_runner_of(step, rank, shape))
+    return _exchange_runner_of(step, rank, shape)
+
+
+def _told(engine: Any, run: Runner) -> Runner:
+    def told(step: Any, mesh: Any, local: Any, shape: tuple, label: Optional[str], owned: bool) -> Any:
+        engine.ran(step)
+        return run(step, mesh, local, shape, label, owned)
+    return told
+
+
+def _exchange_runner_of(step: Exchange, rank: int, shape: tuple) -> Runner:
     from .collectives import exchange
     from .exchange_spec import ExchangeSpec
 

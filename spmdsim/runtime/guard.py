@@ -27,7 +27,7 @@ import traceback
 from typing import Any, Callable, NoReturn
 
 from ..errors import SpmdsimError
-from ..sim import _local as _sim_local
+from ..engines.context import simulated as _simulated
 
 __all__ = ["abort_on_error", "install_excepthook", "run_guarded", "handle_exception", "abort_job", "end_job",
            "world_channel", "release_shared_segments"]
@@ -114,7 +114,7 @@ def world_channel() -> Any:
 def _world(comm: Any) -> Any:
     if comm is not None:
         return comm
-    from ..sim.run import world
+    from ..engines import world
 
     return world()
 
@@ -213,7 +213,7 @@ def release_shared_segments(maps: str = "/proc/self/maps",
 
 def abort_job(comm: Any, text: str) -> NoReturn:
     """Write `text` (newline-terminated) to stderr, let mpiexec forward it, then Abort the job."""
-    if _sim_local.current() is not None:  # a simulated rank raises; simulate() stops the others
+    if _simulated() is not None:  # a simulated rank raises; simulate() stops the others
         raise SpmdsimError(text.strip())
     end_job(comm, text + f"spmdsim: aborting the MPI job ({comm.Get_size()} ranks)\n")
 
@@ -252,7 +252,7 @@ class abort_on_error:
         self._private: Any = None
 
     def __enter__(self) -> "abort_on_error":
-        if _sim_local.current() is not None:
+        if _simulated() is not None:
             return self  # simulate() ends every rank and reports the error
         self._comm = _world(self._comm)
         self._private = _private(self._comm)
@@ -279,7 +279,7 @@ class abort_on_error:
 
 def install_excepthook(comm: Any = None) -> None:
     """Make an uncaught exception end the whole job (call once, on every rank; nothing under simulate)."""
-    if _sim_local.current() is not None:
+    if _simulated() is not None:
         return
     comm = _world(comm)
     private = _private(comm)
@@ -317,7 +317,7 @@ def run_guarded(fn: Callable[[], Any], comm: Any = None) -> int:
     A clean all-ranks SpmdsimError returns 2; any other failure aborts the job
     (under spmdsim.simulate exceptions pass to simulate()).
     """
-    if _sim_local.current() is not None:
+    if _simulated() is not None:
         return int(fn() or 0)
     comm = _world(comm)
     private = _private(comm)

@@ -10,8 +10,7 @@ import numpy as np
 from .. import buffers
 from ..errors import LayoutError, RuntimeMismatchError
 from ..layout import Layout
-from ..sim.comm import SimComm
-from ..sim.launch import ways_out
+from ..engines import engine_of, ways_out
 from .wait import WAIT_MODES, resolve_wait_mode
 
 __all__ = ["Mesh", "normalize_axes", "SCRATCH_MAX_BYTES"]
@@ -82,7 +81,7 @@ class Mesh:
     def __init__(self, layout: Layout, comm: Any = None, *, wait: str | None = None,
                  algorithms: dict[str, str] | None = None) -> None:
         from ..algorithms import check_choices
-        from ..sim.run import world
+        from ..engines import world
 
         # Checked first: the same error on every rank, before any collective.
         self.algorithms = check_choices(algorithms)
@@ -90,7 +89,9 @@ class Mesh:
             raise LayoutError(f"layout {layout!r} must be a spmdsim Layout")
         if comm is None:
             comm = world()
-        simulated = isinstance(comm, SimComm)
+        #: What this mesh runs on (spmdsim.engines): MPI, simulated ranks' threads, or a dry run.
+        self.engine = engine = engine_of(comm)
+        simulated = engine.simulated
         if not simulated:
             _check_mpi_comm(comm)
             _tune_process_once()
@@ -171,10 +172,9 @@ class Mesh:
 
     def _split(self, axes: tuple[str, ...]) -> tuple[Any, int, int]:
         # Validates the names on every rank before the collective Split.
-        color, key = self.layout.split_color_key(self.rank, axes)
+        self.layout.split_color_key(self.rank, axes)
         _before_split(self, axes)
-        sub = self.comm.Split(color, key)
-        return sub, sub.Get_size(), sub.Get_rank()
+        return self.engine.group(self, axes)
 
     def group_ranks(self, axes: str | Iterable[str]) -> tuple[int, ...]:
         """Mesh ranks of this rank's group over `axes`, in group order (pure, no MPI)."""

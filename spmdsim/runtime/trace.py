@@ -11,9 +11,9 @@ from dataclasses import asdict, dataclass
 from time import perf_counter
 from typing import Any
 
-from ..sim import _local as _sim_local
+from ..engines.context import current as _context
 
-__all__ = ["TraceEntry", "Trace", "collect_trace", "record", "OPEN_TRACES"]
+__all__ = ["TraceEntry", "Trace", "collect_trace", "record", "open_traces"]
 
 
 @dataclass(frozen=True)
@@ -161,61 +161,25 @@ def _as_called(op: str, axes: Any, g: int, nbytes: Any, counts: Any) -> tuple:
     return op, normalize_axes(axes), sent, received, 0 if counts is None else count_peers(*counts)
 
 
-# Open collectors, innermost last; `record` skips all work when none is open.
-# Mutated in place only, so OPEN_TRACES (for hot paths that test it without a call) stays the same list.
-_ACTIVE: list[Trace] = []
-OPEN_TRACES = _ACTIVE
-_PER_RANK = False  # set while spmdsim.sim runs ranks as threads: each has its own collectors
-_SET_ASIDE: list = []  # the process's collectors while _PER_RANK
-
-
-def _open() -> list:
-    """The open collectors of this rank: the process's, or the running simulated rank's."""
-    return _sim_local.current().traces if _PER_RANK else _ACTIVE
-
-
-class _RankRows:
-    """Under simulation the one entry of _ACTIVE: record() appends to the running rank's collectors."""
-
-    __slots__ = ()
-
-    @property
-    def _rows(self) -> "_RankRows":
-        return self
-
-    def append(self, row: tuple) -> None:
-        for trace in _sim_local.current().traces:
-            trace._rows.append(row)
-
-
-def per_rank(on: bool) -> None:
-    """Give every simulated rank its own collectors (on), or the process its own again (off).
-
-    While on, _ACTIVE holds one `_RankRows` (so the hot paths' ``if _TRACES`` records and the
-    row goes to the running rank); the process's own collectors are set aside meanwhile.
-    """
-    global _PER_RANK, _SET_ASIDE
-    if on:
-        _SET_ASIDE = list(_ACTIVE)
-        _ACTIVE[:] = [_RankRows()]
-    else:
-        _ACTIVE[:] = _SET_ASIDE
-        _SET_ASIDE = []
-    _PER_RANK = on
+def open_traces() -> list:
+    """The running rank's open collectors, innermost last (spmdsim.engines.context: an MPI
+    process's own, or its simulated rank's); `record` skips all work when there are none."""
+    return _context().traces
 
 
 class _Collector:
     """The context manager collect_trace() returns (a class: cheaper than a generator)."""
 
-    __slots__ = ("trace",)
+    __slots__ = ("trace", "traces")
 
     def __enter__(self) -> Trace:
         self.trace = Trace()
-        _open().append(self.trace)
+        self.traces = _context().traces
+        self.traces.append(self.trace)
         return self.trace
 
     def __exit__(self, *exc: object) -> None:
-        _open().remove(self.trace)
+        self.traces.remove(self.trace)
 
 
 def collect_trace() -> _Collector:
@@ -227,10 +191,11 @@ def record(op: str, axes: tuple[str, ...], group_size: int, sent: int, received:
            label: str | None, copied: int = 0, peers: int = 0) -> None:
     """Append one entry to every open collector (`copied`: bytes packed/unpacked locally;
     `peers`: other ranks an alltoallv/exchange talked to)."""
-    if _ACTIVE:
+    traces = _context().traces
+    if traces:
         # Called right after the collective returns: now is when it ended.
         row = (op, axes, group_size, sent, received, seconds, label, copied, perf_counter(), peers)
-        for trace in _ACTIVE:
+        for trace in traces:
             trace._rows.append(row)
 
 
@@ -244,5 +209,5 @@ def record_call(op: str, axes: Any, group_size: int, nbytes: Any, seconds: float
     if type(axes) is not tuple and type(axes) is not str:  # a list the caller may change later
         axes = tuple(axes)
     row = (op, axes, group_size, nbytes, None, seconds, label, copied, ended, counts)
-    for trace in _ACTIVE:
+    for trace in _context().traces:
         trace._rows.append(row)

@@ -15,7 +15,7 @@ from typing import Any
 _WHERE = {name: module for module, names in {
     "run": ("simulate", "world", "current_rank", "MAX_RANKS"),
     "launch": ("script", "run_on_ranks"),
-    "shared": ("once",),
+    "..engines.once": ("once",),
     "dry": ("dry_run_active",),
     "comm": ("SimComm",),
     "p2p": ("Request",),
@@ -31,7 +31,9 @@ def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    where = module[2:] if module.startswith("..") else module  # spmdsim.engines.once: a sibling
+    path = f"spmdsim.{where}" if module.startswith("..") else f"{__name__}.{module}"
+    value = getattr(importlib.import_module(path), name)
     globals()[name] = value
     return value
 

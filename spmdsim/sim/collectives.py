@@ -70,8 +70,6 @@ class BufferCollectives:
             n = ns
             src = src[:n]
         signature = ("allreduce", dtype_name(src.dtype), n, red.name)
-        if self._dry("allreduce", signature, src, dst):
-            return
         slot = self._enter("allreduce", signature, src, _shared(n, src.dtype))
         g, me = self._group.size, self._me
         lo, hi = n * me // g, n * (me + 1) // g
@@ -133,8 +131,6 @@ class BufferCollectives:
                 raise ShapeError(f"Reduce_scatter_block: send buffer of {g} x {bs} items for receive "
                                  f"blocks of {b}")
         signature = ("reduce_scatter", dtype_name(src.dtype), b, red.name)
-        if self._dry("reduce_scatter", signature, src, dst):
-            return
         slot = self._enter("reduce_scatter", signature, src)
         out = np.empty(b, src.dtype) if inplace else dst[:b]
         fold(red, [c.data[me * b:(me + 1) * b] for c in slot.calls], out, dt)
@@ -188,8 +184,6 @@ class BufferCollectives:
                                      f"{g} x {src.size}")
                 _blocks_fit("Allgather", src, dst[:n])
         signature = ("allgather", dtype_name(src.dtype), src.size)
-        if self._dry("allgather", signature, src, dst):
-            return
         slot = self._enter("allgather", signature, src)
         if not inplace and src.dtype == dst.dtype:
             np.concatenate([c.data for c in slot.calls], out=dst[:n * g])
@@ -281,8 +275,6 @@ class BufferCollectives:
                 raise ShapeError(f"Alltoall: blocks of {b} x {src.dtype.name} are sent where "
                                  f"blocks of {n} x {dst.dtype.name} are received")
         signature = ("alltoall", dtype_name(src.dtype), b * g)
-        if self._dry("alltoall", signature, src, dst):
-            return
         slot = self._enter("alltoall", signature, (src, b))
         for j, call in enumerate(slot.calls):
             theirs, tb = call.data
@@ -300,8 +292,6 @@ class BufferCollectives:
             scounts, sdispls = rcounts, rdispls
         else:
             src, scounts, sdispls, _ = vector(sendbuf, "Alltoallv sendbuf", g)
-        if self._dry("alltoallv", ("alltoallv", dtype_name(src.dtype)), src, dst):
-            return
         slot = self._enter("alltoallv", ("alltoallv", dtype_name(src.dtype)), (src, scounts, sdispls))
         size = dst.itemsize
         for j, call in enumerate(slot.calls):
@@ -322,8 +312,6 @@ class BufferCollectives:
         data, n, _ = message(buf, "Bcast buffer", readonly=self._me == root)
         data = data[:n]
         signature = ("bcast", dtype_name(data.dtype), data.size, f"root {root}")
-        if self._dry("bcast", signature, data):
-            return
         slot = self._enter("bcast", signature, data)
         if self._me != root:
             copy_into(data, slot.calls[root].data)

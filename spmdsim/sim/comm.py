@@ -14,17 +14,16 @@ from typing import Any
 
 import numpy as np
 
-from . import _local
+from ..engines import context as _local
 from ._buffers import mpi_module, special
 from .collectives import BufferCollectives
-from .engine import Call, Group, SimulationError
+from .engine import THREADS, Call, Group, SimulationError
 from .group import SimGroup
 from .objects import ObjectCollectives
 from .p2p import PointToPoint
 
 __all__ = ["SimComm", "self_comm", "comm_null"]
 
-DRY_MOVE_BYTES = 64 << 10  # see SimComm._dry
 
 
 
@@ -47,6 +46,8 @@ class SimComm(PointToPoint, BufferCollectives, ObjectCollectives):
 
     ``SimComm()`` is a null communicator (equal to MPI.COMM_NULL); ``SimComm(comm)`` a copy.
     """
+
+    spmdsim_engine = THREADS  # what a Mesh over it runs on (spmdsim.engines.engine_of)
 
     def __init__(self, group: Any = None, me: int = 0, name: str = "") -> None:
         if isinstance(group, SimComm):
@@ -142,7 +143,7 @@ class SimComm(PointToPoint, BufferCollectives, ObjectCollectives):
     def __reduce__(self) -> Any:
         if not self:
             return (SimComm, ())
-        state = _local.current()
+        state = _local.simulated()
         for kind in ("world", "self"):
             canonical = None if state is None else (state.comm if kind == "world" else self_comm(state))
             if canonical is not None and self._h is canonical._h:
@@ -155,23 +156,6 @@ class SimComm(PointToPoint, BufferCollectives, ObjectCollectives):
         return f"<SimComm rank {self._me} of {self._group.size} ({self._group.label()})>"
 
     # -- the rendezvous -------------------------------------------------------------------
-
-    def _dry(self, op: str, signature: tuple, src: np.ndarray, dst: Any = None) -> bool:
-        """In a dry run, for a large buffer: count it as held, meet the group, write zeros; True when done.
-
-        Buffers up to DRY_MOVE_BYTES move for real even in a dry run: they carry
-        what the program decides by (fingerprints, check tables, counts).
-        """
-        if not self._group.world.dry_run:
-            return False
-        _local.current().meter.hold(src, dst)
-        if src.nbytes <= DRY_MOVE_BYTES:
-            return False
-        slot = self._enter(op, signature)
-        self._group.leave(self._me, slot)
-        if dst is not None and dst is not src:
-            dst.fill(0)  # a result the program can read without tripping over garbage
-        return True
 
     def _enter(self, op: str, signature: tuple, data: Any = None, complete: Any = None) -> Any:
         h = self._h
@@ -342,6 +326,6 @@ def self_comm(state: Any) -> SimComm:
 
 
 def _predefined(kind: str, same: bool) -> SimComm:
-    state = _local.current()
+    state = _local.simulated()
     canonical = state.comm if kind == "world" else self_comm(state)
     return canonical if same else SimComm(canonical)

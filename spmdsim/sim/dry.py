@@ -1,16 +1,26 @@
-"""Dry runs: simulated ranks with shapes and dtypes but no data, and what each rank would move and hold.
+"""The dry engine: one rank runs the program for all, with shapes and dtypes but no data.
 
-In ``simulate(..., dry_run=True)`` a SeededTensor block is zeros (`zeros`:
-pages the kernel maps on first write, so nothing is generated or written), collectives
-meet and compare their calls but copy and add nothing, and every collective
-is traced with its bytes. Each rank's `Meter` counts the bytes it holds: the
-blocks made from seeds and every buffer a collective sends or receives, for as
-long as the array lives, plus the collective's own buffers during the call;
-its peak is the "peak bytes held". Local temporaries that never reach a
-collective are not counted. Local products (the operators' matmuls and their
-gradients, `product`) are zeros made without multiplying; the other local
-steps still run on the zeros. Results of a dry run are not values: checks are
-meaningless, and the report replaces the program's own output.
+Every rank of an SPMD program runs the same steps on blocks of the same
+shapes (spmdsim's splits are even), so a dry run runs the program once, as
+rank 0 of `n` (``simulate(n, fn, dry_run=True)``, ``--ranks N --dry-run``):
+a group of the mesh is a `DryComm` of the group's size, whose collectives
+meet nobody, copy this rank's own buffer where the result needs values (the
+mirror of a program whose ranks all sent the same) and write zeros into large
+results; a SeededTensor block is zeros (`zeros`: pages the kernel maps on first
+write, so nothing is generated or written); local products and elementwise
+kernels (`DryEngine.matmul`, `DryEngine.local`) are zeros made without
+computing. Every collective is traced with its bytes, the step kinds'
+formulas. The run's `Meter` counts the bytes the rank holds: the blocks made
+from seeds and every buffer a collective sends or receives, for as long as
+the array lives; its peak is the "peak bytes held". Local temporaries that
+never reach a collective are not counted.
+
+The report gives every rank the representative's collectives, bytes and peak,
+except where a step record says ranks differ: an exchange's per-rank bytes
+(spmdsim.plan.steps.Exchange) are each rank's own. Results of a dry run are
+not values: checks are not made, and the report replaces the program's output.
+Point-to-point calls and ``comm.Split`` need every rank's part and are refused
+in one line.
 """
 from __future__ import annotations
 
@@ -23,33 +33,38 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import _local
+from ..engines import Engine
+from ..engines.context import current
+from ._buffers import in_place
 
-__all__ = ["Meter", "RankBytes", "DryRunReport", "zeros", "dry_zeros", "meter", "active", "dry_run_active", "RUNNING",
-           "product", "matmul", "local"]
-
-#: Dry runs in progress in this process ([count], changed by spmdsim.sim.run): the hot paths
-#: test ``RUNNING[0]`` before asking which rank runs, so a real run pays one list read.
-RUNNING = [0]
+__all__ = ["Meter", "RankBytes", "DryRunReport", "DryComm", "DryEngine", "DRY", "zeros", "dry_run_active",
+           "report"]
 
 
 class Meter:
-    """The bytes one simulated rank holds now and at most (thread-confined: only its rank touches it)."""
+    """The bytes the dry run's rank holds now and at most, and the per-rank bytes of its exchanges."""
 
-    __slots__ = ("held", "peak", "_live", "__weakref__")
+    __slots__ = ("held", "peak", "_live", "varied", "__weakref__")
 
     def __init__(self) -> None:
         self.held = 0
         self.peak = 0
         self._live: dict[int, int] = {}  # id(array) -> nbytes, until the array is freed
+        # (bytes sent per rank, bytes received per rank) of every exchange run, as the step records say
+        self.varied: list[tuple[Any, Any]] = []
 
     def hold(self, *arrays: Any) -> None:
-        """Count these arrays as held until they are freed, then update the peak."""
+        """Count these arrays' bytes as held until the memory they view is freed; update the peak."""
         for a in arrays:
-            if type(a) is np.ndarray and id(a) not in self._live and a.nbytes:
-                self._live[id(a)] = a.nbytes
+            if type(a) is not np.ndarray or not a.nbytes:
+                continue
+            owner = a  # a view lives as long as the array it views (a reshape passed to MPI)
+            while type(owner.base) is np.ndarray:
+                owner = owner.base
+            if id(owner) not in self._live:
+                self._live[id(owner)] = a.nbytes
                 self.held += a.nbytes
-                weakref.finalize(a, _release, weakref.ref(self), id(a))
+                weakref.finalize(owner, _release, weakref.ref(self), id(owner))
         if self.held > self.peak:
             self.peak = self.held
 
@@ -60,20 +75,9 @@ def _release(ref: Any, key: int) -> None:
         owner.held -= owner._live.pop(key, 0)
 
 
-def meter() -> Meter | None:
-    """The running rank's meter in a dry run, else None."""
-    state = _local.current()
-    return None if state is None else state.meter
-
-
-def active() -> bool:
-    """Whether the running thread is a rank of a dry run."""
-    return bool(RUNNING[0]) and meter() is not None
-
-
 def dry_run_active() -> bool:
-    """Whether this code runs as a rank of a dry run (shapes, no values): skip work only values need."""
-    return active()
+    """Whether this code runs in a dry run (shapes, no values): skip work only values need."""
+    return current().dry_run
 
 
 #: From this size up a dry run's zeros are their own anonymous mapping (`zeros`).
@@ -83,11 +87,11 @@ LAZY_BYTES = 1 << 20
 def zeros(shape: tuple, dtype: Any) -> np.ndarray:
     """Zeros whose pages cost no memory until written: a dry run's stand-in for any value.
 
-    ``np.zeros`` is calloc, and in a process of simulated ranks (threads) glibc
-    serves a multi-MiB calloc from a thread arena it has used before and
-    clears it, writing every page (the Megatron block's attention scores are
-    32 MiB a rank at 1,024 ranks). An anonymous mapping is zero-filled by the
-    kernel page by page on first write, and unmapped when the array is freed.
+    ``np.zeros`` is calloc, and glibc may serve a multi-MiB calloc from a heap
+    it has used before and clear it, writing every page (the Megatron block's
+    attention scores are 32 MiB a rank at 1,024 ranks). An anonymous mapping is
+    zero-filled by the kernel page by page on first write, and unmapped when
+    the array is freed.
     """
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
@@ -99,50 +103,204 @@ def zeros(shape: tuple, dtype: Any) -> np.ndarray:
     return np.zeros(shape, dtype)
 
 
-def dry_zeros(shape: tuple, dtype: Any) -> np.ndarray | None:
-    """A block of zeros standing in for generated data in a dry run (counted as held), else None."""
-    m = meter()
-    if m is None:
-        return None
-    out = zeros(shape, dtype)
-    m.hold(out)
-    return out
+class DryEngine(Engine):
+    """One rank for all: sized groups, no data moved, local work as zeros of the result's shape."""
 
+    name = "dry"
+    simulated = True
+    dry = True
 
-def product(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
-    """In a dry run, zeros of ``np.matmul(a, b)``'s shape and dtype (not computed), else None.
+    def group(self, mesh: Any, axes: tuple[str, ...]) -> tuple[Any, int, int]:
+        layout = mesh.layout
+        size = layout.group_size(axes)
+        me = layout.group_index(mesh.rank, axes)
+        return DryComm(size, me, f"axes {','.join(axes)}"), size, me
 
-    Blocks of a dry run are zeros, so every product is zeros: skipping the
-    multiplication spares its time (a matmul is the one local step that costs
-    more than its operands' size) and leaves the result's pages unwritten.
-    """
-    if not active():
-        return None
-    lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    return zeros(lead + (a.shape[-2], b.shape[-1]), np.result_type(a, b))
-
-
-def local(fn: Any, like: np.ndarray, *args: Any) -> np.ndarray:
-    """``fn(*args)``, an elementwise kernel whose result is shaped and typed like `like`; in a
-    dry run those zeros instead, not computed.
-
-    A dry run's values are not results, so its activations, softmaxes and their
-    gradients need not run: they would touch every page of their temporaries
-    (attention's scores: 2 MiB a rank at 256 ranks of the Megatron block). A
-    real run reads one list item.
-    """
-    if RUNNING[0] and active():
+    def local(self, fn: Any, like: Any, *args: Any) -> np.ndarray:
+        """Zeros shaped and typed like `like`, `fn` not called: a dry run's values are not results
+        (attention's scores and their softmax would touch every page of their temporaries)."""
         return zeros(like.shape, like.dtype)
-    return fn(*args)
+
+    def matmul(self, a: Any, b: Any) -> np.ndarray:
+        """Zeros of ``np.matmul(a, b)``'s shape and dtype, not multiplied (blocks are zeros anyway)."""
+        lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        return zeros(lead + (a.shape[-2], b.shape[-1]), np.result_type(a, b))
+
+    def blank(self, shape: tuple, dtype: Any) -> np.ndarray:
+        """A generated block's stand-in: zeros, counted as held."""
+        out = zeros(shape, dtype)
+        current().meter.hold(out)
+        return out
+
+    def ran(self, step: Any) -> None:
+        """Keep the step record's bytes per rank: the report gives each rank its own."""
+        current().meter.varied.append((step.bytes_sent, step.bytes_received))
 
 
-def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``np.matmul(a, b)``; in a dry run its zeros, not multiplied (`product`). A real run reads one list item."""
-    if RUNNING[0]:
-        dry = product(a, b)
-        if dry is not None:
-            return dry
-    return np.matmul(a, b)
+DRY = DryEngine()
+
+#: Results up to this size get this rank's own values (what a program decides by: fingerprints, check
+#: tables, counts); larger ones get zeros, written once.
+DRY_COPY_BYTES = 64 << 10
+
+
+def _array(spec: Any) -> Any:
+    """The array of a buffer argument (`array`, or ``[array, ...]`` as mpi4py takes it), or None."""
+    if isinstance(spec, (list, tuple)) and spec:
+        spec = spec[0]
+    return spec if isinstance(spec, np.ndarray) else None
+
+
+class _Done:
+    """A nonblocking call's request, complete when made."""
+
+    def Wait(self, status: Any = None) -> None:
+        return None
+
+    def Test(self, status: Any = None) -> bool:
+        return True
+
+    wait, test = Wait, lambda self, status=None: (True, None)
+
+
+class DryComm:
+    """A dry run's communicator: this rank's place in a group of `size`; collectives move nothing.
+
+    It speaks the buffer and object collectives the runtime calls (``Allreduce``,
+    ``Allgather``, ``Alltoall(v)``, ``Reduce_scatter_block``, ``Bcast``,
+    ``Gather``, their ``I`` forms, ``allreduce``, ``allgather``, ``gather``,
+    ``bcast``, ``Barrier``): each counts its buffers as held and fills the
+    result as if every member had sent what this rank sent.
+    """
+
+    spmdsim_engine = DRY
+
+    def __init__(self, size: int, rank: int = 0, name: str = "MPI_COMM_WORLD") -> None:
+        self.size, self.rank, self._name = size, rank, name
+
+    def Get_size(self) -> int:
+        return self.size
+
+    def Get_rank(self) -> int:
+        return self.rank
+
+    def Get_name(self) -> str:
+        return self._name
+
+    def __repr__(self) -> str:
+        return f"<DryComm rank {self.rank} of {self.size} ({self._name})>"
+
+    def Dup(self) -> "DryComm":
+        return DryComm(self.size, self.rank, self._name)
+
+    def Split_type(self, *args: Any, **kwargs: Any) -> "DryComm":
+        return self  # one process: every rank shares the node
+
+    def Free(self) -> None:
+        pass
+
+    def Abort(self, code: int = 1) -> None:
+        raise SystemExit(code)
+
+    # -- buffer collectives ---------------------------------------------------------------
+
+    def _fill(self, src: Any, dst: Any, how: Any) -> None:
+        meter = current().meter
+        send, recv = _array(src), _array(dst)
+        if meter is not None:
+            meter.hold(send, recv)
+        if recv is None or in_place(src) and how != "gather":
+            return
+        if send is None:  # in place: the buffer already holds this rank's part
+            return
+        if recv.nbytes > DRY_COPY_BYTES or recv.dtype != send.dtype:
+            recv.fill(0)
+        else:
+            how(send.reshape(-1), recv.reshape(-1))
+
+    def Allreduce(self, src: Any, dst: Any, op: Any = None) -> None:
+        self._fill(src, dst, _same)
+
+    def Allgather(self, src: Any, dst: Any) -> None:
+        self._fill(src, dst, _tiled)
+
+    def Alltoall(self, src: Any, dst: Any) -> None:
+        self._fill(src, dst, _same)
+
+    def Reduce_scatter_block(self, src: Any, dst: Any, op: Any = None) -> None:
+        self._fill(src, dst, _first)
+
+    def Alltoallv(self, src: Any, dst: Any) -> None:
+        meter = current().meter
+        if meter is not None:
+            meter.hold(_array(src), _array(dst))
+        recv = _array(dst)
+        if recv is not None:
+            recv.fill(0)
+
+    def Bcast(self, buf: Any, root: int = 0) -> None:
+        meter = current().meter
+        if meter is not None:
+            meter.hold(_array(buf))
+
+    def Gather(self, src: Any, dst: Any, root: int = 0) -> None:
+        if self.rank == root:
+            self._fill(src, dst, _tiled)
+
+    def Barrier(self) -> None:
+        pass
+
+    def Ibarrier(self) -> _Done:
+        return _Done()
+
+    # -- object collectives ---------------------------------------------------------------
+
+    def allreduce(self, obj: Any, op: Any = None) -> Any:
+        return obj
+
+    def allgather(self, obj: Any) -> list:
+        return [obj] * self.size
+
+    def gather(self, obj: Any, root: int = 0) -> Any:
+        return [obj] * self.size if self.rank == root else None
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        return obj
+
+    def barrier(self) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        if name[:1].isupper() or name in ("send", "recv", "isend", "irecv", "sendrecv", "scatter", "alltoall"):
+            from .engine import SimulationError
+
+            raise SimulationError(
+                f"comm.{name} in a dry run: one rank runs for all, so it cannot take the other ranks' part; "
+                "use the runtime's collectives on a Mesh, or run without --dry-run")
+        raise AttributeError(name)
+
+
+def _nonblocking(blocking: Any) -> Any:
+    def call(self: DryComm, *args: Any, **kwargs: Any) -> _Done:
+        blocking(self, *args, **kwargs)
+        return _Done()
+    return call
+
+
+for _name in ("Allreduce", "Allgather", "Alltoall", "Reduce_scatter_block", "Alltoallv", "Bcast", "Gather"):
+    setattr(DryComm, "I" + _name[0].lower() + _name[1:], _nonblocking(getattr(DryComm, _name)))
+
+
+def _same(src: np.ndarray, dst: np.ndarray) -> None:
+    dst[:src.size] = src[:dst.size]
+
+
+def _tiled(src: np.ndarray, dst: np.ndarray) -> None:
+    dst.reshape(-1, src.size)[...] = src
+
+
+def _first(src: np.ndarray, dst: np.ndarray) -> None:
+    dst[...] = src[:dst.size]
 
 
 @dataclass(frozen=True)
@@ -196,12 +354,24 @@ def _ranks_cell(ranks: list[int]) -> str:
     return text if len(text) <= 21 else f"{len(ranks)} ranks"
 
 
-def report(states: Sequence[Any]) -> DryRunReport:
-    """The report of a finished dry run from its ranks' states (spmdsim.sim.run.RankState)."""
-    rows = []
-    for state in states:
-        trace = state.traces[0]
-        totals = trace.totals()
-        rows.append(RankBytes(state.rank, totals["calls"], totals["bytes_sent"], totals["bytes_received"],
-                              state.meter.peak, tuple(sorted(trace.counts().items()))))
-    return DryRunReport(tuple(rows))
+def report(context: Any, size: int) -> DryRunReport:
+    """The report of a finished dry run: every rank's line from the representative's trace and meter.
+
+    Exchanges (the only steps whose bytes differ by rank) count each rank's own bytes, as the
+    step records give them.
+    """
+    trace = context.traces[0]
+    totals = trace.totals()
+    counts = tuple(sorted(trace.counts().items()))
+    sent = np.full(size, totals["bytes_sent"], np.int64)
+    received = np.full(size, totals["bytes_received"], np.int64)
+    rank = context.rank
+    for by_rank_sent, by_rank_received in context.meter.varied:
+        by_rank_sent = np.asarray(by_rank_sent, np.int64)
+        by_rank_received = np.asarray(by_rank_received, np.int64)
+        sent += by_rank_sent - by_rank_sent[rank]
+        received += by_rank_received - by_rank_received[rank]
+    peak = context.meter.peak
+    calls = totals["calls"]
+    return DryRunReport(tuple(RankBytes(r, calls, int(sent[r]), int(received[r]), peak, counts)
+                              for r in range(size)))

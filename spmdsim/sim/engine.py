@@ -30,9 +30,21 @@ import threading
 from collections import deque
 from typing import Any, Callable, Optional
 
+from ..engines import Engine
 from ..errors import RuntimeMismatchError, SpmdsimError
 
-__all__ = ["World", "Group", "Call", "Aborted", "DeadlockError", "SimulationError", "run_slots"]
+__all__ = ["World", "Group", "Call", "Aborted", "DeadlockError", "SimulationError", "run_slots", "ThreadEngine",
+           "THREADS"]
+
+
+class ThreadEngine(Engine):
+    """Simulated ranks as threads of this process; a group is a SimComm whose calls meet in a rendezvous."""
+
+    name = "threads"
+    simulated = True
+
+
+THREADS = ThreadEngine()
 
 MAX_SLOTS = 32  # well inside the 64 callers numpy's OpenBLAS keeps buffers for
 
@@ -198,9 +210,8 @@ class _Waiting:
 class World:
     """The lock, the per-rank conditions and the live/waiting bookkeeping of one simulation."""
 
-    def __init__(self, size: int, dry_run: bool = False) -> None:
+    def __init__(self, size: int) -> None:
         self.size = size
-        self.dry_run = dry_run  # collectives meet and compare but move no data (spmdsim.sim.dry)
         self.lock = threading.Lock()
         self._wakers = [threading.Condition(self.lock) for _ in range(size)]
         self.waiting: dict[int, _Waiting] = {}  # rank -> what it waits for, until released

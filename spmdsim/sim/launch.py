@@ -18,7 +18,8 @@ import traceback
 from typing import Any, Callable, Optional, Sequence
 
 from ..errors import SpmdsimError
-from . import _local
+from ..engines import context as _local
+from ..engines import ways_out
 from .memory import MemoryLimitError
 
 __all__ = ["run_on_ranks", "script", "ranks_argument", "banner", "ways_out"]
@@ -30,23 +31,19 @@ def banner(n: int, dry_run: bool = False) -> str:
     return f"spmdsim: {what} {n} simulated ranks in one process (--ranks {n}), no mpiexec"
 
 
-def ways_out(n: int) -> str:
-    """What a one-process run that needs `n` ranks says after its error: the launcher, or --ranks."""
-    return (f" (one process: launch {n} ranks with `mpiexec -n {n} ...`, or simulate them in this "
-            f"process with `--ranks {n}` / spmdsim.simulate({n}, main))")
-
-
 #: The refusal of --dry-run without --ranks N, from the CLI, the examples and the training scripts.
 DRY_RUN_NEEDS_RANKS = "--dry-run needs --ranks N (a dry run simulates the ranks in this process)"
 
 
-def ranks_problem(n: Any) -> Optional[str]:
+def ranks_problem(n: Any, dry_run: bool = False) -> Optional[str]:
     """Why `n` cannot be a ``--ranks`` count (one line for "spmdsim: error: "), or None."""
-    from .run import MAX_RANKS
+    from .run import MAX_DRY_RANKS, MAX_RANKS
 
-    if type(n) is int and 1 <= n <= MAX_RANKS:
+    most = MAX_DRY_RANKS if dry_run else MAX_RANKS
+    if type(n) is int and 1 <= n <= most:
         return None
-    return f"--ranks {n!r} must be a number of ranks from 1 to {MAX_RANKS}, e.g. --ranks 8"
+    more = f" (with --dry-run up to {MAX_DRY_RANKS})" if not dry_run and type(n) is int and n > most else ""
+    return f"--ranks {n!r} must be a number of ranks from 1 to {most}{more}, e.g. --ranks 8"
 
 
 def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: bool = False) -> int:
@@ -57,7 +54,7 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
     """
     from .run import simulate
 
-    problem = ranks_problem(n)
+    problem = ranks_problem(n, dry_run)
     if problem:
         print(f"spmdsim: error: {problem}", file=sys.stderr)
         return 2
@@ -132,7 +129,7 @@ def script(path: str, argv: Optional[Sequence[str]] = None) -> None:
     simulation, and without the flag, it returns at once and the script goes on
     (under mpiexec, on its MPI rank).
     """
-    if _local.current() is not None:
+    if _local.simulated() is not None:
         return
     args = list(sys.argv[1:] if argv is None else argv)
     n = _take_ranks(args, path)
@@ -158,7 +155,7 @@ def _take_ranks(args: list, path: str) -> Optional[int]:
         if arg == "--ranks" or arg.startswith("--ranks="):
             value = arg.partition("=")[2] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
             del args[i:i + (1 if "=" in arg else 2)]
-            problem = ranks_problem(int(value) if value.isdigit() else value)
+            problem = ranks_problem(int(value) if value.isdigit() else value, "--dry-run" in args)
             if problem:
                 print(f"spmdsim: error: {problem}", file=sys.stderr)
                 sys.exit(2)

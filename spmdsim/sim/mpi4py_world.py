@@ -19,7 +19,7 @@ import threading
 import types
 from typing import Any, Iterator
 
-from . import _local
+from ..engines import context as _local
 
 __all__ = ["swapped", "real", "SWAPPED"]
 
@@ -72,7 +72,7 @@ def _simulated(name: str, state: Any) -> Any:
 
 def _property(name: str) -> property:
     def get(module: Any) -> Any:
-        state = _local.current()
+        state = _local.simulated()
         if state is None:
             return module.__dict__[name]
         return _simulated(name, state)

@@ -7,72 +7,47 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from ..engines import world
+from ..engines.context import RankContext
 from ..errors import SpmdsimError
 from ..validate import as_int
-from . import _local, memory
+from . import memory
+from ..engines import context as _local
 from .comm import SimComm
-from .engine import Aborted, SimulationError, World, ranks_text
+from .engine import THREADS, Aborted, SimulationError, World, ranks_text
 
-__all__ = ["simulate", "world", "RankState", "MAX_RANKS"]
+__all__ = ["simulate", "world", "RankContext", "MAX_RANKS", "MAX_DRY_RANKS"]
 
 MAX_RANKS = 4096  # one thread each; beyond this the per-thread stacks alone exhaust small machines
-
-_RUNNING = threading.Lock()  # one simulation at a time: the runtime's per-rank switches are process-wide
-
-
-class RankState:
-    """What one simulated rank sees as its own: its world communicator, open traces, call counter."""
-
-    __slots__ = ("rank", "size", "comm", "traces", "seq", "dry_run", "meter", "shared", "self_comm")
-
-    def __init__(self, rank: int, size: int, comm: SimComm, dry_run: bool, shared: dict) -> None:
-        self.rank, self.size, self.comm = rank, size, comm
-        self.self_comm: Any = None  # MPI.COMM_SELF of this rank, made on first use (sim.comm.self_comm)
-        self.shared = shared  # spmdsim.sim.once's results, one table for every rank of the run
-        self.traces: list = []  # runtime.trace's open collectors of this rank
-        self.seq = 0  # runtime.debug's collective counter of this rank
-        self.dry_run = dry_run
-        self.meter: Any = None  # spmdsim.sim.dry's byte meter in a dry run
-        if dry_run:
-            from ..runtime.trace import Trace
-            from .dry import Meter
-
-            self.meter = Meter()
-            self.traces.append(Trace())  # every collective of the run, for the report
-
-
-def world() -> Any:
-    """This rank's world communicator: a SimComm inside simulate(), else ``MPI.COMM_WORLD``."""
-    state = _local.current()
-    if state is not None:
-        return state.comm
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD
+MAX_DRY_RANKS = 65536  # a dry run runs one rank for all: the largest mesh the planner is meant for
 
 
 def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, **kwargs: Any) -> list:
     """Run ``fn(*args, **kwargs)`` on `n` simulated ranks in this process; return their results in rank order.
 
     Inside `fn`, ``spmdsim.world()`` is the rank's communicator and ``Mesh(layout)``
-    uses it. With ``dry_run=True`` arrays carry shapes but no data (spmdsim.sim.dry)
-    and the returned list has a ``report`` of each rank's bytes sent, received and
-    held. An exception on any rank stops every rank and is raised here, with a
+    uses it. An exception on any rank stops every rank and is raised here, with a
     note naming the rank (all ranks alike: "every simulated rank"); a deadlock
     (a skipped or mismatched collective) raises DeadlockError naming who waits where.
     While ranks run, the loaded BLAS uses one thread (unless a thread variable is set).
+    Simulations started from two threads run side by side, each rank with its own traces.
+
+    With ``dry_run=True`` (up to MAX_DRY_RANKS) one rank runs for all with shapes but no
+    data (spmdsim.sim.dry): the list holds its result `n` times and has a ``report`` of
+    each rank's bytes sent, received and held.
     """
     size = as_int(n)
-    if size is None or not 1 <= size <= MAX_RANKS:
-        raise SpmdsimError(f"simulate: rank count {n!r} must be an integer from 1 to {MAX_RANKS}")
+    most = MAX_DRY_RANKS if dry_run else MAX_RANKS
+    if size is None or not 1 <= size <= most:
+        raise SpmdsimError(f"simulate: rank count {n!r} must be an integer from 1 to {most}"
+                           + (f" (a dry run goes to {MAX_DRY_RANKS})" if not dry_run and size else ""))
     if not callable(fn):
         raise SpmdsimError(f"simulate: {fn!r} is not callable")
-    if not _RUNNING.acquire(blocking=False):
+    if _local.simulated() is not None:
         raise SimulationError("simulate() is already running (a simulated rank cannot start another simulation)")
-    try:
-        return _run(size, fn, args, kwargs, bool(dry_run))
-    finally:
-        _RUNNING.release()
+    if dry_run:
+        return _dry_run(size, fn, args, kwargs)
+    return _run(size, fn, args, kwargs)
 
 
 class DryRunResults(list):
@@ -81,15 +56,13 @@ class DryRunResults(list):
     report: Any = None
 
 
-def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict, dry_run: bool) -> list:
-    engine = World(size, dry_run)
-    results: list = DryRunResults([None] * size) if dry_run else [None] * size
-    states: list = [None] * size
+def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
+    engine = World(size)
+    results: list = [None] * size
     shared: dict = {}
 
     def body(rank: int) -> None:
-        state = states[rank] = RankState(rank, size, SimComm(engine.root, rank, "MPI_COMM_WORLD"), dry_run, shared)
-        _local.enter(state)
+        _local.enter(RankContext(rank, size, SimComm(engine.root, rank, "MPI_COMM_WORLD"), THREADS, shared=shared))
         try:
             engine.start(rank)  # a run slot: at most engine.slots ranks compute at once
             results[rank] = fn(*args, **kwargs)
@@ -103,10 +76,7 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict, dry_run: 
 
     threads = [threading.Thread(target=body, args=(r,), name=f"spmdsim rank {r}", daemon=True)
                for r in range(size)]
-    from .dry import RUNNING
-
-    RUNNING[0] += dry_run
-    with _per_rank_runtime(engine.slots):
+    with _simulating(engine.slots):
         try:
             for t in threads:
                 t.start()
@@ -127,13 +97,46 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict, dry_run: 
             for t in threads:
                 t.join(max(0.0, min(1.0, deadline - time.monotonic())))
             raise
-        finally:
-            RUNNING[0] -= dry_run
     _raise_failure(engine, size)
-    if dry_run:
-        from .dry import report
+    return results
 
-        results.report = report(states)
+
+def _dry_run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
+    """`fn` once, as rank 0 of `size` on the dry engine, in a thread of its own; its report."""
+    from ..runtime.trace import Trace
+    from .dry import DRY, DryComm, Meter, report
+
+    context = RankContext(0, size, DryComm(size), DRY, dry_run=True)
+    context.meter = Meter()
+    context.traces.append(Trace())  # every collective of the run, for the report
+    outcome: list = []
+
+    def body() -> None:
+        _local.enter(context)
+        try:
+            outcome.append((True, fn(*args, **kwargs)))
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller
+            outcome.append((False, exc))
+        finally:
+            _local.leave()
+
+    thread = threading.Thread(target=body, name="spmdsim dry run", daemon=True)
+    with _simulating(1):
+        thread.start()
+        thread.join()
+    ok, value = outcome[0]
+    if not ok:
+        note = f"raised in the dry run (rank 0 runs for all {size} simulated ranks)"
+        try:
+            value.simulated_ranks = tuple(range(size))  # for spmdsim.sim.launch's exit codes
+        except AttributeError:
+            pass
+        if hasattr(value, "add_note"):
+            value.add_note(note)
+            raise value
+        raise SimulationError(f"{type(value).__name__}: {value} ({note})") from value
+    results = DryRunResults([value] * size)
+    results.report = report(context, size)
     return results
 
 
@@ -158,41 +161,55 @@ def _raise_failure(engine: World, size: int) -> None:
     raise SimulationError(f"{type(exc).__name__}: {exc} ({note})") from exc
 
 
-class _per_rank_runtime:
-    """Switch the runtime's process-wide state (call counter, traces, buffers, BLAS threads) to per rank, and back."""
+class _simulating:
+    """While any simulation runs: BLAS on one thread, no page-placed buffers, whole lines on the streams.
+
+    Counted, so that two simulations side by side share the switch and the last one to end
+    restores what was there.
+    """
+
+    _lock = threading.Lock()
+    _count = 0
+    _saved: Any = None
 
     def __init__(self, slots: int) -> None:
         self._slots = slots
 
     def __enter__(self) -> None:
         from .. import _threads, buffers
-        from ..runtime import debug, trace
 
-        # Ranks computing at once each call BLAS: one thread each, as an MPI rank on its share of the
-        # cores (a multithreaded OpenBLAS runs one caller's call at a time; the MindSpore tutorial
-        # network's training at 8 ranks on 2 cores took 1.2-1.4x as long with two). A thread count
-        # the user set is kept.
-        self._blas = contextlib.ExitStack()
-        if self._slots > 1 and not _threads.threads_set_by_user():
-            self._blas.enter_context(_threads.blas_threads(1))
-        self._huge = buffers._HUGE
-        buffers._HUGE = False  # no cross-process copies to speed up; the pool is not thread-safe
-        debug.per_rank(True)
-        trace.per_rank(True)
-        self._streams = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = _Lines(sys.stdout), _Lines(sys.stderr)
+        cls = _simulating
+        with cls._lock:
+            cls._count += 1
+            if cls._count > 1:
+                return
+            # Ranks computing at once each call BLAS: one thread each, as an MPI rank on its share of
+            # the cores (a multithreaded OpenBLAS runs one caller's call at a time; the MindSpore
+            # tutorial network's training at 8 ranks on 2 cores took 1.2-1.4x as long with two).
+            # A thread count the user set is kept.
+            blas = contextlib.ExitStack()
+            if self._slots > 1 and not _threads.threads_set_by_user():
+                blas.enter_context(_threads.blas_threads(1))
+            cls._saved = (blas, buffers._HUGE, sys.stdout, sys.stderr)
+            buffers._HUGE = False  # no cross-process copies to speed up; the pool is not thread-safe
+            sys.stdout, sys.stderr = _Lines(sys.stdout), _Lines(sys.stderr)
 
     def __exit__(self, *exc: object) -> None:
         from .. import buffers
-        from ..runtime import debug, trace
 
-        sys.stdout.flush_all()
-        sys.stderr.flush_all()
-        sys.stdout, sys.stderr = self._streams
-        trace.per_rank(False)
-        debug.per_rank(False)
-        buffers._HUGE = self._huge
-        self._blas.close()
+        cls = _simulating
+        with cls._lock:
+            cls._count -= 1
+            if cls._count:
+                return
+            blas, huge, out, err = cls._saved
+            cls._saved = None
+            for stream in (sys.stdout, sys.stderr):
+                if isinstance(stream, _Lines):
+                    stream.flush_all()
+            sys.stdout, sys.stderr = out, err
+            buffers._HUGE = huge
+            blas.close()
 
 
 class _Lines:
@@ -231,5 +248,5 @@ class _Lines:
 
 def current_rank() -> Optional[int]:
     """The simulated rank running this code, or None outside simulate()."""
-    state = _local.current()
+    state = _local.simulated()
     return None if state is None else state.rank

@@ -24,7 +24,7 @@ error instead of changing the other ranks' copy; lists, tuples and dicts in
 the result are copied for each caller. An entry is dropped once every rank
 took it (or with its simulation).
 
-Pure: imports numpy, spmdsim.errors and the thread's rank (`spmdsim.sim._local`) only.
+Pure: imports numpy, spmdsim.errors and the running rank's context only.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import SpmdsimError
-from . import _local
+from .context import simulated
 
 __all__ = ["once"]
 
@@ -48,9 +48,15 @@ def once(key: Any, fn: Callable[..., Any], *args: Any) -> Any:
     except TypeError:
         raise SpmdsimError(f"once: key {key!r:.80} must be hashable (a str, int or tuple of them), "
                            f"not {type(key).__name__}") from None
-    state = _local.current()
+    state = simulated()
     if state is None or state.size == 1:
         return fn(*args)
+    if state.dry_run:  # one rank runs for all; what it makes here is no rank's bytes held
+        own, state.meter = state.meter, type(state.meter)()
+        try:
+            return fn(*args)
+        finally:
+            state.meter = own
     table = state.shared
     while True:
         with _LOCK:
@@ -69,7 +75,7 @@ def once(key: Any, fn: Callable[..., Any], *args: Any) -> Any:
             return _take(table, key, entry, state.size)
         # Its computation raised and left the table: look again, and compute if no one else does.
     try:
-        result = _unmetered(state, fn, args)
+        result = fn(*args)
         _freeze(result)
         entry[1] = result
     finally:
@@ -82,23 +88,6 @@ def once(key: Any, fn: Callable[..., Any], *args: Any) -> Any:
 
 #: An entry's result while its first asker computes it.
 _PENDING = object()
-
-
-def _unmetered(state: Any, fn: Callable[..., Any], args: tuple) -> Any:
-    """``fn(*args)`` for every rank: in a dry run, what it makes is no one rank's bytes held.
-
-    Whichever rank comes first computes a shared result; charging its arrays
-    to that rank's peak would make the report differ from run to run.
-    """
-    if state.meter is None:
-        return fn(*args)
-    from .dry import Meter
-
-    own, state.meter = state.meter, Meter()
-    try:
-        return fn(*args)
-    finally:
-        state.meter = own
 
 
 def _take(table: dict, key: Any, entry: list, size: int) -> Any:

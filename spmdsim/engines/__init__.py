@@ -1,0 +1,54 @@
+"""Engines: what a mesh's collectives and local work run on (docs/architecture.md, "Engines").
+
+Three engines answer one interface (`Engine`): `MPI` (ranks are processes,
+groups are mpi4py sub-communicators), the thread engine of spmdsim.sim
+(simulated ranks in one process, groups are SimComms meeting in a rendezvous)
+and the dry engine of spmdsim.sim.dry (one rank stands for all: groups are
+sized, nothing moves, local work makes shape-only zeros). A communicator names
+its engine (``comm.spmdsim_engine``; mpi4py's have none: MPI); the running
+rank's context (`spmdsim.engines.context`) names the engine of the code that
+runs now.
+
+Imports numpy only.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .base import MPI, Engine, MpiEngine, engine_of
+from .context import PROCESS, RankContext, current, enter, leave, simulated
+from .once import once
+
+__all__ = ["Engine", "MpiEngine", "MPI", "engine_of", "RankContext", "PROCESS", "current", "simulated",
+           "enter", "leave", "local", "matmul", "blank", "once", "world", "ways_out"]
+
+
+def ways_out(n: int) -> str:
+    """What a one-process run that needs `n` ranks says after its error: the launcher, or --ranks."""
+    return (f" (one process: launch {n} ranks with `mpiexec -n {n} ...`, or simulate them in this "
+            f"process with `--ranks {n}` / spmdsim.simulate({n}, main))")
+
+
+def world() -> Any:
+    """The running rank's world communicator: its simulation's, else mpi4py's ``COMM_WORLD``."""
+    comm = current().comm
+    if comm is not None:
+        return comm
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def local(fn: Callable[..., Any], like: Any, *args: Any) -> Any:
+    """``fn(*args)``, a local kernel whose result is shaped and typed like `like`, on the running engine."""
+    return current().engine.local(fn, like, *args)
+
+
+def matmul(a: Any, b: Any) -> Any:
+    """``np.matmul(a, b)`` on the running engine (the dry engine's zeros of its shape, not multiplied)."""
+    return current().engine.matmul(a, b)
+
+
+def blank(shape: tuple, dtype: Any) -> Any:
+    """The running engine's stand-in for a generated block (a dry run's held zeros), or None: generate it."""
+    return current().engine.blank(shape, dtype)

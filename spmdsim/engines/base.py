@@ -1,0 +1,64 @@
+"""The engine interface, and MPI's engine.
+
+An engine is what a mesh runs on. It answers how a group of the mesh is made
+(`group`: a communicator that speaks mpi4py's buffer collectives, its size and
+this rank's place in it) and how local work is done (`local`, `matmul`,
+`blank`). The runtime's collectives (spmdsim.runtime.collectives) and the
+executor lay out buffers once for every engine and call the group's
+communicator; the engines differ in what that communicator is.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from .context import PROCESS
+
+__all__ = ["Engine", "MpiEngine", "MPI", "engine_of"]
+
+
+class Engine:
+    """What a mesh runs on. Subclasses: MpiEngine; spmdsim.sim's ThreadEngine and DryEngine."""
+
+    name = "engine"
+    simulated = False  # ranks are threads of this process, not MPI processes
+    dry = False  # shapes only: no values are computed or moved
+
+    def group(self, mesh: Any, axes: tuple[str, ...]) -> tuple[Any, int, int]:
+        """(communicator, size, this rank's index) of `mesh`'s group over `axes`: a collective Split."""
+        color, key = mesh.layout.split_color_key(mesh.rank, axes)
+        sub = mesh.comm.Split(color, key)
+        return sub, sub.Get_size(), sub.Get_rank()
+
+    def local(self, fn: Callable[..., Any], like: Any, *args: Any) -> Any:
+        """``fn(*args)``: a local kernel whose result is shaped and typed like `like`."""
+        return fn(*args)
+
+    def matmul(self, a: Any, b: Any) -> Any:
+        return np.matmul(a, b)
+
+    def blank(self, shape: tuple, dtype: Any) -> Any:
+        """A stand-in for a block generated from seeds, or None: generate it."""
+        return None
+
+    def ran(self, step: Any) -> None:
+        """A step whose bytes differ by rank (an Exchange) ran here: the dry engine counts each rank's."""
+
+    def __repr__(self) -> str:
+        return f"<spmdsim engine {self.name!r}>"
+
+
+class MpiEngine(Engine):
+    """Ranks are MPI processes; a group is an mpi4py sub-communicator."""
+
+    name = "mpi"
+
+
+MPI = MpiEngine()
+PROCESS.engine = MPI
+
+
+def engine_of(comm: Any) -> Engine:
+    """The engine a communicator belongs to: its ``spmdsim_engine``, else (an mpi4py one) MPI."""
+    return getattr(comm, "spmdsim_engine", MPI)

@@ -1,0 +1,69 @@
+"""Which rank the running code is, and on which engine: the one question the runtime asks of where it runs.
+
+An MPI rank is a process: its code runs in `PROCESS`, the process's own
+context. A simulated rank is a thread of a simulation (spmdsim.sim): the
+thread that runs it enters that rank's `RankContext` and leaves it when the
+rank ends, so two simulations (two threads calling ``spmdsim.simulate``) keep
+their ranks apart. The runtime keeps nothing per rank anywhere else: the open
+trace collectors, the collective counter, a dry run's byte meter and the table
+of work done once for all ranks are the context's.
+
+Imports nothing of spmdsim: every layer may ask.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional
+
+__all__ = ["RankContext", "PROCESS", "current", "simulated", "enter", "leave"]
+
+
+class RankContext:
+    """One rank's own state: who it is, its world communicator and engine, its traces and counter."""
+
+    __slots__ = ("rank", "size", "comm", "engine", "traces", "seq", "meter", "shared", "self_comm",
+                 "dry_run", "__weakref__")
+
+    def __init__(self, rank: Optional[int] = None, size: Optional[int] = None, comm: Any = None,
+                 engine: Any = None, dry_run: bool = False, shared: Optional[dict] = None) -> None:
+        self.rank, self.size = rank, size
+        self.comm = comm  # the world communicator (None in PROCESS: mpi4py's COMM_WORLD)
+        self.engine = engine  # the engine this rank's meshes run on (None in PROCESS: MPI)
+        self.traces: list = []  # spmdsim.runtime.trace's open collectors, innermost last
+        self.seq = 0  # spmdsim.runtime.debug's collective counter
+        self.dry_run = dry_run
+        self.meter: Any = None  # a dry run's byte meter (spmdsim.engines.dry.Meter)
+        self.shared = {} if shared is None else shared  # spmdsim.engines.once's results, one table per run
+        self.self_comm: Any = None  # MPI.COMM_SELF of a simulated rank, made on first use
+
+    @property
+    def simulated(self) -> bool:
+        return self is not PROCESS
+
+
+#: The context of code that no simulation runs: an MPI rank's (or a plain process's).
+PROCESS = RankContext()
+
+_THREAD = threading.local()
+
+
+def current() -> RankContext:
+    """The running code's context: its simulated rank's, else `PROCESS`."""
+    return getattr(_THREAD, "context", PROCESS)
+
+
+def simulated() -> Optional[RankContext]:
+    """The running simulated rank's context, or None outside a simulation."""
+    return getattr(_THREAD, "context", None)
+
+
+def enter(context: RankContext) -> None:
+    """Make `context` the running thread's (a simulation starts one of its ranks)."""
+    _THREAD.context = context
+
+
+def leave() -> None:
+    try:
+        del _THREAD.context
+    except AttributeError:
+        pass

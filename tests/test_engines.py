@@ -1,0 +1,139 @@
+"""Engines (spmdsim.engines): which engine a mesh runs on, simulations side by side, the dry engine."""
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import spmdsim
+from spmdsim.engines import MPI, context, engine_of
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_a_mesh_runs_on_its_communicators_engine():
+    from spmdsim.runtime import Mesh
+    from spmdsim.sim.dry import DRY
+    from spmdsim.sim.engine import THREADS
+
+    def body():
+        mesh = Mesh(spmdsim.Layout((2, 2), ("a", "b")))
+        sub = mesh.group("b")
+        return mesh.engine, engine_of(sub), sub.Get_size(), context.current().rank
+
+    real = spmdsim.simulate(4, body)
+    assert real == [(THREADS, THREADS, 2, r) for r in range(4)]
+    dry = spmdsim.simulate(4, body, dry_run=True)
+    assert list(dry) == [(DRY, DRY, 2, 0)] * 4  # one rank, rank 0, runs for all
+    assert context.current() is context.PROCESS and context.simulated() is None  # left on return
+    assert engine_of(object()) is MPI and context.PROCESS.engine is MPI
+
+
+def test_two_simulations_run_side_by_side_each_with_its_own_traces():
+    """Two threads each run a simulation; rank 0 of each waits for the other's rank 0, so both are
+    inside their collectives at once. Every rank's trace holds its own run's calls only."""
+    from spmdsim.runtime import Mesh, allgather, allreduce, collect_trace
+
+    both_in = threading.Barrier(2, timeout=60)
+
+    def body(size, rounds):
+        mesh = Mesh(spmdsim.Layout((size,), ("x",)))
+        with collect_trace() as trace:
+            if mesh.rank == 0:
+                both_in.wait()
+            total = 0.0
+            for i in range(rounds):
+                total += float(allreduce(mesh, np.full(3, mesh.rank + i, np.float64), "x")[0])
+            gathered = allgather(mesh, np.array([mesh.rank]), "x", 0)
+        return total, gathered.tolist(), [(e.op, e.group_size) for e in trace.entries]
+
+    out = {}
+    threads = [threading.Thread(target=lambda n=n, k=k: out.__setitem__(n, spmdsim.simulate(n, body, n, k)))
+               for n, k in ((4, 5), (2, 3))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert set(out) == {4, 2}
+    for n, rounds in ((4, 5), (2, 3)):
+        expected_total = sum(sum(r + i for r in range(n)) for i in range(rounds))
+        assert out[n] == [(expected_total, list(range(n)),
+                           [("allreduce", n)] * rounds + [("allgather", n)])] * n
+
+
+def test_a_simulated_rank_cannot_start_another_simulation():
+    def inner():
+        return spmdsim.simulate(2, lambda: 1)
+
+    with pytest.raises(spmdsim.sim.SimulationError, match="already running"):
+        spmdsim.simulate(2, inner)
+
+
+def test_the_dry_run_of_a_gpt_step_moves_what_the_real_run_moves_on_every_rank():
+    """8 ranks, dp 2 x tp 4 with sequence parallelism: the dry run's per-rank bytes and calls are the
+    real simulated run's, read from each rank's own trace."""
+    from spmdsim.gpt import GPTConfig
+    from spmdsim.gpt.train import train
+    from spmdsim.runtime import collect_trace
+
+    cfg = GPTConfig(layers=1, d_model=32, heads=4, seq=16, batch=4, vocab=48)
+    ids = np.arange(4000) % cfg.vocab
+
+    def body():
+        with collect_trace() as trace:
+            train(cfg, spmdsim.world(), 2, 4, 1, ids, sp=True, check=False)
+        totals = trace.totals()
+        return totals["calls"], totals["bytes_sent"], totals["bytes_received"]
+
+    real = spmdsim.simulate(8, body)
+    dry = spmdsim.simulate(8, body, dry_run=True)
+    assert [(r.calls, r.bytes_sent, r.bytes_received) for r in dry.report.ranks] == real
+    assert real[0][1] > 0
+
+
+def test_a_dry_run_at_16384_ranks_fits_in_2_gib():
+    """The GPT example's training step, one rank for 16,384, under a 2 GiB address-space cap."""
+    code = ("import resource, runpy, sys\n"
+            "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
+            "sys.argv = ['train_gpt.py', '--ranks', '16384', '--dry-run', '--steps', '1', '--tp', '4',"
+            " '--batch', '4096']\n"
+            "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "examples", capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[1] == "dry run on 16384 simulated ranks (no data; bytes from the trace)"
+    assert lines[3].startswith("ranks 0-16383 ") and "allreduce x23" in lines[3]
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+    """Every spmdsim module a file imports (top level or inside functions), as dotted names."""
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            name = ".".join(base + ([node.module] if node.module else []))
+            found.add(name)
+            found.update(f"{name}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {n for n in found if n.startswith("spmdsim")}
+
+
+@pytest.mark.parametrize("where", ["spmdsim/runtime", "spmdsim/ops", "spmdsim/autograd", "spmdsim/datagen.py"])
+def test_the_runtime_ops_autograd_and_datagen_do_not_ask_which_engine_they_run_on(where):
+    """They ask the mesh's engine or the running rank's context, never the simulator's internals."""
+    files = [ROOT / where] if where.endswith(".py") else sorted((ROOT / where).glob("*.py"))
+    for path in files:
+        text = path.read_text()
+        for word in ("SimComm", "_sim_local", "RUNNING"):
+            assert word not in text, f"{path.relative_to(ROOT)} mentions {word}"
+        asked = {n for n in _imports(path) if n.startswith(("spmdsim.sim.run", "spmdsim.sim.comm",
+                                                              "spmdsim.sim.dry", "spmdsim.sim.engine"))}
+        assert not asked, f"{path.relative_to(ROOT)} imports {sorted(asked)}"
