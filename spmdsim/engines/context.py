@@ -63,6 +63,7 @@ def enter(context: RankContext) -> None:
 
 
 def leave() -> None:
+    """The running thread leaves its context (a simulated rank ends)."""
     try:
         del _THREAD.context
     except AttributeError:
