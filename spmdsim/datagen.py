@@ -15,7 +15,7 @@ from typing import Sequence, Union
 import numpy as np
 
 from . import buffers
-from .engines import blank
+from .context import current as _context
 from .errors import ShapeError, SpmdsimError
 from .validate import as_int, counted, shape_arg
 
@@ -105,9 +105,9 @@ class SeededTensor:
         """The block given by per-dim slices or (start, stop) pairs, as a new array."""
         bounds = self._bounds(region)
         out_shape = tuple(b - a for a, b in bounds)
-        dry = blank(out_shape, self.dtype)  # a dry run's stand-in: shape and dtype, no data
-        if dry is not None:
-            return dry
+        context = _context()
+        if context.dry_run:  # the dry engine's stand-in: shape and dtype, no data
+            return context.engine.blank(out_shape, self.dtype)
         out = buffers.empty(out_shape, self.dtype)
         if out.size == 0:
             return out

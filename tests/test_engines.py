@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim.engines import MPI, context, engine_of
+from spmdsim import context
+from spmdsim.engines import MPI, engine_of
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

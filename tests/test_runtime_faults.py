@@ -212,7 +212,7 @@ def test_a_job_nearly_out_of_memory_ends_with_one_line_per_rank_that_saw_it():
     proc, seconds = _launch("""
     import time
     import spmdsim.runtime.memwatch as memwatch
-    from spmdsim.sim import memory
+    from spmdsim.engines import memory
     memwatch.POLL_S = 0.1
     if mesh.rank == 1:
         memory.held = lambda: 2 << 30

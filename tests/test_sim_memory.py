@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 import spmdsim
-from spmdsim.sim import memory
+from spmdsim.engines import memory
 from spmdsim.sim.launch import run_on_ranks
 
 GIB = 1 << 30

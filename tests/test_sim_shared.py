@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import spmdsim
-import spmdsim.engines.context
+import spmdsim.context
 from spmdsim.sim import once
 
 
@@ -42,7 +42,7 @@ def test_equal_inputs_are_computed_once_and_shared_read_only():
         except ValueError:  # the shared arrays are read-only
             wrote = False
         comm.Barrier()
-        left = len(spmdsim.engines.context.current().shared)  # taken by every rank: dropped
+        left = len(spmdsim.context.current().shared)  # taken by every rank: dropped
         return out["sum"].tolist(), len(out["parts"]), out["mine"], wrote, left
 
     results = spmdsim.simulate(8, body)

@@ -6,7 +6,7 @@ groups are mpi4py sub-communicators), the thread engine of spmdsim.sim
 and the dry engine of spmdsim.sim.dry (one rank stands for all: groups are
 sized, nothing moves, local work makes shape-only zeros). A communicator names
 its engine (``comm.spmdsim_engine``; mpi4py's have none: MPI); the running
-rank's context (`spmdsim.engines.context`) names the engine of the code that
+rank's context (`spmdsim.context`) names the engine of the code that
 runs now.
 
 Imports numpy only.
@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .base import MPI, Engine, MpiEngine, engine_of
-from .context import PROCESS, RankContext, current, enter, leave, simulated
+from ..context import PROCESS, RankContext, current, enter, leave, simulated
 from .once import once
 
 __all__ = ["Engine", "MpiEngine", "MPI", "engine_of", "RankContext", "PROCESS", "current", "simulated",

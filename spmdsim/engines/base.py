@@ -13,9 +13,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .context import PROCESS
+from ..context import PROCESS
 
-__all__ = ["Engine", "MpiEngine", "MPI", "engine_of"]
+from ..errors import SpmdsimError
+
+__all__ = ["Engine", "MpiEngine", "MPI", "engine_of", "SimulationError"]
+
+
+class SimulationError(SpmdsimError):
+    """A failure of the simulation itself (a rank called Abort, a bad use of simulate)."""
 
 
 class Engine:

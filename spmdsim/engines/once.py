@@ -34,7 +34,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import SpmdsimError
-from .context import simulated
+from ..context import simulated
 
 __all__ = ["once"]
 

@@ -9,7 +9,7 @@ from .. import buffers
 from ..errors import OperatorError
 from ..layout import Layout, TensorLayout
 from ..runtime import debug
-from ..engines.context import current as _context
+from ..context import current as _context
 
 _DTENSOR: Any = None  # runtime.DTensor, bound by _dtensor_class on first use
 _BOOL = np.dtype(bool)

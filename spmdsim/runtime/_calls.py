@@ -20,7 +20,7 @@ from ..errors import DTypeError, ShapeError
 from ..validate import SUPPORTED_DTYPES, counted
 from . import debug
 from .mesh import Mesh, normalize_axes
-from ..engines.context import current as _context
+from ..context import current as _context
 from .trace import record, record_call
 from .wait import polite_wait
 

@@ -29,8 +29,8 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from ..errors import RuntimeMismatchError, SpmdsimError
-from ..engines.context import current as _context
-from ..engines.context import simulated as _simulated
+from ..context import current as _context
+from ..context import simulated as _simulated
 from . import _roster
 from . import wait as waiting
 
@@ -54,7 +54,7 @@ class Hooks:
     ``HOOKS.quiet``: True when neither hook is on, one attribute read for hot
     paths (worked out on first read and after configure()); the rest are the
     settings (None: read the environment on first use). The collectives' call
-    counter is the running rank's (spmdsim.engines.context: ``current().seq``).
+    counter is the running rank's (spmdsim.context: ``current().seq``).
     """
 
     __slots__ = ("check", "watchdog", "watchdog_read", "watchdog_set", "quiet")

@@ -17,7 +17,7 @@ from .. import buffers
 from ..datagen import SeededTensor
 from ..errors import DTypeError, LayoutError, RankError, ShapeError
 from ..layout import TensorLayout
-from ..engines.context import current as _context
+from ..context import current as _context
 from ..validate import as_int, dtype_arg, tolerance_arg
 from . import collectives, debug
 from .check import Verdict, agree, default_tolerances, local_stats

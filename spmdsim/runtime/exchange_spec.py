@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Iterable
 
+from ..engines.trace import count_peers  # the trace counts an Alltoallv's peers the same way
 from ..errors import RankError, ShapeError
 
 __all__ = ["ExchangeSpec", "count_peers"]
@@ -85,11 +86,6 @@ class ExchangeSpec:
             slots.append((src, lo, cursor[src]))
         return cls(size, rank, tuple(local_shape), tuple(packs), tuple(slots), tuple(scounts),
                    sdispls, tuple(rcounts), rdispls, count_peers(scounts, rcounts))
-
-
-def count_peers(scounts: Iterable[int], rcounts: Iterable[int]) -> int:
-    """How many ranks an Alltoallv with these counts sends to or receives from."""
-    return sum(1 for s, r in zip(scounts, rcounts) if s or r)
 
 
 def _peer(r: int, size: int, rank: int, what: str) -> None:

@@ -209,9 +209,6 @@ def _compile(plan: Plan, mesh: Any) -> _Compiled:
 
 def _exchange_runner(step: Exchange, mesh: Any, shape: tuple) -> Runner:
     """The Exchange runner for this rank: boxes, counts and offsets worked out once."""
-    from .collectives import exchange
-    from .exchange_spec import ExchangeSpec
-
     rank = mesh.rank
     if mesh.engine.dry:  # one rank runs for all: the step record says what each rank moves
         return _told(mesh.engine, _exchange_runner_of(step, rank, shape))

@@ -27,7 +27,7 @@ import traceback
 from typing import Any, Callable, NoReturn
 
 from ..errors import SpmdsimError
-from ..engines.context import simulated as _simulated
+from ..context import simulated as _simulated
 
 __all__ = ["abort_on_error", "install_excepthook", "run_guarded", "handle_exception", "abort_job", "end_job",
            "world_channel", "release_shared_segments"]

@@ -21,7 +21,7 @@ _WHERE = {name: module for module, names in {
     "p2p": ("Request",),
     "_buffers": ("IN_PLACE",),
     "engine": ("DeadlockError", "SimulationError"),
-    "memory": ("MemoryLimitError",),
+    "..engines.memory": ("MemoryLimitError",),
 }.items() for name in names}
 
 __all__ = list(_WHERE)

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from ..engines import context as _local
+from .. import context as _local
 from ._buffers import mpi_module, special
 from .collectives import BufferCollectives
 from .engine import THREADS, Call, Group, SimulationError

@@ -29,12 +29,12 @@ import math
 import mmap
 import weakref
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from ..engines import Engine
-from ..engines.context import current
+from ..context import current
 from ._buffers import in_place
 
 __all__ = ["Meter", "RankBytes", "DryRunReport", "DryComm", "DryEngine", "DRY", "zeros", "dry_run_active",

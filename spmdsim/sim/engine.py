@@ -31,7 +31,8 @@ from collections import deque
 from typing import Any, Callable, Optional
 
 from ..engines import Engine
-from ..errors import RuntimeMismatchError, SpmdsimError
+from ..engines.base import SimulationError
+from ..errors import RuntimeMismatchError
 
 __all__ = ["World", "Group", "Call", "Aborted", "DeadlockError", "SimulationError", "run_slots", "ThreadEngine",
            "THREADS"]
@@ -54,10 +55,6 @@ def run_slots(size: int) -> int:
     from .._threads import cores_available
 
     return max(1, min(size, max(2, min(cores_available(), MAX_SLOTS))))
-
-
-class SimulationError(SpmdsimError):
-    """A failure of the simulation itself (a rank called Abort, a bad use of simulate)."""
 
 
 class DeadlockError(RuntimeMismatchError):

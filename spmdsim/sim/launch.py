@@ -18,9 +18,9 @@ import traceback
 from typing import Any, Callable, Optional, Sequence
 
 from ..errors import SpmdsimError
-from ..engines import context as _local
+from .. import context as _local
 from ..engines import ways_out
-from .memory import MemoryLimitError
+from ..engines.memory import MemoryLimitError
 
 __all__ = ["run_on_ranks", "script", "ranks_argument", "banner", "ways_out"]
 

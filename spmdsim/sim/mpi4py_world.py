@@ -19,7 +19,7 @@ import threading
 import types
 from typing import Any, Iterator
 
-from ..engines import context as _local
+from .. import context as _local
 
 __all__ = ["swapped", "real", "SWAPPED"]
 

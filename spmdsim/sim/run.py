@@ -8,11 +8,11 @@ import time
 from typing import Any, Callable, Optional
 
 from ..engines import world
-from ..engines.context import RankContext
+from ..context import RankContext
 from ..errors import SpmdsimError
 from ..validate import as_int
-from . import memory
-from ..engines import context as _local
+from ..engines import memory
+from .. import context as _local
 from .comm import SimComm
 from .engine import THREADS, Aborted, SimulationError, World, ranks_text
 
@@ -103,7 +103,7 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
 
 def _dry_run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
     """`fn` once, as rank 0 of `size` on the dry engine, in a thread of its own; its report."""
-    from ..runtime.trace import Trace
+    from ..engines.trace import Trace
     from .dry import DRY, DryComm, Meter, report
 
     context = RankContext(0, size, DryComm(size), DRY, dry_run=True)

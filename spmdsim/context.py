@@ -8,7 +8,7 @@ their ranks apart. The runtime keeps nothing per rank anywhere else: the open
 trace collectors, the collective counter, a dry run's byte meter and the table
 of work done once for all ranks are the context's.
 
-Imports nothing of spmdsim: every layer may ask.
+Imports nothing of spmdsim: every layer may ask (datagen included, which the engines sit above).
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from .engine import SimulationError
+from .base import SimulationError
 
 __all__ = ["MemoryLimitError", "POLL_S", "held", "readings", "short", "problem", "gib"]
 

@@ -1,0 +1,162 @@
+"""A rank's record of its collectives: `Trace` and its `TraceEntry`s (docs/runtime.md, "Trace").
+
+The rows are appended by spmdsim.runtime.trace (`collect_trace`, `record`) to the
+collectors open in the running rank's context; a trace reads them back as entries,
+totals and per-op counts. Pure Python: ``reduce`` takes the communicator as an argument.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable
+
+__all__ = ["TraceEntry", "Trace", "count_peers"]
+
+
+@dataclass(frozen=True)
+class TraceEntry:
+    """One collective call as this rank saw it."""
+
+    op: str
+    axes: tuple[str, ...]
+    group_size: int
+    bytes_sent: int
+    bytes_received: int
+    seconds: float
+    label: str | None = None
+    bytes_copied: int = 0  # packed into a send buffer / unpacked from a receive buffer
+    # time.perf_counter() when the call returned: the ranks of one machine share
+    # this clock (CLOCK_MONOTONIC), so it tells when each rank arrived and left.
+    ended_at: float = 0.0
+    # alltoallv/exchange: how many other ranks this rank sent to or received from
+    # (the cost model prices one message per peer); 0 for the other collectives.
+    peers: int = 0
+
+    @property
+    def started_at(self) -> float:
+        return self.ended_at - self.seconds
+
+    def __str__(self) -> str:
+        where = ",".join(self.axes) or "-"
+        tag = f" [{self.label}]" if self.label else ""
+        return (f"{self.op}({where}) g={self.group_size} sent={self.bytes_sent}B "
+                f"recv={self.bytes_received}B {self.seconds * 1e3:.3f}ms{tag}")
+
+
+class Trace:
+    """The entries collected by one ``collect_trace()`` block (this rank only)."""
+
+    def __init__(self) -> None:
+        # Plain tuples (record: TraceEntry's fields; record_call: the call's own arguments), built
+        # into entries on first read: a frozen dataclass costs ~1 us per call, which shows at 8 ranks on 2 cores.
+        self._rows: list[tuple] = []
+        self._built: list[TraceEntry] = []
+
+    @property
+    def _entries(self) -> list[TraceEntry]:
+        built, rows = self._built, self._rows
+        for op, axes, g, sent, received, seconds, label, copied, ended, peers in rows[len(built):]:
+            if received is None:  # a row as runtime._calls.issue appends it: finish it here
+                op, axes, sent, received, peers = _as_called(op, axes, g, sent, peers)
+            built.append(TraceEntry(op, axes, g, int(sent), int(received), float(seconds), label,
+                                    int(copied), ended, int(peers)))
+        return built
+
+    @property
+    def entries(self) -> tuple[TraceEntry, ...]:
+        return tuple(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def seconds(self, start: int = 0) -> float:
+        """Seconds in the collectives recorded from entry number `start` on (cheap, no entries built)."""
+        return sum(row[5] for row in self._rows[start:])
+
+    def spans(self, start: int = 0) -> list[tuple[float, float]]:
+        """(started_at, ended_at) of the entries from number `start` on (perf_counter seconds)."""
+        return [(row[8] - row[5], row[8]) for row in self._rows[start:]]
+
+    def counts(self, include_local: bool = False) -> dict[str, int]:
+        """Calls per op. Calls on a group of one rank (no communication) only with include_local."""
+        out: dict[str, int] = {}
+        for e in self._entries:
+            if include_local or e.group_size > 1:
+                out[e.op] = out.get(e.op, 0) + 1
+        return out
+
+    def totals(self) -> dict[str, Any]:
+        """This rank's totals: calls, bytes sent/received, seconds (communicating calls)."""
+        live = [e for e in self._entries if e.group_size > 1]
+        return {
+            "calls": len(live),
+            "bytes_sent": sum(e.bytes_sent for e in live),
+            "bytes_received": sum(e.bytes_received for e in live),
+            "seconds": sum(e.seconds for e in self._entries),
+        }
+
+    def summary(self) -> str:
+        """A short per-op table of this rank's collectives."""
+        rows: dict[tuple, list[int | float]] = {}
+        for e in self._entries:
+            row = rows.setdefault((e.op, e.axes, e.group_size), [0, 0, 0, 0.0])
+            row[0] += 1
+            row[1] += e.bytes_sent
+            row[2] += e.bytes_received
+            row[3] += e.seconds
+        width = max([15] + [len(op) + 1 for op, _, _ in rows])  # "allreduce[recursive-doubling]"
+        lines = [f"{'op':<{width}}{'axes':<14}{'g':>3}{'calls':>7}{'sent B':>13}{'recv B':>13}{'ms':>10}"]
+        for (op, axes, g), (n, sent, recv, sec) in rows.items():
+            lines.append(f"{op:<{width}}{','.join(axes) or '-':<14}{g:>3}{n:>7}{sent:>13}{recv:>13}"
+                         f"{sec * 1e3:>10.3f}")
+        t = self.totals()
+        lines.append(f"{'total':<{width + 17}}{t['calls']:>7}{t['bytes_sent']:>13}{t['bytes_received']:>13}"
+                     f"{t['seconds'] * 1e3:>10.3f}")
+        return "\n".join(lines)
+
+    def reduce(self, comm: Any) -> dict[str, Any]:
+        """Totals over all ranks of `comm` and the maximum per rank, the same dict on every rank (collective).
+
+        Gathered on rank 0, reduced there and broadcast: O(p) for p simulated ranks, not an allgather's O(p^2).
+        """
+        mine = self.totals()
+        mine["counts"] = self.counts()
+        everyone = comm.gather(mine, root=0)
+        stats = None
+        if everyone is not None:
+            ops = sorted({op for r in everyone for op in r["counts"]})
+            stats = {
+                "ranks": len(everyone),
+                "counts": {op: max(r["counts"].get(op, 0) for r in everyone) for op in ops},
+                "calls_max": max(r["calls"] for r in everyone),
+                "bytes_sent_total": sum(r["bytes_sent"] for r in everyone),
+                "bytes_received_total": sum(r["bytes_received"] for r in everyone),
+                "bytes_sent_max": max(r["bytes_sent"] for r in everyone),
+                "bytes_received_max": max(r["bytes_received"] for r in everyone),
+                "seconds_max": max(r["seconds"] for r in everyone),
+            }
+        return comm.bcast(stats, root=0)
+
+    def to_json(self) -> str:
+        """This rank's entries as a JSON list of objects."""
+        return json.dumps([asdict(e) for e in self._entries])
+
+
+def _as_called(op: str, axes: Any, g: int, nbytes: Any, counts: Any) -> tuple:
+    """(op, axes, sent, received, peers) of a row `issue` recorded with its call's own arguments.
+
+    `nbytes`: the per-rank n of `moved_bytes`, or (sent, received); `counts`: an Alltoallv's counts, or None.
+    """
+    from ..plan.steps import moved_bytes
+
+    if type(nbytes) is int:
+        sent = received = moved_bytes(op, g, nbytes)
+    else:
+        sent, received = nbytes
+    axes = (axes,) if isinstance(axes, str) else tuple(axes)
+    return op, axes, sent, received, 0 if counts is None else count_peers(*counts)
+
+
+def count_peers(scounts: Iterable[int], rcounts: Iterable[int]) -> int:
+    """How many ranks an Alltoallv with these counts sends to or receives from."""
+    return sum(1 for s, r in zip(scounts, rcounts) if s or r)
