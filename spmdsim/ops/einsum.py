@@ -20,7 +20,7 @@ from ..autograd.rules import grad_tensor
 from ..errors import OperatorError
 from ..infer.einsum import infer_einsum
 from ..engines import matmul as _product
-from ..sim._buffers import dtype_name
+from ..validate import dtype_name
 from ._common import check_dtensor, result_dtype
 
 __all__ = ["einsum", "contract"]

@@ -21,7 +21,7 @@ from ..autograd.rules import axes_of, grad_tensor
 from ..errors import OperatorError
 from ..infer.pointwise import infer_pointwise
 from ..engines import local as engine_local
-from ..sim._buffers import dtype_name
+from ..validate import dtype_name
 from ._common import describe, make_dtensor, result_dtype
 
 __all__ = ["add", "sub", "mul", "div", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "pow", "neg",

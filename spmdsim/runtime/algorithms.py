@@ -25,7 +25,7 @@ import numpy as np
 from ..algorithms import Schedule, parse_name
 from ..algorithms import build as build_schedule
 from ..algorithms.table import format_rounds
-from ..errors import ShapeError
+from ..errors import OperatorError, ShapeError
 
 __all__ = ["RunRecord", "RoundLog", "collect_rounds", "run_schedule", "run_collective", "result_shape", "emulate",
            "compare_with_mpi"]
@@ -261,11 +261,20 @@ def emulate(mesh: Any, op: str, algorithm: str, comm: Any, send: Any, recv: Any,
         from .wait import polite_wait as wait
     combine = np.add
     if op == "allreduce" and extra:  # Allreduce(send, recv, op): MPI's op or a simulated rank's name
-        from ..sim._buffers import reduction
-
-        combine = reduction(extra[0])[1]
+        combine = _combine(extra[0])
     run_schedule(comm, schedule, flat_in, recv.reshape(-1), wait, label, combine)
     return f"{op}[{algorithm}]", schedule.bytes_sent()[me], schedule.bytes_received()[me]
+
+
+def _combine(op: Any) -> Any:
+    """The numpy ufunc of an Allreduce's op (MPI.SUM/MAX/MIN, or "sum"/"max"/"min")."""
+    from mpi4py import MPI
+
+    for mpi_op, name, ufunc in ((MPI.SUM, "sum", np.add), (MPI.MAX, "max", np.maximum),
+                                (MPI.MIN, "min", np.minimum)):
+        if op is mpi_op or (isinstance(op, str) and op.lower() == name):
+            return ufunc
+    raise OperatorError(f"allreduce op {op!r} has no emulated algorithm; expected sum, max or min")
 
 
 def _engine(comm: Any) -> tuple[bool, Any, Any, Any]:

@@ -15,6 +15,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..errors import ShapeError
+from ..validate import dtype_name  # noqa: F401 - the collectives' signatures name dtypes with it
 
 
 class _InPlace:
@@ -50,17 +51,6 @@ _OTHER_OPS = ("maxloc", "minloc", "replace", "no_op")
 def mpi_module() -> Any:
     """mpi4py.MPI when the program has imported it (its constants and classes), else None."""
     return sys.modules.get("mpi4py.MPI")
-
-
-_NAMES: dict = {}
-
-
-def dtype_name(dtype: np.dtype) -> str:
-    """dtype.name, cached: numpy computes it in Python (~5 us), and every collective's signature has it."""
-    name = _NAMES.get(dtype)
-    if name is None:
-        name = _NAMES[dtype] = dtype.name
-    return name
 
 
 def special(name: str) -> int:
