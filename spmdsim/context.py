@@ -44,17 +44,25 @@ class RankContext:
 #: The context of code that no simulation runs: an MPI rank's (or a plain process's).
 PROCESS = RankContext()
 
-_THREAD = threading.local()
+class _Running(threading.local):
+    """Per thread: the context it runs in. A class default, not getattr's: a missing attribute
+    raises inside getattr (0.4 us); the class attribute is found in 0.04 us, on every collective."""
+
+    context = PROCESS
+
+
+_THREAD = _Running()
 
 
 def current() -> RankContext:
     """The running code's context: its simulated rank's, else `PROCESS`."""
-    return getattr(_THREAD, "context", PROCESS)
+    return _THREAD.context
 
 
 def simulated() -> Optional[RankContext]:
     """The running simulated rank's context, or None outside a simulation."""
-    return getattr(_THREAD, "context", None)
+    context = _THREAD.context
+    return None if context is PROCESS else context
 
 
 def enter(context: RankContext) -> None:
