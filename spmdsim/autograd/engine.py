@@ -142,7 +142,8 @@ class _Bucket:
 
 def _bucketed(bucket: _Bucket, leaf: Any, explain: Optional[list], readers: dict) -> Any:
     """`leaf`'s whole gradient from its bucket's one Allreduce (made when its first leaf asks)."""
-    from ..runtime import DTensor, collectives
+    from ..runtime import DTensor
+    from ..runtime.executor import pending, resolve
 
     if bucket.done is None:
         grads = bucket.grads
@@ -150,7 +151,8 @@ def _bucketed(bucket: _Bucket, leaf: Any, explain: Optional[list], readers: dict
         flat = np.concatenate([g.local.reshape(-1) for g in grads])
         label = f"gradient bucket of {len(grads)} leaves"
         with _collector(explain) as trace:
-            summed = collectives.allreduce(first.mesh, flat, first.layout.partial, label=label, out=flat)
+            summed = resolve(first.mesh, flat, pending(first.mesh.layout, 1, first.layout.partial), label,
+                             owned=True)
         if explain is not None:
             shapes = ", ".join(str(tuple(g.global_shape)) for g in grads)
             explain.append((f"{len(grads)} leaves {shapes}: their replicas' gradients summed in one "

@@ -71,11 +71,11 @@ def _zero_moments(cfg: GPTConfig) -> dict:
 
 def gathered(model: Any) -> dict:
     """Every parameter whole on every rank, from one Allgather of all this rank's blocks."""
-    from ..runtime import collectives
+    from ..runtime.executor import gather
 
     tensors = list(model.params.values())
     flat = np.concatenate([t.local.reshape(-1) for t in tensors])
-    everyone = collectives.allgather(model.mesh, flat, ("dp", "tp"), 0, label="check.params")
+    everyone = gather(model.mesh, flat, ("dp", "tp"), "check.params")
     everyone = everyone.reshape(model.mesh.size, flat.size)
     out, at = {}, 0
     for name, t in model.params.items():
@@ -103,7 +103,8 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     """
     from .. import ops
     from ..optim import AdamW
-    from ..runtime import DTensor, Mesh, collect_trace, collectives
+    from ..runtime import DTensor, Mesh, collect_trace
+    from ..runtime.executor import pending, resolve
     from ..sim import dry_run_active, once
     from .parallel import GPT
 
@@ -139,8 +140,8 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
                                         floor) for s in specs),
                              max(_worst(model.params[s.name].local, updated[s.name], model.params[s.name].slices)
                                  for s in specs)])
-            errors = tuple(float(e) for e in collectives.allreduce(mesh, mine, ("dp", "tp"), label="check",
-                                                                   op="max"))
+            worst = resolve(mesh, mine, pending(mesh.layout, 1, ("dp", "tp")), "check", reduction="max", owned=True)
+            errors = tuple(float(e) for e in worst)
         totals = trace.totals()
         result = StepResult(step, value, errors, totals["calls"], totals["bytes_sent"])
         results.append(result)

@@ -46,9 +46,9 @@ def _row_sum(mesh: Any, values: np.ndarray, axes: tuple[str, ...], label: str) -
     """Allreduce of a small vector over `axes` (nothing when no axis splits the rows)."""
     if not axes:
         return values
-    from ..runtime import collectives
+    from ..runtime.executor import pending, resolve
 
-    return collectives.allreduce(mesh, np.ascontiguousarray(values), axes, label=label)
+    return resolve(mesh, np.ascontiguousarray(values), pending(mesh.layout, values.ndim, axes), label, owned=True)
 
 
 def mse_loss(y: Any, target: Any) -> Any:
@@ -119,10 +119,10 @@ def cross_entropy(logits: Any, labels: Any) -> Any:
     owned = (ids >= 0) & (ids < z.shape[1])
     rows = np.arange(z.shape[0])
     if class_axes:  # Megatron: a common shift per row, then two sums over the class axes
-        from ..runtime import collectives
+        from ..runtime.executor import pending, resolve
 
-        shift = collectives.allreduce(mesh, np.ascontiguousarray(z.max(axis=1)), class_axes,
-                                      label="cross_entropy.max", op="max")
+        shift = resolve(mesh, np.ascontiguousarray(z.max(axis=1)), pending(mesh.layout, 1, class_axes),
+                        "cross_entropy.max", reduction="max", owned=True)
     else:
         shift = z.max(axis=1)
     e = np.exp(z - shift[:, None])

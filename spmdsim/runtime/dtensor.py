@@ -19,7 +19,7 @@ from ..errors import DTypeError, LayoutError, RankError, ShapeError
 from ..layout import TensorLayout
 from ..context import current as _context
 from ..validate import as_int, dtype_arg, tolerance_arg
-from . import collectives, debug
+from . import debug
 from .check import Verdict, agree, default_tolerances, local_stats
 from .mesh import Mesh
 
@@ -161,7 +161,9 @@ class DTensor:
         """This rank's shard with pending partial sums added up (the local array if none)."""
         if not self._layout.partial:
             return self._local
-        return collectives.allreduce(self._mesh, self._local, self._layout.partial, label=label)
+        from .executor import resolve
+
+        return resolve(self._mesh, self._local, self._layout, label)
 
     # -- autograd (spmdsim.autograd; docs/training.md) ---------------------------------
     def requires_grad_(self, requires_grad: bool = True) -> "DTensor":

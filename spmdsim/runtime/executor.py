@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from functools import lru_cache
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -32,7 +33,7 @@ from ..plan.steps import (
 )
 from . import debug
 
-__all__ = ["execute", "redistribute", "ProgramCache", "PROGRAMS"]
+__all__ = ["execute", "resolve", "gather", "pending", "redistribute", "ProgramCache", "PROGRAMS"]
 
 # A runner: run(step, mesh, local, shape, label, owned) -> the new local block; `owned`: `local`
 # is the program's own temporary, which an Allreduce may overwrite in place instead of allocating.
@@ -86,6 +87,38 @@ def execute(mesh: Any, local: Any, steps: tuple[Step, ...], shape: tuple, label:
         local = run(step, mesh, local, shape, label, owned)
         owned = True  # a collective's result is a fresh array
     return local
+
+
+@lru_cache(maxsize=256)
+def pending(layout: Layout, ndim: int, axes: tuple[str, ...]) -> TensorLayout:
+    """The layout of an `ndim`-dim value every rank holds whole, pending a sum over `axes`."""
+    return TensorLayout(layout, (None,) * ndim, axes)
+
+
+@lru_cache(maxsize=256)
+def _resolution(before: TensorLayout, reduction: str) -> tuple[Step, ...]:
+    return (Allreduce(before, before.with_partial(()), before.partial, reduction=reduction),)
+
+
+def resolve(mesh: Any, local: Any, layout: TensorLayout, label: Optional[str], reduction: str = "sum",
+            owned: bool = False) -> Any:
+    """This rank's block of `layout` with its pending values combined: the program Allreduce(P -> B).
+
+    `reduction` "max"/"min": the group's maximum/minimum (a softmax's shift). Losses, gradient
+    buckets and `DTensor.resolved_local` finish their values through it.
+    """
+    return execute(mesh, local, _resolution(layout, reduction), (), label, owned)
+
+
+@lru_cache(maxsize=256)
+def _gathering(before: TensorLayout) -> tuple[Step, ...]:
+    return (Allgather(before, TensorLayout(before.layout, (None,) * len(before.tensor_map)),
+                      before.split_axes, tensor_dim=0),)
+
+
+def gather(mesh: Any, local: Any, axes: tuple[str, ...], label: Optional[str]) -> Any:
+    """Every member's 1-d `local` over `axes`, joined in group order: the program Allgather(S(0) -> B)."""
+    return execute(mesh, local, _gathering(TensorLayout(mesh.layout, (tuple(axes),))), (), label)
 
 
 class ProgramCache:
