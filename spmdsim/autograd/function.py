@@ -63,7 +63,10 @@ class Function:
     @classmethod
     def apply(cls, *args: Any, layout: Any = None, shape: Sequence[int] | None = None) -> Any:
         """Run `forward` on this rank's blocks of the DTensor arguments (others pass as they are)."""
-        from ..ops._common import make_dtensor
+        from ..runtime.dtensor import DTensor
+
+        def make_dtensor(mesh: Any, local: Any, layout: Any, shape: Sequence[int]) -> Any:
+            return DTensor(mesh, np.ascontiguousarray(local), layout, tuple(shape))
 
         tensors = [a for a in args if hasattr(a, "_ag") and hasattr(a, "layout")]
         name = cls.__name__

@@ -46,7 +46,22 @@ def no_grad() -> Iterator[None]:
         _Mode.enabled = before
 
 
-class Leaf:
+class _Recorded:
+    """What a tensor in the graph can extend it with, without its caller importing autograd."""
+
+    __slots__ = ()
+
+    def moved(self, out: Any, x: Any) -> Any:
+        """`out` is `x` redistributed (the executor's move): its backward is the reverse move,
+        which the backward walk makes as it brings each gradient to its input's layout."""
+        return record(out, lambda: f"redistribute {x.layout} -> {out.layout}", (x,), _passed)
+
+
+def _passed(dy: Any) -> tuple:
+    return (dy,)
+
+
+class Leaf(_Recorded):
     """A tensor the user asked gradients for; ``grad`` is a DTensor in its layout (or None)."""
 
     __slots__ = ("grad",)
@@ -55,7 +70,7 @@ class Leaf:
         self.grad: Any = None
 
 
-class Node:
+class Node(_Recorded):
     """An operator's output in the graph.
 
     Attributes:

@@ -210,10 +210,9 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
         raise PlanError(f"internal: the plan produced a shard of shape {local.shape!r}, expected "
                         f"{program.local_shape!r} under {target}")
     out = program.wrap(program.target_mesh, local, target, shape)
-    if getattr(dtensor, "_ag", None) is not None:  # autograd: the backward is the reverse move
-        from ..autograd.rules import record_redistribute
-
-        record_redistribute(out, dtensor)
+    recorded = getattr(dtensor, "_ag", None)
+    if recorded is not None:  # in autograd's graph (Leaf or Node): it records the move
+        recorded.moved(out, dtensor)
     return out
 
 
