@@ -296,7 +296,7 @@ class TensorLayout:
             return value
 
     def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_hash", "_derived")}
 
     @staticmethod
     def _shown(entries: tuple, partial: tuple) -> str:
@@ -341,7 +341,20 @@ class TensorLayout:
         return tuple(self.num_shards(d) for d in range(self.ndim))
 
     def with_partial(self, partial: str | Iterable[str]) -> "TensorLayout":
-        return TensorLayout(self.layout, self.tensor_map, partial)
+        """This layout pending over `partial` instead (kept per layout: the strategy search and the
+        backward walk ask each layout for the same few, ~1.5 million times at 16 devices)."""
+        if type(partial) is not tuple:
+            partial = (partial,) if isinstance(partial, str) else tuple(partial)
+        derived = self.__dict__.get("_derived")
+        if derived is None:
+            derived = {}
+            object.__setattr__(self, "_derived", derived)
+        out = derived.get(partial)
+        if out is None:
+            out = TensorLayout(self.layout, self.tensor_map, partial)
+            if len(derived) < 64:
+                derived[partial] = out
+        return out
 
     def with_map(self, *tensor_map: MapEntry) -> "TensorLayout":
         return TensorLayout(self.layout, tensor_map, self.partial)

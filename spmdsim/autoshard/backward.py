@@ -52,7 +52,7 @@ class BackwardOp:
         return self.in_bytes + self.own_bytes + self.weight_bytes
 
 
-@lru_cache(maxsize=65536)
+@lru_cache(maxsize=1 << 18)
 def _move(src: TensorLayout, dst: TensorLayout, shape: tuple, dtype: str) -> int:
     """Bytes the busiest rank receives moving a gradient (0 when the layouts are equal).
 
@@ -75,6 +75,7 @@ def _axes(local: TensorLayout, entries) -> tuple[str, ...]:
     return tuple(a for e in entries for a in e if local.layout.axis_size(a) > 1)
 
 
+@lru_cache(maxsize=1 << 16)
 def _grad_layout(layout: TensorLayout, g: TensorLayout) -> TensorLayout:
     """The engine's `grad_layout`: keep pending axes the tensor is replicated on, same mesh only."""
     keep = set(layout.replicated_axes) & set(g.partial) if g.layout == layout.layout else set()
@@ -253,15 +254,23 @@ def edge_bytes(graph: Graph, p: int, q: int, pos: int, producers: Sequence[Candi
     out = np.zeros((len(producers), len(consumers)), dtype=np.int64)
     for j, cq in enumerate(consumers):
         g = _op(node, cq, cq.out.with_partial(()), need_inputs)[2][pos]
-        if g is not None:
-            out[:, j] = [_resolved_back(g, cq.inputs[pos], cp.out, shape, dtype) for cp in producers]
+        if g is not None:  # onto the hop's output once per consumer, then back over it per producer
+            consumer_in = cq.inputs[pos]
+            at_in = _grad_layout(consumer_in, g)
+            onto = _move(g, at_in, shape, dtype)
+            out[:, j] = [onto + _resolved_over(at_in, consumer_in, cp.out, shape, dtype) for cp in producers]
     return out
 
 
-@lru_cache(maxsize=65536)
-def _resolved_back(g: TensorLayout, consumer_in: TensorLayout, producer_out: TensorLayout, shape: tuple,
+@lru_cache(maxsize=1 << 18)
+def _resolved_over(at_in: TensorLayout, consumer_in: TensorLayout, producer_out: TensorLayout, shape: tuple,
                    dtype: str) -> int:
-    cost, at = _back(g, consumer_in, producer_out, shape, dtype)
+    """Bytes of a gradient at the hop's output (`at_in`) back over the hop and resolved at the producer
+    (`_back`'s second half, then the resolution)."""
+    at, cost = at_in, 0
+    if consumer_in != producer_out:
+        at = _grad_layout(producer_out, at_in)
+        cost = _move(at_in, at, shape, dtype)
     return cost + _move(at, producer_out.with_partial(()), shape, dtype)
 
 
