@@ -13,6 +13,7 @@ import pytest
 import spmdsim
 from spmdsim import context
 from spmdsim.engines import MPI, engine_of
+from spmdsim.sim import SimulationError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -71,7 +72,7 @@ def test_a_simulated_rank_cannot_start_another_simulation():
     def inner():
         return spmdsim.simulate(2, lambda: 1)
 
-    with pytest.raises(spmdsim.sim.SimulationError, match="already running"):
+    with pytest.raises(SimulationError, match="already running"):
         spmdsim.simulate(2, inner)
 
 
@@ -138,3 +139,21 @@ def test_the_runtime_ops_autograd_and_datagen_do_not_ask_which_engine_they_run_o
         asked = {n for n in _imports(path) if n.startswith(("spmdsim.sim.run", "spmdsim.sim.comm",
                                                               "spmdsim.sim.dry", "spmdsim.sim.engine"))}
         assert not asked, f"{path.relative_to(ROOT)} imports {sorted(asked)}"
+
+
+def test_a_dry_run_refuses_point_to_point_in_one_line(tmp_path):
+    """One rank runs for all: a message from another rank cannot be had, so the call is refused."""
+    def body():
+        comm = spmdsim.world()
+        assert comm.allgather(comm.rank) == [0, 0, 0, 0]  # object collectives: as rank 0 sees them
+        comm.send(1, dest=1)
+
+    with pytest.raises(SimulationError, match=r"^comm\.send in a dry run: one rank runs for all"):
+        spmdsim.simulate(4, body, dry_run=True)
+    script = tmp_path / "split.py"
+    script.write_text("import spmdsim\nspmdsim.script(__file__)\nspmdsim.world().Split(0, 0)\n")
+    out = subprocess.run([sys.executable, str(script), "--ranks", "2", "--dry-run"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        "spmdsim: error: comm.Split in a dry run: one rank runs for all, so it cannot take the other ranks' "
+        "part; use the runtime's collectives on a Mesh, or run without --dry-run"]
