@@ -157,3 +157,15 @@ def test_a_dry_run_refuses_point_to_point_in_one_line(tmp_path):
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [
         "spmdsim: error: comm.Split in a dry run: one rank runs for all, so it cannot take the other ranks' "
         "part; use the runtime's collectives on a Mesh, or run without --dry-run"]
+
+
+def test_a_dry_runs_memory_check_is_one_ranks(capsys):
+    """Only rank 0's blocks exist in a dry run: the memory check gives it the machine, not 1/16384 of it
+    (a (4096, 4096) shard plan at 16,384 ranks was refused at 1.35 MiB a rank)."""
+    from spmdsim.cli.main import main
+
+    argv = ["run", "matmul", "--strategy", "((128,128),(128,1))", "--shape", "4096,4096,4096", "--ranks", "16384",
+            "--dry-run"]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].split()[:4] == ["ranks", "0-16383", "1", "1,040,384"] and "allreduce x1" in lines[-1]

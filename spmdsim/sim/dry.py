@@ -194,7 +194,9 @@ class DryComm:
         return DryComm(self.size, self.rank, self._name)
 
     def Split_type(self, *args: Any, **kwargs: Any) -> "DryComm":
-        return self  # one process: every rank shares the node
+        """The ranks sharing this node's memory: one, the rank that runs for all (the memory check
+        gives it the machine; the others hold nothing)."""
+        return DryComm(1, 0, "MPI_COMM_TYPE_SHARED")
 
     def Free(self) -> None:
         pass
