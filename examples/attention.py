@@ -10,7 +10,7 @@ Allreduce. Run: timeout -k 5 120 mpiexec -n 8 python examples/attention.py
 import sys
 
 import spmdsim
-from spmdsim.sim import once, script
+from spmdsim.sim import dry_run_active, once, script
 from spmdsim import Layout, SeededTensor, reference
 from spmdsim.holdings import holdings
 from spmdsim.ops import matmul, reshape, scale, softmax, transpose
@@ -68,7 +68,7 @@ def reference_y():
 verdict = y.check(once("attention reference", reference_y))
 expected = {"allreduce": 1} if p > 1 else {}
 ok = verdict.passed and trace.counts() == expected
-if comm.rank == 0:
+if comm.rank == 0 and not dry_run_active():  # a dry run prints its report instead
     # Which block of each tensor every rank holds, from the layouts alone (no communication).
     print(holdings({"x": x, "Wq": wq, "Wo": wo}))                  # the inputs
     print(holdings({"q per head": q, "scores": scores, "y": y}))  # what the heads compute
