@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import pathlib
 import subprocess
 import sys
@@ -105,8 +106,10 @@ def test_a_dry_run_at_16384_ranks_fits_in_2_gib():
             "sys.argv = ['train_gpt.py', '--ranks', '16384', '--dry-run', '--steps', '1', '--tp', '4',"
             " '--batch', '4096']\n"
             "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    # One BLAS thread: a many-core machine's OpenBLAS reserves address space per thread.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "examples", capture_output=True, text=True,
-                         timeout=300)
+                         timeout=300, env=env)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     lines = out.stdout.splitlines()
     assert lines[1] == "dry run on 16384 simulated ranks (no data; bytes from the trace)"
