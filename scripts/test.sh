@@ -4,20 +4,16 @@
 # runs under a timeout so a hang fails the run instead of stalling it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Bytecode goes to a folder of this run's own, removed at exit, not into the tree. (With
-# PYTHONDONTWRITEBYTECODE instead, each of the ~300 Pythons the tests launch, and each MPI rank,
-# compiled spmdsim again: about 0.15 s of CPU each.) A PYTHONPYCACHEPREFIX already set is kept.
+# Bytecode goes to a cache folder outside the tree (kept between runs), not into the tree and not
+# nowhere: with PYTHONDONTWRITEBYTECODE every one of the ~300 Pythons the pure tests launch and every
+# MPI rank compiled spmdsim's runtime, ops and sim modules again, and each rank of the MPI passes
+# rewrote the test modules' asserts again. A PYTHONPYCACHEPREFIX already set is used instead.
 unset PYTHONDONTWRITEBYTECODE
-if [ -z "${PYTHONPYCACHEPREFIX:-}" ]; then
-    PYTHONPYCACHEPREFIX=$(mktemp -d)
-    own_pycache=$PYTHONPYCACHEPREFIX
-fi
-export PYTHONPYCACHEPREFIX
+export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/spmdsim/pycache}
 # The fault tests abort MPICH jobs on purpose, and an aborted MPICH job leaves
 # its ~8 MB shared-memory segment in /dev/shm. Remove the ones this run made.
 started=$(mktemp)
 cleanup() {
-    [ -z "${own_pycache:-}" ] || rm -rf "$own_pycache"
     # MPICH's segments; Open MPI's (sm_segment.*) are left by aborted jobs and singletons alike.
     find /dev/shm -maxdepth 1 \( -name 'mpich_shm_*' -o -name 'sm_segment.*' \) -user "$(id -u)" \
         -newer "$started" -delete 2>/dev/null || true
