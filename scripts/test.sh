@@ -4,7 +4,12 @@
 # runs under a timeout so a hang fails the run instead of stalling it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONDONTWRITEBYTECODE=1
+# Bytecode goes to a cache folder outside the tree (kept between runs), not into the tree and not
+# nowhere: with PYTHONDONTWRITEBYTECODE every one of the ~300 Pythons the pure tests launch and every
+# MPI rank compiled spmdsim's runtime, ops and sim modules again, and each rank of the MPI passes
+# rewrote the test modules' asserts again. A PYTHONPYCACHEPREFIX already set is used instead.
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/spmdsim/pycache}
 # The fault tests abort MPICH jobs on purpose, and an aborted MPICH job leaves
 # its ~8 MB shared-memory segment in /dev/shm. Remove the ones this run made.
 started=$(mktemp)

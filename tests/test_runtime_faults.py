@@ -42,8 +42,15 @@ mesh = Mesh(Layout((2, MPI.COMM_WORLD.size // 2), ("dp", "mp")))
 """
 
 
-def test_exception_on_one_rank_mid_job_aborts_everyone():
+def test_exception_on_one_rank_mid_job_aborts_everyone_and_leaves_no_shared_memory_segment():
+    # One launch for both checks (they were two launches of the same job): the message and exit,
+    # and the segments. MPI_Abort kills the ranks before MPICH unlinks its /dev/shm segment; the
+    # guard unlinks it first, or every aborted job would hold ~8 MB of memory until reboot.
     proc, seconds = _launch("""
+    segments = sorted({line.split(maxsplit=5)[5].strip() for line in open("/proc/self/maps")
+                       if "/dev/shm/" in line and "(deleted)" not in line})
+    if mesh.rank == 0:
+        print("SEGMENTS", " ".join(segments), flush=True)
     with abort_on_error():
         allreduce(mesh, np.ones(4), ("dp", "mp"))
         if mesh.rank == 2:
@@ -53,28 +60,11 @@ def test_exception_on_one_rank_mid_job_aborts_everyone():
     assert proc.returncode not in (0, 124), proc.stderr
     assert seconds < BOUND_S
     assert "spmdsim: error on rank 2: ValueError: boom on rank two" in proc.stderr
-
-
-def test_an_aborted_job_leaves_no_shared_memory_segment():
-    # MPI_Abort kills the ranks before MPICH unlinks its /dev/shm segment; the guard
-    # unlinks it first, or every aborted job would hold ~8 MB of memory until reboot.
-    proc, _ = _launch("""
-    segments = sorted({line.split(maxsplit=5)[5].strip() for line in open("/proc/self/maps")
-                       if "/dev/shm/" in line and "(deleted)" not in line})
-    if mesh.rank == 0:
-        print("SEGMENTS", " ".join(segments), flush=True)
-    with abort_on_error():
-        allreduce(mesh, np.ones(4), ("dp", "mp"))
-        if mesh.rank == 1:
-            raise ValueError("boom")
-        allreduce(mesh, np.ones(4), ("dp", "mp"))
-    """)
-    assert proc.returncode not in (0, 124), proc.stderr
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("SEGMENTS")), None)
     assert line is not None, proc.stdout + proc.stderr
     segments = line.split()[1:]
     if not segments:
-        pytest.skip("this MPI maps no named /dev/shm segment")
+        pytest.skip("this MPI maps no named /dev/shm segment (the abort and its message were checked)")
     assert [s for s in segments if os.path.exists(s)] == []
 
 
