@@ -149,6 +149,7 @@ def test_a_dry_run_refuses_point_to_point_in_one_line(tmp_path):
     def body():
         comm = spmdsim.world()
         assert comm.allgather(comm.rank) == [0, 0, 0, 0]  # object collectives: as rank 0 sees them
+        assert comm.scatter([5, 6, 7, 8]) == 5 and comm.alltoall(list('abcd')) == ['a'] * 4
         comm.send(1, dest=1)
 
     with pytest.raises(SimulationError, match=r"^comm\.send in a dry run: one rank runs for all"):

@@ -169,8 +169,9 @@ class DryComm:
     It speaks the buffer and object collectives the runtime calls (``Allreduce``,
     ``Allgather``, ``Alltoall(v)``, ``Reduce_scatter_block``, ``Bcast``,
     ``Gather``, their ``I`` forms, ``allreduce``, ``allgather``, ``gather``,
-    ``bcast``, ``Barrier``): each counts its buffers as held and fills the
-    result as if every member had sent what this rank sent.
+    ``bcast``, ``reduce``, ``scatter``, ``alltoall``, ``Barrier``): each counts
+    its buffers as held and fills the result as if every member had sent what
+    this rank sent.
     """
 
     spmdsim_engine = DRY
@@ -269,11 +270,22 @@ class DryComm:
     def bcast(self, obj: Any, root: int = 0) -> Any:
         return obj
 
+    def reduce(self, obj: Any, op: Any = None, root: int = 0) -> Any:
+        return obj if self.rank == root else None
+
+    def scatter(self, objs: Any, root: int = 0) -> Any:
+        """This rank's item of the root's list (every member's list is taken to be this rank's)."""
+        return None if objs is None else list(objs)[self.rank]
+
+    def alltoall(self, objs: Any) -> list:
+        """Item `rank` of every member's list, each member's list taken to be this rank's."""
+        return [list(objs)[self.rank]] * self.size
+
     def barrier(self) -> None:
         pass
 
     def __getattr__(self, name: str) -> Any:
-        if name[:1].isupper() or name in ("send", "recv", "isend", "irecv", "sendrecv", "scatter", "alltoall"):
+        if name[:1].isupper() or name in ("send", "recv", "isend", "irecv", "sendrecv", "ssend", "bsend"):
             from .engine import SimulationError
 
             raise SimulationError(
