@@ -187,8 +187,13 @@ def _worker(args) -> None:
         result = spmdsim.simulate(8, lambda: _steps(args, spmdsim.world(), False))[0]
     elif args.worker == "one":
         import spmdsim
+        from spmdsim._threads import blas_threads
 
-        result = spmdsim.simulate(1, lambda: _steps(args, spmdsim.world(), False, (1, 1)))[0]
+        # One BLAS thread, as the one-process row: simulate() caps BLAS from 2 ranks only, and a
+        # multithreaded OpenBLAS on a loaded machine took 15 ms for a (128, 32) @ (32, 128) product
+        # with a transposed operand (20 us on one thread).
+        with blas_threads(1):
+            result = spmdsim.simulate(1, lambda: _steps(args, spmdsim.world(), False, (1, 1)))[0]
     else:
         from mpi4py import MPI
 
