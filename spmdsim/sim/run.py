@@ -1,4 +1,5 @@
-"""simulate(n, fn): run `fn` once per simulated rank, one thread each, all in this process."""
+"""simulate(n, fn): run `fn` once per simulated rank, one thread each, all in this process
+(or, as a dry run, once as rank 0 of `n` on the dry engine: spmdsim.sim.dry)."""
 from __future__ import annotations
 
 import contextlib
@@ -7,12 +8,11 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from ..engines import world
+from .. import context as _local
 from ..context import RankContext
+from ..engines import memory, world
 from ..errors import SpmdsimError
 from ..validate import as_int
-from ..engines import memory
-from .. import context as _local
 from .comm import SimComm
 from .engine import THREADS, Aborted, SimulationError, World, ranks_text
 
