@@ -32,17 +32,14 @@ class RankContext:
         self.traces: list = []  # spmdsim.runtime.trace's open collectors, innermost last
         self.seq = 0  # spmdsim.runtime.debug's collective counter
         self.dry_run = dry_run
-        self.meter: Any = None  # a dry run's byte meter (spmdsim.engines.dry.Meter)
+        self.meter: Any = None  # a dry run's byte meter (spmdsim.sim.dry.Meter)
         self.shared = {} if shared is None else shared  # spmdsim.engines.once's results, one table per run
         self.self_comm: Any = None  # MPI.COMM_SELF of a simulated rank, made on first use
-
-    @property
-    def simulated(self) -> bool:
-        return self is not PROCESS
 
 
 #: The context of code that no simulation runs: an MPI rank's (or a plain process's).
 PROCESS = RankContext()
+
 
 class _Running(threading.local):
     """Per thread: the context it runs in. A class default, not getattr's: a missing attribute

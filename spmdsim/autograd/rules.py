@@ -24,7 +24,7 @@ from .graph import record, with_partial
 __all__ = [
     "record_matmul", "record_linear", "record_mlp", "record_embedding", "record_activation", "record_softmax",
     "record_bias_add", "record_scale", "record_transpose", "record_reshape",
-    "record_redistribute", "grad_tensor", "axes_of",
+    "grad_tensor", "axes_of",
 ]
 
 
@@ -233,7 +233,3 @@ def record_reshape(out: Any, x: Any) -> Any:
 
     return record(out, "reshape", (x,), backward)
 
-
-def record_redistribute(out: Any, x: Any) -> Any:
-    """A move: its backward is the planner's reverse move, which the engine makes."""
-    return x._ag.moved(out, x)

@@ -9,7 +9,8 @@ its engine (``comm.spmdsim_engine``; mpi4py's have none: MPI); the running
 rank's context (`spmdsim.context`) names the engine of the code that
 runs now.
 
-Imports numpy only.
+Imports numpy, spmdsim.context and spmdsim.errors (and, to read a trace, the
+step kinds' byte formulas); never the runtime or spmdsim.sim.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from ..context import PROCESS, RankContext, current, enter, leave, simulated
 from .once import once
 
 __all__ = ["Engine", "MpiEngine", "MPI", "engine_of", "RankContext", "PROCESS", "current", "simulated",
-           "enter", "leave", "local", "matmul", "blank", "once", "world", "ways_out"]
+           "enter", "leave", "local", "matmul", "once", "world", "ways_out"]
 
 
 def ways_out(n: int) -> str:
@@ -47,8 +48,3 @@ def local(fn: Callable[..., Any], like: Any, *args: Any) -> Any:
 def matmul(a: Any, b: Any) -> Any:
     """``np.matmul(a, b)`` on the running engine (the dry engine's zeros of its shape, not multiplied)."""
     return current().engine.matmul(a, b)
-
-
-def blank(shape: tuple, dtype: Any) -> Any:
-    """The running engine's stand-in for a generated block (a dry run's held zeros), or None: generate it."""
-    return current().engine.blank(shape, dtype)

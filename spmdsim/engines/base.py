@@ -2,8 +2,8 @@
 
 An engine is what a mesh runs on. It answers how a group of the mesh is made
 (`group`: a communicator that speaks mpi4py's buffer collectives, its size and
-this rank's place in it) and how local work is done (`local`, `matmul`,
-`blank`). The runtime's collectives (spmdsim.runtime.collectives) and the
+this rank's place in it) and how local work is done (`local`, `matmul`; the
+dry engine also makes the zeros that stand in for a generated block, `blank`). The runtime's collectives (spmdsim.runtime.collectives) and the
 executor lay out buffers once for every engine and call the group's
 communicator; the engines differ in what that communicator is.
 """
@@ -14,7 +14,6 @@ from typing import Any, Callable
 import numpy as np
 
 from ..context import PROCESS
-
 from ..errors import SpmdsimError
 
 __all__ = ["Engine", "MpiEngine", "MPI", "engine_of", "SimulationError"]
@@ -43,10 +42,6 @@ class Engine:
 
     def matmul(self, a: Any, b: Any) -> Any:
         return np.matmul(a, b)
-
-    def blank(self, shape: tuple, dtype: Any) -> Any:
-        """A stand-in for a block generated from seeds, or None: generate it."""
-        return None
 
     def ran(self, step: Any) -> None:
         """A step whose bytes differ by rank (an Exchange) ran here: the dry engine counts each rank's."""

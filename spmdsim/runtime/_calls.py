@@ -78,7 +78,7 @@ def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, 
         result = then()
     if traces:
         now = perf_counter()
-        record_call(name, axes, g, nbytes, now - t0, label, copied, now, counts)
+        record_call(traces, name, axes, g, nbytes, now - t0, label, copied, now, counts)
     return result
 
 

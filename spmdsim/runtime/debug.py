@@ -49,7 +49,7 @@ _MAGIC = 0x5350_4D44  # "SPMD": a row of garbage or zeros never matches a real o
 
 
 class Hooks:
-    """Whether the debug hooks are on, and the collectives' call counter: one instance, `HOOKS`.
+    """Whether the debug hooks are on: one instance, `HOOKS`.
 
     ``HOOKS.quiet``: True when neither hook is on, one attribute read for hot
     paths (worked out on first read and after configure()); the rest are the

@@ -53,9 +53,10 @@ def record(op: str, axes: tuple[str, ...], group_size: int, sent: int, received:
             trace._rows.append(row)
 
 
-def record_call(op: str, axes: Any, group_size: int, nbytes: Any, seconds: float, label: str | None,
-                copied: int, ended: float, counts: Any) -> None:
-    """Append one collective to every open collector as it was called (runtime._calls.issue).
+def record_call(traces: list, op: str, axes: Any, group_size: int, nbytes: Any, seconds: float,
+                label: str | None, copied: int, ended: float, counts: Any) -> None:
+    """Append one collective to every one of `traces` (the running rank's open collectors, as
+    runtime._calls.issue read them) as it was called.
 
     The row keeps the call's own arguments (`nbytes`, `counts`: see `_as_called`) and is finished
     when the trace is read: each microsecond here is paid by the group's last rank at 4 ranks per core.
@@ -63,5 +64,5 @@ def record_call(op: str, axes: Any, group_size: int, nbytes: Any, seconds: float
     if type(axes) is not tuple and type(axes) is not str:  # a list the caller may change later
         axes = tuple(axes)
     row = (op, axes, group_size, nbytes, None, seconds, label, copied, ended, counts)
-    for trace in _context().traces:
+    for trace in traces:
         trace._rows.append(row)

@@ -15,13 +15,13 @@ from typing import Any
 _WHERE = {name: module for module, names in {
     "run": ("simulate", "world", "current_rank", "MAX_RANKS"),
     "launch": ("script", "run_on_ranks"),
-    "..engines.once": ("once",),
+    "spmdsim.engines.once": ("once",),
     "dry": ("dry_run_active",),
     "comm": ("SimComm",),
     "p2p": ("Request",),
     "_buffers": ("IN_PLACE",),
     "engine": ("DeadlockError", "SimulationError"),
-    "..engines.memory": ("MemoryLimitError",),
+    "spmdsim.engines.memory": ("MemoryLimitError",),
 }.items() for name in names}
 
 __all__ = list(_WHERE)
@@ -31,8 +31,7 @@ def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    where = module[2:] if module.startswith("..") else module  # spmdsim.engines.once: a sibling
-    path = f"spmdsim.{where}" if module.startswith("..") else f"{__name__}.{module}"
+    path = module if module.startswith("spmdsim.") else f"{__name__}.{module}"  # engines': absolute
     value = getattr(importlib.import_module(path), name)
     globals()[name] = value
     return value

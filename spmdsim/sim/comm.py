@@ -23,8 +23,6 @@ from .p2p import PointToPoint
 __all__ = ["SimComm", "self_comm", "comm_null"]
 
 
-
-
 class _Handle:
     """What copies of one communicator share: the collective call counter, name, info, state."""
 

@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from ..engines import Engine
 from ..context import current
-from ._buffers import in_place
+from ..engines import Engine
+from ..engines.base import SimulationError
 
 __all__ = ["Meter", "RankBytes", "DryRunReport", "DryComm", "DryEngine", "DRY", "zeros", "dry_run_active",
            "report"]
@@ -208,13 +208,9 @@ class DryComm:
     # -- buffer collectives ---------------------------------------------------------------
 
     def _fill(self, src: Any, dst: Any, how: Any) -> None:
-        meter = current().meter
         send, recv = _array(src), _array(dst)
-        if meter is not None:
-            meter.hold(send, recv)
-        if recv is None or in_place(src) and how != "gather":
-            return
-        if send is None:  # in place: the buffer already holds this rank's part
+        current().meter.hold(send, recv)
+        if recv is None or send is None:  # send None: in place, the buffer holds this rank's part
             return
         if recv.nbytes > DRY_COPY_BYTES or recv.dtype != send.dtype:
             recv.fill(0)
@@ -234,17 +230,13 @@ class DryComm:
         self._fill(src, dst, _first)
 
     def Alltoallv(self, src: Any, dst: Any) -> None:
-        meter = current().meter
-        if meter is not None:
-            meter.hold(_array(src), _array(dst))
         recv = _array(dst)
+        current().meter.hold(_array(src), recv)
         if recv is not None:
             recv.fill(0)
 
     def Bcast(self, buf: Any, root: int = 0) -> None:
-        meter = current().meter
-        if meter is not None:
-            meter.hold(_array(buf))
+        current().meter.hold(_array(buf))
 
     def Gather(self, src: Any, dst: Any, root: int = 0) -> None:
         if self.rank == root:
@@ -286,8 +278,6 @@ class DryComm:
 
     def __getattr__(self, name: str) -> Any:
         if name[:1].isupper() or name in ("send", "recv", "isend", "irecv", "sendrecv", "ssend", "bsend"):
-            from .engine import SimulationError
-
             raise SimulationError(
                 f"comm.{name} in a dry run: one rank runs for all, so it cannot take the other ranks' part; "
                 "use the runtime's collectives on a Mesh, or run without --dry-run")
