@@ -193,11 +193,17 @@ def _back(g: TensorLayout, consumer_in: TensorLayout, producer_out: TensorLayout
           dtype: str) -> tuple[int, TensorLayout]:
     """(bytes, layout at the producer) of an input gradient: onto the hop's output, then back over it."""
     at_in = _grad_layout(consumer_in, g)
-    cost = _move(g, at_in, shape, dtype)
+    cost, at = _over(at_in, consumer_in, producer_out, shape, dtype)
+    return _move(g, at_in, shape, dtype) + cost, at
+
+
+def _over(at_in: TensorLayout, consumer_in: TensorLayout, producer_out: TensorLayout, shape: tuple,
+          dtype: str) -> tuple[int, TensorLayout]:
+    """(bytes, layout at the producer) of a gradient at the hop's output (`at_in`) back over the hop."""
     if consumer_in == producer_out:
-        return cost, at_in
+        return 0, at_in
     at_out = _grad_layout(producer_out, at_in)
-    return cost + _move(at_in, at_out, shape, dtype), at_out
+    return _move(at_in, at_out, shape, dtype), at_out
 
 
 def _add(a: TensorLayout, b: TensorLayout, owner: TensorLayout, shape: tuple, dtype: str) -> tuple:
@@ -265,12 +271,8 @@ def edge_bytes(graph: Graph, p: int, q: int, pos: int, producers: Sequence[Candi
 @lru_cache(maxsize=1 << 18)
 def _resolved_over(at_in: TensorLayout, consumer_in: TensorLayout, producer_out: TensorLayout, shape: tuple,
                    dtype: str) -> int:
-    """Bytes of a gradient at the hop's output (`at_in`) back over the hop and resolved at the producer
-    (`_back`'s second half, then the resolution)."""
-    at, cost = at_in, 0
-    if consumer_in != producer_out:
-        at = _grad_layout(producer_out, at_in)
-        cost = _move(at_in, at, shape, dtype)
+    """Bytes of a gradient at the hop's output (`at_in`) back over the hop and resolved at the producer."""
+    cost, at = _over(at_in, consumer_in, producer_out, shape, dtype)
     return cost + _move(at, producer_out.with_partial(()), shape, dtype)
 
 

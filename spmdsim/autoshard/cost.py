@@ -100,7 +100,7 @@ def redistribution_bytes(sources: Sequence[TensorLayout], targets: Sequence[Tens
     lower bound, which the planner's plan meets when neither side is a pending
     sum (tested against `plan_redistribution`); pending sums go to the planner.
     On power-of-two meshes the blocks nest, so the bound follows from which
-    rank bits index each dim (`_nested_need`); otherwise from every rank's blocks.
+    rank bits index each dim (`_nested_needs`); otherwise from every rank's blocks.
     """
     shape, itemsize = tuple(shape), np.dtype(dtype).itemsize
     out = np.zeros((len(sources), len(targets)), dtype=np.int64)
@@ -134,24 +134,6 @@ def _bits(tl: TensorLayout, shape: tuple) -> Optional[tuple]:
     return tuple((tuple(b for a in axes for b in where[a]), w) for axes, w in zip(tl.tensor_map, widths))
 
 
-def _nested_need(source: tuple, target: tuple) -> int:
-    """Elements the busiest rank lacks of its target block when every split is a power of two.
-
-    Along each dim the finer block lies inside one coarser block; a rank holds
-    its whole target block there (the smaller width) exactly when the coarser
-    index is read from the same rank bits as the top of the finer one, on
-    every rank; one rank that reads other bits holds nothing of it.
-    """
-    held, size = 1, 1
-    for (bits_s, w_s), (bits_t, w_t) in zip(source, target):
-        size *= w_t
-        short, long = (bits_s, bits_t) if len(bits_s) <= len(bits_t) else (bits_t, bits_s)
-        if long[:len(short)] != short:
-            held = 0
-        held *= min(w_s, w_t)
-    return size - held
-
-
 def _prepare(targets: Sequence[tuple]) -> tuple:
     """Per dim of many targets' `_bits`: (distinct rank bits, each target's index there, widths); sizes."""
     dims = []
@@ -164,7 +146,14 @@ def _prepare(targets: Sequence[tuple]) -> tuple:
 
 
 def _nested_needs(source: tuple, prepared: tuple) -> np.ndarray:
-    """`_nested_need` of one source against many targets (`_prepare`d): each bit test once per distinct bits."""
+    """Per target (`_prepare`d), the elements the busiest rank lacks of its target block when every split
+    is a power of two; each bit test once per distinct bits.
+
+    Along each dim the finer block lies inside one coarser block; a rank holds
+    its whole target block there (the smaller width) exactly when the coarser
+    index is read from the same rank bits as the top of the finer one, on
+    every rank; one rank that reads other bits holds nothing of it.
+    """
     dims, size = prepared
     held = np.ones(len(size), dtype=np.int64)
     for (bits_s, w_s), (distinct, index, widths) in zip(source, dims):
