@@ -11,7 +11,7 @@ import numpy as np
 import spmdsim
 from spmdsim import Layout, SeededTensor, ops
 from spmdsim.reference_grad import numeric_grads
-from spmdsim.runtime import DTensor, Mesh, collect_trace
+from spmdsim import DTensor, Mesh, collect_trace
 from spmdsim.sim import once
 
 spmdsim.script(__file__)  # with --ranks N: N simulated ranks in this process

@@ -13,7 +13,7 @@ from spmdsim.holdings import holdings
 from spmdsim.ops import paddle_mesh, split
 from spmdsim.reference import embedding_region
 from spmdsim.errors import SpmdsimError
-from spmdsim.runtime import DTensor, collect_trace, install_excepthook
+from spmdsim import DTensor, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines
 
 # With --ranks N this file runs on N simulated ranks in this process (no mpiexec).

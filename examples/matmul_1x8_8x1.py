@@ -14,7 +14,7 @@ from spmdsim.errors import SpmdsimError
 from spmdsim.holdings import holdings
 from spmdsim.ops import matmul
 from spmdsim.reference import matmul_region
-from spmdsim.runtime import DTensor, Mesh, collect_trace, install_excepthook
+from spmdsim import DTensor, Mesh, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines
 
 # With --ranks N this file runs on N simulated ranks in this process (no mpiexec).

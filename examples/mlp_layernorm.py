@@ -12,7 +12,7 @@ import spmdsim
 from spmdsim import Layout, SeededTensor, ops
 from spmdsim.reference import gelu
 from spmdsim.reference_grad import numeric_grads
-from spmdsim.runtime import DTensor, Mesh, collect_trace
+from spmdsim import DTensor, Mesh, collect_trace
 from spmdsim.sim import once
 
 spmdsim.script(__file__)  # with --ranks N: N simulated ranks in this process

@@ -14,7 +14,7 @@ import spmdsim
 from spmdsim.sim import script
 from spmdsim.errors import SpmdsimError
 from spmdsim.nets import NetworkRunner, mindspore_layout
-from spmdsim.runtime import install_excepthook
+from spmdsim import install_excepthook
 from spmdsim.runtime.ranked import print_ranked
 
 # With --ranks N this file runs on N simulated ranks in this process (no mpiexec).

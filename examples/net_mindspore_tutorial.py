@@ -17,7 +17,7 @@ from spmdsim.sim import script
 from spmdsim.errors import SpmdsimError
 from spmdsim.holdings import rank_blocks
 from spmdsim.nets import NetworkRunner, mindspore_tutorial
-from spmdsim.runtime import install_excepthook
+from spmdsim import install_excepthook
 from spmdsim.runtime.ranked import print_ranked
 
 # With --ranks N this file runs on N simulated ranks in this process (no mpiexec).

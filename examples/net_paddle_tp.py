@@ -16,7 +16,7 @@ from spmdsim.sim import script
 from spmdsim.holdings import holdings
 from spmdsim.nets import NetworkRunner, paddle_needs, paddle_tp
 from spmdsim.errors import SpmdsimError
-from spmdsim.runtime import install_excepthook
+from spmdsim import install_excepthook
 from spmdsim.runtime.ranked import print_ranked
 
 # With --ranks N this file runs on N simulated ranks in this process (no mpiexec).

@@ -25,7 +25,7 @@ from spmdsim.ops import (ColumnParallelLinear, ParallelMLP, RowParallelLinear, V
                          cross_entropy, matmul, reshape, scale, softmax, transpose)
 from spmdsim.optim import SGD
 from spmdsim import redistribute
-from spmdsim.runtime import DTensor, Mesh, collect_trace
+from spmdsim import DTensor, Mesh, collect_trace
 from spmdsim.sim import dry_run_active, once
 from spmdsim.train_reference import megatron_block
 import numpy as np  # noqa: E402

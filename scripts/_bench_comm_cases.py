@@ -17,7 +17,7 @@ __all__ = ["collective_cases", "redistribute_cases"]
 # -- collectives --------------------------------------------------------------------------
 def collective_cases(comm: Any, waiter: Waiter, wait: str, sizes: list[int],
                      alloc: bool = False) -> list[Case]:
-    from spmdsim.runtime import Mesh
+    from spmdsim import Mesh
 
     world = comm.Get_size()
     meshes = [(Mesh(Layout((world,), ("x",)), comm, wait=wait), ("x",))]
@@ -261,7 +261,7 @@ def _raw_exchange(comm: Any, step: Any, rank: int, in_shape: tuple, out_shape: t
 def redistribute_cases(comm: Any, waiter: Waiter, wait: str, shape: tuple[int, int]) -> list[Case]:
     from spmdsim.plan import plan_redistribution
     from spmdsim.runtime.executor import redistribute
-    from spmdsim.runtime import DTensor, Mesh
+    from spmdsim import DTensor, Mesh
 
     world = comm.Get_size()
     one = Layout((world,), ("x",))

@@ -114,7 +114,7 @@ def run_case(comm: Any, waiter: Waiter, case: Case, warmup: int, repeats: int) -
     repeats += repeats % 2  # an even count: each MPI contender goes first equally often
     total = np.zeros((3, repeats))
     comm_t = np.zeros((2, repeats))
-    from spmdsim.runtime import collect_trace
+    from spmdsim import collect_trace
 
     spans: list = [[[] for _ in range(repeats)] for _ in range(2)]
     with collect_trace():  # read by traced(); raw and numpy record nothing

@@ -22,7 +22,7 @@ def op_cases(comm: Any, waiter: Waiter, wait: str, sz: dict) -> list[Case]:
                              VocabParallelEmbedding, matmul)
     from spmdsim import activations
     from spmdsim.reference import gelu
-    from spmdsim.runtime import DTensor, Mesh
+    from spmdsim import DTensor, Mesh
 
     world, rank = comm.Get_size(), comm.Get_rank()
     layout = Layout((world,), ("x",))
@@ -157,7 +157,7 @@ def _training_step(comm: Any, mesh: Any, waiter: Waiter, xsrc: Any, d_in: int, d
     from spmdsim.ops import ParallelMLP, mse_loss
     from spmdsim.optim import SGD
     from spmdsim.activations import gelu, gelu_backward
-    from spmdsim.runtime import DTensor
+    from spmdsim import DTensor
 
     lr = 1e-4
     mlp = ParallelMLP(mesh, d_in, d_out, seed=50)

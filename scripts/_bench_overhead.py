@@ -38,7 +38,7 @@ def overhead_records(comm: Any, wait: str, loops: int, profile: bool) -> list[di
     from spmdsim.ops import matmul
     from spmdsim.plan import plan_redistribution
     from spmdsim.runtime.executor import redistribute
-    from spmdsim.runtime import DTensor, Mesh, collect_trace
+    from spmdsim import DTensor, Mesh, collect_trace
     from spmdsim.runtime import collectives as C
     from spmdsim.runtime.trace import record
 

@@ -128,7 +128,7 @@ def bench(args) -> list[dict]:
 
     from spmdsim import Layout
     from spmdsim.errors import SpmdsimError
-    from spmdsim.runtime import Mesh
+    from spmdsim import Mesh
 
     world = MPI.COMM_WORLD
     # Below one float32 per rank in each rank's block the buffers would be padded up
@@ -182,7 +182,7 @@ def workload(iterations: int) -> None:
     from mpi4py import MPI
 
     from spmdsim import Layout
-    from spmdsim.runtime import Mesh
+    from spmdsim import Mesh
     from spmdsim.runtime import collectives as C
 
     world = MPI.COMM_WORLD

@@ -78,7 +78,7 @@ def bench(size: int, repeats: int, spins: list[int]) -> tuple[list[tuple[str, fl
     from mpi4py import MPI
 
     from spmdsim import Layout, buffers
-    from spmdsim.runtime import Mesh
+    from spmdsim import Mesh
     from spmdsim.runtime import collectives as C
     from spmdsim.runtime._calls import issue
     from spmdsim.runtime.wait import polite_wait

@@ -83,7 +83,7 @@ def _steps(args, comm, replay: bool, shape: tuple = MESH) -> dict:
     from spmdsim.gpt.parallel import GPT
     from spmdsim.gpt.params import decays, param_specs
     from spmdsim.optim import AdamW
-    from spmdsim.runtime import DTensor, Mesh, collect_trace
+    from spmdsim import DTensor, Mesh, collect_trace
 
     cfg, ids = _config(args), encode(load_text())
     walls, inside, raw, arrived, raw_arrived = [], [], [], [], []

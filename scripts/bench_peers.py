@@ -126,7 +126,7 @@ def cases(comm: Any, torch: Any, cfg: dict) -> list[tuple[str, Callable, Callabl
     from spmdsim.ops import (ColumnParallelLinear, ParallelMLP, RowParallelLinear,
                              VocabParallelEmbedding, matmul)
     from spmdsim.runtime.executor import redistribute
-    from spmdsim.runtime import DTensor, Mesh
+    from spmdsim import DTensor, Mesh
 
     world, rank = comm.Get_size(), comm.Get_rank()
     layout = Layout((world,), ("x",))
@@ -223,7 +223,7 @@ def training_case(comm: Any, torch: Any, cfg: dict,
     from spmdsim import Layout, SeededTensor
     from spmdsim.ops import ParallelMLP, mse_loss
     from spmdsim.optim import SGD
-    from spmdsim.runtime import DTensor, Mesh
+    from spmdsim import DTensor, Mesh
 
     world = comm.Get_size()
     layout = Layout((world,), ("x",))

@@ -25,7 +25,7 @@ SEQ, WIDTH, D_MODEL, HIDDEN_PER_MP = 16, 4, 16, 8  # rows per rank, head width, 
 def mlp(mesh):
     """ParallelMLP over "mp", rows split over "dp": one Allreduce of the (rows/dp, hidden) output."""
     from spmdsim.ops import ParallelMLP
-    from spmdsim.runtime import DTensor
+    from spmdsim import DTensor
 
     dp, mp = mesh.layout.device_matrix
     hidden = 2 * mp
@@ -36,7 +36,7 @@ def mlp(mesh):
 def attention(mesh):
     """examples/attention.py on every dp replica: heads split over "mp", one Allreduce of (SEQ, D_MODEL)."""
     from spmdsim.ops import matmul, reshape, scale, softmax, transpose
-    from spmdsim.runtime import DTensor
+    from spmdsim import DTensor
 
     mp = mesh.layout.device_matrix[1]
     seq, heads, d_model, L = SEQ, 2 * mp, D_MODEL, mesh.layout
@@ -52,7 +52,7 @@ def attention(mesh):
 
 def program(shape):
     """What every simulated rank runs: both layers on one mesh; returns the trace rows."""
-    from spmdsim.runtime import Mesh, collect_trace
+    from spmdsim import Mesh, collect_trace
 
     mesh = Mesh(Layout(shape, ("dp", "mp")))
     with collect_trace() as trace:

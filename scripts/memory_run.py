@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from spmdsim import Layout, SeededTensor
     from spmdsim.errors import SpmdsimError
     from spmdsim.ops import matmul
-    from spmdsim.runtime import DTensor, Mesh
+    from spmdsim import DTensor, Mesh
 
     comm = MPI.COMM_WORLD
     rank, world = comm.Get_rank(), comm.Get_size()

@@ -50,6 +50,10 @@ def __getattr__(name: str) -> Any:
     where = _LAZY.get(name)
     if where is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if where[0].startswith("spmdsim.runtime"):
+        # A DTensor from the front door has its operators (x + y, x @ w, .backward()): spmdsim.ops
+        # installs them in the runtime's DTensor when it loads (spmdsim/ops/methods.py).
+        importlib.import_module("spmdsim.ops")
     module = importlib.import_module(where[0])
     value = module if where[1] is None else getattr(module, where[1])
     globals()[name] = value

@@ -144,6 +144,58 @@ def test_the_runtime_ops_autograd_and_datagen_do_not_ask_which_engine_they_run_o
         assert not asked, f"{path.relative_to(ROOT)} imports {sorted(asked)}"
 
 
+def _package(module: str) -> str | None:
+    """spmdsim.a.b -> "a" when spmdsim/a is a package; None for the top package's own modules."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and (ROOT / "spmdsim" / parts[1] / "__init__.py").exists() else None
+
+
+def test_no_import_cycle_between_spmdsims_packages():
+    """Packages import downwards (docs/architecture.md): with every import counted, function-level ones
+    too, the graph of packages has no cycle. DTensor's operators reach ops and autograd through the table
+    spmdsim.ops fills (ops/methods.py), not by an import from the runtime."""
+    edges: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "spmdsim").rglob("*.py")):
+        here = _package(".".join(path.relative_to(ROOT).with_suffix("").parts))
+        if here is None:
+            continue
+        for name in _imports(path):
+            there = _package(name)
+            if there is not None and there != here:
+                edges.setdefault(here, set()).add(there)
+    assert edges["runtime"] and "runtime" in edges["ops"]  # the scan sees imports at all
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        for nxt in edges.get(start, ()):
+            if nxt == goal or (nxt not in seen and (seen.add(nxt) or reaches(nxt, goal, seen))):
+                return True
+        return False
+
+    cycles = sorted(p for p in edges if reaches(p, p, set()))
+    assert not cycles, f"packages on an import cycle: {cycles}"
+
+
+def test_dtensor_operators_come_with_spmdsim_ops():
+    """The runtime alone gives its DTensor no operators (one line says where they are); the front door's
+    DTensor has them."""
+    code = ("import numpy as np\n"
+            "from spmdsim.runtime.dtensor import DTensor\n"
+            "from spmdsim.layout import Layout\n"
+            "from spmdsim.errors import OperatorError\n"
+            "try:\n"
+            "    DTensor.__add__(None, 1)\n"
+            "except OperatorError as e:\n"
+            "    print(e)\n"
+            "import spmdsim\n"
+            "assert spmdsim.DTensor is DTensor\n"
+            "print(DTensor.__add__.__name__, 'spmdsim.ops' in __import__('sys').modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "DTensor's operators and autograd come with spmdsim.ops, which is not loaded: import spmdsim.ops "
+        "(or take DTensor from spmdsim) before using pointwise", "__add__ True"]
+
+
 def test_a_dry_run_refuses_point_to_point_in_one_line(tmp_path):
     """One rank runs for all: a message from another rank cannot be had, so the call is refused."""
     def body():

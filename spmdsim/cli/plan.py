@@ -341,7 +341,7 @@ def _execute(args: argparse.Namespace, comm: Any) -> int:
 
     from ..datagen import SeededTensor
     from ..runtime.executor import redistribute
-    from ..runtime import DTensor, Mesh, collect_trace
+    from .. import DTensor, Mesh, collect_trace  # the front door: DTensor with its operators
 
     from ..memory import redistribute_need, shard_multiples
     from ..runtime.budget import check_memory

@@ -35,13 +35,13 @@ def mp_layout(world_size: int) -> Layout:
 
 
 def _mesh(layout: Layout, comm: Any) -> Any:
-    from ..runtime import Mesh
+    from .. import Mesh
 
     return Mesh(layout, comm)
 
 
 def _dtensor(mesh: Any, layout: TensorLayout, source: SeededTensor) -> Any:
-    from ..runtime import DTensor
+    from .. import DTensor  # the front door: DTensor with its operators
 
     return DTensor.from_seeded(mesh, layout, source)
 

@@ -110,7 +110,7 @@ class GPT:
 
     def __init__(self, cfg: GPTConfig, mesh: Any, sp: bool = False,
                  layouts: Optional[dict[str, TensorLayout]] = None) -> None:
-        from ..runtime import DTensor
+        from .. import DTensor  # the front door: DTensor with its operators
 
         names = tuple(mesh.layout.alias_name)
         if names != ("dp", "tp"):
@@ -206,7 +206,7 @@ class GPT:
         import zlib
 
         from ..autograd import no_grad
-        from ..runtime import DTensor
+        from .. import DTensor  # the front door: DTensor with its operators
         from ..runtime.executor import redistribute
         from .data import encode
 

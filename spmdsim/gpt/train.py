@@ -103,7 +103,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     """
     from .. import ops
     from ..optim import AdamW
-    from ..runtime import DTensor, Mesh, collect_trace
+    from .. import DTensor, Mesh, collect_trace  # the front door: DTensor with its operators
     from ..runtime.executor import pending, resolve
     from ..sim import dry_run_active, once
     from .parallel import GPT

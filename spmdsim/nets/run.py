@@ -26,7 +26,7 @@ class NetworkRunner:
     """
 
     def __init__(self, net: Network, comm: Any) -> None:
-        from ..runtime import DTensor
+        from .. import DTensor  # the front door: DTensor with its operators
 
         self.net = net
         self.comm = comm
@@ -47,7 +47,7 @@ class NetworkRunner:
         """The runtime Mesh of `layout` over this runner's communicator (one per device matrix)."""
         mesh = self._meshes.get(layout)
         if mesh is None:
-            from ..runtime import Mesh
+            from .. import Mesh
 
             mesh = self._meshes[layout] = Mesh(layout, self.comm)
         return mesh
@@ -58,14 +58,14 @@ class NetworkRunner:
 
     def input(self) -> Any:
         """This rank's shard of the network input, in the layout it arrives in."""
-        from ..runtime import DTensor
+        from .. import DTensor  # the front door: DTensor with its operators
 
         net = self.net
         return DTensor.from_seeded(self.mesh(net.input_layout.layout), net.input_layout, net.source)
 
     def forward(self, x: Any = None) -> "NetworkRun":
         """Run every hop, each under its own trace, on `x` (default: `input()`); the outputs and traces."""
-        from ..runtime import collect_trace
+        from .. import collect_trace
 
         value = self.input() if x is None else x
         outputs, entries = [], []
@@ -77,7 +77,7 @@ class NetworkRunner:
         return NetworkRun(self, tuple(outputs), tuple(entries))
 
     def _hop(self, hop: Hop, x: Any) -> Any:
-        from ..runtime import DTensor
+        from .. import DTensor  # the front door: DTensor with its operators
 
         if hop.is_redistribution:
             from ..runtime.executor import redistribute
@@ -96,7 +96,7 @@ class NetworkRunner:
 
 
 def _flatten(runner: NetworkRunner, index: int, x: Any) -> Any:
-    from ..runtime import DTensor
+    from .. import DTensor  # the front door: DTensor with its operators
 
     stage = runner.net.stages[index]
     local = x.local.reshape(x.local.shape[0], -1)  # only dim 0 is split: a local reshape

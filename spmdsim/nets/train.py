@@ -51,7 +51,7 @@ class NetworkTrainer:
     def __init__(self, net: Network, comm: Any, optimizer: str = "sgd", lr: float = 1e-2,
                  momentum: float = 0.0, bucket: Any = False) -> None:
         from .. import optim
-        from ..runtime import DTensor, Mesh
+        from .. import DTensor, Mesh  # the front door: DTensor with its operators
 
         if net.stages[-1].out.ndim < 2:
             raise OperatorError(f"{net.name}: the output must have a class dim to train with cross-entropy")
@@ -89,7 +89,7 @@ class NetworkTrainer:
         (`spmdsim.autograd.backward`).
         """
         from ..ops import cross_entropy, reshape
-        from ..runtime import DTensor, collect_trace
+        from .. import DTensor, collect_trace  # the front door: DTensor with its operators
 
         net = self.net
         self.optimizer.zero_grad()
@@ -113,7 +113,7 @@ class NetworkTrainer:
     def _hop(self, hop: Hop, x: Any) -> Any:
         from .. import ops
         from ..runtime.executor import redistribute
-        from ..runtime import DTensor
+        from .. import DTensor  # the front door: DTensor with its operators
 
         if hop.is_redistribution:
             y = redistribute(x, hop.after, hop.plan)

@@ -19,6 +19,7 @@ from .norms import causal_mask, dropout, layer_norm, log_softmax, masked_fill, r
 from .paddle_split import paddle_mesh, split
 from .pointwise import abs, add, div, exp, log, maximum, minimum, mul, neg, pow, sqrt, sub, tanh, where
 from .reduce import max, mean, min, sum
+from . import methods as _methods  # noqa: F401  (gives DTensor its operators: x + y, x @ w, x.sum())
 
 __all__ = ["matmul", "einsum", "linear", "embedding", "relu", "gelu", "activation", "scale", "add", "sub", "mul",
            "div", "neg", "pow", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "abs", "sum", "mean",

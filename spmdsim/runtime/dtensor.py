@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import buffers
 from ..datagen import SeededTensor
-from ..errors import DTypeError, LayoutError, RankError, ShapeError
+from ..errors import DTypeError, LayoutError, OperatorError, RankError, ShapeError
 from ..layout import TensorLayout
 from ..context import current as _context
 from ..validate import as_int, dtype_arg, tolerance_arg
@@ -39,6 +39,29 @@ def _checked_shapes(layout: TensorLayout, *global_shape: Any) -> tuple[tuple[int
     operator's result was ~6 us of each call (a failed check raises and is not cached)."""
     shape = layout.check_shape(global_shape)
     return shape, layout.local_shape(shape)
+
+
+class _Operators:
+    """What DTensor's operator methods call: the operators and autograd, which build DTensors.
+
+    The runtime sits below them and imports neither; `spmdsim.ops` fills this table when it loads
+    (`spmdsim/ops/methods.py`), as jax.numpy gives jax's arrays their operators. The front door
+    (``from spmdsim import DTensor``) loads spmdsim.ops with it.
+    """
+    __slots__ = ("pointwise", "matmul", "reduce", "requires_grad_", "backward")
+
+    def __getattr__(self, name: str) -> Any:  # a slot not filled yet
+        raise OperatorError(f"DTensor's operators and autograd come with spmdsim.ops, which is not loaded: "
+                            f"import spmdsim.ops (or take DTensor from spmdsim) before using {name}")
+
+
+_OPERATORS = _Operators()
+
+
+def install_operators(**functions: Callable[..., Any]) -> None:
+    """Fill the table DTensor's methods call (spmdsim.ops does, when it loads)."""
+    for name, function in functions.items():
+        setattr(_OPERATORS, name, function)
 
 
 class DTensor:
@@ -165,12 +188,10 @@ class DTensor:
 
         return resolve(self._mesh, self._local, self._layout, label)
 
-    # -- autograd (spmdsim.autograd; docs/training.md) ---------------------------------
+    # -- autograd and operators: spmdsim.ops fills `_OPERATORS` when it loads ----------------
     def requires_grad_(self, requires_grad: bool = True) -> "DTensor":
         """Ask for ``.grad`` after ``loss.backward()`` (floating tensors only); returns self."""
-        from ..autograd.graph import requires_grad_
-
-        return requires_grad_(self, requires_grad)
+        return _OPERATORS.requires_grad_(self, requires_grad)
 
     requires_grad = property(lambda self: self._ag is not None)
     grad = property(lambda self: getattr(self._ag, "grad", None), doc="the gradient, in this layout")
@@ -183,68 +204,58 @@ class DTensor:
         layout). ``bucket=True``: gradients summed over the same axes share one Allreduce; an int caps
         a bucket's bytes.
         """
-        from ..autograd.engine import backward
+        _OPERATORS.backward(self, explain, bucket, gradient)
 
-        backward(self, explain, bucket, gradient)
-
-    # -- arithmetic (spmdsim.ops.pointwise: broadcasting; a number is a replicated 0-d operand) --
+    # arithmetic (spmdsim.ops.pointwise: broadcasting; a number is a replicated 0-d operand)
     __array_ufunc__ = None  # numpy defers to the reflected methods: 2.0 * t is a DTensor
 
     def __add__(self, other: Any) -> "DTensor":
-        return _pointwise("add", self, other)
+        return _OPERATORS.pointwise("add", self, other)
 
     def __radd__(self, other: Any) -> "DTensor":
-        return _pointwise("add", other, self)
+        return _OPERATORS.pointwise("add", other, self)
 
     def __sub__(self, other: Any) -> "DTensor":
-        return _pointwise("sub", self, other)
+        return _OPERATORS.pointwise("sub", self, other)
 
     def __rsub__(self, other: Any) -> "DTensor":
-        return _pointwise("sub", other, self)
+        return _OPERATORS.pointwise("sub", other, self)
 
     def __mul__(self, other: Any) -> "DTensor":
-        return _pointwise("mul", self, other)
+        return _OPERATORS.pointwise("mul", self, other)
 
     def __rmul__(self, other: Any) -> "DTensor":
-        return _pointwise("mul", other, self)
+        return _OPERATORS.pointwise("mul", other, self)
 
     def __truediv__(self, other: Any) -> "DTensor":
-        return _pointwise("div", self, other)
+        return _OPERATORS.pointwise("div", self, other)
 
     def __rtruediv__(self, other: Any) -> "DTensor":
-        return _pointwise("div", other, self)
+        return _OPERATORS.pointwise("div", other, self)
 
     def __pow__(self, other: Any) -> "DTensor":
-        return _pointwise("pow", self, other)
+        return _OPERATORS.pointwise("pow", self, other)
 
     def __rpow__(self, other: Any) -> "DTensor":
-        return _pointwise("pow", other, self)
+        return _OPERATORS.pointwise("pow", other, self)
 
     def __neg__(self) -> "DTensor":
-        return _pointwise("neg", self)
+        return _OPERATORS.pointwise("neg", self)
 
     def __matmul__(self, other: Any) -> "DTensor":
-        from ..ops.matmul import matmul
-
-        return matmul(self, other)
+        return _OPERATORS.matmul(self, other)
 
     def sum(self, dims: Any = None, keepdims: bool = False) -> "DTensor":
         """`spmdsim.ops.sum`: over a split dim, a pending sum."""
-        from ..ops.reduce import reduce
-
-        return reduce("sum", self, dims, keepdims)
+        return _OPERATORS.reduce("sum", self, dims, keepdims)
 
     def mean(self, dims: Any = None, keepdims: bool = False) -> "DTensor":
         """`spmdsim.ops.mean`: over a split dim, a pending sum."""
-        from ..ops.reduce import reduce
-
-        return reduce("mean", self, dims, keepdims)
+        return _OPERATORS.reduce("mean", self, dims, keepdims)
 
     def max(self, dims: Any = None, keepdims: bool = False) -> "DTensor":
         """`spmdsim.ops.max`: over a split dim, one Allreduce(MAX)."""
-        from ..ops.reduce import reduce
-
-        return reduce("max", self, dims, keepdims)
+        return _OPERATORS.reduce("max", self, dims, keepdims)
 
     # -- whole-tensor views ------------------------------------------------------------
     def gather(self, root: int | None = None) -> np.ndarray | None:
@@ -327,12 +338,6 @@ class DTensor:
         verdict = agree(self._mesh.comm, stats, rtol, atol, self._mesh.polite)
         # Passed, so that a program's raise_if_failed() lets its dry run go on; its text says why.
         return replace(verdict, dry_run=True) if dry else verdict
-
-
-def _pointwise(op: str, *args: Any) -> "DTensor":
-    from ..ops.pointwise import pointwise
-
-    return pointwise(op, *args)
 
 
 def _check_dtype(dtype: np.dtype, layout: TensorLayout) -> None:
