@@ -81,7 +81,7 @@ def _pairs(mesh, n_bytes, alloc, prepared=False):
     bbuf = buffers.placed_copy(x)
     if mesh.polite:
         # The same wait as spmdsim's polite mesh: the nonblocking call, then polite_wait.
-        from spmdsim.runtime.wait import polite_wait as pw
+        from spmdsim.engines.wait import polite_wait as pw
 
         raw = {
             "allgather": lambda: pw(comm.Iallgather(x, gathered)),

@@ -81,7 +81,7 @@ def bench(size: int, repeats: int, spins: list[int]) -> tuple[list[tuple[str, fl
     from spmdsim import Mesh
     from spmdsim.runtime import collectives as C
     from spmdsim.runtime._calls import issue
-    from spmdsim.runtime.wait import polite_wait
+    from spmdsim.engines.wait import polite_wait
 
     comm = MPI.COMM_WORLD
     world = comm.Get_size()
@@ -98,8 +98,8 @@ def bench(size: int, repeats: int, spins: list[int]) -> tuple[list[tuple[str, fl
     cases = [("raw mpi4py", raw, None), ("raw again (A/A)", raw, None)]
     cases += [(f"raw after {us} us of spin", _busy(us, raw), us) for us in spins]
     cases += [("spmdsim's body (_calls.issue)",
-               lambda: issue(mesh, sub, g, "alltoall", ("x",), None, sub, "Alltoall", "Ialltoall", full, out,
-                             None, out, full, (0, 0), full.nbytes), None),
+               lambda: issue(mesh, sub, g, "alltoall", ("x",), None, sub, "Alltoall", "Ialltoall", (full, out),
+                             out, full, (0, 0), full.nbytes), None),
               ("collectives.alltoall", lambda: C.alltoall(mesh, full, ("x",), 0, 0, out=out), None)]
 
     def barrier() -> None:

@@ -9,7 +9,8 @@ import pytest
 
 from spmdsim import SpmdsimError
 from spmdsim.cli import launch
-from spmdsim.runtime import trace, wait
+from spmdsim.engines import wait
+from spmdsim.runtime import trace
 
 
 class _FakeComm:
@@ -115,7 +116,7 @@ def test_launch_command_env_and_family(monkeypatch):
 def test_importing_runtime_package_does_not_load_mpi4py():
     import subprocess
 
-    code = ("import sys, spmdsim.runtime, spmdsim.runtime.trace, spmdsim.runtime.wait, spmdsim.cli.launch, "
+    code = ("import sys, spmdsim.runtime, spmdsim.runtime.trace, spmdsim.engines.wait, spmdsim.cli.launch, "
             "spmdsim.runtime.exchange_spec; print('mpi4py' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr

@@ -49,7 +49,7 @@ class Waiter:
     """Completes requests as the runtime's wait mode does ("busy" blocks, "polite" sleeps)."""
 
     def __init__(self, comm: Any, mode: str | None = None) -> None:
-        from ..runtime.wait import polite_wait, resolve_wait_mode
+        from ..engines.wait import polite_wait, resolve_wait_mode
 
         self.mode = resolve_wait_mode(mode, comm)
         self._polite = polite_wait

@@ -9,8 +9,10 @@ its engine (``comm.spmdsim_engine``; mpi4py's have none: MPI); the running
 rank's context (`spmdsim.context`) names the engine of the code that
 runs now.
 
-Imports numpy, spmdsim.context and spmdsim.errors (and, to read a trace, the
-step kinds' byte formulas); never the runtime or spmdsim.sim.
+Imports numpy, spmdsim.context, spmdsim.errors and spmdsim._threads (how many
+cores a rank has, for the polite wait of engines/wait.py; mpi4py only when a
+wait mode is resolved) and, to read a trace, the step kinds' byte formulas;
+never the runtime or spmdsim.sim.
 """
 from __future__ import annotations
 

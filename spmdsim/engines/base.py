@@ -2,10 +2,13 @@
 
 An engine is what a mesh runs on. It answers how a group of the mesh is made
 (`group`: a communicator that speaks mpi4py's buffer collectives, its size and
-this rank's place in it) and how local work is done (`local`, `matmul`; the
-dry engine also makes the zeros that stand in for a generated block, `blank`). The runtime's collectives (spmdsim.runtime.collectives) and the
-executor lay out buffers once for every engine and call the group's
-communicator; the engines differ in what that communicator is.
+this rank's place in it), how one collective runs on it (`collective`: the
+buffer call, waited for as the mesh asks) and how local work is done (`local`,
+`matmul`; the dry engine also makes the zeros that stand in for a generated
+block, `blank`). The runtime's collectives (spmdsim.runtime.collectives) lay
+out buffers once for every engine and hand the call to the mesh's engine; the
+engines differ in what the group's communicator is. The debug hooks and
+emulated algorithms are layers around `collective` (spmdsim.runtime.layers).
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import numpy as np
 
 from ..context import PROCESS
 from ..errors import SpmdsimError
+from .wait import polite_wait
 
 __all__ = ["Engine", "MpiEngine", "MPI", "engine_of", "SimulationError"]
 
@@ -35,6 +39,15 @@ class Engine:
         color, key = mesh.layout.split_color_key(mesh.rank, axes)
         sub = mesh.comm.Split(color, key)
         return sub, sub.Get_size(), sub.Get_rank()
+
+    def collective(self, calls: Any, blocking: str, nonblocking: str, args: tuple, polite: bool) -> None:
+        """Run one collective: `calls`'s buffer call named `blocking` (mpi4py's, "Allreduce", on the
+        group's communicator) with `args`; `polite` (ranks outnumber cores): its nonblocking twin
+        (`nonblocking`, "Iallreduce") waited for without holding a core (engines/wait.py)."""
+        if polite:
+            polite_wait(getattr(calls, nonblocking)(*args))
+        else:
+            getattr(calls, blocking)(*args)
 
     def local(self, fn: Callable[..., Any], like: Any, *args: Any) -> Any:
         """``fn(*args)``: a local kernel whose result is shaped and typed like `like`."""

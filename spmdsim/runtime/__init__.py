@@ -1,8 +1,8 @@
 """The MPI side of spmdsim: meshes, collectives, distributed tensors, checks, guards.
 
 Names are loaded on first use so that ``import spmdsim.runtime`` alone does not
-initialize MPI; ``spmdsim.runtime.trace`` and ``spmdsim.runtime.wait`` never
-import mpi4py at module level. DTensor's operators (``x + y``, ``x @ w``,
+initialize MPI; ``spmdsim.runtime.trace`` never imports mpi4py at module
+level. DTensor's operators (``x + y``, ``x @ w``,
 ``.backward()``) come with ``spmdsim.ops``, which ``import spmdsim.ops`` or the
 front door (``from spmdsim import DTensor``) loads: the runtime sits below the
 operators and imports none.

@@ -1,9 +1,9 @@
 """The one body every collective runs: its MPI call, with the trace, check and watchdog around it.
 
 `issue` is where runtime.collectives, runtime.exchange and runtime.prepared
-reach MPI, by a plain way (the MPI call with the mesh's wait, nothing before
-it) or a layered one (debug hooks or an emulated algorithm): docs/runtime.md,
-"One body per collective". The plain way is kept bare because with 8 ranks on
+reach MPI, by a plain way (the mesh's engine runs the call, nothing before
+it) or through the layers of runtime/layers.py (debug hooks or an emulated
+algorithm): docs/runtime.md, "One body per collective". The plain way is kept bare because with 8 ranks on
 2 cores each rank runs its pre-MPI Python on cold caches, in turn, while the
 group waits. Also here: the argument checks the callers share, which raise
 ShapeError or DTypeError before any MPI call.
@@ -19,10 +19,11 @@ from .. import buffers
 from ..errors import DTypeError, ShapeError
 from ..validate import SUPPORTED_DTYPES, counted
 from . import debug
+from . import layers
+from .layers import Collective
 from .mesh import Mesh, normalize_axes
 from ..context import current as _context
 from .trace import record, record_call
-from .wait import polite_wait
 
 _empty = buffers.empty  # placed in the page for MPI's copies (spmdsim.buffers)
 _HOOKS = debug.HOOKS
@@ -30,15 +31,18 @@ _ndarray = np.ndarray
 
 
 def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, calls: Any, blocking: str,
-          nonblocking: str, a: Any, b: Any, c: Any, result: Any, x: Any, extra: tuple, nbytes: Any,
+          nonblocking: str, args: tuple, result: Any, x: Any, extra: tuple, nbytes: Any,
           copied: int = 0, t0: float | None = None, then: Callable[[], Any] | None = None,
           counts: tuple | None = None, emulate: bool = True) -> Any:
     """Run one collective over `comm` (g > 1 members) and return `result` (or `then()`).
 
+    Plain (no debug hook on, no ``algorithms=``): the mesh's engine runs the call
+    (`Engine.collective`); else the layers of runtime/layers.py do (check, emulated
+    algorithm, watchdog). Either way one trace row follows for the rank's open traces.
+
     Args:
-        calls, blocking, nonblocking, a, b, c: the object whose methods of those names
-            make the call (`comm` with "Allreduce" and "Iallreduce") and their arguments
-            (c None: a call of two); bound methods made ahead and ``*args`` would cost more.
+        calls, blocking, nonblocking, args: the object whose methods of those names make the
+            call (`comm` with "Allreduce" and "Iallreduce") and their arguments.
         x, extra: what SPMDSIM_CHECK compares: the array (its dtype and shape;
             a dtype alone where shapes differ by rank) and the call's other arguments.
         nbytes: an int n (the trace records moved_bytes(op, g, n) both ways) or (sent, received).
@@ -54,15 +58,7 @@ def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, 
         if t0 is None and traces:
             t0 = perf_counter()
         try:  # costs nothing until mpi4py refuses the buffers
-            if c is None:
-                if mesh.polite:
-                    polite_wait(getattr(calls, nonblocking)(a, b))
-                else:
-                    getattr(calls, blocking)(a, b)
-            elif mesh.polite:
-                polite_wait(getattr(calls, nonblocking)(a, b, c))
-            else:
-                getattr(calls, blocking)(a, b, c)
+            mesh.engine.collective(calls, blocking, nonblocking, args, mesh.polite)
         except Exception:
             _check_dtype(op, x.dtype if type(x) is _ndarray else x)  # a clear error when the dtype is why
             raise
@@ -71,37 +67,15 @@ def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, 
             return result
         name = op
     else:
-        args = (a, b) if c is None else (a, b, c)
-        name, nbytes, t0 = _layered(mesh, comm, op, axes, getattr(calls, blocking),
-                                    getattr(calls, nonblocking), args, x, extra, nbytes, t0, counts, emulate)
+        name, moved, t0 = layers.run(Collective(mesh, comm, op, axes, calls, blocking, nonblocking, args, x,
+                                                extra, counts), emulate, t0)
+        nbytes = nbytes if moved is None else moved
     if then is not None:
         result = then()
     if traces:
         now = perf_counter()
         record_call(traces, name, axes, g, nbytes, now - t0, label, copied, now, counts)
     return result
-
-
-def _layered(mesh: Mesh, comm: Any, op: str, axes: Any, blocking: Any, nonblocking: Any, args: tuple,
-             x: Any, extra: tuple, nbytes: Any, t0: float | None, counts: tuple | None,
-             emulate: bool) -> tuple:
-    """`issue` with a debug hook on or an emulated algorithm: (trace name, nbytes, t0)."""
-    array = type(x) is _ndarray
-    dtype = x.dtype if array else np.dtype(x)
-    _check_dtype(op, dtype)  # before the check's exchange: every member raises alike
-    start = perf_counter()
-    axes = normalize_axes(axes)
-    seq = debug.begin(comm, op, axes, dtype, x.shape if array else None, extra, mesh.polite, counts)
-    # The check's own exchange is not the collective's time.
-    t0 = perf_counter() if t0 is None else t0 + (perf_counter() - start)
-    algorithm = emulate and mesh.algorithms and mesh.algorithms.get(op)
-    if not algorithm:
-        debug.complete(blocking, nonblocking, args, op, axes, seq, mesh.polite, comm)
-        return op, nbytes, t0
-    from .algorithms import emulate as run_algorithm
-
-    name, sent, received = run_algorithm(mesh, op, algorithm, comm, *args, label="axes " + ",".join(axes))
-    return name, (sent, received), t0
 
 
 def _alone(op: str, axes: Any, label: str | None, dtype: Any) -> None:

@@ -258,7 +258,7 @@ def emulate(mesh: Any, op: str, algorithm: str, comm: Any, send: Any, recv: Any,
     flat_in = send.reshape(-1) if schedule.input_slots[me] else None
     wait = None
     if mesh.polite:
-        from .wait import polite_wait as wait
+        from ..engines.wait import polite_wait as wait
     combine = np.add
     if op == "allreduce" and extra:  # Allreduce(send, recv, op): MPI's op or a simulated rank's name
         combine = _combine(extra[0])
@@ -290,7 +290,7 @@ def _engine(comm: Any) -> tuple[bool, Any, Any, Any]:
 
 def _builtin(comm: Any, collective: str, send: np.ndarray, out: np.ndarray, root: int, polite: bool) -> None:
     """The library's own collective (MPI's, or the simulated ranks') on the same buffers."""
-    from .wait import polite_wait
+    from ..engines.wait import polite_wait
 
     name = {"allreduce": "allreduce", "allgather": "allgather", "reduce_scatter": "reduce_scatter_block",
             "alltoall": "alltoall", "bcast": "bcast"}[collective]
@@ -320,7 +320,7 @@ def compare_with_mpi(comm: Any, schedule: Schedule, dtype: Any, repeat: int = 3,
     runs of the slowest rank's seconds (``seconds_emulated``, ``seconds_mpi``,
     ``round_seconds`` per round) and the ``wait_mode`` used.
     """
-    from .wait import polite_wait, resolve_wait_mode
+    from ..engines.wait import polite_wait, resolve_wait_mode
 
     simulated, _, op_max, op_min = _engine(comm)
     dtype = np.dtype(dtype)

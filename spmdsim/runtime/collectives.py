@@ -91,9 +91,9 @@ def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int
             dst = None if out is None else _result(out, out_shape, x.dtype, "allgather")
             recv, unpack = _unpacker(mesh, dst, out_shape, shape, x.dtype, d, g)
             return issue(mesh, comm, g, "allgather", axes, label, comm, "Allgather", "Iallgather",
-                         x, recv, None, None, x, (d,), x.nbytes, x.nbytes * g, t0, unpack)
+                         (x, recv), None, x, (d,), x.nbytes, x.nbytes * g, t0, unpack)
     dst = _result(out, out_shape, x.dtype, "allgather")
-    return issue(mesh, comm, g, "allgather", axes, label, comm, "Allgather", "Iallgather", x, dst, None,
+    return issue(mesh, comm, g, "allgather", axes, label, comm, "Allgather", "Iallgather", (x, dst),
                  dst, x, (d,), x.nbytes)
 
 
@@ -114,7 +114,7 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
         return x if out is None else _copy_into(out, x, "alltoall")
     if s == c == 0:  # blocks are contiguous 1/g of the buffer both ways
         dst = _result(out, shape, x.dtype, "alltoall")
-        return issue(mesh, comm, g, "alltoall", axes, label, comm, "Alltoall", "Ialltoall", x, dst, None,
+        return issue(mesh, comm, g, "alltoall", axes, label, comm, "Alltoall", "Ialltoall", (x, dst),
                      dst, x, (s, c), x.nbytes)
     t0 = perf_counter()
     block_shape = shape[:s] + (shape[s] // g,) + shape[s + 1:]
@@ -123,11 +123,11 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
     copied = 0 if send is x else x.nbytes
     if c == 0 or math.prod(block_shape[:c]) == 1:
         dst = _result(out, out_shape, x.dtype, "alltoall")
-        return issue(mesh, comm, g, "alltoall", axes, label, comm, "Alltoall", "Ialltoall", send, dst,
-                     None, dst, x, (s, c), x.nbytes, copied, t0)
+        return issue(mesh, comm, g, "alltoall", axes, label, comm, "Alltoall", "Ialltoall", (send, dst),
+                     dst, x, (s, c), x.nbytes, copied, t0)
     dst = None if out is None else _result(out, out_shape, x.dtype, "alltoall")
     recv, unpack = _unpacker(mesh, dst, out_shape, block_shape, x.dtype, c, g)
-    return issue(mesh, comm, g, "alltoall", axes, label, comm, "Alltoall", "Ialltoall", send, recv, None,
+    return issue(mesh, comm, g, "alltoall", axes, label, comm, "Alltoall", "Ialltoall", (send, recv),
                  None, x, (s, c), x.nbytes, copied + x.nbytes, t0, unpack)
 
 
@@ -146,7 +146,7 @@ def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | No
         return x if out is None or out is x else _copy_into(out, x, "allreduce")
     dst = x if out is x and x.flags.writeable else _result(out, x.shape, x.dtype, "allreduce")
     return issue(mesh, comm, g, "allreduce", axes, label, comm, "Allreduce", "Iallreduce",
-                 _IN_PLACE if dst is x else x, dst, reduce, dst, x, (), x.nbytes)
+                 (_IN_PLACE if dst is x else x, dst, reduce), dst, x, (), x.nbytes)
 
 
 def _reduction(op: Any) -> Any:
@@ -181,7 +181,7 @@ def reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim
         out_shape = shape[:d] + (shape[d] // g,) + shape[d + 1:]
     dst = _result(out, out_shape, x.dtype, "reduce_scatter")
     return issue(mesh, comm, g, "reduce_scatter", axes, label, comm, "Reduce_scatter_block",
-                 "Ireduce_scatter_block", send, dst, _SUM, dst, x, (d,), x.nbytes, copied, t0)
+                 "Ireduce_scatter_block", (send, dst, _SUM), dst, x, (d,), x.nbytes, copied, t0)
 
 
 def bcast(mesh: Mesh, local: Any, axes: str | Iterable[str], root: int = 0,
@@ -200,7 +200,7 @@ def bcast(mesh: Mesh, local: Any, axes: str | Iterable[str], root: int = 0,
     if not (type(buf) is _ndarray and (flags := buf.flags).c_contiguous and flags.writeable):
         buf = np.array(local, order="C")
     n = buf.nbytes
-    return issue(mesh, comm, g, "bcast", axes, label, comm, "Bcast", "Ibcast", buf, root, None, buf, buf,
+    return issue(mesh, comm, g, "bcast", axes, label, comm, "Bcast", "Ibcast", (buf, root), buf, buf,
                  (root,), (n, 0) if me == root else (0, n))
 
 

@@ -32,7 +32,7 @@ from ..errors import RuntimeMismatchError, SpmdsimError
 from ..context import current as _context
 from ..context import simulated as _simulated
 from . import _roster
-from . import wait as waiting
+from ..engines import wait as waiting
 
 __all__ = ["HOOKS", "configure", "check_enabled", "watchdog_seconds", "quiet", "next_seq", "current_seq",
            "fingerprint", "describe", "verify", "verify_counts", "verify_operands", "wait", "begin",

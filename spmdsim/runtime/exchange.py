@@ -95,7 +95,7 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
     comm = mesh.comm
     # Every block sent is packed into `send` (the trace's bytes_copied).
     return issue(mesh, comm, size, "alltoallv", mesh.layout.alias_name, label, comm, "Alltoallv",
-                 "Ialltoallv", [send, (scounts, sdispls)], [recv, (rcounts, rdispls)], None, None,
+                 "Ialltoallv", ([send, (scounts, sdispls)], [recv, (rcounts, rdispls)]), None,
                  dtype, (), (send.nbytes, recv.nbytes), send.nbytes, t0, views, (scounts, rcounts))
 
 
@@ -132,7 +132,7 @@ def exchange(mesh: Mesh, local: np.ndarray, spec: ExchangeSpec, label: str | Non
         return recv
     comm = mesh.comm
     return issue(mesh, comm, size, "alltoallv", axes, label, comm, "Alltoallv", "Ialltoallv",
-                 [send, (spec.scounts, spec.sdispls)], [recv, (spec.rcounts, spec.rdispls)], None, recv,
+                 ([send, (spec.scounts, spec.sdispls)], [recv, (spec.rcounts, spec.rdispls)]), recv,
                  dtype, (), (spec.send_total * dtype.itemsize, recv.nbytes), copied, t0, None,
                  (spec.scounts, spec.rcounts))
 

@@ -11,7 +11,7 @@ from .. import buffers
 from ..errors import LayoutError, RuntimeMismatchError
 from ..layout import Layout
 from ..engines import engine_of, ways_out
-from .wait import WAIT_MODES, resolve_wait_mode
+from ..engines.wait import WAIT_MODES, resolve_wait_mode
 
 __all__ = ["Mesh", "normalize_axes", "SCRATCH_MAX_BYTES"]
 

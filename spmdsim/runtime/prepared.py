@@ -57,7 +57,7 @@ class Prepared:
         self._comm, self.group_size = comm, group_size
         self._send, self.result, self._extra = send, result, extra
         # MPI's blocking call and its three arguments (the third None for a call of two).
-        self._blocking, self._args = blocking, args + (None,) * (3 - len(args))
+        self._blocking, self._args = blocking, args
         moved = moved_bytes(op, group_size, send.nbytes)
         self._bytes = (moved, moved)
         # A group of one rank communicates nothing; the result is the input.
@@ -80,9 +80,8 @@ class Prepared:
             return self.result
         # The blocking call with its checks done once, or the persistent request.
         calls = ("_blocking", "_blocking_done") if self._request is None else ("_start_wait", "_start")
-        a, b, c = self._args
         return issue(self.mesh, self._comm, g, self.op, self.axes, self.label, self, *calls,
-                     a, b, c, self.result, self._send, self._extra, self._bytes, emulate=False)
+                     self._args, self.result, self._send, self._extra, self._bytes, emulate=False)
 
     def _start(self, *args: Any) -> Any:
         self._request.Start()
