@@ -16,16 +16,18 @@ step. Rows:
   per-operator Python costs one rank (8 ranks pay it 8 times on the cores);
 - 8 simulated ranks (dp 2 x tp 4, sequence parallel): forward, backward, AdamW;
 - 8 MPI ranks (mpiexec): the same step, the time its collectives take inside
-  spmdsim (the trace's seconds, the slowest rank), and that time after each
-  call's last group member arrived (a call cannot end before that: the rest is
-  waiting for a late rank);
+  spmdsim (the trace's seconds, the slowest rank), that time after each call's
+  last group member arrived (a call cannot end before that: the rest is
+  waiting for a late rank), and the CPU time of the 8 ranks together (on 2
+  cores, a rank waits in a collective while the others compute: the step
+  follows the CPU all ranks need);
 - numpy + mpi4py by hand (scripts/peer_mpi4py_gpt.py, 8 ranks under mpiexec):
   the same step written directly on mpi4py buffer calls (Allgather,
   Reduce_scatter_block, Allreduce on Split sub-communicators), Megatron's
   sequence-parallel step with spmdsim's 41 collectives, from spmdsim.gpt's
   initial parameters, its own numpy dropout masks; its collectives are the
   time inside its MPI calls (the slowest rank), and after each call's last
-  member arrived, measured as spmdsim's. Run with spmdsim's wait (polite:
+  member arrived, and the CPU time of its ranks, measured as spmdsim's. Run with spmdsim's wait (polite:
   nonblocking call, Test() with sched_yield then short sleeps; spmdsim waits
   so when ranks outnumber cores, as here), twice (the second is the A/A
   control of 8-rank launches), and with the blocking calls a plain mpi4py
@@ -85,8 +87,9 @@ def _reference(args) -> dict:
     return {"step": statistics.median(times[1:])}
 
 
-def _steps(args, comm, arrival: bool, shape: tuple = MESH) -> dict:
-    """Time the distributed steps on this rank's comm; with `arrival`, their collectives after arrival too."""
+def _steps(args, comm, mpi: bool, shape: tuple = MESH) -> dict:
+    """Time the distributed steps on this rank's comm; with `mpi` (a process per rank), also their collectives
+    after arrival and the CPU time of all ranks."""
     from spmdsim import Layout
     from spmdsim.gpt import batch, encode, load_text
     from spmdsim.gpt.parallel import GPT
@@ -95,7 +98,7 @@ def _steps(args, comm, arrival: bool, shape: tuple = MESH) -> dict:
     from spmdsim.runtime import DTensor, Mesh, collect_trace
 
     cfg, ids = _config(args), encode(load_text())
-    walls, inside, arrived = [], [], []
+    walls, inside, arrived, cpus = [], [], [], []
 
     mesh = Mesh(Layout(shape, ("dp", "tp")), comm)
     model = GPT(cfg, mesh, sp=shape[1] > 1)
@@ -106,22 +109,23 @@ def _steps(args, comm, arrival: bool, shape: tuple = MESH) -> dict:
         x, y = batch(ids, cfg, step)
         xd, yd = (DTensor.from_global(mesh, a, mesh.layout("dp", None)) for a in (x, y))
         comm.Barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         opt.zero_grad()
         with collect_trace() as trace:
             model.loss(xd, yd, step).backward(bucket=True)
             opt.step()
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         spent = sum(e.seconds for e in trace.entries)
-        if arrival:
+        if mpi:
             mine = [(e.axes, e.started_at, e.ended_at) for e in trace.entries]
             arrived.append(comm.allreduce(_after_arrival(mesh, mine), op=_max()))
+            cpus.append(comm.allreduce(cpu))
         walls.append(comm.allreduce(wall, op=_max()))
         inside.append(comm.allreduce(spent, op=_max()))
     mesh.close()
     out = {"step": statistics.median(walls[1:]), "collectives": statistics.median(inside[1:])}
-    if arrival:
-        out["arrived"] = statistics.median(arrived[1:])
+    if mpi:
+        out["arrived"], out["cpu"] = statistics.median(arrived[1:]), statistics.median(cpus[1:])
     return out
 
 
@@ -237,14 +241,16 @@ def main() -> int:
     print(f"{'1 simulated rank on a 1 x 1 mesh':42} {lone:8.3f}  {lone / one:5.2f}x one process")
     print(f"{'8 simulated ranks':42} {sim:8.3f}  {sim / one:5.2f}x one process")
     print(f"{'8 MPI ranks':42} {mpi:8.3f}  {mpi / one:5.2f}x one process")
-    figures = ("step", "collectives", "arrived")
+    figures = ("step", "collectives", "arrived", "cpu")
+    labels = ("  its collectives", "  after the last member arrived", "  CPU time of its 8 ranks")
     spmdsim = {key: _median(rows["mpi"], key) for key in figures}
     print(f"{'  its collectives inside spmdsim':42} {spmdsim['collectives']:8.3f}")
-    print(f"{'  after the last member arrived':42} {spmdsim['arrived']:8.3f}")
+    for key, label in zip(figures[2:], labels[1:]):
+        print(f"{label:42} {spmdsim[key]:8.3f}")
     hand = {key: _median(rows["hand"], key) for key in figures}
     for worker, title in (("hand", "numpy + mpi4py by hand, polite wait"), ("hand2", "the same again (A/A control)"),
                           ("busy", "numpy + mpi4py by hand, blocking calls")):
-        for key, label in zip(figures, (title, "  its collectives", "  after the last member arrived")):
+        for key, label in zip(figures, (title,) + labels):
             value = _median(rows[worker], key)
             if worker == "hand2":
                 print(f"{label:42} {value:8.3f}  {value / hand[key]:5.2f}x the first")

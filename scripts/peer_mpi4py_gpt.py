@@ -35,7 +35,8 @@ one (Iallreduce, ...) and polls Test() with spmdsim.runtime.wait's discipline
 (sched_yield for 1 ms, then sleeps growing from 20 to 100 us under 1 us timer
 slack); ``auto`` (the default) decides as spmdsim does: polite when this node
 runs more ranks than it has cores. Its collectives' time is the time inside
-those calls (post and wait), summed per step on each rank.
+those calls (post and wait), summed per step on each rank; its CPU time is the
+step's process time summed over the ranks.
 
 The first --check steps use spmdsim's dropout masks (spmdsim.gpt.params, read
 at this rank's block, as spmdsim's dropout reads them); then rank 0 compares
@@ -447,22 +448,23 @@ def run(args: argparse.Namespace, cfg: Any, polite: bool) -> dict:
         x, y = (a[rows] for a in batch(ids, cfg, k))
         losses.append(model.step(x, y, Dropout(cfg.dropout, _spmdsim_masks(cfg, k, d, model.t))))
     result = _check(cfg, world, model, losses, args.tp) if args.check else {}
-    walls, inside, arrived = [], [], []
+    walls, inside, arrived, cpus = [], [], [], []
     for k in range(args.check, args.check + args.steps + 1):
         x, y = (a[rows] for a in batch(ids, cfg, k))  # made before the clock, as bench_gpt makes spmdsim's
         drop = Dropout(cfg.dropout, _own_masks(cfg, k, world.rank))
         comms.seconds, comms.spans = 0.0, []
         world.Barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         loss = model.step(x, y, drop)
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         walls.append(world.allreduce(wall, op=MPI.MAX))
         inside.append(world.allreduce(comms.seconds, op=MPI.MAX))
         arrived.append(world.allreduce(_after_arrival(comms), op=MPI.MAX))
+        cpus.append(world.allreduce(cpu))
     if world.rank != 0:
         return {}
     return dict(result, step=statistics.median(walls[1:]), collectives=statistics.median(inside[1:]),
-                arrived=statistics.median(arrived[1:]), calls=len(comms.spans), last_loss=loss,
+                arrived=statistics.median(arrived[1:]), cpu=statistics.median(cpus[1:]), calls=len(comms.spans), last_loss=loss,
                 wait="polite" if polite else "busy")
 
 

@@ -54,6 +54,7 @@ def test_at_8_ranks_the_hand_written_step_is_the_references(wait, dropout):
     # spmdsim's collectives for one layer: 6 forward, 3 in the loss, 6 backward, 2 gradient sums
     assert got["calls"] == 17
     assert 0 < got["collectives"] < got["step"] and 0 <= got["arrived"] <= got["collectives"]
+    assert got["cpu"] > 0
 
 
 def test_a_mesh_that_cannot_run_is_one_line():

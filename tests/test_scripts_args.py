@@ -266,7 +266,8 @@ def test_bench_gpt_times_every_row_in_one_run():
         assert any(row in line for line in lines), (row, done.stdout)
     assert max(len(line) for line in lines) <= 100
     # the hand-written peer: its rows against spmdsim's, and its first step checked against the reference
-    assert sum("x spmdsim / this" in line for line in lines) == 6, done.stdout
+    assert sum("x spmdsim / this" in line for line in lines) == 8, done.stdout
+    assert sum(line.startswith("  CPU time of its 8 ranks") for line in lines) == 4, done.stdout
     assert sum(line.startswith("  after the last member arrived") for line in lines) == 4, done.stdout
     check = [line for line in lines if line.startswith("by hand, step 0 loss ")]
     assert len(check) == 1 and float(check[0].rsplit("|diff| ", 1)[1]) <= 1e-10, done.stdout
