@@ -1,4 +1,4 @@
-"""A GPT training step on simulated ranks, on MPI ranks and in one numpy process, side by side in one run.
+"""A GPT training step in one numpy process, on simulated ranks, on MPI ranks and by hand on mpi4py, side by side.
 
     python scripts/bench_gpt.py                          # 3 launches of each, 3 timed steps each
     python scripts/bench_gpt.py --launches 5 --steps 5 --layers 2
@@ -224,7 +224,8 @@ def main() -> int:
     print(f"GPT {args.layers} layers, d_model {args.d_model}, seq {args.seq}, batch 8; mesh dp 2 x tp 4 "
           f"(sequence parallel); load average {os.getloadavg()[0]:.1f}")
     peer = missing()
-    rows = {"ref": [], "ref2": [], "one": [], "sim": [], "mpi": [], "hand": [], "hand2": [], "busy": []}
+    # The peer's A/A pair brackets spmdsim's MPI launch, so a drift of the machine's load shows in the pair.
+    rows = {"ref": [], "ref2": [], "one": [], "sim": [], "hand": [], "mpi": [], "hand2": [], "busy": []}
     rows |= {} if peer else {"dtensor": []}
     for launch in range(args.launches):
         for worker in rows:
