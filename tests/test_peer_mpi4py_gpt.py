@@ -3,8 +3,8 @@
 At 8 ranks (dp 2 x tp 4, sequence parallel) on a 1-layer GPT, its losses, its
 gradients and its parameters after two steps equal spmdsim.gpt.reference's
 (float64, spmdsim's dropout masks; and with dropout 0 on blocking calls), in
-spmdsim's 17 collectives; a mesh it cannot run is one line; its pieces (shards,
-polite wait) are checked in one process.
+spmdsim's 17 collectives; a mesh it cannot run is one line; its step imports
+no spmdsim; its pieces (shards, polite wait) are checked in one process.
 """
 from __future__ import annotations
 
@@ -21,13 +21,15 @@ from spmdsim.gpt import GPTConfig, param_specs
 from spmdsim.gpt.reference import init_params
 from testkit import MPIEXEC, load_script
 
-_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "peer_mpi4py_gpt.py"
+_SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+_SCRIPT = _SCRIPTS / "peer_mpi4py_gpt.py"
 _SMALL = ["--layers", "1", "--d-model", "32", "--seq", "16"]
 
 
 @pytest.fixture(scope="module")
 def peer():
-    return load_script(_SCRIPT, "spmdsim_script_peer_mpi4py_gpt")
+    """The step's module (numpy and mpi4py only)."""
+    return load_script(_SCRIPTS / "_peer_mpi4py_step.py", "spmdsim_script_peer_mpi4py_step")
 
 
 def _launch(*args: str) -> dict:
@@ -88,6 +90,14 @@ def test_the_shards_tile_every_parameter(peer):
         assert np.array_equal(whole, params[spec.name]), spec.name
         if dim is not None:
             assert blocks[0].shape[dim] * 4 == spec.shape[dim] and blocks[0].flags.c_contiguous
+
+
+def test_the_step_imports_no_spmdsim():
+    code = ("import sys; sys.path.insert(0, {d!r}); import _peer_mpi4py_step; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'spmdsim'))").format(d=str(_SCRIPTS))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_its_polite_wait_is_spmdsims(peer):
