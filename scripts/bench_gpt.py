@@ -25,15 +25,16 @@ step. Rows:
   the same step written directly on mpi4py buffer calls (Allgather,
   Reduce_scatter_block, Allreduce on Split sub-communicators), Megatron's
   sequence-parallel step with spmdsim's 41 collectives, from spmdsim.gpt's
-  initial parameters, its own numpy dropout masks; its collectives are the
-  time inside its MPI calls (the slowest rank), and after each call's last
-  member arrived, and the CPU time of its ranks, measured as spmdsim's. Run with spmdsim's wait (polite:
-  nonblocking call, Test() with sched_yield then short sleeps; spmdsim waits
-  so when ranks outnumber cores, as here), twice (the second is the A/A
-  control of 8-rank launches), and with the blocking calls a plain mpi4py
-  program makes. The first launch also runs step 0 with spmdsim's dropout
-  masks and prints its loss beside the one-process reference's, and how far
-  its gradients and updated parameters are from the reference's;
+  initial parameters, with its own numpy dropout masks; its collectives (the
+  time inside its MPI calls, the slowest rank), that time after each call's last
+  member arrived and the CPU time of its ranks are measured as spmdsim's. It
+  runs with spmdsim's wait (polite: the nonblocking call, Test() with
+  sched_yield, then short sleeps; spmdsim waits so when ranks outnumber cores,
+  as here), twice (the second, launched after spmdsim's, is the A/A control of
+  8-rank launches), and with the blocking calls a plain mpi4py program makes.
+  Its first launch also runs step 0 with spmdsim's dropout masks and prints its
+  loss beside the one-process reference's, and how far its gradients and updated
+  parameters are from the reference's;
 - PyTorch DTensor (gloo, 8 ranks under mpiexec): the same GPT in torch float64,
   from spmdsim.gpt's initial parameters, with PyTorch's tensor-parallel plan on
   the same dp 2 x tp 4 mesh, sequence parallel (scripts/peer_dtensor_gpt.py);
@@ -41,11 +42,11 @@ step. Rows:
   loss beside the one-process reference's. Needs torch (the `bench` extra);
   without it, one line.
 
-Ratios: simulated step / one process; spmdsim's MPI step, collectives and
-collectives after arrival / the same of the hand-written peer (on the same work:
-the same model, mesh, splits and collectives); spmdsim's MPI and simulated
-steps / DTensor's. The load average is printed: on
-a shared machine compare within one run only.
+Ratios: simulated step / one process; spmdsim's MPI step, collectives,
+collectives after arrival and CPU time / the same of the hand-written peer (on
+the same work: the same model, mesh, splits and collectives); spmdsim's MPI and
+simulated steps / DTensor's. The load average is printed: on a shared machine
+compare within one run only.
 """
 from __future__ import annotations
 

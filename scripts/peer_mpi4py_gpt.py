@@ -128,9 +128,9 @@ def run(args: argparse.Namespace, cfg: Any, polite: bool) -> dict:
         cpus.append(world.allreduce(cpu))
     if world.rank != 0:
         return {}
-    return dict(result, step=statistics.median(walls[1:]), collectives=statistics.median(inside[1:]),
-                arrived=statistics.median(arrived[1:]), cpu=statistics.median(cpus[1:]), calls=len(comms.spans), last_loss=loss,
-                wait="polite" if polite else "busy")
+    medians = {key: statistics.median(values[1:]) for key, values in
+               (("step", walls), ("collectives", inside), ("arrived", arrived), ("cpu", cpus))}
+    return dict(result, **medians, calls=len(comms.spans), last_loss=loss, wait="polite" if polite else "busy")
 
 
 def _problem(args: argparse.Namespace, size: int) -> Optional[str]:
