@@ -1,4 +1,4 @@
-"""A GPT training step on simulated ranks, on MPI ranks and in one numpy process, side by side in one run.
+"""A GPT training step in one numpy process, on simulated ranks, on MPI ranks and by hand on mpi4py, side by side.
 
     python scripts/bench_gpt.py                          # 3 launches of each, 3 timed steps each
     python scripts/bench_gpt.py --launches 5 --steps 5 --layers 2
@@ -15,14 +15,26 @@ step. Rows:
   nothing to communicate, so its excess over one process is what spmdsim's
   per-operator Python costs one rank (8 ranks pay it 8 times on the cores);
 - 8 simulated ranks (dp 2 x tp 4, sequence parallel): forward, backward, AdamW;
-- 8 MPI ranks (mpiexec): the same step, and the time its collectives take
-  inside spmdsim (the trace's seconds, the slowest rank) against the same
-  collectives issued as raw mpi4py calls (Allreduce, Allgather,
-  Reduce_scatter_block on the same sub-communicators and buffer sizes),
-  replayed right after each step; and both after each call's last group
-  member arrived (a call cannot end before that: the rest is waiting for a
-  late rank, which the step's compute spreads and a back-to-back replay does
-  not);
+- 8 MPI ranks (mpiexec): the same step, the time its collectives take inside
+  spmdsim (the trace's seconds, the slowest rank), that time after each call's
+  last group member arrived (a call cannot end before that: the rest is
+  waiting for a late rank), and the CPU time of the 8 ranks together (on 2
+  cores, a rank waits in a collective while the others compute: the step
+  follows the CPU all ranks need);
+- numpy + mpi4py by hand (scripts/peer_mpi4py_gpt.py, 8 ranks under mpiexec):
+  the same step written directly on mpi4py buffer calls (Allgather,
+  Reduce_scatter_block, Allreduce on Split sub-communicators), Megatron's
+  sequence-parallel step with spmdsim's 41 collectives, from spmdsim.gpt's
+  initial parameters, with its own numpy dropout masks; its collectives (the
+  time inside its MPI calls, the slowest rank), that time after each call's last
+  member arrived and the CPU time of its ranks are measured as spmdsim's. It
+  runs with spmdsim's wait (polite: the nonblocking call, Test() with
+  sched_yield, then short sleeps; spmdsim waits so when ranks outnumber cores,
+  as here), twice (the second, launched after spmdsim's, is the A/A control of
+  8-rank launches), and with the blocking calls a plain mpi4py program makes.
+  Its first launch also runs step 0 with spmdsim's dropout masks and prints its
+  loss beside the one-process reference's, and how far its gradients and updated
+  parameters are from the reference's;
 - PyTorch DTensor (gloo, 8 ranks under mpiexec): the same GPT in torch float64,
   from spmdsim.gpt's initial parameters, with PyTorch's tensor-parallel plan on
   the same dp 2 x tp 4 mesh, sequence parallel (scripts/peer_dtensor_gpt.py);
@@ -30,9 +42,11 @@ step. Rows:
   loss beside the one-process reference's. Needs torch (the `bench` extra);
   without it, one line.
 
-Ratios: simulated step / one process, spmdsim collectives / raw mpi4py,
-spmdsim's MPI and simulated steps / DTensor's. The load average is printed: on
-a shared machine compare within one run only.
+Ratios: simulated step / one process; spmdsim's MPI step, collectives,
+collectives after arrival and CPU time / the same of the hand-written peer (on
+the same work: the same model, mesh, splits and collectives); spmdsim's MPI and
+simulated steps / DTensor's. The load average is printed: on a shared machine
+compare within one run only.
 """
 from __future__ import annotations
 
@@ -74,10 +88,9 @@ def _reference(args) -> dict:
     return {"step": statistics.median(times[1:])}
 
 
-def _steps(args, comm, replay: bool, shape: tuple = MESH) -> dict:
-    """Time the distributed steps on this rank's comm; with `replay`, the collectives raw too."""
-    import numpy as np
-
+def _steps(args, comm, mpi: bool, shape: tuple = MESH) -> dict:
+    """Time the distributed steps on this rank's comm; with `mpi` (a process per rank), also their collectives
+    after arrival and the CPU time of all ranks."""
     from spmdsim import Layout
     from spmdsim.gpt import batch, encode, load_text
     from spmdsim.gpt.parallel import GPT
@@ -86,7 +99,7 @@ def _steps(args, comm, replay: bool, shape: tuple = MESH) -> dict:
     from spmdsim import DTensor, Mesh, collect_trace
 
     cfg, ids = _config(args), encode(load_text())
-    walls, inside, raw, arrived, raw_arrived = [], [], [], [], []
+    walls, inside, arrived, cpus = [], [], [], []
 
     mesh = Mesh(Layout(shape, ("dp", "tp")), comm)
     model = GPT(cfg, mesh, sp=shape[1] > 1)
@@ -97,27 +110,23 @@ def _steps(args, comm, replay: bool, shape: tuple = MESH) -> dict:
         x, y = batch(ids, cfg, step)
         xd, yd = (DTensor.from_global(mesh, a, mesh.layout("dp", None)) for a in (x, y))
         comm.Barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         opt.zero_grad()
         with collect_trace() as trace:
             model.loss(xd, yd, step).backward(bucket=True)
             opt.step()
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         spent = sum(e.seconds for e in trace.entries)
-        if replay:
-            seconds, spans = _replay(mesh, trace.entries, np)
-            raw.append(comm.allreduce(seconds, op=_max()))
-            raw_arrived.append(comm.allreduce(_after_arrival(mesh, spans), op=_max()))
+        if mpi:
             mine = [(e.axes, e.started_at, e.ended_at) for e in trace.entries]
             arrived.append(comm.allreduce(_after_arrival(mesh, mine), op=_max()))
+            cpus.append(comm.allreduce(cpu))
         walls.append(comm.allreduce(wall, op=_max()))
         inside.append(comm.allreduce(spent, op=_max()))
     mesh.close()
     out = {"step": statistics.median(walls[1:]), "collectives": statistics.median(inside[1:])}
-    if replay:
-        out["raw"] = statistics.median(raw[1:])
-        out["arrived"] = statistics.median(arrived[1:])
-        out["raw_arrived"] = statistics.median(raw_arrived[1:])
+    if mpi:
+        out["arrived"], out["cpu"] = statistics.median(arrived[1:]), statistics.median(cpus[1:])
     return out
 
 
@@ -127,6 +136,7 @@ def _after_arrival(mesh, spans) -> float:
     `spans`: (axes, start, end) per call, alike on every rank. A call cannot finish before its last
     member starts it, so ``end - the group's latest start`` is its time without the wait for late
     members (load imbalance, the scheduler); perf_counter is one clock for the ranks of a machine.
+    scripts/peer_mpi4py_gpt.py measures its own calls so.
     """
     total = 0.0
     for axes, start, end in spans:
@@ -140,42 +150,6 @@ def _max():
     from mpi4py import MPI
 
     return MPI.MAX
-
-
-def _replay(mesh, entries, np) -> tuple:
-    """The same collectives as raw mpi4py buffer calls on the mesh's sub-communicators: seconds, and
-    (axes, start, end) per call."""
-    calls, axes = [], []
-    for e in entries:
-        comm, g, _ = mesh.group_info(e.axes)
-        if g == 1:
-            continue
-        if e.op == "allreduce":
-            n = e.bytes_sent * g // (2 * (g - 1)) // 8
-            src, dst = np.ones(n), np.empty(n)
-            calls.append(lambda c=comm, s=src, d=dst: c.Allreduce(s, d))
-        elif e.op == "allgather":
-            n = e.bytes_sent // (g - 1) // 8
-            src, dst = np.ones(n), np.empty(n * g)
-            calls.append(lambda c=comm, s=src, d=dst: c.Allgather(s, d))
-        elif e.op == "reduce_scatter":
-            n = e.bytes_sent * g // (g - 1) // 8
-            src, dst = np.ones(n), np.empty(n // g)
-            calls.append(lambda c=comm, s=src, d=dst: c.Reduce_scatter_block(s, d))
-        elif e.op == "alltoall":
-            n = e.bytes_sent * g // (g - 1) // 8
-            src, dst = np.ones(n), np.empty(n)
-            calls.append(lambda c=comm, s=src, d=dst: c.Alltoall(s, d))
-        if len(calls) > len(axes):
-            axes.append(e.axes)
-    mesh.comm.Barrier()
-    t0 = time.perf_counter()
-    ends = []
-    for call in calls:
-        call()
-        ends.append(time.perf_counter())
-    seconds = time.perf_counter() - t0
-    return seconds, [(a, start, end) for a, start, end in zip(axes, [t0] + ends[:-1], ends)]
 
 
 def _worker(args) -> None:
@@ -203,6 +177,10 @@ def _worker(args) -> None:
     print("RESULT " + json.dumps(result))
 
 
+#: The hand-written peer's launches: worker -> its wait ("hand2" is "hand" again, the A/A control).
+HAND = {"hand": "polite", "hand2": "polite", "busy": "busy"}
+
+
 def _launch(args, worker: str, check: int = 0) -> dict | None:
     common = ["--steps", str(args.steps), "--layers", str(args.layers), "--d-model", str(args.d_model),
               "--seq", str(args.seq), "--worker", worker]
@@ -210,7 +188,10 @@ def _launch(args, worker: str, check: int = 0) -> dict | None:
     cmd = [sys.executable, str(HERE)] + common
     if worker == "dtensor":
         cmd = [sys.executable, str(HERE.parent / "peer_dtensor_gpt.py")] + common[:-2] + ["--check", str(check)]
-    if worker in ("mpi", "dtensor"):
+    if worker in HAND:
+        cmd = [sys.executable, str(HERE.parent / "peer_mpi4py_gpt.py")] + common[:-2] + [
+            "--check", str(check), "--wait", HAND[worker]]
+    if worker in ("mpi", "dtensor") or worker in HAND:
         mpiexec = str(Path(sys.executable).parent / "mpiexec")
         cmd = ["timeout", "-k", "5", "900", mpiexec if os.access(mpiexec, os.X_OK) else "mpiexec", "-n", "8"] + cmd
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=960)
@@ -244,15 +225,17 @@ def main() -> int:
     print(f"GPT {args.layers} layers, d_model {args.d_model}, seq {args.seq}, batch 8; mesh dp 2 x tp 4 "
           f"(sequence parallel); load average {os.getloadavg()[0]:.1f}")
     peer = missing()
-    rows = {"ref": [], "ref2": [], "one": [], "sim": [], "mpi": []} | ({} if peer else {"dtensor": []})
+    # The peer's A/A pair brackets spmdsim's MPI launch, so a drift of the machine's load shows in the pair.
+    rows = {"ref": [], "ref2": [], "one": [], "sim": [], "hand": [], "mpi": [], "hand2": [], "busy": []}
+    rows |= {} if peer else {"dtensor": []}
     for launch in range(args.launches):
         for worker in rows:
-            rows[worker].append(_launch(args, "ref" if worker == "ref2" else worker, check=int(launch == 0)))
+            check = int(launch == 0 and worker in ("hand", "dtensor"))
+            rows[worker].append(_launch(args, "ref" if worker == "ref2" else worker, check=check))
     if not all(any(r) for r in rows.values()):
         return 1
     one, aa = _median(rows["ref"], "step"), _median(rows["ref2"], "step")
     sim, mpi = _median(rows["sim"], "step"), _median(rows["mpi"], "step")
-    inside, raw = _median(rows["mpi"], "collectives"), _median(rows["mpi"], "raw")
     print(f"{'run':42} {'s/step':>8}  ratio")
     print(f"{'one numpy process':42} {one:8.3f}")
     print(f"{'one numpy process again (A/A control)':42} {aa:8.3f}  {aa / one:5.2f}x")
@@ -260,11 +243,27 @@ def main() -> int:
     print(f"{'1 simulated rank on a 1 x 1 mesh':42} {lone:8.3f}  {lone / one:5.2f}x one process")
     print(f"{'8 simulated ranks':42} {sim:8.3f}  {sim / one:5.2f}x one process")
     print(f"{'8 MPI ranks':42} {mpi:8.3f}  {mpi / one:5.2f}x one process")
-    arrived, raw_arrived = _median(rows["mpi"], "arrived"), _median(rows["mpi"], "raw_arrived")
-    print(f"{'  its collectives inside spmdsim':42} {inside:8.3f}  {inside / raw:5.2f}x raw mpi4py")
-    print(f"{'  the same collectives, raw mpi4py':42} {raw:8.3f}")
-    print(f"{'  after the last member arrived: spmdsim':42} {arrived:8.3f}  {arrived / raw_arrived:5.2f}x raw mpi4py")
-    print(f"{'  after the last member arrived: raw':42} {raw_arrived:8.3f}")
+    figures = ("step", "collectives", "arrived", "cpu")
+    labels = ("  its collectives", "  after the last member arrived", "  CPU time of its 8 ranks")
+    spmdsim = {key: _median(rows["mpi"], key) for key in figures}
+    print(f"{'  its collectives inside spmdsim':42} {spmdsim['collectives']:8.3f}")
+    for key, label in zip(figures[2:], labels[1:]):
+        print(f"{label:42} {spmdsim[key]:8.3f}")
+    hand = {key: _median(rows["hand"], key) for key in figures}
+    for worker, title in (("hand", "numpy + mpi4py by hand, polite wait"), ("hand2", "the same again (A/A control)"),
+                          ("busy", "numpy + mpi4py by hand, blocking calls")):
+        for key, label in zip(figures, (title,) + labels):
+            value = _median(rows[worker], key)
+            if worker == "hand2":
+                print(f"{label:42} {value:8.3f}  {value / hand[key]:5.2f}x the first")
+            else:
+                print(f"{label:42} {value:8.3f}  {spmdsim[key] / value:5.2f}x spmdsim / this")
+    checked = rows["hand"][0]
+    for k, (loss, ref) in enumerate(zip(checked["losses"], checked["reference"]) if checked else ()):
+        print(f"by hand, step {k} loss {loss:.12f}, one process {ref:.12f} (same masks), |diff| {abs(loss - ref):.1e}")
+    if checked:
+        print(f"by hand, after step 0: gradients within {checked['grad_error']:.1e}, parameters within "
+              f"{checked['param_error']:.1e} of the one process's")
     if peer:
         print(peer)
         return 0
