@@ -28,7 +28,7 @@ w2 rows). Per step, on 2-d activations:
 
 That is spmdsim's collective sequence call for call (41 a step at 4 layers).
 ``Comms(polite=True)`` posts the nonblocking call (Iallreduce, ...) and polls
-Test() with spmdsim.runtime.wait's discipline (sched_yield for 1 ms, then sleeps
+Test() with spmdsim.engines.wait's discipline (sched_yield for 1 ms, then sleeps
 growing from 20 to 100 us under 1 us timer slack); with False, the blocking call.
 Each call's time (post and wait) is summed in ``Comms.seconds``.
 scripts/peer_mpi4py_gpt.py sets it up, checks it and times it.
@@ -45,7 +45,7 @@ import numpy as np
 __all__ = ["Comms", "Dropout", "Replica", "split_dim", "shard"]
 
 _GELU_C = math.sqrt(2.0 / math.pi)
-# spmdsim.runtime.wait's polite wait: sched_yield between Test() polls for _YIELD_S, then sleeps
+# spmdsim.engines.wait's polite wait: sched_yield between Test() polls for _YIELD_S, then sleeps
 # growing from _SLEEP_MIN_S to _SLEEP_MAX_S (tests/test_peer_mpi4py_gpt.py keeps them equal).
 _YIELD_S = 1000e-6
 _SLEEP_MIN_S = 20e-6

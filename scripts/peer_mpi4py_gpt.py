@@ -7,7 +7,7 @@ The step (scripts/_peer_mpi4py_step.py: numpy and mpi4py only) is spmdsim.gpt's
 model on the same mesh with Megatron's sequence-parallel splits and spmdsim's
 41 collectives a step, started here from spmdsim.gpt's initial parameters.
 Waiting: ``--wait busy`` makes the blocking calls; ``polite`` posts the
-nonblocking one and polls it as spmdsim.runtime.wait does; ``auto`` (the
+nonblocking one and polls it as spmdsim.engines.wait does; ``auto`` (the
 default) decides as spmdsim does: polite when this node runs more ranks than it
 has cores. Its collectives' time is the time inside those calls (post and
 wait), summed per step on each rank; its CPU time is the step's process time
@@ -171,7 +171,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     from mpi4py import MPI
 
     from spmdsim.gpt import GPTConfig
-    from spmdsim.runtime.wait import resolve_wait_mode
+    from spmdsim.engines.wait import resolve_wait_mode
 
     world = MPI.COMM_WORLD
     problem = _problem(args, world.size)  # every rank sees the same arguments: all stop alike

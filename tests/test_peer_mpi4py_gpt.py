@@ -101,7 +101,7 @@ def test_the_step_imports_no_spmdsim():
 
 
 def test_its_polite_wait_is_spmdsims(peer):
-    from spmdsim.runtime import wait
+    from spmdsim.engines import wait
 
     assert (peer._YIELD_S, peer._SLEEP_MIN_S, peer._SLEEP_MAX_S) == (wait._YIELD_S, wait._SLEEP_MIN_S,
                                                                      wait._SLEEP_MAX_S)
