@@ -1,4 +1,4 @@
-"""`spmdsim autoshard --run` on graphs with branches: the GPT and attention, node by node on simulated ranks."""
+"""`spmdsim autoshard --run` on graphs with branches (the GPT, attention): node by node, simulated ranks."""
 from __future__ import annotations
 
 import json
@@ -119,3 +119,36 @@ def test_cli_run_with_a_device_count_that_is_not_the_launchs_is_one_line(capsys)
     out, err = capsys.readouterr()
     assert out.count("\n") <= 1 and len(err.splitlines()) == 1, err
     assert "--run uses the 4 ranks of the launch; --devices 8 differs (launch with --ranks 8)" in err
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_training_runs_the_backward_with_the_predicted_bytes_and_the_references_gradients(sp):
+    # Megatron's layouts priced with --training: the backward's Allreduces (or, with sp, its
+    # Reduce_scatters and Allgathers) and the weights' sums over dp receive exactly the replayed bytes.
+    graph, hand = gpt_network(8, SMALL, sp=sp)
+    fix = {n.name: "hand" for n in graph.nodes[1:]}
+    result = autoshard(graph, 8, hand=hand, fix=fix, flops_per_s=RATE, training=True)
+    report = spmdsim.simulate(8, lambda: run_dag(result, spmdsim.world(), repeats=1, train=True))[0]
+    assert report.passed and report.backward is not None
+    assert report.backward.bytes_received == result.backward_bytes_per_rank > 1_000_000
+    assert len(report.backward.verdicts) == 34 and all(report.backward.verdicts.values())
+
+
+def test_a_wrong_weight_shard_fails_the_gradients_too():
+    graph, hand = gpt_network(4, SMALL)
+    fix = {n.name: "hand" for n in graph.nodes[1:]}
+    result = autoshard(graph, 4, hand=hand, fix=fix, flops_per_s=RATE, training=True)
+    report = spmdsim.simulate(4, lambda: run_dag(result, spmdsim.world(), repeats=1, train=True,
+                                                  perturb=("h1.mlp.w2", 2)))[0]
+    assert not report.passed
+    wrong = {name for name, v in report.backward.verdicts.items() if not v}
+    assert "h1.mlp.w2" in wrong and "wte" in wrong  # the loss moved: every gradient moves with it
+    assert [name for name, v in report.verdicts.items() if not v][0] == "h1.fc2"
+
+
+def test_training_on_a_graph_without_a_numpy_backward_runs_forward_and_says_so(capsys):
+    assert main(["autoshard", "--network", "attention", "--training", "--run", "--ranks", "8",
+                 "--flops", "1e10", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "\nvalues: 7 of 7 operators' outputs match numpy (one process)\n" in out
+    assert "\nbackward not run (forward only): attention ends in Out (matmul), not a loss\nPASS" in out

@@ -11,7 +11,12 @@ embedding's pending sum: its own Allreduce or Reduce_scatter). Each node runs
 under its own trace, its ranks started together (a barrier), so its measured
 bytes and times sit beside the prediction (`execute.format_measured`); every
 node's output is then checked against `evaluate.evaluate` (numpy, one process).
-Forward only: the backward is priced by `--training`, not run here.
+
+With ``train=True`` (``--run --training``) the loss's ``backward()`` runs too,
+under one trace, and each weight's gradient (the tied embedding's summed over
+its uses) is checked against `spmdsim.gpt.reference`'s hand-written backward
+on the graph's weights: only for the GPT's graphs (`gpt.gpt_config`), the one
+numpy backward there is; other graphs run forward only.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ from ..errors import SpmdsimError
 from ..layout import Layout, TensorLayout
 from .choose import Result
 
-__all__ = ["DAG_KINDS", "DagRunner", "check_runnable", "run_dag"]
+__all__ = ["DAG_KINDS", "DagRunner", "DagReport", "Backward", "check_runnable", "run_dag"]
 
 #: Node kinds the DAG runner executes.
 DAG_KINDS = ("input", "flatten", "matmul", "linear", "bmm", "relu", "gelu", "softmax", "embedding",
@@ -60,33 +65,50 @@ class DagRunner:
 
     Collective to build and to run: every rank calls with the same `result`.
     `perturb`: (parameter name, rank) whose local shard gets 1.0 added to its
-    first element on that rank (a test that the check can fail).
+    first element on that rank (a test that the check can fail). `train`: the
+    weights require gradients and values keep their autograd records.
     """
 
-    def __init__(self, result: Result, comm: Any, perturb: Optional[tuple[str, int]] = None) -> None:
+    def __init__(self, result: Result, comm: Any, perturb: Optional[tuple[str, int]] = None,
+                 train: bool = False) -> None:
         from .. import DTensor  # the front door: DTensor with its operators
 
         check_runnable(result)
-        self.result, self.graph, self.comm = result, result.graph, comm
+        self.result, self.graph, self.comm, self.train = result, result.graph, comm, bool(train)
         self._meshes: dict[Layout, Any] = {}
         source = self.graph.nodes[0]
         self.x = DTensor.from_seeded(self.mesh(source.layout.layout), source.layout, source.source)
         self.params: list[tuple] = [()]
+        self._weights: dict[tuple, Any] = {}
         self.targets: dict[int, Any] = {}
         for i, (node, op) in enumerate(zip(self.graph.nodes[1:], result.ops[1:]), 1):
             c = op.candidate
-            shards = []
-            for spec, layout in zip(node.params, c.params):
-                p = DTensor.from_seeded(self.mesh(layout.layout), layout, spec.source)
-                if perturb is not None and perturb[0] == spec.name and comm.Get_rank() == perturb[1] \
-                        and p.local.size:
-                    p.local.reshape(-1)[0] += 1.0
-                shards.append(p)
-            self.params.append(tuple(shards))
+            self.params.append(tuple(self._weight(spec, layout, perturb)
+                                     for spec, layout in zip(node.params, c.params)))
             if node.kind == "cross_entropy":
                 x = c.inputs[0]
                 rows = TensorLayout(x.layout, x.tensor_map[:1])
                 self.targets[i] = DTensor.from_seeded(self.mesh(x.layout), rows, node.source)
+
+    def _weight(self, spec: Any, layout: TensorLayout, perturb: Optional[tuple[str, int]]) -> Any:
+        """This rank's shard of a weight on `layout`, made once per (weight, layout).
+
+        A weight two nodes use alike (the tied embedding) is one tensor: one leaf, its gradient
+        summed over both uses before the leaf's Allreduce, as the engine does. The key holds the
+        source too: the attention's Q, K and V weights are all called "w".
+        """
+        from .. import DTensor
+
+        key = (spec.name, spec.source, layout)
+        p = self._weights.get(key)
+        if p is None:
+            p = self._weights[key] = DTensor.from_seeded(self.mesh(layout.layout), layout, spec.source)
+            if perturb is not None and perturb[0] == spec.name and self.comm.Get_rank() == perturb[1] \
+                    and p.local.size:
+                p.local.reshape(-1)[0] += 1.0
+            if self.train:
+                p.requires_grad_()
+        return p
 
     def mesh(self, layout: Layout) -> Any:
         """The runtime Mesh of `layout` over this runner's communicator (one per device matrix)."""
@@ -105,6 +127,8 @@ class DagRunner:
         from ..runtime.executor import redistribute
 
         y = redistribute(x, layout)
+        if self.train:  # the moved value keeps its record (the backward moves its gradient back)
+            return y
         return DTensor(self.mesh(layout.layout), y.local, y.layout, y.global_shape)
 
     def forward(self) -> tuple[dict[str, Any], tuple[NodeRun, ...]]:
@@ -176,6 +200,42 @@ class DagRunner:
             verdicts[node.name] = value.check(ref, rtol=rtol, atol=atol)
         return verdicts
 
+    def backward(self, values: dict[str, Any]) -> NodeRun:
+        """The loss's backward (collective), traced as one: this rank's bytes and seconds."""
+        from .. import collect_trace
+
+        loss = values[self.graph.nodes[-1].name]
+        self.comm.Barrier()
+        t0 = time.perf_counter()
+        with collect_trace() as trace:
+            loss.backward()
+        seconds = time.perf_counter() - t0
+        entries = [e for e in trace.entries if e.group_size > 1]
+        return NodeRun(sum(e.bytes_received for e in entries), sum(e.seconds for e in entries), seconds)
+
+    def check_grads(self, expected: dict[str, np.ndarray]) -> dict[str, Any]:
+        """Each weight's gradient against `expected` (by name), agreed by all ranks (collective).
+
+        A weight several nodes use in different layouts (the tied embedding, maybe) has one
+        tensor per layout: their gradients are added in the first one's layout.
+        """
+        from ..runtime.executor import redistribute
+
+        uses: dict[str, list] = {}
+        for node, shards in zip(self.graph.nodes[1:], self.params[1:]):
+            for spec, p in zip(node.params, shards):
+                if not any(p is q for q in uses.setdefault(spec.name, [])):
+                    uses[spec.name].append(p)
+        verdicts = {}
+        for name, weights in uses.items():
+            total = weights[0].grad
+            for w in weights[1:]:
+                total = total + redistribute(w.grad, total.layout)
+            ref = expected[name]
+            atol = 1e-11 * max(1.0, float(np.max(np.abs(ref))))
+            verdicts[name] = total.check(ref, rtol=1e-9, atol=atol)
+        return verdicts
+
     def close(self) -> None:
         """Free the meshes' sub-communicators (collective: all ranks call it)."""
         for mesh in self._meshes.values():
@@ -183,36 +243,79 @@ class DagRunner:
 
 
 @dataclass(frozen=True)
+class Backward:
+    """The backward of `run_dag(train=True)`: the busiest rank's bytes and seconds, each weight's verdict."""
+
+    bytes_received: int
+    seconds: float
+    verdicts: dict
+
+
+@dataclass(frozen=True)
 class DagReport:
-    """What `run_dag` found: per node the busiest rank's figures, the verdicts, the loss if any."""
+    """What `run_dag` found: per node the busiest rank's figures, the verdicts, the loss if any.
+
+    `backward`: the backward's figures and gradients' verdicts (None when not run);
+    `no_backward`: why a training run ran forward only ("" otherwise).
+    """
 
     measured: tuple
     verdicts: dict
     loss: Optional[tuple[float, float]]  # (ranks', numpy's)
+    backward: Optional[Backward] = None
+    no_backward: str = ""
 
     @property
     def passed(self) -> bool:
-        return all(self.verdicts.values())
+        grads = () if self.backward is None else self.backward.verdicts.values()
+        return all(self.verdicts.values()) and all(grads)
 
 
-def run_dag(result: Result, comm: Any, repeats: int = 3,
-            perturb: Optional[tuple[str, int]] = None) -> DagReport:
+def _reference_grads(graph: Any) -> tuple[Optional[dict], str]:
+    """spmdsim.gpt.reference's gradients of the graph's weights, or (None, why not)."""
+    from ..gpt import reference
+    from .gpt import gpt_config
+
+    last = graph.nodes[-1]
+    if last.kind != "cross_entropy":
+        return None, f"{graph.name} ends in {last.name} ({last.kind}), not a loss"
+    cfg = gpt_config(graph)
+    if cfg is None:
+        return None, (f"{graph.name} is not the GPT's graph, and spmdsim.gpt.reference's is the one "
+                      "numpy backward to check gradients against")
+    params = {p.name: np.asarray(p.source.full(), dtype=np.float64) for n in graph.nodes for p in n.params}
+    ids = graph.nodes[0].source.full()
+    _, grads = reference.loss_and_grads(params, ids, last.source.full().reshape(ids.shape), cfg, None,
+                                        train=False)
+    return grads, ""
+
+
+def run_dag(result: Result, comm: Any, repeats: int = 3, perturb: Optional[tuple[str, int]] = None,
+            train: bool = False) -> DagReport:
     """Run the choice `repeats` times (figures: busiest rank, median), check the last run's values.
 
-    Collective: every rank calls it with the same `result`.
+    `train`: then the last run's backward too, its gradients checked (GPT graphs only; the
+    report says why not otherwise). Collective: every rank calls it with the same `result`.
     """
     from .evaluate import evaluate
     from .execute import Measured
 
     # numpy first: evaluated while the ranks run, it would slow the last node's measured time.
     expected = evaluate(result.graph)
-    runner = DagRunner(result, comm, perturb)
+    grads, no_backward = _reference_grads(result.graph) if train else (None, "")
+    runner = DagRunner(result, comm, perturb, train=grads is not None)
+    back = None
     try:
         runs = []
         for _ in range(max(1, repeats)):
             values, figures = runner.forward()
             runs.append(figures)
         verdicts = runner.check(values, expected)
+        if grads is not None:
+            mine = runner.backward(values)
+            grad_verdicts = runner.check_grads(grads)
+            everyone = comm.allgather((mine.bytes_received, mine.seconds))
+            back = Backward(max(b for b, _ in everyone), max(t for _, t in everyone), grad_verdicts)
     finally:
         runner.close()
     per_rank = comm.allgather([[(f.bytes_received, f.comm_seconds, f.seconds) for f in run] for run in runs])
@@ -228,4 +331,4 @@ def run_dag(result: Result, comm: Any, repeats: int = 3,
     loss = None
     if last.kind == "cross_entropy":
         loss = (float(values[last.name].local), float(expected[last.name]))
-    return DagReport(tuple(measured), verdicts, loss)
+    return DagReport(tuple(measured), verdicts, loss, back, no_backward)

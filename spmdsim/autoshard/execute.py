@@ -165,7 +165,8 @@ def format_checks(result: Result, report: "DagReport") -> str:
     for op, m in zip(result.ops[1:], report.measured[1:]):
         if m.bytes_received != op.bytes_per_rank:
             lines.append(f"note: {op.name} ({op.kind}) moved {m.bytes_received:,} B/rank where the model "
-                         f"predicted {op.bytes_per_rank:,}: the operator ran another plan than its candidate's")
+                         f"predicted {op.bytes_per_rank:,}: the operator ran another plan than its "
+                         "candidate's")
     failed = [name for name, v in report.verdicts.items() if not v]
     n = len(report.verdicts)
     line = f"values: {n - len(failed)} of {n} operators' outputs match numpy (one process)"
@@ -175,4 +176,15 @@ def format_checks(result: Result, report: "DagReport") -> str:
     if failed:
         first = failed[0]
         lines.append(f"first to differ: {first}: {report.verdicts[first]}")
+    back = report.backward
+    if back is not None:
+        wrong = [name for name, v in back.verdicts.items() if not v]
+        k = len(back.verdicts)
+        lines.append(f"backward: {back.bytes_received:,} B/rank measured (busiest rank, whole pass), "
+                     f"{result.backward_bytes_per_rank:,} predicted; {1e3 * back.seconds:.3f} ms")
+        lines.append(f"gradients: {k - len(wrong)} of {k} weights match spmdsim.gpt.reference's backward")
+        if wrong:
+            lines.append(f"first gradient to differ: {wrong[0]}: {back.verdicts[wrong[0]]}")
+    elif report.no_backward:
+        lines.append(f"backward not run (forward only): {report.no_backward}")
     return "\n".join(lines)

@@ -30,11 +30,12 @@ import math
 from typing import Optional
 
 from ..datagen import SeededTensor
+from ..errors import SpmdsimError
 from ..gpt.config import GPTConfig
 from ..layout import Layout
 from .graph import Graph, OpNode, ParamSpec, data_parallel
 
-__all__ = ["gpt_graph", "megatron", "MEGATRON_TP", "FULLY_USE_ABOVE"]
+__all__ = ["gpt_graph", "gpt_config", "megatron", "MEGATRON_TP", "FULLY_USE_ABOVE"]
 
 #: Megatron's tensor-parallel degree in the hand-written layouts (examples/train_gpt.py: dp 2 x tp 4).
 MEGATRON_TP = 4
@@ -102,6 +103,22 @@ def gpt_graph(cfg: GPTConfig, devices: int) -> Graph:
     title = (f"GPT {cfg.layers} layers, d_model {D}, {H} heads, seq {T}, batch {B}, vocab {V}: "
              "training loss")
     return Graph("gpt", title, tuple(nodes), fully_use_above=FULLY_USE_ABOVE)
+
+
+def gpt_config(graph: Graph) -> Optional[GPTConfig]:
+    """The GPTConfig (dropout 0) whose `gpt_graph` is `graph`, node for node; None for any other graph."""
+    nodes = graph.nodes
+    try:
+        batch, seq = nodes[0].out_shape
+        vocab, d_model = nodes[graph.index("wte")].params[0].shape
+        heads = nodes[graph.index("h0.q_heads")].out_shape[2]
+        layers = sum(1 for n in nodes if n.name.endswith(".ln1"))
+        cfg = GPTConfig(vocab=vocab, d_model=d_model, heads=heads, layers=layers, seq=seq, batch=batch,
+                        dropout=0.0, seed=nodes[0].source.seed)
+    except (SpmdsimError, ValueError, IndexError, AttributeError):
+        return None
+    again = gpt_graph(cfg, nodes[0].layout.layout.num_devices)
+    return cfg if again.nodes == nodes else None
 
 
 def megatron(cfg: GPTConfig, graph: Graph, devices: int, sp: bool = False) -> Optional[tuple]:

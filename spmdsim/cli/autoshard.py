@@ -206,7 +206,7 @@ def _run_choice(args: argparse.Namespace, comm: Any) -> int:
     else:
         from ..autoshard.dag import run_dag
 
-        report = run_dag(result, comm, args.repeat)
+        report = run_dag(result, comm, args.repeat, train=args.training)
         measured, passed, checks = report.measured, report.passed, report
     if comm.Get_rank() == 0:
         if args.json:
@@ -218,6 +218,10 @@ def _run_choice(args: argparse.Namespace, comm: Any) -> int:
                 record["checked"] = {name: bool(v) for name, v in checks.verdicts.items()}
                 record["loss"] = None if checks.loss is None else {"ranks": checks.loss[0],
                                                                    "numpy": checks.loss[1]}
+                back = checks.backward
+                record["backward_measured"] = None if back is None else {
+                    "bytes_received_per_rank": back.bytes_received, "seconds": back.seconds,
+                    "checked": {name: bool(v) for name, v in back.verdicts.items()}}
             record["passed"] = passed
             print(json.dumps(record, indent=1))
         else:
