@@ -152,3 +152,23 @@ def test_training_on_a_graph_without_a_numpy_backward_runs_forward_and_says_so(c
     out = capsys.readouterr().out
     assert "\nvalues: 7 of 7 operators' outputs match numpy (one process)\n" in out
     assert "\nbackward not run (forward only): attention ends in Out (matmul), not a loss\nPASS" in out
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_candidates_of_every_node_run_as_predicted(seed):
+    # Any choice, not only the search's: each node fixed to a random one of its candidates (layer
+    # norms and softmax split or not, Reduce_scatter outputs, heads or sequence split, ...).
+    import random
+
+    from spmdsim.autoshard.candidates import candidates
+
+    graph, _ = gpt_network(8, GPTConfig(layers=1, d_model=32, seq=16, vocab=32, batch=4))
+    rng = random.Random(seed)
+    fix = {n.name: rng.choice(candidates(n, 8)).text for n in graph.nodes[1:]}
+    result = autoshard(graph, 8, fix=fix, flops_per_s=RATE, training=True)
+    report = spmdsim.simulate(8, lambda: run_dag(result, spmdsim.world(), repeats=1, train=True))[0]
+    assert report.passed and all(report.backward.verdicts.values())
+    _bytes_as_predicted(result, report)
+    assert sum(op.bytes_per_rank for op in result.ops) > 0
+    # The pass's busiest rank receives at most the sum of each node's busiest.
+    assert 0 < report.backward.bytes_received <= result.backward_bytes_per_rank
