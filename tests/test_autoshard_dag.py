@@ -121,16 +121,17 @@ def test_cli_run_with_a_device_count_that_is_not_the_launchs_is_one_line(capsys)
     assert "--run uses the 4 ranks of the launch; --devices 8 differs (launch with --ranks 8)" in err
 
 
-@pytest.mark.parametrize("sp", [False, True])
-def test_training_runs_the_backward_with_the_predicted_bytes_and_the_references_gradients(sp):
+@pytest.mark.parametrize("ranks, sp, nbytes", [(8, False, 1_267_456), (8, True, 1_218_304),
+                                                (4, False, 2_025_984)])
+def test_training_runs_the_backward_with_the_predicted_bytes_and_the_references_gradients(ranks, sp, nbytes):
     # Megatron's layouts priced with --training: the backward's Allreduces (or, with sp, its
     # Reduce_scatters and Allgathers) and the weights' sums over dp receive exactly the replayed bytes.
-    graph, hand = gpt_network(8, SMALL, sp=sp)
+    graph, hand = gpt_network(ranks, SMALL, sp=sp)
     fix = {n.name: "hand" for n in graph.nodes[1:]}
-    result = autoshard(graph, 8, hand=hand, fix=fix, flops_per_s=RATE, training=True)
-    report = spmdsim.simulate(8, lambda: run_dag(result, spmdsim.world(), repeats=1, train=True))[0]
+    result = autoshard(graph, ranks, hand=hand, fix=fix, flops_per_s=RATE, training=True)
+    report = spmdsim.simulate(ranks, lambda: run_dag(result, spmdsim.world(), repeats=1, train=True))[0]
     assert report.passed and report.backward is not None
-    assert report.backward.bytes_received == result.backward_bytes_per_rank > 1_000_000
+    assert report.backward.bytes_received == result.backward_bytes_per_rank == nbytes
     assert len(report.backward.verdicts) == 34 and all(report.backward.verdicts.values())
 
 
@@ -172,3 +173,32 @@ def test_random_candidates_of_every_node_run_as_predicted(seed):
     assert sum(op.bytes_per_rank for op in result.ops) > 0
     # The pass's busiest rank receives at most the sum of each node's busiest.
     assert 0 < report.backward.bytes_received <= result.backward_bytes_per_rank
+
+
+def test_the_docs_quote_what_the_gpt_run_prints(capsys):
+    # docs/autoshard.md, "Running the GPT's choice": each quoted command's lines appear in order in what
+    # it prints ("..." any lines); numbers with a decimal point (times, ratios) and column widths
+    # (which follow the times) may differ.
+    import shlex
+
+    from docs_commands import quotes
+
+    quoted = [q for q in quotes("docs/autoshard.md")
+              if q.output and q.command.startswith("spmdsim autoshard --network gpt") and "--run" in q.command]
+    assert len(quoted) == 2
+    for quote in quoted:
+        code = main(shlex.split(quote.command)[1:] + ["--flops", "1e11", "--repeat", "1"])
+        out = capsys.readouterr().out
+        assert code == 0, out
+        lines, at, skip = out.splitlines(), 0, False
+        for want in quote.output:
+            if want.strip() == "...":
+                skip = True
+                continue
+            pattern = re.compile(r" +".join(re.sub(r"\d+\\\.\d+", "[0-9.]+", re.escape(word))
+                                            for word in want.split()) + r"\Z")
+            while at < len(lines) and not pattern.match(lines[at]):
+                assert skip, f"{quote.where()}: expected {want!r}, got {lines[at]!r}"
+                at += 1
+            assert at < len(lines), f"{quote.where()}: {want!r} is not in the output\n{out}"
+            at, skip = at + 1, False
