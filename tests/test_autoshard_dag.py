@@ -27,9 +27,29 @@ def _gpt(devices: int, fix_all_hand: bool = False, sp: bool = False):
     return autoshard(graph, devices, hand=hand, fix=fix, flops_per_s=RATE)
 
 
-def _run(result, ranks: int, perturb=None):
-    reports = spmdsim.simulate(ranks, lambda: run_dag(result, spmdsim.world(), repeats=1, perturb=perturb))
+def _run(result, ranks: int, train: bool = False):
+    reports = spmdsim.simulate(ranks, lambda: run_dag(result, spmdsim.world(), repeats=1, train=train))
     return reports[0]
+
+
+@pytest.fixture
+def perturb(monkeypatch):
+    """perturb(name, rank): that rank's shard of weight `name` gets 1.0 added to its first element."""
+    from spmdsim.autoshard.dag import DagRunner
+
+    made = DagRunner._weight
+
+    def set_up(name: str, rank: int) -> None:
+        def weight(self, spec, layout):
+            fresh = (spec.name, spec.source, layout) not in self._weights
+            p = made(self, spec, layout)
+            if fresh and spec.name == name and self.comm.Get_rank() == rank:
+                p.local.reshape(-1)[0] += 1.0
+            return p
+
+        monkeypatch.setattr(DagRunner, "_weight", weight)
+
+    return set_up
 
 
 def _bytes_as_predicted(result, report) -> None:
@@ -75,11 +95,12 @@ def test_megatrons_layouts_run_with_their_collectives_as_predicted(sp):
     assert ("h0.qkv_in" in moved) == sp  # sequence parallel: one Allgather before Q, K and V
 
 
-def test_a_wrong_weight_shard_on_one_rank_fails_the_check():
+def test_a_wrong_weight_shard_on_one_rank_fails_the_check(perturb):
     # 1.0 added to one element of h0's query weight on rank 3: everything before h0.q still matches,
     # h0.q is the first node to differ, and the loss differs from numpy's.
     result = _gpt(8, fix_all_hand=True)
-    report = _run(result, 8, perturb=("h0.attn.wq", 3))
+    perturb("h0.attn.wq", 3)
+    report = _run(result, 8)
     assert not report.passed
     names = [n.name for n in result.graph.nodes[1:]]
     failed = [name for name in names if not report.verdicts[name]]
@@ -129,18 +150,18 @@ def test_training_runs_the_backward_with_the_predicted_bytes_and_the_references_
     graph, hand = gpt_network(ranks, SMALL, sp=sp)
     fix = {n.name: "hand" for n in graph.nodes[1:]}
     result = autoshard(graph, ranks, hand=hand, fix=fix, flops_per_s=RATE, training=True)
-    report = spmdsim.simulate(ranks, lambda: run_dag(result, spmdsim.world(), repeats=1, train=True))[0]
+    report = _run(result, ranks, train=True)
     assert report.passed and report.backward is not None
     assert report.backward.bytes_received == result.backward_bytes_per_rank == nbytes
     assert len(report.backward.verdicts) == 34 and all(report.backward.verdicts.values())
 
 
-def test_a_wrong_weight_shard_fails_the_gradients_too():
+def test_a_wrong_weight_shard_fails_the_gradients_too(perturb):
     graph, hand = gpt_network(4, SMALL)
     fix = {n.name: "hand" for n in graph.nodes[1:]}
     result = autoshard(graph, 4, hand=hand, fix=fix, flops_per_s=RATE, training=True)
-    report = spmdsim.simulate(4, lambda: run_dag(result, spmdsim.world(), repeats=1, train=True,
-                                                  perturb=("h1.mlp.w2", 2)))[0]
+    perturb("h1.mlp.w2", 2)
+    report = _run(result, 4, train=True)
     assert not report.passed
     wrong = {name for name, v in report.backward.verdicts.items() if not v}
     assert "h1.mlp.w2" in wrong and "wte" in wrong  # the loss moved: every gradient moves with it
@@ -167,7 +188,7 @@ def test_random_candidates_of_every_node_run_as_predicted(seed):
     rng = random.Random(seed)
     fix = {n.name: rng.choice(candidates(n, 8)).text for n in graph.nodes[1:]}
     result = autoshard(graph, 8, fix=fix, flops_per_s=RATE, training=True)
-    report = spmdsim.simulate(8, lambda: run_dag(result, spmdsim.world(), repeats=1, train=True))[0]
+    report = _run(result, 8, train=True)
     assert report.passed and all(report.backward.verdicts.values())
     _bytes_as_predicted(result, report)
     assert sum(op.bytes_per_rank for op in result.ops) > 0

@@ -64,13 +64,10 @@ class DagRunner:
     """``DagRunner(result, comm)``: meshes, weight shards and targets of a choice, ready to run.
 
     Collective to build and to run: every rank calls with the same `result`.
-    `perturb`: (parameter name, rank) whose local shard gets 1.0 added to its
-    first element on that rank (a test that the check can fail). `train`: the
-    weights require gradients and values keep their autograd records.
+    `train`: the weights require gradients and values keep their autograd records.
     """
 
-    def __init__(self, result: Result, comm: Any, perturb: Optional[tuple[str, int]] = None,
-                 train: bool = False) -> None:
+    def __init__(self, result: Result, comm: Any, train: bool = False) -> None:
         from .. import DTensor  # the front door: DTensor with its operators
 
         check_runnable(result)
@@ -83,14 +80,13 @@ class DagRunner:
         self.targets: dict[int, Any] = {}
         for i, (node, op) in enumerate(zip(self.graph.nodes[1:], result.ops[1:]), 1):
             c = op.candidate
-            self.params.append(tuple(self._weight(spec, layout, perturb)
-                                     for spec, layout in zip(node.params, c.params)))
+            self.params.append(tuple(self._weight(spec, layout) for spec, layout in zip(node.params, c.params)))
             if node.kind == "cross_entropy":
                 x = c.inputs[0]
                 rows = TensorLayout(x.layout, x.tensor_map[:1])
                 self.targets[i] = DTensor.from_seeded(self.mesh(x.layout), rows, node.source)
 
-    def _weight(self, spec: Any, layout: TensorLayout, perturb: Optional[tuple[str, int]]) -> Any:
+    def _weight(self, spec: Any, layout: TensorLayout) -> Any:
         """This rank's shard of a weight on `layout`, made once per (weight, layout).
 
         A weight two nodes use alike (the tied embedding) is one tensor: one leaf, its gradient
@@ -103,9 +99,6 @@ class DagRunner:
         p = self._weights.get(key)
         if p is None:
             p = self._weights[key] = DTensor.from_seeded(self.mesh(layout.layout), layout, spec.source)
-            if perturb is not None and perturb[0] == spec.name and self.comm.Get_rank() == perturb[1] \
-                    and p.local.size:
-                p.local.reshape(-1)[0] += 1.0
             if self.train:
                 p.requires_grad_()
         return p
@@ -290,8 +283,7 @@ def _reference_grads(graph: Any) -> tuple[Optional[dict], str]:
     return grads, ""
 
 
-def run_dag(result: Result, comm: Any, repeats: int = 3, perturb: Optional[tuple[str, int]] = None,
-            train: bool = False) -> DagReport:
+def run_dag(result: Result, comm: Any, repeats: int = 3, train: bool = False) -> DagReport:
     """Run the choice `repeats` times (figures: busiest rank, median), check the last run's values.
 
     `train`: then the last run's backward too, its gradients checked (GPT graphs only; the
@@ -303,7 +295,7 @@ def run_dag(result: Result, comm: Any, repeats: int = 3, perturb: Optional[tuple
     # numpy first: evaluated while the ranks run, it would slow the last node's measured time.
     expected = evaluate(result.graph)
     grads, no_backward = _reference_grads(result.graph) if train else (None, "")
-    runner = DagRunner(result, comm, perturb, train=grads is not None)
+    runner = DagRunner(result, comm, train=grads is not None)
     back = None
     try:
         runs = []
