@@ -223,3 +223,20 @@ def test_the_docs_quote_what_the_gpt_run_prints(capsys):
                 at += 1
             assert at < len(lines), f"{quote.where()}: {want!r} is not in the output\n{out}"
             at, skip = at + 1, False
+
+
+def test_a_node_that_moves_other_bytes_than_predicted_gets_a_note_line():
+    # The runner measures what the operators move; where the model priced another number, one line says so.
+    from dataclasses import replace
+
+    from spmdsim.autoshard.execute import format_checks
+
+    result = _gpt(4)
+    report = _run(result, 4)
+    k = [op.name for op in result.ops].index("h0.scores")
+    ops = list(result.ops)
+    ops[k] = replace(ops[k], in_bytes=ops[k].in_bytes + 4096)
+    text = format_checks(replace(result, ops=tuple(ops)), report)
+    assert text.splitlines()[0] == ("note: h0.scores (einsum) moved 0 B/rank where the model predicted 4,096: "
+                                    "the operator ran another plan than its candidate's")
+    assert "note:" not in format_checks(result, report)

@@ -138,7 +138,11 @@ class DagRunner:
             t0 = time.perf_counter()
             with collect_trace() as trace:
                 xs = [self._into(values[src], layout) for src, layout in zip(node.inputs, c.inputs)]
-                y = self._into(self._op(i, node, xs), c.out)
+                try:
+                    y = self._into(self._op(i, node, xs), c.out)
+                except SpmdsimError as e:  # the layouts every rank shares: all ranks raise alike
+                    raise SpmdsimError(f"{node.name} ({node.kind}, strategy {c.text}) cannot run as the cost "
+                                  f"model priced it: {e}") from None
             seconds = time.perf_counter() - t0
             entries = [e for e in trace.entries if e.group_size > 1]
             figures.append(NodeRun(sum(e.bytes_received for e in entries), sum(e.seconds for e in entries),
