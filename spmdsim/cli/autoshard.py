@@ -6,10 +6,13 @@
     spmdsim autoshard --network gpt --gpt layers=2,d_model=64 --devices 4096
     timeout -k 5 120 mpiexec -n 8 spmdsim autoshard --network net_mindspore_tutorial --run
     spmdsim autoshard --network net_paddle_tp --memory-limit 100K --run --ranks 4   # no mpiexec
+    spmdsim autoshard --network gpt --gpt layers=2,d_model=64 --training --run --ranks 4
 
 Planning is pure (no MPI); `--run` executes the choice on the ranks of the
 launch (their count is the device count) and prints predicted vs measured
-bytes and times per operator (`--ranks N`: N simulated ranks in this process).
+bytes and times per operator (`--ranks N`: N simulated ranks in this process),
+then checks every operator's output against numpy; on the GPT's graphs
+`--training` runs and checks the backward too.
 """
 from __future__ import annotations
 
@@ -62,7 +65,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--json", action="store_true",
                         help="print a JSON object (operators with name, strategy, bytes_per_rank; totals)")
     parser.add_argument("--run", action="store_true",
-                        help="execute the choice under MPI and print predicted vs measured per operator")
+                        help="execute the choice under MPI, print predicted vs measured per operator and "
+                             "check the values (with --training on the GPT: the backward too)")
     parser.add_argument("--repeat", type=int, default=3, help="--run: forward passes (median)")
     parser.add_argument("--ranks", type=int, metavar="N",
                         help="--run on N simulated ranks in this process (no mpiexec; bytes are "
