@@ -143,6 +143,8 @@ PURE_MODULES = [
     "spmdsim.autoshard",
     "spmdsim.autoshard.backward",
     "spmdsim.autoshard.execute",
+    "spmdsim.autoshard.dag",
+    "spmdsim.autoshard.evaluate",
     "spmdsim.algorithms.picture",
     # Entry points import the runtime only when a command runs under MPI.
     "spmdsim.cli.main",

@@ -1,24 +1,46 @@
-"""Run a choice under MPI through the network runner and compare it with the prediction.
+"""Run a choice on the ranks and compare it with the prediction.
 
 Importing this module does not import mpi4py: `to_network` is pure (the
 choice as a `spmdsim.nets.Network` of stages with the chosen layouts) and
-`run_choice` loads the runtime when called.
+`run_choice` loads the runtime when called. Chains of the network runner's
+operators (`RUNNABLE`) run through `spmdsim.nets.NetworkRunner`, hop by hop;
+every other graph (branches, the GPT's kinds) through `dag.run_dag`, node by node.
 """
 from __future__ import annotations
 
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import SpmdsimError
 from ..nets import Network, Param, Stage
 from .choose import Result
 
-__all__ = ["RUNNABLE", "to_network", "run_choice", "Measured", "format_measured"]
+if TYPE_CHECKING:
+    from .dag import DagReport
+
+__all__ = ["RUNNABLE", "to_network", "is_chain", "check_runnable", "run_choice", "Measured",
+           "format_measured", "format_checks"]
 
 #: Node kinds the network runner executes.
 RUNNABLE = ("input", "flatten", "matmul", "linear", "relu", "gelu", "embedding")
+
+
+def is_chain(result: Result) -> bool:
+    """Whether the choice runs through the network runner (a chain of `RUNNABLE` kinds)."""
+    graph = result.graph
+    return graph.is_chain() and all(n.kind in RUNNABLE for n in graph.nodes)
+
+
+def check_runnable(result: Result) -> None:
+    """Raise SpmdsimError (one line, the same on every rank) when the choice cannot run."""
+    if is_chain(result):
+        to_network(result)
+    else:
+        from .dag import check_runnable as check_dag
+
+        check_dag(result)
 
 
 def to_network(result: Result) -> Network:
@@ -54,8 +76,14 @@ class Measured:
 def run_choice(result: Result, comm: Any, repeats: int = 3) -> tuple[tuple[Measured, ...], bool]:
     """Run the choice `repeats` times; per operator the measured figures, and whether every value checked.
 
-    Collective: every rank calls it with the same `result`.
+    Collective: every rank calls it with the same `result`. A graph that is not a
+    chain of `RUNNABLE` kinds runs node by node (`dag.run_dag`).
     """
+    if not is_chain(result):
+        from .dag import run_dag
+
+        report = run_dag(result, comm, repeats)
+        return report.measured, report.passed
     runner = _runner(to_network(result), comm)
     runs = []
     try:
@@ -128,4 +156,38 @@ def format_measured(result: Result, measured: Sequence[Measured]) -> str:
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
              for r in [head] + rows]
+    return "\n".join(lines)
+
+
+def format_checks(result: Result, report: "DagReport") -> str:
+    """The DAG runner's verdicts: bytes that differ from the prediction, the first failed value, the loss."""
+    lines = []
+    for op, m in zip(result.ops[1:], report.measured[1:]):
+        if m.bytes_received != op.bytes_per_rank:
+            lines.append(f"note: {op.name} ({op.kind}) moved {m.bytes_received:,} B/rank where the model "
+                         f"predicted {op.bytes_per_rank:,}: the operator ran another plan than its "
+                         "candidate's")
+    failed = [name for name, v in report.verdicts.items() if not v]
+    n = len(report.verdicts)
+    line = f"values: {n - len(failed)} of {n} operators' outputs match numpy (one process)"
+    if report.loss is not None:
+        line += f"; loss {report.loss[0]:.6g}, numpy {report.loss[1]:.6g}"
+    lines.append(line)
+    if failed:
+        first = failed[0]
+        lines.append(f"first to differ: {first}: {report.verdicts[first]}")
+    back = report.backward
+    if back is not None:
+        wrong = [name for name, v in back.verdicts.items() if not v]
+        k = len(back.verdicts)
+        # The prediction adds each node's busiest rank; the pass is traced as one (its busiest rank):
+        # equal where one rank is the busiest throughout (Megatron's layouts), else lower.
+        lines.append(f"backward: {back.bytes_received:,} B/rank, busiest rank of the pass; predicted "
+                     f"{result.backward_bytes_per_rank:,} (each node's busiest, summed)")
+        lines.append(f"gradients: {k - len(wrong)} of {k} weights match spmdsim.gpt.reference's backward; "
+                     f"backward {1e3 * back.seconds:.3f} ms")
+        if wrong:
+            lines.append(f"first gradient to differ: {wrong[0]}: {back.verdicts[wrong[0]]}")
+    elif report.no_backward:
+        lines.append(f"backward not run (forward only): {report.no_backward}")
     return "\n".join(lines)

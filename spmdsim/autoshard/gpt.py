@@ -5,11 +5,13 @@ Pure (never imports mpi4py). `gpt_graph(cfg, devices)` follows
 position embedding's add, per block the layer norm, the products' shared input
 (an identity, where sequence parallelism Allgathers once), the Q, K and V products
 (einsum ``btd,de->bte``) with their biases and head reshapes, the scores
-(``bqhd,bkhd->bhqk``), their scale, the causal softmax (the mask folded in),
+(``bqhd,bkhd->bhqk``), their scale (``constant`` 1/sqrt(head_dim)), the causal softmax (the mask
+folded in: ``spec`` "causal"),
 the context (``bhqk,bkhd->bqhd``), the heads merged, the output projection,
 its bias and the residual add, then the MLP (product, bias, GELU, product,
 bias, residual); the final layer norm, the head tied to the token embedding
-(``btd,vd->btv``), the flatten and the vocab-parallel cross-entropy: 25 nodes
+(``btd,vd->btv``), the flatten and the vocab-parallel cross-entropy (its node's ``source`` the
+seeded targets): 25 nodes
 a block plus 7 (107 at 4 layers). Dropout (a local mask) moves nothing and is
 left out. Weights are placed where a strategy wants them (the tied table once
 per use: the search sums its gradient once per use, the reported backward once
@@ -24,14 +26,16 @@ vocab-parallel embedding, head and cross-entropy.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 from ..datagen import SeededTensor
+from ..errors import SpmdsimError
 from ..gpt.config import GPTConfig
 from ..layout import Layout
 from .graph import Graph, OpNode, ParamSpec, data_parallel
 
-__all__ = ["gpt_graph", "megatron", "MEGATRON_TP", "FULLY_USE_ABOVE"]
+__all__ = ["gpt_graph", "gpt_config", "megatron", "MEGATRON_TP", "FULLY_USE_ABOVE"]
 
 #: Megatron's tensor-parallel degree in the hand-written layouts (examples/train_gpt.py: dp 2 x tp 4).
 MEGATRON_TP = 4
@@ -57,9 +61,9 @@ def gpt_graph(cfg: GPTConfig, devices: int) -> Graph:
     made: dict[str, ParamSpec] = {}  # by name: the head's "wte" is the embedding's (tied)
 
     def add(name: str, kind: str, inputs: tuple, in_shapes: tuple, out: tuple, params: tuple = (),
-            spec: str = "") -> str:
+            spec: str = "", **extra) -> str:
         specs = tuple(made.setdefault(p, _param(p, s, len(made) + 1)) for p, s in params)
-        nodes.append(OpNode(name, kind, inputs, in_shapes, out, _DT, specs, spec=spec))
+        nodes.append(OpNode(name, kind, inputs, in_shapes, out, _DT, specs, spec=spec, **extra))
         return name
 
     h = add("wte", "embedding", ("x",), ((B, T),), btd, (("wte", (V, D)),), "scatter")
@@ -77,8 +81,8 @@ def gpt_graph(cfg: GPTConfig, devices: int) -> Graph:
                 y = add(p + w + "_bias", "pointwise", (y,), (btd,), btd, ((p + "attn.b" + w, (D,)),), "add")
             qkv.append(add(p + w + "_heads", "reshape", (y,), (btd,), heads))
         s = add(p + "scores", "einsum", tuple(qkv[:2]), (heads, heads), bhqk, spec="bqhd,bkhd->bhqk")
-        s = add(p + "scale", "pointwise", (s,), (bhqk,), bhqk, spec="mul")
-        s = add(p + "softmax", "softmax", (s,), (bhqk,), bhqk)
+        s = add(p + "scale", "pointwise", (s,), (bhqk,), bhqk, spec="mul", constant=1.0 / math.sqrt(Dh))
+        s = add(p + "softmax", "softmax", (s,), (bhqk,), bhqk, spec="causal")
         o = add(p + "context", "einsum", (s, qkv[2]), (bhqk, heads), heads, spec="bhqk,bkhd->bqhd")
         o = add(p + "merge", "reshape", (o,), (heads,), btd)
         o = add(p + "proj", "einsum", (o,), (btd,), btd, ((p + "attn.wo", (D, D)),), "btd,de->bte")
@@ -94,10 +98,27 @@ def gpt_graph(cfg: GPTConfig, devices: int) -> Graph:
     h = add("lnf", "layernorm", (h,), (btd,), btd, (("lnf.w", (D,)), ("lnf.b", (D,))))
     z = add("head", "einsum", (h,), (btd,), (B, T, V), (("wte", (V, D)),), "btd,vd->btv")
     z = add("flatten", "reshape", (z,), ((B, T, V),), (B * T, V))
-    add("loss", "cross_entropy", (z,), ((B * T, V),), ())
+    targets = SeededTensor((B * T,), "int64", cfg.seed + 1, low=0, high=V)  # the next tokens' stand-in
+    add("loss", "cross_entropy", (z,), ((B * T, V),), (), source=targets)
     title = (f"GPT {cfg.layers} layers, d_model {D}, {H} heads, seq {T}, batch {B}, vocab {V}: "
              "training loss")
     return Graph("gpt", title, tuple(nodes), fully_use_above=FULLY_USE_ABOVE)
+
+
+def gpt_config(graph: Graph) -> Optional[GPTConfig]:
+    """The GPTConfig (dropout 0) whose `gpt_graph` is `graph`, node for node; None for any other graph."""
+    nodes = graph.nodes
+    try:
+        batch, seq = nodes[0].out_shape
+        vocab, d_model = nodes[graph.index("wte")].params[0].shape
+        heads = nodes[graph.index("h0.q_heads")].out_shape[2]
+        layers = sum(1 for n in nodes if n.name.endswith(".ln1"))
+        cfg = GPTConfig(vocab=vocab, d_model=d_model, heads=heads, layers=layers, seq=seq, batch=batch,
+                        dropout=0.0, seed=nodes[0].source.seed)
+    except (SpmdsimError, ValueError, IndexError, AttributeError):
+        return None
+    again = gpt_graph(cfg, nodes[0].layout.layout.num_devices)
+    return cfg if again.nodes == nodes else None
 
 
 def megatron(cfg: GPTConfig, graph: Graph, devices: int, sp: bool = False) -> Optional[tuple]:

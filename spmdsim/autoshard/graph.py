@@ -58,8 +58,10 @@ class OpNode:
         spec: einsum: its subscripts ("btd,de->bte"); pointwise: the op ("add", "mul"). Their
             operands are the activation inputs, then the weights, in that order. Embedding:
             "scatter" also offers a split vocabulary's Reduce_scatter into an output dim.
+            Softmax: "causal" first sets the keys after each query to -inf (the GPT's mask).
         layout: input only: the layout the network input arrives in.
-        source: input only: the global input values.
+        source: input: the global input values; cross_entropy: the class of each row (int64).
+        constant: pointwise with one operand: the number it applies (the scores' 1/sqrt(head_dim)).
     """
 
     name: str
@@ -73,6 +75,7 @@ class OpNode:
     spec: str = ""
     layout: Optional[TensorLayout] = None
     source: Optional[SeededTensor] = None
+    constant: Optional[float] = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

@@ -6,10 +6,13 @@
     spmdsim autoshard --network gpt --gpt layers=2,d_model=64 --devices 4096
     timeout -k 5 120 mpiexec -n 8 spmdsim autoshard --network net_mindspore_tutorial --run
     spmdsim autoshard --network net_paddle_tp --memory-limit 100K --run --ranks 4   # no mpiexec
+    spmdsim autoshard --network gpt --gpt layers=2,d_model=64 --training --run --ranks 4
 
 Planning is pure (no MPI); `--run` executes the choice on the ranks of the
 launch (their count is the device count) and prints predicted vs measured
-bytes and times per operator (`--ranks N`: N simulated ranks in this process).
+bytes and times per operator (`--ranks N`: N simulated ranks in this process),
+then checks every operator's output against numpy; on the GPT's graphs
+`--training` runs and checks the backward too.
 """
 from __future__ import annotations
 
@@ -62,7 +65,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--json", action="store_true",
                         help="print a JSON object (operators with name, strategy, bytes_per_rank; totals)")
     parser.add_argument("--run", action="store_true",
-                        help="execute the choice under MPI and print predicted vs measured per operator")
+                        help="execute the choice under MPI, print predicted vs measured per operator and "
+                             "check the values (with --training on the GPT: the backward too)")
     parser.add_argument("--repeat", type=int, default=3, help="--run: forward passes (median)")
     parser.add_argument("--ranks", type=int, metavar="N",
                         help="--run on N simulated ranks in this process (no mpiexec; bytes are "
@@ -182,7 +186,7 @@ def _run_mpi(args: argparse.Namespace) -> int:
 
 def _run_choice(args: argparse.Namespace, comm: Any) -> int:
     from ..autoshard.cost import measure_flops_rate
-    from ..autoshard.execute import format_measured, run_choice, to_network
+    from ..autoshard.execute import check_runnable, format_checks, format_measured, is_chain, run_choice
 
     size = comm.Get_size()
     if size == 1 and args.ranks is None:  # one plain process: say how to get ranks, on every rank alike
@@ -190,27 +194,45 @@ def _run_choice(args: argparse.Namespace, comm: Any) -> int:
         raise SpmdsimError(f"--run in one process would run on 1 rank: launch it with mpiexec -n {n}, "
                            f"or add --ranks {n}")
     if args.devices not in (None, size):
+        launch = f"--ranks {args.devices}" if args.ranks is not None else f"mpiexec -n {args.devices}"
         raise SpmdsimError(f"--run uses the {size} ranks of the launch; --devices {args.devices} "
-                           f"differs (launch with mpiexec -n {args.devices})")
+                           f"differs (launch with {launch})")
     # Every rank measures at once (they share the cores, as they will when running);
     # the slowest rate, agreed, makes every rank choose the same strategies.
     flops = args.flops or min(comm.allgather(measure_flops_rate()))
     result = _choose(args, size, flops)
-    to_network(result)  # a branching or unsupported network raises here, on every rank
+    check_runnable(result)  # an operator the runners lack raises here, on every rank
     if comm.bcast(result.outcome.choice) != result.outcome.choice:
         raise SpmdsimError("the ranks chose different strategies; run with --flops to agree")
-    measured, passed = run_choice(result, comm, args.repeat)
+    checks = None
+    if is_chain(result):
+        measured, passed = run_choice(result, comm, args.repeat)
+    else:
+        from ..autoshard.dag import run_dag
+
+        report = run_dag(result, comm, args.repeat, train=args.training)
+        measured, passed, checks = report.measured, report.passed, report
     if comm.Get_rank() == 0:
         if args.json:
             record = result.to_json()
             record["measured"] = [{"name": m.name, "bytes_received_per_rank": m.bytes_received,
                                    "comm_seconds": m.comm_seconds, "seconds": m.seconds}
                                   for m in measured]
+            if checks is not None:
+                record["checked"] = {name: bool(v) for name, v in checks.verdicts.items()}
+                record["loss"] = None if checks.loss is None else {"ranks": checks.loss[0],
+                                                                   "numpy": checks.loss[1]}
+                back = checks.backward
+                record["backward_measured"] = None if back is None else {
+                    "bytes_received_per_rank": back.bytes_received, "seconds": back.seconds,
+                    "checked": {name: bool(v) for name, v in back.verdicts.items()}}
             record["passed"] = passed
             print(json.dumps(record, indent=1))
         else:
             print(result.table())
             print()
             print(format_measured(result, measured))
+            if checks is not None:
+                print(format_checks(result, checks))
             print("PASS" if passed else "FAIL")
     return 0 if passed else 1

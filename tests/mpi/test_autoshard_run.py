@@ -36,3 +36,24 @@ def test_paddle_choice_under_a_memory_limit_runs_as_predicted():
     result = autoshard("net_paddle_tp", COMM.size, memory_limit=200_000, flops_per_s=RATE)
     assert result.ops[1].candidate.strategy[1] != (1, 1)
     _check(result)
+
+
+@pytest.mark.skipif(COMM.size not in (4, 8), reason="the small GPT's choice is checked at 4 and 8 ranks")
+def test_gpt_choice_runs_node_by_node_as_predicted():
+    # A graph with branches (the residuals, Q/K/V): the DAG runner, every node's value checked.
+    from spmdsim.autoshard.networks import gpt_network
+    from spmdsim.gpt.config import GPTConfig
+
+    graph, hand = gpt_network(COMM.size, GPTConfig(layers=2, d_model=64))
+    _check(autoshard(graph, COMM.size, hand=hand, flops_per_s=RATE))
+    if COMM.size == 8:  # Megatron's layouts, every node fixed: the tensor-parallel collectives
+        from spmdsim.autoshard.dag import run_dag
+
+        fix = {n.name: "hand" for n in graph.nodes[1:]}
+        result = autoshard(graph, 8, hand=hand, fix=fix, flops_per_s=RATE, training=True)
+        measured = _check(result)
+        assert sum(m.bytes_received for m in measured) == 993_808
+        # The backward too: the replayed bytes, and the reference's gradients.
+        report = run_dag(result, COMM, repeats=1, train=True)
+        assert report.passed and len(report.backward.verdicts) == 34
+        assert report.backward.bytes_received == result.backward_bytes_per_rank == 1_267_456
