@@ -135,6 +135,30 @@ def test_cli_json_has_the_checks_and_the_loss(capsys):
         [op["bytes_per_rank"] for op in record["operators"]]
 
 
+def test_fix_every_operator_by_hand_runs_megatrons_plan(capsys):
+    """``--fix "*=hand"`` is one --fix NODE=hand per node: Megatron's layouts, run and checked; a name given
+    on its own still wins, and '*' takes nothing but 'hand'."""
+    spelled = _gpt(8, fix_all_hand=True)
+    assert main(GPT + ["--devices", "8", "--fix", "*=hand", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert [op["strategy"] for op in record["operators"]] == [op.candidate.text for op in spelled.ops]
+    assert all(op["why"] == "fixed" for op in record["operators"][1:])
+    assert record["total_bytes_per_rank"] == record["hand_written_total_bytes_per_rank"] > 100_000
+    assert main(GPT + ["--devices", "8", "--fix", "*=hand", "--fix", "lnf=((8, 1, 1), (1,), (1,))", "--json"]) == 0
+    ops = {op["name"]: op for op in json.loads(capsys.readouterr().out)["operators"]}
+    assert ops["lnf"]["strategy"] == "((8, 1, 1), (1,), (1,))" and ops["head"]["why"] == "fixed"
+    assert main(GPT + ["--devices", "8", "--fix", "*=hand", "--run", "--ranks", "8"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^values: 56 of 56 operators' outputs match numpy", out, re.M) and out.rstrip().endswith("PASS")
+    for argv, line in ((["--network", "gpt", "--fix", "*=((8,1),)"],
+                        "--fix '*=((8,1),)': '*' fixes every operator and takes 'hand' only"),
+                       (["--network", "mlp", "--fix", "*=hand"], "--fix '*=hand': mlp has no hand-written "
+                                                                "strategies at 8 devices")):
+        assert main(["autoshard", *argv]) == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and line in err, err
+
+
 def test_cli_run_with_a_device_count_that_is_not_the_launchs_is_one_line(capsys):
     assert main(GPT + ["--devices", "8", "--run", "--ranks", "4"]) == 2
     out, err = capsys.readouterr()
@@ -206,7 +230,7 @@ def test_the_docs_quote_what_the_gpt_run_prints(capsys):
 
     quoted = [q for q in quotes("docs/autoshard.md")
               if q.output and q.command.startswith("spmdsim autoshard --network gpt") and "--run" in q.command]
-    assert len(quoted) == 2
+    assert len(quoted) == 3
     for quote in quoted:
         code = main(shlex.split(quote.command)[1:] + ["--flops", "1e11", "--repeat", "1"])
         out = capsys.readouterr().out

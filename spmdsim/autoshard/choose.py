@@ -135,7 +135,8 @@ def autoshard(network: Union[str, Graph], devices: int = 8, *,
         network: a name (`spmdsim.autoshard.networks.NAMES`) or a Graph (then `hand`
             may give its hand-written layouts, one per node, None for the input).
         fix: {operator: strategy text} held fixed, e.g. ``"((2, 4), (4, 1))"``,
-            ``"((2, 4), (4, 1)) out ((8, 1),)"``, or ``"hand"`` (the hand-written one).
+            ``"((2, 4), (4, 1)) out ((8, 1),)"``, or ``"hand"`` (the hand-written one);
+            ``{"*": "hand"}``: every operator not named holds its hand-written strategy.
         memory_limit: bytes per rank an operator may hold (weights, inputs, output).
         objective: "bytes" (per rank, exact) or "time" (alpha-beta model + compute).
         method: "search" (tree DP, else branch and bound) or "propagate" (MindSpore's sharding propagation).
@@ -159,11 +160,11 @@ def autoshard(network: Union[str, Graph], devices: int = 8, *,
     dtypes = [n.dtype for n in graph.nodes]
     in_dtypes = [tuple(dtypes[graph.index(i)] for i in n.inputs) for n in graph.nodes]
     hand_cands = _hand(graph, hand, in_dtypes)
-    options, considered, ruled_out = _options(graph, devices, in_dtypes, hand_cands, dict(fix or {}),
-                                              memory_limit)
+    fix = _every(graph, dict(fix or {}), hand_cands, devices)
+    options, considered, ruled_out = _options(graph, devices, in_dtypes, hand_cands, fix, memory_limit)
     table = Table(graph, options, obj, dtypes)
     names = [n.name for n in graph.nodes]
-    fixed = [i for i, n in enumerate(graph.nodes) if n.name in (fix or {})] + [0]
+    fixed = [i for i, n in enumerate(graph.nodes) if n.name in fix] + [0]
     prop = propagate(table.node, table.edge, fixed, names, _unit(obj))
     if method == "propagate":
         outcome = prop
@@ -209,6 +210,21 @@ def _hand(graph: Graph, hand, in_dtypes) -> Optional[list[Candidate]]:
             want = h.out if node.kind in ("matmul", "einsum", "embedding") else None
             out.append(make_candidate(node, h.inputs, h.params, dts, want, hand=True))
     return out
+
+
+def _every(graph: Graph, fix: dict, hand_cands: Optional[list], devices: int) -> dict:
+    """`fix` with ``"*": "hand"`` spelled out: every operator not named on its own holds its
+    hand-written strategy (Megatron's on the GPT), so a run shows the hand-written plan."""
+    if "*" not in fix:
+        return fix
+    if fix["*"].strip().lower() != "hand":
+        raise SpmdsimError(f"--fix '*={fix['*']}': '*' fixes every operator and takes 'hand' only "
+                           "(the hand-written strategies); name an operator to fix it to a strategy")
+    if hand_cands is None:
+        raise SpmdsimError(f"--fix '*=hand': {graph.name} has no hand-written strategies at {devices} devices")
+    every = {n.name: "hand" for n in graph.nodes[1:]}
+    every.update((name, text) for name, text in fix.items() if name != "*")
+    return every
 
 
 def _options(graph: Graph, devices: int, in_dtypes, hand_cands, fix: dict, memory_limit) -> tuple:

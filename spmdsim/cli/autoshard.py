@@ -48,7 +48,8 @@ def register(subparsers: Any) -> None:
                         help="device count (default 8; with --run, the ranks of the launch)")
     parser.add_argument("--fix", action="append", default=[], metavar="OP=STRATEGY",
                         help='hold an operator\'s strategy, e.g. "MatMul1=((2,4),(4,1))", '
-                             '"MatMul2=((1,8),(8,1)) out ((8,1),)" or "MatMul1=hand" (repeatable)')
+                             '"MatMul2=((1,8),(8,1)) out ((8,1),)" or "MatMul1=hand" (repeatable); '
+                             '"*=hand": every operator not named holds its hand-written strategy')
     parser.add_argument("--memory-limit", type=parse_size, metavar="BYTES",
                         help="bytes per rank one operator may hold (weights, inputs, output), e.g. 1M")
     parser.add_argument("--objective", choices=OBJECTIVES, default="bytes",
