@@ -28,21 +28,29 @@ def make_dtensor(mesh: Any, local: np.ndarray, layout: TensorLayout, shape: Sequ
     # The checks DTensor() makes, passed before by this very shape tuple under an equal layout:
     # the same block shape, a plain dtype and the mesh's own device matrix are all that can differ.
     seen = _CHECKED.get((layout, shape))
-    if (seen is not None and seen[0] is shape and local.shape == seen[1] and local.dtype in _PLAIN_DTYPES
-            and type(layout) is TensorLayout and layout.layout is getattr(mesh, "layout", None)
-            and type(mesh) is _MESH):
+    if (seen is not None and local.shape == seen[1] and (seen[0] is shape or _ints(shape))
+            and local.dtype in _PLAIN_DTYPES and type(layout) is TensorLayout
+            and layout.layout is getattr(mesh, "layout", None) and type(mesh) is _MESH):
         return cls._trusted(mesh, local, layout, shape)
     out = cls(mesh, local, layout, shape)
-    if out.global_shape == shape and all(type(n) is int for n in shape):
+    if out.global_shape == shape and _ints(shape):
         if len(_CHECKED) >= 4096:  # a long run over many shapes: start over
             _CHECKED.clear()
         _CHECKED[(layout, shape)] = (shape, out.local.shape)
     return out
 
 
+def _ints(shape: tuple) -> bool:
+    """Every size a Python int (a float or bool of equal value finds the same cache entry)."""
+    for n in shape:
+        if type(n) is not int:
+            return False
+    return True
+
+
 # (layout, global shape) -> (that shape tuple, the shard shape) for result tensors DTensor() checked.
-# Keyed by value, trusted by identity: a plan hands out the same shape tuple every step; only tuples
-# of ints are kept (16.0 equals 16 and hashes alike, and is checked every time). DTensor()'s checks were
+# Keyed by value: a shape of Python ints equal to one that passed, under an equal layout, passes
+# again (16.0 equals 16 and hashes alike: such a tuple is checked every time). DTensor()'s checks were
 # ~5 us of every operator's result (paid once per simulated rank).
 _CHECKED: dict = {}
 # Dtypes a shard may have without more checks (runtime.dtensor keeps the same set).

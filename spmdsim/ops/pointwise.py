@@ -77,7 +77,20 @@ def lift(mesh: Any, value: Any, dtype: np.dtype, op: str) -> Any:
         raise OperatorError(f"{op}: operand {describe(value)} must be a DTensor or a real number; wrap an array "
                             "with DTensor.from_global or from_local first")
     target = np.dtype(np.float64) if isinstance(value, float) and dtype.kind not in "fc" else dtype
-    return make_dtensor(mesh, np.asarray(value, dtype=target), mesh.layout(), ())
+    return make_dtensor(mesh, np.asarray(value, dtype=target), _scalar_layout(mesh.layout), ())
+
+
+_SCALARS: dict = {}  # device matrix -> the layout of a replicated 0-d value on it
+
+
+def _scalar_layout(layout: Any) -> Any:
+    """``layout()``, the replicated 0-d layout, one object per device matrix (not rebuilt per number)."""
+    out = _SCALARS.get(layout)
+    if out is None:
+        if len(_SCALARS) >= 256:
+            _SCALARS.clear()
+        out = _SCALARS[layout] = layout()
+    return out
 
 
 def _operands(op: str, args: tuple) -> tuple[Any, list]:
