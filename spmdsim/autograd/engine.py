@@ -63,10 +63,11 @@ def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gra
         node.backward, node.inputs = None, ()  # freed: saved tensors go with it
         if dy is None:
             continue
+        if explain is None:  # no trace to collect: no context per node
+            _take(grads, owners, leaves, inputs, run(_prepared(node, dy)))
+            continue
         with _collector(explain) as trace:
             _take(grads, owners, leaves, inputs, run(_prepared(node, dy)))
-        if explain is None:
-            continue
         step = node.describe()
         explain.append((step, trace.entries))
         short = step.split(":")[0]  # "matmul MatMul1", without the plan's reasons
@@ -217,23 +218,25 @@ def _topological(root: Any) -> list:
     order: list = []
     seen: set = set()
     stack = [(root, False)]
+    # Bound once: the walk visits every node and input of the step's graph.
+    pop, push, visited, mark, node_type = stack.pop, stack.append, seen.__contains__, seen.add, Node
     while stack:
-        node, done = stack.pop()
+        node, done = pop()
         if done:
             order.append(node)
             continue
-        if id(node) in seen or not isinstance(node, Node):
+        if visited(id(node)) or not isinstance(node, node_type):
             continue
-        seen.add(id(node))
+        mark(id(node))
         if node.backward is None:
             raise OperatorError(
                 f"backward through the graph of {node.describe()!r} a second time: its saved tensors were "
                 "freed by the first backward(); run the forward again")
-        stack.append((node, True))
+        push((node, True))
         for t in node.inputs:
             parent = getattr(t, "_ag", None)
-            if isinstance(parent, Node) and id(parent) not in seen:
-                stack.append((parent, False))
+            if parent is not None and isinstance(parent, node_type) and not visited(id(parent)):
+                push((parent, False))
     order.reverse()
     return order
 
