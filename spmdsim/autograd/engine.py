@@ -257,11 +257,25 @@ def grad_layout(layout: TensorLayout, g_layout: TensorLayout) -> TensorLayout:
     tensor's own partial axes excluded: an addend's gradient is the whole
     value); a gradient from another device matrix is resolved.
     """
+    seen = _GRAD_BY_OBJECT.get((id(layout), id(g_layout)))  # as graph.with_partial: no Python hashing
+    if seen is not None and seen[0] is layout and seen[1] is g_layout:
+        return seen[2]
     key = (layout, g_layout)
-    try:
-        return _GRAD_LAYOUTS[key]
-    except KeyError:
-        pass
+    out = _GRAD_LAYOUTS.get(key)
+    if out is None:
+        out = _grad_layout(layout, g_layout)
+    if len(_GRAD_BY_OBJECT) >= 4096:
+        _GRAD_BY_OBJECT.clear()
+    _GRAD_BY_OBJECT[(id(layout), id(g_layout))] = (layout, g_layout, out)
+    return out
+
+
+_GRAD_BY_OBJECT: dict = {}  # (id(layout), id(gradient's layout)) -> (both, grad_layout's answer)
+
+
+def _grad_layout(layout: TensorLayout, g_layout: TensorLayout) -> TensorLayout:
+    """grad_layout worked out (and kept by value)."""
+    key = (layout, g_layout)
     keep = set(layout.replicated_axes) & set(g_layout.partial) if g_layout.layout == layout.layout else ()
     # From with_partial's table: the gradients' layouts are then the very objects the
     # rules make, and the engine's layout comparisons stop at `is`.
