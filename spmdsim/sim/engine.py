@@ -136,29 +136,44 @@ class Group:
         Raises RuntimeMismatchError on every member when the calls differ.
         """
         world = self.world
-        rank = self.members[me]
         with world.lock:
-            world.check(rank)
-            slot = self.slots.get(seq)
-            if slot is None:
-                slot = self.slots[seq] = _Slot(self.size)
-            slot.calls[me] = call
-            slot.arrived += 1
-            if slot.error is None:
-                slot.error = self._mismatch(slot, me, seq)
-            if slot.error is not None or slot.arrived == self.size:
-                if slot.error is None:
-                    del self.slots[seq]  # every member holds the slot now
-                    if call.complete is not None:
-                        call.complete(slot)
+            slot, last = self._arrive(me, seq, call)
+            if last:
                 for i, other in enumerate(slot.calls):
-                    if other is not None and i != me:
+                    if i != me:
                         world.release(self.members[i])
-            else:
-                world.wait(rank, _Waiting(call.op, self, seq))
+        return slot
+
+    def _arrive(self, me: int, seq: int, call: Call) -> tuple[_Slot, bool]:
+        """Deposit the call (world lock held); wait unless last. (slot, whether this member came last).
+
+        Raises RuntimeMismatchError on every member when the calls differ.
+        """
+        world = self.world
+        rank = self.members[me]
+        world.check(rank)
+        slot = self.slots.get(seq)
+        if slot is None:
+            slot = self.slots[seq] = _Slot(self.size)
+        slot.calls[me] = call
+        slot.arrived += 1
+        if slot.error is None:
+            slot.error = self._mismatch(slot, me, seq)
+        last = slot.error is None and slot.arrived == self.size
+        if slot.error is not None:
+            for i, other in enumerate(slot.calls):
+                if other is not None and i != me:
+                    world.release(self.members[i])
+            raise RuntimeMismatchError(slot.error)
+        if last:
+            del self.slots[seq]  # every member holds the slot now
+            if call.complete is not None:
+                call.complete(slot)
+        else:
+            world.wait(rank, _Waiting(call.op, self, seq))
             if slot.error is not None:
                 raise RuntimeMismatchError(slot.error)
-        return slot
+        return slot, last
 
     def enter_all(self, me: int, seq: int, call: Call) -> _Slot:
         """`enter`, then every member's `call.finish` phases run by the last member to arrive, in
@@ -169,29 +184,8 @@ class Group:
         raises in a member's function is raised in that member, as if it had run there.
         """
         world = self.world
-        rank = self.members[me]
         with world.lock:
-            world.check(rank)
-            slot = self.slots.get(seq)
-            if slot is None:
-                slot = self.slots[seq] = _Slot(self.size)
-            slot.calls[me] = call
-            slot.arrived += 1
-            if slot.error is None:
-                slot.error = self._mismatch(slot, me, seq)
-            last = slot.error is None and slot.arrived == self.size
-            if slot.error is not None:
-                for i, other in enumerate(slot.calls):
-                    if other is not None and i != me:
-                        world.release(self.members[i])
-            elif last:
-                del self.slots[seq]  # every member holds the slot now
-                if call.complete is not None:
-                    call.complete(slot)
-            else:
-                world.wait(rank, _Waiting(call.op, self, seq))
-            if slot.error is not None:
-                raise RuntimeMismatchError(slot.error)
+            slot, last = self._arrive(me, seq, call)
         if last:
             calls = slot.calls
             for phase in range(len(call.finish)):
@@ -202,7 +196,7 @@ class Group:
                         except Exception as exc:  # noqa: BLE001 - raised in its member
                             other.raised = exc
             with world.lock:
-                world.check(rank)
+                world.check(self.members[me])
                 for i, other in enumerate(calls):
                     other.data = None  # nobody reads the buffers any more
                     if i != me:
