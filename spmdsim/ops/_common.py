@@ -25,12 +25,12 @@ def make_dtensor(mesh: Any, local: np.ndarray, layout: TensorLayout, shape: Sequ
         local = np.ascontiguousarray(local)
     if type(shape) is not tuple:
         shape = tuple(shape)
-    # The checks DTensor() makes, passed before by this very shape tuple under an equal layout:
-    # the same block shape, a plain dtype and the mesh's own device matrix are all that can differ.
+    # The checks DTensor() makes, passed before by this shape under an equal layout: the same block
+    # shape, a plain dtype and the mesh's device matrix are all that can differ.
     seen = _CHECKED.get((layout, shape))
     if (seen is not None and local.shape == seen[1] and (seen[0] is shape or _ints(shape))
-            and local.dtype in _PLAIN_DTYPES and type(layout) is TensorLayout
-            and layout.layout is getattr(mesh, "layout", None) and type(mesh) is _MESH):
+            and local.dtype in _PLAIN_DTYPES and type(layout) is TensorLayout and type(mesh) is _MESH
+            and (layout.layout is mesh.layout or layout.layout == mesh.layout)):
         return cls._trusted(mesh, local, layout, shape)
     out = cls(mesh, local, layout, shape)
     if out.global_shape == shape and _ints(shape):
