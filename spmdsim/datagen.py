@@ -35,14 +35,57 @@ _M2 = np.uint64(0x94D049BB133111EB)
 Region = Sequence[Union[slice, Sequence[int]]]
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finalizer, in place on a uint64 array (wraps modulo 2**64)."""
-    x ^= x >> np.uint64(30)
+def _mix(x: np.ndarray, scratch: np.ndarray | None = None) -> np.ndarray:
+    """splitmix64 finalizer, in place on a uint64 array (wraps modulo 2**64); `scratch`: a uint64
+    array of x's shape for the shifted copies (else made each time)."""
+    t = np.empty_like(x) if scratch is None else scratch
+    x ^= np.right_shift(x, _S30, out=t)
     x *= _M1
-    x ^= x >> np.uint64(27)
+    x ^= np.right_shift(x, _S27, out=t)
     x *= _M2
-    x ^= x >> np.uint64(31)
+    x ^= np.right_shift(x, _S31, out=t)
     return x
+
+
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+_KEYS: dict = {}  # seed -> its mixed key (the simulated ranks of one step ask for the same seeds)
+_INNERS: dict = {}  # (shape, region's bounds) -> (inner flat index + 1) * golden, read-only
+_INNER_BYTES = [0]  # bytes held in _INNERS
+_INNER_MAX_BYTES = 64 << 20
+
+
+def _key(seed: int) -> np.uint64:
+    """The seed's key: splitmix64 of seed + golden."""
+    key = _KEYS.get(seed)
+    if key is None:
+        key = _mix(np.array([seed], dtype=np.uint64) + _GOLDEN)[0]
+        if len(_KEYS) >= 4096:
+            _KEYS.clear()
+        _KEYS[seed] = key
+    return key
+
+
+def _inner(shape: tuple, bounds: tuple) -> np.ndarray:
+    """(flat index within the first dim's row + 1) * golden over the block's other dims (wrapping)."""
+    cache_key = (shape, bounds[1:])
+    found = _INNERS.get(cache_key)
+    if found is not None:
+        return found
+    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    inner = np.zeros(tuple(b - a for a, b in bounds[1:]), dtype=np.uint64)
+    for d in range(1, len(shape)):
+        ax = np.arange(bounds[d][0], bounds[d][1], dtype=np.uint64) * np.uint64(strides[d])
+        inner = inner + ax.reshape((-1,) + (1,) * (len(shape) - 1 - d))
+    inner += np.uint64(1)
+    inner *= _GOLDEN
+    inner.flags.writeable = False
+    if _INNER_BYTES[0] + inner.nbytes > _INNER_MAX_BYTES:  # many regions: start over
+        _INNERS.clear()
+        _INNER_BYTES[0] = 0
+    if inner.nbytes <= _INNER_MAX_BYTES // 4:
+        _INNERS[cache_key] = inner
+        _INNER_BYTES[0] += inner.nbytes
+    return inner
 
 
 @dataclass(frozen=True)
@@ -111,27 +154,27 @@ class SeededTensor:
         out = buffers.empty(out_shape, self.dtype)
         if out.size == 0:
             return out
-        strides = [math.prod(self.shape[d + 1:]) for d in range(len(self.shape))]
-        key = _mix(np.array([self.seed], dtype=np.uint64) + _GOLDEN)[0]
+        key = _key(self.seed)
         if not self.shape:
             # An array sum wraps modulo 2**64 silently (a numpy scalar sum warns of overflow).
             self._fill(np.array([key], dtype=np.uint64) + _GOLDEN, out.reshape(1))
             return out
-        # Flat index of the block minus its first dim, built by broadcasting.
-        inner = np.zeros(out_shape[1:], dtype=np.uint64)
-        for d in range(1, len(self.shape)):
-            ax = np.arange(bounds[d][0], bounds[d][1], dtype=np.uint64) * np.uint64(strides[d])
-            inner = inner + ax.reshape((-1,) + (1,) * (len(self.shape) - 1 - d))
+        # Counter-based: mix (flat index + 1) * golden with the seed's key. Modulo 2**64 that is
+        # rows * stride * golden + (inner + 1) * golden, inner the flat index of the block minus its
+        # first dim: the second term is the same for every seed, kept per (shape, region).
+        inner = _inner(self.shape, bounds)
         rows_per_pass = max(1, _CHUNK_ELEMENTS // max(1, inner.size))
-        start0 = bounds[0][0]
+        start0, stride0 = bounds[0][0], np.uint64(math.prod(self.shape[1:]))
+        scratch = None
         for r0 in range(0, out_shape[0], rows_per_pass):
             r1 = min(out_shape[0], r0 + rows_per_pass)
-            rows = np.arange(start0 + r0, start0 + r1, dtype=np.uint64) * np.uint64(strides[0])
-            flat = rows.reshape((-1,) + (1,) * (len(self.shape) - 1)) + inner
-            # Counter-based: mix (index + 1) * golden with the seed's key.
-            counters = (flat + np.uint64(1)) * _GOLDEN
+            rows = np.arange(start0 + r0, start0 + r1, dtype=np.uint64) * stride0
+            rows *= _GOLDEN
+            counters = rows.reshape((-1,) + (1,) * (len(self.shape) - 1)) + inner
             counters ^= key
-            self._fill(_mix(counters), out[r0:r1])
+            if scratch is None or scratch.shape != counters.shape:
+                scratch = np.empty_like(counters)
+            self._fill(_mix(counters, scratch), out[r0:r1])
         return out
 
     def _fill(self, bits: np.ndarray, out: np.ndarray) -> None:
@@ -144,6 +187,13 @@ class SeededTensor:
         if self.dtype == "float32":
             unit = (bits >> np.uint64(40)).astype(np.float32) * np.float32(2.0**-24)
             out[...] = np.float32(self.low) + np.float32(self.high - self.low) * unit
+        elif out.flags.c_contiguous and out.shape == bits.shape:
+            # In place: the same conversions and roundings as low + (high - low) * unit, unit the top
+            # 53 bits times 2**-53 (exact), with no temporaries of the block's size.
+            bits >>= np.uint64(11)
+            np.multiply(bits, 2.0**-53, out=out)
+            out *= self.high - self.low
+            out += self.low
         else:
             unit = (bits >> np.uint64(11)).astype(np.float64) * (2.0**-53)
             out[...] = self.low + (self.high - self.low) * unit

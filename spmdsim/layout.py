@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Iterable, Sequence, Union
+from typing import Any, Iterable, Sequence, Union
 
 import numpy as np
 
@@ -296,7 +296,7 @@ class TensorLayout:
             return value
 
     def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k not in ("_hash", "_derived")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_hash", "_derived", "_shapes")}
 
     @staticmethod
     def _shown(entries: tuple, partial: tuple) -> str:
@@ -336,7 +336,7 @@ class TensorLayout:
         """Number of pieces tensor dim `tensor_dim` is cut into."""
         return self.layout.group_size(self.tensor_map[tensor_dim])
 
-    @property
+    @cached_property
     def shards_per_dim(self) -> tuple[int, ...]:
         return tuple(self.num_shards(d) for d in range(self.ndim))
 
@@ -376,8 +376,35 @@ class TensorLayout:
 
     def local_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
         """Shape of every rank's shard (even splits: the same on all ranks)."""
+        known = self._known(("local", shape))
+        if known is not None:
+            return known
         shape = self.check_shape(shape)
-        return tuple(s // n for s, n in zip(shape, self.shards_per_dim))
+        return self._keep(("local", shape), tuple(s // n for s, n in zip(shape, self.shards_per_dim)))
+
+    # Answers about global shapes that passed check_shape, per layout: operators and the backward walk
+    # ask each layout the same few questions every step. Kept only for shapes of Python ints (16.0
+    # equals 16 and hashes alike, and must be refused again), out of pickles like the hash.
+    def _known(self, key: tuple) -> Any:
+        shapes = self.__dict__.get("_shapes")
+        if shapes is None or type(key[-1]) is not tuple:
+            return None
+        for n in key[-1]:
+            if type(n) is not int:
+                return None
+        return shapes.get(key)
+
+    def _keep(self, key: tuple, value: Any) -> Any:
+        for n in key[-1]:
+            if type(n) is not int:
+                return value
+        shapes = self.__dict__.get("_shapes")
+        if shapes is None:
+            shapes = {}
+            object.__setattr__(self, "_shapes", shapes)
+        if len(shapes) < 256:
+            shapes[key] = value
+        return value
 
     # -- who holds what ------------------------------------------------------------
     def shard_index(self, rank: int) -> tuple[int, ...]:
@@ -386,8 +413,13 @@ class TensorLayout:
 
     def bounds(self, rank: int, shape: Sequence[int]) -> tuple[tuple[int, int], ...]:
         """Per tensor dim, the half-open [start, stop) that `rank` holds."""
+        if type(rank) is int:
+            known = self._known(("bounds", rank, shape))
+            if known is not None:
+                return known
         shape = self.check_shape(shape)
-        return tuple(shard_bounds(size, n, i) for size, n, i in zip(shape, self.shards_per_dim, self.shard_index(rank)))
+        out = tuple(shard_bounds(size, n, i) for size, n, i in zip(shape, self.shards_per_dim, self.shard_index(rank)))
+        return self._keep(("bounds", rank, shape), out) if type(rank) is int else out
 
     def slices(self, rank: int, shape: Sequence[int]) -> tuple[slice, ...]:
         """Per tensor dim, the slice of the global tensor that `rank` holds."""

@@ -63,10 +63,11 @@ def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gra
         node.backward, node.inputs = None, ()  # freed: saved tensors go with it
         if dy is None:
             continue
+        if explain is None:  # no trace to collect: no context per node
+            _take(grads, owners, leaves, inputs, run(_prepared(node, dy)))
+            continue
         with _collector(explain) as trace:
             _take(grads, owners, leaves, inputs, run(_prepared(node, dy)))
-        if explain is None:
-            continue
         step = node.describe()
         explain.append((step, trace.entries))
         short = step.split(":")[0]  # "matmul MatMul1", without the plan's reasons
@@ -217,23 +218,25 @@ def _topological(root: Any) -> list:
     order: list = []
     seen: set = set()
     stack = [(root, False)]
+    # Bound once: the walk visits every node and input of the step's graph.
+    pop, push, visited, mark, node_type = stack.pop, stack.append, seen.__contains__, seen.add, Node
     while stack:
-        node, done = stack.pop()
+        node, done = pop()
         if done:
             order.append(node)
             continue
-        if id(node) in seen or not isinstance(node, Node):
+        if visited(id(node)) or not isinstance(node, node_type):
             continue
-        seen.add(id(node))
+        mark(id(node))
         if node.backward is None:
             raise OperatorError(
                 f"backward through the graph of {node.describe()!r} a second time: its saved tensors were "
                 "freed by the first backward(); run the forward again")
-        stack.append((node, True))
+        push((node, True))
         for t in node.inputs:
             parent = getattr(t, "_ag", None)
-            if isinstance(parent, Node) and id(parent) not in seen:
-                stack.append((parent, False))
+            if parent is not None and isinstance(parent, node_type) and not visited(id(parent)):
+                push((parent, False))
     order.reverse()
     return order
 
@@ -254,11 +257,25 @@ def grad_layout(layout: TensorLayout, g_layout: TensorLayout) -> TensorLayout:
     tensor's own partial axes excluded: an addend's gradient is the whole
     value); a gradient from another device matrix is resolved.
     """
+    seen = _GRAD_BY_OBJECT.get((id(layout), id(g_layout)))  # as graph.with_partial: no Python hashing
+    if seen is not None and seen[0] is layout and seen[1] is g_layout:
+        return seen[2]
     key = (layout, g_layout)
-    try:
-        return _GRAD_LAYOUTS[key]
-    except KeyError:
-        pass
+    out = _GRAD_LAYOUTS.get(key)
+    if out is None:
+        out = _grad_layout(layout, g_layout)
+    if len(_GRAD_BY_OBJECT) >= 4096:
+        _GRAD_BY_OBJECT.clear()
+    _GRAD_BY_OBJECT[(id(layout), id(g_layout))] = (layout, g_layout, out)
+    return out
+
+
+_GRAD_BY_OBJECT: dict = {}  # (id(layout), id(gradient's layout)) -> (both, grad_layout's answer)
+
+
+def _grad_layout(layout: TensorLayout, g_layout: TensorLayout) -> TensorLayout:
+    """grad_layout worked out (and kept by value)."""
+    key = (layout, g_layout)
     keep = set(layout.replicated_axes) & set(g_layout.partial) if g_layout.layout == layout.layout else ()
     # From with_partial's table: the gradients' layouts are then the very objects the
     # rules make, and the engine's layout comparisons stop at `is`.

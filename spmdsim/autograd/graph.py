@@ -159,11 +159,23 @@ _CACHE_MAX = 4096
 
 def with_partial(layout: Any, partial: tuple[str, ...]) -> Any:
     """``layout.with_partial(partial)`` for a tuple of axis names, the same object on every call."""
+    # First by the layout object itself: a tuple of an int and strs hashes and compares in C, where a
+    # TensorLayout key calls its Python __hash__, and __eq__ for an equal layout that is another object.
+    # The entry holds the layout, so its id is not reused while the entry lives.
+    seen = _BY_OBJECT.get((id(layout), partial))
+    if seen is not None and seen[0] is layout:
+        return seen[1]
     key = (layout, partial)
     try:
-        return _WITH_PARTIAL[key]
+        out = _WITH_PARTIAL[key]
     except KeyError:
         if len(_WITH_PARTIAL) >= _CACHE_MAX:  # a long run over many shapes: start over
             _WITH_PARTIAL.clear()
         out = _WITH_PARTIAL[key] = layout.with_partial(partial)
-        return out
+    if len(_BY_OBJECT) >= _CACHE_MAX:
+        _BY_OBJECT.clear()
+    _BY_OBJECT[(id(layout), partial)] = (layout, out)
+    return out
+
+
+_BY_OBJECT: dict = {}  # (id(layout), partial) -> (layout, with_partial's answer)

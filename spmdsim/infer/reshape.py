@@ -106,6 +106,35 @@ def infer_reshape(x: TensorLayout, old_shape: Sequence[int], new_shape: object) 
     split on dim 1 when the axes divide H); pending sums stay pending (a
     reshape is linear). OperatorError names the dim to make whole otherwise.
     """
+    # Pure: remembered for shapes given as tuples of Python ints (16.0 equals 16 and hashes alike,
+    # and must be refused again); a model reshapes the same few ways every step.
+    key = (x, old_shape, new_shape) if _ints(old_shape) and _ints(new_shape) else None
+    if key is not None:
+        known = _RESHAPES.get(key)
+        if known is not None:
+            return known
+    out = _infer_reshape(x, old_shape, new_shape)
+    if key is not None:
+        if len(_RESHAPES) >= 1024:  # a long run over many shapes: start over
+            _RESHAPES.clear()
+        _RESHAPES[key] = out
+    return out
+
+
+_RESHAPES: dict = {}  # (layout, old shape, new shape) -> infer_reshape's answer
+
+
+def _ints(shape: object) -> bool:
+    """`shape` is a tuple of Python ints (not bools, not numpy's)."""
+    if type(shape) is not tuple:
+        return False
+    for n in shape:
+        if type(n) is not int:
+            return False
+    return True
+
+
+def _infer_reshape(x: TensorLayout, old_shape: Sequence[int], new_shape: object) -> tuple[TensorLayout, tuple[int, ...]]:
     old = x.check_shape(old_shape)
     new = reshape_shape(old, new_shape)
     if math.prod(old) == 0:

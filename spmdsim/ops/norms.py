@@ -161,11 +161,20 @@ def dropout(x: Any, p: float, seed: int, training: bool = True) -> Any:
     require_float("dropout", x.local)
     keep = SeededTensor(tuple(x.global_shape), "float64", seed=int(seed), low=0.0, high=1.0).region(region) >= p
     scale = np.asarray(1.0 / (1.0 - p), x.dtype)
-    out = make_dtensor(x.mesh, x.local * keep * scale, x.layout, x.global_shape)
+    out = make_dtensor(x.mesh, _kept(x.local, keep, scale), x.layout, x.global_shape)
     if x._ag is None:
         return out
 
     def backward(dy: Any) -> tuple:
-        return (grad_tensor(x, dy.local * keep * scale, dy.layout.partial),)
+        return (grad_tensor(x, _kept(dy.local, keep, scale), dy.layout.partial),)
 
     return record(out, "dropout", (x,), backward, with_partial(x.layout, ()))
+
+
+def _kept(block: np.ndarray, keep: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """``block * keep * scale``, the second product in place (its first's result is a fresh array)."""
+    out = block * keep
+    if out.dtype == scale.dtype and out.flags.writeable:
+        out *= scale
+        return out
+    return out * scale

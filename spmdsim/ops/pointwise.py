@@ -22,6 +22,7 @@ from ..errors import OperatorError
 from ..infer.pointwise import infer_pointwise
 from ..engines import local as engine_local
 from ..validate import dtype_name
+from . import _common
 from ._common import describe, make_dtensor, result_dtype
 
 __all__ = ["add", "sub", "mul", "div", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "pow", "neg",
@@ -76,11 +77,34 @@ def lift(mesh: Any, value: Any, dtype: np.dtype, op: str) -> Any:
         raise OperatorError(f"{op}: operand {describe(value)} must be a DTensor or a real number; wrap an array "
                             "with DTensor.from_global or from_local first")
     target = np.dtype(np.float64) if isinstance(value, float) and dtype.kind not in "fc" else dtype
-    return make_dtensor(mesh, np.asarray(value, dtype=target), mesh.layout(), ())
+    return make_dtensor(mesh, np.asarray(value, dtype=target), _scalar_layout(mesh.layout), ())
+
+
+_SCALARS: dict = {}  # device matrix -> the layout of a replicated 0-d value on it
+
+
+def _scalar_layout(layout: Any) -> Any:
+    """``layout()``, the replicated 0-d layout, one object per device matrix (not rebuilt per number)."""
+    out = _SCALARS.get(layout)
+    if out is None:
+        if len(_SCALARS) >= 256:
+            _SCALARS.clear()
+        out = _SCALARS[layout] = layout()
+    return out
 
 
 def _operands(op: str, args: tuple) -> tuple[Any, list]:
     """The mesh and the operands as DTensors (numbers lifted to the tensors' dtype)."""
+    cls = _common._DTENSOR or _common._dtensor_class()
+    for a in args:
+        if type(a) is not cls:
+            break
+    else:  # DTensors only (most calls): nothing to lift
+        mesh = args[0].mesh
+        for t in args[1:]:
+            if t.mesh is not mesh and t.mesh.layout != mesh.layout:
+                raise OperatorError(f"{op}: operands live on different meshes: {mesh.layout} and {t.mesh.layout}")
+        return mesh, list(args)
     tensors = [a for a in args if hasattr(a, "_ag") and hasattr(a, "layout")]
     if not tensors:
         raise OperatorError(f"{op}: no operand is a DTensor (got {', '.join(describe(a) for a in args)})")
@@ -97,14 +121,45 @@ def _summed(local: np.ndarray, shape: tuple, out_shape: tuple) -> tuple[np.ndarr
 
     Returns the block and the output dims summed over (whose split axes make it pending).
     """
-    lead = len(out_shape) - len(shape)
-    dims = tuple(range(lead)) + tuple(lead + d for d, s in enumerate(shape) if s == 1 and out_shape[lead + d] != 1)
+    lead, inner, dims = _sum_dims(shape, out_shape)
     if lead:
-        local = local.sum(axis=tuple(range(lead)))
-    inner = tuple(d - lead for d in dims if d >= lead)
+        local = local.sum(axis=lead)
     if inner:
         local = local.sum(axis=inner, keepdims=True)
     return local, dims
+
+
+def _sum_dims(shape: tuple, out_shape: tuple) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """(leading output dims the operand lacks, its own broadcast dims, both as output dims) for `_summed`."""
+    key = (shape, out_shape)
+    try:
+        return _SUM_DIMS[key]
+    except KeyError:
+        pass
+    lead = len(out_shape) - len(shape)
+    dims = tuple(range(lead)) + tuple(lead + d for d, s in enumerate(shape) if s == 1 and out_shape[lead + d] != 1)
+    if len(_SUM_DIMS) >= _CACHE_MAX:  # a long run over many shapes: start over
+        _SUM_DIMS.clear()
+    out = _SUM_DIMS[key] = (tuple(range(lead)), tuple(d - lead for d in dims if d >= lead), dims)
+    return out
+
+
+_SUM_DIMS: dict = {}  # (operand shape, output shape) -> _sum_dims's answer (a step asks for the same few)
+_SUMMED_AXES: dict = {}  # (output layout, summed dims) -> the axes of size above one that split them
+_CACHE_MAX = 4096
+
+
+def _summed_axes(layout: Any, dims: tuple[int, ...]) -> tuple[str, ...]:
+    """``axes_of(layout, the map entries of dims)``, remembered."""
+    key = (layout, dims)
+    try:
+        return _SUMMED_AXES[key]
+    except KeyError:
+        pass
+    if len(_SUMMED_AXES) >= _CACHE_MAX:
+        _SUMMED_AXES.clear()
+    out = _SUMMED_AXES[key] = axes_of(layout, (layout.tensor_map[d] for d in dims))
+    return out
 
 
 def pointwise(op: str, *args: Any) -> Any:
@@ -141,7 +196,7 @@ def _record(op: str, out: Any, xs: list, backward: Callable, plan: Any) -> Any:
                 continue
             g = np.broadcast_to(g, dy.local.shape) if np.ndim(g) < dy.local.ndim else g
             block, dims = _summed(np.asarray(g), x.global_shape, plan.shape)
-            summed = axes_of(plan.out, (plan.out.tensor_map[d] for d in dims))
+            summed = _summed_axes(plan.out, dims) if dims else ()
             # A bilinear op's other operand read only this rank's addend: its gradient is pending too.
             carried = kept if not x.layout.partial else ()
             result.append(grad_tensor(x, block.reshape(x.local.shape), dy.layout.partial, summed, carried))

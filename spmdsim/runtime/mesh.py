@@ -67,6 +67,9 @@ def _unlink_segments_once(comm: Any) -> None:
     release_shared_segments(prefixes=_MPICH_SEGMENT)
 
 
+_SHARED_LAYOUTS: dict = {}  # Layout -> the first equal Layout a simulated rank's mesh was made with
+
+
 class Mesh:
     """``Mesh(layout, comm=None)``: the device matrix of `layout` over `comm` (default `spmdsim.world()`).
 
@@ -101,6 +104,11 @@ class Mesh:
             raise RuntimeMismatchError(f"device matrix {layout.device_matrix!r} needs {layout.num_devices} ranks "
                                        f"but the communicator has {size}"
                                        + (ways_out(layout.num_devices) if size == 1 else ""))
+        if simulated:
+            # Simulated ranks are threads of one process and share the planners' caches: their meshes
+            # share one Layout per device matrix, so that the layouts of a plan one rank made hold the
+            # very Layout every rank's mesh holds, and placement checks stop at `is`.
+            layout = _SHARED_LAYOUTS.setdefault(layout, layout)
         self.layout, self.comm, self.size, self.rank = layout, comm, size, comm.Get_rank()
         self.coords = layout.coords(self.rank)
         # Simulated ranks are threads of one process: no MPI progress to be polite to.

@@ -2,7 +2,9 @@
 
 Every member deposits its send data, reads the others' once all are there and
 writes only its own receive buffer, then waits until all have read
-(engine.Group.enter/leave). Counts are read from the message arguments as
+(engine.Group.enter/leave); in Allreduce, Reduce_scatter_block and Allgather
+the last member to arrive runs every member's reads and writes, in member
+order, and the members go on without a second wait (engine.Group.enter_all). Counts are read from the message arguments as
 mpi4py reads them (spmdsim.sim._buffers.message): in Allgather, Alltoall,
 Gather and Scatter a count is per peer. Reductions add in group order (member
 0 + member 1 + ...), so every rank gets the same bytes on every run.
@@ -70,13 +72,17 @@ class BufferCollectives:
             n = ns
             src = src[:n]
         signature = ("allreduce", dtype_name(src.dtype), n, red.name)
-        slot = self._enter("allreduce", signature, src, _shared(n, src.dtype))
         g, me = self._group.size, self._me
         lo, hi = n * me // g, n * (me + 1) // g
-        if hi > lo:
-            fold(red, [c.data[lo:hi] for c in slot.calls], slot.shared[lo:hi], dt)
-        self._group.leave(me, slot)
-        dst[:n] = slot.shared
+
+        def fold_mine(slot: Any) -> None:  # this member's share of the sum, read before any write
+            if hi > lo:
+                fold(red, [c.data[lo:hi] for c in slot.calls], slot.shared[lo:hi], dt)
+
+        def write(slot: Any) -> None:
+            dst[:n] = slot.shared
+
+        self._enter_all("allreduce", signature, src, (fold_mine, write), _shared(n, src.dtype))
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM, root: int = 0) -> None:
         red = reduction(op)
@@ -131,12 +137,16 @@ class BufferCollectives:
                 raise ShapeError(f"Reduce_scatter_block: send buffer of {g} x {bs} items for receive "
                                  f"blocks of {b}")
         signature = ("reduce_scatter", dtype_name(src.dtype), b, red.name)
-        slot = self._enter("reduce_scatter", signature, src)
         out = np.empty(b, src.dtype) if inplace else dst[:b]
-        fold(red, [c.data[me * b:(me + 1) * b] for c in slot.calls], out, dt)
-        self._group.leave(me, slot)
-        if inplace:
-            dst[:b] = out
+
+        def fold_mine(slot: Any) -> None:
+            fold(red, [c.data[me * b:(me + 1) * b] for c in slot.calls], out, dt)
+
+        def write(slot: Any) -> None:  # in place: after every member read this buffer's blocks
+            if inplace:
+                dst[:b] = out
+
+        self._enter_all("reduce_scatter", signature, src, (fold_mine, write))
 
     def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = _SUM) -> None:
         red = reduction(op)
@@ -184,14 +194,16 @@ class BufferCollectives:
                                      f"{g} x {src.size}")
                 _blocks_fit("Allgather", src, dst[:n])
         signature = ("allgather", dtype_name(src.dtype), src.size)
-        slot = self._enter("allgather", signature, src)
-        if not inplace and src.dtype == dst.dtype:
-            np.concatenate([c.data for c in slot.calls], out=dst[:n * g])
-        else:
-            for j, call in enumerate(slot.calls):
-                if j != me or not inplace:
-                    copy_into(dst[j * n:(j + 1) * n], call.data)
-        self._group.leave(me, slot)
+
+        def gather_mine(slot: Any) -> None:  # writes only this member's blocks no other member reads
+            if not inplace and src.dtype == dst.dtype:
+                np.concatenate([c.data for c in slot.calls], out=dst[:n * g])
+            else:
+                for j, call in enumerate(slot.calls):
+                    if j != me or not inplace:
+                        copy_into(dst[j * n:(j + 1) * n], call.data)
+
+        self._enter_all("allgather", signature, src, (gather_mine,))
 
     def Allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:
         g, me = self._group.size, self._me

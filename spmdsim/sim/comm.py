@@ -161,6 +161,15 @@ class SimComm(PointToPoint, BufferCollectives, ObjectCollectives):
         h.seq += 1
         return self._group.enter(self._me, h.seq, Call(op, signature, data, complete))
 
+    def _enter_all(self, op: str, signature: tuple, data: Any, finish: tuple, complete: Any = None) -> Any:
+        """`_enter` where the last member to arrive runs every member's `finish` phases (Group.enter_all)."""
+        h = self._h
+        if h is None or h.freed:
+            raise SimulationError(f"{op} on a freed communicator"
+                                  + ("" if h is None else f" (rank {self.world_rank})"))
+        h.seq += 1
+        return self._group.enter_all(self._me, h.seq, Call(op, signature, data, complete, finish))
+
     # -- communicators --------------------------------------------------------------------
 
     def Barrier(self) -> None:

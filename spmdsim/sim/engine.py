@@ -80,14 +80,18 @@ def ranks_text(ranks: Any) -> str:
 class Call:
     """One member's collective call: what it is (`signature`, compared across members) and its data."""
 
-    __slots__ = ("op", "signature", "data", "complete")
+    __slots__ = ("op", "signature", "data", "complete", "finish", "raised")
 
     def __init__(self, op: str, signature: tuple, data: Any = None,
-                 complete: Optional[Callable[[Any], None]] = None) -> None:
+                 complete: Optional[Callable[[Any], None]] = None,
+                 finish: Optional[tuple] = None) -> None:
         self.op = op
         self.signature = signature  # (op, dtype, count, root, ...): must be equal on every member
         self.data = data
         self.complete = complete  # run once, under the lock, by the last member to arrive
+        # Group.enter_all: this member's reads and writes, one function of the slot per phase
+        self.finish = finish
+        self.raised: Optional[BaseException] = None  # what this member's finish raised
 
     def describe(self) -> str:
         """'allreduce float64 x3 sum': the op, then what must match (counts marked with x)."""
@@ -132,28 +136,73 @@ class Group:
         Raises RuntimeMismatchError on every member when the calls differ.
         """
         world = self.world
-        rank = self.members[me]
         with world.lock:
-            world.check(rank)
-            slot = self.slots.get(seq)
-            if slot is None:
-                slot = self.slots[seq] = _Slot(self.size)
-            slot.calls[me] = call
-            slot.arrived += 1
-            if slot.error is None:
-                slot.error = self._mismatch(slot, me, seq)
-            if slot.error is not None or slot.arrived == self.size:
-                if slot.error is None:
-                    del self.slots[seq]  # every member holds the slot now
-                    if call.complete is not None:
-                        call.complete(slot)
+            slot, last = self._arrive(me, seq, call)
+            if last:
                 for i, other in enumerate(slot.calls):
-                    if other is not None and i != me:
+                    if i != me:
                         world.release(self.members[i])
-            else:
-                world.wait(rank, _Waiting(call.op, self, seq))
+        return slot
+
+    def _arrive(self, me: int, seq: int, call: Call) -> tuple[_Slot, bool]:
+        """Deposit the call (world lock held); wait unless last. (slot, whether this member came last).
+
+        Raises RuntimeMismatchError on every member when the calls differ.
+        """
+        world = self.world
+        rank = self.members[me]
+        world.check(rank)
+        slot = self.slots.get(seq)
+        if slot is None:
+            slot = self.slots[seq] = _Slot(self.size)
+        slot.calls[me] = call
+        slot.arrived += 1
+        if slot.error is None:
+            slot.error = self._mismatch(slot, me, seq)
+        last = slot.error is None and slot.arrived == self.size
+        if slot.error is not None:
+            for i, other in enumerate(slot.calls):
+                if other is not None and i != me:
+                    world.release(self.members[i])
+            raise RuntimeMismatchError(slot.error)
+        if last:
+            del self.slots[seq]  # every member holds the slot now
+            if call.complete is not None:
+                call.complete(slot)
+        else:
+            world.wait(rank, _Waiting(call.op, self, seq))
             if slot.error is not None:
                 raise RuntimeMismatchError(slot.error)
+        return slot, last
+
+    def enter_all(self, me: int, seq: int, call: Call) -> _Slot:
+        """`enter`, then every member's `call.finish` phases run by the last member to arrive, in
+        phase then member order, before the members go on: no `leave` (nobody reads a buffer after
+        the members are released, so they may reuse them at once, as under MPI).
+
+        One wait per member instead of two: each wait is a hand-off between threads. A phase that
+        raises in a member's function is raised in that member, as if it had run there.
+        """
+        world = self.world
+        with world.lock:
+            slot, last = self._arrive(me, seq, call)
+        if last:
+            calls = slot.calls
+            for phase in range(len(call.finish)):
+                for other in calls:
+                    if other.raised is None:
+                        try:
+                            other.finish[phase](slot)
+                        except Exception as exc:  # noqa: BLE001 - raised in its member
+                            other.raised = exc
+            with world.lock:
+                world.check(self.members[me])
+                for i, other in enumerate(calls):
+                    other.data = None  # nobody reads the buffers any more
+                    if i != me:
+                        world.release(self.members[i])
+        if call.raised is not None:
+            raise call.raised
         return slot
 
     def leave(self, me: int, slot: _Slot) -> None:
