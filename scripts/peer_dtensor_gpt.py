@@ -35,8 +35,11 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 HERE = Path(__file__).resolve()
-if str(HERE.parents[1]) not in sys.path:  # run from anywhere: spmdsim beside this folder
-    sys.path.insert(0, str(HERE.parents[1]))
+for _folder in (HERE.parent, HERE.parents[1]):  # the shared arguments beside this file, spmdsim above it
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
+
+from _gpt_peer_args import add_model_arguments, refuse_small  # noqa: E402
 
 __all__ = ["MISSING", "missing", "build", "parallelize", "reference_drop", "native_drop", "step",
            "single_process_losses", "main"]
@@ -369,19 +372,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     from spmdsim._threads import launcher_rank
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
-    ap.add_argument("--check", type=int, default=2,
-                    help="first steps run with spmdsim's dropout masks, losses against the reference")
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--d-model", type=int, default=128)
-    ap.add_argument("--seq", type=int, default=64)
-    ap.add_argument("--dp", type=int, default=2)
-    ap.add_argument("--tp", type=int, default=4)
+    add_model_arguments(ap, 2, "first steps run with spmdsim's dropout masks, losses against the reference")
     args = ap.parse_args(argv)
-    for name, low in (("steps", 1), ("check", 0), ("layers", 1), ("d_model", 1), ("seq", 1), ("dp", 1),
-                      ("tp", 1)):
-        if getattr(args, name) < low:
-            ap.error(f"--{name.replace('_', '-')} {getattr(args, name)} must be at least {low}")
+    refuse_small(ap, args)
     size = int(os.environ.get("PMI_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE") or 1)
     problem = _mesh_problem(args, size)  # before any rank starts gloo: every rank stops alike
     if problem:

@@ -38,6 +38,7 @@ for _folder in (HERE.parent, HERE.parents[1]):  # the step beside this file, spm
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 
+from _gpt_peer_args import add_model_arguments, refuse_small  # noqa: E402
 from _peer_mpi4py_step import Comms, Dropout, Replica, shard  # noqa: E402
 
 __all__ = ["run", "main"]
@@ -152,22 +153,12 @@ def _problem(args: argparse.Namespace, size: int) -> Optional[str]:
 def main(argv: Optional[list[str]] = None) -> int:
     """Parse, check the mesh (one line when it cannot run), then run; rank 0 prints the figures."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
-    ap.add_argument("--check", type=int, default=1,
-                    help="first steps run with spmdsim's dropout masks, checked against the reference")
+    add_model_arguments(ap, 1, "first steps run with spmdsim's dropout masks, checked against the reference")
     ap.add_argument("--wait", choices=("busy", "polite", "auto"), default="auto",
                     help="blocking MPI calls, or nonblocking ones polled politely (auto: as spmdsim decides)")
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--d-model", type=int, default=128)
-    ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--dropout", type=float, default=0.1)
-    ap.add_argument("--dp", type=int, default=2)
-    ap.add_argument("--tp", type=int, default=4)
     args = ap.parse_args(argv)
-    for name, low in (("steps", 1), ("check", 0), ("layers", 1), ("d_model", 1), ("seq", 1), ("dp", 1),
-                      ("tp", 1)):
-        if getattr(args, name) < low:
-            ap.error(f"--{name.replace('_', '-')} {getattr(args, name)} must be at least {low}")
+    refuse_small(ap, args)
     from mpi4py import MPI
 
     from spmdsim.gpt import GPTConfig

@@ -1,0 +1,28 @@
+"""The command line bench_gpt's peers share (peer_dtensor_gpt.py, peer_mpi4py_gpt.py): the model's size,
+the mesh, the timed and checked steps, each count checked in one line."""
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["add_model_arguments", "refuse_small"]
+
+#: The counts and the least each may be.
+_LEAST = (("steps", 1), ("check", 0), ("layers", 1), ("d_model", 1), ("seq", 1), ("dp", 1), ("tp", 1))
+
+
+def add_model_arguments(ap: argparse.ArgumentParser, check: int, check_help: str) -> None:
+    """--steps, --check (default `check`), --layers, --d-model, --seq, --dp, --tp."""
+    ap.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
+    ap.add_argument("--check", type=int, default=check, help=check_help)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--d-model", type=int, default=128)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--dp", type=int, default=2)
+    ap.add_argument("--tp", type=int, default=4)
+
+
+def refuse_small(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """argparse's one-line error (exit 2) for a count below its least."""
+    for name, low in _LEAST:
+        if getattr(args, name) < low:
+            ap.error(f"--{name.replace('_', '-')} {getattr(args, name)} must be at least {low}")
