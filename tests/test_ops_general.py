@@ -44,6 +44,19 @@ def test_each_op_on_a_fixed_split_layout(name):
     assert results[0][2] is None, results[0][2]
 
 
+@pytest.mark.parametrize("name", ["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("rows, partial", [(("m0",), ()), (("m0", "m1"), ()), (None, ("m1",))])
+def test_norms_over_a_whole_dim(name, rows, partial):
+    """A row whole on every rank takes the norms' one-kernel path (its own backward): rows split over one or
+    two axes, or the input pending over an axis, forward against numpy and the gradient against central
+    differences, the weights replicated."""
+    shapes = CASES[name][0]
+    maps = ((rows, None),) + tuple((None,) for _ in shapes[1:])
+    case = Case(name, (2, 2), shapes, maps, (partial,) + ((),) * (len(shapes) - 1), CASES[name][3])
+    results = spmdsim.simulate(4, lambda: run_case(spmdsim.world(), case))
+    assert results[0][2] is None, results[0][2]
+
+
 def test_einsum_rule_keeps_free_splits_and_leaves_contracted_ones_pending():
     plan = infer_einsum("bsd,de->bse", (L("dp", None, "tp"), L("tp", None)), ((4, 8, 16), (16, 32)), "float64")
     assert plan.local == L("dp", None, None, partial=("tp",))

@@ -27,6 +27,7 @@ import numpy as np
 from ..autograd.graph import no_grad, record, with_partial
 from ..autograd.rules import grad_tensor
 from ..datagen import SeededTensor
+from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
 from ..errors import OperatorError
 from ..validate import as_int
 from . import local as _whole
@@ -98,11 +99,55 @@ def _affine(y: Any, weight: Optional[Any], bias: Optional[Any]) -> Any:
     return y
 
 
+def _normalize(block: np.ndarray, d: int, n: int, eps: float, centre: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(y, 1 / sqrt(var + eps)) of rows along a whole dim `d` of `n` entries, in the composite's order of
+    operations (its sums, products and quotient), so the values are the composite's."""
+    inv = 1.0 / n
+    c = block - np.sum(block, axis=d, keepdims=True) * inv if centre else block
+    var = np.sum(c * c, axis=d, keepdims=True) * inv
+    root = np.sqrt(var + eps)
+    return c / root, 1.0 / root
+
+
+def _normalized(x: Any, d: int, eps: float, centre: bool, op: str) -> Any:
+    """layer_norm's (``centre``) or rms_norm's normalization along a whole dim: one local kernel and one
+    autograd node, dX = r (dY - mean(dY) - y mean(dY y)) (rms: without mean(dY)), shard by shard.
+
+    The composite of the general rules would take nine operators (and their nodes) where a row is whole on
+    every rank: the sequence-parallel and replicated layer norms of a transformer.
+    """
+    n = x.global_shape[d]
+    kept: dict[str, np.ndarray] = {}  # 1 / sqrt(var + eps), for the backward (a dry run keeps none)
+
+    def kernel(block: np.ndarray) -> np.ndarray:
+        y, kept["rstd"] = _normalize(block, d, n, eps, centre)
+        return y
+
+    y = _engine_local(kernel, x.local, x.local)
+    out = make_dtensor(x.mesh, y, x.layout, x.global_shape)
+    if x._ag is None:
+        return out
+
+    def grad(dy: np.ndarray) -> np.ndarray:
+        inv = 1.0 / n
+        g = dy - np.sum(dy * y, axis=d, keepdims=True) * inv * y
+        if centre:
+            g = g - np.sum(dy, axis=d, keepdims=True) * inv
+        return g * kept["rstd"]
+
+    def backward(dy: Any) -> tuple:
+        return (grad_tensor(x, _engine_local(grad, dy.local, dy.local), dy.layout.partial),)
+
+    return record(out, op, (x,), backward, out.layout, reads=(x, out))
+
+
 def layer_norm(x: Any, weight: Optional[Any] = None, bias: Optional[Any] = None, eps: float = 1e-5) -> Any:
     """(x - mean) / sqrt(var + eps) * weight + bias over the last dim (biased variance, as PyTorch)."""
     d = _dim(x, -1, "layer_norm")
     eps = _eps(eps, "layer_norm")
     x = resolved(x)
+    if not x.layout.tensor_map[d]:
+        return _affine(_normalized(x, d, eps, True, "layer_norm"), weight, bias)
     inv = 1.0 / x.global_shape[d]
     centred = P.sub(x, P.mul(resolved(R.sum(x, d, keepdims=True)), inv))
     var = P.mul(resolved(R.sum(P.mul(centred, centred), d, keepdims=True)), inv)
@@ -114,6 +159,8 @@ def rms_norm(x: Any, weight: Optional[Any] = None, eps: float = 1e-6) -> Any:
     d = _dim(x, -1, "rms_norm")
     eps = _eps(eps, "rms_norm")
     x = resolved(x)
+    if not x.layout.tensor_map[d]:
+        return _affine(_normalized(x, d, eps, False, "rms_norm"), weight, None)
     ms = P.mul(resolved(R.sum(P.mul(x, x), d, keepdims=True)), 1.0 / x.global_shape[d])
     return _affine(P.div(x, P.sqrt(P.add(ms, eps))), weight, None)
 
