@@ -8,9 +8,11 @@ works on any layout and its gradient comes from theirs:
   A whole dim takes the local kernel.
 - ``layer_norm``/``rms_norm`` over the last dim: split there (tensor
   parallel), the statistics are Allreduces of one number per row; split along
-  the sequence instead (sequence parallel), nothing moves forward, and the
-  weight's gradient is a pending sum over the sequence axes that the backward
-  resolves by Allreduce, as Megatron does.
+  the sequence instead (sequence parallel) or not at all, a row is whole on
+  every rank: one local kernel and one autograd node with its own backward
+  (not nine of the general rules), nothing moves forward, and the weight's
+  gradient is a pending sum over the sequence axes that the backward resolves
+  by Allreduce, as Megatron does.
 - ``causal_mask`` builds only this rank's block; ``masked_fill`` is ``where``.
 - ``dropout``: the mask of element i is a pure function of (seed, i) over the
   global index (spmdsim.SeededTensor), so replicas of a region draw the same
