@@ -280,3 +280,23 @@ def test_matmul_is_einsum_on_every_layout_matmul_accepts(seed, batched, ta, tb):
     # A pending sum over an axis of size 1 is already whole: matmul keeps its name, einsum drops it.
     cut = lambda p: {a for a in p if layout.axis_size(a) > 1}  # noqa: E731
     assert cut(ein.local.partial) == cut(mat.local.partial)
+
+
+def test_a_scalar_converts_to_a_python_number_without_communication():
+    from spmdsim.runtime import DTensor, Mesh
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
+        w = DTensor.from_global(mesh, np.arange(8.0).reshape(4, 2), mesh.layout("dp", "tp"))
+        pending = ops.mean(w * w)
+        with pytest.raises(OperatorError, match=re.escape("item(): the scalar is a pending sum over ('dp', 'tp')")):
+            pending.item()
+        with pytest.raises(OperatorError, match=re.escape("item() needs a 0-d DTensor (a scalar such as a loss), "
+                                                          "got global shape (4, 2)")):
+            float(w)
+        loss = ops.resolved(pending)
+        # Only rank 0 asks, as a training loop's print does: no collective, so no hang.
+        return (float(loss), loss.item()) if mesh.rank == 0 else None
+
+    value, item = _on_ranks(4, body)[0]
+    assert value == item == (np.arange(8.0) ** 2).mean() and type(value) is float

@@ -258,6 +258,23 @@ class DTensor:
         return _OPERATORS.reduce("max", self, dims, keepdims)
 
     # -- whole-tensor views ------------------------------------------------------------
+    def item(self) -> float | int | bool:
+        """A 0-d tensor's value as a Python number (a loss); no communication, so any rank may call it.
+
+        A pending sum is refused: adding it up is a collective every rank must enter
+        (``ops.resolved(x).item()`` on every rank).
+        """
+        if self._shape != ():
+            raise OperatorError(f"item() needs a 0-d DTensor (a scalar such as a loss), got global shape "
+                                f"{self._shape!r}; gather() returns the whole tensor")
+        if self._layout.partial:
+            raise OperatorError(f"item(): the scalar is a pending sum over {self._layout.partial!r}; add it up "
+                                "first on every rank (a collective): ops.resolved(x).item()")
+        return self._local.item()
+
+    def __float__(self) -> float:
+        return float(self.item())
+
     def gather(self, root: int | None = None) -> np.ndarray | None:
         """The global tensor on every rank (root=None) or on mesh rank `root` (None elsewhere)."""
         mesh = self._mesh
