@@ -192,3 +192,14 @@ def test_a_case_alone_ends_its_process_with_2_and_one_line(kind: str) -> None:
     print(f"\n{kind} alone: rc={rc} {seconds:.2f} s")
     assert rc == 2, (rc, out)
     _one_line(out, needle)
+
+
+def test_a_script_under_mpiexec_ends_with_one_line(tmp_path) -> None:
+    """`spmdsim.script(__file__)`, as every example starts, guards the MPI ranks: one line, not a traceback each."""
+    path = tmp_path / "user_script.py"
+    path.write_text("import spmdsim\nspmdsim.script(__file__)\n" + _PRELUDE.replace("(8,)", "(3,)")
+                    + 'mesh.layout("mp", "sp")\n')
+    rc, out, seconds = launch([str(path)], ranks=3)
+    print(f"\nscript alone: rc={rc} {seconds:.2f} s")
+    assert rc == 2, (rc, out)
+    _one_line(out, "'sp'")

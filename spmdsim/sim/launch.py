@@ -127,7 +127,8 @@ def script(path: str, argv: Optional[Sequence[str]] = None) -> None:
 
     ``--dry-run`` beside it makes that a dry run (spmdsim.sim.dry). Inside the
     simulation, and without the flag, it returns at once and the script goes on
-    (under mpiexec, on its MPI rank).
+    (under mpiexec, on its MPI rank, with `install_excepthook()`: an error ends the
+    job in one line).
     """
     if _local.simulated() is not None:
         return
@@ -140,6 +141,7 @@ def script(path: str, argv: Optional[Sequence[str]] = None) -> None:
             if launcher_rank() == 0:  # under mpiexec every rank refuses; one says so
                 print(f"spmdsim: error: {DRY_RUN_NEEDS_RANKS}", file=sys.stderr)
             sys.exit(2)
+        _guard_mpi_ranks()
         return
     dry_run = "--dry-run" in args
     sys.argv[1:] = [a for a in args if a != "--dry-run"]
@@ -148,6 +150,21 @@ def script(path: str, argv: Optional[Sequence[str]] = None) -> None:
         runpy.run_path(path, run_name="__main__")
 
     sys.exit(run_on_ranks(n, rank, dry_run=dry_run))
+
+
+def _guard_mpi_ranks() -> None:
+    """Under a launcher, an uncaught error ends the job in one line (install_excepthook), not a traceback per rank."""
+    import os
+
+    from .._threads import RANK_VARIABLES
+
+    if not any(os.environ.get(name, "").isdigit() for name in RANK_VARIABLES):
+        return  # one plain process: Python's own traceback
+    try:
+        from ..runtime.guard import install_excepthook
+        install_excepthook()
+    except ImportError:  # no mpi4py: nothing to end but this process
+        pass
 
 
 def _take_ranks(args: list, path: str) -> Optional[int]:
