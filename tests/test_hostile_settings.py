@@ -143,6 +143,7 @@ def test_version(capsys):
 
 @pytest.mark.parametrize("argv, code, needle", [
     (["--ranks=8"], 0, None),  # "--ranks 8": tests/test_sim_engine.py
+    (["--rank", "8"], 0, None),  # a prefix, as argparse takes it for the CLI's --ranks (ran 1 process)
     (["--ranks", "4"], 2, "spmdsim: error: device matrix (2, 4) needs 8 ranks but the communicator has 4"),
 ])
 def test_readme_library_example_takes_ranks_as_every_script_does(tmp_path, argv, code, needle):

@@ -123,7 +123,7 @@ def ranks_argument(parser: Any) -> None:
 
 
 def script(path: str, argv: Optional[Sequence[str]] = None) -> None:
-    """With ``--ranks N`` (or ``--ranks=N``) in argv, run the script at `path` on N simulated ranks and exit.
+    """With ``--ranks N`` in argv (``--ranks=N``, or a prefix: ``--rank N``), run `path` on N simulated ranks and exit.
 
     ``--dry-run`` beside it makes that a dry run (spmdsim.sim.dry). Inside the
     simulation, and without the flag, it returns at once and the script goes on
@@ -169,7 +169,9 @@ def _guard_mpi_ranks() -> None:
 
 def _take_ranks(args: list, path: str) -> Optional[int]:
     for i, arg in enumerate(args):
-        if arg == "--ranks" or arg.startswith("--ranks="):
+        # A prefix of --ranks counts, as argparse reads the CLI's: `--rank 8` must not run one process silently.
+        flag = arg.partition("=")[0]
+        if len(flag) >= len("--ra") and "--ranks".startswith(flag):
             value = arg.partition("=")[2] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
             del args[i:i + (1 if "=" in arg else 2)]
             problem = ranks_problem(int(value) if value.isdigit() else value, "--dry-run" in args)
