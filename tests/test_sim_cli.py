@@ -33,6 +33,17 @@ def test_run_and_redistribute_on_simulated_ranks(capsys):
     assert "S(0)->S(1) via Alltoall on ('x',)" in capsys.readouterr().out
 
 
+def test_a_closed_pipe_stops_quietly(capsys):
+    # `spmdsim demo --ranks 8 | head -1`: the print after head left failed on every rank with a traceback.
+    from spmdsim.sim.launch import run_on_ranks
+
+    def body():
+        raise BrokenPipeError(32, "Broken pipe")
+
+    assert run_on_ranks(2, body) == 141  # 128 + SIGPIPE, as a shell tool ends
+    assert capsys.readouterr().err == ""
+
+
 def test_errors_on_simulated_ranks_exit_like_mpi(capsys):
     # An SpmdsimError every rank raises: one line, exit 2 (as the MPI guard does).
     assert main(["run", "matmul", "--strategy", "((2,4),(4,1))", "--shape", "16,32,8", "--ranks", "6"]) == 2

@@ -68,6 +68,9 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
             print(codes.report.to_json() if as_json else codes.report.table())
             return 0
         codes = simulate(n, _exit_code, fn)
+    except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, as a shell tool does on SIGPIPE
+        _quiet_stdout()
+        return 141
     except KeyboardInterrupt:  # simulate() stopped every rank at its next wait
         print("spmdsim: interrupted (Ctrl-C): the simulated ranks were stopped", file=sys.stderr)
         return 130
@@ -92,6 +95,16 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
               file=sys.stderr, end="")
         return 1
     return max(codes)
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's last flush does not fail on the closed pipe."""
+    import os
+
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout replaced by something without a descriptor
+        pass
 
 
 def _exit_code(fn: Callable[[], Any]) -> int:
