@@ -195,6 +195,14 @@ def test_sbp_case_checks_world_size(tmp_path, capsys):
     assert main(["slices", str(case)]) == 0
 
 
+def test_strategy_of_the_wrong_length_names_the_strategy(capsys):
+    # It named the layout's inner axes: 'tensor map ("axis_0", "axis_1") has 2 entries ...'.
+    line = _fails(capsys, ["explain", "--strategy", "((2,1,1,2,1),)", "--world-size", "8", "--shape", "2,1,1,2"],
+                  "strategy '((2,1,1,2,1),)' has 5 slice counts but shape (2, 1, 1, 2) has 4 dims; "
+                  "expected one slice count per tensor dim")
+    assert "axis_0" not in line
+
+
 # -- 5, 6, 7: pictures, width, case file encoding --------------------------------------------------
 def test_show_png_path_is_checked_before_drawing(tmp_path, capsys):
     blocker = tmp_path / "in.json"

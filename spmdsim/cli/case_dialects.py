@@ -10,6 +10,7 @@ from typing import Mapping
 
 from ..errors import DialectError, SpmdsimError
 from ..layout import TensorLayout
+from ..validate import counted
 from .cases import (_SBP_KEYS, Case, _device_count_checked, _name_list, _require, check_device_count,
                     multi_axis_hint, parse_tensor_map)
 
@@ -41,6 +42,9 @@ def strategy_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...
         )
     parsed = parsed[0]
     strategy = tuple(parsed)
+    if len(strategy) != len(shape):  # before the layout, whose error would name its own axis_0, axis_1, ...
+        raise SpmdsimError(f"strategy {value!r} has {counted(len(strategy), 'slice count')} but shape {shape!r} "
+                           f"has {counted(len(shape), 'dim')}; expected one slice count per tensor dim")
     world = _world_size(data) if "world_size" in data else math.prod(strategy)
     check_device_count(max(world, math.prod(strategy)), f"strategy {value!r}")
     return Case(_with_partial(strategy_to_layout(strategy, world), partial), shape, "strategy",
