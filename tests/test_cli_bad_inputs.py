@@ -203,6 +203,14 @@ def test_strategy_of_the_wrong_length_names_the_strategy(capsys):
     assert "axis_0" not in line
 
 
+def test_a_malformed_partition_spec_is_called_one(capsys):
+    # It was called a "tensor map", a word of another dialect than the flag the user gave.
+    _fails(capsys, ["show", "--partition-spec", "('x', None", "--device-matrix", "2,4", "--alias", "x,y",
+                    "--shape", "8,8"], "partition spec \"('x', None\" has unbalanced brackets")
+    _fails(capsys, ["plan", "--device-matrix", "2,4", "--alias", "x,y", "--from-partition-spec", "('x',,None)",
+                    "--to", "None,x", "--shape", "8,8"], "partition spec \"('x',,None)\" has an empty entry")
+
+
 # -- 5, 6, 7: pictures, width, case file encoding --------------------------------------------------
 def test_show_png_path_is_checked_before_drawing(tmp_path, capsys):
     blocker = tmp_path / "in.json"

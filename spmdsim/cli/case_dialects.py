@@ -114,7 +114,7 @@ def partition_spec_case(data: Mapping, shape: tuple[int, ...], partial: tuple[st
     mesh = _device_count_checked(data, "device_matrix")
     spec = data["partition_spec"]
     if isinstance(spec, str):
-        spec = parse_tensor_map(spec)  # the same text form: ('x', None), x,None, ((sp,dp),None)
+        spec = parse_tensor_map(spec, "partition spec")  # the same text form: ('x', None), x,None, ((sp,dp),None)
     try:
         tl = partition_spec_to_layout(spec, mesh, len(shape), _name_list(data, "alias_name"))
     except DialectError as exc:

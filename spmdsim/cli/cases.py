@@ -254,8 +254,11 @@ def parse_name_list(text: str, key: str = "value") -> tuple[str, ...]:
     return names
 
 
-def parse_tensor_map(text: str) -> tuple:
-    """'mp,(sp,dp),None' -> ('mp', ('sp', 'dp'), None); Python-style brackets are optional."""
+def parse_tensor_map(text: str, what: str = "tensor map") -> tuple:
+    """'mp,(sp,dp),None' -> ('mp', ('sp', 'dp'), None); Python-style brackets are optional.
+
+    `what` names the text in errors ("partition spec" for JAX's, which is written the same way).
+    """
     body = text.strip()
     try:
         # '(b, d, e)' alone is the whole map written as a tuple; 'a, (b, d)' is not.
@@ -263,22 +266,22 @@ def parse_tensor_map(text: str) -> tuple:
         if len(parts) == 1:
             parts = split_top_level(body)
     except ValueError:
-        raise SpmdsimError(f"tensor map {text!r} has unbalanced brackets") from None
+        raise SpmdsimError(f"{what} {text!r} has unbalanced brackets") from None
     if parts == [""]:
         parts = []  # "()": a scalar's map
     out: list = []
     for tensor_dim, part in enumerate(parts):
         if not part.strip():  # "a,,b": a typo more often than a way to write None
-            raise SpmdsimError(f"tensor map {text!r} has an empty entry for tensor dim {tensor_dim}; "
+            raise SpmdsimError(f"{what} {text!r} has an empty entry for tensor dim {tensor_dim}; "
                                "write None for a dim that is not split")
         if part.startswith(("(", "[")):
-            out.append(parse_name_list(part, "tensor map entry"))
+            out.append(parse_name_list(part, f"{what} entry"))
         elif part.strip("'\"") in ("None", "none", "null", ""):
             out.append(None)
         else:
             name = part.strip("'\" ")
             if any(c in name for c in "()[] "):
-                raise SpmdsimError(f"tensor map {text!r} has a malformed entry {part!r}")
+                raise SpmdsimError(f"{what} {text!r} has a malformed entry {part!r}")
             out.append(name)
     return tuple(out)
 

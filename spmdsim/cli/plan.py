@@ -142,7 +142,7 @@ def _side(args, which: str, mesh: Layout, ndim: int, world: int) -> TensorLayout
     elif spec:
         from ..dialects.partition_spec import partition_spec_to_layout
 
-        tl = partition_spec_to_layout(parse_tensor_map(spec), mesh.device_matrix, ndim, mesh.alias_name)
+        tl = partition_spec_to_layout(parse_tensor_map(spec, "partition spec"), mesh.device_matrix, ndim, mesh.alias_name)
     elif sbp:
         from ..dialects.sbp import sbp_to_layout
 
