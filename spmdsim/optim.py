@@ -29,7 +29,7 @@ class _Optimizer:
             raise OperatorError("optimizer got an empty parameter list")
         for i, p in enumerate(self.params):
             if not isinstance(getattr(p, "_ag", None), Leaf):
-                raise OperatorError(f"optimizer parameter {i} ({p!r}) must be a DTensor leaf with "
+                raise OperatorError(f"optimizer parameter {i} ({_what(p)}) must be a DTensor leaf with "
                                     "requires_grad_() (layers' weights are)")
             if not p.local.flags.writeable:
                 raise OperatorError(f"optimizer parameter {i}'s local block is read-only")
@@ -137,6 +137,16 @@ class AdamW(_Optimizer):
         self.state[index] = (t + 1, m, v)
         adamw_update(param, grad, m, v, t + 1, lr=self.lr, betas=self.betas, eps=self.eps,
                      weight_decay=self.weight_decay if self.decays[index] else 0.0)
+
+
+def _what(value: Any) -> str:
+    """A parameter as every rank describes it alike (a DTensor's repr names this rank and its block)."""
+    if hasattr(value, "layout") and hasattr(value, "global_shape"):
+        kind = "not a leaf: computed by an op" if value.requires_grad else "without requires_grad_()"
+        return f"a DTensor of global shape {tuple(value.global_shape)!r}, layout {value.layout}, {kind}"
+    from .ops._common import describe
+
+    return describe(value)
 
 
 def adamw_update(param: np.ndarray, grad: np.ndarray, m: np.ndarray, v: np.ndarray, t: int, *,

@@ -136,6 +136,25 @@ def test_optimizers_refuse_what_they_cannot_update():
         Adam([np.zeros(3)])
 
 
+def test_an_optimizer_refuses_a_dtensor_in_one_line_every_rank_shares(tmp_path):
+    # The message held the DTensor's repr (rank=3, its block): ranks disagreed, and --ranks 8 reported
+    # "error on simulated rank 0" with exit 1 where MPI said "error:" with exit 2.
+    import subprocess
+    import sys
+
+    program = ("import spmdsim\nfrom spmdsim import DTensor, Layout, Mesh, SeededTensor\n"
+               "spmdsim.script(__file__)\nL = Layout((2, 2), ('dp', 'tp')); mesh = Mesh(L)\n"
+               "x = DTensor.from_seeded(mesh, L('dp', None), SeededTensor((4, 4), 'float64'))\n"
+               "spmdsim.optim.AdamW([x])\n")
+    (tmp_path / "train.py").write_text(program)
+    run = subprocess.run([sys.executable, str(tmp_path / "train.py"), "--ranks", "4"], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr == ("spmdsim: error: optimizer parameter 0 (a DTensor of global shape (4, 4), layout "
+                          "(\"dp\", None), without requires_grad_()) must be a DTensor leaf with requires_grad_() "
+                          "(layers' weights are)\n")
+
+
 def test_reference_trainer_gelu_stage_matches_central_differences():
     # A GELU stage (autoshard's mlp network runs one): its input gradient in the reference trainer.
     from spmdsim import train_reference as tr
