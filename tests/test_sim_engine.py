@@ -261,6 +261,45 @@ def test_exception_on_one_rank_ends_all_and_names_it():
     assert info.value.__notes__ == ["raised on simulated rank 5 of 8"]
 
 
+def test_an_error_every_rank_raises_after_its_collective_is_every_ranks():
+    """As MPI ranks do, a rank whose collective can still complete goes on after another rank failed.
+
+    Ranks 0 and 1 raise after their pair's Allreduce while ranks 2 and 3 are still on their way to
+    theirs, where they used to be stopped: the error was reported as ranks 0,1's alone (exit 1 from
+    --ranks N, where MPI says every rank's, exit 2).
+    """
+    import time
+
+    from spmdsim.errors import SpmdsimError
+
+    def body():
+        comm = world()
+        pair = comm.Split(comm.rank // 2, comm.rank)
+        if comm.rank >= 2:
+            time.sleep(0.2)
+        total = np.empty(1)
+        pair.Allreduce(np.ones(1), total, "sum")
+        raise SpmdsimError(f"{int(total[0])} labels outside the range")
+
+    with pytest.raises(SpmdsimError, match="2 labels outside the range") as info:
+        simulate(4, body)
+    assert info.value.__notes__ == ["raised on every simulated rank"]
+
+
+def test_a_rank_waiting_on_a_failed_one_still_stops():
+    def body():
+        comm = world()
+        pair = comm.Split(comm.rank // 2, comm.rank)
+        if comm.rank == 0:
+            raise ValueError("rank zero broke")
+        pair.Barrier()  # rank 1 waits for rank 0, which is gone; ranks 2 and 3 complete theirs
+        comm.Barrier()  # and then wait for ranks 0 and 1
+
+    with pytest.raises(ValueError, match="rank zero broke") as info:
+        simulate(4, body)
+    assert info.value.__notes__ == ["raised on simulated rank 0 of 4"]
+
+
 def test_layout_that_does_not_fit_fails_before_any_collective():
     from spmdsim.runtime import Mesh
 

@@ -12,8 +12,10 @@ only, so 1,024 ranks do not wake each other. The world counts the live ranks
 and those waiting on something not yet satisfied; when every live rank waits,
 nothing can complete, and every waiter raises a DeadlockError that names the
 call, the ranks waiting in it and where the others are. A rank that raises
-ends the simulation: the waiters raise `Aborted` and simulate() reports the
-first failure.
+ends the simulation: a waiter whose collective can no longer complete (a member
+gone, or every live rank waiting) raises `Aborted`, the others go on as MPI ranks
+would (so an error every rank raises is reported as every rank's), and
+simulate() reports the lowest failing rank's error.
 
 At most `World.slots` ranks compute at once (the cores, at least 2, at most
 32): a rank holds a run slot from its start, gives it to the next rank in
@@ -151,7 +153,7 @@ class Group:
         """
         world = self.world
         rank = self.members[me]
-        world.check(rank)
+        world.check(rank, self)
         slot = self.slots.get(seq)
         if slot is None:
             slot = self.slots[seq] = _Slot(self.size)
@@ -196,7 +198,7 @@ class Group:
                         except Exception as exc:  # noqa: BLE001 - raised in its member
                             other.raised = exc
             with world.lock:
-                world.check(self.members[me])
+                world.check(self.members[me], self)
                 for i, other in enumerate(calls):
                     other.data = None  # nobody reads the buffers any more
                     if i != me:
@@ -209,7 +211,7 @@ class Group:
         """Wait until every member has finished reading the others' buffers for this call."""
         world = self.world
         with world.lock:
-            world.check(self.members[me])
+            world.check(self.members[me], self)
             slot.left += 1
             if slot.left == self.size:
                 for i, m in enumerate(self.members):
@@ -331,12 +333,26 @@ class World:
 
     # -- waiting (all with the lock held) --------------------------------------------------
 
-    def check(self, rank: int) -> None:
-        """Raise in `rank` if the simulation is over (another rank failed, or a deadlock)."""
+    def check(self, rank: int, group: Optional[Group] = None) -> None:
+        """Raise in `rank` if the simulation is over (another rank failed, or a deadlock).
+
+        With `group`, the communicator of the collective `rank` is in: after a failure it goes
+        on while the collective can still complete (`_may_go_on`).
+        """
         if self.deadlock is not None:
             raise DeadlockError(self.deadlock)
-        if self.failure is not None:
+        if self.failure is not None and not self._may_go_on(group):
             raise Aborted(self.failure)
+
+    def _may_go_on(self, group: Optional[Group]) -> bool:
+        """After a failure, may a rank in `group`'s collective go on? While every member lives and
+        not every live rank waits: as MPI ranks do, so that an error every rank raises (a check after
+        an Allreduce) is reported as every rank's, not as the first one's. A failure of the caller's
+        own (Ctrl-C, memory: rank -1) stops every rank.
+        """
+        if group is None or -1 in self.failed or len(self.waiting) >= self.live:
+            return False
+        return not any(m in self.failed or m in self.finished for m in group.members)
 
     def wait(self, rank: int, what: _Waiting) -> None:
         """Block `rank` until another rank releases it; raise when nothing can release it."""
@@ -345,7 +361,8 @@ class World:
             self._declare_deadlock()
         self._give_slot(rank)  # another rank computes while this one waits
         waker = self._wakers[rank]
-        while rank in self.waiting and self.failure is None and self.deadlock is None:
+        while (rank in self.waiting and self.deadlock is None
+               and (self.failure is None or self._may_go_on(what.group))):
             waker.wait()
         if self.waiting.pop(rank, None) is not None:  # woken by a failure, not released
             self.check(rank)
@@ -386,6 +403,8 @@ class World:
             self._give_slot(rank)
             if self.waiting and len(self.waiting) >= self.live:
                 self._declare_deadlock()
+            elif self.failure is not None:
+                self._wake_all()  # a waiter whose collective needed this rank stops
 
     def _declare_deadlock(self) -> None:
         if self.deadlock is None and self.failure is None:
