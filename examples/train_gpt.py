@@ -48,14 +48,9 @@ parser.add_argument("--dialect", choices=sorted(DIALECTS), default="mindspore",
                     help="the dialect Megatron's parameter layouts are written in (the same layouts)")
 ranks_argument(parser)  # --ranks N (simulated ranks) and --dry-run beside it
 args = parser.parse_args()
-try:
-    cfg = GPTConfig(layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq, batch=args.batch,
-                    dropout=args.dropout, lr=args.lr, seed=args.seed)
-except spmdsim.SpmdsimError as error:
-    sys.exit(f"train_gpt: {error}")
 
 
-def split(world):
+def split(world, cfg):
     """(dp, tp) for this world, or the reason it cannot be."""
     tp = args.tp or (args.dp and world // args.dp) or min(world, 4)
     dp = args.dp or world // tp
@@ -66,7 +61,10 @@ def split(world):
 
 def main(args):
     comm = spmdsim.world()
-    shape, problem = split(comm.size)
+    # Refused on every rank alike, as the other bad sizes are: one line, exit 2.
+    cfg = GPTConfig(layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq, batch=args.batch,
+                    dropout=args.dropout, lr=args.lr, seed=args.seed)
+    shape, problem = split(comm.size, cfg)
     if problem:  # every rank alike, before any collective
         raise spmdsim.SpmdsimError(f"the GPT cannot run on {comm.size} ranks: {problem}")
     dp, tp = shape

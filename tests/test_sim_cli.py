@@ -62,6 +62,17 @@ def test_one_process_names_both_ways_out(capsys):
     assert "mpiexec -n 8 ..." in err and "--ranks 8" in err
 
 
+def test_train_gpt_refuses_a_model_size_like_a_mesh_size(monkeypatch, capsys):
+    # --d-model 30 with 4 heads printed "train_gpt: ..." with exit 1, once per MPI rank.
+    path = next(p for p in EXAMPLES if p.stem == "train_gpt")
+    monkeypatch.setattr(sys, "argv", [str(path), "--ranks", "8", "--d-model", "30", "--steps", "1"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(path), run_name="__main__")
+    assert done.value.code == 2
+    assert capsys.readouterr().err == ("spmdsim: error: GPTConfig d_model 30 must be divisible by heads 4 "
+                                       "(each head takes d_model / heads features)\n")
+
+
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_every_example_runs_on_8_simulated_ranks(path, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", [str(path), "--ranks", "8"] + EXAMPLE_ARGS.get(path.stem, []))
