@@ -101,6 +101,10 @@ def test_launch_command_env_and_family(monkeypatch):
     assert cmd == ["/venv/bin/mpiexec", "-n", "8", sys.executable, "prog.py"]
     with pytest.raises(SpmdsimError, match="needs a command"):
         launch.build_command("mpiexec", 2, ["--"])
+    # A typo in the program: refused once, not by mpiexec once per rank ("execvp error on file ...").
+    with pytest.raises(SpmdsimError, match=r"launch: command 'spmdsimm' is not an executable program on PATH"):
+        launch.build_command("mpiexec", 2, ["--", "spmdsimm", "demo"])
+    assert launch.build_command("mpiexec", 2, ["--", "spmdsim", "demo"])[3] == "spmdsim"
     monkeypatch.setattr(wait, "cores_available", lambda: 2)
     env = launch.launch_env(8, None, base={"PATH": "/bin"})
     assert env["SPMDSIM_WAIT"] == "auto" and env["OMP_NUM_THREADS"] == "1"

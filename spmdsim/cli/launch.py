@@ -158,6 +158,10 @@ def build_command(mpiexec: str, ranks: int, command: Sequence[str]) -> list[str]
         raise SpmdsimError("launch needs a command after '--', e.g. spmdsim launch -n 8 -- python prog.py")
     if command[0] in ("python", "python3"):
         command[0] = sys.executable
+    elif shutil.which(command[0]) is None:  # else mpiexec prints its own failure once per rank
+        where = "file" if os.sep in command[0] else "program on PATH"
+        raise SpmdsimError(f"launch: command {command[0]!r} is not an executable {where}; "
+                           "expected e.g. spmdsim launch -n 8 -- python prog.py")
     return [mpiexec, "-n", str(ranks), *command]
 
 
