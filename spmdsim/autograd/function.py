@@ -76,8 +76,8 @@ class Function:
         for t in tensors:
             if t.layout.partial:
                 raise OperatorError(f"{name}.apply: argument of layout {t.layout} is a pending sum; resolve it "
-                                    "first (redistribute to a layout without partial axes): spmdsim cannot know "
-                                    f"whether {name} is linear")
+                                    "first with spmdsim.ops.resolved(x) (one Allreduce, on every rank): spmdsim "
+                                    f"cannot know whether {name} is linear")
         layout = first.layout if layout is None else layout
         shape = tuple(first.global_shape) if shape is None else tuple(shape)
         ctx = FunctionCtx(first.mesh.rank, tuple(t.slices for t in tensors), tuple(t.layout for t in tensors))
