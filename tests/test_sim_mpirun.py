@@ -36,6 +36,14 @@ def test_example_prints_what_mpiexec_prints(name):
     assert _lines(name, sim.stdout) == _lines(name, mpi.stdout) and sim.stdout.strip()
 
 
+def test_a_closed_pipe_stops_quietly(tmp_path, capsys):
+    # `spmdsim mpirun -n 8 python ring.py | head -2`: a BrokenPipeError traceback of each rank that printed.
+    prog = tmp_path / "prog.py"
+    prog.write_text("raise BrokenPipeError(32, 'Broken pipe')\n")
+    assert main(["mpirun", "-n", "2", "python", str(prog)]) == 141  # 128 + SIGPIPE, as a shell tool ends
+    assert capsys.readouterr().err == ""
+
+
 def test_exit_codes_errors_and_module_form(tmp_path, capsys):
     prog = tmp_path / "prog.py"
     prog.write_text("import sys\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"

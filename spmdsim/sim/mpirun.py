@@ -91,6 +91,11 @@ def run(n: int, command: Sequence[str]) -> int:
     try:
         with swapped():
             codes = simulate(n, _rank, kind, what)
+    except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, as a shell tool does on SIGPIPE
+        from .launch import _quiet_stdout
+
+        _quiet_stdout()
+        return 141
     except KeyboardInterrupt:
         print("spmdsim mpirun: interrupted (Ctrl-C): the simulated ranks were stopped", file=sys.stderr)
         return 130
