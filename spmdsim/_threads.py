@@ -24,6 +24,8 @@ LOCAL_SIZE_VARS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_LOCAL_S
                    "SLURM_NTASKS_PER_NODE")
 #: Where launchers put a process's rank (MPICH/Hydra and Slurm's PMI, Open MPI, PMIx).
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+#: Where they put the job's number of ranks.
+SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE")
 
 
 def launcher_rank() -> int:
@@ -33,6 +35,15 @@ def launcher_rank() -> int:
         if value.isdigit():
             return int(value)
     return 0
+
+
+def launcher_size() -> int:
+    """The number of ranks the MPI launcher started, as its environment says (1 when not launched)."""
+    for name in SIZE_VARIABLES:
+        value = os.environ.get(name, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return 1
 
 
 def cores_available() -> int:

@@ -44,6 +44,23 @@ def test_a_closed_pipe_stops_quietly(capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_ranks_under_a_launched_job_is_refused_once(monkeypatch, capsys):
+    # mpiexec -n 2 spmdsim demo --ranks 8: each process ran all 8 simulated ranks, every line printed twice.
+    from spmdsim.sim.launch import run_on_ranks
+
+    monkeypatch.setenv("PMI_SIZE", "2")
+    monkeypatch.setenv("PMI_RANK", "0")
+    assert run_on_ranks(8, lambda: 0) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == ("spmdsim: error: --ranks 8 simulates the ranks in one process, but mpiexec "
+                                         "started 2; leave out --ranks under mpiexec (mpiexec -n 8 ...), or run "
+                                         "without mpiexec\n")
+    monkeypatch.setenv("PMI_RANK", "1")  # the other processes refuse too, silently
+    assert run_on_ranks(8, lambda: 0) == 2 and capsys.readouterr().err == ""
+    monkeypatch.setenv("PMI_SIZE", "1")  # mpiexec -n 1: one process, as without a launcher
+    assert run_on_ranks(2, lambda: 0) == 0
+
+
 def test_errors_on_simulated_ranks_exit_like_mpi(capsys):
     # An SpmdsimError every rank raises: one line, exit 2 (as the MPI guard does).
     assert main(["run", "matmul", "--strategy", "((2,4),(4,1))", "--shape", "16,32,8", "--ranks", "6"]) == 2

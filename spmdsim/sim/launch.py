@@ -54,7 +54,15 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
     """
     from .run import simulate
 
+    from .._threads import launcher_rank, launcher_size
+
     problem = ranks_problem(n, dry_run)
+    launched = launcher_size()
+    if not problem and launched > 1:  # each MPI process would run all n ranks: n x launched, output repeated
+        problem = (f"--ranks {n} simulates the ranks in one process, but mpiexec started {launched}; "
+                   f"leave out --ranks under mpiexec (mpiexec -n {n} ...), or run without mpiexec")
+        if launcher_rank() != 0:  # every process refuses; one says so
+            return 2
     if problem:
         print(f"spmdsim: error: {problem}", file=sys.stderr)
         return 2
