@@ -147,7 +147,10 @@ def test_launch_cli_runs_the_job_and_enforces_its_timeout():
     start = time.monotonic()
     slow = run("-n", "2", "--timeout", "2", "--", "python", "-c", "import time; time.sleep(60)")
     assert slow.returncode == 124 and time.monotonic() - start < 30
-    assert "exceeded the 2 s timeout" in slow.stderr
+    assert ("exceeded the 2 s timeout; killing it; ranks waiting in a collective another rank skipped? "
+            "--watchdog SECONDS names them") in slow.stderr
+    slow = run("-n", "2", "--timeout", "2", "--watchdog", "60", "--", "python", "-c", "import time; time.sleep(60)")
+    assert slow.returncode == 124 and "exceeded the 2 s timeout; killing it\n" in slow.stderr  # no hint: it is on
     bad = run("-n", "2", "--")
     assert bad.returncode == 2 and "needs a command" in bad.stderr
 

@@ -200,7 +200,10 @@ def run_with_timeout(cmd: list[str], env: dict, timeout: float) -> int:
     except OSError as exc:
         raise SpmdsimError(f"cannot start {cmd[0]!r}: {exc.strerror or exc}") from None
     try:
-        return _wait(proc, timeout, watch)
+        # With no watchdog, a job that times out may be ranks waiting in a collective one skipped: say how to see.
+        hint = "" if env.get("SPMDSIM_WATCHDOG") else (
+            "; ranks waiting in a collective another rank skipped? --watchdog SECONDS names them")
+        return _wait(proc, timeout, watch, hint)
     finally:
         removed = watch.remove_left()
         if removed:
@@ -208,7 +211,7 @@ def run_with_timeout(cmd: list[str], env: dict, timeout: float) -> int:
                   f"{', '.join(removed)}", file=sys.stderr)
 
 
-def _wait(proc: subprocess.Popen, timeout: float, watch: "_SegmentWatch") -> int:
+def _wait(proc: subprocess.Popen, timeout: float, watch: "_SegmentWatch", hint: str = "") -> int:
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -220,7 +223,7 @@ def _wait(proc: subprocess.Popen, timeout: float, watch: "_SegmentWatch") -> int
                 if left <= _WATCH_INTERVAL_S:
                     raise
     except subprocess.TimeoutExpired:
-        print(f"spmdsim: error: job exceeded the {timeout:g} s timeout; killing it", file=sys.stderr)
+        print(f"spmdsim: error: job exceeded the {timeout:g} s timeout; killing it{hint}", file=sys.stderr)
         _kill_group(proc, signal.SIGTERM)
         try:
             proc.wait(timeout=_KILL_GRACE_S)
