@@ -203,6 +203,16 @@ def test_strategy_of_the_wrong_length_names_the_strategy(capsys):
     assert "axis_0" not in line
 
 
+def test_a_negative_size_flag_is_named_as_the_flag(capsys):
+    # It said "case key 'shape' must be a list of non-negative integers", a JSON key the user never wrote.
+    _fails(capsys, ["show", "--device-matrix", "2,4", "--alias", "dp,mp", "--tensor-map", "mp,None",
+                    "--shape", "8,-6"], "--shape '8,-6' must be sizes of at least 0, such as 2,4")
+    _fails(capsys, ["slices", "--device-matrix", "0,4", "--alias", "dp,mp", "--tensor-map", "mp,None", "--shape", "8,8"],
+           "--device-matrix '0,4' must be positive sizes, such as 2,4")
+    _fails(capsys, ["slices", "--sbp", "S(0),B", "--placement", "2,0", "--shape", "8,6"],
+           "--placement '2,0' must be positive sizes, such as 2,4")
+
+
 def test_a_malformed_partition_spec_is_called_one(capsys):
     # It was called a "tensor map", a word of another dialect than the flag the user gave.
     _fails(capsys, ["show", "--partition-spec", "('x', None", "--device-matrix", "2,4", "--alias", "x,y",
