@@ -300,6 +300,28 @@ def test_a_rank_waiting_on_a_failed_one_still_stops():
     assert info.value.__notes__ == ["raised on simulated rank 0 of 4"]
 
 
+def test_ranks_that_never_need_the_failed_one_again_still_stop():
+    """Ranks going on after a failure do so for GO_ON_S at most, as MPI's guard aborts the job by then:
+    a pair that loops on its own collectives forever (never again needing rank 0) stops too."""
+    import threading
+
+    def body():
+        comm = world()
+        pair = comm.Split(comm.rank // 2, comm.rank)
+        if comm.rank == 0:
+            raise ValueError("rank zero broke")
+        while comm.rank >= 2:
+            pair.Barrier()
+        pair.Barrier()
+
+    caught = []
+    runner = threading.Thread(target=lambda: caught.append(pytest.raises(ValueError, simulate, 4, body)))
+    runner.start()
+    runner.join(60)
+    assert not runner.is_alive(), "ranks 2 and 3 went on past the failure for a minute"
+    assert caught and "rank zero broke" in str(caught[0].value)
+
+
 def test_layout_that_does_not_fit_fails_before_any_collective():
     from spmdsim.runtime import Mesh
 

@@ -14,8 +14,9 @@ nothing can complete, and every waiter raises a DeadlockError that names the
 call, the ranks waiting in it and where the others are. A rank that raises
 ends the simulation: a waiter whose collective can no longer complete (a member
 gone, or every live rank waiting) raises `Aborted`, the others go on as MPI ranks
-would (so an error every rank raises is reported as every rank's), and
-simulate() reports the lowest failing rank's error.
+would (so an error every rank raises is reported as every rank's) for GO_ON_S
+at most (MPI's guard aborts the job by then), and simulate() reports the lowest
+failing rank's error.
 
 At most `World.slots` ranks compute at once (the cores, at least 2, at most
 32): a rank holds a run slot from its start, gives it to the next rank in
@@ -29,6 +30,7 @@ corrupts its memory ("BLAS : Bad memory unallocation!", then glibc aborts):
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from typing import Any, Callable, Optional
 
@@ -38,6 +40,11 @@ from ..errors import RuntimeMismatchError
 
 __all__ = ["World", "Group", "Call", "Aborted", "DeadlockError", "SimulationError", "run_slots", "ThreadEngine",
            "THREADS"]
+
+#: After a rank fails, how long the others may go on with collectives that can still complete (an error
+#: every rank raises is then reported as every rank's): the MPI guard's grace before it aborts the job,
+#: so ranks that never again need the failed one (a loop within their own group) stop too.
+GO_ON_S = 3.0
 
 
 class ThreadEngine(Engine):
@@ -267,6 +274,7 @@ class World:
         self.finished: set[int] = set()
         self.failed: dict[int, BaseException] = {}  # rank -> its own (first) exception
         self.failure: Optional[str] = None  # set once: why every waiter stops
+        self.failed_at = 0.0  # when (time.monotonic()): the others go on for GO_ON_S at most
         self.deadlock: Optional[str] = None
         self.root = Group(self, tuple(range(size)))
         # Run slots: how many more ranks may compute now, who waits for one (in order), who got one.
@@ -352,6 +360,8 @@ class World:
         """
         if group is None or -1 in self.failed or len(self.waiting) >= self.live:
             return False
+        if time.monotonic() - self.failed_at > GO_ON_S:  # as MPI's guard, which aborts the job by then
+            return False
         return not any(m in self.failed or m in self.finished for m in group.members)
 
     def wait(self, rank: int, what: _Waiting) -> None:
@@ -393,6 +403,7 @@ class World:
             self.failed.setdefault(rank, exc)
             if self.failure is None:
                 self.failure = f"simulated rank {rank} failed: {type(exc).__name__}: {exc}"
+                self.failed_at = time.monotonic()
             self._wake_all()
 
     def finish(self, rank: int) -> None:
