@@ -240,6 +240,23 @@ def test_dropout_mask_does_not_depend_on_the_layout():
     assert 0.25 < keep.mean() < 0.75
 
 
+def test_causal_mask_blocks_are_each_callers_own():
+    """A mask asked for again (kept per layout, rank and shape) is the same block, and a fresh array."""
+    from spmdsim.runtime import Mesh
+
+    def body():
+        mesh = Mesh(Layout((2, 4), ("dp", "tp")), spmdsim.world())
+        layout = mesh.layout(None, "tp")
+        first = ops.causal_mask(mesh, (8, 8), layout)
+        first.local[...] = True  # the caller's own block: the next mask is not touched
+        again = ops.causal_mask(mesh, (8, 8), layout)
+        return again.gather(), ops.causal_mask(mesh, (8, 8)).local
+
+    want = np.triu(np.ones((8, 8), bool), 1)
+    for split, whole in _on_ranks(8, body):
+        assert np.array_equal(split, want) and np.array_equal(whole, want)
+
+
 @settings(max_examples=200, deadline=None)
 @given(seed=st.integers(0, 2 ** 32 - 1), batched=st.booleans(), ta=st.booleans(), tb=st.booleans())
 def test_matmul_is_einsum_on_every_layout_matmul_accepts(seed, batched, ta, tb):

@@ -143,10 +143,10 @@ class _Bucket:
 
 def _bucketed(bucket: _Bucket, leaf: Any, explain: Optional[list], readers: dict) -> Any:
     """`leaf`'s whole gradient from its bucket's one Allreduce (made when its first leaf asks)."""
-    from ..runtime import DTensor
-    from ..runtime.executor import pending, resolve
-
     if bucket.done is None:
+        from ..runtime import DTensor  # here, not per leaf: an import statement costs ~2 us
+        from ..runtime.executor import pending, resolve
+
         grads = bucket.grads
         first = grads[0]
         flat = np.concatenate([g.local.reshape(-1) for g in grads])
@@ -159,10 +159,11 @@ def _bucketed(bucket: _Bucket, leaf: Any, explain: Optional[list], readers: dict
             explain.append((f"{len(grads)} leaves {shapes}: their replicas' gradients summed in one "
                             "bucket" + _read_by(readers, bucket.leaves), trace.entries))
         done, at = [], 0
+        trusted = DTensor._trusted  # each block is shaped and typed as its gradient's, which DTensor() checked
         for g in grads:
             n = g.local.size
-            done.append(DTensor(g.mesh, summed[at:at + n].reshape(g.local.shape),
-                                with_partial(g.layout, ()), g.global_shape))
+            done.append(trusted(g.mesh, summed[at:at + n].reshape(g.local.shape), with_partial(g.layout, ()),
+                                g.global_shape))
             at += n
         bucket.done = done
     return bucket.done[bucket.leaves.index(leaf)]
@@ -300,13 +301,15 @@ def _collector(explain: Optional[list]) -> Any:
 
 def add_grads(a: Any, b: Any, layout: TensorLayout) -> Any:
     """a + b for two gradients of one tensor (brought to one layout first: B -> P is free)."""
-    from ..runtime import DTensor
-
     if a.layout != b.layout:
         both = set(a.layout.partial) | set(b.layout.partial)
         common = layout.with_partial(x for x in layout.layout.alias_name if x in both)
         a, b = _move(a, common), _move(b, common)
-    return DTensor(a.mesh, a.local + b.local, a.layout, a.global_shape)
+    total = a.local + b.local
+    if type(total) is not np.ndarray:  # 0-d blocks sum to a numpy scalar
+        total = np.asarray(total)
+    # Both checked DTensors of one layout and global shape: their sum's block is shaped as theirs.
+    return type(a)._trusted(a.mesh, total, a.layout, a.global_shape)
 
 
 def _accumulate(grads: dict, owners: dict, tensor: Any, g: Any) -> None:

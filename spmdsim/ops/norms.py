@@ -31,7 +31,7 @@ from ..autograd.rules import grad_tensor
 from ..datagen import SeededTensor
 from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
 from ..errors import OperatorError
-from ..validate import as_int
+from ..validate import as_int, shape_arg
 from . import local as _whole
 from . import pointwise as P
 from . import reduce as R
@@ -172,17 +172,26 @@ def causal_mask(mesh: Any, shape: Any, layout: Any = None) -> Any:
 
     `layout`: its TensorLayout (default replicated); only this rank's block is built.
     """
-    from ..validate import shape_arg
-
     shape = shape_arg(shape, "causal_mask shape")
     if len(shape) < 2:
         raise OperatorError(f"causal_mask shape {shape!r} needs at least 2 dims (queries, keys)")
     layout = mesh.layout(*([None] * len(shape))) if layout is None else layout
-    region = layout.slices(mesh.rank, shape)
-    rows = np.arange(region[-2].start, region[-2].stop)[:, None]
-    cols = np.arange(region[-1].start, region[-1].stop)[None, :]
-    block = np.broadcast_to(cols > rows, layout.local_shape(shape)).copy()
-    return make_dtensor(mesh, block, layout, shape)
+    key = (layout, mesh.rank, shape)
+    block = _MASKS.get(key)
+    if block is None:
+        region = layout.slices(mesh.rank, shape)
+        rows = np.arange(region[-2].start, region[-2].stop)[:, None]
+        cols = np.arange(region[-1].start, region[-1].stop)[None, :]
+        block = np.broadcast_to(cols > rows, layout.local_shape(shape)).copy()
+        if len(_MASKS) >= 256:  # many shapes or layouts: start over
+            _MASKS.clear()
+        _MASKS[key] = block
+    return make_dtensor(mesh, block.copy(), layout, shape)  # the caller's own block, as before
+
+
+# (layout, rank, global shape) -> that rank's mask block: a transformer asks for the same one in
+# every layer of every step, and working out the region cost more than copying the block.
+_MASKS: dict = {}
 
 
 def masked_fill(x: Any, mask: Any, value: float) -> Any:

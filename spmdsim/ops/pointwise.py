@@ -66,7 +66,10 @@ _LOUD = frozenset({"div", "log", "sqrt", "pow", "exp"})
 
 def _quiet(op: str, **errors: str) -> Any:
     """np.errstate(**errors) for the ops in _LOUD, else a context that does nothing."""
-    return np.errstate(**errors) if op in _LOUD else contextlib.nullcontext()
+    return np.errstate(**errors) if op in _LOUD else _NULL
+
+
+_NULL = contextlib.nullcontext()  # stateless: one shared by every call and thread
 
 
 def lift(mesh: Any, value: Any, dtype: np.dtype, op: str) -> Any:
@@ -164,12 +167,10 @@ def _summed_axes(layout: Any, dims: tuple[int, ...]) -> tuple[str, ...]:
 
 def pointwise(op: str, *args: Any) -> Any:
     """Run elementwise `op` on DTensors and numbers with numpy broadcasting (see the module docstring)."""
-    from ..runtime.executor import redistribute
-
     mesh, xs = _operands(op, args)
     dtype = dtype_name(result_dtype(*[x.local.dtype for x in xs]))
     plan = infer_pointwise(op, tuple(x.layout for x in xs), tuple(x.global_shape for x in xs), dtype)
-    xs = [x if x.layout == t else redistribute(x, t) for x, t in zip(xs, plan.targets)]
+    xs = [x if x.layout == t else _redistributed(x, t) for x, t in zip(xs, plan.targets)]
     forward, backward = _KERNELS[op]
     locals_ = [x.local for x in xs]
     with _quiet(op, divide="ignore", invalid="ignore", over="ignore"):
@@ -178,6 +179,13 @@ def pointwise(op: str, *args: Any) -> Any:
     if backward is None or not any(x._ag is not None for x in xs):
         return out
     return _record(op, out, xs, backward, plan)
+
+
+def _redistributed(x: Any, target: Any) -> Any:
+    """`x` redistributed to `target` (the import made only when an operand moves: ~2 us a call)."""
+    from ..runtime.executor import redistribute
+
+    return redistribute(x, target)
 
 
 def _record(op: str, out: Any, xs: list, backward: Callable, plan: Any) -> Any:
