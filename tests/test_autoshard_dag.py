@@ -159,6 +159,15 @@ def test_fix_every_operator_by_hand_runs_megatrons_plan(capsys):
         assert len(err.splitlines()) == 1 and line in err, err
 
 
+def test_an_unknown_operator_of_a_large_graph_is_a_short_line(capsys):
+    """The GPT's 56 operators are not listed in the error: the likely ones and where to see them all."""
+    assert main(GPT + ["--fix", "h0.ln=hand"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("spmdsim: error: no operator 'h0.ln' in gpt; did you mean 'h0.ln2', 'h0.ln1', 'h1.ln2'? its 56 "
+                   "operators are wte, wpe, h0.ln1, h0.qkv_in, ..., flatten, loss (spmdsim autoshard --network gpt "
+                   "lists them all)")
+
+
 def test_cli_run_with_a_device_count_that_is_not_the_launchs_is_one_line(capsys):
     assert main(GPT + ["--devices", "8", "--run", "--ranks", "4"]) == 2
     out, err = capsys.readouterr()

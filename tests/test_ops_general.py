@@ -145,6 +145,8 @@ def test_bad_operands_get_one_line():
             (lambda: ops.max(x, (1, -1)), OperatorError, "max: dim -1 is given twice"),
             (lambda: ops.dropout(x, 1.0, seed=1), OperatorError, "dropout: p 1.0 must be a number with 0 <= p < 1"),
             (lambda: ops.dropout(x, 0.1, seed="a"), OperatorError, "dropout: seed 'a' must be an integer"),
+            (lambda: ops.dropout(x, 0.1), OperatorError, "dropout: a seed is required (an integer, different per "
+                                                          "layer and step"),
             (lambda: ops.layer_norm(x, eps=-1), OperatorError, "layer_norm: eps -1 must be a non-negative"),
             (lambda: ops.where(x, x, x), OperatorError, "where: condition must be a bool DTensor"),
             (lambda: ops.causal_mask(mesh, (4,)), OperatorError, "causal_mask shape (4,) needs at least 2 dims"),

@@ -12,6 +12,8 @@ and `attention` (single-head self-attention: three branches that join).
 """
 from __future__ import annotations
 
+import difflib
+
 import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -21,6 +23,9 @@ from ..errors import OperatorError
 from ..layout import Layout, TensorLayout
 
 __all__ = ["KINDS", "ParamSpec", "OpNode", "Graph", "mlp_chain", "attention", "weight", "data_parallel"]
+
+#: Up to this many operators an unknown name's error lists them all; past it, the likely ones.
+_LISTED = 12
 
 #: Operator kinds a node may have ("input" is the network input, its layout fixed).
 KINDS = ("input", "flatten", "matmul", "linear", "bmm", "relu", "gelu", "softmax", "embedding",
@@ -123,8 +128,14 @@ class Graph:
         for i, node in enumerate(self.nodes):
             if node.name == name:
                 return i
-        raise OperatorError(f"no operator {name!r} in {self.name}; expected one of "
-                            f"{tuple(n.name for n in self.nodes[1:])!r}")
+        names = tuple(n.name for n in self.nodes[1:])
+        if len(names) <= _LISTED:
+            raise OperatorError(f"no operator {name!r} in {self.name}; expected one of {names!r}")
+        close = difflib.get_close_matches(str(name), names, n=3)
+        hint = f"did you mean {', '.join(map(repr, close))}? " if close else ""
+        raise OperatorError(f"no operator {name!r} in {self.name}; {hint}its {len(names)} operators are "
+                            f"{', '.join(names[:4])}, ..., {', '.join(names[-2:])} (spmdsim autoshard "
+                            f"--network {self.name} lists them all)")
 
     @property
     def edges(self) -> tuple[tuple[int, int, int], ...]:

@@ -199,14 +199,18 @@ def masked_fill(x: Any, mask: Any, value: float) -> Any:
     return P.where(mask, value, x)
 
 
-def dropout(x: Any, p: float, seed: int, training: bool = True) -> Any:
+def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True) -> Any:
     """Zero each element with probability `p` and scale the rest by 1 / (1 - p); identity when not training.
 
     The mask is ``SeededTensor(x.global_shape, seed=seed) >= p`` read at this rank's region, so the
-    result does not depend on the layout; a pending sum stays pending (dropout is linear).
+    result does not depend on the layout; a pending sum stays pending (dropout is linear). `seed` is
+    required: no default could give each layer and step its own mask.
     """
     if not isinstance(p, Real) or isinstance(p, bool) or not 0 <= p < 1:
         raise OperatorError(f"dropout: p {p!r} must be a number with 0 <= p < 1")
+    if seed is None:
+        raise OperatorError("dropout: a seed is required (an integer, different per layer and step, e.g. "
+                            "ops.dropout(x, 0.1, seed=1000 * step + layer)), so every rank draws the same mask")
     if as_int(seed) is None or isinstance(seed, bool):
         raise OperatorError(f"dropout: seed {seed!r} must be an integer")
     try:
