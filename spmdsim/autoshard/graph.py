@@ -13,7 +13,6 @@ and `attention` (single-head self-attention: three branches that join).
 from __future__ import annotations
 
 import difflib
-
 import math
 from dataclasses import dataclass
 from typing import Optional, Sequence

@@ -3,9 +3,9 @@
 `issue` is where runtime.collectives, runtime.exchange and runtime.prepared
 reach MPI, by a plain way (the mesh's engine runs the call, nothing before
 it) or through the layers of runtime/layers.py (debug hooks or an emulated
-algorithm): docs/runtime.md, "One body per collective". The plain way is kept bare because with 8 ranks on
-2 cores each rank runs its pre-MPI Python on cold caches, in turn, while the
-group waits. Also here: the argument checks the callers share, which raise
+algorithm): docs/runtime.md, "One body per collective". The plain way is
+kept bare because with 8 ranks on 2 cores each rank runs its pre-MPI Python
+on cold caches, in turn, while the group waits. Also here: the argument checks the callers share, which raise
 ShapeError or DTypeError before any MPI call.
 """
 from __future__ import annotations

@@ -32,11 +32,12 @@ from ..errors import RuntimeMismatchError, SpmdsimError
 from ..context import current as _context
 from ..context import simulated as _simulated
 from . import _roster
+from ..engines import engine_of
 from ..engines import wait as waiting
 
 __all__ = ["HOOKS", "configure", "check_enabled", "watchdog_seconds", "quiet", "next_seq", "current_seq",
            "fingerprint", "describe", "verify", "verify_counts", "verify_operands", "wait", "begin",
-           "complete", "collective", "FINGERPRINT_FIELDS", "CHECK_WATCHDOG_S", "add_cli_arguments",
+           "collective", "FINGERPRINT_FIELDS", "CHECK_WATCHDOG_S", "add_cli_arguments",
            "configure_from_args", "MIN_WATCHDOG_S", "watchdog_setting"]
 
 FINGERPRINT_FIELDS = 16
@@ -362,22 +363,16 @@ def begin(comm: Any, op: str, axes: Sequence[str], dtype: Any, shape: Optional[S
     return seq
 
 
-def complete(blocking: Any, nonblocking: Any, args: tuple, op: str, axes: Sequence[str], seq: int,
-             polite: bool, comm: Any) -> None:
-    """Run one collective: posted and watched with SPMDSIM_WATCHDOG, else the polite or blocking call."""
-    if watchdog_seconds() is not None:
-        wait(nonblocking(*args), op, axes, seq, polite, comm=comm)
-    elif polite:
-        waiting.polite_wait(nonblocking(*args))
-    else:
-        blocking(*args)
-
-
 def collective(comm: Any, op: str, axes: Sequence[str], array: Any, extra: Sequence[Any],
-               polite: bool, blocking: Any, nonblocking: Any, *args: Any) -> None:
-    """Run one MPI collective outside a mesh (not traced) with the debug layers; `array`: this rank's send buffer."""
+               polite: bool, blocking: str, nonblocking: str, *args: Any) -> None:
+    """Run one collective outside a mesh (not traced) with the debug layers: `comm`'s buffer call named
+    `blocking` ("Allgather"; `nonblocking` its twin) on `args`, posted and watched with SPMDSIM_WATCHDOG,
+    else run by the communicator's engine (`Engine.collective`). `array`: this rank's send buffer."""
     seq = begin(comm, op, axes, array.dtype, array.shape, extra, polite)
-    complete(blocking, nonblocking, args, op, axes, seq, polite, comm)
+    if watchdog_seconds() is not None:
+        wait(getattr(comm, nonblocking)(*args), op, axes, seq, polite, comm=comm)
+    else:
+        engine_of(comm).collective(comm, blocking, nonblocking, args, polite)
 
 
 def _abort(text: str) -> None:

@@ -290,12 +290,9 @@ class DTensor:
         stack = buffers.empty((mesh.size,) + local.shape, local.dtype) if root in (None, mesh.rank) else None
         comm, polite = mesh.comm, mesh.polite
         if root is None:
-            debug.collective(comm, "gather", (), local, (), polite, comm.Allgather,
-                             comm.Iallgather, local, stack)
+            debug.collective(comm, "gather", (), local, (), polite, "Allgather", "Iallgather", local, stack)
         else:
-            debug.collective(comm, "gather", (), local, (root,), polite,
-                             lambda *a: comm.Gather(*a, root=root),
-                             lambda *a: comm.Igather(*a, root=root), local, stack)
+            debug.collective(comm, "gather", (), local, (root,), polite, "Gather", "Igather", local, stack, root)
         if stack is None:
             return None
         out = np.empty(self._shape, local.dtype)
