@@ -1,0 +1,85 @@
+"""Slicing one dim (`narrow`) and joining DTensors along one (`concatenate`), by spmdsim.infer.concat.
+
+The dim must be whole on every rank (refused otherwise, naming the map to
+redistribute to): each rank slices or joins its own blocks and nothing
+moves; the other dims keep their splits and pending sums stay pending.
+Rotary embeddings' halves are ``narrow(q, -1, 0, d // 2)`` and
+``narrow(q, -1, d // 2, d // 2)``, joined back by ``concatenate``. Gradients
+are local: a slice's pads its gradient with zeros, a join's cuts it apart.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..autograd.graph import record
+from ..autograd.rules import grad_tensor
+from ..errors import OperatorError
+from ..infer.concat import infer_concatenate, infer_narrow
+from ..validate import dtype_name
+from ._common import check_dtensor, describe, make_dtensor, raise_if_not_dtensors, result_dtype, same_mesh
+
+__all__ = ["narrow", "concatenate"]
+
+
+def narrow(x: Any, dim: int, start: int, length: int) -> Any:
+    """x[..., start:start + length, ...] along `dim` (PyTorch's narrow), which must be whole on every rank."""
+    try:
+        layout, d, s, shape = infer_narrow(x.layout, x.global_shape, dim, start, length)
+    except AttributeError:
+        raise_if_not_dtensors("narrow", ("x",), x)
+        raise
+    index = (slice(None),) * d + (slice(s, s + shape[d]),)
+    out = make_dtensor(x.mesh, x.local[index], layout, shape)
+    if x._ag is None:
+        return out
+
+    def backward(dy: Any) -> tuple:
+        grad = np.zeros(x.local.shape, dy.local.dtype)
+        grad[index] = dy.local
+        return (grad_tensor(x, grad, dy.layout.partial),)
+
+    return record(out, "narrow", (x,), backward)
+
+
+def concatenate(xs: Sequence[Any], dim: int = 0) -> Any:
+    """The DTensors `xs` joined along `dim` (numpy.concatenate), which must be whole on every rank.
+
+    Operands that disagree on the other dims' splits move by the least-bytes rule (as for ``add``);
+    one pending sum over the same axes in every operand stays pending, any other mix is resolved first.
+    """
+    if isinstance(xs, (str, bytes)) or not hasattr(xs, "__iter__") or hasattr(xs, "_ag"):
+        raise OperatorError(f"concatenate: xs must be a sequence of DTensors, got {describe(xs)}")
+    xs = list(xs)
+    for k, x in enumerate(xs):
+        check_dtensor(x, f"concatenate: operand {k}")
+    if not xs:
+        raise OperatorError("concatenate: no operands; give a sequence of DTensors")
+    mesh = same_mesh(*xs)
+    dtype = result_dtype(*[x.local.dtype for x in xs])
+    plan = infer_concatenate(tuple(x.layout for x in xs), tuple(tuple(x.global_shape) for x in xs), dim,
+                             dtype_name(dtype))
+    if any(x.layout != t for x, t in zip(xs, plan.targets)):
+        from ..runtime.executor import redistribute
+
+        xs = [x if x.layout == t else redistribute(x, t) for x, t in zip(xs, plan.targets)]
+    d = plan.dim
+    out = make_dtensor(mesh, np.concatenate([x.local for x in xs], axis=d).astype(dtype, copy=False),
+                       plan.out, plan.shape)
+    if all(x._ag is None for x in xs):
+        return out
+    cuts = [int(x.local.shape[d]) for x in xs]
+    bounds = np.cumsum([0] + cuts)
+
+    def backward(dy: Any) -> tuple:
+        pieces = []
+        for x, lo, hi in zip(xs, bounds[:-1], bounds[1:]):
+            if x._ag is None:
+                pieces.append(None)
+                continue
+            index = (slice(None),) * d + (slice(int(lo), int(hi)),)
+            pieces.append(grad_tensor(x, dy.local[index], dy.layout.partial))
+        return tuple(pieces)
+
+    return record(out, "concatenate", tuple(xs), backward)
