@@ -105,6 +105,10 @@ CASES: dict[str, tuple[tuple[tuple[int, ...], ...], Callable, Callable, bool]] =
                     lambda a, b: np.concatenate([b, a], 0), False),
     "concatenate_last": (((4, 8, 3), (4, 8, 1)), lambda a, b: ops.concatenate([a, -b, a], -1),
                          lambda a, b: np.concatenate([a, -b, a], -1), False),
+    "stack": (((4, 8), (4, 8)), lambda a, b: ops.stack([a, b], 1), lambda a, b: np.stack([a, b], 1), False),
+    "getitem": (((4, 8, 5),), lambda a: a[..., 1:4][:, None, :, -1], lambda a: a[..., 1:4][:, None, :, -1], False),
+    "compare_mask": (((4, 8), (4, 1)), lambda a, b: ops.where(a < b, a, b * 2.0),
+                     lambda a, b: np.where(a < b, a, b * 2.0), False),
     "where": (((4, 8), (4, 8)), lambda a, b: ops.where(ops.causal_mask(a.mesh, a.global_shape), a, b),
               lambda a, b: np.where(_causal(a.shape), a, b), False),
 }

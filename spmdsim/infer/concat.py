@@ -40,7 +40,7 @@ def _whole(x: TensorLayout, d: int, op: str, what: str) -> None:
                     for k, e in enumerate(x.tensor_map))
         raise OperatorError(f"{op} along dim {d} of {what} mapped {x}: that dim is split over "
                             f"{format_entry(entry)}, so the result would cut across ranks' blocks; "
-                            f"make it whole first, e.g. x.redistribute(layout{fix!r}) (one Allgather)")
+                            f"make it whole first, e.g. x.redistribute(mesh.layout{fix!r}) (one Allgather)")
 
 
 def infer_narrow(x: TensorLayout, shape: Sequence[int], dim: object, start: object,

@@ -17,10 +17,11 @@ from ..autograd.graph import record
 from ..autograd.rules import grad_tensor
 from ..errors import OperatorError
 from ..infer.concat import infer_concatenate, infer_narrow
-from ..validate import dtype_name
+from ..validate import as_int, dtype_name
+from .local import reshape as _reshape
 from ._common import check_dtensor, describe, make_dtensor, raise_if_not_dtensors, result_dtype, same_mesh
 
-__all__ = ["narrow", "concatenate"]
+__all__ = ["narrow", "concatenate", "stack", "getitem"]
 
 
 def narrow(x: Any, dim: int, start: int, length: int) -> Any:
@@ -83,3 +84,65 @@ def concatenate(xs: Sequence[Any], dim: int = 0) -> Any:
         return tuple(pieces)
 
     return record(out, "concatenate", tuple(xs), backward)
+
+
+def stack(xs: Sequence[Any], dim: int = 0) -> Any:
+    """`xs` (DTensors of one shape) joined along a new dim `dim`, like numpy.stack (reshape, then concatenate)."""
+    if isinstance(xs, (str, bytes)) or not hasattr(xs, "__iter__") or hasattr(xs, "_ag"):
+        raise OperatorError(f"stack: xs must be a sequence of DTensors, got {describe(xs)}")
+    xs = list(xs)
+    if not xs:
+        raise OperatorError("stack: no operands; give a sequence of DTensors")
+    for k, x in enumerate(xs):
+        check_dtensor(x, f"stack: operand {k}")
+        if tuple(x.global_shape) != tuple(xs[0].global_shape):
+            raise OperatorError(f"stack: operand {k} of shape {tuple(x.global_shape)!r} differs from operand 0 "
+                                f"of shape {tuple(xs[0].global_shape)!r}; stack takes tensors of one shape")
+    ndim = len(xs[0].global_shape) + 1
+    d = as_int(dim)
+    if d is None or isinstance(dim, bool) or not -ndim <= d < ndim:
+        raise OperatorError(f"stack: dim {dim!r} is out of range for a result of {ndim} dims "
+                            f"(expected an integer from {-ndim} to {ndim - 1})")
+    d %= ndim
+    shape = tuple(xs[0].global_shape)
+    return concatenate([_reshape(x, shape[:d] + (1,) + shape[d:]) for x in xs], d)
+
+
+def getitem(x: Any, index: Any) -> Any:
+    """``x[index]`` for ints, slices of step 1, ``...`` and None, by `narrow` (cut dims whole on every rank)."""
+    items = index if isinstance(index, tuple) else (index,)
+    shape = tuple(x.global_shape)
+    used = sum(1 for item in items if item is not None and item is not Ellipsis)
+    if sum(1 for item in items if item is Ellipsis) > 1:
+        raise OperatorError(f"index {index!r} has more than one '...'")
+    if used > len(shape):
+        raise OperatorError(f"index {index!r} has {used} entries for a tensor of {len(shape)} dims")
+    at = next((k for k, item in enumerate(items) if item is Ellipsis), len(items))  # the dims '...' stands for
+    items = items[:at] + (slice(None),) * (len(shape) - used) + items[at + 1:]
+    out_shape: list[int] = []
+    d = 0
+    for item in items:
+        if item is None:
+            out_shape.append(1)
+            continue
+        size = shape[d]
+        if isinstance(item, slice):
+            start, stop, step = item.indices(size)
+            if step != 1:
+                raise OperatorError(f"index {index!r}: slice {item!r} has step {step!r}; DTensor slices take "
+                                    "step 1 only")
+            length = max(stop - start, 0)
+            if length != size:
+                x = narrow(x, d, start if length else 0, length)
+            out_shape.append(length)
+        elif as_int(item) is not None and not isinstance(item, bool):
+            i = as_int(item)
+            if not -size <= i < size:
+                raise OperatorError(f"index {item!r} is out of range for dim {d} of size {size}")
+            x = narrow(x, d, i % size, 1)
+        else:
+            raise OperatorError(f"index {index!r}: entry {item!r} is not an int, a slice, '...' or None "
+                                "(DTensors take no fancy or bool indexing)")
+        d += 1
+    target = tuple(out_shape)
+    return x if target == tuple(x.global_shape) else _reshape(x, target)

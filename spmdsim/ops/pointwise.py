@@ -81,6 +81,7 @@ _KERNELS: dict[str, tuple[Callable, Callable]] = {
     "rsqrt": (lambda x: 1 / np.sqrt(x), lambda dy, x, o, n: (-0.5 * dy * o * o * o,)),
     "clip": (np.clip, lambda dy, x, o, n: _clip_grads(dy, *x, n)),
     "eq": (np.equal, None), "lt": (np.less, None), "gt": (np.greater, None),
+    "le": (np.less_equal, None), "ge": (np.greater_equal, None),
 }
 
 
@@ -363,5 +364,5 @@ def clip(x: Any, low: Any = None, high: Any = None) -> Any:
 
 
 def compare(op: str, a: Any, b: Any) -> Any:
-    """a == b, a < b or a > b (op "eq", "lt", "gt") as a bool DTensor (no gradient)."""
+    """a == b, a < b, a > b, a <= b or a >= b (op "eq", "lt", "gt", "le", "ge") as a bool DTensor (no gradient)."""
     return pointwise(op, a, b)

@@ -48,7 +48,7 @@ class _Operators:
     (`spmdsim/ops/methods.py`), as jax.numpy gives jax's arrays their operators. The front door
     (``from spmdsim import DTensor``) loads spmdsim.ops with it.
     """
-    __slots__ = ("pointwise", "matmul", "reduce", "requires_grad_", "backward")
+    __slots__ = ("pointwise", "matmul", "reduce", "requires_grad_", "backward", "getitem")
 
     def __getattr__(self, name: str) -> Any:  # a slot not filled yet
         raise OperatorError(f"DTensor's operators and autograd come with spmdsim.ops, which is not loaded: "
@@ -244,6 +244,24 @@ class DTensor:
 
     def __matmul__(self, other: Any) -> "DTensor":
         return _OPERATORS.matmul(self, other)
+
+    # comparisons give bool DTensors (no gradient), e.g. a padding mask; == stays identity (DTensors are hashed)
+    def __lt__(self, other: Any) -> "DTensor":
+        return _OPERATORS.pointwise("lt", self, other)
+
+    def __le__(self, other: Any) -> "DTensor":
+        return _OPERATORS.pointwise("le", self, other)
+
+    def __gt__(self, other: Any) -> "DTensor":
+        return _OPERATORS.pointwise("gt", self, other)
+
+    def __ge__(self, other: Any) -> "DTensor":
+        return _OPERATORS.pointwise("ge", self, other)
+
+    def __getitem__(self, index: Any) -> "DTensor":
+        """``x[..., a:b]``: ints, step-1 slices, ``...`` and None (`spmdsim.ops.narrow` on each cut dim,
+        which must be whole on every rank)."""
+        return _OPERATORS.getitem(self, index)
 
     def sum(self, dims: Any = None, keepdims: bool = False) -> "DTensor":
         """`spmdsim.ops.sum`: over a split dim, a pending sum."""
