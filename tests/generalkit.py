@@ -109,6 +109,8 @@ CASES: dict[str, tuple[tuple[tuple[int, ...], ...], Callable, Callable, bool]] =
     "getitem": (((4, 8, 5),), lambda a: a[..., 1:4][:, None, :, -1], lambda a: a[..., 1:4][:, None, :, -1], False),
     "compare_mask": (((4, 8), (4, 1)), lambda a, b: ops.where(a < b, a, b * 2.0),
                      lambda a, b: np.where(a < b, a, b * 2.0), False),
+    "broadcast_to": (((4, 1, 8),), lambda a: ops.broadcast_to(a, (2, 4, 3, 8)),
+                     lambda a: np.broadcast_to(a, (2, 4, 3, 8)), False),
     "where": (((4, 8), (4, 8)), lambda a, b: ops.where(ops.causal_mask(a.mesh, a.global_shape), a, b),
               lambda a, b: np.where(_causal(a.shape), a, b), False),
 }

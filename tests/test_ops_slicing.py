@@ -18,12 +18,18 @@ import pytest
 
 import spmdsim
 from spmdsim import DialectError, DTensor, Layout, Mesh, OperatorError, SeededTensor, ShapeError, ops
-from spmdsim.infer import infer_concatenate, infer_narrow
+from spmdsim.infer import infer_broadcast_to, infer_concatenate, infer_narrow
 from spmdsim.reference import gelu
 from spmdsim.reference_grad import numeric_grads
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 L = Layout((2, 4), ("dp", "tp"))
+
+
+def test_broadcast_to_rule_keeps_splits_and_grows_whole_dims():
+    x = L("dp", None, "tp", partial=())
+    assert infer_broadcast_to(x, (2, 1, 8), (3, 2, 5, 8)) == (L(None, "dp", None, "tp"), (3, 2, 5, 8))
+    assert infer_broadcast_to(L(None, partial=("tp",)), (4,), (2, 4)) == (L(None, None, partial=("tp",)), (2, 4))
 
 
 def test_narrow_rule_is_local_and_keeps_pending_sums():
@@ -75,6 +81,10 @@ def _refusals():
         (lambda: w[w > 0], OperatorError, "is not an int, a slice, '...' or None (DTensors take no fancy"),
         (lambda: w[0, 0, 0], OperatorError, "index (0, 0, 0) has 3 entries for a tensor of 2 dims"),
         (lambda: w[5], OperatorError, "index 5 is out of range for dim 0 of size 3"),
+        (lambda: ops.broadcast_to(w, (2, 4, 8)), ShapeError,
+         "broadcast_to: shape (3, 8) cannot broadcast to (2, 4, 8) (each dim must match, be 1, or be a new"),
+        (lambda: ops.broadcast_to(w, (3, -8)), OperatorError,
+         "broadcast_to: shape (3, -8) must hold non-negative integers"),
         (lambda: ops.clip(x), OperatorError, "clip: low None and high None: give at least one bound"),
         (lambda: ops.clip(x, "a"), OperatorError, "clip: low 'a' must be a real number, a DTensor or None"),
         (lambda: ops.split(x, 2, "linear", 1), DialectError,
@@ -99,12 +109,14 @@ def test_new_ops_keep_float32_and_index_like_numpy():
         mesh = Mesh(L, spmdsim.world())
         x = DTensor.from_seeded(mesh, mesh.layout(None, "tp", None), src)
         outs = [ops.sigmoid(x), ops.silu(x), ops.sin(x), ops.rsqrt(ops.square(x) + 1.0), ops.clip(x, high=0.1),
-                x[1], x[..., None, 2:4], x[-1:, :, 0], ops.stack([x, x], -1), x > 0.0]
+                x[1], x[..., None, 2:4], x[-1:, :, 0], ops.stack([x, x], -1), x > 0.0,
+                ops.broadcast_to(x[:, :, None, 1:2], (2, 3, 4, 2, 3))]
         return [(t.local.dtype, t.gather()) for t in outs]
 
     a = src.full()
     want = [1 / (1 + np.exp(-a)), a / (1 + np.exp(-a)), np.sin(a), 1 / np.sqrt(a * a + 1), np.minimum(a, 0.1),
-            a[1], a[..., None, 2:4], a[-1:, :, 0], np.stack([a, a], -1), a > 0]
+            a[1], a[..., None, 2:4], a[-1:, :, 0], np.stack([a, a], -1), a > 0,
+            np.broadcast_to(a[:, :, None, 1:2], (2, 3, 4, 2, 3))]
     for (dtype, got), expected in zip(spmdsim.simulate(8, body)[0], want):
         assert dtype == expected.dtype and got.shape == expected.shape
         assert np.allclose(got, expected, rtol=1e-6, atol=1e-6)

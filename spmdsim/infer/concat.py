@@ -1,4 +1,5 @@
-"""Pure layout inference for slicing one dim (`narrow`) and joining tensors along one (`concatenate`).
+"""Pure layout inference for slicing one dim (`narrow`), joining tensors along one (`concatenate`), and
+numpy's `broadcast_to` (new and size-1 dims grow whole on every rank, the others keep their splits).
 
 Both are local when the dim is whole on every rank: each rank slices or
 joins its own blocks and nothing moves; the other dims keep their splits
@@ -21,7 +22,7 @@ from ..layout import TensorLayout, format_entry
 from ..validate import as_int
 from .assign import Choice, choose_splits
 
-__all__ = ["ConcatPlan", "infer_narrow", "infer_concatenate"]
+__all__ = ["ConcatPlan", "infer_narrow", "infer_concatenate", "infer_broadcast_to"]
 
 
 def _tensor_dim(dim: object, ndim: int, op: str) -> int:
@@ -125,3 +126,24 @@ def infer_concatenate(layouts: tuple[TensorLayout, ...], shapes: tuple[tuple[int
         total += shape[d]
     out_shape = tuple(shapes[0][:d]) + (total,) + tuple(shapes[0][d + 1:])
     return ConcatPlan(d, out_shape, tuple(layouts), choice, out, tuple(offsets))
+
+
+def infer_broadcast_to(x: TensorLayout, shape: Sequence[int], new_shape: object) -> tuple[TensorLayout, tuple[int, ...]]:
+    """(layout, shape) of x broadcast to `new_shape` by numpy's rules: local, no communication.
+
+    New leading dims and dims of size 1 that grow are whole on every rank; the others keep x's splits; a
+    pending sum stays pending (broadcasting is linear).
+    """
+    old = x.check_shape(shape)
+    if isinstance(new_shape, (str, bytes)) or not hasattr(new_shape, "__iter__"):
+        new_shape = (new_shape,)
+    items = tuple(new_shape)  # type: ignore[arg-type]
+    new = tuple(as_int(n) for n in items)
+    if None in new or any(n < 0 for n in new) or any(isinstance(n, bool) for n in items):
+        raise OperatorError(f"broadcast_to: shape {items!r} must hold non-negative integers")
+    lead = len(new) - len(old)
+    if lead < 0 or any(o != 1 and o != n for o, n in zip(old, new[lead:])):
+        raise ShapeError(f"broadcast_to: shape {old!r} cannot broadcast to {new!r} (each dim must match, "
+                         "be 1, or be a new leading dim)")
+    entries = [None] * lead + [e or None if o == n else None for e, o, n in zip(x.tensor_map, old, new[lead:])]
+    return x.layout(*entries).with_partial(x.partial), new

@@ -16,12 +16,12 @@ import numpy as np
 from ..autograd.graph import record
 from ..autograd.rules import grad_tensor
 from ..errors import OperatorError
-from ..infer.concat import infer_concatenate, infer_narrow
+from ..infer.concat import infer_broadcast_to, infer_concatenate, infer_narrow
 from ..validate import as_int, dtype_name
 from .local import reshape as _reshape
 from ._common import check_dtensor, describe, make_dtensor, raise_if_not_dtensors, result_dtype, same_mesh
 
-__all__ = ["narrow", "concatenate", "stack", "getitem"]
+__all__ = ["narrow", "concatenate", "stack", "broadcast_to", "getitem"]
 
 
 def narrow(x: Any, dim: int, start: int, length: int) -> Any:
@@ -106,6 +106,30 @@ def stack(xs: Sequence[Any], dim: int = 0) -> Any:
     d %= ndim
     shape = tuple(xs[0].global_shape)
     return concatenate([_reshape(x, shape[:d] + (1,) + shape[d:]) for x in xs], d)
+
+
+def broadcast_to(x: Any, shape: Any) -> Any:
+    """x broadcast to `shape` (numpy.broadcast_to, PyTorch's expand): the grown dims whole on every rank, local.
+
+    Its gradient sums the grown dims back, on each rank's own block (they are whole there).
+    """
+    try:
+        layout, new = infer_broadcast_to(x.layout, x.global_shape, shape)
+    except AttributeError:
+        raise_if_not_dtensors("broadcast_to", ("x",), x)
+        raise
+    local_shape = layout.local_shape(new)
+    out = make_dtensor(x.mesh, np.broadcast_to(x.local, local_shape).copy(), layout, new)
+    if x._ag is None:
+        return out
+    lead = len(new) - x.local.ndim
+    grown = tuple(lead + d for d, (o, n) in enumerate(zip(x.global_shape, new[lead:])) if o == 1 and n != 1)
+
+    def backward(dy: Any) -> tuple:
+        block = dy.local.sum(axis=tuple(range(lead)) + grown, keepdims=True) if lead or grown else dy.local
+        return (grad_tensor(x, block.reshape(x.local.shape), dy.layout.partial),)
+
+    return record(out, "broadcast_to", (x,), backward)
 
 
 def getitem(x: Any, index: Any) -> Any:
