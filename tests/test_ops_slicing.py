@@ -232,3 +232,38 @@ def test_custom_functions_inside_a_sharded_mlp_match_numpy():
     # Straight through: d sum(clip(u)^2) = 2 clip(u) du, the clamp's own derivative taken as 1.
     for got, want in zip(grads, numeric_grads(lambda *a: 2 * clamped * swish_mlp(*a), *arrays)):
         assert np.allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+class _Scaled(spmdsim.autograd.Function):
+    """k * x, its backward written as PyTorch's: one gradient per argument (None for the number)."""
+
+    @staticmethod
+    def forward(ctx, k, x):
+        ctx.k = k
+        return k * x
+
+    @staticmethod
+    def backward(ctx, dy):
+        return ctx.wrong if hasattr(ctx, "wrong") else (None, ctx.k * dy)
+
+
+def test_a_function_may_return_one_gradient_per_argument_as_pytorch():
+    def body():
+        mesh = Mesh(L, spmdsim.world())
+        x = DTensor.from_global(mesh, np.arange(8.0).reshape(2, 4), mesh.layout("dp", "tp")).requires_grad_()
+        ops.sum(_Scaled.apply(3.0, x)).backward()
+        grad = x.grad.gather()
+
+        class Wrong(_Scaled):
+            @staticmethod
+            def forward(ctx, k, x):
+                ctx.k, ctx.wrong = k, (1.0, x)
+                return k * x
+
+        y = DTensor.from_global(mesh, np.ones((2, 4)), mesh.layout("dp", "tp")).requires_grad_()
+        with pytest.raises(OperatorError, match=re.escape("Wrong.backward returned a gradient for argument 0 "
+                                                          "(2.0), which is not a DTensor; return None there")):
+            ops.sum(Wrong.apply(2.0, y)).backward()
+        return grad
+
+    assert np.array_equal(spmdsim.simulate(8, body)[0], np.full((2, 4), 3.0))
