@@ -110,13 +110,15 @@ def test_new_ops_keep_float32_and_index_like_numpy():
         x = DTensor.from_seeded(mesh, mesh.layout(None, "tp", None), src)
         outs = [ops.sigmoid(x), ops.silu(x), ops.sin(x), ops.rsqrt(ops.square(x) + 1.0), ops.clip(x, high=0.1),
                 x[1], x[..., None, 2:4], x[-1:, :, 0], ops.stack([x, x], -1), x > 0.0,
-                ops.broadcast_to(x[:, :, None, 1:2], (2, 3, 4, 2, 3))]
+                ops.broadcast_to(x[:, :, None, 1:2], (2, 3, 4, 2, 3)), x.reshape(3, 20), x.transpose(2, 0, 1),
+                x.transpose()]
+        assert x.shape == (3, 4, 5) and x.ndim == 3 and x.reshape((3, 4, 5, 1)).shape == (3, 4, 5, 1)
         return [(t.local.dtype, t.gather()) for t in outs]
 
     a = src.full()
     want = [1 / (1 + np.exp(-a)), a / (1 + np.exp(-a)), np.sin(a), 1 / np.sqrt(a * a + 1), np.minimum(a, 0.1),
             a[1], a[..., None, 2:4], a[-1:, :, 0], np.stack([a, a], -1), a > 0,
-            np.broadcast_to(a[:, :, None, 1:2], (2, 3, 4, 2, 3))]
+            np.broadcast_to(a[:, :, None, 1:2], (2, 3, 4, 2, 3)), a.reshape(3, 20), a.transpose(2, 0, 1), a.T]
     for (dtype, got), expected in zip(spmdsim.simulate(8, body)[0], want):
         assert dtype == expected.dtype and got.shape == expected.shape
         assert np.allclose(got, expected, rtol=1e-6, atol=1e-6)
