@@ -128,7 +128,8 @@ def infer_concatenate(layouts: tuple[TensorLayout, ...], shapes: tuple[tuple[int
     return ConcatPlan(d, out_shape, tuple(layouts), choice, out, tuple(offsets))
 
 
-def infer_broadcast_to(x: TensorLayout, shape: Sequence[int], new_shape: object) -> tuple[TensorLayout, tuple[int, ...]]:
+def infer_broadcast_to(x: TensorLayout, shape: Sequence[int],
+                       new_shape: object) -> tuple[TensorLayout, tuple[int, ...]]:
     """(layout, shape) of x broadcast to `new_shape` by numpy's rules: local, no communication.
 
     New leading dims and dims of size 1 that grow are whole on every rank; the others keep x's splits; a

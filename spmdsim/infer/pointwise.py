@@ -10,7 +10,8 @@ never split). Pending sums (partial layouts):
 | add, sub, neg, where's two branches  | stays pending; a non-pending operand becomes an addend on one replica (B -> P, no communication) |
 | mul                                  | stays pending when the other operand is not (a * sum = sum of a * addend); two pending: the smaller is resolved |
 | div                                  | a pending numerator stays pending; a pending denominator is resolved |
-| exp, log, sqrt, tanh, pow, maximum, minimum, relu, gelu, sigmoid, silu, sin, cos, square, rsqrt, clip, where's condition | resolved first: f(a + b) != f(a) + f(b) |
+| exp, log, sqrt, tanh, pow, maximum, minimum, relu, gelu, where's condition | resolved first: f(a + b) != f(a) + f(b) |
+| sigmoid, silu, sin, cos, square, rsqrt, clip | resolved first, likewise                          |
 
 Reductions: ``sum``/``mean`` over a split dim leave a pending sum over its
 axes (no communication) and keep an input's pending sum; ``max``/``min``

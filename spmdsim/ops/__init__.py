@@ -26,7 +26,7 @@ from . import methods as _methods  # noqa: F401  (gives DTensor its operators: x
 __all__ = ["matmul", "einsum", "linear", "embedding", "relu", "gelu", "activation", "scale", "add", "sub", "mul",
            "div", "neg", "pow", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "abs", "sigmoid",
            "silu", "sin", "cos", "square", "rsqrt", "clip", "sum", "mean", "max", "min", "bias_add", "transpose",
-           "reshape", "narrow", "concatenate", "stack", "broadcast_to", "softmax", "log_softmax", "layer_norm", "rms_norm",
-           "causal_mask", "masked_fill", "dropout", "resolved", "mse_loss", "cross_entropy",
+           "reshape", "narrow", "concatenate", "stack", "broadcast_to", "softmax", "log_softmax", "layer_norm",
+           "rms_norm", "causal_mask", "masked_fill", "dropout", "resolved", "mse_loss", "cross_entropy",
            "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "ParallelEmbedding",
            "ParallelMLP", "split", "paddle_mesh"]
