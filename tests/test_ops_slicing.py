@@ -59,7 +59,8 @@ def _refusals():
         (lambda: ops.narrow(x, 1, 0, 4), OperatorError,
          'narrow along dim 1 of x mapped ("dp", "tp"): that dim is split over "tp", so the result would cut across '
          "ranks' blocks; make it whole first, e.g. x.redistribute(mesh.layout('dp', None)) (one Allgather)"),
-        (lambda: x[:, :4], OperatorError, 'narrow along dim 1 of x mapped ("dp", "tp"): that dim is split'),
+        (lambda: x[:, :4], OperatorError, 'x[:, :4]: narrow along dim 1 of x mapped ("dp", "tp"): that dim is split'),
+        (lambda: x[..., -1], OperatorError, "x[..., -1]: narrow along dim 1 of x mapped"),
         (lambda: ops.concatenate([x, x], 1), OperatorError,
          'concatenate along dim 1 of operand 0 mapped ("dp", "tp"): that dim is split over "tp"'),
         (lambda: ops.concatenate([x, w], 0), OperatorError, "concatenate along dim 0 of operand 0 mapped"),

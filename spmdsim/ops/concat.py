@@ -157,16 +157,36 @@ def getitem(x: Any, index: Any) -> Any:
                                     "step 1 only")
             length = max(stop - start, 0)
             if length != size:
-                x = narrow(x, d, start if length else 0, length)
+                x = _cut(x, index, d, start if length else 0, length)
             out_shape.append(length)
         elif as_int(item) is not None and not isinstance(item, bool):
             i = as_int(item)
             if not -size <= i < size:
                 raise OperatorError(f"index {item!r} is out of range for dim {d} of size {size}")
-            x = narrow(x, d, i % size, 1)
+            x = _cut(x, index, d, i % size, 1)
         else:
             raise OperatorError(f"index {index!r}: entry {item!r} is not an int, a slice, '...' or None "
                                 "(DTensors take no fancy or bool indexing)")
         d += 1
     target = tuple(out_shape)
     return x if target == tuple(x.global_shape) else _reshape(x, target)
+
+
+def _cut(x: Any, index: Any, d: int, start: int, length: int) -> Any:
+    """`narrow` for ``x[index]``; its refusal names the index the user wrote."""
+    try:
+        return narrow(x, d, start, length)
+    except OperatorError as error:
+        raise OperatorError(f"x[{_index_text(index)}]: {error}") from None
+
+
+def _index_text(index: Any) -> str:
+    """``x[...]``'s index as written: ``..., 2:4`` for (Ellipsis, slice(2, 4))."""
+    def one(item: Any) -> str:
+        if item is Ellipsis:
+            return "..."
+        if isinstance(item, slice):
+            text = ("" if item.start is None else str(item.start)) + ":" + ("" if item.stop is None else str(item.stop))
+            return text if item.step is None else f"{text}:{item.step}"
+        return repr(item)
+    return ", ".join(one(item) for item in (index if isinstance(index, tuple) else (index,)))
