@@ -86,6 +86,8 @@ def _refusals():
          "broadcast_to: shape (3, 8) cannot broadcast to (2, 4, 8) (each dim must match, be 1, or be a new"),
         (lambda: ops.broadcast_to(w, (3, -8)), OperatorError,
          "broadcast_to: shape (3, -8) must hold non-negative integers"),
+        (lambda: ops.where(x == 0.0, x, x), OperatorError, "where: condition must be a bool DTensor, got bool False; "
+         "DTensor's == compares identity: ops.equal(a, b) compares values"),
         (lambda: ops.clip(x), OperatorError, "clip: low None and high None: give at least one bound"),
         (lambda: ops.clip(x, "a"), OperatorError, "clip: low 'a' must be a real number, a DTensor or None"),
         (lambda: ops.split(x, 2, "linear", 1), DialectError,
@@ -112,14 +114,15 @@ def test_new_ops_keep_float32_and_index_like_numpy():
         outs = [ops.sigmoid(x), ops.silu(x), ops.sin(x), ops.rsqrt(ops.square(x) + 1.0), ops.clip(x, high=0.1),
                 x[1], x[..., None, 2:4], x[-1:, :, 0], ops.stack([x, x], -1), x > 0.0,
                 ops.broadcast_to(x[:, :, None, 1:2], (2, 3, 4, 2, 3)), x.reshape(3, 20), x.transpose(2, 0, 1),
-                x.transpose()]
+                x.transpose(), ops.equal(x[:, :, :1], x)]
         assert x.shape == (3, 4, 5) and x.ndim == 3 and x.reshape((3, 4, 5, 1)).shape == (3, 4, 5, 1)
         return [(t.local.dtype, t.gather()) for t in outs]
 
     a = src.full()
     want = [1 / (1 + np.exp(-a)), a / (1 + np.exp(-a)), np.sin(a), 1 / np.sqrt(a * a + 1), np.minimum(a, 0.1),
             a[1], a[..., None, 2:4], a[-1:, :, 0], np.stack([a, a], -1), a > 0,
-            np.broadcast_to(a[:, :, None, 1:2], (2, 3, 4, 2, 3)), a.reshape(3, 20), a.transpose(2, 0, 1), a.T]
+            np.broadcast_to(a[:, :, None, 1:2], (2, 3, 4, 2, 3)), a.reshape(3, 20), a.transpose(2, 0, 1), a.T,
+            a[:, :, :1] == a]
     for (dtype, got), expected in zip(spmdsim.simulate(8, body)[0], want):
         assert dtype == expected.dtype and got.shape == expected.shape
         assert np.allclose(got, expected, rtol=1e-6, atol=1e-6)

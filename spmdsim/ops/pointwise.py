@@ -26,7 +26,7 @@ from . import _common
 from ._common import describe, make_dtensor, result_dtype
 
 __all__ = ["add", "sub", "mul", "div", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "pow", "neg",
-           "abs", "sigmoid", "silu", "sin", "cos", "square", "rsqrt", "clip", "lift", "pointwise"]
+           "abs", "sigmoid", "silu", "sin", "cos", "square", "rsqrt", "clip", "equal", "lift", "pointwise"]
 
 
 def _half(mask: np.ndarray, ties: np.ndarray) -> np.ndarray:
@@ -274,7 +274,8 @@ def minimum(a: Any, b: Any) -> Any:
 def where(condition: Any, a: Any, b: Any) -> Any:
     """a where `condition` (a bool DTensor) is true, else b, with broadcasting; the condition gets no gradient."""
     if getattr(getattr(condition, "local", None), "dtype", None) != np.dtype(bool):
-        raise OperatorError(f"where: condition must be a bool DTensor, got {describe(condition)}")
+        hint = "; DTensor's == compares identity: ops.equal(a, b) compares values" if type(condition) is bool else ""
+        raise OperatorError(f"where: condition must be a bool DTensor, got {describe(condition)}{hint}")
     return pointwise("where", condition, a, b)
 
 
@@ -361,6 +362,11 @@ def clip(x: Any, low: Any = None, high: Any = None) -> Any:
         low = (edge.min if edge else -np.inf) if low is None else low
         high = (edge.max if edge else np.inf) if high is None else high
     return pointwise("clip", x, low, high)
+
+
+def equal(a: Any, b: Any) -> Any:
+    """a == b elementwise as a bool DTensor (no gradient); ``==`` on DTensors compares identity, as for objects."""
+    return pointwise("eq", a, b)
 
 
 def compare(op: str, a: Any, b: Any) -> Any:
