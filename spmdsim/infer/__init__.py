@@ -6,10 +6,11 @@ embedding, elementwise, transpose and softmax; `reshape` the reshape rule;
 """
 from __future__ import annotations
 
+from .attention import AttentionPlan, infer_attention
 from .finish import out_layout_from_strategy, resolve_partial
 from .operators import *  # noqa: F401,F403 - the operators' inference, one namespace
 from .operators import __all__ as _OPERATORS
 from .reshape import infer_reshape, reshape_shape
 
-__all__ = sorted(set(_OPERATORS) | {"infer_reshape", "reshape_shape", "resolve_partial",
+__all__ = sorted(set(_OPERATORS) | {"AttentionPlan", "infer_attention", "infer_reshape", "reshape_shape", "resolve_partial",
                                      "out_layout_from_strategy"})

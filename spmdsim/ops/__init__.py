@@ -7,6 +7,7 @@ operator first runs). The functions shadow their modules' names on purpose
 """
 from __future__ import annotations
 
+from .attention import attention
 from .einsum import einsum
 from .elementwise import activation, bias_add, gelu, relu, scale
 from .embedding import ParallelEmbedding, VocabParallelEmbedding, embedding
@@ -24,6 +25,6 @@ from . import methods as _methods  # noqa: F401  (gives DTensor its operators: x
 __all__ = ["matmul", "einsum", "linear", "embedding", "relu", "gelu", "activation", "scale", "add", "sub", "mul",
            "div", "neg", "pow", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "abs", "sum", "mean",
            "max", "min", "bias_add", "transpose", "reshape", "softmax", "log_softmax", "layer_norm", "rms_norm",
-           "causal_mask", "masked_fill", "dropout", "resolved", "mse_loss", "cross_entropy",
+           "causal_mask", "masked_fill", "dropout", "attention", "resolved", "mse_loss", "cross_entropy",
            "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "ParallelEmbedding",
            "ParallelMLP", "split", "paddle_mesh"]
