@@ -20,6 +20,7 @@ resolves them where their layout needs it); q's gradient is whole.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..errors import OperatorError, ShapeError
 from ..layout import TensorLayout
@@ -42,6 +43,7 @@ class AttentionPlan:
         return f"attention: batch and heads as q's, keys and head dims whole, {split}"
 
 
+@lru_cache(maxsize=1024)  # a transformer asks the same question in every layer of every step
 def infer_attention(q: TensorLayout, k: TensorLayout, v: TensorLayout, q_shape: tuple, k_shape: tuple,
                     v_shape: tuple, causal: bool = False) -> AttentionPlan:
     """The plan of attention(q, k, v) on these layouts and global shapes (see the module's table)."""
