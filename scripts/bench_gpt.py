@@ -15,6 +15,11 @@ step. Rows:
   nothing to communicate, so its excess over one process is what spmdsim's
   per-operator Python costs one rank (8 ranks pay it 8 times on the cores);
 - 8 simulated ranks (dp 2 x tp 4, sequence parallel): forward, backward, AdamW;
+- numpy + mpi4py by hand on 8 simulated ranks: the hand-written peer below,
+  unmodified, under `spmdsim mpirun -n 8` (its ranks are threads of one process
+  meeting in spmdsim's rendezvous, blocking calls): what 8 ranks of plain numpy
+  cost in one interpreter, so the simulated row's excess over it is spmdsim's
+  per-operator Python and its excess over one process is the simulation's;
 - 8 MPI ranks (mpiexec): the same step, the time its collectives take inside
   spmdsim (the trace's seconds, the slowest rank), that time after each call's
   last group member arrived (a call cannot end before that: the rest is
@@ -42,7 +47,7 @@ step. Rows:
   loss beside the one-process reference's. Needs torch (the `bench` extra);
   without it, one line.
 
-Ratios: simulated step / one process; spmdsim's MPI step, collectives,
+Ratios: simulated step / one process and / the hand-written step on simulated ranks; spmdsim's MPI step, collectives,
 collectives after arrival and CPU time / the same of the hand-written peer (on
 the same work: the same model, mesh, splits and collectives); spmdsim's MPI and
 simulated steps / DTensor's. The load average is printed: on a shared machine
@@ -191,6 +196,10 @@ def _launch(args, worker: str, check: int = 0) -> dict | None:
     if worker in HAND:
         cmd = [sys.executable, str(HERE.parent / "peer_mpi4py_gpt.py")] + common[:-2] + [
             "--check", str(check), "--wait", HAND[worker]]
+    if worker == "handsim":  # the peer, unmodified, on 8 simulated ranks: blocking calls, as threads meet
+        spmdsim_cli = [sys.executable, "-m", "spmdsim", "mpirun", "-n", "8"]
+        cmd = ["timeout", "-k", "5", "900"] + spmdsim_cli + [
+            sys.executable, str(HERE.parent / "peer_mpi4py_gpt.py")] + common[:-2] + ["--check", "0", "--wait", "busy"]
     if worker in ("mpi", "dtensor") or worker in HAND:
         mpiexec = str(Path(sys.executable).parent / "mpiexec")
         cmd = ["timeout", "-k", "5", "900", mpiexec if os.access(mpiexec, os.X_OK) else "mpiexec", "-n", "8"] + cmd
@@ -226,7 +235,7 @@ def main() -> int:
           f"(sequence parallel); load average {os.getloadavg()[0]:.1f}")
     peer = missing()
     # The peer's A/A pair brackets spmdsim's MPI launch, so a drift of the machine's load shows in the pair.
-    rows = {"ref": [], "ref2": [], "one": [], "sim": [], "hand": [], "mpi": [], "hand2": [], "busy": []}
+    rows = {"ref": [], "ref2": [], "one": [], "sim": [], "handsim": [], "hand": [], "mpi": [], "hand2": [], "busy": []}
     rows |= {} if peer else {"dtensor": []}
     for launch in range(args.launches):
         for worker in rows:
@@ -242,6 +251,9 @@ def main() -> int:
     lone = _median(rows["one"], "step")
     print(f"{'1 simulated rank on a 1 x 1 mesh':42} {lone:8.3f}  {lone / one:5.2f}x one process")
     print(f"{'8 simulated ranks':42} {sim:8.3f}  {sim / one:5.2f}x one process")
+    handsim = _median(rows["handsim"], "step")
+    print(f"{'numpy + mpi4py by hand, 8 simulated ranks':42} {handsim:8.3f}  {handsim / one:5.2f}x one process, "
+          f"{sim / handsim:4.2f}x spmdsim / this")
     print(f"{'8 MPI ranks':42} {mpi:8.3f}  {mpi / one:5.2f}x one process")
     figures = ("step", "collectives", "arrived", "cpu")
     labels = ("  its collectives", "  after the last member arrived", "  CPU time of its 8 ranks")

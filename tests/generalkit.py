@@ -53,6 +53,16 @@ def _dropout_ref(x: np.ndarray) -> np.ndarray:
     return x * keep / 0.7
 
 
+def _np_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = False, p: float = 0.0) -> np.ndarray:
+    s = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
+    if causal:
+        s = np.where(_causal(s.shape), -np.inf, s)
+    a = _np_softmax(s, -1)
+    if p:
+        a = a * (SeededTensor(a.shape, "float64", seed=7, low=0.0, high=1.0).full() >= p) / (1 - p)
+    return np.einsum("bhqk,bkhd->bqhd", a, v)
+
+
 # name -> (operand shapes, DTensor program, numpy twin, positive operands)
 CASES: dict[str, tuple[tuple[tuple[int, ...], ...], Callable, Callable, bool]] = {
     "einsum_matmul": (((4, 8), (8, 4)), lambda a, b: ops.einsum("ij,jk->ik", a, b),
@@ -111,6 +121,10 @@ CASES: dict[str, tuple[tuple[tuple[int, ...], ...], Callable, Callable, bool]] =
                      lambda a, b: np.where(a < b, a, b * 2.0), False),
     "broadcast_to": (((4, 1, 8),), lambda a: ops.broadcast_to(a, (2, 4, 3, 8)),
                      lambda a: np.broadcast_to(a, (2, 4, 3, 8)), False),
+    "attention": (((2, 4, 2, 4), (2, 8, 2, 4), (2, 8, 2, 2)), lambda q, k, v: ops.attention(q, k, v),
+                  _np_attention, False),
+    "attention_causal_dropout": (((2, 8, 2, 4),) * 3, lambda q, k, v: ops.attention(
+        q, k, v, causal=True, dropout=0.3, seed=7), lambda q, k, v: _np_attention(q, k, v, True, 0.3), False),
     "where": (((4, 8), (4, 8)), lambda a, b: ops.where(ops.causal_mask(a.mesh, a.global_shape), a, b),
               lambda a, b: np.where(_causal(a.shape), a, b), False),
 }

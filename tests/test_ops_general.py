@@ -136,6 +136,9 @@ def test_bad_operands_get_one_line():
     def body():
         mesh = Mesh(Layout((4,), ("tp",)), spmdsim.world())
         x = DTensor.from_global(mesh, np.ones((4, 8)), mesh.layout(None, "tp"))
+        q = DTensor.from_global(mesh, np.ones((2, 8, 2, 4)), mesh.layout(None, "tp", None, None))
+        v = DTensor.from_global(mesh, np.ones((2, 4, 2, 2)), mesh.layout(None, "tp", None, None))
+        k4 = DTensor.from_global(mesh, np.ones((2, 4, 2, 4)), mesh.layout(None, "tp", None, None))
         cases = [
             (lambda: x + np.ones(3), OperatorError, "add: operand ndarray of shape (3,) must be a DTensor"),
             (lambda: x * DTensor.from_global(mesh, np.ones((3, 8)), mesh.layout(None, "tp")), ShapeError,
@@ -151,6 +154,15 @@ def test_bad_operands_get_one_line():
             (lambda: ops.where(x, x, x), OperatorError, "where: condition must be a bool DTensor"),
             (lambda: ops.causal_mask(mesh, (4,)), OperatorError, "causal_mask shape (4,) needs at least 2 dims"),
             (lambda: x.backward(), OperatorError, "backward() needs a scalar loss"),
+            (lambda: ops.attention(x, x, x), ShapeError, "attention: q of global shape (4, 8) has 2 dims; expected "
+                                                          "4, (batch, sequence, heads, head dim)"),
+            (lambda: ops.attention(q, q, v), ShapeError, "attention: v of global shape (2, 4, 2, 2) does not fit k's "
+                                                          "(2, 8, 2, 4); expected the same batch, sequence and heads"),
+            (lambda: ops.attention(q, k4, k4, causal=True), ShapeError, "attention: causal with 8 queries and 4 "
+                                                                       "keys; expected as many queries as keys"),
+            (lambda: ops.attention(q, q, q, dropout=0.1), OperatorError, "attention: dropout needs a seed"),
+            (lambda: ops.attention(q, q, q, causal=1), OperatorError, "attention: causal 1 must be True or False"),
+            (lambda: ops.attention(q, q, np.ones(3)), OperatorError, "attention: v must be a DTensor, got ndarray of shape (3,)"),
         ]
         for call, kind, text in cases:
             with pytest.raises(kind, match=re.escape(text)):

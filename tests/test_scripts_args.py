@@ -260,13 +260,13 @@ def test_bench_gpt_times_every_row_in_one_run():
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     for row in ("one numpy process ", "(A/A control)", "1 simulated rank on a 1 x 1 mesh", "8 simulated ranks",
-                "8 MPI ranks",
+                "numpy + mpi4py by hand, 8 simulated ranks", "8 MPI ranks",
                 "its collectives inside spmdsim", "numpy + mpi4py by hand, polite wait", "(A/A control)",
                 "numpy + mpi4py by hand, blocking calls", "PyTorch DTensor"):
         assert any(row in line for line in lines), (row, done.stdout)
     assert max(len(line) for line in lines) <= 100
     # the hand-written peer: its rows against spmdsim's, and its first step checked against the reference
-    assert sum("x spmdsim / this" in line for line in lines) == 8, done.stdout
+    assert sum("x spmdsim / this" in line for line in lines) == 9, done.stdout
     assert sum(line.startswith("  CPU time of its 8 ranks") for line in lines) == 4, done.stdout
     assert sum(line.startswith("  after the last member arrived") for line in lines) == 4, done.stdout
     check = [line for line in lines if line.startswith("by hand, step 0 loss ")]

@@ -23,7 +23,6 @@ softmax, dropout), so the model is written as on one device plus layouts.
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Optional
 
 import numpy as np
@@ -166,10 +165,11 @@ class GPT:
             return ops.reshape(y, (B, T, H, cfg.head_dim))
 
         q, k, v = heads("q"), heads("k"), heads("v")
-        scores = ops.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / math.sqrt(cfg.head_dim))
-        scores = ops.masked_fill(scores, ops.causal_mask(self.mesh, (T, T)), -np.inf)
-        att = self._dropout(ops.softmax(scores, -1), pre + "attn", step, train)
-        o = ops.reshape(ops.einsum("bhqk,bkhd->bqhd", att, v), (B, T, D))
+        # softmax(q k^T / sqrt(head_dim), causal), dropped out, times v: one operator and node (its values
+        # are those of einsum, masked_fill, softmax, dropout and einsum: spmdsim.ops.attention).
+        drop = cfg.dropout if train else 0.0
+        seed = dropout_seed(cfg, step, pre + "attn") if drop else None
+        o = ops.reshape(ops.attention(q, k, v, causal=True, dropout=drop, seed=seed), (B, T, D))
         proj = self._row_out(ops.einsum("btd,de->bte", o, p[pre + "attn.wo"])) + p[pre + "attn.bo"]
         h = h + self._dropout(proj, pre + "resid1", step, train)
         m = self._gathered(ops.layer_norm(h, p[pre + "ln2.w"], p[pre + "ln2.b"], cfg.ln_eps))

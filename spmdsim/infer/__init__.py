@@ -7,12 +7,13 @@ narrow, concatenate and broadcast_to;
 """
 from __future__ import annotations
 
+from .attention import AttentionPlan, infer_attention
 from .concat import infer_broadcast_to, infer_concatenate, infer_narrow
 from .finish import out_layout_from_strategy, resolve_partial
 from .operators import *  # noqa: F401,F403 - the operators' inference, one namespace
 from .operators import __all__ as _OPERATORS
 from .reshape import infer_reshape, reshape_shape
 
-__all__ = sorted(set(_OPERATORS) | {"infer_reshape", "reshape_shape", "resolve_partial",
-                                     "out_layout_from_strategy", "infer_narrow", "infer_concatenate",
-                                     "infer_broadcast_to"})
+__all__ = sorted(set(_OPERATORS) | {"AttentionPlan", "infer_attention", "infer_reshape", "reshape_shape",
+                                     "resolve_partial", "out_layout_from_strategy", "infer_narrow",
+                                     "infer_concatenate", "infer_broadcast_to"})

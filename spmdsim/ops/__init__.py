@@ -7,6 +7,7 @@ operator first runs). The functions shadow their modules' names on purpose
 """
 from __future__ import annotations
 
+from .attention import attention
 from .concat import broadcast_to, concatenate, narrow, stack
 from .einsum import einsum
 from .elementwise import activation, bias_add, gelu, relu, scale
@@ -27,6 +28,7 @@ __all__ = ["matmul", "einsum", "linear", "embedding", "relu", "gelu", "activatio
            "div", "neg", "pow", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "abs", "sigmoid",
            "silu", "sin", "cos", "square", "rsqrt", "clip", "equal", "sum", "mean", "max", "min", "bias_add",
            "transpose", "reshape", "narrow", "concatenate", "stack", "broadcast_to", "softmax", "log_softmax",
-           "layer_norm", "rms_norm", "causal_mask", "masked_fill", "dropout", "resolved", "mse_loss", "cross_entropy",
+           "layer_norm", "rms_norm", "causal_mask", "masked_fill", "dropout", "attention", "resolved", "mse_loss",
+           "cross_entropy",
            "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "ParallelEmbedding",
            "ParallelMLP", "split", "paddle_mesh"]
