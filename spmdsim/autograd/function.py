@@ -20,7 +20,8 @@ The output has the first DTensor argument's layout and global shape unless
 layout's shard shape. Inputs must not be pending sums (the op is the user's:
 spmdsim cannot know it is linear); the gradient reaches `backward` whole in
 the output's layout, and each returned block is the gradient of that input's
-block (None for none).
+block (None for none): one per DTensor argument, or one per argument as
+PyTorch's backward returns them (None for the others).
 """
 from __future__ import annotations
 
@@ -69,6 +70,7 @@ class Function:
             return DTensor(mesh, np.ascontiguousarray(local), layout, tuple(shape))
 
         tensors = [a for a in args if hasattr(a, "_ag") and hasattr(a, "layout")]
+        positions = {id(t): k for k, t in enumerate(tensors)}
         name = cls.__name__
         if not tensors:
             raise OperatorError(f"{name}.apply: no argument is a DTensor")
@@ -94,9 +96,16 @@ class Function:
         def backward(dy: Any) -> tuple:
             grads = cls.backward(ctx, dy.local)
             grads = grads if isinstance(grads, tuple) else (grads,)
+            if len(grads) == len(args) != len(tensors):  # PyTorch's habit: one per argument, None for the others
+                extra = [k for k, a in enumerate(args) if positions.get(id(a)) is None and grads[k] is not None]
+                if extra:
+                    raise OperatorError(f"{name}.backward returned a gradient for argument {extra[0]} "
+                                        f"({args[extra[0]]!r}), which is not a DTensor; return None there")
+                grads = tuple(grads[k] for k, a in enumerate(args) if positions.get(id(a)) is not None)
             if len(grads) != len(tensors):
                 raise OperatorError(f"{name}.backward returned {len(grads)} gradients for {len(tensors)} "
-                                    "DTensor arguments (one per DTensor argument, None for none)")
+                                    f"DTensor arguments of {len(args)} (one per DTensor argument, or one per "
+                                    "argument as PyTorch's; None for none)")
             result = []
             for t, g in zip(tensors, grads):
                 if g is None or t._ag is None:

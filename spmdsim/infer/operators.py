@@ -47,7 +47,8 @@ def _check_no_reuse(out_map: Sequence[tuple[str, ...]], names: Sequence[str], wh
         for alias in axes:
             if alias in seen:
                 raise OperatorError(f"axis {alias!r} splits both {seen[alias]} and {name}; the {what} would be "
-                                    f"split twice over it: map one of them to another axis or to None")
+                                    f"split twice over it: map one of them to another axis or to None (in a "
+                                    "program, ops.einsum moves the cheaper operand instead)")
             seen[alias] = name
 
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 from ..autograd.engine import backward
 from ..autograd.graph import requires_grad_
 from ..runtime.dtensor import install_operators
+from .concat import getitem
+from .local import reshape, transpose
 from .matmul import matmul
 from .pointwise import pointwise
 from .reduce import reduce
 
 install_operators(pointwise=pointwise, matmul=matmul, reduce=reduce, requires_grad_=requires_grad_,
-                  backward=backward)
+                  backward=backward, getitem=getitem, reshape=reshape, transpose=transpose)

@@ -21,7 +21,7 @@ from typing import Any, Optional, Sequence
 from ..datagen import SeededTensor
 # The pure part (layouts, parameters) lives in the dialect; importable from here as before.
 from ..dialects.paddle import MP_AXIS, ParamAttr, paddle_layout, paddle_param, split_layouts
-from ..errors import OperatorError
+from ..errors import DialectError, OperatorError
 from ._common import check_dtensor, scatter_local, seeded_dtensor
 
 __all__ = ["split", "paddle_mesh", "paddle_layout", "paddle_param"]
@@ -59,6 +59,10 @@ def split(x: Any, size: Sequence[int], operation: str, axis: int = 0, num_partit
     from .linear import linear
 
     check_dtensor(x, "split: x")
+    if not isinstance(size, (list, tuple)):  # torch.split's (x, split_size, dim) habit
+        raise DialectError(f"split: size {size!r} must be a list or tuple of two positive integers (the weight's "
+                           "shape: ops.split is Paddle's distributed split layer); to cut a tensor along a dim "
+                           "use ops.narrow(x, dim, start, length)")
     spec = split_layouts(size, operation, axis, num_partitions, gather_out, x.layout.ndim)
     mesh = x.mesh
     mp = _mp_axis(mesh, spec.num_partitions)

@@ -26,11 +26,31 @@ from . import _common
 from ._common import describe, make_dtensor, result_dtype
 
 __all__ = ["add", "sub", "mul", "div", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "pow", "neg",
-           "abs", "lift", "pointwise"]
+           "abs", "sigmoid", "silu", "sin", "cos", "square", "rsqrt", "clip", "equal", "lift", "pointwise"]
 
 
 def _half(mask: np.ndarray, ties: np.ndarray) -> np.ndarray:
     return mask + 0.5 * ties
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    """1 / (1 + e^-x) as (1 + tanh(x / 2)) / 2: no overflow for large |x|, and x's float precision kept."""
+    return 0.5 * np.tanh(0.5 * x) + 0.5
+
+
+def _clip_grads(dy: np.ndarray, x: np.ndarray, low: np.ndarray, high: np.ndarray, need: tuple) -> tuple:
+    """Gradients of numpy.clip = minimum(maximum(x, low), high): x gets dY inside [low, high] (bounds
+    included), low where x is below it, high where the clamped value is above it (also when low > high)."""
+    above = np.maximum(x, low) > high
+    inner = np.where(above, 0, dy)
+    return (inner * (x >= low) if need[0] else None, inner * (x < low) if need[1] else None,
+            dy * above if need[2] else None)
+
+
+def _silu_slope(x: np.ndarray) -> np.ndarray:
+    """d silu / dx = s (1 + x (1 - s)) with s = sigmoid(x)."""
+    s = _sigmoid(x)
+    return s * (1 + x * (1 - s))
 
 
 # op -> (forward kernel, backward: (dy, operands, out, need) -> per operand the gradient or None).
@@ -53,7 +73,15 @@ _KERNELS: dict[str, tuple[Callable, Callable]] = {
     "abs": (np.abs, lambda dy, x, o, n: (dy * np.sign(x[0]),)),
     "pow": (np.power, lambda dy, x, o, n: (dy * x[1] * np.power(x[0], x[1] - 1) if n[0] else None,
                                            dy * o * np.log(x[0]) if n[1] else None)),
+    "sigmoid": (lambda x: _sigmoid(x), lambda dy, x, o, n: (dy * o * (1 - o),)),
+    "silu": (lambda x: x * _sigmoid(x), lambda dy, x, o, n: (dy * _silu_slope(x[0]),)),
+    "sin": (np.sin, lambda dy, x, o, n: (dy * np.cos(x[0]),)),
+    "cos": (np.cos, lambda dy, x, o, n: (-dy * np.sin(x[0]),)),
+    "square": (np.square, lambda dy, x, o, n: (2 * dy * x[0],)),
+    "rsqrt": (lambda x: 1 / np.sqrt(x), lambda dy, x, o, n: (-0.5 * dy * o * o * o,)),
+    "clip": (np.clip, lambda dy, x, o, n: _clip_grads(dy, *x, n)),
     "eq": (np.equal, None), "lt": (np.less, None), "gt": (np.greater, None),
+    "le": (np.less_equal, None), "ge": (np.greater_equal, None),
 }
 
 
@@ -61,7 +89,7 @@ _KERNELS: dict[str, tuple[Callable, Callable]] = {
 #: warnings silenced there, as the masked and padded values of a model meet them by design. The others
 #: warn only on operands that are already inf or nan, as numpy does in one process; np.errstate costs
 #: ~10 us a call, more than a small shard's arithmetic.
-_LOUD = frozenset({"div", "log", "sqrt", "pow", "exp"})
+_LOUD = frozenset({"div", "log", "sqrt", "pow", "exp", "rsqrt"})
 
 
 def _quiet(op: str, **errors: str) -> Any:
@@ -246,7 +274,8 @@ def minimum(a: Any, b: Any) -> Any:
 def where(condition: Any, a: Any, b: Any) -> Any:
     """a where `condition` (a bool DTensor) is true, else b, with broadcasting; the condition gets no gradient."""
     if getattr(getattr(condition, "local", None), "dtype", None) != np.dtype(bool):
-        raise OperatorError(f"where: condition must be a bool DTensor, got {describe(condition)}")
+        hint = "; DTensor's == compares identity: ops.equal(a, b) compares values" if type(condition) is bool else ""
+        raise OperatorError(f"where: condition must be a bool DTensor, got {describe(condition)}{hint}")
     return pointwise("where", condition, a, b)
 
 
@@ -285,6 +314,61 @@ def pow(x: Any, exponent: Any) -> Any:  # noqa: A001 - numpy's name
     return pointwise("pow", x, exponent)
 
 
+def sigmoid(x: Any) -> Any:
+    """1 / (1 + e^-x) (a pending sum is resolved first)."""
+    return pointwise("sigmoid", x)
+
+
+def silu(x: Any) -> Any:
+    """x * sigmoid(x), Swish (Llama's SwiGLU gate; a pending sum is resolved first)."""
+    return pointwise("silu", x)
+
+
+def sin(x: Any) -> Any:
+    """Sine (a pending sum is resolved first)."""
+    return pointwise("sin", x)
+
+
+def cos(x: Any) -> Any:
+    """Cosine (a pending sum is resolved first)."""
+    return pointwise("cos", x)
+
+
+def square(x: Any) -> Any:
+    """x * x (a pending sum is resolved first)."""
+    return pointwise("square", x)
+
+
+def rsqrt(x: Any) -> Any:
+    """1 / sqrt(x) (a pending sum is resolved first)."""
+    return pointwise("rsqrt", x)
+
+
+def clip(x: Any, low: Any = None, high: Any = None) -> Any:
+    """x limited to [low, high] (numbers or DTensors, with broadcasting; None: no bound), like numpy.clip.
+
+    The gradient reaches x where low <= x <= high (bounds included, as PyTorch's clamp), a bound where x
+    passes it; pending sums are resolved first.
+    """
+    if low is None and high is None:
+        raise OperatorError("clip: low None and high None: give at least one bound")
+    for name, bound in (("low", low), ("high", high)):
+        if bound is not None and not hasattr(bound, "_ag") and (
+                not isinstance(bound, numbers.Real) or isinstance(bound, bool) or bound != bound):
+            raise OperatorError(f"clip: {name} {bound!r} must be a real number, a DTensor or None")
+    dtype = getattr(getattr(x, "local", None), "dtype", np.dtype(np.float64))
+    if low is None or high is None:
+        edge = np.iinfo(dtype) if dtype.kind in "iu" else None
+        low = (edge.min if edge else -np.inf) if low is None else low
+        high = (edge.max if edge else np.inf) if high is None else high
+    return pointwise("clip", x, low, high)
+
+
+def equal(a: Any, b: Any) -> Any:
+    """a == b elementwise as a bool DTensor (no gradient); ``==`` on DTensors compares identity, as for objects."""
+    return pointwise("eq", a, b)
+
+
 def compare(op: str, a: Any, b: Any) -> Any:
-    """a == b, a < b or a > b (op "eq", "lt", "gt") as a bool DTensor (no gradient)."""
+    """a == b, a < b, a > b, a <= b or a >= b (op "eq", "lt", "gt", "le", "ge") as a bool DTensor (no gradient)."""
     return pointwise(op, a, b)

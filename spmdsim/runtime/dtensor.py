@@ -48,7 +48,7 @@ class _Operators:
     (`spmdsim/ops/methods.py`), as jax.numpy gives jax's arrays their operators. The front door
     (``from spmdsim import DTensor``) loads spmdsim.ops with it.
     """
-    __slots__ = ("pointwise", "matmul", "reduce", "requires_grad_", "backward")
+    __slots__ = ("pointwise", "matmul", "reduce", "requires_grad_", "backward", "getitem", "reshape", "transpose")
 
     def __getattr__(self, name: str) -> Any:  # a slot not filled yet
         raise OperatorError(f"DTensor's operators and autograd come with spmdsim.ops, which is not loaded: "
@@ -163,6 +163,8 @@ class DTensor:
     local = property(attrgetter("_local"))
     layout = property(attrgetter("_layout"))
     global_shape = property(attrgetter("_shape"))
+    shape = property(attrgetter("_shape"), doc="the global shape (as PyTorch's DTensor), not this rank's block's")
+    ndim = property(lambda self: len(self._shape), doc="the number of global dims")
     dtype = property(attrgetter("_local.dtype"))
     partial = property(attrgetter("_layout.partial"))
 
@@ -244,6 +246,32 @@ class DTensor:
 
     def __matmul__(self, other: Any) -> "DTensor":
         return _OPERATORS.matmul(self, other)
+
+    # comparisons give bool DTensors (no gradient), e.g. a padding mask; == stays identity (DTensors are hashed)
+    def __lt__(self, other: Any) -> "DTensor":
+        return _OPERATORS.pointwise("lt", self, other)
+
+    def __le__(self, other: Any) -> "DTensor":
+        return _OPERATORS.pointwise("le", self, other)
+
+    def __gt__(self, other: Any) -> "DTensor":
+        return _OPERATORS.pointwise("gt", self, other)
+
+    def __ge__(self, other: Any) -> "DTensor":
+        return _OPERATORS.pointwise("ge", self, other)
+
+    def __getitem__(self, index: Any) -> "DTensor":
+        """``x[..., a:b]``: ints, step-1 slices, ``...`` and None (`spmdsim.ops.narrow` on each cut dim,
+        which must be whole on every rank)."""
+        return _OPERATORS.getitem(self, index)
+
+    def reshape(self, *shape: Any) -> "DTensor":
+        """`spmdsim.ops.reshape`: ``x.reshape(T, H, D)`` or ``x.reshape((T, H, D))``; no communication."""
+        return _OPERATORS.reshape(self, shape[0] if len(shape) == 1 else shape)
+
+    def transpose(self, *perm: Any) -> "DTensor":
+        """`spmdsim.ops.transpose`: ``x.transpose(1, 0)``, ``x.transpose((1, 0))`` or all dims reversed."""
+        return _OPERATORS.transpose(self, (perm[0] if len(perm) == 1 else perm) if perm else None)
 
     def sum(self, dims: Any = None, keepdims: bool = False) -> "DTensor":
         """`spmdsim.ops.sum`: over a split dim, a pending sum."""

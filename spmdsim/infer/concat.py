@@ -1,0 +1,150 @@
+"""Pure layout inference for slicing one dim (`narrow`), joining tensors along one (`concatenate`), and
+numpy's `broadcast_to` (new and size-1 dims grow whole on every rank, the others keep their splits).
+
+Both are local when the dim is whole on every rank: each rank slices or
+joins its own blocks and nothing moves; the other dims keep their splits
+and a pending sum stays pending (both are linear). A dim split over the
+mesh is refused, naming the map to redistribute to: a slice or a join
+across ranks' blocks would need a different block from every rank, and
+making the dim whole first (one Allgather) is the user's visible choice.
+Operands of `concatenate` that disagree on the other dims are moved by the
+least-bytes rule of the elementwise ops (spmdsim.infer.assign). Never
+imports mpi4py.
+"""
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..errors import OperatorError, ShapeError
+from ..layout import TensorLayout, format_entry
+from ..validate import as_int
+from .assign import Choice, choose_splits
+
+__all__ = ["ConcatPlan", "infer_narrow", "infer_concatenate", "infer_broadcast_to"]
+
+
+def _tensor_dim(dim: object, ndim: int, op: str) -> int:
+    d = as_int(dim)
+    if d is None or isinstance(dim, bool) or not -ndim <= d < ndim:
+        raise OperatorError(f"{op}: dim {dim!r} is out of range for a tensor of {ndim} dims "
+                            f"(expected an integer from {-ndim} to {ndim - 1})")
+    return d % ndim
+
+
+def _whole(x: TensorLayout, d: int, op: str, what: str) -> None:
+    """OperatorError unless dim `d` of `x` is whole on every rank (split over no axis of size above 1)."""
+    entry = x.tensor_map[d]
+    if x.layout.group_size(entry) > 1:
+        fix = tuple(None if k == d else (e[0] if len(e) == 1 else e) if e else None
+                    for k, e in enumerate(x.tensor_map))
+        raise OperatorError(f"{op} along dim {d} of {what} mapped {x}: that dim is split over "
+                            f"{format_entry(entry)}, so the result would cut across ranks' blocks; "
+                            f"make it whole first, e.g. x.redistribute(mesh.layout{fix!r}) (one Allgather)")
+
+
+def infer_narrow(x: TensorLayout, shape: Sequence[int], dim: object, start: object,
+                 length: object) -> tuple[TensorLayout, int, int, tuple[int, ...]]:
+    """(layout, dim, start, shape) of x[..., start:start + length, ...] along `dim` (a local slice).
+
+    `start` may be negative (counted from the end, as Python's); `dim` must be whole on every rank.
+    """
+    shape = x.check_shape(shape)
+    d = _tensor_dim(dim, x.ndim, "narrow")
+    size = shape[d]
+    s, n = as_int(start), as_int(length)
+    if s is None or isinstance(start, bool) or not -size <= s < size + (size == 0):
+        raise OperatorError(f"narrow: start {start!r} is out of range for dim {d} of size {size} "
+                            f"(expected an integer from {-size} to {max(size - 1, 0)})")
+    s %= max(size, 1)
+    if n is None or isinstance(length, bool) or not 0 <= n <= size - s:
+        raise OperatorError(f"narrow: length {length!r} does not fit dim {d} of size {size} from start {s} "
+                            f"(expected an integer from 0 to {size - s})")
+    _whole(x, d, "narrow", "x")
+    return x, d, s, shape[:d] + (n,) + shape[d + 1:]
+
+
+@dataclass(frozen=True)
+class ConcatPlan:
+    """Each operand's layout before the join, the output's, and where each operand lands along `dim`."""
+
+    dim: int
+    shape: tuple[int, ...]
+    sources: tuple[TensorLayout, ...]
+    choice: Choice
+    out: TensorLayout
+    offsets: tuple[int, ...]  # each operand's first index along `dim` in the output
+
+    @property
+    def targets(self) -> tuple[TensorLayout, ...]:
+        return self.choice.targets
+
+    def why(self) -> str:
+        """What moved and why, in a few clauses."""
+        parts = self.choice.moves(self.sources)
+        if self.out.partial:
+            parts.append(f"the result stays pending over {self.out.partial!r} (a join is linear)")
+        return "; ".join(parts) if parts else f"dim {self.dim} is whole on every rank: no communication"
+
+
+def infer_concatenate(layouts: tuple[TensorLayout, ...], shapes: tuple[tuple[int, ...], ...], dim: object,
+                      dtype: str) -> ConcatPlan:
+    """Plan joining operands along `dim` (whole on every rank); the other dims must agree in size."""
+    if not layouts:
+        raise OperatorError("concatenate: no operands; give a sequence of DTensors")
+    mesh, ndim = layouts[0].layout, layouts[0].ndim
+    if ndim == 0:
+        raise OperatorError("concatenate: 0-d operands have no dim to join along; reshape them to (1,) first")
+    for k, (layout, shape) in enumerate(zip(layouts, shapes)):
+        if layout.layout != mesh:
+            raise OperatorError(f"concatenate: operand {k} is on {layout.layout} but operand 0 is on {mesh}; "
+                                "operands must share one device matrix")
+        if len(shape) != ndim:
+            raise ShapeError(f"concatenate: operand {k} of shape {tuple(shape)!r} has {len(shape)} dims, "
+                             f"operand 0 of shape {tuple(shapes[0])!r} has {ndim}")
+    d = _tensor_dim(dim, ndim, "concatenate")
+    for k, shape in enumerate(shapes):
+        if shape[:d] + shape[d + 1:] != shapes[0][:d] + shapes[0][d + 1:]:
+            raise ShapeError(f"concatenate along dim {d}: operand {k} of shape {tuple(shape)!r} differs from "
+                             f"operand 0 of shape {tuple(shapes[0])!r} in another dim")
+        _whole(layouts[k], d, "concatenate", f"operand {k}")
+    # One pending sum over the same axes everywhere stays pending; any other mix is resolved first.
+    pending = {t.addend_axes for t in layouts}
+    kept = layouts[0].partial if len(pending) == 1 and layouts[0].addend_axes else ()
+    if ndim > len(string.ascii_letters):
+        raise ShapeError(f"concatenate: {ndim} dims are more than spmdsim's elementwise ops take (52)")
+    # Every operand names its dims alike; the joined dim (whole everywhere) decides no split.
+    letters = string.ascii_letters[:ndim]
+    words = (letters,) * len(layouts)
+    deciding = (frozenset(letters[:d] + letters[d + 1:]),) * len(layouts)
+    choice = choose_splits(words, layouts, shapes, dtype, [kept] * len(layouts), kept, deciding)
+    out = TensorLayout(mesh, tuple(() if i == d else choice.axes(ch) for i, ch in enumerate(letters)), kept)
+    offsets, total = [], 0
+    for shape in shapes:
+        offsets.append(total)
+        total += shape[d]
+    out_shape = tuple(shapes[0][:d]) + (total,) + tuple(shapes[0][d + 1:])
+    return ConcatPlan(d, out_shape, tuple(layouts), choice, out, tuple(offsets))
+
+
+def infer_broadcast_to(x: TensorLayout, shape: Sequence[int],
+                       new_shape: object) -> tuple[TensorLayout, tuple[int, ...]]:
+    """(layout, shape) of x broadcast to `new_shape` by numpy's rules: local, no communication.
+
+    New leading dims and dims of size 1 that grow are whole on every rank; the others keep x's splits; a
+    pending sum stays pending (broadcasting is linear).
+    """
+    old = x.check_shape(shape)
+    if isinstance(new_shape, (str, bytes)) or not hasattr(new_shape, "__iter__"):
+        new_shape = (new_shape,)
+    items = tuple(new_shape)  # type: ignore[arg-type]
+    new = tuple(as_int(n) for n in items)
+    if None in new or any(n < 0 for n in new) or any(isinstance(n, bool) for n in items):
+        raise OperatorError(f"broadcast_to: shape {items!r} must hold non-negative integers")
+    lead = len(new) - len(old)
+    if lead < 0 or any(o != 1 and o != n for o, n in zip(old, new[lead:])):
+        raise ShapeError(f"broadcast_to: shape {old!r} cannot broadcast to {new!r} (each dim must match, "
+                         "be 1, or be a new leading dim)")
+    entries = [None] * lead + [e or None if o == n else None for e, o, n in zip(x.tensor_map, old, new[lead:])]
+    return x.layout(*entries).with_partial(x.partial), new

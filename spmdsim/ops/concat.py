@@ -1,0 +1,192 @@
+"""Slicing one dim (`narrow`) and joining DTensors along one (`concatenate`), by spmdsim.infer.concat.
+
+The dim must be whole on every rank (refused otherwise, naming the map to
+redistribute to): each rank slices or joins its own blocks and nothing
+moves; the other dims keep their splits and pending sums stay pending.
+Rotary embeddings' halves are ``narrow(q, -1, 0, d // 2)`` and
+``narrow(q, -1, d // 2, d // 2)``, joined back by ``concatenate``. Gradients
+are local: a slice's pads its gradient with zeros, a join's cuts it apart.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..autograd.graph import record
+from ..autograd.rules import grad_tensor
+from ..errors import OperatorError
+from ..infer.concat import infer_broadcast_to, infer_concatenate, infer_narrow
+from ..validate import as_int, dtype_name
+from .local import reshape as _reshape
+from ._common import check_dtensor, describe, make_dtensor, raise_if_not_dtensors, result_dtype, same_mesh
+
+__all__ = ["narrow", "concatenate", "stack", "broadcast_to", "getitem"]
+
+
+def narrow(x: Any, dim: int, start: int, length: int) -> Any:
+    """x[..., start:start + length, ...] along `dim` (PyTorch's narrow), which must be whole on every rank."""
+    try:
+        layout, d, s, shape = infer_narrow(x.layout, x.global_shape, dim, start, length)
+    except AttributeError:
+        raise_if_not_dtensors("narrow", ("x",), x)
+        raise
+    index = (slice(None),) * d + (slice(s, s + shape[d]),)
+    out = make_dtensor(x.mesh, x.local[index], layout, shape)
+    if x._ag is None:
+        return out
+
+    def backward(dy: Any) -> tuple:
+        grad = np.zeros(x.local.shape, dy.local.dtype)
+        grad[index] = dy.local
+        return (grad_tensor(x, grad, dy.layout.partial),)
+
+    return record(out, "narrow", (x,), backward)
+
+
+def concatenate(xs: Sequence[Any], dim: int = 0) -> Any:
+    """The DTensors `xs` joined along `dim` (numpy.concatenate), which must be whole on every rank.
+
+    Operands that disagree on the other dims' splits move by the least-bytes rule (as for ``add``);
+    one pending sum over the same axes in every operand stays pending, any other mix is resolved first.
+    """
+    if isinstance(xs, (str, bytes)) or not hasattr(xs, "__iter__") or hasattr(xs, "_ag"):
+        raise OperatorError(f"concatenate: xs must be a sequence of DTensors, got {describe(xs)}")
+    xs = list(xs)
+    for k, x in enumerate(xs):
+        check_dtensor(x, f"concatenate: operand {k}")
+    if not xs:
+        raise OperatorError("concatenate: no operands; give a sequence of DTensors")
+    mesh = same_mesh(*xs)
+    dtype = result_dtype(*[x.local.dtype for x in xs])
+    plan = infer_concatenate(tuple(x.layout for x in xs), tuple(tuple(x.global_shape) for x in xs), dim,
+                             dtype_name(dtype))
+    if any(x.layout != t for x, t in zip(xs, plan.targets)):
+        from ..runtime.executor import redistribute
+
+        xs = [x if x.layout == t else redistribute(x, t) for x, t in zip(xs, plan.targets)]
+    d = plan.dim
+    out = make_dtensor(mesh, np.concatenate([x.local for x in xs], axis=d).astype(dtype, copy=False),
+                       plan.out, plan.shape)
+    if all(x._ag is None for x in xs):
+        return out
+    cuts = [int(x.local.shape[d]) for x in xs]
+    bounds = np.cumsum([0] + cuts)
+
+    def backward(dy: Any) -> tuple:
+        pieces = []
+        for x, lo, hi in zip(xs, bounds[:-1], bounds[1:]):
+            if x._ag is None:
+                pieces.append(None)
+                continue
+            index = (slice(None),) * d + (slice(int(lo), int(hi)),)
+            pieces.append(grad_tensor(x, dy.local[index], dy.layout.partial))
+        return tuple(pieces)
+
+    return record(out, "concatenate", tuple(xs), backward)
+
+
+def stack(xs: Sequence[Any], dim: int = 0) -> Any:
+    """`xs` (DTensors of one shape) joined along a new dim `dim`, like numpy.stack (reshape, then concatenate)."""
+    if isinstance(xs, (str, bytes)) or not hasattr(xs, "__iter__") or hasattr(xs, "_ag"):
+        raise OperatorError(f"stack: xs must be a sequence of DTensors, got {describe(xs)}")
+    xs = list(xs)
+    if not xs:
+        raise OperatorError("stack: no operands; give a sequence of DTensors")
+    for k, x in enumerate(xs):
+        check_dtensor(x, f"stack: operand {k}")
+        if tuple(x.global_shape) != tuple(xs[0].global_shape):
+            raise OperatorError(f"stack: operand {k} of shape {tuple(x.global_shape)!r} differs from operand 0 "
+                                f"of shape {tuple(xs[0].global_shape)!r}; stack takes tensors of one shape")
+    ndim = len(xs[0].global_shape) + 1
+    d = as_int(dim)
+    if d is None or isinstance(dim, bool) or not -ndim <= d < ndim:
+        raise OperatorError(f"stack: dim {dim!r} is out of range for a result of {ndim} dims "
+                            f"(expected an integer from {-ndim} to {ndim - 1})")
+    d %= ndim
+    shape = tuple(xs[0].global_shape)
+    return concatenate([_reshape(x, shape[:d] + (1,) + shape[d:]) for x in xs], d)
+
+
+def broadcast_to(x: Any, shape: Any) -> Any:
+    """x broadcast to `shape` (numpy.broadcast_to, PyTorch's expand): the grown dims whole on every rank, local.
+
+    Its gradient sums the grown dims back, on each rank's own block (they are whole there).
+    """
+    try:
+        layout, new = infer_broadcast_to(x.layout, x.global_shape, shape)
+    except AttributeError:
+        raise_if_not_dtensors("broadcast_to", ("x",), x)
+        raise
+    local_shape = layout.local_shape(new)
+    out = make_dtensor(x.mesh, np.broadcast_to(x.local, local_shape).copy(), layout, new)
+    if x._ag is None:
+        return out
+    lead = len(new) - x.local.ndim
+    grown = tuple(lead + d for d, (o, n) in enumerate(zip(x.global_shape, new[lead:])) if o == 1 and n != 1)
+
+    def backward(dy: Any) -> tuple:
+        block = dy.local.sum(axis=tuple(range(lead)) + grown, keepdims=True) if lead or grown else dy.local
+        return (grad_tensor(x, block.reshape(x.local.shape), dy.layout.partial),)
+
+    return record(out, "broadcast_to", (x,), backward)
+
+
+def getitem(x: Any, index: Any) -> Any:
+    """``x[index]`` for ints, slices of step 1, ``...`` and None, by `narrow` (cut dims whole on every rank)."""
+    items = index if isinstance(index, tuple) else (index,)
+    shape = tuple(x.global_shape)
+    used = sum(1 for item in items if item is not None and item is not Ellipsis)
+    if sum(1 for item in items if item is Ellipsis) > 1:
+        raise OperatorError(f"index {index!r} has more than one '...'")
+    if used > len(shape):
+        raise OperatorError(f"index {index!r} has {used} entries for a tensor of {len(shape)} dims")
+    at = next((k for k, item in enumerate(items) if item is Ellipsis), len(items))  # the dims '...' stands for
+    items = items[:at] + (slice(None),) * (len(shape) - used) + items[at + 1:]
+    out_shape: list[int] = []
+    d = 0
+    for item in items:
+        if item is None:
+            out_shape.append(1)
+            continue
+        size = shape[d]
+        if isinstance(item, slice):
+            start, stop, step = item.indices(size)
+            if step != 1:
+                raise OperatorError(f"index {index!r}: slice {item!r} has step {step!r}; DTensor slices take "
+                                    "step 1 only")
+            length = max(stop - start, 0)
+            if length != size:
+                x = _cut(x, index, d, start if length else 0, length)
+            out_shape.append(length)
+        elif as_int(item) is not None and not isinstance(item, bool):
+            i = as_int(item)
+            if not -size <= i < size:
+                raise OperatorError(f"index {item!r} is out of range for dim {d} of size {size}")
+            x = _cut(x, index, d, i % size, 1)
+        else:
+            raise OperatorError(f"index {index!r}: entry {item!r} is not an int, a slice, '...' or None "
+                                "(DTensors take no fancy or bool indexing)")
+        d += 1
+    target = tuple(out_shape)
+    return x if target == tuple(x.global_shape) else _reshape(x, target)
+
+
+def _cut(x: Any, index: Any, d: int, start: int, length: int) -> Any:
+    """`narrow` for ``x[index]``; its refusal names the index the user wrote."""
+    try:
+        return narrow(x, d, start, length)
+    except OperatorError as error:
+        raise OperatorError(f"x[{_index_text(index)}]: {error}") from None
+
+
+def _index_text(index: Any) -> str:
+    """``x[...]``'s index as written: ``..., 2:4`` for (Ellipsis, slice(2, 4))."""
+    def one(item: Any) -> str:
+        if item is Ellipsis:
+            return "..."
+        if isinstance(item, slice):
+            text = ("" if item.start is None else str(item.start)) + ":" + ("" if item.stop is None else str(item.stop))
+            return text if item.step is None else f"{text}:{item.step}"
+        return repr(item)
+    return ", ".join(one(item) for item in (index if isinstance(index, tuple) else (index,)))

@@ -1,0 +1,275 @@
+"""Slicing and joining (narrow, x[...], concatenate, stack), the new elementwise ops, and a user's own models.
+
+The ops' forward and float64 gradients on random layouts are tests/generalkit.py's cases (run by
+tests/test_ops_general.py); here: the rules without ranks, every refusal in one line, float32 kept,
+and three small programs a user writes with the front door only (a Llama-style block, an encoder with
+a padding mask and a mean-pooled classifier, a custom autograd.Function in a sharded MLP), each against
+numpy forward and backward on 8 simulated ranks.
+"""
+from __future__ import annotations
+
+import pathlib
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import spmdsim
+from spmdsim import DialectError, DTensor, Layout, Mesh, OperatorError, SeededTensor, ShapeError, ops
+from spmdsim.infer import infer_broadcast_to, infer_concatenate, infer_narrow
+from spmdsim.reference import gelu
+from spmdsim.reference_grad import numeric_grads
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+L = Layout((2, 4), ("dp", "tp"))
+
+
+def test_broadcast_to_rule_keeps_splits_and_grows_whole_dims():
+    x = L("dp", None, "tp", partial=())
+    assert infer_broadcast_to(x, (2, 1, 8), (3, 2, 5, 8)) == (L(None, "dp", None, "tp"), (3, 2, 5, 8))
+    assert infer_broadcast_to(L(None, partial=("tp",)), (4,), (2, 4)) == (L(None, None, partial=("tp",)), (2, 4))
+
+
+def test_narrow_rule_is_local_and_keeps_pending_sums():
+    x = L("dp", None, "tp", partial=())
+    assert infer_narrow(x, (4, 6, 8), 1, 2, 3) == (x, 1, 2, (4, 3, 8))
+    pending = L(None, None, partial=("tp",))
+    assert infer_narrow(pending, (4, 6), -1, -2, 2) == (pending, 1, 4, (4, 2))
+
+
+def test_concatenate_rule_moves_the_cheaper_operand_and_keeps_an_agreed_pending_sum():
+    plan = infer_concatenate((L("dp", None), L(None, None)), ((4, 3), (4, 5)), 1, "float64")
+    assert plan.out == L("dp", None) and plan.targets == (L("dp", None), L("dp", None))
+    assert plan.choice.moved == (0, 0) and plan.offsets == (0, 3) and plan.shape == (4, 8)
+    assert "a local slice, no communication" in plan.why()
+    both = L(None, "dp", partial=("tp",))
+    plan = infer_concatenate((both, both), ((3, 4), (5, 4)), 0, "float64")
+    assert plan.out == both and "stays pending" in plan.why()
+    mixed = infer_concatenate((both, L(None, "dp")), ((3, 4), (5, 4)), 0, "float64")
+    assert not mixed.out.partial and mixed.targets[0] == L(None, "dp")
+
+
+def _refusals():
+    mesh = Mesh(L, spmdsim.world())
+    x = DTensor.from_global(mesh, np.ones((4, 8)), mesh.layout("dp", "tp"))
+    w = DTensor.from_global(mesh, np.ones((3, 8)), mesh.layout(None, "tp"))
+    cases = [
+        (lambda: ops.narrow(x, 1, 0, 4), OperatorError,
+         'narrow along dim 1 of x mapped ("dp", "tp"): that dim is split over "tp", so the result would cut across '
+         "ranks' blocks; make it whole first, e.g. x.redistribute(mesh.layout('dp', None)) (one Allgather)"),
+        (lambda: x[:, :4], OperatorError, 'x[:, :4]: narrow along dim 1 of x mapped ("dp", "tp"): that dim is split'),
+        (lambda: x[..., -1], OperatorError, "x[..., -1]: narrow along dim 1 of x mapped"),
+        (lambda: ops.concatenate([x, x], 1), OperatorError,
+         'concatenate along dim 1 of operand 0 mapped ("dp", "tp"): that dim is split over "tp"'),
+        (lambda: ops.concatenate([x, w], 0), OperatorError, "concatenate along dim 0 of operand 0 mapped"),
+        (lambda: ops.concatenate([w, ops.transpose(w)], 0), ShapeError,
+         "concatenate along dim 0: operand 1 of shape (8, 3) differs from operand 0 of shape (3, 8) in another dim"),
+        (lambda: ops.concatenate(x, 0), OperatorError, "concatenate: xs must be a sequence of DTensors, got DTensor"),
+        (lambda: ops.concatenate([], 0), OperatorError, "concatenate: no operands; give a sequence of DTensors"),
+        (lambda: ops.concatenate([w, np.ones((3, 8))], 0), OperatorError,
+         "concatenate: operand 1 must be a DTensor, got ndarray of shape (3, 8)"),
+        (lambda: ops.narrow(w, 0, 3, 1), OperatorError,
+         "narrow: start 3 is out of range for dim 0 of size 3 (expected an integer from -3 to 2)"),
+        (lambda: ops.narrow(w, 0, 1, 3), OperatorError,
+         "narrow: length 3 does not fit dim 0 of size 3 from start 1 (expected an integer from 0 to 2)"),
+        (lambda: ops.narrow(w, 2, 0, 1), OperatorError, "narrow: dim 2 is out of range for a tensor of 2 dims"),
+        (lambda: ops.stack([w, x], 0), OperatorError,
+         "stack: operand 1 of shape (4, 8) differs from operand 0 of shape (3, 8)"),
+        (lambda: ops.stack([w, w], 3), OperatorError, "stack: dim 3 is out of range for a result of 3 dims"),
+        (lambda: w[::2], OperatorError, "index slice(None, None, 2): slice slice(None, None, 2) has step 2"),
+        (lambda: w[w > 0], OperatorError, "is not an int, a slice, '...' or None (DTensors take no fancy"),
+        (lambda: w[0, 0, 0], OperatorError, "index (0, 0, 0) has 3 entries for a tensor of 2 dims"),
+        (lambda: w[5], OperatorError, "index 5 is out of range for dim 0 of size 3"),
+        (lambda: ops.broadcast_to(w, (2, 4, 8)), ShapeError,
+         "broadcast_to: shape (3, 8) cannot broadcast to (2, 4, 8) (each dim must match, be 1, or be a new"),
+        (lambda: ops.broadcast_to(w, (3, -8)), OperatorError,
+         "broadcast_to: shape (3, -8) must hold non-negative integers"),
+        (lambda: ops.where(x == 0.0, x, x), OperatorError, "where: condition must be a bool DTensor, got bool False; "
+         "DTensor's == compares identity: ops.equal(a, b) compares values"),
+        (lambda: ops.clip(x), OperatorError, "clip: low None and high None: give at least one bound"),
+        (lambda: ops.clip(x, "a"), OperatorError, "clip: low 'a' must be a real number, a DTensor or None"),
+        (lambda: ops.split(x, 2, "linear", 1), DialectError,
+         "split: size 2 must be a list or tuple of two positive integers (the weight's shape: ops.split is "
+         "Paddle's distributed split layer); to cut a tensor along a dim use ops.narrow(x, dim, start, length)"),
+    ]
+    for call, kind, text in cases:
+        with pytest.raises(kind, match=re.escape(text)) as info:
+            call()
+        assert "\n" not in str(info.value)
+    return True
+
+
+def test_every_refusal_is_one_line_on_every_rank():
+    assert all(spmdsim.simulate(8, _refusals))
+
+
+def test_new_ops_keep_float32_and_index_like_numpy():
+    src = SeededTensor((3, 4, 5), "float32", seed=2)
+
+    def body():
+        mesh = Mesh(L, spmdsim.world())
+        x = DTensor.from_seeded(mesh, mesh.layout(None, "tp", None), src)
+        outs = [ops.sigmoid(x), ops.silu(x), ops.sin(x), ops.rsqrt(ops.square(x) + 1.0), ops.clip(x, high=0.1),
+                x[1], x[..., None, 2:4], x[-1:, :, 0], ops.stack([x, x], -1), x > 0.0,
+                ops.broadcast_to(x[:, :, None, 1:2], (2, 3, 4, 2, 3)), x.reshape(3, 20), x.transpose(2, 0, 1),
+                x.transpose(), ops.equal(x[:, :, :1], x)]
+        assert x.shape == (3, 4, 5) and x.ndim == 3 and x.reshape((3, 4, 5, 1)).shape == (3, 4, 5, 1)
+        return [(t.local.dtype, t.gather()) for t in outs]
+
+    a = src.full()
+    want = [1 / (1 + np.exp(-a)), a / (1 + np.exp(-a)), np.sin(a), 1 / np.sqrt(a * a + 1), np.minimum(a, 0.1),
+            a[1], a[..., None, 2:4], a[-1:, :, 0], np.stack([a, a], -1), a > 0,
+            np.broadcast_to(a[:, :, None, 1:2], (2, 3, 4, 2, 3)), a.reshape(3, 20), a.transpose(2, 0, 1), a.T,
+            a[:, :, :1] == a]
+    for (dtype, got), expected in zip(spmdsim.simulate(8, body)[0], want):
+        assert dtype == expected.dtype and got.shape == expected.shape
+        assert np.allclose(got, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_llama_block_example_passes_on_8_ranks():
+    script = ROOT / "examples" / "llama_block.py"
+    out = subprocess.run([sys.executable, str(script), "--ranks", "8"], capture_output=True, text=True,
+                         timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "forward and 10 gradients vs numpy: PASS" in out.stdout
+    assert ".local" not in script.read_text()
+
+
+# -- an encoder with a padding mask and a mean-pooled classifier, on a (dp, tp) mesh ---------------------------
+B, S, H, Dh, C = 4, 6, 4, 4, 8
+D, F = H * Dh, 32
+LENGTHS = np.array([6, 3, 5, 2])
+PAD = np.arange(S)[None, :] >= LENGTHS[:, None]  # (B, S): True on padding
+LABELS = np.array([1, 7, 3, 0])
+SHAPES = [(B, S, D), (D, D), (D, D), (D, D), (D, D), (D,), (D,), (D, F), (F, D), (D, C)]
+SOURCES = [SeededTensor(s, "float64", seed=i, low=-b, high=b)
+           for i, (s, b) in enumerate(zip(SHAPES, [1.0] + [s[0] ** -0.5 if len(s) == 2 else 1.0 for s in SHAPES[1:]]))]
+
+
+def _encoder():
+    mesh = Mesh(L, spmdsim.world())
+    M = mesh.layout
+    maps = [("dp", None, None), (None, "tp"), (None, "tp"), (None, "tp"), ("tp", None), (None,), (None,),
+            (None, "tp"), ("tp", None), (None, "tp")]
+    params = [DTensor.from_seeded(mesh, M(*m), s).requires_grad_() for m, s in zip(maps, SOURCES)]
+    x, wq, wk, wv, wo, g, b, w1, w2, wc = params
+    lengths = DTensor.from_global(mesh, LENGTHS.astype(float), M("dp"))
+    positions = DTensor.from_global(mesh, np.arange(S, dtype=float), M(None))
+    pad = ops.reshape(positions >= ops.reshape(lengths, (B, 1)), (B, 1, 1, S))  # built on the mesh, by comparison
+    q, k, v = (ops.reshape(x @ w, (B, S, H, Dh)) for w in (wq, wk, wv))
+    s = ops.masked_fill(ops.einsum("bqhd,bkhd->bhqk", q, k) * Dh ** -0.5, pad, -np.inf)
+    h = ops.layer_norm(x + ops.reshape(ops.einsum("bhqk,bkhd->bqhd", ops.softmax(s, -1), v), (B, S, D)) @ wo, g, b)
+    h = h + ops.gelu(h @ w1) @ w2
+    valid = ops.where(ops.reshape(pad, (B, S, 1)), 0.0, 1.0)
+    pooled = ops.sum(h * valid, 1) / ops.reshape(lengths, (B, 1))  # each sample's mean over its own tokens
+    loss = ops.cross_entropy(pooled @ wc, DTensor.from_global(mesh, LABELS, M("dp")))  # classes split: vocab-parallel
+    loss.backward()
+    return float(ops.resolved(loss)), [t.grad.gather() for t in params]
+
+
+def _numpy_encoder(x, wq, wk, wv, wo, g, b, w1, w2, wc):
+    q, k, v = ((x @ w).reshape(B, S, H, Dh) for w in (wq, wk, wv))
+    s = np.where(PAD[:, None, None, :], -np.inf, np.einsum("bqhd,bkhd->bhqk", q, k) * Dh ** -0.5)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    h = x + np.einsum("bhqk,bkhd->bqhd", e / e.sum(-1, keepdims=True), v).reshape(B, S, D) @ wo
+    h = (h - h.mean(-1, keepdims=True)) / np.sqrt(h.var(-1, keepdims=True) + 1e-5) * g + b
+    h = h + gelu(h @ w1) @ w2
+    z = (h * ~PAD[:, :, None]).sum(1) / LENGTHS[:, None] @ wc
+    z = z - z.max(-1, keepdims=True)
+    return -(z[np.arange(B), LABELS] - np.log(np.exp(z).sum(-1))).mean()
+
+
+def test_encoder_with_a_padding_mask_and_a_pooled_classifier_matches_numpy():
+    loss, grads = spmdsim.simulate(8, _encoder)[0]
+    arrays = [s.full() for s in SOURCES]
+    assert abs(loss - _numpy_encoder(*arrays)) < 1e-12
+    for got, want in zip(grads, numeric_grads(_numpy_encoder, *arrays)):
+        assert np.allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+# -- a user's own op: a fused swish and a clamp with a straight-through gradient --------------------------------
+class _Swish(spmdsim.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, beta):
+        s = 1 / (1 + np.exp(-beta * x))
+        ctx.save_for_backward(x, s)
+        ctx.beta = beta
+        return x * s
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, s = ctx.saved_tensors
+        return dy * (s + ctx.beta * x * s * (1 - s))
+
+
+class _ClampStraightThrough(spmdsim.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return np.clip(x, -1, 1)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy
+
+
+MLP_SOURCES = [SeededTensor(s, "float64", seed=10 + i) for i, s in enumerate([(4, 16), (16, 32), (32, 16)])]
+
+
+def _custom_mlp():
+    mesh = Mesh(L, spmdsim.world())
+    x, w1, w2 = [DTensor.from_seeded(mesh, mesh.layout(*m), s).requires_grad_()
+                 for m, s in zip([("dp", None), (None, "tp"), ("tp", None)], MLP_SOURCES)]
+    y = _ClampStraightThrough.apply(ops.resolved(_Swish.apply(x @ w1, 1.5) @ w2))  # the row product is pending
+    ops.sum(y * y).backward()
+    return y.gather(), [t.grad.gather() for t in (x, w1, w2)]
+
+
+def test_custom_functions_inside_a_sharded_mlp_match_numpy():
+    def swish_mlp(x, w1, w2):
+        z = x @ w1
+        return z / (1 + np.exp(-1.5 * z)) @ w2
+
+    y, grads = spmdsim.simulate(8, _custom_mlp)[0]
+    arrays = [s.full() for s in MLP_SOURCES]
+    clamped = np.clip(swish_mlp(*arrays), -1, 1)
+    assert np.allclose(y, clamped, rtol=0, atol=1e-12)
+    # Straight through: d sum(clip(u)^2) = 2 clip(u) du, the clamp's own derivative taken as 1.
+    for got, want in zip(grads, numeric_grads(lambda *a: 2 * clamped * swish_mlp(*a), *arrays)):
+        assert np.allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+class _Scaled(spmdsim.autograd.Function):
+    """k * x, its backward written as PyTorch's: one gradient per argument (None for the number)."""
+
+    @staticmethod
+    def forward(ctx, k, x):
+        ctx.k = k
+        return k * x
+
+    @staticmethod
+    def backward(ctx, dy):
+        return ctx.wrong if hasattr(ctx, "wrong") else (None, ctx.k * dy)
+
+
+def test_a_function_may_return_one_gradient_per_argument_as_pytorch():
+    def body():
+        mesh = Mesh(L, spmdsim.world())
+        x = DTensor.from_global(mesh, np.arange(8.0).reshape(2, 4), mesh.layout("dp", "tp")).requires_grad_()
+        ops.sum(_Scaled.apply(3.0, x)).backward()
+        grad = x.grad.gather()
+
+        class Wrong(_Scaled):
+            @staticmethod
+            def forward(ctx, k, x):
+                ctx.k, ctx.wrong = k, (1.0, x)
+                return k * x
+
+        y = DTensor.from_global(mesh, np.ones((2, 4)), mesh.layout("dp", "tp")).requires_grad_()
+        with pytest.raises(OperatorError, match=re.escape("Wrong.backward returned a gradient for argument 0 "
+                                                          "(2.0), which is not a DTensor; return None there")):
+            ops.sum(Wrong.apply(2.0, y)).backward()
+        return grad
+
+    assert np.array_equal(spmdsim.simulate(8, body)[0], np.full((2, 4), 3.0))
