@@ -25,7 +25,7 @@ from generalkit import CASES, Case, random_case, run_case
 L = Layout((2, 4), ("dp", "tp"))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=st.sampled_from(sorted(CASES)), seed=st.integers(0, 2 ** 32 - 1), ranks=st.sampled_from([8, 4]))
 def test_every_rule_matches_numpy_forward_and_backward(name, seed, ranks):
     case = random_case(name, ranks, np.random.default_rng(seed))

@@ -273,3 +273,16 @@ def test_a_function_may_return_one_gradient_per_argument_as_pytorch():
         return grad
 
     assert np.array_equal(spmdsim.simulate(8, body)[0], np.full((2, 4), 3.0))
+
+
+def test_iterating_a_dtensor_walks_its_first_dim_as_numpy_does():
+    """x[i] past the end is an IndexError too (and an OperatorError), so ``for row in x`` stops there."""
+    def body():
+        mesh = Mesh(Layout((2,), ("tp",)), spmdsim.world())
+        x = DTensor.from_global(mesh, np.arange(6.0).reshape(3, 2), mesh.layout(None, "tp"))
+        rows = [row.gather() for row in x]
+        with pytest.raises(IndexError, match=r"index 3 is out of range for dim 0 of size 3"):
+            x[3]
+        return [r.tolist() for r in rows]
+
+    assert spmdsim.simulate(2, body)[0] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]

@@ -162,7 +162,7 @@ def getitem(x: Any, index: Any) -> Any:
         elif as_int(item) is not None and not isinstance(item, bool):
             i = as_int(item)
             if not -size <= i < size:
-                raise OperatorError(f"index {item!r} is out of range for dim {d} of size {size}")
+                raise _OutOfRange(f"index {item!r} is out of range for dim {d} of size {size}")
             x = _cut(x, index, d, i % size, 1)
         else:
             raise OperatorError(f"index {index!r}: entry {item!r} is not an int, a slice, '...' or None "
@@ -170,6 +170,10 @@ def getitem(x: Any, index: Any) -> Any:
         d += 1
     target = tuple(out_shape)
     return x if target == tuple(x.global_shape) else _reshape(x, target)
+
+
+class _OutOfRange(OperatorError, IndexError):
+    """An int index past its dim: an IndexError too, so ``for row in x`` stops there as over a numpy array."""
 
 
 def _cut(x: Any, index: Any, d: int, start: int, length: int) -> Any:
