@@ -40,7 +40,7 @@ LINEARITY = {
     "add": "joint", "sub": "joint", "neg": "joint", "where": "branches",
     "mul": "one", "div": "numerator",
     "exp": None, "log": None, "sqrt": None, "tanh": None, "pow": None, "maximum": None, "minimum": None,
-    "relu": None, "gelu": None, "abs": None, "eq": None, "lt": None, "gt": None, "le": None, "ge": None,
+    "relu": None, "gelu": None, "abs": None, "eq": None, "lt": None, "gt": None, "le": None, "ge": None, "ne": None,
     "sigmoid": None, "silu": None, "sin": None, "cos": None, "square": None, "rsqrt": None, "clip": None,
 }
 

@@ -44,6 +44,28 @@ def narrow(x: Any, dim: int, start: int, length: int) -> Any:
     return record(out, "narrow", (x,), backward)
 
 
+def chunk(x: Any, chunks: int, dim: int = 0) -> tuple:
+    """`x` cut along `dim` into `chunks` pieces of ceil(size / chunks) (the last smaller, fewer pieces if the
+    dim runs out), as PyTorch's chunk: narrows of a dim that must be whole on every rank."""
+    n = as_int(chunks)
+    if n is None or isinstance(chunks, bool) or n < 1:
+        raise OperatorError(f"chunk: chunks {chunks!r} must be a positive integer")
+    try:
+        ndim = x.layout.ndim
+    except AttributeError:
+        raise_if_not_dtensors("chunk", ("x",), x)
+        raise
+    d = as_int(dim)
+    if d is None or isinstance(dim, bool) or not -ndim <= d < ndim:
+        raise OperatorError(f"chunk: dim {dim!r} is out of range for a tensor of {ndim} dims "
+                            f"(expected an integer from {-ndim} to {ndim - 1})")
+    size = x.global_shape[d % ndim]
+    step = -(-size // n) if size else 0
+    if step == 0:
+        return (x,)
+    return tuple(narrow(x, d, start, min(step, size - start)) for start in range(0, size, step))
+
+
 def concatenate(xs: Sequence[Any], dim: int = 0) -> Any:
     """The DTensors `xs` joined along `dim` (numpy.concatenate), which must be whole on every rank.
 

@@ -26,7 +26,7 @@ from . import _common
 from ._common import describe, make_dtensor, result_dtype
 
 __all__ = ["add", "sub", "mul", "div", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "pow", "neg",
-           "abs", "sigmoid", "silu", "sin", "cos", "square", "rsqrt", "clip", "equal", "lift", "pointwise"]
+           "abs", "sigmoid", "silu", "sin", "cos", "square", "rsqrt", "clip", "equal", "not_equal", "lift", "pointwise"]
 
 
 def _half(mask: np.ndarray, ties: np.ndarray) -> np.ndarray:
@@ -81,7 +81,7 @@ _KERNELS: dict[str, tuple[Callable, Callable]] = {
     "rsqrt": (lambda x: 1 / np.sqrt(x), lambda dy, x, o, n: (-0.5 * dy * o * o * o,)),
     "clip": (np.clip, lambda dy, x, o, n: _clip_grads(dy, *x, n)),
     "eq": (np.equal, None), "lt": (np.less, None), "gt": (np.greater, None),
-    "le": (np.less_equal, None), "ge": (np.greater_equal, None),
+    "le": (np.less_equal, None), "ge": (np.greater_equal, None), "ne": (np.not_equal, None),
 }
 
 
@@ -367,6 +367,11 @@ def clip(x: Any, low: Any = None, high: Any = None) -> Any:
 def equal(a: Any, b: Any) -> Any:
     """a == b elementwise as a bool DTensor (no gradient); ``==`` on DTensors compares identity, as for objects."""
     return pointwise("eq", a, b)
+
+
+def not_equal(a: Any, b: Any) -> Any:
+    """a != b elementwise as a bool DTensor (no gradient)."""
+    return pointwise("ne", a, b)
 
 
 def compare(op: str, a: Any, b: Any) -> Any:

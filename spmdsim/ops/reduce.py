@@ -20,7 +20,7 @@ from ..autograd.rules import grad_tensor
 from ..infer.pointwise import infer_reduce, reduce_dims
 from ._common import make_dtensor, raise_if_not_dtensors
 
-__all__ = ["sum", "mean", "max", "min", "reduce"]
+__all__ = ["sum", "mean", "max", "min", "var", "reduce"]
 
 _KERNELS = {"sum": np.sum, "mean": np.sum, "max": np.max, "min": np.min}
 
@@ -105,3 +105,27 @@ def max(x: Any, dims: Any = None, keepdims: bool = False) -> Any:  # noqa: A001 
 def min(x: Any, dims: Any = None, keepdims: bool = False) -> Any:  # noqa: A001 - numpy's name
     """Minimum over `dims`; over a split dim one Allreduce(MIN)."""
     return reduce("min", x, dims, keepdims)
+
+
+def var(x: Any, dims: Any = None, keepdims: bool = False, correction: int = 0) -> Any:
+    """Variance over `dims` (numpy's ``var``; ``correction=1`` for PyTorch's default, Bessel's), built from
+    mean and the elementwise rules: over a split dim the mean is a pending sum, resolved where a square
+    needs a whole value, so no rank gathers a row."""
+    from ..errors import OperatorError
+    from ..validate import as_int
+    from . import pointwise as P
+
+    try:
+        layout = x.layout
+    except AttributeError:
+        raise_if_not_dtensors("var", ("x",), x)
+        raise
+    axes = reduce_dims(dims, layout.ndim, "var")
+    c = as_int(correction)
+    if c is None or isinstance(correction, bool) or c < 0:
+        raise OperatorError(f"var: correction {correction!r} must be a non-negative integer")
+    count = math.prod(x.global_shape[d] for d in axes)
+    if count - c <= 0:
+        raise OperatorError(f"var: correction {c} leaves no degrees of freedom over {count} entries")
+    centred = P.sub(x, mean(x, axes, keepdims=True))
+    return P.mul(sum(P.mul(centred, centred), axes, keepdims), 1.0 / (count - c))
