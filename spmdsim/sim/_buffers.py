@@ -105,7 +105,9 @@ def reduction(op: Any) -> Reduction:
                     _BY_OP[id(op)] = found
                 return found
         if op != mpi.OP_NULL:
-            return Reduction(f"user op {op.py2f()}", None, op, op)
+            # Not named by its handle: each simulated rank runs the script's MPI.Op.Create itself,
+            # so one op has a handle per rank, where MPI's processes agree.
+            return Reduction("user op", None, op, op)
     raise ShapeError(f"reduction {op!r} is not simulated; expected an MPI.Op (MPI.SUM, MPI.MAX, ...) "
                      f"or one of 'sum', 'max', 'min', 'prod'")
 

@@ -2,6 +2,8 @@
 
     spmdsim mpirun -n 8 python script.py ARGS...
     spmdsim mpirun -n 4 python -m package.module ARGS...
+    spmdsim mpirun -n 4 python -m mpi4py script.py ARGS...     (mpi4py's runner: the same)
+    spmdsim mpirun -n 4 python -c "from mpi4py import MPI; ..."
     python -m spmdsim.sim.mpirun -n 8 script.py ARGS...
 
 Every rank runs the script in its own thread with its own globals
@@ -34,21 +36,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _target(command: Sequence[str]) -> tuple[str, str, list[str]]:
-    """('path' | 'module', what, argv) of a command line; raises ValueError for one it cannot run."""
+    """('path' | 'module' | 'code', what, argv) of a command line; raises ValueError for one it cannot run.
+
+    ``python -m mpi4py script.py`` (mpi4py's runner, which aborts the job when a rank
+    raises) runs the script itself: the simulated ranks stop on an error anyway.
+    """
     words = list(command)
     if words and (os.path.basename(words[0]) in _PYTHONS or words[0] == sys.executable):
         words = words[1:]
+    if words[:2] in (["-m", "mpi4py"], ["-m", "mpi4py.run"]):
+        words = _mpi4py_run(words[2:])
     if not words:
         raise ValueError("no program given: expected `[python] script.py ARGS...` or `[python] -m module`")
-    if words[0] == "-m":
+    if words[0] in ("-m", "-c"):
         if len(words) < 2:
-            raise ValueError("-m needs a module name")
+            raise ValueError(f"{words[0]} needs a {'module name' if words[0] == '-m' else 'program'}")
+        if words[0] == "-c":  # python -c CMD ARGS: sys.argv is ['-c', ARGS...]
+            return "code", words[1], ["-c", *words[2:]]
         return "module", words[1], [words[1], *words[2:]]
     if words[0].startswith("-"):
-        raise ValueError(f"python option {words[0]!r} is not supported; give a script or -m module")
+        raise ValueError(f"python option {words[0]!r} is not supported; give a script, -m module or -c program")
     if not os.path.isfile(words[0]):
         raise ValueError(f"script {words[0]!r} does not exist")
     return "path", words[0], words
+
+
+def _mpi4py_run(words: list[str]) -> list[str]:
+    """The command `python -m mpi4py [-rc ...] ...` runs, without mpi4py's options: its -rc
+    settings configure MPI's initialization, which simulated ranks do not do."""
+    while words and words[0].startswith("-") and words[0] not in ("-m", "-c"):
+        if words[0] in ("-rc", "--rc") and len(words) > 1:
+            words = words[2:]
+        elif words[0].startswith("--rc="):
+            words = words[1:]
+        elif words[0] == "-":
+            raise ValueError("python -m mpi4py - (the program from stdin) is not supported: "
+                             "every simulated rank would read it; give a script")
+        else:
+            raise ValueError(f"mpi4py option {words[0]!r} is not supported under spmdsim mpirun; "
+                             f"give a script, -m module or -c program")
+    return words
 
 
 def _rank(kind: str, what: str) -> int:
@@ -57,11 +84,18 @@ def _rank(kind: str, what: str) -> int:
         if kind == "module":
             runpy.run_module(what, run_name="__main__", alter_sys=False)
         else:
-            with open(what, "rb") as f:
-                code = compile(f.read(), what, "exec")
+            if kind == "code":
+                code, path = compile(what, "<string>", "exec"), None
+            else:
+                path = os.path.abspath(what)  # as `python script.py` sets __file__ (Python 3.9+)
+                with open(path, "rb") as f:
+                    code = compile(f.read(), path, "exec")
             # Its own globals, and sys.modules['__main__'] left alone: the ranks run at once.
-            exec(code, {"__name__": "__main__", "__file__": what, "__builtins__": __builtins__,
-                        "__spec__": None, "__package__": None, "__cached__": None})
+            scope = {"__name__": "__main__", "__builtins__": __builtins__, "__spec__": None,
+                     "__package__": None}
+            if path is not None:
+                scope.update(__file__=path, __cached__=None)
+            exec(code, scope)
     except SystemExit as exc:
         code = exc.code
         if code is None or isinstance(code, int):
@@ -87,7 +121,8 @@ def run(n: int, command: Sequence[str]) -> int:
         return 2
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv[:] = argv
-    sys.path.insert(0, os.path.dirname(os.path.abspath(what)) if kind == "path" else os.getcwd())
+    sys.path.insert(0, os.path.dirname(os.path.abspath(what)) if kind == "path" else
+                    "" if kind == "code" else os.getcwd())
     try:
         with swapped():
             codes = simulate(n, _rank, kind, what)
