@@ -91,3 +91,66 @@ def test_file_is_absolute_as_python_sets_it(in_lab, capsys):
     code, out, err = _mpirun(capsys, "where.py")
     assert (code, err) == (0, "")
     assert out.splitlines() == ["True where.py"] * 4
+
+
+DEADLOCK = "spmdsim mpirun: error: simulated ranks deadlock (every live rank waits, none can go on): "
+# (program, arguments, exit code, stderr): where MPICH hangs (the first five) or aborts, one line each.
+WRONG = [
+    ("headtohead.py", [], 1, DEADLOCK +
+     "send to group rank 1 (tag 5) on the world: rank 0 waits in it; a message of 8000000 bytes; at headtohead.py:13 | "
+     "send to group rank 0 (tag 5) on the world: rank 1 waits in it; a message of 8000000 bytes; at headtohead.py:13 | "
+     "barrier on the world (call 1): ranks 2,3 wait in it; rank 0 is elsewhere, in send to group rank 1 (tag 5) on "
+     "the world; rank 1 is elsewhere, in send to group rank 0 (tag 5) on the world; at headtohead.py:16 | "
+     "a standard Send of 8 KiB or more waits for its receive, as MPICH's does past its eager limit: post the "
+     "receive first on one side, or use Sendrecv or Isend/Irecv"),
+    ("missing_send.py", [], 1, DEADLOCK +
+     "recv from group rank 1 (tag 3) on the world: rank 0 waits in it; rank 1 finished; at missing_send.py:6"),
+    ("wrong_tag.py", [], 1, DEADLOCK +
+     "recv from group rank 1 (tag 3) on the world: rank 0 waits in it; rank 0 has an unreceived message from "
+     "rank 1 (tag 4); at wrong_tag.py:8 | barrier on the world (call 1): ranks 1-3 wait in it; rank 0 is "
+     "elsewhere, in recv from group rank 1 (tag 3) on the world; at wrong_tag.py:9"),
+    ("exit_early.py", [], 3, DEADLOCK +
+     "barrier on the world (call 1): ranks 0,2,3 wait in it; rank 1 exited (sys.exit(3)); at exit_early.py:9"),
+    ("truncate.py", [], 1, "spmdsim mpirun: error on simulated rank 1: MPI.Exception: Message truncated: rank 0 "
+                           "sends 80 bytes (tag 0) but rank 1 receives into a buffer of 40"),
+    ("exception.py", [], 1, "spmdsim mpirun: error on simulated rank 2: ValueError: bad input on rank 2"),
+    ("abort.py", [], 2, "usage: abort.py N\nspmdsim mpirun: simulated rank 0 called Abort(2) on the world: every "
+                        "rank was stopped"),
+    ("buffer_to_recv.py", [], 1, "spmdsim mpirun: error on simulated rank 0: UnpicklingError: recv: the message "
+                                 "from rank 1 (tag 7, 12 bytes) is not a pickled object (invalid load key, "
+                                 "'\\x00'.); was it sent with Send, a buffer? Receive it with Recv into an array"),
+]
+
+
+@pytest.mark.parametrize("name, args, code, first", WRONG, ids=[w[0] for w in WRONG])
+def test_wrong_programs_end_with_one_clear_report(name, args, code, first, capsys):
+    got, out, err = _mpirun(capsys, str(LAB / name), *args)
+    assert got == code
+    if "Traceback" not in err:  # a deadlock, Abort: the line(s) and nothing else
+        assert err == first + "\n"
+        return
+    # An exception: its line, then the traceback from the program's frame down, without the
+    # launcher's frames or (for MPI's and spmdsim's errors) the emulator's, as mpiexec shows it.
+    assert err.startswith(first + "\nTraceback (most recent call last):\n  File \"" + str(LAB / name))
+    assert "spmdsim" not in err.split("\n", 1)[1] and err.endswith(" of 4\n")
+
+
+def test_small_head_to_head_sends_and_ssend_cycles(capsys):
+    # Below MPICH's eager limit both Sends complete (MPI buffers them); synchronous sends never do.
+    code, out, err = _mpirun(capsys, str(LAB / "headtohead.py"), "100")
+    assert (code, sorted(out.splitlines()), err) == (0, ["rank 0 got 1.0 x100", "rank 1 got 0.0 x100"], "")
+    code, out, err = _mpirun(capsys, "-c", "from mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
+                                           "comm.ssend(comm.rank, dest=comm.rank ^ 1)\ncomm.recv(source=comm.rank ^ 1)")
+    assert code == 1
+    assert err.startswith(DEADLOCK + "send to group rank 1 (tag 0) on the world: rank 0 waits in it; an Ssend; "
+                                     "at <string>:3 | ")
+    assert err.endswith(" | an Ssend waits until its receive is posted: post the receive first on one side\n")
+
+
+def test_collectives_that_differ_name_both_lines(capsys):
+    # MPICH lets the root's bcast pass unmatched here and prints results (the program is wrong all the same).
+    code, out, err = _mpirun(capsys, str(LAB / "bcast_on_root_only.py"))
+    assert code == 1 and out == ""
+    assert re.fullmatch(r"spmdsim mpirun: error: collectives diverge on the world \(call 1 on that communicator\): "
+                        r"rank 0 calls bcast\(obj\) root 0 but rank ([123]) calls allreduce\(obj\) sum; "
+                        r"at bcast_on_root_only.py:6 \(rank 0\), bcast_on_root_only.py:9 \(rank \1\)\n", err), err

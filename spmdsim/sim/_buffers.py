@@ -53,6 +53,28 @@ def mpi_module() -> Any:
     return sys.modules.get("mpi4py.MPI")
 
 
+_DETAILED: dict = {}  # mpi4py.MPI.Exception -> its subclass that says what happened
+
+
+def mpi_error(mpi: Any, code: int, detail: str) -> BaseException:
+    """MPI.Exception(code) (`except MPI.Exception` and Get_error_class work) whose text goes on with
+    `detail`: MPICH's error stack names the ranks and sizes, mpi4py's bare class text does not."""
+    base = mpi.Exception
+    cls = _DETAILED.get(base)
+    if cls is None:
+        def __init__(self: Any, ierr: int = 0, detail: str = "") -> None:
+            base.__init__(self, ierr)
+            self.detail = detail
+
+        def __str__(self: Any) -> str:
+            text = base.__str__(self)
+            return f"{text}: {self.detail}" if self.detail else text
+
+        cls = _DETAILED[base] = type("Exception", (base,), {"__init__": __init__, "__str__": __str__,
+                                                            "__module__": base.__module__})
+    return cls(code, detail)
+
+
 def special(name: str) -> int:
     """MPI.ANY_SOURCE / ANY_TAG / PROC_NULL / UNDEFINED ... as this process's MPI defines them."""
     mpi = mpi_module()

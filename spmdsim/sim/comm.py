@@ -284,7 +284,11 @@ class SimComm(PointToPoint, BufferCollectives, ObjectCollectives):
     free = Free
 
     def Abort(self, errorcode: int = 0) -> None:
-        raise SimulationError(f"simulated rank {self.world_rank} called Abort({errorcode})")
+        """End every simulated rank (SimulationError, whose `abort_code` spmdsim mpirun exits with)."""
+        error = SimulationError(f"simulated rank {self.world_rank} called Abort({errorcode}) on "
+                                f"{self._group.label()}: every rank was stopped")
+        error.abort_code = int(errorcode)
+        raise error
 
     def Attach_buffer(self, buf: Any) -> None:
         self._h.buffer = buf

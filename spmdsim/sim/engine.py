@@ -29,6 +29,8 @@ corrupts its memory ("BLAS : Bad memory unallocation!", then glibc aborts):
 """
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 from collections import deque
@@ -242,7 +244,8 @@ class Group:
         (a, one), (b, other) = sorted([(self.members[me], mine), (self.members[first], theirs)],
                                       key=lambda pair: pair[0])
         return (f"collectives diverge on {self.label()} (call {seq} on that communicator): "
-                f"rank {a} calls {one.describe()} but rank {b} calls {other.describe()}")
+                f"rank {a} calls {one.describe()} but rank {b} calls {other.describe()}"
+                f"{self.world.program_lines([a, b])}")
 
 
 class _Waiting:
@@ -283,12 +286,15 @@ class World:
         self._queue: deque = deque()
         self._granted: set[int] = set()
         self._holding: set[int] = set()
+        self.threads: dict[int, int] = {}  # rank -> its thread's ident: where its program waits
+        self.exits: dict[int, int] = {}  # rank -> the non-zero code it exited with (spmdsim mpirun)
 
     # -- run slots (all with the lock held) --------------------------------------------------
 
     def start(self, rank: int) -> None:
         """Block `rank`'s thread until it may compute (a run slot), even after another rank failed."""
         with self.lock:
+            self.threads[rank] = threading.get_ident()
             self._take_slot(rank)
 
     def pause(self, rank: int) -> None:
@@ -423,26 +429,65 @@ class World:
         self._wake_all()
 
     def _explain(self) -> str:
-        """Who waits in what, and for each waited-on collective where its missing members are."""
+        """Who waits in what, where in their program, and for each waited-on call where the others are."""
         by_call: dict[tuple, tuple[_Waiting, list[int]]] = {}
         for rank, what in sorted(self.waiting.items()):
             by_call.setdefault(what.key(), (what, []))[1].append(rank)
-        clauses = []
+        clauses, hints = [], []
         for what, ranks in by_call.values():
             clause = f"{what.text()}: {ranks_text(ranks)} {'waits' if len(ranks) == 1 else 'wait'} in it"
             if what.group is not None and what.token is None:
                 missing = [m for m in what.group.members if m not in ranks]
-                clause += "".join(f"; {self._whereabouts(m)}" for m in missing[:8])
+                clause += "".join(f"; {self.whereabouts(m)}" for m in missing[:8])
                 if len(missing) > 8:
                     clause += f"; and {len(missing) - 8} more"
+            stuck = getattr(what.token, "why_stuck", None)  # a point-to-point request (spmdsim.sim.p2p)
+            if stuck is not None:
+                more, hint = stuck(self)
+                clause += more
+                if hint and hint not in hints:
+                    hints.append(hint)
+            clause += self.program_lines(ranks)
             clauses.append(clause)
         return ("simulated ranks deadlock (every live rank waits, none can go on): "
-                + " | ".join(clauses))
+                + " | ".join(clauses + hints))
 
-    def _whereabouts(self, rank: int) -> str:
+    def program_lines(self, ranks: list[int]) -> str:
+        """'; at prog.py:12' (or per line: 'at prog.py:12 (ranks 0,1), prog.py:15 (rank 3)'): the
+        line of the program (the innermost frame outside spmdsim) where each of `ranks` waits."""
+        frames = sys._current_frames()
+        lines: dict[str, list[int]] = {}
+        for rank in ranks:
+            line = _program_line(frames.get(self.threads.get(rank, -1)))
+            if line:
+                lines.setdefault(line, []).append(rank)
+        if not lines:
+            return ""
+        if len(lines) == 1:
+            return f"; at {next(iter(lines))}"
+        return "; at " + ", ".join(f"{line} ({ranks_text(rs)})" for line, rs in lines.items())
+
+    def whereabouts(self, rank: int) -> str:
+        """Where `rank` is: 'rank 3 finished', 'rank 3 is elsewhere, in barrier on the world', ... (lock held)."""
         what = self.waiting.get(rank)
         if what is not None:
             return f"rank {rank} is elsewhere, in {what.text()}"
         if rank in self.failed:
             return f"rank {rank} failed"
+        if rank in self.exits:
+            return f"rank {rank} exited (sys.exit({self.exits[rank]}))"
         return f"rank {rank} finished" if rank in self.finished else f"rank {rank} is computing"
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # spmdsim/
+_SKIPPED = (_PACKAGE + os.sep, os.path.abspath(threading.__file__))
+
+
+def _program_line(frame: Any) -> str:
+    """'prog.py:12' of the innermost frame outside spmdsim (and threading), or ''."""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(_SKIPPED) and not name.startswith("<frozen"):
+            return f"{os.path.basename(name)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return ""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pickle
 import runpy
 import sys
 import traceback
@@ -78,7 +79,7 @@ def _mpi4py_run(words: list[str]) -> list[str]:
     return words
 
 
-def _rank(kind: str, what: str) -> int:
+def _program(kind: str, what: str) -> int:
     """Run the program on this simulated rank; return its exit code."""
     try:
         if kind == "module":
@@ -105,9 +106,62 @@ def _rank(kind: str, what: str) -> int:
     return 0
 
 
+def _rank(kind: str, what: str, exits: dict) -> int:
+    """`_program`, noting a non-zero exit code (in `exits`, and for deadlock reports: 'rank 1 exited
+    (sys.exit(3))')."""
+    from .run import current_rank, note_exit
+
+    code = _program(kind, what)
+    if code:
+        exits[current_rank()] = code
+        note_exit(code)
+    return code
+
+
+def _report(exc: BaseException, exits: dict) -> int:
+    """Print how the simulated ranks ended (as mpiexec reports a failed job); return the exit code.
+
+    A deadlock or mismatched collectives (where MPI hangs): one line naming the ranks, calls and
+    program lines, exit 1 or the largest code a rank exited with. MPI_Abort: one line, its code.
+    Any other exception: the failing rank's traceback from the program down, exit 1; where it is
+    MPI's error (MPI.Exception), an object receive's (UnpicklingError) or spmdsim's, without the
+    emulator's frames below the program's, as mpiexec shows no frames inside the MPI library.
+    """
+    from ..errors import RuntimeMismatchError, SpmdsimError
+    from .engine import ranks_text
+
+    ranks = getattr(exc, "simulated_ranks", ())
+    where = f"simulated {ranks_text(ranks)}" if ranks else "a simulated rank"
+    if isinstance(exc, RuntimeMismatchError):  # a deadlock, or collectives that differ
+        print(f"spmdsim mpirun: error: {exc}", file=sys.stderr)
+        return max([1, *exits.values()])
+    code = getattr(exc, "abort_code", None)
+    if code is not None:  # comm.Abort(code): MPI ends the job with that code
+        print(f"spmdsim mpirun: {exc}", file=sys.stderr)
+        return int(code)
+    mpi = sys.modules.get("mpi4py.MPI")
+    ours = isinstance(exc, (SpmdsimError, pickle.UnpicklingError)) or (mpi is not None and isinstance(exc, mpi.Exception))
+    name = "MPI.Exception" if mpi is not None and isinstance(exc, mpi.Exception) else type(exc).__name__
+    lines = traceback.TracebackException.from_exception(exc)
+    lines.stack = traceback.StackSummary.from_list(_program_frames(exc, ours))
+    detail = "".join(lines.format())
+    print(f"spmdsim mpirun: error on {where}: {name}: {exc}\n{detail}", file=sys.stderr, end="")
+    return 1
+
+
+def _program_frames(exc: BaseException, trim_emulator: bool) -> list:
+    """The frames of `exc`'s traceback from the program's first on (the launcher's are dropped);
+    with `trim_emulator`, also without spmdsim's frames below the program's last."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    mine = [i for i, f in enumerate(frames) if not f.filename.startswith(package)]
+    if not mine:
+        return list(frames)
+    return list(frames[mine[0]:mine[-1] + 1] if trim_emulator else frames[mine[0]:])
+
+
 def run(n: int, command: Sequence[str]) -> int:
     """Run `command` (see _target) on `n` simulated ranks; return the exit code."""
-    from .engine import ranks_text
     from .mpi4py_world import swapped
     from .run import MAX_RANKS, simulate
 
@@ -123,9 +177,10 @@ def run(n: int, command: Sequence[str]) -> int:
     sys.argv[:] = argv
     sys.path.insert(0, os.path.dirname(os.path.abspath(what)) if kind == "path" else
                     "" if kind == "code" else os.getcwd())
+    exits: dict = {}
     try:
         with swapped():
-            codes = simulate(n, _rank, kind, what)
+            codes = simulate(n, _rank, kind, what, exits)
     except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, as a shell tool does on SIGPIPE
         from .launch import _quiet_stdout
 
@@ -135,11 +190,7 @@ def run(n: int, command: Sequence[str]) -> int:
         print("spmdsim mpirun: interrupted (Ctrl-C): the simulated ranks were stopped", file=sys.stderr)
         return 130
     except BaseException as exc:  # noqa: BLE001 - reported as mpiexec reports a failed rank
-        ranks = getattr(exc, "simulated_ranks", ())
-        where = f"simulated {ranks_text(ranks)}" if ranks else "a simulated rank"
-        detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        print(f"spmdsim mpirun: error on {where}: {type(exc).__name__}: {exc}\n{detail}", file=sys.stderr, end="")
-        return 1
+        return _report(exc, exits)
     finally:
         sys.argv[:], sys.path[:] = saved_argv, saved_path
     return max(codes)

@@ -19,7 +19,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..errors import ShapeError
-from ._buffers import message, mpi_module, special
+from ._buffers import message, mpi_error, mpi_module, special
 from .engine import Group, _Waiting
 from .requests import Request, completed, fill_status
 
@@ -122,11 +122,16 @@ def _deliver(send: Request, recv: Request) -> None:
 
 
 def _truncated(send: Request, recv: Request, n: int) -> BaseException:
+    detail = (f"{_name(send.group, send.me)} sends {n} bytes (tag {send.tag}) but {_name(send.group, recv.me)} "
+              f"receives into a buffer of {recv.buf.nbytes}")
     mpi = mpi_module()
     if mpi is not None:
-        return mpi.Exception(mpi.ERR_TRUNCATE)
-    return ShapeError(f"message truncated: group rank {send.me} sends {n} bytes (tag {send.tag}) "
-                      f"but group rank {recv.me} receives into {recv.buf.nbytes}")
+        return mpi_error(mpi, mpi.ERR_TRUNCATE, detail)
+    return ShapeError(f"message truncated: {detail}")
+
+
+def _name(group: Group, me: int) -> str:
+    return f"rank {me}" if group.members == tuple(range(group.world.size)) else f"group rank {me}"
 
 
 def _remove(queue: list, req: Request) -> bool:

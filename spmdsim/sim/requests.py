@@ -90,6 +90,40 @@ class Request:
         way = "to" if self.kind == "send" else "from"
         return f"{self.kind} {way} {peer} (tag {self.tag})"
 
+    def why_stuck(self, world: Any) -> tuple[str, str]:
+        """For a deadlock report (world lock held): what more to say of this waiting request, and a
+        hint for the whole report ('' for none). Names the peer when it waits in nothing (finished,
+        exited), the messages a waiting receive does not take, and sends waiting for each other."""
+        group = self.group
+        if group is None or self.kind not in ("send", "recv", "probe"):
+            return "", ""
+        more, hint = "", ""
+        peer_waits = None
+        if self.peer != special("ANY_SOURCE"):
+            peer = group.members[self.peer]
+            peer_waits = world.waiting.get(peer)
+            if peer_waits is None:  # a waiting peer has its own clause
+                more += f"; {world.whereabouts(peer)}"
+        if self.kind != "send":
+            pending = [s for s in group.sends if s.peer == self.me]
+            for s in pending[:3]:
+                more += f"; {_rank_name(group, self.me)} has an unreceived message from {_rank_name(group, s.me)} " \
+                        f"(tag {s.tag})"
+            return more, hint
+        peer_sends = peer_waits is not None and getattr(peer_waits.token, "kind", None) == "send"
+        if peer_sends and self.payload is not None:
+            from .p2p import EAGER_BYTES
+
+            if self.mode == "synchronous":
+                more += "; an Ssend"
+                hint = "an Ssend waits until its receive is posted: post the receive first on one side"
+            elif self.payload.nbytes >= EAGER_BYTES:
+                more += f"; a message of {self.payload.nbytes} bytes"
+                hint = (f"a standard Send of {EAGER_BYTES // 1024} KiB or more waits for its receive, as MPICH's "
+                        f"does past its eager limit: post the receive first on one side, or use Sendrecv or "
+                        f"Isend/Irecv")
+        return more, hint
+
     # -- completion ---------------------------------------------------------------------------
 
     def _ready(self) -> bool:
@@ -123,7 +157,13 @@ class Request:
         elif status is not None and self.kind != "send":
             _empty(status)
         if recv.kind == "recv" and recv.buf is None and recv.payload:  # an empty message is None
-            return pickle.loads(recv.payload)
+            try:
+                return pickle.loads(recv.payload)
+            except Exception as exc:  # noqa: BLE001 - a buffer's bytes: say so, as the same type
+                raise pickle.UnpicklingError(
+                    f"recv: the message from {_rank_name(recv.group, recv.source)} (tag {recv.got_tag}, "
+                    f"{recv.nbytes} bytes) is not a pickled object ({exc}); was it sent with Send, a "
+                    f"buffer? Receive it with Recv into an array") from None
         return None
 
     def _pause(self) -> None:
@@ -271,6 +311,11 @@ class Request:
         statuses = _statuses(statuses, len(ready))
         objs = [requests[i]._finish(statuses[k] if statuses else None) for k, i in enumerate(ready)]
         return ready, objs
+
+
+def _rank_name(group: Group, me: int) -> str:
+    """'rank 3' on the world, else 'group rank 3'."""
+    return f"rank {me}" if group.members == tuple(range(group.world.size)) else f"group rank {me}"
 
 
 def _statuses(statuses: Any, n: int) -> Any:
