@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
+import spmdsim
 from spmdsim.cli.main import main
 from testkit import MPIEXEC
 
 LAB = Path(__file__).resolve().parent / "data" / "lab"
+PACKAGE = Path(spmdsim.__file__).resolve().parent
 ARGS = {"argv_files.py": ["inputs.txt"]}
 SAME_AS_MPICH = ["hello.py", "ring_objects.py", "ring_buffers.py", "sendrecv.py", "any_source.py",
                  "collectives_objects.py", "collectives_buffers.py", "reduce_ops.py", "nonblocking.py",
@@ -116,6 +118,8 @@ WRONG = [
     ("exception.py", [], 1, "spmdsim mpirun: error on simulated rank 2: ValueError: bad input on rank 2"),
     ("abort.py", [], 2, "usage: abort.py N\nspmdsim mpirun: simulated rank 0 called Abort(2) on the world: every "
                         "rank was stopped"),
+    ("reduce_dtype.py", [], 1, "spmdsim mpirun: error on simulated rank 0: DTypeError: Reduce: send dtype 'int32' "
+                               "and receive dtype 'float64' differ"),
     ("buffer_to_recv.py", [], 1, "spmdsim mpirun: error on simulated rank 0: UnpicklingError: recv: the message "
                                  "from rank 1 (tag 7, 12 bytes) is not a pickled object (invalid load key, "
                                  "'\\x00'.); was it sent with Send, a buffer? Receive it with Recv into an array"),
@@ -132,7 +136,7 @@ def test_wrong_programs_end_with_one_clear_report(name, args, code, first, capsy
     # An exception: its line, then the traceback from the program's frame down, without the
     # launcher's frames or (for MPI's and spmdsim's errors) the emulator's, as mpiexec shows it.
     assert err.startswith(first + "\nTraceback (most recent call last):\n  File \"" + str(LAB / name))
-    assert "spmdsim" not in err.split("\n", 1)[1] and err.endswith(" of 4\n")
+    assert str(PACKAGE) not in err and err.endswith(" of 4\n")
 
 
 def test_small_head_to_head_sends_and_ssend_cycles(capsys):

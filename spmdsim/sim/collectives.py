@@ -44,6 +44,16 @@ def _shared(n: int, dtype: np.dtype) -> Callable[[Any], None]:
     return complete
 
 
+def _matching(op: str, sendbuf: Any, dst: np.ndarray, n: int) -> np.ndarray:
+    """The send data of a reduction whose receive buffer is `dst` (n items): of its dtype and count,
+    as mpi4py requires ("mismatch in send and receive MPI datatypes"), never converted."""
+    src, ns, _ = message(sendbuf, f"{op} sendbuf")
+    _same(op, src, dst)
+    if ns != n:
+        raise ShapeError(f"{op}: {ns} items are sent but the receive buffer takes {n}")
+    return src[:n]
+
+
 def _blocks_fit(op: str, sent: np.ndarray, recv: np.ndarray) -> None:
     if sent.nbytes != recv.nbytes:
         raise ShapeError(f"{op}: a block of {sent.size} x {sent.dtype.name} is sent where "
@@ -90,7 +100,7 @@ class BufferCollectives:
         dst = dt = None
         if me == root:
             dst, n, dt = message(recvbuf, "Reduce recvbuf", readonly=False)
-            src = dst[:n] if in_place(sendbuf) else message(sendbuf, "Reduce sendbuf")[0][:n]
+            src = dst[:n] if in_place(sendbuf) else _matching("Reduce", sendbuf, dst, n)
         else:
             src, n, dt = message(sendbuf, "Reduce sendbuf")
             src = src[:n]
@@ -105,7 +115,7 @@ class BufferCollectives:
     def _scan(self, call: str, sendbuf: Any, recvbuf: Any, op: Any, exclusive: bool) -> None:
         red = reduction(op)
         dst, n, dt = message(recvbuf, f"{call} recvbuf", readonly=False)
-        src = dst[:n] if in_place(sendbuf) else message(sendbuf, f"{call} sendbuf")[0][:n]
+        src = dst[:n] if in_place(sendbuf) else _matching(call, sendbuf, dst, n)
         slot = self._enter(call.lower(), (call.lower(), dtype_name(src.dtype), n, red.name), src)
         me = self._me
         upto = me if exclusive else me + 1
