@@ -158,3 +158,16 @@ def test_collectives_that_differ_name_both_lines(capsys):
     assert re.fullmatch(r"spmdsim mpirun: error: collectives diverge on the world \(call 1 on that communicator\): "
                         r"rank 0 calls bcast\(obj\) root 0 but rank ([123]) calls allreduce\(obj\) sum; "
                         r"at bcast_on_root_only.py:6 \(rank 0\), bcast_on_root_only.py:9 \(rank \1\)\n", err), err
+
+
+def test_messages_never_received_are_a_warning(capsys):
+    # MPI leaves them undefined (MPICH drops a small one without a word, exit 0): the same exit, one line.
+    code, out, err = _mpirun(capsys, str(LAB / "unmatched_send.py"))
+    assert code == 0 and sorted(out.splitlines()) == [f"rank {r} done" for r in range(4)]
+    assert err == ("spmdsim mpirun: warning: when the ranks ended, a message from rank 0 to rank 1 (tag 3, 20 bytes) "
+                   "was never received\n")
+    code, out, err = _mpirun(capsys, "-c", "from mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
+                                           "sub = comm.Split(comm.rank % 2)\n"
+                                           "if comm.rank == 3: sub.Irecv(bytearray(8), source=MPI.ANY_SOURCE)")
+    assert code == 0 and err == ("spmdsim mpirun: warning: when the ranks ended, a receive of group rank 1 from "
+                                 "any rank (tag any) on the group of ranks 1,3 was never matched\n")

@@ -33,6 +33,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from typing import Any, Callable, Optional
 
@@ -135,6 +136,7 @@ class Group:
         self.sends: list[Any] = []  # point-to-point messages not yet matched (spmdsim.sim.p2p)
         self.recvs: list[Any] = []  # receives posted and not yet matched
         self.probes: list[Any] = []  # blocking probes waiting for a message to arrive
+        world.groups.add(self)
 
     def label(self) -> str:
         if self.members == tuple(range(self.world.size)):
@@ -279,6 +281,7 @@ class World:
         self.failure: Optional[str] = None  # set once: why every waiter stops
         self.failed_at = 0.0  # when (time.monotonic()): the others go on for GO_ON_S at most
         self.deadlock: Optional[str] = None
+        self.groups: weakref.WeakSet = weakref.WeakSet()  # every communicator's Group (spmdsim.sim.p2p.unreceived)
         self.root = Group(self, tuple(range(size)))
         # Run slots: how many more ranks may compute now, who waits for one (in order), who got one.
         self.slots = run_slots(size)

@@ -193,6 +193,10 @@ def run(n: int, command: Sequence[str]) -> int:
         return _report(exc, exits)
     finally:
         sys.argv[:], sys.path[:] = saved_argv, saved_path
+    if codes.unreceived:  # MPI leaves them undefined; MPICH drops a small one without a word
+        more = f"; and {len(codes.unreceived) - 3} more" if len(codes.unreceived) > 3 else ""
+        print(f"spmdsim mpirun: warning: when the ranks ended, {'; '.join(codes.unreceived[:3])}{more}",
+              file=sys.stderr)
     return max(codes)
 
 

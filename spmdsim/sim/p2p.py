@@ -23,7 +23,7 @@ from ._buffers import message, mpi_error, mpi_module, special
 from .engine import Group, _Waiting
 from .requests import Request, completed, fill_status
 
-__all__ = ["Request", "post_send", "post_recv", "completed", "PointToPoint", "EAGER_BYTES"]
+__all__ = ["Request", "post_send", "post_recv", "completed", "PointToPoint", "EAGER_BYTES", "unreceived"]
 
 #: Standard sends below this many bytes are buffered (MPICH 4's shared-memory eager limit is 8 KiB).
 EAGER_BYTES = 8 << 10
@@ -152,6 +152,23 @@ def cancel(req: Request) -> None:
         queue = group.recvs if req.kind == "recv" else group.sends
         if not req.done and _remove(queue, req):
             req.done = req.cancelled = True
+
+
+def unreceived(world: Any) -> tuple[str, ...]:
+    """The messages sent and never received, and the receives posted and never matched, once the
+    ranks ended ('rank 0 to rank 1 (tag 3, 20 bytes)'): MPI leaves them undefined (MPICH drops a
+    small one at MPI_Finalize without a word)."""
+    lines = []
+    with world.lock:
+        for group in list(world.groups):
+            where = "" if group is world.root else f" on {group.label()}"
+            lines += [f"a message from {_name(group, s.me)} to {_name(group, s.peer)} (tag {s.tag}, "
+                      f"{s.payload.nbytes} bytes){where} was never received" for s in group.sends]
+            lines += [f"a receive of {_name(group, r.me)} from "
+                      f"{'any rank' if r.peer == special('ANY_SOURCE') else _name(group, r.peer)} "
+                      f"(tag {'any' if r.tag == special('ANY_TAG') else r.tag}){where} was never matched"
+                      for r in group.recvs]
+    return tuple(lines)
 
 
 def _wake_probes(group: Group, send: Request) -> None:
