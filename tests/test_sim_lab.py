@@ -171,3 +171,15 @@ def test_messages_never_received_are_a_warning(capsys):
                                            "if comm.rank == 3: sub.Irecv(bytearray(8), source=MPI.ANY_SOURCE)")
     assert code == 0 and err == ("spmdsim mpirun: warning: when the ranks ended, a receive of group rank 1 from "
                                  "any rank (tag any) on the group of ranks 1,3 was never matched\n")
+
+
+def test_a_python_list_to_send_says_what_to_send(capsys):
+    # mpi4py: "TypeError: a bytes-like object is required, not 'int'"; was "ShapeError: datatype 3 is not an
+    # MPI datatype or a typecode" (the list read as [buffer, count, datatype]).
+    code, out, err = _mpirun(capsys, "-c", "from mpi4py import MPI\nif MPI.COMM_WORLD.rank == 0:\n"
+                                           "    MPI.COMM_WORLD.Send([1, 2, 3], dest=1)")
+    assert code == 1
+    assert err.startswith("spmdsim mpirun: error on simulated rank 0: TypeError: send buffer: [1, 2, 3] is read as "
+                          "[buffer, count, datatype] and 1 is not a buffer; pass a numpy array "
+                          "(np.array([1, 2, 3])), or send Python objects with the lowercase methods (send, recv, "
+                          "bcast, ...)\n")

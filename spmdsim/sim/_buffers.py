@@ -224,7 +224,8 @@ def array_of(buf: Any, what: str, readonly: bool = True) -> np.ndarray:
             a = np.asarray(_Interface(buf.__cuda_array_interface__))
         else:
             raise TypeError(f"{what}: {type(buf).__name__!r} is not a buffer (expected an array, "
-                            f"or [buffer, count, datatype])")
+                            f"or [buffer, count, datatype]; Python objects go with the lowercase methods: "
+                            f"send, recv, bcast, ...)")
     if not a.flags.c_contiguous:
         raise ShapeError(f"{what}: buffer of shape {a.shape!r} is not C-contiguous; MPI needs one block")
     if not readonly and not a.flags.writeable:
@@ -281,11 +282,19 @@ def message(spec: Any, what: str, blocks: int = 1, readonly: bool = True) -> tup
             raise ValueError(f"{what}: {n} entries do not split into {blocks} equal blocks")
         return a, n // blocks if blocks > 1 else n, None
     buf, count, displ, datatype = _unpack(spec)
+    try:  # the buffer first, as mpi4py reads it: [1, 2, 3] is a list of numbers, not [buf, count, type]
+        a = None if buf is None else array_of(buf, what, readonly)
+    except TypeError:
+        if isinstance(spec, (list, tuple)):
+            raise TypeError(f"{what}: {spec!r} is read as [buffer, count, datatype] and {buf!r} is not a "
+                            f"buffer; pass a numpy array (np.array({spec!r})), or send Python objects with "
+                            f"the lowercase methods (send, recv, bcast, ...)") from None
+        raise
     dtype = None if datatype is None else numpy_dtype(datatype)
-    if buf is None:
+    if a is None:
         a = np.empty(0, dtype or np.uint8)
     else:
-        a = _typed(array_of(buf, what, readonly), dtype, what)
+        a = _typed(a, dtype, what)
     if displ is not None:
         displ = operator.index(displ)
         if displ < 0 or displ > a.size:
