@@ -19,17 +19,18 @@ from spmdsim.cli.main import main
 from testkit import MPIEXEC
 
 LAB = Path(__file__).resolve().parent / "data" / "lab"
+TAGGED = ("-prepend-pattern", "<@%r@> ")  # mpiexec tags every chunk of output with its rank
 PACKAGE = Path(spmdsim.__file__).resolve().parent
 ARGS = {"argv_files.py": ["inputs.txt"]}
 SAME_AS_MPICH = ["hello.py", "ring_objects.py", "ring_buffers.py", "sendrecv.py", "any_source.py",
                  "collectives_objects.py", "collectives_buffers.py", "reduce_ops.py", "nonblocking.py",
-                 "split.py", "pi.py", "main_guard.py", "argv_files.py", "truncate_caught.py"]
+                 "split.py", "pi.py", "main_guard.py", "argv_files.py", "truncate_caught.py", "cart.py"]
 
 
 def _per_rank_lines(out: str) -> list:
-    """The lines of `mpiexec -prepend-rank` output, each rank's chunks joined first (MPICH interleaves
+    """The lines of `mpiexec *TAGGED` output, each rank's chunks joined first (MPICH interleaves
     chunks of different ranks within a line)."""
-    parts = re.split(r"\[(\d+)\] ", out)
+    parts = re.split(r"<@(\d+)@> ", out)
     texts: dict = {}
     for rank, chunk in zip(parts[1::2], parts[2::2]):
         texts[rank] = texts.get(rank, "") + chunk
@@ -54,7 +55,7 @@ def in_lab(tmp_path, monkeypatch):
 @pytest.mark.parametrize("name", SAME_AS_MPICH)
 def test_right_programs_print_what_mpiexec_prints(name, in_lab, capsys):
     script = str(LAB / name)
-    mpi = subprocess.run(["timeout", "-k", "5", "120", MPIEXEC, "-n", "4", "-prepend-rank", sys.executable, script,
+    mpi = subprocess.run(["timeout", "-k", "5", "120", MPIEXEC, "-n", "4", *TAGGED, sys.executable, script,
                           *ARGS.get(name, [])], capture_output=True, text=True, stdin=subprocess.DEVNULL)
     assert mpi.returncode == 0, mpi.stderr
     code, out, err = _mpirun(capsys, script, *ARGS.get(name, []))
@@ -183,3 +184,28 @@ def test_a_python_list_to_send_says_what_to_send(capsys):
                           "[buffer, count, datatype] and 1 is not a buffer; pass a numpy array "
                           "(np.array([1, 2, 3])), or send Python objects with the lowercase methods (send, recv, "
                           "bcast, ...)\n")
+
+
+@pytest.mark.skipif(not MPIEXEC, reason="no mpiexec beside this Python (pip install -e '.[mpi]')")
+def test_cartesian_grids_as_mpich_makes_them(tmp_path, capsys):
+    # Create_cart was an AttributeError. A 3 x 2 grid on 6 ranks; a grid smaller than the communicator
+    # (COMM_NULL outside), one too large (MPI.ERR_ARG), Sub to no dimension, Dup, Get_coords out of range.
+    prog = tmp_path / "grid.py"
+    prog.write_text(
+        "from mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
+        "try:\n    comm.Create_cart([comm.size, 2])\nexcept MPI.Exception as e:\n"
+        "    print(comm.rank, 'too large', e.Get_error_class() == MPI.ERR_ARG)\n"
+        "c = comm.Create_cart([comm.size - 1], periods=[True])\n"
+        "print(comm.rank, 'outside', c == MPI.COMM_NULL)\n"
+        "if c != MPI.COMM_NULL:\n"
+        "    s, d = c.Sub([False]), c.Dup()\n"
+        "    print(comm.rank, 'sub', s.size, s.dims, s.topo, 'dup', d.dims, d.topology == MPI.CART, c.Shift(0, 2))\n"
+        "    try:\n        c.Get_coords(comm.size)\n    except MPI.Exception as e:\n"
+        "        print(comm.rank, 'coords', e.Get_error_class() == MPI.ERR_RANK)\n")
+    for script, n in ((str(LAB / "cart.py"), "6"), (str(prog), "4")):
+        mpi = subprocess.run(["timeout", "-k", "5", "120", MPIEXEC, "-n", n, *TAGGED, sys.executable, script],
+                             capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        assert mpi.returncode == 0, mpi.stderr
+        assert main(["mpirun", "-n", n, "python", script]) == 0
+        out, err = capsys.readouterr()
+        assert err == "" and sorted(out.splitlines()) == _per_rank_lines(mpi.stdout)

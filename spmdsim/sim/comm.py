@@ -4,8 +4,9 @@ Each simulated rank holds its own SimComm per communicator (they share an
 engine `Group`); copies made with ``MPI.Comm(comm)`` share one handle (its call
 counter, name, freed state), as mpi4py's copies share one MPI handle. The
 collectives are in spmdsim.sim.collectives and spmdsim.sim.objects, the
-point-to-point calls in spmdsim.sim.p2p. Persistent requests, derived
-datatypes, one-sided, I/O and intercommunicators are not simulated
+point-to-point calls in spmdsim.sim.p2p, Cartesian grids in spmdsim.sim.topology.
+Persistent requests, derived datatypes, one-sided, I/O, graph topologies and
+intercommunicators are not simulated
 (docs/simulate.md).
 """
 from __future__ import annotations
@@ -259,6 +260,12 @@ class SimComm(PointToPoint, BufferCollectives, ObjectCollectives):
             if entry[1] == len(members):
                 del table[(id(self._group), key, n)]
         return SimComm(entry[0], members.index(mine))
+
+    def Create_cart(self, dims: Any, periods: Any = None, reorder: bool = False) -> Any:
+        """A Cartesian grid of the first prod(dims) members (spmdsim.sim.topology)."""
+        from .topology import create_cart
+
+        return create_cart(self, dims, periods, reorder)
 
     def Compare(self, other: "SimComm") -> int:
         """MPI.IDENT (the same communicator), CONGRUENT (same ranks, same order), SIMILAR or UNEQUAL."""
