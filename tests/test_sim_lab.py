@@ -97,7 +97,8 @@ def test_file_is_absolute_as_python_sets_it(in_lab, capsys):
 
 
 DEADLOCK = "spmdsim mpirun: error: simulated ranks deadlock (every live rank waits, none can go on): "
-# (program, arguments, exit code, stderr): where MPICH hangs (the first five) or aborts, one line each.
+# (program, arguments, exit code, stderr): where MPICH hangs (the first six) or aborts, one line each.
+# A rank polling (Test) what no rank left can send is reported after POLL_STALL_S (2 s) of it.
 WRONG = [
     ("headtohead.py", [], 1, DEADLOCK +
      "send to group rank 1 (tag 5) on the world: rank 0 waits in it; a message of 8000000 bytes; at headtohead.py:13 | "
@@ -114,6 +115,9 @@ WRONG = [
      "elsewhere, in recv from group rank 1 (tag 3) on the world; at wrong_tag.py:9"),
     ("exit_early.py", [], 3, DEADLOCK +
      "barrier on the world (call 1): ranks 0,2,3 wait in it; rank 1 exited (sys.exit(3)); at exit_early.py:9"),
+    ("test_loop.py", [], 1, DEADLOCK +
+     "recv from group rank 1 (tag 9) on the world: rank 0 polls it (Test), and no rank left can complete it; "
+     "rank 1 finished; rank 0 has an unreceived message from rank 1 (tag 8); at test_loop.py:9"),
     ("truncate.py", [], 1, "spmdsim mpirun: error on simulated rank 1: MPI.Exception: Message truncated: rank 0 "
                            "sends 80 bytes (tag 0) but rank 1 receives into a buffer of 40"),
     ("exception.py", [], 1, "spmdsim mpirun: error on simulated rank 2: ValueError: bad input on rank 2"),
@@ -209,3 +213,10 @@ def test_cartesian_grids_as_mpich_makes_them(tmp_path, capsys):
         assert main(["mpirun", "-n", n, "python", script]) == 0
         out, err = capsys.readouterr()
         assert err == "" and sorted(out.splitlines()) == _per_rank_lines(mpi.stdout)
+
+
+def test_an_iprobe_loop_for_a_finished_rank_ends(capsys):
+    code, out, err = _mpirun(capsys, "-c", "from mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
+                                           "if comm.rank == 0:\n    while not comm.Iprobe(source=3):\n        pass")
+    assert code == 1 and err == (DEADLOCK + "probe from group rank 3 (any tag) on the world: rank 0 polls it (Test), and no rank "
+                                            "left can complete it; rank 3 finished; at <string>:4\n")

@@ -59,6 +59,10 @@ class ThreadEngine(Engine):
 
 THREADS = ThreadEngine()
 
+#: A rank that polls (Test, Iprobe) a request no rank left can complete (its peer finished) for this long
+#: polls forever: a deadlock, as if it waited.
+POLL_STALL_S = 2.0
+
 MAX_SLOTS = 32  # well inside the 64 callers numpy's OpenBLAS keeps buffers for
 
 
@@ -291,6 +295,7 @@ class World:
         self._holding: set[int] = set()
         self.threads: dict[int, int] = {}  # rank -> its thread's ident: where its program waits
         self.exits: dict[int, int] = {}  # rank -> the non-zero code it exited with (spmdsim mpirun)
+        self._polls: dict[int, float] = {}  # rank -> since when it polls a request nobody can complete
 
     # -- run slots (all with the lock held) --------------------------------------------------
 
@@ -300,17 +305,34 @@ class World:
             self.threads[rank] = threading.get_ident()
             self._take_slot(rank)
 
-    def pause(self, rank: int) -> None:
+    def pause(self, rank: int, token: Any = None) -> None:
         """`rank` polls a request that is not done (Test): a rank in line for a slot computes first.
 
         Without this, ranks spinning on Test for a message from a rank that
-        stands in line would hold every slot and never let it in.
+        stands in line would hold every slot and never let it in. With the
+        request polled (`token`): one that no rank left can complete, polled for
+        POLL_STALL_S, is a deadlock (a Test loop for a message never sent).
         """
         with self.lock:
             self.check(rank)
+            if token is not None:
+                self._watch_poll(rank, token)
             if self._queue and rank in self._holding:
                 self._give_slot(rank)
                 self._take_slot(rank)
+
+    def _watch_poll(self, rank: int, token: Any) -> None:
+        never = getattr(token, "never_completes", None)  # a point-to-point request (spmdsim.sim.requests)
+        if never is None or not never(self):
+            self._polls.pop(rank, None)
+            return
+        since = self._polls.setdefault(rank, time.monotonic())
+        if time.monotonic() - since < POLL_STALL_S:
+            return
+        if self.deadlock is None and self.failure is None:
+            self.deadlock = self._explain((rank, token))
+        self._wake_all()
+        self.check(rank)
 
     def _take_slot(self, rank: int) -> None:
         self._line_up(rank)
@@ -431,12 +453,18 @@ class World:
             self.deadlock = self._explain()
         self._wake_all()
 
-    def _explain(self) -> str:
-        """Who waits in what, where in their program, and for each waited-on call where the others are."""
+    def _explain(self, polling: Optional[tuple] = None) -> str:
+        """Who waits in what, where in their program, and for each waited-on call where the others are
+        (`polling`: (rank, request) of a rank that polls a request nobody can complete)."""
         by_call: dict[tuple, tuple[_Waiting, list[int]]] = {}
         for rank, what in sorted(self.waiting.items()):
             by_call.setdefault(what.key(), (what, []))[1].append(rank)
         clauses, hints = [], []
+        if polling is not None:
+            rank, token = polling
+            more, _ = token.why_stuck(self)
+            clauses.append(f"{_Waiting(token._what(), token.group, None).text()}: rank {rank} polls it (Test), "
+                           f"and no rank left can complete it{more}{self.program_lines([rank])}")
         for what, ranks in by_call.values():
             clause = f"{what.text()}: {ranks_text(ranks)} {'waits' if len(ranks) == 1 else 'wait'} in it"
             if what.group is not None and what.token is None:

@@ -192,14 +192,14 @@ def probe(group: Group, me: int, source: int, tag: int, status: Any, block: bool
             found = next((s for s in group.sends if s.peer == me and _fits(token, s.me, s.tag)), None)
             if found is None and block:
                 group.probes.append(token)
-                world.wait(rank, _Waiting(f"probe from {source} (tag {tag})", group, None, token=token))
+                world.wait(rank, _Waiting(token._what(), group, None, token=token))
                 continue
             if found is not None:  # read under the lock: a receive may take the message next
                 found = (found.me, found.tag, found.payload.nbytes)
         if found is not None:
             fill_status(status, *found)
             return True
-        world.pause(rank)
+        world.pause(rank, token)
         return False
 
 

@@ -84,11 +84,12 @@ class Request:
         return f"<simulated Request {'null' if self.null else self._what()}>"
 
     def _what(self) -> str:
-        if self.kind not in ("send", "recv"):
+        if self.kind not in ("send", "recv", "probe"):
             return self.kind
         peer = "any rank" if self.peer == special("ANY_SOURCE") else f"group rank {self.peer}"
         way = "to" if self.kind == "send" else "from"
-        return f"{self.kind} {way} {peer} (tag {self.tag})"
+        tag = "any tag" if self.tag == special("ANY_TAG") else f"tag {self.tag}"
+        return f"{self.kind} {way} {peer} ({tag})"
 
     def why_stuck(self, world: Any) -> tuple[str, str]:
         """For a deadlock report (world lock held): what more to say of this waiting request, and a
@@ -166,11 +167,27 @@ class Request:
                     f"buffer? Receive it with Recv into an array") from None
         return None
 
-    def _pause(self) -> None:
-        """Not done yet: let a rank waiting for a run slot compute (it may be the peer)."""
+    def _pause(self, watch: bool = True) -> None:
+        """Not done yet: let a rank waiting for a run slot compute (it may be the peer); with `watch`,
+        a poll of this request alone, which World.pause reports if no rank left can complete it."""
         group = self.group or next((p.group for p in self.parts if p.group is not None), None)
         if group is not None:
-            group.world.pause(group.members[self.me])
+            group.world.pause(group.members[self.me], self if watch else None)
+
+    def never_completes(self, world: Any) -> bool:
+        """Whether every rank that could complete this request (its peer; any other member for
+        MPI.ANY_SOURCE) has finished (world lock held)."""
+        for part in (*self.parts, self):
+            if part.group is None or part.done or part.kind not in ("send", "recv", "probe"):
+                continue
+            members = part.group.members
+            if part.peer == special("ANY_SOURCE"):
+                others = [m for i, m in enumerate(members) if i != part.me]
+            else:
+                others = [members[part.peer]]
+            if all(m in world.finished for m in others):
+                return True
+        return False
 
     def Wait(self, status: Any = None) -> bool:
         """Block until the operation completed (mpi4py returns True)."""
@@ -279,7 +296,7 @@ class Request:
             if requests[i]._ready():
                 return i, True, requests[i]._finish(status)
         if pause:
-            requests[active[0]]._pause()
+            requests[active[0]]._pause(watch=False)
         return special("UNDEFINED"), False, None
 
     @classmethod
@@ -306,7 +323,7 @@ class Request:
         ready = [i for i in active if requests[i]._ready()]
         if not ready:
             if pause:
-                requests[active[0]]._pause()
+                requests[active[0]]._pause(watch=False)
             return [], []
         statuses = _statuses(statuses, len(ready))
         objs = [requests[i]._finish(statuses[k] if statuses else None) for k, i in enumerate(ready)]
