@@ -220,3 +220,17 @@ def test_an_iprobe_loop_for_a_finished_rank_ends(capsys):
                                            "if comm.rank == 0:\n    while not comm.Iprobe(source=3):\n        pass")
     assert code == 1 and err == (DEADLOCK + "probe from group rank 3 (any tag) on the world: rank 0 polls it (Test), and no rank "
                                             "left can complete it; rank 3 finished; at <string>:4\n")
+
+
+def test_stdin_goes_to_rank_zero(monkeypatch, capsys):
+    # mpiexec forwards stdin to rank 0; MPICH leaves another rank's input() waiting forever. It was every
+    # rank reading the next line (rank 1 got 'b').
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("a\nb\nc\nd\n"))
+    code, out, err = _mpirun(capsys, "-c", "from mpi4py import MPI\ntry:\n    line = input()\n"
+                                           "except EOFError as e:\n    line = str(e)\nprint(MPI.COMM_WORLD.rank, line)")
+    assert (code, err) == (0, "")
+    assert sorted(out.splitlines()) == ["0 a"] + [f"{r} simulated rank {r} reads stdin, which goes to rank 0 only "
+                                                  f"(as mpiexec forwards it): read it on rank 0 and send it on "
+                                                  f"(comm.bcast)" for r in (1, 2, 3)]

@@ -22,7 +22,7 @@ import pickle
 import runpy
 import sys
 import traceback
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 __all__ = ["main", "add_arguments", "run"]
 
@@ -118,6 +118,42 @@ def _rank(kind: str, what: str, exits: dict) -> int:
     return code
 
 
+class _StdinOfRankZero:
+    """sys.stdin while the ranks run: rank 0's, as mpiexec forwards stdin to rank 0 only. Another
+    rank that reads it gets EOFError saying so (MPICH leaves it waiting forever; Open MPI gives
+    it end of file); threads that are no rank read it as usual."""
+
+    _READS = ("read", "readline", "readlines", "buffer", "fileno", "__next__")
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def _refuse(self) -> bool:
+        from .run import current_rank
+
+        return current_rank() not in (0, None)
+
+    def _eof(self) -> EOFError:
+        from .run import current_rank
+
+        return EOFError(f"simulated rank {current_rank()} reads stdin, which goes to rank 0 only (as mpiexec "
+                        f"forwards it): read it on rank 0 and send it on (comm.bcast)")
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._READS and self._refuse():
+            if name == "fileno":  # input() then reads through readline, which says why
+                import io
+
+                raise io.UnsupportedOperation("stdin goes to rank 0 only")
+            raise self._eof()
+        return getattr(self._stream, name)
+
+    def __iter__(self) -> Any:
+        if self._refuse():
+            raise self._eof()
+        return iter(self._stream)
+
+
 def _report(exc: BaseException, exits: dict) -> int:
     """Print how the simulated ranks ended (as mpiexec reports a failed job); return the exit code.
 
@@ -173,8 +209,9 @@ def run(n: int, command: Sequence[str]) -> int:
     except ValueError as exc:
         print(f"spmdsim mpirun: error: {exc}", file=sys.stderr)
         return 2
-    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    saved_argv, saved_path, saved_stdin = sys.argv[:], sys.path[:], sys.stdin
     sys.argv[:] = argv
+    sys.stdin = _StdinOfRankZero(saved_stdin)
     sys.path.insert(0, os.path.dirname(os.path.abspath(what)) if kind == "path" else
                     "" if kind == "code" else os.getcwd())
     exits: dict = {}
@@ -192,7 +229,7 @@ def run(n: int, command: Sequence[str]) -> int:
     except BaseException as exc:  # noqa: BLE001 - reported as mpiexec reports a failed rank
         return _report(exc, exits)
     finally:
-        sys.argv[:], sys.path[:] = saved_argv, saved_path
+        sys.argv[:], sys.path[:], sys.stdin = saved_argv, saved_path, saved_stdin
     if codes.unreceived:  # MPI leaves them undefined; MPICH drops a small one without a word
         more = f"; and {len(codes.unreceived) - 3} more" if len(codes.unreceived) > 3 else ""
         print(f"spmdsim mpirun: warning: when the ranks ended, {'; '.join(codes.unreceived[:3])}{more}",
