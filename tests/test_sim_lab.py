@@ -24,7 +24,8 @@ PACKAGE = Path(spmdsim.__file__).resolve().parent
 ARGS = {"argv_files.py": ["inputs.txt"]}
 SAME_AS_MPICH = ["hello.py", "ring_objects.py", "ring_buffers.py", "sendrecv.py", "any_source.py",
                  "collectives_objects.py", "collectives_buffers.py", "reduce_ops.py", "nonblocking.py",
-                 "split.py", "pi.py", "main_guard.py", "argv_files.py", "truncate_caught.py", "cart.py"]
+                 "split.py", "pi.py", "main_guard.py", "argv_files.py", "truncate_caught.py", "cart.py",
+                 "montecarlo.py"]
 
 
 def _per_rank_lines(out: str) -> list:
@@ -234,3 +235,19 @@ def test_stdin_goes_to_rank_zero(monkeypatch, capsys):
     assert sorted(out.splitlines()) == ["0 a"] + [f"{r} simulated rank {r} reads stdin, which goes to rank 0 only "
                                                   f"(as mpiexec forwards it): read it on rank 0 and send it on "
                                                   f"(comm.bcast)" for r in (1, 2, 3)]
+
+
+def test_each_rank_has_its_own_random_generators(capsys):
+    # random.seed(rank) / np.random.seed(rank) seeded one generator all ranks drew from (montecarlo.py above
+    # compares the draws with MPICH's); after the run the modules' own generators are back.
+    import random
+
+    import numpy as np
+
+    before = random.random, np.random.rand, np.random.seed
+    code, out, err = _mpirun(capsys, "-c", "import random\nimport numpy as np\nfrom mpi4py import MPI\n"
+                                           "random.seed(7)\nnp.random.seed(7)\nMPI.COMM_WORLD.Barrier()\n"
+                                           "print(random.random(), np.random.rand())")
+    assert (code, err) == (0, "") and len(set(out.splitlines())) == 1
+    assert out.splitlines()[0] == f"{random.Random(7).random()} {np.random.RandomState(7).rand()}"
+    assert (random.random, np.random.rand, np.random.seed) == before

@@ -10,7 +10,8 @@ Every rank runs the script in its own thread with its own globals
 (``__name__ == "__main__"``); inside it ``from mpi4py import MPI; MPI.COMM_WORLD``
 is that rank's simulated world (spmdsim.sim.mpi4py_world). Modules the script
 imports are loaded once and shared by the ranks, unlike separate MPI
-processes. The exit code is the largest of the ranks' ``sys.exit`` codes; an
+processes, but each rank draws from its own `random` and `numpy.random`
+module-level generators (spmdsim.sim.rank_random), as each process does. The exit code is the largest of the ranks' ``sys.exit`` codes; an
 exception on a rank stops every rank and is printed with the rank that
 raised it (exit 1). Nothing is printed besides the program's own output.
 """
@@ -199,6 +200,7 @@ def _program_frames(exc: BaseException, trim_emulator: bool) -> list:
 def run(n: int, command: Sequence[str]) -> int:
     """Run `command` (see _target) on `n` simulated ranks; return the exit code."""
     from .mpi4py_world import swapped
+    from .rank_random import own_generators
     from .run import MAX_RANKS, simulate
 
     if type(n) is not int or not 1 <= n <= MAX_RANKS:
@@ -216,7 +218,7 @@ def run(n: int, command: Sequence[str]) -> int:
                     "" if kind == "code" else os.getcwd())
     exits: dict = {}
     try:
-        with swapped():
+        with swapped(), own_generators():
             codes = simulate(n, _rank, kind, what, exits)
     except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, as a shell tool does on SIGPIPE
         from .launch import _quiet_stdout
