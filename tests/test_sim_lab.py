@@ -98,7 +98,7 @@ def test_file_is_absolute_as_python_sets_it(in_lab, capsys):
 
 
 DEADLOCK = "spmdsim mpirun: error: simulated ranks deadlock (every live rank waits, none can go on): "
-# (program, arguments, exit code, stderr): where MPICH hangs (the first six) or aborts, one line each.
+# (program, arguments, exit code, stderr): where MPICH hangs or aborts (docs/simulate.md has which), one line each.
 # A rank polling (Test) what no rank left can send is reported after POLL_STALL_S (2 s) of it.
 WRONG = [
     ("headtohead.py", [], 1, DEADLOCK +
@@ -110,6 +110,8 @@ WRONG = [
      "receive first on one side, or use Sendrecv or Isend/Irecv"),
     ("missing_send.py", [], 1, DEADLOCK +
      "recv from group rank 1 (tag 3) on the world: rank 0 waits in it; rank 1 finished; at missing_send.py:6"),
+    ("one_recv_too_many.py", [], 1, DEADLOCK +
+     "recv from any rank (any tag) on the world: rank 0 waits in it; ranks 1-3 finished; at one_recv_too_many.py:6"),
     ("wrong_tag.py", [], 1, DEADLOCK +
      "recv from group rank 1 (tag 3) on the world: rank 0 waits in it; rank 0 has an unreceived message from "
      "rank 1 (tag 4); at wrong_tag.py:8 | barrier on the world (call 1): ranks 1-3 wait in it; rank 0 is "

@@ -105,6 +105,12 @@ class Request:
             peer_waits = world.waiting.get(peer)
             if peer_waits is None:  # a waiting peer has its own clause
                 more += f"; {world.whereabouts(peer)}"
+        elif self.kind != "send":
+            others = [m for i, m in enumerate(group.members) if i != self.me]
+            if others and all(m in world.finished for m in others):
+                from .engine import ranks_text
+
+                more += f"; {ranks_text(others)} finished"
         if self.kind != "send":
             pending = [s for s in group.sends if s.peer == self.me]
             for s in pending[:3]:
