@@ -11,7 +11,9 @@ per rank (sharing that lock): a completed rendezvous wakes its own members
 only, so 1,024 ranks do not wake each other. The world counts the live ranks
 and those waiting on something not yet satisfied; when every live rank waits,
 nothing can complete, and every waiter raises a DeadlockError that names the
-call, the ranks waiting in it and where the others are. A rank that raises
+call, the ranks waiting in it, their program lines and where the others are
+(spmdsim.sim.report); so does a rank that polls (Test) for POLL_STALL_S a
+request no rank left can complete. A rank that raises
 ends the simulation: a waiter whose collective can no longer complete (a member
 gone, or every live rank waiting) raises `Aborted`, the others go on as MPI ranks
 would (so an error every rank raises is reported as every rank's) for GO_ON_S
@@ -29,8 +31,6 @@ corrupts its memory ("BLAS : Bad memory unallocation!", then glibc aborts):
 """
 from __future__ import annotations
 
-import os
-import sys
 import threading
 import time
 import weakref
@@ -40,6 +40,7 @@ from typing import Any, Callable, Optional
 from ..engines import Engine
 from ..engines.base import SimulationError
 from ..errors import RuntimeMismatchError
+from .report import explain, program_lines
 
 __all__ = ["World", "Group", "Call", "Aborted", "DeadlockError", "SimulationError", "run_slots", "ThreadEngine",
            "THREADS"]
@@ -251,7 +252,7 @@ class Group:
                                       key=lambda pair: pair[0])
         return (f"collectives diverge on {self.label()} (call {seq} on that communicator): "
                 f"rank {a} calls {one.describe()} but rank {b} calls {other.describe()}"
-                f"{self.world.program_lines([a, b])}")
+                f"{program_lines(self.world, [a, b])}")
 
 
 class _Waiting:
@@ -293,7 +294,7 @@ class World:
         self._queue: deque = deque()
         self._granted: set[int] = set()
         self._holding: set[int] = set()
-        self.threads: dict[int, int] = {}  # rank -> its thread's ident: where its program waits
+        self.threads: dict[int, int] = {}  # rank -> its thread's ident: its program line (spmdsim.sim.report)
         self.exits: dict[int, int] = {}  # rank -> the non-zero code it exited with (spmdsim mpirun)
         self._polls: dict[int, float] = {}  # rank -> since when it polls a request nobody can complete
 
@@ -330,7 +331,7 @@ class World:
         if time.monotonic() - since < POLL_STALL_S:
             return
         if self.deadlock is None and self.failure is None:
-            self.deadlock = self._explain((rank, token))
+            self.deadlock = explain(self, (rank, token))
         self._wake_all()
         self.check(rank)
 
@@ -450,75 +451,5 @@ class World:
 
     def _declare_deadlock(self) -> None:
         if self.deadlock is None and self.failure is None:
-            self.deadlock = self._explain()
+            self.deadlock = explain(self)
         self._wake_all()
-
-    def _explain(self, polling: Optional[tuple] = None) -> str:
-        """Who waits in what, where in their program, and for each waited-on call where the others are
-        (`polling`: (rank, request) of a rank that polls a request nobody can complete)."""
-        by_call: dict[tuple, tuple[_Waiting, list[int]]] = {}
-        for rank, what in sorted(self.waiting.items()):
-            by_call.setdefault(what.key(), (what, []))[1].append(rank)
-        clauses, hints = [], []
-        if polling is not None:
-            rank, token = polling
-            more, _ = token.why_stuck(self)
-            clauses.append(f"{_Waiting(token._what(), token.group, None).text()}: rank {rank} polls it (Test), "
-                           f"and no rank left can complete it{more}{self.program_lines([rank])}")
-        for what, ranks in by_call.values():
-            clause = f"{what.text()}: {ranks_text(ranks)} {'waits' if len(ranks) == 1 else 'wait'} in it"
-            if what.group is not None and what.token is None:
-                missing = [m for m in what.group.members if m not in ranks]
-                clause += "".join(f"; {self.whereabouts(m)}" for m in missing[:8])
-                if len(missing) > 8:
-                    clause += f"; and {len(missing) - 8} more"
-            stuck = getattr(what.token, "why_stuck", None)  # a point-to-point request (spmdsim.sim.p2p)
-            if stuck is not None:
-                more, hint = stuck(self)
-                clause += more
-                if hint and hint not in hints:
-                    hints.append(hint)
-            clause += self.program_lines(ranks)
-            clauses.append(clause)
-        return ("simulated ranks deadlock (every live rank waits, none can go on): "
-                + " | ".join(clauses + hints))
-
-    def program_lines(self, ranks: list[int]) -> str:
-        """'; at prog.py:12' (or per line: 'at prog.py:12 (ranks 0,1), prog.py:15 (rank 3)'): the
-        line of the program (the innermost frame outside spmdsim) where each of `ranks` waits."""
-        frames = sys._current_frames()
-        lines: dict[str, list[int]] = {}
-        for rank in ranks:
-            line = _program_line(frames.get(self.threads.get(rank, -1)))
-            if line:
-                lines.setdefault(line, []).append(rank)
-        if not lines:
-            return ""
-        if len(lines) == 1:
-            return f"; at {next(iter(lines))}"
-        return "; at " + ", ".join(f"{line} ({ranks_text(rs)})" for line, rs in lines.items())
-
-    def whereabouts(self, rank: int) -> str:
-        """Where `rank` is: 'rank 3 finished', 'rank 3 is elsewhere, in barrier on the world', ... (lock held)."""
-        what = self.waiting.get(rank)
-        if what is not None:
-            return f"rank {rank} is elsewhere, in {what.text()}"
-        if rank in self.failed:
-            return f"rank {rank} failed"
-        if rank in self.exits:
-            return f"rank {rank} exited (sys.exit({self.exits[rank]}))"
-        return f"rank {rank} finished" if rank in self.finished else f"rank {rank} is computing"
-
-
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # spmdsim/
-_SKIPPED = (_PACKAGE + os.sep, os.path.abspath(threading.__file__))
-
-
-def _program_line(frame: Any) -> str:
-    """'prog.py:12' of the innermost frame outside spmdsim (and threading), or ''."""
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if not name.startswith(_SKIPPED) and not name.startswith("<frozen"):
-            return f"{os.path.basename(name)}:{frame.f_lineno}"
-        frame = frame.f_back
-    return ""

@@ -11,9 +11,13 @@ Every rank runs the script in its own thread with its own globals
 is that rank's simulated world (spmdsim.sim.mpi4py_world). Modules the script
 imports are loaded once and shared by the ranks, unlike separate MPI
 processes, but each rank draws from its own `random` and `numpy.random`
-module-level generators (spmdsim.sim.rank_random), as each process does. The exit code is the largest of the ranks' ``sys.exit`` codes; an
-exception on a rank stops every rank and is printed with the rank that
-raised it (exit 1). Nothing is printed besides the program's own output.
+module-level generators (spmdsim.sim.rank_random), and stdin goes to rank 0,
+as under mpiexec. The exit code is the largest of the ranks' ``sys.exit``
+codes. Where MPI would hang or abort, one report (docs/simulate.md): a
+deadlock in one line naming each waiting rank's call and program line; an
+exception on a rank stops every rank and is printed with the rank that raised
+it and its traceback from the program on (exit 1); messages never received
+are a warning.
 """
 from __future__ import annotations
 

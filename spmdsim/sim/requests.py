@@ -15,6 +15,7 @@ import numpy as np
 
 from ._buffers import mpi_module, special
 from .engine import Group, _Waiting
+from .report import whereabouts
 
 __all__ = ["Request", "completed", "fill_status"]
 
@@ -104,7 +105,7 @@ class Request:
             peer = group.members[self.peer]
             peer_waits = world.waiting.get(peer)
             if peer_waits is None:  # a waiting peer has its own clause
-                more += f"; {world.whereabouts(peer)}"
+                more += f"; {whereabouts(world, peer)}"
         elif self.kind != "send":
             others = [m for i, m in enumerate(group.members) if i != self.me]
             if others and all(m in world.finished for m in others):
