@@ -25,7 +25,7 @@ ARGS = {"argv_files.py": ["inputs.txt"]}
 SAME_AS_MPICH = ["hello.py", "ring_objects.py", "ring_buffers.py", "sendrecv.py", "any_source.py",
                  "collectives_objects.py", "collectives_buffers.py", "reduce_ops.py", "nonblocking.py",
                  "split.py", "pi.py", "main_guard.py", "argv_files.py", "truncate_caught.py", "cart.py",
-                 "montecarlo.py"]
+                 "montecarlo.py", "master_worker.py"]
 
 
 def _per_rank_lines(out: str) -> list:
