@@ -181,7 +181,8 @@ def _report(exc: BaseException, exits: dict) -> int:
         print(f"spmdsim mpirun: {exc}", file=sys.stderr)
         return int(code)
     mpi = sys.modules.get("mpi4py.MPI")
-    ours = isinstance(exc, (SpmdsimError, pickle.UnpicklingError)) or (mpi is not None and isinstance(exc, mpi.Exception))
+    ours = isinstance(exc, (SpmdsimError, pickle.UnpicklingError)) or (mpi is not None
+                                                                        and isinstance(exc, mpi.Exception))
     name = "MPI.Exception" if mpi is not None and isinstance(exc, mpi.Exception) else type(exc).__name__
     lines = traceback.TracebackException.from_exception(exc)
     lines.stack = traceback.StackSummary.from_list(_program_frames(exc, ours))

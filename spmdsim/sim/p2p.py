@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import ShapeError
 from ._buffers import message, mpi_error, mpi_module, special
 from .engine import Group, _Waiting
-from .requests import Request, completed, fill_status
+from .requests import Request, completed, fill_status, rank_name
 
 __all__ = ["Request", "post_send", "post_recv", "completed", "PointToPoint", "EAGER_BYTES", "unreceived"]
 
@@ -122,16 +122,13 @@ def _deliver(send: Request, recv: Request) -> None:
 
 
 def _truncated(send: Request, recv: Request, n: int) -> BaseException:
-    detail = (f"{_name(send.group, send.me)} sends {n} bytes (tag {send.tag}) but {_name(send.group, recv.me)} "
+    group = send.group
+    detail = (f"{rank_name(group, send.me)} sends {n} bytes (tag {send.tag}) but {rank_name(group, recv.me)} "
               f"receives into a buffer of {recv.buf.nbytes}")
     mpi = mpi_module()
     if mpi is not None:
         return mpi_error(mpi, mpi.ERR_TRUNCATE, detail)
     return ShapeError(f"message truncated: {detail}")
-
-
-def _name(group: Group, me: int) -> str:
-    return f"rank {me}" if group.members == tuple(range(group.world.size)) else f"group rank {me}"
 
 
 def _remove(queue: list, req: Request) -> bool:
@@ -162,10 +159,10 @@ def unreceived(world: Any) -> tuple[str, ...]:
     with world.lock:
         for group in list(world.groups):
             where = "" if group is world.root else f" on {group.label()}"
-            lines += [f"a message from {_name(group, s.me)} to {_name(group, s.peer)} (tag {s.tag}, "
+            lines += [f"a message from {rank_name(group, s.me)} to {rank_name(group, s.peer)} (tag {s.tag}, "
                       f"{s.payload.nbytes} bytes){where} was never received" for s in group.sends]
-            lines += [f"a receive of {_name(group, r.me)} from "
-                      f"{'any rank' if r.peer == special('ANY_SOURCE') else _name(group, r.peer)} "
+            lines += [f"a receive of {rank_name(group, r.me)} from "
+                      f"{'any rank' if r.peer == special('ANY_SOURCE') else rank_name(group, r.peer)} "
                       f"(tag {'any' if r.tag == special('ANY_TAG') else r.tag}){where} was never matched"
                       for r in group.recvs]
     return tuple(lines)

@@ -17,7 +17,7 @@ from ._buffers import mpi_module, special
 from .engine import Group, _Waiting
 from .report import whereabouts
 
-__all__ = ["Request", "completed", "fill_status"]
+__all__ = ["Request", "completed", "fill_status", "rank_name"]
 
 
 
@@ -115,7 +115,7 @@ class Request:
         if self.kind != "send":
             pending = [s for s in group.sends if s.peer == self.me]
             for s in pending[:3]:
-                more += f"; {_rank_name(group, self.me)} has an unreceived message from {_rank_name(group, s.me)} " \
+                more += f"; {rank_name(group, self.me)} has an unreceived message from {rank_name(group, s.me)} " \
                         f"(tag {s.tag})"
             return more, hint
         peer_sends = peer_waits is not None and getattr(peer_waits.token, "kind", None) == "send"
@@ -169,7 +169,7 @@ class Request:
                 return pickle.loads(recv.payload)
             except Exception as exc:  # noqa: BLE001 - a buffer's bytes: say so, as the same type
                 raise pickle.UnpicklingError(
-                    f"recv: the message from {_rank_name(recv.group, recv.source)} (tag {recv.got_tag}, "
+                    f"recv: the message from {rank_name(recv.group, recv.source)} (tag {recv.got_tag}, "
                     f"{recv.nbytes} bytes) is not a pickled object ({exc}); was it sent with Send, a "
                     f"buffer? Receive it with Recv into an array") from None
         return None
@@ -337,8 +337,8 @@ class Request:
         return ready, objs
 
 
-def _rank_name(group: Group, me: int) -> str:
-    """'rank 3' on the world, else 'group rank 3'."""
+def rank_name(group: Group, me: int) -> str:
+    """'rank 3' on the world, else 'group rank 3' (a rank of `group`, as a report names it)."""
     return f"rank {me}" if group.members == tuple(range(group.world.size)) else f"group rank {me}"
 
 
