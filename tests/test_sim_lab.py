@@ -253,3 +253,16 @@ def test_each_rank_has_its_own_random_generators(capsys):
     assert (code, err) == (0, "") and len(set(out.splitlines())) == 1
     assert out.splitlines()[0] == f"{random.Random(7).random()} {np.random.RandomState(7).rand()}"
     assert (random.random, np.random.rand, np.random.seed) == before
+
+
+def test_a_long_deadlock_line_describes_six_calls_and_counts_the_rest(capsys):
+    # A ring of 12 ranks each Sending 800 KB before receiving: 12 blocked sends, one line all the same.
+    code = main(["mpirun", "-n", "12", "python", "-c",
+                 "import numpy as np\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
+                 "comm.Send(np.zeros(100000), dest=(comm.rank + 1) % comm.size)\n"
+                 "comm.Recv(np.zeros(100000), source=(comm.rank - 1) % comm.size)"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1 and err.count("send to group rank") == 6
+    assert err.endswith("; a message of 800000 bytes; at <string>:4 | and 6 more calls, where ranks 6-11 wait | a "
+                        "standard Send of 8 KiB or more waits for its receive, as MPICH's does past its eager limit: "
+                        "post the receive first on one side, or use Sendrecv or Isend/Irecv\n")

@@ -15,6 +15,9 @@ from typing import Any, Optional
 
 __all__ = ["explain", "program_lines", "whereabouts"]
 
+#: At most this many waiting calls are described one by one; the others are counted.
+MAX_CLAUSES = 6
+
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # spmdsim/
 _SKIPPED = (_PACKAGE + os.sep, os.path.abspath(threading.__file__))
 
@@ -27,13 +30,16 @@ def explain(world: Any, polling: Optional[tuple] = None) -> str:
     by_call: dict[tuple, tuple[Any, list[int]]] = {}
     for rank, what in sorted(world.waiting.items()):
         by_call.setdefault(what.key(), (what, []))[1].append(rank)
-    clauses, hints = [], []
+    clauses, hints, rest = [], [], []
     if polling is not None:
         rank, token = polling
         more, _ = token.why_stuck(world)
         clauses.append(f"{_Waiting(token._what(), token.group, None).text()}: rank {rank} polls it (Test), "
                        f"and no rank left can complete it{more}{program_lines(world, [rank])}")
     for what, ranks in by_call.values():
+        if len(clauses) == MAX_CLAUSES:  # a ring of 64 blocked sends: the first few say it
+            rest += ranks
+            continue
         clause = f"{what.text()}: {ranks_text(ranks)} {'waits' if len(ranks) == 1 else 'wait'} in it"
         if what.group is not None and what.token is None:
             missing = [m for m in what.group.members if m not in ranks]
@@ -48,6 +54,9 @@ def explain(world: Any, polling: Optional[tuple] = None) -> str:
                 hints.append(hint)
         clause += program_lines(world, ranks)
         clauses.append(clause)
+    if rest:
+        clauses.append(f"and {len(by_call) - MAX_CLAUSES + (polling is not None)} more calls, where "
+                       f"{ranks_text(rest)} wait")
     return ("simulated ranks deadlock (every live rank waits, none can go on): "
             + " | ".join(clauses + hints))
 
