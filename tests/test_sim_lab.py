@@ -123,6 +123,8 @@ WRONG = [
      "rank 1 finished; rank 0 has an unreceived message from rank 1 (tag 8); at test_loop.py:9"),
     ("truncate.py", [], 1, "spmdsim mpirun: error on simulated rank 1: MPI.Exception: Message truncated: rank 0 "
                            "sends 80 bytes (tag 0) but rank 1 receives into a buffer of 40"),
+    ("ring_no_modulo.py", [], 1, "spmdsim mpirun: error on simulated rank 3: MPI.Exception: Invalid rank: dest rank 4 "
+                                 "is outside the communicator of 4 ranks (0 to 3, or MPI.PROC_NULL)"),
     ("exception.py", [], 1, "spmdsim mpirun: error on simulated rank 2: ValueError: bad input on rank 2"),
     ("abort.py", [], 2, "usage: abort.py N\nspmdsim mpirun: simulated rank 0 called Abort(2) on the world: every "
                         "rank was stopped"),

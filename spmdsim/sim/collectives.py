@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import DTypeError, ShapeError
-from ._buffers import copy_into, dtype_name, fold, in_place, message, mpi_module, reduction, vector
+from ._buffers import copy_into, dtype_name, fold, in_place, message, mpi_error, mpi_module, reduction, vector
 
 __all__ = ["BufferCollectives", "bad_root"]
 
@@ -28,9 +28,10 @@ _SUM = "sum"
 def bad_root(root: Any, size: int, call: str) -> BaseException:
     """MPI's error for a root outside the communicator (MPI.Exception ERR_ROOT under mpi4py)."""
     mpi = mpi_module()
+    text = f"{call}: root {root!r} is outside the communicator of {size} ranks"
     if mpi is not None:
-        return mpi.Exception(mpi.ERR_ROOT)
-    return ShapeError(f"{call}: root {root!r} is outside the communicator of {size} ranks")
+        return mpi_error(mpi, mpi.ERR_ROOT, text)
+    return ShapeError(text)
 
 
 def _same(op: str, a: np.ndarray, b: np.ndarray) -> None:

@@ -42,9 +42,10 @@ def _check_peer(group: Group, peer: Any, what: str) -> None:
         raise ShapeError(f"{what} {peer!r} must be an integer rank of the communicator")
     if not (0 <= peer < group.size or peer == special("PROC_NULL")):
         mpi = mpi_module()
+        text = f"{what} rank {peer!r} is outside the communicator of {group.size} ranks"
         if mpi is not None:
-            raise mpi.Exception(mpi.ERR_RANK)
-        raise ShapeError(f"{what} rank {peer!r} is outside the communicator of {group.size} ranks")
+            raise mpi_error(mpi, mpi.ERR_RANK, f"{text} (0 to {group.size - 1}, or MPI.PROC_NULL)")
+        raise ShapeError(text)
 
 
 def post_send(group: Group, me: int, dest: int, tag: int, buf: Any, obj: Any = None,
