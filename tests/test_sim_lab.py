@@ -268,3 +268,13 @@ def test_a_long_deadlock_line_describes_six_calls_and_counts_the_rest(capsys):
     assert err.endswith("; a message of 800000 bytes; at <string>:4 | and 6 more calls, where ranks 6-11 wait | a "
                         "standard Send of 8 KiB or more waits for its receive, as MPICH's does past its eager limit: "
                         "post the receive first on one side, or use Sendrecv or Isend/Irecv\n")
+
+
+def test_reductions_refuse_a_send_count_other_than_the_receive_count(capsys):
+    # mpi4py: "ValueError: mismatch in send count 2 and receive count 3" on every rank; the simulator summed
+    # the 2 and left the third item as it was ([4. 4. 0.]).
+    code, out, err = _mpirun(capsys, "-c", "import numpy as np\nfrom mpi4py import MPI\n"
+                                           "MPI.COMM_WORLD.Allreduce(np.ones(2), np.zeros(3))")
+    assert (code, out) == (1, "")
+    assert err.startswith("spmdsim mpirun: error on simulated ranks 0-3: ShapeError: Allreduce: 2 items are sent but "
+                          "the receive buffer takes 3\n")

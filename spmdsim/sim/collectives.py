@@ -76,12 +76,7 @@ class BufferCollectives:
         if in_place(sendbuf):
             src = dst[:n]
         else:
-            src, ns, _ = message(sendbuf, "Allreduce sendbuf")
-            _same("Allreduce", src, dst)
-            if ns > dst.size:
-                raise ShapeError(f"Allreduce: {ns} items do not fit the receive buffer of {dst.size}")
-            n = ns
-            src = src[:n]
+            src = _matching("Allreduce", sendbuf, dst, n)
         signature = ("allreduce", dtype_name(src.dtype), n, red.name)
         g, me = self._group.size, self._me
         lo, hi = n * me // g, n * (me + 1) // g
