@@ -25,7 +25,7 @@ ARGS = {"argv_files.py": ["inputs.txt"]}
 SAME_AS_MPICH = ["hello.py", "ring_objects.py", "ring_buffers.py", "sendrecv.py", "any_source.py",
                  "collectives_objects.py", "collectives_buffers.py", "reduce_ops.py", "nonblocking.py",
                  "split.py", "pi.py", "main_guard.py", "argv_files.py", "truncate_caught.py", "cart.py",
-                 "montecarlo.py", "master_worker.py"]
+                 "montecarlo.py", "master_worker.py", "modules/main.py"]
 
 
 def _per_rank_lines(out: str) -> list:
@@ -278,3 +278,12 @@ def test_reductions_refuse_a_send_count_other_than_the_receive_count(capsys):
     assert (code, out) == (1, "")
     assert err.startswith("spmdsim mpirun: error on simulated ranks 0-3: ShapeError: Allreduce: 2 items are sent but "
                           "the receive buffer takes 3\n")
+
+
+def test_the_programs_own_modules_are_each_ranks_own(capsys):
+    # mpi_utils.py's `rank = comm.Get_rank()` ran once, in the first rank to import it: every rank printed 0.
+    # modules/main.py above compares the whole output with MPICH's; here: the stand-ins are gone after the run.
+    code, out, err = _mpirun(capsys, str(LAB / "modules" / "main.py"))
+    assert (code, err) == (0, "")
+    assert sorted(line.split(" ")[:2] for line in out.splitlines()) == [[str(r), "hello"] for r in range(4)]
+    assert "mpi_utils" not in sys.modules and "geom" not in sys.modules

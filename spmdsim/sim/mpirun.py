@@ -8,11 +8,11 @@
 
 Every rank runs the script in its own thread with its own globals
 (``__name__ == "__main__"``); inside it ``from mpi4py import MPI; MPI.COMM_WORLD``
-is that rank's simulated world (spmdsim.sim.mpi4py_world). Modules the script
-imports are loaded once and shared by the ranks, unlike separate MPI
-processes, but each rank draws from its own `random` and `numpy.random`
-module-level generators (spmdsim.sim.rank_random), and stdin goes to rank 0,
-as under mpiexec. The exit code is the largest of the ranks' ``sys.exit``
+is that rank's simulated world (spmdsim.sim.mpi4py_world). As under mpiexec,
+each rank has its own copy of the program's own modules (those in the script's
+folder: spmdsim.sim.rank_modules) and its own `random` and `numpy.random`
+module-level generators (spmdsim.sim.rank_random), and stdin goes to rank 0;
+other modules are loaded once and shared by the ranks. The exit code is the largest of the ranks' ``sys.exit``
 codes. Where MPI would hang or abort, one report (docs/simulate.md): a
 deadlock in one line naming each waiting rank's call and program line; an
 exception on a rank stops every rank and is printed with the rank that raised
@@ -205,6 +205,7 @@ def _program_frames(exc: BaseException, trim_emulator: bool) -> list:
 def run(n: int, command: Sequence[str]) -> int:
     """Run `command` (see _target) on `n` simulated ranks; return the exit code."""
     from .mpi4py_world import swapped
+    from .rank_modules import own_modules
     from .rank_random import own_generators
     from .run import MAX_RANKS, simulate
 
@@ -223,7 +224,7 @@ def run(n: int, command: Sequence[str]) -> int:
                     "" if kind == "code" else os.getcwd())
     exits: dict = {}
     try:
-        with swapped(), own_generators():
+        with swapped(), own_generators(), own_modules(sys.path[0] or os.getcwd(), kind != "module"):
             codes = simulate(n, _rank, kind, what, exits)
     except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, as a shell tool does on SIGPIPE
         from .launch import _quiet_stdout
