@@ -287,3 +287,23 @@ def test_the_programs_own_modules_are_each_ranks_own(capsys):
     assert (code, err) == (0, "")
     assert sorted(line.split(" ")[:2] for line in out.splitlines()) == [[str(r), "hello"] for r in range(4)]
     assert "mpi_utils" not in sys.modules and "geom" not in sys.modules
+
+
+def test_a_rank_waiting_on_another_ranks_communicator_is_named():
+    # Ranks sharing one rank's communicator (kept in a module that every rank imports once, say) waited as
+    # that rank, two threads as one, forever.
+    from spmdsim.sim import SimulationError, simulate
+    from spmdsim.sim.run import world
+
+    shared = {}
+
+    def body():
+        comm = world()
+        if comm.rank == 0:
+            shared["comm"] = comm
+        comm.Barrier()
+        shared["comm"].Barrier()
+
+    with pytest.raises(SimulationError, match=r"simulated rank [123] waits in barrier on the world \(call \d\) as "
+                                              r"rank 0, on rank 0's communicator: each rank must use its own"):
+        simulate(4, body)

@@ -295,6 +295,7 @@ class World:
         self._granted: set[int] = set()
         self._holding: set[int] = set()
         self.threads: dict[int, int] = {}  # rank -> its thread's ident: its program line (spmdsim.sim.report)
+        self._rank_of_thread: dict[int, int] = {}  # and back
         self.exits: dict[int, int] = {}  # rank -> the non-zero code it exited with (spmdsim mpirun)
         self._polls: dict[int, float] = {}  # rank -> since when it polls a request nobody can complete
 
@@ -304,6 +305,7 @@ class World:
         """Block `rank`'s thread until it may compute (a run slot), even after another rank failed."""
         with self.lock:
             self.threads[rank] = threading.get_ident()
+            self._rank_of_thread[self.threads[rank]] = rank
             self._take_slot(rank)
 
     def pause(self, rank: int, token: Any = None) -> None:
@@ -398,6 +400,13 @@ class World:
 
     def wait(self, rank: int, what: _Waiting) -> None:
         """Block `rank` until another rank releases it; raise when nothing can release it."""
+        mine = self._rank_of_thread.get(threading.get_ident())
+        if mine is not None and mine != rank:
+            # Another rank's thread waits as `rank`: it holds rank `rank`'s communicator (one made where the
+            # ranks share it, as a module every rank imports once), and the two would wait as one forever.
+            raise SimulationError(f"simulated rank {mine} waits in {what.text()} as rank {rank}, on rank {rank}'s "
+                                  f"communicator: each rank must use its own (MPI.COMM_WORLD read in the rank, "
+                                  f"not kept where the ranks share it)")
         self.waiting[rank] = what
         if len(self.waiting) >= self.live:
             self._declare_deadlock()
@@ -453,3 +462,4 @@ class World:
         if self.deadlock is None and self.failure is None:
             self.deadlock = explain(self)
         self._wake_all()
+
