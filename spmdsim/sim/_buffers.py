@@ -53,6 +53,28 @@ def mpi_module() -> Any:
     return sys.modules.get("mpi4py.MPI")
 
 
+_DETAILED: dict = {}  # mpi4py.MPI.Exception -> its subclass that says what happened
+
+
+def mpi_error(mpi: Any, code: int, detail: str) -> BaseException:
+    """MPI.Exception(code) (`except MPI.Exception` and Get_error_class work) whose text goes on with
+    `detail`: MPICH's error stack names the ranks and sizes, mpi4py's bare class text does not."""
+    base = mpi.Exception
+    cls = _DETAILED.get(base)
+    if cls is None:
+        def __init__(self: Any, ierr: int = 0, detail: str = "") -> None:
+            base.__init__(self, ierr)
+            self.detail = detail
+
+        def __str__(self: Any) -> str:
+            text = base.__str__(self)
+            return f"{text}: {self.detail}" if self.detail else text
+
+        cls = _DETAILED[base] = type("Exception", (base,), {"__init__": __init__, "__str__": __str__,
+                                                            "__module__": base.__module__})
+    return cls(code, detail)
+
+
 def special(name: str) -> int:
     """MPI.ANY_SOURCE / ANY_TAG / PROC_NULL / UNDEFINED ... as this process's MPI defines them."""
     mpi = mpi_module()
@@ -105,7 +127,9 @@ def reduction(op: Any) -> Reduction:
                     _BY_OP[id(op)] = found
                 return found
         if op != mpi.OP_NULL:
-            return Reduction(f"user op {op.py2f()}", None, op, op)
+            # Not named by its handle: each simulated rank runs the script's MPI.Op.Create itself,
+            # so one op has a handle per rank, where MPI's processes agree.
+            return Reduction("user op", None, op, op)
     raise ShapeError(f"reduction {op!r} is not simulated; expected an MPI.Op (MPI.SUM, MPI.MAX, ...) "
                      f"or one of 'sum', 'max', 'min', 'prod'")
 
@@ -200,7 +224,8 @@ def array_of(buf: Any, what: str, readonly: bool = True) -> np.ndarray:
             a = np.asarray(_Interface(buf.__cuda_array_interface__))
         else:
             raise TypeError(f"{what}: {type(buf).__name__!r} is not a buffer (expected an array, "
-                            f"or [buffer, count, datatype])")
+                            f"or [buffer, count, datatype]; Python objects go with the lowercase methods: "
+                            f"send, recv, bcast, ...)")
     if not a.flags.c_contiguous:
         raise ShapeError(f"{what}: buffer of shape {a.shape!r} is not C-contiguous; MPI needs one block")
     if not readonly and not a.flags.writeable:
@@ -257,11 +282,19 @@ def message(spec: Any, what: str, blocks: int = 1, readonly: bool = True) -> tup
             raise ValueError(f"{what}: {n} entries do not split into {blocks} equal blocks")
         return a, n // blocks if blocks > 1 else n, None
     buf, count, displ, datatype = _unpack(spec)
+    try:  # the buffer first, as mpi4py reads it: [1, 2, 3] is a list of numbers, not [buf, count, type]
+        a = None if buf is None else array_of(buf, what, readonly)
+    except TypeError:
+        if isinstance(spec, (list, tuple)):
+            raise TypeError(f"{what}: {spec!r} is read as [buffer, count, datatype] and {buf!r} is not a "
+                            f"buffer; pass a numpy array (np.array({spec!r})), or send Python objects with "
+                            f"the lowercase methods (send, recv, bcast, ...)") from None
+        raise
     dtype = None if datatype is None else numpy_dtype(datatype)
-    if buf is None:
+    if a is None:
         a = np.empty(0, dtype or np.uint8)
     else:
-        a = _typed(array_of(buf, what, readonly), dtype, what)
+        a = _typed(a, dtype, what)
     if displ is not None:
         displ = operator.index(displ)
         if displ < 0 or displ > a.size:

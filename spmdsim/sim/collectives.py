@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import DTypeError, ShapeError
-from ._buffers import copy_into, dtype_name, fold, in_place, message, mpi_module, reduction, vector
+from ._buffers import copy_into, dtype_name, fold, in_place, message, mpi_error, mpi_module, reduction, vector
 
 __all__ = ["BufferCollectives", "bad_root"]
 
@@ -28,9 +28,10 @@ _SUM = "sum"
 def bad_root(root: Any, size: int, call: str) -> BaseException:
     """MPI's error for a root outside the communicator (MPI.Exception ERR_ROOT under mpi4py)."""
     mpi = mpi_module()
+    text = f"{call}: root {root!r} is outside the communicator of {size} ranks"
     if mpi is not None:
-        return mpi.Exception(mpi.ERR_ROOT)
-    return ShapeError(f"{call}: root {root!r} is outside the communicator of {size} ranks")
+        return mpi_error(mpi, mpi.ERR_ROOT, text)
+    return ShapeError(text)
 
 
 def _same(op: str, a: np.ndarray, b: np.ndarray) -> None:
@@ -42,6 +43,16 @@ def _shared(n: int, dtype: np.dtype) -> Callable[[Any], None]:
     def complete(slot: Any) -> None:
         slot.shared = np.empty(n, dtype)
     return complete
+
+
+def _matching(op: str, sendbuf: Any, dst: np.ndarray, n: int) -> np.ndarray:
+    """The send data of a reduction whose receive buffer is `dst` (n items): of its dtype and count,
+    as mpi4py requires ("mismatch in send and receive MPI datatypes"), never converted."""
+    src, ns, _ = message(sendbuf, f"{op} sendbuf")
+    _same(op, src, dst)
+    if ns != n:
+        raise ShapeError(f"{op}: {ns} items are sent but the receive buffer takes {n}")
+    return src[:n]
 
 
 def _blocks_fit(op: str, sent: np.ndarray, recv: np.ndarray) -> None:
@@ -65,12 +76,7 @@ class BufferCollectives:
         if in_place(sendbuf):
             src = dst[:n]
         else:
-            src, ns, _ = message(sendbuf, "Allreduce sendbuf")
-            _same("Allreduce", src, dst)
-            if ns > dst.size:
-                raise ShapeError(f"Allreduce: {ns} items do not fit the receive buffer of {dst.size}")
-            n = ns
-            src = src[:n]
+            src = _matching("Allreduce", sendbuf, dst, n)
         signature = ("allreduce", dtype_name(src.dtype), n, red.name)
         g, me = self._group.size, self._me
         lo, hi = n * me // g, n * (me + 1) // g
@@ -90,7 +96,7 @@ class BufferCollectives:
         dst = dt = None
         if me == root:
             dst, n, dt = message(recvbuf, "Reduce recvbuf", readonly=False)
-            src = dst[:n] if in_place(sendbuf) else message(sendbuf, "Reduce sendbuf")[0][:n]
+            src = dst[:n] if in_place(sendbuf) else _matching("Reduce", sendbuf, dst, n)
         else:
             src, n, dt = message(sendbuf, "Reduce sendbuf")
             src = src[:n]
@@ -105,7 +111,7 @@ class BufferCollectives:
     def _scan(self, call: str, sendbuf: Any, recvbuf: Any, op: Any, exclusive: bool) -> None:
         red = reduction(op)
         dst, n, dt = message(recvbuf, f"{call} recvbuf", readonly=False)
-        src = dst[:n] if in_place(sendbuf) else message(sendbuf, f"{call} sendbuf")[0][:n]
+        src = dst[:n] if in_place(sendbuf) else _matching(call, sendbuf, dst, n)
         slot = self._enter(call.lower(), (call.lower(), dtype_name(src.dtype), n, red.name), src)
         me = self._me
         upto = me if exclusive else me + 1

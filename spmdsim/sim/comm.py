@@ -4,8 +4,9 @@ Each simulated rank holds its own SimComm per communicator (they share an
 engine `Group`); copies made with ``MPI.Comm(comm)`` share one handle (its call
 counter, name, freed state), as mpi4py's copies share one MPI handle. The
 collectives are in spmdsim.sim.collectives and spmdsim.sim.objects, the
-point-to-point calls in spmdsim.sim.p2p. Persistent requests, derived
-datatypes, one-sided, I/O and intercommunicators are not simulated
+point-to-point calls in spmdsim.sim.p2p, Cartesian grids in spmdsim.sim.topology.
+Persistent requests, derived datatypes, one-sided, I/O, graph topologies and
+intercommunicators are not simulated
 (docs/simulate.md).
 """
 from __future__ import annotations
@@ -260,6 +261,12 @@ class SimComm(PointToPoint, BufferCollectives, ObjectCollectives):
                 del table[(id(self._group), key, n)]
         return SimComm(entry[0], members.index(mine))
 
+    def Create_cart(self, dims: Any, periods: Any = None, reorder: bool = False) -> Any:
+        """A Cartesian grid of the first prod(dims) members (spmdsim.sim.topology)."""
+        from .topology import create_cart
+
+        return create_cart(self, dims, periods, reorder)
+
     def Compare(self, other: "SimComm") -> int:
         """MPI.IDENT (the same communicator), CONGRUENT (same ranks, same order), SIMILAR or UNEQUAL."""
         if not isinstance(other, SimComm):
@@ -284,7 +291,11 @@ class SimComm(PointToPoint, BufferCollectives, ObjectCollectives):
     free = Free
 
     def Abort(self, errorcode: int = 0) -> None:
-        raise SimulationError(f"simulated rank {self.world_rank} called Abort({errorcode})")
+        """End every simulated rank (SimulationError, whose `abort_code` spmdsim mpirun exits with)."""
+        error = SimulationError(f"simulated rank {self.world_rank} called Abort({errorcode}) on "
+                                f"{self._group.label()}: every rank was stopped")
+        error.abort_code = int(errorcode)
+        raise error
 
     def Attach_buffer(self, buf: Any) -> None:
         self._h.buffer = buf

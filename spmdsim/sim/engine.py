@@ -11,7 +11,9 @@ per rank (sharing that lock): a completed rendezvous wakes its own members
 only, so 1,024 ranks do not wake each other. The world counts the live ranks
 and those waiting on something not yet satisfied; when every live rank waits,
 nothing can complete, and every waiter raises a DeadlockError that names the
-call, the ranks waiting in it and where the others are. A rank that raises
+call, the ranks waiting in it, their program lines and where the others are
+(spmdsim.sim.report); so does a rank that polls (Test) for POLL_STALL_S a
+request no rank left can complete. A rank that raises
 ends the simulation: a waiter whose collective can no longer complete (a member
 gone, or every live rank waiting) raises `Aborted`, the others go on as MPI ranks
 would (so an error every rank raises is reported as every rank's) for GO_ON_S
@@ -31,12 +33,14 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections import deque
 from typing import Any, Callable, Optional
 
 from ..engines import Engine
 from ..engines.base import SimulationError
 from ..errors import RuntimeMismatchError
+from .report import explain, program_lines
 
 __all__ = ["World", "Group", "Call", "Aborted", "DeadlockError", "SimulationError", "run_slots", "ThreadEngine",
            "THREADS"]
@@ -55,6 +59,10 @@ class ThreadEngine(Engine):
 
 
 THREADS = ThreadEngine()
+
+#: A rank that polls (Test, Iprobe) a request no rank left can complete (its peer finished) for this long
+#: polls forever: a deadlock, as if it waited.
+POLL_STALL_S = 2.0
 
 MAX_SLOTS = 32  # well inside the 64 callers numpy's OpenBLAS keeps buffers for
 
@@ -133,6 +141,7 @@ class Group:
         self.sends: list[Any] = []  # point-to-point messages not yet matched (spmdsim.sim.p2p)
         self.recvs: list[Any] = []  # receives posted and not yet matched
         self.probes: list[Any] = []  # blocking probes waiting for a message to arrive
+        world.groups.add(self)
 
     def label(self) -> str:
         if self.members == tuple(range(self.world.size)):
@@ -242,7 +251,8 @@ class Group:
         (a, one), (b, other) = sorted([(self.members[me], mine), (self.members[first], theirs)],
                                       key=lambda pair: pair[0])
         return (f"collectives diverge on {self.label()} (call {seq} on that communicator): "
-                f"rank {a} calls {one.describe()} but rank {b} calls {other.describe()}")
+                f"rank {a} calls {one.describe()} but rank {b} calls {other.describe()}"
+                f"{program_lines(self.world, [a, b])}")
 
 
 class _Waiting:
@@ -276,6 +286,7 @@ class World:
         self.failure: Optional[str] = None  # set once: why every waiter stops
         self.failed_at = 0.0  # when (time.monotonic()): the others go on for GO_ON_S at most
         self.deadlock: Optional[str] = None
+        self.groups: weakref.WeakSet = weakref.WeakSet()  # every communicator's Group (spmdsim.sim.p2p.unreceived)
         self.root = Group(self, tuple(range(size)))
         # Run slots: how many more ranks may compute now, who waits for one (in order), who got one.
         self.slots = run_slots(size)
@@ -283,25 +294,48 @@ class World:
         self._queue: deque = deque()
         self._granted: set[int] = set()
         self._holding: set[int] = set()
+        self.threads: dict[int, int] = {}  # rank -> its thread's ident: its program line (spmdsim.sim.report)
+        self._rank_of_thread: dict[int, int] = {}  # and back
+        self.exits: dict[int, int] = {}  # rank -> the non-zero code it exited with (spmdsim mpirun)
+        self._polls: dict[int, float] = {}  # rank -> since when it polls a request nobody can complete
 
     # -- run slots (all with the lock held) --------------------------------------------------
 
     def start(self, rank: int) -> None:
         """Block `rank`'s thread until it may compute (a run slot), even after another rank failed."""
         with self.lock:
+            self.threads[rank] = threading.get_ident()
+            self._rank_of_thread[self.threads[rank]] = rank
             self._take_slot(rank)
 
-    def pause(self, rank: int) -> None:
+    def pause(self, rank: int, token: Any = None) -> None:
         """`rank` polls a request that is not done (Test): a rank in line for a slot computes first.
 
         Without this, ranks spinning on Test for a message from a rank that
-        stands in line would hold every slot and never let it in.
+        stands in line would hold every slot and never let it in. With the
+        request polled (`token`): one that no rank left can complete, polled for
+        POLL_STALL_S, is a deadlock (a Test loop for a message never sent).
         """
         with self.lock:
             self.check(rank)
+            if token is not None:
+                self._watch_poll(rank, token)
             if self._queue and rank in self._holding:
                 self._give_slot(rank)
                 self._take_slot(rank)
+
+    def _watch_poll(self, rank: int, token: Any) -> None:
+        never = getattr(token, "never_completes", None)  # a point-to-point request (spmdsim.sim.requests)
+        if never is None or not never(self):
+            self._polls.pop(rank, None)
+            return
+        since = self._polls.setdefault(rank, time.monotonic())
+        if time.monotonic() - since < POLL_STALL_S:
+            return
+        if self.deadlock is None and self.failure is None:
+            self.deadlock = explain(self, (rank, token))
+        self._wake_all()
+        self.check(rank)
 
     def _take_slot(self, rank: int) -> None:
         self._line_up(rank)
@@ -366,6 +400,13 @@ class World:
 
     def wait(self, rank: int, what: _Waiting) -> None:
         """Block `rank` until another rank releases it; raise when nothing can release it."""
+        mine = self._rank_of_thread.get(threading.get_ident())
+        if mine is not None and mine != rank:
+            # Another rank's thread waits as `rank`: it holds rank `rank`'s communicator (one made where the
+            # ranks share it, as a module every rank imports once), and the two would wait as one forever.
+            raise SimulationError(f"simulated rank {mine} waits in {what.text()} as rank {rank}, on rank {rank}'s "
+                                  f"communicator: each rank must use its own (MPI.COMM_WORLD read in the rank, "
+                                  f"not kept where the ranks share it)")
         self.waiting[rank] = what
         if len(self.waiting) >= self.live:
             self._declare_deadlock()
@@ -419,30 +460,6 @@ class World:
 
     def _declare_deadlock(self) -> None:
         if self.deadlock is None and self.failure is None:
-            self.deadlock = self._explain()
+            self.deadlock = explain(self)
         self._wake_all()
 
-    def _explain(self) -> str:
-        """Who waits in what, and for each waited-on collective where its missing members are."""
-        by_call: dict[tuple, tuple[_Waiting, list[int]]] = {}
-        for rank, what in sorted(self.waiting.items()):
-            by_call.setdefault(what.key(), (what, []))[1].append(rank)
-        clauses = []
-        for what, ranks in by_call.values():
-            clause = f"{what.text()}: {ranks_text(ranks)} {'waits' if len(ranks) == 1 else 'wait'} in it"
-            if what.group is not None and what.token is None:
-                missing = [m for m in what.group.members if m not in ranks]
-                clause += "".join(f"; {self._whereabouts(m)}" for m in missing[:8])
-                if len(missing) > 8:
-                    clause += f"; and {len(missing) - 8} more"
-            clauses.append(clause)
-        return ("simulated ranks deadlock (every live rank waits, none can go on): "
-                + " | ".join(clauses))
-
-    def _whereabouts(self, rank: int) -> str:
-        what = self.waiting.get(rank)
-        if what is not None:
-            return f"rank {rank} is elsewhere, in {what.text()}"
-        if rank in self.failed:
-            return f"rank {rank} failed"
-        return f"rank {rank} finished" if rank in self.finished else f"rank {rank} is computing"

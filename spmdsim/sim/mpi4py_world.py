@@ -5,7 +5,7 @@
 
 While `swapped()` is active, the threads of simulated ranks see, on the
 ``mpi4py.MPI`` module, COMM_WORLD and COMM_SELF as their own SimComms and
-Comm, Intracomm, Request and Group as the simulated classes (so
+Comm, Intracomm, Cartcomm, Request and Group as the simulated classes (so
 ``MPI.Request.Waitall(reqs)`` and ``MPI.Comm.Compare(a, b)`` take simulated
 objects); Init and Finalize do nothing (the real MPI stays initialized for the
 other ranks). Every other thread, and every other name, sees mpi4py as it is.
@@ -24,7 +24,7 @@ from .. import context as _local
 __all__ = ["swapped", "real", "SWAPPED"]
 
 #: The names of mpi4py.MPI that a simulated rank sees as its own.
-SWAPPED = ("COMM_WORLD", "COMM_SELF", "Comm", "Intracomm", "Request", "Group", "Init", "Init_thread",
+SWAPPED = ("COMM_WORLD", "COMM_SELF", "Comm", "Intracomm", "Cartcomm", "Request", "Group", "Init", "Init_thread",
            "Finalize", "Is_finalized", "Attach_buffer", "Detach_buffer", "Flush_buffer", "Iflush_buffer")
 
 _BSEND_BUFFERS: dict = {}  # thread -> the buffer a simulated rank attached (its Bsend copies anyway)
@@ -49,6 +49,10 @@ def _simulated(name: str, state: Any) -> Any:
         return self_comm(state)
     if name in ("Comm", "Intracomm"):
         return SimComm
+    if name == "Cartcomm":
+        from .topology import SimCartComm
+
+        return SimCartComm
     if name == "Request":
         from .requests import Request
 

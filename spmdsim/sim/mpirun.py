@@ -2,24 +2,32 @@
 
     spmdsim mpirun -n 8 python script.py ARGS...
     spmdsim mpirun -n 4 python -m package.module ARGS...
+    spmdsim mpirun -n 4 python -m mpi4py script.py ARGS...     (mpi4py's runner: the same)
+    spmdsim mpirun -n 4 python -c "from mpi4py import MPI; ..."
     python -m spmdsim.sim.mpirun -n 8 script.py ARGS...
 
 Every rank runs the script in its own thread with its own globals
 (``__name__ == "__main__"``); inside it ``from mpi4py import MPI; MPI.COMM_WORLD``
-is that rank's simulated world (spmdsim.sim.mpi4py_world). Modules the script
-imports are loaded once and shared by the ranks, unlike separate MPI
-processes. The exit code is the largest of the ranks' ``sys.exit`` codes; an
-exception on a rank stops every rank and is printed with the rank that
-raised it (exit 1). Nothing is printed besides the program's own output.
+is that rank's simulated world (spmdsim.sim.mpi4py_world). As under mpiexec,
+each rank has its own copy of the program's own modules (those in the script's
+folder: spmdsim.sim.rank_modules) and its own `random` and `numpy.random`
+module-level generators (spmdsim.sim.rank_random), and stdin goes to rank 0;
+other modules are loaded once and shared by the ranks. The exit code is the largest of the ranks' ``sys.exit``
+codes. Where MPI would hang or abort, one report (docs/simulate.md): a
+deadlock in one line naming each waiting rank's call and program line; an
+exception on a rank stops every rank and is printed with the rank that raised
+it and its traceback from the program on (exit 1); messages never received
+are a warning.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import pickle
 import runpy
 import sys
 import traceback
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 __all__ = ["main", "add_arguments", "run"]
 
@@ -34,34 +42,66 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _target(command: Sequence[str]) -> tuple[str, str, list[str]]:
-    """('path' | 'module', what, argv) of a command line; raises ValueError for one it cannot run."""
+    """('path' | 'module' | 'code', what, argv) of a command line; raises ValueError for one it cannot run.
+
+    ``python -m mpi4py script.py`` (mpi4py's runner, which aborts the job when a rank
+    raises) runs the script itself: the simulated ranks stop on an error anyway.
+    """
     words = list(command)
     if words and (os.path.basename(words[0]) in _PYTHONS or words[0] == sys.executable):
         words = words[1:]
+    if words[:2] in (["-m", "mpi4py"], ["-m", "mpi4py.run"]):
+        words = _mpi4py_run(words[2:])
     if not words:
         raise ValueError("no program given: expected `[python] script.py ARGS...` or `[python] -m module`")
-    if words[0] == "-m":
+    if words[0] in ("-m", "-c"):
         if len(words) < 2:
-            raise ValueError("-m needs a module name")
+            raise ValueError(f"{words[0]} needs a {'module name' if words[0] == '-m' else 'program'}")
+        if words[0] == "-c":  # python -c CMD ARGS: sys.argv is ['-c', ARGS...]
+            return "code", words[1], ["-c", *words[2:]]
         return "module", words[1], [words[1], *words[2:]]
     if words[0].startswith("-"):
-        raise ValueError(f"python option {words[0]!r} is not supported; give a script or -m module")
+        raise ValueError(f"python option {words[0]!r} is not supported; give a script, -m module or -c program")
     if not os.path.isfile(words[0]):
         raise ValueError(f"script {words[0]!r} does not exist")
     return "path", words[0], words
 
 
-def _rank(kind: str, what: str) -> int:
+def _mpi4py_run(words: list[str]) -> list[str]:
+    """The command `python -m mpi4py [-rc ...] ...` runs, without mpi4py's options: its -rc
+    settings configure MPI's initialization, which simulated ranks do not do."""
+    while words and words[0].startswith("-") and words[0] not in ("-m", "-c"):
+        if words[0] in ("-rc", "--rc") and len(words) > 1:
+            words = words[2:]
+        elif words[0].startswith("--rc="):
+            words = words[1:]
+        elif words[0] == "-":
+            raise ValueError("python -m mpi4py - (the program from stdin) is not supported: "
+                             "every simulated rank would read it; give a script")
+        else:
+            raise ValueError(f"mpi4py option {words[0]!r} is not supported under spmdsim mpirun; "
+                             f"give a script, -m module or -c program")
+    return words
+
+
+def _program(kind: str, what: str) -> int:
     """Run the program on this simulated rank; return its exit code."""
     try:
         if kind == "module":
             runpy.run_module(what, run_name="__main__", alter_sys=False)
         else:
-            with open(what, "rb") as f:
-                code = compile(f.read(), what, "exec")
+            if kind == "code":
+                code, path = compile(what, "<string>", "exec"), None
+            else:
+                path = os.path.abspath(what)  # as `python script.py` sets __file__ (Python 3.9+)
+                with open(path, "rb") as f:
+                    code = compile(f.read(), path, "exec")
             # Its own globals, and sys.modules['__main__'] left alone: the ranks run at once.
-            exec(code, {"__name__": "__main__", "__file__": what, "__builtins__": __builtins__,
-                        "__spec__": None, "__package__": None, "__cached__": None})
+            scope = {"__name__": "__main__", "__builtins__": __builtins__, "__spec__": None,
+                     "__package__": None}
+            if path is not None:
+                scope.update(__file__=path, __cached__=None)
+            exec(code, scope)
     except SystemExit as exc:
         code = exc.code
         if code is None or isinstance(code, int):
@@ -71,10 +111,102 @@ def _rank(kind: str, what: str) -> int:
     return 0
 
 
+def _rank(kind: str, what: str, exits: dict) -> int:
+    """`_program`, noting a non-zero exit code (in `exits`, and for deadlock reports: 'rank 1 exited
+    (sys.exit(3))')."""
+    from .run import current_rank, note_exit
+
+    code = _program(kind, what)
+    if code:
+        exits[current_rank()] = code
+        note_exit(code)
+    return code
+
+
+class _StdinOfRankZero:
+    """sys.stdin while the ranks run: rank 0's, as mpiexec forwards stdin to rank 0 only. Another
+    rank that reads it gets EOFError saying so (MPICH leaves it waiting forever; Open MPI gives
+    it end of file); threads that are no rank read it as usual."""
+
+    _READS = ("read", "readline", "readlines", "buffer", "fileno", "__next__")
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def _refuse(self) -> bool:
+        from .run import current_rank
+
+        return current_rank() not in (0, None)
+
+    def _eof(self) -> EOFError:
+        from .run import current_rank
+
+        return EOFError(f"simulated rank {current_rank()} reads stdin, which goes to rank 0 only (as mpiexec "
+                        f"forwards it): read it on rank 0 and send it on (comm.bcast)")
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._READS and self._refuse():
+            if name == "fileno":  # input() then reads through readline, which says why
+                import io
+
+                raise io.UnsupportedOperation("stdin goes to rank 0 only")
+            raise self._eof()
+        return getattr(self._stream, name)
+
+    def __iter__(self) -> Any:
+        if self._refuse():
+            raise self._eof()
+        return iter(self._stream)
+
+
+def _report(exc: BaseException, exits: dict) -> int:
+    """Print how the simulated ranks ended (as mpiexec reports a failed job); return the exit code.
+
+    A deadlock or mismatched collectives (where MPI hangs): one line naming the ranks, calls and
+    program lines, exit 1 or the largest code a rank exited with. MPI_Abort: one line, its code.
+    Any other exception: the failing rank's traceback from the program down, exit 1; where it is
+    MPI's error (MPI.Exception), an object receive's (UnpicklingError) or spmdsim's, without the
+    emulator's frames below the program's, as mpiexec shows no frames inside the MPI library.
+    """
+    from ..errors import RuntimeMismatchError, SpmdsimError
+    from .engine import ranks_text
+
+    ranks = getattr(exc, "simulated_ranks", ())
+    where = f"simulated {ranks_text(ranks)}" if ranks else "a simulated rank"
+    if isinstance(exc, RuntimeMismatchError):  # a deadlock, or collectives that differ
+        print(f"spmdsim mpirun: error: {exc}", file=sys.stderr)
+        return max([1, *exits.values()])
+    code = getattr(exc, "abort_code", None)
+    if code is not None:  # comm.Abort(code): MPI ends the job with that code
+        print(f"spmdsim mpirun: {exc}", file=sys.stderr)
+        return int(code)
+    mpi = sys.modules.get("mpi4py.MPI")
+    ours = isinstance(exc, (SpmdsimError, pickle.UnpicklingError)) or (mpi is not None
+                                                                        and isinstance(exc, mpi.Exception))
+    name = "MPI.Exception" if mpi is not None and isinstance(exc, mpi.Exception) else type(exc).__name__
+    lines = traceback.TracebackException.from_exception(exc)
+    lines.stack = traceback.StackSummary.from_list(_program_frames(exc, ours))
+    detail = "".join(lines.format())
+    print(f"spmdsim mpirun: error on {where}: {name}: {exc}\n{detail}", file=sys.stderr, end="")
+    return 1
+
+
+def _program_frames(exc: BaseException, trim_emulator: bool) -> list:
+    """The frames of `exc`'s traceback from the program's first on (the launcher's are dropped);
+    with `trim_emulator`, also without spmdsim's frames below the program's last."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    mine = [i for i, f in enumerate(frames) if not f.filename.startswith(package)]
+    if not mine:
+        return list(frames)
+    return list(frames[mine[0]:mine[-1] + 1] if trim_emulator else frames[mine[0]:])
+
+
 def run(n: int, command: Sequence[str]) -> int:
     """Run `command` (see _target) on `n` simulated ranks; return the exit code."""
-    from .engine import ranks_text
     from .mpi4py_world import swapped
+    from .rank_modules import own_modules
+    from .rank_random import own_generators
     from .run import MAX_RANKS, simulate
 
     if type(n) is not int or not 1 <= n <= MAX_RANKS:
@@ -85,12 +217,15 @@ def run(n: int, command: Sequence[str]) -> int:
     except ValueError as exc:
         print(f"spmdsim mpirun: error: {exc}", file=sys.stderr)
         return 2
-    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    saved_argv, saved_path, saved_stdin = sys.argv[:], sys.path[:], sys.stdin
     sys.argv[:] = argv
-    sys.path.insert(0, os.path.dirname(os.path.abspath(what)) if kind == "path" else os.getcwd())
+    sys.stdin = _StdinOfRankZero(saved_stdin)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(what)) if kind == "path" else
+                    "" if kind == "code" else os.getcwd())
+    exits: dict = {}
     try:
-        with swapped():
-            codes = simulate(n, _rank, kind, what)
+        with swapped(), own_generators(), own_modules(sys.path[0] or os.getcwd(), kind != "module"):
+            codes = simulate(n, _rank, kind, what, exits)
     except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, as a shell tool does on SIGPIPE
         from .launch import _quiet_stdout
 
@@ -100,13 +235,13 @@ def run(n: int, command: Sequence[str]) -> int:
         print("spmdsim mpirun: interrupted (Ctrl-C): the simulated ranks were stopped", file=sys.stderr)
         return 130
     except BaseException as exc:  # noqa: BLE001 - reported as mpiexec reports a failed rank
-        ranks = getattr(exc, "simulated_ranks", ())
-        where = f"simulated {ranks_text(ranks)}" if ranks else "a simulated rank"
-        detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        print(f"spmdsim mpirun: error on {where}: {type(exc).__name__}: {exc}\n{detail}", file=sys.stderr, end="")
-        return 1
+        return _report(exc, exits)
     finally:
-        sys.argv[:], sys.path[:] = saved_argv, saved_path
+        sys.argv[:], sys.path[:], sys.stdin = saved_argv, saved_path, saved_stdin
+    if codes.unreceived:  # MPI leaves them undefined; MPICH drops a small one without a word
+        more = f"; and {len(codes.unreceived) - 3} more" if len(codes.unreceived) > 3 else ""
+        print(f"spmdsim mpirun: warning: when the ranks ended, {'; '.join(codes.unreceived[:3])}{more}",
+              file=sys.stderr)
     return max(codes)
 
 

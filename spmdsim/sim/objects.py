@@ -11,7 +11,7 @@ import pickle
 from typing import Any, Optional
 
 from ..errors import ShapeError
-from ._buffers import reduction
+from ._buffers import mpi_module, reduction
 from .engine import SimulationError
 
 __all__ = ["ObjectCollectives"]
@@ -32,7 +32,11 @@ def _alike(exc: BaseException) -> BaseException:
 
 
 def _op(op: Any) -> tuple[str, Any]:
-    """(name, function of two objects) of an op: MPI's ops are callable on objects."""
+    """(name, function of two objects) of an op: MPI's ops are callable on objects, and so is
+    a plain Python function of two objects (mpi4py takes one: ``allreduce(x, op=lambda a, b: ...)``)."""
+    mpi = mpi_module()
+    if callable(op) and not isinstance(op, str) and (mpi is None or not isinstance(op, mpi.Op)):
+        return "python function", op
     red = reduction("sum" if op is None else op)
     return red.name, (red.op if red.op is not None else red.fn)
 

@@ -19,11 +19,11 @@ from typing import Any, Optional
 import numpy as np
 
 from ..errors import ShapeError
-from ._buffers import message, mpi_module, special
+from ._buffers import message, mpi_error, mpi_module, special
 from .engine import Group, _Waiting
-from .requests import Request, completed, fill_status
+from .requests import Request, completed, fill_status, rank_name
 
-__all__ = ["Request", "post_send", "post_recv", "completed", "PointToPoint", "EAGER_BYTES"]
+__all__ = ["Request", "post_send", "post_recv", "completed", "PointToPoint", "EAGER_BYTES", "unreceived"]
 
 #: Standard sends below this many bytes are buffered (MPICH 4's shared-memory eager limit is 8 KiB).
 EAGER_BYTES = 8 << 10
@@ -42,9 +42,10 @@ def _check_peer(group: Group, peer: Any, what: str) -> None:
         raise ShapeError(f"{what} {peer!r} must be an integer rank of the communicator")
     if not (0 <= peer < group.size or peer == special("PROC_NULL")):
         mpi = mpi_module()
+        text = f"{what} rank {peer!r} is outside the communicator of {group.size} ranks"
         if mpi is not None:
-            raise mpi.Exception(mpi.ERR_RANK)
-        raise ShapeError(f"{what} rank {peer!r} is outside the communicator of {group.size} ranks")
+            raise mpi_error(mpi, mpi.ERR_RANK, f"{text} (0 to {group.size - 1}, or MPI.PROC_NULL)")
+        raise ShapeError(text)
 
 
 def post_send(group: Group, me: int, dest: int, tag: int, buf: Any, obj: Any = None,
@@ -122,11 +123,13 @@ def _deliver(send: Request, recv: Request) -> None:
 
 
 def _truncated(send: Request, recv: Request, n: int) -> BaseException:
+    group = send.group
+    detail = (f"{rank_name(group, send.me)} sends {n} bytes (tag {send.tag}) but {rank_name(group, recv.me)} "
+              f"receives into a buffer of {recv.buf.nbytes}")
     mpi = mpi_module()
     if mpi is not None:
-        return mpi.Exception(mpi.ERR_TRUNCATE)
-    return ShapeError(f"message truncated: group rank {send.me} sends {n} bytes (tag {send.tag}) "
-                      f"but group rank {recv.me} receives into {recv.buf.nbytes}")
+        return mpi_error(mpi, mpi.ERR_TRUNCATE, detail)
+    return ShapeError(f"message truncated: {detail}")
 
 
 def _remove(queue: list, req: Request) -> bool:
@@ -147,6 +150,23 @@ def cancel(req: Request) -> None:
         queue = group.recvs if req.kind == "recv" else group.sends
         if not req.done and _remove(queue, req):
             req.done = req.cancelled = True
+
+
+def unreceived(world: Any) -> tuple[str, ...]:
+    """The messages sent and never received, and the receives posted and never matched, once the
+    ranks ended ('rank 0 to rank 1 (tag 3, 20 bytes)'): MPI leaves them undefined (MPICH drops a
+    small one at MPI_Finalize without a word)."""
+    lines = []
+    with world.lock:
+        for group in list(world.groups):
+            where = "" if group is world.root else f" on {group.label()}"
+            lines += [f"a message from {rank_name(group, s.me)} to {rank_name(group, s.peer)} (tag {s.tag}, "
+                      f"{s.payload.nbytes} bytes){where} was never received" for s in group.sends]
+            lines += [f"a receive of {rank_name(group, r.me)} from "
+                      f"{'any rank' if r.peer == special('ANY_SOURCE') else rank_name(group, r.peer)} "
+                      f"(tag {'any' if r.tag == special('ANY_TAG') else r.tag}){where} was never matched"
+                      for r in group.recvs]
+    return tuple(lines)
 
 
 def _wake_probes(group: Group, send: Request) -> None:
@@ -170,14 +190,14 @@ def probe(group: Group, me: int, source: int, tag: int, status: Any, block: bool
             found = next((s for s in group.sends if s.peer == me and _fits(token, s.me, s.tag)), None)
             if found is None and block:
                 group.probes.append(token)
-                world.wait(rank, _Waiting(f"probe from {source} (tag {tag})", group, None, token=token))
+                world.wait(rank, _Waiting(token._what(), group, None, token=token))
                 continue
             if found is not None:  # read under the lock: a receive may take the message next
                 found = (found.me, found.tag, found.payload.nbytes)
         if found is not None:
             fill_status(status, *found)
             return True
-        world.pause(rank)
+        world.pause(rank, token)
         return False
 
 

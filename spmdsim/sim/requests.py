@@ -15,8 +15,9 @@ import numpy as np
 
 from ._buffers import mpi_module, special
 from .engine import Group, _Waiting
+from .report import whereabouts
 
-__all__ = ["Request", "completed", "fill_status"]
+__all__ = ["Request", "completed", "fill_status", "rank_name"]
 
 
 
@@ -84,11 +85,52 @@ class Request:
         return f"<simulated Request {'null' if self.null else self._what()}>"
 
     def _what(self) -> str:
-        if self.kind not in ("send", "recv"):
+        if self.kind not in ("send", "recv", "probe"):
             return self.kind
         peer = "any rank" if self.peer == special("ANY_SOURCE") else f"group rank {self.peer}"
         way = "to" if self.kind == "send" else "from"
-        return f"{self.kind} {way} {peer} (tag {self.tag})"
+        tag = "any tag" if self.tag == special("ANY_TAG") else f"tag {self.tag}"
+        return f"{self.kind} {way} {peer} ({tag})"
+
+    def why_stuck(self, world: Any) -> tuple[str, str]:
+        """For a deadlock report (world lock held): what more to say of this waiting request, and a
+        hint for the whole report ('' for none). Names the peer when it waits in nothing (finished,
+        exited), the messages a waiting receive does not take, and sends waiting for each other."""
+        group = self.group
+        if group is None or self.kind not in ("send", "recv", "probe"):
+            return "", ""
+        more, hint = "", ""
+        peer_waits = None
+        if self.peer != special("ANY_SOURCE"):
+            peer = group.members[self.peer]
+            peer_waits = world.waiting.get(peer)
+            if peer_waits is None:  # a waiting peer has its own clause
+                more += f"; {whereabouts(world, peer)}"
+        elif self.kind != "send":
+            others = [m for i, m in enumerate(group.members) if i != self.me]
+            if others and all(m in world.finished for m in others):
+                from .engine import ranks_text
+
+                more += f"; {ranks_text(others)} finished"
+        if self.kind != "send":
+            pending = [s for s in group.sends if s.peer == self.me]
+            for s in pending[:3]:
+                more += f"; {rank_name(group, self.me)} has an unreceived message from {rank_name(group, s.me)} " \
+                        f"(tag {s.tag})"
+            return more, hint
+        peer_sends = peer_waits is not None and getattr(peer_waits.token, "kind", None) == "send"
+        if peer_sends and self.payload is not None:
+            from .p2p import EAGER_BYTES
+
+            if self.mode == "synchronous":
+                more += "; an Ssend"
+                hint = "an Ssend waits until its receive is posted: post the receive first on one side"
+            elif self.payload.nbytes >= EAGER_BYTES:
+                more += f"; a message of {self.payload.nbytes} bytes"
+                hint = (f"a standard Send of {EAGER_BYTES // 1024} KiB or more waits for its receive, as MPICH's "
+                        f"does past its eager limit: post the receive first on one side, or use Sendrecv or "
+                        f"Isend/Irecv")
+        return more, hint
 
     # -- completion ---------------------------------------------------------------------------
 
@@ -123,14 +165,36 @@ class Request:
         elif status is not None and self.kind != "send":
             _empty(status)
         if recv.kind == "recv" and recv.buf is None and recv.payload:  # an empty message is None
-            return pickle.loads(recv.payload)
+            try:
+                return pickle.loads(recv.payload)
+            except Exception as exc:  # noqa: BLE001 - a buffer's bytes: say so, as the same type
+                raise pickle.UnpicklingError(
+                    f"recv: the message from {rank_name(recv.group, recv.source)} (tag {recv.got_tag}, "
+                    f"{recv.nbytes} bytes) is not a pickled object ({exc}); was it sent with Send, a "
+                    f"buffer? Receive it with Recv into an array") from None
         return None
 
-    def _pause(self) -> None:
-        """Not done yet: let a rank waiting for a run slot compute (it may be the peer)."""
+    def _pause(self, watch: bool = True) -> None:
+        """Not done yet: let a rank waiting for a run slot compute (it may be the peer); with `watch`,
+        a poll of this request alone, which World.pause reports if no rank left can complete it."""
         group = self.group or next((p.group for p in self.parts if p.group is not None), None)
         if group is not None:
-            group.world.pause(group.members[self.me])
+            group.world.pause(group.members[self.me], self if watch else None)
+
+    def never_completes(self, world: Any) -> bool:
+        """Whether every rank that could complete this request (its peer; any other member for
+        MPI.ANY_SOURCE) has finished (world lock held)."""
+        for part in (*self.parts, self):
+            if part.group is None or part.done or part.kind not in ("send", "recv", "probe"):
+                continue
+            members = part.group.members
+            if part.peer == special("ANY_SOURCE"):
+                others = [m for i, m in enumerate(members) if i != part.me]
+            else:
+                others = [members[part.peer]]
+            if all(m in world.finished for m in others):
+                return True
+        return False
 
     def Wait(self, status: Any = None) -> bool:
         """Block until the operation completed (mpi4py returns True)."""
@@ -239,7 +303,7 @@ class Request:
             if requests[i]._ready():
                 return i, True, requests[i]._finish(status)
         if pause:
-            requests[active[0]]._pause()
+            requests[active[0]]._pause(watch=False)
         return special("UNDEFINED"), False, None
 
     @classmethod
@@ -266,11 +330,16 @@ class Request:
         ready = [i for i in active if requests[i]._ready()]
         if not ready:
             if pause:
-                requests[active[0]]._pause()
+                requests[active[0]]._pause(watch=False)
             return [], []
         statuses = _statuses(statuses, len(ready))
         objs = [requests[i]._finish(statuses[k] if statuses else None) for k, i in enumerate(ready)]
         return ready, objs
+
+
+def rank_name(group: Group, me: int) -> str:
+    """'rank 3' on the world, else 'group rank 3' (a rank of `group`, as a report names it)."""
+    return f"rank {me}" if group.members == tuple(range(group.world.size)) else f"group rank {me}"
 
 
 def _statuses(statuses: Any, n: int) -> Any:

@@ -31,6 +31,7 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
     (a skipped or mismatched collective) raises DeadlockError naming who waits where.
     While ranks run, the loaded BLAS uses one thread (unless a thread variable is set).
     Simulations started from two threads run side by side, each rank with its own traces.
+    The list's `unreceived` names the messages sent and never received (MPI leaves them undefined).
 
     With ``dry_run=True`` (up to MAX_DRY_RANKS) one rank runs for all with shapes but no
     data (spmdsim.sim.dry): the list holds its result `n` times and has a ``report`` of
@@ -48,6 +49,13 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
     if dry_run:
         return _dry_run(size, fn, args, kwargs)
     return _run(size, fn, args, kwargs)
+
+
+class Results(list):
+    """The per-rank results of a simulation, with `unreceived`: the point-to-point messages sent and
+    never received, and receives never matched, when the ranks ended (spmdsim.sim.p2p.unreceived)."""
+
+    unreceived: tuple = ()
 
 
 class DryRunResults(list):
@@ -98,7 +106,11 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
                 t.join(max(0.0, min(1.0, deadline - time.monotonic())))
             raise
     _raise_failure(engine, size)
-    return results
+    from .p2p import unreceived
+
+    done = Results(results)
+    done.unreceived = unreceived(engine)
+    return done
 
 
 def _dry_run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
@@ -250,3 +262,13 @@ def current_rank() -> Optional[int]:
     """The simulated rank running this code, or None outside simulate()."""
     state = _local.simulated()
     return None if state is None else state.rank
+
+
+def note_exit(code: int) -> None:
+    """Note that this simulated rank's program exits with `code` (spmdsim mpirun's sys.exit): a
+    deadlock report then says 'rank 1 exited (sys.exit(3))' instead of 'rank 1 finished'."""
+    state = _local.simulated()
+    if state is not None and code:
+        world = state.comm._group.world
+        with world.lock:
+            world.exits[state.rank] = code

@@ -1,0 +1,140 @@
+"""Each simulated rank's own copy of the program's own modules, as each MPI process imports its own.
+
+A lab's helper module often reads its rank when imported (``mpi_utils.py``:
+``comm = MPI.COMM_WORLD; rank = comm.Get_rank()``). Simulated ranks share one
+interpreter, so the module would run once, in whichever rank imported it
+first, and every rank would read that rank's number. While `own_modules(root)`
+is active, a module not yet imported whose file lies under `root` (the
+script's folder) is imported as a stand-in in ``sys.modules``; each rank that
+reads from it gets its own copy, run in that rank's thread the first time it
+does (threads that are no rank share one more copy). Objects of the module's
+classes pickle by name, so a receiving rank gets instances of its own copy's
+class, as under MPI. Modules imported before (spmdsim, numpy, site-packages)
+are shared as they are.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.abc
+import importlib.util
+import os
+import sys
+import sysconfig
+import threading
+import types
+from typing import Any, Iterator, Optional
+
+__all__ = ["own_modules"]
+
+
+class _RankModule(types.ModuleType):
+    """The stand-in in sys.modules: attribute access goes to the calling rank's own copy."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "__all__":  # `from module import *`: the copy's names, as its own __dict__ would give
+            copy = _copy(self)
+            return getattr(copy, "__all__", [n for n in vars(copy) if not n.startswith("_")])
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return getattr(_copy(self), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # The import system's own attributes, and submodules, stay on the stand-in (every rank's).
+        if (name.startswith("__") and name.endswith("__")) or isinstance(value, _RankModule):
+            super().__setattr__(name, value)
+        else:
+            setattr(_copy(self), name, value)
+
+    def __dir__(self) -> list:
+        return dir(_copy(self))
+
+
+def _copy(standin: _RankModule) -> types.ModuleType:
+    """The calling rank's copy of `standin`'s module, made and run on first use."""
+    from .run import current_rank
+
+    state = object.__getattribute__(standin, "__dict__")
+    copies, lock = state["__spmdsim_copies__"], state["__spmdsim_lock__"]
+    rank = current_rank()
+    module = copies.get(rank)
+    if module is None:
+        with lock:  # one copy per rank, even if its threads race (a rank is one thread)
+            module = copies.get(rank)
+            if module is None:
+                spec = state["__spmdsim_spec__"]
+                module = importlib.util.module_from_spec(spec)
+                copies[rank] = module
+                try:
+                    spec.loader.exec_module(module)
+                except BaseException:
+                    del copies[rank]
+                    raise
+    return module
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds the program's own modules (under `root`) and loads each as a `_RankModule` stand-in."""
+
+    def __init__(self, root: str, shared: frozenset) -> None:
+        self._root = os.path.abspath(root) + os.sep
+        self._shared = shared  # top-level names imported before: never copied
+        self._skip = tuple(os.path.abspath(p) + os.sep for p in {sysconfig.get_paths()[k] for k in
+                                                                 ("purelib", "platlib", "stdlib")})
+        self._busy = threading.local()
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Optional[Any]:
+        if fullname.partition(".")[0] in self._shared or getattr(self._busy, "on", False):
+            return None
+        self._busy.on = True  # the other finders answer where the module is
+        try:
+            spec = importlib.util.find_spec(fullname) if path is None else _find(fullname, path)
+        except (ImportError, ValueError):
+            return None
+        finally:
+            self._busy.on = False
+        origin = getattr(spec, "origin", None)
+        if (spec is None or not origin or not origin.endswith(".py") or not origin.startswith(self._root)
+                or origin.startswith(self._skip) or spec.loader is None):
+            return None
+        standin = importlib.util.spec_from_loader(fullname, self, origin=origin,
+                                                  is_package=spec.submodule_search_locations is not None)
+        if spec.submodule_search_locations is not None:
+            standin.submodule_search_locations = list(spec.submodule_search_locations)
+        standin.has_location = True
+        standin.loader_state = spec
+        return standin
+
+    def create_module(self, spec: Any) -> types.ModuleType:
+        module = _RankModule(spec.name)
+        state = object.__getattribute__(module, "__dict__")
+        state.update(__spmdsim_copies__={}, __spmdsim_lock__=threading.RLock(),
+                     __spmdsim_spec__=spec.loader_state)
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass  # each rank runs its own copy on first use (_copy)
+
+
+def _find(fullname: str, path: Any) -> Optional[Any]:
+    """The spec the path-based finder gives a submodule `fullname` in `path`."""
+    from importlib.machinery import PathFinder
+
+    return PathFinder.find_spec(fullname, path)
+
+
+@contextlib.contextmanager
+def own_modules(root: str, active: bool = True) -> Iterator[None]:
+    """Within this block, the modules under `root` imported from now on are each rank's own (see above);
+    without `active`, nothing changes (``spmdsim mpirun ... -m module`` runs its package as it is)."""
+    if not active:
+        yield
+        return
+    finder = _Finder(root, frozenset(name.partition(".")[0] for name in list(sys.modules)))
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+        for name, module in list(sys.modules.items()):
+            if isinstance(module, _RankModule):
+                del sys.modules[name]

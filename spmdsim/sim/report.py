@@ -1,0 +1,101 @@
+"""What a deadlock report says: who waits in what, where in the program, and where the others are.
+
+Read with the world lock held, once, when a World finds that no rank can go on
+(spmdsim.sim.engine). A rank's program line is the innermost frame of its
+thread outside spmdsim (``prog.py:13``), read from the waiting threads' frames;
+a point-to-point request adds what it knows (Request.why_stuck: the peer that
+finished, messages a receive does not take, sends that wait for each other).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import Any, Optional
+
+__all__ = ["explain", "program_lines", "whereabouts"]
+
+#: At most this many waiting calls are described one by one; the others are counted.
+MAX_CLAUSES = 6
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # spmdsim/
+_SKIPPED = (_PACKAGE + os.sep, os.path.abspath(threading.__file__))
+
+
+def explain(world: Any, polling: Optional[tuple] = None) -> str:
+    """Who waits in what, where in their program, and for each waited-on call where the others are
+    (`polling`: (rank, request) of a rank that polls a request nobody can complete)."""
+    from .engine import _Waiting, ranks_text
+
+    by_call: dict[tuple, tuple[Any, list[int]]] = {}
+    for rank, what in sorted(world.waiting.items()):
+        by_call.setdefault(what.key(), (what, []))[1].append(rank)
+    clauses, hints, rest = [], [], []
+    if polling is not None:
+        rank, token = polling
+        more, _ = token.why_stuck(world)
+        clauses.append(f"{_Waiting(token._what(), token.group, None).text()}: rank {rank} polls it (Test), "
+                       f"and no rank left can complete it{more}{program_lines(world, [rank])}")
+    for what, ranks in by_call.values():
+        if len(clauses) == MAX_CLAUSES:  # a ring of 64 blocked sends: the first few say it
+            rest += ranks
+            continue
+        clause = f"{what.text()}: {ranks_text(ranks)} {'waits' if len(ranks) == 1 else 'wait'} in it"
+        if what.group is not None and what.token is None:
+            missing = [m for m in what.group.members if m not in ranks]
+            clause += "".join(f"; {whereabouts(world, m)}" for m in missing[:8])
+            if len(missing) > 8:
+                clause += f"; and {len(missing) - 8} more"
+        stuck = getattr(what.token, "why_stuck", None)  # a point-to-point request (spmdsim.sim.requests)
+        if stuck is not None:
+            more, hint = stuck(world)
+            clause += more
+            if hint and hint not in hints:
+                hints.append(hint)
+        clause += program_lines(world, ranks)
+        clauses.append(clause)
+    if rest:
+        clauses.append(f"and {len(by_call) - MAX_CLAUSES + (polling is not None)} more calls, where "
+                       f"{ranks_text(rest)} wait")
+    return ("simulated ranks deadlock (every live rank waits, none can go on): "
+            + " | ".join(clauses + hints))
+
+
+def program_lines(world: Any, ranks: list[int]) -> str:
+    """'; at prog.py:12' (or per line: '; at prog.py:12 (ranks 0,1), prog.py:15 (rank 3)'): the line of
+    the program (the innermost frame outside spmdsim) where each of `ranks` is now."""
+    from .engine import ranks_text
+
+    frames = sys._current_frames()
+    lines: dict[str, list[int]] = {}
+    for rank in ranks:
+        line = _program_line(frames.get(world.threads.get(rank, -1)))
+        if line:
+            lines.setdefault(line, []).append(rank)
+    if not lines:
+        return ""
+    if len(lines) == 1:
+        return f"; at {next(iter(lines))}"
+    return "; at " + ", ".join(f"{line} ({ranks_text(rs)})" for line, rs in lines.items())
+
+
+def whereabouts(world: Any, rank: int) -> str:
+    """Where `rank` is: 'rank 3 finished', 'rank 3 is elsewhere, in barrier on the world', ..."""
+    what = world.waiting.get(rank)
+    if what is not None:
+        return f"rank {rank} is elsewhere, in {what.text()}"
+    if rank in world.failed:
+        return f"rank {rank} failed"
+    if rank in world.exits:
+        return f"rank {rank} exited (sys.exit({world.exits[rank]}))"
+    return f"rank {rank} finished" if rank in world.finished else f"rank {rank} is computing"
+
+
+def _program_line(frame: Any) -> str:
+    """'prog.py:12' of the innermost frame outside spmdsim (and threading), or ''."""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(_SKIPPED) and not name.startswith("<frozen"):
+            return f"{os.path.basename(name)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return ""

@@ -1,0 +1,2 @@
+from .shapes import Point
+from . import shapes

@@ -1,0 +1,309 @@
+"""A first MPI lab under `spmdsim mpirun -n 4`: students' programs, right and wrong, as mpiexec runs them.
+
+The programs are in tests/data/lab/. The right ones print under `spmdsim mpirun`
+the lines they print under MPICH's `mpiexec -n 4` (in any order); the wrong ones
+end with the one-line report docs/simulate.md shows ("What the simulator does
+where MPI would hang or abort"), where MPI hangs or aborts.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import spmdsim
+from spmdsim.cli.main import main
+from testkit import MPIEXEC
+
+LAB = Path(__file__).resolve().parent / "data" / "lab"
+TAGGED = ("-prepend-pattern", "<@%r@> ")  # mpiexec tags every chunk of output with its rank
+PACKAGE = Path(spmdsim.__file__).resolve().parent
+ARGS = {"argv_files.py": ["inputs.txt"]}
+SAME_AS_MPICH = ["hello.py", "ring_objects.py", "ring_buffers.py", "sendrecv.py", "any_source.py",
+                 "collectives_objects.py", "collectives_buffers.py", "reduce_ops.py", "nonblocking.py",
+                 "split.py", "pi.py", "main_guard.py", "argv_files.py", "truncate_caught.py", "cart.py",
+                 "montecarlo.py", "master_worker.py", "modules/main.py"]
+
+
+def _per_rank_lines(out: str) -> list:
+    """The lines of `mpiexec *TAGGED` output, each rank's chunks joined first (MPICH interleaves
+    chunks of different ranks within a line)."""
+    parts = re.split(r"<@(\d+)@> ", out)
+    texts: dict = {}
+    for rank, chunk in zip(parts[1::2], parts[2::2]):
+        texts[rank] = texts.get(rank, "") + chunk
+    return sorted(line for text in texts.values() for line in text.splitlines())
+
+
+def _mpirun(capsys, *command: str) -> tuple:
+    code = main(["mpirun", "-n", "4", "python", *command])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def in_lab(tmp_path, monkeypatch):
+    """A lab directory as cwd: the input file argv_files.py reads by a relative path."""
+    (tmp_path / "inputs.txt").write_text("1 2 3\n4 5 6\n7 8 9\n10 11 12\n")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.skipif(not MPIEXEC, reason="no mpiexec beside this Python (pip install -e '.[mpi]')")
+@pytest.mark.parametrize("name", SAME_AS_MPICH)
+def test_right_programs_print_what_mpiexec_prints(name, in_lab, capsys):
+    script = str(LAB / name)
+    mpi = subprocess.run(["timeout", "-k", "5", "120", MPIEXEC, "-n", "4", *TAGGED, sys.executable, script,
+                          *ARGS.get(name, [])], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    assert mpi.returncode == 0, mpi.stderr
+    code, out, err = _mpirun(capsys, script, *ARGS.get(name, []))
+    assert (code, err) == (0, "")
+    assert sorted(out.splitlines()) == _per_rank_lines(mpi.stdout) and out.strip()
+
+
+def test_user_ops_made_by_every_rank_and_python_functions(capsys):
+    # Each rank runs MPI.Op.Create itself (a handle per rank): not a mismatch. mpi4py's lowercase
+    # reductions take a plain function of two objects.
+    code, out, err = _mpirun(capsys, str(LAB / "reduce_ops.py"))
+    assert (code, err) == (0, "")
+    assert sorted(out.splitlines()) == [f"rank {r}: max={3.5 if r == 0 else None} minloc=(0.5, 0) maxloc=(3.5, 1) "
+                                        f"Allreduce MAX=3.5 absmax=-3.0 lambda=0123" for r in range(4)]
+
+
+def test_the_mpi4py_runner_and_dash_c(in_lab, capsys):
+    # `python -m mpi4py script.py` (its -rc options configure MPI_Init) and `python -c`: mpi4py's runner
+    # used to rewrite the one sys.argv every rank shares and to arm the real MPI's abort at exit.
+    script = str(LAB / "argv_files.py")
+    for runner in (["-m", "mpi4py"], ["-m", "mpi4py", "-rc", "thread_level=single"], ["-m", "mpi4py.run"]):
+        code, out, err = _mpirun(capsys, *runner, script, "inputs.txt")
+        assert (code, err) == (0, "")
+        assert sorted(out.splitlines())[0] == ("rank 0: argv0=argv_files.py args=['inputs.txt'] line=[1, 2, 3] "
+                                               "sum=78")
+    code, out, err = _mpirun(capsys, "-c", "import sys; from mpi4py import MPI; "
+                                            "print(MPI.COMM_WORLD.rank, sys.argv, '__file__' in globals())", "x")
+    assert (code, err) == (0, "")
+    assert sorted(out.splitlines()) == [f"{r} ['-c', 'x'] False" for r in range(4)]
+    code, out, err = _mpirun(capsys, "-m", "mpi4py", "-", script)
+    assert code == 2 and "(the program from stdin) is not supported" in err
+
+
+def test_file_is_absolute_as_python_sets_it(in_lab, capsys):
+    (in_lab / "where.py").write_text("import os\nprint(os.path.isabs(__file__), os.path.basename(__file__))\n")
+    code, out, err = _mpirun(capsys, "where.py")
+    assert (code, err) == (0, "")
+    assert out.splitlines() == ["True where.py"] * 4
+
+
+DEADLOCK = "spmdsim mpirun: error: simulated ranks deadlock (every live rank waits, none can go on): "
+# (program, arguments, exit code, stderr): where MPICH hangs or aborts (docs/simulate.md has which), one line each.
+# A rank polling (Test) what no rank left can send is reported after POLL_STALL_S (2 s) of it.
+WRONG = [
+    ("headtohead.py", [], 1, DEADLOCK +
+     "send to group rank 1 (tag 5) on the world: rank 0 waits in it; a message of 8000000 bytes; at headtohead.py:13 | "
+     "send to group rank 0 (tag 5) on the world: rank 1 waits in it; a message of 8000000 bytes; at headtohead.py:13 | "
+     "barrier on the world (call 1): ranks 2,3 wait in it; rank 0 is elsewhere, in send to group rank 1 (tag 5) on "
+     "the world; rank 1 is elsewhere, in send to group rank 0 (tag 5) on the world; at headtohead.py:16 | "
+     "a standard Send of 8 KiB or more waits for its receive, as MPICH's does past its eager limit: post the "
+     "receive first on one side, or use Sendrecv or Isend/Irecv"),
+    ("missing_send.py", [], 1, DEADLOCK +
+     "recv from group rank 1 (tag 3) on the world: rank 0 waits in it; rank 1 finished; at missing_send.py:6"),
+    ("one_recv_too_many.py", [], 1, DEADLOCK +
+     "recv from any rank (any tag) on the world: rank 0 waits in it; ranks 1-3 finished; at one_recv_too_many.py:6"),
+    ("wrong_tag.py", [], 1, DEADLOCK +
+     "recv from group rank 1 (tag 3) on the world: rank 0 waits in it; rank 0 has an unreceived message from "
+     "rank 1 (tag 4); at wrong_tag.py:8 | barrier on the world (call 1): ranks 1-3 wait in it; rank 0 is "
+     "elsewhere, in recv from group rank 1 (tag 3) on the world; at wrong_tag.py:9"),
+    ("exit_early.py", [], 3, DEADLOCK +
+     "barrier on the world (call 1): ranks 0,2,3 wait in it; rank 1 exited (sys.exit(3)); at exit_early.py:9"),
+    ("test_loop.py", [], 1, DEADLOCK +
+     "recv from group rank 1 (tag 9) on the world: rank 0 polls it (Test), and no rank left can complete it; "
+     "rank 1 finished; rank 0 has an unreceived message from rank 1 (tag 8); at test_loop.py:9"),
+    ("truncate.py", [], 1, "spmdsim mpirun: error on simulated rank 1: MPI.Exception: Message truncated: rank 0 "
+                           "sends 80 bytes (tag 0) but rank 1 receives into a buffer of 40"),
+    ("ring_no_modulo.py", [], 1, "spmdsim mpirun: error on simulated rank 3: MPI.Exception: Invalid rank: dest rank 4 "
+                                 "is outside the communicator of 4 ranks (0 to 3, or MPI.PROC_NULL)"),
+    ("exception.py", [], 1, "spmdsim mpirun: error on simulated rank 2: ValueError: bad input on rank 2"),
+    ("abort.py", [], 2, "usage: abort.py N\nspmdsim mpirun: simulated rank 0 called Abort(2) on the world: every "
+                        "rank was stopped"),
+    ("reduce_dtype.py", [], 1, "spmdsim mpirun: error on simulated rank 0: DTypeError: Reduce: send dtype 'int32' "
+                               "and receive dtype 'float64' differ"),
+    ("buffer_to_recv.py", [], 1, "spmdsim mpirun: error on simulated rank 0: UnpicklingError: recv: the message "
+                                 "from rank 1 (tag 7, 12 bytes) is not a pickled object (invalid load key, "
+                                 "'\\x00'.); was it sent with Send, a buffer? Receive it with Recv into an array"),
+]
+
+
+@pytest.mark.parametrize("name, args, code, first", WRONG, ids=[w[0] for w in WRONG])
+def test_wrong_programs_end_with_one_clear_report(name, args, code, first, capsys):
+    got, out, err = _mpirun(capsys, str(LAB / name), *args)
+    assert got == code
+    if "Traceback" not in err:  # a deadlock, Abort: the line(s) and nothing else
+        assert err == first + "\n"
+        return
+    # An exception: its line, then the traceback from the program's frame down, without the
+    # launcher's frames or (for MPI's and spmdsim's errors) the emulator's, as mpiexec shows it.
+    assert err.startswith(first + "\nTraceback (most recent call last):\n  File \"" + str(LAB / name))
+    assert str(PACKAGE) not in err and err.endswith(" of 4\n")
+
+
+def test_small_head_to_head_sends_and_ssend_cycles(capsys):
+    # Below MPICH's eager limit both Sends complete (MPI buffers them); synchronous sends never do.
+    code, out, err = _mpirun(capsys, str(LAB / "headtohead.py"), "100")
+    assert (code, sorted(out.splitlines()), err) == (0, ["rank 0 got 1.0 x100", "rank 1 got 0.0 x100"], "")
+    code, out, err = _mpirun(capsys, "-c", "from mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
+                                           "comm.ssend(comm.rank, dest=comm.rank ^ 1)\ncomm.recv(source=comm.rank ^ 1)")
+    assert code == 1
+    assert err.startswith(DEADLOCK + "send to group rank 1 (tag 0) on the world: rank 0 waits in it; an Ssend; "
+                                     "at <string>:3 | ")
+    assert err.endswith(" | an Ssend waits until its receive is posted: post the receive first on one side\n")
+
+
+def test_collectives_that_differ_name_both_lines(capsys):
+    # MPICH lets the root's bcast pass unmatched here and prints results (the program is wrong all the same).
+    code, out, err = _mpirun(capsys, str(LAB / "bcast_on_root_only.py"))
+    assert code == 1 and out == ""
+    assert re.fullmatch(r"spmdsim mpirun: error: collectives diverge on the world \(call 1 on that communicator\): "
+                        r"rank 0 calls bcast\(obj\) root 0 but rank ([123]) calls allreduce\(obj\) sum; "
+                        r"at bcast_on_root_only.py:6 \(rank 0\), bcast_on_root_only.py:9 \(rank \1\)\n", err), err
+
+
+def test_messages_never_received_are_a_warning(capsys):
+    # MPI leaves them undefined (MPICH drops a small one without a word, exit 0): the same exit, one line.
+    code, out, err = _mpirun(capsys, str(LAB / "unmatched_send.py"))
+    assert code == 0 and sorted(out.splitlines()) == [f"rank {r} done" for r in range(4)]
+    assert err == ("spmdsim mpirun: warning: when the ranks ended, a message from rank 0 to rank 1 (tag 3, 20 bytes) "
+                   "was never received\n")
+    code, out, err = _mpirun(capsys, "-c", "from mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
+                                           "sub = comm.Split(comm.rank % 2)\n"
+                                           "if comm.rank == 3: sub.Irecv(bytearray(8), source=MPI.ANY_SOURCE)")
+    assert code == 0 and err == ("spmdsim mpirun: warning: when the ranks ended, a receive of group rank 1 from "
+                                 "any rank (tag any) on the group of ranks 1,3 was never matched\n")
+
+
+def test_a_python_list_to_send_says_what_to_send(capsys):
+    # mpi4py: "TypeError: a bytes-like object is required, not 'int'"; was "ShapeError: datatype 3 is not an
+    # MPI datatype or a typecode" (the list read as [buffer, count, datatype]).
+    code, out, err = _mpirun(capsys, "-c", "from mpi4py import MPI\nif MPI.COMM_WORLD.rank == 0:\n"
+                                           "    MPI.COMM_WORLD.Send([1, 2, 3], dest=1)")
+    assert code == 1
+    assert err.startswith("spmdsim mpirun: error on simulated rank 0: TypeError: send buffer: [1, 2, 3] is read as "
+                          "[buffer, count, datatype] and 1 is not a buffer; pass a numpy array "
+                          "(np.array([1, 2, 3])), or send Python objects with the lowercase methods (send, recv, "
+                          "bcast, ...)\n")
+
+
+@pytest.mark.skipif(not MPIEXEC, reason="no mpiexec beside this Python (pip install -e '.[mpi]')")
+def test_cartesian_grids_as_mpich_makes_them(tmp_path, capsys):
+    # Create_cart was an AttributeError. A 3 x 2 grid on 6 ranks; a grid smaller than the communicator
+    # (COMM_NULL outside), one too large (MPI.ERR_ARG), Sub to no dimension, Dup, Get_coords out of range.
+    prog = tmp_path / "grid.py"
+    prog.write_text(
+        "from mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
+        "try:\n    comm.Create_cart([comm.size, 2])\nexcept MPI.Exception as e:\n"
+        "    print(comm.rank, 'too large', e.Get_error_class() == MPI.ERR_ARG)\n"
+        "c = comm.Create_cart([comm.size - 1], periods=[True])\n"
+        "print(comm.rank, 'outside', c == MPI.COMM_NULL)\n"
+        "if c != MPI.COMM_NULL:\n"
+        "    s, d = c.Sub([False]), c.Dup()\n"
+        "    print(comm.rank, 'sub', s.size, s.dims, s.topo, 'dup', d.dims, d.topology == MPI.CART, c.Shift(0, 2))\n"
+        "    try:\n        c.Get_coords(comm.size)\n    except MPI.Exception as e:\n"
+        "        print(comm.rank, 'coords', e.Get_error_class() == MPI.ERR_RANK)\n")
+    for script, n in ((str(LAB / "cart.py"), "6"), (str(prog), "4")):
+        mpi = subprocess.run(["timeout", "-k", "5", "120", MPIEXEC, "-n", n, *TAGGED, sys.executable, script],
+                             capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        assert mpi.returncode == 0, mpi.stderr
+        assert main(["mpirun", "-n", n, "python", script]) == 0
+        out, err = capsys.readouterr()
+        assert err == "" and sorted(out.splitlines()) == _per_rank_lines(mpi.stdout)
+
+
+def test_an_iprobe_loop_for_a_finished_rank_ends(capsys):
+    code, out, err = _mpirun(capsys, "-c", "from mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
+                                           "if comm.rank == 0:\n    while not comm.Iprobe(source=3):\n        pass")
+    assert code == 1 and err == (DEADLOCK + "probe from group rank 3 (any tag) on the world: rank 0 polls it (Test), "
+                                            "and no rank left can complete it; rank 3 finished; at <string>:4\n")
+
+
+def test_stdin_goes_to_rank_zero(monkeypatch, capsys):
+    # mpiexec forwards stdin to rank 0; MPICH leaves another rank's input() waiting forever. It was every
+    # rank reading the next line (rank 1 got 'b').
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("a\nb\nc\nd\n"))
+    code, out, err = _mpirun(capsys, "-c", "from mpi4py import MPI\ntry:\n    line = input()\n"
+                                           "except EOFError as e:\n    line = str(e)\nprint(MPI.COMM_WORLD.rank, line)")
+    assert (code, err) == (0, "")
+    assert sorted(out.splitlines()) == ["0 a"] + [f"{r} simulated rank {r} reads stdin, which goes to rank 0 only "
+                                                  f"(as mpiexec forwards it): read it on rank 0 and send it on "
+                                                  f"(comm.bcast)" for r in (1, 2, 3)]
+
+
+def test_each_rank_has_its_own_random_generators(capsys):
+    # random.seed(rank) / np.random.seed(rank) seeded one generator all ranks drew from (montecarlo.py above
+    # compares the draws with MPICH's); after the run the modules' own generators are back.
+    import random
+
+    import numpy as np
+
+    before = random.random, np.random.rand, np.random.seed
+    code, out, err = _mpirun(capsys, "-c", "import random\nimport numpy as np\nfrom mpi4py import MPI\n"
+                                           "random.seed(7)\nnp.random.seed(7)\nMPI.COMM_WORLD.Barrier()\n"
+                                           "print(random.random(), np.random.rand())")
+    assert (code, err) == (0, "") and len(set(out.splitlines())) == 1
+    assert out.splitlines()[0] == f"{random.Random(7).random()} {np.random.RandomState(7).rand()}"
+    assert (random.random, np.random.rand, np.random.seed) == before
+
+
+def test_a_long_deadlock_line_describes_six_calls_and_counts_the_rest(capsys):
+    # A ring of 12 ranks each Sending 800 KB before receiving: 12 blocked sends, one line all the same.
+    code = main(["mpirun", "-n", "12", "python", "-c",
+                 "import numpy as np\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
+                 "comm.Send(np.zeros(100000), dest=(comm.rank + 1) % comm.size)\n"
+                 "comm.Recv(np.zeros(100000), source=(comm.rank - 1) % comm.size)"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1 and err.count("send to group rank") == 6
+    assert err.endswith("; a message of 800000 bytes; at <string>:4 | and 6 more calls, where ranks 6-11 wait | a "
+                        "standard Send of 8 KiB or more waits for its receive, as MPICH's does past its eager limit: "
+                        "post the receive first on one side, or use Sendrecv or Isend/Irecv\n")
+
+
+def test_reductions_refuse_a_send_count_other_than_the_receive_count(capsys):
+    # mpi4py: "ValueError: mismatch in send count 2 and receive count 3" on every rank; the simulator summed
+    # the 2 and left the third item as it was ([4. 4. 0.]).
+    code, out, err = _mpirun(capsys, "-c", "import numpy as np\nfrom mpi4py import MPI\n"
+                                           "MPI.COMM_WORLD.Allreduce(np.ones(2), np.zeros(3))")
+    assert (code, out) == (1, "")
+    assert err.startswith("spmdsim mpirun: error on simulated ranks 0-3: ShapeError: Allreduce: 2 items are sent but "
+                          "the receive buffer takes 3\n")
+
+
+def test_the_programs_own_modules_are_each_ranks_own(capsys):
+    # mpi_utils.py's `rank = comm.Get_rank()` ran once, in the first rank to import it: every rank printed 0.
+    # modules/main.py above compares the whole output with MPICH's; here: the stand-ins are gone after the run.
+    code, out, err = _mpirun(capsys, str(LAB / "modules" / "main.py"))
+    assert (code, err) == (0, "")
+    assert sorted(line.split(" ")[:2] for line in out.splitlines()) == [[str(r), "hello"] for r in range(4)]
+    assert "mpi_utils" not in sys.modules and "geom" not in sys.modules
+
+
+def test_a_rank_waiting_on_another_ranks_communicator_is_named():
+    # Ranks sharing one rank's communicator (kept in a module that every rank imports once, say) waited as
+    # that rank, two threads as one, forever.
+    from spmdsim.sim import SimulationError, simulate
+    from spmdsim.sim.run import world
+
+    shared = {}
+
+    def body():
+        comm = world()
+        if comm.rank == 0:
+            shared["comm"] = comm
+        comm.Barrier()
+        shared["comm"].Barrier()
+
+    with pytest.raises(SimulationError, match=r"simulated rank [123] waits in barrier on the world \(call \d\) as "
+                                              r"rank 0, on rank 0's communicator: each rank must use its own"):
+        simulate(4, body)
