@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Sequence, Union
+from typing import Iterator, Optional, Sequence, Union
 
 import numpy as np
 
@@ -152,13 +152,43 @@ class SeededTensor:
         if context.dry_run:  # the dry engine's stand-in: shape and dtype, no data
             return context.engine.blank(out_shape, self.dtype)
         out = buffers.empty(out_shape, self.dtype)
-        if out.size == 0:
+        for bits, rows in self._bits(bounds, out_shape):
+            self._fill(bits, out.reshape(1) if rows is None else out[rows])
+        return out
+
+    def at_least(self, region: Region, threshold: float) -> np.ndarray:
+        """``self.region(region) >= threshold`` as a bool block (a dropout's keep mask), the same values.
+
+        For float64 in [0, 1), the default of a mask, it compares the generator's bits with the
+        threshold's (each value is (bits >> 11) * 2**-53 exactly), without making the floats.
+        """
+        if self.dtype != "float64" or self.low != 0 or self.high != 1 or _context().dry_run:
+            return self.region(region) >= threshold
+        bounds = self._bounds(region)
+        out_shape = tuple(b - a for a, b in bounds)
+        out = np.empty(out_shape, dtype=bool)
+        # value >= t  <=>  bits >> 11 >= ceil(t * 2**53) (an exact product)  <=>  bits >= that << 11.
+        first = math.ceil(threshold * 2.0**53) if threshold == threshold else None
+        if first is None or first > (1 << 53) - 1:  # NaN or above every value: nothing kept
+            out[...] = False
             return out
+        if first <= 0:  # at or below 0: every value kept
+            out[...] = True
+            return out
+        edge = np.uint64(first << 11)
+        for bits, rows in self._bits(bounds, out_shape):
+            np.greater_equal(bits, edge, out=out.reshape(1) if rows is None else out[rows])
+        return out
+
+    def _bits(self, bounds: tuple, out_shape: tuple) -> Iterator[tuple[np.ndarray, Optional[slice]]]:
+        """(the mixed uint64 bits, the rows of the block they fill; None: the whole 0-d block), pass by pass."""
+        if not math.prod(out_shape):
+            return
         key = _key(self.seed)
         if not self.shape:
             # An array sum wraps modulo 2**64 silently (a numpy scalar sum warns of overflow).
-            self._fill(np.array([key], dtype=np.uint64) + _GOLDEN, out.reshape(1))
-            return out
+            yield np.array([key], dtype=np.uint64) + _GOLDEN, None
+            return
         # Counter-based: mix (flat index + 1) * golden with the seed's key. Modulo 2**64 that is
         # rows * stride * golden + (inner + 1) * golden, inner the flat index of the block minus its
         # first dim: the second term is the same for every seed, kept per (shape, region).
@@ -174,8 +204,7 @@ class SeededTensor:
             counters ^= key
             if scratch is None or scratch.shape != counters.shape:
                 scratch = np.empty_like(counters)
-            self._fill(_mix(counters, scratch), out[r0:r1])
-        return out
+            yield _mix(counters, scratch), slice(r0, r1)
 
     def _fill(self, bits: np.ndarray, out: np.ndarray) -> None:
         if self.dtype in INT_DTYPES:

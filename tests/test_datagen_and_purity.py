@@ -42,6 +42,25 @@ def test_chunking_does_not_change_values(monkeypatch):
     assert np.array_equal(before, t.full())
 
 
+@pytest.mark.parametrize("shape", [(), (5,), (4, 7), (3, 5, 6)])
+def test_at_least_is_region_compared(shape, monkeypatch):
+    """A dropout's keep mask from the generator's bits equals comparing the floats, at every threshold
+    (values themselves and their neighbours, both ends, NaN), on regions and in chunks."""
+    monkeypatch.setattr(datagen, "_CHUNK_ELEMENTS", 7)
+    t = SeededTensor(shape, "float64", seed=12345, low=0.0, high=1.0)
+    region = tuple(slice(1, s) if s > 1 else slice(0, s) for s in shape)
+    values = t.region(region)
+    some = values.reshape(-1)[:6]
+    thresholds = [0.0, -1.0, 0.1, 0.5, 1.0, 2.0, float("nan"), 2.0**-60, 1 - 2.0**-53]
+    thresholds += [float(v) for v in some] + [float(np.nextafter(v, 2.0)) for v in some]
+    for p in thresholds:
+        keep = t.at_least(region, p)
+        assert keep.dtype == bool and keep.shape == values.shape
+        np.testing.assert_array_equal(keep, values >= p, err_msg=f"threshold {p!r}")
+    other = SeededTensor(shape, "float32", seed=3, low=-2.0, high=2.0)  # not [0, 1) float64: the floats compared
+    np.testing.assert_array_equal(other.at_least(region, 0.25), other.region(region) >= 0.25)
+
+
 def test_seeds_and_dtypes_differ_and_ints_cover_range():
     a = SeededTensor((100,), "float32", seed=1).full()
     b = SeededTensor((100,), "float32", seed=2).full()

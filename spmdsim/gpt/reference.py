@@ -219,8 +219,11 @@ def _masks(cfg: GPTConfig, step: Optional[int], train: bool, batch_size: int) ->
         return None
     if step is None:
         raise SpmdsimError("step is None in training mode; dropout masks need the 0-based step")
-    return {site: (dropout_tensor(cfg, step, site, batch_size).full() >= cfg.dropout).astype(np.float64)
-            for site in dropout_sites(cfg)}
+    masks = {}
+    for site in dropout_sites(cfg):
+        t = dropout_tensor(cfg, step, site, batch_size)
+        masks[site] = t.at_least(tuple(slice(None) for _ in t.shape), cfg.dropout).astype(np.float64)
+    return masks
 
 
 def _forward(params: Params, x: np.ndarray, cfg: GPTConfig, step: Optional[int], train: bool,

@@ -76,7 +76,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
     if drop:
         probs_shape = (q.global_shape[0], q.global_shape[2], q.global_shape[1], tk)
         region = (b_, h_, t_, slice(0, tk))
-        keep = SeededTensor(probs_shape, "float64", seed=int(seed), low=0.0, high=1.0).region(region) >= drop
+        keep = SeededTensor(probs_shape, "float64", seed=int(seed), low=0.0, high=1.0).at_least(region, drop)
     factor = np.asarray(1.0 / (1.0 - drop), q.dtype) if drop else None
     kept: dict = {}  # the probabilities, before and after dropout, for the backward (a dry run keeps none)
 

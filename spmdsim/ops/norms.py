@@ -221,7 +221,7 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True)
     if not training or p == 0:
         return x
     require_float("dropout", x.local)
-    keep = SeededTensor(tuple(x.global_shape), "float64", seed=int(seed), low=0.0, high=1.0).region(region) >= p
+    keep = SeededTensor(tuple(x.global_shape), "float64", seed=int(seed), low=0.0, high=1.0).at_least(region, p)
     scale = np.asarray(1.0 / (1.0 - p), x.dtype)
     out = make_dtensor(x.mesh, _kept(x.local, keep, scale), x.layout, x.global_shape)
     if x._ag is None:
