@@ -63,6 +63,28 @@ def _np_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = Fa
     return np.einsum("bhqk,bkhd->bqhd", a, v)
 
 
+_np_erf = np.vectorize(math.erf, otypes=[np.float64])
+LABELS = np.array([0, 3, -100, 1, 2, -100, 3, 0])  # cross-entropy's classes for 8 rows of 4; -100 ignored
+
+
+def _np_cross_entropy(z: np.ndarray, reduction: str) -> np.ndarray:
+    """PyTorch's F.cross_entropy(z, LABELS, reduction=...) (ignore_index -100) in numpy."""
+    lp = z - z.max(1, keepdims=True)
+    lp = lp - np.log(np.exp(lp).sum(1, keepdims=True))
+    valid = LABELS != -100
+    terms = np.where(valid, -lp[np.arange(len(LABELS)), np.where(valid, LABELS, 0)], 0.0)
+    return terms if reduction == "none" else terms.sum() / valid.sum()
+
+
+def _cross_entropy(z: Any, reduction: str) -> Any:
+    """ops.cross_entropy of z (resolved first: a loss takes no pending logits) with LABELS split like its rows."""
+    from spmdsim import DTensor, TensorLayout
+
+    z = ops.resolved(z)
+    labels = DTensor.from_global(z.mesh, LABELS, TensorLayout(z.layout.layout, z.layout.tensor_map[:1]))
+    return ops.cross_entropy(z, labels, reduction=reduction)
+
+
 # name -> (operand shapes, DTensor program, numpy twin, positive operands)
 CASES: dict[str, tuple[tuple[tuple[int, ...], ...], Callable, Callable, bool]] = {
     "einsum_matmul": (((4, 8), (8, 4)), lambda a, b: ops.einsum("ij,jk->ik", a, b),
@@ -132,6 +154,12 @@ CASES: dict[str, tuple[tuple[tuple[int, ...], ...], Callable, Callable, bool]] =
                   _np_attention, False),
     "attention_causal_dropout": (((2, 8, 2, 4),) * 3, lambda q, k, v: ops.attention(
         q, k, v, causal=True, dropout=0.3, seed=7), lambda q, k, v: _np_attention(q, k, v, True, 0.3), False),
+    "erf_gelu_exact": (((4, 8),), lambda a: ops.gelu(a, approximate="none") - ops.erf(a),
+                       lambda a: 0.5 * a * (1 + _np_erf(a / np.sqrt(2))) - _np_erf(a), False),
+    "cross_entropy_ignore": (((8, 4),), lambda z: _cross_entropy(z, "mean"),
+                             lambda z: _np_cross_entropy(z, "mean"), False),
+    "cross_entropy_rows": (((8, 4),), lambda z: _cross_entropy(z, "none"),
+                           lambda z: _np_cross_entropy(z, "none"), False),
     "where": (((4, 8), (4, 8)), lambda a, b: ops.where(ops.causal_mask(a.mesh, a.global_shape), a, b),
               lambda a, b: np.where(_causal(a.shape), a, b), False),
 }

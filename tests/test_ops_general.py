@@ -57,6 +57,122 @@ def test_norms_over_a_whole_dim(name, rows, partial):
     assert results[0][2] is None, results[0][2]
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2 ** 32 - 1), ranks=st.sampled_from([8, 4]))
+def test_argmax_and_argmin_match_numpy_on_any_layout(seed, ranks):
+    """First index on ties and NaN counted extreme, as numpy, over split dims (two Allreduces), whole dims
+    (none) and every dim (dim None: the flattened index); floats with ties and NaNs, and integers."""
+    rng = np.random.default_rng(seed)
+    case = random_case("max", ranks, rng)  # a random mesh and a random (possibly pending) layout of (4, 8)
+    values = rng.integers(0, 4, size=(4, 8)).astype(np.float64)  # few values: many ties
+    if rng.random() < 0.5:
+        values[tuple(rng.integers(0, [4, 8], size=(3, 2)).T)] = np.nan
+    if rng.random() < 0.3:
+        values = np.nan_to_num(values, nan=7.0).astype(np.int64)
+
+    def body():
+        from spmdsim import DTensor, Mesh
+
+        mesh = Mesh(Layout(case.mesh, tuple(f"m{i}" for i in range(len(case.mesh)))))
+        partial = case.partial[0] if values.dtype.kind == "f" else ()  # an integer sum is exact too, but keep it plain
+        x = DTensor.from_global(mesh, values, mesh.layout(*case.maps[0], partial=partial))
+        wrong = []
+        for dim in (None, 0, 1, -1):
+            for keepdims in (False, True):
+                for ours, theirs in ((ops.argmax, np.argmax), (ops.argmin, np.argmin)):
+                    got = ours(x, dim, keepdims=keepdims)
+                    want = theirs(values, axis=dim, keepdims=keepdims)
+                    if got.local.dtype != np.int64 or not np.array_equal(got.gather(), want):
+                        wrong.append((ours.__name__, dim, keepdims))
+        return wrong
+
+    results = spmdsim.simulate(ranks, body)
+    assert results[0] == [], (case, values, results[0])
+
+
+def test_argmax_refusals_are_one_line():
+    def body():
+        from spmdsim import DTensor, Mesh
+
+        mesh = Mesh(Layout((4,), ("m0",)))
+        x = DTensor.from_global(mesh, np.zeros((4, 8)), mesh.layout(None, "m0"))
+        said = []
+        for call in (lambda: ops.argmax(x, 1.5), lambda: ops.argmax(x, 2), lambda: ops.argmin(x, True),
+                     lambda: ops.argmax(x > 0.0, 0), lambda: ops.argmax(np.zeros(3), 0)):
+            try:
+                call()
+            except OperatorError as e:
+                said.append(str(e))
+        return said
+
+    said = spmdsim.simulate(4, body)[0]
+    assert said == ["argmax: dim 1.5 must be an integer or None (the flattened tensor)",
+                    "argmax: dim 2 is out of range for a tensor of 2 dims (expected an integer from -2 to 1)",
+                    "argmin: dim True must be an integer or None (the flattened tensor)",
+                    "argmax: x is bool; convert it first, e.g. x.astype('int64')",
+                    said[4]]
+    assert said[4].startswith("argmax: ") and "DTensor" in said[4] and "\n" not in said[4]
+
+
+def test_cross_entropy_options_refused_in_one_line():
+    def body():
+        from spmdsim import DTensor, Mesh
+
+        mesh = Mesh(Layout((4,), ("m0",)))
+        z = DTensor.from_global(mesh, np.zeros((8, 4)), mesh.layout("m0", None))
+        y = DTensor.from_global(mesh, np.array([0, 1, 2, 3, 9, -100, 0, 0]), mesh.layout("m0"))
+        said = []
+        for call in (lambda: ops.cross_entropy(z, y, reduction="avg"),
+                     lambda: ops.cross_entropy(z, y, ignore_index=1.5),
+                     lambda: ops.cross_entropy(z, y), lambda: ops.cross_entropy(z, y, ignore_index=None),
+                     lambda: ops.gelu(z, approximate="erf")):
+            try:
+                call()
+            except OperatorError as e:
+                said.append(str(e))
+        return said
+
+    assert spmdsim.simulate(4, body)[0] == [
+        "cross_entropy: reduction 'avg' must be 'mean', 'sum' or 'none'",
+        "cross_entropy: ignore_index 1.5 must be an integer or None",
+        "cross_entropy: 1 label outside [0, 4): labels are class indices, from 0 to the number of classes - 1, "
+        "or ignore_index -100",
+        "cross_entropy: 2 labels outside [0, 4): labels are class indices, from 0 to the number of classes - 1",
+        "gelu: approximate 'erf' must be 'tanh' or 'none' (as PyTorch's)"]
+
+
+@pytest.mark.parametrize("batch", [4092, 4096])  # float32 holds (batch + 1)^2 exactly up to 4,094 rows
+def test_cross_entropy_counts_ride_with_the_loss_exactly(batch):
+    """The out-of-range and ignored counts share the loss's Allreduce (one number while the dtype holds it
+    exactly, else two): the mean's divisor and the error's count are exact either way."""
+    rng = np.random.default_rng(batch)
+    z = rng.normal(size=(batch, 4)).astype(np.float32)
+    y = rng.integers(0, 4, size=batch)
+    y[rng.choice(batch, 1000, replace=False)] = -100
+    lp = z.astype(np.float64) - np.log(np.exp(z.astype(np.float64)).sum(1, keepdims=True))
+    keep = y != -100
+    want = -lp[np.arange(batch)[keep], y[keep]].mean()
+
+    def body():
+        from spmdsim import DTensor, Mesh
+
+        mesh = Mesh(Layout((4,), ("m0",)))
+        zd = DTensor.from_global(mesh, z, mesh.layout("m0", None))
+        loss = float(ops.cross_entropy(zd, DTensor.from_global(mesh, y, mesh.layout("m0"))).item())
+        bad = y.copy()
+        bad[[0, batch // 2, batch - 1]] = 9  # on three ranks
+        try:
+            ops.cross_entropy(zd, DTensor.from_global(mesh, bad, mesh.layout("m0")))
+        except OperatorError as e:
+            return loss, str(e)
+        return loss, None
+
+    loss, said = spmdsim.simulate(4, body)[0]
+    assert abs(loss - want) <= 1e-5 * abs(want)
+    assert said == ("cross_entropy: 3 labels outside [0, 4): labels are class indices, from 0 to the number of "
+                    "classes - 1, or ignore_index -100")
+
+
 def test_einsum_rule_keeps_free_splits_and_leaves_contracted_ones_pending():
     plan = infer_einsum("bsd,de->bse", (L("dp", None, "tp"), L("tp", None)), ((4, 8, 16), (16, 32)), "float64")
     assert plan.local == L("dp", None, None, partial=("tp",))

@@ -11,7 +11,7 @@ never split). Pending sums (partial layouts):
 | mul                                  | stays pending when the other operand is not (a * sum = sum of a * addend); two pending: the smaller is resolved |
 | div                                  | a pending numerator stays pending; a pending denominator is resolved |
 | exp, log, sqrt, tanh, pow, maximum, minimum, relu, gelu, where's condition | resolved first: f(a + b) != f(a) + f(b) |
-| sigmoid, silu, sin, cos, square, rsqrt, clip | resolved first, likewise                          |
+| sigmoid, silu, sin, cos, square, rsqrt, clip, erf, exact gelu | resolved first, likewise                |
 
 Reductions: ``sum``/``mean`` over a split dim leave a pending sum over its
 axes (no communication) and keep an input's pending sum; ``max``/``min``
@@ -42,6 +42,7 @@ LINEARITY = {
     "exp": None, "log": None, "sqrt": None, "tanh": None, "pow": None, "maximum": None, "minimum": None,
     "relu": None, "gelu": None, "abs": None, "eq": None, "lt": None, "gt": None, "le": None, "ge": None, "ne": None,
     "sigmoid": None, "silu": None, "sin": None, "cos": None, "square": None, "rsqrt": None, "clip": None,
+    "erf": None, "gelu_erf": None,
 }
 
 

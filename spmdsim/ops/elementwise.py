@@ -46,9 +46,24 @@ def relu(x: Any) -> Any:
     return activation(x, "relu")
 
 
-def gelu(x: Any) -> Any:
-    """GELU (tanh approximation); x must be floating and not a pending sum."""
-    return activation(x, "gelu")
+def gelu(x: Any, approximate: str = "tanh") -> Any:
+    """GELU; x must be floating (a pending sum is added up first).
+
+    `approximate`: "tanh" (GPT-2's and Megatron's formula, the default here) or "none", x * Phi(x) with
+    the error function (PyTorch's default for ``F.gelu``/``nn.GELU()``; the two differ by up to ~5e-4).
+    """
+    if approximate == "tanh":
+        return activation(x, "gelu")
+    if approximate != "none":
+        raise OperatorError(f"gelu: approximate {approximate!r} must be 'tanh' or 'none' (as PyTorch's)")
+    from .pointwise import pointwise
+
+    try:
+        require_float("gelu", x.local)
+    except AttributeError:
+        raise_if_not_dtensors("gelu", ("x",), x)
+        raise
+    return pointwise("gelu_erf", x)
 
 
 def scale(x: Any, factor: Any) -> Any:

@@ -11,13 +11,16 @@ Allreduced over them together: the logits are never gathered. Their backward
 needs no communication.
 
 Labels out of range are counted on each rank and the count rides in the final
-Allreduce, so every rank raises the same error after the same collectives.
+Allreduce, so every rank raises the same error after the same collectives; so
+does the count of rows that are not ignored (cross_entropy's `ignore_index`,
+PyTorch's padding label), the mean's divisor. ``reduction="none"`` returns
+each row's loss instead, split like the labels.
 """
 from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -101,8 +104,30 @@ def _check_labels(logits: Any, labels: Any) -> None:
                             f"batch dim ({logits.layout}): expected map {logits.layout.tensor_map[:1]!r}")
 
 
-def cross_entropy(logits: Any, labels: Any) -> Any:
-    """Mean over the global batch of -log softmax(logits)[label]; vocab-parallel when classes are split.
+def _counts(mesh: Any, summed: Any, bad: int, ignored: int, batch: int, axes: tuple[str, ...],
+            dtype: np.dtype) -> tuple[Any, int, int]:
+    """(the rows' summed loss, out-of-range labels, ignored rows) over the row axes, in one Allreduce.
+
+    The two counts travel as one number, bad * (batch + 1) + ignored (each at most `batch`), where the
+    loss's dtype holds it exactly (float64 up to ~9e7 rows, float32 up to 4,094); else as two.
+    """
+    if not axes:
+        return summed, bad, ignored
+    base = batch + 1
+    if base * base <= 2 ** (np.finfo(dtype).nmant + 1):
+        total = _row_sum(mesh, np.array([summed, bad * base + ignored], dtype), axes, "cross_entropy")
+        code = int(total[1])
+        return total[0], code // base, code % base
+    total = _row_sum(mesh, np.array([summed, bad, ignored], dtype), axes, "cross_entropy")
+    return total[0], int(total[1]), int(total[2])
+
+
+def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -100, reduction: str = "mean") -> Any:
+    """-log softmax(logits)[label] per row, averaged over the global batch; vocab-parallel when classes are split.
+
+    As PyTorch's ``F.cross_entropy``: rows whose label is `ignore_index` (-100 by default; None: none)
+    count for nothing, and "mean" divides by the rows that count (NaN if none do); "sum" adds them up;
+    "none" gives each row's loss (0 where ignored) as a DTensor (batch,) split like the labels.
 
     Args:
         logits: float DTensor (batch, classes), any split of either dim.
@@ -110,13 +135,18 @@ def cross_entropy(logits: Any, labels: Any) -> Any:
     """
     mesh = operands_mesh("cross_entropy", ("logits", "labels"), logits, labels)
     _check_labels(logits, labels)
+    if reduction not in ("mean", "sum", "none"):
+        raise OperatorError(f"cross_entropy: reduction {reduction!r} must be 'mean', 'sum' or 'none'")
+    if ignore_index is not None and (isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer))):
+        raise OperatorError(f"cross_entropy: ignore_index {ignore_index!r} must be an integer or None")
     layout, (batch, classes) = logits.layout, logits.global_shape
     row_axes, class_axes = axes_of(layout, layout.tensor_map[:1]), axes_of(layout, layout.tensor_map[1:])
     z, ids = logits.local, labels.local
     start = layout.bounds(mesh.rank, logits.global_shape)[1][0]
-    bad = int(np.count_nonzero((ids < 0) | (ids >= classes)))
-    ids = np.clip(ids, 0, classes - 1) - start
-    owned = (ids >= 0) & (ids < z.shape[1])
+    valid = ids != ignore_index if ignore_index is not None else np.ones(ids.shape, bool)
+    bad = int(np.count_nonzero(valid & ((ids < 0) | (ids >= classes))))
+    ids = np.where(valid, np.clip(ids, 0, classes - 1), 0) - start
+    owned = valid & (ids >= 0) & (ids < z.shape[1])
     rows = np.arange(z.shape[0])
     if class_axes:  # Megatron: a common shift per row, then two sums over the class axes
         from ..runtime.executor import pending, resolve
@@ -128,12 +158,20 @@ def cross_entropy(logits: Any, labels: Any) -> Any:
     e = np.exp(z - shift[:, None])
     target = np.where(owned, z[rows, np.where(owned, ids, 0)] - shift, 0.0)
     sums = _row_sum(mesh, np.stack([e.sum(axis=1), target]), class_axes, "cross_entropy.sum")
-    terms = np.log(sums[0]) - sums[1]
-    total = _row_sum(mesh, np.array([terms.sum(), bad], z.dtype), row_axes, "cross_entropy")
-    if total[1]:
-        raise OperatorError(f"cross_entropy: {counted(int(total[1]), 'label')} outside [0, {classes}): "
-                            "labels are class indices, from 0 to the number of classes - 1")
-    out = _scalar(mesh, total[0] / batch, z.dtype)
+    terms = np.where(valid, np.log(sums[0]) - sums[1], 0.0)
+    ignored = int(ids.size - np.count_nonzero(valid))
+    summed, bad, ignored = _counts(mesh, terms.sum(), bad, ignored, batch, row_axes, z.dtype)
+    if bad:
+        raise OperatorError(f"cross_entropy: {counted(bad, 'label')} outside [0, {classes}): "
+                            "labels are class indices, from 0 to the number of classes - 1"
+                            + (f", or ignore_index {ignore_index}" if ignore_index is not None else ""))
+    divisor = float(batch - ignored) if reduction == "mean" else 1.0
+    if reduction == "none":
+        out = make_dtensor(mesh, terms.astype(z.dtype, copy=False), TensorLayout(mesh.layout, layout.tensor_map[:1]),
+                           (batch,))
+    else:
+        with np.errstate(invalid="ignore", divide="ignore"):  # every row ignored: 0 / 0, NaN as PyTorch
+            out = _scalar(mesh, summed / np.asarray(divisor, z.dtype), z.dtype)
     if logits._ag is None:
         return out
     sum_exp = sums[0]
@@ -141,6 +179,8 @@ def cross_entropy(logits: Any, labels: Any) -> Any:
     def backward(dl: Any) -> tuple:
         g = e / sum_exp[:, None]
         g[rows[owned], ids[owned]] -= 1.0
-        return grad_tensor(logits, g * (dl.local / batch), dl.layout.partial), None
+        g[~valid] = 0.0
+        upstream = dl.local[:, None] if reduction == "none" else dl.local / divisor
+        return grad_tensor(logits, g * upstream, dl.layout.partial), None
 
     return record(out, "cross_entropy", (logits, labels), backward, with_partial(out.layout, ()))

@@ -11,6 +11,7 @@ operands. ``DTensor``'s ``+ - * / ** -x`` call these.
 from __future__ import annotations
 
 import contextlib
+import math
 import numbers
 from typing import Any, Callable
 
@@ -26,7 +27,8 @@ from . import _common
 from ._common import describe, make_dtensor, result_dtype
 
 __all__ = ["add", "sub", "mul", "div", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "pow", "neg",
-           "abs", "sigmoid", "silu", "sin", "cos", "square", "rsqrt", "clip", "equal", "not_equal", "lift", "pointwise"]
+           "abs", "sigmoid", "silu", "sin", "cos", "square", "rsqrt", "clip", "erf", "equal", "not_equal", "lift",
+           "pointwise"]
 
 
 def _half(mask: np.ndarray, ties: np.ndarray) -> np.ndarray:
@@ -51,6 +53,29 @@ def _silu_slope(x: np.ndarray) -> np.ndarray:
     """d silu / dx = s (1 + x (1 - s)) with s = sigmoid(x)."""
     s = _sigmoid(x)
     return s * (1 + x * (1 - s))
+
+
+_ERF = np.frompyfunc(math.erf, 1, 1)  # the C library's erf, element by element (numpy has none)
+_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+_INV_SQRT_2 = 1.0 / math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    """erf of a float array in its own dtype (libm's, correctly rounded to within an ulp)."""
+    x = np.asarray(x)
+    dtype = x.dtype if x.dtype.kind == "f" else np.dtype(np.float64)
+    return np.asarray(_ERF(x.astype(np.float64, copy=False)), dtype=np.float64).astype(dtype, copy=False)
+
+
+def _gelu_erf(x: np.ndarray) -> np.ndarray:
+    """x * Phi(x) = x (1 + erf(x / sqrt 2)) / 2: GELU without the tanh approximation (PyTorch's default)."""
+    return 0.5 * x * (1.0 + _erf(x * _INV_SQRT_2))
+
+
+def _gelu_erf_slope(x: np.ndarray) -> np.ndarray:
+    """d/dx x Phi(x) = Phi(x) + x phi(x)."""
+    return 0.5 * (1.0 + _erf(x * _INV_SQRT_2)) + x * _INV_SQRT_2PI * np.exp(-0.5 * x * x)
 
 
 # op -> (forward kernel, backward: (dy, operands, out, need) -> per operand the gradient or None).
@@ -80,6 +105,8 @@ _KERNELS: dict[str, tuple[Callable, Callable]] = {
     "square": (np.square, lambda dy, x, o, n: (2 * dy * x[0],)),
     "rsqrt": (lambda x: 1 / np.sqrt(x), lambda dy, x, o, n: (-0.5 * dy * o * o * o,)),
     "clip": (np.clip, lambda dy, x, o, n: _clip_grads(dy, *x, n)),
+    "erf": (_erf, lambda dy, x, o, n: (dy * _TWO_OVER_SQRT_PI * np.exp(-x[0] * x[0]),)),
+    "gelu_erf": (_gelu_erf, lambda dy, x, o, n: (dy * _gelu_erf_slope(x[0]),)),
     "eq": (np.equal, None), "lt": (np.less, None), "gt": (np.greater, None),
     "le": (np.less_equal, None), "ge": (np.greater_equal, None), "ne": (np.not_equal, None),
 }
@@ -342,6 +369,12 @@ def square(x: Any) -> Any:
 def rsqrt(x: Any) -> Any:
     """1 / sqrt(x) (a pending sum is resolved first)."""
     return pointwise("rsqrt", x)
+
+
+def erf(x: Any) -> Any:
+    """The error function, elementwise (the C library's, one element at a time: slower than numpy's
+    ufuncs); a pending sum is resolved first."""
+    return pointwise("erf", x)
 
 
 def clip(x: Any, low: Any = None, high: Any = None) -> Any:

@@ -20,7 +20,7 @@ from ..autograd.rules import grad_tensor
 from ..infer.pointwise import infer_reduce, reduce_dims
 from ._common import make_dtensor, raise_if_not_dtensors
 
-__all__ = ["sum", "mean", "max", "min", "var", "reduce"]
+__all__ = ["sum", "mean", "max", "min", "var", "argmax", "argmin", "reduce"]
 
 _KERNELS = {"sum": np.sum, "mean": np.sum, "max": np.max, "min": np.min}
 
@@ -129,3 +129,91 @@ def var(x: Any, dims: Any = None, keepdims: bool = False, correction: int = 0) -
         raise OperatorError(f"var: correction {c} leaves no degrees of freedom over {count} entries")
     centred = P.sub(x, mean(x, axes, keepdims=True))
     return P.mul(sum(P.mul(centred, centred), axes, keepdims), 1.0 / (count - c))
+
+
+def argmax(x: Any, dim: Any = None, keepdims: bool = False) -> Any:
+    """Index of the largest entry along `dim` (the first one on ties, NaN counted largest, as numpy's and
+    PyTorch's argmax), an int64 DTensor with no gradient; `dim` None: the index into the flattened tensor.
+
+    Over a split dim: each rank's best value and its global index, then one Allreduce(MAX) of the value
+    (and of a NaN flag) and one Allreduce(MIN) of the indices that attain it, over the dim's axes.
+    """
+    return _arg("argmax", x, dim, keepdims)
+
+
+def argmin(x: Any, dim: Any = None, keepdims: bool = False) -> Any:
+    """Index of the smallest entry along `dim` (first on ties, NaN counted smallest, as numpy's argmin);
+    int64, no gradient; over a split dim two Allreduces (MIN of the value, MIN of the index)."""
+    return _arg("argmin", x, dim, keepdims)
+
+
+def _arg(kind: str, x: Any, dim: Any, keepdims: bool) -> Any:
+    from ..autograd.rules import axes_of
+    from ..errors import OperatorError
+    from ..runtime.executor import pending, redistribute, resolve
+
+    try:
+        layout = x.layout
+    except AttributeError:
+        raise_if_not_dtensors(kind, ("x",), x)
+        raise
+    if not isinstance(keepdims, bool):
+        raise OperatorError(f"{kind}: keepdims {keepdims!r} must be True or False")
+    if x.local.dtype.kind == "b":
+        raise OperatorError(f"{kind}: x is bool; convert it first, e.g. x.astype('int64')")
+    if dim is not None and (isinstance(dim, bool) or not isinstance(dim, (int, np.integer))):
+        raise OperatorError(f"{kind}: dim {dim!r} must be an integer or None (the flattened tensor)")
+    dims = reduce_dims(dim, layout.ndim, kind)
+    if dim is None and keepdims:
+        keepdims = False  # numpy's argmax(keepdims=True) without an axis keeps every dim as 1
+        flat_keep = True
+    else:
+        flat_keep = False
+    if any(x.global_shape[d] == 0 for d in dims) or (dim is None and not math.prod(x.global_shape)):
+        raise OperatorError(f"{kind} of an empty tensor (shape {tuple(x.global_shape)!r}) has no answer")
+    plan = infer_reduce("max", layout, dims, keepdims)  # the splits of max: the input resolved, dims gone
+    if layout != plan.target:
+        x = redistribute(x, plan.target)
+    shape = tuple(1 if k in dims else n for k, n in enumerate(x.global_shape) if keepdims or k not in dims)
+    block = x.local
+    pick = np.argmax if kind == "argmax" else np.argmin
+    starts = [a for a, _ in x.layout.bounds(x.mesh.rank, x.global_shape)]
+    if dim is None:  # one entry: its place in the flattened global tensor
+        at = np.unravel_index(int(pick(block)), block.shape) if block.ndim else ()
+        value = block[at]
+        index = np.int64(np.ravel_multi_index(tuple(a + s for a, s in zip(at, starts)), x.global_shape)
+                         if block.ndim else 0)
+    else:
+        d = dims[0]
+        local_index = pick(block, axis=d)
+        value = np.take_along_axis(block, np.expand_dims(local_index, d), d).squeeze(d)
+        index = local_index.astype(np.int64) + starts[d]
+    axes = axes_of(x.layout, tuple(x.layout.tensor_map[d] for d in dims)) if plan.steps else ()
+    if axes:
+        values = np.asarray(value)
+        group = pending(x.mesh.layout, 1, axes)
+        if values.dtype.kind == "f":  # NaN wins (numpy's rule): a flag's MAX first, with the value's
+            nan = np.isnan(values)
+            sign = 1 if kind == "argmax" else -1  # argmin: the largest of -x
+            clean = np.where(nan, -np.inf, sign * values.astype(np.float64))
+            best = resolve(x.mesh, np.stack([nan.astype(np.float64), clean]).reshape(-1), group,
+                           f"{kind}.value", reduction="max", owned=True)
+            any_nan, top = best[:values.size].reshape(values.shape), best[values.size:].reshape(values.shape)
+            mine = np.where(any_nan > 0, nan, ~nan & (clean == top))
+        else:  # integers in their own dtype: exact
+            top = resolve(x.mesh, np.ascontiguousarray(values).reshape(-1), group, f"{kind}.value",
+                          reduction="max" if kind == "argmax" else "min").reshape(values.shape)
+            mine = values == top
+        last = np.iinfo(np.int64).max
+        candidates = np.where(mine, np.asarray(index), last).astype(np.int64).reshape(-1)
+        index = resolve(x.mesh, candidates, group, f"{kind}.index", reduction="min",
+                        owned=True).reshape(values.shape)
+    index = np.asarray(index, dtype=np.int64)
+    if keepdims:
+        index = np.expand_dims(index, dims[0])
+    out = make_dtensor(x.mesh, index, plan.out, shape)
+    if flat_keep:  # argmax(x, None, keepdims=True): shape (1, ..., 1)
+        from .local import reshape
+
+        out = reshape(out, (1,) * layout.ndim)
+    return out
