@@ -26,8 +26,8 @@ from . import methods as _methods  # noqa: F401  (gives DTensor its operators: x
 
 __all__ = ["matmul", "einsum", "linear", "embedding", "relu", "gelu", "activation", "scale", "add", "sub", "mul",
            "div", "neg", "pow", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "abs", "sigmoid",
-           "silu", "sin", "cos", "square", "rsqrt", "clip", "erf", "equal", "not_equal", "sum", "mean", "max", "min", "var",
-           "argmax", "argmin", "bias_add",
+           "silu", "sin", "cos", "square", "rsqrt", "clip", "erf", "equal", "not_equal", "sum", "mean", "max", "min",
+           "var", "argmax", "argmin", "bias_add",
            "transpose", "reshape", "narrow", "chunk", "concatenate", "stack", "broadcast_to", "softmax", "log_softmax",
            "layer_norm", "rms_norm", "causal_mask", "masked_fill", "dropout", "attention", "resolved", "mse_loss",
            "cross_entropy",

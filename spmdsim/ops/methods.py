@@ -14,7 +14,7 @@ from .concat import getitem
 from .local import reshape, transpose
 from .matmul import matmul
 from .pointwise import pointwise
-from .reduce import reduce
+from .reduce import arg_reduce, reduce
 
-install_operators(pointwise=pointwise, matmul=matmul, reduce=reduce, requires_grad_=requires_grad_,
+install_operators(pointwise=pointwise, matmul=matmul, reduce=reduce, arg=arg_reduce, requires_grad_=requires_grad_,
                   backward=backward, getitem=getitem, reshape=reshape, transpose=transpose)

@@ -138,16 +138,16 @@ def argmax(x: Any, dim: Any = None, keepdims: bool = False) -> Any:
     Over a split dim: each rank's best value and its global index, then one Allreduce(MAX) of the value
     (and of a NaN flag) and one Allreduce(MIN) of the indices that attain it, over the dim's axes.
     """
-    return _arg("argmax", x, dim, keepdims)
+    return arg_reduce("argmax", x, dim, keepdims)
 
 
 def argmin(x: Any, dim: Any = None, keepdims: bool = False) -> Any:
     """Index of the smallest entry along `dim` (first on ties, NaN counted smallest, as numpy's argmin);
     int64, no gradient; over a split dim two Allreduces (MIN of the value, MIN of the index)."""
-    return _arg("argmin", x, dim, keepdims)
+    return arg_reduce("argmin", x, dim, keepdims)
 
 
-def _arg(kind: str, x: Any, dim: Any, keepdims: bool) -> Any:
+def arg_reduce(kind: str, x: Any, dim: Any, keepdims: bool) -> Any:
     from ..autograd.rules import axes_of
     from ..errors import OperatorError
     from ..runtime.executor import pending, redistribute, resolve

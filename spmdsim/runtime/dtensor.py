@@ -48,7 +48,8 @@ class _Operators:
     (`spmdsim/ops/methods.py`), as jax.numpy gives jax's arrays their operators. The front door
     (``from spmdsim import DTensor``) loads spmdsim.ops with it.
     """
-    __slots__ = ("pointwise", "matmul", "reduce", "requires_grad_", "backward", "getitem", "reshape", "transpose")
+    __slots__ = ("pointwise", "matmul", "reduce", "arg", "requires_grad_", "backward", "getitem", "reshape",
+                 "transpose")
 
     def __getattr__(self, name: str) -> Any:  # a slot not filled yet
         raise OperatorError(f"DTensor's operators and autograd come with spmdsim.ops, which is not loaded: "
@@ -284,6 +285,18 @@ class DTensor:
     def max(self, dims: Any = None, keepdims: bool = False) -> "DTensor":
         """`spmdsim.ops.max`: over a split dim, one Allreduce(MAX)."""
         return _OPERATORS.reduce("max", self, dims, keepdims)
+
+    def min(self, dims: Any = None, keepdims: bool = False) -> "DTensor":
+        """`spmdsim.ops.min`: over a split dim, one Allreduce(MIN)."""
+        return _OPERATORS.reduce("min", self, dims, keepdims)
+
+    def argmax(self, dim: Any = None, keepdims: bool = False) -> "DTensor":
+        """`spmdsim.ops.argmax`: int64 indices, the first on ties; over a split dim two Allreduces."""
+        return _OPERATORS.arg("argmax", self, dim, keepdims)
+
+    def argmin(self, dim: Any = None, keepdims: bool = False) -> "DTensor":
+        """`spmdsim.ops.argmin`: int64 indices, the first on ties; over a split dim two Allreduces."""
+        return _OPERATORS.arg("argmin", self, dim, keepdims)
 
     # -- whole-tensor views ------------------------------------------------------------
     def item(self) -> float | int | bool:
