@@ -199,9 +199,11 @@ class GPT:
     def generate(self, prompt: bytes, n: int, temperature: float = 0.0, seed: Optional[int] = None) -> np.ndarray:
         """The ids of `n` characters after `prompt` (eval mode), drawn as spmdsim.gpt.reference.generate does.
 
-        Each step: one forward of the last T tokens (left-padded with spaces) on the mesh, the last
-        position's logits gathered on every rank, then greedy (temperature 0) or a draw from
-        softmax(logits / temperature) with the reference's generator (every rank draws alike).
+        Each step: one forward of the last T tokens (left-padded with spaces) on the mesh, then greedy
+        (temperature 0: ``ops.argmax`` over the vocabulary-split logits of the last position, two
+        Allreduces of one number per row, no logits gathered) or a draw from softmax(logits /
+        temperature) with the reference's generator (the last position's logits gathered over tp; every
+        rank draws alike).
         """
         import zlib
 
@@ -219,11 +221,11 @@ class GPT:
             for _ in range(n):
                 context = ids[-cfg.seq:]
                 window = np.array([[pad] * (cfg.seq - len(context)) + context] * dp, dtype=np.int64)
-                z = self.logits(DTensor.from_global(mesh, window, mesh.layout("dp", None)))
-                last = redistribute(z, mesh.layout(None, None, None)).local[0, -1]
-                if temperature == 0:
-                    ids.append(int(np.argmax(last)))
+                z = self.logits(DTensor.from_global(mesh, window, mesh.layout("dp", None)))[:, -1]  # (B, V)
+                if temperature == 0:  # every row holds the same window: this rank's first row answers
+                    ids.append(int(ops.argmax(z, -1).local[0]))
                 else:
+                    last = redistribute(z, mesh.layout("dp", None)).local[0]
                     e = np.exp(last / temperature - (last / temperature).max())
                     ids.append(int(rng.choice(cfg.vocab, p=e / e.sum())))
         return np.array(ids[len(ids) - n:], dtype=np.int64)
