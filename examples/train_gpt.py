@@ -39,6 +39,7 @@ parser.add_argument("--seq", type=int, default=64)
 parser.add_argument("--batch", type=int, default=8)
 parser.add_argument("--dropout", type=float, default=0.1)
 parser.add_argument("--lr", type=float, default=3e-3)
+parser.add_argument("--clip", type=float, default=0.0, help="clip the gradients' joint norm to this (0: no clipping)")
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--every", type=int, default=20, help="print every N steps")
 parser.add_argument("--sample", type=int, default=120, help="characters to generate at the end (0: none)")
@@ -63,7 +64,7 @@ def main(args):
     comm = spmdsim.world()
     # Refused on every rank alike, as the other bad sizes are: one line, exit 2.
     cfg = GPTConfig(layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq, batch=args.batch,
-                    dropout=args.dropout, lr=args.lr, seed=args.seed)
+                    dropout=args.dropout, lr=args.lr, seed=args.seed, clip=args.clip)
     shape, problem = split(comm.size, cfg)
     if problem:  # every rank alike, before any collective
         raise spmdsim.SpmdsimError(f"the GPT cannot run on {comm.size} ranks: {problem}")
@@ -75,7 +76,8 @@ def main(args):
         print(f"GPT: {counted(cfg.layers, 'layer')}, d_model {cfg.d_model}, {cfg.heads} heads, seq {cfg.seq}, "
               f"batch {cfg.batch}, dropout {cfg.dropout}")
         print(f"text: {len(text):,} characters of Python's standard library sources (character level)")
-        print(f"mesh dp {dp} x tp {tp}{' with sequence parallelism' if args.sp else ''}; AdamW lr {cfg.lr}")
+        clipped = f", gradients' norm clipped to {cfg.clip}" if cfg.clip else ""
+        print(f"mesh dp {dp} x tp {tp}{' with sequence parallelism' if args.sp else ''}; AdamW lr {cfg.lr}{clipped}")
     layouts = dialect_layouts(cfg, spmdsim.Layout((dp, tp), ("dp", "tp")), args.dialect, args.sp)
     if rank0:
         words = DIALECTS[args.dialect]

@@ -1,4 +1,5 @@
 """Optimizers over DTensor parameters: SGD (with momentum), Adam and AdamW; each rank updates its own shards.
+Also `clip_grad_norm_`, the gradients' joint norm over every rank's blocks (one Allreduce).
 
 A parameter's ``.grad`` is whole (no pending sum) and laid out like the
 parameter, so an update is elementwise on the local block: no communication,
@@ -17,7 +18,7 @@ from .autograd.graph import Leaf, with_partial
 from .errors import OperatorError
 from .validate import tolerance_arg
 
-__all__ = ["SGD", "Adam", "AdamW", "adamw_update"]
+__all__ = ["SGD", "Adam", "AdamW", "adamw_update", "clip_grad_norm_", "clip_coefficient"]
 
 
 class _Optimizer:
@@ -194,3 +195,63 @@ def _decay_flags(params: tuple, decay: Any) -> tuple[bool, ...]:
         raise OperatorError(f"decay names {len(chosen - known)} object(s) that are not among the optimizer's "
                             "parameters")
     return tuple(id(p) in chosen for p in params)
+
+
+def clip_coefficient(norm: float, max_norm: float, eps: float = 1e-6) -> float:
+    """What clipping multiplies every gradient by: max_norm / (norm + eps), at most 1 (PyTorch's formula;
+    a non-finite norm gives NaN or 0, as there)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        coefficient = float(np.float64(max_norm) / (np.float64(norm) + eps))
+    return coefficient if not coefficient >= 1.0 else 1.0
+
+
+def clip_grad_norm_(params: Iterable[Any], max_norm: float, eps: float = 1e-6) -> float:
+    """Scale the parameters' gradients together so their joint 2-norm is at most `max_norm`, as PyTorch's
+    ``torch.nn.utils.clip_grad_norm_``; returns the norm before clipping (a float, alike on every rank).
+
+    Collective: every rank calls it with the same parameters. Each rank adds up the squares of its
+    gradient blocks that it holds first (over the axes a gradient is replicated on, one member counts
+    it, as Megatron counts a replicated parameter on one tensor-parallel rank), and one Allreduce
+    over the mesh sums them; parameters without a gradient are skipped. Gradients are replaced by
+    scaled copies (never scaled in place: two leaves' gradients may share a block).
+    """
+    from .runtime.executor import pending, resolve
+
+    params = tuple(params)
+    if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(max_norm) or not max_norm > 0:
+        raise OperatorError(f"clip_grad_norm_: max_norm {max_norm!r} must be a finite number > 0")
+    bound = float(max_norm)
+    if not params:
+        raise OperatorError("clip_grad_norm_: no parameters given")
+    for i, p in enumerate(params):
+        if not isinstance(getattr(p, "_ag", None), Leaf):
+            raise OperatorError(f"clip_grad_norm_: parameter {i} ({_what(p)}) must be a DTensor leaf with "
+                                "requires_grad_()")
+    grads = [(p, p.grad) for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    mesh = grads[0][1].mesh
+    for i, (p, g) in enumerate(grads):
+        if g.layout.layout != mesh.layout:
+            raise OperatorError(f"clip_grad_norm_: a gradient is on {g.layout.layout} but the first on "
+                                f"{mesh.layout}; clip each mesh's parameters separately")
+        if g.layout.partial:
+            raise OperatorError(f"clip_grad_norm_: a gradient is a pending sum over {g.layout.partial!r}")
+    squares = 0.0
+    for _, g in grads:
+        replicas = g.layout.replicated_axes
+        if not replicas or g.layout.layout.group_index(mesh.rank, replicas) == 0:
+            block = g.local.astype(np.float64, copy=False).reshape(-1)
+            squares += float(np.dot(block, block))
+    axes = tuple(a for a, n in zip(mesh.layout.alias_name, mesh.layout.device_matrix) if n > 1)
+    if axes:
+        squares = float(resolve(mesh, np.array([squares]), pending(mesh.layout, 1, axes), "clip_grad_norm",
+                                owned=True)[0])
+    norm = math.sqrt(squares)
+    coefficient = clip_coefficient(norm, bound, eps)
+    if coefficient != 1.0:
+        for p, g in grads:
+            scaled = np.multiply(g.local, coefficient).astype(g.local.dtype, copy=False)
+            p._ag.grad = type(g)(g.mesh, scaled, g.layout, g.global_shape)
+    return norm

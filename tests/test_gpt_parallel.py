@@ -37,6 +37,26 @@ def test_each_step_matches_one_numpy_process(ranks, dp, tp, sp):
     assert steps[-1].loss < steps[0].loss
 
 
+def test_clipped_gradients_match_one_numpy_process():
+    """With cfg.clip the gradients' joint norm (one Allreduce over the mesh, each block counted once) is
+    clipped before AdamW, on the ranks and in the reference alike; a clip this small changes the run."""
+    import dataclasses
+
+    import numpy as np
+
+    from spmdsim.gpt.reference import Trainer, clip_grads
+
+    clipped = dataclasses.replace(SMALL, clip=0.05)
+    steps = spmdsim.simulate(8, lambda: train(clipped, spmdsim.world(), 2, 4, 3, TEXT, sp=True)[1])[0]
+    assert all(r.passed for r in steps), steps
+    plain, short = Trainer(SMALL, TEXT), Trainer(clipped, TEXT)
+    for _ in range(3):
+        plain.step()
+        norm = clip_grads(short.step()[1], 1e9)[0]  # the returned gradients are the clipped ones
+        assert abs(norm - 0.05) < 1e-6  # max_norm * norm / (norm + 1e-6), as PyTorch
+    assert any(not np.allclose(plain.params[k], short.params[k], rtol=1e-6, atol=0) for k in plain.params)
+
+
 def test_a_wrong_gradient_is_caught():
     """The check can fail: a model whose key projection's gradient is doubled differs from the reference."""
     from spmdsim.gpt import parallel

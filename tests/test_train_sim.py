@@ -130,3 +130,43 @@ def test_one_step_has_no_trend_to_judge():
     assert loss_trend([2.5]) == ("loss 2.5000000 (1 step: no trend to judge)", True)
     assert loss_trend([2.5, 2.0]) == ("loss first 2.5000000, last 2.0000000 (falling)", True)
     assert loss_trend([2.5, 2.5]) == ("loss first 2.5000000, last 2.5000000 (NOT falling)", False)
+
+
+@pytest.mark.parametrize("ranks", [4, 8])
+def test_clip_grad_norm_is_the_global_norm_on_any_layout(ranks):
+    """Gradients split, replicated over dp and tp, and on mixed axes: the joint norm equals numpy's over the
+    gathered gradients (each block counted once), and every gradient is scaled by PyTorch's coefficient."""
+    from spmdsim import ops
+    from spmdsim.optim import clip_grad_norm_
+    from spmdsim.runtime import DTensor
+
+    rng = np.random.default_rng(ranks)
+    a, b, c = rng.normal(size=(8, 4)), rng.normal(size=(4, 8)), rng.normal(size=(8,))
+
+    def body():
+        mesh = _mesh()
+        L = mesh.layout
+        pa = DTensor.from_global(mesh, a, L("mp", None)).requires_grad_()
+        pb = DTensor.from_global(mesh, b, L(None, ("dp", "mp"))).requires_grad_()
+        pc = DTensor.from_global(mesh, c, L(None)).requires_grad_()
+        unused = DTensor.from_global(mesh, c, L("dp")).requires_grad_()  # no gradient: skipped
+        ops.sum(ops.tanh(ops.einsum("ik,kj->ij", pa, pb)) * pc).backward()
+        before = [p.grad.gather() for p in (pa, pb, pc)]
+        norm = clip_grad_norm_([pa, pb, pc, unused], 0.5)
+        after = [p.grad.gather() for p in (pa, pb, pc)]
+        again = clip_grad_norm_([pa, pb, pc], 10.0)  # within the bound now: nothing scaled
+        errors = []
+        for bad in (0, -1.0, float("inf"), True, "1"):
+            try:
+                clip_grad_norm_([pa], bad)
+            except spmdsim.OperatorError as e:
+                errors.append(str(e))
+        return before, norm, after, again, errors
+
+    before, norm, after, again, errors = spmdsim.simulate(ranks, body)[0]
+    want = np.sqrt(sum(float((g * g).sum()) for g in before))
+    assert abs(norm - want) <= 1e-13 * want and want > 0.5
+    for g0, g1 in zip(before, after):
+        np.testing.assert_allclose(g1, g0 * (0.5 / (want + 1e-6)), rtol=1e-14, atol=0)
+    assert abs(again - 0.5) < 1e-6
+    assert errors == [f"clip_grad_norm_: max_norm {v!r} must be a finite number > 0" for v in (0, -1.0, float("inf"), True, "1")]

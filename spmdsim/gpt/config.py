@@ -35,6 +35,7 @@ class GPTConfig:
     weight_decay: float = 0.1
     ln_eps: float = 1e-5
     init_std: float = 0.02
+    clip: float = 0.0  # the gradients' joint norm is clipped to this before each update (0: not clipped)
 
     def __post_init__(self) -> None:
         for name in _SIZES:
@@ -52,6 +53,7 @@ class GPTConfig:
         object.__setattr__(self, "seed", seed)
         _real(self, "dropout", 0.0, 1.0, "in [0, 1)", high_open=True)
         _real(self, "weight_decay", 0.0, math.inf, ">= 0")
+        _real(self, "clip", 0.0, math.inf, ">= 0 (0: no clipping)")
         for name in ("lr", "eps", "ln_eps", "init_std"):
             _real(self, name, 0.0, math.inf, "> 0", low_open=True)
         betas = self.betas

@@ -27,7 +27,7 @@ from .config import GPTConfig
 from .data import batch, decode, encode, load_text
 from .params import decays, dropout_sites, dropout_tensor, initial_value, param_specs
 
-__all__ = ["init_params", "logits", "loss_and_grads", "AdamW", "Trainer", "train", "generate", "main"]
+__all__ = ["init_params", "logits", "loss_and_grads", "clip_grads", "AdamW", "Trainer", "train", "generate", "main"]
 
 Params = dict[str, np.ndarray]
 
@@ -110,6 +110,18 @@ class AdamW:
                          weight_decay=self.weight_decay if decay else 0.0)
 
 
+def clip_grads(grads: Params, max_norm: float) -> tuple[float, Params]:
+    """(the gradients' joint 2-norm, the gradients scaled so it is at most `max_norm`), as PyTorch's
+    clip_grad_norm_ (spmdsim.optim.clip_coefficient); the given arrays are not changed."""
+    from ..optim import clip_coefficient
+
+    norm = math.sqrt(sum(float(np.dot(g.reshape(-1), g.reshape(-1))) for g in grads.values()))
+    coefficient = clip_coefficient(norm, max_norm)
+    if coefficient == 1.0:
+        return norm, grads
+    return norm, {name: g * coefficient for name, g in grads.items()}
+
+
 class Trainer:
     """The reference training one step at a time, to walk beside a distributed run.
 
@@ -125,9 +137,12 @@ class Trainer:
         self.steps = 0
 
     def step(self) -> tuple[float, Params]:
-        """One training step: the loss and gradients at the parameters before the update."""
+        """One training step: the loss and gradients at the parameters before the update (clipped, with
+        cfg.clip)."""
         x, y = batch(self.text_ids, self.cfg, self.steps)
         loss, grads = loss_and_grads(self.params, x, y, self.cfg, self.steps)
+        if self.cfg.clip:
+            grads = clip_grads(grads, self.cfg.clip)[1]
         self.optimizer.step(self.params, grads)
         self.steps += 1
         return loss, grads

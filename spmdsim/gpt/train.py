@@ -54,6 +54,10 @@ def _reference_step(moments: dict, params: dict, x: np.ndarray, y: np.ndarray, c
     from .reference import loss_and_grads
 
     loss, grads = loss_and_grads(params, x, y, cfg, step)
+    if cfg.clip:
+        from .reference import clip_grads
+
+        grads = clip_grads(grads, cfg.clip)[1]
     new_moments, updated = {"m": {}, "v": {}}, {}
     for spec in param_specs(cfg):
         name = spec.name
@@ -102,7 +106,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     instead of making one over `comm`. `layouts`: parameter name -> TensorLayout (default Megatron's).
     """
     from .. import ops
-    from ..optim import AdamW
+    from ..optim import AdamW, clip_grad_norm_
     from .. import DTensor, Mesh, collect_trace  # the front door: DTensor with its operators
     from ..runtime.executor import pending, resolve
     from ..sim import dry_run_active, once
@@ -126,6 +130,8 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         with collect_trace() as trace:
             loss = model.loss(xd, yd, step)
             loss.backward(bucket=True)  # gradients summed over the same axes share one Allreduce
+            if cfg.clip:  # the joint norm: one Allreduce of one number
+                clip_grad_norm_(params, cfg.clip)
             optimizer.step()
         value = float(ops.resolved(loss).local)
         errors = (float("nan"),) * 3
