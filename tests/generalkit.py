@@ -53,10 +53,16 @@ def _dropout_ref(x: np.ndarray) -> np.ndarray:
     return x * keep / 0.7
 
 
-def _np_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = False, p: float = 0.0) -> np.ndarray:
+KEYS = np.array([[True] * 6 + [False] * 2, [True] * 5 + [False] * 3])  # attention's key mask: padding last
+
+
+def _np_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = False, p: float = 0.0,
+                  keys: Optional[np.ndarray] = None) -> np.ndarray:
     s = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
     if causal:
         s = np.where(_causal(s.shape), -np.inf, s)
+    if keys is not None:
+        s = np.where(keys[:, None, None, :], s, -np.inf)
     a = _np_softmax(s, -1)
     if p:
         a = a * (SeededTensor(a.shape, "float64", seed=7, low=0.0, high=1.0).full() >= p) / (1 - p)
@@ -74,6 +80,14 @@ def _np_cross_entropy(z: np.ndarray, reduction: str) -> np.ndarray:
     valid = LABELS != -100
     terms = np.where(valid, -lp[np.arange(len(LABELS)), np.where(valid, LABELS, 0)], 0.0)
     return terms if reduction == "none" else terms.sum() / valid.sum()
+
+
+def _padded_attention(q: Any, k: Any, v: Any) -> Any:
+    """ops.attention, causal, with KEYS as its mask laid out with the keys split like q's queries (moved)."""
+    from spmdsim import DTensor, TensorLayout
+
+    keys = DTensor.from_global(q.mesh, KEYS, TensorLayout(q.layout.layout, ((), q.layout.tensor_map[1])))
+    return ops.attention(q, k, v, causal=True, mask=keys)
 
 
 def _cross_entropy(z: Any, reduction: str) -> Any:
@@ -160,6 +174,8 @@ CASES: dict[str, tuple[tuple[tuple[int, ...], ...], Callable, Callable, bool]] =
                              lambda z: _np_cross_entropy(z, "mean"), False),
     "cross_entropy_rows": (((8, 4),), lambda z: _cross_entropy(z, "none"),
                            lambda z: _np_cross_entropy(z, "none"), False),
+    "attention_padding": (((2, 8, 2, 4),) * 3, _padded_attention,
+                          lambda q, k, v: _np_attention(q, k, v, True, keys=KEYS), False),
     "where": (((4, 8), (4, 8)), lambda a, b: ops.where(ops.causal_mask(a.mesh, a.global_shape), a, b),
               lambda a, b: np.where(_causal(a.shape), a, b), False),
 }

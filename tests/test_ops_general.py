@@ -287,6 +287,10 @@ def test_bad_operands_get_one_line():
                                                          "is split over \"tp\""),
             (lambda: ops.attention(q, q, q, causal=1), OperatorError, "attention: causal 1 must be True or False"),
             (lambda: ops.attention(q, q, np.ones(3)), OperatorError, "attention: v must be a DTensor, got ndarray of shape (3,)"),
+            (lambda: ops.attention(q, q, q, mask=x), OperatorError, "attention: mask must be a bool DTensor (True "
+                                                                     "where a key takes part), got dtype 'float64'"),
+            (lambda: ops.attention(q, q, q, mask=x > 0.0), ShapeError, "attention: mask of global shape (4, 8); "
+                                                                        "expected (batch, keys) (2, 8)"),
         ]
         for call, kind, text in cases:
             with pytest.raises(kind, match=re.escape(text)):

@@ -11,6 +11,9 @@ k (B, Tk, H, D), v (B, Tk, H, E); the output is (B, Tq, H, E).
 | heads H | yes (tensor parallel: each rank its own heads) | split alike |
 | head dim D | no: a score sums over it, and softmax needs whole scores | whole |
 
+A key mask (B, Tk), bool, True where a key takes part (PyTorch's boolean
+convention; False: padding), goes to q's batch split with the keys whole.
+
 An operand laid out otherwise, or holding a pending sum, is redistributed to
 its target first (the least-bytes plan of spmdsim.plan). The output takes q's
 target layout. In the backward, the gradients of k and v sum over the query
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Optional
 
 from ..errors import OperatorError, ShapeError
 from ..layout import TensorLayout
@@ -37,6 +41,7 @@ class AttentionPlan:
     out: TensorLayout
     shape: tuple
     query_axes: tuple  # the mesh axes splitting Tq (of size above one): k's and v's gradients are pending there
+    mask: Optional[TensorLayout] = None  # where a key mask (B, Tk) goes: q's batch split, keys whole
 
     def why(self) -> str:
         split = f"query rows split over {self.query_axes!r}" if self.query_axes else "query rows whole"
@@ -45,7 +50,8 @@ class AttentionPlan:
 
 @lru_cache(maxsize=1024)  # a transformer asks the same question in every layer of every step
 def infer_attention(q: TensorLayout, k: TensorLayout, v: TensorLayout, q_shape: tuple, k_shape: tuple,
-                    v_shape: tuple, causal: bool = False) -> AttentionPlan:
+                    v_shape: tuple, causal: bool = False, mask: Optional[TensorLayout] = None,
+                    mask_shape: Optional[tuple] = None) -> AttentionPlan:
     """The plan of attention(q, k, v) on these layouts and global shapes (see the module's table)."""
     for name, layout, shape in (("q", q, q_shape), ("k", k, k_shape), ("v", v, v_shape)):
         if len(shape) != 4:
@@ -72,4 +78,12 @@ def infer_attention(q: TensorLayout, k: TensorLayout, v: TensorLayout, q_shape: 
     target_q.local_shape(q_shape)  # each raises a ShapeError naming the dim that does not divide
     target_kv.local_shape(k_shape)
     target_kv.local_shape(v_shape)
-    return AttentionPlan(target_q, target_kv, target_q, (b, tq, h, e), query_axes)
+    target_mask = None
+    if mask is not None:
+        if mask.layout != q.layout:
+            raise OperatorError(f"attention: mask is on {mask.layout} but q on {q.layout}; expected one device matrix")
+        if tuple(mask_shape) != (b, tk):
+            raise ShapeError(f"attention: mask of global shape {tuple(mask_shape)!r}; expected (batch, keys) "
+                             f"{(b, tk)!r}, True where a key takes part")
+        target_mask = matrix(qmap[0], None)
+    return AttentionPlan(target_q, target_kv, target_q, (b, tq, h, e), query_axes, target_mask)

@@ -36,11 +36,14 @@ __all__ = ["attention"]
 
 
 def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[float] = None,
-              dropout: float = 0.0, seed: Optional[int] = None, training: bool = True) -> Any:
+              dropout: float = 0.0, seed: Optional[int] = None, training: bool = True, mask: Any = None) -> Any:
     """softmax(q k^T * scale, masked above the diagonal if `causal`), dropped out, times v.
 
     q (B, Tq, H, D), k (B, Tk, H, D), v (B, Tk, H, E) -> (B, Tq, H, E). `scale`: default 1 / sqrt(D).
     `dropout`: the probabilities' dropout rate (while `training`), with `seed` as ops.dropout's.
+    `mask`: a bool DTensor (B, Tk), True where a key takes part and False for padding (PyTorch's
+    boolean convention), moved to q's batch split with the keys whole; a query row that sees no key
+    gets NaN, as a softmax over nothing.
     """
     raise_if_not_dtensors("attention", ("q", "k", "v"), q, k, v)
     if not isinstance(causal, (bool, np.bool_)):
@@ -57,8 +60,16 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
         require_float("attention", t.local)
         if t.mesh is not q.mesh:
             raise OperatorError(f"attention: {name} is on another mesh than q; expected one mesh")
+    if mask is not None:
+        raise_if_not_dtensors("attention", ("mask",), mask)
+        if mask.local.dtype != np.dtype(bool):
+            raise OperatorError(f"attention: mask must be a bool DTensor (True where a key takes part), got dtype "
+                                f"{mask.local.dtype.name!r}")
+        if mask.mesh.layout != q.mesh.layout:
+            raise OperatorError("attention: mask is on another mesh than q; expected one mesh")
     plan = infer_attention(q.layout, k.layout, v.layout, tuple(q.global_shape), tuple(k.global_shape),
-                           tuple(v.global_shape), bool(causal))
+                           tuple(v.global_shape), bool(causal), None if mask is None else mask.layout,
+                           None if mask is None else tuple(mask.global_shape))
     d = q.global_shape[3]
     if scale is None:
         scale = 1.0 / math.sqrt(d)
@@ -72,6 +83,9 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
     if causal:  # this rank's query rows (global indices) against every key
         rows = np.arange(t_.start, t_.stop)[:, None]
         above = np.arange(tk)[None, :] > rows
+    if mask is not None:  # (b, 1, 1, Tk): padding keys, for every head and query row
+        padding = ~_moved(mask, plan.mask).local[:, None, None, :]
+        above = padding if above is None else above | padding
     keep = None
     if drop:
         probs_shape = (q.global_shape[0], q.global_shape[2], q.global_shape[1], tk)
