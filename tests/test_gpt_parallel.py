@@ -134,7 +134,8 @@ def test_train_gpt_refuses_a_mesh_in_one_line():
         "spmdsim: error: the GPT cannot run on 8 ranks: heads 4 is not divisible by tp 8 (heads are split over tp)"]
 
 
-@pytest.mark.parametrize("script", ["examples/mlp_layernorm.py", "examples/causal_attention.py"])
+@pytest.mark.parametrize("script", ["examples/mlp_layernorm.py", "examples/causal_attention.py",
+                                    "examples/padded_batch.py"])
 def test_general_operator_examples_pass(script):
     out = _run(script, "--ranks", "4")
     assert out.returncode == 0, out.stderr
