@@ -49,7 +49,7 @@ verdicts = [y.check(Y), loss.check(np.array(((Y - T) ** 2).mean())), w1.grad.che
             w1.check(W1 - 0.1 * G1), w2.check(W2 - 0.1 * G2)]  # each rank checks its own block
 full = y.gather()  # y.full_tensor(): the whole output on every rank
 passed = all(verdicts) and np.allclose(full, Y, rtol=1e-12, atol=1e-12)
-if mesh.rank == 0:
+if mesh.rank == 0:  # below, x.local is x.to_local(): this rank's block
     print(f"PyTorch DTensor port: mesh dp 2 x tp {mesh.size // 2}, y = fc2(relu(fc1(x))), MSE loss, SGD")
     print(f"placements: x (S(0), R), w1 (R, S(1)), w2 (R, S(0)), y {partial}, then (S(0), R)")
     print(f"rank 0 to_local(): x {x.local.shape}, w1 {w1.local.shape}, w2 {w2.local.shape}; full_tensor() {full.shape}")

@@ -48,7 +48,7 @@ G1, G2 = X.T @ (dY @ W2.T * (A > 0)), A.T @ dY
 verdicts = [y.check(Y), loss.check(np.array(((Y - T) ** 2).mean())), w1.grad.check(G1), w2.grad.check(G2),
             new_w1.check(W1 - 0.1 * G1), new_w2.check(W2 - 0.1 * G2)]  # each device checks its own block
 passed = all(verdicts) and np.allclose(y.gather(), Y, rtol=1e-12, atol=1e-12)  # jax.device_get(y)
-if mesh.rank == 0:
+if mesh.rank == 0:  # below, x.local is the block a shard_map body gets for in_specs=P("dp", None)
     specs = [format_partition_spec(layout_to_partition_spec(v.layout)) for v in (x, w1, w2, y, w1.grad)]
     print(f"JAX port: Mesh((2, {mesh.size // 2}), ('dp', 'tp')), y = relu(x @ w1) @ w2, mean squared error, SGD")
     print("specs: x {}, w1 {}, w2 {}, y {}, grad w1 {}".format(*specs).replace("PartitionSpec", "P"))
