@@ -59,6 +59,7 @@ def test_the_page_quotes_what_the_examples_print(on_8_ranks):
         name = next(n for n, s in EXAMPLES.items() if s in quote.command)
         why = mismatch(quote.output, on_8_ranks[name].stdout)
         assert why is None, f"{quote.where()}: {why}\n{on_8_ranks[name].stdout}"
+        assert len(quote.output) == len(on_8_ranks[name].stdout.splitlines()), quote.where()  # all of it
     launched = [q.command for q in quotes(DOC) if "mpiexec" in q.command]
     assert sorted(launched) == sorted(f"timeout -k 5 120 mpiexec -n 8 python {s}" for s in EXAMPLES.values())
 
