@@ -1,0 +1,123 @@
+"""docs/porting.md and its two examples: they run, pass their checks, print what the page quotes, and
+refuse bad input in one line; the names the page maps onto exist."""
+from __future__ import annotations
+
+import importlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from docs_commands import ROOT, mismatch, quotes
+
+DOC = "docs/porting.md"
+EXAMPLES = {"dtensor": "examples/port_dtensor_mlp.py", "jax": "examples/port_jax_mlp.py"}
+VERDICT = re.compile(r"^loss \d\.\d{7}; output, loss, gradients, updated weights vs numpy: PASS "
+                     r"\(max error \d\.\de-\d\d\)$")
+
+
+def _run(script: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def on_8_ranks() -> dict:
+    """Each example's run on 8 simulated ranks (one run each for every test here)."""
+    return {name: _run(script, "--ranks", "8") for name, script in EXAMPLES.items()}
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_each_example_passes_every_check_on_8_simulated_ranks(name, on_8_ranks):
+    done = on_8_ranks[name]
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "spmdsim: running on 8 simulated ranks in one process (--ranks 8), no mpiexec"
+    assert VERDICT.match(lines[-1]), lines[-1]
+    assert max(len(line) for line in lines) <= 100
+    # The same layouts, the same collectives: the forward's y sum and loss mean, the backward's dp sums.
+    assert "collectives: forward {'allreduce': 2}, backward {'allreduce': 2}" in done.stdout
+    if name == "dtensor":
+        assert "placements: x (S(0), R), w1 (R, S(1)), w2 (R, S(0)), y (S(0), P), then (S(0), R)" in lines
+        assert "rank 0 to_local(): x (4, 8), w1 (8, 4), w2 (4, 8); full_tensor() (8, 8)" in lines
+        assert lines[4].endswith(", step {}")  # the optimizer step is local
+    else:
+        assert ("specs: x P('dp', None), w1 P(None, 'tp'), w2 P('tp', None), y P('dp', None), "
+                "grad w1 P(None, 'tp')") in lines
+        assert "device 0's shard_map blocks: x (4, 8), w1 (8, 4), w2 (4, 8)" in lines
+
+
+def test_both_ports_compute_the_same_step(on_8_ranks):
+    losses = {name: done.stdout.splitlines()[-1].split(";")[0] for name, done in on_8_ranks.items()}
+    assert losses["dtensor"] == losses["jax"], losses
+
+
+def test_the_page_quotes_what_the_examples_print(on_8_ranks):
+    quoted = [q for q in quotes(DOC) if q.output]
+    assert sorted(q.command for q in quoted) == sorted(f"python {s} --ranks 8" for s in EXAMPLES.values())
+    for quote in quoted:
+        name = next(n for n, s in EXAMPLES.items() if s in quote.command)
+        why = mismatch(quote.output, on_8_ranks[name].stdout)
+        assert why is None, f"{quote.where()}: {why}\n{on_8_ranks[name].stdout}"
+        assert len(quote.output) == len(on_8_ranks[name].stdout.splitlines()), quote.where()  # all of it
+    launched = [q.command for q in quotes(DOC) if "mpiexec" in q.command]
+    assert sorted(launched) == sorted(f"timeout -k 5 120 mpiexec -n 8 python {s}" for s in EXAMPLES.values())
+
+
+@pytest.mark.parametrize("script", sorted(EXAMPLES.values()))
+@pytest.mark.parametrize("args, error", [
+    (["--ranks", "3"], "this example needs an even number of ranks (dp 2 x tp N/2), not 3"),
+    (["--ranks", "4", "--lr", "0.1"], "unexpected argument '--lr' (this example takes only --ranks N)"),
+])
+def test_bad_input_is_one_line_and_exit_2(script, args, error):
+    done = _run(script, *args)
+    assert done.returncode == 2
+    assert done.stderr == f"spmdsim: error: {error}: use --ranks 8 or mpiexec -n 8\n"
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("script", sorted(EXAMPLES.values()))
+def test_the_examples_stay_short_and_name_what_they_replace(script):
+    text = (ROOT / script).read_text()
+    assert len(text.splitlines()) < 60
+    assert ".local" in text and "spmdsim.script(__file__)" in text
+    replaced = (["distribute_tensor", "DTensor.from_local", "full_tensor", "to_local", "redistribute",
+                 "ColwiseParallel", "RowwiseParallel", "loss.backward", "torch.optim.SGD"] if "dtensor" in script else
+                ["jax.make_mesh", "NamedSharding", "jax.device_put", "with_sharding_constraint", "value_and_grad",
+                 "shard_map", "jax.tree.map"])
+    comments = " ".join(line.partition("#")[2] for line in text.splitlines())
+    assert [name for name in replaced if name not in comments] == []
+
+
+def test_every_spmdsim_name_the_page_maps_to_exists():
+    text = (ROOT / DOC).read_text()
+    for module, pattern in (("spmdsim.ops", r"\bops\.(\w+)"), ("spmdsim.optim", r"\boptim\.(\w+)"),
+                            ("spmdsim.runtime", r"spmdsim\.runtime\.(\w+)"),
+                            ("spmdsim.autograd", r"spmdsim\.autograd\.(\w+)")):
+        names = set(re.findall(pattern, text))
+        assert names, module
+        missing = sorted(n for n in names if not hasattr(importlib.import_module(module), n))
+        assert missing == [], f"{DOC} names {module}.{missing}"
+    import spmdsim.dialects as dialects
+    from spmdsim import DTensor
+
+    for name in ("placements_to_layout", "layout_to_placements", "format_placements", "partition_spec_to_layout",
+                 "layout_to_partition_spec", "format_partition_spec", "Shard", "Replicate", "Partial"):
+        assert f"`{name}" in text and hasattr(dialects, name), name
+    spmdsim_side = " ".join(line.split(" | ")[1] for line in text.splitlines() if line.startswith("| `"))
+    methods = set(re.findall(r"`(?:dt|x|y|p|loss)\.(\w+)", spmdsim_side))
+    assert {"local", "gather", "redistribute", "backward", "grad"} <= methods
+    assert sorted(m for m in methods if not hasattr(DTensor, m)) == []
+
+
+def test_the_page_maps_every_concept_a_port_needs():
+    text = (ROOT / DOC).read_text()
+    torch = ["init_device_mesh", "DeviceMesh", "Shard(0)", "Replicate()", "Partial()", "distribute_tensor",
+             "DTensor.from_local", "to_local()", "full_tensor()", "redistribute(mesh, placements)",
+             "parallelize_module", "ColwiseParallel", "RowwiseParallel", "SequenceParallel", "loss.backward()",
+             "torch.optim.SGD"]
+    jax = ["jax.make_mesh", "P(\"dp\", None)", "PartitionSpec", "NamedSharding", "jax.device_put",
+           "with_sharding_constraint", "shard_map", "jax.grad"]
+    table = [line for line in text.splitlines() if line.startswith("| `")]
+    assert [c for c in torch + jax if not any(c in row.split(" | ")[0] for row in table)] == []
+    assert text.count("no equivalent") >= 2  # said plainly where spmdsim has none
