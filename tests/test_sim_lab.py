@@ -25,7 +25,7 @@ ARGS = {"argv_files.py": ["inputs.txt"]}
 SAME_AS_MPICH = ["hello.py", "ring_objects.py", "ring_buffers.py", "sendrecv.py", "any_source.py",
                  "collectives_objects.py", "collectives_buffers.py", "reduce_ops.py", "nonblocking.py",
                  "split.py", "pi.py", "main_guard.py", "argv_files.py", "truncate_caught.py", "cart.py",
-                 "montecarlo.py", "master_worker.py", "modules/main.py"]
+                 "montecarlo.py", "master_worker.py", "modules/main.py", "test_loop_feeding.py"]
 
 
 def _per_rank_lines(out: str) -> list:
@@ -121,6 +121,11 @@ WRONG = [
     ("test_loop.py", [], 1, DEADLOCK +
      "recv from group rank 1 (tag 9) on the world: rank 0 polls it (Test), and no rank left can complete it; "
      "rank 1 finished; rank 0 has an unreceived message from rank 1 (tag 8); at test_loop.py:9"),
+    ("test_loop_blocked.py", [], 1, DEADLOCK +
+     "recv from group rank 1 (tag 9) on the world: rank 0 polls it (Test), while every other rank waits; at "
+     "test_loop_blocked.py:9 | " + " | ".join(
+         f"recv from group rank 0 (tag 5) on the world: rank {r} waits in it; rank 0 polls (Test) in vain; at "
+         "test_loop_blocked.py:12" for r in (1, 2, 3))),
     ("truncate.py", [], 1, "spmdsim mpirun: error on simulated rank 1: MPI.Exception: Message truncated: rank 0 "
                            "sends 80 bytes (tag 0) but rank 1 receives into a buffer of 40"),
     ("ring_no_modulo.py", [], 1, "spmdsim mpirun: error on simulated rank 3: MPI.Exception: Invalid rank: dest rank 4 "

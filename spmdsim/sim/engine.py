@@ -60,8 +60,8 @@ class ThreadEngine(Engine):
 
 THREADS = ThreadEngine()
 
-#: A rank that polls (Test, Iprobe) a request no rank left can complete (its peer finished) for this long
-#: polls forever: a deadlock, as if it waited.
+#: A rank that polls (Test, Iprobe) a request no rank left can complete (its peer finished), or polls while
+#: every other live rank waits and none is released, for this long polls forever: a deadlock, as if it waited.
 POLL_STALL_S = 2.0
 
 MAX_SLOTS = 32  # well inside the 64 callers numpy's OpenBLAS keeps buffers for
@@ -297,7 +297,8 @@ class World:
         self.threads: dict[int, int] = {}  # rank -> its thread's ident: its program line (spmdsim.sim.report)
         self._rank_of_thread: dict[int, int] = {}  # and back
         self.exits: dict[int, int] = {}  # rank -> the non-zero code it exited with (spmdsim mpirun)
-        self._polls: dict[int, float] = {}  # rank -> since when it polls a request nobody can complete
+        self._polls: dict[int, tuple[float, int]] = {}  # rank -> (since when it polls in vain, releases then)
+        self.releases = 0  # ranks let go from a wait so far: a poll that sees them rise is not stuck
 
     # -- run slots (all with the lock held) --------------------------------------------------
 
@@ -325,17 +326,31 @@ class World:
                 self._take_slot(rank)
 
     def _watch_poll(self, rank: int, token: Any) -> None:
+        """A poll in vain for POLL_STALL_S is a deadlock: of a request no rank left can complete (its peer
+        finished), or while every other live rank waits and none has been let go since the poll began
+        (the poller's own sends, or anything else that moves, let one go and start the clock again)."""
         never = getattr(token, "never_completes", None)  # a point-to-point request (spmdsim.sim.requests)
-        if never is None or not never(self):
+        if never is None:
             self._polls.pop(rank, None)
             return
-        since = self._polls.setdefault(rank, time.monotonic())
+        alone = rank not in self.waiting and len(self.waiting) >= self.live - 1
+        if not (alone or never(self)):
+            self._polls.pop(rank, None)
+            return
+        since, releases = self._polls.setdefault(rank, (time.monotonic(), self.releases))
+        if releases != self.releases:  # a rank was let go meanwhile: progress, start again
+            self._polls[rank] = (time.monotonic(), self.releases)
+            return
         if time.monotonic() - since < POLL_STALL_S:
             return
         if self.deadlock is None and self.failure is None:
-            self.deadlock = explain(self, (rank, token))
+            self.deadlock = explain(self, (rank, token, "" if never(self) else "while every other rank waits"))
         self._wake_all()
         self.check(rank)
+
+    def polling(self) -> tuple[int, ...]:
+        """The ranks that poll a request in vain now (world lock held), for the deadlock report."""
+        return tuple(self._polls)
 
     def _take_slot(self, rank: int) -> None:
         self._line_up(rank)
@@ -430,6 +445,7 @@ class World:
         if what is not None and (token is None or what.token is token
                                  or (type(what.token) is tuple and any(t is token for t in what.token))):
             del self.waiting[rank]
+            self.releases += 1
             self._line_up(rank)
 
     def _wake_all(self) -> None:

@@ -24,7 +24,7 @@ _SKIPPED = (_PACKAGE + os.sep, os.path.abspath(threading.__file__))
 
 def explain(world: Any, polling: Optional[tuple] = None) -> str:
     """Who waits in what, where in their program, and for each waited-on call where the others are
-    (`polling`: (rank, request) of a rank that polls a request nobody can complete)."""
+    (`polling`: (rank, request, why: '' for "no rank left can complete it") of a rank that polls in vain)."""
     from .engine import _Waiting, ranks_text
 
     by_call: dict[tuple, tuple[Any, list[int]]] = {}
@@ -32,10 +32,11 @@ def explain(world: Any, polling: Optional[tuple] = None) -> str:
         by_call.setdefault(what.key(), (what, []))[1].append(rank)
     clauses, hints, rest = [], [], []
     if polling is not None:
-        rank, token = polling
+        rank, token, why = polling
         more, _ = token.why_stuck(world)
+        why = why or "and no rank left can complete it"
         clauses.append(f"{_Waiting(token._what(), token.group, None).text()}: rank {rank} polls it (Test), "
-                       f"and no rank left can complete it{more}{program_lines(world, [rank])}")
+                       f"{why}{more}{program_lines(world, [rank])}")
     for what, ranks in by_call.values():
         if len(clauses) == MAX_CLAUSES:  # a ring of 64 blocked sends: the first few say it
             rest += ranks
@@ -88,7 +89,9 @@ def whereabouts(world: Any, rank: int) -> str:
         return f"rank {rank} failed"
     if rank in world.exits:
         return f"rank {rank} exited (sys.exit({world.exits[rank]}))"
-    return f"rank {rank} finished" if rank in world.finished else f"rank {rank} is computing"
+    if rank in world.finished:
+        return f"rank {rank} finished"
+    return f"rank {rank} polls (Test) in vain" if rank in world.polling() else f"rank {rank} is computing"
 
 
 def _program_line(frame: Any) -> str:
