@@ -10,7 +10,7 @@ import numpy as np
 
 import spmdsim
 from spmdsim import DTensor, Layout, Mesh, SeededTensor, SpmdsimError, collect_trace, install_excepthook, ops, optim
-from spmdsim.dialects import format_placements, layout_to_placements, placements_to_layout
+from spmdsim.dialects import format_placements, placements_to_layout
 
 spmdsim.script(__file__)  # with --ranks N: N simulated ranks in this process (instead of torchrun)
 comm = spmdsim.world()    # dist.init_process_group(): MPI's COMM_WORLD, or this simulated rank's
@@ -27,7 +27,7 @@ B, D, F = 8, 8, 4 * mesh.layout.device_matrix[1]  # batch, width, hidden width (
 X, T, W1, W2 = (SeededTensor(s, "float64", seed=i).full() for i, s in enumerate([(B, D), (B, D), (D, F), (F, D)]))
 x = DTensor.from_global(mesh, X, batch)  # x = distribute_tensor(X, mesh, [Shard(0), Replicate()])
 t_local = T[batch.slices(mesh.rank, T.shape)]  # each rank loaded its own rows of the targets
-t = DTensor.from_local(mesh, t_local, batch, T.shape)  # t = DTensor.from_local(t_local, mesh, [Shard(0), Replicate()])
+t = DTensor.from_local(mesh, t_local, batch)  # t = DTensor.from_local(t_local, mesh, [Shard(0), Replicate()])
 # parallelize_module(model, mesh["tp"], {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}), weights stored
 # (in, out) for x @ w: fc1's columns are Shard(1) (nn.Linear stores (out, in): ColwiseParallel shards its dim 0)
 w1 = DTensor.from_global(mesh, W1, cols).requires_grad_()
@@ -35,7 +35,7 @@ w2 = DTensor.from_global(mesh, W2, rows).requires_grad_()
 opt = optim.SGD([w1, w2], lr=0.1)  # opt = torch.optim.SGD(model.parameters(), lr=0.1)
 with collect_trace() as forward:
     y = ops.matmul(ops.relu(x @ w1), w2, reduce=False)  # y = fc2(relu(fc1(x))), before RowwiseParallel's output hook
-    partial = format_placements(layout_to_placements(y.layout))  # y.placements: (Shard(0), Partial())
+    partial = format_placements(y.placements)  # y.placements: (Shard(0), Partial())
     y = y.redistribute(batch)  # y = y.redistribute(mesh, [Shard(0), Replicate()]): one Allreduce
     loss = ops.mse_loss(y, t)  # loss = F.mse_loss(y, t)
 with collect_trace() as backward:

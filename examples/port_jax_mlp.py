@@ -10,7 +10,7 @@ import numpy as np
 import spmdsim
 from spmdsim import DTensor, Layout, Mesh, SeededTensor, SpmdsimError, collect_trace, install_excepthook, ops
 from spmdsim.autograd import no_grad
-from spmdsim.dialects import format_partition_spec, layout_to_partition_spec, partition_spec_to_layout
+from spmdsim.dialects import format_partition_spec, partition_spec_to_layout
 
 spmdsim.script(__file__)  # with --ranks N: N simulated devices in one process (XLA's forced host device count)
 comm = spmdsim.world()    # jax.distributed.initialize(): MPI's COMM_WORLD, or this simulated rank's
@@ -49,7 +49,7 @@ verdicts = [y.check(Y), loss.check(np.array(((Y - T) ** 2).mean())), w1.grad.che
             new_w1.check(W1 - 0.1 * G1), new_w2.check(W2 - 0.1 * G2)]  # each device checks its own block
 passed = all(verdicts) and np.allclose(y.gather(), Y, rtol=1e-12, atol=1e-12)  # jax.device_get(y)
 if mesh.rank == 0:  # below, x.local is the block a shard_map body gets for in_specs=P("dp", None)
-    specs = [format_partition_spec(layout_to_partition_spec(v.layout)) for v in (x, w1, w2, y, w1.grad)]
+    specs = [format_partition_spec(v.partition_spec) for v in (x, w1, w2, y, w1.grad)]
     print(f"JAX port: Mesh((2, {mesh.size // 2}), ('dp', 'tp')), y = relu(x @ w1) @ w2, mean squared error, SGD")
     print("specs: x {}, w1 {}, w2 {}, y {}, grad w1 {}".format(*specs).replace("PartitionSpec", "P"))
     print(f"device 0's shard_map blocks: x {x.local.shape}, w1 {w1.local.shape}, w2 {w2.local.shape}")

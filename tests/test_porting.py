@@ -121,3 +121,41 @@ def test_the_page_maps_every_concept_a_port_needs():
     table = [line for line in text.splitlines() if line.startswith("| `")]
     assert [c for c in torch + jax if not any(c in row.split(" | ")[0] for row in table)] == []
     assert text.count("no equivalent") >= 2  # said plainly where spmdsim has none
+
+
+def test_pytorch_and_jax_spellings_on_a_dtensor_and_a_mesh():
+    """``DTensor.from_local`` without a global shape (even shards, as PyTorch assumes), ``.placements``,
+    ``.partition_spec`` and ``Mesh.coord``, on 8 simulated ranks; bad input in one line."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim import DTensor, Layout, LayoutError, Mesh, ShapeError
+    from spmdsim.dialects import Replicate, Shard, format_placements
+
+    def body():
+        mesh = Mesh(Layout((2, 4), ("dp", "tp")))
+        L = mesh.layout
+        whole = np.arange(8 * 12, dtype=np.float64).reshape(8, 12)
+        layout = L("dp", "tp")
+        block = whole[layout.slices(mesh.rank, whole.shape)]
+        x = DTensor.from_local(mesh, block, layout)
+        summed = DTensor.from_local(mesh, np.ones((4, 12)), L("dp", None, partial=("tp",)))
+        said = []
+        for call in (lambda: DTensor.from_local(mesh, np.ones(3), layout), lambda: mesh.coord("pp"),
+                     lambda: summed.partition_spec):
+            try:
+                call()
+            except (ShapeError, LayoutError, spmdsim.DialectError) as e:
+                said.append(type(e).__name__ + ": " + str(e).splitlines()[0])
+        return (x.shape, np.array_equal(x.gather(), whole), x.placements, format_placements(summed.placements),
+                x.partition_spec, (mesh.coord("dp"), mesh.coord("tp")), summed.shape, said)
+
+    results = spmdsim.simulate(8, body)
+    shape, same, placements, partial, spec, coords, summed_shape, said = results[5]
+    assert shape == (8, 12) and same and summed_shape == (8, 12)
+    assert placements == (Shard(0), Shard(1)) and partial == "(S(0), P)" and spec == ("dp", "tp")
+    assert coords == (1, 1) and [r[5] for r in results] == [(r // 4, r % 4) for r in range(8)]
+    assert said[0] == "ShapeError: local shard of shape (3,) has 1 dim but the layout (\"dp\", \"tp\") maps 2"
+    assert said[1] == "LayoutError: axis 'pp' is not one of the mesh's ('dp', 'tp')"
+    assert said[2].startswith("DialectError: PartitionSpec cannot express partial sums over ('tp',)")
+    assert Replicate() not in placements

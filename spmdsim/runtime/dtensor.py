@@ -18,7 +18,7 @@ from ..datagen import SeededTensor
 from ..errors import DTypeError, LayoutError, OperatorError, RankError, ShapeError
 from ..layout import TensorLayout
 from ..context import current as _context
-from ..validate import as_int, dtype_arg, tolerance_arg
+from ..validate import as_int, counted, dtype_arg, tolerance_arg
 from . import debug
 from .check import Verdict, agree, default_tolerances, local_stats
 from .mesh import Mesh
@@ -70,7 +70,8 @@ class DTensor:
 
     Attributes: ``mesh``, ``local`` (this rank's shard), ``layout``,
     ``global_shape``, ``dtype``, ``partial`` and ``slices`` (this rank's region
-    of the global tensor); ``requires_grad`` and ``grad`` (docs/training.md).
+    of the global tensor); ``placements`` and ``partition_spec`` (the layout in
+    PyTorch's and JAX's words); ``requires_grad`` and ``grad`` (docs/training.md).
     """
 
     # _ag: autograd's record (None, a Leaf or a Node; spmdsim.autograd), None unless asked for.
@@ -119,14 +120,26 @@ class DTensor:
 
     # -- constructors ------------------------------------------------------------
     @classmethod
-    def from_local(cls, mesh: Mesh, local: Any, layout: TensorLayout, global_shape: Sequence[int],
+    def from_local(cls, mesh: Mesh, local: Any, layout: TensorLayout, global_shape: Sequence[int] | None = None,
                    dtype: Any = None) -> "DTensor":
-        """Wrap an existing shard; its shape (and `dtype` when given) must match."""
+        """Wrap an existing shard; its shape (and `dtype` when given) must match.
+
+        `global_shape` None: each dim's block times the number of its shards (even shards, as PyTorch's
+        ``DTensor.from_local`` assumes without ``shape=``).
+        """
         local = np.asarray(local)
         if dtype is not None:
             dtype = dtype_arg(dtype)
             if local.dtype != dtype:
                 raise DTypeError(f"local shard dtype {local.dtype.name!r} does not match {dtype.name!r}")
+        if global_shape is None:
+            if not isinstance(layout, TensorLayout):
+                raise LayoutError(f"layout {layout!r} must be a TensorLayout")
+            if local.ndim != layout.ndim:
+                raise ShapeError(f"local shard of shape {local.shape!r} has {counted(local.ndim, 'dim')} but the "
+                                 f"layout {layout} maps {layout.ndim}")
+            global_shape = tuple(n * layout.layout.group_size(entry) for n, entry in zip(local.shape,
+                                                                                        layout.tensor_map))
         return cls(mesh, local, layout, global_shape)
 
     @classmethod
@@ -172,6 +185,20 @@ class DTensor:
     @property
     def slices(self) -> tuple[slice, ...]:
         return self._layout.slices(self._mesh.rank, self._shape)
+
+    @property
+    def placements(self) -> tuple:
+        """The layout as PyTorch DTensor placements, one per mesh axis (``(Shard(0), Replicate())``)."""
+        from ..dialects.dtensor import layout_to_placements
+
+        return layout_to_placements(self._layout)
+
+    @property
+    def partition_spec(self) -> tuple:
+        """The layout as a JAX PartitionSpec tuple, one entry per dim (``("dp", None)``); none for a pending sum."""
+        from ..dialects.partition_spec import layout_to_partition_spec
+
+        return layout_to_partition_spec(self._layout)
 
     def __repr__(self) -> str:
         return (f"DTensor(shape={self._shape!r}, layout={self._layout}, dtype={self.dtype.name}, "

@@ -75,7 +75,7 @@ class Mesh:
 
     Every rank checks ``prod(device_matrix) == comm.size`` before any collective
     (the same RuntimeMismatchError otherwise). Attributes: ``layout``, ``comm``,
-    ``rank``, ``size``, ``coords``, ``wait_mode`` ("busy" or "polite"; ``polite``),
+    ``rank``, ``size``, ``coords`` (``coord("tp")``: one axis's), ``wait_mode`` ("busy" or "polite"; ``polite``),
     ``algorithms`` (``{"allreduce": "ring", ...}``: run step by step over
     point-to-point messages, docs/algorithms.md; None: MPI's own collectives).
     Use as a context manager, or call ``close()``, to free the sub-communicators.
@@ -159,6 +159,13 @@ class Mesh:
 
     def __repr__(self) -> str:
         return f"Mesh({self.layout!r}, rank={self.rank}, size={self.size}, wait={self.wait_mode!r})"
+
+    def coord(self, axis: str) -> int:
+        """This rank's index along mesh axis `axis` (JAX's ``lax.axis_index``, DTensor's ``get_local_rank``)."""
+        names = self.layout.alias_name
+        if axis not in names:
+            raise LayoutError(f"axis {axis!r} is not one of the mesh's {tuple(names)!r}")
+        return self.coords[names.index(axis)]
 
     def group(self, axes: str | Iterable[str]) -> Any:
         """The sub-communicator over `axes` that holds this rank (mixed-radix order, first major)."""
