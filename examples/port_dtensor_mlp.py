@@ -21,7 +21,7 @@ if problem:  # the same on every rank: one line, exit 2
     raise SpmdsimError(f"{problem}: use --ranks 8 or mpiexec -n 8")
 mesh = Mesh(Layout((2, comm.size // 2), ("dp", "tp")), comm)  # init_device_mesh("cpu", (2, n // 2), ("dp", "tp"))
 # [Shard(0), Replicate()], [Replicate(), Shard(1)], [Replicate(), Shard(0)] on this mesh, as spmdsim layouts
-batch, cols, rows = (placements_to_layout(p, mesh.layout.device_matrix, 2, mesh.layout.alias_name)
+batch, cols, rows = (placements_to_layout(p, mesh, 2)
                      for p in ("S(0), R", "R, S(1)", "R, S(0)"))
 B, D, F = 8, 8, 4 * mesh.layout.device_matrix[1]  # batch, width, hidden width (4 hidden units per tp rank)
 X, T, W1, W2 = (SeededTensor(s, "float64", seed=i).full() for i, s in enumerate([(B, D), (B, D), (D, F), (F, D)]))

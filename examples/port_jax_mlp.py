@@ -21,7 +21,7 @@ if problem:  # the same on every rank: one line, exit 2
     raise SpmdsimError(f"{problem}: use --ranks 8 or mpiexec -n 8")
 mesh = Mesh(Layout((2, comm.size // 2), ("dp", "tp")), comm)  # mesh = jax.make_mesh((2, n // 2), ("dp", "tp"))
 # NamedSharding(mesh, P("dp", None)), P(None, "tp"), P("tp", None): a mesh and a spec make one spmdsim TensorLayout
-batch, cols, rows = (partition_spec_to_layout(spec, mesh.layout.device_matrix, 2, mesh.layout.alias_name)
+batch, cols, rows = (partition_spec_to_layout(spec, mesh, 2)
                      for spec in (("dp", None), (None, "tp"), ("tp", None)))
 B, D, F = 8, 8, 4 * mesh.layout.device_matrix[1]  # batch, width, hidden width (4 hidden units per tp device)
 X, T, W1, W2 = (SeededTensor(s, "float64", seed=i).full() for i, s in enumerate([(B, D), (B, D), (D, F), (F, D)]))

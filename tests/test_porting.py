@@ -139,10 +139,15 @@ def test_pytorch_and_jax_spellings_on_a_dtensor_and_a_mesh():
         layout = L("dp", "tp")
         block = whole[layout.slices(mesh.rank, whole.shape)]
         x = DTensor.from_local(mesh, block, layout)
+        from spmdsim.dialects import partition_spec_to_layout, placements_to_layout
+
+        same = [placements_to_layout("S(0), S(1)", mesh, 2), placements_to_layout("S(0), S(1)", mesh.layout, 2),
+                partition_spec_to_layout(("dp", "tp"), mesh)]
+        assert all(t == layout and t.layout is mesh.layout for t in same)  # the mesh's own Layout, named axes
         summed = DTensor.from_local(mesh, np.ones((4, 12)), L("dp", None, partial=("tp",)))
         said = []
         for call in (lambda: DTensor.from_local(mesh, np.ones(3), layout), lambda: mesh.coord("pp"),
-                     lambda: summed.partition_spec):
+                     lambda: summed.partition_spec, lambda: placements_to_layout("R, R", mesh, 2, ("a", "b"))):
             try:
                 call()
             except (ShapeError, LayoutError, spmdsim.DialectError) as e:
@@ -158,4 +163,6 @@ def test_pytorch_and_jax_spellings_on_a_dtensor_and_a_mesh():
     assert said[0] == "ShapeError: local shard of shape (3,) has 1 dim but the layout (\"dp\", \"tp\") maps 2"
     assert said[1] == "LayoutError: axis 'pp' is not one of the mesh's ('dp', 'tp')"
     assert said[2].startswith("DialectError: PartitionSpec cannot express partial sums over ('tp',)")
+    assert said[3] == ("DialectError: mesh_axis_names ('a', 'b'): a Layout or Mesh names its own axes ('dp', 'tp'); "
+                       "leave them out")
     assert Replicate() not in placements

@@ -5,7 +5,7 @@ from collections.abc import Mapping, Set as AbstractSet
 from typing import Optional, Sequence
 
 from ..errors import DialectError
-from ..layout import TensorLayout, default_axis_names
+from ..layout import Layout, TensorLayout, default_axis_names
 from ..validate import as_int  # shared with layouts, data and plans; re-exported for the dialects
 
 
@@ -160,3 +160,16 @@ def check_major_order(tl: TensorLayout, dialect: str, fix_hint: str) -> None:
                 f"but {dialect} always makes the lower mesh axis major; only {ordered!r} "
                 f"is expressible ({fix_hint})"
             )
+
+
+def mesh_of(mesh: object, names: Optional[Sequence[str]]) -> tuple[tuple[int, ...], tuple[str, ...], Optional[Layout]]:
+    """(mesh shape, axis names, the Layout itself or None) of a mesh given as its shape (with `names`), a
+    spmdsim Layout or a Mesh (its ``layout``): the latter two name their axes, and `names` must be None."""
+    layout = mesh if isinstance(mesh, Layout) else getattr(mesh, "layout", None)
+    if isinstance(layout, Layout):
+        if names is not None:
+            raise DialectError(f"mesh_axis_names {names!r}: a Layout or Mesh names its own axes "
+                               f"{tuple(layout.alias_name)!r}; leave them out")
+        return tuple(layout.device_matrix), tuple(layout.alias_name), layout
+    shape = positive_ints(mesh, "mesh shape")
+    return shape, axis_names(names, len(shape)), None

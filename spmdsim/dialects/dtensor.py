@@ -15,8 +15,7 @@ from typing import Optional, Sequence, Union
 from ..errors import DialectError
 from ..layout import Layout, TensorLayout
 from ..validate import counted
-from ._common import (as_int, axis_names, check_major_order, entry_tokens, positive_ints,
-                      renamed_keyword)
+from ._common import as_int, check_major_order, entry_tokens, mesh_of, renamed_keyword
 
 __all__ = [
     "Shard", "Replicate", "Partial", "Placement", "parse_placements", "format_placements",
@@ -112,12 +111,13 @@ def placements_to_layout(
 
     Only ``Partial("sum")`` is supported: spmdsim's partial axes hold pending sums.
     Mesh dims are named ``"axis_0", "axis_1", ...`` unless `mesh_axis_names` is given
-    (``mesh_dim_names=`` is its deprecated name).
+    (``mesh_dim_names=`` is its deprecated name). `mesh_shape` may also be a spmdsim
+    Layout or Mesh, whose axes have names: ``placements_to_layout("S(0), R", mesh, 2)``.
     """
     mesh_axis_names = renamed_keyword(deprecated, "mesh_dim_names", "mesh_axis_names",
                                       mesh_axis_names, "placements_to_layout")
     parsed = parse_placements(placements)
-    shape = positive_ints(mesh_shape, "mesh shape")
+    shape, names, base = mesh_of(mesh_shape, mesh_axis_names)
     if len(parsed) != len(shape):
         raise DialectError(
             f"placements {format_placements(parsed)} have {counted(len(parsed), 'entry')} but mesh "
@@ -126,7 +126,6 @@ def placements_to_layout(
     dims = as_int(ndim)
     if dims is None or dims < 0:
         raise DialectError(f"ndim {ndim!r} must be a non-negative integer")
-    names = axis_names(mesh_axis_names, len(shape))
     entries: list[list[str]] = [[] for _ in range(dims)]
     partial = []
     for mesh_dim, (name, item) in enumerate(zip(names, parsed)):
@@ -146,7 +145,7 @@ def placements_to_layout(
                     "supported; spmdsim partial layouts hold pending sums (reduce_op='sum')"
                 )
             partial.append(name)
-    return Layout(shape, names)(*(tuple(e) for e in entries), partial=partial)
+    return (base or Layout(shape, names))(*(tuple(e) for e in entries), partial=partial)
 
 
 def layout_to_placements(tl: TensorLayout) -> tuple[Placement, ...]:

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 from ..errors import DialectError
 from ..layout import Layout, TensorLayout
 from ..validate import counted
-from ._common import as_int, as_items, axis_names, positive_ints, require_layout
+from ._common import as_int, as_items, mesh_of, require_layout
 
 __all__ = ["partition_spec_to_layout", "layout_to_partition_spec", "format_partition_spec"]
 
@@ -53,9 +53,11 @@ def partition_spec_to_layout(
     """TensorLayout of a tensor sharded by `spec` over a mesh of `mesh_shape`.
 
     Mesh axes are named ``"axis_0", "axis_1", ...`` unless `mesh_axis_names` is
-    given. With `ndim`, a shorter spec is padded with None (JAX's trailing-dims
-    rule). The old order ``(spec, mesh_axis_names, mesh_shape, ndim)`` still
-    works, with a DeprecationWarning.
+    given, or `mesh_shape` is a spmdsim Layout or Mesh (named axes:
+    ``partition_spec_to_layout(("dp", None), mesh)``). With `ndim`, a shorter
+    spec is padded with None (JAX's trailing-dims rule). The old order
+    ``(spec, mesh_axis_names, mesh_shape, ndim)`` still works, with a
+    DeprecationWarning.
     """
     if as_items(mesh_shape) and all(isinstance(n, str) for n in as_items(mesh_shape)):
         from .._deprecated import deprecated
@@ -69,8 +71,7 @@ def partition_spec_to_layout(
             f"partition spec {spec!r} must be a tuple with one entry per tensor dim "
             f"({_ENTRY}), e.g. ('dp', None)"
         )
-    shape = positive_ints(mesh_shape, "mesh shape")
-    names = axis_names(mesh_axis_names, len(shape))
+    shape, names, base = mesh_of(mesh_shape, mesh_axis_names)
     if ndim is not None:
         dims = as_int(ndim)
         if dims is None or dims < 0:
@@ -83,7 +84,7 @@ def partition_spec_to_layout(
         entries = entries + [None] * (dims - len(entries))
     seen: set = set()
     tensor_map = tuple(_entry(item, spec, names, seen) for item in entries)
-    return Layout(shape, names)(*tensor_map)
+    return (base or Layout(shape, names))(*tensor_map)
 
 
 def layout_to_partition_spec(tl: TensorLayout) -> tuple:
