@@ -282,3 +282,20 @@ def test_bench_gpt_times_every_row_in_one_run():
     check = [line for line in lines if line.startswith("DTensor step 0 loss ")]
     assert len(check) == 1, done.stdout
     assert float(check[0].rsplit("|diff| ", 1)[1]) <= 1e-10, check[0]
+
+
+def test_calls_gpt_counts_both_steps_calls():
+    """scripts/calls_gpt.py on a 1-layer GPT: the three kinds of call and their total, for spmdsim and by hand,
+    each a count above zero, the total their sum."""
+    done = subprocess.run([sys.executable, str(_SCRIPTS / "calls_gpt.py"), "--layers", "1", "--d-model", "32",
+                           "--seq", "16"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 100
+    rows = {line[:24].strip(): line[24:].split() for line in lines[3:]}
+    assert list(rows) == ["Python functions", "numpy API calls", "other builtins", "all"], done.stdout
+    counts = {name: (int(a.replace(",", "")), int(b.replace(",", ""))) for name, (a, b, _) in rows.items()}
+    assert all(a > 0 and b > 0 for a, b in counts.values())
+    for side in (0, 1):
+        assert counts["all"][side] == sum(counts[k][side] for k in ("Python functions", "numpy API calls",
+                                                                    "other builtins"))
