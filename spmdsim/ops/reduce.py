@@ -29,15 +29,7 @@ def reduce(kind: str, x: Any, dims: Any = None, keepdims: bool = False) -> Any:
     """Reduce `x` by `kind` ("sum", "mean", "max", "min") over `dims` (None: all dims), like numpy."""
     from ..runtime.executor import execute, redistribute
 
-    try:
-        layout = x.layout
-    except AttributeError:
-        raise_if_not_dtensors(kind, ("x",), x)
-        raise
-    if not isinstance(keepdims, bool):
-        from ..errors import OperatorError
-
-        raise OperatorError(f"{kind}: keepdims {keepdims!r} must be True or False")
+    layout = _checked(kind, x, keepdims)
     axes = reduce_dims(dims, layout.ndim, kind)
     plan = infer_reduce(kind, layout, axes, keepdims)
     if layout != plan.target:
@@ -55,6 +47,20 @@ def reduce(kind: str, x: Any, dims: Any = None, keepdims: bool = False) -> Any:
     if x._ag is None:
         return out
     return _record(kind, out, x, plan, axes, keepdims, count)
+
+
+def _checked(kind: str, x: Any, keepdims: Any) -> Any:
+    """x's layout, once x is a DTensor and `keepdims` a bool (else the one-line error every rank raises)."""
+    try:
+        layout = x.layout
+    except AttributeError:
+        raise_if_not_dtensors(kind, ("x",), x)
+        raise
+    if not isinstance(keepdims, bool):
+        from ..errors import OperatorError
+
+        raise OperatorError(f"{kind}: keepdims {keepdims!r} must be True or False")
+    return layout
 
 
 def _record(kind: str, out: Any, x: Any, plan: Any, axes: tuple, keepdims: bool, count: int) -> Any:
@@ -148,27 +154,19 @@ def argmin(x: Any, dim: Any = None, keepdims: bool = False) -> Any:
 
 
 def arg_reduce(kind: str, x: Any, dim: Any, keepdims: bool) -> Any:
+    """`argmax` or `argmin` (`kind`) of x along `dim` (None: the flattened tensor); DTensor's methods call it."""
     from ..autograd.rules import axes_of
     from ..errors import OperatorError
     from ..runtime.executor import pending, redistribute, resolve
 
-    try:
-        layout = x.layout
-    except AttributeError:
-        raise_if_not_dtensors(kind, ("x",), x)
-        raise
-    if not isinstance(keepdims, bool):
-        raise OperatorError(f"{kind}: keepdims {keepdims!r} must be True or False")
+    layout = _checked(kind, x, keepdims)
     if x.local.dtype.kind == "b":
         raise OperatorError(f"{kind}: x is bool; convert it first, e.g. x.astype('int64')")
     if dim is not None and (isinstance(dim, bool) or not isinstance(dim, (int, np.integer))):
         raise OperatorError(f"{kind}: dim {dim!r} must be an integer or None (the flattened tensor)")
     dims = reduce_dims(dim, layout.ndim, kind)
-    if dim is None and keepdims:
-        keepdims = False  # numpy's argmax(keepdims=True) without an axis keeps every dim as 1
-        flat_keep = True
-    else:
-        flat_keep = False
+    # numpy's argmax(keepdims=True) without an axis keeps every dim as 1: the 0-d answer, reshaped at the end.
+    flat_keep, keepdims = dim is None and keepdims, keepdims and dim is not None
     if any(x.global_shape[d] == 0 for d in dims) or (dim is None and not math.prod(x.global_shape)):
         raise OperatorError(f"{kind} of an empty tensor (shape {tuple(x.global_shape)!r}) has no answer")
     plan = infer_reduce("max", layout, dims, keepdims)  # the splits of max: the input resolved, dims gone
