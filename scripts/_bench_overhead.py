@@ -85,7 +85,11 @@ def overhead_records(comm: Any, wait: str, loops: int, profile: bool) -> list[di
     from spmdsim.plan import planner as _planner
     from spmdsim.plan.steps import step_label
     step = plan.steps[0]
+    keep = SeededTensor((8, 64, 128), "float64", seed=7, low=0.0, high=1.0)  # a GPT residual's mask
+    rows = (slice(0, 4), slice(16, 32), slice(0, 128))  # one rank's block of it (dp 2 x tp 4, sequence split)
     local += [
+        ("dropout keep mask, a (4, 16, 128) block", lambda: keep.at_least(rows, 0.1),
+         lambda: np.random.default_rng(7).random((4, 16, 128)) >= 0.1),
         ("function-level 'from ..runtime import DTensor'", lazy_import, None),
         ("plan_matmul (cached on layouts and shapes)", lambda: plan_matmul(X, W), None),
         ("make_dtensor (result wrapping)", lambda: make_dtensor(mesh, part, dst, (4, 4)), None),
