@@ -44,7 +44,7 @@ def tagger(x, wq, wk, wv, wc):  # each rank its heads' q, k, v; the classifier's
 logits, loss = tagger(*params)
 loss.backward()
 norm = clip_grad_norm_(params, 0.05)  # the norm before clipping
-right = ops.equal(logits.argmax(-1), DTensor.from_global(mesh, tags, L(None, None))).gather()
+right = (logits.argmax(-1) == DTensor.from_global(mesh, tags, L(None, None))).gather()
 
 
 def numpy_tagger(x, wq, wk, wv, wc):

@@ -92,6 +92,38 @@ def test_argmax_and_argmin_match_numpy_on_any_layout(seed, ranks):
     assert results[0] == [], (case, values, results[0])
 
 
+def test_equality_operators_compare_values_and_hashing_stays_identity():
+    """``==`` and ``!=`` give bool DTensors as numpy's (operands on different layouts, a number), a DTensor is
+    still a dict key by identity, and a one-element DTensor has a truth value (more: ambiguous)."""
+    a = np.array([[0, 1, 2, 3], [4, 0, 6, 7]], dtype=np.float64)
+    b = np.array([[0, 1, 0, 3], [4, 5, 6, 0]], dtype=np.float64)
+
+    def body():
+        from spmdsim import DTensor, Mesh
+
+        mesh = Mesh(Layout((2, 2), ("m0", "m1")))
+        x = DTensor.from_global(mesh, a, mesh.layout("m0", "m1"))
+        y = DTensor.from_global(mesh, b, mesh.layout(None, ("m1", "m0")))
+        same, differ, zero = (x == y).gather(), (x != y).gather(), (x == 0.0).gather()
+        table = {x: "x", y: "y"}
+        found = [t for t in (y, x) if t is x]
+        truth = [bool(ops.max(x) == 7.0), bool(ops.sum(x != y) == 3)]
+        try:  # `in` compares values past the identical one, as over PyTorch's tensors: ambiguous, one line
+            x in [y, x]
+        except OperatorError as e:
+            ambiguous = str(e)
+        return same, differ, zero, table[x], x in [x, y], len(found), truth, ambiguous
+
+    same, differ, zero, key, member, found, truth, ambiguous = spmdsim.simulate(4, body)[0]
+    np.testing.assert_array_equal(same, a == b)
+    np.testing.assert_array_equal(differ, a != b)
+    np.testing.assert_array_equal(zero, a == 0)
+    assert (key, member, found) == ("x", True, 1)
+    assert truth == [True, True]
+    assert ambiguous == ("the truth value of a DTensor of global shape (2, 4) is ambiguous; reduce it to one "
+                         "element first (ops.max, ops.min, ops.sum) or compare gather()")
+
+
 def test_argmax_refusals_are_one_line():
     def body():
         from spmdsim import DTensor, Mesh

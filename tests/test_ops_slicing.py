@@ -86,8 +86,9 @@ def _refusals():
          "broadcast_to: shape (3, 8) cannot broadcast to (2, 4, 8) (each dim must match, be 1, or be a new"),
         (lambda: ops.broadcast_to(w, (3, -8)), OperatorError,
          "broadcast_to: shape (3, -8) must hold non-negative integers"),
-        (lambda: ops.where(x == 0.0, x, x), OperatorError, "where: condition must be a bool DTensor, got bool False; "
-         "DTensor's == compares identity: ops.equal(a, b) compares values"),
+        (lambda: ops.where(False, x, x), OperatorError, "where: condition must be a bool DTensor, got bool False; "
+         "a Python bool is not a mask: compare DTensors (a == b, a < b)"),
+        (lambda: bool(x == 0.0), OperatorError, "the truth value of a DTensor of global shape (4, 8) is ambiguous"),
         (lambda: ops.clip(x), OperatorError, "clip: low None and high None: give at least one bound"),
         (lambda: ops.clip(x, "a"), OperatorError, "clip: low 'a' must be a real number, a DTensor or None"),
         (lambda: ops.split(x, 2, "linear", 1), DialectError,

@@ -301,7 +301,7 @@ def minimum(a: Any, b: Any) -> Any:
 def where(condition: Any, a: Any, b: Any) -> Any:
     """a where `condition` (a bool DTensor) is true, else b, with broadcasting; the condition gets no gradient."""
     if getattr(getattr(condition, "local", None), "dtype", None) != np.dtype(bool):
-        hint = "; DTensor's == compares identity: ops.equal(a, b) compares values" if type(condition) is bool else ""
+        hint = "; a Python bool is not a mask: compare DTensors (a == b, a < b)" if type(condition) is bool else ""
         raise OperatorError(f"where: condition must be a bool DTensor, got {describe(condition)}{hint}")
     return pointwise("where", condition, a, b)
 
@@ -398,7 +398,7 @@ def clip(x: Any, low: Any = None, high: Any = None) -> Any:
 
 
 def equal(a: Any, b: Any) -> Any:
-    """a == b elementwise as a bool DTensor (no gradient); ``==`` on DTensors compares identity, as for objects."""
+    """a == b elementwise as a bool DTensor (no gradient); DTensor's ``==`` calls it, as PyTorch's and numpy's."""
     return pointwise("eq", a, b)
 
 

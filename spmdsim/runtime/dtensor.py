@@ -6,6 +6,7 @@ over the partial axes holds the value and the others hold zeros (B -> P).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from functools import lru_cache
 from operator import attrgetter
@@ -275,7 +276,26 @@ class DTensor:
     def __matmul__(self, other: Any) -> "DTensor":
         return _OPERATORS.matmul(self, other)
 
-    # comparisons give bool DTensors (no gradient), e.g. a padding mask; == stays identity (DTensors are hashed)
+    # Comparisons give bool DTensors (no gradient), e.g. a padding mask; == and != too, as PyTorch's and numpy's
+    # (`pred == labels`). Hashing stays by identity: a DTensor is still a dict key or a set member.
+    def __eq__(self, other: Any) -> "DTensor":  # type: ignore[override]
+        return _OPERATORS.pointwise("eq", self, other)
+
+    def __ne__(self, other: Any) -> "DTensor":  # type: ignore[override]
+        return _OPERATORS.pointwise("ne", self, other)
+
+    __hash__ = object.__hash__
+
+    def __bool__(self) -> bool:
+        """The truth of a one-element tensor (``if (x == y):``, a loop's test); ambiguous for more, as numpy's."""
+        if math.prod(self._shape) != 1:
+            raise OperatorError(f"the truth value of a DTensor of global shape {self._shape!r} is ambiguous; "
+                                "reduce it to one element first (ops.max, ops.min, ops.sum) or compare gather()")
+        if self._layout.partial:
+            raise OperatorError(f"the truth value of a pending sum over {self._layout.partial!r}: add it up first "
+                                "on every rank (a collective): ops.resolved(x)")
+        return bool(self._local.reshape(()))
+
     def __lt__(self, other: Any) -> "DTensor":
         return _OPERATORS.pointwise("lt", self, other)
 
