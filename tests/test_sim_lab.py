@@ -25,7 +25,8 @@ ARGS = {"argv_files.py": ["inputs.txt"]}
 SAME_AS_MPICH = ["hello.py", "ring_objects.py", "ring_buffers.py", "sendrecv.py", "any_source.py",
                  "collectives_objects.py", "collectives_buffers.py", "reduce_ops.py", "nonblocking.py",
                  "split.py", "pi.py", "main_guard.py", "argv_files.py", "truncate_caught.py", "cart.py",
-                 "montecarlo.py", "master_worker.py", "modules/main.py", "test_loop_feeding.py"]
+                 "montecarlo.py", "master_worker.py", "modules/main.py", "test_loop_feeding.py",
+                 "test_loop_late.py"]
 
 
 def _per_rank_lines(out: str) -> list:
@@ -126,6 +127,18 @@ WRONG = [
      "test_loop_blocked.py:9 | " + " | ".join(
          f"recv from group rank 0 (tag 5) on the world: rank {r} waits in it; rank 0 polls (Test) in vain; at "
          "test_loop_blocked.py:12" for r in (1, 2, 3))),
+    ("test_loop_two.py", [], 1, DEADLOCK +
+     "recv from group rank 1 (tag 9) on the world: rank 0 polls it (Test), while every other rank waits; at "
+     "test_loop_two.py:8 | recv from group rank 0 (tag 5) on the world: rank 1 waits in it; rank 0 polls (Test) "
+     "in vain; at test_loop_two.py:11"),
+    ("iprobe_loop_blocked.py", [], 1, DEADLOCK +
+     "probe from group rank 1 (tag 9) on the world: rank 0 polls it (Iprobe), while every other rank waits; at "
+     "iprobe_loop_blocked.py:6 | recv from group rank 0 (tag 5) on the world: rank 1 waits in it; rank 0 polls "
+     "(Iprobe) in vain; at iprobe_loop_blocked.py:9"),
+    ("testany_loop_blocked.py", [], 1, DEADLOCK +
+     "recv from group rank 1 (tag 9) on the world: rank 0 polls it (Testany), while every other rank waits; at "
+     "testany_loop_blocked.py:9 | recv from group rank 0 (tag 5) on the world: rank 1 waits in it; rank 0 polls "
+     "(Testany) in vain; at testany_loop_blocked.py:12"),
     ("truncate.py", [], 1, "spmdsim mpirun: error on simulated rank 1: MPI.Exception: Message truncated: rank 0 "
                            "sends 80 bytes (tag 0) but rank 1 receives into a buffer of 40"),
     ("ring_no_modulo.py", [], 1, "spmdsim mpirun: error on simulated rank 3: MPI.Exception: Invalid rank: dest rank 4 "
@@ -228,7 +241,7 @@ def test_cartesian_grids_as_mpich_makes_them(tmp_path, capsys):
 def test_an_iprobe_loop_for_a_finished_rank_ends(capsys):
     code, out, err = _mpirun(capsys, "-c", "from mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
                                            "if comm.rank == 0:\n    while not comm.Iprobe(source=3):\n        pass")
-    assert code == 1 and err == (DEADLOCK + "probe from group rank 3 (any tag) on the world: rank 0 polls it (Test), "
+    assert code == 1 and err == (DEADLOCK + "probe from group rank 3 (any tag) on the world: rank 0 polls it (Iprobe), "
                                             "and no rank left can complete it; rank 3 finished; at <string>:4\n")
 
 
