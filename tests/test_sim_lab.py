@@ -325,3 +325,27 @@ def test_a_rank_waiting_on_another_ranks_communicator_is_named():
     with pytest.raises(SimulationError, match=r"simulated rank [123] waits in barrier on the world \(call \d\) as "
                                               r"rank 0, on rank 0's communicator: each rank must use its own"):
         simulate(4, body)
+
+
+@pytest.mark.parametrize("call, first", [
+    ("comm.Sendd(1, dest=1)", "AttributeError: 'Intracomm' object has no attribute 'Sendd'"),
+    ("comm.Send()", "TypeError: Intracomm.Send() missing 2 required positional arguments: 'buf' and 'dest'"),
+    ("comm.Rsend()", "TypeError: Intracomm.Send() missing 2 required positional arguments: 'buf' and 'dest'"),
+    ("comm.bcast(1, 0, 3)", "TypeError: Intracomm.bcast() takes from 1 to 3 positional arguments but 4 were given"),
+    ("comm.Get_group().Foo()", "AttributeError: 'Group' object has no attribute 'Foo'"),
+    ("MPI.Request.Testall()", "TypeError: Request.Testall() missing 1 required positional argument: 'requests'"),
+    ("comm.Create_cart([1, 1]).Shift()",
+     "TypeError: Cartcomm.Shift() missing 2 required positional arguments: 'direction' and 'disp'"),
+    ("print(comm, comm.Get_group(), comm.Create_cart([1]))", None),
+])
+def test_errors_and_reprs_name_mpi4pys_classes(call, first, capsys):
+    # As mpi4py's do ('mpi4py.MPI.Intracomm' object has no attribute ...), never SimComm or PointToPoint.Send.
+    code = main(["mpirun", "-n", "1", "python", "-c", f"import numpy as np\nfrom mpi4py import MPI\n"
+                                                       f"comm = MPI.COMM_WORLD\n{call}\n"])
+    out, err = capsys.readouterr()
+    if first is None:
+        assert (code, err, out) == (0, "", "<simulated Intracomm rank 0 of 1 (the world)> <simulated Group (0,)> "
+                                           "<simulated Cartcomm rank 0 of 1, dims [1]>\n")
+        return
+    assert code == 1 and err.startswith(f"spmdsim mpirun: error on simulated rank 0: {first}\n"), err
+    assert "Sim" not in err and "PointToPoint" not in err

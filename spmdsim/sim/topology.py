@@ -13,6 +13,7 @@ from typing import Any, Optional, Sequence
 
 from ._buffers import mpi_module, special
 from .comm import SimComm, comm_null
+from .group import speak_mpi4py
 
 __all__ = ["SimCartComm", "create_cart"]
 
@@ -127,4 +128,7 @@ class SimCartComm(SimComm):
     Clone = Dup
 
     def __repr__(self) -> str:
-        return f"<SimCartComm rank {self.rank} of {self.size}, dims {list(self._dims)}>"
+        return f"<simulated Cartcomm rank {self.rank} of {self.size}, dims {list(self._dims)}>"
+
+
+speak_mpi4py(SimCartComm, "Cartcomm")
