@@ -141,6 +141,12 @@ WRONG = [
      "(Testany) in vain; at testany_loop_blocked.py:12"),
     ("truncate.py", [], 1, "spmdsim mpirun: error on simulated rank 1: MPI.Exception: Message truncated: rank 0 "
                            "sends 80 bytes (tag 0) but rank 1 receives into a buffer of 40"),
+    ("bcast_count.py", [], 1, "spmdsim mpirun: error on simulated rank 1: MPI.Exception: Message truncated: Bcast: "
+                              "rank 0 (the root) broadcasts 4 float64 (32 bytes) but rank 1 receives into a buffer "
+                              "of 3 (24 bytes)"),
+    ("bcast_count_more.py", [], 1, "spmdsim mpirun: error on simulated rank 1: MPI.Exception: Other MPI error: "
+                                   "Bcast: rank 0 (the root) broadcasts 4 float64 (32 bytes) but rank 1 expects 5 "
+                                   "(40 bytes)"),
     ("ring_no_modulo.py", [], 1, "spmdsim mpirun: error on simulated rank 3: MPI.Exception: Invalid rank: dest rank 4 "
                                  "is outside the communicator of 4 ranks (0 to 3, or MPI.PROC_NULL)"),
     ("send_a_string.py", [], 1, "spmdsim mpirun: error on simulated rank 0: TypeError: send buffer: 'str' is not a "
