@@ -26,7 +26,7 @@ SAME_AS_MPICH = ["hello.py", "ring_objects.py", "ring_buffers.py", "sendrecv.py"
                  "collectives_objects.py", "collectives_buffers.py", "reduce_ops.py", "nonblocking.py",
                  "split.py", "pi.py", "main_guard.py", "argv_files.py", "truncate_caught.py", "cart.py",
                  "montecarlo.py", "master_worker.py", "modules/main.py", "test_loop_feeding.py",
-                 "test_loop_late.py"]
+                 "test_loop_late.py", "neighbors.py"]
 
 
 def _per_rank_lines(out: str) -> list:
@@ -359,3 +359,17 @@ def test_errors_and_reprs_name_mpi4pys_classes(call, first, capsys):
         return
     assert code == 1 and err.startswith(f"spmdsim mpirun: error on simulated rank 0: {first}\n"), err
     assert "Sim" not in err and "PointToPoint" not in err
+
+
+def test_neighbour_collectives_by_hand(capsys):
+    # Rank 0 of a 2 x 2 grid periodic in dimension 0: neighbours rank 2 (back and forward: a dimension of 2),
+    # MPI.PROC_NULL (back, dimension 1: its receive block stays -1), rank 1. The block from the one back
+    # is what it sent forward. (test_right_programs_print_what_mpiexec_prints runs it under MPICH too.)
+    code, out, err = _mpirun(capsys, str(LAB / "neighbors.py"))
+    assert (code, err) == (0, "")
+    mine = sorted(line for line in out.splitlines() if line.startswith("[2, 2] [True, False] rank 0:"))
+    assert mine == ["[2, 2] [True, False] rank 0: allgather [2.0, 2.0, -1.0, 1.0]",
+                    "[2, 2] [True, False] rank 0: allgatherv [2, 20, 2, 20, -1, -1, 1, 10]",
+                    "[2, 2] [True, False] rank 0: alltoall [201.0, 200.0, -1.0, 102.0]",
+                    "[2, 2] [True, False] rank 0: alltoallv [201, -1, 200, -1, -1, -1, -1, 102, 103]"]
+    assert "0 objects [2, 2, None, 1] ['2>1', '2>0', None, '1>2']" in out.splitlines()
