@@ -1,4 +1,4 @@
-# Neighbour collectives on 2-D grids (periodic or not, dims of 1 and 2 ranks included). MPI: each rank prints what it got.
+# Neighbour collectives on 2-D grids (periodic or not, dims of 1 and 2 ranks). MPI: each rank prints what it got.
 import numpy as np
 from mpi4py import MPI
 
@@ -23,7 +23,8 @@ for dims, periods in (([2, 2], [True, False]), ([4, 1], [False, True]), ([1, 4],
     print(tag, "alltoallv", got.tolist())
     cart.Free()
 cart = comm.Create_cart([2, 2], periods=[True, False])
-print(cart.rank, "objects", cart.neighbor_allgather(cart.rank), cart.neighbor_alltoall([f"{cart.rank}>{i}" for i in range(4)]))
+objects = cart.neighbor_alltoall([f"{cart.rank}>{i}" for i in range(4)])
+print(cart.rank, "objects", cart.neighbor_allgather(cart.rank), objects)
 got = np.full(4, -1.0)
 cart.Ineighbor_alltoall(np.arange(4.0) + 10 * cart.rank, got).Wait()
 print(cart.rank, "ialltoall", got.tolist())
