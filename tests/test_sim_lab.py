@@ -25,7 +25,8 @@ ARGS = {"argv_files.py": ["inputs.txt"]}
 SAME_AS_MPICH = ["hello.py", "ring_objects.py", "ring_buffers.py", "sendrecv.py", "any_source.py",
                  "collectives_objects.py", "collectives_buffers.py", "reduce_ops.py", "nonblocking.py",
                  "split.py", "pi.py", "main_guard.py", "argv_files.py", "truncate_caught.py", "cart.py",
-                 "montecarlo.py", "master_worker.py", "modules/main.py", "test_loop_feeding.py"]
+                 "montecarlo.py", "master_worker.py", "modules/main.py", "test_loop_feeding.py",
+                 "test_loop_late.py", "neighbors.py"]
 
 
 def _per_rank_lines(out: str) -> list:
@@ -126,10 +127,31 @@ WRONG = [
      "test_loop_blocked.py:9 | " + " | ".join(
          f"recv from group rank 0 (tag 5) on the world: rank {r} waits in it; rank 0 polls (Test) in vain; at "
          "test_loop_blocked.py:12" for r in (1, 2, 3))),
+    ("test_loop_two.py", [], 1, DEADLOCK +
+     "recv from group rank 1 (tag 9) on the world: rank 0 polls it (Test), while every other rank waits; at "
+     "test_loop_two.py:8 | recv from group rank 0 (tag 5) on the world: rank 1 waits in it; rank 0 polls (Test) "
+     "in vain; at test_loop_two.py:11"),
+    ("iprobe_loop_blocked.py", [], 1, DEADLOCK +
+     "probe from group rank 1 (tag 9) on the world: rank 0 polls it (Iprobe), while every other rank waits; at "
+     "iprobe_loop_blocked.py:6 | recv from group rank 0 (tag 5) on the world: rank 1 waits in it; rank 0 polls "
+     "(Iprobe) in vain; at iprobe_loop_blocked.py:9"),
+    ("testany_loop_blocked.py", [], 1, DEADLOCK +
+     "recv from group rank 1 (tag 9) on the world: rank 0 polls it (Testany), while every other rank waits; at "
+     "testany_loop_blocked.py:9 | recv from group rank 0 (tag 5) on the world: rank 1 waits in it; rank 0 polls "
+     "(Testany) in vain; at testany_loop_blocked.py:12"),
     ("truncate.py", [], 1, "spmdsim mpirun: error on simulated rank 1: MPI.Exception: Message truncated: rank 0 "
                            "sends 80 bytes (tag 0) but rank 1 receives into a buffer of 40"),
+    ("bcast_count.py", [], 1, "spmdsim mpirun: error on simulated rank 1: MPI.Exception: Message truncated: Bcast: "
+                              "rank 0 (the root) broadcasts 4 float64 (32 bytes) but rank 1 receives into a buffer "
+                              "of 3 (24 bytes)"),
+    ("bcast_count_more.py", [], 1, "spmdsim mpirun: error on simulated rank 1: MPI.Exception: Other MPI error: "
+                                   "Bcast: rank 0 (the root) broadcasts 4 float64 (32 bytes) but rank 1 expects 5 "
+                                   "(40 bytes)"),
     ("ring_no_modulo.py", [], 1, "spmdsim mpirun: error on simulated rank 3: MPI.Exception: Invalid rank: dest rank 4 "
                                  "is outside the communicator of 4 ranks (0 to 3, or MPI.PROC_NULL)"),
+    ("send_a_string.py", [], 1, "spmdsim mpirun: error on simulated rank 0: TypeError: send buffer: 'str' is not a "
+                                "buffer (expected an array, or [buffer, count, datatype]; Python objects go with "
+                                "the lowercase methods: send, recv, bcast, ...)"),
     ("exception.py", [], 1, "spmdsim mpirun: error on simulated rank 2: ValueError: bad input on rank 2"),
     ("abort.py", [], 2, "usage: abort.py N\nspmdsim mpirun: simulated rank 0 called Abort(2) on the world: every "
                         "rank was stopped"),
@@ -149,7 +171,8 @@ def test_wrong_programs_end_with_one_clear_report(name, args, code, first, capsy
         assert err == first + "\n"
         return
     # An exception: its line, then the traceback from the program's frame down, without the
-    # launcher's frames or (for MPI's and spmdsim's errors) the emulator's, as mpiexec shows it.
+    # launcher's frames or (for MPI's and spmdsim's errors, and a wrong argument the emulator
+    # refuses: a str to Send) the emulator's, as mpiexec shows it.
     assert err.startswith(first + "\nTraceback (most recent call last):\n  File \"" + str(LAB / name))
     assert str(PACKAGE) not in err and err.endswith(" of 4\n")
 
@@ -193,7 +216,7 @@ def test_a_python_list_to_send_says_what_to_send(capsys):
     # MPI datatype or a typecode" (the list read as [buffer, count, datatype]).
     code, out, err = _mpirun(capsys, "-c", "from mpi4py import MPI\nif MPI.COMM_WORLD.rank == 0:\n"
                                            "    MPI.COMM_WORLD.Send([1, 2, 3], dest=1)")
-    assert code == 1
+    assert code == 1 and str(PACKAGE) not in err  # the program's frame, not the emulator's
     assert err.startswith("spmdsim mpirun: error on simulated rank 0: TypeError: send buffer: [1, 2, 3] is read as "
                           "[buffer, count, datatype] and 1 is not a buffer; pass a numpy array "
                           "(np.array([1, 2, 3])), or send Python objects with the lowercase methods (send, recv, "
@@ -228,7 +251,7 @@ def test_cartesian_grids_as_mpich_makes_them(tmp_path, capsys):
 def test_an_iprobe_loop_for_a_finished_rank_ends(capsys):
     code, out, err = _mpirun(capsys, "-c", "from mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
                                            "if comm.rank == 0:\n    while not comm.Iprobe(source=3):\n        pass")
-    assert code == 1 and err == (DEADLOCK + "probe from group rank 3 (any tag) on the world: rank 0 polls it (Test), "
+    assert code == 1 and err == (DEADLOCK + "probe from group rank 3 (any tag) on the world: rank 0 polls it (Iprobe), "
                                             "and no rank left can complete it; rank 3 finished; at <string>:4\n")
 
 
@@ -312,3 +335,41 @@ def test_a_rank_waiting_on_another_ranks_communicator_is_named():
     with pytest.raises(SimulationError, match=r"simulated rank [123] waits in barrier on the world \(call \d\) as "
                                               r"rank 0, on rank 0's communicator: each rank must use its own"):
         simulate(4, body)
+
+
+@pytest.mark.parametrize("call, first", [
+    ("comm.Sendd(1, dest=1)", "AttributeError: 'Intracomm' object has no attribute 'Sendd'"),
+    ("comm.Send()", "TypeError: Intracomm.Send() missing 2 required positional arguments: 'buf' and 'dest'"),
+    ("comm.Rsend()", "TypeError: Intracomm.Send() missing 2 required positional arguments: 'buf' and 'dest'"),
+    ("comm.bcast(1, 0, 3)", "TypeError: Intracomm.bcast() takes from 1 to 3 positional arguments but 4 were given"),
+    ("comm.Get_group().Foo()", "AttributeError: 'Group' object has no attribute 'Foo'"),
+    ("MPI.Request.Testall()", "TypeError: Request.Testall() missing 1 required positional argument: 'requests'"),
+    ("comm.Create_cart([1, 1]).Shift()",
+     "TypeError: Cartcomm.Shift() missing 2 required positional arguments: 'direction' and 'disp'"),
+    ("print(comm, comm.Get_group(), comm.Create_cart([1]))", None),
+])
+def test_errors_and_reprs_name_mpi4pys_classes(call, first, capsys):
+    # As mpi4py's do ('mpi4py.MPI.Intracomm' object has no attribute ...), never SimComm or PointToPoint.Send.
+    code = main(["mpirun", "-n", "1", "python", "-c", f"import numpy as np\nfrom mpi4py import MPI\n"
+                                                       f"comm = MPI.COMM_WORLD\n{call}\n"])
+    out, err = capsys.readouterr()
+    if first is None:
+        assert (code, err, out) == (0, "", "<simulated Intracomm rank 0 of 1 (the world)> <simulated Group (0,)> "
+                                           "<simulated Cartcomm rank 0 of 1, dims [1]>\n")
+        return
+    assert code == 1 and err.startswith(f"spmdsim mpirun: error on simulated rank 0: {first}\n"), err
+    assert "Sim" not in err and "PointToPoint" not in err
+
+
+def test_neighbour_collectives_by_hand(capsys):
+    # Rank 0 of a 2 x 2 grid periodic in dimension 0: neighbours rank 2 (back and forward: a dimension of 2),
+    # MPI.PROC_NULL (back, dimension 1: its receive block stays -1), rank 1. The block from the one back
+    # is what it sent forward. (test_right_programs_print_what_mpiexec_prints runs it under MPICH too.)
+    code, out, err = _mpirun(capsys, str(LAB / "neighbors.py"))
+    assert (code, err) == (0, "")
+    mine = sorted(line for line in out.splitlines() if line.startswith("[2, 2] [True, False] rank 0:"))
+    assert mine == ["[2, 2] [True, False] rank 0: allgather [2.0, 2.0, -1.0, 1.0]",
+                    "[2, 2] [True, False] rank 0: allgatherv [2, 20, 2, 20, -1, -1, 1, 10]",
+                    "[2, 2] [True, False] rank 0: alltoall [201.0, 200.0, -1.0, 102.0]",
+                    "[2, 2] [True, False] rank 0: alltoallv [201, -1, 200, -1, -1, -1, -1, 102, 103]"]
+    assert "0 objects [2, 2, None, 1] ['2>1', '2>0', None, '1>2']" in out.splitlines()

@@ -61,6 +61,21 @@ def _blocks_fit(op: str, sent: np.ndarray, recv: np.ndarray) -> None:
                          f"{recv.size} x {recv.dtype.name} are received")
 
 
+def _bcast_count(group: Any, root: int, me: int, sent: np.ndarray, data: np.ndarray) -> BaseException:
+    """MPICH's error on a Bcast receiver whose count is not the root's: MPI_ERR_TRUNCATE where the root
+    sends more (MPI.Exception "Message truncated"), MPI_ERR_OTHER where it sends fewer."""
+    from .requests import rank_name
+
+    kind = dtype_name(data.dtype)
+    detail = (f"Bcast: {rank_name(group, root)} (the root) broadcasts {sent.size} {kind} ({sent.nbytes} bytes) "
+              f"but {rank_name(group, me)} " + ("receives into a buffer of" if sent.size > data.size else "expects")
+              + f" {data.size} ({data.nbytes} bytes)")
+    mpi = mpi_module()
+    if mpi is None:
+        return ShapeError(detail)
+    return mpi_error(mpi, mpi.ERR_TRUNCATE if sent.size > data.size else mpi.ERR_OTHER, detail)
+
+
 class BufferCollectives:
     """Buffer collectives on `self._group` (a mixin of SimComm)."""
 
@@ -329,10 +344,14 @@ class BufferCollectives:
         root = self._root(root, "Bcast")
         data, n, _ = message(buf, "Bcast buffer", readonly=self._me == root)
         data = data[:n]
-        signature = ("bcast", dtype_name(data.dtype), data.size, f"root {root}")
-        slot = self._enter("bcast", signature, data)
+        # The count is the root's to send, each receiver's to check (MPI: a truncation error there).
+        slot = self._enter("bcast", ("bcast", dtype_name(data.dtype), f"root {root}"), data)
         if self._me != root:
-            copy_into(data, slot.calls[root].data)
+            sent = slot.calls[root].data
+            if sent.size != n:
+                self._group.leave(self._me, slot)  # the root's Bcast completes, as under MPI
+                raise _bcast_count(self._group, root, self._me, sent, data)
+            copy_into(data, sent)
         self._group.leave(self._me, slot)
 
     # -- nonblocking: posted and completed at once (see the module docstring) --------------------

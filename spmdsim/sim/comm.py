@@ -17,7 +17,7 @@ from .. import context as _local
 from ._buffers import mpi_module, special
 from .collectives import BufferCollectives
 from .engine import THREADS, Call, Group, SimulationError
-from .group import SimGroup
+from .group import SimGroup, speak_mpi4py
 from .objects import ObjectCollectives
 from .p2p import PointToPoint
 
@@ -149,8 +149,8 @@ class SimComm(PointToPoint, BufferCollectives, ObjectCollectives):
 
     def __repr__(self) -> str:
         if self._group is None:
-            return "<SimComm null>"
-        return f"<SimComm rank {self._me} of {self._group.size} ({self._group.label()})>"
+            return "<simulated Intracomm null>"
+        return f"<simulated Intracomm rank {self._me} of {self._group.size} ({self._group.label()})>"
 
     # -- the rendezvous -------------------------------------------------------------------
 
@@ -318,6 +318,9 @@ class SimComm(PointToPoint, BufferCollectives, ObjectCollectives):
     Allreduce_init = Allgather_init = Alltoall_init = Reduce_scatter_block_init = _persistent
     Bcast_init = Reduce_init = Gather_init = Scatter_init = Barrier_init = _persistent
     Send_init = Recv_init = Ssend_init = Bsend_init = Rsend_init = _persistent
+
+
+speak_mpi4py(SimComm, "Intracomm")
 
 
 def comm_null() -> Any:

@@ -297,7 +297,8 @@ class World:
         self.threads: dict[int, int] = {}  # rank -> its thread's ident: its program line (spmdsim.sim.report)
         self._rank_of_thread: dict[int, int] = {}  # and back
         self.exits: dict[int, int] = {}  # rank -> the non-zero code it exited with (spmdsim mpirun)
-        self._polls: dict[int, tuple[float, int]] = {}  # rank -> (since when it polls in vain, releases then)
+        # rank -> (since when it polls in vain, releases then, the call it polls with: Test, Iprobe, ...)
+        self._polls: dict[int, tuple[float, int, str]] = {}
         self.releases = 0  # ranks let go from a wait so far: a poll that sees them rise is not stuck
 
     # -- run slots (all with the lock held) --------------------------------------------------
@@ -337,9 +338,10 @@ class World:
         if not (alone or never(self)):
             self._polls.pop(rank, None)
             return
-        since, releases = self._polls.setdefault(rank, (time.monotonic(), self.releases))
+        call = getattr(token, "call", None) or ("Iprobe" if token.kind == "probe" else "Test")
+        since, releases, _ = self._polls.setdefault(rank, (time.monotonic(), self.releases, call))
         if releases != self.releases:  # a rank was let go meanwhile: progress, start again
-            self._polls[rank] = (time.monotonic(), self.releases)
+            self._polls[rank] = (time.monotonic(), self.releases, call)
             return
         if time.monotonic() - since < POLL_STALL_S:
             return
@@ -348,9 +350,10 @@ class World:
         self._wake_all()
         self.check(rank)
 
-    def polling(self) -> tuple[int, ...]:
-        """The ranks that poll a request in vain now (world lock held), for the deadlock report."""
-        return tuple(self._polls)
+    def polling(self) -> dict[int, str]:
+        """The ranks that poll a request in vain now, each with its call (Test, Iprobe, Testany) (world
+        lock held), for the deadlock report."""
+        return {rank: call for rank, (_, _, call) in self._polls.items()}
 
     def _take_slot(self, rank: int) -> None:
         self._line_up(rank)

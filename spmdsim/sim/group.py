@@ -5,7 +5,21 @@ from typing import Any, Optional, Sequence
 
 from ._buffers import mpi_module, special
 
-__all__ = ["SimGroup"]
+__all__ = ["SimGroup", "speak_mpi4py"]
+
+
+def speak_mpi4py(cls: type, name: str) -> None:
+    """Python's errors about `cls`'s objects name mpi4py's class `name`, as mpi4py's do: "'Intracomm'
+    object has no attribute 'Sendd'", "Intracomm.Send() missing 2 required positional arguments"
+    (not SimComm, PointToPoint.Send). Its own qualified name stays (pickle, docs); once, at import."""
+    cls.__name__ = name
+    for owner in cls.__mro__[:-1]:  # its own methods and its mixins', up to a base already named
+        if owner is not cls and owner.__name__ != owner.__qualname__:
+            break
+        for attr, value in vars(owner).items():
+            func = getattr(value, "__func__", value)
+            if not attr.startswith("_") and callable(func) and hasattr(func, "__code__"):
+                func.__qualname__ = f"{name}.{func.__name__}"  # an alias (Rsend = Send): its def
 
 
 class SimGroup:
@@ -102,4 +116,7 @@ class SimGroup:
     __hash__ = object.__hash__
 
     def __repr__(self) -> str:
-        return f"<SimGroup {self._members!r}>"
+        return f"<simulated Group {self._members!r}>"
+
+
+speak_mpi4py(SimGroup, "Group")

@@ -165,7 +165,8 @@ def _report(exc: BaseException, exits: dict) -> int:
     A deadlock or mismatched collectives (where MPI hangs): one line naming the ranks, calls and
     program lines, exit 1 or the largest code a rank exited with. MPI_Abort: one line, its code.
     Any other exception: the failing rank's traceback from the program down, exit 1; where it is
-    MPI's error (MPI.Exception), an object receive's (UnpicklingError) or spmdsim's, without the
+    MPI's error (MPI.Exception), an object receive's (UnpicklingError), spmdsim's, or a wrong argument
+    the emulator refused (TypeError, ValueError raised in spmdsim.sim: a str to Send), without the
     emulator's frames below the program's, as mpiexec shows no frames inside the MPI library.
     """
     from ..errors import RuntimeMismatchError, SpmdsimError
@@ -183,12 +184,20 @@ def _report(exc: BaseException, exits: dict) -> int:
     mpi = sys.modules.get("mpi4py.MPI")
     ours = isinstance(exc, (SpmdsimError, pickle.UnpicklingError)) or (mpi is not None
                                                                         and isinstance(exc, mpi.Exception))
+    ours = ours or (isinstance(exc, (TypeError, ValueError, OverflowError)) and _raised_by_emulator(exc))
     name = "MPI.Exception" if mpi is not None and isinstance(exc, mpi.Exception) else type(exc).__name__
     lines = traceback.TracebackException.from_exception(exc)
     lines.stack = traceback.StackSummary.from_list(_program_frames(exc, ours))
     detail = "".join(lines.format())
     print(f"spmdsim mpirun: error on {where}: {name}: {exc}\n{detail}", file=sys.stderr, end="")
     return 1
+
+
+def _raised_by_emulator(exc: BaseException) -> bool:
+    """Whether `exc` was raised in spmdsim.sim's code (its innermost frame), called from the program."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    return bool(frames) and frames[-1].filename.startswith(here)
 
 
 def _program_frames(exc: BaseException, trim_emulator: bool) -> list:

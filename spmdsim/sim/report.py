@@ -35,7 +35,8 @@ def explain(world: Any, polling: Optional[tuple] = None) -> str:
         rank, token, why = polling
         more, _ = token.why_stuck(world)
         why = why or "and no rank left can complete it"
-        clauses.append(f"{_Waiting(token._what(), token.group, None).text()}: rank {rank} polls it (Test), "
+        call = world.polling().get(rank, "Test")
+        clauses.append(f"{_Waiting(token._what(), token.group, None).text()}: rank {rank} polls it ({call}), "
                        f"{why}{more}{program_lines(world, [rank])}")
     for what, ranks in by_call.values():
         if len(clauses) == MAX_CLAUSES:  # a ring of 64 blocked sends: the first few say it
@@ -91,7 +92,8 @@ def whereabouts(world: Any, rank: int) -> str:
         return f"rank {rank} exited (sys.exit({world.exits[rank]}))"
     if rank in world.finished:
         return f"rank {rank} finished"
-    return f"rank {rank} polls (Test) in vain" if rank in world.polling() else f"rank {rank} is computing"
+    call = world.polling().get(rank)
+    return f"rank {rank} polls ({call}) in vain" if call else f"rank {rank} is computing"
 
 
 def _program_line(frame: Any) -> str:

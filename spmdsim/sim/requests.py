@@ -174,12 +174,13 @@ class Request:
                     f"buffer? Receive it with Recv into an array") from None
         return None
 
-    def _pause(self, watch: bool = True) -> None:
+    def _pause(self, watch: bool = True, token: Any = None) -> None:
         """Not done yet: let a rank waiting for a run slot compute (it may be the peer); with `watch`,
-        a poll of this request alone, which World.pause reports if no rank left can complete it."""
+        a poll of this request (or of `token`: any of several), which World.pause reports if no rank
+        left can complete it."""
         group = self.group or next((p.group for p in self.parts if p.group is not None), None)
         if group is not None:
-            group.world.pause(group.members[self.me], self if watch else None)
+            group.world.pause(group.members[self.me], (token or self) if watch else None)
 
     def never_completes(self, world: Any) -> bool:
         """Whether every rank that could complete this request (its peer; any other member for
@@ -303,7 +304,7 @@ class Request:
             if requests[i]._ready():
                 return i, True, requests[i]._finish(status)
         if pause:
-            requests[active[0]]._pause(watch=False)
+            requests[active[0]]._pause(token=_AnyOf([requests[i] for i in active], "Testany"))
         return special("UNDEFINED"), False, None
 
     @classmethod
@@ -330,11 +331,30 @@ class Request:
         ready = [i for i in active if requests[i]._ready()]
         if not ready:
             if pause:
-                requests[active[0]]._pause(watch=False)
+                requests[active[0]]._pause(token=_AnyOf([requests[i] for i in active], "Testsome"))
             return [], []
         statuses = _statuses(statuses, len(ready))
         objs = [requests[i]._finish(statuses[k] if statuses else None) for k, i in enumerate(ready)]
         return ready, objs
+
+
+class _AnyOf:
+    """Requests polled together (Testany, Testsome): no rank left completes the poll if it completes
+    none of them; the report names the first."""
+
+    def __init__(self, requests: Sequence[Request], call: str) -> None:
+        self.first, self.call = requests[0], call
+        self.requests = requests
+        self.group, self.kind = self.first.group, self.first.kind
+
+    def _what(self) -> str:
+        return self.first._what()
+
+    def why_stuck(self, world: Any) -> tuple[str, str]:
+        return self.first.why_stuck(world)
+
+    def never_completes(self, world: Any) -> bool:
+        return all(r.never_completes(world) for r in self.requests)
 
 
 def rank_name(group: Group, me: int) -> str:

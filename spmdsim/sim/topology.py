@@ -3,7 +3,14 @@
 A first MPI lab's grids (a 2-D heat equation, a ring with ``Shift``): SimCartComm
 is a SimComm whose members also have coordinates, row-major (the last dimension
 varies fastest, MPI's order), kept in rank order (``reorder`` is ignored: every
-simulated rank is on one node). Neighbour collectives, graph topologies and
+simulated rank is on one node). Its neighbour collectives (Neighbor_allgather,
+Neighbor_allgatherv, Neighbor_alltoall, Neighbor_alltoallv) exchange one block
+with each of the 2 x ndim neighbours, as the MPI standard orders them: per
+dimension, the one back (``Shift(d, 1)[0]``), then the one forward. The block
+received from the one back is what it sent forward, and the other way round
+(so a periodic dimension of 1 or 2 ranks, where both are the same rank, is
+well defined); a missing neighbour (MPI.PROC_NULL, past a non-periodic edge)
+is sent nothing and its receive block is left as it was. Graph topologies and
 ``Cart_map`` are not simulated.
 """
 from __future__ import annotations
@@ -11,8 +18,11 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Sequence
 
-from ._buffers import mpi_module, special
+import numpy as np
+
+from ._buffers import copy_into, dtype_name, message, mpi_error, mpi_module, special, vector
 from .comm import SimComm, comm_null
+from .group import speak_mpi4py
 
 __all__ = ["SimCartComm", "create_cart"]
 
@@ -21,6 +31,12 @@ def _error(code: str, text: str) -> BaseException:
     """MPI.Exception(MPI.<code>) as MPICH raises it, or a ValueError without mpi4py."""
     mpi = mpi_module()
     return mpi.Exception(getattr(mpi, code)) if mpi is not None else ValueError(text)
+
+
+def _detailed(code: str, text: str) -> BaseException:
+    """MPI.Exception(MPI.<code>) whose text goes on with `text`, or a ValueError without mpi4py."""
+    mpi = mpi_module()
+    return mpi_error(mpi, getattr(mpi, code), text) if mpi is not None else ValueError(text)
 
 
 def create_cart(comm: SimComm, dims: Sequence[int], periods: Optional[Sequence[Any]] = None,
@@ -107,6 +123,95 @@ class SimCartComm(SimComm):
         there[direction] %= d
         return self.Get_cart_rank(there)
 
+    # -- neighbour collectives (the module docstring) -----------------------------------------
+
+    def _neighbours(self) -> list:
+        """The 2 x ndim neighbours (group ranks, or MPI.PROC_NULL): per dimension back, then forward."""
+        return [r for d in range(len(self._dims)) for r in self.Shift(d, 1)]
+
+    def _exchange(self, op: str, src: np.ndarray, blocks: Any, dst: np.ndarray, rblocks: list) -> None:
+        """Deposit `src` (`blocks(i)`: the slice of it for neighbour i), then fill each receive block
+        rblocks[i] = (start, count) of `dst` from neighbour i's block for this rank."""
+        null = special("PROC_NULL")
+        slot = self._enter(op, (op, dtype_name(src.dtype)), (src, blocks))
+        try:
+            for i, nb in enumerate(self._neighbours()):
+                if nb == null:
+                    continue
+                theirs, their_blocks = slot.calls[nb].data
+                sent = their_blocks(i ^ 1)  # what it sent forward, I receive from back (and vice versa)
+                start, count = rblocks[i]
+                part = dst[start:start + count]
+                if sent.nbytes != part.nbytes:
+                    raise _detailed("ERR_TRUNCATE" if sent.nbytes > part.nbytes else "ERR_OTHER",
+                                    f"{op}: group rank {nb} sends {sent.size} x {sent.dtype.name} where group "
+                                    f"rank {self.rank} receives {part.size} x {part.dtype.name}")
+                copy_into(part, sent)
+        finally:
+            self._group.leave(self._me, slot)
+
+    def Neighbor_allgather(self, sendbuf: Any, recvbuf: Any) -> None:
+        k = 2 * len(self._dims)
+        src, n, _ = message(sendbuf, "Neighbor_allgather sendbuf")
+        src = src[:n]
+        dst, c, _ = message(recvbuf, "Neighbor_allgather recvbuf", blocks=k, readonly=False)
+        self._exchange("neighbor_allgather", src, lambda i: src, dst, [(i * c, c) for i in range(k)])
+
+    def Neighbor_allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:
+        k = 2 * len(self._dims)
+        src, n, _ = message(sendbuf, "Neighbor_allgatherv sendbuf")
+        src = src[:n]
+        dst, counts, displs, _ = vector(recvbuf, "Neighbor_allgatherv recvbuf", k, readonly=False)
+        self._exchange("neighbor_allgatherv", src, lambda i: src, dst, list(zip(displs, counts)))
+
+    def Neighbor_alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
+        k = 2 * len(self._dims)
+        src, n, _ = message(sendbuf, "Neighbor_alltoall sendbuf", blocks=k)
+        dst, c, _ = message(recvbuf, "Neighbor_alltoall recvbuf", blocks=k, readonly=False)
+        self._exchange("neighbor_alltoall", src, lambda i: src[i * n:(i + 1) * n], dst,
+                       [(i * c, c) for i in range(k)])
+
+    def Neighbor_alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:
+        k = 2 * len(self._dims)
+        src, scounts, sdispls, _ = vector(sendbuf, "Neighbor_alltoallv sendbuf", k)
+        dst, counts, displs, _ = vector(recvbuf, "Neighbor_alltoallv recvbuf", k, readonly=False)
+        self._exchange("neighbor_alltoallv", src, lambda i: src[sdispls[i]:sdispls[i] + scounts[i]], dst,
+                       list(zip(displs, counts)))
+
+    def neighbor_allgather(self, sendobj: Any) -> list:
+        """Each neighbour's object (None from MPI.PROC_NULL), as mpi4py's pickled neighbour allgather."""
+        return self._exchange_objects("neighbor_allgather(obj)", sendobj, lambda i: sendobj)
+
+    def neighbor_alltoall(self, sendobj: Any) -> list:
+        """sendobj[i] to neighbour i; the object each neighbour sent this rank (None from PROC_NULL)."""
+        if len(sendobj) != 2 * len(self._dims):
+            raise ValueError(f"neighbor_alltoall: {len(sendobj)} objects for {2 * len(self._dims)} neighbours")
+        return self._exchange_objects("neighbor_alltoall(obj)", sendobj, lambda i: sendobj[i])
+
+    def _exchange_objects(self, op: str, sendobj: Any, pick: Any) -> list:
+        import pickle
+
+        null = special("PROC_NULL")
+        slot = self._enter(op, (op,), pick)
+        try:  # each receiver unpickles its own copy, as MPI moves bytes
+            return [None if nb == null else pickle.loads(pickle.dumps(slot.calls[nb].data(i ^ 1)))
+                    for i, nb in enumerate(self._neighbours())]
+        finally:
+            self._group.leave(self._me, slot)
+
+    # Nonblocking: posted and completed at once, as the other nonblocking collectives (_posted).
+    def Ineighbor_allgather(self, sendbuf: Any, recvbuf: Any) -> Any:
+        return self._posted(self.Neighbor_allgather, sendbuf, recvbuf)
+
+    def Ineighbor_allgatherv(self, sendbuf: Any, recvbuf: Any) -> Any:
+        return self._posted(self.Neighbor_allgatherv, sendbuf, recvbuf)
+
+    def Ineighbor_alltoall(self, sendbuf: Any, recvbuf: Any) -> Any:
+        return self._posted(self.Neighbor_alltoall, sendbuf, recvbuf)
+
+    def Ineighbor_alltoallv(self, sendbuf: Any, recvbuf: Any) -> Any:
+        return self._posted(self.Neighbor_alltoallv, sendbuf, recvbuf)
+
     def Sub(self, remain_dims: Sequence[Any]) -> "SimCartComm":
         """The grids of the dimensions kept (members that differ only there), as MPI_Cart_sub."""
         keep = [bool(k) for k in remain_dims]
@@ -127,4 +232,7 @@ class SimCartComm(SimComm):
     Clone = Dup
 
     def __repr__(self) -> str:
-        return f"<SimCartComm rank {self.rank} of {self.size}, dims {list(self._dims)}>"
+        return f"<simulated Cartcomm rank {self.rank} of {self.size}, dims {list(self._dims)}>"
+
+
+speak_mpi4py(SimCartComm, "Cartcomm")
