@@ -156,7 +156,8 @@ def test_cross_entropy_options_refused_in_one_line():
         z = DTensor.from_global(mesh, np.zeros((8, 4)), mesh.layout("m0", None))
         y = DTensor.from_global(mesh, np.array([0, 1, 2, 3, 9, -100, 0, 0]), mesh.layout("m0"))
         said = []
-        for call in (lambda: ops.cross_entropy(z, y, reduction="avg"),
+        z3 = DTensor.from_global(mesh, np.zeros((2, 4, 4)), mesh.layout(None, "m0", None))
+        for call in (lambda: ops.cross_entropy(z3, y), lambda: ops.cross_entropy(z, y, reduction="avg"),
                      lambda: ops.cross_entropy(z, y, ignore_index=1.5),
                      lambda: ops.cross_entropy(z, y), lambda: ops.cross_entropy(z, y, ignore_index=None),
                      lambda: ops.gelu(z, approximate="erf")):
@@ -167,6 +168,8 @@ def test_cross_entropy_options_refused_in_one_line():
         return said
 
     assert spmdsim.simulate(4, body)[0] == [
+        "cross_entropy: logits must be 2-d (rows, classes), got shape (2, 4, 4); flatten the rows first, as "
+        "logits.view(-1, C) in PyTorch: ops.reshape(logits, (-1, 4)) and the labels to (-1,)",
         "cross_entropy: reduction 'avg' must be 'mean', 'sum' or 'none'",
         "cross_entropy: ignore_index 1.5 must be an integer or None",
         "cross_entropy: 1 label outside [0, 4): labels are class indices, from 0 to the number of classes - 1, "

@@ -88,8 +88,10 @@ def mse_loss(y: Any, target: Any) -> Any:
 def _check_labels(logits: Any, labels: Any) -> None:
     """Shapes, dtypes and layouts every rank shares: refused alike before any collective."""
     if logits.layout.ndim != 2:
-        raise ShapeError(f"cross_entropy: logits must be 2-d (batch, classes), got shape "
-                         f"{tuple(logits.global_shape)!r}")
+        shape = tuple(logits.global_shape)
+        hint = (f"; flatten the rows first, as logits.view(-1, C) in PyTorch: ops.reshape(logits, (-1, {shape[-1]})) "
+                "and the labels to (-1,)" if len(shape) > 2 else "")
+        raise ShapeError(f"cross_entropy: logits must be 2-d (rows, classes), got shape {shape!r}{hint}")
     require_float("cross_entropy", logits.local)
     if labels.dtype.kind not in "iu":
         raise OperatorError(f"cross_entropy: labels must be integers (class indices), got dtype "
