@@ -123,22 +123,26 @@ WRONG = [
      "recv from group rank 1 (tag 9) on the world: rank 0 polls it (Test), and no rank left can complete it; "
      "rank 1 finished; rank 0 has an unreceived message from rank 1 (tag 8); at test_loop.py:9"),
     ("test_loop_blocked.py", [], 1, DEADLOCK +
-     "recv from group rank 1 (tag 9) on the world: rank 0 polls it (Test), while every other rank waits; at "
+     "recv from group rank 1 (tag 9) on the world: rank 0 polls it (Test), while every other live rank waits; at "
      "test_loop_blocked.py:9 | " + " | ".join(
          f"recv from group rank 0 (tag 5) on the world: rank {r} waits in it; rank 0 polls (Test) in vain; at "
          "test_loop_blocked.py:12" for r in (1, 2, 3))),
     ("test_loop_two.py", [], 1, DEADLOCK +
-     "recv from group rank 1 (tag 9) on the world: rank 0 polls it (Test), while every other rank waits; at "
+     "recv from group rank 1 (tag 9) on the world: rank 0 polls it (Test), while every other live rank waits; at "
      "test_loop_two.py:8 | recv from group rank 0 (tag 5) on the world: rank 1 waits in it; rank 0 polls (Test) "
      "in vain; at test_loop_two.py:11"),
     ("iprobe_loop_blocked.py", [], 1, DEADLOCK +
-     "probe from group rank 1 (tag 9) on the world: rank 0 polls it (Iprobe), while every other rank waits; at "
+     "probe from group rank 1 (tag 9) on the world: rank 0 polls it (Iprobe), while every other live rank waits; at "
      "iprobe_loop_blocked.py:6 | recv from group rank 0 (tag 5) on the world: rank 1 waits in it; rank 0 polls "
      "(Iprobe) in vain; at iprobe_loop_blocked.py:9"),
     ("testany_loop_blocked.py", [], 1, DEADLOCK +
-     "recv from group rank 1 (tag 9) on the world: rank 0 polls it (Testany), while every other rank waits; at "
+     "recv from group rank 1 (tag 9) on the world: rank 0 polls it (Testany), while every other live rank waits; at "
      "testany_loop_blocked.py:9 | recv from group rank 0 (tag 5) on the world: rank 1 waits in it; rank 0 polls "
      "(Testany) in vain; at testany_loop_blocked.py:12"),
+    ("tag_string.py", [], 1, "spmdsim mpirun: error on simulated rank 0: TypeError: send tag 'x' must be an "
+                             "integer (0 or more)"),
+    ("tag_negative.py", [], 1, "spmdsim mpirun: error on simulated rank 1: MPI.Exception: Invalid tag: receive tag "
+                               "-5 is negative: tags are 0 or more; MPI.ANY_TAG matches any"),
     ("truncate.py", [], 1, "spmdsim mpirun: error on simulated rank 1: MPI.Exception: Message truncated: rank 0 "
                            "sends 80 bytes (tag 0) but rank 1 receives into a buffer of 40"),
     ("bcast_count.py", [], 1, "spmdsim mpirun: error on simulated rank 1: MPI.Exception: Message truncated: Bcast: "

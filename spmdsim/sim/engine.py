@@ -346,7 +346,7 @@ class World:
         if time.monotonic() - since < POLL_STALL_S:
             return
         if self.deadlock is None and self.failure is None:
-            self.deadlock = explain(self, (rank, token, "" if never(self) else "while every other rank waits"))
+            self.deadlock = explain(self, (rank, token, "" if never(self) else "while every other live rank waits"))
         self._wake_all()
         self.check(rank)
 

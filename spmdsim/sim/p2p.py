@@ -48,10 +48,24 @@ def _check_peer(group: Group, peer: Any, what: str) -> None:
         raise ShapeError(text)
 
 
+def _check_tag(tag: Any, what: str, any_tag: bool = False) -> None:
+    """A tag is an integer, 0 or more (a receive's may be MPI.ANY_TAG): mpi4py's TypeError, MPI's
+    invalid-tag error (a negative tag would otherwise never match, and the job would hang)."""
+    if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)):
+        raise TypeError(f"{what} {tag!r} must be an integer (0 or more)")
+    if tag < 0 and not (any_tag and tag == special("ANY_TAG")):
+        mpi = mpi_module()
+        text = f"{what} {tag!r} is negative: tags are 0 or more" + ("; MPI.ANY_TAG matches any" if any_tag else "")
+        if mpi is not None:
+            raise mpi_error(mpi, mpi.ERR_TAG, text)
+        raise ShapeError(text)
+
+
 def post_send(group: Group, me: int, dest: int, tag: int, buf: Any, obj: Any = None,
               mode: str = "standard") -> Request:
     """Isend from group rank `me` to group rank `dest` (`buf` None: the pickle of `obj`)."""
     _check_peer(group, dest, "dest")
+    _check_tag(tag, "send tag")
     if dest == special("PROC_NULL"):
         return completed(kind="send")
     if buf is None:
@@ -81,6 +95,7 @@ def post_recv(group: Group, me: int, source: int, tag: int, buf: Any) -> Request
     """Irecv into group rank `me`'s `buf` (None: an object): matched now if a send is pending."""
     if source != special("ANY_SOURCE"):
         _check_peer(group, source, "source")
+    _check_tag(tag, "receive tag", any_tag=True)
     if source == special("PROC_NULL"):
         return completed(kind="recv-null")
     view = None
@@ -178,6 +193,7 @@ def _wake_probes(group: Group, send: Request) -> None:
 
 def probe(group: Group, me: int, source: int, tag: int, status: Any, block: bool) -> bool:
     """Whether a message from `source` with `tag` waits for rank `me` (block: until one does)."""
+    _check_tag(tag, "probe tag", any_tag=True)
     if source == special("PROC_NULL"):
         fill_status(status, source, special("ANY_TAG"), 0)
         return True
