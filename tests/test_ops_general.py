@@ -124,6 +124,42 @@ def test_equality_operators_compare_values_and_hashing_stays_identity():
                          "element first (ops.max, ops.min, ops.sum) or compare gather()")
 
 
+@pytest.mark.parametrize("ranks", [4, 8])
+def test_embedding_padding_idx_row_gets_no_gradient(ranks):
+    """PyTorch's padding_idx (negative from the end too): the padding row's gradient is zero, every other row's
+    the scattered upstream, on vocabulary-split, dim-split and replicated tables; the lookup unchanged."""
+    rng = np.random.default_rng(ranks)
+    table, ids = rng.normal(size=(8, 4)), np.array([[0, 3, 3, 7], [5, 0, 1, 3]])
+    upstream = rng.normal(size=(2, 4, 4))
+
+    def body():
+        from spmdsim import DTensor, Mesh
+
+        mesh = Mesh(Layout((2, ranks // 2), ("a", "b")))
+        L = mesh.layout
+        wrong = []
+        for m in [(None, None), ("a", None), (("a", "b"), None), (None, "b"), ("a", "b")]:
+            for pad in (3, -5, None):
+                w = DTensor.from_global(mesh, table, L(*m)).requires_grad_()
+                y = ops.embedding(DTensor.from_global(mesh, ids, L(None, None)), w, padding_idx=pad)
+                ops.sum(y * DTensor.from_global(mesh, upstream, L(None, None, None))).backward()
+                want = np.zeros_like(table)
+                np.add.at(want, ids.reshape(-1), upstream.reshape(-1, 4))
+                if pad is not None:
+                    want[pad % 8] = 0
+                if not (np.allclose(w.grad.gather(), want, rtol=1e-14, atol=1e-14)
+                        and np.array_equal(y.gather(), table[ids])):
+                    wrong.append((m, pad))
+        try:
+            ops.embedding(DTensor.from_global(mesh, ids, L(None, None)), w, padding_idx=8)
+        except OperatorError as e:
+            wrong.append(str(e))
+        return wrong
+
+    assert spmdsim.simulate(ranks, body)[0] == [
+        "embedding: padding_idx 8 must be an integer from -8 to 7 (a row of the (8, ...) table)"]
+
+
 def test_argmax_refusals_are_one_line():
     def body():
         from spmdsim import DTensor, Mesh

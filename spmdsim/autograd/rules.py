@@ -154,13 +154,17 @@ def record_mlp(out: Any, x: Any, fc1: tuple, fc2: tuple, plans: tuple, a: np.nda
                   reads=(x, w1, b1, w2, b2, plans[0].out, out))
 
 
-def record_embedding(out: Any, ids: Any, table: Any, plan: Any, start: int, label: Optional[str] = None) -> Any:
-    """table[ids]: the gradient rows are added into the rows this rank owns (no communication)."""
+def record_embedding(out: Any, ids: Any, table: Any, plan: Any, start: int, label: Optional[str] = None,
+                     padding_idx: Optional[int] = None) -> Any:
+    """table[ids]: the gradient rows are added into the rows this rank owns (no communication); the
+    `padding_idx` row (a global row index) gets none."""
 
     def backward(dy: Any) -> tuple:
         rows = table.local.shape[0]
         flat_ids = ids.local.reshape(-1) - start
         owned = (flat_ids >= 0) & (flat_ids < rows)
+        if padding_idx is not None:
+            owned &= flat_ids != padding_idx - start
         g = np.zeros(table.local.shape, dy.local.dtype)
         np.add.at(g, flat_ids[owned], dy.local.reshape(-1, g.shape[1])[owned])
         return None, grad_tensor(table, g, dy.layout.partial, axes_of(plan.local, plan.local.tensor_map[:-1]))

@@ -78,7 +78,8 @@ def plan_embedding(ids: Any, table: Any, *, gather_out: bool = True,
 
 
 def embedding(ids: Any, table: Any, *, gather_out: bool = True, reduce: bool = True,
-              padded_local: Optional[np.ndarray] = None, label: Optional[str] = "embedding") -> Any:
+              padded_local: Optional[np.ndarray] = None, label: Optional[str] = "embedding",
+              padding_idx: Optional[int] = None) -> Any:
     """table[ids] on DTensors; the table's layout picks vocab- and/or dim-parallel.
 
     Args:
@@ -87,9 +88,18 @@ def embedding(ids: Any, table: Any, *, gather_out: bool = True, reduce: bool = T
         gather_out: Allgather columns of a dim-parallel lookup.
         reduce: False keeps the vocab-parallel pending sum.
         padded_local: this rank's padded shard (as VocabParallelEmbedding keeps it).
+        padding_idx: as PyTorch's nn.Embedding: that row (negative: from the end) gets no gradient
+            (a padding token's lookups do not train it).
     """
     mesh = operands_mesh("embedding", ("ids", "table"), ids, table)
     plan, shape = plan_embedding(ids, table, gather_out=gather_out, reduce=reduce)
+    if padding_idx is not None:
+        rows = table.global_shape[0]
+        if isinstance(padding_idx, bool) or not isinstance(padding_idx, (int, np.integer)) \
+                or not -rows <= padding_idx < rows:
+            raise OperatorError(f"embedding: padding_idx {padding_idx!r} must be an integer from {-rows} to "
+                                f"{rows - 1} (a row of the ({rows}, ...) table)")
+        padding_idx = int(padding_idx) % rows
     start = 0
     if plan.vocab_axes:
         start, _ = table.layout.bounds(mesh.rank, table.global_shape)[0]
@@ -104,7 +114,7 @@ def embedding(ids: Any, table: Any, *, gather_out: bool = True, reduce: bool = T
                     owned=True)
     out = make_dtensor(mesh, local, plan.out, shape)
     if table._ag is not None:
-        record_embedding(out, ids, table, plan, start, label)
+        record_embedding(out, ids, table, plan, start, label, padding_idx)
     return out
 
 
