@@ -73,12 +73,13 @@ _np_erf = np.vectorize(math.erf, otypes=[np.float64])
 LABELS = np.array([0, 3, -100, 1, 2, -100, 3, 0])  # cross-entropy's classes for 8 rows of 4; -100 ignored
 
 
-def _np_cross_entropy(z: np.ndarray, reduction: str) -> np.ndarray:
-    """PyTorch's F.cross_entropy(z, LABELS, reduction=...) (ignore_index -100) in numpy."""
+def _np_cross_entropy(z: np.ndarray, reduction: str, smooth: float = 0.0) -> np.ndarray:
+    """PyTorch's F.cross_entropy(z, LABELS, reduction=..., label_smoothing=smooth) (ignore_index -100) in numpy."""
     lp = z - z.max(1, keepdims=True)
     lp = lp - np.log(np.exp(lp).sum(1, keepdims=True))
     valid = LABELS != -100
-    terms = np.where(valid, -lp[np.arange(len(LABELS)), np.where(valid, LABELS, 0)], 0.0)
+    nll = -lp[np.arange(len(LABELS)), np.where(valid, LABELS, 0)]
+    terms = np.where(valid, (1 - smooth) * nll - smooth * lp.mean(1), 0.0)
     return terms if reduction == "none" else terms.sum() / valid.sum()
 
 
@@ -90,13 +91,13 @@ def _padded_attention(q: Any, k: Any, v: Any) -> Any:
     return ops.attention(q, k, v, causal=True, mask=keys)
 
 
-def _cross_entropy(z: Any, reduction: str) -> Any:
+def _cross_entropy(z: Any, reduction: str, smooth: float = 0.0) -> Any:
     """ops.cross_entropy of z (resolved first: a loss takes no pending logits) with LABELS split like its rows."""
     from spmdsim import DTensor, TensorLayout
 
     z = ops.resolved(z)
     labels = DTensor.from_global(z.mesh, LABELS, TensorLayout(z.layout.layout, z.layout.tensor_map[:1]))
-    return ops.cross_entropy(z, labels, reduction=reduction)
+    return ops.cross_entropy(z, labels, reduction=reduction, label_smoothing=smooth)
 
 
 # name -> (operand shapes, DTensor program, numpy twin, positive operands)
@@ -174,6 +175,8 @@ CASES: dict[str, tuple[tuple[tuple[int, ...], ...], Callable, Callable, bool]] =
                              lambda z: _np_cross_entropy(z, "mean"), False),
     "cross_entropy_rows": (((8, 4),), lambda z: _cross_entropy(z, "none"),
                            lambda z: _np_cross_entropy(z, "none"), False),
+    "cross_entropy_smoothing": (((8, 4),), lambda z: _cross_entropy(z, "mean", 0.1),
+                                lambda z: _np_cross_entropy(z, "mean", 0.1), False),
     "attention_padding": (((2, 8, 2, 4),) * 3, _padded_attention,
                           lambda q, k, v: _np_attention(q, k, v, True, keys=KEYS), False),
     "where": (((4, 8), (4, 8)), lambda a, b: ops.where(ops.causal_mask(a.mesh, a.global_shape), a, b),

@@ -196,7 +196,7 @@ def test_cross_entropy_options_refused_in_one_line():
         for call in (lambda: ops.cross_entropy(z3, y), lambda: ops.cross_entropy(z, y, reduction="avg"),
                      lambda: ops.cross_entropy(z, y, ignore_index=1.5),
                      lambda: ops.cross_entropy(z, y), lambda: ops.cross_entropy(z, y, ignore_index=None),
-                     lambda: ops.gelu(z, approximate="erf")):
+                     lambda: ops.gelu(z, approximate="erf"), lambda: ops.cross_entropy(z, y, label_smoothing=1.5)):
             try:
                 call()
             except (OperatorError, ShapeError) as e:
@@ -211,7 +211,8 @@ def test_cross_entropy_options_refused_in_one_line():
         "cross_entropy: 1 label outside [0, 4): labels are class indices, from 0 to the number of classes - 1, "
         "or ignore_index -100",
         "cross_entropy: 2 labels outside [0, 4): labels are class indices, from 0 to the number of classes - 1",
-        "gelu: approximate 'erf' must be 'tanh' or 'none' (as PyTorch's)"]
+        "gelu: approximate 'erf' must be 'tanh' or 'none' (as PyTorch's)",
+        "cross_entropy: label_smoothing 1.5 must be a number from 0 to 1"]
 
 
 @pytest.mark.parametrize("batch", [4092, 4096])  # float32 holds (batch + 1)^2 exactly up to 4,094 rows

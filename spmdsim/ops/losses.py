@@ -124,12 +124,15 @@ def _counts(mesh: Any, summed: Any, bad: int, ignored: int, batch: int, axes: tu
     return total[0], int(total[1]), int(total[2])
 
 
-def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -100, reduction: str = "mean") -> Any:
+def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -100, reduction: str = "mean",
+                  label_smoothing: float = 0.0) -> Any:
     """-log softmax(logits)[label] per row, averaged over the global batch; vocab-parallel when classes are split.
 
     As PyTorch's ``F.cross_entropy``: rows whose label is `ignore_index` (-100 by default; None: none)
     count for nothing, and "mean" divides by the rows that count (NaN if none do); "sum" adds them up;
     "none" gives each row's loss (0 where ignored) as a DTensor (batch,) split like the labels.
+    `label_smoothing` e: each row's loss is (1 - e) times its -log p[label] plus e times the mean of
+    -log p over the classes (PyTorch's), the classes' sum of logits riding in the same Allreduce.
 
     Args:
         logits: float DTensor (batch, classes), any split of either dim.
@@ -141,6 +144,10 @@ def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -10
         raise OperatorError(f"cross_entropy: reduction {reduction!r} must be 'mean', 'sum' or 'none'")
     if ignore_index is not None and (isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer))):
         raise OperatorError(f"cross_entropy: ignore_index {ignore_index!r} must be an integer or None")
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float, np.integer, np.floating)) \
+            or not 0 <= label_smoothing <= 1:
+        raise OperatorError(f"cross_entropy: label_smoothing {label_smoothing!r} must be a number from 0 to 1")
+    smooth = float(label_smoothing)
     layout, (batch, classes) = logits.layout, logits.global_shape
     row_axes, class_axes = axes_of(layout, layout.tensor_map[:1]), axes_of(layout, layout.tensor_map[1:])
     z, ids = logits.local, labels.local
@@ -159,8 +166,12 @@ def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -10
         shift = z.max(axis=1)
     e = np.exp(z - shift[:, None])
     target = np.where(owned, z[rows, np.where(owned, ids, 0)] - shift, 0.0)
-    sums = _row_sum(mesh, np.stack([e.sum(axis=1), target]), class_axes, "cross_entropy.sum")
-    terms = np.where(valid, np.log(sums[0]) - sums[1], 0.0)
+    parts = [e.sum(axis=1), target] + ([z.sum(axis=1)] if smooth else [])
+    sums = _row_sum(mesh, np.stack(parts), class_axes, "cross_entropy.sum")
+    nll = np.log(sums[0]) - sums[1]  # -log p[label]: log of the shifted exponentials' sum - (z[label] - shift)
+    if smooth:  # mean over the classes of -log p = shift + log(sum) - mean of the logits
+        nll = (1 - smooth) * nll + smooth * (shift + np.log(sums[0]) - sums[2] / classes)
+    terms = np.where(valid, nll, 0.0)
     ignored = int(ids.size - np.count_nonzero(valid))
     summed, bad, ignored = _counts(mesh, terms.sum(), bad, ignored, batch, row_axes, z.dtype)
     if bad:
@@ -180,7 +191,9 @@ def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -10
 
     def backward(dl: Any) -> tuple:
         g = e / sum_exp[:, None]
-        g[rows[owned], ids[owned]] -= 1.0
+        g[rows[owned], ids[owned]] -= 1.0 - smooth
+        if smooth:
+            g -= smooth / classes
         g[~valid] = 0.0
         upstream = dl.local[:, None] if reduction == "none" else dl.local / divisor
         return grad_tensor(logits, g * upstream, dl.layout.partial), None
