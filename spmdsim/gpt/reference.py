@@ -287,6 +287,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--batch", type=int, default=GPTConfig.batch)
     ap.add_argument("--dropout", type=float, default=GPTConfig.dropout)
     ap.add_argument("--seed", type=int, default=GPTConfig.seed)
+    ap.add_argument("--clip", type=float, default=GPTConfig.clip, help="clip the gradients' joint norm to this "
+                    "(0: no clipping)")
     ap.add_argument("--prompt", default="def ", help="text the sample starts from")
     ap.add_argument("--sample", type=int, default=300, help="characters to generate")
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
@@ -304,7 +306,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 def _main(args: argparse.Namespace) -> int:
     try:
         cfg = GPTConfig(layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq,
-                        batch=args.batch, dropout=args.dropout, seed=args.seed)
+                        batch=args.batch, dropout=args.dropout, seed=args.seed, clip=args.clip)
         if args.every < 1:
             raise SpmdsimError(f"--every {args.every!r} must be an integer >= 1")
         text = load_text()
