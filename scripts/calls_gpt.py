@@ -6,13 +6,14 @@
 Runs one training step (after three warm-up steps) of spmdsim's GPT (dp 2 x tp 4,
 sequence parallel: forward, backward with buckets, AdamW) and of the hand-written
 numpy + mpi4py peer (scripts/_peer_mpi4py_step.py, blocking calls) on 8 simulated
-ranks, and counts, on rank 0 with a profile hook, every call the rank makes:
+ranks, and counts, on rank 0 with a profile hook, the calls the rank makes:
 Python functions outside numpy (spmdsim's and the program's own, the simulator's
-collectives included), calls into numpy's API (a ufunc, an ndarray method or a
-numpy function: the kernels, each counted once, not what numpy calls inside),
-and other builtins (dict lookups, isinstance, len). On 8 ranks through one
-interpreter lock every call is paid 8 times a step: docs/performance.md, "A GPT
-training step".
+collectives included), numpy functions and ndarray methods called by name (each
+once, not what numpy calls inside), and other builtins (dict lookups,
+isinstance, len). Python's profile hook does not see a ufunc called as an
+object (np.add(a, b), np.exp(x)) or an array operator (a + b, a *= c): those
+kernels run on both sides uncounted. On 8 ranks through one interpreter lock
+every call is paid 8 times a step: docs/performance.md, "A GPT training step".
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 NUMPY = os.path.dirname(np.__file__)
-KINDS = ("Python functions", "numpy API calls", "other builtins")
+KINDS = ("Python functions", "numpy functions", "other builtins")
 
 
 def _numpy_c(function: object) -> bool:
@@ -49,7 +50,7 @@ def _counting(counts: collections.Counter):
     return hook
 
 
-def _spmdsim_step(cfg, counts: collections.Counter) -> None:
+def _spmdsim_step(cfg, counts: collections.Counter, phases: dict) -> None:
     import spmdsim
     from spmdsim import DTensor, Layout, Mesh
     from spmdsim.gpt import batch, encode, load_text
@@ -71,11 +72,18 @@ def _spmdsim_step(cfg, counts: collections.Counter) -> None:
         counting = step == 3 and comm.rank == 0
         opt.zero_grad()
         if counting:
-            sys.setprofile(_counting(counts))
-        model.loss(xd, yd, step).backward(bucket=True)
+            sys.setprofile(_counting(phases["forward"]))
+        loss = model.loss(xd, yd, step)
+        if counting:
+            sys.setprofile(_counting(phases["backward"]))
+        loss.backward(bucket=True)
+        if counting:
+            sys.setprofile(_counting(phases["AdamW"]))
         opt.step()
         if counting:
             sys.setprofile(None)
+            for part in phases.values():
+                counts.update(part)
     mesh.close()
 
 
@@ -114,7 +122,8 @@ def main() -> int:
 
     cfg = GPTConfig(layers=args.layers, d_model=args.d_model, heads=4, seq=args.seq, batch=8, dropout=0.1)
     ours, theirs = collections.Counter(), collections.Counter()
-    spmdsim.simulate(8, _spmdsim_step, cfg, ours)
+    phases = {name: collections.Counter() for name in ("forward", "backward", "AdamW")}
+    spmdsim.simulate(8, _spmdsim_step, cfg, ours, phases)
     spmdsim.simulate(8, _peer_step, cfg, theirs)
     print(f"GPT {args.layers} layers, d_model {args.d_model}, seq {args.seq}, batch 8, dp 2 x tp 4 (sequence "
           "parallel)")
@@ -124,6 +133,9 @@ def main() -> int:
         a = sum(ours.values()) if kind == "all" else ours[kind]
         b = sum(theirs.values()) if kind == "all" else theirs[kind]
         print(f"{kind:24} {a:9,} {b:9,} {a / max(b, 1):6.1f}x")
+    print(f"{'spmdsim by phase':24} {'all':>9} {'numpy fn':>9}")
+    for name, part in phases.items():
+        print(f"{name:24} {sum(part.values()):9,} {part[KINDS[1]]:9,}")
     return 0
 
 

@@ -292,10 +292,14 @@ def test_calls_gpt_counts_both_steps_calls():
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert max(len(line) for line in lines) <= 100
-    rows = {line[:24].strip(): line[24:].split() for line in lines[3:]}
-    assert list(rows) == ["Python functions", "numpy API calls", "other builtins", "all"], done.stdout
+    rows = {line[:24].strip(): line[24:].split() for line in lines[3:7]}
+    assert list(rows) == ["Python functions", "numpy functions", "other builtins", "all"], done.stdout
+    phases = {line[:24].strip(): [int(v.replace(",", "")) for v in line[24:].split()] for line in lines[8:]}
+    assert list(phases) == ["forward", "backward", "AdamW"], done.stdout
     counts = {name: (int(a.replace(",", "")), int(b.replace(",", ""))) for name, (a, b, _) in rows.items()}
     assert all(a > 0 and b > 0 for a, b in counts.values())
     for side in (0, 1):
-        assert counts["all"][side] == sum(counts[k][side] for k in ("Python functions", "numpy API calls",
+        assert counts["all"][side] == sum(counts[k][side] for k in ("Python functions", "numpy functions",
                                                                     "other builtins"))
+    assert sum(p[0] for p in phases.values()) == counts["all"][0]  # the phases make up spmdsim's step
+    assert sum(p[1] for p in phases.values()) == counts["numpy functions"][0]
