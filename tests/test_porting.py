@@ -166,3 +166,34 @@ def test_pytorch_and_jax_spellings_on_a_dtensor_and_a_mesh():
     assert said[3] == ("DialectError: mesh_axis_names ('a', 'b'): a Layout or Mesh names its own axes ('dp', 'tp'); "
                        "leave them out")
     assert Replicate() not in placements
+
+
+def test_zeros_ones_full_make_only_each_ranks_block():
+    """DTensor.zeros / ones / full (PyTorch's torch.distributed.tensor.zeros, ...): each rank's block of the
+    layout, a pending sum held by its first member; a fill value its dtype cannot hold, one line."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim import DTensor, DTypeError, Layout, Mesh
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("a", "b")))
+        L = mesh.layout
+        z = DTensor.zeros(mesh, L("a", None), (4, 6))
+        o = DTensor.ones(mesh, L(None, ("a", "b")), (3, 8), "float32")
+        f = DTensor.full(mesh, L("a", None, partial=("b",)), (4, 2), 2.5)
+        n = DTensor.full(mesh, L(None), (4,), 7, "int64")
+        try:
+            DTensor.full(mesh, L(None), (4,), 2.5, "int64")
+        except DTypeError as e:
+            said = str(e)
+        return (z.local.shape, z.gather(), o.local.shape, o.dtype, o.gather(), f.local, f.gather(), n.gather(), said)
+
+    results = spmdsim.simulate(4, body)
+    z_block, z, o_block, o_dtype, o, f_local, f, n, said = results[1]
+    assert z_block == (2, 6) and not z.any() and z.shape == (4, 6)
+    assert o_block == (3, 2) and o_dtype == np.float32 and (o == 1).all() and o.shape == (3, 8)
+    assert (f == 2.5).all() and (f_local == 0).all()  # rank 1 is the second member over "b": zeros
+    assert (results[0][5] == 2.5).all()  # rank 0 holds the value
+    assert n.tolist() == [7, 7, 7, 7]
+    assert said == "fill value 2.5 must be a number that dtype 'int64' holds"

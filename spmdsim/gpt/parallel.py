@@ -126,8 +126,7 @@ class GPT:
         for spec in param_specs(cfg):
             layout, source = chosen[spec.name], seeded(cfg, spec)
             if source is None:
-                local = np.full(layout.local_shape(spec.shape), constant(spec), np.float64)
-                self.params[spec.name] = DTensor(mesh, local, layout, spec.shape)
+                self.params[spec.name] = DTensor.full(mesh, layout, spec.shape, constant(spec))
             else:
                 self.params[spec.name] = DTensor.from_seeded(mesh, layout, source)
             self.params[spec.name].requires_grad_()

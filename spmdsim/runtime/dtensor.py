@@ -31,6 +31,7 @@ __all__ = ["DTensor"]
 _PLAIN_DTYPES = frozenset(np.dtype(c) for c in np.typecodes["AllInteger"] + np.typecodes["AllFloat"])
 
 Reference = Union[SeededTensor, np.ndarray, Callable[[tuple], Any]]
+_SEEDABLE = ("float32", "float64", "int32", "int64")  # SeededTensor's dtypes (full's size checks borrow it)
 
 
 # typed, the sizes as separate arguments: (16.0, 8) and (True, 8) hash like (16, 8) and (1, 8) and must miss.
@@ -159,6 +160,38 @@ class DTensor:
         else:
             local = buffers.zeros(layout.local_shape(shape), seeded.dtype)
         return cls(mesh, local, layout, shape)
+
+    @classmethod
+    def full(cls, mesh: Mesh, layout: TensorLayout, shape: Sequence[int], value: Any,
+             dtype: Any = "float64") -> "DTensor":
+        """A tensor of `shape` filled with `value`, each rank making only its block (PyTorch's
+        ``torch.distributed.tensor.full``); a pending sum holds it on the first member, zeros on the others."""
+        _check_placement(mesh, layout)
+        kind = dtype_arg(dtype)
+        if isinstance(value, np.generic):
+            value = value.item()
+        if not isinstance(value, (int, float, bool)) or (kind.kind in "iub" and isinstance(value, float)
+                                                         and value != int(value)):
+            raise DTypeError(f"fill value {value!r} must be a number that dtype {kind.name!r} holds")
+        seeded = SeededTensor(tuple(shape), kind.name if kind.name in _SEEDABLE else "float64")
+        from .budget import check_seeded
+
+        shape = layout.check_shape(seeded.shape)
+        check_seeded(mesh.comm, layout, seeded)  # the same limits as a generated tensor, on every rank alike
+        local = buffers.zeros(layout.local_shape(shape), kind)
+        if value and _holds_value(mesh, layout):
+            local[...] = value
+        return cls(mesh, local, layout, shape)
+
+    @classmethod
+    def zeros(cls, mesh: Mesh, layout: TensorLayout, shape: Sequence[int], dtype: Any = "float64") -> "DTensor":
+        """Zeros of `shape`, each rank making only its block (PyTorch's ``torch.distributed.tensor.zeros``)."""
+        return cls.full(mesh, layout, shape, 0, dtype)
+
+    @classmethod
+    def ones(cls, mesh: Mesh, layout: TensorLayout, shape: Sequence[int], dtype: Any = "float64") -> "DTensor":
+        """Ones of `shape`, each rank making only its block (PyTorch's ``torch.distributed.tensor.ones``)."""
+        return cls.full(mesh, layout, shape, 1, dtype)
 
     @classmethod
     def from_global(cls, mesh: Mesh, array: Any, layout: TensorLayout) -> "DTensor":
