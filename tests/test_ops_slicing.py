@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim import DialectError, DTensor, Layout, Mesh, OperatorError, SeededTensor, ShapeError, ops
+from spmdsim import DialectError, DTensor, Layout, Mesh, OperatorError, SeededTensor, ShapeError, collect_trace, ops
 from spmdsim.infer import infer_broadcast_to, infer_concatenate, infer_narrow
 from spmdsim.reference import gelu
 from spmdsim.reference_grad import numeric_grads
@@ -39,6 +39,62 @@ def test_narrow_rule_is_local_and_keeps_pending_sums():
     assert infer_narrow(pending, (4, 6), -1, -2, 2) == (pending, 1, 4, (4, 2))
 
 
+def test_narrow_rule_of_a_split_dim_keeps_the_split_that_divides_the_slice():
+    x = L(("dp", "tp"), None, partial=())
+    assert infer_narrow(x, (16, 3), 0, 8, 8) == (x, 0, 8, (8, 3))  # 8 rows over 8 shards
+    assert infer_narrow(x, (16, 3), 0, 1, 6) == (L("dp", None), 0, 1, (6, 3))  # 6 rows: over dp only
+    assert infer_narrow(x, (16, 3), 0, -1, 1) == (L(None, None), 0, 15, (1, 3))  # one row: whole
+    pending = L(None, "tp", partial=("dp",))
+    assert infer_narrow(pending, (2, 8), 1, 2, 4) == (pending, 1, 2, (2, 4))
+
+
+def test_shift_moves_each_rank_only_the_rows_it_lacks():
+    """narrow(x, 0, 1, 4) of 8 rows over dp (a 2 x 4 mesh): dp 0 keeps rows 1:3 of its 0:4 and sends row 3 to
+    its dp 1 peer (same tp coordinate), which keeps row 4 of its 4:8: one row a rank on dp 1, the lower bound."""
+    from spmdsim.plan.shift import Shift
+
+    x, every = L("dp", None), slice(None)
+    shift = Shift(x, (8, 3), x, (4, 3), 0, 1)
+    first, second = shift.moves(1), shift.moves(5)  # tp 1 on dp 0 and on dp 1
+    assert first.own == ((slice(0, 2), every), (slice(1, 3), every))
+    assert first.sends == ((5, (slice(3, 4), every), (1, 3)),) and first.places == ()
+    assert second.own == ((slice(1, 2), every), (slice(0, 1), every)) and second.sends == ()
+    assert second.places == ((1, (slice(0, 1), every), (1, 3)),)
+    assert shift.bytes_per_rank(8) == ((24,) * 4 + (0,) * 4, (0,) * 4 + (24,) * 4)
+    back = Shift(x, (4, 3), x, (8, 3), 0, -1)  # the gradient: row 2 of the slice goes back to dp 0
+    assert back.moves(5).sends == ((1, (slice(0, 1), every), (1, 3)),)
+    assert back.moves(5).own == ((slice(0, 1), every), (slice(1, 2), every))
+    assert back.moves(1).own == ((slice(1, 3), every), (slice(0, 2), every))
+    assert back.moves(1).places == ((5, (slice(3, 4), every), (1, 3)),)
+    assert not shift.moves_nothing and Shift(x, (8, 3), x, (4, 3), 0, 2).moves_nothing  # rows 2:6: all kept
+
+
+def _split_slices():
+    mesh = Mesh(L, spmdsim.world())
+    a = np.arange(64.0).reshape(8, 8)
+    x = DTensor.from_global(mesh, a, mesh.layout("dp", "tp")).requires_grad_()
+    with collect_trace() as trace:
+        last = x[..., -1]  # the last column, held by tp 3: whole on every rank
+        rows = ops.narrow(x, 0, 2, 4)
+    got = (last.layout, last.gather(), rows.layout, rows.gather(), ops.chunk(x, 4, 1)[2].gather())
+    (ops.sum(last) + ops.sum(rows * 2.0)).backward()
+    return got, x.grad.gather(), [(e.op, e.bytes_sent, e.bytes_received) for e in trace.entries]
+
+
+def test_slices_of_split_dims_move_the_rows_by_one_alltoallv_each():
+    (last_layout, last, rows_layout, rows, chunk), grad, calls = spmdsim.simulate(8, _split_slices)[5]
+    a = np.arange(64.0).reshape(8, 8)
+    assert last_layout == L("dp") and np.array_equal(last, a[:, -1])
+    assert rows_layout == L("dp", "tp") and np.array_equal(rows, a[2:6]) and np.array_equal(chunk, a[:, 4:6])
+    want = np.zeros((8, 8))
+    want[:, -1] += 1.0
+    want[2:6] += 2.0
+    assert np.array_equal(grad, want)
+    # Rank 5 (dp 1, tp 1) holds rows 4:8, columns 2:4: it sends nothing of column 7 and receives its 4 rows
+    # of it from tp 3 (4 x 8 B); rows 2:6 over dp are rows 2:4 and 4:6, which dp 0 and dp 1 hold: no call.
+    assert calls == [("alltoallv", 0, 32)]
+
+
 def test_concatenate_rule_moves_the_cheaper_operand_and_keeps_an_agreed_pending_sum():
     plan = infer_concatenate((L("dp", None), L(None, None)), ((4, 3), (4, 5)), 1, "float64")
     assert plan.out == L("dp", None) and plan.targets == (L("dp", None), L("dp", None))
@@ -56,11 +112,6 @@ def _refusals():
     x = DTensor.from_global(mesh, np.ones((4, 8)), mesh.layout("dp", "tp"))
     w = DTensor.from_global(mesh, np.ones((3, 8)), mesh.layout(None, "tp"))
     cases = [
-        (lambda: ops.narrow(x, 1, 0, 4), OperatorError,
-         'narrow along dim 1 of x mapped ("dp", "tp"): that dim is split over "tp", so the result would cut across '
-         "ranks' blocks; make it whole first, e.g. x.redistribute(mesh.layout('dp', None)) (one Allgather)"),
-        (lambda: x[:, :4], OperatorError, 'x[:, :4]: narrow along dim 1 of x mapped ("dp", "tp"): that dim is split'),
-        (lambda: x[..., -1], OperatorError, "x[..., -1]: narrow along dim 1 of x mapped"),
         (lambda: ops.concatenate([x, x], 1), OperatorError,
          'concatenate along dim 1 of operand 0 mapped ("dp", "tp"): that dim is split over "tp"'),
         (lambda: ops.concatenate([x, w], 0), OperatorError, "concatenate along dim 0 of operand 0 mapped"),

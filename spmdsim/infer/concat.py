@@ -1,12 +1,14 @@
 """Pure layout inference for slicing one dim (`narrow`), joining tensors along one (`concatenate`), and
 numpy's `broadcast_to` (new and size-1 dims grow whole on every rank, the others keep their splits).
 
-Both are local when the dim is whole on every rank: each rank slices or
-joins its own blocks and nothing moves; the other dims keep their splits
-and a pending sum stays pending (both are linear). A dim split over the
-mesh is refused, naming the map to redistribute to: a slice or a join
-across ranks' blocks would need a different block from every rank, and
-making the dim whole first (one Allgather) is the user's visible choice.
+A slice of a dim whole on every rank is local: each rank slices its own
+block and nothing moves. A slice of a split dim keeps the split where the
+slice's length divides among the dim's shards (else the longest run of its
+leading axes that divides it, else the dim whole), and each rank receives
+the rows of its new block it does not hold, from the rank of its group that
+does (`spmdsim.plan.shift`: the lower bound, one Alltoallv). The other dims
+keep their splits and a pending sum stays pending (a slice is linear). A
+join along a split dim is refused, naming the map to redistribute to.
 Operands of `concatenate` that disagree on the other dims are moved by the
 least-bytes rule of the elementwise ops (spmdsim.infer.assign). Never
 imports mpi4py.
@@ -46,9 +48,11 @@ def _whole(x: TensorLayout, d: int, op: str, what: str) -> None:
 
 def infer_narrow(x: TensorLayout, shape: Sequence[int], dim: object, start: object,
                  length: object) -> tuple[TensorLayout, int, int, tuple[int, ...]]:
-    """(layout, dim, start, shape) of x[..., start:start + length, ...] along `dim` (a local slice).
+    """(layout, dim, start, shape) of x[..., start:start + length, ...] along `dim`.
 
-    `start` may be negative (counted from the end, as Python's); `dim` must be whole on every rank.
+    `start` may be negative (counted from the end, as Python's). The layout is `x` itself when
+    `dim` is whole on every rank (a local slice); for a split `dim` it keeps the longest run of the
+    dim's leading axes whose shards divide `length` (the rows then move: `spmdsim.plan.shift`).
     """
     shape = x.check_shape(shape)
     d = _tensor_dim(dim, x.ndim, "narrow")
@@ -61,8 +65,12 @@ def infer_narrow(x: TensorLayout, shape: Sequence[int], dim: object, start: obje
     if n is None or isinstance(length, bool) or not 0 <= n <= size - s:
         raise OperatorError(f"narrow: length {length!r} does not fit dim {d} of size {size} from start {s} "
                             f"(expected an integer from 0 to {size - s})")
-    _whole(x, d, "narrow", "x")
-    return x, d, s, shape[:d] + (n,) + shape[d + 1:]
+    entry = x.tensor_map[d]
+    keep = entry
+    while keep and n % x.layout.group_size(keep):
+        keep = keep[:-1]
+    out = x if keep == entry else x.with_map(*(keep if k == d else e for k, e in enumerate(x.tensor_map)))
+    return out, d, s, shape[:d] + (n,) + shape[d + 1:]
 
 
 @dataclass(frozen=True)

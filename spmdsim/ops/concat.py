@@ -1,11 +1,13 @@
 """Slicing one dim (`narrow`) and joining DTensors along one (`concatenate`), by spmdsim.infer.concat.
 
-The dim must be whole on every rank (refused otherwise, naming the map to
-redistribute to): each rank slices or joins its own blocks and nothing
-moves; the other dims keep their splits and pending sums stay pending.
-Rotary embeddings' halves are ``narrow(q, -1, 0, d // 2)`` and
-``narrow(q, -1, d // 2, d // 2)``, joined back by ``concatenate``. Gradients
-are local: a slice's pads its gradient with zeros, a join's cuts it apart.
+A slice of a dim whole on every rank is local. A slice of a split dim moves
+the rows each rank's new block lacks from the rank of its group that holds
+them (one Alltoallv, the lower bound: spmdsim.plan.shift), and its gradient
+moves them back, zeros elsewhere. A join needs its dim whole on every rank
+(refused otherwise, naming the map to redistribute to); the other dims keep
+their splits and pending sums stay pending. Rotary embeddings' halves are
+``narrow(q, -1, 0, d // 2)`` and ``narrow(q, -1, d // 2, d // 2)``, joined
+back by ``concatenate``. A join's gradient cuts it apart.
 """
 from __future__ import annotations
 
@@ -13,10 +15,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..autograd.graph import record
+from ..autograd.graph import record, with_partial
 from ..autograd.rules import grad_tensor
 from ..errors import OperatorError
 from ..infer.concat import infer_broadcast_to, infer_concatenate, infer_narrow
+from ..plan.shift import Shift
 from ..validate import as_int, dtype_name
 from .local import reshape as _reshape
 from ._common import check_dtensor, describe, make_dtensor, raise_if_not_dtensors, result_dtype, same_mesh
@@ -25,12 +28,19 @@ __all__ = ["narrow", "concatenate", "stack", "broadcast_to", "getitem"]
 
 
 def narrow(x: Any, dim: int, start: int, length: int) -> Any:
-    """x[..., start:start + length, ...] along `dim` (PyTorch's narrow), which must be whole on every rank."""
+    """x[..., start:start + length, ...] along `dim` (PyTorch's narrow).
+
+    Along a split dim the result keeps the split where `length` divides among its shards (else the dim
+    is whole on every rank) and the rows move by one Alltoallv, each rank receiving only the rows of its
+    new block it lacks; nothing moves along a whole dim.
+    """
     try:
         layout, d, s, shape = infer_narrow(x.layout, x.global_shape, dim, start, length)
     except AttributeError:
         raise_if_not_dtensors("narrow", ("x",), x)
         raise
+    if x.layout.num_shards(d) > 1:
+        return _narrow_split(x, layout, d, s, shape)
     index = (slice(None),) * d + (slice(s, s + shape[d]),)
     out = make_dtensor(x.mesh, x.local[index], layout, shape)
     if x._ag is None:
@@ -44,9 +54,27 @@ def narrow(x: Any, dim: int, start: int, length: int) -> Any:
     return record(out, "narrow", (x,), backward)
 
 
+def _narrow_split(x: Any, layout: Any, d: int, s: int, shape: tuple) -> Any:
+    """`narrow` of a split dim: its rows moved by `Shift` (its gradient: moved back, zeros elsewhere)."""
+    from ..runtime.exchange import shifted
+
+    rows = f"[{s}:{s + shape[d]}]"
+    move = Shift(x.layout, tuple(x.global_shape), layout, shape, d, s)
+    out = make_dtensor(x.mesh, shifted(x.mesh, x.local, move, f"narrow dim {d} {rows}"), layout, shape)
+    if x._ag is None:
+        return out
+
+    def backward(dy: Any) -> tuple:
+        back = Shift(dy.layout, shape, with_partial(x.layout, dy.layout.partial), tuple(x.global_shape), d, -s)
+        grad = shifted(dy.mesh, dy.local, back, f"narrow dim {d} {rows}: gradient back")
+        return (grad_tensor(x, grad, dy.layout.partial),)
+
+    return record(out, lambda: f"narrow dim {d} {rows} of {x.layout}", (x,), backward)
+
+
 def chunk(x: Any, chunks: int, dim: int = 0) -> tuple:
     """`x` cut along `dim` into `chunks` pieces of ceil(size / chunks) (the last smaller, fewer pieces if the
-    dim runs out), as PyTorch's chunk: narrows of a dim that must be whole on every rank."""
+    dim runs out), as PyTorch's chunk: a `narrow` each."""
     n = as_int(chunks)
     if n is None or isinstance(chunks, bool) or n < 1:
         raise OperatorError(f"chunk: chunks {chunks!r} must be a positive integer")
@@ -155,7 +183,7 @@ def broadcast_to(x: Any, shape: Any) -> Any:
 
 
 def getitem(x: Any, index: Any) -> Any:
-    """``x[index]`` for ints, slices of step 1, ``...`` and None, by `narrow` (cut dims whole on every rank)."""
+    """``x[index]`` for ints, slices of step 1, ``...`` and None, by `narrow` on each cut dim."""
     items = index if isinstance(index, tuple) else (index,)
     shape = tuple(x.global_shape)
     used = sum(1 for item in items if item is not None and item is not Ellipsis)

@@ -9,6 +9,7 @@ buffer, receive into one flat buffer, and record one trace entry.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from itertools import accumulate
 from time import perf_counter
 from typing import Any, Mapping
@@ -21,7 +22,7 @@ from ._calls import _alone, _empty, _result, issue
 from .exchange_spec import ExchangeSpec
 from .mesh import Mesh
 
-__all__ = ["alltoallv", "exchange"]
+__all__ = ["alltoallv", "exchange", "shifted"]
 
 _ndarray = np.ndarray
 
@@ -135,6 +136,40 @@ def exchange(mesh: Mesh, local: np.ndarray, spec: ExchangeSpec, label: str | Non
                  ([send, (spec.scounts, spec.sdispls)], [recv, (spec.rcounts, spec.rdispls)]), recv,
                  dtype, (), (spec.send_total * dtype.itemsize, recv.nbytes), copied, t0, None,
                  (spec.scounts, spec.rcounts))
+
+
+def shifted(mesh: Mesh, local: np.ndarray, shift: Any, label: str | None = None) -> np.ndarray:
+    """This rank's block of `shift`'s result (a spmdsim.plan.shift.Shift of `local`'s tensor): the rows it
+    keeps copied, the others received in one Alltoallv over the mesh (none when the dim is whole); rows
+    no rank holds are zeros. Collective: every rank calls it with the same shift."""
+    moves = shift.moves(mesh.rank)
+    out = np.zeros(moves.out_shape, local.dtype)
+    if moves.own is not None:
+        out[moves.own[0]] = local[moves.own[1]]
+    if shift.moves_nothing:
+        return out
+    engine = mesh.engine
+    if engine.dry:  # one rank runs for all: the dry report takes every rank's bytes from the shift
+        engine.ran(_ShiftBytes(*shift.bytes_per_rank(local.dtype.itemsize)))
+    spec = _shift_spec(shift, mesh.size, mesh.rank, local.shape)
+    recv = exchange(mesh, local if local.flags.c_contiguous else np.ascontiguousarray(local), spec, label)
+    for (_, index, shape), (_, lo, hi) in zip(moves.places, spec.recv_slots):
+        out[index] = recv[lo:hi].reshape(shape)
+    return out
+
+
+class _ShiftBytes:
+    """What the dry engine reads of a step: the bytes each rank sends and receives."""
+
+    def __init__(self, sent: tuple, received: tuple) -> None:
+        self.bytes_sent, self.bytes_received = sent, received
+
+
+@lru_cache(maxsize=1024)
+def _shift_spec(shift: Any, size: int, rank: int, local_shape: tuple) -> ExchangeSpec:
+    moves = shift.moves(rank)
+    return ExchangeSpec.build(size, rank, local_shape, moves.sends,
+                              [(src, math.prod(shape)) for src, _, shape in moves.places])
 
 
 def _mesh_rank(r: Any, size: int, what: str) -> int:
