@@ -145,14 +145,18 @@ CASES: dict[str, tuple[tuple[tuple[int, ...], ...], Callable, Callable, bool]] =
     "square_rsqrt": (((4, 8),), lambda a: ops.square(a) + ops.rsqrt(a), lambda a: a * a + 1 / np.sqrt(a), True),
     "clip": (((4, 8), (8,)), lambda a, b: ops.clip(a, -0.5, b), lambda a, b: np.clip(a, -0.5, b), False),
     "clip_low": (((4, 8),), lambda a: ops.clip(a, low=0.2), lambda a: np.maximum(a, 0.2), False),
-    # The joined dims have odd sizes: no random map splits them (a split one is refused). The narrow cases'
-    # sliced dims too (a local slice); the *_split cases' are even, so random maps split them (rows move).
+    # narrow's and concatenate's sliced and joined dims have odd sizes: no random map splits them (local);
+    # the *_split and rotate_halves cases' are even, so random maps split them (rows move).
     "narrow": (((4, 8, 5),), lambda a: ops.narrow(a, 2, 1, 3), lambda a: a[:, :, 1:4], False),
     "narrow_negative": (((3, 8),), lambda a: ops.narrow(a, 0, -2, 2), lambda a: a[-2:], False),
     "narrow_split": (((4, 8, 4),), lambda a: ops.narrow(a, 1, 2, 4), lambda a: a[:, 2:6], False),
     "getitem_split": (((8, 8),), lambda a: a[3:7, -1] * a[-1, 4:], lambda a: a[3:7, -1] * a[-1, 4:], False),
     "chunk_split": (((8, 4),), lambda a: ops.chunk(a, 4, 0)[1] - ops.chunk(a, 2, 0)[1][:2],
                     lambda a: a[2:4] - a[4:6], False),
+    "concatenate_split": (((4, 8), (4, 4)), lambda a, b: ops.concatenate([a, b, a], 1),
+                          lambda a, b: np.concatenate([a, b, a], 1), False),
+    "rotate_halves": (((2, 4, 8),), lambda a: ops.concatenate([-a[..., 4:], a[..., :4]], -1) * a,
+                      lambda a: np.concatenate([-a[..., 4:], a[..., :4]], -1) * a, False),
     "concatenate": (((3, 4, 2), (5, 4, 2)), lambda a, b: ops.concatenate([b, a], 0),
                     lambda a, b: np.concatenate([b, a], 0), False),
     "concatenate_last": (((4, 8, 3), (4, 8, 1)), lambda a, b: ops.concatenate([a, -b, a], -1),

@@ -8,10 +8,10 @@ leading axes that divides it, else the dim whole), and each rank receives
 the rows of its new block it does not hold, from the rank of its group that
 does (`spmdsim.plan.shift`: the lower bound, one Alltoallv). The other dims
 keep their splits and a pending sum stays pending (a slice is linear). A
-join along a split dim is refused, naming the map to redistribute to.
-Operands of `concatenate` that disagree on the other dims are moved by the
-least-bytes rule of the elementwise ops (spmdsim.infer.assign). Never
-imports mpi4py.
+join along a split dim moves each operand's rows to the ranks whose block of
+the result holds them, the same way. Operands of `concatenate` that disagree
+on the other dims are moved by the least-bytes rule of the elementwise ops
+(spmdsim.infer.assign). Never imports mpi4py.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..errors import OperatorError, ShapeError
-from ..layout import TensorLayout, format_entry
+from ..layout import TensorLayout
 from ..validate import as_int
 from .assign import Choice, choose_splits
 
@@ -33,17 +33,6 @@ def _tensor_dim(dim: object, ndim: int, op: str) -> int:
         raise OperatorError(f"{op}: dim {dim!r} is out of range for a tensor of {ndim} dims "
                             f"(expected an integer from {-ndim} to {ndim - 1})")
     return d % ndim
-
-
-def _whole(x: TensorLayout, d: int, op: str, what: str) -> None:
-    """OperatorError unless dim `d` of `x` is whole on every rank (split over no axis of size above 1)."""
-    entry = x.tensor_map[d]
-    if x.layout.group_size(entry) > 1:
-        fix = tuple(None if k == d else (e[0] if len(e) == 1 else e) if e else None
-                    for k, e in enumerate(x.tensor_map))
-        raise OperatorError(f"{op} along dim {d} of {what} mapped {x}: that dim is split over "
-                            f"{format_entry(entry)}, so the result would cut across ranks' blocks; "
-                            f"make it whole first, e.g. x.redistribute(mesh.layout{fix!r}) (one Allgather)")
 
 
 def infer_narrow(x: TensorLayout, shape: Sequence[int], dim: object, start: object,
@@ -75,7 +64,12 @@ def infer_narrow(x: TensorLayout, shape: Sequence[int], dim: object, start: obje
 
 @dataclass(frozen=True)
 class ConcatPlan:
-    """Each operand's layout before the join, the output's, and where each operand lands along `dim`."""
+    """Each operand's layout before the join, the output's, and where each operand lands along `dim`.
+
+    `targets` are the operands' layouts for the join: the other dims as `choice` splits them, the joined dim
+    as the operand had it (less any axis `choice` gave another dim). Where the joined dim is split in a
+    target or in `out`, each operand's rows move to the result's blocks (`spmdsim.plan.shift`).
+    """
 
     dim: int
     shape: tuple[int, ...]
@@ -83,14 +77,19 @@ class ConcatPlan:
     choice: Choice
     out: TensorLayout
     offsets: tuple[int, ...]  # each operand's first index along `dim` in the output
+    targets: tuple[TensorLayout, ...]
 
     @property
-    def targets(self) -> tuple[TensorLayout, ...]:
-        return self.choice.targets
+    def local(self) -> bool:
+        """True when the joined dim is whole in every target and in the result: each rank joins its blocks."""
+        return self.out.num_shards(self.dim) == 1 and all(t.num_shards(self.dim) == 1 for t in self.targets)
 
     def why(self) -> str:
         """What moved and why, in a few clauses."""
-        parts = self.choice.moves(self.sources)
+        parts = self.choice.moves(self.sources) if self.local else []
+        if not self.local:
+            parts.append(f"dim {self.dim} is split: each operand's rows move to the ranks whose block of the "
+                         f"result {self.out} holds them (one Alltoallv each where any rank lacks rows)")
         if self.out.partial:
             parts.append(f"the result stays pending over {self.out.partial!r} (a join is linear)")
         return "; ".join(parts) if parts else f"dim {self.dim} is whole on every rank: no communication"
@@ -98,7 +97,12 @@ class ConcatPlan:
 
 def infer_concatenate(layouts: tuple[TensorLayout, ...], shapes: tuple[tuple[int, ...], ...], dim: object,
                       dtype: str) -> ConcatPlan:
-    """Plan joining operands along `dim` (whole on every rank); the other dims must agree in size."""
+    """Plan joining operands along `dim`; the other dims must agree in size.
+
+    The other dims' splits are chosen by the least-bytes rule of the elementwise ops; the joined dim keeps
+    each operand's split, and the result's is the first operand's that divides the joined size (else the
+    longest run of its leading axes that does, else whole).
+    """
     if not layouts:
         raise OperatorError("concatenate: no operands; give a sequence of DTensors")
     mesh, ndim = layouts[0].layout, layouts[0].ndim
@@ -116,24 +120,30 @@ def infer_concatenate(layouts: tuple[TensorLayout, ...], shapes: tuple[tuple[int
         if shape[:d] + shape[d + 1:] != shapes[0][:d] + shapes[0][d + 1:]:
             raise ShapeError(f"concatenate along dim {d}: operand {k} of shape {tuple(shape)!r} differs from "
                              f"operand 0 of shape {tuple(shapes[0])!r} in another dim")
-        _whole(layouts[k], d, "concatenate", f"operand {k}")
     # One pending sum over the same axes everywhere stays pending; any other mix is resolved first.
     pending = {t.addend_axes for t in layouts}
     kept = layouts[0].partial if len(pending) == 1 and layouts[0].addend_axes else ()
     if ndim > len(string.ascii_letters):
         raise ShapeError(f"concatenate: {ndim} dims are more than spmdsim's elementwise ops take (52)")
-    # Every operand names its dims alike; the joined dim (whole everywhere) decides no split.
+    # Every operand names its dims alike; the joined dim decides no split of the others.
     letters = string.ascii_letters[:ndim]
     words = (letters,) * len(layouts)
     deciding = (frozenset(letters[:d] + letters[d + 1:]),) * len(layouts)
     choice = choose_splits(words, layouts, shapes, dtype, [kept] * len(layouts), kept, deciding)
-    out = TensorLayout(mesh, tuple(() if i == d else choice.axes(ch) for i, ch in enumerate(letters)), kept)
+    taken = {a for i, ch in enumerate(letters) if i != d for a in choice.axes(ch)}
+    joined = [tuple(a for a in t.tensor_map[d] if a not in taken) for t in layouts]
+    targets = tuple(t.with_map(*(joined[k] if i == d else e for i, e in enumerate(t.tensor_map)))
+                    for k, t in enumerate(choice.targets))
     offsets, total = [], 0
     for shape in shapes:
         offsets.append(total)
         total += shape[d]
+    entry = next((e for e in joined if e), ())
+    while entry and total % mesh.group_size(entry):
+        entry = entry[:-1]
+    out = TensorLayout(mesh, tuple(entry if i == d else choice.axes(ch) for i, ch in enumerate(letters)), kept)
     out_shape = tuple(shapes[0][:d]) + (total,) + tuple(shapes[0][d + 1:])
-    return ConcatPlan(d, out_shape, tuple(layouts), choice, out, tuple(offsets))
+    return ConcatPlan(d, out_shape, tuple(layouts), choice, out, tuple(offsets), targets)
 
 
 def infer_broadcast_to(x: TensorLayout, shape: Sequence[int],

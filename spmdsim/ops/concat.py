@@ -3,11 +3,11 @@
 A slice of a dim whole on every rank is local. A slice of a split dim moves
 the rows each rank's new block lacks from the rank of its group that holds
 them (one Alltoallv, the lower bound: spmdsim.plan.shift), and its gradient
-moves them back, zeros elsewhere. A join needs its dim whole on every rank
-(refused otherwise, naming the map to redistribute to); the other dims keep
-their splits and pending sums stay pending. Rotary embeddings' halves are
-``narrow(q, -1, 0, d // 2)`` and ``narrow(q, -1, d // 2, d // 2)``, joined
-back by ``concatenate``. A join's gradient cuts it apart.
+moves them back, zeros elsewhere; a join along a split dim moves each
+operand's rows into the result's blocks the same way, and a join along a
+whole dim is local. The other dims keep their splits and pending sums stay
+pending. Rotary embeddings' halves are ``narrow(q, -1, 0, d // 2)`` and
+``narrow(q, -1, d // 2, d // 2)``, joined back by ``concatenate``.
 """
 from __future__ import annotations
 
@@ -95,10 +95,11 @@ def chunk(x: Any, chunks: int, dim: int = 0) -> tuple:
 
 
 def concatenate(xs: Sequence[Any], dim: int = 0) -> Any:
-    """The DTensors `xs` joined along `dim` (numpy.concatenate), which must be whole on every rank.
+    """The DTensors `xs` joined along `dim` (numpy.concatenate).
 
     Operands that disagree on the other dims' splits move by the least-bytes rule (as for ``add``);
     one pending sum over the same axes in every operand stays pending, any other mix is resolved first.
+    Along a split dim each operand's rows move to the ranks whose block of the result holds them.
     """
     if isinstance(xs, (str, bytes)) or not hasattr(xs, "__iter__") or hasattr(xs, "_ag"):
         raise OperatorError(f"concatenate: xs must be a sequence of DTensors, got {describe(xs)}")
@@ -115,6 +116,8 @@ def concatenate(xs: Sequence[Any], dim: int = 0) -> Any:
         from ..runtime.executor import redistribute
 
         xs = [x if x.layout == t else redistribute(x, t) for x, t in zip(xs, plan.targets)]
+    if not plan.local:
+        return _concatenate_split(mesh, xs, plan, dtype)
     d = plan.dim
     out = make_dtensor(mesh, np.concatenate([x.local for x in xs], axis=d).astype(dtype, copy=False),
                        plan.out, plan.shape)
@@ -134,6 +137,34 @@ def concatenate(xs: Sequence[Any], dim: int = 0) -> Any:
         return tuple(pieces)
 
     return record(out, "concatenate", tuple(xs), backward)
+
+
+def _concatenate_split(mesh: Any, xs: list, plan: Any, dtype: Any) -> Any:
+    """`concatenate` along a dim split somewhere: each operand's rows moved into the result's blocks by a
+    `Shift` (its gradient: the result's rows moved back to each operand)."""
+    from ..runtime.exchange import shifted
+
+    d, shape = plan.dim, plan.shape
+    block = np.empty(plan.out.local_shape(shape), dtype)
+    for k, (x, at) in enumerate(zip(xs, plan.offsets)):
+        move = Shift(x.layout, tuple(x.global_shape), plan.out, shape, d, -at)
+        shifted(mesh, x.local, move, f"concatenate dim {d}: operand {k}", out=block)
+    out = make_dtensor(mesh, block, plan.out, shape)
+    if all(x._ag is None for x in xs):
+        return out
+
+    def backward(dy: Any) -> tuple:
+        pieces = []
+        for k, (x, at) in enumerate(zip(xs, plan.offsets)):
+            if x._ag is None:
+                pieces.append(None)
+                continue
+            back = Shift(dy.layout, shape, with_partial(x.layout, dy.layout.partial), tuple(x.global_shape), d, at)
+            grad = shifted(mesh, dy.local, back, f"concatenate dim {d}: gradient of operand {k}")
+            pieces.append(grad_tensor(x, grad, dy.layout.partial))
+        return tuple(pieces)
+
+    return record(out, lambda: f"concatenate dim {d} into {plan.out}", tuple(xs), backward)
 
 
 def stack(xs: Sequence[Any], dim: int = 0) -> Any:

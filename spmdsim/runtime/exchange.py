@@ -138,12 +138,15 @@ def exchange(mesh: Mesh, local: np.ndarray, spec: ExchangeSpec, label: str | Non
                  (spec.scounts, spec.rcounts))
 
 
-def shifted(mesh: Mesh, local: np.ndarray, shift: Any, label: str | None = None) -> np.ndarray:
+def shifted(mesh: Mesh, local: np.ndarray, shift: Any, label: str | None = None,
+            out: np.ndarray | None = None) -> np.ndarray:
     """This rank's block of `shift`'s result (a spmdsim.plan.shift.Shift of `local`'s tensor): the rows it
-    keeps copied, the others received in one Alltoallv over the mesh (none when the dim is whole); rows
-    no rank holds are zeros. Collective: every rank calls it with the same shift."""
+    keeps copied, the others received in one Alltoallv over the mesh (none when no rank lacks rows); rows
+    no rank holds are zeros, or left as they are in `out` (the block to write into). Collective: every
+    rank calls it with the same shift."""
     moves = shift.moves(mesh.rank)
-    out = np.zeros(moves.out_shape, local.dtype)
+    if out is None:
+        out = np.zeros(moves.out_shape, local.dtype)
     if moves.own is not None:
         out[moves.own[0]] = local[moves.own[1]]
     if shift.moves_nothing:
