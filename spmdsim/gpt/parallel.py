@@ -176,8 +176,9 @@ class GPT:
         out = self._row_out(ops.einsum("btf,fd->btd", m, p[pre + "mlp.w2"])) + p[pre + "mlp.b2"]
         return h + self._dropout(out, pre + "resid2", step, train)
 
-    def logits(self, ids: Any, step: Optional[int] = None, train: bool = False) -> Any:
-        """Logits (B, T, V) split over the vocabulary on tp, from token ids (B, T) laid out ("dp", None)."""
+    def logits(self, ids: Any, step: Optional[int] = None, train: bool = False, last: bool = False) -> Any:
+        """Logits (B, T, V) split over the vocabulary on tp, from token ids (B, T) laid out ("dp", None);
+        `last`: those of the last position only, (B, 1, V) (with sp, only its rows move, not the sequence)."""
         from ..runtime.executor import redistribute
 
         p, cfg = self.params, self.cfg
@@ -186,6 +187,8 @@ class GPT:
         h = self._dropout(tok + p["wpe"], "emb", step, train)
         for layer in range(cfg.layers):
             h = self._block(h, layer, step, train)
+        if last:
+            h = h[:, -1:]
         h = self._gathered(ops.layer_norm(h, p["lnf.w"], p["lnf.b"], cfg.ln_eps))
         return ops.einsum("btd,vd->btv", h, p["wte"])  # the tied head: columns split like the vocabulary
 
@@ -198,7 +201,8 @@ class GPT:
     def generate(self, prompt: bytes, n: int, temperature: float = 0.0, seed: Optional[int] = None) -> np.ndarray:
         """The ids of `n` characters after `prompt` (eval mode), drawn as spmdsim.gpt.reference.generate does.
 
-        Each step: one forward of the last T tokens (left-padded with spaces) on the mesh, then greedy
+        Each step: one forward of the last T tokens (left-padded with spaces) on the mesh, the head on the
+        last position only (with sp, only that position's rows move to the rest of tp), then greedy
         (temperature 0: ``ops.argmax`` over the vocabulary-split logits of the last position, two
         Allreduces of one number per row, no logits gathered) or a draw from softmax(logits /
         temperature) with the reference's generator (the last position's logits gathered over tp; every
@@ -220,7 +224,7 @@ class GPT:
             for _ in range(n):
                 context = ids[-cfg.seq:]
                 window = np.array([[pad] * (cfg.seq - len(context)) + context] * dp, dtype=np.int64)
-                z = self.logits(DTensor.from_global(mesh, window, mesh.layout("dp", None)))[:, -1]  # (B, V)
+                z = self.logits(DTensor.from_global(mesh, window, mesh.layout("dp", None)), last=True)[:, -1]
                 if temperature == 0:  # every row holds the same window: this rank's first row answers
                     ids.append(int(ops.argmax(z, -1).local[0]))
                 else:
