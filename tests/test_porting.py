@@ -197,3 +197,38 @@ def test_zeros_ones_full_make_only_each_ranks_block():
     assert (results[0][5] == 2.5).all()  # rank 0 holds the value
     assert n.tolist() == [7, 7, 7, 7]
     assert said == "fill value 2.5 must be a number that dtype 'int64' holds"
+
+
+def test_pytorch_and_numpy_method_spellings():
+    """.T, permute, swapaxes (PyTorch's transpose(a, b)), len() and abs() on a DTensor, values and gradient
+    against numpy; numpy's transpose keeps a 2-d tensor as it is when given (0, 1); a bad dim, one line."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim import DTensor, Layout, Mesh, OperatorError, ops
+
+    a = np.arange(64.0).reshape(2, 4, 8) - 20
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
+        x = DTensor.from_global(mesh, a, mesh.layout("dp", None, "tp")).requires_grad_()
+        m = DTensor.from_global(mesh, a[0], mesh.layout(None, "tp"))
+        got = [x.T.gather(), x.permute(2, 0, 1).gather(), x.swapaxes(0, 2).gather(), x.swapaxes(-1, 1).layout,
+               len(x), abs(x).gather(), m.transpose(0, 1).gather()]
+        ops.sum(abs(x)).backward()
+        got.append(x.grad.gather())
+        for bad in (lambda: x.swapaxes(0, 3), lambda: len(ops.sum(x))):
+            try:
+                bad()
+            except (OperatorError, TypeError) as e:
+                got.append(f"{type(e).__name__}: {e}")
+        return got
+
+    t, permuted, swapped, layout, n, absolute, same, grad, bad_dim, bad_len = spmdsim.simulate(4, body)[3]
+    assert np.array_equal(t, a.T) and np.array_equal(permuted, a.transpose(2, 0, 1))
+    assert np.array_equal(swapped, a.swapaxes(0, 2)) and layout == Layout((2, 2), ("dp", "tp"))("dp", "tp", None)
+    assert n == 2 and np.array_equal(absolute, abs(a)) and np.array_equal(same, a[0])
+    assert np.array_equal(grad, np.sign(a))
+    assert bad_dim == "OperatorError: swapaxes: dim 3 is out of range for a tensor of 3 dims (expected an integer " \
+                      "from -3 to 2)"
+    assert bad_len == "TypeError: len() of a 0-d DTensor"

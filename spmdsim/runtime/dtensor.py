@@ -306,6 +306,9 @@ class DTensor:
     def __neg__(self) -> "DTensor":
         return _OPERATORS.pointwise("neg", self)
 
+    def __abs__(self) -> "DTensor":
+        return _OPERATORS.pointwise("abs", self)
+
     def __matmul__(self, other: Any) -> "DTensor":
         return _OPERATORS.matmul(self, other)
 
@@ -342,17 +345,42 @@ class DTensor:
         return _OPERATORS.pointwise("ge", self, other)
 
     def __getitem__(self, index: Any) -> "DTensor":
-        """``x[..., a:b]``: ints, step-1 slices, ``...`` and None (`spmdsim.ops.narrow` on each cut dim,
-        which must be whole on every rank)."""
+        """``x[..., a:b]``: ints, step-1 slices, ``...`` and None (`spmdsim.ops.narrow` on each cut dim; a
+        split one moves the rows each rank's new block lacks)."""
         return _OPERATORS.getitem(self, index)
+
+    def __len__(self) -> int:
+        """The global size of dim 0, as numpy's and PyTorch's ``len``."""
+        if not self._shape:
+            raise TypeError("len() of a 0-d DTensor")
+        return self._shape[0]
 
     def reshape(self, *shape: Any) -> "DTensor":
         """`spmdsim.ops.reshape`: ``x.reshape(T, H, D)`` or ``x.reshape((T, H, D))``; no communication."""
         return _OPERATORS.reshape(self, shape[0] if len(shape) == 1 else shape)
 
     def transpose(self, *perm: Any) -> "DTensor":
-        """`spmdsim.ops.transpose`: ``x.transpose(1, 0)``, ``x.transpose((1, 0))`` or all dims reversed."""
+        """`spmdsim.ops.transpose` as numpy's: ``x.transpose(1, 0)``, ``x.transpose((1, 0))`` or all dims
+        reversed; the arguments are the new order of every dim (PyTorch's two dims to swap: `swapaxes`)."""
         return _OPERATORS.transpose(self, (perm[0] if len(perm) == 1 else perm) if perm else None)
+
+    permute = transpose  # PyTorch's name for numpy's transpose
+
+    @property
+    def T(self) -> "DTensor":  # noqa: N802 - numpy's and PyTorch's name
+        """All dims reversed (numpy's ``.T``)."""
+        return _OPERATORS.transpose(self, None)
+
+    def swapaxes(self, a: int, b: int) -> "DTensor":
+        """Dims `a` and `b` swapped (numpy's swapaxes, PyTorch's ``transpose(a, b)``)."""
+        ndim = len(self._shape)
+        for d in (a, b):
+            if type(d) is not int or not -ndim <= d < ndim:
+                raise OperatorError(f"swapaxes: dim {d!r} is out of range for a tensor of {ndim} dims "
+                                    f"(expected an integer from {-ndim} to {ndim - 1})")
+        perm = list(range(ndim))
+        perm[a], perm[b] = perm[b], perm[a]
+        return _OPERATORS.transpose(self, tuple(perm))
 
     def sum(self, dims: Any = None, keepdims: bool = False) -> "DTensor":
         """`spmdsim.ops.sum`: over a split dim, a pending sum."""
