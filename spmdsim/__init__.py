@@ -61,4 +61,5 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    # The names this module imported for itself (typing's Any, importlib, the __future__ flag) are not the API.
+    return sorted((set(globals()) | set(__all__)) - {"Any", "annotations", "importlib"})

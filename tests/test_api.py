@@ -56,6 +56,14 @@ def test_front_door_is_lazy_and_gives_what_the_examples_use():
     assert out.stdout.split() == ["False", "True", "redistribute", "matmul"]
 
 
+def test_dir_of_the_package_shows_the_api_not_its_imports():
+    import spmdsim
+
+    names = dir(spmdsim)
+    assert set(spmdsim.__all__) <= set(names)
+    assert not {"Any", "annotations", "importlib"} & set(names)
+
+
 def test_front_door_runs_a_redistribution_on_simulated_ranks():
     from spmdsim import DTensor, Layout, Mesh, SeededTensor, redistribute, simulate, world
 
