@@ -17,6 +17,7 @@ one Alltoallv over the mesh (`spmdsim.runtime.exchange`).
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional
@@ -67,19 +68,77 @@ class Shift:
 
     def bytes_per_rank(self, itemsize: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(bytes each rank sends, bytes each rank receives): the dry run's per-rank report."""
-        sent, received = [], []
-        for rank in range(self.before.layout.num_devices):
+        counts = {}  # a rank's bytes follow its coordinates on the dim's axes: worked out once per kind
+        for key, rank in _kinds(self).items():
             m = self.moves(rank)
-            sent.append(sum(_size(shape) for _, _, shape in m.sends) * itemsize)
-            received.append(sum(_size(shape) for _, _, shape in m.places) * itemsize)
-        return tuple(sent), tuple(received)
+            counts[key] = (sum(_size(shape) for _, _, shape in m.sends) * itemsize,
+                           sum(_size(shape) for _, _, shape in m.places) * itemsize)
+        mesh, where = self.before.layout, _dim_axes(self)
+        each = [counts[tuple(c[i] for i in where)] for c in map(mesh.coords, range(mesh.num_devices))]
+        return tuple(c[0] for c in each), tuple(c[1] for c in each)
+
+
+def _dim_axes(shift: Shift) -> tuple[int, ...]:
+    """Mesh axis indices (of size above one) that split `dim` in `before` or `after`: what a rank's moves
+    depend on (its coordinates on the other axes only choose which copy it is)."""
+    mesh = shift.before.layout
+    named = set(shift.before.tensor_map[shift.dim]) | set(shift.after.tensor_map[shift.dim])
+    return tuple(i for i, a in enumerate(mesh.alias_name) if a in named and mesh.device_matrix[i] > 1)
+
+
+@lru_cache(maxsize=1024)
+def _kinds(shift: Shift) -> dict:
+    """One rank per combination of coordinates on `_dim_axes` (the others 0): coordinates -> rank."""
+    mesh, where = shift.before.layout, _dim_axes(shift)
+    out = {}
+    for values in itertools.product(*(range(mesh.device_matrix[i]) for i in where)):
+        coords = [0] * mesh.ndim
+        for i, v in zip(where, values):
+            coords[i] = v
+        out[values] = mesh.rank_of(coords)
+    return out
 
 
 @lru_cache(maxsize=1024)
 def _moves_nothing(shift: Shift) -> bool:
     if shift.before.num_shards(shift.dim) == 1:
         return True
-    return not any(_moves(shift, rank).places for rank in range(shift.before.layout.num_devices))
+    return not any(_moves(shift, rank).places for rank in _kinds(shift).values())
+
+
+def _size(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _dim_axes(shift: Shift) -> tuple[int, ...]:
+    """Mesh axis indices (of size above one) that split `dim` in `before` or `after`: what a rank's moves
+    depend on (its coordinates on the other axes only choose which copy it is)."""
+    mesh = shift.before.layout
+    named = set(shift.before.tensor_map[shift.dim]) | set(shift.after.tensor_map[shift.dim])
+    return tuple(i for i, a in enumerate(mesh.alias_name) if a in named and mesh.device_matrix[i] > 1)
+
+
+@lru_cache(maxsize=1024)
+def _kinds(shift: Shift) -> dict:
+    """One rank per combination of coordinates on `_dim_axes` (the others 0): coordinates -> rank."""
+    mesh, where = shift.before.layout, _dim_axes(shift)
+    out = {}
+    for values in itertools.product(*(range(mesh.device_matrix[i]) for i in where)):
+        coords = [0] * mesh.ndim
+        for i, v in zip(where, values):
+            coords[i] = v
+        out[values] = mesh.rank_of(coords)
+    return out
+
+
+@lru_cache(maxsize=1024)
+def _moves_nothing(shift: Shift) -> bool:
+    if shift.before.num_shards(shift.dim) == 1:
+        return True
+    return not any(_moves(shift, rank).places for rank in _kinds(shift).values())
 
 
 def _size(shape: tuple[int, ...]) -> int:
@@ -102,36 +161,67 @@ def _group(layout: TensorLayout, rank: int, axes: tuple[str, ...]) -> list[int]:
     return out
 
 
+def _digits(k: int, sizes: list[int]) -> list[int]:
+    """`k` in mixed radix over `sizes`, the first major."""
+    out = []
+    for n in reversed(sizes):
+        out.append(k % n)
+        k //= n
+    return out[::-1]
+
+
 @lru_cache(maxsize=4096)
 def _moves(shift: Shift, rank: int) -> RankMoves:
     d, off = shift.dim, shift.offset
     before, after = shift.before, shift.after
-    axes = before.tensor_map[d]
-    b_lo, b_hi = before.bounds(rank, shift.before_shape)[d]
-    a_lo, a_hi = after.bounds(rank, shift.after_shape)[d]
+    mesh = before.layout
     out_shape = after.local_shape(shift.after_shape)
     in_shape = before.local_shape(shift.before_shape)
+    coords = list(mesh.coords(rank))
+    b_where = [mesh.axis_index(a) for a in before.tensor_map[d]]
+    b_sizes = [mesh.device_matrix[i] for i in b_where]
+    a_where = [mesh.axis_index(a) for a in after.tensor_map[d]]
+    b_len, a_len = in_shape[d], out_shape[d]  # the rows of one block, before and after
+    size = shift.before_shape[d]
+
+    def a_lo(c: list[int]) -> int:  # the first row (after's numbering) of the block of a rank at `c`
+        index = 0
+        for i in a_where:
+            index = index * mesh.device_matrix[i] + c[i]
+        return index * a_len
+
+    def member(k: int) -> tuple[int, list[int]]:  # the group's k-th rank (rows k*b_len:(k+1)*b_len)
+        c = list(coords)
+        for i, v in zip(b_where, _digits(k, b_sizes)):
+            c[i] = v
+        return mesh.rank_of(c), c
 
     def box(shape: tuple[int, ...], lo: int, hi: int) -> tuple[Index, tuple[int, ...]]:
         index = (slice(None),) * d + (slice(lo, hi),) + (slice(None),) * (len(shape) - d - 1)
         return index, shape[:d] + (hi - lo,) + shape[d + 1:]
 
     own, sends, places = None, [], []
-    for member in _group(before, rank, axes):
-        m_lo, m_hi = before.bounds(member, shift.before_shape)[d]
-        # Rows this rank needs that `member` holds (in `before`'s numbering).
-        lo, hi = max(a_lo + off, m_lo), min(a_hi + off, m_hi)
-        if lo < hi:
-            where, shape = box(out_shape, lo - off - a_lo, hi - off - a_lo)
-            if member == rank:
-                own = (where, box(in_shape, lo - b_lo, hi - b_lo)[0])
+    if b_len and a_len:
+        mine = 0
+        for i in b_where:
+            mine = mine * mesh.device_matrix[i] + coords[i]
+        b_lo, start = mine * b_len, a_lo(coords)
+        # Rows this rank needs (before's numbering), from the members that hold them.
+        lo, hi = max(start + off, 0), min(start + a_len + off, size)
+        for k in range(lo // b_len, (hi - 1) // b_len + 1) if lo < hi else ():
+            r_lo, r_hi = max(lo, k * b_len), min(hi, (k + 1) * b_len)
+            where, shape = box(out_shape, r_lo - off - start, r_hi - off - start)
+            if k == mine:
+                own = (where, box(in_shape, r_lo - b_lo, r_hi - b_lo)[0])
             else:
-                places.append((member, where, shape))
-        if member == rank:
-            continue
-        # Rows `member` needs that this rank holds.
-        t_lo, t_hi = after.bounds(member, shift.after_shape)[d]
-        lo, hi = max(t_lo + off, b_lo), min(t_hi + off, b_hi)
-        if lo < hi:
-            sends.append((member,) + box(in_shape, lo - b_lo, hi - b_lo))
+                places.append((member(k)[0], where, shape))
+        # Rows the other members need that this rank holds.
+        for k in range(math.prod(b_sizes)):
+            if k == mine:
+                continue
+            other, c = member(k)
+            t = a_lo(c)
+            r_lo, r_hi = max(t + off, b_lo), min(t + a_len + off, b_lo + b_len)
+            if r_lo < r_hi:
+                sends.append((other,) + box(in_shape, r_lo - b_lo, r_hi - b_lo))
     return RankMoves(out_shape, own, tuple(sends), tuple(places))
