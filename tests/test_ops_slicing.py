@@ -69,19 +69,19 @@ def test_shift_moves_each_rank_only_the_rows_it_lacks():
     assert not shift.moves_nothing and Shift(x, (8, 3), x, (4, 3), 0, 2).moves_nothing  # rows 2:6: all kept
 
 
-def test_shift_at_8192_devices_works_out_one_group_per_kind_of_rank():
-    """narrow(x, 0, 100, 2048) of 4,096 rows over 1,024 shards (a x b) on 16 x 64 x 8 devices: each rank
-    needs 2 rows held by the member 25 places on (rows 100 + 2k), who sends 2 rows to each of two ranks;
-    the dry run's per-rank bytes come from one rank per coordinate on a and b, not from every rank."""
+def test_shift_at_4096_devices_works_out_one_group_per_kind_of_rank():
+    """narrow(x, 0, 100, 512) of 1,024 rows over 256 shards (a x b) on 8 x 32 x 16 devices: each rank needs
+    2 rows held by the member 25 places on (rows 100 + 2k), who sends 2 rows to each of two ranks; the dry
+    run's per-rank bytes come from one rank per coordinate on a and b, not from every rank."""
     from spmdsim.plan.shift import Shift
 
-    x = Layout((16, 64, 8), ("a", "b", "c"))(("a", "b"), None)
-    shift = Shift(x, (4096, 8), x, (2048, 8), 0, 100)
+    x = Layout((8, 32, 16), ("a", "b", "c"))(("a", "b"), None)
+    shift = Shift(x, (1024, 8), x, (512, 8), 0, 100)
     assert not shift.moves_nothing
-    assert shift.moves(0).places == ((200, (slice(0, 2), slice(None)), (2, 8)),)  # k 0 <- member 25 (b 25)
-    assert [dst for dst, _, _ in shift.moves(200).sends] == [0, 8]  # member 25 -> k 0 and k 1 (b 1)
+    assert shift.moves(0).places == ((400, (slice(0, 2), slice(None)), (2, 8)),)  # k 0 <- member 25 (b 25)
+    assert [dst for dst, _, _ in shift.moves(400).sends] == [0, 16]  # member 25 -> k 0 and k 1 (b 1)
     sent, received = shift.bytes_per_rank(8)
-    assert len(sent) == 8192 and sent[200] == 256 and received[0] == received[200] == 128
+    assert len(sent) == 4096 and sent[400] == 256 and received[0] == received[400] == 128
     assert max(sent) == 256 and max(received) == 128
 
 
