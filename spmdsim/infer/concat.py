@@ -86,10 +86,11 @@ class ConcatPlan:
 
     def why(self) -> str:
         """What moved and why, in a few clauses."""
-        parts = self.choice.moves(self.sources) if self.local else []
-        if not self.local:
-            parts.append(f"dim {self.dim} is split: each operand's rows move to the ranks whose block of the "
-                         f"result {self.out} holds them (one Alltoallv each where any rank lacks rows)")
+        if self.local:
+            parts = self.choice.moves(self.sources)
+        else:
+            parts = [f"dim {self.dim} is split: each operand's rows move to the ranks whose block of the result "
+                     f"{self.out} holds them (one Alltoallv each where any rank lacks rows)"]
         if self.out.partial:
             parts.append(f"the result stays pending over {self.out.partial!r} (a join is linear)")
         return "; ".join(parts) if parts else f"dim {self.dim} is whole on every rank: no communication"

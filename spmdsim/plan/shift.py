@@ -71,8 +71,8 @@ class Shift:
         counts = {}  # a rank's bytes follow its coordinates on the dim's axes: worked out once per kind
         for key, rank in _kinds(self).items():
             m = self.moves(rank)
-            counts[key] = (sum(_size(shape) for _, _, shape in m.sends) * itemsize,
-                           sum(_size(shape) for _, _, shape in m.places) * itemsize)
+            counts[key] = (sum(math.prod(shape) for _, _, shape in m.sends) * itemsize,
+                           sum(math.prod(shape) for _, _, shape in m.places) * itemsize)
         mesh, where = self.before.layout, _dim_axes(self)
         each = [counts[tuple(c[i] for i in where)] for c in map(mesh.coords, range(mesh.num_devices))]
         return tuple(c[0] for c in each), tuple(c[1] for c in each)
@@ -104,61 +104,6 @@ def _moves_nothing(shift: Shift) -> bool:
     if shift.before.num_shards(shift.dim) == 1:
         return True
     return not any(_moves(shift, rank).places for rank in _kinds(shift).values())
-
-
-def _size(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
-def _dim_axes(shift: Shift) -> tuple[int, ...]:
-    """Mesh axis indices (of size above one) that split `dim` in `before` or `after`: what a rank's moves
-    depend on (its coordinates on the other axes only choose which copy it is)."""
-    mesh = shift.before.layout
-    named = set(shift.before.tensor_map[shift.dim]) | set(shift.after.tensor_map[shift.dim])
-    return tuple(i for i, a in enumerate(mesh.alias_name) if a in named and mesh.device_matrix[i] > 1)
-
-
-@lru_cache(maxsize=1024)
-def _kinds(shift: Shift) -> dict:
-    """One rank per combination of coordinates on `_dim_axes` (the others 0): coordinates -> rank."""
-    mesh, where = shift.before.layout, _dim_axes(shift)
-    out = {}
-    for values in itertools.product(*(range(mesh.device_matrix[i]) for i in where)):
-        coords = [0] * mesh.ndim
-        for i, v in zip(where, values):
-            coords[i] = v
-        out[values] = mesh.rank_of(coords)
-    return out
-
-
-@lru_cache(maxsize=1024)
-def _moves_nothing(shift: Shift) -> bool:
-    if shift.before.num_shards(shift.dim) == 1:
-        return True
-    return not any(_moves(shift, rank).places for rank in _kinds(shift).values())
-
-
-def _size(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
-def _group(layout: TensorLayout, rank: int, axes: tuple[str, ...]) -> list[int]:
-    """The ranks that differ from `rank` only on `axes` (`rank` among them)."""
-    mesh = layout.layout
-    coords = list(mesh.coords(rank))
-    where = [mesh.axis_index(a) for a in axes]
-    out = []
-    for values in itertools.product(*(range(mesh.device_matrix[i]) for i in where)):
-        for i, v in zip(where, values):
-            coords[i] = v
-        out.append(mesh.rank_of(coords))
-    return out
 
 
 def _digits(k: int, sizes: list[int]) -> list[int]:
