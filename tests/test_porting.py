@@ -232,3 +232,50 @@ def test_pytorch_and_numpy_method_spellings():
     assert bad_dim == "OperatorError: swapaxes: dim 3 is out of range for a tensor of 3 dims (expected an integer " \
                       "from -3 to 2)"
     assert bad_len == "TypeError: len() of a 0-d DTensor"
+
+
+def test_numpy_functions_on_a_dtensor_follow_spmdsims_rules():
+    """np.exp(x), np.maximum(x, 1.0), np.float64(2) * x, np.matmul, np.sum(x, axis=1), x.sum(dim=1,
+    keepdim=True): numpy's and PyTorch's spellings run spmdsim's rules (values and gradient against numpy);
+    np.asarray(x), a ufunc without a rule, a reduction ufunc and out= each get one line."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim import DTensor, Layout, Mesh, ops
+
+    a = np.linspace(0.5, 3.0, 32).reshape(4, 8)
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
+        x = DTensor.from_global(mesh, a, mesh.layout("dp", "tp")).requires_grad_()
+        w = DTensor.from_global(mesh, np.ones((8, 3)), mesh.layout("tp", None))
+        y = np.exp(x) + np.maximum(x, 1.0) * np.float64(2) - np.sqrt(x) / np.float32(3)
+        got = [y.gather(), np.greater(x, 1.0).gather(), np.matmul(x, w).gather(),
+               ops.resolved(np.sum(x, axis=1)).gather(), ops.resolved(x.sum(dim=1, keepdim=True)).gather(),
+               np.max(x).item()]
+        ops.sum(y).backward()
+        got.append(x.grad.gather())
+        for bad in (lambda: np.asarray(x), lambda: np.arctan(x), lambda: np.add.reduce(x),
+                    lambda: np.add(x, x, out=x), lambda: np.sum(x, dtype=np.float32)):
+            try:
+                bad()
+            except spmdsim.OperatorError as e:
+                got.append(str(e))
+        return got
+
+    y, mask, product, rows, kept, top, grad, *said = spmdsim.simulate(4, body)[2]
+    assert np.allclose(y, np.exp(a) + np.maximum(a, 1.0) * 2 - np.sqrt(a) / 3, atol=1e-15)
+    assert np.array_equal(mask, a > 1.0) and np.allclose(product, a @ np.ones((8, 3)))
+    assert np.allclose(rows, a.sum(1)) and np.allclose(kept, a.sum(1, keepdims=True)) and top == a.max()
+    assert np.allclose(grad, np.exp(a) + 2 * (a > 1.0) + (a == 1.0) - 0.5 / np.sqrt(a) / 3)
+    assert said == [
+        "numpy array of a DTensor of global shape (4, 8): its values are spread over the ranks; x.gather() makes "
+        "the whole array on every rank (a collective: every rank calls it), x.local is this rank's block",
+        "numpy.arctan of a DTensor: spmdsim has no rule for it; use spmdsim.ops (ops.sum, ops.exp, ops.where, ...) "
+        "or the block x.local",
+        "numpy.add.reduce of a DTensor: spmdsim has no rule for it; use spmdsim.ops (ops.sum, ops.exp, ops.where, "
+        "...) or the block x.local",
+        "numpy.add of a DTensor: its out argument; use spmdsim.ops (ops.sum, ops.exp, ops.where, ...) or the block "
+        "x.local",
+        "sum: dtype=<class 'numpy.float32'> is not taken; a DTensor reduction takes dims (axis=, dim=) and "
+        "keepdims (keepdim=)"]

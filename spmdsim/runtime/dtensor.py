@@ -28,6 +28,12 @@ __all__ = ["DTensor"]
 
 # Dtypes a shard may have without more checks: numeric, not bool, native byte
 # order (a set lookup; the rest goes through _check_dtype).
+#: numpy's ufuncs a DTensor answers, by spmdsim.ops.pointwise's names (matmul: spmdsim.ops.matmul).
+_UFUNCS = {np.add: "add", np.subtract: "sub", np.multiply: "mul", np.true_divide: "div", np.power: "pow",
+           np.negative: "neg", np.absolute: "abs", np.exp: "exp", np.log: "log", np.sqrt: "sqrt", np.tanh: "tanh",
+           np.sin: "sin", np.cos: "cos", np.square: "square", np.maximum: "maximum", np.minimum: "minimum",
+           np.equal: "eq", np.not_equal: "ne", np.less: "lt", np.less_equal: "le", np.greater: "gt",
+           np.greater_equal: "ge", np.matmul: "matmul"}
 _PLAIN_DTYPES = frozenset(np.dtype(c) for c in np.typecodes["AllInteger"] + np.typecodes["AllFloat"])
 
 Reference = Union[SeededTensor, np.ndarray, Callable[[tuple], Any]]
@@ -271,7 +277,24 @@ class DTensor:
         _OPERATORS.backward(self, explain, bucket, gradient)
 
     # arithmetic (spmdsim.ops.pointwise: broadcasting; a number is a replicated 0-d operand)
-    __array_ufunc__ = None  # numpy defers to the reflected methods: 2.0 * t is a DTensor
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> "DTensor":
+        """numpy's ufuncs on DTensors by spmdsim's rules: ``np.exp(x)``, ``np.maximum(x, 0.0)``,
+        ``np.float64(2) * x``; one line for a ufunc without a rule, a reduction, or ``out=``."""
+        name = _UFUNCS.get(ufunc)
+        if name is None or method != "__call__" or kwargs:
+            what = ufunc.__name__ if method == "__call__" else f"{ufunc.__name__}.{method}"
+            why = (f"its {', '.join(sorted(kwargs))} argument" if name and method == "__call__"
+                   else "spmdsim has no rule for it")
+            raise OperatorError(f"numpy.{what} of a DTensor: {why}; use spmdsim.ops (ops.sum, ops.exp, "
+                                "ops.where, ...) or the block x.local")
+        if name == "matmul":
+            return _OPERATORS.matmul(*inputs)
+        return _OPERATORS.pointwise(name, *inputs)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        raise OperatorError(f"numpy array of a DTensor of global shape {self._shape!r}: its values are spread over "
+                            "the ranks; x.gather() makes the whole array on every rank (a collective: every "
+                            "rank calls it), x.local is this rank's block")
 
     def __add__(self, other: Any) -> "DTensor":
         return _OPERATORS.pointwise("add", self, other)
@@ -382,21 +405,22 @@ class DTensor:
         perm[a], perm[b] = perm[b], perm[a]
         return _OPERATORS.transpose(self, tuple(perm))
 
-    def sum(self, dims: Any = None, keepdims: bool = False) -> "DTensor":
-        """`spmdsim.ops.sum`: over a split dim, a pending sum."""
-        return _OPERATORS.reduce("sum", self, dims, keepdims)
+    def sum(self, dims: Any = None, keepdims: bool = False, **aliases: Any) -> "DTensor":
+        """`spmdsim.ops.sum`: over a split dim, a pending sum. numpy's ``axis=`` and PyTorch's ``dim=``,
+        ``keepdim=`` are taken too (so ``np.sum(x, axis=1)`` works)."""
+        return _OPERATORS.reduce("sum", self, *_reduce_args("sum", dims, keepdims, aliases))
 
-    def mean(self, dims: Any = None, keepdims: bool = False) -> "DTensor":
-        """`spmdsim.ops.mean`: over a split dim, a pending sum."""
-        return _OPERATORS.reduce("mean", self, dims, keepdims)
+    def mean(self, dims: Any = None, keepdims: bool = False, **aliases: Any) -> "DTensor":
+        """`spmdsim.ops.mean`: over a split dim, a pending sum (``axis=``, ``dim=``, ``keepdim=`` too)."""
+        return _OPERATORS.reduce("mean", self, *_reduce_args("mean", dims, keepdims, aliases))
 
-    def max(self, dims: Any = None, keepdims: bool = False) -> "DTensor":
-        """`spmdsim.ops.max`: over a split dim, one Allreduce(MAX)."""
-        return _OPERATORS.reduce("max", self, dims, keepdims)
+    def max(self, dims: Any = None, keepdims: bool = False, **aliases: Any) -> "DTensor":
+        """`spmdsim.ops.max`: over a split dim, one Allreduce(MAX) (``axis=``, ``dim=``, ``keepdim=`` too)."""
+        return _OPERATORS.reduce("max", self, *_reduce_args("max", dims, keepdims, aliases))
 
-    def min(self, dims: Any = None, keepdims: bool = False) -> "DTensor":
-        """`spmdsim.ops.min`: over a split dim, one Allreduce(MIN)."""
-        return _OPERATORS.reduce("min", self, dims, keepdims)
+    def min(self, dims: Any = None, keepdims: bool = False, **aliases: Any) -> "DTensor":
+        """`spmdsim.ops.min`: over a split dim, one Allreduce(MIN) (``axis=``, ``dim=``, ``keepdim=`` too)."""
+        return _OPERATORS.reduce("min", self, *_reduce_args("min", dims, keepdims, aliases))
 
     def argmax(self, dim: Any = None, keepdims: bool = False) -> "DTensor":
         """`spmdsim.ops.argmax`: int64 indices, the first on ties; over a split dim two Allreduces."""
@@ -531,6 +555,23 @@ def _primary(mesh: Mesh, layout: TensorLayout) -> bool:
     """True on the first replica of this shard (over replicated and partial axes)."""
     axes = layout.replicated_axes + layout.partial
     return not axes or layout.layout.group_index(mesh.rank, axes) == 0
+
+
+def _reduce_args(op: str, dims: Any, keepdims: bool, aliases: dict) -> tuple[Any, bool]:
+    """(dims, keepdims) of a reduction method called with numpy's or PyTorch's keywords: ``axis=`` or
+    ``dim=`` for the dims, ``keepdim=`` for keepdims; numpy's ``dtype=None`` and ``out=None`` pass."""
+    for name in ("axis", "dim"):
+        if name in aliases:
+            if dims is not None:
+                raise OperatorError(f"{op}: dims given twice (dims {dims!r} and {name}={aliases[name]!r})")
+            dims = aliases.pop(name)
+    if "keepdim" in aliases:
+        keepdims = aliases.pop("keepdim")
+    taken = [f"{k}={v!r}" for k, v in aliases.items() if v is not None or k not in ("dtype", "out")]
+    if taken:
+        raise OperatorError(f"{op}: {', '.join(taken)} is not taken; a DTensor reduction takes dims (axis=, dim=) "
+                            "and keepdims (keepdim=)")
+    return dims, keepdims
 
 
 def _holds_value(mesh: Mesh, layout: TensorLayout) -> bool:
