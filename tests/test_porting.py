@@ -279,3 +279,41 @@ def test_numpy_functions_on_a_dtensor_follow_spmdsims_rules():
         "x.local",
         "sum: dtype=<class 'numpy.float32'> is not taken; a DTensor reduction takes dims (axis=, dim=) and "
         "keepdims (keepdim=)"]
+
+
+def test_pytorch_method_spellings_of_spmdsims_operators():
+    """x.view, size, numel, dim, unsqueeze, squeeze, flatten, contiguous, detach, softmax, log_softmax,
+    masked_fill, exp: PyTorch's spellings run spmdsim's operators (values against numpy); detach leaves the
+    graph; a bad dim, one line."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim import DTensor, Layout, Mesh, ops
+
+    a = np.linspace(0.5, 3.0, 64).reshape(2, 4, 8)
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
+        x = DTensor.from_global(mesh, a, mesh.layout("dp", None, "tp")).requires_grad_()
+        got = [x.size(), x.size(-1), x.numel(), x.dim(), x.view(2, 4, 2, 4).gather(), x.unsqueeze(1).layout,
+               x.unsqueeze(-1).squeeze().global_shape, x.unsqueeze(0).squeeze(0).global_shape,
+               x.flatten(0, 1).gather(), x.contiguous() is x, x.softmax(-1).gather(), x.log_softmax(dim=-1).gather(),
+               x.masked_fill(x > 2.0, 0.0).gather(), x.exp().gather()]
+        (ops.sum(x.exp()) + ops.sum(x.detach() * 5.0)).backward()
+        got.append(x.grad.gather())
+        try:
+            x.unsqueeze(4)
+        except spmdsim.OperatorError as e:
+            got.append(str(e))
+        return got
+
+    (size, last, numel, ndim, view, unsqueezed, back, front, flat, same, soft, logsoft, filled, exp, grad,
+     said) = spmdsim.simulate(4, body)[1]
+    e = np.exp(a)
+    assert (size, last, numel, ndim) == ((2, 4, 8), 8, 64, 3) and same
+    assert np.array_equal(view, a.reshape(2, 4, 2, 4)) and np.array_equal(flat, a.reshape(8, 8))
+    assert unsqueezed == Layout((2, 2), ("dp", "tp"))("dp", None, None, "tp") and back == front == (2, 4, 8)
+    assert np.allclose(soft, e / e.sum(-1, keepdims=True)) and np.allclose(logsoft, np.log(soft))
+    assert np.array_equal(filled, np.where(a > 2.0, 0.0, a)) and np.allclose(exp, e)
+    assert np.allclose(grad, e)  # the detached product adds nothing
+    assert said == "dim 4 is out of range for a tensor of 3 dims (expected an integer from -4 to 3)"
