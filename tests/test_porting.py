@@ -217,14 +217,14 @@ def test_pytorch_and_numpy_method_spellings():
                len(x), abs(x).gather(), m.transpose(0, 1).gather()]
         ops.sum(abs(x)).backward()
         got.append(x.grad.gather())
-        for bad in (lambda: x.swapaxes(0, 3), lambda: len(ops.sum(x))):
+        for bad in (lambda: x.swapaxes(0, 3), lambda: len(ops.sum(x)), lambda: x.transpose(0, 2)):
             try:
                 bad()
             except (OperatorError, TypeError) as e:
                 got.append(f"{type(e).__name__}: {e}")
         return got
 
-    t, permuted, swapped, layout, n, absolute, same, grad, bad_dim, bad_len = spmdsim.simulate(4, body)[3]
+    t, permuted, swapped, layout, n, absolute, same, grad, bad_dim, bad_len, torch_swap = spmdsim.simulate(4, body)[3]
     assert np.array_equal(t, a.T) and np.array_equal(permuted, a.transpose(2, 0, 1))
     assert np.array_equal(swapped, a.swapaxes(0, 2)) and layout == Layout((2, 2), ("dp", "tp"))("dp", "tp", None)
     assert n == 2 and np.array_equal(absolute, abs(a)) and np.array_equal(same, a[0])
@@ -232,6 +232,8 @@ def test_pytorch_and_numpy_method_spellings():
     assert bad_dim == "OperatorError: swapaxes: dim 3 is out of range for a tensor of 3 dims (expected an integer " \
                       "from -3 to 2)"
     assert bad_len == "TypeError: len() of a 0-d DTensor"
+    assert torch_swap == ('OperatorError: transpose perm (0, 2) must be a permutation of 0..2 (one entry per dim of '
+                          '("dp", None, "tp")) (PyTorch\'s transpose(a, b), two dims swapped, is x.swapaxes(a, b))')
 
 
 def test_numpy_functions_on_a_dtensor_follow_spmdsims_rules():

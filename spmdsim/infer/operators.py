@@ -277,8 +277,10 @@ def infer_transpose(x: TensorLayout, perm: Optional[Sequence[int]] = None) -> tu
     items = tuple(perm) if isinstance(perm, (tuple, list)) else None
     dims = None if items is None else tuple(as_int(p) for p in items)
     if dims is None or None in dims or sorted(dims) != list(range(n)):
+        swap = (" (PyTorch's transpose(a, b), two dims swapped, is x.swapaxes(a, b))"
+                if dims is not None and len(dims) == 2 and n > 2 else "")
         raise OperatorError(f"transpose perm {perm!r} must be a permutation of 0..{n - 1} "
-                            f"(one entry per dim of {_fmt(x)})")
+                            f"(one entry per dim of {_fmt(x)}){swap}")
     return x.layout(*(x.tensor_map[d] or None for d in dims)).with_partial(x.partial), dims
 
 
