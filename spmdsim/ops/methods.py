@@ -16,7 +16,7 @@ from ..autograd.engine import backward
 from ..autograd.graph import requires_grad_
 from ..errors import OperatorError
 from ..runtime.dtensor import DTensor, install_operators
-from .concat import getitem
+from .concat import getitem, narrow
 from .local import reshape, transpose
 from .matmul import matmul
 from .norms import log_softmax, masked_fill, softmax
@@ -66,6 +66,22 @@ def _flatten(x: Any, start_dim: int = 0, end_dim: int = -1) -> Any:
     return reshape(x, shape[:a] + (math.prod(shape[a:b + 1]),) + shape[b + 1:])
 
 
+def _split(x: Any, split_size_or_sections: Any, dim: int = 0) -> tuple:
+    """PyTorch's ``x.split(size, dim)`` (pieces of `size`, the last smaller) or ``x.split([a, b], dim)``: narrows.
+
+    spmdsim.ops.split is Paddle's distributed split layer, not this."""
+    d = _dims(x, dim)
+    total = x.global_shape[d]
+    sizes = split_size_or_sections
+    if type(sizes) is int and sizes > 0:
+        sizes = [min(sizes, total - start) for start in range(0, total, sizes)] or [0]
+    elif not isinstance(sizes, (list, tuple)) or any(type(n) is not int or n < 0 for n in sizes) or sum(sizes) != total:
+        raise OperatorError(f"split: {split_size_or_sections!r} must be a positive size or sizes adding up to "
+                            f"dim {d}'s {total}")
+    starts = [sum(sizes[:k]) for k in range(len(sizes))]
+    return tuple(narrow(x, d, start, n) for start, n in zip(starts, sizes))
+
+
 def _detach(x: Any) -> Any:
     """The same block, outside the graph (PyTorch's detach: no gradient flows back through it)."""
     return type(x)._trusted(x.mesh, x.local, x.layout, tuple(x.global_shape))
@@ -76,7 +92,7 @@ _TORCH_METHODS = {
     "view": lambda x, *shape: reshape(x, shape[0] if len(shape) == 1 else shape),
     "size": _size, "numel": lambda x: math.prod(x.global_shape), "dim": lambda x: len(x.global_shape),
     "unsqueeze": _unsqueeze, "squeeze": _squeeze, "flatten": _flatten, "contiguous": lambda x: x,
-    "detach": _detach, "softmax": lambda x, dim=-1: softmax(x, dim),
+    "detach": _detach, "split": _split, "softmax": lambda x, dim=-1: softmax(x, dim),
     "log_softmax": lambda x, dim=-1: log_softmax(x, dim), "masked_fill": masked_fill,
     "exp": lambda x: pointwise("exp", x), "log": lambda x: pointwise("log", x),
     "sqrt": lambda x: pointwise("sqrt", x), "tanh": lambda x: pointwise("tanh", x),

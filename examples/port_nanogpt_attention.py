@@ -1,0 +1,60 @@
+"""Coming from nanoGPT: its CausalSelfAttention forward, line for line, on DTensors with the heads split over tp.
+
+The fused c_attn weight (C, 3C) is split on its columns over tp, so `split(C, dim=2)` cuts across ranks'
+blocks: each of q, k and v moves only the columns each rank's share lacks (an Alltoallv each). Each comment
+names the nanoGPT line the spmdsim line replaces; output and both weights' gradients are checked against
+numpy (central differences).
+Run: python examples/port_nanogpt_attention.py --ranks 8   (or: timeout -k 5 120 mpiexec -n 8 python ...)
+"""
+import math
+
+import numpy as np
+
+import spmdsim
+from spmdsim import DTensor, Layout, Mesh, SeededTensor, collect_trace, ops
+from spmdsim.reference_grad import numeric_grads
+from spmdsim.sim import once
+
+spmdsim.script(__file__)  # with --ranks N: N simulated ranks in this process
+world = spmdsim.world()
+tp = 4 if world.size % 4 == 0 else 2 if world.size % 2 == 0 else 1
+mesh = Mesh(Layout((world.size // tp, tp), ("dp", "tp")), world)
+L = mesh.layout
+B, T, C, nh = 2 * (world.size // tp), 8, 8 * tp, 2 * tp  # two heads of width 4 per tp rank
+X, WA, WP = (SeededTensor(s, "float64", seed=i).full() for i, s in enumerate([(B, T, C), (C, 3 * C), (C, C)]))
+x = DTensor.from_global(mesh, X, L("dp", None, None))
+c_attn = DTensor.from_global(mesh, WA, L(None, "tp")).requires_grad_()  # ColwiseParallel
+c_proj = DTensor.from_global(mesh, WP, L("tp", None)).requires_grad_()  # RowwiseParallel
+with collect_trace() as trace:
+    B, T, C = x.size()  # B, T, C = x.size()
+    q, k, v = (x @ c_attn).split(C, dim=2)  # q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+    k = k.view(B, T, nh, C // nh).swapaxes(1, 2)  # k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+    q = q.view(B, T, nh, C // nh).swapaxes(1, 2)  # q = q.view(...).transpose(1, 2)
+    v = v.view(B, T, nh, C // nh).swapaxes(1, 2)  # v = v.view(...).transpose(1, 2)
+    att = (q @ k.swapaxes(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # att = (q @ k.transpose(-2, -1)) * ...
+    att = att.masked_fill(ops.causal_mask(mesh, (T, T)), float("-inf"))  # att.masked_fill(self.bias[...] == 0, ...)
+    att = att.softmax(dim=-1)  # att = F.softmax(att, dim=-1)
+    y = (att @ v).swapaxes(1, 2).contiguous().view(B, T, C)  # y = y.transpose(1, 2).contiguous().view(B, T, C)
+    y = y @ c_proj  # y = self.c_proj(y): one Allreduce
+    ops.sum(y * y).backward()
+
+
+def numpy_program(x, wa, wp):
+    heads = [t.reshape(B, T, nh, C // nh).transpose(0, 2, 1, 3) for t in np.split(x @ wa, 3, axis=2)]
+    s = heads[0] @ heads[1].transpose(0, 1, 3, 2) / math.sqrt(C // nh)
+    s = np.where(np.triu(np.ones((T, T), bool), 1), -np.inf, s)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return ((p / p.sum(-1, keepdims=True)) @ heads[2]).transpose(0, 2, 1, 3).reshape(B, T, C) @ wp
+
+
+verdicts = [y.check(numpy_program(X, WA, WP))]
+squares = lambda x, wa, wp: numpy_program(x, wa, wp) ** 2  # noqa: E731  # the loss's addends
+grads = once("nanogpt attention numeric gradients", lambda: numeric_grads(squares, X, WA, WP)[1:])
+# Central differences are good to ~1e-8 of the gradients' scale (here ~1e3: the loss sums squares).
+verdicts += [t.grad.check(g, rtol=1e-6, atol=1e-8 * abs(g).max()) for t, g in zip((c_attn, c_proj), grads)]
+if mesh.rank == 0:
+    print(f"nanoGPT attention: mesh dp {mesh.size // tp} x tp {tp}, {nh} heads, c_attn's columns split over tp")
+    print(f"collectives: {trace.counts()}")
+    print(f"output and 2 weight gradients vs numpy: {'PASS' if all(verdicts) else 'FAILED'} "
+          f"(max error {max(v.max_abs_error for v in verdicts):.1e})")
+raise SystemExit(0 if all(verdicts) else 1)
