@@ -303,14 +303,16 @@ def test_pytorch_method_spellings_of_spmdsims_operators():
                x.masked_fill(x > 2.0, 0.0).gather(), x.exp().gather()]
         (ops.sum(x.exp()) + ops.sum(x.detach() * 5.0)).backward()
         got.append(x.grad.gather())
-        try:
-            x.unsqueeze(4)
-        except spmdsim.OperatorError as e:
-            got.append(str(e))
+        got.append([p.gather() for p in x.split(3, dim=2)] + [p.global_shape for p in x.split([1, 3], 1)])
+        for bad in (lambda: x.unsqueeze(4), lambda: x.split([1, 2], 1)):
+            try:
+                bad()
+            except spmdsim.OperatorError as e:
+                got.append(str(e))
         return got
 
     (size, last, numel, ndim, view, unsqueezed, back, front, flat, same, soft, logsoft, filled, exp, grad,
-     said) = spmdsim.simulate(4, body)[1]
+     pieces, said, said_split) = spmdsim.simulate(4, body)[1]
     e = np.exp(a)
     assert (size, last, numel, ndim) == ((2, 4, 8), 8, 64, 3) and same
     assert np.array_equal(view, a.reshape(2, 4, 2, 4)) and np.array_equal(flat, a.reshape(8, 8))
@@ -319,3 +321,7 @@ def test_pytorch_method_spellings_of_spmdsims_operators():
     assert np.array_equal(filled, np.where(a > 2.0, 0.0, a)) and np.allclose(exp, e)
     assert np.allclose(grad, e)  # the detached product adds nothing
     assert said == "dim 4 is out of range for a tensor of 3 dims (expected an integer from -4 to 3)"
+    # PyTorch's split: pieces of 3 along the last dim (split over tp), the last one smaller; or given sizes
+    assert [p.shape for p in pieces[:3]] == [(2, 4, 3), (2, 4, 3), (2, 4, 2)] and pieces[3:] == [(2, 1, 8), (2, 3, 8)]
+    assert all(np.array_equal(p, a[..., 3 * k:3 * k + 3]) for k, p in enumerate(pieces[:3]))
+    assert said_split == "split: [1, 2] must be a positive size or sizes adding up to dim 1's 4"
