@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from ..autograd.engine import backward
 from ..autograd.graph import requires_grad_
 from ..errors import OperatorError
@@ -87,8 +89,58 @@ def _detach(x: Any) -> Any:
     return type(x)._trusted(x.mesh, x.local, x.layout, tuple(x.global_shape))
 
 
-#: PyTorch's method spellings of spmdsim's operators (docs/porting.md).
-_TORCH_METHODS = {
+#: numpy's ufuncs a DTensor answers, by spmdsim.ops.pointwise's names (matmul: spmdsim.ops.matmul).
+_UFUNCS = {np.add: "add", np.subtract: "sub", np.multiply: "mul", np.true_divide: "div", np.power: "pow",
+           np.negative: "neg", np.absolute: "abs", np.exp: "exp", np.log: "log", np.sqrt: "sqrt", np.tanh: "tanh",
+           np.sin: "sin", np.cos: "cos", np.square: "square", np.maximum: "maximum", np.minimum: "minimum",
+           np.equal: "eq", np.not_equal: "ne", np.less: "lt", np.less_equal: "le", np.greater: "gt",
+           np.greater_equal: "ge", np.matmul: "matmul"}
+
+
+def _array_ufunc(x: Any, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+    """numpy's ufuncs on DTensors by spmdsim's rules: ``np.exp(x)``, ``np.maximum(x, 0.0)``,
+    ``np.float64(2) * x``; one line for a ufunc without a rule, a reduction, or ``out=``."""
+    name = _UFUNCS.get(ufunc)
+    if name is None or method != "__call__" or kwargs:
+        what = ufunc.__name__ if method == "__call__" else f"{ufunc.__name__}.{method}"
+        why = (f"its {', '.join(sorted(kwargs))} argument" if name and method == "__call__"
+               else "spmdsim has no rule for it")
+        raise OperatorError(f"numpy.{what} of a DTensor: {why}; use spmdsim.ops (ops.sum, ops.exp, ops.where, ...) "
+                            "or the block x.local")
+    return matmul(*inputs) if name == "matmul" else pointwise(name, *inputs)
+
+
+def _array(x: Any, dtype: Any = None, copy: Any = None) -> Any:
+    raise OperatorError(f"numpy array of a DTensor of global shape {tuple(x.global_shape)!r}: its values are spread "
+                        "over the ranks; x.gather() makes the whole array on every rank (a collective: every rank "
+                        "calls it), x.local is this rank's block")
+
+
+def _len(x: Any) -> int:
+    """The global size of dim 0, as numpy's and PyTorch's ``len``."""
+    if not x.global_shape:
+        raise TypeError("len() of a 0-d DTensor")
+    return x.global_shape[0]
+
+
+def _swapaxes(x: Any, a: int, b: int) -> Any:
+    """Dims `a` and `b` swapped (numpy's swapaxes, PyTorch's ``transpose(a, b)``)."""
+    ndim = len(x.global_shape)
+    for d in (a, b):
+        if type(d) is not int or not -ndim <= d < ndim:
+            raise OperatorError(f"swapaxes: dim {d!r} is out of range for a tensor of {ndim} dims "
+                                f"(expected an integer from {-ndim} to {ndim - 1})")
+    perm = list(range(ndim))
+    perm[a], perm[b] = perm[b], perm[a]
+    return transpose(x, tuple(perm))
+
+
+#: numpy's protocol and spellings (np.exp(x), abs(x), len(x), x.T, x.swapaxes) and PyTorch's method spellings
+#: of spmdsim's operators (docs/porting.md).
+_METHODS = {
+    "__array_ufunc__": _array_ufunc, "__array__": _array, "__len__": _len,
+    "__abs__": lambda x: pointwise("abs", x), "T": property(lambda x: transpose(x, None)), "swapaxes": _swapaxes,
+    "permute": lambda x, *perm: transpose(x, perm[0] if len(perm) == 1 else perm),
     "view": lambda x, *shape: reshape(x, shape[0] if len(shape) == 1 else shape),
     "size": _size, "numel": lambda x: math.prod(x.global_shape), "dim": lambda x: len(x.global_shape),
     "unsqueeze": _unsqueeze, "squeeze": _squeeze, "flatten": _flatten, "contiguous": lambda x: x,
@@ -97,5 +149,5 @@ _TORCH_METHODS = {
     "exp": lambda x: pointwise("exp", x), "log": lambda x: pointwise("log", x),
     "sqrt": lambda x: pointwise("sqrt", x), "tanh": lambda x: pointwise("tanh", x),
 }
-for _name, _method in _TORCH_METHODS.items():
+for _name, _method in _METHODS.items():
     setattr(DTensor, _name, _method)

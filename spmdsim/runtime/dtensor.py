@@ -28,12 +28,6 @@ __all__ = ["DTensor"]
 
 # Dtypes a shard may have without more checks: numeric, not bool, native byte
 # order (a set lookup; the rest goes through _check_dtype).
-#: numpy's ufuncs a DTensor answers, by spmdsim.ops.pointwise's names (matmul: spmdsim.ops.matmul).
-_UFUNCS = {np.add: "add", np.subtract: "sub", np.multiply: "mul", np.true_divide: "div", np.power: "pow",
-           np.negative: "neg", np.absolute: "abs", np.exp: "exp", np.log: "log", np.sqrt: "sqrt", np.tanh: "tanh",
-           np.sin: "sin", np.cos: "cos", np.square: "square", np.maximum: "maximum", np.minimum: "minimum",
-           np.equal: "eq", np.not_equal: "ne", np.less: "lt", np.less_equal: "le", np.greater: "gt",
-           np.greater_equal: "ge", np.matmul: "matmul"}
 _PLAIN_DTYPES = frozenset(np.dtype(c) for c in np.typecodes["AllInteger"] + np.typecodes["AllFloat"])
 
 Reference = Union[SeededTensor, np.ndarray, Callable[[tuple], Any]]
@@ -276,26 +270,9 @@ class DTensor:
         """
         _OPERATORS.backward(self, explain, bucket, gradient)
 
-    # arithmetic (spmdsim.ops.pointwise: broadcasting; a number is a replicated 0-d operand)
-    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> "DTensor":
-        """numpy's ufuncs on DTensors by spmdsim's rules: ``np.exp(x)``, ``np.maximum(x, 0.0)``,
-        ``np.float64(2) * x``; one line for a ufunc without a rule, a reduction, or ``out=``."""
-        name = _UFUNCS.get(ufunc)
-        if name is None or method != "__call__" or kwargs:
-            what = ufunc.__name__ if method == "__call__" else f"{ufunc.__name__}.{method}"
-            why = (f"its {', '.join(sorted(kwargs))} argument" if name and method == "__call__"
-                   else "spmdsim has no rule for it")
-            raise OperatorError(f"numpy.{what} of a DTensor: {why}; use spmdsim.ops (ops.sum, ops.exp, "
-                                "ops.where, ...) or the block x.local")
-        if name == "matmul":
-            return _OPERATORS.matmul(*inputs)
-        return _OPERATORS.pointwise(name, *inputs)
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        raise OperatorError(f"numpy array of a DTensor of global shape {self._shape!r}: its values are spread over "
-                            "the ranks; x.gather() makes the whole array on every rank (a collective: every "
-                            "rank calls it), x.local is this rank's block")
-
+    # arithmetic (spmdsim.ops.pointwise: broadcasting; a number is a replicated 0-d operand). numpy's ufuncs
+    # (np.exp(x), np.float64(2) * x), np.asarray's refusal, abs(), len(), .T and PyTorch's spellings of the
+    # operators are given by spmdsim.ops.methods.
     def __add__(self, other: Any) -> "DTensor":
         return _OPERATORS.pointwise("add", self, other)
 
@@ -328,9 +305,6 @@ class DTensor:
 
     def __neg__(self) -> "DTensor":
         return _OPERATORS.pointwise("neg", self)
-
-    def __abs__(self) -> "DTensor":
-        return _OPERATORS.pointwise("abs", self)
 
     def __matmul__(self, other: Any) -> "DTensor":
         return _OPERATORS.matmul(self, other)
@@ -372,12 +346,6 @@ class DTensor:
         split one moves the rows each rank's new block lacks)."""
         return _OPERATORS.getitem(self, index)
 
-    def __len__(self) -> int:
-        """The global size of dim 0, as numpy's and PyTorch's ``len``."""
-        if not self._shape:
-            raise TypeError("len() of a 0-d DTensor")
-        return self._shape[0]
-
     def reshape(self, *shape: Any) -> "DTensor":
         """`spmdsim.ops.reshape`: ``x.reshape(T, H, D)`` or ``x.reshape((T, H, D))``; no communication."""
         return _OPERATORS.reshape(self, shape[0] if len(shape) == 1 else shape)
@@ -386,24 +354,6 @@ class DTensor:
         """`spmdsim.ops.transpose` as numpy's: ``x.transpose(1, 0)``, ``x.transpose((1, 0))`` or all dims
         reversed; the arguments are the new order of every dim (PyTorch's two dims to swap: `swapaxes`)."""
         return _OPERATORS.transpose(self, (perm[0] if len(perm) == 1 else perm) if perm else None)
-
-    permute = transpose  # PyTorch's name for numpy's transpose
-
-    @property
-    def T(self) -> "DTensor":  # noqa: N802 - numpy's and PyTorch's name
-        """All dims reversed (numpy's ``.T``)."""
-        return _OPERATORS.transpose(self, None)
-
-    def swapaxes(self, a: int, b: int) -> "DTensor":
-        """Dims `a` and `b` swapped (numpy's swapaxes, PyTorch's ``transpose(a, b)``)."""
-        ndim = len(self._shape)
-        for d in (a, b):
-            if type(d) is not int or not -ndim <= d < ndim:
-                raise OperatorError(f"swapaxes: dim {d!r} is out of range for a tensor of {ndim} dims "
-                                    f"(expected an integer from {-ndim} to {ndim - 1})")
-        perm = list(range(ndim))
-        perm[a], perm[b] = perm[b], perm[a]
-        return _OPERATORS.transpose(self, tuple(perm))
 
     def sum(self, dims: Any = None, keepdims: bool = False, **aliases: Any) -> "DTensor":
         """`spmdsim.ops.sum`: over a split dim, a pending sum. numpy's ``axis=`` and PyTorch's ``dim=``,
