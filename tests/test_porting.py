@@ -214,7 +214,7 @@ def test_pytorch_and_numpy_method_spellings():
         x = DTensor.from_global(mesh, a, mesh.layout("dp", None, "tp")).requires_grad_()
         m = DTensor.from_global(mesh, a[0], mesh.layout(None, "tp"))
         got = [x.T.gather(), x.permute(2, 0, 1).gather(), x.swapaxes(0, 2).gather(), x.swapaxes(-1, 1).layout,
-               len(x), abs(x).gather(), m.transpose(0, 1).gather()]
+               len(x), abs(x).gather(), m.transpose(0, 1).gather(), m.t().gather()]
         ops.sum(abs(x)).backward()
         got.append(x.grad.gather())
         for bad in (lambda: x.swapaxes(0, 3), lambda: len(ops.sum(x)), lambda: x.transpose(0, 2)):
@@ -224,10 +224,12 @@ def test_pytorch_and_numpy_method_spellings():
                 got.append(f"{type(e).__name__}: {e}")
         return got
 
-    t, permuted, swapped, layout, n, absolute, same, grad, bad_dim, bad_len, torch_swap = spmdsim.simulate(4, body)[3]
+    (t, permuted, swapped, layout, n, absolute, same, torch_t, grad, bad_dim, bad_len,
+     torch_swap) = spmdsim.simulate(4, body)[3]
     assert np.array_equal(t, a.T) and np.array_equal(permuted, a.transpose(2, 0, 1))
     assert np.array_equal(swapped, a.swapaxes(0, 2)) and layout == Layout((2, 2), ("dp", "tp"))("dp", "tp", None)
     assert n == 2 and np.array_equal(absolute, abs(a)) and np.array_equal(same, a[0])
+    assert np.array_equal(torch_t, a[0].T)  # PyTorch's 2-d transpose
     assert np.array_equal(grad, np.sign(a))
     assert bad_dim == "OperatorError: swapaxes: dim 3 is out of range for a tensor of 3 dims (expected an integer " \
                       "from -3 to 2)"

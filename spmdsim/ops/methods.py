@@ -123,6 +123,14 @@ def _len(x: Any) -> int:
     return x.global_shape[0]
 
 
+def _t(x: Any) -> Any:
+    """PyTorch's ``x.t()``: a 2-d tensor transposed, a 0-d or 1-d one as it is."""
+    if len(x.global_shape) > 2:
+        raise OperatorError(f"t() of a tensor of {len(x.global_shape)} dims: PyTorch's t() takes at most 2; "
+                            "use x.swapaxes(a, b) or x.permute(...)")
+    return transpose(x, None) if len(x.global_shape) == 2 else x
+
+
 def _swapaxes(x: Any, a: int, b: int) -> Any:
     """Dims `a` and `b` swapped (numpy's swapaxes, PyTorch's ``transpose(a, b)``)."""
     ndim = len(x.global_shape)
@@ -140,7 +148,7 @@ def _swapaxes(x: Any, a: int, b: int) -> Any:
 _METHODS = {
     "__array_ufunc__": _array_ufunc, "__array__": _array, "__len__": _len,
     "__abs__": lambda x: pointwise("abs", x), "T": property(lambda x: transpose(x, None)), "swapaxes": _swapaxes,
-    "permute": lambda x, *perm: transpose(x, perm[0] if len(perm) == 1 else perm),
+    "permute": lambda x, *perm: transpose(x, perm[0] if len(perm) == 1 else perm), "t": _t,
     "view": lambda x, *shape: reshape(x, shape[0] if len(shape) == 1 else shape),
     "size": _size, "numel": lambda x: math.prod(x.global_shape), "dim": lambda x: len(x.global_shape),
     "unsqueeze": _unsqueeze, "squeeze": _squeeze, "flatten": _flatten, "contiguous": lambda x: x,
