@@ -201,7 +201,7 @@ def test_zeros_ones_full_make_only_each_ranks_block():
 
 def test_pytorch_and_numpy_method_spellings():
     """.T, permute, swapaxes (PyTorch's transpose(a, b)), len() and abs() on a DTensor, values and gradient
-    against numpy; numpy's transpose keeps a 2-d tensor as it is when given (0, 1); a bad dim, one line."""
+    against numpy; x.transpose(0, 1) of a 2-d tensor (numpy keeps it, PyTorch swaps) and a bad dim: one line."""
     import numpy as np
 
     import spmdsim
@@ -214,21 +214,22 @@ def test_pytorch_and_numpy_method_spellings():
         x = DTensor.from_global(mesh, a, mesh.layout("dp", None, "tp")).requires_grad_()
         m = DTensor.from_global(mesh, a[0], mesh.layout(None, "tp"))
         got = [x.T.gather(), x.permute(2, 0, 1).gather(), x.swapaxes(0, 2).gather(), x.swapaxes(-1, 1).layout,
-               len(x), abs(x).gather(), m.transpose(0, 1).gather(), m.t().gather()]
+               len(x), abs(x).gather(), m.transpose(1, 0).gather(), m.t().gather()]
         ops.sum(abs(x)).backward()
         got.append(x.grad.gather())
-        for bad in (lambda: x.swapaxes(0, 3), lambda: len(ops.sum(x)), lambda: x.transpose(0, 2)):
+        for bad in (lambda: x.swapaxes(0, 3), lambda: len(ops.sum(x)), lambda: x.transpose(0, 2),
+                    lambda: m.transpose(0, 1)):
             try:
                 bad()
             except (OperatorError, TypeError) as e:
                 got.append(f"{type(e).__name__}: {e}")
         return got
 
-    (t, permuted, swapped, layout, n, absolute, same, torch_t, grad, bad_dim, bad_len,
-     torch_swap) = spmdsim.simulate(4, body)[3]
+    (t, permuted, swapped, layout, n, absolute, swapped_2d, torch_t, grad, bad_dim, bad_len,
+     torch_swap, ambiguous) = spmdsim.simulate(4, body)[3]
     assert np.array_equal(t, a.T) and np.array_equal(permuted, a.transpose(2, 0, 1))
     assert np.array_equal(swapped, a.swapaxes(0, 2)) and layout == Layout((2, 2), ("dp", "tp"))("dp", "tp", None)
-    assert n == 2 and np.array_equal(absolute, abs(a)) and np.array_equal(same, a[0])
+    assert n == 2 and np.array_equal(absolute, abs(a)) and np.array_equal(swapped_2d, a[0].T)
     assert np.array_equal(torch_t, a[0].T)  # PyTorch's 2-d transpose
     assert np.array_equal(grad, np.sign(a))
     assert bad_dim == "OperatorError: swapaxes: dim 3 is out of range for a tensor of 3 dims (expected an integer " \
@@ -236,6 +237,8 @@ def test_pytorch_and_numpy_method_spellings():
     assert bad_len == "TypeError: len() of a 0-d DTensor"
     assert torch_swap == ('OperatorError: transpose perm (0, 2) must be a permutation of 0..2 (one entry per dim of '
                           '("dp", None, "tp")) (PyTorch\'s transpose(a, b), two dims swapped, is x.swapaxes(a, b))')
+    assert ambiguous == ("OperatorError: x.transpose(0, 1) of a 2-d DTensor: numpy keeps it as it is, PyTorch swaps "
+                         "the two dims; write x.T (or x.swapaxes(0, 1), x.t()) to swap them, nothing to keep them")
 
 
 def test_numpy_functions_on_a_dtensor_follow_spmdsims_rules():

@@ -352,7 +352,12 @@ class DTensor:
 
     def transpose(self, *perm: Any) -> "DTensor":
         """`spmdsim.ops.transpose` as numpy's: ``x.transpose(1, 0)``, ``x.transpose((1, 0))`` or all dims
-        reversed; the arguments are the new order of every dim (PyTorch's two dims to swap: `swapaxes`)."""
+        reversed; the arguments are the new order of every dim (PyTorch's two dims to swap: `swapaxes`).
+
+        ``x.transpose(0, 1)`` of a 2-d tensor, which numpy keeps as it is and PyTorch swaps, is refused."""
+        if len(self._shape) == 2 and perm in ((0, 1), (-2, -1)):
+            raise OperatorError(f"x.transpose{perm!r} of a 2-d DTensor: numpy keeps it as it is, PyTorch swaps the "
+                                "two dims; write x.T (or x.swapaxes(0, 1), x.t()) to swap them, nothing to keep them")
         return _OPERATORS.transpose(self, (perm[0] if len(perm) == 1 else perm) if perm else None)
 
     def sum(self, dims: Any = None, keepdims: bool = False, **aliases: Any) -> "DTensor":
