@@ -69,6 +69,34 @@ def test_shift_moves_each_rank_only_the_rows_it_lacks():
     assert not shift.moves_nothing and Shift(x, (8, 3), x, (4, 3), 0, 2).moves_nothing  # rows 2:6: all kept
 
 
+@pytest.mark.parametrize("before, after, offset", [
+    (("a", None), ("a", None), 3), ((("a", "b"), None), (("a",), None), 5), ((("b", "a"), None), ((), None), 7),
+    ((("a", "b"), "c"), (("a", "b"), "c"), -6), ((("a",), None), (("a", "b"), None), -2),
+    ((("c", "a"), None), (("c",), None), 1)])
+def test_shift_sends_answer_places_rank_by_rank(before, after, offset):
+    """Every box a rank expects from a source is one that source sends it, of the same shape, and each rank
+    receives exactly the rows of its new block it does not hold (16 rows before, 8 after, shifted)."""
+    from spmdsim.plan.shift import Shift
+
+    mesh = Layout((2, 2, 2), ("a", "b", "c"))
+    b, a = mesh(*before), mesh(*after)
+    shapes = ((16, 4), (8, 4)) if offset >= 0 else ((8, 4), (16, 4))
+    shift = Shift(b, shapes[0], a, shapes[1], 0, offset)
+    for rank in range(8):
+        moves = shift.moves(rank)
+        for src, _, shape in moves.places:
+            assert [(dst, box) for dst, _, box in shift.moves(src).sends if dst == rank] == [(rank, shape)]
+        for dst, _, shape in moves.sends:
+            assert [box for s, _, box in shift.moves(dst).places if s == rank] == [shape]
+        lo, hi = a.bounds(rank, shapes[1])[0]
+        held = b.bounds(rank, shapes[0])[0]
+        wanted = {r for r in range(lo, hi) if 0 <= r + offset < shapes[0][0]}
+        lacking = {r for r in wanted if not held[0] <= r + offset < held[1]}
+        assert sum(box[0] for _, _, box in moves.places) == len(lacking)
+        kept = moves.own[0][0] if moves.own else slice(0, 0)
+        assert kept.stop - kept.start == len(wanted) - len(lacking)
+
+
 def test_shift_at_4096_devices_works_out_one_group_per_kind_of_rank():
     """narrow(x, 0, 100, 512) of 1,024 rows over 256 shards (a x b) on 8 x 32 x 16 devices: each rank needs
     2 rows held by the member 25 places on (rows 100 + 2k), who sends 2 rows to each of two ranks; the dry

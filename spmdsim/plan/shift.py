@@ -160,13 +160,24 @@ def _moves(shift: Shift, rank: int) -> RankMoves:
                 own = (where, box(in_shape, r_lo - b_lo, r_hi - b_lo)[0])
             else:
                 places.append((member(k)[0], where, shape))
-        # Rows the other members need that this rank holds.
-        for k in range(math.prod(b_sizes)):
-            if k == mine:
-                continue
-            other, c = member(k)
-            t = a_lo(c)
-            r_lo, r_hi = max(t + off, b_lo), min(t + a_len + off, b_lo + b_len)
-            if r_lo < r_hi:
-                sends.append((other,) + box(in_shape, r_lo - b_lo, r_hi - b_lo))
-    return RankMoves(out_shape, own, tuple(sends), tuple(places))
+        # Rows the other members need that this rank holds: the blocks j of `after` that overlap them, and
+        # the members whose coordinates give block j (after's axes outside the group are this rank's own).
+        a_sizes = [mesh.device_matrix[i] for i in a_where]
+        free = [i for i in b_where if i not in a_where]
+        last = min((b_lo + b_len - off - 1) // a_len, math.prod(a_sizes) - 1)
+        for j in range(max((b_lo - off) // a_len, 0), last + 1):
+            c = list(coords)
+            for i, v in zip(a_where, _digits(j, a_sizes)):
+                if i in b_where:
+                    c[i] = v
+                elif c[i] != v:
+                    break
+            else:
+                r_lo, r_hi = max(j * a_len + off, b_lo), min((j + 1) * a_len + off, b_lo + b_len)
+                for values in itertools.product(*(range(mesh.device_matrix[i]) for i in free)):
+                    for i, v in zip(free, values):
+                        c[i] = v
+                    other = mesh.rank_of(c)
+                    if other != rank:
+                        sends.append((other,) + box(in_shape, r_lo - b_lo, r_hi - b_lo))
+    return RankMoves(out_shape, own, tuple(sorted(sends, key=lambda s: s[0])), tuple(places))
