@@ -46,6 +46,9 @@ def test_narrow_rule_of_a_split_dim_keeps_the_split_that_divides_the_slice():
     assert infer_narrow(x, (16, 3), 0, -1, 1) == (L(None, None), 0, 15, (1, 3))  # one row: whole
     pending = L(None, "tp", partial=("dp",))
     assert infer_narrow(pending, (2, 8), 1, 2, 4) == (pending, 1, 2, (2, 4))
+    wide = Layout((4, 2), ("a", "b"))  # docs/semantics.md: 2 rows of a dim over ("a", "b") keep "b"
+    assert [infer_narrow(wide(("a", "b")), (16,), 0, 0, n)[0] for n in (2, 4, 6, 1)] == [
+        wide("b"), wide("a"), wide("b"), wide(None)]
 
 
 def test_shift_moves_each_rank_only_the_rows_it_lacks():

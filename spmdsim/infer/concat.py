@@ -3,8 +3,8 @@ numpy's `broadcast_to` (new and size-1 dims grow whole on every rank, the others
 
 A slice of a dim whole on every rank is local: each rank slices its own
 block and nothing moves. A slice of a split dim keeps the split where the
-slice's length divides among the dim's shards (else the longest run of its
-leading axes that divides it, else the dim whole), and each rank receives
+slice's length divides among the dim's shards (else the dim's axes that
+split it into the most shards that divide it, else the dim whole), and each rank receives
 the rows of its new block it does not hold, from the rank of its group that
 does (`spmdsim.plan.shift`: the lower bound, one Alltoallv). The other dims
 keep their splits and a pending sum stays pending (a slice is linear). A
@@ -15,9 +15,10 @@ on the other dims are moved by the least-bytes rule of the elementwise ops
 """
 from __future__ import annotations
 
+import itertools
 import string
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..errors import OperatorError, ShapeError
 from ..layout import TensorLayout
@@ -35,13 +36,24 @@ def _tensor_dim(dim: object, ndim: int, op: str) -> int:
     return d % ndim
 
 
+def _dividing(mesh: Any, entry: tuple[str, ...], n: int) -> tuple[str, ...]:
+    """The axes of `entry`, in its order, that split a dim of `n` into the most shards that divide it: all of
+    them when they do; else the largest group of them (the first such in `entry`'s order); else none."""
+    best: tuple[str, ...] = ()
+    for size in range(len(entry), 0, -1):
+        for axes in itertools.combinations(entry, size):
+            if n % mesh.group_size(axes) == 0 and mesh.group_size(axes) > mesh.group_size(best):
+                best = axes
+    return best
+
+
 def infer_narrow(x: TensorLayout, shape: Sequence[int], dim: object, start: object,
                  length: object) -> tuple[TensorLayout, int, int, tuple[int, ...]]:
     """(layout, dim, start, shape) of x[..., start:start + length, ...] along `dim`.
 
     `start` may be negative (counted from the end, as Python's). The layout is `x` itself when
-    `dim` is whole on every rank (a local slice); for a split `dim` it keeps the longest run of the
-    dim's leading axes whose shards divide `length` (the rows then move: `spmdsim.plan.shift`).
+    `dim` is whole on every rank (a local slice); for a split `dim` it keeps the dim's axes whose shards
+    divide `length`, the most shards that do (the rows then move: `spmdsim.plan.shift`).
     """
     shape = x.check_shape(shape)
     d = _tensor_dim(dim, x.ndim, "narrow")
@@ -55,9 +67,7 @@ def infer_narrow(x: TensorLayout, shape: Sequence[int], dim: object, start: obje
         raise OperatorError(f"narrow: length {length!r} does not fit dim {d} of size {size} from start {s} "
                             f"(expected an integer from 0 to {size - s})")
     entry = x.tensor_map[d]
-    keep = entry
-    while keep and n % x.layout.group_size(keep):
-        keep = keep[:-1]
+    keep = _dividing(x.layout, entry, n)
     out = x if keep == entry else x.with_map(*(keep if k == d else e for k, e in enumerate(x.tensor_map)))
     return out, d, s, shape[:d] + (n,) + shape[d + 1:]
 
@@ -101,8 +111,8 @@ def infer_concatenate(layouts: tuple[TensorLayout, ...], shapes: tuple[tuple[int
     """Plan joining operands along `dim`; the other dims must agree in size.
 
     The other dims' splits are chosen by the least-bytes rule of the elementwise ops; the joined dim keeps
-    each operand's split, and the result's is the first operand's that divides the joined size (else the
-    longest run of its leading axes that does, else whole).
+    each operand's split, and the result's is the first split operand's where it divides the joined size
+    (else its axes that split it into the most shards that divide it, else whole).
     """
     if not layouts:
         raise OperatorError("concatenate: no operands; give a sequence of DTensors")
@@ -139,9 +149,7 @@ def infer_concatenate(layouts: tuple[TensorLayout, ...], shapes: tuple[tuple[int
     for shape in shapes:
         offsets.append(total)
         total += shape[d]
-    entry = next((e for e in joined if e), ())
-    while entry and total % mesh.group_size(entry):
-        entry = entry[:-1]
+    entry = _dividing(mesh, next((e for e in joined if e), ()), total)
     out = TensorLayout(mesh, tuple(entry if i == d else choice.axes(ch) for i, ch in enumerate(letters)), kept)
     out_shape = tuple(shapes[0][:d]) + (total,) + tuple(shapes[0][d + 1:])
     return ConcatPlan(d, out_shape, tuple(layouts), choice, out, tuple(offsets), targets)
