@@ -151,11 +151,10 @@ def test_slices_of_split_dims_move_the_rows_by_one_alltoallv_each():
     # Rank 5 (dp 1, tp 1) holds rows 4:8, columns 2:4: it sends nothing of column 7 and receives its 4 rows
     # of it from tp 3 (4 x 8 B); rows 2:6 over dp are rows 2:4 and 4:6, which dp 0 and dp 1 hold: no call.
     # The halves, a column a rank: of x[..., 4:] it takes column 5 from tp 2; of x[..., :4] column 1 from
-    # tp 0, and sends its columns 2 and 3 to tp 2 and 3. The join puts columns 2:4 of the result on it (the
-    # first half's 2 and 3, from tp 2 and 3) and its first-half column 1 goes to tp 0, its second-half
-    # column 1 (the result's 5) to tp 2. Each column is 4 rows of 8 B.
-    assert calls == [("alltoallv", 0, 32), ("alltoallv", 0, 32), ("alltoallv", 64, 32), ("alltoallv", 32, 64),
-                     ("alltoallv", 32, 0)]
+    # tp 0, and sends its columns 2 and 3 to tp 2 and 3. The join, one Alltoallv for both operands, puts
+    # columns 2:4 of the result on it (the first half's 2 and 3, from tp 2 and 3) and sends its first-half
+    # column 1 to tp 0, its second-half column 1 (the result's 5) to tp 2. Each column is 4 rows of 8 B.
+    assert calls == [("alltoallv", 0, 32), ("alltoallv", 0, 32), ("alltoallv", 64, 32), ("alltoallv", 64, 64)]
 
 
 def test_concatenate_rule_moves_the_cheaper_operand_and_keeps_an_agreed_pending_sum():

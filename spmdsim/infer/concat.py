@@ -100,7 +100,7 @@ class ConcatPlan:
             parts = self.choice.moves(self.sources)
         else:
             parts = [f"dim {self.dim} is split: each operand's rows move to the ranks whose block of the result "
-                     f"{self.out} holds them (one Alltoallv each where any rank lacks rows)"]
+                     f"{self.out} holds them (one Alltoallv for all of them, none where no rank lacks rows)"]
         if self.out.partial:
             parts.append(f"the result stays pending over {self.out.partial!r} (a join is linear)")
         return "; ".join(parts) if parts else f"dim {self.dim} is whole on every rank: no communication"

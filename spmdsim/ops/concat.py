@@ -3,9 +3,9 @@
 A slice of a dim whole on every rank is local. A slice of a split dim moves
 the rows each rank's new block lacks from the rank of its group that holds
 them (one Alltoallv, the lower bound: spmdsim.plan.shift), and its gradient
-moves them back, zeros elsewhere; a join along a split dim moves each
-operand's rows into the result's blocks the same way, and a join along a
-whole dim is local. The other dims keep their splits and pending sums stay
+moves them back, zeros elsewhere; a join along a split dim moves every
+operand's rows into the result's blocks the same way, in one Alltoallv, and
+a join along a whole dim is local. The other dims keep their splits and pending sums stay
 pending. Rotary embeddings' halves are ``narrow(q, -1, 0, d // 2)`` and
 ``narrow(q, -1, d // 2, d // 2)``, joined back by ``concatenate``.
 """
@@ -141,27 +141,26 @@ def concatenate(xs: Sequence[Any], dim: int = 0) -> Any:
 
 def _concatenate_split(mesh: Any, xs: list, plan: Any, dtype: Any) -> Any:
     """`concatenate` along a dim split somewhere: each operand's rows moved into the result's blocks by a
-    `Shift` (its gradient: the result's rows moved back to each operand)."""
-    from ..runtime.exchange import shifted
+    `Shift`, all in one Alltoallv (its gradient: the result's rows moved back to each operand, one too)."""
+    from ..runtime.exchange import shifted_many
 
     d, shape = plan.dim, plan.shape
     block = np.empty(plan.out.local_shape(shape), dtype)
-    for k, (x, at) in enumerate(zip(xs, plan.offsets)):
-        move = Shift(x.layout, tuple(x.global_shape), plan.out, shape, d, -at)
-        shifted(mesh, x.local, move, f"concatenate dim {d}: operand {k}", out=block)
+    shifted_many(mesh, [(x.local, Shift(x.layout, tuple(x.global_shape), plan.out, shape, d, -at), block)
+                        for x, at in zip(xs, plan.offsets)], f"concatenate dim {d}")
     out = make_dtensor(mesh, block, plan.out, shape)
     if all(x._ag is None for x in xs):
         return out
 
     def backward(dy: Any) -> tuple:
-        pieces = []
-        for k, (x, at) in enumerate(zip(xs, plan.offsets)):
-            if x._ag is None:
-                pieces.append(None)
-                continue
-            back = Shift(dy.layout, shape, with_partial(x.layout, dy.layout.partial), tuple(x.global_shape), d, at)
-            grad = shifted(mesh, dy.local, back, f"concatenate dim {d}: gradient of operand {k}")
-            pieces.append(grad_tensor(x, grad, dy.layout.partial))
+        wanted = [(k, x, Shift(dy.layout, shape, with_partial(x.layout, dy.layout.partial), tuple(x.global_shape),
+                               d, at)) for k, (x, at) in enumerate(zip(xs, plan.offsets)) if x._ag is not None]
+        grads = [np.zeros(back.moves(mesh.rank).out_shape, dy.local.dtype) for _, _, back in wanted]
+        shifted_many(mesh, [(dy.local, back, g) for (_, _, back), g in zip(wanted, grads)],
+                     f"concatenate dim {d}: gradients back")
+        pieces: list = [None] * len(xs)
+        for (k, x, _), g in zip(wanted, grads):
+            pieces[k] = grad_tensor(x, g, dy.layout.partial)
         return tuple(pieces)
 
     return record(out, lambda: f"concatenate dim {d} into {plan.out}", tuple(xs), backward)

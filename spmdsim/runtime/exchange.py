@@ -12,7 +12,7 @@ import math
 from functools import lru_cache
 from itertools import accumulate
 from time import perf_counter
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from ._calls import _alone, _empty, _result, issue
 from .exchange_spec import ExchangeSpec
 from .mesh import Mesh
 
-__all__ = ["alltoallv", "exchange", "shifted"]
+__all__ = ["alltoallv", "exchange", "shifted", "shifted_many"]
 
 _ndarray = np.ndarray
 
@@ -144,21 +144,54 @@ def shifted(mesh: Mesh, local: np.ndarray, shift: Any, label: str | None = None,
     keeps copied, the others received in one Alltoallv over the mesh (none when no rank lacks rows); rows
     no rank holds are zeros, or left as they are in `out` (the block to write into). Collective: every
     rank calls it with the same shift."""
-    moves = shift.moves(mesh.rank)
     if out is None:
-        out = np.zeros(moves.out_shape, local.dtype)
-    if moves.own is not None:
-        out[moves.own[0]] = local[moves.own[1]]
-    if shift.moves_nothing:
-        return out
-    engine = mesh.engine
-    if engine.dry:  # one rank runs for all: the dry report takes every rank's bytes from the shift
-        engine.ran(_ShiftBytes(*shift.bytes_per_rank(local.dtype.itemsize)))
-    spec = _shift_spec(shift, mesh.size, mesh.rank, local.shape)
-    recv = exchange(mesh, local if local.flags.c_contiguous else np.ascontiguousarray(local), spec, label)
-    for (_, index, shape), (_, lo, hi) in zip(moves.places, spec.recv_slots):
-        out[index] = recv[lo:hi].reshape(shape)
+        out = np.zeros(shift.moves(mesh.rank).out_shape, local.dtype)
+    shifted_many(mesh, [(local, shift, out)], label)
     return out
+
+
+def shifted_many(mesh: Mesh, moves: Sequence[tuple[np.ndarray, Any, np.ndarray]], label: str | None = None) -> None:
+    """Several shifts at once, each (local block, Shift, block to write its result into), their rows in one
+    Alltoallv (a join's operands, or its gradient's pieces): the same bytes as one call each, one latency.
+    Collective: every rank calls it with the same shifts."""
+    rank = mesh.rank
+    moving = []
+    for local, shift, out in moves:
+        own = shift.moves(rank).own
+        if own is not None:
+            out[own[0]] = local[own[1]]
+        if not shift.moves_nothing:
+            moving.append((local, shift, out))
+    if not moving:
+        return
+    engine = mesh.engine
+    if engine.dry:  # one rank runs for all: the dry report takes every rank's bytes from the shifts
+        counts = [shift.bytes_per_rank(out.dtype.itemsize) for _, shift, out in moving]
+        engine.ran(_ShiftBytes(*(tuple(map(sum, zip(*side))) for side in zip(*counts))))
+    if len(moving) == 1:  # one shift: its Alltoallv by a spec worked out once (the repeated path)
+        local, shift, out = moving[0]
+        spec = _shift_spec(shift, mesh.size, rank, local.shape)
+        recv = exchange(mesh, local if local.flags.c_contiguous else np.ascontiguousarray(local), spec, label)
+        for (_, index, shape), (_, lo, hi) in zip(shift.moves(rank).places, spec.recv_slots):
+            out[index] = recv[lo:hi].reshape(shape)
+        return
+    dtype = moving[0][2].dtype
+    sends: dict = {}
+    counts: dict = {}
+    for local, shift, _ in moving:  # per peer, the shifts' boxes in order (at most one each)
+        m = shift.moves(rank)
+        for dst, index, _ in m.sends:
+            sends.setdefault(dst, []).append(local[index].astype(dtype, copy=False).reshape(-1))
+        for src, _, shape in m.places:
+            counts[src] = counts.get(src, 0) + math.prod(shape)
+    got = alltoallv(mesh, {dst: np.concatenate(parts) for dst, parts in sends.items()},
+                    {src: (n,) for src, n in counts.items()}, dtype, label)
+    at: dict = {}
+    for _, shift, out in moving:
+        for src, index, shape in shift.moves(rank).places:
+            lo = at.get(src, 0)
+            at[src] = lo + math.prod(shape)
+            out[index] = got[src][lo:at[src]].reshape(shape)
 
 
 class _ShiftBytes:
