@@ -123,6 +123,7 @@ PURE_MODULES = [
     "spmdsim.explain",
     "spmdsim.holdings",
     "spmdsim.plan",
+    "spmdsim.plan.shift",
     "spmdsim.plan.emulator",
     "spmdsim.cost",
     "spmdsim.reference",
