@@ -25,7 +25,7 @@ import numpy as np
 
 from . import _hugepool
 
-__all__ = ["PAGE", "PAGE_OFFSET", "MIN_BYTES", "HUGE_MIN", "empty", "full", "zeros", "page_offset", "placed_copy",
+__all__ = ["PAGE", "PAGE_OFFSET", "MIN_BYTES", "HUGE_MIN", "empty", "kept_empty", "full", "zeros", "page_offset", "placed_copy",
            "use_huge_pages"]
 
 PAGE = mmap.PAGESIZE
@@ -51,8 +51,19 @@ _uint8 = np.dtype(np.uint8)
 _as_char, _address = ctypes.c_char.from_buffer, ctypes.addressof
 
 
+#: Set by spmdsim.runtime.replay while a thread captures a step: the array each `empty` hands out goes
+#: through it (a capture records what is written into new memory). None otherwise.
+FRESH: Any = None
+
+
 def empty(shape: Any, dtype: Any = float) -> np.ndarray:
     """Like ``np.empty`` (C order); from MIN_BYTES up the data starts PAGE_OFFSET bytes into a page."""
+    out = kept_empty(shape, dtype)
+    return out if FRESH is None else FRESH(out)
+
+
+def kept_empty(shape: Any, dtype: Any = float) -> np.ndarray:
+    """`empty` for a buffer kept across calls (a mesh's scratch), which a capture never sees as new."""
     dtype = dtype if isinstance(dtype, _dtype) else np.dtype(dtype)
     dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     nbytes = math.prod(dims) * dtype.itemsize

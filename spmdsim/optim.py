@@ -51,10 +51,27 @@ class _Optimizer:
                 continue
             if g.layout != with_partial(p.layout, ()) or g.local.shape != p.local.shape:
                 raise OperatorError(f"parameter {i}: gradient laid out {g.layout} does not match {p.layout}")
-            self._update(i, p.local, g.local)
+            _update(self._update, i, p.local, g.local)
 
     def _update(self, index: int, param: np.ndarray, grad: np.ndarray) -> None:
         raise NotImplementedError
+
+
+def _run_update(update: Callable, index: int, param: np.ndarray, grad: np.ndarray) -> None:
+    update(index, param, grad)
+
+
+def _update_kernel(update: Callable, index: int, param: np.ndarray, grad: np.ndarray) -> None:
+    """One parameter's update, recorded as one call when a rank captures a step (spmdsim.runtime.replay):
+    a replay reruns it, so it counts its own steps (Adam's bias correction) as each eager step does."""
+    from .runtime.replay import kernel
+
+    global _update
+    _update = kernel(_run_update)
+    _update(update, index, param, grad)
+
+
+_update = _update_kernel
 
 
 def _positive(value: Any, name: str) -> float:
@@ -100,17 +117,17 @@ class Adam(_Optimizer):
                  eps: float = 1e-8) -> None:
         super().__init__(params, lr)
         self.betas, self.eps = _adam_args(betas, eps)
-        self.moments: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.moments: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}
 
     def _update(self, index: int, param: np.ndarray, grad: np.ndarray) -> None:
         b1, b2 = self.betas
-        m, v = self.moments.get(index) or (np.zeros_like(param), np.zeros_like(param))
+        m, v, t = self.moments.get(index) or (np.zeros_like(param), np.zeros_like(param), 0)
         m *= b1
         m += (1 - b1) * grad
         v *= b2
         v += (1 - b2) * grad * grad
-        self.moments[index] = (m, v)
-        t = self.steps
+        t += 1  # this parameter's steps (as AdamW counts them): a replayed update counts its own
+        self.moments[index] = (m, v, t)
         step = self.lr * math.sqrt(1 - b2**t) / (1 - b1**t)
         param -= (step * m / (np.sqrt(v) + self.eps * math.sqrt(1 - b2**t))).astype(param.dtype)
 

@@ -165,8 +165,12 @@ def record_embedding(out: Any, ids: Any, table: Any, plan: Any, start: int, labe
         owned = (flat_ids >= 0) & (flat_ids < rows)
         if padding_idx is not None:
             owned &= flat_ids != padding_idx - start
-        g = np.zeros(table.local.shape, dy.local.dtype)
-        np.add.at(g, flat_ids[owned], dy.local.reshape(-1, g.shape[1])[owned])
+        # Ids this rank does not own add into a spare last row, dropped after: the same sums in the same
+        # order as adding only the owned rows, and no array whose size depends on the ids (a captured
+        # step replays; spmdsim.runtime.replay).
+        spare = np.zeros((rows + 1,) + table.local.shape[1:], dy.local.dtype)
+        np.add.at(spare, np.where(owned, flat_ids, rows), dy.local.reshape(-1, spare.shape[1]))
+        g = spare[:rows]
         return None, grad_tensor(table, g, dy.layout.partial, axes_of(plan.local, plan.local.tensor_map[:-1]))
 
     return record(out, _named("embedding", label, None), (ids, table), backward, with_partial(plan.local, ()))

@@ -23,6 +23,7 @@ softmax, dropout), so the model is written as on one device plus layouts.
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Optional
 
 import numpy as np
@@ -137,7 +138,16 @@ class GPT:
     def _dropout(self, x: Any, site: str, step: Optional[int], train: bool) -> Any:
         if not train or self.cfg.dropout == 0:
             return x
-        return ops.dropout(x, self.cfg.dropout, seed=dropout_seed(self.cfg, step, site))
+        return ops.dropout(x, self.cfg.dropout, seed=self._seed(step, site))
+
+    def _seed(self, step: Any, site: str) -> Any:
+        """The mask's seed at `site`; for a step given as a spmdsim.replay.Scalar, a callable the mask's
+        kernel calls (each replay of a captured step draws that step's masks)."""
+        from ..runtime.replay import Scalar
+
+        if isinstance(step, Scalar):
+            return partial(dropout_seed, self.cfg, step, site)
+        return dropout_seed(self.cfg, step, site)
 
     def _row_out(self, y: Any) -> Any:
         """A row-parallel product's pending sum: Reduce_scatter onto the sequence (sp) or Allreduce."""
@@ -167,7 +177,7 @@ class GPT:
         # softmax(q k^T / sqrt(head_dim), causal), dropped out, times v: one operator and node (its values
         # are those of einsum, masked_fill, softmax, dropout and einsum: spmdsim.ops.attention).
         drop = cfg.dropout if train else 0.0
-        seed = dropout_seed(cfg, step, pre + "attn") if drop else None
+        seed = self._seed(step, pre + "attn") if drop else None
         o = ops.reshape(ops.attention(q, k, v, causal=True, dropout=drop, seed=seed), (B, T, D))
         proj = self._row_out(ops.einsum("btd,de->bte", o, p[pre + "attn.wo"])) + p[pre + "attn.bo"]
         h = h + self._dropout(proj, pre + "resid1", step, train)

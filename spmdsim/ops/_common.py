@@ -239,3 +239,40 @@ def seeded_dtensor(mesh: Any, layout: TensorLayout, source: Any) -> Any:
     from ..runtime import DTensor
 
     return DTensor.from_seeded(mesh, layout, source)
+
+
+def _keep(shape: tuple, seed: Any, region: tuple, p: float) -> np.ndarray:
+    from ..datagen import SeededTensor
+
+    value = seed() if callable(seed) else seed
+    return SeededTensor(shape, "float64", seed=int(value), low=0.0, high=1.0).at_least(region, p)
+
+
+def _keep_kernel() -> Any:
+    from ..runtime.replay import kernel
+
+    return kernel(_keep)
+
+
+_KEEP: list = []
+
+
+def keep_mask(shape: tuple, seed: Any, region: tuple, p: float) -> np.ndarray:
+    """A dropout's keep mask at this rank's `region`: ``SeededTensor(shape, seed) >= p`` there.
+
+    `seed`: an int, or a callable giving one (a seed that changes between replays of a captured step,
+    read from a spmdsim.replay.Scalar: spmdsim.runtime.replay records the mask as one call, rerun).
+    """
+    if not _KEEP:
+        _KEEP.append(_keep_kernel())
+    return _KEEP[0](shape, seed, region, p)
+
+
+def seed_arg(seed: Any, op: str) -> None:
+    """An OperatorError unless `seed` is an integer (not a bool) or a callable giving one."""
+    from ..validate import as_int
+
+    if callable(seed):
+        return
+    if as_int(seed) is None or isinstance(seed, bool):
+        raise OperatorError(f"{op}: seed {seed!r} must be an integer")

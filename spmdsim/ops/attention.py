@@ -25,12 +25,10 @@ import numpy as np
 
 from ..autograd.graph import record, with_partial
 from ..autograd.rules import grad_tensor
-from ..datagen import SeededTensor
 from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
 from ..errors import OperatorError
 from ..infer.attention import infer_attention
-from ..validate import as_int
-from ._common import make_dtensor, raise_if_not_dtensors, require_float
+from ._common import keep_mask, make_dtensor, raise_if_not_dtensors, require_float, seed_arg
 
 __all__ = ["attention"]
 
@@ -54,8 +52,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
     if drop and seed is None:
         raise OperatorError("attention: dropout needs a seed (an integer, different per layer and step), so "
                             "every rank draws the same mask")
-    if seed is not None and (as_int(seed) is None or isinstance(seed, bool)):
-        raise OperatorError(f"attention: seed {seed!r} must be an integer")
+    if seed is not None:
+        seed_arg(seed, "attention")
     for name, t in (("q", q), ("k", k), ("v", v)):
         require_float("attention", t.local)
         if t.mesh is not q.mesh:
@@ -90,7 +88,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
     if drop:
         probs_shape = (q.global_shape[0], q.global_shape[2], q.global_shape[1], tk)
         region = (b_, h_, t_, slice(0, tk))
-        keep = SeededTensor(probs_shape, "float64", seed=int(seed), low=0.0, high=1.0).at_least(region, drop)
+        keep = keep_mask(probs_shape, seed, region, drop)
     factor = np.asarray(1.0 / (1.0 - drop), q.dtype) if drop else None
     kept: dict = {}  # the probabilities, before and after dropout, for the backward (a dry run keeps none)
 

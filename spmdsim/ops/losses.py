@@ -191,7 +191,9 @@ def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -10
 
     def backward(dl: Any) -> tuple:
         g = e / sum_exp[:, None]
-        g[rows[owned], ids[owned]] -= 1.0 - smooth
+        # Each row's label column (column 0, less 0, where another rank owns it): no array whose size depends
+        # on the labels (a captured step replays; spmdsim.runtime.replay).
+        g[rows, np.where(owned, ids, 0)] -= np.where(owned, 1.0 - smooth, 0.0)
         if smooth:
             g -= smooth / classes
         g[~valid] = 0.0

@@ -28,14 +28,13 @@ import numpy as np
 
 from ..autograd.graph import no_grad, record, with_partial
 from ..autograd.rules import grad_tensor
-from ..datagen import SeededTensor
 from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
 from ..errors import OperatorError
 from ..validate import as_int, shape_arg
 from . import local as _whole
 from . import pointwise as P
 from . import reduce as R
-from ._common import make_dtensor, raise_if_not_dtensors, require_float
+from ._common import keep_mask, make_dtensor, raise_if_not_dtensors, require_float, seed_arg
 
 __all__ = ["softmax", "log_softmax", "layer_norm", "rms_norm", "causal_mask", "masked_fill", "dropout",
            "resolved"]
@@ -211,8 +210,7 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True)
     if seed is None:
         raise OperatorError("dropout: a seed is required (an integer, different per layer and step, e.g. "
                             "ops.dropout(x, 0.1, seed=1000 * step + layer)), so every rank draws the same mask")
-    if as_int(seed) is None or isinstance(seed, bool):
-        raise OperatorError(f"dropout: seed {seed!r} must be an integer")
+    seed_arg(seed, "dropout")
     try:
         region = x.slices
     except AttributeError:
@@ -221,7 +219,7 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True)
     if not training or p == 0:
         return x
     require_float("dropout", x.local)
-    keep = SeededTensor(tuple(x.global_shape), "float64", seed=int(seed), low=0.0, high=1.0).at_least(region, p)
+    keep = keep_mask(tuple(x.global_shape), seed, region, p)
     scale = np.asarray(1.0 / (1.0 - p), x.dtype)
     out = make_dtensor(x.mesh, _kept(x.local, keep, scale), x.layout, x.global_shape)
     if x._ag is None:

@@ -212,3 +212,11 @@ def _group_root(root: Any, g: int, axes: Any) -> int:
     if not 0 <= index < g:
         raise RankError(f"bcast root {root!r} is outside the group of {g} ranks over {normalize_axes(axes)!r}")
     return index
+
+
+# Each collective is one recorded call when a rank captures a step (spmdsim.runtime.replay): a replay
+# meets the other ranks again, with none of the packing checks' Python recorded apart.
+from .replay import kernel as _kernel  # noqa: E402
+
+allgather, alltoall, allreduce, reduce_scatter, bcast = (
+    _kernel(f) for f in (allgather, alltoall, allreduce, reduce_scatter, bcast))

@@ -194,6 +194,12 @@ def shifted_many(mesh: Mesh, moves: Sequence[tuple[np.ndarray, Any, np.ndarray]]
             out[index] = got[src][lo:at[src]].reshape(shape)
 
 
+# One recorded call each when a rank captures a step (spmdsim.runtime.replay).
+from .replay import kernel as _kernel  # noqa: E402
+
+alltoallv, exchange = _kernel(alltoallv), _kernel(exchange)
+
+
 class _ShiftBytes:
     """What the dry engine reads of a step: the bytes each rank sends and receives."""
 

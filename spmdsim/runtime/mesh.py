@@ -140,12 +140,12 @@ class Mesh:
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes > SCRATCH_MAX_BYTES:
-            return buffers.empty(shape, dtype)
+            return buffers.kept_empty(shape, dtype)
         buf = self._scratch.get(role)
         if buf is None or buf.nbytes < nbytes:
             if role not in SCRATCH_ROLES:
                 raise ValueError(f"scratch role {role!r} is not one of {SCRATCH_ROLES!r}")
-            buf = self._scratch[role] = buffers.empty(max(nbytes, 1), np.uint8)
+            buf = self._scratch[role] = buffers.kept_empty(max(nbytes, 1), np.uint8)
             # Views of the old buffer would still work, but two calls that get
             # different buffers for one role would keep two buffers alive.
             self._scratch_views = {k: v for k, v in self._scratch_views.items() if k[0] != role}

@@ -1,0 +1,555 @@
+"""Capture a rank's step once, replay its arrays' work without the Python that decided it (docs/replay.md).
+
+``graph = capture(step, *args, state=params)`` runs ``step(*args)`` once, as
+always, and records on this rank every numpy operation that wrote an array
+and every collective, in order, with the arrays each read and wrote.
+``graph(*new_args)`` copies the new inputs into the captured ones and runs
+that record again: the same numpy calls, writing the same arrays (the
+capture's results, kept), and the same collectives; none of the layout
+inference, planning, autograd bookkeeping or checks that chose them. It is
+CUDA graphs' contract on numpy arrays:
+
+- the inputs are static: DTensors and arrays given to capture are rewritten in
+  place by each call (same shape, layout and dtype); a number that changes
+  between steps is a `Scalar`, read only by kernels (a dropout's seed);
+- Python side effects happen once, at capture: attributes set then (a
+  parameter's ``.grad``) keep pointing at arrays each replay rewrites;
+- the parameters (`state`) are updated in place (spmdsim's optimizers do).
+
+How it records: while capturing, DTensors' blocks are seen as `Traced`
+arrays (a numpy subclass that records each ufunc and numpy function applied
+to it, and the methods that copy or write); functions marked `kernel` (the
+collectives, a dropout's mask, an optimizer's update) are recorded as one
+call each and rerun whole. A Python value read off an array while capturing
+(``bool(x)``, ``float(x)``, ``x.item()``) is recorded as a guard: a replay
+that reads a different value stops with an error naming the capture's value.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Iterable, Optional
+
+import numpy as np
+
+from ..errors import SpmdsimError
+
+__all__ = ["ReplayError", "Scalar", "Graph", "capture", "kernel", "capturing"]
+
+
+class ReplayError(SpmdsimError):
+    """A step that cannot be captured, or a replay that would not repeat its capture."""
+
+
+_ndarray = np.ndarray
+_tls = threading.local()
+_ACTIVE = [0]  # threads capturing now (simulated ranks capture together); 0: every hook is one test
+
+
+def _tape() -> Optional["_Tape"]:
+    tape = getattr(_tls, "tape", None)
+    return None if tape is None or tape.depth else tape
+
+
+def capturing() -> bool:
+    """Whether this thread is capturing now, outside a kernel."""
+    return bool(_ACTIVE[0]) and _tape() is not None
+
+
+def _raw(x: Any) -> Any:
+    if type(x) is Traced:
+        return x.view(_ndarray)
+    if type(x) in (tuple, list):
+        return type(x)(_raw(v) for v in x)
+    return x
+
+
+def _traced(x: Any) -> Any:
+    if type(x) is _ndarray:
+        return x.view(Traced)
+    if type(x) is tuple:
+        return tuple(_traced(v) for v in x)
+    return x
+
+
+def _arrays(x: Any, out: list) -> list:
+    if isinstance(x, _ndarray):
+        out.append(x)
+    elif type(x) in (tuple, list):
+        for v in x:
+            _arrays(v, out)
+    return out
+
+
+def _fresh(result: Any, inputs: Any) -> bool:
+    """Whether numpy's `result` array is new memory (not a view of any input)."""
+    for a in _arrays(inputs, []):
+        if np.may_share_memory(result, a):
+            return False
+    return True
+
+
+def _inside(tape: "_Tape", func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``func(*args, **kwargs)`` with the tape paused: numpy's own calls inside it are its own."""
+    tape.depth += 1
+    try:
+        return func(*args, **kwargs)
+    finally:
+        tape.depth -= 1
+
+
+def _copy_into(out: np.ndarray, func: Callable, args: tuple, kwargs: dict) -> None:
+    np.copyto(out, func(*args, **kwargs), casting="unsafe")
+
+
+def _guard(func: Callable, raw: np.ndarray, captured: Any, what: str) -> None:
+    now = func(raw)
+    if now != captured and not (now != now and captured != captured):
+        raise ReplayError(f"replay: {what} read {captured!r} from an array while capturing and {now!r} now; "
+                          "a step whose Python depends on values cannot be replayed (capture it again, or "
+                          "compute the value in a kernel)")
+
+
+class Traced(np.ndarray):
+    """An array whose operations are recorded while its thread captures (else a plain ndarray's)."""
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        raw_in = tuple(_raw(x) for x in inputs)
+        out = kwargs.get("out")
+        if out is not None:
+            kwargs["out"] = tuple(_raw(o) for o in out)
+        func = getattr(ufunc, method)
+        tape = _tape()
+        if tape is None:
+            return func(*raw_in, **kwargs)
+        result = _inside(tape, func, raw_in, kwargs)
+        if method == "at":  # in place on its first operand
+            tape.add(func, raw_in, kwargs)
+            return None
+        if out is not None:
+            tape.add(func, raw_in, kwargs)
+            return _traced(kwargs["out"][0]) if len(out) == 1 else _traced(kwargs["out"])
+        if type(result) is tuple:
+            result = tuple(np.asarray(r) for r in result)
+        elif type(result) is not _ndarray:  # a numpy scalar: kept as a 0-d array the replay rewrites
+            result = np.asarray(result)
+        kwargs["out"] = result if type(result) is tuple else (result,)
+        tape.add(func, raw_in, kwargs)
+        return _traced(result)
+
+    def __array_function__(self, func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
+        raw_args, raw_kwargs = _raw(args), {k: _raw(v) for k, v in kwargs.items()}
+        tape = _tape()
+        if tape is None:
+            return func(*raw_args, **raw_kwargs)
+        result = _inside(tape, func, raw_args, raw_kwargs)
+        if result is None:  # wrote into an argument (np.copyto, np.put)
+            tape.add(func, raw_args, raw_kwargs)
+            return None
+        if isinstance(result, _ndarray):
+            if "out" in raw_kwargs and raw_kwargs["out"] is not None:
+                tape.add(func, raw_args, raw_kwargs)
+                return _traced(result)
+            if not _fresh(result, (raw_args, tuple(raw_kwargs.values()))):
+                return _traced(result)
+            if func in _OUT_FUNCS and result.flags.c_contiguous:
+                tape.add(func, raw_args, dict(raw_kwargs, out=result))
+            else:
+                tape.add(_copy_into, (result, func, raw_args, raw_kwargs), {})
+            return _traced(result)
+        if type(result) in (tuple, list) and all(isinstance(r, _ndarray) for r in result):
+            inputs = (raw_args, tuple(raw_kwargs.values()))
+            if any(_fresh(r, inputs) for r in result):
+                tape.add(_copy_all, (result, func, raw_args, raw_kwargs), {})
+            return type(result)(_traced(r) for r in result)
+        if isinstance(result, np.generic):
+            held = np.asarray(result)
+            tape.add(_copy_into, (held, func, raw_args, raw_kwargs), {})
+            return held.view(Traced)
+        if func in _METADATA or not isinstance(result, (bool, int, float, complex)):
+            return result  # no values read (np.shape, np.ndim, np.result_type)
+        tape.add(_guard, (lambda a: func(*a, **raw_kwargs), raw_args, result, f"np.{func.__name__}"), {})
+        return result  # a number read off values (np.count_nonzero): the replay checks it again
+
+    # Methods numpy runs without its dispatch: those that copy, write or read values out.
+    def __getitem__(self, index: Any) -> Any:
+        raw, idx = self.view(_ndarray), _raw(index)
+        result = raw[idx]
+        tape = _tape()
+        if tape is None:
+            return result
+        if isinstance(result, _ndarray):
+            if np.may_share_memory(result, raw):
+                return result.view(Traced)
+        else:
+            result = np.asarray(result)
+        tape.add(_take_into, (result, raw, idx), {})
+        return result.view(Traced)
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        raw, idx, val = self.view(_ndarray), _raw(index), _raw(value)
+        raw[idx] = val
+        tape = _tape()
+        if tape is not None:
+            tape.add(_setitem, (raw, idx, val), {})
+
+    def _copying(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        raw = self.view(_ndarray)
+        method = getattr(_ndarray, name)
+        result = method(raw, *args, **kwargs)
+        tape = _tape()
+        if tape is None:
+            return result
+        if not isinstance(result, _ndarray):
+            result = np.asarray(result)
+        elif not _fresh(result, raw):
+            return result.view(Traced)
+        tape.add(_copy_into, (result, method, (raw,) + _raw(args), kwargs), {})
+        return result.view(Traced)
+
+    def copy(self, *a: Any, **k: Any) -> Any:
+        return self._copying("copy", *a, **k)
+
+    def astype(self, *a: Any, **k: Any) -> Any:
+        return self._copying("astype", *a, **k)
+
+    def reshape(self, *a: Any, **k: Any) -> Any:
+        return self._copying("reshape", *a, **k)
+
+    def ravel(self, *a: Any, **k: Any) -> Any:
+        return self._copying("ravel", *a, **k)
+
+    def flatten(self, *a: Any, **k: Any) -> Any:
+        return self._copying("flatten", *a, **k)
+
+    def argmax(self, *a: Any, **k: Any) -> Any:
+        return self._copying("argmax", *a, **k)
+
+    def argmin(self, *a: Any, **k: Any) -> Any:
+        return self._copying("argmin", *a, **k)
+
+    def dot(self, *a: Any, **k: Any) -> Any:
+        return self._copying("dot", *a, **k)
+
+    def take(self, *a: Any, **k: Any) -> Any:
+        return self._copying("take", *a, **k)
+
+    def repeat(self, *a: Any, **k: Any) -> Any:
+        return self._copying("repeat", *a, **k)
+
+    def cumsum(self, *a: Any, **k: Any) -> Any:
+        return self._copying("cumsum", *a, **k)
+
+    def fill(self, value: Any) -> None:
+        raw = self.view(_ndarray)
+        raw.fill(value)
+        tape = _tape()
+        if tape is not None:
+            tape.add(raw.fill, (value,), {})
+
+    def _read(self, func: Callable, what: str) -> Any:
+        raw = self.view(_ndarray)
+        value = func(raw)
+        tape = _tape()
+        if tape is not None:
+            tape.add(_guard, (func, raw, value, what), {})
+        return value
+
+    def __bool__(self) -> bool:
+        return self._read(_ndarray.__bool__, "bool()")
+
+    def __float__(self) -> float:
+        return self._read(_ndarray.__float__, "float()")
+
+    def __int__(self) -> int:
+        return self._read(_ndarray.__int__, "int()")
+
+    def __index__(self) -> int:
+        return self._read(_ndarray.__index__, "an index")
+
+    def item(self, *args: Any) -> Any:
+        return self._read(lambda raw: raw.item(*args), "item()")
+
+    def tolist(self) -> Any:
+        return self._read(_ndarray.tolist, "tolist()")
+
+    def __iter__(self) -> Any:
+        return (self[i] for i in range(len(self)))
+
+
+def _copy_all(results: tuple, func: Callable, args: tuple, kwargs: dict) -> None:
+    for out, new in zip(results, func(*args, **kwargs)):
+        if out is not new:
+            np.copyto(out, new, casting="unsafe")
+
+
+def _copy_dict(results: dict, func: Callable, args: tuple, kwargs: dict) -> None:
+    new = func(*args, **kwargs)
+    for key, out in results.items():
+        if out is not new[key]:
+            np.copyto(out, new[key], casting="unsafe")
+
+
+def _take_into(out: np.ndarray, raw: np.ndarray, index: Any) -> None:
+    out[...] = raw[index]
+
+
+def _setitem(raw: np.ndarray, index: Any, value: Any) -> None:
+    raw[index] = value
+
+
+_METADATA = frozenset({np.shape, np.ndim, np.size, np.result_type, np.may_share_memory, np.shares_memory,
+                       np.iscomplexobj, np.isrealobj, np.min_scalar_type, np.can_cast})
+_OUT_FUNCS = frozenset({np.einsum, np.dot, np.concatenate, np.take})
+
+
+class _Tape:
+    """One rank's record: (callable, args, kwargs) per array-writing operation, in order."""
+
+    __slots__ = ("entries", "depth", "kept")
+
+    def __init__(self) -> None:
+        self.entries: list = []
+        self.depth = 0  # inside a kernel: its own numpy work is the kernel's
+        self.kept: list = []
+
+    def add(self, func: Callable, args: tuple, kwargs: dict) -> None:
+        self.entries.append((func, args, kwargs))
+
+
+def kernel(func: Callable) -> Callable:
+    """`func` recorded as one call while capturing (and rerun whole by a replay), its own work unrecorded.
+
+    For functions whose work a replay must redo with Python: collectives (they meet other ranks), a
+    mask drawn from a seed a `Scalar` gives, an optimizer's update counting its steps. Arrays it
+    returns that are not views of its arguments are rewritten by the rerun (``out=`` when `func`
+    takes one, else copied in).
+    """
+    code = getattr(func, "__code__", None)
+    takes_out = code is not None and "out" in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        if not _ACTIVE[0]:
+            return func(*args, **kwargs)
+        tape = _tape()
+        if tape is None:
+            return func(*args, **kwargs)
+        raw_args, raw_kwargs = _raw(args), {k: _raw(v) for k, v in kwargs.items()}
+        result = _inside(tape, func, raw_args, raw_kwargs)
+        if isinstance(result, _ndarray) and raw_kwargs.get("out") is None \
+                and _fresh(result, (raw_args, tuple(raw_kwargs.values()))):
+            if takes_out:
+                tape.add(func, raw_args, dict(raw_kwargs, out=result))
+            else:
+                tape.add(_copy_into, (result, func, raw_args, raw_kwargs), {})
+        elif type(result) is tuple and any(isinstance(r, _ndarray) for r in result):
+            tape.add(_copy_all, (result, func, raw_args, raw_kwargs), {})
+        elif type(result) is dict and any(isinstance(r, _ndarray) for r in result.values()):
+            tape.add(_copy_dict, (result, func, raw_args, raw_kwargs), {})
+            return {k: _traced(v) for k, v in result.items()}
+        else:
+            tape.add(func, raw_args, raw_kwargs)
+        return _traced(result)
+
+    recorded.__wrapped__ = func  # type: ignore[attr-defined]
+    recorded.__name__ = getattr(func, "__name__", "kernel")
+    recorded.__doc__ = func.__doc__
+    return recorded
+
+
+def fresh(array: np.ndarray) -> np.ndarray:
+    """`array`, new memory this thread just allocated: a Traced view while capturing (so writes into it
+    are recorded), else itself. spmdsim.buffers returns its arrays through it."""
+    if _ACTIVE[0] and _tape() is not None:
+        return array.view(Traced)
+    return array
+
+
+class Scalar:
+    """A number that changes between replays (a step count that seeds dropout), read inside kernels.
+
+    ``int(s)`` outside a kernel while capturing would freeze the capture's value: it raises.
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __index__(self) -> int:
+        if capturing():
+            raise ReplayError(f"Scalar({self.value!r}) was read outside a kernel while capturing: its value "
+                              "would be frozen into the replay; read it inside a spmdsim.replay.kernel")
+        return int(self.value)
+
+    __int__ = __index__
+
+    def __repr__(self) -> str:
+        return f"Scalar({self.value!r})"
+
+
+# numpy's allocating functions, made to hand out Traced arrays while this thread captures.
+_CREATORS = ("empty", "zeros", "ones", "full", "asarray", "ascontiguousarray", "array", "empty_like",
+             "zeros_like", "ones_like", "full_like")
+_ORIGINAL = {name: getattr(np, name) for name in _CREATORS}
+_patch_lock = threading.Lock()
+
+
+def _creator(name: str) -> Callable:
+    original = _ORIGINAL[name]
+
+    def made(*args: Any, **kwargs: Any) -> Any:
+        tape = _tape() if _ACTIVE[0] else None
+        if tape is None:
+            return original(*args, **kwargs)
+        if name in ("asarray", "ascontiguousarray", "array"):
+            source = args[0] if args else kwargs.get("a", kwargs.get("object"))
+            raw = _raw(source)
+            result = original(raw, *args[1:], **kwargs)
+            if isinstance(result, _ndarray) and _arrays(raw, []) and not _fresh(result, raw):
+                return result.view(Traced)  # the same memory (or a view): traced as its source
+            if isinstance(result, _ndarray) and _arrays(raw, []):
+                tape.add(_copy_into, (result, original, (raw,) + args[1:], kwargs), {})
+                return result.view(Traced)
+            return result.view(Traced) if isinstance(result, _ndarray) else result
+        raw_args = _raw(args)
+        result = original(*raw_args, **{k: _raw(v) for k, v in kwargs.items()})
+        if name in ("zeros", "ones", "full", "zeros_like", "ones_like", "full_like"):
+            value = {"zeros": 0, "zeros_like": 0, "ones": 1, "ones_like": 1}.get(name)
+            if value is None:
+                value = kwargs.get("fill_value", raw_args[1] if len(raw_args) > 1 else None)
+            tape.add(result.fill, (value,), {})
+        return result.view(Traced)
+
+    made.__name__ = name
+    made.__doc__ = original.__doc__
+    return made
+
+
+_PATCHED = {name: _creator(name) for name in _CREATORS}
+
+
+def _begin(tape: "_Tape") -> None:
+    from .dtensor import DTensor
+
+    from .. import buffers
+
+    with _patch_lock:
+        if _ACTIVE[0] == 0:
+            for name, made in _PATCHED.items():
+                setattr(np, name, made)
+            DTensor.local = property(_traced_local)
+            buffers.FRESH = fresh
+        _ACTIVE[0] += 1
+    _tls.tape = tape
+
+
+def _end() -> None:
+    from operator import attrgetter
+
+    from .. import buffers
+    from .dtensor import DTensor
+
+    _tls.tape = None
+    with _patch_lock:
+        _ACTIVE[0] -= 1
+        if _ACTIVE[0] == 0:
+            for name, original in _ORIGINAL.items():
+                setattr(np, name, original)
+            DTensor.local = property(attrgetter("_local"))
+            buffers.FRESH = None
+
+
+def _traced_local(self: Any) -> Any:
+    local = self._local
+    if type(local) is _ndarray and _tape() is not None:
+        return local.view(Traced)
+    return local
+
+
+def _plain(x: Any) -> Any:
+    return x.view(_ndarray) if type(x) is Traced else x
+
+
+class Graph:
+    """A captured step: call it with new inputs to replay it (see the module's docstring)."""
+
+    def __init__(self, func: Callable, args: tuple, result: Any, tape: _Tape) -> None:
+        self.func, self.args, self.result, self._entries = func, args, result, tuple(tape.entries)
+        self.replays = 0
+
+    @property
+    def operations(self) -> int:
+        """How many recorded calls a replay makes."""
+        return len(self._entries)
+
+    def __call__(self, *args: Any) -> Any:
+        if len(args) != len(self.args):
+            raise ReplayError(f"replay: got {len(args)} argument(s); the step was captured with {len(self.args)}")
+        for i, (new, old) in enumerate(zip(args, self.args)):
+            _rebind(i, old, new)
+        for func, a, k in self._entries:
+            func(*a, **k)
+        self.replays += 1
+        return self.result
+
+
+def _rebind(i: int, old: Any, new: Any) -> None:
+    if new is old:
+        return
+    if isinstance(old, Scalar):
+        old.value = new.value if isinstance(new, Scalar) else new
+        return
+    block = getattr(old, "_local", old)
+    if isinstance(block, _ndarray):
+        src = getattr(new, "_local", new)
+        if getattr(new, "layout", None) != getattr(old, "layout", None) or not isinstance(src, _ndarray) \
+                or src.shape != block.shape or src.dtype != block.dtype:
+            raise ReplayError(f"replay: argument {i} must match the captured one: "
+                              f"{_describe(old)}, got {_describe(new)}")
+        np.copyto(block, src)
+        return
+    if new != old:
+        raise ReplayError(f"replay: argument {i} was {old!r} when captured and is {new!r} now; a value that "
+                          "changes between steps must be a spmdsim.replay.Scalar (read by kernels)")
+
+
+def _describe(x: Any) -> str:
+    block = getattr(x, "_local", x)
+    if isinstance(block, _ndarray):
+        layout = getattr(x, "layout", None)
+        return f"block {block.shape} {block.dtype}" + (f" under {layout}" if layout is not None else "")
+    return repr(x)
+
+
+def capture(func: Callable, *args: Any, state: Iterable[Any] = ()) -> Graph:
+    """Run ``func(*args)`` once on this rank, recording it; returns the Graph that replays it.
+
+    Collective when `func` is: every rank captures the same step. `args`: DTensors or arrays (static
+    inputs: a replay copies its own into them), Scalars, or values that must not change. `state`:
+    DTensors the step reads and updates in place (the parameters).
+    """
+    tape = _Tape()
+    held = []
+    for x in tuple(args) + tuple(state):
+        block = getattr(x, "_local", None)
+        if type(block) is _ndarray:
+            held.append((x, block))
+            x._local = block.view(Traced)
+    _begin(tape)
+    try:
+        result = func(*args)
+    finally:
+        _end()
+        for x, block in held:
+            x._local = block
+    _plain_results(result)
+    return Graph(func, tuple(args), result, tape)
+
+
+def _plain_results(result: Any) -> None:
+    """Results keep plain arrays (the same memory): outside a capture Traced is only slower."""
+    if type(result) in (tuple, list):
+        for r in result:
+            _plain_results(r)
+    elif type(getattr(result, "_local", None)) is Traced:
+        result._local = result._local.view(_ndarray)
