@@ -93,15 +93,17 @@ def _reference(args) -> dict:
     return {"step": statistics.median(times[1:])}
 
 
-def _steps(args, comm, mpi: bool, shape: tuple = MESH) -> dict:
+def _steps(args, comm, mpi: bool, shape: tuple = MESH, replay: bool = False) -> dict:
     """Time the distributed steps on this rank's comm; with `mpi` (a process per rank), also their collectives
-    after arrival and the CPU time of all ranks."""
+    after arrival and the CPU time of all ranks. `replay`: the warm-up step is captured
+    (spmdsim.runtime.replay) and each timed step replays it."""
     from spmdsim import Layout
     from spmdsim.gpt import batch, encode, load_text
     from spmdsim.gpt.parallel import GPT
     from spmdsim.gpt.params import decays, param_specs
     from spmdsim.optim import AdamW
     from spmdsim import DTensor, Mesh, collect_trace
+    from spmdsim.runtime.replay import Scalar, capture
 
     cfg, ids = _config(args), encode(load_text())
     walls, inside, arrived, cpus = [], [], [], []
@@ -111,15 +113,28 @@ def _steps(args, comm, mpi: bool, shape: tuple = MESH) -> dict:
     specs = param_specs(cfg)
     opt = AdamW([model.params[s.name] for s in specs], lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                 weight_decay=cfg.weight_decay, decay=[model.params[s.name] for s in specs if decays(s)])
+    params = [model.params[s.name] for s in specs]
+
+    def train_step(xd, yd, step):
+        opt.zero_grad()
+        loss = model.loss(xd, yd, step)
+        loss.backward(bucket=True)
+        opt.step()
+        return loss
+
+    graph = None
     for step in range(args.steps + 1):
         x, y = batch(ids, cfg, step)
         xd, yd = (DTensor.from_global(mesh, a, mesh.layout("dp", None)) for a in (x, y))
         comm.Barrier()
         t0, c0 = time.perf_counter(), time.process_time()
-        opt.zero_grad()
         with collect_trace() as trace:
-            model.loss(xd, yd, step).backward(bucket=True)
-            opt.step()
+            if not replay:
+                train_step(xd, yd, step)
+            elif graph is None:
+                graph = capture(train_step, xd, yd, Scalar(step), state=params)
+            else:
+                graph(xd, yd, step)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         spent = sum(e.seconds for e in trace.entries)
         if mpi:
@@ -160,10 +175,11 @@ def _max():
 def _worker(args) -> None:
     if args.worker == "ref":
         result = _reference(args)
-    elif args.worker == "sim":
+    elif args.worker in ("sim", "simreplay"):
         import spmdsim
 
-        result = spmdsim.simulate(8, lambda: _steps(args, spmdsim.world(), False))[0]
+        replay = args.worker == "simreplay"
+        result = spmdsim.simulate(8, lambda: _steps(args, spmdsim.world(), False, replay=replay))[0]
     elif args.worker == "one":
         import spmdsim
         from spmdsim._threads import blas_threads
@@ -176,7 +192,7 @@ def _worker(args) -> None:
     else:
         from mpi4py import MPI
 
-        result = _steps(args, MPI.COMM_WORLD, True)
+        result = _steps(args, MPI.COMM_WORLD, True, replay=args.worker == "mpireplay")
         if MPI.COMM_WORLD.rank != 0:
             return
     print("RESULT " + json.dumps(result))
@@ -200,7 +216,7 @@ def _launch(args, worker: str, check: int = 0) -> dict | None:
         spmdsim_cli = [sys.executable, "-m", "spmdsim", "mpirun", "-n", "8"]
         cmd = ["timeout", "-k", "5", "900"] + spmdsim_cli + [
             sys.executable, str(HERE.parent / "peer_mpi4py_gpt.py")] + common[:-2] + ["--check", "0", "--wait", "busy"]
-    if worker in ("mpi", "dtensor") or worker in HAND:
+    if worker in ("mpi", "mpireplay", "dtensor") or worker in HAND:
         mpiexec = str(Path(sys.executable).parent / "mpiexec")
         cmd = ["timeout", "-k", "5", "900", mpiexec if os.access(mpiexec, os.X_OK) else "mpiexec", "-n", "8"] + cmd
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=960)
@@ -223,7 +239,7 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--d-model", type=int, default=128)
     ap.add_argument("--seq", type=int, default=64)
-    ap.add_argument("--worker", choices=("ref", "one", "sim", "mpi"), help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=("ref", "one", "sim", "simreplay", "mpi", "mpireplay"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     for name in ("launches", "steps", "layers", "d_model", "seq"):
         if getattr(args, name) < 1:

@@ -55,12 +55,24 @@ def capturing() -> bool:
     return bool(_ACTIVE[0]) and _tape() is not None
 
 
-def _raw(x: Any) -> Any:
+def _raw(x: Any, seen: Optional[dict] = None) -> Any:
+    """`x` with Traced arrays as plain views of the same memory; one view per Traced object (`seen`), so a
+    callee that tests ``out is x`` (an in-place Allreduce) sees the same object twice."""
     if type(x) is Traced:
-        return x.view(_ndarray)
+        if seen is None:
+            return x.view(_ndarray)
+        view = seen.get(id(x))
+        if view is None:
+            view = seen[id(x)] = x.view(_ndarray)
+        return view
     if type(x) in (tuple, list):
-        return type(x)(_raw(v) for v in x)
+        return type(x)(_raw(v, seen) for v in x)
     return x
+
+
+def _raw_call(args: tuple, kwargs: dict) -> tuple:
+    seen: dict = {}
+    return _raw(args, seen), {k: _raw(v, seen) for k, v in kwargs.items()}
 
 
 def _traced(x: Any) -> Any:
@@ -113,10 +125,11 @@ class Traced(np.ndarray):
     """An array whose operations are recorded while its thread captures (else a plain ndarray's)."""
 
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
-        raw_in = tuple(_raw(x) for x in inputs)
+        seen: dict = {}
+        raw_in = tuple(_raw(x, seen) for x in inputs)
         out = kwargs.get("out")
         if out is not None:
-            kwargs["out"] = tuple(_raw(o) for o in out)
+            kwargs["out"] = tuple(_raw(o, seen) for o in out)
         func = getattr(ufunc, method)
         tape = _tape()
         if tape is None:
@@ -137,7 +150,7 @@ class Traced(np.ndarray):
         return _traced(result)
 
     def __array_function__(self, func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
-        raw_args, raw_kwargs = _raw(args), {k: _raw(v) for k, v in kwargs.items()}
+        raw_args, raw_kwargs = _raw_call(args, kwargs)
         tape = _tape()
         if tape is None:
             return func(*raw_args, **raw_kwargs)
@@ -333,7 +346,7 @@ def kernel(func: Callable) -> Callable:
         tape = _tape()
         if tape is None:
             return func(*args, **kwargs)
-        raw_args, raw_kwargs = _raw(args), {k: _raw(v) for k, v in kwargs.items()}
+        raw_args, raw_kwargs = _raw_call(args, kwargs)
         result = _inside(tape, func, raw_args, raw_kwargs)
         if isinstance(result, _ndarray) and raw_kwargs.get("out") is None \
                 and _fresh(result, (raw_args, tuple(raw_kwargs.values()))):
