@@ -45,6 +45,8 @@ parser.add_argument("--every", type=int, default=20, help="print every N steps")
 parser.add_argument("--sample", type=int, default=120, help="characters to generate at the end (0: none)")
 parser.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (0: greedy)")
 parser.add_argument("--no-check", action="store_true", help="skip the single-process reference")
+parser.add_argument("--replay", action="store_true",
+                    help="capture step 0 and replay it for the later steps (spmdsim.runtime.replay; checked alike)")
 parser.add_argument("--dialect", choices=sorted(DIALECTS), default="mindspore",
                     help="the dialect Megatron's parameter layouts are written in (the same layouts)")
 ranks_argument(parser)  # --ranks N (simulated ranks) and --dry-run beside it
@@ -93,7 +95,7 @@ def main(args):
             print(f"{r.step:5d}  {r.loss:6.4f}  {r.calls:11d}  {r.bytes_sent:10,}           {diffs}")
 
     model, results = train(cfg, comm, dp, tp, args.steps, ids, sp=args.sp, check=check, on_step=report,
-                           layouts=layouts)
+                           layouts=layouts, replay=args.replay)
     trend, falling = loss_trend([r.loss for r in results])
     failed = sum(not r.passed for r in results)
     if check and rank0:

@@ -99,16 +99,20 @@ def _worst(local: np.ndarray, reference: np.ndarray, region: tuple, floor: float
 
 def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.ndarray, sp: bool = False,
           check: bool = True, on_step: Optional[Callable[[StepResult], Any]] = None,
-          mesh: Any = None, layouts: Optional[dict] = None) -> tuple[Any, list]:
+          mesh: Any = None, layouts: Optional[dict] = None, replay: bool = False) -> tuple[Any, list]:
     """Train `steps` steps on a (dp, tp) mesh over `comm`; returns (the model, one StepResult per step).
 
     Collective: every rank calls it alike. `mesh`: a Mesh of Layout((dp, tp), ("dp", "tp")) to use
     instead of making one over `comm`. `layouts`: parameter name -> TensorLayout (default Megatron's).
+    `replay`: step 0 is captured (spmdsim.runtime.replay) and every later step replays it, checked
+    the same way; not with `cfg.clip` (clipping reads the gradients' norm into Python).
     """
     from .. import ops
     from ..optim import AdamW, clip_grad_norm_
     from .. import DTensor, Mesh, collect_trace  # the front door: DTensor with its operators
+    from ..errors import SpmdsimError
     from ..runtime.executor import pending, resolve
+    from ..runtime.replay import Scalar, capture
     from ..sim import dry_run_active, once
     from .parallel import GPT
 
@@ -119,6 +123,21 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     optimizer = AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
                       decay=[model.params[s.name] for s in specs if decays(s)])
     check = check and not dry_run_active()  # a dry run has shapes, not values
+    if replay and cfg.clip:
+        raise SpmdsimError(f"replay: clip {cfg.clip!r} reads the gradients' norm into Python each step, which a "
+                           "replay cannot repeat; train with clip 0 or without replay")
+    replay = replay and not dry_run_active()  # a dry run's steps count bytes: nothing to replay
+
+    def train_step(xd: Any, yd: Any, step: Any) -> Any:
+        optimizer.zero_grad()
+        loss = model.loss(xd, yd, step)
+        loss.backward(bucket=True)  # gradients summed over the same axes share one Allreduce
+        if cfg.clip:  # the joint norm: one Allreduce of one number
+            clip_grad_norm_(params, cfg.clip)
+        optimizer.step()
+        return loss
+
+    graph = None
     moments = once(("gpt-reference", cfg, 0), _zero_moments, cfg) if check else None
     ids_layout = mesh.layout("dp", None)
     results = []
@@ -126,13 +145,14 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         x, y = batch(text_ids, cfg, step)
         xd, yd = DTensor.from_global(mesh, x, ids_layout), DTensor.from_global(mesh, y, ids_layout)
         start = gathered(model) if check else None
-        optimizer.zero_grad()
         with collect_trace() as trace:
-            loss = model.loss(xd, yd, step)
-            loss.backward(bucket=True)  # gradients summed over the same axes share one Allreduce
-            if cfg.clip:  # the joint norm: one Allreduce of one number
-                clip_grad_norm_(params, cfg.clip)
-            optimizer.step()
+            if not replay:
+                loss = train_step(xd, yd, step)
+            elif graph is None:  # the same step as eager, recorded
+                graph = capture(train_step, xd, yd, Scalar(step), state=params)
+                loss = graph.result
+            else:
+                loss = graph(xd, yd, step)
         value = float(ops.resolved(loss).local)
         errors = (float("nan"),) * 3
         if check:

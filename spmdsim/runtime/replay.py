@@ -535,6 +535,7 @@ def _describe(x: Any) -> str:
 
 
 def capture(func: Callable, *args: Any, state: Iterable[Any] = ()) -> Graph:
+    state = tuple(state)
     """Run ``func(*args)`` once on this rank, recording it; returns the Graph that replays it.
 
     Collective when `func` is: every rank captures the same step. `args`: DTensors or arrays (static
@@ -556,6 +557,8 @@ def capture(func: Callable, *args: Any, state: Iterable[Any] = ()) -> Graph:
         for x, block in held:
             x._local = block
     _plain_results(result)
+    for x in state:  # the parameters' gradients, set while capturing
+        _plain_results(getattr(x, "grad", None))
     return Graph(func, tuple(args), result, tape)
 
 
