@@ -20,12 +20,18 @@ step. Rows:
   meeting in spmdsim's rendezvous, blocking calls): what 8 ranks of plain numpy
   cost in one interpreter, so the simulated row's excess over it is spmdsim's
   per-operator Python and its excess over one process is the simulation's;
+- 8 simulated ranks, replayed: the warm-up step captured (spmdsim.runtime.replay)
+  and each timed step a replay of it: the same numpy calls and collectives,
+  none of the Python that chose them (examples/train_gpt.py --replay checks
+  such steps against one process);
 - 8 MPI ranks (mpiexec): the same step, the time its collectives take inside
   spmdsim (the trace's seconds, the slowest rank), that time after each call's
   last group member arrived (a call cannot end before that: the rest is
   waiting for a late rank), and the CPU time of the 8 ranks together (on 2
   cores, a rank waits in a collective while the others compute: the step
   follows the CPU all ranks need);
+- 8 MPI ranks, replayed: as the simulated replay, with the same figures as
+  the row above;
 - numpy + mpi4py by hand (scripts/peer_mpi4py_gpt.py, 8 ranks under mpiexec):
   the same step written directly on mpi4py buffer calls (Allgather,
   Reduce_scatter_block, Allreduce on Split sub-communicators), Megatron's
@@ -251,7 +257,8 @@ def main() -> int:
           f"(sequence parallel); load average {os.getloadavg()[0]:.1f}")
     peer = missing()
     # The peer's A/A pair brackets spmdsim's MPI launch, so a drift of the machine's load shows in the pair.
-    rows = {"ref": [], "ref2": [], "one": [], "sim": [], "handsim": [], "hand": [], "mpi": [], "hand2": [], "busy": []}
+    rows = {"ref": [], "ref2": [], "one": [], "sim": [], "simreplay": [], "handsim": [], "hand": [], "mpi": [],
+            "mpireplay": [], "hand2": [], "busy": []}
     rows |= {} if peer else {"dtensor": []}
     for launch in range(args.launches):
         for worker in rows:
@@ -268,15 +275,19 @@ def main() -> int:
     print(f"{'1 simulated rank on a 1 x 1 mesh':42} {lone:8.3f}  {lone / one:5.2f}x one process")
     print(f"{'8 simulated ranks':42} {sim:8.3f}  {sim / one:5.2f}x one process")
     handsim = _median(rows["handsim"], "step")
+    replayed = _median(rows["simreplay"], "step")
+    print(f"{'8 simulated ranks, replayed':42} {replayed:8.3f}  {replayed / one:5.2f}x one process")
     print(f"{'numpy + mpi4py by hand, 8 simulated ranks':42} {handsim:8.3f}  {handsim / one:5.2f}x one process, "
-          f"{sim / handsim:4.2f}x spmdsim / this")
-    print(f"{'8 MPI ranks':42} {mpi:8.3f}  {mpi / one:5.2f}x one process")
+          f"{sim / handsim:4.2f}x spmdsim / this, {replayed / handsim:4.2f}x replayed / this")
     figures = ("step", "collectives", "arrived", "cpu")
     labels = ("  its collectives", "  after the last member arrived", "  CPU time of its 8 ranks")
     spmdsim = {key: _median(rows["mpi"], key) for key in figures}
-    print(f"{'  its collectives inside spmdsim':42} {spmdsim['collectives']:8.3f}")
-    for key, label in zip(figures[2:], labels[1:]):
-        print(f"{label:42} {spmdsim[key]:8.3f}")
+    again = {key: _median(rows["mpireplay"], key) for key in figures}
+    for title, figs in (("8 MPI ranks", spmdsim), ("8 MPI ranks, replayed", again)):
+        print(f"{title:42} {figs['step']:8.3f}  {figs['step'] / one:5.2f}x one process")
+        print(f"{'  its collectives inside spmdsim':42} {figs['collectives']:8.3f}")
+        for key, label in zip(figures[2:], labels[1:]):
+            print(f"{label:42} {figs[key]:8.3f}")
     hand = {key: _median(rows["hand"], key) for key in figures}
     for worker, title in (("hand", "numpy + mpi4py by hand, polite wait"), ("hand2", "the same again (A/A control)"),
                           ("busy", "numpy + mpi4py by hand, blocking calls")):
@@ -285,7 +296,8 @@ def main() -> int:
             if worker == "hand2":
                 print(f"{label:42} {value:8.3f}  {value / hand[key]:5.2f}x the first")
             else:
-                print(f"{label:42} {value:8.3f}  {spmdsim[key] / value:5.2f}x spmdsim / this")
+                print(f"{label:42} {value:8.3f}  {spmdsim[key] / value:5.2f}x spmdsim / this, "
+                      f"{again[key] / value:4.2f}x replayed / this")
     checked = rows["hand"][0]
     for k, (loss, ref) in enumerate(zip(checked["losses"], checked["reference"]) if checked else ()):
         print(f"by hand, step {k} loss {loss:.12f}, one process {ref:.12f} (same masks), |diff| {abs(loss - ref):.1e}")
@@ -299,6 +311,7 @@ def main() -> int:
     print(f"{'PyTorch DTensor (gloo, 8 ranks)':42} {dt:8.3f}")
     print(f"{'  8 MPI ranks (spmdsim) / DTensor':42} {'':8}  {mpi / dt:5.2f}x")
     print(f"{'  8 simulated ranks (spmdsim) / DTensor':42} {'':8}  {sim / dt:5.2f}x")
+    print(f"{'  the same two, replayed / DTensor':42} {'':8}  {again['step'] / dt:5.2f}x, {replayed / dt:4.2f}x")
     first = rows["dtensor"][0]
     for k, (loss, ref) in enumerate(zip(first["losses"], first["reference"]) if first else ()):
         print(f"DTensor step {k} loss {loss:.12f}, one process {ref:.12f} (same masks), "

@@ -551,7 +551,7 @@ def capture(func: Callable, *args: Any, state: Iterable[Any] = ()) -> Graph:
             x._local = block.view(Traced)
     _begin(tape)
     try:
-        result = func(*args)
+        result = func(*(a.view(Traced) if type(a) is _ndarray else a for a in args))
     finally:
         _end()
         for x, block in held:

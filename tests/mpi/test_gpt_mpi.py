@@ -21,3 +21,24 @@ def test_gpt_steps_match_one_numpy_process(sp):
     assert all(r.passed and max(r.errors) <= TOLERANCE for r in results), results
     assert comm.allgather(results[-1].loss) == [results[-1].loss] * comm.size
     model.mesh.close()
+
+
+def test_replayed_gpt_steps_equal_the_steps_run_one_by_one():
+    """Step 0 captured, steps 1-2 replayed (spmdsim.runtime.replay): the same losses, bit for bit, and each
+    step within 1e-10 of one numpy process."""
+    from mpi4py import MPI
+
+    from spmdsim.gpt import GPTConfig, encode, load_text
+    from spmdsim.gpt.train import TOLERANCE, train
+
+    comm = MPI.COMM_WORLD
+    tp = 4 if comm.size % 4 == 0 else 2 if comm.size % 2 == 0 else 1
+    cfg = GPTConfig(layers=1, d_model=16, heads=4, seq=8, batch=comm.size // tp * 2, dropout=0.2)
+    text = encode(load_text(20_000))
+    eager_model, eager = train(cfg, comm, comm.size // tp, tp, 3, text, sp=True)
+    model, replayed = train(cfg, comm, comm.size // tp, tp, 3, text, sp=True, replay=True)
+    assert [r.loss for r in replayed] == [r.loss for r in eager]
+    assert [r.calls for r in replayed] == [r.calls for r in eager]
+    assert all(r.passed and max(r.errors) <= TOLERANCE for r in replayed), replayed
+    eager_model.mesh.close()
+    model.mesh.close()
