@@ -21,7 +21,7 @@ import numpy as np
 import spmdsim
 from spmdsim.gpt import GPTConfig, decode, encode, load_text
 from spmdsim.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
-from spmdsim.gpt.train import TOLERANCE, train
+from spmdsim.gpt.train import TOLERANCE, replay_problem, train
 from spmdsim.nets.train import loss_trend, run_main
 from spmdsim.sim import dry_run_active
 from spmdsim.sim.launch import ranks_argument
@@ -70,6 +70,8 @@ def main(args):
     shape, problem = split(comm.size, cfg)
     if problem:  # every rank alike, before any collective
         raise spmdsim.SpmdsimError(f"the GPT cannot run on {comm.size} ranks: {problem}")
+    if args.replay and replay_problem(cfg):
+        raise spmdsim.SpmdsimError(replay_problem(cfg))
     dp, tp = shape
     text = load_text()
     ids = encode(text)

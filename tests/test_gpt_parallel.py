@@ -127,11 +127,32 @@ def test_train_gpt_example_as_a_user_runs_it():
     assert max(len(line) for line in lines) <= 100
 
 
+def test_readmes_replay_command_prints_the_losses_of_the_steps_run_one_by_one():
+    quoted = [line for line in (ROOT / "README.md").read_text().splitlines()
+              if line.startswith("python examples/train_gpt.py") and line.endswith("--replay")]
+    assert len(quoted) == 1, quoted
+    words = quoted[0].split()[1:]
+    replayed, eager = _run(*words), _run(*words[:-1])
+    assert replayed.returncode == 0 and eager.returncode == 0, replayed.stderr + eager.stderr
+    assert "check: 20 steps vs one numpy process (loss, 34 gradients and parameters each): PASS" in replayed.stdout
+    rows = [[line.split()[:4] for line in out.stdout.splitlines() if line[:5].strip().isdigit()]
+            for out in (replayed, eager)]
+    assert len(rows[0]) == 5 and rows[0] == rows[1]  # step, loss, collectives, bytes alike
+
+
 def test_train_gpt_refuses_a_mesh_in_one_line():
     out = _run("examples/train_gpt.py", "--ranks", "8", "--tp", "8", "--steps", "1")
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip().splitlines() == [
         "spmdsim: error: the GPT cannot run on 8 ranks: heads 4 is not divisible by tp 8 (heads are split over tp)"]
+
+
+def test_train_gpt_refuses_replay_with_clipping_in_one_line():
+    out = _run("examples/train_gpt.py", "--ranks", "2", "--tp", "2", "--replay", "--clip", "1.0", "--steps", "1")
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines() == [
+        "spmdsim: error: replay: clip 1.0 reads the gradients' norm into Python each step, which a replay cannot "
+        "repeat; train with clip 0 or without replay"]
 
 
 @pytest.mark.parametrize("script", ["examples/mlp_layernorm.py", "examples/causal_attention.py",

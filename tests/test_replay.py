@@ -130,7 +130,7 @@ def test_replay_arguments_must_match_the_captured_ones():
     graph = capture(lambda x, n: x * n, np.ones(3), 2)
     with pytest.raises(ReplayError, match=r"argument 0 must match the captured one: block \(3,\) float64, got block \(4,\)"):
         graph(np.ones(4), 2)
-    with pytest.raises(ReplayError, match="argument 1 was 2 when captured and is 5 now; .* spmdsim.replay.Scalar"):
+    with pytest.raises(ReplayError, match="argument 1 was 2 when captured and is 5 now; .* spmdsim.runtime.replay.Scalar"):
         graph(np.ones(3), 5)
     with pytest.raises(ReplayError, match="got 1 argument"):
         graph(np.ones(3))

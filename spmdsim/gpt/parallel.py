@@ -141,7 +141,7 @@ class GPT:
         return ops.dropout(x, self.cfg.dropout, seed=self._seed(step, site))
 
     def _seed(self, step: Any, site: str) -> Any:
-        """The mask's seed at `site`; for a step given as a spmdsim.replay.Scalar, a callable the mask's
+        """The mask's seed at `site`; for a step given as a spmdsim.runtime.replay.Scalar, a callable the mask's
         kernel calls (each replay of a captured step draws that step's masks)."""
         from ..runtime.replay import Scalar
 

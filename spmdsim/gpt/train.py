@@ -26,7 +26,7 @@ from .config import GPTConfig
 from .data import batch
 from .params import decays, param_specs
 
-__all__ = ["StepResult", "train", "gathered", "TOLERANCE"]
+__all__ = ["StepResult", "train", "gathered", "replay_problem", "TOLERANCE"]
 
 #: The largest relative difference a step may show against the single-process reference (float64).
 TOLERANCE = 1e-10
@@ -97,6 +97,14 @@ def _worst(local: np.ndarray, reference: np.ndarray, region: tuple, floor: float
     return float(np.max(np.abs(local - reference[region]), initial=0.0)) / scale
 
 
+def replay_problem(cfg: GPTConfig) -> Optional[str]:
+    """Why `cfg`'s training step cannot be replayed (spmdsim.runtime.replay), or None."""
+    if cfg.clip:
+        return (f"replay: clip {cfg.clip!r} reads the gradients' norm into Python each step, which a replay "
+                "cannot repeat; train with clip 0 or without replay")
+    return None
+
+
 def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.ndarray, sp: bool = False,
           check: bool = True, on_step: Optional[Callable[[StepResult], Any]] = None,
           mesh: Any = None, layouts: Optional[dict] = None, replay: bool = False) -> tuple[Any, list]:
@@ -123,9 +131,8 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     optimizer = AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
                       decay=[model.params[s.name] for s in specs if decays(s)])
     check = check and not dry_run_active()  # a dry run has shapes, not values
-    if replay and cfg.clip:
-        raise SpmdsimError(f"replay: clip {cfg.clip!r} reads the gradients' norm into Python each step, which a "
-                           "replay cannot repeat; train with clip 0 or without replay")
+    if replay and replay_problem(cfg):
+        raise SpmdsimError(replay_problem(cfg))
     replay = replay and not dry_run_active()  # a dry run's steps count bytes: nothing to replay
 
     def train_step(xd: Any, yd: Any, step: Any) -> Any:

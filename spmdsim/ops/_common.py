@@ -261,7 +261,7 @@ def keep_mask(shape: tuple, seed: Any, region: tuple, p: float) -> np.ndarray:
     """A dropout's keep mask at this rank's `region`: ``SeededTensor(shape, seed) >= p`` there.
 
     `seed`: an int, or a callable giving one (a seed that changes between replays of a captured step,
-    read from a spmdsim.replay.Scalar: spmdsim.runtime.replay records the mask as one call, rerun).
+    read from a spmdsim.runtime.replay.Scalar: spmdsim.runtime.replay records the mask as one call, rerun).
     """
     if not _KEEP:
         _KEEP.append(_keep_kernel())

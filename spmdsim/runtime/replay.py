@@ -391,7 +391,7 @@ class Scalar:
     def __index__(self) -> int:
         if capturing():
             raise ReplayError(f"Scalar({self.value!r}) was read outside a kernel while capturing: its value "
-                              "would be frozen into the replay; read it inside a spmdsim.replay.kernel")
+                              "would be frozen into the replay; read it inside a spmdsim.runtime.replay.kernel")
         return int(self.value)
 
     __int__ = __index__
@@ -523,7 +523,7 @@ def _rebind(i: int, old: Any, new: Any) -> None:
         return
     if new != old:
         raise ReplayError(f"replay: argument {i} was {old!r} when captured and is {new!r} now; a value that "
-                          "changes between steps must be a spmdsim.replay.Scalar (read by kernels)")
+                          "changes between steps must be a spmdsim.runtime.replay.Scalar (read by kernels)")
 
 
 def _describe(x: Any) -> str:
