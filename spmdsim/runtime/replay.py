@@ -219,39 +219,6 @@ class Traced(np.ndarray):
         tape.add(_copy_into, (result, method, (raw,) + _raw(args), kwargs), {})
         return result.view(Traced)
 
-    def copy(self, *a: Any, **k: Any) -> Any:
-        return self._copying("copy", *a, **k)
-
-    def astype(self, *a: Any, **k: Any) -> Any:
-        return self._copying("astype", *a, **k)
-
-    def reshape(self, *a: Any, **k: Any) -> Any:
-        return self._copying("reshape", *a, **k)
-
-    def ravel(self, *a: Any, **k: Any) -> Any:
-        return self._copying("ravel", *a, **k)
-
-    def flatten(self, *a: Any, **k: Any) -> Any:
-        return self._copying("flatten", *a, **k)
-
-    def argmax(self, *a: Any, **k: Any) -> Any:
-        return self._copying("argmax", *a, **k)
-
-    def argmin(self, *a: Any, **k: Any) -> Any:
-        return self._copying("argmin", *a, **k)
-
-    def dot(self, *a: Any, **k: Any) -> Any:
-        return self._copying("dot", *a, **k)
-
-    def take(self, *a: Any, **k: Any) -> Any:
-        return self._copying("take", *a, **k)
-
-    def repeat(self, *a: Any, **k: Any) -> Any:
-        return self._copying("repeat", *a, **k)
-
-    def cumsum(self, *a: Any, **k: Any) -> Any:
-        return self._copying("cumsum", *a, **k)
-
     def fill(self, value: Any) -> None:
         raw = self.view(_ndarray)
         raw.fill(value)
@@ -287,6 +254,21 @@ class Traced(np.ndarray):
 
     def __iter__(self) -> Any:
         return (self[i] for i in range(len(self)))
+
+
+def _copying_method(name: str) -> Callable:
+    def method(self: Traced, *args: Any, **kwargs: Any) -> Any:
+        return self._copying(name, *args, **kwargs)
+
+    method.__name__ = name
+    method.__doc__ = getattr(_ndarray, name).__doc__
+    return method
+
+
+# ndarray's methods that may make new memory without numpy's dispatch: recorded when they do.
+for _name in ("copy", "astype", "reshape", "ravel", "flatten", "argmax", "argmin", "dot", "take", "repeat",
+              "cumsum"):
+    setattr(Traced, _name, _copying_method(_name))
 
 
 def _copy_all(results: tuple, func: Callable, args: tuple, kwargs: dict) -> None:
