@@ -25,6 +25,7 @@ _WHERE = {name: module for module, names in {
     "ranked": ("print_ranked", "rank_ordered"),
     "trace_export": ("write_chrome_trace",),
     "executor": ("redistribute",),
+    "replay": ("capture", "Scalar", "ReplayError", "kernel"),
 }.items() for name in names}
 
 __all__ = list(_WHERE)
