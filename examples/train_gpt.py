@@ -70,8 +70,9 @@ def main(args):
     shape, problem = split(comm.size, cfg)
     if problem:  # every rank alike, before any collective
         raise spmdsim.SpmdsimError(f"the GPT cannot run on {comm.size} ranks: {problem}")
-    if args.replay and replay_problem(cfg):
-        raise spmdsim.SpmdsimError(replay_problem(cfg))
+    problem = replay_problem(cfg) if args.replay else None
+    if problem:  # every rank alike, before any collective
+        raise spmdsim.SpmdsimError(problem)
     dp, tp = shape
     text = load_text()
     ids = encode(text)

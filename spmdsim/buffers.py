@@ -25,8 +25,8 @@ import numpy as np
 
 from . import _hugepool
 
-__all__ = ["PAGE", "PAGE_OFFSET", "MIN_BYTES", "HUGE_MIN", "empty", "kept_empty", "full", "zeros", "page_offset", "placed_copy",
-           "use_huge_pages"]
+__all__ = ["PAGE", "PAGE_OFFSET", "MIN_BYTES", "HUGE_MIN", "empty", "kept_empty", "full", "zeros", "page_offset",
+           "placed_copy", "use_huge_pages"]
 
 PAGE = mmap.PAGESIZE
 PAGE_OFFSET = 16  # where glibc's own maps start (its chunk header); a multiple of every itemsize

@@ -9,6 +9,7 @@ view of them, such as the padded vocabulary table, sees the new values).
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, Iterable, Union
 
@@ -51,7 +52,7 @@ class _Optimizer:
                 continue
             if g.layout != with_partial(p.layout, ()) or g.local.shape != p.local.shape:
                 raise OperatorError(f"parameter {i}: gradient laid out {g.layout} does not match {p.layout}")
-            _update(self._update, i, p.local, g.local)
+            _update_kernel()(self._update, i, p.local, g.local)
 
     def _update(self, index: int, param: np.ndarray, grad: np.ndarray) -> None:
         raise NotImplementedError
@@ -61,17 +62,14 @@ def _run_update(update: Callable, index: int, param: np.ndarray, grad: np.ndarra
     update(index, param, grad)
 
 
-def _update_kernel(update: Callable, index: int, param: np.ndarray, grad: np.ndarray) -> None:
-    """One parameter's update, recorded as one call when a rank captures a step (spmdsim.runtime.replay):
-    a replay reruns it, so it counts its own steps (Adam's bias correction) as each eager step does."""
+@functools.cache
+def _update_kernel() -> Callable:
+    """`_run_update` recorded as one call when a rank captures a step (spmdsim.runtime.replay): a replay
+    reruns it, so an update counts its own steps (Adam's bias correction) as each eager step does. Made
+    on first use: importing the runtime here would make this pure module load it."""
     from .runtime.replay import kernel
 
-    global _update
-    _update = kernel(_run_update)
-    _update(update, index, param, grad)
-
-
-_update = _update_kernel
+    return kernel(_run_update)
 
 
 def _positive(value: Any, name: str) -> float:

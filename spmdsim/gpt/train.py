@@ -131,8 +131,9 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     optimizer = AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
                       decay=[model.params[s.name] for s in specs if decays(s)])
     check = check and not dry_run_active()  # a dry run has shapes, not values
-    if replay and replay_problem(cfg):
-        raise SpmdsimError(replay_problem(cfg))
+    problem = replay_problem(cfg) if replay else None
+    if problem:
+        raise SpmdsimError(problem)
     replay = replay and not dry_run_active()  # a dry run's steps count bytes: nothing to replay
 
     def train_step(xd: Any, yd: Any, step: Any) -> Any:

@@ -8,7 +8,10 @@ import numpy as np
 from .. import buffers
 from ..errors import OperatorError
 from ..layout import Layout, TensorLayout
+from ..datagen import SeededTensor
 from ..runtime import debug
+from ..runtime.replay import kernel
+from ..validate import as_int
 from ..context import current as _context
 
 _DTENSOR: Any = None  # runtime.DTensor, bound by _dtensor_class on first use
@@ -242,36 +245,19 @@ def seeded_dtensor(mesh: Any, layout: TensorLayout, source: Any) -> Any:
 
 
 def _keep(shape: tuple, seed: Any, region: tuple, p: float) -> np.ndarray:
-    from ..datagen import SeededTensor
-
     value = seed() if callable(seed) else seed
     return SeededTensor(shape, "float64", seed=int(value), low=0.0, high=1.0).at_least(region, p)
 
 
-def _keep_kernel() -> Any:
-    from ..runtime.replay import kernel
-
-    return kernel(_keep)
-
-
-_KEEP: list = []
-
-
-def keep_mask(shape: tuple, seed: Any, region: tuple, p: float) -> np.ndarray:
-    """A dropout's keep mask at this rank's `region`: ``SeededTensor(shape, seed) >= p`` there.
-
-    `seed`: an int, or a callable giving one (a seed that changes between replays of a captured step,
-    read from a spmdsim.runtime.replay.Scalar: spmdsim.runtime.replay records the mask as one call, rerun).
-    """
-    if not _KEEP:
-        _KEEP.append(_keep_kernel())
-    return _KEEP[0](shape, seed, region, p)
+#: A dropout's keep mask at this rank's `region`: ``SeededTensor(shape, seed) >= p`` there, as
+#: ``keep_mask(shape, seed, region, p)``. `seed`: an int, or a callable giving one (a seed that changes
+#: between replays of a captured step, read from a spmdsim.runtime.replay.Scalar): a capture records the
+#: mask as one call, rerun by each replay.
+keep_mask = kernel(_keep)
 
 
 def seed_arg(seed: Any, op: str) -> None:
     """An OperatorError unless `seed` is an integer (not a bool) or a callable giving one."""
-    from ..validate import as_int
-
     if callable(seed):
         return
     if as_int(seed) is None or isinstance(seed, bool):

@@ -300,12 +300,11 @@ _OUT_FUNCS = frozenset({np.einsum, np.dot, np.concatenate, np.take})
 class _Tape:
     """One rank's record: (callable, args, kwargs) per array-writing operation, in order."""
 
-    __slots__ = ("entries", "depth", "kept")
+    __slots__ = ("entries", "depth")
 
     def __init__(self) -> None:
         self.entries: list = []
         self.depth = 0  # inside a kernel: its own numpy work is the kernel's
-        self.kept: list = []
 
     def add(self, func: Callable, args: tuple, kwargs: dict) -> None:
         self.entries.append((func, args, kwargs))
@@ -354,9 +353,7 @@ def kernel(func: Callable) -> Callable:
 def fresh(array: np.ndarray) -> np.ndarray:
     """`array`, new memory this thread just allocated: a Traced view while capturing (so writes into it
     are recorded), else itself. spmdsim.buffers returns its arrays through it."""
-    if _ACTIVE[0] and _tape() is not None:
-        return array.view(Traced)
-    return array
+    return array.view(Traced) if capturing() else array
 
 
 class Scalar:
@@ -461,16 +458,11 @@ def _traced_local(self: Any) -> Any:
     return local
 
 
-def _plain(x: Any) -> Any:
-    return x.view(_ndarray) if type(x) is Traced else x
-
-
 class Graph:
     """A captured step: call it with new inputs to replay it (see the module's docstring)."""
 
     def __init__(self, func: Callable, args: tuple, result: Any, tape: _Tape) -> None:
         self.func, self.args, self.result, self._entries = func, args, result, tuple(tape.entries)
-        self.replays = 0
 
     @property
     def operations(self) -> int:
@@ -484,7 +476,6 @@ class Graph:
             _rebind(i, old, new)
         for func, a, k in self._entries:
             func(*a, **k)
-        self.replays += 1
         return self.result
 
 
@@ -517,16 +508,16 @@ def _describe(x: Any) -> str:
 
 
 def capture(func: Callable, *args: Any, state: Iterable[Any] = ()) -> Graph:
-    state = tuple(state)
     """Run ``func(*args)`` once on this rank, recording it; returns the Graph that replays it.
 
     Collective when `func` is: every rank captures the same step. `args`: DTensors or arrays (static
     inputs: a replay copies its own into them), Scalars, or values that must not change. `state`:
     DTensors the step reads and updates in place (the parameters).
     """
+    state = tuple(state)
     tape = _Tape()
     held = []
-    for x in tuple(args) + tuple(state):
+    for x in args + state:
         block = getattr(x, "_local", None)
         if type(block) is _ndarray:
             held.append((x, block))
