@@ -176,11 +176,14 @@ def record_embedding(out: Any, ids: Any, table: Any, plan: Any, start: int, labe
     return record(out, _named("embedding", label, None), (ids, table), backward, with_partial(plan.local, ()))
 
 
-def record_activation(out: Any, x: Any, name: str) -> Any:
-    """relu / gelu: dX = dY * act'(x), shard by shard."""
+def record_activation(out: Any, x: Any, name: str, kept: Any = None) -> Any:
+    """relu / gelu: dX = dY * act'(x), shard by shard. `kept`: GELU's inner tanh from the forward
+    (activations.gelu_tanh), read by the backward instead of computed again."""
     kernel = activations.backward(name)
 
     def backward(dy: Any) -> tuple:
+        if kept is not None:
+            return (grad_tensor(x, _local(kernel, dy.local, x.local, dy.local, kept), dy.layout.partial),)
         return (grad_tensor(x, _local(kernel, dy.local, x.local, dy.local), dy.layout.partial),)
 
     return record(out, name, (x,), backward, x.layout)

@@ -37,6 +37,11 @@ def activation(x: Any, name: str) -> Any:
         raise
     if name == "gelu":  # max(x, 0) is exact on integers; GELU's values are not integers
         require_float(name, x.local)
+    if name == "gelu" and x._ag is not None:  # the inner tanh kept for the backward (one tanh, not two)
+        tanh = engine_local(activations.gelu_tanh, x.local, x.local)
+        out = make_dtensor(x.mesh, engine_local(activations.gelu_from_tanh, x.local, x.local, tanh), layout,
+                           x.global_shape)
+        return rules.record_activation(out, x, name, tanh)
     out = make_dtensor(x.mesh, engine_local(fn, x.local, x.local), layout, x.global_shape)
     return out if x._ag is None else rules.record_activation(out, x, name)
 
