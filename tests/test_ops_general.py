@@ -356,6 +356,12 @@ def test_bad_operands_get_one_line():
                                                                   "over 4 entries"),
             (lambda: ops.chunk(x, 0), OperatorError, "chunk: chunks 0 must be a positive integer"),
             (lambda: ops.attention(q, q, q, causal=1), OperatorError, "attention: causal 1 must be True or False"),
+            (lambda: ops.attention(q, q, q, batch_first="no"), OperatorError,
+             "attention: batch_first 'no' must be True or False"),
+            (lambda: ops.dropout(x, 0.1, seed=1, mask_dims=(0, 0)), OperatorError,
+             "dropout: mask_dims (0, 0) must be a permutation of the tensor's 2 dims, e.g. (1, 0)"),
+            (lambda: ops.dropout(x, 0.1, seed=1, mask_dims="ab"), OperatorError,
+             "dropout: mask_dims 'ab' must be a permutation of the tensor's 2 dims"),
             (lambda: ops.attention(q, q, np.ones(3)), OperatorError, "attention: v must be a DTensor, got ndarray of shape (3,)"),
             (lambda: ops.attention(q, q, q, mask=x), OperatorError, "attention: mask must be a bool DTensor (True "
                                                                      "where a key takes part), got dtype 'float64'"),
@@ -450,6 +456,63 @@ def test_dropout_mask_does_not_depend_on_the_layout():
     keep = SeededTensor((8, 8), "float64", seed=11, low=0.0, high=1.0).full() >= 0.5
     assert np.array_equal(a, b) and np.array_equal(a, src.full() * keep * 2.0)
     assert 0.25 < keep.mean() < 0.75
+
+
+@pytest.mark.parametrize("tmap", [("tp", "dp", None), (None, ("dp", "tp"), None), (("tp", "dp"), None, None)])
+def test_dropout_mask_dims_drops_what_the_transposed_twin_drops(tmap):
+    """A sequence-first (T, B, D) tensor with mask_dims (1, 0, 2) keeps and scales exactly the entries its
+    batch-first twin keeps (spmdsim.gpt's activations against its one-process reference), forward and
+    gradient, the result C-ordered as every block."""
+    from spmdsim.runtime import DTensor, Mesh
+
+    src = SeededTensor((8, 8, 6), "float64", seed=3)  # (T, B, D)
+
+    def body():
+        mesh = Mesh(Layout((2, 4), ("dp", "tp")), spmdsim.world())
+        x = DTensor.from_seeded(mesh, mesh.layout(*tmap), src).requires_grad_()
+        y = ops.dropout(x, 0.3, seed=9, mask_dims=(1, 0, 2))
+        ops.sum(y * y).backward()
+        return y.gather(), x.grad.gather(), y.local.flags.c_contiguous
+
+    keep = (SeededTensor((8, 8, 6), "float64", seed=9, low=0.0, high=1.0).full() >= 0.3).transpose(1, 0, 2)
+    want = src.full() * keep * (1.0 / (1.0 - 0.3))  # the product dropout makes, rounded alike
+    for y, grad, c_order in _on_ranks(8, body):
+        assert np.array_equal(y, want) and c_order
+        assert np.allclose(grad, 2 * want * keep / 0.7, rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize("maps", [(("dp", None, "tp", None), None), (("tp", "dp", None, None), ("dp", None)),
+                                  ((None, ("dp", "tp"), None, None), None), ((None, "dp", "tp", None), ("dp", "tp"))])
+def test_sequence_first_attention_is_the_batch_first_one_transposed(maps):
+    """ops.attention(batch_first=False) on (T, B, H, D) operands: the batch-first result and every gradient,
+    transposed (causal, dropout drawn over (B, H, Tq, Tk), a padding mask), query rows split or not."""
+    from spmdsim.runtime import DTensor, Mesh
+
+    qmap, mask_map = maps
+    rng = np.random.default_rng(4)
+    qkv = [rng.standard_normal((4, 8, 4, 3)) for _ in range(3)]  # (B, T, H, D)
+    g = rng.standard_normal((4, 8, 4, 3))
+    pad = np.ones((4, 8), bool)
+    pad[1, 5:] = False
+
+    def run(mesh, batch_first):
+        L = mesh.layout
+        order = (0, 1, 2, 3) if batch_first else (1, 0, 2, 3)
+        tmap = tuple(qmap[d] for d in order)
+        xs = [DTensor.from_global(mesh, a.transpose(order).copy(), L(*tmap)).requires_grad_() for a in qkv]
+        mask = None if mask_map is None else DTensor.from_global(mesh, pad, L(*mask_map))
+        y = ops.attention(*xs, causal=True, dropout=0.25, seed=6, mask=mask, batch_first=batch_first)
+        ops.sum(y * DTensor.from_global(mesh, g.transpose(order).copy(), y.layout)).backward()
+        return [t.gather().transpose(order) for t in [y] + [x.grad for x in xs]]
+
+    def body():
+        mesh = Mesh(Layout((2, 4), ("dp", "tp")), spmdsim.world())
+        return run(mesh, True), run(mesh, False)
+
+    for batch_first, seq_first in _on_ranks(8, body):
+        for a, b in zip(batch_first, seq_first):
+            assert np.allclose(a, b, rtol=1e-13, atol=1e-13, equal_nan=True)
+        assert np.isfinite(batch_first[0]).all()
 
 
 def test_causal_mask_blocks_are_each_callers_own():

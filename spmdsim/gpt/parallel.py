@@ -12,10 +12,13 @@ splits are Megatron's (docs/operators.md, "A GPT"):
 | wo, w2 (*, D)            | ("tp", None)    | row-parallel: a pending sum, resolved by one collective |
 | bo, b2, ln*.w, ln*.b     | (None,)         | replicated                                            |
 
-Without sequence parallelism the row-parallel outputs are Allreduced; with
-it (``sp=True``) they are Reduce_scattered onto the sequence, the layer
-norms, dropout and residuals run on a sequence shard, and each block's input
-is Allgathered along the sequence before its column-parallel products. The
+Activations are sequence-first, (T, B, D), as Megatron keeps them ([s, b, h]):
+a sequence shard is one contiguous block, so the collectives move it as it
+lies, with no packing. Without sequence parallelism the row-parallel outputs
+are Allreduced; with it (``sp=True``) they are Reduce_scattered onto the
+sequence, the layer norms, dropout and residuals run on a sequence shard, and
+each block's input is Allgathered along the sequence before its
+column-parallel products. The
 LayerNorm weights' gradients are then pending over tp (each rank saw its
 sequence shard) and are Allreduced at the leaf, as Megatron does. Every
 operator is a general rule (spmdsim.ops: einsum, broadcasting, layer_norm,
@@ -132,13 +135,14 @@ class GPT:
                 self.params[spec.name] = DTensor.from_seeded(mesh, layout, source)
             self.params[spec.name].requires_grad_()
         L = mesh.layout
-        self.act = L("dp", "tp", None) if sp else L("dp", None, None)  # (B, T, D) between blocks
-        self.full = L("dp", None, None)  # (B, T, D) whole on tp: the column-parallel products' input
+        self.act = L("tp", "dp", None) if sp else L(None, "dp", None)  # (T, B, D) between blocks
+        self.full = L(None, "dp", None)  # (T, B, D) whole on tp: the column-parallel products' input
 
     def _dropout(self, x: Any, site: str, step: Optional[int], train: bool) -> Any:
         if not train or self.cfg.dropout == 0:
             return x
-        return ops.dropout(x, self.cfg.dropout, seed=self._seed(step, site))
+        # The mask of the batch-first (B, T, D) twin (spmdsim.gpt.reference's), read through a view.
+        return ops.dropout(x, self.cfg.dropout, seed=self._seed(step, site), mask_dims=(1, 0, 2))
 
     def _seed(self, step: Any, site: str) -> Any:
         """The mask's seed at `site`; for a step given as a spmdsim.runtime.replay.Scalar, a callable the mask's
@@ -164,26 +168,27 @@ class GPT:
     def _block(self, h: Any, layer: int, step: Optional[int], train: bool) -> Any:
         p, cfg = self.params, self.cfg
         pre = f"h{layer}."
-        B, T, D, H = h.global_shape[0], cfg.seq, cfg.d_model, cfg.heads
+        T, B, D, H = h.global_shape[0], h.global_shape[1], cfg.d_model, cfg.heads
         a = self._gathered(ops.layer_norm(h, p[pre + "ln1.w"], p[pre + "ln1.b"], cfg.ln_eps))
 
         def heads(name: str) -> Any:
-            y = ops.einsum("btd,de->bte", a, p[pre + f"attn.w{name}"])
+            y = ops.einsum("tbd,de->tbe", a, p[pre + f"attn.w{name}"])
             if name != "k":  # no key bias (spmdsim.gpt.params)
                 y = y + p[pre + f"attn.b{name}"]
-            return ops.reshape(y, (B, T, H, cfg.head_dim))
+            return ops.reshape(y, (T, B, H, cfg.head_dim))
 
         q, k, v = heads("q"), heads("k"), heads("v")
         # softmax(q k^T / sqrt(head_dim), causal), dropped out, times v: one operator and node (its values
         # are those of einsum, masked_fill, softmax, dropout and einsum: spmdsim.ops.attention).
         drop = cfg.dropout if train else 0.0
         seed = self._seed(step, pre + "attn") if drop else None
-        o = ops.reshape(ops.attention(q, k, v, causal=True, dropout=drop, seed=seed), (B, T, D))
-        proj = self._row_out(ops.einsum("btd,de->bte", o, p[pre + "attn.wo"])) + p[pre + "attn.bo"]
+        o = ops.attention(q, k, v, causal=True, dropout=drop, seed=seed, batch_first=False)
+        proj = self._row_out(ops.einsum("tbd,de->tbe", ops.reshape(o, (T, B, D)), p[pre + "attn.wo"]))
+        proj = proj + p[pre + "attn.bo"]
         h = h + self._dropout(proj, pre + "resid1", step, train)
         m = self._gathered(ops.layer_norm(h, p[pre + "ln2.w"], p[pre + "ln2.b"], cfg.ln_eps))
-        m = ops.gelu(ops.einsum("btd,de->bte", m, p[pre + "mlp.w1"]) + p[pre + "mlp.b1"])
-        out = self._row_out(ops.einsum("btf,fd->btd", m, p[pre + "mlp.w2"])) + p[pre + "mlp.b2"]
+        m = ops.gelu(ops.einsum("tbd,de->tbe", m, p[pre + "mlp.w1"]) + p[pre + "mlp.b1"])
+        out = self._row_out(ops.einsum("tbf,fd->tbd", m, p[pre + "mlp.w2"])) + p[pre + "mlp.b2"]
         return h + self._dropout(out, pre + "resid2", step, train)
 
     def logits(self, ids: Any, step: Optional[int] = None, train: bool = False, last: bool = False) -> Any:
@@ -192,15 +197,18 @@ class GPT:
         from ..runtime.executor import redistribute
 
         p, cfg = self.params, self.cfg
-        # Vocab-parallel lookup: a pending sum over tp, Allreduced (or Reduce_scattered onto the sequence).
-        tok = redistribute(ops.embedding(ids, p["wte"], reduce=False), self.act)
-        h = self._dropout(tok + p["wpe"], "emb", step, train)
+        # Vocab-parallel lookup of the ids sequence-first: a pending sum over tp, Allreduced (or
+        # Reduce_scattered onto the sequence); each position's embedding added to every sample's row.
+        tok = redistribute(ops.embedding(ids.T, p["wte"], reduce=False), self.act)
+        pos = ops.reshape(p["wpe"], (cfg.seq, 1, cfg.d_model))
+        h = self._dropout(tok + pos, "emb", step, train)
         for layer in range(cfg.layers):
             h = self._block(h, layer, step, train)
         if last:
-            h = h[:, -1:]
+            h = h[-1:]
         h = self._gathered(ops.layer_norm(h, p["lnf.w"], p["lnf.b"], cfg.ln_eps))
-        return ops.einsum("btd,vd->btv", h, p["wte"])  # the tied head: columns split like the vocabulary
+        # The tied head (columns split like the vocabulary), its logits batch-first again.
+        return ops.einsum("tbd,vd->btv", h, p["wte"])
 
     def loss(self, ids: Any, targets: Any, step: Optional[int], train: bool = True) -> Any:
         """Mean cross-entropy over the batch's tokens (vocab-parallel: the logits are never gathered)."""

@@ -28,24 +28,30 @@ from ..autograd.rules import grad_tensor
 from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
 from ..errors import OperatorError
 from ..infer.attention import infer_attention
+from ..layout import TensorLayout
 from ._common import keep_mask, make_dtensor, raise_if_not_dtensors, require_float, seed_arg
 
 __all__ = ["attention"]
 
 
 def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[float] = None,
-              dropout: float = 0.0, seed: Optional[int] = None, training: bool = True, mask: Any = None) -> Any:
+              dropout: float = 0.0, seed: Optional[int] = None, training: bool = True, mask: Any = None,
+              batch_first: bool = True) -> Any:
     """softmax(q k^T * scale, masked above the diagonal if `causal`), dropped out, times v.
 
     q (B, Tq, H, D), k (B, Tk, H, D), v (B, Tk, H, E) -> (B, Tq, H, E). `scale`: default 1 / sqrt(D).
+    `batch_first=False`: the operands and the result sequence-first, (T, B, H, D) (Megatron's [s, b, h]
+    activations, PyTorch's MultiheadAttention default), read through views: the same values, scores
+    and dropout mask (still drawn over (B, H, Tq, Tk)), no copy to batch-first.
     `dropout`: the probabilities' dropout rate (while `training`), with `seed` as ops.dropout's.
     `mask`: a bool DTensor (B, Tk), True where a key takes part and False for padding (PyTorch's
     boolean convention), moved to q's batch split with the keys whole; a query row that sees no key
     gets NaN, as a softmax over nothing.
     """
     raise_if_not_dtensors("attention", ("q", "k", "v"), q, k, v)
-    if not isinstance(causal, (bool, np.bool_)):
-        raise OperatorError(f"attention: causal {causal!r} must be True or False")
+    for name, flag in (("causal", causal), ("batch_first", batch_first)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise OperatorError(f"attention: {name} {flag!r} must be True or False")
     if not isinstance(dropout, Real) or isinstance(dropout, bool) or not 0 <= dropout < 1:
         raise OperatorError(f"attention: dropout {dropout!r} must be a number with 0 <= p < 1")
     drop = float(dropout) if training else 0.0
@@ -65,18 +71,22 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
                                 f"{mask.local.dtype.name!r}")
         if mask.mesh.layout != q.mesh.layout:
             raise OperatorError("attention: mask is on another mesh than q; expected one mesh")
-    plan = infer_attention(q.layout, k.layout, v.layout, tuple(q.global_shape), tuple(k.global_shape),
-                           tuple(v.global_shape), bool(causal), None if mask is None else mask.layout,
-                           None if mask is None else tuple(mask.global_shape))
+    first = _batch_first if batch_first else _swapped  # a layout or shape as batch-first, and back
+    plan = infer_attention(first(q.layout), first(k.layout), first(v.layout), first(tuple(q.global_shape)),
+                           first(tuple(k.global_shape)), first(tuple(v.global_shape)), bool(causal),
+                           None if mask is None else mask.layout, None if mask is None else tuple(mask.global_shape))
+    # Each block seen as (b, h, t, d), k's as (b, h, d, t); a (b, h, t, e) product back in the operands' order.
+    heads, keys_t, back = ((0, 2, 1, 3), (0, 2, 3, 1), (0, 2, 1, 3)) if batch_first else \
+        ((1, 2, 0, 3), (1, 2, 3, 0), (2, 0, 1, 3))
     d = q.global_shape[3]
     if scale is None:
         scale = 1.0 / math.sqrt(d)
     elif not isinstance(scale, Real) or isinstance(scale, bool) or not math.isfinite(scale):
         raise OperatorError(f"attention: scale {scale!r} must be a finite number")
-    q, k, v = _moved(q, plan.q), _moved(k, plan.kv), _moved(v, plan.kv)
+    q, k, v = _moved(q, first(plan.q)), _moved(k, first(plan.kv)), _moved(v, first(plan.kv))
     mesh = q.mesh
-    b_, t_, h_ = q.slices[:3]
-    tk = k.global_shape[1]
+    b_, t_, h_ = first(q.slices[:3])
+    tk = first(tuple(k.global_shape))[1]
     above = None
     if causal:  # this rank's query rows (global indices) against every key
         rows = np.arange(t_.start, t_.stop)[:, None]
@@ -86,7 +96,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
         above = padding if above is None else above | padding
     keep = None
     if drop:
-        probs_shape = (q.global_shape[0], q.global_shape[2], q.global_shape[1], tk)
+        b, tq, h = first(tuple(q.global_shape))[:3]
+        probs_shape = (b, h, tq, tk)
         region = (b_, h_, t_, slice(0, tk))
         keep = keep_mask(probs_shape, seed, region, drop)
     factor = np.asarray(1.0 / (1.0 - drop), q.dtype) if drop else None
@@ -95,29 +106,30 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
     # Per sample and head, (Tq, D) @ (D, Tk) and (Tq, Tk) @ (Tk, E): batched BLAS products on the blocks'
     # (b, h, ...) views (np.einsum's own loops took several times as long).
     def forward(qb: np.ndarray, kb: np.ndarray, vb: np.ndarray) -> np.ndarray:
-        s = np.matmul(qb.transpose(0, 2, 1, 3), kb.transpose(0, 2, 3, 1)) * scale
+        s = np.matmul(qb.transpose(heads), kb.transpose(keys_t)) * scale
         if above is not None:
             s = np.where(above, -np.inf, s)
         e = np.exp(s - np.max(s, axis=-1, keepdims=True))
         p = e / np.sum(e, axis=-1, keepdims=True)
         pd = p if keep is None else p * keep * factor
         kept["p"], kept["pd"] = p, pd
-        return np.matmul(pd, vb.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+        return np.matmul(pd, vb.transpose(heads)).transpose(back)
 
-    like = np.broadcast_to(np.zeros((), q.dtype), plan.out.local_shape(plan.shape))  # the result's block
-    out = make_dtensor(mesh, _engine_local(forward, like, q.local, k.local, v.local), plan.out, plan.shape)
+    out_layout, out_shape = first(plan.out), first(plan.shape)
+    like = np.broadcast_to(np.zeros((), q.dtype), out_layout.local_shape(out_shape))  # the result's block
+    out = make_dtensor(mesh, _engine_local(forward, like, q.local, k.local, v.local), out_layout, out_shape)
     if q._ag is None and k._ag is None and v._ag is None:
         return out
 
     def grads(dy: np.ndarray) -> tuple:
         p, pd = kept["p"], kept["pd"]
-        dyh = dy.transpose(0, 2, 1, 3)  # (b, h, q, e)
-        dpd = np.matmul(dyh, v.local.transpose(0, 2, 3, 1))
-        dv = np.matmul(pd.transpose(0, 1, 3, 2), dyh).transpose(0, 2, 1, 3)
+        dyh = dy.transpose(heads)  # (b, h, q, e)
+        dpd = np.matmul(dyh, v.local.transpose(keys_t))
+        dv = np.matmul(pd.transpose(0, 1, 3, 2), dyh).transpose(back)
         dp = dpd if keep is None else dpd * keep * factor
         ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True)) * scale
-        dq = np.matmul(ds, k.local.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
-        dk = np.matmul(ds.transpose(0, 1, 3, 2), q.local.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+        dq = np.matmul(ds, k.local.transpose(heads)).transpose(back)
+        dk = np.matmul(ds.transpose(0, 1, 3, 2), q.local.transpose(heads)).transpose(back)
         return dq, dk, dv
 
     def backward(dy: Any) -> tuple:
@@ -130,7 +142,19 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
                 grad_tensor(k, dk, pending, plan.query_axes) if k._ag is not None else None,
                 grad_tensor(v, dv, pending, plan.query_axes) if v._ag is not None else None)
 
-    return record(out, plan.why, (q, k, v), backward, with_partial(plan.out, ()))
+    return record(out, plan.why, (q, k, v), backward, with_partial(out_layout, ()))
+
+
+def _batch_first(x: Any) -> Any:
+    return x
+
+
+def _swapped(x: Any) -> Any:
+    """A sequence-first layout, shape or slices as batch-first (the first two dims swapped), and back."""
+    if isinstance(x, tuple):
+        return (x[1], x[0]) + x[2:]
+    entries = x.tensor_map
+    return TensorLayout(x.layout, (entries[1], entries[0]) + entries[2:], x.partial)
 
 
 def _moved(x: Any, target: Any) -> Any:

@@ -21,8 +21,9 @@ works on any layout and its gradient comes from theirs:
 """
 from __future__ import annotations
 
+import operator
 from numbers import Real
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -198,12 +199,15 @@ def masked_fill(x: Any, mask: Any, value: float) -> Any:
     return P.where(mask, value, x)
 
 
-def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True) -> Any:
+def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
+            mask_dims: Optional[Sequence[int]] = None) -> Any:
     """Zero each element with probability `p` and scale the rest by 1 / (1 - p); identity when not training.
 
     The mask is ``SeededTensor(x.global_shape, seed=seed) >= p`` read at this rank's region, so the
     result does not depend on the layout; a pending sum stays pending (dropout is linear). `seed` is
-    required: no default could give each layer and step its own mask.
+    required: no default could give each layer and step its own mask. `mask_dims`: a permutation of x's
+    dims; the mask is then the one ``x.transpose(mask_dims)`` would get, read through a view (a
+    sequence-first (T, B, D) x with (1, 0, 2) drops what its batch-first twin drops, with no copy).
     """
     if not isinstance(p, Real) or isinstance(p, bool) or not 0 <= p < 1:
         raise OperatorError(f"dropout: p {p!r} must be a number with 0 <= p < 1")
@@ -219,7 +223,12 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True)
     if not training or p == 0:
         return x
     require_float("dropout", x.local)
-    keep = keep_mask(tuple(x.global_shape), seed, region, p)
+    if mask_dims is None:
+        keep = keep_mask(tuple(x.global_shape), seed, region, p)
+    else:
+        order = _permutation(mask_dims, len(region))
+        keep = keep_mask(tuple(x.global_shape[d] for d in order), seed, tuple(region[d] for d in order), p)
+        keep = keep.transpose(np.argsort(order))
     scale = np.asarray(1.0 / (1.0 - p), x.dtype)
     out = make_dtensor(x.mesh, _kept(x.local, keep, scale), x.layout, x.global_shape)
     if x._ag is None:
@@ -229,6 +238,18 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True)
         return (grad_tensor(x, _kept(dy.local, keep, scale), dy.layout.partial),)
 
     return record(out, "dropout", (x,), backward, with_partial(x.layout, ()))
+
+
+def _permutation(dims: Any, ndim: int) -> tuple:
+    """`dims` as a tuple of ints, checked to be a permutation of range(ndim)."""
+    try:
+        order = tuple(operator.index(d) for d in dims)
+    except TypeError:
+        order = None
+    if order is None or sorted(order) != list(range(ndim)):
+        raise OperatorError(f"dropout: mask_dims {dims!r} must be a permutation of the tensor's {ndim} dims, "
+                            f"e.g. {tuple(range(ndim))[::-1]!r}")
+    return order
 
 
 def _kept(block: np.ndarray, keep: np.ndarray, scale: np.ndarray) -> np.ndarray:
