@@ -100,7 +100,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
         probs_shape = (b, h, tq, tk)
         region = (b_, h_, t_, slice(0, tk))
         keep = keep_mask(probs_shape, seed, region, drop)
-    factor = np.asarray(1.0 / (1.0 - drop), q.dtype) if drop else None
+    # The kept probabilities' factor, once (keep is 0 or 1: the same bits as keep * factor after each product).
+    factors = np.multiply(keep, np.asarray(1.0 / (1.0 - drop), q.dtype)) if drop else None
     kept: dict = {}  # the probabilities, before and after dropout, for the backward (a dry run keeps none)
 
     # Per sample and head, (Tq, D) @ (D, Tk) and (Tq, Tk) @ (Tk, E): batched BLAS products on the blocks'
@@ -111,7 +112,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
             s = np.where(above, -np.inf, s)
         e = np.exp(s - np.max(s, axis=-1, keepdims=True))
         p = e / np.sum(e, axis=-1, keepdims=True)
-        pd = p if keep is None else p * keep * factor
+        pd = p if factors is None else p * factors
         kept["p"], kept["pd"] = p, pd
         return np.matmul(pd, vb.transpose(heads)).transpose(back)
 
@@ -126,7 +127,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
         dyh = dy.transpose(heads)  # (b, h, q, e)
         dpd = np.matmul(dyh, v.local.transpose(keys_t))
         dv = np.matmul(pd.transpose(0, 1, 3, 2), dyh).transpose(back)
-        dp = dpd if keep is None else dpd * keep * factor
+        dp = dpd if factors is None else dpd * factors
         ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True)) * scale
         dq = np.matmul(ds, k.local.transpose(heads)).transpose(back)
         dk = np.matmul(ds.transpose(0, 1, 3, 2), q.local.transpose(heads)).transpose(back)

@@ -42,7 +42,7 @@ class _Recipe:
     A permutation that leaves the order as it is is None (the view numpy's transpose would give).
     """
 
-    __slots__ = ("a_gone", "b_gone", "lhs", "rhs", "lhs_shape", "rhs_shape", "shape", "order")
+    __slots__ = ("a_gone", "b_gone", "lhs", "rhs", "lhs_shape", "rhs_shape", "shape", "order", "swap")
 
     def __init__(self, a_word: str, a_shape: tuple, b_word: str, b_shape: tuple, out: str) -> None:
         def gone(word: str, keep: str) -> tuple:
@@ -52,6 +52,7 @@ class _Recipe:
             return ("".join(ch for ch in word if ch in keep),
                     tuple(n for ch, n in zip(word, shape) if ch in keep))
 
+        self.swap = False  # True: the recipe of (b, a), whose product comes out in `out`'s order
         self.a_gone = gone(a_word, b_word + out) or None
         a_word, a_shape = kept(a_word, a_shape, b_word + out)
         self.b_gone = gone(b_word, a_word + out) or None
@@ -87,6 +88,10 @@ def _recipe(a_word: str, a_shape: tuple, b_word: str, b_shape: tuple, out: str) 
     except KeyError:
         pass
     recipe = _Recipe(a_word, a_shape, b_word, b_shape, out)
+    if recipe.order is not None:  # (B^T A^T)'s product may come out in order where (A B)'s needs a copy
+        swapped = _Recipe(b_word, b_shape, a_word, a_shape, out)
+        if swapped.order is None:
+            recipe, recipe.swap = swapped, True
     if len(_RECIPES) >= _CACHE_MAX:  # a long run over many shapes: start over
         _RECIPES.clear()
     _RECIPES[key] = recipe
@@ -96,6 +101,8 @@ def _recipe(a_word: str, a_shape: tuple, b_word: str, b_shape: tuple, out: str) 
 def _pair(a_word: str, a: np.ndarray, b_word: str, b: np.ndarray, out: str) -> np.ndarray:
     """einsum of two blocks as one batched matmul (transposes around np.matmul)."""
     r = _recipe(a_word, a.shape, b_word, b.shape, out)
+    if r.swap:
+        a, b = b, a
     if r.a_gone is not None:
         a = a.sum(axis=r.a_gone)
     if r.b_gone is not None:

@@ -223,19 +223,21 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
     if not training or p == 0:
         return x
     require_float("dropout", x.local)
+    # The kept entries' factor, once: x * (keep * scale) is x * keep * scale bit for bit (keep is 0 or 1),
+    # one product forward and one backward.
+    scale = np.asarray(1.0 / (1.0 - p), x.dtype)
     if mask_dims is None:
-        keep = keep_mask(tuple(x.global_shape), seed, region, p)
+        kept = np.multiply(keep_mask(tuple(x.global_shape), seed, region, p), scale)
     else:
         order = _permutation(mask_dims, len(region))
         keep = keep_mask(tuple(x.global_shape[d] for d in order), seed, tuple(region[d] for d in order), p)
-        keep = keep.transpose(np.argsort(order))
-    scale = np.asarray(1.0 / (1.0 - p), x.dtype)
-    out = make_dtensor(x.mesh, _kept(x.local, keep, scale), x.layout, x.global_shape)
+        kept = np.multiply(keep, scale).transpose(np.argsort(order))
+    out = make_dtensor(x.mesh, x.local * kept, x.layout, x.global_shape)
     if x._ag is None:
         return out
 
     def backward(dy: Any) -> tuple:
-        return (grad_tensor(x, _kept(dy.local, keep, scale), dy.layout.partial),)
+        return (grad_tensor(x, dy.local * kept, dy.layout.partial),)
 
     return record(out, "dropout", (x,), backward, with_partial(x.layout, ()))
 
@@ -250,12 +252,3 @@ def _permutation(dims: Any, ndim: int) -> tuple:
         raise OperatorError(f"dropout: mask_dims {dims!r} must be a permutation of the tensor's {ndim} dims, "
                             f"e.g. {tuple(range(ndim))[::-1]!r}")
     return order
-
-
-def _kept(block: np.ndarray, keep: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """``block * keep * scale``, the second product in place (its first's result is a fresh array)."""
-    out = block * keep
-    if out.dtype == scale.dtype and out.flags.writeable:
-        out *= scale
-        return out
-    return out * scale

@@ -294,7 +294,9 @@ def _setitem(raw: np.ndarray, index: Any, value: Any) -> None:
 
 _METADATA = frozenset({np.shape, np.ndim, np.size, np.result_type, np.may_share_memory, np.shares_memory,
                        np.iscomplexobj, np.isrealobj, np.min_scalar_type, np.can_cast})
-_OUT_FUNCS = frozenset({np.einsum, np.dot, np.concatenate, np.take})
+# numpy functions a replay calls with out= the captured result (the others compute a new array and copy it in).
+_OUT_FUNCS = frozenset({np.einsum, np.dot, np.concatenate, np.take, np.sum, np.mean, np.prod, np.max, np.min,
+                        np.amax, np.amin, np.clip})
 
 
 class _Tape:
