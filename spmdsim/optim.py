@@ -160,8 +160,8 @@ class AdamW(_Optimizer):
         self.decays = _decay_flags(self.params, decay)
         # Per parameter, as PyTorch keeps it: (steps taken, first moment, second moment).
         self.state: dict[int, tuple[int, np.ndarray, np.ndarray]] = {}
-        # Parameters updated together -> their gradients, moments and scratch as flat buffers, and their spans.
-        self._flat: dict[tuple, tuple] = {}
+        # The parameters last updated together, and their gradients, moments, scratch and spans in flat buffers.
+        self._flat: tuple = ((), None)
 
     def _update(self, index: int, param: np.ndarray, grad: np.ndarray) -> None:
         t, m, v = self.state.get(index) or (0, np.zeros_like(param), np.zeros_like(param))
@@ -181,8 +181,8 @@ class AdamW(_Optimizer):
     def _update_all(self, indices: tuple, params: tuple, grads: tuple) -> None:
         """The same step as `_update` on each parameter, bit for bit: the moments and the step sizes over
         flat buffers, then each block decayed and stepped."""
-        flat = self._flat.get(indices) or self._flatten(indices, params)
-        g, m, v, tmp, spans = flat
+        # Other parameters than last time: new buffers, from the moments as they are now (kept in `state`).
+        g, m, v, tmp, spans = self._flat[1] if self._flat[0] == indices else self._flatten(indices, params)
         np.concatenate([grad.reshape(-1) for grad in grads], out=g)
         t = self.state[indices[0]][0] + 1
         for i in indices:
@@ -195,7 +195,8 @@ class AdamW(_Optimizer):
             param -= tmp[a:b].reshape(param.shape)
 
     def _flatten(self, indices: tuple, params: tuple) -> tuple:
-        """Flat buffers for these parameters; each one's moments become views of them (values kept)."""
+        """Flat buffers for these parameters; each one's moments become views of them (values kept), so a
+        later update of one alone (`_update`) writes into them."""
         ends = np.cumsum([p.size for p in params]).tolist()
         spans = tuple(zip([0] + ends[:-1], ends))
         dtype = params[0].dtype
@@ -205,8 +206,9 @@ class AdamW(_Optimizer):
             if m_i is not None:
                 m[a:b], v[a:b] = m_i.reshape(-1), v_i.reshape(-1)
             self.state[i] = (t, m[a:b].reshape(param.shape), v[a:b].reshape(param.shape))
-        self._flat[indices] = flat = (g, m, v, tmp, spans)
-        return flat
+        buffers = (g, m, v, tmp, spans)
+        self._flat = (indices, buffers)
+        return buffers
 
 
 def _what(value: Any) -> str:
