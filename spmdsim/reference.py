@@ -23,8 +23,8 @@ from .datagen import SeededTensor
 from .errors import OperatorError, ShapeError
 
 __all__ = ["ACTIVATIONS", "Region", "RegionFn", "matmul", "linear", "embedding", "relu", "gelu", "gelu_tanh",
-           "activation", "add", "bias_add", "softmax", "transpose", "mlp", "check_ids", "matmul_region",
-           "linear_region", "embedding_region", "mlp_region"]
+           "gelu_from_tanh", "activation", "add", "bias_add", "softmax", "transpose", "mlp", "check_ids",
+           "matmul_region", "linear_region", "embedding_region", "mlp_region"]
 
 Region = Sequence[slice]
 RegionFn = Callable[[Region], np.ndarray]
@@ -42,12 +42,20 @@ def relu(x: np.ndarray) -> np.ndarray:
 def gelu(x: np.ndarray) -> np.ndarray:
     """GELU, tanh approximation (Megatron's `bias_gelu`, Paddle `approximate=True`); floats keep their dtype."""
     x = np.asarray(x)
-    x64 = x.astype(np.float64, copy=False)
-    out = gelu_tanh(x64)
-    out += 1.0
-    out *= x64
+    t = gelu_tanh(x.astype(np.float64, copy=False))
+    return gelu_from_tanh(x, t, out=t)
+
+
+def gelu_from_tanh(x: np.ndarray, t: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
+    """GELU of x given its `gelu_tanh` t, 0.5 x (1 + t): floats keep their dtype, integers get float64.
+
+    `out`: where to write it (t itself when the caller is done with t); default a new array. Integers
+    get float64 as softmax does, never truncated values.
+    """
+    x = np.asarray(x)
+    out = np.add(t, 1.0, out=out)
+    out *= x.astype(np.float64, copy=False)
     out *= 0.5
-    # Integers get float64 (as softmax does), never truncated values.
     return out.astype(x.dtype, copy=False) if x.dtype.kind == "f" else out
 
 

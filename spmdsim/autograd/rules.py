@@ -180,11 +180,10 @@ def record_activation(out: Any, x: Any, name: str, kept: Any = None) -> Any:
     """relu / gelu: dX = dY * act'(x), shard by shard. `kept`: GELU's inner tanh from the forward
     (activations.gelu_tanh), read by the backward instead of computed again."""
     kernel = activations.backward(name)
+    extra = () if kept is None else (kept,)
 
     def backward(dy: Any) -> tuple:
-        if kept is not None:
-            return (grad_tensor(x, _local(kernel, dy.local, x.local, dy.local, kept), dy.layout.partial),)
-        return (grad_tensor(x, _local(kernel, dy.local, x.local, dy.local), dy.layout.partial),)
+        return (grad_tensor(x, _local(kernel, dy.local, x.local, dy.local, *extra), dy.layout.partial),)
 
     return record(out, name, (x,), backward, x.layout)
 
