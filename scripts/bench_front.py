@@ -9,7 +9,7 @@ Run under MPI (every mpiexec under a timeout):
 One Alltoall of `--size` bytes per rank over all ranks (blocks along dim 0:
 nothing to pack), timed six ways, interleaved in one launch with the order
 turned every repeat: raw mpi4py, raw again (the A/A control), raw after a busy
-wait of each `--spins` microseconds, `runtime._calls.issue` called directly
+wait of each `--spins` microseconds, `runtime.door.issue` called directly
 (spmdsim's one body, no argument checks) and `collectives.alltoall` (the
 checks, then that body). A time is the median over repeats of the slowest
 rank, after two barriers; `ratio` is against raw in the same run, and
@@ -80,7 +80,7 @@ def bench(size: int, repeats: int, spins: list[int]) -> tuple[list[tuple[str, fl
     from spmdsim import Layout, buffers
     from spmdsim import Mesh
     from spmdsim.runtime import collectives as C
-    from spmdsim.runtime._calls import issue
+    from spmdsim.runtime.door import issue
     from spmdsim.engines.wait import polite_wait
 
     comm = MPI.COMM_WORLD
@@ -97,8 +97,8 @@ def bench(size: int, repeats: int, spins: list[int]) -> tuple[list[tuple[str, fl
             sub.Alltoall(full, out)
     cases = [("raw mpi4py", raw, None), ("raw again (A/A)", raw, None)]
     cases += [(f"raw after {us} us of spin", _busy(us, raw), us) for us in spins]
-    cases += [("spmdsim's body (_calls.issue)",
-               lambda: issue(mesh, sub, g, "alltoall", ("x",), None, sub, "Alltoall", "Ialltoall", (full, out),
+    cases += [("spmdsim's body (door.issue)",
+               lambda: issue(mesh, sub, g, "alltoall", ("x",), None, "all_to_all", (full, out),
                              out, full, (0, 0), full.nbytes), None),
               ("collectives.alltoall", lambda: C.alltoall(mesh, full, ("x",), 0, 0, out=out), None)]
 

@@ -189,7 +189,7 @@ def test_launch_asks_open_mpi_to_oversubscribe(monkeypatch, family, ranks, set_b
 
 
 def test_one_module_reaches_mpi_for_the_collectives_and_none_reads_debugs_private_state():
-    # The collective layer's one body (runtime._calls.issue) records every traced call and
+    # The collective layer's one body (runtime.door.issue) records every traced call and
     # applies the debug layers; nothing else in the package reaches into runtime.debug's privates.
     import pathlib
     import re
@@ -205,5 +205,5 @@ def test_one_module_reaches_mpi_for_the_collectives_and_none_reads_debugs_privat
             recorders.append(name)
         if name != "runtime/debug.py" and re.search(r"\bdebug\._[A-Za-z]|_State\b", text):
             readers.append(name)
-    assert recorders == ["runtime/_calls.py"]
+    assert recorders == ["runtime/door.py"]
     assert readers == []

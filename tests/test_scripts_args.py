@@ -236,7 +236,7 @@ def test_bench_front_prints_one_row_per_case_with_ratios_against_raw():
     assert lines[0].startswith("Alltoall of 65536 B per rank over 2 ranks"), proc.stdout
     rows = {line[:32].strip(): line[32:].split() for line in lines[2:-1]}
     assert list(rows) == ["raw mpi4py", "raw again (A/A)", "raw after 3 us of spin", "raw after 7 us of spin",
-                          "spmdsim's body (_calls.issue)", "collectives.alltoall"], proc.stdout
+                          "spmdsim's body (door.issue)", "collectives.alltoall"], proc.stdout
     assert rows["raw mpi4py"][1] == "1.00"
     assert all(float(cols[0]) > 0 for cols in rows.values())
     assert len(rows["raw after 3 us of spin"]) == 3 and len(rows["collectives.alltoall"]) == 2

@@ -28,6 +28,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..errors import SpmdsimError
+from ..engines import engine_of
 from ..layout import Layout, TensorLayout
 from .choose import Result
 
@@ -134,7 +135,7 @@ class DagRunner:
             c = op.candidate
             # Start every node together: its collectives' times then exclude waiting for
             # ranks still busy with the previous node (the model prices the transfer alone).
-            self.comm.Barrier()
+            engine_of(self.comm).barrier(self.comm, None)
             t0 = time.perf_counter()
             with collect_trace() as trace:
                 xs = [self._into(values[src], layout) for src, layout in zip(node.inputs, c.inputs)]
@@ -202,7 +203,7 @@ class DagRunner:
         from .. import collect_trace
 
         loss = values[self.graph.nodes[-1].name]
-        self.comm.Barrier()
+        engine_of(self.comm).barrier(self.comm, None)
         t0 = time.perf_counter()
         with collect_trace() as trace:
             loss.backward()
@@ -310,11 +311,12 @@ def run_dag(result: Result, comm: Any, repeats: int = 3, train: bool = False) ->
         if grads is not None:
             mine = runner.backward(values)
             grad_verdicts = runner.check_grads(grads)
-            everyone = comm.allgather((mine.bytes_received, mine.seconds))
+            everyone = engine_of(comm).all_gather_object(comm, (mine.bytes_received, mine.seconds))
             back = Backward(max(b for b, _ in everyone), max(t for _, t in everyone), grad_verdicts)
     finally:
         runner.close()
-    per_rank = comm.allgather([[(f.bytes_received, f.comm_seconds, f.seconds) for f in run] for run in runs])
+    per_rank = engine_of(comm).all_gather_object(comm, [[(f.bytes_received, f.comm_seconds, f.seconds)
+                                                          for f in run] for run in runs])
     measured = []
     for i, op in enumerate(result.ops):
         def busiest(r: int, k: int) -> float:  # the rank with most of figure k in run r

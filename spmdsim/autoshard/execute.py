@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from ..errors import SpmdsimError
 from ..nets import Network, Param, Stage
 from .choose import Result
+from ..engines import engine_of
 
 if TYPE_CHECKING:
     from .dag import DagReport
@@ -94,9 +95,9 @@ def run_choice(result: Result, comm: Any, repeats: int = 3) -> tuple[tuple[Measu
         passed = all(run.check_all()) and all(row.matches() for row in run.rows())
     finally:
         runner.close()
-    per_rank = comm.allgather([[(sum(e.bytes_received for e in hop if e.group_size > 1),
-                                 sum(e.seconds for e in hop), secs)
-                                for hop, secs in zip(entries, seconds)] for entries, seconds in runs])
+    mine = [[(sum(e.bytes_received for e in hop if e.group_size > 1), sum(e.seconds for e in hop), secs)
+             for hop, secs in zip(entries, seconds)] for entries, seconds in runs]
+    per_rank = engine_of(comm).all_gather_object(comm, mine)
     out = []
     for i, op in enumerate(result.ops):
         hops = [h for h, hop in enumerate(runner.hops) if hop.stage == i - 1] if i else []
@@ -128,7 +129,7 @@ def _runner(net: Network, comm: Any) -> Any:
         def _hop(self, hop: Any, x: Any) -> Any:
             # Start every hop together: its collectives' times then exclude waiting for
             # ranks still busy with the previous hop (the model prices the transfer alone).
-            self.comm.Barrier()
+            engine_of(self.comm).barrier(self.comm, None)
             t0 = time.perf_counter()
             stage = self.net.stages[hop.stage]
             if hop.is_redistribution or stage.kind not in ("matmul", "embedding"):

@@ -23,6 +23,7 @@ import threading
 from typing import Any
 
 from ..errors import SpmdsimError
+from ..engines import engine_of
 
 __all__ = ["register", "run"]
 
@@ -200,10 +201,10 @@ def _run_choice(args: argparse.Namespace, comm: Any) -> int:
                            f"differs (launch with {launch})")
     # Every rank measures at once (they share the cores, as they will when running);
     # the slowest rate, agreed, makes every rank choose the same strategies.
-    flops = args.flops or min(comm.allgather(measure_flops_rate()))
+    flops = args.flops or min(engine_of(comm).all_gather_object(comm, measure_flops_rate()))
     result = _choose(args, size, flops)
     check_runnable(result)  # an operator the runners lack raises here, on every rank
-    if comm.bcast(result.outcome.choice) != result.outcome.choice:
+    if engine_of(comm).broadcast_object(comm, result.outcome.choice, 0) != result.outcome.choice:
         raise SpmdsimError("the ranks chose different strategies; run with --flops to agree")
     checks = None
     if is_chain(result):

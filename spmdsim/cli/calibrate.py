@@ -22,6 +22,7 @@ import numpy as np
 from .. import buffers
 from ..cost import CostModel, Measurement, default_path, normalize_op
 from ..errors import SpmdsimError
+from ..engines import engine_of
 
 __all__ = ["register", "run", "raw_collective", "time_interleaved", "Waiter", "measure",
            "parse_size"]
@@ -55,52 +56,56 @@ class Waiter:
         self._polite = polite_wait
 
     def call(self, blocking: Callable, nonblocking: Callable, *args: Any) -> None:
+        """Raw mpi4py for the benchmarks' peers: `blocking(*args)`, or `nonblocking`'s request waited for."""
         if self.mode == "polite":
             self._polite(nonblocking(*args))
         else:
             blocking(*args)
 
+    @property
+    def wait(self) -> Callable[[Any], None] | None:
+        """The engines' `wait` argument for this mode (spmdsim.engines.base)."""
+        return self._polite if self.mode == "polite" else None
+
     def barrier(self, comm: Any) -> None:
-        self.call(comm.Barrier, comm.Ibarrier)
+        engine_of(comm).barrier(comm, self.wait)
 
 
 def raw_collective(comm: Any, op: str, nbytes: int, waiter: Waiter,
                    dtype: str = "float32") -> Callable[[], None]:
-    """A zero-argument call doing `op` with plain mpi4py on buffers made once.
+    """A zero-argument call doing `op` as the communicator's engine does it (mpi4py's plain call,
+    under MPI) on buffers made once.
 
     `nbytes` is the collective's per-rank buffer n (spmdsim.cost): gathered
     output, unreduced input, or the whole send buffer. The buffers are placed
     as spmdsim places its own (spmdsim.buffers), so the fit prices what
     spmdsim's calls move.
     """
-    from mpi4py import MPI
-
     op = normalize_op(op)
     g = comm.Get_size()
     item = np.dtype(dtype).itemsize
     count = max(g, nbytes // item // g * g)  # divisible by g, at least one element each
     full, part = buffers.full(count, 1, dtype), buffers.full(count // g, 1, dtype)
-    w = waiter.call
+    engine, w = engine_of(comm), waiter.wait
     if op == "allgather":
-        return lambda: w(comm.Allgather, comm.Iallgather, part, full)
+        return lambda: engine.all_gather(comm, part, full, w)
     if op == "allreduce":
         out = buffers.empty(count, dtype)
-        return lambda: w(comm.Allreduce, comm.Iallreduce, full, out, MPI.SUM)
+        return lambda: engine.all_reduce(comm, full, out, "sum", w)
     if op == "reduce_scatter":
-        return lambda: w(comm.Reduce_scatter_block, comm.Ireduce_scatter_block, full, part, MPI.SUM)
+        return lambda: engine.reduce_scatter(comm, full, part, "sum", w)
     if op == "alltoall":
         out = buffers.empty(count, dtype)
-        return lambda: w(comm.Alltoall, comm.Ialltoall, full, out)
+        return lambda: engine.all_to_all(comm, full, out, w)
     if op == "alltoallv":
         # As spmdsim's alltoallv: the own block is not sent.
         me, block = comm.Get_rank(), count // g
         counts = [0 if r == me else block for r in range(g)]
         displs = list(np.cumsum([0] + counts[:-1]))
         send, recv = buffers.full(block * (g - 1), 1, dtype), buffers.empty(block * (g - 1), dtype)
-        spec_s, spec_r = [send, (counts, displs)], [recv, (counts, displs)]
-        return lambda: w(comm.Alltoallv, comm.Ialltoallv, spec_s, spec_r)
+        return lambda: engine.all_to_allv(comm, send, counts, displs, recv, counts, displs, w)
     if op == "bcast":
-        return lambda: w(comm.Bcast, comm.Ibcast, full)
+        return lambda: engine.broadcast(comm, full, 0, w)
     raise AssertionError(op)  # normalize_op admits only OPS
 
 
@@ -129,10 +134,8 @@ def time_interleaved(comm: Any, calls: Mapping[str, Callable[[], Any]], waiter: 
             elapsed = time.perf_counter() - t0
             if rep >= 0:
                 local[names.index(name), rep] = elapsed
-    from mpi4py import MPI
-
     slowest = np.empty_like(local)
-    comm.Allreduce(local, slowest, MPI.MAX)
+    engine_of(comm).all_reduce(comm, local, slowest, "max", None)
     return {name: slowest[i].tolist() for i, name in enumerate(names)}
 
 
@@ -143,7 +146,7 @@ def measure(comm: Any, ops: Sequence[str], group_sizes: Sequence[int], sizes: Se
     out = []
     rank = comm.Get_rank()
     for g in group_sizes:
-        sub = comm.Split(rank // g, rank)
+        sub = engine_of(comm).split(comm, rank // g, rank)
         try:
             for n in sizes:
                 calls = {op: raw_collective(sub, op, n, waiter) for op in ops}
@@ -153,7 +156,7 @@ def measure(comm: Any, ops: Sequence[str], group_sizes: Sequence[int], sizes: Se
                 if progress:
                     progress(f"calibrate: g={g} n={n} done")
         finally:
-            sub.Free()
+            engine_of(comm).free(sub)
     return out
 
 
@@ -286,7 +289,7 @@ def _calibrate(args: argparse.Namespace, comm: Any) -> int:
     sizes = _sizes(args.sizes)
     group_sizes = _group_sizes(args.group_sizes, comm.Get_size())
     # Rank 0 writes the files, so its verdict on the paths is everybody's.
-    problem = comm.bcast(_output_problem(args) if rank == 0 else None, root=0)
+    problem = engine_of(comm).broadcast_object(comm, _output_problem(args) if rank == 0 else None, 0)
     if problem:
         raise SpmdsimError(problem)
     waiter = Waiter(comm, args.wait)
@@ -307,7 +310,7 @@ def _calibrate(args: argparse.Namespace, comm: Any) -> int:
         print(model)
         failure = _save(args, model, data)
     # Rank 0's outcome reaches every rank: a failed write is one error, not a hang.
-    failure = comm.bcast(failure, root=0)
+    failure = engine_of(comm).broadcast_object(comm, failure, 0)
     if failure:
         raise SpmdsimError(failure)
     return 0

@@ -25,6 +25,7 @@ from ..plan.steps import Allgather, Allreduce
 from ..plan.summary import FOLD_RANKS
 from ..validate import counted
 from .cases import check_device_count, parse_int_list, parse_name_list, parse_tensor_map
+from ..engines import engine_of
 from .plan_explain import dialect_of, moves_and_bytes_png, plan_record, plan_text
 
 __all__ = [
@@ -365,7 +366,7 @@ def _execute(args: argparse.Namespace, comm: Any) -> int:
         from ..runtime.trace_export import write_chrome_trace
 
         write_chrome_trace(comm, trace, args.trace_out, began, ended)
-    received = comm.allreduce(sum(e.bytes_received for e in trace.entries), op=MPI.MAX)
+    received = engine_of(comm).all_reduce_object(comm, sum(e.bytes_received for e in trace.entries), "max")
     from ..runtime.ranked import gather_ranked
 
     # Every rank's collectives, ranks with the same lines folded ("ranks 0-7: ...").

@@ -25,6 +25,7 @@ from ..errors import SpmdsimError
 from ..layout import Layout
 from ..validate import counted
 from .cases import check_device_count, parse_int_list, parse_name_list, parse_tensor_map
+from ..engines import engine_of
 
 __all__ = ["register", "run", "add_common_arguments", "on_world", "guarded", "report"]
 
@@ -327,7 +328,7 @@ def _run_op(args: argparse.Namespace, comm: Any) -> int:
         raise _with_ways_out(exc, comm) from None
     explained = explain_lines(job) if args.explain else []
     result = run_job(job, comm)
-    lines = comm.gather([rank_line(job, result.out)] + explained, root=0)
+    lines = engine_of(comm).gather_object(comm, [rank_line(job, result.out)] + explained, 0)
     calls = gather_ranked(comm, trace_lines(result.entries))
     if args.trace_out:
         from ..runtime.trace_export import write_chrome_trace

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .base import MPI, Engine, MpiEngine, engine_of
+from .base import DONE, Engine, SimulationError
+from .mpi import MPI, MpiEngine
 from ..context import PROCESS, RankContext, current, enter, leave, simulated
 from .once import once
 
-__all__ = ["Engine", "MpiEngine", "MPI", "engine_of", "RankContext", "PROCESS", "current", "simulated",
+__all__ = ["Engine", "MpiEngine", "MPI", "DONE", "SimulationError", "engine_of", "RankContext", "PROCESS", "current", "simulated",
            "enter", "leave", "local", "matmul", "once", "world", "ways_out"]
 
 
@@ -30,6 +31,11 @@ def ways_out(n: int) -> str:
     """What a one-process run that needs `n` ranks says after its error: the launcher, or --ranks."""
     return (f" (one process: launch {n} ranks with `mpiexec -n {n} ...`, or simulate them in this "
             f"process with `--ranks {n}` / spmdsim.simulate({n}, main))")
+
+
+def engine_of(comm: Any) -> Engine:
+    """The engine a communicator belongs to: its ``spmdsim_engine``, else (an mpi4py one) MPI."""
+    return getattr(comm, "spmdsim_engine", MPI)
 
 
 def world() -> Any:

@@ -1,14 +1,35 @@
-"""The engine interface, and MPI's engine.
+"""The engine interface: one method per kind of transfer, each taking buffers.
 
 An engine is what a mesh runs on. It answers how a group of the mesh is made
-(`group`: a communicator that speaks mpi4py's buffer collectives, its size and
-this rank's place in it), how one collective runs on it (`collective`: the
-buffer call, waited for as the mesh asks) and how local work is done (`local`,
-`matmul`; the dry engine also makes the zeros that stand in for a generated
-block, `blank`). The runtime's collectives (spmdsim.runtime.collectives) lay
-out buffers once for every engine and hand the call to the mesh's engine; the
-engines differ in what the group's communicator is. The debug hooks and
-emulated algorithms are layers around `collective` (spmdsim.runtime.layers).
+(`group`: a communicator of the engine's own kind, its size and this rank's
+place in it) and how each kind of transfer runs on such a group:
+
+| method | moves |
+| --- | --- |
+| ``all_reduce(comm, send, recv, op, wait)`` | the elementwise sum (max, min) of every member's `send`, into `recv` (``send is recv``: in place) |
+| ``all_gather(comm, send, recv, wait)`` | every member's `send` side by side, in group order |
+| ``reduce_scatter(comm, send, recv, op, wait)`` | block j (1/g of `send`) summed over the members, to member j |
+| ``all_to_all(comm, send, recv, wait)`` | block j of `send` to member j, received side by side |
+| ``all_to_allv(comm, send, scounts, sdispls, recv, rcounts, rdispls, wait)`` | the same with counts and offsets per peer |
+| ``broadcast(comm, buf, root, wait)`` | the root's `buf` into every member's |
+| ``gather_to(comm, send, recv, root, wait)`` | every member's `send` side by side into the root's `recv` |
+| ``barrier(comm, wait)`` | nothing: every member has arrived |
+| ``isend(comm, buf, dest, tag)``, ``irecv(comm, buf, source, tag)`` | one message; a request with ``Test()``/``Wait()`` |
+| ``all_gather_object``, ``gather_object``, ``broadcast_object``, ``all_reduce_object`` | picklable objects (control traffic) |
+
+`wait` says how the caller waits: None for the blocking call; else a function
+that completes a posted request (the polite wait, engines/wait.py, or the
+watchdog's, runtime/debug.py): the engine posts the nonblocking form and hands
+its request over. Buffers are C-contiguous numpy arrays; counts and
+displacements are in items. `op` is "sum", "max" or "min".
+
+Three engines answer it: `spmdsim.engines.mpi.MpiEngine` (mpi4py on MPI
+communicators: the only module of the runtime's path that calls a
+communicator's methods), the thread engine of spmdsim.sim (simulated ranks on
+shared memory) and the dry engine of spmdsim.sim.dry (counts, no data). The
+runtime hands every buffer to an engine in one module, spmdsim.runtime.door;
+the divergence check, trace, watchdog and emulated algorithms are layers
+around these methods there (spmdsim.runtime.layers).
 """
 from __future__ import annotations
 
@@ -16,15 +37,34 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..context import PROCESS
 from ..errors import SpmdsimError
-from .wait import polite_wait
 
-__all__ = ["Engine", "MpiEngine", "MPI", "engine_of", "SimulationError"]
+__all__ = ["Engine", "SimulationError", "DONE"]
 
 
 class SimulationError(SpmdsimError):
     """A failure of the simulation itself (a rank called Abort, a bad use of simulate)."""
+
+
+class _Done:
+    """The request of a transfer that completed when it was made."""
+
+    __slots__ = ()
+
+    def Test(self, status: Any = None) -> bool:  # noqa: N802 - the request protocol's name (mpi4py's)
+        return True
+
+    def Wait(self, status: Any = None) -> None:  # noqa: N802
+        return None
+
+    def Free(self) -> None:  # noqa: N802
+        return None
+
+
+#: A request already complete: what an engine whose transfers finish when posted hands to a `wait`.
+DONE = _Done()
+
+Wait = Callable[[Any], None] | None
 
 
 class Engine:
@@ -34,20 +74,82 @@ class Engine:
     simulated = False  # ranks are threads of this process, not MPI processes
     dry = False  # shapes only: no values are computed or moved
 
+    # -- groups ------------------------------------------------------------------------------
+
     def group(self, mesh: Any, axes: tuple[str, ...]) -> tuple[Any, int, int]:
-        """(communicator, size, this rank's index) of `mesh`'s group over `axes`: a collective Split."""
+        """(communicator, size, this rank's index) of `mesh`'s group over `axes` (collective)."""
         color, key = mesh.layout.split_color_key(mesh.rank, axes)
-        sub = mesh.comm.Split(color, key)
+        sub = self.split(mesh.comm, color, key)
         return sub, sub.Get_size(), sub.Get_rank()
 
-    def collective(self, calls: Any, blocking: str, nonblocking: str, args: tuple, polite: bool) -> None:
-        """Run one collective: `calls`'s buffer call named `blocking` (mpi4py's, "Allreduce", on the
-        group's communicator) with `args`; `polite` (ranks outnumber cores): its nonblocking twin
-        (`nonblocking`, "Iallreduce") waited for without holding a core (engines/wait.py)."""
-        if polite:
-            polite_wait(getattr(calls, nonblocking)(*args))
-        else:
-            getattr(calls, blocking)(*args)
+    def split(self, comm: Any, color: int, key: int) -> Any:
+        """The members of `comm` with this `color`, ordered by `key` (collective)."""
+        raise NotImplementedError(f"{self.name} engine: split")
+
+    def free(self, comm: Any) -> None:
+        """Release a group made by `split` (collective)."""
+
+    # -- transfers (see the module docstring) ----------------------------------------------------
+
+    def all_reduce(self, comm: Any, send: np.ndarray, recv: np.ndarray, op: str, wait: Wait) -> None:
+        raise NotImplementedError(f"{self.name} engine: all_reduce")
+
+    def all_gather(self, comm: Any, send: np.ndarray, recv: np.ndarray, wait: Wait) -> None:
+        raise NotImplementedError(f"{self.name} engine: all_gather")
+
+    def reduce_scatter(self, comm: Any, send: np.ndarray, recv: np.ndarray, op: str, wait: Wait) -> None:
+        raise NotImplementedError(f"{self.name} engine: reduce_scatter")
+
+    def all_to_all(self, comm: Any, send: np.ndarray, recv: np.ndarray, wait: Wait) -> None:
+        raise NotImplementedError(f"{self.name} engine: all_to_all")
+
+    def all_to_allv(self, comm: Any, send: np.ndarray, scounts: Any, sdispls: Any, recv: np.ndarray,
+                    rcounts: Any, rdispls: Any, wait: Wait) -> None:
+        raise NotImplementedError(f"{self.name} engine: all_to_allv")
+
+    def broadcast(self, comm: Any, buf: np.ndarray, root: int, wait: Wait) -> None:
+        raise NotImplementedError(f"{self.name} engine: broadcast")
+
+    def gather_to(self, comm: Any, send: np.ndarray, recv: np.ndarray | None, root: int, wait: Wait) -> None:
+        raise NotImplementedError(f"{self.name} engine: gather_to")
+
+    def barrier(self, comm: Any, wait: Wait) -> None:
+        raise NotImplementedError(f"{self.name} engine: barrier")
+
+    def isend(self, comm: Any, buf: np.ndarray, dest: int, tag: int) -> Any:
+        raise NotImplementedError(f"{self.name} engine: isend")
+
+    def irecv(self, comm: Any, buf: np.ndarray, source: int, tag: int) -> Any:
+        raise NotImplementedError(f"{self.name} engine: irecv")
+
+    def wait_all(self, requests: list, wait: Wait) -> None:
+        """Complete every request of `isend`/`irecv` (each by `wait`, when given)."""
+        for request in requests:
+            if wait is None:
+                request.Wait()
+            else:
+                wait(request)
+
+    def persistent(self, kind: str, comm: Any, args: tuple) -> Any:
+        """A persistent request for the transfer `kind` on fixed buffers (``Start``, then a wait), or
+        None where the engine has none (the caller makes the blocking call each time)."""
+        return None
+
+    # -- objects (control traffic: verdicts, reports, settings) ------------------------------------
+
+    def all_gather_object(self, comm: Any, obj: Any) -> list:
+        raise NotImplementedError(f"{self.name} engine: all_gather_object")
+
+    def gather_object(self, comm: Any, obj: Any, root: int) -> list | None:
+        raise NotImplementedError(f"{self.name} engine: gather_object")
+
+    def broadcast_object(self, comm: Any, obj: Any, root: int) -> Any:
+        raise NotImplementedError(f"{self.name} engine: broadcast_object")
+
+    def all_reduce_object(self, comm: Any, obj: Any, op: str) -> Any:
+        raise NotImplementedError(f"{self.name} engine: all_reduce_object")
+
+    # -- local work --------------------------------------------------------------------------
 
     def local(self, fn: Callable[..., Any], like: Any, *args: Any) -> Any:
         """``fn(*args)``: a local kernel whose result is shaped and typed like `like`."""
@@ -61,18 +163,3 @@ class Engine:
 
     def __repr__(self) -> str:
         return f"<spmdsim engine {self.name!r}>"
-
-
-class MpiEngine(Engine):
-    """Ranks are MPI processes; a group is an mpi4py sub-communicator."""
-
-    name = "mpi"
-
-
-MPI = MpiEngine()
-PROCESS.engine = MPI
-
-
-def engine_of(comm: Any) -> Engine:
-    """The engine a communicator belongs to: its ``spmdsim_engine``, else (an mpi4py one) MPI."""
-    return getattr(comm, "spmdsim_engine", MPI)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
+from . import engine_of
 
 __all__ = ["TraceEntry", "Trace", "count_peers"]
 
@@ -121,7 +122,7 @@ class Trace:
         """
         mine = self.totals()
         mine["counts"] = self.counts()
-        everyone = comm.gather(mine, root=0)
+        everyone = engine_of(comm).gather_object(comm, mine, 0)
         stats = None
         if everyone is not None:
             ops = sorted({op for r in everyone for op in r["counts"]})
@@ -135,7 +136,7 @@ class Trace:
                 "bytes_received_max": max(r["bytes_received"] for r in everyone),
                 "seconds_max": max(r["seconds"] for r in everyone),
             }
-        return comm.bcast(stats, root=0)
+        return engine_of(comm).broadcast_object(comm, stats, 0)
 
     def to_json(self) -> str:
         """This rank's entries as a JSON list of objects."""

@@ -14,6 +14,7 @@ from ..layout import Layout
 from ..tolerances import network_atol
 from .model import Hop, Network, reference_rows, schedule
 from .table import HopRow, format_table, row_of
+from ..engines import engine_of
 
 __all__ = ["NetworkRunner", "NetworkRun"]
 
@@ -162,7 +163,7 @@ class NetworkRun:
     def rows(self) -> tuple[HopRow, ...]:
         """Per hop: collectives and the largest bytes sent by a rank (one allgather)."""
         mine = [[(e.op, e.axes, e.group_size, e.bytes_sent) for e in hop] for hop in self.entries]
-        everyone = self.runner.comm.allgather(mine)
+        everyone = engine_of(self.runner.comm).all_gather_object(self.runner.comm, mine)
         return tuple(row_of(i + 1, hop, [r[i] for r in everyone])
                      for i, hop in enumerate(self.runner.hops))
 

@@ -5,10 +5,10 @@
         total = run_collective(comm, "ring-allreduce", x)   # equals comm.Allreduce's result
     print(log.format())                                        # this rank's rounds, with times
 
-Works on any communicator with mpi4py's buffer ``Isend``/``Irecv`` and
-requests with ``Wait`` (MPI, or spmdsim's simulated ranks); imports mpi4py
-only in `compare_with_mpi` on an MPI communicator, which times MPI's own
-collective beside it. Each round posts every receive, then every send, then waits:
+Works on any communicator of an engine (MPI's, or spmdsim's simulated
+ranks'): its messages go through spmdsim.runtime.door (the engine's
+``isend``/``irecv``); `compare_with_mpi` times the engine's own collective
+beside it. Each round posts every receive, then every send, then waits:
 no order of arrival can deadlock. A rank adds a received piece to its own
 as ``own + received`` (docs/algorithms.md gives each algorithm's summation order).
 """
@@ -26,6 +26,8 @@ from ..algorithms import Schedule, parse_name
 from ..algorithms import build as build_schedule
 from ..algorithms.table import format_rounds
 from ..errors import OperatorError, ShapeError
+from ..engines import engine_of
+from . import door
 
 __all__ = ["RunRecord", "RoundLog", "collect_rounds", "run_schedule", "run_collective", "result_shape", "emulate",
            "compare_with_mpi"]
@@ -133,19 +135,6 @@ def _scatter(work: np.ndarray, bounds: list[int], slots: tuple[int, ...], data: 
         at += n
 
 
-def _wait_all(requests: list, wait: Callable[[Any], None] | None) -> None:
-    if wait is not None:
-        for req in requests:
-            wait(req)
-        return
-    waitall = getattr(type(requests[0]), "Waitall", None) if requests else None
-    if waitall is not None:
-        waitall(requests)
-    else:
-        for req in requests:
-            req.Wait()
-
-
 def run_schedule(comm: Any, schedule: Schedule, send: np.ndarray | None, out: np.ndarray,
                  wait: Callable[[Any], None] | None = None, label: str | None = None,
                  combine: Any = np.add) -> RunRecord:
@@ -172,20 +161,20 @@ def run_schedule(comm: Any, schedule: Schedule, send: np.ndarray | None, out: np
         tag = _TAG + number % _TAGS
         sends = [t for t in rnd.transfers if t.src == me]
         reading = {s for t in sends for s in t.src_slots}
-        requests, landed = [], []
+        receives, landed = [], []
         for t in rnd.transfers:
             if t.dst != me:
                 continue
             span = _span(bounds, t.dst_slots)
             if not t.reduce and span is not None and not reading.intersection(t.dst_slots):
-                requests.append(comm.Irecv(work[span[0]:span[1]], t.src, tag))  # straight into place
+                receives.append((work[span[0]:span[1]], t.src, tag))  # straight into place
             else:
                 buf = np.empty(_size(bounds, t.dst_slots), work.dtype)
-                requests.append(comm.Irecv(buf, t.src, tag))
+                receives.append((buf, t.src, tag))
                 landed.append((t, buf))
-        for t in sends:
-            requests.append(comm.Isend(_gather(work, bounds, t.src_slots), t.dst, tag))
-        _wait_all(requests, wait)
+        requests = door.send_requests(comm, receives,
+                                      [(_gather(work, bounds, t.src_slots), t.dst, tag) for t in sends])
+        door.wait_requests(comm, requests, wait)
         for t, buf in landed:
             _scatter(work, bounds, t.dst_slots, buf, combine if t.reduce else None)
         seconds.append(perf_counter() - t0)
@@ -267,45 +256,30 @@ def emulate(mesh: Any, op: str, algorithm: str, comm: Any, send: Any, recv: Any,
 
 
 def _combine(op: Any) -> Any:
-    """The numpy ufunc of an Allreduce's op (MPI.SUM/MAX/MIN, or "sum"/"max"/"min")."""
-    from mpi4py import MPI
-
-    for mpi_op, name, ufunc in ((MPI.SUM, "sum", np.add), (MPI.MAX, "max", np.maximum),
-                                (MPI.MIN, "min", np.minimum)):
-        if op is mpi_op or (isinstance(op, str) and op.lower() == name):
+    """The numpy ufunc of an Allreduce's op ("sum", "max" or "min", as engines take it)."""
+    for name, ufunc in (("sum", np.add), ("max", np.maximum), ("min", np.minimum)):
+        if isinstance(op, str) and op.lower() == name:
             return ufunc
     raise OperatorError(f"allreduce op {op!r} has no emulated algorithm; expected sum, max or min")
 
 
-def _engine(comm: Any) -> tuple[bool, Any, Any, Any]:
-    """(simulated, SUM, MAX, MIN) for `comm`: MPI's op objects, or the names simulated ranks take."""
-    from ..engines import engine_of
-
-    if engine_of(comm).simulated:
-        return True, "sum", "max", "min"
-    from mpi4py import MPI
-
-    return False, MPI.SUM, MPI.MAX, MPI.MIN
-
-
 def _builtin(comm: Any, collective: str, send: np.ndarray, out: np.ndarray, root: int, polite: bool) -> None:
-    """The library's own collective (MPI's, or the simulated ranks') on the same buffers."""
+    """The engine's own collective (MPI's, or the simulated ranks') on the same buffers."""
     from ..engines.wait import polite_wait
 
-    name = {"allreduce": "allreduce", "allgather": "allgather", "reduce_scatter": "reduce_scatter_block",
-            "alltoall": "alltoall", "bcast": "bcast"}[collective]
-    call = getattr(comm, "I" + name if polite else name.capitalize())
+    engine = engine_of(comm)
+    wait = polite_wait if polite else None
     if collective == "bcast":
         out[...] = send
-        args: tuple = (out, root)
-    elif collective in ("allreduce", "reduce_scatter"):
-        args = (send, out, _engine(comm)[1])
+        engine.broadcast(comm, out, root, wait)
+    elif collective == "allreduce":
+        door.reduce_into(comm, send, out, "sum", wait)
+    elif collective == "reduce_scatter":
+        engine.reduce_scatter(comm, send, out, "sum", wait)
+    elif collective == "allgather":
+        engine.all_gather(comm, send, out, wait)
     else:
-        args = (send, out)
-    if polite:
-        polite_wait(call(*args))
-    else:
-        call(*args)
+        engine.all_to_all(comm, send, out, wait)
 
 
 def compare_with_mpi(comm: Any, schedule: Schedule, dtype: Any, repeat: int = 3,
@@ -322,7 +296,7 @@ def compare_with_mpi(comm: Any, schedule: Schedule, dtype: Any, repeat: int = 3,
     """
     from ..engines.wait import polite_wait, resolve_wait_mode
 
-    simulated, _, op_max, op_min = _engine(comm)
+    simulated = engine_of(comm).simulated
     dtype = np.dtype(dtype)
     me, p = comm.Get_rank(), schedule.group_size
     # Simulated ranks are threads of one process: nothing to be polite to.
@@ -339,21 +313,21 @@ def compare_with_mpi(comm: Any, schedule: Schedule, dtype: Any, repeat: int = 3,
     send = x if schedule.input_slots[me] else None
     runs = []
     for _ in range(repeat):
-        comm.Barrier()
+        door.barrier(comm)
         record = run_schedule(comm, schedule, send, ours, polite_wait if polite else None)
-        comm.Barrier()
+        door.barrier(comm)
         t0 = perf_counter()
         _builtin(comm, schedule.collective, x, theirs, schedule.root, polite)
         runs.append((record.seconds, perf_counter() - t0) + record.round_seconds)
     slowest = np.empty((repeat, 2 + len(schedule.rounds)))
-    comm.Allreduce(np.array(runs, dtype=np.float64), slowest, op_max)
+    door.reduce_into(comm, np.array(runs, dtype=np.float64), slowest, "max")
     summed = schedule.collective in ("allreduce", "reduce_scatter") and dtype.kind in "fc"
     diff = float(np.max(np.abs(ours.astype(np.float64) - theirs), initial=0.0))
     same = (diff <= p * p * float(np.finfo(dtype).eps)) if summed else bool(np.array_equal(ours, theirs))
     median = np.median(slowest, axis=0)
     return {
-        "matches_mpi": bool(comm.allreduce(int(same), op_min)),
-        "max_abs_difference": comm.allreduce(diff, op_max),
+        "matches_mpi": bool(door.all_reduce_object(comm, int(same), "min")),
+        "max_abs_difference": door.all_reduce_object(comm, diff, "max"),
         "seconds_emulated": float(median[0]),
         "seconds_mpi": float(median[1]),
         "round_seconds": [float(s) for s in median[2:]],

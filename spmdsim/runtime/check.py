@@ -92,11 +92,11 @@ def local_stats(actual: np.ndarray, expected: Any, rtol: float, atol: float) -> 
 
 def agree(comm: Any, stats: np.ndarray, rtol: float, atol: float, polite: bool = False) -> Verdict:
     """Share every rank's record with one Allgather ("check" to runtime.debug) and build the same Verdict."""
-    from . import debug
+    from . import door
 
     table = np.empty((comm.Get_size(), len(_FIELDS)), np.float64)
     send = np.ascontiguousarray(stats, np.float64)
-    debug.collective(comm, "check", (), send, (), polite, "Allgather", "Iallgather", send, table)
+    door.transfer(comm, "check", (), send, (), polite, "all_gather", send, table)
     passed = table[:, 0] > 0
     failed = tuple(int(r) for r in np.flatnonzero(~passed))
     # Worst rank: a failing one with the largest error (non-finite counts as worst).

@@ -4,7 +4,7 @@ Each function takes the mesh, this rank's array and the mesh axes of the group
 (one sub-communicator, ranks in mixed-radix order of the axes, first major) and
 returns a new array, or fills ``out=``; a group of one rank returns the input
 itself. Each checks its arguments and lays out the buffers (packing blocks
-along a dim with data before it), then hands MPI's call to runtime._calls.issue.
+along a dim with data before it), then hands the engine's transfer to runtime.door.issue.
 The common case (C-contiguous arrays, blocks along dim 0) makes no helper call
 but the result check before MPI: with 8 ranks sharing 2 cores, each rank runs
 its pre-MPI Python on cold caches, in turn, while the group waits.
@@ -16,20 +16,17 @@ from time import perf_counter
 from typing import Any, Iterable
 
 import numpy as np
-from mpi4py import MPI
-
 from ..errors import OperatorError, RankError
 from ..validate import as_int
 from ..plan.steps import moved_bytes  # each step kind owns its byte formula
-from ._calls import _alone, _contig, _copy_into, _dim, _divisible, _empty, _result, issue
+from .door import _alone, _contig, _copy_into, _dim, _divisible, _empty, _result, issue
 from .exchange import alltoallv, exchange  # the whole-mesh exchanges, importable from here as before
 from .mesh import Mesh, normalize_axes
 
 __all__ = ["allgather", "alltoall", "allreduce", "reduce_scatter", "bcast", "alltoallv", "exchange",
            "moved_bytes"]
 
-_SUM = MPI.SUM
-_IN_PLACE = MPI.IN_PLACE
+_REDUCTIONS = ("sum", "max", "min")
 _ndarray = np.ndarray
 _np_empty = np.empty  # results numpy fills (unpacking), not MPI
 
@@ -90,10 +87,10 @@ def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int
             t0 = perf_counter()
             dst = None if out is None else _result(out, out_shape, x.dtype, "allgather")
             recv, unpack = _unpacker(mesh, dst, out_shape, shape, x.dtype, d, g)
-            return issue(mesh, comm, g, "allgather", axes, label, comm, "Allgather", "Iallgather",
+            return issue(mesh, comm, g, "allgather", axes, label, "all_gather",
                          (x, recv), None, x, (d,), x.nbytes, x.nbytes * g, t0, unpack)
     dst = _result(out, out_shape, x.dtype, "allgather")
-    return issue(mesh, comm, g, "allgather", axes, label, comm, "Allgather", "Iallgather", (x, dst),
+    return issue(mesh, comm, g, "allgather", axes, label, "all_gather", (x, dst),
                  dst, x, (d,), x.nbytes)
 
 
@@ -114,7 +111,7 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
         return x if out is None else _copy_into(out, x, "alltoall")
     if s == c == 0:  # blocks are contiguous 1/g of the buffer both ways
         dst = _result(out, shape, x.dtype, "alltoall")
-        return issue(mesh, comm, g, "alltoall", axes, label, comm, "Alltoall", "Ialltoall", (x, dst),
+        return issue(mesh, comm, g, "alltoall", axes, label, "all_to_all", (x, dst),
                      dst, x, (s, c), x.nbytes)
     t0 = perf_counter()
     block_shape = shape[:s] + (shape[s] // g,) + shape[s + 1:]
@@ -123,11 +120,11 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
     copied = 0 if send is x else x.nbytes
     if c == 0 or math.prod(block_shape[:c]) == 1:
         dst = _result(out, out_shape, x.dtype, "alltoall")
-        return issue(mesh, comm, g, "alltoall", axes, label, comm, "Alltoall", "Ialltoall", (send, dst),
+        return issue(mesh, comm, g, "alltoall", axes, label, "all_to_all", (send, dst),
                      dst, x, (s, c), x.nbytes, copied, t0)
     dst = None if out is None else _result(out, out_shape, x.dtype, "alltoall")
     recv, unpack = _unpacker(mesh, dst, out_shape, block_shape, x.dtype, c, g)
-    return issue(mesh, comm, g, "alltoall", axes, label, comm, "Alltoall", "Ialltoall", (send, recv),
+    return issue(mesh, comm, g, "alltoall", axes, label, "all_to_all", (send, recv),
                  None, x, (s, c), x.nbytes, copied + x.nbytes, t0, unpack)
 
 
@@ -138,23 +135,19 @@ def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | No
     ``out=local`` reduces in place (MPI.IN_PLACE), sparing the page faults of a fresh result.
     A maximum is exact in any order (vocab-parallel cross-entropy's shift per row, as in Megatron).
     """
-    reduce = _SUM if op == "sum" else _reduction(op)
+    if op not in _REDUCTIONS:
+        _reduction(op)
     comm, g, _ = mesh.group_info(axes)
     x = local if type(local) is _ndarray and local.flags.c_contiguous else _contig(local)
     if g == 1:
         _alone("allreduce", axes, label, x.dtype)
         return x if out is None or out is x else _copy_into(out, x, "allreduce")
     dst = x if out is x and x.flags.writeable else _result(out, x.shape, x.dtype, "allreduce")
-    return issue(mesh, comm, g, "allreduce", axes, label, comm, "Allreduce", "Iallreduce",
-                 (_IN_PLACE if dst is x else x, dst, reduce), dst, x, (), x.nbytes)
+    return issue(mesh, comm, g, "allreduce", axes, label, "all_reduce", (x, dst, op), dst, x, (), x.nbytes)
 
 
-def _reduction(op: Any) -> Any:
-    """MPI's op for allreduce's `op` name, or the OperatorError every member raises alike."""
-    if op == "max":
-        return MPI.MAX
-    if op == "min":
-        return MPI.MIN
+def _reduction(op: Any) -> None:
+    """The OperatorError every member raises alike for an `op` that allreduce does not know."""
     raise OperatorError(f"allreduce op {op!r} is not supported; expected 'sum', 'max' or 'min'")
 
 
@@ -180,8 +173,8 @@ def reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim
         copied = 0 if send is x else x.nbytes
         out_shape = shape[:d] + (shape[d] // g,) + shape[d + 1:]
     dst = _result(out, out_shape, x.dtype, "reduce_scatter")
-    return issue(mesh, comm, g, "reduce_scatter", axes, label, comm, "Reduce_scatter_block",
-                 "Ireduce_scatter_block", (send, dst, _SUM), dst, x, (d,), x.nbytes, copied, t0)
+    return issue(mesh, comm, g, "reduce_scatter", axes, label, "reduce_scatter", (send, dst, "sum"), dst, x,
+                 (d,), x.nbytes, copied, t0)
 
 
 def bcast(mesh: Mesh, local: Any, axes: str | Iterable[str], root: int = 0,
@@ -200,8 +193,8 @@ def bcast(mesh: Mesh, local: Any, axes: str | Iterable[str], root: int = 0,
     if not (type(buf) is _ndarray and (flags := buf.flags).c_contiguous and flags.writeable):
         buf = np.array(local, order="C")
     n = buf.nbytes
-    return issue(mesh, comm, g, "bcast", axes, label, comm, "Bcast", "Ibcast", (buf, root), buf, buf,
-                 (root,), (n, 0) if me == root else (0, n))
+    return issue(mesh, comm, g, "bcast", axes, label, "broadcast", (buf, root), buf, buf, (root,),
+                 (n, 0) if me == root else (0, n))
 
 
 def _group_root(root: Any, g: int, axes: Any) -> int:

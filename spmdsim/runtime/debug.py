@@ -32,7 +32,6 @@ from ..errors import RuntimeMismatchError, SpmdsimError
 from ..context import current as _context
 from ..context import simulated as _simulated
 from . import _roster
-from ..engines import engine_of
 from ..engines import wait as waiting
 
 __all__ = ["HOOKS", "configure", "check_enabled", "watchdog_seconds", "quiet", "next_seq", "current_seq",
@@ -256,10 +255,9 @@ def verify(comm: Any, op: str, axes: Sequence[str], dtype: Any, shape: Optional[
                        None if shape is None else tuple(shape), tuple(extra), g).copy()
     mine[1] = seq
     table = np.empty((g, FINGERPRINT_FIELDS), np.int64)
-    if polite or watchdog_seconds() is not None:
-        wait(comm.Iallgather(mine, table), op, axes, seq, polite, comm=comm)
-    else:
-        comm.Allgather(mine, table)  # busy mode: MPI's own blocking wait is the fastest
+    from .door import all_gather_object, exchange_table  # the door to the engine sits above this module
+
+    exchange_table(comm, mine, table, op, axes, seq, polite, watchdog_seconds() is not None)
     if (table == mine).all():
         return
     rows = [tuple(r) for r in table.tolist()]
@@ -268,7 +266,7 @@ def verify(comm: Any, op: str, axes: Sequence[str], dtype: Any, shape: Optional[
     bad = next(i for i, r in enumerate(rows) if r != expected)
     good = rows.index(expected)
     # Every member saw the same table, so all of them take this extra exchange.
-    notes = comm.allgather((_world_rank(), describe(seq, op, axes, dtype, shape, extra)))
+    notes = all_gather_object(comm, (_world_rank(), describe(seq, op, axes, dtype, shape, extra)))
     raise RuntimeMismatchError(f"collectives diverge: rank {notes[bad][0]} calls {notes[bad][1]} but rank "
                                f"{notes[good][0]} calls {notes[good][1]}"
                                + (f" ({best} of {g} ranks of the group agree)" if g > 2 else ""))
@@ -296,7 +294,9 @@ def verify_counts(comm: Any, sends: Any, receives: Any, seq: int, polite: bool) 
     g = comm.Get_size()
     mine = np.concatenate([np.asarray(sends, np.int64), np.asarray(receives, np.int64)])
     table = np.empty((g, 2 * g), np.int64)
-    wait(comm.Iallgather(mine, table), "alltoallv", (), seq, polite, comm=comm)
+    from .door import exchange_table
+
+    exchange_table(comm, mine, table, "alltoallv", (), seq, polite, True)
     sent, expected = table[:, :g], table[:, g:]
     bad = np.argwhere(sent != expected.T)  # sent[i, j]: i -> j; expected[j, i]: j expects from i
     if bad.size:
@@ -363,16 +363,12 @@ def begin(comm: Any, op: str, axes: Sequence[str], dtype: Any, shape: Optional[S
     return seq
 
 
-def collective(comm: Any, op: str, axes: Sequence[str], array: Any, extra: Sequence[Any],
-               polite: bool, blocking: str, nonblocking: str, *args: Any) -> None:
-    """Run one collective outside a mesh (not traced) with the debug layers: `comm`'s buffer call named
-    `blocking` ("Allgather"; `nonblocking` its twin) on `args`, posted and watched with SPMDSIM_WATCHDOG,
-    else run by the communicator's engine (`Engine.collective`). `array`: this rank's send buffer."""
-    seq = begin(comm, op, axes, array.dtype, array.shape, extra, polite)
-    if watchdog_seconds() is not None:
-        wait(getattr(comm, nonblocking)(*args), op, axes, seq, polite, comm=comm)
-    else:
-        engine_of(comm).collective(comm, blocking, nonblocking, args, polite)
+def waiter(op: str, axes: Sequence[str], seq: int, polite: bool, comm: Any = None) -> Optional[Callable[[Any], None]]:
+    """How to wait for call `seq` (an engine's `wait`, engines/base.py): None for the blocking call; the
+    polite wait; with SPMDSIM_WATCHDOG, `wait` above (a rank left waiting reports and ends the job)."""
+    if watchdog_seconds() is None:
+        return waiting.polite_wait if polite else None
+    return lambda request: wait(request, op, axes, seq, polite, comm=comm)
 
 
 def _abort(text: str) -> None:

@@ -20,7 +20,7 @@ from ..errors import DTypeError, LayoutError, OperatorError, RankError, ShapeErr
 from ..layout import TensorLayout
 from ..context import current as _context
 from ..validate import as_int, counted, dtype_arg, tolerance_arg
-from . import debug
+from . import door
 from .check import Verdict, agree, default_tolerances, local_stats
 from .mesh import Mesh
 
@@ -418,9 +418,9 @@ class DTensor:
         stack = buffers.empty((mesh.size,) + local.shape, local.dtype) if root in (None, mesh.rank) else None
         comm, polite = mesh.comm, mesh.polite
         if root is None:
-            debug.collective(comm, "gather", (), local, (), polite, "Allgather", "Iallgather", local, stack)
+            door.transfer(comm, "gather", (), local, (), polite, "all_gather", local, stack)
         else:
-            debug.collective(comm, "gather", (), local, (root,), polite, "Gather", "Igather", local, stack, root)
+            door.transfer(comm, "gather", (), local, (root,), polite, "gather_to", local, stack, root)
         if stack is None:
             return None
         out = np.empty(self._shape, local.dtype)

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import DTypeError, RankError, ShapeError
 from ..validate import as_int
-from ._calls import _alone, _empty, _result, issue
+from .door import _alone, _empty, _result, issue
 from .exchange_spec import ExchangeSpec
 from .mesh import Mesh
 
@@ -95,9 +95,9 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
         return views()
     comm = mesh.comm
     # Every block sent is packed into `send` (the trace's bytes_copied).
-    return issue(mesh, comm, size, "alltoallv", mesh.layout.alias_name, label, comm, "Alltoallv",
-                 "Ialltoallv", ([send, (scounts, sdispls)], [recv, (rcounts, rdispls)]), None,
-                 dtype, (), (send.nbytes, recv.nbytes), send.nbytes, t0, views, (scounts, rcounts))
+    return issue(mesh, comm, size, "alltoallv", mesh.layout.alias_name, label, "all_to_allv",
+                 (send, scounts, sdispls, recv, rcounts, rdispls), None, dtype, (), (send.nbytes, recv.nbytes),
+                 send.nbytes, t0, views, (scounts, rcounts))
 
 
 def exchange(mesh: Mesh, local: np.ndarray, spec: ExchangeSpec, label: str | None = None,
@@ -132,10 +132,9 @@ def exchange(mesh: Mesh, local: np.ndarray, spec: ExchangeSpec, label: str | Non
         _alone("alltoallv", axes, label, dtype)
         return recv
     comm = mesh.comm
-    return issue(mesh, comm, size, "alltoallv", axes, label, comm, "Alltoallv", "Ialltoallv",
-                 ([send, (spec.scounts, spec.sdispls)], [recv, (spec.rcounts, spec.rdispls)]), recv,
-                 dtype, (), (spec.send_total * dtype.itemsize, recv.nbytes), copied, t0, None,
-                 (spec.scounts, spec.rcounts))
+    return issue(mesh, comm, size, "alltoallv", axes, label, "all_to_allv",
+                 (send, spec.scounts, spec.sdispls, recv, spec.rcounts, spec.rdispls), recv, dtype, (),
+                 (spec.send_total * dtype.itemsize, recv.nbytes), copied, t0, None, (spec.scounts, spec.rcounts))
 
 
 def shifted(mesh: Mesh, local: np.ndarray, shift: Any, label: str | None = None,

@@ -1,8 +1,7 @@
-"""The layers around an engine's collective: the divergence check, an emulated algorithm, the watchdog.
+"""The layers around an engine's transfer: the divergence check, an emulated algorithm, the watchdog.
 
 A collective on a mesh with no debug hook on and no ``algorithms=`` is the
-engine's call alone (`Engine.collective`, from runtime._calls.issue), then one
-trace row. Otherwise `run` passes it through these layers, outermost first:
+engine's transfer alone (from runtime.door.issue), then one trace row. Otherwise `run` passes it through these layers, outermost first:
 
 - `Checked`: the dtype every member can move (and sum), then, with
   SPMDSIM_CHECK, the call's fingerprint (and an Alltoallv's counts) compared
@@ -10,9 +9,9 @@ trace row. Otherwise `run` passes it through these layers, outermost first:
 - `Emulated` (a mesh made with ``algorithms=`` naming this collective): the
   algorithm's schedule of point-to-point messages in place of MPI's call
   (runtime/algorithms.py); its trace name says which, e.g. "allreduce[ring]";
-- `Watched` (SPMDSIM_WATCHDOG): the nonblocking call, its wait watched so a
-  rank left waiting reports who is missing and ends the job (`debug.wait`);
-- else the engine's call.
+- `Watched` (SPMDSIM_WATCHDOG): the engine's transfer with the watchdog's wait,
+  so a rank left waiting reports who is missing and ends the job (`debug.wait`);
+- else the engine's transfer with the mesh's wait (busy or polite).
 
 Each layer has ``run(call) -> (trace name, bytes or None)``; None keeps the
 bytes the collective worked out.
@@ -24,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ..engines.wait import polite_wait
 from . import debug
 from .mesh import normalize_axes
 
@@ -33,31 +33,29 @@ __all__ = ["Collective", "run"]
 class Collective:
     """One collective as its function laid it out: what the layers read."""
 
-    __slots__ = ("mesh", "comm", "op", "axes", "calls", "blocking", "nonblocking", "args", "x", "extra",
-                 "counts", "seq", "began")
+    __slots__ = ("mesh", "comm", "op", "axes", "run", "args", "x", "extra", "counts", "seq", "began")
 
-    def __init__(self, mesh: Any, comm: Any, op: str, axes: Any, calls: Any, blocking: str, nonblocking: str,
-                 args: tuple, x: Any, extra: tuple, counts: tuple | None) -> None:
+    def __init__(self, mesh: Any, comm: Any, op: str, axes: Any, run: Any, args: tuple, x: Any, extra: tuple,
+                 counts: tuple | None) -> None:
         self.mesh, self.comm, self.op, self.axes = mesh, comm, op, normalize_axes(axes)
-        self.calls, self.blocking, self.nonblocking, self.args = calls, blocking, nonblocking, args
+        self.run, self.args = run, args  # the engine's transfer, run(comm, *args, wait), and its arguments
         self.x, self.extra, self.counts = x, extra, counts  # x: the array, or a dtype where shapes differ
         self.seq, self.began = 0, 0.0  # set by Checked: the call's number, when the check ended
 
 
 class EngineCall:
-    """The innermost layer: the mesh's engine runs the call."""
+    """The innermost layer: the mesh's engine runs the transfer, waited for as the mesh waits."""
 
     def run(self, c: Collective) -> tuple[str, Any]:
-        c.mesh.engine.collective(c.calls, c.blocking, c.nonblocking, c.args, c.mesh.polite)
+        c.run(c.comm, *c.args, polite_wait if c.mesh.polite else None)
         return c.op, None
 
 
 class Watched:
-    """SPMDSIM_WATCHDOG: the nonblocking call, its wait watched (a rank left waiting reports and ends the job)."""
+    """SPMDSIM_WATCHDOG: the transfer's wait watched (a rank left waiting reports and ends the job)."""
 
     def run(self, c: Collective) -> tuple[str, Any]:
-        request = getattr(c.calls, c.nonblocking)(*c.args)
-        debug.wait(request, c.op, c.axes, c.seq, c.mesh.polite, comm=c.comm)
+        c.run(c.comm, *c.args, debug.waiter(c.op, c.axes, c.seq, c.mesh.polite, c.comm))
         return c.op, None
 
 
@@ -82,7 +80,7 @@ class Checked:
         self.inner = inner
 
     def run(self, c: Collective) -> tuple[str, Any]:
-        from ._calls import _check_dtype
+        from .door import _check_dtype
 
         array = type(c.x) is np.ndarray
         dtype = c.x.dtype if array else np.dtype(c.x)

@@ -61,9 +61,10 @@ def _unlink_segments_once(comm: Any) -> None:
     if comm.Get_size() != MPI.COMM_WORLD.Get_size():
         return  # not every rank takes part: wait for a mesh that spans the world
     _UNLINKED.append(True)
+    from .door import barrier
     from .guard import release_shared_segments
 
-    comm.Barrier()
+    barrier(comm)
     release_shared_segments(prefixes=_MPICH_SEGMENT)
 
 
@@ -203,7 +204,7 @@ class Mesh:
     def close(self) -> None:
         """Free the cached sub-communicators (collective over the mesh)."""
         for sub, _, _ in self._groups.values():
-            sub.Free()
+            self.engine.free(sub)
         self._groups.clear()
         self._spelled.clear()
         from .executor import PROGRAMS  # its compiled redistributions use these groups
@@ -261,7 +262,7 @@ def _before_split(mesh: Mesh, axes: tuple[str, ...]) -> None:
     Split has no nonblocking form: the guard compares the request first, the watchdog waits on
     an Ibarrier instead; numbered by how many groups this mesh has built.
     """
-    from . import debug
+    from . import debug, door
 
     if mesh.size == 1:
         return
@@ -270,4 +271,4 @@ def _before_split(mesh: Mesh, axes: tuple[str, ...]) -> None:
     if debug.check_enabled():
         debug.verify(mesh.comm, "split", axes, "int64", None, (), number, polite)
     elif debug.watchdog_seconds() is not None:
-        debug.wait(mesh.comm.Ibarrier(), "split", axes, number, polite, comm=mesh.comm)
+        door.barrier(mesh.comm, debug.waiter("split", axes, number, polite, mesh.comm))

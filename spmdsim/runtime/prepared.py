@@ -1,8 +1,8 @@
 """Prepared collectives: checked once, bound to fixed buffers, then run many times (docs/runtime.md).
 
-A prepared collective validates shapes once and builds an MPI-4 persistent
-request (`Allreduce_init`, ...); each `run()` is then `Start`, the mesh's wait
-and one trace entry, sparing the ~2 us of per-call checks that 8 ranks on 2
+A prepared collective validates shapes once and asks the engine for a
+persistent request (MPI-4's `Allreduce_init`, ...); each `run()` is then
+`Start`, the mesh's wait and one trace entry, sparing the ~2 us of per-call checks that 8 ranks on 2
 cores amplify to 5-10% of a 1 MiB call. Without persistent collectives (and
 for reduce_scatter, whose persistent form MPICH runs more slowly) `run()`
 makes the blocking call instead, its checks already done.
@@ -18,57 +18,38 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 import numpy as np
-from mpi4py import MPI
-
 from ..errors import ShapeError
 from ..plan.steps import moved_bytes
-from ._calls import _alone, _check_dtype, _contig, _dim, _divisible, _result, issue, normalize_axes
+from ..engines import DONE
+from .door import _alone, _check_dtype, _contig, _dim, _divisible, _result, issue, normalize_axes
 from .mesh import Mesh
 
 __all__ = ["Prepared", "prepare_allreduce", "prepare_allgather", "prepare_reduce_scatter",
            "prepare_alltoall"]
 
 
-class _Done:
-    """The request of a call that already completed (a blocking call in place of a persistent one)."""
-
-    __slots__ = ()
-
-    def Test(self) -> bool:  # noqa: N802 - mpi4py's name
-        return True
-
-    def Wait(self) -> None:  # noqa: N802 - mpi4py's name
-        return None
-
-
-_DONE = _Done()
-
-
 class Prepared:
     """One collective on fixed buffers; `run()` performs it and returns the result array."""
 
     __slots__ = ("mesh", "op", "axes", "group_size", "result", "label", "_send", "_extra",
-                 "_comm", "_request", "_blocking", "_args", "_bytes", "_copy")
+                 "_comm", "_request", "_kind", "_args", "_bytes", "_copy")
 
     def __init__(self, mesh: Mesh, op: str, axes: tuple[str, ...], comm: Any, group_size: int,
-                 send: np.ndarray, result: np.ndarray, extra: tuple, blocking: Any, persistent: Any,
+                 send: np.ndarray, result: np.ndarray, extra: tuple, kind: str, persistent: bool,
                  args: tuple, label: str | None) -> None:
         self.mesh, self.op, self.axes, self.label = mesh, op, axes, label
         self._comm, self.group_size = comm, group_size
         self._send, self.result, self._extra = send, result, extra
-        # MPI's blocking call and its three arguments (the third None for a call of two).
-        self._blocking, self._args = blocking, args
+        # The engine's transfer ("all_reduce", ...) and its arguments.
+        self._kind, self._args = kind, args
         moved = moved_bytes(op, group_size, send.nbytes)
         self._bytes = (moved, moved)
         # A group of one rank communicates nothing; the result is the input.
         self._copy = self.group_size == 1 and result is not send
         self._request = None
         _check_dtype(op, send.dtype)  # before MPI binds the buffers: the same error on every member
-        if self.group_size > 1 and persistent is not None:
-            try:
-                self._request = persistent(*args)
-            except NotImplementedError:  # MPI older than 4.0: no persistent collectives
-                self._request = None
+        if self.group_size > 1 and persistent:  # None where the engine has none (MPI older than 4.0)
+            self._request = mesh.engine.persistent(kind, comm, args)
 
     def run(self) -> np.ndarray:
         """Perform the collective on the bound buffers (every member calls it alike)."""
@@ -78,22 +59,25 @@ class Prepared:
             if self._copy:
                 self.result[...] = self._send
             return self.result
-        # The blocking call with its checks done once, or the persistent request.
-        calls = ("_blocking", "_blocking_done") if self._request is None else ("_start_wait", "_start")
-        return issue(self.mesh, self._comm, g, self.op, self.axes, self.label, self, *calls,
-                     self._args, self.result, self._send, self._extra, self._bytes, emulate=False)
+        # The blocking transfer with its checks done once, or the persistent request.
+        return issue(self.mesh, self._comm, g, self.op, self.axes, self.label, self._kind, self._args,
+                     self.result, self._send, self._extra, self._bytes, emulate=False,
+                     run=self._blocking if self._request is None else self._start)
 
-    def _start(self, *args: Any) -> Any:
+    def _start(self, comm: Any, *args: Any) -> None:
+        """Start the persistent request; `args[-1]`, the wait, completes it (None: its own Wait)."""
         self._request.Start()
-        return self._request
+        if args[-1] is None:
+            self._request.Wait()
+        else:
+            args[-1](self._request)
 
-    def _start_wait(self, *args: Any) -> None:
-        self._request.Start()
-        self._request.Wait()
-
-    def _blocking_done(self, *args: Any) -> _Done:
-        self._blocking(*args)
-        return _DONE
+    def _blocking(self, comm: Any, *args: Any) -> None:
+        """The engine's blocking transfer (its nonblocking form runs a slower schedule in MPICH); a
+        wait given (the watchdog's) sees a completed request."""
+        getattr(self.mesh.engine, self._kind)(comm, *args[:-1], None)
+        if args[-1] is not None:
+            args[-1](DONE)
 
     def free(self) -> None:
         """Release the persistent request (also on leaving a `with` block)."""
@@ -133,9 +117,8 @@ def prepare_allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], out: np
     x = _contig(local)
     in_place = out is x
     result = _result(out, x.shape, x.dtype, "allreduce")
-    send = MPI.IN_PLACE if in_place else x
-    return Prepared(mesh, "allreduce", axes, comm, g, x, result, (), comm.Allreduce, comm.Allreduce_init,
-                    (send, result, MPI.SUM), label)
+    return Prepared(mesh, "allreduce", axes, comm, g, x, result, (), "all_reduce", True,
+                    (result if in_place else x, result, "sum"), label)
 
 
 def prepare_allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int,
@@ -143,8 +126,7 @@ def prepare_allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_
     """Every member's `local` concatenated along `tensor_dim` in group order."""
     axes, comm, g, x, d = _bind(mesh, local, axes, tensor_dim, "allgather", divisible=False)
     result = _result(out, x.shape[:d] + (x.shape[d] * g,) + x.shape[d + 1:], x.dtype, "allgather")
-    return Prepared(mesh, "allgather", axes, comm, g, x, result, (d,), comm.Allgather, comm.Allgather_init,
-                    (x, result), label)
+    return Prepared(mesh, "allgather", axes, comm, g, x, result, (d,), "all_gather", True, (x, result), label)
 
 
 def prepare_reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int,
@@ -155,8 +137,8 @@ def prepare_reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], te
                      "reduce_scatter")
     # No persistent request: MPICH runs persistent (like nonblocking) Reduce_scatter_block with a slower
     # schedule than the blocking call (1.11x at 1 MiB, 8 ranks); the blocking call with checks done once wins.
-    return Prepared(mesh, "reduce_scatter", axes, comm, g, x, result, (d,), comm.Reduce_scatter_block, None,
-                    (x, result, MPI.SUM), label)
+    return Prepared(mesh, "reduce_scatter", axes, comm, g, x, result, (d,), "reduce_scatter", False,
+                    (x, result, "sum"), label)
 
 
 def prepare_alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int,
@@ -164,5 +146,4 @@ def prepare_alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_d
     """Block j of `local` along `tensor_dim` to member j; received blocks joined along the same dim."""
     axes, comm, g, x, d = _bind(mesh, local, axes, tensor_dim, "alltoall", divisible=True)
     result = _result(out, x.shape, x.dtype, "alltoall")
-    return Prepared(mesh, "alltoall", axes, comm, g, x, result, (d, d), comm.Alltoall, comm.Alltoall_init,
-                    (x, result), label)
+    return Prepared(mesh, "alltoall", axes, comm, g, x, result, (d, d), "all_to_all", True, (x, result), label)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 from typing import Any, Iterable, Sequence
+from ..engines import engine_of
 
 __all__ = ["chrome_events", "chrome_trace", "write_chrome_trace", "Span"]
 
@@ -109,7 +110,7 @@ def write_chrome_trace(comm: Any, trace: Any, path: str | os.PathLike, start: fl
                        end: float | None = None, spans: Iterable[Span] = (), root: int = 0) -> None:
     """Gather every rank's events to `root` and write one trace file there (a collective)."""
     rank = _rank(comm)
-    per_rank = comm.gather(chrome_events(trace, rank, start, end, spans), root=root)
+    per_rank = engine_of(comm).gather_object(comm, chrome_events(trace, rank, start, end, spans), root)
     if rank == root:
         with open(path, "w", encoding="utf-8") as f:
             json.dump(chrome_trace(per_rank), f, indent=0)

@@ -136,6 +136,73 @@ class DryEngine(Engine):
         """Keep the step record's bytes per rank: the report gives each rank its own."""
         current().meter.varied.append((step.bytes_sent, step.bytes_received))
 
+    # -- transfers: the buffers counted as held, the result filled as if every member sent this rank's
+
+    def split(self, comm: Any, color: int, key: int) -> Any:
+        raise SimulationError("comm.Split in a dry run: one rank runs for all, so it cannot take the other "
+                              "ranks' part; use the runtime's collectives on a Mesh, or run without --dry-run")
+
+    def all_reduce(self, comm: Any, send: Any, recv: Any, op: str, wait: Any) -> None:
+        _fill(send, recv, _same)
+
+    def all_gather(self, comm: Any, send: Any, recv: Any, wait: Any) -> None:
+        _fill(send, recv, _tiled)
+
+    def reduce_scatter(self, comm: Any, send: Any, recv: Any, op: str, wait: Any) -> None:
+        _fill(send, recv, _first)
+
+    def all_to_all(self, comm: Any, send: Any, recv: Any, wait: Any) -> None:
+        _fill(send, recv, _same)
+
+    def all_to_allv(self, comm: Any, send: Any, scounts: Any, sdispls: Any, recv: Any, rcounts: Any,
+                    rdispls: Any, wait: Any) -> None:
+        current().meter.hold(send, recv)
+        recv.fill(0)
+
+    def broadcast(self, comm: Any, buf: Any, root: int, wait: Any) -> None:
+        current().meter.hold(buf)
+
+    def gather_to(self, comm: Any, send: Any, recv: Any, root: int, wait: Any) -> None:
+        if comm.Get_rank() == root:
+            _fill(send, recv, _tiled)
+
+    def barrier(self, comm: Any, wait: Any) -> None:
+        pass
+
+    def isend(self, comm: Any, buf: Any, dest: int, tag: int) -> Any:
+        raise SimulationError(_POINT_TO_POINT.format("isend"))
+
+    def irecv(self, comm: Any, buf: Any, source: int, tag: int) -> Any:
+        raise SimulationError(_POINT_TO_POINT.format("irecv"))
+
+    def all_gather_object(self, comm: Any, obj: Any) -> list:
+        return [obj] * comm.Get_size()
+
+    def gather_object(self, comm: Any, obj: Any, root: int) -> Any:
+        return [obj] * comm.Get_size() if comm.Get_rank() == root else None
+
+    def broadcast_object(self, comm: Any, obj: Any, root: int) -> Any:
+        return obj
+
+    def all_reduce_object(self, comm: Any, obj: Any, op: str) -> Any:
+        return obj
+
+
+_POINT_TO_POINT = ("{} in a dry run: one rank runs for all, so it cannot take the other ranks' part; use the "
+                   "runtime's collectives on a Mesh, or run without --dry-run")
+
+
+def _fill(send: Any, recv: Any, how: Any) -> None:
+    """Count both buffers as held; fill `recv` as if every member sent `send` (small results: the
+    values a program decides by), or with zeros (large ones, or a send of another dtype)."""
+    current().meter.hold(send, recv)
+    if recv is None or send is None or send is recv:  # in place: the buffer holds this rank's part
+        return
+    if recv.nbytes > DRY_COPY_BYTES or recv.dtype != send.dtype:
+        recv.fill(0)
+    else:
+        how(send.reshape(-1), recv.reshape(-1))
+
 
 DRY = DryEngine()
 
@@ -208,14 +275,7 @@ class DryComm:
     # -- buffer collectives ---------------------------------------------------------------
 
     def _fill(self, src: Any, dst: Any, how: Any) -> None:
-        send, recv = _array(src), _array(dst)
-        current().meter.hold(send, recv)
-        if recv is None or send is None:  # send None: in place, the buffer holds this rank's part
-            return
-        if recv.nbytes > DRY_COPY_BYTES or recv.dtype != send.dtype:
-            recv.fill(0)
-        else:
-            how(send.reshape(-1), recv.reshape(-1))
+        _fill(_array(src), _array(dst), how)
 
     def Allreduce(self, src: Any, dst: Any, op: Any = None) -> None:
         self._fill(src, dst, _same)

@@ -1,0 +1,147 @@
+"""MPI's engine: every transfer as mpi4py's call on an MPI communicator.
+
+The one module of spmdsim's own path that calls a communicator's transfer
+methods (``Allreduce``, ``Isend``, ``allgather`` ...); the runtime reaches it
+through spmdsim.runtime.door. A `wait` (engines/base.py) turns a call into
+its nonblocking twin, whose request the wait completes: the polite wait of
+oversubscribed ranks, or the watchdog's. mpi4py is imported when the first
+transfer needs one of its constants, not when spmdsim is imported.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..context import PROCESS
+from .base import Engine, Wait
+
+__all__ = ["MpiEngine", "MPI"]
+
+_OPS: dict = {}  # "sum"/"max"/"min" -> MPI.SUM/MAX/MIN, filled on first use
+_CONST: list = []  # [MPI.IN_PLACE], on first use
+
+
+def _op(op: str) -> Any:
+    found = _OPS.get(op)
+    if found is None:
+        from mpi4py import MPI
+
+        _OPS.update(sum=MPI.SUM, max=MPI.MAX, min=MPI.MIN)
+        found = _OPS[op]
+    return found
+
+
+def _in_place() -> Any:
+    if not _CONST:
+        from mpi4py import MPI
+
+        _CONST.append(MPI.IN_PLACE)
+    return _CONST[0]
+
+
+class MpiEngine(Engine):
+    """Ranks are MPI processes; a group is an mpi4py sub-communicator."""
+
+    name = "mpi"
+
+    def split(self, comm: Any, color: int, key: int) -> Any:
+        return comm.Split(color, key)
+
+    def free(self, comm: Any) -> None:
+        comm.Free()
+
+    def all_reduce(self, comm: Any, send: np.ndarray, recv: np.ndarray, op: str, wait: Wait) -> None:
+        source = _in_place() if send is recv else send
+        if wait is None:
+            comm.Allreduce(source, recv, _OPS.get(op) or _op(op))
+        else:
+            wait(comm.Iallreduce(source, recv, _OPS.get(op) or _op(op)))
+
+    def all_gather(self, comm: Any, send: np.ndarray, recv: np.ndarray, wait: Wait) -> None:
+        if wait is None:
+            comm.Allgather(send, recv)
+        else:
+            wait(comm.Iallgather(send, recv))
+
+    def reduce_scatter(self, comm: Any, send: np.ndarray, recv: np.ndarray, op: str, wait: Wait) -> None:
+        if wait is None:
+            comm.Reduce_scatter_block(send, recv, _OPS.get(op) or _op(op))
+        else:
+            wait(comm.Ireduce_scatter_block(send, recv, _OPS.get(op) or _op(op)))
+
+    def all_to_all(self, comm: Any, send: np.ndarray, recv: np.ndarray, wait: Wait) -> None:
+        if wait is None:
+            comm.Alltoall(send, recv)
+        else:
+            wait(comm.Ialltoall(send, recv))
+
+    def all_to_allv(self, comm: Any, send: np.ndarray, scounts: Any, sdispls: Any, recv: np.ndarray,
+                    rcounts: Any, rdispls: Any, wait: Wait) -> None:
+        if wait is None:
+            comm.Alltoallv([send, (scounts, sdispls)], [recv, (rcounts, rdispls)])
+        else:
+            wait(comm.Ialltoallv([send, (scounts, sdispls)], [recv, (rcounts, rdispls)]))
+
+    def broadcast(self, comm: Any, buf: np.ndarray, root: int, wait: Wait) -> None:
+        if wait is None:
+            comm.Bcast(buf, root)
+        else:
+            wait(comm.Ibcast(buf, root))
+
+    def gather_to(self, comm: Any, send: np.ndarray, recv: np.ndarray | None, root: int, wait: Wait) -> None:
+        if wait is None:
+            comm.Gather(send, recv, root)
+        else:
+            wait(comm.Igather(send, recv, root))
+
+    def barrier(self, comm: Any, wait: Wait) -> None:
+        if wait is None:
+            comm.Barrier()
+        else:
+            wait(comm.Ibarrier())
+
+    def isend(self, comm: Any, buf: np.ndarray, dest: int, tag: int) -> Any:
+        return comm.Isend(buf, dest, tag)
+
+    def irecv(self, comm: Any, buf: np.ndarray, source: int, tag: int) -> Any:
+        return comm.Irecv(buf, source, tag)
+
+    def wait_all(self, requests: list, wait: Wait) -> None:
+        if wait is None:
+            from mpi4py import MPI as mpi
+
+            mpi.Request.Waitall(requests)
+        else:
+            for request in requests:
+                wait(request)
+
+    def persistent(self, kind: str, comm: Any, args: tuple) -> Any:
+        """MPI-4's persistent collectives (``Allreduce_init``, ...); None without them (MPI < 4.0)."""
+        try:
+            if kind == "all_reduce":
+                send, recv, op = args
+                return comm.Allreduce_init(_in_place() if send is recv else send, recv, _op(op))
+            if kind == "all_gather":
+                return comm.Allgather_init(*args)
+            if kind == "all_to_all":
+                return comm.Alltoall_init(*args)
+        except NotImplementedError:
+            return None
+        return None
+
+    def all_gather_object(self, comm: Any, obj: Any) -> list:
+        return comm.allgather(obj)
+
+    def gather_object(self, comm: Any, obj: Any, root: int) -> list | None:
+        return comm.gather(obj, root=root)
+
+    def broadcast_object(self, comm: Any, obj: Any, root: int) -> Any:
+        return comm.bcast(obj, root=root)
+
+    def all_reduce_object(self, comm: Any, obj: Any, op: str) -> Any:
+        return comm.allreduce(obj, op=_op(op))
+
+
+MPI = MpiEngine()
+PROCESS.engine = MPI

@@ -1,0 +1,239 @@
+"""The one door: where the runtime hands bytes to an engine (docs/architecture.md, "The path of a byte").
+
+`issue` runs one collective of runtime.collectives, runtime.exchange or
+runtime.prepared: the mesh's engine's transfer (spmdsim.engines.base: one
+method per kind, taking buffers), by a plain way (the engine's call, nothing
+before it) or through the layers of runtime/layers.py (debug hooks or an
+emulated algorithm), then one trace row. The plain way is kept bare because
+with 8 ranks on 2 cores each rank runs its pre-MPI Python on cold caches, in
+turn, while the group waits. `transfer` runs a transfer outside a mesh (the
+divergence check's tables, DTensor's gather), with the debug layers but no
+trace; `send_requests`/`wait_requests` carry point-to-point messages (emulated
+algorithms); the ``*_object`` functions carry control traffic (verdicts,
+reports, settings) for the CLI and the reports. No other module of spmdsim
+calls an engine's transfer or a communicator's. Also here: the argument
+checks the callers share, which raise ShapeError or DTypeError before any
+transfer.
+"""
+from __future__ import annotations
+
+from time import perf_counter
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import buffers
+from ..engines import engine_of
+from ..engines.wait import polite_wait
+from ..errors import DTypeError, ShapeError
+from ..validate import SUPPORTED_DTYPES, counted
+from . import debug
+from . import layers
+from .layers import Collective
+from .mesh import Mesh, normalize_axes
+from ..context import current as _context
+from .trace import record, record_call
+
+_empty = buffers.empty  # placed in the page for MPI's copies (spmdsim.buffers)
+_HOOKS = debug.HOOKS
+_ndarray = np.ndarray
+
+
+def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, kind: str, args: tuple,
+          result: Any, x: Any, extra: tuple, nbytes: Any, copied: int = 0, t0: float | None = None,
+          then: Callable[[], Any] | None = None, counts: tuple | None = None, emulate: bool = True,
+          run: Any = None) -> Any:
+    """Run one collective over `comm` (g > 1 members) and return `result` (or `then()`).
+
+    Plain (no debug hook on, no ``algorithms=``): the mesh's engine runs the
+    transfer; else the layers of runtime/layers.py do (check, emulated
+    algorithm, watchdog). Either way one trace row follows for the rank's open traces.
+
+    Args:
+        kind, args: the engine's transfer ("all_reduce", ...) and its arguments after the
+            communicator and before the wait (``(send, recv, "sum")``).
+        x, extra: what SPMDSIM_CHECK compares: the array (its dtype and shape;
+            a dtype alone where shapes differ by rank) and the call's other arguments.
+        nbytes: an int n (the trace records moved_bytes(op, g, n) both ways) or (sent, received).
+        copied: the bytes packed and unpacked around the transfer (the trace's bytes_copied).
+        t0: when the traced time began (before packing); default: now.
+        then: run after the transfer, inside the traced time (unpacking); its value is returned.
+        counts: an Alltoallv's (send, receive) counts: compared with SPMDSIM_CHECK, peers for the trace.
+        emulate: False keeps the engine's transfer on a mesh made with ``algorithms=`` (prepared collectives).
+        run: what performs the transfer in place of the engine's method, called alike
+            (``run(comm, *args, wait)``): a prepared collective's persistent request.
+    """
+    context = _context()  # the running rank's: its open traces and call counter
+    traces = context.traces
+    engine = mesh.engine
+    if run is None:
+        run = getattr(engine, kind)
+    if _HOOKS.quiet and mesh.algorithms is None:
+        if t0 is None and traces:
+            t0 = perf_counter()
+        try:  # costs nothing until the engine refuses the buffers
+            run(comm, *args, polite_wait if mesh.polite else None)
+        except Exception:
+            _check_dtype(op, x.dtype if type(x) is _ndarray else x)  # a clear error when the dtype is why
+            raise
+        context.seq += 1
+        if then is None and not traces:
+            return result
+        name = op
+    else:
+        name, moved, t0 = layers.run(Collective(mesh, comm, op, axes, run, args, x, extra, counts), emulate, t0)
+        nbytes = nbytes if moved is None else moved
+    if then is not None:
+        result = then()
+    if traces:
+        now = perf_counter()
+        record_call(traces, name, axes, g, nbytes, now - t0, label, copied, now, counts)
+    return result
+
+
+def transfer(comm: Any, op: str, axes: Any, array: Any, extra: Any, polite: bool, kind: str, *args: Any) -> None:
+    """Run one transfer outside a mesh (not traced) with the debug layers: `comm`'s engine's `kind`
+    ("all_gather") on `args`, numbered and compared with SPMDSIM_CHECK, its wait watched with
+    SPMDSIM_WATCHDOG. `array`: this rank's send buffer (what the check compares)."""
+    seq = debug.begin(comm, op, axes, array.dtype, array.shape, extra, polite)
+    getattr(engine_of(comm), kind)(comm, *args, debug.waiter(op, axes, seq, polite, comm))
+
+
+def exchange_table(comm: Any, mine: np.ndarray, table: np.ndarray, op: str, axes: Any, seq: int,
+                   polite: bool, watched: bool) -> None:
+    """The debug check's own Allgather of one row per member into `table` (runtime.debug): waited for
+    politely or watched when asked, else the engine's blocking call (busy mode's fastest)."""
+    wait = debug.waiter(op, axes, seq, polite, comm) if (polite or watched) else None
+    engine_of(comm).all_gather(comm, mine, table, wait)
+
+
+def barrier(comm: Any, wait: Any = None) -> None:
+    """Every member of `comm` has arrived (`wait`: how to wait, engines/base.py)."""
+    engine_of(comm).barrier(comm, wait)
+
+
+def split(comm: Any, color: int, key: int) -> Any:
+    """The members of `comm` with `color`, ordered by `key` (collective): a communicator of its engine."""
+    return engine_of(comm).split(comm, color, key)
+
+
+def free(comm: Any) -> None:
+    """Release a group made by `split` (collective)."""
+    engine_of(comm).free(comm)
+
+
+def send_requests(comm: Any, receives: list, sends: list) -> list:
+    """Post point-to-point messages: `receives` as (buffer, source, tag), then `sends` as (buffer, dest,
+    tag); the requests, receives first (every receive posted before any send: no order of arrival
+    can deadlock)."""
+    engine = engine_of(comm)
+    requests = [engine.irecv(comm, buf, source, tag) for buf, source, tag in receives]
+    requests += [engine.isend(comm, buf, dest, tag) for buf, dest, tag in sends]
+    return requests
+
+
+def wait_requests(comm: Any, requests: list, wait: Any = None) -> None:
+    """Complete `requests` of `send_requests` (each by `wait` when given, else all at once)."""
+    engine_of(comm).wait_all(requests, wait)
+
+
+def reduce_into(comm: Any, send: np.ndarray, recv: np.ndarray, op: str = "sum", wait: Any = None) -> None:
+    """An untraced Allreduce outside a mesh (timings and verdicts of tools): `op` of every member's `send`."""
+    engine_of(comm).all_reduce(comm, send, recv, op, wait)
+
+
+def all_gather_object(comm: Any, obj: Any) -> list:
+    """Every member's picklable `obj`, in group order, on every member."""
+    return engine_of(comm).all_gather_object(comm, obj)
+
+
+def gather_object(comm: Any, obj: Any, root: int = 0) -> list | None:
+    """Every member's `obj` on `root` (None elsewhere)."""
+    return engine_of(comm).gather_object(comm, obj, root)
+
+
+def broadcast_object(comm: Any, obj: Any = None, root: int = 0) -> Any:
+    """`root`'s `obj` on every member."""
+    return engine_of(comm).broadcast_object(comm, obj, root)
+
+
+def all_reduce_object(comm: Any, obj: Any, op: str = "sum") -> Any:
+    """`op` ("sum", "max", "min") of every member's number `obj`, on every member."""
+    return engine_of(comm).all_reduce_object(comm, obj, op)
+
+
+def _alone(op: str, axes: Any, label: str | None, dtype: Any) -> None:
+    """A collective over a group of one rank: dtype checked (unless None), numbered, traced; nothing sent."""
+    if dtype is not None:
+        _check_dtype(op, np.dtype(dtype))
+    _context().seq += 1
+    record(op, normalize_axes(axes), 1, 0, 0, 0.0, label)
+
+
+def _contig(local: Any) -> np.ndarray:
+    # Copy only when MPI could not read the buffer as is.
+    if type(local) is _ndarray and local.flags.c_contiguous:
+        return local
+    return np.ascontiguousarray(local)
+
+
+def _dim(tensor_dim: int, ndim: int, what: str) -> int:
+    """`tensor_dim` as a dim of an array with `ndim` dims (negative counts from the end)."""
+    if type(tensor_dim) is int and 0 <= tensor_dim < ndim:
+        return tensor_dim
+    if isinstance(tensor_dim, bool) or not isinstance(tensor_dim, (int, np.integer)):
+        raise ShapeError(f"{what} {tensor_dim!r} must be an integer tensor dim (0 <= dim < {ndim})")
+    if not -ndim <= tensor_dim < ndim:
+        raise ShapeError(f"{what} {tensor_dim!r} is out of range for an array with {counted(ndim, 'dim')}")
+    return int(tensor_dim) % ndim
+
+
+def _divisible(shape: tuple[int, ...], tensor_dim: int, g: int, op: str) -> None:
+    if shape[tensor_dim] % g:
+        raise ShapeError(
+            f"{op}: dim {tensor_dim} of local shape {shape!r} is not divisible by group size {g}"
+        )
+
+
+def _result(out: np.ndarray | None, shape: tuple, dtype: np.dtype, op: str) -> np.ndarray:
+    """A new result array, or the caller's `out` after checking it can take the result."""
+    if out is None:
+        return _empty(shape, dtype)
+    # `is`: numpy shares one dtype object per builtin type (an equal but distinct one is compared
+    # next); `carray`: C-contiguous, aligned and writeable, in one flag read.
+    if type(out) is _ndarray and out.shape == shape and out.dtype is dtype and out.flags.carray:
+        return out
+    if (type(out) is _ndarray and out.shape == shape and out.dtype == dtype
+            and out.flags.c_contiguous and out.flags.writeable):
+        return out
+    got = (getattr(out, "shape", None), getattr(getattr(out, "dtype", None), "name", None))
+    raise ShapeError(f"{op}: out {got!r} must be a writeable C-contiguous array of "
+                     f"{(shape, np.dtype(dtype).name)!r}")
+
+
+def _copy_into(out: np.ndarray, x: np.ndarray, op: str) -> np.ndarray:
+    _result(out, x.shape, x.dtype, op)[...] = x
+    return out
+
+
+# dtype kinds MPI moves (numbers, bool, and bytes/str as characters) and the ones it can sum.
+_MOVABLE = "biufcSU"
+_SUMMABLE = "iufc"
+
+
+def _check_dtype(op: str, dtype: np.dtype) -> None:
+    """Raise the DTypeError every member raises alike when MPI cannot move (or sum) `dtype`.
+
+    The plain way calls it only after mpi4py refused its buffers (the common dtypes pay nothing).
+    """
+    sums = op in ("allreduce", "reduce_scatter")
+    if dtype.kind in (_SUMMABLE if sums else _MOVABLE) and dtype.isnative:
+        return
+    if not dtype.isnative:
+        raise DTypeError(f"{op}: dtype {dtype.str!r} is not in native byte order; convert the array "
+                         f"with .astype({dtype.newbyteorder('=').name!r}) first")
+    if sums and dtype.kind in _MOVABLE:
+        raise DTypeError(f"{op}: cannot sum dtype {dtype.name!r}; expected an integer, float or "
+                         "complex dtype (bool and text can be moved, not summed)")
+    raise DTypeError(f"{op}: MPI cannot send dtype {dtype.str!r} ({dtype.name}); expected a numeric "
+                     f"dtype: {SUPPORTED_DTYPES}")
