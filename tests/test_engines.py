@@ -22,7 +22,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def test_a_mesh_runs_on_its_communicators_engine():
     from spmdsim.runtime import Mesh
     from spmdsim.sim.dry import DRY
-    from spmdsim.sim.engine import THREADS
+    from spmdsim.sim.thread_engine import THREADS
 
     def body():
         mesh = Mesh(spmdsim.Layout((2, 2), ("a", "b")))

@@ -338,8 +338,6 @@ def run_redistribute(args: argparse.Namespace) -> int:
 def _execute(args: argparse.Namespace, comm: Any) -> int:
     from time import perf_counter
 
-    from mpi4py import MPI
-
     from ..datagen import SeededTensor
     from ..runtime.executor import redistribute
     from .. import DTensor, Mesh, collect_trace  # the front door: DTensor with its operators

@@ -36,7 +36,7 @@ from ..engines import wait as waiting
 
 __all__ = ["HOOKS", "configure", "check_enabled", "watchdog_seconds", "quiet", "next_seq", "current_seq",
            "fingerprint", "describe", "verify", "verify_counts", "verify_operands", "wait", "begin",
-           "collective", "FINGERPRINT_FIELDS", "CHECK_WATCHDOG_S", "add_cli_arguments",
+           "waiter", "FINGERPRINT_FIELDS", "CHECK_WATCHDOG_S", "add_cli_arguments",
            "configure_from_args", "MIN_WATCHDOG_S", "watchdog_setting"]
 
 FINGERPRINT_FIELDS = 16

@@ -18,31 +18,18 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import DTypeError, ShapeError
+from . import thread_engine as bodies
 from ._buffers import copy_into, dtype_name, fold, in_place, message, mpi_error, mpi_module, reduction, vector
+from .thread_engine import bad_root
 
 __all__ = ["BufferCollectives", "bad_root"]
 
 _SUM = "sum"
 
 
-def bad_root(root: Any, size: int, call: str) -> BaseException:
-    """MPI's error for a root outside the communicator (MPI.Exception ERR_ROOT under mpi4py)."""
-    mpi = mpi_module()
-    text = f"{call}: root {root!r} is outside the communicator of {size} ranks"
-    if mpi is not None:
-        return mpi_error(mpi, mpi.ERR_ROOT, text)
-    return ShapeError(text)
-
-
 def _same(op: str, a: np.ndarray, b: np.ndarray) -> None:
     if a.dtype != b.dtype:
         raise DTypeError(f"{op}: send dtype {a.dtype.name!r} and receive dtype {b.dtype.name!r} differ")
-
-
-def _shared(n: int, dtype: np.dtype) -> Callable[[Any], None]:
-    def complete(slot: Any) -> None:
-        slot.shared = np.empty(n, dtype)
-    return complete
 
 
 def _matching(op: str, sendbuf: Any, dst: np.ndarray, n: int) -> np.ndarray:
@@ -79,12 +66,6 @@ def _bcast_count(group: Any, root: int, me: int, sent: np.ndarray, data: np.ndar
 class BufferCollectives:
     """Buffer collectives on `self._group` (a mixin of SimComm)."""
 
-    def _root(self, root: Any, call: str) -> int:
-        g = self._group.size
-        if isinstance(root, (int, np.integer)) and 0 <= root < g:
-            return int(root)
-        raise bad_root(root, g, call)
-
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> None:
         red = reduction(op)
         dst, n, dt = message(recvbuf, "Allreduce recvbuf", readonly=False)
@@ -92,18 +73,7 @@ class BufferCollectives:
             src = dst[:n]
         else:
             src = _matching("Allreduce", sendbuf, dst, n)
-        signature = ("allreduce", dtype_name(src.dtype), n, red.name)
-        g, me = self._group.size, self._me
-        lo, hi = n * me // g, n * (me + 1) // g
-
-        def fold_mine(slot: Any) -> None:  # this member's share of the sum, read before any write
-            if hi > lo:
-                fold(red, [c.data[lo:hi] for c in slot.calls], slot.shared[lo:hi], dt)
-
-        def write(slot: Any) -> None:
-            dst[:n] = slot.shared
-
-        self._enter_all("allreduce", signature, src, (fold_mine, write), _shared(n, src.dtype))
+        bodies.all_reduce(self, src, dst[:n], red, dt)
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM, root: int = 0) -> None:
         red = reduction(op)
@@ -145,9 +115,8 @@ class BufferCollectives:
 
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> None:
         red = reduction(op)
-        g, me = self._group.size, self._me
-        inplace = in_place(sendbuf)
-        if inplace:
+        g = self._group.size
+        if in_place(sendbuf):
             src, b, dt = message(recvbuf, "Reduce_scatter_block recvbuf", blocks=g, readonly=False)
             dst = src
         else:
@@ -157,17 +126,7 @@ class BufferCollectives:
             if bs != b:
                 raise ShapeError(f"Reduce_scatter_block: send buffer of {g} x {bs} items for receive "
                                  f"blocks of {b}")
-        signature = ("reduce_scatter", dtype_name(src.dtype), b, red.name)
-        out = np.empty(b, src.dtype) if inplace else dst[:b]
-
-        def fold_mine(slot: Any) -> None:
-            fold(red, [c.data[me * b:(me + 1) * b] for c in slot.calls], out, dt)
-
-        def write(slot: Any) -> None:  # in place: after every member read this buffer's blocks
-            if inplace:
-                dst[:b] = out
-
-        self._enter_all("reduce_scatter", signature, src, (fold_mine, write))
+        bodies.reduce_scatter(self, src, dst, b, red, dt)
 
     def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = _SUM) -> None:
         red = reduction(op)
@@ -214,17 +173,7 @@ class BufferCollectives:
                     raise ShapeError(f"Allgather: receive buffer of {dst.size} items is smaller than "
                                      f"{g} x {src.size}")
                 _blocks_fit("Allgather", src, dst[:n])
-        signature = ("allgather", dtype_name(src.dtype), src.size)
-
-        def gather_mine(slot: Any) -> None:  # writes only this member's blocks no other member reads
-            if not inplace and src.dtype == dst.dtype:
-                np.concatenate([c.data for c in slot.calls], out=dst[:n * g])
-            else:
-                for j, call in enumerate(slot.calls):
-                    if j != me or not inplace:
-                        copy_into(dst[j * n:(j + 1) * n], call.data)
-
-        self._enter_all("allgather", signature, src, (gather_mine,))
+        bodies.all_gather(self, src, dst, n, inplace)
 
     def Allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:
         g, me = self._group.size, self._me
@@ -256,19 +205,14 @@ class BufferCollectives:
         if not skip:
             src, ns, _ = message(sendbuf, f"{call} sendbuf")
             src = src[:ns]
-        slot = self._enter(call.lower(), (call.lower(), f"root {root}"), src)
+        dst = counts = displs = None
         if me == root:
             if v:
                 dst, counts, displs, _ = vector(recvbuf, f"{call} recvbuf", g, readonly=False)
             else:
                 dst, n, _ = message(recvbuf, f"{call} recvbuf", blocks=g, readonly=False)
                 counts, displs = [n] * g, [n * j for j in range(g)]
-            for j, c in enumerate(slot.calls):
-                if c.data is not None:
-                    part = dst[displs[j]:displs[j] + counts[j]]
-                    _blocks_fit(call, c.data, part)
-                    copy_into(part, c.data)
-        self._group.leave(me, slot)
+        bodies.gather_to(self, src, root, dst, counts, displs, call)
 
     def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         g, me, root = self._group.size, self._me, self._root(root, "Scatter")
@@ -298,7 +242,7 @@ class BufferCollectives:
         self._group.leave(me, slot)
 
     def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
-        g, me = self._group.size, self._me
+        g = self._group.size
         dst, n, _ = message(recvbuf, "Alltoall recvbuf", blocks=g, readonly=False)
         if in_place(sendbuf):
             src, b = dst[:n * g].copy(), n  # every member reads it while this one writes dst
@@ -307,52 +251,22 @@ class BufferCollectives:
             if b * src.itemsize != n * dst.itemsize:
                 raise ShapeError(f"Alltoall: blocks of {b} x {src.dtype.name} are sent where "
                                  f"blocks of {n} x {dst.dtype.name} are received")
-        signature = ("alltoall", dtype_name(src.dtype), b * g)
-        slot = self._enter("alltoall", signature, (src, b))
-        for j, call in enumerate(slot.calls):
-            theirs, tb = call.data
-            if theirs.dtype is dst.dtype:
-                dst[j * n:(j + 1) * n] = theirs[me * tb:(me + 1) * tb]
-            else:
-                copy_into(dst[j * n:(j + 1) * n], theirs[me * tb:(me + 1) * tb])
-        self._group.leave(me, slot)
+        bodies.all_to_all(self, src, b, dst, n)
 
     def Alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:
-        g, me = self._group.size, self._me
+        g = self._group.size
         dst, rcounts, rdispls, _ = vector(recvbuf, "Alltoallv recvbuf", g, readonly=False)
         if in_place(sendbuf):
             src = dst.copy()  # every member reads it while this one writes dst
             scounts, sdispls = rcounts, rdispls
         else:
             src, scounts, sdispls, _ = vector(sendbuf, "Alltoallv sendbuf", g)
-        slot = self._enter("alltoallv", ("alltoallv", dtype_name(src.dtype)), (src, scounts, sdispls))
-        size = dst.itemsize
-        for j, call in enumerate(slot.calls):
-            theirs, counts, displs = call.data
-            c, at, n = counts[me], displs[me], rcounts[j]
-            if c != n and c * theirs.itemsize != n * size:
-                raise ShapeError(f"Alltoallv counts disagree: rank {self._group.members[j]} sends "
-                                 f"{c} items to rank {self.world_rank}, which expects {n}")
-            if n:
-                if theirs.dtype is dst.dtype or theirs.dtype == dst.dtype:
-                    dst[rdispls[j]:rdispls[j] + n] = theirs[at:at + c]
-                else:
-                    copy_into(dst[rdispls[j]:rdispls[j] + n], theirs[at:at + c])
-        self._group.leave(me, slot)
+        bodies.all_to_allv(self, src, scounts, sdispls, dst, rcounts, rdispls)
 
     def Bcast(self, buf: Any, root: int = 0) -> None:
         root = self._root(root, "Bcast")
         data, n, _ = message(buf, "Bcast buffer", readonly=self._me == root)
-        data = data[:n]
-        # The count is the root's to send, each receiver's to check (MPI: a truncation error there).
-        slot = self._enter("bcast", ("bcast", dtype_name(data.dtype), f"root {root}"), data)
-        if self._me != root:
-            sent = slot.calls[root].data
-            if sent.size != n:
-                self._group.leave(self._me, slot)  # the root's Bcast completes, as under MPI
-                raise _bcast_count(self._group, root, self._me, sent, data)
-            copy_into(data, sent)
-        self._group.leave(self._me, slot)
+        bodies.broadcast(self, data[:n], root, _bcast_count)
 
     # -- nonblocking: posted and completed at once (see the module docstring) --------------------
 

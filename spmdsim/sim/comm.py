@@ -16,7 +16,9 @@ from typing import Any
 from .. import context as _local
 from ._buffers import mpi_module, special
 from .collectives import BufferCollectives
-from .engine import THREADS, Call, Group, SimulationError
+from .engine import Group, SimulationError
+from . import thread_engine as bodies
+from .thread_engine import THREADS, Member
 from .group import SimGroup, speak_mpi4py
 from .objects import ObjectCollectives
 from .p2p import PointToPoint
@@ -38,7 +40,7 @@ class _Handle:
         self.creates: dict = {}  # (members, tag) -> Create_group calls made
 
 
-class SimComm(PointToPoint, BufferCollectives, ObjectCollectives):
+class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives):
     """One simulated rank's view of one communicator (made by spmdsim.simulate, Split, Dup, Create).
 
     ``SimComm()`` is a null communicator (equal to MPI.COMM_NULL); ``SimComm(comm)`` a copy.
@@ -152,47 +154,15 @@ class SimComm(PointToPoint, BufferCollectives, ObjectCollectives):
             return "<simulated Intracomm null>"
         return f"<simulated Intracomm rank {self._me} of {self._group.size} ({self._group.label()})>"
 
-    # -- the rendezvous -------------------------------------------------------------------
-
-    def _enter(self, op: str, signature: tuple, data: Any = None, complete: Any = None) -> Any:
-        h = self._h
-        if h is None or h.freed:
-            raise SimulationError(f"{op} on a freed communicator"
-                                  + ("" if h is None else f" (rank {self.world_rank})"))
-        h.seq += 1
-        return self._group.enter(self._me, h.seq, Call(op, signature, data, complete))
-
-    def _enter_all(self, op: str, signature: tuple, data: Any, finish: tuple, complete: Any = None) -> Any:
-        """`_enter` where the last member to arrive runs every member's `finish` phases (Group.enter_all)."""
-        h = self._h
-        if h is None or h.freed:
-            raise SimulationError(f"{op} on a freed communicator"
-                                  + ("" if h is None else f" (rank {self.world_rank})"))
-        h.seq += 1
-        return self._group.enter_all(self._me, h.seq, Call(op, signature, data, complete, finish))
-
     # -- communicators --------------------------------------------------------------------
 
     def Barrier(self) -> None:
-        self._enter("barrier", ("barrier",))
+        bodies.barrier(self)
 
     def Split(self, color: int = 0, key: int = 0) -> "SimComm":
         """Members with equal `color` form a new communicator, ordered by (key, rank here)."""
-        group = self._group
-        undefined = special("UNDEFINED")
-
-        def complete(slot: Any) -> None:
-            by_color: dict[int, list] = {}
-            for i, call in enumerate(slot.calls):
-                c, k = call.data
-                if c != undefined:
-                    by_color.setdefault(c, []).append((k, i))
-            slot.shared = {c: Group(group.world, tuple(group.members[i] for _, i in sorted(items)))
-                           for c, items in by_color.items()}
-
-        slot = self._enter("split", ("split",), (int(color), int(key)), complete)
-        new = slot.shared.get(int(color))
-        if new is None or int(color) == undefined:
+        new = bodies.split(self, color, key, special("UNDEFINED"))
+        if new is None:
             return comm_null()
         return SimComm(new, new.members.index(self.world_rank))
 

@@ -37,104 +37,17 @@ import weakref
 from collections import deque
 from typing import Any, Callable, Optional
 
-from ..engines import DONE, Engine
 from ..engines.base import SimulationError
-from ._buffers import IN_PLACE as _IN_PLACE
 from ..errors import RuntimeMismatchError
 from .report import explain, program_lines
 
-__all__ = ["World", "Group", "Call", "Aborted", "DeadlockError", "SimulationError", "run_slots", "ThreadEngine",
-           "THREADS"]
+__all__ = ["World", "Group", "Call", "Aborted", "DeadlockError", "SimulationError", "run_slots"]
 
 #: After a rank fails, how long the others may go on with collectives that can still complete (an error
 #: every rank raises is then reported as every rank's): the MPI guard's grace before it aborts the job,
 #: so ranks that never again need the failed one (a loop within their own group) stop too.
 GO_ON_S = 3.0
 
-
-class ThreadEngine(Engine):
-    """Simulated ranks as threads of this process; a group is a SimComm whose calls meet in a rendezvous.
-
-    Transfers complete when made (every member meets in the rendezvous): a `wait` given is handed a
-    completed request. Simulated ranks wait busily; the watchdog's wait sees the call done.
-    """
-
-    name = "threads"
-    simulated = True
-
-    def split(self, comm: Any, color: int, key: int) -> Any:
-        return comm.Split(color, key)
-
-    def free(self, comm: Any) -> None:
-        comm.Free()
-
-    def all_reduce(self, comm: Any, send: Any, recv: Any, op: str, wait: Any) -> None:
-        comm.Allreduce(_IN_PLACE if send is recv else send, recv, op)
-        if wait is not None:
-            wait(DONE)
-
-    def all_gather(self, comm: Any, send: Any, recv: Any, wait: Any) -> None:
-        comm.Allgather(send, recv)
-        if wait is not None:
-            wait(DONE)
-
-    def reduce_scatter(self, comm: Any, send: Any, recv: Any, op: str, wait: Any) -> None:
-        comm.Reduce_scatter_block(send, recv, op)
-        if wait is not None:
-            wait(DONE)
-
-    def all_to_all(self, comm: Any, send: Any, recv: Any, wait: Any) -> None:
-        comm.Alltoall(send, recv)
-        if wait is not None:
-            wait(DONE)
-
-    def all_to_allv(self, comm: Any, send: Any, scounts: Any, sdispls: Any, recv: Any, rcounts: Any,
-                    rdispls: Any, wait: Any) -> None:
-        comm.Alltoallv([send, (scounts, sdispls)], [recv, (rcounts, rdispls)])
-        if wait is not None:
-            wait(DONE)
-
-    def broadcast(self, comm: Any, buf: Any, root: int, wait: Any) -> None:
-        comm.Bcast(buf, root)
-        if wait is not None:
-            wait(DONE)
-
-    def gather_to(self, comm: Any, send: Any, recv: Any, root: int, wait: Any) -> None:
-        comm.Gather(send, recv, root)
-        if wait is not None:
-            wait(DONE)
-
-    def barrier(self, comm: Any, wait: Any) -> None:
-        comm.Barrier()
-        if wait is not None:
-            wait(DONE)
-
-    def isend(self, comm: Any, buf: Any, dest: int, tag: int) -> Any:
-        return comm.Isend(buf, dest, tag)
-
-    def irecv(self, comm: Any, buf: Any, source: int, tag: int) -> Any:
-        return comm.Irecv(buf, source, tag)
-
-    def wait_all(self, requests: list, wait: Any) -> None:
-        if wait is None and requests:
-            type(requests[0]).Waitall(requests)  # one wait for all: no order among them
-        else:
-            super().wait_all(requests, wait)
-
-    def all_gather_object(self, comm: Any, obj: Any) -> list:
-        return comm.allgather(obj)
-
-    def gather_object(self, comm: Any, obj: Any, root: int) -> Any:
-        return comm.gather(obj, root=root)
-
-    def broadcast_object(self, comm: Any, obj: Any, root: int) -> Any:
-        return comm.bcast(obj, root=root)
-
-    def all_reduce_object(self, comm: Any, obj: Any, op: str) -> Any:
-        return comm.allreduce(obj, op=op)
-
-
-THREADS = ThreadEngine()
 
 #: A rank that polls (Test, Iprobe) a request no rank left can complete (its peer finished), or polls while
 #: every other live rank waits and none is released, for this long polls forever: a deadlock, as if it waited.

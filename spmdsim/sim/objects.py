@@ -11,45 +11,14 @@ import pickle
 from typing import Any, Optional
 
 from ..errors import ShapeError
-from ._buffers import mpi_module, reduction
-from .engine import SimulationError
+from . import thread_engine as bodies
 
 __all__ = ["ObjectCollectives"]
 
 _PICKLE = pickle.HIGHEST_PROTOCOL
 
 
-def _dumps(obj: Any) -> bytes:
-    return pickle.dumps(obj, _PICKLE)
-
-
-def _alike(exc: BaseException) -> BaseException:
-    """A fresh copy of `exc` for one more rank (each raises its own), or a SimulationError saying it."""
-    try:
-        return type(exc)(*exc.args)
-    except Exception:  # noqa: BLE001 - a type that cannot be rebuilt from its args
-        return SimulationError(f"{type(exc).__name__}: {exc}")
-
-
-def _op(op: Any) -> tuple[str, Any]:
-    """(name, function of two objects) of an op: MPI's ops are callable on objects, and so is
-    a plain Python function of two objects (mpi4py takes one: ``allreduce(x, op=lambda a, b: ...)``)."""
-    mpi = mpi_module()
-    if callable(op) and not isinstance(op, str) and (mpi is None or not isinstance(op, mpi.Op)):
-        return "python function", op
-    red = reduction("sum" if op is None else op)
-    return red.name, (red.op if red.op is not None else red.fn)
-
-
-def _shared_fold(fn: Any) -> Any:
-    """A rendezvous hook that reduces every member's object once (by the last to arrive)."""
-    def complete(slot: Any) -> None:
-        try:
-            items = [pickle.loads(c.data) for c in slot.calls]
-            slot.shared = (True, _dumps(functools.reduce(fn, items)))
-        except Exception as exc:  # noqa: BLE001 - raised alike on every member
-            slot.shared = (False, exc)
-    return complete
+_dumps, _op = bodies.dumps, bodies.op_of
 
 
 class ObjectCollectives:
@@ -59,18 +28,10 @@ class ObjectCollectives:
         self.Barrier()
 
     def allgather(self, sendobj: Any) -> list:
-        slot = self._enter("allgather(obj)", ("allgather(obj)",), _dumps(sendobj))
-        return [pickle.loads(c.data) for c in slot.calls]
+        return bodies.all_gather_object(self, sendobj)
 
     def allreduce(self, sendobj: Any, op: Any = None) -> Any:
-        name, fn = _op(op)
-        # Reduced once, by the last member to arrive: each member then unpickles its own copy,
-        # so p ranks cost O(p), not p reductions of p objects.
-        slot = self._enter("allreduce(obj)", ("allreduce(obj)", name), _dumps(sendobj), _shared_fold(fn))
-        ok, value = slot.shared
-        if not ok:
-            raise _alike(value)
-        return pickle.loads(value)
+        return bodies.all_reduce_object(self, sendobj, op)
 
     def reduce(self, sendobj: Any, op: Any = None, root: int = 0) -> Any:
         name, fn = _op(op)
@@ -95,15 +56,10 @@ class ObjectCollectives:
         return self._scan_obj("exscan", sendobj, op, True)
 
     def bcast(self, obj: Any = None, root: int = 0) -> Any:
-        root = self._root(root, "bcast")
-        mine = _dumps(obj) if self._me == root else None
-        slot = self._enter("bcast(obj)", ("bcast(obj)", f"root {root}"), mine)
-        return pickle.loads(slot.calls[root].data)
+        return bodies.broadcast_object(self, obj, self._root(root, "bcast"))
 
     def gather(self, sendobj: Any, root: int = 0) -> Optional[list]:
-        root = self._root(root, "gather")
-        slot = self._enter("gather(obj)", ("gather(obj)", f"root {root}"), _dumps(sendobj))
-        return [pickle.loads(c.data) for c in slot.calls] if self._me == root else None
+        return bodies.gather_object(self, sendobj, self._root(root, "gather"))
 
     def scatter(self, sendobj: Any = None, root: int = 0) -> Any:
         root = self._root(root, "scatter")

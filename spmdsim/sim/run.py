@@ -14,7 +14,8 @@ from ..engines import memory, world
 from ..errors import SpmdsimError
 from ..validate import as_int
 from .comm import SimComm
-from .engine import THREADS, Aborted, SimulationError, World, ranks_text
+from .engine import Aborted, SimulationError, World, ranks_text
+from .thread_engine import THREADS
 
 __all__ = ["simulate", "world", "RankContext", "MAX_RANKS", "MAX_DRY_RANKS"]
 
