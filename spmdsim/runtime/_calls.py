@@ -54,7 +54,7 @@ def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, 
     """
     context = _context()  # the running rank's: its open traces and call counter
     traces = context.traces
-    if _HOOKS.quiet and mesh.algorithms is None:
+    if context.hooks.quiet and mesh.algorithms is None:
         if t0 is None and traces:
             t0 = perf_counter()
         try:  # costs nothing until mpi4py refuses the buffers
