@@ -131,7 +131,8 @@ def _module_objects() -> dict:
     seen = {f"np.{name}": getattr(np, name) for name in _CREATORS}
     seen.update({f"np.random.{name}": getattr(np.random, name) for name in np.random.__all__})
     seen.update({f"random.{name}": getattr(random, name) for name in random.__all__})
-    seen.update({"mpi4py.MPI": sys.modules["mpi4py.MPI"], "type(MPI)": type(MPI), "DTensor.local": DTensor.__dict__["local"]})
+    seen.update({"mpi4py.MPI": sys.modules["mpi4py.MPI"], "type(MPI)": type(MPI),
+                 "DTensor.local": DTensor.__dict__["local"]})
     seen.update({f"MPI.{name}": getattr(MPI, name) for name in SWAPPED})
     return seen
 

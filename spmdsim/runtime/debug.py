@@ -216,7 +216,7 @@ def watchdog_seconds() -> Optional[float]:
 
 
 def quiet() -> bool:
-    """True when neither the divergence guard nor the watchdog is on for the running rank (``current().hooks.quiet``)."""
+    """True when neither the divergence guard nor the watchdog is on for the running rank (its ``hooks.quiet``)."""
     return _context().hooks.quiet
 
 
