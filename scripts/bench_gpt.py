@@ -198,6 +198,9 @@ def _worker(args) -> None:
     else:
         from mpi4py import MPI
 
+        from spmdsim.runtime.process import tune_mpi_process
+
+        tune_mpi_process()  # as the guard does for spmdsim's commands: BLAS threads, heap, memory watch
         result = _steps(args, MPI.COMM_WORLD, True, replay=args.worker == "mpireplay")
         if MPI.COMM_WORLD.rank != 0:
             return

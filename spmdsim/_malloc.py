@@ -9,7 +9,8 @@ Under an MPI launcher, glibc serves allocations up to 32 MiB (its largest
 mmap threshold) from the heap and keeps up to 64 MiB of freed heap top, so a
 rank holds at most 64 MiB beyond its live arrays. `spmdsim launch` sets glibc's
 variables for its ranks (`glibc_env`); a rank of a plain ``mpiexec`` calls
-mallopt at its first Mesh (`keep_freed_buffers_under_launcher`). Skipped when
+mallopt when spmdsim's guard is first set up on it (`keep_freed_buffers_under_launcher`,
+from runtime.process). Skipped when
 the user set any of GLIBC_VARS (to opt out: ``MALLOC_TRIM_THRESHOLD_=131072``,
 glibc's default) and without glibc. ``import spmdsim`` changes nothing.
 """

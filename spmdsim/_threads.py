@@ -4,8 +4,8 @@ A rank started by an MPI launcher should run its BLAS on its share of the
 node's cores: with numpy's default pools, 8 ranks on 2 cores ran a measured job
 20x slower (docs/oversubscription.md). `spmdsim launch` sets the thread
 variables for its ranks before they start; a rank started by a plain
-``mpiexec`` caps the BLAS numpy already loaded when it makes its first Mesh
-(`cap_blas_threads_under_launcher`). ``import spmdsim`` changes nothing. A
+``mpiexec`` caps the BLAS numpy already loaded when spmdsim's guard is first
+set up on it (`cap_blas_threads_under_launcher`, from runtime.process). ``import spmdsim`` changes nothing. A
 user's own setting always wins, and reaches the loaded BLAS even when it
 was made after numpy loaded.
 """

@@ -5,8 +5,8 @@ context. A simulated rank is a thread of a simulation (spmdsim.sim): the
 thread that runs it enters that rank's `RankContext` and leaves it when the
 rank ends, so two simulations (two threads calling ``spmdsim.simulate``) keep
 their ranks apart. The runtime keeps nothing per rank anywhere else: the open
-trace collectors, the collective counter, a dry run's byte meter and the table
-of work done once for all ranks are the context's.
+trace collectors, the collective counter, the debug settings, a dry run's byte
+meter and the table of work done once for all ranks are the context's.
 
 Imports nothing of spmdsim: every layer may ask (datagen included, which the engines sit above).
 """
@@ -19,18 +19,22 @@ __all__ = ["RankContext", "PROCESS", "current", "simulated", "enter", "leave"]
 
 
 class RankContext:
-    """One rank's own state: who it is, its world communicator and engine, its traces and counter."""
+    """One rank's own state: who it is, its world communicator and engine, its traces, counter and settings."""
 
-    __slots__ = ("rank", "size", "comm", "engine", "traces", "seq", "meter", "shared", "self_comm",
+    __slots__ = ("rank", "size", "comm", "engine", "traces", "seq", "hooks", "meter", "shared", "self_comm",
                  "dry_run", "__weakref__")
 
     def __init__(self, rank: Optional[int] = None, size: Optional[int] = None, comm: Any = None,
-                 engine: Any = None, dry_run: bool = False, shared: Optional[dict] = None) -> None:
+                 engine: Any = None, dry_run: bool = False, shared: Optional[dict] = None,
+                 hooks: Any = None) -> None:
         self.rank, self.size = rank, size
         self.comm = comm  # the world communicator (None in PROCESS: mpi4py's COMM_WORLD)
         self.engine = engine  # the engine this rank's meshes run on (None in PROCESS: MPI)
         self.traces: list = []  # spmdsim.runtime.trace's open collectors, innermost last
         self.seq = 0  # spmdsim.runtime.debug's collective counter
+        # spmdsim.runtime.debug's settings (a Hooks): PROCESS gets its own when debug loads, a
+        # simulated rank a copy of PROCESS's when simulate() starts; hot paths read `hooks.quiet`
+        self.hooks = hooks
         self.dry_run = dry_run
         self.meter: Any = None  # a dry run's byte meter (spmdsim.sim.dry.Meter)
         self.shared = {} if shared is None else shared  # spmdsim.engines.once's results, one table per run

@@ -27,7 +27,10 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     from mpi4py import MPI
 
+    from spmdsim.runtime.process import tune_mpi_process
+
     _WORLD = MPI.COMM_WORLD
+    tune_mpi_process()  # this run is a launched program of spmdsim's: BLAS threads, heap, memory watch
     expected = os.environ.get("SPMDSIM_EXPECT_WORLD")
     if expected and int(expected) != _WORLD.size:
         sys.stderr.write(

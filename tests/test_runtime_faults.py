@@ -207,6 +207,7 @@ def test_a_job_nearly_out_of_memory_ends_with_one_line_per_rank_that_saw_it():
     import spmdsim.runtime.memwatch as memwatch
     from spmdsim.engines import memory
     memwatch.POLL_S = 0.1
+    install_excepthook()  # the guard starts the watch (runtime.process); a Mesh alone does not
     if mesh.rank == 1:
         memory.held = lambda: 2 << 30
         memory.readings = lambda: (2 << 30, 1 << 28, 24 << 30)

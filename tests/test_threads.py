@@ -81,6 +81,30 @@ def test_import_spmdsim_loads_no_mpi4py_and_changes_no_process_setting():
     assert not any(name in imported for name in ("spmdsim._threads", "spmdsim._malloc"))
 
 
+_LAUNCHED = """
+import os
+from spmdsim import Layout, _threads
+from spmdsim.runtime import Mesh, install_excepthook, memwatch, process
+before = dict(os.environ)
+Mesh(Layout((1,), ("x",)))  # an MPI rank's mesh: no process setting changes
+print(process._TUNED == [] and dict(os.environ) == before and not memwatch._STARTED)
+install_excepthook()  # the guard, first set up: the process is tuned, once
+threads = _threads.thread_cap(2)
+print(process._TUNED == [(threads, True, True)] and os.environ["OMP_NUM_THREADS"] == str(threads)
+      and process.tune_mpi_process() is process._TUNED[0])
+"""
+
+
+def test_a_mesh_changes_no_process_setting_and_the_guard_tunes_a_launched_rank_once():
+    pytest.importorskip("mpi4py")
+    env = {k: v for k, v in os.environ.items()
+           if k not in _threads.THREAD_VARS + _malloc.GLIBC_VARS + _threads.LOCAL_SIZE_VARS}
+    env["SLURM_NTASKS_PER_NODE"] = "2"  # a launcher's "ranks on this node" that a singleton MPI ignores
+    out = subprocess.run([sys.executable, "-c", _LAUNCHED], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"], out.stdout + out.stderr
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
 def test_cap_loaded_blas_sets_numpys_openblas():
     code = ("import ctypes, numpy; from spmdsim import _threads\n"

@@ -12,7 +12,13 @@ collective (and fingerprint exchange) is posted nonblocking and polled; past
 the deadline the rank asks its group where they are (runtime._roster), prints
 who waits where and who is missing, and aborts the job (guard.abort_job).
 
-The sequence number counts the collectives this process issued (groups of one
+The settings are the running rank's (`Hooks`, ``current().hooks``): an MPI
+rank's are its process's (`HOOKS`); a simulated rank starts from a copy of
+the process's made when simulate() starts, and configure() on it changes that
+rank's alone, so a simulation beside it (another thread's simulate()) and the
+process keep theirs.
+
+The sequence number counts the collectives this rank issued (groups of one
 rank included), the check's Allgather and DTensor.gather, so a rank that issued
 one more or one fewer than its peers is caught at its next collective. mpi4py
 is imported only when a watched wait lasts longer than 0.1 s, or to abort.
@@ -29,12 +35,13 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from ..errors import RuntimeMismatchError, SpmdsimError
+from ..context import PROCESS
 from ..context import current as _context
 from ..context import simulated as _simulated
 from . import _roster
 from ..engines import wait as waiting
 
-__all__ = ["HOOKS", "configure", "check_enabled", "watchdog_seconds", "quiet", "next_seq", "current_seq",
+__all__ = ["Hooks", "HOOKS", "configure", "check_enabled", "watchdog_seconds", "quiet", "next_seq", "current_seq",
            "fingerprint", "describe", "verify", "verify_counts", "verify_operands", "wait", "begin",
            "waiter", "FINGERPRINT_FIELDS", "CHECK_WATCHDOG_S", "add_cli_arguments",
            "configure_from_args", "MIN_WATCHDOG_S", "watchdog_setting"]
@@ -49,47 +56,84 @@ _MAGIC = 0x5350_4D44  # "SPMD": a row of garbage or zeros never matches a real o
 
 
 class Hooks:
-    """Whether the debug hooks are on: one instance, `HOOKS`.
+    """One rank's debug settings: whether the divergence guard and the watchdog are on.
 
-    ``HOOKS.quiet``: True when neither hook is on, one attribute read for hot
-    paths (worked out on first read and after configure()); the rest are the
+    The process has its own (`HOOKS`, the settings of an MPI rank or of a plain
+    process); each simulated rank gets a copy of the process's when simulate()
+    starts (spmdsim.sim.run), so configure() on a simulated rank changes that
+    rank's and nothing beside it, as configure() on an MPI rank changes that
+    process's. The running rank's are ``current().hooks`` (spmdsim.context).
+
+    ``quiet``: True when neither hook is on, one attribute read for hot paths
+    (worked out on first read and after configure()); the rest are the
     settings (None: read the environment on first use). The collectives' call
-    counter is the running rank's (spmdsim.context: ``current().seq``).
+    counter is the running rank's (``current().seq``).
     """
 
     __slots__ = ("check", "watchdog", "watchdog_read", "watchdog_set", "quiet")
 
-    def __init__(self) -> None:
-        self.check: Optional[bool] = None
-        self.watchdog: Optional[float] = None
-        self.watchdog_read = False
-        self.watchdog_set = False  # configure() chose it: the environment and the default step aside
+    def __init__(self, like: Optional["Hooks"] = None) -> None:
+        """Settings read from the environment on first use, or, given `like`, a copy of its settings."""
+        self.check: Optional[bool] = None if like is None else like.check
+        self.watchdog: Optional[float] = None if like is None else like.watchdog
+        self.watchdog_read = False if like is None else like.watchdog_read
+        # configure() chose the watchdog: the environment and the default step aside
+        self.watchdog_set = False if like is None else like.watchdog_set
         # `quiet` stays unset until first read (__getattr__)
 
     def __getattr__(self, name: str) -> Any:
         # Reached only for an unset slot: `quiet` is worked out once, then a plain read.
         if name != "quiet":
             raise AttributeError(name)
-        self.quiet = not check_enabled() and watchdog_seconds() is None
+        self.quiet = not self.check_enabled() and self.watchdog_seconds() is None
         return self.quiet
 
+    def check_enabled(self) -> bool:
+        """Whether collectives compare fingerprints first (SPMDSIM_CHECK)."""
+        if self.check is None:
+            self.check = _flag("SPMDSIM_CHECK")
+        return self.check
 
-HOOKS = Hooks()
+    def watchdog_seconds(self) -> Optional[float]:
+        """The watchdog's timeout in seconds, or None when it is off (SPMDSIM_WATCHDOG)."""
+        if not self.watchdog_read:
+            raw = os.environ.get("SPMDSIM_WATCHDOG")
+            if raw is None or not raw.strip():
+                self.watchdog = CHECK_WATCHDOG_S if self.check_enabled() else None
+            else:
+                self.watchdog = watchdog_setting(raw, "SPMDSIM_WATCHDOG")
+            self.watchdog_read = True
+        return self.watchdog
+
+    def configure(self, check: Optional[bool], watchdog: Any) -> None:
+        """configure()'s work on these settings (its arguments as it takes them)."""
+        if check is not None:
+            self.check = bool(check)
+            if not self.watchdog_set:
+                self.watchdog_read = False  # its default follows the guard
+        if watchdog != "keep":
+            self.watchdog = watchdog_setting(watchdog, "watchdog")
+            self.watchdog_read = self.watchdog_set = True
+        self.forget_quiet()
+
+    def forget_quiet(self) -> None:
+        """Work `quiet` out again on its next read (the settings changed)."""
+        try:
+            del self.quiet
+        except AttributeError:
+            pass
 
 
-def _forget_quiet() -> None:
-    """Work `HOOKS.quiet` out again on its next read (the settings changed)."""
-    try:
-        del HOOKS.quiet
-    except AttributeError:
-        pass
+#: The process's settings (an MPI rank's, or a plain process's); a simulated rank has its own.
+HOOKS = PROCESS.hooks = Hooks()
 
 
 def _reset() -> None:
-    """Every setting back to 'read the environment on first use', the counter to 0 (tests)."""
-    HOOKS.__init__()
-    _context().seq = 0
-    _forget_quiet()
+    """The running rank's settings back to 'read the environment on first use', its counter to 0 (tests)."""
+    context = _context()
+    context.hooks.__init__()
+    context.seq = 0
+    context.hooks.forget_quiet()
 
 
 #: The watchdog the divergence guard turns on when SPMDSIM_WATCHDOG is unset (a rank that skips a
@@ -132,15 +176,11 @@ def configure(check: Optional[bool] = None, watchdog: Any = "keep") -> None:
     """Turn the divergence guard on/off and set the watchdog (seconds; None or 0 = off), on every rank alike.
 
     Arguments left out keep the current setting (the environment's until first changed).
+    Called on a simulated rank it sets that rank's settings (every rank of the
+    simulation calls it, as every MPI rank would), else the process's: a
+    simulation beside it, or started later from its copy, is not changed.
     """
-    if check is not None:
-        HOOKS.check = bool(check)
-        if not HOOKS.watchdog_set:
-            HOOKS.watchdog_read = False  # its default follows the guard
-    if watchdog != "keep":
-        HOOKS.watchdog = watchdog_setting(watchdog, "watchdog")
-        HOOKS.watchdog_read = HOOKS.watchdog_set = True
-    _forget_quiet()
+    _context().hooks.configure(check, watchdog)
 
 
 def add_cli_arguments(parser: Any) -> None:
@@ -162,30 +202,21 @@ def configure_from_args(args: Any) -> None:
 
 
 def check_enabled() -> bool:
-    """Whether collectives compare fingerprints first (SPMDSIM_CHECK)."""
-    if HOOKS.check is None:
-        HOOKS.check = _flag("SPMDSIM_CHECK")
-    return HOOKS.check
+    """Whether the running rank's collectives compare fingerprints first (SPMDSIM_CHECK)."""
+    return _context().hooks.check_enabled()
 
 
 def watchdog_seconds() -> Optional[float]:
-    """The watchdog's timeout in seconds, or None when it is off (SPMDSIM_WATCHDOG).
+    """The running rank's watchdog timeout in seconds, or None when it is off (SPMDSIM_WATCHDOG).
 
     Unset: off, or CHECK_WATCHDOG_S with the divergence guard; 0 turns it off even then.
     """
-    if not HOOKS.watchdog_read:
-        raw = os.environ.get("SPMDSIM_WATCHDOG")
-        if raw is None or not raw.strip():
-            HOOKS.watchdog = CHECK_WATCHDOG_S if check_enabled() else None
-        else:
-            HOOKS.watchdog = watchdog_setting(raw, "SPMDSIM_WATCHDOG")
-        HOOKS.watchdog_read = True
-    return HOOKS.watchdog
+    return _context().hooks.watchdog_seconds()
 
 
 def quiet() -> bool:
-    """True when neither the divergence guard nor the watchdog is on (as `HOOKS.quiet`, a call)."""
-    return HOOKS.quiet
+    """True when neither the divergence guard nor the watchdog is on for the running rank (its ``hooks.quiet``)."""
+    return _context().hooks.quiet
 
 
 def next_seq() -> int:

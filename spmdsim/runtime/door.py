@@ -35,7 +35,6 @@ from ..context import current as _context
 from .trace import record, record_call
 
 _empty = buffers.empty  # placed in the page for MPI's copies (spmdsim.buffers)
-_HOOKS = debug.HOOKS
 _ndarray = np.ndarray
 
 
@@ -65,10 +64,9 @@ def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, 
     """
     context = _context()  # the running rank's: its open traces and call counter
     traces = context.traces
-    engine = mesh.engine
     if run is None:
-        run = getattr(engine, kind)
-    if _HOOKS.quiet and mesh.algorithms is None:
+        run = getattr(mesh.engine, kind)
+    if context.hooks.quiet and mesh.algorithms is None:
         if t0 is None and traces:
             t0 = perf_counter()
         try:  # costs nothing until the engine refuses the buffers

@@ -21,6 +21,7 @@ from ..layout import TensorLayout
 from ..context import current as _context
 from ..validate import as_int, counted, dtype_arg, tolerance_arg
 from . import door
+from .replay import local_of
 from .check import Verdict, agree, default_tolerances, local_stats
 from .mesh import Mesh
 
@@ -208,7 +209,8 @@ class DTensor:
 
     # -- views (read-only; attrgetter: C, the operators and autograd read them often) --
     mesh = property(attrgetter("_mesh"))
-    local = property(attrgetter("_local"))
+    local = property(local_of, doc="this rank's block (seen as recorded while this thread captures a step: "
+                                   "spmdsim.runtime.replay)")
     layout = property(attrgetter("_layout"))
     global_shape = property(attrgetter("_shape"))
     shape = property(attrgetter("_shape"), doc="the global shape (as PyTorch's DTensor), not this rank's block's")

@@ -13,6 +13,10 @@ nonblocking collectives of healthy ranks.
 Ctrl-C is handled on a thread of its own (`_watch_ctrl_c`): a rank inside a
 blocking MPI call (the busy wait) runs no Python until the call returns, so
 it could not take part in the all-ranks agreement from its main thread.
+
+Set up for the first time on a rank, the guard also tunes its process once
+(runtime.process: BLAS threads, freed heap kept, the memory watch), since every
+program of spmdsim's sets it up before its MPI work.
 """
 from __future__ import annotations
 
@@ -47,9 +51,14 @@ def _private(comm: Any) -> Any:
     """A duplicate of `comm` kept for the guard's barrier (collective on first use per comm).
 
     On COMM_WORLD the first time, a second duplicate goes to the Ctrl-C watch (`_watch_ctrl_c`).
+    The first time on this rank, its process is tuned (runtime.process: BLAS threads, heap, memory watch).
     """
     entry = _PRIVATE.get(id(comm))
     if entry is None or entry[0] is not comm:
+        if not _PRIVATE:
+            from .process import tune_mpi_process
+
+            tune_mpi_process()
         entry = _PRIVATE[id(comm)] = (comm, comm.Dup())
         from mpi4py import MPI
 

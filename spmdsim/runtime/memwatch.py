@@ -3,7 +3,7 @@
 Linux kills the process that holds the most when memory runs out (SIGKILL:
 no message; mpiexec then reports a rank "KILLED BY SIGNAL: 9"), often after
 minutes of swapping. Each rank started by a launcher runs one daemon thread,
-from its first Mesh on, that reads every `POLL_S` seconds what this process
+from the guard's first setup on (runtime.process), that reads every `POLL_S` seconds what this process
 holds and what the machine (or its cgroup) has left (spmdsim.engines.memory's
 readings, as simulated ranks do). When less than 8% is left (at least 256
 MiB) and this rank times the ranks on its node hold 1 GiB or more, it says

@@ -26,22 +26,6 @@ def normalize_axes(axes: str | Iterable[str]) -> tuple[str, ...]:
     return (axes,) if isinstance(axes, str) else tuple(axes)
 
 
-_TUNED = []
-
-
-def _tune_process_once() -> None:
-    """Under an MPI launcher, once per process: BLAS threads to this rank's share, freed heap kept,
-    the memory watch started. Here, not at import: ``import spmdsim`` changes no process setting."""
-    if not _TUNED:
-        from .._malloc import keep_freed_buffers_under_launcher
-        from .._threads import cap_blas_threads_under_launcher, launcher_local_ranks
-        from . import memwatch
-
-        local = launcher_local_ranks()
-        _TUNED.append((cap_blas_threads_under_launcher(), keep_freed_buffers_under_launcher(),
-                       local is not None and memwatch.start(local)))
-
-
 _MPICH_SEGMENT = ("/dev/shm/mpich_shm_",)
 _UNLINKED: list = []
 
@@ -98,7 +82,6 @@ class Mesh:
         simulated = engine.simulated
         if not simulated:
             _check_mpi_comm(comm)
-            _tune_process_once()
             _unlink_segments_once(comm)
         size = comm.Get_size()
         if layout.num_devices != size:

@@ -18,9 +18,14 @@ CUDA graphs' contract on numpy arrays:
 
 How it records: while capturing, DTensors' blocks are seen as `Traced`
 arrays (a numpy subclass that records each ufunc and numpy function applied
-to it, and the methods that copy or write); functions marked `kernel` (the
+to it, and the methods that copy or write; `DTensor.local` is `local_of`,
+which asks the calling thread); functions marked `kernel` (the
 collectives, a dropout's mask, an optimizer's update) are recorded as one
-call each and rerun whole. A Python value read off an array while capturing
+call each and rerun whole. numpy's array creators (`_CREATORS`) are the one
+thing swapped for the whole process: while any thread captures they are
+wrappers on the numpy module that hand the capturing thread traced arrays and
+every other thread numpy's own (docs/replay.md, "How it records", says why
+and what not swapping them would take). A Python value read off an array while capturing
 (``bool(x)``, ``float(x)``, ``x.item()``) is recorded as a guard: a replay
 that reads a different value stops with an error naming the capture's value.
 """
@@ -423,25 +428,19 @@ _PATCHED = {name: _creator(name) for name in _CREATORS}
 
 
 def _begin(tape: "_Tape") -> None:
-    from .dtensor import DTensor
-
     from .. import buffers
 
     with _patch_lock:
         if _ACTIVE[0] == 0:
             for name, made in _PATCHED.items():
                 setattr(np, name, made)
-            DTensor.local = property(_traced_local)
             buffers.FRESH = fresh
         _ACTIVE[0] += 1
     _tls.tape = tape
 
 
 def _end() -> None:
-    from operator import attrgetter
-
     from .. import buffers
-    from .dtensor import DTensor
 
     _tls.tape = None
     with _patch_lock:
@@ -449,13 +448,15 @@ def _end() -> None:
         if _ACTIVE[0] == 0:
             for name, original in _ORIGINAL.items():
                 setattr(np, name, original)
-            DTensor.local = property(attrgetter("_local"))
             buffers.FRESH = None
 
 
-def _traced_local(self: Any) -> Any:
-    local = self._local
-    if type(local) is _ndarray and _tape() is not None:
+def local_of(tensor: Any) -> Any:
+    """``DTensor.local``: the block, as a Traced view while this thread captures (a DTensor that
+    capture() was not given is read like one it was), else the block itself. One property for every
+    thread, never swapped: a simulation that captures leaves the DTensors of another alone."""
+    local = tensor._local
+    if _ACTIVE[0] and type(local) is _ndarray and _tape() is not None:
         return local.view(Traced)
     return local
 

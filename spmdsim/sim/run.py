@@ -31,7 +31,9 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
     note naming the rank (all ranks alike: "every simulated rank"); a deadlock
     (a skipped or mismatched collective) raises DeadlockError naming who waits where.
     While ranks run, the loaded BLAS uses one thread (unless a thread variable is set).
-    Simulations started from two threads run side by side, each rank with its own traces.
+    Simulations started from two threads run side by side, each rank with its own traces
+    and debug settings: a copy of this process's as simulate() starts (spmdsim.runtime.debug;
+    configure() on a simulated rank changes that rank's alone, as on an MPI rank).
     The list's `unreceived` names the messages sent and never received (MPI leaves them undefined).
 
     With ``dry_run=True`` (up to MAX_DRY_RANKS) one rank runs for all with shapes but no
@@ -66,12 +68,16 @@ class DryRunResults(list):
 
 
 def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
+    from ..runtime.debug import HOOKS, Hooks
+
     engine = World(size)
     results: list = [None] * size
     shared: dict = {}
+    settings = Hooks(HOOKS)  # the process's debug settings now: each rank starts from a copy
 
     def body(rank: int) -> None:
-        _local.enter(RankContext(rank, size, SimComm(engine.root, rank, "MPI_COMM_WORLD"), THREADS, shared=shared))
+        _local.enter(RankContext(rank, size, SimComm(engine.root, rank, "MPI_COMM_WORLD"), THREADS, shared=shared,
+                                 hooks=Hooks(settings)))
         try:
             engine.start(rank)  # a run slot: at most engine.slots ranks compute at once
             results[rank] = fn(*args, **kwargs)
@@ -117,9 +123,10 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
 def _dry_run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
     """`fn` once, as rank 0 of `size` on the dry engine, in a thread of its own; its report."""
     from ..engines.trace import Trace
+    from ..runtime.debug import HOOKS, Hooks
     from .dry import DRY, DryComm, Meter, report
 
-    context = RankContext(0, size, DryComm(size), DRY, dry_run=True)
+    context = RankContext(0, size, DryComm(size), DRY, dry_run=True, hooks=Hooks(HOOKS))
     context.meter = Meter()
     context.traces.append(Trace())  # every collective of the run, for the report
     outcome: list = []
