@@ -1,4 +1,4 @@
-"""A GPT trained on real text on a (dp x tp) mesh, every step checked against one numpy process.
+r"""A GPT trained on real text on a (dp x tp) mesh, every step checked against one numpy process.
 
 Character-level text of Python's own standard library sources; token and position
 embeddings, pre-LN blocks (causal multi-head attention, GELU MLP, residuals, dropout),
@@ -12,6 +12,9 @@ difference must stay within 1e-10.
 
 Run: timeout -k 5 1800 mpiexec -n 8 python examples/train_gpt.py --dp 2 --tp 4 --sp
   or python examples/train_gpt.py --ranks 8 --dp 2 --tp 4 --sp   (8 simulated ranks)
+  or, GPT-2 medium's shape on 16,384 ranks, shapes only (docs/simulate.md, "Dry runs"):
+     python examples/train_gpt.py --ranks 16384 --dry-run --steps 1 --tp 8 --sp --vocab 50304 --layers 24 \
+         --d-model 1024 --heads 16 --seq 1024 --batch 2048
 """
 import argparse
 import sys
@@ -32,6 +35,9 @@ parser.add_argument("--steps", type=int, default=200)
 parser.add_argument("--dp", type=int, default=None, help="data-parallel ranks (default: world / tp)")
 parser.add_argument("--tp", type=int, default=None, help="tensor-parallel ranks (default: min(world, 4))")
 parser.add_argument("--sp", action="store_true", help="sequence parallelism (Megatron)")
+parser.add_argument("--vocab", type=int, default=128,
+                    help="vocabulary size (the text's ids are bytes below 128; a larger one, such as GPT-2's padded "
+                         "50304, shapes the embedding and head)")
 parser.add_argument("--layers", type=int, default=4)
 parser.add_argument("--d-model", type=int, default=128)
 parser.add_argument("--heads", type=int, default=4)
@@ -65,8 +71,8 @@ def split(world, cfg):
 def main(args):
     comm = spmdsim.world()
     # Refused on every rank alike, as the other bad sizes are: one line, exit 2.
-    cfg = GPTConfig(layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq, batch=args.batch,
-                    dropout=args.dropout, lr=args.lr, seed=args.seed, clip=args.clip)
+    cfg = GPTConfig(vocab=args.vocab, layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq,
+                    batch=args.batch, dropout=args.dropout, lr=args.lr, seed=args.seed, clip=args.clip)
     shape, problem = split(comm.size, cfg)
     if problem:  # every rank alike, before any collective
         raise spmdsim.SpmdsimError(f"the GPT cannot run on {comm.size} ranks: {problem}")

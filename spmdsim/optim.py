@@ -6,6 +6,12 @@ parameter, so an update is elementwise on the local block: no communication,
 and the optimizer state (momentum, Adam's moments) is sharded like the
 parameters. Updates write the parameters' blocks in place (a layer holding a
 view of them, such as the padded vocabulary table, sees the new values).
+
+In a dry run (spmdsim.sim.dry: shapes, no values) a step computes nothing and
+allocates no state: the parameters stay as they are, and what the optimizer
+would hold after the step (momentum buffers, moments, AdamW's flat buffers),
+worked out from the blocks' sizes, is counted on the run's Meter for as long
+as the optimizer lives, so the report's peak bytes held includes it.
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ from typing import Any, Callable, Iterable, Union
 import numpy as np
 
 from .autograd.graph import Leaf, with_partial
+from .context import current
 from .errors import OperatorError
 from .validate import tolerance_arg
 
@@ -54,6 +61,11 @@ class _Optimizer:
             if g.layout != with_partial(p.layout, ()) or g.local.shape != p.local.shape:
                 raise OperatorError(f"parameter {i}: gradient laid out {g.layout} does not match {p.layout}")
             found.append((i, p.local, g.local))
+        context = current()
+        if context.dry_run:  # shapes, no values: count what the update would hold, compute nothing
+            if found:
+                _dry_count(context.meter, self, self._dry_step(found))
+            return
         if self._together(found):
             _update_kernel()(self._update_all, *(tuple(column) for column in zip(*found)))
             return
@@ -69,6 +81,19 @@ class _Optimizer:
 
     def _update_all(self, indices: tuple, params: tuple, grads: tuple) -> None:
         raise NotImplementedError
+
+    def _dry_step(self, found: list) -> tuple[int, ...]:
+        """A dry run's step on these (index, block, gradient): no state made, nothing computed; the bytes
+        the optimizer would hold while it steps, in order (the last: what it holds after)."""
+        raise NotImplementedError
+
+
+def _dry_count(meter: Any, optimizer: Any, held: tuple[int, ...]) -> None:
+    """Count on a dry run's meter what `optimizer` holds, each figure in turn (the peak sees the largest)."""
+    if meter is None:  # a dry-run context without a meter (none is made so today): nothing to count on
+        return
+    for nbytes in held:
+        meter.count(optimizer, nbytes)
 
 
 def _run_update(update: Callable, index: int, param: np.ndarray, grad: np.ndarray) -> None:
@@ -101,6 +126,13 @@ class SGD(_Optimizer):
         if self.momentum >= 1:
             raise OperatorError(f"momentum {momentum!r} must be in [0, 1)")
         self.buffers: dict[int, np.ndarray] = {}
+        self._dry_buffers: dict[int, int] = {}  # a dry run's `buffers`: index -> its bytes
+
+    def _dry_step(self, found: list) -> tuple[int, ...]:
+        if self.momentum:  # a buffer per parameter, a copy of its first gradient
+            for i, _, grad in found:
+                self._dry_buffers.setdefault(i, grad.nbytes)
+        return (sum(self._dry_buffers.values()),)
 
     def _update(self, index: int, param: np.ndarray, grad: np.ndarray) -> None:
         if self.momentum:
@@ -129,6 +161,12 @@ class Adam(_Optimizer):
         super().__init__(params, lr)
         self.betas, self.eps = _adam_args(betas, eps)
         self.moments: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}
+        self._dry_moments: dict[int, int] = {}  # a dry run's `moments`: index -> the bytes of both
+
+    def _dry_step(self, found: list) -> tuple[int, ...]:
+        for i, param, _ in found:  # two arrays like the parameter
+            self._dry_moments.setdefault(i, 2 * param.nbytes)
+        return (sum(self._dry_moments.values()),)
 
     def _update(self, index: int, param: np.ndarray, grad: np.ndarray) -> None:
         b1, b2 = self.betas
@@ -162,6 +200,13 @@ class AdamW(_Optimizer):
         self.state: dict[int, tuple[int, np.ndarray, np.ndarray]] = {}
         # The parameters last updated together, and their gradients, moments, scratch and spans in flat buffers.
         self._flat: tuple = ((), None)
+        # A dry run's `state` and `_flat`, by size: per parameter its steps, its block's bytes and where its
+        # moments live (None: a pair of its own; else the indices of the flat buffers they view), and the
+        # indices of the flat buffers last made.
+        self._dry_steps: dict[int, int] = {}
+        self._dry_sizes: dict[int, int] = {}
+        self._dry_homes: dict[int, Any] = {}
+        self._dry_flat: tuple = ()
 
     def _update(self, index: int, param: np.ndarray, grad: np.ndarray) -> None:
         t, m, v = self.state.get(index) or (0, np.zeros_like(param), np.zeros_like(param))
@@ -169,14 +214,44 @@ class AdamW(_Optimizer):
         adamw_update(param, grad, m, v, t + 1, lr=self.lr, betas=self.betas, eps=self.eps,
                      weight_decay=self.weight_decay if self.decays[index] else 0.0)
 
-    def _together(self, found: list) -> bool:
+    def _together(self, found: list, taken: Any = None) -> bool:
         # One dtype, and every parameter at the same step (each counts its own): then the moments are one
         # pass each over flat buffers (PyTorch's foreach AdamW), not ~12 numpy calls per parameter.
+        # `taken`: index -> steps taken (a dry run's); default `state`'s.
         if len(found) < 2:
             return False
         dtype = found[0][1].dtype
-        steps = {self.state[i][0] if i in self.state else 0 for i, _, _ in found}
+        if taken is None:
+            steps = {self.state[i][0] if i in self.state else 0 for i, _, _ in found}
+        else:
+            steps = {taken.get(i, 0) for i, _, _ in found}
         return len(steps) == 1 and all(b.dtype == dtype and g.dtype == dtype for _, b, g in found)
+
+    def _dry_step(self, found: list) -> tuple[int, ...]:
+        """`step`'s choices on sizes: the same parameters go together, the flat buffers are made when
+        `_flatten` makes them (while the old ones still live), moments never made twice."""
+        held = []
+        for i, block, _ in found:
+            self._dry_sizes[i] = block.nbytes
+        if self._together(found, self._dry_steps):
+            indices = tuple(i for i, _, _ in found)
+            if indices != self._dry_flat:  # g, m, v and scratch made, the old ones not yet freed
+                held.append(self._dry_held() + 4 * sum(self._dry_sizes[i] for i in indices))
+                self._dry_flat = indices
+                for i in indices:
+                    self._dry_homes[i] = indices
+        for i, _, _ in found:
+            self._dry_homes.setdefault(i, None)  # alone: a pair of its own, made at its first step
+            self._dry_steps[i] = self._dry_steps.get(i, 0) + 1
+        return tuple(held) + (self._dry_held(),)
+
+    def _dry_held(self) -> int:
+        """The bytes `state` and `_flat` hold: each own pair; the moments' flat buffers that a parameter's
+        moments still view (the whole buffers); the last flat gradient and scratch buffers."""
+        own = sum(2 * self._dry_sizes[i] for i, home in self._dry_homes.items() if home is None)
+        viewed = {home for home in self._dry_homes.values() if home is not None}  # the last flat set among them
+        flats = sum(2 * sum(self._dry_sizes[i] for i in indices) for indices in viewed)
+        return own + flats + 2 * sum(self._dry_sizes[i] for i in self._dry_flat)
 
     def _update_all(self, indices: tuple, params: tuple, grads: tuple) -> None:
         """The same step as `_update` on each parameter, bit for bit: the moments and the step sizes over

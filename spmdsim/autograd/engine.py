@@ -149,7 +149,12 @@ def _bucketed(bucket: _Bucket, leaf: Any, explain: Optional[list], readers: dict
 
         grads = bucket.grads
         first = grads[0]
-        flat = np.concatenate([g.local.reshape(-1) for g in grads])
+        parts = [g.local.reshape(-1) for g in grads]
+        if first.mesh.engine.dry:  # the dry engine's zeros, not copied (spmdsim.sim.dry): never read or written
+            like = np.broadcast_to(np.zeros((), np.result_type(*parts)), (sum(p.size for p in parts),))
+            flat = first.mesh.engine.local(np.concatenate, like, parts)
+        else:
+            flat = np.concatenate(parts)
         label = f"gradient bucket of {len(grads)} leaves"
         with _collector(explain) as trace:
             summed = resolve(first.mesh, flat, pending(first.mesh.layout, 1, first.layout.partial), label,
@@ -305,7 +310,11 @@ def add_grads(a: Any, b: Any, layout: TensorLayout) -> Any:
         both = set(a.layout.partial) | set(b.layout.partial)
         common = layout.with_partial(x for x in layout.layout.alias_name if x in both)
         a, b = _move(a, common), _move(b, common)
-    total = a.local + b.local
+    if a.mesh.engine.dry:  # the dry engine's zeros, not added (spmdsim.sim.dry)
+        like = np.broadcast_to(np.zeros((), np.result_type(a.local, b.local)), a.local.shape)
+        total = a.mesh.engine.local(np.add, like, a.local, b.local)
+    else:
+        total = a.local + b.local
     if type(total) is not np.ndarray:  # 0-d blocks sum to a numpy scalar
         total = np.asarray(total)
     # Both checked DTensors of one layout and global shape: their sum's block is shaped as theirs.

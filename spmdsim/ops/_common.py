@@ -1,6 +1,7 @@
 """Shared pieces of the MPI operators: operand checks, result tensors, local B -> S slicing."""
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
@@ -86,6 +87,23 @@ def local_matmul(a: np.ndarray, b: np.ndarray, sent: bool = True) -> np.ndarray:
     lead = lead_a if lead_a == lead_b or not lead_b else np.broadcast_shapes(lead_a, lead_b)
     shape = lead + (a.shape[-2], b.shape[-1])
     return np.matmul(a, b, out=buffers.empty(shape, np.result_type(a, b)))
+
+
+#: In a dry run (spmdsim.sim.dry) an elementwise result of this many bytes or more is the dry engine's zeros,
+#: its kernel not run; a smaller one is computed on the zeros (what a program may decide by: a count, a
+#: mask), as a dry collective's result up to this size gets this rank's own values.
+DRY_ZEROS_BYTES = 64 << 10
+
+
+def dry_zeros(mesh: Any, shape: tuple, dtype: Any, fn: Any, *args: Any) -> Optional[np.ndarray]:
+    """In a dry run, the zeros that stand in for ``fn(*args)``, a result of `shape` and `dtype` of
+    DRY_ZEROS_BYTES or more (`fn` not called); None on real ranks and for smaller results (compute them)."""
+    if not mesh.engine.dry:
+        return None
+    dtype = np.dtype(dtype)
+    if math.prod(shape) * dtype.itemsize < DRY_ZEROS_BYTES:
+        return None
+    return mesh.engine.local(fn, np.broadcast_to(np.zeros((), dtype), shape), *args)
 
 
 _RESULT_DTYPES: dict = {}

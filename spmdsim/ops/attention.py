@@ -95,13 +95,13 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
         padding = ~_moved(mask, plan.mask).local[:, None, None, :]
         above = padding if above is None else above | padding
     keep = None
-    if drop:
+    if drop and not mesh.engine.dry:  # a dry run computes neither direction: no mask drawn
         b, tq, h = first(tuple(q.global_shape))[:3]
         probs_shape = (b, h, tq, tk)
         region = (b_, h_, t_, slice(0, tk))
         keep = keep_mask(probs_shape, seed, region, drop)
     # The kept probabilities' factor, once (keep is 0 or 1: the same bits as keep * factor after each product).
-    factors = np.multiply(keep, np.asarray(1.0 / (1.0 - drop), q.dtype)) if drop else None
+    factors = np.multiply(keep, np.asarray(1.0 / (1.0 - drop), q.dtype)) if keep is not None else None
     kept: dict = {}  # the probabilities, before and after dropout, for the backward (a dry run keeps none)
 
     # Per sample and head, (Tq, D) @ (D, Tk) and (Tq, Tk) @ (Tk, E): batched BLAS products on the blocks'

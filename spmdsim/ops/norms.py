@@ -35,7 +35,7 @@ from ..validate import as_int, shape_arg
 from . import local as _whole
 from . import pointwise as P
 from . import reduce as R
-from ._common import keep_mask, make_dtensor, raise_if_not_dtensors, require_float, seed_arg
+from ._common import dry_zeros, keep_mask, make_dtensor, raise_if_not_dtensors, require_float, seed_arg
 
 __all__ = ["softmax", "log_softmax", "layer_norm", "rms_norm", "causal_mask", "masked_fill", "dropout",
            "resolved"]
@@ -226,17 +226,23 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
     # The kept entries' factor, once: x * (keep * scale) is x * keep * scale bit for bit (keep is 0 or 1),
     # one product forward and one backward.
     scale = np.asarray(1.0 / (1.0 - p), x.dtype)
-    if mask_dims is None:
+    order = None if mask_dims is None else _permutation(mask_dims, len(region))
+    # A dry run's large block (spmdsim.ops._common.dry_zeros): zeros, forward and backward, no mask drawn.
+    dry = dry_zeros(x.mesh, x.local.shape, x.local.dtype, np.multiply, x.local, scale)
+    if dry is not None:
+        kept = None
+    elif order is None:
         kept = np.multiply(keep_mask(tuple(x.global_shape), seed, region, p), scale)
     else:
-        order = _permutation(mask_dims, len(region))
         keep = keep_mask(tuple(x.global_shape[d] for d in order), seed, tuple(region[d] for d in order), p)
         kept = np.multiply(keep, scale).transpose(np.argsort(order))
-    out = make_dtensor(x.mesh, x.local * kept, x.layout, x.global_shape)
+    out = make_dtensor(x.mesh, x.local * kept if dry is None else dry, x.layout, x.global_shape)
     if x._ag is None:
         return out
 
     def backward(dy: Any) -> tuple:
+        if kept is None:
+            return (grad_tensor(x, _engine_local(np.multiply, dy.local, dy.local, scale), dy.layout.partial),)
         return (grad_tensor(x, dy.local * kept, dy.layout.partial),)
 
     return record(out, "dropout", (x,), backward, with_partial(x.layout, ()))

@@ -24,7 +24,7 @@ from ..infer.pointwise import infer_pointwise
 from ..engines import local as engine_local
 from ..validate import dtype_name
 from . import _common
-from ._common import describe, make_dtensor, result_dtype
+from ._common import describe, dry_zeros, make_dtensor, result_dtype
 
 __all__ = ["add", "sub", "mul", "div", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "pow", "neg",
            "abs", "sigmoid", "silu", "sin", "cos", "square", "rsqrt", "clip", "erf", "equal", "not_equal", "lift",
@@ -228,12 +228,23 @@ def pointwise(op: str, *args: Any) -> Any:
     xs = [x if x.layout == t else _redistributed(x, t) for x, t in zip(xs, plan.targets)]
     forward, backward = _KERNELS[op]
     locals_ = [x.local for x in xs]
-    with _quiet(op, divide="ignore", invalid="ignore", over="ignore"):
-        block = forward(*locals_)
+    block = _dry_block(mesh, forward, locals_) if mesh.engine.dry else None
+    if block is None:
+        with _quiet(op, divide="ignore", invalid="ignore", over="ignore"):
+            block = forward(*locals_)
     out = make_dtensor(mesh, block, plan.out, plan.shape)
     if backward is None or not any(x._ag is not None for x in xs):
         return out
     return _record(op, out, xs, backward, plan)
+
+
+def _dry_block(mesh: Any, forward: Callable, locals_: list) -> Any:
+    """A dry run's large result (spmdsim.ops._common.dry_zeros): zeros of the kernel's shape and dtype, not
+    computed; None for a small one (computed)."""
+    shape = np.broadcast_shapes(*(block.shape for block in locals_))
+    with np.errstate(all="ignore"):  # the result's dtype: the kernel's on one zero of each operand's dtype
+        dtype = np.asarray(forward(*(np.zeros((), block.dtype) for block in locals_))).dtype
+    return dry_zeros(mesh, shape, dtype, forward, *locals_)
 
 
 def _redistributed(x: Any, target: Any) -> Any:

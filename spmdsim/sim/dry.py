@@ -12,8 +12,10 @@ kernels (`DryEngine.matmul`, `DryEngine.local`) are zeros made without
 computing. Every collective is traced with its bytes, the step kinds'
 formulas. The run's `Meter` counts the bytes the rank holds: the blocks made
 from seeds and every buffer a collective sends or receives, for as long as
-the array lives; its peak is the "peak bytes held". Local temporaries that
-never reach a collective are not counted.
+the array lives, and what an optimizer's states would hold, for as long as the
+optimizer lives (spmdsim.optim counts them with `Meter.count`, allocating
+none); its peak is the "peak bytes held". Local temporaries that never reach a
+collective are not counted.
 
 The report gives every rank the representative's collectives, bytes and peak,
 except where a step record says ranks differ: an exchange's per-rank bytes
@@ -68,6 +70,20 @@ class Meter:
         if self.held > self.peak:
             self.peak = self.held
 
+    def count(self, owner: Any, nbytes: int) -> None:
+        """Count `nbytes` as what `owner` holds (in place of what was counted for it before) until `owner`
+        is freed; update the peak. For memory a dry run keeps no array of: an optimizer's states
+        (spmdsim.optim), worked out from the parameters' sizes."""
+        key = id(owner)
+        if key in self._live:
+            self.held -= self._live[key]
+        else:
+            weakref.finalize(owner, _release, weakref.ref(self), key)
+        self._live[key] = nbytes
+        self.held += nbytes
+        if self.held > self.peak:
+            self.peak = self.held
+
 
 def _release(ref: Any, key: int) -> None:
     owner = ref()
@@ -83,21 +99,26 @@ def dry_run_active() -> bool:
 #: From this size up a dry run's zeros are their own anonymous mapping (`zeros`).
 LAZY_BYTES = 1 << 20
 
+#: A private mapping: a page only read is the kernel's one shared zero page (Python's default,
+#: MAP_SHARED, backs even a read page with memory of its own: 8 MiB of RSS for summing 8 MiB of zeros).
+_PRIVATE = {"flags": mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS} if hasattr(mmap, "MAP_ANONYMOUS") else {}
+
 
 def zeros(shape: tuple, dtype: Any) -> np.ndarray:
     """Zeros whose pages cost no memory until written: a dry run's stand-in for any value.
 
     ``np.zeros`` is calloc, and glibc may serve a multi-MiB calloc from a heap
     it has used before and clear it, writing every page (the Megatron block's
-    attention scores are 32 MiB a rank at 1,024 ranks). An anonymous mapping is
-    zero-filled by the kernel page by page on first write, and unmapped when
+    attention scores are 32 MiB a rank at 1,024 ranks). A private anonymous
+    mapping costs nothing where it is only read (its pages are the kernel's
+    zero page), is filled page by page on first write, and is unmapped when
     the array is freed.
     """
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes >= LAZY_BYTES:
         try:
-            return np.frombuffer(mmap.mmap(-1, nbytes), dtype).reshape(shape)
+            return np.frombuffer(mmap.mmap(-1, nbytes, **_PRIVATE), dtype).reshape(shape)
         except OSError:  # out of mappings (vm.max_map_count) or address space: numpy's own
             pass
     return np.zeros(shape, dtype)
