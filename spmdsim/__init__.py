@@ -29,7 +29,7 @@ _LAZY = {
     "abort_on_error": ("spmdsim.runtime.guard", "abort_on_error"),
     "print_ranked": ("spmdsim.runtime.ranked", "print_ranked"),
     "simulate": ("spmdsim.sim", "simulate"),
-    "world": ("spmdsim.sim", "world"),
+    "world": ("spmdsim.emulator.comm", "world"),
     "script": ("spmdsim.sim", "script"),
     "ops": ("spmdsim.ops", None),
     "optim": ("spmdsim.optim", None),

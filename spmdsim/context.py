@@ -21,7 +21,7 @@ __all__ = ["RankContext", "PROCESS", "current", "simulated", "enter", "leave"]
 class RankContext:
     """One rank's own state: who it is, its world communicator and engine, its traces, counter and settings."""
 
-    __slots__ = ("rank", "size", "comm", "engine", "traces", "seq", "hooks", "meter", "shared", "self_comm",
+    __slots__ = ("rank", "size", "comm", "engine", "traces", "seq", "hooks", "meter", "shared", "self_comm", "world_comm",
                  "dry_run", "__weakref__")
 
     def __init__(self, rank: Optional[int] = None, size: Optional[int] = None, comm: Any = None,
@@ -39,6 +39,7 @@ class RankContext:
         self.meter: Any = None  # a dry run's byte meter (spmdsim.sim.dry.Meter)
         self.shared = {} if shared is None else shared  # spmdsim.engines.once's results, one table per run
         self.self_comm: Any = None  # MPI.COMM_SELF of a simulated rank, made on first use
+        self.world_comm: Any = None  # its MPI.COMM_WORLD with mpi4py's methods (spmdsim.emulator), likewise
 
 
 #: The context of code that no simulation runs: an MPI rank's (or a plain process's).

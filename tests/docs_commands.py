@@ -73,8 +73,8 @@ def quotes(doc: str) -> list[Quote]:
     found = []
     for m in _FENCE.finditer(text):
         line = text.count("\n", 0, m.start()) + 2
-        if m.group(1) == "python":
-            continue  # a program to save and launch, not a command line
+        if m.group(1) in ("python", "text"):
+            continue  # a program to save and launch, or a picture: not a command line
         body = m.group(2).splitlines()
         if body and body[0].startswith("$ "):
             found.append(Quote(doc, line, body[0][2:].strip(), tuple(body[1:])))

@@ -161,7 +161,7 @@ def run_one(cls: type, method: str, n: int) -> tuple[str, str]:
 
 def run(test_dir: Path, ranks: list[int], only: str | None = None, files=FILES) -> dict:
     """{ranks: {test id: [outcome, detail, out-of-scope reason or None, seconds]}}."""
-    from spmdsim.sim.mpi4py_world import swapped
+    from spmdsim.emulator.mpi4py_world import swapped
 
     cases = load(test_dir, files)
     results: dict = {}

@@ -173,7 +173,7 @@ PURE_MODULES = [
     # The emulator itself needs no MPI (the runtime's collectives import mpi4py when a program runs).
     "spmdsim.sim",
     "spmdsim.sim.run",
-    "spmdsim.sim.comm",
+    "spmdsim.emulator.comm",
     "spmdsim.sim.dry",
     "spmdsim.sim.launch",
 ]

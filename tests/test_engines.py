@@ -139,7 +139,7 @@ def test_the_runtime_ops_autograd_and_datagen_do_not_ask_which_engine_they_run_o
         text = path.read_text()
         for word in ("SimComm", "_sim_local", "RUNNING"):
             assert word not in text, f"{path.relative_to(ROOT)} mentions {word}"
-        asked = {n for n in _imports(path) if n.startswith(("spmdsim.sim.run", "spmdsim.sim.comm",
+        asked = {n for n in _imports(path) if n.startswith(("spmdsim.sim.run", "spmdsim.emulator",
                                                               "spmdsim.sim.dry", "spmdsim.sim.engine"))}
         assert not asked, f"{path.relative_to(ROOT)} imports {sorted(asked)}"
 
@@ -225,3 +225,72 @@ def test_a_dry_runs_memory_check_is_one_ranks(capsys):
     assert main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1].split()[:4] == ["ranks", "0-16383", "1", "1,040,384"] and "allreduce x1" in lines[-1]
+
+
+#: A communicator's transfer methods, mpi4py's names (docs/architecture.md, "The path of a byte").
+TRANSFER_CALL = (r"\.(Allreduce|Allgather|Alltoallv?|Reduce_scatter|Bcast|Send|Recv|Isend|Irecv|Sendrecv|"
+                 r"allreduce|allgather|bcast|gather|alltoall)\(")
+
+
+def test_only_the_mpi_engine_and_the_emulator_call_a_communicators_transfer_methods():
+    """The command docs/architecture.md shows: every call of a communicator's transfer method in the package
+    is in the MPI engine's module or the mpi4py emulator's package (and one line of prose about x.gather())."""
+    out = subprocess.run(["grep", "-rnE", "--include=*.py", TRANSFER_CALL, "spmdsim"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    files = {line.split(":", 1)[0] for line in out.stdout.splitlines()}
+    assert "spmdsim/engines/mpi.py" in files  # the scan sees calls at all
+    strays = sorted(f for f in files if f != "spmdsim/engines/mpi.py" and not f.startswith("spmdsim/emulator/"))
+    assert strays == ["spmdsim/ops/methods.py"], strays
+    prose = [line for line in out.stdout.splitlines() if line.startswith("spmdsim/ops/methods.py")]
+    assert len(prose) == 1 and "x.gather() makes the whole array" in prose[0]
+    shown = (ROOT / "docs" / "architecture.md").read_text()
+    assert f'$ grep -rnE "{TRANSFER_CALL}" spmdsim' in shown  # the docs show this very command
+
+
+@pytest.mark.parametrize("where", ["spmdsim/runtime", "spmdsim/engines", "spmdsim/sim", "spmdsim/ops",
+                                   "spmdsim/autograd", "spmdsim/cli", "spmdsim/autoshard", "spmdsim/nets",
+                                   "spmdsim/gpt"])
+def test_spmdsim_never_imports_the_mpi4py_emulator(where):
+    """The emulator runs users' own mpi4py programs (spmdsim.world(), spmdsim mpirun); spmdsim's own code runs
+    on the thread engine and imports it nowhere, function-level imports included. The CLI's mpirun command
+    and the front door's `world` name it by string, loaded when used."""
+    for path in sorted((ROOT / where).glob("*.py")):
+        asked = {n for n in _imports(path) if n.startswith("spmdsim.emulator")}
+        if path.relative_to(ROOT).as_posix() == "spmdsim/cli/mpirun.py":
+            assert asked == {"spmdsim.emulator.mpirun", "spmdsim.emulator.mpirun.add_arguments",
+                             "spmdsim.emulator.mpirun.run"}
+            continue
+        assert not asked, f"{path.relative_to(ROOT)} imports {sorted(asked)}"
+
+
+def test_the_thread_engine_runs_every_transfer_as_mpi_defines_it():
+    """Each transfer of the thread engine on 4 simulated ranks (tests/enginekit.py)."""
+    from enginekit import check_transfers, run_transfers
+
+    results = spmdsim.simulate(4, lambda: run_transfers(spmdsim.world()))
+    for r, out in enumerate(results):
+        check_transfers(out, r, 4)
+    results = spmdsim.simulate(4, lambda: run_transfers(context.current().comm))  # the runtime's world
+    for r, out in enumerate(results):
+        check_transfers(out, r, 4)
+
+
+def test_the_dry_engine_counts_every_buffer_a_transfer_holds_and_moves_nothing():
+    """One rank for all: results as if every member sent this rank's buffer; each buffer counted as held."""
+    from spmdsim.sim.dry import DRY, DryComm
+
+    def body() -> tuple:
+        from spmdsim.engines import current
+
+        comm = DryComm(4, 1, "test")
+        x = np.arange(3.0)
+        gathered, summed = np.empty(12), np.empty(3)
+        DRY.all_gather(comm, x, gathered, None)
+        DRY.all_reduce(comm, x, summed, "sum", None)
+        with pytest.raises(SimulationError, match="isend in a dry run"):
+            DRY.isend(comm, x, 0, 1)
+        return gathered, summed, current().meter.peak, DRY.all_gather_object(comm, "a")
+
+    gathered, summed, peak, objects = spmdsim.simulate(4, body, dry_run=True)[0]
+    assert np.array_equal(gathered, np.tile(np.arange(3.0), 4)) and np.array_equal(summed, np.arange(3.0))
+    assert peak >= (3 + 12 + 3) * 8 and objects == ["a"] * 4

@@ -325,7 +325,7 @@ def test_a_rank_waiting_on_another_ranks_communicator_is_named():
     # Ranks sharing one rank's communicator (kept in a module that every rank imports once, say) waited as
     # that rank, two threads as one, forever.
     from spmdsim.sim import SimulationError, simulate
-    from spmdsim.sim.run import world
+    from spmdsim.sim import world
 
     shared = {}
 

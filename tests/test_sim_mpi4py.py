@@ -16,7 +16,7 @@ import pytest
 
 import mpi4py_snippets as snippets
 from spmdsim.sim import simulate
-from spmdsim.sim.mpi4py_world import swapped
+from spmdsim.emulator.mpi4py_world import swapped
 from testkit import MPIEXEC
 
 HERE = Path(__file__).resolve().parent

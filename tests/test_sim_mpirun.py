@@ -61,7 +61,7 @@ def test_exit_codes_errors_and_module_form(tmp_path, capsys):
     assert "-n 0 must be a number of ranks from 1 to 4096" in capsys.readouterr().err
     assert main(["mpirun", "-n", "2", "python", str(tmp_path / "absent.py")]) == 2
     assert "does not exist" in capsys.readouterr().err
-    run = subprocess.run([sys.executable, "-m", "spmdsim.sim.mpirun", "-n", "3", "-m", "mpi4py.bench", "helloworld"],
+    run = subprocess.run([sys.executable, "-m", "spmdsim.emulator.mpirun", "-n", "3", "-m", "mpi4py.bench", "helloworld"],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert sorted(run.stdout.splitlines()) == sorted(f"Hello, World! I am process {r} of 3 on "

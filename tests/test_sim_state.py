@@ -126,7 +126,7 @@ def _module_objects() -> dict:
     from mpi4py import MPI
 
     from spmdsim.runtime.dtensor import DTensor
-    from spmdsim.sim.mpi4py_world import SWAPPED
+    from spmdsim.emulator.mpi4py_world import SWAPPED
 
     seen = {f"np.{name}": getattr(np, name) for name in _CREATORS}
     seen.update({f"np.random.{name}": getattr(np.random, name) for name in np.random.__all__})

@@ -103,7 +103,7 @@ def _simulated(args: argparse.Namespace) -> int:
     """--ranks N: every rank a thread of this process (spmdsim.sim); the report says so first."""
     from ..runtime.debug import configure_from_args
     from ..sim.launch import run_on_ranks
-    from ..sim.run import world
+    from ..engines import world
 
     if isinstance(args.ranks, bool) or not 2 <= args.ranks <= 1024:
         raise SpmdsimError(f"--ranks {args.ranks!r} must be between 2 and 1024")

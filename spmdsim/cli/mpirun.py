@@ -1,7 +1,7 @@
 """`spmdsim mpirun -n N python script.py ARGS...`: an unmodified mpi4py program on N simulated ranks.
 
 One process, no mpiexec: each rank is a thread whose ``MPI.COMM_WORLD`` is its
-simulated world (spmdsim.sim.mpirun, docs/simulate.md).
+simulated world (spmdsim.emulator.mpirun, docs/simulate.md).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ __all__ = ["register"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from ..sim.mpirun import add_arguments
+    from ..emulator.mpirun import add_arguments
 
     p = subparsers.add_parser(
         "mpirun",
@@ -23,6 +23,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..sim.mpirun import run
+    from ..emulator.mpirun import run
 
     return run(args.ranks, args.command)

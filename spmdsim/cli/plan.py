@@ -328,7 +328,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_redistribute(args: argparse.Namespace) -> int:
     """`spmdsim run redistribute`: execute the plan under MPI and check it bit-exactly."""
-    from ..sim.run import world
+    from ..engines import world
     from .run import guarded
 
     comm = world()  # MPI's COMM_WORLD, or the simulated rank's under --ranks N

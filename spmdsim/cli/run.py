@@ -54,7 +54,7 @@ def on_world(args: argparse.Namespace, fn: Callable[[Any], int]) -> int:
 
         return fn(MPI.COMM_WORLD)
     from ..sim.launch import ranks_problem, run_on_ranks
-    from ..sim.run import world
+    from ..engines import world
 
     problem = ranks_problem(n, bool(getattr(args, "dry_run", False)))
     if problem:

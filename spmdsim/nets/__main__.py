@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _on_world(args: argparse.Namespace) -> int:
     from ..runtime.guard import run_guarded
-    from ..sim.run import world
+    from ..engines import world
 
     comm = world()  # MPI's COMM_WORLD, or the simulated rank's
     return run_guarded(lambda: _run(args.names or list(NETWORKS), args, comm), comm)

@@ -1,4 +1,4 @@
-"""Simulated ranks in one process: the collective emulator (docs/simulate.md).
+"""Simulated ranks in one process: the launcher, the thread engine and the dry run (docs/simulate.md).
 
     import spmdsim
     results = spmdsim.simulate(8, main)      # main() runs once per rank, each in its own thread
@@ -11,20 +11,22 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# Where each public name lives (module of this package); the order is __all__'s.
+# Where each public name lives (a module of this package, or an absolute one): the user's mpi4py-like
+# world and SimComm are the emulator's (spmdsim.emulator).
 _WHERE = {name: module for module, names in {
-    "run": ("simulate", "world", "current_rank", "MAX_RANKS"),
+    "run": ("simulate", "current_rank", "MAX_RANKS"),
+    "spmdsim.emulator.comm": ("world", "SimComm"),
     "launch": ("script", "run_on_ranks"),
     "spmdsim.engines.once": ("once",),
     "dry": ("dry_run_active",),
-    "comm": ("SimComm",),
     "p2p": ("Request",),
     "_buffers": ("IN_PLACE",),
     "engine": ("DeadlockError", "SimulationError"),
     "spmdsim.engines.memory": ("MemoryLimitError",),
 }.items() for name in names}
 
-__all__ = list(_WHERE)
+__all__ = ["simulate", "world", "current_rank", "MAX_RANKS", "script", "run_on_ranks", "once", "dry_run_active",
+           "SimComm", "Request", "IN_PLACE", "DeadlockError", "SimulationError", "MemoryLimitError"]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,4 +1,4 @@
-"""Point-to-point messages between simulated ranks: matching, eager sends, probes, and SimComm's methods.
+"""Point-to-point messages between simulated ranks: matching, eager sends, probes (the thread engine's).
 
 A send is matched with the first posted receive of its destination that takes
 its source and tag, and a receive with the oldest pending send that fits, so
@@ -23,7 +23,7 @@ from ._buffers import message, mpi_error, mpi_module, special
 from .engine import Group, _Waiting
 from .requests import Request, completed, fill_status, rank_name
 
-__all__ = ["Request", "post_send", "post_recv", "completed", "PointToPoint", "EAGER_BYTES", "unreceived"]
+__all__ = ["Request", "post_send", "post_recv", "completed", "EAGER_BYTES", "unreceived"]
 
 #: Standard sends below this many bytes are buffered (MPICH 4's shared-memory eager limit is 8 KiB).
 EAGER_BYTES = 8 << 10
@@ -215,106 +215,3 @@ def probe(group: Group, me: int, source: int, tag: int, status: Any, block: bool
             return True
         world.pause(rank, token)
         return False
-
-
-class PointToPoint:
-    """Point-to-point methods of SimComm (a mixin; `self._group`, `self._me`)."""
-
-    def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
-        return post_send(self._group, self._me, dest, tag, buf)
-
-    def Ibsend(self, buf: Any, dest: int, tag: int = 0) -> Request:
-        return post_send(self._group, self._me, dest, tag, buf, mode="buffered")
-
-    def Issend(self, buf: Any, dest: int, tag: int = 0) -> Request:
-        return post_send(self._group, self._me, dest, tag, buf, mode="synchronous")
-
-    Irsend = Isend
-
-    def Irecv(self, buf: Any, source: Optional[int] = None, tag: Optional[int] = None) -> Request:
-        return post_recv(self._group, self._me, _any(source, "ANY_SOURCE"), _any(tag, "ANY_TAG"), buf)
-
-    def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
-        self.Isend(buf, dest, tag).Wait()
-
-    def Bsend(self, buf: Any, dest: int, tag: int = 0) -> None:
-        self.Ibsend(buf, dest, tag).Wait()
-
-    def Ssend(self, buf: Any, dest: int, tag: int = 0) -> None:
-        self.Issend(buf, dest, tag).Wait()
-
-    Rsend = Send
-
-    def Recv(self, buf: Any, source: Optional[int] = None, tag: Optional[int] = None, status: Any = None) -> None:
-        self.Irecv(buf, source, tag).Wait(status)
-
-    def Isendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
-                  source: Optional[int] = None, recvtag: Optional[int] = None) -> Request:
-        send = self.Isend(sendbuf, dest, sendtag)
-        recv = self.Irecv(recvbuf, source, recvtag)
-        both = Request(None, self._me, "sendrecv")
-        both.null, both.parts = False, (send, recv)
-        return both
-
-    def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
-                 source: Optional[int] = None, recvtag: Optional[int] = None, status: Any = None) -> None:
-        self.Isendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag).Wait(status)
-
-    def Isendrecv_replace(self, buf: Any, dest: int, sendtag: int = 0, source: Optional[int] = None,
-                          recvtag: Optional[int] = None) -> Request:
-        data, count, _ = message(buf, "Sendrecv_replace buffer", readonly=False)
-        both = Request(None, self._me, "sendrecv")
-        send = self.Isend(data[:count].copy(), dest, sendtag)  # sent from a copy: `buf` is received into
-        both.null, both.parts = False, (send, self.Irecv(data[:count], source, recvtag))
-        return both
-
-    def Sendrecv_replace(self, buf: Any, dest: int, sendtag: int = 0, source: Optional[int] = None,
-                         recvtag: Optional[int] = None, status: Any = None) -> None:
-        self.Isendrecv_replace(buf, dest, sendtag, source, recvtag).Wait(status)
-
-    def Probe(self, source: Optional[int] = None, tag: Optional[int] = None, status: Any = None) -> bool:
-        return probe(self._group, self._me, _any(source, "ANY_SOURCE"), _any(tag, "ANY_TAG"), status, True)
-
-    def Iprobe(self, source: Optional[int] = None, tag: Optional[int] = None, status: Any = None) -> bool:
-        return probe(self._group, self._me, _any(source, "ANY_SOURCE"), _any(tag, "ANY_TAG"), status, False)
-
-    probe = Probe
-    iprobe = Iprobe
-
-    # -- objects (pickled) -------------------------------------------------------------------------
-
-    def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
-        return post_send(self._group, self._me, dest, tag, None, obj)
-
-    def ibsend(self, obj: Any, dest: int, tag: int = 0) -> Request:
-        return post_send(self._group, self._me, dest, tag, None, obj, mode="buffered")
-
-    def issend(self, obj: Any, dest: int, tag: int = 0) -> Request:
-        return post_send(self._group, self._me, dest, tag, None, obj, mode="synchronous")
-
-    def irecv(self, buf: Any = None, source: Optional[int] = None, tag: Optional[int] = None) -> Request:
-        return post_recv(self._group, self._me, _any(source, "ANY_SOURCE"), _any(tag, "ANY_TAG"), None)
-
-    def send(self, obj: Any, dest: int, tag: int = 0) -> None:
-        self.isend(obj, dest, tag).wait()
-
-    def bsend(self, obj: Any, dest: int, tag: int = 0) -> None:
-        self.ibsend(obj, dest, tag).wait()
-
-    def ssend(self, obj: Any, dest: int, tag: int = 0) -> None:
-        self.issend(obj, dest, tag).wait()
-
-    def recv(self, buf: Any = None, source: Optional[int] = None, tag: Optional[int] = None,
-             status: Any = None) -> Any:
-        if buf is not None:  # as mpi4py warns; the message is unpickled from its own bytes
-            import warnings
-
-            warnings.warn("the 'buf' argument is deprecated", UserWarning, stacklevel=2)
-        return self.irecv(None, source, tag).wait(status)
-
-    def sendrecv(self, sendobj: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
-                 source: Optional[int] = None, recvtag: Optional[int] = None, status: Any = None) -> Any:
-        send = self.isend(sendobj, dest, sendtag)
-        got = self.irecv(None, source, recvtag).wait(status)
-        send.wait()
-        return got

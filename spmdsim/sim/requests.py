@@ -3,7 +3,7 @@
 A request is active (truthy, unequal to MPI.REQUEST_NULL) until a Wait or a
 successful Test completes it; then it is null, as in mpi4py. The class
 methods take lists of these requests; inside `spmdsim mpirun` (and
-spmdsim.sim.mpi4py_world) ``MPI.Request`` is this class, so
+spmdsim.emulator.mpi4py_world) ``MPI.Request`` is this class, so
 ``MPI.Request.Waitall(reqs)`` works unchanged.
 """
 from __future__ import annotations

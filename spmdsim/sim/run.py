@@ -10,14 +10,13 @@ from typing import Any, Callable, Optional
 
 from .. import context as _local
 from ..context import RankContext
-from ..engines import memory, world
+from ..engines import memory
 from ..errors import SpmdsimError
 from ..validate import as_int
-from .comm import SimComm
 from .engine import Aborted, SimulationError, World, ranks_text
-from .thread_engine import THREADS
+from .thread_engine import THREADS, Member
 
-__all__ = ["simulate", "world", "RankContext", "MAX_RANKS", "MAX_DRY_RANKS"]
+__all__ = ["simulate", "RankContext", "MAX_RANKS", "MAX_DRY_RANKS"]
 
 MAX_RANKS = 4096  # one thread each; beyond this the per-thread stacks alone exhaust small machines
 MAX_DRY_RANKS = 65536  # a dry run runs one rank for all: the largest mesh the planner is meant for
@@ -76,7 +75,7 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
     settings = Hooks(HOOKS)  # the process's debug settings now: each rank starts from a copy
 
     def body(rank: int) -> None:
-        _local.enter(RankContext(rank, size, SimComm(engine.root, rank, "MPI_COMM_WORLD"), THREADS, shared=shared,
+        _local.enter(RankContext(rank, size, Member(engine.root, rank), THREADS, shared=shared,
                                  hooks=Hooks(settings)))
         try:
             engine.start(rank)  # a run slot: at most engine.slots ranks compute at once

@@ -12,7 +12,7 @@ there and write only their own, then wait until all have read
 its call returns, as under MPI. Reductions add in group order (member 0 +
 member 1 + ...), so every rank gets the same bytes on every run.
 
-The mpi4py emulator (SimComm, spmdsim.sim.comm) reads mpi4py's buffer
+The mpi4py emulator (SimComm, spmdsim.emulator.comm) reads mpi4py's buffer
 specifications and calls these same bodies: one body per transfer, whichever
 door it came in by. A `signature` is what every member's call must agree on
 (compared on arrival; a mismatch raises on every member).

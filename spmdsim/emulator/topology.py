@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ._buffers import copy_into, dtype_name, message, mpi_error, mpi_module, special, vector
+from ..sim._buffers import copy_into, dtype_name, message, mpi_error, mpi_module, special, vector
 from .comm import SimComm, comm_null
 from .group import speak_mpi4py
 

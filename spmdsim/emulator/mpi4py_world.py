@@ -41,10 +41,10 @@ def real(name: str) -> Any:
 
 
 def _simulated(name: str, state: Any) -> Any:
-    from .comm import SimComm, self_comm
+    from .comm import SimComm, self_comm, world_of
 
     if name == "COMM_WORLD":
-        return state.comm
+        return world_of(state)
     if name == "COMM_SELF":
         return self_comm(state)
     if name in ("Comm", "Intracomm"):
@@ -54,7 +54,7 @@ def _simulated(name: str, state: Any) -> Any:
 
         return SimCartComm
     if name == "Request":
-        from .requests import Request
+        from ..sim.requests import Request
 
         return Request
     if name == "Group":
@@ -68,7 +68,7 @@ def _simulated(name: str, state: Any) -> Any:
     if name == "Detach_buffer":
         return lambda: _BSEND_BUFFERS.pop(threading.get_ident(), None)
     if name == "Iflush_buffer":
-        from .requests import completed
+        from ..sim.requests import completed
 
         return completed
     return lambda *args, **kwargs: None  # Init, Init_thread, Finalize

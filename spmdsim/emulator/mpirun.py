@@ -4,14 +4,14 @@
     spmdsim mpirun -n 4 python -m package.module ARGS...
     spmdsim mpirun -n 4 python -m mpi4py script.py ARGS...     (mpi4py's runner: the same)
     spmdsim mpirun -n 4 python -c "from mpi4py import MPI; ..."
-    python -m spmdsim.sim.mpirun -n 8 script.py ARGS...
+    python -m spmdsim.emulator.mpirun -n 8 script.py ARGS...
 
 Every rank runs the script in its own thread with its own globals
 (``__name__ == "__main__"``); inside it ``from mpi4py import MPI; MPI.COMM_WORLD``
-is that rank's simulated world (spmdsim.sim.mpi4py_world). As under mpiexec,
+is that rank's simulated world (spmdsim.emulator.mpi4py_world). As under mpiexec,
 each rank has its own copy of the program's own modules (those in the script's
-folder: spmdsim.sim.rank_modules) and its own `random` and `numpy.random`
-module-level generators (spmdsim.sim.rank_random), and stdin goes to rank 0;
+folder: spmdsim.emulator.rank_modules) and its own `random` and `numpy.random`
+module-level generators (spmdsim.emulator.rank_random), and stdin goes to rank 0;
 other modules are loaded once and shared by the ranks. The exit code is the largest of the ranks' ``sys.exit``
 codes. Where MPI would hang or abort, one report (docs/simulate.md): a
 deadlock in one line naming each waiting rank's call and program line; an
@@ -114,7 +114,7 @@ def _program(kind: str, what: str) -> int:
 def _rank(kind: str, what: str, exits: dict) -> int:
     """`_program`, noting a non-zero exit code (in `exits`, and for deadlock reports: 'rank 1 exited
     (sys.exit(3))')."""
-    from .run import current_rank, note_exit
+    from ..sim.run import current_rank, note_exit
 
     code = _program(kind, what)
     if code:
@@ -134,12 +134,12 @@ class _StdinOfRankZero:
         self._stream = stream
 
     def _refuse(self) -> bool:
-        from .run import current_rank
+        from ..sim.run import current_rank
 
         return current_rank() not in (0, None)
 
     def _eof(self) -> EOFError:
-        from .run import current_rank
+        from ..sim.run import current_rank
 
         return EOFError(f"simulated rank {current_rank()} reads stdin, which goes to rank 0 only (as mpiexec "
                         f"forwards it): read it on rank 0 and send it on (comm.bcast)")
@@ -170,7 +170,7 @@ def _report(exc: BaseException, exits: dict) -> int:
     emulator's frames below the program's, as mpiexec shows no frames inside the MPI library.
     """
     from ..errors import RuntimeMismatchError, SpmdsimError
-    from .engine import ranks_text
+    from ..sim.engine import ranks_text
 
     ranks = getattr(exc, "simulated_ranks", ())
     where = f"simulated {ranks_text(ranks)}" if ranks else "a simulated rank"
@@ -194,10 +194,12 @@ def _report(exc: BaseException, exits: dict) -> int:
 
 
 def _raised_by_emulator(exc: BaseException) -> bool:
-    """Whether `exc` was raised in spmdsim.sim's code (its innermost frame), called from the program."""
+    """Whether `exc` was raised in the emulator's code or the thread engine's under it (its innermost frame,
+    in spmdsim.emulator or spmdsim.sim), called from the program."""
     frames = traceback.extract_tb(exc.__traceback__)
-    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
-    return bool(frames) and frames[-1].filename.startswith(here)
+    here = os.path.dirname(os.path.abspath(__file__))
+    ours = (here + os.sep, os.path.join(os.path.dirname(here), "sim") + os.sep)
+    return bool(frames) and frames[-1].filename.startswith(ours)
 
 
 def _program_frames(exc: BaseException, trim_emulator: bool) -> list:
@@ -216,7 +218,7 @@ def run(n: int, command: Sequence[str]) -> int:
     from .mpi4py_world import swapped
     from .rank_modules import own_modules
     from .rank_random import own_generators
-    from .run import MAX_RANKS, simulate
+    from ..sim.run import MAX_RANKS, simulate
 
     if type(n) is not int or not 1 <= n <= MAX_RANKS:
         print(f"spmdsim mpirun: error: -n {n!r} must be a number of ranks from 1 to {MAX_RANKS}", file=sys.stderr)
@@ -236,7 +238,7 @@ def run(n: int, command: Sequence[str]) -> int:
         with swapped(), own_generators(), own_modules(sys.path[0] or os.getcwd(), kind != "module"):
             codes = simulate(n, _rank, kind, what, exits)
     except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, as a shell tool does on SIGPIPE
-        from .launch import _quiet_stdout
+        from ..sim.launch import _quiet_stdout
 
         _quiet_stdout()
         return 141
@@ -255,7 +257,7 @@ def run(n: int, command: Sequence[str]) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m spmdsim.sim.mpirun", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m spmdsim.emulator.mpirun", description=__doc__.splitlines()[0])
     add_arguments(parser)
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) > 2 and argv[0] in ("-n", "-np", "--np") and argv[2] == "-m":

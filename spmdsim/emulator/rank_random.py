@@ -30,7 +30,7 @@ def own_generators() -> Iterator[None]:
     import numpy as np
     from numpy.random import mtrand
 
-    from .run import current_rank
+    from ..sim.run import current_rank
 
     states: dict[int, tuple] = {}  # rank -> (random.Random, numpy.random.RandomState)
     lock = threading.Lock()

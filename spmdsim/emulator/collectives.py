@@ -18,9 +18,9 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import DTypeError, ShapeError
-from . import thread_engine as bodies
-from ._buffers import copy_into, dtype_name, fold, in_place, message, mpi_error, mpi_module, reduction, vector
-from .thread_engine import bad_root
+from ..sim import thread_engine as bodies
+from ..sim._buffers import copy_into, dtype_name, fold, in_place, message, mpi_error, mpi_module, reduction, vector
+from ..sim.thread_engine import bad_root
 
 __all__ = ["BufferCollectives", "bad_root"]
 
@@ -51,7 +51,7 @@ def _blocks_fit(op: str, sent: np.ndarray, recv: np.ndarray) -> None:
 def _bcast_count(group: Any, root: int, me: int, sent: np.ndarray, data: np.ndarray) -> BaseException:
     """MPICH's error on a Bcast receiver whose count is not the root's: MPI_ERR_TRUNCATE where the root
     sends more (MPI.Exception "Message truncated"), MPI_ERR_OTHER where it sends fewer."""
-    from .requests import rank_name
+    from ..sim.requests import rank_name
 
     kind = dtype_name(data.dtype)
     detail = (f"Bcast: {rank_name(group, root)} (the root) broadcasts {sent.size} {kind} ({sent.nbytes} bytes) "
@@ -271,7 +271,7 @@ class BufferCollectives:
     # -- nonblocking: posted and completed at once (see the module docstring) --------------------
 
     def _posted(self, method: Callable, *args: Any) -> Any:
-        from .p2p import completed
+        from ..sim.p2p import completed
 
         method(*args)
         return completed(self._group, self._me)

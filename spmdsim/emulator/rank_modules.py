@@ -51,7 +51,7 @@ class _RankModule(types.ModuleType):
 
 def _copy(standin: _RankModule) -> types.ModuleType:
     """The calling rank's copy of `standin`'s module, made and run on first use."""
-    from .run import current_rank
+    from ..sim.run import current_rank
 
     state = object.__getattribute__(standin, "__dict__")
     copies, lock = state["__spmdsim_copies__"], state["__spmdsim_lock__"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from ._buffers import mpi_module, special
+from ..sim._buffers import mpi_module, special
 
 __all__ = ["SimGroup", "speak_mpi4py"]
 

@@ -3,8 +3,8 @@
 Each simulated rank holds its own SimComm per communicator (they share an
 engine `Group`); copies made with ``MPI.Comm(comm)`` share one handle (its call
 counter, name, freed state), as mpi4py's copies share one MPI handle. The
-collectives are in spmdsim.sim.collectives and spmdsim.sim.objects, the
-point-to-point calls in spmdsim.sim.p2p, Cartesian grids in spmdsim.sim.topology.
+collectives are in spmdsim.emulator.collectives and spmdsim.emulator.objects, the
+point-to-point calls in spmdsim.sim.p2p, Cartesian grids in spmdsim.emulator.topology.
 Persistent requests, derived datatypes, one-sided, I/O, graph topologies and
 intercommunicators are not simulated
 (docs/simulate.md).
@@ -14,30 +14,38 @@ from __future__ import annotations
 from typing import Any
 
 from .. import context as _local
-from ._buffers import mpi_module, special
+from ..sim._buffers import mpi_module, special
 from .collectives import BufferCollectives
-from .engine import Group, SimulationError
-from . import thread_engine as bodies
-from .thread_engine import THREADS, Member
+from ..sim.engine import Group, SimulationError
+from ..sim import thread_engine as bodies
+from ..sim.thread_engine import THREADS, Count, Member
 from .group import SimGroup, speak_mpi4py
 from .objects import ObjectCollectives
 from .p2p import PointToPoint
 
-__all__ = ["SimComm", "self_comm", "comm_null"]
+__all__ = ["SimComm", "self_comm", "comm_null", "world", "world_of"]
 
 
 class _Handle:
-    """What copies of one communicator share: the collective call counter, name, info, state."""
+    """What copies of one communicator share: the thread engine's call counter (`count`, shared with
+    the runtime's view of the same communicator), name, info, state."""
 
-    __slots__ = ("seq", "freed", "name", "info", "buffer", "creates")
+    __slots__ = ("count", "name", "info", "buffer", "creates")
 
-    def __init__(self, name: str = "") -> None:
-        self.seq = 0  # collective calls on this communicator: the rendezvous number
-        self.freed = False
+    def __init__(self, name: str = "", count: Any = None) -> None:
+        self.count = Count() if count is None else count
         self.name = name
         self.info: Any = None
         self.buffer: Any = None
         self.creates: dict = {}  # (members, tag) -> Create_group calls made
+
+
+def _counted(field: str) -> property:
+    return property(lambda h: getattr(h.count, field), lambda h, v: setattr(h.count, field, v))
+
+
+_Handle.seq = _counted("seq")  # collective calls on this communicator: the rendezvous number
+_Handle.freed = _counted("freed")
 
 
 class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives):
@@ -60,6 +68,13 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives):
         self._group = group
         self._me = me
         self._h = _Handle(name) if group is not None else None
+
+    @classmethod
+    def of(cls, member: Member, name: str) -> "SimComm":
+        """The emulator's view of the thread engine's `member`: one communicator, one call counter."""
+        comm = cls(member._group, member._me, name)
+        comm._h = _Handle(name, member._h)
+        return comm
 
     @property
     def _seq(self) -> int:
@@ -144,7 +159,7 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives):
             return (SimComm, ())
         state = _local.simulated()
         for kind in ("world", "self"):
-            canonical = None if state is None else (state.comm if kind == "world" else self_comm(state))
+            canonical = None if state is None else (world_of(state) if kind == "world" else self_comm(state))
             if canonical is not None and self._h is canonical._h:
                 return (_predefined, (kind, self is canonical))
         raise ValueError(f"cannot serialize {self!r}")
@@ -200,7 +215,7 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives):
     Dup_with_info = Dup
 
     def Idup(self, info: Any = None) -> tuple:
-        from .requests import completed
+        from ..sim.requests import completed
 
         return self.Dup(info), completed()
 
@@ -232,7 +247,7 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives):
         return SimComm(entry[0], members.index(mine))
 
     def Create_cart(self, dims: Any, periods: Any = None, reorder: bool = False) -> Any:
-        """A Cartesian grid of the first prod(dims) members (spmdsim.sim.topology)."""
+        """A Cartesian grid of the first prod(dims) members (spmdsim.emulator.topology)."""
         from .topology import create_cart
 
         return create_cart(self, dims, periods, reorder)
@@ -278,7 +293,7 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives):
         pass  # buffered sends are delivered from their own copies
 
     def Iflush_buffer(self) -> Any:
-        from .requests import completed
+        from ..sim.requests import completed
 
         return completed()
 
@@ -305,6 +320,28 @@ def _resolve(comm: Any) -> SimComm:
     raise TypeError(f"expected a simulated communicator, got {comm!r}")
 
 
+def world_of(state: Any) -> SimComm:
+    """The simulated rank's MPI.COMM_WORLD: its world group (`state.comm`, what the runtime's meshes
+    split) with mpi4py's methods, made on first use."""
+    comm = state.world_comm
+    if comm is None:
+        comm = state.world_comm = SimComm.of(state.comm, "MPI_COMM_WORLD")
+    return comm
+
+
+def world() -> Any:
+    """The running rank's world communicator, with mpi4py's methods: a simulated rank's (spmdsim.simulate),
+    a dry run's `DryComm`, else mpi4py's ``MPI.COMM_WORLD``."""
+    state = _local.simulated()
+    if state is None:
+        from mpi4py import MPI
+
+        return MPI.COMM_WORLD
+    if state.engine is not THREADS:  # a dry run's world
+        return state.comm
+    return world_of(state)
+
+
 def self_comm(state: Any) -> SimComm:
     """The simulated rank's MPI.COMM_SELF (made on first use)."""
     comm = state.self_comm
@@ -316,5 +353,5 @@ def self_comm(state: Any) -> SimComm:
 
 def _predefined(kind: str, same: bool) -> SimComm:
     state = _local.simulated()
-    canonical = state.comm if kind == "world" else self_comm(state)
+    canonical = world_of(state) if kind == "world" else self_comm(state)
     return canonical if same else SimComm(canonical)

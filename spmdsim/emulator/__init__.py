@@ -1,0 +1,19 @@
+"""The mpi4py emulator: users' own mpi4py programs on simulated ranks, in one process (docs/simulate.md).
+
+    import spmdsim
+    comm = spmdsim.world()        # inside spmdsim.simulate(n, main): this rank's MPI.COMM_WORLD
+    comm.Allreduce(x, y)          # mpi4py's methods and arguments
+
+    spmdsim mpirun -n 8 python my_mpi4py_program.py   # an unmodified program, mpi4py swapped
+
+`SimComm` (comm.py, with its buffer collectives, object collectives and
+point-to-point methods in collectives.py, objects.py, p2p.py; groups and
+Cartesian grids in group.py and topology.py) reads mpi4py's buffer
+specifications and arguments, raises mpi4py's errors, and runs each call on
+the thread engine's primitives (spmdsim.sim.thread_engine's one body per
+transfer, spmdsim.sim.p2p's message matching, spmdsim.sim.engine's
+rendezvous). `mpi4py_world` swaps mpi4py's MPI module for the simulated
+ranks, `mpirun` runs a program once per rank with its own modules
+(`rank_modules`) and random generators (`rank_random`). spmdsim's runtime
+never imports this package: its meshes run on the thread engine directly.
+"""

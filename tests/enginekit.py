@@ -1,0 +1,88 @@
+"""Every kind of an engine's transfer, run on a communicator and checked against what MPI's call gives.
+
+One body for every engine: tests/test_engines.py runs it on simulated ranks (the thread engine),
+tests/mpi/test_engine_transfers.py under mpiexec (MPI's engine).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from spmdsim.engines import engine_of
+
+__all__ = ["run_transfers", "check_transfers"]
+
+
+def run_transfers(comm: Any) -> dict:
+    """Every transfer of `comm`'s engine on `comm`, each result kept by name (collective)."""
+    out: dict = {}
+    engine = engine_of(comm)
+    me, g = comm.Get_rank(), comm.Get_size()
+    x = np.arange(6, dtype=np.float64) + 10 * me  # rank r: 10r, 10r+1, ...
+    out["all_reduce"] = np.empty(6)
+    engine.all_reduce(comm, x, out["all_reduce"], "sum", None)
+    inplace = x.copy()
+    engine.all_reduce(comm, inplace, inplace, "max", None)
+    out["all_reduce max in place"] = inplace
+    out["all_gather"] = np.empty(6 * g)
+    engine.all_gather(comm, x, out["all_gather"], None)
+    blocks = np.arange(2 * g, dtype=np.float64) + 100 * me
+    out["reduce_scatter"] = np.empty(2)
+    engine.reduce_scatter(comm, blocks, out["reduce_scatter"], "sum", None)
+    out["all_to_all"] = np.empty(2 * g)
+    engine.all_to_all(comm, blocks, out["all_to_all"], None)
+    counts = list(range(1, g + 1))  # rank r sends j+1 items to rank j, receives r+1 from each
+    send = np.concatenate([np.full(j + 1, 10.0 * me + j) for j in range(g)])
+    displs = [sum(counts[:j]) for j in range(g)]
+    recv = np.empty((me + 1) * g)
+    engine.all_to_allv(comm, send, counts, displs, recv, [me + 1] * g, [(me + 1) * j for j in range(g)], None)
+    out["all_to_allv"] = recv
+    buf = np.full(3, float(me))
+    engine.broadcast(comm, buf, g - 1, None)
+    out["broadcast"] = buf
+    stack = np.empty(6 * g) if me == 0 else None
+    engine.gather_to(comm, x, stack, 0, None)
+    out["gather_to"] = stack
+    engine.barrier(comm, None)
+    waits: list = []
+
+    def wait(request: Any) -> None:  # a wait as the polite one is handed requests: it completes them
+        waits.append(request)
+        request.Wait()
+    peer = (me + 1) % g
+    got = np.empty(2)
+    requests = [engine.irecv(comm, got, (me - 1) % g, 5), engine.isend(comm, np.array([me, 7.0]), peer, 5)]
+    engine.wait_all(requests, wait)
+    out["point to point"] = got, len(waits)
+    out["objects"] = (engine.all_gather_object(comm, ("r", me)), engine.gather_object(comm, me * me, 1),
+                      engine.broadcast_object(comm, {"from": me}, 2), engine.all_reduce_object(comm, me + 1, "sum"))
+    half = engine.split(comm, me % 2, -me)  # even and odd ranks, in reverse order
+    out["split"] = (half.Get_size(), half.Get_rank())
+    engine.free(half)
+    return out
+
+
+def check_transfers(out: dict, r: int, g: int) -> None:
+    """Rank `r`'s results of `run_transfers` on a group of `g`, against what MPI's calls give (worked out here)."""
+    x = [np.arange(6.0) + 10 * q for q in range(g)]
+    assert np.array_equal(out["all_reduce"], sum(x))
+    assert np.array_equal(out["all_reduce max in place"], x[-1])
+    assert np.array_equal(out["all_gather"], np.concatenate(x))
+    blocks = [np.arange(2.0 * g) + 100 * q for q in range(g)]
+    assert np.array_equal(out["reduce_scatter"], sum(b[2 * r:2 * r + 2] for b in blocks))
+    assert np.array_equal(out["all_to_all"], np.concatenate([b[2 * r:2 * r + 2] for b in blocks]))
+    assert np.array_equal(out["all_to_allv"], np.concatenate([np.full(r + 1, 10.0 * q + r) for q in range(g)]))
+    assert np.array_equal(out["broadcast"], np.full(3, g - 1.0))
+    assert (out["gather_to"] is None) == (r != 0)
+    if r == 0:
+        assert np.array_equal(out["gather_to"], np.concatenate(x))
+    got, waited = out["point to point"]
+    assert np.array_equal(got, [(r - 1) % g, 7.0]) and waited == 2
+    gathered, squares, bcast, total = out["objects"]
+    assert gathered == [("r", q) for q in range(g)] and bcast == {"from": 2} and total == g * (g + 1) // 2
+    assert squares == ([q * q for q in range(g)] if r == 1 else None)
+    evens_or_odds = [q for q in range(g) if q % 2 == r % 2]
+    assert out["split"] == (len(evens_or_odds), sorted(evens_or_odds, reverse=True).index(r))
+
+
