@@ -9,7 +9,7 @@ import pytest
 
 from spmdsim.autoshard import build, mlp_chain
 from spmdsim.autoshard.candidates import candidates
-from spmdsim.autoshard.cost import redistribution_bytes
+from spmdsim.autoshard.volume import redistribution_bytes
 from spmdsim.infer import infer_matmul
 from spmdsim.plan import plan_redistribution
 

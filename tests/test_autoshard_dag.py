@@ -11,8 +11,8 @@ import spmdsim
 from spmdsim.autoshard import autoshard
 from spmdsim.autoshard.dag import run_dag
 from spmdsim.autoshard.evaluate import evaluate
-from spmdsim.autoshard.execute import is_chain
 from spmdsim.autoshard.networks import gpt_network
+from spmdsim.autoshard.runnable import is_chain
 from spmdsim.cli.main import main
 from spmdsim.gpt.config import GPTConfig
 
@@ -262,7 +262,7 @@ def test_a_node_that_moves_other_bytes_than_predicted_gets_a_note_line():
     # The runner measures what the operators move; where the model priced another number, one line says so.
     from dataclasses import replace
 
-    from spmdsim.autoshard.execute import format_checks
+    from spmdsim.autoshard.report import format_checks
 
     result = _gpt(4)
     report = _run(result, 4)

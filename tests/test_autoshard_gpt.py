@@ -8,7 +8,7 @@ import pytest
 from docs_commands import ROOT
 from spmdsim.autoshard import autoshard, build
 from spmdsim.autoshard.candidates import candidates, make_candidate
-from spmdsim.autoshard.cost import redistribution_bytes
+from spmdsim.autoshard.volume import redistribution_bytes
 from spmdsim.autoshard.gpt import gpt_graph
 from spmdsim.autoshard.networks import gpt_network
 from spmdsim.cli.main import main

@@ -7,7 +7,7 @@ from pathlib import Path
 import spmdsim
 from spmdsim.autoshard import autoshard
 from spmdsim.autoshard.backward import replay
-from spmdsim.autoshard.execute import to_network
+from spmdsim.autoshard.runnable import to_network
 from spmdsim.cli.main import main
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "autoshard.md"

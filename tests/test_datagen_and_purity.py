@@ -1,4 +1,4 @@
-"""Counter-based data and the pure/MPI dividing line."""
+"""Counter-based data and the pure/MPI dividing line (docs/architecture.md, "Imports")."""
 from __future__ import annotations
 
 import subprocess
@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 
+import importkit
 import spmdsim.datagen as datagen
 from spmdsim import Layout, SeededTensor, SpmdsimError
 
@@ -103,8 +104,9 @@ def test_region_errors():
 
 
 PURE_MODULES = [
-    # Everything that decides: layouts, dialects, data, planning, cost, references,
-    # explanation and pictures. None of these may load mpi4py.
+    # Everything that decides: layouts, dialects, data, planning, cost, references, explanation and
+    # pictures. Importing none of these loads mpi4py or spmdsim.runtime, and none of their functions
+    # imports them, directly or through the modules it imports (test_pure_modules_never_reach_...).
     "spmdsim",
     "spmdsim.layout",
     "spmdsim.slicing",
@@ -129,12 +131,16 @@ PURE_MODULES = [
     "spmdsim.reference",
     "spmdsim.reference_grad",
     "spmdsim.activations",
-    "spmdsim.autograd",
+    # The gradient rules and user Functions build their results with the class of the DTensor they
+    # are given; the backward walk that runs them is autograd.engine (below).
+    "spmdsim.autograd.graph",
     "spmdsim.autograd.rules",
-    "spmdsim.optim",
+    "spmdsim.autograd.function",
     "spmdsim.train_reference",
     "spmdsim.engines.once",
+    "spmdsim.nets",
     "spmdsim.nets.digits",
+    "spmdsim.nets.model",
     "spmdsim.infer",
     "spmdsim.infer.reshape",
     "spmdsim.infer.operators",
@@ -142,11 +148,7 @@ PURE_MODULES = [
     "spmdsim.infer.assign",
     "spmdsim.infer.einsum",
     "spmdsim.infer.pointwise",
-    "spmdsim.autograd.function",
     "spmdsim.gpt",
-    "spmdsim.gpt.reference",
-    "spmdsim.gpt.train",
-    "spmdsim.nets.model",
     "spmdsim.viz",
     "spmdsim.viz.ascii",
     "spmdsim.viz.model",
@@ -158,32 +160,50 @@ PURE_MODULES = [
     "spmdsim.cli.cases",
     "spmdsim.algorithms",
     "spmdsim.algorithms.table",
+    "spmdsim.algorithms.picture",
     "spmdsim.cli.convert",
     "spmdsim.cli.plan_explain",
-    "spmdsim.autoshard",
     "spmdsim.autoshard.backward",
-    "spmdsim.autoshard.execute",
-    "spmdsim.autoshard.dag",
+    "spmdsim.autoshard.volume",
     "spmdsim.autoshard.evaluate",
-    "spmdsim.algorithms.picture",
-    # Entry points import the runtime only when a command runs under MPI.
-    "spmdsim.cli.main",
-    "spmdsim.cli.autoshard",
-    "spmdsim.cli.collective",
-    # The emulator itself needs no MPI (the runtime's collectives import mpi4py when a program runs).
-    "spmdsim.sim",
-    "spmdsim.sim.run",
-    "spmdsim.emulator.comm",
-    "spmdsim.sim.dry",
-    "spmdsim.sim.launch",
+    "spmdsim.autoshard.runnable",
+    "spmdsim.autoshard.report",
 ]
+
+#: Importing these loads neither mpi4py nor spmdsim.runtime, but they are not pure: calling them runs
+#: programs on ranks or reaches a module that does. Why, per module.
+LIGHT_MODULES = {
+    "spmdsim.autograd": "its `backward` is the backward walk (autograd.engine)",
+    "spmdsim.autograd.engine": "the backward walk: resolves pending sums and redistributes gradients (collectives)",
+    "spmdsim.optim": "steps DTensors' shards: resolves pending gradients and replays its kernels (the runtime); "
+                     "its numpy AdamW math (adamw_update, clip_coefficient) belongs in a pure module",
+    "spmdsim.gpt.reference": "takes AdamW's numpy math from spmdsim.optim, which reaches the runtime",
+    "spmdsim.gpt.train": "trains the parallel GPT on ranks",
+    "spmdsim.autoshard": "autoshard.gpt.megatron takes Megatron's layouts from spmdsim.gpt.parallel (the model "
+                         "on DTensors), whose layout tables belong in a pure module",
+    "spmdsim.cli.main": "dispatches to every subcommand, which run programs under MPI or on simulated ranks",
+    "spmdsim.cli.autoshard": "--run executes the choice on ranks",
+    "spmdsim.cli.collective": "runs and compares collective algorithms on ranks",
+    # The engines of simulated ranks: they run programs (which use the runtime) and read mpi4py's
+    # datatypes when a program passes them.
+    "spmdsim.sim": "its names start simulations",
+    "spmdsim.sim.run": "runs a program on simulated ranks",
+    "spmdsim.emulator.comm": "reads mpi4py's datatypes when a program passes them (sim._buffers)",
+    "spmdsim.sim.dry": "runs a program on one rank for all",
+    "spmdsim.sim.launch": "launches scripts on simulated ranks under the runtime's excepthook",
+}
+
+#: Below the runtime, the engines meet mpi4py only when a program runs under MPI (MpiEngine's
+#: transfers, `engines.world`); what a pure module asks of them is local work (`engines.local`,
+#: `matmul`, `once`). Their imports inside functions are not followed; their module-level ones are.
+ENGINES = "spmdsim.engines"
 
 
 #: The operators and the runtime package load spmdsim.runtime (lazily, names on first
 #: use) but still no mpi4py until a program runs.
 MPI_FREE_MODULES = ["spmdsim.ops", "spmdsim.ops.losses", "spmdsim.ops.local", "spmdsim.ops.einsum",
                     "spmdsim.ops.pointwise", "spmdsim.ops.reduce", "spmdsim.ops.norms", "spmdsim.gpt.parallel",
-                    "spmdsim.runtime"]
+                    "spmdsim.runtime", "spmdsim.autoshard.execute", "spmdsim.autoshard.dag", "spmdsim.nets.run"]
 
 
 def _loaded_after_import(modules: list[str], prefixes: tuple[str, ...]) -> str:
@@ -202,9 +222,46 @@ def _loaded_after_import(modules: list[str], prefixes: tuple[str, ...]) -> str:
     return out.stdout.strip()
 
 
-def test_pure_modules_import_neither_the_runtime_nor_mpi4py():
-    loaded = _loaded_after_import(PURE_MODULES, ("mpi4py", "spmdsim.runtime"))
-    assert loaded == "", f"pure modules imported {loaded}"
+def test_pure_and_light_modules_import_neither_the_runtime_nor_mpi4py():
+    loaded = _loaded_after_import(PURE_MODULES + list(LIGHT_MODULES), ("mpi4py", "spmdsim.runtime"))
+    assert loaded == "", f"pure or light modules imported {loaded}"
+
+
+def _bad(target: str) -> bool:
+    return target == "mpi4py" or target == "spmdsim.runtime" or target.startswith("spmdsim.runtime.")
+
+
+def _follow(module: str, imp: importkit.Import) -> bool:
+    """Every import, except those inside the engines' functions (ENGINES)."""
+    return imp.at_import or not (module == ENGINES or module.startswith(ENGINES + "."))
+
+
+def test_pure_modules_never_reach_the_runtime_or_mpi4py_when_they_run():
+    """Every import statement of a pure module, inside its functions too, and those of the modules it
+    imports in turn (the engines' module-level ones only: ENGINES) stay clear of spmdsim.runtime and
+    mpi4py. A name of the front door or of a package that loads names on first use counts as the
+    module that defines it: ``from .. import DTensor`` is an import of spmdsim.runtime.dtensor."""
+    imports = importkit.scan()
+    reached = {m: importkit.path_to(m, _bad, imports, _follow) for m in PURE_MODULES}
+    bad = {m: chain for m, chain in reached.items() if chain}
+    assert not bad, "pure modules reach the runtime or mpi4py:\n" + "\n".join(
+        f"{m}:\n{importkit.describe(chain)}" for m, chain in bad.items())
+    assert not set(PURE_MODULES) & set(LIGHT_MODULES)
+
+
+def test_the_reach_check_sees_what_runs():
+    """The check above on modules that do reach the runtime or mpi4py: it names the statements, those
+    inside functions too; and the engines' boundary is what keeps the references pure."""
+    imports = importkit.scan()
+    chain = importkit.path_to("spmdsim.autograd", _bad, imports, _follow)
+    assert [(m, i.at_import) for m, i in chain][-1] == ("spmdsim.autograd.engine", False)
+    chain = importkit.path_to("spmdsim.cli.autoshard", _bad, imports, _follow)
+    assert [(m, i.target, i.at_import, i.statement) for m, i in chain] == [
+        ("spmdsim.cli.autoshard", "mpi4py", False, "from mpi4py import MPI")]
+    assert importkit.path_to("spmdsim.autoshard.dag", _bad, imports, _follow)[0][1].at_import
+    assert importkit.path_to("spmdsim.reference", _bad, imports, _follow) == []
+    through = importkit.path_to("spmdsim.reference", _bad, imports)  # were the engines' functions followed
+    assert through[-1][0].startswith(ENGINES) and through[-1][1].target == "mpi4py"
 
 
 def test_operators_and_runtime_package_do_not_import_mpi4py():

@@ -14,7 +14,7 @@ import pytest
 
 from spmdsim import Layout
 from spmdsim.cli.main import main
-from spmdsim.cli.plan import ratio_text
+from spmdsim.cli.plan_explain import ratio_text
 from spmdsim.cost import predict_plan
 from spmdsim.plan import plan_redistribution
 from spmdsim.viz.plan import format_bytes

@@ -64,17 +64,17 @@ class Function:
     @classmethod
     def apply(cls, *args: Any, layout: Any = None, shape: Sequence[int] | None = None) -> Any:
         """Run `forward` on this rank's blocks of the DTensor arguments (others pass as they are)."""
-        from ..runtime.dtensor import DTensor
-
-        def make_dtensor(mesh: Any, local: Any, layout: Any, shape: Sequence[int]) -> Any:
-            return DTensor(mesh, np.ascontiguousarray(local), layout, tuple(shape))
-
         tensors = [a for a in args if hasattr(a, "_ag") and hasattr(a, "layout")]
         positions = {id(t): k for k, t in enumerate(tensors)}
         name = cls.__name__
         if not tensors:
             raise OperatorError(f"{name}.apply: no argument is a DTensor")
         first = tensors[0]
+        tensor = type(first)  # the runtime's DTensor, taken from the argument: this module imports no runtime
+
+        def make_dtensor(mesh: Any, local: Any, layout: Any, shape: Sequence[int]) -> Any:
+            return tensor(mesh, np.ascontiguousarray(local), layout, tuple(shape))
+
         for t in tensors:
             if t.layout.partial:
                 raise OperatorError(f"{name}.apply: argument of layout {t.layout} is a pending sum; resolve it "

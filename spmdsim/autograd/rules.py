@@ -47,9 +47,7 @@ def grad_tensor(like: Any, local: np.ndarray, *pending: Iterable[str]) -> Any:
     grad_layout = with_partial(layout, partial)
     if local.shape == like.local.shape:  # `like`'s block shape under the same tensor map: checked
         return type(like)._trusted(like.mesh, local, grad_layout, like.global_shape)
-    from ..runtime import DTensor
-
-    return DTensor(like.mesh, local, grad_layout, like.global_shape)  # raises, naming the shapes
+    return type(like)(like.mesh, local, grad_layout, like.global_shape)  # raises, naming the shapes
 
 
 def _named(op: str, label: Optional[str], plan: Any) -> Callable[[], str]:
@@ -215,12 +213,10 @@ def record_bias_add(out: Any, x: Any, bias: Any) -> Any:
 
 def record_scale(out: Any, x: Any, factor: Any) -> Any:
     """x * factor: dX = dY * factor."""
-    from ..runtime import DTensor
-
     def backward(dy: Any) -> tuple:
         d = dy.local
-        return (DTensor(dy.mesh, _local(np.multiply, d, d, np.asarray(factor, d.dtype)), dy.layout,
-                        dy.global_shape),)
+        return (type(dy)(dy.mesh, _local(np.multiply, d, d, np.asarray(factor, d.dtype)), dy.layout,
+                         dy.global_shape),)
 
     return record(out, "scale", (x,), backward)
 

@@ -1,6 +1,7 @@
 """Sharding propagation and strategy search (MindSpore's auto-parallel concepts): choose every operator's strategy.
 
-Pure (numpy only; never imports mpi4py). `autoshard(network, devices, ...)`
+Numpy only when imported; never imports mpi4py (Megatron's layouts for the GPT, `gpt.megatron`, load
+spmdsim.gpt.parallel and with it the runtime). `autoshard(network, devices, ...)`
 enumerates each operator's candidate strategies (`candidates`), prices them and
 the redistributions between them (`cost`: exact bytes per rank, or modelled
 seconds), and picks one per operator by propagation from the fixed operators
@@ -17,11 +18,12 @@ import types
 
 from .candidates import Candidate, make_candidate
 from .choose import METHODS, OpReport, Result, autoshard
-from .cost import OBJECTIVES, Objective, Table, redistribution_bytes
+from .cost import OBJECTIVES, Objective, Table
 from .gpt import gpt_graph, megatron
 from .graph import Graph, OpNode, ParamSpec, attention, mlp_chain
 from .networks import NAMES, build, gpt_network
 from .search import Outcome, branch_and_bound, eliminate, propagate, tree_search
+from .volume import redistribution_bytes
 
 __all__ = [
     "autoshard",

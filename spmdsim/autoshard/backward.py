@@ -25,9 +25,9 @@ import numpy as np
 from ..layout import TensorLayout
 from ..plan.planner import received_per_rank
 from .candidates import Candidate, _infer
-from . import cost as _cost
 from . import rules
 from .graph import ELEMENTWISE, Graph, OpNode
+from .volume import redistribution_bytes
 
 __all__ = ["BackwardOp", "replay", "needs_grad", "node_bytes", "edge_bytes", "backward_total"]
 
@@ -56,12 +56,12 @@ class BackwardOp:
 def _move(src: TensorLayout, dst: TensorLayout, shape: tuple, dtype: str) -> int:
     """Bytes the busiest rank receives moving a gradient (0 when the layouts are equal).
 
-    Without pending sums the planner's plan meets the lower bound (`cost.redistribution_bytes`).
+    Without pending sums the planner's plan meets the lower bound (`volume.redistribution_bytes`).
     """
     if src == dst:
         return 0
     if not src.partial and not dst.partial:
-        return int(_cost.redistribution_bytes([src], [dst], shape, dtype)[0, 0])
+        return int(redistribution_bytes([src], [dst], shape, dtype)[0, 0])
     return max(received_per_rank(src, dst, tuple(shape), dtype), default=0)
 
 

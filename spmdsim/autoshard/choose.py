@@ -19,10 +19,11 @@ from ..plan import Plan
 from ..validate import int_arg
 from .backward import BackwardOp, replay
 from .candidates import Candidate, candidates, make_candidate
-from .cost import Objective, Table, hop_plans, measure_flops_rate, plan_seconds, redistribution_bytes
+from .cost import Objective, Table, hop_plans, measure_flops_rate, plan_seconds
 from .graph import Graph
 from .networks import Hand, build
 from .search import Outcome, branch_and_bound, eliminate, propagate, tree_search
+from .volume import redistribution_bytes
 
 __all__ = ["autoshard", "Result", "OpReport", "METHODS", "PLANNED_HOPS_MAX_DEVICES",
            "TIME_OBJECTIVE_MAX_DEVICES"]

@@ -1,15 +1,16 @@
 """Run any autoshard choice node by node on the ranks (graphs with branches: the GPT, attention).
 
-Importing this module does not import mpi4py: the runtime loads when a
-`DagRunner` is built. Every rank builds only its shards: the input, each
-weight on the layout the node's chosen candidate gives it (`DTensor.from_seeded`)
-and the cross-entropy's targets split like the logits' rows. In topological
+Importing this module loads the runtime and the operators (never mpi4py);
+which choices can run is decided in `runnable` (pure). Every rank builds only
+its shards: the input, each weight on the layout the node's chosen candidate
+gives it (`DTensor.from_seeded`) and the cross-entropy's targets split like
+the logits' rows. In topological
 order, each node's inputs are redistributed into the layouts its candidate
 wants, the operator of `spmdsim.ops` runs on them, and its result is brought
 to the candidate's output layout (an einsum's, MatMul's or vocab-parallel
 embedding's pending sum: its own Allreduce or Reduce_scatter). Each node runs
 under its own trace, its ranks started together (a barrier), so its measured
-bytes and times sit beside the prediction (`execute.format_measured`); every
+bytes and times sit beside the prediction (`report.format_measured`); every
 node's output is then checked against `evaluate.evaluate` (numpy, one process).
 
 With ``train=True`` (``--run --training``) the loss's ``backward()`` runs too,
@@ -27,29 +28,18 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..errors import SpmdsimError
+from .. import ops  # the operators; loading them gives the runtime's DTensor its operators (x + y, backward)
 from ..engines import engine_of
+from ..errors import SpmdsimError
 from ..layout import Layout, TensorLayout
+from ..runtime.dtensor import DTensor
+from ..runtime.executor import redistribute
+from ..runtime.mesh import Mesh
+from ..runtime.trace import collect_trace
 from .choose import Result
+from .runnable import DAG_KINDS, Measured, check_dag
 
-__all__ = ["DAG_KINDS", "DagRunner", "DagReport", "Backward", "check_runnable", "run_dag"]
-
-#: Node kinds the DAG runner executes.
-DAG_KINDS = ("input", "flatten", "matmul", "linear", "bmm", "relu", "gelu", "softmax", "embedding",
-             "einsum", "pointwise", "layernorm", "reshape", "cross_entropy")
-
-
-def check_runnable(result: Result) -> None:
-    """Raise SpmdsimError (one line) when some node cannot run; pure, the same on every rank."""
-    graph = result.graph
-    odd = [f"{n.name} ({n.kind})" for n in graph.nodes if n.kind not in DAG_KINDS]
-    if odd:
-        raise SpmdsimError(f"--run executes {', '.join(DAG_KINDS[1:])} operators, not {', '.join(odd)}")
-    for node in graph.nodes:
-        if node.kind == "cross_entropy" and node.source is None:
-            raise SpmdsimError(f"--run: {node.name} (cross_entropy) has no targets (its node's source)")
-        if node.kind == "pointwise" and len(node.inputs) + len(node.params) == 1 and node.constant is None:
-            raise SpmdsimError(f"--run: {node.name} (pointwise {node.spec!r} of one operand) has no constant")
+__all__ = ["DagRunner", "DagReport", "Backward", "run_dag"]
 
 
 @dataclass(frozen=True)
@@ -69,9 +59,7 @@ class DagRunner:
     """
 
     def __init__(self, result: Result, comm: Any, train: bool = False) -> None:
-        from .. import DTensor  # the front door: DTensor with its operators
-
-        check_runnable(result)
+        check_dag(result)
         self.result, self.graph, self.comm, self.train = result, result.graph, comm, bool(train)
         self._meshes: dict[Layout, Any] = {}
         source = self.graph.nodes[0]
@@ -94,8 +82,6 @@ class DagRunner:
         summed over both uses before the leaf's Allreduce, as the engine does. The key holds the
         source too: the attention's Q, K and V weights are all called "w".
         """
-        from .. import DTensor
-
         key = (spec.name, spec.source, layout)
         p = self._weights.get(key)
         if p is None:
@@ -108,8 +94,6 @@ class DagRunner:
         """The runtime Mesh of `layout` over this runner's communicator (one per device matrix)."""
         mesh = self._meshes.get(layout)
         if mesh is None:
-            from .. import Mesh
-
             mesh = self._meshes[layout] = Mesh(layout, self.comm)
         return mesh
 
@@ -117,9 +101,6 @@ class DagRunner:
         """`x` laid out as `layout`, on this runner's mesh of its device matrix."""
         if x.layout == layout:
             return x
-        from .. import DTensor
-        from ..runtime.executor import redistribute
-
         y = redistribute(x, layout)
         if self.train:  # the moved value keeps its record (the backward moves its gradient back)
             return y
@@ -127,8 +108,6 @@ class DagRunner:
 
     def forward(self) -> tuple[dict[str, Any], tuple[NodeRun, ...]]:
         """Every node's output (finished, in its chosen layout) and this rank's figures per node."""
-        from .. import collect_trace
-
         values: dict[str, Any] = {self.graph.nodes[0].name: self.x}
         figures = [NodeRun(0, 0.0, 0.0)]
         for i, (node, op) in enumerate(zip(self.graph.nodes[1:], self.result.ops[1:]), 1):
@@ -152,8 +131,6 @@ class DagRunner:
         return values, tuple(figures)
 
     def _op(self, i: int, node: Any, xs: list) -> Any:
-        from .. import ops
-
         kind, params = node.kind, self.params[i]
         if kind in ("flatten", "reshape"):
             return ops.reshape(xs[0], node.out_shape)
@@ -200,8 +177,6 @@ class DagRunner:
 
     def backward(self, values: dict[str, Any]) -> NodeRun:
         """The loss's backward (collective), traced as one: this rank's bytes and seconds."""
-        from .. import collect_trace
-
         loss = values[self.graph.nodes[-1].name]
         engine_of(self.comm).barrier(self.comm, None)
         t0 = time.perf_counter()
@@ -217,8 +192,6 @@ class DagRunner:
         A weight several nodes use in different layouts (the tied embedding, maybe) has one
         tensor per layout: their gradients are added in the first one's layout.
         """
-        from ..runtime.executor import redistribute
-
         uses: dict[str, list] = {}
         for node, shards in zip(self.graph.nodes[1:], self.params[1:]):
             for spec, p in zip(node.params, shards):
@@ -295,7 +268,6 @@ def run_dag(result: Result, comm: Any, repeats: int = 3, train: bool = False) ->
     report says why not otherwise). Collective: every rank calls it with the same `result`.
     """
     from .evaluate import evaluate
-    from .execute import Measured
 
     # numpy first: evaluated while the ranks run, it would slow the last node's measured time.
     expected = evaluate(result.graph)

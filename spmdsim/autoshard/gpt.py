@@ -1,6 +1,7 @@
 """The GPT of `spmdsim.gpt` as an autoshard graph, every operator a node, and Megatron's layouts for it.
 
-Pure (never imports mpi4py). `gpt_graph(cfg, devices)` follows
+Never imports mpi4py; `megatron` takes Megatron's layouts from `spmdsim.gpt.parallel`,
+which loads the operators and the runtime (the rest is pure). `gpt_graph(cfg, devices)` follows
 `spmdsim.gpt.parallel.GPT.loss` operator by operator: the token embedding, the
 position embedding's add, per block the layer norm, the products' shared input
 (an identity, where sequence parallelism Allgathers once), the Q, K and V products

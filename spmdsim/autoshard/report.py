@@ -1,14 +1,16 @@
-"""The text table and the JSON object of an autoshard `Result` (pure)."""
+"""The text table and the JSON object of an autoshard `Result`, and what a run of it measured (pure)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from ..validate import counted
 
 if TYPE_CHECKING:
     from .choose import Result
+    from .dag import DagReport
+    from .runnable import Measured
 
-__all__ = ["format_result", "result_json", "WIDTH"]
+__all__ = ["format_result", "result_json", "format_measured", "format_checks", "WIDTH"]
 
 #: Columns the default output fits in.
 WIDTH = 100
@@ -133,3 +135,53 @@ def result_json(result: "Result") -> dict:
         "runners_up": [{"total_bytes_per_rank": b, "objective_value": v, "changes": list(c)}
                        for b, v, c in result.runners_up],
     }
+
+
+def format_measured(result: "Result", measured: Sequence["Measured"]) -> str:
+    """Predicted vs measured per operator: bytes, communication time, total time."""
+    head = ("op", "pred B/rank", "meas B/rank", "pred comm ms", "meas comm ms", "meas/pred",
+            "pred ms", "meas ms")
+    rows = []
+    for op, m in zip(result.ops[1:], measured[1:]):
+        ratio = f"{m.comm_seconds / op.comm_seconds:.2f}" if op.comm_seconds > 0 else "-"
+        rows.append((op.name, f"{op.bytes_per_rank:,}", f"{m.bytes_received:,}",
+                     f"{1e3 * op.comm_seconds:.3f}", f"{1e3 * m.comm_seconds:.3f}", ratio,
+                     f"{1e3 * op.seconds:.3f}", f"{1e3 * m.seconds:.3f}"))
+    widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in [head] + rows]
+    return "\n".join(lines)
+
+
+def format_checks(result: "Result", report: "DagReport") -> str:
+    """The DAG runner's verdicts: bytes that differ from the prediction, the first failed value, the loss."""
+    lines = []
+    for op, m in zip(result.ops[1:], report.measured[1:]):
+        if m.bytes_received != op.bytes_per_rank:
+            lines.append(f"note: {op.name} ({op.kind}) moved {m.bytes_received:,} B/rank where the model "
+                         f"predicted {op.bytes_per_rank:,}: the operator ran another plan than its "
+                         "candidate's")
+    failed = [name for name, v in report.verdicts.items() if not v]
+    n = len(report.verdicts)
+    line = f"values: {n - len(failed)} of {n} operators' outputs match numpy (one process)"
+    if report.loss is not None:
+        line += f"; loss {report.loss[0]:.6g}, numpy {report.loss[1]:.6g}"
+    lines.append(line)
+    if failed:
+        first = failed[0]
+        lines.append(f"first to differ: {first}: {report.verdicts[first]}")
+    back = report.backward
+    if back is not None:
+        wrong = [name for name, v in back.verdicts.items() if not v]
+        k = len(back.verdicts)
+        # The prediction adds each node's busiest rank; the pass is traced as one (its busiest rank):
+        # equal where one rank is the busiest throughout (Megatron's layouts), else lower.
+        lines.append(f"backward: {back.bytes_received:,} B/rank, busiest rank of the pass; predicted "
+                     f"{result.backward_bytes_per_rank:,} (each node's busiest, summed)")
+        lines.append(f"gradients: {k - len(wrong)} of {k} weights match spmdsim.gpt.reference's backward; "
+                     f"backward {1e3 * back.seconds:.3f} ms")
+        if wrong:
+            lines.append(f"first gradient to differ: {wrong[0]}: {back.verdicts[wrong[0]]}")
+    elif report.no_backward:
+        lines.append(f"backward not run (forward only): {report.no_backward}")
+    return "\n".join(lines)

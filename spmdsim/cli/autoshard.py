@@ -188,7 +188,9 @@ def _run_mpi(args: argparse.Namespace) -> int:
 
 def _run_choice(args: argparse.Namespace, comm: Any) -> int:
     from ..autoshard.cost import measure_flops_rate
-    from ..autoshard.execute import check_runnable, format_checks, format_measured, is_chain, run_choice
+    from ..autoshard.execute import run_choice
+    from ..autoshard.report import format_checks, format_measured
+    from ..autoshard.runnable import check_runnable, is_chain
 
     size = comm.Get_size()
     if size == 1 and args.ranks is None:  # one plain process: say how to get ranks, on every rank alike

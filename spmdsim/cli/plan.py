@@ -16,12 +16,9 @@ import json
 import math
 from typing import Any
 
-import numpy as np
-
 from ..errors import SpmdsimError
 from ..layout import Layout, TensorLayout, default_axis_names
-from ..plan import Plan, plan_redistribution
-from ..plan.steps import Allgather, Allreduce
+from ..plan import plan_redistribution
 from ..plan.summary import FOLD_RANKS
 from ..validate import counted
 from .cases import check_device_count, parse_int_list, parse_name_list, parse_tensor_map
@@ -34,9 +31,7 @@ __all__ = [
     "add_plan_arguments",
     "add_redistribute_arguments",
     "layouts_from_args",
-    "format_plan",
     "run_redistribute",
-    "ratio_text",
     "MAX_PLAN_DEVICES",
 ]
 
@@ -211,92 +206,6 @@ def _check_alias_used(args: argparse.Namespace) -> None:
         )
 
 
-def _baseline(plan: Plan) -> int:
-    """Bytes per rank of the Allgather-based conversion: gather everything, then slice."""
-    source, layout = plan.source, plan.source.layout
-    size = math.prod(plan.shape) * np.dtype(plan.dtype).itemsize
-    gathered = layout.group_size(source.split_axes)
-    g = layout.group_size(source.partial)
-    return Allgather.moved(gathered, size // gathered) + (Allreduce.moved(g, size) if g > 1 else 0)
-
-
-def _predicted(plan: Plan) -> tuple[list[float], str]:
-    """Seconds per step from the alpha-beta model (spmdsim.cost) and where the model came from.
-
-    ([], why) when the estimate is unavailable.
-    """
-    from ..cost import DEFAULT_MODEL, load_or_default, predict_plan
-
-    try:
-        model = load_or_default()
-    except (SpmdsimError, OSError) as exc:
-        # The plan itself is still right: print it, and say why the column is missing.
-        return [], f"unavailable, {exc}"
-    origin = ("built-in model (`spmdsim calibrate` fits one for this machine)"
-              if model is DEFAULT_MODEL else "this machine's calibration (`spmdsim calibrate`)")
-    try:
-        return [p.seconds for p in predict_plan(plan, model)], origin
-    except Exception as exc:  # noqa: BLE001 - the estimate is optional decoration, but say why
-        return [], f"unavailable, the cost model cannot price this plan: {exc}"
-
-
-def ratio_text(numerator: int, denominator: int) -> str:
-    """numerator / denominator to one decimal, rounded half up in integers (exact at any size)."""
-    tenths = (20 * numerator + denominator) // (2 * denominator)
-    return f"{tenths // 10:,}.{tenths % 10}"
-
-
-def _duration(seconds: float) -> str:
-    """A predicted time: milliseconds up to a thousand seconds, then seconds in 3 digits."""
-    return f"{seconds * 1e3:.3f} ms" if seconds < 1e3 else f"{seconds:.3g} s"
-
-
-def format_plan(plan: Plan, dialect: str = "sbp") -> str:
-    """The human-readable `spmdsim plan` report (steps written in `dialect`: "sbp" or "dtensor")."""
-    from ..viz.table import wrap_lines
-    from ..viz.why import BOUND_WITH_SUMS, step_text
-
-    where = str(plan.source.layout)
-    if plan.target.layout != plan.source.layout:
-        where += f" -> {plan.target.layout}"
-    lines = [f"redistribute {plan.source} -> {plan.target} on {where}",
-             f"shape {plan.shape!r} {plan.dtype}"]
-    mesh = plan.steps[0].before.layout if plan.steps else plan.source.layout
-    if mesh not in (plan.source.layout, plan.target.layout):
-        lines.append(f"planned on the common mesh {mesh}")
-    if not plan.steps:
-        lines.append("  no steps: every rank already holds its target block")
-    width = max([len(step_text(s, dialect)) for s in plan.steps] + [4])
-    sent = [f"{s.max_bytes_sent:,} B" for s in plan.steps]
-    received = [f"{s.max_bytes_received:,} B" for s in plan.steps]
-    columns = max(map(len, sent + received + ["received/rank"]))  # wider at huge sizes, never cut
-    seconds, origin = _predicted(plan)
-    if plan.steps:
-        lines.append(f"  {'#':>2}  {'step':<{width}}  {'sent/rank':>{columns}}  {'received/rank':>{columns}}"
-                     + ("  predicted" if seconds else ""))
-    for i, step in enumerate(plan.steps, 1):
-        lines.append(f"  {i:>2}. {step_text(step, dialect):<{width}}  {sent[i - 1]:>{columns}}  "
-                     f"{received[i - 1]:>{columns}}"
-                     + (f"  {_duration(seconds[i - 1]):>11}" if seconds else ""))
-    got, low = plan.max_bytes_received, plan.max_lower_bound
-    verdict = "meets it on every rank" if plan.meets_lower_bound else "above it"
-    if not plan.meets_lower_bound and (plan.source.partial or plan.target.partial):
-        # Say why, or a reader takes the plan for a poor one (docs/redistribution.md).
-        verdict += f": with pending sums {BOUND_WITH_SUMS}"
-    lines.append(f"total received per rank (max): {got:,} B; lower bound {low:,} B ({verdict})")
-    base = _baseline(plan)
-    if base and got:
-        how = " and ".join(w for w, on in (("Allreduce", plan.source.partial),
-                                            ("Allgather", plan.source.split_axes)) if on)
-        lines.append(f"for comparison, the whole tensor on every rank ({how}, then slice) would "
-                     f"receive {base:,} B per rank ({ratio_text(base, got)}x this plan)")
-    if seconds:
-        lines.append(f"predicted: alpha-beta cost model, {origin}")
-    elif plan.steps and origin:
-        lines.append(f"predicted: {origin}")
-    return "\n".join(wrap_lines(lines))
-
-
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "png", None) is not None:
         from .paths import check_output_dir
@@ -339,8 +248,10 @@ def _execute(args: argparse.Namespace, comm: Any) -> int:
     from time import perf_counter
 
     from ..datagen import SeededTensor
+    from ..runtime.dtensor import DTensor
     from ..runtime.executor import redistribute
-    from .. import DTensor, Mesh, collect_trace  # the front door: DTensor with its operators
+    from ..runtime.mesh import Mesh
+    from ..runtime.trace import collect_trace
 
     from ..memory import redistribute_need, shard_multiples
     from ..runtime.budget import check_memory

@@ -1,16 +1,109 @@
-"""What `spmdsim plan --explain/--png/--json` adds to a plan: reasons, byte matrix, moving pieces.
+"""The text of `spmdsim plan` (`format_plan`) and what --explain/--png/--json add: reasons, byte
+matrix, moving pieces.
 
-Shared by `spmdsim plan` and `spmdsim run redistribute`. Pure: never imports mpi4py.
+Shared by `spmdsim plan` and `spmdsim run redistribute`. Pure: never imports mpi4py or the runtime.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
+import numpy as np
+
+from ..errors import SpmdsimError
 from ..plan import Plan
+from ..plan.steps import Allgather, Allreduce
 from ..plan.summary import FOLD_RANKS, block_rule, plan_traffic
 
-__all__ = ["dialect_of", "folded_explain_lines", "moves_and_bytes_png", "plan_record", "plan_text"]
+__all__ = ["dialect_of", "folded_explain_lines", "format_plan", "moves_and_bytes_png", "plan_record", "plan_text",
+           "ratio_text"]
+
+
+def _baseline(plan: Plan) -> int:
+    """Bytes per rank of the Allgather-based conversion: gather everything, then slice."""
+    source, layout = plan.source, plan.source.layout
+    size = math.prod(plan.shape) * np.dtype(plan.dtype).itemsize
+    gathered = layout.group_size(source.split_axes)
+    g = layout.group_size(source.partial)
+    return Allgather.moved(gathered, size // gathered) + (Allreduce.moved(g, size) if g > 1 else 0)
+
+
+def _predicted(plan: Plan) -> tuple[list[float], str]:
+    """Seconds per step from the alpha-beta model (spmdsim.cost) and where the model came from.
+
+    ([], why) when the estimate is unavailable.
+    """
+    from ..cost import DEFAULT_MODEL, load_or_default, predict_plan
+
+    try:
+        model = load_or_default()
+    except (SpmdsimError, OSError) as exc:
+        # The plan itself is still right: print it, and say why the column is missing.
+        return [], f"unavailable, {exc}"
+    origin = ("built-in model (`spmdsim calibrate` fits one for this machine)"
+              if model is DEFAULT_MODEL else "this machine's calibration (`spmdsim calibrate`)")
+    try:
+        return [p.seconds for p in predict_plan(plan, model)], origin
+    except Exception as exc:  # noqa: BLE001 - the estimate is optional decoration, but say why
+        return [], f"unavailable, the cost model cannot price this plan: {exc}"
+
+
+def ratio_text(numerator: int, denominator: int) -> str:
+    """numerator / denominator to one decimal, rounded half up in integers (exact at any size)."""
+    tenths = (20 * numerator + denominator) // (2 * denominator)
+    return f"{tenths // 10:,}.{tenths % 10}"
+
+
+def _duration(seconds: float) -> str:
+    """A predicted time: milliseconds up to a thousand seconds, then seconds in 3 digits."""
+    return f"{seconds * 1e3:.3f} ms" if seconds < 1e3 else f"{seconds:.3g} s"
+
+
+def format_plan(plan: Plan, dialect: str = "sbp") -> str:
+    """The human-readable `spmdsim plan` report (steps written in `dialect`: "sbp" or "dtensor")."""
+    from ..viz.table import wrap_lines
+    from ..viz.why import BOUND_WITH_SUMS, step_text
+
+    where = str(plan.source.layout)
+    if plan.target.layout != plan.source.layout:
+        where += f" -> {plan.target.layout}"
+    lines = [f"redistribute {plan.source} -> {plan.target} on {where}",
+             f"shape {plan.shape!r} {plan.dtype}"]
+    mesh = plan.steps[0].before.layout if plan.steps else plan.source.layout
+    if mesh not in (plan.source.layout, plan.target.layout):
+        lines.append(f"planned on the common mesh {mesh}")
+    if not plan.steps:
+        lines.append("  no steps: every rank already holds its target block")
+    width = max([len(step_text(s, dialect)) for s in plan.steps] + [4])
+    sent = [f"{s.max_bytes_sent:,} B" for s in plan.steps]
+    received = [f"{s.max_bytes_received:,} B" for s in plan.steps]
+    columns = max(map(len, sent + received + ["received/rank"]))  # wider at huge sizes, never cut
+    seconds, origin = _predicted(plan)
+    if plan.steps:
+        lines.append(f"  {'#':>2}  {'step':<{width}}  {'sent/rank':>{columns}}  {'received/rank':>{columns}}"
+                     + ("  predicted" if seconds else ""))
+    for i, step in enumerate(plan.steps, 1):
+        lines.append(f"  {i:>2}. {step_text(step, dialect):<{width}}  {sent[i - 1]:>{columns}}  "
+                     f"{received[i - 1]:>{columns}}"
+                     + (f"  {_duration(seconds[i - 1]):>11}" if seconds else ""))
+    got, low = plan.max_bytes_received, plan.max_lower_bound
+    verdict = "meets it on every rank" if plan.meets_lower_bound else "above it"
+    if not plan.meets_lower_bound and (plan.source.partial or plan.target.partial):
+        # Say why, or a reader takes the plan for a poor one (docs/redistribution.md).
+        verdict += f": with pending sums {BOUND_WITH_SUMS}"
+    lines.append(f"total received per rank (max): {got:,} B; lower bound {low:,} B ({verdict})")
+    base = _baseline(plan)
+    if base and got:
+        how = " and ".join(w for w, on in (("Allreduce", plan.source.partial),
+                                            ("Allgather", plan.source.split_axes)) if on)
+        lines.append(f"for comparison, the whole tensor on every rank ({how}, then slice) would "
+                     f"receive {base:,} B per rank ({ratio_text(base, got)}x this plan)")
+    if seconds:
+        lines.append(f"predicted: alpha-beta cost model, {origin}")
+    elif plan.steps and origin:
+        lines.append(f"predicted: {origin}")
+    return "\n".join(wrap_lines(lines))
 
 
 def dialect_of(args: argparse.Namespace) -> str:
@@ -53,8 +146,6 @@ def plan_record(plan: Plan, args: argparse.Namespace) -> dict:
 
 def plan_text(plan: Plan, args: argparse.Namespace) -> str:
     """`format_plan`, followed by the --explain lines when asked for."""
-    from .plan import format_plan  # plan.py imports this module
-
     dialect = dialect_of(args)
     if not args.explain:
         return format_plan(plan, dialect)

@@ -35,13 +35,13 @@ def mp_layout(world_size: int) -> Layout:
 
 
 def _mesh(layout: Layout, comm: Any) -> Any:
-    from .. import Mesh
+    from ..runtime.mesh import Mesh
 
     return Mesh(layout, comm)
 
 
 def _dtensor(mesh: Any, layout: TensorLayout, source: SeededTensor) -> Any:
-    from .. import DTensor  # the front door: DTensor with its operators
+    from ..runtime.dtensor import DTensor
 
     return DTensor.from_seeded(mesh, layout, source)
 

@@ -113,7 +113,7 @@ class GPT:
 
     def __init__(self, cfg: GPTConfig, mesh: Any, sp: bool = False,
                  layouts: Optional[dict[str, TensorLayout]] = None) -> None:
-        from .. import DTensor  # the front door: DTensor with its operators
+        from ..runtime.dtensor import DTensor  # its operators came with `ops`, imported above
 
         names = tuple(mesh.layout.alias_name)
         if names != ("dp", "tp"):
@@ -229,7 +229,7 @@ class GPT:
         import zlib
 
         from ..autograd import no_grad
-        from .. import DTensor  # the front door: DTensor with its operators
+        from ..runtime.dtensor import DTensor  # its operators came with `ops`, imported above
         from ..runtime.executor import redistribute
         from .data import encode
 

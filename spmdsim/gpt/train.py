@@ -117,7 +117,9 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     """
     from .. import ops
     from ..optim import AdamW, clip_grad_norm_
-    from .. import DTensor, Mesh, collect_trace  # the front door: DTensor with its operators
+    from ..runtime.dtensor import DTensor  # its operators came with `ops`, just imported
+    from ..runtime.mesh import Mesh
+    from ..runtime.trace import collect_trace
     from ..errors import SpmdsimError
     from ..runtime.executor import pending, resolve
     from ..runtime.replay import Scalar, capture

@@ -1,7 +1,9 @@
 """Whole seed networks: pure descriptions (`model`, `seeds`, `table`) and an MPI runner (`run`).
 
-Importing this package does not import mpi4py; `NetworkRunner` loads the
-runtime when first built.
+The descriptions load with the package; the runner (`NetworkRunner`,
+`NetworkRun`) loads on first use, so a pure module reading a `Network` does not
+load the module that runs one. Importing this package loads neither the
+runtime nor mpi4py; `NetworkRunner` loads the runtime when first built.
 
     from spmdsim.nets import mindspore_tutorial, NetworkRunner
     runner = NetworkRunner(mindspore_tutorial(8), MPI.COMM_WORLD)
@@ -10,9 +12,11 @@ runtime when first built.
 """
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 from ..tolerances import network_atol
 from .model import Hop, Network, Param, Stage, reference_rows, schedule
-from .run import NetworkRun, NetworkRunner
 from .seeds import (mindspore_layout, mindspore_tutorial, needs_eight, oneflow_2d_sbp,
                     oneflow_2d_signature, oneflow_needs, paddle_needs, paddle_tp)
 from .table import HopRow, format_table
@@ -32,3 +36,21 @@ NETWORKS = {
     "net_oneflow_2d_sbp": oneflow_2d_sbp,
     "net_oneflow_2d_signature": oneflow_2d_signature,
 }
+
+# Loaded on first use (module of this package -> names), as spmdsim.runtime and spmdsim.sim load theirs.
+_WHERE = {name: module for module, names in {
+    "run": ("NetworkRunner", "NetworkRun"),
+}.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import NETWORKS, needs_eight, oneflow_needs, paddle_needs
+from . import NETWORKS
+from .seeds import needs_eight, oneflow_needs, paddle_needs
 
 __all__ = ["main"]
 

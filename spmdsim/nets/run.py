@@ -1,6 +1,7 @@
 """Run a `Network` under MPI: hop by hop, each traced on its own, every output checkable.
 
-mpi4py is imported lazily (through spmdsim.runtime) when a runner is built.
+Importing this module loads the runtime and the operators, never mpi4py
+(spmdsim.nets loads it on first use of `NetworkRunner`).
 Each rank builds only its shards: the input and the weights come from
 SeededTensors cut by the layout each operator requires. Between operators
 whose layouts differ, `spmdsim.runtime.executor.redistribute` moves the value.
@@ -10,11 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ..engines import engine_of
 from ..layout import Layout
+from ..ops import activation, linear, matmul, split  # loading the operators gives DTensor its own (x + y)
+from ..runtime.dtensor import DTensor
+from ..runtime.executor import redistribute
+from ..runtime.mesh import Mesh
+from ..runtime.trace import collect_trace
 from ..tolerances import network_atol
 from .model import Hop, Network, reference_rows, schedule
 from .table import HopRow, format_table, row_of
-from ..engines import engine_of
 
 __all__ = ["NetworkRunner", "NetworkRun"]
 
@@ -27,8 +33,6 @@ class NetworkRunner:
     """
 
     def __init__(self, net: Network, comm: Any) -> None:
-        from .. import DTensor  # the front door: DTensor with its operators
-
         self.net = net
         self.comm = comm
         self.hops = schedule(net)
@@ -48,8 +52,6 @@ class NetworkRunner:
         """The runtime Mesh of `layout` over this runner's communicator (one per device matrix)."""
         mesh = self._meshes.get(layout)
         if mesh is None:
-            from .. import Mesh
-
             mesh = self._meshes[layout] = Mesh(layout, self.comm)
         return mesh
 
@@ -59,15 +61,11 @@ class NetworkRunner:
 
     def input(self) -> Any:
         """This rank's shard of the network input, in the layout it arrives in."""
-        from .. import DTensor  # the front door: DTensor with its operators
-
         net = self.net
         return DTensor.from_seeded(self.mesh(net.input_layout.layout), net.input_layout, net.source)
 
     def forward(self, x: Any = None) -> "NetworkRun":
         """Run every hop, each under its own trace, on `x` (default: `input()`); the outputs and traces."""
-        from .. import collect_trace
-
         value = self.input() if x is None else x
         outputs, entries = [], []
         for hop in self.hops:
@@ -78,11 +76,7 @@ class NetworkRunner:
         return NetworkRun(self, tuple(outputs), tuple(entries))
 
     def _hop(self, hop: Hop, x: Any) -> Any:
-        from .. import DTensor  # the front door: DTensor with its operators
-
         if hop.is_redistribution:
-            from ..runtime.executor import redistribute
-
             y = redistribute(x, hop.after, hop.plan)
             # Keep every value on this runner's mesh of its device matrix.
             return DTensor(self.mesh(hop.after.layout), y.local, y.layout, y.global_shape)
@@ -97,30 +91,22 @@ class NetworkRunner:
 
 
 def _flatten(runner: NetworkRunner, index: int, x: Any) -> Any:
-    from .. import DTensor  # the front door: DTensor with its operators
-
     stage = runner.net.stages[index]
     local = x.local.reshape(x.local.shape[0], -1)  # only dim 0 is split: a local reshape
     return DTensor(runner.mesh(stage.out.layout), local, stage.out, stage.out_shape)
 
 
 def _product(runner: NetworkRunner, index: int, x: Any) -> Any:
-    from ..ops import linear, matmul
-
     stage = runner.net.stages[index]
     op = matmul if stage.kind == "matmul" else linear
     return op(x, *runner.params[index], label=stage.name)
 
 
 def _activation(runner: NetworkRunner, index: int, x: Any) -> Any:
-    from ..ops import activation
-
     return activation(x, runner.net.stages[index].kind)
 
 
 def _paddle(runner: NetworkRunner, index: int, x: Any) -> Any:
-    from ..ops import split
-
     stage = runner.net.stages[index]
     w = stage.params[0].source
     b = stage.params[1].source if len(stage.params) > 1 else False

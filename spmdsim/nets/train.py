@@ -50,8 +50,9 @@ class NetworkTrainer:
 
     def __init__(self, net: Network, comm: Any, optimizer: str = "sgd", lr: float = 1e-2,
                  momentum: float = 0.0, bucket: Any = False) -> None:
-        from .. import optim
-        from .. import DTensor, Mesh  # the front door: DTensor with its operators
+        from .. import ops, optim  # noqa: F401 - ops gives DTensor its operators (requires_grad_, backward)
+        from ..runtime.dtensor import DTensor
+        from ..runtime.mesh import Mesh
 
         if net.stages[-1].out.ndim < 2:
             raise OperatorError(f"{net.name}: the output must have a class dim to train with cross-entropy")
@@ -89,7 +90,8 @@ class NetworkTrainer:
         (`spmdsim.autograd.backward`).
         """
         from ..ops import cross_entropy, reshape
-        from .. import DTensor, collect_trace  # the front door: DTensor with its operators
+        from ..runtime.dtensor import DTensor
+        from ..runtime.trace import collect_trace
 
         net = self.net
         self.optimizer.zero_grad()
@@ -112,8 +114,8 @@ class NetworkTrainer:
 
     def _hop(self, hop: Hop, x: Any) -> Any:
         from .. import ops
+        from ..runtime.dtensor import DTensor
         from ..runtime.executor import redistribute
-        from .. import DTensor  # the front door: DTensor with its operators
 
         if hop.is_redistribution:
             y = redistribute(x, hop.after, hop.plan)
