@@ -27,10 +27,11 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     from mpi4py import MPI
 
-    from spmdsim.runtime.process import tune_mpi_process
+    from spmdsim.runtime.process import release_segments_once, tune_mpi_process
 
     _WORLD = MPI.COMM_WORLD
     tune_mpi_process()  # this run is a launched program of spmdsim's: BLAS threads, heap, memory watch
+    release_segments_once(_WORLD)  # and MPICH's /dev/shm segment unlinked once every rank mapped it
     expected = os.environ.get("SPMDSIM_EXPECT_WORLD")
     if expected and int(expected) != _WORLD.size:
         sys.stderr.write(

@@ -1,7 +1,9 @@
 """A rank killed with SIGKILL under plain mpiexec leaves no MPICH segment in /dev/shm.
 
-The first Mesh over the whole world unlinks MPICH's segment once every rank has
-attached it (spmdsim.runtime.mesh), so nothing is left for `rm` however the job ends.
+The guard's first setup on the world (``spmdsim.install_excepthook()``, as every
+program of spmdsim's does under MPI) unlinks MPICH's segment once every rank has
+attached it (spmdsim.runtime.process), so nothing is left for `rm` however the
+job ends.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from testkit import MPIEXEC
 _PROGRAM = """
 import os, signal
 from mpi4py import MPI
+import spmdsim
 from spmdsim import Layout, Mesh
 world = MPI.COMM_WORLD
 world.Barrier()
@@ -23,6 +26,7 @@ mapped = sorted({line.split()[-1] for line in open("/proc/self/maps") if "/dev/s
                  and not line.rstrip().endswith("(deleted)")})
 if world.rank == 0:
     print("mapped", *mapped, flush=True)
+spmdsim.install_excepthook()
 mesh = Mesh(Layout((world.size,), ("x",)))
 world.Barrier()
 if world.rank == 1:

@@ -175,3 +175,31 @@ def test_module_objects_stay_the_same_before_during_and_after_a_run_and_a_captur
     during.clear()
     assert spmdsim.simulate(2, captured) == [([4.0] * 3, 2)] * 2
     assert during == [[], []] and _same(_module_objects(), before) == []
+
+
+def test_spmdsim_mpiruns_own_generators_are_its_ranks_and_come_back_after_overlapping_blocks():
+    """Only the ranks that adopt them (spmdsim mpirun's) draw from their own generators; a plain simulation's
+    ranks use numpy's global one; overlapping blocks leave numpy's and random's functions as they were."""
+    import random
+
+    from spmdsim.emulator.rank_random import adopt, own_generators
+
+    before = (np.random.seed, np.random.rand, random.random)
+
+    def body(adopting: bool) -> float:
+        if adopting:
+            adopt()
+        np.random.seed(5)
+        return float(np.random.rand())
+
+    expected = float(np.random.RandomState(5).rand())
+    with own_generators():
+        with own_generators():
+            np.random.seed(11)
+            state = np.random.get_state()[1].copy()
+            assert spmdsim.simulate(1, body, True) == [expected]  # its own generator
+            assert np.array_equal(np.random.get_state()[1], state)  # numpy's global one untouched
+        assert np.random.seed is not before[0]  # still swapped: the outer block is open
+        assert spmdsim.simulate(1, body, False) == [expected]
+        assert not np.array_equal(np.random.get_state()[1], state)  # a plain rank seeded the global one
+    assert (np.random.seed, np.random.rand, random.random) == before

@@ -115,7 +115,9 @@ def _rank(kind: str, what: str, exits: dict) -> int:
     """`_program`, noting a non-zero exit code (in `exits`, and for deadlock reports: 'rank 1 exited
     (sys.exit(3))')."""
     from ..sim.run import current_rank, note_exit
+    from .rank_random import adopt
 
+    adopt()  # a process of its own: its own random and numpy.random generators
     code = _program(kind, what)
     if code:
         exits[current_rank()] = code

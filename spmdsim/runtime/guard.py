@@ -62,6 +62,10 @@ def _private(comm: Any) -> Any:
         entry = _PRIVATE[id(comm)] = (comm, comm.Dup())
         from mpi4py import MPI
 
+        if comm is MPI.COMM_WORLD:
+            from .process import release_segments_once
+
+            release_segments_once(entry[1])  # on the guard's duplicate: a barrier, then the unlink
         if comm is MPI.COMM_WORLD and comm.Get_size() > 1 and not _WATCHING:
             _watch_ctrl_c(comm, comm.Dup())  # every rank duplicates; starting the thread may differ
     return entry[1]

@@ -26,32 +26,6 @@ def normalize_axes(axes: str | Iterable[str]) -> tuple[str, ...]:
     return (axes,) if isinstance(axes, str) else tuple(axes)
 
 
-_MPICH_SEGMENT = ("/dev/shm/mpich_shm_",)
-_UNLINKED: list = []
-
-
-def _unlink_segments_once(comm: Any) -> None:
-    """Once per process, on the first mesh over the whole world: unlink MPICH's /dev/shm segment.
-
-    MPICH keeps one segment (~8 MB at 8 ranks) linked until MPI_Finalize, so a rank killed with
-    SIGKILL (or by the OOM killer) left it in /dev/shm until reboot. After a Barrier over the
-    world every local rank has attached it; unlinked, each keeps its mapping and the memory goes
-    when the last one exits, however it exits. Open MPI's segments are left alone.
-    """
-    if _UNLINKED:
-        return
-    from mpi4py import MPI
-
-    if comm.Get_size() != MPI.COMM_WORLD.Get_size():
-        return  # not every rank takes part: wait for a mesh that spans the world
-    _UNLINKED.append(True)
-    from .door import barrier
-    from .guard import release_shared_segments
-
-    barrier(comm)
-    release_shared_segments(prefixes=_MPICH_SEGMENT)
-
-
 _SHARED_LAYOUTS: dict = {}  # Layout -> the first equal Layout a simulated rank's mesh was made with
 
 
@@ -82,7 +56,6 @@ class Mesh:
         simulated = engine.simulated
         if not simulated:
             _check_mpi_comm(comm)
-            _unlink_segments_once(comm)
         size = comm.Get_size()
         if layout.num_devices != size:
             raise RuntimeMismatchError(f"device matrix {layout.device_matrix!r} needs {layout.num_devices} ranks "

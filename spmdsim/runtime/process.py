@@ -9,13 +9,15 @@ up on this rank (runtime.guard: ``install_excepthook()``, ``run_guarded``,
 MPI: the `spmdsim` command, the examples' ``spmdsim.script(__file__)``,
 ``python -m spmdsim.nets``; the MPI test runs call it in tests/conftest.py.
 Importing spmdsim, making a Mesh or running a simulation changes no process
-setting. A user's own ``*_NUM_THREADS`` or glibc variable wins, as always.
+setting. `release_segments_once(world)`, at the same first setup, unlinks
+MPICH's shared-memory segment once every rank has mapped it, so a rank killed
+with SIGKILL leaves nothing in /dev/shm. A user's own ``*_NUM_THREADS`` or glibc variable wins, as always.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
-__all__ = ["tune_mpi_process"]
+__all__ = ["tune_mpi_process", "release_segments_once"]
 
 _TUNED: list = []  # what the one call did: (BLAS threads or None, heap kept, watch started)
 
@@ -41,3 +43,25 @@ def tune_mpi_process() -> Optional[tuple]:
 
     _TUNED.append((cap_blas_threads_under_launcher(), keep_freed_buffers_under_launcher(), memwatch.start(local)))
     return _TUNED[0]
+
+
+_MPICH_SEGMENT = ("/dev/shm/mpich_shm_",)
+_UNLINKED: list = []
+
+
+def release_segments_once(world: Any) -> None:
+    """Once per process, over the whole world (collective): unlink MPICH's /dev/shm segment.
+
+    MPICH keeps one segment (~8 MB at 8 ranks) linked until MPI_Finalize, so a rank killed with
+    SIGKILL (or by the OOM killer) left it in /dev/shm until reboot. After a barrier over the
+    world every local rank has attached it; unlinked, each keeps its mapping and the memory goes
+    when the last one exits, however it exits. Open MPI's segments are left alone.
+    """
+    if _UNLINKED or world.Get_size() == 1:
+        return
+    _UNLINKED.append(True)
+    from .door import barrier
+    from .guard import release_shared_segments
+
+    barrier(world)
+    release_shared_segments(prefixes=_MPICH_SEGMENT)
