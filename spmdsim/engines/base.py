@@ -149,6 +149,36 @@ class Engine:
     def all_reduce_object(self, comm: Any, obj: Any, op: str) -> Any:
         raise NotImplementedError(f"{self.name} engine: all_reduce_object")
 
+    # -- the job: the guard, the watchdog's side channel, the memory budget --------------------------------
+
+    def dup(self, comm: Any) -> Any:
+        """A communicator of the same members whose messages never meet `comm`'s (collective)."""
+        raise NotImplementedError(f"{self.name} engine: dup")
+
+    def ibarrier(self, comm: Any) -> Any:
+        """A barrier posted: a request with ``Test()`` (a caller that must not wait forever polls it)."""
+        raise NotImplementedError(f"{self.name} engine: ibarrier")
+
+    def abort(self, comm: Any, code: int) -> None:
+        """End the whole job with exit `code` (does not return)."""
+        raise NotImplementedError(f"{self.name} engine: abort")
+
+    def node_size(self, comm: Any) -> int:
+        """How many members of `comm` share this rank's node (its memory); collective."""
+        return comm.Get_size()
+
+    def world_ranks(self, comm: Any) -> list[int]:
+        """The world rank of each member of `comm`, in group order."""
+        raise NotImplementedError(f"{self.name} engine: world_ranks")
+
+    def post_object(self, comm: Any, obj: Any, dest: int, tag: int) -> Any:
+        """Send picklable `obj` to `dest` without waiting: a request with ``Test()``."""
+        raise NotImplementedError(f"{self.name} engine: post_object")
+
+    def take_object(self, comm: Any, tag: int) -> Any:
+        """A message with `tag` from any member, if one has arrived: (source, object), else None."""
+        raise NotImplementedError(f"{self.name} engine: take_object")
+
     # -- local work --------------------------------------------------------------------------
 
     def local(self, fn: Callable[..., Any], like: Any, *args: Any) -> Any:

@@ -130,6 +130,48 @@ class MpiEngine(Engine):
             return None
         return None
 
+    def dup(self, comm: Any) -> Any:
+        return comm.Dup()
+
+    def ibarrier(self, comm: Any) -> Any:
+        return comm.Ibarrier()
+
+    def abort(self, comm: Any, code: int) -> None:
+        comm.Abort(code)
+
+    def node_size(self, comm: Any) -> int:
+        """MPI's shared-memory split (all of `comm` where the MPI has none)."""
+        from mpi4py import MPI
+
+        try:
+            node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        except Exception:  # noqa: BLE001 - an MPI without shared-memory splits: count every rank
+            return comm.Get_size()
+        try:
+            return node.Get_size()
+        finally:
+            node.Free()
+
+    def world_ranks(self, comm: Any) -> list[int]:
+        from mpi4py import MPI
+
+        group, world_group = comm.Get_group(), MPI.COMM_WORLD.Get_group()
+        try:
+            return list(group.Translate_ranks(list(range(comm.Get_size())), world_group))
+        finally:
+            group.Free()
+            world_group.Free()
+
+    def post_object(self, comm: Any, obj: Any, dest: int, tag: int) -> Any:
+        return comm.isend(obj, dest, tag)
+
+    def take_object(self, comm: Any, tag: int) -> Any:
+        from mpi4py import MPI
+
+        status = MPI.Status()
+        message = comm.improbe(MPI.ANY_SOURCE, tag, status)  # matched: no other receive can take it
+        return None if message is None else (status.Get_source(), message.recv())
+
     def all_gather_object(self, comm: Any, obj: Any) -> list:
         return comm.allgather(obj)
 

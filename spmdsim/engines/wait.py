@@ -36,13 +36,9 @@ def local_ranks(comm: Any) -> int:
     from_launcher = launcher_local_ranks()
     if from_launcher is not None:
         return from_launcher
-    from mpi4py import MPI
+    from . import engine_of
 
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        return node.Get_size()
-    finally:
-        node.Free()
+    return engine_of(comm).node_size(comm)
 
 
 def resolve_wait_mode(mode: str | None, comm: Any, check_only: bool = False) -> str:

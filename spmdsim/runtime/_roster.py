@@ -15,6 +15,8 @@ import itertools
 import time
 from typing import Any, Optional
 
+from ..engines import engine_of
+
 SERVE_S = 0.1  # a waiting rank looks for questions this often, after waiting this long
 _QUERY_TAG = 0x7351
 _ANSWER_TAG = 0x7352
@@ -45,22 +47,25 @@ def channel(comm: Any) -> Optional[tuple[Any, bool]]:
 
 def _send(side: Any, message: Any, dest: int, tag: int) -> None:
     _SENDS[:] = [r for r in _SENDS if not r.Test()]
-    _SENDS.append(side.isend(message, dest, tag))
+    _SENDS.append(engine_of(side).post_object(side, message, dest, tag))
+
+
+def _me() -> int:
+    from ..engines import world
+
+    return world().Get_rank()
 
 
 def serve(side: Any, state: State) -> None:
     """Answer every question waiting on `side` with this rank's `state` (errors: no answer)."""
-    from mpi4py import MPI
-
-    status = MPI.Status()
     try:
-        me = MPI.COMM_WORLD.Get_rank()
+        me = _me()
         while True:
-            message = side.improbe(MPI.ANY_SOURCE, _QUERY_TAG, status)
-            if message is None:
+            got = engine_of(side).take_object(side, _QUERY_TAG)
+            if got is None:
                 return
-            token = message.recv()
-            _send(side, (token, me, state), status.Get_source(), _ANSWER_TAG)
+            source, token = got
+            _send(side, (token, me, state), source, _ANSWER_TAG)
     except Exception:  # noqa: BLE001 - a peer gone: the asking rank reports without this answer
         return
 
@@ -75,35 +80,28 @@ def survey(comm: Any, state: State, grace: float) -> Optional[dict[int, Optional
         return None
     side, spans_world = found
     try:
-        from mpi4py import MPI
+        from ..engines import world
 
-        world = MPI.COMM_WORLD
-        me = world.Get_rank()
+        me = _me()
         if comm is None:
-            names = list(range(world.Get_size()))
+            names = list(range(world().Get_size()))
             dests = names
         else:
-            group, world_group = comm.Get_group(), world.Get_group()
-            try:
-                names = group.Translate_ranks(list(range(comm.Get_size())), world_group)
-            finally:
-                group.Free()
-                world_group.Free()
+            names = engine_of(comm).world_ranks(comm)
             dests = names if spans_world else list(range(len(names)))
         token = (me, next(_TOKENS))
         for name, dest in zip(names, dests):
             if name != me:
                 _send(side, token, dest, _QUERY_TAG)
         answers: dict[int, Optional[State]] = {me: state}
-        status = MPI.Status()
         deadline = time.monotonic() + grace
         while len(answers) < len(names) and time.monotonic() < deadline:
             serve(side, state)
-            message = side.improbe(MPI.ANY_SOURCE, _ANSWER_TAG, status)
+            message = engine_of(side).take_object(side, _ANSWER_TAG)
             if message is None:
                 time.sleep(0.002)
                 continue
-            got = message.recv()
+            got = message[1]
             if got[0] == token and got[1] in names:  # else a late answer to an earlier question
                 answers[got[1]] = tuple(got[2])
         return {name: answers.get(name) for name in names}
@@ -123,11 +121,9 @@ def linger(comm: Any, state: State, seconds: float) -> None:
 
 def drain(side: Any) -> None:
     """Drop every question and answer waiting on `side` (tests that survive a timeout)."""
-    from mpi4py import MPI
-
     for tag in (_QUERY_TAG, _ANSWER_TAG):
-        while (message := side.improbe(MPI.ANY_SOURCE, tag)) is not None:
-            message.recv()
+        while engine_of(side).take_object(side, tag) is not None:
+            pass
 
 
 def ranks_text(ranks: list[int]) -> str:

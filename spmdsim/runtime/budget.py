@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -26,25 +25,9 @@ _AGREED: dict[tuple, tuple[Any, Optional[Budget]]] = {}  # (id(comm), setting) -
 
 
 def _ranks_on_node(comm: Any) -> int:
-    """Ranks of `comm` on this rank's node (collective); all of them if MPI cannot say.
-
-    Simulated ranks (spmdsim.sim) share one process: their Split_type gives all of them.
-    """
-    mpi = sys.modules.get("mpi4py.MPI")  # loaded wherever a real communicator exists
-    try:
-        node = comm.Split_type(mpi.COMM_TYPE_SHARED if mpi is not None else 0)
-        try:
-            return node.Get_size()
-        finally:
-            node.Free()
-    except Exception:  # noqa: BLE001 - an MPI without shared-memory splits: count every rank
-        return comm.Get_size()
-
-
-def _min_op() -> Any:
-    """MPI.MIN where mpi4py is loaded (simulated ranks take it too), else its name for them."""
-    mpi = sys.modules.get("mpi4py.MPI")
-    return mpi.MIN if mpi is not None else "min"
+    """Ranks of `comm` on this rank's node (collective): its engine's answer (MPI's shared-memory split;
+    simulated ranks share one process, so all of them; a dry run's one rank for all)."""
+    return engine_of(comm).node_size(comm)
 
 
 def agreed_budget(comm: Any) -> Optional[Budget]:

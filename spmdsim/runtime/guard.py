@@ -32,6 +32,7 @@ from typing import Any, Callable, NoReturn
 
 from ..errors import SpmdsimError
 from ..context import simulated as _simulated
+from ..engines import engine_of
 
 __all__ = ["abort_on_error", "install_excepthook", "run_guarded", "handle_exception", "abort_job", "end_job",
            "world_channel", "release_shared_segments"]
@@ -59,7 +60,7 @@ def _private(comm: Any) -> Any:
             from .process import tune_mpi_process
 
             tune_mpi_process()
-        entry = _PRIVATE[id(comm)] = (comm, comm.Dup())
+        entry = _PRIVATE[id(comm)] = (comm, engine_of(comm).dup(comm))
         from mpi4py import MPI
 
         if comm is MPI.COMM_WORLD:
@@ -67,7 +68,7 @@ def _private(comm: Any) -> Any:
 
             release_segments_once(entry[1])  # on the guard's duplicate: a barrier, then the unlink
         if comm is MPI.COMM_WORLD and comm.Get_size() > 1 and not _WATCHING:
-            _watch_ctrl_c(comm, comm.Dup())  # every rank duplicates; starting the thread may differ
+            _watch_ctrl_c(comm, engine_of(comm).dup(comm))  # every rank duplicates; the thread's start may differ
     return entry[1]
 
 
@@ -136,7 +137,7 @@ def _all_failed(private: Any, grace: float) -> bool:
     """True when every rank of `private` reaches this barrier within `grace` seconds."""
     if private.Get_size() == 1:
         return True
-    request = private.Ibarrier()
+    request = engine_of(private).ibarrier(private)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
         if request.Test():
@@ -192,7 +193,7 @@ def _interrupted(comm: Any, private: Any) -> NoReturn:
         _all_failed(private, GRACE_S)
         release_shared_segments()
         time.sleep(FORWARD_S if comm.Get_rank() == 0 else GRACE_S)
-        comm.Abort(130)
+        engine_of(comm).abort(comm, 130)
         os._exit(130)  # Abort does not return; this is only a safety net
     abort_job(comm, f"spmdsim: rank {comm.Get_rank()} was interrupted (Ctrl-C) while other ranks go on\n")
 
@@ -238,7 +239,7 @@ def end_job(comm: Any, text: str) -> NoReturn:
     sys.stderr.flush()
     time.sleep(FORWARD_S)
     release_shared_segments()
-    comm.Abort(1)
+    engine_of(comm).abort(comm, 1)
     os._exit(1)  # Abort does not return; this is only a safety net
 
 
