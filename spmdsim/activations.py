@@ -14,17 +14,24 @@ formula's time, and the derivative times the incoming gradient about a third
 of the reference's derivative alone (docs/performance.md,
 "Activations in the shard's precision", has the figures and the command).
 
+`sigmoid`, `erf` and `gelu_erf` are the elementwise kernels that
+`spmdsim.ops.pointwise` runs forward (sigmoid, silu, erf, and gelu with
+``approximate="none"``) and their gradient rules read
+(`spmdsim.autograd.rules.pointwise`).
+
 Pure numpy; never imports mpi4py.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import numpy as np
 
 from . import reference, reference_grad
 
-__all__ = ["forward", "backward", "gelu", "gelu_tanh", "gelu_from_tanh", "gelu_backward", "relu_backward"]
+__all__ = ["forward", "backward", "gelu", "gelu_tanh", "gelu_from_tanh", "gelu_backward", "relu_backward",
+           "sigmoid", "erf", "gelu_erf"]
 
 _C = 0.044715
 _SQRT_2_OVER_PI = reference._SQRT_2_OVER_PI
@@ -106,6 +113,27 @@ def gelu_backward(x: np.ndarray, dy: np.ndarray, tanh: np.ndarray | None = None)
 def relu_backward(x: np.ndarray, dy: np.ndarray) -> np.ndarray:
     """dy where x > 0, else 0 (0 at 0, as PyTorch): a new array in dy's dtype."""
     return dy * reference_grad.relu_grad(x)
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """1 / (1 + e^-x) as (1 + tanh(x / 2)) / 2: no overflow for large |x|, and x's float precision kept."""
+    return 0.5 * np.tanh(0.5 * x) + 0.5
+
+
+_ERF = np.frompyfunc(math.erf, 1, 1)  # the C library's erf, element by element (numpy has none)
+_INV_SQRT_2 = 1.0 / math.sqrt(2.0)
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """erf of a float array in its own dtype (libm's, correctly rounded to within an ulp)."""
+    x = np.asarray(x)
+    dtype = x.dtype if x.dtype.kind == "f" else np.dtype(np.float64)
+    return np.asarray(_ERF(x.astype(np.float64, copy=False)), dtype=np.float64).astype(dtype, copy=False)
+
+
+def gelu_erf(x: np.ndarray) -> np.ndarray:
+    """x * Phi(x) = x (1 + erf(x / sqrt 2)) / 2: GELU without the tanh approximation (PyTorch's default)."""
+    return 0.5 * x * (1.0 + erf(x * _INV_SQRT_2))
 
 
 def forward(name: str) -> Callable[[np.ndarray], np.ndarray]:

@@ -2,9 +2,10 @@
 
 Operators record a node on their output when an input requires grad
 (`spmdsim.autograd.graph`); `backward` walks the nodes in reverse, runs each
-operator's rule (`spmdsim.autograd.rules`, local math only) and moves
-gradients with the redistribution planner, so each backward collective is the
-conjugate of a forward one. Importing this package starts no MPI.
+operator's rule (`spmdsim.autograd.rules`, one module per family of
+operators) and moves gradients with the redistribution planner, so each
+backward collective is the conjugate of a forward one. Importing this package
+starts no MPI.
 """
 from __future__ import annotations
 

@@ -23,8 +23,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..autograd.graph import record, with_partial
-from ..autograd.rules import grad_tensor
+from ..autograd.rules.attention import record_attention
 from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
 from ..errors import OperatorError
 from ..infer.attention import infer_attention
@@ -102,7 +101,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
         keep = keep_mask(probs_shape, seed, region, drop)
     # The kept probabilities' factor, once (keep is 0 or 1: the same bits as keep * factor after each product).
     factors = np.multiply(keep, np.asarray(1.0 / (1.0 - drop), q.dtype)) if keep is not None else None
-    kept: dict = {}  # the probabilities, before and after dropout, for the backward (a dry run keeps none)
+    kept: dict = {}  # the probabilities, before and after dropout, for the gradient rule (a dry run keeps none)
 
     # Per sample and head, (Tq, D) @ (D, Tk) and (Tq, Tk) @ (Tk, E): batched BLAS products on the blocks'
     # (b, h, ...) views (np.einsum's own loops took several times as long).
@@ -121,29 +120,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
     out = make_dtensor(mesh, _engine_local(forward, like, q.local, k.local, v.local), out_layout, out_shape)
     if q._ag is None and k._ag is None and v._ag is None:
         return out
-
-    def grads(dy: np.ndarray) -> tuple:
-        p, pd = kept["p"], kept["pd"]
-        dyh = dy.transpose(heads)  # (b, h, q, e)
-        dpd = np.matmul(dyh, v.local.transpose(keys_t))
-        dv = np.matmul(pd.transpose(0, 1, 3, 2), dyh).transpose(back)
-        dp = dpd if factors is None else dpd * factors
-        ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True)) * scale
-        dq = np.matmul(ds, k.local.transpose(heads)).transpose(back)
-        dk = np.matmul(ds.transpose(0, 1, 3, 2), q.local.transpose(heads)).transpose(back)
-        return dq, dk, dv
-
-    def backward(dy: Any) -> tuple:
-        if not kept:  # a dry run: zeros of each operand's block
-            dq, dk, dv = (np.zeros(t.local.shape, t.dtype) for t in (q, k, v))
-        else:
-            dq, dk, dv = grads(dy.local)
-        pending = dy.layout.partial
-        return (grad_tensor(q, dq, pending) if q._ag is not None else None,
-                grad_tensor(k, dk, pending, plan.query_axes) if k._ag is not None else None,
-                grad_tensor(v, dv, pending, plan.query_axes) if v._ag is not None else None)
-
-    return record(out, plan.why, (q, k, v), backward, with_partial(out_layout, ()))
+    return record_attention(out, q, k, v, plan, kept, factors, scale, (heads, keys_t, back))
 
 
 def _batch_first(x: Any) -> Any:

@@ -15,8 +15,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..autograd.graph import record, with_partial
-from ..autograd.rules import grad_tensor
+from ..autograd.rules.shapes import (record_broadcast_to, record_concatenate, record_concatenate_split, record_narrow,
+                                     record_narrow_split)
 from ..errors import OperatorError
 from ..infer.concat import infer_broadcast_to, infer_concatenate, infer_narrow
 from ..plan.shift import Shift
@@ -43,15 +43,7 @@ def narrow(x: Any, dim: int, start: int, length: int) -> Any:
         return _narrow_split(x, layout, d, s, shape)
     index = (slice(None),) * d + (slice(s, s + shape[d]),)
     out = make_dtensor(x.mesh, x.local[index], layout, shape)
-    if x._ag is None:
-        return out
-
-    def backward(dy: Any) -> tuple:
-        grad = np.zeros(x.local.shape, dy.local.dtype)
-        grad[index] = dy.local
-        return (grad_tensor(x, grad, dy.layout.partial),)
-
-    return record(out, "narrow", (x,), backward)
+    return out if x._ag is None else record_narrow(out, x, index)
 
 
 def _narrow_split(x: Any, layout: Any, d: int, s: int, shape: tuple) -> Any:
@@ -61,15 +53,7 @@ def _narrow_split(x: Any, layout: Any, d: int, s: int, shape: tuple) -> Any:
     rows = f"[{s}:{s + shape[d]}]"
     move = Shift(x.layout, tuple(x.global_shape), layout, shape, d, s)
     out = make_dtensor(x.mesh, shifted(x.mesh, x.local, move, f"narrow dim {d} {rows}"), layout, shape)
-    if x._ag is None:
-        return out
-
-    def backward(dy: Any) -> tuple:
-        back = Shift(dy.layout, shape, with_partial(x.layout, dy.layout.partial), tuple(x.global_shape), d, -s)
-        grad = shifted(dy.mesh, dy.local, back, f"narrow dim {d} {rows}: gradient back")
-        return (grad_tensor(x, grad, dy.layout.partial),)
-
-    return record(out, lambda: f"narrow dim {d} {rows} of {x.layout}", (x,), backward)
+    return out if x._ag is None else record_narrow_split(out, x, d, s, shape, rows, shifted)
 
 
 def chunk(x: Any, chunks: int, dim: int = 0) -> tuple:
@@ -121,22 +105,7 @@ def concatenate(xs: Sequence[Any], dim: int = 0) -> Any:
     d = plan.dim
     out = make_dtensor(mesh, np.concatenate([x.local for x in xs], axis=d).astype(dtype, copy=False),
                        plan.out, plan.shape)
-    if all(x._ag is None for x in xs):
-        return out
-    cuts = [int(x.local.shape[d]) for x in xs]
-    bounds = np.cumsum([0] + cuts)
-
-    def backward(dy: Any) -> tuple:
-        pieces = []
-        for x, lo, hi in zip(xs, bounds[:-1], bounds[1:]):
-            if x._ag is None:
-                pieces.append(None)
-                continue
-            index = (slice(None),) * d + (slice(int(lo), int(hi)),)
-            pieces.append(grad_tensor(x, dy.local[index], dy.layout.partial))
-        return tuple(pieces)
-
-    return record(out, "concatenate", tuple(xs), backward)
+    return out if all(x._ag is None for x in xs) else record_concatenate(out, xs, d)
 
 
 def _concatenate_split(mesh: Any, xs: list, plan: Any, dtype: Any) -> Any:
@@ -149,21 +118,7 @@ def _concatenate_split(mesh: Any, xs: list, plan: Any, dtype: Any) -> Any:
     shifted_many(mesh, [(x.local, Shift(x.layout, tuple(x.global_shape), plan.out, shape, d, -at), block)
                         for x, at in zip(xs, plan.offsets)], f"concatenate dim {d}")
     out = make_dtensor(mesh, block, plan.out, shape)
-    if all(x._ag is None for x in xs):
-        return out
-
-    def backward(dy: Any) -> tuple:
-        wanted = [(k, x, Shift(dy.layout, shape, with_partial(x.layout, dy.layout.partial), tuple(x.global_shape),
-                               d, at)) for k, (x, at) in enumerate(zip(xs, plan.offsets)) if x._ag is not None]
-        grads = [np.zeros(back.moves(mesh.rank).out_shape, dy.local.dtype) for _, _, back in wanted]
-        shifted_many(mesh, [(dy.local, back, g) for (_, _, back), g in zip(wanted, grads)],
-                     f"concatenate dim {d}: gradients back")
-        pieces: list = [None] * len(xs)
-        for (k, x, _), g in zip(wanted, grads):
-            pieces[k] = grad_tensor(x, g, dy.layout.partial)
-        return tuple(pieces)
-
-    return record(out, lambda: f"concatenate dim {d} into {plan.out}", tuple(xs), backward)
+    return out if all(x._ag is None for x in xs) else record_concatenate_split(out, xs, plan, shifted_many)
 
 
 def stack(xs: Sequence[Any], dim: int = 0) -> Any:
@@ -200,16 +155,7 @@ def broadcast_to(x: Any, shape: Any) -> Any:
         raise
     local_shape = layout.local_shape(new)
     out = make_dtensor(x.mesh, np.broadcast_to(x.local, local_shape).copy(), layout, new)
-    if x._ag is None:
-        return out
-    lead = len(new) - x.local.ndim
-    grown = tuple(lead + d for d, (o, n) in enumerate(zip(x.global_shape, new[lead:])) if o == 1 and n != 1)
-
-    def backward(dy: Any) -> tuple:
-        block = dy.local.sum(axis=tuple(range(lead)) + grown, keepdims=True) if lead or grown else dy.local
-        return (grad_tensor(x, block.reshape(x.local.shape), dy.layout.partial),)
-
-    return record(out, "broadcast_to", (x,), backward)
+    return out if x._ag is None else record_broadcast_to(out, x, new)
 
 
 def getitem(x: Any, index: Any) -> Any:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .. import activations
-from ..autograd import rules
+from ..autograd.rules.pointwise import record_activation, record_bias_add, record_scale
 from ..errors import OperatorError, ShapeError
 from ..infer import infer_bias_add, infer_elementwise
 from ..engines import local as engine_local
@@ -41,9 +41,9 @@ def activation(x: Any, name: str) -> Any:
         tanh = engine_local(activations.gelu_tanh, x.local, x.local)
         out = make_dtensor(x.mesh, engine_local(activations.gelu_from_tanh, x.local, x.local, tanh), layout,
                            x.global_shape)
-        return rules.record_activation(out, x, name, tanh)
+        return record_activation(out, x, name, tanh)
     out = make_dtensor(x.mesh, engine_local(fn, x.local, x.local), layout, x.global_shape)
-    return out if x._ag is None else rules.record_activation(out, x, name)
+    return out if x._ag is None else record_activation(out, x, name)
 
 
 def relu(x: Any) -> Any:
@@ -91,7 +91,7 @@ def scale(x: Any, factor: Any) -> Any:
         raise OperatorError(f"scale factor {factor!r} does not fit dtype {dtype.name!r}") from None
     out = make_dtensor(x.mesh, engine_local(np.multiply, x.local, x.local, factor_array), x.layout,
                        x.global_shape)
-    return out if x._ag is None else rules.record_scale(out, x, value)
+    return out if x._ag is None else record_scale(out, x, value)
 
 
 def bias_add(x: Any, bias: Any) -> Any:
@@ -102,4 +102,4 @@ def bias_add(x: Any, bias: Any) -> Any:
         raise ShapeError(f"bias of shape {tuple(bias.global_shape)!r} does not match the last dim of "
                          f"{tuple(x.global_shape)!r}")
     out = make_dtensor(mesh, x.local + bias.local, layout, x.global_shape)
-    return out if x._ag is None and bias._ag is None else rules.record_bias_add(out, x, bias)
+    return out if x._ag is None and bias._ag is None else record_bias_add(out, x, bias)

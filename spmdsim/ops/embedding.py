@@ -21,7 +21,7 @@ from typing import Any, Iterable, Optional
 import numpy as np
 
 from .. import buffers
-from ..autograd.rules import record_embedding
+from ..autograd.rules.matmul import record_embedding
 from ..datagen import SeededTensor
 from ..errors import OperatorError, ShapeError
 from ..infer import EmbeddingPlan, infer_embedding

@@ -21,7 +21,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Iterable, Optional
 
-from ..autograd.rules import record_linear
+from ..autograd.rules.matmul import record_linear
 from ..datagen import SeededTensor
 from ..errors import OperatorError, ShapeError
 from ..infer import LinearPlan, infer_linear, matmul_shape

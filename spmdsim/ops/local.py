@@ -14,7 +14,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from .. import reference
-from ..autograd import rules
+from ..autograd.rules.norms import record_softmax
+from ..autograd.rules.shapes import record_reshape, record_transpose
 from ..infer import infer_reshape, infer_softmax, infer_transpose
 from ..engines import local as engine_local
 from ._common import make_dtensor, raise_if_not_dtensors, require_float
@@ -31,7 +32,7 @@ def transpose(x: Any, perm: Optional[Sequence[int]] = None) -> Any:
         raise
     # make_dtensor copies the permuted view into C order, as the collectives read it.
     out = make_dtensor(x.mesh, np.transpose(x.local, dims), layout, tuple(x.global_shape[d] for d in dims))
-    return out if x._ag is None else rules.record_transpose(out, x, dims)
+    return out if x._ag is None else record_transpose(out, x, dims)
 
 
 def reshape(x: Any, shape: Any) -> Any:
@@ -46,7 +47,7 @@ def reshape(x: Any, shape: Any) -> Any:
         raise_if_not_dtensors("reshape", ("x",), x)
         raise
     out = make_dtensor(x.mesh, x.local.reshape(layout.local_shape(new_shape)), layout, new_shape)
-    return out if x._ag is None else rules.record_reshape(out, x)
+    return out if x._ag is None else record_reshape(out, x)
 
 
 def softmax(x: Any, dim: int = -1) -> Any:
@@ -58,4 +59,4 @@ def softmax(x: Any, dim: int = -1) -> Any:
         raise
     require_float("softmax", x.local)
     out = make_dtensor(x.mesh, engine_local(reference.softmax, x.local, x.local, d), layout, x.global_shape)
-    return out if x._ag is None else rules.record_softmax(out, x, d)
+    return out if x._ag is None else record_softmax(out, x, d)

@@ -24,8 +24,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..autograd.graph import record, with_partial
-from ..autograd.rules import axes_of, grad_tensor
+from ..autograd.rules.grads import axes_of
+from ..autograd.rules.losses import record_cross_entropy, record_mse_loss
 from ..errors import OperatorError, ShapeError
 from ..layout import TensorLayout
 from ..validate import counted
@@ -72,17 +72,7 @@ def mse_loss(y: Any, target: Any) -> Any:
     axes = axes_of(y.layout, y.layout.tensor_map)
     total = _row_sum(mesh, np.array([(diff * diff).sum()], y.dtype), axes, "mse_loss")
     out = _scalar(mesh, total[0] / n, y.dtype)
-    if y._ag is None and target._ag is None:
-        return out
-
-    def backward(dl: Any) -> tuple:
-        g = diff * (2.0 / n)
-        if dl.local != 1:  # a loss scaled after mse_loss (backward() itself starts from 1)
-            g *= dl.local
-        return (grad_tensor(y, g, dl.layout.partial) if y._ag is not None else None,
-                grad_tensor(target, -g, dl.layout.partial) if target._ag is not None else None)
-
-    return record(out, "mse_loss", (y, target), backward, with_partial(out.layout, ()))
+    return out if y._ag is None and target._ag is None else record_mse_loss(out, y, target, diff, n)
 
 
 def _check_labels(logits: Any, labels: Any) -> None:
@@ -187,17 +177,5 @@ def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -10
             out = _scalar(mesh, summed / np.asarray(divisor, z.dtype), z.dtype)
     if logits._ag is None:
         return out
-    sum_exp = sums[0]
-
-    def backward(dl: Any) -> tuple:
-        g = e / sum_exp[:, None]
-        # Each row's label column (column 0, less 0, where another rank owns it): no array whose size depends
-        # on the labels (a captured step replays; spmdsim.runtime.replay).
-        g[rows, np.where(owned, ids, 0)] -= np.where(owned, 1.0 - smooth, 0.0)
-        if smooth:
-            g -= smooth / classes
-        g[~valid] = 0.0
-        upstream = dl.local[:, None] if reduction == "none" else dl.local / divisor
-        return grad_tensor(logits, g * upstream, dl.layout.partial), None
-
-    return record(out, "cross_entropy", (logits, labels), backward, with_partial(out.layout, ()))
+    return record_cross_entropy(out, logits, labels, e=e, sum_exp=sums[0], rows=rows, ids=ids, owned=owned,
+                                valid=valid, smooth=smooth, classes=classes, reduction=reduction, divisor=divisor)

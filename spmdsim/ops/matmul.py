@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..autograd.rules import record_matmul
+from ..autograd.rules.matmul import record_matmul
 from ..errors import OperatorError
 from ..infer import MatMulPlan, infer_matmul, matmul_shape
 from ..layout import TensorLayout

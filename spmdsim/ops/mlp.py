@@ -8,7 +8,7 @@ MLP; Paddle's "column then row saves the AllGather").
 
 When nothing moves before that reduction (no sequence parallelism, x not a
 pending sum, floating operands), the three steps run as one operator and one
-node of the backward graph (`autograd.rules.record_mlp`): the same local math,
+node of the backward graph (`autograd.rules.matmul.record_mlp`): the same local math,
 collectives and trace labels as the layers one by one, with about a quarter
 less Python per training step, which ranks sharing cores pay several times
 over (docs/performance.md). Anything else goes through the two layers.
@@ -18,7 +18,9 @@ from __future__ import annotations
 from typing import Any, Iterable, Optional
 
 from .. import activations
-from ..autograd import graph, rules
+from ..autograd import graph
+from ..autograd.rules.grads import axes_of
+from ..autograd.rules.matmul import record_mlp
 from ..errors import OperatorError
 from ..reference import ACTIVATIONS, RegionFn, Source, mlp_region
 from ..runtime import debug
@@ -113,7 +115,7 @@ class ParallelMLP:
         except Exception:  # the layers raise it, in their own terms
             return None
         l2 = p2.matmul.local
-        if p1.steps or p1.out.partial or p2.gather or rules.axes_of(l2, l2.tensor_map[-1:]):
+        if p1.steps or p1.out.partial or p2.gather or axes_of(l2, l2.tensor_map[-1:]):
             return None
         return p1, p2, s2
 
@@ -137,7 +139,7 @@ class ParallelMLP:
             def name() -> str:
                 return (f"ParallelMLP: fc1 linear: {p1.matmul.why()}; {kind}; "
                         f"fc2 linear: {p2.matmul.why()}")
-            rules.record_mlp(out, x, (w1, b1), (w2, b2), (p1, p2), a, h, kind, name)
+            record_mlp(out, x, (w1, b1), (w2, b2), (p1, p2), a, h, kind, name)
         return out
 
     def reference(self, x: Source) -> RegionFn:

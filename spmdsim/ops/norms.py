@@ -27,8 +27,9 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ..autograd.graph import no_grad, record, with_partial
-from ..autograd.rules import grad_tensor
+from ..autograd.graph import no_grad
+from ..autograd.rules.norms import record_normalized
+from ..autograd.rules.pointwise import record_dropout
 from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
 from ..errors import OperatorError
 from ..validate import as_int, shape_arg
@@ -113,13 +114,14 @@ def _normalize(block: np.ndarray, d: int, n: int, eps: float, centre: bool) -> t
 
 def _normalized(x: Any, d: int, eps: float, centre: bool, op: str) -> Any:
     """layer_norm's (``centre``) or rms_norm's normalization along a whole dim: one local kernel and one
-    autograd node, dX = r (dY - mean(dY) - y mean(dY y)) (rms: without mean(dY)), shard by shard.
+    autograd node (spmdsim.autograd.rules.norms: dX = r (dY - mean(dY) - y mean(dY y)), rms without
+    mean(dY), shard by shard).
 
     The composite of the general rules would take nine operators (and their nodes) where a row is whole on
     every rank: the sequence-parallel and replicated layer norms of a transformer.
     """
     n = x.global_shape[d]
-    kept: dict[str, np.ndarray] = {}  # 1 / sqrt(var + eps), for the backward (a dry run keeps none)
+    kept: dict[str, np.ndarray] = {}  # 1 / sqrt(var + eps), for the gradient rule (a dry run keeps none)
 
     def kernel(block: np.ndarray) -> np.ndarray:
         y, kept["rstd"] = _normalize(block, d, n, eps, centre)
@@ -127,20 +129,7 @@ def _normalized(x: Any, d: int, eps: float, centre: bool, op: str) -> Any:
 
     y = _engine_local(kernel, x.local, x.local)
     out = make_dtensor(x.mesh, y, x.layout, x.global_shape)
-    if x._ag is None:
-        return out
-
-    def grad(dy: np.ndarray) -> np.ndarray:
-        inv = 1.0 / n
-        g = dy - np.sum(dy * y, axis=d, keepdims=True) * inv * y
-        if centre:
-            g = g - np.sum(dy, axis=d, keepdims=True) * inv
-        return g * kept["rstd"]
-
-    def backward(dy: Any) -> tuple:
-        return (grad_tensor(x, _engine_local(grad, dy.local, dy.local), dy.layout.partial),)
-
-    return record(out, op, (x,), backward, out.layout, reads=(x, out))
+    return out if x._ag is None else record_normalized(out, x, y, kept, d, centre, op)
 
 
 def layer_norm(x: Any, weight: Optional[Any] = None, bias: Optional[Any] = None, eps: float = 1e-5) -> Any:
@@ -237,15 +226,7 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
         keep = keep_mask(tuple(x.global_shape[d] for d in order), seed, tuple(region[d] for d in order), p)
         kept = np.multiply(keep, scale).transpose(np.argsort(order))
     out = make_dtensor(x.mesh, x.local * kept if dry is None else dry, x.layout, x.global_shape)
-    if x._ag is None:
-        return out
-
-    def backward(dy: Any) -> tuple:
-        if kept is None:
-            return (grad_tensor(x, _engine_local(np.multiply, dy.local, dy.local, scale), dy.layout.partial),)
-        return (grad_tensor(x, dy.local * kept, dy.layout.partial),)
-
-    return record(out, "dropout", (x,), backward, with_partial(x.layout, ()))
+    return out if x._ag is None else record_dropout(out, x, kept, scale)
 
 
 def _permutation(dims: Any, ndim: int) -> tuple:

@@ -3,10 +3,11 @@
 Over a split dim, ``sum`` and ``mean`` leave a pending sum over its axes (no
 communication: the next op that needs the whole value resolves it, or
 ``redistribute`` does); ``max`` and ``min`` finish with one
-Allreduce(MAX/MIN). Gradients: ``sum`` spreads dY over the reduced dims,
-``mean`` divides by the global count, ``max``/``min`` send dY to the
-positions that attain the extreme, shared equally among ties (counted over
-the whole group, as ``numpy``'s ``amax`` derivative and JAX do).
+Allreduce(MAX/MIN). Gradients (spmdsim.autograd.rules.reduce): ``sum``
+spreads dY over the reduced dims, ``mean`` divides by the global count,
+``max``/``min`` send dY to the positions that attain the extreme, shared
+equally among ties (counted over the whole group, as ``numpy``'s ``amax``
+derivative and JAX do).
 """
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ..autograd.graph import record, with_partial
-from ..autograd.rules import grad_tensor
+from ..autograd.rules.grads import axes_of
+from ..autograd.rules.reduce import record_reduce
 from ..infer.pointwise import infer_reduce, reduce_dims
 from ._common import make_dtensor, raise_if_not_dtensors
 
@@ -46,7 +47,7 @@ def reduce(kind: str, x: Any, dims: Any = None, keepdims: bool = False) -> Any:
     out = make_dtensor(x.mesh, block, plan.out, shape)
     if x._ag is None:
         return out
-    return _record(kind, out, x, plan, axes, keepdims, count)
+    return record_reduce(kind, out, x, plan, axes, keepdims, count)
 
 
 def _checked(kind: str, x: Any, keepdims: Any) -> Any:
@@ -61,36 +62,6 @@ def _checked(kind: str, x: Any, keepdims: Any) -> Any:
 
         raise OperatorError(f"{kind}: keepdims {keepdims!r} must be True or False")
     return layout
-
-
-def _record(kind: str, out: Any, x: Any, plan: Any, axes: tuple, keepdims: bool, count: int) -> Any:
-    def backward(dy: Any) -> tuple:
-        d = dy.local if keepdims else np.expand_dims(dy.local, axes)
-        if kind in ("sum", "mean"):
-            g = np.broadcast_to(d / count if kind == "mean" else d, x.local.shape)
-            return (grad_tensor(x, np.array(g), dy.layout.partial),)
-        extreme = out.local if keepdims else np.expand_dims(out.local, axes)
-        hit = x.local == extreme
-        ties = hit.sum(axis=axes, keepdims=True).astype(x.dtype)
-        if plan.steps:  # ties elsewhere in the group count too: their sum over the reduced dims' axes
-            from ..runtime.executor import redistribute
-
-            ndim = x.layout.ndim
-            kept = plan.out if keepdims else _keepdims_layout(plan.out, axes, ndim)
-            shape = tuple(1 if i in axes else n for i, n in enumerate(x.global_shape))
-            pending = with_partial(kept, plan.local.partial)
-            ties = redistribute(make_dtensor(x.mesh, ties, pending, shape), kept).local
-        return (grad_tensor(x, d * hit / ties, dy.layout.partial),)
-
-    return record(out, kind, (x,), backward, with_partial(plan.local, ()))
-
-
-def _keepdims_layout(layout: Any, axes: tuple, ndim: int) -> Any:
-    """`layout` of a reduction without keepdims, with the reduced dims put back unsplit."""
-    entries = list(layout.tensor_map)
-    for d in axes:
-        entries.insert(d, ())
-    return layout.layout(*[e or None for e in entries], partial=layout.partial)
 
 
 def sum(x: Any, dims: Any = None, keepdims: bool = False) -> Any:  # noqa: A001 - numpy's name
@@ -155,7 +126,6 @@ def argmin(x: Any, dim: Any = None, keepdims: bool = False) -> Any:
 
 def arg_reduce(kind: str, x: Any, dim: Any, keepdims: bool) -> Any:
     """`argmax` or `argmin` (`kind`) of x along `dim` (None: the flattened tensor); DTensor's methods call it."""
-    from ..autograd.rules import axes_of
     from ..errors import OperatorError
     from ..runtime.executor import pending, redistribute, resolve
 

@@ -1,61 +1,26 @@
-"""Backward rules: each operator's local gradient math and the layout it lands in.
+"""Gradient rules of the products and lookups: MatMul, Linear, the fused MLP, Embedding.
 
-An operator calls ``record_<op>(out, ...)`` when one of its inputs has
-``_ag`` set. The rule's backward gets the output's gradient in the layout the
-node asked for (`Node.want`: for matmul the local product's, so the forward's
-Allreduce answers with nothing, its Reduce_scatter with an Allgather) and
-returns each input's gradient as a DTensor in the input's tensor map, a
-pending sum over the axes its local math summed over (a split contraction:
-the conjugate of a replicated input is a pending sum, which the engine
-resolves by Allreduce or Reduce_scatter where it must). No rule communicates.
+The gradient arrives in the local product's tensor map (`Node.want`), so the
+forward's Allreduce answers with nothing and its Reduce_scatter with an
+Allgather; each input's gradient is pending over the axes its local product
+summed over (a split contraction: the conjugate of a replicated input is a
+pending sum, which the backward walk resolves by Allreduce or Reduce_scatter
+where it must). Local math only.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .. import activations, reference_grad
-from ..layout import TensorLayout
-from ..engines import local as _local  # the kernel; the dry engine's zeros, not computed
-from ..engines import matmul as _product  # np.matmul; the dry engine's zeros, unmultiplied
-from .graph import record, with_partial
+from ... import activations
+from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
+from ...engines import matmul as _product  # np.matmul; the dry engine's zeros, unmultiplied
+from ...layout import TensorLayout
+from ..graph import record, with_partial
+from .grads import axes_of, grad_tensor, named
 
-__all__ = [
-    "record_matmul", "record_linear", "record_mlp", "record_embedding", "record_activation", "record_softmax",
-    "record_bias_add", "record_scale", "record_transpose", "record_reshape",
-    "grad_tensor", "axes_of",
-]
-
-
-def axes_of(layout: TensorLayout, entries: Iterable[tuple[str, ...]]) -> tuple[str, ...]:
-    """The axes (of size above one) in map entries `entries` of `layout`."""
-    return tuple(a for e in entries for a in e if layout.layout.axis_size(a) > 1)
-
-
-def grad_tensor(like: Any, local: np.ndarray, *pending: Iterable[str]) -> Any:
-    """A gradient of `like`: its tensor map, pending over the union of `pending`, block `local`."""
-    layout = like.layout
-    if any(pending):
-        wanted = set(a for group in pending for a in group)
-        partial = tuple(a for a in layout.layout.alias_name if a in wanted)
-    else:  # nothing pending (most gradients): no sets to build
-        partial = ()
-    local = np.asarray(local, dtype=like.dtype)
-    if not local.flags.c_contiguous:  # collectives read C order (ascontiguousarray makes 0-d 1-d)
-        local = local.copy()
-    grad_layout = with_partial(layout, partial)
-    if local.shape == like.local.shape:  # `like`'s block shape under the same tensor map: checked
-        return type(like)._trusted(like.mesh, local, grad_layout, like.global_shape)
-    return type(like)(like.mesh, local, grad_layout, like.global_shape)  # raises, naming the shapes
-
-
-def _named(op: str, label: Optional[str], plan: Any) -> Callable[[], str]:
-    """A node's name for explanations, made when asked: "matmul MatMul1 (contraction dim K ...)"."""
-    def name() -> str:
-        text = op if not label or label == op else f"{op} {label}"
-        return text if plan is None else f"{text}: {plan.why()}"
-    return name
+__all__ = ["record_matmul", "record_linear", "record_mlp", "record_embedding"]
 
 
 def _swap(a: np.ndarray) -> np.ndarray:
@@ -94,7 +59,7 @@ def record_matmul(out: Any, x: Any, w: Any, plan: Any, ta: bool, tb: bool, label
     def backward(dy: Any) -> tuple:
         return _matmul_grads(x, w, plan.local, ta, tb, dy, *need)
 
-    return record(out, _named("matmul", label, plan), (x, w), backward, with_partial(plan.local, ()))
+    return record(out, named("matmul", label, plan), (x, w), backward, with_partial(plan.local, ()))
 
 
 def record_linear(out: Any, x: Any, w: Any, bias: Any, plan: Any, label: Optional[str] = None) -> Any:
@@ -110,7 +75,7 @@ def record_linear(out: Any, x: Any, w: Any, bias: Any, plan: Any, label: Optiona
             gb = grad_tensor(bias, rows, dy.layout.partial, axes_of(local, local.tensor_map[:-1]))
         return gx, gw, gb
 
-    return record(out, _named("linear", label, plan.matmul), (x, w, bias), backward,
+    return record(out, named("linear", label, plan.matmul), (x, w, bias), backward,
                   with_partial(local, ()))
 
 
@@ -171,71 +136,4 @@ def record_embedding(out: Any, ids: Any, table: Any, plan: Any, start: int, labe
         g = spare[:rows]
         return None, grad_tensor(table, g, dy.layout.partial, axes_of(plan.local, plan.local.tensor_map[:-1]))
 
-    return record(out, _named("embedding", label, None), (ids, table), backward, with_partial(plan.local, ()))
-
-
-def record_activation(out: Any, x: Any, name: str, kept: Any = None) -> Any:
-    """relu / gelu: dX = dY * act'(x), shard by shard. `kept`: GELU's inner tanh from the forward
-    (activations.gelu_tanh), read by the backward instead of computed again."""
-    kernel = activations.backward(name)
-    extra = () if kept is None else (kept,)
-
-    def backward(dy: Any) -> tuple:
-        return (grad_tensor(x, _local(kernel, dy.local, x.local, dy.local, *extra), dy.layout.partial),)
-
-    return record(out, name, (x,), backward, x.layout)
-
-
-def record_softmax(out: Any, x: Any, dim: int) -> Any:
-    """softmax along a whole dim: dX = s * (dY - sum(dY * s)), shard by shard."""
-
-    def backward(dy: Any) -> tuple:
-        grad = _local(reference_grad.softmax_grad, dy.local, out.local, dy.local, dim)
-        return (grad_tensor(x, grad, dy.layout.partial),)
-
-    return record(out, "softmax", (x,), backward, out.layout, reads=(x, out))
-
-
-def record_bias_add(out: Any, x: Any, bias: Any) -> Any:
-    """x + bias: dX = dY, dbias = dY summed over the leading dims (pending over their axes)."""
-    need_x, need_b = x._ag is not None, bias._ag is not None
-
-    def backward(dy: Any) -> tuple:
-        gx = grad_tensor(x, dy.local, dy.layout.partial) if need_x else None
-        gb = None
-        if need_b:
-            rows = dy.local.reshape(-1, dy.local.shape[-1]).sum(axis=0)
-            gb = grad_tensor(bias, rows, dy.layout.partial, axes_of(x.layout, x.layout.tensor_map[:-1]))
-        return gx, gb
-
-    return record(out, "bias_add", (x, bias), backward, x.layout)
-
-
-def record_scale(out: Any, x: Any, factor: Any) -> Any:
-    """x * factor: dX = dY * factor."""
-    def backward(dy: Any) -> tuple:
-        d = dy.local
-        return (type(dy)(dy.mesh, _local(np.multiply, d, d, np.asarray(factor, d.dtype)), dy.layout,
-                         dy.global_shape),)
-
-    return record(out, "scale", (x,), backward)
-
-
-def record_transpose(out: Any, x: Any, dims: tuple[int, ...]) -> Any:
-    """Permuted dims: the gradient is permuted back."""
-    inverse = tuple(int(i) for i in np.argsort(dims))
-
-    def backward(dy: Any) -> tuple:
-        return (grad_tensor(x, np.transpose(dy.local, inverse), dy.layout.partial),)
-
-    return record(out, "transpose", (x,), backward)
-
-
-def record_reshape(out: Any, x: Any) -> Any:
-    """A local reshape: the gradient is reshaped back."""
-
-    def backward(dy: Any) -> tuple:
-        return (grad_tensor(x, dy.local.reshape(x.local.shape), dy.layout.partial),)
-
-    return record(out, "reshape", (x,), backward)
-
+    return record(out, named("embedding", label, None), (ids, table), backward, with_partial(plan.local, ()))

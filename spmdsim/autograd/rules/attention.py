@@ -1,0 +1,52 @@
+"""Gradient rule of scaled dot-product attention (`spmdsim.ops.attention`), one node for the whole block.
+
+Each rank holds its own samples', heads' and query rows' probabilities from
+the forward and works out dQ, dK and dV from them locally: dQ is whole, dK
+and dV are pending over the axes that split the query rows (each rank's
+queries read every key).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from ..graph import record, with_partial
+from .grads import grad_tensor
+
+__all__ = ["record_attention"]
+
+
+def record_attention(out: Any, q: Any, k: Any, v: Any, plan: Any, kept: dict, factors: Optional[np.ndarray],
+                     scale: float, order: tuple) -> Any:
+    """softmax(q k^T * scale [masked]) [dropped out] v, its operands already in the plan's layouts.
+
+    `kept`: the probabilities "p" and, after dropout, "pd" per (b, h, query, key), which the forward's
+    kernel keeps (a dry run keeps none: zero gradients); `factors`: the kept entries' dropout factor (None
+    without dropout); `order`: the permutations that see a block as (b, h, t, d), k's as (b, h, d, t), and
+    put a (b, h, t, e) product back in the operands' order.
+    """
+    heads, keys_t, back = order
+
+    def grads(dy: np.ndarray) -> tuple:
+        p, pd = kept["p"], kept["pd"]
+        dyh = dy.transpose(heads)  # (b, h, q, e)
+        dpd = np.matmul(dyh, v.local.transpose(keys_t))
+        dv = np.matmul(pd.transpose(0, 1, 3, 2), dyh).transpose(back)
+        dp = dpd if factors is None else dpd * factors
+        ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True)) * scale
+        dq = np.matmul(ds, k.local.transpose(heads)).transpose(back)
+        dk = np.matmul(ds.transpose(0, 1, 3, 2), q.local.transpose(heads)).transpose(back)
+        return dq, dk, dv
+
+    def backward(dy: Any) -> tuple:
+        if not kept:  # a dry run: zeros of each operand's block
+            dq, dk, dv = (np.zeros(t.local.shape, t.dtype) for t in (q, k, v))
+        else:
+            dq, dk, dv = grads(dy.local)
+        pending = dy.layout.partial
+        return (grad_tensor(q, dq, pending) if q._ag is not None else None,
+                grad_tensor(k, dk, pending, plan.query_axes) if k._ag is not None else None,
+                grad_tensor(v, dv, pending, plan.query_axes) if v._ag is not None else None)
+
+    return record(out, plan.why, (q, k, v), backward, with_partial(out.layout, ()))

@@ -1,0 +1,41 @@
+"""What every gradient rule returns: a gradient in its input's tensor map, pending over the axes it summed."""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Optional
+
+import numpy as np
+
+from ...layout import TensorLayout
+from ..graph import with_partial
+
+__all__ = ["grad_tensor", "axes_of", "named"]
+
+
+def axes_of(layout: TensorLayout, entries: Iterable[tuple[str, ...]]) -> tuple[str, ...]:
+    """The axes (of size above one) in map entries `entries` of `layout`."""
+    return tuple(a for e in entries for a in e if layout.layout.axis_size(a) > 1)
+
+
+def grad_tensor(like: Any, local: np.ndarray, *pending: Iterable[str]) -> Any:
+    """A gradient of `like`: its tensor map, pending over the union of `pending`, block `local`."""
+    layout = like.layout
+    if any(pending):
+        wanted = set(a for group in pending for a in group)
+        partial = tuple(a for a in layout.layout.alias_name if a in wanted)
+    else:  # nothing pending (most gradients): no sets to build
+        partial = ()
+    local = np.asarray(local, dtype=like.dtype)
+    if not local.flags.c_contiguous:  # collectives read C order (ascontiguousarray makes 0-d 1-d)
+        local = local.copy()
+    grad_layout = with_partial(layout, partial)
+    if local.shape == like.local.shape:  # `like`'s block shape under the same tensor map: checked
+        return type(like)._trusted(like.mesh, local, grad_layout, like.global_shape)
+    return type(like)(like.mesh, local, grad_layout, like.global_shape)  # raises, naming the shapes
+
+
+def named(op: str, label: Optional[str], plan: Any) -> Callable[[], str]:
+    """A node's name for explanations, made when asked: "matmul MatMul1 (contraction dim K ...)"."""
+    def name() -> str:
+        text = op if not label or label == op else f"{op} {label}"
+        return text if plan is None else f"{text}: {plan.why()}"
+    return name

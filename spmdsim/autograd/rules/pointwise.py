@@ -1,0 +1,223 @@
+"""Gradient rules of the elementwise ops: numpy's broadcasting ops, activations, bias add, scale, dropout.
+
+Each operand's gradient is the local derivative times dY, summed over the
+dims the operand was broadcast along (a pending sum over the axes that split
+those dims) and over the pending sums the forward kept; shard by shard, no
+communication. `DERIVATIVES` holds each op's derivative, beside the forward
+kernels of `spmdsim.ops.pointwise`.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from ... import activations
+from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
+from ..graph import record, with_partial
+from .grads import axes_of, grad_tensor
+
+__all__ = ["DERIVATIVES", "quiet", "record_pointwise", "record_activation", "record_bias_add", "record_scale",
+           "record_dropout"]
+
+
+def _half(mask: np.ndarray, ties: np.ndarray) -> np.ndarray:
+    return mask + 0.5 * ties
+
+
+def _clip_grads(dy: np.ndarray, x: np.ndarray, low: np.ndarray, high: np.ndarray, need: tuple) -> tuple:
+    """Gradients of numpy.clip = minimum(maximum(x, low), high): x gets dY inside [low, high] (bounds
+    included), low where x is below it, high where the clamped value is above it (also when low > high)."""
+    above = np.maximum(x, low) > high
+    inner = np.where(above, 0, dy)
+    return (inner * (x >= low) if need[0] else None, inner * (x < low) if need[1] else None,
+            dy * above if need[2] else None)
+
+
+def _silu_slope(x: np.ndarray) -> np.ndarray:
+    """d silu / dx = s (1 + x (1 - s)) with s = sigmoid(x)."""
+    s = activations.sigmoid(x)
+    return s * (1 + x * (1 - s))
+
+
+_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+_INV_SQRT_2 = 1.0 / math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+def _gelu_erf_slope(x: np.ndarray) -> np.ndarray:
+    """d/dx x Phi(x) = Phi(x) + x phi(x)."""
+    return 0.5 * (1.0 + activations.erf(x * _INV_SQRT_2)) + x * _INV_SQRT_2PI * np.exp(-0.5 * x * x)
+
+
+#: op -> its derivative: (dy, operands, out, need) -> per operand the gradient or None. The comparisons
+#: (eq, lt, ...) have none: their bool results take no gradient.
+DERIVATIVES: dict[str, Callable] = {
+    "add": lambda dy, x, o, n: (dy, dy),
+    "sub": lambda dy, x, o, n: (dy, -dy if n[1] else None),
+    "mul": lambda dy, x, o, n: (dy * x[1] if n[0] else None, dy * x[0] if n[1] else None),
+    "div": lambda dy, x, o, n: (dy / x[1] if n[0] else None, -dy * o / x[1] if n[1] else None),
+    "maximum": lambda dy, x, o, n: (dy * _half(x[0] > x[1], x[0] == x[1]), dy * _half(x[1] > x[0], x[0] == x[1])),
+    "minimum": lambda dy, x, o, n: (dy * _half(x[0] < x[1], x[0] == x[1]), dy * _half(x[1] < x[0], x[0] == x[1])),
+    "where": lambda dy, x, o, n: (None, np.where(x[0], dy, 0) if n[1] else None,
+                                  np.where(x[0], 0, dy) if n[2] else None),
+    "exp": lambda dy, x, o, n: (dy * o,),
+    "log": lambda dy, x, o, n: (dy / x[0],),
+    "sqrt": lambda dy, x, o, n: (dy * 0.5 / o,),
+    "tanh": lambda dy, x, o, n: (dy * (1 - o * o),),
+    "neg": lambda dy, x, o, n: (-dy,),
+    "abs": lambda dy, x, o, n: (dy * np.sign(x[0]),),
+    "pow": lambda dy, x, o, n: (dy * x[1] * np.power(x[0], x[1] - 1) if n[0] else None,
+                                dy * o * np.log(x[0]) if n[1] else None),
+    "sigmoid": lambda dy, x, o, n: (dy * o * (1 - o),),
+    "silu": lambda dy, x, o, n: (dy * _silu_slope(x[0]),),
+    "sin": lambda dy, x, o, n: (dy * np.cos(x[0]),),
+    "cos": lambda dy, x, o, n: (-dy * np.sin(x[0]),),
+    "square": lambda dy, x, o, n: (2 * dy * x[0],),
+    "rsqrt": lambda dy, x, o, n: (-0.5 * dy * o * o * o,),
+    "clip": lambda dy, x, o, n: _clip_grads(dy, *x, n),
+    "erf": lambda dy, x, o, n: (dy * _TWO_OVER_SQRT_PI * np.exp(-x[0] * x[0]),),
+    "gelu_erf": lambda dy, x, o, n: (dy * _gelu_erf_slope(x[0]),),
+}
+
+
+#: Ops that warn on finite operands (x / 0, log 0, sqrt and pow of negatives, exp's overflow), forward and
+#: backward: numpy's warnings silenced there, as the masked and padded values of a model meet them by
+#: design. The others warn only on operands that are already inf or nan, as numpy does in one process;
+#: np.errstate costs ~10 us a call, more than a small shard's arithmetic.
+_LOUD = frozenset({"div", "log", "sqrt", "pow", "exp", "rsqrt"})
+
+
+def quiet(op: str, **errors: str) -> Any:
+    """np.errstate(**errors) for the ops that warn on finite operands, else a context that does nothing."""
+    return np.errstate(**errors) if op in _LOUD else _NULL
+
+
+_NULL = contextlib.nullcontext()  # stateless: one shared by every call and thread
+
+
+def _summed(local: np.ndarray, shape: tuple, out_shape: tuple) -> tuple[np.ndarray, tuple[int, ...]]:
+    """`local` (an output-shaped gradient block) summed down to an operand of global `shape`.
+
+    Returns the block and the output dims summed over (whose split axes make it pending).
+    """
+    lead, inner, dims = _sum_dims(shape, out_shape)
+    if lead:
+        local = local.sum(axis=lead)
+    if inner:
+        local = local.sum(axis=inner, keepdims=True)
+    return local, dims
+
+
+def _sum_dims(shape: tuple, out_shape: tuple) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """(leading output dims the operand lacks, its own broadcast dims, both as output dims) for `_summed`."""
+    key = (shape, out_shape)
+    try:
+        return _SUM_DIMS[key]
+    except KeyError:
+        pass
+    lead = len(out_shape) - len(shape)
+    dims = tuple(range(lead)) + tuple(lead + d for d, s in enumerate(shape) if s == 1 and out_shape[lead + d] != 1)
+    if len(_SUM_DIMS) >= _CACHE_MAX:  # a long run over many shapes: start over
+        _SUM_DIMS.clear()
+    out = _SUM_DIMS[key] = (tuple(range(lead)), tuple(d - lead for d in dims if d >= lead), dims)
+    return out
+
+
+_SUM_DIMS: dict = {}  # (operand shape, output shape) -> _sum_dims's answer (a step asks for the same few)
+_SUMMED_AXES: dict = {}  # (output layout, summed dims) -> the axes of size above one that split them
+_CACHE_MAX = 4096
+
+
+def _summed_axes(layout: Any, dims: tuple[int, ...]) -> tuple[str, ...]:
+    """``axes_of(layout, the map entries of dims)``, remembered."""
+    key = (layout, dims)
+    try:
+        return _SUMMED_AXES[key]
+    except KeyError:
+        pass
+    if len(_SUMMED_AXES) >= _CACHE_MAX:
+        _SUMMED_AXES.clear()
+    out = _SUMMED_AXES[key] = axes_of(layout, (layout.tensor_map[d] for d in dims))
+    return out
+
+
+def record_pointwise(op: str, out: Any, xs: list, plan: Any) -> Any:
+    """Elementwise `op` of `xs` (in the plan's layouts) with numpy broadcasting; an op without a
+    derivative (a comparison) records nothing."""
+    derivative = DERIVATIVES.get(op)
+    if derivative is None:
+        return out
+    need = tuple(x._ag is not None for x in xs)
+    kept = plan.out.partial
+
+    def grads(dy: Any) -> tuple:
+        with quiet(op, divide="ignore", invalid="ignore"):
+            fulls = _local(lambda: derivative(dy.local, [x.local for x in xs], out.local, need), dy.local)
+        if not isinstance(fulls, tuple):  # a dry run's zeros: one block shaped like dy for every operand
+            fulls = tuple(fulls if n else None for n in need)
+        result = []
+        for x, g, n in zip(xs, fulls, need):
+            if not n or g is None:
+                result.append(None)
+                continue
+            g = np.broadcast_to(g, dy.local.shape) if np.ndim(g) < dy.local.ndim else g
+            block, dims = _summed(np.asarray(g), x.global_shape, plan.shape)
+            summed = _summed_axes(plan.out, dims) if dims else ()
+            # A bilinear op's other operand read only this rank's addend: its gradient is pending too.
+            carried = kept if not x.layout.partial else ()
+            result.append(grad_tensor(x, block.reshape(x.local.shape), dy.layout.partial, summed, carried))
+        return tuple(result)
+
+    return record(out, op, tuple(xs), grads, with_partial(plan.out, ()))
+
+
+def record_activation(out: Any, x: Any, name: str, kept: Any = None) -> Any:
+    """relu / gelu: dX = dY * act'(x), shard by shard. `kept`: GELU's inner tanh from the forward
+    (activations.gelu_tanh), read by the backward instead of computed again."""
+    kernel = activations.backward(name)
+    extra = () if kept is None else (kept,)
+
+    def backward(dy: Any) -> tuple:
+        return (grad_tensor(x, _local(kernel, dy.local, x.local, dy.local, *extra), dy.layout.partial),)
+
+    return record(out, name, (x,), backward, x.layout)
+
+
+def record_bias_add(out: Any, x: Any, bias: Any) -> Any:
+    """x + bias: dX = dY, dbias = dY summed over the leading dims (pending over their axes)."""
+    need_x, need_b = x._ag is not None, bias._ag is not None
+
+    def backward(dy: Any) -> tuple:
+        gx = grad_tensor(x, dy.local, dy.layout.partial) if need_x else None
+        gb = None
+        if need_b:
+            rows = dy.local.reshape(-1, dy.local.shape[-1]).sum(axis=0)
+            gb = grad_tensor(bias, rows, dy.layout.partial, axes_of(x.layout, x.layout.tensor_map[:-1]))
+        return gx, gb
+
+    return record(out, "bias_add", (x, bias), backward, x.layout)
+
+
+def record_scale(out: Any, x: Any, factor: Any) -> Any:
+    """x * factor: dX = dY * factor."""
+    def backward(dy: Any) -> tuple:
+        d = dy.local
+        return (type(dy)(dy.mesh, _local(np.multiply, d, d, np.asarray(factor, d.dtype)), dy.layout,
+                         dy.global_shape),)
+
+    return record(out, "scale", (x,), backward)
+
+
+def record_dropout(out: Any, x: Any, kept: Any, scale: np.ndarray) -> Any:
+    """Dropout: dX = dY * the kept entries' factor (`kept`: keep mask times `scale`, as the forward
+    multiplied by; None in a dry run, whose zeros are scaled instead), shard by shard."""
+
+    def backward(dy: Any) -> tuple:
+        if kept is None:
+            return (grad_tensor(x, _local(np.multiply, dy.local, dy.local, scale), dy.layout.partial),)
+        return (grad_tensor(x, dy.local * kept, dy.layout.partial),)
+
+    return record(out, "dropout", (x,), backward, with_partial(x.layout, ()))

@@ -1,0 +1,49 @@
+"""Gradient rules of the reductions: sum, mean, max, min.
+
+``sum`` spreads dY over the reduced dims and ``mean`` divides it by the
+global count; ``max`` and ``min`` send dY to the positions that attain the
+extreme, shared equally among ties counted over the whole group, as
+``numpy``'s ``amax`` derivative and JAX do: over a split dim the ties' count
+is one Allreduce, which the rule asks of the DTensor it is given
+(`DTensor.redistribute`), so this module imports no runtime.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..graph import record, with_partial
+from .grads import grad_tensor
+
+__all__ = ["record_reduce"]
+
+
+def record_reduce(kind: str, out: Any, x: Any, plan: Any, axes: tuple, keepdims: bool, count: int) -> Any:
+    """`kind` ("sum", "mean", "max" or "min") of x over the dims `axes` by `plan` (spmdsim.infer's
+    reduction plan; `count`: the number of entries each result sums)."""
+    def backward(dy: Any) -> tuple:
+        d = dy.local if keepdims else np.expand_dims(dy.local, axes)
+        if kind in ("sum", "mean"):
+            g = np.broadcast_to(d / count if kind == "mean" else d, x.local.shape)
+            return (grad_tensor(x, np.array(g), dy.layout.partial),)
+        extreme = out.local if keepdims else np.expand_dims(out.local, axes)
+        hit = x.local == extreme
+        ties = hit.sum(axis=axes, keepdims=True).astype(x.dtype)
+        if plan.steps:  # ties elsewhere in the group count too: their sum over the reduced dims' axes
+            ndim = x.layout.ndim
+            kept = plan.out if keepdims else _keepdims_layout(plan.out, axes, ndim)
+            shape = tuple(1 if i in axes else n for i, n in enumerate(x.global_shape))
+            pending = with_partial(kept, plan.local.partial)
+            ties = type(x)(x.mesh, ties, pending, shape).redistribute(kept).local
+        return (grad_tensor(x, d * hit / ties, dy.layout.partial),)
+
+    return record(out, kind, (x,), backward, with_partial(plan.local, ()))
+
+
+def _keepdims_layout(layout: Any, axes: tuple, ndim: int) -> Any:
+    """`layout` of a reduction without keepdims, with the reduced dims put back unsplit."""
+    entries = list(layout.tensor_map)
+    for d in axes:
+        entries.insert(d, ())
+    return layout.layout(*[e or None for e in entries], partial=layout.partial)

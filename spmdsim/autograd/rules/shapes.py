@@ -1,0 +1,122 @@
+"""Gradient rules of the ops that move entries without arithmetic: transpose, reshape, broadcast_to, narrow,
+concatenate.
+
+Each gradient is dY's entries put back where the forward took them from:
+permuted or reshaped back, summed over broadcast dims, cut into the
+operands' pieces, or padded with zeros around a slice. Along a split dim a
+slice or a join moved rows between ranks (a `spmdsim.plan.shift.Shift`, one
+Alltoallv); its gradient moves them back by the reverse Shift, run by the
+mover the forward hands the rule (`spmdsim.runtime.exchange`'s), so this
+module imports no runtime.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from ...plan.shift import Shift
+from ..graph import record, with_partial
+from .grads import grad_tensor
+
+__all__ = ["record_transpose", "record_reshape", "record_broadcast_to", "record_narrow", "record_narrow_split",
+           "record_concatenate", "record_concatenate_split"]
+
+
+def record_transpose(out: Any, x: Any, dims: tuple[int, ...]) -> Any:
+    """Permuted dims: the gradient is permuted back."""
+    inverse = tuple(int(i) for i in np.argsort(dims))
+
+    def backward(dy: Any) -> tuple:
+        return (grad_tensor(x, np.transpose(dy.local, inverse), dy.layout.partial),)
+
+    return record(out, "transpose", (x,), backward)
+
+
+def record_reshape(out: Any, x: Any) -> Any:
+    """A local reshape: the gradient is reshaped back."""
+
+    def backward(dy: Any) -> tuple:
+        return (grad_tensor(x, dy.local.reshape(x.local.shape), dy.layout.partial),)
+
+    return record(out, "reshape", (x,), backward)
+
+
+def record_broadcast_to(out: Any, x: Any, new: tuple) -> Any:
+    """x broadcast to global shape `new`: the grown dims (whole on every rank) summed back, on each rank's block."""
+    lead = len(new) - x.local.ndim
+    grown = tuple(lead + d for d, (o, n) in enumerate(zip(x.global_shape, new[lead:])) if o == 1 and n != 1)
+
+    def backward(dy: Any) -> tuple:
+        block = dy.local.sum(axis=tuple(range(lead)) + grown, keepdims=True) if lead or grown else dy.local
+        return (grad_tensor(x, block.reshape(x.local.shape), dy.layout.partial),)
+
+    return record(out, "broadcast_to", (x,), backward)
+
+
+def record_narrow(out: Any, x: Any, index: tuple) -> Any:
+    """A slice `index` of a dim whole on every rank: dY in place, zeros elsewhere."""
+
+    def backward(dy: Any) -> tuple:
+        grad = np.zeros(x.local.shape, dy.local.dtype)
+        grad[index] = dy.local
+        return (grad_tensor(x, grad, dy.layout.partial),)
+
+    return record(out, "narrow", (x,), backward)
+
+
+def record_narrow_split(out: Any, x: Any, d: int, s: int, shape: tuple, rows: str, move: Callable) -> Any:
+    """`narrow` of split dim `d` from row `s` (the result's global `shape`; `rows`, its "[a:b]" text): the
+    gradient's rows moved back by the reverse Shift, zeros elsewhere.
+
+    `move`: the runner the forward moved its rows with, ``move(mesh, local, shift, label) -> block``
+    (spmdsim.runtime.exchange.shifted).
+    """
+
+    def backward(dy: Any) -> tuple:
+        back = Shift(dy.layout, shape, with_partial(x.layout, dy.layout.partial), tuple(x.global_shape), d, -s)
+        grad = move(dy.mesh, dy.local, back, f"narrow dim {d} {rows}: gradient back")
+        return (grad_tensor(x, grad, dy.layout.partial),)
+
+    return record(out, lambda: f"narrow dim {d} {rows} of {x.layout}", (x,), backward)
+
+
+def record_concatenate(out: Any, xs: list, d: int) -> Any:
+    """`xs` joined along a dim `d` whole on every rank: each operand's gradient is its piece of dY."""
+    cuts = [int(x.local.shape[d]) for x in xs]
+    bounds = np.cumsum([0] + cuts)
+
+    def backward(dy: Any) -> tuple:
+        pieces = []
+        for x, lo, hi in zip(xs, bounds[:-1], bounds[1:]):
+            if x._ag is None:
+                pieces.append(None)
+                continue
+            index = (slice(None),) * d + (slice(int(lo), int(hi)),)
+            pieces.append(grad_tensor(x, dy.local[index], dy.layout.partial))
+        return tuple(pieces)
+
+    return record(out, "concatenate", tuple(xs), backward)
+
+
+def record_concatenate_split(out: Any, xs: list, plan: Any, move: Callable) -> Any:
+    """`xs` joined along a dim split somewhere (the plan's `dim`, each operand at its `offsets`): the
+    result's rows moved back to each operand that needs a gradient, all in one Alltoallv.
+
+    `move`: the runner the forward joined them with, ``move(mesh, [(local, shift, out block), ...], label)``
+    (spmdsim.runtime.exchange.shifted_many).
+    """
+    d, shape, mesh = plan.dim, plan.shape, out.mesh
+
+    def backward(dy: Any) -> tuple:
+        wanted = [(k, x, Shift(dy.layout, shape, with_partial(x.layout, dy.layout.partial), tuple(x.global_shape),
+                               d, at)) for k, (x, at) in enumerate(zip(xs, plan.offsets)) if x._ag is not None]
+        grads = [np.zeros(back.moves(mesh.rank).out_shape, dy.local.dtype) for _, _, back in wanted]
+        move(mesh, [(dy.local, back, g) for (_, _, back), g in zip(wanted, grads)],
+             f"concatenate dim {d}: gradients back")
+        pieces: list = [None] * len(xs)
+        for (k, x, _), g in zip(wanted, grads):
+            pieces[k] = grad_tensor(x, g, dy.layout.partial)
+        return tuple(pieces)
+
+    return record(out, lambda: f"concatenate dim {d} into {plan.out}", tuple(xs), backward)
