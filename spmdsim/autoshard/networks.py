@@ -19,7 +19,8 @@ from ..errors import OperatorError, SpmdsimError
 from ..layout import Layout, TensorLayout
 from ..nets import NETWORKS as SEED_NETWORKS
 from ..nets import Network
-from .graph import Graph, OpNode, ParamSpec, attention, data_parallel, mlp_chain, weight
+from ..nets.seeds import weight
+from .graph import Graph, OpNode, ParamSpec, attention, data_parallel, mlp_chain
 
 __all__ = ["NAMES", "Hand", "build", "from_network", "gpt_network"]
 
@@ -50,14 +51,12 @@ def from_network(net: Network, devices: Optional[int] = None) -> tuple[Graph, Op
     nodes = [OpNode("x", "input", (), (), net.source.shape, net.source.dtype, layout=layout,
                     source=net.source)]
     hand: list = [None]
-    shape, dtype = net.source.shape, net.source.dtype
-    for stage in net.stages:
+    flow = net.flow
+    for stage, (shape, _), (out_shape, out_dtype) in zip(net.stages, flow, flow[1:]):
         params = tuple(ParamSpec(p.name, p.source) for p in stage.params)
-        out_dtype = stage.params[0].source.dtype if stage.params else dtype
-        nodes.append(OpNode(stage.name, _KIND[stage.kind], (nodes[-1].name,), (shape,),
-                            stage.out_shape, out_dtype, params))
+        nodes.append(OpNode(stage.name, _KIND[stage.kind], (nodes[-1].name,), (shape,), out_shape,
+                            out_dtype, params))
         hand.append(Hand((stage.x,), tuple(p.layout for p in stage.params), stage.out, stage.how))
-        shape, dtype = stage.out_shape, out_dtype
     graph = Graph(net.name, net.title, tuple(nodes), net.batch_dims)
     return graph, (tuple(hand) if same else None)
 
