@@ -1,7 +1,6 @@
 """The GPT of `spmdsim.gpt` as an autoshard graph, every operator a node, and Megatron's layouts for it.
 
-Never imports mpi4py; `megatron` takes Megatron's layouts from `spmdsim.gpt.parallel`,
-which loads the operators and the runtime (the rest is pure). `gpt_graph(cfg, devices)` follows
+Pure (numpy only; no runtime, no mpi4py). `gpt_graph(cfg, devices)` follows
 `spmdsim.gpt.parallel.GPT.loss` operator by operator: the token embedding, the
 position embedding's add, per block the layer norm, the products' shared input
 (an identity, where sequence parallelism Allgathers once), the Q, K and V products
@@ -23,7 +22,7 @@ where both uses lay it out alike, as the engine does). Activations are float64,
 as the GPT trains.
 
 `megatron(cfg, graph, devices, sp)` gives every node the layouts
-`spmdsim.gpt.parallel` runs with on a (dp, tp=4) mesh (`megatron_layouts`):
+`spmdsim.gpt.parallel` runs with on a (dp, tp=4) mesh (`spmdsim.gpt.layouts.megatron_layouts`):
 column-parallel Q, K, V and fc1, row-parallel projections (Allreduce, or
 Reduce_scatter onto the sequence with ``sp``), heads split over tp,
 vocab-parallel embedding, head and cross-entropy.
@@ -36,9 +35,10 @@ from typing import Optional
 from ..datagen import SeededTensor
 from ..errors import OperatorError, SpmdsimError
 from ..gpt.config import GPTConfig
+from ..gpt.layouts import megatron_layouts, mesh_problem
 from ..gpt.params import constant, param_specs, seeded
 from ..layout import Layout
-from .graph import Constant, Graph, OpNode, ParamSpec, data_parallel
+from .graph import Constant, Graph, Hand, OpNode, ParamSpec, data_parallel
 
 __all__ = ["gpt_graph", "gpt_params", "gpt_config", "megatron", "MEGATRON_TP", "FULLY_USE_ABOVE"]
 
@@ -142,12 +142,7 @@ def gpt_config(graph: Graph) -> Optional[GPTConfig]:
 
 def megatron(cfg: GPTConfig, graph: Graph, devices: int, sp: bool = False) -> Optional[tuple]:
     """Megatron's layouts for every node of `gpt_graph` on dp = devices / 4 x tp = 4 (None when they do
-    not fit: `mesh_problem`), as `networks.Hand`s (None for the input)."""
-    # spmdsim.gpt.parallel holds the model on DTensors (it loads spmdsim.runtime, never mpi4py):
-    # imported only when the layouts are asked for.
-    from ..gpt.parallel import megatron_layouts, mesh_problem
-    from .networks import Hand
-
+    not fit: `mesh_problem`), as `graph.Hand`s (None for the input)."""
     tp = MEGATRON_TP
     if devices % tp or mesh_problem(cfg, devices // tp, tp, sp):
         return None

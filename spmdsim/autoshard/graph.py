@@ -26,7 +26,7 @@ from ..errors import OperatorError
 from ..layout import Layout, TensorLayout
 from ..nets.seeds import weight
 
-__all__ = ["KINDS", "Constant", "ParamSpec", "OpNode", "Graph", "mlp_chain", "attention", "data_parallel"]
+__all__ = ["KINDS", "Constant", "ParamSpec", "OpNode", "Hand", "Graph", "mlp_chain", "attention", "data_parallel"]
 
 #: Up to this many operators an unknown name's error lists them all; past it, the likely ones.
 _LISTED = 12
@@ -110,6 +110,17 @@ class OpNode:
             raise OperatorError(f"{self.name}: only the input node has a fixed layout")
         if self.kind != "input" and not self.inputs:
             raise OperatorError(f"{self.name}: an operator consumes at least one earlier output")
+
+
+@dataclass(frozen=True)
+class Hand:
+    """Hand-written layouts of one operator: activation inputs, weights, output (a seed network's
+    stage's, Megatron's for the GPT)."""
+
+    inputs: tuple[TensorLayout, ...]
+    params: tuple[TensorLayout, ...]
+    out: TensorLayout
+    how: str
 
 
 @dataclass(frozen=True)
