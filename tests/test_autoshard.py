@@ -6,9 +6,10 @@ import pytest
 
 from spmdsim.autoshard import Graph, OpNode, ParamSpec, Table, autoshard, mlp_chain
 from spmdsim.autoshard.cost import Objective
-from spmdsim.autoshard.graph import data_parallel, weight
+from spmdsim.autoshard.graph import data_parallel
 from spmdsim.autoshard.search import branch_and_bound, tree_search
 from spmdsim.errors import SpmdsimError
+from spmdsim.nets.seeds import weight
 
 RATE = 1e10  # a stated compute rate: results do not depend on this machine
 
@@ -148,6 +149,54 @@ def test_hand_written_hops_match_the_network_schedule(name):
         ran = tuple((s.op, tuple(s.axes)) for p in op.candidate.own for s in p.steps if s.group_size > 1)
         assert ran == tuple((c, tuple(a)) for c, a in stage.collectives), op.name
     assert result.total_bytes_per_rank <= result.hand_written_total_bytes_per_rank
+
+
+@pytest.mark.parametrize("name", ["net_mindspore_tutorial", "net_mindspore_layout", "net_paddle_tp",
+                                  "net_oneflow_2d_sbp", "net_oneflow_2d_signature"])
+@pytest.mark.parametrize("devices", [8, 4])
+def test_a_seed_networks_graph_is_its_network(name, devices):
+    # autoshard restates nothing of a seed network: its graph is the Network's stages, node for stage
+    # (names, shapes, dtypes, the very weights), and the hand-written layouts are the stages' own.
+    from spmdsim.autoshard import build
+    from spmdsim.nets import NETWORKS
+
+    graph, hand = build(name, devices)
+    try:
+        net, own = NETWORKS[name](devices), True
+    except SpmdsimError:  # written for another device count: the same shapes, searched without them
+        net, own = NETWORKS[name](8), False
+    assert (graph.name, graph.title, graph.batch_dims) == (net.name, net.title, net.batch_dims)
+    x, nodes = graph.nodes[0], graph.nodes[1:]
+    assert (x.source, x.out_shape, x.dtype) == (net.source, net.source.shape, net.source.dtype)
+    assert [n.name for n in nodes] == [s.name for s in net.stages]
+    assert [(n.in_shapes[0], n.dtype) for n in nodes] == [(net.flow[i][0], net.flow[i + 1][1])
+                                                           for i in range(len(nodes))]
+    assert [n.out_shape for n in nodes] == [shape for shape, _ in net.flow[1:]]
+    assert [[(p.name, p.source) for p in n.params] for n in nodes] == \
+        [[(p.name, p.source) for p in s.params] for s in net.stages]
+    if own:
+        assert x.layout == net.input_layout
+        assert [(h.inputs, h.params, h.out, h.how) for h in hand[1:]] == \
+            [((s.x,), tuple(p.layout for p in s.params), s.out, s.how) for s in net.stages]
+    else:
+        assert hand is None and x.layout == data_parallel(devices, net.source.shape)
+
+
+def test_a_chain_with_a_constant_weight_is_told_it_cannot_run_through_the_network_runner():
+    # The GPT's layer norms start as ones (graph.Constant): the node-by-node runner fills them; the
+    # network runner, which runs chains, cuts seeded weights only, and says so before any collective.
+    from spmdsim.autoshard.graph import Constant
+    from spmdsim.autoshard.runnable import check_runnable
+    from spmdsim.datagen import SeededTensor
+
+    sd, dt = (8, 16), "float32"
+    x = OpNode("x", "input", (), (), sd, dt, layout=data_parallel(4, sd), source=SeededTensor(sd, dt, 0))
+    ones = ParamSpec("w", Constant((16, 16), dt, 1.0))
+    result = autoshard(Graph("ones", "x @ ones", (x, OpNode("MatMul1", "matmul", ("x",), (sd,), sd, dt, (ones,)))),
+                       4, flops_per_s=RATE)
+    assert np.array_equal(ones.source.full(), np.ones((16, 16), dtype=dt)) and ones.shape == (16, 16)
+    with pytest.raises(SpmdsimError, match="whose weights are seeded; MatMul1's w is a constant$"):
+        check_runnable(result)
 
 
 def test_memory_limit_rules_candidates_out():

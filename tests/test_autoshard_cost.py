@@ -94,8 +94,8 @@ def test_embedding_candidates_split_vocabulary_and_dims():
 
 def test_batched_matmul_candidates_split_the_batch_too():
     from spmdsim.autoshard import OpNode, ParamSpec
-    from spmdsim.autoshard.graph import weight
     from spmdsim.datagen import SeededTensor
+    from spmdsim.nets.seeds import weight
 
     w = ParamSpec("w", SeededTensor((2, 16, 16), "float32", 1))
     node = OpNode("BMM", "matmul", ("x",), ((2, 8, 16),), (2, 8, 16), "float32", (w,))

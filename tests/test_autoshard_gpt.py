@@ -43,6 +43,33 @@ def test_every_operator_is_a_node():
     assert len(gpt_graph(GPTConfig(layers=2), 8).nodes) == 2 * 25 + 7
 
 
+@pytest.mark.parametrize("cfg", [GPTConfig(), GPTConfig(layers=2, d_model=64),
+                                 GPTConfig(vocab=48, d_model=32, heads=2, layers=3, seq=16, batch=4, seed=7,
+                                           init_std=0.3)])
+def test_the_graphs_parameters_are_the_gpts(cfg):
+    # autoshard's GPT states no weight of its own: its nodes read exactly spmdsim.gpt.params' parameters,
+    # by name and shape, starting from the values the reference and the ranks start from.
+    from dataclasses import replace
+
+    import numpy as np
+
+    from spmdsim.autoshard.gpt import gpt_config
+    from spmdsim.gpt.params import initial_value, param_specs
+
+    graph = gpt_graph(cfg, 8)
+    read: dict = {}
+    for node in graph.nodes:
+        for p in node.params:
+            assert read.setdefault(p.name, p) is p, p.name  # one weight per name (the tied "wte" too)
+    specs = param_specs(cfg)
+    assert sorted((name, p.shape) for name, p in read.items()) == sorted((s.name, s.shape) for s in specs)
+    for spec in specs:
+        value = read[spec.name].source.full()
+        assert value.dtype == np.float64 and np.array_equal(value, initial_value(cfg, spec)), spec.name
+    assert [n.name for n in graph.nodes if any(p.name == "wte" for p in n.params)] == ["wte", "head"]
+    assert gpt_config(graph) == replace(cfg, dropout=0.0)
+
+
 @pytest.mark.parametrize("name, limit", [("gpt", 768 * KIB), ("gpt_sp", 640 * KIB)])
 def test_training_choice_needs_no_more_than_megatron(name, limit):
     # The limit is Megatron's own largest operator (pure data parallelism would hold every weight).

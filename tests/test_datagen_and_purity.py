@@ -163,11 +163,19 @@ PURE_MODULES = [
     "spmdsim.algorithms.picture",
     "spmdsim.cli.convert",
     "spmdsim.cli.plan_explain",
+    "spmdsim.autoshard",
     "spmdsim.autoshard.backward",
     "spmdsim.autoshard.volume",
     "spmdsim.autoshard.evaluate",
     "spmdsim.autoshard.runnable",
     "spmdsim.autoshard.report",
+    "spmdsim.autoshard.graph",
+    "spmdsim.autoshard.gpt",
+    "spmdsim.autoshard.networks",
+    "spmdsim.autoshard.choose",
+    "spmdsim.nets.seeds",
+    "spmdsim.gpt.params",
+    "spmdsim.gpt.layouts",
 ]
 
 #: Importing these loads neither mpi4py nor spmdsim.runtime, but they are not pure: calling them runs
@@ -179,8 +187,6 @@ LIGHT_MODULES = {
                      "its numpy AdamW math (adamw_update, clip_coefficient) belongs in a pure module",
     "spmdsim.gpt.reference": "takes AdamW's numpy math from spmdsim.optim, which reaches the runtime",
     "spmdsim.gpt.train": "trains the parallel GPT on ranks",
-    "spmdsim.autoshard": "autoshard.gpt.megatron takes Megatron's layouts from spmdsim.gpt.parallel (the model "
-                         "on DTensors), whose layout tables belong in a pure module",
     "spmdsim.cli.main": "dispatches to every subcommand, which run programs under MPI or on simulated ranks",
     "spmdsim.cli.autoshard": "--run executes the choice on ranks",
     "spmdsim.cli.collective": "runs and compares collective algorithms on ranks",

@@ -1,7 +1,7 @@
 """Sharding propagation and strategy search (MindSpore's auto-parallel concepts): choose every operator's strategy.
 
-Numpy only when imported; never imports mpi4py (Megatron's layouts for the GPT, `gpt.megatron`, load
-spmdsim.gpt.parallel and with it the runtime). `autoshard(network, devices, ...)`
+Pure: numpy only, never the runtime or mpi4py (the runners, `execute` and `dag`, are imported on their
+own). `autoshard(network, devices, ...)`
 enumerates each operator's candidate strategies (`candidates`), prices them and
 the redistributions between them (`cost`: exact bytes per rank, or modelled
 seconds), and picks one per operator by propagation from the fixed operators

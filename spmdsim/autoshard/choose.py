@@ -20,8 +20,8 @@ from ..validate import int_arg
 from .backward import BackwardOp, replay
 from .candidates import Candidate, candidates, make_candidate
 from .cost import Objective, Table, hop_plans, measure_flops_rate, plan_seconds
-from .graph import Graph
-from .networks import Hand, build
+from .graph import Graph, Hand
+from .networks import build
 from .search import Outcome, branch_and_bound, eliminate, propagate, tree_search
 from .volume import redistribution_bytes
 

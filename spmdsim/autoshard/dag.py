@@ -3,8 +3,8 @@
 Importing this module loads the runtime and the operators (never mpi4py);
 which choices can run is decided in `runnable` (pure). Every rank builds only
 its shards: the input, each weight on the layout the node's chosen candidate
-gives it (`DTensor.from_seeded`) and the cross-entropy's targets split like
-the logits' rows. In topological
+gives it (`DTensor.from_seeded`; `DTensor.full` for a `graph.Constant`) and
+the cross-entropy's targets split like the logits' rows. In topological
 order, each node's inputs are redistributed into the layouts its candidate
 wants, the operator of `spmdsim.ops` runs on them, and its result is brought
 to the candidate's output layout (an einsum's, MatMul's or vocab-parallel
@@ -16,8 +16,9 @@ node's output is then checked against `evaluate.evaluate` (numpy, one process).
 With ``train=True`` (``--run --training``) the loss's ``backward()`` runs too,
 under one trace, and each weight's gradient (the tied embedding's summed over
 its uses) is checked against `spmdsim.gpt.reference`'s hand-written backward
-on the graph's weights: only for the GPT's graphs (`gpt.gpt_config`), the one
-numpy backward there is; other graphs run forward only.
+on the graph's weights (the GPT's own, `gpt.gpt_params`): only for the GPT's
+graphs (`gpt.gpt_config`), the one numpy backward there is; other graphs run
+forward only.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from ..runtime.executor import redistribute
 from ..runtime.mesh import Mesh
 from ..runtime.trace import collect_trace
 from .choose import Result
+from .graph import Constant
 from .runnable import DAG_KINDS, Measured, check_dag
 
 __all__ = ["DagRunner", "DagReport", "Backward", "run_dag"]
@@ -85,7 +87,12 @@ class DagRunner:
         key = (spec.name, spec.source, layout)
         p = self._weights.get(key)
         if p is None:
-            p = self._weights[key] = DTensor.from_seeded(self.mesh(layout.layout), layout, spec.source)
+            mesh, source = self.mesh(layout.layout), spec.source
+            if isinstance(source, Constant):  # ones or zeros (the GPT's layer norms and biases)
+                p = DTensor.full(mesh, layout, source.shape, source.value, source.dtype)
+            else:
+                p = DTensor.from_seeded(mesh, layout, source)
+            self._weights[key] = p
             if self.train:
                 p.requires_grad_()
         return p

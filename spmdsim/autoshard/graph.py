@@ -6,22 +6,27 @@ names the nodes whose outputs it consumes (its activation inputs, in order)
 and carries its weights as `ParamSpec`s (weights are placed where the chosen
 strategy wants them, for free: only activations move between operators).
 
-Builders: `from_network` (the seed networks of `spmdsim.nets`, with their
-hand-written layouts), `mlp_chain` (a chain of MatMul / ReLU of any length)
-and `attention` (single-head self-attention: three branches that join).
+A graph states no network twice: the seed networks' graphs are made from their
+`spmdsim.nets.Network` (`networks.from_network`), the GPT's from `spmdsim.gpt`'s
+parameters (`gpt.gpt_graph`). Here: `mlp_chain` (a chain of MatMul / ReLU of any
+length) and `attention` (single-head self-attention: three branches that join),
+autoshard's own, with the seed networks' weights (`spmdsim.nets.seeds.weight`).
 """
 from __future__ import annotations
 
 import difflib
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
+
+import numpy as np
 
 from ..datagen import SeededTensor
 from ..errors import OperatorError
 from ..layout import Layout, TensorLayout
+from ..nets.seeds import weight
 
-__all__ = ["KINDS", "ParamSpec", "OpNode", "Graph", "mlp_chain", "attention", "weight", "data_parallel"]
+__all__ = ["KINDS", "Constant", "ParamSpec", "OpNode", "Hand", "Graph", "mlp_chain", "attention", "data_parallel"]
 
 #: Up to this many operators an unknown name's error lists them all; past it, the likely ones.
 _LISTED = 12
@@ -35,11 +40,25 @@ ELEMENTWISE = ("relu", "gelu", "softmax")
 
 
 @dataclass(frozen=True)
+class Constant:
+    """A global tensor whose every element is `value`: a weight that starts as ones or zeros (the
+    GPT's layer norms and biases, `spmdsim.gpt.params`), where others are a `SeededTensor`."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    value: float
+
+    def full(self) -> np.ndarray:
+        """The whole tensor (references and small runs)."""
+        return np.full(self.shape, self.value, dtype=self.dtype)
+
+
+@dataclass(frozen=True)
 class ParamSpec:
-    """A weight or bias: its global values (seeded), hence its shape and dtype."""
+    """A weight or bias: its global values (a SeededTensor, or a Constant), hence its shape and dtype."""
 
     name: str
-    source: SeededTensor
+    source: Union[SeededTensor, Constant]
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -91,6 +110,17 @@ class OpNode:
             raise OperatorError(f"{self.name}: only the input node has a fixed layout")
         if self.kind != "input" and not self.inputs:
             raise OperatorError(f"{self.name}: an operator consumes at least one earlier output")
+
+
+@dataclass(frozen=True)
+class Hand:
+    """Hand-written layouts of one operator: activation inputs, weights, output (a seed network's
+    stage's, Megatron's for the GPT)."""
+
+    inputs: tuple[TensorLayout, ...]
+    params: tuple[TensorLayout, ...]
+    out: TensorLayout
+    how: str
 
 
 @dataclass(frozen=True)
@@ -150,12 +180,6 @@ class Graph:
     def is_chain(self) -> bool:
         """Whether every operator consumes exactly the one before it."""
         return all(node.inputs == (self.nodes[i].name,) for i, node in enumerate(self.nodes[1:]))
-
-
-def weight(shape: tuple[int, int], dtype: str, seed: int) -> SeededTensor:
-    """Uniform in +-sqrt(6 / fan_in) (as the seed networks), so activations stay near 1."""
-    bound = math.sqrt(6.0 / shape[0])
-    return SeededTensor(shape, dtype, seed, low=-bound, high=bound)
 
 
 def data_parallel(devices: int, shape: Sequence[int]) -> TensorLayout:

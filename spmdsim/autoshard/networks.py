@@ -1,8 +1,8 @@
 """The networks `spmdsim autoshard` knows by name, as graphs plus their hand-written layouts.
 
-Pure (never imports mpi4py). The seed networks of `spmdsim.nets` (their demo
-names, ``net_mindspore_tutorial``, ...) become chains whose every stage keeps
-the layouts its hand-written strategy gives (`Hand`); at a device count their
+Pure (numpy only; no runtime, no mpi4py). The seed networks of `spmdsim.nets` (their demo
+names, ``net_mindspore_tutorial``, ...) become chains made from their `Network`, every stage
+keeping the layouts its hand-written strategy gives (`graph.Hand`); at a device count their
 strategies were not written for, the same shapes are searched without them.
 The examples' patterns: ``mlp`` (examples/mlp.py), ``attention``
 (examples/attention.py's pattern, one head) and ``chain`` (MatMul/ReLU x 50).
@@ -12,30 +12,23 @@ sequence parallelism.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Optional
 
+from ..datagen import SeededTensor
 from ..errors import OperatorError, SpmdsimError
-from ..layout import Layout, TensorLayout
+from ..gpt.config import GPTConfig
+from ..layout import Layout
 from ..nets import NETWORKS as SEED_NETWORKS
 from ..nets import Network
-from .graph import Graph, OpNode, ParamSpec, attention, data_parallel, mlp_chain, weight
+from ..nets.seeds import weight
+from .gpt import gpt_graph, megatron
+from .graph import Graph, Hand, OpNode, ParamSpec, attention, data_parallel, mlp_chain
 
-__all__ = ["NAMES", "Hand", "build", "from_network", "gpt_network"]
+__all__ = ["NAMES", "build", "from_network", "gpt_network"]
 
 #: Stage kinds of `spmdsim.nets` -> node kinds here (Paddle's split layers are Linear layers).
 _KIND = {"flatten": "flatten", "matmul": "matmul", "linear": "linear", "relu": "relu", "gelu": "gelu",
          "embedding": "embedding", "column_linear": "linear", "row_linear": "linear"}
-
-
-@dataclass(frozen=True)
-class Hand:
-    """Hand-written layouts of one operator: activation inputs, weights, output."""
-
-    inputs: tuple[TensorLayout, ...]
-    params: tuple[TensorLayout, ...]
-    out: TensorLayout
-    how: str
 
 
 def from_network(net: Network, devices: Optional[int] = None) -> tuple[Graph, Optional[tuple]]:
@@ -50,14 +43,12 @@ def from_network(net: Network, devices: Optional[int] = None) -> tuple[Graph, Op
     nodes = [OpNode("x", "input", (), (), net.source.shape, net.source.dtype, layout=layout,
                     source=net.source)]
     hand: list = [None]
-    shape, dtype = net.source.shape, net.source.dtype
-    for stage in net.stages:
+    flow = net.flow
+    for stage, (shape, _), (out_shape, out_dtype) in zip(net.stages, flow, flow[1:]):
         params = tuple(ParamSpec(p.name, p.source) for p in stage.params)
-        out_dtype = stage.params[0].source.dtype if stage.params else dtype
-        nodes.append(OpNode(stage.name, _KIND[stage.kind], (nodes[-1].name,), (shape,),
-                            stage.out_shape, out_dtype, params))
+        nodes.append(OpNode(stage.name, _KIND[stage.kind], (nodes[-1].name,), (shape,), out_shape,
+                            out_dtype, params))
         hand.append(Hand((stage.x,), tuple(p.layout for p in stage.params), stage.out, stage.how))
-        shape, dtype = stage.out_shape, out_dtype
     graph = Graph(net.name, net.title, tuple(nodes), net.batch_dims)
     return graph, (tuple(hand) if same else None)
 
@@ -75,8 +66,6 @@ def _seed(name: str) -> Callable[[int], tuple]:
 
 def _mlp(devices: int) -> tuple:
     """examples/mlp.py: x (24, 96) -> Linear(96, 480) -> GELU -> Linear(480, 96)."""
-    from ..datagen import SeededTensor
-
     (b, h), f, dt = (24, 96), 480, "float32"
     x = OpNode("x", "input", (), (), (b, h), dt, layout=Layout((devices,), ("rep",))(None, None),
                source=SeededTensor((b, h), dt, 0))
@@ -88,12 +77,9 @@ def _mlp(devices: int) -> tuple:
     return Graph("mlp", "examples/mlp.py: Linear > GELU > Linear", (x, fc1, act, fc2)), None
 
 
-def gpt_network(devices: int, cfg=None, sp: bool = False) -> tuple:
+def gpt_network(devices: int, cfg: Optional[GPTConfig] = None, sp: bool = False) -> tuple:
     """examples/train_gpt.py's GPT (`spmdsim.gpt.GPTConfig`, default: 4 layers, d_model 128, 4 heads,
     seq 64, batch 8, vocabulary 128) and Megatron's layouts when dp x 4 fits the devices."""
-    from ..gpt.config import GPTConfig
-    from .gpt import gpt_graph, megatron
-
     cfg = GPTConfig() if cfg is None else cfg
     graph = gpt_graph(cfg, devices)
     if sp:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..datagen import SeededTensor
 from ..errors import SpmdsimError
 from ..nets.model import Network, Param, Stage
 
@@ -47,6 +48,11 @@ def to_network(result: "Result") -> Network:
     if odd:
         raise SpmdsimError(f"--run executes {', '.join(RUNNABLE[1:])} operators, not "
                            + ", ".join(f"{name} ({kind})" for name, kind in odd))
+    filled = [f"{n.name}'s {p.name}" for n in graph.nodes for p in n.params
+              if not isinstance(p.source, SeededTensor)]
+    if filled:
+        raise SpmdsimError(f"--run: a chain runs through the network runner, whose weights are seeded; "
+                           f"{', '.join(filled)} {'is a constant' if len(filled) == 1 else 'are constants'}")
     stages = []
     for node, op in zip(graph.nodes[1:], result.ops[1:]):
         c = op.candidate

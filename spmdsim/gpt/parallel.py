@@ -1,16 +1,9 @@
 """The GPT of spmdsim.gpt on DTensors: Megatron's tensor-parallel splits, data parallel, optional sequence parallel.
 
 Mesh ``Layout((dp, tp), ("dp", "tp"))``; the batch is split over dp. The
-splits are Megatron's (docs/operators.md, "A GPT"):
-
-| parameter                | layout          | why                                                   |
-| ------------------------ | --------------- | ----------------------------------------------------- |
-| wte (V, D)               | ("tp", None)    | vocab-parallel embedding, and the tied head's columns |
-| wpe (T, D)               | (None, None); ("tp", None) with sp | added to the sequence-split activations |
-| wq, wk, wv, w1 (D, *)    | (None, "tp")    | column-parallel: each rank its heads / hidden columns |
-| bq, bv, b1 (no key bias) | ("tp",)         | split like the columns                                |
-| wo, w2 (*, D)            | ("tp", None)    | row-parallel: a pending sum, resolved by one collective |
-| bo, b2, ln*.w, ln*.b     | (None,)         | replicated                                            |
+parameters' splits are Megatron's, stated in `spmdsim.gpt.layouts` (pure, its
+table; docs/operators.md, "A GPT"): vocab-parallel embedding, column-parallel
+Q, K, V and fc1, row-parallel projections.
 
 Activations are sequence-first, (T, B, D), as Megatron keeps them ([s, b, h]):
 a sequence shard is one contiguous block, so the collectives move it as it
@@ -33,71 +26,13 @@ import numpy as np
 
 from .. import ops
 from ..errors import SpmdsimError
-from ..layout import Layout, TensorLayout
+from ..layout import TensorLayout
 from .config import GPTConfig
+# Megatron's plan is spmdsim.gpt.layouts' (pure); the model runs with it, and its names stay importable here.
+from .layouts import DIALECTS, dialect_layouts, megatron_layouts, mesh_problem
 from .params import constant, dropout_seed, param_specs, seeded
 
 __all__ = ["GPT", "megatron_layouts", "dialect_layouts", "DIALECTS", "mesh_problem"]
-
-
-def mesh_problem(cfg: GPTConfig, dp: int, tp: int, sp: bool) -> Optional[str]:
-    """Why the model cannot run on a (dp, tp) mesh (one line), or None."""
-    checks = [(cfg.batch % dp, f"batch {cfg.batch} is not divisible by dp {dp}"),
-              (cfg.heads % tp, f"heads {cfg.heads} is not divisible by tp {tp} (heads are split over tp)"),
-              (cfg.vocab % tp, f"vocab {cfg.vocab} is not divisible by tp {tp} (vocab-parallel embedding)"),
-              (sp and cfg.seq % tp, f"seq {cfg.seq} is not divisible by tp {tp} (sequence parallelism)")]
-    return next((text for bad, text in checks if bad), None)
-
-
-def _role(name: str, sp: bool) -> str:
-    """A parameter's place in Megatron's plan: "rows" split, "columns" split, a split "vector", or "whole"."""
-    leaf = name.rsplit(".", 1)[-1]
-    if name == "wte" or leaf in ("wo", "w2") or (name == "wpe" and sp):
-        return "rows"
-    if leaf in ("wq", "wk", "wv", "w1"):
-        return "columns"
-    if leaf in ("bq", "bv", "b1"):
-        return "vector"
-    return "whole"
-
-
-def megatron_layouts(cfg: GPTConfig, layout: Layout, sp: bool = False) -> dict[str, TensorLayout]:
-    """Each parameter's TensorLayout on a ("dp", "tp") layout (the table in the module docstring)."""
-    maps = {"rows": ("tp", None), "columns": (None, "tp"), "vector": ("tp",)}
-    return {s.name: layout(*maps.get(_role(s.name, sp), (None,) * len(s.shape))) for s in param_specs(cfg)}
-
-
-#: Megatron's plan as each dialect writes it on the (dp, tp) mesh: per role, a parameter's text.
-DIALECTS = {
-    "mindspore": {"rows": ("tp", "None"), "columns": ("None", "tp"), "vector": ("tp",), "whole": ("None",)},
-    "jax": {"rows": ("tp", None), "columns": (None, "tp"), "vector": ("tp",), "whole": (None,)},
-    "dtensor": {"rows": "R,S(0)", "columns": "R,S(1)", "vector": "R,S(0)", "whole": "R,R"},
-    "oneflow": {"rows": "B,S(0)", "columns": "B,S(1)", "vector": "B,S(0)", "whole": "B,B"},
-}
-
-
-def dialect_layouts(cfg: GPTConfig, layout: Layout, dialect: str, sp: bool = False) -> dict[str, TensorLayout]:
-    """`megatron_layouts` written in `dialect` ("mindspore", "jax", "dtensor" or "oneflow") and converted
-    by spmdsim.dialects: the same TensorLayouts, whichever dialect wrote them."""
-    from ..dialects.dtensor import placements_to_layout
-    from ..dialects.partition_spec import partition_spec_to_layout
-    from ..dialects.sbp import sbp_to_layout
-
-    if dialect not in DIALECTS:
-        raise SpmdsimError(f"dialect {dialect!r} is not one of {sorted(DIALECTS)!r}")
-    shape, names = layout.device_matrix, layout.alias_name
-    out = {}
-    for spec in param_specs(cfg):
-        text, ndim = DIALECTS[dialect][_role(spec.name, sp)], len(spec.shape)
-        if dialect == "mindspore":  # Layout(device_matrix, alias_name)(tensor_map)
-            out[spec.name] = layout(*(tuple(text) * ndim)[:ndim])
-        elif dialect == "jax":
-            out[spec.name] = partition_spec_to_layout(text, shape, ndim, names)
-        elif dialect == "dtensor":
-            out[spec.name] = placements_to_layout(text, shape, ndim, names)
-        else:
-            out[spec.name] = sbp_to_layout(text, shape, ndim, names)
-    return out
 
 
 class GPT:

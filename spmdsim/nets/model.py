@@ -102,6 +102,20 @@ class Network:
     def out_shape(self) -> tuple[int, ...]:
         return self.stages[-1].out_shape
 
+    @property
+    def flow(self) -> tuple[tuple[tuple[int, ...], str], ...]:
+        """(global shape, dtype) of the value before each stage and after the last (one more than stages).
+
+        An operator with weights produces the weights' dtype (an embedding turns ids into
+        floats); the others keep their input's.
+        """
+        shape, dtype = self.source.shape, self.source.dtype
+        out = [(shape, dtype)]
+        for stage in self.stages:
+            shape, dtype = stage.out_shape, stage.params[0].source.dtype if stage.params else dtype
+            out.append((shape, dtype))
+        return tuple(out)
+
 
 @dataclass(frozen=True)
 class Hop:
@@ -227,17 +241,15 @@ def _expected_steps(plan: Plan) -> tuple:
 def schedule(net: Network) -> tuple[Hop, ...]:
     """The hops of a forward pass: each stage, preceded by a redistribution when layouts differ."""
     hops = []
-    cur, shape, dtype = net.input_layout, net.source.shape, net.source.dtype
-    for i, stage in enumerate(net.stages):
+    cur = net.input_layout
+    for i, (stage, (shape, dtype)) in enumerate(zip(net.stages, net.flow)):
         if cur != stage.x:
             plan = plan_redistribution(cur, stage.x, shape, dtype)
             hops.append(Hop(f"-> {stage.name}", i, cur, stage.x, shape, i, plan,
                             _expected_steps(plan)))
         hops.append(Hop(stage.name, i, stage.x, stage.out, stage.out_shape, i + 1, None,
                         stage.collectives))
-        cur, shape = stage.out, stage.out_shape
-        # Operators with weights produce the weights' type (an embedding turns ids into floats).
-        dtype = stage.params[0].source.dtype if stage.params else dtype
+        cur = stage.out
     return tuple(hops)
 
 

@@ -19,7 +19,7 @@ from ..layout import Layout
 from .model import Network, flatten_stage, linear_stage, matmul_stage, paddle_stage, relu_stage
 
 __all__ = [
-    "IMAGES", "HIDDEN", "CLASSES", "NO_STRATEGY", "mindspore_tutorial", "mindspore_layout", "paddle_tp",
+    "IMAGES", "HIDDEN", "CLASSES", "NO_STRATEGY", "weight", "mindspore_tutorial", "mindspore_layout", "paddle_tp",
     "needs_eight", "paddle_needs", "PADDLE_SIZES", "oneflow_2d_sbp", "oneflow_2d_signature",
     "oneflow_needs", "ONEFLOW_SIZES",
 ]
@@ -63,7 +63,9 @@ def oneflow_needs(world_size: int) -> Optional[str]:
     return None
 
 
-def _weight(shape: tuple[int, int], dtype: str, seed: int) -> SeededTensor:
+def weight(shape: tuple[int, int], dtype: str, seed: int) -> SeededTensor:
+    """A weight uniform in +-sqrt(6 / fan_in) (fan_in = shape[0]), so activations stay near 1: the seed
+    networks' weights, and those of autoshard's own graphs (`spmdsim.autoshard.graph`)."""
     bound = math.sqrt(6.0 / shape[0])
     return SeededTensor(shape, dtype, seed, low=-bound, high=bound)
 
@@ -89,10 +91,10 @@ def _mindspore(name: str, title: str, world_size: int, dtype: str, seed: int, no
     stages = (
         flatten,
         matmul_stage("MatMul1", *matmul1, flatten.out_shape,
-                     _weight((flatten.out_shape[1], HIDDEN), dtype, seed + 1)),
+                     weight((flatten.out_shape[1], HIDDEN), dtype, seed + 1)),
         relu_stage("ReLU1", "shard(((4,1),))", strategy_to_layout((4, 1), world_size),
                    (batch, HIDDEN)),
-        matmul_stage("MatMul2", *matmul2, (batch, HIDDEN), _weight((HIDDEN, HIDDEN), dtype, seed + 2)),
+        matmul_stage("MatMul2", *matmul2, (batch, HIDDEN), weight((HIDDEN, HIDDEN), dtype, seed + 2)),
     )
     if no_strategy not in NO_STRATEGY:
         raise OperatorError(f"no_strategy {no_strategy!r} must be one of {tuple(NO_STRATEGY)!r}")
@@ -102,7 +104,7 @@ def _mindspore(name: str, title: str, world_size: int, dtype: str, seed: int, no
     m3 = matmul_layouts(strategy, world_size)
     matmul3 = matmul_stage("MatMul3", f"no strategy: {no_strategy} {format_strategy(strategy)}",
                            m3.x, m3.w, (batch, HIDDEN),
-                           _weight((HIDDEN, CLASSES), dtype, seed + 3))
+                           weight((HIDDEN, CLASSES), dtype, seed + 3))
     return Network(name, title, images, x_in, stages + (relu2, matmul3))
 
 
@@ -147,10 +149,10 @@ def paddle_tp(world_size: int, dtype: str = "float32", seed: int = 0) -> Network
     table = SeededTensor((vocab, hidden), dtype, seed + 1)
     emb = paddle_stage("Embedding", "embedding", ids_shape, world_size, table)
     col = paddle_stage("ColumnLinear", "column_linear", emb.out_shape, world_size,
-                       _weight((hidden, ffn), dtype, seed + 2),
+                       weight((hidden, ffn), dtype, seed + 2),
                        SeededTensor((ffn,), dtype, seed + 3))
     row = paddle_stage("RowLinear", "row_linear", col.out_shape, world_size,
-                       _weight((ffn, hidden), dtype, seed + 4),
+                       weight((ffn, hidden), dtype, seed + 4),
                        SeededTensor((hidden,), dtype, seed + 5))
     # The ids arrive replicated, as the embedding wants them (Paddle feeds every mp rank alike).
     return Network("net_paddle_tp", "Paddle split: Embedding -> column Linear -> row Linear",
@@ -184,13 +186,13 @@ def oneflow_2d_sbp(world_size: int, dtype: str = "float32", seed: int = 0,
     w1 = sbp_to_layout(weight_sbp, placement, 2)
     b1 = broadcast_1d if weight_sbp == "B,B" else sbp_to_layout("S(0),B", placement, 1)
     lin1 = linear_stage("Linear1", f"nn.Linear({features}, {hidden}), w sbp ({weight_sbp})", x, w1,
-                        x_shape, _weight((features, hidden), dtype, seed + 1), b1,
+                        x_shape, weight((features, hidden), dtype, seed + 1), b1,
                         SeededTensor((hidden,), dtype, seed + 2))
     relu = relu_stage("ReLU", "local", lin1.out, lin1.out_shape)
     # Linear2 wants its input as OneFlow's sample has it, (B, S(0)); a redistribution
     # is scheduled when Linear1 left it otherwise.
     lin2 = linear_stage("Linear2", f"nn.Linear({hidden}, {classes}), w sbp (B,B)", x, broadcast_2d,
-                        lin1.out_shape, _weight((hidden, classes), dtype, seed + 3), broadcast_1d,
+                        lin1.out_shape, weight((hidden, classes), dtype, seed + 3), broadcast_1d,
                         SeededTensor((classes,), dtype, seed + 4))
     name, title = (("net_oneflow_2d_sbp", "OneFlow 2D SBP sample: Linear > ReLU > Linear")
                    if weight_sbp == "B,B" else
