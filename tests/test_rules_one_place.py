@@ -200,3 +200,42 @@ def test_a_large_float32_loss_is_priced_as_it_runs():
         ops.cross_entropy(z, spmdsim.DTensor.from_seeded(mesh, layout.layout("dp"), loss.source))
 
     assert all(ran == [("allreduce", ("dp",), 21)] for ran in _traced(8, layout.layout, body))
+
+
+def test_the_rules_refuse_alike_in_infer_and_on_ranks():
+    mesh_layout = Layout((2, 4), ("dp", "tp"))
+    with pytest.raises(OperatorError, match=r"labels .* must be split like the logits' batch dim"):
+        infer_cross_entropy(mesh_layout("dp", "tp"), mesh_layout(None), (16, 24), "float64")
+    with pytest.raises(OperatorError, match="of a pending sum"):
+        infer_cross_entropy(mesh_layout("dp", None, partial="tp"), mesh_layout("dp"), (16, 24), "float64")
+    with pytest.raises(OperatorError, match="norm 'batch_norm' is not known"):
+        infer_norm("batch_norm", mesh_layout("dp", "tp"), (16, 24))
+
+    def run():
+        from spmdsim.runtime import Mesh, collect_trace
+
+        mesh = Mesh(mesh_layout, spmdsim.world())
+        z = spmdsim.DTensor.from_seeded(mesh, mesh_layout("dp", "tp"), SeededTensor((16, 24), "float64", 2))
+        y = spmdsim.DTensor.from_seeded(mesh, mesh_layout(None), SeededTensor((16,), "int64", 3, low=0, high=24))
+        with collect_trace() as trace:
+            try:
+                ops.cross_entropy(z, y)
+            except OperatorError as e:
+                return str(e), len([e for e in trace.entries if e.group_size > 1])
+        return "ran", 0
+
+    (message, collectives), = set(spmdsim.simulate(8, run))  # every rank refuses alike, before any collective
+    assert "must be split like the logits' batch dim" in message and collectives == 0
+
+
+def test_a_vocabulary_reduce_scatters_where_infer_says():
+    # Megatron's sequence parallelism: the embedding's pending sum over the vocabulary's axis lands split
+    # on the sequence; infer_embedding(out=) gives the step, and the search prices that step.
+    mesh_layout = Layout((2, 4), ("dp", "tp"))
+    ids, table = mesh_layout("dp", None), mesh_layout("tp", None)
+    plan = infer_embedding(ids, table, gather_out=False, out=mesh_layout("dp", "tp", None))
+    (step,) = plan.steps
+    assert (step.op, step.axes, step.tensor_dim, plan.out) == ("reduce_scatter", ("tp",), 1,
+                                                               mesh_layout("dp", "tp", None))
+    with pytest.raises(OperatorError, match="cannot be reached from the pending sum"):
+        infer_embedding(ids, table, gather_out=False, out=mesh_layout(None, "tp", None))
