@@ -4,9 +4,12 @@ Pure (never imports mpi4py). A strategy gives the number of slices of each dim
 of each input (MindSpore's ``.shard``); its layouts come from
 `spmdsim.dialects.strategy` (device matrix = the counts, plus the
 repeated-calculation axis "rep" on the right when they use fewer devices than
-the world), and the operator's own communication from the pure inference of
-`spmdsim.infer`, priced by the redistribution planner (the step that turns
-the local result into the finished output). Per kind:
+the world). What the operator does on them is asked of `spmdsim.infer`, the
+rules the operators run: the output layout and the operator's own program,
+the step records that finish it (`MatMulPlan.steps`, `EmbeddingPlan.steps`,
+`resolve_partial` for an einsum's pending sum, `NormPlan.program`,
+`CrossEntropyPlan.program`), each priced by its kind's byte formula
+(`own_plan`), so the search prices the collectives the operator issues. Per kind:
 
 * matmul / linear / bmm ``((batch.., a, b), (batch.., b, c))``: every (a, b, c)
   whose product divides the devices; a split contraction b also with each
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Iterator, Optional, Sequence
 
@@ -28,9 +31,11 @@ import numpy as np
 from ..dialects.strategy import format_strategy, layout_to_strategy, matmul_layouts, strategy_to_layout
 from ..errors import SpmdsimError
 from ..layout import Layout, TensorLayout
-from ..infer import (infer_elementwise, infer_embedding, infer_linear, infer_matmul,
-                         infer_softmax, out_layout_from_strategy)
-from ..plan import Plan, plan_redistribution
+from ..infer import (infer_elementwise, infer_embedding, infer_linear, infer_matmul, infer_reshape,
+                     infer_softmax, out_layout_from_strategy)
+from ..plan import Plan
+from ..plan.steps import Step
+from ..plan.volume import lower_bound
 from . import rules
 from .graph import ELEMENTWISE, OpNode
 
@@ -47,7 +52,8 @@ class Candidate:
         inputs: the layout each activation input must arrive in.
         params: the layout of each weight (placed there for free).
         out: the layout of the finished output.
-        own: plans of the operator's own collectives (local result -> `out`).
+        own: the operator's own program as `spmdsim.infer` states it, one plan per step (`own_plan`):
+            finishing the local result (-> `out`), a layer norm's statistics, a cross-entropy's sums.
         own_bytes: bytes the busiest rank receives in them.
         flops: floating-point operations one rank performs.
         memory: bytes one rank holds while it runs (weights, inputs, outputs).
@@ -104,12 +110,10 @@ def make_candidate(node: OpNode, inputs: Sequence[TensorLayout], params: Sequenc
     in_dtypes = tuple(in_dtypes) or (node.dtype,) * len(node.inputs)
     for tl, shape in zip(inputs + params, node.in_shapes + tuple(p.shape for p in node.params)):
         _check(tl, tuple(shape))
-    if node.kind in rules.KINDS:
-        local, final, flops, extra = rules.infer(node, inputs, params, out)
-    else:
-        (local, final, flops), extra = _infer(node, inputs, params, out), ()
+    infer = rules.infer if node.kind in rules.KINDS else _infer
+    local, final, flops, program = infer(node, inputs, params, out)
     _check(final, tuple(node.out_shape))
-    own = ((own_plan(local, final, node.out_shape, node.dtype),) if local.partial else ()) + extra
+    own = tuple(own_plan(step, tuple(shape), node.dtype) for step, shape in program)
     memory = sum(_local_bytes(tl, s, d) for tl, s, d in zip(inputs, node.in_shapes, in_dtypes))
     memory += sum(_local_bytes(tl, p.shape, p.source.dtype) for tl, p in zip(params, node.params))
     memory += max(_local_bytes(local, node.out_shape, node.dtype),
@@ -123,62 +127,68 @@ def make_candidate(node: OpNode, inputs: Sequence[TensorLayout], params: Sequenc
 
 
 def _infer(node: OpNode, inputs: tuple, params: tuple, out: Optional[TensorLayout]) -> tuple:
-    """(local result layout, finished layout, flops per rank) of one operator."""
+    """(local result layout, finished layout, flops per rank, program) of one operator.
+
+    `program`: the operator's own steps (`spmdsim.infer`'s records), each with the global shape it acts on.
+    """
     kind = node.kind
     if kind == "input":
-        return node.layout, node.layout, 0
-    if kind == "flatten":
+        return node.layout, node.layout, 0, ()
+    if kind == "flatten":  # a reshape: each rank reshapes its own block (infer_reshape says when)
         (x,) = inputs
-        infer_elementwise(x, "flatten")
-        if any(x.num_shards(d) > 1 for d in range(1, x.ndim)):
-            raise SpmdsimError(f"flatten of {x} needs only dim 0 split to be a local reshape")
-        out = x.layout(x.tensor_map[0], None)
-        return out, out, 0
+        local, _ = infer_reshape(x, tuple(node.in_shapes[0]), tuple(node.out_shape))
+        return local, local, 0, ()
     if kind in ELEMENTWISE:
         (x,) = inputs
         infer_elementwise(x, kind)
         if kind == "softmax" and x.num_shards(x.ndim - 1) > 1:
             infer_softmax(x)  # raises: each rank needs whole rows to normalise
-        return x, x, math.prod(x.local_shape(node.out_shape)) * (5 if kind == "softmax" else 1)
+        return x, x, math.prod(x.local_shape(node.out_shape)) * (5 if kind == "softmax" else 1), ()
     if kind == "embedding":
-        plan = infer_embedding(inputs[0], params[0], gather_out=False)
-        return plan.local, plan.out if out is None else out, 0
+        plan = infer_embedding(inputs[0], params[0], gather_out=False, out=out)
+        return plan.local, plan.out, 0, _on(plan.steps, node.out_shape)
     if kind == "linear":
         plan = infer_linear(inputs[0], *params)
-        mm = plan.matmul
+        mm, steps = plan.matmul, plan.steps
     else:
         x, w = (inputs[0], params[0]) if kind == "matmul" else inputs
         mm = infer_matmul(x, w, transpose_b=node.transpose_b, out=out)
+        steps = mm.steps
     k_size = node.in_shapes[0][-1] // mm.x.layout.group_size(mm.contraction_axes)
     flops = 2 * math.prod(mm.local.local_shape(node.out_shape)) * k_size
-    return mm.local, mm.out, flops
+    return mm.local, mm.out, flops, _on(steps, node.out_shape)
 
 
-def own_plan(local: TensorLayout, final: TensorLayout, shape: Sequence[int], dtype: str) -> Plan:
-    """The planner's plan of an operator's own collective, on the mesh of its pending axes only.
+def _on(steps: Sequence[Step], shape: Sequence[int]) -> tuple:
+    """Steps that all act on one tensor of global `shape`, as a program."""
+    return tuple((step, tuple(shape)) for step in steps)
 
-    The collective sums each rank's local block within the groups over the
-    pending axes and (Reduce_scatter) keeps one part of a dim; the other axes
-    only say which block a group works on. Planned on those axes alone, with
-    the local block as the tensor, it moves the same bytes per rank (tested
-    against the whole-mesh plan) and stays quick at thousands of devices. The
-    block is folded to (elements,) for an Allreduce and to (before, dim, after)
-    for a Reduce_scatter: the same bytes, and the same packing for the cost model.
+
+@lru_cache(maxsize=65536)
+def own_plan(step: Step, shape: tuple, dtype: str) -> Plan:
+    """One step of an operator's own program (`spmdsim.infer`'s record) on a tensor of global `shape`,
+    priced: the step on the mesh of its own axes, sized by its kind's formula (`Step.moved`).
+
+    A collective works within the groups over its axes, each group on the block
+    the other axes give it. The same step on those axes alone, with that block
+    as the tensor, moves the same bytes per rank (tested against the step on
+    the whole mesh) and keeps per-rank figures for one group, not the world, so
+    pricing stays quick at thousands of devices.
     """
-    pending = local.partial
-    mesh = Layout(tuple(local.layout.axis_size(a) for a in pending), pending)
-    block = local.with_partial(()).local_shape(shape)
-    target = [tuple(a for a in axes if a in pending) for axes in final.tensor_map]
-    dims = [d for d, axes in enumerate(target) if axes]
-    if not dims:
-        folded, target = (math.prod(block),), [()]
-    else:
-        d = dims[0]
-        before, after = math.prod(block[:d]), math.prod(block[d + 1:])
-        folded = ((before,) if before > 1 else ()) + (block[d], after)
-        target = ([()] if before > 1 else []) + [target[d], ()]
-    return plan_redistribution(mesh(*([None] * len(folded)), partial=pending), mesh(*target),
-                               folded, dtype)
+    axes = step.axes
+    matrix = step.before.layout
+    mesh = Layout(tuple(matrix.axis_size(a) for a in axes), axes)
+    block = tuple(n // matrix.group_size(tuple(a for a in e if a not in axes))
+                  for n, e in zip(shape, step.before.tensor_map))
+
+    def rebased(tl: TensorLayout) -> TensorLayout:
+        return TensorLayout(mesh, tuple(tuple(a for a in e if a in axes) for e in tl.tensor_map),
+                            tuple(a for a in tl.partial if a in axes))
+
+    before, after = rebased(step.before), rebased(step.after)
+    itemsize = np.dtype(dtype).itemsize
+    sized = replace(step, before=before, after=after).sized(block, itemsize)
+    return Plan(before, after, block, dtype, (sized,), lower_bound(before, after, block, itemsize))
 
 
 # -- enumeration -------------------------------------------------------------------------
@@ -267,7 +277,7 @@ def _layouts(node: OpNode, devices: int, full: bool = False) -> Iterator[tuple]:
 
 def _embedding_layouts(node: OpNode, devices: int, full: bool) -> Iterator[tuple]:
     """Ids and table split; with spec "scatter" a split vocabulary also Reduce_scatters into each
-    output dim it divides (as Megatron's sequence parallelism does)."""
+    output dim (as Megatron's sequence parallelism does; `make_candidate` refuses a dim it does not divide)."""
     ids, table = node.in_shapes[0], node.params[0].shape
     n = len(ids)
     for counts in fitting(ids + table, devices, (), full):
@@ -279,11 +289,10 @@ def _embedding_layouts(node: OpNode, devices: int, full: bool) -> Iterator[tuple
         if vocab == 1 or node.spec != "scatter":
             continue
         local = infer_embedding(x, t, gather_out=False).local
-        for d, size in enumerate(node.out_shape):
+        for d in range(local.ndim):
             want = list(local.shards_per_dim)
             want[d] *= vocab
-            if size % want[d] == 0:
-                yield (x,), (t,), out_layout_from_strategy(local, want)
+            yield (x,), (t,), out_layout_from_strategy(local, want)
 
 
 def _matmul_layouts(node: OpNode, devices: int) -> Iterator[tuple]:
@@ -307,8 +316,8 @@ def _matmul_layouts(node: OpNode, devices: int) -> Iterator[tuple]:
         yield (mm.x,), params, None
         if b == 1 or node.kind != "matmul":
             continue
-        for d, size in enumerate(node.out_shape):
-            want = list(mm.out.shards_per_dim)
+        local = infer_matmul(mm.x, mm.w, transpose_b=tb).local  # pending over the split K
+        for d in range(local.ndim):  # a Reduce_scatter into each output dim (make_candidate checks it divides)
+            want = list(local.shards_per_dim)
             want[d] *= b
-            if size % want[d] == 0:
-                yield (mm.x,), params, out_layout_from_strategy(mm.out, want)
+            yield (mm.x,), params, out_layout_from_strategy(local, want)

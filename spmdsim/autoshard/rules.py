@@ -6,19 +6,22 @@ Pure (never imports mpi4py). A strategy gives each index letter a slice count
 norm, reshape or cross-entropy); its layouts share one device matrix, the
 split letters in order of appearance plus the repeated-calculation axis "rep"
 on the right (as `spmdsim.dialects.strategy` does for MindSpore's strategies).
-The output layout and the pending sums come from the pure rules of
-`spmdsim.infer` (`infer_einsum`, `infer_pointwise`, `infer_reduce`,
-`infer_reshape`); an operator's own collectives are planned by
-`candidates.own_plan`:
+What an operator does on those layouts is asked of `spmdsim.infer`, whose
+rules the operators run: the output layout, the pending sums and the
+operator's own program (the step records `candidates.own_plan` prices):
 
-| kind          | own collectives                                                           |
-| ------------- | ------------------------------------------------------------------------- |
-| einsum        | split contracted letters: Allreduce, or Reduce_scatter into an output dim   |
-| pointwise     | none (operands split alike; broadcast dims whole)                          |
-| layernorm     | hidden dim split: two Allreduces of one number per row (mean, variance)    |
-| reshape       | none (only strategies whose blocks stay blocks: a local reshape)           |
-| cross_entropy | classes split: Allreduce(MAX) and a sum of two numbers per row; rows split: |
-|               | one sum of two numbers (the loss and the count of bad labels)              |
+| kind          | rule (spmdsim.infer)                    | own program                                |
+| ------------- | --------------------------------------- | ------------------------------------------ |
+| einsum        | `infer_einsum`, then `resolve_partial`  | split contracted letters: Allreduce, or Reduce_scatter into an output dim |
+| pointwise     | `infer_pointwise`                       | none                                       |
+| layernorm     | `infer_norm("layer_norm")`              | hidden dim split: two Allreduces of one number per row (mean, variance) |
+| reshape       | `infer_reshape`                         | none (a local reshape)                     |
+| cross_entropy | `infer_cross_entropy`                   | classes split: Allreduce(MAX) and a sum of two numbers per row; rows split: one sum of two numbers (the loss and the packed counts of bad and ignored labels; three past float's exact range) |
+
+The search adds one condition of its own: a candidate's operands are used
+where they are (an einsum's or pointwise op's operands split alike, a layer
+norm's weights split like x's hidden dim, no pending input), as the
+redistributions into an operator are priced on the graph's edges.
 """
 from __future__ import annotations
 
@@ -27,11 +30,12 @@ import string
 from typing import Iterator, Optional, Sequence
 
 from ..errors import OperatorError, SpmdsimError
-from ..infer import infer_reshape, out_layout_from_strategy
+from ..infer import infer_reshape, out_layout_from_strategy, resolve_partial
 from ..infer.einsum import infer_einsum, parse_einsum
-from ..infer.pointwise import broadcast_shape, infer_pointwise, infer_reduce
+from ..infer.losses import infer_cross_entropy
+from ..infer.norms import infer_norm
+from ..infer.pointwise import broadcast_shape, infer_pointwise, operand_letters
 from ..layout import Layout, TensorLayout
-from ..plan import Plan
 
 __all__ = ["KINDS", "infer", "layouts", "letters"]
 
@@ -42,20 +46,22 @@ KINDS = ("einsum", "pointwise", "layernorm", "reshape", "cross_entropy")
 def letters(node) -> tuple[tuple[str, ...], str, dict]:
     """(per operand its letters, the output's letters, letter -> size) of an einsum or pointwise node.
 
-    Operands are the activation inputs, then the weights. A pointwise operand's
-    broadcast dims (missing, or of size 1) get no letter ("" in its word).
+    Operands are the activation inputs, then the weights. Einsum's letters are its
+    subscripts (`parse_einsum`); a pointwise op's are its output dims'
+    (`operand_letters`), and an operand's broadcast dims (missing, or of size 1) get
+    none ("" in its word).
     """
     shapes = tuple(node.in_shapes) + tuple(p.shape for p in node.params)
     if node.kind == "einsum":
         spec = parse_einsum(node.spec, tuple(len(s) for s in shapes))
         sizes = {ch: n for word, s in zip(spec.inputs, shapes) for ch, n in zip(word, s)}
         return tuple(tuple(w) for w in spec.inputs), spec.output, sizes
-    out = broadcast_shape(shapes, node.name) if node.kind == "pointwise" else tuple(shapes[0])
-    names = string.ascii_lowercase[:len(out)]
+    out = broadcast_shape(shapes, node.name)
     words = []
-    for s in shapes:
-        offset = len(out) - len(s)
-        words.append(tuple(names[offset + d] if n == out[offset + d] else "" for d, n in enumerate(s)))
+    for s in shapes:  # infer_pointwise's letters: a broadcast dim decides no split
+        word, deciding = operand_letters(tuple(s), out)
+        words.append(tuple(ch if ch in deciding else "" for ch in word))
+    names = string.ascii_letters[:len(out)]
     return tuple(words), names, dict(zip(names, out))
 
 
@@ -76,19 +82,11 @@ def _map(layout: Layout, axes: dict, word: Sequence[str]) -> TensorLayout:
     return TensorLayout(layout, tuple(axes.get(ch, ()) for ch in word), ())
 
 
-def _stats(x: TensorLayout, shape: tuple, dims: tuple[int, ...], rows: int, dtype: str) -> Plan:
-    """The Allreduce finishing `rows` numbers per row of a sum of x (global `shape`) over `dims`."""
-    from .candidates import own_plan
-
-    local = infer_reduce("sum", x, dims, True).local
-    block = tuple(1 if d in dims else n for d, n in enumerate(shape))
-    if rows > 1:
-        block, local = (rows,) + block, TensorLayout(local.layout, ((),) + local.tensor_map, local.partial)
-    return own_plan(local, local.with_partial(()), block, dtype)
-
-
 def infer(node, inputs: tuple, params: tuple, out: Optional[TensorLayout]) -> tuple:
-    """(local result, finished output, flops per rank, own plans besides local -> finished) of one node."""
+    """(local result, finished output, flops per rank, program) of one node.
+
+    `program`: the operator's own steps (`spmdsim.infer`'s records), each with the global shape it acts on.
+    """
     kind, dtype = node.kind, node.dtype
     operands = tuple(inputs) + tuple(params)
     shapes = tuple(node.in_shapes) + tuple(p.shape for p in node.params)
@@ -97,11 +95,11 @@ def infer(node, inputs: tuple, params: tuple, out: Optional[TensorLayout]) -> tu
         if plan.targets != operands:
             raise SpmdsimError(f"{node.name}: the operands' splits disagree")
         local = plan.local
-        final = local.with_partial(()) if out is None else out
+        final, steps = resolve_partial(local, out)
         words, _, sizes = letters(node)
         where = {ch: axes for word, tl in zip(words, operands) for ch, axes in zip(word, tl.tensor_map)}
         work = math.prod(n // local.layout.group_size(where[ch]) for ch, n in sizes.items())
-        return local, final, 2 * work, ()
+        return local, final, 2 * work, tuple((s, tuple(node.out_shape)) for s in steps)
     if kind == "pointwise":
         plan = infer_pointwise(node.spec, operands, shapes, dtype)
         if plan.targets != operands:
@@ -113,25 +111,15 @@ def infer(node, inputs: tuple, params: tuple, out: Optional[TensorLayout]) -> tu
     if kind == "reshape":
         local, _ = infer_reshape(x, shape, node.out_shape)
         return local, local, 0, ()
-    last = (x.ndim - 1,)
-    split_last = x.layout.group_size(x.tensor_map[-1]) > 1
     if kind == "layernorm":
         for p in params:
             if p.layout != x.layout or p.tensor_map != x.tensor_map[-1:]:
                 raise SpmdsimError(f"{node.name}: weights {p} are not split like x's hidden dim {x}")
-        extra = (_stats(x, shape, last, 1, dtype),) * 2 if split_last else ()
-        return x, x, 8 * math.prod(x.local_shape(shape)), extra
+        norm = infer_norm("layer_norm", x, shape)
+        return norm.out, norm.out, 8 * math.prod(x.local_shape(shape)), norm.program
     if kind == "cross_entropy":
-        from .candidates import own_plan
-
-        extra = ()
-        if split_last:
-            extra = (_stats(x, shape, last, 1, dtype), _stats(x, shape, last, 2, dtype))
-        if x.layout.group_size(x.tensor_map[0]) > 1:
-            scalar = TensorLayout(x.layout, ((),), tuple(a for a in x.layout.alias_name
-                                                         if a in x.tensor_map[0]))
-            extra += (own_plan(scalar, scalar.with_partial(()), (2,), dtype),)
-        return x.layout(), x.layout(), 4 * math.prod(x.local_shape(shape)), extra
+        loss = infer_cross_entropy(x, TensorLayout(x.layout, x.tensor_map[:1]), shape, dtype)
+        return loss.out, loss.out, 4 * math.prod(x.local_shape(shape)), loss.program
     raise OperatorError(f"{node.name}: kind {kind!r} is not one of {KINDS!r}")
 
 
@@ -151,24 +139,26 @@ def layouts(node, devices: int, full: bool) -> Iterator[tuple]:
     ``fully_use_devices``).
     """
     n_in = len(node.inputs)
+    shapes = tuple(node.in_shapes) + tuple(p.shape for p in node.params)
     if node.kind in ("einsum", "pointwise"):
-        words, out_word, sizes = letters(node)
+        words, _, sizes = letters(node)
         order = list(dict.fromkeys(ch for w in words for ch in w if ch))
         for counts in _letter_counts(order, sizes, devices, (), full):
             layout, axes = _mesh(order, counts, devices)
             maps = [_map(layout, axes, w) for w in words]
             yield tuple(maps[:n_in]), tuple(maps[n_in:]), None
-            contracted = [ch for ch in order if ch not in out_word and counts[ch] > 1]
-            if node.kind != "einsum" or not contracted:
+            if node.kind != "einsum":
                 continue
-            by = math.prod(counts[ch] for ch in contracted)
-            for d, ch in enumerate(out_word):
-                want = [counts.get(c, 1) for c in out_word]
-                want[d] *= by
-                if sizes[ch] % want[d] == 0:
-                    local = TensorLayout(layout, tuple(axes.get(c, ()) for c in out_word),
-                                         tuple(a for c in contracted for a in axes[c]))
-                    yield tuple(maps[:n_in]), tuple(maps[n_in:]), out_layout_from_strategy(local, want)
+            try:  # a split contracted letter leaves a pending sum, which may also Reduce_scatter
+                local = infer_einsum(node.spec, tuple(maps), shapes, node.dtype).local
+            except SpmdsimError:
+                continue
+            if not local.partial:
+                continue
+            for d in range(local.ndim):  # into each output dim (make_candidate refuses what does not divide)
+                want = list(local.shards_per_dim)
+                want[d] *= local.layout.group_size(local.partial)
+                yield tuple(maps[:n_in]), tuple(maps[n_in:]), out_layout_from_strategy(local, want)
         return
     shape = node.in_shapes[0]
     order = string.ascii_lowercase[:len(shape)]

@@ -237,8 +237,12 @@ class EmbeddingPlan:
 # Pure function of frozen layouts and flags: cached, as ops call it on every forward.
 @lru_cache(maxsize=1024)
 def infer_embedding(ids: TensorLayout, table: TensorLayout, *, gather_out: bool = True,
-                    reduce: bool = True) -> EmbeddingPlan:
-    """Plan an Embedding lookup; the table is (num_embeddings, embedding_dim)."""
+                    reduce: bool = True, out: Optional[TensorLayout] = None) -> EmbeddingPlan:
+    """Plan an Embedding lookup; the table is (num_embeddings, embedding_dim).
+
+    A split vocabulary leaves a pending sum: Allreduce, or with `out` one dim extended by the
+    vocabulary's axes, Reduce_scatter onto it (Megatron's sequence parallelism); see `resolve_partial`.
+    """
     _check_same_mesh(ids=ids, table=table)
     if table.ndim != 2:
         raise OperatorError(f"embedding table {_fmt(table)} must have 2 dims")
@@ -252,7 +256,7 @@ def infer_embedding(ids: TensorLayout, table: TensorLayout, *, gather_out: bool 
                                 f"ids {_fmt(ids)}; ids must be replicated over the table's axes")
     pending = tuple(a for a in vocab if table.layout.axis_size(a) > 1)
     local = TensorLayout(ids.layout, ids.tensor_map + (dim,), pending)
-    out, red = resolve_partial(local, None, reduce)
+    out, red = resolve_partial(local, out, reduce)
     out, gather = gather_dim(out, gather_out and not out.partial)
     return EmbeddingPlan(ids, table, local, out, tuple(vocab), tuple(dim), red, gather)
 

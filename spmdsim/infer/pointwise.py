@@ -32,7 +32,8 @@ from ..plan.steps import Allreduce, Step
 from ..validate import as_int
 from .assign import Choice, choose_splits, moved_bytes
 
-__all__ = ["PointwisePlan", "ReducePlan", "infer_pointwise", "infer_reduce", "LINEARITY", "broadcast_shape"]
+__all__ = ["PointwisePlan", "ReducePlan", "infer_pointwise", "infer_reduce", "LINEARITY", "broadcast_shape",
+           "operand_letters"]
 
 #: Per op, the operands in which it is linear, jointly: a pending sum there may stay pending.
 #: "one" means bilinear (at most one pending operand among them); "numerator" is div's first operand.
@@ -98,8 +99,9 @@ def _reason(op: str, k: int) -> str:
     return f"{op}(a + b) != {op}(a) + {op}(b)"
 
 
-def _letters(shape: tuple[int, ...], out: tuple[int, ...]) -> tuple[str, frozenset]:
-    """An operand's dims as output-dim letters, and those that decide a split (not broadcast)."""
+def operand_letters(shape: tuple[int, ...], out: tuple[int, ...]) -> tuple[str, frozenset]:
+    """An operand's dims as output-dim letters (the output's dims are ``a, b, ...``), and those that decide
+    a split: not broadcast (a dim of size 1 stretched to a larger output dim is never split)."""
     offset = len(out) - len(shape)
     word = string.ascii_letters[offset:offset + len(shape)]
     deciding = frozenset(ch for ch, size, d in zip(word, shape, range(offset, len(out))) if size == out[d])
@@ -120,7 +122,7 @@ def infer_pointwise(op: str, layouts: tuple[TensorLayout, ...], shapes: tuple[tu
     shape = broadcast_shape(shapes, op)
     if len(shape) > len(string.ascii_letters):
         raise ShapeError(f"{op}: {len(shape)} dims are more than spmdsim's elementwise ops take (52)")
-    words, deciding = zip(*(_letters(s, shape) for s in shapes))
+    words, deciding = zip(*(operand_letters(s, shape) for s in shapes))
     for k, (layout, s) in enumerate(zip(layouts, shapes)):
         for d, size in enumerate(s):
             if size == 1 and layout.tensor_map[d] and any(mesh.axis_size(a) > 1 for a in layout.tensor_map[d]):

@@ -27,6 +27,7 @@ import numpy as np
 from ..autograd.rules.grads import axes_of
 from ..autograd.rules.losses import record_cross_entropy, record_mse_loss
 from ..errors import OperatorError, ShapeError
+from ..infer.losses import infer_cross_entropy
 from ..layout import TensorLayout
 from ..validate import counted
 from ._common import make_dtensor, operands_mesh, require_float
@@ -89,28 +90,31 @@ def _check_labels(logits: Any, labels: Any) -> None:
     if tuple(labels.global_shape) != tuple(logits.global_shape[:1]):
         raise ShapeError(f"cross_entropy: labels of shape {tuple(labels.global_shape)!r} do not match "
                          f"the logits' batch: expected {tuple(logits.global_shape[:1])!r}")
-    if logits.layout.partial or labels.layout.partial:
-        raise OperatorError(f"cross_entropy of a pending sum (logits {logits.layout}): resolve it first")
-    if labels.layout.tensor_map != logits.layout.tensor_map[:1]:
-        raise OperatorError(f"cross_entropy: labels {labels.layout} must be split like the logits' "
-                            f"batch dim ({logits.layout}): expected map {logits.layout.tensor_map[:1]!r}")
 
 
-def _counts(mesh: Any, summed: Any, bad: int, ignored: int, batch: int, axes: tuple[str, ...],
-            dtype: np.dtype) -> tuple[Any, int, int]:
+def _run(mesh: Any, values: np.ndarray, steps: tuple, label: str) -> np.ndarray:
+    """`values` after the program's `steps` (spmdsim.infer.losses: none, or one Allreduce)."""
+    if not steps:
+        return values
+    from ..runtime.executor import execute
+
+    return execute(mesh, np.ascontiguousarray(values), steps, (), label, owned=True)
+
+
+def _counts(mesh: Any, summed: Any, bad: int, ignored: int, plan: Any, dtype: np.dtype) -> tuple[Any, int, int]:
     """(the rows' summed loss, out-of-range labels, ignored rows) over the row axes, in one Allreduce.
 
     The two counts travel as one number, bad * (batch + 1) + ignored (each at most `batch`), where the
-    loss's dtype holds it exactly (float64 up to ~9e7 rows, float32 up to 4,094); else as two.
+    loss's dtype holds it exactly (`plan.packed`: float64 up to ~9e7 rows, float32 up to 4,094); else as two.
     """
-    if not axes:
+    if not plan.total:
         return summed, bad, ignored
-    base = batch + 1
-    if base * base <= 2 ** (np.finfo(dtype).nmant + 1):
-        total = _row_sum(mesh, np.array([summed, bad * base + ignored], dtype), axes, "cross_entropy")
+    if plan.packed:
+        base = plan.shape[0] + 1
+        total = _run(mesh, np.array([summed, bad * base + ignored], dtype), plan.total, "cross_entropy")
         code = int(total[1])
         return total[0], code // base, code % base
-    total = _row_sum(mesh, np.array([summed, bad, ignored], dtype), axes, "cross_entropy")
+    total = _run(mesh, np.array([summed, bad, ignored], dtype), plan.total, "cross_entropy")
     return total[0], int(total[1]), int(total[2])
 
 
@@ -123,6 +127,7 @@ def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -10
     "none" gives each row's loss (0 where ignored) as a DTensor (batch,) split like the labels.
     `label_smoothing` e: each row's loss is (1 - e) times its -log p[label] plus e times the mean of
     -log p over the classes (PyTorch's), the classes' sum of logits riding in the same Allreduce.
+    Its collectives are the program of spmdsim.infer.losses (`infer_cross_entropy`).
 
     Args:
         logits: float DTensor (batch, classes), any split of either dim.
@@ -139,39 +144,33 @@ def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -10
         raise OperatorError(f"cross_entropy: label_smoothing {label_smoothing!r} must be a number from 0 to 1")
     smooth = float(label_smoothing)
     layout, (batch, classes) = logits.layout, logits.global_shape
-    row_axes, class_axes = axes_of(layout, layout.tensor_map[:1]), axes_of(layout, layout.tensor_map[1:])
     z, ids = logits.local, labels.local
+    plan = infer_cross_entropy(layout, labels.layout, (batch, classes), z.dtype.name, bool(smooth), reduction)
     start = layout.bounds(mesh.rank, logits.global_shape)[1][0]
     valid = ids != ignore_index if ignore_index is not None else np.ones(ids.shape, bool)
     bad = int(np.count_nonzero(valid & ((ids < 0) | (ids >= classes))))
     ids = np.where(valid, np.clip(ids, 0, classes - 1), 0) - start
     owned = valid & (ids >= 0) & (ids < z.shape[1])
     rows = np.arange(z.shape[0])
-    if class_axes:  # Megatron: a common shift per row, then two sums over the class axes
-        from ..runtime.executor import pending, resolve
-
-        shift = resolve(mesh, np.ascontiguousarray(z.max(axis=1)), pending(mesh.layout, 1, class_axes),
-                        "cross_entropy.max", reduction="max", owned=True)
-    else:
-        shift = z.max(axis=1)
+    # Megatron (classes split): a common shift per row, then the row sums over the class axes.
+    shift = _run(mesh, z.max(axis=1), plan.shift, "cross_entropy.max")
     e = np.exp(z - shift[:, None])
     target = np.where(owned, z[rows, np.where(owned, ids, 0)] - shift, 0.0)
     parts = [e.sum(axis=1), target] + ([z.sum(axis=1)] if smooth else [])
-    sums = _row_sum(mesh, np.stack(parts), class_axes, "cross_entropy.sum")
+    sums = _run(mesh, np.stack(parts), plan.sums, "cross_entropy.sum")
     nll = np.log(sums[0]) - sums[1]  # -log p[label]: log of the shifted exponentials' sum - (z[label] - shift)
     if smooth:  # mean over the classes of -log p = shift + log(sum) - mean of the logits
         nll = (1 - smooth) * nll + smooth * (shift + np.log(sums[0]) - sums[2] / classes)
     terms = np.where(valid, nll, 0.0)
     ignored = int(ids.size - np.count_nonzero(valid))
-    summed, bad, ignored = _counts(mesh, terms.sum(), bad, ignored, batch, row_axes, z.dtype)
+    summed, bad, ignored = _counts(mesh, terms.sum(), bad, ignored, plan, z.dtype)
     if bad:
         raise OperatorError(f"cross_entropy: {counted(bad, 'label')} outside [0, {classes}): "
                             "labels are class indices, from 0 to the number of classes - 1"
                             + (f", or ignore_index {ignore_index}" if ignore_index is not None else ""))
     divisor = float(batch - ignored) if reduction == "mean" else 1.0
     if reduction == "none":
-        out = make_dtensor(mesh, terms.astype(z.dtype, copy=False), TensorLayout(mesh.layout, layout.tensor_map[:1]),
-                           (batch,))
+        out = make_dtensor(mesh, terms.astype(z.dtype, copy=False), plan.out, (batch,))
     else:
         with np.errstate(invalid="ignore", divide="ignore"):  # every row ignored: 0 / 0, NaN as PyTorch
             out = _scalar(mesh, summed / np.asarray(divisor, z.dtype), z.dtype)

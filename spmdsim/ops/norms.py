@@ -6,7 +6,8 @@ works on any layout and its gradient comes from theirs:
 - ``softmax``/``log_softmax`` along a split dim: the row maximum by
   Allreduce(MAX), the sum of exponentials by Allreduce; no rank gathers a row.
   A whole dim takes the local kernel.
-- ``layer_norm``/``rms_norm`` over the last dim: split there (tensor
+- ``layer_norm``/``rms_norm`` over the last dim (their program is
+  spmdsim.infer.norms'): split there (tensor
   parallel), the statistics are Allreduces of one number per row; split along
   the sequence instead (sequence parallel) or not at all, a row is whole on
   every rank: one local kernel and one autograd node with its own backward
@@ -32,6 +33,7 @@ from ..autograd.rules.norms import record_normalized
 from ..autograd.rules.pointwise import record_dropout
 from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
 from ..errors import OperatorError
+from ..infer.norms import infer_norm
 from ..validate import as_int, shape_arg
 from . import local as _whole
 from . import pointwise as P
@@ -137,7 +139,7 @@ def layer_norm(x: Any, weight: Optional[Any] = None, bias: Optional[Any] = None,
     d = _dim(x, -1, "layer_norm")
     eps = _eps(eps, "layer_norm")
     x = resolved(x)
-    if not x.layout.tensor_map[d]:
+    if infer_norm("layer_norm", x.layout, x.global_shape).whole:
         return _affine(_normalized(x, d, eps, True, "layer_norm"), weight, bias)
     inv = 1.0 / x.global_shape[d]
     centred = P.sub(x, P.mul(resolved(R.sum(x, d, keepdims=True)), inv))
@@ -150,7 +152,7 @@ def rms_norm(x: Any, weight: Optional[Any] = None, eps: float = 1e-6) -> Any:
     d = _dim(x, -1, "rms_norm")
     eps = _eps(eps, "rms_norm")
     x = resolved(x)
-    if not x.layout.tensor_map[d]:
+    if infer_norm("rms_norm", x.layout, x.global_shape).whole:
         return _affine(_normalized(x, d, eps, False, "rms_norm"), weight, None)
     ms = P.mul(resolved(R.sum(P.mul(x, x), d, keepdims=True)), 1.0 / x.global_shape[d])
     return _affine(P.div(x, P.sqrt(P.add(ms, eps))), weight, None)
