@@ -12,14 +12,12 @@ runtime nor mpi4py; `NetworkRunner` loads the runtime when first built.
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from ..tolerances import network_atol
 from .model import Hop, Network, Param, Stage, reference_rows, schedule
 from .seeds import (mindspore_layout, mindspore_tutorial, needs_eight, oneflow_2d_sbp,
                     oneflow_2d_signature, oneflow_needs, paddle_needs, paddle_tp)
 from .table import HopRow, format_table
+from .._lazy import lazy
 
 __all__ = [
     "Network", "Stage", "Param", "Hop", "HopRow", "schedule", "reference_rows", "network_atol",
@@ -43,14 +41,4 @@ _WHERE = {name: module for module, names in {
 }.items() for name in names}
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy(__name__, _WHERE, globals())

@@ -9,8 +9,7 @@ operators and imports none.
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .._lazy import lazy
 
 # Where each public name lives (module of this package); the order is __all__'s.
 _WHERE = {name: module for module, names in {
@@ -31,14 +30,4 @@ _WHERE = {name: module for module, names in {
 __all__ = list(_WHERE)
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy(__name__, _WHERE, globals())

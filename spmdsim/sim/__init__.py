@@ -8,8 +8,7 @@ Names load on first use so that importing this package stays light.
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .._lazy import lazy
 
 # Where each public name lives (a module of this package, or an absolute one): the user's mpi4py-like
 # world and SimComm are the emulator's (spmdsim.emulator).
@@ -29,15 +28,4 @@ __all__ = ["simulate", "world", "current_rank", "MAX_RANKS", "script", "run_on_r
            "SimComm", "Request", "IN_PLACE", "DeadlockError", "SimulationError", "MemoryLimitError"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    path = module if module.startswith("spmdsim.") else f"{__name__}.{module}"  # engines': absolute
-    value = getattr(importlib.import_module(path), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy(__name__, _WHERE, globals())
