@@ -1,18 +1,20 @@
-"""Engines: what a mesh's collectives and local work run on (docs/architecture.md, "Engines").
+"""Engines: what a mesh's transfers and local work run on (docs/architecture.md, "Engines").
 
-Three engines answer one interface (`Engine`): `MPI` (ranks are processes,
-groups are mpi4py sub-communicators), the thread engine of spmdsim.sim
-(simulated ranks in one process, groups are SimComms meeting in a rendezvous)
-and the dry engine of spmdsim.sim.dry (one rank stands for all: groups are
-sized, nothing moves, local work makes shape-only zeros). A communicator names
-its engine (``comm.spmdsim_engine``; mpi4py's have none: MPI); the running
-rank's context (`spmdsim.context`) names the engine of the code that
-runs now.
+Three engines answer one interface (`Engine`, engines/base.py: one method per
+kind of transfer, each taking buffers): `MPI` (engines/mpi.py: ranks are
+processes, groups are mpi4py sub-communicators; the one module that calls
+mpi4py's communicator methods), the thread engine of spmdsim.sim.thread_engine
+(simulated ranks in one process, groups are `Member`s meeting in a
+rendezvous) and the dry engine of spmdsim.sim.dry (one rank stands for all:
+groups are sized, nothing moves, local work makes shape-only zeros). A
+communicator names its engine (``comm.spmdsim_engine``; mpi4py's have none:
+MPI); the running rank's context (`spmdsim.context`) names the engine of the
+code that runs now.
 
 Imports numpy, spmdsim.context, spmdsim.errors and spmdsim._threads (how many
-cores a rank has, for the polite wait of engines/wait.py; mpi4py only when a
-wait mode is resolved) and, to read a trace, the step kinds' byte formulas;
-never the runtime or spmdsim.sim.
+cores a rank has, for the polite wait of engines/wait.py); mpi4py only when
+the MPI engine makes its first transfer or a wait mode is resolved; to read a
+trace, the step kinds' byte formulas; never the runtime or spmdsim.sim.
 """
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ class Trace:
     def _entries(self) -> list[TraceEntry]:
         built, rows = self._built, self._rows
         for op, axes, g, sent, received, seconds, label, copied, ended, peers in rows[len(built):]:
-            if received is None:  # a row as runtime._calls.issue appends it: finish it here
+            if received is None:  # a row as runtime.door.issue appends it: finish it here
                 op, axes, sent, received, peers = _as_called(op, axes, g, sent, peers)
             built.append(TraceEntry(op, axes, g, int(sent), int(received), float(seconds), label,
                                     int(copied), ended, int(peers)))

@@ -56,7 +56,7 @@ def record(op: str, axes: tuple[str, ...], group_size: int, sent: int, received:
 def record_call(traces: list, op: str, axes: Any, group_size: int, nbytes: Any, seconds: float,
                 label: str | None, copied: int, ended: float, counts: Any) -> None:
     """Append one collective to every one of `traces` (the running rank's open collectors, as
-    runtime._calls.issue read them) as it was called.
+    runtime.door.issue read them) as it was called.
 
     The row keeps the call's own arguments (`nbytes`, `counts`: see `_as_called`) and is finished
     when the trace is read: each microsecond here is paid by the group's last rank at 4 ranks per core.
