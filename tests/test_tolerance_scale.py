@@ -181,3 +181,32 @@ def test_documented_adam_command_passes_all_100_steps():
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "check: 700 tensors over 100 steps (loss, 3 gradients, 3 parameters per step) vs one process: PASS" \
         in out.stdout
+
+
+def test_cross_entropy_resolves_pending_logits_as_softmax_does():
+    """Issue 55, item 13: logits that are still a pending sum are added up first (one Allreduce)."""
+    from spmdsim import reference_grad as rg
+    from spmdsim.ops import cross_entropy
+    from spmdsim.runtime import DTensor, Mesh
+    from spmdsim.runtime.trace import collect_trace
+
+    rng = np.random.default_rng(3)
+    whole = rng.standard_normal((8, 6))
+    parts = rng.standard_normal((4, 8, 6))
+    parts[-1] = whole - parts[:-1].sum(axis=0)  # the four ranks' addends sum to `whole`
+    labels = rng.integers(0, 6, 8)
+    expected_loss, expected_grad = rg.cross_entropy(whole, labels)
+
+    def body():
+        mesh = Mesh(Layout((4,), ("mp",)))
+        layout = mesh.layout(None, None, partial=("mp",))
+        logits = DTensor(mesh, parts[mesh.rank].copy(), layout, whole.shape).requires_grad_()
+        with collect_trace() as trace:
+            loss = cross_entropy(logits, DTensor.from_global(mesh, labels, mesh.layout(None)))
+        loss.backward()
+        return (loss.check(np.asarray(expected_loss)).passed, trace.counts(),
+                logits.grad.check(expected_grad).passed)
+
+    for loss_ok, counts, grad_ok in spmdsim.simulate(4, body):
+        assert loss_ok and grad_ok
+        assert counts == {"allreduce": 1}, counts
