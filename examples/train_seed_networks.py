@@ -43,7 +43,7 @@ def train(name, comm):
     failed, losses = 0, []
     for step in range(args.steps):
         result = trainer.step(x, labels)
-        failed += sum(not v for v in trainer.check(result, reference.step(x, labels), 1e-10, 1e-10))
+        failed += sum(not v for v in trainer.check(result, reference.step(x, labels), 1e-12, param_rtol=1e-9))
         losses.append(result.value)
     counts = {phase: trace.counts() for phase, trace in result.traces.items()}
     trainer.close()

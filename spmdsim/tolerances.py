@@ -5,6 +5,13 @@ contractions, ring reductions): float32 rtol 1e-4, atol 1e-5; float64 rtol
 1e-9, atol 1e-12; integers exact. `DTensor.check` uses `default_tolerances`
 unless given others; examples pass `contraction_atol(k, dtype)` for a sum of
 k products.
+
+A result far smaller than its terms (a sum that cancels, a gradient near a
+minimum) has no relative accuracy: its rounding follows the terms. Given the
+magnitudes that entered each element (`DTensor.check(..., scale=)`: for a sum
+or product the sum of the terms' absolute values), rtol multiplies them
+instead of |ref|; `sum_rtol(k, dtype)` is the rounding a sum of k terms can
+have relative to them (docs/semantics.md, "Tolerances").
 """
 from __future__ import annotations
 
@@ -12,7 +19,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-__all__ = ["default_tolerances", "contraction_atol", "network_atol"]
+__all__ = ["default_tolerances", "contraction_atol", "network_atol", "sum_rtol"]
 
 # (rtol, atol) by element type; complex types use their real part's entry.
 _TOLERANCES = {
@@ -29,6 +36,17 @@ def default_tolerances(*dtypes: Any) -> tuple[float, float]:
         if dtype.kind in "fc":
             best = max(best, _TOLERANCES.get(dtype.name, (1e-9, 1e-12)))
     return best
+
+
+def sum_rtol(k: int, dtype: Any) -> float:
+    """The rounding a sum of `k` terms can have in any order, relative to the sum of their |terms|: k eps.
+
+    Each of the k - 1 additions rounds by at most eps/2 of a partial sum, and
+    no partial sum exceeds the sum of |terms|: (k - 1) eps / 2, to first order,
+    below k eps. Compare with ``DTensor.check(ref, rtol=sum_rtol(k, dtype),
+    atol=0, scale=sum of |terms|)``.
+    """
+    return max(int(k), 1) * float(np.finfo(dtype).eps)
 
 
 def contraction_atol(k: int, dtype: str) -> float:

@@ -6,7 +6,11 @@ from), runs the stages forward on the global batch, cross-entropy of the
 output's last dim against the labels, the backward through `reference_grad`
 and the optimizer update (textbook SGD with momentum and Adam, written
 independently of `spmdsim.optim`). Each `step` returns the loss, every
-parameter's gradient and every parameter after the update.
+parameter's gradient and every parameter after the update, and beside each
+the magnitudes that entered it (`ReferenceStep.scales`): the same step
+computed on absolute values (|x| @ |W| for a product, the sum of |terms| for a
+sum, carried through the backward), the scale a check's tolerance follows
+(docs/semantics.md, "Tolerances").
 """
 from __future__ import annotations
 
@@ -29,11 +33,21 @@ OPTIMIZERS = ("sgd", "adam")
 
 @dataclass(frozen=True)
 class ReferenceStep:
-    """One training step of the reference: loss, then per parameter (stage order) its gradient and new value."""
+    """One training step of the reference: loss, then per parameter (stage order) its gradient and new value.
+
+    `loss_scale`, `grad_scales`, `param_scales`: the magnitudes that entered
+    each (elementwise, >= the value's own |value|): a float64 (or float32)
+    computation of the same step in another order can differ from the
+    reference by at most a few eps per addition times these, not times the
+    result, which can be far smaller than its terms (a loss near 0).
+    """
 
     loss: float
     grads: tuple[np.ndarray, ...]
     params: tuple[np.ndarray, ...]
+    loss_scale: float = 0.0
+    grad_scales: tuple[np.ndarray, ...] = ()
+    param_scales: tuple[np.ndarray, ...] = ()
 
 
 class ReferenceTrainer:
@@ -70,39 +84,127 @@ def _train_step(config: tuple, params: tuple, state: tuple, steps: int, x: np.nd
     saved = []
     it = iter(params)
     value = np.asarray(x, dtype=np.float64) if np.asarray(x).dtype.kind == "f" else np.asarray(x)
+    mag = np.abs(value) if value.dtype.kind == "f" else value  # ids (an embedding's input) stay ids
+    carried = iter([np.abs(p) for p in params])
     for stage in net.stages:
         ps = [next(it) for _ in stage.params]
-        saved.append((value, ps))
+        pms = [next(carried) for _ in stage.params]
+        saved.append((value, ps, mag, pms))
+        mag = _forward_scale(stage.kind, value, mag, pms, net.batch_dims)
         value = _forward(stage.kind, value, ps, net.batch_dims)
     classes = value.shape[-1]
     loss, grad = rg.cross_entropy(value.reshape(-1, classes), np.asarray(labels).reshape(-1))
-    grad = grad.reshape(value.shape)
+    loss_scale, gscale = _cross_entropy_scale(value.reshape(-1, classes), mag.reshape(-1, classes),
+                                              np.asarray(labels).reshape(-1))
+    grad, gscale = grad.reshape(value.shape), gscale.reshape(value.shape)
     grads: list = []
+    grad_scales: list = []
     for index in reversed(range(len(net.stages))):
-        inp, ps = saved[index]
+        inp, ps, inp_mag, pms = saved[index]
         first = not any(s.params for s in net.stages[:index])  # nothing before needs a gradient
-        grad, pgrads = _backward(net.stages[index].kind, inp, ps, grad, not first)
+        kind = net.stages[index].kind
+        new_grad, pgrads = _backward(kind, inp, ps, grad, not first)
+        gscale, pscales = _backward_scale(kind, inp, inp_mag, pms, gscale, not first)
+        grad = new_grad
         grads = list(pgrads) + grads
-    updated = [_update(optimizer, lr, momentum, betas, eps, steps + 1, p, g, st)
-               for p, g, st in zip(params, grads, state)]
-    new_params = tuple(p for p, _ in updated)
-    step = ReferenceStep(loss, tuple(grads), tuple(p.copy() for p in new_params))
-    return step, new_params, tuple(st for _, st in updated)
+        grad_scales = list(pscales) + grad_scales
+    updated = [_update(optimizer, lr, momentum, betas, eps, steps + 1, p, g, st, gs)
+               for p, g, st, gs in zip(params, grads, state, grad_scales)]
+    new_params = tuple(p for p, _, _ in updated)
+    step = ReferenceStep(loss, tuple(grads), tuple(p.copy() for p in new_params), loss_scale,
+                         tuple(grad_scales), tuple(s for _, _, s in updated))
+    return step, new_params, tuple(st for _, st, _ in updated)
+
+
+def _forward_scale(kind: str, x: np.ndarray, mag: np.ndarray, pms: list, batch_dims: int) -> np.ndarray:
+    """The magnitudes that entered a stage's output, from those of its input `mag` and parameters `pms`.
+
+    A product: |x| @ |W| + |b| (the input's magnitudes in place of |x|, so
+    that an error it carries is covered as its rounding is). An
+    activation: the input's, times the largest slope (1 for ReLU: a value that
+    crosses the kink moves by no more than its input's error).
+    """
+    if kind == "flatten":
+        return mag.reshape(mag.shape[:batch_dims] + (-1,))
+    if kind in ("relu", "gelu"):
+        return mag * np.maximum(np.abs(rg.ACTIVATION_GRADS[kind](x)), 1.0)
+    if kind == "embedding":
+        return reference.embedding(x, pms[0])
+    return reference.linear(mag, *pms)
+
+
+def _cross_entropy_scale(z: np.ndarray, mag: np.ndarray, labels: np.ndarray) -> tuple[float, np.ndarray]:
+    """(magnitude of the mean loss, magnitudes of the logits' gradient) of cross-entropy.
+
+    With p = softmax(z), M the logits' magnitudes and S = sum_k p_k M_k of a
+    row: an error dz within M moves p_j by at most p_j (M_j + S - 2 p_j M_j)
+    (to first order: dp_j = p_j (dz_j - sum_k p_k dz_k), small where the row
+    is saturated), and the row's loss lse(z) - z[t] by S + M_t - 2 p_t M_t;
+    beside those, the terms' own sizes (p_j and the one-hot 1; |lse| and
+    |z[t]|). Losses and gradients are over the rows.
+    """
+    rows = np.arange(z.shape[0])
+    top = z.max(axis=1)
+    lse = np.log(np.exp(z - top[:, None]).sum(axis=1)) + top
+    probs = np.exp(z - lse[:, None])
+    spread = np.sum(probs * mag, axis=1)
+    mt, pt = mag[rows, labels], probs[rows, labels]
+    moved_loss = np.maximum(spread + mt - 2 * pt * mt, 0.0)
+    loss_scale = float(np.sum(np.abs(lse) + np.abs(z[rows, labels]) + moved_loss) / z.shape[0])
+    grad = probs * (1 + np.maximum(mag + spread[:, None] - 2 * probs * mag, 0.0))
+    grad[rows, labels] += 1.0
+    return loss_scale, grad / z.shape[0]
+
+
+def _backward_scale(kind: str, x: np.ndarray, mag: np.ndarray, pms: list, dmag: np.ndarray,
+                    need_dx: bool) -> tuple:
+    """(magnitudes of the input's gradient (None unless `need_dx`), those of the parameters' gradients).
+
+    The backward run on magnitudes: the parameters' |W| (`pms`), the forward's input magnitudes `mag`
+    and the output gradient's `dmag` in place of W, x and dy (a product's
+    terms); an activation's slope at its largest (ReLU's 1 even where the unit
+    is off, so a unit that crosses the kink is covered), GELU's curvature
+    (|gelu''| < 1) times the gradient and the input's magnitudes added.
+    """
+    if kind == "flatten":
+        return (dmag.reshape(x.shape) if need_dx else None), ()
+    if kind in ("relu", "gelu"):
+        if not need_dx:
+            return None, ()
+        out = dmag * np.maximum(np.abs(rg.ACTIVATION_GRADS[kind](x)), 1.0)
+        return (out + dmag * mag if kind == "gelu" else out), ()
+    if kind == "embedding":
+        return None, (rg.embedding_grad(x, pms[0].shape[0], dmag),)
+    dx, dw, db = rg.linear_grads(mag, pms[0], pms[1] if len(pms) > 1 else None, dmag, need_dx)
+    return dx, (dw,) if db is None else (dw, db)
 
 
 def _update(optimizer: str, lr: float, momentum: float, betas: tuple, eps: float, steps: int,
-            p: np.ndarray, g: np.ndarray, state: Any) -> tuple:
-    """(new parameter, new optimizer state): textbook SGD (with momentum) or Adam at step `steps`."""
+            p: np.ndarray, g: np.ndarray, state: Any, gmag: np.ndarray) -> tuple:
+    """(new parameter, new state, its magnitudes): textbook SGD (with momentum) or Adam at step `steps`.
+
+    `state`: None before the first step, else (the optimizer's state, the
+    parameter's magnitudes so far). `gmag`: the gradient's. A parameter is
+    the sum of its first value and every update since, so its magnitudes are
+    |first value| + the sum of |update| (SGD: lr x the gradient's magnitudes,
+    which cover an error within them; Adam's update m / (sqrt(v) + eps) is
+    taken at its own size: it divides the gradient by its history's size).
+    """
+    opt, pmag = state if state is not None else (None, np.abs(p))
     if optimizer == "sgd":
         if momentum:
-            state = g.copy() if state is None else momentum * state + g
-            g = state
-        return p - lr * g, state
+            opt = g.copy() if opt is None else momentum * opt + g
+            g = opt
+            gmag = np.maximum(gmag, np.abs(g))
+        pmag = pmag + lr * gmag
+        return p - lr * g, (opt, pmag), pmag
     b1, b2 = betas
-    m, v = state if state is not None else (np.zeros_like(p), np.zeros_like(p))
+    m, v = opt if opt is not None else (np.zeros_like(p), np.zeros_like(p))
     m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
     m_hat, v_hat = m / (1 - b1**steps), v / (1 - b2**steps)
-    return p - lr * m_hat / (np.sqrt(v_hat) + eps), (m, v)
+    update = lr * m_hat / (np.sqrt(v_hat) + eps)
+    pmag = pmag + np.abs(update)
+    return p - update, ((m, v), pmag), pmag
 
 
 def _forward(kind: str, x: np.ndarray, ps: list, batch_dims: int) -> np.ndarray:

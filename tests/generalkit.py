@@ -92,7 +92,7 @@ def _padded_attention(q: Any, k: Any, v: Any) -> Any:
 
 
 def _cross_entropy(z: Any, reduction: str, smooth: float = 0.0) -> Any:
-    """ops.cross_entropy of z (resolved first: a loss takes no pending logits) with LABELS split like its rows."""
+    """ops.cross_entropy of z (resolved here first, as cross_entropy would itself) with LABELS split like its rows."""
     from spmdsim import DTensor, TensorLayout
 
     z = ops.resolved(z)

@@ -135,15 +135,27 @@ class NetworkTrainer:
             return ops.embedding(x, params[0], label=stage.name)
         return ops.linear(x, *params, label=stage.name)  # linear, column_linear, row_linear
 
-    def check(self, result: StepResult, ref: Any, rtol: float, scale_atol: float) -> tuple:
+    def check(self, result: StepResult, ref: Any, rtol: float, atol: float = 0.0,
+              param_rtol: Optional[float] = None) -> tuple:
         """Verdicts (agreed by all ranks) of the loss, every gradient and every updated parameter.
 
-        Each tensor is compared with atol = `scale_atol` * max |reference| and `rtol`.
+        Each element passes within `atol` + `rtol` x the magnitudes that entered
+        it (`ReferenceStep`'s scales: the step on absolute values), not x the
+        tensor's largest entry: a gradient near zero made of large terms keeps
+        the rounding those terms can have (docs/semantics.md, "Tolerances").
+        `param_rtol` (default `rtol`) for the updated parameters, whose scale is
+        |first value| + the sum of |update| so far: Adam divides each gradient
+        by its history's size, so a rounding difference in a gradient that has
+        shrunk moves the parameters further than their terms' rounding.
         """
-        verdicts = [result.loss.check(np.asarray(ref.loss), rtol=rtol, atol=scale_atol * abs(ref.loss))]
-        for p, g, new in zip(self.flat_params, ref.grads, ref.params):
-            verdicts.append(p.grad.check(g, rtol=rtol, atol=scale_atol * float(np.abs(g).max())))
-            verdicts.append(p.check(new, rtol=rtol, atol=scale_atol * float(np.abs(new).max())))
+        param_rtol = rtol if param_rtol is None else param_rtol
+        loss_scale = np.asarray(ref.loss_scale) if ref.grad_scales else None
+        verdicts = [result.loss.check(np.asarray(ref.loss), rtol=rtol, atol=atol, scale=loss_scale)]
+        grad_scales = ref.grad_scales or (None,) * len(ref.grads)
+        param_scales = ref.param_scales or (None,) * len(ref.params)
+        for p, g, new, gs, ps in zip(self.flat_params, ref.grads, ref.params, grad_scales, param_scales):
+            verdicts.append(p.grad.check(g, rtol=rtol, atol=atol, scale=gs))
+            verdicts.append(p.check(new, rtol=param_rtol, atol=atol, scale=ps))
         return tuple(verdicts)
 
     def close(self, keep: Any = None) -> None:

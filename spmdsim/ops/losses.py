@@ -130,7 +130,8 @@ def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -10
     Its collectives are the program of spmdsim.infer.losses (`infer_cross_entropy`).
 
     Args:
-        logits: float DTensor (batch, classes), any split of either dim.
+        logits: float DTensor (batch, classes), any split of either dim; a pending sum is added up
+            first (one Allreduce, as softmax does).
         labels: integer DTensor (batch,), split like the logits' batch dim.
     """
     mesh = operands_mesh("cross_entropy", ("logits", "labels"), logits, labels)
@@ -143,6 +144,12 @@ def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -10
             or not 0 <= label_smoothing <= 1:
         raise OperatorError(f"cross_entropy: label_smoothing {label_smoothing!r} must be a number from 0 to 1")
     smooth = float(label_smoothing)
+    if logits.layout.partial and not labels.layout.partial:
+        # A pending sum (a row-parallel product's output) is added up first, as softmax and
+        # layer_norm do: one Allreduce over its pending axes, its gradient passed back whole.
+        from .norms import resolved
+
+        logits = resolved(logits)
     layout, (batch, classes) = logits.layout, logits.global_shape
     z, ids = logits.local, labels.local
     plan = infer_cross_entropy(layout, labels.layout, (batch, classes), z.dtype.name, bool(smooth), reduction)

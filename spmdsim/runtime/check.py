@@ -1,6 +1,9 @@
 """Compare each rank's shard with its reference slice; every rank gets the same Verdict.
 
-Default tolerances: spmdsim.tolerances. A NaN or Inf on either side fails the check and
+Default tolerances: spmdsim.tolerances. An element passes when |actual - expected| <=
+atol + rtol x its scale: |expected|, or, given the magnitudes that entered it (`scale`: for a
+sum or product the sum of its terms' absolute values), the larger of the two (docs/semantics.md,
+"Tolerances"). A NaN or Inf on either side fails the check and
 is counted in ``nonfinite``.
 """
 from __future__ import annotations
@@ -33,6 +36,7 @@ class Verdict:
     elements: int = 0  # global elements compared (each replica counted once), like nonfinite
     failed_ranks: tuple[int, ...] = ()
     dry_run: bool = False  # a dry run's check (spmdsim.sim.dry): no values, nothing compared
+    scaled: bool = False  # rtol multiplied the magnitudes that entered each element, not |ref|
 
     def __bool__(self) -> bool:
         return self.passed
@@ -44,8 +48,10 @@ class Verdict:
             # The tolerance first, so that a relative error above rtol cannot read as a failure:
             # every element passed |err| <= atol + rtol x |ref|, and where the relative error is
             # above rtol the reference is near 0 and atol is what covered it.
-            covered = "; above rtol only where atol covers it" if self.max_rel_error > self.rtol else ""
-            return (f"check passed: every element within atol {self.atol:g} + rtol {self.rtol:g} x |ref| "
+            covered = ("; above rtol only where atol covers it" if self.max_rel_error > self.rtol and not self.scaled
+                       else "")
+            scale = "the magnitudes that entered it" if self.scaled else "|ref|"
+            return (f"check passed: every element within atol {self.atol:g} + rtol {self.rtol:g} x {scale} "
                     f"({self.elements} elements)\n  max abs err {self.max_abs_error:.3g}, max rel err "
                     f"{self.max_rel_error:.3g} (worst rank {self.worst_rank}{covered})")
         head = "check passed" if self.passed else f"check FAILED on ranks {list(self.failed_ranks)!r}"
@@ -53,7 +59,8 @@ class Verdict:
         lead = f"{self.nonfinite} non-finite values (NaN/Inf); finite values: " if self.nonfinite else ""
         text = (f"{head}: {lead}max abs err {self.max_abs_error:.3g}, max rel err "
                 f"{self.max_rel_error:.3g} (worst rank {self.worst_rank}; atol {self.atol:g}, "
-                f"rtol {self.rtol:g}; {self.elements} elements)")
+                f"rtol {self.rtol:g}{' x the magnitudes that entered' if self.scaled else ''}; "
+                f"{self.elements} elements)")
         if self.max_abs_error == float("inf") and not self.nonfinite:
             text += "; shard shape differs from the reference region"
         return text
@@ -65,9 +72,17 @@ class Verdict:
         return self
 
 
-def local_stats(actual: np.ndarray, expected: Any, rtol: float, atol: float) -> np.ndarray:
-    """This rank's record: passed, max abs, max rel error, nonfinite count, elements, shape ok."""
+def local_stats(actual: np.ndarray, expected: Any, rtol: float, atol: float, scale: Any = None) -> np.ndarray:
+    """This rank's record: passed, max abs, max rel error, nonfinite count, elements, shape ok.
+
+    `scale`: the magnitudes that entered each expected element (its shape); rtol multiplies the
+    larger of it and |expected|. The max rel error stays relative to |expected|.
+    """
     expected = np.asarray(expected)
+    if scale is not None:
+        scale = np.asarray(scale)
+        if scale.shape != actual.shape:
+            return np.array([0.0, np.inf, np.inf, 0.0, float(actual.size), 0.0])
     if expected.shape != actual.shape:
         return np.array([0.0, np.inf, np.inf, 0.0, float(actual.size), 0.0])
     if actual.size == 0:
@@ -86,11 +101,14 @@ def local_stats(actual: np.ndarray, expected: Any, rtol: float, atol: float) -> 
     with np.errstate(divide="ignore", invalid="ignore"):
         rel = np.where(mag > 0, err / np.where(mag > 0, mag, 1), np.where(err > 0, np.inf, 0.0))
     max_rel = float(rel.max())
+    if scale is not None:
+        mag = np.maximum(mag, np.where(finite, np.abs(scale.astype(np.float64, copy=False)), 0))
     ok = bool(np.all(err <= atol + rtol * mag)) and nonfinite == 0
     return np.array([float(ok), max_abs, max_rel, float(nonfinite), float(actual.size), 1.0])
 
 
-def agree(comm: Any, stats: np.ndarray, rtol: float, atol: float, polite: bool = False) -> Verdict:
+def agree(comm: Any, stats: np.ndarray, rtol: float, atol: float, polite: bool = False,
+          scaled: bool = False) -> Verdict:
     """Share every rank's record with one Allgather ("check" to runtime.debug) and build the same Verdict."""
     from . import door
 
@@ -105,4 +123,5 @@ def agree(comm: Any, stats: np.ndarray, rtol: float, atol: float, polite: bool =
     worst = int(candidates[np.argmax(score[candidates])])
     return Verdict(passed=not failed, max_abs_error=float(table[:, 1].max()),
                    max_rel_error=float(table[:, 2].max()), worst_rank=worst, atol=float(atol), rtol=float(rtol),
-                   nonfinite=int(table[:, 3].sum()), elements=int(table[:, 4].sum()), failed_ranks=failed)
+                   nonfinite=int(table[:, 3].sum()), elements=int(table[:, 4].sum()), failed_ranks=failed,
+                   scaled=scaled)

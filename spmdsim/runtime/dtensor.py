@@ -432,12 +432,17 @@ class DTensor:
         return out
 
     def check(self, reference: Reference, rtol: float | None = None,
-              atol: float | None = None) -> Verdict:
+              atol: float | None = None, scale: Any = None) -> Verdict:
         """Compare this rank's region with `reference`; all ranks return the same Verdict (collective).
 
         `reference`: a SeededTensor, a global ndarray, or a callable taking a
         tuple of slices and returning that region; only this rank's region is
         made. Partial values are summed first (traced with label "check").
+        `scale`: the magnitudes that entered each element (a global ndarray of
+        the tensor's shape, or a callable of the region's slices; for a sum or
+        product, the sum of its terms' absolute values): an element passes
+        within atol + rtol x the larger of it and |reference| (docs/semantics.md,
+        "Tolerances").
         """
         # Checked before the first collective, on every rank alike: a negative or NaN
         # tolerance fails even exact values ("FAILED ... max abs err 0").
@@ -449,6 +454,9 @@ class DTensor:
                 f"check: reference of shape {tuple(reference.shape)!r} does not match the tensor's "
                 f"global shape {self._shape!r}; expected the whole global tensor (a SeededTensor or "
                 "an ndarray of that shape), or a function of the region's slices")
+        if scale is not None and not callable(scale) and np.shape(scale) != self._shape:
+            raise ShapeError(f"check: scale of shape {np.shape(scale)!r} does not match the tensor's "
+                             f"global shape {self._shape!r}")
         actual = self.resolved_local(label="check")
         region = self.slices
         # Tolerances depend only on dtypes every rank knows, so the verdict agrees.
@@ -473,13 +481,16 @@ class DTensor:
                 if reference.shape != self._shape:
                     raise ShapeError(f"reference shape {reference.shape!r} differs from {self._shape!r}")
                 expected = reference[region]
-            stats = local_stats(actual, expected, rtol, atol)
+            region_scale = None
+            if scale is not None and not dry:
+                region_scale = np.asarray(scale(region) if callable(scale) else np.asarray(scale)[region])
+            stats = local_stats(actual, expected, rtol, atol, region_scale)
         except ShapeError:
             # A mismatch on some ranks only must not skip the agreeing Allgather.
             stats = np.array([0.0, np.inf, np.inf, 0.0, float(actual.size), 0.0])
         if not _primary(self._mesh, self._layout):
             stats[3] = stats[4] = 0.0  # count each global element once, not once per replica
-        verdict = agree(self._mesh.comm, stats, rtol, atol, self._mesh.polite)
+        verdict = agree(self._mesh.comm, stats, rtol, atol, self._mesh.polite, scaled=scale is not None)
         # Passed, so that a program's raise_if_failed() lets its dry run go on; its text says why.
         return replace(verdict, dry_run=True) if dry else verdict
 
