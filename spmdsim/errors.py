@@ -1,8 +1,31 @@
 """The spmdsim exception family: every user-facing error subclasses SpmdsimError."""
 from __future__ import annotations
 
-__all__ = ["SpmdsimError", "LayoutError", "ShapeError", "DTypeError", "RankError", "DialectError", "OperatorError",
+__all__ = ["fold_message", "SpmdsimError", "LayoutError", "ShapeError", "DTypeError", "RankError", "DialectError", "OperatorError",
            "PlanError", "RuntimeMismatchError", "CheckFailed"]
+
+
+#: Columns of a printed error line (spmdsim.viz.table.WIDTH: every default output).
+WIDTH = 100
+
+
+def fold_message(text: str, width: int = WIDTH) -> str:
+    """`text` with each line longer than `width` folded at spaces onto lines indented two more.
+
+    An error stays one message: its first line still starts with what it names, and
+    joining each continuation line onto the one before (one space) gives it back.
+    """
+    import textwrap
+
+    out = []
+    for line in text.split("\n"):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = line[:len(line) - len(line.lstrip())]
+        out.extend(textwrap.wrap(line.strip(), width, initial_indent=indent, subsequent_indent=indent + "  ",
+                                 break_on_hyphens=False, break_long_words=True, drop_whitespace=True))
+    return "\n".join(out)
 
 
 class SpmdsimError(Exception):

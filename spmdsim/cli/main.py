@@ -13,7 +13,7 @@ import sys
 from typing import IO, Sequence
 
 from .._threads import launcher_rank
-from ..errors import SpmdsimError
+from ..errors import SpmdsimError, fold_message
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS", "OnceParser"]
 
@@ -33,6 +33,11 @@ class OnceParser(argparse.ArgumentParser):
     def _print_message(self, message: str, file: IO[str] | None = None) -> None:
         if launcher_rank() == 0:
             super()._print_message(message, file)
+
+    def error(self, message: str):  # type: ignore[override]
+        """Usage, then the error folded within 100 columns (its first line names the value)."""
+        self.print_usage(sys.stderr)
+        self.exit(2, fold_message(f"{self.prog}: error: {message}") + "\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except SpmdsimError as exc:
-        print(f"spmdsim: error: {exc}", file=sys.stderr)
+        print(fold_message(f"spmdsim: error: {exc}"), file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0
