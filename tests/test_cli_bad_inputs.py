@@ -27,10 +27,11 @@ PLAN = ["plan", "--device-matrix", "8", "--alias", "x", "--from", "x,None", "--t
 
 
 def _fails(capsys, argv: list[str], needle: str) -> str:
-    """Run the CLI; expect exit 2, nothing on stdout, one error line containing `needle`."""
+    """Run the CLI; expect exit 2, nothing on stdout, one error containing `needle`
+    (folded within 100 columns: its continuation lines joined back)."""
     assert main(argv) == 2
     out, err = capsys.readouterr()
-    lines = err.splitlines()
+    lines = err.replace("\n  ", " ").splitlines()
     assert out == "" and len(lines) == 1, (out, err)
     assert lines[0].startswith("spmdsim: error: ") and needle in lines[0], lines[0]
     return lines[0]

@@ -75,3 +75,61 @@ def test_train_gpt_timeout_is_the_readme_one():
     readme = re.search(r"timeout -k 5 (\d+) mpiexec -n 8 python examples/train_gpt.py --dp 2 --tp 4 --sp\n",
                        (ROOT / "README.md").read_text())
     assert run and readme and run.group(1) == readme.group(1) == "3600"
+
+
+def _error(capsys, argv):
+    from spmdsim.cli.main import main
+
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and err, argv
+    assert max(len(line) for line in err.splitlines()) <= 100, err
+    return err.splitlines()[-1] if "usage:" in err else err
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["slices", "--device-matrix", "2", "--alias", "x", "--tensor-map", "x,None", "--shape", "-8,8"],
+     "spmdsim: error: --shape '-8,8' must be sizes of at least 0, such as 2,4\n"),
+    (["slices", "--device-matrix", "2", "--alias", "x", "--tensor-map", "x,None", "--shape=-8,8"],
+     "spmdsim: error: --shape '-8,8' must be sizes of at least 0, such as 2,4\n"),
+    (["run", "matmul", "--strategy", "((2,1),(1,4))", "--shape", "-8,8,8", "--ranks", "8", "--dry-run"],
+     "spmdsim: error: --shape '-8,8,8' has a negative size; expected M,K,N (or B,...,M,K,N) >= 0\n"),
+])
+def test_a_negative_shape_is_a_value_not_an_option(capsys, argv, line):
+    assert _error(capsys, argv) == line
+
+
+@pytest.mark.parametrize("data, said", [
+    ('{"version": 2, "alpha_s": 1, "source": "' + "x" * 300 + '"}', "its data has version 2; expected a"),
+    ("[1, 2]", "its data is a JSON list, not an object; expected a"),
+    ('{"alpha_s": 1}', "its data has no 'version'; expected a"),
+])
+def test_a_cost_file_of_another_version_says_which(tmp_path, monkeypatch, capsys, data, said):
+    from spmdsim.cost import CostModel
+    from spmdsim.errors import SpmdsimError
+
+    path = tmp_path / "cost.json"
+    path.write_text(data)
+    with pytest.raises(SpmdsimError) as exc:
+        CostModel.load(path)
+    assert str(exc.value) == (f"cost model {str(path)!r}: {said} version 1 spmdsim cost model "
+                              "(spmdsim calibrate writes one)")
+
+
+def test_long_errors_fold_at_spaces_and_unfold_to_the_message(capsys):
+    from spmdsim.errors import fold_message
+
+    message = "spmdsim: error: --x 'v' " + " ".join(f"word{i}" for i in range(60))
+    folded = fold_message(message)
+    lines = folded.splitlines()
+    assert lines[0].startswith("spmdsim: error: --x 'v' ") and len(lines) > 1
+    assert all(len(line) <= 100 for line in lines) and all(line.startswith("  ") for line in lines[1:])
+    assert folded.replace("\n  ", " ") == message
+    assert fold_message("short\n  and indented") == "short\n  and indented"
+    # An unknown network's name list (185 columns on one line before).
+    err = _error(capsys, ["plan", "--device-matrix", "8", "--alias", "x", "--from", "x,None", "--to", "zz,None",
+                          "--shape", "8,8"])
+    assert err.startswith("spmdsim: error: ") and "'zz'" in err.splitlines()[0]

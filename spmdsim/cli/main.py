@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from typing import IO, Sequence
 
@@ -29,6 +30,12 @@ class OnceParser(argparse.ArgumentParser):
     message: under ``mpiexec -n 8`` a typo gave eight usage blocks. The other
     ranks still exit with the same code, without MPI (nothing has started).
     """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # `--shape -8,8` and `--flops -1e9`: a value that starts with a minus and a digit is a
+        # value (then refused by its own check, which names it), not an unknown option.
+        self._negative_number_matcher = re.compile(r"^-\d[\d,.eE+-]*$|^-\.\d")
 
     def _print_message(self, message: str, file: IO[str] | None = None) -> None:
         if launcher_rank() == 0:
