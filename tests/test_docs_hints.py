@@ -133,3 +133,31 @@ def test_long_errors_fold_at_spaces_and_unfold_to_the_message(capsys):
     err = _error(capsys, ["plan", "--device-matrix", "8", "--alias", "x", "--from", "x,None", "--to", "zz,None",
                           "--shape", "8,8"])
     assert err.startswith("spmdsim: error: ") and "'zz'" in err.splitlines()[0]
+
+
+def test_demo_list_folds_long_titles_and_wide_keeps_one_line(capsys):
+    from spmdsim.cli.main import main
+    from spmdsim.demo import scenarios
+
+    names = [sc.name for sc in scenarios()]
+    assert main(["demo", "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(map(len, lines)) <= 100  # was 111 (train_gpt's title)
+    at = next(i for i, line in enumerate(lines) if line.startswith("train_gpt "))
+    assert lines[at] == "train_gpt                A 1-layer GPT: one AdamW step with sequence parallelism,"
+    assert lines[at + 1] == " " * 25 + "gradient of the token embedding"
+    assert [line.split()[0] for line in lines if not line.startswith(" ")] == names
+    assert main(["demo", "--list", "--wide"]) == 0
+    wide = capsys.readouterr().out.splitlines()
+    assert len(wide) == len(names) and wide[-1].endswith("sequence parallelism, gradient of the token embedding")
+
+
+def test_demo_too_few_ran_line_is_folded(capsys):
+    from spmdsim.cli.main import main
+
+    only = "linear_row,matmul_2x1_1x4,matmul_2x4_4x1,matmul_1x8_8x1"
+    assert main(["demo", "--ranks", "3", "--only", only]) == 3
+    err = capsys.readouterr().err
+    assert max(map(len, err.splitlines())) <= 100
+    assert err.replace("\n  ", " ") == ("spmdsim demo: fewer than half the scenarios ran (1 of 4 ran on 3 ranks); "
+                                        "8 run them all (mpiexec -n 8, or --ranks 8)\n")
