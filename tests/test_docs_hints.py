@@ -161,3 +161,11 @@ def test_demo_too_few_ran_line_is_folded(capsys):
     assert max(map(len, err.splitlines())) <= 100
     assert err.replace("\n  ", " ") == ("spmdsim demo: fewer than half the scenarios ran (1 of 4 ran on 3 ranks); "
                                         "8 run them all (mpiexec -n 8, or --ranks 8)\n")
+
+
+def test_an_infinite_compute_rate_is_refused(capsys):
+    # 1e400 reads as inf; it was accepted and every compute time priced at 0.
+    argv = ["autoshard", "--network", "mlp", "--devices", "8", "--flops"]
+    assert _error(capsys, argv + ["1e400"]) == ("spmdsim: error: compute rate inf FLOP/s (--flops) must be a "
+                                                "finite number > 0\n")
+    assert _error(capsys, argv + ["-1e9"]) == "spmdsim: error: --flops -1000000000.0 must be > 0\n"
