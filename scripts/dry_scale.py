@@ -90,7 +90,8 @@ def main(argv=None) -> int:
     print(f"{ranks} simulated ranks on a {shape} mesh: {seconds:.1f} s, peak RSS {rss:.0f} MiB")
     want = expected(shape)
     wrong = [r for r, rows in enumerate(results) if rows != want]
-    verdict = "all ranks equal" if not wrong else f"{len(wrong)} ranks differ, e.g. rank {wrong[0]}: {results[wrong[0]]}"
+    verdict = ("all ranks equal" if not wrong else
+               f"{len(wrong)} ranks differ, e.g. rank {wrong[0]}: {results[wrong[0]]}")
     # Within 100 columns: the verdict first, then the formulas' rows folded under it.
     print("\n".join(wrap_lines([f"collectives and bytes per rank vs the cost model's ring formulas: {verdict}",
                                 f"  expected on every rank: {want}"])))

@@ -13,9 +13,6 @@ from typing import IO
 from ._threads import launcher_rank
 from .errors import fold_message
 
-__all__ = ["OnceParser"]
-
-
 class OnceParser(argparse.ArgumentParser):
     """An ArgumentParser that prints usage, help and errors on rank 0 only.
 

@@ -1,8 +1,8 @@
 """The spmdsim exception family: every user-facing error subclasses SpmdsimError."""
 from __future__ import annotations
 
-__all__ = ["fold_message", "SpmdsimError", "LayoutError", "ShapeError", "DTypeError", "RankError", "DialectError", "OperatorError",
-           "PlanError", "RuntimeMismatchError", "CheckFailed"]
+__all__ = ["fold_message", "SpmdsimError", "LayoutError", "ShapeError", "DTypeError", "RankError", "DialectError",
+           "OperatorError", "PlanError", "RuntimeMismatchError", "CheckFailed"]
 
 
 #: Columns of a printed error line (spmdsim.viz.table.WIDTH: every default output).

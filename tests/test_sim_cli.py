@@ -52,9 +52,9 @@ def test_ranks_under_a_launched_job_is_refused_once(monkeypatch, capsys):
     monkeypatch.setenv("PMI_RANK", "0")
     assert run_on_ranks(8, lambda: 0) == 2
     out = capsys.readouterr()
-    assert out.out == "" and unfold(out.err) == ("spmdsim: error: --ranks 8 simulates the ranks in one process, but mpiexec "
-                                         "started 2; leave out --ranks under mpiexec (mpiexec -n 8 ...), or run "
-                                         "without mpiexec\n")
+    assert out.out == "" and unfold(out.err) == (
+        "spmdsim: error: --ranks 8 simulates the ranks in one process, but mpiexec started 2; leave out --ranks "
+        "under mpiexec (mpiexec -n 8 ...), or run without mpiexec\n")
     monkeypatch.setenv("PMI_RANK", "1")  # the other processes refuse too, silently
     assert run_on_ranks(8, lambda: 0) == 2 and capsys.readouterr().err == ""
     monkeypatch.setenv("PMI_SIZE", "1")  # mpiexec -n 1: one process, as without a launcher
@@ -181,7 +181,8 @@ def test_a_rank_count_that_cannot_be_is_one_line_before_anything_else(entry, cou
     shown = count if count == "x" and entry == "script" else int(count)
     assert code == 2 and out.out == ""
     more = " (with --dry-run up to 65536)" if count == "5000" else ""  # a dry run runs one rank for all
-    assert unfold(out.err) == f"spmdsim: error: --ranks {shown!r} must be a number of ranks from 1 to 4096{more}, e.g. --ranks 8\n"
+    assert unfold(out.err) == (f"spmdsim: error: --ranks {shown!r} must be a number of ranks from 1 to 4096{more}, "
+                               "e.g. --ranks 8\n")
 
 
 def test_ctrl_c_stops_every_simulated_rank_with_one_line():

@@ -260,8 +260,9 @@ def test_cartesian_grids_as_mpich_makes_them(tmp_path, capsys):
 def test_an_iprobe_loop_for_a_finished_rank_ends(capsys):
     code, out, err = _mpirun(capsys, "-c", "from mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
                                            "if comm.rank == 0:\n    while not comm.Iprobe(source=3):\n        pass")
-    assert code == 1 and unfold(err) == (DEADLOCK + "probe from group rank 3 (any tag) on the world: rank 0 polls it (Iprobe), "
-                                            "and no rank left can complete it; rank 3 finished; at <string>:4\n")
+    assert code == 1 and unfold(err) == (
+        DEADLOCK + "probe from group rank 3 (any tag) on the world: rank 0 polls it (Iprobe), "
+                   "and no rank left can complete it; rank 3 finished; at <string>:4\n")
 
 
 def test_stdin_goes_to_rank_zero(monkeypatch, capsys):
