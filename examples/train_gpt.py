@@ -10,7 +10,7 @@ Each step's loss, every gradient and every updated parameter is compared with th
 model trained in one numpy process (spmdsim.gpt.reference); the largest relative
 difference must stay within 1e-10.
 
-Run: timeout -k 5 1800 mpiexec -n 8 python examples/train_gpt.py --dp 2 --tp 4 --sp
+Run: timeout -k 5 3600 mpiexec -n 8 python examples/train_gpt.py --dp 2 --tp 4 --sp
   or python examples/train_gpt.py --ranks 8 --dp 2 --tp 4 --sp   (8 simulated ranks)
   or, GPT-2 medium's shape on 16,384 ranks, shapes only (docs/simulate.md, "Dry runs"):
      python examples/train_gpt.py --ranks 16384 --dry-run --steps 1 --tp 8 --sp --vocab 50304 --layers 24 \

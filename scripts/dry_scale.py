@@ -18,6 +18,7 @@ import time
 import spmdsim
 from spmdsim import Layout, SeededTensor
 from spmdsim.cost.model import CostModel
+from spmdsim.viz.table import wrap_lines
 
 SEQ, WIDTH, D_MODEL, HIDDEN_PER_MP = 16, 4, 16, 8  # rows per rank, head width, model width, MLP units per rank
 
@@ -89,8 +90,11 @@ def main(argv=None) -> int:
     print(f"{ranks} simulated ranks on a {shape} mesh: {seconds:.1f} s, peak RSS {rss:.0f} MiB")
     want = expected(shape)
     wrong = [r for r, rows in enumerate(results) if rows != want]
-    print(f"collectives and bytes per rank vs the cost model's ring formulas {want}: "
-          f"{'all ranks equal' if not wrong else f'{len(wrong)} ranks differ, e.g. rank {wrong[0]}: {results[wrong[0]]}'}")
+    verdict = ("all ranks equal" if not wrong else
+               f"{len(wrong)} ranks differ, e.g. rank {wrong[0]}: {results[wrong[0]]}")
+    # Within 100 columns: the verdict first, then the formulas' rows folded under it.
+    print("\n".join(wrap_lines([f"collectives and bytes per rank vs the cost model's ring formulas: {verdict}",
+                                f"  expected on every rank: {want}"])))
     return 1 if wrong else 0
 
 

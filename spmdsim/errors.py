@@ -1,8 +1,45 @@
 """The spmdsim exception family: every user-facing error subclasses SpmdsimError."""
 from __future__ import annotations
 
-__all__ = ["SpmdsimError", "LayoutError", "ShapeError", "DTypeError", "RankError", "DialectError", "OperatorError",
-           "PlanError", "RuntimeMismatchError", "CheckFailed"]
+__all__ = ["fold_message", "SpmdsimError", "LayoutError", "ShapeError", "DTypeError", "RankError", "DialectError",
+           "OperatorError", "PlanError", "RuntimeMismatchError", "CheckFailed"]
+
+
+#: Columns of a printed error line (spmdsim.viz.table.WIDTH: every default output).
+WIDTH = 100
+
+
+def fold_message(text: str, width: int = WIDTH) -> str:
+    """`text` with each line longer than `width` folded at spaces onto lines indented two more.
+
+    An error stays one message: its first line still starts with what it names, and
+    joining each continuation line onto the one before with one space gives it back
+    (``folded.replace("\\n  ", " ")`` for a message of one line). A flag and its value
+    stay together (``-n 8``); a word longer than a line (a long path) is not cut, so
+    it can be copied: it stays on the line it starts, which then runs past `width`.
+    """
+    import re
+
+    glue = "\x00"
+    flag = re.compile(r"(?<=[\s(])(-{1,2}[A-Za-z][\w-]*) (?=[^\s-])")
+    out = []
+    for line in text.split("\n"):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = line[:len(line) - len(line.lstrip())]
+        more = indent + "  "
+        current = indent
+        for word in flag.sub(r"\1" + glue, line.strip()).split(" "):
+            word = word.replace(glue, " ")
+            fits = len(current) + 1 + len(word) <= width
+            if current.strip() and not fits and len(more) + len(word) <= width:
+                out.append(current)
+                current = more + word
+            else:
+                current += (" " if current.strip() else "") + word
+        out.append(current)
+    return "\n".join(out)
 
 
 class SpmdsimError(Exception):

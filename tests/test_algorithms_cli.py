@@ -9,12 +9,13 @@ from spmdsim.algorithms import NAMES, parse_name, schedule
 from spmdsim.algorithms.table import format_rounds, format_states
 from spmdsim.cli.collective import report, to_json
 from spmdsim.cli.main import main
+from testkit import unfold
 
 
 def _fails(capsys, argv, needle):
     assert main(argv) == 2
     out, err = capsys.readouterr()
-    lines = err.splitlines()
+    lines = unfold(err).splitlines()
     assert out == "" and len(lines) == 1 and lines[0].startswith("spmdsim: error: "), (out, err)
     assert needle in lines[0], lines[0]
 

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from spmdsim.cli.main import main
+from testkit import unfold
 
 TUTORIAL = ["autoshard", "--network", "net_mindspore_tutorial", "--flops", "1e10"]
 
@@ -50,6 +51,7 @@ def test_branching_network_reports_branch_and_bound(capsys):
 def test_bad_input_is_one_line_and_exit_2(capsys, extra, needle):
     assert main(TUTORIAL[:3] + extra) == 2
     out, err = capsys.readouterr()
+    err = unfold(err)
     assert out == "" and len(err.splitlines()) == 1 and needle in err, err
 
 

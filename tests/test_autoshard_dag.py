@@ -15,6 +15,7 @@ from spmdsim.autoshard.networks import gpt_network
 from spmdsim.autoshard.runnable import is_chain
 from spmdsim.cli.main import main
 from spmdsim.gpt.config import GPTConfig
+from testkit import unfold
 
 RATE = 1e10  # stated, so the choice does not depend on a measured rate
 SMALL = GPTConfig(layers=2, d_model=64)
@@ -156,14 +157,14 @@ def test_fix_every_operator_by_hand_runs_megatrons_plan(capsys):
                        (["--network", "mlp", "--fix", "*=hand"], "--fix '*=hand': mlp has no hand-written "
                                                                 "strategies at 8 devices")):
         assert main(["autoshard", *argv]) == 2
-        err = capsys.readouterr().err
+        err = unfold(capsys.readouterr().err)
         assert len(err.splitlines()) == 1 and line in err, err
 
 
 def test_an_unknown_operator_of_a_large_graph_is_a_short_line(capsys):
     """The GPT's 56 operators are not listed in the error: the likely ones and where to see them all."""
     assert main(GPT + ["--fix", "h0.ln=hand"]) == 2
-    err = capsys.readouterr().err.strip()
+    err = unfold(capsys.readouterr().err).strip()
     assert err == ("spmdsim: error: no operator 'h0.ln' in gpt; did you mean 'h0.ln2', 'h0.ln1', 'h1.ln2'? its 56 "
                    "operators are wte, wpe, h0.ln1, h0.qkv_in, ..., flatten, loss (spmdsim autoshard --network gpt "
                    "lists them all)")

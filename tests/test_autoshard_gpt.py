@@ -16,6 +16,7 @@ from spmdsim.gpt.config import GPTConfig
 from spmdsim.infer.einsum import infer_einsum
 from spmdsim.layout import Layout
 from spmdsim.plan import plan_redistribution
+from testkit import unfold
 
 RATE = 1e10
 KIB = 1024
@@ -175,6 +176,7 @@ def _used(c) -> int:
 def test_bad_gpt_options_are_one_line(capsys, extra, needle):
     assert main(["autoshard", "--network", "gpt", "--flops", "1e10"] + extra) == 2
     out, err = capsys.readouterr()
+    err = unfold(err)
     assert out == "" and len(err.splitlines()) == 1 and needle in err, err
 
 

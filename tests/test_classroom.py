@@ -13,6 +13,7 @@ from spmdsim.plan import plan_redistribution
 from spmdsim.runtime.ranked import fold_ranked, gather_ranked, print_ranked, rank_ordered
 from spmdsim.viz.table import fold_cell, fold_table, nbytes, wrap_lines
 from spmdsim.viz.why import byte_matrix, format_byte_matrix, step_text, step_why
+from testkit import unfold
 
 
 def test_fold_cell_breaks_at_separators_and_keeps_every_character():
@@ -170,7 +171,7 @@ def test_png_without_matplotlib_fails_first_with_the_install_line(capsys, monkey
         assert main(argv) == 2
         out, err = capsys.readouterr()
         assert out == ""  # no picture or report printed before the error
-        assert err == ('spmdsim: error: pictures need matplotlib: pip install -e ".[plot]" in the '
+        assert unfold(err) == ('spmdsim: error: pictures need matplotlib: pip install -e ".[plot]" in the '
                        "spmdsim checkout (or pip install matplotlib)\n")
 
 

@@ -19,7 +19,7 @@ from spmdsim.cli import calibrate, paths
 from spmdsim.cli import run as run_cli
 from spmdsim.cli.main import build_parser, main
 from spmdsim.errors import SpmdsimError
-from testkit import MPIEXEC
+from testkit import MPIEXEC, unfold
 
 CASE = ["--device-matrix", "8", "--alias", "x", "--tensor-map", "x,None", "--shape", "8,8"]
 PLAN = ["plan", "--device-matrix", "8", "--alias", "x", "--from", "x,None", "--to", "None,x",
@@ -27,10 +27,11 @@ PLAN = ["plan", "--device-matrix", "8", "--alias", "x", "--from", "x,None", "--t
 
 
 def _fails(capsys, argv: list[str], needle: str) -> str:
-    """Run the CLI; expect exit 2, nothing on stdout, one error line containing `needle`."""
+    """Run the CLI; expect exit 2, nothing on stdout, one error containing `needle`
+    (folded within 100 columns: its continuation lines joined back)."""
     assert main(argv) == 2
     out, err = capsys.readouterr()
-    lines = err.splitlines()
+    lines = err.replace("\n  ", " ").splitlines()
     assert out == "" and len(lines) == 1, (out, err)
     assert lines[0].startswith("spmdsim: error: ") and needle in lines[0], lines[0]
     return lines[0]
@@ -124,7 +125,7 @@ def test_calibrate_under_mpi_fails_once_and_fast(tmp_path, extra, needle):
     start = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=90, env=env)
     seconds = time.perf_counter() - start
-    errors = [line for line in out.stderr.splitlines() if line.startswith("spmdsim: error")]
+    errors = [line for line in unfold(out.stderr).splitlines() if line.startswith("spmdsim: error")]
     assert "Traceback" not in out.stdout + out.stderr, out.stderr
     assert out.returncode == 2, (out.returncode, out.stderr)
     assert len(errors) == 1 and needle.format(blocker=blocker) in errors[0], out.stderr

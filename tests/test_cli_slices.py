@@ -35,7 +35,7 @@ def _run(argv, capsys, stdin=None, monkeypatch=None):
         monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
     code = main(argv)
     out, err = capsys.readouterr()
-    return code, out, err
+    return code, out, err.replace("\n  ", " ")  # an error folded within 100 columns, joined back
 
 
 def _check_schema(data, world, ndim):

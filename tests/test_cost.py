@@ -200,7 +200,7 @@ def test_load_errors(tmp_path):
     with pytest.raises(SpmdsimError, match="is not JSON"):
         CostModel.load(bad)
     bad.write_text(json.dumps({"version": 99}))
-    with pytest.raises(SpmdsimError, match="not a version 1"):
+    with pytest.raises(SpmdsimError, match="has version 99; expected a version 1 spmdsim cost model"):
         CostModel.load(bad)
     bad.write_bytes(b"\xff\xfe{}")
     with pytest.raises(SpmdsimError, match="is not text"):

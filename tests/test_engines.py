@@ -15,6 +15,7 @@ import spmdsim
 from spmdsim import context
 from spmdsim.engines import MPI, engine_of
 from spmdsim.sim import SimulationError
+from testkit import unfold
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -210,7 +211,7 @@ def test_a_dry_run_refuses_point_to_point_in_one_line(tmp_path):
     script.write_text("import spmdsim\nspmdsim.script(__file__)\nspmdsim.world().Split(0, 0)\n")
     out = subprocess.run([sys.executable, str(script), "--ranks", "2", "--dry-run"], capture_output=True, text=True,
                          timeout=60)
-    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+    assert out.returncode == 2 and unfold(out.stderr).strip().splitlines() == [
         "spmdsim: error: comm.Split in a dry run: one rank runs for all, so it cannot take the other ranks' "
         "part; use the runtime's collectives on a Mesh, or run without --dry-run"]
 

@@ -18,6 +18,7 @@ from spmdsim.errors import SpmdsimError
 from spmdsim.gpt import GPTConfig, encode, load_text
 from spmdsim.gpt.parallel import mesh_problem
 from spmdsim.gpt.train import TOLERANCE, train
+from testkit import unfold
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = GPTConfig(layers=1, d_model=16, heads=4, seq=8, batch=4, dropout=0.2)
@@ -143,14 +144,14 @@ def test_readmes_replay_command_prints_the_losses_of_the_steps_run_one_by_one():
 def test_train_gpt_refuses_a_mesh_in_one_line():
     out = _run("examples/train_gpt.py", "--ranks", "8", "--tp", "8", "--steps", "1")
     assert out.returncode == 2, out.stderr
-    assert out.stderr.strip().splitlines() == [
+    assert unfold(out.stderr).strip().splitlines() == [
         "spmdsim: error: the GPT cannot run on 8 ranks: heads 4 is not divisible by tp 8 (heads are split over tp)"]
 
 
 def test_train_gpt_refuses_replay_with_clipping_in_one_line():
     out = _run("examples/train_gpt.py", "--ranks", "2", "--tp", "2", "--replay", "--clip", "1.0", "--steps", "1")
     assert out.returncode == 2, out.stderr
-    assert out.stderr.strip().splitlines() == [
+    assert unfold(out.stderr).strip().splitlines() == [
         "spmdsim: error: replay: clip 1.0 reads the gradients' norm into Python each step, which a replay cannot "
         "repeat; train with clip 0 or without replay"]
 

@@ -15,6 +15,7 @@ import pytest
 from spmdsim.cli.main import main
 from spmdsim.runtime import debug
 from spmdsim.sim.launch import run_on_ranks
+from testkit import unfold
 
 RUN = ["run", "matmul", "--strategy", "((2,4),(4,1))", "--shape", "16,16,16", "--ranks", "8"]
 SHOW = ["show", "--device-matrix", "2,4", "--alias", "dp,mp", "--tensor-map", "mp,None", "--shape", "8,6"]
@@ -30,7 +31,7 @@ def _fresh_debug_settings():
 def _one_error_line(capsys, argv: list[str], needle: str, code: int = 2) -> str:
     assert main(argv) == code
     out, err = capsys.readouterr()
-    errors = [line for line in err.splitlines() if not line.startswith("spmdsim: running on")]
+    errors = [line for line in unfold(err).splitlines() if not line.startswith("spmdsim: running on")]
     assert len(errors) == 1 and "Traceback" not in err, err
     assert errors[0].startswith("spmdsim: error: ") and needle in errors[0], errors[0]
     assert "PASS" not in out, out
@@ -82,7 +83,7 @@ def test_numpy_out_of_memory_is_one_line(monkeypatch, capsys, memory):
         raise MemoryError("Unable to allocate 74.5 GiB for an array with shape (80000004096,) and data type uint8")
 
     assert run_on_ranks(8, rank) == 2
-    err = capsys.readouterr().err
+    err = unfold(capsys.readouterr().err)
     assert "Traceback" not in err and len(err.splitlines()) == 1, err
     assert err.startswith("spmdsim: error: out of memory: Unable to allocate 74.5 GiB")
     if memory == "off":

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from spmdsim.errors import RuntimeMismatchError
-from testkit import MPIEXEC, load_script
+from testkit import MPIEXEC, load_script, unfold
 
 _SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
@@ -163,7 +163,7 @@ def test_a_bad_argument_is_one_error_line_naming_it(name, argv, needle, capsys, 
     with pytest.raises(SystemExit) as info:
         _script(name).parse_args(argv)
     assert info.value.code == 2
-    errors = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
+    errors = [line for line in unfold(capsys.readouterr().err).splitlines() if ": error: " in line]
     assert len(errors) == 1 and needle in errors[0], errors
 
 

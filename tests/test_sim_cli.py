@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from spmdsim.cli.main import main
-from testkit import EXAMPLE_ARGS
+from testkit import EXAMPLE_ARGS, unfold
 
 EXAMPLES = sorted((pathlib.Path(__file__).resolve().parents[1] / "examples").glob("*.py"))
 
@@ -52,9 +52,9 @@ def test_ranks_under_a_launched_job_is_refused_once(monkeypatch, capsys):
     monkeypatch.setenv("PMI_RANK", "0")
     assert run_on_ranks(8, lambda: 0) == 2
     out = capsys.readouterr()
-    assert out.out == "" and out.err == ("spmdsim: error: --ranks 8 simulates the ranks in one process, but mpiexec "
-                                         "started 2; leave out --ranks under mpiexec (mpiexec -n 8 ...), or run "
-                                         "without mpiexec\n")
+    assert out.out == "" and unfold(out.err) == (
+        "spmdsim: error: --ranks 8 simulates the ranks in one process, but mpiexec started 2; leave out --ranks "
+        "under mpiexec (mpiexec -n 8 ...), or run without mpiexec\n")
     monkeypatch.setenv("PMI_RANK", "1")  # the other processes refuse too, silently
     assert run_on_ranks(8, lambda: 0) == 2 and capsys.readouterr().err == ""
     monkeypatch.setenv("PMI_SIZE", "1")  # mpiexec -n 1: one process, as without a launcher
@@ -64,7 +64,7 @@ def test_ranks_under_a_launched_job_is_refused_once(monkeypatch, capsys):
 def test_errors_on_simulated_ranks_exit_like_mpi(capsys):
     # An SpmdsimError every rank raises: one line, exit 2 (as the MPI guard does).
     assert main(["run", "matmul", "--strategy", "((2,4),(4,1))", "--shape", "16,32,8", "--ranks", "6"]) == 2
-    err = capsys.readouterr().err
+    err = unfold(capsys.readouterr().err)
     assert err.startswith("spmdsim: error: ") and "8" in err and err.count("\n") == 1
     assert main(["demo", "--dry-run"]) == 2
     assert "--dry-run needs --ranks N" in capsys.readouterr().err
@@ -86,7 +86,7 @@ def test_train_gpt_refuses_a_model_size_like_a_mesh_size(monkeypatch, capsys):
     with pytest.raises(SystemExit) as done:
         runpy.run_path(str(path), run_name="__main__")
     assert done.value.code == 2
-    assert capsys.readouterr().err == ("spmdsim: error: GPTConfig d_model 30 must be divisible by heads 4 "
+    assert unfold(capsys.readouterr().err) == ("spmdsim: error: GPTConfig d_model 30 must be divisible by heads 4 "
                                        "(each head takes d_model / heads features)\n")
 
 
@@ -181,7 +181,8 @@ def test_a_rank_count_that_cannot_be_is_one_line_before_anything_else(entry, cou
     shown = count if count == "x" and entry == "script" else int(count)
     assert code == 2 and out.out == ""
     more = " (with --dry-run up to 65536)" if count == "5000" else ""  # a dry run runs one rank for all
-    assert out.err == f"spmdsim: error: --ranks {shown!r} must be a number of ranks from 1 to 4096{more}, e.g. --ranks 8\n"
+    assert unfold(out.err) == (f"spmdsim: error: --ranks {shown!r} must be a number of ranks from 1 to 4096{more}, "
+                               "e.g. --ranks 8\n")
 
 
 def test_ctrl_c_stops_every_simulated_rank_with_one_line():

@@ -1,6 +1,7 @@
 """The collective emulator (spmdsim.sim): every collective against numpy, groups, failures, scale."""
 from __future__ import annotations
 
+import re
 import sys
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 import spmdsim
 from spmdsim.errors import RuntimeMismatchError, ShapeError
 from spmdsim.sim import DeadlockError, IN_PLACE, Request, SimComm, simulate, world
+from spmdsim.sim.report import unfold
 
 SIZES = (1, 2, 3, 4, 8)
 
@@ -197,7 +199,7 @@ def test_skipped_collective_names_who_waits_and_who_finished():
 
     with pytest.raises(DeadlockError) as info:
         simulate(4, body)
-    text = str(info.value)
+    text = unfold(str(info.value))
     assert "allreduce on the world (call 1): ranks 0,1,3 wait in it; rank 2 finished" in text
     assert "raised on simulated ranks 0,1,3 of 4" in info.value.__notes__[0]
 
@@ -210,9 +212,10 @@ def test_rank_elsewhere_is_named():
             sub.Barrier()  # rank 3 waits on its group while the world waits for it
         comm.Barrier()
 
-    with pytest.raises(DeadlockError, match=r"barrier on the world \(call 2\): ranks 0-2 wait in it; "
-                                            r"rank 3 is elsewhere, in barrier on the group of ranks 1,3"):
+    with pytest.raises(DeadlockError) as info:
         simulate(4, body)
+    assert re.search(r"barrier on the world \(call 2\): ranks 0-2 wait in it; "
+                     r"rank 3 is elsewhere, in barrier on the group of ranks 1,3", unfold(str(info.value)))
 
 
 def test_mismatched_collective_names_both_calls():

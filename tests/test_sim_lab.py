@@ -16,6 +16,7 @@ import pytest
 
 import spmdsim
 from spmdsim.cli.main import main
+from spmdsim.sim.report import unfold
 from testkit import MPIEXEC
 
 LAB = Path(__file__).resolve().parent / "data" / "lab"
@@ -171,6 +172,9 @@ WRONG = [
 def test_wrong_programs_end_with_one_clear_report(name, args, code, first, capsys):
     got, out, err = _mpirun(capsys, str(LAB / name), *args)
     assert got == code
+    if first.startswith(DEADLOCK):  # one call a line, folded within 100 columns (465 on one line before)
+        assert err.startswith(DEADLOCK.rstrip() + "\n  ") and max(map(len, err.splitlines())) <= 100, err
+        err = unfold(err)
     if "Traceback" not in err:  # a deadlock, Abort: the line(s) and nothing else
         assert err == first + "\n"
         return
@@ -187,6 +191,7 @@ def test_small_head_to_head_sends_and_ssend_cycles(capsys):
     assert (code, sorted(out.splitlines()), err) == (0, ["rank 0 got 1.0 x100", "rank 1 got 0.0 x100"], "")
     code, out, err = _mpirun(capsys, "-c", "from mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
                                            "comm.ssend(comm.rank, dest=comm.rank ^ 1)\ncomm.recv(source=comm.rank ^ 1)")
+    err = unfold(err)
     assert code == 1
     assert err.startswith(DEADLOCK + "send to group rank 1 (tag 0) on the world: rank 0 waits in it; an Ssend; "
                                      "at <string>:3 | ")
@@ -255,8 +260,9 @@ def test_cartesian_grids_as_mpich_makes_them(tmp_path, capsys):
 def test_an_iprobe_loop_for_a_finished_rank_ends(capsys):
     code, out, err = _mpirun(capsys, "-c", "from mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
                                            "if comm.rank == 0:\n    while not comm.Iprobe(source=3):\n        pass")
-    assert code == 1 and err == (DEADLOCK + "probe from group rank 3 (any tag) on the world: rank 0 polls it (Iprobe), "
-                                            "and no rank left can complete it; rank 3 finished; at <string>:4\n")
+    assert code == 1 and unfold(err) == (
+        DEADLOCK + "probe from group rank 3 (any tag) on the world: rank 0 polls it (Iprobe), "
+                   "and no rank left can complete it; rank 3 finished; at <string>:4\n")
 
 
 def test_stdin_goes_to_rank_zero(monkeypatch, capsys):
@@ -296,6 +302,13 @@ def test_a_long_deadlock_line_describes_six_calls_and_counts_the_rest(capsys):
                  "comm.Send(np.zeros(100000), dest=(comm.rank + 1) % comm.size)\n"
                  "comm.Recv(np.zeros(100000), source=(comm.rank - 1) % comm.size)"])
     err = capsys.readouterr().err
+    # One call a line (7 and the hint), each folded within 100 columns; unfold() gives the one line back.
+    lines = err.splitlines()
+    assert lines[0] == DEADLOCK.rstrip() and max(map(len, lines)) <= 100
+    assert [line for line in lines if line.startswith("  ") and not line.startswith("   ")][-2:] == [
+        "  and 6 more calls, where ranks 6-11 wait",
+        "  a standard Send of 8 KiB or more waits for its receive, as MPICH's does past its eager limit: post"]
+    err = unfold(err)
     assert code == 1 and err.count("\n") == 1 and err.count("send to group rank") == 6
     assert err.endswith("; a message of 800000 bytes; at <string>:4 | and 6 more calls, where ranks 6-11 wait | a "
                         "standard Send of 8 KiB or more waits for its receive, as MPICH's does past its eager limit: "

@@ -10,6 +10,7 @@ import pytest
 import spmdsim
 from spmdsim.engines import memory
 from spmdsim.sim.launch import run_on_ranks
+from testkit import unfold
 
 GIB = 1 << 30
 
@@ -37,7 +38,7 @@ def test_ranks_are_stopped_when_the_machine_is_nearly_out_of_memory(monkeypatch)
 def test_the_command_line_prints_one_line_and_exits_1(monkeypatch, capsys):
     monkeypatch.setattr(memory, "readings", lambda: (22 * GIB, GIB, 24 * GIB))
     assert run_on_ranks(4, _ranks_that_wait_a_while) == 1
-    err = capsys.readouterr().err.splitlines()
+    err = unfold(capsys.readouterr().err).splitlines()
     assert len(err) == 1 and err[0].startswith(
         "spmdsim: error: the 4 simulated ranks were stopped before this machine ran out of memory")
 

@@ -78,3 +78,8 @@ def program_lines(stderr: str) -> list[str]:
 def _is_rule(line: str) -> bool:
     text = line.strip()
     return len(text) >= 20 and set(text) == {"-"}
+
+
+def unfold(text: str) -> str:
+    """An error folded within 100 columns (spmdsim.errors.fold_message) back on one line."""
+    return text.replace("\n  ", " ")

@@ -5,7 +5,7 @@ within Python objects exposing memory buffers (requires NumPy).
 
 usage::
 
-  $ mpiexec -n <nprocs> python cpi-buf.py
+  $ mpiexec -n <nprocs> python cpi.py
 """
 
 from math import pi as PI

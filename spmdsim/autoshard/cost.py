@@ -59,8 +59,8 @@ class Objective:
         if self.training and self.kind != "bytes":
             raise SpmdsimError(f"training prices the backward in bytes; objective {self.kind!r} must be "
                                "'bytes' with it")
-        if not self.flops_per_s > 0:
-            raise SpmdsimError(f"compute rate {self.flops_per_s!r} FLOP/s must be > 0")
+        if not 0 < self.flops_per_s < float("inf"):  # 1e400 reads as inf: every compute time would be 0
+            raise SpmdsimError(f"compute rate {self.flops_per_s!r} FLOP/s (--flops) must be a finite number > 0")
 
 
 def measure_flops_rate(n: int = 192, repeats: int = 5) -> float:

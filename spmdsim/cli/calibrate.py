@@ -23,6 +23,7 @@ from .. import buffers
 from ..cost import CostModel, Measurement, default_path, normalize_op
 from ..errors import SpmdsimError
 from ..engines import engine_of
+from ..viz.table import wrap_lines
 
 __all__ = ["register", "run", "raw_collective", "time_interleaved", "Waiter", "measure",
            "parse_size"]
@@ -307,7 +308,7 @@ def _calibrate(args: argparse.Namespace, comm: Any) -> int:
             pred = model.predict(m.op, m.group_size, m.bytes_per_rank)
             print(f"{m.op:<15}{m.group_size:>3}{m.bytes_per_rank:>11}{m.seconds * 1e3:>13.4f}"
                   f"{pred * 1e3:>11.4f}{pred / m.seconds:>7.2f}")
-        print(model)
+        print("\n".join(wrap_lines([str(model)])))  # within 100 columns: its fields fold onto a second line
         failure = _save(args, model, data)
     # Rank 0's outcome reaches every rank: a failed write is one error, not a hang.
     failure = engine_of(comm).broadcast_object(comm, failure, 0)

@@ -17,7 +17,7 @@ import json
 import sys
 from typing import Any, Sequence
 
-from ..errors import SpmdsimError
+from ..errors import SpmdsimError, fold_message
 from ..validate import counted
 from .run import add_common_arguments, add_trace_out, check_trace_out, guarded, on_world
 
@@ -43,7 +43,8 @@ def register(subparsers: Any) -> None:
                         help="run only these scenarios (names as --list shows them, space- or comma-separated)")
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
     parser.add_argument("--wide", action="store_true",
-                        help="add the layouts column and keep each row on one line (wider than 100 columns)")
+                        help="add the layouts column and keep each row on one line (wider than 100 columns); "
+                             "with --list, each title on one line")
     add_trace_out(parser)
     parser.set_defaults(func=run)
 
@@ -53,8 +54,14 @@ def run(args: argparse.Namespace) -> int:
 
     chosen = scenarios()
     if args.list:
-        for sc in chosen:
-            print(f"{sc.name:<22} {sc.title}")
+        from ..viz.table import WIDTH, fold_cell
+
+        name_width = max(22, max(len(sc.name) for sc in chosen))
+        for sc in chosen:  # a long title folds under itself, unless --wide
+            lines = [sc.title] if args.wide else fold_cell(sc.title, WIDTH - name_width - 1)
+            print(f"{sc.name:<{name_width}} {lines[0]}")
+            for line in lines[1:]:
+                print(f"{'':<{name_width}} {line}")
         return 0
     if getattr(args, "ranks", None) is not None:
         _only(chosen, args.only)  # one process: a bad name is the only line, before the banner
@@ -94,7 +101,7 @@ def _run_all(chosen: Sequence[Any], args: argparse.Namespace, comm: Any) -> int:
     reason = coverage(outcomes, comm.Get_size(), chosen)
     if reason:
         if comm.Get_rank() == 0:
-            print(f"spmdsim demo: {reason}", file=sys.stderr)
+            print(fold_message(f"spmdsim demo: {reason}"), file=sys.stderr)
         return TOO_FEW_RAN
     return 0
 

@@ -10,29 +10,16 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import IO, Sequence
+from typing import Sequence
 
-from .._threads import launcher_rank
-from ..errors import SpmdsimError
+from .._once_parser import OnceParser
+from ..errors import SpmdsimError, fold_message
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS", "OnceParser"]
 
 #: Subcommand modules under spmdsim.cli, in the order `--help` lists them.
 SUBCOMMANDS: tuple[str, ...] = ("slices", "explain", "show", "convert", "calibrate", "run", "demo", "launch",
                                  "plan", "autoshard", "collective", "mpirun")
-
-
-class OnceParser(argparse.ArgumentParser):
-    """An ArgumentParser that prints usage, help and errors on rank 0 only.
-
-    Every rank parses the same command line, so each would print the same
-    message: under ``mpiexec -n 8`` a typo gave eight usage blocks. The other
-    ranks still exit with the same code, without MPI (nothing has started).
-    """
-
-    def _print_message(self, message: str, file: IO[str] | None = None) -> None:
-        if launcher_rank() == 0:
-            super()._print_message(message, file)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except SpmdsimError as exc:
-        print(f"spmdsim: error: {exc}", file=sys.stderr)
+        print(fold_message(f"spmdsim: error: {exc}"), file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0

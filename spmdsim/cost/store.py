@@ -36,7 +36,14 @@ def model_to_dict(model: CostModel) -> dict:
 def model_from_dict(cls: type[CostModel], data: Mapping[str, Any]) -> CostModel:
     """`CostModel.from_dict`: a `cls` from `model_to_dict` output (or an early file's)."""
     if not isinstance(data, Mapping) or data.get("version") != _FORMAT_VERSION:
-        raise SpmdsimError(f"cost model data {data!r:.80} is not a version {_FORMAT_VERSION} spmdsim cost model")
+        if not isinstance(data, Mapping):
+            what = f"is a JSON {type(data).__name__}, not an object"
+        elif "version" not in data:
+            what = "has no 'version'"
+        else:
+            what = f"has version {data['version']!r:.40}"
+        raise SpmdsimError(f"cost model data {what}; expected a version {_FORMAT_VERSION} spmdsim cost model "
+                           f"(spmdsim calibrate writes one)")
     try:
         raw = data.get("per_op", [])
         if isinstance(raw, Mapping):  # early files: {op: {alpha_s, ...}}
@@ -72,6 +79,8 @@ def load_model(cls: type[CostModel], path: str | os.PathLike | None = None) -> C
         return cls.from_dict(json.loads(text))
     except json.JSONDecodeError as exc:
         raise SpmdsimError(f"cost model {str(source)!r} is not JSON: {exc}") from None
+    except SpmdsimError as exc:  # the file's name first: which file to fix or remove
+        raise SpmdsimError(f"cost model {str(source)!r}: {exc}".replace(": cost model data ", ": its data ")) from None
 
 
 def default_path() -> Path:

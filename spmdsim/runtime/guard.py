@@ -30,7 +30,7 @@ import time
 import traceback
 from typing import Any, Callable, NoReturn
 
-from ..errors import SpmdsimError
+from ..errors import SpmdsimError, fold_message
 from ..context import simulated as _simulated
 from ..engines import engine_of
 
@@ -165,12 +165,12 @@ def handle_exception(exc: BaseException, comm: Any = None, private: Any = None) 
             private = _private(comm)
         if _all_failed(private, GRACE_S):
             if rank == 0:
-                print(f"spmdsim: error: {exc}", file=sys.stderr, flush=True)
+                print(fold_message(f"spmdsim: error: {exc}"), file=sys.stderr, flush=True)
             return True
-        text = f"spmdsim: error on rank {rank}: {exc}\n"
+        text = fold_message(f"spmdsim: error on rank {rank}: {exc}") + "\n"
     else:
         detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        text = f"spmdsim: error on rank {rank}: {type(exc).__name__}: {exc}\n{detail}"
+        text = fold_message(f"spmdsim: error on rank {rank}: {type(exc).__name__}: {exc}") + f"\n{detail}"
     abort_job(comm, text)
 
 

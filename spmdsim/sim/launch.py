@@ -17,7 +17,7 @@ import sys
 import traceback
 from typing import Any, Callable, Optional, Sequence
 
-from ..errors import SpmdsimError
+from ..errors import SpmdsimError, fold_message
 from .. import context as _local
 from ..engines import ways_out
 from ..engines.memory import MemoryLimitError
@@ -64,7 +64,7 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
         if launcher_rank() != 0:  # every process refuses; one says so
             return 2
     if problem:
-        print(f"spmdsim: error: {problem}", file=sys.stderr)
+        print(fold_message(f"spmdsim: error: {problem}"), file=sys.stderr)
         return 2
 
     # With --json, stdout is the JSON document alone: the banner goes to stderr.
@@ -83,23 +83,24 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
         print("spmdsim: interrupted (Ctrl-C): the simulated ranks were stopped", file=sys.stderr)
         return 130
     except MemoryLimitError as exc:  # not one rank's error: the whole simulation's
-        print(f"spmdsim: error: {exc}", file=sys.stderr)
+        print(fold_message(f"spmdsim: error: {exc}"), file=sys.stderr)
         return 1
     except SpmdsimError as exc:
         if len(getattr(exc, "simulated_ranks", ())) == n:
-            print(f"spmdsim: error: {exc}", file=sys.stderr)
+            print(fold_message(f"spmdsim: error: {exc}"), file=sys.stderr)
             return 2
-        print(f"spmdsim: error on {_where(exc)}: {exc}", file=sys.stderr)
+        print(fold_message(f"spmdsim: error on {_where(exc)}: {exc}"), file=sys.stderr)
         return 1
     except MemoryError as exc:  # numpy's own (the estimate was off or short): one line, as under MPI
         from ..memory import out_of_memory
 
         every = len(getattr(exc, "simulated_ranks", ())) == n
-        print(f"spmdsim: error{'' if every else ' on ' + _where(exc)}: {out_of_memory(exc)}", file=sys.stderr)
+        where = "" if every else " on " + _where(exc)
+        print(fold_message(f"spmdsim: error{where}: {out_of_memory(exc)}"), file=sys.stderr)
         return 2 if every else 1
     except Exception as exc:  # noqa: BLE001 - reported as the MPI guard reports it
         detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        print(f"spmdsim: error on {_where(exc)}: {type(exc).__name__}: {exc}\n{detail}",
+        print(fold_message(f"spmdsim: error on {_where(exc)}: {type(exc).__name__}: {exc}") + f"\n{detail}",
               file=sys.stderr, end="")
         return 1
     return max(codes)
@@ -160,7 +161,7 @@ def script(path: str, argv: Optional[Sequence[str]] = None) -> None:
             from .._threads import launcher_rank
 
             if launcher_rank() == 0:  # under mpiexec every rank refuses; one says so
-                print(f"spmdsim: error: {DRY_RUN_NEEDS_RANKS}", file=sys.stderr)
+                print(fold_message(f"spmdsim: error: {DRY_RUN_NEEDS_RANKS}"), file=sys.stderr)
             sys.exit(2)
         _guard_mpi_ranks()
         return
@@ -197,7 +198,7 @@ def _take_ranks(args: list, path: str) -> Optional[int]:
             del args[i:i + (1 if "=" in arg else 2)]
             problem = ranks_problem(int(value) if value.isdigit() else value, "--dry-run" in args)
             if problem:
-                print(f"spmdsim: error: {problem}", file=sys.stderr)
+                print(fold_message(f"spmdsim: error: {problem}"), file=sys.stderr)
                 sys.exit(2)
             return int(value)
     return None

@@ -13,7 +13,9 @@ import sys
 import threading
 from typing import Any, Optional
 
-__all__ = ["explain", "program_lines", "whereabouts"]
+from ..errors import fold_message
+
+__all__ = ["explain", "unfold", "program_lines", "whereabouts"]
 
 #: At most this many waiting calls are described one by one; the others are counted.
 MAX_CLAUSES = 6
@@ -59,8 +61,16 @@ def explain(world: Any, polling: Optional[tuple] = None) -> str:
     if rest:
         clauses.append(f"and {len(by_call) - MAX_CLAUSES + (polling is not None)} more calls, where "
                        f"{ranks_text(rest)} wait")
-    return ("simulated ranks deadlock (every live rank waits, none can go on): "
-            + " | ".join(clauses + hints))
+    # One call (or hint) a line, each folded within 100 columns: at 4 ranks the report
+    # was one line of 465 columns. unfold() gives back the one-line form.
+    return fold_message("simulated ranks deadlock (every live rank waits, none can go on):"
+                        + "".join(f"\n  {clause}" for clause in clauses + hints))
+
+
+def unfold(report: str) -> str:
+    """The report on one line, its calls separated by " | " (what it printed before it folded)."""
+    head, _, body = report.replace("\n    ", " ").partition(":\n  ")
+    return f"{head}: {body.replace(chr(10) + '  ', ' | ')}" if body else head
 
 
 def program_lines(world: Any, ranks: list[int]) -> str:

@@ -94,7 +94,7 @@ def test_bench_errors_every_rank_raises_are_one_line_and_exit_2(shared_dir, caps
     for argv, needle in ((["--suite", "overhead", "--cost-file", str(bad)], "cost model"),
                          (["--suite", "collectives", "--filter", "nosuchcase"], "'nosuchcase'")):
         rc = bench.main(["--quick", "--repeats", "1", "--warmup", "0", *argv])
-        err = capsys.readouterr().err
+        err = capsys.readouterr().err.replace("\n  ", " ")  # a folded error joined back
         assert comm.allgather(rc) == [2] * comm.size
         errors = [line for line in err.splitlines() if "error" in line]
         assert "Traceback" not in err
@@ -164,7 +164,7 @@ def test_bench_hugepages_times_every_page_kind(op):
     assert all(r["ratio"] == pytest.approx(r["seconds"] / base[r["bytes_per_rank"]]) for r in records)
 
 
-def test_calibrate_fits_and_saves(shared_dir):
+def test_calibrate_fits_and_saves(shared_dir, capsys):
     from mpi4py import MPI
 
     from spmdsim.cli.main import main
@@ -175,6 +175,9 @@ def test_calibrate_fits_and_saves(shared_dir):
                "--ops", "allgather,allreduce", "--repeats", "1", "--warmup", "0",
                "--output", str(out)])
     assert rc == 0
+    printed = capsys.readouterr().out
+    if comm.rank == 0:  # the table and the model (103 columns on one line before), within 100 columns
+        assert "CostModel(ring: alpha=" in printed and max(map(len, printed.splitlines())) <= 100
     comm.Barrier()
     model = CostModel.load(out)
     assert model.predict("allreduce", comm.size, 1 << 20) > 0
