@@ -1,0 +1,54 @@
+"""Issue 55: bounds checked before work, no negative savings, output errors in one line.
+
+Each case calls the CLI in-process (`main([...])`, no MPI) and asserts the one
+`spmdsim: error:` line (exit 2) it prints, and that it prints it at once.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from spmdsim.cli.main import main
+
+
+def _fails_fast(capsys, argv: list[str], needle: str) -> str:
+    start = time.monotonic()
+    assert main(argv) == 2
+    assert time.monotonic() - start < 5.0
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert out == "" and len(lines) == 1, (out, err)
+    assert lines[0].startswith("spmdsim: error: ") and needle in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--network", "mlp", "--devices", "1000000"],
+     "--devices 1,000,000 is too many; expected at most 65,536"),
+    (["--network", "gpt", "--devices", "1000000"],
+     "--devices 1,000,000 is too many; expected at most 65,536"),
+    (["--network", "gpt", "--devices", "65537", "--gpt", "layers=1"],
+     "--devices 65,537 is too many; expected at most 65,536"),
+    (["--network", "mlp", "--devices", "0"], "--devices 0 must be >= 1"),
+    (["--network", "gpt", "--gpt", "layers=100000,d_model=64"],
+     "--gpt layers 100,000 is too many; expected at most 64"),
+    (["--network", "gpt", "--gpt", "batch=" + "1" + "0" * 31],
+     "makes a tensor of batch*seq*4*d_model = 327,680,"),
+    (["--network", "gpt", "--gpt", "vocab=" + "1" + "0" * 23],
+     "makes a tensor of batch*seq*vocab = 51,200,000,"),
+    (["--network", "gpt", "--gpt", "seq=2000000,heads=1"],
+     "makes a tensor of batch*heads*seq*seq = 32,000,000,000,000 elements; expected at most "
+     "1,099,511,627,776 (2**40)"),
+])
+def test_autoshard_refuses_sizes_past_its_bounds_at_once(capsys, argv, needle):
+    _fails_fast(capsys, ["autoshard", *argv], needle)
+
+
+def test_autoshard_at_its_bounds_still_prices(capsys):
+    assert main(["autoshard", "--network", "mlp", "--devices", "65536"]) == 0
+    assert "B/rank" in capsys.readouterr().out
+    argv = ["autoshard", "--network", "gpt", "--devices", "8",
+            "--gpt", "d_model=65536,seq=65536,batch=64,heads=1,layers=1"]  # 2**40 elements exactly
+    assert main(argv) == 0
+    assert "B/rank" in capsys.readouterr().out
