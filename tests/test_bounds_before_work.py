@@ -52,3 +52,17 @@ def test_autoshard_at_its_bounds_still_prices(capsys):
             "--gpt", "d_model=65536,seq=65536,batch=64,heads=1,layers=1"]  # 2**40 elements exactly
     assert main(argv) == 0
     assert "B/rank" in capsys.readouterr().out
+
+
+def test_a_saving_is_never_negative(capsys):
+    from spmdsim.autoshard.report import saving_text
+
+    assert saving_text(179_392, 58_560) == "saves 120,832 B (67.4%)"
+    assert saving_text(0, 0) == "saves 0 B"
+    assert saving_text(0, 128) == "costs 128 B more"
+    assert saving_text(100, 150) == "costs 50 B more (50.0% more)"
+    # --training minimises the training total: its forward may cost more than the hand-written one
+    assert main(["autoshard", "--network", "net_oneflow_2d_sbp", "--training", "--flops", "1e9"]) == 0
+    out = capsys.readouterr().out
+    assert "total 128 B/rank forward; hand-written 0 B/rank; costs 128 B more" in out
+    assert "saves -" not in out and "-128" not in out
