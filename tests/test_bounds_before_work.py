@@ -5,11 +5,16 @@ Each case calls the CLI in-process (`main([...])`, no MPI) and asserts the one
 """
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
 
 from spmdsim.cli.main import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _fails_fast(capsys, argv: list[str], needle: str) -> str:
@@ -66,3 +71,54 @@ def test_a_saving_is_never_negative(capsys):
     out = capsys.readouterr().out
     assert "total 128 B/rank forward; hand-written 0 B/rank; costs 128 B more" in out
     assert "saves -" not in out and "-128" not in out
+
+
+# -- output errors (a full disk) and JSON of any depth: one line -----------------------------------
+FULL = "/dev/full"
+PLAN = ["plan", "--device-matrix", "8", "--alias", "x", "--from", "x,None", "--to", "None,x", "--shape", "8,8"]
+
+
+def _cli(argv: list[str], stdout=subprocess.DEVNULL, stdin=None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    return subprocess.run([sys.executable, "-m", "spmdsim", *argv], stdout=stdout, stdin=stdin,
+                          stderr=subprocess.PIPE, text=True, timeout=120, env=env)
+
+
+@pytest.mark.skipif(not os.path.exists(FULL), reason="no /dev/full")
+@pytest.mark.parametrize("argv, to_full, line", [
+    (PLAN, True, "spmdsim: error: cannot write the output: No space left on device"),
+    (["explain", "--device-matrix", "8", "--alias", "x", "--tensor-map", "x,None", "--shape", "8,8"], True,
+     "spmdsim: error: cannot write the output: No space left on device"),
+    (["run", "matmul", "--strategy", "((2,4),(4,1))", "--shape", "8,8,8", "--ranks", "8", "--trace-out", FULL],
+     False, "spmdsim: error on simulated rank 0: cannot write the trace '/dev/full': No space left on device"),
+    (["run", "matmul", "--strategy", "((2,4),(4,1))", "--shape", "8,8,8", "--ranks", "8"], True,
+     "spmdsim: error: cannot write the output: No space left on device"),
+])
+def test_a_full_disk_is_one_line_and_a_failure(argv, to_full, line):
+    if to_full:
+        with open(FULL, "w") as full:
+            done = _cli(argv, stdout=full)
+    else:
+        done = _cli(argv)
+    assert done.returncode != 0
+    assert done.stderr.splitlines() == [line], done.stderr
+
+
+def test_json_of_any_depth_is_one_line(tmp_path, capsys):
+    from spmdsim.validate import MAX_JSON_DEPTH, loads_json
+
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    line = _fails_fast(capsys, ["explain", str(deep)], "nests lists or objects more than 64 deep")
+    assert line == (f"spmdsim: error: case file {str(deep)!r} nests lists or objects more than 64 deep; "
+                    "expected a JSON case")
+    nested = tmp_path / "nested.json"
+    nested.write_text('{"shape": ' + "[" * 65 + "]" * 65 + "}")
+    _fails_fast(capsys, ["explain", str(nested)], "more than 64 deep")
+    # brackets inside strings do not count; 64 levels parse
+    assert loads_json('{"a": "[[[[\\\\\\"[[["}', "x", "y") == {"a": '[[[[\\"[[['}
+    assert loads_json("[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH, "x", "y") is not None
+    done = _cli(["explain"], stdin=open(deep))
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == ["spmdsim: error: stdin nests lists or objects more than 64 deep; "
+                                        "expected a JSON case"]

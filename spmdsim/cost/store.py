@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import SpmdsimError
+from ..validate import loads_json
 from .model import DEFAULT_MODEL, CostModel, OpParams
 
 __all__ = ["default_path", "load_or_default", "model_to_dict", "model_from_dict", "save_model", "load_model"]
@@ -68,10 +69,7 @@ def load_model(cls: type[CostModel], path: str | os.PathLike | None = None) -> C
         raise SpmdsimError(f"cannot read cost model {str(source)!r}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise SpmdsimError(f"cost model {str(source)!r} is not text (UTF-8 JSON expected)") from None
-    try:
-        return cls.from_dict(json.loads(text))
-    except json.JSONDecodeError as exc:
-        raise SpmdsimError(f"cost model {str(source)!r} is not JSON: {exc}") from None
+    return cls.from_dict(loads_json(text, f"cost model {str(source)!r}", "a saved cost model", "JSON"))
 
 
 def default_path() -> Path:
