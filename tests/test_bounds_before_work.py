@@ -122,3 +122,23 @@ def test_json_of_any_depth_is_one_line(tmp_path, capsys):
     assert done.returncode == 2
     assert done.stderr.splitlines() == ["spmdsim: error: stdin nests lists or objects more than 64 deep; "
                                         "expected a JSON case"]
+
+
+# -- spmdsim mpirun stopped by the memory guard: one line, a hint it can take ---------------------
+def test_mpirun_stopped_for_memory_is_one_line_without_dry_run(monkeypatch, capsys):
+    from spmdsim.emulator import mpirun
+    from spmdsim.engines import memory
+
+    monkeypatch.setattr(memory, "short", lambda processes=1: (3 << 30, 1 << 28, 23 << 30))
+    program = ("import time\nfrom mpi4py import MPI\nMPI.COMM_WORLD.Barrier()\ntime.sleep(5)\n"
+               "MPI.COMM_WORLD.Barrier()")
+    start = time.monotonic()
+    assert mpirun.main(["-n", "4", "python", "-c", program]) == 1
+    assert time.monotonic() - start < 4.0
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "spmdsim mpirun: error: the 4 simulated ranks were stopped before this machine ran out of memory: "
+        "they hold 3.0 GiB, and 0.2 GiB of its 23.0 GiB are left; run fewer ranks (-n) or a smaller "
+        "problem (mpirun has no dry run)"], err
+    # where a dry run exists, the guard's own hint still names it
+    assert memory.problem(4).endswith("run fewer ranks or smaller shapes" + memory.DRY_RUN_HINT)

@@ -171,6 +171,7 @@ def _report(exc: BaseException, exits: dict) -> int:
     the emulator refused (TypeError, ValueError raised in spmdsim.sim: a str to Send), without the
     emulator's frames below the program's, as mpiexec shows no frames inside the MPI library.
     """
+    from ..engines.memory import DRY_RUN_HINT, MemoryLimitError
     from ..errors import RuntimeMismatchError, SpmdsimError
     from ..sim.engine import ranks_text
 
@@ -183,6 +184,12 @@ def _report(exc: BaseException, exits: dict) -> int:
     if code is not None:  # comm.Abort(code): MPI ends the job with that code
         print(f"spmdsim mpirun: {exc}", file=sys.stderr)
         return int(code)
+    if isinstance(exc, MemoryLimitError):  # the guard stopped every rank: one line, a hint mpirun can take
+        text, tail = str(exc), "run fewer ranks or smaller shapes" + DRY_RUN_HINT
+        if text.endswith(tail):
+            text = text[: -len(tail)] + "run fewer ranks (-n) or a smaller problem (mpirun has no dry run)"
+        print(f"spmdsim mpirun: error: {text}", file=sys.stderr)
+        return 1
     mpi = sys.modules.get("mpi4py.MPI")
     ours = isinstance(exc, (SpmdsimError, pickle.UnpicklingError)) or (mpi is not None
                                                                         and isinstance(exc, mpi.Exception))
