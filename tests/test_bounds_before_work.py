@@ -142,3 +142,24 @@ def test_mpirun_stopped_for_memory_is_one_line_without_dry_run(monkeypatch, caps
         "problem (mpirun has no dry run)"], err
     # where a dry run exists, the guard's own hint still names it
     assert memory.problem(4).endswith("run fewer ranks or smaller shapes" + memory.DRY_RUN_HINT)
+
+
+# -- SIGTERM to spmdsim mpirun: a normal exit, MPICH's /dev/shm segment removed ------------------
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")
+def test_sigterm_to_mpirun_leaves_no_shared_memory_segment():
+    import signal
+
+    program = "import time\nfrom mpi4py import MPI\nprint('up', flush=True)\ntime.sleep(60)"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    proc = subprocess.Popen([sys.executable, "-m", "spmdsim", "mpirun", "-n", "4", "python", "-c", program],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout.readline() == "up\n"
+        mine = f"_{proc.pid:x}_"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    assert err.splitlines() == ["spmdsim mpirun: terminated (SIGTERM): the simulated ranks were stopped"]
+    assert [f for f in os.listdir("/dev/shm") if mine in f] == []
