@@ -163,3 +163,22 @@ def test_sigterm_to_mpirun_leaves_no_shared_memory_segment():
     assert proc.returncode == 143, err
     assert err.splitlines() == ["spmdsim mpirun: terminated (SIGTERM): the simulated ranks were stopped"]
     assert [f for f in os.listdir("/dev/shm") if mine in f] == []
+
+
+# -- a dry run's memory: within 2x the per-rank peak it reports -----------------------------------
+def test_dry_run_of_one_matmul_holds_less_than_twice_its_reported_peak():
+    # 8000**3 on 8 ranks: the report's peak is 224,000,432 B per rank; the check used to build
+    # every rank's reference and compare (10 s, 1.9 GB; at 20000**3 58 s and 11.4 GB)
+    code = ("import resource, sys\nfrom spmdsim.cli.main import main\n"
+            "code = main(['run', 'matmul', '--strategy', '((2,4),(4,1))', '--shape', '8000,8000,8000',"
+            " '--ranks', '8', '--dry-run'])\n"
+            "print('maxrss', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)\nsys.exit(code)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - start < 30
+    peak_line = next(line for line in done.stdout.splitlines() if line.startswith("ranks 0-7"))
+    assert "224,000,432" in peak_line, peak_line
+    rss = int(done.stdout.split("maxrss ")[1].split()[0])
+    assert rss < 2 * 224_000_432, rss
