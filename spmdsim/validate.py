@@ -7,6 +7,7 @@ the caller's error class with a message that quotes the bad value.
 """
 from __future__ import annotations
 
+import json
 import math
 import numbers
 import operator
@@ -16,7 +17,7 @@ import numpy as np
 
 from .errors import DTypeError, ShapeError, SpmdsimError
 
-__all__ = ["as_int", "int_arg", "shape_arg", "dtype_arg", "tolerance_arg", "counted", "dtype_name", "SUPPORTED_DTYPES"]
+__all__ = ["loads_json", "MAX_JSON_DEPTH", "as_int", "int_arg", "shape_arg", "dtype_arg", "tolerance_arg", "counted", "dtype_name", "SUPPORTED_DTYPES"]
 
 #: What `dtype_arg` accepts, as its messages say it.
 SUPPORTED_DTYPES = "bool, int8..int64, uint8..uint64, float16..float64, complex64, complex128"
@@ -103,3 +104,39 @@ def dtype_name(dtype: np.dtype) -> str:
     if name is None:
         name = _NAMES[dtype] = dtype.name
     return name
+
+
+#: Deepest nesting of lists and objects a JSON input may have (a case needs 3; Python's parser and
+#: repr recurse, so a file of 100,000 brackets gave a RecursionError traceback).
+MAX_JSON_DEPTH = 64
+
+
+def loads_json(text: str, where: str, expected: str, invalid: str = "valid JSON") -> Any:
+    """`json.loads(text)`, or one SpmdsimError naming `where`: not JSON, or nested past MAX_JSON_DEPTH."""
+    depth = deepest = 0
+    quoted = escaped = False
+    for ch in text:  # brackets outside strings, before the recursive parser sees them
+        if quoted:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                quoted = False
+        elif ch == '"':
+            quoted = True
+        elif ch in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > MAX_JSON_DEPTH:
+                    raise SpmdsimError(f"{where} nests lists or objects more than {MAX_JSON_DEPTH} deep; "
+                                       f"expected {expected}")
+        elif ch in "]}":
+            depth -= 1
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpmdsimError(f"{where} is not {invalid}: {exc}") from None
+    except RecursionError:
+        raise SpmdsimError(f"{where} nests too deeply; expected {expected}") from None

@@ -54,14 +54,21 @@ def format_result(result: "Result") -> str:
     return "\n".join(lines)
 
 
+def saving_text(theirs: int, ours: int) -> str:
+    """'saves N B (p%)' against `theirs`, or 'costs N B more (p% more)' when `ours` is larger: never a
+    negative saving (with --training the search minimises the training total, so the forward alone may cost more)."""
+    diff = theirs - ours
+    if diff >= 0:
+        return f"saves {_b(diff)} B" + (f" ({100 * diff / theirs:.1f}%)" if theirs else "")
+    return f"costs {_b(-diff)} B more" + (f" ({100 * -diff / theirs:.1f}% more)" if theirs else "")
+
+
 def _totals(result: "Result") -> list[str]:
     total, hand = result.total_bytes_per_rank, result.hand_written_total_bytes_per_rank
     line = f"total {_b(total)} B/rank" + (" forward" if result.backward else "")
     lines = []
     if hand is not None:
-        saved = hand - total
-        share = f" ({100 * saved / hand:.1f}%)" if hand else ""
-        line += f"; hand-written {_b(hand)} B/rank; saves {_b(saved)} B{share}"
+        line += f"; hand-written {_b(hand)} B/rank; {saving_text(hand, total)}"
     lines.append(line)
     if result.backward:
         bwd, hand_bwd = result.backward_bytes_per_rank, result.hand_written_backward_bytes_per_rank

@@ -89,6 +89,14 @@ def _fixes(items: list[str]) -> dict[str, str]:
 #: The GPTConfig fields --gpt sets.
 GPT_KEYS = ("vocab", "d_model", "heads", "layers", "seq", "batch")
 
+#: Most layers --gpt prices: the search grows faster than the layers (64 take about 11 s
+#: at 8 devices, 256 more than 30 s).
+MAX_GPT_LAYERS = 64
+
+#: Most elements of one GPT tensor (logits batch*seq*vocab, scores batch*heads*seq*seq,
+#: the MLP's batch*seq*4*d_model, the table vocab*d_model): 2**40, so byte counts stay exact integers.
+MAX_GPT_ELEMENTS = 2 ** 40
+
 
 def _gpt_config(text: str) -> Any:
     """--gpt 'layers=2,d_model=64' as a GPTConfig (its own checks name a bad value)."""
@@ -104,7 +112,18 @@ def _gpt_config(text: str) -> Any:
             fields[key] = int(value)
         except ValueError:
             raise SpmdsimError(f"--gpt {key} {value!r} must be an integer >= 1") from None
-    return GPTConfig(**fields)
+    config = GPTConfig(**fields)
+    if config.layers > MAX_GPT_LAYERS:
+        raise SpmdsimError(f"--gpt layers {config.layers:,} is too many; expected at most {MAX_GPT_LAYERS} "
+                           "(the search's time grows faster than the layers)")
+    c = config
+    tensors = {"batch*seq*vocab": c.batch * c.seq * c.vocab, "batch*heads*seq*seq": c.batch * c.heads * c.seq ** 2,
+               "batch*seq*4*d_model": c.batch * c.seq * 4 * c.d_model, "vocab*d_model": c.vocab * c.d_model}
+    name, elements = max(tensors.items(), key=lambda kv: kv[1])
+    if elements > MAX_GPT_ELEMENTS:
+        raise SpmdsimError(f"--gpt {text!r} makes a tensor of {name} = {elements:,} elements; "
+                           f"expected at most {MAX_GPT_ELEMENTS:,} (2**40)")
+    return config
 
 
 def _network(args: argparse.Namespace, devices: int) -> tuple:
@@ -123,6 +142,7 @@ def _choose(args: argparse.Namespace, devices: int, flops: float | None) -> Any:
 
     if args.node_limit < 1:
         raise SpmdsimError(f"--node-limit {args.node_limit!r} must be >= 1")
+    check_devices(devices)
     network, hand = _network(args, devices)
     return autoshard(network, devices, fix=_fixes(args.fix), memory_limit=args.memory_limit,
                      objective=args.objective, method=args.method, flops_per_s=flops,
@@ -137,12 +157,22 @@ def run(args: argparse.Namespace) -> int:
     if args.run:
         return _run_mpi(args)
     devices = 8 if args.devices is None else args.devices
-    if devices < 1:
-        raise SpmdsimError(f"--devices {devices!r} must be >= 1")
+    check_devices(devices)
     with _still_working(args, devices):
         result = _choose(args, devices, args.flops)
     print(json.dumps(result.to_json(), indent=1) if args.json else result.table())
     return 0
+
+
+def check_devices(devices: int) -> None:
+    """One line unless 1 <= devices <= MAX_PLAN_DEVICES (plan's, explain's and show's limit)."""
+    from .plan import MAX_PLAN_DEVICES
+
+    if devices < 1:
+        raise SpmdsimError(f"--devices {devices!r} must be >= 1")
+    if devices > MAX_PLAN_DEVICES:
+        raise SpmdsimError(f"--devices {devices:,} is too many; expected at most {MAX_PLAN_DEVICES:,} "
+                           "(as plan, explain and show)")
 
 
 #: Seconds before the first "still choosing" line on stderr, and between the next ones.

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, TextIO
 
 from ..dialects._common import split_top_level
+from ..validate import loads_json
 from ..errors import ShapeError, SpmdsimError
 from ..layout import Layout, TensorLayout
 
@@ -392,10 +393,7 @@ def _read_case_source(path: Optional[str], stdin: Optional[TextIO]) -> dict:
         except UnicodeDecodeError as exc:
             raise SpmdsimError(f"{where} is not UTF-8 text (a JSON case expected): {exc.reason} "
                                f"at byte {exc.start}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpmdsimError(f"{where} is not valid JSON: {exc}") from None
+    data = loads_json(text, where, "a JSON case")
     if not isinstance(data, dict):
         raise SpmdsimError(f"{where} must hold a JSON object, got {data!r}")
     return data

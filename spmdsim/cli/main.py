@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import Sequence
 
 from .._once_parser import OnceParser
 from ..errors import SpmdsimError, fold_message
 
-__all__ = ["main", "build_parser", "SUBCOMMANDS", "OnceParser"]
+__all__ = ["main", "build_parser", "SUBCOMMANDS", "OnceParser", "output_error"]
 
 #: Subcommand modules under spmdsim.cli, in the order `--help` lists them.
 SUBCOMMANDS: tuple[str, ...] = ("slices", "explain", "show", "convert", "calibrate", "run", "demo", "launch",
@@ -57,9 +58,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a full disk under `> file` shows here, not as a traceback at exit
+        return code
     except SpmdsimError as exc:
         print(fold_message(f"spmdsim: error: {exc}"), file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # the output failed (a full disk, an I/O error): one line, exit 1
+        _drop_stdout()
+        print(f"spmdsim: error: {output_error(exc)}", file=sys.stderr)
+        return 1
+
+
+def output_error(exc: OSError) -> str:
+    """One line for an OSError while writing: what failed and why (no traceback)."""
+    why = exc.strerror or str(exc) or type(exc).__name__
+    if exc.filename is not None:
+        return f"cannot write {exc.filename!r}: {why}"
+    return f"cannot write the output: {why}"
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so what is still buffered for a full disk fails no second time at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no file descriptor (captured output): nothing to drop
+        pass

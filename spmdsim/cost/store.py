@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import SpmdsimError
+from ..validate import loads_json
 from .model import DEFAULT_MODEL, CostModel, OpParams
 
 __all__ = ["default_path", "load_or_default", "model_to_dict", "model_from_dict", "save_model", "load_model"]
@@ -75,10 +76,9 @@ def load_model(cls: type[CostModel], path: str | os.PathLike | None = None) -> C
         raise SpmdsimError(f"cannot read cost model {str(source)!r}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise SpmdsimError(f"cost model {str(source)!r} is not text (UTF-8 JSON expected)") from None
+    data = loads_json(text, f"cost model {str(source)!r}", "a saved cost model", "JSON")
     try:
-        return cls.from_dict(json.loads(text))
-    except json.JSONDecodeError as exc:
-        raise SpmdsimError(f"cost model {str(source)!r} is not JSON: {exc}") from None
+        return cls.from_dict(data)
     except SpmdsimError as exc:  # the file's name first: which file to fix or remove
         raise SpmdsimError(f"cost model {str(source)!r}: {exc}".replace(": cost model data ", ": its data ")) from None
 

@@ -22,12 +22,15 @@ are a warning.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import pickle
 import runpy
+import signal
 import sys
+import threading
 import traceback
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 __all__ = ["main", "add_arguments", "run"]
 
@@ -171,6 +174,7 @@ def _report(exc: BaseException, exits: dict) -> int:
     the emulator refused (TypeError, ValueError raised in spmdsim.sim: a str to Send), without the
     emulator's frames below the program's, as mpiexec shows no frames inside the MPI library.
     """
+    from ..engines.memory import DRY_RUN_HINT, MemoryLimitError
     from ..errors import RuntimeMismatchError, SpmdsimError
     from ..sim.engine import ranks_text
 
@@ -183,6 +187,12 @@ def _report(exc: BaseException, exits: dict) -> int:
     if code is not None:  # comm.Abort(code): MPI ends the job with that code
         print(f"spmdsim mpirun: {exc}", file=sys.stderr)
         return int(code)
+    if isinstance(exc, MemoryLimitError):  # the guard stopped every rank: one line, a hint mpirun can take
+        text, tail = str(exc), "run fewer ranks or smaller shapes" + DRY_RUN_HINT
+        if text.endswith(tail):
+            text = text[: -len(tail)] + "run fewer ranks (-n) or a smaller problem (mpirun has no dry run)"
+        print(f"spmdsim mpirun: error: {text}", file=sys.stderr)
+        return 1
     mpi = sys.modules.get("mpi4py.MPI")
     ours = isinstance(exc, (SpmdsimError, pickle.UnpicklingError)) or (mpi is not None
                                                                         and isinstance(exc, mpi.Exception))
@@ -215,6 +225,32 @@ def _program_frames(exc: BaseException, trim_emulator: bool) -> list:
     return list(frames[mine[0]:mine[-1] + 1] if trim_emulator else frames[mine[0]:])
 
 
+class _Terminated(BaseException):
+    """SIGTERM (what `timeout` sends) while the simulated ranks run."""
+
+
+@contextlib.contextmanager
+def _terminated_as_exit() -> Iterator[None]:
+    """SIGTERM ends the run as an exception in the main thread, so the process exits normally.
+
+    The emulator imports mpi4py.MPI, which initializes MPICH (its datatypes are the real ones):
+    Python's default SIGTERM ends the process at once, without MPI_Finalize, and MPICH's
+    /dev/shm/mpich_shm_* segment stayed behind; a normal exit finalizes and removes it.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise _Terminated()
+
+    before = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def run(n: int, command: Sequence[str]) -> int:
     """Run `command` (see _target) on `n` simulated ranks; return the exit code."""
     from .mpi4py_world import swapped
@@ -237,8 +273,12 @@ def run(n: int, command: Sequence[str]) -> int:
                     "" if kind == "code" else os.getcwd())
     exits: dict = {}
     try:
-        with swapped(), own_generators(), own_modules(sys.path[0] or os.getcwd(), kind != "module"):
+        with swapped(), own_generators(), own_modules(sys.path[0] or os.getcwd(), kind != "module"), \
+                _terminated_as_exit():
             codes = simulate(n, _rank, kind, what, exits)
+    except _Terminated:
+        print("spmdsim mpirun: terminated (SIGTERM): the simulated ranks were stopped", file=sys.stderr)
+        return 143
     except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, as a shell tool does on SIGPIPE
         from ..sim.launch import _quiet_stdout
 

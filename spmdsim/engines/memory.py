@@ -18,7 +18,7 @@ from typing import Optional
 
 from .base import SimulationError
 
-__all__ = ["MemoryLimitError", "POLL_S", "held", "readings", "short", "problem", "gib"]
+__all__ = ["MemoryLimitError", "POLL_S", "held", "readings", "short", "problem", "gib", "DRY_RUN_HINT"]
 
 POLL_S = 0.2
 LOW_FRACTION = 0.08  # stop when less than 8% of the memory is left ...
@@ -100,6 +100,11 @@ def short(processes: int = 1) -> Optional[tuple[int, int, int]]:
     return got
 
 
+#: The end of `problem`'s hint where the command has a dry run (`run`, `demo`, the examples);
+#: `spmdsim mpirun`, which runs a program's own numpy on every rank, has none and drops it.
+DRY_RUN_HINT = ", or a dry run (--dry-run: shapes only, each rank's bytes)"
+
+
 def problem(ranks: int) -> Optional[str]:
     """Why the simulation of `ranks` ranks must stop now for want of memory, or None."""
     got = short()
@@ -108,4 +113,4 @@ def problem(ranks: int) -> Optional[str]:
     held, left, total = got
     return (f"the {ranks} simulated ranks were stopped before this machine ran out of memory: "
             f"they hold {gib(held)}, and {gib(left)} of its {gib(total)} are left; run fewer "
-            "ranks or smaller shapes, or a dry run (--dry-run: shapes only, each rank's bytes)")
+            f"ranks or smaller shapes{DRY_RUN_HINT}")

@@ -21,6 +21,8 @@ from __future__ import annotations
 import json
 import os
 from typing import Any, Iterable, Sequence
+
+from ..errors import SpmdsimError
 from ..engines import engine_of
 
 __all__ = ["chrome_events", "chrome_trace", "write_chrome_trace", "Span"]
@@ -112,6 +114,10 @@ def write_chrome_trace(comm: Any, trace: Any, path: str | os.PathLike, start: fl
     rank = _rank(comm)
     per_rank = engine_of(comm).gather_object(comm, chrome_events(trace, rank, start, end, spans), root)
     if rank == root:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(chrome_trace(per_rank), f, indent=0)
-            f.write("\n")
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(chrome_trace(per_rank), f, indent=0)
+                f.write("\n")
+        except OSError as exc:  # a full disk (/dev/full), an I/O error: one line naming the file
+            raise SpmdsimError(f"cannot write the trace {os.fspath(path)!r}: "
+                               f"{exc.strerror or exc}") from None

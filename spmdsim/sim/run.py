@@ -109,7 +109,10 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
             # machine runs out: give them all half a second together, then leave (daemon threads).
             deadline = time.monotonic() + (0.5 if isinstance(exc, memory.MemoryLimitError) else 1e9)
             for t in threads:
-                t.join(max(0.0, min(1.0, deadline - time.monotonic())))
+                try:
+                    t.join(max(0.0, min(1.0, deadline - time.monotonic())))
+                except RuntimeError:  # interrupted (SIGTERM, Ctrl-C) before this thread started
+                    break
             raise
     _raise_failure(engine, size)
     from .p2p import unreceived
