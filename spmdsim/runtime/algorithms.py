@@ -267,19 +267,15 @@ def _builtin(comm: Any, collective: str, send: np.ndarray, out: np.ndarray, root
     """The engine's own collective (MPI's, or the simulated ranks') on the same buffers."""
     from ..engines.wait import polite_wait
 
-    engine = engine_of(comm)
     wait = polite_wait if polite else None
     if collective == "bcast":
         out[...] = send
-        engine.broadcast(comm, out, root, wait)
-    elif collective == "allreduce":
-        door.reduce_into(comm, send, out, "sum", wait)
-    elif collective == "reduce_scatter":
-        engine.reduce_scatter(comm, send, out, "sum", wait)
-    elif collective == "allgather":
-        engine.all_gather(comm, send, out, wait)
+        door.untraced(comm, "broadcast", out, root, wait=wait)
+    elif collective in ("allreduce", "reduce_scatter"):
+        door.untraced(comm, "all_reduce" if collective == "allreduce" else "reduce_scatter", send, out, "sum",
+                      wait=wait)
     else:
-        engine.all_to_all(comm, send, out, wait)
+        door.untraced(comm, "all_gather" if collective == "allgather" else "all_to_all", send, out, wait=wait)
 
 
 def compare_with_mpi(comm: Any, schedule: Schedule, dtype: Any, repeat: int = 3,
@@ -320,7 +316,7 @@ def compare_with_mpi(comm: Any, schedule: Schedule, dtype: Any, repeat: int = 3,
         _builtin(comm, schedule.collective, x, theirs, schedule.root, polite)
         runs.append((record.seconds, perf_counter() - t0) + record.round_seconds)
     slowest = np.empty((repeat, 2 + len(schedule.rounds)))
-    door.reduce_into(comm, np.array(runs, dtype=np.float64), slowest, "max")
+    door.untraced(comm, "all_reduce", np.array(runs, dtype=np.float64), slowest, "max")
     summed = schedule.collective in ("allreduce", "reduce_scatter") and dtype.kind in "fc"
     diff = float(np.max(np.abs(ours.astype(np.float64) - theirs), initial=0.0))
     same = (diff <= p * p * float(np.finfo(dtype).eps)) if summed else bool(np.array_equal(ours, theirs))

@@ -17,6 +17,7 @@ import numpy as np
 from ..errors import ShapeError
 from ..memory import ENV_VAR, Budget, Need, budget_per_rank, check_need, seeded_need
 from ..engines import engine_of
+from . import door
 
 __all__ = ["agreed_budget", "check_memory", "check_seeded"]
 
@@ -45,7 +46,7 @@ def agreed_budget(comm: Any) -> Optional[Budget]:
     if not os.environ.get(ENV_VAR, "").strip() and comm.Get_size() > 1:
         mine = budget_per_rank(_ranks_on_node(comm))
         # Object form (simulated ranks too); a reduction, so p simulated ranks cost O(p).
-        low = engine_of(comm).all_reduce_object(comm, _UNKNOWN if mine is None else mine.bytes, "min")
+        low = door.all_reduce_object(comm, _UNKNOWN if mine is None else mine.bytes, "min")
         mine = None if low == _UNKNOWN else Budget(low, mine.source if mine else "MemAvailable")
     _AGREED[key] = (comm, mine)
     return mine

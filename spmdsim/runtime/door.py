@@ -8,12 +8,15 @@ emulated algorithm), then one trace row. The plain way is kept bare because
 with 8 ranks on 2 cores each rank runs its pre-MPI Python on cold caches, in
 turn, while the group waits. `transfer` runs a transfer outside a mesh (the
 divergence check's tables, DTensor's gather), with the debug layers but no
-trace; `send_requests`/`wait_requests` carry point-to-point messages (emulated
-algorithms); the ``*_object`` functions carry control traffic (verdicts,
-reports, settings) for the CLI and the reports. No other module of spmdsim
-calls an engine's transfer or a communicator's. Also here: the argument
-checks the callers share, which raise ShapeError or DTypeError before any
-transfer.
+trace; `untraced` runs one bare (an algorithm's timings against the engine's
+own collective); `send_requests`/`wait_requests` carry point-to-point messages
+(emulated algorithms); the ``*_object`` functions carry the runtime's control
+traffic (gathered report lines and traces, the agreed memory budget). No other
+module of the runtime hands an engine bytes; the guard and the watchdog's side
+channel use the engines' job methods (`dup`, `abort`, `post_object`, ...), and
+the front ends outside the runtime (CLI, autoshard, nets) call the engines'
+object methods themselves. Also here: the argument checks the callers share,
+which raise ShapeError or DTypeError before any transfer.
 """
 from __future__ import annotations
 
@@ -98,26 +101,15 @@ def transfer(comm: Any, op: str, axes: Any, array: Any, extra: Any, polite: bool
 
 
 def exchange_table(comm: Any, mine: np.ndarray, table: np.ndarray, op: str, axes: Any, seq: int,
-                   polite: bool, watched: bool) -> None:
-    """The debug check's own Allgather of one row per member into `table` (runtime.debug): waited for
-    politely or watched when asked, else the engine's blocking call (busy mode's fastest)."""
-    wait = debug.waiter(op, axes, seq, polite, comm) if (polite or watched) else None
-    engine_of(comm).all_gather(comm, mine, table, wait)
+                   polite: bool) -> None:
+    """The debug check's own Allgather of one row per member into `table` (runtime.debug), waited for as
+    call `seq` is: watched with SPMDSIM_WATCHDOG, else politely or by the engine's blocking call."""
+    engine_of(comm).all_gather(comm, mine, table, debug.waiter(op, axes, seq, polite, comm))
 
 
 def barrier(comm: Any, wait: Any = None) -> None:
     """Every member of `comm` has arrived (`wait`: how to wait, engines/base.py)."""
     engine_of(comm).barrier(comm, wait)
-
-
-def split(comm: Any, color: int, key: int) -> Any:
-    """The members of `comm` with `color`, ordered by `key` (collective): a communicator of its engine."""
-    return engine_of(comm).split(comm, color, key)
-
-
-def free(comm: Any) -> None:
-    """Release a group made by `split` (collective)."""
-    engine_of(comm).free(comm)
 
 
 def send_requests(comm: Any, receives: list, sends: list) -> list:
@@ -135,9 +127,9 @@ def wait_requests(comm: Any, requests: list, wait: Any = None) -> None:
     engine_of(comm).wait_all(requests, wait)
 
 
-def reduce_into(comm: Any, send: np.ndarray, recv: np.ndarray, op: str = "sum", wait: Any = None) -> None:
-    """An untraced Allreduce outside a mesh (timings and verdicts of tools): `op` of every member's `send`."""
-    engine_of(comm).all_reduce(comm, send, recv, op, wait)
+def untraced(comm: Any, kind: str, *args: Any, wait: Any = None) -> None:
+    """`comm`'s engine's transfer `kind` ("all_reduce", ...) on `args`, bare: not numbered, checked or traced."""
+    getattr(engine_of(comm), kind)(comm, *args, wait)
 
 
 def all_gather_object(comm: Any, obj: Any) -> list:
@@ -148,11 +140,6 @@ def all_gather_object(comm: Any, obj: Any) -> list:
 def gather_object(comm: Any, obj: Any, root: int = 0) -> list | None:
     """Every member's `obj` on `root` (None elsewhere)."""
     return engine_of(comm).gather_object(comm, obj, root)
-
-
-def broadcast_object(comm: Any, obj: Any = None, root: int = 0) -> Any:
-    """`root`'s `obj` on every member."""
-    return engine_of(comm).broadcast_object(comm, obj, root)
 
 
 def all_reduce_object(comm: Any, obj: Any, op: str = "sum") -> Any:

@@ -21,7 +21,7 @@ from typing import IO, Any, Sequence
 
 from ..viz.model import compact_ranks
 from ..viz.table import WIDTH, nbytes, wrap_lines
-from ..engines import engine_of
+from . import door
 
 __all__ = ["print_ranked", "gather_ranked", "fold_ranked", "rank_ordered", "trace_lines"]
 
@@ -73,7 +73,7 @@ def _rank(comm: Any) -> int:
 def gather_ranked(comm: Any, lines: Sequence[Any], root: int = 0, fold: bool = True,
                   width: int | None = WIDTH) -> list[str] | None:
     """Gather every rank's `lines` to `root`: the folded lines there (wrapped to `width`), else None."""
-    per_rank = engine_of(comm).gather_object(comm, [str(line) for line in lines], root)
+    per_rank = door.gather_object(comm, [str(line) for line in lines], root)
     if _rank(comm) != root:
         return None
     text = fold_ranked(per_rank, fold)

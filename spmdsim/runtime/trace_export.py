@@ -23,7 +23,7 @@ import os
 from typing import Any, Iterable, Sequence
 
 from ..errors import SpmdsimError
-from ..engines import engine_of
+from . import door
 
 __all__ = ["chrome_events", "chrome_trace", "write_chrome_trace", "Span"]
 
@@ -112,7 +112,7 @@ def write_chrome_trace(comm: Any, trace: Any, path: str | os.PathLike, start: fl
                        end: float | None = None, spans: Iterable[Span] = (), root: int = 0) -> None:
     """Gather every rank's events to `root` and write one trace file there (a collective)."""
     rank = _rank(comm)
-    per_rank = engine_of(comm).gather_object(comm, chrome_events(trace, rank, start, end, spans), root)
+    per_rank = door.gather_object(comm, chrome_events(trace, rank, start, end, spans), root)
     if rank == root:
         try:
             with open(path, "w", encoding="utf-8") as f:
