@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import DTypeError, ShapeError
+from ..errors import ShapeError
 from ..sim import thread_engine as bodies
 from ..sim._buffers import copy_into, dtype_name, fold, in_place, message, mpi_error, mpi_module, reduction, vector
 from ..sim.thread_engine import bad_root
@@ -27,19 +27,13 @@ __all__ = ["BufferCollectives", "bad_root"]
 _SUM = "sum"
 
 
-def _same(op: str, a: np.ndarray, b: np.ndarray) -> None:
-    if a.dtype != b.dtype:
-        raise DTypeError(f"{op}: send dtype {a.dtype.name!r} and receive dtype {b.dtype.name!r} differ")
+_same = bodies.checked_same
 
 
 def _matching(op: str, sendbuf: Any, dst: np.ndarray, n: int) -> np.ndarray:
-    """The send data of a reduction whose receive buffer is `dst` (n items): of its dtype and count,
-    as mpi4py requires ("mismatch in send and receive MPI datatypes"), never converted."""
+    """The send data of a reduction whose receive buffer is `dst` (n items), checked (thread_engine.matching)."""
     src, ns, _ = message(sendbuf, f"{op} sendbuf")
-    _same(op, src, dst)
-    if ns != n:
-        raise ShapeError(f"{op}: {ns} items are sent but the receive buffer takes {n}")
-    return src[:n]
+    return bodies.matching(op, src[:ns], dst[:n])
 
 
 def _blocks_fit(op: str, sent: np.ndarray, recv: np.ndarray) -> None:

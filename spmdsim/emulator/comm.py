@@ -32,20 +32,16 @@ class _Handle:
 
     __slots__ = ("count", "name", "info", "buffer", "creates")
 
+    # The rendezvous number and the freed flag are the shared counter's.
+    seq = property(lambda h: h.count.seq, lambda h, v: setattr(h.count, "seq", v))
+    freed = property(lambda h: h.count.freed, lambda h, v: setattr(h.count, "freed", v))
+
     def __init__(self, name: str = "", count: Any = None) -> None:
         self.count = Count() if count is None else count
         self.name = name
         self.info: Any = None
         self.buffer: Any = None
         self.creates: dict = {}  # (members, tag) -> Create_group calls made
-
-
-def _counted(field: str) -> property:
-    return property(lambda h: getattr(h.count, field), lambda h, v: setattr(h.count, field, v))
-
-
-_Handle.seq = _counted("seq")  # collective calls on this communicator: the rendezvous number
-_Handle.freed = _counted("freed")
 
 
 class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives):

@@ -26,9 +26,10 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ..errors import DTypeError, ShapeError
-from ._buffers import Reduction, copy_into, dtype_name, fold, reduction
+from ._buffers import Reduction, copy_into, dtype_name, fold, mpi_error, mpi_module, reduction, special
 from ..engines import DONE, Engine
 from .engine import Call, Group, SimulationError
+from .p2p import post_recv, post_send
 
 __all__ = ["ThreadEngine", "THREADS", "Member", "all_reduce", "reduce_scatter", "all_gather", "all_to_all", "all_to_allv", "broadcast",
            "gather_to", "barrier", "split", "all_gather_object", "gather_object", "broadcast_object",
@@ -48,8 +49,6 @@ class ThreadEngine(Engine):
     simulated = True
 
     def split(self, comm: Any, color: int, key: int) -> Any:
-        from ._buffers import special
-
         group = split(comm, color, key, special("UNDEFINED"))
         return None if group is None else Member(group, group.members.index(comm.world_rank))
 
@@ -58,7 +57,7 @@ class ThreadEngine(Engine):
 
     def all_reduce(self, comm: Any, send: Any, recv: Any, op: str, wait: Any) -> None:
         dst = recv.reshape(-1)
-        all_reduce(comm, dst if send is recv else _matching("Allreduce", send, dst), dst, reduction(op))
+        all_reduce(comm, dst if send is recv else matching("Allreduce", send.reshape(-1), dst), dst, reduction(op))
         if wait is not None:
             wait(DONE)
 
@@ -104,13 +103,9 @@ class ThreadEngine(Engine):
             wait(DONE)
 
     def isend(self, comm: Any, buf: Any, dest: int, tag: int) -> Any:
-        from .p2p import post_send
-
         return post_send(comm._group, comm._me, dest, tag, buf)
 
     def irecv(self, comm: Any, buf: Any, source: int, tag: int) -> Any:
-        from .p2p import post_recv
-
         return post_recv(comm._group, comm._me, source, tag, buf)
 
     def wait_all(self, requests: list, wait: Any) -> None:
@@ -135,9 +130,9 @@ class ThreadEngine(Engine):
 THREADS = ThreadEngine()
 
 
-def _matching(op: str, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    """The send data of a reduction into `dst`: of its dtype and count, never converted (MPI's rule)."""
-    src = src.reshape(-1)
+def matching(op: str, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """The send data `src` of a reduction into `dst` (both flat), checked: of its dtype and count, as
+    mpi4py requires ("mismatch in send and receive MPI datatypes"), never converted."""
     checked_same(op, src, dst)
     if src.size != dst.size:
         raise ShapeError(f"{op}: {src.size} items are sent but the receive buffer takes {dst.size}")
@@ -203,8 +198,6 @@ class Member:
 
 def bad_root(root: Any, size: int, call: str) -> BaseException:
     """MPI's error for a root outside the communicator (MPI.Exception ERR_ROOT under mpi4py)."""
-    from ._buffers import mpi_error, mpi_module
-
     mpi = mpi_module()
     text = f"{call}: root {root!r} is outside the communicator of {size} ranks"
     if mpi is not None:
@@ -396,8 +389,6 @@ def _alike(exc: BaseException) -> BaseException:
 def op_of(op: Any) -> tuple[str, Any]:
     """(name, function of two objects) of an op: MPI's ops are callable on objects, and so is
     a plain Python function of two objects (mpi4py takes one: ``allreduce(x, op=lambda a, b: ...)``)."""
-    from ._buffers import mpi_module
-
     mpi = mpi_module()
     if callable(op) and not isinstance(op, str) and (mpi is None or not isinstance(op, mpi.Op)):
         return "python function", op
