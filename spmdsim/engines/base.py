@@ -39,7 +39,7 @@ import numpy as np
 
 from ..errors import SpmdsimError
 
-__all__ = ["Engine", "SimulationError", "DONE"]
+__all__ = ["Engine", "SimulationError", "DONE", "DRY_VALUES_BYTES"]
 
 
 class SimulationError(SpmdsimError):
@@ -60,6 +60,11 @@ class _Done:
     def Free(self) -> None:  # noqa: N802
         return None
 
+
+#: In a dry run, results up to about this size carry this rank's own values (what a program decides by: a count,
+#: a mask, a check table); larger ones are zeros: the dry engine's collectives and the operators' elementwise
+#: kernels (spmdsim.sim.dry, spmdsim.ops._common.dry_zeros) draw the line here.
+DRY_VALUES_BYTES = 64 << 10
 
 #: A request already complete: what an engine whose transfers finish when posted hands to a `wait`.
 DONE = _Done()

@@ -14,6 +14,7 @@ from ..runtime import debug
 from ..runtime.replay import kernel
 from ..validate import as_int
 from ..context import current as _context
+from ..engines.base import DRY_VALUES_BYTES
 
 _DTENSOR: Any = None  # runtime.DTensor, bound by _dtensor_class on first use
 _MESH: Any = None  # runtime.Mesh, bound with it
@@ -92,7 +93,7 @@ def local_matmul(a: np.ndarray, b: np.ndarray, sent: bool = True) -> np.ndarray:
 #: In a dry run (spmdsim.sim.dry) an elementwise result of this many bytes or more is the dry engine's zeros,
 #: its kernel not run; a smaller one is computed on the zeros (what a program may decide by: a count, a
 #: mask), as a dry collective's result up to this size gets this rank's own values.
-DRY_ZEROS_BYTES = 64 << 10
+DRY_ZEROS_BYTES = DRY_VALUES_BYTES
 
 
 def dry_zeros(mesh: Any, shape: tuple, dtype: Any, fn: Any, *args: Any) -> Optional[np.ndarray]:

@@ -37,7 +37,7 @@ import numpy as np
 
 from ..context import current
 from ..engines import Engine
-from ..engines.base import SimulationError
+from ..engines.base import DRY_VALUES_BYTES, SimulationError
 
 __all__ = ["Meter", "RankBytes", "DryRunReport", "DryComm", "DryEngine", "DRY", "zeros", "dry_run_active",
            "report"]
@@ -233,7 +233,7 @@ DRY = DryEngine()
 
 #: Results up to this size get this rank's own values (what a program decides by: fingerprints, check
 #: tables, counts); larger ones get zeros, written once.
-DRY_COPY_BYTES = 64 << 10
+DRY_COPY_BYTES = DRY_VALUES_BYTES
 
 
 def _array(spec: Any) -> Any:
