@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import ast
-import os
 import pathlib
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import spmdsim
 from spmdsim import context
 from spmdsim.engines import MPI, engine_of
 from spmdsim.sim import SimulationError
-from testkit import unfold
+from testkit import run_train_gpt, unfold
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -102,15 +101,8 @@ def test_the_dry_run_of_a_gpt_step_moves_what_the_real_run_moves_on_every_rank()
 
 def test_a_dry_run_at_16384_ranks_fits_in_2_gib():
     """The GPT example's training step, one rank for 16,384, under a 2 GiB address-space cap."""
-    code = ("import resource, runpy, sys\n"
-            "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
-            "sys.argv = ['train_gpt.py', '--ranks', '16384', '--dry-run', '--steps', '1', '--tp', '4',"
-            " '--batch', '4096']\n"
-            "runpy.run_path(sys.argv[0], run_name='__main__')\n")
-    # One BLAS thread: a many-core machine's OpenBLAS reserves address space per thread.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "examples", capture_output=True, text=True,
-                         timeout=300, env=env)
+    out = run_train_gpt(["--ranks", "16384", "--dry-run", "--steps", "1", "--tp", "4", "--batch", "4096"],
+                        before="resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n")
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     lines = out.stdout.splitlines()
     assert lines[1] == "dry run on 16384 simulated ranks (no data; bytes from the trace)"

@@ -3,10 +3,6 @@ nothing, and the bytes the states would hold are counted on the run's meter, so 
 them; the real path is untouched (tests/test_optim_fused.py)."""
 from __future__ import annotations
 
-import os
-import pathlib
-import subprocess
-import sys
 import tracemalloc
 
 import numpy as np
@@ -18,8 +14,7 @@ from spmdsim.context import current
 from spmdsim.gpt import GPTConfig, encode, load_text
 from spmdsim.gpt.train import train
 from spmdsim.optim import SGD, Adam, AdamW
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from testkit import run_train_gpt
 
 
 def _gpt_bytes_per_rank(cfg: GPTConfig, tp: int, sp: bool) -> int:
@@ -155,14 +150,8 @@ def test_the_gpt2_medium_dry_run_at_16384_ranks_stays_under_1_gib():
     on 16,384 ranks, tp 8 with sequence parallelism: one rank's step, under 1 GiB of peak RSS (3.4 GiB when
     AdamW stepped on float64 zeros the size of the parameters), and its peak held counts the parameters and
     AdamW's four flat buffers."""
-    code = ("import resource, runpy, sys\n"
-            f"sys.argv = ['train_gpt.py'] + {GPT2_MEDIUM!r}\n"
-            "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\nexcept SystemExit as e:\n"
-            "    code = e.code\n"
-            "print('peak', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, code)\n")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "examples", capture_output=True, text=True,
-                         timeout=300, env=env)
+    out = run_train_gpt(GPT2_MEDIUM,
+                        after="print('peak', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, code)\n")
     lines = out.stdout.splitlines()
     peak = [line.split() for line in lines if line.startswith("peak ")]
     assert peak and peak[0][2] == "0", out.stdout[-2000:] + out.stderr[-2000:]

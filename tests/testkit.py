@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 from types import ModuleType
 
@@ -83,3 +84,16 @@ def _is_rule(line: str) -> bool:
 def unfold(text: str) -> str:
     """An error folded within 100 columns (spmdsim.errors.fold_message) back on one line."""
     return text.replace("\n  ", " ")
+
+
+def run_train_gpt(argv: list[str], before: str = "", after: str = "") -> subprocess.CompletedProcess:
+    """examples/train_gpt.py with `argv` in a fresh interpreter on one BLAS thread (a many-core machine's
+    OpenBLAS reserves address space per thread). `before` and `after`: Python lines run there around it
+    (`after` sees its exit code as `code`); the process exits with that code."""
+    code = (f"import resource, runpy, sys\n{before}sys.argv = ['train_gpt.py'] + {argv!r}\n"
+            "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n    code = 0\n"
+            f"except SystemExit as e:\n    code = e.code\n{after}sys.exit(code)\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    examples = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+    return subprocess.run([sys.executable, "-c", code], cwd=examples, capture_output=True, text=True,
+                          timeout=300, env=env)
