@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -177,7 +178,9 @@ def test_calibrate_fits_and_saves(shared_dir, capsys):
     assert rc == 0
     printed = capsys.readouterr().out
     if comm.rank == 0:  # the table and the model (103 columns on one line before), within 100 columns
-        assert "CostModel(ring: alpha=" in printed and max(map(len, printed.splitlines())) <= 100
+        # the fit picks ring or tree by what was measured: either may win on a loaded machine
+        assert re.search(r"CostModel\((ring|tree): alpha=", printed), printed
+        assert max(map(len, printed.splitlines())) <= 100
     comm.Barrier()
     model = CostModel.load(out)
     assert model.predict("allreduce", comm.size, 1 << 20) > 0
