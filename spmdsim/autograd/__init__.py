@@ -9,8 +9,8 @@ starts no MPI.
 """
 from __future__ import annotations
 
-from .engine import backward
+from .engine import backward, reduce_grads
 from .function import Function, FunctionCtx
 from .graph import is_grad_enabled, no_grad
 
-__all__ = ["backward", "no_grad", "is_grad_enabled", "Function", "FunctionCtx"]
+__all__ = ["backward", "reduce_grads", "no_grad", "is_grad_enabled", "Function", "FunctionCtx"]

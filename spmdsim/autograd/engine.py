@@ -24,10 +24,11 @@ from ..errors import OperatorError
 from ..layout import TensorLayout
 from .graph import Leaf, Node, used_axes, with_partial
 
-__all__ = ["backward", "grad_layout", "add_grads"]
+__all__ = ["backward", "reduce_grads", "grad_layout", "add_grads"]
 
 
-def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gradient: Any = None) -> None:
+def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gradient: Any = None,
+             keep_pending: Any = ()) -> None:
     """Fill ``.grad`` of every leaf `loss` depends on; frees the graph (a second backward is refused).
 
     Collective: every rank calls it on the same graph. Every refusal depends
@@ -42,8 +43,13 @@ def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gra
     parameters' global bytes, DDP's ``bucket_cap_mb``; a larger one goes alone).
     `gradient`: the upstream gradient, a DTensor of `loss`'s global shape in
     any layout (moved to the loss's); None for a scalar loss (ones).
+    `keep_pending`: leaf tensors whose gradient stays a pending sum over the
+    axes they are replicated on, added into ``.grad`` as it is, for
+    `reduce_grads` to sum once after several backwards (gradient accumulation
+    over microbatches: DDP's ``no_sync``, Megatron's one reduction per step).
     """
     cap = _bucket_cap(bucket)
+    kept = {id(t._ag) for t in keep_pending if getattr(t, "_ag", None) is not None}
     from ..runtime import DTensor
 
     _check_loss(loss, gradient)
@@ -76,6 +82,11 @@ def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gra
                 names = readers.setdefault(t._ag, [])
                 if short not in names:
                     names.append(short)
+    if kept:
+        for leaf in [leaf for leaf in leaves if id(leaf) in kept]:
+            g = grads.pop(leaf)
+            leaf.grad = g if leaf.grad is None else add_grads(leaf.grad, g, owners[leaf].layout)
+        leaves = [leaf for leaf in leaves if id(leaf) not in kept]
     buckets = _buckets(leaves, owners, grads, cap) if cap else {}
     for leaf in leaves:  # first-contribution order: the same on every rank
         tensor, g = owners[leaf], grads.pop(leaf)
@@ -90,6 +101,26 @@ def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gra
                 explain.append((f"leaf {tuple(tensor.global_shape)} {tensor.layout}: its replicas' "
                                 f"gradients summed" + _read_by(readers, [leaf]), trace.entries))
         leaf.grad = g if leaf.grad is None else add_grads(leaf.grad, g, whole)
+
+
+def reduce_grads(tensors: Any, bucket: Any = True) -> None:
+    """Sum the pending gradients `backward(keep_pending=...)` left in these leaves' ``.grad`` (collective).
+
+    Every rank passes the same tensors in the same order; those whose gradient is whole (or None) are
+    left alone. `bucket` as `backward`'s: the gradients pending over the same axes share one Allreduce.
+    """
+    cap = _bucket_cap(bucket)
+    leaves, owners, grads = [], {}, {}
+    for t in tensors:
+        leaf = getattr(t, "_ag", None)
+        if isinstance(leaf, Leaf) and leaf.grad is not None and leaf.grad.layout.partial:
+            leaves.append(leaf)
+            owners[leaf], grads[leaf] = t, leaf.grad
+    buckets = _buckets(leaves, owners, grads, cap) if cap else {}
+    for leaf in leaves:
+        shared = buckets.get(leaf)
+        leaf.grad = _bucketed(shared, leaf, None, {}) if shared is not None else \
+            _move(grads[leaf], with_partial(owners[leaf].layout, ()))
 
 
 def _bucket_cap(bucket: Any) -> float:

@@ -30,7 +30,8 @@ from ..layout import TensorLayout
 from .config import GPTConfig
 # Megatron's plan is spmdsim.gpt.layouts' (pure); the model runs with it, and its names stay importable here.
 from .layouts import DIALECTS, dialect_layouts, megatron_layouts, mesh_problem
-from .params import constant, dropout_seed, param_specs, seeded
+from .params import constant, dropout_seed, seeded
+from .stages import Part, part_specs, whole
 
 __all__ = ["GPT", "megatron_layouts", "dialect_layouts", "DIALECTS", "mesh_problem"]
 
@@ -44,10 +45,12 @@ class GPT:
         sp: sequence parallelism.
         layouts: parameter name -> TensorLayout, overriding `megatron_layouts` (any dialect's layout,
             converted to a TensorLayout: spmdsim.dialects).
+        part: the pieces this object holds (spmdsim.gpt.stages.Part: a pipeline chunk's layers,
+            embedding, head); default the whole model. Only its parameters are made.
     """
 
     def __init__(self, cfg: GPTConfig, mesh: Any, sp: bool = False,
-                 layouts: Optional[dict[str, TensorLayout]] = None) -> None:
+                 layouts: Optional[dict[str, TensorLayout]] = None, part: Optional[Part] = None) -> None:
         from ..runtime.dtensor import DTensor  # its operators came with `ops`, imported above
 
         names = tuple(mesh.layout.alias_name)
@@ -58,11 +61,12 @@ class GPT:
         if problem:
             raise SpmdsimError(f"the GPT cannot run on dp {dp} x tp {tp}: {problem}")
         self.cfg, self.mesh, self.sp = cfg, mesh, bool(sp)
+        self.part = whole(cfg) if part is None else part
         chosen = megatron_layouts(cfg, mesh.layout, sp)
         chosen.update(layouts or {})
         self.layouts = chosen
         self.params: dict[str, Any] = {}
-        for spec in param_specs(cfg):
+        for spec in part_specs(cfg, self.part):
             layout, source = chosen[spec.name], seeded(cfg, spec)
             if source is None:
                 self.params[spec.name] = DTensor.full(mesh, layout, spec.shape, constant(spec))
@@ -73,20 +77,21 @@ class GPT:
         self.act = L("tp", "dp", None) if sp else L(None, "dp", None)  # (T, B, D) between blocks
         self.full = L(None, "dp", None)  # (T, B, D) whole on tp: the column-parallel products' input
 
-    def _dropout(self, x: Any, site: str, step: Optional[int], train: bool) -> Any:
+    def _dropout(self, x: Any, site: str, step: Optional[int], train: bool, micro: Optional[int]) -> Any:
         if not train or self.cfg.dropout == 0:
             return x
         # The mask of the batch-first (B, T, D) twin (spmdsim.gpt.reference's), read through a view.
-        return ops.dropout(x, self.cfg.dropout, seed=self._seed(step, site), mask_dims=(1, 0, 2))
+        return ops.dropout(x, self.cfg.dropout, seed=self._seed(step, site, micro), mask_dims=(1, 0, 2))
 
-    def _seed(self, step: Any, site: str) -> Any:
-        """The mask's seed at `site`; for a step given as a spmdsim.runtime.replay.Scalar, a callable the mask's
-        kernel calls (each replay of a captured step draws that step's masks)."""
+    def _seed(self, step: Any, site: str, micro: Optional[int]) -> Any:
+        """The mask's seed at `site` (of microbatch `micro`, None: the whole batch); for a step given as a
+        spmdsim.runtime.replay.Scalar, a callable the mask's kernel calls (each replay of a captured step
+        draws that step's masks)."""
         from ..runtime.replay import Scalar
 
         if isinstance(step, Scalar):
-            return partial(dropout_seed, self.cfg, step, site)
-        return dropout_seed(self.cfg, step, site)
+            return partial(dropout_seed, self.cfg, step, site, micro)
+        return dropout_seed(self.cfg, step, site, micro)
 
     def _row_out(self, y: Any) -> Any:
         """A row-parallel product's pending sum: Reduce_scatter onto the sequence (sp) or Allreduce."""
@@ -100,7 +105,7 @@ class GPT:
 
         return x if x.layout == self.full else redistribute(x, self.full)
 
-    def _block(self, h: Any, layer: int, step: Optional[int], train: bool) -> Any:
+    def _block(self, h: Any, layer: int, step: Optional[int], train: bool, micro: Optional[int]) -> Any:
         p, cfg = self.params, self.cfg
         pre = f"h{layer}."
         T, B, D, H = h.global_shape[0], h.global_shape[1], cfg.d_model, cfg.heads
@@ -116,19 +121,18 @@ class GPT:
         # softmax(q k^T / sqrt(head_dim), causal), dropped out, times v: one operator and node (its values
         # are those of einsum, masked_fill, softmax, dropout and einsum: spmdsim.ops.attention).
         drop = cfg.dropout if train else 0.0
-        seed = self._seed(step, pre + "attn") if drop else None
+        seed = self._seed(step, pre + "attn", micro) if drop else None
         o = ops.attention(q, k, v, causal=True, dropout=drop, seed=seed, batch_first=False)
         proj = self._row_out(ops.einsum("tbd,de->tbe", ops.reshape(o, (T, B, D)), p[pre + "attn.wo"]))
         proj = proj + p[pre + "attn.bo"]
-        h = h + self._dropout(proj, pre + "resid1", step, train)
+        h = h + self._dropout(proj, pre + "resid1", step, train, micro)
         m = self._gathered(ops.layer_norm(h, p[pre + "ln2.w"], p[pre + "ln2.b"], cfg.ln_eps))
         m = ops.gelu(ops.einsum("tbd,de->tbe", m, p[pre + "mlp.w1"]) + p[pre + "mlp.b1"])
         out = self._row_out(ops.einsum("tbf,fd->tbd", m, p[pre + "mlp.w2"])) + p[pre + "mlp.b2"]
-        return h + self._dropout(out, pre + "resid2", step, train)
+        return h + self._dropout(out, pre + "resid2", step, train, micro)
 
-    def logits(self, ids: Any, step: Optional[int] = None, train: bool = False, last: bool = False) -> Any:
-        """Logits (B, T, V) split over the vocabulary on tp, from token ids (B, T) laid out ("dp", None);
-        `last`: those of the last position only, (B, 1, V) (with sp, only its rows move, not the sequence)."""
+    def embed(self, ids: Any, step: Optional[int] = None, train: bool = False, micro: Optional[int] = None) -> Any:
+        """The activations (T, B, D) entering the first block, from token ids (B, T) laid out ("dp", None)."""
         from ..runtime.executor import redistribute
 
         p, cfg = self.params, self.cfg
@@ -136,20 +140,40 @@ class GPT:
         # Reduce_scattered onto the sequence); each position's embedding added to every sample's row.
         tok = redistribute(ops.embedding(ids.T, p["wte"], reduce=False), self.act)
         pos = ops.reshape(p["wpe"], (cfg.seq, 1, cfg.d_model))
-        h = self._dropout(tok + pos, "emb", step, train)
-        for layer in range(cfg.layers):
-            h = self._block(h, layer, step, train)
+        return self._dropout(tok + pos, "emb", step, train, micro)
+
+    def blocks(self, h: Any, step: Optional[int] = None, train: bool = False, micro: Optional[int] = None) -> Any:
+        """The activations after this part's layers (all of them, for the whole model)."""
+        for layer in range(self.part.first, self.part.stop):
+            h = self._block(h, layer, step, train, micro)
+        return h
+
+    def head(self, h: Any, last: bool = False) -> Any:
+        """Logits (B, T, V) split over the vocabulary on tp from the last block's activations;
+        `last`: those of the last position only, (B, 1, V) (with sp, only its rows move, not the sequence)."""
+        p, cfg = self.params, self.cfg
         if last:
             h = h[-1:]
         h = self._gathered(ops.layer_norm(h, p["lnf.w"], p["lnf.b"], cfg.ln_eps))
         # The tied head (columns split like the vocabulary), its logits batch-first again.
         return ops.einsum("tbd,vd->btv", h, p["wte"])
 
-    def loss(self, ids: Any, targets: Any, step: Optional[int], train: bool = True) -> Any:
-        """Mean cross-entropy over the batch's tokens (vocab-parallel: the logits are never gathered)."""
-        z = self.logits(ids, step, train)
+    def head_loss(self, h: Any, targets: Any) -> Any:
+        """Mean cross-entropy over the tokens of `targets` (B, T) from the last block's activations
+        (vocab-parallel: the logits are never gathered)."""
+        z = self.head(h)
         B, T, V = z.global_shape
         return ops.cross_entropy(ops.reshape(z, (B * T, V)), ops.reshape(targets, (B * T,)))
+
+    def logits(self, ids: Any, step: Optional[int] = None, train: bool = False, last: bool = False) -> Any:
+        """Logits (B, T, V) split over the vocabulary on tp, from token ids (B, T) laid out ("dp", None);
+        `last`: those of the last position only, (B, 1, V) (with sp, only its rows move, not the sequence)."""
+        return self.head(self.blocks(self.embed(ids, step, train), step, train), last)
+
+    def loss(self, ids: Any, targets: Any, step: Optional[int], train: bool = True,
+             micro: Optional[int] = None) -> Any:
+        """Mean cross-entropy over the batch's tokens (vocab-parallel: the logits are never gathered)."""
+        return self.head_loss(self.blocks(self.embed(ids, step, train, micro), step, train, micro), targets)
 
     def generate(self, prompt: bytes, n: int, temperature: float = 0.0, seed: Optional[int] = None) -> np.ndarray:
         """The ids of `n` characters after `prompt` (eval mode), drawn as spmdsim.gpt.reference.generate does.

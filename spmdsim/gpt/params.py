@@ -114,18 +114,25 @@ def dropout_shape(cfg: GPTConfig, site: str, batch: Optional[int] = None) -> tup
     return (b, cfg.seq, cfg.d_model)
 
 
-def dropout_seed(cfg: GPTConfig, step: int, site: str) -> int:
-    """The seed of the mask at `site` in training step `step` (0-based)."""
+def dropout_seed(cfg: GPTConfig, step: int, site: str, micro: Optional[int] = None) -> int:
+    """The seed of the mask at `site` in training step `step` (0-based); `micro`: the microbatch of a
+    step that accumulates gradients over several (None: the step's whole batch at once)."""
     n = as_int(step)
     if n is None or n < 0:
         raise SpmdsimError(f"step {step!r} must be an integer >= 0")
     _check_site(cfg, site)
-    return zlib.crc32(f"{cfg.seed}:dropout:{n}:{site}".encode())
+    if micro is None:
+        return zlib.crc32(f"{cfg.seed}:dropout:{n}:{site}".encode())
+    i = as_int(micro)
+    if i is None or i < 0:
+        raise SpmdsimError(f"microbatch {micro!r} must be an integer >= 0")
+    return zlib.crc32(f"{cfg.seed}:dropout:{n}:{site}:micro{i}".encode())
 
 
-def dropout_tensor(cfg: GPTConfig, step: int, site: str, batch: Optional[int] = None) -> SeededTensor:
+def dropout_tensor(cfg: GPTConfig, step: int, site: str, batch: Optional[int] = None,
+                   micro: Optional[int] = None) -> SeededTensor:
     """The uniform [0, 1) numbers behind a site's mask: keep where value >= cfg.dropout."""
-    return SeededTensor(dropout_shape(cfg, site, batch), "float64", seed=dropout_seed(cfg, step, site),
+    return SeededTensor(dropout_shape(cfg, site, batch), "float64", seed=dropout_seed(cfg, step, site, micro),
                         low=0.0, high=1.0)
 
 

@@ -45,16 +45,18 @@ def logits(params: Params, x: Any, cfg: GPTConfig, step: Optional[int] = None, t
 
 
 def loss_and_grads(params: Params, x: Any, y: Any, cfg: GPTConfig, step: Optional[int],
-                   train: bool = True) -> tuple[float, Params]:
+                   train: bool = True, micro: Optional[int] = None) -> tuple[float, Params]:
     """Mean cross-entropy of targets y given ids x, and its gradient for every parameter.
 
     Args:
         step: the 0-based training step; it picks the dropout masks (ignored when not train).
+        micro: x's microbatch number in a step that accumulates over several (its own masks,
+            spmdsim.gpt.params.dropout_seed); None: the step's whole batch.
     """
     ids, targets = _ids(x, cfg, "x"), _ids(y, cfg, "y")
     if ids.shape != targets.shape:
         raise SpmdsimError(f"y of shape {targets.shape} must have the shape of x {ids.shape}")
-    out, cache = _forward(params, ids, cfg, step, train)
+    out, cache = _forward(params, ids, cfg, step, train, micro=micro)
     n = out.shape[0]
     rows, flat_y = np.arange(n), targets.reshape(-1)
     top = out.max(axis=1, keepdims=True)
@@ -228,7 +230,8 @@ def _check_params(params: Params, cfg: GPTConfig) -> None:
                                f"{getattr(value, 'dtype', type(value).__name__)} {getattr(value, 'shape', '')}")
 
 
-def _masks(cfg: GPTConfig, step: Optional[int], train: bool, batch_size: int) -> Optional[dict[str, np.ndarray]]:
+def _masks(cfg: GPTConfig, step: Optional[int], train: bool, batch_size: int,
+           micro: Optional[int] = None) -> Optional[dict[str, np.ndarray]]:
     """Each site's keep mask (1.0 kept, 0.0 dropped), or None where dropout is the identity."""
     if not train or cfg.dropout == 0:
         return None
@@ -236,17 +239,17 @@ def _masks(cfg: GPTConfig, step: Optional[int], train: bool, batch_size: int) ->
         raise SpmdsimError("step is None in training mode; dropout masks need the 0-based step")
     masks = {}
     for site in dropout_sites(cfg):
-        t = dropout_tensor(cfg, step, site, batch_size)
+        t = dropout_tensor(cfg, step, site, batch_size, micro)
         masks[site] = t.at_least(tuple(slice(None) for _ in t.shape), cfg.dropout).astype(np.float64)
     return masks
 
 
 def _forward(params: Params, x: np.ndarray, cfg: GPTConfig, step: Optional[int], train: bool,
-             need_cache: bool = True) -> tuple[np.ndarray, dict]:
+             need_cache: bool = True, micro: Optional[int] = None) -> tuple[np.ndarray, dict]:
     """Logits (B*T, V) of ids x (B, T) and what the backward needs."""
     _check_params(params, cfg)
     B, T = x.shape
-    keep = _masks(cfg, step, train, B)
+    keep = _masks(cfg, step, train, B, micro)
     q = 1.0 - cfg.dropout
     drop = (lambda a, site: a) if keep is None else (lambda a, site: a * keep[site].reshape(a.shape) / q)
     h = drop(params["wte"][x] + params["wpe"][None], "emb").reshape(B * T, cfg.d_model)

@@ -48,12 +48,27 @@ class StepResult:
 
 
 def _reference_step(moments: dict, params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig,
-                    step: int) -> tuple:
-    """(new moments, loss, grads, updated params) of one reference step; nothing given is changed in place."""
+                    step: int, microbatches: int = 1) -> tuple:
+    """(new moments, loss, grads, updated params) of one reference step; nothing given is changed in place.
+
+    `microbatches` > 1: the batch's rows in that many equal microbatches, each with its own dropout masks
+    (spmdsim.gpt.params.dropout_seed), their losses and gradients averaged: gradient accumulation.
+    """
     from ..optim import adamw_update
     from .reference import loss_and_grads
 
-    loss, grads = loss_and_grads(params, x, y, cfg, step)
+    if microbatches == 1:
+        loss, grads = loss_and_grads(params, x, y, cfg, step)
+    else:
+        size = cfg.batch // microbatches
+        loss, grads = 0.0, {}
+        for i in range(microbatches):
+            rows = slice(i * size, (i + 1) * size)
+            part, g = loss_and_grads(params, x[rows], y[rows], cfg, step, micro=i)
+            loss += part / microbatches
+            for name, value in g.items():
+                value = value / microbatches
+                grads[name] = value if i == 0 else grads[name] + value
     if cfg.clip:
         from .reference import clip_grads
 

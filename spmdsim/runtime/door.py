@@ -122,6 +122,26 @@ def send_requests(comm: Any, receives: list, sends: list) -> list:
     return requests
 
 
+def point_to_point(mesh: Mesh, comm: Any, axes: Any, receives: list, sends: list, label: str | None) -> None:
+    """Messages between members of `comm` (a group of `mesh` over `axes`), posted together and all waited
+    for: `receives` as (buffer, source, tag), `sends` as (buffer, dest, tag), receives posted first. A
+    pipeline's activations and gradients between stages (spmdsim.gpt.pipeline). Waited politely on a
+    polite mesh, watched with SPMDSIM_WATCHDOG (a schedule that deadlocks anyway ends the job with the
+    watchdog's report); one trace row ("send", "recv" or "sendrecv") with the bytes each way. Not
+    numbered as a collective: the stages of a pipeline make different numbers of them."""
+    context = _context()
+    traces = context.traces
+    t0 = perf_counter()
+    requests = send_requests(comm, receives, sends)
+    op = "sendrecv" if receives and sends else ("recv" if receives else "send")
+    engine_of(comm).wait_all(requests, debug.waiter(op, normalize_axes(axes), context.seq, mesh.polite, comm))
+    if traces:
+        sent = sum(buf.nbytes for buf, _, _ in sends)
+        received = sum(buf.nbytes for buf, _, _ in receives)
+        peers = len({peer for _, peer, _ in receives} | {peer for _, peer, _ in sends})
+        record(op, normalize_axes(axes), comm.Get_size(), sent, received, perf_counter() - t0, label, 0, peers)
+
+
 def wait_requests(comm: Any, requests: list, wait: Any = None) -> None:
     """Complete `requests` of `send_requests` (each by `wait` when given, else all at once)."""
     engine_of(comm).wait_all(requests, wait)

@@ -263,14 +263,15 @@ class DTensor:
     grad = property(lambda self: getattr(self._ag, "grad", None), doc="the gradient, in this layout")
 
     def backward(self, gradient: "DTensor | None" = None, explain: list | None = None,
-                 bucket: bool | int = False) -> None:
+                 bucket: bool | int = False, keep_pending: Any = ()) -> None:
         """Gradients of this scalar loss into every leaf's ``.grad`` (collective; see autograd.backward).
 
         `gradient`: the upstream gradient of a non-scalar tensor (a DTensor of its global shape, any
         layout). ``bucket=True``: gradients summed over the same axes share one Allreduce; an int caps
-        a bucket's bytes.
+        a bucket's bytes. `keep_pending`: leaves whose gradients stay pending sums, accumulated, for
+        spmdsim.autograd.reduce_grads (gradient accumulation).
         """
-        _OPERATORS.backward(self, explain, bucket, gradient)
+        _OPERATORS.backward(self, explain, bucket, gradient, keep_pending)
 
     # arithmetic (spmdsim.ops.pointwise: broadcasting; a number is a replicated 0-d operand). numpy's ufuncs
     # (np.exp(x), np.float64(2) * x), np.asarray's refusal, abs(), len(), .T and PyTorch's spellings of the
