@@ -99,3 +99,31 @@ def test_refusals_are_one_line_on_every_rank(kwargs, message):
 
     with pytest.raises(SpmdsimError, match=message):
         spmdsim.simulate(pp * 2, main)
+
+
+def test_dry_run_runs_a_representative_per_stage_and_repeats_measured_cells(monkeypatch):
+    """A dry run of pp 4: one rank per stage runs; later microbatches' cells repeat the first's measured
+    rows, so the calls and bytes equal those of running every cell (the peak is the first cell's kept bytes
+    times those in flight: see docs/pipeline.md)."""
+    from spmdsim.gpt import pipeline
+
+    cfg = GPTConfig(layers=4, d_model=32, heads=2, seq=16, batch=16, dropout=0.1)
+
+    def main():
+        run, _ = train_pipelined(cfg, spmdsim.world(), 4, 2, 2, 1, IDS, sp=True, schedule="1f1b", microbatches=8)
+        run.close()
+
+    def lines():
+        report = spmdsim.simulate(16, main, dry_run=True).report
+        return [(r.calls, r.bytes_sent, r.bytes_received, r.counts) for r in report.ranks]
+
+    repeated = lines()
+    monkeypatch.setattr(pipeline._DryCells, "again", lambda self, key: False)  # every cell runs
+    assert lines() == repeated
+    stages = [repeated[4 * s] for s in range(4)]
+    assert all(repeated[r] == stages[r // 4] for r in range(16))
+    # The middle stages send the same bytes (their warm-ups post them in different groups); the ends
+    # hold the embedding and the head.
+    assert stages[1][1] == stages[2][1] and stages[0][:2] != stages[1][:2] != stages[3][:2]
+    counts = dict(stages[1][3])
+    assert counts.get("send", 0) + counts.get("sendrecv", 0) >= 8  # every microbatch crossed both boundaries

@@ -31,6 +31,7 @@ from time import perf_counter
 
 import numpy as np
 
+from .. import buffers
 from ..errors import SpmdsimError
 from ..layout import Layout
 from .config import GPTConfig
@@ -245,8 +246,26 @@ def _run_program(run: PipelineRun, program: Sequence, x: np.ndarray, y: np.ndarr
     def rows(i: int, data: np.ndarray) -> Any:
         return DTensor.from_global(mesh, data[i * micro:(i + 1) * micro], ids_layout)
 
+    repeat = _DryCells(local_shape) if mesh.engine.dry else None
+    # Each chunk's first backward runs for real in a dry run (it is measured), so its forward does too.
+    first_backward: dict = {}
+    for action in program:
+        if isinstance(action, Compute) and action.kind == "B":
+            first_backward.setdefault(action.chunk, action.microbatch)
+
     def forward(mb: int, c: int) -> None:
         nonlocal held, most
+        held += 1
+        most = max(most, held)
+        if repeat is not None and mb != first_backward.get(c) and repeat.again(("F", c)):
+            # a dry run's later microbatch: the first's figures
+            outputs[(mb, c)] = stand = repeat.output(mesh, act, shape)
+            stand.input = inputs.pop((mb, c), None)  # held until the backward, as the graph would hold it
+            return
+        with _first(repeat, ("F", c)):
+            _forward(mb, c)
+
+    def _forward(mb: int, c: int) -> None:
         model, when = models[c], (mb if tag_micro else None)
         h = model.embed(rows(mb, x), step, True, when) if c == 0 else inputs[(mb, c)]
         h = model.blocks(h, step, True, when)
@@ -254,14 +273,20 @@ def _run_program(run: PipelineRun, program: Sequence, x: np.ndarray, y: np.ndarr
             h = model.head_loss(h, rows(mb, y)) * scale
             losses.append(h)
         outputs[(mb, c)] = h
-        held += 1
-        most = max(most, held)
 
     def backward(mb: int, c: int) -> None:
         nonlocal held
-        out = outputs.pop((mb, c))
-        out.backward(gradient=None if c == last else upstream.pop((mb, c)), keep_pending=params)
         held -= 1
+        out = outputs.pop((mb, c))
+        if isinstance(out, _Stand):  # a dry run's repeated cell: the first backward's figures
+            upstream.pop((mb, c), None)
+            if not repeat.again(("B", c)):  # pragma: no cover - each chunk's first backward ran for real
+                raise SpmdsimError(f"internal: no measured backward of chunk {c} to repeat")
+            if c > 0:
+                sent_grads[(mb, c)] = buffers.lazy_zeros(local_shape, np.float64)
+            return
+        with _first(repeat, ("B", c)):
+            out.backward(gradient=None if c == last else upstream.pop((mb, c)), keep_pending=params)
         if c > 0:
             sent_grads[(mb, c)] = np.ascontiguousarray(inputs.pop((mb, c)).grad.local)
 
@@ -275,7 +300,7 @@ def _run_program(run: PipelineRun, program: Sequence, x: np.ndarray, y: np.ndarr
                 buf = sent_grads.pop((op.microbatch, op.chunk))
             sends.append((buf, op.peer, _tag(op.what, op.chunk)))
         else:
-            buf = np.empty(local_shape, np.float64)
+            buf = buffers.empty(local_shape, np.float64)
             sender = op.chunk - 1 if op.what == "act" else op.chunk + 1
             receives.append((buf, op.peer, _tag(op.what, sender)))
             received.append((op, buf))
@@ -302,16 +327,87 @@ def _run_program(run: PipelineRun, program: Sequence, x: np.ndarray, y: np.ndarr
     return [float(ops.resolved(loss).local) for loss in losses], order, most
 
 
+class _Stand:
+    """A dry run's repeated forward cell: the output's block (zeros) and, while it lives, the bytes the first
+    cell of its kind kept for its backward (counted on the run's Meter)."""
+
+    __slots__ = ("local", "input", "__weakref__")
+
+    def __init__(self, local: np.ndarray) -> None:
+        self.local, self.input = local, None
+
+
+class _DryCells:
+    """A dry run's cells after the first of each kind ((F or B, chunk)): every microbatch's cell of one kind
+    runs the same operators on blocks of the same shapes, so the first one runs (dry) and is measured (its
+    trace rows, the bytes it keeps, the bytes it holds at its peak) and the later ones add those figures
+    without running again: ranks that do the same work are computed once, and so are microbatches."""
+
+    def __init__(self, local_shape: tuple) -> None:
+        self.local_shape = local_shape
+        self.seen: dict = {}  # (kind, chunk) -> (trace rows, bytes kept after it, bytes above the start at its peak)
+
+    def again(self, key: tuple) -> bool:
+        """True (and the first cell's rows and peak added) if a cell of this kind ran already."""
+        from ..context import current
+
+        seen = self.seen.get(key)
+        if seen is None:
+            return False
+        rows, kept, transient = seen
+        context = current()
+        for trace in context.traces:
+            trace._rows.extend(rows)
+        meter = context.meter
+        meter.peak = max(meter.peak, meter.held + transient)
+        self.kept = kept
+        return True
+
+    def output(self, mesh: Any, act: Any, shape: tuple) -> _Stand:
+        """The stand-in of a repeated forward's output, holding the first forward's kept bytes while it lives."""
+        from ..context import current
+
+        out = _Stand(buffers.lazy_zeros(self.local_shape, np.float64))
+        current().meter.count(out, self.kept)
+        return out
+
+
+class _first:  # noqa: N801 - a context manager, read as a phrase: `with _first(repeat, key):`
+    """Measure the first cell of its kind in a dry run (see _DryCells); nothing otherwise."""
+
+    def __init__(self, repeat: Optional[_DryCells], key: tuple) -> None:
+        self.repeat, self.key = repeat, key
+
+    def __enter__(self) -> None:
+        if self.repeat is None:
+            return
+        from ..context import current
+
+        context = current()
+        self.meter, self.trace = context.meter, context.traces[-1]
+        self.rows, self.held, self.peak = len(self.trace._rows), self.meter.held, self.meter.peak
+        self.meter.peak = self.meter.held  # the peak inside this cell, from here
+
+    def __exit__(self, *exc: object) -> None:
+        if self.repeat is None or exc[0] is not None:
+            return
+        meter = self.meter
+        self.repeat.seen[self.key] = (list(self.trace._rows[self.rows:]), meter.held - self.held,
+                                      meter.peak - self.held)
+        meter.peak = max(meter.peak, self.peak)
+
+
 def _tie_embedding(run: PipelineRun, wte: Any, other: int, pp_comm: Any) -> None:
     """Add the other end's gradient of the tied table (first and last stage: Megatron's embedding group)."""
     from ..runtime.door import point_to_point
 
     g = wte.grad
     mine = np.ascontiguousarray(g.local)
-    theirs = np.empty_like(mine)
+    theirs = buffers.empty(mine.shape, mine.dtype)
     point_to_point(run.mesh, pp_comm, "pp", [(theirs, other, 1 << 14)], [(mine, other, 1 << 14)],
                    "embedding group")
-    wte._ag.grad = type(g)(g.mesh, mine + theirs, g.layout, g.global_shape)
+    total = mine if g.mesh.engine.dry else mine + theirs  # a dry run's zeros stay zeros, unread
+    wte._ag.grad = type(g)(g.mesh, total, g.layout, g.global_shape)
 
 
 def gathered_stages(run: PipelineRun, cfg: GPTConfig) -> dict:

@@ -31,14 +31,13 @@ counted and complete at once; an mpi4py program's own point-to-point calls and
 from __future__ import annotations
 
 import json
-import math
-import mmap
 import weakref
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
+from .. import buffers
 from ..context import current
 from ..engines import Engine
 from ..engines.base import DONE, DRY_VALUES_BYTES, SimulationError
@@ -117,32 +116,14 @@ def dry_run_active() -> bool:
     return current().dry_run
 
 
-#: From this size up a dry run's zeros are their own anonymous mapping (`zeros`).
-LAZY_BYTES = 1 << 20
-
-#: A private mapping: a page only read is the kernel's one shared zero page (Python's default,
-#: MAP_SHARED, backs even a read page with memory of its own: 8 MiB of RSS for summing 8 MiB of zeros).
-_PRIVATE = {"flags": mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS} if hasattr(mmap, "MAP_ANONYMOUS") else {}
+#: From this size up a dry run's zeros are their own anonymous mapping (spmdsim.buffers.lazy_zeros).
+LAZY_BYTES = buffers.LAZY_BYTES
 
 
 def zeros(shape: tuple, dtype: Any) -> np.ndarray:
-    """Zeros whose pages cost no memory until written: a dry run's stand-in for any value.
-
-    ``np.zeros`` is calloc, and glibc may serve a multi-MiB calloc from a heap
-    it has used before and clear it, writing every page (the Megatron block's
-    attention scores are 32 MiB a rank at 1,024 ranks). A private anonymous
-    mapping costs nothing where it is only read (its pages are the kernel's
-    zero page), is filled page by page on first write, and is unmapped when
-    the array is freed.
-    """
-    dtype = np.dtype(dtype)
-    nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes >= LAZY_BYTES:
-        try:
-            return np.frombuffer(mmap.mmap(-1, nbytes, **_PRIVATE), dtype).reshape(shape)
-        except OSError:  # out of mappings (vm.max_map_count) or address space: numpy's own
-            pass
-    return np.zeros(shape, dtype)
+    """Zeros whose pages cost no memory until written: a dry run's stand-in for any value
+    (spmdsim.buffers.lazy_zeros; the buffers a dry run's collectives are given are these too)."""
+    return buffers.lazy_zeros(shape, dtype)
 
 
 class DryEngine(Engine):
@@ -249,7 +230,8 @@ def _fill(send: Any, recv: Any, how: Any) -> None:
     if recv is None or send is None or send is recv:  # in place: the buffer holds this rank's part
         return
     if recv.nbytes > DRY_COPY_BYTES or recv.dtype != send.dtype:
-        recv.fill(0)
+        if not buffers.is_lazy(recv):  # a lazy buffer is zeros already: filling it would cost its pages
+            recv.fill(0)
     else:
         how(send.reshape(-1), recv.reshape(-1))
 
