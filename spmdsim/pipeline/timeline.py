@@ -115,7 +115,7 @@ def timeline(stages: Union[int, Schedule], orders: Optional[Sequence[Sequence[Co
         cell = orders[s][at[s]]
         missing = next(n for n in _needs(*keys[s][at[s]], last) if n not in finish)
         ran = any(missing in row for row in keys)
-        why = "which waits in turn for this stage" if ran else "which no stage runs"
+        why = "which never finishes (the orders wait on each other)" if ran else "which no stage runs"
         raise PipelineError(f"the orders cannot run: stage {s} runs {cell.label(virtual)} after "
                             f"{Compute(*missing).label(virtual)}, {why}")
     return Timeline(stages, virtual, microbatches, tuple(tuple(row) for row in cells), name)
