@@ -217,15 +217,15 @@ def _deadlock_message(schedule: Schedule, start: int, pc: list, posted: dict) ->
 
 
 def _hint(schedule: Schedule, cycle: list, ops: list, pc: list) -> str:
-    """How to untie the cycle: post a waiting send with the receive that meets the peer's send."""
+    """How to untie the cycle: post a waiting send with the receive that meets the send waiting on it."""
     v = schedule.virtual
     for i, (s, op) in enumerate(zip(cycle, ops)):
-        after = ops[(i + 1) % len(ops)]
-        if not (isinstance(op, Send) and isinstance(after, Send) and after.peer == s):
+        before = ops[i - 1]  # the previous stage on the cycle waits on this one
+        if not (isinstance(op, Send) and isinstance(before, Send) and before.peer == s):
             continue
         for action in schedule.programs[s][pc[s]:]:
-            meets = [r for r in message_ops(action) if isinstance(r, Recv) and r.message == after.message]
+            meets = [r for r in message_ops(action) if isinstance(r, Recv) and r.message == before.message]
             if meets:
                 return (f"post each send with the receive it meets "
                         f"(as [{op.token(v)} {meets[0].token(v)}])")
-    return "each waits for a message the other sends later; let one of them send before it receives"
+    return "each waits for a message its peer sends only later; let one of them send before it receives"

@@ -65,8 +65,11 @@ def render(what: Union[Schedule, Timeline], width: int = WIDTH) -> str:
     lead = len(f"stage {t.stages - 1}") + 2
     per_band = max(1, (width - lead + 1) // (cell + 1))
     step = _tick_step(cell + 1, len(str(max(t.length - 1, 0))))
-    head = f"{_title(t)}: stage x time, one unit per forward or backward of one chunk"
-    lines = wrap_lines([head], width)
+    if t.virtual > 1:
+        key = "F3.5: forward of microbatch 3 through chunk 5, B3.5: its backward, .: idle; one time unit each"
+    else:
+        key = "F3: forward of microbatch 3, B3: its backward, .: idle; one time unit each"
+    lines = wrap_lines([_title(t), key], width)
     for first in range(0, max(t.length, 1), per_band):
         times = range(first, min(first + per_band, t.length))
         lines.append("")

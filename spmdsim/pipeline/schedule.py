@@ -369,7 +369,7 @@ def interleaved(stages: int, microbatches: int, virtual: int) -> Schedule:
     return _checked(Schedule("interleaved", stages, microbatches, virtual, programs))
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=64, typed=True)  # typed: build(..., True) is refused, not build(..., 1)
 def build(name: str, stages: int, microbatches: int, virtual: int = 1) -> Schedule:
     """The schedule `name` ("gpipe", "1f1b" or "interleaved"), checked.
 

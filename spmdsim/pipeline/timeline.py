@@ -115,9 +115,9 @@ def timeline(stages: Union[int, Schedule], orders: Optional[Sequence[Sequence[Co
         cell = orders[s][at[s]]
         missing = next(n for n in _needs(*keys[s][at[s]], last) if n not in finish)
         ran = any(missing in row for row in keys)
-        why = "which waits in turn for this stage" if ran else "which no stage runs"
-        raise PipelineError(f"the orders cannot run: stage {s} runs {cell.label(virtual)} after "
-                            f"{Compute(*missing).label(virtual)}, {why}")
+        why = "which never finishes (the orders wait on each other)" if ran else "which no stage runs"
+        raise PipelineError(f"the orders cannot run: stage {s} runs {cell.label(2)} after "
+                            f"{Compute(*missing).label(2)}, {why}")
     return Timeline(stages, virtual, microbatches, tuple(tuple(row) for row in cells), name)
 
 
@@ -126,6 +126,7 @@ def _check_orders(stages: int, orders: list, virtual: int) -> int:
 
     Returns:
         The number of microbatches (the largest one seen, plus one).
+    Messages name each compute with its chunk (F3.1), whatever `virtual` is.
     """
     if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
         raise PipelineError(f"stages {stages!r} must be an int >= 1")
@@ -137,10 +138,10 @@ def _check_orders(stages: int, orders: list, virtual: int) -> int:
             if not isinstance(cell, Compute):
                 raise PipelineError(f"stage {s}'s order holds {cell!r}; expected Compute records")
             if cell.chunk % stages != s or cell.chunk >= stages * virtual:
-                raise PipelineError(f"stage {s}'s order runs {cell.label(virtual)}, but chunk {cell.chunk} "
+                raise PipelineError(f"stage {s}'s order runs {cell.label(2)}, but chunk {cell.chunk} "
                                     f"does not live there ({stages} stages x {virtual} chunks)")
             if cell in seen:
-                raise PipelineError(f"stage {s}'s order runs {cell.label(virtual)} twice; expected once")
+                raise PipelineError(f"stage {s}'s order runs {cell.label(2)} twice; expected once")
             seen.add(cell)
     microbatches = max((cell.microbatch for cell in seen), default=-1) + 1
     check_sizes(stages, max(microbatches, 1), virtual)
