@@ -172,8 +172,9 @@ def main(args):
         line, held = model.timeline(), model.held()
         formula = bubble_formula(args.schedule, pp, microbatches(), virtual())
         if rank0:
-            print(f"executed schedule (last step, unit cost per cell): bubble {float(line.bubble):.3f}, formula "
-                  f"{float(formula):.3f}; most microbatches held per stage: {', '.join(map(str, held))}")
+            print(f"executed schedule (last step, unit cost per cell): bubble {float(line.bubble):.3f}, "
+                  f"formula {float(formula):.3f}")
+            print(f"most microbatch-chunks whose activations a stage held at once: {', '.join(map(str, held))}")
         if args.trace_out:
             model.write_trace(args.trace_out)
             if rank0:

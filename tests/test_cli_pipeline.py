@@ -171,7 +171,7 @@ def test_the_doc_is_run_with_the_other_docs_and_shows_each_schedule_and_the_lab(
     for name in ("gpipe", "1f1b", "interleaved"):
         assert any(f"--schedule {name} --stages 4 --microbatches 8" in c for c in shown), name
     assert any("--file pipeline_wrong.txt" in c for c in shown) and any("pipeline_right.txt" in c for c in shown)
-    assert "## Running a pipeline\n\nThe GPT's pipelined training is in docs/training.md.\n" in DOC
+    assert "## Running a pipeline\n\n`examples/train_gpt.py` trains the GPT over a pipeline" in DOC
 
 
 def test_the_wrong_and_right_files_of_the_lab_are_the_ones_tested():

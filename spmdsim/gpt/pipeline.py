@@ -116,8 +116,9 @@ class PipelineRun:
 
 
 def _tag(what: str, chunk: int) -> int:
-    """A message's tag: its kind and the chunk that sent it (messages between two ranks with one tag
-    arrive in the order sent, and every schedule sends each kind of each chunk in microbatch order)."""
+    """A message's tag: its kind and the chunk that sent it. Messages between two ranks with one tag match
+    in the order posted, and every checked schedule posts each kind's receives in the order the peer
+    sends (GPipe's gradients go in reverse microbatch order on both sides; spmdsim.pipeline.check)."""
     return 2 * chunk + (what == "grad")
 
 
