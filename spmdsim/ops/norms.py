@@ -123,7 +123,7 @@ def _normalized(x: Any, d: int, eps: float, centre: bool, op: str) -> Any:
     every rank: the sequence-parallel and replicated layer norms of a transformer.
     """
     n = x.global_shape[d]
-    kept: dict[str, np.ndarray] = {}  # 1 / sqrt(var + eps), for the gradient rule (a dry run keeps none)
+    kept: dict[str, np.ndarray] = {}  # 1 / sqrt(var + eps), for the gradient rule (a dry run's: zeros)
 
     def kernel(block: np.ndarray) -> np.ndarray:
         y, kept["rstd"] = _normalize(block, d, n, eps, centre)
@@ -131,7 +131,12 @@ def _normalized(x: Any, d: int, eps: float, centre: bool, op: str) -> Any:
 
     y = _engine_local(kernel, x.local, x.local)
     out = make_dtensor(x.mesh, y, x.layout, x.global_shape)
-    return out if x._ag is None else record_normalized(out, x, y, kept, d, centre, op)
+    if x._ag is None:
+        return out
+    if x.mesh.engine.dry:  # the rstd the rule keeps, sized (the dry engine's zeros): kept bytes measure alike
+        rows = x.local.shape[:d] + (1,) + x.local.shape[d + 1:]
+        kept["rstd"] = _engine_local(np.copy, np.broadcast_to(np.zeros((), y.dtype), rows), y)
+    return record_normalized(out, x, y, kept, d, centre, op)
 
 
 def layer_norm(x: Any, weight: Optional[Any] = None, bias: Optional[Any] = None, eps: float = 1e-5) -> Any:
