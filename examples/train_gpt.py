@@ -24,6 +24,7 @@ import numpy as np
 import spmdsim
 from spmdsim.gpt import GPTConfig, decode, encode, load_text
 from spmdsim.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
+from spmdsim.gpt.memory import recompute_problem, zero_problem
 from spmdsim.gpt.train import TOLERANCE, replay_problem, train
 from spmdsim.nets.train import loss_trend, run_main
 from spmdsim.sim import dry_run_active
@@ -55,6 +56,11 @@ parser.add_argument("--replay", action="store_true",
                     help="capture step 0 and replay it for the later steps (spmdsim.runtime.replay; checked alike)")
 parser.add_argument("--dialect", choices=sorted(DIALECTS), default="mindspore",
                     help="the dialect Megatron's parameter layouts are written in (the same layouts)")
+parser.add_argument("--recompute", default="none", metavar="{none,selective,full}",
+                    help="activation recomputation: the attention core (selective) or each block (full)")
+parser.add_argument("--zero", default="0", metavar="{0,1}",
+                    help="1: ZeRO-1, AdamW's states and master copy sharded over dp (docs/training.md)")
+parser.add_argument("--memory", action="store_true", help="print rank 0's memory at the last step")
 ranks_argument(parser)  # --ranks N (simulated ranks) and --dry-run beside it
 args = parser.parse_args()
 
@@ -77,6 +83,8 @@ def main(args):
     if problem:  # every rank alike, before any collective
         raise spmdsim.SpmdsimError(f"the GPT cannot run on {comm.size} ranks: {problem}")
     problem = replay_problem(cfg) if args.replay else None
+    zero = int(args.zero) if args.zero.lstrip("-").isdigit() else args.zero
+    problem = problem or recompute_problem(args.recompute) or zero_problem(zero)
     if problem:  # every rank alike, before any collective
         raise spmdsim.SpmdsimError(problem)
     dp, tp = shape
@@ -89,6 +97,9 @@ def main(args):
         print(f"text: {len(text):,} characters of Python's standard library sources (character level)")
         clipped = f", gradients' norm clipped to {cfg.clip}" if cfg.clip else ""
         print(f"mesh dp {dp} x tp {tp}{' with sequence parallelism' if args.sp else ''}; AdamW lr {cfg.lr}{clipped}")
+        if args.recompute != "none" or zero:
+            print(f"memory: recompute {args.recompute}"
+                  + ("; ZeRO-1 (states and master copy sharded over dp)" if zero else ""))
     layouts = dialect_layouts(cfg, spmdsim.Layout((dp, tp), ("dp", "tp")), args.dialect, args.sp)
     if rank0:
         words = DIALECTS[args.dialect]
@@ -104,7 +115,8 @@ def main(args):
             print(f"{r.step:5d}  {r.loss:6.4f}  {r.calls:11d}  {r.bytes_sent:10,}           {diffs}")
 
     model, results = train(cfg, comm, dp, tp, args.steps, ids, sp=args.sp, check=check, on_step=report,
-                           layouts=layouts, replay=args.replay)
+                           layouts=layouts, replay=args.replay, recompute=args.recompute, zero=zero,
+                           memory=args.memory)
     trend, falling = loss_trend([r.loss for r in results])
     failed = sum(not r.passed for r in results)
     if check and rank0:
@@ -114,6 +126,8 @@ def main(args):
         print(f"largest difference {worst:.1e} of the tensor's largest entry (tolerance {TOLERANCE:.0e})")
     if rank0:
         print(trend)
+    if args.memory and rank0 and results:
+        print("\n".join(results[-1].memory.lines()))
     if args.sample and not dry_run_active():
         prompt = b"def "
         sample = model.generate(prompt, args.sample, args.temperature)

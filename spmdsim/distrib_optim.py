@@ -29,6 +29,7 @@ Meter, 1/dp of what AdamW counts.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional, Union
@@ -192,9 +193,7 @@ class DistributedAdamW(_Optimizer):
         self.steps += 1
         for b in self.buckets:
             if not self._dry:
-                for i, a, z in b.members:
-                    b.flat[a:z] = grads[i].reshape(-1)
-                b.flat[b.size:] = 0
+                _kernel(_pack)(b.flat, tuple(grads[i] for i, _, _ in b.members), _spans(b))
             reduce_scatter(self.mesh, b.flat, self.dp_axes, 0, label="zero-1 gradient bucket", out=b.grad)
         if self.clip_grad:
             self._clip()
@@ -209,9 +208,7 @@ class DistributedAdamW(_Optimizer):
             allgather(self.mesh, b.master if not self._dry else b.grad, self.dp_axes, 0,
                       label="zero-1 parameter bucket", out=b.flat)
             if not self._dry:
-                for i, a, z in b.members:
-                    block = self.params[i].local
-                    block[...] = b.flat[a:z].reshape(block.shape)
+                _kernel(_unpack)(b.flat, tuple(self.params[i].local for i, _, _ in b.members), _spans(b))
 
     def _update_slice(self, k: int, master: np.ndarray, grad: np.ndarray) -> None:
         """AdamW on bucket `k`'s slice, element by element as spmdsim.optim.adamw_update (one kernel call
@@ -299,3 +296,30 @@ def _dry_flat(n: int, dtype: Any) -> np.ndarray:
     from .sim.dry import zeros
 
     return zeros((n,), dtype)
+
+
+def _spans(b: _Bucket) -> tuple:
+    return tuple((a, z) for _, a, z in b.members)
+
+
+def _pack(flat: np.ndarray, grads: tuple, spans: tuple) -> None:
+    """The gradient blocks end to end into `flat`, its padding zeroed."""
+    for g, (a, z) in zip(grads, spans):
+        flat[a:z] = g.reshape(-1)
+    flat[spans[-1][1]:] = 0
+
+
+def _unpack(flat: np.ndarray, blocks: tuple, spans: tuple) -> None:
+    """The gathered parameters from `flat` into their blocks, in place."""
+    for block, (a, z) in zip(blocks, spans):
+        block[...] = flat[a:z].reshape(block.shape)
+
+
+@functools.cache
+def _kernel(func: Callable) -> Callable:
+    """`func` recorded as one call when a rank captures a step (spmdsim.runtime.replay), so a replay
+    copies the arrays it is given now, not the capture's values; made on first use (importing the
+    runtime here would load it with this module)."""
+    from .runtime.replay import kernel
+
+    return kernel(func)

@@ -36,8 +36,7 @@ def zero_problem(value: Any) -> Optional[str]:
     """Why `value` is not a ZeRO stage spmdsim runs, or None."""
     if type(value) is int and value in ZERO:
         return None
-    return (f"zero {value!r} is not a ZeRO stage spmdsim runs: 0 (no sharding) or 1 (optimizer states and "
-            "master copy sharded over dp)")
+    return f"zero {value!r} is not 0 or 1 (ZeRO-1: optimizer states and master copy sharded over dp)"
 
 
 @dataclass(frozen=True)
