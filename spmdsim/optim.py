@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable, Iterable, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Union
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from .autograd.graph import Leaf, with_partial
 from .context import current
 from .errors import OperatorError
 from .validate import tolerance_arg
+
+if TYPE_CHECKING:  # loaded on first use (`__getattr__`, below): it builds on this module's helpers
+    from .distrib_optim import DistributedAdamW
 
 __all__ = ["SGD", "Adam", "AdamW", "DistributedAdamW", "adamw_update", "clip_grad_norm_", "clip_coefficient"]
 

@@ -11,7 +11,6 @@ import pytest
 
 import spmdsim
 from spmdsim import Layout
-from spmdsim.context import current
 from spmdsim.errors import OperatorError, SpmdsimError
 from spmdsim.gpt import GPTConfig, encode, load_text
 from spmdsim.gpt.memory import korthikanti_bytes, per_layer_units
