@@ -84,10 +84,12 @@ def test_the_tracker_sees_selective_drop_the_attention_core_and_full_keep_only_b
 
 def test_a_dry_run_recomputes_and_measures_what_a_real_run_does():
     """Shapes only: the same collectives and bytes as the real run, and the same kept bytes by kind (a dry
-    run's saved blocks are zeros of their real size, never touched)."""
+    run's saved blocks are zeros of their real size, never touched), on blocks large enough for the dry
+    engine's zeros (spmdsim.ops._common.DRY_ZEROS_BYTES)."""
+    cfg = GPTConfig(layers=1, d_model=128, heads=4, seq=128, batch=16, dropout=0.1)
     for mode in ("none", "selective", "full"):
         def body():
-            return train(CFG, spmdsim.world(), 2, 2, 1, TEXT, sp=True, recompute=mode, check=False,
+            return train(cfg, spmdsim.world(), 2, 2, 1, TEXT, sp=True, recompute=mode, check=False,
                          memory=True)[1][0]
 
         real, dry = spmdsim.simulate(4, body)[0], spmdsim.simulate(4, body, dry_run=True)[0]

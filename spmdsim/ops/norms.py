@@ -225,8 +225,8 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
     order = None if mask_dims is None else _permutation(mask_dims, len(region))
     # A dry run's large block (spmdsim.ops._common.dry_zeros): zeros, forward and backward, no mask drawn.
     dry = dry_zeros(x.mesh, x.local.shape, x.local.dtype, np.multiply, x.local, scale)
-    if dry is not None:
-        kept = None
+    if dry is not None:  # the factors the rule keeps, sized (zeros never touched): kept bytes measure alike
+        kept = None if x._ag is None else _engine_local(np.copy, dry, dry)
     elif order is None:
         kept = np.multiply(keep_mask(tuple(x.global_shape), seed, region, p), scale)
     else:
