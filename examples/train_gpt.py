@@ -27,6 +27,7 @@ import spmdsim
 from spmdsim.gpt import GPTConfig, decode, encode, load_text, param_specs
 from spmdsim.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
 from spmdsim.gpt.pipeline import pipeline_layout_problem, train_pipelined
+from spmdsim.gpt.memory import recompute_problem, zero_problem
 from spmdsim.gpt.train import TOLERANCE, replay_problem, train
 from spmdsim.nets.train import loss_trend, run_main
 from spmdsim.sim import dry_run_active
@@ -68,6 +69,11 @@ parser.add_argument("--replay", action="store_true",
                     help="capture step 0 and replay it for the later steps (spmdsim.runtime.replay; checked alike)")
 parser.add_argument("--dialect", choices=sorted(DIALECTS), default="mindspore",
                     help="the dialect Megatron's parameter layouts are written in (the same layouts)")
+parser.add_argument("--recompute", default="none", metavar="{none,selective,full}",
+                    help="activation recomputation: the attention core (selective) or each block (full)")
+parser.add_argument("--zero", default="0", metavar="{0,1}",
+                    help="1: ZeRO-1, AdamW's states and master copy sharded over dp (docs/training.md)")
+parser.add_argument("--memory", action="store_true", help="print rank 0's memory at the last step")
 ranks_argument(parser)  # --ranks N (simulated ranks) and --dry-run beside it
 args = parser.parse_args()
 
@@ -113,10 +119,15 @@ def main(args):
     if problem:  # every rank alike, before any collective
         raise spmdsim.SpmdsimError(f"the GPT cannot run on {comm.size} ranks: {problem}")
     problem = replay_problem(cfg) if args.replay else None
-    if args.trace_out and not pipelined():
+    zero = int(args.zero) if args.zero.lstrip("-").isdigit() else args.zero
+    problem = problem or recompute_problem(args.recompute) or zero_problem(zero)
+    if not problem and args.trace_out and not pipelined():
         problem = "--trace-out writes a pipeline's last step; give --pp (or --microbatches) with it"
-    if args.replay and pipelined():
+    if not problem and args.replay and pipelined():
         problem = "--replay runs one captured step; a pipeline's schedule is not captured yet (leave out --replay)"
+    if not problem and pipelined() and (args.recompute != "none" or zero or args.memory):
+        problem = ("--recompute, --zero and --memory run without a pipeline for now; leave them out with "
+                   "--pp or --microbatches")
     if problem:  # every rank alike, before any collective
         raise spmdsim.SpmdsimError(problem)
     dp, tp = shape
@@ -135,6 +146,9 @@ def main(args):
             v = f", {virtual()} chunks per stage" if args.schedule == "interleaved" else ""
             print(f"pipeline: {args.schedule} schedule, {microbatches()} microbatches of {cfg.batch // microbatches()}"
                   f"{v}; gradients accumulated, reduced once per step")
+        if args.recompute != "none" or zero:
+            print(f"memory: recompute {args.recompute}"
+                  + ("; ZeRO-1 (states and master copy sharded over dp)" if zero else ""))
     layouts = dialect_layouts(cfg, spmdsim.Layout((dp, tp), ("dp", "tp")), args.dialect, args.sp)
     if rank0:
         words = DIALECTS[args.dialect]
@@ -155,7 +169,8 @@ def main(args):
                                          check=check, on_step=report, layouts=layouts)
     else:
         model, results = train(cfg, comm, dp, tp, args.steps, ids, sp=args.sp, check=check, on_step=report,
-                               layouts=layouts, replay=args.replay)
+                               layouts=layouts, replay=args.replay, recompute=args.recompute, zero=zero,
+                               memory=args.memory)
     trend, falling = loss_trend([r.loss for r in results])
     failed = sum(not r.passed for r in results)
     if check and rank0:
@@ -165,6 +180,8 @@ def main(args):
         print(f"largest difference {worst:.1e} of the tensor's largest entry (tolerance {TOLERANCE:.0e})")
     if rank0:
         print(trend)
+    if args.memory and rank0 and results:
+        print("\n".join(results[-1].memory.lines()))
     if pipelined() and not dry_run_active():
         # The last step's executed cells on a unit-cost timeline: the bubble, compared with its formula.
         from spmdsim.pipeline.timeline import bubble_formula

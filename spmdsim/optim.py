@@ -12,12 +12,15 @@ allocates no state: the parameters stay as they are, and what the optimizer
 would hold after the step (momentum buffers, moments, AdamW's flat buffers),
 worked out from the blocks' sizes, is counted on the run's Meter for as long
 as the optimizer lives, so the report's peak bytes held includes it.
+
+`DistributedAdamW` (spmdsim.distrib_optim) is AdamW with its states and a master copy sharded over
+the data-parallel axes (ZeRO-1, Megatron's distributed optimizer); it counts 1/dp of them.
 """
 from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable, Iterable, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Union
 
 import numpy as np
 
@@ -26,7 +29,10 @@ from .context import current
 from .errors import OperatorError
 from .validate import tolerance_arg
 
-__all__ = ["SGD", "Adam", "AdamW", "adamw_update", "clip_grad_norm_", "clip_coefficient"]
+if TYPE_CHECKING:  # loaded on first use (`__getattr__`, below): it builds on this module's helpers
+    from .distrib_optim import DistributedAdamW
+
+__all__ = ["SGD", "Adam", "AdamW", "DistributedAdamW", "adamw_update", "clip_grad_norm_", "clip_coefficient"]
 
 
 class _Optimizer:
@@ -253,6 +259,17 @@ class AdamW(_Optimizer):
         flats = sum(2 * sum(self._dry_sizes[i] for i in indices) for indices in viewed)
         return own + flats + 2 * sum(self._dry_sizes[i] for i in self._dry_flat)
 
+    def memory(self) -> dict:
+        """This rank's bytes: "optimizer states" (the moments), "master copy" (none: the parameters are
+        their own), "buffers" (the flat gradients and scratch of the update); each buffer counted once."""
+        owners: dict = {}
+        for _, m, v in self.state.values():
+            for a in (m, v):
+                owners[id(_base(a))] = _base(a).nbytes
+        flat = self._flat[1]
+        scratch = (flat[0].nbytes + flat[3].nbytes) if flat is not None else 0
+        return {"optimizer states": sum(owners.values()), "master copy": 0, "buffers": scratch}
+
     def _update_all(self, indices: tuple, params: tuple, grads: tuple) -> None:
         """The same step as `_update` on each parameter, bit for bit: the moments and the step sizes over
         flat buffers, then each block decayed and stepped."""
@@ -284,6 +301,13 @@ class AdamW(_Optimizer):
         buffers = (g, m, v, tmp, spans)
         self._flat = (indices, buffers)
         return buffers
+
+
+def _base(a: np.ndarray) -> np.ndarray:
+    """The array whose memory `a` views."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
 
 
 def _what(value: Any) -> str:
@@ -407,3 +431,13 @@ def clip_grad_norm_(params: Iterable[Any], max_norm: float, eps: float = 1e-6) -
             scaled = np.multiply(g.local, coefficient).astype(g.local.dtype, copy=False)
             p._ag.grad = type(g)(g.mesh, scaled, g.layout, g.global_shape)
     return norm
+
+
+def __getattr__(name: str) -> Any:
+    # DistributedAdamW lives in spmdsim.distrib_optim, which builds on this module's helpers: loaded on
+    # first use, so neither module imports the other at import time.
+    if name == "DistributedAdamW":
+        from .distrib_optim import DistributedAdamW
+
+        return DistributedAdamW
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

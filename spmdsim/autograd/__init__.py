@@ -5,12 +5,17 @@ Operators record a node on their output when an input requires grad
 operator's rule (`spmdsim.autograd.rules`, one module per family of
 operators) and moves gradients with the redistribution planner, so each
 backward collective is the conjugate of a forward one. Importing this package
-starts no MPI.
+starts no MPI. `checkpoint` recomputes a region in the backward instead of keeping its
+activations; `kept_bytes` measures what a recorded graph keeps for backward, by the kinds
+`kept_as` tags its nodes with.
 """
 from __future__ import annotations
 
+from .checkpoint import checkpoint
 from .engine import backward, reduce_grads
 from .function import Function, FunctionCtx
-from .graph import is_grad_enabled, no_grad
+from .graph import enable_grad, is_grad_enabled, kept_as, no_grad
+from .kept import kept_bytes
 
-__all__ = ["backward", "reduce_grads", "no_grad", "is_grad_enabled", "Function", "FunctionCtx"]
+__all__ = ["backward", "reduce_grads", "no_grad", "enable_grad", "is_grad_enabled", "Function", "FunctionCtx",
+           "checkpoint", "kept_as", "kept_bytes"]

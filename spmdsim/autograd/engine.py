@@ -24,7 +24,7 @@ from ..errors import OperatorError
 from ..layout import TensorLayout
 from .graph import Leaf, Node, used_axes, with_partial
 
-__all__ = ["backward", "reduce_grads", "grad_layout", "add_grads"]
+__all__ = ["backward", "reduce_grads", "gradients", "grad_layout", "add_grads"]
 
 
 def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gradient: Any = None,
@@ -101,6 +101,31 @@ def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gra
                 explain.append((f"leaf {tuple(tensor.global_shape)} {tensor.layout}: its replicas' "
                                 f"gradients summed" + _read_by(readers, [leaf]), trace.entries))
         leaf.grad = g if leaf.grad is None else add_grads(leaf.grad, g, whole)
+
+
+def gradients(out: Any, dy: Any, wrt: tuple) -> tuple:
+    """The gradients of the tensors `wrt` (each a leaf of the graph that made `out`) for `out`'s gradient
+    `dy`, walking and freeing that graph; each stays a pending sum where it is one (nothing is resolved
+    and no ``.grad`` is set: the caller, a recomputed region's node, hands them on to the walk it runs
+    in). A leaf of the graph that is not among `wrt` is refused: its gradient would be lost."""
+    grads: dict = {}
+    owners: dict = {}
+    leaves: list = []
+    _accumulate(grads, owners, out, dy)
+    for node in _topological(out._ag):
+        g = grads.pop(node, None)
+        run, inputs = node.backward, node.inputs
+        node.backward, node.inputs = None, ()
+        if g is not None:
+            _take(grads, owners, leaves, inputs, run(_prepared(node, g)))
+    wanted = {id(t._ag) for t in wrt if t is not None and t._ag is not None}
+    lost = [owners[leaf] for leaf in leaves if id(leaf) not in wanted]
+    if lost:
+        t = lost[0]
+        raise OperatorError(f"a recomputed region read a tensor requiring grad that it was not given "
+                            f"(global shape {tuple(t.global_shape)!r}, layout {t.layout}); pass every "
+                            "parameter it reads among its inputs")
+    return tuple(None if t is None or t._ag is None else grads.get(t._ag) for t in wrt)
 
 
 def reduce_grads(tensors: Any, bucket: Any = True) -> None:

@@ -17,7 +17,7 @@ from ..errors import OperatorError
 from ..layout import TensorLayout
 
 __all__ = ["Leaf", "Node", "record", "no_grad", "is_grad_enabled", "requires_grad_", "used_axes",
-           "with_partial"]
+           "with_partial", "kept_as", "enable_grad"]
 
 
 class _ModeState(threading.local):
@@ -25,6 +25,7 @@ class _ModeState(threading.local):
     and one rank's ``no_grad()`` must not switch recording off for the others."""
 
     enabled = True
+    kind: Optional[str] = None  # what the nodes recorded now keep for backward (`kept_as`)
 
 
 _Mode = _ModeState()
@@ -44,6 +45,29 @@ def no_grad() -> Iterator[None]:
         yield
     finally:
         _Mode.enabled = before
+
+
+@contextmanager
+def enable_grad() -> Iterator[None]:
+    """Operators inside record again, even within ``no_grad()`` (a recomputed region's backward)."""
+    before = _Mode.enabled
+    _Mode.enabled = True
+    try:
+        yield
+    finally:
+        _Mode.enabled = before
+
+
+@contextmanager
+def kept_as(kind: str) -> Iterator[None]:
+    """Nodes recorded inside keep their saved tensors under `kind` ("attention core", "mlp", ...), which
+    `spmdsim.autograd.kept_bytes` groups by; per thread, as `no_grad`. Nested: the innermost kind."""
+    before = _Mode.kind
+    _Mode.kind = kind
+    try:
+        yield
+    finally:
+        _Mode.kind = before
 
 
 class _Recorded:
@@ -84,12 +108,15 @@ class Node(_Recorded):
         reads: layouts of the tensors `backward` reads besides the gradient; a
             pending sum of the gradient over an axis none of them uses passes
             through (the backward is linear and their blocks repeat there).
+        kind: what the node keeps for backward, for the memory tracker (`kept_as`); None: untagged.
     """
 
-    __slots__ = ("name", "inputs", "backward", "want", "reads")
+    __slots__ = ("name", "inputs", "backward", "want", "reads", "kind")
 
-    def __init__(self, name: str, inputs: tuple, backward: Callable, want: Any, reads: tuple) -> None:
+    def __init__(self, name: str, inputs: tuple, backward: Callable, want: Any, reads: tuple,
+                 kind: Optional[str] = None) -> None:
         self.name, self.inputs, self.backward, self.want, self.reads = name, inputs, backward, want, reads
+        self.kind = kind
 
     def describe(self) -> str:
         """The forward step this node records, as text."""
@@ -126,7 +153,7 @@ def record(out: Any, name: str | Callable[[], str], inputs: Sequence[Any], backw
         reads = tuple(inputs) + (out,)
     # A list, not a generator; a TensorLayout is its own layout (its `.layout` is the device matrix).
     layouts = tuple([t if type(t) is TensorLayout else t.layout for t in reads if t is not None])
-    out._ag = Node(name, tuple(inputs), backward, want, layouts)
+    out._ag = Node(name, tuple(inputs), backward, want, layouts, _Mode.kind)
     return out
 
 

@@ -25,15 +25,17 @@ from typing import Any, Optional
 import numpy as np
 
 from .. import ops
+from ..autograd import checkpoint, kept_as
 from ..errors import SpmdsimError
 from ..layout import TensorLayout
 from .config import GPTConfig
 # Megatron's plan is spmdsim.gpt.layouts' (pure); the model runs with it, and its names stay importable here.
 from .layouts import DIALECTS, dialect_layouts, megatron_layouts, mesh_problem
+from .memory import RECOMPUTE, recompute_problem
 from .params import constant, dropout_seed, seeded
 from .stages import Part, part_specs, whole
 
-__all__ = ["GPT", "megatron_layouts", "dialect_layouts", "DIALECTS", "mesh_problem"]
+__all__ = ["GPT", "megatron_layouts", "dialect_layouts", "DIALECTS", "mesh_problem", "RECOMPUTE"]
 
 
 class GPT:
@@ -47,11 +49,21 @@ class GPT:
             converted to a TensorLayout: spmdsim.dialects).
         part: the pieces this object holds (spmdsim.gpt.stages.Part: a pipeline chunk's layers,
             embedding, head); default the whole model. Only its parameters are made.
+        recompute: activation recomputation (docs/training.md, "Memory"): "none"; "selective", the
+            attention core (scores, softmax, its dropout, times V) recomputed in the backward
+            (Korthikanti et al. 2022); "full", each block's input kept and the block recomputed
+            (spmdsim.autograd.checkpoint). The same gradients (the same dropout masks: seeded by step,
+            site and microbatch).
     """
 
     def __init__(self, cfg: GPTConfig, mesh: Any, sp: bool = False,
-                 layouts: Optional[dict[str, TensorLayout]] = None, part: Optional[Part] = None) -> None:
+                 layouts: Optional[dict[str, TensorLayout]] = None, part: Optional[Part] = None,
+                 recompute: str = "none") -> None:
         from ..runtime.dtensor import DTensor  # its operators came with `ops`, imported above
+
+        problem = recompute_problem(recompute)
+        if problem:
+            raise SpmdsimError(problem)
 
         names = tuple(mesh.layout.alias_name)
         if names != ("dp", "tp"):
@@ -60,7 +72,7 @@ class GPT:
         problem = mesh_problem(cfg, dp, tp, sp)
         if problem:
             raise SpmdsimError(f"the GPT cannot run on dp {dp} x tp {tp}: {problem}")
-        self.cfg, self.mesh, self.sp = cfg, mesh, bool(sp)
+        self.cfg, self.mesh, self.sp, self.recompute = cfg, mesh, bool(sp), recompute
         self.part = whole(cfg) if part is None else part
         chosen = megatron_layouts(cfg, mesh.layout, sp)
         chosen.update(layouts or {})
@@ -106,10 +118,12 @@ class GPT:
         return x if x.layout == self.full else redistribute(x, self.full)
 
     def _block(self, h: Any, layer: int, step: Optional[int], train: bool, micro: Optional[int]) -> Any:
+        # Each part's nodes are tagged with what they keep for backward (spmdsim.autograd.kept_bytes).
         p, cfg = self.params, self.cfg
         pre = f"h{layer}."
         T, B, D, H = h.global_shape[0], h.global_shape[1], cfg.d_model, cfg.heads
-        a = self._gathered(ops.layer_norm(h, p[pre + "ln1.w"], p[pre + "ln1.b"], cfg.ln_eps))
+        with kept_as("layer norm"):
+            a = self._gathered(ops.layer_norm(h, p[pre + "ln1.w"], p[pre + "ln1.b"], cfg.ln_eps))
 
         def heads(name: str) -> Any:
             y = ops.einsum("tbd,de->tbe", a, p[pre + f"attn.w{name}"])
@@ -117,19 +131,25 @@ class GPT:
                 y = y + p[pre + f"attn.b{name}"]
             return ops.reshape(y, (T, B, H, cfg.head_dim))
 
-        q, k, v = heads("q"), heads("k"), heads("v")
+        with kept_as("attention"):
+            q, k, v = heads("q"), heads("k"), heads("v")
         # softmax(q k^T / sqrt(head_dim), causal), dropped out, times v: one operator and node (its values
         # are those of einsum, masked_fill, softmax, dropout and einsum: spmdsim.ops.attention).
         drop = cfg.dropout if train else 0.0
         seed = self._seed(step, pre + "attn", micro) if drop else None
-        o = ops.attention(q, k, v, causal=True, dropout=drop, seed=seed, batch_first=False)
-        proj = self._row_out(ops.einsum("tbd,de->tbe", ops.reshape(o, (T, B, D)), p[pre + "attn.wo"]))
-        proj = proj + p[pre + "attn.bo"]
-        h = h + self._dropout(proj, pre + "resid1", step, train, micro)
-        m = self._gathered(ops.layer_norm(h, p[pre + "ln2.w"], p[pre + "ln2.b"], cfg.ln_eps))
-        m = ops.gelu(ops.einsum("tbd,de->tbe", m, p[pre + "mlp.w1"]) + p[pre + "mlp.b1"])
-        out = self._row_out(ops.einsum("tbf,fd->tbd", m, p[pre + "mlp.w2"])) + p[pre + "mlp.b2"]
-        return h + self._dropout(out, pre + "resid2", step, train, micro)
+        with kept_as("attention core"):
+            o = ops.attention(q, k, v, causal=True, dropout=drop, seed=seed, batch_first=False,
+                              recompute=self.recompute == "selective")
+        with kept_as("attention"):
+            proj = self._row_out(ops.einsum("tbd,de->tbe", ops.reshape(o, (T, B, D)), p[pre + "attn.wo"]))
+            proj = proj + p[pre + "attn.bo"]
+            h = h + self._dropout(proj, pre + "resid1", step, train, micro)
+        with kept_as("layer norm"):
+            m = self._gathered(ops.layer_norm(h, p[pre + "ln2.w"], p[pre + "ln2.b"], cfg.ln_eps))
+        with kept_as("mlp"):
+            m = ops.gelu(ops.einsum("tbd,de->tbe", m, p[pre + "mlp.w1"]) + p[pre + "mlp.b1"])
+            out = self._row_out(ops.einsum("tbf,fd->tbd", m, p[pre + "mlp.w2"])) + p[pre + "mlp.b2"]
+            return h + self._dropout(out, pre + "resid2", step, train, micro)
 
     def embed(self, ids: Any, step: Optional[int] = None, train: bool = False, micro: Optional[int] = None) -> Any:
         """The activations (T, B, D) entering the first block, from token ids (B, T) laid out ("dp", None)."""
@@ -138,15 +158,27 @@ class GPT:
         p, cfg = self.params, self.cfg
         # Vocab-parallel lookup of the ids sequence-first: a pending sum over tp, Allreduced (or
         # Reduce_scattered onto the sequence); each position's embedding added to every sample's row.
-        tok = redistribute(ops.embedding(ids.T, p["wte"], reduce=False), self.act)
-        pos = ops.reshape(p["wpe"], (cfg.seq, 1, cfg.d_model))
-        return self._dropout(tok + pos, "emb", step, train, micro)
+        with kept_as("embedding"):
+            tok = redistribute(ops.embedding(ids.T, p["wte"], reduce=False), self.act)
+            pos = ops.reshape(p["wpe"], (cfg.seq, 1, cfg.d_model))
+            return self._dropout(tok + pos, "emb", step, train, micro)
 
     def blocks(self, h: Any, step: Optional[int] = None, train: bool = False, micro: Optional[int] = None) -> Any:
-        """The activations after this part's layers (all of them, for the whole model)."""
+        """The activations after this part's layers (all of them, for the whole model); with full
+        recomputation each block is one `checkpoint`, which keeps only its input."""
         for layer in range(self.part.first, self.part.stop):
-            h = self._block(h, layer, step, train, micro)
+            if self.recompute == "full":
+                pre = f"h{layer}."
+                mine = [t for name, t in self.params.items() if name.startswith(pre)]
+                h = checkpoint(partial(self._recomputed, layer, step, train, micro), h, *mine)
+            else:
+                h = self._block(h, layer, step, train, micro)
         return h
+
+    def _recomputed(self, layer: int, step: Optional[int], train: bool, micro: Optional[int], h: Any,
+                    *params: Any) -> Any:
+        """`_block` as a checkpointed region: its parameters are among the inputs, read from `params`."""
+        return self._block(h, layer, step, train, micro)
 
     def head(self, h: Any, last: bool = False) -> Any:
         """Logits (B, T, V) split over the vocabulary on tp from the last block's activations;
@@ -154,16 +186,18 @@ class GPT:
         p, cfg = self.params, self.cfg
         if last:
             h = h[-1:]
-        h = self._gathered(ops.layer_norm(h, p["lnf.w"], p["lnf.b"], cfg.ln_eps))
-        # The tied head (columns split like the vocabulary), its logits batch-first again.
-        return ops.einsum("tbd,vd->btv", h, p["wte"])
+        with kept_as("head"):
+            h = self._gathered(ops.layer_norm(h, p["lnf.w"], p["lnf.b"], cfg.ln_eps))
+            # The tied head (columns split like the vocabulary), its logits batch-first again.
+            return ops.einsum("tbd,vd->btv", h, p["wte"])
 
     def head_loss(self, h: Any, targets: Any) -> Any:
         """Mean cross-entropy over the tokens of `targets` (B, T) from the last block's activations
         (vocab-parallel: the logits are never gathered)."""
         z = self.head(h)
         B, T, V = z.global_shape
-        return ops.cross_entropy(ops.reshape(z, (B * T, V)), ops.reshape(targets, (B * T,)))
+        with kept_as("head"):
+            return ops.cross_entropy(ops.reshape(z, (B * T, V)), ops.reshape(targets, (B * T,)))
 
     def logits(self, ids: Any, step: Optional[int] = None, train: bool = False, last: bool = False) -> Any:
         """Logits (B, T, V) split over the vocabulary on tp, from token ids (B, T) laid out ("dp", None);

@@ -13,6 +13,14 @@ at rounding level: two trajectories that differ only in the order of their
 sums drift apart exponentially over training (a free-running reference
 differs by 3e-10 after 60 steps at the default model), whichever is right.
 Simulated ranks run the reference once between them (spmdsim.sim.once).
+
+Memory (docs/training.md, "Memory"): `recompute` recomputes activations in the
+backward (the GPT's option); `zero=1` steps with ZeRO-1
+(spmdsim.optim.DistributedAdamW: states and master copy sharded over dp), and the
+check then compares, besides the loss and every updated parameter, the summed
+gradient slice each rank updated (its Reduce_scatter's result) with the same
+elements of the reference's gradients; `memory=True` measures each step's bytes
+(spmdsim.gpt.memory.MemoryReport).
 """
 from __future__ import annotations
 
@@ -24,6 +32,7 @@ import numpy as np
 from ..layout import Layout
 from .config import GPTConfig
 from .data import batch
+from .memory import MemoryReport, recompute_problem, zero_problem
 from .params import decays, param_specs
 
 __all__ = ["StepResult", "train", "gathered", "replay_problem", "TOLERANCE"]
@@ -34,13 +43,15 @@ TOLERANCE = 1e-10
 
 @dataclass(frozen=True)
 class StepResult:
-    """One step: the loss, the largest relative differences (loss, gradients, parameters), its traffic."""
+    """One step: the loss, the largest relative differences (loss, gradients, parameters), its traffic,
+    and with ``memory=True`` this rank's bytes (spmdsim.gpt.memory.MemoryReport)."""
 
     step: int
     loss: float
     errors: tuple[float, float, float]  # NaN when not checked
     calls: int
     bytes_sent: int
+    memory: Optional[MemoryReport] = None
 
     @property
     def passed(self) -> bool:
@@ -122,16 +133,20 @@ def replay_problem(cfg: GPTConfig) -> Optional[str]:
 
 def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.ndarray, sp: bool = False,
           check: bool = True, on_step: Optional[Callable[[StepResult], Any]] = None,
-          mesh: Any = None, layouts: Optional[dict] = None, replay: bool = False) -> tuple[Any, list]:
+          mesh: Any = None, layouts: Optional[dict] = None, replay: bool = False,
+          recompute: str = "none", zero: int = 0, memory: bool = False) -> tuple[Any, list]:
     """Train `steps` steps on a (dp, tp) mesh over `comm`; returns (the model, one StepResult per step).
 
     Collective: every rank calls it alike. `mesh`: a Mesh of Layout((dp, tp), ("dp", "tp")) to use
     instead of making one over `comm`. `layouts`: parameter name -> TensorLayout (default Megatron's).
     `replay`: step 0 is captured (spmdsim.runtime.replay) and every later step replays it, checked
     the same way; not with `cfg.clip` (clipping reads the gradients' norm into Python).
+    `recompute`: "none", "selective" or "full" (spmdsim.gpt.parallel.GPT's). `zero`: 0 (AdamW) or 1
+    (DistributedAdamW over dp). `memory`: measure each step's bytes into StepResult.memory.
     """
     from .. import ops
-    from ..optim import AdamW, clip_grad_norm_
+    from ..autograd import kept_bytes
+    from ..optim import AdamW, DistributedAdamW, clip_grad_norm_
     from ..runtime.dtensor import DTensor  # its operators came with `ops`, just imported
     from ..runtime.mesh import Mesh
     from ..runtime.trace import collect_trace
@@ -141,31 +156,54 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     from ..sim import dry_run_active, once
     from .parallel import GPT
 
+    problem = recompute_problem(recompute) or zero_problem(zero) or (replay_problem(cfg) if replay else None)
+    if problem:  # every rank alike, before any collective
+        raise SpmdsimError(problem)
     mesh = Mesh(Layout((dp, tp), ("dp", "tp")), comm) if mesh is None else mesh
-    model = GPT(cfg, mesh, sp=sp, layouts=layouts)
+    model = GPT(cfg, mesh, sp=sp, layouts=layouts, recompute=recompute)
     specs = param_specs(cfg)
     params = [model.params[s.name] for s in specs]
-    optimizer = AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
-                      decay=[model.params[s.name] for s in specs if decays(s)])
+    decaying = [model.params[s.name] for s in specs if decays(s)]
+    if zero:
+        optimizer = DistributedAdamW(params, mesh, ("dp",), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                                     weight_decay=cfg.weight_decay, decay=decaying, clip_grad=cfg.clip)
+    else:
+        optimizer = AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                          decay=decaying)
     check = check and not dry_run_active()  # a dry run has shapes, not values
-    problem = replay_problem(cfg) if replay else None
-    if problem:
-        raise SpmdsimError(problem)
     replay = replay and not dry_run_active()  # a dry run's steps count bytes: nothing to replay
+    moments: dict = {}  # with `memory`: the totals this step, by moment, and what the graph kept
+
+    def look(moment: str, kept: Optional[dict] = None) -> None:
+        if not memory:
+            return
+        held = optimizer.memory()
+        grads = _distinct(p.grad.local for p in params if p.grad is not None)
+        moments[moment] = (held, grads, _distinct(p.local for p in params) + grads
+                           + sum(held.values()) + sum((kept or {}).values()))
+        if kept is not None:
+            moments["kept"] = kept
 
     def train_step(xd: Any, yd: Any, step: Any) -> Any:
         optimizer.zero_grad()
         loss = model.loss(xd, yd, step)
-        loss.backward(bucket=True)  # gradients summed over the same axes share one Allreduce
-        if cfg.clip:  # the joint norm: one Allreduce of one number
-            clip_grad_norm_(params, cfg.clip)
+        look("after the forward", kept_bytes([loss], exclude=params) if memory else None)
+        if zero:  # the dp sums left to the optimizer's Reduce_scatter
+            loss.backward(keep_pending=params)
+        else:
+            loss.backward(bucket=True)  # gradients summed over the same axes share one Allreduce
+            if cfg.clip:  # the joint norm: one Allreduce of one number
+                clip_grad_norm_(params, cfg.clip)
+        look("after the backward")
         optimizer.step()
+        look("after the step")
         return loss
 
     graph = None
-    moments = once(("gpt-reference", cfg, 0), _zero_moments, cfg) if check else None
+    reference_moments = once(("gpt-reference", cfg, 0), _zero_moments, cfg) if check else None
     ids_layout = mesh.layout("dp", None)
     results = []
+    report = None
     for step in range(steps):
         x, y = batch(text_ids, cfg, step)
         xd, yd = DTensor.from_global(mesh, x, ids_layout), DTensor.from_global(mesh, y, ids_layout)
@@ -179,23 +217,70 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
             else:
                 loss = graph(xd, yd, step)
         value = float(ops.resolved(loss).local)
+        if memory and moments:  # a replayed step runs no Python: the captured step's figures
+            report = _report(step, moments, _distinct(p.local for p in params))
+            moments.clear()
         errors = (float("nan"),) * 3
         if check:
-            moments, ref_loss, grads, updated = once(("gpt-reference", cfg, step + 1), _reference_step, moments,
-                                                     start, x, y, cfg, step)
-            # Gradients against the model's largest gradient entry: one that is zero but for rounding has no
-            # scale of its own.
-            floor = max(float(np.max(np.abs(g))) for g in grads.values())
+            reference_moments, ref_loss, grads, updated = once(
+                ("gpt-reference", cfg, step + 1), _reference_step, reference_moments, start, x, y, cfg, step)
             mine = np.array([abs(value - ref_loss) / max(abs(ref_loss), 1e-300),
-                             max(_worst(model.params[s.name].grad.local, grads[s.name], model.params[s.name].slices,
-                                        floor) for s in specs),
+                             _grad_error(model, specs, grads, optimizer if zero else None),
                              max(_worst(model.params[s.name].local, updated[s.name], model.params[s.name].slices)
                                  for s in specs)])
             worst = resolve(mesh, mine, pending(mesh.layout, 1, ("dp", "tp")), "check", reduction="max", owned=True)
             errors = tuple(float(e) for e in worst)
         totals = trace.totals()
-        result = StepResult(step, value, errors, totals["calls"], totals["bytes_sent"])
+        result = StepResult(step, value, errors, totals["calls"], totals["bytes_sent"],
+                            None if report is None else _restep(report, step))
         results.append(result)
         if on_step is not None:
             on_step(result)
     return model, results
+
+
+def _grad_error(model: Any, specs: tuple, grads: dict, zero: Any) -> float:
+    """The largest difference of this rank's gradients from the reference's, relative to the model's largest
+    gradient entry (a gradient that is zero but for rounding, like the key bias's, has no scale of its own).
+    With ZeRO-1 (`zero`, the DistributedAdamW): the summed gradient slice this rank updated."""
+    floor = max(float(np.max(np.abs(g))) for g in grads.values())
+    if zero is None:
+        return max(_worst(model.params[s.name].grad.local, grads[s.name], model.params[s.name].slices, floor)
+                   for s in specs)
+    worst = 0.0
+    for i, a, z, values in zero.grad_slices():
+        t = zero.params[i]
+        reference = grads[specs[i].name]
+        mine = reference[t.slices].reshape(-1)[a:z]
+        scale = max(float(np.max(np.abs(reference), initial=0.0)), floor) or 1.0
+        worst = max(worst, float(np.max(np.abs(values - mine), initial=0.0)) / scale)
+    return worst
+
+
+def _distinct(arrays: Any) -> int:
+    """The bytes of these arrays' buffers, each counted once (a view counts its base's)."""
+    owners: dict = {}
+    for a in arrays:
+        while isinstance(a.base, np.ndarray):
+            a = a.base
+        owners[id(a)] = a.nbytes
+    return sum(owners.values())
+
+
+def _report(step: int, moments: dict, params: int) -> MemoryReport:
+    """The step's MemoryReport from what `train`'s `look` saw."""
+    held, grads, _ = moments["after the step"]
+    peak, moment = max((moments[m][2], m) for m in ("after the forward", "after the backward", "after the step"))
+    kept = tuple(sorted(moments["kept"].items(), key=lambda kv: _KIND_ORDER.get(kv[0], len(_KIND_ORDER))))
+    return MemoryReport(step, kept, params, grads, held["master copy"], held["optimizer states"], held["buffers"],
+                        peak, moment)
+
+
+def _restep(report: MemoryReport, step: int) -> MemoryReport:
+    from dataclasses import replace
+
+    return report if report.step == step else replace(report, step=step)
+
+
+_KIND_ORDER = {k: i for i, k in enumerate(("embedding", "block input", "layer norm", "attention", "attention core",
+                                           "mlp", "head"))}

@@ -35,7 +35,7 @@ __all__ = ["attention"]
 
 def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[float] = None,
               dropout: float = 0.0, seed: Optional[int] = None, training: bool = True, mask: Any = None,
-              batch_first: bool = True) -> Any:
+              batch_first: bool = True, recompute: bool = False) -> Any:
     """softmax(q k^T * scale, masked above the diagonal if `causal`), dropped out, times v.
 
     q (B, Tq, H, D), k (B, Tk, H, D), v (B, Tk, H, E) -> (B, Tq, H, E). `scale`: default 1 / sqrt(D).
@@ -46,9 +46,12 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
     `mask`: a bool DTensor (B, Tk), True where a key takes part and False for padding (PyTorch's
     boolean convention), moved to q's batch split with the keys whole; a query row that sees no key
     gets NaN, as a softmax over nothing.
+    `recompute`: keep nothing of the core for the backward but q, k and v (the scores, their softmax, the
+    dropout's mask and its output: Korthikanti et al.'s selective recomputation); the backward computes
+    them again from q and k, the mask drawn again from `seed` (the same mask), then its gradients.
     """
     raise_if_not_dtensors("attention", ("q", "k", "v"), q, k, v)
-    for name, flag in (("causal", causal), ("batch_first", batch_first)):
+    for name, flag in (("causal", causal), ("batch_first", batch_first), ("recompute", recompute)):
         if not isinstance(flag, (bool, np.bool_)):
             raise OperatorError(f"attention: {name} {flag!r} must be True or False")
     if not isinstance(dropout, Real) or isinstance(dropout, bool) or not 0 <= dropout < 1:
@@ -86,33 +89,43 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
     mesh = q.mesh
     b_, t_, h_ = first(q.slices[:3])
     tk = first(tuple(k.global_shape))[1]
-    above = None
-    if causal:  # this rank's query rows (global indices) against every key
-        rows = np.arange(t_.start, t_.stop)[:, None]
-        above = np.arange(tk)[None, :] > rows
+    padding = None
     if mask is not None:  # (b, 1, 1, Tk): padding keys, for every head and query row
         padding = ~_moved(mask, plan.mask).local[:, None, None, :]
-        above = padding if above is None else above | padding
-    keep = None
-    if drop and not mesh.engine.dry:  # a dry run computes neither direction: no mask drawn
-        b, tq, h = first(tuple(q.global_shape))[:3]
-        probs_shape = (b, h, tq, tk)
-        region = (b_, h_, t_, slice(0, tk))
-        keep = keep_mask(probs_shape, seed, region, drop)
-    # The kept probabilities' factor, once (keep is 0 or 1: the same bits as keep * factor after each product).
-    factors = np.multiply(keep, np.asarray(1.0 / (1.0 - drop), q.dtype)) if keep is not None else None
-    kept: dict = {}  # the probabilities, before and after dropout, for the gradient rule (a dry run keeps none)
 
-    # Per sample and head, (Tq, D) @ (D, Tk) and (Tq, Tk) @ (Tk, E): batched BLAS products on the blocks'
-    # (b, h, ...) views (np.einsum's own loops took several times as long).
-    def forward(qb: np.ndarray, kb: np.ndarray, vb: np.ndarray) -> np.ndarray:
+    def masked() -> Optional[np.ndarray]:
+        """What the scores lose: this rank's query rows (global indices) against every key above the
+        diagonal if causal, and the padding keys; made where used (a recomputing backward keeps none)."""
+        above = np.arange(tk)[None, :] > np.arange(t_.start, t_.stop)[:, None] if causal else None
+        if padding is not None:
+            above = padding if above is None else above | padding
+        return above
+
+    b, tq, h = first(tuple(q.global_shape))[:3]
+    probs_shape, region = (b, h, tq, tk), (b_, h_, t_, slice(0, tk))
+    dtype = q.dtype
+
+    # The core up to the weighted sum: the probabilities, their dropped-out values and the kept entries'
+    # factor (keep is 0 or 1: the same bits as keep * factor after each product); None without dropout.
+    # Per sample and head, (Tq, D) @ (D, Tk): batched BLAS products on the blocks' (b, h, ...) views
+    # (np.einsum's own loops took several times as long). The backward of `recompute` calls it again.
+    def core(qb: np.ndarray, kb: np.ndarray) -> tuple:
         s = np.matmul(qb.transpose(heads), kb.transpose(keys_t)) * scale
+        above = masked()
         if above is not None:
             s = np.where(above, -np.inf, s)
         e = np.exp(s - np.max(s, axis=-1, keepdims=True))
         p = e / np.sum(e, axis=-1, keepdims=True)
-        pd = p if factors is None else p * factors
-        kept["p"], kept["pd"] = p, pd
+        factors = np.multiply(keep_mask(probs_shape, seed, region, drop), np.asarray(1.0 / (1.0 - drop), dtype)) \
+            if drop else None
+        return p, (p if factors is None else p * factors), factors
+
+    kept: dict = {}  # p, pd and factors for the gradient rule (a dry run: zeros of their size, below)
+
+    def forward(qb: np.ndarray, kb: np.ndarray, vb: np.ndarray) -> np.ndarray:
+        p, pd, factors = core(qb, kb)
+        if not recompute:
+            kept["p"], kept["pd"], kept["factors"] = p, pd, factors
         return np.matmul(pd, vb.transpose(heads)).transpose(back)
 
     out_layout, out_shape = first(plan.out), first(plan.shape)
@@ -120,7 +133,13 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
     out = make_dtensor(mesh, _engine_local(forward, like, q.local, k.local, v.local), out_layout, out_shape)
     if q._ag is None and k._ag is None and v._ag is None:
         return out
-    return record_attention(out, q, k, v, plan, kept, factors, scale, (heads, keys_t, back))
+    if mesh.engine.dry and not recompute:  # what the rule keeps, sized: the dry engine's zeros, never touched
+        block = np.broadcast_to(np.zeros((), q.dtype), (b_.stop - b_.start, h_.stop - h_.start,
+                                                         t_.stop - t_.start, tk))
+        p = _engine_local(np.copy, block, block)
+        kept.update(p=p, pd=_engine_local(np.copy, block, block) if drop else p,
+                    factors=_engine_local(np.copy, block, block) if drop else None)
+    return record_attention(out, q, k, v, plan, kept, core if recompute else None, scale, (heads, keys_t, back))
 
 
 def _batch_first(x: Any) -> Any:

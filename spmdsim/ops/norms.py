@@ -123,7 +123,7 @@ def _normalized(x: Any, d: int, eps: float, centre: bool, op: str) -> Any:
     every rank: the sequence-parallel and replicated layer norms of a transformer.
     """
     n = x.global_shape[d]
-    kept: dict[str, np.ndarray] = {}  # 1 / sqrt(var + eps), for the gradient rule (a dry run keeps none)
+    kept: dict[str, np.ndarray] = {}  # 1 / sqrt(var + eps), for the gradient rule (a dry run's: zeros)
 
     def kernel(block: np.ndarray) -> np.ndarray:
         y, kept["rstd"] = _normalize(block, d, n, eps, centre)
@@ -131,7 +131,12 @@ def _normalized(x: Any, d: int, eps: float, centre: bool, op: str) -> Any:
 
     y = _engine_local(kernel, x.local, x.local)
     out = make_dtensor(x.mesh, y, x.layout, x.global_shape)
-    return out if x._ag is None else record_normalized(out, x, y, kept, d, centre, op)
+    if x._ag is None:
+        return out
+    if x.mesh.engine.dry:  # the rstd the rule keeps, sized (the dry engine's zeros): kept bytes measure alike
+        rows = x.local.shape[:d] + (1,) + x.local.shape[d + 1:]
+        kept["rstd"] = _engine_local(np.copy, np.broadcast_to(np.zeros((), y.dtype), rows), y)
+    return record_normalized(out, x, y, kept, d, centre, op)
 
 
 def layer_norm(x: Any, weight: Optional[Any] = None, bias: Optional[Any] = None, eps: float = 1e-5) -> Any:
@@ -220,8 +225,8 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
     order = None if mask_dims is None else _permutation(mask_dims, len(region))
     # A dry run's large block (spmdsim.ops._common.dry_zeros): zeros, forward and backward, no mask drawn.
     dry = dry_zeros(x.mesh, x.local.shape, x.local.dtype, np.multiply, x.local, scale)
-    if dry is not None:
-        kept = None
+    if dry is not None:  # the factors the rule keeps, sized (zeros never touched): kept bytes measure alike
+        kept = None if x._ag is None else _engine_local(np.copy, dry, dry)
     elif order is None:
         kept = np.multiply(keep_mask(tuple(x.global_shape), seed, region, p), scale)
     else:

@@ -3,11 +3,12 @@
 Each rank holds its own samples', heads' and query rows' probabilities from
 the forward and works out dQ, dK and dV from them locally: dQ is whole, dK
 and dV are pending over the axes that split the query rows (each rank's
-queries read every key).
+queries read every key). With selective recomputation the forward keeps none of the core
+(probabilities, dropout mask, dropped-out probabilities): the rule computes them again first.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -17,19 +18,21 @@ from .grads import grad_tensor
 __all__ = ["record_attention"]
 
 
-def record_attention(out: Any, q: Any, k: Any, v: Any, plan: Any, kept: dict, factors: Optional[np.ndarray],
+def record_attention(out: Any, q: Any, k: Any, v: Any, plan: Any, kept: dict, core: Optional[Callable],
                      scale: float, order: tuple) -> Any:
     """softmax(q k^T * scale [masked]) [dropped out] v, its operands already in the plan's layouts.
 
-    `kept`: the probabilities "p" and, after dropout, "pd" per (b, h, query, key), which the forward's
-    kernel keeps (a dry run keeps none: zero gradients); `factors`: the kept entries' dropout factor (None
-    without dropout); `order`: the permutations that see a block as (b, h, t, d), k's as (b, h, d, t), and
-    put a (b, h, t, e) product back in the operands' order.
+    `kept`: the probabilities "p", after dropout "pd", and the kept entries' dropout factor "factors"
+    (None without dropout) per (b, h, query, key), which the forward's kernel keeps; empty when `core`
+    is given (selective recomputation: ``core(q block, k block) -> (p, pd, factors)`` computes them
+    again here, the mask drawn again from its seed) and in a dry run (zero gradients); `order`: the
+    permutations that see a block as (b, h, t, d), k's as (b, h, d, t), and put a (b, h, t, e) product
+    back in the operands' order.
     """
     heads, keys_t, back = order
 
     def grads(dy: np.ndarray) -> tuple:
-        p, pd = kept["p"], kept["pd"]
+        p, pd, factors = core(q.local, k.local) if core is not None else (kept["p"], kept["pd"], kept["factors"])
         dyh = dy.transpose(heads)  # (b, h, q, e)
         dpd = np.matmul(dyh, v.local.transpose(keys_t))
         dv = np.matmul(pd.transpose(0, 1, 3, 2), dyh).transpose(back)
@@ -40,7 +43,7 @@ def record_attention(out: Any, q: Any, k: Any, v: Any, plan: Any, kept: dict, fa
         return dq, dk, dv
 
     def backward(dy: Any) -> tuple:
-        if not kept:  # a dry run: zeros of each operand's block
+        if dy.mesh.engine.dry:  # a dry run: zeros of each operand's block
             dq, dk, dv = (np.zeros(t.local.shape, t.dtype) for t in (q, k, v))
         else:
             dq, dk, dv = grads(dy.local)

@@ -219,10 +219,10 @@ def record_scale(out: Any, x: Any, factor: Any) -> Any:
 
 def record_dropout(out: Any, x: Any, kept: Any, scale: np.ndarray) -> Any:
     """Dropout: dX = dY * the kept entries' factor (`kept`: keep mask times `scale`, as the forward
-    multiplied by; None in a dry run, whose zeros are scaled instead), shard by shard."""
+    multiplied by; in a dry run zeros of its size, and dY's zeros are scaled instead), shard by shard."""
 
     def backward(dy: Any) -> tuple:
-        if kept is None:
+        if kept is None or dy.mesh.engine.dry:
             return (grad_tensor(x, _local(np.multiply, dy.local, dy.local, scale), dy.layout.partial),)
         return (grad_tensor(x, dy.local * kept, dy.layout.partial),)
 

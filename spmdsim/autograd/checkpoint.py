@@ -1,0 +1,70 @@
+"""``checkpoint(fn, *inputs)``: run a region without keeping its activations, run it again in the backward.
+
+Full activation recomputation (Chen et al. 2016; Megatron's ``--recompute-granularity full``, PyTorch's
+``torch.utils.checkpoint``): the forward runs `fn` under `no_grad`, so nothing inside it is kept for
+backward; the one node it records keeps only its inputs. Its backward runs `fn` again on the same
+inputs, now recording, and walks that graph with the output's gradient (`spmdsim.autograd.engine.
+gradients`): every collective of the region's forward runs again, then its backward's. Values are
+the same because every operator is deterministic given its inputs; a dropout inside draws its mask
+from its seed (the GPT's are seeded by step, site and microbatch), so the recomputed masks are the
+forward's. The inputs' gradients are handed to the outer walk as they come, pending sums included,
+so a parameter's data-parallel sum still happens once, at its leaf (bucketed as without recomputation).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..errors import OperatorError
+from .graph import Leaf, enable_grad, is_grad_enabled, kept_as, no_grad, record
+
+__all__ = ["checkpoint"]
+
+
+def checkpoint(fn: Callable[..., Any], *inputs: Any, kind: str = "block input") -> Any:
+    """``fn(*inputs)``, its activations recomputed in the backward instead of kept.
+
+    Args:
+        fn: the region: a function of `inputs` returning one DTensor, deterministic (seeded dropout).
+        inputs: every DTensor that needs a gradient and that `fn` reads: its activations and the
+            parameters it uses (the leaves are read as they are; parameters `fn` reads from elsewhere
+            must be among them, or the backward refuses: their gradient would be lost).
+        kind: what the node keeps (its inputs), for the memory tracker (`spmdsim.autograd.kept_bytes`).
+    """
+    for i, t in enumerate(inputs):
+        if not (hasattr(t, "_ag") and hasattr(t, "layout")):
+            raise OperatorError(f"checkpoint: input {i} is a {type(t).__name__}, not a DTensor")
+    if not is_grad_enabled() or all(t._ag is None for t in inputs):
+        return fn(*inputs)
+    with no_grad():
+        out = fn(*inputs)
+    if not (hasattr(out, "_ag") and hasattr(out, "layout")):
+        raise OperatorError(f"checkpoint: the region returned a {type(out).__name__}; expected one DTensor")
+    shape, layout = tuple(out.global_shape), out.layout
+
+    def backward(dy: Any) -> tuple:
+        from .engine import gradients
+
+        # The activations as new leaves on the same blocks (their gradients come back pending, as the
+        # walk left them); the parameters as they are (their leaves are the outer graph's).
+        again = tuple(_detached(t) for t in inputs)
+        with enable_grad():
+            redo = fn(*again)
+        if tuple(redo.global_shape) != shape or redo.layout != layout:
+            raise OperatorError(f"checkpoint: the recomputed region returned {tuple(redo.global_shape)!r} "
+                                f"{redo.layout}, its forward {shape!r} {layout}; the region must be "
+                                "deterministic")
+        if redo._ag is None:
+            return (None,) * len(inputs)
+        return gradients(redo, dy, again)
+
+    with kept_as(kind):
+        return record(out, "checkpoint", inputs, backward)
+
+
+def _detached(t: Any) -> Any:
+    """A leaf input as it is; an activation as a new leaf on its block (None: no gradient wanted)."""
+    if t._ag is None or isinstance(t._ag, Leaf):
+        return t
+    leaf = type(t)._trusted(t.mesh, t.local, t.layout, t.global_shape)
+    leaf._ag = Leaf()
+    return leaf

@@ -1,0 +1,325 @@
+"""ZeRO-1, Megatron's distributed optimizer: AdamW whose states and master copy are sharded over dp.
+
+Every data-parallel rank holds the same parameters (replicated over the dp axes), so every rank's
+AdamW would hold the same moments. Here each holds 1/dp of them, as Megatron-core's
+``DistributedOptimizer`` does (Rajbhandari et al. 2020, stage 1):
+
+1. the backward leaves each gradient a pending sum over dp (``backward(keep_pending=params)``); one
+   pending over other axes too (sequence parallelism's LayerNorm and bias gradients, over tp) is
+   first summed over those (one Allreduce per group of axes, bucketed);
+2. the gradients of one dtype are laid end to end in a flat buffer, this rank's blocks in parameter
+   order (the tensor-parallel shards are what is flattened: each tp rank has its own buffer), cut
+   into buckets of at most `bucket` bytes, each padded with zeros to a multiple of dp;
+3. per bucket one Reduce_scatter over dp (in place of the Allreduce): dp rank r receives the sum
+   of the r-th contiguous 1/dp of the bucket;
+4. each rank runs AdamW on its slice only: its master copy of those parameters (float64 here: the
+   parameters' own dtype) and its moments, 1/dp of the bucket each;
+5. per bucket one Allgather over dp of the updated slices into the flat buffer, copied back into
+   the parameters' blocks.
+
+The update is AdamW's (spmdsim.optim.adamw_update) element by element, so the parameters are those
+AdamW gives, but for the order of the dp sums. A parameter may straddle two ranks' slices (Megatron
+cuts the same way); a decaying one is decayed on each slice's part. With `clip_grad` the gradients'
+joint norm is taken on the slices (each element counted on one rank: a block replicated over tp on
+its first tp rank), one Allreduce over the mesh, before the update.
+
+In a dry run (shapes only) the collectives run on the dry engine's zeros and nothing is computed; the
+states, master copy and scratch it would hold (3 + 1 slices per bucket) are counted on the run's
+Meter, 1/dp of what AdamW counts.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Optional, Union
+
+import numpy as np
+
+from .autograd.graph import with_partial
+from .context import current
+from .errors import OperatorError
+from .optim import _adam_args, _decay_flags, _Optimizer, _step_sizes, _update_kernel, clip_coefficient
+from .validate import tolerance_arg
+
+__all__ = ["DistributedAdamW"]
+
+
+@dataclass
+class _Bucket:
+    """Parameters laid end to end in one flat buffer, and this rank's slice of it."""
+
+    dtype: np.dtype
+    members: list = field(default_factory=list)  # (parameter index, start, stop) in the flat buffer
+    size: int = 0  # elements before padding
+    padded: int = 0  # a multiple of dp
+    start: int = 0  # this rank's slice [start, start + padded // dp)
+    decayed: tuple = ()  # (a, b) slice-relative spans of decaying parameters
+    flat: Any = None  # the flat buffer: the gradients going out, the parameters coming back
+    grad: Any = None  # this rank's slice of the summed gradients (the Reduce_scatter's result)
+    master: Any = None
+    m: Any = None
+    v: Any = None
+    tmp: Any = None
+    dp: int = 1
+    t: int = 0  # steps taken
+
+    @property
+    def shard(self) -> int:
+        return self.padded // self.dp
+
+
+class DistributedAdamW(_Optimizer):
+    """AdamW (spmdsim.optim.AdamW's update) with its states and master copy sharded over `dp_axes`.
+
+    Args:
+        params: DTensor leaves on `mesh`, each replicated over the dp axes.
+        mesh: their Mesh.
+        dp_axes: the data-parallel mesh axes the states are sharded over (their group, first major).
+        lr, betas, eps, weight_decay, decay: as spmdsim.optim.AdamW's.
+        bucket: the most bytes of gradients per bucket (one Reduce_scatter and one Allgather each);
+            None: one bucket per dtype (Megatron's default is 40M elements).
+        clip_grad: clip the gradients' joint norm to this before the update (0: no clipping).
+
+    Each step wants every parameter's gradient pending over dp (``loss.backward(keep_pending=
+    optimizer.params)``, then ``optimizer.step()``); `grad_slices()` gives the summed gradients this
+    rank updated.
+    """
+
+    def __init__(self, params: Iterable[Any], mesh: Any, dp_axes: tuple = ("dp",), lr: float = 1e-3,
+                 betas: tuple = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
+                 decay: Union[None, Callable[[Any], bool], Iterable[Any]] = None, bucket: Optional[int] = None,
+                 clip_grad: float = 0.0) -> None:
+        super().__init__(params, lr)
+        self.mesh = mesh
+        self.betas, self.eps = _adam_args(betas, eps)
+        self.weight_decay = tolerance_arg(weight_decay, "weight_decay", OperatorError)
+        self.clip_grad = tolerance_arg(clip_grad, "clip_grad", OperatorError)
+        self.decays = _decay_flags(self.params, decay)
+        self.dp_axes = self._checked_axes(dp_axes)
+        if bucket is not None and (type(bucket) is not int or bucket <= 0):
+            raise OperatorError(f"DistributedAdamW: bucket {bucket!r} must be None or a positive number of bytes")
+        self.dp = mesh.layout.group_size(self.dp_axes)
+        self._rank = mesh.layout.group_index(mesh.rank, self.dp_axes)
+        self.buckets = self._buckets(bucket)
+        self.last_norm: Optional[float] = None
+        self._dry = bool(mesh.engine.dry)
+        for b in self.buckets:
+            self._allocate(b)
+
+    def _checked_axes(self, dp_axes: Any) -> tuple:
+        """The dp axes of size above one (a group of one shards nothing), or the error every rank raises."""
+        names = self.mesh.layout.alias_name
+        axes = (dp_axes,) if isinstance(dp_axes, str) else tuple(dp_axes)
+        if not axes or any(a not in names for a in axes) or len(set(axes)) != len(axes):
+            raise OperatorError(f"DistributedAdamW: dp_axes {dp_axes!r} must name distinct axes of the mesh "
+                                f"{tuple(names)!r}")
+        for i, p in enumerate(self.params):
+            if p.layout.layout != self.mesh.layout:
+                raise OperatorError(f"DistributedAdamW: parameter {i} is on {p.layout.layout}, not the mesh "
+                                    f"{self.mesh.layout}")
+            split = [a for a in axes if a in p.layout.split_axes]
+            if split:
+                raise OperatorError(f"DistributedAdamW: parameter {i} (layout {p.layout}) is split over "
+                                    f"{split[0]!r}; its states are sharded over dp_axes {axes!r}, over which "
+                                    "every parameter must be replicated")
+        return tuple(a for a in axes if self.mesh.layout.axis_size(a) > 1)
+
+    def _buckets(self, cap: Optional[int]) -> list:
+        """The parameters in buckets: by dtype, in parameter order, each at most `cap` bytes (a larger
+        parameter alone), padded to a multiple of dp; this rank's slice and decaying spans in each."""
+        made: list = []
+        open_: dict = {}
+        for i, p in enumerate(self.params):
+            dtype, n = p.local.dtype, p.local.size
+            b = open_.get(dtype.str)
+            if b is None or (cap is not None and b.size and (b.size + n) * dtype.itemsize > cap):
+                b = open_[dtype.str] = _Bucket(dtype, dp=self.dp)
+                made.append(b)
+            b.members.append((i, b.size, b.size + n))
+            b.size += n
+        for b in made:
+            b.padded = -(-b.size // self.dp) * self.dp
+            b.start = self._rank * b.shard
+            lo, hi = b.start, b.start + b.shard
+            b.decayed = tuple((max(a, lo) - lo, min(z, hi) - lo) for i, a, z in b.members
+                              if self.decays[i] and max(a, lo) < min(z, hi))
+        return made
+
+    def _allocate(self, b: _Bucket) -> None:
+        """The flat buffer and this rank's slice buffers; the master copy from the parameters as they are.
+        A dry run makes the two buffers its collectives need as zeros (no pages touched), and counts the
+        rest on its meter."""
+        if self._dry:
+            from .sim.dry import zeros
+
+            b.flat, b.grad = zeros((b.padded,), b.dtype), zeros((b.shard,), b.dtype)
+            return
+        b.flat, b.grad = np.zeros(b.padded, b.dtype), np.zeros(b.shard, b.dtype)
+        self._flatten_params(b)
+        b.master = b.flat[b.start:b.start + b.shard].copy()
+        b.m, b.v, b.tmp = (np.zeros(b.shard, b.dtype) for _ in range(3))
+
+    def _flatten_params(self, b: _Bucket) -> None:
+        for i, a, z in b.members:
+            b.flat[a:z] = self.params[i].local.reshape(-1)
+
+    def memory(self) -> dict:
+        """This rank's bytes: "optimizer states" (the moments), "master copy", "buffers" (the flat buffers,
+        the summed gradients' slices and the update's scratch)."""
+        slices = sum(b.shard * b.dtype.itemsize for b in self.buckets)
+        flats = sum((b.padded + b.shard) * b.dtype.itemsize for b in self.buckets)
+        return {"optimizer states": 2 * slices, "master copy": slices,
+                "buffers": flats + slices}
+
+    def grad_slices(self) -> list:
+        """(parameter index, start, stop, values): the summed gradient this rank updated at the last step,
+        elements [start, stop) of that parameter's flattened block (a real run's; empty before a step)."""
+        out = []
+        if self._dry or not self.steps:
+            return out
+        for b in self.buckets:
+            lo, hi = b.start, b.start + b.shard
+            for i, a, z in b.members:
+                if max(a, lo) < min(z, hi):
+                    out.append((i, max(a, lo) - a, min(z, hi) - a, b.grad[max(a, lo) - lo:min(z, hi) - lo]))
+        return out
+
+    def step(self) -> None:
+        """Sum the gradients over dp onto this rank's slices, update them, gather the parameters (collective)."""
+        from .runtime.collectives import allgather, reduce_scatter
+
+        grads = self._grads()
+        self.steps += 1
+        for b in self.buckets:
+            if not self._dry:
+                _kernel(_pack)(b.flat, tuple(grads[i] for i, _, _ in b.members), _spans(b))
+            reduce_scatter(self.mesh, b.flat, self.dp_axes, 0, label="zero-1 gradient bucket", out=b.grad)
+        if self.clip_grad:
+            self._clip()
+        if self._dry:
+            meter = current().meter
+            if meter is not None:
+                meter.count(self, sum(4 * b.shard * b.dtype.itemsize for b in self.buckets))
+        else:
+            for k, b in enumerate(self.buckets):
+                _update_kernel()(self._update_slice, k, b.master, b.grad)
+        for b in self.buckets:
+            allgather(self.mesh, b.master if not self._dry else b.grad, self.dp_axes, 0,
+                      label="zero-1 parameter bucket", out=b.flat)
+            if not self._dry:
+                _kernel(_unpack)(b.flat, tuple(self.params[i].local for i, _, _ in b.members), _spans(b))
+
+    def _update_slice(self, k: int, master: np.ndarray, grad: np.ndarray) -> None:
+        """AdamW on bucket `k`'s slice, element by element as spmdsim.optim.adamw_update (one kernel call
+        when a step is captured: a replay counts its own steps)."""
+        b = self.buckets[k]
+        b.t += 1
+        if self.weight_decay:
+            decay = 1 - self.lr * self.weight_decay
+            for a, z in b.decayed:
+                master[a:z] *= decay
+        master -= _step_sizes(grad, b.m, b.v, b.t, b.tmp, lr=self.lr, betas=self.betas, eps=self.eps)
+
+    def _grads(self) -> list:
+        """Every parameter's gradient block summed over all but the dp axes (one Allreduce per other group of
+        axes), checked to be a pending sum over exactly the dp axes; the refusals are alike on every rank."""
+        from .runtime.executor import pending, resolve
+
+        want = set(self.dp_axes)
+        extra: dict = {}
+        for i, p in enumerate(self.params):
+            g = p.grad
+            if g is None:
+                raise OperatorError(f"DistributedAdamW: parameter {i} has no gradient; every parameter of a "
+                                    "bucket steps together")
+            if g.layout.tensor_map != p.layout.tensor_map or g.local.shape != p.local.shape:
+                raise OperatorError(f"parameter {i}: gradient laid out {g.layout} does not match {p.layout}")
+            if not want <= set(g.layout.partial):
+                raise OperatorError(f"DistributedAdamW: parameter {i}'s gradient ({g.layout}) is not pending over "
+                                    f"{self.dp_axes!r}: run loss.backward(keep_pending=optimizer.params), so the "
+                                    "optimizer sums it once over dp (a gradient already summed would be summed "
+                                    "again)")
+            others = tuple(a for a in g.layout.partial if a not in want)
+            if others:
+                extra.setdefault(others, []).append(i)
+        out = [p.grad.local for p in self.params]
+        for axes, members in extra.items():
+            flat = np.concatenate([out[i].reshape(-1) for i in members]) if not self._dry else \
+                _dry_flat(sum(out[i].size for i in members), out[members[0]].dtype)
+            summed = resolve(self.mesh, flat, pending(self.mesh.layout, 1, axes), "zero-1 sum over "
+                             + ",".join(axes), owned=True)
+            at = 0
+            for i in members:
+                n = out[i].size
+                out[i] = summed[at:at + n].reshape(out[i].shape)
+                at += n
+            for i in members:  # the leaf's gradient, now pending over dp only
+                p = self.params[i]
+                p._ag.grad = type(p.grad)(p.mesh, out[i], with_partial(p.layout, tuple(
+                    a for a in p.grad.layout.partial if a in want)), p.global_shape)
+        return out
+
+    def _clip(self) -> None:
+        """Scale the summed slices so the gradients' joint norm is at most `clip_grad` (as
+        spmdsim.optim.clip_grad_norm_: each element counted once over the mesh)."""
+        from .runtime.executor import pending, resolve
+
+        squares = 0.0
+        layout = self.mesh.layout
+        for b in self.buckets:
+            if self._dry:
+                continue
+            lo, hi = b.start, b.start + b.shard
+            for i, a, z in b.members:
+                s, e = max(a, lo), min(z, hi)
+                if s >= e:
+                    continue
+                copies = self.params[i].layout.copy_axes
+                copies = tuple(x for x in copies if x not in self.dp_axes)
+                if copies and layout.group_index(self.mesh.rank, copies) != 0:
+                    continue
+                part = b.grad[s - lo:e - lo].astype(np.float64, copy=False)
+                squares += float(np.dot(part, part))
+        axes = tuple(a for a, n in zip(layout.alias_name, layout.device_matrix) if n > 1)
+        if axes:
+            squares = float(resolve(self.mesh, np.array([squares]), pending(layout, 1, axes), "clip_grad_norm",
+                                    owned=True)[0])
+        self.last_norm = math.sqrt(squares)
+        coefficient = clip_coefficient(self.last_norm, self.clip_grad)
+        if coefficient != 1.0 and not self._dry:
+            for b in self.buckets:
+                np.multiply(b.grad, coefficient, out=b.grad)
+
+
+def _dry_flat(n: int, dtype: Any) -> np.ndarray:
+    from .sim.dry import zeros
+
+    return zeros((n,), dtype)
+
+
+def _spans(b: _Bucket) -> tuple:
+    return tuple((a, z) for _, a, z in b.members)
+
+
+def _pack(flat: np.ndarray, grads: tuple, spans: tuple) -> None:
+    """The gradient blocks end to end into `flat`, its padding zeroed."""
+    for g, (a, z) in zip(grads, spans):
+        flat[a:z] = g.reshape(-1)
+    flat[spans[-1][1]:] = 0
+
+
+def _unpack(flat: np.ndarray, blocks: tuple, spans: tuple) -> None:
+    """The gathered parameters from `flat` into their blocks, in place."""
+    for block, (a, z) in zip(blocks, spans):
+        block[...] = flat[a:z].reshape(block.shape)
+
+
+@functools.cache
+def _kernel(func: Callable) -> Callable:
+    """`func` recorded as one call when a rank captures a step (spmdsim.runtime.replay), so a replay
+    copies the arrays it is given now, not the capture's values; made on first use (importing the
+    runtime here would load it with this module)."""
+    from .runtime.replay import kernel
+
+    return kernel(func)

@@ -1,0 +1,109 @@
+"""The GPT's memory-saving choices and one rank's memory figures per step: pure values and their text.
+
+`RECOMPUTE` and `ZERO` are the choices (spmdsim.gpt.parallel.GPT's `recompute`, the trainer's `zero`),
+each with its one-line refusal. `MemoryReport` is what the trainer measured on one rank at one step
+(spmdsim.gpt.train, ``memory=True``): the bytes the autograd graph kept for backward after the forward,
+by kind (spmdsim.autograd.kept_bytes), the parameters, gradients, master copy, optimizer states and
+buffers, and the largest total of the three moments it looked (after the forward, the backward, the
+step). `korthikanti_bytes` is the closed formula those measurements are compared with (Korthikanti et
+al. 2022, "Reducing Activation Recomputation in Large Transformer Models", section 4 and table 2), at
+spmdsim's dtypes. Pure: numpy-free, no mpi4py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+__all__ = ["RECOMPUTE", "ZERO", "recompute_problem", "zero_problem", "MemoryReport", "BLOCK_KINDS",
+           "korthikanti_bytes", "per_layer_units"]
+
+#: Activation recomputation: none, the attention core (selective), each whole block (full).
+RECOMPUTE = ("none", "selective", "full")
+#: ZeRO stages: 0 (every rank holds the whole optimizer), 1 (states and master copy sharded over dp).
+ZERO = (0, 1)
+#: The kinds of kept bytes that belong to the blocks (the rest: the embedding, the head).
+BLOCK_KINDS = ("layer norm", "attention", "attention core", "mlp", "block input")
+
+
+def recompute_problem(value: Any) -> Optional[str]:
+    """Why `value` is not a recompute choice, or None."""
+    if isinstance(value, str) and value in RECOMPUTE:
+        return None
+    return f"recompute {value!r} is not one of {', '.join(map(repr, RECOMPUTE))}"
+
+
+def zero_problem(value: Any) -> Optional[str]:
+    """Why `value` is not a ZeRO stage spmdsim runs, or None."""
+    if type(value) is int and value in ZERO:
+        return None
+    return f"zero {value!r} is not 0 or 1 (ZeRO-1: optimizer states and master copy sharded over dp)"
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """One rank's bytes at one step (spmdsim.gpt.train's measurement; see the module docstring).
+
+    `kept`: (kind, bytes) the graph kept for backward after the forward; `buffers`: the optimizer's
+    flat buffers (scratch, and ZeRO's gradient and parameter buffers for its collectives); `peak`:
+    the largest of the totals after the forward, after the backward and after the step, at `moment`.
+    """
+
+    step: int
+    kept: tuple[tuple[str, int], ...]
+    params: int
+    grads: int
+    master: int
+    states: int
+    buffers: int
+    peak: int
+    moment: str
+
+    @property
+    def kept_total(self) -> int:
+        return sum(n for _, n in self.kept)
+
+    def kept_of(self, kind: str) -> int:
+        return dict(self.kept).get(kind, 0)
+
+    def lines(self) -> list[str]:
+        """The report as lines of at most 100 characters."""
+        kinds = ", ".join(f"{kind} {n:,}" for kind, n in self.kept)
+        out = [f"memory (rank 0, step {self.step}, bytes): kept for backward {self.kept_total:,}"]
+        line = "  "
+        for part in kinds.split(", "):
+            if len(line) + len(part) + 2 > 100:
+                out.append(line.rstrip(", ").rstrip())
+                line = "  "
+            line += part + ", "
+        if kinds:
+            out.append(line.rstrip(", "))
+        out.append(f"  parameters {self.params:,}, gradients {self.grads:,}, master copy {self.master:,}")
+        out.append(f"  optimizer states {self.states:,}, buffers {self.buffers:,}")
+        out.append(f"  peak {self.peak:,} {self.moment}")
+        return out
+
+
+def korthikanti_bytes(s: int, b: int, h: int, a: int, t: int, sp: bool, recompute: str,
+                      value_bytes: int = 2, mask_bytes: int = 1) -> tuple[float, float]:
+    """(the s·b·h term, the a·s²·b term) of the bytes one layer keeps for backward on one of `t`
+    tensor-parallel ranks, by Korthikanti et al.'s count (section 4.1, table 2): per layer, values
+    (2 bytes each in the paper) of the two layer norms' inputs, the QKV and MLP inputs (4 s·b·h, whole
+    on every rank unless `sp`), Q, K, V, the projection's input, GeLU's input and output (12 s·b·h, split
+    over t), the softmax and its dropout's output (2 a·s²·b, split over t), and dropout masks (1 byte
+    each): two of s·b·h (whole unless `sp`) and the attention's a·s²·b. With the defaults, t = 1:
+    34 s·b·h + 5 a·s²·b. Selective recomputation drops the a·s²·b term; full keeps the layer's input
+    (one value of s·b·h, split over t with `sp`).
+    """
+    shared = t if sp else 1  # what every tp rank holds whole without sp is split over t with it
+    if recompute == "full":
+        return value_bytes * s * b * h / shared, 0.0
+    sbh = s * b * h * ((4 * value_bytes + 2 * mask_bytes) / shared + 12 * value_bytes / t)
+    core = 0.0 if recompute == "selective" else a * s * s * b * (2 * value_bytes + mask_bytes) / t
+    return sbh, core
+
+
+def per_layer_units(kept: dict[str, int], layers: int, s: int, b: int, h: int, a: int) -> tuple[float, float]:
+    """One layer's kept bytes in Korthikanti et al.'s units: (bytes of every block kind but the attention
+    core / (s·b·h), the attention core's / (a·s²·b)), from measured `kept` bytes (kind -> bytes)."""
+    rest = sum(n for kind, n in kept.items() if kind in BLOCK_KINDS and kind != "attention core")
+    return rest / layers / (s * b * h), kept.get("attention core", 0) / layers / (a * s * s * b)

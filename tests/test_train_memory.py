@@ -1,0 +1,328 @@
+"""Memory-saving training (issue 52) on simulated ranks: activation recomputation, ZeRO-1, the memory tracker.
+
+Recomputation must give the gradients of the run without it (the same dropout masks, drawn again from
+their seeds); ZeRO-1 must give AdamW's parameters with 1/dp of its states; the tracker's figures are
+measured on the graph and the optimizers, and move as each feature promises.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import spmdsim
+from spmdsim import Layout
+from spmdsim.errors import OperatorError, SpmdsimError
+from spmdsim.gpt import GPTConfig, encode, load_text
+from spmdsim.gpt.memory import korthikanti_bytes, per_layer_units
+from spmdsim.gpt.train import TOLERANCE, train
+from spmdsim.optim import AdamW, DistributedAdamW
+
+CFG = GPTConfig(layers=2, d_model=32, heads=4, seq=16, batch=8, dropout=0.2)
+TEXT = encode(load_text(20_000))
+
+
+def _one_step(recompute: str, zero: int = 0, ranks: int = 4, dp: int = 2, tp: int = 2, **kw) -> list:
+    """Per rank: (loss, {name: gradient block}, {name: parameter block}, StepResult) after one step."""
+
+    def body():
+        model, results = train(CFG, spmdsim.world(), dp, tp, 1, TEXT, sp=True, recompute=recompute, zero=zero,
+                               **kw)
+        grads = {n: p.grad.local.copy() for n, p in model.params.items()}
+        return results[0].loss, grads, {n: p.local.copy() for n, p in model.params.items()}, results[0]
+
+    return spmdsim.simulate(ranks, body)
+
+
+def _relative(a: dict, b: dict) -> float:
+    return max(float(np.max(np.abs(a[n] - b[n]))) / max(float(np.max(np.abs(b[n]))), 1e-300) for n in b)
+
+
+def test_recomputation_gives_the_gradients_of_the_run_without_it():
+    """dp 2 x tp 2 with sequence parallelism and dropout 0.2: every gradient block of one step, on every rank,
+    selective and full against none, within 1e-12 relative (measured: bit for bit)."""
+    runs = {mode: _one_step(mode, check=False) for mode in ("none", "selective", "full")}
+    for mode in ("selective", "full"):
+        for rank in range(4):
+            assert runs[mode][rank][0] == runs["none"][rank][0]
+            assert _relative(runs[mode][rank][1], runs["none"][rank][1]) <= 1e-12, (mode, rank)
+            assert _relative(runs[mode][rank][2], runs["none"][rank][2]) <= 1e-12, (mode, rank)
+    # Full recomputation runs each block's forward collectives again in the backward: 2 Allgathers and
+    # 2 Reduce_scatters a block with sp.
+    assert runs["full"][0][3].calls == runs["none"][0][3].calls + 4 * CFG.layers
+    assert runs["selective"][0][3].calls == runs["none"][0][3].calls
+
+
+def test_recomputed_runs_match_one_numpy_process_each_step():
+    for mode in ("selective", "full"):
+        steps = spmdsim.simulate(8, lambda: train(CFG, spmdsim.world(), 2, 4, 2, TEXT, sp=True,
+                                                  recompute=mode)[1])[0]
+        assert all(r.passed and max(r.errors) <= TOLERANCE for r in steps), (mode, steps)
+
+
+def test_the_tracker_sees_selective_drop_the_attention_core_and_full_keep_only_block_inputs():
+    """kept_bytes on the graph after the forward: selective keeps nothing of the core and the rest as
+    without recomputation; full keeps, inside the blocks, exactly each block's input (its sequence
+    shard with sp: s/tp x b/dp x h float64 values)."""
+    kept = {mode: dict(spmdsim.simulate(4, lambda: train(CFG, spmdsim.world(), 2, 2, 1, TEXT, sp=True,
+                                                           recompute=mode, check=False,
+                                                           memory=True)[1][0].memory.kept)[0])
+            for mode in ("none", "selective", "full")}
+    s, b, h, a = CFG.seq, CFG.batch // 2, CFG.d_model, CFG.heads
+    # p, pd and the dropout factors of (b, a/tp, s, s) per layer, float64
+    assert kept["none"]["attention core"] == CFG.layers * 3 * b * (a // 2) * s * s * 8
+    assert "attention core" not in kept["selective"]
+    assert {k: v for k, v in kept["selective"].items()} == {k: v for k, v in kept["none"].items()
+                                                            if k != "attention core"}
+    block_kinds = {"layer norm", "attention", "attention core", "mlp", "block input"}
+    assert {k for k in kept["full"] if k in block_kinds} == {"block input"}
+    assert kept["full"]["block input"] == CFG.layers * (s // 2) * b * h * 8
+    assert sum(kept["full"].values()) < sum(kept["selective"].values()) < sum(kept["none"].values())
+    rest, core = per_layer_units(kept["none"], CFG.layers, s, b, h, a)
+    assert core == 3 * 8 / 2  # 24 bytes of a*s^2*b over tp 2
+    assert per_layer_units(kept["full"], CFG.layers, s, b, h, a) == (8 / 2, 0.0)
+
+
+def test_a_dry_run_recomputes_and_measures_what_a_real_run_does():
+    """Shapes only: the same collectives and bytes as the real run, and the same kept bytes by kind (a dry
+    run's saved blocks are zeros of their real size, never touched), on blocks large enough for the dry
+    engine's zeros (spmdsim.ops._common.DRY_ZEROS_BYTES)."""
+    cfg = GPTConfig(layers=1, d_model=128, heads=4, seq=128, batch=16, dropout=0.1)
+    for mode in ("none", "selective", "full"):
+        def body():
+            return train(cfg, spmdsim.world(), 2, 2, 1, TEXT, sp=True, recompute=mode, check=False,
+                         memory=True)[1][0]
+
+        real, dry = spmdsim.simulate(4, body)[0], spmdsim.simulate(4, body, dry_run=True)[0]
+        assert (dry.calls, dry.bytes_sent) == (real.calls, real.bytes_sent), mode
+        assert dry.memory.kept == real.memory.kept, mode
+
+
+def test_zero1_matches_one_numpy_process_and_adamw():
+    """ZeRO-1 on dp 2 x tp 2 with sp (the LayerNorm gradients pending over tp summed first): each step's
+    loss, the summed gradient slice each rank updated and every updated parameter against the reference;
+    the parameters equal AdamW's within 1e-12 relative; one Reduce_scatter and one Allgather over dp
+    in place of the dp Allreduce, and the states 1/dp of AdamW's."""
+    steps = spmdsim.simulate(4, lambda: train(CFG, spmdsim.world(), 2, 2, 3, TEXT, sp=True, zero=1)[1])[0]
+    assert all(r.passed and max(r.errors) <= TOLERANCE for r in steps), steps
+    plain, zero = _one_step("none", 0, check=False, memory=True), _one_step("none", 1, check=False, memory=True)
+    for rank in range(4):
+        assert _relative(zero[rank][2], plain[rank][2]) <= 1e-12
+    assert zero[0][3].calls == plain[0][3].calls + 1  # Reduce_scatter + Allgather for one Allreduce
+    m0, m1 = plain[0][3].memory, zero[0][3].memory
+    params = sum(block.nbytes for block in plain[0][2].values())  # this rank's blocks (an even number of values)
+    assert m0.states == 2 * params and m1.states * 2 == m0.states
+    assert m0.master == 0 and m1.master * 2 == params
+
+
+def _params(mesh, shapes, split_over=None):
+    from spmdsim.runtime.dtensor import DTensor
+
+    out = []
+    for k, shape in enumerate(shapes):
+        layout = mesh.layout(*([split_over] + [None] * (len(shape) - 1)))
+        rng = np.random.default_rng(k)
+        p = DTensor.from_global(mesh, rng.standard_normal(shape), layout)
+        out.append(p.requires_grad_())
+    return out
+
+
+def test_distributed_adamw_buckets_pads_and_steps_as_adamw():
+    """Three parameters of 10, 7 and 5 elements on dp 4 (x tp 2), buckets of at most 17 elements: two
+    buckets (17 -> padded 20, 5 -> 8), one Reduce_scatter and one Allgather each; the parameters after
+    two steps equal AdamW's on the dp-summed gradients."""
+    from spmdsim import ops
+    from spmdsim.runtime.dtensor import DTensor
+    from spmdsim.runtime.mesh import Mesh
+    from spmdsim.runtime.trace import collect_trace
+
+    shapes = [(10,), (7,), (5,)]
+
+    def body():
+        mesh = Mesh(Layout((4, 2), ("dp", "tp")), spmdsim.world())
+        mine, ref = _params(mesh, shapes), _params(mesh, shapes)
+        zero = DistributedAdamW(mine, mesh, ("dp",), lr=0.1, weight_decay=0.1, decay=[mine[0], mine[2]],
+                                bucket=17 * 8)
+        adamw = AdamW(ref, lr=0.1, weight_decay=0.1, decay=[ref[0], ref[2]])
+        counts = None
+        for step in range(2):
+            for params, opt in ((mine, zero), (ref, adamw)):
+                opt.zero_grad()
+                loss = None
+                for k, p in enumerate(params):  # sum of X p^2 over a batch split over dp: pending over dp
+                    rows = np.random.default_rng(10 * step + k).standard_normal((8,) + shapes[k])
+                    x = DTensor.from_global(mesh, rows, mesh.layout("dp", None))
+                    term = ops.sum(ops.mul(ops.mul(x, p), p))
+                    loss = term if loss is None else loss + term
+                if opt is zero:
+                    loss.backward(keep_pending=params)
+                    with collect_trace() as trace:
+                        opt.step()
+                    counts = trace.counts()
+                else:
+                    loss.backward()
+                    opt.step()
+        same = max(float(np.max(np.abs(a.local - b.local))) for a, b in zip(mine, ref))
+        return [(b.size, b.padded) for b in zero.buckets], same, counts, zero.memory()
+
+    for buckets, same, counts, held in spmdsim.simulate(8, body):
+        assert buckets == [(17, 20), (5, 8)]
+        assert same <= 1e-15
+        assert counts == {"reduce_scatter": 2, "allgather": 2}
+        assert held["optimizer states"] == 2 * (5 + 2) * 8 and held["master copy"] == (5 + 2) * 8
+
+
+def test_zero1_in_a_dry_run_counts_states_divided_by_dp(monkeypatch):
+    """The meter is given, for DistributedAdamW, the moments, master copy and scratch of this rank's slices
+    (4 x 1/dp of the parameters' bytes), where AdamW's dry step counts 4 x the parameters' bytes."""
+    from spmdsim.sim import dry
+
+    counted: dict = {}
+    real = dry.Meter.count
+
+    def count(meter, owner, nbytes):
+        counted[type(owner).__name__] = nbytes
+        real(meter, owner, nbytes)
+
+    monkeypatch.setattr(dry.Meter, "count", count)
+    params = {}
+    for zero in (0, 1):
+        params[zero] = spmdsim.simulate(8, lambda: sum(
+            p.local.nbytes for p in train(CFG, spmdsim.world(), 4, 2, 1, TEXT, sp=True, zero=zero)[0].params.values()),
+            dry_run=True)[0]
+    assert params[0] == params[1]
+    adamw, zero1 = counted["AdamW"], counted["DistributedAdamW"]
+    assert adamw == 4 * params[0]
+    elements = params[0] // 8
+    assert zero1 == 4 * 8 * (-(-elements // 4))  # 4 slices of the padded flat buffer / dp 4
+    assert adamw / zero1 == pytest.approx(4, rel=1e-3)
+
+
+def test_replayed_steps_with_recomputation_and_zero1_are_checked_alike():
+    steps = spmdsim.simulate(4, lambda: train(CFG, spmdsim.world(), 2, 2, 3, TEXT, sp=True, replay=True,
+                                              recompute="full", zero=1)[1])[0]
+    assert all(r.passed for r in steps), steps
+
+
+def test_clipping_with_zero1_clips_the_joint_norm_of_the_slices():
+    import dataclasses
+
+    clipped = dataclasses.replace(CFG, clip=0.05)
+    steps = spmdsim.simulate(8, lambda: train(clipped, spmdsim.world(), 2, 4, 2, TEXT, sp=True, zero=1)[1])[0]
+    assert all(r.passed for r in steps), steps
+
+
+def test_bad_choices_are_refused_in_one_line_before_any_collective():
+    with pytest.raises(SpmdsimError, match=r"^recompute 'foo' is not one of 'none', 'selective', 'full'"):
+        spmdsim.simulate(2, lambda: train(CFG, spmdsim.world(), 2, 1, 1, TEXT, recompute="foo"))
+    with pytest.raises(SpmdsimError, match=r"^zero 2 is not 0 or 1 \(ZeRO-1: "):
+        spmdsim.simulate(2, lambda: train(CFG, spmdsim.world(), 2, 1, 1, TEXT, zero=2))
+    from spmdsim.gpt.parallel import GPT
+    from spmdsim.runtime.mesh import Mesh
+
+    with pytest.raises(SpmdsimError, match=r"recompute True is not one of"):
+        spmdsim.simulate(2, lambda: GPT(CFG, Mesh(Layout((2, 1), ("dp", "tp")), spmdsim.world()), recompute=True))
+
+
+def test_distributed_adamw_refusals():
+    from spmdsim import ops
+    from spmdsim.runtime.mesh import Mesh
+
+    def body(case):
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
+        if case == "split":
+            DistributedAdamW(_params(mesh, [(4,)], split_over="dp"), mesh)
+        if case == "axes":
+            DistributedAdamW(_params(mesh, [(4,)]), mesh, dp_axes=("data",))
+        params = _params(mesh, [(4,)])
+        opt = DistributedAdamW(params, mesh)
+        x = spmdsim.DTensor.from_global(mesh, np.ones(2), mesh.layout("dp"))
+        (ops.sum(ops.mul(params[0], params[0])) * ops.sum(x)).backward()  # summed over dp already
+        opt.step()
+
+    for case, message in (("split", r"parameter 0 \(layout .*\) is split over 'dp'"),
+                          ("axes", r"dp_axes \('data',\) must name distinct axes of the mesh \('dp', 'tp'\)"),
+                          ("summed", r"parameter 0's gradient .* is not pending over \('dp',\): run "
+                                     r"loss.backward\(keep_pending=optimizer.params\)")):
+        with pytest.raises(OperatorError, match=message):
+            spmdsim.simulate(4, lambda: body(case))
+
+
+def test_checkpoint_refuses_a_region_reading_a_parameter_it_was_not_given():
+    from spmdsim import ops
+    from spmdsim.autograd import checkpoint
+    from spmdsim.runtime.mesh import Mesh
+
+    def body():
+        mesh = Mesh(Layout((2,), ("dp",)), spmdsim.world())
+        w, x = _params(mesh, [(4,), (4,)])
+        y = checkpoint(lambda t: ops.mul(t, w), ops.mul(x, x))
+        ops.sum(y).backward()
+
+    with pytest.raises(OperatorError, match=r"a recomputed region read a tensor requiring grad that it was "
+                                            r"not given \(global shape \(4,\)"):
+        spmdsim.simulate(2, body)
+
+
+def test_checkpoint_gradients_equal_the_plain_region():
+    from spmdsim import ops
+    from spmdsim.autograd import checkpoint
+    from spmdsim.runtime.mesh import Mesh
+
+    def body(recomputed):
+        mesh = Mesh(Layout((2,), ("dp",)), spmdsim.world())
+        w, x = _params(mesh, [(4,), (4,)])
+        region = (lambda t, *_: ops.tanh(ops.mul(t, w)))
+        h = ops.mul(x, x)
+        y = checkpoint(region, h, w) if recomputed else region(h)
+        ops.sum(ops.mul(y, y)).backward()
+        return w.grad.local.copy(), x.grad.local.copy()
+
+    plain, again = spmdsim.simulate(2, lambda: body(False)), spmdsim.simulate(2, lambda: body(True))
+    for (a, b), (c, d) in zip(plain, again):
+        assert np.array_equal(a, c) and np.array_equal(b, d)
+
+
+def test_korthikanti_formula_is_the_papers():
+    """Table 2 of Korthikanti et al. (2-byte values, 1-byte masks): 34 sbh + 5 as^2b with no parallelism;
+    tensor parallel sbh(10 + 24/t) + 5as^2b/t; with sp sbh 34/t; selective drops the as^2b term; full
+    keeps 2 sbh."""
+    assert korthikanti_bytes(1, 1, 1, 1, 1, False, "none") == (34, 5)
+    assert korthikanti_bytes(1, 1, 1, 1, 4, False, "none") == (10 + 24 / 4, 5 / 4)
+    assert korthikanti_bytes(1, 1, 1, 1, 4, True, "none") == (34 / 4, 5 / 4)
+    assert korthikanti_bytes(1, 1, 1, 1, 4, True, "selective") == (34 / 4, 0)
+    assert korthikanti_bytes(1, 1, 1, 1, 1, False, "full") == (2, 0)
+    assert korthikanti_bytes(2, 3, 5, 7, 1, False, "none", 8, 8) == (18 * 8 * 30, 3 * 8 * 7 * 4 * 3)
+
+
+def _example(*args: str):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    return subprocess.run([sys.executable, "examples/train_gpt.py", *args], cwd=Path(__file__).resolve().parents[1],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_train_gpt_with_both_features_passes_and_prints_its_memory():
+    out = _example("--ranks", "8", "--dp", "2", "--tp", "4", "--sp", "--layers", "1", "--d-model", "32", "--seq",
+                   "16", "--batch", "4", "--steps", "2", "--sample", "0", "--recompute", "full", "--zero", "1",
+                   "--memory")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "memory: recompute full; ZeRO-1 (states and master copy sharded over dp)" in lines
+    assert "check: 2 steps vs one numpy process (loss, 19 gradients and parameters each): PASS" in lines
+    at = next(i for i, line in enumerate(lines) if line.startswith("memory (rank 0, step 1, bytes): kept for"))
+    assert lines[at + 1].startswith("  embedding ") and "block input 2,048" in lines[at + 1]
+    assert lines[at + 2].startswith("  parameters ") and lines[at + 4].startswith("  peak ")
+    assert max(len(line) for line in lines) <= 100
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--recompute", "foo", "recompute 'foo' is not one of 'none', 'selective', 'full'"),
+    ("--zero", "2", "zero 2 is not 0 or 1 (ZeRO-1: optimizer states and master copy sharded over dp)")])
+def test_train_gpt_refuses_a_bad_choice_in_one_line(flag, value, message):
+    from testkit import unfold
+
+    out = _example("--ranks", "2", "--tp", "1", "--steps", "1", flag, value)
+    assert out.returncode == 2, out.stderr
+    assert unfold(out.stderr).strip().splitlines()[-1] == f"spmdsim: error: {message}"
