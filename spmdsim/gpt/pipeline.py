@@ -196,6 +196,12 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
             if ends:
                 _tie_embedding(run, params["wte"], 0 if stage == pp - 1 else pp - 1, pp_comm)
             optimizer.step()
+        # The stages made different numbers of collectives on their own groups: the ranks' call counters
+        # (what SPMDSIM_CHECK compares) agree again from here.
+        from ..context import current
+        from ..runtime.door import all_reduce_object
+
+        current().seq = all_reduce_object(mesh.comm, current().seq, "max")
         run.orders.append(order)
         run.in_flight.append(held)
         run.cells, run.trace = cells, trace
