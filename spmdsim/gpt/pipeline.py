@@ -38,7 +38,7 @@ from .config import GPTConfig
 from .data import batch
 from .params import decays, param_specs
 from .stages import chunk_parts, pipeline_problem
-from .train import StepResult, _worst
+from .train import StepResult, step_errors
 
 __all__ = ["PipelineRun", "train_pipelined", "pipeline_layout_problem"]
 
@@ -135,8 +135,10 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     """
     from .. import ops
     from ..autograd import reduce_grads
+    from ..context import current
     from ..optim import AdamW
     from ..pipeline.schedule import build
+    from ..runtime.door import all_reduce_object
     from ..runtime.dtensor import DTensor  # its operators came with `ops`, just imported
     from ..runtime.mesh import Mesh
     from ..runtime.trace import collect_trace
@@ -169,8 +171,8 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         for c in mine:
             if spec.name in models[c].params:
                 params.setdefault(spec.name, models[c].params[spec.name])
-    names = list(params)
-    optimizer = AdamW(list(params.values()), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+    tensors = list(params.values())
+    optimizer = AdamW(tensors, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                       weight_decay=cfg.weight_decay,
                       decay=[params[s.name] for s in param_specs(cfg) if s.name in params and decays(s)])
     run = PipelineRun(plan, parts, stage, models, mesh, stage_mesh, params, [], [])
@@ -191,16 +193,13 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
             optimizer.zero_grad()
             cells: list = []
             losses, order, held = _run_program(run, plan.programs[stage], x, y, step, micro, microbatches, last,
-                                               shape, act, ids_layout, pp_comm, list(params.values()), cells)
-            reduce_grads(list(params.values()))  # dp (and sp's LayerNorm) sums: once per step, bucketed
+                                               shape, act, ids_layout, pp_comm, tensors, cells)
+            reduce_grads(tensors)  # dp (and sp's LayerNorm) sums: once per step, bucketed
             if ends:
                 _tie_embedding(run, params["wte"], 0 if stage == pp - 1 else pp - 1, pp_comm)
             optimizer.step()
         # The stages made different numbers of collectives on their own groups: the ranks' call counters
         # (what SPMDSIM_CHECK compares) agree again from here.
-        from ..context import current
-        from ..runtime.door import all_reduce_object
-
         current().seq = all_reduce_object(mesh.comm, current().seq, "max")
         run.orders.append(order)
         run.in_flight.append(held)
@@ -214,10 +213,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
             moments, ref_loss, grads, updated = once(("gpt-reference", cfg, microbatches, step + 1),
                                                      _reference_step, moments, start, x, y, cfg, step,
                                                      microbatches)
-            floor = max(float(np.max(np.abs(g))) for g in grads.values())
-            local = np.array([abs(value - ref_loss) / max(abs(ref_loss), 1e-300),
-                              max(_worst(params[n].grad.local, grads[n], params[n].slices, floor) for n in names),
-                              max(_worst(params[n].local, updated[n], params[n].slices) for n in names)])
+            local = step_errors(value, ref_loss, grads, updated, params)
             worst = resolve(mesh, local, pending(mesh.layout, 1, ("pp", "dp", "tp")), "check", reduction="max",
                             owned=True)
             errors = tuple(float(e) for e in worst)
@@ -266,7 +262,7 @@ def _run_program(run: PipelineRun, program: Sequence, x: np.ndarray, y: np.ndarr
         most = max(most, held)
         if repeat is not None and mb != first_backward.get(c) and repeat.again(("F", c)):
             # a dry run's later microbatch: the first's figures
-            outputs[(mb, c)] = stand = repeat.output(mesh, act, shape)
+            outputs[(mb, c)] = stand = repeat.output(("F", c))
             stand.input = inputs.pop((mb, c), None)  # held until the backward, as the graph would hold it
             return
         with _first(repeat, ("F", c)):
@@ -361,21 +357,21 @@ class _DryCells:
         seen = self.seen.get(key)
         if seen is None:
             return False
-        rows, kept, transient = seen
+        rows, _, transient = seen
         context = current()
         for trace in context.traces:
             trace._rows.extend(rows)
         meter = context.meter
         meter.peak = max(meter.peak, meter.held + transient)
-        self.kept = kept
         return True
 
-    def output(self, mesh: Any, act: Any, shape: tuple) -> _Stand:
-        """The stand-in of a repeated forward's output, holding the first forward's kept bytes while it lives."""
+    def output(self, key: tuple) -> _Stand:
+        """The stand-in of a repeated forward's output, holding the first such forward's kept bytes while it
+        lives."""
         from ..context import current
 
         out = _Stand(buffers.lazy_zeros(self.local_shape, np.float64))
-        current().meter.count(out, self.kept)
+        current().meter.count(out, self.seen[key][1])
         return out
 
 

@@ -224,10 +224,8 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         if check:
             reference_moments, ref_loss, grads, updated = once(
                 ("gpt-reference", cfg, step + 1), _reference_step, reference_moments, start, x, y, cfg, step)
-            mine = np.array([abs(value - ref_loss) / max(abs(ref_loss), 1e-300),
-                             _grad_error(model, specs, grads, optimizer if zero else None),
-                             max(_worst(model.params[s.name].local, updated[s.name], model.params[s.name].slices)
-                                 for s in specs)])
+            mine = step_errors(value, ref_loss, grads, updated, {s.name: model.params[s.name] for s in specs},
+                               optimizer if zero else None)
             worst = resolve(mesh, mine, pending(mesh.layout, 1, ("dp", "tp")), "check", reduction="max", owned=True)
             errors = tuple(float(e) for e in worst)
         totals = trace.totals()
@@ -239,18 +237,28 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     return model, results
 
 
-def _grad_error(model: Any, specs: tuple, grads: dict, zero: Any) -> float:
+def step_errors(value: float, ref_loss: float, grads: dict, updated: dict, tensors: dict,
+                zero: Any = None) -> np.ndarray:
+    """This rank's largest relative differences from the reference step (loss, gradients, updated
+    parameters) over `tensors` (parameter name -> DTensor, in the optimizer's order); `zero` as
+    `_grad_error`'s. The trainers take the maximum over the mesh."""
+    return np.array([abs(value - ref_loss) / max(abs(ref_loss), 1e-300), _grad_error(tensors, grads, zero),
+                     max(_worst(t.local, updated[name], t.slices) for name, t in tensors.items())])
+
+
+def _grad_error(tensors: dict, grads: dict, zero: Any) -> float:
     """The largest difference of this rank's gradients from the reference's, relative to the model's largest
     gradient entry (a gradient that is zero but for rounding, like the key bias's, has no scale of its own).
-    With ZeRO-1 (`zero`, the DistributedAdamW): the summed gradient slice this rank updated."""
+    With ZeRO-1 (`zero`, the DistributedAdamW over `tensors`' values): the summed gradient slice this rank
+    updated."""
     floor = max(float(np.max(np.abs(g))) for g in grads.values())
     if zero is None:
-        return max(_worst(model.params[s.name].grad.local, grads[s.name], model.params[s.name].slices, floor)
-                   for s in specs)
+        return max(_worst(t.grad.local, grads[name], t.slices, floor) for name, t in tensors.items())
+    names = list(tensors)
     worst = 0.0
     for i, a, z, values in zero.grad_slices():
         t = zero.params[i]
-        reference = grads[specs[i].name]
+        reference = grads[names[i]]
         mine = reference[t.slices].reshape(-1)[a:z]
         scale = max(float(np.max(np.abs(reference), initial=0.0)), floor) or 1.0
         worst = max(worst, float(np.max(np.abs(values - mine), initial=0.0)) / scale)
