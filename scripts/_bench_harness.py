@@ -1,7 +1,6 @@
 """The benchmark harness of scripts/bench.py: a case, its timed contenders, the slowest-rank medians."""
 from __future__ import annotations
 
-import resource
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -27,9 +26,7 @@ class Case:
     extra: dict = field(default_factory=dict)
 
 
-def peak_rss() -> int:
-    """This process's peak resident set size in bytes (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+from spmdsim.memory import peak_rss  # noqa: E402  (re-exported for the benches)
 
 
 def traced(fn: Callable[[], Any], sink: list) -> Callable[[], tuple]:

@@ -17,7 +17,7 @@ its own, spmdsim.buffers) and numpy in one process (rank 0 alone, the whole
 op). A time is the median over repeats (after warm-up) of the slowest rank.
 ``comm`` columns are the time inside collectives (spmdsim's trace; the raw
 code's own timers); ``model`` is spmdsim.cost's prediction for those calls.
-Peak RSS is ru_maxrss, the largest over ranks, so far in the run.
+Peak RSS is VmHWM (spmdsim.memory.peak_rss), the largest over ranks, so far in the run.
 
 ``--aa`` is the A/A control: every case is built twice and the spmdsim slot
 runs the second copy's raw code, with its own buffers, against the first's.

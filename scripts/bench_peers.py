@@ -198,10 +198,10 @@ def cases(comm: Any, torch: Any, cfg: dict) -> list[tuple[str, Callable, Callabl
 
 
 def _peak_rss_mib(comm: Any) -> tuple[float, float]:
-    """(min, max) over ranks of this process's peak RSS so far (ru_maxrss), in MiB."""
-    import resource
+    """(min, max) over ranks of this process's peak RSS so far (VmHWM), in MiB."""
+    from spmdsim.memory import peak_rss
 
-    peaks = comm.allgather(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    peaks = comm.allgather(peak_rss() / 2**20)
     return min(peaks), max(peaks)
 
 
@@ -209,7 +209,7 @@ def training_case(comm: Any, torch: Any, cfg: dict,
                   waiter: Any) -> tuple[tuple[str, Callable, Callable], Callable, dict]:
     """MLP training step (forward, mse loss, backward, SGD) on both sides, and memory per rank.
 
-    spmdsim is built and stepped first, then DTensor; ru_maxrss is the process's
+    spmdsim is built and stepped first, then DTensor; the peak RSS is the process's
     peak so far, so DTensor's figure includes spmdsim's. The local parameter
     bytes per rank show that neither side holds a whole weight. The second
     item is the same step written by hand in numpy + mpi4py (`_numpy_step`).

@@ -11,13 +11,13 @@ rank's bytes sent and received against the cost model's ring formulas
 from __future__ import annotations
 
 import argparse
-import resource
 import sys
 import time
 
 import spmdsim
 from spmdsim import Layout, SeededTensor
 from spmdsim.cost.model import CostModel
+from spmdsim.memory import peak_rss
 from spmdsim.viz.table import wrap_lines
 
 SEQ, WIDTH, D_MODEL, HIDDEN_PER_MP = 16, 4, 16, 8  # rows per rank, head width, model width, MLP units per rank
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     seconds = time.perf_counter() - start
     report = results.report
     print(report.to_json() if args.json else report.table())
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    rss = peak_rss() / 2**20
     print(f"{ranks} simulated ranks on a {shape} mesh: {seconds:.1f} s, peak RSS {rss:.0f} MiB")
     want = expected(shape)
     wrong = [r for r, rows in enumerate(results) if rows != want]

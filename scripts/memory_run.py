@@ -6,7 +6,7 @@ contraction dim K) over all ranks: 1.5 GiB per rank at 8 ranks, made shard by
 shard from the counter-based SeededTensor (in ~1M-element chunks). A
 distributed MatMul Y = X @ W with W (65536, 64) split on K gives partial sums
 (49152, 64) that a Reduce_scatter finishes, leaving Y split on rows. Each rank
-reports its peak RSS (ru_maxrss) against its shard bytes and the interpreter
+reports its peak RSS (VmHWM) against its shard bytes and the interpreter
 baseline measured in the same process before any allocation; the run fails
 (exit 1) when some rank's peak exceeds 2 x shard bytes + baseline.
 
@@ -23,7 +23,6 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
-import resource  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
@@ -40,9 +39,7 @@ from _bench_args import ArgumentParser, int_at_least, positive_float  # noqa: E4
 _ENFORCE_FROM = 256 << 20
 
 
-def peak_rss() -> int:
-    """Peak resident set size of this process in bytes (Linux ru_maxrss is KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+from spmdsim.memory import peak_rss  # noqa: E402
 
 
 def current_rss() -> int:
