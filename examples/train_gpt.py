@@ -12,6 +12,8 @@ difference must stay within 1e-10.
 
 Run: timeout -k 5 3600 mpiexec -n 8 python examples/train_gpt.py --dp 2 --tp 4 --sp
   or python examples/train_gpt.py --ranks 8 --dp 2 --tp 4 --sp   (8 simulated ranks)
+  or over a pipeline (docs/pipeline.md): python examples/train_gpt.py --ranks 8 --pp 2 --tp 2 --dp 2 --sp \
+         --microbatches 4 --schedule 1f1b
   or, GPT-2 medium's shape on 16,384 ranks, shapes only (docs/simulate.md, "Dry runs"):
      python examples/train_gpt.py --ranks 16384 --dry-run --steps 1 --tp 8 --sp --vocab 50304 --layers 24 \
          --d-model 1024 --heads 16 --seq 1024 --batch 2048
@@ -22,8 +24,9 @@ import sys
 import numpy as np
 
 import spmdsim
-from spmdsim.gpt import GPTConfig, decode, encode, load_text
+from spmdsim.gpt import GPTConfig, decode, encode, load_text, param_specs
 from spmdsim.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
+from spmdsim.gpt.pipeline import pipeline_layout_problem, train_pipelined
 from spmdsim.gpt.memory import recompute_problem, zero_problem
 from spmdsim.gpt.train import TOLERANCE, replay_problem, train
 from spmdsim.nets.train import loss_trend, run_main
@@ -36,6 +39,16 @@ parser.add_argument("--steps", type=int, default=200)
 parser.add_argument("--dp", type=int, default=None, help="data-parallel ranks (default: world / tp)")
 parser.add_argument("--tp", type=int, default=None, help="tensor-parallel ranks (default: min(world, 4))")
 parser.add_argument("--sp", action="store_true", help="sequence parallelism (Megatron)")
+parser.add_argument("--pp", type=int, default=1, help="pipeline stages (docs/pipeline.md)")
+parser.add_argument("--microbatches", type=int, default=None,
+                    help="microbatches per step (default: 1, or 2 x pp with --pp); gradients accumulate over them")
+parser.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved"), default="1f1b",
+                    help="the pipeline's schedule (with --pp or --microbatches)")
+parser.add_argument("--virtual-stages", type=int, default=None,
+                    help="model chunks per stage with --schedule interleaved (default 2)")
+parser.add_argument("--trace-out", default=None, metavar="PATH",
+                    help="with a pipeline: the last step as a Perfetto trace (a track per rank: messages, "
+                         "collectives and the F/B cells)")
 parser.add_argument("--vocab", type=int, default=128,
                     help="vocabulary size (the text's ids are bytes below 128; a larger one, such as GPT-2's padded "
                          "50304, shapes the embedding and head)")
@@ -67,11 +80,34 @@ args = parser.parse_args()
 
 def split(world, cfg):
     """(dp, tp) for this world, or the reason it cannot be."""
-    tp = args.tp or (args.dp and world // args.dp) or min(world, 4)
-    dp = args.dp or world // tp
-    if dp < 1 or tp < 1 or dp * tp != world:
-        return None, f"dp {dp} x tp {tp} must multiply to the world size {world} (set --dp and --tp)"
+    pp = args.pp
+    if pp < 1 or world % pp:
+        return None, f"pp {pp} must divide the world size {world}"
+    rest = world // pp
+    tp = args.tp or (args.dp and rest // args.dp) or min(rest, 4)
+    dp = args.dp or rest // tp
+    if dp < 1 or tp < 1 or pp * dp * tp != world:
+        what = f"pp {pp} x dp {dp} x tp {tp}" if pp > 1 else f"dp {dp} x tp {tp}"
+        return None, f"{what} must multiply to the world size {world} (set --dp and --tp)"
+    if pipelined():
+        m, v = microbatches(), virtual()
+        return (dp, tp), pipeline_layout_problem(cfg, pp, dp, tp, args.sp, m, v)
     return (dp, tp), mesh_problem(cfg, dp, tp, args.sp)
+
+
+def pipelined():
+    """Whether the step runs as a pipeline's schedule (stages, or microbatches to accumulate over)."""
+    return args.pp > 1 or (args.microbatches or 1) > 1 or args.schedule != "1f1b"
+
+
+def microbatches():
+    return args.microbatches if args.microbatches is not None else (2 * args.pp if args.pp > 1 else 1)
+
+
+def virtual():
+    if args.virtual_stages is not None:
+        return args.virtual_stages
+    return 2 if args.schedule == "interleaved" else 1
 
 
 def main(args):
@@ -85,9 +121,17 @@ def main(args):
     problem = replay_problem(cfg) if args.replay else None
     zero = int(args.zero) if args.zero.lstrip("-").isdigit() else args.zero
     problem = problem or recompute_problem(args.recompute) or zero_problem(zero)
+    if not problem and args.trace_out and not pipelined():
+        problem = "--trace-out writes a pipeline's last step; give --pp (or --microbatches) with it"
+    if not problem and args.replay and pipelined():
+        problem = "--replay runs one captured step; a pipeline's schedule is not captured yet (leave out --replay)"
+    if not problem and pipelined() and (args.recompute != "none" or zero or args.memory):
+        problem = ("--recompute, --zero and --memory run without a pipeline for now; leave them out with "
+                   "--pp or --microbatches")
     if problem:  # every rank alike, before any collective
         raise spmdsim.SpmdsimError(problem)
     dp, tp = shape
+    pp = args.pp
     text = load_text()
     ids = encode(text)
     rank0 = comm.rank == 0
@@ -96,7 +140,12 @@ def main(args):
               f"batch {cfg.batch}, dropout {cfg.dropout}")
         print(f"text: {len(text):,} characters of Python's standard library sources (character level)")
         clipped = f", gradients' norm clipped to {cfg.clip}" if cfg.clip else ""
-        print(f"mesh dp {dp} x tp {tp}{' with sequence parallelism' if args.sp else ''}; AdamW lr {cfg.lr}{clipped}")
+        mesh = f"pp {pp} x dp {dp} x tp {tp}" if pp > 1 else f"dp {dp} x tp {tp}"
+        print(f"mesh {mesh}{' with sequence parallelism' if args.sp else ''}; AdamW lr {cfg.lr}{clipped}")
+        if pipelined():
+            v = f", {virtual()} chunks per stage" if args.schedule == "interleaved" else ""
+            print(f"pipeline: {args.schedule} schedule, {microbatches()} microbatches of {cfg.batch // microbatches()}"
+                  f"{v}; gradients accumulated, reduced once per step")
         if args.recompute != "none" or zero:
             print(f"memory: recompute {args.recompute}"
                   + ("; ZeRO-1 (states and master copy sharded over dp)" if zero else ""))
@@ -114,21 +163,50 @@ def main(args):
             diffs = "".join(f"  {e:.1e}" for e in r.errors) if check else ""
             print(f"{r.step:5d}  {r.loss:6.4f}  {r.calls:11d}  {r.bytes_sent:10,}           {diffs}")
 
-    model, results = train(cfg, comm, dp, tp, args.steps, ids, sp=args.sp, check=check, on_step=report,
-                           layouts=layouts, replay=args.replay, recompute=args.recompute, zero=zero,
-                           memory=args.memory)
+    if pipelined():
+        model, results = train_pipelined(cfg, comm, pp, dp, tp, args.steps, ids, sp=args.sp,
+                                         schedule=args.schedule, microbatches=microbatches(), virtual=virtual(),
+                                         check=check, on_step=report, layouts=layouts)
+    else:
+        model, results = train(cfg, comm, dp, tp, args.steps, ids, sp=args.sp, check=check, on_step=report,
+                               layouts=layouts, replay=args.replay, recompute=args.recompute, zero=zero,
+                               memory=args.memory)
     trend, falling = loss_trend([r.loss for r in results])
     failed = sum(not r.passed for r in results)
     if check and rank0:
         worst = max(max(r.errors) for r in results)
-        print(f"check: {len(results)} steps vs one numpy process (loss, {len(model.params)} gradients and "
+        print(f"check: {len(results)} steps vs one numpy process (loss, {len(param_specs(cfg))} gradients and "
               f"parameters each): {'PASS' if not failed else f'FAILED at {failed} steps'}")
         print(f"largest difference {worst:.1e} of the tensor's largest entry (tolerance {TOLERANCE:.0e})")
     if rank0:
         print(trend)
     if args.memory and rank0 and results:
         print("\n".join(results[-1].memory.lines()))
-    if args.sample and not dry_run_active():
+    if pipelined() and not dry_run_active():
+        # The last step's executed cells on a unit-cost timeline: the bubble, compared with its formula.
+        from spmdsim.pipeline.timeline import bubble_formula
+
+        line, held = model.timeline(), model.held()
+        formula = bubble_formula(args.schedule, pp, microbatches(), virtual())
+        if rank0:
+            print(f"executed schedule (last step, unit cost per cell): bubble {float(line.bubble):.3f}, "
+                  f"formula {float(formula):.3f}")
+            print(f"most microbatch-chunks whose activations a stage held at once: {', '.join(map(str, held))}")
+        if args.trace_out:
+            model.write_trace(args.trace_out)
+            if rank0:
+                print(f"trace of the last step written to {args.trace_out} (open it in https://ui.perfetto.dev)")
+    if args.sample and not dry_run_active() and pipelined():
+        # The pipeline's parameters whole on every rank; one numpy process draws from them.
+        from spmdsim.gpt.pipeline import gathered_stages
+        from spmdsim.gpt.reference import generate
+
+        sample = generate(gathered_stages(model, cfg), cfg, b"def ", args.sample, args.temperature)
+        if rank0:
+            print(f"sample (temperature {args.temperature}, drawn in one numpy process from the trained stages):")
+            for line in decode(np.concatenate([encode(b"def "), sample])).splitlines():
+                print("\n".join(line[i:i + 100] for i in range(0, max(len(line), 1), 100)))
+    elif args.sample and not dry_run_active():
         prompt = b"def "
         sample = model.generate(prompt, args.sample, args.temperature)
         same = ""
@@ -144,7 +222,7 @@ def main(args):
             print(f"sample (temperature {args.temperature}{same}):")
             for line in decode(np.concatenate([encode(prompt), sample])).splitlines():
                 print("\n".join(line[i:i + 100] for i in range(0, max(len(line), 1), 100)))
-    model.mesh.close()
+    model.close() if pipelined() else model.mesh.close()
     return 0 if not failed and falling else 1
 
 

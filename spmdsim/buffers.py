@@ -24,9 +24,10 @@ from typing import Any
 import numpy as np
 
 from . import _hugepool
+from .context import current as _current
 
 __all__ = ["PAGE", "PAGE_OFFSET", "MIN_BYTES", "HUGE_MIN", "empty", "kept_empty", "full", "zeros", "page_offset",
-           "placed_copy", "use_huge_pages"]
+           "placed_copy", "use_huge_pages", "lazy_zeros", "is_lazy", "LAZY_BYTES"]
 
 PAGE = mmap.PAGESIZE
 PAGE_OFFSET = 16  # where glibc's own maps start (its chunk header); a multiple of every itemsize
@@ -69,6 +70,8 @@ def kept_empty(shape: Any, dtype: Any = float) -> np.ndarray:
     nbytes = math.prod(dims) * dtype.itemsize
     if nbytes < MIN_BYTES or dtype.hasobject:  # MPI never moves Python objects as bytes
         return _np_empty(dims, dtype)
+    if _current().dry_run:  # shapes only: zeros that cost no memory until written (`lazy_zeros`)
+        return lazy_zeros(dims, dtype)
     if nbytes >= HUGE_MIN and _HUGE:
         mapped = _hugepool.empty_bytes(nbytes, PAGE_OFFSET)
         if mapped is not None:
@@ -76,6 +79,47 @@ def kept_empty(shape: Any, dtype: Any = float) -> np.ndarray:
     raw = _np_empty(nbytes + PAGE, _uint8)
     # One ndarray over the raw bytes at the offset: a third of slicing, viewing and reshaping.
     return _ndarray(dims, dtype, raw, (PAGE_OFFSET - _address(_as_char(raw))) % PAGE)
+
+
+#: From this size up `lazy_zeros` gives an anonymous mapping of its own.
+LAZY_BYTES = 1 << 20
+
+#: A private mapping: a page only read is the kernel's one shared zero page (Python's default,
+#: MAP_SHARED, backs even a read page with memory of its own: 8 MiB of RSS for summing 8 MiB of zeros).
+_PRIVATE = {"flags": mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS} if hasattr(mmap, "MAP_ANONYMOUS") else {}
+
+
+class _Lazy(mmap.mmap):
+    """The mapping under a `lazy_zeros` array (its own type, so `is_lazy` can tell it from other maps)."""
+
+
+def lazy_zeros(shape: Any, dtype: Any) -> np.ndarray:
+    """Zeros whose pages cost no memory until written: a dry run's stand-in for any value.
+
+    ``np.zeros`` is calloc, and glibc may serve a multi-MiB calloc from a heap
+    it has used before and clear it, writing every page. A private anonymous
+    mapping costs nothing where it is only read (its pages are the kernel's
+    zero page), is filled page by page on first write, and is unmapped when
+    the array is freed.
+    """
+    dtype = np.dtype(dtype)
+    dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    nbytes = math.prod(dims) * dtype.itemsize
+    if nbytes >= LAZY_BYTES:
+        try:
+            return np.frombuffer(_Lazy(-1, nbytes, **_PRIVATE), dtype).reshape(dims)
+        except OSError:  # out of mappings (vm.max_map_count) or address space: numpy's own
+            pass
+    return np.zeros(dims, dtype)
+
+
+def is_lazy(a: np.ndarray) -> bool:
+    """Whether `a` views a `lazy_zeros` mapping (in a dry run: zeros unless written, which nothing large is)."""
+    owner = a
+    while isinstance(owner.base, np.ndarray):
+        owner = owner.base
+    base = owner.base
+    return isinstance(base.obj if isinstance(base, memoryview) else base, _Lazy)
 
 
 def full(shape: Any, fill_value: Any, dtype: Any = float) -> np.ndarray:

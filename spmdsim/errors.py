@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 __all__ = ["fold_message", "SpmdsimError", "LayoutError", "ShapeError", "DTypeError", "RankError", "DialectError",
-           "OperatorError", "PlanError", "RuntimeMismatchError", "CheckFailed"]
+           "OperatorError", "PlanError", "PipelineError", "RuntimeMismatchError", "CheckFailed"]
 
 
 #: Columns of a printed error line (spmdsim.viz.table.WIDTH: every default output).
@@ -74,6 +74,10 @@ class OperatorError(SpmdsimError, ValueError):
 
 class PlanError(SpmdsimError, ValueError):
     """A redistribution cannot be planned between the given layouts."""
+
+
+class PipelineError(SpmdsimError, ValueError):
+    """A pipeline schedule is malformed, mismatched or deadlocks (spmdsim.pipeline)."""
 
 
 class RuntimeMismatchError(SpmdsimError, RuntimeError):

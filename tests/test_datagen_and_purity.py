@@ -180,6 +180,13 @@ PURE_MODULES = [
     "spmdsim.nets.seeds",
     "spmdsim.gpt.params",
     "spmdsim.gpt.layouts",
+    "spmdsim.pipeline",
+    "spmdsim.pipeline.schedule",
+    "spmdsim.pipeline.check",
+    "spmdsim.pipeline.parse",
+    "spmdsim.pipeline.timeline",
+    "spmdsim.pipeline.picture",
+    "spmdsim.cli.pipeline",
 ]
 
 #: Importing these loads neither mpi4py nor spmdsim.runtime, but they are not pure: calling them runs

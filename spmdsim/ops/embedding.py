@@ -28,7 +28,7 @@ from ..infer import EmbeddingPlan, infer_embedding
 from ..reference import RegionFn, Source, check_ids, embedding_region
 from ..runtime.executor import execute
 from ..validate import int_arg
-from ._common import default_axes, make_dtensor, operands_mesh, raise_if_not_dtensors, seeded_dtensor
+from ._common import default_axes, dry_zeros, make_dtensor, operands_mesh, raise_if_not_dtensors, seeded_dtensor
 
 __all__ = ["embedding", "plan_embedding", "vocab_range", "pad_vocab_shard", "vocab_parallel_lookup",
            "VocabParallelEmbedding", "ParallelEmbedding"]
@@ -101,8 +101,13 @@ def embedding(ids: Any, table: Any, *, gather_out: bool = True, reduce: bool = T
                                 f"{rows - 1} (a row of the ({rows}, ...) table)")
         padding_idx = int(padding_idx) % rows
     start = 0
+    # A dry run's large lookup: zeros of its shape, the table neither padded nor read (spmdsim.sim.dry).
+    dry = dry_zeros(mesh, ids.local.shape + table.local.shape[1:], table.dtype, np.take, table.local, ids.local)
     if plan.vocab_axes:
         start, _ = table.layout.bounds(mesh.rank, table.global_shape)[0]
+    if dry is not None:
+        local = dry
+    elif plan.vocab_axes:
         padded = pad_vocab_shard(table.local) if padded_local is None else padded_local
         if padded.shape != (table.local.shape[0] + 1,) + table.local.shape[1:]:
             raise ShapeError(f"padded shard {padded.shape!r} does not fit {table.local.shape!r}")

@@ -30,7 +30,7 @@ from ..errors import OperatorError, ShapeError
 from ..infer.losses import infer_cross_entropy
 from ..layout import TensorLayout
 from ..validate import counted
-from ._common import make_dtensor, operands_mesh, require_float
+from ._common import dry_zeros, make_dtensor, operands_mesh, require_float
 
 __all__ = ["mse_loss", "cross_entropy"]
 
@@ -161,9 +161,12 @@ def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -10
     rows = np.arange(z.shape[0])
     # Megatron (classes split): a common shift per row, then the row sums over the class axes.
     shift = _run(mesh, z.max(axis=1), plan.shift, "cross_entropy.max")
-    e = np.exp(z - shift[:, None])
+    # A dry run's large block: zeros for the exponentials, ones for their row sums (no log of 0).
+    dry = dry_zeros(mesh, z.shape, z.dtype, np.exp, z)
+    e = np.exp(z - shift[:, None]) if dry is None else dry
     target = np.where(owned, z[rows, np.where(owned, ids, 0)] - shift, 0.0)
-    parts = [e.sum(axis=1), target] + ([z.sum(axis=1)] if smooth else [])
+    parts = [e.sum(axis=1) if dry is None else np.ones(z.shape[0], z.dtype), target] + \
+        ([z.sum(axis=1)] if smooth else [])
     sums = _run(mesh, np.stack(parts), plan.sums, "cross_entropy.sum")
     nll = np.log(sums[0]) - sums[1]  # -log p[label]: log of the shifted exponentials' sum - (z[label] - shift)
     if smooth:  # mean over the classes of -log p = shift + log(sum) - mean of the logits

@@ -40,7 +40,7 @@ def _entries(trace: Any) -> Sequence[Any]:
 
 
 def chrome_events(trace: Any, rank: int, start: float | None = None, end: float | None = None,
-                  spans: Iterable[Span] = ()) -> list[dict]:
+                  spans: Iterable[Span] = (), span_track: str = "scenarios") -> list[dict]:
     """This rank's events, timestamps in perf_counter seconds (`chrome_trace` shifts them).
 
     Args:
@@ -48,7 +48,7 @@ def chrome_events(trace: Any, rank: int, start: float | None = None, end: float 
         rank: the pid of the events.
         start, end: when the traced work began and ended; the time before the
             first and after the last collective becomes local compute too.
-        spans: named stretches (scenarios) drawn on a second track of the rank.
+        spans: named stretches (scenarios) drawn on a second track of the rank, named `span_track`.
     """
     events: list[dict] = [
         {"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}},
@@ -78,9 +78,10 @@ def chrome_events(trace: Any, rank: int, start: float | None = None, end: float 
     spans = list(spans)
     if spans:
         events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": 1,
-                       "args": {"name": "scenarios"}})
+                       "args": {"name": span_track}})
     for name, begin, finish in spans:
-        events.append(dict(_complete(name, "scenario", rank, begin, finish, {}), tid=1))
+        events.append(dict(_complete(name, "scenario" if span_track == "scenarios" else span_track, rank,
+                                     begin, finish, {}), tid=1))
     return events
 
 
@@ -109,10 +110,11 @@ def _rank(comm: Any) -> int:
 
 
 def write_chrome_trace(comm: Any, trace: Any, path: str | os.PathLike, start: float | None = None,
-                       end: float | None = None, spans: Iterable[Span] = (), root: int = 0) -> None:
+                       end: float | None = None, spans: Iterable[Span] = (), root: int = 0,
+                       span_track: str = "scenarios") -> None:
     """Gather every rank's events to `root` and write one trace file there (a collective)."""
     rank = _rank(comm)
-    per_rank = door.gather_object(comm, chrome_events(trace, rank, start, end, spans), root)
+    per_rank = door.gather_object(comm, chrome_events(trace, rank, start, end, spans, span_track), root)
     if rank == root:
         try:
             with open(path, "w", encoding="utf-8") as f:

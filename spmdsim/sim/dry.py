@@ -21,32 +21,35 @@ The report gives every rank the representative's collectives, bytes and peak,
 except where a step record says ranks differ: an exchange's per-rank bytes
 (spmdsim.plan.steps.Exchange) are each rank's own. Results of a dry run are
 not values: checks are not made, and the report replaces the program's output.
-Point-to-point calls and ``comm.Split`` need every rank's part and are refused
-in one line.
+A program whose ranks do different work (a pipeline's stages) says so with
+`differ`; the dry run then runs one representative per kind of rank, each in
+its own context, and gives each rank its representative's line. Point-to-point
+messages of the runtime (checked before they run: a pipeline's schedule) are
+counted and complete at once; an mpi4py program's own point-to-point calls and
+``comm.Split`` need every rank's part and are refused in one line.
 """
 from __future__ import annotations
 
 import json
-import math
-import mmap
 import weakref
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
+from .. import buffers
 from ..context import current
 from ..engines import Engine
-from ..engines.base import DRY_VALUES_BYTES, SimulationError
+from ..engines.base import DONE, DRY_VALUES_BYTES, SimulationError
 
 __all__ = ["Meter", "RankBytes", "DryRunReport", "DryComm", "DryEngine", "DRY", "zeros", "dry_run_active",
-           "report"]
+           "report", "differ"]
 
 
 class Meter:
     """The bytes the dry run's rank holds now and at most, and the per-rank bytes of its exchanges."""
 
-    __slots__ = ("held", "peak", "_live", "varied", "__weakref__")
+    __slots__ = ("held", "peak", "_live", "varied", "stands_for", "__weakref__")
 
     def __init__(self) -> None:
         self.held = 0
@@ -54,6 +57,8 @@ class Meter:
         self._live: dict[int, int] = {}  # id(array) -> nbytes, until the array is freed
         # (bytes sent per rank, bytes received per rank) of every exchange run, as the step records say
         self.varied: list[tuple[Any, Any]] = []
+        # Set by `differ`: the representative rank of every rank (ranks whose work differs by a mesh axis)
+        self.stands_for: Any = None
 
     def hold(self, *arrays: Any) -> None:
         """Count these arrays' bytes as held until the memory they view is freed; update the peak."""
@@ -91,37 +96,34 @@ def _release(ref: Any, key: int) -> None:
         owner.held -= owner._live.pop(key, 0)
 
 
+def differ(mesh: Any, axes: tuple[str, ...]) -> None:
+    """In a dry run: ranks of `mesh` (over the whole world) do different work along `axes` (a pipeline's
+    stages), so the dry run runs one representative per coordinate there (the lowest rank of each), each
+    standing for the ranks that share its coordinates; the first call decides. Nothing outside a dry run."""
+    context = current()
+    if not context.dry_run or context.meter.stands_for is not None:
+        return
+    layout = mesh.layout
+    if layout.num_devices != context.size:
+        raise SimulationError(f"differ: the mesh has {layout.num_devices} ranks but the dry run {context.size}")
+    key = [(tuple(c for a, c in zip(layout.alias_name, layout.coords(r)) if a in axes)) for r in range(layout.num_devices)]
+    first: dict = {}
+    context.meter.stands_for = np.array([first.setdefault(k, r) for r, k in enumerate(key)], np.int64)
+
+
 def dry_run_active() -> bool:
     """Whether this code runs in a dry run (shapes, no values): skip work only values need."""
     return current().dry_run
 
 
-#: From this size up a dry run's zeros are their own anonymous mapping (`zeros`).
-LAZY_BYTES = 1 << 20
-
-#: A private mapping: a page only read is the kernel's one shared zero page (Python's default,
-#: MAP_SHARED, backs even a read page with memory of its own: 8 MiB of RSS for summing 8 MiB of zeros).
-_PRIVATE = {"flags": mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS} if hasattr(mmap, "MAP_ANONYMOUS") else {}
+#: From this size up a dry run's zeros are their own anonymous mapping (spmdsim.buffers.lazy_zeros).
+LAZY_BYTES = buffers.LAZY_BYTES
 
 
 def zeros(shape: tuple, dtype: Any) -> np.ndarray:
-    """Zeros whose pages cost no memory until written: a dry run's stand-in for any value.
-
-    ``np.zeros`` is calloc, and glibc may serve a multi-MiB calloc from a heap
-    it has used before and clear it, writing every page (the Megatron block's
-    attention scores are 32 MiB a rank at 1,024 ranks). A private anonymous
-    mapping costs nothing where it is only read (its pages are the kernel's
-    zero page), is filled page by page on first write, and is unmapped when
-    the array is freed.
-    """
-    dtype = np.dtype(dtype)
-    nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes >= LAZY_BYTES:
-        try:
-            return np.frombuffer(mmap.mmap(-1, nbytes, **_PRIVATE), dtype).reshape(shape)
-        except OSError:  # out of mappings (vm.max_map_count) or address space: numpy's own
-            pass
-    return np.zeros(shape, dtype)
+    """Zeros whose pages cost no memory until written: a dry run's stand-in for any value
+    (spmdsim.buffers.lazy_zeros; the buffers a dry run's collectives are given are these too)."""
+    return buffers.lazy_zeros(shape, dtype)
 
 
 class DryEngine(Engine):
@@ -191,10 +193,18 @@ class DryEngine(Engine):
         pass
 
     def isend(self, comm: Any, buf: Any, dest: int, tag: int) -> Any:
-        raise SimulationError(_POINT_TO_POINT.format("isend"))
+        """Counted as held; complete at once (the runtime's messages are checked before they run: a
+        pipeline's schedule, spmdsim.pipeline)."""
+        current().meter.hold(buf)
+        return DONE
 
     def irecv(self, comm: Any, buf: Any, source: int, tag: int) -> Any:
-        raise SimulationError(_POINT_TO_POINT.format("irecv"))
+        """Counted as held, left as it is (a dry run's values are not results); complete at once."""
+        current().meter.hold(buf)
+        return DONE
+
+    def wait_all(self, requests: list, wait: Any) -> None:
+        pass
 
     def node_size(self, comm: Any) -> int:
         """One: the rank that runs for all (the memory check gives it the machine; the others hold nothing)."""
@@ -213,10 +223,6 @@ class DryEngine(Engine):
         return obj
 
 
-_POINT_TO_POINT = ("{} in a dry run: one rank runs for all, so it cannot take the other ranks' part; use the "
-                   "runtime's collectives on a Mesh, or run without --dry-run")
-
-
 def _fill(send: Any, recv: Any, how: Any) -> None:
     """Count both buffers as held; fill `recv` as if every member sent `send` (small results: the
     values a program decides by), or with zeros (large ones, or a send of another dtype)."""
@@ -224,7 +230,8 @@ def _fill(send: Any, recv: Any, how: Any) -> None:
     if recv is None or send is None or send is recv:  # in place: the buffer holds this rank's part
         return
     if recv.nbytes > DRY_COPY_BYTES or recv.dtype != send.dtype:
-        recv.fill(0)
+        if not buffers.is_lazy(recv):  # a lazy buffer is zeros already: filling it would cost its pages
+            recv.fill(0)
     else:
         how(send.reshape(-1), recv.reshape(-1))
 
@@ -443,24 +450,32 @@ def _ranks_cell(ranks: list[int]) -> str:
     return text if len(text) <= 21 else f"{len(ranks)} ranks"
 
 
-def report(context: Any, size: int) -> DryRunReport:
-    """The report of a finished dry run: every rank's line from the representative's trace and meter.
+def report(contexts: Any, size: int, stands_for: Any = None) -> DryRunReport:
+    """The report of a finished dry run: every rank's line from its representative's trace and meter.
 
-    Exchanges (the only steps whose bytes differ by rank) count each rank's own bytes, as the
-    step records give them.
+    `contexts`: representative rank -> its finished context (one, rank 0's, unless the program said its
+    ranks differ: `differ`); `stands_for`: each rank's representative (None: rank 0 for all). Exchanges
+    (the only steps whose bytes differ by rank within a representative's ranks) count each rank's own
+    bytes, as the step records give them.
     """
-    trace = context.traces[0]
-    totals = trace.totals()
-    counts = tuple(sorted(trace.counts().items()))
-    sent = np.full(size, totals["bytes_sent"], np.int64)
-    received = np.full(size, totals["bytes_received"], np.int64)
-    rank = context.rank
-    for by_rank_sent, by_rank_received in context.meter.varied:
-        by_rank_sent = np.asarray(by_rank_sent, np.int64)
-        by_rank_received = np.asarray(by_rank_received, np.int64)
-        sent += by_rank_sent - by_rank_sent[rank]
-        received += by_rank_received - by_rank_received[rank]
-    peak = context.meter.peak
-    calls = totals["calls"]
-    return DryRunReport(tuple(RankBytes(r, calls, int(sent[r]), int(received[r]), peak, counts)
-                              for r in range(size)))
+    if not isinstance(contexts, dict):
+        contexts = {contexts.rank: contexts}
+    lines: dict = {}
+    for rep, context in contexts.items():
+        trace = context.traces[0]
+        totals = trace.totals()
+        counts = tuple(sorted(trace.counts().items()))
+        sent = np.full(size, totals["bytes_sent"], np.int64)
+        received = np.full(size, totals["bytes_received"], np.int64)
+        for by_rank_sent, by_rank_received in context.meter.varied:
+            by_rank_sent = np.asarray(by_rank_sent, np.int64)
+            by_rank_received = np.asarray(by_rank_received, np.int64)
+            sent += by_rank_sent - by_rank_sent[rep]
+            received += by_rank_received - by_rank_received[rep]
+        lines[rep] = (totals["calls"], sent, received, context.meter.peak, counts)
+    owner = np.zeros(size, np.int64) if stands_for is None else stands_for
+    rows = []
+    for r in range(size):
+        calls, sent, received, peak, counts = lines[int(owner[r])]
+        rows.append(RankBytes(r, calls, int(sent[r]), int(received[r]), peak, counts))
+    return DryRunReport(tuple(rows))

@@ -128,27 +128,39 @@ def _dry_run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> li
     from ..runtime.debug import HOOKS, Hooks
     from .dry import DRY, DryComm, Meter, report
 
-    context = RankContext(0, size, DryComm(size), DRY, dry_run=True, hooks=Hooks(HOOKS))
-    context.meter = Meter()
-    context.traces.append(Trace())  # every collective of the run, for the report
-    outcome: list = []
+    def one(rank: int, stands_for: Any) -> tuple:
+        context = RankContext(rank, size, DryComm(size, rank), DRY, dry_run=True, hooks=Hooks(HOOKS))
+        context.meter = Meter()
+        context.meter.stands_for = stands_for
+        context.traces.append(Trace())  # every collective of the run, for the report
+        outcome: list = []
 
-    def body() -> None:
-        _local.enter(context)
-        try:
-            outcome.append((True, fn(*args, **kwargs)))
-        except BaseException as exc:  # noqa: BLE001 - raised in the caller
-            outcome.append((False, exc))
-        finally:
-            _local.leave()
+        def body() -> None:
+            _local.enter(context)
+            try:
+                outcome.append((True, fn(*args, **kwargs)))
+            except BaseException as exc:  # noqa: BLE001 - raised in the caller
+                outcome.append((False, exc))
+            finally:
+                _local.leave()
 
-    thread = threading.Thread(target=body, name="spmdsim dry run", daemon=True)
-    with _simulating(1):
-        thread.start()
-        thread.join()
-    ok, value = outcome[0]
+        thread = threading.Thread(target=body, name="spmdsim dry run", daemon=True)
+        with _simulating(1):
+            thread.start()
+            thread.join()
+        return context, outcome[0]
+
+    context, (ok, value) = one(0, None)
+    contexts = {0: context}
+    stands_for = context.meter.stands_for  # the program said its ranks differ (spmdsim.sim.dry.differ)
+    if ok and stands_for is not None:
+        for rank in sorted(set(stands_for.tolist()) - {0}):  # one more run per representative
+            contexts[rank], (ok, value) = one(rank, stands_for)
+            if not ok:
+                break
     if not ok:
-        note = f"raised in the dry run (rank 0 runs for all {size} simulated ranks)"
+        ran = "rank 0 runs" if len(contexts) == 1 else f"{len(contexts)} representatives run"
+        note = f"raised in the dry run ({ran} for all {size} simulated ranks)"
         try:
             value.simulated_ranks = tuple(range(size))  # for spmdsim.sim.launch's exit codes
         except AttributeError:
@@ -158,7 +170,7 @@ def _dry_run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> li
             raise value
         raise SimulationError(f"{type(value).__name__}: {value} ({note})") from value
     results = DryRunResults([value] * size)
-    results.report = report(context, size)
+    results.report = report(contexts, size, stands_for)
     return results
 
 

@@ -123,3 +123,22 @@ def test_readme_library_example_runs_under_mpi(tmp_path, monkeypatch):
         assert lines[at + 1].startswith("  check passed: ") and lines[-1] == "  {'allreduce': 1}"
     else:
         assert out == ""  # only rank 0 prints: the verdicts come in rank order, not interleaved
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved"])
+def test_train_gpt_over_a_pipeline_under_mpi(schedule, monkeypatch):
+    """docs/pipeline.md's pipelined training under MPI: pp 2 x tp 2 (x dp on 8 ranks), checked every step."""
+    comm = MPI.COMM_WORLD
+    if comm.size % 4:
+        pytest.skip("pp 2 x tp 2 needs a multiple of 4 ranks")
+    path = next(p for p in EXAMPLES if p.stem == "train_gpt")
+    monkeypatch.setitem(ARGS, "train_gpt", ["--pp", "2", "--tp", "2", "--dp", str(comm.size // 4), "--sp",
+                                           "--microbatches", "4", "--schedule", schedule, "--steps", "3",
+                                           "--layers", "4", "--d-model", "32", "--heads", "2", "--seq", "16",
+                                           "--batch", "8", "--sample", "0"])
+    codes, out = _run_example(path, monkeypatch)
+    assert codes == [0] * comm.size, (codes, out)
+    if comm.rank == 0:
+        assert "check: 3 steps vs one numpy process" in out and "PASS" in out, out
+        assert "executed schedule (last step, unit cost per cell): bubble" in out, out

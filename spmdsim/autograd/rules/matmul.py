@@ -124,6 +124,9 @@ def record_embedding(out: Any, ids: Any, table: Any, plan: Any, start: int, labe
 
     def backward(dy: Any) -> tuple:
         rows = table.local.shape[0]
+        if dy.mesh.engine.dry:  # shapes only: the table's gradient is zeros, not scattered into
+            g = dy.mesh.engine.local(np.add.at, np.broadcast_to(np.zeros((), dy.local.dtype), table.local.shape))
+            return None, grad_tensor(table, g, dy.layout.partial, axes_of(plan.local, plan.local.tensor_map[:-1]))
         flat_ids = ids.local.reshape(-1) - start
         owned = (flat_ids >= 0) & (flat_ids < rows)
         if padding_idx is not None:

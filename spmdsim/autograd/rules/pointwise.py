@@ -98,12 +98,18 @@ def quiet(op: str, **errors: str) -> Any:
 _NULL = contextlib.nullcontext()  # stateless: one shared by every call and thread
 
 
-def _summed(local: np.ndarray, shape: tuple, out_shape: tuple) -> tuple[np.ndarray, tuple[int, ...]]:
+def _summed(local: np.ndarray, shape: tuple, out_shape: tuple, dry: bool = False) -> tuple[np.ndarray, tuple[int, ...]]:
     """`local` (an output-shaped gradient block) summed down to an operand of global `shape`.
 
-    Returns the block and the output dims summed over (whose split axes make it pending).
+    Returns the block and the output dims summed over (whose split axes make it pending). `dry`: a dry
+    run's block (zeros): the zeros of the sum's shape, not added up.
     """
     lead, inner, dims = _sum_dims(shape, out_shape)
+    if dry and (lead or inner):
+        kept = [n for d, n in enumerate(local.shape) if d not in lead]
+        for d in inner:
+            kept[d] = 1
+        return np.zeros(kept, local.dtype), dims
     if lead:
         local = local.sum(axis=lead)
     if inner:
@@ -164,7 +170,7 @@ def record_pointwise(op: str, out: Any, xs: list, plan: Any) -> Any:
                 result.append(None)
                 continue
             g = np.broadcast_to(g, dy.local.shape) if np.ndim(g) < dy.local.ndim else g
-            block, dims = _summed(np.asarray(g), x.global_shape, plan.shape)
+            block, dims = _summed(np.asarray(g), x.global_shape, plan.shape, dy.mesh.engine.dry)
             summed = _summed_axes(plan.out, dims) if dims else ()
             # A bilinear op's other operand read only this rank's addend: its gradient is pending too.
             carried = kept if not x.layout.partial else ()

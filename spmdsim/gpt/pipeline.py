@@ -1,0 +1,444 @@
+"""The GPT trained over a pipeline: stages on a "pp" mesh axis, each running its schedule's program.
+
+Mesh ``Layout((pp, dp, tp), ("pp", "dp", "tp"))``: the ranks of one pp
+coordinate are a stage, a (dp, tp) mesh of their own on which the stage's
+model chunks (spmdsim.gpt.stages) hold their parameters as the unpipelined
+GPT does (Megatron's tensor-parallel splits, sp optional). A step splits the
+batch into m microbatches and runs the stage's program of the schedule
+(spmdsim.pipeline: GPipe, 1F1B, interleaved 1F1B; built and checked before
+anything runs): a forward or backward of one microbatch through one chunk,
+and the activations and their gradients between stages as point-to-point
+messages over the pp group (spmdsim.runtime.door.point_to_point: each rank
+sends its own block to the rank of the same (dp, tp) place in the next stage,
+so with sequence parallelism a boundary moves s*b*h/tp per rank, as Megatron
+sends it). The last chunk's loss is scaled by 1/m; the gradients stay pending
+sums over the microbatches (autograd's ``keep_pending``) and are summed once
+after the flush (one bucketed Allreduce, as Megatron reduces once per step);
+the tied embedding's two copies (first and last stage) then add their
+gradients by one exchange (Megatron's embedding group); then AdamW.
+
+Checked every step as the unpipelined training is (spmdsim.gpt.train): the
+same step in one numpy process, microbatch by microbatch (each microbatch
+draws its own dropout masks, spmdsim.gpt.params.dropout_seed), from every
+stage's parameters at the start of the step, compared on every rank.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+from time import perf_counter
+
+import numpy as np
+
+from .. import buffers
+from ..errors import SpmdsimError
+from ..layout import Layout
+from .config import GPTConfig
+from .data import batch
+from .params import decays, param_specs
+from .stages import chunk_parts, pipeline_problem
+from .train import StepResult, _worst
+
+__all__ = ["PipelineRun", "train_pipelined", "pipeline_layout_problem"]
+
+
+def pipeline_layout_problem(cfg: GPTConfig, pp: int, dp: int, tp: int, sp: bool, microbatches: int,
+                            virtual: int = 1, split: Optional[Sequence[int]] = None) -> Optional[str]:
+    """Why the GPT cannot train on pp x dp x tp with `microbatches` (one line, alike on every rank), or None."""
+    from .layouts import mesh_problem
+
+    for name, value in (("pp", pp), ("microbatches", microbatches), ("virtual stages", virtual)):
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+            return f"{name} {value!r} must be an integer >= 1"
+    if cfg.batch % microbatches:
+        return f"batch {cfg.batch} is not divisible by {microbatches} microbatches"
+    micro = cfg.batch // microbatches
+    problem = mesh_problem(cfg, dp, tp, sp)
+    if problem is None and micro % dp:
+        problem = f"a microbatch of {micro} samples is not divisible by dp {dp}"
+    return problem or pipeline_problem(cfg, pp * virtual, split)
+
+
+@dataclass
+class PipelineRun:
+    """What a pipelined training ran: the stage's chunks and models, and each step's executed cells.
+
+    Attributes:
+        schedule: the spmdsim.pipeline Schedule every stage ran; ``parts``: each chunk's (stages.Part).
+        stage: this rank's stage; ``models``: chunk -> its GPT part on the stage's mesh.
+        mesh: the whole (pp, dp, tp) mesh; ``stage_mesh``: this stage's (dp, tp) mesh.
+        orders: per step, the Compute records this rank ran, in order (what a timeline is made from).
+        in_flight: per step, the most microbatch-chunks whose activations this rank held at once.
+        cells: the last step's cells as trace spans: (name, start, end) in perf_counter seconds.
+        trace: the last step's trace (spmdsim.runtime.trace: collectives and messages).
+    """
+
+    schedule: Any
+    parts: tuple
+    stage: int
+    models: dict
+    mesh: Any
+    stage_mesh: Any
+    params: dict
+    orders: list
+    in_flight: list
+    cells: list = field(default_factory=list)
+    trace: Any = None
+
+    def timeline(self, step: int = -1) -> Any:
+        """The unit-cost timeline (spmdsim.pipeline.timeline) of what every stage ran at `step`: each
+        stage's executed order gathered from its first rank (collective over the whole mesh)."""
+        from ..pipeline.timeline import timeline
+        from ..runtime.door import all_gather_object
+
+        orders = all_gather_object(self.mesh.comm, self.orders[step])[::self.stage_mesh.size]
+        return timeline(self.schedule.stages, orders, self.schedule.virtual)
+
+    def held(self, step: int = -1) -> tuple[int, ...]:
+        """Per stage, the most microbatch-chunks whose activations it held at once at `step` (collective)."""
+        from ..runtime.door import all_gather_object
+
+        return tuple(all_gather_object(self.mesh.comm, self.in_flight[step])[::self.stage_mesh.size])
+
+    def write_trace(self, path: str) -> None:
+        """The last step as a Chrome/Perfetto trace: one track per rank with its messages and collectives,
+        and a second with its pipeline cells (F3, B3; chunk after a dot when v > 1). Collective."""
+        from ..runtime.trace_export import write_chrome_trace
+
+        start = min((c[1] for c in self.cells), default=None)
+        write_chrome_trace(self.mesh.comm, self.trace, path, start=start, spans=self.cells,
+                           span_track="pipeline cells")
+
+    def close(self) -> None:
+        self.stage_mesh.close()
+        self.mesh.close()
+
+
+def _tag(what: str, chunk: int) -> int:
+    """A message's tag: its kind and the chunk that sent it. Messages between two ranks with one tag match
+    in the order posted, and every checked schedule posts each kind's receives in the order the peer
+    sends (GPipe's gradients go in reverse microbatch order on both sides; spmdsim.pipeline.check)."""
+    return 2 * chunk + (what == "grad")
+
+
+def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps: int, text_ids: np.ndarray,
+                    sp: bool = False, schedule: str = "1f1b", microbatches: int = 1, virtual: int = 1,
+                    split: Optional[Sequence[int]] = None, check: bool = True,
+                    on_step: Optional[Callable[[StepResult], Any]] = None,
+                    layouts: Optional[dict] = None) -> tuple[PipelineRun, list]:
+    """Train `steps` steps on a (pp, dp, tp) mesh over `comm`; returns (the run, one StepResult per step).
+
+    Collective: every rank calls it alike. `schedule`: "gpipe", "1f1b" or "interleaved" (with `virtual`
+    chunks per stage); `split`: layers per chunk (default balanced). Every refusal is raised alike on
+    every rank before the first collective.
+    """
+    from .. import ops
+    from ..autograd import reduce_grads
+    from ..optim import AdamW
+    from ..pipeline.schedule import build
+    from ..runtime.dtensor import DTensor  # its operators came with `ops`, just imported
+    from ..runtime.mesh import Mesh
+    from ..runtime.trace import collect_trace
+    from ..runtime.executor import pending, resolve
+    from ..sim import dry_run_active, once
+    from ..sim.dry import differ
+    from .parallel import GPT
+    from .train import _reference_step, _zero_moments
+
+    problem = pipeline_layout_problem(cfg, pp, dp, tp, sp, microbatches, virtual, split)
+    if problem:
+        raise SpmdsimError(f"the GPT cannot train on pp {pp} x dp {dp} x tp {tp}: {problem}")
+    if cfg.clip and pp > 1:
+        raise SpmdsimError(f"clip {cfg.clip!r} with pp {pp}: the joint norm over the stages is not made yet; "
+                           "train the pipeline with clip 0")
+    plan = build(schedule, pp, microbatches, virtual)
+    chunks = pp * virtual
+    parts = chunk_parts(cfg, chunks, split)
+    mesh = Mesh(Layout((pp, dp, tp), ("pp", "dp", "tp")), comm)
+    differ(mesh, ("pp",))  # a dry run runs one rank per stage: the stages' work differs
+    stage = mesh.coord("pp")
+    stage_mesh = Mesh(Layout((dp, tp), ("dp", "tp")), mesh.group(("dp", "tp")))
+    pp_comm = mesh.group("pp") if pp > 1 else None
+    mine = [c for c in range(chunks) if c % pp == stage]
+    models = {c: GPT(cfg, stage_mesh, sp=sp, layouts=layouts, part=parts[c]) for c in mine}
+    if 0 in models and chunks - 1 in models and chunks > 1:  # one stage holds both ends: one tied table
+        models[chunks - 1].params["wte"] = models[0].params["wte"]
+    params: dict = {}
+    for spec in param_specs(cfg):
+        for c in mine:
+            if spec.name in models[c].params:
+                params.setdefault(spec.name, models[c].params[spec.name])
+    names = list(params)
+    optimizer = AdamW(list(params.values()), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                      weight_decay=cfg.weight_decay,
+                      decay=[params[s.name] for s in param_specs(cfg) if s.name in params and decays(s)])
+    run = PipelineRun(plan, parts, stage, models, mesh, stage_mesh, params, [], [])
+    check = check and not dry_run_active()
+    last = chunks - 1
+    micro = cfg.batch // microbatches
+    shape = (cfg.seq, micro, cfg.d_model)
+    any_model = models[mine[0]]
+    act = any_model.act  # (T, B, D) between blocks: what crosses a stage boundary
+    ids_layout = stage_mesh.layout("dp", None)
+    ends = (0 in models) != (last in models) and pp > 1  # this stage holds one copy of the tied table
+    moments = once(("gpt-reference", cfg, 0), _zero_moments, cfg) if check else None
+    results = []
+    for step in range(steps):
+        x, y = batch(text_ids, cfg, step)
+        start = gathered_stages(run, cfg) if check else None
+        with collect_trace() as trace:
+            optimizer.zero_grad()
+            cells: list = []
+            losses, order, held = _run_program(run, plan.programs[stage], x, y, step, micro, microbatches, last,
+                                               shape, act, ids_layout, pp_comm, list(params.values()), cells)
+            reduce_grads(list(params.values()))  # dp (and sp's LayerNorm) sums: once per step, bucketed
+            if ends:
+                _tie_embedding(run, params["wte"], 0 if stage == pp - 1 else pp - 1, pp_comm)
+            optimizer.step()
+        run.orders.append(order)
+        run.in_flight.append(held)
+        run.cells, run.trace = cells, trace
+        # The loss: the last stage's sum of its microbatches' scaled losses, to every rank.
+        mine_loss = np.array([sum(losses)]) if losses else np.zeros(1)
+        value = float(resolve(mesh, mine_loss, pending(mesh.layout, 1, ("pp",)), "pipeline.loss", owned=True)[0]) \
+            if pp > 1 else float(mine_loss[0])
+        errors = (float("nan"),) * 3
+        if check:
+            moments, ref_loss, grads, updated = once(("gpt-reference", cfg, microbatches, step + 1),
+                                                     _reference_step, moments, start, x, y, cfg, step,
+                                                     microbatches)
+            floor = max(float(np.max(np.abs(g))) for g in grads.values())
+            local = np.array([abs(value - ref_loss) / max(abs(ref_loss), 1e-300),
+                              max(_worst(params[n].grad.local, grads[n], params[n].slices, floor) for n in names),
+                              max(_worst(params[n].local, updated[n], params[n].slices) for n in names)])
+            worst = resolve(mesh, local, pending(mesh.layout, 1, ("pp", "dp", "tp")), "check", reduction="max",
+                            owned=True)
+            errors = tuple(float(e) for e in worst)
+        totals = trace.totals()
+        result = StepResult(step, value, errors, totals["calls"], totals["bytes_sent"])
+        results.append(result)
+        if on_step is not None:
+            on_step(result)
+    del ops, DTensor  # imported for their operators only
+    return run, results
+
+
+def _run_program(run: PipelineRun, program: Sequence, x: np.ndarray, y: np.ndarray, step: int, micro: int,
+                 microbatches: int, last: int, shape: tuple, act: Any, ids_layout: Any, pp_comm: Any,
+                 params: list, cells: list) -> tuple[list, list, int]:
+    """One step of this stage's program: (its microbatches' scaled losses, as floats; the Compute records
+    run; the most microbatch-chunks held at once)."""
+    from .. import ops
+    from ..pipeline.schedule import Compute, Post, Send
+    from ..runtime.dtensor import DTensor
+    from ..runtime.door import point_to_point
+
+    mesh, models = run.stage_mesh, run.models
+    inputs: dict = {}  # (mb, chunk) -> the received activation (a leaf), the input of chunk's forward
+    outputs: dict = {}  # (mb, chunk) -> the forward's output (activation, or the scaled loss), until backward
+    upstream: dict = {}  # (mb, chunk) -> the received gradient of chunk's output
+    sent_grads: dict = {}  # (mb, chunk) -> the gradient of chunk's input, until sent
+    losses, order, held, most = [], [], 0, 0
+    scale = 1.0 / microbatches
+    local_shape = act.local_shape(shape)
+    tag_micro = microbatches > 1
+
+    def rows(i: int, data: np.ndarray) -> Any:
+        return DTensor.from_global(mesh, data[i * micro:(i + 1) * micro], ids_layout)
+
+    repeat = _DryCells(local_shape) if mesh.engine.dry else None
+    # Each chunk's first backward runs for real in a dry run (it is measured), so its forward does too.
+    first_backward: dict = {}
+    for action in program:
+        if isinstance(action, Compute) and action.kind == "B":
+            first_backward.setdefault(action.chunk, action.microbatch)
+
+    def forward(mb: int, c: int) -> None:
+        nonlocal held, most
+        held += 1
+        most = max(most, held)
+        if repeat is not None and mb != first_backward.get(c) and repeat.again(("F", c)):
+            # a dry run's later microbatch: the first's figures
+            outputs[(mb, c)] = stand = repeat.output(mesh, act, shape)
+            stand.input = inputs.pop((mb, c), None)  # held until the backward, as the graph would hold it
+            return
+        with _first(repeat, ("F", c)):
+            _forward(mb, c)
+
+    def _forward(mb: int, c: int) -> None:
+        model, when = models[c], (mb if tag_micro else None)
+        h = model.embed(rows(mb, x), step, True, when) if c == 0 else inputs[(mb, c)]
+        h = model.blocks(h, step, True, when)
+        if c == last:
+            h = model.head_loss(h, rows(mb, y)) * scale
+            losses.append(h)
+        outputs[(mb, c)] = h
+
+    def backward(mb: int, c: int) -> None:
+        nonlocal held
+        held -= 1
+        out = outputs.pop((mb, c))
+        if isinstance(out, _Stand):  # a dry run's repeated cell: the first backward's figures
+            upstream.pop((mb, c), None)
+            if not repeat.again(("B", c)):  # pragma: no cover - each chunk's first backward ran for real
+                raise SpmdsimError(f"internal: no measured backward of chunk {c} to repeat")
+            if c > 0:
+                sent_grads[(mb, c)] = buffers.lazy_zeros(local_shape, np.float64)
+            return
+        with _first(repeat, ("B", c)):
+            out.backward(gradient=None if c == last else upstream.pop((mb, c)), keep_pending=params)
+        if c > 0:
+            sent_grads[(mb, c)] = np.ascontiguousarray(inputs.pop((mb, c)).grad.local)
+
+    received: list = []
+
+    def message(op: Any, receives: list, sends: list) -> None:
+        if isinstance(op, Send):
+            if op.what == "act":
+                buf = np.ascontiguousarray(outputs[(op.microbatch, op.chunk)].local)
+            else:
+                buf = sent_grads.pop((op.microbatch, op.chunk))
+            sends.append((buf, op.peer, _tag(op.what, op.chunk)))
+        else:
+            buf = buffers.empty(local_shape, np.float64)
+            sender = op.chunk - 1 if op.what == "act" else op.chunk + 1
+            receives.append((buf, op.peer, _tag(op.what, sender)))
+            received.append((op, buf))
+
+    for action in program:
+        if isinstance(action, Compute):
+            began = perf_counter()
+            (forward if action.kind == "F" else backward)(action.microbatch, action.chunk)
+            cells.append((str(action), began, perf_counter()))
+            order.append(action)
+            continue
+        receives: list = []
+        sends: list = []
+        for op in (action.ops if isinstance(action, Post) else (action,)):
+            message(op, receives, sends)
+        point_to_point(run.mesh, pp_comm, "pp", receives, sends, "pipeline")
+        for op, buf in received:
+            t = DTensor(mesh, buf, act, shape)
+            if op.what == "act":
+                inputs[(op.microbatch, op.chunk)] = t.requires_grad_()
+            else:
+                upstream[(op.microbatch, op.chunk)] = t
+        received.clear()
+    return [float(ops.resolved(loss).local) for loss in losses], order, most
+
+
+class _Stand:
+    """A dry run's repeated forward cell: the output's block (zeros) and, while it lives, the bytes the first
+    cell of its kind kept for its backward (counted on the run's Meter)."""
+
+    __slots__ = ("local", "input", "__weakref__")
+
+    def __init__(self, local: np.ndarray) -> None:
+        self.local, self.input = local, None
+
+
+class _DryCells:
+    """A dry run's cells after the first of each kind ((F or B, chunk)): every microbatch's cell of one kind
+    runs the same operators on blocks of the same shapes, so the first one runs (dry) and is measured (its
+    trace rows, the bytes it keeps, the bytes it holds at its peak) and the later ones add those figures
+    without running again: ranks that do the same work are computed once, and so are microbatches."""
+
+    def __init__(self, local_shape: tuple) -> None:
+        self.local_shape = local_shape
+        self.seen: dict = {}  # (kind, chunk) -> (trace rows, bytes kept after it, bytes above the start at its peak)
+
+    def again(self, key: tuple) -> bool:
+        """True (and the first cell's rows and peak added) if a cell of this kind ran already."""
+        from ..context import current
+
+        seen = self.seen.get(key)
+        if seen is None:
+            return False
+        rows, kept, transient = seen
+        context = current()
+        for trace in context.traces:
+            trace._rows.extend(rows)
+        meter = context.meter
+        meter.peak = max(meter.peak, meter.held + transient)
+        self.kept = kept
+        return True
+
+    def output(self, mesh: Any, act: Any, shape: tuple) -> _Stand:
+        """The stand-in of a repeated forward's output, holding the first forward's kept bytes while it lives."""
+        from ..context import current
+
+        out = _Stand(buffers.lazy_zeros(self.local_shape, np.float64))
+        current().meter.count(out, self.kept)
+        return out
+
+
+class _first:  # noqa: N801 - a context manager, read as a phrase: `with _first(repeat, key):`
+    """Measure the first cell of its kind in a dry run (see _DryCells); nothing otherwise."""
+
+    def __init__(self, repeat: Optional[_DryCells], key: tuple) -> None:
+        self.repeat, self.key = repeat, key
+
+    def __enter__(self) -> None:
+        if self.repeat is None:
+            return
+        from ..context import current
+
+        context = current()
+        self.meter, self.trace = context.meter, context.traces[-1]
+        self.rows, self.held, self.peak = len(self.trace._rows), self.meter.held, self.meter.peak
+        self.meter.peak = self.meter.held  # the peak inside this cell, from here
+
+    def __exit__(self, *exc: object) -> None:
+        if self.repeat is None or exc[0] is not None:
+            return
+        meter = self.meter
+        self.repeat.seen[self.key] = (list(self.trace._rows[self.rows:]), meter.held - self.held,
+                                      meter.peak - self.held)
+        meter.peak = max(meter.peak, self.peak)
+
+
+def _tie_embedding(run: PipelineRun, wte: Any, other: int, pp_comm: Any) -> None:
+    """Add the other end's gradient of the tied table (first and last stage: Megatron's embedding group)."""
+    from ..runtime.door import point_to_point
+
+    g = wte.grad
+    mine = np.ascontiguousarray(g.local)
+    theirs = buffers.empty(mine.shape, mine.dtype)
+    point_to_point(run.mesh, pp_comm, "pp", [(theirs, other, 1 << 14)], [(mine, other, 1 << 14)],
+                   "embedding group")
+    total = mine if g.mesh.engine.dry else mine + theirs  # a dry run's zeros stay zeros, unread
+    wte._ag.grad = type(g)(g.mesh, total, g.layout, g.global_shape)
+
+
+def gathered_stages(run: PipelineRun, cfg: GPTConfig) -> dict:
+    """Every parameter whole on every rank: one Allgather over the whole mesh of each rank's blocks, padded
+    to the largest stage's (every rank knows what each stage holds and how it is laid out)."""
+    from ..runtime.executor import gather
+
+    mesh, pp, parts = run.mesh, run.mesh.layout.device_matrix[0], run.parts
+    layouts = next(iter(run.models.values())).layouts  # every parameter's, alike on every stage
+    shapes = {s.name: s.shape for s in param_specs(cfg)}
+    held = [[s.name for s in param_specs(cfg) if any(parts[c].holds(s.name) for c in range(s_, len(parts), pp))]
+            for s_ in range(pp)]
+    sizes = [sum(int(np.prod(layouts[n].local_shape(shapes[n]))) for n in names) for names in held]
+    width = max(sizes)
+    flat = np.zeros(width)
+    at = 0
+    for name in held[run.stage]:
+        block = run.params[name].local.reshape(-1)
+        flat[at:at + block.size] = block
+        at += block.size
+    everyone = gather(mesh, flat, ("pp", "dp", "tp"), "check.params").reshape(mesh.size, width)
+    per_stage = run.stage_mesh.size
+    out: dict = {}
+    for rank in range(mesh.size):
+        stage, place = divmod(rank, per_stage)
+        at = 0
+        for name in held[stage]:
+            slices = layouts[name].slices(place, shapes[name])
+            block = tuple(s.stop - s.start for s in slices)
+            n = int(np.prod(block))
+            out.setdefault(name, np.empty(shapes[name]))[slices] = everyone[rank, at:at + n].reshape(block)
+            at += n
+    return out

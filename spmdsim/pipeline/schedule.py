@@ -1,0 +1,389 @@
+"""Pipeline schedules as data: one program of small records per stage, and the three builders.
+
+Stages are pipeline ranks 0..p-1; microbatches 0..m-1; model chunks are numbered
+globally 0..p*v-1, and chunk c lives on stage c % p (Megatron's interleaving: stage
+s holds chunks s, s+p, s+2p, ...). Chunk 0 takes the data, chunk p*v-1 ends in the
+loss. The activation of chunk c goes to chunk c+1; its gradient comes back.
+
+A program is a tuple of records, run in order:
+
+    Compute("F", mb, c)   forward of microbatch mb through chunk c (B: its backward)
+    Send("act", mb, c, peer)   chunk c's output, to the stage holding c+1
+    Send("grad", mb, c, peer)  the gradient of chunk c's input, to the stage holding c-1
+    Recv("act", mb, c, peer)   chunk c's input; Recv("grad", mb, c, peer): its output's gradient
+    Post((op, op, ...))        messages posted together (Isend/Irecv), then all waited for
+
+A lone Send or Recv is a blocking call. The builders post messages the way Megatron's
+schedules do (megatron/core/pipeline_parallel/schedules.py), so the deadlock check
+(spmdsim.pipeline.check) passes under rendezvous semantics.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Optional, Union
+
+from ..errors import PipelineError
+
+__all__ = ["Compute", "Send", "Recv", "Post", "Schedule", "Action", "SCHEDULES", "MAX_PAIRS",
+           "build", "gpipe", "one_f_one_b", "interleaved", "check_sizes"]
+
+#: The schedules `build` knows, by name.
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+
+#: Most (microbatch, chunk) pairs a schedule may have: stages x microbatches x virtual stages.
+MAX_PAIRS = 65_536
+
+
+def _chunk_suffix(chunk: int, virtual: int) -> str:
+    return f".{chunk}" if virtual > 1 else ""
+
+
+def _check_int(value: object, what: str, low: int = 0) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise PipelineError(f"{what} {value!r} must be an int >= {low}")
+
+
+@dataclass(frozen=True)
+class Compute:
+    """The forward ("F") or backward ("B") of one microbatch through one chunk."""
+
+    kind: str
+    microbatch: int
+    chunk: int
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("F", "B"):
+            raise PipelineError(f"compute kind {self.kind!r} must be 'F' or 'B'")
+        _check_int(self.microbatch, "microbatch")
+        _check_int(self.chunk, "chunk")
+
+    def __str__(self) -> str:
+        return f"{self.kind}{self.microbatch}"
+
+    def label(self, virtual: int = 1) -> str:
+        """`F3`, or `F3.5` (chunk 5) when stages hold several chunks."""
+        return f"{self.kind}{self.microbatch}{_chunk_suffix(self.chunk, virtual)}"
+
+    token = label  # the schedule-file token is the label
+
+
+class _Message:
+    """What Send and Recv share: validation and the message's identity."""
+
+    what: str
+    microbatch: int
+    chunk: int
+    peer: int
+    _verb = ""
+    _arrow = ""
+
+    def __post_init__(self) -> None:
+        if self.what not in ("act", "grad"):
+            raise PipelineError(f"message kind {self.what!r} must be 'act' or 'grad'")
+        _check_int(self.microbatch, "microbatch")
+        _check_int(self.chunk, "chunk")
+        _check_int(self.peer, "peer stage")
+
+    def __str__(self) -> str:
+        return f"{self._verb} {self.what} {self.microbatch} {self._arrow} {self.peer}"
+
+    def label(self, virtual: int = 1) -> str:
+        """`send act 3 -> 1`; with several chunks per stage `send act 3.2 -> 3` (chunk 2's)."""
+        return (f"{self._verb} {self.what} {self.microbatch}{_chunk_suffix(self.chunk, virtual)} "
+                f"{self._arrow} stage {self.peer}")
+
+    def token(self, virtual: int = 1) -> str:
+        """The schedule-file token: `send-act3`, `recv-grad0.1`."""
+        return f"{self._verb}-{self.what}{self.microbatch}{_chunk_suffix(self.chunk, virtual)}"
+
+
+@dataclass(frozen=True)
+class Send(_Message):
+    """`what` "act": chunk's output to `peer` (holding chunk+1); "grad": its input's gradient to chunk-1."""
+
+    what: str
+    microbatch: int
+    chunk: int
+    peer: int
+    _verb = "send"
+    _arrow = "->"
+
+    @property
+    def message(self) -> tuple[str, int, int]:
+        """(what, microbatch, the chunk that produced it): the same for the matching Recv."""
+        return (self.what, self.microbatch, self.chunk)
+
+
+@dataclass(frozen=True)
+class Recv(_Message):
+    """`what` "act": chunk's input from `peer` (holding chunk-1); "grad": its output's gradient from chunk+1."""
+
+    what: str
+    microbatch: int
+    chunk: int
+    peer: int
+    _verb = "recv"
+    _arrow = "<-"
+
+    @property
+    def message(self) -> tuple[str, int, int]:
+        """(what, microbatch, the chunk that produced it): the same for the matching Send."""
+        return (self.what, self.microbatch, self.chunk - 1 if self.what == "act" else self.chunk + 1)
+
+
+@dataclass(frozen=True)
+class Post:
+    """Messages posted together (Isend/Irecv) and then all waited for, as Megatron's batched p2p."""
+
+    ops: tuple[Union[Send, Recv], ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ops", tuple(self.ops))
+        if not self.ops:
+            raise PipelineError("a post needs at least one send or receive, got ()")
+        for op in self.ops:
+            if not isinstance(op, (Send, Recv)):
+                raise PipelineError(f"a post holds sends and receives, got {op!r}")
+        if len(set(self.ops)) != len(self.ops):
+            raise PipelineError(f"post {self} names a message twice")
+
+    def __str__(self) -> str:
+        return "[" + ", ".join(str(op) for op in self.ops) + "]"
+
+    def label(self, virtual: int = 1) -> str:
+        return "[" + ", ".join(op.label(virtual) for op in self.ops) + "]"
+
+    def token(self, virtual: int = 1) -> str:
+        return "[" + " ".join(op.token(virtual) for op in self.ops) + "]"
+
+
+Action = Union[Compute, Send, Recv, Post]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One program per stage, in execution order; `check` has passed when a builder or `parse` returns it."""
+
+    name: str
+    stages: int
+    microbatches: int
+    virtual: int
+    programs: tuple[tuple[Action, ...], ...]
+
+    def __post_init__(self) -> None:
+        check_sizes(self.stages, self.microbatches, self.virtual)
+        programs = tuple(tuple(program) for program in self.programs)
+        object.__setattr__(self, "programs", programs)
+        if len(programs) != self.stages:
+            raise PipelineError(f"schedule {self.name!r} has {len(programs)} programs for "
+                                f"{self.stages} stages; expected one per stage")
+        for stage, program in enumerate(programs):
+            for action in program:
+                if not isinstance(action, (Compute, Send, Recv, Post)):
+                    raise PipelineError(f"stage {stage} of schedule {self.name!r} holds {action!r}; "
+                                        f"expected Compute, Send, Recv or Post records")
+
+    def __str__(self) -> str:
+        tail = f", {self.virtual} chunks per stage" if self.virtual > 1 else ""
+        return f"{self.name} ({self.stages} stages, {self.microbatches} microbatches{tail})"
+
+    @property
+    def chunks(self) -> int:
+        """Model chunks in all: stages x virtual stages."""
+        return self.stages * self.virtual
+
+    def stage_of(self, chunk: int) -> int:
+        """The stage that holds `chunk`."""
+        return chunk % self.stages
+
+    @property
+    def orders(self) -> tuple[tuple[Compute, ...], ...]:
+        """Per stage, its Compute records in program order (what `timeline` takes)."""
+        return tuple(tuple(a for a in program if isinstance(a, Compute)) for program in self.programs)
+
+    def text(self) -> str:
+        """The schedule in the file format `parse` reads (one line per stage)."""
+        return "".join(f"stage {s}: " + " ".join(a.token(self.virtual) for a in program) + "\n"
+                       for s, program in enumerate(self.programs))
+
+
+def check_sizes(stages: object, microbatches: object, virtual: object = 1) -> None:
+    """Raise PipelineError unless the sizes are ints >= 1 and their product is at most MAX_PAIRS."""
+    _check_int(stages, "stages", 1)
+    _check_int(microbatches, "microbatches", 1)
+    _check_int(virtual, "virtual stages", 1)
+    pairs = stages * microbatches * virtual
+    if pairs > MAX_PAIRS:
+        raise PipelineError(f"{stages} stages x {microbatches} microbatches x {virtual} virtual stages "
+                            f"= {pairs:,} (microbatch, chunk) pairs is too many; expected at most {MAX_PAIRS:,}")
+
+
+# --- the builders ------------------------------------------------------------------------------------------
+
+
+class _Links:
+    """The messages around each chunk; None where there is none (first/last chunk, or a same-stage chunk)."""
+
+    def __init__(self, stages: int, virtual: int) -> None:
+        self.p, self.last = stages, stages * virtual - 1
+
+    def send_act(self, mb: int, c: int) -> Optional[Send]:
+        return Send("act", mb, c, (c + 1) % self.p) if c < self.last and self.p > 1 else None
+
+    def recv_act(self, mb: int, c: int) -> Optional[Recv]:
+        return Recv("act", mb, c, (c - 1) % self.p) if c > 0 and self.p > 1 else None
+
+    def send_grad(self, mb: int, c: int) -> Optional[Send]:
+        return Send("grad", mb, c, (c - 1) % self.p) if c > 0 and self.p > 1 else None
+
+    def recv_grad(self, mb: int, c: int) -> Optional[Recv]:
+        return Recv("grad", mb, c, (c + 1) % self.p) if c < self.last and self.p > 1 else None
+
+
+def _post(program: list, *ops: Optional[Union[Send, Recv]]) -> None:
+    """Append the ops that exist: a lone one as a blocking call, several as one Post."""
+    present = tuple(op for op in ops if op is not None)
+    if len(present) == 1:
+        program.append(present[0])
+    elif present:
+        program.append(Post(present))
+
+
+def _checked(schedule: Schedule) -> Schedule:
+    from .check import check  # check.py reads these records: imported here, when a schedule is built
+
+    check(schedule)
+    return schedule
+
+
+def gpipe(stages: int, microbatches: int) -> Schedule:
+    """GPipe (Huang et al. 2019): every forward, then every backward in reverse microbatch order.
+
+    Blocking sends and receives; the backward order is GPipe's Figure 2(c) (B3 B2 B1 B0).
+    """
+    check_sizes(stages, microbatches)
+    links, programs = _Links(stages, 1), []
+    for s in range(stages):
+        program: list = []
+        for mb in range(microbatches):
+            _post(program, links.recv_act(mb, s))
+            program.append(Compute("F", mb, s))
+            _post(program, links.send_act(mb, s))
+        for mb in reversed(range(microbatches)):
+            _post(program, links.recv_grad(mb, s))
+            program.append(Compute("B", mb, s))
+            _post(program, links.send_grad(mb, s))
+        programs.append(program)
+    return _checked(Schedule("gpipe", stages, microbatches, 1, programs))
+
+
+def one_f_one_b(stages: int, microbatches: int) -> Schedule:
+    """Megatron's non-interleaved 1F1B, flushed: p-s-1 warmup forwards, steady one-forward-one-backward,
+    cooldown backwards; its combined send_forward_recv_backward and send_backward_recv_forward are Posts."""
+    check_sizes(stages, microbatches)
+    links, m, programs = _Links(stages, 1), microbatches, []
+    for s in range(stages):
+        warmup = min(stages - s - 1, m)
+        remaining = m - warmup
+        program: list = []
+        for mb in range(warmup):
+            _post(program, links.recv_act(mb, s))
+            program.append(Compute("F", mb, s))
+            _post(program, links.send_act(mb, s))
+        if remaining:
+            _post(program, links.recv_act(warmup, s))
+        for i in range(remaining):
+            program.append(Compute("F", warmup + i, s))
+            _post(program, links.send_act(warmup + i, s), links.recv_grad(i, s))
+            program.append(Compute("B", i, s))
+            if i == remaining - 1:
+                _post(program, links.send_grad(i, s))
+            else:
+                _post(program, links.send_grad(i, s), links.recv_act(warmup + i + 1, s))
+        for mb in range(remaining, m):
+            _post(program, links.recv_grad(mb, s))
+            program.append(Compute("B", mb, s))
+            _post(program, links.send_grad(mb, s))
+        programs.append(program)
+    return _checked(Schedule("1f1b", stages, microbatches, 1, programs))
+
+
+def _chunk_table(microbatches: int, virtual: int, group: int) -> list[tuple[int, int]]:
+    """Megatron's get_schedule_table: (microbatch, local chunk) in order, `group` microbatches per chunk."""
+    table = []
+    for first in range(0, microbatches, group):
+        mbs = range(first, min(first + group, microbatches))
+        table.extend((mb, j) for j in range(virtual) for mb in mbs)
+    return table
+
+
+def interleaved(stages: int, microbatches: int, virtual: int) -> Schedule:
+    """Megatron's interleaved 1F1B (forward_backward_pipelining_with_interleaving), without p2p overlap.
+
+    Stage s runs its (microbatch, chunk) pairs in groups of p microbatches per chunk; warmup
+    2(p-s-1) + (v-1)p forwards, then one forward and one backward per step, then cooldown. After
+    each compute step one Post sends what it produced and receives the next step's inputs.
+    Megatron requires m % p == 0 (microbatch groups of p).
+    """
+    check_sizes(stages, microbatches, virtual)
+    if virtual < 2:
+        raise PipelineError(f"the interleaved schedule needs virtual stages >= 2, got {virtual!r}; "
+                            f"one chunk per stage is --schedule 1f1b")
+    if microbatches % stages:
+        raise PipelineError(f"the interleaved schedule needs microbatches divisible by stages "
+                            f"(as Megatron), got {microbatches!r} microbatches for {stages!r} stages")
+    p, v, links, programs = stages, virtual, _Links(stages, virtual), []
+    table = _chunk_table(microbatches, v, p)
+    total = len(table)
+    for s in range(p):
+        forward = [(mb, j * p + s) for mb, j in table]
+        backward = [(mb, (v - 1 - j) * p + s) for mb, j in table]
+        warmup = min(2 * (p - s - 1) + (v - 1) * p, total)
+        remaining = total - warmup
+        program: list = []
+
+        def recv_f(k: int) -> Optional[Recv]:
+            return links.recv_act(*forward[k]) if k < total else None
+
+        def recv_b(k: int) -> Optional[Recv]:
+            return links.recv_grad(*backward[k]) if k < total else None
+
+        _post(program, recv_f(0))
+        for k in range(warmup):
+            program.append(Compute("F", *forward[k]))
+            first_b = recv_b(0) if k == warmup - 1 and remaining else None
+            _post(program, links.send_act(*forward[k]), recv_f(k + 1), first_b)
+        if not remaining:
+            _post(program, recv_b(0))
+        for k in range(remaining):
+            program.append(Compute("F", *forward[warmup + k]))
+            program.append(Compute("B", *backward[k]))
+            next_f = recv_f(warmup + k + 1) if k < remaining - 1 else None
+            _post(program, links.send_act(*forward[warmup + k]), links.send_grad(*backward[k]),
+                  next_f, recv_b(k + 1))
+        for k in range(remaining, total):
+            program.append(Compute("B", *backward[k]))
+            _post(program, links.send_grad(*backward[k]), recv_b(k + 1))
+        programs.append(program)
+    return _checked(Schedule("interleaved", stages, microbatches, virtual, programs))
+
+
+@lru_cache(maxsize=64, typed=True)  # typed: build(..., True) is refused, not build(..., 1)
+def build(name: str, stages: int, microbatches: int, virtual: int = 1) -> Schedule:
+    """The schedule `name` ("gpipe", "1f1b" or "interleaved"), checked.
+
+    Args:
+        name: one of SCHEDULES.
+        stages, microbatches: p and m, ints >= 1.
+        virtual: chunks per stage: 1 for gpipe and 1f1b, >= 2 for interleaved.
+    """
+    if name not in SCHEDULES:
+        raise PipelineError(f"unknown schedule {name!r}; expected one of {SCHEDULES!r}")
+    if name == "interleaved":
+        return interleaved(stages, microbatches, virtual)
+    check_sizes(stages, microbatches, virtual)
+    if virtual != 1:
+        raise PipelineError(f"the {name} schedule holds one chunk per stage, got virtual stages "
+                            f"{virtual!r}; several chunks per stage is --schedule interleaved")
+    return gpipe(stages, microbatches) if name == "gpipe" else one_f_one_b(stages, microbatches)
