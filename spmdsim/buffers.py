@@ -70,13 +70,12 @@ def kept_empty(shape: Any, dtype: Any = float) -> np.ndarray:
     nbytes = math.prod(dims) * dtype.itemsize
     if nbytes < MIN_BYTES or dtype.hasobject:  # MPI never moves Python objects as bytes
         return _np_empty(dims, dtype)
-    if _current().dry_run:  # shapes only: zeros that cost no memory until written (`lazy_zeros`)
-        return lazy_zeros(dims, dtype)
     if nbytes >= HUGE_MIN and _HUGE:
         mapped = _hugepool.empty_bytes(nbytes, PAGE_OFFSET)
         if mapped is not None:
             return _ndarray(dims, dtype, mapped)
-    raw = _np_empty(nbytes + PAGE, _uint8)
+    # A dry run's: zeros that cost no memory until written (`lazy_zeros`), sized and placed as a real run's.
+    raw = lazy_zeros(nbytes + PAGE, _uint8) if _current().dry_run else _np_empty(nbytes + PAGE, _uint8)
     # One ndarray over the raw bytes at the offset: a third of slicing, viewing and reshaping.
     return _ndarray(dims, dtype, raw, (PAGE_OFFSET - _address(_as_char(raw))) % PAGE)
 

@@ -22,7 +22,7 @@ class RankContext:
     """One rank's own state: who it is, its world communicator and engine, its traces, counter and settings."""
 
     __slots__ = ("rank", "size", "comm", "engine", "traces", "seq", "hooks", "meter", "shared", "self_comm", "world_comm",
-                 "dry_run", "calls_on", "__weakref__")
+                 "dry_run", "__weakref__")
 
     def __init__(self, rank: Optional[int] = None, size: Optional[int] = None, comm: Any = None,
                  engine: Any = None, dry_run: bool = False, shared: Optional[dict] = None,
@@ -36,8 +36,6 @@ class RankContext:
         # simulated rank a copy of PROCESS's when simulate() starts; hot paths read `hooks.quiet`
         self.hooks = hooks
         self.dry_run = dry_run
-        # spmdsim.runtime.debug's count of checked calls per communicator: id -> (communicator, count)
-        self.calls_on: dict = {}
         self.meter: Any = None  # a dry run's byte meter (spmdsim.sim.dry.Meter)
         self.shared = {} if shared is None else shared  # spmdsim.engines.once's results, one table per run
         self.self_comm: Any = None  # MPI.COMM_SELF of a simulated rank, made on first use

@@ -284,13 +284,7 @@ def verify(comm: Any, op: str, axes: Sequence[str], dtype: Any, shape: Optional[
     g = comm.Get_size()
     mine = _cached_row(op, tuple(axes), np.dtype(dtype).str,
                        None if shape is None else tuple(shape), tuple(extra), g).copy()
-    # Compared: this call's number on `comm` (MPI orders calls per communicator; a pipeline's stages make
-    # different numbers of calls on their own groups before they meet on another). `seq` names it in text.
-    calls = _context().calls_on
-    held = calls.get(id(comm))
-    number = 1 if held is None or held[0] is not comm else held[1] + 1
-    calls[id(comm)] = (comm, number)  # the communicator kept, so its id is not another's meanwhile
-    mine[1] = number
+    mine[1] = seq
     table = np.empty((g, FINGERPRINT_FIELDS), np.int64)
     from .door import all_gather_object, exchange_table  # the door to the engine sits above this module
 
