@@ -105,8 +105,8 @@ def embedding(ids: Any, table: Any, *, gather_out: bool = True, reduce: bool = T
     dry = dry_zeros(mesh, ids.local.shape + table.local.shape[1:], table.dtype, np.take, table.local, ids.local)
     if plan.vocab_axes:
         start, _ = table.layout.bounds(mesh.rank, table.global_shape)[0]
-    if dry is not None:
-        local = dry
+    if dry is not None:  # placed as the real lookup's result (buffers.empty), so a dry run keeps its bytes
+        local = buffers.empty(dry.shape, dry.dtype)
     elif plan.vocab_axes:
         padded = pad_vocab_shard(table.local) if padded_local is None else padded_local
         if padded.shape != (table.local.shape[0] + 1,) + table.local.shape[1:]:
