@@ -10,6 +10,11 @@ and dropout mask 8 bytes: spmdsim.gpt.memory.korthikanti_bytes); and the paramet
 master copy, optimizer states, buffers and peak (spmdsim.gpt.memory.MemoryReport).
 
     python scripts/memory_table.py
+    python scripts/memory_table.py --dry-run --dp 64 --tp 8 --vocab 50304 --layers 24 --d-model 1024 \
+        --heads 16 --seq 1024 --batch 128        # GPT-2 medium's shape on 512 ranks, shapes only
+
+With --dry-run the ranks run on shapes only (spmdsim.sim.dry): the same kept bytes, parameters and
+optimizer figures as a real run (the saved blocks are zeros of their real sizes, never touched).
 """
 from __future__ import annotations
 
@@ -18,27 +23,39 @@ import argparse
 import spmdsim
 from spmdsim.gpt import GPTConfig, encode, load_text
 from spmdsim.gpt.memory import BLOCK_KINDS, RECOMPUTE, ZERO, korthikanti_bytes, per_layer_units
+from spmdsim.gpt.parallel import mesh_problem
 from spmdsim.gpt.train import train
 
-DP, TP = 2, 4
-
-
-def measured(cfg: GPTConfig, ids, recompute: str, zero: int):
+def measured(cfg: GPTConfig, ids, dp: int, tp: int, recompute: str, zero: int, dry: bool):
     """Rank 0's MemoryReport at the second step."""
-    steps = spmdsim.simulate(DP * TP, lambda: train(cfg, spmdsim.world(), DP, TP, 2, ids, sp=True, check=False,
-                                                    recompute=recompute, zero=zero, memory=True)[1])
+    steps = spmdsim.simulate(dp * tp, lambda: train(cfg, spmdsim.world(), dp, tp, 2, ids, sp=True, check=False,
+                                                    recompute=recompute, zero=zero, memory=True)[1],
+                             dry_run=dry)
     return steps[0][-1].memory
 
 
 def main() -> int:
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
-    cfg = GPTConfig()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    defaults = GPTConfig()
+    parser.add_argument("--dp", type=int, default=2)
+    parser.add_argument("--tp", type=int, default=4)
+    for name in ("vocab", "layers", "d_model", "heads", "seq", "batch"):
+        parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
+    parser.add_argument("--dry-run", action="store_true", help="shapes only (large models)")
+    args = parser.parse_args()
+    cfg = GPTConfig(vocab=args.vocab, layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq,
+                    batch=args.batch)
+    problem = mesh_problem(cfg, args.dp, args.tp, True)
+    if problem:
+        parser.error(f"the GPT cannot run on dp {args.dp} x tp {args.tp}: {problem}")
     ids = encode(load_text())
-    s, b, h, a = cfg.seq, cfg.batch // DP, cfg.d_model, cfg.heads
-    reports = {(r, z): measured(cfg, ids, r, z) for r in RECOMPUTE for z in ZERO}
-    print(f"GPT {cfg.layers} layers, d_model {h}, {a} heads, seq {s}, batch {cfg.batch}; dp {DP} x tp {TP} "
-          f"with sp; rank 0, bytes")
-    print("s·b·h = 64 x 4 x 128 = 32,768; a·s²·b = 4 x 64² x 4 = 65,536 (b: the samples of one dp rank)")
+    dp, tp = args.dp, args.tp
+    s, b, h, a = cfg.seq, cfg.batch // dp, cfg.d_model, cfg.heads
+    reports = {(r, z): measured(cfg, ids, dp, tp, r, z, args.dry_run) for r in RECOMPUTE for z in ZERO}
+    print(f"GPT {cfg.layers} layers, d_model {h}, {a} heads, seq {s}, batch {cfg.batch}; dp {dp} x tp {tp} "
+          f"with sp; rank 0, bytes{' (dry run)' if args.dry_run else ''}")
+    print(f"s·b·h = {s} x {b} x {h} = {s * b * h:,}; a·s²·b = {a} x {s}² x {b} = {a * s * s * b:,} "
+          "(b: the samples of one dp rank)")
     print()
     print("| recompute | kept for backward | in the blocks | per layer, measured | per layer, Korthikanti "
           "et al. at float64 |")
@@ -48,7 +65,7 @@ def main() -> int:
         kept = dict(m.kept)
         blocks = sum(n for kind, n in kept.items() if kind in BLOCK_KINDS)
         rest, core = per_layer_units(kept, cfg.layers, s, b, h, a)
-        f_rest, f_core = korthikanti_bytes(s, b, h, a, TP, True, recompute, 8, 8)
+        f_rest, f_core = korthikanti_bytes(s, b, h, a, tp, True, recompute, 8, 8)
         print(f"| {recompute} | {m.kept_total:,} | {blocks:,} | {_units(rest, core)} | "
               f"{_units(f_rest / (s * b * h), f_core / (a * s * s * b))} |")
     print()

@@ -262,6 +262,9 @@ class AdamW(_Optimizer):
     def memory(self) -> dict:
         """This rank's bytes: "optimizer states" (the moments), "master copy" (none: the parameters are
         their own), "buffers" (the flat gradients and scratch of the update); each buffer counted once."""
+        if self._dry_sizes:  # a dry run's: what `_dry_held` counts, by kind
+            scratch = 2 * sum(self._dry_sizes[i] for i in self._dry_flat)
+            return {"optimizer states": self._dry_held() - scratch, "master copy": 0, "buffers": scratch}
         owners: dict = {}
         for _, m, v in self.state.values():
             for a in (m, v):
