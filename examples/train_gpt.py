@@ -125,9 +125,6 @@ def main(args):
         problem = "--trace-out writes a pipeline's last step; give --pp (or --microbatches) with it"
     if not problem and args.replay and pipelined():
         problem = "--replay runs one captured step; a pipeline's schedule is not captured yet (leave out --replay)"
-    if not problem and pipelined() and (args.recompute != "none" or zero or args.memory):
-        problem = ("--recompute, --zero and --memory run without a pipeline for now; leave them out with "
-                   "--pp or --microbatches")
     if problem:  # every rank alike, before any collective
         raise spmdsim.SpmdsimError(problem)
     dp, tp = shape
@@ -166,7 +163,8 @@ def main(args):
     if pipelined():
         model, results = train_pipelined(cfg, comm, pp, dp, tp, args.steps, ids, sp=args.sp,
                                          schedule=args.schedule, microbatches=microbatches(), virtual=virtual(),
-                                         check=check, on_step=report, layouts=layouts)
+                                         check=check, on_step=report, layouts=layouts, recompute=args.recompute,
+                                         zero=zero, memory=args.memory)
     else:
         model, results = train(cfg, comm, dp, tp, args.steps, ids, sp=args.sp, check=check, on_step=report,
                                layouts=layouts, replay=args.replay, recompute=args.recompute, zero=zero,

@@ -127,3 +127,37 @@ def test_dry_run_runs_a_representative_per_stage_and_repeats_measured_cells(monk
     assert stages[1][1] == stages[2][1] and stages[0][:2] != stages[1][:2] != stages[3][:2]
     counts = dict(stages[1][3])
     assert counts.get("send", 0) + counts.get("sendrecv", 0) >= 8  # every microbatch crossed both boundaries
+
+
+@pytest.mark.parametrize("recompute, zero, schedule, v", [
+    ("none", 0, "1f1b", 1), ("selective", 1, "interleaved", 2), ("full", 1, "gpipe", 1)])
+def test_recomputation_and_zero1_compose_with_the_pipeline_and_a_dry_run_measures_the_same(recompute, zero,
+                                                                                           schedule, v):
+    """Each stage recomputes and shards its optimizer as the unpipelined trainer does: every step agrees
+    with one numpy process; a dry run (one representative per stage, later cells repeated) keeps the same
+    bytes for backward at the moment the schedule holds the most, the same optimizer bytes, calls and
+    bytes sent, on every rank. A real run's parameters and gradients are placed in page-rounded buffers
+    for MPI (spmdsim.buffers), a dry run's are their exact sizes: those differ by less than a page each."""
+    cfg = GPTConfig(layers=4)
+
+    def main():
+        run, steps = train_pipelined(cfg, spmdsim.world(), 2, 2, 2, 2, IDS, sp=True, schedule=schedule, virtual=v,
+                                     microbatches=4, recompute=recompute, zero=zero, memory=True,
+                                     check=not spmdsim.sim.dry_run_active())
+        run.close()
+        return steps
+
+    real, dry = spmdsim.simulate(8, main), spmdsim.simulate(8, main, dry_run=True)
+    assert all(s.passed and max(s.errors) <= TOLERANCE for steps in real for s in steps), real[0]
+    for rank in range(8):
+        a, b = real[rank][-1], dry[rank][-1]
+        assert (a.calls, a.bytes_sent) == (b.calls, b.bytes_sent)
+        assert (a.memory.kept, a.memory.master, a.memory.states, a.memory.buffers) == \
+            (b.memory.kept, b.memory.master, b.memory.states, b.memory.buffers), rank
+        pages = 4096 * 40  # at most 40 parameter blocks (and their gradients) per stage here
+        assert 0 <= a.memory.params - b.memory.params < pages and 0 <= a.memory.grads - b.memory.grads < pages
+    kinds = [dict(dry[r][-1].memory.kept) for r in (0, 4)]
+    assert "embedding" in kinds[0] and "head" in kinds[1] and "head" not in kinds[0]  # the stages' own ends
+    assert ("attention core" in kinds[0]) == (recompute == "none")
+    assert (recompute == "full") == ("block input" in kinds[0] and "mlp" not in kinds[0])
+    assert (dry[0][-1].memory.master > 0) == bool(zero)

@@ -36,9 +36,10 @@ from ..errors import SpmdsimError
 from ..layout import Layout
 from .config import GPTConfig
 from .data import batch
+from .memory import recompute_problem, zero_problem
 from .params import decays, param_specs
 from .stages import chunk_parts, pipeline_problem
-from .train import StepResult, step_errors
+from .train import StepResult, _distinct, step_errors
 
 __all__ = ["PipelineRun", "train_pipelined", "pipeline_layout_problem"]
 
@@ -126,16 +127,21 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
                     sp: bool = False, schedule: str = "1f1b", microbatches: int = 1, virtual: int = 1,
                     split: Optional[Sequence[int]] = None, check: bool = True,
                     on_step: Optional[Callable[[StepResult], Any]] = None,
-                    layouts: Optional[dict] = None) -> tuple[PipelineRun, list]:
+                    layouts: Optional[dict] = None, recompute: str = "none", zero: int = 0,
+                    memory: bool = False) -> tuple[PipelineRun, list]:
     """Train `steps` steps on a (pp, dp, tp) mesh over `comm`; returns (the run, one StepResult per step).
 
     Collective: every rank calls it alike. `schedule`: "gpipe", "1f1b" or "interleaved" (with `virtual`
-    chunks per stage); `split`: layers per chunk (default balanced). Every refusal is raised alike on
-    every rank before the first collective.
+    chunks per stage); `split`: layers per chunk (default balanced). `recompute` and `zero` as
+    spmdsim.gpt.train.train's, on each stage (ZeRO-1: each stage's optimizer sharded over its dp ranks);
+    `memory`: each step's bytes on this rank into StepResult.memory, kept-for-backward bytes at the
+    moment the schedule held the most (spmdsim.gpt.memory.MemoryReport). Every refusal is raised alike
+    on every rank before the first collective.
     """
     from .. import ops
     from ..autograd import reduce_grads
     from ..context import current
+    from ..distrib_optim import DistributedAdamW
     from ..optim import AdamW
     from ..pipeline.schedule import build
     from ..runtime.door import all_reduce_object
@@ -148,7 +154,8 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     from .parallel import GPT
     from .train import _reference_step, _zero_moments
 
-    problem = pipeline_layout_problem(cfg, pp, dp, tp, sp, microbatches, virtual, split)
+    problem = (pipeline_layout_problem(cfg, pp, dp, tp, sp, microbatches, virtual, split)
+               or recompute_problem(recompute) or zero_problem(zero))
     if problem:
         raise SpmdsimError(f"the GPT cannot train on pp {pp} x dp {dp} x tp {tp}: {problem}")
     if cfg.clip and pp > 1:
@@ -163,7 +170,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     stage_mesh = Mesh(Layout((dp, tp), ("dp", "tp")), mesh.group(("dp", "tp")))
     pp_comm = mesh.group("pp") if pp > 1 else None
     mine = [c for c in range(chunks) if c % pp == stage]
-    models = {c: GPT(cfg, stage_mesh, sp=sp, layouts=layouts, part=parts[c]) for c in mine}
+    models = {c: GPT(cfg, stage_mesh, sp=sp, layouts=layouts, part=parts[c], recompute=recompute) for c in mine}
     if 0 in models and chunks - 1 in models and chunks > 1:  # one stage holds both ends: one tied table
         models[chunks - 1].params["wte"] = models[0].params["wte"]
     params: dict = {}
@@ -172,9 +179,13 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
             if spec.name in models[c].params:
                 params.setdefault(spec.name, models[c].params[spec.name])
     tensors = list(params.values())
-    optimizer = AdamW(tensors, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                      weight_decay=cfg.weight_decay,
-                      decay=[params[s.name] for s in param_specs(cfg) if s.name in params and decays(s)])
+    decaying = [params[s.name] for s in param_specs(cfg) if s.name in params and decays(s)]
+    if zero:  # each stage's states and master copy sharded over its dp ranks
+        optimizer = DistributedAdamW(tensors, stage_mesh, ("dp",), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                                     weight_decay=cfg.weight_decay, decay=decaying)
+    else:
+        optimizer = AdamW(tensors, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                          decay=decaying)
     run = PipelineRun(plan, parts, stage, models, mesh, stage_mesh, params, [], [])
     check = check and not dry_run_active()
     last = chunks - 1
@@ -192,12 +203,18 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         with collect_trace() as trace:
             optimizer.zero_grad()
             cells: list = []
+            watch = _Most(optimizer, tensors) if memory else None
             losses, order, held = _run_program(run, plan.programs[stage], x, y, step, micro, microbatches, last,
-                                               shape, act, ids_layout, pp_comm, tensors, cells)
-            reduce_grads(tensors)  # dp (and sp's LayerNorm) sums: once per step, bucketed
+                                               shape, act, ids_layout, pp_comm, tensors, cells, watch)
+            if not zero:  # with ZeRO-1 the dp sums are the optimizer's Reduce_scatter
+                reduce_grads(tensors)  # dp (and sp's LayerNorm) sums: once per step, bucketed
             if ends:
                 _tie_embedding(run, params["wte"], 0 if stage == pp - 1 else pp - 1, pp_comm)
+            if watch is not None:
+                watch.look("after the backward")
             optimizer.step()
+            if watch is not None:
+                watch.look("after the step")
         # The stages made different numbers of collectives on their own groups: the ranks' call counters
         # (what SPMDSIM_CHECK compares) agree again from here.
         current().seq = all_reduce_object(mesh.comm, current().seq, "max")
@@ -213,12 +230,13 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
             moments, ref_loss, grads, updated = once(("gpt-reference", cfg, microbatches, step + 1),
                                                      _reference_step, moments, start, x, y, cfg, step,
                                                      microbatches)
-            local = step_errors(value, ref_loss, grads, updated, params)
+            local = step_errors(value, ref_loss, grads, updated, params, optimizer if zero else None)
             worst = resolve(mesh, local, pending(mesh.layout, 1, ("pp", "dp", "tp")), "check", reduction="max",
                             owned=True)
             errors = tuple(float(e) for e in worst)
         totals = trace.totals()
-        result = StepResult(step, value, errors, totals["calls"], totals["bytes_sent"])
+        result = StepResult(step, value, errors, totals["calls"], totals["bytes_sent"],
+                            watch.report(step) if watch is not None else None)
         results.append(result)
         if on_step is not None:
             on_step(result)
@@ -228,7 +246,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
 
 def _run_program(run: PipelineRun, program: Sequence, x: np.ndarray, y: np.ndarray, step: int, micro: int,
                  microbatches: int, last: int, shape: tuple, act: Any, ids_layout: Any, pp_comm: Any,
-                 params: list, cells: list) -> tuple[list, list, int]:
+                 params: list, cells: list, watch: Optional["_Most"] = None) -> tuple[list, list, int]:
     """One step of this stage's program: (its microbatches' scaled losses, as floats; the Compute records
     run; the most microbatch-chunks held at once)."""
     from .. import ops
@@ -264,9 +282,11 @@ def _run_program(run: PipelineRun, program: Sequence, x: np.ndarray, y: np.ndarr
             # a dry run's later microbatch: the first's figures
             outputs[(mb, c)] = stand = repeat.output(("F", c))
             stand.input = inputs.pop((mb, c), None)  # held until the backward, as the graph would hold it
-            return
-        with _first(repeat, ("F", c)):
-            _forward(mb, c)
+        else:
+            with _first(repeat, ("F", c)):
+                _forward(mb, c)
+        if watch is not None:
+            watch.forward(c, outputs[(mb, c)], [k[1] for k in outputs])
 
     def _forward(mb: int, c: int) -> None:
         model, when = models[c], (mb if tag_micro else None)
@@ -328,6 +348,49 @@ def _run_program(run: PipelineRun, program: Sequence, x: np.ndarray, y: np.ndarr
                 upstream[(op.microbatch, op.chunk)] = t
         received.clear()
     return [float(ops.resolved(loss).local) for loss in losses], order, most
+
+
+class _Most:
+    """What `train_pipelined(memory=True)` looks at on one rank in one step: the bytes each chunk's
+    forward keeps for its backward (its first microbatch's graph, spmdsim.autograd.kept_bytes: every
+    microbatch of a chunk keeps blocks of the same shapes), summed over the microbatch-chunks held at
+    each moment; the moment the schedule held the most, and after the backward and the step."""
+
+    def __init__(self, optimizer: Any, params: list) -> None:
+        self.optimizer, self.params = optimizer, params
+        self.kept_of: dict = {}  # chunk -> {kind: bytes}
+        self.best: tuple = (-1, {})  # (bytes kept, {kind: bytes}) at the most held
+        self.moments: dict = {}
+
+    def forward(self, chunk: int, out: Any, live: list) -> None:
+        from ..autograd import kept_bytes
+
+        if chunk not in self.kept_of:
+            self.kept_of[chunk] = {} if isinstance(out, _Stand) else kept_bytes([out], exclude=self.params)
+        kinds: dict = {}
+        for c in live:
+            for kind, n in self.kept_of.get(c, {}).items():
+                kinds[kind] = kinds.get(kind, 0) + n
+        total = sum(kinds.values())
+        if total > self.best[0]:
+            self.best = (total, kinds)
+            self.look("the most activations held", kinds)
+
+    def look(self, moment: str, kept: Optional[dict] = None) -> None:
+        held = self.optimizer.memory()
+        grads = _distinct(p.grad.local for p in self.params if p.grad is not None)
+        self.moments[moment] = (held, grads, _distinct(p.local for p in self.params) + grads
+                                + sum(held.values()) + sum((kept or {}).values()))
+
+    def report(self, step: int) -> Any:
+        from .train import _KIND_ORDER
+        from .memory import MemoryReport
+
+        held, grads, _ = self.moments["after the step"]
+        peak, moment = max((total, m) for m, (_, _, total) in self.moments.items())
+        kept = tuple(sorted(self.best[1].items(), key=lambda kv: _KIND_ORDER.get(kv[0], len(_KIND_ORDER))))
+        return MemoryReport(step, kept, _distinct(p.local for p in self.params), grads, held["master copy"],
+                            held["optimizer states"], held["buffers"], peak, moment)
 
 
 class _Stand:

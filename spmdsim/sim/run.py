@@ -123,7 +123,8 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
 
 
 def _dry_run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
-    """`fn` once, as rank 0 of `size` on the dry engine, in a thread of its own; its report."""
+    """`fn` once, as rank 0 of `size` on the dry engine, in a thread of its own (once per representative when
+    the ranks differ: spmdsim.sim.dry.differ), each rank given its representative's result; the report."""
     from ..engines.trace import Trace
     from ..runtime.debug import HOOKS, Hooks
     from .dry import DRY, DryComm, Meter, report
@@ -152,10 +153,12 @@ def _dry_run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> li
 
     context, (ok, value) = one(0, None)
     contexts = {0: context}
+    values = {0: value}
     stands_for = context.meter.stands_for  # the program said its ranks differ (spmdsim.sim.dry.differ)
     if ok and stands_for is not None:
         for rank in sorted(set(stands_for.tolist()) - {0}):  # one more run per representative
             contexts[rank], (ok, value) = one(rank, stands_for)
+            values[rank] = value
             if not ok:
                 break
     if not ok:
@@ -169,7 +172,9 @@ def _dry_run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> li
             value.add_note(note)
             raise value
         raise SimulationError(f"{type(value).__name__}: {value} ({note})") from value
-    results = DryRunResults([value] * size)
+    # Each rank's result is its representative's (rank 0's for all when the ranks do not differ).
+    results = DryRunResults([values[0]] * size if stands_for is None else
+                            [values[r] for r in stands_for.tolist()])
     results.report = report(contexts, size, stands_for)
     return results
 
