@@ -19,8 +19,10 @@ class Transfer:
     nbytes: the call's per-rank buffer as spmdsim.cost.model takes it (the gathered output of an
         allgather, the unreduced input of a reduce_scatter, the buffer of an allreduce, the message);
     level: "node" when every member is on this rank's node, else "cluster";
-    phase: "forward", "backward", "optimizer" or "pipeline" (what the step was doing);
-    count: how many such calls one step makes.
+    phase: "layers" (tensor/sequence-parallel collectives inside the forward and backward),
+        "gradients" (data-parallel sums, ZeRO-1's buckets) or "pipeline" (messages between stages);
+    count: how many such calls one step makes;
+    sent: bytes this rank sends in one such call (what its trace recorded; 0 for a receive).
     """
 
     kind: str
@@ -29,3 +31,4 @@ class Transfer:
     level: str
     phase: str
     count: int = 1
+    sent: int = 0

@@ -1,0 +1,129 @@
+"""`spmdsim estimate gpt`: one rank's memory, FLOPs, bytes and predicted step time per pipeline stage.
+
+    spmdsim estimate gpt --layers 48 --hidden 6144 --heads 64 --seq 2048 --vocab 51200 --micro-batch 4 \\
+        --global-batch 4 --tp 8 --pp 1 --dp 1 --sp --recompute selective --precision bf16-mixed \\
+        --machine a100-dgx
+
+The figures are those of the dry run of the real training step (spmdsim.estimate.ledger), priced at
+the precision's widths and timed on the machine file (spmdsim.estimate.steptime); docs/estimate.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from ..errors import SpmdsimError
+from ..viz.table import WIDTH
+
+__all__ = ["register", "run"]
+
+GIB = 1024 ** 3
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "estimate",
+        help="per-rank memory, FLOPs, bytes and step time of a GPT configuration, from its dry run",
+        description=("Dry-run one training step of the GPT on a (pp, dp, tp) mesh of simulated ranks (shapes "
+                     "only, one rank per stage) and print, for the first, a middle and the last stage, what "
+                     "one rank holds (priced at --precision), the FLOPs it executes, the bytes it sends by "
+                     "kind and link level, and the step time predicted on --machine (docs/estimate.md)."))
+    parser.add_argument("network", choices=("gpt",), help="the network (the GPT of spmdsim.gpt)")
+    for name, default in (("layers", 4), ("hidden", 128), ("heads", 4), ("seq", 64), ("vocab", 128),
+                          ("micro-batch", 1), ("global-batch", 8), ("tp", 1), ("pp", 1), ("dp", 1),
+                          ("virtual-stages", 1)):
+        parser.add_argument(f"--{name}", type=int, default=default, metavar="N")
+    parser.add_argument("--schedule", default=None, choices=("gpipe", "1f1b", "interleaved"),
+                        help="pipeline schedule (default 1f1b; interleaved with --virtual-stages > 1)")
+    parser.add_argument("--sp", action="store_true", help="sequence parallelism (Megatron)")
+    parser.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
+    parser.add_argument("--zero", type=int, default=0, choices=(0, 1))
+    parser.add_argument("--precision", default="bf16-mixed", choices=("fp64", "bf16-mixed", "fp16-mixed"))
+    parser.add_argument("--machine", default="a100-dgx",
+                        help="a shipped machine file's name or a path (spmdsim calibrate --machine-out)")
+    parser.add_argument("--json", action="store_true", help="print the ledger as JSON")
+    parser.set_defaults(func=run)
+
+
+def _config(args: argparse.Namespace) -> tuple[Any, int]:
+    from ..gpt import GPTConfig
+
+    for name in ("layers", "hidden", "heads", "seq", "vocab", "micro_batch", "global_batch", "tp", "pp", "dp",
+                 "virtual_stages"):
+        value = getattr(args, name)
+        if value < 1:
+            raise SpmdsimError(f"--{name.replace('_', '-')} {value} must be >= 1")
+    per_step = args.micro_batch * args.dp
+    if args.global_batch % per_step:
+        raise SpmdsimError(f"--global-batch {args.global_batch} must be a multiple of --micro-batch x --dp "
+                           f"({args.micro_batch} x {args.dp} = {per_step})")
+    cfg = GPTConfig(vocab=args.vocab, d_model=args.hidden, heads=args.heads, layers=args.layers, seq=args.seq,
+                    batch=args.global_batch, dropout=0.1)
+    return cfg, args.global_batch // per_step
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..estimate.ledger import PRECISIONS, gpt_ledger, priced
+    from ..estimate.machine import load_machine
+    from ..estimate.steptime import step_time
+
+    cfg, microbatches = _config(args)
+    machine = load_machine(args.machine)
+    schedule = args.schedule or ("interleaved" if args.virtual_stages > 1 else "1f1b")
+    start = time.perf_counter()
+    stages = gpt_ledger(cfg, args.pp, args.dp, args.tp, sp=args.sp, microbatches=microbatches, schedule=schedule,
+                        virtual=args.virtual_stages, recompute=args.recompute, zero=args.zero,
+                        gpus_per_node=machine.gpus_per_node)
+    seconds = time.perf_counter() - start
+    pipeline = (args.pp, microbatches, args.virtual_stages, schedule) if args.pp > 1 else None
+    shown = sorted({0, len(stages) // 2, len(stages) - 1})
+    rows = []
+    for s in shown:
+        st = stages[s]
+        timing = step_time(machine, st.gemms, st.transfers, pipeline=pipeline)
+        rows.append((st, priced(st, args.precision, args.zero), timing))
+    if args.json:
+        print(json.dumps({"config": vars(args) | {"func": None, "_usage_parser": None},
+                          "microbatches": microbatches, "dry_run_s": seconds,
+                          "stages": [_as_json(st, bytes_, timing) for st, bytes_, timing in rows]},
+                         default=str, indent=1))
+        return 0
+    ranks = args.pp * args.dp * args.tp
+    print(f"GPT {args.layers} layers, hidden {args.hidden}, {args.heads} heads, seq {args.seq}, vocab {args.vocab}; "
+          f"batch {args.global_batch} in {microbatches} microbatches of {args.micro_batch} per dp rank")
+    print(f"mesh pp {args.pp} x dp {args.dp} x tp {args.tp} ({ranks:,} ranks){', sp' if args.sp else ''}, "
+          f"recompute {args.recompute}, ZeRO {args.zero}, {schedule}; machine {machine.name}")
+    print(f"dry run of one step: {len(stages)} representative rank(s), {seconds:.1f} s; bytes at "
+          f"{args.precision} ({PRECISIONS[args.precision].about})"[:WIDTH])
+    for st, bytes_, timing in rows:
+        print()
+        print(_stage_lines(st, bytes_, timing))
+    return 0
+
+
+def _stage_lines(st: Any, bytes_: dict, timing: Any) -> str:
+    lo, hi = st.ranks[0], st.ranks[-1]
+    out = [f"stage {st.stage} (ranks {lo}-{hi}, {len(st.ranks)} alike; one rank's figures)"]
+    total = sum(bytes_.values())
+    parts = ", ".join(f"{role} {n / GIB:.2f}" for role, n in bytes_.items())
+    out.append(f"  memory GiB: {parts}")
+    out.append(f"  total {total / GIB:.2f} GiB; activations kept for {st.in_flight} microbatch-chunk(s) in "
+               f"flight at once; transformer-layer parameters {st.layer_params:,} of {st.params:,}")
+    flops = ", ".join(f"{phase} {st.flops(phase) / 1e12:.2f}" for phase in ("forward", "backward", "recompute"))
+    out.append(f"  TFLOPs: {flops}; total {st.flops() / 1e12:.2f}")
+    sent = ", ".join(f"{kind} {level} {n / 1e9:.3f}" for (kind, level), n in sorted(st.sent().items()) if n)
+    out.append(f"  sent GB: {sent or 'nothing'}"[:WIDTH])
+    out.extend("  " + line for line in timing.lines())
+    return "\n".join(line[:WIDTH] for line in out)
+
+
+def _as_json(st: Any, bytes_: dict, timing: Any) -> dict:
+    from dataclasses import asdict
+
+    return {"stage": st.stage, "ranks": [st.ranks[0], st.ranks[-1]], "bytes": bytes_,
+            "program_bytes": asdict(st.memory), "flops": {p: st.flops(p) for p in ("forward", "backward",
+                                                                                       "recompute")},
+            "sent": {f"{k} {lvl}": n for (k, lvl), n in st.sent().items()}, "in_flight": st.in_flight,
+            "peak_held": st.peak_held, "step_time_s": timing.total_s}

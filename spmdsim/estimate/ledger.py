@@ -1,0 +1,185 @@
+"""One rank's ledger per pipeline stage, from the dry run of the real training step (docs/estimate.md).
+
+`gpt_ledger` runs spmdsim.gpt.pipeline.train_pipelined on the dry engine (shapes only: no array is
+written, one representative rank per stage, later microbatches' cells repeated from the first's
+measured figures) for one step and reads what that run did on each representative: the bytes it held
+(parameters, gradients, master copy, optimizer states, buffers, and what the graph kept for backward
+at the moment the schedule held the most microbatches: spmdsim.gpt.memory.MemoryReport), the matrix
+products it executed (spmdsim.flops) and every collective and message it took part in (its trace,
+as `records.Transfer` rows, each placed within a node or across nodes from the mesh).
+
+The program runs in float64. `PRECISIONS` prices the same elements at a training precision's widths
+(bf16 mixed precision: 2-byte parameters and activations, 4-byte main gradients, master copy and
+Adam moments, as Megatron keeps them); a mixed precision keeps a master copy of every element a rank
+updates, which a float64 run has no need for: `priced` names it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Optional
+
+from ..errors import SpmdsimError
+from .records import Transfer
+
+__all__ = ["Widths", "PRECISIONS", "StageLedger", "gpt_ledger", "priced", "ROLES"]
+
+#: What a rank holds, by role, in the order the ledger prints them.
+ROLES = ("parameters", "gradients", "master copy", "optimizer states", "buffers", "activations")
+
+
+@dataclass(frozen=True)
+class Widths:
+    """Bytes per element of each role under one precision (`mixed`: a master copy of every updated element)."""
+
+    name: str
+    params: int
+    grads: int
+    master: int
+    states: int
+    buffers: int
+    activations: int
+    mixed: bool
+    about: str
+
+
+PRECISIONS = {
+    "fp64": Widths("fp64", 8, 8, 8, 8, 8, 8, False, "as the program runs: every value float64"),
+    "bf16-mixed": Widths("bf16-mixed", 2, 4, 4, 4, 4, 2, True,
+                         "Megatron's bf16: bf16 parameters and activations; fp32 main gradients, master copy "
+                         "and Adam moments"),
+    "fp16-mixed": Widths("fp16-mixed", 2, 2, 4, 4, 2, 2, True,
+                         "ZeRO's fp16 mixed precision: fp16 parameters, gradients and activations; fp32 "
+                         "master copy, momentum and variance"),
+}
+
+_RUN = 8  # the program's bytes per element (float64)
+
+
+@dataclass(frozen=True)
+class StageLedger:
+    """What one rank of a pipeline stage did in one training step (every rank of a stage does the same).
+
+    memory: its spmdsim.gpt.memory.MemoryReport (the program's bytes); layer_params: elements of its
+    transformer layers' parameters (the rest are the embeddings, final norm); gemms: (Gemm, count)
+    of its matrix products; transfers: its collectives and messages; peak_held: the most bytes the dry
+    run's meter saw it hold at once (every buffer, transients included); in_flight: the most
+    microbatch-chunks whose activations it held at once.
+    """
+
+    stage: int
+    rank: int
+    memory: Any
+    layer_params: int
+    params: int
+    gemms: tuple
+    transfers: tuple[Transfer, ...]
+    peak_held: int
+    in_flight: int
+    ranks: tuple = field(default=())
+
+    def flops(self, phase: Optional[str] = None) -> int:
+        return sum(g.flops * n for g, n in self.gemms if phase is None or g.phase == phase)
+
+    def sent(self) -> dict:
+        """Bytes this rank sent, by (kind, level)."""
+        out: dict = {}
+        for t in self.transfers:
+            out[(t.kind, t.level)] = out.get((t.kind, t.level), 0) + t.sent * t.count
+        return out
+
+
+def priced(stage: StageLedger, precision: str, zero: int) -> dict:
+    """{role: bytes} of one rank of `stage` under `precision` (PRECISIONS), from its elements in the run."""
+    w = PRECISIONS[precision]
+    m = stage.memory
+    params = m.params // _RUN
+    master = m.master // _RUN if zero else (params if w.mixed else 0)
+    return {"parameters": params * w.params, "gradients": m.grads // _RUN * w.grads,
+            "master copy": master * w.master, "optimizer states": m.states // _RUN * w.states,
+            "buffers": m.buffers // _RUN * w.buffers, "activations": m.kept_total // _RUN * w.activations}
+
+
+def _level(mesh: Any, rank: int, axes: tuple, gpus_per_node: int) -> str:
+    """"node" when every member of `rank`'s group over `axes` of `mesh` shares its node, else "cluster"."""
+    layout = mesh.layout
+    mine = layout.coords(rank)
+    names = layout.alias_name
+    free = [i for i, a in enumerate(names) if a in axes]
+    node = rank // gpus_per_node
+    import itertools
+
+    for values in itertools.product(*(range(layout.device_matrix[i]) for i in free)):
+        coords = list(mine)
+        for i, v in zip(free, values):
+            coords[i] = v
+        if layout.rank_of(tuple(coords)) // gpus_per_node != node:
+            return "cluster"
+    return "node"
+
+
+def _transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tuple[Transfer, ...]:
+    """The trace's rows as Transfers (the cost model's n), equal rows merged into counts."""
+    from ..plan.steps import KINDS
+
+    merged: dict = {}
+    for e in trace.entries:
+        if e.group_size <= 1:
+            continue
+        axes = tuple(e.axes)
+        level = _level(mesh, rank, axes, gpus_per_node)
+        if e.op in ("send", "recv", "sendrecv"):
+            rows = [("send", e.bytes_sent, e.bytes_sent)] if e.bytes_sent else []
+            rows += [("recv", e.bytes_received, 0)] if e.bytes_received else []
+            phase = "pipeline"
+        else:
+            kind = KINDS.get(e.op)
+            if kind is None:
+                raise SpmdsimError(f"internal: the ledger has no cost model name for the collective {e.op!r}")
+            n = int(kind.buffer_bytes(e.group_size, Fraction(e.bytes_sent)))
+            rows = [(e.op, n, e.bytes_sent)]
+            phase = "layers" if axes == ("tp",) else "gradients"
+        for op, n, sent in rows:
+            key = (op, e.group_size if op not in ("send", "recv") else 2, n, level, phase, sent)
+            merged[key] = merged.get(key, 0) + 1
+    return tuple(Transfer(op, g, n, level, phase, count, sent) for (op, g, n, level, phase, sent), count
+                 in merged.items())
+
+
+def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microbatches: int = 1,
+               schedule: str = "1f1b", virtual: int = 1, recompute: str = "none", zero: int = 0,
+               gpus_per_node: int = 8) -> list[StageLedger]:
+    """One StageLedger per pipeline stage: the dry run of one training step of `cfg`'s GPT on a
+    (pp, dp, tp) mesh of simulated ranks (spmdsim.gpt.pipeline.train_pipelined; pp 1 is the plain step)."""
+    import numpy as np
+
+    from .. import simulate, world
+    from ..context import current
+    from ..flops import counting
+    from ..gpt.pipeline import train_pipelined
+
+    if not (type(gpus_per_node) is int and gpus_per_node >= 1):
+        raise SpmdsimError(f"gpus per node {gpus_per_node!r} must be an integer >= 1")
+    ids = np.arange(2 * cfg.seq + 2, dtype=np.int64) % min(cfg.vocab, 128)  # token ids: a dry run reads shapes
+
+    def body() -> StageLedger:
+        with counting() as flops:
+            run, steps = train_pipelined(cfg, world(), pp, dp, tp, 1, ids, sp=sp, schedule=schedule,
+                                         microbatches=microbatches, virtual=virtual, recompute=recompute,
+                                         zero=zero, memory=True, check=False)
+        rank = world().Get_rank()
+        layer = sum(t.local.size for name, t in run.params.items() if name.startswith("h"))
+        total = sum(t.local.size for t in run.params.values())
+        meter = current().meter
+        out = StageLedger(run.stage, rank, steps[-1].memory, layer, total, tuple(flops.counts.items()),
+                          _transfers(run.trace, run.mesh, rank, gpus_per_node), meter.peak, run.in_flight[-1])
+        run.close()
+        return out
+
+    results = simulate(pp * dp * tp, body, dry_run=True)
+    stages: dict = {}
+    for r, ledger in enumerate(results):
+        stages.setdefault(ledger.stage, (ledger, []))[1].append(r)
+    from dataclasses import replace
+
+    return [replace(ledger, ranks=tuple(ranks)) for _, (ledger, ranks) in sorted(stages.items())]
