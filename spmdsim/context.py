@@ -6,7 +6,8 @@ thread that runs it enters that rank's `RankContext` and leaves it when the
 rank ends, so two simulations (two threads calling ``spmdsim.simulate``) keep
 their ranks apart. The runtime keeps nothing per rank anywhere else: the open
 trace collectors, the collective counter, the debug settings, a dry run's byte
-meter and the table of work done once for all ranks are the context's.
+meter, the open FLOP counters and the phase they count in (spmdsim.flops), and
+the table of work done once for all ranks are the context's.
 
 Imports nothing of spmdsim: every layer may ask (datagen included, which the engines sit above).
 """
@@ -22,7 +23,7 @@ class RankContext:
     """One rank's own state: who it is, its world communicator and engine, its traces, counter and settings."""
 
     __slots__ = ("rank", "size", "comm", "engine", "traces", "seq", "hooks", "meter", "shared", "self_comm", "world_comm",
-                 "dry_run", "__weakref__")
+                 "dry_run", "flops", "phase", "__weakref__")
 
     def __init__(self, rank: Optional[int] = None, size: Optional[int] = None, comm: Any = None,
                  engine: Any = None, dry_run: bool = False, shared: Optional[dict] = None,
@@ -40,6 +41,10 @@ class RankContext:
         self.shared = {} if shared is None else shared  # spmdsim.engines.once's results, one table per run
         self.self_comm: Any = None  # MPI.COMM_SELF of a simulated rank, made on first use
         self.world_comm: Any = None  # its MPI.COMM_WORLD with mpi4py's methods (spmdsim.emulator), likewise
+        self.flops: list = []  # spmdsim.flops' open counters, innermost last
+        # What the rank's products are part of (spmdsim.flops.PHASES): autograd's backward walk sets
+        # "backward", a recomputed forward inside it "recompute"
+        self.phase = "forward"
 
 
 #: The context of code that no simulation runs: an MPI rank's (or a plain process's).

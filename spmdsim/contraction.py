@@ -13,6 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from .engines import matmul as _product
+from .flops import gemm as _gemm
 
 __all__ = ["contract"]
 
@@ -107,6 +108,15 @@ def _pair(a_word: str, a: np.ndarray, b_word: str, b: np.ndarray, out: str) -> n
     return result if result.flags.c_contiguous and result.ndim else np.ascontiguousarray(result)
 
 
+def _counted(words: Sequence[str], blocks: Sequence[np.ndarray], present: str, dtype: np.dtype) -> None:
+    """Count a contraction of three or more blocks as its one-step batched GEMM (spmdsim.flops): the
+    kept letters' sizes as its rows, the summed letters' as its depth (2 x every letter's size, FLOPs)."""
+    sizes = {ch: n for word, block in zip(words, blocks) for ch, n in zip(word, block.shape)}
+    kept = math.prod(n for ch, n in sizes.items() if ch in present)
+    summed = math.prod(n for ch, n in sizes.items() if ch not in present)
+    _gemm((kept, summed), (summed, 1), dtype)
+
+
 _PRESENT: dict = {}  # (words, out) -> the letters of `out` some operand has
 
 
@@ -126,6 +136,7 @@ def contract(words: Sequence[str], blocks: Sequence[np.ndarray], out: str) -> np
         result = np.transpose(block, [word.index(ch) for ch in present])
     else:
         result = np.einsum(",".join(words) + "->" + present, *blocks, optimize=True)
+        _counted(words, blocks, present, result.dtype)
     if present == out:
         return result
     return result, present  # type: ignore[return-value]  # the caller broadcasts the missing letters

@@ -138,6 +138,7 @@ PURE_MODULES = [
     "spmdsim.autograd.function",
     "spmdsim.train_reference",
     "spmdsim.engines.once",
+    "spmdsim.flops",
     "spmdsim.nets",
     "spmdsim.nets.digits",
     "spmdsim.nets.model",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ..context import current
 from ..errors import OperatorError
 from .graph import Leaf, enable_grad, is_grad_enabled, kept_as, no_grad, record
 
@@ -47,8 +48,13 @@ def checkpoint(fn: Callable[..., Any], *inputs: Any, kind: str = "block input") 
         # The activations as new leaves on the same blocks (their gradients come back pending, as the
         # walk left them); the parameters as they are (their leaves are the outer graph's).
         again = tuple(_detached(t) for t in inputs)
-        with enable_grad():
-            redo = fn(*again)
+        context = current()
+        was, context.phase = context.phase, "recompute"  # the region's products, for spmdsim.flops
+        try:
+            with enable_grad():
+                redo = fn(*again)
+        finally:
+            context.phase = was
         if tuple(redo.global_shape) != shape or redo.layout != layout:
             raise OperatorError(f"checkpoint: the recomputed region returned {tuple(redo.global_shape)!r} "
                                 f"{redo.layout}, its forward {shape!r} {layout}; the region must be "

@@ -20,6 +20,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ..context import current
 from ..errors import OperatorError
 from ..layout import TensorLayout
 from .graph import Leaf, Node, used_axes, with_partial
@@ -48,6 +49,16 @@ def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gra
     `reduce_grads` to sum once after several backwards (gradient accumulation
     over microbatches: DDP's ``no_sync``, Megatron's one reduction per step).
     """
+    context = current()
+    was, context.phase = context.phase, "backward"  # the rules' products, for spmdsim.flops
+    try:
+        _backward(loss, explain, bucket, gradient, keep_pending)
+    finally:
+        context.phase = was
+
+
+def _backward(loss: Any, explain: Optional[list], bucket: Any, gradient: Any, keep_pending: Any) -> None:
+    """`backward`'s walk."""
     cap = _bucket_cap(bucket)
     kept = {id(t._ag) for t in keep_pending if getattr(t, "_ag", None) is not None}
     from ..runtime import DTensor

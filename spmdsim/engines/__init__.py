@@ -11,7 +11,8 @@ communicator names its engine (``comm.spmdsim_engine``; mpi4py's have none:
 MPI); the running rank's context (`spmdsim.context`) names the engine of the
 code that runs now.
 
-Imports numpy, spmdsim.context, spmdsim.errors and spmdsim._threads (how many
+Imports numpy, spmdsim.context, spmdsim.errors, spmdsim.flops (each local
+product is counted there while a FLOP counter is open) and spmdsim._threads (how many
 cores a rank has, for the polite wait of engines/wait.py); mpi4py only when
 the MPI engine makes its first transfer or a wait mode is resolved; to read a
 trace, the step kinds' byte formulas; never the runtime or spmdsim.sim.
@@ -23,6 +24,7 @@ from typing import Any, Callable
 from .base import DONE, Engine, SimulationError
 from .mpi import MPI, MpiEngine
 from ..context import PROCESS, RankContext, current, enter, leave, simulated
+from ..flops import gemm as _gemm
 from .once import once
 
 __all__ = ["Engine", "MpiEngine", "MPI", "DONE", "SimulationError", "engine_of", "RankContext", "PROCESS", "current", "simulated",
@@ -56,5 +58,8 @@ def local(fn: Callable[..., Any], like: Any, *args: Any) -> Any:
 
 
 def matmul(a: Any, b: Any) -> Any:
-    """``np.matmul(a, b)`` on the running engine (the dry engine's zeros of its shape, not multiplied)."""
-    return current().engine.matmul(a, b)
+    """``np.matmul(a, b)`` on the running engine (the dry engine's zeros of its shape, not multiplied);
+    counted by spmdsim.flops either way."""
+    out = current().engine.matmul(a, b)
+    _gemm(a.shape, b.shape, out.dtype)
+    return out

@@ -406,24 +406,29 @@ class _Stand:
 class _DryCells:
     """A dry run's cells after the first of each kind ((F or B, chunk)): every microbatch's cell of one kind
     runs the same operators on blocks of the same shapes, so the first one runs (dry) and is measured (its
-    trace rows, the bytes it keeps, the bytes it holds at its peak) and the later ones add those figures
-    without running again: ranks that do the same work are computed once, and so are microbatches."""
+    trace rows, the bytes it keeps, the bytes it holds at its peak, its matrix products) and the later ones
+    add those figures without running again: ranks that do the same work are computed once, and so are
+    microbatches."""
 
     def __init__(self, local_shape: tuple) -> None:
         self.local_shape = local_shape
-        self.seen: dict = {}  # (kind, chunk) -> (trace rows, bytes kept after it, bytes above the start at its peak)
+        # (kind, chunk) -> (trace rows, bytes kept after it, bytes above the start at its peak, its products:
+        # a spmdsim.flops.FlopCounter)
+        self.seen: dict = {}
 
     def again(self, key: tuple) -> bool:
-        """True (and the first cell's rows and peak added) if a cell of this kind ran already."""
+        """True (and the first cell's rows, peak and products added) if a cell of this kind ran already."""
         from ..context import current
 
         seen = self.seen.get(key)
         if seen is None:
             return False
-        rows, _, transient = seen
+        rows, _, transient, products = seen
         context = current()
         for trace in context.traces:
             trace._rows.extend(rows)
+        for counter in context.flops:  # the FLOP counters open on this rank (spmdsim.flops.counting)
+            counter.merge(products)
         meter = context.meter
         meter.peak = max(meter.peak, meter.held + transient)
         return True
@@ -449,17 +454,24 @@ class _first:  # noqa: N801 - a context manager, read as a phrase: `with _first(
             return
         from ..context import current
 
+        from ..flops import counting
+
         context = current()
         self.meter, self.trace = context.meter, context.traces[-1]
         self.rows, self.held, self.peak = len(self.trace._rows), self.meter.held, self.meter.peak
         self.meter.peak = self.meter.held  # the peak inside this cell, from here
+        self.counting = counting()  # the cell's matrix products, beside any counter open outside
+        self.products = self.counting.__enter__()
 
     def __exit__(self, *exc: object) -> None:
-        if self.repeat is None or exc[0] is not None:
+        if self.repeat is None:
+            return
+        self.counting.__exit__(*exc)
+        if exc[0] is not None:
             return
         meter = self.meter
         self.repeat.seen[self.key] = (list(self.trace._rows[self.rows:]), meter.held - self.held,
-                                      meter.peak - self.held)
+                                      meter.peak - self.held, self.products)
         meter.peak = max(meter.peak, self.peak)
 
 

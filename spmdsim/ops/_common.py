@@ -15,6 +15,7 @@ from ..runtime.replay import kernel
 from ..validate import as_int
 from ..context import current as _context
 from ..engines.base import DRY_VALUES_BYTES
+from ..flops import gemm
 
 _DTENSOR: Any = None  # runtime.DTensor, bound by _dtensor_class on first use
 _MESH: Any = None  # runtime.Mesh, bound with it
@@ -78,16 +79,19 @@ def local_matmul(a: np.ndarray, b: np.ndarray, sent: bool = True) -> np.ndarray:
     A product no collective reads (a column-parallel Linear without its
     gather) is numpy's own array: placing it costs ~2 us of Python, several
     times that at 4 ranks per core, and buys nothing. On the dry engine
-    (spmdsim.sim.dry) the zeros it would give, not multiplied.
+    (spmdsim.sim.dry) the zeros it would give, not multiplied. Counted by spmdsim.flops either way.
     """
     engine = _context().engine
     if not sent or engine.dry:  # numpy's own array, or a dry run's zeros
-        return engine.matmul(a, b)
-    lead_a, lead_b = a.shape[:-2], b.shape[:-2]
-    # np.broadcast_shapes costs ~1 us (Python); equal or absent batch dims need none of it.
-    lead = lead_a if lead_a == lead_b or not lead_b else np.broadcast_shapes(lead_a, lead_b)
-    shape = lead + (a.shape[-2], b.shape[-1])
-    return np.matmul(a, b, out=buffers.empty(shape, np.result_type(a, b)))
+        out = engine.matmul(a, b)
+    else:
+        lead_a, lead_b = a.shape[:-2], b.shape[:-2]
+        # np.broadcast_shapes costs ~1 us (Python); equal or absent batch dims need none of it.
+        lead = lead_a if lead_a == lead_b or not lead_b else np.broadcast_shapes(lead_a, lead_b)
+        shape = lead + (a.shape[-2], b.shape[-1])
+        out = np.matmul(a, b, out=buffers.empty(shape, np.result_type(a, b)))
+    gemm(a.shape, b.shape, out.dtype)  # spmdsim.flops: one test unless a counter is open
+    return out
 
 
 #: In a dry run (spmdsim.sim.dry) an elementwise result of this many bytes or more is the dry engine's zeros,

@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..autograd.rules.attention import record_attention
+from ..autograd.rules.attention import count_core, record_attention
 from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
 from ..errors import OperatorError
 from ..infer.attention import infer_attention
@@ -131,6 +131,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
     out_layout, out_shape = first(plan.out), first(plan.shape)
     like = np.broadcast_to(np.zeros((), q.dtype), out_layout.local_shape(out_shape))  # the result's block
     out = make_dtensor(mesh, _engine_local(forward, like, q.local, k.local, v.local), out_layout, out_shape)
+    count_core(q.local, k.local, v.local, (heads, keys_t, back))  # its two products (spmdsim.flops)
     if q._ag is None and k._ag is None and v._ag is None:
         return out
     if mesh.engine.dry and not recompute:  # what the rule keeps, sized: the dry engine's zeros, never touched

@@ -12,10 +12,48 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from ...context import current
+from ...flops import gemm
 from ..graph import record, with_partial
 from .grads import grad_tensor
 
-__all__ = ["record_attention"]
+__all__ = ["record_attention", "count_core"]
+
+
+def count_core(q: np.ndarray, k: np.ndarray, v: Optional[np.ndarray], order: tuple) -> None:
+    """Count (spmdsim.flops) the core's products on these blocks, whether or not its kernel runs (a dry
+    run's does not): the scores q k^T and, given `v`, the weighted values probs @ v; `order` as
+    record_attention's."""
+    heads, keys_t, _ = order
+    qs, ks = _seen(q.shape, heads), _seen(k.shape, keys_t)  # (b, h, tq, d), (b, h, d, tk)
+    gemm(qs, ks, q.dtype)
+    if v is not None:
+        gemm(qs[:-1] + ks[-1:], _seen(v.shape, heads), q.dtype)
+
+
+def _seen(shape: tuple, order: tuple) -> tuple:
+    return tuple(shape[i] for i in order)
+
+
+def _count_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, dy: np.ndarray, order: tuple,
+                    recomputed: bool) -> None:
+    """Count the backward's products (and, `recomputed`, the scores made again first, as "recompute")."""
+    heads, keys_t, _ = order
+    if recomputed:
+        context = current()
+        was, context.phase = context.phase, "recompute"
+        try:
+            count_core(q, k, None, order)
+        finally:
+            context.phase = was
+    dyh, vt = _seen(dy.shape, heads), _seen(v.shape, keys_t)  # (b, h, tq, e), (b, h, e, tk)
+    scores = dyh[:-1] + vt[-1:]  # (b, h, tq, tk)
+    probs_t = scores[:-2] + scores[:-3:-1]  # (b, h, tk, tq)
+    dtype = q.dtype
+    gemm(dyh, vt, dtype)  # dpd = dy v^T
+    gemm(probs_t, dyh, dtype)  # dv = pd^T dy
+    gemm(scores, _seen(k.shape, heads), dtype)  # dq = ds k
+    gemm(probs_t, _seen(q.shape, heads), dtype)  # dk = ds^T q
 
 
 def record_attention(out: Any, q: Any, k: Any, v: Any, plan: Any, kept: dict, core: Optional[Callable],
@@ -43,6 +81,7 @@ def record_attention(out: Any, q: Any, k: Any, v: Any, plan: Any, kept: dict, co
         return dq, dk, dv
 
     def backward(dy: Any) -> tuple:
+        _count_backward(q.local, k.local, v.local, dy.local, order, core is not None)
         if dy.mesh.engine.dry:  # a dry run: zeros of each operand's block
             dq, dk, dv = (np.zeros(t.local.shape, t.dtype) for t in (q, k, v))
         else:
