@@ -90,10 +90,10 @@ class StepTime:
     def lines(self) -> list[str]:
         """A short breakdown table (within 100 columns): seconds in ms and each part's share of the total."""
         rows = [("compute", self.compute_s)]
-        rows += [(f"  {phase}", s) for phase, s in self.compute_by_phase if s]
+        rows += [(f"  {phase} phase", s) for phase, s in self.compute_by_phase if s]
         rows += [("communication", self.comm_s)]
-        rows += [(f"  {level} level", s) for level, s in self.comm_by_level if s]
-        rows += [(f"  {phase}", s) for phase, s in self.comm_by_phase if s]
+        rows += [(f"  {level} links", s) for level, s in self.comm_by_level if s]
+        rows += [(f"  {phase} phase", s) for phase, s in self.comm_by_phase if s]
         if self.hidden_s:
             rows.append(("hidden by overlap", -self.hidden_s))
         if self.bubble_s:
