@@ -23,10 +23,11 @@ from .. import buffers
 from ..cost import CostModel, Measurement, default_path, normalize_op
 from ..errors import SpmdsimError
 from ..engines import engine_of
+from ..estimate.machine import GemmEfficiency, Link, Machine, save_machine
 from ..viz.table import wrap_lines
 
 __all__ = ["register", "run", "raw_collective", "time_interleaved", "Waiter", "measure",
-           "parse_size"]
+           "parse_size", "measure_memory_bandwidth", "calibrated_machine"]
 
 _DEFAULT_SIZES = "64K,1M,4M,16M"
 _DEFAULT_OPS = "allgather,allreduce,reduce_scatter,alltoall,alltoallv,bcast"
@@ -246,6 +247,9 @@ def _check_counts(args: argparse.Namespace) -> None:
     if args.dry_run and args.output is not None:
         raise SpmdsimError(f"--output {args.output!r} has no effect with --dry-run "
                            "(which saves nothing); give one of them")
+    if args.dry_run and args.machine_out is not None:
+        raise SpmdsimError(f"--machine-out {args.machine_out!r} has no effect with --dry-run "
+                           "(which saves nothing); give one of them")
 
 
 def _output_problem(args: argparse.Namespace) -> str | None:
@@ -255,6 +259,8 @@ def _output_problem(args: argparse.Namespace) -> str | None:
     try:
         if args.measurements is not None:
             check_output_file(args.measurements, "--measurements")
+        if args.machine_out is not None and not args.dry_run:
+            check_output_file(args.machine_out, "--machine-out")
         if not args.dry_run:
             if args.output is not None:
                 check_output_file(args.output, "--output")
@@ -301,6 +307,7 @@ def _calibrate(args: argparse.Namespace, comm: Any) -> int:
                           f"wait={waiter.mode}, {MPI.Get_library_version().splitlines()[0]}")
     copy = measure_copy(comm, sizes, waiter, warmup=args.warmup, repeats=args.repeats)
     model = dataclasses.replace(model, copy_s_per_byte=copy)
+    machine = _measure_machine(comm, model, waiter) if args.machine_out is not None and not args.dry_run else None
     failure = None
     if rank == 0:
         print(f"{'op':<15}{'g':>3}{'bytes':>11}{'measured ms':>13}{'model ms':>11}{'ratio':>7}")
@@ -309,7 +316,7 @@ def _calibrate(args: argparse.Namespace, comm: Any) -> int:
             print(f"{m.op:<15}{m.group_size:>3}{m.bytes_per_rank:>11}{m.seconds * 1e3:>13.4f}"
                   f"{pred * 1e3:>11.4f}{pred / m.seconds:>7.2f}")
         print("\n".join(wrap_lines([str(model)])))  # within 100 columns: its fields fold onto a second line
-        failure = _save(args, model, data)
+        failure = _save(args, model, data, machine)
     # Rank 0's outcome reaches every rank: a failed write is one error, not a hang.
     failure = engine_of(comm).broadcast_object(comm, failure, 0)
     if failure:
@@ -317,8 +324,68 @@ def _calibrate(args: argparse.Namespace, comm: Any) -> int:
     return 0
 
 
-def _save(args: argparse.Namespace, model: CostModel, data: Sequence[Measurement]) -> str | None:
-    """Write the measurements and the model (rank 0); why that failed, or None."""
+def measure_memory_bandwidth(nbytes: int = 64 << 20, repeats: int = 5) -> float:
+    """Bytes/s of a contiguous copy of `nbytes` on this process (read + write, best of `repeats`)."""
+    src = np.ones(max(nbytes // 8, 1))
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * src.nbytes / max(best, 1e-9)
+
+
+def calibrated_machine(model: CostModel, flops_rate: float, memory_bandwidth: float, ranks_per_node: int,
+                       memory_bytes: int, host: str) -> Machine:
+    """This machine as a spmdsim.estimate machine: one rank is one "GPU", both levels the measured link.
+
+    Pure. links.*.latency is the fit's shared alpha, links.*.bandwidth 1 / its shared beta (the per-op
+    overrides are not carried), reduction_rate 1 / gamma (none where gamma is 0); peak_flops.fp32 is the
+    measured float32 GEMM rate, so the efficiency cap is 1 (the roofline still slows small products).
+    """
+    if not model.beta_s_per_byte > 0:
+        raise SpmdsimError(f"the fit's beta {model.beta_s_per_byte!r} s/byte gives no bandwidth for "
+                           "--machine-out; expected a fit with a bandwidth term (add larger --sizes)")
+    link = Link(bandwidth=1.0 / model.beta_s_per_byte, latency=model.alpha_s)
+    sources = (f"spmdsim calibrate on {host}: links.node and links.cluster are the fitted shared alpha (latency) "
+               f"and 1/beta (bandwidth), reduction_rate 1/gamma, algorithm the fit's; {model.source}",
+               "peak_flops.fp32: spmdsim.autoshard.cost.measure_flops_rate (192x192 float32 matmul, best of 5), "
+               "median over the ranks, measured together",
+               "hbm_bandwidth: a contiguous 64 MiB copy (2 bytes moved per byte copied, best of 5), median over "
+               "the ranks, measured together",
+               f"gpus_per_node: the ranks on this node ({ranks_per_node}); memory_bytes: physical memory / ranks")
+    efficiency = GemmEfficiency(1.0, "roofline at the measured rate: peak_flops.fp32 is achieved, not a datasheet "
+                                     "peak, so the cap is 1")
+    gamma = model.gamma_s_per_byte
+    return Machine(name=f"calibrated-{host}", description=f"{host} as measured by spmdsim calibrate "
+                   f"({ranks_per_node} ranks on the node)", sources=sources, gpus_per_node=ranks_per_node,
+                   memory_bytes=max(memory_bytes, 1), peak_flops=(("fp32", float(flops_rate)),),
+                   hbm_bandwidth=float(memory_bandwidth), gemm_efficiency=efficiency, node=link, cluster=link,
+                   algorithm=model.algorithm, reduction_rate=1.0 / gamma if gamma > 0 else None)
+
+
+def _measure_machine(comm: Any, model: CostModel, waiter: Waiter) -> Machine | None:
+    """Every rank measures its GEMM rate and copy bandwidth together; rank 0 gets the machine, others None."""
+    import os
+    import platform
+
+    from ..autoshard.cost import measure_flops_rate
+    from ..engines.wait import local_ranks
+
+    ranks = local_ranks(comm)
+    waiter.barrier(comm)
+    rates = engine_of(comm).gather_object(comm, (measure_flops_rate(), measure_memory_bandwidth()), 0)
+    if comm.Get_rank() != 0:
+        return None
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return calibrated_machine(model, statistics.median(r[0] for r in rates), statistics.median(r[1] for r in rates),
+                              ranks, physical // ranks, platform.node() or "localhost")
+
+
+def _save(args: argparse.Namespace, model: CostModel, data: Sequence[Measurement],
+          machine: Machine | None = None) -> str | None:
+    """Write the measurements, the model and the machine file (rank 0); why that failed, or None."""
     where = args.measurements
     try:
         if args.measurements:
@@ -328,6 +395,9 @@ def _save(args: argparse.Namespace, model: CostModel, data: Sequence[Measurement
             where = args.output or str(default_path())
             path = model.save(args.output)
             print(f"saved to {path}")
+        if machine is not None:
+            where = args.machine_out
+            print(f"machine file saved to {save_machine(machine, args.machine_out)}")
     except OSError as exc:
         # Checked before measuring; this is the disk filling up or the path changing meanwhile.
         return f"cannot write {where!r}: {exc.strerror or exc}"
@@ -355,6 +425,9 @@ def register(subparsers: Any) -> None:
                         help=f"where to save (default $SPMDSIM_COST_FILE or {default_path()})")
     parser.add_argument("--measurements", default=None,
                         help="also write the raw (op, g, bytes, seconds) list to this JSON file")
+    parser.add_argument("--machine-out", default=None, metavar="PATH",
+                        help="also write this machine's machine file (spmdsim.estimate): the fitted link, "
+                             "the measured GEMM rate and copy bandwidth, the ranks on this node")
     parser.add_argument("--dry-run", action="store_true", help="fit and print, do not save")
     parser.set_defaults(func=run)
 

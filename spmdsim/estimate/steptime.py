@@ -1,0 +1,208 @@
+"""One rank's predicted step time on a `Machine`: its GEMMs, its communication, the pipeline bubble.
+
+Pure. `step_time(machine, gemms, transfers, pipeline=..., overlap=...)` adds:
+
+- compute: each GEMM (any object with ``batch, m, n, k, dtype, phase`` and ``flops``, such as
+  spmdsim.flops.Gemm), ``count * flops / (peak_flops[dtype] * efficiency)`` seconds, the efficiency
+  of the machine's GEMM model (spmdsim.estimate.machine);
+- communication: each records.Transfer, ``count`` times spmdsim.cost.model's formula for its
+  collective with alpha = the latency and beta = 1 / bandwidth of its level's link, gamma =
+  1 / the machine's reduction rate (0 where it gives none); "send" and "recv" cost alpha + n beta;
+- the bubble of a pipeline of p stages, m microbatches, v virtual stages per rank: the rank idles
+  (p - 1) / v times one microbatch's forward and backward on one stage, taken as the step's
+  compute seconds / m (GEMMs only: communication inside a stage is not in it);
+- overlap: communication of the phases named in `overlap` runs under the backward pass's compute
+  (the GEMMs of phase "backward" and "recompute") and costs only what exceeds it. Default: none.
+
+    total = compute + communication - hidden + bubble
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from ..cost.model import OPS, CostModel
+from ..errors import SpmdsimError
+from .machine import Machine, normalize_dtype
+from .records import LEVELS, Transfer
+
+__all__ = ["StepTime", "Pipeline", "step_time", "SCHEDULES", "GEMM_PHASES", "TRANSFER_PHASES"]
+
+#: Pipeline schedules (the names of spmdsim.pipeline.SCHEDULES; a test keeps them equal).
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+
+#: What a GEMM was doing (spmdsim.flops.Gemm.phase) and what a transfer was doing (records.Transfer.phase).
+GEMM_PHASES = ("forward", "backward", "recompute")
+TRANSFER_PHASES = ("forward", "backward", "optimizer", "pipeline")
+
+_P2P = ("send", "recv")
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """p stages, m microbatches, v virtual stages (model chunks) per rank, the schedule's name.
+
+    "gpipe" and "1f1b" have one chunk per rank (v = 1); "interleaved" any v >= 1.
+    """
+
+    stages: int
+    microbatches: int
+    virtual_stages: int = 1
+    schedule: str = "1f1b"
+
+    def __post_init__(self) -> None:
+        for name in ("stages", "microbatches", "virtual_stages"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SpmdsimError(f"pipeline {name} {value!r} must be an integer >= 1")
+        if self.schedule not in SCHEDULES:
+            raise SpmdsimError(f"pipeline schedule {self.schedule!r} is unknown; expected one of {SCHEDULES!r}")
+        if self.schedule != "interleaved" and self.virtual_stages != 1:
+            raise SpmdsimError(f"pipeline schedule {self.schedule!r} has one chunk per rank, not virtual_stages "
+                               f"{self.virtual_stages!r}; expected 1 (or schedule 'interleaved')")
+
+    def bubble_s(self, compute_s: float) -> float:
+        """Idle seconds per step: (p - 1) / v x (compute_s / m), one microbatch's forward and backward."""
+        return (self.stages - 1) / self.virtual_stages * (compute_s / self.microbatches)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds of one rank's step, by part. Pairs keep the order of GEMM_PHASES, LEVELS, TRANSFER_PHASES.
+
+    compute_s: the GEMMs; compute_by_phase: (phase, seconds) per GEMM phase;
+    comm_s: every transfer, before overlap; comm_by_level, comm_by_phase: the same split two ways;
+    hidden_s: communication the overlap hides under the backward compute;
+    bubble_s: the pipeline's idle time; total_s = compute_s + comm_s - hidden_s + bubble_s.
+    """
+
+    machine: str
+    compute_s: float
+    compute_by_phase: tuple[tuple[str, float], ...]
+    comm_s: float
+    comm_by_level: tuple[tuple[str, float], ...]
+    comm_by_phase: tuple[tuple[str, float], ...]
+    hidden_s: float
+    bubble_s: float
+    total_s: float
+
+    def lines(self) -> list[str]:
+        """A short breakdown table (within 100 columns): seconds in ms and each part's share of the total."""
+        rows = [("compute", self.compute_s)]
+        rows += [(f"  {phase} phase", s) for phase, s in self.compute_by_phase if s]
+        rows += [("communication", self.comm_s)]
+        rows += [(f"  {level} links", s) for level, s in self.comm_by_level if s]
+        rows += [(f"  {phase} phase", s) for phase, s in self.comm_by_phase if s]
+        if self.hidden_s:
+            rows.append(("hidden by overlap", -self.hidden_s))
+        if self.bubble_s:
+            rows.append(("pipeline bubble", self.bubble_s))
+        rows.append(("step total", self.total_s))
+        out = [f"predicted step time of one rank on {self.machine}",
+               f"{'part':<24}{'ms':>14}{'share':>9}"]
+        for name, seconds in rows:
+            share = f"{seconds / self.total_s:.1%}" if self.total_s else "-"
+            out.append(f"{name:<24}{seconds * 1e3:>14,.3f}{share:>9}")
+        return out
+
+
+def _count(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise SpmdsimError(f"{what} count {value!r} must be an integer >= 0")
+    return value
+
+
+def _gemm_seconds(machine: Machine, gemm: Any) -> tuple[str, float]:
+    """(phase, seconds) of one call of `gemm`."""
+    for name in ("batch", "m", "n", "k", "dtype", "phase", "flops"):
+        if not hasattr(gemm, name):
+            raise SpmdsimError(f"gemm {gemm!r:.80} has no {name!r}; expected an object with batch, m, n, k, "
+                               "dtype, phase and flops (spmdsim.flops.Gemm)")
+    dims = (gemm.batch, gemm.m, gemm.n, gemm.k)
+    if any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in dims):
+        raise SpmdsimError(f"gemm dimensions (batch, m, n, k) {dims!r} must be integers >= 0")
+    if gemm.phase not in GEMM_PHASES:
+        raise SpmdsimError(f"gemm phase {gemm.phase!r} is unknown; expected one of {GEMM_PHASES!r}")
+    flops = gemm.flops
+    if isinstance(flops, bool) or not isinstance(flops, (int, float)) or not math.isfinite(flops) or flops < 0:
+        raise SpmdsimError(f"gemm flops {flops!r} must be a finite number >= 0")
+    if normalize_dtype(gemm.dtype) not in machine.dtypes:
+        raise SpmdsimError(f"gemm dtype {gemm.dtype!r} has no peak in machine {machine.name!r}; "
+                           f"expected one of {machine.dtypes!r}")
+    if flops == 0:
+        return gemm.phase, 0.0
+    efficiency = machine.gemm_efficiency_of(gemm.dtype, *dims)
+    return gemm.phase, flops / (machine.peak(gemm.dtype) * efficiency)
+
+
+def level_model(machine: Machine, level: str) -> CostModel:
+    """spmdsim.cost's model of one level's link: alpha = latency, beta = 1 / bandwidth, gamma = 1 / reduction rate."""
+    link = machine.link(level)
+    gamma = 0.0 if machine.reduction_rate is None else 1.0 / machine.reduction_rate
+    return CostModel(alpha_s=link.latency, beta_s_per_byte=1.0 / link.bandwidth, gamma_s_per_byte=gamma,
+                     algorithm=machine.algorithm, source=f"machine {machine.name} {level} link")
+
+
+def _transfer_seconds(models: dict[str, CostModel], t: Any) -> float:
+    """Seconds of one call of transfer `t`."""
+    if not isinstance(t, Transfer):
+        raise SpmdsimError(f"transfer {t!r:.80} is a {type(t).__name__}; expected spmdsim.estimate.records.Transfer")
+    if t.kind not in OPS and t.kind not in _P2P:
+        raise SpmdsimError(f"transfer kind {t.kind!r} is unknown; expected one of {OPS + _P2P!r}")
+    if t.level not in LEVELS:
+        raise SpmdsimError(f"transfer level {t.level!r} is unknown; expected one of {LEVELS!r}")
+    if t.phase not in TRANSFER_PHASES:
+        raise SpmdsimError(f"transfer phase {t.phase!r} is unknown; expected one of {TRANSFER_PHASES!r}")
+    if isinstance(t.group, bool) or not isinstance(t.group, int) or t.group < 1:
+        raise SpmdsimError(f"transfer group {t.group!r} must be an integer >= 1 (ranks in the communicator)")
+    if isinstance(t.nbytes, bool) or not isinstance(t.nbytes, int) or t.nbytes < 0:
+        raise SpmdsimError(f"transfer nbytes {t.nbytes!r} must be an integer >= 0")
+    model = models[t.level]
+    if t.kind in _P2P:
+        return model.alpha_s + t.nbytes * model.beta_s_per_byte
+    return model.predict(t.kind, t.group, t.nbytes)
+
+
+def step_time(machine: Machine, gemms: Iterable[tuple[Any, int]], transfers: Iterable[Transfer], *,
+              pipeline: Pipeline | None = None, overlap: Iterable[str] = ()) -> StepTime:
+    """Predicted seconds of one rank's training step (module docstring).
+
+    Args:
+        machine: the `Machine` (spmdsim.estimate.machine.load_machine).
+        gemms: (gemm, count) pairs: one rank's products in one step.
+        transfers: records.Transfer values: one rank's calls in one step (each with its count).
+        pipeline: adds the bubble; None for no pipeline.
+        overlap: transfer phases whose communication runs under the backward compute (e.g.
+            ("optimizer",) where the data-parallel gradient reduction is recorded there).
+    """
+    if not isinstance(machine, Machine):
+        raise SpmdsimError(f"machine {machine!r:.80} is a {type(machine).__name__}; expected a Machine "
+                           "(spmdsim.estimate.machine.load_machine)")
+    if pipeline is not None and not isinstance(pipeline, Pipeline):
+        raise SpmdsimError(f"pipeline {pipeline!r:.80} is a {type(pipeline).__name__}; expected a Pipeline or None")
+    overlap = (overlap,) if isinstance(overlap, str) else tuple(overlap)
+    for phase in overlap:
+        if phase not in TRANSFER_PHASES:
+            raise SpmdsimError(f"overlap phase {phase!r} is unknown; expected phases among {TRANSFER_PHASES!r}")
+    compute = dict.fromkeys(GEMM_PHASES, 0.0)
+    for pair in gemms:
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise SpmdsimError(f"gemms entry {pair!r:.80} must be a (gemm, count) pair")
+        gemm, count = pair
+        phase, seconds = _gemm_seconds(machine, gemm)
+        compute[phase] += _count(count, "gemm") * seconds
+    models = {level: level_model(machine, level) for level in LEVELS}
+    by_level = dict.fromkeys(LEVELS, 0.0)
+    by_phase = dict.fromkeys(TRANSFER_PHASES, 0.0)
+    for t in transfers:
+        seconds = _transfer_seconds(models, t) * _count(t.count, "transfer")
+        by_level[t.level] += seconds
+        by_phase[t.phase] += seconds
+    compute_s = sum(compute.values())
+    comm_s = sum(by_level.values())
+    hidden_s = min(sum(by_phase[p] for p in set(overlap)), compute["backward"] + compute["recompute"])
+    bubble_s = pipeline.bubble_s(compute_s) if pipeline is not None else 0.0
+    return StepTime(machine=machine.name, compute_s=compute_s, compute_by_phase=tuple(compute.items()),
+                    comm_s=comm_s, comm_by_level=tuple(by_level.items()), comm_by_phase=tuple(by_phase.items()),
+                    hidden_s=hidden_s, bubble_s=bubble_s, total_s=compute_s + comm_s - hidden_s + bubble_s)

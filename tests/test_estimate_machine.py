@@ -1,0 +1,199 @@
+"""Machine files (spmdsim.estimate.machine): the shipped ones, every refusal's line, calibrate's round trip."""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from spmdsim.cli import calibrate
+from spmdsim.cli.main import build_parser
+from spmdsim.cost import CostModel
+from spmdsim.cost.model import ALGORITHMS as COST_ALGORITHMS
+from spmdsim.errors import SpmdsimError
+from spmdsim.estimate import machine as machine_mod
+from spmdsim.estimate.machine import (Link, load_machine, machine_from_dict, machine_to_dict, machines,
+                                      normalize_dtype, save_machine)
+from testkit import MPIEXEC
+
+
+def test_shipped_machines_load_with_their_datasheet_figures():
+    assert machines() == ("a100-dgx", "h100-dgx")
+    a100, h100 = load_machine("a100-dgx"), load_machine("h100-dgx")
+    assert a100.gpus_per_node == h100.gpus_per_node == 8
+    assert a100.memory_bytes == h100.memory_bytes == 80 << 30
+    assert dict(a100.peak_flops) == {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12,
+                                     "fp64": 19.5e12}
+    assert dict(h100.peak_flops) == {"bf16": 989e12, "fp16": 989e12, "tf32": 494.5e12, "fp32": 67e12,
+                                     "fp64": 67e12}
+    assert (a100.hbm_bandwidth, h100.hbm_bandwidth) == (2039e9, 3.35e12)
+    assert (a100.node.bandwidth, a100.cluster.bandwidth) == (300e9, 25e9)
+    assert (h100.node.bandwidth, h100.cluster.bandwidth) == (450e9, 50e9)
+    for m in (a100, h100):
+        assert m.algorithm == "ring" and m.reduction_rate is None
+        assert m.gemm_efficiency.model == "roofline" and m.gemm_efficiency.max_fraction == 0.8
+        assert any("datasheet" in s and "https://" in s for s in m.sources)
+        assert any(s.startswith("assumption: link latencies") for s in m.sources)
+        assert machine_from_dict(machine_to_dict(m)) == m
+    assert machine_mod.ALGORITHMS == COST_ALGORITHMS
+
+
+def test_lookup_by_dtype_and_level():
+    m = load_machine("h100-dgx")
+    assert m.peak("bfloat16") == m.peak("bf16") == 989e12
+    assert normalize_dtype("float32") == "fp32" and normalize_dtype("BF16") == "bf16"
+    assert m.link("cluster") == Link(50e9, 5e-6)
+    with pytest.raises(SpmdsimError, match=r"^dtype 'int8' has no peak in machine 'h100-dgx'; expected one of "
+                                           r"\('bf16', 'fp16', 'tf32', 'fp32', 'fp64'\)$"):
+        m.peak("int8")
+    with pytest.raises(SpmdsimError, match=r"^level 'rack' is unknown; expected one of \('node', 'cluster'\)$"):
+        m.link("rack")
+
+
+def test_gemm_efficiency_is_the_capped_roofline():
+    m = load_machine("a100-dgx")
+    # Large: capped at max_fraction.
+    assert m.gemm_efficiency_of("bf16", 1, 8192, 8192, 8192) == 0.8
+    # A matrix-vector product: 2*m*n*k FLOPs over 2*(m*k + k*n + m*n) bytes, times bandwidth / peak.
+    flops, traffic = 2 * 1 * 4096 * 4096, 2 * (4096 + 4096 * 4096 + 4096)
+    assert math.isclose(m.gemm_efficiency_of("bf16", 1, 1, 4096, 4096), flops / traffic * 2039e9 / 312e12,
+                        rel_tol=1e-12)
+    # The batch reads its operands once per product: the same intensity.
+    assert m.gemm_efficiency_of("bf16", 7, 1, 4096, 4096) == m.gemm_efficiency_of("bf16", 1, 1, 4096, 4096)
+
+
+def _a100() -> dict:
+    return json.loads((machine_mod._SHIPPED / "a100-dgx.json").read_text())
+
+
+def _edit(data: dict, dotted: str, value) -> dict:
+    data = copy.deepcopy(data)
+    *path, last = dotted.split(".")
+    node = data
+    for key in path:
+        node = node[key]
+    if value is _DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    return data
+
+
+_DELETE = object()
+_F = "machine file 'x.json': "
+
+
+@pytest.mark.parametrize("key, value, line", [
+    ("format", "v2", "key 'format' is 'v2'; expected 'spmdsim machine 1'"),
+    ("name", "", "key 'name' is ''; expected a non-empty string"),
+    ("hbm_bandwidth", _DELETE, "key 'hbm_bandwidth' is missing; expected a number > 0 (bytes/s)"),
+    ("hbm_bandwidth", -1, "key 'hbm_bandwidth' is -1; expected a number > 0 (bytes/s)"),
+    ("hbm_bandwidth", "2TB/s", "key 'hbm_bandwidth' is '2TB/s'; expected a number > 0 (bytes/s)"),
+    ("gpus_per_node", 0, "key 'gpus_per_node' is 0; expected an integer >= 1"),
+    ("gpus_per_node", 8.0, "key 'gpus_per_node' is 8.0; expected an integer >= 1"),
+    ("memory_bytes", True, "key 'memory_bytes' is True; expected an integer >= 1 (bytes per GPU)"),
+    ("sources", [], "key 'sources' is []; expected a non-empty list of citation strings"),
+    ("peak_flops.int8", 1e16, "key 'peak_flops.int8' is 1e+16; expected a dtype among "
+                              "('fp64', 'fp32', 'tf32', 'bf16', 'fp16')"),
+    ("peak_flops.bf16", 0, "key 'peak_flops.bf16' is 0; expected a number > 0 (FLOP/s)"),
+    ("links.node.bandwidth", -300e9, "key 'links.node.bandwidth' is -300000000000.0; expected a number > 0 "
+                                     "(bytes/s per GPU per direction)"),
+    ("links.cluster.latency", -1e-6, "key 'links.cluster.latency' is -1e-06; expected a number >= 0 (seconds)"),
+    ("links.cluster", _DELETE, "key 'links.cluster' is missing; expected an object with 'bandwidth' and "
+                               "'latency'"),
+    ("links.rack", {"bandwidth": 1, "latency": 0}, "key 'links.rack' is {'bandwidth': 1, 'latency': 0}; "
+                                                   "expected a level among ('node', 'cluster')"),
+    ("links.node.speed", 1, "key 'links.node.speed' is 1; expected no such key; ('bandwidth', 'latency')"),
+    ("algorithm", "butterfly", "key 'algorithm' is 'butterfly'; expected one of ('ring', 'tree')"),
+    ("reduction_rate", 0, "key 'reduction_rate' is 0; expected a number > 0 (bytes/s reduced) or null"),
+    ("gemm_efficiency.max_fraction", 1.5, "key 'gemm_efficiency.max_fraction' is 1.5; expected a number in "
+                                          "(0, 1] (fraction of peak)"),
+    ("gemm_efficiency.model", "tiles", "key 'gemm_efficiency.model' is 'tiles'; expected one of ('roofline',)"),
+    ("gemm_efficiency.source", _DELETE, "key 'gemm_efficiency.source' is missing; expected present "
+                                        "(see docs/estimate-machine.md)"),
+])
+def test_every_bad_value_is_one_line_naming_file_key_value_and_expectation(key, value, line):
+    with pytest.raises(SpmdsimError) as info:
+        machine_from_dict(_edit(_a100(), key, value), "machine file 'x.json'")
+    assert str(info.value) == _F + line
+
+
+def test_an_unknown_top_level_key_is_refused():
+    with pytest.raises(SpmdsimError) as info:
+        machine_from_dict(dict(_a100(), hbm_bandwith=1), "machine file 'x.json'")
+    assert str(info.value).startswith(_F + "key 'hbm_bandwith' is 1; expected no such key; a machine file has (")
+
+
+def test_files_that_cannot_be_read(tmp_path):
+    with pytest.raises(SpmdsimError, match=r"^machine 'b200' is neither a shipped machine nor a file; expected "
+                                           r"one of \('a100-dgx', 'h100-dgx'\) or a path to a machine file$"):
+        load_machine("b200")
+    missing = tmp_path / "none.json"
+    with pytest.raises(SpmdsimError, match=rf"^machine file '{missing}': cannot be read \(No such file or "
+                                           r"directory\); expected a machine file$"):
+        load_machine(missing)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    with pytest.raises(SpmdsimError, match=rf"^machine file '{bad}': is not JSON \(Expecting property name "
+                                           r"enclosed in double quotes at line 1 column 2\); expected a JSON "
+                                           r"machine file$"):
+        load_machine(bad)
+    listed = tmp_path / "list.json"
+    listed.write_text("[]")
+    with pytest.raises(SpmdsimError, match=rf"^machine file '{listed}': is a JSON list; expected an object"):
+        load_machine(listed)
+
+
+def test_a_file_path_round_trips(tmp_path):
+    m = load_machine("h100-dgx")
+    path = save_machine(m, tmp_path / "mine.json")
+    assert load_machine(path) == load_machine(str(path)) == m
+
+
+def test_calibrated_machine_round_trips_through_load_machine(tmp_path):
+    model = CostModel(alpha_s=20e-6, beta_s_per_byte=2.0 ** -32, gamma_s_per_byte=2.0 ** -31, algorithm="tree",
+                      source="fit")
+    m = calibrate.calibrated_machine(model, 1e11, 2e10, 4, 64 << 30, "box")
+    assert m.name == "calibrated-box" and m.gpus_per_node == 4 and m.memory_bytes == 64 << 30
+    assert m.node == m.cluster == Link(bandwidth=2.0 ** 32, latency=20e-6)
+    assert dict(m.peak_flops) == {"fp32": 1e11} and m.hbm_bandwidth == 2e10
+    assert m.algorithm == "tree" and m.reduction_rate == 2.0 ** 31 and m.gemm_efficiency.max_fraction == 1.0
+    path = save_machine(m, tmp_path / "box.json")
+    assert load_machine(path) == m
+    free = calibrate.calibrated_machine(CostModel(1e-6, 1e-9), 1e11, 2e10, 1, 1 << 30, "box")
+    assert free.reduction_rate is None and "reduction_rate" not in json.loads(save_machine(free, path).read_text())
+    with pytest.raises(SpmdsimError, match=r"^the fit's beta 0.0 s/byte gives no bandwidth for --machine-out"):
+        calibrate.calibrated_machine(CostModel(1e-6, 0.0), 1e11, 2e10, 1, 1 << 30, "box")
+
+
+def test_machine_out_is_checked_before_measuring(tmp_path):
+    args = build_parser().parse_args(["calibrate", "--dry-run", "--machine-out", "m.json"])
+    with pytest.raises(SpmdsimError, match=r"^--machine-out 'm.json' has no effect with --dry-run"):
+        calibrate._check_counts(args)
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    args = build_parser().parse_args(["calibrate", "--output", str(tmp_path / "c.json"),
+                                      "--machine-out", str(blocked / "m.json")])
+    assert calibrate._output_problem(args).startswith(f"--machine-out '{blocked}/m.json' cannot be written")
+
+
+@pytest.mark.skipif(not MPIEXEC, reason="no mpiexec")
+def test_calibrate_writes_a_machine_file_load_machine_reads(tmp_path):
+    spmdsim = os.path.join(os.path.dirname(sys.executable), "spmdsim")
+    out = tmp_path / "machine.json"
+    cmd = ["timeout", "-k", "5", "90", MPIEXEC, "-n", "2", spmdsim, "calibrate", "--sizes", "64K,1M",
+           "--ops", "allreduce,allgather", "--repeats", "1", "--warmup", "0",
+           "--output", str(tmp_path / "cost.json"), "--machine-out", str(out)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert f"machine file saved to {out}" in done.stdout
+    m = load_machine(out)
+    model = CostModel.load(tmp_path / "cost.json")
+    assert m.gpus_per_node == 2 and m.node == m.cluster
+    assert m.node == Link(1 / model.beta_s_per_byte, model.alpha_s) and m.algorithm == model.algorithm
+    assert m.dtypes == ("fp32",) and m.peak("fp32") > 0 and m.hbm_bandwidth > 0

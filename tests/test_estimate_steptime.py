@@ -1,0 +1,178 @@
+"""Predicted step time (spmdsim.estimate.steptime): hand-computed seconds, the bubble, overlap, refusals."""
+from __future__ import annotations
+
+import math
+from collections import namedtuple
+from dataclasses import replace
+
+import pytest
+
+from spmdsim.errors import SpmdsimError
+from spmdsim.estimate.machine import GemmEfficiency, Link, load_machine
+from spmdsim.estimate.records import Transfer
+from spmdsim.estimate.steptime import SCHEDULES, Pipeline, StepTime, level_model, step_time
+from spmdsim.pipeline.schedule import SCHEDULES as PIPELINE_SCHEDULES
+
+# A stand-in for spmdsim.flops.Gemm (not on this branch): the same fields, flops = 2 batch m n k.
+_Gemm = namedtuple("_Gemm", "batch m n k dtype phase flops")
+
+
+def gemm(batch, m, n, k, dtype="bf16", phase="forward"):
+    return _Gemm(batch, m, n, k, dtype, phase, 2 * batch * m * n * k)
+
+
+def close(a, b):
+    return math.isclose(a, b, rel_tol=1e-12)
+
+
+A100 = load_machine("a100-dgx")
+
+
+def test_compute_is_flops_over_peak_times_efficiency():
+    big, thin = gemm(2, 4096, 8192, 4096), gemm(1, 1, 8192, 4096, "fp32", "backward")
+    st = step_time(A100, [(big, 3), (thin, 5)], [])
+    big_s = 3 * (2 * 2 * 4096 * 8192 * 4096) / (312e12 * 0.8)
+    # The thin product is memory-bound: its seconds are its bytes over the HBM bandwidth.
+    thin_bytes = 4 * (1 * 4096 + 4096 * 8192 + 1 * 8192)
+    thin_s = 5 * thin_bytes / 2039e9
+    assert close(st.compute_s, big_s + thin_s)
+    assert dict(st.compute_by_phase) == pytest.approx({"forward": big_s, "backward": thin_s, "recompute": 0.0},
+                                                      rel=1e-12)
+    assert st.comm_s == st.bubble_s == st.hidden_s == 0 and close(st.total_s, big_s + thin_s)
+
+
+def test_communication_uses_the_cost_model_formulas_per_level():
+    n = 1 << 26
+    transfers = [Transfer("allreduce", 8, n, "node", "backward", 2),
+                 Transfer("allgather", 4, n, "cluster", "forward"),
+                 Transfer("reduce_scatter", 16, n, "cluster", "optimizer", 3),
+                 Transfer("send", 2, n, "cluster", "pipeline", 4), Transfer("recv", 2, n, "node", "pipeline"),
+                 Transfer("alltoall", 1, n, "node", "forward", 9)]  # a group of one costs nothing
+    st = step_time(A100, [], transfers)
+    a_node, b_node = 2e-6, 1 / 300e9
+    a_cl, b_cl = 5e-6, 1 / 25e9
+    allreduce = 2 * (2 * 7 * a_node + 2 * 7 / 8 * n * b_node)  # ring, gamma 0 (no reduction rate)
+    allgather = 3 * a_cl + 3 / 4 * n * b_cl
+    reduce_scatter = 3 * (15 * a_cl + 15 / 16 * n * b_cl)
+    send, recv = 4 * (a_cl + n * b_cl), a_node + n * b_node
+    level = dict(st.comm_by_level)
+    assert close(level["node"], allreduce + recv) and close(level["cluster"], allgather + reduce_scatter + send)
+    phase = dict(st.comm_by_phase)
+    assert close(phase["backward"], allreduce) and close(phase["forward"], allgather)
+    assert close(phase["optimizer"], reduce_scatter) and close(phase["pipeline"], send + recv)
+    assert close(st.comm_s, allreduce + allgather + reduce_scatter + send + recv) and close(st.total_s, st.comm_s)
+
+
+def test_a_reduction_rate_and_the_tree_algorithm_reach_the_formulas():
+    m = replace(A100, reduction_rate=100e9, algorithm="tree")
+    n = 1 << 20
+    st = step_time(m, [], [Transfer("allreduce", 8, n, "node", "backward")])
+    # tree allreduce: log2(g) (alpha + n beta + n gamma)
+    assert close(st.comm_s, 3 * (2e-6 + n / 300e9 + n / 100e9))
+    model = level_model(m, "cluster")
+    assert (model.alpha_s, model.beta_s_per_byte, model.gamma_s_per_byte, model.algorithm) == (
+        5e-6, 1 / 25e9, 1 / 100e9, "tree")
+
+
+def test_pipeline_bubble_is_p_minus_1_over_v_microbatch_times():
+    g = gemm(1, 4096, 4096, 4096)
+    compute = 10 * g.flops / (312e12 * 0.8)
+    for pipeline, bubble in [(Pipeline(4, 16), 3 * compute / 16),
+                             (Pipeline(4, 16, schedule="gpipe"), 3 * compute / 16),
+                             (Pipeline(8, 32, 4, "interleaved"), 7 / 4 * compute / 32),
+                             (Pipeline(1, 4), 0.0)]:
+        st = step_time(A100, [(g, 10)], [Transfer("send", 2, 1 << 20, "cluster", "pipeline", 8)],
+                       pipeline=pipeline)
+        assert close(st.bubble_s, bubble) if bubble else st.bubble_s == 0
+        assert close(st.total_s, compute + st.comm_s + bubble)
+    assert SCHEDULES == PIPELINE_SCHEDULES
+
+
+def test_overlap_hides_named_phases_under_the_backward_compute():
+    fwd, bwd, rec = gemm(1, 4096, 4096, 4096), gemm(1, 4096, 4096, 4096, phase="backward"), \
+        gemm(1, 4096, 4096, 4096, phase="recompute")
+    one = fwd.flops / (312e12 * 0.8)
+    grads = Transfer("reduce_scatter", 64, 1 << 30, "cluster", "optimizer")
+    grad_s = 63 * 5e-6 + 63 / 64 * (1 << 30) / 25e9
+    small = Transfer("allreduce", 8, 1 << 20, "node", "optimizer")
+    small_s = 14 * 2e-6 + 14 / 8 * (1 << 20) / 300e9
+    pairs = [(fwd, 1), (bwd, 2), (rec, 1)]
+    plain = step_time(A100, pairs, [grads])
+    assert plain.hidden_s == 0 and close(plain.total_s, 4 * one + grad_s)
+    # More communication than backward + recompute compute (3 GEMMs): only the excess shows.
+    hidden = step_time(A100, pairs, [grads], overlap=("optimizer",))
+    assert close(hidden.hidden_s, 3 * one) and close(hidden.total_s, one + grad_s)
+    # Less: all of it hidden.
+    quiet = step_time(A100, pairs, [small], overlap="optimizer")
+    assert close(quiet.hidden_s, small_s) and close(quiet.total_s, 4 * one)
+    assert step_time(A100, pairs, [small], overlap=("backward",)).hidden_s == 0  # not the phase named
+
+
+def test_lines_fit_100_columns_and_name_every_part():
+    st = step_time(A100, [(gemm(1, 4096, 4096, 4096), 3), (gemm(1, 4096, 4096, 4096, phase="backward"), 6)],
+                   [Transfer("allreduce", 8, 1 << 28, "node", "forward", 4),
+                    Transfer("reduce_scatter", 64, 1 << 30, "cluster", "optimizer")],
+                   pipeline=Pipeline(4, 8), overlap=("optimizer",))
+    lines = st.lines()
+    assert all(len(line) <= 100 for line in lines)
+    assert lines[0] == "predicted step time of one rank on a100-dgx"
+    names = [line[:24].strip() for line in lines[2:]]
+    assert names == ["compute", "forward phase", "backward phase", "communication", "node links",
+                     "cluster links", "forward phase", "optimizer phase", "hidden by overlap", "pipeline bubble",
+                     "step total"]
+    assert lines[-1].endswith(f"{st.total_s * 1e3:,.3f}   100.0%")
+    assert isinstance(st, StepTime) and hash(st) == hash(replace(st))
+
+
+@pytest.mark.parametrize("call, line", [
+    (lambda: step_time(A100, [(gemm(1, 2, 2, 2), -1)], []), "gemm count -1 must be an integer >= 0"),
+    (lambda: step_time(A100, [(gemm(1, 2, 2, 2, "int8"), 1)], []),
+     "gemm dtype 'int8' has no peak in machine 'a100-dgx'; expected one of ('bf16', 'fp16', 'tf32', 'fp32', "
+     "'fp64')"),
+    (lambda: step_time(A100, [(gemm(1, 2, 2, 2, phase="warmup"), 1)], []),
+     "gemm phase 'warmup' is unknown; expected one of ('forward', 'backward', 'recompute')"),
+    (lambda: step_time(A100, [(gemm(1, -2, 2, 2), 1)], []),
+     "gemm dimensions (batch, m, n, k) (1, -2, 2, 2) must be integers >= 0"),
+    (lambda: step_time(A100, [gemm(1, 2, 2, 2)], []), "gemms entry _Gemm(batch=1, m=2, n=2, k=2, dtype='bf16', "
+                                                      "phase='forward', flops=16) must be a (gemm, count) pair"),
+    (lambda: step_time(A100, [((1, 2), 1)], []), "gemm (1, 2) has no 'batch'; expected an object with batch, m, "
+                                                 "n, k, dtype, phase and flops (spmdsim.flops.Gemm)"),
+    (lambda: step_time(A100, [], [Transfer("allreduce", 8, 64, "rack", "forward")]),
+     "transfer level 'rack' is unknown; expected one of ('node', 'cluster')"),
+    (lambda: step_time(A100, [], [Transfer("allreduce", 8, 64, "node", "forward", -2)]),
+     "transfer count -2 must be an integer >= 0"),
+    (lambda: step_time(A100, [], [Transfer("scatter", 8, 64, "node", "forward")]),
+     "transfer kind 'scatter' is unknown; expected one of ('allgather', 'reduce_scatter', 'allreduce', "
+     "'alltoall', 'alltoallv', 'bcast', 'send', 'recv')"),
+    (lambda: step_time(A100, [], [Transfer("allreduce", 8, -64, "node", "forward")]),
+     "transfer nbytes -64 must be an integer >= 0"),
+    (lambda: step_time(A100, [], [Transfer("allreduce", 0, 64, "node", "forward")]),
+     "transfer group 0 must be an integer >= 1 (ranks in the communicator)"),
+    (lambda: step_time(A100, [], [Transfer("allreduce", 8, 64, "node", "idle")]),
+     "transfer phase 'idle' is unknown; expected one of ('forward', 'backward', 'optimizer', 'pipeline')"),
+    (lambda: step_time(A100, [], [], overlap=("recompute",)),
+     "overlap phase 'recompute' is unknown; expected phases among ('forward', 'backward', 'optimizer', "
+     "'pipeline')"),
+    (lambda: step_time("a100-dgx", [], []), "machine 'a100-dgx' is a str; expected a Machine "
+                                            "(spmdsim.estimate.machine.load_machine)"),
+    (lambda: step_time(A100, [], [], pipeline=(4, 8)), "pipeline (4, 8) is a tuple; expected a Pipeline or None"),
+    (lambda: Pipeline(0, 8), "pipeline stages 0 must be an integer >= 1"),
+    (lambda: Pipeline(4, 8, schedule="zb"), "pipeline schedule 'zb' is unknown; expected one of ('gpipe', '1f1b', "
+                                            "'interleaved')"),
+    (lambda: Pipeline(4, 8, 2), "pipeline schedule '1f1b' has one chunk per rank, not virtual_stages 2; "
+                                "expected 1 (or schedule 'interleaved')"),
+    (lambda: Link(-1.0, 0.0), "Link: key 'bandwidth' is -1.0; expected a number > 0 (bytes/s per GPU per "
+                              "direction)"),
+    (lambda: GemmEfficiency(0.0, "x"), "GemmEfficiency: key 'max_fraction' is 0.0; expected a number in (0, 1] "
+                                       "(fraction of peak)"),
+])
+def test_every_bad_input_is_refused_in_one_line(call, line):
+    with pytest.raises(SpmdsimError) as info:
+        call()
+    assert str(info.value) == line
+
+
+def test_zero_sized_products_and_calls_cost_nothing():
+    st = step_time(A100, [(gemm(1, 0, 4096, 4096), 5), (gemm(1, 64, 64, 64), 0)],
+                   [Transfer("allreduce", 8, 1 << 20, "node", "forward", 0)])
+    assert st.total_s == 0
