@@ -43,11 +43,11 @@ def test_compute_is_flops_over_peak_times_efficiency():
 
 def test_communication_uses_the_cost_model_formulas_per_level():
     n = 1 << 26
-    transfers = [Transfer("allreduce", 8, n, "node", "backward", 2),
-                 Transfer("allgather", 4, n, "cluster", "forward"),
-                 Transfer("reduce_scatter", 16, n, "cluster", "optimizer", 3),
+    transfers = [Transfer("allreduce", 8, n, "node", "layers", 2),
+                 Transfer("allgather", 4, n, "cluster", "layers"),
+                 Transfer("reduce_scatter", 16, n, "cluster", "gradients", 3),
                  Transfer("send", 2, n, "cluster", "pipeline", 4), Transfer("recv", 2, n, "node", "pipeline"),
-                 Transfer("alltoall", 1, n, "node", "forward", 9)]  # a group of one costs nothing
+                 Transfer("alltoall", 1, n, "node", "layers", 9)]  # a group of one costs nothing
     st = step_time(A100, [], transfers)
     a_node, b_node = 2e-6, 1 / 300e9
     a_cl, b_cl = 5e-6, 1 / 25e9
@@ -58,15 +58,15 @@ def test_communication_uses_the_cost_model_formulas_per_level():
     level = dict(st.comm_by_level)
     assert close(level["node"], allreduce + recv) and close(level["cluster"], allgather + reduce_scatter + send)
     phase = dict(st.comm_by_phase)
-    assert close(phase["backward"], allreduce) and close(phase["forward"], allgather)
-    assert close(phase["optimizer"], reduce_scatter) and close(phase["pipeline"], send + recv)
+    assert close(phase["layers"], allreduce + allgather)
+    assert close(phase["gradients"], reduce_scatter) and close(phase["pipeline"], send + recv)
     assert close(st.comm_s, allreduce + allgather + reduce_scatter + send + recv) and close(st.total_s, st.comm_s)
 
 
 def test_a_reduction_rate_and_the_tree_algorithm_reach_the_formulas():
     m = replace(A100, reduction_rate=100e9, algorithm="tree")
     n = 1 << 20
-    st = step_time(m, [], [Transfer("allreduce", 8, n, "node", "backward")])
+    st = step_time(m, [], [Transfer("allreduce", 8, n, "node", "layers")])
     # tree allreduce: log2(g) (alpha + n beta + n gamma)
     assert close(st.comm_s, 3 * (2e-6 + n / 300e9 + n / 100e9))
     model = level_model(m, "cluster")
@@ -92,33 +92,33 @@ def test_overlap_hides_named_phases_under_the_backward_compute():
     fwd, bwd, rec = gemm(1, 4096, 4096, 4096), gemm(1, 4096, 4096, 4096, phase="backward"), \
         gemm(1, 4096, 4096, 4096, phase="recompute")
     one = fwd.flops / (312e12 * 0.8)
-    grads = Transfer("reduce_scatter", 64, 1 << 30, "cluster", "optimizer")
+    grads = Transfer("reduce_scatter", 64, 1 << 30, "cluster", "gradients")
     grad_s = 63 * 5e-6 + 63 / 64 * (1 << 30) / 25e9
-    small = Transfer("allreduce", 8, 1 << 20, "node", "optimizer")
+    small = Transfer("allreduce", 8, 1 << 20, "node", "gradients")
     small_s = 14 * 2e-6 + 14 / 8 * (1 << 20) / 300e9
     pairs = [(fwd, 1), (bwd, 2), (rec, 1)]
     plain = step_time(A100, pairs, [grads])
     assert plain.hidden_s == 0 and close(plain.total_s, 4 * one + grad_s)
     # More communication than backward + recompute compute (3 GEMMs): only the excess shows.
-    hidden = step_time(A100, pairs, [grads], overlap=("optimizer",))
+    hidden = step_time(A100, pairs, [grads], overlap=("gradients",))
     assert close(hidden.hidden_s, 3 * one) and close(hidden.total_s, one + grad_s)
     # Less: all of it hidden.
-    quiet = step_time(A100, pairs, [small], overlap="optimizer")
+    quiet = step_time(A100, pairs, [small], overlap="gradients")
     assert close(quiet.hidden_s, small_s) and close(quiet.total_s, 4 * one)
-    assert step_time(A100, pairs, [small], overlap=("backward",)).hidden_s == 0  # not the phase named
+    assert step_time(A100, pairs, [small], overlap=("layers",)).hidden_s == 0  # not the phase named
 
 
 def test_lines_fit_100_columns_and_name_every_part():
     st = step_time(A100, [(gemm(1, 4096, 4096, 4096), 3), (gemm(1, 4096, 4096, 4096, phase="backward"), 6)],
-                   [Transfer("allreduce", 8, 1 << 28, "node", "forward", 4),
-                    Transfer("reduce_scatter", 64, 1 << 30, "cluster", "optimizer")],
-                   pipeline=Pipeline(4, 8), overlap=("optimizer",))
+                   [Transfer("allreduce", 8, 1 << 28, "node", "layers", 4),
+                    Transfer("reduce_scatter", 64, 1 << 30, "cluster", "gradients")],
+                   pipeline=Pipeline(4, 8), overlap=("gradients",))
     lines = st.lines()
     assert all(len(line) <= 100 for line in lines)
     assert lines[0] == "predicted step time of one rank on a100-dgx"
     names = [line[:24].strip() for line in lines[2:]]
     assert names == ["compute", "forward phase", "backward phase", "communication", "node links",
-                     "cluster links", "forward phase", "optimizer phase", "hidden by overlap", "pipeline bubble",
+                     "cluster links", "layers phase", "gradients phase", "hidden by overlap", "pipeline bubble",
                      "step total"]
     assert lines[-1].endswith(f"{st.total_s * 1e3:,.3f}   100.0%")
     assert isinstance(st, StepTime) and hash(st) == hash(replace(st))
@@ -137,21 +137,21 @@ def test_lines_fit_100_columns_and_name_every_part():
                                                       "phase='forward', flops=16) must be a (gemm, count) pair"),
     (lambda: step_time(A100, [((1, 2), 1)], []), "gemm (1, 2) has no 'batch'; expected an object with batch, m, "
                                                  "n, k, dtype, phase and flops (spmdsim.flops.Gemm)"),
-    (lambda: step_time(A100, [], [Transfer("allreduce", 8, 64, "rack", "forward")]),
+    (lambda: step_time(A100, [], [Transfer("allreduce", 8, 64, "rack", "layers")]),
      "transfer level 'rack' is unknown; expected one of ('node', 'cluster')"),
-    (lambda: step_time(A100, [], [Transfer("allreduce", 8, 64, "node", "forward", -2)]),
+    (lambda: step_time(A100, [], [Transfer("allreduce", 8, 64, "node", "layers", -2)]),
      "transfer count -2 must be an integer >= 0"),
-    (lambda: step_time(A100, [], [Transfer("scatter", 8, 64, "node", "forward")]),
+    (lambda: step_time(A100, [], [Transfer("scatter", 8, 64, "node", "layers")]),
      "transfer kind 'scatter' is unknown; expected one of ('allgather', 'reduce_scatter', 'allreduce', "
      "'alltoall', 'alltoallv', 'bcast', 'send', 'recv')"),
-    (lambda: step_time(A100, [], [Transfer("allreduce", 8, -64, "node", "forward")]),
+    (lambda: step_time(A100, [], [Transfer("allreduce", 8, -64, "node", "layers")]),
      "transfer nbytes -64 must be an integer >= 0"),
-    (lambda: step_time(A100, [], [Transfer("allreduce", 0, 64, "node", "forward")]),
+    (lambda: step_time(A100, [], [Transfer("allreduce", 0, 64, "node", "layers")]),
      "transfer group 0 must be an integer >= 1 (ranks in the communicator)"),
     (lambda: step_time(A100, [], [Transfer("allreduce", 8, 64, "node", "idle")]),
-     "transfer phase 'idle' is unknown; expected one of ('forward', 'backward', 'optimizer', 'pipeline')"),
+     "transfer phase 'idle' is unknown; expected one of ('layers', 'gradients', 'pipeline')"),
     (lambda: step_time(A100, [], [], overlap=("recompute",)),
-     "overlap phase 'recompute' is unknown; expected phases among ('forward', 'backward', 'optimizer', "
+     "overlap phase 'recompute' is unknown; expected phases among ('layers', 'gradients', "
      "'pipeline')"),
     (lambda: step_time("a100-dgx", [], []), "machine 'a100-dgx' is a str; expected a Machine "
                                             "(spmdsim.estimate.machine.load_machine)"),
@@ -174,5 +174,5 @@ def test_every_bad_input_is_refused_in_one_line(call, line):
 
 def test_zero_sized_products_and_calls_cost_nothing():
     st = step_time(A100, [(gemm(1, 0, 4096, 4096), 5), (gemm(1, 64, 64, 64), 0)],
-                   [Transfer("allreduce", 8, 1 << 20, "node", "forward", 0)])
+                   [Transfer("allreduce", 8, 1 << 20, "node", "layers", 0)])
     assert st.total_s == 0

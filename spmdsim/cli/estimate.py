@@ -15,7 +15,8 @@ import time
 from typing import Any
 
 from ..errors import SpmdsimError
-from ..viz.table import WIDTH
+from ..memory import format_size
+from ..viz.table import wrap_lines
 
 __all__ = ["register", "run"]
 
@@ -65,9 +66,9 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..estimate.ledger import PRECISIONS, gpt_ledger, priced
+    from ..estimate.ledger import PRECISIONS, gemms_at, gpt_ledger, priced, transfers_at
     from ..estimate.machine import load_machine
-    from ..estimate.steptime import step_time
+    from ..estimate.steptime import Pipeline, step_time
 
     cfg, microbatches = _config(args)
     machine = load_machine(args.machine)
@@ -77,12 +78,13 @@ def run(args: argparse.Namespace) -> int:
                         virtual=args.virtual_stages, recompute=args.recompute, zero=args.zero,
                         gpus_per_node=machine.gpus_per_node)
     seconds = time.perf_counter() - start
-    pipeline = (args.pp, microbatches, args.virtual_stages, schedule) if args.pp > 1 else None
+    pipeline = Pipeline(args.pp, microbatches, args.virtual_stages, schedule) if args.pp > 1 else None
     shown = sorted({0, len(stages) // 2, len(stages) - 1})
     rows = []
     for s in shown:
         st = stages[s]
-        timing = step_time(machine, st.gemms, st.transfers, pipeline=pipeline)
+        timing = step_time(machine, gemms_at(st.gemms, args.precision), transfers_at(st.transfers, args.precision),
+                           pipeline=pipeline, overlap=("gradients",))
         rows.append((st, priced(st, args.precision, args.zero), timing))
     if args.json:
         print(json.dumps({"config": vars(args) | {"func": None, "_usage_parser": None},
@@ -95,28 +97,30 @@ def run(args: argparse.Namespace) -> int:
           f"batch {args.global_batch} in {microbatches} microbatches of {args.micro_batch} per dp rank")
     print(f"mesh pp {args.pp} x dp {args.dp} x tp {args.tp} ({ranks:,} ranks){', sp' if args.sp else ''}, "
           f"recompute {args.recompute}, ZeRO {args.zero}, {schedule}; machine {machine.name}")
-    print(f"dry run of one step: {len(stages)} representative rank(s), {seconds:.1f} s; bytes at "
-          f"{args.precision} ({PRECISIONS[args.precision].about})"[:WIDTH])
+    print("\n".join(wrap_lines([f"dry run of one step: {len(stages)} representative rank(s), {seconds:.1f} s; "
+                                 f"bytes and GEMMs at {args.precision} ({PRECISIONS[args.precision].about})"])))
     for st, bytes_, timing in rows:
         print()
-        print(_stage_lines(st, bytes_, timing))
+        print("\n".join(_stage_lines(st, bytes_, timing)))
     return 0
 
 
-def _stage_lines(st: Any, bytes_: dict, timing: Any) -> str:
+def _gib(n: int) -> str:
+    return f"{n / GIB:,.2f} GiB" if n >= GIB // 100 else format_size(n)
+
+
+def _stage_lines(st: Any, bytes_: dict, timing: Any) -> list[str]:
     lo, hi = st.ranks[0], st.ranks[-1]
-    out = [f"stage {st.stage} (ranks {lo}-{hi}, {len(st.ranks)} alike; one rank's figures)"]
-    total = sum(bytes_.values())
-    parts = ", ".join(f"{role} {n / GIB:.2f}" for role, n in bytes_.items())
-    out.append(f"  memory GiB: {parts}")
-    out.append(f"  total {total / GIB:.2f} GiB; activations kept for {st.in_flight} microbatch-chunk(s) in "
-               f"flight at once; transformer-layer parameters {st.layer_params:,} of {st.params:,}")
-    flops = ", ".join(f"{phase} {st.flops(phase) / 1e12:.2f}" for phase in ("forward", "backward", "recompute"))
-    out.append(f"  TFLOPs: {flops}; total {st.flops() / 1e12:.2f}")
-    sent = ", ".join(f"{kind} {level} {n / 1e9:.3f}" for (kind, level), n in sorted(st.sent().items()) if n)
-    out.append(f"  sent GB: {sent or 'nothing'}"[:WIDTH])
+    out = [f"stage {st.stage} (ranks {lo}-{hi}: {len(st.ranks)} ranks alike; one rank's figures)"]
+    out.append(f"  memory {_gib(sum(bytes_.values()))}: " + ", ".join(f"{role} {_gib(n)}" for role, n in bytes_.items()))
+    out.append(f"    activations: {st.in_flight} microbatch-chunk(s) in flight at the most; "
+               f"transformer layers' parameters {st.layer_params:,} of {st.params:,}")
+    out.append("  TFLOP: " + ", ".join(f"{p} {st.flops(p) / 1e12:,.3f}" for p in ("forward", "backward", "recompute"))
+               + f"; total {st.flops() / 1e12:,.3f}")
+    sent = ", ".join(f"{kind} ({level}) {format_size(n)}" for (kind, level), n in sorted(st.sent().items()) if n)
+    out.append(f"  sent: {sent or 'nothing'}")
     out.extend("  " + line for line in timing.lines())
-    return "\n".join(line[:WIDTH] for line in out)
+    return wrap_lines(out)
 
 
 def _as_json(st: Any, bytes_: dict, timing: Any) -> dict:

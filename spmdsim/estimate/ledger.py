@@ -22,7 +22,7 @@ from typing import Any, Optional
 from ..errors import SpmdsimError
 from .records import Transfer
 
-__all__ = ["Widths", "PRECISIONS", "StageLedger", "gpt_ledger", "priced", "ROLES"]
+__all__ = ["Widths", "PRECISIONS", "StageLedger", "gpt_ledger", "priced", "ROLES", "gemms_at", "transfers_at"]
 
 #: What a rank holds, by role, in the order the ledger prints them.
 ROLES = ("parameters", "gradients", "master copy", "optimizer states", "buffers", "activations")
@@ -40,15 +40,16 @@ class Widths:
     buffers: int
     activations: int
     mixed: bool
+    compute: str
     about: str
 
 
 PRECISIONS = {
-    "fp64": Widths("fp64", 8, 8, 8, 8, 8, 8, False, "as the program runs: every value float64"),
-    "bf16-mixed": Widths("bf16-mixed", 2, 4, 4, 4, 4, 2, True,
+    "fp64": Widths("fp64", 8, 8, 8, 8, 8, 8, False, "fp64", "as the program runs: every value float64"),
+    "bf16-mixed": Widths("bf16-mixed", 2, 4, 4, 4, 4, 2, True, "bf16",
                          "Megatron's bf16: bf16 parameters and activations; fp32 main gradients, master copy "
                          "and Adam moments"),
-    "fp16-mixed": Widths("fp16-mixed", 2, 2, 4, 4, 2, 2, True,
+    "fp16-mixed": Widths("fp16-mixed", 2, 2, 4, 4, 2, 2, True, "fp16",
                          "ZeRO's fp16 mixed precision: fp16 parameters, gradients and activations; fp32 "
                          "master copy, momentum and variance"),
 }
@@ -100,6 +101,28 @@ def priced(stage: StageLedger, precision: str, zero: int) -> dict:
             "buffers": m.buffers // _RUN * w.buffers, "activations": m.kept_total // _RUN * w.activations}
 
 
+def gemms_at(gemms: Any, precision: str) -> list:
+    """The (Gemm, count) pairs with each product in `precision`'s compute dtype (bf16 under bf16-mixed)."""
+    from dataclasses import replace
+
+    dtype = PRECISIONS[precision].compute
+    return [(replace(g, dtype=dtype), n) for g, n in gemms]
+
+
+def transfers_at(transfers: Any, precision: str) -> list:
+    """The Transfers with their bytes at `precision`'s widths: activations and their gradients (the layers'
+    collectives, the pipeline's messages) at the activation width, the data-parallel sums and ZeRO-1's
+    buckets at the gradient width (Megatron sums bf16 training's gradients in fp32)."""
+    from dataclasses import replace
+
+    w = PRECISIONS[precision]
+    out = []
+    for t in transfers:
+        width = w.grads if t.phase == "gradients" else w.activations
+        out.append(replace(t, nbytes=t.nbytes * width // _RUN, sent=t.sent * width // _RUN))
+    return out
+
+
 def _level(mesh: Any, rank: int, axes: tuple, gpus_per_node: int) -> str:
     """"node" when every member of `rank`'s group over `axes` of `mesh` shares its node, else "cluster"."""
     layout = mesh.layout
@@ -138,7 +161,7 @@ def _transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tuple[Tr
                 raise SpmdsimError(f"internal: the ledger has no cost model name for the collective {e.op!r}")
             n = int(kind.buffer_bytes(e.group_size, Fraction(e.bytes_sent)))
             rows = [(e.op, n, e.bytes_sent)]
-            phase = "layers" if axes == ("tp",) else "gradients"
+            phase = "layers" if axes == ("tp",) else ("pipeline" if "pp" in axes else "gradients")
         for op, n, sent in rows:
             key = (op, e.group_size if op not in ("send", "recv") else 2, n, level, phase, sent)
             merged[key] = merged.get(key, 0) + 1

@@ -34,7 +34,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 #: What a GEMM was doing (spmdsim.flops.Gemm.phase) and what a transfer was doing (records.Transfer.phase).
 GEMM_PHASES = ("forward", "backward", "recompute")
-TRANSFER_PHASES = ("forward", "backward", "optimizer", "pipeline")
+TRANSFER_PHASES = ("layers", "gradients", "pipeline")
 
 _P2P = ("send", "recv")
 
@@ -174,7 +174,7 @@ def step_time(machine: Machine, gemms: Iterable[tuple[Any, int]], transfers: Ite
         transfers: records.Transfer values: one rank's calls in one step (each with its count).
         pipeline: adds the bubble; None for no pipeline.
         overlap: transfer phases whose communication runs under the backward compute (e.g.
-            ("optimizer",) where the data-parallel gradient reduction is recorded there).
+            ("gradients",): the data-parallel gradient sums under the backward, as DDP and Megatron run them).
     """
     if not isinstance(machine, Machine):
         raise SpmdsimError(f"machine {machine!r:.80} is a {type(machine).__name__}; expected a Machine "

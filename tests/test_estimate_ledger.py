@@ -1,0 +1,107 @@
+"""spmdsim.estimate.ledger and `spmdsim estimate gpt`: the dry run's ledger is what a real run does.
+
+At small scale (dp 2 x tp 2 x pp 2 with sequence parallelism, each recomputation mode, ZeRO-1 on and
+off) a real run of the same step keeps the same bytes for backward at the moment its schedule held the
+most, holds the same optimizer states, master copy and buffers, executes the same matrix products and
+sends the same bytes per collective kind as each stage's line of the ledger says.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import spmdsim
+from spmdsim.estimate.ledger import PRECISIONS, gemms_at, gpt_ledger, priced, transfers_at
+from spmdsim.flops import PHASES, counting
+from spmdsim.gpt import GPTConfig
+from spmdsim.gpt.pipeline import train_pipelined
+
+CFG = GPTConfig(layers=4, d_model=32, heads=4, seq=16, batch=8, vocab=128, dropout=0.1)
+
+
+def _real(recompute: str, zero: int) -> list:
+    import numpy as np
+
+    ids = np.arange(2 * CFG.seq + 2, dtype=np.int64) % 128
+
+    def body():
+        with counting() as flops:
+            run, steps = train_pipelined(CFG, spmdsim.world(), 2, 2, 2, 1, ids, sp=True, microbatches=2,
+                                         recompute=recompute, zero=zero, memory=True, check=False)
+        sent: dict = {}
+        for e in run.trace.entries:
+            if e.group_size > 1:  # a message's bytes count as sent, its receive sends nothing
+                key = "send" if e.op in ("sendrecv", "recv", "send") else e.op
+                sent[key] = sent.get(key, 0) + e.bytes_sent
+        out = (run.stage, steps[-1].memory, flops.total(), {p: flops.total(p) for p in PHASES}, sent)
+        run.close()
+        return out
+
+    return spmdsim.simulate(8, body)
+
+
+@pytest.mark.parametrize("recompute, zero", [("none", 0), ("selective", 1), ("full", 0), ("full", 1)])
+def test_the_ledger_equals_a_real_run_of_the_same_step(recompute, zero):
+    ledger = gpt_ledger(CFG, 2, 2, 2, sp=True, microbatches=2, recompute=recompute, zero=zero)
+    assert [(s.stage, s.ranks) for s in ledger] == [(0, (0, 1, 2, 3)), (1, (4, 5, 6, 7))]
+    real = _real(recompute, zero)
+    for rank, (stage, memory, total, by_phase, sent) in enumerate(real):
+        mine = ledger[stage]
+        assert (memory.kept, memory.master, memory.states, memory.buffers) == \
+            (mine.memory.kept, mine.memory.master, mine.memory.states, mine.memory.buffers), rank
+        assert 0 <= memory.params - mine.memory.params < 4096 * 40  # real blocks sit in page-rounded buffers
+        assert mine.flops() == total and {p: mine.flops(p) for p in by_phase} == by_phase
+        ours: dict = {}
+        for (kind, _), n in mine.sent().items():
+            ours[kind] = ours.get(kind, 0) + n
+        assert {k: v for k, v in ours.items() if v} == {k: v for k, v in sent.items() if v}, rank
+    assert (ledger[0].flops("recompute") > 0) == (recompute != "none")
+
+
+def test_prices_follow_the_precision_and_the_machine_levels():
+    ledger = gpt_ledger(CFG, 1, 2, 4, sp=True, microbatches=1, gpus_per_node=2)
+    (stage,) = ledger
+    elements = stage.memory.params // 8
+    bf16 = priced(stage, "bf16-mixed", 0)
+    assert bf16["parameters"] == 2 * elements and bf16["gradients"] == 4 * elements
+    assert bf16["master copy"] == 4 * elements and bf16["optimizer states"] == 8 * elements
+    assert priced(stage, "fp64", 0)["master copy"] == 0  # a float64 run's parameters are their own master
+    assert bf16["activations"] == stage.memory.kept_total // 4
+    # tp 4 on nodes of 2: the tensor-parallel group spans two nodes; dp pairs do too (stride 4)
+    assert {t.level for t in stage.transfers} == {"cluster"}
+    assert all(g.dtype == "bf16" for g, _ in gemms_at(stage.gemms, "bf16-mixed"))
+    assert sum(t.sent * t.count for t in transfers_at(stage.transfers, "bf16-mixed")) * 4 == \
+        sum(t.sent * t.count for t in stage.transfers if t.phase != "gradients") + \
+        2 * sum(t.sent * t.count for t in stage.transfers if t.phase == "gradients")
+    assert set(PRECISIONS) == {"fp64", "bf16-mixed", "fp16-mixed"}
+
+
+def _cli(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "spmdsim", "estimate", "gpt", *argv], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_the_command_prints_each_stage_within_100_columns():
+    done = _cli("--pp", "4", "--dp", "1", "--tp", "2", "--sp", "--layers", "4", "--global-batch", "8",
+                "--micro-batch", "1", "--recompute", "selective", "--zero", "1")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert all(len(line) <= 100 for line in lines)
+    assert [line.split(" (")[0] for line in lines if line.startswith("stage ")] == ["stage 0", "stage 2", "stage 3"]
+    assert "pipeline bubble" in done.stdout and "step total" in done.stdout
+    js = _cli("--pp", "2", "--tp", "2", "--json")
+    assert js.returncode == 0 and '"stages"' in js.stdout
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--global-batch", "6", "--micro-batch", "4"], "--global-batch 6 must be a multiple of --micro-batch x --dp"),
+    (["--tp", "0"], "--tp 0 must be >= 1"),
+    (["--machine", "nowhere-dgx"], "nowhere-dgx"),
+])
+def test_bad_input_is_one_line(argv, message):
+    done = _cli(*argv)
+    text = " ".join(line.strip() for line in done.stderr.splitlines())  # one message, folded at 100 columns
+    assert done.returncode != 0 and message in text and "Traceback" not in text, done.stderr
+    assert text.startswith("spmdsim: error: ") and text.count("error") == 1, done.stderr
