@@ -52,23 +52,42 @@ class Trace:
         # into entries on first read: a frozen dataclass costs ~1 us per call, which shows at 8 ranks on 2 cores.
         self._rows: list[tuple] = []
         self._built: list[TraceEntry] = []
+        # Rows a dry run repeats without running them again (`repeat`): id(rows) -> [rows, times, entries].
+        self._repeated: dict[int, list] = {}
 
     @property
     def _entries(self) -> list[TraceEntry]:
-        built, rows = self._built, self._rows
-        for op, axes, g, sent, received, seconds, label, copied, ended, peers in rows[len(built):]:
-            if received is None:  # a row as runtime.door.issue appends it: finish it here
-                op, axes, sent, received, peers = _as_called(op, axes, g, sent, peers)
-            built.append(TraceEntry(op, axes, g, int(sent), int(received), float(seconds), label,
-                                    int(copied), ended, int(peers)))
-        return built
+        self._built.extend(_build(self._rows[len(self._built):]))
+        return self._built
+
+    def repeat(self, rows: tuple) -> None:
+        """`rows` (rows this trace holds already, as a tuple kept by the caller) happened once more: a dry
+        run's later pipeline cell that repeats the first one's calls (spmdsim.gpt.pipeline). Counted, not
+        copied: totals, counts and `weighted` read them times their count; `entries` lists every one."""
+        block = self._repeated.get(id(rows))
+        if block is None:
+            self._repeated[id(rows)] = [rows, 1, None]
+        else:
+            block[1] += 1
+
+    def weighted(self) -> list[tuple[TraceEntry, int]]:
+        """(entry, how many times it happened): each recorded call once, each repeated block's calls with
+        their count (what `entries` would list, without listing the repeats one by one)."""
+        out = [(e, 1) for e in self._entries]
+        for block in self._repeated.values():
+            if block[2] is None:
+                block[2] = _build(block[0])
+            out.extend((e, block[1]) for e in block[2])
+        return out
 
     @property
     def entries(self) -> tuple[TraceEntry, ...]:
-        return tuple(self._entries)
+        if not self._repeated:
+            return tuple(self._entries)
+        return tuple(e for e, times in self.weighted() for _ in range(times))
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return len(self._rows) + sum(len(rows) * times for rows, times, _ in self._repeated.values())
 
     def seconds(self, start: int = 0) -> float:
         """Seconds in the collectives recorded from entry number `start` on (cheap, no entries built)."""
@@ -81,30 +100,31 @@ class Trace:
     def counts(self, include_local: bool = False) -> dict[str, int]:
         """Calls per op. Calls on a group of one rank (no communication) only with include_local."""
         out: dict[str, int] = {}
-        for e in self._entries:
+        for e, times in (self.weighted() if self._repeated else ((e, 1) for e in self._entries)):
             if include_local or e.group_size > 1:
-                out[e.op] = out.get(e.op, 0) + 1
+                out[e.op] = out.get(e.op, 0) + times
         return out
 
     def totals(self) -> dict[str, Any]:
         """This rank's totals: calls, bytes sent/received, seconds (communicating calls)."""
-        live = [e for e in self._entries if e.group_size > 1]
+        pairs = self.weighted() if self._repeated else [(e, 1) for e in self._entries]
+        live = [(e, times) for e, times in pairs if e.group_size > 1]
         return {
-            "calls": len(live),
-            "bytes_sent": sum(e.bytes_sent for e in live),
-            "bytes_received": sum(e.bytes_received for e in live),
-            "seconds": sum(e.seconds for e in self._entries),
+            "calls": sum(times for _, times in live),
+            "bytes_sent": sum(e.bytes_sent * times for e, times in live),
+            "bytes_received": sum(e.bytes_received * times for e, times in live),
+            "seconds": sum(e.seconds * times for e, times in pairs),
         }
 
     def summary(self) -> str:
         """A short per-op table of this rank's collectives."""
         rows: dict[tuple, list[int | float]] = {}
-        for e in self._entries:
+        for e, times in self.weighted():
             row = rows.setdefault((e.op, e.axes, e.group_size), [0, 0, 0, 0.0])
-            row[0] += 1
-            row[1] += e.bytes_sent
-            row[2] += e.bytes_received
-            row[3] += e.seconds
+            row[0] += times
+            row[1] += e.bytes_sent * times
+            row[2] += e.bytes_received * times
+            row[3] += e.seconds * times
         width = max([15] + [len(op) + 1 for op, _, _ in rows])  # "allreduce[recursive-doubling]"
         lines = [f"{'op':<{width}}{'axes':<14}{'g':>3}{'calls':>7}{'sent B':>13}{'recv B':>13}{'ms':>10}"]
         for (op, axes, g), (n, sent, recv, sec) in rows.items():
@@ -143,15 +163,31 @@ class Trace:
         return json.dumps([asdict(e) for e in self._entries])
 
 
+def _build(rows: Any) -> list[TraceEntry]:
+    """The entries of raw rows (see Trace.__init__)."""
+    out = []
+    for op, axes, g, sent, received, seconds, label, copied, ended, peers in rows:
+        if received is None:  # a row as runtime.door.issue appends it: finish it here
+            op, axes, sent, received, peers = _as_called(op, axes, g, sent, peers)
+        out.append(TraceEntry(op, axes, g, int(sent), int(received), float(seconds), label, int(copied), ended,
+                              int(peers)))
+    return out
+
+
+_MOVED: list = []  # spmdsim.plan.steps.moved_bytes, imported on first use (not once per row)
+
+
 def _as_called(op: str, axes: Any, g: int, nbytes: Any, counts: Any) -> tuple:
     """(op, axes, sent, received, peers) of a row `issue` recorded with its call's own arguments.
 
     `nbytes`: the per-rank n of `moved_bytes`, or (sent, received); `counts`: an Alltoallv's counts, or None.
     """
-    from ..plan.steps import moved_bytes
+    if not _MOVED:
+        from ..plan.steps import moved_bytes
 
+        _MOVED.append(moved_bytes)
     if type(nbytes) is int:
-        sent = received = moved_bytes(op, g, nbytes)
+        sent = received = _MOVED[0](op, g, nbytes)
     else:
         sent, received = nbytes
     axes = (axes,) if isinstance(axes, str) else tuple(axes)

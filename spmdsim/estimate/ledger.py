@@ -146,7 +146,7 @@ def _transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tuple[Tr
     from ..plan.steps import KINDS
 
     merged: dict = {}
-    for e in trace.entries:
+    for e, times in trace.weighted():
         if e.group_size <= 1:
             continue
         axes = tuple(e.axes)
@@ -164,7 +164,7 @@ def _transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tuple[Tr
             phase = "layers" if axes == ("tp",) else ("pipeline" if "pp" in axes else "gradients")
         for op, n, sent in rows:
             key = (op, e.group_size if op not in ("send", "recv") else 2, n, level, phase, sent)
-            merged[key] = merged.get(key, 0) + 1
+            merged[key] = merged.get(key, 0) + times
     return tuple(Transfer(op, g, n, level, phase, count, sent) for (op, g, n, level, phase, sent), count
                  in merged.items())
 

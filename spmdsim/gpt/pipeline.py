@@ -426,7 +426,7 @@ class _DryCells:
         rows, _, transient, products = seen
         context = current()
         for trace in context.traces:
-            trace._rows.extend(rows)
+            trace.repeat(rows)
         for counter in context.flops:  # the FLOP counters open on this rank (spmdsim.flops.counting)
             counter.merge(products)
         meter = context.meter
@@ -470,7 +470,7 @@ class _first:  # noqa: N801 - a context manager, read as a phrase: `with _first(
         if exc[0] is not None:
             return
         meter = self.meter
-        self.repeat.seen[self.key] = (list(self.trace._rows[self.rows:]), meter.held - self.held,
+        self.repeat.seen[self.key] = (tuple(self.trace._rows[self.rows:]), meter.held - self.held,
                                       meter.peak - self.held, self.products)
         meter.peak = max(meter.peak, self.peak)
 
