@@ -2,6 +2,7 @@
 
     python scripts/bench_gpt.py                          # 3 launches of each, 3 timed steps each
     python scripts/bench_gpt.py --launches 5 --steps 5 --layers 2
+    python scripts/bench_gpt.py --pipeline               # pp 4, 1F1B, 8 microbatches: spmdsim and by hand
 
 Each worker is its own launch (the rows interleave, launch by launch), runs one
 warm-up step, then times --steps steps (each after a barrier, the slowest
@@ -58,6 +59,20 @@ collectives after arrival and CPU time / the same of the hand-written peer (on
 the same work: the same model, mesh, splits and collectives); spmdsim's MPI and
 simulated steps / DTensor's. The load average is printed: on a shared machine
 compare within one run only.
+
+``--pipeline`` times the pipelined step instead, on 4 MPI ranks (pp 4, tp 1,
+dp 1, 1F1B, --microbatches, default 8): spmdsim.gpt.pipeline's
+train_pipelined (the activations and their gradients between stages as
+point-to-point messages) beside the same schedule written by hand on mpi4py
+(scripts/peer_mpi4py_pipeline.py: Irecv/Isend of numpy buffers between
+neighbouring stages, each stage's layers in numpy), launched before spmdsim and
+again after it (the A/A control). Each launch runs step 0 (spmdsim's dropout
+masks in both; the peer's loss is printed beside spmdsim's step 0 and the one
+process's) and times steps 1..--steps from a barrier to the next (the slowest
+rank); a row is the median over launches of each launch's median step, the
+ratios the median over launches of each launch's ratio, beside their spread.
+The point-to-point bytes one step sends (all ranks) are printed for both; the
+script exits 1 when they differ or the losses do not agree.
 """
 from __future__ import annotations
 
@@ -72,6 +87,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve()
 MESH = (2, 4)
+PP = 4  # --pipeline's stages, one MPI rank each
+P2P = ("send", "recv", "sendrecv")  # the trace's point-to-point rows (spmdsim.runtime.door.point_to_point)
 
 sys.path.insert(0, str(HERE.parent))  # the peer beside this file, also when imported by path
 from peer_dtensor_gpt import missing  # noqa: E402
@@ -172,6 +189,37 @@ def _after_arrival(mesh, spans) -> float:
     return total
 
 
+def _pipeline_steps(args, comm) -> dict:
+    """spmdsim's pipelined training (pp = the world, 1F1B) on `comm`: step 0 (the warm-up, its loss kept) and
+    steps 1..steps, each timed from a barrier to the barrier after it (the slowest rank); the point-to-point
+    bytes and message seconds of each step from its trace rows (spmdsim.runtime.door.point_to_point)."""
+    from spmdsim import collect_trace
+    from spmdsim.gpt import encode, load_text
+    from spmdsim.gpt.pipeline import train_pipelined
+
+    stamps, marks = [], []
+    with collect_trace() as trace:
+        def on_step(result) -> None:
+            comm.Barrier()
+            stamps.append(time.perf_counter())
+            marks.append(len(trace))
+
+        comm.Barrier()
+        stamps.append(time.perf_counter())
+        marks.append(0)
+        _, results = train_pipelined(_config(args), comm, comm.size, 1, 1, args.steps + 1, encode(load_text()),
+                                     schedule="1f1b", microbatches=args.microbatches, check=False, on_step=on_step)
+    entries = trace.entries
+    walls, sent, waited = [], [], []
+    for k in range(2, len(stamps)):  # stamps[1] ends the warm-up step 0
+        mine = [e for e in entries[marks[k - 1]:marks[k]] if e.op in P2P]
+        walls.append(comm.allreduce(stamps[k] - stamps[k - 1], op=_max()))
+        sent.append(comm.allreduce(sum(e.bytes_sent for e in mine)))
+        waited.append(comm.allreduce(sum(e.seconds for e in mine), op=_max()))
+    return {"step": statistics.median(walls), "messages": statistics.median(waited), "p2p_bytes": sent[-1],
+            "p2p_bytes_steps": sent, "loss0": results[0].loss}
+
+
 def _max():
     from mpi4py import MPI
 
@@ -195,6 +243,15 @@ def _worker(args) -> None:
         # with a transposed operand (20 us on one thread).
         with blas_threads(1):
             result = spmdsim.simulate(1, lambda: _steps(args, spmdsim.world(), False, (1, 1)))[0]
+    elif args.worker == "pipe":
+        from mpi4py import MPI
+
+        from spmdsim.runtime.process import tune_mpi_process
+
+        tune_mpi_process()
+        result = _pipeline_steps(args, MPI.COMM_WORLD)
+        if MPI.COMM_WORLD.rank != 0:
+            return
     else:
         from mpi4py import MPI
 
@@ -225,9 +282,15 @@ def _launch(args, worker: str, check: int = 0) -> dict | None:
         spmdsim_cli = [sys.executable, "-m", "spmdsim", "mpirun", "-n", "8"]
         cmd = ["timeout", "-k", "5", "900"] + spmdsim_cli + [
             sys.executable, str(HERE.parent / "peer_mpi4py_gpt.py")] + common[:-2] + ["--check", "0", "--wait", "busy"]
-    if worker in ("mpi", "mpireplay", "dtensor") or worker in HAND:
-        mpiexec = str(Path(sys.executable).parent / "mpiexec")
-        cmd = ["timeout", "-k", "5", "900", mpiexec if os.access(mpiexec, os.X_OK) else "mpiexec", "-n", "8"] + cmd
+    ranks = "8"
+    if worker in ("pipe", "phand", "phand2"):  # --pipeline: pp 4, one rank a stage
+        ranks = str(PP)
+        common = common[:-2] + ["--microbatches", str(args.microbatches)]
+        cmd = [sys.executable, str(HERE)] + common + ["--pipeline", "--worker", "pipe"]
+        if worker != "pipe":
+            cmd = [sys.executable, str(HERE.parent / "peer_mpi4py_pipeline.py")] + common
+    if worker in ("mpi", "mpireplay", "dtensor", "pipe", "phand", "phand2") or worker in HAND:
+        cmd = ["timeout", "-k", "5", "900", _mpiexec() or "mpiexec", "-n", ranks] + cmd
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=960)
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -235,6 +298,62 @@ def _launch(args, worker: str, check: int = 0) -> dict | None:
     print(f"bench_gpt: the {worker} worker failed (exit {done.returncode}): "
           f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}", file=sys.stderr)
     return None
+
+
+def _mpiexec() -> str:
+    """The venv's mpiexec (the pip `mpich` wheel), else the one on PATH, else ""."""
+    import shutil
+
+    beside = str(Path(sys.executable).parent / "mpiexec")
+    return beside if os.access(beside, os.X_OK) else (shutil.which("mpiexec") or "")
+
+
+def _spread(values: list) -> str:
+    return f"{min(values):.2f}-{max(values):.2f}"
+
+
+def _pipeline(args) -> int:
+    """--pipeline: spmdsim's pipelined step and the hand-written one, launch by launch; 1 if their bytes or
+    losses differ."""
+    if not _mpiexec():
+        print("bench_gpt --pipeline: no mpiexec beside python or on PATH (pip install mpich); the pipeline case "
+              "runs on 4 MPI ranks", file=sys.stderr)
+        return 1
+    print(f"GPT {args.layers} layers, d_model {args.d_model}, seq {args.seq}, batch 8; load average "
+          f"{os.getloadavg()[0]:.1f}")
+    print(f"pipeline pp {PP} x dp 1 x tp 1 on {PP} MPI ranks, 1F1B, {args.microbatches} microbatches")
+    # The peer's A/A pair brackets spmdsim's launch, so a drift of the machine's load shows in the pair.
+    rows = {"phand": [], "pipe": [], "phand2": []}
+    for _ in range(args.launches):
+        for worker in rows:
+            rows[worker].append(_launch(args, worker))
+    if not all(all(r) for r in rows.values()):
+        return 1
+    hand, pipe, again = (_median(rows[w], "step") for w in ("phand", "pipe", "phand2"))
+    ratios = [p["step"] / h["step"] for p, h in zip(rows["pipe"], rows["phand"])]
+    aa = [h2["step"] / h["step"] for h2, h in zip(rows["phand2"], rows["phand"])]
+    n = args.launches
+    print(f"{'run':40} {'s/step':>8}  ratio (median of {n} launch{'es' if n > 1 else ''}, spread)")
+    print(f"{'numpy + mpi4py by hand, 1F1B':40} {hand:8.3f}")
+    print(f"{'the same again (A/A control)':40} {again:8.3f}  {statistics.median(aa):5.2f}x the first "
+          f"({_spread(aa)})")
+    print(f"{'spmdsim train_pipelined, 1F1B':40} {pipe:8.3f}  {statistics.median(ratios):5.2f}x by hand "
+          f"({_spread(ratios)})")
+    print(f"{'  its messages (slowest rank)':40} {_median(rows['pipe'], 'messages'):8.3f}  by hand "
+          f"{_median(rows['phand'], 'messages'):.3f}")
+    ours, theirs = rows["pipe"][0], rows["phand"][0]
+    same_bytes = ours["p2p_bytes_steps"] == theirs["p2p_bytes_steps"]
+    print(f"point-to-point bytes a step, all ranks: spmdsim {ours['p2p_bytes']}, by hand {theirs['p2p_bytes']} "
+          f"({'equal' if same_bytes else 'DIFFERENT'})")
+    diff = abs(theirs["loss0"] - ours["loss0"])
+    print(f"step 0 loss: spmdsim {ours['loss0']:.12f}, by hand {theirs['loss0']:.12f}, |diff| {diff:.1e}")
+    print(f"step 0 loss: one numpy process {theirs['reference0']:.12f} (the same masks)")
+    print(f"by hand, after step 0: gradients within {theirs['grad_error']:.1e} of the one process's")
+    if not same_bytes:
+        print("bench_gpt --pipeline: the two steps sent different point-to-point bytes", file=sys.stderr)
+    if diff > 1e-10:
+        print(f"bench_gpt --pipeline: step 0's losses differ by {diff:.1e}", file=sys.stderr)
+    return 0 if same_bytes and diff <= 1e-10 else 1
 
 
 def _median(rows: list, key: str) -> float:
@@ -248,14 +367,30 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--d-model", type=int, default=128)
     ap.add_argument("--seq", type=int, default=64)
-    ap.add_argument("--worker", choices=("ref", "one", "sim", "simreplay", "mpi", "mpireplay"), help=argparse.SUPPRESS)
+    ap.add_argument("--pipeline", action="store_true",
+                    help=f"time the pipelined step (pp {PP}, 1F1B) against the same schedule by hand on mpi4py")
+    ap.add_argument("--microbatches", type=int, default=None, help="with --pipeline: microbatches a step (8)")
+    ap.add_argument("--worker", choices=("ref", "one", "sim", "simreplay", "mpi", "mpireplay", "pipe"),
+                    help=argparse.SUPPRESS)
     args = ap.parse_args()
-    for name in ("launches", "steps", "layers", "d_model", "seq"):
-        if getattr(args, name) < 1:
+    for name in ("launches", "steps", "layers", "d_model", "seq", "microbatches"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
             ap.error(f"--{name.replace('_', '-')} {getattr(args, name)} must be at least 1")
+    if args.microbatches is not None and not args.pipeline:
+        ap.error(f"--microbatches {args.microbatches} applies to --pipeline only")
+    if args.pipeline:
+        from peer_mpi4py_pipeline import pipeline_args_problem
+
+        args.microbatches = args.microbatches or 8
+        problem = pipeline_args_problem(args.layers, PP, args.microbatches)
+        if problem:
+            ap.error(problem)
     if args.worker:
         _worker(args)
         return 0
+    if args.pipeline:
+        return _pipeline(args)
     print(f"GPT {args.layers} layers, d_model {args.d_model}, seq {args.seq}, batch 8; mesh dp 2 x tp 4 "
           f"(sequence parallel); load average {os.getloadavg()[0]:.1f}")
     peer = missing()

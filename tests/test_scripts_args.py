@@ -242,12 +242,38 @@ def test_bench_front_prints_one_row_per_case_with_ratios_against_raw():
     assert len(rows["raw after 3 us of spin"]) == 3 and len(rows["collectives.alltoall"]) == 2
 
 
-@pytest.mark.parametrize("flag", ["--launches", "--steps", "--layers", "--d-model", "--seq"])
+@pytest.mark.parametrize("flag", ["--launches", "--steps", "--layers", "--d-model", "--seq", "--microbatches"])
 def test_bench_gpt_refuses_a_count_below_one(flag):
     done = subprocess.run([sys.executable, str(_SCRIPTS / "bench_gpt.py"), flag, "0"], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].endswith(f"error: {flag} 0 must be at least 1")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--microbatches", "4"], "--microbatches 4 applies to --pipeline only"),
+    (["--pipeline", "--microbatches", "3"], "--microbatches 3 must divide the batch of 8 samples"),
+    (["--pipeline", "--microbatches", "-2"], "--microbatches -2 must be at least 1"),
+    (["--pipeline", "--layers", "3"], "--layers 3 cannot fill 4 pipeline stages: each stage needs a layer at least"),
+])
+def test_bench_gpt_pipeline_refuses_a_bad_value_in_one_line(argv, needle):
+    done = subprocess.run([sys.executable, str(_SCRIPTS / "bench_gpt.py"), *argv], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == f"bench_gpt.py: error: {needle}", done.stderr
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--steps", "0"], "peer_mpi4py_pipeline.py: error: --steps 0 must be at least 1"),
+    (["--microbatches", "0"], "peer_mpi4py_pipeline.py: error: --microbatches 0 must be at least 1"),
+    (["--microbatches", "3"], "peer_mpi4py_pipeline: --microbatches 3 must divide the batch of 8 samples"),
+    (["--dropout", "1.5"], "peer_mpi4py_pipeline: GPTConfig dropout 1.5 must be a finite number in [0, 1)"),
+])
+def test_peer_mpi4py_pipeline_refuses_a_bad_value_in_one_line(argv, needle):
+    done = subprocess.run([sys.executable, str(_SCRIPTS / "peer_mpi4py_pipeline.py"), *argv], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == needle, done.stderr
 
 
 def test_bench_gpt_times_every_row_in_one_run():
