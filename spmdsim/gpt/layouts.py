@@ -20,6 +20,8 @@ model does not fit a (dp, tp) mesh.
 """
 from __future__ import annotations
 
+import functools
+
 from typing import Optional
 
 from ..errors import SpmdsimError
@@ -53,6 +55,11 @@ def _role(name: str, sp: bool) -> str:
 
 def megatron_layouts(cfg: GPTConfig, layout: Layout, sp: bool = False) -> dict[str, TensorLayout]:
     """Each parameter's TensorLayout on a ("dp", "tp") layout (the module's table)."""
+    return dict(_megatron_layouts(cfg, layout, bool(sp)))
+
+
+@functools.lru_cache(maxsize=16)  # each stage of a pipeline (and each dry-run representative) asks alike
+def _megatron_layouts(cfg: GPTConfig, layout: Layout, sp: bool) -> dict[str, TensorLayout]:
     maps = {"rows": ("tp", None), "columns": (None, "tp"), "vector": ("tp",)}
     return {s.name: layout(*maps.get(_role(s.name, sp), (None,) * len(s.shape))) for s in param_specs(cfg)}
 

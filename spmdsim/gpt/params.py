@@ -13,6 +13,7 @@ order is the tensor's, so a rank's block of it is ``.region`` of these shapes):
 """
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ class ParamSpec:
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
 
 
+@functools.lru_cache(maxsize=16)  # a dry run's representatives ask for a 128-layer model's list many times
 def param_specs(cfg: GPTConfig) -> tuple[ParamSpec, ...]:
     """Every parameter in the optimizer's order: wte, wpe, the blocks h0..h{L-1}, lnf."""
     V, D, T = cfg.vocab, cfg.d_model, cfg.seq

@@ -198,7 +198,10 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     moments = once(("gpt-reference", cfg, 0), _zero_moments, cfg) if check else None
     results = []
     for step in range(steps):
-        x, y = batch(text_ids, cfg, step)
+        if mesh.engine.dry:  # shapes only: the ids' values are never read (each representative would
+            x = y = buffers.lazy_zeros((cfg.batch, cfg.seq), np.int64)  # gather a 50 MB batch at 1T)
+        else:
+            x, y = batch(text_ids, cfg, step)
         start = gathered_stages(run, cfg) if check else None
         with collect_trace() as trace:
             optimizer.zero_grad()
@@ -347,6 +350,8 @@ def _run_program(run: PipelineRun, program: Sequence, x: np.ndarray, y: np.ndarr
             else:
                 upstream[(op.microbatch, op.chunk)] = t
         received.clear()
+    if repeat is not None:
+        repeat.flush()
     return [float(ops.resolved(loss).local) for loss in losses], order, most
 
 
@@ -415,6 +420,17 @@ class _DryCells:
         # (kind, chunk) -> (trace rows, bytes kept after it, bytes above the start at its peak, its products:
         # a spmdsim.flops.FlopCounter)
         self.seen: dict = {}
+        self.repeats: dict = {}  # (kind, chunk) -> cells repeated, whose products `flush` adds at once
+
+    def flush(self) -> None:
+        """Add the repeated cells' matrix products to the FLOP counters open on this rank (spmdsim.flops.
+        counting): once per kind of cell, times its repeats, at the end of the step's program."""
+        from ..context import current
+
+        for counter in current().flops:
+            for key, times in self.repeats.items():
+                counter.merge(self.seen[key][3], times)
+        self.repeats.clear()
 
     def again(self, key: tuple) -> bool:
         """True (and the first cell's rows, peak and products added) if a cell of this kind ran already."""
@@ -423,12 +439,12 @@ class _DryCells:
         seen = self.seen.get(key)
         if seen is None:
             return False
-        rows, _, transient, products = seen
+        rows, _, transient, _ = seen
         context = current()
         for trace in context.traces:
             trace.repeat(rows)
-        for counter in context.flops:  # the FLOP counters open on this rank (spmdsim.flops.counting)
-            counter.merge(products)
+        if context.flops:  # the FLOP counters open on this rank: added at `flush`
+            self.repeats[key] = self.repeats.get(key, 0) + 1
         meter = context.meter
         meter.peak = max(meter.peak, meter.held + transient)
         return True
