@@ -80,15 +80,13 @@ def run(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     pipeline = Pipeline(args.pp, microbatches, args.virtual_stages, schedule) if args.pp > 1 else None
     shown = sorted({0, len(stages) // 2, len(stages) - 1})
-    rows = []
-    for s in shown:
-        st = stages[s]
-        timing = step_time(machine, gemms_at(st.gemms, args.precision), transfers_at(st.transfers, args.precision),
-                           pipeline=pipeline, overlap=("gradients",))
-        rows.append((st, priced(st, args.precision, args.zero), timing))
+    times = [step_time(machine, gemms_at(st.gemms, args.precision), transfers_at(st.transfers, args.precision),
+                       pipeline=pipeline, overlap=("gradients",)) for st in stages]
+    rows = [(stages[s], priced(stages[s], args.precision, args.zero), times[s]) for s in shown]
     if args.json:
         print(json.dumps({"config": vars(args) | {"func": None, "_usage_parser": None},
                           "microbatches": microbatches, "dry_run_s": seconds,
+                          "step_time_s": max(t.total_s for t in times),
                           "stages": [_as_json(st, bytes_, timing) for st, bytes_, timing in rows]},
                          default=str, indent=1))
         return 0
@@ -97,11 +95,22 @@ def run(args: argparse.Namespace) -> int:
           f"batch {args.global_batch} in {microbatches} microbatches of {args.micro_batch} per dp rank")
     print(f"mesh pp {args.pp} x dp {args.dp} x tp {args.tp} ({ranks:,} ranks){', sp' if args.sp else ''}, "
           f"recompute {args.recompute}, ZeRO {args.zero}, {schedule}; machine {machine.name}")
+    from math import prod
+
+    from ..gpt.params import param_specs
+
+    elements = sum(prod(spec.shape) for spec in param_specs(cfg))
+    flops = sum(st.flops() * len(st.ranks) for st in stages)
+    print(f"model {elements:,} parameters; one step executes {flops:.4e} FLOPs of matrix products on all ranks")
     print("\n".join(wrap_lines([f"dry run of one step: {len(stages)} representative rank(s), {seconds:.1f} s; "
                                  f"bytes and GEMMs at {args.precision} ({PRECISIONS[args.precision].about})"])))
     for st, bytes_, timing in rows:
         print()
-        print("\n".join(_stage_lines(st, bytes_, timing)))
+        print("\n".join(_stage_lines(st, bytes_, timing, args.zero)))
+    slowest = max(range(len(stages)), key=lambda s: times[s].total_s)  # a step ends with its slowest stage
+    total = times[slowest].total_s
+    when = f"{total:,.3f} s" if total >= 1 else f"{total * 1e3:,.3f} ms"
+    print(f"\npredicted step time: {when} (stage {slowest}'s, the slowest of {len(stages)})")
     return 0
 
 
@@ -109,10 +118,16 @@ def _gib(n: int) -> str:
     return f"{n / GIB:,.2f} GiB" if n >= GIB // 100 else format_size(n)
 
 
-def _stage_lines(st: Any, bytes_: dict, timing: Any) -> list[str]:
+def _stage_lines(st: Any, bytes_: dict, timing: Any, zero: int) -> list[str]:
     lo, hi = st.ranks[0], st.ranks[-1]
     out = [f"stage {st.stage} (ranks {lo}-{hi}: {len(st.ranks)} ranks alike; one rank's figures)"]
     out.append(f"  memory {_gib(sum(bytes_.values()))}: " + ", ".join(f"{role} {_gib(n)}" for role, n in bytes_.items()))
+    states = sum(bytes_[role] for role in ("parameters", "gradients", "master copy", "optimizer states"))
+    line = f"    model states {_gib(states)} ({states / 1e9:,.2f} GB)"
+    if not zero:  # every element is updated on this rank: the layers' share is theirs exactly
+        layers = states * st.layer_params // st.params
+        line += f", of which the transformer layers' {_gib(layers)} ({layers / 1e9:,.2f} GB)"
+    out.append(line)
     out.append(f"    activations: {st.in_flight} microbatch-chunk(s) in flight at the most; "
                f"transformer layers' parameters {st.layer_params:,} of {st.params:,}")
     out.append("  TFLOP: " + ", ".join(f"{p} {st.flops(p) / 1e12:,.3f}" for p in ("forward", "backward", "recompute"))
