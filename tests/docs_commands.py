@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "docs/lab.md", "docs/architecture.md", "docs/pipeline.md")
+DOCS = ("README.md", "docs/lab.md", "docs/architecture.md", "docs/pipeline.md", "docs/estimate.md")
 
 #: Subcommands that run without MPI (the others need mpiexec, or measure for long).
-PURE = ("slices", "explain", "show", "plan", "convert", "pipeline")
+PURE = ("slices", "explain", "show", "plan", "convert", "pipeline", "estimate")
 
 _FENCE = re.compile(r"^```([a-z]*)\n(.*?)^```", re.S | re.M)
 _INLINE = re.compile(r"`(spmdsim [^`]+)`")

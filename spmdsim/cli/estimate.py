@@ -91,19 +91,21 @@ def run(args: argparse.Namespace) -> int:
                          default=str, indent=1))
         return 0
     ranks = args.pp * args.dp * args.tp
-    print(f"GPT {args.layers} layers, hidden {args.hidden}, {args.heads} heads, seq {args.seq}, vocab {args.vocab}; "
-          f"batch {args.global_batch} in {microbatches} microbatches of {args.micro_batch} per dp rank")
-    print(f"mesh pp {args.pp} x dp {args.dp} x tp {args.tp} ({ranks:,} ranks){', sp' if args.sp else ''}, "
-          f"recompute {args.recompute}, ZeRO {args.zero}, {schedule}; machine {machine.name}")
+    head = [f"GPT {args.layers} layers, hidden {args.hidden}, {args.heads} heads, seq {args.seq}, vocab {args.vocab}; "
+            f"global batch {args.global_batch}",
+            f"mesh pp {args.pp} x dp {args.dp} x tp {args.tp} ({ranks:,} ranks){', sp' if args.sp else ''}; "
+            f"{microbatches} microbatch(es) of {args.micro_batch} per dp rank, {schedule}",
+            f"recompute {args.recompute}, ZeRO {args.zero}; machine {machine.name}"]
     from math import prod
 
     from ..gpt.params import param_specs
 
     elements = sum(prod(spec.shape) for spec in param_specs(cfg))
     flops = sum(st.flops() * len(st.ranks) for st in stages)
-    print(f"model {elements:,} parameters; one step executes {flops:.4e} FLOPs of matrix products on all ranks")
-    print("\n".join(wrap_lines([f"dry run of one step: {len(stages)} representative rank(s), {seconds:.1f} s; "
-                                 f"bytes and GEMMs at {args.precision} ({PRECISIONS[args.precision].about})"])))
+    head.append(f"model {elements:,} parameters; one step: {flops:.4e} FLOPs of matrix products, all ranks")
+    head.append(f"dry run of one step: {len(stages)} representative rank(s), {seconds:.1f} s; bytes and GEMMs at "
+                f"{args.precision} ({PRECISIONS[args.precision].about})")
+    print("\n".join(wrap_lines(head)))
     for st, bytes_, timing in rows:
         print()
         print("\n".join(_stage_lines(st, bytes_, timing, args.zero)))

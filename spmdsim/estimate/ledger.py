@@ -176,7 +176,8 @@ def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microba
     (pp, dp, tp) mesh of simulated ranks (spmdsim.gpt.pipeline.train_pipelined; pp 1 is the plain step)."""
     import numpy as np
 
-    from .. import simulate, world
+    from ..emulator.comm import world
+    from ..sim.run import simulate
     from ..context import current
     from ..flops import counting
     from ..gpt.pipeline import train_pipelined
