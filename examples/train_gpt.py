@@ -24,6 +24,7 @@ import sys
 import numpy as np
 
 import spmdsim
+from spmdsim.autograd.kept import kept_problem
 from spmdsim.gpt import GPTConfig, decode, encode, load_text, param_specs
 from spmdsim.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
 from spmdsim.gpt.pipeline import pipeline_layout_problem, train_pipelined
@@ -74,6 +75,8 @@ parser.add_argument("--recompute", default="none", metavar="{none,selective,full
 parser.add_argument("--zero", default="0", metavar="{0,1}",
                     help="1: ZeRO-1, AdamW's states and master copy sharded over dp (docs/training.md)")
 parser.add_argument("--memory", action="store_true", help="print rank 0's memory at the last step")
+parser.add_argument("--kept", default="graph", metavar="{graph,megatron}",
+                    help="what the graph keeps for backward: megatron, Megatron-LM's set (docs/training.md)")
 ranks_argument(parser)  # --ranks N (simulated ranks) and --dry-run beside it
 args = parser.parse_args()
 
@@ -120,7 +123,7 @@ def main(args):
         raise spmdsim.SpmdsimError(f"the GPT cannot run on {comm.size} ranks: {problem}")
     problem = replay_problem(cfg) if args.replay else None
     zero = int(args.zero) if args.zero.lstrip("-").isdigit() else args.zero
-    problem = problem or recompute_problem(args.recompute) or zero_problem(zero)
+    problem = problem or recompute_problem(args.recompute) or zero_problem(zero) or kept_problem(args.kept)
     if not problem and args.trace_out and not pipelined():
         problem = "--trace-out writes a pipeline's last step; give --pp (or --microbatches) with it"
     if not problem and args.replay and pipelined():
@@ -143,9 +146,10 @@ def main(args):
             v = f", {virtual()} chunks per stage" if args.schedule == "interleaved" else ""
             print(f"pipeline: {args.schedule} schedule, {microbatches()} microbatches of {cfg.batch // microbatches()}"
                   f"{v}; gradients accumulated, reduced once per step")
-        if args.recompute != "none" or zero:
+        if args.recompute != "none" or zero or args.kept != "graph":
             print(f"memory: recompute {args.recompute}"
-                  + ("; ZeRO-1 (states and master copy sharded over dp)" if zero else ""))
+                  + ("; ZeRO-1 (states and master copy sharded over dp)" if zero else "")
+                  + ("; Megatron's kept set" if args.kept == "megatron" else ""))
     layouts = dialect_layouts(cfg, spmdsim.Layout((dp, tp), ("dp", "tp")), args.dialect, args.sp)
     if rank0:
         words = DIALECTS[args.dialect]
@@ -164,11 +168,11 @@ def main(args):
         model, results = train_pipelined(cfg, comm, pp, dp, tp, args.steps, ids, sp=args.sp,
                                          schedule=args.schedule, microbatches=microbatches(), virtual=virtual(),
                                          check=check, on_step=report, layouts=layouts, recompute=args.recompute,
-                                         zero=zero, memory=args.memory)
+                                         zero=zero, memory=args.memory, kept=args.kept)
     else:
         model, results = train(cfg, comm, dp, tp, args.steps, ids, sp=args.sp, check=check, on_step=report,
                                layouts=layouts, replay=args.replay, recompute=args.recompute, zero=zero,
-                               memory=args.memory)
+                               memory=args.memory, kept=args.kept)
     trend, falling = loss_trend([r.loss for r in results])
     failed = sum(not r.passed for r in results)
     if check and rank0:

@@ -12,6 +12,7 @@ master copy, optimizer states, buffers and peak (spmdsim.gpt.memory.MemoryReport
     python scripts/memory_table.py
     python scripts/memory_table.py --dry-run --dp 64 --tp 8 --vocab 50304 --layers 24 --d-model 1024 \
         --heads 16 --seq 1024 --batch 128        # GPT-2 medium's shape on 512 ranks, shapes only
+    python scripts/memory_table.py --kept megatron   # Megatron's kept set, against the formula at 1-byte masks
 
 With --dry-run the ranks run on shapes only (spmdsim.sim.dry): the same kept bytes, parameters and
 optimizer figures as a real run (the saved blocks are zeros of their real sizes, never touched).
@@ -22,14 +23,15 @@ import argparse
 
 import spmdsim
 from spmdsim.gpt import GPTConfig, encode, load_text
+from spmdsim.autograd.kept import KEPT
 from spmdsim.gpt.memory import BLOCK_KINDS, RECOMPUTE, ZERO, korthikanti_bytes, per_layer_units
 from spmdsim.gpt.parallel import mesh_problem
 from spmdsim.gpt.train import train
 
-def measured(cfg: GPTConfig, ids, dp: int, tp: int, recompute: str, zero: int, dry: bool):
+def measured(cfg: GPTConfig, ids, dp: int, tp: int, recompute: str, zero: int, dry: bool, kept: str = "graph"):
     """Rank 0's MemoryReport at the second step."""
     steps = spmdsim.simulate(dp * tp, lambda: train(cfg, spmdsim.world(), dp, tp, 2, ids, sp=True, check=False,
-                                                    recompute=recompute, zero=zero, memory=True)[1],
+                                                    recompute=recompute, zero=zero, memory=True, kept=kept)[1],
                              dry_run=dry)
     return steps[0][-1].memory
 
@@ -42,6 +44,8 @@ def main() -> int:
     for name in ("vocab", "layers", "d_model", "heads", "seq", "batch"):
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
     parser.add_argument("--dry-run", action="store_true", help="shapes only (large models)")
+    parser.add_argument("--kept", choices=KEPT, default="graph",
+                        help="what the graph keeps for backward (megatron: Megatron-LM's set, 1-byte masks)")
     args = parser.parse_args()
     cfg = GPTConfig(vocab=args.vocab, layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq,
                     batch=args.batch)
@@ -51,23 +55,35 @@ def main() -> int:
     ids = encode(load_text())
     dp, tp = args.dp, args.tp
     s, b, h, a = cfg.seq, cfg.batch // dp, cfg.d_model, cfg.heads
-    reports = {(r, z): measured(cfg, ids, dp, tp, r, z, args.dry_run) for r in RECOMPUTE for z in ZERO}
+    megatron = args.kept == "megatron"
+    reports = {(r, z): measured(cfg, ids, dp, tp, r, z, args.dry_run, args.kept) for r in RECOMPUTE for z in ZERO}
     print(f"GPT {cfg.layers} layers, d_model {h}, {a} heads, seq {s}, batch {cfg.batch}; dp {dp} x tp {tp} "
-          f"with sp; rank 0, bytes{' (dry run)' if args.dry_run else ''}")
+          f"with sp; rank 0, bytes{' (dry run)' if args.dry_run else ''}{'; kept megatron' if megatron else ''}")
     print(f"s·b·h = {s} x {b} x {h} = {s * b * h:,}; a·s²·b = {a} x {s}² x {b} = {a * s * s * b:,} "
           "(b: the samples of one dp rank)")
     print()
-    print("| recompute | kept for backward | in the blocks | per layer, measured | per layer, Korthikanti "
-          "et al. at float64 |")
-    print("| --- | ---: | ---: | --- | --- |")
+    if megatron:  # boolean masks: 1 byte; the layer norms' row statistics, the one difference, apart
+        print("| recompute | kept for backward | in the blocks | per layer, measured | per layer, Korthikanti "
+              "et al. at float64, 1-byte masks | per layer, measured - formula |")
+        print("| --- | ---: | ---: | --- | --- | --- |")
+    else:
+        print("| recompute | kept for backward | in the blocks | per layer, measured | per layer, Korthikanti "
+              "et al. at float64 |")
+        print("| --- | ---: | ---: | --- | --- |")
     for recompute in RECOMPUTE:
         m = reports[(recompute, 0)]
         kept = dict(m.kept)
         blocks = sum(n for kind, n in kept.items() if kind in BLOCK_KINDS)
         rest, core = per_layer_units(kept, cfg.layers, s, b, h, a)
-        f_rest, f_core = korthikanti_bytes(s, b, h, a, tp, True, recompute, 8, 8)
-        print(f"| {recompute} | {m.kept_total:,} | {blocks:,} | {_units(rest, core)} | "
-              f"{_units(f_rest / (s * b * h), f_core / (a * s * s * b))} |")
+        f_rest, f_core = korthikanti_bytes(s, b, h, a, tp, True, recompute, 8, 1 if megatron else 8)
+        line = (f"| {recompute} | {m.kept_total:,} | {blocks:,} | {_units(rest, core)} | "
+                f"{_units(f_rest / (s * b * h), f_core / (a * s * s * b))} |")
+        if megatron:
+            extra = blocks / cfg.layers - f_rest - f_core
+            stats = 0 if recompute == "full" else 2 * 2 * 8 * s * b // tp  # 2 layer norms, mean and deviation
+            named = " = the layer norms' row statistics, 2 x 2 x 8 s·b/t" if extra == stats and stats else ""
+            line += f" {extra:,.0f} bytes{named} |"
+        print(line)
     print()
     print("| recompute | ZeRO | parameters | gradients | master copy | optimizer states | buffers | peak |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |")

@@ -9,40 +9,81 @@ the parameters' blocks (`exclude`), and groups the bytes by the kind of the node
 forward (the block's input to the layer norm that reads it first, not to the residual add after
 it). These are the bytes a real run holds for its backward, not an estimate: a dry run's blocks
 have their real sizes (their pages are never touched), so the figures hold there too.
-Pure Python and numpy: importing it starts no MPI.
+`masks=True` tells the 1-byte boolean dropout masks apart from the values (a ledger prices values at
+the training precision's width and masks at one byte).
+
+`KEPT` names what a model's rules keep: "graph", every node keeps its inputs' blocks and what its
+rule saved; "megatron", each rule keeps only what its backward reads, as Megatron-LM's fused layers
+do (its nodes hold `shell`s of the inputs they do not read: the walk's layout, shape and graph slot,
+no block). Pure Python and numpy: importing it starts no MPI.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 import numpy as np
 
 from .graph import Node
 
-__all__ = ["kept_bytes", "UNTAGGED"]
+__all__ = ["kept_bytes", "UNTAGGED", "KEPT", "kept_problem", "shell", "nothing"]
 
 #: The kind of the bytes kept by nodes recorded outside any `kept_as`.
 UNTAGGED = "other"
+#: What the rules keep for backward (see the module docstring).
+KEPT = ("graph", "megatron")
 
 
-def kept_bytes(roots: Iterable[Any], exclude: Iterable[Any] = ()) -> dict[str, int]:
+def kept_problem(value: Any) -> Optional[str]:
+    """Why `value` is not one of `KEPT`, or None."""
+    if isinstance(value, str) and value in KEPT:
+        return None
+    return f"kept {value!r} is not one of {', '.join(map(repr, KEPT))}"
+
+
+_NOTHING: dict = {}  # dtype -> one 0-d zero: every shell's block is a broadcast view of it, never counted
+
+
+def nothing(dtype: Any, shape: tuple) -> np.ndarray:
+    """A read-only block of `shape` and `dtype` that holds no memory: a broadcast view of one zero,
+    which `kept_bytes` does not count."""
+    dtype = np.dtype(dtype)
+    zero = _NOTHING.get(dtype)
+    if zero is None:
+        zero = _NOTHING.setdefault(dtype, np.zeros((), dtype))
+    return np.broadcast_to(zero, shape)
+
+
+def shell(t: Any) -> Any:
+    """`t` as the backward walk needs it (mesh, layout, global shape, dtype and graph slot) without its
+    block (`nothing`). A rule that does not read an input records its shell, so the node does not keep
+    the input's block alive."""
+    out = type(t)._trusted(t.mesh, nothing(t.dtype, t.local.shape), t.layout, t.global_shape)
+    out._ag = t._ag
+    return out
+
+
+def kept_bytes(roots: Iterable[Any], exclude: Iterable[Any] = (), masks: bool = False) -> Any:
     """{kind: bytes} the graphs of `roots` (DTensors: a loss, or a stage's outputs) keep for backward.
 
-    `exclude`: tensors whose blocks are not counted (the parameters: they are held anyway).
+    `exclude`: tensors whose blocks are not counted (the parameters: they are held anyway). `masks`:
+    return two such dicts, (values, masks), the second the boolean arrays' bytes (dropout masks kept
+    as 1-byte bools), the first everything else; their sum is the dict returned without it.
     """
-    skip = {id(_owner(t.local)) for t in exclude}
+    skip = {id(_owner(t.local)) for t in exclude} | {id(z) for z in list(_NOTHING.values())}
     order = _forward_order([getattr(t, "_ag", None) for t in roots])
-    where: dict[int, tuple[str, int]] = {}  # id(buffer) -> (kind, bytes)
+    where: dict[int, tuple[str, int, bool]] = {}  # id(buffer) -> (kind, bytes, a bool mask)
     for node in order:  # later (earlier in the forward) nodes take the buffers they share
         kind = node.kind or UNTAGGED
         for array in _arrays(node):
             owner = _owner(array)
             if id(owner) not in skip:
-                where[id(owner)] = (kind, owner.nbytes)
-    out: dict[str, int] = {}
-    for kind, nbytes in where.values():
-        out[kind] = out.get(kind, 0) + nbytes
-    return out
+                where[id(owner)] = (kind, owner.nbytes, owner.dtype == np.bool_)
+    values: dict[str, int] = {}
+    bools: dict[str, int] = {}
+    for kind, nbytes, is_mask in where.values():
+        into = bools if masks and is_mask else values
+        into[kind] = into.get(kind, 0) + nbytes
+    return (values, bools) if masks else values
 
 
 def _owner(a: np.ndarray) -> np.ndarray:

@@ -31,11 +31,13 @@ from ..layout import TensorLayout
 from .config import GPTConfig
 # Megatron's plan is spmdsim.gpt.layouts' (pure); the model runs with it, and its names stay importable here.
 from .layouts import DIALECTS, dialect_layouts, megatron_layouts, mesh_problem
+from ..autograd.kept import KEPT, kept_problem
+from ..ops import megatron
 from .memory import RECOMPUTE, recompute_problem
 from .params import constant, dropout_seed, seeded
 from .stages import Part, part_specs, whole
 
-__all__ = ["GPT", "megatron_layouts", "dialect_layouts", "DIALECTS", "mesh_problem", "RECOMPUTE"]
+__all__ = ["GPT", "megatron_layouts", "dialect_layouts", "DIALECTS", "mesh_problem", "RECOMPUTE", "KEPT"]
 
 
 class GPT:
@@ -54,14 +56,19 @@ class GPT:
             (Korthikanti et al. 2022); "full", each block's input kept and the block recomputed
             (spmdsim.autograd.checkpoint). The same gradients (the same dropout masks: seeded by step,
             site and microbatch).
+        kept: what the graph keeps for backward (docs/training.md, "Memory"): "graph", what spmdsim's
+            general rules keep (every node its inputs' blocks); "megatron", Megatron-LM's set, Korthikanti
+            et al.'s count (spmdsim.ops.megatron: each rule keeps only what it reads, boolean dropout
+            masks, the column-parallel products' input kept as its sequence shard and gathered again in
+            the backward). The same values.
     """
 
     def __init__(self, cfg: GPTConfig, mesh: Any, sp: bool = False,
                  layouts: Optional[dict[str, TensorLayout]] = None, part: Optional[Part] = None,
-                 recompute: str = "none") -> None:
+                 recompute: str = "none", kept: str = "graph") -> None:
         from ..runtime.dtensor import DTensor  # its operators came with `ops`, imported above
 
-        problem = recompute_problem(recompute)
+        problem = recompute_problem(recompute) or kept_problem(kept)
         if problem:
             raise SpmdsimError(problem)
 
@@ -72,7 +79,7 @@ class GPT:
         problem = mesh_problem(cfg, dp, tp, sp)
         if problem:
             raise SpmdsimError(f"the GPT cannot run on dp {dp} x tp {tp}: {problem}")
-        self.cfg, self.mesh, self.sp, self.recompute = cfg, mesh, bool(sp), recompute
+        self.cfg, self.mesh, self.sp, self.recompute, self.kept = cfg, mesh, bool(sp), recompute, kept
         self.part = whole(cfg) if part is None else part
         chosen = megatron_layouts(cfg, mesh.layout, sp)
         chosen.update(layouts or {})
@@ -93,7 +100,8 @@ class GPT:
         if not train or self.cfg.dropout == 0:
             return x
         # The mask of the batch-first (B, T, D) twin (spmdsim.gpt.reference's), read through a view.
-        return ops.dropout(x, self.cfg.dropout, seed=self._seed(step, site, micro), mask_dims=(1, 0, 2))
+        return ops.dropout(x, self.cfg.dropout, seed=self._seed(step, site, micro), mask_dims=(1, 0, 2),
+                           kept=self.kept)
 
     def _seed(self, step: Any, site: str, micro: Optional[int]) -> Any:
         """The mask's seed at `site` (of microbatch `micro`, None: the whole batch); for a step given as a
@@ -119,6 +127,8 @@ class GPT:
 
     def _block(self, h: Any, layer: int, step: Optional[int], train: bool, micro: Optional[int]) -> Any:
         # Each part's nodes are tagged with what they keep for backward (spmdsim.autograd.kept_bytes).
+        if self.kept == "megatron":
+            return self._megatron_block(h, layer, step, train, micro)
         p, cfg = self.params, self.cfg
         pre = f"h{layer}."
         T, B, D, H = h.global_shape[0], h.global_shape[1], cfg.d_model, cfg.heads
@@ -150,6 +160,38 @@ class GPT:
             m = ops.gelu(ops.einsum("tbd,de->tbe", m, p[pre + "mlp.w1"]) + p[pre + "mlp.b1"])
             out = self._row_out(ops.einsum("tbf,fd->tbd", m, p[pre + "mlp.w2"])) + p[pre + "mlp.b2"]
             return h + self._dropout(out, pre + "resid2", step, train, micro)
+
+    def _megatron_block(self, h: Any, layer: int, step: Optional[int], train: bool, micro: Optional[int]) -> Any:
+        """`_block`'s values from Megatron's fused pieces (spmdsim.ops.megatron), which keep its set: the
+        layer norms' inputs (and 2 numbers a row), the QKV and fc1 inputs (a sequence shard with sp),
+        Q, K and V (one buffer), the attention core's probabilities, dropped-out probabilities and
+        boolean mask, the projection's, GELU's and fc2's inputs, and two boolean dropout masks."""
+        p, cfg = self.params, self.cfg
+        pre = f"h{layer}."
+        T, B, D, H = h.global_shape[0], h.global_shape[1], cfg.d_model, cfg.heads
+        drop = cfg.dropout if train else 0.0
+
+        def seed(site: str) -> Any:
+            return self._seed(step, pre + site, micro) if drop else None
+
+        with kept_as("layer norm"):
+            a = ops.layer_norm(h, p[pre + "ln1.w"], p[pre + "ln1.b"], cfg.ln_eps, kept="megatron")
+        with kept_as("attention"):
+            pairs = [(p[pre + f"attn.w{n}"], p.get(pre + f"attn.b{n}") if n != "k" else None) for n in "qkv"]
+            qkv = ops.reshape(megatron.column_parallel_linear(a, pairs, self.full), (3, T, B, H, cfg.head_dim))
+            q, k, v = qkv[0], qkv[1], qkv[2]  # views of one buffer
+        with kept_as("attention core"):
+            o = ops.attention(q, k, v, causal=True, dropout=drop, seed=seed("attn"), batch_first=False,
+                              recompute=self.recompute == "selective", kept="megatron")
+        with kept_as("attention"):
+            y = megatron.row_parallel_linear(ops.reshape(o, (T, B, D)), p[pre + "attn.wo"], self.act)
+            h = megatron.bias_dropout_add(y, p[pre + "attn.bo"], h, drop, seed("resid1"), mask_dims=(1, 0, 2))
+        with kept_as("layer norm"):
+            m = ops.layer_norm(h, p[pre + "ln2.w"], p[pre + "ln2.b"], cfg.ln_eps, kept="megatron")
+        with kept_as("mlp"):
+            z = megatron.column_parallel_linear(m, [(p[pre + "mlp.w1"], p[pre + "mlp.b1"])], self.full)
+            y = megatron.row_parallel_linear(ops.gelu(z, kept="megatron"), p[pre + "mlp.w2"], self.act)
+            return megatron.bias_dropout_add(y, p[pre + "mlp.b2"], h, drop, seed("resid2"), mask_dims=(1, 0, 2))
 
     def embed(self, ids: Any, step: Optional[int] = None, train: bool = False, micro: Optional[int] = None) -> Any:
         """The activations (T, B, D) entering the first block, from token ids (B, T) laid out ("dp", None)."""

@@ -32,6 +32,7 @@ from time import perf_counter
 import numpy as np
 
 from .. import buffers
+from ..autograd.kept import kept_problem
 from ..errors import SpmdsimError
 from ..layout import Layout
 from .config import GPTConfig
@@ -128,15 +129,15 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
                     split: Optional[Sequence[int]] = None, check: bool = True,
                     on_step: Optional[Callable[[StepResult], Any]] = None,
                     layouts: Optional[dict] = None, recompute: str = "none", zero: int = 0,
-                    memory: bool = False) -> tuple[PipelineRun, list]:
+                    memory: bool = False, kept: str = "graph") -> tuple[PipelineRun, list]:
     """Train `steps` steps on a (pp, dp, tp) mesh over `comm`; returns (the run, one StepResult per step).
 
     Collective: every rank calls it alike. `schedule`: "gpipe", "1f1b" or "interleaved" (with `virtual`
     chunks per stage); `split`: layers per chunk (default balanced). `recompute` and `zero` as
     spmdsim.gpt.train.train's, on each stage (ZeRO-1: each stage's optimizer sharded over its dp ranks);
     `memory`: each step's bytes on this rank into StepResult.memory, kept-for-backward bytes at the
-    moment the schedule held the most (spmdsim.gpt.memory.MemoryReport). Every refusal is raised alike
-    on every rank before the first collective.
+    moment the schedule held the most (spmdsim.gpt.memory.MemoryReport); `kept`: "graph" or "megatron"
+    (spmdsim.gpt.parallel.GPT's). Every refusal is raised alike on every rank before the first collective.
     """
     from .. import ops
     from ..autograd import reduce_grads
@@ -155,7 +156,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     from .train import _reference_step, _zero_moments
 
     problem = (pipeline_layout_problem(cfg, pp, dp, tp, sp, microbatches, virtual, split)
-               or recompute_problem(recompute) or zero_problem(zero))
+               or recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept))
     if problem:
         raise SpmdsimError(f"the GPT cannot train on pp {pp} x dp {dp} x tp {tp}: {problem}")
     if cfg.clip and pp > 1:
@@ -170,7 +171,8 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     stage_mesh = Mesh(Layout((dp, tp), ("dp", "tp")), mesh.group(("dp", "tp")))
     pp_comm = mesh.group("pp") if pp > 1 else None
     mine = [c for c in range(chunks) if c % pp == stage]
-    models = {c: GPT(cfg, stage_mesh, sp=sp, layouts=layouts, part=parts[c], recompute=recompute) for c in mine}
+    models = {c: GPT(cfg, stage_mesh, sp=sp, layouts=layouts, part=parts[c], recompute=recompute, kept=kept)
+              for c in mine}
     if 0 in models and chunks - 1 in models and chunks > 1:  # one stage holds both ends: one tied table
         models[chunks - 1].params["wte"] = models[0].params["wte"]
     params: dict = {}

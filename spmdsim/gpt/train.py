@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from ..autograd.kept import kept_problem
 from ..layout import Layout
 from .config import GPTConfig
 from .data import batch
@@ -134,7 +135,7 @@ def replay_problem(cfg: GPTConfig) -> Optional[str]:
 def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.ndarray, sp: bool = False,
           check: bool = True, on_step: Optional[Callable[[StepResult], Any]] = None,
           mesh: Any = None, layouts: Optional[dict] = None, replay: bool = False,
-          recompute: str = "none", zero: int = 0, memory: bool = False) -> tuple[Any, list]:
+          recompute: str = "none", zero: int = 0, memory: bool = False, kept: str = "graph") -> tuple[Any, list]:
     """Train `steps` steps on a (dp, tp) mesh over `comm`; returns (the model, one StepResult per step).
 
     Collective: every rank calls it alike. `mesh`: a Mesh of Layout((dp, tp), ("dp", "tp")) to use
@@ -142,7 +143,8 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     `replay`: step 0 is captured (spmdsim.runtime.replay) and every later step replays it, checked
     the same way; not with `cfg.clip` (clipping reads the gradients' norm into Python).
     `recompute`: "none", "selective" or "full" (spmdsim.gpt.parallel.GPT's). `zero`: 0 (AdamW) or 1
-    (DistributedAdamW over dp). `memory`: measure each step's bytes into StepResult.memory.
+    (DistributedAdamW over dp). `memory`: measure each step's bytes into StepResult.memory. `kept`:
+    "graph" or "megatron" (spmdsim.gpt.parallel.GPT's: what the graph keeps for backward).
     """
     from .. import ops
     from ..autograd import kept_bytes
@@ -156,11 +158,12 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     from ..sim import dry_run_active, once
     from .parallel import GPT
 
-    problem = recompute_problem(recompute) or zero_problem(zero) or (replay_problem(cfg) if replay else None)
+    problem = (recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
+               or (replay_problem(cfg) if replay else None))
     if problem:  # every rank alike, before any collective
         raise SpmdsimError(problem)
     mesh = Mesh(Layout((dp, tp), ("dp", "tp")), comm) if mesh is None else mesh
-    model = GPT(cfg, mesh, sp=sp, layouts=layouts, recompute=recompute)
+    model = GPT(cfg, mesh, sp=sp, layouts=layouts, recompute=recompute, kept=kept)
     specs = param_specs(cfg)
     params = [model.params[s.name] for s in specs]
     decaying = [model.params[s.name] for s in specs if decays(s)]

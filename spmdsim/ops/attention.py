@@ -23,6 +23,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ..autograd.kept import kept_problem
 from ..autograd.rules.attention import count_core, record_attention
 from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
 from ..errors import OperatorError
@@ -35,7 +36,7 @@ __all__ = ["attention"]
 
 def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[float] = None,
               dropout: float = 0.0, seed: Optional[int] = None, training: bool = True, mask: Any = None,
-              batch_first: bool = True, recompute: bool = False) -> Any:
+              batch_first: bool = True, recompute: bool = False, kept: str = "graph") -> Any:
     """softmax(q k^T * scale, masked above the diagonal if `causal`), dropped out, times v.
 
     q (B, Tq, H, D), k (B, Tk, H, D), v (B, Tk, H, E) -> (B, Tq, H, E). `scale`: default 1 / sqrt(D).
@@ -49,8 +50,13 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
     `recompute`: keep nothing of the core for the backward but q, k and v (the scores, their softmax, the
     dropout's mask and its output: Korthikanti et al.'s selective recomputation); the backward computes
     them again from q and k, the mask drawn again from `seed` (the same mask), then its gradients.
+    `kept`: "graph" keeps the dropout's float factor per probability, "megatron" its 1-byte boolean mask
+    (Korthikanti et al.'s count; the backward makes the factor again, bit for bit).
     """
     raise_if_not_dtensors("attention", ("q", "k", "v"), q, k, v)
+    problem = kept_problem(kept)
+    if problem:
+        raise OperatorError(f"attention: {problem}")
     for name, flag in (("causal", causal), ("batch_first", batch_first), ("recompute", recompute)):
         if not isinstance(flag, (bool, np.bool_)):
             raise OperatorError(f"attention: {name} {flag!r} must be True or False")
@@ -109,23 +115,31 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
     # factor (keep is 0 or 1: the same bits as keep * factor after each product); None without dropout.
     # Per sample and head, (Tq, D) @ (D, Tk): batched BLAS products on the blocks' (b, h, ...) views
     # (np.einsum's own loops took several times as long). The backward of `recompute` calls it again.
-    def core(qb: np.ndarray, kb: np.ndarray) -> tuple:
+    def masks(qb: np.ndarray, kb: np.ndarray) -> tuple:
+        """(p, pd, factors, the boolean keep mask or None)."""
         s = np.matmul(qb.transpose(heads), kb.transpose(keys_t)) * scale
         above = masked()
         if above is not None:
             s = np.where(above, -np.inf, s)
         e = np.exp(s - np.max(s, axis=-1, keepdims=True))
         p = e / np.sum(e, axis=-1, keepdims=True)
-        factors = np.multiply(keep_mask(probs_shape, seed, region, drop), np.asarray(1.0 / (1.0 - drop), dtype)) \
-            if drop else None
-        return p, (p if factors is None else p * factors), factors
+        keep = keep_mask(probs_shape, seed, region, drop) if drop else None
+        factors = np.multiply(keep, np.asarray(1.0 / (1.0 - drop), dtype)) if drop else None
+        return p, (p if factors is None else p * factors), factors, keep
 
-    kept: dict = {}  # p, pd and factors for the gradient rule (a dry run: zeros of their size, below)
+    def core(qb: np.ndarray, kb: np.ndarray) -> tuple:
+        return masks(qb, kb)[:3]
+
+    saved: dict = {}  # p, pd and factors (or the keep mask) for the gradient rule (a dry run: zeros, below)
 
     def forward(qb: np.ndarray, kb: np.ndarray, vb: np.ndarray) -> np.ndarray:
-        p, pd, factors = core(qb, kb)
+        p, pd, factors, keep = masks(qb, kb)
         if not recompute:
-            kept["p"], kept["pd"], kept["factors"] = p, pd, factors
+            saved["p"], saved["pd"] = p, pd
+            if kept == "megatron" and drop:  # the factor made again from the mask in the backward
+                saved["keep"], saved["scale"] = keep, dtype.type(1.0 / (1.0 - drop))
+            else:
+                saved["factors"] = factors
         return np.matmul(pd, vb.transpose(heads)).transpose(back)
 
     out_layout, out_shape = first(plan.out), first(plan.shape)
@@ -138,9 +152,13 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
         block = np.broadcast_to(np.zeros((), q.dtype), (b_.stop - b_.start, h_.stop - h_.start,
                                                          t_.stop - t_.start, tk))
         p = _engine_local(np.copy, block, block)
-        kept.update(p=p, pd=_engine_local(np.copy, block, block) if drop else p,
-                    factors=_engine_local(np.copy, block, block) if drop else None)
-    return record_attention(out, q, k, v, plan, kept, core if recompute else None, scale, (heads, keys_t, back))
+        saved.update(p=p, pd=_engine_local(np.copy, block, block) if drop else p)
+        if kept == "megatron" and drop:
+            bits = np.broadcast_to(np.zeros((), bool), block.shape)
+            saved.update(keep=_engine_local(np.copy, bits, bits), scale=dtype.type(1.0 / (1.0 - drop)))
+        else:
+            saved.update(factors=_engine_local(np.copy, block, block) if drop else None)
+    return record_attention(out, q, k, v, plan, saved, core if recompute else None, scale, (heads, keys_t, back))
 
 
 def _batch_first(x: Any) -> Any:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from .. import activations
+from ..autograd.kept import kept_problem
 from ..autograd.rules.pointwise import record_activation, record_bias_add, record_scale
 from ..errors import OperatorError, ShapeError
 from ..infer import infer_bias_add, infer_elementwise
@@ -22,9 +23,10 @@ from ._common import make_dtensor, operands_mesh, raise_if_not_dtensors, require
 __all__ = ["relu", "gelu", "activation", "scale", "bias_add"]
 
 
-def activation(x: Any, name: str) -> Any:
+def activation(x: Any, name: str, keep_tanh: bool = True) -> Any:
     """Apply the activation `name` ("relu" or "gelu") shard by shard; a pending sum is added up first
-    (Allreduce: relu(a + b) != relu(a) + relu(b))."""
+    (Allreduce: relu(a + b) != relu(a) + relu(b)). `keep_tanh`: GELU's node keeps its inner tanh beside
+    its input (else the backward computes it again)."""
     fn = activations.forward(name)  # the shard in its own precision (spmdsim.activations)
     try:
         if x.layout.partial:
@@ -37,7 +39,7 @@ def activation(x: Any, name: str) -> Any:
         raise
     if name == "gelu":  # max(x, 0) is exact on integers; GELU's values are not integers
         require_float(name, x.local)
-    if name == "gelu" and x._ag is not None:  # the inner tanh kept for the backward (one tanh, not two)
+    if name == "gelu" and x._ag is not None and keep_tanh:  # the inner tanh kept for the backward (one tanh, not two)
         tanh = engine_local(activations.gelu_tanh, x.local, x.local)
         out = make_dtensor(x.mesh, engine_local(activations.gelu_from_tanh, x.local, x.local, tanh), layout,
                            x.global_shape)
@@ -51,14 +53,19 @@ def relu(x: Any) -> Any:
     return activation(x, "relu")
 
 
-def gelu(x: Any, approximate: str = "tanh") -> Any:
+def gelu(x: Any, approximate: str = "tanh", kept: str = "graph") -> Any:
     """GELU; x must be floating (a pending sum is added up first).
 
     `approximate`: "tanh" (GPT-2's and Megatron's formula, the default here) or "none", x * Phi(x) with
     the error function (PyTorch's default for ``F.gelu``/``nn.GELU()``; the two differ by up to ~5e-4).
+    `kept` ("tanh" only): "graph" keeps x and the inner tanh for the backward, "megatron" x only (the
+    backward computes the tanh again, as Megatron's bias_gelu).
     """
+    problem = kept_problem(kept)
+    if problem:
+        raise OperatorError(f"gelu: {problem}")
     if approximate == "tanh":
-        return activation(x, "gelu")
+        return activation(x, "gelu", kept == "graph")
     if approximate != "none":
         raise OperatorError(f"gelu: approximate {approximate!r} must be 'tanh' or 'none' (as PyTorch's)")
     from .pointwise import pointwise

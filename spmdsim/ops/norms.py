@@ -29,8 +29,9 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from ..autograd.graph import no_grad
-from ..autograd.rules.norms import record_normalized
-from ..autograd.rules.pointwise import record_dropout
+from ..autograd.rules.norms import record_layer_norm, record_normalized
+from ..autograd.kept import kept_problem
+from ..autograd.rules.pointwise import record_dropout, record_dropout_mask
 from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
 from ..errors import OperatorError
 from ..infer.norms import infer_norm
@@ -38,10 +39,12 @@ from ..validate import as_int, shape_arg
 from . import local as _whole
 from . import pointwise as P
 from . import reduce as R
-from ._common import dry_zeros, keep_mask, make_dtensor, raise_if_not_dtensors, require_float, seed_arg
+from ._common import (
+    dry_zeros, keep_mask, make_dtensor, raise_if_not_dtensors, require_float, result_dtype, seed_arg,
+)
 
 __all__ = ["softmax", "log_softmax", "layer_norm", "rms_norm", "causal_mask", "masked_fill", "dropout",
-           "resolved"]
+           "resolved", "dropout_keep"]
 
 
 def resolved(x: Any) -> Any:
@@ -139,17 +142,71 @@ def _normalized(x: Any, d: int, eps: float, centre: bool, op: str) -> Any:
     return record_normalized(out, x, y, kept, d, centre, op)
 
 
-def layer_norm(x: Any, weight: Optional[Any] = None, bias: Optional[Any] = None, eps: float = 1e-5) -> Any:
-    """(x - mean) / sqrt(var + eps) * weight + bias over the last dim (biased variance, as PyTorch)."""
+def layer_norm(x: Any, weight: Optional[Any] = None, bias: Optional[Any] = None, eps: float = 1e-5,
+               kept: str = "graph") -> Any:
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last dim (biased variance, as PyTorch).
+
+    `kept` (rows whole on every rank; split rows take the composite either way): "graph", a node for the
+    normalization (keeping x, its normalized values and 1 / sqrt(var + eps)) and one each for the weight
+    and the bias (keeping their inputs); "megatron", one node keeping x and each row's mean and standard
+    deviation (Apex's fused layer norm: 2 numbers a row), which makes the rest again in the backward.
+    """
     d = _dim(x, -1, "layer_norm")
     eps = _eps(eps, "layer_norm")
+    problem = kept_problem(kept)
+    if problem:
+        raise OperatorError(f"layer_norm: {problem}")
     x = resolved(x)
     if infer_norm("layer_norm", x.layout, x.global_shape).whole:
+        if kept == "megatron":
+            return _fused_layer_norm(x, d, eps, weight, bias)
         return _affine(_normalized(x, d, eps, True, "layer_norm"), weight, bias)
     inv = 1.0 / x.global_shape[d]
     centred = P.sub(x, P.mul(resolved(R.sum(x, d, keepdims=True)), inv))
     var = P.mul(resolved(R.sum(P.mul(centred, centred), d, keepdims=True)), inv)
     return _affine(P.div(centred, P.sqrt(P.add(var, eps))), weight, bias)
+
+
+def _fused_layer_norm(x: Any, d: int, eps: float, weight: Optional[Any], bias: Optional[Any]) -> Any:
+    """layer_norm along a whole last dim as one node that keeps x and each row's mean and standard
+    deviation (spmdsim.autograd.rules.norms.record_layer_norm); the values are the composite's."""
+    n = x.global_shape[d]
+    w, b = _replicated(weight), _replicated(bias)
+    stats: dict[str, np.ndarray] = {}  # the rows' mean and sqrt(var + eps) (a dry run's: zeros)
+
+    def kernel(block: np.ndarray) -> np.ndarray:
+        inv = 1.0 / n
+        stats["mean"] = mean = np.sum(block, axis=d, keepdims=True) * inv
+        c = block - mean
+        stats["root"] = root = np.sqrt(np.sum(c * c, axis=d, keepdims=True) * inv + eps)
+        y = c / root
+        if w is not None:
+            y = y * w.local
+        if b is not None:
+            y = y + b.local
+        return y
+
+    dtype = result_dtype(*[t.local.dtype for t in (x, w, b) if t is not None])
+    out = make_dtensor(x.mesh, _engine_local(kernel, np.broadcast_to(np.zeros((), dtype), x.local.shape), x.local),
+                       x.layout, x.global_shape)
+    if all(t is None or t._ag is None for t in (x, w, b)):
+        return out
+    if x.mesh.engine.dry:  # the statistics the rule keeps, sized (the dry engine's zeros)
+        rows = np.broadcast_to(np.zeros((), x.dtype), x.local.shape[:d] + (1,) + x.local.shape[d + 1:])
+        stats.update(mean=_engine_local(np.copy, rows, rows), root=_engine_local(np.copy, rows, rows))
+    return record_layer_norm(out, x, w, b, stats, d)
+
+
+def _replicated(t: Optional[Any]) -> Optional[Any]:
+    """`t` whole on every rank (moved there when it is split or pending), or None."""
+    if t is None:
+        return None
+    target = t.mesh.layout(*([None] * t.layout.ndim))
+    if t.layout == target:
+        return t
+    from ..runtime.executor import redistribute
+
+    return redistribute(t, target)
 
 
 def rms_norm(x: Any, weight: Optional[Any] = None, eps: float = 1e-6) -> Any:
@@ -196,7 +253,7 @@ def masked_fill(x: Any, mask: Any, value: float) -> Any:
 
 
 def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
-            mask_dims: Optional[Sequence[int]] = None) -> Any:
+            mask_dims: Optional[Sequence[int]] = None, kept: str = "graph") -> Any:
     """Zero each element with probability `p` and scale the rest by 1 / (1 - p); identity when not training.
 
     The mask is ``SeededTensor(x.global_shape, seed=seed) >= p`` read at this rank's region, so the
@@ -204,6 +261,8 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
     required: no default could give each layer and step its own mask. `mask_dims`: a permutation of x's
     dims; the mask is then the one ``x.transpose(mask_dims)`` would get, read through a view (a
     sequence-first (T, B, D) x with (1, 0, 2) drops what its batch-first twin drops, with no copy).
+    `kept`: what the node keeps for backward: "graph", the kept entries' float factor and x's block;
+    "megatron", the 1-byte boolean mask only (the backward multiplies by mask and 1 / (1 - p)).
     """
     if not isinstance(p, Real) or isinstance(p, bool) or not 0 <= p < 1:
         raise OperatorError(f"dropout: p {p!r} must be a number with 0 <= p < 1")
@@ -211,6 +270,9 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
         raise OperatorError("dropout: a seed is required (an integer, different per layer and step, e.g. "
                             "ops.dropout(x, 0.1, seed=1000 * step + layer)), so every rank draws the same mask")
     seed_arg(seed, "dropout")
+    problem = kept_problem(kept)
+    if problem:
+        raise OperatorError(f"dropout: {problem}")
     try:
         region = x.slices
     except AttributeError:
@@ -222,18 +284,37 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
     # The kept entries' factor, once: x * (keep * scale) is x * keep * scale bit for bit (keep is 0 or 1),
     # one product forward and one backward.
     scale = np.asarray(1.0 / (1.0 - p), x.dtype)
-    order = None if mask_dims is None else _permutation(mask_dims, len(region))
     # A dry run's large block (spmdsim.ops._common.dry_zeros): zeros, forward and backward, no mask drawn.
     dry = dry_zeros(x.mesh, x.local.shape, x.local.dtype, np.multiply, x.local, scale)
+    if kept == "megatron":
+        keep = dropout_keep(x, p, seed, mask_dims, dry is not None)
+        out = make_dtensor(x.mesh, x.local * np.multiply(keep, scale) if dry is None else dry, x.layout,
+                           x.global_shape)
+        return out if x._ag is None else record_dropout_mask(out, x, keep, x.dtype.type(scale))
+    order = None if mask_dims is None else _permutation(mask_dims, len(region))
     if dry is not None:  # the factors the rule keeps, sized (zeros never touched): kept bytes measure alike
-        kept = None if x._ag is None else _engine_local(np.copy, dry, dry)
+        factors = None if x._ag is None else _engine_local(np.copy, dry, dry)
     elif order is None:
-        kept = np.multiply(keep_mask(tuple(x.global_shape), seed, region, p), scale)
+        factors = np.multiply(keep_mask(tuple(x.global_shape), seed, region, p), scale)
     else:
         keep = keep_mask(tuple(x.global_shape[d] for d in order), seed, tuple(region[d] for d in order), p)
-        kept = np.multiply(keep, scale).transpose(np.argsort(order))
-    out = make_dtensor(x.mesh, x.local * kept if dry is None else dry, x.layout, x.global_shape)
-    return out if x._ag is None else record_dropout(out, x, kept, scale)
+        factors = np.multiply(keep, scale).transpose(np.argsort(order))
+    out = make_dtensor(x.mesh, x.local * factors if dry is None else dry, x.layout, x.global_shape)
+    return out if x._ag is None else record_dropout(out, x, factors, scale)
+
+
+def dropout_keep(x: Any, p: float, seed: Any, mask_dims: Optional[Sequence[int]], dry: bool) -> np.ndarray:
+    """This rank's boolean keep mask of `dropout` on x (shaped like x's block; with `mask_dims`, a view);
+    `dry`: a dry run's zeros of its size, not drawn (pages never touched)."""
+    region = x.slices
+    if dry:
+        like = np.broadcast_to(np.zeros((), bool), x.local.shape)
+        return _engine_local(np.copy, like, like)
+    if mask_dims is None:
+        return keep_mask(tuple(x.global_shape), seed, region, p)
+    order = _permutation(mask_dims, len(region))
+    keep = keep_mask(tuple(x.global_shape[d] for d in order), seed, tuple(region[d] for d in order), p)
+    return keep.transpose(np.argsort(order))
 
 
 def _permutation(dims: Any, ndim: int) -> tuple:

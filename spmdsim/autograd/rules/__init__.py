@@ -25,6 +25,8 @@ module             operators
 ``shapes``         transpose, reshape, broadcast_to, narrow, concatenate (and
                    what is built from them: chunk, stack, getitem)
 ``einsum``         einsum
+``megatron``       Megatron's fused pieces (spmdsim.ops.megatron): column- and
+                   row-parallel products, bias + dropout + residual
 =================  ==============================================================
 
 The ops built from these (softmax and the norms along a split dim,
@@ -42,4 +44,4 @@ results are built with the class of the DTensor a rule is given.
 """
 from __future__ import annotations
 
-from . import attention, einsum, grads, losses, matmul, norms, pointwise, reduce, shapes  # noqa: F401  (the family)
+from . import attention, einsum, grads, losses, matmul, megatron, norms, pointwise, reduce, shapes  # noqa: F401

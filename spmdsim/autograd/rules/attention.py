@@ -61,7 +61,8 @@ def record_attention(out: Any, q: Any, k: Any, v: Any, plan: Any, kept: dict, co
     """softmax(q k^T * scale [masked]) [dropped out] v, its operands already in the plan's layouts.
 
     `kept`: the probabilities "p", after dropout "pd", and the kept entries' dropout factor "factors"
-    (None without dropout) per (b, h, query, key), which the forward's kernel keeps; empty when `core`
+    (None without dropout) per (b, h, query, key), which the forward's kernel keeps (or, in its place,
+    the boolean mask "keep" and the factor "scale", a numpy scalar); empty when `core`
     is given (selective recomputation: ``core(q block, k block) -> (p, pd, factors)`` computes them
     again here, the mask drawn again from its seed) and in a dry run (zero gradients); `order`: the
     permutations that see a block as (b, h, t, d), k's as (b, h, d, t), and put a (b, h, t, e) product
@@ -70,7 +71,12 @@ def record_attention(out: Any, q: Any, k: Any, v: Any, plan: Any, kept: dict, co
     heads, keys_t, back = order
 
     def grads(dy: np.ndarray) -> tuple:
-        p, pd, factors = core(q.local, k.local) if core is not None else (kept["p"], kept["pd"], kept["factors"])
+        if core is not None:
+            p, pd, factors = core(q.local, k.local)
+        else:
+            p, pd = kept["p"], kept["pd"]
+            keep = kept.get("keep")  # a boolean mask (Megatron's kept set): its factor made again
+            factors = kept["factors"] if keep is None else np.multiply(keep, kept["scale"])
         dyh = dy.transpose(heads)  # (b, h, q, e)
         dpd = np.matmul(dyh, v.local.transpose(keys_t))
         dv = np.matmul(pd.transpose(0, 1, 3, 2), dyh).transpose(back)

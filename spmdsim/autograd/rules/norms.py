@@ -13,9 +13,9 @@ import numpy as np
 from ... import reference_grad
 from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
 from ..graph import record
-from .grads import grad_tensor
+from .grads import axes_of, grad_tensor
 
-__all__ = ["record_softmax", "record_normalized"]
+__all__ = ["record_softmax", "record_normalized", "record_layer_norm"]
 
 
 def record_softmax(out: Any, x: Any, dim: int) -> Any:
@@ -47,3 +47,40 @@ def record_normalized(out: Any, x: Any, y: np.ndarray, kept: dict, d: int, centr
         return (grad_tensor(x, _local(grad, dy.local, dy.local), dy.layout.partial),)
 
     return record(out, op, (x,), backward, out.layout, reads=(x, out))
+
+
+def record_layer_norm(out: Any, x: Any, weight: Any, bias: Any, stats: dict, d: int) -> Any:
+    """layer_norm with its weight and bias along the whole last dim `d`, one node that keeps x and each
+    row's mean and sqrt(var + eps) (`stats`, Apex's fused layer norm), not the normalized values nor the
+    affine output: the backward makes y = (x - mean) / root again (the forward's values, bit for bit),
+    then dW = sum(dY y), dB = sum(dY) (pending over the axes that split the rows) and
+    dX = r (dY w - mean(dY w) - y mean(dY w y)) with r = 1 / root, as the graph's three rules do.
+    """
+    n = x.global_shape[d]
+    rows = axes_of(x.layout, x.layout.tensor_map[:d] + x.layout.tensor_map[d + 1:])
+    need = tuple(t is not None and t._ag is not None for t in (x, weight, bias))
+    lead = tuple(range(x.layout.ndim - 1))
+
+    def grads(dy: np.ndarray) -> tuple:
+        y = (x.local - stats["mean"]) / stats["root"]
+        dw = (dy * y).sum(axis=lead) if need[1] else None
+        db = dy.sum(axis=lead) if need[2] else None
+        if not need[0]:
+            return None, dw, db
+        dyy = dy if weight is None else dy * weight.local
+        inv = 1.0 / n
+        g = dyy - np.sum(dyy * y, axis=d, keepdims=True) * inv * y
+        g = g - np.sum(dyy, axis=d, keepdims=True) * inv
+        return g * (1.0 / stats["root"]), dw, db
+
+    def backward(dy: Any) -> tuple:
+        if dy.mesh.engine.dry:  # zeros of each operand's block
+            gx, gw, gb = (None if t is None else np.zeros(t.local.shape, t.dtype) for t in (x, weight, bias))
+        else:
+            gx, gw, gb = grads(dy.local)
+        passed = dy.layout.partial
+        return (grad_tensor(x, gx, passed) if need[0] else None,
+                grad_tensor(weight, gw, passed, rows) if need[1] else None,
+                grad_tensor(bias, gb, passed, rows) if need[2] else None)
+
+    return record(out, "layer_norm", (x, weight, bias), backward, out.layout, reads=(x, out))

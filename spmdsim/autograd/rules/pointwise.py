@@ -17,10 +17,11 @@ import numpy as np
 from ... import activations
 from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
 from ..graph import record, with_partial
+from ..kept import shell
 from .grads import axes_of, grad_tensor
 
 __all__ = ["DERIVATIVES", "quiet", "record_pointwise", "record_activation", "record_bias_add", "record_scale",
-           "record_dropout"]
+           "record_dropout", "record_dropout_mask"]
 
 
 def _half(mask: np.ndarray, ties: np.ndarray) -> np.ndarray:
@@ -225,5 +226,18 @@ def record_dropout(out: Any, x: Any, kept: Any, scale: np.ndarray) -> Any:
         if kept is None or dy.mesh.engine.dry:
             return (grad_tensor(x, _local(np.multiply, dy.local, dy.local, scale), dy.layout.partial),)
         return (grad_tensor(x, dy.local * kept, dy.layout.partial),)
+
+    return record(out, "dropout", (x,), backward, with_partial(x.layout, ()))
+
+
+def record_dropout_mask(out: Any, x: Any, keep: np.ndarray, scale: np.generic) -> Any:
+    """Dropout keeping only its 1-byte boolean mask `keep` (Megatron's): dX = dY * (keep * scale), the
+    graph rule's factor made again (bit for bit); x's block is not kept (its shell is)."""
+    x = shell(x)
+
+    def backward(dy: Any) -> tuple:
+        d = dy.local
+        # The factor made where the kernel runs (a dry run's zeros: not made).
+        return (grad_tensor(x, _local(lambda: d * np.multiply(keep, scale), d), dy.layout.partial),)
 
     return record(out, "dropout", (x,), backward, with_partial(x.layout, ()))

@@ -1,0 +1,104 @@
+"""Gradient rules of Megatron's fused pieces (`spmdsim.ops.megatron`): each keeps only what it reads.
+
+- column-parallel products: dW_i = X^T dY_i, db_i = sum dY_i (pending over the axes that split the
+  rows), dX = sum_i dY_i W_i^T (pending over the axes that split the columns: the walk Reduce_scatters
+  it onto the sequence, or it stays pending to the layer norm, as in the graph). X is the kept input
+  gathered again along the sequence: one Allgather, Megatron's;
+- row-parallel product: dY gathered along the sequence (the conjugate of the forward's
+  Reduce_scatter, as in the graph), dX = dY W^T, dW = X^T dY;
+- bias, dropout and residual: d residual = dY, d y = dY * mask / (1 - p), d bias = its sum.
+
+The inputs a rule does not read are recorded as shells (`spmdsim.autograd.kept.shell`), so a node
+keeps none of their blocks.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
+from ...engines import matmul as _product  # np.matmul; the dry engine's zeros, unmultiplied
+from ...layout import TensorLayout
+from ..graph import record, with_partial
+from ..kept import nothing, shell
+from .grads import axes_of, grad_tensor
+
+__all__ = ["record_column", "record_row", "record_bias_dropout_add"]
+
+
+def _lead(ndim: int) -> tuple:
+    return tuple(range(ndim - 1))
+
+
+def record_column(out: Any, x: Any, pairs: tuple, full: TensorLayout, gather: Callable) -> Any:
+    """`out` = gather(x) @ W_i + b_i for each (W_i, b_i) of `pairs` (stacked on a first dim when several).
+
+    `gather(x, full)`: x laid out as `full` outside the graph (the backward's Allgather). The node keeps
+    x's block as it came (a sequence shard with sequence parallelism), no product.
+    """
+    stacked = out.layout.ndim == x.layout.ndim + 1
+    columns = axes_of(out.layout, out.layout.tensor_map[-1:])
+    rows = axes_of(full, full.tensor_map[:-1])
+    need_x = x._ag is not None
+
+    def backward(dy: Any) -> tuple:
+        passed = dy.layout.partial
+        X = gather(x, full).local
+        X2 = X.reshape(-1, X.shape[-1])
+        grads: list = []
+        dx: Optional[np.ndarray] = None
+        for i, (w, b) in enumerate(pairs):
+            d = dy.local[i] if stacked else dy.local
+            d2 = d.reshape(-1, d.shape[-1])
+            grads.append(grad_tensor(w, _product(X2.T, d2), passed, rows) if w._ag is not None else None)
+            need_b = b is not None and b._ag is not None
+            grads.append(grad_tensor(b, d.sum(axis=_lead(d.ndim)), passed, rows) if need_b else None)
+            if need_x:
+                part = _product(d, np.swapaxes(w.local, -1, -2))
+                dx = part if dx is None else _local(np.add, part, dx, part)
+        gx = None
+        if need_x:
+            like = type(x)._trusted(x.mesh, nothing(x.dtype, X.shape), full, x.global_shape)
+            gx = grad_tensor(like, dx, passed, columns)
+        return (gx,) + tuple(grads)
+
+    inputs = (x,) + tuple(t for pair in pairs for t in pair)
+    return record(out, "column_parallel_linear", inputs, backward, with_partial(out.layout, ()))
+
+
+def record_row(out: Any, x: Any, w: Any, local: TensorLayout, gather: Callable) -> Any:
+    """`out` = x @ W moved from `local` (the product's layout, pending over the contraction's axes) by a
+    Reduce_scatter or an Allreduce. The node keeps x's block, not the product."""
+    rows = axes_of(local, local.tensor_map[:-1])
+    need = (x._ag is not None, w._ag is not None)
+
+    def backward(dy: Any) -> tuple:
+        passed = dy.layout.partial
+        d = gather(dy, with_partial(local, passed)).local  # the forward's Reduce_scatter answered
+        gx = grad_tensor(x, _product(d, np.swapaxes(w.local, -1, -2)), passed) if need[0] else None
+        gw = None
+        if need[1]:
+            x2, d2 = x.local.reshape(-1, x.local.shape[-1]), d.reshape(-1, d.shape[-1])
+            gw = grad_tensor(w, _product(x2.T, d2), passed, rows)
+        return gx, gw
+
+    return record(out, "row_parallel_linear", (x, w), backward, with_partial(out.layout, ()))
+
+
+def record_bias_dropout_add(out: Any, y: Any, bias: Any, residual: Any, keep: Optional[np.ndarray],
+                            scale: np.generic) -> Any:
+    """`out` = residual + dropout(y + bias): the node keeps the boolean mask `keep` (None: no dropout)
+    and shells of y and the residual; `scale`: 1 / (1 - p), a numpy scalar (no array kept)."""
+    need = (y._ag is not None, bias._ag is not None, residual._ag is not None)
+    rows = axes_of(y.layout, y.layout.tensor_map[:-1])
+    y, residual = shell(y), shell(residual)
+
+    def backward(dy: Any) -> tuple:
+        passed, d = dy.layout.partial, dy.local
+        inner = d if keep is None else _local(lambda: d * np.multiply(keep, scale), d)
+        return (grad_tensor(y, inner, passed) if need[0] else None,
+                grad_tensor(bias, inner.sum(axis=_lead(inner.ndim)), passed, rows) if need[1] else None,
+                grad_tensor(residual, d, passed) if need[2] else None)
+
+    return record(out, "bias_dropout_add", (y, bias, residual), backward, with_partial(out.layout, ()))

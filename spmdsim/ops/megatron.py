@@ -1,0 +1,121 @@
+"""Megatron-LM's fused transformer pieces, each one operator and one node that keeps only what its backward reads.
+
+The GPT's ``kept="megatron"`` blocks (spmdsim.gpt.parallel; docs/training.md, "Memory") are built from
+these, `ops.layer_norm(..., kept="megatron")`, `ops.gelu(..., kept="megatron")` and
+`ops.attention(..., kept="megatron")`, so a block keeps Korthikanti et al.'s set (2022, table 2):
+
+- ``column_parallel_linear(x, pairs, full)``: x @ W + b for one or several column-split weights (Q, K
+  and V in one, as Megatron's fused QKV), x gathered along the sequence first when it comes as a
+  sequence shard (`full`: its layout whole there). The node keeps x as it came (the shard) and gathers
+  it again in the backward (one more Allgather, Megatron's), not the gathered x nor the output;
+- ``row_parallel_linear(x, w, out_layout)``: x @ W, the pending sums Reduce_scattered onto the sequence
+  or Allreduced (to `out_layout`); keeps x, not the pending product;
+- ``bias_dropout_add(y, bias, residual, p, seed)``: residual + dropout(y + bias) (Megatron's
+  bias_dropout_add_fused); keeps the 1-byte boolean mask only.
+
+The values are the graph's (the same products and sums); the collectives of the forward are the
+graph's, and the backward's are too but for the column products' Allgathers. Operands are laid out as
+the GPT lays them (the weights' and biases' splits Megatron's); these are its building blocks, not
+general operators.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from ..autograd.rules.megatron import record_bias_dropout_add, record_column, record_row
+from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
+from ..errors import OperatorError
+from ..layout import TensorLayout
+from ._common import add_bias, local_matmul, make_dtensor
+from .norms import dropout_keep
+
+__all__ = ["column_parallel_linear", "row_parallel_linear", "bias_dropout_add"]
+
+
+def _detached(t: Any) -> Any:
+    """`t`'s block as a DTensor outside the graph (a move of it records no node)."""
+    return type(t)._trusted(t.mesh, t.local, t.layout, t.global_shape)
+
+
+def gathered(x: Any, full: TensorLayout) -> Any:
+    """x laid out as `full` (an Allgather along the sequence; nothing when it is), recorded nowhere."""
+    if x.layout == full:
+        return x
+    from ..runtime.executor import redistribute
+
+    return redistribute(_detached(x), full)
+
+
+def column_parallel_linear(x: Any, pairs: Sequence[tuple], full: Optional[TensorLayout] = None) -> Any:
+    """x @ W_i + b_i for each (W_i, b_i or None) of `pairs`, the weights (in, out) split on out.
+
+    x (..., in) is first laid out as `full` (default its own layout): with sequence parallelism an
+    Allgather along the sequence. One pair: the output (..., out) split like W's columns; several:
+    stacked on a new first dim, (n, ..., out) (Q, K and V of one node). The node keeps x as it came.
+    """
+    if not pairs:
+        raise OperatorError("column_parallel_linear: no weights")
+    full = x.layout if full is None else full
+    entry = pairs[0][0].layout.tensor_map[-1]
+    for w, b in pairs:
+        if w.layout.tensor_map != ((),) + (entry,) or w.global_shape[0] != x.global_shape[-1]:
+            raise OperatorError(f"column_parallel_linear: weight {tuple(w.global_shape)} {w.layout} is not split "
+                                f"on its columns only, alike, with {x.global_shape[-1]} rows")
+    X = gathered(x, full)
+    ys = []
+    for w, b in pairs:
+        y = local_matmul(X.local, w.local, False)
+        ys.append(y if b is None else add_bias(y, b.local))
+    one = TensorLayout(full.layout, full.tensor_map[:-1] + (entry,))
+    shape = tuple(x.global_shape[:-1]) + (pairs[0][0].global_shape[-1],)
+    if len(ys) == 1:
+        block, layout = ys[0], one
+    else:
+        like = np.broadcast_to(np.zeros((), ys[0].dtype), (len(ys),) + ys[0].shape)
+        block = _engine_local(np.stack, like, ys)
+        layout, shape = TensorLayout(full.layout, ((),) + one.tensor_map), (len(ys),) + shape
+    out = make_dtensor(x.mesh, block, layout, shape)
+    if x._ag is None and all(t is None or t._ag is None for pair in pairs for t in pair):
+        return out
+    return record_column(out, x, tuple(pairs), full, gathered)
+
+
+def row_parallel_linear(x: Any, w: Any, out_layout: TensorLayout) -> Any:
+    """x @ W with x (..., in) and W (in, out) split alike on in: the pending sums moved to `out_layout`
+    (Reduce_scatter onto the sequence, or Allreduce). The node keeps x, not the pending product."""
+    from ..runtime.executor import redistribute
+
+    axes = tuple(a for a in x.layout.tensor_map[-1] if x.layout.layout.axis_size(a) > 1)
+    if w.layout.tensor_map != (x.layout.tensor_map[-1], ()) or x.layout.partial:
+        raise OperatorError(f"row_parallel_linear: x {x.layout} and weight {w.layout} are not split alike "
+                            "on the contraction (and whole elsewhere)")
+    local = TensorLayout(x.layout.layout, x.layout.tensor_map[:-1] + ((),), axes)
+    shape = tuple(x.global_shape[:-1]) + (w.global_shape[-1],)
+    y = make_dtensor(x.mesh, local_matmul(x.local, w.local, True), local, shape)
+    out = redistribute(y, out_layout)
+    if x._ag is None and w._ag is None:
+        return out
+    return record_row(out, x, w, local, gathered)
+
+
+def bias_dropout_add(y: Any, bias: Any, residual: Any, p: float, seed: Any = None,
+                     mask_dims: Optional[Sequence[int]] = None) -> Any:
+    """residual + dropout(y + bias, p) (`seed` and `mask_dims` as ops.dropout's; p 0: no dropout), y and
+    residual laid out alike. The node keeps the boolean mask only."""
+    if y.layout != residual.layout or y.global_shape != residual.global_shape:
+        raise OperatorError(f"bias_dropout_add: y {y.layout} and residual {residual.layout} differ")
+    mesh = y.mesh
+    scale = y.dtype.type(1.0 / (1.0 - p))  # a scalar: the node keeps no array but the mask
+    keep = dropout_keep(y, p, seed, mask_dims, mesh.engine.dry) if p else None
+
+    def kernel(yb: np.ndarray, bb: np.ndarray, rb: np.ndarray) -> np.ndarray:
+        z = yb + bb
+        return rb + (z if keep is None else z * np.multiply(keep, scale))
+
+    out = make_dtensor(mesh, _engine_local(kernel, y.local, y.local, bias.local, residual.local), y.layout,
+                       y.global_shape)
+    if y._ag is None and bias._ag is None and residual._ag is None:
+        return out
+    return record_bias_dropout_add(out, y, bias, residual, keep, scale)
