@@ -118,7 +118,8 @@ def counting() -> Iterator[FlopCounter]:
 
 def gemm(a_shape: tuple, b_shape: tuple, dtype: Any) -> None:
     """Count one ``np.matmul(a, b)`` of operands shaped `a_shape` and `b_shape` (batch dims broadcast,
-    a 1-d operand a row or column as np.matmul takes it) in every counter open on this rank."""
+    a 1-d operand a row or column as np.matmul takes it; a stack of rows times one matrix is one GEMM
+    of all the rows) in every counter open on this rank."""
     if not _OPEN:
         return
     context = current()
@@ -139,6 +140,8 @@ def _count(counters: list, a_shape: tuple, b_shape: tuple, dtype: Any, phase: st
         m, k = (1, a[0]) if len(a) == 1 else a[-2:]
         n = 1 if len(b) == 1 else b[-1]
         batch = math.prod(np.broadcast_shapes(a[:-2], b[:-2]))
+        if len(b) <= 2 and len(a) > 2:  # (..., m, k) @ (k, n) is one GEMM of all the rows, as BLAS runs it
+            m, batch = m * batch, 1
         g = Gemm(int(batch), int(m), int(n), int(k), np.dtype(dtype).name, phase)
         if len(_GEMMS) >= 4096:  # a long run over many shapes: start over
             _GEMMS.clear()

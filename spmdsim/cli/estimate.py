@@ -41,6 +41,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--sp", action="store_true", help="sequence parallelism (Megatron)")
     parser.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
     parser.add_argument("--zero", type=int, default=0, choices=(0, 1))
+    parser.add_argument("--kept", default="graph", choices=("graph", "megatron"),
+                        help="what each block keeps for backward: spmdsim's graph, or Megatron's set "
+                             "(docs/training.md, \"Megatron's kept set\")")
     parser.add_argument("--precision", default="bf16-mixed", choices=("fp64", "bf16-mixed", "fp16-mixed"))
     parser.add_argument("--machine", default="a100-dgx",
                         help="a shipped machine file's name or a path (spmdsim calibrate --machine-out)")
@@ -75,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     schedule = args.schedule or ("interleaved" if args.virtual_stages > 1 else "1f1b")
     start = time.perf_counter()
     stages = gpt_ledger(cfg, args.pp, args.dp, args.tp, sp=args.sp, microbatches=microbatches, schedule=schedule,
-                        virtual=args.virtual_stages, recompute=args.recompute, zero=args.zero,
+                        virtual=args.virtual_stages, recompute=args.recompute, zero=args.zero, kept=args.kept,
                         gpus_per_node=machine.gpus_per_node)
     seconds = time.perf_counter() - start
     pipeline = Pipeline(args.pp, microbatches, args.virtual_stages, schedule) if args.pp > 1 else None
@@ -95,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
             f"global batch {args.global_batch}",
             f"mesh pp {args.pp} x dp {args.dp} x tp {args.tp} ({ranks:,} ranks){', sp' if args.sp else ''}; "
             f"{microbatches} microbatch(es) of {args.micro_batch} per dp rank, {schedule}",
-            f"recompute {args.recompute}, ZeRO {args.zero}; machine {machine.name}"]
+            f"recompute {args.recompute}, ZeRO {args.zero}, kept {args.kept}; machine {machine.name}"]
     from math import prod
 
     from ..gpt.params import param_specs

@@ -96,9 +96,11 @@ def priced(stage: StageLedger, precision: str, zero: int) -> dict:
     m = stage.memory
     params = m.params // _RUN
     master = m.master // _RUN if zero else (params if w.mixed else 0)
+    masks = sum(n for kind, n in m.kept if kind.endswith(" masks"))  # bools: a byte each at any precision
+    values = m.kept_total - masks
     return {"parameters": params * w.params, "gradients": m.grads // _RUN * w.grads,
             "master copy": master * w.master, "optimizer states": m.states // _RUN * w.states,
-            "buffers": m.buffers // _RUN * w.buffers, "activations": m.kept_total // _RUN * w.activations}
+            "buffers": m.buffers // _RUN * w.buffers, "activations": values // _RUN * w.activations + masks}
 
 
 def gemms_at(gemms: Any, precision: str) -> list:
@@ -171,7 +173,7 @@ def _transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tuple[Tr
 
 def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microbatches: int = 1,
                schedule: str = "1f1b", virtual: int = 1, recompute: str = "none", zero: int = 0,
-               gpus_per_node: int = 8) -> list[StageLedger]:
+               kept: str = "graph", gpus_per_node: int = 8) -> list[StageLedger]:
     """One StageLedger per pipeline stage: the dry run of one training step of `cfg`'s GPT on a
     (pp, dp, tp) mesh of simulated ranks (spmdsim.gpt.pipeline.train_pipelined; pp 1 is the plain step)."""
     import numpy as np
@@ -190,7 +192,7 @@ def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microba
         with counting() as flops:
             run, steps = train_pipelined(cfg, world(), pp, dp, tp, 1, ids, sp=sp, schedule=schedule,
                                          microbatches=microbatches, virtual=virtual, recompute=recompute,
-                                         zero=zero, memory=True, check=False)
+                                         zero=zero, kept=kept, memory=True, check=False)
         rank = world().Get_rank()
         layer = sum(t.local.size for name, t in run.params.items() if name.startswith("h"))
         total = sum(t.local.size for t in run.params.values())

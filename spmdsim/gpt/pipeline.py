@@ -357,6 +357,10 @@ def _run_program(run: PipelineRun, program: Sequence, x: np.ndarray, y: np.ndarr
     return [float(ops.resolved(loss).local) for loss in losses], order, most
 
 
+#: The suffix of a kind of kept bytes that are boolean masks ("mlp masks"): a byte each at any precision.
+MASKS = "masks"
+
+
 class _Most:
     """What `train_pipelined(memory=True)` looks at on one rank in one step: the bytes each chunk's
     forward keeps for its backward (its first microbatch's graph, spmdsim.autograd.kept_bytes: every
@@ -372,8 +376,10 @@ class _Most:
     def forward(self, chunk: int, out: Any, live: list) -> None:
         from ..autograd import kept_bytes
 
-        if chunk not in self.kept_of:
-            self.kept_of[chunk] = {} if isinstance(out, _Stand) else kept_bytes([out], exclude=self.params)
+        if chunk not in self.kept_of:  # boolean dropout masks (kept="megatron") under a kind of their own
+            values, masks = ({}, {}) if isinstance(out, _Stand) else kept_bytes([out], exclude=self.params,
+                                                                                 masks=True)
+            self.kept_of[chunk] = {**values, **{f"{kind} {MASKS}": n for kind, n in masks.items() if n}}
         kinds: dict = {}
         for c in live:
             for kind, n in self.kept_of.get(c, {}).items():
