@@ -13,7 +13,7 @@ import sys
 import pytest
 
 import spmdsim
-from spmdsim.estimate.ledger import PRECISIONS, gemms_at, gpt_ledger, priced, transfers_at
+from spmdsim.estimate.ledger import PRECISIONS, gemms_at, gpt_ledger, layers_activations, priced, transfers_at
 from spmdsim.flops import PHASES, counting
 from spmdsim.gpt import GPTConfig
 from spmdsim.gpt.pipeline import train_pipelined
@@ -105,3 +105,18 @@ def test_bad_input_is_one_line(argv, message):
     text = " ".join(line.strip() for line in done.stderr.splitlines())  # one message, folded at 100 columns
     assert done.returncode != 0 and message in text and "Traceback" not in text, done.stderr
     assert text.startswith("spmdsim: error: ") and text.count("error") == 1, done.stderr
+
+
+@pytest.mark.parametrize("tp, sp, recompute", [(2, False, "none"), (4, True, "selective"), (2, True, "none")])
+def test_megatrons_kept_set_at_bf16_is_korthikantis_count(tp, sp, recompute):
+    """With kept="megatron" the blocks' activations priced at bf16 (values 2 bytes, boolean masks 1) are
+    Korthikanti et al.'s s·b·h(10 + 24/t + 5as/(ht)) per layer (34/t·s·b·h with sp and selective
+    recomputation), plus each layer norm's two row statistics (priced as values)."""
+    from spmdsim.gpt.memory import korthikanti_bytes
+
+    (stage,) = gpt_ledger(CFG, 1, 1, tp, sp=sp, recompute=recompute, kept="megatron")
+    s, b, h, a, layers = CFG.seq, CFG.batch, CFG.d_model, CFG.heads, CFG.layers
+    per_layer = sum(korthikanti_bytes(s, b, h, a, tp, sp, recompute, value_bytes=2, mask_bytes=1))
+    rows = s * b // (tp if sp else 1)
+    statistics = 2 * 2 * 2 * rows  # two layer norms, mean and deviation per row, at 2 bytes
+    assert layers_activations(stage, "bf16-mixed") == layers * (per_layer + statistics)

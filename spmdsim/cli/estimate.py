@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(wrap_lines(head)))
     for st, bytes_, timing in rows:
         print()
-        print("\n".join(_stage_lines(st, bytes_, timing, args.zero)))
+        print("\n".join(_stage_lines(st, bytes_, timing, args.zero, args.precision)))
     slowest = max(range(len(stages)), key=lambda s: times[s].total_s)  # a step ends with its slowest stage
     total = times[slowest].total_s
     when = f"{total:,.3f} s" if total >= 1 else f"{total * 1e3:,.3f} ms"
@@ -123,7 +123,9 @@ def _gib(n: int) -> str:
     return f"{n / GIB:,.2f} GiB" if n >= GIB // 100 else format_size(n)
 
 
-def _stage_lines(st: Any, bytes_: dict, timing: Any, zero: int) -> list[str]:
+def _stage_lines(st: Any, bytes_: dict, timing: Any, zero: int, precision: str) -> list[str]:
+    from ..estimate.ledger import layers_activations
+
     lo, hi = st.ranks[0], st.ranks[-1]
     out = [f"stage {st.stage} (ranks {lo}-{hi}: {len(st.ranks)} ranks alike; one rank's figures)"]
     out.append(f"  memory {_gib(sum(bytes_.values()))}: " + ", ".join(f"{role} {_gib(n)}" for role, n in bytes_.items()))
@@ -133,8 +135,9 @@ def _stage_lines(st: Any, bytes_: dict, timing: Any, zero: int) -> list[str]:
         layers = states * st.layer_params // st.params
         line += f", of which the transformer layers' {_gib(layers)} ({layers / 1e9:,.2f} GB)"
     out.append(line)
-    out.append(f"    activations: {st.in_flight} microbatch-chunk(s) in flight at the most; "
-               f"transformer layers' parameters {st.layer_params:,} of {st.params:,}")
+    out.append(f"    activations {_gib(bytes_['activations'])}, of which the transformer layers' "
+               f"{_gib(layers_activations(st, precision))}; {st.in_flight} microbatch-chunk(s) in flight at "
+               f"the most; transformer layers' parameters {st.layer_params:,} of {st.params:,}")
     out.append("  TFLOP: " + ", ".join(f"{p} {st.flops(p) / 1e12:,.3f}" for p in ("forward", "backward", "recompute"))
                + f"; total {st.flops() / 1e12:,.3f}")
     sent = ", ".join(f"{kind} ({level}) {format_size(n)}" for (kind, level), n in sorted(st.sent().items()) if n)

@@ -22,7 +22,8 @@ from typing import Any, Optional
 from ..errors import SpmdsimError
 from .records import Transfer
 
-__all__ = ["Widths", "PRECISIONS", "StageLedger", "gpt_ledger", "priced", "ROLES", "gemms_at", "transfers_at"]
+__all__ = ["Widths", "PRECISIONS", "StageLedger", "gpt_ledger", "priced", "ROLES", "gemms_at", "transfers_at",
+           "layers_activations"]
 
 #: What a rank holds, by role, in the order the ledger prints them.
 ROLES = ("parameters", "gradients", "master copy", "optimizer states", "buffers", "activations")
@@ -101,6 +102,21 @@ def priced(stage: StageLedger, precision: str, zero: int) -> dict:
     return {"parameters": params * w.params, "gradients": m.grads // _RUN * w.grads,
             "master copy": master * w.master, "optimizer states": m.states // _RUN * w.states,
             "buffers": m.buffers // _RUN * w.buffers, "activations": values // _RUN * w.activations + masks}
+
+
+def layers_activations(stage: StageLedger, precision: str) -> int:
+    """The bytes the transformer blocks keep for backward (spmdsim.gpt.memory.BLOCK_KINDS and their
+    masks; not the embedding's nor the head's) on one rank of `stage`, priced at `precision`."""
+    from ..gpt.memory import BLOCK_KINDS
+
+    w = PRECISIONS[precision]
+    out = 0
+    for kind, n in stage.memory.kept:
+        if kind.endswith(" masks") and kind[:-len(" masks")] in BLOCK_KINDS:
+            out += n
+        elif kind in BLOCK_KINDS:
+            out += n // _RUN * w.activations
+    return out
 
 
 def gemms_at(gemms: Any, precision: str) -> list:
