@@ -185,11 +185,16 @@ def test_machine_out_is_checked_before_measuring(tmp_path):
 def test_calibrate_writes_a_machine_file_load_machine_reads(tmp_path):
     spmdsim = os.path.join(os.path.dirname(sys.executable), "spmdsim")
     out = tmp_path / "machine.json"
-    cmd = ["timeout", "-k", "5", "90", MPIEXEC, "-n", "2", spmdsim, "calibrate", "--sizes", "64K,1M",
+    cmd = ["timeout", "-k", "5", "90", MPIEXEC, "-n", "2", spmdsim, "calibrate", "--sizes", "64K,4M",
            "--ops", "allreduce,allgather", "--repeats", "1", "--warmup", "0",
            "--output", str(tmp_path / "cost.json"), "--machine-out", str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    if done.returncode != 0 and "gives no bandwidth for --machine-out" in done.stderr:
+        # A loaded machine can time the 4 MiB calls no slower per byte than the 64 KiB ones: then the fit
+        # has no bandwidth term and --machine-out refuses in one line, as it must (seen under load ~8).
+        assert len(done.stderr.strip().splitlines()) <= 2 and "Traceback" not in done.stderr, done.stderr
+        pytest.skip("the fit on this loaded machine had no bandwidth term; --machine-out refused it")
     assert done.returncode == 0, done.stderr
     assert f"machine file saved to {out}" in done.stdout
     m = load_machine(out)
