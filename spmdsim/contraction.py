@@ -12,6 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .context import current
 from .engines import matmul as _product
 from .flops import gemm as _gemm
 
@@ -101,11 +102,24 @@ def _pair(a_word: str, a: np.ndarray, b_word: str, b: np.ndarray, out: str) -> n
         b = b.sum(axis=r.b_gone)
     lhs = a if r.lhs is None else a.transpose(r.lhs)
     rhs = b if r.rhs is None else b.transpose(r.rhs)
+    engine = current().engine
+    if engine.dry:  # shapes only (spmdsim.sim.dry): no operand copied into its matmul shape, no result reordered
+        product = _product(_shaped(lhs, r.lhs_shape), _shaped(rhs, r.rhs_shape))  # the dry engine's zeros
+        shape = r.shape if r.order is None else tuple(r.shape[i] for i in r.order)
+        if r.order is None and shape:
+            return product.reshape(shape)
+        return engine.local(None, np.broadcast_to(np.zeros((), product.dtype), shape or (1,)))  # 0-d: 1-d, as below
     result = _product(lhs.reshape(r.lhs_shape), rhs.reshape(r.rhs_shape)).reshape(r.shape)
     if r.order is not None:
         result = result.transpose(r.order)
     # As np.ascontiguousarray alone: a copy when not C-ordered, and a 0-d result made 1-d.
     return result if result.flags.c_contiguous and result.ndim else np.ascontiguousarray(result)
+
+
+def _shaped(a: np.ndarray, shape: tuple) -> np.ndarray:
+    """A read-only zero of `a`'s dtype broadcast to `shape`: a dry run's matmul operand (its shape and dtype
+    are all the dry engine's product reads; reshaping a transposed block would copy it)."""
+    return np.broadcast_to(np.zeros((), a.dtype), shape)
 
 
 def _counted(words: Sequence[str], blocks: Sequence[np.ndarray], present: str, dtype: np.dtype) -> None:

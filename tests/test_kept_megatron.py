@@ -152,3 +152,75 @@ def test_the_pipeline_trains_with_megatrons_kept_set():
 def test_a_bad_kept_choice_is_refused_in_one_line():
     with pytest.raises(SpmdsimError, match="kept 'fused' is not one of 'graph', 'megatron'"):
         spmdsim.simulate(2, lambda: train(CFG, spmdsim.world(), 2, 1, 1, TEXT, kept="fused"))
+
+
+#: The large step's FLOPs by phase (spmdsim.flops), as counted before its dry run skipped any kernel.
+PINNED_FLOPS = {"forward": 894426939392, "backward": 1788853878784, "recompute": 34359738368}
+
+
+@pytest.mark.parametrize("sp, recompute", [(True, "selective"), (False, "none")])
+def test_a_dry_step_counts_what_the_real_step_does(sp, recompute):
+    """FLOPs by GEMM, kept bytes, calls and bytes sent of one kept="megatron" step: dry equal to real."""
+    from spmdsim.flops import counting
+
+    def body():
+        with counting() as flops:
+            r = train(CFG, spmdsim.world(), DP, 2, 1, TEXT, sp=sp, recompute=recompute, kept="megatron",
+                      memory=True, check=False)[1][-1]
+        return dict(flops.counts), r.memory.kept, r.calls, r.bytes_sent
+
+    real, dry = spmdsim.simulate(DP * 2, body), spmdsim.simulate(DP * 2, body, dry_run=True)
+    assert real[0][0] and real == dry
+
+
+# One dry-run step of a GPT too large to write on this machine's every page, tp 8 with sp and selective
+# recomputation: run in a fresh process (its peak RSS its own), it prints its peak and its ledger.
+_LARGE_STEP = """
+import json
+import numpy as np
+import spmdsim
+from spmdsim.flops import counting
+from spmdsim.gpt import GPTConfig
+from spmdsim.gpt.train import train
+from spmdsim.memory import peak_rss
+
+cfg = GPTConfig(layers=2, d_model=4096, heads=32, seq=2048, batch=4, vocab=128, dropout=0.1)
+ids = np.arange(2 * cfg.seq + 2, dtype=np.int64) % cfg.vocab
+
+def body():
+    with counting() as flops:
+        r = train(cfg, spmdsim.world(), 1, 8, 1, ids, sp=True, recompute="selective", kept="megatron",
+                  memory=True, check=False)[1][-1]
+    phases = {p: flops.total(p) for p in ("forward", "backward", "recompute")}
+    return dict(kept=dict(r.memory.kept), flops=phases, calls=r.calls, sent=r.bytes_sent)
+
+out = spmdsim.simulate(8, body, dry_run=True)
+assert all(o == out[0] for o in out)
+print("ledger", json.dumps(dict(out[0], peak=peak_rss())))
+"""
+
+
+def test_a_dry_run_of_a_large_megatron_step_writes_none_of_its_blocks():
+    """d_model 4096, seq 2048, batch 4, tp 8 with sp, 2 layers, float64: a real run keeps 1.8 GB for the
+    backward (kept_bytes), every page written, and writes larger products still (a whole (T, B, D)
+    activation is 256 MiB); the dry run holds none of it: its blocks are lazy zeros, its large kernels
+    skipped (the QKV and fc1 biases, the bias gradients' sums, the narrowed QKV's gradient, the head's
+    einsum). Its ledger is the one measured before they were skipped."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _LARGE_STEP], capture_output=True, text=True, timeout=600)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("ledger ")]
+    assert lines, out.stdout[-2000:] + out.stderr[-2000:]
+    got = json.loads(lines[0][len("ledger "):])
+    assert got["kept"] == {"embedding": 339812352, "layer norm": 134283264, "attention": 343932928,
+                           "mlp": 612368384, "head": 405110784}
+    assert (got["calls"], got["sent"]) == (27, 5638291456)
+    assert got["flops"] == PINNED_FLOPS
+    # The bound: the interpreter, numpy and spmdsim with a dry run's small values (about 40 MiB) within
+    # 128 MiB, plus a 16th of what a real run keeps (115 MiB). Writing any one layer's QKV output (3 s·b·h/t
+    # float64: 96 MiB) and fc1 output (4 s·b·h/t: 128 MiB), or the head's (T, B, D) gradient (256 MiB),
+    # passes it; before the dry run skipped them its peak was 810 MiB.
+    kept = sum(got["kept"].values())
+    assert got["peak"] < (128 << 20) + kept // 16, f"peak RSS {got['peak'] >> 20} MiB"

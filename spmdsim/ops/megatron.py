@@ -28,7 +28,7 @@ from ..autograd.rules.megatron import record_bias_dropout_add, record_column, re
 from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
 from ..errors import OperatorError
 from ..layout import TensorLayout
-from ._common import add_bias, local_matmul, make_dtensor
+from ._common import add_bias, dry_zeros, local_matmul, make_dtensor, result_dtype
 from .norms import dropout_keep
 
 __all__ = ["column_parallel_linear", "row_parallel_linear", "bias_dropout_add"]
@@ -67,7 +67,10 @@ def column_parallel_linear(x: Any, pairs: Sequence[tuple], full: Optional[Tensor
     ys = []
     for w, b in pairs:
         y = local_matmul(X.local, w.local, False)
-        ys.append(y if b is None else add_bias(y, b.local))
+        if b is not None:  # a dry run's large sum: zeros of its shape (spmdsim.ops._common.dry_zeros), not added
+            dry = dry_zeros(x.mesh, y.shape, result_dtype(y.dtype, b.local.dtype), add_bias, y, b.local)
+            y = add_bias(y, b.local) if dry is None else dry
+        ys.append(y)
     one = TensorLayout(full.layout, full.tensor_map[:-1] + (entry,))
     shape = tuple(x.global_shape[:-1]) + (pairs[0][0].global_shape[-1],)
     if len(ys) == 1:

@@ -13,6 +13,7 @@ keeps none of their blocks.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -31,6 +32,19 @@ def _lead(ndim: int) -> tuple:
     return tuple(range(ndim - 1))
 
 
+def _rows(a: np.ndarray, dry: bool) -> np.ndarray:
+    """`a` (..., n) seen as (rows, n) for a product: a view, or numpy's copy when `a`'s strides need one; in
+    a dry run a read-only broadcast zero of that shape (the dry engine's product reads shapes only)."""
+    if dry:
+        return nothing(a.dtype, (math.prod(a.shape[:-1]), a.shape[-1]))
+    return a.reshape(-1, a.shape[-1])
+
+
+def _bias_grad(d: np.ndarray, dry: bool) -> np.ndarray:
+    """`d` summed over its leading dims; in a dry run the zeros of that shape, `d` not read (its zeros)."""
+    return np.zeros(d.shape[-1:], d.dtype) if dry else d.sum(axis=_lead(d.ndim))
+
+
 def record_column(out: Any, x: Any, pairs: tuple, full: TensorLayout, gather: Callable) -> Any:
     """`out` = gather(x) @ W_i + b_i for each (W_i, b_i) of `pairs` (stacked on a first dim when several).
 
@@ -43,17 +57,17 @@ def record_column(out: Any, x: Any, pairs: tuple, full: TensorLayout, gather: Ca
     need_x = x._ag is not None
 
     def backward(dy: Any) -> tuple:
-        passed = dy.layout.partial
+        passed, dry = dy.layout.partial, dy.mesh.engine.dry
         X = gather(x, full).local
-        X2 = X.reshape(-1, X.shape[-1])
+        X2 = _rows(X, dry)
         grads: list = []
         dx: Optional[np.ndarray] = None
         for i, (w, b) in enumerate(pairs):
             d = dy.local[i] if stacked else dy.local
-            d2 = d.reshape(-1, d.shape[-1])
-            grads.append(grad_tensor(w, _product(X2.T, d2), passed, rows) if w._ag is not None else None)
+            need_w = w._ag is not None
+            grads.append(grad_tensor(w, _product(X2.T, _rows(d, dry)), passed, rows) if need_w else None)
             need_b = b is not None and b._ag is not None
-            grads.append(grad_tensor(b, d.sum(axis=_lead(d.ndim)), passed, rows) if need_b else None)
+            grads.append(grad_tensor(b, _bias_grad(d, dry), passed, rows) if need_b else None)
             if need_x:
                 part = _product(d, np.swapaxes(w.local, -1, -2))
                 dx = part if dx is None else _local(np.add, part, dx, part)
@@ -74,13 +88,12 @@ def record_row(out: Any, x: Any, w: Any, local: TensorLayout, gather: Callable) 
     need = (x._ag is not None, w._ag is not None)
 
     def backward(dy: Any) -> tuple:
-        passed = dy.layout.partial
+        passed, dry = dy.layout.partial, dy.mesh.engine.dry
         d = gather(dy, with_partial(local, passed)).local  # the forward's Reduce_scatter answered
         gx = grad_tensor(x, _product(d, np.swapaxes(w.local, -1, -2)), passed) if need[0] else None
         gw = None
         if need[1]:
-            x2, d2 = x.local.reshape(-1, x.local.shape[-1]), d.reshape(-1, d.shape[-1])
-            gw = grad_tensor(w, _product(x2.T, d2), passed, rows)
+            gw = grad_tensor(w, _product(_rows(x.local, dry).T, _rows(d, dry)), passed, rows)
         return gx, gw
 
     return record(out, "row_parallel_linear", (x, w), backward, with_partial(out.layout, ()))
@@ -98,7 +111,7 @@ def record_bias_dropout_add(out: Any, y: Any, bias: Any, residual: Any, keep: Op
         passed, d = dy.layout.partial, dy.local
         inner = d if keep is None else _local(lambda: d * np.multiply(keep, scale), d)
         return (grad_tensor(y, inner, passed) if need[0] else None,
-                grad_tensor(bias, inner.sum(axis=_lead(inner.ndim)), passed, rows) if need[1] else None,
+                grad_tensor(bias, _bias_grad(inner, dy.mesh.engine.dry), passed, rows) if need[1] else None,
                 grad_tensor(residual, d, passed) if need[2] else None)
 
     return record(out, "bias_dropout_add", (y, bias, residual), backward, with_partial(out.layout, ()))

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
 from ...plan.shift import Shift
 from ..graph import record, with_partial
 from .grads import grad_tensor
@@ -57,10 +58,15 @@ def record_broadcast_to(out: Any, x: Any, new: tuple) -> Any:
 def record_narrow(out: Any, x: Any, index: tuple) -> Any:
     """A slice `index` of a dim whole on every rank: dY in place, zeros elsewhere."""
 
+    def fill(d: np.ndarray) -> np.ndarray:
+        grad = np.zeros(x.local.shape, d.dtype)
+        grad[index] = d
+        return grad
+
     def backward(dy: Any) -> tuple:
-        grad = np.zeros(x.local.shape, dy.local.dtype)
-        grad[index] = dy.local
-        return (grad_tensor(x, grad, dy.layout.partial),)
+        d = dy.local  # a dry run: the engine's zeros of x's block, not filled (spmdsim.sim.dry)
+        like = np.broadcast_to(np.zeros((), d.dtype), x.local.shape)
+        return (grad_tensor(x, _local(fill, like, d), dy.layout.partial),)
 
     return record(out, "narrow", (x,), backward)
 
