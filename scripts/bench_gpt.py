@@ -71,8 +71,21 @@ masks in both; the peer's loss is printed beside spmdsim's step 0 and the one
 process's) and times steps 1..--steps from a barrier to the next (the slowest
 rank); a row is the median over launches of each launch's median step, the
 ratios the median over launches of each launch's ratio, beside their spread.
-The point-to-point bytes one step sends (all ranks) are printed for both; the
-script exits 1 when they differ or the losses do not agree.
+Point-to-point time a step: the span spmdsim's trace row of each
+point-to-point call covers (runtime.door.point_to_point: from before its first
+post to after its last wait), summed over the step's calls, the slowest rank;
+the peer times the same span of each of its message groups. It includes the
+wait for the neighbouring stage's compute, so it follows the stages' cells.
+Messages only: one more launch per round replays each rank's message groups of
+one step (message_groups: sizes, peers, tags and order from the schedule
+spmdsim runs, and the tied table's exchange) with no compute between, on the
+same buffers and communicator, ROUNDS times, each round through spmdsim's door
+and by raw mpi4py Irecv/Isend (completed by the same wait as spmdsim's, twice:
+the second is the A/A control, and by Request.Waitall), in an order that turns
+each round; each launch's ratio is the median of the rounds' ratios, a row the
+median over launches. The point-to-point bytes, groups and messages of a step
+(all ranks) are printed for spmdsim, the peer and the replay; the script exits
+1 when they differ or the losses do not agree.
 """
 from __future__ import annotations
 
@@ -210,14 +223,118 @@ def _pipeline_steps(args, comm) -> dict:
         _, results = train_pipelined(_config(args), comm, comm.size, 1, 1, args.steps + 1, encode(load_text()),
                                      schedule="1f1b", microbatches=args.microbatches, check=False, on_step=on_step)
     entries = trace.entries
-    walls, sent, waited = [], [], []
+    walls, sent, waited, groups = [], [], [], []
     for k in range(2, len(stamps)):  # stamps[1] ends the warm-up step 0
         mine = [e for e in entries[marks[k - 1]:marks[k]] if e.op in P2P]
         walls.append(comm.allreduce(stamps[k] - stamps[k - 1], op=_max()))
         sent.append(comm.allreduce(sum(e.bytes_sent for e in mine)))
         waited.append(comm.allreduce(sum(e.seconds for e in mine), op=_max()))
+        groups.append(comm.allreduce(len(mine)))
     return {"step": statistics.median(walls), "messages": statistics.median(waited), "p2p_bytes": sent[-1],
-            "p2p_bytes_steps": sent, "loss0": results[0].loss}
+            "p2p_bytes_steps": sent, "p2p_groups": groups[-1], "loss0": results[0].loss}
+
+
+#: --pipeline's messages-only pair: rounds a launch (after one untimed round of each way) and its ways, each
+#: round running every way once, in an order that turns by one each round.
+ROUNDS = 30
+REPLAYS = ("raw", "door", "raw2", "waitall")
+
+
+def message_groups(cfg, pp: int, microbatches: int, rank: int) -> list:
+    """`rank`'s point-to-point groups of one 1F1B step, in the order spmdsim.gpt.pipeline posts them:
+    (receives, sends), each a list of (bytes, peer, tag), from the schedule spmdsim runs
+    (spmdsim.pipeline.schedule.build; tags as spmdsim.gpt.pipeline tags them) and, on the first and the
+    last stage, the tied table's gradient exchange that ends the step (spmdsim.gpt.pipeline._tie_embedding)."""
+    from spmdsim.gpt.pipeline import _tag
+    from spmdsim.pipeline.schedule import Compute, Post, Send, build
+
+    act = cfg.batch // microbatches * cfg.seq * cfg.d_model * 8  # a microbatch's activation, float64
+    groups = []
+    for action in build("1f1b", pp, microbatches).programs[rank]:
+        if isinstance(action, Compute):
+            continue
+        receives, sends = [], []
+        for op in action.ops if isinstance(action, Post) else (action,):
+            if isinstance(op, Send):
+                sends.append((act, op.peer, _tag(op.what, op.chunk)))
+            else:
+                receives.append((act, op.peer, _tag(op.what, op.chunk - 1 if op.what == "act" else op.chunk + 1)))
+        groups.append((receives, sends))
+    if pp > 1 and rank in (0, pp - 1):
+        table = (cfg.vocab * cfg.d_model * 8, pp - 1 - rank, 1 << 14)  # _tie_embedding's tag
+        groups.append(([table], [table]))
+    return groups
+
+
+def _message_replay(args, comm) -> dict:
+    """--pipeline's messages only: this rank's groups of one step (message_groups) on the same buffers, no
+    compute between, through spmdsim's door (runtime.door.point_to_point on the pipeline mesh's pp group,
+    a trace open as train_pipelined keeps one) and by raw mpi4py on the same communicator: Irecv/Isend
+    completed by spmdsim's wait ("raw", and "raw2", its A/A control: the peer's polite Test() polling on
+    a polite mesh, else Wait) and by Request.Waitall ("waitall"). A way's time in a round: the sum of its
+    groups' spans (from before the first post to after the last wait), the slowest rank."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from _peer_mpi4py_step import _polite, _tight_timer_slack
+    from spmdsim import Layout, Mesh, buffers, collect_trace
+    from spmdsim.runtime.door import point_to_point
+
+    cfg, clock = _config(args), time.perf_counter
+    mesh = Mesh(Layout((comm.size,), ("pp",)), comm)
+    pp = mesh.group("pp")
+    polite = mesh.polite
+    if polite:
+        _tight_timer_slack()
+    plan = message_groups(cfg, comm.size, args.microbatches, comm.rank)
+    groups = [([(buffers.empty(n // 8, np.float64), peer, tag) for n, peer, tag in receives],
+               [(np.full(n // 8, 1.0), peer, tag) for n, peer, tag in sends]) for receives, sends in plan]
+
+    def door() -> float:
+        spent = 0.0
+        for receives, sends in groups:
+            t0 = clock()
+            point_to_point(mesh, pp, "pp", receives, sends, "pipeline")
+            spent += clock() - t0
+        return spent
+
+    def raw(waitall: bool = False) -> float:
+        spent = 0.0
+        for receives, sends in groups:
+            t0 = clock()
+            requests = [pp.Irecv(buf, peer, tag) for buf, peer, tag in receives]
+            requests += [pp.Isend(buf, peer, tag) for buf, peer, tag in sends]
+            if waitall:
+                MPI.Request.Waitall(requests)
+            elif polite:
+                for request in requests:
+                    _polite(request)
+            else:
+                for request in requests:
+                    request.Wait()
+            spent += clock() - t0
+        return spent
+
+    ways = {"raw": raw, "door": door, "raw2": raw, "waitall": lambda: raw(True)}
+    times: dict = {way: [] for way in REPLAYS}
+    with collect_trace() as trace:
+        for r in range(-1, ROUNDS):  # round -1: each way once, untimed
+            for way in REPLAYS[r % len(REPLAYS):] + REPLAYS[:r % len(REPLAYS)]:
+                comm.Barrier()
+                spent = comm.allreduce(ways[way](), op=MPI.MAX)
+                if r >= 0:
+                    times[way].append(spent)
+                if r == -1 and way == "door":
+                    rows = [e for e in trace.entries if e.op in P2P]
+    mesh.close()
+    out = {way: statistics.median(times[way]) for way in REPLAYS}
+    for way in ("door", "raw2", "waitall"):
+        out[way + "_ratio"] = statistics.median(t / base for t, base in zip(times[way], times["raw"]))
+    out.update(groups=comm.allreduce(len(rows)), bytes=comm.allreduce(sum(e.bytes_sent for e in rows)),
+               planned_groups=comm.allreduce(len(groups)), messages=comm.allreduce(sum(len(s) for _, s in groups)),
+               planned_bytes=comm.allreduce(sum(b.nbytes for _, sends in groups for b, _, _ in sends)),
+               wait="polite" if polite else "busy", rounds=ROUNDS)
+    return out
 
 
 def _max():
@@ -243,13 +360,13 @@ def _worker(args) -> None:
         # with a transposed operand (20 us on one thread).
         with blas_threads(1):
             result = spmdsim.simulate(1, lambda: _steps(args, spmdsim.world(), False, (1, 1)))[0]
-    elif args.worker == "pipe":
+    elif args.worker in ("pipe", "pmsg"):
         from mpi4py import MPI
 
         from spmdsim.runtime.process import tune_mpi_process
 
         tune_mpi_process()
-        result = _pipeline_steps(args, MPI.COMM_WORLD)
+        result = (_pipeline_steps if args.worker == "pipe" else _message_replay)(args, MPI.COMM_WORLD)
         if MPI.COMM_WORLD.rank != 0:
             return
     else:
@@ -266,6 +383,8 @@ def _worker(args) -> None:
 
 #: The hand-written peer's launches: worker -> its wait ("hand2" is "hand" again, the A/A control).
 HAND = {"hand": "polite", "hand2": "polite", "busy": "busy"}
+#: --pipeline's launches, in their order: the peer, spmdsim, the peer again (A/A), the messages-only pair.
+PIPE = ("phand", "pipe", "phand2", "pmsg")
 
 
 def _launch(args, worker: str, check: int = 0) -> dict | None:
@@ -283,13 +402,13 @@ def _launch(args, worker: str, check: int = 0) -> dict | None:
         cmd = ["timeout", "-k", "5", "900"] + spmdsim_cli + [
             sys.executable, str(HERE.parent / "peer_mpi4py_gpt.py")] + common[:-2] + ["--check", "0", "--wait", "busy"]
     ranks = "8"
-    if worker in ("pipe", "phand", "phand2"):  # --pipeline: pp 4, one rank a stage
+    if worker in PIPE:  # --pipeline: pp 4, one rank a stage
         ranks = str(PP)
         common = common[:-2] + ["--microbatches", str(args.microbatches)]
-        cmd = [sys.executable, str(HERE)] + common + ["--pipeline", "--worker", "pipe"]
-        if worker != "pipe":
+        cmd = [sys.executable, str(HERE)] + common + ["--pipeline", "--worker", worker]
+        if worker not in ("pipe", "pmsg"):
             cmd = [sys.executable, str(HERE.parent / "peer_mpi4py_pipeline.py")] + common
-    if worker in ("mpi", "mpireplay", "dtensor", "pipe", "phand", "phand2") or worker in HAND:
+    if worker in ("mpi", "mpireplay", "dtensor") + PIPE or worker in HAND:
         cmd = ["timeout", "-k", "5", "900", _mpiexec() or "mpiexec", "-n", ranks] + cmd
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=960)
     for line in done.stdout.splitlines():
@@ -323,37 +442,66 @@ def _pipeline(args) -> int:
           f"{os.getloadavg()[0]:.1f}")
     print(f"pipeline pp {PP} x dp 1 x tp 1 on {PP} MPI ranks, 1F1B, {args.microbatches} microbatches")
     # The peer's A/A pair brackets spmdsim's launch, so a drift of the machine's load shows in the pair.
-    rows = {"phand": [], "pipe": [], "phand2": []}
+    rows: dict = {worker: [] for worker in PIPE}
     for _ in range(args.launches):
         for worker in rows:
             rows[worker].append(_launch(args, worker))
     if not all(all(r) for r in rows.values()):
         return 1
     hand, pipe, again = (_median(rows[w], "step") for w in ("phand", "pipe", "phand2"))
-    ratios = [p["step"] / h["step"] for p, h in zip(rows["pipe"], rows["phand"])]
-    aa = [h2["step"] / h["step"] for h2, h in zip(rows["phand2"], rows["phand"])]
     n = args.launches
     print(f"{'run':40} {'s/step':>8}  ratio (median of {n} launch{'es' if n > 1 else ''}, spread)")
     print(f"{'numpy + mpi4py by hand, 1F1B':40} {hand:8.3f}")
-    print(f"{'the same again (A/A control)':40} {again:8.3f}  {statistics.median(aa):5.2f}x the first "
-          f"({_spread(aa)})")
-    print(f"{'spmdsim train_pipelined, 1F1B':40} {pipe:8.3f}  {statistics.median(ratios):5.2f}x by hand "
-          f"({_spread(ratios)})")
-    print(f"{'  its messages (slowest rank)':40} {_median(rows['pipe'], 'messages'):8.3f}  by hand "
-          f"{_median(rows['phand'], 'messages'):.3f}")
+    print(f"{'the same again (A/A control)':40} {again:8.3f}  "
+          f"{_ratio(rows['phand2'], rows['phand'], 'step', 'the first')}")
+    print(f"{'spmdsim train_pipelined, 1F1B':40} {pipe:8.3f}  {_ratio(rows['pipe'], rows['phand'], 'step', 'by hand')}")
+    print("point-to-point time a step (posting and waits of each group, summed, the slowest rank):")
+    print(f"{'  by hand':40} {_median(rows['phand'], 'messages'):8.3f}")
+    print(f"{'  by hand again (A/A control)':40} {_median(rows['phand2'], 'messages'):8.3f}  "
+          f"{_ratio(rows['phand2'], rows['phand'], 'messages', 'the first')}")
+    print(f"{'  spmdsim (its send/recv trace rows)':40} {_median(rows['pipe'], 'messages'):8.3f}  "
+          f"{_ratio(rows['pipe'], rows['phand'], 'messages', 'by hand')}")
+    replays = rows["pmsg"]
+    first = replays[0]
+    print(f"messages only: a step's groups replayed, no compute, {first['rounds']} rounds a launch, "
+          f"{first['wait']} wait:")
+    print(f"{'  raw mpi4py Irecv/Isend, the same wait':40} {_median(replays, 'raw'):8.5f}")
+    for way, label, versus in (("raw2", "  raw again (A/A control)", "the first"),
+                               ("door", "  spmdsim runtime.door.point_to_point", "raw"),
+                               ("waitall", "  raw mpi4py, Request.Waitall", "raw")):
+        ratios = [r[way + "_ratio"] for r in replays]
+        print(f"{label:40} {_median(replays, way):8.5f}  {statistics.median(ratios):5.2f}x {versus} "
+              f"({_spread(ratios)})")
     ours, theirs = rows["pipe"][0], rows["phand"][0]
-    same_bytes = ours["p2p_bytes_steps"] == theirs["p2p_bytes_steps"]
-    print(f"point-to-point bytes a step, all ranks: spmdsim {ours['p2p_bytes']}, by hand {theirs['p2p_bytes']} "
-          f"({'equal' if same_bytes else 'DIFFERENT'})")
+    same_bytes = ours["p2p_bytes_steps"] == theirs["p2p_bytes_steps"] and \
+        all(r["bytes"] == r["planned_bytes"] == ours["p2p_bytes"] for r in replays)
+    same_groups = ours["p2p_groups"] == theirs["p2p_groups"] and \
+        all(r["groups"] == r["planned_groups"] == ours["p2p_groups"] for r in replays)
+    same_messages = all(r["messages"] == theirs["p2p_messages"] for r in replays)
+    print(f"point-to-point groups a step, all ranks: spmdsim {ours['p2p_groups']}, by hand {theirs['p2p_groups']}, "
+          f"replayed {first['groups']} ({'equal' if same_groups else 'DIFFERENT'})")
+    print(f"point-to-point messages a step, all ranks: by hand {theirs['p2p_messages']}, replayed "
+          f"{first['messages']} ({'equal' if same_messages else 'DIFFERENT'})")
+    print(f"point-to-point bytes a step, all ranks: spmdsim {ours['p2p_bytes']}, by hand {theirs['p2p_bytes']}, "
+          f"replayed {first['bytes']} ({'equal' if same_bytes else 'DIFFERENT'})")
     diff = abs(theirs["loss0"] - ours["loss0"])
     print(f"step 0 loss: spmdsim {ours['loss0']:.12f}, by hand {theirs['loss0']:.12f}, |diff| {diff:.1e}")
     print(f"step 0 loss: one numpy process {theirs['reference0']:.12f} (the same masks)")
     print(f"by hand, after step 0: gradients within {theirs['grad_error']:.1e} of the one process's")
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
     if not same_bytes:
-        print("bench_gpt --pipeline: the two steps sent different point-to-point bytes", file=sys.stderr)
+        print("bench_gpt --pipeline: the point-to-point bytes differ", file=sys.stderr)
+    if not (same_groups and same_messages):
+        print("bench_gpt --pipeline: the point-to-point groups or messages differ", file=sys.stderr)
     if diff > 1e-10:
         print(f"bench_gpt --pipeline: step 0's losses differ by {diff:.1e}", file=sys.stderr)
-    return 0 if same_bytes and diff <= 1e-10 else 1
+    return 0 if same_bytes and same_groups and same_messages and diff <= 1e-10 else 1
+
+
+def _ratio(rows: list, base: list, key: str, versus: str) -> str:
+    """The median over launches of each launch's ratio of `key` to the base launch's, and their spread."""
+    ratios = [r[key] / b[key] for r, b in zip(rows, base)]
+    return f"{statistics.median(ratios):5.2f}x {versus} ({_spread(ratios)})"
 
 
 def _median(rows: list, key: str) -> float:
@@ -370,7 +518,7 @@ def main() -> int:
     ap.add_argument("--pipeline", action="store_true",
                     help=f"time the pipelined step (pp {PP}, 1F1B) against the same schedule by hand on mpi4py")
     ap.add_argument("--microbatches", type=int, default=None, help="with --pipeline: microbatches a step (8)")
-    ap.add_argument("--worker", choices=("ref", "one", "sim", "simreplay", "mpi", "mpireplay", "pipe"),
+    ap.add_argument("--worker", choices=("ref", "one", "sim", "simreplay", "mpi", "mpireplay", "pipe", "pmsg"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
     for name in ("launches", "steps", "layers", "d_model", "seq", "microbatches"):

@@ -98,6 +98,7 @@ class Stage:
         self.micro = cfg.batch // microbatches
         self.rows = self.micro * cfg.seq  # an activation's rows: (sample, position)
         self.steps, self.sent_bytes, self.waited = 0, 0, 0.0
+        self.groups = self.messages = 0  # message groups posted, messages sent (since the last reset)
 
     def _holds(self, name: str) -> bool:
         if name == "wte":
@@ -111,7 +112,11 @@ class Stage:
     # -- messages ------------------------------------------------------------------------------------
 
     def _exchange(self, receives: list, sends: list) -> None:
-        """Post the receives, then the sends ((buffer, peer, tag) each), and complete them all."""
+        """Post the receives, then the sends ((buffer, peer, tag) each), and complete them all.
+
+        `waited` sums the span spmdsim's trace row of a point-to-point call covers
+        (spmdsim.runtime.door.point_to_point): from before the first post to after the last wait and the
+        byte count."""
         if not receives and not sends:
             return
         t0 = time.perf_counter()
@@ -124,6 +129,8 @@ class Stage:
                 request.Wait()
         self.sent_bytes += sum(buf.nbytes for buf, _, _ in sends)
         self.waited += time.perf_counter() - t0
+        self.groups += 1
+        self.messages += len(sends)
 
     def _act_buffer(self) -> np.ndarray:
         return np.empty((self.rows, self.cfg.d_model))
@@ -339,21 +346,24 @@ def run(args: argparse.Namespace, cfg: Any, polite: bool) -> dict:
     world.Barrier()
     loss = stage.step(x, y, _masks(cfg, 0, stage.s, args.microbatches, own=False))
     result = _checked(cfg, world, stage, loss, x, y)
-    walls, waits, sent = [], [], []
+    walls, waits, sent, groups, messages = [], [], [], [], []
     world.Barrier()
     for k in range(1, args.steps + 1):
         t0 = time.perf_counter()
-        stage.sent_bytes, stage.waited = 0, 0.0
+        stage.sent_bytes, stage.waited, stage.groups, stage.messages = 0, 0.0, 0, 0
         x, y = batch(ids, cfg, k)
         last = stage.step(x, y, _masks(cfg, k, stage.s, args.microbatches, own=True))
         world.Barrier()
         walls.append(world.allreduce(time.perf_counter() - t0, op=MPI.MAX))
         waits.append(world.allreduce(stage.waited, op=MPI.MAX))
         sent.append(world.allreduce(stage.sent_bytes))
+        groups.append(world.allreduce(stage.groups))
+        messages.append(world.allreduce(stage.messages))
     if world.rank != 0:
         return {}
     return dict(result, step=statistics.median(walls), messages=statistics.median(waits), p2p_bytes=sent[-1],
-                p2p_bytes_steps=sent, last_loss=last, wait="polite" if polite else "busy")
+                p2p_bytes_steps=sent, p2p_groups=groups[-1], p2p_messages=messages[-1], last_loss=last,
+                wait="polite" if polite else "busy")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -398,7 +408,8 @@ def main(argv: Optional[list[str]] = None) -> int:
               f"masks), |diff| {abs(result['loss0'] - result['reference0']):.1e}; gradients within "
               f"{result['grad_error']:.1e} of the one process's")
         print(f"training step {result['step']:.3f} s, messages {result['messages']:.3f} s, point-to-point "
-              f"{result['p2p_bytes']} bytes (median of {args.steps} after the warm-up, slowest rank)")
+              f"{result['p2p_bytes']} bytes in {result['p2p_messages']} messages, {result['p2p_groups']} groups "
+              f"(median of {args.steps} after the warm-up, slowest rank)")
         print("RESULT " + json.dumps(result))
     return 0
 

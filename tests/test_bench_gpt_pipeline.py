@@ -2,9 +2,10 @@
 
 One launch of each (a 4-layer GPT of d_model 32 on 4 MPI ranks, one timed step):
 the hand-written step's loss at step 0 is spmdsim's and the one process's, its
-gradients the one process's, and both sides send the same point-to-point bytes,
-the count a 1F1B step over pp 4 must send. Values only, never timings. Without
-mpiexec the case is one line; bytes or losses that differ make it exit 1.
+gradients the one process's, and both sides and the messages-only replay send the
+same point-to-point bytes in the same groups and messages, the counts a 1F1B step
+over pp 4 must send. Values only, never timings. Without mpiexec the case is one
+line; bytes, groups, messages or losses that differ make it exit 1.
 """
 from __future__ import annotations
 
@@ -39,14 +40,25 @@ def test_one_launch_agrees_on_the_loss_and_the_bytes():
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert max(len(line) for line in lines) <= 100
-    for row in ("numpy + mpi4py by hand, 1F1B", "the same again (A/A control)", "spmdsim train_pipelined, 1F1B"):
+    for row in ("numpy + mpi4py by hand, 1F1B", "the same again (A/A control)", "spmdsim train_pipelined, 1F1B",
+                "  by hand   ", "  by hand again (A/A control)", "  spmdsim (its send/recv trace rows)",
+                "  raw mpi4py Irecv/Isend, the same wait", "  raw again (A/A control)",
+                "  spmdsim runtime.door.point_to_point", "  raw mpi4py, Request.Waitall"):
         assert sum(line.startswith(row) for line in lines) == 1, (row, done.stdout)
     [sent] = [line for line in lines if line.startswith("point-to-point bytes a step, all ranks: ")]
-    ours, theirs = _value(sent, "spmdsim "), _value(sent, "by hand ")
+    ours, theirs, replayed = _value(sent, "spmdsim "), _value(sent, "by hand "), _value(sent, "replayed ")
     # 3 boundaries x 8 microbatches x (activation + gradient) of 16 x 1 x 32 float64, and the tied table's
     # gradient (128 x 32 float64) each way between the first and the last stage
-    assert ours == theirs == 3 * 8 * 2 * 16 * 32 * 8 + 2 * 128 * 32 * 8, sent
+    assert ours == theirs == replayed == 3 * 8 * 2 * 16 * 32 * 8 + 2 * 128 * 32 * 8, sent
     assert sent.endswith("(equal)")
+    # 1F1B over pp 4, 8 microbatches: 11, 21, 19 and 9 groups on the stages, and the tied table's exchange
+    # on the first and the last; 50 messages (48 across the boundaries and the table's two)
+    [groups] = [line for line in lines if line.startswith("point-to-point groups a step, all ranks: ")]
+    assert _value(groups, "spmdsim ") == _value(groups, "by hand ") == _value(groups, "replayed ") == 62, groups
+    assert groups.endswith("(equal)")
+    [messages] = [line for line in lines if line.startswith("point-to-point messages a step, all ranks: ")]
+    assert _value(messages, "by hand ") == _value(messages, "replayed ") == 50, messages
+    assert messages.endswith("(equal)")
     [loss] = [line for line in lines if line.startswith("step 0 loss: spmdsim ")]
     assert _value(loss, "|diff| ") <= 1e-10, loss
     assert _value(loss, "spmdsim ") == pytest.approx(_value(loss, "by hand "), abs=1e-10, rel=0)
@@ -71,16 +83,54 @@ def test_without_mpiexec_it_is_one_line(bench, monkeypatch, capsys):
     assert out.err.startswith("bench_gpt --pipeline: no mpiexec beside python or on PATH (pip install mpich)")
 
 
-@pytest.mark.parametrize("pipe, needle", [
-    ({"p2p_bytes": 8, "p2p_bytes_steps": [8]}, "different point-to-point bytes"),
-    ({"loss0": 4.5}, "step 0's losses differ by 2.0e-01"),
+def test_message_groups_follow_the_schedule(bench):
+    from spmdsim.gpt import GPTConfig
+
+    cfg = GPTConfig(layers=4, d_model=32, heads=4, seq=16, batch=8)
+    plans = [bench.message_groups(cfg, 4, 8, rank) for rank in range(4)]
+    assert [len(plan) for plan in plans] == [12, 21, 19, 10]
+    act, table = 16 * 32 * 8, 128 * 32 * 8
+    assert plans[0][0] == ([], [(act, 1, 0)])  # F0's activation to stage 1, tagged by chunk 0
+    assert plans[3][1] == ([(act, 2, 4)], [(act, 2, 7)])  # B0's gradient back, F1's activation in
+    for rank, other in ((0, 3), (3, 0)):  # the tied table's gradient, each way, ends the step
+        assert plans[rank][-1] == ([(table, other, 1 << 14)], [(table, other, 1 << 14)])
+    # every send is one receive of the same bytes and tag on its peer
+    sent = sorted((rank, peer, tag, n) for rank, plan in enumerate(plans) for _, sends in plan
+                  for n, peer, tag in sends)
+    got = sorted((peer, rank, tag, n) for rank, plan in enumerate(plans) for receives, _ in plan
+                 for n, peer, tag in receives)
+    assert sent == got and len(sent) == 50
+    assert sum(n for *_, n in sent) == 3 * 8 * 2 * act + 2 * table
+
+
+_HAND = {"step": 0.1, "messages": 0.05, "p2p_bytes": 4, "p2p_bytes_steps": [4], "p2p_groups": 2,
+         "p2p_messages": 1, "loss0": 4.7, "reference0": 4.7, "grad_error": 0.0}
+_REPLAY = {"raw": 0.01, "door": 0.011, "raw2": 0.01, "waitall": 0.012, "door_ratio": 1.1, "raw2_ratio": 1.0,
+           "waitall_ratio": 1.2, "groups": 2, "bytes": 4, "planned_groups": 2, "messages": 1, "planned_bytes": 4,
+           "wait": "polite", "rounds": 30}
+
+
+@pytest.mark.parametrize("pipe, replay, needle", [
+    ({"p2p_bytes": 8, "p2p_bytes_steps": [8]}, {}, "point-to-point bytes differ"),
+    ({}, {"bytes": 8}, "point-to-point bytes differ"),
+    ({"p2p_groups": 3}, {}, "point-to-point groups or messages differ"),
+    ({}, {"messages": 2}, "point-to-point groups or messages differ"),
+    ({"loss0": 4.5}, {}, "step 0's losses differ by 2.0e-01"),
 ])
-def test_bytes_or_losses_that_differ_exit_1(bench, monkeypatch, capsys, pipe, needle):
-    hand = {"step": 0.1, "messages": 0.05, "p2p_bytes": 4, "p2p_bytes_steps": [4], "loss0": 4.7,
-            "reference0": 4.7, "grad_error": 0.0}
-    ours = {**hand, **pipe}
+def test_bytes_groups_or_losses_that_differ_exit_1(bench, monkeypatch, capsys, pipe, replay, needle):
+    rows = {"pipe": {**_HAND, **pipe}, "pmsg": {**_REPLAY, **replay}}
     monkeypatch.setattr(bench, "_mpiexec", lambda: "mpiexec")
-    monkeypatch.setattr(bench, "_launch", lambda args, worker: dict(ours if worker == "pipe" else hand))
+    monkeypatch.setattr(bench, "_launch", lambda args, worker: dict(rows.get(worker, _HAND)))
     assert bench._pipeline(_args(bench)) == 1
     out = capsys.readouterr()
     assert needle in out.err and "Traceback" not in out.err
+
+
+def test_equal_counts_exit_0_and_print_both_ratios(bench, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "_mpiexec", lambda: "mpiexec")
+    monkeypatch.setattr(bench, "_launch", lambda args, worker: dict(_REPLAY if worker == "pmsg" else _HAND))
+    assert bench._pipeline(_args(bench)) == 0
+    out = capsys.readouterr().out
+    assert "  spmdsim (its send/recv trace rows)        0.050   1.00x by hand (1.00-1.00)" in out
+    assert "  spmdsim runtime.door.point_to_point     0.01100   1.10x raw (1.10-1.10)" in out
+    assert "point-to-point groups a step, all ranks: spmdsim 2, by hand 2, replayed 2 (equal)" in out

@@ -109,9 +109,8 @@ class MpiEngine(Engine):
 
     def wait_all(self, requests: list, wait: Wait) -> None:
         if wait is None:
-            from mpi4py import MPI as mpi
-
-            mpi.Request.Waitall(requests)
+            if requests:  # Request.Waitall, a class method: reached from a request, no import on the way
+                requests[0].Waitall(requests)
         else:
             for request in requests:
                 wait(request)
