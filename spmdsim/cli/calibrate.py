@@ -307,7 +307,13 @@ def _calibrate(args: argparse.Namespace, comm: Any) -> int:
                           f"wait={waiter.mode}, {MPI.Get_library_version().splitlines()[0]}")
     copy = measure_copy(comm, sizes, waiter, warmup=args.warmup, repeats=args.repeats)
     model = dataclasses.replace(model, copy_s_per_byte=copy)
-    machine = _measure_machine(comm, model, waiter) if args.machine_out is not None and not args.dry_run else None
+    machine = None
+    if args.machine_out is not None and not args.dry_run:
+        # Rank 0's fit decides, for every rank alike: one line, not an error on rank 0 alone.
+        problem = engine_of(comm).broadcast_object(comm, _bandwidth_problem(model) if rank == 0 else None, 0)
+        if problem:
+            raise SpmdsimError(problem)
+        machine = _measure_machine(comm, model, waiter)
     failure = None
     if rank == 0:
         print(f"{'op':<15}{'g':>3}{'bytes':>11}{'measured ms':>13}{'model ms':>11}{'ratio':>7}")
@@ -344,9 +350,9 @@ def calibrated_machine(model: CostModel, flops_rate: float, memory_bandwidth: fl
     overrides are not carried), reduction_rate 1 / gamma (none where gamma is 0); peak_flops.fp32 is the
     measured float32 GEMM rate, so the efficiency cap is 1 (the roofline still slows small products).
     """
-    if not model.beta_s_per_byte > 0:
-        raise SpmdsimError(f"the fit's beta {model.beta_s_per_byte!r} s/byte gives no bandwidth for "
-                           "--machine-out; expected a fit with a bandwidth term (add larger --sizes)")
+    problem = _bandwidth_problem(model)
+    if problem:
+        raise SpmdsimError(problem)
     link = Link(bandwidth=1.0 / model.beta_s_per_byte, latency=model.alpha_s)
     sources = (f"spmdsim calibrate on {host}: links.node and links.cluster are the fitted shared alpha (latency) "
                f"and 1/beta (bandwidth), reduction_rate 1/gamma, algorithm the fit's; {model.source}",
@@ -363,6 +369,14 @@ def calibrated_machine(model: CostModel, flops_rate: float, memory_bandwidth: fl
                    memory_bytes=max(memory_bytes, 1), peak_flops=(("fp32", float(flops_rate)),),
                    hbm_bandwidth=float(memory_bandwidth), gemm_efficiency=efficiency, node=link, cluster=link,
                    algorithm=model.algorithm, reduction_rate=1.0 / gamma if gamma > 0 else None)
+
+
+def _bandwidth_problem(model: CostModel) -> str | None:
+    """Why the fit cannot make a machine file (no bandwidth term), or None."""
+    if model.beta_s_per_byte > 0:
+        return None
+    return (f"the fit's beta {model.beta_s_per_byte!r} s/byte gives no bandwidth for --machine-out; expected a "
+            "fit with a bandwidth term (add larger --sizes, or run on a quieter machine)")
 
 
 def _measure_machine(comm: Any, model: CostModel, waiter: Waiter) -> Machine | None:
