@@ -384,7 +384,8 @@ def clip_coefficient(norm: float, max_norm: float, eps: float = 1e-6) -> float:
     return coefficient if not coefficient >= 1.0 else 1.0
 
 
-def clip_grad_norm_(params: Iterable[Any], max_norm: float, eps: float = 1e-6) -> float:
+def clip_grad_norm_(params: Iterable[Any], max_norm: float, eps: float = 1e-6, *, across: Any = None,
+                    counted: Any = None) -> float:
     """Scale the parameters' gradients together so their joint 2-norm is at most `max_norm`, as PyTorch's
     ``torch.nn.utils.clip_grad_norm_``; returns the norm before clipping (a float, alike on every rank).
 
@@ -393,6 +394,11 @@ def clip_grad_norm_(params: Iterable[Any], max_norm: float, eps: float = 1e-6) -
     it, as Megatron counts a replicated parameter on one tensor-parallel rank), and one Allreduce
     over the mesh sums them; parameters without a gradient are skipped. Gradients are replaced by
     scaled copies (never scaled in place: two leaves' gradients may share a block).
+
+    A pipeline's stages hold different parameters: `across` = (mesh, axes) sums the stages' squares
+    once more over those axes of that mesh (the whole (pp, dp, tp) mesh and ("pp",)), and `counted`
+    names the parameters whose squares this rank adds (default all; a tied table both end stages
+    hold counts on one of them). Every parameter's gradient is scaled.
     """
     from .runtime.executor import pending, resolve
 
@@ -417,8 +423,11 @@ def clip_grad_norm_(params: Iterable[Any], max_norm: float, eps: float = 1e-6) -
                                 f"{mesh.layout}; clip each mesh's parameters separately")
         if g.layout.partial:
             raise OperatorError(f"clip_grad_norm_: a gradient is a pending sum over {g.layout.partial!r}")
+    count = None if counted is None else {id(p) for p in counted}
     squares = 0.0
-    for _, g in grads:
+    for p, g in grads:
+        if count is not None and id(p) not in count:
+            continue
         replicas = g.layout.replicated_axes
         if not replicas or g.layout.layout.group_index(mesh.rank, replicas) == 0:
             block = g.local.astype(np.float64, copy=False).reshape(-1)
@@ -427,6 +436,12 @@ def clip_grad_norm_(params: Iterable[Any], max_norm: float, eps: float = 1e-6) -
     if axes:
         squares = float(resolve(mesh, np.array([squares]), pending(mesh.layout, 1, axes), "clip_grad_norm",
                                 owned=True)[0])
+    if across is not None:  # the other stages' squares (each stage's total is alike on its ranks)
+        whole, over = across
+        over = tuple(a for a in over if whole.layout.axis_size(a) > 1)
+        if over:
+            squares = float(resolve(whole, np.array([squares]), pending(whole.layout, 1, over),
+                                    "clip_grad_norm", owned=True)[0])
     norm = math.sqrt(squares)
     coefficient = clip_coefficient(norm, bound, eps)
     if coefficient != 1.0:

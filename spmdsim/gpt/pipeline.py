@@ -143,7 +143,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     from ..autograd import reduce_grads
     from ..context import current
     from ..distrib_optim import DistributedAdamW
-    from ..optim import AdamW
+    from ..optim import AdamW, clip_grad_norm_
     from ..pipeline.schedule import build
     from ..runtime.door import all_reduce_object
     from ..runtime.dtensor import DTensor  # its operators came with `ops`, just imported
@@ -159,9 +159,9 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
                or recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept))
     if problem:
         raise SpmdsimError(f"the GPT cannot train on pp {pp} x dp {dp} x tp {tp}: {problem}")
-    if cfg.clip and pp > 1:
-        raise SpmdsimError(f"clip {cfg.clip!r} with pp {pp}: the joint norm over the stages is not made yet; "
-                           "train the pipeline with clip 0")
+    if cfg.clip and zero and pp > 1:
+        raise SpmdsimError(f"clip {cfg.clip!r} with ZeRO-1 and pp {pp}: the distributed optimizer's norm is "
+                           "its stage's only; train the pipeline with clip 0 or zero 0")
     plan = build(schedule, pp, microbatches, virtual)
     chunks = pp * virtual
     parts = chunk_parts(cfg, chunks, split)
@@ -184,7 +184,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     decaying = [params[s.name] for s in param_specs(cfg) if s.name in params and decays(s)]
     if zero:  # each stage's states and master copy sharded over its dp ranks
         optimizer = DistributedAdamW(tensors, stage_mesh, ("dp",), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                                     weight_decay=cfg.weight_decay, decay=decaying)
+                                     weight_decay=cfg.weight_decay, decay=decaying, clip_grad=cfg.clip)
     else:
         optimizer = AdamW(tensors, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
                           decay=decaying)
@@ -215,6 +215,9 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
                 reduce_grads(tensors)  # dp (and sp's LayerNorm) sums: once per step, bucketed
             if ends:
                 _tie_embedding(run, params["wte"], 0 if stage == pp - 1 else pp - 1, pp_comm)
+            if cfg.clip and not zero:  # the joint norm over every stage; the tied table counted once
+                counted = [t for name, t in params.items() if not (name == "wte" and ends and stage == pp - 1)]
+                clip_grad_norm_(tensors, cfg.clip, across=(mesh, ("pp",)), counted=counted)
             if watch is not None:
                 watch.look("after the backward")
             optimizer.step()
