@@ -433,3 +433,24 @@ def test_a_reduction_error_that_cannot_be_rebuilt_still_reaches_every_rank():
             return type(exc).__name__, str(exc)
 
     assert simulate(3, body) == [("SimulationError", "_Picky: 0/1")] * 3
+
+
+def test_a_half_imported_mpi4py_is_not_read_for_its_constants(monkeypatch):
+    """While one thread imports mpi4py.MPI its module sits in sys.modules before its names exist; a
+    simulated rank in a collective then read MPI.IN_PLACE from it and failed (an AttributeError from a
+    'partially initialized module', seen once in CI). Until the import finishes it is not there."""
+    import sys
+    import types
+    from importlib.machinery import ModuleSpec
+
+    from spmdsim.sim import _buffers
+
+    half = types.ModuleType("mpi4py.MPI")
+    half.__spec__ = ModuleSpec("mpi4py.MPI", None)
+    half.__spec__._initializing = True
+    monkeypatch.setitem(sys.modules, "mpi4py.MPI", half)
+    assert _buffers.mpi_module() is None
+    assert _buffers.in_place(object()) is False and _buffers.special("ANY_SOURCE") == _buffers._DEFAULTS["ANY_SOURCE"]
+    half.__spec__._initializing = False
+    half.IN_PLACE = marker = object()
+    assert _buffers.mpi_module() is half and _buffers.in_place(marker)

@@ -49,8 +49,15 @@ _OTHER_OPS = ("maxloc", "minloc", "replace", "no_op")
 
 
 def mpi_module() -> Any:
-    """mpi4py.MPI when the program has imported it (its constants and classes), else None."""
-    return sys.modules.get("mpi4py.MPI")
+    """mpi4py.MPI when the program has imported it (its constants and classes), else None.
+
+    None too while another thread is still importing it (a module is in sys.modules before its
+    names are: a simulated rank read MPI.IN_PLACE from the half-made module and failed); a buffer
+    or constant the program passes comes from the finished module, so none can be its yet."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or getattr(getattr(mpi, "__spec__", None), "_initializing", False):
+        return None
+    return mpi
 
 
 _DETAILED: dict = {}  # mpi4py.MPI.Exception -> its subclass that says what happened
