@@ -343,14 +343,19 @@ class Replica:
         return float(total[0]) * self.scale, z
 
     def _adamw(self) -> None:
-        """AdamW over the flat buffers: the formulas of spmdsim.optim.adamw_update, weight decay on the 2-d."""
-        cfg = self.cfg
         self.steps += 1
-        (b1, b2), lr, t = cfg.betas, cfg.lr, self.steps
-        decaying = self.theta[:self.n_decay]
-        decaying -= lr * cfg.weight_decay * decaying
-        self.m *= b1
-        self.m += (1 - b1) * self.grad
-        self.v *= b2
-        self.v += (1 - b2) * self.grad * self.grad
-        self.theta -= lr * (self.m / (1 - b1**t)) / (np.sqrt(self.v / (1 - b2**t)) + cfg.eps)
+        adamw_flat(self.cfg, self.steps, self.theta, self.grad, self.m, self.v, self.n_decay)
+
+
+def adamw_flat(cfg: Any, t: int, theta: np.ndarray, grad: np.ndarray, m: np.ndarray, v: np.ndarray,
+               n_decay: int) -> None:
+    """Step `t` of AdamW in place over flat buffers (the formulas of spmdsim.optim.adamw_update), weight
+    decay on the first `n_decay` entries (the 2-d weights); both hand-written peers call it."""
+    (b1, b2), lr = cfg.betas, cfg.lr
+    decaying = theta[:n_decay]
+    decaying -= lr * cfg.weight_decay * decaying
+    m *= b1
+    m += (1 - b1) * grad
+    v *= b2
+    v += (1 - b2) * grad * grad
+    theta -= lr * (m / (1 - b1**t)) / (np.sqrt(v / (1 - b2**t)) + cfg.eps)

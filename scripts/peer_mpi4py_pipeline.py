@@ -50,7 +50,7 @@ for _folder in (HERE.parent, HERE.parents[1]):  # the step beside this file, spm
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 
-from _peer_mpi4py_step import _polite, _tight_timer_slack  # noqa: E402
+from _peer_mpi4py_step import _polite, _tight_timer_slack, adamw_flat  # noqa: E402
 
 __all__ = ["Stage", "layer_counts", "pipeline_args_problem", "main"]
 
@@ -262,17 +262,8 @@ class Stage:
         return float(total[0])
 
     def _adamw(self) -> None:
-        """AdamW over the flat buffers (spmdsim.optim.adamw_update's formulas), weight decay on the 2-d."""
-        cfg = self.cfg
         self.steps += 1
-        (b1, b2), lr, t = cfg.betas, cfg.lr, self.steps
-        decaying = self.theta[:self.n_decay]
-        decaying -= lr * cfg.weight_decay * decaying
-        self.mom *= b1
-        self.mom += (1 - b1) * self.grad
-        self.vel *= b2
-        self.vel += (1 - b2) * self.grad * self.grad
-        self.theta -= lr * (self.mom / (1 - b1**t)) / (np.sqrt(self.vel / (1 - b2**t)) + cfg.eps)
+        adamw_flat(self.cfg, self.steps, self.theta, self.grad, self.mom, self.vel, self.n_decay)
 
 
 def _masks(cfg: Any, step: int, stage: int, microbatches: int, own: bool) -> Callable[[int], tuple]:

@@ -142,6 +142,11 @@ def test_files_that_cannot_be_read(tmp_path):
                                            r"enclosed in double quotes at line 1 column 2\); expected a JSON "
                                            r"machine file$"):
         load_machine(bad)
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)  # past the parser's recursion limit
+    with pytest.raises(SpmdsimError, match=rf"^machine file '{deep}': nests too deeply; expected a JSON machine "
+                                           r"file$"):
+        load_machine(deep)
     listed = tmp_path / "list.json"
     listed.write_text("[]")
     with pytest.raises(SpmdsimError, match=rf"^machine file '{listed}': is a JSON list; expected an object"):

@@ -15,11 +15,13 @@ updates, which a float64 run has no need for: `priced` names it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import itertools
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any, Optional
 
 from ..errors import SpmdsimError
+from ..gpt.memory import BLOCK_KINDS, MASKS
 from .records import Transfer
 
 __all__ = ["Widths", "PRECISIONS", "StageLedger", "gpt_ledger", "priced", "ROLES", "gemms_at", "transfers_at",
@@ -97,7 +99,7 @@ def priced(stage: StageLedger, precision: str, zero: int) -> dict:
     m = stage.memory
     params = m.params // _RUN
     master = m.master // _RUN if zero else (params if w.mixed else 0)
-    masks = sum(n for kind, n in m.kept if kind.endswith(" masks"))  # bools: a byte each at any precision
+    masks = sum(n for kind, n in m.kept if kind.endswith(MASKS))  # bools: a byte each at any precision
     values = m.kept_total - masks
     return {"parameters": params * w.params, "gradients": m.grads // _RUN * w.grads,
             "master copy": master * w.master, "optimizer states": m.states // _RUN * w.states,
@@ -107,12 +109,10 @@ def priced(stage: StageLedger, precision: str, zero: int) -> dict:
 def layers_activations(stage: StageLedger, precision: str) -> int:
     """The bytes the transformer blocks keep for backward (spmdsim.gpt.memory.BLOCK_KINDS and their
     masks; not the embedding's nor the head's) on one rank of `stage`, priced at `precision`."""
-    from ..gpt.memory import BLOCK_KINDS
-
     w = PRECISIONS[precision]
     out = 0
     for kind, n in stage.memory.kept:
-        if kind.endswith(" masks") and kind[:-len(" masks")] in BLOCK_KINDS:
+        if kind.endswith(MASKS) and kind[:-len(MASKS)] in BLOCK_KINDS:
             out += n
         elif kind in BLOCK_KINDS:
             out += n // _RUN * w.activations
@@ -121,8 +121,6 @@ def layers_activations(stage: StageLedger, precision: str) -> int:
 
 def gemms_at(gemms: Any, precision: str) -> list:
     """The (Gemm, count) pairs with each product in `precision`'s compute dtype (bf16 under bf16-mixed)."""
-    from dataclasses import replace
-
     dtype = PRECISIONS[precision].compute
     return [(replace(g, dtype=dtype), n) for g, n in gemms]
 
@@ -131,8 +129,6 @@ def transfers_at(transfers: Any, precision: str) -> list:
     """The Transfers with their bytes at `precision`'s widths: activations and their gradients (the layers'
     collectives, the pipeline's messages) at the activation width, the data-parallel sums and ZeRO-1's
     buckets at the gradient width (Megatron sums bf16 training's gradients in fp32)."""
-    from dataclasses import replace
-
     w = PRECISIONS[precision]
     out = []
     for t in transfers:
@@ -148,8 +144,6 @@ def _level(mesh: Any, rank: int, axes: tuple, gpus_per_node: int) -> str:
     names = layout.alias_name
     free = [i for i, a in enumerate(names) if a in axes]
     node = rank // gpus_per_node
-    import itertools
-
     for values in itertools.product(*(range(layout.device_matrix[i]) for i in free)):
         coords = list(mine)
         for i, v in zip(free, values):
@@ -222,6 +216,4 @@ def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microba
     stages: dict = {}
     for r, ledger in enumerate(results):
         stages.setdefault(ledger.stage, (ledger, []))[1].append(r)
-    from dataclasses import replace
-
     return [replace(ledger, ranks=tuple(ranks)) for _, (ledger, ranks) in sorted(stages.items())]

@@ -341,4 +341,6 @@ def load_machine(name_or_path: str | os.PathLike) -> Machine:
     except json.JSONDecodeError as exc:
         raise SpmdsimError(f"{where}: is not JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
                            "expected a JSON machine file") from None
+    except RecursionError:  # the parser recurses per bracket (spmdsim.validate.loads_json's case too)
+        raise SpmdsimError(f"{where}: nests too deeply; expected a JSON machine file") from None
     return machine_from_dict(data, where)

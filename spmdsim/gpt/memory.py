@@ -14,13 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-__all__ = ["RECOMPUTE", "ZERO", "recompute_problem", "zero_problem", "MemoryReport", "BLOCK_KINDS",
+__all__ = ["RECOMPUTE", "ZERO", "recompute_problem", "zero_problem", "MemoryReport", "BLOCK_KINDS", "MASKS",
            "korthikanti_bytes", "per_layer_units"]
 
 #: Activation recomputation: none, the attention core (selective), each whole block (full).
 RECOMPUTE = ("none", "selective", "full")
 #: ZeRO stages: 0 (every rank holds the whole optimizer), 1 (states and master copy sharded over dp).
 ZERO = (0, 1)
+#: The suffix of a kind of kept bytes that are boolean masks ("mlp masks"): a byte each at any precision.
+MASKS = " masks"
 #: The kinds of kept bytes that belong to the blocks (the rest: the embedding, the head).
 BLOCK_KINDS = ("layer norm", "attention", "attention core", "mlp", "block input")
 

@@ -37,10 +37,10 @@ from ..errors import SpmdsimError
 from ..layout import Layout
 from .config import GPTConfig
 from .data import batch
-from .memory import recompute_problem, zero_problem
+from .memory import MASKS, recompute_problem, zero_problem
 from .params import decays, param_specs
 from .stages import chunk_parts, pipeline_problem
-from .train import StepResult, _distinct, step_errors
+from .train import StepResult, _distinct, _look, _report, step_errors
 
 __all__ = ["PipelineRun", "train_pipelined", "pipeline_layout_problem"]
 
@@ -360,10 +360,6 @@ def _run_program(run: PipelineRun, program: Sequence, x: np.ndarray, y: np.ndarr
     return [float(ops.resolved(loss).local) for loss in losses], order, most
 
 
-#: The suffix of a kind of kept bytes that are boolean masks ("mlp masks"): a byte each at any precision.
-MASKS = "masks"
-
-
 class _Most:
     """What `train_pipelined(memory=True)` looks at on one rank in one step: the bytes each chunk's
     forward keeps for its backward (its first microbatch's graph, spmdsim.autograd.kept_bytes: every
@@ -373,8 +369,8 @@ class _Most:
     def __init__(self, optimizer: Any, params: list) -> None:
         self.optimizer, self.params = optimizer, params
         self.kept_of: dict = {}  # chunk -> {kind: bytes}
-        self.best: tuple = (-1, {})  # (bytes kept, {kind: bytes}) at the most held
-        self.moments: dict = {}
+        self.most = -1  # the most bytes kept at once so far
+        self.moments: dict = {}  # as spmdsim.gpt.train._look records them
 
     def forward(self, chunk: int, out: Any, live: list) -> None:
         from ..autograd import kept_bytes
@@ -382,31 +378,21 @@ class _Most:
         if chunk not in self.kept_of:  # boolean dropout masks (kept="megatron") under a kind of their own
             values, masks = ({}, {}) if isinstance(out, _Stand) else kept_bytes([out], exclude=self.params,
                                                                                  masks=True)
-            self.kept_of[chunk] = {**values, **{f"{kind} {MASKS}": n for kind, n in masks.items() if n}}
+            self.kept_of[chunk] = {**values, **{kind + MASKS: n for kind, n in masks.items() if n}}
         kinds: dict = {}
         for c in live:
             for kind, n in self.kept_of.get(c, {}).items():
                 kinds[kind] = kinds.get(kind, 0) + n
         total = sum(kinds.values())
-        if total > self.best[0]:
-            self.best = (total, kinds)
+        if total > self.most:
+            self.most = total
             self.look("the most activations held", kinds)
 
     def look(self, moment: str, kept: Optional[dict] = None) -> None:
-        held = self.optimizer.memory()
-        grads = _distinct(p.grad.local for p in self.params if p.grad is not None)
-        self.moments[moment] = (held, grads, _distinct(p.local for p in self.params) + grads
-                                + sum(held.values()) + sum((kept or {}).values()))
+        _look(self.moments, moment, self.optimizer, self.params, kept)
 
     def report(self, step: int) -> Any:
-        from .train import _KIND_ORDER
-        from .memory import MemoryReport
-
-        held, grads, _ = self.moments["after the step"]
-        peak, moment = max((total, m) for m, (_, _, total) in self.moments.items())
-        kept = tuple(sorted(self.best[1].items(), key=lambda kv: _KIND_ORDER.get(kv[0], len(_KIND_ORDER))))
-        return MemoryReport(step, kept, _distinct(p.local for p in self.params), grads, held["master copy"],
-                            held["optimizer states"], held["buffers"], peak, moment)
+        return _report(step, self.moments, _distinct(p.local for p in self.params))
 
 
 class _Stand:

@@ -178,14 +178,8 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     moments: dict = {}  # with `memory`: the totals this step, by moment, and what the graph kept
 
     def look(moment: str, kept: Optional[dict] = None) -> None:
-        if not memory:
-            return
-        held = optimizer.memory()
-        grads = _distinct(p.grad.local for p in params if p.grad is not None)
-        moments[moment] = (held, grads, _distinct(p.local for p in params) + grads
-                           + sum(held.values()) + sum((kept or {}).values()))
-        if kept is not None:
-            moments["kept"] = kept
+        if memory:
+            _look(moments, moment, optimizer, params, kept)
 
     def train_step(xd: Any, yd: Any, step: Any) -> Any:
         optimizer.zero_grad()
@@ -278,10 +272,21 @@ def _distinct(arrays: Any) -> int:
     return sum(owners.values())
 
 
+def _look(moments: dict, moment: str, optimizer: Any, params: list, kept: Optional[dict] = None) -> None:
+    """Record in `moments` this rank's (optimizer bytes by kind, gradient bytes, total held) at `moment`,
+    and what the graph keeps for backward (`kept`, by kind) when given: the trainers' memory looks."""
+    held = optimizer.memory()
+    grads = _distinct(p.grad.local for p in params if p.grad is not None)
+    moments[moment] = (held, grads, _distinct(p.local for p in params) + grads
+                       + sum(held.values()) + sum((kept or {}).values()))
+    if kept is not None:
+        moments["kept"] = kept
+
+
 def _report(step: int, moments: dict, params: int) -> MemoryReport:
-    """The step's MemoryReport from what `train`'s `look` saw."""
+    """The step's MemoryReport from the moments `_look` recorded (the peak: the largest total of them)."""
     held, grads, _ = moments["after the step"]
-    peak, moment = max((moments[m][2], m) for m in ("after the forward", "after the backward", "after the step"))
+    peak, moment = max((moments[m][2], m) for m in moments if m != "kept")
     kept = tuple(sorted(moments["kept"].items(), key=lambda kv: _KIND_ORDER.get(kv[0], len(_KIND_ORDER))))
     return MemoryReport(step, kept, params, grads, held["master copy"], held["optimizer states"], held["buffers"],
                         peak, moment)
