@@ -49,3 +49,34 @@ def test_a_killed_rank_leaves_no_segment_behind():
     assert mapped[0], "MPICH keeps a linked segment until MPI_Finalize; it should have been seen"
     left = [path for path in mapped[0] if os.path.exists(path)]
     assert left == [], left
+
+
+_SIMULATED = """
+import os, signal, sys
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+comm.Barrier()
+if comm.rank == 0:
+    print("segment", f"/dev/shm/mpich_shm_{os.getpid():x}_0", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+comm.Barrier()
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
+def test_a_killed_mpirun_simulation_leaves_no_segment_behind(tmp_path):
+    """`spmdsim mpirun` imports the real mpi4py.MPI (the emulator's datatypes are its own), which
+    starts MPICH as a singleton: its segment is unlinked then, so SIGKILL leaves nothing behind."""
+    program = tmp_path / "killed.py"
+    program.write_text(_SIMULATED)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("SPMDSIM_EXPECT_WORLD", None)
+    before = set(os.listdir("/dev/shm"))
+    run = subprocess.run(["timeout", "-k", "2", "60", sys.executable, "-m", "spmdsim", "mpirun", "-n", "2",
+                          sys.executable, str(program)],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    assert run.returncode == -9, run.stdout  # the process killed itself
+    named = [line.split()[1] for line in run.stdout.splitlines() if line.startswith("segment")]
+    assert named, run.stdout
+    new = set(os.listdir("/dev/shm")) - before
+    assert os.path.basename(named[0]) not in new, (named, sorted(new))

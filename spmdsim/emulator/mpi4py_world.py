@@ -97,6 +97,10 @@ def swapped() -> Iterator[None]:
     """Within this block, simulated ranks' threads see MPI.COMM_WORLD as their own (nests)."""
     from mpi4py import MPI
 
+    from ..runtime.process import release_segments_once
+
+    if real("COMM_WORLD").Get_size() == 1:  # importing MPI initialized MPICH: unlink its segment now,
+        release_segments_once(real("COMM_WORLD"))  # so a SIGKILL leaves nothing in /dev/shm
     with _LOCK:
         if _DEPTH[0] == 0:
             _DEPTH[1] = type(MPI)

@@ -55,13 +55,15 @@ def release_segments_once(world: Any) -> None:
     MPICH keeps one segment (~8 MB at 8 ranks) linked until MPI_Finalize, so a rank killed with
     SIGKILL (or by the OOM killer) left it in /dev/shm until reboot. After a barrier over the
     world every local rank has attached it; unlinked, each keeps its mapping and the memory goes
-    when the last one exits, however it exits. Open MPI's segments are left alone.
+    when the last one exits, however it exits. Open MPI's segments are left alone. A world of one
+    rank (a singleton, as `spmdsim mpirun`'s process is) has nobody to wait for: no barrier.
     """
-    if _UNLINKED or world.Get_size() == 1:
+    if _UNLINKED:
         return
     _UNLINKED.append(True)
     from .door import barrier
     from .guard import release_shared_segments
 
-    barrier(world)
+    if world.Get_size() > 1:
+        barrier(world)
     release_shared_segments(prefixes=_MPICH_SEGMENT)
