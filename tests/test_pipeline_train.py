@@ -49,6 +49,31 @@ def test_pipelined_training_agrees_with_one_process_every_step(pp, dp, tp, sp, s
     assert all(r.bytes_sent > 0 for r in results)
 
 
+@pytest.mark.parametrize("sp, seq, scattered", [(False, 16, True), (True, 16, False), (False, 15, False)])
+def test_a_stage_boundary_moves_the_sequence_tp_th_per_rank(sp, seq, scattered):
+    """Megatron's scatter/gather: without sp each rank sends its tp-th of the replicated (T, b, h) block over
+    pp and the receiving stage all-gathers it over tp, so a boundary moves s*b*h/tp per rank, as with sp (whose
+    blocks are already the sequence's tp-th). Where tp does not divide the sequence the block goes whole."""
+    cfg = GPTConfig(layers=2, d_model=32, heads=2, seq=seq, batch=8, dropout=0.1)
+    pp, tp, m = 2, 2, 4
+
+    def main():
+        run, results = train_pipelined(cfg, spmdsim.world(), pp, 1, tp, 1, IDS, sp=sp, microbatches=m)
+        rows = [(e.op, e.axes, e.bytes_sent, e.bytes_received, e.label) for e in run.trace.entries]
+        run.close()
+        return results[0].passed, rows
+
+    for passed, rows in spmdsim.simulate(pp * tp, main):
+        assert passed
+        block = seq * (cfg.batch // m) * cfg.d_model * 8  # one microbatch's (T, b, h) float64 block
+        wire = block // tp if sp or scattered else block
+        moved = [sent + received for op, axes, sent, received, label in rows if label == "pipeline"]
+        assert sum(moved) == 2 * m * wire  # each microbatch's activation one way, its gradient back
+        if not sp:  # (sp's blocks gather the sequence inside every layer too)
+            gathers = [r for r in rows if r[0] == "allgather" and r[1] == ("tp",) and r[3] == block // tp]
+            assert len(gathers) == (m if scattered else 0)  # one per received activation or gradient
+
+
 def test_one_microbatch_pipeline_is_the_unpipelined_step():
     """pp 2 with one microbatch draws the unpipelined step's masks: the same losses to rounding."""
     def plain():

@@ -11,7 +11,9 @@ and the activations and their gradients between stages as point-to-point
 messages over the pp group (spmdsim.runtime.door.point_to_point: each rank
 sends its own block to the rank of the same (dp, tp) place in the next stage,
 so with sequence parallelism a boundary moves s*b*h/tp per rank, as Megatron
-sends it). The last chunk's loss is scaled by 1/m; the gradients stay pending
+sends it; without it, where tp divides the sequence, each rank sends its
+tp-th of the replicated block and the receiving stage all-gathers it over tp,
+Megatron's scatter/gather, so the boundary still moves s*b*h/tp per rank). The last chunk's loss is scaled by 1/m; the gradients stay pending
 sums over the microbatches (autograd's ``keep_pending``) and are summed once
 after the flush (one bucketed Allreduce, as Megatron reduces once per step);
 the tied embedding's two copies (first and last stage) then add their
@@ -194,7 +196,10 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     micro = cfg.batch // microbatches
     shape = (cfg.seq, micro, cfg.d_model)
     any_model = models[mine[0]]
-    act = any_model.act  # (T, B, D) between blocks: what crosses a stage boundary
+    act = any_model.act  # (T, B, D) between blocks
+    # What crosses a stage boundary: the sequence's tp-th (Megatron's scatter/gather without sp, which
+    # the receiving stage all-gathers over tp), else the block itself.
+    wire = stage_mesh.layout("tp", "dp", None) if not sp and tp > 1 and cfg.seq % tp == 0 else act
     ids_layout = stage_mesh.layout("dp", None)
     ends = (0 in models) != (last in models) and pp > 1  # this stage holds one copy of the tied table
     moments = once(("gpt-reference", cfg, 0), _zero_moments, cfg) if check else None
@@ -210,7 +215,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
             cells: list = []
             watch = _Most(optimizer, tensors) if memory else None
             losses, order, held = _run_program(run, plan.programs[stage], x, y, step, micro, microbatches, last,
-                                               shape, act, ids_layout, pp_comm, tensors, cells, watch)
+                                               shape, act, wire, ids_layout, pp_comm, tensors, cells, watch)
             if not zero:  # with ZeRO-1 the dp sums are the optimizer's Reduce_scatter
                 reduce_grads(tensors)  # dp (and sp's LayerNorm) sums: once per step, bucketed
             if ends:
@@ -253,10 +258,13 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
 
 
 def _run_program(run: PipelineRun, program: Sequence, x: np.ndarray, y: np.ndarray, step: int, micro: int,
-                 microbatches: int, last: int, shape: tuple, act: Any, ids_layout: Any, pp_comm: Any,
-                 params: list, cells: list, watch: Optional["_Most"] = None) -> tuple[list, list, int]:
+                 microbatches: int, last: int, shape: tuple, act: Any, wire: Any, ids_layout: Any,
+                 pp_comm: Any, params: list, cells: list,
+                 watch: Optional["_Most"] = None) -> tuple[list, list, int]:
     """One step of this stage's program: (its microbatches' scaled losses, as floats; the Compute records
-    run; the most microbatch-chunks held at once)."""
+    run; the most microbatch-chunks held at once). Activations and gradients are `act` blocks in the
+    chunks and `wire` blocks between stages (`act`'s rows of this rank's tp coordinate where they differ,
+    all-gathered over tp on receipt)."""
     from .. import ops
     from ..pipeline.schedule import Compute, Post, Send
     from ..runtime.dtensor import DTensor
@@ -270,6 +278,15 @@ def _run_program(run: PipelineRun, program: Sequence, x: np.ndarray, y: np.ndarr
     losses, order, held, most = [], [], 0, 0
     scale = 1.0 / microbatches
     local_shape = act.local_shape(shape)
+    wire_shape = wire.local_shape(shape)
+    scatter = wire != act
+    if scatter:  # the rows of this rank's tp coordinate in a replicated (T, B, D) block: contiguous
+        rows_per = shape[0] // mesh.layout.axis_size("tp")
+        mine = slice(mesh.coord("tp") * rows_per, (mesh.coord("tp") + 1) * rows_per)
+
+    def outgoing(block: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(block[mine] if scatter else block)
+
     tag_micro = microbatches > 1
 
     def rows(i: int, data: np.ndarray) -> Any:
@@ -314,24 +331,24 @@ def _run_program(run: PipelineRun, program: Sequence, x: np.ndarray, y: np.ndarr
             if not repeat.again(("B", c)):  # pragma: no cover - each chunk's first backward ran for real
                 raise SpmdsimError(f"internal: no measured backward of chunk {c} to repeat")
             if c > 0:
-                sent_grads[(mb, c)] = buffers.lazy_zeros(local_shape, np.float64)
+                sent_grads[(mb, c)] = buffers.lazy_zeros(wire_shape, np.float64)
             return
         with _first(repeat, ("B", c)):
             out.backward(gradient=None if c == last else upstream.pop((mb, c)), keep_pending=params)
         if c > 0:
-            sent_grads[(mb, c)] = np.ascontiguousarray(inputs.pop((mb, c)).grad.local)
+            sent_grads[(mb, c)] = outgoing(inputs.pop((mb, c)).grad.local)
 
     received: list = []
 
     def message(op: Any, receives: list, sends: list) -> None:
         if isinstance(op, Send):
             if op.what == "act":
-                buf = np.ascontiguousarray(outputs[(op.microbatch, op.chunk)].local)
+                buf = outgoing(outputs[(op.microbatch, op.chunk)].local)
             else:
                 buf = sent_grads.pop((op.microbatch, op.chunk))
             sends.append((buf, op.peer, _tag(op.what, op.chunk)))
         else:
-            buf = buffers.empty(local_shape, np.float64)
+            buf = buffers.empty(wire_shape, np.float64)
             sender = op.chunk - 1 if op.what == "act" else op.chunk + 1
             receives.append((buf, op.peer, _tag(op.what, sender)))
             received.append((op, buf))
@@ -349,7 +366,9 @@ def _run_program(run: PipelineRun, program: Sequence, x: np.ndarray, y: np.ndarr
             message(op, receives, sends)
         point_to_point(run.mesh, pp_comm, "pp", receives, sends, "pipeline")
         for op, buf in received:
-            t = DTensor(mesh, buf, act, shape)
+            t = DTensor(mesh, buf, wire, shape)
+            if scatter:  # Megatron's gather: the stage's tp ranks put their rows together
+                t = t.redistribute(act)
             if op.what == "act":
                 inputs[(op.microbatch, op.chunk)] = t.requires_grad_()
             else:
