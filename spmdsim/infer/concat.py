@@ -142,7 +142,10 @@ def infer_concatenate(layouts: tuple[TensorLayout, ...], shapes: tuple[tuple[int
     deciding = (frozenset(letters[:d] + letters[d + 1:]),) * len(layouts)
     choice = choose_splits(words, layouts, shapes, dtype, [kept] * len(layouts), kept, deciding)
     taken = {a for i, ch in enumerate(letters) if i != d for a in choice.axes(ch)}
-    joined = [tuple(a for a in t.tensor_map[d] if a not in taken) for t in layouts]
+    # An operand's split of the joined dim stays where the choice left its axis free: not taken by another
+    # dim, and not made a pending sum (a split over an axis can become one, each rank zero elsewhere).
+    joined = [tuple(a for a in t.tensor_map[d] if a not in taken and a not in target.partial)
+              for t, target in zip(layouts, choice.targets)]
     targets = tuple(t.with_map(*(joined[k] if i == d else e for i, e in enumerate(t.tensor_map)))
                     for k, t in enumerate(choice.targets))
     offsets, total = [], 0
