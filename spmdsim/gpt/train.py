@@ -45,7 +45,8 @@ TOLERANCE = 1e-10
 @dataclass(frozen=True)
 class StepResult:
     """One step: the loss, the largest relative differences (loss, gradients, parameters), its traffic,
-    and with ``memory=True`` this rank's bytes (spmdsim.gpt.memory.MemoryReport)."""
+    with ``memory=True`` this rank's bytes (spmdsim.gpt.memory.MemoryReport), and with MoE layers this
+    rank's dispatch figures (spmdsim.moe.report draws them)."""
 
     step: int
     loss: float
@@ -53,6 +54,7 @@ class StepResult:
     calls: int
     bytes_sent: int
     memory: Optional[MemoryReport] = None
+    dispatch: tuple = ()  # with MoE layers: this rank's spmdsim.moe.layer.MoEStats of the step's forward
 
     @property
     def passed(self) -> bool:
@@ -237,7 +239,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
             errors = tuple(float(e) for e in worst)
         totals = trace.totals()
         result = StepResult(step, value, errors, totals["calls"], totals["bytes_sent"],
-                            None if report is None else _restep(report, step))
+                            None if report is None else _restep(report, step), tuple(model.moe_stats))
         results.append(result)
         if on_step is not None:
             on_step(result)
