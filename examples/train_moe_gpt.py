@@ -104,9 +104,11 @@ def main(args):
         print(f"MoE GPT: {counted(cfg.layers, 'layer')} ({', '.join(moe_layers) or 'none'} MoE), d_model "
               f"{cfg.d_model}, {cfg.heads} heads, seq {cfg.seq}, batch {cfg.batch}, dropout {cfg.dropout}")
         print(f"experts: {moe.describe()}")
-        if not moe.dropless:
+        if moe.dropless:
+            print("dropless: the counts by Alltoall, then the tokens by Alltoallv with the true counts")
+        else:
             print(f"capacity: {moe.capacity(cfg.seq)} slots per expert per sequence "
-                  f"(ceil({moe.top_k} x {cfg.seq} x {moe.capacity_factor:g} / {moe.experts}))")
+                  f"(ceil({moe.top_k} x {cfg.seq} x {moe.capacity_factor:g} / {moe.experts})), the rest dropped")
         alg = f"; Alltoall as {args.algorithm}" if args.algorithm else ""
         print(f"mesh dp {dp} x ep {ep} x tp {tp}{' with sequence parallelism' if args.sp else ''}: experts "
               f"{moe.experts // ep} per ep rank, batch over dp x ep = {dp * ep}{alg}")

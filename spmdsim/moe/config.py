@@ -87,11 +87,9 @@ class MoEConfig:
         return max(1, math.ceil(self.top_k * tokens * self.capacity_factor / self.experts))
 
     def describe(self) -> str:
-        """One line: experts, k, capacity rule."""
-        mode = "dropless (Alltoallv with the true counts)" if self.dropless else \
-            f"capacity factor {self.capacity_factor:g} (tokens past capacity dropped)"
-        return (f"{self.experts} experts, top-{self.top_k}, every {self.every} blocks; {mode}; "
-                f"aux loss {self.aux_loss_coeff:g}, z-loss {self.z_loss_coeff:g}")
+        """One short line: experts, k, the router losses' weights."""
+        return (f"{self.experts} per MoE layer, top-{self.top_k}; router losses: aux {self.aux_loss_coeff:g}, "
+                f"z {self.z_loss_coeff:g}")
 
 
 def _real(value: object) -> bool:
