@@ -90,9 +90,9 @@ def main(args):
         problem = mesh_problem(cfg, shape[0], shape[2], args.sp, shape[1])
     if problem:
         raise spmdsim.SpmdsimError(f"the MoE GPT cannot run on {comm.size} ranks: {problem}")
-    if dry_run_active():
-        raise spmdsim.SpmdsimError("--dry-run: the MoE layers have no dry run yet (their routing needs values); "
-                                   "leave out --dry-run")
+    if dry_run_active() and moe.dropless:
+        raise spmdsim.SpmdsimError("--dry-run with --dropless: the true counts need the routing's values; "
+                                   "leave out one of them")
     dp, ep, tp = shape
     mesh = spmdsim.Mesh(spmdsim.Layout((dp, ep, tp), ("dp", "ep", "tp")), comm,
                         algorithms={"alltoall": args.algorithm} if args.algorithm else None)

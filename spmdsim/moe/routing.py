@@ -70,7 +70,9 @@ def route(probs: np.ndarray, top_k: int, capacity: int) -> Routing:
         raise SpmdsimError(f"route: capacity {capacity!r} must be an integer >= 1")
     experts = np.argsort(-probs, axis=-1, kind="stable")[..., :top_k]
     chosen = np.take_along_axis(probs, experts, axis=-1)
-    gates = chosen if top_k == 1 else chosen / chosen.sum(axis=-1, keepdims=True)
+    total = chosen.sum(axis=-1, keepdims=True)
+    # (a dry run's zeros have no probabilities: their gates stay zero, not 0 / 0)
+    gates = chosen if top_k == 1 else chosen / np.where(total > 0, total, 1.0)
     slots = np.empty((S, T, top_k), dtype=np.int64)
     filled = np.zeros((S, E), dtype=np.int64)
     for j in range(top_k):  # first choices take their slots before any second choice
