@@ -27,7 +27,8 @@ from .config import GPTConfig
 from .data import batch, decode, encode, load_text
 from .params import decays, dropout_sites, dropout_tensor, initial_value, param_specs
 
-__all__ = ["init_params", "logits", "loss_and_grads", "router_loss", "clip_grads", "AdamW", "Trainer", "train", "generate", "main"]
+__all__ = ["init_params", "logits", "loss_and_grads", "router_loss", "clip_grads", "AdamW", "Trainer", "train",
+           "generate", "main"]
 
 Params = dict[str, np.ndarray]
 

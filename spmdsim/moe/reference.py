@@ -54,7 +54,7 @@ def moe_forward(params: Params, pre: str, x: np.ndarray, B: int, moe: MoEConfig)
     for e in range(E):
         where = routing.kept & (routing.experts == e)
         tok, gate = token[where], routing.gates[where]
-        h = x[tok] @ params[pre + f"moe.w1"][e] + params[pre + "moe.b1"][e]
+        h = x[tok] @ params[pre + "moe.w1"][e] + params[pre + "moe.b1"][e]
         a = gelu(h)
         y = a @ params[pre + "moe.w2"][e] + params[pre + "moe.b2"][e]
         np.add.at(out, tok, gate[:, None] * y)

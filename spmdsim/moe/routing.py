@@ -94,6 +94,7 @@ def gates_backward(probs: np.ndarray, routing: Routing, dgates: np.ndarray) -> n
         return dprobs
     chosen = np.take_along_axis(probs, routing.experts, axis=-1)
     total = chosen.sum(axis=-1, keepdims=True)
+    total = np.where(total > 0, total, 1.0)  # a dry run's zeros (route's gates are zero there too)
     # g_i = p_i / (p_0 + p_1): dp_j = (dg_j - sum_i dg_i g_i) / (p_0 + p_1)
     d = (dgates - (dgates * routing.gates).sum(axis=-1, keepdims=True)) / total
     np.put_along_axis(dprobs, routing.experts, d, axis=-1)
