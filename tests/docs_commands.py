@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "docs/lab.md", "docs/architecture.md", "docs/pipeline.md", "docs/estimate.md")
+DOCS = ("README.md", "docs/lab.md", "docs/architecture.md", "docs/pipeline.md", "docs/estimate.md", "docs/experts.md")
 
 #: Subcommands that run without MPI (the others need mpiexec, or measure for long).
 PURE = ("slices", "explain", "show", "plan", "convert", "pipeline", "estimate")

@@ -20,7 +20,8 @@ if not os.access(MPIEXEC, os.X_OK):
 EXAMPLE_ARGS = {"train_mindspore_tutorial": ["--steps", "2", "--synthetic"],
                 "train_megatron_block": ["--steps", "2"], "train_seed_networks": ["--steps", "2"],
                 "train_gpt": ["--layers", "1", "--d-model", "16", "--seq", "8", "--batch", "4", "--steps", "2",
-                              "--sample", "4"]}
+                              "--sample", "4"],
+                "train_moe_gpt": ["--layers", "2", "--d-model", "16", "--seq", "8", "--steps", "2", "--dispatch"]}
 
 
 def readme_library_example() -> str:

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..moe.reference import moe_backward, moe_forward
 from .config import GPTConfig
 
 _GELU_C = math.sqrt(2.0 / math.pi)
@@ -74,7 +75,8 @@ def _causal(T: int) -> np.ndarray:
 
 def block_forward(params: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig,
                   drop: Drop) -> tuple[np.ndarray, dict[str, Any]]:
-    """One pre-LN block on h (B*T, D): causal attention, then the GELU MLP, each with a residual."""
+    """One pre-LN block on h (B*T, D): causal attention, then the GELU MLP (or the MoE layer, spmdsim.moe),
+    each with a residual."""
     T, H, Dh = h.shape[0] // B, cfg.heads, cfg.head_dim
     layer = pre[:-1]
     a, ln1 = layer_norm(h, params[pre + "ln1.w"], params[pre + "ln1.b"], cfg.ln_eps)
@@ -96,11 +98,16 @@ def block_forward(params: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig,
     o = (pd @ vh).transpose(0, 2, 1, 3).reshape(B * T, H * Dh)
     h = h + drop(o @ params[pre + "attn.wo"] + params[pre + "attn.bo"], layer + ".resid1")
     a2, ln2 = layer_norm(h, params[pre + "ln2.w"], params[pre + "ln2.b"], cfg.ln_eps)
+    cache = {"a": a, "ln1": ln1, "q": qh, "k": kh, "v": vh, "probs": probs, "pd": pd, "o": o, "a2": a2, "ln2": ln2,
+             "B": B}
+    if cfg.is_moe(int(layer[1:])):
+        out, cache["moe"] = moe_forward(params, pre, a2, B, cfg.moe)
+        return h + drop(out, layer + ".resid2"), cache
     z = a2 @ params[pre + "mlp.w1"] + params[pre + "mlp.b1"]
     m, t = gelu(z)
     h = h + drop(m @ params[pre + "mlp.w2"] + params[pre + "mlp.b2"], layer + ".resid2")
-    return h, {"a": a, "ln1": ln1, "q": qh, "k": kh, "v": vh, "probs": probs, "pd": pd, "o": o,
-               "a2": a2, "ln2": ln2, "z": z, "t": t, "m": m, "B": B}
+    cache.update(z=z, t=t, m=m)
+    return h, cache
 
 
 def block_backward(params: dict, pre: str, dh: np.ndarray, c: dict[str, Any], cfg: GPTConfig,
@@ -110,10 +117,14 @@ def block_backward(params: dict, pre: str, dh: np.ndarray, c: dict[str, Any], cf
     T, layer = dh.shape[0] // B, pre[:-1]
     # MLP: h_out = h_mid + drop(gelu(ln2(h_mid) @ w1 + b1) @ w2 + b2)
     dr = undrop(dh, layer + ".resid2")
-    grads[pre + "mlp.w2"], grads[pre + "mlp.b2"] = c["m"].T @ dr, dr.sum(axis=0)
-    dz = gelu_backward(dr @ params[pre + "mlp.w2"].T, c["z"], c["t"])
-    grads[pre + "mlp.w1"], grads[pre + "mlp.b1"] = c["a2"].T @ dz, dz.sum(axis=0)
-    dx, grads[pre + "ln2.w"], grads[pre + "ln2.b"] = layer_norm_backward(dz @ params[pre + "mlp.w1"].T, c["ln2"])
+    if "moe" in c:
+        da2 = moe_backward(params, pre, dr, c["moe"], cfg.moe, grads)
+    else:
+        grads[pre + "mlp.w2"], grads[pre + "mlp.b2"] = c["m"].T @ dr, dr.sum(axis=0)
+        dz = gelu_backward(dr @ params[pre + "mlp.w2"].T, c["z"], c["t"])
+        grads[pre + "mlp.w1"], grads[pre + "mlp.b1"] = c["a2"].T @ dz, dz.sum(axis=0)
+        da2 = dz @ params[pre + "mlp.w1"].T
+    dx, grads[pre + "ln2.w"], grads[pre + "ln2.b"] = layer_norm_backward(da2, c["ln2"])
     dh = dh + dx
     # Attention: h_mid = h_in + drop(attn(ln1(h_in)) @ wo + bo)
     dr = undrop(dh, layer + ".resid1")

@@ -4,8 +4,10 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
+from typing import Optional
 
 from ..errors import SpmdsimError
+from ..moe.config import MoEConfig
 from ..validate import as_int
 
 __all__ = ["GPTConfig"]
@@ -36,6 +38,7 @@ class GPTConfig:
     ln_eps: float = 1e-5
     init_std: float = 0.02
     clip: float = 0.0  # the gradients' joint norm is clipped to this before each update (0: not clipped)
+    moe: Optional[MoEConfig] = None  # mixture-of-experts MLPs in every moe.every-th block (docs/experts.md)
 
     def __post_init__(self) -> None:
         for name in _SIZES:
@@ -62,6 +65,12 @@ class GPTConfig:
         if not all(_is_real(b) and 0 <= b < 1 for b in betas):
             raise SpmdsimError(f"GPTConfig betas {betas!r} must be a pair (beta1, beta2) in [0, 1)")
         object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
+        if self.moe is not None and not isinstance(self.moe, MoEConfig):
+            raise SpmdsimError(f"GPTConfig moe {self.moe!r} must be None or a spmdsim.moe.MoEConfig")
+
+    def is_moe(self, layer: int) -> bool:
+        """Whether block `layer` has a mixture-of-experts layer in place of its MLP."""
+        return self.moe is not None and self.moe.is_moe(layer)
 
     @property
     def head_dim(self) -> int:

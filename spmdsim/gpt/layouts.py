@@ -11,6 +11,14 @@ layout by its role in Megatron's tensor parallelism (docs/operators.md, "A GPT")
 | bq, bv, b1 (no key bias) | ("tp",)         | split like the columns                                |
 | wo, w2 (*, D)            | ("tp", None)    | row-parallel: a pending sum, resolved by one collective |
 | bo, b2, ln*.w, ln*.b     | (None,)         | replicated                                            |
+| moe.router (D, E)        | (None, None)    | replicated: every rank routes its own tokens          |
+| moe.w1 (E, D, F)         | ("ep", None, "tp") | experts over ep, each column-parallel over tp      |
+| moe.b1 (E, F)            | ("ep", "tp")    | split like w1's experts and columns                   |
+| moe.w2 (E, F, D)         | ("ep", "tp", None) | experts over ep, each row-parallel over tp         |
+| moe.b2 (E, D)            | ("ep", None)    | experts over ep                                       |
+
+The MoE rows (spmdsim.moe, docs/experts.md) need an "ep" axis: the layout
+``(dp, ep, tp)`` with the batch split over ("dp", "ep") in the other layers.
 
 The model on DTensors (`spmdsim.gpt.parallel.GPT`) runs with these layouts, and
 `spmdsim autoshard --network gpt` takes them as the hand-written ones
@@ -32,9 +40,20 @@ from .params import param_specs
 __all__ = ["megatron_layouts", "dialect_layouts", "DIALECTS", "mesh_problem"]
 
 
-def mesh_problem(cfg: GPTConfig, dp: int, tp: int, sp: bool) -> Optional[str]:
-    """Why the model cannot run on a (dp, tp) mesh (one line), or None."""
-    checks = [(cfg.batch % dp, f"batch {cfg.batch} is not divisible by dp {dp}"),
+def mesh_problem(cfg: GPTConfig, dp: int, tp: int, sp: bool, ep: int = 1) -> Optional[str]:
+    """Why the model cannot run on a (dp, tp) mesh, or a (dp, ep, tp) one (one line), or None."""
+    moe = cfg.moe
+    if ep > 1 and moe is None:
+        return f"ep {ep} splits experts, and this model has none (give it MoE layers or ep 1)"
+    if moe is not None:
+        hidden = moe.hidden or 4 * cfg.d_model
+        checks = [(moe.experts % ep, f"experts {moe.experts} are not divisible by ep {ep} (experts are split over ep)"),
+                  (hidden % tp, f"the experts' hidden width {hidden} is not divisible by tp {tp}")]
+        problem = next((text for bad, text in checks if bad), None)
+        if problem:
+            return problem
+    batch = f"dp {dp} x ep {ep} = {dp * ep}" if ep > 1 else f"dp {dp}"
+    checks = [(cfg.batch % (dp * ep), f"batch {cfg.batch} is not divisible by {batch}"),
               (cfg.heads % tp, f"heads {cfg.heads} is not divisible by tp {tp} (heads are split over tp)"),
               (cfg.vocab % tp, f"vocab {cfg.vocab} is not divisible by tp {tp} (vocab-parallel embedding)"),
               (sp and cfg.seq % tp, f"seq {cfg.seq} is not divisible by tp {tp} (sequence parallelism)")]
@@ -44,6 +63,8 @@ def mesh_problem(cfg: GPTConfig, dp: int, tp: int, sp: bool) -> Optional[str]:
 def _role(name: str, sp: bool) -> str:
     """A parameter's place in Megatron's plan: "rows" split, "columns" split, a split "vector", or "whole"."""
     leaf = name.rsplit(".", 1)[-1]
+    if ".moe." in name:
+        return "expert " + leaf
     if name == "wte" or leaf in ("wo", "w2") or (name == "wpe" and sp):
         return "rows"
     if leaf in ("wq", "wk", "wv", "w1"):
@@ -60,8 +81,14 @@ def megatron_layouts(cfg: GPTConfig, layout: Layout, sp: bool = False) -> dict[s
 
 @functools.lru_cache(maxsize=16)  # each stage of a pipeline (and each dry-run representative) asks alike
 def _megatron_layouts(cfg: GPTConfig, layout: Layout, sp: bool) -> dict[str, TensorLayout]:
-    maps = {"rows": ("tp", None), "columns": (None, "tp"), "vector": ("tp",)}
-    return {s.name: layout(*maps.get(_role(s.name, sp), (None,) * len(s.shape))) for s in param_specs(cfg)}
+    maps = {"rows": ("tp", None), "columns": (None, "tp"), "vector": ("tp",), "expert w1": ("ep", None, "tp"),
+            "expert b1": ("ep", "tp"), "expert w2": ("ep", "tp", None), "expert b2": ("ep", None)}
+    names = set(layout.alias_name)
+    out = {}
+    for s in param_specs(cfg):
+        entries = maps.get(_role(s.name, sp), (None,) * len(s.shape))
+        out[s.name] = layout(*(e if e is None or e in names else None for e in entries))
+    return out
 
 
 #: Megatron's plan as each dialect writes it on the (dp, tp) mesh: per role, a parameter's text.
@@ -82,6 +109,9 @@ def dialect_layouts(cfg: GPTConfig, layout: Layout, dialect: str, sp: bool = Fal
 
     if dialect not in DIALECTS:
         raise SpmdsimError(f"dialect {dialect!r} is not one of {sorted(DIALECTS)!r}")
+    if cfg.moe is not None:
+        raise SpmdsimError("the MoE layers' layouts are written in spmdsim's words only (megatron_layouts); "
+                           "leave out the dialect")
     shape, names = layout.device_matrix, layout.alias_name
     out = {}
     for spec in param_specs(cfg):

@@ -40,12 +40,24 @@ from .stages import Part, part_specs, whole
 __all__ = ["GPT", "megatron_layouts", "dialect_layouts", "DIALECTS", "mesh_problem", "RECOMPUTE", "KEPT"]
 
 
+def _moe_problem(recompute: str, kept: str, part: Optional[Part]) -> Optional[str]:
+    """Why a model with MoE layers cannot run with these options (one line), or None."""
+    if recompute != "none":
+        return f"recompute {recompute!r} is not available with MoE layers yet (use 'none')"
+    if kept != "graph":
+        return f"kept {kept!r} is not available with MoE layers yet (use 'graph')"
+    if part is not None:
+        return "a pipeline's stages do not take MoE layers yet (run without pp)"
+    return None
+
+
 class GPT:
     """The model's parameters as DTensors on `mesh` (each rank builds only its shards) and its forward.
 
     Args:
         cfg: the model (spmdsim.gpt.GPTConfig).
-        mesh: a spmdsim Mesh whose layout has axes "dp" and "tp".
+        mesh: a spmdsim Mesh whose layout has axes ("dp", "tp"), or ("dp", "ep", "tp") with MoE layers
+            (cfg.moe; spmdsim.moe.layer: the batch split over ("dp", "ep"), the experts over "ep").
         sp: sequence parallelism.
         layouts: parameter name -> TensorLayout, overriding `megatron_layouts` (any dialect's layout,
             converted to a TensorLayout: spmdsim.dialects).
@@ -73,12 +85,16 @@ class GPT:
             raise SpmdsimError(problem)
 
         names = tuple(mesh.layout.alias_name)
-        if names != ("dp", "tp"):
-            raise SpmdsimError(f"the GPT runs on a mesh with axes ('dp', 'tp'), got {names!r}")
-        dp, tp = mesh.layout.device_matrix
-        problem = mesh_problem(cfg, dp, tp, sp)
+        if names not in (("dp", "tp"), ("dp", "ep", "tp")):
+            raise SpmdsimError(f"the GPT runs on a mesh with axes ('dp', 'tp') or ('dp', 'ep', 'tp'), got {names!r}")
+        dp, tp = mesh.layout.axis_size("dp"), mesh.layout.axis_size("tp")
+        ep = mesh.layout.axis_size("ep") if "ep" in names else 1
+        problem = mesh_problem(cfg, dp, tp, sp, ep)
+        if not problem and cfg.moe is not None:
+            problem = _moe_problem(recompute, kept, part)
         if problem:
-            raise SpmdsimError(f"the GPT cannot run on dp {dp} x tp {tp}: {problem}")
+            where = f"dp {dp} x ep {ep} x tp {tp}" if "ep" in names else f"dp {dp} x tp {tp}"
+            raise SpmdsimError(f"the GPT cannot run on {where}: {problem}")
         self.cfg, self.mesh, self.sp, self.recompute, self.kept = cfg, mesh, bool(sp), recompute, kept
         self.part = whole(cfg) if part is None else part
         chosen = megatron_layouts(cfg, mesh.layout, sp)
@@ -93,8 +109,13 @@ class GPT:
                 self.params[spec.name] = DTensor.from_seeded(mesh, layout, source)
             self.params[spec.name].requires_grad_()
         L = mesh.layout
-        self.act = L("tp", "dp", None) if sp else L(None, "dp", None)  # (T, B, D) between blocks
-        self.full = L(None, "dp", None)  # (T, B, D) whole on tp: the column-parallel products' input
+        # The batch's axes: dp, or with experts ("dp", "ep") (the ep ranks are data parallel for every other
+        # layer, as in Megatron; the MoE layers move tokens between them, spmdsim.moe.layer).
+        self.batch = ("dp", "ep") if "ep" in names else "dp"
+        self.act = L("tp", self.batch, None) if sp else L(None, self.batch, None)  # (T, B, D) between blocks
+        self.full = L(None, self.batch, None)  # (T, B, D) whole on tp: the column-parallel products' input
+        self.moe_stats: list = []  # the MoE layers' dispatch figures of the last forward (spmdsim.moe.layer)
+        self._router_losses: list = []
 
     def _dropout(self, x: Any, site: str, step: Optional[int], train: bool, micro: Optional[int]) -> Any:
         if not train or self.cfg.dropout == 0:
@@ -156,6 +177,15 @@ class GPT:
             h = h + self._dropout(proj, pre + "resid1", step, train, micro)
         with kept_as("layer norm"):
             m = self._gathered(ops.layer_norm(h, p[pre + "ln2.w"], p[pre + "ln2.b"], cfg.ln_eps))
+        if cfg.is_moe(layer):
+            from ..runtime.executor import redistribute
+            from ..moe.layer import moe_layer
+
+            with kept_as("mlp"):
+                out, losses = moe_layer(m, p, pre, cfg.moe, self.moe_stats)
+                self._router_losses.append(losses)
+                out = out if out.layout == self.act else redistribute(out, self.act)  # with sp: a local slice
+                return h + self._dropout(out, pre + "resid2", step, train, micro)
         with kept_as("mlp"):
             m = ops.gelu(ops.einsum("tbd,de->tbe", m, p[pre + "mlp.w1"]) + p[pre + "mlp.b1"])
             out = self._row_out(ops.einsum("tbf,fd->tbd", m, p[pre + "mlp.w2"])) + p[pre + "mlp.b2"]
@@ -194,7 +224,7 @@ class GPT:
             return megatron.bias_dropout_add(y, p[pre + "mlp.b2"], h, drop, seed("resid2"), mask_dims=(1, 0, 2))
 
     def embed(self, ids: Any, step: Optional[int] = None, train: bool = False, micro: Optional[int] = None) -> Any:
-        """The activations (T, B, D) entering the first block, from token ids (B, T) laid out ("dp", None)."""
+        """The activations (T, B, D) entering the first block, from token ids (B, T) laid out (self.batch, None)."""
         from ..runtime.executor import redistribute
 
         p, cfg = self.params, self.cfg
@@ -242,14 +272,21 @@ class GPT:
             return ops.cross_entropy(ops.reshape(z, (B * T, V)), ops.reshape(targets, (B * T,)))
 
     def logits(self, ids: Any, step: Optional[int] = None, train: bool = False, last: bool = False) -> Any:
-        """Logits (B, T, V) split over the vocabulary on tp, from token ids (B, T) laid out ("dp", None);
+        """Logits (B, T, V) split over the vocabulary on tp, from token ids (B, T) laid out (self.batch, None);
         `last`: those of the last position only, (B, 1, V) (with sp, only its rows move, not the sequence)."""
+        self._router_losses, self.moe_stats = [], []
         return self.head(self.blocks(self.embed(ids, step, train), step, train), last)
 
     def loss(self, ids: Any, targets: Any, step: Optional[int], train: bool = True,
              micro: Optional[int] = None) -> Any:
-        """Mean cross-entropy over the batch's tokens (vocab-parallel: the logits are never gathered)."""
-        return self.head_loss(self.blocks(self.embed(ids, step, train, micro), step, train, micro), targets)
+        """Mean cross-entropy over the batch's tokens (vocab-parallel: the logits are never gathered), plus the
+        MoE layers' router losses, weighted (spmdsim.gpt.reference.router_loss)."""
+        self._router_losses, self.moe_stats = [], []
+        loss = self.head_loss(self.blocks(self.embed(ids, step, train, micro), step, train, micro), targets)
+        for extra in self._router_losses:
+            loss = loss + ops.resolved(extra)
+        self._router_losses = []
+        return loss
 
     def generate(self, prompt: bytes, n: int, temperature: float = 0.0, seed: Optional[int] = None) -> np.ndarray:
         """The ids of `n` characters after `prompt` (eval mode), drawn as spmdsim.gpt.reference.generate does.
@@ -269,7 +306,7 @@ class GPT:
         from .data import encode
 
         cfg, mesh = self.cfg, self.mesh
-        dp = mesh.layout.device_matrix[0]
+        dp = mesh.layout.axis_size("dp") * (mesh.layout.axis_size("ep") if "ep" in mesh.layout.alias_name else 1)
         rng = np.random.default_rng(zlib.crc32(f"{cfg.seed if seed is None else seed}:generate".encode()))
         ids = [int(i) for i in encode(prompt)]
         pad = 32 if cfg.vocab > 32 else 0
@@ -277,11 +314,11 @@ class GPT:
             for _ in range(n):
                 context = ids[-cfg.seq:]
                 window = np.array([[pad] * (cfg.seq - len(context)) + context] * dp, dtype=np.int64)
-                z = self.logits(DTensor.from_global(mesh, window, mesh.layout("dp", None)), last=True)[:, -1]
+                z = self.logits(DTensor.from_global(mesh, window, mesh.layout(self.batch, None)), last=True)[:, -1]
                 if temperature == 0:  # every row holds the same window: this rank's first row answers
                     ids.append(int(ops.argmax(z, -1).local[0]))
                 else:
-                    last = redistribute(z, mesh.layout("dp", None)).local[0]
+                    last = redistribute(z, mesh.layout(self.batch, None)).local[0]
                     e = np.exp(last / temperature - (last / temperature).max())
                     ids.append(int(rng.choice(cfg.vocab, p=e / e.sum())))
         return np.array(ids[len(ids) - n:], dtype=np.int64)

@@ -9,7 +9,11 @@ order is the tensor's, so a rank's block of it is ``.region`` of these shapes):
     "emb"          (B, T, D)      wte[x] + wpe
     "h{l}.attn"    (B, H, T, T)   the attention probabilities, "bhqk"
     "h{l}.resid1"  (B, T, D)      o @ wo + bo
-    "h{l}.resid2"  (B, T, D)      m @ w2 + b2
+    "h{l}.resid2"  (B, T, D)      m @ w2 + b2 (or the MoE layer's output)
+
+A block with an MoE layer (``cfg.is_moe(l)``, spmdsim.moe) has, in place of
+mlp.w1 .. mlp.b2: moe.router (D, E), moe.w1 (E, D, F), moe.b1 (E, F), moe.w2
+(E, F, D), moe.b2 (E, D), with F the experts' hidden width.
 """
 from __future__ import annotations
 
@@ -59,9 +63,15 @@ def param_specs(cfg: GPTConfig) -> tuple[ParamSpec, ...]:
             out.append(ParamSpec(f"{h}.attn.w{w}", (D, D), "seeded"))
             if w != "k":  # no key bias: softmax ignores it, its gradient is zero but for rounding, which
                 out.append(ParamSpec(f"{h}.attn.b{w}", (D,), "zeros"))  # Adam would blow up to +-lr steps
-        out += [ParamSpec(f"{h}.ln2.w", (D,), "ones"), ParamSpec(f"{h}.ln2.b", (D,), "zeros"),
-                ParamSpec(f"{h}.mlp.w1", (D, 4 * D), "seeded"), ParamSpec(f"{h}.mlp.b1", (4 * D,), "zeros"),
-                ParamSpec(f"{h}.mlp.w2", (4 * D, D), "seeded"), ParamSpec(f"{h}.mlp.b2", (D,), "zeros")]
+        out += [ParamSpec(f"{h}.ln2.w", (D,), "ones"), ParamSpec(f"{h}.ln2.b", (D,), "zeros")]
+        if cfg.is_moe(layer):
+            E, F = cfg.moe.experts, cfg.moe.hidden or 4 * D
+            out += [ParamSpec(f"{h}.moe.router", (D, E), "seeded"),
+                    ParamSpec(f"{h}.moe.w1", (E, D, F), "seeded"), ParamSpec(f"{h}.moe.b1", (E, F), "zeros"),
+                    ParamSpec(f"{h}.moe.w2", (E, F, D), "seeded"), ParamSpec(f"{h}.moe.b2", (E, D), "zeros")]
+        else:
+            out += [ParamSpec(f"{h}.mlp.w1", (D, 4 * D), "seeded"), ParamSpec(f"{h}.mlp.b1", (4 * D,), "zeros"),
+                    ParamSpec(f"{h}.mlp.w2", (4 * D, D), "seeded"), ParamSpec(f"{h}.mlp.b2", (D,), "zeros")]
     out += [ParamSpec("lnf.w", (D,), "ones"), ParamSpec("lnf.b", (D,), "zeros")]
     return tuple(out)
 
@@ -75,7 +85,7 @@ def seeded(cfg: GPTConfig, spec: ParamSpec) -> Optional[SeededTensor]:
     if spec.init != "seeded":
         return None
     a = math.sqrt(3.0) * cfg.init_std
-    if spec.name.endswith((".attn.wo", ".mlp.w2")):
+    if spec.name.endswith((".attn.wo", ".mlp.w2", ".moe.w2")):
         a /= math.sqrt(2.0 * cfg.layers)
     seed = zlib.crc32(f"{cfg.seed}:{spec.name}".encode())
     return SeededTensor(spec.shape, "float64", seed=seed, low=-a, high=a)
@@ -89,8 +99,9 @@ def constant(spec: ParamSpec) -> float:
 
 
 def decays(spec: ParamSpec) -> bool:
-    """Whether AdamW's weight decay applies: to the 2-d weights, never to biases or norms."""
-    return len(spec.shape) >= 2
+    """Whether AdamW's weight decay applies: to the weights of 2 or more dims, never to biases (the experts'
+    (E, F) and (E, D) ones included) or norms."""
+    return len(spec.shape) >= 2 and not spec.name.rsplit(".", 1)[-1].startswith("b")
 
 
 def initial_value(cfg: GPTConfig, spec: ParamSpec) -> np.ndarray:

@@ -27,7 +27,8 @@ from .config import GPTConfig
 from .data import batch, decode, encode, load_text
 from .params import decays, dropout_sites, dropout_tensor, initial_value, param_specs
 
-__all__ = ["init_params", "logits", "loss_and_grads", "clip_grads", "AdamW", "Trainer", "train", "generate", "main"]
+__all__ = ["init_params", "logits", "loss_and_grads", "router_loss", "clip_grads", "AdamW", "Trainer", "train",
+           "generate", "main"]
 
 Params = dict[str, np.ndarray]
 
@@ -44,9 +45,19 @@ def logits(params: Params, x: Any, cfg: GPTConfig, step: Optional[int] = None, t
     return out.reshape(ids.shape + (cfg.vocab,))
 
 
+def router_loss(cfg: GPTConfig, cache: dict) -> float:
+    """The MoE layers' router losses, weighted and summed (0.0 without MoE layers): the sum over MoE
+    layers of aux_loss_coeff * load-balancing loss + z_loss_coeff * z-loss (spmdsim.moe.reference)."""
+    if cfg.moe is None:
+        return 0.0
+    moe = [b["moe"] for b in cache["blocks"] if b is not None and "moe" in b]
+    return sum(cfg.moe.aux_loss_coeff * m["aux"] + cfg.moe.z_loss_coeff * m["z"] for m in moe)
+
+
 def loss_and_grads(params: Params, x: Any, y: Any, cfg: GPTConfig, step: Optional[int],
                    train: bool = True, micro: Optional[int] = None) -> tuple[float, Params]:
-    """Mean cross-entropy of targets y given ids x, and its gradient for every parameter.
+    """Mean cross-entropy of targets y given ids x (plus the MoE layers' router losses, weighted:
+    `router_loss`), and its gradient for every parameter.
 
     Args:
         step: the 0-based training step; it picks the dropout masks (ignored when not train).
@@ -61,7 +72,7 @@ def loss_and_grads(params: Params, x: Any, y: Any, cfg: GPTConfig, step: Optiona
     rows, flat_y = np.arange(n), targets.reshape(-1)
     top = out.max(axis=1, keepdims=True)
     lse = top + np.log(np.exp(out - top).sum(axis=1, keepdims=True))
-    loss = float(np.mean(lse[:, 0] - out[rows, flat_y]))
+    loss = float(np.mean(lse[:, 0] - out[rows, flat_y])) + router_loss(cfg, cache)
     dlogits = np.exp(out - lse)
     dlogits[rows, flat_y] -= 1.0
     dlogits /= n

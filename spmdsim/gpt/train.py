@@ -45,7 +45,8 @@ TOLERANCE = 1e-10
 @dataclass(frozen=True)
 class StepResult:
     """One step: the loss, the largest relative differences (loss, gradients, parameters), its traffic,
-    and with ``memory=True`` this rank's bytes (spmdsim.gpt.memory.MemoryReport)."""
+    with ``memory=True`` this rank's bytes (spmdsim.gpt.memory.MemoryReport), and with MoE layers this
+    rank's dispatch figures (spmdsim.moe.report draws them)."""
 
     step: int
     loss: float
@@ -53,6 +54,7 @@ class StepResult:
     calls: int
     bytes_sent: int
     memory: Optional[MemoryReport] = None
+    dispatch: tuple = ()  # with MoE layers: this rank's spmdsim.moe.layer.MoEStats of the step's forward
 
     @property
     def passed(self) -> bool:
@@ -106,7 +108,7 @@ def gathered(model: Any) -> dict:
 
     tensors = list(model.params.values())
     flat = np.concatenate([t.local.reshape(-1) for t in tensors])
-    everyone = gather(model.mesh, flat, ("dp", "tp"), "check.params")
+    everyone = gather(model.mesh, flat, tuple(model.mesh.layout.alias_name), "check.params")
     everyone = everyone.reshape(model.mesh.size, flat.size)
     out, at = {}, 0
     for name, t in model.params.items():
@@ -126,6 +128,8 @@ def _worst(local: np.ndarray, reference: np.ndarray, region: tuple, floor: float
 
 def replay_problem(cfg: GPTConfig) -> Optional[str]:
     """Why `cfg`'s training step cannot be replayed (spmdsim.runtime.replay), or None."""
+    if cfg.moe is not None:
+        return "replay: an MoE layer's routing decides in Python each step, which a replay cannot repeat"
     if cfg.clip:
         return (f"replay: clip {cfg.clip!r} reads the gradients' norm into Python each step, which a replay "
                 "cannot repeat; train with clip 0 or without replay")
@@ -135,7 +139,8 @@ def replay_problem(cfg: GPTConfig) -> Optional[str]:
 def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.ndarray, sp: bool = False,
           check: bool = True, on_step: Optional[Callable[[StepResult], Any]] = None,
           mesh: Any = None, layouts: Optional[dict] = None, replay: bool = False,
-          recompute: str = "none", zero: int = 0, memory: bool = False, kept: str = "graph") -> tuple[Any, list]:
+          recompute: str = "none", zero: int = 0, memory: bool = False, kept: str = "graph",
+          ep: int = 1) -> tuple[Any, list]:
     """Train `steps` steps on a (dp, tp) mesh over `comm`; returns (the model, one StepResult per step).
 
     Collective: every rank calls it alike. `mesh`: a Mesh of Layout((dp, tp), ("dp", "tp")) to use
@@ -144,7 +149,9 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     the same way; not with `cfg.clip` (clipping reads the gradients' norm into Python).
     `recompute`: "none", "selective" or "full" (spmdsim.gpt.parallel.GPT's). `zero`: 0 (AdamW) or 1
     (DistributedAdamW over dp). `memory`: measure each step's bytes into StepResult.memory. `kept`:
-    "graph" or "megatron" (spmdsim.gpt.parallel.GPT's: what the graph keeps for backward).
+    "graph" or "megatron" (spmdsim.gpt.parallel.GPT's: what the graph keeps for backward). `ep`: with MoE
+    layers (cfg.moe), the expert-parallel ranks: the mesh is Layout((dp, ep, tp), ("dp", "ep", "tp")), the
+    batch split over dp x ep (spmdsim.moe.layer); the step's loss includes the router losses.
     """
     from .. import ops
     from ..autograd import kept_bytes
@@ -160,9 +167,13 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
 
     problem = (recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
                or (replay_problem(cfg) if replay else None))
+    if not problem and zero and cfg.moe is not None:
+        problem = "ZeRO-1 with MoE layers is not available yet (the experts' states would shard over dp alone)"
     if problem:  # every rank alike, before any collective
         raise SpmdsimError(problem)
-    mesh = Mesh(Layout((dp, tp), ("dp", "tp")), comm) if mesh is None else mesh
+    if mesh is None:
+        moe = cfg.moe is not None or ep > 1
+        mesh = Mesh(Layout((dp, ep, tp), ("dp", "ep", "tp")) if moe else Layout((dp, tp), ("dp", "tp")), comm)
     model = GPT(cfg, mesh, sp=sp, layouts=layouts, recompute=recompute, kept=kept)
     specs = param_specs(cfg)
     params = [model.params[s.name] for s in specs]
@@ -198,7 +209,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
 
     graph = None
     reference_moments = once(("gpt-reference", cfg, 0), _zero_moments, cfg) if check else None
-    ids_layout = mesh.layout("dp", None)
+    ids_layout = mesh.layout(model.batch, None)
     results = []
     report = None
     for step in range(steps):
@@ -223,11 +234,12 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
                 ("gpt-reference", cfg, step + 1), _reference_step, reference_moments, start, x, y, cfg, step)
             mine = step_errors(value, ref_loss, grads, updated, {s.name: model.params[s.name] for s in specs},
                                optimizer if zero else None)
-            worst = resolve(mesh, mine, pending(mesh.layout, 1, ("dp", "tp")), "check", reduction="max", owned=True)
+            worst = resolve(mesh, mine, pending(mesh.layout, 1, tuple(mesh.layout.alias_name)), "check",
+                            reduction="max", owned=True)
             errors = tuple(float(e) for e in worst)
         totals = trace.totals()
         result = StepResult(step, value, errors, totals["calls"], totals["bytes_sent"],
-                            None if report is None else _restep(report, step))
+                            None if report is None else _restep(report, step), tuple(model.moe_stats))
         results.append(result)
         if on_step is not None:
             on_step(result)

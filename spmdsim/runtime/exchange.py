@@ -22,7 +22,7 @@ from .door import _alone, _empty, _result, issue
 from .exchange_spec import ExchangeSpec
 from .mesh import Mesh
 
-__all__ = ["alltoallv", "exchange", "shifted", "shifted_many"]
+__all__ = ["alltoallv", "group_alltoallv", "exchange", "shifted", "shifted_many"]
 
 _ndarray = np.ndarray
 
@@ -98,6 +98,38 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
     return issue(mesh, comm, size, "alltoallv", mesh.layout.alias_name, label, "all_to_allv",
                  (send, scounts, sdispls, recv, rcounts, rdispls), None, dtype, (), (send.nbytes, recv.nbytes),
                  send.nbytes, t0, views, (scounts, rcounts))
+
+
+def group_alltoallv(mesh: Mesh, local: Any, send_rows: Sequence[int], recv_rows: Sequence[int], axes: Any,
+                    label: str | None = None) -> np.ndarray:
+    """Rows of `local` (rows, ...) to the members of this rank's group over `axes`, in one Alltoallv.
+
+    `send_rows[j]` consecutive rows go to member j (members in group order), `recv_rows[j]` rows come from
+    member j; returns them (sum(recv_rows), ...), sources in group order. The counts must agree across the
+    group (member i's send_rows[j] is member j's recv_rows[i]): the caller exchanged them first, as a
+    dropless MoE layer's Alltoall of counts does (spmdsim.moe.layer). A member's rows to itself travel too.
+    """
+    comm, g, _ = mesh.group_info(axes)
+    x = local if type(local) is _ndarray and local.flags.c_contiguous else np.ascontiguousarray(local)
+    if x.ndim < 1 or len(send_rows) != g or len(recv_rows) != g:
+        raise ShapeError(f"group_alltoallv: {len(send_rows)} send and {len(recv_rows)} receive counts for a "
+                         f"group of {g} over {axes!r}; expected one each per member, and rows to send")
+    if sum(send_rows) != x.shape[0] or min(list(send_rows) + list(recv_rows), default=0) < 0:
+        raise ShapeError(f"group_alltoallv: send counts {list(send_rows)!r} must be >= 0 and add up to the "
+                         f"{x.shape[0]} rows of the local array")
+    row = math.prod(x.shape[1:])
+    scounts = [int(n) * row for n in send_rows]
+    rcounts = [int(n) * row for n in recv_rows]
+    recv = _empty((sum(int(n) for n in recv_rows),) + x.shape[1:], x.dtype)
+    if g == 1:
+        _alone("alltoallv", axes, label, x.dtype)
+        recv[...] = x
+        return recv
+    sdispls = [0, *accumulate(scounts[:-1])]
+    rdispls = [0, *accumulate(rcounts[:-1])]
+    return issue(mesh, comm, g, "alltoallv", axes, label, "all_to_allv",
+                 (x, scounts, sdispls, recv, rcounts, rdispls), recv, x.dtype, (), (x.nbytes, recv.nbytes), 0,
+                 None, None, (tuple(scounts), tuple(rcounts)))
 
 
 def exchange(mesh: Mesh, local: np.ndarray, spec: ExchangeSpec, label: str | None = None,

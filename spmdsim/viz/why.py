@@ -9,7 +9,7 @@ the step's bytes sent by that rank and a column to the bytes that rank received.
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..holdings import block_text
 from ..plan.record import Plan
@@ -121,11 +121,13 @@ def _volume(box: Sequence[tuple[int, int]]) -> int:
     return size
 
 
-def format_byte_matrix(matrix: Sequence[Sequence[int]], width: int | None = WIDTH) -> list[str]:
+def format_byte_matrix(matrix: Sequence[Sequence[int]], width: int | None = WIDTH,
+                       total: Callable[[int], str] = nbytes) -> list[str]:
     """The rank -> rank table: one row per sending rank, one column per receiving rank.
 
     Columns that do not fit `width` are dropped with a note naming them (the
-    JSON record and the PNG heatmap keep them all).
+    JSON record and the PNG heatmap keep them all). `total` writes a row's sum
+    (bytes; an MoE dispatch's token matrix gives counts, spmdsim.moe.report).
     """
     n = len(matrix)
     cell = max([len(f"{v:,}") for row in matrix for v in row] + [len(str(n - 1)) + 2, 1])
@@ -136,7 +138,7 @@ def format_byte_matrix(matrix: Sequence[Sequence[int]], width: int | None = WIDT
     rows = []
     for src in range(n):
         row = matrix[src]
-        rows.append([f"r{src}"] + [f"{v:,}" if v else "." for v in row[:shown]] + [nbytes(sum(row))])
+        rows.append([f"r{src}"] + [f"{v:,}" if v else "." for v in row[:shown]] + [total(sum(row))])
     rows.append(["received"] + [f"{sum(matrix[s][d] for s in range(n)):,}" for d in range(shown)] + [""])
     lines = fold_table(head, rows, width=None, right=tuple(range(1, shown + 2)), gap=1)
     if shown < n:

@@ -1,0 +1,145 @@
+r"""A mixture-of-experts GPT trained on ep x dp x tp ranks, every step checked against one numpy process.
+
+The GPT of examples/train_gpt.py (the same text, embeddings, attention, head and AdamW) with every
+other block's MLP an MoE layer (spmdsim.moe, docs/experts.md): a router (linear, softmax in float64,
+top-k), experts split over the ep ranks, each expert column- then row-parallel over tp, the tokens
+sent to their experts and back by Alltoall over ep (with a capacity: tokens past it dropped) or, with
+--dropless, an Alltoall of the counts then an Alltoallv of the tokens with the true counts. The batch
+is split over dp x ep in every other layer (the ep ranks are data parallel there, as in Megatron);
+an expert's gradients are summed over dp alone. The loss adds the Switch load-balancing loss and the
+router z-loss. Each step's loss, every gradient and every updated parameter is compared with the same
+model trained in one numpy process (spmdsim.gpt.reference); the largest relative difference must stay
+within 1e-10. --dispatch prints who sent how many tokens to whom, the tokens per expert and the drops.
+
+Run: timeout -k 5 900 mpiexec -n 8 python examples/train_moe_gpt.py --ep 4 --tp 2
+  or python examples/train_moe_gpt.py --ranks 8 --ep 2 --dp 2 --tp 2 --dropless   (8 simulated ranks)
+"""
+import argparse
+import sys
+
+import spmdsim
+from spmdsim.gpt import GPTConfig, encode, load_text, param_specs
+from spmdsim.gpt.parallel import mesh_problem
+from spmdsim.gpt.train import TOLERANCE, train
+from spmdsim.moe import MoEConfig
+from spmdsim.moe.report import dispatch_lines
+from spmdsim.nets.train import loss_trend, run_main
+from spmdsim.sim import dry_run_active
+from spmdsim.sim.launch import ranks_argument
+from spmdsim.validate import counted
+
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--steps", type=int, default=50)
+parser.add_argument("--ep", type=int, default=None, help="expert-parallel ranks (default: world / (dp x tp))")
+parser.add_argument("--dp", type=int, default=None,
+                    help="expert-data-parallel ranks: replicas of each expert (default: world / (ep x tp))")
+parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks, inside the experts too")
+parser.add_argument("--sp", action="store_true", help="sequence parallelism in the non-expert layers (Megatron)")
+parser.add_argument("--experts", type=int, default=8)
+parser.add_argument("--top-k", type=int, default=2, help="experts per token: 1 (Switch) or 2")
+parser.add_argument("--moe-every", type=int, default=2, help="every N-th block's MLP is an MoE layer")
+parser.add_argument("--capacity-factor", type=float, default=1.25,
+                    help="each expert's slots per sequence: ceil(top_k x seq x factor / experts)")
+parser.add_argument("--dropless", action="store_true",
+                    help="no capacity: the counts by Alltoall, then the tokens by Alltoallv")
+parser.add_argument("--aux-loss-coeff", type=float, default=MoEConfig.aux_loss_coeff)
+parser.add_argument("--z-loss-coeff", type=float, default=MoEConfig.z_loss_coeff)
+parser.add_argument("--algorithm", choices=("pairwise", "bruck"), default=None,
+                    help="run the Alltoalls as this emulated algorithm (docs/algorithms.md)")
+parser.add_argument("--dispatch", action="store_true",
+                    help="print each reported step's dispatch of the first MoE layer: tokens rank -> rank, "
+                         "per expert, dropped")
+parser.add_argument("--vocab", type=int, default=128)
+parser.add_argument("--layers", type=int, default=4)
+parser.add_argument("--d-model", type=int, default=128)
+parser.add_argument("--heads", type=int, default=4)
+parser.add_argument("--seq", type=int, default=64)
+parser.add_argument("--batch", type=int, default=8)
+parser.add_argument("--dropout", type=float, default=0.1)
+parser.add_argument("--lr", type=float, default=3e-3)
+parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--every", type=int, default=10, help="print every N steps")
+parser.add_argument("--no-check", action="store_true", help="skip the single-process reference")
+ranks_argument(parser)  # --ranks N (simulated ranks) and --dry-run beside it
+args = parser.parse_args()
+
+
+def split(world):
+    """(dp, ep, tp) for this world, or the reason it cannot be."""
+    tp = args.tp
+    if tp < 1 or world % tp:
+        return None, f"tp {tp} must divide the world size {world}"
+    rest = world // tp
+    ep = args.ep or (args.dp and rest // args.dp) or rest
+    dp = args.dp or rest // max(ep, 1)
+    if ep < 1 or dp < 1 or dp * ep * tp != world:
+        return None, f"dp {dp} x ep {ep} x tp {tp} must multiply to the world size {world} (set --ep and --dp)"
+    return (dp, ep, tp), None
+
+
+def main(args):
+    comm = spmdsim.world()
+    # Refused on every rank alike, before any collective: one line, exit 2.
+    moe = MoEConfig(experts=args.experts, top_k=args.top_k, every=args.moe_every,
+                    capacity_factor=args.capacity_factor, dropless=args.dropless,
+                    aux_loss_coeff=args.aux_loss_coeff, z_loss_coeff=args.z_loss_coeff)
+    cfg = GPTConfig(vocab=args.vocab, layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq,
+                    batch=args.batch, dropout=args.dropout, lr=args.lr, seed=args.seed, moe=moe)
+    shape, problem = split(comm.size)
+    if not problem:
+        problem = mesh_problem(cfg, shape[0], shape[2], args.sp, shape[1])
+    if problem:
+        raise spmdsim.SpmdsimError(f"the MoE GPT cannot run on {comm.size} ranks: {problem}")
+    if dry_run_active() and moe.dropless:
+        raise spmdsim.SpmdsimError("--dry-run with --dropless: the true counts need the routing's values; "
+                                   "leave out one of them")
+    dp, ep, tp = shape
+    mesh = spmdsim.Mesh(spmdsim.Layout((dp, ep, tp), ("dp", "ep", "tp")), comm,
+                        algorithms={"alltoall": args.algorithm} if args.algorithm else None)
+    text = load_text()
+    rank0 = comm.rank == 0
+    check = not args.no_check
+    moe_layers = [f"h{i}" for i in range(cfg.layers) if cfg.is_moe(i)]
+    if rank0:
+        print(f"MoE GPT: {counted(cfg.layers, 'layer')} ({', '.join(moe_layers) or 'none'} MoE), d_model "
+              f"{cfg.d_model}, {cfg.heads} heads, seq {cfg.seq}, batch {cfg.batch}, dropout {cfg.dropout}")
+        print(f"experts: {moe.describe()}")
+        if moe.dropless:
+            print("dropless: the counts by Alltoall, then the tokens by Alltoallv with the true counts")
+        else:
+            print(f"capacity: {moe.capacity(cfg.seq)} slots per expert per sequence "
+                  f"(ceil({moe.top_k} x {cfg.seq} x {moe.capacity_factor:g} / {moe.experts})), the rest dropped")
+        alg = f"; Alltoall as {args.algorithm}" if args.algorithm else ""
+        print(f"mesh dp {dp} x ep {ep} x tp {tp}{' with sequence parallelism' if args.sp else ''}: experts "
+              f"{moe.experts // ep} per ep rank, batch over dp x ep = {dp * ep}{alg}")
+        print(" step    loss  collectives  bytes sent" +
+              ("  difference from one numpy process: loss grads params" if check else ""))
+
+    def report(r):
+        shown = r.step % args.every == 0 or r.step == args.steps - 1
+        if rank0 and shown:
+            diffs = "".join(f"  {e:.1e}" for e in r.errors) if check else ""
+            print(f"{r.step:5d}  {r.loss:6.4f}  {r.calls:11d}  {r.bytes_sent:10,}           {diffs}")
+        if args.dispatch and shown and moe_layers:
+            from spmdsim.runtime.door import gather_object
+
+            everyone = gather_object(mesh.comm, r.dispatch)  # collective: every rank reports alike
+            if rank0:
+                print("\n".join(dispatch_lines(everyone, moe_layers[0], comm.size, tp)))
+
+    model, results = train(cfg, comm, dp, tp, args.steps, encode(text), sp=args.sp, check=check, on_step=report,
+                           mesh=mesh, ep=ep)
+    trend, falling = loss_trend([r.loss for r in results])
+    failed = sum(not r.passed for r in results)
+    if check and rank0:
+        worst = max(max(r.errors) for r in results)
+        print(f"check: {len(results)} steps vs one numpy process (loss, {len(param_specs(cfg))} gradients and "
+              f"parameters each): {'PASS' if not failed else f'FAILED at {failed} steps'}")
+        print(f"largest difference {worst:.1e} of the tensor's largest entry (tolerance {TOLERANCE:.0e})")
+    if rank0:
+        print(trend)
+    model.mesh.close()
+    return 0 if not failed and falling else 1
+
+
+sys.exit(run_main(main, args, args.ranks))  # simulated ranks with --ranks, else MPI

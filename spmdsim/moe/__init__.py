@@ -1,0 +1,13 @@
+"""Mixture of experts: a router, experts split over an ``ep`` mesh axis, tokens moved by Alltoall(v).
+
+``MoEConfig`` (config) on a ``GPTConfig(moe=...)``; the routing stated once for
+ranks and reference (routing); the layer in one numpy process (reference);
+on DTensors (``spmdsim.moe.layer``, loaded on first use: it runs collectives);
+the pictures of who sent how many tokens where (report). docs/experts.md.
+"""
+from __future__ import annotations
+
+from .config import AUX_LOSS_COEFF, Z_LOSS_COEFF, MoEConfig
+from .routing import Routing, dispatch_rows, gates_backward, route
+
+__all__ = ["MoEConfig", "AUX_LOSS_COEFF", "Z_LOSS_COEFF", "Routing", "route", "gates_backward", "dispatch_rows"]

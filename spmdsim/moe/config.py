@@ -1,0 +1,96 @@
+"""A mixture-of-experts layer's settings: one frozen, validated value (pure).
+
+``MoEConfig(experts=8, top_k=2)`` on a ``GPTConfig(moe=...)`` makes every
+`every`-th block's MLP (blocks every-1, 2*every-1, ...) a layer of `experts`
+GELU MLPs behind a router (docs/experts.md). `capacity_factor` > 0 counts each
+expert's slots per sequence (Switch Transformer: tokens past them are dropped
+and pass through the residual); ``dropless=True`` sends every token to its
+experts with the true counts (Alltoallv).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+from ..errors import SpmdsimError
+from ..validate import as_int
+
+__all__ = ["MoEConfig", "AUX_LOSS_COEFF", "Z_LOSS_COEFF"]
+
+#: Switch Transformer's load-balancing coefficient (Fedus et al. 2021, section 2.2: alpha = 1e-2).
+AUX_LOSS_COEFF = 1e-2
+#: ST-MoE's router z-loss coefficient (Zoph et al. 2022, section 3.1: c_z = 1e-3).
+Z_LOSS_COEFF = 1e-3
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Experts behind a top-k router, their capacity and the router's two auxiliary losses.
+
+    Args:
+        experts: the number of experts per MoE layer.
+        top_k: experts per token, 1 (Switch) or 2 (GShard, Mixtral).
+        every: every `every`-th block is an MoE layer (2: blocks 1, 3, ...).
+        capacity_factor: each expert's slots per sequence of T tokens are
+            ceil(top_k * T * capacity_factor / experts); ignored when `dropless`.
+        dropless: no capacity, no dropping: the counts are exchanged, then the tokens (Alltoallv).
+        hidden: each expert's hidden width (0: 4 * d_model, the dense MLP's).
+        aux_loss_coeff: weight of the load-balancing loss E * sum_e f_e P_e.
+        z_loss_coeff: weight of the router z-loss, the mean of logsumexp(logits)^2.
+    """
+
+    experts: int = 8
+    top_k: int = 2
+    every: int = 2
+    capacity_factor: float = 1.0
+    dropless: bool = False
+    hidden: int = 0
+    aux_loss_coeff: float = AUX_LOSS_COEFF
+    z_loss_coeff: float = Z_LOSS_COEFF
+
+    def __post_init__(self) -> None:
+        for name, low in (("experts", 1), ("every", 1), ("hidden", 0)):
+            value = getattr(self, name)
+            n = as_int(value)
+            if n is None or n < low:
+                raise SpmdsimError(f"MoEConfig {name} {value!r} must be an integer >= {low}")
+            object.__setattr__(self, name, n)
+        k = as_int(self.top_k)
+        if k not in (1, 2):
+            raise SpmdsimError(f"MoEConfig top_k {self.top_k!r} must be 1 or 2 (experts per token)")
+        object.__setattr__(self, "top_k", k)
+        if k > self.experts:
+            raise SpmdsimError(f"MoEConfig top_k {k} must not exceed experts {self.experts}")
+        if not isinstance(self.dropless, bool):
+            raise SpmdsimError(f"MoEConfig dropless {self.dropless!r} must be True or False")
+        if not self.dropless and not (_real(self.capacity_factor) and self.capacity_factor > 0):
+            raise SpmdsimError(f"MoEConfig capacity_factor {self.capacity_factor!r} must be a finite number > 0 "
+                               "(or dropless=True)")
+        for name in ("aux_loss_coeff", "z_loss_coeff"):
+            value = getattr(self, name)
+            if not (_real(value) and value >= 0):
+                raise SpmdsimError(f"MoEConfig {name} {value!r} must be a finite number >= 0")
+            object.__setattr__(self, name, float(value))
+        if _real(self.capacity_factor):
+            object.__setattr__(self, "capacity_factor", float(self.capacity_factor))
+
+    def is_moe(self, layer: int) -> bool:
+        """Whether block `layer` (0-based) has an MoE layer in place of its MLP."""
+        return layer % self.every == self.every - 1
+
+    def capacity(self, tokens: int) -> int:
+        """An expert's slots in a group of `tokens` tokens (one sequence): ceil(k * tokens * factor / E);
+        the group's whole count of assignments, k * tokens, when dropless (nothing is dropped)."""
+        if self.dropless:
+            return self.top_k * tokens
+        return max(1, math.ceil(self.top_k * tokens * self.capacity_factor / self.experts))
+
+    def describe(self) -> str:
+        """One short line: experts, k, the router losses' weights."""
+        return (f"{self.experts} per MoE layer, top-{self.top_k}; router losses: aux {self.aux_loss_coeff:g}, "
+                f"z {self.z_loss_coeff:g}")
+
+
+def _real(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)

@@ -1,0 +1,260 @@
+"""An MoE layer on DTensors: router, dispatch by Alltoall(v) over ``ep``, experts, combine (runtime).
+
+Mesh ``(dp, ep, tp)``: the tokens (T, B, D) are split over ("dp", "ep") on the
+batch and whole on tp, as the GPT's other layers hold them; expert e lives on
+the ep ranks' e // (E / ep)-th share, column-parallel (w1) then row-parallel
+(w2) over tp, the same on every dp rank. Each rank routes its own tokens
+(spmdsim.moe.routing), packs them into a send buffer, and:
+
+- dispatch: with a capacity, one Alltoall over ep of the (S, E, C, D) slots
+  (split on the experts, joined on the sequences); dropless, an Alltoall of
+  the per-expert counts, then an Alltoallv of the rows with the true counts;
+- the experts run on what arrived: x @ w1 + b1, GELU, @ w2, an Allreduce over
+  tp (w2's rows are split there), + b2;
+- combine: the dispatch's reverse exchange, then each token adds its experts'
+  outputs times the gates.
+
+The backward is the same exchanges the other way (the conjugates: combine's
+gradient travels as the dispatch did, dispatch's as the combine did). The
+experts' gradients are summed over dp only (the ranks holding the same
+experts): they come back pending over "dp" and the backward walk's Allreduce
+(bucketed) sums them. The router, its softmax and its two losses are the
+general operators' (einsum, softmax, mean ...), so their gradients are too.
+Everything goes through runtime.collectives / runtime.exchange and the door
+(runtime/door.py): a mesh made with ``algorithms={"alltoall": "pairwise"}``
+runs the Alltoalls as that algorithm.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from .. import ops
+from ..activations import gelu, gelu_backward
+from ..autograd.graph import record, with_partial
+from ..errors import SpmdsimError
+from ..runtime.collectives import allreduce, alltoall
+from ..runtime.dtensor import DTensor
+from ..runtime.exchange import group_alltoallv
+from .config import MoEConfig
+from .routing import dispatch_rows, gates_backward, route
+
+__all__ = ["MoEStats", "moe_layer", "moe_experts", "moe_problem"]
+
+
+@dataclass(frozen=True)
+class MoEStats:
+    """What one rank's dispatch did in one forward: the picture's numbers (spmdsim.moe.report).
+
+    Attributes:
+        layer: the layer's name ("h1").
+        rank: this mesh rank; group: the mesh ranks of its ep group, in group order.
+        tokens_to: real token rows sent to each group member (kept assignments).
+        bytes_to: bytes sent to each group member by the dispatch (a capacity's empty slots included).
+        per_expert: kept assignments routed to each expert (global index), from this rank's tokens.
+        dropped: assignments dropped (past capacity); assignments: all of them (k per token).
+    """
+
+    layer: str
+    rank: int
+    group: tuple[int, ...]
+    tokens_to: tuple[int, ...]
+    bytes_to: tuple[int, ...]
+    per_expert: tuple[int, ...]
+    dropped: int
+    assignments: int
+
+
+def moe_problem(mesh: Any, moe: MoEConfig, x_shape: tuple, hidden: int) -> Optional[str]:
+    """Why an MoE layer cannot run on `mesh` (one line, the same on every rank), or None."""
+    names = tuple(mesh.layout.alias_name)
+    if "ep" not in names or "tp" not in names:
+        return f"an MoE layer runs on a mesh with axes 'ep' and 'tp', got {names!r}"
+    ep, tp = mesh.layout.axis_size("ep"), mesh.layout.axis_size("tp")
+    if moe.experts % ep:
+        return f"experts {moe.experts} are not divisible by ep {ep} (experts are split over ep)"
+    if hidden % tp:
+        return f"the experts' hidden width {hidden} is not divisible by tp {tp}"
+    if len(x_shape) != 3:
+        return f"the MoE layer's input of shape {x_shape!r} must be (tokens, batch, features)"
+    return None
+
+
+def moe_layer(x: Any, params: dict, pre: str, moe: MoEConfig, stats: Optional[list] = None) -> tuple[Any, Any]:
+    """(output (T, B, D) in x's layout, the weighted router losses: a scalar) of the MoE layer `pre` ("h1.").
+
+    `x` (T, B, D): whole on tp, the batch split over the mesh's other axes. `params`: the model's
+    DTensors, read at pre + "moe.router", "moe.w1", "moe.b1", "moe.w2", "moe.b2". `stats`: a list that
+    receives this rank's MoEStats.
+    """
+    mesh = x.mesh
+    w1 = params[pre + "moe.w1"]
+    problem = moe_problem(mesh, moe, tuple(x.global_shape), w1.global_shape[2])
+    if problem:
+        raise SpmdsimError(problem)
+    logits = ops.einsum("tbd,de->tbe", x, params[pre + "moe.router"])
+    probs = ops.softmax(logits, -1)  # float64 shards: the softmax's math is float64
+    out, counts = moe_experts(x, probs, w1, params[pre + "moe.b1"], params[pre + "moe.w2"], params[pre + "moe.b2"],
+                              moe, pre.rstrip("."), stats)
+    T, B, E = probs.global_shape
+    N = T * B
+    # Load balancing, E * sum_e f_e P_e: f_e the share of the k N assignments routed to e (counted, no
+    # gradient: one Allreduce of E numbers over the batch's axes), P_e e's mean probability.
+    batch = tuple(a for a in mesh.layout.alias_name if a != "tp" and mesh.layout.axis_size(a) > 1)
+    f = DTensor(mesh, counts / (moe.top_k * N), mesh.layout(None).with_partial(batch), (E,))
+    f = ops.resolved(f)
+    aux = ops.sum(ops.mean(probs, (0, 1)) * f) * float(E)
+    # z-loss: mean over tokens of logsumexp(logits)^2; the shift is a constant (no gradient through it).
+    top = DTensor(mesh, logits.local.max(axis=-1, keepdims=True), logits.layout, (T, B, 1))
+    lse = ops.log(ops.sum(ops.exp(logits - top), -1, keepdims=True)) + top
+    z = ops.mean(lse * lse)
+    return out, aux * moe.aux_loss_coeff + z * moe.z_loss_coeff
+
+
+def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoEConfig, name: str = "moe",
+                stats: Optional[list] = None) -> tuple[Any, np.ndarray]:
+    """(the experts' outputs times the gates, (T, B, D) in x's layout; this rank's (E,) assignment counts
+    before dropping): route, dispatch, run the experts, combine; one node in the graph."""
+    mesh = x.mesh
+    T, bl, D = x.local.shape
+    E, k = moe.experts, moe.top_k
+    ep, tp = mesh.layout.axis_size("ep"), mesh.layout.axis_size("tp")
+    El = E // ep
+    routing = route(np.ascontiguousarray(probs.local.transpose(1, 0, 2)), k, moe.capacity(T))
+    rows, nrows, per_expert = dispatch_rows(routing, moe.dropless)
+    kept = routing.kept
+    tok = (np.arange(bl)[:, None, None] * T + np.arange(T)[None, :, None] + np.zeros_like(rows))[kept]
+    at, gate = rows[kept], routing.gates[kept]
+    xs = x.local.transpose(1, 0, 2).reshape(bl * T, D)
+    send = np.zeros((nrows, D))
+    send[at] = xs[tok]
+    move = _Exchange(mesh, moe, routing.capacity, bl, El, per_expert, f"{name} dispatch", f"{name} combine")
+    xe = move.dispatch(send)  # expert-major rows: local expert 0's, then 1's ...
+    W1, B1, W2, B2 = w1.local, b1.local, w2.local, b2.local
+    hs, acts, ye = [], [], np.empty_like(xe)
+    for e, (lo, hi) in enumerate(move.ranges):
+        h = xe[lo:hi] @ W1[e] + B1[e]
+        a = gelu(h)
+        hs.append(h)
+        acts.append(a)
+        ye[lo:hi] = a @ W2[e]
+    ye = allreduce(mesh, ye, "tp", f"{name} experts fc2") if tp > 1 else ye
+    for e, (lo, hi) in enumerate(move.ranges):
+        ye[lo:hi] += B2[e]
+    back = move.combine(ye)
+    ys = np.zeros((bl * T, D))
+    np.add.at(ys, tok, gate[:, None] * back[at])
+    out = DTensor(mesh, np.ascontiguousarray(ys.reshape(bl, T, D).transpose(1, 0, 2)), x.layout, x.global_shape)
+    if stats is not None:
+        stats.append(_stats(mesh, name, routing, move, per_expert, at, ep, D))
+    tensors = (x, probs, w1, b1, w2, b2)
+    if all(t._ag is None for t in tensors):
+        return out, routing.counts.sum(axis=0).astype(np.float64)
+
+    def backward(dy: Any) -> tuple:
+        dys = dy.local.transpose(1, 0, 2).reshape(bl * T, D)
+        dgates = np.zeros(routing.gates.shape)
+        dgates[kept] = np.einsum("nd,nd->n", dys[tok], back[at])
+        dback = np.zeros((nrows, D))
+        dback[at] = gate[:, None] * dys[tok]
+        dye = move.dispatch(dback, "backward of combine")  # combine's conjugate: the dispatch's way
+        grads = {n: np.zeros_like(t.local) for n, t in (("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2))}
+        dxe = np.empty_like(xe)
+        for e, (lo, hi) in enumerate(move.ranges):
+            g = dye[lo:hi]
+            grads["b2"][e], grads["w2"][e] = g.sum(axis=0), acts[e].T @ g
+            dh = gelu_backward(hs[e], g @ W2[e].T)
+            grads["w1"][e], grads["b1"][e] = xe[lo:hi].T @ dh, dh.sum(axis=0)
+            dxe[lo:hi] = dh @ W1[e].T  # pending over tp: each rank's hidden columns' share
+        dsend = move.combine(dxe, "backward of dispatch")  # dispatch's conjugate: the combine's way
+        dxs = np.zeros((bl * T, D))
+        np.add.at(dxs, tok, dsend[at])
+        dx = np.ascontiguousarray(dxs.reshape(bl, T, D).transpose(1, 0, 2))
+        dprobs = gates_backward(probs.local.transpose(1, 0, 2), routing, dgates).transpose(1, 0, 2)
+        over_tp = ("tp",) if tp > 1 else ()
+        over_dp = ("dp",) if "dp" in mesh.layout.alias_name and mesh.layout.axis_size("dp") > 1 else ()
+        return (_grad(x, dx, over_tp), _grad(probs, np.ascontiguousarray(dprobs), ()),
+                _grad(w1, grads["w1"], over_dp), _grad(b1, grads["b1"], over_dp),
+                _grad(w2, grads["w2"], over_dp), _grad(b2, grads["b2"], over_dp))
+
+    record(out, f"moe experts {name}", tensors, backward, with_partial(x.layout, ()))
+    return out, routing.counts.sum(axis=0).astype(np.float64)
+
+
+def _grad(like: Any, local: np.ndarray, pending: tuple) -> Any:
+    if like._ag is None:
+        return None
+    return type(like)(like.mesh, local, with_partial(like.layout, pending), like.global_shape)
+
+
+class _Exchange:
+    """One layer's dispatch and combine on one rank: the Alltoall (capacity) or the counts' Alltoall and the
+    Alltoallv (dropless) over ep, and where each local expert's rows lie in what arrives."""
+
+    def __init__(self, mesh: Any, moe: MoEConfig, capacity: int, bl: int, El: int, per_expert: np.ndarray,
+                 dispatch_label: str, combine_label: str) -> None:
+        self.mesh, self.dropless, self.C, self.bl, self.El = mesh, moe.dropless, capacity, bl, El
+        self.labels = (dispatch_label, combine_label)
+        ep = mesh.layout.axis_size("ep")
+        self.ep = ep
+        if not self.dropless:
+            n = ep * bl * capacity
+            self.ranges = [(e * n, (e + 1) * n) for e in range(El)]
+            self.send_rows = [bl * El * capacity] * ep
+            return
+        # Dropless: each member's counts for my experts, (ep, El), by one Alltoall of the counts.
+        got = alltoall(mesh, np.ascontiguousarray(per_expert, dtype=np.int64), "ep", 0, 0,
+                       f"{dispatch_label} counts") if ep > 1 else per_expert.astype(np.int64)
+        got = got.reshape(ep, El)
+        self.send_rows = [int(per_expert[j * El:(j + 1) * El].sum()) for j in range(ep)]
+        self.recv_rows = [int(n) for n in got.sum(axis=1)]
+        # Arrived rows are by source, then local expert; the experts want them by expert, then source.
+        starts = np.cumsum(got.reshape(-1)) - got.reshape(-1)
+        order = [np.arange(starts[s * El + e], starts[s * El + e] + got[s, e]) for e in range(El) for s in range(ep)]
+        self.order = np.concatenate(order).astype(np.int64) if order else np.zeros(0, np.int64)
+        sizes = got.sum(axis=0)
+        ends = np.cumsum(sizes)
+        self.ranges = [(int(ends[e] - sizes[e]), int(ends[e])) for e in range(El)]
+
+    def dispatch(self, send: np.ndarray, label: Optional[str] = None) -> np.ndarray:
+        """Send rows (the routing's buffer) -> expert-major rows of this rank's experts."""
+        label = label or self.labels[0]
+        D = send.shape[1]
+        if not self.dropless:
+            blocks = send.reshape(self.bl, self.ep * self.El, self.C, D)
+            got = alltoall(self.mesh, blocks, "ep", 1, 0, label) if self.ep > 1 else blocks
+            # (ep * bl, El, C, D) -> (El, ep * bl, C, D): each local expert's slots together
+            return np.ascontiguousarray(got.transpose(1, 0, 2, 3)).reshape(-1, D)
+        got = group_alltoallv(self.mesh, send, self.send_rows, self.recv_rows, "ep", label)
+        return got[self.order]
+
+    def combine(self, rows: np.ndarray, label: Optional[str] = None) -> np.ndarray:
+        """Expert-major rows -> the send buffer's rows on the ranks the tokens came from (dispatch reversed)."""
+        label = label or self.labels[1]
+        D = rows.shape[1]
+        if not self.dropless:
+            blocks = np.ascontiguousarray(rows.reshape(self.El, self.ep * self.bl, self.C, D).transpose(1, 0, 2, 3))
+            got = alltoall(self.mesh, blocks, "ep", 0, 1, label) if self.ep > 1 else blocks
+            return got.reshape(-1, D)
+        by_source = np.empty_like(rows)
+        by_source[self.order] = rows
+        return group_alltoallv(self.mesh, by_source, self.recv_rows, self.send_rows, "ep", label)
+
+
+def _stats(mesh: Any, name: str, routing: Any, move: _Exchange, per_expert: np.ndarray, at: np.ndarray,
+           ep: int, D: int) -> MoEStats:
+    group = mesh.group_ranks("ep")
+    # A kept assignment's row lies in its destination's share of the send buffer.
+    if move.dropless:
+        bounds = np.cumsum(move.send_rows)
+        tokens = np.bincount(np.searchsorted(bounds, at, side="right"), minlength=ep)
+        sent = [n * D * 8 for n in move.send_rows]
+    else:
+        expert = (at // move.C) % (ep * move.El)
+        tokens = np.bincount(expert // move.El, minlength=ep)
+        sent = [n * D * 8 for n in move.send_rows]
+    return MoEStats(name, mesh.rank, tuple(int(r) for r in group), tuple(int(n) for n in tokens[:ep]),
+                    tuple(int(n) for n in sent), tuple(int(n) for n in routing.per_expert()), routing.dropped,
+                    int(routing.slots.size))

@@ -1,0 +1,95 @@
+"""An MoE layer in one numpy process, forward and hand-written backward (float64; pure).
+
+The ranks' layer (spmdsim.moe.layer) is checked against this at every step.
+Rows are tokens batch-first, (B * T, D): sequence b's tokens are rows
+b*T .. b*T + T - 1, a routing group each (spmdsim.moe.routing). Each expert
+is a GELU MLP, x @ w1[e] + b1[e], GELU, @ w2[e] + b2[e], run on the tokens
+routed to it and added to their output times the gate. The router is a
+linear layer without bias, its softmax in float64; the load-balancing loss is
+E * sum_e f_e P_e (f_e: the fraction of the k * N assignments routed to e
+before dropping; P_e: e's mean probability over the N tokens) and the z-loss
+the mean over tokens of logsumexp(logits)^2.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..activations import gelu, gelu_backward
+from .config import MoEConfig
+from .routing import gates_backward, route
+
+__all__ = ["moe_forward", "moe_backward", "router_losses"]
+
+Params = dict
+
+
+def router_losses(logits: np.ndarray, probs: np.ndarray, counts: np.ndarray, top_k: int) -> tuple[float, float]:
+    """(load-balancing loss, z-loss) of (N, E) logits and probabilities and (E,) assignment counts."""
+    N, E = probs.shape
+    f = counts / (top_k * N)
+    aux = float(E * np.dot(f, probs.mean(axis=0)))
+    lse = _logsumexp(logits)
+    return aux, float(np.mean(lse * lse))
+
+
+def _logsumexp(z: np.ndarray) -> np.ndarray:
+    top = z.max(axis=-1)
+    return top + np.log(np.exp(z - top[:, None]).sum(axis=-1))
+
+
+def moe_forward(params: Params, pre: str, x: np.ndarray, B: int, moe: MoEConfig) -> tuple[np.ndarray, dict]:
+    """The layer's output (N, D) for tokens x (N, D) in B sequences, and what the backward needs
+    (its "aux" and "z": the two router losses, not yet weighted)."""
+    N, D = x.shape
+    T, E = N // B, moe.experts
+    logits = x @ params[pre + "moe.router"]
+    lse = _logsumexp(logits)
+    probs = np.exp(logits - lse[:, None])
+    routing = route(probs.reshape(B, T, E), moe.top_k, moe.capacity(T))
+    out = np.zeros_like(x)
+    experts = []
+    token = np.arange(N).reshape(B, T)[..., None] + np.zeros_like(routing.experts)
+    for e in range(E):
+        where = routing.kept & (routing.experts == e)
+        tok, gate = token[where], routing.gates[where]
+        h = x[tok] @ params[pre + "moe.w1"][e] + params[pre + "moe.b1"][e]
+        a = gelu(h)
+        y = a @ params[pre + "moe.w2"][e] + params[pre + "moe.b2"][e]
+        np.add.at(out, tok, gate[:, None] * y)
+        experts.append((where, tok, h, a, y))
+    aux, z = router_losses(logits, probs, routing.counts.sum(axis=0), moe.top_k)
+    return out, {"x": x, "logits": logits, "lse": lse, "probs": probs, "routing": routing, "experts": experts,
+                 "aux": aux, "z": z, "B": B}
+
+
+def moe_backward(params: Params, pre: str, dout: np.ndarray, c: dict[str, Any], moe: MoEConfig,
+                 grads: Params) -> np.ndarray:
+    """The input's gradient (N, D) from the output's (N, D), the router losses' weights included (their
+    gradients join the router's); parameter gradients into `grads`."""
+    x, probs, routing, B = c["x"], c["probs"], c["routing"], c["B"]
+    N, D = x.shape
+    E, T = moe.experts, N // B
+    w1, w2 = params[pre + "moe.w1"], params[pre + "moe.w2"]
+    dx = np.zeros_like(x)
+    dgates = np.zeros(routing.gates.shape)
+    names = ("w1", "b1", "w2", "b2")
+    parts = {n: np.zeros_like(params[pre + "moe." + n]) for n in names}
+    for e, (where, tok, h, a, y) in enumerate(c["experts"]):
+        gate = routing.gates[where]
+        dgates[where] = np.einsum("nd,nd->n", dout[tok], y)
+        dy = gate[:, None] * dout[tok]
+        parts["w2"][e], parts["b2"][e] = a.T @ dy, dy.sum(axis=0)
+        dh = gelu_backward(h, dy @ w2[e].T)
+        parts["w1"][e], parts["b1"][e] = x[tok].T @ dh, dh.sum(axis=0)
+        np.add.at(dx, tok, dh @ w1[e].T)
+    for n in names:
+        grads[pre + "moe." + n] = parts[n]
+    dprobs = gates_backward(probs.reshape(B, T, E), routing, dgates).reshape(N, E)
+    f = routing.counts.sum(axis=0) / (moe.top_k * N)
+    dprobs += moe.aux_loss_coeff * E * f / N  # d(E * sum_e f_e mean(p_e)) / dp
+    dlogits = probs * (dprobs - (dprobs * probs).sum(axis=-1, keepdims=True))
+    dlogits += (moe.z_loss_coeff * 2.0 / N) * c["lse"][:, None] * probs  # d mean(lse^2) / dlogits
+    grads[pre + "moe.router"] = x.T @ dlogits
+    return dx + dlogits @ params[pre + "moe.router"].T

@@ -1,0 +1,122 @@
+"""Routing, stated once for the ranks and the reference (pure numpy): top-k, gates, slots, rows.
+
+Tokens come in groups, one sequence each, as (S, T, E) router probabilities.
+A token's experts are its `top_k` largest probabilities, ties going to the
+lower expert index (a stable sort of -p). Its gates are those probabilities
+(top-1, Switch) or the two renormalized to sum to one (top-2, GShard and
+Mixtral). Each (sequence, expert) has `capacity` slots, filled first by every
+token's first choice in position order, then by the second choices (GShard's
+priority): an assignment past the capacity is dropped and adds nothing to
+the layer's output (the token keeps its residual). Dropless routing has room
+for all of them.
+
+`rows` places every kept assignment in a flat send buffer, one row each:
+with a capacity, the buffer is (S, E, C) slots (empty ones zero), so each
+expert's block has a fixed size and one Alltoall moves it; dropless, rows are
+sorted by expert, then sequence and slot, with no gaps, and an Alltoallv moves
+each destination's true count.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import SpmdsimError
+
+__all__ = ["Routing", "route", "gates_backward", "dispatch_rows"]
+
+
+@dataclass(frozen=True, eq=False)
+class Routing:
+    """One batch's routing: per (sequence, position, choice) its expert, gate, slot (-1: dropped).
+
+    Attributes:
+        experts, gates, slots: (S, T, k) arrays.
+        counts: (S, E) assignments per sequence and expert before dropping (the load the aux loss sees).
+        capacity: slots per (sequence, expert).
+    """
+
+    experts: np.ndarray
+    gates: np.ndarray
+    slots: np.ndarray
+    counts: np.ndarray
+    capacity: int
+
+    @property
+    def kept(self) -> np.ndarray:
+        """(S, T, k) booleans: the assignments that found a slot."""
+        return self.slots >= 0
+
+    @property
+    def dropped(self) -> int:
+        """Assignments dropped for lack of room."""
+        return int(np.count_nonzero(self.slots < 0))
+
+    def per_expert(self) -> np.ndarray:
+        """(E,) kept assignments per expert."""
+        E = self.counts.shape[1]
+        return np.bincount(self.experts[self.kept], minlength=E).astype(np.int64)
+
+
+def route(probs: np.ndarray, top_k: int, capacity: int) -> Routing:
+    """Route (S, T, E) probabilities: each token's `top_k` experts, its gates, and its slots."""
+    if probs.ndim != 3:
+        raise SpmdsimError(f"route: probabilities of shape {probs.shape!r} must be (sequences, tokens, experts)")
+    S, T, E = probs.shape
+    if top_k not in (1, 2) or top_k > E:
+        raise SpmdsimError(f"route: top_k {top_k!r} must be 1 or 2 and at most the {E} experts")
+    if capacity < 1:
+        raise SpmdsimError(f"route: capacity {capacity!r} must be an integer >= 1")
+    experts = np.argsort(-probs, axis=-1, kind="stable")[..., :top_k]
+    chosen = np.take_along_axis(probs, experts, axis=-1)
+    total = chosen.sum(axis=-1, keepdims=True)
+    # (a dry run's zeros have no probabilities: their gates stay zero, not 0 / 0)
+    gates = chosen if top_k == 1 else chosen / np.where(total > 0, total, 1.0)
+    slots = np.empty((S, T, top_k), dtype=np.int64)
+    filled = np.zeros((S, E), dtype=np.int64)
+    for j in range(top_k):  # first choices take their slots before any second choice
+        onehot = np.zeros((S, T, E), dtype=np.int64)
+        np.put_along_axis(onehot, experts[..., j:j + 1], 1, axis=-1)
+        place = np.cumsum(onehot, axis=1) - 1 + filled[:, None, :]
+        slots[..., j] = np.take_along_axis(place, experts[..., j:j + 1], axis=-1)[..., 0]
+        filled += onehot.sum(axis=1)
+    counts = filled
+    slots[slots >= capacity] = -1
+    return Routing(experts, gates, slots, counts, int(capacity))
+
+
+def gates_backward(probs: np.ndarray, routing: Routing, dgates: np.ndarray) -> np.ndarray:
+    """d loss / d probs (S, T, E) from d loss / d gates (S, T, k)."""
+    dprobs = np.zeros_like(probs)
+    if routing.gates.shape[-1] == 1:
+        np.put_along_axis(dprobs, routing.experts, dgates, axis=-1)
+        return dprobs
+    chosen = np.take_along_axis(probs, routing.experts, axis=-1)
+    total = chosen.sum(axis=-1, keepdims=True)
+    total = np.where(total > 0, total, 1.0)  # a dry run's zeros (route's gates are zero there too)
+    # g_i = p_i / (p_0 + p_1): dp_j = (dg_j - sum_i dg_i g_i) / (p_0 + p_1)
+    d = (dgates - (dgates * routing.gates).sum(axis=-1, keepdims=True)) / total
+    np.put_along_axis(dprobs, routing.experts, d, axis=-1)
+    return dprobs
+
+
+def dispatch_rows(routing: Routing, dropless: bool) -> tuple[np.ndarray, int, np.ndarray]:
+    """(row of each assignment in the flat send buffer, -1 where dropped; the buffer's rows; rows per expert).
+
+    With a capacity the buffer is (S, E, C) slots: row (s * E + e) * C + slot, and every expert gets S * C
+    rows. Dropless: rows sorted by expert, then sequence, then slot, with no gaps.
+    """
+    S, E = routing.counts.shape
+    C = routing.capacity
+    s = np.arange(S)[:, None, None]
+    kept = routing.kept
+    if not dropless:
+        rows = np.where(kept, (s * E + routing.experts) * C + routing.slots, -1)
+        return rows, S * E * C, np.full(E, S * C, dtype=np.int64)
+    per = routing.counts  # dropless: every assignment kept, so counts are the rows
+    before = np.cumsum(per, axis=0) - per  # rows of the same expert in earlier sequences
+    start = np.cumsum(per.sum(axis=0)) - per.sum(axis=0)  # each expert's first row
+    base = start[None, :] + before  # (S, E)
+    rows = np.where(kept, base[s, routing.experts] + routing.slots, -1)
+    return rows, int(per.sum()), per.sum(axis=0).astype(np.int64)

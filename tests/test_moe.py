@@ -1,0 +1,255 @@
+"""Mixture of experts (spmdsim.moe): routing, the layer on simulated ranks against the numpy reference,
+the MoE GPT's steps against one numpy process, and the refusals (docs/experts.md)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import spmdsim
+from spmdsim.errors import SpmdsimError
+from spmdsim.gpt import GPTConfig, encode, load_text
+from spmdsim.gpt.layouts import mesh_problem
+from spmdsim.gpt.train import TOLERANCE, train
+from spmdsim.moe import MoEConfig, dispatch_rows, gates_backward, route
+from spmdsim.moe.reference import moe_backward, moe_forward
+
+TEXT = encode(load_text(20_000))
+
+
+# ---- routing (pure) ----
+
+def test_ties_go_to_the_lower_expert_and_first_choices_fill_slots_first():
+    probs = np.full((1, 4, 4), 0.25)  # every token ties between all experts
+    r = route(probs, 2, capacity=3)
+    assert r.experts[0].tolist() == [[0, 1]] * 4
+    # expert 0: first choices of tokens 0..2 take its 3 slots; token 3's first choice is dropped
+    assert r.slots[0, :, 0].tolist() == [0, 1, 2, -1]
+    # expert 1: only second choices, in position order
+    assert r.slots[0, :, 1].tolist() == [0, 1, 2, -1]
+    assert r.dropped == 2 and r.counts.tolist() == [[4, 4, 0, 0]]
+    assert np.allclose(r.gates, 0.5)
+
+
+def test_second_choices_wait_for_every_first_choice():
+    # token 0 picks (1, 0); tokens 1, 2 pick expert 0 first: their first choices come before token 0's second
+    probs = np.array([[[0.3, 0.6, 0.05, 0.05], [0.7, 0.1, 0.1, 0.1], [0.8, 0.1, 0.05, 0.05]]])
+    r = route(probs, 2, capacity=2)
+    assert r.experts[0, 0].tolist() == [1, 0]
+    assert r.slots[0, 1, 0] == 0 and r.slots[0, 2, 0] == 1 and r.slots[0, 0, 1] == -1
+
+
+def test_dispatch_rows_are_a_permutation_of_the_kept_assignments():
+    rng = np.random.default_rng(1)
+    p = rng.random((3, 10, 4))
+    p /= p.sum(-1, keepdims=True)
+    for dropless in (False, True):
+        r = route(p, 2, 20 if dropless else 4)
+        rows, total, per = dispatch_rows(r, dropless)
+        kept = rows[r.kept]
+        assert len(set(kept.tolist())) == kept.size and kept.max() < total
+        assert per.sum() == (total if dropless else 3 * 4 * 4)
+        if dropless:  # sorted by expert: each expert's rows are one block of its count
+            starts = np.cumsum(per) - per
+            assert all(starts[e] <= row < starts[e] + per[e] for e, row in zip(r.experts[r.kept], kept))
+
+
+def test_gate_gradient_matches_finite_differences():
+    rng = np.random.default_rng(2)
+    p = rng.random((2, 5, 4)) + 0.1
+    dg = rng.standard_normal((2, 5, 2))
+    r = route(p, 2, 10)
+    d = gates_backward(p, r, dg)
+    for idx in [(0, 1, r.experts[0, 1, 0]), (1, 3, r.experts[1, 3, 1])]:
+        q = p.copy()
+        q[idx] += 1e-7
+        up = (route(q, 2, 10).gates * dg).sum()
+        q[idx] -= 2e-7
+        down = (route(q, 2, 10).gates * dg).sum()
+        assert abs((up - down) / 2e-7 - d[idx]) < 1e-6
+
+
+# ---- bad inputs: one line each, before any collective ----
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"top_k": 3}, "top_k 3 must be 1 or 2"),
+    ({"capacity_factor": 0}, "capacity_factor 0 must be a finite number > 0"),
+    ({"capacity_factor": -0.5}, "capacity_factor -0.5 must be"),
+    ({"experts": 0}, "experts 0 must be an integer >= 1"),
+    ({"experts": 1, "top_k": 2}, "top_k 2 must not exceed experts 1"),
+])
+def test_bad_moe_settings_are_refused_in_one_line(kwargs, message):
+    with pytest.raises(SpmdsimError, match=message) as info:
+        MoEConfig(**kwargs)
+    assert "\n" not in str(info.value)
+
+
+def test_experts_not_divisible_by_ep_are_refused_on_every_rank_before_a_collective():
+    cfg = GPTConfig(layers=2, d_model=16, heads=4, seq=8, batch=8, moe=MoEConfig(experts=6))
+    assert mesh_problem(cfg, 2, 1, False, 4) == "experts 6 are not divisible by ep 4 (experts are split over ep)"
+
+    def run():
+        try:
+            train(cfg, spmdsim.world(), 2, 1, 1, TEXT, ep=4)
+        except SpmdsimError as e:
+            return str(e)
+    errors = spmdsim.simulate(8, run)
+    assert len(set(errors)) == 1 and "experts 6 are not divisible by ep 4" in errors[0]
+
+
+# ---- the layer on simulated ranks ----
+
+D, T, B = 8, 6, 4
+LAYER = MoEConfig(experts=4, top_k=1, capacity_factor=1.0, aux_loss_coeff=0.5, z_loss_coeff=0.25)
+
+
+def _params(moe, zero_router=False, seed=0):
+    rng = np.random.default_rng(seed)
+    E, F = moe.experts, 2 * D
+    p = {"h1.moe.router": np.zeros((D, E)) if zero_router else rng.standard_normal((D, E)),
+         "h1.moe.w1": rng.standard_normal((E, D, F)) * 0.3, "h1.moe.b1": rng.standard_normal((E, F)) * 0.1,
+         "h1.moe.w2": rng.standard_normal((E, F, D)) * 0.3, "h1.moe.b2": rng.standard_normal((E, D)) * 0.1}
+    x = rng.standard_normal((B * T, D))
+    g = rng.standard_normal((B * T, D))
+    return p, x, g
+
+
+def _on_ranks(moe, mesh_shape, zero_router=False, algorithm=None):
+    """Each rank: (output block, loss value, every gradient whole, its MoEStats) of loss = sum(y * g) +
+    router losses, with x batch-first rows in the reference; plus the trace's op names."""
+    from spmdsim import ops
+    from spmdsim.moe.layer import moe_layer
+    from spmdsim.runtime.dtensor import DTensor
+    from spmdsim.runtime.trace import collect_trace
+
+    p, x, g = _params(moe, zero_router)
+    maps = {"router": (None, None), "w1": ("ep", None, "tp"), "b1": ("ep", "tp"), "w2": ("ep", "tp", None),
+            "b2": ("ep", None)}
+
+    def run():
+        mesh = spmdsim.Mesh(spmdsim.Layout(mesh_shape, ("dp", "ep", "tp")), spmdsim.world(),
+                            algorithms={"alltoall": algorithm} if algorithm else None)
+        L = mesh.layout
+        params = {}
+        for name, value in p.items():
+            params[name] = DTensor.from_global(mesh, value, L(*maps[name.split(".")[-1]])).requires_grad_()
+        seq_first = L(None, ("dp", "ep"), None)
+        xd = DTensor.from_global(mesh, x.reshape(B, T, D).transpose(1, 0, 2), seq_first).requires_grad_()
+        gd = DTensor.from_global(mesh, g.reshape(B, T, D).transpose(1, 0, 2), seq_first)
+        stats = []
+        with collect_trace() as trace:
+            y, losses = moe_layer(xd, params, "h1.", moe, stats)
+            loss = ops.sum(y * gd) + losses
+            loss = ops.resolved(loss)
+            loss.backward()
+        grads = {n: t.grad.redistribute(L(*([None] * len(t.global_shape)))).local for n, t in params.items()}
+        dx = xd.grad.redistribute(L(None, None, None)).local.transpose(1, 0, 2).reshape(B * T, D)
+        names = sorted({e.op for e in trace.entries})
+        out = y.redistribute(L(None, None, None)).local.transpose(1, 0, 2).reshape(B * T, D)
+        return out, float(loss.local), grads, dx, stats, names
+
+    return p, x, g, spmdsim.simulate(int(np.prod(mesh_shape)), run)
+
+
+def _reference(moe, p, x, g):
+    out, cache = moe_forward(p, "h1.", x, B, moe)
+    loss = float((out * g).sum()) + moe.aux_loss_coeff * cache["aux"] + moe.z_loss_coeff * cache["z"]
+    grads = {}
+    dx = moe_backward(p, "h1.", g, cache, moe, grads)
+    return out, loss, grads, dx, cache
+
+
+def _close(a, b):
+    return float(np.max(np.abs(a - b))) <= 1e-12 * max(1.0, float(np.max(np.abs(b))))
+
+
+@pytest.mark.parametrize("mesh_shape", [(1, 4, 1), (2, 2, 1), (1, 2, 2)])
+@pytest.mark.parametrize("dropless", [False, True])
+def test_the_layer_and_its_gradients_match_the_reference(mesh_shape, dropless):
+    moe = MoEConfig(experts=4, top_k=2, capacity_factor=0.75, dropless=dropless, aux_loss_coeff=0.5,
+                    z_loss_coeff=0.25)
+    p, x, g, results = _on_ranks(moe, mesh_shape)
+    out, loss, grads, dx, cache = _reference(moe, p, x, g)
+    assert dropless or cache["routing"].dropped > 0  # the capacity really drops
+    for got_out, got_loss, got_grads, got_dx, _, names in results:
+        assert _close(got_out, out) and abs(got_loss - loss) <= 1e-12 * abs(loss)
+        assert _close(got_dx, dx)
+        for name in grads:  # the router's gradient carries the aux loss's and z-loss's
+            assert _close(got_grads[name], grads[name]), name
+        assert ("alltoallv" in names) == dropless
+
+
+def test_a_router_sending_every_token_to_one_expert_drops_and_shows_the_imbalance():
+    """A zero router ties every expert: every token's first choice is expert 0 (the lower index). With a
+    capacity of ceil(6 / 4) = 2 slots per sequence, 4 of each sequence's 6 tokens are dropped, and every
+    rank's tokens go to rank 0 (expert 0's); dropless keeps them all and still equals one process."""
+    from spmdsim.moe.report import dispatch_lines, token_matrix
+
+    p, x, g, results = _on_ranks(LAYER, (1, 4, 1), zero_router=True)
+    out, loss, _, _, cache = _reference(LAYER, p, x, g)
+    assert cache["routing"].dropped == B * (T - 2)
+    stats = [r[4] for r in results]
+    assert sum(s.dropped for per in stats for s in per) == B * (T - 2)
+    assert token_matrix(stats, "h1", 4) == [[2, 0, 0, 0]] * 4  # one sequence per rank, 2 slots kept
+    lines = dispatch_lines(stats, "h1", 4, 1)
+    assert "  tokens per expert: e0:8 e1:0 e2:0 e3:0" in lines
+    assert any(line.startswith("  dropped: 16 of 24 assignments (66.7%)") for line in lines)
+    assert all(len(line) <= 100 for line in lines)
+    assert all(_close(r[0], out) and abs(r[1] - loss) <= 1e-12 * abs(loss) for r in results)
+    dropless = MoEConfig(experts=4, top_k=1, dropless=True, aux_loss_coeff=0.5, z_loss_coeff=0.25)
+    p, x, g, results = _on_ranks(dropless, (1, 4, 1), zero_router=True)
+    out, loss, _, _, cache = _reference(dropless, p, x, g)
+    assert cache["routing"].dropped == 0
+    assert token_matrix([r[4] for r in results], "h1", 4) == [[T, 0, 0, 0]] * 4
+    assert all(_close(r[0], out) and abs(r[1] - loss) <= 1e-12 * abs(loss) for r in results)
+
+
+@pytest.mark.parametrize("algorithm", ["pairwise", "bruck"])
+def test_dispatch_and_combine_run_as_an_emulated_algorithm(algorithm):
+    moe = MoEConfig(experts=4, top_k=2, capacity_factor=1.0)
+    p, x, g, results = _on_ranks(moe, (1, 4, 1), algorithm=algorithm)
+    out, loss, grads, dx, _ = _reference(moe, p, x, g)
+    for got_out, got_loss, got_grads, got_dx, _, names in results:
+        assert f"alltoall[{algorithm}]" in names
+        assert _close(got_out, out) and _close(got_dx, dx) and _close(got_grads["h1.moe.w1"], grads["h1.moe.w1"])
+
+
+# ---- the MoE GPT, each step against one numpy process ----
+
+SMALL = dict(layers=2, d_model=16, heads=4, seq=8, batch=4, dropout=0.1)
+
+
+@pytest.mark.parametrize("dp, ep, tp, sp, dropless", [(1, 4, 1, False, False), (2, 2, 2, False, True),
+                                                     (1, 2, 2, True, False), (1, 2, 2, False, True)])
+def test_moe_gpt_steps_match_one_numpy_process(dp, ep, tp, sp, dropless):
+    cfg = GPTConfig(**SMALL, moe=MoEConfig(experts=4, top_k=2, capacity_factor=1.0, dropless=dropless))
+    results = spmdsim.simulate(dp * ep * tp, lambda: train(cfg, spmdsim.world(), dp, tp, 2, TEXT, sp=sp, ep=ep)[1])
+    for steps in results:
+        assert [r.step for r in steps] == [0, 1]
+        assert all(r.passed and max(r.errors) <= TOLERANCE for r in steps), steps
+    assert len({tuple(r.loss for r in steps) for steps in results}) == 1
+    dropped = sum(s.dropped for steps in results for s in steps[0].dispatch)
+    assert (dropped == 0) == dropless
+
+
+def test_expert_gradients_are_summed_over_dp_only():
+    """On dp 2 x ep 2 x tp 2 the experts' gradients are one Allreduce over dp (2 ranks); the other layers'
+    over dp x ep (4 ranks): the trace's gradient Allreduces have both group sizes."""
+    from spmdsim.runtime.trace import collect_trace
+
+    cfg = GPTConfig(**SMALL, moe=MoEConfig(experts=4, top_k=2))
+
+    def run():
+        from spmdsim.gpt.parallel import GPT
+        from spmdsim.runtime.dtensor import DTensor
+        from spmdsim.gpt import batch
+
+        mesh = spmdsim.Mesh(spmdsim.Layout((2, 2, 2), ("dp", "ep", "tp")), spmdsim.world())
+        model = GPT(cfg, mesh)
+        x, y = batch(TEXT, cfg, 0)
+        L = mesh.layout(("dp", "ep"), None)
+        loss = model.loss(DTensor.from_global(mesh, x, L), DTensor.from_global(mesh, y, L), 0)
+        with collect_trace() as trace:
+            loss.backward(bucket=True)
+        return sorted({(e.op, e.axes) for e in trace.entries if e.op == "allreduce"})
+    seen = spmdsim.simulate(8, run)[0]
+    assert ("allreduce", ("dp",)) in seen and ("allreduce", ("dp", "ep")) in seen
