@@ -54,7 +54,12 @@ def run_machine(args: argparse.Namespace) -> int:
     else:
         print("\n".join(_lines(cfg, result, seconds)))
     if result.chosen is None:
-        least = min(c.memory if c.memory is not None else c.bound_bytes for c in result.candidates)
+        priced = [c.memory for c in result.candidates if c.memory is not None]
+        unpriced = sum(c.verdict == "not priced" for c in result.candidates)
+        if unpriced:
+            raise SpmdsimError(f"none of the {len(priced)} configurations priced fits --memory-limit "
+                               f"{format_size(limit)}; {unpriced:,} not priced: raise --max-dry-runs")
+        least = min(priced) if priced else min(c.bound_bytes for c in result.candidates)
         raise SpmdsimError(f"no configuration fits --memory-limit {format_size(limit)} on {devices:,} devices; "
                            f"the least needs {format_size(least)}")
     return 0
@@ -77,8 +82,8 @@ def _lines(cfg: Any, r: Any, seconds: float) -> list[str]:
 
     head = [f"GPT {cfg.layers} layers, hidden {cfg.d_model}, {cfg.heads} heads, seq {cfg.seq}, vocab {cfg.vocab}, "
             f"global batch {cfg.batch}",
-            f"{r.devices:,} devices on {r.machine}, memory limit {r.memory_limit / MIB:,.1f} MiB per rank, {r.precision}, "
-            f"kept {r.kept}",
+            f"{r.devices:,} devices on {r.machine}, memory limit {r.memory_limit / MIB:,.1f} MiB per rank, "
+            f"{r.precision}, kept {r.kept}",
             f"{len(r.candidates):,} configurations; {r.dry_runs} priced by their dry run in {seconds:.1f} s; "
             + "; ".join(f"{n:,} {v}" for v, n in Counter(c.verdict for c in r.candidates).items()
                         if v not in ("chosen", "slower")),
@@ -92,10 +97,15 @@ def _lines(cfg: Any, r: Any, seconds: float) -> list[str]:
     out.append(f"{'rank':<5}{'tp':>3}{'':3}{'pp':>4}{'v':>3}{'dp':>5}{'mb':>5} {'recompute':<10}{'Z':>2}"
                f"{'step ms':>12}{'MiB':>11}  why not chosen")
     priced = [c for c in r.candidates if c.step_s is not None]
-    for i, c in enumerate(priced[:SHOWN]):
-        out.append(_row(str(i + 1), c))
-    if len(priced) > SHOWN:
-        out.append(f"... {len(priced) - SHOWN} more priced")
+    # the fastest that fit, then those faster still that the memory limit ruled out
+    best = r.chosen.step_s if r.chosen is not None else float("inf")
+    over = sorted((c for c in priced if c.verdict == "over the memory limit" and c.step_s < best),
+                  key=lambda c: c.step_s)[:SHOWN // 2]
+    fit = [c for c in priced if c.verdict != "over the memory limit"][:SHOWN - len(over)]
+    for c in fit + over:
+        out.append(_row(str(priced.index(c) + 1), c))
+    if len(priced) > len(fit) + len(over):
+        out.append(f"... {len(priced) - len(fit) - len(over)} more priced (--json lists them all)")
     if len(priced) < len(r.candidates):
         out.append("unpriced, by their lower bounds (> ms, > MiB), for instance:")
     order = ("not priced", "bound above the best", "model states over the limit")
