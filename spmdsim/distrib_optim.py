@@ -39,6 +39,7 @@ import numpy as np
 from .autograd.graph import with_partial
 from .context import current
 from .errors import OperatorError
+from .flops import sweep
 from .optim import _adam_args, _decay_flags, _Optimizer, _step_sizes, _update_kernel, clip_coefficient
 from .validate import tolerance_arg
 
@@ -197,6 +198,11 @@ class DistributedAdamW(_Optimizer):
             reduce_scatter(self.mesh, b.flat, self.dp_axes, 0, label="zero-1 gradient bucket", out=b.grad)
         if self.clip_grad:
             self._clip()
+        for b in self.buckets:  # the update's traffic (spmdsim.flops.sweep), real and dry alike
+            block = ((b.shard,), b.dtype)
+            sweep("adamw", (block,), (block,), "master", "optimizer")
+            sweep("adamw", (block,), (), "grads", "optimizer")
+            sweep("adamw", (block, block), (block, block), "states", "optimizer")
         if self._dry:
             meter = current().meter
             if meter is not None:

@@ -14,7 +14,14 @@ autograd's backward walk runs gradient rules (spmdsim.autograd.engine); and
 "recompute" while a recomputed forward runs inside it (a `checkpoint`ed
 region again, or attention's scores again under selective recomputation).
 
-With no counter open anywhere in the process, `gemm` returns after one test.
+Beside the products, every other kernel the rank runs (the element-wise and reduction operators of
+spmdsim.ops and their gradient rules, the optimizer's update) calls `sweep` with the blocks it reads
+and writes, and each open counter adds a `Kernel` per dtype: elements read and written, on real and
+dry runs alike (the blocks' shapes are the same). A kernel is counted as one fused pass: its operands
+read once, its results written once. Views and layout copies (reshape, transpose, stacking) and
+collectives are not kernels here: the collectives' bytes are the trace's.
+
+With no counter open anywhere in the process, `gemm` and `sweep` return after one test.
 """
 from __future__ import annotations
 
@@ -29,9 +36,16 @@ import numpy as np
 from .context import current
 from .errors import SpmdsimError
 
-__all__ = ["PHASES", "Gemm", "FlopCounter", "counting", "gemm"]
+__all__ = ["PHASES", "KERNEL_PHASES", "KINDS", "Gemm", "Kernel", "FlopCounter", "counting", "gemm", "sweep"]
 
 PHASES = ("forward", "backward", "recompute")
+
+#: What a kernel may be doing: a product's phases, and the optimizer's update.
+KERNEL_PHASES = PHASES + ("optimizer",)
+
+#: What a kernel's elements are: "activations" (the operators' values, gradients of values, masks, ids),
+#: or the optimizer's roles ("params", "grads", "master", "states"), priced apart (spmdsim.estimate.ledger).
+KINDS = ("activations", "params", "grads", "master", "states")
 
 
 @dataclass(frozen=True)
@@ -63,11 +77,43 @@ class Gemm:
         return f"{lead}({self.m}x{self.k})@({self.k}x{self.n}) {self.dtype} {self.phase}"
 
 
+@dataclass(frozen=True)
+class Kernel:
+    """One non-product kernel's memory traffic in one dtype: elements read and written.
+
+    op: the operator ("layer_norm", "add", "softmax", "adamw", ...); phase: one of KERNEL_PHASES;
+    kind: one of KINDS; dtype: numpy's name of the elements' dtype.
+    """
+
+    op: str
+    phase: str
+    kind: str
+    dtype: str
+    read: int
+    written: int
+
+    def __post_init__(self) -> None:
+        for name in ("read", "written"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 0:
+                raise SpmdsimError(f"Kernel {name} {value!r} must be an integer >= 0")
+        if self.phase not in KERNEL_PHASES:
+            raise SpmdsimError(f"Kernel phase {self.phase!r} must be one of {KERNEL_PHASES!r}")
+        if self.kind not in KINDS:
+            raise SpmdsimError(f"Kernel kind {self.kind!r} must be one of {KINDS!r}")
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes read and written, at the elements' own width."""
+        return (self.read + self.written) * np.dtype(self.dtype).itemsize
+
+
 @dataclass
 class FlopCounter:
-    """How many times each `Gemm` ran while this counter was open."""
+    """How many times each `Gemm` and each `Kernel` ran while this counter was open."""
 
     counts: dict = field(default_factory=dict)  # Gemm -> times executed
+    kernels: dict = field(default_factory=dict)  # Kernel -> times executed
 
     def add(self, gemm: Gemm, times: int = 1) -> None:
         """Count `gemm` executed `times` more times."""
@@ -81,11 +127,20 @@ class FlopCounter:
             raise SpmdsimError(f"phase {phase!r} must be one of {PHASES!r} (or None: all)")
         return sum(g.flops * n for g, n in self.counts.items() if phase is None or g.phase == phase)
 
+    def traffic(self, phase: Optional[str] = None) -> int:
+        """Bytes the counted kernels read and wrote (at their own widths), or those of one `phase`."""
+        if phase is not None and phase not in KERNEL_PHASES:
+            raise SpmdsimError(f"phase {phase!r} must be one of {KERNEL_PHASES!r} (or None: all)")
+        return sum(k.nbytes * n for k, n in self.kernels.items() if phase is None or k.phase == phase)
+
     def merge(self, other: "FlopCounter", times: int = 1) -> None:
-        """Add `other`'s products, each `times` times (a cell that ran `times` more times)."""
+        """Add `other`'s products and kernels, each `times` times (a cell that ran `times` more times)."""
         _check_times(times)
         for g, n in list(other.counts.items()):
             self.add(g, n * times)
+        if times:
+            for k, n in list(other.kernels.items()):
+                self.kernels[k] = self.kernels.get(k, 0) + n * times
 
 
 def _check_times(times: Any) -> None:
@@ -148,3 +203,45 @@ def _count(counters: list, a_shape: tuple, b_shape: tuple, dtype: Any, phase: st
         _GEMMS[key] = g
     for counter in counters:
         counter.counts[g] = counter.counts.get(g, 0) + 1
+
+
+def sweep(op: str, reads: Any, writes: Any, kind: str = "activations", phase: Optional[str] = None) -> None:
+    """Count one kernel `op` that reads the blocks `reads` and writes the blocks `writes` (arrays, or
+    (shape, dtype) pairs; None entries skipped) in every counter open on this rank, in `phase` (default
+    the rank context's), one `Kernel` per dtype."""
+    if not _OPEN:
+        return
+    context = current()
+    if context.flops:
+        _sweep(context.flops, op, reads, writes, kind, phase or context.phase)
+
+
+def _signature(block: Any) -> Optional[tuple]:
+    if block is None:
+        return None
+    if type(block) is tuple:
+        return (tuple(block[0]), np.dtype(block[1]))
+    shape = getattr(block, "shape", None)
+    return None if shape is None else (shape, block.dtype)
+
+
+_KERNELS: dict = {}  # (op, kind, phase, read signatures, written signatures) -> its Kernels
+
+
+def _sweep(counters: list, op: str, reads: Any, writes: Any, kind: str, phase: str) -> None:
+    key = (op, kind, phase, tuple(_signature(b) for b in reads), tuple(_signature(b) for b in writes))
+    made = _KERNELS.get(key)
+    if made is None:
+        per: dict = {}
+        for signatures, slot in ((key[3], 0), (key[4], 1)):
+            for sig in signatures:
+                if sig is not None:
+                    per.setdefault(np.dtype(sig[1]).name, [0, 0])[slot] += int(math.prod(sig[0]))
+        made = tuple(Kernel(op, phase, kind, dtype, r, w) for dtype, (r, w) in sorted(per.items()) if r or w)
+        if len(_KERNELS) >= 4096:  # a long run over many shapes: start over
+            _KERNELS.clear()
+        _KERNELS[key] = made
+    for counter in counters:
+        kernels = counter.kernels
+        for k in made:
+            kernels[k] = kernels.get(k, 0) + 1

@@ -27,6 +27,7 @@ import numpy as np
 from .autograd.graph import Leaf, with_partial
 from .context import current
 from .errors import OperatorError
+from .flops import sweep
 from .validate import tolerance_arg
 
 if TYPE_CHECKING:  # loaded on first use (`__getattr__`, below): it builds on this module's helpers
@@ -37,6 +38,8 @@ __all__ = ["SGD", "Adam", "AdamW", "DistributedAdamW", "adamw_update", "clip_gra
 
 class _Optimizer:
     """Parameters and the shared checks; subclasses define `_update`."""
+
+    _moments = 0  # state arrays per parameter element the update reads and writes (spmdsim.flops.sweep)
 
     def __init__(self, params: Iterable[Any], lr: float) -> None:
         self.params = tuple(params)
@@ -67,6 +70,7 @@ class _Optimizer:
             if g.layout != with_partial(p.layout, ()) or g.local.shape != p.local.shape:
                 raise OperatorError(f"parameter {i}: gradient laid out {g.layout} does not match {p.layout}")
             found.append((i, p.local, g.local))
+        self._count(found)
         context = current()
         if context.dry_run:  # shapes, no values: count what the update would hold, compute nothing
             if found:
@@ -77,6 +81,16 @@ class _Optimizer:
             return
         for i, block, grad in found:
             _update_kernel()(self._update, i, block, grad)
+
+    def _count(self, found: list) -> None:
+        """Count the update's memory traffic (spmdsim.flops.sweep, phase "optimizer"), real and dry alike:
+        each updated block read and written, its gradient read, its moments read and written."""
+        op, n = type(self).__name__.lower(), self._moments
+        for _, block, grad in found:
+            sweep(op, (block,), (block,), "params", "optimizer")
+            sweep(op, (grad,), (), "grads", "optimizer")
+            if n:
+                sweep(op, (block,) * n, (block,) * n, "states", "optimizer")
 
     def _update(self, index: int, param: np.ndarray, grad: np.ndarray) -> None:
         raise NotImplementedError
@@ -131,6 +145,7 @@ class SGD(_Optimizer):
         self.momentum = tolerance_arg(momentum, "momentum", OperatorError)
         if self.momentum >= 1:
             raise OperatorError(f"momentum {momentum!r} must be in [0, 1)")
+        self._moments = 1 if self.momentum else 0
         self.buffers: dict[int, np.ndarray] = {}
         self._dry_buffers: dict[int, int] = {}  # a dry run's `buffers`: index -> its bytes
 
@@ -161,6 +176,8 @@ def _adam_args(betas: Any, eps: Any) -> tuple[tuple[float, float], float]:
 
 class Adam(_Optimizer):
     """Adam (Kingma and Ba; PyTorch's defaults): moments per shard, bias-corrected step."""
+
+    _moments = 2  # m and v
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple = (0.9, 0.999),
                  eps: float = 1e-8) -> None:
@@ -194,6 +211,8 @@ class AdamW(_Optimizer):
         decay: which parameters decay: None (those of 2 or more dims), a predicate
             ``decay(param) -> bool``, or an iterable of the parameters that decay.
     """
+
+    _moments = 2  # m and v
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2,

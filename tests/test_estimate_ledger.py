@@ -35,7 +35,8 @@ def _real(recompute: str, zero: int) -> list:
             if e.group_size > 1:  # a message's bytes count as sent, its receive sends nothing
                 key = "send" if e.op in ("sendrecv", "recv", "send") else e.op
                 sent[key] = sent.get(key, 0) + e.bytes_sent
-        out = (run.stage, steps[-1].memory, flops.total(), {p: flops.total(p) for p in PHASES}, sent)
+        out = (run.stage, steps[-1].memory, flops.total(), {p: flops.total(p) for p in PHASES}, sent,
+               dict(flops.kernels))
         run.close()
         return out
 
@@ -47,7 +48,7 @@ def test_the_ledger_equals_a_real_run_of_the_same_step(recompute, zero):
     ledger = gpt_ledger(CFG, 2, 2, 2, sp=True, microbatches=2, recompute=recompute, zero=zero)
     assert [(s.stage, s.ranks) for s in ledger] == [(0, (0, 1, 2, 3)), (1, (4, 5, 6, 7))]
     real = _real(recompute, zero)
-    for rank, (stage, memory, total, by_phase, sent) in enumerate(real):
+    for rank, (stage, memory, total, by_phase, sent, kernels) in enumerate(real):
         mine = ledger[stage]
         assert (memory.kept, memory.master, memory.states, memory.buffers) == \
             (mine.memory.kept, mine.memory.master, mine.memory.states, mine.memory.buffers), rank
@@ -57,7 +58,11 @@ def test_the_ledger_equals_a_real_run_of_the_same_step(recompute, zero):
         for (kind, _), n in mine.sent().items():
             ours[kind] = ours.get(kind, 0) + n
         assert {k: v for k, v in ours.items() if v} == {k: v for k, v in sent.items() if v}, rank
+        # every element-wise, reduction and optimizer kernel, by shape, dtype and phase: the same counts
+        assert dict(mine.kernels) == kernels, rank
     assert (ledger[0].flops("recompute") > 0) == (recompute != "none")
+    assert (ledger[0].traffic("recompute") > 0) == (recompute != "none")
+    assert ledger[0].traffic("optimizer") > 0
 
 
 def test_prices_follow_the_precision_and_the_machine_levels():
@@ -121,3 +126,18 @@ def test_megatrons_kept_set_at_bf16_is_korthikantis_count(tp, sp, recompute):
     rows = s * b // (tp if sp else 1)
     statistics = 2 * 2 * 2 * rows  # two layer norms, mean and deviation per row, at 2 bytes
     assert layers_activations(stage, "bf16-mixed") == layers * (per_layer + statistics)
+
+
+def test_the_optimizers_bytes_are_its_elements_at_the_precisions_widths():
+    from spmdsim.estimate.ledger import kernel_bytes
+
+    for zero in (0, 1):
+        (stage,) = gpt_ledger(CFG, 1, 2, 2, sp=True, microbatches=1, zero=zero)
+        updated = stage.params if not zero else stage.memory.master // 8  # elements this rank updates
+        opt = [(k, n) for k, n in stage.kernels if k.phase == "optimizer"]
+        assert sum(k.read * n for k, n in opt) == 4 * updated  # the updated copy, its gradient, m and v
+        assert sum(k.written * n for k, n in opt) == 3 * updated  # the updated copy, m and v
+        # bf16-mixed: fp32 master, gradient and moments read (16 bytes), fp32 master and moments and the
+        # bf16 parameter written (14); fp64: 8 bytes each of 4 read and 3 written
+        assert kernel_bytes(opt, "bf16-mixed") == {"optimizer": 30 * updated}
+        assert kernel_bytes(opt, "fp64") == {"optimizer": 56 * updated}

@@ -46,7 +46,14 @@ def test_lookup_by_dtype_and_level():
     m = load_machine("h100-dgx")
     assert m.peak("bfloat16") == m.peak("bf16") == 989e12
     assert normalize_dtype("float32") == "fp32" and normalize_dtype("BF16") == "bf16"
-    assert m.link("cluster") == Link(50e9, 5e-6)
+    assert (m.link("cluster").bandwidth, m.link("cluster").latency) == (50e9, 5e-6)
+    # the achieved fractions, each with its cited source: NCCL's bus bandwidth, a measured HBM rate
+    assert (m.node.achieved, m.cluster.achieved, m.hbm_achieved) == (450e9 * 0.822, 50e9 * 0.94, 3.35e12 * 0.84)
+    a100 = load_machine("a100-dgx")
+    assert (a100.node.efficiency.fraction, a100.cluster.efficiency.fraction, a100.hbm_efficiency.fraction) == \
+        (0.775, 0.96, 0.88)
+    assert "nccl-tests/issues/175" in a100.node.efficiency.source and "232.54 GB/s" in a100.node.efficiency.source
+    assert Link(1.0, 0.0).achieved == 1.0  # no efficiency: all of it
     with pytest.raises(SpmdsimError, match=r"^dtype 'int8' has no peak in machine 'h100-dgx'; expected one of "
                                            r"\('bf16', 'fp16', 'tf32', 'fp32', 'fp64'\)$"):
         m.peak("int8")
@@ -107,7 +114,15 @@ _F = "machine file 'x.json': "
                                "'latency'"),
     ("links.rack", {"bandwidth": 1, "latency": 0}, "key 'links.rack' is {'bandwidth': 1, 'latency': 0}; "
                                                    "expected a level among ('node', 'cluster')"),
-    ("links.node.speed", 1, "key 'links.node.speed' is 1; expected no such key; ('bandwidth', 'latency')"),
+    ("links.node.speed", 1, "key 'links.node.speed' is 1; expected no such key; ('bandwidth', 'latency', "
+                            "'efficiency')"),
+    ("links.node.efficiency", 0.9, "key 'links.node.efficiency' is 0.9; expected an object with 'fraction' and "
+                                   "'source'"),
+    ("links.node.efficiency.fraction", 1.2, "key 'links.node.efficiency.fraction' is 1.2; expected a number in "
+                                            "(0, 1] (fraction achieved)"),
+    ("hbm_efficiency.source", _DELETE, "key 'hbm_efficiency.source' is missing; expected a citation string, or "
+                                       "'assumption: ...'"),
+    ("hbm_efficiency.rate", 1, "key 'hbm_efficiency.rate' is 1; expected no such key; ('fraction', 'source')"),
     ("algorithm", "butterfly", "key 'algorithm' is 'butterfly'; expected one of ('ring', 'tree')"),
     ("reduction_rate", 0, "key 'reduction_rate' is 0; expected a number > 0 (bytes/s reduced) or null"),
     ("gemm_efficiency.max_fraction", 1.5, "key 'gemm_efficiency.max_fraction' is 1.5; expected a number in "

@@ -25,7 +25,29 @@ def close(a, b):
     return math.isclose(a, b, rel_tol=1e-12)
 
 
-A100 = load_machine("a100-dgx")
+# The datasheet machine (links and HBM at their full rates): the formulas below read its figures.
+A100 = replace(load_machine("a100-dgx"), node=Link(300e9, 2e-6), cluster=Link(25e9, 5e-6), hbm_efficiency=None)
+
+
+def test_achieved_fractions_and_memory_bound_kernels():
+    shipped = load_machine("a100-dgx")
+    n = 1 << 26
+    st = step_time(shipped, [], [Transfer("allreduce", 8, n, "node", "layers")],
+                   traffic={"forward": 3 << 30, "backward": 5 << 30, "optimizer": 7 << 30})
+    # the ring's bytes at the bus bandwidth NCCL achieves (0.775 of 300 GB/s), not the datasheet's
+    assert close(st.comm_s, 2 * 7 * 2e-6 + 2 * 7 / 8 * n / (300e9 * 0.775))
+    hbm = 2039e9 * 0.88
+    assert close(st.memory_s, (8 << 30) / hbm) and close(st.optimizer_s, (7 << 30) / hbm)
+    assert dict(st.memory_by_phase) == pytest.approx({"forward": (3 << 30) / hbm, "backward": (5 << 30) / hbm,
+                                                      "recompute": 0.0}, rel=1e-12)
+    assert close(st.total_s, st.comm_s + st.memory_s + st.optimizer_s)
+    # the bubble counts the element-wise kernels (one microbatch's forward and backward), not the optimizer's
+    piped = step_time(shipped, [], [], pipeline=Pipeline(4, 2), traffic={"forward": 1 << 30, "optimizer": 1 << 30})
+    assert close(piped.bubble_s, 3 * ((1 << 30) / hbm) / 2)
+    # the backward's element-wise kernels hide gradient sums too
+    grads = Transfer("reduce_scatter", 64, 1 << 20, "cluster", "gradients")
+    hidden = step_time(shipped, [], [grads], overlap=("gradients",), traffic={"backward": 1 << 40})
+    assert close(hidden.hidden_s, hidden.comm_s)
 
 
 def test_compute_is_flops_over_peak_times_efficiency():
@@ -126,6 +148,10 @@ def test_lines_fit_100_columns_and_name_every_part():
 
 @pytest.mark.parametrize("call, line", [
     (lambda: step_time(A100, [(gemm(1, 2, 2, 2), -1)], []), "gemm count -1 must be an integer >= 0"),
+    (lambda: step_time(A100, [], [], traffic={"warmup": 1}), "traffic phase 'warmup' is unknown; expected one of "
+                                                           "('forward', 'backward', 'recompute', 'optimizer')"),
+    (lambda: step_time(A100, [], [], traffic={"forward": -1}), "traffic bytes count -1 must be an integer >= 0"),
+    (lambda: step_time(A100, [], [], traffic=[1]), "traffic [1] must be a mapping of phase to bytes, or None"),
     (lambda: step_time(A100, [(gemm(1, 2, 2, 2, "int8"), 1)], []),
      "gemm dtype 'int8' has no peak in machine 'a100-dgx'; expected one of ('bf16', 'fp16', 'tf32', 'fp32', "
      "'fp64')"),

@@ -197,3 +197,36 @@ def test_no_counter_costs_one_test():
     """With no counter open in the process, gemm returns after reading one module global."""
     assert flops._OPEN == 0
     assert gemm((2, 3), (3, 4), "float64") is None
+
+
+def test_sweep_counts_each_operators_operands_and_result_by_hand():
+    """An add with a broadcast bias, a layer norm and their gradients on 2 simulated ranks, counted by hand."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim import ops
+    from spmdsim.flops import Kernel, counting
+
+    def body():
+        mesh = spmdsim.Mesh(spmdsim.Layout((2,), ("tp",)), spmdsim.world())
+        L = mesh.layout
+        x = spmdsim.DTensor.from_global(mesh, np.ones((4, 6)), L("tp", None)).requires_grad_()
+        b = spmdsim.DTensor.from_global(mesh, np.ones(6), L(None)).requires_grad_()
+        with counting() as c:
+            y = ops.layer_norm(x + b, kept="megatron")
+            y.sum().backward()
+        return dict(c.kernels)
+
+    kernels = spmdsim.simulate(2, body)[0]
+    f, bw = "forward", "backward"
+    expected = {
+        Kernel("add", f, "activations", "float64", 2 * 6 + 6, 2 * 6): 1,  # x's (2, 6) block + b read, (2, 6)
+        Kernel("layer_norm", f, "activations", "float64", 12, 12 + 2 + 2): 1,  # y, each row's mean and root
+        Kernel("sum", f, "activations", "float64", 12, 1): 1,
+        Kernel("sum", bw, "activations", "float64", 1, 12): 1,  # its gradient spread over the block
+        Kernel("layer_norm", bw, "activations", "float64", 12 + 12 + 2 + 2, 12): 1,  # dy, x, stats -> dx
+        Kernel("add", bw, "activations", "float64", 12, 6): 1,  # b's gradient: dy summed over rows (x's: dy)
+        Kernel("add", bw, "grads", "float64", 2 * 12, 12): 1,  # the leaves' .grad: x's block
+        Kernel("add", bw, "grads", "float64", 2 * 6, 6): 1,  # and b's
+    }
+    assert kernels == expected

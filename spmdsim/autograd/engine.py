@@ -22,6 +22,7 @@ import numpy as np
 
 from ..context import current
 from ..errors import OperatorError
+from ..flops import sweep
 from ..layout import TensorLayout
 from .graph import Leaf, Node, used_axes, with_partial
 
@@ -96,7 +97,8 @@ def _backward(loss: Any, explain: Optional[list], bucket: Any, gradient: Any, ke
     if kept:
         for leaf in [leaf for leaf in leaves if id(leaf) in kept]:
             g = grads.pop(leaf)
-            leaf.grad = g if leaf.grad is None else add_grads(leaf.grad, g, owners[leaf].layout)
+            _count_accumulation(g)
+            leaf.grad = g if leaf.grad is None else add_grads(leaf.grad, g, owners[leaf].layout, None)
         leaves = [leaf for leaf in leaves if id(leaf) not in kept]
     buckets = _buckets(leaves, owners, grads, cap) if cap else {}
     for leaf in leaves:  # first-contribution order: the same on every rank
@@ -111,7 +113,15 @@ def _backward(loss: Any, explain: Optional[list], bucket: Any, gradient: Any, ke
             if explain is not None:
                 explain.append((f"leaf {tuple(tensor.global_shape)} {tensor.layout}: its replicas' "
                                 f"gradients summed" + _read_by(readers, [leaf]), trace.entries))
-        leaf.grad = g if leaf.grad is None else add_grads(leaf.grad, g, whole)
+        _count_accumulation(g)
+        leaf.grad = g if leaf.grad is None else add_grads(leaf.grad, g, whole, None)
+
+
+def _count_accumulation(g: Any) -> None:
+    """Count (spmdsim.flops.sweep) a leaf's gradient added into its ``.grad``: on every backward, the first
+    too (as a framework accumulates into a zeroed main gradient, Megatron's main_grad += grad), so each
+    microbatch's backward counts alike."""
+    sweep("add", (g.local, g.local), (g.local,), "grads")
 
 
 def gradients(out: Any, dy: Any, wrt: tuple) -> tuple:
@@ -371,12 +381,15 @@ def _collector(explain: Optional[list]) -> Any:
     return collect_trace()
 
 
-def add_grads(a: Any, b: Any, layout: TensorLayout) -> Any:
-    """a + b for two gradients of one tensor (brought to one layout first: B -> P is free)."""
+def add_grads(a: Any, b: Any, layout: TensorLayout, kind: Optional[str] = "activations") -> Any:
+    """a + b for two gradients of one tensor (brought to one layout first: B -> P is free); `kind`: what
+    spmdsim.flops.sweep counts the sum as (None: not counted here, its caller counts it)."""
     if a.layout != b.layout:
         both = set(a.layout.partial) | set(b.layout.partial)
         common = layout.with_partial(x for x in layout.layout.alias_name if x in both)
         a, b = _move(a, common), _move(b, common)
+    if kind is not None:
+        sweep("add", (a.local, b.local), (a.local,), kind)
     if a.mesh.engine.dry:  # the dry engine's zeros, not added (spmdsim.sim.dry)
         like = np.broadcast_to(np.zeros((), np.result_type(a.local, b.local)), a.local.shape)
         total = a.mesh.engine.local(np.add, like, a.local, b.local)

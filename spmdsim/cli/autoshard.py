@@ -7,6 +7,8 @@
     timeout -k 5 120 mpiexec -n 8 spmdsim autoshard --network net_mindspore_tutorial --run
     spmdsim autoshard --network net_paddle_tp --memory-limit 100K --run --ranks 4   # no mpiexec
     spmdsim autoshard --network gpt --gpt layers=2,d_model=64 --training --run --ranks 4
+    spmdsim autoshard --network gpt --gpt layers=4,d_model=64,heads=4,seq=32,batch=4 --devices 4 \
+        --machine a100-dgx --memory-limit 10M   # (tp, pp, dp, microbatches, ...) by predicted time
 
 Planning is pure (no MPI); `--run` executes the choice on the ranks of the
 launch (their count is the device count) and prints predicted vs measured
@@ -73,6 +75,17 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--ranks", type=int, metavar="N",
                         help="--run on N simulated ranks in this process (no mpiexec; bytes are "
                              "exact, times are not a cluster's)")
+    parser.add_argument("--machine", metavar="NAME|PATH",
+                        help="--network gpt: choose (tp, pp, dp, microbatches, virtual stages, recomputation, "
+                             "ZeRO, sp) by the step time predicted on this machine file from each "
+                             "configuration's dry run (spmdsim estimate), under --memory-limit per rank "
+                             "(default the machine's memory); docs/estimate.md")
+    parser.add_argument("--precision", default="bf16-mixed", choices=("fp64", "bf16-mixed", "fp16-mixed"),
+                        help="--machine: the widths the ledger prices at (default bf16-mixed)")
+    parser.add_argument("--kept", default="megatron", choices=("graph", "megatron"),
+                        help="--machine: what each block keeps for backward (default megatron's set)")
+    parser.add_argument("--max-dry-runs", type=int, default=24, metavar="N",
+                        help="--machine: at most N configurations priced by a dry run (default 24)")
     parser.set_defaults(func=run, dry_run=False)
 
 
@@ -98,7 +111,7 @@ MAX_GPT_LAYERS = 64
 MAX_GPT_ELEMENTS = 2 ** 40
 
 
-def _gpt_config(text: str) -> Any:
+def _gpt_config(text: str, max_layers: int = MAX_GPT_LAYERS, sizes: bool = True) -> Any:
     """--gpt 'layers=2,d_model=64' as a GPTConfig (its own checks name a bad value)."""
     from ..gpt.config import GPTConfig
 
@@ -113,10 +126,12 @@ def _gpt_config(text: str) -> Any:
         except ValueError:
             raise SpmdsimError(f"--gpt {key} {value!r} must be an integer >= 1") from None
     config = GPTConfig(**fields)
-    if config.layers > MAX_GPT_LAYERS:
-        raise SpmdsimError(f"--gpt layers {config.layers:,} is too many; expected at most {MAX_GPT_LAYERS} "
+    if config.layers > max_layers:
+        raise SpmdsimError(f"--gpt layers {config.layers:,} is too many; expected at most {max_layers} "
                            "(the search's time grows faster than the layers)")
     c = config
+    if not sizes:  # a dry run's blocks are never written: any size
+        return config
     tensors = {"batch*seq*vocab": c.batch * c.seq * c.vocab, "batch*heads*seq*seq": c.batch * c.heads * c.seq ** 2,
                "batch*seq*4*d_model": c.batch * c.seq * 4 * c.d_model, "vocab*d_model": c.vocab * c.d_model}
     name, elements = max(tensors.items(), key=lambda kv: kv[1])
@@ -150,6 +165,10 @@ def _choose(args: argparse.Namespace, devices: int, flops: float | None) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.machine is not None:
+        from .autoshard_machine import run_machine
+
+        return run_machine(args)
     if args.flops is not None and not args.flops > 0:
         raise SpmdsimError(f"--flops {args.flops!r} must be > 0")
     if args.ranks is not None and not args.run:

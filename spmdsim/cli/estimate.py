@@ -69,7 +69,7 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..estimate.ledger import PRECISIONS, gemms_at, gpt_ledger, priced, transfers_at
+    from ..estimate.ledger import PRECISIONS, gemms_at, gpt_ledger, kernel_bytes, priced, transfers_at
     from ..estimate.machine import load_machine
     from ..estimate.steptime import Pipeline, step_time
 
@@ -84,13 +84,14 @@ def run(args: argparse.Namespace) -> int:
     pipeline = Pipeline(args.pp, microbatches, args.virtual_stages, schedule) if args.pp > 1 else None
     shown = sorted({0, len(stages) // 2, len(stages) - 1})
     times = [step_time(machine, gemms_at(st.gemms, args.precision), transfers_at(st.transfers, args.precision),
-                       pipeline=pipeline, overlap=("gradients",)) for st in stages]
+                       pipeline=pipeline, overlap=("gradients",), traffic=kernel_bytes(st.kernels, args.precision))
+             for st in stages]
     rows = [(stages[s], priced(stages[s], args.precision, args.zero), times[s]) for s in shown]
     if args.json:
         print(json.dumps({"config": vars(args) | {"func": None, "_usage_parser": None},
                           "microbatches": microbatches, "dry_run_s": seconds,
                           "step_time_s": max(t.total_s for t in times),
-                          "stages": [_as_json(st, bytes_, timing) for st, bytes_, timing in rows]},
+                          "stages": [_as_json(st, bytes_, timing, args.precision) for st, bytes_, timing in rows]},
                          default=str, indent=1))
         return 0
     ranks = args.pp * args.dp * args.tp
@@ -124,7 +125,7 @@ def _gib(n: int) -> str:
 
 
 def _stage_lines(st: Any, bytes_: dict, timing: Any, zero: int, precision: str) -> list[str]:
-    from ..estimate.ledger import layers_activations
+    from ..estimate.ledger import kernel_bytes, layers_activations
 
     lo, hi = st.ranks[0], st.ranks[-1]
     out = [f"stage {st.stage} (ranks {lo}-{hi}: {len(st.ranks)} ranks alike; one rank's figures)"]
@@ -140,17 +141,23 @@ def _stage_lines(st: Any, bytes_: dict, timing: Any, zero: int, precision: str) 
                f"the most; transformer layers' parameters {st.layer_params:,} of {st.params:,}")
     out.append("  TFLOP: " + ", ".join(f"{p} {st.flops(p) / 1e12:,.3f}" for p in ("forward", "backward", "recompute"))
                + f"; total {st.flops() / 1e12:,.3f}")
+    traffic = kernel_bytes(st.kernels, precision)
+    out.append("  element-wise and optimizer kernels read and write: " + ", ".join(
+        f"{p} {_gib(traffic.get(p, 0))}" for p in ("forward", "backward", "recompute", "optimizer")))
     sent = ", ".join(f"{kind} ({level}) {format_size(n)}" for (kind, level), n in sorted(st.sent().items()) if n)
     out.append(f"  sent: {sent or 'nothing'}")
     out.extend("  " + line for line in timing.lines())
     return wrap_lines(out)
 
 
-def _as_json(st: Any, bytes_: dict, timing: Any) -> dict:
+def _as_json(st: Any, bytes_: dict, timing: Any, precision: str) -> dict:
     from dataclasses import asdict
+
+    from ..estimate.ledger import kernel_bytes
 
     return {"stage": st.stage, "ranks": [st.ranks[0], st.ranks[-1]], "bytes": bytes_,
             "program_bytes": asdict(st.memory), "flops": {p: st.flops(p) for p in ("forward", "backward",
                                                                                        "recompute")},
             "sent": {f"{k} {lvl}": n for (k, lvl), n in st.sent().items()}, "in_flight": st.in_flight,
+            "kernel_bytes": kernel_bytes(st.kernels, precision),
             "peak_held": st.peak_held, "step_time_s": timing.total_s}

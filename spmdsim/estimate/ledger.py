@@ -25,7 +25,7 @@ from ..gpt.memory import BLOCK_KINDS, MASKS
 from .records import Transfer
 
 __all__ = ["Widths", "PRECISIONS", "StageLedger", "gpt_ledger", "priced", "ROLES", "gemms_at", "transfers_at",
-           "layers_activations"]
+           "layers_activations", "kernel_bytes"]
 
 #: What a rank holds, by role, in the order the ledger prints them.
 ROLES = ("parameters", "gradients", "master copy", "optimizer states", "buffers", "activations")
@@ -68,7 +68,9 @@ class StageLedger:
     transformer layers' parameters (the rest are the embeddings, final norm); gemms: (Gemm, count)
     of its matrix products; transfers: its collectives and messages; peak_held: the most bytes the dry
     run's meter saw it hold at once (every buffer, transients included); in_flight: the most
-    microbatch-chunks whose activations it held at once.
+    microbatch-chunks whose activations it held at once; kernels: (Kernel, count) of every other kernel
+    it ran (spmdsim.flops.sweep: the element-wise and reduction operators, forward, backward and
+    recomputed, and the optimizer's update), elements read and written.
     """
 
     stage: int
@@ -81,9 +83,14 @@ class StageLedger:
     peak_held: int
     in_flight: int
     ranks: tuple = field(default=())
+    kernels: tuple = field(default=())
 
     def flops(self, phase: Optional[str] = None) -> int:
         return sum(g.flops * n for g, n in self.gemms if phase is None or g.phase == phase)
+
+    def traffic(self, phase: Optional[str] = None) -> int:
+        """Bytes the kernels read and wrote in the run (float64), of one phase or all."""
+        return sum(k.nbytes * n for k, n in self.kernels if phase is None or k.phase == phase)
 
     def sent(self) -> dict:
         """Bytes this rank sent, by (kind, level)."""
@@ -116,6 +123,33 @@ def layers_activations(stage: StageLedger, precision: str) -> int:
             out += n
         elif kind in BLOCK_KINDS:
             out += n // _RUN * w.activations
+    return out
+
+
+def kernel_bytes(kernels: Any, precision: str) -> dict:
+    """{phase: bytes} the (Kernel, count) pairs read and write at `precision`'s widths.
+
+    The operators' floating values ("activations") at the activation width; their masks, ids and other
+    non-floating elements at their own width (a boolean mask a byte). The optimizer's roles at theirs:
+    gradients, moments ("states") and ZeRO-1's master slices at the precision's widths. A mixed
+    precision updates a master copy, not the parameters: an updated parameter element (kind "params",
+    the program updating its own float64 parameters) is read and written at the master copy's width,
+    and every element the update writes (that, or a ZeRO-1 master slice) also writes the parameter's
+    low-precision copy.
+    """
+    w = PRECISIONS[precision]
+    width = {"grads": w.grads, "states": w.states, "master": w.master,
+             "params": w.master if w.mixed else w.params}
+    out: dict = {}
+    for k, n in kernels:
+        if k.kind == "activations":
+            each = w.activations if k.dtype.startswith(("float", "complex")) else k.nbytes // (k.read + k.written)
+            nbytes = (k.read + k.written) * each
+        else:
+            nbytes = (k.read + k.written) * width[k.kind]
+            if w.mixed and k.kind in ("params", "master"):
+                nbytes += k.written * w.params
+        out[k.phase] = out.get(k.phase, 0) + nbytes * n
     return out
 
 
@@ -208,7 +242,8 @@ def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microba
         total = sum(t.local.size for t in run.params.values())
         meter = current().meter
         out = StageLedger(run.stage, rank, steps[-1].memory, layer, total, tuple(flops.counts.items()),
-                          _transfers(run.trace, run.mesh, rank, gpus_per_node), meter.peak, run.in_flight[-1])
+                          _transfers(run.trace, run.mesh, rank, gpus_per_node), meter.peak, run.in_flight[-1],
+                          kernels=tuple(flops.kernels.items()))
         run.close()
         return out
 

@@ -17,6 +17,11 @@ Guide" capped at a fraction of peak: a product of ``flops`` FLOPs that reads and
 of the dtype's peak, so it takes ``max(flops / (max_fraction * peak), nbytes / hbm_bandwidth)``
 seconds: large products run at ``max_fraction`` of peak, products with a small dimension are
 bound by memory bandwidth.
+
+Two optional achieved fractions, each an object ``{"fraction": f, "source": "..."}``:
+``hbm_efficiency`` (the share of ``hbm_bandwidth`` a memory-bound kernel reaches: the element-wise
+kernels and the optimizer's update are priced at ``hbm_bandwidth * fraction``) and a link's
+``efficiency`` (its bus bandwidth as a collective achieves it: ``bandwidth * fraction``). Absent: 1.
 """
 from __future__ import annotations
 
@@ -25,12 +30,12 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 from ..errors import SpmdsimError
 from .records import LEVELS
 
-__all__ = ["Machine", "Link", "GemmEfficiency", "load_machine", "machines", "machine_from_dict",
+__all__ = ["Machine", "Link", "GemmEfficiency", "Achieved", "load_machine", "machines", "machine_from_dict",
            "machine_to_dict", "save_machine", "DTYPES", "normalize_dtype"]
 
 #: Format tag every machine file carries.
@@ -52,8 +57,8 @@ EFFICIENCY_MODELS = ("roofline",)
 
 _SHIPPED = Path(__file__).resolve().parent / "machines"
 _KEYS = ("format", "name", "description", "sources", "gpus_per_node", "memory_bytes", "peak_flops",
-         "hbm_bandwidth", "gemm_efficiency", "links", "algorithm", "reduction_rate")
-_OPTIONAL = ("reduction_rate",)
+         "hbm_bandwidth", "hbm_efficiency", "gemm_efficiency", "links", "algorithm", "reduction_rate")
+_OPTIONAL = ("reduction_rate", "hbm_efficiency")
 
 
 def normalize_dtype(dtype: Any) -> str:
@@ -92,15 +97,54 @@ def _text(where: str, key: str, value: Any, expected: str = "a non-empty string"
 
 
 @dataclass(frozen=True)
+class Achieved:
+    """The fraction of a datasheet rate a real kernel or collective reaches, and where that figure comes from."""
+
+    fraction: float
+    source: str
+
+    def __post_init__(self) -> None:
+        _check_achieved("Achieved", "", self.fraction, self.source)
+
+
+def _check_achieved(where: str, key: str, fraction: Any, source: Any) -> None:
+    ok = isinstance(fraction, (int, float)) and not isinstance(fraction, bool)
+    if not ok or not 0 < fraction <= 1:
+        raise _fail(where, f"{key}fraction", fraction, "a number in (0, 1] (fraction achieved)")
+    _text(where, f"{key}source", source, "a citation string, or 'assumption: ...'")
+
+
+def _achieved(where: str, key: str, value: Any) -> Achieved:
+    """An `Achieved` from a file's ``{"fraction": f, "source": "..."}`` at `key`, checked."""
+    if not isinstance(value, Mapping):
+        raise _fail(where, key, value, "an object with 'fraction' and 'source'")
+    for name in value:
+        if name not in ("fraction", "source"):
+            raise _fail(where, f"{key}.{name}", value[name], "no such key; ('fraction', 'source')")
+    fraction, source = value.get("fraction", _MISSING), value.get("source", _MISSING)
+    _check_achieved(where, f"{key}.", fraction, source)
+    return Achieved(float(fraction), source)
+
+
+@dataclass(frozen=True)
 class Link:
-    """One level's link: bandwidth in bytes/s per GPU per direction, latency in seconds per message."""
+    """One level's link: bandwidth in bytes/s per GPU per direction, latency in seconds per message,
+    and the fraction of that bandwidth a collective achieves (`efficiency`, None: all of it)."""
 
     bandwidth: float
     latency: float
+    efficiency: Optional[Achieved] = None
 
     def __post_init__(self) -> None:
         _number("Link", "bandwidth", self.bandwidth, "a number > 0 (bytes/s per GPU per direction)")
         _number("Link", "latency", self.latency, "a number >= 0 (seconds)", positive=False)
+        if self.efficiency is not None and not isinstance(self.efficiency, Achieved):
+            raise _fail("Link", "efficiency", self.efficiency, "an Achieved(fraction, source) or None")
+
+    @property
+    def achieved(self) -> float:
+        """The bandwidth a collective sees: bandwidth times the efficiency's fraction."""
+        return self.bandwidth * (1.0 if self.efficiency is None else self.efficiency.fraction)
 
 
 @dataclass(frozen=True)
@@ -139,6 +183,7 @@ class Machine:
         node, cluster: the `Link` of each level (records.LEVELS).
         algorithm: "ring" or "tree": which formulas of spmdsim.cost.model price a collective.
         reduction_rate: bytes/s a GPU reduces in a reducing collective, or None (reduction free).
+        hbm_efficiency: the fraction of hbm_bandwidth a memory-bound kernel reaches, or None (all of it).
     """
 
     name: str
@@ -153,6 +198,7 @@ class Machine:
     cluster: Link
     algorithm: str = "ring"
     reduction_rate: float | None = field(default=None)
+    hbm_efficiency: Optional[Achieved] = None
 
     def __post_init__(self) -> None:
         where = f"machine {self.name!r}"
@@ -168,6 +214,13 @@ class Machine:
                 raise _fail(where, level, getattr(self, level), "a Link(bandwidth, latency)")
         if not isinstance(self.gemm_efficiency, GemmEfficiency):
             raise _fail(where, "gemm_efficiency", self.gemm_efficiency, "a GemmEfficiency")
+        if self.hbm_efficiency is not None and not isinstance(self.hbm_efficiency, Achieved):
+            raise _fail(where, "hbm_efficiency", self.hbm_efficiency, "an Achieved(fraction, source) or None")
+
+    @property
+    def hbm_achieved(self) -> float:
+        """Bytes/s a memory-bound kernel moves: hbm_bandwidth times hbm_efficiency's fraction."""
+        return self.hbm_bandwidth * (1.0 if self.hbm_efficiency is None else self.hbm_efficiency.fraction)
 
     @property
     def dtypes(self) -> tuple[str, ...]:
@@ -260,21 +313,26 @@ def machine_from_dict(data: Any, where: str = "machine data") -> Machine:
         if not isinstance(link, Mapping):
             raise _fail(where, f"links.{level}", link, "an object with 'bandwidth' and 'latency'")
         for key in link:
-            if key not in ("bandwidth", "latency"):
-                raise _fail(where, f"links.{level}.{key}", link[key], "no such key; ('bandwidth', 'latency')")
+            if key not in ("bandwidth", "latency", "efficiency"):
+                raise _fail(where, f"links.{level}.{key}", link[key],
+                            "no such key; ('bandwidth', 'latency', 'efficiency')")
         bandwidth = _number(where, f"links.{level}.bandwidth", link.get("bandwidth", _MISSING),
                             "a number > 0 (bytes/s per GPU per direction)")
         latency = _number(where, f"links.{level}.latency", link.get("latency", _MISSING),
                           "a number >= 0 (seconds)", positive=False)
-        made[level] = Link(bandwidth, latency)
+        efficiency = link.get("efficiency")
+        made[level] = Link(bandwidth, latency,
+                           None if efficiency is None else _achieved(where, f"links.{level}.efficiency", efficiency))
     rate = data.get("reduction_rate")
+    hbm = data.get("hbm_efficiency")
     return Machine(name=data["name"], description=data["description"], sources=tuple(data["sources"]),
                    gpus_per_node=data["gpus_per_node"], memory_bytes=data["memory_bytes"],
                    peak_flops=tuple((d, float(v)) for d, v in data["peak_flops"].items()),
                    hbm_bandwidth=float(data["hbm_bandwidth"]),
                    gemm_efficiency=GemmEfficiency(float(eff["max_fraction"]), eff["source"], eff["model"]),
                    node=made["node"], cluster=made["cluster"], algorithm=data["algorithm"],
-                   reduction_rate=None if rate is None else float(rate))
+                   reduction_rate=None if rate is None else float(rate),
+                   hbm_efficiency=None if hbm is None else _achieved(where, "hbm_efficiency", hbm))
 
 
 _WHAT = {
@@ -296,11 +354,23 @@ def machine_to_dict(machine: Machine) -> dict:
            "gemm_efficiency": {"model": machine.gemm_efficiency.model,
                                "max_fraction": machine.gemm_efficiency.max_fraction,
                                "source": machine.gemm_efficiency.source},
-           "links": {level: {"bandwidth": machine.link(level).bandwidth, "latency": machine.link(level).latency}
-                     for level in LEVELS},
+           "links": {level: _link_dict(machine.link(level)) for level in LEVELS},
            "algorithm": machine.algorithm}
+    if machine.hbm_efficiency is not None:
+        out["hbm_efficiency"] = _achieved_dict(machine.hbm_efficiency)
     if machine.reduction_rate is not None:
         out["reduction_rate"] = machine.reduction_rate
+    return out
+
+
+def _achieved_dict(a: Achieved) -> dict:
+    return {"fraction": a.fraction, "source": a.source}
+
+
+def _link_dict(link: Link) -> dict:
+    out: dict = {"bandwidth": link.bandwidth, "latency": link.latency}
+    if link.efficiency is not None:
+        out["efficiency"] = _achieved_dict(link.efficiency)
     return out
 
 

@@ -5,16 +5,22 @@ Pure. `step_time(machine, gemms, transfers, pipeline=..., overlap=...)` adds:
 - compute: each GEMM (any object with ``batch, m, n, k, dtype, phase`` and ``flops``, such as
   spmdsim.flops.Gemm), ``count * flops / (peak_flops[dtype] * efficiency)`` seconds, the efficiency
   of the machine's GEMM model (spmdsim.estimate.machine);
+- memory-bound kernels (`traffic`: bytes per phase, spmdsim.flops.sweep's count priced at the
+  training precision): the element-wise and reduction kernels of phases "forward", "backward" and
+  "recompute", and the optimizer's update (phase "optimizer"), each ``bytes / (hbm_bandwidth *
+  hbm_efficiency)`` (the machine's achieved HBM rate);
 - communication: each records.Transfer, ``count`` times spmdsim.cost.model's formula for its
-  collective with alpha = the latency and beta = 1 / bandwidth of its level's link, gamma =
-  1 / the machine's reduction rate (0 where it gives none); "send" and "recv" cost alpha + n beta;
+  collective with alpha = the latency and beta = 1 / (bandwidth * efficiency) of its level's link
+  (the bus bandwidth a collective achieves), gamma = 1 / the machine's reduction rate (0 where it
+  gives none); "send" and "recv" cost alpha + n beta;
 - the bubble of a pipeline of p stages, m microbatches, v virtual stages per rank: the rank idles
   (p - 1) / v times one microbatch's forward and backward on one stage, taken as the step's
-  compute seconds / m (GEMMs only: communication inside a stage is not in it);
+  compute and element-wise seconds (not the optimizer's) / m (communication inside a stage is not in it);
 - overlap: communication of the phases named in `overlap` runs under the backward pass's compute
-  (the GEMMs of phase "backward" and "recompute") and costs only what exceeds it. Default: none.
+  (the GEMMs and element-wise kernels of phases "backward" and "recompute") and costs only what
+  exceeds it. Default: none.
 
-    total = compute + communication - hidden + bubble
+    total = compute + element-wise + optimizer + communication - hidden + bubble
 """
 from __future__ import annotations
 
@@ -27,7 +33,7 @@ from ..errors import SpmdsimError
 from .machine import Machine, normalize_dtype
 from .records import LEVELS, Transfer
 
-__all__ = ["StepTime", "Pipeline", "step_time", "SCHEDULES", "GEMM_PHASES", "TRANSFER_PHASES"]
+__all__ = ["StepTime", "Pipeline", "step_time", "SCHEDULES", "GEMM_PHASES", "TRANSFER_PHASES", "TRAFFIC_PHASES"]
 
 #: Pipeline schedules (the names of spmdsim.pipeline.SCHEDULES; a test keeps them equal).
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -35,6 +41,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved")
 #: What a GEMM was doing (spmdsim.flops.Gemm.phase) and what a transfer was doing (records.Transfer.phase).
 GEMM_PHASES = ("forward", "backward", "recompute")
 TRANSFER_PHASES = ("layers", "gradients", "pipeline")
+TRAFFIC_PHASES = GEMM_PHASES + ("optimizer",)
 
 _P2P = ("send", "recv")
 
@@ -72,9 +79,12 @@ class StepTime:
     """Seconds of one rank's step, by part. Pairs keep the order of GEMM_PHASES, LEVELS, TRANSFER_PHASES.
 
     compute_s: the GEMMs; compute_by_phase: (phase, seconds) per GEMM phase;
+    memory_s: the element-wise and reduction kernels (forward, backward, recompute) at the achieved
+    HBM rate; memory_by_phase: (phase, seconds) per GEMM phase; optimizer_s: the optimizer's update;
     comm_s: every transfer, before overlap; comm_by_level, comm_by_phase: the same split two ways;
     hidden_s: communication the overlap hides under the backward compute;
-    bubble_s: the pipeline's idle time; total_s = compute_s + comm_s - hidden_s + bubble_s.
+    bubble_s: the pipeline's idle time;
+    total_s = compute_s + memory_s + optimizer_s + comm_s - hidden_s + bubble_s.
     """
 
     machine: str
@@ -86,11 +96,19 @@ class StepTime:
     hidden_s: float
     bubble_s: float
     total_s: float
+    memory_s: float = 0.0
+    memory_by_phase: tuple[tuple[str, float], ...] = ()
+    optimizer_s: float = 0.0
 
     def lines(self) -> list[str]:
         """A short breakdown table (within 100 columns): seconds in ms and each part's share of the total."""
         rows = [("compute", self.compute_s)]
         rows += [(f"  {phase} phase", s) for phase, s in self.compute_by_phase if s]
+        if self.memory_s:
+            rows += [("element-wise kernels", self.memory_s)]
+            rows += [(f"  {phase} phase", s) for phase, s in self.memory_by_phase if s]
+        if self.optimizer_s:
+            rows.append(("optimizer update", self.optimizer_s))
         rows += [("communication", self.comm_s)]
         rows += [(f"  {level} links", s) for level, s in self.comm_by_level if s]
         rows += [(f"  {phase} phase", s) for phase, s in self.comm_by_phase if s]
@@ -137,10 +155,11 @@ def _gemm_seconds(machine: Machine, gemm: Any) -> tuple[str, float]:
 
 
 def level_model(machine: Machine, level: str) -> CostModel:
-    """spmdsim.cost's model of one level's link: alpha = latency, beta = 1 / bandwidth, gamma = 1 / reduction rate."""
+    """spmdsim.cost's model of one level's link: alpha = latency, beta = 1 / (bandwidth * efficiency), gamma =
+    1 / reduction rate."""
     link = machine.link(level)
     gamma = 0.0 if machine.reduction_rate is None else 1.0 / machine.reduction_rate
-    return CostModel(alpha_s=link.latency, beta_s_per_byte=1.0 / link.bandwidth, gamma_s_per_byte=gamma,
+    return CostModel(alpha_s=link.latency, beta_s_per_byte=1.0 / link.achieved, gamma_s_per_byte=gamma,
                      algorithm=machine.algorithm, source=f"machine {machine.name} {level} link")
 
 
@@ -165,7 +184,8 @@ def _transfer_seconds(models: dict[str, CostModel], t: Any) -> float:
 
 
 def step_time(machine: Machine, gemms: Iterable[tuple[Any, int]], transfers: Iterable[Transfer], *,
-              pipeline: Pipeline | None = None, overlap: Iterable[str] = ()) -> StepTime:
+              pipeline: Pipeline | None = None, overlap: Iterable[str] = (),
+              traffic: Any = None) -> StepTime:
     """Predicted seconds of one rank's training step (module docstring).
 
     Args:
@@ -175,6 +195,8 @@ def step_time(machine: Machine, gemms: Iterable[tuple[Any, int]], transfers: Ite
         pipeline: adds the bubble; None for no pipeline.
         overlap: transfer phases whose communication runs under the backward compute (e.g.
             ("gradients",): the data-parallel gradient sums under the backward, as DDP and Megatron run them).
+        traffic: {phase: bytes} of the memory-bound kernels (phases among TRAFFIC_PHASES;
+            spmdsim.estimate.ledger.kernel_bytes), or None for none.
     """
     if not isinstance(machine, Machine):
         raise SpmdsimError(f"machine {machine!r:.80} is a {type(machine).__name__}; expected a Machine "
@@ -199,10 +221,30 @@ def step_time(machine: Machine, gemms: Iterable[tuple[Any, int]], transfers: Ite
         seconds = _transfer_seconds(models, t) * _count(t.count, "transfer")
         by_level[t.level] += seconds
         by_phase[t.phase] += seconds
+    memory = _traffic_seconds(machine, traffic)
     compute_s = sum(compute.values())
+    memory_s = sum(memory[p] for p in GEMM_PHASES)
     comm_s = sum(by_level.values())
-    hidden_s = min(sum(by_phase[p] for p in set(overlap)), compute["backward"] + compute["recompute"])
-    bubble_s = pipeline.bubble_s(compute_s) if pipeline is not None else 0.0
+    under = compute["backward"] + compute["recompute"] + memory["backward"] + memory["recompute"]
+    hidden_s = min(sum(by_phase[p] for p in set(overlap)), under)
+    bubble_s = pipeline.bubble_s(compute_s + memory_s) if pipeline is not None else 0.0
+    total = compute_s + memory_s + memory["optimizer"] + comm_s - hidden_s + bubble_s
     return StepTime(machine=machine.name, compute_s=compute_s, compute_by_phase=tuple(compute.items()),
                     comm_s=comm_s, comm_by_level=tuple(by_level.items()), comm_by_phase=tuple(by_phase.items()),
-                    hidden_s=hidden_s, bubble_s=bubble_s, total_s=compute_s + comm_s - hidden_s + bubble_s)
+                    hidden_s=hidden_s, bubble_s=bubble_s, total_s=total, memory_s=memory_s,
+                    memory_by_phase=tuple((p, memory[p]) for p in GEMM_PHASES), optimizer_s=memory["optimizer"])
+
+
+def _traffic_seconds(machine: Machine, traffic: Any) -> dict:
+    """{phase: seconds} of `traffic` ({phase: bytes}) at the machine's achieved HBM rate."""
+    out = dict.fromkeys(TRAFFIC_PHASES, 0.0)
+    if traffic is None:
+        return out
+    if not hasattr(traffic, "items"):
+        raise SpmdsimError(f"traffic {traffic!r:.80} must be a mapping of phase to bytes, or None")
+    for phase, nbytes in traffic.items():
+        if phase not in TRAFFIC_PHASES:
+            raise SpmdsimError(f"traffic phase {phase!r} is unknown; expected one of {TRAFFIC_PHASES!r}")
+        _count(nbytes, "traffic bytes")
+        out[phase] += nbytes / machine.hbm_achieved
+    return out

@@ -24,7 +24,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..autograd.kept import kept_problem
-from ..autograd.rules.attention import count_core, record_attention
+from ..autograd.rules.attention import count_core, count_core_kernels, record_attention
 from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
 from ..errors import OperatorError
 from ..infer.attention import infer_attention
@@ -146,6 +146,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
     like = np.broadcast_to(np.zeros((), q.dtype), out_layout.local_shape(out_shape))  # the result's block
     out = make_dtensor(mesh, _engine_local(forward, like, q.local, k.local, v.local), out_layout, out_shape)
     count_core(q.local, k.local, v.local, (heads, keys_t, back))  # its two products (spmdsim.flops)
+    scores = ((b_.stop - b_.start, h_.stop - h_.start, t_.stop - t_.start, tk), dtype)
+    count_core_kernels(scores, drop, kept)  # and its element-wise kernels over the scores
     if q._ag is None and k._ag is None and v._ag is None:
         return out
     if mesh.engine.dry and not recompute:  # what the rule keeps, sized: the dry engine's zeros, never touched
@@ -158,7 +160,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
             saved.update(keep=_engine_local(np.copy, bits, bits), scale=dtype.type(1.0 / (1.0 - drop)))
         else:
             saved.update(factors=_engine_local(np.copy, block, block) if drop else None)
-    return record_attention(out, q, k, v, plan, saved, core if recompute else None, scale, (heads, keys_t, back))
+    return record_attention(out, q, k, v, plan, saved, core if recompute else None, scale, (heads, keys_t, back),
+                            (scores, drop, kept))
 
 
 def _batch_first(x: Any) -> Any:

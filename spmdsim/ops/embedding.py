@@ -24,6 +24,7 @@ from .. import buffers
 from ..autograd.rules.matmul import record_embedding
 from ..datagen import SeededTensor
 from ..errors import OperatorError, ShapeError
+from ..flops import sweep
 from ..infer import EmbeddingPlan, infer_embedding
 from ..reference import RegionFn, Source, check_ids, embedding_region
 from ..runtime.executor import execute
@@ -114,6 +115,7 @@ def embedding(ids: Any, table: Any, *, gather_out: bool = True, reduce: bool = T
         local = vocab_parallel_lookup(ids.local, padded, start)
     else:
         local = table.local[ids.local]
+    sweep("embedding", (ids.local, local), (local,))  # the ids and the rows looked up read, the rows written
     local = execute(mesh, local, plan.reduce, shape, label, owned=True)
     local = execute(mesh, local, plan.gather, shape, None if label is None else f"{label}.gather",
                     owned=True)

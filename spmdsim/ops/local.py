@@ -18,6 +18,7 @@ from ..autograd.rules.norms import record_softmax
 from ..autograd.rules.shapes import record_reshape, record_transpose
 from ..infer import infer_reshape, infer_softmax, infer_transpose
 from ..engines import local as engine_local
+from ..flops import sweep
 from ._common import make_dtensor, raise_if_not_dtensors, require_float
 
 __all__ = ["transpose", "reshape", "softmax"]
@@ -59,4 +60,5 @@ def softmax(x: Any, dim: int = -1) -> Any:
         raise
     require_float("softmax", x.local)
     out = make_dtensor(x.mesh, engine_local(reference.softmax, x.local, x.local, d), layout, x.global_shape)
+    sweep("softmax", (x.local,), (out.local,))
     return out if x._ag is None else record_softmax(out, x, d)

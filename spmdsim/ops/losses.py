@@ -27,6 +27,7 @@ import numpy as np
 from ..autograd.rules.grads import axes_of
 from ..autograd.rules.losses import record_cross_entropy, record_mse_loss
 from ..errors import OperatorError, ShapeError
+from ..flops import sweep
 from ..infer.losses import infer_cross_entropy
 from ..layout import TensorLayout
 from ..validate import counted
@@ -164,6 +165,10 @@ def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -10
     # A dry run's large block: zeros for the exponentials, ones for their row sums (no log of 0).
     dry = dry_zeros(mesh, z.shape, z.dtype, np.exp, z)
     e = np.exp(z - shift[:, None]) if dry is None else dry
+    # the rows' maximum, the shifted exponentials, their row sums: three passes over the logits
+    sweep("max", (z,), (shift,))
+    sweep("cross_entropy", (z, shift), (e,))
+    sweep("sum", (e,), (shift,))
     target = np.where(owned, z[rows, np.where(owned, ids, 0)] - shift, 0.0)
     parts = [e.sum(axis=1) if dry is None else np.ones(z.shape[0], z.dtype), target] + \
         ([z.sum(axis=1)] if smooth else [])

@@ -27,6 +27,7 @@ import numpy as np
 from ..autograd.rules.megatron import record_bias_dropout_add, record_column, record_row
 from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
 from ..errors import OperatorError
+from ..flops import sweep
 from ..layout import TensorLayout
 from ._common import add_bias, dry_zeros, local_matmul, make_dtensor, result_dtype
 from .norms import dropout_keep
@@ -70,6 +71,7 @@ def column_parallel_linear(x: Any, pairs: Sequence[tuple], full: Optional[Tensor
         if b is not None:  # a dry run's large sum: zeros of its shape (spmdsim.ops._common.dry_zeros), not added
             dry = dry_zeros(x.mesh, y.shape, result_dtype(y.dtype, b.local.dtype), add_bias, y, b.local)
             y = add_bias(y, b.local) if dry is None else dry
+            sweep("bias_add", (y, b.local), (y,))
         ys.append(y)
     one = TensorLayout(full.layout, full.tensor_map[:-1] + (entry,))
     shape = tuple(x.global_shape[:-1]) + (pairs[0][0].global_shape[-1],)
@@ -119,6 +121,7 @@ def bias_dropout_add(y: Any, bias: Any, residual: Any, p: float, seed: Any = Non
 
     out = make_dtensor(mesh, _engine_local(kernel, y.local, y.local, bias.local, residual.local), y.layout,
                        y.global_shape)
+    sweep("bias_dropout_add", (y.local, bias.local, residual.local), (out.local, keep))  # the mask drawn, written
     if y._ag is None and bias._ag is None and residual._ag is None:
         return out
     return record_bias_dropout_add(out, y, bias, residual, keep, scale)

@@ -34,6 +34,7 @@ from ..autograd.kept import kept_problem
 from ..autograd.rules.pointwise import record_dropout, record_dropout_mask
 from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
 from ..errors import OperatorError
+from ..flops import sweep
 from ..infer.norms import infer_norm
 from ..validate import as_int, shape_arg
 from . import local as _whole
@@ -134,6 +135,8 @@ def _normalized(x: Any, d: int, eps: float, centre: bool, op: str) -> Any:
 
     y = _engine_local(kernel, x.local, x.local)
     out = make_dtensor(x.mesh, y, x.layout, x.global_shape)
+    rows = x.local.shape[:d] + (1,) + x.local.shape[d + 1:]
+    sweep(op, (x.local,), (y, (rows, y.dtype) if x._ag is not None else None))  # y and the kept 1 / root
     if x._ag is None:
         return out
     if x.mesh.engine.dry:  # the rstd the rule keeps, sized (the dry engine's zeros): kept bytes measure alike
@@ -189,6 +192,9 @@ def _fused_layer_norm(x: Any, d: int, eps: float, weight: Optional[Any], bias: O
     dtype = result_dtype(*[t.local.dtype for t in (x, w, b) if t is not None])
     out = make_dtensor(x.mesh, _engine_local(kernel, np.broadcast_to(np.zeros((), dtype), x.local.shape), x.local),
                        x.layout, x.global_shape)
+    rows = (x.local.shape[:d] + (1,) + x.local.shape[d + 1:], x.dtype)
+    sweep("layer_norm", (x.local, None if w is None else w.local, None if b is None else b.local),
+          (out.local, rows, rows))  # y and each row's mean and root
     if all(t is None or t._ag is None for t in (x, w, b)):
         return out
     if x.mesh.engine.dry:  # the statistics the rule keeps, sized (the dry engine's zeros)
@@ -290,6 +296,7 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
         keep = dropout_keep(x, p, seed, mask_dims, dry is not None)
         out = make_dtensor(x.mesh, x.local * np.multiply(keep, scale) if dry is None else dry, x.layout,
                            x.global_shape)
+        sweep("dropout", (x.local,), (out.local, keep))  # the mask drawn in the kernel and written
         return out if x._ag is None else record_dropout_mask(out, x, keep, x.dtype.type(scale))
     order = None if mask_dims is None else _permutation(mask_dims, len(region))
     if dry is not None:  # the factors the rule keeps, sized (zeros never touched): kept bytes measure alike
@@ -300,6 +307,8 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
         keep = keep_mask(tuple(x.global_shape[d] for d in order), seed, tuple(region[d] for d in order), p)
         factors = np.multiply(keep, scale).transpose(np.argsort(order))
     out = make_dtensor(x.mesh, x.local * factors if dry is None else dry, x.layout, x.global_shape)
+    # the kept entries' factors drawn in the kernel and written beside the result
+    sweep("dropout", (x.local,), (out.local, x.local))
     return out if x._ag is None else record_dropout(out, x, factors, scale)
 
 

@@ -20,6 +20,7 @@ from ..activations import gelu_erf as _gelu_erf
 from ..activations import sigmoid as _sigmoid
 from ..autograd.rules.pointwise import quiet, record_pointwise
 from ..errors import OperatorError
+from ..flops import sweep
 from ..infer.pointwise import infer_pointwise
 from ..validate import dtype_name
 from . import _common
@@ -100,6 +101,7 @@ def pointwise(op: str, *args: Any) -> Any:
     if block is None:
         with quiet(op, divide="ignore", invalid="ignore", over="ignore"):
             block = forward(*locals_)
+    sweep(op, locals_, (block,))  # one fused pass (spmdsim.flops): its operands read, its result written
     out = make_dtensor(mesh, block, plan.out, plan.shape)
     if not any(x._ag is not None for x in xs):
         return out

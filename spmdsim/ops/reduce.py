@@ -19,6 +19,7 @@ import numpy as np
 from ..autograd.rules.grads import axes_of
 from ..autograd.rules.reduce import record_reduce
 from ..infer.pointwise import infer_reduce, reduce_dims
+from ..flops import sweep
 from ._common import make_dtensor, raise_if_not_dtensors
 
 __all__ = ["sum", "mean", "max", "min", "var", "argmax", "argmin", "reduce"]
@@ -37,6 +38,7 @@ def reduce(kind: str, x: Any, dims: Any = None, keepdims: bool = False) -> Any:
         x = redistribute(x, plan.target)
     shape = tuple(1 if d in axes else s for d, s in enumerate(x.global_shape) if keepdims or d not in axes)
     block = np.asarray(_KERNELS[kind](x.local, axis=axes, keepdims=keepdims))
+    sweep(kind, (x.local,), (block,))
     count = math.prod(x.global_shape[d] for d in axes)
     if kind == "mean":
         block = block / np.asarray(count, block.dtype) if block.dtype.kind == "f" else block / count

@@ -13,11 +13,11 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ...context import current
-from ...flops import gemm
+from ...flops import gemm, sweep
 from ..graph import record, with_partial
 from .grads import grad_tensor
 
-__all__ = ["record_attention", "count_core"]
+__all__ = ["record_attention", "count_core", "count_core_kernels"]
 
 
 def count_core(q: np.ndarray, k: np.ndarray, v: Optional[np.ndarray], order: tuple) -> None:
@@ -29,6 +29,25 @@ def count_core(q: np.ndarray, k: np.ndarray, v: Optional[np.ndarray], order: tup
     gemm(qs, ks, q.dtype)
     if v is not None:
         gemm(qs[:-1] + ks[-1:], _seen(v.shape, heads), q.dtype)
+
+
+def count_core_kernels(block: tuple, drop: float, kept: str) -> None:
+    """Count (spmdsim.flops.sweep) the core's element-wise kernels over its (b, h, tq, tk) scores `block`
+    (a (shape, dtype) pair), as fused kernels run them: the scaled, masked softmax (scores read,
+    probabilities written) and, with dropout, the dropout (probabilities read; dropped-out values and
+    the mask written: Megatron's boolean mask under `kept` "megatron", the float factors otherwise)."""
+    sweep("attention softmax", (block,), (block,))
+    if drop:
+        sweep("attention dropout", (block,), (block, (block[0], bool) if kept == "megatron" else block))
+
+
+def _count_backward_kernels(block: tuple, drop: float, kept: str) -> None:
+    """The backward's element-wise kernels over the scores: the dropout's (its gradient and the mask or
+    factors read, the probabilities' gradient written) and the softmax's (that gradient and the
+    probabilities read, the scores' gradient written, the scale folded in)."""
+    if drop:
+        sweep("attention dropout", (block, (block[0], bool) if kept == "megatron" else block), (block,))
+    sweep("attention softmax", (block, block), (block,))
 
 
 def _seen(shape: tuple, order: tuple) -> tuple:
@@ -57,7 +76,7 @@ def _count_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, dy: np.ndarray,
 
 
 def record_attention(out: Any, q: Any, k: Any, v: Any, plan: Any, kept: dict, core: Optional[Callable],
-                     scale: float, order: tuple) -> Any:
+                     scale: float, order: tuple, traffic: tuple = ()) -> Any:
     """softmax(q k^T * scale [masked]) [dropped out] v, its operands already in the plan's layouts.
 
     `kept`: the probabilities "p", after dropout "pd", and the kept entries' dropout factor "factors"
@@ -66,7 +85,8 @@ def record_attention(out: Any, q: Any, k: Any, v: Any, plan: Any, kept: dict, co
     is given (selective recomputation: ``core(q block, k block) -> (p, pd, factors)`` computes them
     again here, the mask drawn again from its seed) and in a dry run (zero gradients); `order`: the
     permutations that see a block as (b, h, t, d), k's as (b, h, d, t), and put a (b, h, t, e) product
-    back in the operands' order.
+    back in the operands' order; `traffic`: (scores block, dropout rate, kept set) for the element-wise
+    kernels' count (spmdsim.flops.sweep), none counted when empty.
     """
     heads, keys_t, back = order
 
@@ -88,6 +108,15 @@ def record_attention(out: Any, q: Any, k: Any, v: Any, plan: Any, kept: dict, co
 
     def backward(dy: Any) -> tuple:
         _count_backward(q.local, k.local, v.local, dy.local, order, core is not None)
+        if traffic:
+            if core is not None:  # the forward's kernels again, first
+                context = current()
+                was, context.phase = context.phase, "recompute"
+                try:
+                    count_core_kernels(*traffic)
+                finally:
+                    context.phase = was
+            _count_backward_kernels(*traffic)
         if dy.mesh.engine.dry:  # a dry run: zeros of each operand's block
             dq, dk, dv = (np.zeros(t.local.shape, t.dtype) for t in (q, k, v))
         else:

@@ -16,6 +16,7 @@ import numpy as np
 from ... import activations
 from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
 from ...engines import matmul as _product  # np.matmul; the dry engine's zeros, unmultiplied
+from ...flops import sweep
 from ...layout import TensorLayout
 from ..graph import record, with_partial
 from .grads import axes_of, grad_tensor, named
@@ -124,6 +125,8 @@ def record_embedding(out: Any, ids: Any, table: Any, plan: Any, start: int, labe
 
     def backward(dy: Any) -> tuple:
         rows = table.local.shape[0]
+        # the table's gradient zeroed, then the ids and the rows' gradients read and added into their rows
+        sweep("embedding", (ids.local, dy.local, dy.local), (table.local, dy.local))
         if dy.mesh.engine.dry:  # shapes only: the table's gradient is zeros, not scattered into
             g = dy.mesh.engine.local(np.add.at, np.broadcast_to(np.zeros((), dy.local.dtype), table.local.shape))
             return None, grad_tensor(table, g, dy.layout.partial, axes_of(plan.local, plan.local.tensor_map[:-1]))

@@ -20,6 +20,7 @@ import numpy as np
 
 from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
 from ...engines import matmul as _product  # np.matmul; the dry engine's zeros, unmultiplied
+from ...flops import sweep
 from ...layout import TensorLayout
 from ..graph import record, with_partial
 from ..kept import nothing, shell
@@ -67,9 +68,15 @@ def record_column(out: Any, x: Any, pairs: tuple, full: TensorLayout, gather: Ca
             need_w = w._ag is not None
             grads.append(grad_tensor(w, _product(X2.T, _rows(d, dry)), passed, rows) if need_w else None)
             need_b = b is not None and b._ag is not None
-            grads.append(grad_tensor(b, _bias_grad(d, dry), passed, rows) if need_b else None)
+            db = None
+            if need_b:
+                db = _bias_grad(d, dry)
+                sweep("bias_grad", (d,), (db,))
+            grads.append(grad_tensor(b, db, passed, rows) if need_b else None)
             if need_x:
                 part = _product(d, np.swapaxes(w.local, -1, -2))
+                if dx is not None:
+                    sweep("add", (dx, part), (part,))
                 dx = part if dx is None else _local(np.add, part, dx, part)
         gx = None
         if need_x:
@@ -110,6 +117,10 @@ def record_bias_dropout_add(out: Any, y: Any, bias: Any, residual: Any, keep: Op
     def backward(dy: Any) -> tuple:
         passed, d = dy.layout.partial, dy.local
         inner = d if keep is None else _local(lambda: d * np.multiply(keep, scale), d)
+        if keep is not None:
+            sweep("dropout", (d, keep), (inner,))
+        if need[1]:
+            sweep("bias_grad", (inner,), (bias.local,))
         return (grad_tensor(y, inner, passed) if need[0] else None,
                 grad_tensor(bias, _bias_grad(inner, dy.mesh.engine.dry), passed, rows) if need[1] else None,
                 grad_tensor(residual, d, passed) if need[2] else None)

@@ -12,6 +12,7 @@ import numpy as np
 
 from ... import reference_grad
 from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
+from ...flops import sweep
 from ..graph import record
 from .grads import axes_of, grad_tensor
 
@@ -22,6 +23,7 @@ def record_softmax(out: Any, x: Any, dim: int) -> Any:
     """softmax along a whole dim: dX = s * (dY - sum(dY * s)), shard by shard."""
 
     def backward(dy: Any) -> tuple:
+        sweep("softmax", (dy.local, out.local), (dy.local,))
         grad = _local(reference_grad.softmax_grad, dy.local, out.local, dy.local, dim)
         return (grad_tensor(x, grad, dy.layout.partial),)
 
@@ -44,6 +46,7 @@ def record_normalized(out: Any, x: Any, y: np.ndarray, kept: dict, d: int, centr
         return g * kept["rstd"]
 
     def backward(dy: Any) -> tuple:
+        sweep(op, (dy.local, y, kept["rstd"]), (dy.local,))
         return (grad_tensor(x, _local(grad, dy.local, dy.local), dy.layout.partial),)
 
     return record(out, op, (x,), backward, out.layout, reads=(x, out))
@@ -74,6 +77,8 @@ def record_layer_norm(out: Any, x: Any, weight: Any, bias: Any, stats: dict, d: 
         return g * (1.0 / stats["root"]), dw, db
 
     def backward(dy: Any) -> tuple:
+        sweep("layer_norm", (dy.local, x.local, stats["mean"], stats["root"], None if weight is None else weight.local),
+              (dy.local if need[0] else None, weight.local if need[1] else None, bias.local if need[2] else None))
         if dy.mesh.engine.dry:  # zeros of each operand's block
             gx, gw, gb = (None if t is None else np.zeros(t.local.shape, t.dtype) for t in (x, weight, bias))
         else:

@@ -16,6 +16,7 @@ import numpy as np
 
 from ... import activations
 from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
+from ...flops import sweep
 from ..graph import record, with_partial
 from ..kept import shell
 from .grads import axes_of, grad_tensor
@@ -82,6 +83,26 @@ DERIVATIVES: dict[str, Callable] = {
     "erf": lambda dy, x, o, n: (dy * _TWO_OVER_SQRT_PI * np.exp(-x[0] * x[0]),),
     "gelu_erf": lambda dy, x, o, n: (dy * _gelu_erf_slope(x[0]),),
 }
+
+
+#: What each derivative reads besides dY (spmdsim.flops.sweep's count): "x" its operands, "o" the output;
+#: absent: the operands. `_PASSED`: operands whose gradient is dY itself where not broadcast (no kernel).
+_READS = {"add": "", "sub": "", "neg": "", "exp": "o", "sqrt": "o", "tanh": "o", "sigmoid": "o", "rsqrt": "o",
+          "div": "xo", "pow": "xo"}
+_PASSED = {"add": (0, 1), "sub": (0,)}
+
+
+def _count_grads(op: str, dy: Any, xs: list, out: Any, need: tuple, shape: tuple) -> None:
+    """Count the gradient kernel of elementwise `op` (spmdsim.flops.sweep), from shapes only: dY and what
+    the derivative reads, read; each needed gradient written unless it is dY itself."""
+    passed = _PASSED.get(op, ())
+    writes = [x.local for i, (x, n) in enumerate(zip(xs, need))
+              if n and (tuple(x.global_shape) != shape or i not in passed)]
+    if not writes:
+        return
+    reads = _READS.get(op, "x")
+    sweep(op, [dy.local] + ([x.local for x in xs] if "x" in reads else []) + ([out.local] if "o" in reads else []),
+          writes)
 
 
 #: Ops that warn on finite operands (x / 0, log 0, sqrt and pow of negatives, exp's overflow), forward and
@@ -161,6 +182,7 @@ def record_pointwise(op: str, out: Any, xs: list, plan: Any) -> Any:
     kept = plan.out.partial
 
     def grads(dy: Any) -> tuple:
+        _count_grads(op, dy, xs, out, need, plan.shape)
         with quiet(op, divide="ignore", invalid="ignore"):
             fulls = _local(lambda: derivative(dy.local, [x.local for x in xs], out.local, need), dy.local)
         if not isinstance(fulls, tuple):  # a dry run's zeros: one block shaped like dy for every operand
@@ -188,6 +210,7 @@ def record_activation(out: Any, x: Any, name: str, kept: Any = None) -> Any:
     extra = () if kept is None else (kept,)
 
     def backward(dy: Any) -> tuple:
+        sweep(name, (dy.local, x.local) + extra, (x.local,))
         return (grad_tensor(x, _local(kernel, dy.local, x.local, dy.local, *extra), dy.layout.partial),)
 
     return record(out, name, (x,), backward, x.layout)
@@ -201,6 +224,7 @@ def record_bias_add(out: Any, x: Any, bias: Any) -> Any:
         gx = grad_tensor(x, dy.local, dy.layout.partial) if need_x else None
         gb = None
         if need_b:
+            sweep("bias_grad", (dy.local,), (bias.local,))
             rows = dy.local.reshape(-1, dy.local.shape[-1]).sum(axis=0)
             gb = grad_tensor(bias, rows, dy.layout.partial, axes_of(x.layout, x.layout.tensor_map[:-1]))
         return gx, gb
@@ -212,6 +236,7 @@ def record_scale(out: Any, x: Any, factor: Any) -> Any:
     """x * factor: dX = dY * factor."""
     def backward(dy: Any) -> tuple:
         d = dy.local
+        sweep("scale", (d,), (d,))
         return (type(dy)(dy.mesh, _local(np.multiply, d, d, np.asarray(factor, d.dtype)), dy.layout,
                          dy.global_shape),)
 
@@ -223,6 +248,7 @@ def record_dropout(out: Any, x: Any, kept: Any, scale: np.ndarray) -> Any:
     multiplied by; in a dry run zeros of its size, and dY's zeros are scaled instead), shard by shard."""
 
     def backward(dy: Any) -> tuple:
+        sweep("dropout", (dy.local, dy.local), (dy.local,))  # dY and the kept factors read
         if kept is None or dy.mesh.engine.dry:
             return (grad_tensor(x, _local(np.multiply, dy.local, dy.local, scale), dy.layout.partial),)
         return (grad_tensor(x, dy.local * kept, dy.layout.partial),)
@@ -237,6 +263,7 @@ def record_dropout_mask(out: Any, x: Any, keep: np.ndarray, scale: np.generic) -
 
     def backward(dy: Any) -> tuple:
         d = dy.local
+        sweep("dropout", (d, keep), (d,))
         # The factor made where the kernel runs (a dry run's zeros: not made).
         return (grad_tensor(x, _local(lambda: d * np.multiply(keep, scale), d), dy.layout.partial),)
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ...flops import sweep
 from ..graph import record, with_partial
 from .grads import grad_tensor
 
@@ -24,9 +25,11 @@ def record_reduce(kind: str, out: Any, x: Any, plan: Any, axes: tuple, keepdims:
     reduction plan; `count`: the number of entries each result sums)."""
     def backward(dy: Any) -> tuple:
         d = dy.local if keepdims else np.expand_dims(dy.local, axes)
-        if kind in ("sum", "mean"):
+        if kind in ("sum", "mean"):  # the gradient read and spread over x's block
+            sweep(kind, (dy.local,), (x.local,))
             g = np.broadcast_to(d / count if kind == "mean" else d, x.local.shape)
             return (grad_tensor(x, np.array(g), dy.layout.partial),)
+        sweep(kind, (dy.local, x.local, out.local), (x.local,))  # where x met the extreme, the gradient
         extreme = out.local if keepdims else np.expand_dims(out.local, axes)
         hit = x.local == extreme
         ties = hit.sum(axis=axes, keepdims=True).astype(x.dtype)

@@ -1,0 +1,127 @@
+"""`spmdsim autoshard --network gpt --machine F`: the GPT's configuration by predicted step time.
+
+    spmdsim autoshard --network gpt --gpt layers=48,d_model=6144,heads=64,seq=2048,vocab=51200,batch=4 \\
+        --devices 8 --machine a100-dgx --memory-limit 80G
+
+Every configuration is priced by its own dry run's ledger (spmdsim.estimate.search); the table shows
+the chosen one, the runners-up and why each lost (docs/estimate.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from ..errors import SpmdsimError
+from ..memory import format_size
+
+__all__ = ["run_machine"]
+
+GIB = 1024 ** 3
+MIB = 1024 ** 2
+
+#: Runners-up the table shows (the JSON has every candidate).
+SHOWN = 8
+
+
+def run_machine(args: argparse.Namespace) -> int:
+    from ..estimate.machine import load_machine
+    from ..estimate.search import search
+    from .autoshard import _gpt_config
+
+    if args.network != "gpt":
+        raise SpmdsimError(f"--machine chooses the GPT's configuration; --network {args.network!r} is not 'gpt'")
+    for flag in ("run", "training", "fix", "flops"):
+        if getattr(args, flag):
+            raise SpmdsimError(f"--{flag} does not go with --machine (the dry run of a training step prices it)")
+    if args.max_dry_runs < 1:
+        raise SpmdsimError(f"--max-dry-runs {args.max_dry_runs} must be >= 1")
+    devices = 8 if args.devices is None else args.devices
+    if devices < 1:
+        raise SpmdsimError(f"--devices {devices} must be >= 1")
+    cfg = _gpt_config(args.gpt or "layers=4", max_layers=1 << 20, sizes=False)
+    machine = load_machine(args.machine)
+    limit = machine.memory_bytes if args.memory_limit is None else args.memory_limit
+    if limit < 1:
+        raise SpmdsimError(f"--memory-limit {args.memory_limit!r} must be >= 1 byte")
+    start = time.perf_counter()
+    result = search(cfg, devices, machine, limit, precision=args.precision, kept=args.kept,
+                    max_dry_runs=args.max_dry_runs)
+    seconds = time.perf_counter() - start
+    if args.json:
+        print(json.dumps(_as_json(cfg, result, seconds), indent=1))
+    else:
+        print("\n".join(_lines(cfg, result, seconds)))
+    if result.chosen is None:
+        priced = [c.memory for c in result.candidates if c.memory is not None]
+        unpriced = sum(c.verdict == "not priced" for c in result.candidates)
+        if unpriced:
+            raise SpmdsimError(f"none of the {len(priced)} configurations priced fits --memory-limit "
+                               f"{format_size(limit)}; {unpriced:,} not priced: raise --max-dry-runs")
+        least = min(priced) if priced else min(c.bound_bytes for c in result.candidates)
+        raise SpmdsimError(f"no configuration fits --memory-limit {format_size(limit)} on {devices:,} devices; "
+                           f"the least needs {format_size(least)}")
+    return 0
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:,.2f} GiB"
+
+
+def _row(rank: str, c: Any) -> str:
+    x = c.config
+    step = f"{c.step_s * 1e3:,.3f}" if c.step_s is not None else f">{c.bound_s * 1e3:,.3f}"
+    memory = f"{c.memory / MIB:,.1f}" if c.memory is not None else f">{c.bound_bytes / MIB:,.1f}"
+    return (f"{rank:<5}{x.tp:>3}{'+sp' if x.sp else '   '}{x.pp:>4}{x.virtual:>3}{x.dp:>5}{x.microbatches:>5} "
+            f"{x.recompute:<10}{x.zero:>2}{step:>12}{memory:>11}  {c.verdict}")
+
+
+def _lines(cfg: Any, r: Any, seconds: float) -> list[str]:
+    from collections import Counter
+
+    head = [f"GPT {cfg.layers} layers, hidden {cfg.d_model}, {cfg.heads} heads, seq {cfg.seq}, vocab {cfg.vocab}, "
+            f"global batch {cfg.batch}",
+            f"{r.devices:,} devices on {r.machine}, memory limit {r.memory_limit / MIB:,.1f} MiB per rank, "
+            f"{r.precision}, kept {r.kept}",
+            f"{len(r.candidates):,} configurations; {r.dry_runs} priced by their dry run in {seconds:.1f} s; "
+            + "; ".join(f"{n:,} {v}" for v, n in Counter(c.verdict for c in r.candidates).items()
+                        if v not in ("chosen", "slower")),
+            f"  ({r.stopped})"]
+    if r.chosen is not None:
+        x = r.chosen.config
+        head.append(f"chosen: {x.short()}: {r.chosen.step_s * 1e3:,.3f} ms, {r.chosen.memory / MIB:,.1f} MiB")
+    else:
+        head.append("chosen: none fits the memory limit")
+    out = list(head)
+    out.append(f"{'rank':<5}{'tp':>3}{'':3}{'pp':>4}{'v':>3}{'dp':>5}{'mb':>5} {'recompute':<10}{'Z':>2}"
+               f"{'step ms':>12}{'MiB':>11}  why not chosen")
+    priced = [c for c in r.candidates if c.step_s is not None]
+    # the fastest that fit, then those faster still that the memory limit ruled out
+    best = r.chosen.step_s if r.chosen is not None else float("inf")
+    over = sorted((c for c in priced if c.verdict == "over the memory limit" and c.step_s < best),
+                  key=lambda c: c.step_s)[:SHOWN // 2]
+    fit = [c for c in priced if c.verdict != "over the memory limit"][:SHOWN - len(over)]
+    for c in fit + over:
+        out.append(_row(str(priced.index(c) + 1), c))
+    if len(priced) > len(fit) + len(over):
+        out.append(f"... {len(priced) - len(fit) - len(over)} more priced (--json lists them all)")
+    if len(priced) < len(r.candidates):
+        out.append("unpriced, by their lower bounds (> ms, > MiB), for instance:")
+    order = ("not priced", "bound above the best", "model states over the limit")
+    unpriced = sorted((c for c in r.candidates if c.step_s is None), key=lambda c: order.index(c.verdict))
+    for c in unpriced[:3]:
+        out.append(_row("-", c))
+    from ..viz.table import wrap_lines
+
+    return wrap_lines(out)
+
+
+def _as_json(cfg: Any, r: Any, seconds: float) -> dict:
+    from dataclasses import asdict
+
+    return {"model": {k: getattr(cfg, k) for k in ("layers", "d_model", "heads", "seq", "vocab", "batch")},
+            "devices": r.devices, "machine": r.machine, "memory_limit": r.memory_limit, "precision": r.precision,
+            "kept": r.kept, "dry_runs": r.dry_runs, "seconds": seconds, "stopped": r.stopped,
+            "chosen": None if r.chosen is None else asdict(r.chosen),
+            "candidates": [asdict(c) for c in r.candidates]}

@@ -1,0 +1,224 @@
+"""Choose a GPT's parallel configuration by predicted step time under a memory limit (docs/estimate.md).
+
+`search(cfg, devices, machine, memory_limit)` enumerates every configuration the training step runs
+on `devices` ranks: tensor parallel tp (dividing the heads and the vocabulary, within a node),
+pipeline stages pp and virtual stages v (pp * v dividing the layers), data parallel dp = devices /
+(tp * pp) (dividing the global batch), microbatches m (a microbatch of batch / m samples divisible
+by dp; m divisible by pp for the interleaved schedule), recomputation none / selective / full, ZeRO
+0 / 1 (1 only with dp > 1) and sequence parallelism (with tp > 1). Each is priced by the ledger of
+its own dry run (spmdsim.estimate.ledger.gpt_ledger: its peak memory at the precision's widths and
+its predicted step time on the machine, the slowest stage's, as `spmdsim estimate` prints them).
+
+Two closed-form lower bounds only prune, never rank: the model states of a rank's transformer layers
+(its share of the layers' parameters at the precision's bytes per element) over the memory limit
+drops a configuration unpriced, and configurations are priced in the order of a lower bound of their
+time (the program's GEMM FLOPs without recomputation, 72 B s l h^2 (1 + s / 6h), spread over the
+devices at the machine's capped peak, with the pipeline's bubble); once that bound reaches the best
+predicted time found under the limit, no later configuration can win and the search stops. At most
+`max_dry_runs` dry runs are made; configurations left unpriced then are reported as such.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional
+
+from ..errors import SpmdsimError
+
+__all__ = ["Config", "Candidate", "SearchResult", "configurations", "lower_bounds", "price", "search",
+           "MAX_CONFIGS"]
+
+#: Most configurations a search enumerates before it refuses (the enumeration alone is cheap).
+MAX_CONFIGS = 200_000
+
+RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One way to train the GPT: the mesh, the schedule, recomputation, ZeRO and sequence parallelism."""
+
+    tp: int
+    pp: int
+    dp: int
+    sp: bool
+    microbatches: int
+    virtual: int
+    recompute: str
+    zero: int
+
+    @property
+    def schedule(self) -> str:
+        return "interleaved" if self.virtual > 1 else "1f1b"
+
+    def short(self) -> str:
+        return (f"tp {self.tp}{' sp' if self.sp else ''}, pp {self.pp}" + (f" v {self.virtual}" if self.virtual > 1
+                else "") + f", dp {self.dp}, {self.microbatches} mb, {self.recompute}, ZeRO {self.zero}")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A configuration, its lower bounds and, when a dry run priced it, its step time and peak memory.
+
+    verdict: "chosen"; "slower" (priced, fits, slower than the chosen); "over the memory limit"
+    (priced); "model states over the limit" (pruned by the bound); "bound above the best" (pruned:
+    its time's lower bound is no better than the chosen's time); "not priced" (the dry-run cap).
+    """
+
+    config: Config
+    bound_s: float
+    bound_bytes: int
+    step_s: Optional[float] = None
+    memory: Optional[int] = None
+    verdict: str = ""
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """What `search` found: the candidates, priced first (by time), then the others; the chosen or None."""
+
+    devices: int
+    machine: str
+    memory_limit: int
+    precision: str
+    kept: str
+    candidates: tuple[Candidate, ...]
+    dry_runs: int
+    stopped: str
+    chosen: Optional[Candidate] = field(default=None)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def configurations(cfg: Any, devices: int, gpus_per_node: int) -> list[Config]:
+    """Every configuration of the module docstring for `cfg` (a GPTConfig, batch = the global batch)."""
+    from ..gpt.pipeline import pipeline_layout_problem
+
+    out: list[Config] = []
+    for tp in _divisors(devices):
+        if tp > gpus_per_node or cfg.heads % tp or cfg.vocab % tp:
+            continue
+        for pp in _divisors(devices // tp):
+            dp = devices // (tp * pp)
+            if cfg.layers % pp or cfg.batch % dp:
+                continue
+            virtuals = [1] + ([v for v in _divisors(cfg.layers // pp) if v > 1] if pp > 1 else [])
+            for m, v in itertools.product(_divisors(cfg.batch // dp), virtuals):
+                if v > 1 and m % pp:
+                    continue
+                for sp, recompute, zero in itertools.product((False, True), RECOMPUTE, (0, 1)):
+                    if (sp and (tp == 1 or cfg.seq % tp)) or (zero and dp == 1):
+                        continue
+                    if pipeline_layout_problem(cfg, pp, dp, tp, sp, m, v) is not None:
+                        continue
+                    out.append(Config(tp, pp, dp, sp, m, v, recompute, zero))
+                    if len(out) > MAX_CONFIGS:
+                        raise SpmdsimError(f"more than {MAX_CONFIGS:,} configurations of the GPT on {devices:,} "
+                                           "devices; expected fewer: a smaller global batch or fewer layers")
+    return out
+
+
+def _layer_elements(cfg: Any) -> int:
+    from ..gpt.params import param_specs
+
+    return sum(math.prod(s.shape) for s in param_specs(cfg) if s.name.startswith("h0."))
+
+
+def lower_bounds(cfg: Any, c: Config, machine: Any, precision: str, devices: int,
+                 layer_elements: Optional[int] = None) -> tuple[float, int]:
+    """(seconds, bytes) no priced step time and peak memory of `c` can be below (the module docstring)."""
+    from .ledger import PRECISIONS
+
+    w = PRECISIONS[precision]
+    per_layer = _layer_elements(cfg) if layer_elements is None else layer_elements
+    elements = cfg.layers // c.pp * per_layer // c.tp  # the busiest rank holds at least its layers' share
+    sharded = (w.master if (w.mixed or c.zero) else 0) + 2 * w.states
+    states = elements * (w.params + w.grads) + elements * sharded // (c.dp if c.zero else 1)
+    b, s, h, layers = cfg.batch, cfg.seq, cfg.d_model, cfg.layers
+    flops = 72 * b * s * layers * h * h * (1 + s / (6 * h))
+    per_rank = flops / devices / (machine.peak(w.compute) * machine.gemm_efficiency.max_fraction)
+    bubble = (c.pp - 1) / (c.virtual * c.microbatches)
+    return per_rank * (1 + bubble), int(states)
+
+
+def price(cfg: Any, c: Config, machine: Any, precision: str, kept: str) -> tuple[float, int]:
+    """(predicted step seconds, peak bytes) of `c` from its dry run: the slowest stage's time and the
+    largest stage's memory at `precision`, as `spmdsim estimate` prints them."""
+    from .ledger import gemms_at, gpt_ledger, kernel_bytes, priced, transfers_at
+    from .steptime import Pipeline, step_time
+
+    stages = gpt_ledger(cfg, c.pp, c.dp, c.tp, sp=c.sp, microbatches=c.microbatches, schedule=c.schedule,
+                        virtual=c.virtual, recompute=c.recompute, zero=c.zero, kept=kept,
+                        gpus_per_node=machine.gpus_per_node)
+    pipeline = Pipeline(c.pp, c.microbatches, c.virtual, c.schedule) if c.pp > 1 else None
+    seconds = max(step_time(machine, gemms_at(st.gemms, precision), transfers_at(st.transfers, precision),
+                            pipeline=pipeline, overlap=("gradients",),
+                            traffic=kernel_bytes(st.kernels, precision)).total_s for st in stages)
+    memory = max(sum(priced(st, precision, c.zero).values()) for st in stages)
+    return seconds, memory
+
+
+def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision: str = "bf16-mixed",
+           kept: str = "megatron", max_dry_runs: int = 24, pricer: Any = None) -> SearchResult:
+    """The fastest configuration under `memory_limit` by predicted step time (module docstring).
+
+    `pricer(cfg, config, machine, precision, kept) -> (seconds, bytes)`: `price` unless given (tests).
+    """
+    from .ledger import PRECISIONS
+
+    if precision not in PRECISIONS:
+        raise SpmdsimError(f"precision {precision!r} is unknown; expected one of {tuple(PRECISIONS)!r}")
+    if isinstance(max_dry_runs, bool) or not isinstance(max_dry_runs, int) or max_dry_runs < 1:
+        raise SpmdsimError(f"max dry runs {max_dry_runs!r} must be an integer >= 1")
+    if isinstance(memory_limit, bool) or not isinstance(memory_limit, int) or memory_limit < 1:
+        raise SpmdsimError(f"memory limit {memory_limit!r} must be a number of bytes >= 1")
+    pricer = price if pricer is None else pricer
+    per_layer = _layer_elements(cfg)
+    bounded = []
+    for c in configurations(cfg, devices, machine.gpus_per_node):
+        seconds, nbytes = lower_bounds(cfg, c, machine, precision, devices, per_layer)
+        bounded.append(Candidate(c, seconds, nbytes))
+    if not bounded:
+        raise SpmdsimError(f"no configuration of the GPT runs on {devices:,} devices (tp must divide the heads "
+                           f"{cfg.heads} and vocab {cfg.vocab} within a node of {machine.gpus_per_node}, pp the "
+                           f"layers {cfg.layers}, dp the batch {cfg.batch})")
+    fits = sorted((c for c in bounded if c.bound_bytes <= memory_limit), key=lambda c: (c.bound_s, _order(c)))
+    out = [Candidate(c.config, c.bound_s, c.bound_bytes, verdict="model states over the limit")
+           for c in bounded if c.bound_bytes > memory_limit]
+    best: Optional[float] = None
+    runs, stopped = 0, "every configuration the bounds left was priced"
+    priced: list[Candidate] = []
+    for i, c in enumerate(fits):
+        if best is not None and c.bound_s >= best:
+            out += [Candidate(x.config, x.bound_s, x.bound_bytes, verdict="bound above the best")
+                    for x in fits[i:]]
+            stopped = "the rest's time bounds are no better than the chosen one's predicted time"
+            break
+        if runs == max_dry_runs:
+            out += [Candidate(x.config, x.bound_s, x.bound_bytes, verdict="not priced") for x in fits[i:]]
+            stopped = (f"stopped after {max_dry_runs} dry runs (--max-dry-runs): {len(fits) - i} configuration(s) "
+                       "not priced, the choice is the best of those priced")
+            break
+        seconds, nbytes = pricer(cfg, c.config, machine, precision, kept)
+        runs += 1
+        ok = nbytes <= memory_limit
+        priced.append(Candidate(c.config, c.bound_s, c.bound_bytes, seconds, nbytes,
+                                "slower" if ok else "over the memory limit"))
+        if ok and (best is None or seconds < best):
+            best = seconds
+    priced.sort(key=lambda c: (c.memory > memory_limit, c.step_s, _order(c)))
+    chosen = None
+    if priced and priced[0].memory <= memory_limit:
+        chosen = replace(priced[0], verdict="chosen")
+        priced[0] = chosen
+    return SearchResult(devices, machine.name, memory_limit, precision, kept, tuple(priced + out), runs, stopped,
+                        chosen)
+
+
+def _order(c: Candidate) -> tuple:
+    """A fixed order among equals: fewer pipeline stages, less tensor parallelism, no recomputation first."""
+    x = c.config
+    return (x.pp, x.tp, x.virtual, RECOMPUTE.index(x.recompute), x.zero, x.sp, x.microbatches)

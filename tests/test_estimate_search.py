@@ -1,0 +1,118 @@
+"""spmdsim.estimate.search and `spmdsim autoshard --network gpt --machine`: the choice is the fastest
+configuration under the memory limit by each configuration's own dry-run estimate."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spmdsim.cli.main import main
+from spmdsim.errors import SpmdsimError
+from spmdsim.estimate.machine import load_machine
+from spmdsim.estimate.search import Config, configurations, price, search
+from spmdsim.gpt import GPTConfig
+
+CFG = GPTConfig(layers=2, d_model=32, heads=2, seq=64, batch=4, vocab=128, dropout=0.1)
+A100 = load_machine("a100-dgx")
+
+
+def test_the_configurations_are_every_valid_mesh_schedule_and_memory_choice():
+    configs = configurations(CFG, 2, 8)
+    # tp 2 x pp 1 x dp 1, tp 1 x pp 2, tp 1 x pp 1 x dp 2; ZeRO only with dp > 1, sp only with tp > 1
+    assert {(c.tp, c.pp, c.dp) for c in configs} == {(2, 1, 1), (1, 2, 1), (1, 1, 2)}
+    assert all(c.dp > 1 or c.zero == 0 for c in configs) and all(c.tp > 1 or not c.sp for c in configs)
+    # pp 2 with 2 layers: v 1 only (a virtual stage needs a layer); microbatches divide batch / dp
+    assert {c.microbatches for c in configs if c.dp == 2} == {1, 2}
+    assert {c.microbatches for c in configs if c.dp == 1} == {1, 2, 4}
+    # tp 2: sp or not x m 1, 2, 4 x 3 recomputations; pp 2: m x 3; dp 2: m 1, 2 x ZeRO 0, 1 x 3
+    assert len(configs) == len(set(configs)) == 2 * 3 * 3 + 3 * 3 + 2 * 2 * 3
+    assert all(c.virtual == 1 for c in configs)
+
+
+def test_the_ranking_is_the_configurations_own_estimates_sorted():
+    calls = []
+
+    def pricer(*args):
+        calls.append(args[1])
+        return price(*args)
+
+    r = search(CFG, 2, A100, 1 << 40, max_dry_runs=1000, pricer=pricer)
+    priced = [c for c in r.candidates if c.step_s is not None]
+    assert len(priced) == r.dry_runs == len(calls) and r.chosen is priced[0] and r.chosen.verdict == "chosen"
+    assert [c.step_s for c in priced] == sorted(c.step_s for c in priced)
+    # every bound is below what the dry run priced (they only prune)
+    assert all(c.bound_s <= c.step_s and c.bound_bytes <= c.memory for c in priced)
+    # each is what `spmdsim estimate` predicts for that configuration alone
+    for c in (priced[0], priced[-1]):
+        x = c.config
+        assert _estimate(x) == pytest.approx(c.step_s, rel=1e-12)
+    # those the time bound pruned could not have won: their bound is no better than the chosen's time
+    assert all(c.bound_s >= r.chosen.step_s for c in r.candidates if c.verdict == "bound above the best")
+
+
+def _estimate(x: Config) -> float:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    argv = ["estimate", "gpt", "--layers", "2", "--hidden", "32", "--heads", "2", "--seq", "64", "--vocab", "128",
+            "--global-batch", "4", "--micro-batch", str(4 // (x.dp * x.microbatches)), "--tp", str(x.tp),
+            "--pp", str(x.pp), "--dp", str(x.dp), "--recompute", x.recompute, "--zero", str(x.zero),
+            "--kept", "megatron", "--json"] + (["--sp"] if x.sp else [])
+    with contextlib.redirect_stdout(out):
+        assert main(argv) == 0
+    return json.loads(out.getvalue())["step_time_s"]
+
+
+def test_a_memory_limit_forces_recomputation():
+    fast = Config(2, 1, 1, True, 1, 1, "none", 0)
+    saved = Config(2, 1, 1, True, 1, 1, "full", 0)
+    (fast_s, fast_bytes), (saved_s, saved_bytes) = (price(CFG, c, A100, "bf16-mixed", "megatron")
+                                                    for c in (fast, saved))
+    assert saved_bytes < fast_bytes and saved_s > fast_s  # recomputation trades time for memory
+    free = search(CFG, 2, A100, 1 << 40, max_dry_runs=1000)
+    tight = search(CFG, 2, A100, saved_bytes, max_dry_runs=1000)
+    assert free.chosen.memory > saved_bytes  # unbounded, the choice holds more than the limit below allows
+    assert tight.chosen.memory <= saved_bytes and tight.chosen.step_s >= free.chosen.step_s
+    # every configuration faster than the choice under the limit lost by memory
+    faster = [c for c in tight.candidates if c.step_s is not None and c.step_s < tight.chosen.step_s]
+    assert faster and all(c.verdict == "over the memory limit" and c.memory > saved_bytes for c in faster)
+
+
+def test_the_command_prints_the_choice_and_the_runners_up(capsys):
+    argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=32,heads=2,seq=64,batch=4",
+            "--devices", "2", "--machine", "a100-dgx", "--memory-limit", "1G", "--max-dry-runs", "4"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert all(len(line) <= 100 for line in out.splitlines())
+    assert "chosen: " in out and "stopped after 4 dry runs" in out and "not priced" in out
+    assert main(argv + ["--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["dry_runs"] == 4 and data["chosen"]["verdict"] == "chosen"
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--network", "attention"], "--machine chooses the GPT's configuration; --network 'attention' is not 'gpt'"),
+    (["--max-dry-runs", "0"], "--max-dry-runs 0 must be >= 1"),
+    (["--memory-limit", "1K"], "no configuration fits --memory-limit 1 KiB on 2 devices; the least needs "),
+    (["--machine", "tpu-pod"], "machine 'tpu-pod' is neither a shipped machine nor a file"),
+    (["--training"], "--training does not go with --machine"),
+])
+def test_bad_input_is_one_line(extra, message, capsys):
+    argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=32,heads=2,seq=64,batch=4",
+            "--devices", "2", "--machine", "a100-dgx", "--max-dry-runs", "2"]
+    for i in range(0, len(extra), 2):
+        if extra[i] in argv:
+            argv[argv.index(extra[i]) + 1] = extra[i + 1]
+        else:
+            argv += extra[i:i + 2]
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code != 0 and err.startswith("spmdsim: error: " + message) and "Traceback" not in err
+
+
+def test_the_search_refuses_bad_arguments():
+    with pytest.raises(SpmdsimError, match=r"^max dry runs 0 must be an integer >= 1$"):
+        search(CFG, 2, A100, 1 << 30, max_dry_runs=0)
+    with pytest.raises(SpmdsimError, match=r"^no configuration of the GPT runs on 3 devices"):
+        search(CFG, 3, A100, 1 << 30)
