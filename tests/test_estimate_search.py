@@ -12,6 +12,8 @@ from spmdsim.estimate.machine import load_machine
 from spmdsim.estimate.search import Config, configurations, price, search
 from spmdsim.gpt import GPTConfig
 
+from testkit import unfold
+
 CFG = GPTConfig(layers=2, d_model=32, heads=2, seq=64, batch=4, vocab=128, dropout=0.1)
 A100 = load_machine("a100-dgx")
 
@@ -116,3 +118,11 @@ def test_the_search_refuses_bad_arguments():
         search(CFG, 2, A100, 1 << 30, max_dry_runs=0)
     with pytest.raises(SpmdsimError, match=r"^no configuration of the GPT runs on 3 devices"):
         search(CFG, 3, A100, 1 << 30)
+
+
+@pytest.mark.parametrize("flag, value", [("--precision", "fp64"), ("--kept", "graph"), ("--max-dry-runs", "3")])
+def test_the_searchs_own_options_without_machine_are_refused_not_ignored(flag, value, capsys):
+    code = main(["autoshard", "--network", "gpt", "--devices", "2", flag, value])
+    err = capsys.readouterr().err
+    assert code == 2 and unfold(err).rstrip("\n") == (f"spmdsim: error: {flag} {value} is an option of the search by "
+                                         "predicted step time: give --machine NAME|PATH too")

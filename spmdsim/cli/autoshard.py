@@ -80,11 +80,11 @@ def register(subparsers: Any) -> None:
                              "ZeRO, sp) by the step time predicted on this machine file from each "
                              "configuration's dry run (spmdsim estimate), under --memory-limit per rank "
                              "(default the machine's memory); docs/estimate.md")
-    parser.add_argument("--precision", default="bf16-mixed", choices=("fp64", "bf16-mixed", "fp16-mixed"),
+    parser.add_argument("--precision", choices=("fp64", "bf16-mixed", "fp16-mixed"),
                         help="--machine: the widths the ledger prices at (default bf16-mixed)")
-    parser.add_argument("--kept", default="megatron", choices=("graph", "megatron"),
+    parser.add_argument("--kept", choices=("graph", "megatron"),
                         help="--machine: what each block keeps for backward (default megatron's set)")
-    parser.add_argument("--max-dry-runs", type=int, default=24, metavar="N",
+    parser.add_argument("--max-dry-runs", type=int, metavar="N",
                         help="--machine: at most N configurations priced by a dry run (default 24)")
     parser.set_defaults(func=run, dry_run=False)
 
@@ -169,6 +169,10 @@ def run(args: argparse.Namespace) -> int:
         from .autoshard_machine import run_machine
 
         return run_machine(args)
+    for flag in ("precision", "kept", "max_dry_runs"):  # the machine search's own: never silently ignored
+        if getattr(args, flag) is not None:
+            raise SpmdsimError(f"--{flag.replace('_', '-')} {getattr(args, flag)} is an option of the search by "
+                               "predicted step time: give --machine NAME|PATH too")
     if args.flops is not None and not args.flops > 0:
         raise SpmdsimError(f"--flops {args.flops!r} must be > 0")
     if args.ranks is not None and not args.run:

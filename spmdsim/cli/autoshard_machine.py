@@ -35,6 +35,9 @@ def run_machine(args: argparse.Namespace) -> int:
     for flag in ("run", "training", "fix", "flops"):
         if getattr(args, flag):
             raise SpmdsimError(f"--{flag} does not go with --machine (the dry run of a training step prices it)")
+    args.precision = args.precision or "bf16-mixed"
+    args.kept = args.kept or "megatron"
+    args.max_dry_runs = 24 if args.max_dry_runs is None else args.max_dry_runs
     if args.max_dry_runs < 1:
         raise SpmdsimError(f"--max-dry-runs {args.max_dry_runs} must be >= 1")
     devices = 8 if args.devices is None else args.devices
