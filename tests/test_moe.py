@@ -381,4 +381,5 @@ def test_a_64_expert_dry_run_on_1024_ranks_reports_the_experts_bytes():
     assert ledger[2] == f"  expert parameters {params:,}, their gradients {params:,}, optimizer states {2 * params:,}"
     send, received = layers * T * k * Dm * 8, layers * ep * T * Dm * 8  # one sequence per rank
     assert ledger[3] == f"  dispatch buffers: send {send:,}, receive {received:,}"
+    assert all(len(line) <= 100 for line in ledger)
     assert int(peak[0][1]) < 1 << 30, f"peak RSS {int(peak[0][1]) >> 20} MiB"

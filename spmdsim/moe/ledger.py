@@ -22,7 +22,7 @@ __all__ = ["ExpertBytes", "ROUTING_WORDS", "EXCHANGE_WORDS"]
 ROUTING_WORDS = {
     "router": "the router's",
     "balanced": "balanced, k x seq / experts assignments per expert and sequence",
-    "worst": "worst, every token to experts 0..k-1 (rank 0 holds expert 0: every ep peer sends it tokens)",
+    "worst": "worst, every token to experts 0..k-1 (rank 0 holds expert 0: it gets every ep peer's)",
 }
 #: What an MoE layer's exchanges' trace labels start with after its name ("h1 dispatch counts", "h1 combine backward").
 EXCHANGE_WORDS = (" dispatch", " combine")
@@ -62,8 +62,8 @@ class ExpertBytes:
         """The ledger as lines of at most 100 characters."""
         words = ROUTING_WORDS.get(self.routing, self.routing)
         split = f", each split over tp {self.tp}" if self.tp > 1 else ""
-        return [f"experts on rank {self.rank}: {counted(self.layers, 'MoE layer')} x {self.held} of {self.experts} experts"
-                f"{split}; bytes per step",
+        layers = counted(self.layers, "MoE layer")
+        return [f"experts on rank {self.rank}: {layers} x {self.held} of {self.experts} experts{split}; bytes per step",
                 f"  routing: {words}",
                 f"  expert parameters {self.params:,}, their gradients {self.grads:,}, "
                 f"optimizer states {self.states:,}",
