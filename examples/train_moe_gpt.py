@@ -10,7 +10,7 @@ an expert's gradients are summed over dp alone. The loss adds the Switch load-ba
 router z-loss. Each step's loss, every gradient and every updated parameter is compared with the same
 model trained in one numpy process (spmdsim.gpt.reference); the largest relative difference must stay
 within 1e-10. --dispatch prints who sent how many tokens to whom, the tokens per expert and the drops;
---memory the last step's expert bytes on rank 0 (parameters, gradients, optimizer states, dispatch
+--memory the last step's bytes on rank 0, the experts' among them (parameters, gradients, optimizer states, dispatch
 buffers and bytes sent), which a dry run (--ranks N --dry-run) prints below its report, for the
 routing --routing names (balanced, or worst: every token to experts 0..k-1).
 
@@ -54,7 +54,10 @@ parser.add_argument("--routing", choices=ROUTINGS, default=None,
                     help="a dry run's routing (it has no values to route by): balanced, or worst (every token "
                          "to experts 0..k-1); needed with --dropless, balanced by default with a capacity")
 parser.add_argument("--memory", action="store_true",
-                    help="print the last step's expert bytes on rank 0 (a dry run prints them anyway)")
+                    help="print the last step's bytes on rank 0: what the graph kept, parameters, optimizer, and "
+                         "the experts' (a dry run prints the experts' anyway)")
+parser.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
+                    help="selective: the attention core recomputed in the backward (full: refused with MoE layers)")
 parser.add_argument("--aux-loss-coeff", type=float, default=MoEConfig.aux_loss_coeff)
 parser.add_argument("--z-loss-coeff", type=float, default=MoEConfig.z_loss_coeff)
 parser.add_argument("--algorithm", choices=("pairwise", "bruck"), default=None,
@@ -145,7 +148,7 @@ def main(args):
                 print("\n".join(dispatch_lines(everyone, moe_layers[0], comm.size, tp)))
 
     model, results = train(cfg, comm, dp, tp, args.steps, encode(text), sp=args.sp, check=check, on_step=report,
-                           mesh=mesh, ep=ep)
+                           mesh=mesh, ep=ep, recompute=args.recompute, memory=args.memory)
     trend, falling = loss_trend([r.loss for r in results])
     failed = sum(not r.passed for r in results)
     if check and rank0:
@@ -159,7 +162,7 @@ def main(args):
     if dry_run_active():
         note(*ledger)  # below the dry run's report: its own output is not shown
     elif args.memory and rank0:
-        print("\n".join(ledger))
+        print("\n".join(results[-1].memory.lines() + ledger))
     model.mesh.close()
     return 0 if not failed and falling else 1
 

@@ -383,3 +383,28 @@ def test_a_64_expert_dry_run_on_1024_ranks_reports_the_experts_bytes():
     assert ledger[3] == f"  dispatch buffers: send {send:,}, receive {received:,}"
     assert all(len(line) <= 100 for line in ledger)
     assert int(peak[0][1]) < 1 << 30, f"peak RSS {int(peak[0][1]) >> 20} MiB"
+
+
+def test_selective_recomputation_with_moe_layers_matches_one_process_and_keeps_less():
+    """The attention core recomputed in the backward (Korthikanti et al.'s selective recomputation) beside
+    MoE layers: each step still equals one numpy process, and the graph keeps no attention core's
+    probabilities; full recomputation (which would route and exchange the tokens again) is refused."""
+    cfg = GPTConfig(**SMALL, moe=MoEConfig(experts=4, top_k=2, capacity_factor=1.0))
+
+    def run(recompute):
+        return train(cfg, spmdsim.world(), 1, 2, 2, TEXT, ep=2, recompute=recompute, memory=True)[1]
+
+    plain, selective = spmdsim.simulate(4, run, "none")[0], spmdsim.simulate(4, run, "selective")[0]
+    assert all(r.passed for r in selective) and [r.loss for r in selective] == [r.loss for r in plain]
+    core = [r.memory.kept_of("attention core") for r in (plain[-1], selective[-1])]
+    assert core[0] > 0 and core[1] < core[0], core
+    errors = spmdsim.simulate(4, lambda: _refused(lambda: run("full")))
+    assert list(errors) == ["the GPT cannot run on dp 1 x ep 2 x tp 2: recompute 'full' is not available with MoE "
+                            "layers yet (use 'none' or 'selective')"] * 4
+
+
+def _refused(fn):
+    try:
+        fn()
+    except SpmdsimError as e:
+        return str(e)
