@@ -9,10 +9,16 @@ is split over dp x ep in every other layer (the ep ranks are data parallel there
 an expert's gradients are summed over dp alone. The loss adds the Switch load-balancing loss and the
 router z-loss. Each step's loss, every gradient and every updated parameter is compared with the same
 model trained in one numpy process (spmdsim.gpt.reference); the largest relative difference must stay
-within 1e-10. --dispatch prints who sent how many tokens to whom, the tokens per expert and the drops.
+within 1e-10. --dispatch prints who sent how many tokens to whom, the tokens per expert and the drops;
+--memory the last step's bytes on rank 0, the experts' among them (parameters, gradients, optimizer states, dispatch
+buffers and bytes sent), which a dry run (--ranks N --dry-run) prints below its report, for the
+routing --routing names (balanced, or worst: every token to experts 0..k-1).
 
 Run: timeout -k 5 900 mpiexec -n 8 python examples/train_moe_gpt.py --ep 4 --tp 2
   or python examples/train_moe_gpt.py --ranks 8 --ep 2 --dp 2 --tp 2 --dropless   (8 simulated ranks)
+  or, 64 experts on 1,024 ranks, shapes only (docs/experts.md, "The dry run"):
+     python examples/train_moe_gpt.py --ranks 1024 --dry-run --steps 1 --experts 64 --ep 64 --tp 8 \
+         --dropless --routing worst
 """
 import argparse
 import sys
@@ -22,9 +28,11 @@ from spmdsim.gpt import GPTConfig, encode, load_text, param_specs
 from spmdsim.gpt.parallel import mesh_problem
 from spmdsim.gpt.train import TOLERANCE, train
 from spmdsim.moe import MoEConfig
+from spmdsim.moe.routing import ROUTINGS
 from spmdsim.moe.report import dispatch_lines
 from spmdsim.nets.train import loss_trend, run_main
 from spmdsim.sim import dry_run_active
+from spmdsim.sim.dry import note
 from spmdsim.sim.launch import ranks_argument
 from spmdsim.validate import counted
 
@@ -42,6 +50,14 @@ parser.add_argument("--capacity-factor", type=float, default=1.25,
                     help="each expert's slots per sequence: ceil(top_k x seq x factor / experts)")
 parser.add_argument("--dropless", action="store_true",
                     help="no capacity: the counts by Alltoall, then the tokens by Alltoallv")
+parser.add_argument("--routing", choices=ROUTINGS, default=None,
+                    help="a dry run's routing (it has no values to route by): balanced, or worst (every token "
+                         "to experts 0..k-1); needed with --dropless, balanced by default with a capacity")
+parser.add_argument("--memory", action="store_true",
+                    help="print the last step's bytes on rank 0: what the graph kept, parameters, optimizer, and "
+                         "the experts' (a dry run prints the experts' anyway)")
+parser.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
+                    help="selective: the attention core recomputed in the backward (full: refused with MoE layers)")
 parser.add_argument("--aux-loss-coeff", type=float, default=MoEConfig.aux_loss_coeff)
 parser.add_argument("--z-loss-coeff", type=float, default=MoEConfig.z_loss_coeff)
 parser.add_argument("--algorithm", choices=("pairwise", "bruck"), default=None,
@@ -80,9 +96,16 @@ def split(world):
 def main(args):
     comm = spmdsim.world()
     # Refused on every rank alike, before any collective: one line, exit 2.
+    if args.routing and not dry_run_active():
+        raise spmdsim.SpmdsimError(f"--routing {args.routing} sets a dry run's routing (--ranks N --dry-run); "
+                                   "a run with values routes by its router")
+    if dry_run_active() and args.dropless and not args.routing:
+        raise spmdsim.SpmdsimError("--dry-run with --dropless needs --routing balanced or --routing worst: "
+                                   "the dry run has no values to route by, and the bytes depend on it")
     moe = MoEConfig(experts=args.experts, top_k=args.top_k, every=args.moe_every,
                     capacity_factor=args.capacity_factor, dropless=args.dropless,
-                    aux_loss_coeff=args.aux_loss_coeff, z_loss_coeff=args.z_loss_coeff)
+                    aux_loss_coeff=args.aux_loss_coeff, z_loss_coeff=args.z_loss_coeff,
+                    dry_routing=args.routing or "balanced")
     cfg = GPTConfig(vocab=args.vocab, layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq,
                     batch=args.batch, dropout=args.dropout, lr=args.lr, seed=args.seed, moe=moe)
     shape, problem = split(comm.size)
@@ -90,9 +113,6 @@ def main(args):
         problem = mesh_problem(cfg, shape[0], shape[2], args.sp, shape[1])
     if problem:
         raise spmdsim.SpmdsimError(f"the MoE GPT cannot run on {comm.size} ranks: {problem}")
-    if dry_run_active() and moe.dropless:
-        raise spmdsim.SpmdsimError("--dry-run with --dropless: the true counts need the routing's values; "
-                                   "leave out one of them")
     dp, ep, tp = shape
     mesh = spmdsim.Mesh(spmdsim.Layout((dp, ep, tp), ("dp", "ep", "tp")), comm,
                         algorithms={"alltoall": args.algorithm} if args.algorithm else None)
@@ -128,7 +148,7 @@ def main(args):
                 print("\n".join(dispatch_lines(everyone, moe_layers[0], comm.size, tp)))
 
     model, results = train(cfg, comm, dp, tp, args.steps, encode(text), sp=args.sp, check=check, on_step=report,
-                           mesh=mesh, ep=ep)
+                           mesh=mesh, ep=ep, recompute=args.recompute, memory=args.memory)
     trend, falling = loss_trend([r.loss for r in results])
     failed = sum(not r.passed for r in results)
     if check and rank0:
@@ -138,6 +158,11 @@ def main(args):
         print(f"largest difference {worst:.1e} of the tensor's largest entry (tolerance {TOLERANCE:.0e})")
     if rank0:
         print(trend)
+    ledger = results[-1].experts.lines() if results and results[-1].experts else []
+    if dry_run_active():
+        note(*ledger)  # below the dry run's report: its own output is not shown
+    elif args.memory and rank0:
+        print("\n".join(results[-1].memory.lines() + ledger))
     model.mesh.close()
     return 0 if not failed and falling else 1
 

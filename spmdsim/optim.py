@@ -292,6 +292,17 @@ class AdamW(_Optimizer):
         scratch = (flat[0].nbytes + flat[3].nbytes) if flat is not None else 0
         return {"optimizer states": sum(owners.values()), "master copy": 0, "buffers": scratch}
 
+    def states_of(self, params: Iterable[Any]) -> int:
+        """The bytes of the moments of these parameters (of this optimizer's; none before their first
+        step): both moments' blocks each, views of the flat buffers counted by their own size; a dry run's
+        alike from the blocks' sizes. A part of `memory`'s "optimizer states": one kind of parameter's
+        (an MoE layer's experts, spmdsim.moe.ledger)."""
+        wanted = {id(p) for p in params}
+        indices = [i for i, p in enumerate(self.params) if id(p) in wanted]
+        if self._dry_sizes:
+            return sum(2 * self._dry_sizes[i] for i in indices if i in self._dry_steps)
+        return sum(self.state[i][1].nbytes + self.state[i][2].nbytes for i in indices if i in self.state)
+
     def _update_all(self, indices: tuple, params: tuple, grads: tuple) -> None:
         """The same step as `_update` on each parameter, bit for bit: the moments and the step sizes over
         flat buffers, then each block decayed and stepped."""

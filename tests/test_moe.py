@@ -253,3 +253,158 @@ def test_expert_gradients_are_summed_over_dp_only():
         return sorted({(e.op, e.axes) for e in trace.entries if e.op == "allreduce"})
     seen = spmdsim.simulate(8, run)[0]
     assert ("allreduce", ("dp",)) in seen and ("allreduce", ("dp", "ep")) in seen
+
+
+# ---- the dry run: routing by rule, the experts' bytes (spmdsim.moe.ledger) ----
+
+def test_planned_routings_balance_or_pile_onto_the_first_experts():
+    from spmdsim.moe.routing import planned
+
+    balanced = planned(2, 8, 4, 2, capacity=4, how="balanced")
+    assert balanced.counts.tolist() == [[4, 4, 4, 4]] * 2 and balanced.dropped == 0  # T k / E each
+    assert (balanced.experts[..., 0] != balanced.experts[..., 1]).all()
+    worst = planned(2, 8, 4, 2, capacity=4, how="worst")
+    assert worst.counts.tolist() == [[8, 8, 0, 0]] * 2 and worst.dropped == 2 * 2 * 4
+    assert np.allclose(worst.gates, 0.5)
+    with pytest.raises(SpmdsimError, match="planned routing 'even' is not one of 'balanced', 'worst'"):
+        planned(1, 4, 4, 1, 4, "even")
+    with pytest.raises(SpmdsimError, match="MoEConfig dry_routing 'even' is not one of"):
+        MoEConfig(dry_routing="even")
+
+
+def _layer_bytes(moe, mesh_shape, p, x, dry):
+    """Rank 0's MoEStats and its dispatch and combine trace rows (op, label, bytes sent, received) of the
+    layer's forward and backward on `x` (B * T, D), for real or in a dry run."""
+    from spmdsim import ops
+    from spmdsim.moe.layer import moe_layer
+    from spmdsim.runtime.dtensor import DTensor
+    from spmdsim.runtime.trace import collect_trace
+
+    maps = {"router": (None, None), "w1": ("ep", None, "tp"), "b1": ("ep", "tp"), "w2": ("ep", "tp", None),
+            "b2": ("ep", None)}
+
+    def run():
+        mesh = spmdsim.Mesh(spmdsim.Layout(mesh_shape, ("dp", "ep", "tp")), spmdsim.world())
+        L = mesh.layout
+        params = {n: DTensor.from_global(mesh, v, L(*maps[n.split(".")[-1]])).requires_grad_() for n, v in p.items()}
+        xd = DTensor.from_global(mesh, x.reshape(B, T, D).transpose(1, 0, 2), L(None, ("dp", "ep"), None))
+        stats = []
+        with collect_trace() as trace:
+            y, losses = moe_layer(xd.requires_grad_(), params, "h1.", moe, stats)
+            ops.resolved(ops.sum(y) + losses).backward()
+        rows = [(e.op, e.label, e.bytes_sent, e.bytes_received) for e in trace.entries
+                if e.label and e.label.startswith(("h1 dispatch", "h1 combine"))]
+        return stats, rows
+
+    return spmdsim.simulate(int(np.prod(mesh_shape)), run, dry_run=dry)[0]
+
+
+@pytest.mark.parametrize("dropless", [False, True])
+@pytest.mark.parametrize("mesh_shape", [(1, 4, 1), (2, 2, 2)])
+def test_a_dry_runs_dispatch_bytes_equal_a_real_runs_routed_alike(dropless, mesh_shape):
+    """The dry run's planned routings against real runs whose router routes the same way: a zero router
+    (every tie to the lower experts: "worst"), and tokens whose features pick expert (t k + j) mod E
+    through an identity router ("balanced"). Rank 0's buffers, per-peer bytes and trace rows agree."""
+    for how in ("worst", "balanced"):
+        moe = MoEConfig(experts=4, top_k=2, capacity_factor=1.0, dropless=dropless, dry_routing=how)
+        p, _, _ = _params(moe, zero_router=True)
+        x = np.zeros((B * T, D))
+        if how == "balanced":
+            p["h1.moe.router"] = np.eye(D, moe.experts) * 4.0
+            t = np.arange(B * T) % T  # the position in the sequence, as planned counts it
+            x[np.arange(B * T), (2 * t) % 4] = 2.0
+            x[np.arange(B * T), (2 * t + 1) % 4] += 1.0
+        real_stats, real_rows = _layer_bytes(moe, mesh_shape, p, x, dry=False)
+        dry_stats, dry_rows = _layer_bytes(moe, mesh_shape, p, x, dry=True)
+        assert dry_stats == real_stats, how
+        assert dry_rows == real_rows and len(real_rows) == 4 + dropless, how
+    assert real_stats[0].per_expert == (2 * T * B // 4 // mesh_shape[1] // mesh_shape[0],) * 4
+
+
+SMALL_DRY = dict(layers=2, d_model=16, heads=4, seq=8, batch=8, dropout=0.1)
+
+
+@pytest.mark.parametrize("dp, ep, tp", [(1, 4, 1), (2, 2, 2)])
+def test_a_dry_runs_expert_bytes_equal_a_real_runs(dp, ep, tp):
+    """With a capacity the experts' memory and the dispatch's buffers and bytes do not depend on the
+    routing: one real step's ledger on rank 0 equals the dry run's, and its figures are the blocks'."""
+    import dataclasses
+
+    cfg = GPTConfig(**SMALL_DRY, moe=MoEConfig(experts=4, top_k=2, capacity_factor=1.25))
+
+    def step():
+        return train(cfg, spmdsim.world(), dp, tp, 1, TEXT, ep=ep, check=False)[1][0].experts
+
+    real = spmdsim.simulate(dp * ep * tp, step)[0]
+    dry = spmdsim.simulate(dp * ep * tp, step, dry_run=True)[0]
+    assert real.routing == "router" and dry.routing == "balanced"
+    assert dataclasses.replace(dry, routing="router") == real
+    Dm, F, held = 16, 64, 4 // ep
+    assert real.params == held * (Dm * F + F + F * Dm) * 8 // tp + held * Dm * 8
+    assert real.grads == real.params and real.states == 2 * real.params  # AdamW's two moments
+    C = 5  # ceil(2 x 8 x 1.25 / 4)
+    assert real.send == real.received == (8 // (dp * ep)) * 4 * C * Dm * 8
+    assert real.calls == 4 and all(len(line) <= 100 for line in real.lines())
+
+
+def test_a_dropless_dry_run_needs_a_routing_and_a_real_run_refuses_one():
+    from testkit import run_train_gpt, unfold
+
+    small = ["--steps", "1", "--layers", "2", "--d-model", "16", "--seq", "8", "--heads", "4", "--dropless"]
+    out = run_train_gpt(["--ranks", "4", "--dry-run"] + small, script="train_moe_gpt.py")
+    assert out.returncode == 2 and unfold(out.stderr).strip() == "spmdsim: error: " + (
+        "--dry-run with --dropless needs --routing balanced or --routing worst: the dry run has no values to "
+        "route by, and the bytes depend on it"), out.stderr
+    out = run_train_gpt(["--ranks", "4", "--routing", "worst"] + small, script="train_moe_gpt.py")
+    assert out.returncode == 2 and "--routing worst sets a dry run's routing" in unfold(out.stderr), out.stderr
+
+
+DRY_64 = ["--ranks", "1024", "--dry-run", "--steps", "1", "--experts", "64", "--ep", "64", "--tp", "8",
+          "--layers", "4", "--d-model", "1024", "--heads", "16", "--seq", "1024", "--batch", "128",
+          "--dropless", "--routing", "worst"]
+
+
+def test_a_64_expert_dry_run_on_1024_ranks_reports_the_experts_bytes():
+    """64 experts of GPT-2 medium's width on 1,024 ranks (ep 64 x tp 8 x dp 2), every token to experts 0
+    and 1: rank 0 holds expert 0 of each of 2 MoE layers and receives every ep peer's first choices."""
+    from testkit import run_train_gpt
+
+    out = run_train_gpt(DRY_64, script="train_moe_gpt.py",
+                        after="from spmdsim.memory import peak_rss\nprint('peak', peak_rss(), code)\n")
+    lines = out.stdout.splitlines()
+    peak = [line.split() for line in lines if line.startswith("peak ")]
+    assert peak and peak[0][2] == "0", out.stdout[-2000:] + out.stderr[-2000:]
+    ledger = lines[lines.index("experts on rank 0: 2 MoE layers x 1 of 64 experts, each split over tp 8; "
+                               "bytes per step"):]
+    Dm, F, T, k, ep, layers = 1024, 4096, 1024, 2, 64, 2
+    params = layers * (Dm * F // 8 + F // 8 + F // 8 * Dm + Dm) * 8  # one expert, its hidden split over tp 8
+    assert ledger[2] == f"  expert parameters {params:,}, their gradients {params:,}, optimizer states {2 * params:,}"
+    send, received = layers * T * k * Dm * 8, layers * ep * T * Dm * 8  # one sequence per rank
+    assert ledger[3] == f"  dispatch buffers: send {send:,}, receive {received:,}"
+    assert all(len(line) <= 100 for line in ledger)
+    assert int(peak[0][1]) < 1 << 30, f"peak RSS {int(peak[0][1]) >> 20} MiB"
+
+
+def test_selective_recomputation_with_moe_layers_matches_one_process_and_keeps_less():
+    """The attention core recomputed in the backward (Korthikanti et al.'s selective recomputation) beside
+    MoE layers: each step still equals one numpy process, and the graph keeps no attention core's
+    probabilities; full recomputation (which would route and exchange the tokens again) is refused."""
+    cfg = GPTConfig(**SMALL, moe=MoEConfig(experts=4, top_k=2, capacity_factor=1.0))
+
+    def run(recompute):
+        return train(cfg, spmdsim.world(), 1, 2, 2, TEXT, ep=2, recompute=recompute, memory=True)[1]
+
+    plain, selective = spmdsim.simulate(4, run, "none")[0], spmdsim.simulate(4, run, "selective")[0]
+    assert all(r.passed for r in selective) and [r.loss for r in selective] == [r.loss for r in plain]
+    core = [r.memory.kept_of("attention core") for r in (plain[-1], selective[-1])]
+    assert core[0] > 0 and core[1] < core[0], core
+    errors = spmdsim.simulate(4, lambda: _refused(lambda: run("full")))
+    assert list(errors) == ["the GPT cannot run on dp 1 x ep 2 x tp 2: recompute 'full' is not available with MoE "
+                            "layers yet (use 'none' or 'selective')"] * 4
+
+
+def _refused(fn):
+    try:
+        fn()
+    except SpmdsimError as e:
+        return str(e)

@@ -87,11 +87,12 @@ def unfold(text: str) -> str:
     return text.replace("\n  ", " ")
 
 
-def run_train_gpt(argv: list[str], before: str = "", after: str = "") -> subprocess.CompletedProcess:
-    """examples/train_gpt.py with `argv` in a fresh interpreter on one BLAS thread (a many-core machine's
-    OpenBLAS reserves address space per thread). `before` and `after`: Python lines run there around it
-    (`after` sees its exit code as `code`); the process exits with that code."""
-    code = (f"import resource, runpy, sys\n{before}sys.argv = ['train_gpt.py'] + {argv!r}\n"
+def run_train_gpt(argv: list[str], before: str = "", after: str = "",
+                  script: str = "train_gpt.py") -> subprocess.CompletedProcess:
+    """examples/train_gpt.py (or examples/`script`) with `argv` in a fresh interpreter on one BLAS thread (a
+    many-core machine's OpenBLAS reserves address space per thread). `before` and `after`: Python lines run
+    there around it (`after` sees its exit code as `code`); the process exits with that code."""
+    code = (f"import resource, runpy, sys\n{before}sys.argv = [{script!r}] + {argv!r}\n"
             "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n    code = 0\n"
             f"except SystemExit as e:\n    code = e.code\n{after}sys.exit(code)\n")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

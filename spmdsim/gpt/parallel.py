@@ -42,8 +42,8 @@ __all__ = ["GPT", "megatron_layouts", "dialect_layouts", "DIALECTS", "mesh_probl
 
 def _moe_problem(recompute: str, kept: str, part: Optional[Part]) -> Optional[str]:
     """Why a model with MoE layers cannot run with these options (one line), or None."""
-    if recompute != "none":
-        return f"recompute {recompute!r} is not available with MoE layers yet (use 'none')"
+    if recompute == "full":  # a block recomputed in the backward would route and exchange its tokens again
+        return "recompute 'full' is not available with MoE layers yet (use 'none' or 'selective')"
     if kept != "graph":
         return f"kept {kept!r} is not available with MoE layers yet (use 'graph')"
     if part is not None:

@@ -46,7 +46,7 @@ TOLERANCE = 1e-10
 class StepResult:
     """One step: the loss, the largest relative differences (loss, gradients, parameters), its traffic,
     with ``memory=True`` this rank's bytes (spmdsim.gpt.memory.MemoryReport), and with MoE layers this
-    rank's dispatch figures (spmdsim.moe.report draws them)."""
+    rank's dispatch figures (spmdsim.moe.report draws them) and its experts' bytes (spmdsim.moe.ledger)."""
 
     step: int
     loss: float
@@ -55,6 +55,7 @@ class StepResult:
     bytes_sent: int
     memory: Optional[MemoryReport] = None
     dispatch: tuple = ()  # with MoE layers: this rank's spmdsim.moe.layer.MoEStats of the step's forward
+    experts: Any = None  # with MoE layers: this rank's spmdsim.moe.ledger.ExpertBytes of the step
 
     @property
     def passed(self) -> bool:
@@ -238,8 +239,9 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
                             reduction="max", owned=True)
             errors = tuple(float(e) for e in worst)
         totals = trace.totals()
+        ledger = _expert_bytes(cfg, mesh, model, optimizer, trace) if cfg.moe is not None else None
         result = StepResult(step, value, errors, totals["calls"], totals["bytes_sent"],
-                            None if report is None else _restep(report, step), tuple(model.moe_stats))
+                            None if report is None else _restep(report, step), tuple(model.moe_stats), ledger)
         results.append(result)
         if on_step is not None:
             on_step(result)
@@ -272,6 +274,24 @@ def _grad_error(tensors: dict, grads: dict, zero: Any) -> float:
         scale = max(float(np.max(np.abs(reference), initial=0.0)), floor) or 1.0
         worst = max(worst, float(np.max(np.abs(values - mine), initial=0.0)) / scale)
     return worst
+
+
+def _expert_bytes(cfg: GPTConfig, mesh: Any, model: Any, optimizer: Any, trace: Any) -> Any:
+    """This rank's spmdsim.moe.ledger.ExpertBytes of the step just taken (its trace: `trace`)."""
+    from ..moe.ledger import EXCHANGE_WORDS, ExpertBytes
+    from ..sim import dry_run_active
+
+    experts = [t for name, t in model.params.items() if ".moe." in name and not name.endswith(".moe.router")]
+    layers = [f"h{i}" for i in range(cfg.layers) if cfg.is_moe(i)]
+    rows = [e for e in trace.entries if e.label and any(e.label.startswith(f"{layer}{word}") for layer in layers
+                                                        for word in EXCHANGE_WORDS)]
+    ep, tp = mesh.layout.axis_size("ep"), mesh.layout.axis_size("tp")
+    return ExpertBytes(mesh.rank, len(layers), cfg.moe.experts // ep, cfg.moe.experts, tp,
+                       sum(t.local.nbytes for t in experts),
+                       sum(t.grad.local.nbytes for t in experts if t.grad is not None),
+                       optimizer.states_of(experts), sum(s.send_bytes for s in model.moe_stats),
+                       sum(s.received_bytes for s in model.moe_stats), sum(e.bytes_sent for e in rows), len(rows),
+                       cfg.moe.dry_routing if dry_run_active() else "router")
 
 
 def _distinct(arrays: Any) -> int:

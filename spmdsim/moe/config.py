@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ..errors import SpmdsimError
 from ..validate import as_int
+from .routing import ROUTINGS
 
 __all__ = ["MoEConfig", "AUX_LOSS_COEFF", "Z_LOSS_COEFF"]
 
@@ -38,6 +39,8 @@ class MoEConfig:
         hidden: each expert's hidden width (0: 4 * d_model, the dense MLP's).
         aux_loss_coeff: weight of the load-balancing loss E * sum_e f_e P_e.
         z_loss_coeff: weight of the router z-loss, the mean of logsumexp(logits)^2.
+        dry_routing: how a dry run routes, having no probabilities (spmdsim.moe.routing.planned):
+            "balanced" or "worst" (every token to experts 0 .. k-1); real runs route by the router.
     """
 
     experts: int = 8
@@ -48,6 +51,7 @@ class MoEConfig:
     hidden: int = 0
     aux_loss_coeff: float = AUX_LOSS_COEFF
     z_loss_coeff: float = Z_LOSS_COEFF
+    dry_routing: str = "balanced"
 
     def __post_init__(self) -> None:
         for name, low in (("experts", 1), ("every", 1), ("hidden", 0)):
@@ -72,6 +76,9 @@ class MoEConfig:
             if not (_real(value) and value >= 0):
                 raise SpmdsimError(f"MoEConfig {name} {value!r} must be a finite number >= 0")
             object.__setattr__(self, name, float(value))
+        if self.dry_routing not in ROUTINGS:
+            raise SpmdsimError(f"MoEConfig dry_routing {self.dry_routing!r} is not one of "
+                               f"{', '.join(map(repr, ROUTINGS))}")
         if _real(self.capacity_factor):
             object.__setattr__(self, "capacity_factor", float(self.capacity_factor))
 

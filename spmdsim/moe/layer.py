@@ -23,6 +23,12 @@ general operators' (einsum, softmax, mean ...), so their gradients are too.
 Everything goes through runtime.collectives / runtime.exchange and the door
 (runtime/door.py): a mesh made with ``algorithms={"alltoall": "pairwise"}``
 runs the Alltoalls as that algorithm.
+
+A dry run (spmdsim.sim.dry: shapes, no values) routes by the rule
+``moe.dry_routing`` names (spmdsim.moe.routing.planned: "balanced" or
+"worst"), sends zeros of the sizes that routing gives through the same
+exchanges (so the trace has their bytes and the meter their buffers), and
+makes none of the experts' products.
 """
 from __future__ import annotations
 
@@ -38,8 +44,9 @@ from ..errors import SpmdsimError
 from ..runtime.collectives import allreduce, alltoall
 from ..runtime.dtensor import DTensor
 from ..runtime.exchange import group_alltoallv
+from ..sim.dry import dry_run_active, zeros
 from .config import MoEConfig
-from .routing import dispatch_rows, gates_backward, route
+from .routing import dispatch_rows, gates_backward, planned, route
 
 __all__ = ["MoEStats", "moe_layer", "moe_experts", "moe_problem"]
 
@@ -55,6 +62,8 @@ class MoEStats:
         bytes_to: bytes sent to each group member by the dispatch (a capacity's empty slots included).
         per_expert: kept assignments routed to each expert (global index), from this rank's tokens.
         dropped: assignments dropped (past capacity); assignments: all of them (k per token).
+        send_bytes, received_bytes: the dispatch's send and receive buffers (the combine's are the same
+            two, the other way).
     """
 
     layer: str
@@ -65,6 +74,8 @@ class MoEStats:
     per_expert: tuple[int, ...]
     dropped: int
     assignments: int
+    send_bytes: int = 0
+    received_bytes: int = 0
 
 
 def moe_problem(mesh: Any, moe: MoEConfig, x_shape: tuple, hidden: int) -> Optional[str]:
@@ -122,6 +133,8 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     E, k = moe.experts, moe.top_k
     ep, tp = mesh.layout.axis_size("ep"), mesh.layout.axis_size("tp")
     El = E // ep
+    if dry_run_active():
+        return _dry_experts(x, probs, (w1, b1, w2, b2), moe, name, stats)
     routing = route(np.ascontiguousarray(probs.local.transpose(1, 0, 2)), k, moe.capacity(T))
     rows, nrows, per_expert = dispatch_rows(routing, moe.dropless)
     kept = routing.kept
@@ -148,7 +161,7 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     np.add.at(ys, tok, gate[:, None] * back[at])
     out = DTensor(mesh, np.ascontiguousarray(ys.reshape(bl, T, D).transpose(1, 0, 2)), x.layout, x.global_shape)
     if stats is not None:
-        stats.append(_stats(mesh, name, routing, move, per_expert, at, ep, D))
+        stats.append(_stats(mesh, name, routing, move, at, D))
     tensors = (x, probs, w1, b1, w2, b2)
     if all(t._ag is None for t in tensors):
         return out, routing.counts.sum(axis=0).astype(np.float64)
@@ -159,7 +172,7 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
         dgates[kept] = np.einsum("nd,nd->n", dys[tok], back[at])
         dback = np.zeros((nrows, D))
         dback[at] = gate[:, None] * dys[tok]
-        dye = move.dispatch(dback, "backward of combine")  # combine's conjugate: the dispatch's way
+        dye = move.dispatch(dback, f"{name} combine backward")  # combine's conjugate: the dispatch's way
         grads = {n: np.zeros_like(t.local) for n, t in (("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2))}
         dxe = np.empty_like(xe)
         for e, (lo, hi) in enumerate(move.ranges):
@@ -168,7 +181,7 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
             dh = gelu_backward(hs[e], g @ W2[e].T)
             grads["w1"][e], grads["b1"][e] = xe[lo:hi].T @ dh, dh.sum(axis=0)
             dxe[lo:hi] = dh @ W1[e].T  # pending over tp: each rank's hidden columns' share
-        dsend = move.combine(dxe, "backward of dispatch")  # dispatch's conjugate: the combine's way
+        dsend = move.combine(dxe, f"{name} dispatch backward")  # dispatch's conjugate: the combine's way
         dxs = np.zeros((bl * T, D))
         np.add.at(dxs, tok, dsend[at])
         dx = np.ascontiguousarray(dxs.reshape(bl, T, D).transpose(1, 0, 2))
@@ -181,6 +194,41 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
 
     record(out, f"moe experts {name}", tensors, backward, with_partial(x.layout, ()))
     return out, routing.counts.sum(axis=0).astype(np.float64)
+
+
+def _dry_experts(x: Any, probs: Any, weights: tuple, moe: MoEConfig, name: str,
+                 stats: Optional[list]) -> tuple[Any, np.ndarray]:
+    """`moe_experts` in a dry run: the routing by rule (moe.dry_routing), the exchanges of both ways on zeros
+    of their true sizes (traced, their buffers metered), no product made; the backward's exchanges alike."""
+    mesh = x.mesh
+    T, bl, D = x.local.shape
+    ep, tp = mesh.layout.axis_size("ep"), mesh.layout.axis_size("tp")
+    routing = planned(bl, T, moe.experts, moe.top_k, moe.capacity(T), moe.dry_routing)
+    rows, nrows, per_expert = dispatch_rows(routing, moe.dropless)
+    move = _Exchange(mesh, moe, routing.capacity, bl, moe.experts // ep, per_expert, f"{name} dispatch",
+                     f"{name} combine")
+    xe = move.dispatch(zeros((nrows, D), np.float64))
+    ye = allreduce(mesh, zeros(xe.shape, xe.dtype), "tp", f"{name} experts fc2") if tp > 1 else xe
+    move.combine(ye)
+    out = DTensor(mesh, zeros(x.local.shape, x.local.dtype), x.layout, x.global_shape)
+    if stats is not None:
+        stats.append(_stats(mesh, name, routing, move, rows[routing.kept], D))
+    counts = routing.counts.sum(axis=0).astype(np.float64)
+    tensors = (x, probs) + tuple(weights)
+    if all(t._ag is None for t in tensors):
+        return out, counts
+
+    def backward(dy: Any) -> tuple:
+        dye = move.dispatch(zeros((nrows, D), np.float64), f"{name} combine backward")
+        move.combine(zeros(dye.shape, dye.dtype), f"{name} dispatch backward")
+        over_tp = ("tp",) if tp > 1 else ()
+        over_dp = ("dp",) if "dp" in mesh.layout.alias_name and mesh.layout.axis_size("dp") > 1 else ()
+        return ((_grad(x, zeros(x.local.shape, x.local.dtype), over_tp), _grad(probs, zeros(probs.local.shape,
+                 probs.local.dtype), ())) + tuple(_grad(w, zeros(w.local.shape, w.local.dtype), over_dp)
+                                                 for w in weights))
+
+    record(out, f"moe experts {name}", tensors, backward, with_partial(x.layout, ()))
+    return out, counts
 
 
 def _grad(like: Any, local: np.ndarray, pending: tuple) -> Any:
@@ -197,17 +245,22 @@ class _Exchange:
                  dispatch_label: str, combine_label: str) -> None:
         self.mesh, self.dropless, self.C, self.bl, self.El = mesh, moe.dropless, capacity, bl, El
         self.labels = (dispatch_label, combine_label)
+        self.dry = dry_run_active()  # zeros: no rows to put in order
         ep = mesh.layout.axis_size("ep")
         self.ep = ep
         if not self.dropless:
             n = ep * bl * capacity
             self.ranges = [(e * n, (e + 1) * n) for e in range(El)]
             self.send_rows = [bl * El * capacity] * ep
+            self.recv_rows = self.send_rows
             return
         # Dropless: each member's counts for my experts, (ep, El), by one Alltoall of the counts.
         got = alltoall(mesh, np.ascontiguousarray(per_expert, dtype=np.int64), "ep", 0, 0,
                        f"{dispatch_label} counts") if ep > 1 else per_expert.astype(np.int64)
         got = got.reshape(ep, El)
+        if self.dry:  # every member routed as this rank did (a dry run's rule): each sends me my experts' share
+            me = mesh.group_info("ep")[2]
+            got = np.tile(np.asarray(per_expert[me * El:(me + 1) * El], np.int64), (ep, 1))
         self.send_rows = [int(per_expert[j * El:(j + 1) * El].sum()) for j in range(ep)]
         self.recv_rows = [int(n) for n in got.sum(axis=1)]
         # Arrived rows are by source, then local expert; the experts want them by expert, then source.
@@ -225,27 +278,35 @@ class _Exchange:
         if not self.dropless:
             blocks = send.reshape(self.bl, self.ep * self.El, self.C, D)
             got = alltoall(self.mesh, blocks, "ep", 1, 0, label) if self.ep > 1 else blocks
+            if self.dry:
+                return got.reshape(-1, D)
             # (ep * bl, El, C, D) -> (El, ep * bl, C, D): each local expert's slots together
             return np.ascontiguousarray(got.transpose(1, 0, 2, 3)).reshape(-1, D)
         got = group_alltoallv(self.mesh, send, self.send_rows, self.recv_rows, "ep", label)
-        return got[self.order]
+        return got if self.dry else got[self.order]
 
     def combine(self, rows: np.ndarray, label: Optional[str] = None) -> np.ndarray:
         """Expert-major rows -> the send buffer's rows on the ranks the tokens came from (dispatch reversed)."""
         label = label or self.labels[1]
         D = rows.shape[1]
         if not self.dropless:
-            blocks = np.ascontiguousarray(rows.reshape(self.El, self.ep * self.bl, self.C, D).transpose(1, 0, 2, 3))
+            if self.dry:
+                blocks = zeros((self.ep * self.bl, self.El, self.C, D), rows.dtype)
+            else:
+                blocks = np.ascontiguousarray(rows.reshape(self.El, self.ep * self.bl, self.C, D)
+                                              .transpose(1, 0, 2, 3))
             got = alltoall(self.mesh, blocks, "ep", 0, 1, label) if self.ep > 1 else blocks
             return got.reshape(-1, D)
+        if self.dry:
+            return group_alltoallv(self.mesh, rows, self.recv_rows, self.send_rows, "ep", label)
         by_source = np.empty_like(rows)
         by_source[self.order] = rows
         return group_alltoallv(self.mesh, by_source, self.recv_rows, self.send_rows, "ep", label)
 
 
-def _stats(mesh: Any, name: str, routing: Any, move: _Exchange, per_expert: np.ndarray, at: np.ndarray,
-           ep: int, D: int) -> MoEStats:
+def _stats(mesh: Any, name: str, routing: Any, move: _Exchange, at: np.ndarray, D: int) -> MoEStats:
     group = mesh.group_ranks("ep")
+    ep = move.ep
     # A kept assignment's row lies in its destination's share of the send buffer.
     if move.dropless:
         bounds = np.cumsum(move.send_rows)
@@ -257,4 +318,4 @@ def _stats(mesh: Any, name: str, routing: Any, move: _Exchange, per_expert: np.n
         sent = [n * D * 8 for n in move.send_rows]
     return MoEStats(name, mesh.rank, tuple(int(r) for r in group), tuple(int(n) for n in tokens[:ep]),
                     tuple(int(n) for n in sent), tuple(int(n) for n in routing.per_expert()), routing.dropped,
-                    int(routing.slots.size))
+                    int(routing.slots.size), sum(move.send_rows) * D * 8, sum(move.recv_rows) * D * 8)

@@ -15,6 +15,13 @@ with a capacity, the buffer is (S, E, C) slots (empty ones zero), so each
 expert's block has a fixed size and one Alltoall moves it; dropless, rows are
 sorted by expert, then sequence and slot, with no gaps, and an Alltoallv moves
 each destination's true count.
+
+A dry run has no probabilities to route by (spmdsim.sim.dry): `planned`
+routes by a rule instead, "balanced" (token t's j-th choice is expert
+(t k + j) mod E: every expert gets T k / E of a sequence's assignments when E
+divides T k) or "worst" (every token chooses experts 0 .. k-1, which live on
+the first ep rank: it receives every assignment, the others none), with
+gates 1 / k; slots and drops follow as for routed tokens.
 """
 from __future__ import annotations
 
@@ -24,7 +31,10 @@ import numpy as np
 
 from ..errors import SpmdsimError
 
-__all__ = ["Routing", "route", "gates_backward", "dispatch_rows"]
+__all__ = ["Routing", "route", "planned", "ROUTINGS", "gates_backward", "dispatch_rows"]
+
+#: The rules a dry run routes by (`planned`).
+ROUTINGS = ("balanced", "worst")
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,6 +83,30 @@ def route(probs: np.ndarray, top_k: int, capacity: int) -> Routing:
     total = chosen.sum(axis=-1, keepdims=True)
     # (a dry run's zeros have no probabilities: their gates stay zero, not 0 / 0)
     gates = chosen if top_k == 1 else chosen / np.where(total > 0, total, 1.0)
+    return _placed(experts, gates, E, capacity)
+
+
+def planned(sequences: int, tokens: int, experts: int, top_k: int, capacity: int, how: str) -> Routing:
+    """A routing by rule, not by probabilities (a dry run's: see the module docstring): `how` "balanced"
+    or "worst", for `sequences` groups of `tokens` tokens over `experts` experts."""
+    if how not in ROUTINGS:
+        raise SpmdsimError(f"planned routing {how!r} is not one of {', '.join(map(repr, ROUTINGS))}")
+    if top_k not in (1, 2) or top_k > experts:
+        raise SpmdsimError(f"route: top_k {top_k!r} must be 1 or 2 and at most the {experts} experts")
+    if capacity < 1:
+        raise SpmdsimError(f"route: capacity {capacity!r} must be an integer >= 1")
+    choice = np.arange(top_k)[None, :]
+    if how == "balanced":
+        chosen = (np.arange(tokens)[:, None] * top_k + choice) % experts
+    else:
+        chosen = np.broadcast_to(choice, (tokens, top_k))
+    picked = np.ascontiguousarray(np.broadcast_to(chosen, (sequences, tokens, top_k)), dtype=np.int64)
+    return _placed(picked, np.full(picked.shape, 1.0 / top_k), experts, capacity)
+
+
+def _placed(experts: np.ndarray, gates: np.ndarray, E: int, capacity: int) -> Routing:
+    """The Routing of (S, T, k) chosen experts and gates: slots filled in GShard's order, then dropped."""
+    S, T, top_k = experts.shape
     slots = np.empty((S, T, top_k), dtype=np.int64)
     filled = np.zeros((S, E), dtype=np.int64)
     for j in range(top_k):  # first choices take their slots before any second choice

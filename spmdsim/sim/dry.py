@@ -43,13 +43,13 @@ from ..engines import Engine
 from ..engines.base import DONE, DRY_VALUES_BYTES, SimulationError
 
 __all__ = ["Meter", "RankBytes", "DryRunReport", "DryComm", "DryEngine", "DRY", "zeros", "dry_run_active",
-           "report", "differ"]
+           "report", "differ", "note"]
 
 
 class Meter:
     """The bytes the dry run's rank holds now and at most, and the per-rank bytes of its exchanges."""
 
-    __slots__ = ("held", "peak", "_live", "varied", "stands_for", "__weakref__")
+    __slots__ = ("held", "peak", "_live", "varied", "stands_for", "notes", "__weakref__")
 
     def __init__(self) -> None:
         self.held = 0
@@ -59,6 +59,7 @@ class Meter:
         self.varied: list[tuple[Any, Any]] = []
         # Set by `differ`: the representative rank of every rank (ranks whose work differs by a mesh axis)
         self.stands_for: Any = None
+        self.notes: list[str] = []  # lines the program adds to the report (`note`)
 
     def hold(self, *arrays: Any) -> None:
         """Count these arrays' bytes as held until the memory they view is freed; update the peak."""
@@ -109,6 +110,15 @@ def differ(mesh: Any, axes: tuple[str, ...]) -> None:
     key = [(tuple(c for a, c in zip(layout.alias_name, layout.coords(r)) if a in axes)) for r in range(layout.num_devices)]
     first: dict = {}
     context.meter.stands_for = np.array([first.setdefault(k, r) for r, k in enumerate(key)], np.int64)
+
+
+def note(*lines: str) -> None:
+    """In a dry run: lines the program adds below the report (its own output is not shown: a dry run's
+    values are not results), for figures the table has no column for (an MoE layer's expert bytes,
+    spmdsim.moe.ledger); each at most 100 columns. Nothing outside a dry run."""
+    context = current()
+    if context.dry_run:
+        context.meter.notes.extend(lines)
 
 
 def dry_run_active() -> bool:
@@ -180,7 +190,8 @@ class DryEngine(Engine):
     def all_to_allv(self, comm: Any, send: Any, scounts: Any, sdispls: Any, recv: Any, rcounts: Any,
                     rdispls: Any, wait: Any) -> None:
         current().meter.hold(send, recv)
-        recv.fill(0)
+        if not buffers.is_lazy(recv):  # a lazy buffer is zeros already: filling it would cost its pages
+            recv.fill(0)
 
     def broadcast(self, comm: Any, buf: Any, root: int, wait: Any) -> None:
         current().meter.hold(buf)
@@ -416,9 +427,11 @@ class RankBytes:
 
 @dataclass(frozen=True)
 class DryRunReport:
-    """Every rank's line; `table()` folds runs of ranks with equal lines, `to_json()` lists them all."""
+    """Every rank's line; `table()` folds runs of ranks with equal lines, `to_json()` lists them all;
+    `notes`: the lines the program added (`note`), below the table."""
 
     ranks: tuple[RankBytes, ...]
+    notes: tuple[str, ...] = ()
 
     def folded(self) -> list[tuple[list[int], RankBytes]]:
         """(ranks, line) for each distinct line, ranks in order (equal lines anywhere fold together)."""
@@ -436,10 +449,11 @@ class DryRunReport:
                  f"{row.peak_bytes_held:,}", ", ".join(f"{op} x{n}" for op, n in row.counts) or "none")
                 for ranks, row in self.folded()]
         return "\n".join([f"dry run on {len(self.ranks)} simulated ranks (no data; bytes from the trace)"]
-                         + fold_table(head, rows, right=(1, 2, 3, 4), keep=(0, 1, 2, 3, 4)))
+                         + fold_table(head, rows, right=(1, 2, 3, 4), keep=(0, 1, 2, 3, 4)) + list(self.notes))
 
     def to_json(self) -> str:
-        return json.dumps({"ranks": [asdict(r) for r in self.ranks]})
+        return json.dumps({"ranks": [asdict(r) for r in self.ranks], **({"notes": list(self.notes)}
+                                                                         if self.notes else {})})
 
 
 def _ranks_cell(ranks: list[int]) -> str:
@@ -461,7 +475,9 @@ def report(contexts: Any, size: int, stands_for: Any = None) -> DryRunReport:
     if not isinstance(contexts, dict):
         contexts = {contexts.rank: contexts}
     lines: dict = {}
+    notes: list[str] = []
     for rep, context in contexts.items():
+        notes += context.meter.notes
         trace = context.traces[0]
         totals = trace.totals()
         counts = tuple(sorted(trace.counts().items()))
@@ -478,4 +494,4 @@ def report(contexts: Any, size: int, stands_for: Any = None) -> DryRunReport:
     for r in range(size):
         calls, sent, received, peak, counts = lines[int(owner[r])]
         rows.append(RankBytes(r, calls, int(sent[r]), int(received[r]), peak, counts))
-    return DryRunReport(tuple(rows))
+    return DryRunReport(tuple(rows), tuple(notes))
