@@ -26,7 +26,7 @@ def record_reduce(kind: str, out: Any, x: Any, plan: Any, axes: tuple, keepdims:
         d = dy.local if keepdims else np.expand_dims(dy.local, axes)
         if kind in ("sum", "mean"):
             g = np.broadcast_to(d / count if kind == "mean" else d, x.local.shape)
-            return (grad_tensor(x, np.array(g), dy.layout.partial),)
+            return (grad_tensor(x, g.copy(order="K"), dy.layout.partial),)
         extreme = out.local if keepdims else np.expand_dims(out.local, axes)
         hit = x.local == extreme
         ties = hit.sum(axis=axes, keepdims=True).astype(x.dtype)
