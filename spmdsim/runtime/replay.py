@@ -21,13 +21,14 @@ arrays (a numpy subclass that records each ufunc and numpy function applied
 to it, and the methods that copy or write; `DTensor.local` is `local_of`,
 which asks the calling thread); functions marked `kernel` (the
 collectives, a dropout's mask, an optimizer's update) are recorded as one
-call each and rerun whole. numpy's array creators (`_CREATORS`) are the one
-thing swapped for the whole process: while any thread captures they are
-wrappers on the numpy module that hand the capturing thread traced arrays and
-every other thread numpy's own (docs/replay.md, "How it records", says why
-and what not swapping them would take). A Python value read off an array while capturing
-(``bool(x)``, ``float(x)``, ``x.item()``) is recorded as a guard: a replay
-that reads a different value stops with an error naming the capture's value.
+call each and rerun whole. Nothing outside spmdsim is swapped: memory a step
+makes comes from an allocator that hands it to the capture (spmdsim.buffers:
+``FRESH`` is `fresh` while any thread captures) or from numpy's ``*_like`` of a
+traced array, and a recorded write into a plain array (memory numpy made out
+of the capture's sight) raises ReplayError (docs/replay.md, "Your own step").
+A Python value read off an array while capturing (``bool(x)``, ``float(x)``,
+``x.item()``) is recorded as a guard: a replay that reads a different value
+stops with an error naming the capture's value.
 """
 from __future__ import annotations
 
@@ -167,7 +168,7 @@ class Traced(np.ndarray):
         fill = _FILLS.get(func)
         if fill is not None:  # np.zeros_like(traced) and its kin: new memory the replay fills again
             result = _inside(tape, func, raw_args, raw_kwargs)
-            value = fill(args, kwargs)
+            value = fill(raw_args, raw_kwargs)
             if value is not None:
                 tape.add(result.fill, (value,), {})
             return _traced(result)
@@ -320,9 +321,10 @@ def _written(target: Any, what: str) -> None:
             _written(t, what)
     elif type(target) is _ndarray:
         raise ReplayError(
-            f"replay: {what} wrote into a plain array {target.shape} {target.dtype.name} while capturing: a replay "
-            "would not redo what made or filled it; make it with spmdsim.buffers.zeros(...) or "
-            "np.zeros_like(<a traced array>) (docs/replay.md, \"Your own step\")")
+            f"replay: np.{what} wrote into a plain array {target.shape} {target.dtype.name} while capturing: numpy "
+            "made it out of the capture's sight, so a replay would not zero or fill it again; make it with "
+            "spmdsim.buffers.zeros(...) or np.zeros_like(<a traced array>), and read traced arrays with "
+            "np.asanyarray, not np.asarray")
 
 
 def _fill_arg(args: tuple, kwargs: dict) -> Any:
