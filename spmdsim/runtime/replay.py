@@ -61,6 +61,15 @@ def capturing() -> bool:
     return bool(_ACTIVE[0]) and _tape() is not None
 
 
+def unrecorded(what: str) -> None:
+    """Refuse `what` (a transfer no kernel records: DTensor.gather, a prepared collective, point-to-point
+    messages) while this thread captures outside a kernel: a replay would not repeat it."""
+    if _ACTIVE[0] and _tape() is not None:
+        raise ReplayError(f"replay: {what} while capturing is not recorded (no kernel runs it), so a replay would "
+                          "not repeat it; do it outside the captured step, or inside a function marked with "
+                          "spmdsim.runtime.replay.kernel")
+
+
 def _raw(x: Any, seen: Optional[dict] = None) -> Any:
     """`x` with Traced arrays as plain views of the same memory; one view per Traced object (`seen`), so a
     callee that tests ``out is x`` (an in-place Allreduce) sees the same object twice."""
