@@ -9,16 +9,18 @@ luck, so the same code ran 10-40% faster or slower from one launch to the next.
 
 Every array spmdsim allocates for MPI, from 64 KiB up, starts `PAGE_OFFSET` =
 16 bytes into a page: where glibc's own maps start (after its chunk header),
-so 0 bytes from those too. Smaller arrays are plain ``np.empty``.
-
-While a thread captures a step (spmdsim.runtime.replay), the arrays these functions make are handed
-to the capture (``FRESH``): what is written into them is recorded, and a replay zeroes or fills them
-again; `fresh` hands over an array numpy just made. `as_array`, `contiguous` and `stacked` are numpy's ``asarray``, ``ascontiguousarray`` and
-``array([...])`` for arrays a captured step computes: a traced array stays traced, and a copy or
-conversion of it is recorded (numpy's own would give a plain array the capture never sees). From HUGE_MIN
+so 0 bytes from those too. Smaller arrays are plain ``np.empty``. From HUGE_MIN
 (1 MiB) up the array also sits on 2 MiB transparent huge pages
 (spmdsim._hugepool; a send buffer on them made the copies 1.7-2x faster);
 ``use_huge_pages(False)`` keeps every later array on the heap.
+
+While a thread captures a step (spmdsim.runtime.replay), the arrays these
+functions make are handed to the capture (``FRESH``): what is written into them
+is recorded, and a replay zeroes or fills them again; `fresh` hands over an
+array numpy just made. `as_array`, `contiguous` and `stacked` are numpy's
+``asarray``, ``ascontiguousarray`` and ``array([...])`` for arrays a captured
+step computes: a traced array stays traced, and a copy or conversion of it is
+recorded (numpy's own would give a plain array the capture never sees).
 """
 from __future__ import annotations
 
@@ -33,8 +35,9 @@ import numpy as np
 from . import _hugepool
 from .context import current as _current
 
-__all__ = ["PAGE", "PAGE_OFFSET", "MIN_BYTES", "HUGE_MIN", "empty", "kept_empty", "full", "zeros", "ones", "page_offset",
-           "placed_copy", "use_huge_pages", "lazy_zeros", "is_lazy", "LAZY_BYTES", "fresh", "as_array", "contiguous", "stacked"]
+__all__ = ["PAGE", "PAGE_OFFSET", "MIN_BYTES", "HUGE_MIN", "empty", "kept_empty", "full", "zeros", "ones",
+           "page_offset", "placed_copy", "use_huge_pages", "lazy_zeros", "is_lazy", "LAZY_BYTES", "fresh", "as_array",
+           "contiguous", "stacked"]
 
 PAGE = mmap.PAGESIZE
 PAGE_OFFSET = 16  # where glibc's own maps start (its chunk header); a multiple of every itemsize

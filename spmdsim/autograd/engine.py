@@ -70,8 +70,8 @@ def _backward(loss: Any, explain: Optional[list], bucket: Any, gradient: Any, ke
     owners: dict = {}  # Node/Leaf -> the tensor it belongs to (for the target layout)
     if gradient is None:
         # d loss / d loss = 1, whole: a pending loss's every addend gets all of it.
-        gradient = DTensor(loss.mesh, buffers.fresh(np.ones(loss.local.shape, loss.dtype), 1), with_partial(loss.layout, ()),
-                           loss.global_shape)
+        ones = buffers.fresh(np.ones(loss.local.shape, loss.dtype), 1)  # filled again by a replay
+        gradient = DTensor(loss.mesh, ones, with_partial(loss.layout, ()), loss.global_shape)
     _accumulate(grads, owners, loss, gradient)
     leaves: list = []
     readers: dict = {}  # with an explanation: leaf -> the forward steps that read it
