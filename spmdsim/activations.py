@@ -126,9 +126,9 @@ _INV_SQRT_2 = 1.0 / math.sqrt(2.0)
 
 def erf(x: np.ndarray) -> np.ndarray:
     """erf of a float array in its own dtype (libm's, correctly rounded to within an ulp)."""
-    x = np.asarray(x)
+    x = np.asanyarray(x)
     dtype = x.dtype if x.dtype.kind == "f" else np.dtype(np.float64)
-    return np.asarray(_ERF(x.astype(np.float64, copy=False)), dtype=np.float64).astype(dtype, copy=False)
+    return np.asanyarray(_ERF(x.astype(np.float64, copy=False))).astype(np.float64).astype(dtype, copy=False)
 
 
 def gelu_erf(x: np.ndarray) -> np.ndarray:

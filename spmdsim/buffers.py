@@ -13,6 +13,14 @@ so 0 bytes from those too. Smaller arrays are plain ``np.empty``. From HUGE_MIN
 (1 MiB) up the array also sits on 2 MiB transparent huge pages
 (spmdsim._hugepool; a send buffer on them made the copies 1.7-2x faster);
 ``use_huge_pages(False)`` keeps every later array on the heap.
+
+While a thread captures a step (spmdsim.runtime.replay), the arrays these
+functions make are handed to the capture (``FRESH``): what is written into them
+is recorded, and a replay zeroes or fills them again; `fresh` hands over an
+array numpy just made. `as_array`, `contiguous` and `stacked` are numpy's
+``asarray``, ``ascontiguousarray`` and ``array([...])`` for arrays a captured
+step computes: a traced array stays traced, and a copy or conversion of it is
+recorded (numpy's own would give a plain array the capture never sees).
 """
 from __future__ import annotations
 
@@ -27,8 +35,9 @@ import numpy as np
 from . import _hugepool
 from .context import current as _current
 
-__all__ = ["PAGE", "PAGE_OFFSET", "MIN_BYTES", "HUGE_MIN", "empty", "kept_empty", "full", "zeros", "page_offset",
-           "placed_copy", "use_huge_pages", "lazy_zeros", "is_lazy", "LAZY_BYTES"]
+__all__ = ["PAGE", "PAGE_OFFSET", "MIN_BYTES", "HUGE_MIN", "empty", "kept_empty", "full", "zeros", "ones",
+           "page_offset", "placed_copy", "use_huge_pages", "lazy_zeros", "is_lazy", "LAZY_BYTES", "fresh", "as_array",
+           "contiguous", "stacked"]
 
 PAGE = mmap.PAGESIZE
 PAGE_OFFSET = 16  # where glibc's own maps start (its chunk header); a multiple of every itemsize
@@ -136,6 +145,43 @@ def full(shape: Any, fill_value: Any, dtype: Any = float) -> np.ndarray:
 def zeros(shape: Any, dtype: Any = float) -> np.ndarray:
     """Like ``np.zeros``, placed as `empty` places it."""
     return full(shape, 0, dtype)
+
+
+def ones(shape: Any, dtype: Any = float) -> np.ndarray:
+    """Like ``np.ones``, placed as `empty` places it."""
+    return full(shape, 1, dtype)
+
+
+def fresh(array: np.ndarray, fill: Any = None) -> np.ndarray:
+    """`array`, memory the caller just made with numpy: while this thread captures a step, a traced view handed
+    to the capture, with ``fill(fill)`` recorded when `fill` is given (each replay zeroes or fills it again);
+    else `array` itself. ``fresh(np.zeros(shape, dtype), 0)`` is numpy's own allocation outside a capture."""
+    if FRESH is None:
+        return array
+    out = FRESH(array)
+    if fill is not None and out is not array:
+        out.fill(fill)
+    return out
+
+
+def as_array(x: Any, dtype: Any = None) -> np.ndarray:
+    """``np.asarray(x, dtype)``, but a subclass (a captured step's traced array) is kept and a conversion to
+    `dtype` is its ``astype`` (recorded while capturing)."""
+    x = np.asanyarray(x)
+    return x if dtype is None or x.dtype == dtype else x.astype(dtype)
+
+
+def contiguous(x: Any) -> np.ndarray:
+    """``np.ascontiguousarray(x)`` (C order, a 0-d array made 1-d), keeping a subclass; a copy is ``x.copy()``."""
+    x = np.asanyarray(x)
+    if not x.flags.c_contiguous:
+        x = x.copy()
+    return x if x.ndim else x.reshape(1)
+
+
+def stacked(values: Any, dtype: Any) -> np.ndarray:
+    """``np.array([v0, v1, ...], dtype)`` of numbers and 0-d arrays; recorded while capturing when one is traced."""
+    return np.stack([np.asanyarray(v) for v in values], dtype=dtype, casting="unsafe")
 
 
 def page_offset(array: np.ndarray) -> int:

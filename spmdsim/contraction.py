@@ -12,6 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .buffers import contiguous
 from .context import current
 from .engines import matmul as _product
 from .flops import gemm as _gemm
@@ -113,7 +114,7 @@ def _pair(a_word: str, a: np.ndarray, b_word: str, b: np.ndarray, out: str) -> n
     if r.order is not None:
         result = result.transpose(r.order)
     # As np.ascontiguousarray alone: a copy when not C-ordered, and a 0-d result made 1-d.
-    return result if result.flags.c_contiguous and result.ndim else np.ascontiguousarray(result)
+    return result if result.flags.c_contiguous and result.ndim else contiguous(result)
 
 
 def _shaped(a: np.ndarray, shape: tuple) -> np.ndarray:

@@ -41,7 +41,7 @@ def relu(x: np.ndarray) -> np.ndarray:
 
 def gelu(x: np.ndarray) -> np.ndarray:
     """GELU, tanh approximation (Megatron's `bias_gelu`, Paddle `approximate=True`); floats keep their dtype."""
-    x = np.asarray(x)
+    x = np.asanyarray(x)
     t = gelu_tanh(x.astype(np.float64, copy=False))
     return gelu_from_tanh(x, t, out=t)
 
@@ -52,7 +52,7 @@ def gelu_from_tanh(x: np.ndarray, t: np.ndarray, out: Optional[np.ndarray] = Non
     `out`: where to write it (t itself when the caller is done with t); default a new array. Integers
     get float64 as softmax does, never truncated values.
     """
-    x = np.asarray(x)
+    x = np.asanyarray(x)
     out = np.add(t, 1.0, out=out)
     out *= x.astype(np.float64, copy=False)
     out *= 0.5
@@ -85,7 +85,7 @@ def activation(name: str) -> Callable[[np.ndarray], np.ndarray]:
 
 def softmax(x: np.ndarray, dim: int = -1) -> np.ndarray:
     """exp(x) / sum(exp(x)) along `dim`, shifted by the max for range (float results)."""
-    x = np.asarray(x)
+    x = np.asanyarray(x)
     shifted = x - np.max(x, axis=dim, keepdims=True)
     e = np.exp(shifted)
     return e / np.sum(e, axis=dim, keepdims=True)
@@ -103,7 +103,7 @@ def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def bias_add(x: np.ndarray, bias: np.ndarray) -> np.ndarray:
     """x + bias along the last dim."""
-    x, bias = np.asarray(x), np.asarray(bias)
+    x, bias = np.asanyarray(x), np.asanyarray(bias)
     if bias.ndim != 1 or x.shape[-1:] != bias.shape:
         raise ShapeError(f"bias of shape {bias.shape!r} does not match last dim of {x.shape!r}")
     return x + bias
@@ -112,7 +112,7 @@ def bias_add(x: np.ndarray, bias: np.ndarray) -> np.ndarray:
 # -- matmul family ---------------------------------------------------------------
 def matmul(x: np.ndarray, w: np.ndarray, transpose_a: bool = False, transpose_b: bool = False) -> np.ndarray:
     """x @ w (batched over leading dims), optionally transposing the last two dims."""
-    x, w = np.asarray(x), np.asarray(w)
+    x, w = np.asanyarray(x), np.asanyarray(w)
     if x.ndim < 2 or w.ndim < 2:
         raise ShapeError(f"matmul needs 2-d or batched operands, got shapes {x.shape!r} and {w.shape!r}")
     a = np.swapaxes(x, -1, -2) if transpose_a else x
@@ -130,7 +130,7 @@ def linear(x: np.ndarray, weight: np.ndarray, bias: Optional[np.ndarray] = None)
 
 def check_ids(ids: np.ndarray, num_embeddings: int) -> None:
     """Raise OperatorError unless `ids` are integers in [0, num_embeddings)."""
-    ids = np.asarray(ids)
+    ids = np.asanyarray(ids)
     if not np.issubdtype(ids.dtype, np.integer):
         raise OperatorError(f"embedding ids must be integers, got dtype {ids.dtype.name!r}")
     if ids.size and (ids.min() < 0 or ids.max() >= num_embeddings):

@@ -31,7 +31,7 @@ def gelu_grad(x: np.ndarray, tanh: Optional[np.ndarray] = None) -> np.ndarray:
     `tanh`: the forward's ``reference.gelu_tanh(x)`` (float64) when it was kept,
     so the backward does not compute it again; it is not modified.
     """
-    x = np.asarray(x)
+    x = np.asanyarray(x)  # a captured step's traced block stays traced (spmdsim.runtime.replay)
     x64 = x.astype(np.float64, copy=False)
     t = gelu_tanh(x64) if tanh is None else tanh
     # 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2), in that order (rounding as
@@ -90,7 +90,7 @@ def linear_grads(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray], dy: np.n
 def embedding_grad(ids: np.ndarray, num_embeddings: int, dy: np.ndarray) -> np.ndarray:
     """d table of table[ids]: each id's row gets the sum of its dy rows."""
     g = np.zeros((num_embeddings, dy.shape[-1]), np.float64)
-    np.add.at(g, np.asarray(ids).reshape(-1), dy.reshape(-1, dy.shape[-1]))
+    np.add.at(g, np.asanyarray(ids).reshape(-1), dy.reshape(-1, dy.shape[-1]))
     return g.astype(dy.dtype)
 
 

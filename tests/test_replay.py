@@ -8,11 +8,13 @@ seed each step. A step a replay cannot repeat stops with one line.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim import DTensor, Layout, Mesh, SeededTensor, ops
+from spmdsim import DTensor, Layout, Mesh, SeededTensor, buffers, ops
 from spmdsim.gpt import GPTConfig, encode, load_text
 from spmdsim.gpt.train import TOLERANCE, train
 from spmdsim.optim import SGD, Adam, AdamW
@@ -143,10 +145,165 @@ def test_clipping_with_replay_is_refused_in_one_line():
 
 
 def test_nothing_of_a_capture_stays_behind():
-    from spmdsim import buffers
-
     original, local = np.zeros, DTensor.__dict__["local"]
     seen = []
     capture(lambda x: seen.append(DTensor.__dict__["local"]) or np.zeros(3) + x, np.ones(3))
     assert np.zeros is original and buffers.FRESH is None
     assert seen == [local] and DTensor.__dict__["local"] is local  # never swapped, not even while capturing
+
+
+def _sum_of_multiples(make):
+    """A rank's step that zeroes an array made by `make(block)`, accumulates into it, fills another by item
+    assignment and np.copyto, and Allreduces their sum over the ranks."""
+    from spmdsim.runtime import collectives as C
+
+    mesh = Mesh(Layout((2,), ("x",)), spmdsim.world())
+    weights = np.arange(1.0, 5.0)  # made in the step's program and only read: a constant
+
+    def step(x):
+        block = x.local
+        acc = make(block)
+        for k in range(1, 4):
+            acc += block * k
+        rows = np.empty_like(block)
+        rows[0] = acc[-1]
+        np.copyto(rows[1:], acc[:-1] * weights[1:])
+        return C.allreduce(mesh, acc + rows, "x")
+
+    def x_at(k):
+        return DTensor.from_local(mesh, np.linspace(mesh.rank, k + 1.0, 4), mesh.layout(None))
+
+    x = x_at(0)
+    graph = capture(step, x)
+    replayed = [graph.result.copy()] + [graph(x_at(k)).copy() for k in range(1, 4)]
+    eager = [step(x_at(k)) for k in range(4)]
+    return replayed, eager
+
+
+@pytest.mark.parametrize("make", [
+    lambda b: buffers.zeros(b.shape, b.dtype), lambda b: np.zeros_like(b),
+    lambda b: np.full_like(b, 0.0), lambda b: np.ones_like(b, shape=(4,)) * 0.0,
+    lambda b: buffers.fresh(np.zeros(4), 0)],
+    ids=["buffers.zeros", "zeros_like", "full_like", "ones_like-times-0", "buffers.fresh"])
+def test_memory_the_step_makes_through_the_capture_replays_with_new_inputs(make):
+    for replayed, eager in spmdsim.simulate(2, _sum_of_multiples, make):
+        assert len({r.tobytes() for r in eager}) == 4  # new inputs each step: the steps differ
+        assert [r.tobytes() for r in replayed] == [e.tobytes() for e in eager]
+
+
+_REFUSED = (r"^replay: np\.{what} wrote into a plain array \(4,\) float64 while capturing: numpy made it out of the "
+            r"capture's sight, so a replay would not zero or fill it again; make it with spmdsim\.buffers\.zeros"
+            r"\(\.\.\.\) or np\.zeros_like\(<a traced array>\), and read traced arrays with np\.asanyarray, not "
+            r"np\.asarray$")
+
+
+def test_an_accumulator_zeroed_with_np_zeros_is_refused_at_capture_in_one_line():
+    """A replay of it would start from the sum the capture left there: the capture refuses it, on every rank."""
+    with pytest.raises(ReplayError) as info:
+        spmdsim.simulate(2, _sum_of_multiples, lambda b: np.zeros(b.shape))
+    first, *rest = str(info.value).splitlines()
+    assert re.match(_REFUSED.format(what="add"), first) and rest == [], str(info.value)
+
+
+@pytest.mark.parametrize("write, what", [
+    (lambda acc, x: np.multiply(x, 2.0, out=acc), "multiply"), (lambda acc, x: np.copyto(acc, x), "copyto"),
+    (lambda acc, x: np.add.at(acc, [0, 0], x[:2]), r"add\.at"), (lambda acc, x: np.put(acc, [1], x[:1]), "put")])
+def test_each_recorded_write_into_a_plain_array_is_refused(write, what):
+    def step(x):
+        acc = np.zeros(4)
+        write(acc, x)
+        return acc
+
+    with pytest.raises(ReplayError, match=_REFUSED.format(what=what)):
+        capture(step, np.ones(4))
+    # The same write into memory the capture sees (its input) is recorded and replayed.
+    graph = capture(lambda x: (write(x, x[::-1] * 1.0), x)[1], np.ones(4))
+    new = np.arange(4.0)
+    expected = new.copy()
+    write(expected, expected[::-1] * 1.0)
+    assert np.array_equal(graph(new), expected) and not np.array_equal(expected, np.arange(4.0))
+
+
+def test_a_transfer_no_kernel_records_is_refused_at_capture_and_runs_inside_one():
+    from spmdsim.runtime.replay import kernel
+
+    def step_gathering(marked: bool):
+        mesh = Mesh(Layout((2,), ("x",)), spmdsim.world())
+        x = DTensor.from_local(mesh, np.full(2, float(mesh.rank)), mesh.layout("x"))
+        gather = kernel(DTensor.gather) if marked else DTensor.gather
+        graph = capture(lambda t: gather(t) * 2.0, x)
+        y = DTensor.from_local(mesh, np.full(2, 5.0 + mesh.rank), mesh.layout("x"))
+        return graph(y).tolist()
+
+    with pytest.raises(ReplayError, match=r"^replay: gather while capturing is not recorded \(no kernel runs it\), so "
+                       r"a replay would not repeat it; .* spmdsim\.runtime\.replay\.kernel"):
+        spmdsim.simulate(2, step_gathering, False)
+    assert spmdsim.simulate(2, step_gathering, True) == [[10.0, 10.0, 12.0, 12.0]] * 2
+
+
+def _many_operators(replay: bool, steps: int = 3):
+    """A step through most of spmdsim.ops on dp 2 x tp 2 (split dims joined, narrowed and reduced, exact GELU,
+    erf, norms, attention with dropout, both losses, argmax, an embedding), its backward and AdamW."""
+    from spmdsim.optim import AdamW
+
+    mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
+    L = mesh.layout
+    specs = {"w1": ((16, 32), (None, "tp")), "w2": ((32, 16), ("tp", None)), "g": ((16,), (None,)),
+             "b": ((16,), (None,)), "table": ((12, 16), ("tp", None)), "wq": ((16, 16), (None, "tp"))}
+    P = {name: DTensor.from_seeded(mesh, L(*m), SeededTensor(s, "float64", seed=i)).requires_grad_()
+         for i, (name, (s, m)) in enumerate(specs.items())}
+    opt = AdamW(list(P.values()), lr=0.01)
+
+    def step(x, ids, labels, seed):
+        opt.zero_grad()
+        h = ops.layer_norm(x, P["g"], P["b"]) + ops.embedding(ids, P["table"])
+        u = ops.einsum("bd,df->bf", h, P["w1"])
+        u = ops.gelu(u, approximate="none") + ops.silu(u) * 0.1 + ops.sigmoid(u) - ops.tanh(u) * 0.2
+        u = ops.dropout(u, 0.2, seed=lambda: 7 + int(seed))
+        left, right = ops.chunk(u, 2, dim=1)  # u's dim 1 is split over tp: joined and narrowed by Alltoallv
+        split = ops.mean(ops.concatenate([right, left], dim=1) * u) + ops.sum(ops.narrow(u, 1, 3, 20)) * 0.01
+        h = ops.resolved(ops.einsum("bf,fd->bd", u, P["w2"]))
+        a = ops.exp(ops.clip(h, -2.0, 2.0)) + ops.sqrt(ops.abs(h) + 1.0) + ops.log(ops.square(h) + 1.0)
+        a = a + ops.sin(h) * ops.cos(h) + ops.rsqrt(ops.square(h) + 1.0) + ops.erf(h)
+        a = ops.maximum(a, h) - ops.minimum(a, -h) + ops.pow(ops.abs(h) + 1.0, 2.0) / 3.0
+        a = ops.where(ops.equal(h, h), a, ops.neg(a)) + ops.relu(h)
+        r = ops.rms_norm(h, P["g"])
+        s = ops.softmax(r, dim=-1) + ops.log_softmax(r, dim=-1) * 0.01
+        left, right = ops.chunk(h, 2, dim=1)
+        joined = ops.concatenate([right, left], dim=1)
+        q = ops.reshape(ops.einsum("bd,df->bf", h, P["wq"]), (2, 4, 2, 8))
+        o = ops.attention(q, q, q, causal=True, dropout=0.1, seed=lambda: 3 + int(seed))
+        top = ops.equal(h, ops.max(h, dims=1, keepdims=True))
+        loss = (split + ops.mean(h * h) + ops.mean(a) + ops.sum(s * r) * 0.1 + ops.var(r) + ops.max(r) - ops.min(r)
+                + ops.mean(joined * h) + ops.sum(ops.narrow(h, 1, 3, 10)) * 0.01 + ops.mean(ops.stack([h, joined]))
+                + ops.mean(ops.transpose(h, (1, 0)) ** 2) + ops.mean(ops.broadcast_to(ops.sum(h, dims=0), (8, 16)))
+                + ops.mean(o * o) + ops.cross_entropy(h, labels, label_smoothing=0.1)
+                + ops.mse_loss(h, ops.resolved(x * 1.0).redistribute(h.layout))
+                + ops.mean(ops.masked_fill(h, top, 0.5)) + ops.sum(ops.argmax(h, dim=1).astype("float64")) * 0.0)
+        loss.backward()
+        opt.step()
+        return loss
+
+    losses, graph = [], None
+    for k in range(steps):
+        x = DTensor.from_seeded(mesh, L("dp", "tp"), SeededTensor((8, 16), "float64", seed=50 + k))
+        ids = DTensor.from_seeded(mesh, L("dp"), SeededTensor((8,), "int64", seed=60 + k, low=0, high=12))
+        labels = DTensor.from_seeded(mesh, L("dp"), SeededTensor((8,), "int64", seed=70 + k, low=0, high=16))
+        if not replay:
+            loss = step(x, ids, labels, Scalar(k))
+        elif graph is None:
+            graph = capture(step, x, ids, labels, Scalar(k), state=list(P.values()))
+            loss = graph.result
+        else:
+            loss = graph(x, ids, labels, k)
+        losses.append(float(ops.resolved(loss).local))
+    return losses, [t.local.tobytes() for p in P.values() for t in (p, p.grad)]
+
+
+def test_many_operators_replay_bit_for_bit():
+    """Each operator's own numpy work recorded with numpy untouched: a place that made a plain array of a
+    traced one (np.asarray, np.ascontiguousarray, np.zeros then filled) would replay other values."""
+    for (losses, blocks), (again, replayed) in spmdsim.simulate(4, lambda: (_many_operators(False),
+                                                                            _many_operators(True))):
+        assert len(set(losses)) == 3 and again == losses
+        assert replayed == blocks

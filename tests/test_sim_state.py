@@ -4,13 +4,14 @@ Two simulations run at once in one process (two threads each calling spmdsim.sim
 one turns the divergence guard on, the other leaves it off, and neither sees the
 other's settings or calls. A plain run and a replay capture leave numpy's array
 creators, np.random's functions, mpi4py's module and DTensor.local the very objects
-they were (see test_module_objects_stay_the_same for what a capture still replaces).
+they were.
 """
 from __future__ import annotations
 
 import random
 import sys
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ import spmdsim
 from spmdsim.errors import RuntimeMismatchError
 from spmdsim.runtime import Mesh, collect_trace, debug
 from spmdsim.runtime import collectives as C
-from spmdsim.runtime.replay import _CREATORS, capture
+from spmdsim.runtime.replay import capture
 
 WAIT_S = 60
 
@@ -120,15 +121,19 @@ def test_each_rank_configures_its_own_settings_as_an_mpi_rank_does():
     assert spmdsim.simulate(3, one_rank_turns_it_on) == [False, True, False]
 
 
+# numpy's public names but its submodules: its array creators (np.zeros, np.asarray, ...) among them
+_NUMPY_NAMES = tuple(name for name in np.__all__ if not isinstance(getattr(np, name), types.ModuleType))
+
+
 def _module_objects() -> dict:
-    """What a simulation or a capture must leave as it found it: numpy's array creators, np.random's
+    """What a simulation or a capture must leave as it found it: numpy's functions, np.random's
     and random's module functions, mpi4py.MPI (the module, its type, its names) and DTensor.local."""
     from mpi4py import MPI
 
     from spmdsim.runtime.dtensor import DTensor
     from spmdsim.emulator.mpi4py_world import SWAPPED
 
-    seen = {f"np.{name}": getattr(np, name) for name in _CREATORS}
+    seen = {f"np.{name}": getattr(np, name) for name in _NUMPY_NAMES}
     seen.update({f"np.random.{name}": getattr(np.random, name) for name in np.random.__all__})
     seen.update({f"random.{name}": getattr(random, name) for name in random.__all__})
     seen.update({"mpi4py.MPI": sys.modules["mpi4py.MPI"], "type(MPI)": type(MPI),
@@ -142,9 +147,8 @@ def _same(seen: dict, before: dict) -> list:
 
 
 def test_module_objects_stay_the_same_before_during_and_after_a_run_and_a_capture():
-    """The identity of each object, seen from the ranks and from the caller. Not covered: while any
-    thread captures, numpy's array creators (replay._CREATORS) are replay's recording wrappers on the
-    numpy module, for every thread (docs/replay.md, "How it records")."""
+    """The identity of each object, seen from the ranks and from the caller, while they run and while
+    they capture a step (docs/replay.md, "How it records")."""
     from spmdsim.runtime.dtensor import DTensor
 
     before = _module_objects()
@@ -164,8 +168,7 @@ def test_module_objects_stay_the_same_before_during_and_after_a_run_and_a_captur
         x = DTensor.from_local(mesh, np.full(3, float(mesh.rank)), mesh.layout(None))
 
         def step(t):
-            during.append([name for name in _same(_module_objects(), before)
-                           if name.removeprefix("np.") not in _CREATORS])
+            during.append(_same(_module_objects(), before))
             return C.allreduce(mesh, t.local * 2.0, "x")
 
         graph = capture(step, x)

@@ -20,6 +20,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from .. import buffers
 from ..context import current
 from ..errors import OperatorError
 from ..flops import sweep
@@ -70,8 +71,8 @@ def _backward(loss: Any, explain: Optional[list], bucket: Any, gradient: Any, ke
     owners: dict = {}  # Node/Leaf -> the tensor it belongs to (for the target layout)
     if gradient is None:
         # d loss / d loss = 1, whole: a pending loss's every addend gets all of it.
-        gradient = DTensor(loss.mesh, np.ones(loss.local.shape, loss.dtype), with_partial(loss.layout, ()),
-                           loss.global_shape)
+        ones = buffers.fresh(np.ones(loss.local.shape, loss.dtype), 1)  # filled again by a replay
+        gradient = DTensor(loss.mesh, ones, with_partial(loss.layout, ()), loss.global_shape)
     _accumulate(grads, owners, loss, gradient)
     leaves: list = []
     readers: dict = {}  # with an explanation: leaf -> the forward steps that read it
@@ -395,7 +396,7 @@ def add_grads(a: Any, b: Any, layout: TensorLayout, kind: Optional[str] = "activ
         total = a.mesh.engine.local(np.add, like, a.local, b.local)
     else:
         total = a.local + b.local
-    if type(total) is not np.ndarray:  # 0-d blocks sum to a numpy scalar
+    if not isinstance(total, np.ndarray):  # 0-d blocks sum to a numpy scalar
         total = np.asarray(total)
     # Both checked DTensors of one layout and global shape: their sum's block is shaped as theirs.
     return type(a)._trusted(a.mesh, total, a.layout, a.global_shape)

@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..buffers import as_array, contiguous
 from ..errors import OperatorError
 from .graph import record, with_partial
 
@@ -73,7 +74,7 @@ class Function:
         tensor = type(first)  # the runtime's DTensor, taken from the argument: this module imports no runtime
 
         def make_dtensor(mesh: Any, local: Any, layout: Any, shape: Sequence[int]) -> Any:
-            return tensor(mesh, np.ascontiguousarray(local), layout, tuple(shape))
+            return tensor(mesh, contiguous(local), layout, tuple(shape))
 
         for t in tensors:
             if t.layout.partial:
@@ -84,7 +85,7 @@ class Function:
         shape = tuple(first.global_shape) if shape is None else tuple(shape)
         ctx = FunctionCtx(first.mesh.rank, tuple(t.slices for t in tensors), tuple(t.layout for t in tensors))
         block = cls.forward(ctx, *[a.local if any(a is t for t in tensors) else a for a in args])
-        block = np.asarray(block)
+        block = np.asanyarray(block)
         expected = layout.local_shape(shape)
         if block.shape != expected:
             raise OperatorError(f"{name}.forward returned a block of shape {block.shape!r}; the output's layout "
@@ -111,7 +112,7 @@ class Function:
                 if g is None or t._ag is None:
                     result.append(None)
                     continue
-                g = np.asarray(g, dtype=t.dtype)
+                g = as_array(g, t.dtype)
                 if g.shape != t.local.shape:
                     raise OperatorError(f"{name}.backward returned a gradient block of shape {g.shape!r} "
                                         f"for an argument block of shape {t.local.shape!r}")

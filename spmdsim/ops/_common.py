@@ -26,9 +26,9 @@ def make_dtensor(mesh: Any, local: np.ndarray, layout: TensorLayout, shape: Sequ
     """A DTensor from this rank's block (the one place that builds result tensors)."""
     cls = _DTENSOR or _dtensor_class()
     if type(local) is not np.ndarray:
-        local = np.asarray(local)  # ascontiguousarray alone would make a 0-d block (a loss) 1-d
+        local = np.asanyarray(local)  # ascontiguousarray alone would make a 0-d block (a loss) 1-d
     if not local.flags.c_contiguous:
-        local = np.ascontiguousarray(local)
+        local = local.copy()  # C order; a traced block's copy is recorded (np.ascontiguousarray's would not be)
     if type(shape) is not tuple:
         shape = tuple(shape)
     # The checks DTensor() makes, passed before by this shape under an equal layout: the same block

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..autograd.rules.shapes import (record_broadcast_to, record_concatenate, record_concatenate_split, record_narrow,
                                      record_narrow_split)
+from .. import buffers
 from ..errors import OperatorError
 from ..infer.concat import infer_broadcast_to, infer_concatenate, infer_narrow
 from ..plan.shift import Shift
@@ -114,7 +115,7 @@ def _concatenate_split(mesh: Any, xs: list, plan: Any, dtype: Any) -> Any:
     from ..runtime.exchange import shifted_many
 
     d, shape = plan.dim, plan.shape
-    block = np.empty(plan.out.local_shape(shape), dtype)
+    block = buffers.fresh(np.empty(plan.out.local_shape(shape), dtype))  # every row written below
     shifted_many(mesh, [(x.local, Shift(x.layout, tuple(x.global_shape), plan.out, shape, d, -at), block)
                         for x, at in zip(xs, plan.offsets)], f"concatenate dim {d}")
     out = make_dtensor(mesh, block, plan.out, shape)

@@ -25,6 +25,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..autograd.rules.grads import axes_of
+from ..buffers import contiguous, stacked
 from ..autograd.rules.losses import record_cross_entropy, record_mse_loss
 from ..errors import OperatorError, ShapeError
 from ..flops import sweep
@@ -38,7 +39,7 @@ __all__ = ["mse_loss", "cross_entropy"]
 
 def _scalar(mesh: Any, value: Any, dtype: np.dtype) -> Any:
     """A replicated 0-d DTensor (make_dtensor: a 0-d array stays 0-d)."""
-    return make_dtensor(mesh, np.array(value, dtype=dtype), _scalar_layout(mesh.layout), ())
+    return make_dtensor(mesh, np.asanyarray(value).astype(dtype), _scalar_layout(mesh.layout), ())
 
 
 @lru_cache(maxsize=64)
@@ -53,7 +54,7 @@ def _row_sum(mesh: Any, values: np.ndarray, axes: tuple[str, ...], label: str) -
         return values
     from ..runtime.executor import pending, resolve
 
-    return resolve(mesh, np.ascontiguousarray(values), pending(mesh.layout, values.ndim, axes), label, owned=True)
+    return resolve(mesh, contiguous(values), pending(mesh.layout, values.ndim, axes), label, owned=True)
 
 
 def mse_loss(y: Any, target: Any) -> Any:
@@ -72,7 +73,7 @@ def mse_loss(y: Any, target: Any) -> Any:
     n = max(1, math.prod(y.global_shape))
     diff = y.local - target.local.astype(y.dtype, copy=False)
     axes = axes_of(y.layout, y.layout.tensor_map)
-    total = _row_sum(mesh, np.array([(diff * diff).sum()], y.dtype), axes, "mse_loss")
+    total = _row_sum(mesh, stacked([(diff * diff).sum()], y.dtype), axes, "mse_loss")
     out = _scalar(mesh, total[0] / n, y.dtype)
     return out if y._ag is None and target._ag is None else record_mse_loss(out, y, target, diff, n)
 
@@ -99,7 +100,7 @@ def _run(mesh: Any, values: np.ndarray, steps: tuple, label: str) -> np.ndarray:
         return values
     from ..runtime.executor import execute
 
-    return execute(mesh, np.ascontiguousarray(values), steps, (), label, owned=True)
+    return execute(mesh, contiguous(values), steps, (), label, owned=True)
 
 
 def _counts(mesh: Any, summed: Any, bad: int, ignored: int, plan: Any, dtype: np.dtype) -> tuple[Any, int, int]:
@@ -112,10 +113,10 @@ def _counts(mesh: Any, summed: Any, bad: int, ignored: int, plan: Any, dtype: np
         return summed, bad, ignored
     if plan.packed:
         base = plan.shape[0] + 1
-        total = _run(mesh, np.array([summed, bad * base + ignored], dtype), plan.total, "cross_entropy")
+        total = _run(mesh, stacked([summed, bad * base + ignored], dtype), plan.total, "cross_entropy")
         code = int(total[1])
         return total[0], code // base, code % base
-    total = _run(mesh, np.array([summed, bad, ignored], dtype), plan.total, "cross_entropy")
+    total = _run(mesh, stacked([summed, bad, ignored], dtype), plan.total, "cross_entropy")
     return total[0], int(total[1]), int(total[2])
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from ..autograd.rules.grads import axes_of
 from ..autograd.rules.reduce import record_reduce
 from ..infer.pointwise import infer_reduce, reduce_dims
+from ..buffers import as_array, contiguous
 from ..flops import sweep
 from ._common import make_dtensor, raise_if_not_dtensors
 
@@ -37,15 +38,15 @@ def reduce(kind: str, x: Any, dims: Any = None, keepdims: bool = False) -> Any:
     if layout != plan.target:
         x = redistribute(x, plan.target)
     shape = tuple(1 if d in axes else s for d, s in enumerate(x.global_shape) if keepdims or d not in axes)
-    block = np.asarray(_KERNELS[kind](x.local, axis=axes, keepdims=keepdims))
+    block = np.asanyarray(_KERNELS[kind](x.local, axis=axes, keepdims=keepdims))
     sweep(kind, (x.local,), (block,))
     count = math.prod(x.global_shape[d] for d in axes)
     if kind == "mean":
         block = block / np.asarray(count, block.dtype) if block.dtype.kind == "f" else block / count
     if plan.steps:  # collectives take at least one dim: a 0-d result travels as one element
         local_shape = block.shape
-        block = execute(x.mesh, np.ascontiguousarray(block).reshape(-1) if not local_shape else
-                        np.ascontiguousarray(block), plan.steps, shape, kind, owned=True).reshape(local_shape)
+        block = execute(x.mesh, contiguous(block).reshape(-1) if not local_shape else
+                        contiguous(block), plan.steps, shape, kind, owned=True).reshape(local_shape)
     out = make_dtensor(x.mesh, block, plan.out, shape)
     if x._ag is None:
         return out
@@ -160,7 +161,7 @@ def arg_reduce(kind: str, x: Any, dim: Any, keepdims: bool) -> Any:
         index = local_index.astype(np.int64) + starts[d]
     axes = axes_of(x.layout, tuple(x.layout.tensor_map[d] for d in dims)) if plan.steps else ()
     if axes:
-        values = np.asarray(value)
+        values = np.asanyarray(value)
         group = pending(x.mesh.layout, 1, axes)
         if values.dtype.kind == "f":  # NaN wins (numpy's rule): a flag's MAX first, with the value's
             nan = np.isnan(values)
@@ -171,14 +172,14 @@ def arg_reduce(kind: str, x: Any, dim: Any, keepdims: bool) -> Any:
             any_nan, top = best[:values.size].reshape(values.shape), best[values.size:].reshape(values.shape)
             mine = np.where(any_nan > 0, nan, ~nan & (clean == top))
         else:  # integers in their own dtype: exact
-            top = resolve(x.mesh, np.ascontiguousarray(values).reshape(-1), group, f"{kind}.value",
+            top = resolve(x.mesh, contiguous(values).reshape(-1), group, f"{kind}.value",
                           reduction="max" if kind == "argmax" else "min").reshape(values.shape)
             mine = values == top
         last = np.iinfo(np.int64).max
-        candidates = np.where(mine, np.asarray(index), last).astype(np.int64).reshape(-1)
+        candidates = np.where(mine, np.asanyarray(index), last).astype(np.int64).reshape(-1)
         index = resolve(x.mesh, candidates, group, f"{kind}.index", reduction="min",
                         owned=True).reshape(values.shape)
-    index = np.asarray(index, dtype=np.int64)
+    index = as_array(index, np.int64)
     if keepdims:
         index = np.expand_dims(index, dims[0])
     out = make_dtensor(x.mesh, index, plan.out, shape)

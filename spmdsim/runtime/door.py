@@ -34,6 +34,7 @@ from . import debug
 from . import layers
 from .layers import Collective
 from .mesh import Mesh, normalize_axes
+from .replay import unrecorded
 from ..context import current as _context
 from .trace import record, record_call
 
@@ -96,6 +97,7 @@ def transfer(comm: Any, op: str, axes: Any, array: Any, extra: Any, polite: bool
     """Run one transfer outside a mesh (not traced) with the debug layers: `comm`'s engine's `kind`
     ("all_gather") on `args`, numbered and compared with SPMDSIM_CHECK, its wait watched with
     SPMDSIM_WATCHDOG. `array`: this rank's send buffer (what the check compares)."""
+    unrecorded(f"{op} on {axes!r}" if axes else op)  # DTensor.gather, DTensor.check: no kernel records them
     seq = debug.begin(comm, op, axes, array.dtype, array.shape, extra, polite)
     getattr(engine_of(comm), kind)(comm, *args, debug.waiter(op, axes, seq, polite, comm))
 
@@ -129,6 +131,7 @@ def point_to_point(mesh: Mesh, comm: Any, axes: Any, receives: list, sends: list
     polite mesh, watched with SPMDSIM_WATCHDOG (a schedule that deadlocks anyway ends the job with the
     watchdog's report); one trace row ("send", "recv" or "sendrecv") with the bytes each way. Not
     numbered as a collective: the stages of a pipeline make different numbers of them."""
+    unrecorded(f"point-to-point messages on {axes!r}")
     context = _context()
     traces = context.traces
     t0 = perf_counter()

@@ -119,7 +119,7 @@ class DTensor:
                 f"astype({want.name!r}) of a pending sum over {self._layout.partial!r} of dtype "
                 f"{self._local.dtype.name!r}: the addends would be truncated one by one; "
                 "resolve the sum first (redistribute to a layout without partial axes)")
-        return DTensor(self._mesh, self._local.astype(want), self._layout, self._shape)
+        return DTensor(self._mesh, local_of(self).astype(want), self._layout, self._shape)
 
     # -- constructors ------------------------------------------------------------
     @classmethod
@@ -249,10 +249,10 @@ class DTensor:
     def resolved_local(self, label: str | None = None) -> np.ndarray:
         """This rank's shard with pending partial sums added up (the local array if none)."""
         if not self._layout.partial:
-            return self._local
+            return local_of(self)
         from .executor import resolve
 
-        return resolve(self._mesh, self._local, self._layout, label)
+        return resolve(self._mesh, local_of(self), self._layout, label)
 
     # -- autograd and operators: spmdsim.ops fills `_OPERATORS` when it loads ----------------
     def requires_grad_(self, requires_grad: bool = True) -> "DTensor":
@@ -330,7 +330,7 @@ class DTensor:
         if self._layout.partial:
             raise OperatorError(f"the truth value of a pending sum over {self._layout.partial!r}: add it up first "
                                 "on every rank (a collective): ops.resolved(x)")
-        return bool(self._local.reshape(()))
+        return bool(local_of(self).reshape(()))
 
     def __lt__(self, other: Any) -> "DTensor":
         return _OPERATORS.pointwise("lt", self, other)
@@ -401,7 +401,7 @@ class DTensor:
         if self._layout.partial:
             raise OperatorError(f"item(): the scalar is a pending sum over {self._layout.partial!r}; add it up "
                                 "first on every rank (a collective): ops.resolved(x).item()")
-        return self._local.item()
+        return local_of(self).item()
 
     def __float__(self) -> float:
         return float(self.item())

@@ -16,6 +16,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from .. import buffers
 from ..errors import DTypeError, RankError, ShapeError
 from ..validate import as_int
 from .door import _alone, _empty, _result, issue
@@ -176,7 +177,7 @@ def shifted(mesh: Mesh, local: np.ndarray, shift: Any, label: str | None = None,
     no rank holds are zeros, or left as they are in `out` (the block to write into). Collective: every
     rank calls it with the same shift."""
     if out is None:
-        out = np.zeros(shift.moves(mesh.rank).out_shape, local.dtype)
+        out = buffers.fresh(np.zeros(shift.moves(mesh.rank).out_shape, local.dtype), 0)
     shifted_many(mesh, [(local, shift, out)], label)
     return out
 
@@ -202,7 +203,7 @@ def shifted_many(mesh: Mesh, moves: Sequence[tuple[np.ndarray, Any, np.ndarray]]
     if len(moving) == 1:  # one shift: its Alltoallv by a spec worked out once (the repeated path)
         local, shift, out = moving[0]
         spec = _shift_spec(shift, mesh.size, rank, local.shape)
-        recv = exchange(mesh, local if local.flags.c_contiguous else np.ascontiguousarray(local), spec, label)
+        recv = exchange(mesh, buffers.contiguous(local), spec, label)
         for (_, index, shape), (_, lo, hi) in zip(shift.moves(rank).places, spec.recv_slots):
             out[index] = recv[lo:hi].reshape(shape)
         return

@@ -23,6 +23,7 @@ from ..plan.steps import moved_bytes
 from ..engines import DONE
 from .door import _alone, _check_dtype, _contig, _dim, _divisible, _result, issue, normalize_axes
 from .mesh import Mesh
+from .replay import unrecorded
 
 __all__ = ["Prepared", "prepare_allreduce", "prepare_allgather", "prepare_reduce_scatter",
            "prepare_alltoall"]
@@ -53,6 +54,7 @@ class Prepared:
 
     def run(self) -> np.ndarray:
         """Perform the collective on the bound buffers (every member calls it alike)."""
+        unrecorded(f"a prepared {self.op}")
         g = self.group_size
         if g == 1:
             _alone(self.op, self.axes, self.label, self._send.dtype)

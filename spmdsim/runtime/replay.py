@@ -21,13 +21,14 @@ arrays (a numpy subclass that records each ufunc and numpy function applied
 to it, and the methods that copy or write; `DTensor.local` is `local_of`,
 which asks the calling thread); functions marked `kernel` (the
 collectives, a dropout's mask, an optimizer's update) are recorded as one
-call each and rerun whole. numpy's array creators (`_CREATORS`) are the one
-thing swapped for the whole process: while any thread captures they are
-wrappers on the numpy module that hand the capturing thread traced arrays and
-every other thread numpy's own (docs/replay.md, "How it records", says why
-and what not swapping them would take). A Python value read off an array while capturing
-(``bool(x)``, ``float(x)``, ``x.item()``) is recorded as a guard: a replay
-that reads a different value stops with an error naming the capture's value.
+call each and rerun whole. Nothing outside spmdsim is swapped: memory a step
+makes comes from an allocator that hands it to the capture (spmdsim.buffers:
+``FRESH`` is `fresh` while any thread captures) or from numpy's ``*_like`` of a
+traced array, and a recorded write into a plain array (memory numpy made out
+of the capture's sight) raises ReplayError (docs/replay.md, "Your own step").
+A Python value read off an array while capturing (``bool(x)``, ``float(x)``,
+``x.item()``) is recorded as a guard: a replay that reads a different value
+stops with an error naming the capture's value.
 """
 from __future__ import annotations
 
@@ -58,6 +59,15 @@ def _tape() -> Optional["_Tape"]:
 def capturing() -> bool:
     """Whether this thread is capturing now, outside a kernel."""
     return bool(_ACTIVE[0]) and _tape() is not None
+
+
+def unrecorded(what: str) -> None:
+    """Refuse `what` (a transfer no kernel records: DTensor.gather, a prepared collective, point-to-point
+    messages) while this thread captures outside a kernel: a replay would not repeat it."""
+    if _ACTIVE[0] and _tape() is not None:
+        raise ReplayError(f"replay: {what} while capturing is not recorded (no kernel runs it), so a replay would "
+                          "not repeat it; do it outside the captured step, or inside a function marked with "
+                          "spmdsim.runtime.replay.kernel")
 
 
 def _raw(x: Any, seen: Optional[dict] = None) -> Any:
@@ -139,8 +149,13 @@ class Traced(np.ndarray):
         tape = _tape()
         if tape is None:
             return func(*raw_in, **kwargs)
-        result = _inside(tape, func, raw_in, kwargs)
         if method == "at":  # in place on its first operand
+            _written(inputs[0], ufunc.__name__ + ".at")
+        elif out is not None:
+            for o in out:
+                _written(o, ufunc.__name__)
+        result = _inside(tape, func, raw_in, kwargs)
+        if method == "at":
             tape.add(func, raw_in, kwargs)
             return None
         if out is not None:
@@ -159,8 +174,18 @@ class Traced(np.ndarray):
         tape = _tape()
         if tape is None:
             return func(*raw_args, **raw_kwargs)
+        fill = _FILLS.get(func)
+        if fill is not None:  # np.zeros_like(traced) and its kin: new memory the replay fills again
+            result = _inside(tape, func, raw_args, raw_kwargs)
+            value = fill(raw_args, raw_kwargs)
+            if value is not None:
+                tape.add(result.fill, (value,), {})
+            return _traced(result)
+        if kwargs.get("out") is not None:
+            _written(kwargs["out"], func.__name__)
         result = _inside(tape, func, raw_args, raw_kwargs)
-        if result is None:  # wrote into an argument (np.copyto, np.put)
+        if result is None:  # wrote into an argument (np.copyto, np.put): its first
+            _written(args[0] if args else next(iter(kwargs.values()), None), func.__name__)
             tape.add(func, raw_args, raw_kwargs)
             return None
         if isinstance(result, _ndarray):
@@ -297,6 +322,28 @@ def _setitem(raw: np.ndarray, index: Any, value: Any) -> None:
     raw[index] = value
 
 
+def _written(target: Any, what: str) -> None:
+    """Refuse a recorded write into a plain array: memory the capture did not hand out, whose zeroing or
+    fill (made before the write, unrecorded) a replay would not repeat."""
+    if type(target) is tuple:
+        for t in target:
+            _written(t, what)
+    elif type(target) is _ndarray:
+        raise ReplayError(
+            f"replay: np.{what} wrote into a plain array {target.shape} {target.dtype.name} while capturing: numpy "
+            "made it out of the capture's sight, so a replay would not zero or fill it again; make it with "
+            "spmdsim.buffers.zeros(...) or np.zeros_like(<a traced array>), and read traced arrays with "
+            "np.asanyarray, not np.asarray")
+
+
+def _fill_arg(args: tuple, kwargs: dict) -> Any:
+    return kwargs["fill_value"] if "fill_value" in kwargs else args[1]
+
+
+# numpy's creators that take a prototype: their result is filled again by a replay (np.empty_like's is not).
+_FILLS = {np.empty_like: lambda args, kwargs: None, np.zeros_like: lambda args, kwargs: 0,
+          np.ones_like: lambda args, kwargs: 1, np.full_like: _fill_arg}
+
 _METADATA = frozenset({np.shape, np.ndim, np.size, np.result_type, np.may_share_memory, np.shares_memory,
                        np.iscomplexobj, np.isrealobj, np.min_scalar_type, np.can_cast})
 # numpy functions a replay calls with out= the captured result (the others compute a new array and copy it in).
@@ -386,54 +433,14 @@ class Scalar:
         return f"Scalar({self.value!r})"
 
 
-# numpy's allocating functions, made to hand out Traced arrays while this thread captures.
-_CREATORS = ("empty", "zeros", "ones", "full", "asarray", "ascontiguousarray", "array", "empty_like",
-             "zeros_like", "ones_like", "full_like")
-_ORIGINAL = {name: getattr(np, name) for name in _CREATORS}
-_patch_lock = threading.Lock()
-
-
-def _creator(name: str) -> Callable:
-    original = _ORIGINAL[name]
-
-    def made(*args: Any, **kwargs: Any) -> Any:
-        tape = _tape() if _ACTIVE[0] else None
-        if tape is None:
-            return original(*args, **kwargs)
-        if name in ("asarray", "ascontiguousarray", "array"):
-            source = args[0] if args else kwargs.get("a", kwargs.get("object"))
-            raw = _raw(source)
-            result = original(raw, *args[1:], **kwargs)
-            if isinstance(result, _ndarray) and _arrays(raw, []) and not _fresh(result, raw):
-                return result.view(Traced)  # the same memory (or a view): traced as its source
-            if isinstance(result, _ndarray) and _arrays(raw, []):
-                tape.add(_copy_into, (result, original, (raw,) + args[1:], kwargs), {})
-                return result.view(Traced)
-            return result.view(Traced) if isinstance(result, _ndarray) else result
-        raw_args = _raw(args)
-        result = original(*raw_args, **{k: _raw(v) for k, v in kwargs.items()})
-        if name in ("zeros", "ones", "full", "zeros_like", "ones_like", "full_like"):
-            value = {"zeros": 0, "zeros_like": 0, "ones": 1, "ones_like": 1}.get(name)
-            if value is None:
-                value = kwargs.get("fill_value", raw_args[1] if len(raw_args) > 1 else None)
-            tape.add(result.fill, (value,), {})
-        return result.view(Traced)
-
-    made.__name__ = name
-    made.__doc__ = original.__doc__
-    return made
-
-
-_PATCHED = {name: _creator(name) for name in _CREATORS}
+_lock = threading.Lock()
 
 
 def _begin(tape: "_Tape") -> None:
     from .. import buffers
 
-    with _patch_lock:
+    with _lock:
         if _ACTIVE[0] == 0:
-            for name, made in _PATCHED.items():
-                setattr(np, name, made)
             buffers.FRESH = fresh
         _ACTIVE[0] += 1
     _tls.tape = tape
@@ -443,11 +450,9 @@ def _end() -> None:
     from .. import buffers
 
     _tls.tape = None
-    with _patch_lock:
+    with _lock:
         _ACTIVE[0] -= 1
         if _ACTIVE[0] == 0:
-            for name, original in _ORIGINAL.items():
-                setattr(np, name, original)
             buffers.FRESH = None
 
 

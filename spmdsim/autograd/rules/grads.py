@@ -24,7 +24,9 @@ def grad_tensor(like: Any, local: np.ndarray, *pending: Iterable[str]) -> Any:
         partial = tuple(a for a in layout.layout.alias_name if a in wanted)
     else:  # nothing pending (most gradients): no sets to build
         partial = ()
-    local = np.asarray(local, dtype=like.dtype)
+    local = np.asanyarray(local)  # a captured step's traced block stays traced (spmdsim.runtime.replay)
+    if local.dtype != like.dtype:
+        local = local.astype(like.dtype)
     if not local.flags.c_contiguous:  # collectives read C order (ascontiguousarray makes 0-d 1-d)
         local = local.copy()
     grad_layout = with_partial(layout, partial)

@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ... import activations
+from ... import activations, buffers
 from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
 from ...engines import matmul as _product  # np.matmul; the dry engine's zeros, unmultiplied
 from ...flops import sweep
@@ -137,7 +137,7 @@ def record_embedding(out: Any, ids: Any, table: Any, plan: Any, start: int, labe
         # Ids this rank does not own add into a spare last row, dropped after: the same sums in the same
         # order as adding only the owned rows, and no array whose size depends on the ids (a captured
         # step replays; spmdsim.runtime.replay).
-        spare = np.zeros((rows + 1,) + table.local.shape[1:], dy.local.dtype)
+        spare = buffers.fresh(np.zeros((rows + 1,) + table.local.shape[1:], dy.local.dtype), 0)
         np.add.at(spare, np.where(owned, flat_ids, rows), dy.local.reshape(-1, spare.shape[1]))
         g = spare[:rows]
         return None, grad_tensor(table, g, dy.layout.partial, axes_of(plan.local, plan.local.tensor_map[:-1]))

@@ -193,7 +193,7 @@ def record_pointwise(op: str, out: Any, xs: list, plan: Any) -> Any:
                 result.append(None)
                 continue
             g = np.broadcast_to(g, dy.local.shape) if np.ndim(g) < dy.local.ndim else g
-            block, dims = _summed(np.asarray(g), x.global_shape, plan.shape, dy.mesh.engine.dry)
+            block, dims = _summed(np.asanyarray(g), x.global_shape, plan.shape, dy.mesh.engine.dry)
             summed = _summed_axes(plan.out, dims) if dims else ()
             # A bilinear op's other operand read only this rank's addend: its gradient is pending too.
             carried = kept if not x.layout.partial else ()

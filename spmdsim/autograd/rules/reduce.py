@@ -28,7 +28,7 @@ def record_reduce(kind: str, out: Any, x: Any, plan: Any, axes: tuple, keepdims:
         if kind in ("sum", "mean"):  # the gradient read and spread over x's block
             sweep(kind, (dy.local,), (x.local,))
             g = np.broadcast_to(d / count if kind == "mean" else d, x.local.shape)
-            return (grad_tensor(x, np.array(g), dy.layout.partial),)
+            return (grad_tensor(x, g.copy(order="K"), dy.layout.partial),)
         sweep(kind, (dy.local, x.local, out.local), (x.local,))  # where x met the extreme, the gradient
         extreme = out.local if keepdims else np.expand_dims(out.local, axes)
         hit = x.local == extreme

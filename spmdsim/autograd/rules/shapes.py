@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ... import buffers
 from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
 from ...plan.shift import Shift
 from ..graph import record, with_partial
@@ -59,7 +60,7 @@ def record_narrow(out: Any, x: Any, index: tuple) -> Any:
     """A slice `index` of a dim whole on every rank: dY in place, zeros elsewhere."""
 
     def fill(d: np.ndarray) -> np.ndarray:
-        grad = np.zeros(x.local.shape, d.dtype)
+        grad = buffers.fresh(np.zeros(x.local.shape, d.dtype), 0)  # zeroed again by a replay of a captured step
         grad[index] = d
         return grad
 
@@ -117,7 +118,7 @@ def record_concatenate_split(out: Any, xs: list, plan: Any, move: Callable) -> A
     def backward(dy: Any) -> tuple:
         wanted = [(k, x, Shift(dy.layout, shape, with_partial(x.layout, dy.layout.partial), tuple(x.global_shape),
                                d, at)) for k, (x, at) in enumerate(zip(xs, plan.offsets)) if x._ag is not None]
-        grads = [np.zeros(back.moves(mesh.rank).out_shape, dy.local.dtype) for _, _, back in wanted]
+        grads = [buffers.fresh(np.zeros(back.moves(mesh.rank).out_shape, dy.local.dtype), 0) for _, _, back in wanted]
         move(mesh, [(dy.local, back, g) for (_, _, back), g in zip(wanted, grads)],
              f"concatenate dim {d}: gradients back")
         pieces: list = [None] * len(xs)
