@@ -153,8 +153,8 @@ def main(args):
         if piped:
             m, v = microbatches(args), virtual_stages(args)
             chunks = f", {v} chunks per stage" if args.schedule == "interleaved" else ""
-            print(f"pipeline: {args.schedule} schedule, {m} microbatches of {cfg.batch // m}{chunks}; each stage's "
-                  f"MoE layers on its own ep groups,\n  their router losses scaled by 1/{m} as the loss")
+            print(f"pipeline: {args.schedule} schedule, {m} microbatches of {cfg.batch // m}{chunks}")
+            print(f"  each stage's MoE layers exchange tokens over its own ep groups; router losses scaled by 1/{m}")
         print(" step    loss  collectives  bytes sent" +
               ("  difference from one numpy process: loss grads params" if check else ""))
 
