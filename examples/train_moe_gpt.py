@@ -69,7 +69,8 @@ parser.add_argument("--recompute", choices=("none", "selective", "full"), defaul
 parser.add_argument("--aux-loss-coeff", type=float, default=MoEConfig.aux_loss_coeff)
 parser.add_argument("--z-loss-coeff", type=float, default=MoEConfig.z_loss_coeff)
 parser.add_argument("--algorithm", choices=("pairwise", "bruck"), default=None,
-                    help="run the Alltoalls as this emulated algorithm (docs/algorithms.md)")
+                    help="run the Alltoalls as this emulated algorithm (docs/algorithms.md); pairwise runs the "
+                         "dropless Alltoallv too (bruck has no Alltoallv: it stays the engine's)")
 parser.add_argument("--dispatch", action="store_true",
                     help="print each reported step's dispatch of the first MoE layer: tokens rank -> rank, "
                          "per expert, dropped")
@@ -131,6 +132,8 @@ def main(args):
         raise spmdsim.SpmdsimError(f"the MoE GPT cannot run on {comm.size} ranks: {problem}")
     dp, ep, tp = shape
     algorithms = {"alltoall": args.algorithm} if args.algorithm else None
+    if args.algorithm == "pairwise":  # the only emulated Alltoallv (spmdsim.algorithms.VARIABLE)
+        algorithms["alltoallv"] = "pairwise"
     mesh = None if piped else spmdsim.Mesh(spmdsim.Layout((dp, ep, tp), ("dp", "ep", "tp")), comm,
                                            algorithms=algorithms)
     text = load_text()
@@ -146,7 +149,8 @@ def main(args):
         else:
             print(f"capacity: {moe.capacity(cfg.seq)} slots per expert per sequence "
                   f"(ceil({moe.top_k} x {cfg.seq} x {moe.capacity_factor:g} / {moe.experts})), the rest dropped")
-        alg = f"; Alltoall as {args.algorithm}" if args.algorithm else ""
+        both = "Alltoall and Alltoallv" if args.dropless and args.algorithm == "pairwise" else "Alltoall"
+        alg = f"; {both} as {args.algorithm}" if args.algorithm else ""
         print(f"mesh {f'pp {pp} x ' if piped else ''}dp {dp} x ep {ep} x tp {tp}"
               f"{' with sequence parallelism' if args.sp else ''}: experts {moe.experts // ep} per ep rank, "
               f"batch over dp x ep = {dp * ep}{alg}")
