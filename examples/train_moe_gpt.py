@@ -151,9 +151,17 @@ def main(args):
                   f"(ceil({moe.top_k} x {cfg.seq} x {moe.capacity_factor:g} / {moe.experts})), the rest dropped")
         both = "Alltoall and Alltoallv" if args.dropless and args.algorithm == "pairwise" else "Alltoall"
         alg = f"; {both} as {args.algorithm}" if args.algorithm else ""
-        print(f"mesh {f'pp {pp} x ' if piped else ''}dp {dp} x ep {ep} x tp {tp}"
-              f"{' with sequence parallelism' if args.sp else ''}: experts {moe.experts // ep} per ep rank, "
-              f"batch over dp x ep = {dp * ep}{alg}")
+        parts = [f"mesh {f'pp {pp} x ' if piped else ''}dp {dp} x ep {ep} x tp {tp}"
+                 f"{' with sequence parallelism' if args.sp else ''}:",
+                 f"experts {moe.experts // ep} per ep rank, batch over dp x ep = {dp * ep}" + (alg and ";"),
+                 alg[2:]]
+        lines = [parts[0]]
+        for part in filter(None, parts[1:]):  # within 100 columns
+            if len(lines[-1]) + 1 + len(part) <= 100:
+                lines[-1] += " " + part
+            else:
+                lines.append("  " + part)
+        print("\n".join(lines))
         if piped:
             m, v = microbatches(args), virtual_stages(args)
             chunks = f", {v} chunks per stage" if args.schedule == "interleaved" else ""
