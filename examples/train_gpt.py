@@ -31,6 +31,7 @@ from spmdsim.gpt.pipeline import pipeline_layout_problem, train_pipelined
 from spmdsim.gpt.memory import recompute_problem, zero_problem
 from spmdsim.gpt.train import TOLERANCE, replay_problem, train
 from spmdsim.nets.train import loss_trend, run_main
+from spmdsim.pipeline.options import microbatches, pipeline_arguments, pipelined, virtual_stages
 from spmdsim.sim import dry_run_active
 from spmdsim.sim.launch import ranks_argument
 from spmdsim.validate import counted
@@ -40,13 +41,7 @@ parser.add_argument("--steps", type=int, default=200)
 parser.add_argument("--dp", type=int, default=None, help="data-parallel ranks (default: world / tp)")
 parser.add_argument("--tp", type=int, default=None, help="tensor-parallel ranks (default: min(world, 4))")
 parser.add_argument("--sp", action="store_true", help="sequence parallelism (Megatron)")
-parser.add_argument("--pp", type=int, default=1, help="pipeline stages (docs/pipeline.md)")
-parser.add_argument("--microbatches", type=int, default=None,
-                    help="microbatches per step (default: 1, or 2 x pp with --pp); gradients accumulate over them")
-parser.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved"), default="1f1b",
-                    help="the pipeline's schedule (with --pp or --microbatches)")
-parser.add_argument("--virtual-stages", type=int, default=None,
-                    help="model chunks per stage with --schedule interleaved (default 2)")
+pipeline_arguments(parser)  # --pp, --microbatches, --schedule, --virtual-stages
 parser.add_argument("--trace-out", default=None, metavar="PATH",
                     help="with a pipeline: the last step as a Perfetto trace (a track per rank: messages, "
                          "collectives and the F/B cells)")
@@ -92,25 +87,10 @@ def split(world, cfg):
     if dp < 1 or tp < 1 or pp * dp * tp != world:
         what = f"pp {pp} x dp {dp} x tp {tp}" if pp > 1 else f"dp {dp} x tp {tp}"
         return None, f"{what} must multiply to the world size {world} (set --dp and --tp)"
-    if pipelined():
-        m, v = microbatches(), virtual()
+    if pipelined(args):
+        m, v = microbatches(args), virtual_stages(args)
         return (dp, tp), pipeline_layout_problem(cfg, pp, dp, tp, args.sp, m, v)
     return (dp, tp), mesh_problem(cfg, dp, tp, args.sp)
-
-
-def pipelined():
-    """Whether the step runs as a pipeline's schedule (stages, or microbatches to accumulate over)."""
-    return args.pp > 1 or (args.microbatches or 1) > 1 or args.schedule != "1f1b"
-
-
-def microbatches():
-    return args.microbatches if args.microbatches is not None else (2 * args.pp if args.pp > 1 else 1)
-
-
-def virtual():
-    if args.virtual_stages is not None:
-        return args.virtual_stages
-    return 2 if args.schedule == "interleaved" else 1
 
 
 def main(args):
@@ -124,9 +104,9 @@ def main(args):
     problem = replay_problem(cfg) if args.replay else None
     zero = int(args.zero) if args.zero.lstrip("-").isdigit() else args.zero
     problem = problem or recompute_problem(args.recompute) or zero_problem(zero) or kept_problem(args.kept)
-    if not problem and args.trace_out and not pipelined():
+    if not problem and args.trace_out and not pipelined(args):
         problem = "--trace-out writes a pipeline's last step; give --pp (or --microbatches) with it"
-    if not problem and args.replay and pipelined():
+    if not problem and args.replay and pipelined(args):
         problem = "--replay runs one captured step; a pipeline's schedule is not captured yet (leave out --replay)"
     if problem:  # every rank alike, before any collective
         raise spmdsim.SpmdsimError(problem)
@@ -142,9 +122,10 @@ def main(args):
         clipped = f", gradients' norm clipped to {cfg.clip}" if cfg.clip else ""
         mesh = f"pp {pp} x dp {dp} x tp {tp}" if pp > 1 else f"dp {dp} x tp {tp}"
         print(f"mesh {mesh}{' with sequence parallelism' if args.sp else ''}; AdamW lr {cfg.lr}{clipped}")
-        if pipelined():
-            v = f", {virtual()} chunks per stage" if args.schedule == "interleaved" else ""
-            print(f"pipeline: {args.schedule} schedule, {microbatches()} microbatches of {cfg.batch // microbatches()}"
+        if pipelined(args):
+            v = f", {virtual_stages(args)} chunks per stage" if args.schedule == "interleaved" else ""
+            m = microbatches(args)
+            print(f"pipeline: {args.schedule} schedule, {m} microbatches of {cfg.batch // m}"
                   f"{v}; gradients accumulated, reduced once per step")
         if args.recompute != "none" or zero or args.kept != "graph":
             print(f"memory: recompute {args.recompute}"
@@ -164,9 +145,10 @@ def main(args):
             diffs = "".join(f"  {e:.1e}" for e in r.errors) if check else ""
             print(f"{r.step:5d}  {r.loss:6.4f}  {r.calls:11d}  {r.bytes_sent:10,}           {diffs}")
 
-    if pipelined():
+    if pipelined(args):
         model, results = train_pipelined(cfg, comm, pp, dp, tp, args.steps, ids, sp=args.sp,
-                                         schedule=args.schedule, microbatches=microbatches(), virtual=virtual(),
+                                         schedule=args.schedule, microbatches=microbatches(args),
+                                         virtual=virtual_stages(args),
                                          check=check, on_step=report, layouts=layouts, recompute=args.recompute,
                                          zero=zero, memory=args.memory, kept=args.kept)
     else:
@@ -184,12 +166,12 @@ def main(args):
         print(trend)
     if args.memory and rank0 and results:
         print("\n".join(results[-1].memory.lines()))
-    if pipelined() and not dry_run_active():
+    if pipelined(args) and not dry_run_active():
         # The last step's executed cells on a unit-cost timeline: the bubble, compared with its formula.
         from spmdsim.pipeline.timeline import bubble_formula
 
         line, held = model.timeline(), model.held()
-        formula = bubble_formula(args.schedule, pp, microbatches(), virtual())
+        formula = bubble_formula(args.schedule, pp, microbatches(args), virtual_stages(args))
         if rank0:
             print(f"executed schedule (last step, unit cost per cell): bubble {float(line.bubble):.3f}, "
                   f"formula {float(formula):.3f}")
@@ -198,7 +180,7 @@ def main(args):
             model.write_trace(args.trace_out)
             if rank0:
                 print(f"trace of the last step written to {args.trace_out} (open it in https://ui.perfetto.dev)")
-    if args.sample and not dry_run_active() and pipelined():
+    if args.sample and not dry_run_active() and pipelined(args):
         # The pipeline's parameters whole on every rank; one numpy process draws from them.
         from spmdsim.gpt.pipeline import gathered_stages
         from spmdsim.gpt.reference import generate
@@ -224,7 +206,7 @@ def main(args):
             print(f"sample (temperature {args.temperature}{same}):")
             for line in decode(np.concatenate([encode(prompt), sample])).splitlines():
                 print("\n".join(line[i:i + 100] for i in range(0, max(len(line), 1), 100)))
-    model.close() if pipelined() else model.mesh.close()
+    model.close() if pipelined(args) else model.mesh.close()
     return 0 if not failed and falling else 1
 
 

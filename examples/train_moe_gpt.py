@@ -14,8 +14,13 @@ within 1e-10. --dispatch prints who sent how many tokens to whom, the tokens per
 buffers and bytes sent), which a dry run (--ranks N --dry-run) prints below its report, for the
 routing --routing names (balanced, or worst: every token to experts 0..k-1).
 
+With --pp the blocks are cut into pipeline stages (docs/pipeline.md; --microbatches, --schedule,
+--virtual-stages as examples/train_gpt.py has them): each stage is a dp x ep x tp mesh whose MoE layers
+exchange tokens over its own ep groups and add their router losses, each microbatch's scaled by 1/m.
+
 Run: timeout -k 5 900 mpiexec -n 8 python examples/train_moe_gpt.py --ep 4 --tp 2
   or python examples/train_moe_gpt.py --ranks 8 --ep 2 --dp 2 --tp 2 --dropless   (8 simulated ranks)
+  or over a pipeline: python examples/train_moe_gpt.py --ranks 8 --pp 2 --ep 2 --tp 2 --microbatches 4
   or, 64 experts on 1,024 ranks, shapes only (docs/experts.md, "The dry run"):
      python examples/train_moe_gpt.py --ranks 1024 --dry-run --steps 1 --experts 64 --ep 64 --tp 8 \
          --dropless --routing worst
@@ -26,11 +31,13 @@ import sys
 import spmdsim
 from spmdsim.gpt import GPTConfig, encode, load_text, param_specs
 from spmdsim.gpt.parallel import mesh_problem
+from spmdsim.gpt.pipeline import pipeline_layout_problem, train_pipelined
 from spmdsim.gpt.train import TOLERANCE, train
 from spmdsim.moe import MoEConfig
 from spmdsim.moe.routing import ROUTINGS
 from spmdsim.moe.report import dispatch_lines
 from spmdsim.nets.train import loss_trend, run_main
+from spmdsim.pipeline.options import microbatches, pipeline_arguments, pipelined, virtual_stages
 from spmdsim.sim import dry_run_active
 from spmdsim.sim.dry import note
 from spmdsim.sim.launch import ranks_argument
@@ -43,6 +50,7 @@ parser.add_argument("--dp", type=int, default=None,
                     help="expert-data-parallel ranks: replicas of each expert (default: world / (ep x tp))")
 parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks, inside the experts too")
 parser.add_argument("--sp", action="store_true", help="sequence parallelism in the non-expert layers (Megatron)")
+pipeline_arguments(parser)  # --pp, --microbatches, --schedule, --virtual-stages
 parser.add_argument("--experts", type=int, default=8)
 parser.add_argument("--top-k", type=int, default=2, help="experts per token: 1 (Switch) or 2")
 parser.add_argument("--moe-every", type=int, default=2, help="every N-th block's MLP is an MoE layer")
@@ -61,7 +69,8 @@ parser.add_argument("--recompute", choices=("none", "selective", "full"), defaul
 parser.add_argument("--aux-loss-coeff", type=float, default=MoEConfig.aux_loss_coeff)
 parser.add_argument("--z-loss-coeff", type=float, default=MoEConfig.z_loss_coeff)
 parser.add_argument("--algorithm", choices=("pairwise", "bruck"), default=None,
-                    help="run the Alltoalls as this emulated algorithm (docs/algorithms.md)")
+                    help="run the Alltoalls as this emulated algorithm (docs/algorithms.md); pairwise runs the "
+                         "dropless Alltoallv too (bruck has no Alltoallv: it stays the engine's)")
 parser.add_argument("--dispatch", action="store_true",
                     help="print each reported step's dispatch of the first MoE layer: tokens rank -> rank, "
                          "per expert, dropped")
@@ -81,15 +90,19 @@ args = parser.parse_args()
 
 
 def split(world):
-    """(dp, ep, tp) for this world, or the reason it cannot be."""
-    tp = args.tp
-    if tp < 1 or world % tp:
-        return None, f"tp {tp} must divide the world size {world}"
-    rest = world // tp
+    """(dp, ep, tp) of each pipeline stage (the whole world without --pp), or the reason it cannot be."""
+    pp, tp = args.pp, args.tp
+    if pp < 1 or world % pp:
+        return None, f"pp {pp} must divide the world size {world}"
+    if tp < 1 or (world // pp) % tp:
+        return None, f"tp {tp} must divide the {world // pp} ranks of a stage" if pp > 1 else \
+            f"tp {tp} must divide the world size {world}"
+    rest = world // pp // tp
     ep = args.ep or (args.dp and rest // args.dp) or rest
     dp = args.dp or rest // max(ep, 1)
-    if ep < 1 or dp < 1 or dp * ep * tp != world:
-        return None, f"dp {dp} x ep {ep} x tp {tp} must multiply to the world size {world} (set --ep and --dp)"
+    if ep < 1 or dp < 1 or pp * dp * ep * tp != world:
+        what = f"pp {pp} x dp {dp} x ep {ep} x tp {tp}" if pp > 1 else f"dp {dp} x ep {ep} x tp {tp}"
+        return None, f"{what} must multiply to the world size {world} (set --ep and --dp)"
     return (dp, ep, tp), None
 
 
@@ -109,13 +122,20 @@ def main(args):
     cfg = GPTConfig(vocab=args.vocab, layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq,
                     batch=args.batch, dropout=args.dropout, lr=args.lr, seed=args.seed, moe=moe)
     shape, problem = split(comm.size)
-    if not problem:
+    piped, pp = pipelined(args), args.pp
+    if not problem and piped:
+        problem = pipeline_layout_problem(cfg, pp, shape[0], shape[2], args.sp, microbatches(args),
+                                          virtual_stages(args), ep=shape[1])
+    elif not problem:
         problem = mesh_problem(cfg, shape[0], shape[2], args.sp, shape[1])
     if problem:
         raise spmdsim.SpmdsimError(f"the MoE GPT cannot run on {comm.size} ranks: {problem}")
     dp, ep, tp = shape
-    mesh = spmdsim.Mesh(spmdsim.Layout((dp, ep, tp), ("dp", "ep", "tp")), comm,
-                        algorithms={"alltoall": args.algorithm} if args.algorithm else None)
+    algorithms = {"alltoall": args.algorithm} if args.algorithm else None
+    if args.algorithm == "pairwise":  # the only emulated Alltoallv (spmdsim.algorithms.VARIABLE)
+        algorithms["alltoallv"] = "pairwise"
+    mesh = None if piped else spmdsim.Mesh(spmdsim.Layout((dp, ep, tp), ("dp", "ep", "tp")), comm,
+                                           algorithms=algorithms)
     text = load_text()
     rank0 = comm.rank == 0
     check = not args.no_check
@@ -129,9 +149,24 @@ def main(args):
         else:
             print(f"capacity: {moe.capacity(cfg.seq)} slots per expert per sequence "
                   f"(ceil({moe.top_k} x {cfg.seq} x {moe.capacity_factor:g} / {moe.experts})), the rest dropped")
-        alg = f"; Alltoall as {args.algorithm}" if args.algorithm else ""
-        print(f"mesh dp {dp} x ep {ep} x tp {tp}{' with sequence parallelism' if args.sp else ''}: experts "
-              f"{moe.experts // ep} per ep rank, batch over dp x ep = {dp * ep}{alg}")
+        both = "Alltoall and Alltoallv" if args.dropless and args.algorithm == "pairwise" else "Alltoall"
+        alg = f"; {both} as {args.algorithm}" if args.algorithm else ""
+        parts = [f"mesh {f'pp {pp} x ' if piped else ''}dp {dp} x ep {ep} x tp {tp}"
+                 f"{' with sequence parallelism' if args.sp else ''}:",
+                 f"experts {moe.experts // ep} per ep rank, batch over dp x ep = {dp * ep}" + (alg and ";"),
+                 alg[2:]]
+        lines = [parts[0]]
+        for part in filter(None, parts[1:]):  # within 100 columns
+            if len(lines[-1]) + 1 + len(part) <= 100:
+                lines[-1] += " " + part
+            else:
+                lines.append("  " + part)
+        print("\n".join(lines))
+        if piped:
+            m, v = microbatches(args), virtual_stages(args)
+            chunks = f", {v} chunks per stage" if args.schedule == "interleaved" else ""
+            print(f"pipeline: {args.schedule} schedule, {m} microbatches of {cfg.batch // m}{chunks}")
+            print(f"  each stage's MoE layers exchange tokens over its own ep groups; router losses scaled by 1/{m}")
         print(" step    loss  collectives  bytes sent" +
               ("  difference from one numpy process: loss grads params" if check else ""))
 
@@ -143,12 +178,19 @@ def main(args):
         if args.dispatch and shown and moe_layers:
             from spmdsim.runtime.door import gather_object
 
-            everyone = gather_object(mesh.comm, r.dispatch)  # collective: every rank reports alike
+            everyone = gather_object(comm, r.dispatch)  # collective: every rank reports alike
             if rank0:
                 print("\n".join(dispatch_lines(everyone, moe_layers[0], comm.size, tp)))
 
-    model, results = train(cfg, comm, dp, tp, args.steps, encode(text), sp=args.sp, check=check, on_step=report,
-                           mesh=mesh, ep=ep, recompute=args.recompute, memory=args.memory)
+    if piped:  # the dispatch pictures number the ranks on the whole (pp, dp, ep, tp) mesh
+        model, results = train_pipelined(cfg, comm, pp, dp, tp, args.steps, encode(text), sp=args.sp,
+                                         schedule=args.schedule, microbatches=microbatches(args),
+                                         virtual=virtual_stages(args), check=check, on_step=report,
+                                         recompute=args.recompute, memory=args.memory, ep=ep,
+                                         algorithms=algorithms)
+    else:
+        model, results = train(cfg, comm, dp, tp, args.steps, encode(text), sp=args.sp, check=check,
+                               on_step=report, mesh=mesh, ep=ep, recompute=args.recompute, memory=args.memory)
     trend, falling = loss_trend([r.loss for r in results])
     failed = sum(not r.passed for r in results)
     if check and rank0:
@@ -158,12 +200,20 @@ def main(args):
         print(f"largest difference {worst:.1e} of the tensor's largest entry (tolerance {TOLERANCE:.0e})")
     if rank0:
         print(trend)
-    ledger = results[-1].experts.lines() if results and results[-1].experts else []
+    mine = results[-1].experts if results else None
+    if piped and not dry_run_active() and args.memory:  # the first rank of each stage holding MoE layers
+        from spmdsim.runtime.door import gather_object
+
+        everyone = gather_object(comm, mine) or []
+        mine = [e for e in everyone if e and e.layers and e.rank % (dp * ep * tp) == 0]
+    else:  # a dry run: each stage's representative adds its own
+        mine = [mine] if mine and mine.layers else []
+    ledger = [line for e in mine for line in e.lines()]
     if dry_run_active():
         note(*ledger)  # below the dry run's report: its own output is not shown
     elif args.memory and rank0:
         print("\n".join(results[-1].memory.lines() + ledger))
-    model.mesh.close()
+    model.close() if piped else model.mesh.close()
     return 0 if not failed and falling else 1
 
 

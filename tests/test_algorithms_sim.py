@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from algokit import allreduce_max_mismatches, matmul_on_a_ring, mesh_mismatches, mismatches
+from algokit import allreduce_max_mismatches, alltoallv_mismatches, matmul_on_a_ring, mesh_mismatches, mismatches
 from spmdsim.cli.main import main
 from spmdsim.sim import simulate, world
 
@@ -19,6 +19,11 @@ from spmdsim.sim import simulate, world
 @pytest.mark.parametrize("p", [2, 3, 4, 6, 8])
 def test_every_algorithm_equals_the_builtin_collective(p):
     assert simulate(p, lambda: mismatches(world())) == [[]] * p
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 6, 8])
+def test_the_pairwise_alltoallv_equals_the_builtin_bit_for_bit(p):
+    assert simulate(p, lambda: alltoallv_mismatches(world())) == [[]] * p
 
 
 @pytest.mark.parametrize("dims", [(2, 4), (2, 2)])

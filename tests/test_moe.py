@@ -113,7 +113,7 @@ def _params(moe, zero_router=False, seed=0):
     return p, x, g
 
 
-def _on_ranks(moe, mesh_shape, zero_router=False, algorithm=None):
+def _on_ranks(moe, mesh_shape, zero_router=False, algorithm=None, algorithms=None):
     """Each rank: (output block, loss value, every gradient whole, its MoEStats) of loss = sum(y * g) +
     router losses, with x batch-first rows in the reference; plus the trace's op names."""
     from spmdsim import ops
@@ -127,7 +127,7 @@ def _on_ranks(moe, mesh_shape, zero_router=False, algorithm=None):
 
     def run():
         mesh = spmdsim.Mesh(spmdsim.Layout(mesh_shape, ("dp", "ep", "tp")), spmdsim.world(),
-                            algorithms={"alltoall": algorithm} if algorithm else None)
+                            algorithms=algorithms or ({"alltoall": algorithm} if algorithm else None))
         L = mesh.layout
         params = {}
         for name, value in p.items():
@@ -211,6 +211,19 @@ def test_dispatch_and_combine_run_as_an_emulated_algorithm(algorithm):
     for got_out, got_loss, got_grads, got_dx, _, names in results:
         assert f"alltoall[{algorithm}]" in names
         assert _close(got_out, out) and _close(got_dx, dx) and _close(got_grads["h1.moe.w1"], grads["h1.moe.w1"])
+
+
+@pytest.mark.parametrize("mesh_shape", [(1, 4, 1), (2, 2, 2)])
+def test_a_dropless_dispatch_as_the_pairwise_alltoallv_equals_the_engines_bit_for_bit(mesh_shape):
+    """Dropless, the counts' Alltoall and the tokens' Alltoallv (dispatch, combine and their backward) run
+    as the pairwise exchange: the output, loss and every gradient are the engine's, bit for bit."""
+    moe = MoEConfig(experts=4, top_k=2, dropless=True, aux_loss_coeff=0.5, z_loss_coeff=0.25)
+    engine = _on_ranks(moe, mesh_shape)[3]
+    pairwise = _on_ranks(moe, mesh_shape, algorithms={"alltoall": "pairwise", "alltoallv": "pairwise"})[3]
+    for (out, loss, grads, dx, _, _), (p_out, p_loss, p_grads, p_dx, _, names) in zip(engine, pairwise):
+        assert "alltoallv[pairwise]" in names and "alltoall[pairwise]" in names and "alltoallv" not in names
+        assert p_out.tobytes() == out.tobytes() and p_loss == loss and p_dx.tobytes() == dx.tobytes()
+        assert all(p_grads[n].tobytes() == grads[n].tobytes() for n in grads)
 
 
 # ---- the MoE GPT, each step against one numpy process ----

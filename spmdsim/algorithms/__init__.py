@@ -21,7 +21,7 @@ from .symbolic import check, sum_order
 
 __all__ = ["COLLECTIVES", "ALGORITHMS", "NAMES", "schedule", "build", "parse_name", "check_choices",
            "Schedule", "Round", "Transfer", "check", "sum_order", "busiest_bytes_sent", "model_bytes",
-           "FORMULAS", "elements_for"]
+           "FORMULAS", "elements_for", "VARIABLE"]
 
 _BUILDERS = {
     "allreduce": {"ring": reducing.ring_allreduce,
@@ -37,6 +37,10 @@ _BUILDERS = {
 }
 
 COLLECTIVES = tuple(_BUILDERS)
+#: Collectives whose counts differ by rank, and their algorithms: a schedule of fixed slots cannot state
+#: them, so they run from the ranks' own counts (spmdsim.runtime.algorithms.emulate); `Mesh(...,
+#: algorithms={"alltoallv": "pairwise"})` takes them.
+VARIABLE = {"alltoallv": ("pairwise",)}
 #: collective -> its algorithms' short names (the values `Mesh(..., algorithms=)` takes).
 ALGORITHMS = {c: tuple(algos) for c, algos in _BUILDERS.items()}
 #: Every algorithm's command-line name, "ring-allreduce", ...
@@ -105,18 +109,20 @@ def elements_for(collective: str, p: int, size: int, itemsize: int) -> int:
 
 
 def check_choices(choices: Mapping[str, str] | None) -> dict[str, str] | None:
-    """Validate ``{"allreduce": "ring", ...}`` (Mesh's `algorithms=`); None or {} -> None."""
+    """Validate ``{"allreduce": "ring", ...}`` (Mesh's `algorithms=`; "alltoallv" too, `VARIABLE`); None or
+    {} -> None."""
     if choices is None:
         return None
     if not isinstance(choices, Mapping):
         raise SpmdsimError(f"algorithms {choices!r} must be a dict like {{'allreduce': 'ring'}}")
     out = {}
+    known = {**ALGORITHMS, **VARIABLE}
     for collective, algorithm in choices.items():
-        if collective not in ALGORITHMS:
+        if collective not in known:
             raise SpmdsimError(f"algorithms: unknown collective {collective!r}; expected one of "
-                               f"{COLLECTIVES!r}")
-        if algorithm not in ALGORITHMS[collective]:
+                               f"{tuple(known)!r}")
+        if algorithm not in known[collective]:
             raise SpmdsimError(f"algorithms: {algorithm!r} is not an algorithm for {collective}; "
-                               f"expected one of {ALGORITHMS[collective]!r}")
+                               f"expected one of {known[collective]!r}")
         out[collective] = algorithm
     return out or None

@@ -14,7 +14,7 @@ from .reducing import survivors
 from .schedule import Round, Schedule, Transfer, fold_sizes, split_counts
 
 __all__ = ["ring_allgather", "recursive_doubling_allgather", "bruck_allgather", "pairwise_alltoall",
-           "bruck_alltoall", "binomial_bcast", "scatter_allgather_bcast"]
+           "pairwise_peers", "bruck_alltoall", "binomial_bcast", "scatter_allgather_bcast"]
 
 
 def _blocks(p: int, m: int) -> tuple[int, ...]:
@@ -76,6 +76,16 @@ def bruck_allgather(p: int, count: int, itemsize: int) -> Schedule:
     return _gather("bruck", p, count, itemsize, rounds, (((0,),) * p), outputs)
 
 
+def pairwise_peers(p: int, rank: int) -> tuple[tuple[int, int], ...]:
+    """Per round s = 1 .. p-1 of the pairwise exchange, (the rank `rank` sends to, the rank it receives
+    from): rank ^ s both ways when p is a power of two, else rank + s and rank - s (mod p). The Alltoall's
+    schedule and the emulated Alltoallv (spmdsim.runtime.algorithms, whose counts only the ranks know)
+    pair alike."""
+    if p & (p - 1) == 0:
+        return tuple((rank ^ s, rank ^ s) for s in range(1, p))
+    return tuple(((rank + s) % p, (rank - s) % p) for s in range(1, p))
+
+
 def pairwise_alltoall(p: int, count: int, itemsize: int) -> Schedule:
     """p-1 rounds; in round s rank i sends block i^s (p a power of two) or i+s to that rank.
 
@@ -85,8 +95,9 @@ def pairwise_alltoall(p: int, count: int, itemsize: int) -> Schedule:
     m = count // p if p else 0
     power = p & (p - 1) == 0
     rounds = []
+    peers = [pairwise_peers(p, i) for i in range(p)]
     for s in range(1, p):
-        dest = [(i ^ s) if power else (i + s) % p for i in range(p)]
+        dest = [peers[i][s - 1][0] for i in range(p)]
         rounds.append(Round(f"exchange {'^' if power else '+'}{s}", tuple(
             Transfer(i, dest[i], (dest[i],), (p + i,)) for i in range(p))))
     outputs = tuple(tuple(i if j == i else p + j for j in range(p)) for i in range(p))

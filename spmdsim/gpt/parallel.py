@@ -26,6 +26,7 @@ import numpy as np
 
 from .. import ops
 from ..autograd import checkpoint, kept_as
+from ..autograd.graph import record, with_partial
 from ..errors import SpmdsimError
 from ..layout import TensorLayout
 from .config import GPTConfig
@@ -40,15 +41,29 @@ from .stages import Part, part_specs, whole
 __all__ = ["GPT", "megatron_layouts", "dialect_layouts", "DIALECTS", "mesh_problem", "RECOMPUTE", "KEPT"]
 
 
-def _moe_problem(recompute: str, kept: str, part: Optional[Part]) -> Optional[str]:
+def _moe_problem(recompute: str, kept: str) -> Optional[str]:
     """Why a model with MoE layers cannot run with these options (one line), or None."""
     if recompute == "full":  # a block recomputed in the backward would route and exchange its tokens again
         return "recompute 'full' is not available with MoE layers yet (use 'none' or 'selective')"
     if kept != "graph":
         return f"kept {kept!r} is not available with MoE layers yet (use 'graph')"
-    if part is not None:
-        return "a pipeline's stages do not take MoE layers yet (run without pp)"
     return None
+
+
+def _with_losses(h: Any, losses: Any) -> Any:
+    """`h` unchanged, with the scalar `losses` attached: in the backward `h`'s gradient passes through and
+    `losses` gets ones (Megatron's MoEAuxLossAutoScaler), so a pipeline chunk's router losses are
+    differentiated by the backward its output's gradient starts."""
+    out = type(h)(h.mesh, h.local, h.layout, h.global_shape)
+    if h._ag is None and losses._ag is None:
+        return out
+    ones = type(losses)(losses.mesh, np.ones(losses.local.shape, losses.dtype), with_partial(losses.layout, ()),
+                        losses.global_shape)
+
+    def backward(dy: Any) -> tuple:
+        return dy, ones
+
+    return record(out, "router losses attached", (h, losses), backward, reads=())
 
 
 class GPT:
@@ -91,7 +106,7 @@ class GPT:
         ep = mesh.layout.axis_size("ep") if "ep" in names else 1
         problem = mesh_problem(cfg, dp, tp, sp, ep)
         if not problem and cfg.moe is not None:
-            problem = _moe_problem(recompute, kept, part)
+            problem = _moe_problem(recompute, kept)
         if problem:
             where = f"dp {dp} x ep {ep} x tp {tp}" if "ep" in names else f"dp {dp} x tp {tp}"
             raise SpmdsimError(f"the GPT cannot run on {where}: {problem}")
@@ -246,6 +261,23 @@ class GPT:
             else:
                 h = self._block(h, layer, step, train, micro)
         return h
+
+    def chunk_blocks(self, h: Any, step: Optional[int] = None, train: bool = False, micro: Optional[int] = None,
+                     scale: float = 1.0) -> tuple[Any, float]:
+        """A pipeline chunk's `blocks`, with its MoE layers' router losses (weighted, times `scale`: a
+        microbatch's 1/m) attached to the output: (the output, the losses' value; 0.0 without MoE layers).
+        The output's values are `blocks`'; the backward from its gradient reaches the routers through the
+        losses too, as the unpipelined `loss` adds them (spmdsim.gpt.pipeline)."""
+        self._router_losses = []
+        h = self.blocks(h, step, train, micro)
+        losses, self._router_losses = self._router_losses, []
+        if not losses:
+            return h, 0.0
+        total = ops.resolved(losses[0])
+        for extra in losses[1:]:
+            total = total + ops.resolved(extra)
+        total = total * float(scale)
+        return _with_losses(h, total), float(total.local)
 
     def _recomputed(self, layer: int, step: Optional[int], train: bool, micro: Optional[int], h: Any,
                     *params: Any) -> Any:

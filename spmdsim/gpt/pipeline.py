@@ -13,11 +13,21 @@ sends its own block to the rank of the same (dp, tp) place in the next stage,
 so with sequence parallelism a boundary moves s*b*h/tp per rank, as Megatron
 sends it; without it, where tp divides the sequence, each rank sends its
 tp-th of the replicated block and the receiving stage all-gathers it over tp,
-Megatron's scatter/gather, so the boundary still moves s*b*h/tp per rank). The last chunk's loss is scaled by 1/m; the gradients stay pending
-sums over the microbatches (autograd's ``keep_pending``) and are summed once
+Megatron's scatter/gather, so the boundary still moves s*b*h/tp per rank). The last chunk's loss is scaled
+by 1/m; the gradients stay pending sums over the microbatches (autograd's ``keep_pending``) and are summed once
 after the flush (one bucketed Allreduce, as Megatron reduces once per step);
 the tied embedding's two copies (first and last stage) then add their
 gradients by one exchange (Megatron's embedding group); then AdamW.
+
+With MoE layers (``cfg.moe``, spmdsim.moe) the mesh is ``Layout((pp, dp, ep,
+tp), ("pp", "dp", "ep", "tp"))`` and each stage the (dp, ep, tp) mesh the
+unpipelined MoE GPT runs on: the batch split over dp x ep, a stage's MoE
+layers exchanging tokens over its own ep groups, their experts' gradients
+summed over dp alone. Each MoE layer's router losses are those of its
+microbatch, scaled by 1/m as the loss is, and attached to its chunk's output
+(spmdsim.gpt.parallel.GPT.chunk_blocks: Megatron's MoEAuxLossAutoScaler), so
+the stage that holds the layer differentiates them in that microbatch's
+backward; the step's loss adds every stage's.
 
 Checked every step as the unpipelined training is (spmdsim.gpt.train): the
 same step in one numpy process, microbatch by microbatch (each microbatch
@@ -48,8 +58,9 @@ __all__ = ["PipelineRun", "train_pipelined", "pipeline_layout_problem"]
 
 
 def pipeline_layout_problem(cfg: GPTConfig, pp: int, dp: int, tp: int, sp: bool, microbatches: int,
-                            virtual: int = 1, split: Optional[Sequence[int]] = None) -> Optional[str]:
-    """Why the GPT cannot train on pp x dp x tp with `microbatches` (one line, alike on every rank), or None."""
+                            virtual: int = 1, split: Optional[Sequence[int]] = None, ep: int = 1) -> Optional[str]:
+    """Why the GPT cannot train on pp x dp x tp (pp x dp x ep x tp with MoE layers) with `microbatches`
+    (one line, alike on every rank), or None."""
     from .layouts import mesh_problem
 
     for name, value in (("pp", pp), ("microbatches", microbatches), ("virtual stages", virtual)):
@@ -58,9 +69,10 @@ def pipeline_layout_problem(cfg: GPTConfig, pp: int, dp: int, tp: int, sp: bool,
     if cfg.batch % microbatches:
         return f"batch {cfg.batch} is not divisible by {microbatches} microbatches"
     micro = cfg.batch // microbatches
-    problem = mesh_problem(cfg, dp, tp, sp)
-    if problem is None and micro % dp:
-        problem = f"a microbatch of {micro} samples is not divisible by dp {dp}"
+    problem = mesh_problem(cfg, dp, tp, sp, ep)
+    if problem is None and micro % (dp * ep):
+        batch = f"dp {dp} x ep {ep} = {dp * ep}" if ep > 1 else f"dp {dp}"
+        problem = f"a microbatch of {micro} samples is not divisible by {batch}"
     return problem or pipeline_problem(cfg, pp * virtual, split)
 
 
@@ -71,7 +83,8 @@ class PipelineRun:
     Attributes:
         schedule: the spmdsim.pipeline Schedule every stage ran; ``parts``: each chunk's (stages.Part).
         stage: this rank's stage; ``models``: chunk -> its GPT part on the stage's mesh.
-        mesh: the whole (pp, dp, tp) mesh; ``stage_mesh``: this stage's (dp, tp) mesh.
+        mesh: the whole (pp, dp, tp) mesh; ``stage_mesh``: this stage's (dp, tp) mesh (with MoE layers
+            (pp, dp, ep, tp) and (dp, ep, tp)).
         orders: per step, the Compute records this rank ran, in order (what a timeline is made from).
         in_flight: per step, the most microbatch-chunks whose activations this rank held at once.
         cells: the last step's cells as trace spans: (name, start, end) in perf_counter seconds.
@@ -131,7 +144,8 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
                     split: Optional[Sequence[int]] = None, check: bool = True,
                     on_step: Optional[Callable[[StepResult], Any]] = None,
                     layouts: Optional[dict] = None, recompute: str = "none", zero: int = 0,
-                    memory: bool = False, kept: str = "graph") -> tuple[PipelineRun, list]:
+                    memory: bool = False, kept: str = "graph", ep: int = 1,
+                    algorithms: Optional[dict] = None) -> tuple[PipelineRun, list]:
     """Train `steps` steps on a (pp, dp, tp) mesh over `comm`; returns (the run, one StepResult per step).
 
     Collective: every rank calls it alike. `schedule`: "gpipe", "1f1b" or "interleaved" (with `virtual`
@@ -139,7 +153,11 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     spmdsim.gpt.train.train's, on each stage (ZeRO-1: each stage's optimizer sharded over its dp ranks);
     `memory`: each step's bytes on this rank into StepResult.memory, kept-for-backward bytes at the
     moment the schedule held the most (spmdsim.gpt.memory.MemoryReport); `kept`: "graph" or "megatron"
-    (spmdsim.gpt.parallel.GPT's). Every refusal is raised alike on every rank before the first collective.
+    (spmdsim.gpt.parallel.GPT's). `ep`: with MoE layers (cfg.moe), the expert-parallel ranks of each stage:
+    the mesh is (pp, dp, ep, tp) (see the module docstring; StepResult.dispatch and .experts as
+    spmdsim.gpt.train.train's, over the step's microbatches, ranks numbered on the whole mesh).
+    `algorithms`: the meshes' emulated algorithms (spmdsim.runtime.mesh.Mesh's). Every refusal is raised
+    alike on every rank before the first collective.
     """
     from .. import ops
     from ..autograd import reduce_grads
@@ -154,23 +172,29 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     from ..runtime.executor import pending, resolve
     from ..sim import dry_run_active, once
     from ..sim.dry import differ
-    from .parallel import GPT
-    from .train import _reference_step, _zero_moments
+    from .parallel import GPT, _moe_problem
+    from .train import _expert_bytes, _reference_step, _zero_moments
 
-    problem = (pipeline_layout_problem(cfg, pp, dp, tp, sp, microbatches, virtual, split)
+    moe = cfg.moe is not None or ep != 1
+    problem = (pipeline_layout_problem(cfg, pp, dp, tp, sp, microbatches, virtual, split, ep)
                or recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept))
+    if not problem and cfg.moe is not None:
+        problem = _moe_problem(recompute, kept) or (zero and "ZeRO-1 with MoE layers is not available yet "
+                                                    "(the experts' states would shard over dp alone)") or None
     if problem:
-        raise SpmdsimError(f"the GPT cannot train on pp {pp} x dp {dp} x tp {tp}: {problem}")
+        where = f"pp {pp} x dp {dp} x ep {ep} x tp {tp}" if moe else f"pp {pp} x dp {dp} x tp {tp}"
+        raise SpmdsimError(f"the GPT cannot train on {where}: {problem}")
     if cfg.clip and zero and pp > 1:
         raise SpmdsimError(f"clip {cfg.clip!r} with ZeRO-1 and pp {pp}: the distributed optimizer's norm is "
                            "its stage's only; train the pipeline with clip 0 or zero 0")
     plan = build(schedule, pp, microbatches, virtual)
     chunks = pp * virtual
     parts = chunk_parts(cfg, chunks, split)
-    mesh = Mesh(Layout((pp, dp, tp), ("pp", "dp", "tp")), comm)
+    inner = ((dp, ep, tp), ("dp", "ep", "tp")) if moe else ((dp, tp), ("dp", "tp"))  # a stage's mesh
+    mesh = Mesh(Layout((pp,) + inner[0], ("pp",) + inner[1]), comm, algorithms=algorithms)
     differ(mesh, ("pp",))  # a dry run runs one rank per stage: the stages' work differs
     stage = mesh.coord("pp")
-    stage_mesh = Mesh(Layout((dp, tp), ("dp", "tp")), mesh.group(("dp", "tp")))
+    stage_mesh = Mesh(Layout(*inner), mesh.group(inner[1]), algorithms=algorithms)
     pp_comm = mesh.group("pp") if pp > 1 else None
     mine = [c for c in range(chunks) if c % pp == stage]
     models = {c: GPT(cfg, stage_mesh, sp=sp, layouts=layouts, part=parts[c], recompute=recompute, kept=kept)
@@ -199,8 +223,8 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     act = any_model.act  # (T, B, D) between blocks
     # What crosses a stage boundary: the sequence's tp-th (Megatron's scatter/gather without sp, which
     # the receiving stage all-gathers over tp), else the block itself.
-    wire = stage_mesh.layout("tp", "dp", None) if not sp and tp > 1 and cfg.seq % tp == 0 else act
-    ids_layout = stage_mesh.layout("dp", None)
+    wire = stage_mesh.layout("tp", any_model.batch, None) if not sp and tp > 1 and cfg.seq % tp == 0 else act
+    ids_layout = stage_mesh.layout(any_model.batch, None)
     ends = (0 in models) != (last in models) and pp > 1  # this stage holds one copy of the tied table
     moments = once(("gpt-reference", cfg, 0), _zero_moments, cfg) if check else None
     results = []
@@ -210,6 +234,8 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         else:
             x, y = batch(text_ids, cfg, step)
         start = gathered_stages(run, cfg) if check else None
+        for model in models.values():
+            model.moe_stats = []  # this step's dispatches, every microbatch's
         with collect_trace() as trace:
             optimizer.zero_grad()
             cells: list = []
@@ -234,8 +260,9 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         run.orders.append(order)
         run.in_flight.append(held)
         run.cells, run.trace = cells, trace
-        # The loss: the last stage's sum of its microbatches' scaled losses, to every rank.
-        mine_loss = np.array([sum(losses)]) if losses else np.zeros(1)
+        # The loss: the last stage's sum of its microbatches' scaled losses and every stage's router losses
+        # (each microbatch's, scaled alike), to every rank.
+        mine_loss = np.array([float(sum(losses))])
         value = float(resolve(mesh, mine_loss, pending(mesh.layout, 1, ("pp",)), "pipeline.loss", owned=True)[0]) \
             if pp > 1 else float(mine_loss[0])
         errors = (float("nan"),) * 3
@@ -248,8 +275,13 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
                             owned=True)
             errors = tuple(float(e) for e in worst)
         totals = trace.totals()
+        dispatch, ledger = (), None
+        if cfg.moe is not None:
+            dispatch = _on_mesh(run, [s for c in mine for s in models[c].moe_stats])
+            ledger = _expert_bytes(cfg, mesh.rank, stage_mesh, params, _largest(dispatch), optimizer,
+                                   trace)
         result = StepResult(step, value, errors, totals["calls"], totals["bytes_sent"],
-                            watch.report(step) if watch is not None else None)
+                            watch.report(step) if watch is not None else None, dispatch, ledger)
         results.append(result)
         if on_step is not None:
             on_step(result)
@@ -316,7 +348,9 @@ def _run_program(run: PipelineRun, program: Sequence, x: np.ndarray, y: np.ndarr
     def _forward(mb: int, c: int) -> None:
         model, when = models[c], (mb if tag_micro else None)
         h = model.embed(rows(mb, x), step, True, when) if c == 0 else inputs[(mb, c)]
-        h = model.blocks(h, step, True, when)
+        h, router = model.chunk_blocks(h, step, True, when, scale)
+        if router:
+            losses.append(router)  # (a float: what the step's loss adds for them)
         if c == last:
             h = model.head_loss(h, rows(mb, y)) * scale
             losses.append(h)
@@ -376,7 +410,7 @@ def _run_program(run: PipelineRun, program: Sequence, x: np.ndarray, y: np.ndarr
         received.clear()
     if repeat is not None:
         repeat.flush()
-    return [float(ops.resolved(loss).local) for loss in losses], order, most
+    return [loss if isinstance(loss, float) else float(ops.resolved(loss).local) for loss in losses], order, most
 
 
 class _Most:
@@ -507,6 +541,28 @@ class _first:  # noqa: N801 - a context manager, read as a phrase: `with _first(
         meter.peak = max(meter.peak, self.peak)
 
 
+def _on_mesh(run: PipelineRun, stats: list) -> tuple:
+    """A stage's MoEStats with their ranks on the whole mesh (a stage's ranks follow its first: pp is the
+    major axis)."""
+    from dataclasses import replace
+
+    first = run.stage * run.stage_mesh.size
+    return tuple(replace(s, rank=first + s.rank, group=tuple(first + r for r in s.group)) for s in stats)
+
+
+def _largest(stats: tuple) -> tuple:
+    """One MoEStats per MoE layer whose dispatch buffers are the largest any microbatch's forward made (the
+    ledger counts one forward's buffers; with a capacity every microbatch's are the same size)."""
+    from dataclasses import replace
+
+    most: dict = {}
+    for s in stats:
+        seen = most.get(s.layer)
+        most[s.layer] = s if seen is None else replace(seen, send_bytes=max(seen.send_bytes, s.send_bytes),
+                                                       received_bytes=max(seen.received_bytes, s.received_bytes))
+    return tuple(most.values())
+
+
 def _tie_embedding(run: PipelineRun, wte: Any, other: int, pp_comm: Any) -> None:
     """Add the other end's gradient of the tied table (first and last stage: Megatron's embedding group)."""
     from ..runtime.door import point_to_point
@@ -538,7 +594,7 @@ def gathered_stages(run: PipelineRun, cfg: GPTConfig) -> dict:
         block = run.params[name].local.reshape(-1)
         flat[at:at + block.size] = block
         at += block.size
-    everyone = gather(mesh, flat, ("pp", "dp", "tp"), "check.params").reshape(mesh.size, width)
+    everyone = gather(mesh, flat, tuple(mesh.layout.alias_name), "check.params").reshape(mesh.size, width)
     per_stage = run.stage_mesh.size
     out: dict = {}
     for rank in range(mesh.size):

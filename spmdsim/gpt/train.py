@@ -239,7 +239,8 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
                             reduction="max", owned=True)
             errors = tuple(float(e) for e in worst)
         totals = trace.totals()
-        ledger = _expert_bytes(cfg, mesh, model, optimizer, trace) if cfg.moe is not None else None
+        ledger = _expert_bytes(cfg, mesh.rank, mesh, model.params, model.moe_stats, optimizer, trace) \
+            if cfg.moe is not None else None
         result = StepResult(step, value, errors, totals["calls"], totals["bytes_sent"],
                             None if report is None else _restep(report, step), tuple(model.moe_stats), ledger)
         results.append(result)
@@ -276,21 +277,24 @@ def _grad_error(tensors: dict, grads: dict, zero: Any) -> float:
     return worst
 
 
-def _expert_bytes(cfg: GPTConfig, mesh: Any, model: Any, optimizer: Any, trace: Any) -> Any:
-    """This rank's spmdsim.moe.ledger.ExpertBytes of the step just taken (its trace: `trace`)."""
+def _expert_bytes(cfg: GPTConfig, rank: int, mesh: Any, params: dict, stats: Any, optimizer: Any,
+                  trace: Any) -> Any:
+    """Rank `rank`'s spmdsim.moe.ledger.ExpertBytes of the step just taken: `params` the parameters it holds
+    (name -> DTensor on `mesh`, a (dp, ep, tp) mesh), `stats` its MoEStats of one forward, `trace` the
+    step's trace. A pipeline stage counts the MoE layers it holds."""
     from ..moe.ledger import EXCHANGE_WORDS, ExpertBytes
     from ..sim import dry_run_active
 
-    experts = [t for name, t in model.params.items() if ".moe." in name and not name.endswith(".moe.router")]
-    layers = [f"h{i}" for i in range(cfg.layers) if cfg.is_moe(i)]
+    experts = [t for name, t in params.items() if ".moe." in name and not name.endswith(".moe.router")]
+    layers = [f"h{i}" for i in range(cfg.layers) if cfg.is_moe(i) and f"h{i}.moe.w1" in params]
     rows = [e for e in trace.entries if e.label and any(e.label.startswith(f"{layer}{word}") for layer in layers
                                                         for word in EXCHANGE_WORDS)]
     ep, tp = mesh.layout.axis_size("ep"), mesh.layout.axis_size("tp")
-    return ExpertBytes(mesh.rank, len(layers), cfg.moe.experts // ep, cfg.moe.experts, tp,
+    return ExpertBytes(rank, len(layers), cfg.moe.experts // ep, cfg.moe.experts, tp,
                        sum(t.local.nbytes for t in experts),
                        sum(t.grad.local.nbytes for t in experts if t.grad is not None),
-                       optimizer.states_of(experts), sum(s.send_bytes for s in model.moe_stats),
-                       sum(s.received_bytes for s in model.moe_stats), sum(e.bytes_sent for e in rows), len(rows),
+                       optimizer.states_of(experts), sum(s.send_bytes for s in stats),
+                       sum(s.received_bytes for s in stats), sum(e.bytes_sent for e in rows), len(rows),
                        cfg.moe.dry_routing if dry_run_active() else "router")
 
 

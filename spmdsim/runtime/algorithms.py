@@ -24,13 +24,14 @@ import numpy as np
 
 from ..algorithms import Schedule, parse_name
 from ..algorithms import build as build_schedule
+from ..algorithms.moving import pairwise_peers
 from ..algorithms.table import format_rounds
 from ..errors import OperatorError, ShapeError
 from ..engines import engine_of
 from . import door
 
 __all__ = ["RunRecord", "RoundLog", "collect_rounds", "run_schedule", "run_collective", "result_shape", "emulate",
-           "compare_with_mpi"]
+           "alltoallv_pairwise", "compare_with_mpi"]
 
 _TAG = 7700  # tags _TAG + round number % _TAGS: inside MPI's guaranteed 32767
 _TAGS = 20000
@@ -235,8 +236,16 @@ def emulate(mesh: Any, op: str, algorithm: str, comm: Any, send: Any, recv: Any,
     Called by runtime.collectives for a mesh made with ``algorithms=``; the
     arguments are those of mpi4py's call (``Allreduce(send, recv, SUM)``,
     ``Bcast(buf, root)``; a send buffer that is not an array is MPI.IN_PLACE).
-    Returns the trace name ("allreduce[ring]") and this rank's bytes sent and received.
+    Returns the trace name ("allreduce[ring]") and this rank's bytes sent and received. An Alltoallv
+    (``Alltoallv(send, scounts, sdispls, recv, rcounts, rdispls)``) runs from this rank's own counts
+    (`alltoallv_pairwise`).
     """
+    wait = None
+    if mesh.polite:
+        from ..engines.wait import polite_wait as wait
+    if op == "alltoallv":
+        sent, received = alltoallv_pairwise(comm, send, recv, *extra, wait=wait)
+        return f"{op}[{algorithm}]", sent, received
     me = comm.Get_rank()
     root = 0
     if op == "bcast":
@@ -245,14 +254,30 @@ def emulate(mesh: Any, op: str, algorithm: str, comm: Any, send: Any, recv: Any,
         send = recv
     schedule = build_schedule(op, algorithm, comm.Get_size(), int(send.size), send.dtype.itemsize, root)
     flat_in = send.reshape(-1) if schedule.input_slots[me] else None
-    wait = None
-    if mesh.polite:
-        from ..engines.wait import polite_wait as wait
     combine = np.add
     if op == "allreduce" and extra:  # Allreduce(send, recv, op): MPI's op or a simulated rank's name
         combine = _combine(extra[0])
     run_schedule(comm, schedule, flat_in, recv.reshape(-1), wait, label, combine)
     return f"{op}[{algorithm}]", schedule.bytes_sent()[me], schedule.bytes_received()[me]
+
+
+def alltoallv_pairwise(comm: Any, send: np.ndarray, scounts: Any, sdispls: Any, recv: np.ndarray, rcounts: Any,
+                       rdispls: Any, wait: Callable[[Any], None] | None = None) -> tuple[int, int]:
+    """MPI's Alltoallv as the pairwise exchange (spmdsim.algorithms.moving.pairwise_peers): in round s this
+    rank sends its block for one peer and receives another's, straight between the buffers; its own block
+    is copied. Counts and displacements in elements, as mpi4py's; each rank's counts are its own (member
+    j's scounts[i] is member i's rcounts[j]), so a round whose message is empty posts none, on both sides.
+    Returns (bytes sent, bytes received), its own block left out."""
+    me, p = comm.Get_rank(), comm.Get_size()
+    out, src = recv.reshape(-1), send.reshape(-1)
+    out[rdispls[me]:rdispls[me] + rcounts[me]] = src[sdispls[me]:sdispls[me] + scounts[me]]
+    for number, (dest, source) in enumerate(pairwise_peers(p, me)):
+        tag = _TAG + number % _TAGS
+        receives = [(out[rdispls[source]:rdispls[source] + rcounts[source]], source, tag)] if rcounts[source] else []
+        sends = [(src[sdispls[dest]:sdispls[dest] + scounts[dest]], dest, tag)] if scounts[dest] else []
+        door.wait_requests(comm, door.send_requests(comm, receives, sends), wait)
+    size = send.dtype.itemsize
+    return (sum(scounts) - scounts[me]) * size, (sum(rcounts) - rcounts[me]) * size
 
 
 def _combine(op: Any) -> Any:

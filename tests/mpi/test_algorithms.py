@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from algokit import allreduce_max_mismatches, matmul_on_a_ring, mesh_mismatches, mismatches
+from algokit import allreduce_max_mismatches, alltoallv_mismatches, matmul_on_a_ring, mesh_mismatches, mismatches
 from spmdsim import Layout, SpmdsimError
 from spmdsim.runtime.algorithms import collect_rounds, run_collective
 
@@ -48,6 +48,10 @@ def test_rounds_are_recorded_with_their_times():
 def test_mesh_algorithms_on_every_axis_group():
     dims = {8: (2, 4), 4: (2, 2)}.get(WORLD.size, (WORLD.size, 1))
     assert mesh_mismatches(WORLD, dims) == []
+
+
+def test_the_pairwise_alltoallv_equals_mpi_bit_for_bit():
+    assert WORLD.allgather(alltoallv_mismatches(WORLD)) == [[]] * WORLD.size
 
 
 def test_a_matmul_reduces_with_the_ring_round_by_round():
