@@ -35,6 +35,7 @@ from ..autograd.rules.pointwise import record_dropout, record_dropout_mask
 from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
 from ..errors import OperatorError
 from ..infer.norms import infer_norm
+from ..precision import is_low, rounded, wide
 from ..validate import as_int, shape_arg
 from . import local as _whole
 from . import pointwise as P
@@ -129,8 +130,9 @@ def _normalized(x: Any, d: int, eps: float, centre: bool, op: str) -> Any:
     kept: dict[str, np.ndarray] = {}  # 1 / sqrt(var + eps), for the gradient rule (a dry run's: zeros)
 
     def kernel(block: np.ndarray) -> np.ndarray:
-        y, kept["rstd"] = _normalize(block, d, n, eps, centre)
-        return y
+        # bfloat16: the statistics and y in float32, y rounded once (spmdsim.precision)
+        y, kept["rstd"] = _normalize(wide(block), d, n, eps, centre)
+        return rounded(y, block.dtype)
 
     y = _engine_local(kernel, x.local, x.local)
     out = make_dtensor(x.mesh, y, x.layout, x.global_shape)
@@ -283,7 +285,9 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
     require_float("dropout", x.local)
     # The kept entries' factor, once: x * (keep * scale) is x * keep * scale bit for bit (keep is 0 or 1),
     # one product forward and one backward.
-    scale = np.asarray(1.0 / (1.0 - p), x.dtype)
+    # bfloat16: the factor in float32 and x * factor rounded once (spmdsim.precision)
+    low = is_low(x.dtype)
+    scale = np.asarray(1.0 / (1.0 - p), np.float32 if low else x.dtype)
     # A dry run's large block (spmdsim.ops._common.dry_zeros): zeros, forward and backward, no mask drawn.
     dry = dry_zeros(x.mesh, x.local.shape, x.local.dtype, np.multiply, x.local, scale)
     if kept == "megatron":
@@ -299,7 +303,11 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
     else:
         keep = keep_mask(tuple(x.global_shape[d] for d in order), seed, tuple(region[d] for d in order), p)
         factors = np.multiply(keep, scale).transpose(np.argsort(order))
-    out = make_dtensor(x.mesh, x.local * factors if dry is None else dry, x.layout, x.global_shape)
+    if dry is not None:
+        block = dry
+    else:
+        block = rounded(wide(x.local) * factors, x.dtype) if low else x.local * factors
+    out = make_dtensor(x.mesh, block, x.layout, x.global_shape)
     return out if x._ag is None else record_dropout(out, x, factors, scale)
 
 
