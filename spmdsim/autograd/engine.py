@@ -317,17 +317,16 @@ def _topological(root: Any) -> list:
 def _prepared(node: Node, dy: Any) -> Any:
     """`dy` in the layout the node's backward wants, keeping the pending sums it can pass.
 
-    A bfloat16 output's gradient (float32, summed over its consumers) is resolved and rounded once to
-    bfloat16 here, and handed on widened: the rule computes in float32 (spmdsim.precision)."""
-    if node.low is not None:
-        target = with_partial(node.want or dy.layout, ())
+    A bfloat16 output's gradient (float32, summed over its consumers), once whole (no pending sum), is
+    rounded once to bfloat16 here and handed on widened: the rule computes in float32 (spmdsim.precision).
+    A pending one passes on in float32, rounded after the collective that sums it."""
+    if node.want is not None:
+        used = used_axes(node.reads)
+        target = with_partial(node.want, tuple(a for a in dy.layout.partial if a not in used))
         dy = dy if dy.layout == target else _move(dy, target)
+    if node.low is not None and not dy.layout.partial:
         return type(dy)._trusted(dy.mesh, dy.local.astype(node.low).astype(np.float32), dy.layout, dy.global_shape)
-    if node.want is None:
-        return dy
-    used = used_axes(node.reads)
-    target = with_partial(node.want, tuple(a for a in dy.layout.partial if a not in used))
-    return dy if dy.layout == target else _move(dy, target)
+    return dy
 
 
 def grad_layout(layout: TensorLayout, g_layout: TensorLayout) -> TensorLayout:

@@ -34,6 +34,8 @@ from ..layout import Layout
 from .config import GPTConfig
 from .data import batch
 from .memory import MemoryReport, recompute_problem, zero_problem
+from ..precision import precision as get_precision, precision_problem
+from .mixed import mixed_problem, tolerance as mixed_tolerance
 from .params import decays, param_specs
 
 __all__ = ["StepResult", "train", "gathered", "replay_problem", "TOLERANCE"]
@@ -53,10 +55,32 @@ class StepResult:
     calls: int
     bytes_sent: int
     memory: Optional[MemoryReport] = None
+    tolerance: float = TOLERANCE  # the policy's (spmdsim.gpt.mixed.tolerance)
 
     @property
     def passed(self) -> bool:
-        return all(e <= TOLERANCE for e in self.errors if e == e)
+        return all(e <= self.tolerance for e in self.errors if e == e)
+
+
+def _mixed_step(moments: dict, params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step: int,
+                policy: Any) -> tuple:
+    """`_reference_step` under a low-precision policy (spmdsim.gpt.mixed): `params` are the run's master
+    copies (its parameters where it keeps none); AdamW in the optimizer states' dtype on them."""
+    from ..optim import adamw_update
+    from .mixed import loss_and_grads
+    from .reference import _masks
+
+    loss, grads = loss_and_grads(params, x, y, cfg, step, policy, _masks(cfg, step, True, x.shape[0]))
+    state = policy.dtype("optimizer")
+    new_moments, updated = {"m": {}, "v": {}}, {}
+    for spec in param_specs(cfg):
+        name = spec.name
+        p = params[name].astype(state)
+        m, v = moments["m"][name].astype(state), moments["v"][name].astype(state)
+        adamw_update(p, grads[name], m, v, step + 1, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                     weight_decay=cfg.weight_decay if decays(spec) else 0.0)
+        new_moments["m"][name], new_moments["v"][name], updated[name] = m, v, p
+    return new_moments, loss, grads, updated
 
 
 def _reference_step(moments: dict, params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig,
@@ -100,12 +124,15 @@ def _zero_moments(cfg: GPTConfig) -> dict:
     return {"m": zeros, "v": dict(zeros)}
 
 
-def gathered(model: Any) -> dict:
-    """Every parameter whole on every rank, from one Allgather of all this rank's blocks."""
+def gathered(model: Any, blocks: Optional[dict] = None) -> dict:
+    """Every parameter whole on every rank (float64), from one Allgather of all this rank's blocks;
+    `blocks`: name -> this rank's block to gather in place of the parameter's (a master copy)."""
     from ..runtime.executor import gather
 
     tensors = list(model.params.values())
-    flat = np.concatenate([t.local.reshape(-1) for t in tensors])
+    blocks = blocks or {}
+    flat = np.concatenate([np.asarray(blocks.get(name, t.local), np.float64).reshape(-1)
+                           for name, t in model.params.items()])
     everyone = gather(model.mesh, flat, ("dp", "tp"), "check.params")
     everyone = everyone.reshape(model.mesh.size, flat.size)
     out, at = {}, 0
@@ -135,7 +162,8 @@ def replay_problem(cfg: GPTConfig) -> Optional[str]:
 def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.ndarray, sp: bool = False,
           check: bool = True, on_step: Optional[Callable[[StepResult], Any]] = None,
           mesh: Any = None, layouts: Optional[dict] = None, replay: bool = False,
-          recompute: str = "none", zero: int = 0, memory: bool = False, kept: str = "graph") -> tuple[Any, list]:
+          recompute: str = "none", zero: int = 0, memory: bool = False, kept: str = "graph",
+          precision: Any = "fp64") -> tuple[Any, list]:
     """Train `steps` steps on a (dp, tp) mesh over `comm`; returns (the model, one StepResult per step).
 
     Collective: every rank calls it alike. `mesh`: a Mesh of Layout((dp, tp), ("dp", "tp")) to use
@@ -145,6 +173,9 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     `recompute`: "none", "selective" or "full" (spmdsim.gpt.parallel.GPT's). `zero`: 0 (AdamW) or 1
     (DistributedAdamW over dp). `memory`: measure each step's bytes into StepResult.memory. `kept`:
     "graph" or "megatron" (spmdsim.gpt.parallel.GPT's: what the graph keeps for backward).
+    `precision`: the precision policy (spmdsim.precision: "fp64", "fp32", "bf16-mixed"); the reference
+    step then runs under it (spmdsim.gpt.mixed) and the check's tolerance is the policy's
+    (spmdsim.gpt.mixed.tolerance).
     """
     from .. import ops
     from ..autograd import kept_bytes
@@ -159,11 +190,14 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     from .parallel import GPT
 
     problem = (recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
-               or (replay_problem(cfg) if replay else None))
+               or (replay_problem(cfg) if replay else None) or precision_problem(precision)
+               or mixed_problem(precision, zero=zero, replay=replay, kept=kept))
     if problem:  # every rank alike, before any collective
         raise SpmdsimError(problem)
+    policy = get_precision(precision)
+    low = policy.activation != "float64"
     mesh = Mesh(Layout((dp, tp), ("dp", "tp")), comm) if mesh is None else mesh
-    model = GPT(cfg, mesh, sp=sp, layouts=layouts, recompute=recompute, kept=kept)
+    model = GPT(cfg, mesh, sp=sp, layouts=layouts, recompute=recompute, kept=kept, precision=policy)
     specs = param_specs(cfg)
     params = [model.params[s.name] for s in specs]
     decaying = [model.params[s.name] for s in specs if decays(s)]
@@ -197,14 +231,16 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         return loss
 
     graph = None
-    reference_moments = once(("gpt-reference", cfg, 0), _zero_moments, cfg) if check else None
+    reference_moments = once(("gpt-reference", cfg, policy.name, 0), _zero_moments, cfg) if check else None
+    tolerance = mixed_tolerance(policy, cfg)
     ids_layout = mesh.layout("dp", None)
     results = []
     report = None
     for step in range(steps):
         x, y = batch(text_ids, cfg, step)
         xd, yd = DTensor.from_global(mesh, x, ids_layout), DTensor.from_global(mesh, y, ids_layout)
-        start = gathered(model) if check else None
+        masters = {s.name: optimizer.master[i] for i, s in enumerate(specs) if i in getattr(optimizer, "master", {})}
+        start = gathered(model, masters) if check else None
         with collect_trace() as trace:
             if not replay:
                 loss = train_step(xd, yd, step)
@@ -219,15 +255,22 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
             moments.clear()
         errors = (float("nan"),) * 3
         if check:
-            reference_moments, ref_loss, grads, updated = once(
-                ("gpt-reference", cfg, step + 1), _reference_step, reference_moments, start, x, y, cfg, step)
-            mine = step_errors(value, ref_loss, grads, updated, {s.name: model.params[s.name] for s in specs},
-                               optimizer if zero else None)
+            if low:
+                reference_moments, ref_loss, grads, updated = once(
+                    ("gpt-reference", cfg, policy.name, step + 1), _mixed_step, reference_moments, start, x, y,
+                    cfg, step, policy)
+            else:
+                reference_moments, ref_loss, grads, updated = once(
+                    ("gpt-reference", cfg, step + 1), _reference_step, reference_moments, start, x, y, cfg, step)
+            tensors = {s.name: model.params[s.name] for s in specs}
+            mine = step_errors(value, ref_loss, grads, updated, tensors, optimizer if zero else None,
+                               {s.name: optimizer.master[i] for i, s in enumerate(specs)
+                                if i in getattr(optimizer, "master", {})})
             worst = resolve(mesh, mine, pending(mesh.layout, 1, ("dp", "tp")), "check", reduction="max", owned=True)
             errors = tuple(float(e) for e in worst)
         totals = trace.totals()
         result = StepResult(step, value, errors, totals["calls"], totals["bytes_sent"],
-                            None if report is None else _restep(report, step))
+                            None if report is None else _restep(report, step), tolerance)
         results.append(result)
         if on_step is not None:
             on_step(result)
@@ -235,12 +278,15 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
 
 
 def step_errors(value: float, ref_loss: float, grads: dict, updated: dict, tensors: dict,
-                zero: Any = None) -> np.ndarray:
+                zero: Any = None, masters: Optional[dict] = None) -> np.ndarray:
     """This rank's largest relative differences from the reference step (loss, gradients, updated
     parameters) over `tensors` (parameter name -> DTensor, in the optimizer's order); `zero` as
-    `_grad_error`'s. The trainers take the maximum over the mesh."""
+    `_grad_error`'s; `masters`: name -> this rank's master copy (float32, of a bfloat16 parameter),
+    compared in the parameter's place. The trainers take the maximum over the mesh."""
+    masters = masters or {}
     return np.array([abs(value - ref_loss) / max(abs(ref_loss), 1e-300), _grad_error(tensors, grads, zero),
-                     max(_worst(t.local, updated[name], t.slices) for name, t in tensors.items())])
+                     max(_worst(np.asarray(masters.get(name, t.local), np.float64), updated[name], t.slices)
+                         for name, t in tensors.items())])
 
 
 def _grad_error(tensors: dict, grads: dict, zero: Any) -> float:
