@@ -129,7 +129,6 @@ def gathered(model: Any, blocks: Optional[dict] = None) -> dict:
     `blocks`: name -> this rank's block to gather in place of the parameter's (a master copy)."""
     from ..runtime.executor import gather
 
-    tensors = list(model.params.values())
     blocks = blocks or {}
     flat = np.concatenate([np.asarray(blocks.get(name, t.local), np.float64).reshape(-1)
                            for name, t in model.params.items()])
