@@ -18,7 +18,7 @@ A sharded run differs from this only in the order of its float32 sums before eac
 contraction split over ranks is summed from float32 partial products by its Allreduce or
 Reduce_scatter, a parameter's gradient from each rank's rows, the loss from each rank's tokens. Where
 two orders round a value to different neighbours (one bfloat16 ulp, 2**-7 of it), the difference
-carries on through the step; spmdsim.gpt.train's tolerance for the policy says how far (`tolerance`).
+carries on through the step; `tolerances` says how far the check lets it go.
 Pure: numpy.
 """
 from __future__ import annotations
@@ -30,10 +30,11 @@ import numpy as np
 
 from .. import activations
 from ..precision import Precision, product, rounded, unit_roundoff, wide
+from ..tolerances import sum_rtol
 from .config import GPTConfig
 from .params import param_specs
 
-__all__ = ["loss_and_grads", "tolerance", "mixed_problem"]
+__all__ = ["loss_and_grads", "tolerances", "longest_sum", "mixed_problem"]
 
 _F32 = np.float32
 
@@ -50,35 +51,57 @@ def mixed_problem(precision: Any, zero: int = 0, replay: bool = False, kept: str
         return f"precision {name!r} is not replayed yet: leave out --replay"
     if pipeline:
         return f"precision {name!r} does not run over a pipeline yet: leave out --pp and --microbatches"
-    if zero and name == "bf16-mixed":
-        return ("precision 'bf16-mixed' with ZeRO-1 is not done yet (its buckets hold one dtype, the parameters' "
-                "bfloat16 and the gradients' float32 are two): leave out --zero")
+    if zero:
+        return f"precision {name!r} with ZeRO-1 is not done yet (its check reads AdamW's states): leave out --zero"
     return None
 
 
-def tolerance(policy: Precision, cfg: GPTConfig) -> float:
-    """The largest difference a checked step may show, relative to the tensor's largest entry, under `policy`.
+def longest_sum(cfg: GPTConfig) -> int:
+    """The most terms any one sum of a training step adds: the batch's tokens (the loss's mean, each weight
+    gradient), the MLP's second product (4 d_model), the vocabulary (softmax), a row (d_model)."""
+    return max(cfg.batch * cfg.seq, 4 * cfg.d_model, cfg.vocab, cfg.d_model)
 
-    At float64 spmdsim.gpt.train.TOLERANCE (1e-10). Otherwise from the unit roundoff u of the activations'
-    dtype (2**-8 for bfloat16, 2**-24 for float32): a value rounded from two float32 sums that differ
-    only in their order lands on the same neighbour or on the next one, 2u of the value apart; a
-    forward and backward pass rounds each residual-stream value 6 times a layer (the block's two
-    layer norms' outputs, two residual sums and their two gradients), and the difference one flip
-    makes carries on through the later layers at most once each: 2u times 6 per layer, plus the
-    embeddings' and the head's 4 roundings. Relative to the tensor's largest entry, a flip at a
-    value smaller than it counts for less, so this bounds the elementwise worst case.
+
+def tolerances(policy: Precision, cfg: GPTConfig) -> tuple[float, float, float]:
+    """(loss, gradients, updated parameters): the largest relative difference a checked step may show from
+    the reference under `policy` (spmdsim.gpt.train: the loss relative to itself, a gradient or parameter
+    relative to its tensor's largest entry). 1e-10 each at float64 (spmdsim.gpt.train.TOLERANCE).
+
+    Under a low-precision policy the run and the reference round the same values at the same points; they
+    differ only in the order of their float32 sums (a contraction split over ranks is summed by its
+    collective, a gradient from each rank's rows). Two orders of a K-term sum differ by at most
+    ``K eps32`` of the magnitudes that entered it (spmdsim.tolerances.sum_rtol); where the rounding to the
+    activations' dtype falls between the two, they round to neighbours one ulp apart (2u of the value;
+    u = 2**-8 for bfloat16), and that flip carries on through the rest of the step.
+
+    - updated parameters: AdamW in float32 on the run's own gradients and moments (the reference's
+      optimizer step takes them, not its own), so only its float32 operations round: ``sum_rtol(8,
+      float32)`` for the update's eight operations; a bfloat16 parameter must equal its master copy
+      rounded, exactly.
+    - loss: a value whose two float32 sums differ by d flips with probability at most d / ulp, by one ulp:
+      its expected change is d, what float32 would give. The loss (the mean of the tokens' losses, each
+      >= 0, so the magnitudes that entered are the loss itself) is allowed float32's bound for the step's
+      longest sum (`longest_sum`), ``K eps32``: an expected-value argument, not a worst case; the
+      measured margins are in docs/training.md ("Mixed precision (bf16)").
+    - gradients: one flip moves a value by 2u of it, at most 2u of its tensor's largest entry, and is
+      carried on by each later layer (layer norm renormalizes each row, the residual stream adds): 2u for
+      each of the L layers and the embedding and the head, ``2u (L + 2)`` of the tensor's largest entry
+      (at least the loss's K eps32). It bounds the flips of a correct run; it is about the size of the
+      difference a reference that rounds elsewhere shows, so the loss is what separates those.
     """
     if policy.activation == "float64":
-        return 1e-10
+        return (1e-10,) * 3
+    eps32 = sum_rtol(longest_sum(cfg), np.float32)
     u = unit_roundoff(policy.dtype("activation"))
-    return 2 * u * (6 * cfg.layers + 4)
+    return eps32, max(2 * u * (cfg.layers + 2), eps32), sum_rtol(8, np.float32)
 
 
 def loss_and_grads(params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step: Optional[int],
-                   policy: Precision, masks: Optional[dict]) -> tuple[float, dict]:
+                   policy: Precision, masks: Optional[dict], scales: bool = False) -> tuple:
     """(loss, {name: float32 gradient}) of one step under `policy`; `params`: each parameter's values in
     the policy's parameter dtype (or exactly representable there); `masks`: spmdsim.gpt.reference's
-    keep masks of the step (None without dropout)."""
+    keep masks of the step (None without dropout). `scales`: also {name: the magnitudes that entered each
+    gradient entry} (float64 or float32: the sum of its terms' absolute values)."""
     act = policy.dtype("activation")
     P = {s.name: np.asarray(params[s.name]).astype(policy.dtype("param")) for s in param_specs(cfg)}
     r = _Rounder(act, cfg, masks)
@@ -103,14 +126,39 @@ def loss_and_grads(params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, s
     g = e / e.sum(axis=1)[:, None]
     g[rows, ids] -= 1.0
     dz = r.grad(g * (np.ones((), _F32) / float(n)))
-    grads: dict = {"wte": product(dz.T, hf)}
+    grads = _Grads()
+    grads.dot("wte", dz, hf)
     dh = _ln_backward(P, "lnf", product(dz, P["wte"]), lnf, grads, r)
     for layer in reversed(range(cfg.layers)):
         dh = _block_backward(P, f"h{layer}.", dh, caches[layer], cfg, r, grads)
     dh0 = wide(r.grad(r.undrop(dh, "emb"))).reshape(B, T, D)
     np.add.at(grads["wte"], x.reshape(-1), dh0.reshape(B * T, D))
-    grads["wpe"] = dh0.sum(axis=0)
-    return float(loss), {s.name: grads[s.name].astype(_F32) for s in param_specs(cfg)}
+    np.add.at(grads.scales["wte"], x.reshape(-1), np.abs(dh0.reshape(B * T, D)))
+    grads.total("wpe", dh0)
+    names = [s.name for s in param_specs(cfg)]
+    out = {name: grads[name].astype(_F32) for name in names}
+    if scales:
+        return float(loss), out, {name: grads.scales[name] for name in names}
+    return float(loss), out
+
+
+class _Grads(dict):
+    """The parameters' gradients (float32) and, beside them, the magnitudes that entered each entry
+    (`scales`: the sum of its terms' absolute values, spmdsim.tolerances' scale)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scales: dict = {}
+
+    def dot(self, name: str, a: np.ndarray, d: np.ndarray) -> None:
+        """A weight's gradient: a^T d over the tokens."""
+        self[name] = product(a.T, d)
+        self.scales[name] = product(np.abs(wide(a)).T, np.abs(wide(d)))
+
+    def total(self, name: str, d: np.ndarray) -> None:
+        """A bias's (or layer norm weight's) gradient: d summed over the tokens."""
+        self[name] = d.sum(axis=0)
+        self.scales[name] = np.abs(d).sum(axis=0)
 
 
 class _Rounder:
@@ -157,8 +205,8 @@ def _ln_backward(P: dict, pre: str, da: np.ndarray, cache: tuple, grads: dict, r
     """The layer norm's input gradient (float32, not rounded: summed with the residual's first)."""
     yn, rstd = cache
     da = r.grad(da)
-    grads[pre + ".b"] = da.sum(axis=0)
-    grads[pre + ".w"] = (da * yn).sum(axis=0)
+    grads.total(pre + ".b", da)
+    grads.total(pre + ".w", da * yn)
     dy = r.grad(da * wide(P[pre + ".w"]))
     inv = 1.0 / yn.shape[-1]
     g = dy - np.sum(dy * yn, axis=-1, keepdims=True) * inv * yn
@@ -206,13 +254,16 @@ def _block_backward(P: dict, pre: str, dh: np.ndarray, c: dict, cfg: GPTConfig, 
     T, layer = dh.shape[0] // B, pre[:-1]
     dh = r.grad(dh)
     dr = r.grad(r.undrop(dh, layer + ".resid2"))
-    grads[pre + "mlp.b2"], grads[pre + "mlp.w2"] = dr.sum(axis=0), product(c["m"].T, dr)
+    grads.total(pre + "mlp.b2", dr)
+    grads.dot(pre + "mlp.w2", c["m"], dr)
     dm = r.grad(product(dr, P[pre + "mlp.w2"].T))
     dz = r.grad(activations.gelu_backward(c["z"], dm, c["t"]))
-    grads[pre + "mlp.b1"], grads[pre + "mlp.w1"] = dz.sum(axis=0), product(c["a2"].T, dz)
+    grads.total(pre + "mlp.b1", dz)
+    grads.dot(pre + "mlp.w1", c["a2"], dz)
     dh1 = r.grad(dh + _ln_backward(P, pre + "ln2", product(dz, P[pre + "mlp.w1"].T), c["ln2"], grads, r))
     dr = r.grad(r.undrop(dh1, layer + ".resid1"))
-    grads[pre + "attn.bo"], grads[pre + "attn.wo"] = dr.sum(axis=0), product(c["o"].T, dr)
+    grads.total(pre + "attn.bo", dr)
+    grads.dot(pre + "attn.wo", c["o"], dr)
     do = r.grad(product(dr, P[pre + "attn.wo"].T)).reshape(B, T, H, Dh).transpose(0, 2, 1, 3)
     dpd = product(do, c["v"].transpose(0, 1, 3, 2))
     dv = product(c["pd"].transpose(0, 1, 3, 2), do)
@@ -223,9 +274,9 @@ def _block_backward(P: dict, pre: str, dh: np.ndarray, c: dict, cfg: GPTConfig, 
     da = None
     for w, d in (("q", dq), ("k", dk), ("v", dv)):
         d = r.grad(d).transpose(0, 2, 1, 3).reshape(B * T, H * Dh)
-        grads[pre + "attn.w" + w] = product(c["a"].T, d)
+        grads.dot(pre + "attn.w" + w, c["a"], d)
         if w != "k":
-            grads[pre + "attn.b" + w] = d.sum(axis=0)
+            grads.total(pre + "attn.b" + w, d)
         part = product(d, P[pre + "attn.w" + w].T)
         da = part if da is None else da + part
     return dh1 + _ln_backward(P, pre + "ln1", da, c["ln1"], grads, r)

@@ -35,7 +35,7 @@ from .config import GPTConfig
 from .data import batch
 from .memory import MemoryReport, recompute_problem, zero_problem
 from ..precision import precision as get_precision, precision_problem
-from .mixed import mixed_problem, tolerance as mixed_tolerance
+from .mixed import mixed_problem, tolerances as mixed_tolerances
 from .params import decays, param_specs
 
 __all__ = ["StepResult", "train", "gathered", "replay_problem", "TOLERANCE"]
@@ -55,32 +55,38 @@ class StepResult:
     calls: int
     bytes_sent: int
     memory: Optional[MemoryReport] = None
-    tolerance: float = TOLERANCE  # the policy's (spmdsim.gpt.mixed.tolerance)
+    # (loss, gradients, parameters): the policy's (spmdsim.gpt.mixed.tolerances); 1e-10 each at float64
+    tolerances: tuple[float, float, float] = (TOLERANCE,) * 3
 
     @property
     def passed(self) -> bool:
-        return all(e <= self.tolerance for e in self.errors if e == e)
+        return all(e <= t for e, t in zip(self.errors, self.tolerances) if e == e)
 
 
-def _mixed_step(moments: dict, params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step: int,
-                policy: Any) -> tuple:
-    """`_reference_step` under a low-precision policy (spmdsim.gpt.mixed): `params` are the run's master
-    copies (its parameters where it keeps none); AdamW in the optimizer states' dtype on them."""
+def _mixed_step(start: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step: int, policy: Any,
+                grads: dict) -> tuple:
+    """The references of a step under a low-precision policy (spmdsim.gpt.mixed): (loss, gradients) of the
+    same policy from the run's parameters at the step's start (its master copies), and the updated master
+    copies of AdamW in float32 on the run's own gradients `grads` and moments (`start`: "params", "m", "v",
+    each name -> whole array; the moments zeros before the first step)."""
     from ..optim import adamw_update
     from .mixed import loss_and_grads
     from .reference import _masks
 
-    loss, grads = loss_and_grads(params, x, y, cfg, step, policy, _masks(cfg, step, True, x.shape[0]))
+    loss, ref_grads = loss_and_grads(start["params"], x, y, cfg, step, policy, _masks(cfg, step, True, x.shape[0]))
+    if cfg.clip:
+        from .reference import clip_grads
+
+        ref_grads = clip_grads(ref_grads, cfg.clip)[1]
     state = policy.dtype("optimizer")
-    new_moments, updated = {"m": {}, "v": {}}, {}
+    updated = {}
     for spec in param_specs(cfg):
         name = spec.name
-        p = params[name].astype(state)
-        m, v = moments["m"][name].astype(state), moments["v"][name].astype(state)
-        adamw_update(p, grads[name], m, v, step + 1, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+        p, m, v = (start[k][name].astype(state) for k in ("params", "m", "v"))
+        adamw_update(p, grads[name].astype(state), m, v, step + 1, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                      weight_decay=cfg.weight_decay if decays(spec) else 0.0)
-        new_moments["m"][name], new_moments["v"][name], updated[name] = m, v, p
-    return new_moments, loss, grads, updated
+        updated[name] = p
+    return loss, ref_grads, updated
 
 
 def _reference_step(moments: dict, params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig,
@@ -127,20 +133,42 @@ def _zero_moments(cfg: GPTConfig) -> dict:
 def gathered(model: Any, blocks: Optional[dict] = None) -> dict:
     """Every parameter whole on every rank (float64), from one Allgather of all this rank's blocks;
     `blocks`: name -> this rank's block to gather in place of the parameter's (a master copy)."""
+    blocks = blocks or {}
+    return _wholes(model, [{name: blocks.get(name, t.local) for name, t in model.params.items()}], "check.params")[0]
+
+
+def _wholes(model: Any, tables: list, label: str) -> list:
+    """Each of `tables` (name -> this rank's block, shaped as the parameter's) whole on every rank (float64),
+    from one Allgather of all of them."""
     from ..runtime.executor import gather
 
-    blocks = blocks or {}
-    flat = np.concatenate([np.asarray(blocks.get(name, t.local), np.float64).reshape(-1)
-                           for name, t in model.params.items()])
-    everyone = gather(model.mesh, flat, ("dp", "tp"), "check.params")
+    flat = np.concatenate([np.asarray(table[name], np.float64).reshape(-1)
+                           for table in tables for name in model.params])
+    everyone = gather(model.mesh, flat, ("dp", "tp"), label)
     everyone = everyone.reshape(model.mesh.size, flat.size)
-    out, at = {}, 0
-    for name, t in model.params.items():
-        whole, n = np.empty(t.global_shape), t.local.size
-        for rank in range(model.mesh.size):
-            whole[t.layout.slices(rank, t.global_shape)] = everyone[rank, at:at + n].reshape(t.local.shape)
-        out[name], at = whole, at + n
-    return out
+    outs, at = [], 0
+    for _ in tables:
+        out = {}
+        for name, t in model.params.items():
+            whole, n = np.empty(t.global_shape), t.local.size
+            for rank in range(model.mesh.size):
+                whole[t.layout.slices(rank, t.global_shape)] = everyone[rank, at:at + n].reshape(t.local.shape)
+            out[name], at = whole, at + n
+        outs.append(out)
+    return outs
+
+
+def _run_start(model: Any, optimizer: Any, specs: list) -> dict:
+    """The optimizer's view of the step's start, whole on every rank (one Allgather): "params" (each
+    parameter's master copy, its values where it keeps none), "m" and "v" (its AdamW moments, zeros
+    before its first step)."""
+    tables: dict = {"params": {}, "m": {}, "v": {}}
+    for i, spec in enumerate(specs):
+        local = model.params[spec.name].local
+        tables["params"][spec.name] = optimizer.master.get(i, local)
+        _, m, v = optimizer.state.get(i) or (0, np.zeros(local.shape), np.zeros(local.shape))
+        tables["m"][spec.name], tables["v"][spec.name] = m, v
+    return dict(zip(tables, _wholes(model, list(tables.values()), "check.start")))
 
 
 def _worst(local: np.ndarray, reference: np.ndarray, region: tuple, floor: float = 0.0) -> float:
@@ -230,16 +258,16 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         return loss
 
     graph = None
-    reference_moments = once(("gpt-reference", cfg, policy.name, 0), _zero_moments, cfg) if check else None
-    tolerance = mixed_tolerance(policy, cfg)
+    reference_moments = once(("gpt-reference", cfg, 0), _zero_moments, cfg) if check and not low else None
+    tolerances = mixed_tolerances(policy, cfg)
     ids_layout = mesh.layout("dp", None)
     results = []
     report = None
     for step in range(steps):
         x, y = batch(text_ids, cfg, step)
         xd, yd = DTensor.from_global(mesh, x, ids_layout), DTensor.from_global(mesh, y, ids_layout)
-        masters = {s.name: optimizer.master[i] for i, s in enumerate(specs) if i in getattr(optimizer, "master", {})}
-        start = gathered(model, masters) if check else None
+        if check:  # the step's start, whole: the reference step starts from it
+            start = _run_start(model, optimizer, specs) if low else gathered(model)
         with collect_trace() as trace:
             if not replay:
                 loss = train_step(xd, yd, step)
@@ -254,22 +282,22 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
             moments.clear()
         errors = (float("nan"),) * 3
         if check:
-            if low:
-                reference_moments, ref_loss, grads, updated = once(
-                    ("gpt-reference", cfg, policy.name, step + 1), _mixed_step, reference_moments, start, x, y,
-                    cfg, step, policy)
+            tensors = {s.name: model.params[s.name] for s in specs}
+            if low:  # the optimizer checked on the run's own gradients (gathered), the rest on the policy's
+                run_grads = _wholes(model, [{n: t.grad.local for n, t in tensors.items()}], "check.grads")[0]
+                ref_loss, grads, updated = once(("gpt-mixed", cfg, policy.name, step), _mixed_step, start, x, y,
+                                                cfg, step, policy, run_grads)
+                masters = {s.name: optimizer.master[i] for i, s in enumerate(specs) if i in optimizer.master}
             else:
                 reference_moments, ref_loss, grads, updated = once(
                     ("gpt-reference", cfg, step + 1), _reference_step, reference_moments, start, x, y, cfg, step)
-            tensors = {s.name: model.params[s.name] for s in specs}
-            mine = step_errors(value, ref_loss, grads, updated, tensors, optimizer if zero else None,
-                               {s.name: optimizer.master[i] for i, s in enumerate(specs)
-                                if i in getattr(optimizer, "master", {})})
+                masters = None
+            mine = step_errors(value, ref_loss, grads, updated, tensors, optimizer if zero else None, masters)
             worst = resolve(mesh, mine, pending(mesh.layout, 1, ("dp", "tp")), "check", reduction="max", owned=True)
             errors = tuple(float(e) for e in worst)
         totals = trace.totals()
         result = StepResult(step, value, errors, totals["calls"], totals["bytes_sent"],
-                            None if report is None else _restep(report, step), tolerance)
+                            None if report is None else _restep(report, step), tolerances)
         results.append(result)
         if on_step is not None:
             on_step(result)
@@ -283,9 +311,14 @@ def step_errors(value: float, ref_loss: float, grads: dict, updated: dict, tenso
     `_grad_error`'s; `masters`: name -> this rank's master copy (float32, of a bfloat16 parameter),
     compared in the parameter's place. The trainers take the maximum over the mesh."""
     masters = masters or {}
+    params = max(_worst(np.asarray(masters.get(name, t.local), np.float64), updated[name], t.slices)
+                 for name, t in tensors.items())
+    for name, master in masters.items():  # the parameter is its master copy rounded once, exactly
+        t = tensors[name]
+        params = max(params, _worst(t.local.astype(np.float64), master.astype(t.dtype).astype(np.float64),
+                                    (slice(None),) * master.ndim, float(np.max(np.abs(updated[name])))))
     return np.array([abs(value - ref_loss) / max(abs(ref_loss), 1e-300), _grad_error(tensors, grads, zero),
-                     max(_worst(np.asarray(masters.get(name, t.local), np.float64), updated[name], t.slices)
-                         for name, t in tensors.items())])
+                     params])
 
 
 def _grad_error(tensors: dict, grads: dict, zero: Any) -> float:
