@@ -164,7 +164,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
             bits = np.broadcast_to(np.zeros((), bool), block.shape)
             saved.update(keep=_engine_local(np.copy, bits, bits), scale=dtype.type(1.0 / (1.0 - drop)))
         else:
-            saved.update(factors=_engine_local(np.copy, block, block) if drop else None)
+            factors = np.broadcast_to(np.zeros((), np.float32), block.shape) if low else block  # the kernel's dtype
+            saved.update(factors=_engine_local(np.copy, factors, block) if drop else None)
     return record_attention(out, q, k, v, plan, saved, core if recompute else None, scale, (heads, keys_t, back))
 
 

@@ -140,7 +140,8 @@ def _normalized(x: Any, d: int, eps: float, centre: bool, op: str) -> Any:
         return out
     if x.mesh.engine.dry:  # the rstd the rule keeps, sized (the dry engine's zeros): kept bytes measure alike
         rows = x.local.shape[:d] + (1,) + x.local.shape[d + 1:]
-        kept["rstd"] = _engine_local(np.copy, np.broadcast_to(np.zeros((), y.dtype), rows), y)
+        stat = np.float32 if is_low(y.dtype) else y.dtype  # bfloat16's statistics are float32
+        kept["rstd"] = _engine_local(np.copy, np.broadcast_to(np.zeros((), stat), rows), y)
     return record_normalized(out, x, y, kept, d, centre, op)
 
 
@@ -297,7 +298,8 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
         return out if x._ag is None else record_dropout_mask(out, x, keep, x.dtype.type(scale))
     order = None if mask_dims is None else _permutation(mask_dims, len(region))
     if dry is not None:  # the factors the rule keeps, sized (zeros never touched): kept bytes measure alike
-        factors = None if x._ag is None else _engine_local(np.copy, dry, dry)
+        like = np.broadcast_to(np.zeros((), scale.dtype), dry.shape)  # the factors' dtype (float32 at bfloat16)
+        factors = None if x._ag is None else _engine_local(np.copy, like, dry)
     elif order is None:
         factors = np.multiply(keep_mask(tuple(x.global_shape), seed, region, p), scale)
     else:
