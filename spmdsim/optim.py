@@ -271,7 +271,8 @@ class AdamW(_Optimizer):
 
     def memory(self) -> dict:
         """This rank's bytes: "optimizer states" (the moments), "master copy" (the float32 copies of bfloat16
-        parameters; none otherwise: the parameters are their own), "buffers" (the flat gradients and scratch of the update); each buffer counted once."""
+        parameters; none otherwise: the parameters are their own), "buffers" (the flat gradients and scratch
+        of the update); each buffer counted once."""
         if self._dry_sizes:  # a dry run's: what `_dry_held` counts, by kind
             scratch = 2 * sum(self._dry_sizes[i] for i in self._dry_flat)
             return {"optimizer states": self._dry_held() - scratch, "master copy": sum(self._dry_master.values()),

@@ -19,8 +19,8 @@ from .matmul import matmul
 from .mlp import ParallelMLP
 from .norms import causal_mask, dropout, layer_norm, log_softmax, masked_fill, resolved, rms_norm, softmax
 from .paddle_split import paddle_mesh, split
-from .pointwise import (abs, add, astype, clip, cos, div, equal, erf, exp, log, maximum, minimum, mul, neg, not_equal, pow,
-                        rsqrt, sigmoid, silu, sin, sqrt, square, sub, tanh, where)
+from .pointwise import (abs, add, astype, clip, cos, div, equal, erf, exp, log, maximum, minimum, mul, neg, not_equal,
+                        pow, rsqrt, sigmoid, silu, sin, sqrt, square, sub, tanh, where)
 from .reduce import argmax, argmin, max, mean, min, sum, var
 from . import methods as _methods  # noqa: F401  (gives DTensor its operators: x + y, x @ w, x.sum())
 
