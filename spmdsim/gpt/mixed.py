@@ -97,11 +97,10 @@ def tolerances(policy: Precision, cfg: GPTConfig) -> tuple[float, float, float]:
 
 
 def loss_and_grads(params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step: Optional[int],
-                   policy: Precision, masks: Optional[dict], scales: bool = False) -> tuple:
+                   policy: Precision, masks: Optional[dict]) -> tuple[float, dict]:
     """(loss, {name: float32 gradient}) of one step under `policy`; `params`: each parameter's values in
     the policy's parameter dtype (or exactly representable there); `masks`: spmdsim.gpt.reference's
-    keep masks of the step (None without dropout). `scales`: also {name: the magnitudes that entered each
-    gradient entry} (float64 or float32: the sum of its terms' absolute values)."""
+    keep masks of the step (None without dropout)."""
     act = policy.dtype("activation")
     P = {s.name: np.asarray(params[s.name]).astype(policy.dtype("param")) for s in param_specs(cfg)}
     r = _Rounder(act, cfg, masks)
@@ -133,32 +132,20 @@ def loss_and_grads(params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, s
         dh = _block_backward(P, f"h{layer}.", dh, caches[layer], cfg, r, grads)
     dh0 = wide(r.grad(r.undrop(dh, "emb"))).reshape(B, T, D)
     np.add.at(grads["wte"], x.reshape(-1), dh0.reshape(B * T, D))
-    np.add.at(grads.scales["wte"], x.reshape(-1), np.abs(dh0.reshape(B * T, D)))
     grads.total("wpe", dh0)
-    names = [s.name for s in param_specs(cfg)]
-    out = {name: grads[name].astype(_F32) for name in names}
-    if scales:
-        return float(loss), out, {name: grads.scales[name] for name in names}
-    return float(loss), out
+    return float(loss), {s.name: grads[s.name].astype(_F32) for s in param_specs(cfg)}
 
 
 class _Grads(dict):
-    """The parameters' gradients (float32) and, beside them, the magnitudes that entered each entry
-    (`scales`: the sum of its terms' absolute values, spmdsim.tolerances' scale)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.scales: dict = {}
+    """The parameters' gradients (float32), by name."""
 
     def dot(self, name: str, a: np.ndarray, d: np.ndarray) -> None:
-        """A weight's gradient: a^T d over the tokens."""
+        """A weight's gradient: a^T d over the tokens (a float32 product)."""
         self[name] = product(a.T, d)
-        self.scales[name] = product(np.abs(wide(a)).T, np.abs(wide(d)))
 
     def total(self, name: str, d: np.ndarray) -> None:
         """A bias's (or layer norm weight's) gradient: d summed over the tokens."""
         self[name] = d.sum(axis=0)
-        self.scales[name] = np.abs(d).sum(axis=0)
 
 
 class _Rounder:
