@@ -21,6 +21,13 @@ check then compares, besides the loss and every updated parameter, the summed
 gradient slice each rank updated (its Reduce_scatter's result) with the same
 elements of the reference's gradients; `memory=True` measures each step's bytes
 (spmdsim.gpt.memory.MemoryReport).
+
+Precision (docs/training.md, "Mixed precision (bf16)"): under `precision="fp32"` or
+"bf16-mixed" the reference step runs under the same policy (spmdsim.gpt.mixed) from the
+run's master copies; the loss and gradients are compared with it within the policy's
+tolerances (spmdsim.gpt.mixed.tolerances), and AdamW is checked on the run's own
+gradients and moments (gathered at the step's start), so its float32 update must agree
+to its own rounding whatever the gradients' bf16 flips.
 """
 from __future__ import annotations
 
@@ -202,7 +209,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     "graph" or "megatron" (spmdsim.gpt.parallel.GPT's: what the graph keeps for backward).
     `precision`: the precision policy (spmdsim.precision: "fp64", "fp32", "bf16-mixed"); the reference
     step then runs under it (spmdsim.gpt.mixed) and the check's tolerance is the policy's
-    (spmdsim.gpt.mixed.tolerance).
+    (spmdsim.gpt.mixed.tolerances: the optimizer checked on the run's own gradients).
     """
     from .. import ops
     from ..autograd import kept_bytes
