@@ -19,6 +19,7 @@ from ..activations import erf as _erf
 from ..activations import gelu_erf as _gelu_erf
 from ..activations import sigmoid as _sigmoid
 from ..autograd.graph import record
+from ..autograd.kept import shell
 from ..autograd.rules.grads import grad_tensor
 from ..autograd.rules.pointwise import quiet, record_pointwise
 from ..errors import OperatorError
@@ -122,6 +123,7 @@ def astype(x: Any, dtype: Any) -> Any:
     out = make_dtensor(x.mesh, x.local.astype(want), x.layout, x.global_shape)
     if x._ag is None:
         return out
+    x = shell(x)  # the cast's backward reads no value of x: the node keeps its shell, not its block
     return record(out, f"astype {want.name}", (x,), lambda dy: (grad_tensor(x, dy.local, dy.layout.partial),))
 
 
