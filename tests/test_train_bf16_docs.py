@@ -1,7 +1,7 @@
 """Every command docs/training.md shows under "Mixed precision (bf16)" runs, and prints what the doc quotes.
 
 The quoted command (``$ ...``) runs as shown and its output must match (docs_commands.mismatch); a command
-marked ``# long`` (200 steps, or an MPI launch of 50) runs with ``--steps 2 --sample 0`` in place of its
+marked ``# long`` (200 steps on four layouts, or an MPI launch of 50) runs with ``--steps 2 --sample 0`` in place of its
 step count and must PASS; the MPI one needs an mpiexec (tests/testkit.MPIEXEC).
 """
 from __future__ import annotations
@@ -36,9 +36,9 @@ def _run(command: str) -> subprocess.CompletedProcess:
 
 def test_the_section_shows_the_commands_this_test_runs():
     shown = _section()
-    assert [q.output is not None for q in shown] == [True, False, False]
+    assert [q.output is not None for q in shown] == [True, False, False, False, False, False]
     assert all("--precision bf16-mixed" in q.command for q in shown)
-    assert sum("# long" in q.command for q in shown) == 2
+    assert sum("# long" in q.command for q in shown) == 5
 
 
 def test_the_quoted_command_prints_what_the_doc_quotes():
@@ -49,7 +49,7 @@ def test_the_quoted_command_prints_what_the_doc_quotes():
     assert why is None, f"{quote.where()}: {why}\n{done.stdout}"
 
 
-@pytest.mark.parametrize("index", [1, 2])
+@pytest.mark.parametrize("index", [1, 2, 3, 4, 5])
 def test_a_long_command_runs_two_steps_and_passes(index):
     quote = _section()[index]
     command, _, note = quote.command.partition("#")
