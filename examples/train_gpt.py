@@ -8,10 +8,13 @@ row-parallel output projections, vocab-parallel embedding and head), the batch o
 and with --sp sequence parallelism. Every operator is one of spmdsim's general rules.
 Each step's loss, every gradient and every updated parameter is compared with the same
 model trained in one numpy process (spmdsim.gpt.reference); the largest relative
-difference must stay within 1e-10.
+difference must stay within 1e-10. With --precision bf16-mixed the model computes in bfloat16
+with float32 master weights, and the reference runs under the same policy (docs/training.md,
+"Mixed precision (bf16)").
 
 Run: timeout -k 5 3600 mpiexec -n 8 python examples/train_gpt.py --dp 2 --tp 4 --sp
   or python examples/train_gpt.py --ranks 8 --dp 2 --tp 4 --sp   (8 simulated ranks)
+  or in bfloat16: python examples/train_gpt.py --ranks 8 --dp 2 --tp 4 --sp --precision bf16-mixed
   or over a pipeline (docs/pipeline.md): python examples/train_gpt.py --ranks 8 --pp 2 --tp 2 --dp 2 --sp \
          --microbatches 4 --schedule 1f1b
   or, GPT-2 medium's shape on 16,384 ranks, shapes only (docs/simulate.md, "Dry runs"):
@@ -29,7 +32,9 @@ from spmdsim.gpt import GPTConfig, decode, encode, load_text, param_specs
 from spmdsim.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
 from spmdsim.gpt.pipeline import pipeline_layout_problem, train_pipelined
 from spmdsim.gpt.memory import recompute_problem, zero_problem
-from spmdsim.gpt.train import TOLERANCE, replay_problem, train
+from spmdsim.gpt.mixed import mixed_problem
+from spmdsim.gpt.train import replay_problem, train
+from spmdsim.precision import precision_problem
 from spmdsim.nets.train import loss_trend, run_main
 from spmdsim.pipeline.options import microbatches, pipeline_arguments, pipelined, virtual_stages
 from spmdsim.sim import dry_run_active
@@ -70,6 +75,9 @@ parser.add_argument("--recompute", default="none", metavar="{none,selective,full
 parser.add_argument("--zero", default="0", metavar="{0,1}",
                     help="1: ZeRO-1, AdamW's states and master copy sharded over dp (docs/training.md)")
 parser.add_argument("--memory", action="store_true", help="print rank 0's memory at the last step")
+parser.add_argument("--precision", default="fp64", metavar="{fp64,fp32,bf16-mixed}",
+                    help="the precision policy: bf16-mixed computes in bfloat16 with float32 master weights, "
+                         "checked against one numpy process under the same policy (docs/training.md)")
 parser.add_argument("--kept", default="graph", metavar="{graph,megatron}",
                     help="what the graph keeps for backward: megatron, Megatron-LM's set (docs/training.md)")
 ranks_argument(parser)  # --ranks N (simulated ranks) and --dry-run beside it
@@ -104,6 +112,8 @@ def main(args):
     problem = replay_problem(cfg) if args.replay else None
     zero = int(args.zero) if args.zero.lstrip("-").isdigit() else args.zero
     problem = problem or recompute_problem(args.recompute) or zero_problem(zero) or kept_problem(args.kept)
+    problem = problem or precision_problem(args.precision) or mixed_problem(
+        args.precision, zero=zero, replay=args.replay, kept=args.kept, pipeline=pipelined(args))
     if not problem and args.trace_out and not pipelined(args):
         problem = "--trace-out writes a pipeline's last step; give --pp (or --microbatches) with it"
     if not problem and args.replay and pipelined(args):
@@ -131,6 +141,13 @@ def main(args):
             print(f"memory: recompute {args.recompute}"
                   + ("; ZeRO-1 (states and master copy sharded over dp)" if zero else "")
                   + ("; Megatron's kept set" if args.kept == "megatron" else ""))
+        if args.precision != "fp64":
+            from spmdsim.precision import precision
+
+            policy = precision(args.precision)
+            print(f"precision {policy.name}: parameters {policy.param}, activations {policy.activation}, "
+                  f"gradients {policy.grad},\n  master copy {policy.master or 'none'}, optimizer states "
+                  f"{policy.optimizer}")
     layouts = dialect_layouts(cfg, spmdsim.Layout((dp, tp), ("dp", "tp")), args.dialect, args.sp)
     if rank0:
         words = DIALECTS[args.dialect]
@@ -154,14 +171,22 @@ def main(args):
     else:
         model, results = train(cfg, comm, dp, tp, args.steps, ids, sp=args.sp, check=check, on_step=report,
                                layouts=layouts, replay=args.replay, recompute=args.recompute, zero=zero,
-                               memory=args.memory, kept=args.kept)
+                               memory=args.memory, kept=args.kept, precision=args.precision)
     trend, falling = loss_trend([r.loss for r in results])
     failed = sum(not r.passed for r in results)
     if check and rank0:
         worst = max(max(r.errors) for r in results)
         print(f"check: {len(results)} steps vs one numpy process (loss, {len(param_specs(cfg))} gradients and "
               f"parameters each): {'PASS' if not failed else f'FAILED at {failed} steps'}")
-        print(f"largest difference {worst:.1e} of the tensor's largest entry (tolerance {TOLERANCE:.0e})")
+        if args.precision == "fp64":
+            print(f"largest difference {worst:.1e} of the tensor's largest entry (tolerance "
+                  f"{results[0].tolerances[0]:.0e})")
+        else:  # the policy's tolerances, one per kind (spmdsim.gpt.mixed.tolerances)
+            kinds = ("loss", "gradients", "parameters")
+            print("largest differences: " + ", ".join(
+                f"{what} {max(r.errors[i] for r in results):.1e}" for i, what in enumerate(kinds)))
+            print(f"tolerances under {args.precision}: " + ", ".join(
+                f"{what} {results[0].tolerances[i]:.1e}" for i, what in enumerate(kinds)))
     if rank0:
         print(trend)
     if args.memory and rank0 and results:
@@ -194,7 +219,9 @@ def main(args):
         prompt = b"def "
         sample = model.generate(prompt, args.sample, args.temperature)
         same = ""
-        if check:  # the single-process model with these parameters draws the same characters
+        if check and args.precision != "fp64":  # the reference draws at float64: not the same computation
+            same = f", {args.precision}, not compared"
+        elif check:  # the single-process model with these parameters draws the same characters
             from spmdsim.gpt.reference import generate
             from spmdsim.gpt.train import gathered
 

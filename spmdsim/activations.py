@@ -38,8 +38,9 @@ _SQRT_2_OVER_PI = reference._SQRT_2_OVER_PI
 
 
 def _single(dtype: np.dtype) -> bool:
-    """Whether a shard of `dtype` is computed in float32 (float32 and float16; float64 and integers not)."""
-    return dtype.kind == "f" and dtype.itemsize <= 4
+    """Whether a shard of `dtype` is computed in float32 (float32, float16 and bfloat16; float64 and integers
+    not)."""
+    return (dtype.kind == "f" and dtype.itemsize <= 4) or dtype.name == "bfloat16"
 
 
 def _tanh_inner(x: np.ndarray) -> np.ndarray:

@@ -28,6 +28,7 @@ from .autograd.graph import Leaf, with_partial
 from .context import current
 from .errors import OperatorError
 from .flops import sweep
+from .precision import is_low
 from .validate import tolerance_arg
 
 if TYPE_CHECKING:  # loaded on first use (`__getattr__`, below): it builds on this module's helpers
@@ -223,6 +224,7 @@ class AdamW(_Optimizer):
         self.decays = _decay_flags(self.params, decay)
         # Per parameter, as PyTorch keeps it: (steps taken, first moment, second moment).
         self.state: dict[int, tuple[int, np.ndarray, np.ndarray]] = {}
+        self.master: dict[int, np.ndarray] = {}  # float32 copies of bfloat16 parameters, made at their first step
         # The parameters last updated together, and their gradients, moments, scratch and spans in flat buffers.
         self._flat: tuple = ((), None)
         # A dry run's `state` and `_flat`, by size: per parameter its steps, its block's bytes and where its
@@ -232,12 +234,18 @@ class AdamW(_Optimizer):
         self._dry_sizes: dict[int, int] = {}
         self._dry_homes: dict[int, Any] = {}
         self._dry_flat: tuple = ()
+        self._dry_master: dict[int, int] = {}
 
     def _update(self, index: int, param: np.ndarray, grad: np.ndarray) -> None:
-        t, m, v = self.state.get(index) or (0, np.zeros_like(param), np.zeros_like(param))
+        # A bfloat16 parameter (spmdsim.precision's bf16-mixed): a float32 master copy and float32 moments
+        # take the update, and the parameter is the master rounded once (Megatron's mixed precision).
+        target = param if not is_low(param.dtype) else self.master.setdefault(index, param.astype(np.float32))
+        t, m, v = self.state.get(index) or (0, np.zeros_like(target), np.zeros_like(target))
         self.state[index] = (t + 1, m, v)
-        adamw_update(param, grad, m, v, t + 1, lr=self.lr, betas=self.betas, eps=self.eps,
+        adamw_update(target, grad, m, v, t + 1, lr=self.lr, betas=self.betas, eps=self.eps,
                      weight_decay=self.weight_decay if self.decays[index] else 0.0)
+        if target is not param:
+            param[...] = target.astype(param.dtype)
 
     def _together(self, found: list, taken: Any = None) -> bool:
         # One dtype, and every parameter at the same step (each counts its own): then the moments are one
@@ -256,8 +264,10 @@ class AdamW(_Optimizer):
         """`step`'s choices on sizes: the same parameters go together, the flat buffers are made when
         `_flatten` makes them (while the old ones still live), moments never made twice."""
         held = []
-        for i, block, _ in found:
-            self._dry_sizes[i] = block.nbytes
+        for i, block, _ in found:  # a bfloat16 block: float32 moments (and a float32 master copy)
+            self._dry_sizes[i] = block.size * 4 if is_low(block.dtype) else block.nbytes
+            if is_low(block.dtype):
+                self._dry_master[i] = block.size * 4
         if self._together(found, self._dry_steps):
             indices = tuple(i for i, _, _ in found)
             if indices != self._dry_flat:  # g, m, v and scratch made, the old ones not yet freed
@@ -279,18 +289,21 @@ class AdamW(_Optimizer):
         return own + flats + 2 * sum(self._dry_sizes[i] for i in self._dry_flat)
 
     def memory(self) -> dict:
-        """This rank's bytes: "optimizer states" (the moments), "master copy" (none: the parameters are
-        their own), "buffers" (the flat gradients and scratch of the update); each buffer counted once."""
+        """This rank's bytes: "optimizer states" (the moments), "master copy" (the float32 copies of bfloat16
+        parameters; none otherwise: the parameters are their own), "buffers" (the flat gradients and scratch
+        of the update); each buffer counted once."""
         if self._dry_sizes:  # a dry run's: what `_dry_held` counts, by kind
             scratch = 2 * sum(self._dry_sizes[i] for i in self._dry_flat)
-            return {"optimizer states": self._dry_held() - scratch, "master copy": 0, "buffers": scratch}
+            return {"optimizer states": self._dry_held() - scratch, "master copy": sum(self._dry_master.values()),
+                    "buffers": scratch}
         owners: dict = {}
         for _, m, v in self.state.values():
             for a in (m, v):
                 owners[id(_base(a))] = _base(a).nbytes
         flat = self._flat[1]
         scratch = (flat[0].nbytes + flat[3].nbytes) if flat is not None else 0
-        return {"optimizer states": sum(owners.values()), "master copy": 0, "buffers": scratch}
+        return {"optimizer states": sum(owners.values()), "master copy": sum(a.nbytes for a in self.master.values()),
+                "buffers": scratch}
 
     def states_of(self, params: Iterable[Any]) -> int:
         """The bytes of the moments of these parameters (of this optimizer's; none before their first

@@ -181,6 +181,8 @@ PURE_MODULES = [
     "spmdsim.nets.seeds",
     "spmdsim.gpt.params",
     "spmdsim.gpt.layouts",
+    "spmdsim.gpt.mixed",
+    "spmdsim.precision",
     "spmdsim.pipeline",
     "spmdsim.pipeline.schedule",
     "spmdsim.pipeline.check",

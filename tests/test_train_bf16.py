@@ -1,3 +1,202 @@
+"""Mixed precision (issue 52, item 3; docs/training.md, "Mixed precision (bf16)") on simulated ranks.
+
+A bf16-mixed run is checked each step against one numpy process under the same policy
+(spmdsim.gpt.mixed): the loss and the gradients within the policy's tolerances, the optimizer
+exactly (AdamW in float32 on the run's own gradients and moments). The check must fail for a
+reference that ignores the policy, for a run that skips a rounding point and for a wrong update;
+bfloat16 moves and is kept in 2 bytes an element.
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+import spmdsim
+from spmdsim.errors import SpmdsimError
+from spmdsim.gpt import GPTConfig, encode, load_text
+from spmdsim.gpt.mixed import longest_sum, mixed_problem, tolerances
+from spmdsim.gpt.train import train
+from spmdsim.precision import PRESETS, precision, precision_problem
+
+pytest.importorskip("ml_dtypes")
+
+CFG = GPTConfig(layers=2, d_model=32, heads=4, seq=16, batch=8, dropout=0.2)
+TEXT = encode(load_text(20_000))
+
+
+def _steps(ranks: int, dp: int, tp: int, sp: bool, steps: int = 3, policy: str = "bf16-mixed", **kw) -> list:
+    results = spmdsim.simulate(ranks, lambda: train(CFG, spmdsim.world(), dp, tp, steps, TEXT, sp=sp,
+                                                    precision=policy, **kw)[1])
+    assert all(r == results[0] for r in results)  # every rank reports the same
+    return results[0]
+
+
+def test_policies_and_refusals_are_one_line():
+    assert list(PRESETS) == ["fp64", "fp32", "bf16-mixed"]
+    mixed = precision("bf16-mixed")
+    assert (mixed.param, mixed.grad, mixed.master, mixed.optimizer, mixed.activation) == (
+        "bfloat16", "float32", "float32", "float32", "bfloat16")
+    assert precision_problem("bf16") == "precision 'bf16' must be one of fp64, fp32, bf16-mixed"
+    assert mixed_problem("bf16-mixed", zero=1).startswith("precision 'bf16-mixed' with ZeRO-1 is not done yet")
+    assert "leave out --replay" in mixed_problem("fp32", replay=True)
+    assert "leave out --pp" in mixed_problem("bf16-mixed", pipeline=True)
+    assert "kept 'graph'" in mixed_problem("bf16-mixed", kept="megatron")
+    assert mixed_problem("fp64", zero=1, replay=True, kept="megatron", pipeline=True) is None
+    for bad, message in (({"precision": "bf16"}, "must be one of"), ({"precision": "fp32", "zero": 1}, "ZeRO-1")):
+        with pytest.raises(SpmdsimError, match=message) as caught:  # before any collective: on every rank alike
+            spmdsim.simulate(4, lambda: train(CFG, spmdsim.world(), 2, 2, 1, TEXT, **bad))
+        assert "\n" not in str(caught.value)
+
+
+def test_without_ml_dtypes_bf16_is_refused_in_one_line(monkeypatch):
+    from spmdsim import precision as module
+
+    monkeypatch.setattr(module, "_BF16", [])
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)  # import ml_dtypes now raises ImportError
+    assert precision_problem("bf16-mixed") == "precision 'bf16-mixed' needs ml_dtypes: pip install -e '.[bf16]'"
+    assert precision_problem("fp32") is None
+
+
+def test_tolerances_follow_the_policy_and_the_model():
+    assert tolerances(precision("fp64"), CFG) == (1e-10,) * 3
+    K = longest_sum(CFG)
+    assert K == max(CFG.batch * CFG.seq, 4 * CFG.d_model, CFG.vocab)
+    eps32 = float(np.finfo(np.float32).eps)
+    loss, grads, params = tolerances(precision("bf16-mixed"), CFG)
+    assert loss == K * eps32 and grads == 2 * 2.0 ** -8 * (CFG.layers + 2) and params == 8 * eps32
+    assert tolerances(precision("fp32"), CFG) == (K * eps32, K * eps32, 8 * eps32)
+
+
+@pytest.mark.parametrize("ranks, dp, tp, sp", [(4, 2, 2, True), (4, 1, 4, False), (2, 2, 1, False)])
+def test_bf16_steps_match_one_numpy_process_under_the_same_policy(ranks, dp, tp, sp):
+    steps = _steps(ranks, dp, tp, sp)
+    for r in steps:
+        assert r.passed, r
+        assert r.tolerances == tolerances(precision("bf16-mixed"), CFG)
+        assert r.errors[2] == 0.0  # the optimizer's float32 update on the run's own gradients: exact
+        assert 0.0 <= r.errors[0] < r.tolerances[0] and 0.0 < r.errors[1] < r.tolerances[1]
+    assert steps[-1].loss < steps[0].loss
+
+
+def test_fp32_steps_match_one_numpy_process_under_the_same_policy():
+    for r in _steps(4, 2, 2, True, policy="fp32"):
+        assert r.passed and r.errors[2] == 0.0, r
+        assert r.errors[1] < 1e-5  # float32's own rounding, far inside the K eps32 allowed
+
+
+def _caught(steps: list, kind: int) -> bool:
+    return any(r.errors[kind] > r.tolerances[kind] for r in steps) and not all(r.passed for r in steps)
+
+
+def test_a_reference_that_ignores_the_policy_is_caught_by_the_loss(monkeypatch):
+    """The reference at float64 throughout (spmdsim.gpt.reference) in place of the policy's: the loss tells it
+    apart (the gradients' tolerance, 2u per layer, does not: docs/training.md gives the figures)."""
+    from spmdsim.gpt import reference
+    from spmdsim.gpt import train as module
+
+    real = module._mixed_step
+
+    def float64_reference(start, x, y, cfg, step, policy, grads):
+        _, ref_grads, updated = real(start, x, y, cfg, step, policy, grads)
+        loss, grads64 = reference.loss_and_grads(start["params"], x, y, cfg, step)
+        return loss, grads64, updated
+
+    monkeypatch.setattr(module, "_mixed_step", float64_reference)
+    steps = _steps(4, 2, 2, True)
+    assert _caught(steps, 0), steps
+
+
+def test_a_run_that_skips_a_rounding_point_is_caught(monkeypatch):
+    """The row-parallel products' sums left in float32 after their Reduce_scatter (GPT._row_out not rounding
+    them to bfloat16): the loss differs from the policy's reference beyond its tolerance."""
+    from spmdsim.gpt import parallel
+    from spmdsim.runtime.executor import redistribute
+
+    monkeypatch.setattr(parallel.GPT, "_row_out", lambda self, y: redistribute(y, self.act))
+    steps = _steps(4, 2, 2, True)
+    assert _caught(steps, 0), steps
+
+
+def test_a_wrong_update_is_caught_by_the_optimizers_check(monkeypatch):
+    """A bfloat16 parameter left at its old value (its master copy updated, not rounded into it): the
+    parameters' check (the master rounded must equal the parameter, exactly) fails at once."""
+    from spmdsim import optim
+
+    real = optim.AdamW._update
+
+    def forgetful(self, index, param, grad):
+        before = param.copy()
+        real(self, index, param, grad)
+        if index == 0:
+            param[...] = before
+
+    monkeypatch.setattr(optim.AdamW, "_update", forgetful)
+    steps = _steps(4, 2, 2, True, steps=1)
+    assert steps[0].errors[2] > steps[0].tolerances[2] and not steps[0].passed
+
+
+def _traffic(policy: str, dry: bool = False) -> tuple:
+    from spmdsim.runtime.trace import collect_trace
+
+    def body():
+        with collect_trace() as trace:
+            model, results = train(CFG, spmdsim.world(), 2, 2, 1, TEXT, sp=True, check=False, memory=True,
+                                   precision=policy)
+        return [(e.op, e.label, e.bytes_sent) for e in trace.entries], results[0].memory
+
+    return spmdsim.simulate(4, body, dry_run=dry)[0]
+
+
+def test_bf16_activations_move_half_the_bytes_of_fp32s():
+    """With sp the forward's Allgathers move bfloat16 activations: half fp32's bytes. The Reduce_scatters sum
+    float32 partial products and the backward moves float32 gradients (the policy's): the same bytes."""
+    fp32, bf16 = _traffic("fp32")[0], _traffic("bf16-mixed")[0]
+    assert [(op, label) for op, label, _ in fp32] == [(op, label) for op, label, _ in bf16]
+    forward = next(i for i, (op, label, _) in enumerate(fp32) if label.startswith("cross_entropy"))
+    gathers = [i for i in range(forward) if fp32[i][0] == "allgather"]
+    assert len(gathers) == 2 * CFG.layers + 1  # each block's two column-parallel inputs and the head's
+    for i, (a, b) in enumerate(zip(fp32, bf16)):
+        assert b[2] * (2 if i in gathers else 1) == a[2], (a, b)
+
+
+def test_the_dry_run_counts_bf16_as_two_bytes():
+    """A dry run (shapes only) moves the bytes a real bf16 run moves, collective by collective, and its memory
+    tracker sees what the real run's does (float32 dropout factors, layer norm statistics and GELU's tanh
+    beside the bfloat16 activations)."""
+    (real, real_memory), (dry, dry_memory) = _traffic("bf16-mixed"), _traffic("bf16-mixed", dry=True)
+    assert real == dry
+    assert real_memory == dry_memory
+    assert any(b < a for (_, _, a), (_, _, b) in zip(_traffic("fp32", dry=True)[0], dry))
+
+
+def test_kept_bytes_parameters_and_master_copy_at_bf16():
+    """The memory tracker at bf16-mixed: parameters half fp32's, a float32 master copy as large as fp32's
+    parameters, float32 gradients and states; what the graph keeps for backward smaller in every kind."""
+    fp32, bf16 = _traffic("fp32")[1], _traffic("bf16-mixed")[1]
+    assert 2 * bf16.params == fp32.params == bf16.master and fp32.master == 0
+    assert bf16.grads == fp32.grads and bf16.states == fp32.states
+    assert dict(fp32.kept).keys() == dict(bf16.kept).keys()
+    for kind, n in fp32.kept:
+        assert bf16.kept_of(kind) < n, kind
+
+
+@pytest.mark.parametrize("recompute", ["selective", "full"])
+def test_recomputation_at_bf16_gives_the_gradients_of_the_run_without_it(recompute):
+    """Recomputed activations are rounded as the first forward rounded them: the same bfloat16 values, so the
+    same float32 gradients, bit for bit."""
+
+    def grads(how: str) -> dict:
+        def body():
+            model, results = train(CFG, spmdsim.world(), 2, 2, 1, TEXT, sp=True, check=False, recompute=how,
+                                   precision="bf16-mixed")
+            return {n: p.grad.local.copy() for n, p in model.params.items()}
+        return spmdsim.simulate(4, body)
+
+    plain, again = grads("none"), grads(recompute)
+    for mine, theirs in zip(again, plain):
+        assert all(np.array_equal(mine[n], theirs[n]) for n in theirs)
 
 
 def test_a_pending_gradient_is_summed_before_it_is_rounded(monkeypatch):

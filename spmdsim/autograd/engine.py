@@ -25,7 +25,7 @@ from ..context import current
 from ..errors import OperatorError
 from ..flops import sweep
 from ..layout import TensorLayout
-from .graph import Leaf, Node, used_axes, with_partial
+from .graph import Leaf, Node, _passed, used_axes, with_partial
 
 __all__ = ["backward", "reduce_grads", "gradients", "grad_layout", "add_grads"]
 
@@ -83,10 +83,10 @@ def _backward(loss: Any, explain: Optional[list], bucket: Any, gradient: Any, ke
         if dy is None:
             continue
         if explain is None:  # no trace to collect: no context per node
-            _take(grads, owners, leaves, inputs, run(_prepared(node, dy)))
+            _take(grads, owners, leaves, inputs, run(_prepared(node, dy, run, inputs)))
             continue
         with _collector(explain) as trace:
-            _take(grads, owners, leaves, inputs, run(_prepared(node, dy)))
+            _take(grads, owners, leaves, inputs, run(_prepared(node, dy, run, inputs)))
         step = node.describe()
         explain.append((step, trace.entries))
         short = step.split(":")[0]  # "matmul MatMul1", without the plan's reasons
@@ -139,7 +139,7 @@ def gradients(out: Any, dy: Any, wrt: tuple) -> tuple:
         run, inputs = node.backward, node.inputs
         node.backward, node.inputs = None, ()
         if g is not None:
-            _take(grads, owners, leaves, inputs, run(_prepared(node, g)))
+            _take(grads, owners, leaves, inputs, run(_prepared(node, g, run, inputs)))
     wanted = {id(t._ag) for t in wrt if t is not None and t._ag is not None}
     lost = [owners[leaf] for leaf in leaves if id(leaf) not in wanted]
     if lost:
@@ -325,13 +325,32 @@ def _topological(root: Any) -> list:
     return order
 
 
-def _prepared(node: Node, dy: Any) -> Any:
-    """`dy` in the layout the node's backward wants, keeping the pending sums it can pass."""
-    if node.want is None:
+def _prepared(node: Node, dy: Any, run: Any = None, inputs: tuple = ()) -> Any:
+    """`dy` in the layout the node's backward wants, keeping the pending sums it can pass (`run`, `inputs`:
+    the node's backward and inputs, which the walk has taken from it).
+
+    A bfloat16 activation's gradient (float32, summed over its consumers) is rounded once to bfloat16 here
+    and handed on widened: the rule computes in float32 (spmdsim.precision). The value rounded is the whole
+    one, as the single-process reference rounds it: a pending sum is summed over its ranks first (float32,
+    one Allreduce, where Megatron's column-parallel backward sums its input's gradient), except through a
+    move, whose backward (a Reduce_scatter with sp) sums it on its way to the next node, which rounds it.
+    A node made from parameters alone (a parameter reshaped) leaves it as it is: a parameter's gradient
+    stays float32 (Megatron's main_grad)."""
+    if node.want is not None:
+        used = used_axes(node.reads)
+        target = with_partial(node.want, tuple(a for a in dy.layout.partial if a not in used))
+        dy = dy if dy.layout == target else _move(dy, target)
+    if node.low is None or run is _passed and dy.layout.partial or _of_parameters(inputs):
         return dy
-    used = used_axes(node.reads)
-    target = with_partial(node.want, tuple(a for a in dy.layout.partial if a not in used))
-    return dy if dy.layout == target else _move(dy, target)
+    if dy.layout.partial:
+        dy = _move(dy, with_partial(dy.layout, ()))
+    return type(dy)._trusted(dy.mesh, dy.local.astype(node.low).astype(np.float32), dy.layout, dy.global_shape)
+
+
+def _of_parameters(inputs: tuple) -> bool:
+    """Whether every input that takes a gradient is a leaf (a parameter): the node is a parameter's view."""
+    found = [t._ag for t in inputs if t is not None and getattr(t, "_ag", None) is not None]
+    return bool(found) and all(isinstance(a, Leaf) for a in found)
 
 
 def grad_layout(layout: TensorLayout, g_layout: TensorLayout) -> TensorLayout:

@@ -109,14 +109,16 @@ class Node(_Recorded):
             pending sum of the gradient over an axis none of them uses passes
             through (the backward is linear and their blocks repeat there).
         kind: what the node keeps for backward, for the memory tracker (`kept_as`); None: untagged.
+        low: the output's dtype when it is bfloat16 (spmdsim.precision), else None.
     """
 
-    __slots__ = ("name", "inputs", "backward", "want", "reads", "kind")
+    __slots__ = ("name", "inputs", "backward", "want", "reads", "kind", "low")
 
     def __init__(self, name: str, inputs: tuple, backward: Callable, want: Any, reads: tuple,
-                 kind: Optional[str] = None) -> None:
+                 kind: Optional[str] = None, low: Any = None) -> None:
         self.name, self.inputs, self.backward, self.want, self.reads = name, inputs, backward, want, reads
         self.kind = kind
+        self.low = low  # the output's dtype when bfloat16: its gradient is rounded to it before `backward`
 
     def describe(self) -> str:
         """The forward step this node records, as text."""
@@ -131,7 +133,7 @@ def requires_grad_(tensor: Any, flag: bool = True) -> Any:
                                 "(a tensor you built) can stop requiring grad; use no_grad() instead")
         tensor._ag = None
         return tensor
-    if tensor.dtype.kind != "f":
+    if tensor.dtype.kind != "f" and tensor.dtype.name != "bfloat16":
         raise OperatorError(
             f"requires_grad_() on a DTensor of dtype {tensor.dtype.name!r}: only floating tensors "
             "have gradients (integer ids and labels never need one)")
@@ -153,7 +155,9 @@ def record(out: Any, name: str | Callable[[], str], inputs: Sequence[Any], backw
         reads = tuple(inputs) + (out,)
     # A list, not a generator; a TensorLayout is its own layout (its `.layout` is the device matrix).
     layouts = tuple([t if type(t) is TensorLayout else t.layout for t in reads if t is not None])
-    out._ag = Node(name, tuple(inputs), backward, want, layouts, _Mode.kind)
+    dtype = out.local.dtype
+    out._ag = Node(name, tuple(inputs), backward, want, layouts, _Mode.kind,
+                   dtype if dtype.name == "bfloat16" else None)
     return out
 
 

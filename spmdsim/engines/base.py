@@ -38,6 +38,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import SpmdsimError
+from ..precision import product
 
 __all__ = ["Engine", "SimulationError", "DONE", "DRY_VALUES_BYTES"]
 
@@ -191,7 +192,9 @@ class Engine:
         return fn(*args)
 
     def matmul(self, a: Any, b: Any) -> Any:
-        return np.matmul(a, b)
+        """``np.matmul(a, b)``; bfloat16 blocks widened to float32 first, a float32 product
+        (spmdsim.precision.product: as a GPU accumulates them)."""
+        return product(a, b)
 
     def ran(self, step: Any) -> None:
         """A step whose bytes differ by rank (an Exchange) ran here: the dry engine counts each rank's."""

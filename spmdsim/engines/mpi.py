@@ -32,6 +32,15 @@ def _op(op: str) -> Any:
     return found
 
 
+def _w(a: Any) -> Any:
+    """`a` as MPI can move it: a bfloat16 block (ml_dtypes', which MPI has no datatype for) as a view of
+    its 16-bit words, the same memory; other blocks as they are. Sums never see bfloat16: the collectives
+    widen it to float32 first (spmdsim.runtime.collectives)."""
+    if a is not None and getattr(a, "dtype", None) is not None and a.dtype.name == "bfloat16":
+        return a.view(np.uint16)
+    return a
+
+
 def _in_place() -> Any:
     if not _CONST:
         from mpi4py import MPI
@@ -60,9 +69,9 @@ class MpiEngine(Engine):
 
     def all_gather(self, comm: Any, send: np.ndarray, recv: np.ndarray, wait: Wait) -> None:
         if wait is None:
-            comm.Allgather(send, recv)
+            comm.Allgather(_w(send), _w(recv))
         else:
-            wait(comm.Iallgather(send, recv))
+            wait(comm.Iallgather(_w(send), _w(recv)))
 
     def reduce_scatter(self, comm: Any, send: np.ndarray, recv: np.ndarray, op: str, wait: Wait) -> None:
         if wait is None:
@@ -72,28 +81,28 @@ class MpiEngine(Engine):
 
     def all_to_all(self, comm: Any, send: np.ndarray, recv: np.ndarray, wait: Wait) -> None:
         if wait is None:
-            comm.Alltoall(send, recv)
+            comm.Alltoall(_w(send), _w(recv))
         else:
-            wait(comm.Ialltoall(send, recv))
+            wait(comm.Ialltoall(_w(send), _w(recv)))
 
     def all_to_allv(self, comm: Any, send: np.ndarray, scounts: Any, sdispls: Any, recv: np.ndarray,
                     rcounts: Any, rdispls: Any, wait: Wait) -> None:
         if wait is None:
-            comm.Alltoallv([send, (scounts, sdispls)], [recv, (rcounts, rdispls)])
+            comm.Alltoallv([_w(send), (scounts, sdispls)], [_w(recv), (rcounts, rdispls)])
         else:
-            wait(comm.Ialltoallv([send, (scounts, sdispls)], [recv, (rcounts, rdispls)]))
+            wait(comm.Ialltoallv([_w(send), (scounts, sdispls)], [_w(recv), (rcounts, rdispls)]))
 
     def broadcast(self, comm: Any, buf: np.ndarray, root: int, wait: Wait) -> None:
         if wait is None:
-            comm.Bcast(buf, root)
+            comm.Bcast(_w(buf), root)
         else:
-            wait(comm.Ibcast(buf, root))
+            wait(comm.Ibcast(_w(buf), root))
 
     def gather_to(self, comm: Any, send: np.ndarray, recv: np.ndarray | None, root: int, wait: Wait) -> None:
         if wait is None:
-            comm.Gather(send, recv, root)
+            comm.Gather(_w(send), _w(recv), root)
         else:
-            wait(comm.Igather(send, recv, root))
+            wait(comm.Igather(_w(send), _w(recv), root))
 
     def barrier(self, comm: Any, wait: Wait) -> None:
         if wait is None:
@@ -102,10 +111,10 @@ class MpiEngine(Engine):
             wait(comm.Ibarrier())
 
     def isend(self, comm: Any, buf: np.ndarray, dest: int, tag: int) -> Any:
-        return comm.Isend(buf, dest, tag)
+        return comm.Isend(_w(buf), dest, tag)
 
     def irecv(self, comm: Any, buf: np.ndarray, source: int, tag: int) -> Any:
-        return comm.Irecv(buf, source, tag)
+        return comm.Irecv(_w(buf), source, tag)
 
     def wait_all(self, requests: list, wait: Wait) -> None:
         if wait is None:
@@ -122,9 +131,9 @@ class MpiEngine(Engine):
                 send, recv, op = args
                 return comm.Allreduce_init(_in_place() if send is recv else send, recv, _op(op))
             if kind == "all_gather":
-                return comm.Allgather_init(*args)
+                return comm.Allgather_init(*map(_w, args))
             if kind == "all_to_all":
-                return comm.Alltoall_init(*args)
+                return comm.Alltoall_init(*map(_w, args))
         except NotImplementedError:
             return None
         return None

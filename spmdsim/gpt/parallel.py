@@ -35,6 +35,7 @@ from .layouts import DIALECTS, dialect_layouts, megatron_layouts, mesh_problem
 from ..autograd.kept import KEPT, kept_problem
 from ..ops import megatron
 from .memory import RECOMPUTE, recompute_problem
+from ..precision import precision as get_precision, precision_problem
 from .params import constant, dropout_seed, seeded
 from .stages import Part, part_specs, whole
 
@@ -66,6 +67,15 @@ def _with_losses(h: Any, losses: Any) -> Any:
     return record(out, "router losses attached", (h, losses), backward, reads=())
 
 
+def _kept_precision_problem(kept: str, precision: Any) -> Optional[str]:
+    """Why `kept` cannot run under `precision` (one line), or None."""
+    name = getattr(precision, "name", precision)
+    if kept == "megatron" and name != "fp64":
+        return (f"kept 'megatron' runs at fp64 only (its fused pieces have no {name} kernels yet); "
+                "use kept 'graph' with precision " + repr(name))
+    return None
+
+
 class GPT:
     """The model's parameters as DTensors on `mesh` (each rank builds only its shards) and its forward.
 
@@ -88,16 +98,22 @@ class GPT:
             et al.'s count (spmdsim.ops.megatron: each rule keeps only what it reads, boolean dropout
             masks, the column-parallel products' input kept as its sequence shard and gathered again in
             the backward). The same values.
+        precision: the run's precision policy (spmdsim.precision: "fp64", "fp32", "bf16-mixed"): the
+            parameters are made in its parameter dtype and the activations are its activation dtype
+            (a row-parallel product's float32 pending sum is rounded to it once summed).
     """
 
     def __init__(self, cfg: GPTConfig, mesh: Any, sp: bool = False,
                  layouts: Optional[dict[str, TensorLayout]] = None, part: Optional[Part] = None,
-                 recompute: str = "none", kept: str = "graph") -> None:
+                 recompute: str = "none", kept: str = "graph", precision: Any = "fp64") -> None:
         from ..runtime.dtensor import DTensor  # its operators came with `ops`, imported above
 
-        problem = recompute_problem(recompute) or kept_problem(kept)
+        problem = recompute_problem(recompute) or kept_problem(kept) or precision_problem(precision) \
+            or _kept_precision_problem(kept, precision)
         if problem:
             raise SpmdsimError(problem)
+        self.precision = policy = get_precision(precision)
+        param_dtype = None if policy.param == "float64" else policy.dtype("param")
 
         names = tuple(mesh.layout.alias_name)
         if names not in (("dp", "tp"), ("dp", "ep", "tp")):
@@ -119,10 +135,11 @@ class GPT:
         for spec in part_specs(cfg, self.part):
             layout, source = chosen[spec.name], seeded(cfg, spec)
             if source is None:
-                self.params[spec.name] = DTensor.full(mesh, layout, spec.shape, constant(spec))
+                t = DTensor.full(mesh, layout, spec.shape, constant(spec))
             else:
-                self.params[spec.name] = DTensor.from_seeded(mesh, layout, source)
-            self.params[spec.name].requires_grad_()
+                t = DTensor.from_seeded(mesh, layout, source)
+            # The policy's parameter dtype: the float64 values rounded once (the reference's start, too).
+            self.params[spec.name] = (t if param_dtype is None else t.astype(param_dtype)).requires_grad_()
         L = mesh.layout
         # The batch's axes: dp, or with experts ("dp", "ep") (the ep ranks are data parallel for every other
         # layer, as in Megatron; the MoE layers move tokens between them, spmdsim.moe.layer).
@@ -153,7 +170,9 @@ class GPT:
         """A row-parallel product's pending sum: Reduce_scatter onto the sequence (sp) or Allreduce."""
         from ..runtime.executor import redistribute
 
-        return redistribute(y, self.act)
+        y = redistribute(y, self.act)
+        # bfloat16 operands: the pending sum was float32; summed, it is rounded once to the activations' dtype.
+        return y if self.precision.activation == y.dtype.name else ops.astype(y, self.precision.dtype("activation"))
 
     def _gathered(self, x: Any) -> Any:
         """The activations whole along the sequence (an Allgather with sp; nothing without)."""

@@ -21,6 +21,13 @@ check then compares, besides the loss and every updated parameter, the summed
 gradient slice each rank updated (its Reduce_scatter's result) with the same
 elements of the reference's gradients; `memory=True` measures each step's bytes
 (spmdsim.gpt.memory.MemoryReport).
+
+Precision (docs/training.md, "Mixed precision (bf16)"): under `precision="fp32"` or
+"bf16-mixed" the reference step runs under the same policy (spmdsim.gpt.mixed) from the
+run's master copies; the loss and gradients are compared with it within the policy's
+tolerances (spmdsim.gpt.mixed.tolerances), and AdamW is checked on the run's own
+gradients and moments (gathered at the step's start), so its float32 update must agree
+to its own rounding whatever the gradients' bf16 flips.
 """
 from __future__ import annotations
 
@@ -34,6 +41,8 @@ from ..layout import Layout
 from .config import GPTConfig
 from .data import batch
 from .memory import MemoryReport, recompute_problem, zero_problem
+from ..precision import precision as get_precision, precision_problem
+from .mixed import mixed_problem, tolerances as mixed_tolerances
 from .params import decays, param_specs
 
 __all__ = ["StepResult", "train", "gathered", "replay_problem", "TOLERANCE"]
@@ -56,10 +65,38 @@ class StepResult:
     memory: Optional[MemoryReport] = None
     dispatch: tuple = ()  # with MoE layers: this rank's spmdsim.moe.layer.MoEStats of the step's forward
     experts: Any = None  # with MoE layers: this rank's spmdsim.moe.ledger.ExpertBytes of the step
+    # (loss, gradients, parameters): the policy's (spmdsim.gpt.mixed.tolerances); 1e-10 each at float64
+    tolerances: tuple[float, float, float] = (TOLERANCE,) * 3
 
     @property
     def passed(self) -> bool:
-        return all(e <= TOLERANCE for e in self.errors if e == e)
+        return all(e <= t for e, t in zip(self.errors, self.tolerances) if e == e)
+
+
+def _mixed_step(start: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step: int, policy: Any,
+                grads: dict) -> tuple:
+    """The references of a step under a low-precision policy (spmdsim.gpt.mixed): (loss, gradients) of the
+    same policy from the run's parameters at the step's start (its master copies), and the updated master
+    copies of AdamW in float32 on the run's own gradients `grads` and moments (`start`: "params", "m", "v",
+    each name -> whole array; the moments zeros before the first step)."""
+    from ..optim import adamw_update
+    from .mixed import loss_and_grads
+    from .reference import _masks
+
+    loss, ref_grads = loss_and_grads(start["params"], x, y, cfg, step, policy, _masks(cfg, step, True, x.shape[0]))
+    if cfg.clip:
+        from .reference import clip_grads
+
+        ref_grads = clip_grads(ref_grads, cfg.clip)[1]
+    state = policy.dtype("optimizer")
+    updated = {}
+    for spec in param_specs(cfg):
+        name = spec.name
+        p, m, v = (start[k][name].astype(state) for k in ("params", "m", "v"))
+        adamw_update(p, grads[name].astype(state), m, v, step + 1, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                     weight_decay=cfg.weight_decay if decays(spec) else 0.0)
+        updated[name] = p
+    return loss, ref_grads, updated
 
 
 def _reference_step(moments: dict, params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig,
@@ -103,21 +140,45 @@ def _zero_moments(cfg: GPTConfig) -> dict:
     return {"m": zeros, "v": dict(zeros)}
 
 
-def gathered(model: Any) -> dict:
-    """Every parameter whole on every rank, from one Allgather of all this rank's blocks."""
+def gathered(model: Any, blocks: Optional[dict] = None) -> dict:
+    """Every parameter whole on every rank (float64), from one Allgather of all this rank's blocks;
+    `blocks`: name -> this rank's block to gather in place of the parameter's (a master copy)."""
+    blocks = blocks or {}
+    return _wholes(model, [{name: blocks.get(name, t.local) for name, t in model.params.items()}], "check.params")[0]
+
+
+def _wholes(model: Any, tables: list, label: str) -> list:
+    """Each of `tables` (name -> this rank's block, shaped as the parameter's) whole on every rank (float64),
+    from one Allgather of all of them."""
     from ..runtime.executor import gather
 
-    tensors = list(model.params.values())
-    flat = np.concatenate([t.local.reshape(-1) for t in tensors])
-    everyone = gather(model.mesh, flat, tuple(model.mesh.layout.alias_name), "check.params")
+    flat = np.concatenate([np.asarray(table[name], np.float64).reshape(-1)
+                           for table in tables for name in model.params])
+    everyone = gather(model.mesh, flat, tuple(model.mesh.layout.alias_name), label)
     everyone = everyone.reshape(model.mesh.size, flat.size)
-    out, at = {}, 0
-    for name, t in model.params.items():
-        whole, n = np.empty(t.global_shape), t.local.size
-        for rank in range(model.mesh.size):
-            whole[t.layout.slices(rank, t.global_shape)] = everyone[rank, at:at + n].reshape(t.local.shape)
-        out[name], at = whole, at + n
-    return out
+    outs, at = [], 0
+    for _ in tables:
+        out = {}
+        for name, t in model.params.items():
+            whole, n = np.empty(t.global_shape), t.local.size
+            for rank in range(model.mesh.size):
+                whole[t.layout.slices(rank, t.global_shape)] = everyone[rank, at:at + n].reshape(t.local.shape)
+            out[name], at = whole, at + n
+        outs.append(out)
+    return outs
+
+
+def _run_start(model: Any, optimizer: Any, specs: list) -> dict:
+    """The optimizer's view of the step's start, whole on every rank (one Allgather): "params" (each
+    parameter's master copy, its values where it keeps none), "m" and "v" (its AdamW moments, zeros
+    before its first step)."""
+    tables: dict = {"params": {}, "m": {}, "v": {}}
+    for i, spec in enumerate(specs):
+        local = model.params[spec.name].local
+        tables["params"][spec.name] = optimizer.master.get(i, local)
+        _, m, v = optimizer.state.get(i) or (0, np.zeros(local.shape), np.zeros(local.shape))
+        tables["m"][spec.name], tables["v"][spec.name] = m, v
+    return dict(zip(tables, _wholes(model, list(tables.values()), "check.start")))
 
 
 def _worst(local: np.ndarray, reference: np.ndarray, region: tuple, floor: float = 0.0) -> float:
@@ -141,7 +202,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
           check: bool = True, on_step: Optional[Callable[[StepResult], Any]] = None,
           mesh: Any = None, layouts: Optional[dict] = None, replay: bool = False,
           recompute: str = "none", zero: int = 0, memory: bool = False, kept: str = "graph",
-          ep: int = 1) -> tuple[Any, list]:
+          ep: int = 1, precision: Any = "fp64") -> tuple[Any, list]:
     """Train `steps` steps on a (dp, tp) mesh over `comm`; returns (the model, one StepResult per step).
 
     Collective: every rank calls it alike. `mesh`: a Mesh of Layout((dp, tp), ("dp", "tp")) to use
@@ -153,6 +214,9 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     "graph" or "megatron" (spmdsim.gpt.parallel.GPT's: what the graph keeps for backward). `ep`: with MoE
     layers (cfg.moe), the expert-parallel ranks: the mesh is Layout((dp, ep, tp), ("dp", "ep", "tp")), the
     batch split over dp x ep (spmdsim.moe.layer); the step's loss includes the router losses.
+    `precision`: the precision policy (spmdsim.precision: "fp64", "fp32", "bf16-mixed"); the reference
+    step then runs under it (spmdsim.gpt.mixed) and the check's tolerance is the policy's
+    (spmdsim.gpt.mixed.tolerances: the optimizer checked on the run's own gradients).
     """
     from .. import ops
     from ..autograd import kept_bytes
@@ -167,15 +231,21 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     from .parallel import GPT
 
     problem = (recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
-               or (replay_problem(cfg) if replay else None))
+               or (replay_problem(cfg) if replay else None) or precision_problem(precision)
+               or mixed_problem(precision, zero=zero, replay=replay, kept=kept))
     if not problem and zero and cfg.moe is not None:
         problem = "ZeRO-1 with MoE layers is not available yet (the experts' states would shard over dp alone)"
+    if not problem and cfg.moe is not None and getattr(precision, "name", precision) != "fp64":
+        problem = (f"precision {getattr(precision, 'name', precision)!r} with MoE layers is not available yet "
+                   "(the MoE layer computes at float64); use precision 'fp64'")
     if problem:  # every rank alike, before any collective
         raise SpmdsimError(problem)
+    policy = get_precision(precision)
+    low = policy.activation != "float64"
     if mesh is None:
         moe = cfg.moe is not None or ep > 1
         mesh = Mesh(Layout((dp, ep, tp), ("dp", "ep", "tp")) if moe else Layout((dp, tp), ("dp", "tp")), comm)
-    model = GPT(cfg, mesh, sp=sp, layouts=layouts, recompute=recompute, kept=kept)
+    model = GPT(cfg, mesh, sp=sp, layouts=layouts, recompute=recompute, kept=kept, precision=policy)
     specs = param_specs(cfg)
     params = [model.params[s.name] for s in specs]
     decaying = [model.params[s.name] for s in specs if decays(s)]
@@ -209,14 +279,16 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         return loss
 
     graph = None
-    reference_moments = once(("gpt-reference", cfg, 0), _zero_moments, cfg) if check else None
+    reference_moments = once(("gpt-reference", cfg, 0), _zero_moments, cfg) if check and not low else None
+    tolerances = mixed_tolerances(policy, cfg)
     ids_layout = mesh.layout(model.batch, None)
     results = []
     report = None
     for step in range(steps):
         x, y = batch(text_ids, cfg, step)
         xd, yd = DTensor.from_global(mesh, x, ids_layout), DTensor.from_global(mesh, y, ids_layout)
-        start = gathered(model) if check else None
+        if check:  # the step's start, whole: the reference step starts from it
+            start = _run_start(model, optimizer, specs) if low else gathered(model)
         with collect_trace() as trace:
             if not replay:
                 loss = train_step(xd, yd, step)
@@ -231,10 +303,17 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
             moments.clear()
         errors = (float("nan"),) * 3
         if check:
-            reference_moments, ref_loss, grads, updated = once(
-                ("gpt-reference", cfg, step + 1), _reference_step, reference_moments, start, x, y, cfg, step)
-            mine = step_errors(value, ref_loss, grads, updated, {s.name: model.params[s.name] for s in specs},
-                               optimizer if zero else None)
+            tensors = {s.name: model.params[s.name] for s in specs}
+            if low:  # the optimizer checked on the run's own gradients (gathered), the rest on the policy's
+                run_grads = _wholes(model, [{n: t.grad.local for n, t in tensors.items()}], "check.grads")[0]
+                ref_loss, grads, updated = once(("gpt-mixed", cfg, policy.name, step), _mixed_step, start, x, y,
+                                                cfg, step, policy, run_grads)
+                masters = {s.name: optimizer.master[i] for i, s in enumerate(specs) if i in optimizer.master}
+            else:
+                reference_moments, ref_loss, grads, updated = once(
+                    ("gpt-reference", cfg, step + 1), _reference_step, reference_moments, start, x, y, cfg, step)
+                masters = None
+            mine = step_errors(value, ref_loss, grads, updated, tensors, optimizer if zero else None, masters)
             worst = resolve(mesh, mine, pending(mesh.layout, 1, tuple(mesh.layout.alias_name)), "check",
                             reduction="max", owned=True)
             errors = tuple(float(e) for e in worst)
@@ -242,7 +321,8 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         ledger = _expert_bytes(cfg, mesh.rank, mesh, model.params, model.moe_stats, optimizer, trace) \
             if cfg.moe is not None else None
         result = StepResult(step, value, errors, totals["calls"], totals["bytes_sent"],
-                            None if report is None else _restep(report, step), tuple(model.moe_stats), ledger)
+                            None if report is None else _restep(report, step), tuple(model.moe_stats), ledger,
+                            tolerances)
         results.append(result)
         if on_step is not None:
             on_step(result)
@@ -250,12 +330,20 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
 
 
 def step_errors(value: float, ref_loss: float, grads: dict, updated: dict, tensors: dict,
-                zero: Any = None) -> np.ndarray:
+                zero: Any = None, masters: Optional[dict] = None) -> np.ndarray:
     """This rank's largest relative differences from the reference step (loss, gradients, updated
     parameters) over `tensors` (parameter name -> DTensor, in the optimizer's order); `zero` as
-    `_grad_error`'s. The trainers take the maximum over the mesh."""
+    `_grad_error`'s; `masters`: name -> this rank's master copy (float32, of a bfloat16 parameter),
+    compared in the parameter's place. The trainers take the maximum over the mesh."""
+    masters = masters or {}
+    params = max(_worst(np.asarray(masters.get(name, t.local), np.float64), updated[name], t.slices)
+                 for name, t in tensors.items())
+    for name, master in masters.items():  # the parameter is its master copy rounded once, exactly
+        t = tensors[name]
+        params = max(params, _worst(t.local.astype(np.float64), master.astype(t.dtype).astype(np.float64),
+                                    (slice(None),) * master.ndim, float(np.max(np.abs(updated[name])))))
     return np.array([abs(value - ref_loss) / max(abs(ref_loss), 1e-300), _grad_error(tensors, grads, zero),
-                     max(_worst(t.local, updated[name], t.slices) for name, t in tensors.items())])
+                     params])
 
 
 def _grad_error(tensors: dict, grads: dict, zero: Any) -> float:

@@ -176,7 +176,7 @@ def raise_if_not_dtensors(op: str, names: tuple[str, ...], *operands: Any) -> No
 
 def require_float(op: str, local: np.ndarray) -> None:
     """Refuse a non-floating `local` for `op` (GELU, softmax) as PyTorch does, instead of truncating."""
-    if local.dtype.kind != "f":
+    if local.dtype.kind != "f" and local.dtype.name != "bfloat16":
         raise OperatorError(f"{op} of a DTensor of dtype {local.dtype.name!r}: {op} needs a floating dtype "
                             "(float16, float32 or float64); convert first, e.g. x.astype('float64')")
 

@@ -29,6 +29,7 @@ from ..engines import local as _engine_local  # the kernel; the dry engine's zer
 from ..errors import OperatorError
 from ..infer.attention import infer_attention
 from ..layout import TensorLayout
+from ..precision import is_low, product, rounded, wide
 from ._common import keep_mask, make_dtensor, raise_if_not_dtensors, require_float, seed_arg
 
 __all__ = ["attention"]
@@ -110,6 +111,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
     b, tq, h = first(tuple(q.global_shape))[:3]
     probs_shape, region = (b, h, tq, tk), (b_, h_, t_, slice(0, tk))
     dtype = q.dtype
+    low = is_low(dtype)
 
     # The core up to the weighted sum: the probabilities, their dropped-out values and the kept entries'
     # factor (keep is 0 or 1: the same bits as keep * factor after each product); None without dropout.
@@ -117,14 +119,17 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
     # (np.einsum's own loops took several times as long). The backward of `recompute` calls it again.
     def masks(qb: np.ndarray, kb: np.ndarray) -> tuple:
         """(p, pd, factors, the boolean keep mask or None)."""
-        s = np.matmul(qb.transpose(heads), kb.transpose(keys_t)) * scale
+        s = product(qb.transpose(heads), kb.transpose(keys_t)) * scale
         above = masked()
         if above is not None:
             s = np.where(above, -np.inf, s)
         e = np.exp(s - np.max(s, axis=-1, keepdims=True))
         p = e / np.sum(e, axis=-1, keepdims=True)
         keep = keep_mask(probs_shape, seed, region, drop) if drop else None
-        factors = np.multiply(keep, np.asarray(1.0 / (1.0 - drop), dtype)) if drop else None
+        factors = np.multiply(keep, np.asarray(1.0 / (1.0 - drop), np.float32 if low else dtype)) if drop else None
+        if low:  # bfloat16: the scores and softmax in float32; p and its dropped-out values kept rounded
+            p = rounded(p, dtype)
+            return p, (p if factors is None else rounded(wide(p) * factors, dtype)), factors, keep
         return p, (p if factors is None else p * factors), factors, keep
 
     def core(qb: np.ndarray, kb: np.ndarray) -> tuple:
@@ -140,6 +145,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
                 saved["keep"], saved["scale"] = keep, dtype.type(1.0 / (1.0 - drop))
             else:
                 saved["factors"] = factors
+        if low:  # (spmdsim.precision: a float32 product, rounded once)
+            return rounded(product(pd, vb.transpose(heads)), dtype).transpose(back)
         return np.matmul(pd, vb.transpose(heads)).transpose(back)
 
     out_layout, out_shape = first(plan.out), first(plan.shape)
@@ -159,7 +166,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
             bits = np.broadcast_to(np.zeros((), bool), block.shape)
             saved.update(keep=_engine_local(np.copy, bits, bits), scale=dtype.type(1.0 / (1.0 - drop)))
         else:
-            saved.update(factors=_engine_local(np.copy, block, block) if drop else None)
+            factors = np.broadcast_to(np.zeros((), np.float32), block.shape) if low else block  # the kernel's dtype
+            saved.update(factors=_engine_local(np.copy, factors, block) if drop else None)
     return record_attention(out, q, k, v, plan, saved, core if recompute else None, scale, (heads, keys_t, back),
                             (scores, drop, kept))
 

@@ -4,7 +4,9 @@ The operands are redistributed to the plan's layouts (the least-bytes
 choice), each rank contracts its own blocks, and the result is a pending
 sum over the axes that split a contracted letter (no collective here: the
 next op that needs the whole value resolves it, or ``redistribute`` does,
-by Allreduce or Reduce_scatter). Two operands contract as one batched BLAS
+by Allreduce or Reduce_scatter). bfloat16 operands are multiplied widened
+to float32 (spmdsim.precision): a whole result is rounded once to bfloat16,
+a pending sum stays float32 until the collective that sums it. Two operands contract as one batched BLAS
 matmul (`spmdsim.contraction`). The gradient of each operand is the einsum of
 dY with the other operands, pending over the axes of the letters it sums over
 (`spmdsim.autograd.rules.einsum`).
@@ -17,6 +19,7 @@ from ..autograd.rules.einsum import record_einsum
 from ..contraction import contract
 from ..errors import OperatorError
 from ..infer.einsum import infer_einsum
+from ..precision import rounded
 from ..validate import dtype_name
 from ._common import check_dtensor, make_dtensor, result_dtype
 
@@ -34,6 +37,8 @@ def einsum(spec: str, *xs: Any) -> Any:
     xs = tuple(x if x.layout == t else _redistributed(x, t) for x, t in zip(xs, plan.targets))
     words = plan.spec.inputs
     block = contract(words, [x.local for x in xs], plan.spec.output)
+    if block.dtype != dtype and not plan.local.partial:  # bfloat16 operands: a float32 product, rounded once
+        block = rounded(block, dtype)  # (a pending sum stays float32 until the collective that sums it)
     out = make_dtensor(xs[0].mesh, block, plan.local, plan.shape)
     if all(x._ag is None for x in xs):
         return out

@@ -19,6 +19,7 @@ from ..errors import OperatorError, ShapeError
 from ..flops import sweep
 from ..infer import infer_bias_add, infer_elementwise
 from ..engines import local as engine_local
+from ..precision import is_low
 from ._common import make_dtensor, operands_mesh, raise_if_not_dtensors, require_float
 
 __all__ = ["relu", "gelu", "activation", "scale", "bias_add"]
@@ -41,7 +42,9 @@ def activation(x: Any, name: str, keep_tanh: bool = True) -> Any:
     if name == "gelu":  # max(x, 0) is exact on integers; GELU's values are not integers
         require_float(name, x.local)
     if name == "gelu" and x._ag is not None and keep_tanh:  # the inner tanh kept for the backward (one tanh, not two)
-        tanh = engine_local(activations.gelu_tanh, x.local, x.local)
+        # bfloat16: the tanh is float32 (spmdsim.activations computes it widened); a dry run's zeros alike
+        like = np.broadcast_to(np.zeros((), np.float32), x.local.shape) if is_low(x.local.dtype) else x.local
+        tanh = engine_local(activations.gelu_tanh, like, x.local)
         out = make_dtensor(x.mesh, engine_local(activations.gelu_from_tanh, x.local, x.local, tanh), layout,
                            x.global_shape)
         sweep(name, (x.local,), (out.local, tanh))

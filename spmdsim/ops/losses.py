@@ -27,6 +27,7 @@ import numpy as np
 from ..autograd.rules.grads import axes_of
 from ..buffers import contiguous, stacked
 from ..autograd.rules.losses import record_cross_entropy, record_mse_loss
+from ..precision import wide
 from ..errors import OperatorError, ShapeError
 from ..flops import sweep
 from ..infer.losses import infer_cross_entropy
@@ -153,7 +154,7 @@ def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -10
 
         logits = resolved(logits)
     layout, (batch, classes) = logits.layout, logits.global_shape
-    z, ids = logits.local, labels.local
+    z, ids = wide(logits.local), labels.local  # bfloat16 logits: the statistics and loss in float32
     plan = infer_cross_entropy(layout, labels.layout, (batch, classes), z.dtype.name, bool(smooth), reduction)
     start = layout.bounds(mesh.rank, logits.global_shape)[1][0]
     valid = ids != ignore_index if ignore_index is not None else np.ones(ids.shape, bool)

@@ -36,6 +36,7 @@ from ..engines import local as _engine_local  # the kernel; the dry engine's zer
 from ..errors import OperatorError
 from ..flops import sweep
 from ..infer.norms import infer_norm
+from ..precision import is_low, rounded, wide
 from ..validate import as_int, shape_arg
 from . import local as _whole
 from . import pointwise as P
@@ -130,8 +131,9 @@ def _normalized(x: Any, d: int, eps: float, centre: bool, op: str) -> Any:
     kept: dict[str, np.ndarray] = {}  # 1 / sqrt(var + eps), for the gradient rule (a dry run's: zeros)
 
     def kernel(block: np.ndarray) -> np.ndarray:
-        y, kept["rstd"] = _normalize(block, d, n, eps, centre)
-        return y
+        # bfloat16: the statistics and y in float32, y rounded once (spmdsim.precision)
+        y, kept["rstd"] = _normalize(wide(block), d, n, eps, centre)
+        return rounded(y, block.dtype)
 
     y = _engine_local(kernel, x.local, x.local)
     out = make_dtensor(x.mesh, y, x.layout, x.global_shape)
@@ -141,7 +143,8 @@ def _normalized(x: Any, d: int, eps: float, centre: bool, op: str) -> Any:
         return out
     if x.mesh.engine.dry:  # the rstd the rule keeps, sized (the dry engine's zeros): kept bytes measure alike
         rows = x.local.shape[:d] + (1,) + x.local.shape[d + 1:]
-        kept["rstd"] = _engine_local(np.copy, np.broadcast_to(np.zeros((), y.dtype), rows), y)
+        stat = np.float32 if is_low(y.dtype) else y.dtype  # bfloat16's statistics are float32
+        kept["rstd"] = _engine_local(np.copy, np.broadcast_to(np.zeros((), stat), rows), y)
     return record_normalized(out, x, y, kept, d, centre, op)
 
 
@@ -289,7 +292,9 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
     require_float("dropout", x.local)
     # The kept entries' factor, once: x * (keep * scale) is x * keep * scale bit for bit (keep is 0 or 1),
     # one product forward and one backward.
-    scale = np.asarray(1.0 / (1.0 - p), x.dtype)
+    # bfloat16: the factor in float32 and x * factor rounded once (spmdsim.precision)
+    low = is_low(x.dtype)
+    scale = np.asarray(1.0 / (1.0 - p), np.float32 if low else x.dtype)
     # A dry run's large block (spmdsim.ops._common.dry_zeros): zeros, forward and backward, no mask drawn.
     dry = dry_zeros(x.mesh, x.local.shape, x.local.dtype, np.multiply, x.local, scale)
     if kept == "megatron":
@@ -300,13 +305,18 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
         return out if x._ag is None else record_dropout_mask(out, x, keep, x.dtype.type(scale))
     order = None if mask_dims is None else _permutation(mask_dims, len(region))
     if dry is not None:  # the factors the rule keeps, sized (zeros never touched): kept bytes measure alike
-        factors = None if x._ag is None else _engine_local(np.copy, dry, dry)
+        like = np.broadcast_to(np.zeros((), scale.dtype), dry.shape)  # the factors' dtype (float32 at bfloat16)
+        factors = None if x._ag is None else _engine_local(np.copy, like, dry)
     elif order is None:
         factors = np.multiply(keep_mask(tuple(x.global_shape), seed, region, p), scale)
     else:
         keep = keep_mask(tuple(x.global_shape[d] for d in order), seed, tuple(region[d] for d in order), p)
         factors = np.multiply(keep, scale).transpose(np.argsort(order))
-    out = make_dtensor(x.mesh, x.local * factors if dry is None else dry, x.layout, x.global_shape)
+    if dry is not None:
+        block = dry
+    else:
+        block = rounded(wide(x.local) * factors, x.dtype) if low else x.local * factors
+    out = make_dtensor(x.mesh, block, x.layout, x.global_shape)
     # the kept entries' factors drawn in the kernel and written beside the result
     sweep("dropout", (x.local,), (out.local, x.local))
     return out if x._ag is None else record_dropout(out, x, factors, scale)

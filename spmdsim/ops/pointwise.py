@@ -18,17 +18,21 @@ import numpy as np
 from ..activations import erf as _erf
 from ..activations import gelu_erf as _gelu_erf
 from ..activations import sigmoid as _sigmoid
+from ..autograd.graph import record
+from ..autograd.kept import shell
+from ..autograd.rules.grads import grad_tensor
 from ..autograd.rules.pointwise import quiet, record_pointwise
 from ..errors import OperatorError
 from ..flops import sweep
 from ..infer.pointwise import infer_pointwise
-from ..validate import dtype_name
+from ..precision import rounded, wide
+from ..validate import dtype_arg, dtype_name
 from . import _common
 from ._common import describe, dry_zeros, make_dtensor, result_dtype
 
 __all__ = ["add", "sub", "mul", "div", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "pow", "neg",
            "abs", "sigmoid", "silu", "sin", "cos", "square", "rsqrt", "clip", "erf", "equal", "not_equal", "lift",
-           "pointwise"]
+           "pointwise", "astype"]
 
 
 # op -> its forward kernel (its derivative: spmdsim.autograd.rules.pointwise.DERIVATIVES; none for comparisons).
@@ -100,12 +104,29 @@ def pointwise(op: str, *args: Any) -> Any:
     block = _dry_block(mesh, forward, locals_) if mesh.engine.dry else None
     if block is None:
         with quiet(op, divide="ignore", invalid="ignore", over="ignore"):
-            block = forward(*locals_)
+            if dtype == "bfloat16":  # bfloat16: computed in float32, rounded once (spmdsim.precision)
+                block = rounded(forward(*[wide(b) for b in locals_]), result_dtype(*[x.local.dtype for x in xs]))
+            else:
+                block = forward(*locals_)
     sweep(op, locals_, (block,))  # one fused pass (spmdsim.flops): its operands read, its result written
     out = make_dtensor(mesh, block, plan.out, plan.shape)
     if not any(x._ag is not None for x in xs):
         return out
     return record_pointwise(op, out, xs, plan)
+
+
+def astype(x: Any, dtype: Any) -> Any:
+    """`x` with its blocks converted to `dtype` (a float rounded to nearest even), recorded for autograd
+    (the gradient goes back in x's own gradient dtype); the same layout, pending sums kept (a cast of a
+    pending sum to a narrower float rounds each addend: round after resolving it)."""
+    want = dtype_arg(dtype)
+    if x.local.dtype == want:
+        return x
+    out = make_dtensor(x.mesh, x.local.astype(want), x.layout, x.global_shape)
+    if x._ag is None:
+        return out
+    x = shell(x)  # the cast's backward reads no value of x: the node keeps its shell, not its block
+    return record(out, f"astype {want.name}", (x,), lambda dy: (grad_tensor(x, dy.local, dy.layout.partial),))
 
 
 def _dry_block(mesh: Any, forward: Callable, locals_: list) -> Any:

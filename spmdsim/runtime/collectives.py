@@ -139,11 +139,18 @@ def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | No
         _reduction(op)
     comm, g, _ = mesh.group_info(axes)
     x = local if type(local) is _ndarray and local.flags.c_contiguous else _contig(local)
+    if x.dtype.name == "bfloat16":  # no bfloat16 sum in MPI: summed in float32, rounded once
+        return _narrowed(allreduce(mesh, x.astype(np.float32), axes, label, op=op), x.dtype, out, "allreduce")
     if g == 1:
         _alone("allreduce", axes, label, x.dtype)
         return x if out is None or out is x else _copy_into(out, x, "allreduce")
     dst = x if out is x and x.flags.writeable else _result(out, x.shape, x.dtype, "allreduce")
     return issue(mesh, comm, g, "allreduce", axes, label, "all_reduce", (x, dst, op), dst, x, (), x.nbytes)
+
+
+def _narrowed(total: np.ndarray, dtype: np.dtype, out: np.ndarray | None, op: str) -> np.ndarray:
+    """A float32 sum of bfloat16 blocks rounded once to bfloat16 (into `out` when given)."""
+    return total.astype(dtype) if out is None else _copy_into(out, total.astype(dtype), op)
 
 
 def _reduction(op: Any) -> None:
@@ -161,6 +168,8 @@ def reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim
     comm, g, _ = mesh.group_info(axes)
     if shape[d] % g:
         _divisible(shape, d, g, "reduce_scatter")
+    if x.dtype.name == "bfloat16":  # no bfloat16 sum in MPI: summed in float32, rounded once
+        return _narrowed(reduce_scatter(mesh, x.astype(np.float32), axes, d, label), x.dtype, out, "reduce_scatter")
     if g == 1:
         _alone("reduce_scatter", axes, label, x.dtype)
         return x if out is None else _copy_into(out, x, "reduce_scatter")

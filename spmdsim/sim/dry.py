@@ -41,6 +41,7 @@ from .. import buffers
 from ..context import current
 from ..engines import Engine
 from ..engines.base import DONE, DRY_VALUES_BYTES, SimulationError
+from ..precision import is_low
 
 __all__ = ["Meter", "RankBytes", "DryRunReport", "DryComm", "DryEngine", "DRY", "zeros", "dry_run_active",
            "report", "differ", "note"]
@@ -157,7 +158,8 @@ class DryEngine(Engine):
     def matmul(self, a: Any, b: Any) -> np.ndarray:
         """Zeros of ``np.matmul(a, b)``'s shape and dtype, not multiplied (blocks are zeros anyway)."""
         lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-        return zeros(lead + (a.shape[-2], b.shape[-1]), np.result_type(a, b))
+        dtype = np.float32 if is_low(a.dtype) or is_low(b.dtype) else np.result_type(a, b)  # precision.product's
+        return zeros(lead + (a.shape[-2], b.shape[-1]), dtype)
 
     def blank(self, shape: tuple, dtype: Any) -> np.ndarray:
         """A generated block's stand-in: zeros, counted as held."""

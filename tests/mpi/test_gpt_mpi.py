@@ -68,3 +68,26 @@ def test_memory_saving_gpt_steps_match_one_numpy_process(recompute, zero):
     assert comm.allreduce(worst, op=MPI.MAX) <= 1e-12
     model.mesh.close()
     plain.mesh.close()
+
+
+def test_bf16_gpt_steps_match_one_numpy_process_under_the_same_policy():
+    """--precision bf16-mixed under MPI (docs/training.md, "Mixed precision (bf16)"): bfloat16 activations move
+    as 16-bit words (spmdsim.engines.mpi), each step within the policy's tolerances of one numpy process under
+    the same policy, the same loss on every rank."""
+    pytest.importorskip("ml_dtypes")
+    from mpi4py import MPI
+
+    from spmdsim.gpt import GPTConfig, encode, load_text
+    from spmdsim.gpt.train import train
+
+    comm = MPI.COMM_WORLD
+    tp = 4 if comm.size % 4 == 0 else 2 if comm.size % 2 == 0 else 1
+    dp = comm.size // tp
+    cfg = GPTConfig(layers=2, d_model=16, heads=4, seq=8, batch=dp * 2, dropout=0.2)
+    model, results = train(cfg, comm, dp, tp, 2, encode(load_text(20_000)), sp=tp > 1, precision="bf16-mixed")
+    assert [r.step for r in results] == [0, 1]
+    assert all(r.passed for r in results), results
+    assert results[0].tolerances[0] < 1e-4 and results[0].errors[2] == 0.0  # the optimizer's check is exact
+    assert model.params["h0.attn.wq"].local.dtype.name == "bfloat16"
+    assert comm.allgather(results[-1].loss) == [results[-1].loss] * comm.size
+    model.mesh.close()

@@ -12,6 +12,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from ...precision import product  # np.matmul; bfloat16 blocks widened to float32
+
 from ...context import current
 from ...flops import gemm, sweep
 from ..graph import record, with_partial
@@ -98,12 +100,12 @@ def record_attention(out: Any, q: Any, k: Any, v: Any, plan: Any, kept: dict, co
             keep = kept.get("keep")  # a boolean mask (Megatron's kept set): its factor made again
             factors = kept["factors"] if keep is None else np.multiply(keep, kept["scale"])
         dyh = dy.transpose(heads)  # (b, h, q, e)
-        dpd = np.matmul(dyh, v.local.transpose(keys_t))
-        dv = np.matmul(pd.transpose(0, 1, 3, 2), dyh).transpose(back)
+        dpd = product(dyh, v.local.transpose(keys_t))
+        dv = product(pd.transpose(0, 1, 3, 2), dyh).transpose(back)
         dp = dpd if factors is None else dpd * factors
         ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True)) * scale
-        dq = np.matmul(ds, k.local.transpose(heads)).transpose(back)
-        dk = np.matmul(ds.transpose(0, 1, 3, 2), q.local.transpose(heads)).transpose(back)
+        dq = product(ds, k.local.transpose(heads)).transpose(back)
+        dk = product(ds.transpose(0, 1, 3, 2), q.local.transpose(heads)).transpose(back)
         return dq, dk, dv
 
     def backward(dy: Any) -> tuple:

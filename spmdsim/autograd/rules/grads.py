@@ -10,6 +10,8 @@ from ..graph import with_partial
 
 __all__ = ["grad_tensor", "axes_of", "named"]
 
+_F32 = np.dtype(np.float32)
+
 
 def axes_of(layout: TensorLayout, entries: Iterable[tuple[str, ...]]) -> tuple[str, ...]:
     """The axes (of size above one) in map entries `entries` of `layout`."""
@@ -24,9 +26,13 @@ def grad_tensor(like: Any, local: np.ndarray, *pending: Iterable[str]) -> Any:
         partial = tuple(a for a in layout.layout.alias_name if a in wanted)
     else:  # nothing pending (most gradients): no sets to build
         partial = ()
+    # A bfloat16 tensor's gradient is float32 (spmdsim.precision): summed over its consumers and its
+    # ranks in float32, rounded once where its tensor's rule reads it (a parameter's stays float32).
+    dtype = like.dtype
+    want = _F32 if dtype.name == "bfloat16" else dtype
     local = np.asanyarray(local)  # a captured step's traced block stays traced (spmdsim.runtime.replay)
-    if local.dtype != like.dtype:
-        local = local.astype(like.dtype)
+    if local.dtype != want:
+        local = local.astype(want)
     if not local.flags.c_contiguous:  # collectives read C order (ascontiguousarray makes 0-d 1-d)
         local = local.copy()
     grad_layout = with_partial(layout, partial)

@@ -1,0 +1,270 @@
+"""The reference GPT step under a low-precision policy (fp32, bf16-mixed): the ranks' rounding points, in one process.
+
+spmdsim.gpt.reference computes in float64. Under ``fp32`` or ``bf16-mixed`` (spmdsim.precision) the
+ranks compute otherwise, and this module follows them operation by operation, with the same kernels
+where they are pure (spmdsim.activations' GELU) and the same formulas elsewhere:
+
+- each operator of the distributed model reads its operands widened to float32 and rounds its
+  result once to the activations' dtype: the embeddings' sum, each dropout (x times its float32
+  factor), each layer norm's normalized values (statistics in float32), its times-weight and
+  plus-bias, each product (a float32 BLAS product of the widened blocks) and its plus-bias, the
+  attention core's probabilities, their dropped-out values and its output, GELU, the residual sums,
+  the logits; cross-entropy in float32;
+- in the backward, each activation's gradient is summed in float32 over its consumers and rounded
+  once to the activations' dtype before its own rule runs, which computes in float32; a
+  parameter's gradient stays float32 (Megatron's main_grad).
+
+A sharded run differs from this only in the order of its float32 sums before each rounding: a
+contraction split over ranks is summed from float32 partial products by its Allreduce or
+Reduce_scatter, a parameter's gradient from each rank's rows, the loss from each rank's tokens. Where
+two orders round a value to different neighbours (one bfloat16 ulp, 2**-7 of it), the difference
+carries on through the step; `tolerances` says how far the check lets it go.
+Pure: numpy.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import numpy as np
+
+from .. import activations
+from ..precision import Precision, product, rounded, unit_roundoff, wide
+from ..tolerances import sum_rtol
+from .config import GPTConfig
+from .params import param_specs
+
+__all__ = ["loss_and_grads", "tolerances", "longest_sum", "mixed_problem"]
+
+_F32 = np.float32
+
+
+def mixed_problem(precision: Any, zero: int = 0, replay: bool = False, kept: str = "graph",
+                  pipeline: bool = False) -> Optional[str]:
+    """Why the GPT's training cannot run these options under `precision` (one line), or None."""
+    name = getattr(precision, "name", precision)
+    if name == "fp64":
+        return None
+    if kept != "graph":
+        return f"precision {name!r} runs with kept 'graph' (the fused pieces of kept {kept!r} are float64 only)"
+    if replay:
+        return f"precision {name!r} is not replayed yet: leave out --replay"
+    if pipeline:
+        return f"precision {name!r} does not run over a pipeline yet: leave out --pp and --microbatches"
+    if zero:
+        return f"precision {name!r} with ZeRO-1 is not done yet (its check reads AdamW's states): leave out --zero"
+    return None
+
+
+def longest_sum(cfg: GPTConfig) -> int:
+    """The most terms any one sum of a training step adds: the batch's tokens (the loss's mean, each weight
+    gradient), the MLP's second product (4 d_model), the vocabulary (softmax), a row (d_model)."""
+    return max(cfg.batch * cfg.seq, 4 * cfg.d_model, cfg.vocab, cfg.d_model)
+
+
+def tolerances(policy: Precision, cfg: GPTConfig) -> tuple[float, float, float]:
+    """(loss, gradients, updated parameters): the largest relative difference a checked step may show from
+    the reference under `policy` (spmdsim.gpt.train: the loss relative to itself, a gradient or parameter
+    relative to its tensor's largest entry). 1e-10 each at float64 (spmdsim.gpt.train.TOLERANCE).
+
+    Under a low-precision policy the run and the reference round the same values at the same points; they
+    differ only in the order of their float32 sums (a contraction split over ranks is summed by its
+    collective, a gradient from each rank's rows). Two orders of a K-term sum differ by at most
+    ``K eps32`` of the magnitudes that entered it (spmdsim.tolerances.sum_rtol); where the rounding to the
+    activations' dtype falls between the two, they round to neighbours one ulp apart (2u of the value;
+    u = 2**-8 for bfloat16), and that flip carries on through the rest of the step.
+
+    - updated parameters: AdamW in float32 on the run's own gradients and moments (the reference's
+      optimizer step takes them, not its own), so only its float32 operations round: ``sum_rtol(8,
+      float32)`` for the update's eight operations; a bfloat16 parameter must equal its master copy
+      rounded, exactly.
+    - loss: a value whose two float32 sums differ by d flips with probability at most d / ulp, by one ulp:
+      its expected change is d, what float32 would give. The loss (the mean of the tokens' losses, each
+      >= 0, so the magnitudes that entered are the loss itself) is allowed float32's bound for the step's
+      longest sum (`longest_sum`), ``K eps32``: an expected-value argument, not a worst case; the
+      measured margins are in docs/training.md ("Mixed precision (bf16)").
+    - gradients: one flip moves a value by 2u of it, at most 2u of its tensor's largest entry, and is
+      carried on by each later layer (layer norm renormalizes each row, the residual stream adds): 2u for
+      each of the L layers and the embedding and the head, ``2u (L + 2)`` of the tensor's largest entry
+      (at least the loss's K eps32). It bounds the flips of a correct run; it is about the size of the
+      difference a reference that rounds elsewhere shows, so the loss is what separates those.
+    """
+    if policy.activation == "float64":
+        return (1e-10,) * 3
+    eps32 = sum_rtol(longest_sum(cfg), np.float32)
+    u = unit_roundoff(policy.dtype("activation"))
+    return eps32, max(2 * u * (cfg.layers + 2), eps32), sum_rtol(8, np.float32)
+
+
+def loss_and_grads(params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step: Optional[int],
+                   policy: Precision, masks: Optional[dict]) -> tuple[float, dict]:
+    """(loss, {name: float32 gradient}) of one step under `policy`; `params`: each parameter's values in
+    the policy's parameter dtype (or exactly representable there); `masks`: spmdsim.gpt.reference's
+    keep masks of the step (None without dropout)."""
+    act = policy.dtype("activation")
+    P = {s.name: np.asarray(params[s.name]).astype(policy.dtype("param")) for s in param_specs(cfg)}
+    r = _Rounder(act, cfg, masks)
+    B, T = x.shape
+    D = cfg.d_model
+    h = r(wide(P["wte"][x]) + wide(P["wpe"])[None])
+    h = r.drop(h, "emb").reshape(B * T, D)
+    caches = []
+    for layer in range(cfg.layers):
+        h, c = _block(P, f"h{layer}.", h, B, cfg, r)
+        caches.append(c)
+    hf, lnf = _ln(P, "lnf", h, cfg, r)
+    z = r(product(hf, P["wte"].T))
+    # Cross-entropy in float32, as the vocab-parallel kernel: shifted exponentials, their row sums.
+    zw = wide(z)
+    n = zw.shape[0]
+    rows, ids = np.arange(n), y.reshape(-1)
+    shift = zw.max(axis=1)
+    e = np.exp(zw - shift[:, None])
+    nll = np.log(e.sum(axis=1)) - (zw[rows, ids] - shift)
+    loss = nll.sum() / np.asarray(float(n), _F32)
+    g = e / e.sum(axis=1)[:, None]
+    g[rows, ids] -= 1.0
+    dz = r.grad(g * (np.ones((), _F32) / float(n)))
+    grads = _Grads()
+    grads.dot("wte", dz, hf)
+    dh = _ln_backward(P, "lnf", product(dz, P["wte"]), lnf, grads, r)
+    for layer in reversed(range(cfg.layers)):
+        dh = _block_backward(P, f"h{layer}.", dh, caches[layer], cfg, r, grads)
+    dh0 = wide(r.grad(r.undrop(dh, "emb"))).reshape(B, T, D)
+    np.add.at(grads["wte"], x.reshape(-1), dh0.reshape(B * T, D))
+    grads.total("wpe", dh0)
+    return float(loss), {s.name: grads[s.name].astype(_F32) for s in param_specs(cfg)}
+
+
+class _Grads(dict):
+    """The parameters' gradients (float32), by name."""
+
+    def dot(self, name: str, a: np.ndarray, d: np.ndarray) -> None:
+        """A weight's gradient: a^T d over the tokens (a float32 product)."""
+        self[name] = product(a.T, d)
+
+    def total(self, name: str, d: np.ndarray) -> None:
+        """A bias's (or layer norm weight's) gradient: d summed over the tokens."""
+        self[name] = d.sum(axis=0)
+
+
+class _Rounder:
+    """Rounding to the activations' dtype, the dropout masks as the ranks' float32 factors."""
+
+    def __init__(self, act: np.dtype, cfg: GPTConfig, masks: Optional[dict]) -> None:
+        self.act, self.masks = act, masks
+        self.scale = np.asarray(1.0 / (1.0 - cfg.dropout), _F32)
+
+    def __call__(self, a: np.ndarray) -> np.ndarray:
+        return rounded(a, self.act)
+
+    def grad(self, g: np.ndarray) -> np.ndarray:
+        """A gradient summed in float32, rounded once where its activation's rule reads it (widened)."""
+        return wide(rounded(g, self.act))
+
+    def factors(self, site: str, shape: tuple) -> Optional[np.ndarray]:
+        if self.masks is None:
+            return None
+        return np.multiply(self.masks[site].reshape(shape) != 0, self.scale)
+
+    def drop(self, a: np.ndarray, site: str) -> np.ndarray:
+        f = self.factors(site, a.shape)
+        return a if f is None else self(wide(a) * f)
+
+    def undrop(self, g: np.ndarray, site: str) -> np.ndarray:
+        f = self.factors(site, g.shape)
+        return g if f is None else g * f
+
+
+def _ln(P: dict, pre: str, h: np.ndarray, cfg: GPTConfig, r: _Rounder) -> tuple:
+    """The layer norm as the ranks' three nodes: normalized (float32 statistics), times weight, plus bias."""
+    n = h.shape[-1]
+    inv = 1.0 / n
+    block = wide(h)
+    c = block - np.sum(block, axis=-1, keepdims=True) * inv
+    root = np.sqrt(np.sum(c * c, axis=-1, keepdims=True) * inv + cfg.ln_eps)
+    yn = r(c / root)
+    yw = r(wide(yn) * wide(P[pre + ".w"]))
+    return r(wide(yw) + wide(P[pre + ".b"])), (yn, 1.0 / root)
+
+
+def _ln_backward(P: dict, pre: str, da: np.ndarray, cache: tuple, grads: dict, r: _Rounder) -> np.ndarray:
+    """The layer norm's input gradient (float32, not rounded: summed with the residual's first)."""
+    yn, rstd = cache
+    da = r.grad(da)
+    grads.total(pre + ".b", da)
+    grads.total(pre + ".w", da * yn)
+    dy = r.grad(da * wide(P[pre + ".w"]))
+    inv = 1.0 / yn.shape[-1]
+    g = dy - np.sum(dy * yn, axis=-1, keepdims=True) * inv * yn
+    g = g - np.sum(dy, axis=-1, keepdims=True) * inv
+    return g * rstd
+
+
+def _linear(P: dict, name: str, bias: Optional[str], a: np.ndarray, r: _Rounder) -> np.ndarray:
+    out = r(product(a, P[name]))
+    return out if bias is None else r(wide(out) + wide(P[bias]))
+
+
+def _block(P: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig, r: _Rounder) -> tuple:
+    T, H, Dh = h.shape[0] // B, cfg.heads, cfg.head_dim
+    layer = pre[:-1]
+    a, ln1 = _ln(P, pre + "ln1", h, cfg, r)
+
+    def heads(w: str) -> np.ndarray:
+        out = _linear(P, pre + "attn.w" + w, None if w == "k" else pre + "attn.b" + w, a, r)
+        return out.reshape(B, T, H, Dh).transpose(0, 2, 1, 3)
+
+    q, k, v = heads("q"), heads("k"), heads("v")
+    s = product(q, k.transpose(0, 1, 3, 2)) * (1.0 / math.sqrt(Dh))
+    s = np.where(np.triu(np.ones((T, T), dtype=bool), k=1), -np.inf, s)
+    e = np.exp(s - np.max(s, axis=-1, keepdims=True))
+    p = r(e / np.sum(e, axis=-1, keepdims=True))
+    f = r.factors(layer + ".attn", p.shape)
+    pd = p if f is None else r(wide(p) * f)
+    o = r(product(pd, v)).transpose(0, 2, 1, 3).reshape(B * T, H * Dh)
+    h1 = r(wide(h) + wide(r.drop(_linear(P, pre + "attn.wo", pre + "attn.bo", o, r), layer + ".resid1")))
+    a2, ln2 = _ln(P, pre + "ln2", h1, cfg, r)
+    zpre = _linear(P, pre + "mlp.w1", pre + "mlp.b1", a2, r)
+    t = activations.gelu_tanh(zpre)
+    m = activations.gelu_from_tanh(zpre, t)
+    out = _linear(P, pre + "mlp.w2", pre + "mlp.b2", m, r)
+    h2 = r(wide(h1) + wide(r.drop(out, layer + ".resid2")))
+    return h2, {"a": a, "ln1": ln1, "q": q, "k": k, "v": v, "p": p, "pd": pd, "f": f, "o": o, "a2": a2,
+                "ln2": ln2, "z": zpre, "t": t, "m": m, "B": B}
+
+
+def _block_backward(P: dict, pre: str, dh: np.ndarray, c: dict, cfg: GPTConfig, r: _Rounder,
+                    grads: dict) -> np.ndarray:
+    """The block's input gradient (float32, summed) from its output's (float32, summed)."""
+    B, H, Dh = c["B"], cfg.heads, cfg.head_dim
+    T, layer = dh.shape[0] // B, pre[:-1]
+    dh = r.grad(dh)
+    dr = r.grad(r.undrop(dh, layer + ".resid2"))
+    grads.total(pre + "mlp.b2", dr)
+    grads.dot(pre + "mlp.w2", c["m"], dr)
+    dm = r.grad(product(dr, P[pre + "mlp.w2"].T))
+    dz = r.grad(activations.gelu_backward(c["z"], dm, c["t"]))
+    grads.total(pre + "mlp.b1", dz)
+    grads.dot(pre + "mlp.w1", c["a2"], dz)
+    dh1 = r.grad(dh + _ln_backward(P, pre + "ln2", product(dz, P[pre + "mlp.w1"].T), c["ln2"], grads, r))
+    dr = r.grad(r.undrop(dh1, layer + ".resid1"))
+    grads.total(pre + "attn.bo", dr)
+    grads.dot(pre + "attn.wo", c["o"], dr)
+    do = r.grad(product(dr, P[pre + "attn.wo"].T)).reshape(B, T, H, Dh).transpose(0, 2, 1, 3)
+    dpd = product(do, c["v"].transpose(0, 1, 3, 2))
+    dv = product(c["pd"].transpose(0, 1, 3, 2), do)
+    dp = dpd if c["f"] is None else dpd * c["f"]
+    p = wide(c["p"])
+    ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True)) * (1.0 / math.sqrt(Dh))
+    dq, dk = product(ds, c["k"]), product(ds.transpose(0, 1, 3, 2), c["q"])
+    da = None
+    for w, d in (("q", dq), ("k", dk), ("v", dv)):
+        d = r.grad(d).transpose(0, 2, 1, 3).reshape(B * T, H * Dh)
+        grads.dot(pre + "attn.w" + w, c["a"], d)
+        if w != "k":
+            grads.total(pre + "attn.b" + w, d)
+        part = product(d, P[pre + "attn.w" + w].T)
+        da = part if da is None else da + part
+    return dh1 + _ln_backward(P, pre + "ln1", da, c["ln1"], grads, r)
+

@@ -1,0 +1,148 @@
+"""A training run's precision policy, and the one place low-precision blocks are widened and rounded.
+
+A policy names the dtype of each kind of array (docs/training.md, "Mixed precision (bf16)"):
+
+| preset | parameters | gradients | master copy | optimizer states | activations |
+| --- | --- | --- | --- | --- | --- |
+| ``fp64`` (default) | float64 | float64 | none | float64 | float64 |
+| ``fp32`` | float32 | float32 | none | float32 | float32 |
+| ``bf16-mixed`` | bfloat16 | float32 | float32 | float32 | bfloat16 |
+
+``bf16-mixed`` is Megatron-LM's bf16 recipe: the parameters the forward and backward read are
+bfloat16, the optimizer keeps a float32 master copy and float32 Adam states, and each parameter's
+gradient is accumulated and reduced in float32 (Megatron's ``main_grad``; the weight-gradient
+product accumulates straight into it, as its gradient-accumulation fusion does).
+
+Where a bfloat16 block is computed, as a GPU computes it: a kernel reads bfloat16, works in float32
+(`wide`) and writes its result rounded once to bfloat16 (`rounded`). A product of bfloat16 blocks
+is float32 BLAS on the widened blocks (`product`), rounded once when complete; a product that is
+a pending sum (its contraction split over ranks) stays float32 until the collective that sums it,
+and is rounded after the sum. Layer norm, softmax and cross-entropy take their statistics in
+float32. A tensor's gradient is summed in float32 over its consumers and rounded once to the
+tensor's dtype before its own rule runs (spmdsim.autograd.engine).
+
+bfloat16 comes from ``ml_dtypes`` (the package JAX gives numpy its bfloat16 with), an optional
+dependency: ``pip install -e '.[bf16]'``. Pure: numpy (and ml_dtypes when asked for bfloat16).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from .errors import SpmdsimError
+
+__all__ = ["Precision", "PRESETS", "precision", "precision_problem", "bfloat16", "is_low", "wide", "rounded",
+           "product", "unit_roundoff", "NEEDS_ML_DTYPES"]
+
+#: What asking for bfloat16 without ml_dtypes says (one line).
+NEEDS_ML_DTYPES = "needs ml_dtypes: pip install -e '.[bf16]'"
+
+_F32 = np.dtype(np.float32)
+_BF16: list = []  # [np.dtype(ml_dtypes.bfloat16)] once loaded
+
+
+def bfloat16(what: str = "bfloat16") -> np.dtype:
+    """numpy's dtype for bfloat16 (from ml_dtypes); SpmdsimError ``<what> needs ml_dtypes: ...`` without it."""
+    if not _BF16:
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise SpmdsimError(f"{what} {NEEDS_ML_DTYPES}") from None
+        _BF16.append(np.dtype(ml_dtypes.bfloat16))
+    return _BF16[0]
+
+
+def is_low(dtype: Any) -> bool:
+    """Whether blocks of `dtype` are computed widened to float32 (bfloat16)."""
+    return getattr(dtype, "name", None) == "bfloat16"
+
+
+def wide(a: Any) -> Any:
+    """`a` as float32 when it is bfloat16 (exact), else `a` itself: what a kernel computes on."""
+    if getattr(a, "dtype", None) is not None and is_low(a.dtype):
+        return a.astype(_F32)
+    return a
+
+
+def rounded(a: Any, dtype: Any) -> Any:
+    """`a` rounded to `dtype` (round to nearest even) when it is a float of another dtype; else `a`."""
+    dtype = np.dtype(dtype)
+    if a.dtype == dtype or a.dtype.kind not in "fV" or not (dtype.kind == "f" or is_low(dtype)):
+        return a
+    return a.astype(dtype)
+
+
+def product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``np.matmul(a, b)`` as a GPU multiplies bfloat16: both widened to float32, BLAS, float32 result
+    (numpy's own matmul on bfloat16 is slow and accumulates otherwise). Other dtypes: numpy's."""
+    if is_low(a.dtype) or is_low(b.dtype):
+        return np.matmul(wide(a), wide(b))
+    return np.matmul(a, b)
+
+
+def unit_roundoff(dtype: Any) -> float:
+    """The largest relative error of one rounding to `dtype`: 2**-8 for bfloat16 (8 significand bits),
+    eps / 2 for numpy's floats."""
+    dtype = np.dtype(dtype)
+    if is_low(dtype):
+        return 2.0 ** -8
+    return float(np.finfo(dtype).eps) / 2
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The dtypes of a run's arrays, by kind; ``precision("bf16-mixed")`` gives a preset.
+
+    `master`: the optimizer's copy of the parameters it updates (None: it updates them in place).
+    """
+
+    name: str
+    param: str
+    grad: str
+    master: Optional[str]
+    optimizer: str
+    activation: str
+
+    def dtype(self, kind: str) -> np.dtype:
+        """The numpy dtype of `kind` ("param", "grad", "master", "optimizer", "activation")."""
+        name = getattr(self, kind)
+        return bfloat16(f"precision {self.name!r}") if name == "bfloat16" else np.dtype(name)
+
+    @property
+    def low(self) -> bool:
+        """Whether some arrays are bfloat16 (the run then needs ml_dtypes)."""
+        return "bfloat16" in (self.param, self.activation)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+PRESETS = {
+    "fp64": Precision("fp64", "float64", "float64", None, "float64", "float64"),
+    "fp32": Precision("fp32", "float32", "float32", None, "float32", "float32"),
+    "bf16-mixed": Precision("bf16-mixed", "bfloat16", "float32", "float32", "float32", "bfloat16"),
+}
+
+
+def precision_problem(name: Any) -> Optional[str]:
+    """Why `name` is not a precision this machine can run (one line), or None."""
+    if isinstance(name, Precision):
+        name = name.name
+    if not isinstance(name, str) or name not in PRESETS:
+        return f"precision {name!r} must be one of {', '.join(PRESETS)}"
+    if PRESETS[name].low:
+        try:
+            bfloat16()
+        except SpmdsimError:
+            return f"precision {name!r} {NEEDS_ML_DTYPES}"
+    return None
+
+
+def precision(name: Any = "fp64") -> Precision:
+    """The preset `name` ("fp64", "fp32", "bf16-mixed") or a Precision as given; SpmdsimError otherwise."""
+    problem = precision_problem(name)
+    if problem:
+        raise SpmdsimError(problem)
+    return name if isinstance(name, Precision) else PRESETS[name]
