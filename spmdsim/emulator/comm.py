@@ -14,12 +14,12 @@ from __future__ import annotations
 from typing import Any
 
 from .. import context as _local
-from ..sim._buffers import mpi_module, special
+from ..sim._buffers import mpi_error, mpi_module, special
 from .collectives import BufferCollectives
 from ..sim.engine import Group, SimulationError
 from ..sim import thread_engine as bodies
 from ..sim.thread_engine import THREADS, Count, Member
-from .group import SimGroup, speak_mpi4py
+from .group import SimGroup, _sim as _sim_group, speak_mpi4py
 from .objects import ObjectCollectives
 from .p2p import PointToPoint
 
@@ -30,7 +30,7 @@ class _Handle:
     """What copies of one communicator share: the thread engine's call counter (`count`, shared with
     the runtime's view of the same communicator), name, info, state."""
 
-    __slots__ = ("count", "name", "info", "buffer", "creates")
+    __slots__ = ("count", "name", "info", "buffer", "creates", "group", "predefined")
 
     # The rendezvous number and the freed flag are the shared counter's.
     seq = property(lambda h: h.count.seq, lambda h, v: setattr(h.count, "seq", v))
@@ -42,6 +42,8 @@ class _Handle:
         self.info: Any = None
         self.buffer: Any = None
         self.creates: dict = {}  # (members, tag) -> Create_group calls made
+        self.group: Any = None  # the handle of its group: Get_group gives the same one each time, as MPICH
+        self.predefined = False  # MPI.COMM_WORLD's and MPI.COMM_SELF's: never freed
 
 
 class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives):
@@ -122,7 +124,10 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives):
     info = property(Get_info, Set_info)
 
     def Get_group(self) -> SimGroup:
-        return SimGroup(self._group.members, self.world_rank)
+        h = self._h
+        if h.group is None:
+            h.group = object()
+        return SimGroup(self._group.members, self.world_rank, h.group)
 
     group = property(Get_group)
 
@@ -219,14 +224,14 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives):
 
     def Create(self, group: SimGroup) -> "SimComm":
         """Members of `group` (a subset of this communicator's) form a new one, in the group's order."""
-        members = list(group._members)
+        members = list(_sim_group(group)._live()._members)
         mine = self.world_rank
         return self.Split(0 if mine in members else special("UNDEFINED"),
                           members.index(mine) if mine in members else 0)
 
     def Create_group(self, group: SimGroup, tag: int = 0) -> "SimComm":
         """Like Create, but called by the members of `group` only (MPI_Comm_create_group)."""
-        members = tuple(group._members)
+        members = tuple(_sim_group(group)._live()._members)
         mine = self.world_rank
         if mine not in members:
             return comm_null()
@@ -266,10 +271,20 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives):
         return mpi.Intercomm() if mpi is not None else None
 
     def Free(self) -> None:
-        if self._h is not None:
-            self._h.freed = True
+        """Free the communicator (its handles then equal MPI.COMM_NULL); MPI.COMM_WORLD and MPI.COMM_SELF
+        are permanent: MPI.Exception (MPI.ERR_COMM), as MPICH raises, and they stay usable."""
+        h = self._h
+        if h is not None and h.predefined:
+            text = f"cannot free permanent communicator {h.name}"
+            mpi = mpi_module()
+            raise mpi_error(mpi, mpi.ERR_COMM, text) if mpi is not None else SimulationError(text)
+        if h is not None:
+            h.freed = True
 
-    free = Free
+    def free(self) -> None:
+        """Free the communicator if it is not null or predefined (mpi4py's free: nothing on those)."""
+        if self._h is not None and not self._h.predefined and not self._h.freed:
+            self.Free()
 
     def Abort(self, errorcode: int = 0) -> None:
         """End every simulated rank (SimulationError, whose `abort_code` spmdsim mpirun exits with)."""
@@ -322,6 +337,7 @@ def world_of(state: Any) -> SimComm:
     comm = state.world_comm
     if comm is None:
         comm = state.world_comm = SimComm.of(state.comm, "MPI_COMM_WORLD")
+        comm._h.predefined = True
     return comm
 
 
@@ -344,6 +360,7 @@ def self_comm(state: Any) -> SimComm:
     if comm is None:
         world = state.comm._group.world
         comm = state.self_comm = SimComm(Group(world, (state.rank,)), 0, "MPI_COMM_SELF")
+        comm._h.predefined = True
     return comm
 
 

@@ -11,21 +11,35 @@ from ..sim.requests import Request
 __all__ = ["PointToPoint"]
 
 
+def _no_buffer(call: str) -> TypeError:
+    """mpi4py's error for None where a buffer goes (the thread engine reads None as an object message)."""
+    return TypeError(f"{call}: message: expecting buffer or list/tuple, got None (Python objects go with "
+                     f"the lowercase methods: send, recv, ...)")
+
+
 class PointToPoint:
     """Point-to-point methods of SimComm (a mixin; `self._group`, `self._me`)."""
 
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
+        if buf is None:
+            raise _no_buffer("Send")
         return post_send(self._group, self._me, dest, tag, buf)
 
     def Ibsend(self, buf: Any, dest: int, tag: int = 0) -> Request:
+        if buf is None:
+            raise _no_buffer("Bsend")
         return post_send(self._group, self._me, dest, tag, buf, mode="buffered")
 
     def Issend(self, buf: Any, dest: int, tag: int = 0) -> Request:
+        if buf is None:
+            raise _no_buffer("Ssend")
         return post_send(self._group, self._me, dest, tag, buf, mode="synchronous")
 
     Irsend = Isend
 
     def Irecv(self, buf: Any, source: Optional[int] = None, tag: Optional[int] = None) -> Request:
+        if buf is None:
+            raise _no_buffer("Recv")
         return post_recv(self._group, self._me, _any(source, "ANY_SOURCE"), _any(tag, "ANY_TAG"), buf)
 
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:

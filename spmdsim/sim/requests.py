@@ -43,16 +43,12 @@ class Request:
     """A pending operation of one simulated rank (see the module docstring)."""
 
     __slots__ = ("group", "me", "kind", "peer", "tag", "buf", "payload", "done", "null", "error",
-                 "source", "got_tag", "nbytes", "obj", "parts", "cancelled", "mode", "__weakref__")
+                 "source", "got_tag", "nbytes", "origin", "parts", "cancelled", "mode", "__weakref__")
 
     def __init__(self, group: Any = None, me: int = 0, kind: str = "null", peer: int = 0, tag: int = 0,
                  buf: Optional[np.ndarray] = None) -> None:
-        if not isinstance(group, (Group, type(None))):  # MPI.Request(request): mpi4py's copy
-            if not isinstance(group, Request):
-                raise TypeError(f"expected a Request, got {type(group).__name__}")
-            other = group
-            for name in Request.__slots__[:-1]:
-                setattr(self, name, getattr(other, name))
+        if not isinstance(group, (Group, type(None))):  # MPI.Request(request): mpi4py's copy of the handle
+            _copy_of(self, group)
             return
         self.group, self.me, self.kind = group, me, kind
         self.peer, self.tag, self.buf = peer, tag, buf
@@ -61,7 +57,7 @@ class Request:
         self.null = kind == "null"
         self.error: Optional[BaseException] = None
         self.source, self.got_tag, self.nbytes = special("ANY_SOURCE"), special("ANY_TAG"), 0
-        self.obj = None
+        self.origin: Optional[Request] = None  # the request this one is a copy of (MPI.Request(req))
         self.parts: tuple = ()
         self.cancelled = False
         self.mode = "standard"
@@ -73,7 +69,9 @@ class Request:
 
     def __eq__(self, other: Any) -> bool:
         if isinstance(other, Request):
-            return self is other or (self.null and other.null)
+            if self.null or other.null:  # a copy waited on is null; the request it copies is not
+                return self.null and other.null
+            return (self.origin or self) is (other.origin or other)
         mpi = mpi_module()
         if mpi is not None and isinstance(other, mpi.__dict__["Request"]):  # the class itself, also swapped
             return self.null and other == mpi.REQUEST_NULL
@@ -227,11 +225,20 @@ class Request:
             _empty(status)
             return True
         if self._ready():
-            if self.kind == "recv" or self.cancelled:
-                fill_status(status, self.source, self.got_tag, self.nbytes, self.cancelled)
+            self._peek(status)
             return True
         self._pause()
         return False
+
+    def _peek(self, status: Any) -> None:
+        """Fill `status` for a done request as its completion will (it stays active)."""
+        recv = next((p for p in self.parts if p.kind == "recv"), self)
+        if recv.kind == "recv" or recv.cancelled:
+            fill_status(status, recv.source, recv.got_tag, recv.nbytes, recv.cancelled)
+        elif recv.kind == "recv-null":
+            fill_status(status, special("PROC_NULL"), special("ANY_TAG"), 0)
+        elif status is not None and self.kind != "send":
+            _empty(status)
 
     get_status = Get_status
 
@@ -338,6 +345,75 @@ class Request:
         return ready, objs
 
 
+    # -- statuses without completing (MPI 4.1's MPI_Request_get_status_all/any/some) -------------
+
+    @classmethod
+    def Get_status_all(cls, requests: Sequence["Request"], statuses: Any = None) -> bool:
+        """Whether every request is done (statuses filled then); none is completed."""
+        pending = next((r for r in requests if not r.null and not r._ready()), None)
+        if pending is not None:
+            pending._pause()
+            return False
+        statuses = _statuses(statuses, len(requests))
+        for i, r in enumerate(requests):
+            status = statuses[i] if statuses else None
+            if r.null:
+                _empty(status)
+            else:
+                r._peek(status)
+        return True
+
+    get_status_all = Get_status_all
+
+    @classmethod
+    def Get_status_any(cls, requests: Sequence["Request"], status: Any = None) -> tuple[int, bool]:
+        """(index, True) of a done request (not completed), (MPI.UNDEFINED, True) if all are null, else
+        (MPI.UNDEFINED, False)."""
+        active = [i for i, r in enumerate(requests) if not r.null]
+        if not active:
+            _empty(status)
+            return special("UNDEFINED"), True
+        for i in active:
+            if requests[i]._ready():
+                requests[i]._peek(status)
+                return i, True
+        requests[active[0]]._pause(token=_AnyOf([requests[i] for i in active], "Get_status_any"))
+        return special("UNDEFINED"), False
+
+    get_status_any = Get_status_any
+
+    @classmethod
+    def Get_status_some(cls, requests: Sequence["Request"], statuses: Any = None) -> Optional[list]:
+        """The indices of the done requests (not completed), [] if none, None if all are null."""
+        active = [i for i, r in enumerate(requests) if not r.null]
+        if not active:
+            return None
+        ready = [i for i in active if requests[i]._ready()]
+        if not ready:
+            requests[active[0]]._pause(token=_AnyOf([requests[i] for i in active], "Get_status_some"))
+            return []
+        statuses = _statuses(statuses, len(ready))
+        for k, i in enumerate(ready):
+            requests[i]._peek(statuses[k] if statuses else None)
+        return ready
+
+    get_status_some = Get_status_some
+
+
+def _copy_of(req: Request, other: Any) -> None:
+    """Make `req` mpi4py's ``MPI.Request(other)``: the same operation (equal to it; waiting on either
+    completes it), or a null request for MPI.REQUEST_NULL."""
+    Request.__init__(req)
+    if isinstance(other, Request):
+        req.me, req.kind, req.null = other.me, "copy", other.null
+        req.parts = other.parts or (other,)
+        req.origin = other.origin or other
+        return
+    mpi = mpi_module()
+    if mpi is None or not isinstance(other, mpi.__dict__["Request"]) or other != mpi.REQUEST_NULL:
+        raise TypeError(f"expected a Request, got {type(other).__name__}")
+
+
 class _AnyOf:
     """Requests polled together (Testany, Testsome): no rank left completes the poll if it completes
     none of them; the report names the first."""
@@ -363,11 +439,16 @@ def rank_name(group: Group, me: int) -> str:
 
 
 def _statuses(statuses: Any, n: int) -> Any:
-    """mpi4py's rule: a list of statuses shorter than needed grows with new MPI.Status objects."""
+    """mpi4py's rule: a list of statuses shorter than needed grows with new MPI.Status objects; a
+    shorter sequence of another kind (a tuple) gets what it holds, the rest go to statuses dropped."""
     if statuses is None:
         return None
-    if isinstance(statuses, list) and len(statuses) < n:
-        statuses += [mpi_module().Status() for _ in range(n - len(statuses))]
+    if len(statuses) < n:
+        more = [mpi_module().Status() for _ in range(n - len(statuses))]
+        if isinstance(statuses, list):
+            statuses += more
+        else:
+            return [*statuses, *more]
     return statuses
 
 

@@ -1,0 +1,99 @@
+"""The corners of mpi4py a lab meets (groups, predefined communicators, request copies, refused buffers,
+the script as __main__) behave on simulated ranks as under MPICH: values from MPI's semantics, and
+MPICH's own (tests/mpi4py_corners.py run under ``mpiexec -n 2``)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import mpi4py_corners as corners
+from spmdsim.emulator.mpi4py_world import swapped
+from spmdsim.sim import simulate
+from testkit import MPIEXEC
+
+HERE = Path(__file__).resolve().parent
+
+
+def _simulated(n: int) -> list:
+    with swapped():
+        return [json.loads(json.dumps(r)) for r in simulate(n, corners.run_all)]
+
+
+@pytest.fixture(scope="module")
+def simulated2():
+    return _simulated(2)
+
+
+def test_group_null_and_empty(simulated2):
+    from mpi4py import MPI
+
+    for res in simulated2:
+        assert res["group_null_and_empty"] == [False, True, True, False, 2, True, False, 0, True, True, False,
+                                               True, True, True, True, False, True]
+    assert MPI.UNDEFINED != 0
+
+
+def test_predefined_communicators_are_not_freed(simulated2):
+    for res in simulated2:
+        assert res["predefined_free"] == [True, False, "MPI.Exception Invalid communicator",
+                                          "MPI.Exception Invalid communicator", 2, 1, True, False, True]
+
+
+def test_request_copies(simulated2):
+    for r, res in enumerate(simulated2):
+        assert res["request_copies"] == [True, False, True, True, False, True, [r, r + 1.0, r + 2.0], r, 5,
+                                         False, True, False]
+
+
+def test_non_native_byte_order_is_refused(simulated2):
+    for res in simulated2:
+        assert res["byte_order"] == ["BufferError"] * 3
+
+
+@pytest.mark.skipif(not MPIEXEC, reason="no mpiexec beside this Python (pip install -e '.[mpi]')")
+def test_same_results_as_mpich(simulated2, tmp_path):
+    out = tmp_path / "mpich.json"
+    run = subprocess.run(["timeout", "-k", "5", "120", MPIEXEC, "-n", "2", sys.executable,
+                          str(HERE / "mpi4py_corners.py"), str(out)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    for r, (ours, theirs) in enumerate(zip(simulated2, json.loads(out.read_text()))):
+        for name in theirs:
+            assert ours[name] == theirs[name], f"{name} on rank {r}"
+
+
+def _mpirun(tmp_path: Path, source: str, n: int = 2) -> subprocess.CompletedProcess:
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent(source))
+    return subprocess.run([sys.executable, "-m", "spmdsim.emulator.mpirun", "-n", str(n), str(script)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+
+def test_script_runs_as_main_unittest_and_pickled_classes(tmp_path):
+    """unittest.main() finds the script's tests (a failing one fails the run) and an object of a class the
+    script defines travels by pickle, arriving as the receiving rank's own class."""
+    run = _mpirun(tmp_path, """
+        import sys, unittest
+        from mpi4py import MPI
+
+        class Point:
+            def __init__(self, x):
+                self.x = x
+
+        comm = MPI.COMM_WORLD
+        got = comm.sendrecv(Point(comm.rank), (comm.rank + 1) % comm.size, source=(comm.rank - 1) % comm.size)
+        print(comm.rank, type(got) is Point, got.x, sys.modules["__main__"].Point is Point)
+
+        class T(unittest.TestCase):
+            def test_rank_is_zero(self):
+                self.assertEqual(MPI.COMM_WORLD.rank, 0)
+
+        unittest.main()
+        """)
+    assert sorted(run.stdout.splitlines()) == ["0 True 1 True", "1 True 0 True"]
+    assert run.stderr.count("Ran 1 test") == 2 and run.stderr.count("FAILED (failures=1)") == 1, run.stderr
+    assert run.returncode == 1
