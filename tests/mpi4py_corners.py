@@ -85,11 +85,67 @@ def byte_order():
             _raises(lambda: comm.Bcast(np.zeros(2, ">f8")))]
 
 
-ALL = (group_null_and_empty, predefined_free, request_copies, byte_order)
+def fortran_order_and_0d_counts():
+    comm = MPI.COMM_WORLD
+    p, r = comm.size, comm.rank
+    a = np.asfortranarray(np.arange(6.0).reshape(2, 3) * (r + 1))
+    total = np.empty((2, 3), order="F")
+    comm.Allreduce(a, total)
+    flat = np.zeros(6)
+    comm.Sendrecv(a, r, 3, flat, r, 3)  # one block, in memory order
+    s = np.arange(p, dtype="i") + 10 * r
+    got = np.zeros(p, dtype="i")
+    comm.Alltoallv([s, np.array(1)], [got, np.array(1)])  # a 0-d count: one item a peer
+    return [total.tolist(), flat.tolist(), got.tolist()]
+
+
+def fewer_statuses():
+    comm = MPI.COMM_WORLD
+    r = comm.rank
+    bufs = [np.zeros(1) for _ in range(3)]
+    reqs = [comm.Irecv(b, r, t) for t, b in enumerate(bufs)]
+    for t in range(3):
+        comm.Send(np.full(1, 10.0 * t + r), r, t)
+    status = MPI.Status()
+    MPI.Request.Waitall(reqs, (status,))  # fewer statuses than requests: the first is filled
+    grown = []
+    MPI.Request.Waitall([comm.Isend(np.zeros(1), r, 9), comm.Irecv(np.zeros(1), r, 9)], grown)
+    return [[b[0] for b in bufs], status.Get_tag(), status.Get_source(), len(grown)]
+
+
+def refused_buffers():
+    comm = MPI.COMM_WORLD
+    a = np.arange(12.0).reshape(3, 4)
+    readonly = np.zeros(3)
+    readonly.flags.writeable = False
+    return [_raises(lambda: comm.Bcast(a[:, ::2])),
+            _raises(lambda: comm.Allreduce(np.zeros(3), readonly)),
+            _raises(lambda: comm.Allreduce(np.zeros(3), b"abc")),
+            _raises(lambda: comm.Allreduce([np.zeros(3), -1, MPI.DOUBLE], np.zeros(3))),
+            _raises(lambda: comm.Bcast([np.zeros(3), (1, 5), MPI.DOUBLE])),
+            _raises(lambda: comm.Bcast([np.zeros(3), 1, 0, MPI.DOUBLE, 1])),
+            _raises(lambda: comm.Bcast(np.zeros(3, object))),
+            _raises(lambda: comm.Bcast([np.zeros(3), "Q!"])),
+            _raises(lambda: comm.Bcast([np.zeros(3), 1.5, MPI.DOUBLE])),
+            _raises(lambda: comm.Send(None, comm.rank)),
+            _raises(lambda: comm.Send("hello", comm.rank)),
+            _raises(lambda: comm.Allreduce(np.zeros(3), np.zeros(3, "i"))),
+            _raises(lambda: comm.Allreduce(np.zeros(3), np.zeros(4))),
+            _raises(lambda: comm.Alltoallv([np.zeros(3), []], [np.zeros(3), [3] * comm.size]))]
+
+
+ALL = (group_null_and_empty, predefined_free, request_copies, byte_order, fortran_order_and_0d_counts,
+       fewer_statuses, refused_buffers)
 
 
 def run_all():
-    return {fn.__name__: fn() for fn in ALL}
+    out = {}
+    for fn in ALL:  # one failing corner does not hide the others
+        try:
+            out[fn.__name__] = fn()
+        except Exception as exc:  # noqa: BLE001 - reported as the value
+            out[fn.__name__] = f"raised {type(exc).__name__}: {exc}"
+    return out
 
 
 if __name__ == "__main__":

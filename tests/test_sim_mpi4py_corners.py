@@ -97,3 +97,23 @@ def test_script_runs_as_main_unittest_and_pickled_classes(tmp_path):
     assert sorted(run.stdout.splitlines()) == ["0 True 1 True", "1 True 0 True"]
     assert run.stderr.count("Ran 1 test") == 2 and run.stderr.count("FAILED (failures=1)") == 1, run.stderr
     assert run.returncode == 1
+
+
+def test_fortran_order_and_0d_counts(simulated2):
+    for r, res in enumerate(simulated2):
+        total, flat, got = res["fortran_order_and_0d_counts"]
+        assert total == [[0.0, 3.0, 6.0], [9.0, 12.0, 15.0]]
+        assert flat == [(r + 1) * v for v in (0.0, 3.0, 1.0, 4.0, 2.0, 5.0)]
+        assert got == [10 * j + r for j in range(2)]
+
+
+def test_waitall_with_fewer_statuses(simulated2):
+    for r, res in enumerate(simulated2):
+        assert res["fewer_statuses"] == [[float(r), 10.0 + r, 20.0 + r], 0, r, 2]
+
+
+def test_invalid_buffers_refused_with_mpi4pys_classes(simulated2):
+    for res in simulated2:
+        assert res["refused_buffers"] == ["BufferError", "BufferError", "BufferError", "ValueError", "ValueError",
+                                          "ValueError", "KeyError", "KeyError", "TypeError", "TypeError",
+                                          "TypeError", "ValueError", "ValueError", "ValueError"]
