@@ -117,3 +117,43 @@ def test_invalid_buffers_refused_with_mpi4pys_classes(simulated2):
         assert res["refused_buffers"] == ["BufferError", "BufferError", "BufferError", "ValueError", "ValueError",
                                           "ValueError", "KeyError", "KeyError", "TypeError", "TypeError",
                                           "TypeError", "ValueError", "ValueError", "ValueError"]
+
+
+_LIFETIME = """
+    from mpi4py import rc
+    rc.initialize = False
+    from mpi4py import MPI
+
+    before = MPI.Is_initialized(), MPI.Is_finalized()
+    provided = MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    try:
+        MPI.Init()
+        twice = "no error"
+    except MPI.Exception as exc:
+        twice = MPI.Get_error_string(exc.Get_error_class())
+    rank = MPI.COMM_WORLD.allreduce(MPI.COMM_WORLD.rank)
+    during = MPI.Is_initialized(), MPI.Is_finalized()
+    MPI.Finalize()
+    print(before, provided == MPI.THREAD_MULTIPLE, twice, rank, during, (MPI.Is_initialized(), MPI.Is_finalized()))
+    """
+
+
+def test_init_and_finalize_as_under_mpiexec(tmp_path):
+    """Each rank's own MPI lifetime: not initialized with rc.initialize = False until Init_thread, Init twice
+    is MPI's error, Finalize makes it finalized; as MPICH prints it."""
+    run = _mpirun(tmp_path, _LIFETIME)
+    line = "(False, False) True Other MPI error 1 (True, False) (True, True)"
+    assert run.stdout.splitlines() == [line, line], run.stderr
+    assert run.returncode == 0
+    if MPIEXEC:
+        mpich = subprocess.run(["timeout", "-k", "5", "120", MPIEXEC, "-n", "2", sys.executable,
+                                str(tmp_path / "prog.py")], capture_output=True, text=True)
+        assert mpich.stdout.splitlines() == [line, line], mpich.stderr[-2000:]
+    again = _mpirun(tmp_path, """
+        from mpi4py import MPI
+        assert MPI.Is_initialized() and not MPI.Is_finalized()
+        MPI.Finalize()
+        MPI.Init()
+        """, n=1)
+    assert again.returncode == 1
+    assert "MPI.Exception: Other MPI error: Cannot call MPI_INIT or MPI_INIT_THREAD more than once" in again.stderr
