@@ -9,7 +9,8 @@ Comm, Intracomm, Cartcomm, Request and Group as the simulated classes (so
 ``MPI.Request.Waitall(reqs)`` and ``MPI.Comm.Compare(a, b)`` take simulated
 objects); Init, Init_thread, Finalize, Is_initialized and Is_finalized are the
 rank's own, as under mpiexec (`_Lifetime`: the real MPI stays initialized for the
-other ranks). Every other thread, and every other name, sees mpi4py as it is.
+other ranks). Threads a rank starts are the rank's (spmdsim.emulator.rank_threads). Every
+other thread, and every other name, sees mpi4py as it is.
 It works by giving the module object a subclass of its type with those names
 as properties, and gives the type back on exit.
 """
@@ -165,6 +166,8 @@ def swapped() -> Iterator[None]:
 
     from ..runtime.process import release_segments_once
 
+    from .rank_threads import threads_of_ranks
+
     if real("COMM_WORLD").Get_size() == 1:  # importing MPI initialized MPICH: unlink its segment now,
         release_segments_once(real("COMM_WORLD"))  # so a SIGKILL leaves nothing in /dev/shm
     with _LOCK:
@@ -173,7 +176,8 @@ def swapped() -> Iterator[None]:
             MPI.__class__ = _SimulatedMPI
         _DEPTH[0] += 1
     try:
-        yield
+        with threads_of_ranks():  # a thread a rank starts is the rank's (MPI_THREAD_MULTIPLE)
+            yield
     finally:
         with _LOCK:
             _DEPTH[0] -= 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..sim._buffers import message
+from ..sim._buffers import message, special
 from ..sim.p2p import _any, post_recv, post_send, probe
 from ..sim.requests import Request
 
@@ -21,24 +21,24 @@ class PointToPoint:
     """Point-to-point methods of SimComm (a mixin; `self._group`, `self._me`)."""
 
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
-        if buf is None:
+        if buf is None and dest != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
             raise _no_buffer("Send")
         return post_send(self._group, self._me, dest, tag, buf)
 
     def Ibsend(self, buf: Any, dest: int, tag: int = 0) -> Request:
-        if buf is None:
+        if buf is None and dest != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
             raise _no_buffer("Bsend")
         return post_send(self._group, self._me, dest, tag, buf, mode="buffered")
 
     def Issend(self, buf: Any, dest: int, tag: int = 0) -> Request:
-        if buf is None:
+        if buf is None and dest != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
             raise _no_buffer("Ssend")
         return post_send(self._group, self._me, dest, tag, buf, mode="synchronous")
 
     Irsend = Isend
 
     def Irecv(self, buf: Any, source: Optional[int] = None, tag: Optional[int] = None) -> Request:
-        if buf is None:
+        if buf is None and source != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
             raise _no_buffer("Recv")
         return post_recv(self._group, self._me, _any(source, "ANY_SOURCE"), _any(tag, "ANY_TAG"), buf)
 
