@@ -134,8 +134,30 @@ def refused_buffers():
             _raises(lambda: comm.Alltoallv([np.zeros(3), []], [np.zeros(3), [3] * comm.size]))]
 
 
+def matched_probes():
+    comm = MPI.COMM_WORLD
+    p, r = comm.size, comm.rank
+    right, left = (r + 1) % p, (r - 1) % p
+    reqs = [comm.Isend(np.full(3, 10.0 * r + t), right, t) for t in (1, 2)] + [comm.isend({"from": r}, right, 3)]
+    status = MPI.Status()
+    second = comm.Mprobe(left, 2, status)  # taken out of order: the tag-1 message stays for its receive
+    out = [status.Get_source(), status.Get_tag(), status.Get_count(MPI.DOUBLE), bool(second)]
+    got2, got1 = np.zeros(3), np.zeros(3)
+    first = comm.Improbe(left, 1)
+    first.Irecv(got1).Wait()
+    second.Recv(got2)
+    obj = None
+    while obj is None:  # a matched probe of an object message, polled
+        msg = comm.improbe(left, 3)
+        obj = msg.recv() if msg is not None else None
+    MPI.Request.Waitall(reqs)
+    noproc = comm.Mprobe(MPI.PROC_NULL)
+    return out + [bool(second), got1.tolist(), got2.tolist(), obj, comm.Improbe(left, 1) is None,
+                  noproc == MPI.MESSAGE_NO_PROC, noproc.recv() is None, noproc == MPI.MESSAGE_NULL]
+
+
 ALL = (group_null_and_empty, predefined_free, request_copies, byte_order, fortran_order_and_0d_counts,
-       fewer_statuses, refused_buffers)
+       fewer_statuses, refused_buffers, matched_probes)
 
 
 def run_all():

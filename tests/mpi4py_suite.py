@@ -192,6 +192,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", default="1,2,3,4,8")
     parser.add_argument("--only", help="a regular expression on the test ids")
+    parser.add_argument("--files", help="comma-separated test files to run instead of FILES (test_group,...)")
     parser.add_argument("--fetch", action="store_true", help="download mpi4py's test files first")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--verbose", action="store_true")
@@ -203,7 +204,8 @@ def main(argv=None) -> int:
         print("mpi4py's test files are not here: run with --fetch, or set SPMDSIM_MPI4PY_TESTS", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    results = run(test_dir, [int(n) for n in args.ranks.split(",")], args.only)
+    files = tuple(args.files.split(",")) if args.files else FILES
+    results = run(test_dir, [int(n) for n in args.ranks.split(",")], args.only, files)
     for line in summary(results):
         print(line)
     for n, table in results.items():

@@ -157,3 +157,10 @@ def test_init_and_finalize_as_under_mpiexec(tmp_path):
         """, n=1)
     assert again.returncode == 1
     assert "MPI.Exception: Other MPI error: Cannot call MPI_INIT or MPI_INIT_THREAD more than once" in again.stderr
+
+
+def test_matched_probes(simulated2):
+    for r, res in enumerate(simulated2):
+        left = (r - 1) % 2
+        assert res["matched_probes"] == [left, 2, 3, True, False, [10.0 * left + 1] * 3, [10.0 * left + 2] * 3,
+                                         {"from": left}, True, True, True, True]

@@ -27,7 +27,8 @@ from .. import context as _local
 __all__ = ["swapped", "real", "SWAPPED"]
 
 #: The names of mpi4py.MPI that a simulated rank sees as its own.
-SWAPPED = ("COMM_WORLD", "COMM_SELF", "Comm", "Intracomm", "Cartcomm", "Request", "Group", "Init", "Init_thread",
+SWAPPED = ("COMM_WORLD", "COMM_SELF", "Comm", "Intracomm", "Cartcomm", "Request", "Group", "Message", "Init",
+           "Init_thread",
            "Finalize", "Is_initialized", "Is_finalized", "Attach_buffer", "Detach_buffer", "Flush_buffer",
            "Iflush_buffer")
 
@@ -65,6 +66,10 @@ def _simulated(name: str, state: Any) -> Any:
         from .group import SimGroup
 
         return SimGroup
+    if name == "Message":
+        from .message import SimMessage
+
+        return SimMessage
     if name in _Lifetime.CALLS:
         return getattr(_lifetime(state), name)
     if name == "Attach_buffer":

@@ -89,6 +89,24 @@ class PointToPoint:
     probe = Probe
     iprobe = Iprobe
 
+    def Mprobe(self, source: Optional[int] = None, tag: Optional[int] = None, status: Any = None) -> Any:
+        """A matched probe: the message, taken for the returned MPI.Message to receive (SimMessage)."""
+        from .message import SimMessage
+
+        return SimMessage._taken(probe(self._group, self._me, _any(source, "ANY_SOURCE"), _any(tag, "ANY_TAG"),
+                                       status, True, take=True))
+
+    def Improbe(self, source: Optional[int] = None, tag: Optional[int] = None, status: Any = None) -> Any:
+        """Mprobe if a message waits, else None."""
+        from .message import SimMessage
+
+        found = probe(self._group, self._me, _any(source, "ANY_SOURCE"), _any(tag, "ANY_TAG"), status, False,
+                      take=True)
+        return None if found is None else SimMessage._taken(found)
+
+    mprobe = Mprobe
+    improbe = Improbe
+
     # -- objects (pickled) -------------------------------------------------------------------------
 
     def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:

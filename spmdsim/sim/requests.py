@@ -79,6 +79,12 @@ class Request:
 
     __hash__ = object.__hash__
 
+    def __reduce__(self) -> Any:
+        """A null request pickles (a copy, equal to MPI.REQUEST_NULL); an active one raises ValueError, as mpi4py's."""
+        if self.null:
+            return (Request, ())
+        raise ValueError("cannot serialize 'mpi4py.MPI.Request' instance")
+
     def __repr__(self) -> str:
         return f"<simulated Request {'null' if self.null else self._what()}>"
 
