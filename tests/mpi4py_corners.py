@@ -156,8 +156,52 @@ def matched_probes():
                   noproc == MPI.MESSAGE_NO_PROC, noproc.recv() is None, noproc == MPI.MESSAGE_NULL]
 
 
+def errhandlers():
+    comm = MPI.COMM_WORLD
+    dup = comm.Dup()
+    out = [comm.Get_errhandler() == MPI.ERRORS_RETURN, dup.Get_errhandler() == MPI.ERRORS_RETURN]
+    dup.Set_errhandler(MPI.ERRORS_ARE_FATAL)
+    got = dup.Get_errhandler()
+    out += [got == MPI.ERRORS_ARE_FATAL, dup.Dup().Get_errhandler() == MPI.ERRORS_RETURN]
+    got.Free()
+    out.append(got == MPI.ERRHANDLER_NULL)
+    calls = []
+    handler = MPI.Comm.Create_errhandler(lambda c, code: calls.append((c == dup, code)))
+    dup.Set_errhandler(handler)
+    dup.Call_errhandler(MPI.ERR_OTHER)
+    out += [calls == [(True, MPI.ERR_OTHER)], _raises(lambda: dup.Set_errhandler(MPI.ERRHANDLER_NULL))]
+    dup.Set_errhandler(MPI.ERRORS_RETURN)
+    dup.Call_errhandler(MPI.ERR_OTHER)  # returns: nothing happens
+    handler.Free()
+    dup.Free()
+    return out + [bool(handler), _raises(lambda: MPI.COMM_NULL.Get_errhandler())]
+
+
+def attributes():
+    comm = MPI.COMM_WORLD.Dup()
+    deleted = []
+    plain = MPI.Comm.Create_keyval()
+    kept = MPI.Comm.Create_keyval(copy_fn=True, delete_fn=lambda c, k, v: deleted.append(v))
+    doubled = MPI.Comm.Create_keyval(copy_fn=lambda c, k, v: v * 2)
+    out = [comm.Get_attr(plain), comm.Get_attr(MPI.TAG_UB) >= 32767]
+    comm.Set_attr(plain, "a")
+    comm.Set_attr(kept, [comm.rank])
+    comm.Set_attr(doubled, 21)
+    dup = comm.Dup()
+    out += [comm.Get_attr(plain), dup.Get_attr(plain), dup.Get_attr(kept) is comm.Get_attr(kept),
+            dup.Get_attr(doubled)]
+    comm.Set_attr(kept, "b")  # over a value: its delete callback runs
+    comm.Delete_attr(kept)
+    dup.Free()  # and on Free
+    out += [deleted, comm.Get_attr(kept)]
+    for keyval in (plain, kept, doubled):
+        out.append(MPI.Comm.Free_keyval(keyval) == MPI.KEYVAL_INVALID)
+    comm.Free()
+    return out
+
+
 ALL = (group_null_and_empty, predefined_free, request_copies, byte_order, fortran_order_and_0d_counts,
-       fewer_statuses, refused_buffers, matched_probes)
+       fewer_statuses, refused_buffers, matched_probes, errhandlers, attributes)
 
 
 def run_all():

@@ -40,6 +40,9 @@ OUT_OF_SCOPE = {
     r"test_comm\.TestComm\w*\.testCreateFromGroup": "MPI sessions (Intracomm.Create_from_group)",
     r"test_p2p_buf\.\w+\.testConstructor": "persistent requests (it builds an MPI.Prequest)",
     r"\.testCommLock": "mpi4py's private lock table of a real MPI communicator (MPI._comm_lock_table)",
+    r"ErrhandlerWin|WinAttr|TestExcWin\b": "one-sided communication (MPI.Win over a simulated communicator)",
+    r"ErrhandlerFile": "MPI I/O (MPI.File over a simulated communicator)",
+    r"ErrhandlerSession": "MPI sessions (MPI.Session's error handlers: a process-wide table of 32)",
 }
 
 

@@ -164,3 +164,14 @@ def test_matched_probes(simulated2):
         left = (r - 1) % 2
         assert res["matched_probes"] == [left, 2, 3, True, False, [10.0 * left + 1] * 3, [10.0 * left + 2] * 3,
                                          {"from": left}, True, True, True, True]
+
+
+def test_error_handlers(simulated2):
+    for res in simulated2:
+        assert res["errhandlers"] == [True, True, True, True, True, True, "MPI.Exception Invalid errhandler",
+                                      False, "MPI.Exception Invalid communicator"]
+
+
+def test_attributes(simulated2):
+    for r, res in enumerate(simulated2):
+        assert res["attributes"] == [None, True, "a", None, True, 42, [[r], "b", [r]], None, True, True, True]

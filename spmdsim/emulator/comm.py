@@ -20,6 +20,7 @@ from ..sim.engine import Group, SimulationError
 from ..sim import thread_engine as bodies
 from ..sim.thread_engine import THREADS, Count, Member
 from .group import SimGroup, _sim as _sim_group, speak_mpi4py
+from .handles import CommHandles
 from .objects import ObjectCollectives
 from .p2p import PointToPoint
 
@@ -30,7 +31,7 @@ class _Handle:
     """What copies of one communicator share: the thread engine's call counter (`count`, shared with
     the runtime's view of the same communicator), name, info, state."""
 
-    __slots__ = ("count", "name", "info", "buffer", "creates", "group", "predefined")
+    __slots__ = ("count", "name", "info", "buffer", "creates", "group", "predefined", "errhandler", "attrs")
 
     # The rendezvous number and the freed flag are the shared counter's.
     seq = property(lambda h: h.count.seq, lambda h, v: setattr(h.count, "seq", v))
@@ -44,9 +45,11 @@ class _Handle:
         self.creates: dict = {}  # (members, tag) -> Create_group calls made
         self.group: Any = None  # the handle of its group: Get_group gives the same one each time, as MPICH
         self.predefined = False  # MPI.COMM_WORLD's and MPI.COMM_SELF's: never freed
+        self.errhandler: Any = None  # None: MPI.ERRORS_RETURN (spmdsim.emulator.handles)
+        self.attrs: dict = {}  # keyval -> value (Set_attr)
 
 
-class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives):
+class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHandles):
     """One simulated rank's view of one communicator (made by spmdsim.simulate, Split, Dup, Create).
 
     ``SimComm()`` is a null communicator (equal to MPI.COMM_NULL); ``SimComm(comm)`` a copy.
@@ -131,12 +134,6 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives):
 
     group = property(Get_group)
 
-    def Get_attr(self, keyval: int) -> Any:
-        """The predefined attributes (MPI.TAG_UB, ...) as this process's MPI has them."""
-        from .mpi4py_world import real
-
-        return real("COMM_SELF").Get_attr(keyval)
-
     def __bool__(self) -> bool:
         return self._h is not None and not self._h.freed
 
@@ -177,6 +174,7 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives):
 
     def Split(self, color: int = 0, key: int = 0) -> "SimComm":
         """Members with equal `color` form a new communicator, ordered by (key, rank here)."""
+        self._live_handle()
         new = bodies.split(self, color, key, special("UNDEFINED"))
         if new is None:
             return comm_null()
@@ -210,6 +208,8 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives):
         new = SimComm(slot.shared, self._me)
         if info is not None and mpi_module() is not None and info != mpi_module().INFO_NULL:
             new.Set_info(info)
+        if self._h.attrs:
+            self._copy_attrs(new)
         return new
 
     Clone = Dup
@@ -224,6 +224,7 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives):
 
     def Create(self, group: SimGroup) -> "SimComm":
         """Members of `group` (a subset of this communicator's) form a new one, in the group's order."""
+        self._live_handle()
         members = list(_sim_group(group)._live()._members)
         mine = self.world_rank
         return self.Split(0 if mine in members else special("UNDEFINED"),
@@ -231,6 +232,7 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives):
 
     def Create_group(self, group: SimGroup, tag: int = 0) -> "SimComm":
         """Like Create, but called by the members of `group` only (MPI_Comm_create_group)."""
+        self._live_handle()
         members = tuple(_sim_group(group)._live()._members)
         mine = self.world_rank
         if mine not in members:
@@ -255,8 +257,9 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives):
 
     def Compare(self, other: "SimComm") -> int:
         """MPI.IDENT (the same communicator), CONGRUENT (same ranks, same order), SIMILAR or UNEQUAL."""
-        if not isinstance(other, SimComm):
-            other = _resolve(other)
+        self, other = _resolve(self), _resolve(other)  # MPI.Comm.Compare(MPI.COMM_NULL, ...) too
+        if not self or not other:
+            self._live_handle(), other._live_handle()  # MPI.Exception (ERR_COMM) for the null one
         if self._h is other._h:
             return special("IDENT")
         if self._group.members == other._group.members:
@@ -279,6 +282,8 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives):
             mpi = mpi_module()
             raise mpi_error(mpi, mpi.ERR_COMM, text) if mpi is not None else SimulationError(text)
         if h is not None:
+            if h.attrs:
+                self._delete_attrs()
             h.freed = True
 
     def free(self) -> None:
@@ -328,6 +333,9 @@ def comm_null() -> Any:
 def _resolve(comm: Any) -> SimComm:
     if isinstance(comm, SimComm):
         return comm
+    mpi = mpi_module()
+    if mpi is not None and isinstance(comm, mpi.__dict__["Comm"]) and comm == mpi.COMM_NULL:
+        return SimComm()
     raise TypeError(f"expected a simulated communicator, got {comm!r}")
 
 
