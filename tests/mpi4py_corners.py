@@ -200,8 +200,26 @@ def attributes():
     return out
 
 
+def pkl5_comm():
+    from mpi4py.util import pkl5
+
+    comm = pkl5.Intracomm(MPI.COMM_WORLD)
+    p, r = comm.size, comm.rank
+    big = np.arange(300_000, dtype="i8") * (r + 1)  # 2.4 MB, sent out of band
+    got = comm.sendrecv(big, (r + 1) % p, 5, None, (r - 1) % p, 5)
+    req = comm.isend({"r": r}, (r + 1) % p, 6)
+    msg = comm.mprobe((r - 1) % p, 6)
+    obj = msg.recv()
+    req.wait()
+    dup = comm.Dup()
+    out = [int(got[-1]), obj, comm.bcast(big if r == 0 else None, root=0)[-1].item(), comm.allgather(r),
+           comm.gather(r, root=0), type(dup).__name__, isinstance(dup, pkl5.Comm)]
+    dup.Free()
+    return out
+
+
 ALL = (group_null_and_empty, predefined_free, request_copies, byte_order, fortran_order_and_0d_counts,
-       fewer_statuses, refused_buffers, matched_probes, errhandlers, attributes)
+       fewer_statuses, refused_buffers, matched_probes, errhandlers, attributes, pkl5_comm)
 
 
 def run_all():

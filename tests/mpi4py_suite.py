@@ -43,6 +43,7 @@ OUT_OF_SCOPE = {
     r"ErrhandlerWin|WinAttr|TestExcWin\b": "one-sided communication (MPI.Win over a simulated communicator)",
     r"ErrhandlerFile": "MPI I/O (MPI.File over a simulated communicator)",
     r"ErrhandlerSession": "MPI sessions (MPI.Session's error handlers: a process-wide table of 32)",
+    r"test_util_pkl5\.\w+\.(test\w+Inter|testBigMPI)$": "intercommunicators (Intracomm.Create_intercomm)",
 }
 
 
@@ -87,15 +88,19 @@ def fetch() -> Path:
 
 
 class _PerRank:
-    """A TestCase class attribute COMM that is each simulated rank's MPI.COMM_WORLD / COMM_SELF."""
+    """A TestCase class attribute read from its module when a rank reads it (COMM = MPI.COMM_WORLD, CommType =
+    pkl5.Intracomm, ...): each simulated rank's own, as each MPI process has its own."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, module: object, name: str) -> None:
+        self.module, self.name = module, name
 
     def __get__(self, obj: object, cls: type) -> object:
-        from mpi4py import MPI
+        return getattr(self.module, self.name)
 
-        return getattr(MPI, self.name)
+
+#: The names whose values differ per simulated rank (what spmdsim.emulator swaps), by module.
+_PER_RANK = {"mpi4py.MPI": ("COMM_WORLD", "COMM_SELF", "Comm", "Intracomm", "Cartcomm", "Request", "Group", "Message"),
+             "mpi4py.util.pkl5": ("Comm", "Intracomm", "Request", "Message")}
 
 
 class _ThreadLoop(threading.local):
@@ -117,7 +122,12 @@ def load(test_dir: Path, files=FILES) -> dict:
 
     if not isinstance(arrayimpl.loop, _ThreadLoop):
         arrayimpl.loop = _ThreadLoop(arrayimpl.loop)
-    world, self_ = MPI.__dict__["COMM_WORLD"], MPI.__dict__["COMM_SELF"]
+    import importlib
+
+    per_rank = {}  # id(the value a test file bound at import) -> (its module, its name)
+    for module_name, names in _PER_RANK.items():
+        module = importlib.import_module(module_name)
+        per_rank.update({id(module.__dict__[n]): (module, n) for n in names if n in module.__dict__})
     cases = {}
     for name in files:
         module = __import__(name)
@@ -125,11 +135,10 @@ def load(test_dir: Path, files=FILES) -> dict:
             if not (isinstance(cls, type) and issubclass(cls, unittest.TestCase)):
                 continue
             for klass in cls.__mro__:
-                comm = klass.__dict__.get("COMM")
-                if comm is world:
-                    klass.COMM = _PerRank("COMM_WORLD")
-                elif comm is self_:
-                    klass.COMM = _PerRank("COMM_SELF")
+                for attr, value in list(vars(klass).items()):
+                    found = per_rank.get(id(value))
+                    if found is not None and not attr.startswith("__") and found[0].__dict__[found[1]] is value:
+                        setattr(klass, attr, _PerRank(*found))
             for method in unittest.TestLoader().getTestCaseNames(cls):
                 cases[f"{name}.{cls.__name__}.{method}"] = (cls, method)
     return cases

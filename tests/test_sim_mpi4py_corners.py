@@ -175,3 +175,12 @@ def test_error_handlers(simulated2):
 def test_attributes(simulated2):
     for r, res in enumerate(simulated2):
         assert res["attributes"] == [None, True, "a", None, True, 42, [[r], "b", [r]], None, True, True, True]
+
+
+def test_pkl5_on_simulated_ranks(simulated2):
+    """mpi4py.util.pkl5's communicator over a simulated one: out-of-band pickles, matched probes, collectives."""
+    last = 299_999
+    for r, res in enumerate(simulated2):
+        left = (r - 1) % 2
+        assert res["pkl5_comm"] == [last * (left + 1), {"r": left}, last, [0, 1], [0, 1] if r == 0 else None,
+                                    "Intracomm", True]

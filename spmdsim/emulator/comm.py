@@ -31,7 +31,8 @@ class _Handle:
     """What copies of one communicator share: the thread engine's call counter (`count`, shared with
     the runtime's view of the same communicator), name, info, state."""
 
-    __slots__ = ("count", "name", "info", "buffer", "creates", "group", "predefined", "errhandler", "attrs")
+    __slots__ = ("count", "name", "info", "buffer", "creates", "group", "predefined", "errhandler", "attrs",
+                 "private")
 
     # The rendezvous number and the freed flag are the shared counter's.
     seq = property(lambda h: h.count.seq, lambda h, v: setattr(h.count, "seq", v))
@@ -47,6 +48,7 @@ class _Handle:
         self.predefined = False  # MPI.COMM_WORLD's and MPI.COMM_SELF's: never freed
         self.errhandler: Any = None  # None: MPI.ERRORS_RETURN (spmdsim.emulator.handles)
         self.attrs: dict = {}  # keyval -> value (Set_attr)
+        self.private: dict = {}  # mpi4py's hidden per-communicator state (spmdsim.emulator.pkl5)
 
 
 class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHandles):
@@ -56,6 +58,9 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
     """
 
     spmdsim_engine = THREADS  # what a Mesh over it runs on (spmdsim.engines.engine_of)
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "SimComm":
+        return object.__new__(cls)  # MPI.Comm.__new__(cls, comm), as mpi4py.util.pkl5's Comm calls it
 
     def __init__(self, group: Any = None, me: int = 0, name: str = "") -> None:
         if isinstance(group, SimComm):
@@ -205,7 +210,8 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
         group = self._group
         slot = self._enter("dup", ("dup",), None,
                            lambda s: setattr(s, "shared", Group(group.world, group.members)))
-        new = SimComm(slot.shared, self._me)
+        new = object.__new__(type(self))  # mpi4py's Dup gives the caller's class (pkl5.Intracomm, ...)
+        SimComm.__init__(new, slot.shared, self._me)
         if info is not None and mpi_module() is not None and info != mpi_module().INFO_NULL:
             new.Set_info(info)
         if self._h.attrs:

@@ -17,7 +17,7 @@ from ..sim.p2p import receive_matched
 from ..sim.requests import Request, completed
 from .group import speak_mpi4py
 
-__all__ = ["SimMessage"]
+__all__ = ["SimMessage", "MESSAGE_NULL", "MESSAGE_NO_PROC"]
 
 _NO_PROC = "no proc"
 
@@ -33,7 +33,7 @@ class SimMessage:
             mpi = mpi_module()
             if mpi is None or not isinstance(message, mpi.__dict__["Message"]):
                 raise TypeError(f"expected a Message, got {type(message).__name__}")
-            if message == mpi.MESSAGE_NO_PROC:
+            if message == mpi.__dict__["MESSAGE_NO_PROC"]:
                 self._send = _NO_PROC
 
     @classmethod
@@ -60,7 +60,9 @@ class SimMessage:
     # -- receiving -------------------------------------------------------------------------------------
 
     def _take(self, call: str) -> Any:
-        send, self._send = self._send, None
+        send = self._send
+        if self is not MESSAGE_NO_PROC:  # the constant stays what it is, as MPI's does
+            self._send = None
         if send is None:
             mpi = mpi_module()
             text = f"{call}: the message is MPI.MESSAGE_NULL (received already, or never probed)"
@@ -97,9 +99,9 @@ class SimMessage:
             return self._send is other._send
         mpi = mpi_module()
         if mpi is not None and isinstance(other, mpi.__dict__["Message"]):  # the class itself, also swapped
-            if other == mpi.MESSAGE_NULL:
+            if other == mpi.__dict__["MESSAGE_NULL"]:
                 return self._send is None
-            if other == mpi.MESSAGE_NO_PROC:
+            if other == mpi.__dict__["MESSAGE_NO_PROC"]:
                 return self._send is _NO_PROC
             return False
         return NotImplemented
@@ -110,8 +112,16 @@ class SimMessage:
 
     __hash__ = object.__hash__
 
+    def free(self) -> None:
+        """Make this handle null (mpi4py's Message.free)."""
+        if self is not MESSAGE_NULL and self is not MESSAGE_NO_PROC:
+            self._send = None
+
     def __reduce__(self) -> Any:
-        """Only the null and "no proc" messages pickle (a copy, equal), others raise ValueError, as mpi4py's."""
+        """Only the null and "no proc" messages pickle (a copy, equal; the constants themselves), others raise
+        ValueError, as mpi4py's."""
+        if self is MESSAGE_NULL or self is MESSAGE_NO_PROC:
+            return "MESSAGE_NULL" if self is MESSAGE_NULL else "MESSAGE_NO_PROC"  # this module's constants
         if self._send is None:
             return (SimMessage, ())
         if self._send is _NO_PROC:
@@ -125,3 +135,7 @@ class SimMessage:
 
 
 speak_mpi4py(SimMessage, "Message")
+
+#: A simulated rank's MPI.MESSAGE_NULL and MPI.MESSAGE_NO_PROC (spmdsim.emulator.mpi4py_world swaps them in).
+MESSAGE_NULL = SimMessage()
+MESSAGE_NO_PROC = SimMessage._taken(True)

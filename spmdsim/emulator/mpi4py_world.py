@@ -27,10 +27,9 @@ from .. import context as _local
 __all__ = ["swapped", "real", "SWAPPED"]
 
 #: The names of mpi4py.MPI that a simulated rank sees as its own.
-SWAPPED = ("COMM_WORLD", "COMM_SELF", "Comm", "Intracomm", "Cartcomm", "Request", "Group", "Message", "Init",
-           "Init_thread",
-           "Finalize", "Is_initialized", "Is_finalized", "Attach_buffer", "Detach_buffer", "Flush_buffer",
-           "Iflush_buffer")
+SWAPPED = ("COMM_WORLD", "COMM_SELF", "Comm", "Intracomm", "Cartcomm", "Request", "Group", "Message", "REQUEST_NULL",
+           "MESSAGE_NULL", "MESSAGE_NO_PROC", "Init", "Init_thread", "Finalize", "Is_initialized", "Is_finalized",
+           "Attach_buffer", "Detach_buffer", "Flush_buffer", "Iflush_buffer")
 
 _BSEND_BUFFERS: dict = {}  # thread -> the buffer a simulated rank attached (its Bsend copies anyway)
 
@@ -66,10 +65,14 @@ def _simulated(name: str, state: Any) -> Any:
         from .group import SimGroup
 
         return SimGroup
-    if name == "Message":
-        from .message import SimMessage
+    if name in ("Message", "MESSAGE_NULL", "MESSAGE_NO_PROC"):
+        from . import message
 
-        return SimMessage
+        return message.SimMessage if name == "Message" else getattr(message, name)
+    if name == "REQUEST_NULL":
+        from ..sim.requests import REQUEST_NULL
+
+        return REQUEST_NULL
     if name in _Lifetime.CALLS:
         return getattr(_lifetime(state), name)
     if name == "Attach_buffer":
@@ -171,6 +174,7 @@ def swapped() -> Iterator[None]:
 
     from ..runtime.process import release_segments_once
 
+    from .pkl5 import swapped_pkl5
     from .rank_threads import threads_of_ranks
 
     if real("COMM_WORLD").Get_size() == 1:  # importing MPI initialized MPICH: unlink its segment now,
@@ -181,7 +185,7 @@ def swapped() -> Iterator[None]:
             MPI.__class__ = _SimulatedMPI
         _DEPTH[0] += 1
     try:
-        with threads_of_ranks():  # a thread a rank starts is the rank's (MPI_THREAD_MULTIPLE)
+        with threads_of_ranks(), swapped_pkl5():  # a rank's threads are its own; so is mpi4py.util.pkl5
             yield
     finally:
         with _LOCK:

@@ -200,7 +200,11 @@ def numpy_dtype(datatype: Any) -> np.dtype:
     if datatype == mpi.DATATYPE_NULL:
         raise ShapeError("datatype MPI.DATATYPE_NULL cannot carry a message")
     if not datatype.is_predefined:
-        raise NotImplementedError("derived datatypes are not simulated (docs/simulate.md)")
+        base, combiner, params = datatype.decode()
+        if combiner != "CONTIGUOUS":  # not cached: a freed type's handle is given to the next one
+            raise NotImplementedError("derived datatypes other than contiguous ones are not simulated "
+                                      "(docs/simulate.md)")
+        return np.dtype((np.void, params["count"] * numpy_dtype(base).itemsize))  # its bytes, moved as one
     from mpi4py.util.dtlib import to_numpy_dtype
 
     if datatype in (mpi.BYTE, mpi.PACKED):

@@ -17,7 +17,7 @@ from ._buffers import mpi_module, special
 from .engine import Group, _Waiting
 from .report import whereabouts
 
-__all__ = ["Request", "completed", "fill_status", "rank_name"]
+__all__ = ["Request", "REQUEST_NULL", "completed", "fill_status", "rank_name"]
 
 
 
@@ -74,13 +74,16 @@ class Request:
             return (self.origin or self) is (other.origin or other)
         mpi = mpi_module()
         if mpi is not None and isinstance(other, mpi.__dict__["Request"]):  # the class itself, also swapped
-            return self.null and other == mpi.REQUEST_NULL
+            return self.null and other == mpi.__dict__["REQUEST_NULL"]
         return NotImplemented
 
     __hash__ = object.__hash__
 
     def __reduce__(self) -> Any:
-        """A null request pickles (a copy, equal to MPI.REQUEST_NULL); an active one raises ValueError, as mpi4py's."""
+        """A null request pickles (a copy, equal to MPI.REQUEST_NULL; a simulated rank's MPI.REQUEST_NULL itself);
+        an active one raises ValueError, as mpi4py's."""
+        if self is REQUEST_NULL:
+            return "REQUEST_NULL"  # this module's constant, as mpi4py pickles its own
         if self.null:
             return (Request, ())
         raise ValueError("cannot serialize 'mpi4py.MPI.Request' instance")
@@ -416,7 +419,7 @@ def _copy_of(req: Request, other: Any) -> None:
         req.origin = other.origin or other
         return
     mpi = mpi_module()
-    if mpi is None or not isinstance(other, mpi.__dict__["Request"]) or other != mpi.REQUEST_NULL:
+    if mpi is None or not isinstance(other, mpi.__dict__["Request"]) or other != mpi.__dict__["REQUEST_NULL"]:
         raise TypeError(f"expected a Request, got {type(other).__name__}")
 
 
@@ -478,3 +481,7 @@ def completed(group: Optional[Group] = None, me: int = 0, kind: str = "done") ->
     req.null = False
     req.group = None
     return req
+
+
+#: A simulated rank's MPI.REQUEST_NULL (spmdsim.emulator.mpi4py_world swaps it in).
+REQUEST_NULL = Request()
