@@ -218,8 +218,21 @@ def pkl5_comm():
     return out
 
 
+def cartesian_queries():
+    comm = MPI.COMM_WORLD
+    cart = comm.Create_cart([comm.size], periods=True)
+    flat = comm.Create_cart([comm.size, 1], [False, True])
+    out = [comm.Cart_map([comm.size]), comm.Cart_map([1]) == (0 if comm.rank == 0 else MPI.UNDEFINED),
+           cart.is_topo, cart.indegree, cart.inedges, cart.outedges, list(cart.inoutedges[0]), flat.inedges,
+           _raises(lambda: comm.Create_cart([comm.size], []))]
+    cart.Free()
+    flat.Free()
+    return out
+
+
 ALL = (group_null_and_empty, predefined_free, request_copies, byte_order, fortran_order_and_0d_counts,
-       fewer_statuses, refused_buffers, matched_probes, errhandlers, attributes, pkl5_comm)
+       fewer_statuses, refused_buffers, matched_probes, errhandlers, attributes, pkl5_comm,
+       cartesian_queries)
 
 
 def run_all():

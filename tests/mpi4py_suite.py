@@ -44,6 +44,8 @@ OUT_OF_SCOPE = {
     r"ErrhandlerFile": "MPI I/O (MPI.File over a simulated communicator)",
     r"ErrhandlerSession": "MPI sessions (MPI.Session's error handlers: a process-wide table of 32)",
     r"test_util_pkl5\.\w+\.(test\w+Inter|testBigMPI)$": "intercommunicators (Intracomm.Create_intercomm)",
+    r"test_comm_topo\.\w+\.test(ConstructorDistGraphcomm|ConstructorGraphcomm|Distgraphcomm\w*|GraphMap|Graphcomm)$":
+        "graph and distributed-graph topologies (Create_graph, Create_dist_graph)",
 }
 
 

@@ -184,3 +184,13 @@ def test_pkl5_on_simulated_ranks(simulated2):
         left = (r - 1) % 2
         assert res["pkl5_comm"] == [last * (left + 1), {"r": left}, last, [0, 1], [0, 1] if r == 0 else None,
                                     "Intracomm", True]
+
+
+def test_cartesian_queries(simulated2):
+    from mpi4py import MPI
+
+    null = MPI.PROC_NULL
+    for r, res in enumerate(simulated2):
+        other = 1 - r
+        assert res["cartesian_queries"] == [r, True, True, 2, [other, other], [other, other], [other, other],
+                                            [null if r == 0 else 0, 1 if r == 0 else null, r, r], "ValueError"]

@@ -261,6 +261,20 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
 
         return create_cart(self, dims, periods, reorder)
 
+    def Cart_map(self, dims: Any, periods: Any = None) -> int:
+        """This rank's rank in the grid Create_cart(dims, periods) would make (MPI.UNDEFINED if none)."""
+        from .topology import cart_map
+
+        return cart_map(self, dims, periods)
+
+    is_topo = False
+
+    def toint(self) -> int:
+        """-1: a simulated communicator has no MPI handle (mpi4py's answer where there is none)."""
+        return -1
+
+    py2f = toint
+
     def Compare(self, other: "SimComm") -> int:
         """MPI.IDENT (the same communicator), CONGRUENT (same ranks, same order), SIMILAR or UNEQUAL."""
         self, other = _resolve(self), _resolve(other)  # MPI.Comm.Compare(MPI.COMM_NULL, ...) too
