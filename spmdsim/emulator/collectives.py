@@ -137,6 +137,8 @@ class BufferCollectives:
                 raise ValueError(f"Reduce_scatter: {len(counts)} recvcounts for {g} ranks")
         total = sum(counts)
         if inplace:
+            if rc < total:  # as mpi4py checks it
+                raise ShapeError(f"Reduce_scatter: mismatch in receive count {rc} and sum(counts) {total}")
             src = dst[:total]
         else:
             src, ns, _ = message(sendbuf, "Reduce_scatter sendbuf")

@@ -76,7 +76,7 @@ def _simulated(name: str, state: Any) -> Any:
     if name in _Lifetime.CALLS:
         return getattr(_lifetime(state), name)
     if name == "Attach_buffer":
-        return lambda buf: _BSEND_BUFFERS.__setitem__(threading.get_ident(), buf)
+        return _attach_buffer
     if name == "Detach_buffer":
         return lambda: _BSEND_BUFFERS.pop(threading.get_ident(), None)
     if name == "Iflush_buffer":
@@ -147,6 +147,19 @@ def real_module() -> Any:
     from mpi4py import MPI
 
     return MPI
+
+
+def _attach_buffer(buf: Any) -> None:
+    """A rank's MPI.Attach_buffer: kept (its Bsend copies anyway); a read-only one is mpi4py's BufferError."""
+    mpi = real_module()
+    if buf is not None and buf is not getattr(mpi, "BUFFER_AUTOMATIC", None):
+        try:
+            readonly = memoryview(buf).readonly
+        except TypeError:  # DLPack, __cuda_array_interface__: as a send buffer reads them
+            readonly = False
+        if readonly:
+            raise BufferError("Attach_buffer: the buffer is read-only")
+    _BSEND_BUFFERS[threading.get_ident()] = buf
 
 
 def _property(name: str) -> property:

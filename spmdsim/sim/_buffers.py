@@ -232,8 +232,9 @@ class _Interface:
                                     "version": 3}
 
 
-def array_of(buf: Any, what: str, readonly: bool = True) -> np.ndarray:
-    """`buf` as a flat numpy array over the same memory (never a copy)."""
+def array_of(buf: Any, what: str, readonly: bool = True, typed: bool = False) -> np.ndarray:
+    """`buf` as a flat numpy array over the same memory (never a copy); `typed`: a datatype comes with it,
+    so its own dtype is not read (mpi4py moves the bytes of [big_endian_array, MPI.INT])."""
     if type(buf) is np.ndarray:
         a = buf
     elif isinstance(buf, np.ndarray):
@@ -262,7 +263,8 @@ def array_of(buf: Any, what: str, readonly: bool = True) -> np.ndarray:
         a = a.T  # Fortran order: one block too, sent in memory order as mpi4py sends it
     if not readonly and not a.flags.writeable:
         raise BufferSpecError(f"{what}: buffer is read-only")
-    check_dtype(a.dtype, what)
+    if not typed:
+        check_dtype(a.dtype, what)
     return a.reshape(-1)
 
 
@@ -328,7 +330,7 @@ def message(spec: Any, what: str, blocks: int = 1, readonly: bool = True) -> tup
         return a, n // blocks if blocks > 1 else n, None
     buf, count, displ, datatype = _unpack(spec)
     try:  # the buffer first, as mpi4py reads it: [1, 2, 3] is a list of numbers, not [buf, count, type]
-        a = None if buf is None else array_of(buf, what, readonly)
+        a = None if buf is None else array_of(buf, what, readonly, datatype is not None)
     except TypeError:
         if isinstance(spec, (list, tuple)):
             raise TypeError(f"{what}: {spec!r} is read as [buffer, count, datatype] and {buf!r} is not a "
@@ -339,6 +341,9 @@ def message(spec: Any, what: str, blocks: int = 1, readonly: bool = True) -> tup
     if a is None:
         a = np.empty(0, dtype or np.uint8)
     else:
+        if count is None and dtype is not None and a.nbytes % dtype.itemsize:
+            raise ValueError(f"{what}: buffer length {a.nbytes} is not a multiple of datatype extent "
+                             f"{dtype.itemsize}")
         a = _typed(a, dtype, what)
     if displ is not None:
         displ = operator.index(displ)
@@ -376,7 +381,8 @@ def vector(spec: Any, what: str, blocks: int, readonly: bool = True) -> tuple[np
         return (a, *_layout(counts, displs, blocks, a.size, what), None)
     buf, counts, displs, datatype = _unpack(spec, pair=tuple)
     dtype = None if datatype is None else numpy_dtype(datatype)
-    a = np.empty(0, dtype or np.uint8) if buf is None else _typed(array_of(buf, what, readonly), dtype, what)
+    a = (np.empty(0, dtype or np.uint8) if buf is None
+         else _typed(array_of(buf, what, readonly, datatype is not None), dtype, what))
     if counts is None:
         size = a.size
         counts = [size // blocks + (size % blocks > i) for i in range(blocks)]

@@ -252,18 +252,24 @@ class Request:
     get_status = Get_status
 
     def Cancel(self) -> None:
-        """Cancel a receive (or a send) that no message matched yet."""
+        """Cancel a receive (or a send) that no message matched yet; MPI's error on a null request."""
         from .p2p import cancel
 
+        if self.null:
+            _null_request("Cancel")
         cancel(self)
 
     cancel = Cancel
 
     def Free(self) -> None:
-        """Drop the handle; the operation still completes (MPI_Request_free)."""
+        """Drop the handle; the operation still completes (MPI_Request_free); MPI's error on a null request."""
+        if self.null:
+            _null_request("Free")
         self.null = True
 
-    free = Free
+    def free(self) -> None:
+        """Free unless null (mpi4py's free: nothing on a null handle)."""
+        self.null = True
 
     # -- many requests -------------------------------------------------------------------------
 
@@ -407,6 +413,15 @@ class Request:
         return ready
 
     get_status_some = Get_status_some
+
+
+def _null_request(call: str) -> None:
+    """MPI.Exception (ERR_REQUEST) for `call` on MPI.REQUEST_NULL, as MPI raises it (nothing without mpi4py)."""
+    mpi = mpi_module()
+    if mpi is not None:
+        from ._buffers import mpi_error
+
+        raise mpi_error(mpi, mpi.ERR_REQUEST, f"{call}: the request is MPI.REQUEST_NULL")
 
 
 def _copy_of(req: Request, other: Any) -> None:
