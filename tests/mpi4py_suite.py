@@ -152,8 +152,6 @@ class _ThreadLoop(threading.local):
 
 def load(test_dir: Path, files=FILES) -> dict:
     """test id -> (module, TestCase class, method name), with COMM made per rank."""
-    from mpi4py import MPI
-
     sys.path.insert(0, str(test_dir))
     import arrayimpl
 
