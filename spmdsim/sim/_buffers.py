@@ -156,8 +156,13 @@ def reduction(op: Any) -> Reduction:
                      f"or one of 'sum', 'max', 'min', 'prod'")
 
 
-def fold(red: Reduction, parts: list, out: np.ndarray, datatype: Any = None) -> None:
-    """out = parts[0] op parts[1] op ... in that order (the fixed order every run repeats)."""
+def fold(red: Reduction, parts: list, out: np.ndarray, datatype: Any = None, tree: Any = None) -> None:
+    """out = parts[0] op parts[1] op ... in that order (the fixed order every run repeats); with `tree` (nested
+    pairs of indices of `parts`, spmdsim.sim.orders) a floating-point sum, product, max or min in that
+    association instead."""
+    if tree is not None and red.ufunc is not None and out.dtype.kind in "fc" and len(parts) > 2:
+        red.ufunc(_evaluate(red.ufunc, parts, tree[0]), _evaluate(red.ufunc, parts, tree[1]), out=out)
+        return
     if len(parts) == 1:
         np.copyto(out, parts[0])
         return
@@ -173,6 +178,12 @@ def fold(red: Reduction, parts: list, out: np.ndarray, datatype: Any = None) -> 
         red.op.Reduce_local([acc, mpitype], [nxt, mpitype])  # nxt = acc op nxt
         acc = nxt
     np.copyto(out, acc)
+
+
+def _evaluate(ufunc: Any, parts: list, tree: Any) -> np.ndarray:
+    if type(tree) is int:
+        return parts[tree]
+    return ufunc(_evaluate(ufunc, parts, tree[0]), _evaluate(ufunc, parts, tree[1]))
 
 
 # -- datatypes -------------------------------------------------------------------------------

@@ -218,8 +218,10 @@ def _shared(n: int, dtype: np.dtype) -> Callable[[Any], None]:
 
 # -- buffers -------------------------------------------------------------------------------------
 
-def all_reduce(m: Member, src: np.ndarray, dst: np.ndarray, red: Reduction, datatype: Any = None) -> None:
-    """dst = red over the members of `src` (flat, n items each; `src` may be `dst`: in place)."""
+def all_reduce(m: Member, src: np.ndarray, dst: np.ndarray, red: Reduction, datatype: Any = None,
+               tree: Any = None) -> None:
+    """dst = red over the members of `src` (flat, n items each; `src` may be `dst`: in place), in member order
+    or, with `tree`, in that association (spmdsim.sim.orders)."""
     n = dst.size
     signature = ("allreduce", dtype_name(src.dtype), n, red.name)
     g, me = m._group.size, m._me
@@ -227,7 +229,7 @@ def all_reduce(m: Member, src: np.ndarray, dst: np.ndarray, red: Reduction, data
 
     def fold_mine(slot: Any) -> None:  # this member's share of the sum, read before any write
         if hi > lo:
-            fold(red, [c.data[lo:hi] for c in slot.calls], slot.shared[lo:hi], datatype)
+            fold(red, [c.data[lo:hi] for c in slot.calls], slot.shared[lo:hi], datatype, tree)
 
     def write(slot: Any) -> None:
         dst[:n] = slot.shared
