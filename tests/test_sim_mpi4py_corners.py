@@ -148,7 +148,7 @@ def test_init_and_finalize_as_under_mpiexec(tmp_path):
     if MPIEXEC:
         mpich = subprocess.run(["timeout", "-k", "5", "120", MPIEXEC, "-n", "2", sys.executable,
                                 str(tmp_path / "prog.py")], capture_output=True, text=True)
-        assert mpich.stdout.splitlines() == [line, line], mpich.stderr[-2000:]
+        assert mpich.stdout.count(line) == 2, (mpich.stdout, mpich.stderr[-2000:])  # MPICH may join two lines
     again = _mpirun(tmp_path, """
         from mpi4py import MPI
         assert MPI.Is_initialized() and not MPI.Is_finalized()
