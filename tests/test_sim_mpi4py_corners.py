@@ -136,7 +136,7 @@ _LIFETIME = """
     during = MPI.Is_initialized(), MPI.Is_finalized()
     MPI.Finalize()
     line = f"{before} {provided == MPI.THREAD_MULTIPLE} {twice} {rank} {during} {(MPI.Is_initialized(), MPI.Is_finalized())}"
-    sys.stdout.write(line + "\n")  # one write: MPICH interleaves the words of two ranks' print()
+    sys.stdout.write(line + "\\n")  # one write: MPICH interleaves the words of two ranks' print()
     """
 
 
