@@ -70,7 +70,7 @@ class BufferCollectives:
             src = dst[:n]
         else:
             src = _matching("Allreduce", sendbuf, dst, n)
-        bodies.all_reduce(self, src, dst[:n], red, dt, allreduce_tree(self._group.size))  # MPICH's association
+        bodies.all_reduce(self, src, dst[:n], red, dt, allreduce_tree)  # MPICH's association, for floats
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM, root: int = 0) -> None:
         red = reduction(op)

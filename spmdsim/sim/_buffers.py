@@ -158,9 +158,11 @@ def reduction(op: Any) -> Reduction:
 
 def fold(red: Reduction, parts: list, out: np.ndarray, datatype: Any = None, tree: Any = None) -> None:
     """out = parts[0] op parts[1] op ... in that order (the fixed order every run repeats); with `tree` (nested
-    pairs of indices of `parts`, spmdsim.sim.orders) a floating-point sum, product, max or min in that
-    association instead."""
-    if tree is not None and red.ufunc is not None and out.dtype.kind in "fc" and len(parts) > 2:
+    pairs of indices of `parts`, or a function of their count giving them: spmdsim.sim.orders) a floating-point
+    sum, product, max or min in that association instead."""
+    if tree is not None and len(parts) > 2 and red.ufunc is not None and out.dtype.kind in "fc":
+        if callable(tree):
+            tree = tree(len(parts))
         red.ufunc(_evaluate(red.ufunc, parts, tree[0]), _evaluate(red.ufunc, parts, tree[1]), out=out)
         return
     if len(parts) == 1:
