@@ -290,5 +290,10 @@ def completed(group: Optional[Group] = None, me: int = 0, kind: str = "done") ->
     return req
 
 
+for _name, _value in vars(ManyRequests).items():  # Python's errors name mpi4py's class: "Request.Testall() ..."
+    if isinstance(_value, classmethod):
+        _value.__func__.__qualname__ = f"Request.{_name}"
+del _name, _value
+
 #: A simulated rank's MPI.REQUEST_NULL (spmdsim.emulator.mpi4py_world swaps it in).
 REQUEST_NULL = Request()
