@@ -10,6 +10,7 @@ import pytest
 import spmdsim
 from spmdsim.errors import RuntimeMismatchError, ShapeError
 from spmdsim.sim import DeadlockError, IN_PLACE, Request, SimComm, simulate, world
+from spmdsim.sim.orders import allreduce_tree
 from spmdsim.sim.report import unfold
 
 SIZES = (1, 2, 3, 4, 8)
@@ -61,9 +62,11 @@ def test_buffer_collectives_match_numpy(size):
 
     results = simulate(size, body)
     xs = [_data(r) for r in range(size)]
-    expected_sum = xs[0].copy()
-    for x in xs[1:]:
-        expected_sum = expected_sum + x  # the engine's fixed order: rank 0 + rank 1 + ...
+
+    def mpichs(tree):  # world()'s Allreduce associates as MPICH 5 does (spmdsim.sim.orders)
+        return xs[tree] if type(tree) is int else mpichs(tree[0]) + mpichs(tree[1])
+
+    expected_sum = mpichs(allreduce_tree(size))
     for r, out in enumerate(results):
         assert np.array_equal(out["sum"], expected_sum)  # bit for bit
         assert np.array_equal(out["inplace"], expected_sum)

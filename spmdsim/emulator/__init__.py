@@ -7,13 +7,15 @@
     spmdsim mpirun -n 8 python my_mpi4py_program.py   # an unmodified program, mpi4py swapped
 
 `SimComm` (comm.py, with its buffer collectives, object collectives and
-point-to-point methods in collectives.py, objects.py, p2p.py; groups and
-Cartesian grids in group.py and topology.py) reads mpi4py's buffer
+point-to-point methods in collectives.py, objects.py, p2p.py; groups,
+Cartesian grids, matched-probe messages, error handlers and attributes in
+group.py, topology.py, message.py, handles.py) reads mpi4py's buffer
 specifications and arguments, raises mpi4py's errors, and runs each call on
 the thread engine's primitives (spmdsim.sim.thread_engine's one body per
 transfer, spmdsim.sim.p2p's message matching, spmdsim.sim.engine's
 rendezvous). `mpi4py_world` swaps mpi4py's MPI module for the simulated
-ranks, `mpirun` runs a program once per rank with its own modules
-(`rank_modules`) and random generators (`rank_random`). spmdsim's runtime
+ranks (and `pkl5` mpi4py.util.pkl5; `rank_threads` makes the threads a rank starts
+the rank's), `mpirun` runs a program once per rank as its own __main__, with its own
+modules (`rank_modules`) and random generators (`rank_random`). spmdsim's runtime
 never imports this package: its meshes run on the thread engine directly.
 """

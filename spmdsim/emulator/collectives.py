@@ -6,8 +6,10 @@ writes only its own receive buffer, then waits until all have read
 the last member to arrive runs every member's reads and writes, in member
 order, and the members go on without a second wait (engine.Group.enter_all). Counts are read from the message arguments as
 mpi4py reads them (spmdsim.sim._buffers.message): in Allgather, Alltoall,
-Gather and Scatter a count is per peer. Reductions add in group order (member
-0 + member 1 + ...), so every rank gets the same bytes on every run.
+Gather and Scatter a count is per peer. Reductions add in a fixed order (member
+0 + member 1 + ..., or MPICH's association), so every rank gets the same bytes on every run.
+Reduce and Allreduce of floating-point values associate as MPICH 5 does
+(spmdsim.sim.orders), so a program prints MPICH's digits.
 Nonblocking forms complete when posted (a program posts collectives in the
 same order on every member, as MPI requires) and return an active request.
 """
@@ -20,6 +22,7 @@ import numpy as np
 from ..errors import ShapeError
 from ..sim import thread_engine as bodies
 from ..sim._buffers import copy_into, dtype_name, fold, in_place, message, mpi_error, mpi_module, reduction, vector
+from ..sim.orders import allreduce_tree, reduce_tree
 from ..sim.thread_engine import bad_root
 
 __all__ = ["BufferCollectives", "bad_root"]
@@ -67,7 +70,7 @@ class BufferCollectives:
             src = dst[:n]
         else:
             src = _matching("Allreduce", sendbuf, dst, n)
-        bodies.all_reduce(self, src, dst[:n], red, dt)
+        bodies.all_reduce(self, src, dst[:n], red, dt, allreduce_tree)  # MPICH's association, for floats
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM, root: int = 0) -> None:
         red = reduction(op)
@@ -82,7 +85,7 @@ class BufferCollectives:
         slot = self._enter("reduce", ("reduce", dtype_name(src.dtype), n, red.name, f"root {root}"), src)
         out = np.empty(n, src.dtype) if me == root else None
         if me == root:
-            fold(red, [c.data for c in slot.calls], out, dt)
+            fold(red, [c.data for c in slot.calls], out, dt, reduce_tree(self._group.size, root))
         self._group.leave(me, slot)
         if me == root:
             dst[:n] = out
@@ -137,6 +140,8 @@ class BufferCollectives:
                 raise ValueError(f"Reduce_scatter: {len(counts)} recvcounts for {g} ranks")
         total = sum(counts)
         if inplace:
+            if rc < total:  # as mpi4py checks it
+                raise ShapeError(f"Reduce_scatter: mismatch in receive count {rc} and sum(counts) {total}")
             src = dst[:total]
         else:
             src, ns, _ = message(sendbuf, "Reduce_scatter sendbuf")

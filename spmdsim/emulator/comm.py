@@ -14,12 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 from .. import context as _local
-from ..sim._buffers import mpi_module, special
+from ..sim._buffers import mpi_error, mpi_module, special
 from .collectives import BufferCollectives
 from ..sim.engine import Group, SimulationError
 from ..sim import thread_engine as bodies
 from ..sim.thread_engine import THREADS, Count, Member
-from .group import SimGroup, speak_mpi4py
+from .group import SimGroup, _sim as _sim_group, speak_mpi4py
+from .handles import CommHandles
 from .objects import ObjectCollectives
 from .p2p import PointToPoint
 
@@ -30,7 +31,8 @@ class _Handle:
     """What copies of one communicator share: the thread engine's call counter (`count`, shared with
     the runtime's view of the same communicator), name, info, state."""
 
-    __slots__ = ("count", "name", "info", "buffer", "creates")
+    __slots__ = ("count", "name", "info", "buffer", "creates", "group", "predefined", "errhandler", "attrs",
+                 "private")
 
     # The rendezvous number and the freed flag are the shared counter's.
     seq = property(lambda h: h.count.seq, lambda h, v: setattr(h.count, "seq", v))
@@ -42,15 +44,23 @@ class _Handle:
         self.info: Any = None
         self.buffer: Any = None
         self.creates: dict = {}  # (members, tag) -> Create_group calls made
+        self.group: Any = None  # the handle of its group: Get_group gives the same one each time, as MPICH
+        self.predefined = False  # MPI.COMM_WORLD's and MPI.COMM_SELF's: never freed
+        self.errhandler: Any = None  # None: MPI.ERRORS_RETURN (spmdsim.emulator.handles)
+        self.attrs: dict = {}  # keyval -> value (Set_attr)
+        self.private: dict = {}  # mpi4py's hidden per-communicator state (spmdsim.emulator.pkl5)
 
 
-class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives):
+class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHandles):
     """One simulated rank's view of one communicator (made by spmdsim.simulate, Split, Dup, Create).
 
     ``SimComm()`` is a null communicator (equal to MPI.COMM_NULL); ``SimComm(comm)`` a copy.
     """
 
     spmdsim_engine = THREADS  # what a Mesh over it runs on (spmdsim.engines.engine_of)
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "SimComm":
+        return object.__new__(cls)  # MPI.Comm.__new__(cls, comm), as mpi4py.util.pkl5's Comm calls it
 
     def __init__(self, group: Any = None, me: int = 0, name: str = "") -> None:
         if isinstance(group, SimComm):
@@ -122,15 +132,12 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives):
     info = property(Get_info, Set_info)
 
     def Get_group(self) -> SimGroup:
-        return SimGroup(self._group.members, self.world_rank)
+        h = self._h
+        if h.group is None:
+            h.group = object()
+        return SimGroup(self._group.members, self.world_rank, h.group)
 
     group = property(Get_group)
-
-    def Get_attr(self, keyval: int) -> Any:
-        """The predefined attributes (MPI.TAG_UB, ...) as this process's MPI has them."""
-        from .mpi4py_world import real
-
-        return real("COMM_SELF").Get_attr(keyval)
 
     def __bool__(self) -> bool:
         return self._h is not None and not self._h.freed
@@ -172,6 +179,7 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives):
 
     def Split(self, color: int = 0, key: int = 0) -> "SimComm":
         """Members with equal `color` form a new communicator, ordered by (key, rank here)."""
+        self._live_handle()
         new = bodies.split(self, color, key, special("UNDEFINED"))
         if new is None:
             return comm_null()
@@ -202,9 +210,12 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives):
         group = self._group
         slot = self._enter("dup", ("dup",), None,
                            lambda s: setattr(s, "shared", Group(group.world, group.members)))
-        new = SimComm(slot.shared, self._me)
+        new = object.__new__(type(self))  # mpi4py's Dup gives the caller's class (pkl5.Intracomm, ...)
+        SimComm.__init__(new, slot.shared, self._me)
         if info is not None and mpi_module() is not None and info != mpi_module().INFO_NULL:
             new.Set_info(info)
+        if self._h.attrs:
+            self._copy_attrs(new)
         return new
 
     Clone = Dup
@@ -219,14 +230,16 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives):
 
     def Create(self, group: SimGroup) -> "SimComm":
         """Members of `group` (a subset of this communicator's) form a new one, in the group's order."""
-        members = list(group._members)
+        self._live_handle()
+        members = list(_sim_group(group)._live()._members)
         mine = self.world_rank
         return self.Split(0 if mine in members else special("UNDEFINED"),
                           members.index(mine) if mine in members else 0)
 
     def Create_group(self, group: SimGroup, tag: int = 0) -> "SimComm":
         """Like Create, but called by the members of `group` only (MPI_Comm_create_group)."""
-        members = tuple(group._members)
+        self._live_handle()
+        members = tuple(_sim_group(group)._live()._members)
         mine = self.world_rank
         if mine not in members:
             return comm_null()
@@ -248,10 +261,25 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives):
 
         return create_cart(self, dims, periods, reorder)
 
+    def Cart_map(self, dims: Any, periods: Any = None) -> int:
+        """This rank's rank in the grid Create_cart(dims, periods) would make (MPI.UNDEFINED if none)."""
+        from .topology import cart_map
+
+        return cart_map(self, dims, periods)
+
+    is_topo = False
+
+    def toint(self) -> int:
+        """-1: a simulated communicator has no MPI handle (mpi4py's answer where there is none)."""
+        return -1
+
+    py2f = toint
+
     def Compare(self, other: "SimComm") -> int:
         """MPI.IDENT (the same communicator), CONGRUENT (same ranks, same order), SIMILAR or UNEQUAL."""
-        if not isinstance(other, SimComm):
-            other = _resolve(other)
+        self, other = _resolve(self), _resolve(other)  # MPI.Comm.Compare(MPI.COMM_NULL, ...) too
+        if not self or not other:
+            self._live_handle(), other._live_handle()  # MPI.Exception (ERR_COMM) for the null one
         if self._h is other._h:
             return special("IDENT")
         if self._group.members == other._group.members:
@@ -266,10 +294,22 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives):
         return mpi.Intercomm() if mpi is not None else None
 
     def Free(self) -> None:
-        if self._h is not None:
-            self._h.freed = True
+        """Free the communicator (its handles then equal MPI.COMM_NULL); MPI.COMM_WORLD and MPI.COMM_SELF
+        are permanent: MPI.Exception (MPI.ERR_COMM), as MPICH raises, and they stay usable."""
+        h = self._h
+        if h is not None and h.predefined:
+            text = f"cannot free permanent communicator {h.name}"
+            mpi = mpi_module()
+            raise mpi_error(mpi, mpi.ERR_COMM, text) if mpi is not None else SimulationError(text)
+        if h is not None:
+            if h.attrs:
+                self._delete_attrs()
+            h.freed = True
 
-    free = Free
+    def free(self) -> None:
+        """Free the communicator if it is not null or predefined (mpi4py's free: nothing on those)."""
+        if self._h is not None and not self._h.predefined and not self._h.freed:
+            self.Free()
 
     def Abort(self, errorcode: int = 0) -> None:
         """End every simulated rank (SimulationError, whose `abort_code` spmdsim mpirun exits with)."""
@@ -313,6 +353,9 @@ def comm_null() -> Any:
 def _resolve(comm: Any) -> SimComm:
     if isinstance(comm, SimComm):
         return comm
+    mpi = mpi_module()
+    if mpi is not None and isinstance(comm, mpi.__dict__["Comm"]) and comm == mpi.COMM_NULL:
+        return SimComm()
     raise TypeError(f"expected a simulated communicator, got {comm!r}")
 
 
@@ -322,6 +365,7 @@ def world_of(state: Any) -> SimComm:
     comm = state.world_comm
     if comm is None:
         comm = state.world_comm = SimComm.of(state.comm, "MPI_COMM_WORLD")
+        comm._h.predefined = True
     return comm
 
 
@@ -344,6 +388,7 @@ def self_comm(state: Any) -> SimComm:
     if comm is None:
         world = state.comm._group.world
         comm = state.self_comm = SimComm(Group(world, (state.rank,)), 0, "MPI_COMM_SELF")
+        comm._h.predefined = True
     return comm
 
 

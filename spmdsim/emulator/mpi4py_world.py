@@ -7,8 +7,10 @@ While `swapped()` is active, the threads of simulated ranks see, on the
 ``mpi4py.MPI`` module, COMM_WORLD and COMM_SELF as their own SimComms and
 Comm, Intracomm, Cartcomm, Request and Group as the simulated classes (so
 ``MPI.Request.Waitall(reqs)`` and ``MPI.Comm.Compare(a, b)`` take simulated
-objects); Init and Finalize do nothing (the real MPI stays initialized for the
-other ranks). Every other thread, and every other name, sees mpi4py as it is.
+objects); Init, Init_thread, Finalize, Is_initialized and Is_finalized are the
+rank's own, as under mpiexec (`_Lifetime`: the real MPI stays initialized for the
+other ranks). Threads a rank starts are the rank's (spmdsim.emulator.rank_threads). Every
+other thread, and every other name, sees mpi4py as it is.
 It works by giving the module object a subclass of its type with those names
 as properties, and gives the type back on exit.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import types
+import weakref
 from typing import Any, Iterator
 
 from .. import context as _local
@@ -24,8 +27,9 @@ from .. import context as _local
 __all__ = ["swapped", "real", "SWAPPED"]
 
 #: The names of mpi4py.MPI that a simulated rank sees as its own.
-SWAPPED = ("COMM_WORLD", "COMM_SELF", "Comm", "Intracomm", "Cartcomm", "Request", "Group", "Init", "Init_thread",
-           "Finalize", "Is_finalized", "Attach_buffer", "Detach_buffer", "Flush_buffer", "Iflush_buffer")
+SWAPPED = ("COMM_WORLD", "COMM_SELF", "Comm", "Intracomm", "Cartcomm", "Request", "Group", "Message", "REQUEST_NULL",
+           "MESSAGE_NULL", "MESSAGE_NO_PROC", "Init", "Init_thread", "Finalize", "Is_initialized", "Is_finalized",
+           "Attach_buffer", "Detach_buffer", "Flush_buffer", "Iflush_buffer")
 
 _BSEND_BUFFERS: dict = {}  # thread -> the buffer a simulated rank attached (its Bsend copies anyway)
 
@@ -61,17 +65,101 @@ def _simulated(name: str, state: Any) -> Any:
         from .group import SimGroup
 
         return SimGroup
-    if name == "Is_finalized":
-        return lambda: False
+    if name in ("Message", "MESSAGE_NULL", "MESSAGE_NO_PROC"):
+        from . import message
+
+        return message.SimMessage if name == "Message" else getattr(message, name)
+    if name == "REQUEST_NULL":
+        from ..sim.requests import REQUEST_NULL
+
+        return REQUEST_NULL
+    if name in _Lifetime.CALLS:
+        return getattr(_lifetime(state), name)
     if name == "Attach_buffer":
-        return lambda buf: _BSEND_BUFFERS.__setitem__(threading.get_ident(), buf)
+        return _attach_buffer
     if name == "Detach_buffer":
         return lambda: _BSEND_BUFFERS.pop(threading.get_ident(), None)
     if name == "Iflush_buffer":
         from ..sim.requests import completed
 
         return completed
-    return lambda *args, **kwargs: None  # Init, Init_thread, Finalize
+    return lambda *args, **kwargs: None  # Flush_buffer
+
+
+class _Lifetime:
+    """One simulated rank's MPI_Init ... MPI_Finalize, as an MPI process sees its own.
+
+    A rank starts initialized, as mpi4py initializes MPI when a program imports it, unless
+    ``mpi4py.rc.initialize`` is False when the rank first asks (then its Init or Init_thread does it).
+    Init twice is MPI.Exception (ERR_OTHER, "Cannot call MPI_INIT or MPI_INIT_THREAD more than once"),
+    as MPICH raises, and so is Init after Finalize (MPICH aborts the job); Finalize before Init or
+    twice raises what MPICH aborts with.
+    """
+
+    CALLS = ("Init", "Init_thread", "Finalize", "Is_initialized", "Is_finalized")
+
+    def __init__(self) -> None:
+        import mpi4py
+
+        self.state = 0 if getattr(getattr(mpi4py, "rc", None), "initialize", True) is False else 1
+
+    def _error(self, text: str) -> BaseException:
+        from ..sim._buffers import mpi_error
+
+        mpi = real_module()
+        return mpi_error(mpi, mpi.ERR_OTHER, text)
+
+    def Init(self) -> None:  # noqa: N802 - mpi4py's names
+        if self.state:
+            raise self._error("Cannot call MPI_INIT or MPI_INIT_THREAD more than once"
+                              + (" (this rank called MPI.Finalize)" if self.state == 2 else ""))
+        self.state = 1
+
+    def Init_thread(self, required: int = None) -> int:  # noqa: N802
+        self.Init()
+        return real("THREAD_MULTIPLE")  # what MPICH provides: threads of a rank may call MPI
+
+    def Finalize(self) -> None:  # noqa: N802
+        if self.state != 1:
+            raise self._error("Attempting to use an MPI routine (MPI_Finalize) before initializing or after "
+                              "finalizing MPICH")
+        self.state = 2
+
+    def Is_initialized(self) -> bool:  # noqa: N802
+        return self.state >= 1
+
+    def Is_finalized(self) -> bool:  # noqa: N802
+        return self.state == 2
+
+
+_LIFETIMES: "weakref.WeakKeyDictionary[Any, _Lifetime]" = weakref.WeakKeyDictionary()  # RankContext -> its own
+
+
+def _lifetime(state: Any) -> _Lifetime:
+    found = _LIFETIMES.get(state)
+    if found is None:
+        with _LOCK:
+            found = _LIFETIMES.setdefault(state, _Lifetime())
+    return found
+
+
+def real_module() -> Any:
+    from mpi4py import MPI
+
+    return MPI
+
+
+def _attach_buffer(buf: Any) -> None:
+    """A rank's MPI.Attach_buffer: kept (its Bsend copies anyway); a read-only one is mpi4py's BufferError."""
+    mpi = real_module()
+    if buf is not None and buf is not getattr(mpi, "BUFFER_AUTOMATIC", None):
+        try:
+            readonly = memoryview(buf).readonly
+        except TypeError:  # DLPack, __cuda_array_interface__: as a send buffer reads them
+            readonly = False
+        if readonly:
+            raise BufferError("Attach_buffer: the buffer is read-only")
+    _BSEND_BUFFERS[threading.get_ident()] = buf
 
 
 def _property(name: str) -> property:
@@ -99,6 +187,9 @@ def swapped() -> Iterator[None]:
 
     from ..runtime.process import release_segments_once
 
+    from .pkl5 import swapped_pkl5
+    from .rank_threads import threads_of_ranks
+
     if real("COMM_WORLD").Get_size() == 1:  # importing MPI initialized MPICH: unlink its segment now,
         release_segments_once(real("COMM_WORLD"))  # so a SIGKILL leaves nothing in /dev/shm
     with _LOCK:
@@ -107,7 +198,8 @@ def swapped() -> Iterator[None]:
             MPI.__class__ = _SimulatedMPI
         _DEPTH[0] += 1
     try:
-        yield
+        with threads_of_ranks(), swapped_pkl5():  # a rank's threads are its own; so is mpi4py.util.pkl5
+            yield
     finally:
         with _LOCK:
             _DEPTH[0] -= 1

@@ -88,10 +88,18 @@ def _mpi4py_run(words: list[str]) -> list[str]:
 
 
 def _program(kind: str, what: str) -> int:
-    """Run the program on this simulated rank; return its exit code."""
+    """Run the program on this simulated rank, as its own module __main__ (rank_modules.rank_main);
+    return its exit code."""
+    from .rank_modules import rank_main
+
+    module = rank_main()
+    scope = module.__dict__
     try:
         if kind == "module":
-            runpy.run_module(what, run_name="__main__", alter_sys=False)
+            name, spec, code = runpy._get_module_details(what)  # what run_module runs, in our module
+            scope.update(__name__="__main__", __file__=spec.origin, __cached__=spec.cached, __doc__=None,
+                         __loader__=spec.loader, __package__=name.rpartition(".")[0], __spec__=spec,
+                         __builtins__=__builtins__)
         else:
             if kind == "code":
                 code, path = compile(what, "<string>", "exec"), None
@@ -99,12 +107,11 @@ def _program(kind: str, what: str) -> int:
                 path = os.path.abspath(what)  # as `python script.py` sets __file__ (Python 3.9+)
                 with open(path, "rb") as f:
                     code = compile(f.read(), path, "exec")
-            # Its own globals, and sys.modules['__main__'] left alone: the ranks run at once.
-            scope = {"__name__": "__main__", "__builtins__": __builtins__, "__spec__": None,
-                     "__package__": None}
+            scope.update({"__name__": "__main__", "__builtins__": __builtins__, "__spec__": None,
+                          "__package__": None})
             if path is not None:
                 scope.update(__file__=path, __cached__=None)
-            exec(code, scope)
+        exec(code, scope)
     except SystemExit as exc:
         code = exc.code
         if code is None or isinstance(code, int):
@@ -254,7 +261,7 @@ def _terminated_as_exit() -> Iterator[None]:
 def run(n: int, command: Sequence[str]) -> int:
     """Run `command` (see _target) on `n` simulated ranks; return the exit code."""
     from .mpi4py_world import swapped
-    from .rank_modules import own_modules
+    from .rank_modules import own_main, own_modules
     from .rank_random import own_generators
     from ..sim.run import MAX_RANKS, simulate
 
@@ -274,7 +281,7 @@ def run(n: int, command: Sequence[str]) -> int:
     exits: dict = {}
     try:
         with swapped(), own_generators(), own_modules(sys.path[0] or os.getcwd(), kind != "module"), \
-                _terminated_as_exit():
+                own_main(), _terminated_as_exit():
             codes = simulate(n, _rank, kind, what, exits)
     except _Terminated:
         print("spmdsim mpirun: terminated (SIGTERM): the simulated ranks were stopped", file=sys.stderr)

@@ -4,28 +4,42 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..sim._buffers import message
+from ..sim._buffers import message, special
 from ..sim.p2p import _any, post_recv, post_send, probe
 from ..sim.requests import Request
 
 __all__ = ["PointToPoint"]
 
 
+def _no_buffer(call: str) -> TypeError:
+    """mpi4py's error for None where a buffer goes (the thread engine reads None as an object message)."""
+    return TypeError(f"{call}: message: expecting buffer or list/tuple, got None (Python objects go with "
+                     f"the lowercase methods: send, recv, ...)")
+
+
 class PointToPoint:
     """Point-to-point methods of SimComm (a mixin; `self._group`, `self._me`)."""
 
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
+        if buf is None and dest != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
+            raise _no_buffer("Send")
         return post_send(self._group, self._me, dest, tag, buf)
 
     def Ibsend(self, buf: Any, dest: int, tag: int = 0) -> Request:
+        if buf is None and dest != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
+            raise _no_buffer("Bsend")
         return post_send(self._group, self._me, dest, tag, buf, mode="buffered")
 
     def Issend(self, buf: Any, dest: int, tag: int = 0) -> Request:
+        if buf is None and dest != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
+            raise _no_buffer("Ssend")
         return post_send(self._group, self._me, dest, tag, buf, mode="synchronous")
 
     Irsend = Isend
 
     def Irecv(self, buf: Any, source: Optional[int] = None, tag: Optional[int] = None) -> Request:
+        if buf is None and source != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
+            raise _no_buffer("Recv")
         return post_recv(self._group, self._me, _any(source, "ANY_SOURCE"), _any(tag, "ANY_TAG"), buf)
 
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
@@ -74,6 +88,24 @@ class PointToPoint:
 
     probe = Probe
     iprobe = Iprobe
+
+    def Mprobe(self, source: Optional[int] = None, tag: Optional[int] = None, status: Any = None) -> Any:
+        """A matched probe: the message, taken for the returned MPI.Message to receive (SimMessage)."""
+        from .message import SimMessage
+
+        return SimMessage._taken(probe(self._group, self._me, _any(source, "ANY_SOURCE"), _any(tag, "ANY_TAG"),
+                                       status, True, take=True))
+
+    def Improbe(self, source: Optional[int] = None, tag: Optional[int] = None, status: Any = None) -> Any:
+        """Mprobe if a message waits, else None."""
+        from .message import SimMessage
+
+        found = probe(self._group, self._me, _any(source, "ANY_SOURCE"), _any(tag, "ANY_TAG"), status, False,
+                      take=True)
+        return None if found is None else SimMessage._taken(found)
+
+    mprobe = Mprobe
+    improbe = Improbe
 
     # -- objects (pickled) -------------------------------------------------------------------------
 

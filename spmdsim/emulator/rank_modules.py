@@ -24,7 +24,7 @@ import threading
 import types
 from typing import Any, Iterator, Optional
 
-__all__ = ["own_modules"]
+__all__ = ["own_modules", "own_main", "rank_main"]
 
 
 class _RankModule(types.ModuleType):
@@ -138,3 +138,56 @@ def own_modules(root: str, active: bool = True) -> Iterator[None]:
         for name, module in list(sys.modules.items()):
             if isinstance(module, _RankModule):
                 del sys.modules[name]
+
+
+class _RankMain(types.ModuleType):
+    """sys.modules['__main__'] while the ranks run: the calling rank's own script module (`rank_main`);
+    threads that are no rank see the process's own __main__."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_main_of(self), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(_main_of(self), name, value)
+
+    def __delattr__(self, name: str) -> None:
+        delattr(_main_of(self), name)
+
+    def __dir__(self) -> list:
+        return dir(_main_of(self))
+
+
+def _main_of(standin: _RankMain) -> types.ModuleType:
+    from ..sim.run import current_rank
+
+    state = object.__getattribute__(standin, "__dict__")
+    return state["__spmdsim_mains__"].get(current_rank(), state["__spmdsim_process_main__"])
+
+
+@contextlib.contextmanager
+def own_main() -> Iterator[None]:
+    """Within this block sys.modules['__main__'] is each rank's own script module (made by `rank_main`),
+    as each MPI process runs the script as __main__: ``unittest.main()`` finds the script's tests, and
+    objects of classes the script defines pickle by name (a receiving rank gets its own class's)."""
+    before = sys.modules.get("__main__")
+    standin = _RankMain("__main__")
+    state = object.__getattribute__(standin, "__dict__")
+    state.update(__spmdsim_mains__={}, __spmdsim_process_main__=before)
+    sys.modules["__main__"] = standin
+    try:
+        yield
+    finally:
+        if sys.modules.get("__main__") is standin:
+            sys.modules["__main__"] = before
+
+
+def rank_main() -> types.ModuleType:
+    """A new module named __main__ for the calling rank's program, what sys.modules['__main__'] gives that
+    rank inside `own_main()` (its globals are the module's __dict__)."""
+    from ..sim.run import current_rank
+
+    module = types.ModuleType("__main__")
+    standin = sys.modules.get("__main__")
+    if isinstance(standin, _RankMain):
+        object.__getattribute__(standin, "__dict__")["__spmdsim_mains__"][current_rank()] = module
+    return module

@@ -42,9 +42,8 @@ def _detailed(code: str, text: str) -> BaseException:
 def create_cart(comm: SimComm, dims: Sequence[int], periods: Optional[Sequence[Any]] = None,
                 reorder: bool = False) -> Any:
     """MPI_Cart_create: the first prod(dims) members form a grid; the others get MPI.COMM_NULL."""
-    dims = tuple(int(d) for d in dims)
-    periods = tuple(bool(p) for p in periods) if periods is not None else (False,) * len(dims)
-    if len(periods) != len(dims) or any(d <= 0 for d in dims) or math.prod(dims) > comm.size:
+    dims, periods = _grid(dims, periods)
+    if any(d <= 0 for d in dims) or math.prod(dims) > comm.size:
         raise _error("ERR_ARG", f"Create_cart: dims {list(dims)!r} (periods {list(periods)!r}) do not fit "
                                 f"a communicator of {comm.size} ranks")
     inside = comm.rank < math.prod(dims)
@@ -52,6 +51,27 @@ def create_cart(comm: SimComm, dims: Sequence[int], periods: Optional[Sequence[A
     if not inside:
         return comm_null()
     return SimCartComm(sub, dims, periods)
+
+
+def _grid(dims: Sequence[int], periods: Any) -> tuple:
+    """(dims, periods) as tuples; `periods` None (none), one flag for every dimension, or one each
+    (mpi4py's ValueError for another count)."""
+    dims = tuple(int(d) for d in dims)
+    if periods is None or isinstance(periods, (bool, int)):
+        return dims, (bool(periods),) * len(dims)
+    periods = tuple(bool(p) for p in periods)
+    if len(periods) != len(dims):
+        raise ValueError(f"expecting {len(dims)} items, got {len(periods)}")
+    return dims, periods
+
+
+def cart_map(comm: SimComm, dims: Sequence[int], periods: Any = None) -> int:
+    """MPI_Cart_map: this rank's place in the grid Create_cart would make (ranks keep their order), or
+    MPI.UNDEFINED for a rank left out."""
+    dims, _ = _grid(dims, periods)
+    if any(d <= 0 for d in dims) or math.prod(dims) > comm.size:
+        raise _error("ERR_ARG", f"Cart_map: dims {list(dims)!r} do not fit a communicator of {comm.size} ranks")
+    return comm.rank if comm.rank < math.prod(dims) else special("UNDEFINED")
 
 
 class SimCartComm(SimComm):
@@ -80,6 +100,7 @@ class SimCartComm(SimComm):
         return list(self._dims), [int(p) for p in self._periods], self.Get_coords(self.rank)
 
     topo = property(Get_topo)
+    is_topo = True
     dims = property(lambda self: list(self._dims))
     periods = property(lambda self: [int(p) for p in self._periods])
     coords = property(lambda self: self.Get_coords(self.rank))
@@ -122,6 +143,12 @@ class SimCartComm(SimComm):
             return special("PROC_NULL")
         there[direction] %= d
         return self.Get_cart_rank(there)
+
+    # -- its neighbours (as mpi4py's Topocomm gives them: per dimension back, then forward) ---------
+
+    indegree = outdegree = property(lambda self: 2 * len(self._dims))
+    inedges = outedges = property(lambda self: self._neighbours())
+    inoutedges = property(lambda self: (self._neighbours(), self._neighbours()))
 
     # -- neighbour collectives (the module docstring) -----------------------------------------
 

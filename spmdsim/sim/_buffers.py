@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..errors import ShapeError
+from ..errors import ShapeError, SpmdsimError
 from ..validate import dtype_name  # noqa: F401 - the collectives' signatures name dtypes with it
 
 
@@ -26,6 +26,21 @@ class _InPlace:
 
 
 IN_PLACE = _InPlace()
+
+#: The byte order numpy marks as not this machine's ('>' on little-endian machines).
+_FOREIGN = ">" if sys.byteorder == "little" else "<"
+
+
+class BufferSpecError(SpmdsimError, BufferError):
+    """A buffer MPI cannot move as it is (not one block, read-only where written, not in native byte
+    order): mpi4py's BufferError."""
+
+
+class DatatypeMapError(SpmdsimError, KeyError):
+    """A buffer whose numpy dtype maps to no MPI datatype (objects): mpi4py's KeyError."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 # MPICH's values, used when mpi4py is not loaded (a program that passes MPI's
 # constants has loaded it, and then its own values are read).
@@ -141,8 +156,15 @@ def reduction(op: Any) -> Reduction:
                      f"or one of 'sum', 'max', 'min', 'prod'")
 
 
-def fold(red: Reduction, parts: list, out: np.ndarray, datatype: Any = None) -> None:
-    """out = parts[0] op parts[1] op ... in that order (the fixed order every run repeats)."""
+def fold(red: Reduction, parts: list, out: np.ndarray, datatype: Any = None, tree: Any = None) -> None:
+    """out = parts[0] op parts[1] op ... in that order (the fixed order every run repeats); with `tree` (nested
+    pairs of indices of `parts`, or a function of their count giving them: spmdsim.sim.orders) a floating-point
+    sum, product, max or min in that association instead."""
+    if tree is not None and len(parts) > 2 and red.ufunc is not None and out.dtype.kind in "fc":
+        if callable(tree):
+            tree = tree(len(parts))
+        red.ufunc(_evaluate(red.ufunc, parts, tree[0]), _evaluate(red.ufunc, parts, tree[1]), out=out)
+        return
     if len(parts) == 1:
         np.copyto(out, parts[0])
         return
@@ -160,6 +182,12 @@ def fold(red: Reduction, parts: list, out: np.ndarray, datatype: Any = None) -> 
     np.copyto(out, acc)
 
 
+def _evaluate(ufunc: Any, parts: list, tree: Any) -> np.ndarray:
+    if type(tree) is int:
+        return parts[tree]
+    return ufunc(_evaluate(ufunc, parts, tree[0]), _evaluate(ufunc, parts, tree[1]))
+
+
 # -- datatypes -------------------------------------------------------------------------------
 
 _DTYPES: dict = {}
@@ -170,8 +198,11 @@ def numpy_dtype(datatype: Any) -> np.dtype:
     mpi = mpi_module()
     if isinstance(datatype, str):
         if mpi is not None:
-            datatype = mpi._typedict.get(datatype, datatype)
-        if isinstance(datatype, str):
+            found = mpi._typedict.get(datatype)
+            if found is None:  # as mpi4py's typecode lookup refuses it
+                raise DatatypeMapError(f"cannot map typecode {datatype!r} to an MPI datatype")
+            datatype = found
+        else:
             return np.dtype(datatype)
     key = datatype.py2f() if mpi is not None and isinstance(datatype, mpi.Datatype) else id(datatype)
     found = _DTYPES.get(key)
@@ -182,7 +213,11 @@ def numpy_dtype(datatype: Any) -> np.dtype:
     if datatype == mpi.DATATYPE_NULL:
         raise ShapeError("datatype MPI.DATATYPE_NULL cannot carry a message")
     if not datatype.is_predefined:
-        raise NotImplementedError("derived datatypes are not simulated (docs/simulate.md)")
+        base, combiner, params = datatype.decode()
+        if combiner != "CONTIGUOUS":  # not cached: a freed type's handle is given to the next one
+            raise NotImplementedError("derived datatypes other than contiguous ones are not simulated "
+                                      "(docs/simulate.md)")
+        return np.dtype((np.void, params["count"] * numpy_dtype(base).itemsize))  # its bytes, moved as one
     from mpi4py.util.dtlib import to_numpy_dtype
 
     if datatype in (mpi.BYTE, mpi.PACKED):
@@ -210,8 +245,9 @@ class _Interface:
                                     "version": 3}
 
 
-def array_of(buf: Any, what: str, readonly: bool = True) -> np.ndarray:
-    """`buf` as a flat numpy array over the same memory (never a copy)."""
+def array_of(buf: Any, what: str, readonly: bool = True, typed: bool = False) -> np.ndarray:
+    """`buf` as a flat numpy array over the same memory (never a copy); `typed`: a datatype comes with it,
+    so its own dtype is not read (mpi4py moves the bytes of [big_endian_array, MPI.INT])."""
     if type(buf) is np.ndarray:
         a = buf
     elif isinstance(buf, np.ndarray):
@@ -234,10 +270,26 @@ def array_of(buf: Any, what: str, readonly: bool = True) -> np.ndarray:
                             f"or [buffer, count, datatype]; Python objects go with the lowercase methods: "
                             f"send, recv, bcast, ...)")
     if not a.flags.c_contiguous:
-        raise ShapeError(f"{what}: buffer of shape {a.shape!r} is not C-contiguous; MPI needs one block")
+        if not a.flags.f_contiguous:
+            raise BufferSpecError(f"{what}: buffer of shape {a.shape!r} and strides {a.strides!r} is not "
+                                  f"contiguous; MPI moves one block (np.ascontiguousarray makes one)")
+        a = a.T  # Fortran order: one block too, sent in memory order as mpi4py sends it
     if not readonly and not a.flags.writeable:
-        raise ShapeError(f"{what}: buffer is read-only")
+        raise BufferSpecError(f"{what}: buffer is read-only")
+    if not typed:
+        check_dtype(a.dtype, what)
     return a.reshape(-1)
+
+
+def check_dtype(dtype: np.dtype, what: str) -> None:
+    """Refuse what mpi4py refuses: a dtype in the other byte order (BufferError), or of Python objects
+    (KeyError: no MPI datatype; their bytes are pointers)."""
+    if not dtype.isnative:
+        raise BufferSpecError(f"{what}: dtype {dtype.str!r} is not in this machine's byte order; MPI moves "
+                              f"native values (array.astype({dtype.newbyteorder('=').str!r}) converts)")
+    if dtype.hasobject:
+        raise DatatypeMapError(f"{what}: cannot map dtype {dtype.str!r} (Python objects) to an MPI datatype; "
+                               f"send objects with the lowercase methods (send, bcast, ...)")
 
 
 def _typed(a: np.ndarray, dtype: Optional[np.dtype], what: str) -> np.ndarray:
@@ -280,17 +332,18 @@ def message(spec: Any, what: str, blocks: int = 1, readonly: bool = True) -> tup
 
     Without a count, the buffer's entries split into `blocks` equal blocks (mpi4py's rule).
     """
-    if type(spec) is np.ndarray and spec.flags.c_contiguous:  # the hot path: a plain array
+    if (type(spec) is np.ndarray and spec.flags.c_contiguous and spec.dtype.byteorder != _FOREIGN
+            and spec.dtype.char != "O"):  # the hot path: a plain array (array_of says what the others lack)
         a = spec.reshape(-1)
         if not readonly and not a.flags.writeable:
-            raise ShapeError(f"{what}: buffer is read-only")
+            raise BufferSpecError(f"{what}: buffer is read-only")
         n = a.size
         if blocks > 1 and n % blocks:
             raise ValueError(f"{what}: {n} entries do not split into {blocks} equal blocks")
         return a, n // blocks if blocks > 1 else n, None
     buf, count, displ, datatype = _unpack(spec)
     try:  # the buffer first, as mpi4py reads it: [1, 2, 3] is a list of numbers, not [buf, count, type]
-        a = None if buf is None else array_of(buf, what, readonly)
+        a = None if buf is None else array_of(buf, what, readonly, datatype is not None)
     except TypeError:
         if isinstance(spec, (list, tuple)):
             raise TypeError(f"{what}: {spec!r} is read as [buffer, count, datatype] and {buf!r} is not a "
@@ -301,6 +354,9 @@ def message(spec: Any, what: str, blocks: int = 1, readonly: bool = True) -> tup
     if a is None:
         a = np.empty(0, dtype or np.uint8)
     else:
+        if count is None and dtype is not None and a.nbytes % dtype.itemsize:
+            raise ValueError(f"{what}: buffer length {a.nbytes} is not a multiple of datatype extent "
+                             f"{dtype.itemsize}")
         a = _typed(a, dtype, what)
     if displ is not None:
         displ = operator.index(displ)
@@ -328,22 +384,28 @@ def vector(spec: Any, what: str, blocks: int, readonly: bool = True) -> tuple[np
     (every block that count; displacements i * that stride); no counts split the buffer evenly.
     """
     if (type(spec) is list and len(spec) == 2 and type(spec[0]) is np.ndarray and type(spec[1]) is tuple
-            and len(spec[1]) == 2 and type(spec[1][0]) is list and spec[0].flags.c_contiguous):
+            and len(spec[1]) == 2 and type(spec[1][0]) is list and spec[0].flags.c_contiguous
+            and spec[0].dtype.byteorder != _FOREIGN and spec[0].dtype.char != "O"):
         # The hot path (runtime.executor's moves): [array, (counts, displs or None)], no datatype.
         a = spec[0].reshape(-1)
         if not readonly and not a.flags.writeable:
-            raise ShapeError(f"{what}: buffer is read-only")
+            raise BufferSpecError(f"{what}: buffer is read-only")
         counts, displs = spec[1]
         return (a, *_layout(counts, displs, blocks, a.size, what), None)
     buf, counts, displs, datatype = _unpack(spec, pair=tuple)
     dtype = None if datatype is None else numpy_dtype(datatype)
-    a = np.empty(0, dtype or np.uint8) if buf is None else _typed(array_of(buf, what, readonly), dtype, what)
+    a = (np.empty(0, dtype or np.uint8) if buf is None
+         else _typed(array_of(buf, what, readonly, datatype is not None), dtype, what))
     if counts is None:
         size = a.size
         counts = [size // blocks + (size % blocks > i) for i in range(blocks)]
-    elif isinstance(counts, (int, np.integer)):
-        counts = [int(counts)] * blocks
+    elif _scalar(counts):  # one count for every block (a 0-d array too, as mpi4py reads it)
+        counts = [operator.index(counts)] * blocks
     return (a, *_layout(counts, displs, blocks, a.size, what), datatype)
+
+
+def _scalar(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) or (isinstance(value, np.ndarray) and value.ndim == 0)
 
 
 def _layout(counts: Any, displs: Any, blocks: int, size: int, what: str) -> tuple[list, list]:
@@ -357,8 +419,8 @@ def _layout(counts: Any, displs: Any, blocks: int, size: int, what: str) -> tupl
         for c in counts:
             displs.append(at)
             at += c
-    elif isinstance(displs, (int, np.integer)):
-        displs = [int(displs) * i for i in range(blocks)]
+    elif _scalar(displs):
+        displs = [operator.index(displs) * i for i in range(blocks)]
     else:
         displs = list(map(operator.index, displs))
         del displs[blocks:]

@@ -39,6 +39,7 @@ from typing import Any, Callable, Optional
 
 from ..engines.base import SimulationError
 from ..errors import RuntimeMismatchError
+from .rank_threads import RankThreads
 from .report import explain, program_lines
 
 __all__ = ["World", "Group", "Call", "Aborted", "DeadlockError", "SimulationError", "run_slots"]
@@ -148,7 +149,7 @@ class Group:
             if last:
                 for i, other in enumerate(slot.calls):
                     if i != me:
-                        world.release(self.members[i])
+                        world.release(self.members[i], None, self)
         return slot
 
     def _arrive(self, me: int, seq: int, call: Call) -> tuple[_Slot, bool]:
@@ -170,7 +171,7 @@ class Group:
         if slot.error is not None:
             for i, other in enumerate(slot.calls):
                 if other is not None and i != me:
-                    world.release(self.members[i])
+                    world.release(self.members[i], None, self)
             raise RuntimeMismatchError(slot.error)
         if last:
             del self.slots[seq]  # every member holds the slot now
@@ -207,7 +208,7 @@ class Group:
                 for i, other in enumerate(calls):
                     other.data = None  # nobody reads the buffers any more
                     if i != me:
-                        world.release(self.members[i])
+                        world.release(self.members[i], None, self)
         if call.raised is not None:
             raise call.raised
         return slot
@@ -221,7 +222,7 @@ class Group:
             if slot.left == self.size:
                 for i, m in enumerate(self.members):
                     if i != me:
-                        world.release(m)
+                        world.release(m, None, self)
             else:
                 world.wait(self.members[me], _Waiting(slot.calls[me].op, self, None))
         # Nobody reads this member's buffers any more: drop them, so they are freed when the
@@ -261,15 +262,16 @@ class _Waiting:
         return f"{self.op}{where}{number}"
 
 
-class World:
-    """The lock, the per-rank conditions and the live/waiting bookkeeping of one simulation."""
+class World(RankThreads):
+    """The lock, the per-rank conditions and the live/waiting bookkeeping of one simulation (and of the
+    threads its ranks start: spmdsim.sim.rank_threads)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.lock = threading.Lock()
-        self._wakers = [threading.Condition(self.lock) for _ in range(size)]
-        self.waiting: dict[int, _Waiting] = {}  # rank -> what it waits for, until released
-        self.live = size
+        self._wakers = {rank: threading.Condition(self.lock) for rank in range(size)}
+        self.waiting: dict[int, _Waiting] = {}  # rank (or a rank's thread's key) -> what it waits for, until released
+        self.live = size  # ranks and the threads they started, until they end
         self.finished: set[int] = set()
         self.failed: dict[int, BaseException] = {}  # rank -> its own (first) exception
         self.failure: Optional[str] = None  # set once: why every waiter stops
@@ -289,6 +291,7 @@ class World:
         # rank -> (since when it polls in vain, releases then, the call it polls with: Test, Iprobe, ...)
         self._polls: dict[int, tuple[float, int, str]] = {}
         self.releases = 0  # ranks let go from a wait so far: a poll that sees them rise is not stuck
+        self._init_threads()
 
     # -- run slots (all with the lock held) --------------------------------------------------
 
@@ -311,7 +314,7 @@ class World:
             self.check(rank)
             if token is not None:
                 self._watch_poll(rank, token)
-            if self._queue and rank in self._holding:
+            if self._queue and rank in self._holding and (not self._extra or self._key_waiting(rank) == rank):
                 self._give_slot(rank)
                 self._take_slot(rank)
 
@@ -407,32 +410,36 @@ class World:
 
     def wait(self, rank: int, what: _Waiting) -> None:
         """Block `rank` until another rank releases it; raise when nothing can release it."""
-        mine = self._rank_of_thread.get(threading.get_ident())
-        if mine is not None and mine != rank:
+        key = self._rank_of_thread.get(threading.get_ident(), rank)  # a thread the rank started: its own key
+        if key != rank and self.rank_of(key) != rank:
             # Another rank's thread waits as `rank`: it holds rank `rank`'s communicator (one made where the
             # ranks share it, as a module every rank imports once), and the two would wait as one forever.
-            raise SimulationError(f"simulated rank {mine} waits in {what.text()} as rank {rank}, on rank {rank}'s "
-                                  f"communicator: each rank must use its own (MPI.COMM_WORLD read in the rank, "
-                                  f"not kept where the ranks share it)")
-        self.waiting[rank] = what
+            raise SimulationError(f"simulated rank {self.rank_of(key)} waits in {what.text()} as rank {rank}, on "
+                                  f"rank {rank}'s communicator: each rank must use its own (MPI.COMM_WORLD read "
+                                  f"in the rank, not kept where the ranks share it)")
+        self.waiting[key] = what
         if len(self.waiting) >= self.live:
             self._declare_deadlock()
-        self._give_slot(rank)  # another rank computes while this one waits
-        waker = self._wakers[rank]
-        while (rank in self.waiting and self.deadlock is None
+        self._give_slot(key)  # another rank computes while this one waits (a rank's other threads hold none)
+        waker = self._wakers[key]
+        while (key in self.waiting and self.deadlock is None
                and (self.failure is None or self._may_go_on(what.group))):
             waker.wait()
-        if self.waiting.pop(rank, None) is not None:  # woken by a failure, not released
+        if self.waiting.pop(key, None) is not None:  # woken by a failure, not released
             self.check(rank)
-        self._await_slot(rank)  # `release` lined it up
+        if key == rank:
+            self._await_slot(rank)  # `release` lined it up
 
-    def release(self, rank: int, token: Any = None) -> None:
-        """Let `rank` go on if it waits (for `token`'s request, when given): with a free run slot now,
-        else in line for one, woken only when it gets one.
+    def release(self, rank: int, token: Any = None, group: Optional[Group] = None) -> None:
+        """Let `rank` go on if it waits (for `token`'s request, when given; else in `group`'s collective):
+        with a free run slot now, else in line for one, woken only when it gets one.
 
         Waking every member of a collective at once to queue for the few run slots put 1,024 threads
         through the lock twice per call (docs/simulate.md, "Limits").
         """
+        if self._extra:  # ranks run threads of their own: find the one that waits for this
+            self._release_matching(rank, token, group)
+            return
         what = self.waiting.get(rank)
         if what is not None and (token is None or what.token is token
                                  or (type(what.token) is tuple and any(t is token for t in what.token))):
@@ -441,7 +448,7 @@ class World:
             self._line_up(rank)
 
     def _wake_all(self) -> None:
-        for waker in self._wakers:
+        for waker in self._wakers.values():
             waker.notify_all()
 
     # -- the end of a rank -------------------------------------------------------------------

@@ -23,7 +23,7 @@ from ._buffers import message, mpi_error, mpi_module, special
 from .engine import Group, _Waiting
 from .requests import Request, completed, fill_status, rank_name
 
-__all__ = ["Request", "post_send", "post_recv", "completed", "EAGER_BYTES", "unreceived"]
+__all__ = ["Request", "post_send", "post_recv", "completed", "EAGER_BYTES", "unreceived", "probe", "receive_matched"]
 
 #: Standard sends below this many bytes are buffered (MPICH 4's shared-memory eager limit is 8 KiB).
 EAGER_BYTES = 8 << 10
@@ -191,8 +191,10 @@ def _wake_probes(group: Group, send: Request) -> None:
         group.world.release(group.members[probe.me], probe)
 
 
-def probe(group: Group, me: int, source: int, tag: int, status: Any, block: bool) -> bool:
-    """Whether a message from `source` with `tag` waits for rank `me` (block: until one does)."""
+def probe(group: Group, me: int, source: int, tag: int, status: Any, block: bool, take: bool = False) -> Any:
+    """Whether a message from `source` with `tag` waits for rank `me` (block: until one does). With `take`
+    (a matched probe, MPI_Mprobe): the message's send, taken out of the queue so that only `receive_matched`
+    receives it (None if none waits; MPI.PROC_NULL's: True)."""
     _check_tag(tag, "probe tag", any_tag=True)
     if source == special("PROC_NULL"):
         fill_status(status, source, special("ANY_TAG"), 0)
@@ -209,9 +211,23 @@ def probe(group: Group, me: int, source: int, tag: int, status: Any, block: bool
                 world.wait(rank, _Waiting(token._what(), group, None, token=token))
                 continue
             if found is not None:  # read under the lock: a receive may take the message next
-                found = (found.me, found.tag, found.payload.nbytes)
+                if take:
+                    _remove(group.sends, found)
+                send, found = found, (found.me, found.tag, found.payload.nbytes)
         if found is not None:
             fill_status(status, *found)
-            return True
+            return send if take else True
         world.pause(rank, token)
-        return False
+        return None if take else False
+
+
+def receive_matched(send: Request, buf: Any) -> Request:
+    """Receive the message of `send`, which a matched probe took (MPI_Mrecv): into `buf` (None: an object)."""
+    group, me = send.group, send.peer
+    view = None
+    if buf is not None:
+        data, count, _ = message(buf, "receive buffer", readonly=False)
+        view = data[:count]
+    recv = Request(group, me, "recv", send.me, send.tag, view)
+    _deliver(send, recv)
+    return recv

@@ -30,8 +30,8 @@ def explain(world: Any, polling: Optional[tuple] = None) -> str:
     from .engine import _Waiting, ranks_text
 
     by_call: dict[tuple, tuple[Any, list[int]]] = {}
-    for rank, what in sorted(world.waiting.items()):
-        by_call.setdefault(what.key(), (what, []))[1].append(rank)
+    for key, what in sorted(world.waiting.items()):  # a rank's own threads wait under keys of their own
+        by_call.setdefault(what.key(), (what, []))[1].append(key)
     clauses, hints, rest = [], [], []
     if polling is not None:
         rank, token, why = polling
@@ -40,11 +40,13 @@ def explain(world: Any, polling: Optional[tuple] = None) -> str:
         call = world.polling().get(rank, "Test")
         clauses.append(f"{_Waiting(token._what(), token.group, None).text()}: rank {rank} polls it ({call}), "
                        f"{why}{more}{program_lines(world, [rank])}")
-    for what, ranks in by_call.values():
+    for what, keys in by_call.values():
+        ranks = sorted({world.rank_of(k) for k in keys})
         if len(clauses) == MAX_CLAUSES:  # a ring of 64 blocked sends: the first few say it
             rest += ranks
             continue
-        clause = f"{what.text()}: {ranks_text(ranks)} {'waits' if len(ranks) == 1 else 'wait'} in it"
+        who = ranks_text(ranks) if len(keys) == len(ranks) and keys == ranks else _threads_text(world, keys)
+        clause = f"{what.text()}: {who} {'waits' if len(keys) == 1 else 'wait'} in it"
         if what.group is not None and what.token is None:
             missing = [m for m in what.group.members if m not in ranks]
             clause += "".join(f"; {whereabouts(world, m)}" for m in missing[:8])
@@ -56,7 +58,7 @@ def explain(world: Any, polling: Optional[tuple] = None) -> str:
             clause += more
             if hint and hint not in hints:
                 hints.append(hint)
-        clause += program_lines(world, ranks)
+        clause += program_lines(world, keys)
         clauses.append(clause)
     if rest:
         clauses.append(f"and {len(by_call) - MAX_CLAUSES + (polling is not None)} more calls, where "
@@ -80,15 +82,26 @@ def program_lines(world: Any, ranks: list[int]) -> str:
 
     frames = sys._current_frames()
     lines: dict[str, list[int]] = {}
-    for rank in ranks:
-        line = _program_line(frames.get(world.threads.get(rank, -1)))
+    for key in ranks:  # a rank, or the key of a thread a rank started
+        line = _program_line(frames.get(world.threads.get(key, -1)))
         if line:
-            lines.setdefault(line, []).append(rank)
+            lines.setdefault(line, []).append(world.rank_of(key))
     if not lines:
         return ""
     if len(lines) == 1:
         return f"; at {next(iter(lines))}"
-    return "; at " + ", ".join(f"{line} ({ranks_text(rs)})" for line, rs in lines.items())
+    return "; at " + ", ".join(f"{line} ({ranks_text(sorted(set(rs)))})" for line, rs in lines.items())
+
+
+def _threads_text(world: Any, keys: list) -> str:
+    """'rank 0 and a thread of rank 0' (a rank's own thread is the rank; the others are its threads)."""
+    from .engine import ranks_text
+
+    own = [k for k in keys if k < world.size]
+    started = sorted(world.rank_of(k) for k in keys if k >= world.size)
+    parts = [ranks_text(own)] if own else []
+    parts += [f"a thread of rank {r}" for r in started]
+    return " and ".join(parts)
 
 
 def whereabouts(world: Any, rank: int) -> str:

@@ -9,50 +9,29 @@ spmdsim.emulator.mpi4py_world) ``MPI.Request`` is this class, so
 from __future__ import annotations
 
 import pickle
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import numpy as np
 
 from ._buffers import mpi_module, special
 from .engine import Group, _Waiting
 from .report import whereabouts
+from .request_sets import ManyRequests, _empty, fill_status
 
-__all__ = ["Request", "completed", "fill_status", "rank_name"]
-
-
-
-def fill_status(status: Any, source: int, tag: int, nbytes: int, cancelled: bool = False) -> None:
-    """Write source, tag and byte count into an MPI.Status (Get_count(datatype) then divides)."""
-    if status is None or not hasattr(status, "Set_source"):
-        return
-    status.Set_source(source)
-    status.Set_tag(tag)
-    status.Set_error(0)
-    mpi = mpi_module()
-    if mpi is not None and hasattr(status, "Set_elements"):
-        status.Set_elements(mpi.BYTE, nbytes)
-        status.Set_cancelled(cancelled)
+__all__ = ["Request", "REQUEST_NULL", "completed", "fill_status", "rank_name"]
 
 
-def _empty(status: Any) -> None:
-    """MPI's empty status (a null request's): any source, any tag, no data."""
-    fill_status(status, special("ANY_SOURCE"), special("ANY_TAG"), 0)
 
-
-class Request:
+class Request(ManyRequests):
     """A pending operation of one simulated rank (see the module docstring)."""
 
     __slots__ = ("group", "me", "kind", "peer", "tag", "buf", "payload", "done", "null", "error",
-                 "source", "got_tag", "nbytes", "obj", "parts", "cancelled", "mode", "__weakref__")
+                 "source", "got_tag", "nbytes", "origin", "parts", "cancelled", "mode", "__weakref__")
 
     def __init__(self, group: Any = None, me: int = 0, kind: str = "null", peer: int = 0, tag: int = 0,
                  buf: Optional[np.ndarray] = None) -> None:
-        if not isinstance(group, (Group, type(None))):  # MPI.Request(request): mpi4py's copy
-            if not isinstance(group, Request):
-                raise TypeError(f"expected a Request, got {type(group).__name__}")
-            other = group
-            for name in Request.__slots__[:-1]:
-                setattr(self, name, getattr(other, name))
+        if not isinstance(group, (Group, type(None))):  # MPI.Request(request): mpi4py's copy of the handle
+            _copy_of(self, group)
             return
         self.group, self.me, self.kind = group, me, kind
         self.peer, self.tag, self.buf = peer, tag, buf
@@ -61,7 +40,7 @@ class Request:
         self.null = kind == "null"
         self.error: Optional[BaseException] = None
         self.source, self.got_tag, self.nbytes = special("ANY_SOURCE"), special("ANY_TAG"), 0
-        self.obj = None
+        self.origin: Optional[Request] = None  # the request this one is a copy of (MPI.Request(req))
         self.parts: tuple = ()
         self.cancelled = False
         self.mode = "standard"
@@ -73,13 +52,24 @@ class Request:
 
     def __eq__(self, other: Any) -> bool:
         if isinstance(other, Request):
-            return self is other or (self.null and other.null)
+            if self.null or other.null:  # a copy waited on is null; the request it copies is not
+                return self.null and other.null
+            return (self.origin or self) is (other.origin or other)
         mpi = mpi_module()
         if mpi is not None and isinstance(other, mpi.__dict__["Request"]):  # the class itself, also swapped
-            return self.null and other == mpi.REQUEST_NULL
+            return self.null and other == mpi.__dict__["REQUEST_NULL"]
         return NotImplemented
 
     __hash__ = object.__hash__
+
+    def __reduce__(self) -> Any:
+        """A null request pickles (a copy, equal to MPI.REQUEST_NULL; a simulated rank's MPI.REQUEST_NULL itself);
+        an active one raises ValueError, as mpi4py's."""
+        if self is REQUEST_NULL:
+            return "REQUEST_NULL"  # this module's constant, as mpi4py pickles its own
+        if self.null:
+            return (Request, ())
+        raise ValueError("cannot serialize 'mpi4py.MPI.Request' instance")
 
     def __repr__(self) -> str:
         return f"<simulated Request {'null' if self.null else self._what()}>"
@@ -227,162 +217,69 @@ class Request:
             _empty(status)
             return True
         if self._ready():
-            if self.kind == "recv" or self.cancelled:
-                fill_status(status, self.source, self.got_tag, self.nbytes, self.cancelled)
+            self._peek(status)
             return True
         self._pause()
         return False
 
+    def _peek(self, status: Any) -> None:
+        """Fill `status` for a done request as its completion will (it stays active)."""
+        recv = next((p for p in self.parts if p.kind == "recv"), self)
+        if recv.kind == "recv" or recv.cancelled:
+            fill_status(status, recv.source, recv.got_tag, recv.nbytes, recv.cancelled)
+        elif recv.kind == "recv-null":
+            fill_status(status, special("PROC_NULL"), special("ANY_TAG"), 0)
+        elif status is not None and self.kind != "send":
+            _empty(status)
+
     get_status = Get_status
 
     def Cancel(self) -> None:
-        """Cancel a receive (or a send) that no message matched yet."""
+        """Cancel a receive (or a send) that no message matched yet; MPI's error on a null request."""
         from .p2p import cancel
 
+        if self.null:
+            _null_request("Cancel")
         cancel(self)
 
     cancel = Cancel
 
     def Free(self) -> None:
-        """Drop the handle; the operation still completes (MPI_Request_free)."""
+        """Drop the handle; the operation still completes (MPI_Request_free); MPI's error on a null request."""
+        if self.null:
+            _null_request("Free")
         self.null = True
 
-    free = Free
+    def free(self) -> None:
+        """Free unless null (mpi4py's free: nothing on a null handle)."""
+        self.null = True
 
-    # -- many requests -------------------------------------------------------------------------
+def _null_request(call: str) -> None:
+    """MPI.Exception (ERR_REQUEST) for `call` on MPI.REQUEST_NULL, as MPI raises it (nothing without mpi4py)."""
+    mpi = mpi_module()
+    if mpi is not None:
+        from ._buffers import mpi_error
 
-    @classmethod
-    def Waitall(cls, requests: Sequence["Request"], statuses: Any = None) -> bool:
-        cls.waitall(requests, statuses)
-        return True
-
-    @classmethod
-    def waitall(cls, requests: Sequence["Request"], statuses: Any = None) -> list:
-        statuses = _statuses(statuses, len(requests))
-        for r in requests:
-            r._block()
-        return [r._finish(statuses[i] if statuses else None) for i, r in enumerate(requests)]
-
-    @classmethod
-    def Testall(cls, requests: Sequence["Request"], statuses: Any = None) -> bool:
-        return cls.testall(requests, statuses)[0]
-
-    @classmethod
-    def testall(cls, requests: Sequence["Request"], statuses: Any = None) -> tuple[bool, Optional[list]]:
-        pending = next((r for r in requests if not r.null and not r._ready()), None)
-        if pending is not None:
-            pending._pause()
-            return False, None
-        statuses = _statuses(statuses, len(requests))
-        return True, [r._finish(statuses[i] if statuses else None) for i, r in enumerate(requests)]
-
-    @classmethod
-    def Waitany(cls, requests: Sequence["Request"], status: Any = None) -> int:
-        return cls.waitany(requests, status)[0]
-
-    @classmethod
-    def waitany(cls, requests: Sequence["Request"], status: Any = None) -> tuple[int, Any]:
-        while True:
-            index, flag, obj = cls.testany(requests, status, pause=False)
-            if flag:
-                return index, obj
-            _block_any(requests)
-
-    @classmethod
-    def Testany(cls, requests: Sequence["Request"], status: Any = None) -> tuple[int, bool]:
-        index, flag, _ = cls.testany(requests, status)
-        return index, flag
-
-    @classmethod
-    def testany(cls, requests: Sequence["Request"], status: Any = None,
-                pause: bool = True) -> tuple[int, bool, Any]:
-        active = [i for i, r in enumerate(requests) if not r.null]
-        if not active:
-            _empty(status)
-            return special("UNDEFINED"), True, None
-        for i in active:
-            if requests[i]._ready():
-                return i, True, requests[i]._finish(status)
-        if pause:
-            requests[active[0]]._pause(token=_AnyOf([requests[i] for i in active], "Testany"))
-        return special("UNDEFINED"), False, None
-
-    @classmethod
-    def Waitsome(cls, requests: Sequence["Request"], statuses: Any = None) -> Optional[list]:
-        return cls.waitsome(requests, statuses)[0]
-
-    @classmethod
-    def waitsome(cls, requests: Sequence["Request"], statuses: Any = None) -> tuple:
-        while True:
-            indices, objs = cls.testsome(requests, statuses, pause=False)
-            if indices is None or indices:
-                return indices, objs
-            _block_any(requests)
-
-    @classmethod
-    def Testsome(cls, requests: Sequence["Request"], statuses: Any = None) -> Optional[list]:
-        return cls.testsome(requests, statuses)[0]
-
-    @classmethod
-    def testsome(cls, requests: Sequence["Request"], statuses: Any = None, pause: bool = True) -> tuple:
-        active = [i for i, r in enumerate(requests) if not r.null]
-        if not active:
-            return None, None
-        ready = [i for i in active if requests[i]._ready()]
-        if not ready:
-            if pause:
-                requests[active[0]]._pause(token=_AnyOf([requests[i] for i in active], "Testsome"))
-            return [], []
-        statuses = _statuses(statuses, len(ready))
-        objs = [requests[i]._finish(statuses[k] if statuses else None) for k, i in enumerate(ready)]
-        return ready, objs
+        raise mpi_error(mpi, mpi.ERR_REQUEST, f"{call}: the request is MPI.REQUEST_NULL")
 
 
-class _AnyOf:
-    """Requests polled together (Testany, Testsome): no rank left completes the poll if it completes
-    none of them; the report names the first."""
-
-    def __init__(self, requests: Sequence[Request], call: str) -> None:
-        self.first, self.call = requests[0], call
-        self.requests = requests
-        self.group, self.kind = self.first.group, self.first.kind
-
-    def _what(self) -> str:
-        return self.first._what()
-
-    def why_stuck(self, world: Any) -> tuple[str, str]:
-        return self.first.why_stuck(world)
-
-    def never_completes(self, world: Any) -> bool:
-        return all(r.never_completes(world) for r in self.requests)
+def _copy_of(req: Request, other: Any) -> None:
+    """Make `req` mpi4py's ``MPI.Request(other)``: the same operation (equal to it; waiting on either
+    completes it), or a null request for MPI.REQUEST_NULL."""
+    Request.__init__(req)
+    if isinstance(other, Request):
+        req.me, req.kind, req.null = other.me, "copy", other.null
+        req.parts = other.parts or (other,)
+        req.origin = other.origin or other
+        return
+    mpi = mpi_module()
+    if mpi is None or not isinstance(other, mpi.__dict__["Request"]) or other != mpi.__dict__["REQUEST_NULL"]:
+        raise TypeError(f"expected a Request, got {type(other).__name__}")
 
 
 def rank_name(group: Group, me: int) -> str:
     """'rank 3' on the world, else 'group rank 3' (a rank of `group`, as a report names it)."""
     return f"rank {me}" if group.members == tuple(range(group.world.size)) else f"group rank {me}"
-
-
-def _statuses(statuses: Any, n: int) -> Any:
-    """mpi4py's rule: a list of statuses shorter than needed grows with new MPI.Status objects."""
-    if statuses is None:
-        return None
-    if isinstance(statuses, list) and len(statuses) < n:
-        statuses += [mpi_module().Status() for _ in range(n - len(statuses))]
-    return statuses
-
-
-def _block_any(requests: Sequence[Request]) -> None:
-    """Wait until one of `requests` (not null, not done) completes."""
-    pending = tuple(p for r in requests if not r.null for p in (*r.parts, r) if not p.done and p.group)
-    if not pending:
-        return
-    group = pending[0].group
-    world = group.world
-    rank = group.members[pending[0].me]
-    with world.lock:
-        world.check(rank)
-        if all(not p.done for p in pending):
-            world.wait(rank, _Waiting(" | ".join(p._what() for p in pending[:3]), group, None, token=pending))
 
 
 def completed(group: Optional[Group] = None, me: int = 0, kind: str = "done") -> Request:
@@ -391,3 +288,12 @@ def completed(group: Optional[Group] = None, me: int = 0, kind: str = "done") ->
     req.null = False
     req.group = None
     return req
+
+
+for _name, _value in vars(ManyRequests).items():  # Python's errors name mpi4py's class: "Request.Testall() ..."
+    if isinstance(_value, classmethod):
+        _value.__func__.__qualname__ = f"Request.{_name}"
+del _name, _value
+
+#: A simulated rank's MPI.REQUEST_NULL (spmdsim.emulator.mpi4py_world swaps it in).
+REQUEST_NULL = Request()

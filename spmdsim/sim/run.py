@@ -80,6 +80,7 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
         try:
             engine.start(rank)  # a run slot: at most engine.slots ranks compute at once
             results[rank] = fn(*args, **kwargs)
+            engine.join_all(rank)  # as a process's exit waits for its threads (spmdsim.sim.rank_threads)
         except Aborted:
             pass  # stopped because another rank failed; that rank's error is the one reported
         except BaseException as exc:  # noqa: BLE001 - reported in the caller

@@ -175,8 +175,7 @@ class Member:
     def _enter(self, op: str, signature: tuple, data: Any = None, complete: Any = None) -> Any:
         h = self._h
         if h is None or h.freed:
-            raise SimulationError(f"{op} on a freed communicator"
-                                  + ("" if h is None else f" (rank {self.world_rank})"))
+            raise _freed(self, op)
         h.seq += 1
         return self._group.enter(self._me, h.seq, Call(op, signature, data, complete))
 
@@ -184,8 +183,7 @@ class Member:
         """`_enter` where the last member to arrive runs every member's `finish` phases (Group.enter_all)."""
         h = self._h
         if h is None or h.freed:
-            raise SimulationError(f"{op} on a freed communicator"
-                                  + ("" if h is None else f" (rank {self.world_rank})"))
+            raise _freed(self, op)
         h.seq += 1
         return self._group.enter_all(self._me, h.seq, Call(op, signature, data, complete, finish))
 
@@ -194,6 +192,13 @@ class Member:
         if isinstance(root, (int, np.integer)) and 0 <= root < g:
             return int(root)
         raise bad_root(root, g, call)
+
+
+def _freed(m: Member, op: str) -> BaseException:
+    """A collective on a freed or null communicator: MPI's ERR_COMM under mpi4py, else SimulationError."""
+    text = f"{op} on a freed communicator" + ("" if m._h is None else f" (rank {m.world_rank})")
+    mpi = mpi_module()
+    return mpi_error(mpi, mpi.ERR_COMM, text) if mpi is not None else SimulationError(text)
 
 
 def bad_root(root: Any, size: int, call: str) -> BaseException:
@@ -213,8 +218,10 @@ def _shared(n: int, dtype: np.dtype) -> Callable[[Any], None]:
 
 # -- buffers -------------------------------------------------------------------------------------
 
-def all_reduce(m: Member, src: np.ndarray, dst: np.ndarray, red: Reduction, datatype: Any = None) -> None:
-    """dst = red over the members of `src` (flat, n items each; `src` may be `dst`: in place)."""
+def all_reduce(m: Member, src: np.ndarray, dst: np.ndarray, red: Reduction, datatype: Any = None,
+               tree: Any = None) -> None:
+    """dst = red over the members of `src` (flat, n items each; `src` may be `dst`: in place), in member order
+    or, with `tree`, in that association (spmdsim.sim.orders)."""
     n = dst.size
     signature = ("allreduce", dtype_name(src.dtype), n, red.name)
     g, me = m._group.size, m._me
@@ -222,7 +229,7 @@ def all_reduce(m: Member, src: np.ndarray, dst: np.ndarray, red: Reduction, data
 
     def fold_mine(slot: Any) -> None:  # this member's share of the sum, read before any write
         if hi > lo:
-            fold(red, [c.data[lo:hi] for c in slot.calls], slot.shared[lo:hi], datatype)
+            fold(red, [c.data[lo:hi] for c in slot.calls], slot.shared[lo:hi], datatype, tree)
 
     def write(slot: Any) -> None:
         dst[:n] = slot.shared

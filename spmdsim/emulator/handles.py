@@ -1,0 +1,239 @@
+"""Error handlers and attributes of simulated communicators (mpi4py's Get/Set/Create/Call_errhandler and
+Create_keyval, Set_attr, Get_attr, Delete_attr, Free_keyval), a mixin of SimComm.
+
+Error handlers, as mpi4py gives them (its ``rc.errors = "exception"``): every communicator, new ones
+included, starts with MPI.ERRORS_RETURN, so MPI's errors are raised as MPI.Exception. ``Set_errhandler``
+takes MPI's predefined handlers or one made by ``Create_errhandler(fn)``; ``Call_errhandler(code)`` runs
+the handler: ERRORS_RETURN does nothing, ERRORS_ARE_FATAL and ERRORS_ABORT end every simulated rank
+as MPI_Abort does, a user's handler is called as ``fn(comm, code)``. An error the emulator itself meets
+(a bad rank, a truncated message) is raised as MPI.Exception whatever the handler, as under
+ERRORS_RETURN. As in one mpi4py process, a rank has at most 32 user-made handlers at a time.
+
+Attributes: a keyval made by ``Create_keyval(copy_fn, delete_fn)`` keys one value per communicator.
+``Dup`` copies a value as MPI's copy callback says (mpi4py's rules: None or False, not copied; True,
+the same object; a function, what it returns, NotImplemented meaning not copied); ``Delete_attr``, a
+new ``Set_attr`` over a value and ``Free`` call ``delete_fn(comm, keyval, value)``; an exception in a
+callback is printed and raised as MPI.Exception (ERR_OTHER), as mpi4py does. The predefined keyvals
+(MPI.TAG_UB, ...) read this process's MPI.
+"""
+from __future__ import annotations
+
+import itertools
+import sys
+import threading
+import traceback
+import weakref
+from typing import Any, Callable, Optional
+
+from .. import context as _local
+from ..sim._buffers import mpi_error, mpi_module
+
+__all__ = ["CommHandles", "SimErrhandler"]
+
+MAX_USER_ERRHANDLERS = 32  # mpi4py's table of Python callbacks, per process
+
+_LOCK = threading.Lock()
+_IDS = itertools.count(0x5E000001)  # handles no real MPI object has
+_KEYVALS: dict = {}  # keyval -> (copy_fn, delete_fn), for every simulated rank (each makes its own)
+_ERRHANDLERS: dict = {}  # handle -> SimErrhandler
+_USER_COUNT: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()  # RankContext -> made, not freed
+
+
+def _mpi() -> Any:
+    from mpi4py import MPI
+
+    return MPI
+
+
+class SimErrhandler:
+    """A communicator error handler made by ``Create_errhandler(fn)`` on a simulated rank (mpi4py's Errhandler)."""
+
+    def __init__(self, fn: Optional[Callable] = None, handle: int = 0) -> None:
+        self.fn, self.handle = fn, handle
+
+    def __bool__(self) -> bool:
+        return self.fn is not None
+
+    def __eq__(self, other: Any) -> bool:
+        if isinstance(other, SimErrhandler):
+            return self.handle == other.handle
+        mpi = mpi_module()
+        if mpi is not None and isinstance(other, mpi.Errhandler):
+            return not self and other == mpi.ERRHANDLER_NULL
+        return NotImplemented
+
+    def __ne__(self, other: Any) -> Any:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    __hash__ = object.__hash__
+
+    def toint(self) -> int:
+        return self.handle
+
+    py2f = toint
+
+    @classmethod
+    def fromint(cls, handle: int) -> "SimErrhandler":
+        found = _ERRHANDLERS.get(handle)
+        return SimErrhandler(found.fn, handle) if found is not None else SimErrhandler()
+
+    f2py = fromint
+
+    def Free(self) -> None:
+        if self.fn is None:
+            raise mpi_error(_mpi(), _mpi().ERR_ERRHANDLER, "the error handler is MPI.ERRHANDLER_NULL")
+        with _LOCK:
+            if _ERRHANDLERS.pop(self.handle, None) is not None:
+                state = _local.simulated()
+                if state is not None and _USER_COUNT.get(state):
+                    _USER_COUNT[state] -= 1
+        self.fn, self.handle = None, 0
+
+    def __reduce__(self) -> Any:
+        raise ValueError("cannot serialize 'mpi4py.MPI.Errhandler' instance")
+
+    def __repr__(self) -> str:
+        return f"<simulated Errhandler {self.fn!r}>"
+
+
+def _callback_failed(what: str) -> BaseException:
+    """MPI.Exception (ERR_OTHER) for a callback that raised, which is printed first (as mpi4py does)."""
+    traceback.print_exc(file=sys.stderr)
+    return mpi_error(_mpi(), _mpi().ERR_OTHER, f"the {what} callback raised")
+
+
+class CommHandles:
+    """Error handlers and attributes of a SimComm (a mixin; `self._h`: the handle copies share)."""
+
+    # -- error handlers ----------------------------------------------------------------------------
+
+    @classmethod
+    def Create_errhandler(cls, errhandler_fn: Callable) -> SimErrhandler:
+        """A handler calling ``errhandler_fn(comm, errorcode)`` (RuntimeError past 32 on one rank, as mpi4py)."""
+        state = _local.simulated()
+        with _LOCK:
+            made = _USER_COUNT.get(state, 0) if state is not None else 0
+            if made >= MAX_USER_ERRHANDLERS:
+                raise RuntimeError("cannot create too many user-defined error handlers")
+            if state is not None:
+                _USER_COUNT[state] = made + 1
+            eh = SimErrhandler(errhandler_fn, next(_IDS))
+            _ERRHANDLERS[eh.handle] = eh
+        return eh
+
+    def _live_handle(self) -> Any:
+        h = self._h
+        if h is None or h.freed:
+            raise mpi_error(_mpi(), _mpi().ERR_COMM, "the communicator is MPI.COMM_NULL (freed or never made)")
+        return h
+
+    def Get_errhandler(self) -> Any:
+        """The communicator's handler (a new handle each time, as MPI's: Free it when done)."""
+        eh = self._live_handle().errhandler
+        if eh is None:
+            return _mpi().Errhandler(_mpi().ERRORS_RETURN)
+        return SimErrhandler(eh.fn, eh.handle) if isinstance(eh, SimErrhandler) else _mpi().Errhandler(eh)
+
+    def Set_errhandler(self, errhandler: Any) -> None:
+        h = self._live_handle()
+        mpi = _mpi()
+        if isinstance(errhandler, SimErrhandler):
+            if not errhandler:
+                raise mpi_error(mpi, mpi.ERR_ERRHANDLER, "the error handler is MPI.ERRHANDLER_NULL")
+            h.errhandler = SimErrhandler(errhandler.fn, errhandler.handle)
+            return
+        if not isinstance(errhandler, mpi.Errhandler):
+            raise TypeError(f"expected an Errhandler, got {type(errhandler).__name__}")
+        if errhandler == mpi.ERRHANDLER_NULL:
+            raise mpi_error(mpi, mpi.ERR_ERRHANDLER, "the error handler is MPI.ERRHANDLER_NULL")
+        h.errhandler = mpi.Errhandler(errhandler)
+
+    def Call_errhandler(self, errorcode: int) -> None:
+        """Run the communicator's handler on `errorcode` (see the module docstring)."""
+        eh = self._live_handle().errhandler
+        mpi = _mpi()
+        if isinstance(eh, SimErrhandler):
+            eh.fn(self, errorcode)
+        elif eh is not None and eh != mpi.ERRORS_RETURN:  # ERRORS_ARE_FATAL, ERRORS_ABORT: as MPI_Abort
+            from ..sim.engine import SimulationError
+
+            error = SimulationError(f"simulated rank {self.world_rank}: {mpi.Get_error_string(errorcode)} "
+                                    f"(error code {errorcode}) on {self._group.label()}, whose error handler is "
+                                    f"fatal: every rank was stopped")
+            error.abort_code = int(errorcode) or 1
+            raise error
+
+    errhandler = property(Get_errhandler, Set_errhandler)
+
+    # -- attributes --------------------------------------------------------------------------------
+
+    @classmethod
+    def Create_keyval(cls, copy_fn: Any = None, delete_fn: Any = None, nopython: bool = False) -> int:
+        with _LOCK:
+            keyval = next(_IDS)
+            _KEYVALS[keyval] = (copy_fn, delete_fn)
+        return keyval
+
+    @classmethod
+    def Free_keyval(cls, keyval: int) -> int:
+        """Forget `keyval` (values already set stay until deleted); returns MPI.KEYVAL_INVALID."""
+        with _LOCK:
+            _KEYVALS.pop(keyval, None)
+        return _mpi().KEYVAL_INVALID
+
+    def Set_attr(self, keyval: int, attrval: Any) -> None:
+        h = self._live_handle()
+        if keyval not in _KEYVALS:
+            raise mpi_error(_mpi(), _mpi().ERR_KEYVAL, f"keyval {keyval!r} was not made by Create_keyval")
+        if keyval in h.attrs:
+            self._delete(h, keyval)
+        h.attrs[keyval] = attrval
+
+    def Get_attr(self, keyval: int) -> Any:
+        """The value of `keyval` (None if unset); the predefined ones (MPI.TAG_UB, ...) as this process's MPI."""
+        h = self._live_handle()
+        if keyval in _KEYVALS or keyval in h.attrs:
+            return h.attrs.get(keyval)
+        from .mpi4py_world import real
+
+        return real("COMM_SELF").Get_attr(keyval)
+
+    def Delete_attr(self, keyval: int) -> None:
+        h = self._live_handle()
+        if keyval not in h.attrs:
+            if keyval not in _KEYVALS:
+                raise mpi_error(_mpi(), _mpi().ERR_KEYVAL, f"keyval {keyval!r} was not made by Create_keyval")
+            return
+        self._delete(h, keyval)
+
+    def _delete(self, h: Any, keyval: int) -> None:
+        value = h.attrs.pop(keyval)
+        delete_fn = _KEYVALS.get(keyval, (None, None))[1]
+        if callable(delete_fn):
+            try:
+                delete_fn(self, keyval, value)
+            except Exception:  # noqa: BLE001 - printed, then MPI's error, as mpi4py does
+                raise _callback_failed("attribute delete") from None
+
+    def _copy_attrs(self, new: Any) -> None:
+        """Dup: give `new` the attributes MPI's copy callbacks copy."""
+        for keyval, value in list(self._h.attrs.items()):
+            copy_fn = _KEYVALS.get(keyval, (None, None))[0]
+            if copy_fn is None or copy_fn is False:
+                continue
+            if copy_fn is True:
+                new._h.attrs[keyval] = value
+                continue
+            try:
+                copied = copy_fn(self, keyval, value)
+            except Exception:  # noqa: BLE001 - printed, then MPI's error
+                raise _callback_failed("attribute copy") from None
+            if copied is not NotImplemented:
+                new._h.attrs[keyval] = copied
+
+    def _delete_attrs(self) -> None:
+        """Free: every attribute's delete callback."""
+        h = self._h
+        for keyval in list(h.attrs):
+            self._delete(h, keyval)

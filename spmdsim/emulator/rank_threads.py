@@ -1,0 +1,105 @@
+"""Threads a simulated rank starts run as that rank, as the threads of an MPI process are the process's.
+
+mpi4py initializes MPI with MPI_THREAD_MULTIPLE, which MPICH provides: any thread
+of a process may call MPI (mpi4py's demos nxtval-threads and threads/sendrecv.py:
+a counter thread serving Recv/Ssend while its rank computes). While `threads_of_ranks()`
+is active (spmdsim.emulator.mpi4py_world.swapped), a ``threading.Thread`` started on a
+simulated rank runs in that rank's context (its MPI.COMM_WORLD, modules, random
+generators) and is counted by the rank's World as a live thread until it ends
+(spmdsim.sim.rank_threads), so a rank waiting for its own thread is no deadlock
+and a deadlock is still every live thread waiting; its ``join()`` is a wait the
+report names, and the rank's end waits for it unless it is a daemon, as Python's
+exit does. Threads started elsewhere are untouched.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Iterator, Optional
+
+from .. import context as _local
+
+__all__ = ["threads_of_ranks"]
+
+_LOCK = threading.Lock()
+_DEPTH = [0]
+_REAL: dict = {}  # "init", "start", "join": threading.Thread's own, while swapped
+
+
+def _world_of(state: Any) -> Any:
+    from ..sim.thread_engine import THREADS
+
+    if state is None or state.engine is not THREADS:  # no rank, or a dry run's
+        return None
+    return state.comm._group.world
+
+
+def _init(thread: threading.Thread, *args: Any, daemon: Optional[bool] = None, **kwargs: Any) -> None:
+    """Thread.__init__: a thread a rank starts is no daemon unless asked (the rank's own thread is one, so
+    that a simulation never holds the process open; its threads take the flag of an MPI process's main
+    thread, which is none)."""
+    if daemon is None and _world_of(_local.simulated()) is not None and _is_rank_thread():
+        daemon = False
+    _REAL["init"](thread, *args, daemon=daemon, **kwargs)
+
+
+def _is_rank_thread() -> bool:
+    """Whether the calling thread is a simulated rank's own (not one a rank started)."""
+    return getattr(threading.current_thread(), "_spmdsim_key", None) is None
+
+
+def _start(thread: threading.Thread) -> None:
+    state = _local.simulated()
+    world = _world_of(state)
+    if world is None:
+        return _REAL["start"](thread)
+    key = world.add_thread(state.rank, thread.daemon)  # live before it starts: its rank may wait at once
+    run = thread.run
+
+    def run_as_rank() -> None:
+        from ..errors import RuntimeMismatchError
+        from ..sim.engine import Aborted
+
+        _local.enter(state)
+        world.enter_thread(key)
+        try:
+            run()
+        except (Aborted, RuntimeMismatchError):
+            pass  # the simulation stopped (a deadlock, a failed rank): the ranks' own threads report it
+        finally:
+            _local.leave()
+            world.end_thread(key)
+
+    thread.run = run_as_rank
+    thread._spmdsim_key = (world, key)
+    try:
+        _REAL["start"](thread)
+    except BaseException:
+        world.end_thread(key)
+        raise
+
+
+def _join(thread: threading.Thread, timeout: Optional[float] = None) -> None:
+    found = getattr(thread, "_spmdsim_key", None)
+    if found is not None and timeout is None and found[0] is _world_of(_local.simulated()):
+        found[0].join(found[1])  # a wait the deadlock detector sees
+    return _REAL["join"](thread, timeout)
+
+
+@contextlib.contextmanager
+def threads_of_ranks() -> Iterator[None]:
+    """Within this block, threads started on simulated ranks are those ranks' (see above); nests."""
+    with _LOCK:
+        if _DEPTH[0] == 0:
+            _REAL.update(init=threading.Thread.__init__, start=threading.Thread.start, join=threading.Thread.join)
+            threading.Thread.__init__, threading.Thread.start, threading.Thread.join = _init, _start, _join
+        _DEPTH[0] += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _DEPTH[0] -= 1
+            if _DEPTH[0] == 0:
+                threading.Thread.__init__ = _REAL["init"]
+                threading.Thread.start, threading.Thread.join = _REAL["start"], _REAL["join"]
+                _REAL.clear()

@@ -1,0 +1,226 @@
+"""What MPI.Request's class methods do with several simulated requests (a mixin of spmdsim.sim.requests.Request).
+
+Waitall/Testall/Waitany/Testany/Waitsome/Testsome and MPI 4.1's Get_status_all/any/some,
+with mpi4py's return values, and the statuses they fill (source, tag, byte count; a
+list shorter than the requests grows with new MPI.Status objects, as mpi4py grows it).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from ._buffers import mpi_module, special
+from .engine import _Waiting
+
+__all__ = ["ManyRequests", "fill_status"]
+
+
+def fill_status(status: Any, source: int, tag: int, nbytes: int, cancelled: bool = False) -> None:
+    """Write source, tag and byte count into an MPI.Status (Get_count(datatype) then divides)."""
+    if status is None or not hasattr(status, "Set_source"):
+        return
+    status.Set_source(source)
+    status.Set_tag(tag)
+    status.Set_error(0)
+    mpi = mpi_module()
+    if mpi is not None and hasattr(status, "Set_elements"):
+        status.Set_elements(mpi.BYTE, nbytes)
+        status.Set_cancelled(cancelled)
+
+
+def _empty(status: Any) -> None:
+    """MPI's empty status (a null request's): any source, any tag, no data."""
+    fill_status(status, special("ANY_SOURCE"), special("ANY_TAG"), 0)
+
+
+class ManyRequests:
+    """The class methods of Request over lists of requests (see the module docstring)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def Waitall(cls, requests: Sequence[Any], statuses: Any = None) -> bool:
+        cls.waitall(requests, statuses)
+        return True
+
+    @classmethod
+    def waitall(cls, requests: Sequence[Any], statuses: Any = None) -> list:
+        statuses = _statuses(statuses, len(requests))
+        for r in requests:
+            r._block()
+        return [r._finish(statuses[i] if statuses else None) for i, r in enumerate(requests)]
+
+    @classmethod
+    def Testall(cls, requests: Sequence[Any], statuses: Any = None) -> bool:
+        return cls.testall(requests, statuses)[0]
+
+    @classmethod
+    def testall(cls, requests: Sequence[Any], statuses: Any = None) -> tuple[bool, Optional[list]]:
+        pending = next((r for r in requests if not r.null and not r._ready()), None)
+        if pending is not None:
+            pending._pause()
+            return False, None
+        statuses = _statuses(statuses, len(requests))
+        return True, [r._finish(statuses[i] if statuses else None) for i, r in enumerate(requests)]
+
+    @classmethod
+    def Waitany(cls, requests: Sequence[Any], status: Any = None) -> int:
+        return cls.waitany(requests, status)[0]
+
+    @classmethod
+    def waitany(cls, requests: Sequence[Any], status: Any = None) -> tuple[int, Any]:
+        while True:
+            index, flag, obj = cls.testany(requests, status, pause=False)
+            if flag:
+                return index, obj
+            _block_any(requests)
+
+    @classmethod
+    def Testany(cls, requests: Sequence[Any], status: Any = None) -> tuple[int, bool]:
+        index, flag, _ = cls.testany(requests, status)
+        return index, flag
+
+    @classmethod
+    def testany(cls, requests: Sequence[Any], status: Any = None,
+                pause: bool = True) -> tuple[int, bool, Any]:
+        active = [i for i, r in enumerate(requests) if not r.null]
+        if not active:
+            _empty(status)
+            return special("UNDEFINED"), True, None
+        for i in active:
+            if requests[i]._ready():
+                return i, True, requests[i]._finish(status)
+        if pause:
+            requests[active[0]]._pause(token=_AnyOf([requests[i] for i in active], "Testany"))
+        return special("UNDEFINED"), False, None
+
+    @classmethod
+    def Waitsome(cls, requests: Sequence[Any], statuses: Any = None) -> Optional[list]:
+        return cls.waitsome(requests, statuses)[0]
+
+    @classmethod
+    def waitsome(cls, requests: Sequence[Any], statuses: Any = None) -> tuple:
+        while True:
+            indices, objs = cls.testsome(requests, statuses, pause=False)
+            if indices is None or indices:
+                return indices, objs
+            _block_any(requests)
+
+    @classmethod
+    def Testsome(cls, requests: Sequence[Any], statuses: Any = None) -> Optional[list]:
+        return cls.testsome(requests, statuses)[0]
+
+    @classmethod
+    def testsome(cls, requests: Sequence[Any], statuses: Any = None, pause: bool = True) -> tuple:
+        active = [i for i, r in enumerate(requests) if not r.null]
+        if not active:
+            return None, None
+        ready = [i for i in active if requests[i]._ready()]
+        if not ready:
+            if pause:
+                requests[active[0]]._pause(token=_AnyOf([requests[i] for i in active], "Testsome"))
+            return [], []
+        statuses = _statuses(statuses, len(ready))
+        objs = [requests[i]._finish(statuses[k] if statuses else None) for k, i in enumerate(ready)]
+        return ready, objs
+
+
+    # -- statuses without completing (MPI 4.1's MPI_Request_get_status_all/any/some) -------------
+
+    @classmethod
+    def Get_status_all(cls, requests: Sequence[Any], statuses: Any = None) -> bool:
+        """Whether every request is done (statuses filled then); none is completed."""
+        pending = next((r for r in requests if not r.null and not r._ready()), None)
+        if pending is not None:
+            pending._pause()
+            return False
+        statuses = _statuses(statuses, len(requests))
+        for i, r in enumerate(requests):
+            status = statuses[i] if statuses else None
+            if r.null:
+                _empty(status)
+            else:
+                r._peek(status)
+        return True
+
+    get_status_all = Get_status_all
+
+    @classmethod
+    def Get_status_any(cls, requests: Sequence[Any], status: Any = None) -> tuple[int, bool]:
+        """(index, True) of a done request (not completed), (MPI.UNDEFINED, True) if all are null, else
+        (MPI.UNDEFINED, False)."""
+        active = [i for i, r in enumerate(requests) if not r.null]
+        if not active:
+            _empty(status)
+            return special("UNDEFINED"), True
+        for i in active:
+            if requests[i]._ready():
+                requests[i]._peek(status)
+                return i, True
+        requests[active[0]]._pause(token=_AnyOf([requests[i] for i in active], "Get_status_any"))
+        return special("UNDEFINED"), False
+
+    get_status_any = Get_status_any
+
+    @classmethod
+    def Get_status_some(cls, requests: Sequence[Any], statuses: Any = None) -> Optional[list]:
+        """The indices of the done requests (not completed), [] if none, None if all are null."""
+        active = [i for i, r in enumerate(requests) if not r.null]
+        if not active:
+            return None
+        ready = [i for i in active if requests[i]._ready()]
+        if not ready:
+            requests[active[0]]._pause(token=_AnyOf([requests[i] for i in active], "Get_status_some"))
+            return []
+        statuses = _statuses(statuses, len(ready))
+        for k, i in enumerate(ready):
+            requests[i]._peek(statuses[k] if statuses else None)
+        return ready
+
+    get_status_some = Get_status_some
+
+
+class _AnyOf:
+    """Requests polled together (Testany, Testsome): no rank left completes the poll if it completes
+    none of them; the report names the first."""
+
+    def __init__(self, requests: Sequence[Any], call: str) -> None:
+        self.first, self.call = requests[0], call
+        self.requests = requests
+        self.group, self.kind = self.first.group, self.first.kind
+
+    def _what(self) -> str:
+        return self.first._what()
+
+    def why_stuck(self, world: Any) -> tuple[str, str]:
+        return self.first.why_stuck(world)
+
+    def never_completes(self, world: Any) -> bool:
+        return all(r.never_completes(world) for r in self.requests)
+
+
+def _statuses(statuses: Any, n: int) -> Any:
+    """mpi4py's rule: a list of statuses shorter than needed grows with new MPI.Status objects; a
+    shorter sequence of another kind (a tuple) gets what it holds, the rest go to statuses dropped."""
+    if statuses is None:
+        return None
+    if len(statuses) < n:
+        more = [mpi_module().Status() for _ in range(n - len(statuses))]
+        if isinstance(statuses, list):
+            statuses += more
+        else:
+            return [*statuses, *more]
+    return statuses
+
+
+def _block_any(requests: Sequence[Any]) -> None:
+    """Wait until one of `requests` (not null, not done) completes."""
+    pending = tuple(p for r in requests if not r.null for p in (*r.parts, r) if not p.done and p.group)
+    if not pending:
+        return
+    group = pending[0].group
+    world = group.world
+    rank = group.members[pending[0].me]
+    with world.lock:
+        world.check(rank)
+        if all(not p.done for p in pending):
+            world.wait(rank, _Waiting(" | ".join(p._what() for p in pending[:3]), group, None, token=pending))

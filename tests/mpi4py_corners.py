@@ -1,0 +1,253 @@
+"""mpi4py corners a lab meets, whose per-rank results are compared: simulated ranks against MPICH.
+
+    timeout -k 5 120 mpiexec -n 2 python tests/mpi4py_corners.py OUT.json   # MPICH's results
+
+Each function takes nothing, uses ``MPI.COMM_WORLD`` as an mpi4py program does and
+returns a JSON-able value; tests/test_sim_mpi4py_corners.py runs them on simulated
+ranks (MPI.COMM_WORLD swapped), compares rank by rank with MPICH's, and checks
+the values MPI's semantics give. The names of exception classes are compared,
+so a refusal must be mpi4py's class (BufferError, ValueError, TypeError, ...).
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+from mpi4py import MPI
+
+
+def _raises(fn) -> str:
+    """The first of mpi4py's exception classes `fn` raises ('' if none)."""
+    try:
+        fn()
+    except MPI.Exception as exc:
+        return f"MPI.Exception {MPI.Get_error_string(exc.Get_error_class()).split(',')[0]}"
+    except Exception as exc:  # noqa: BLE001 - the class is the answer
+        for kind in (BufferError, KeyError, TypeError, ValueError, NotImplementedError):
+            if isinstance(exc, kind):
+                return kind.__name__
+        return type(exc).__name__
+    return ""
+
+
+def group_null_and_empty():
+    comm = MPI.COMM_WORLD
+    world = comm.Get_group()
+    null = MPI.Group()
+    union = MPI.Group.Union(MPI.GROUP_EMPTY, world)
+    inter = MPI.Group.Intersection(world, MPI.GROUP_EMPTY)
+    copy = MPI.Group(world)
+    out = [bool(null), null == MPI.GROUP_NULL, MPI.Group(MPI.GROUP_NULL) == MPI.GROUP_NULL,
+           bool(MPI.Group(MPI.GROUP_NULL)), union.size, MPI.Group.Compare(union, world) == MPI.IDENT,
+           union == world, inter.size, inter == MPI.GROUP_EMPTY, world == comm.Get_group(),
+           world.Incl([0]) == world.Incl([0]), world.Incl([]) == MPI.GROUP_EMPTY, copy == world,
+           MPI.Group.Difference(world, world) == MPI.GROUP_EMPTY,
+           MPI.Group.Translate_ranks(world, list(range(comm.size)), MPI.GROUP_EMPTY) == [MPI.UNDEFINED] * comm.size]
+    world.Free()
+    return out + [bool(world), world == MPI.GROUP_NULL]
+
+
+def predefined_free():
+    comm = MPI.COMM_WORLD
+    comm.free()
+    MPI.COMM_SELF.free()
+    out = [bool(comm), comm == MPI.COMM_NULL, _raises(comm.Free), _raises(MPI.COMM_SELF.Free)]
+    out += [comm.allreduce(1), MPI.COMM_SELF.allreduce(1), bool(comm)]
+    dup = comm.Dup()
+    dup.free()
+    return out + [bool(dup), dup == MPI.COMM_NULL]
+
+
+def request_copies():
+    comm = MPI.COMM_WORLD
+    r = comm.rank
+    req = comm.Isend(np.arange(3.0) + r, r, 5)
+    copy = MPI.Request(req)
+    out = [copy == req, copy is req, bool(copy)]
+    null = MPI.Request(MPI.REQUEST_NULL)
+    out += [null == MPI.REQUEST_NULL, bool(null), MPI.Request() == MPI.REQUEST_NULL]
+    got = np.zeros(3)
+    recv = comm.Irecv(got, r, 5)
+    rcopy = MPI.Request(recv)
+    status = MPI.Status()
+    rcopy.Wait(status)
+    copy.Wait()
+    return out + [got.tolist(), status.Get_source(), status.Get_tag(), bool(rcopy), bool(recv), recv == rcopy]
+
+
+def byte_order():
+    comm = MPI.COMM_WORLD
+    big = np.arange(1, 4, dtype=">i4")
+    return [_raises(lambda: comm.Send(big, comm.rank, 1)),
+            _raises(lambda: comm.Allreduce(big, np.zeros(3, ">i4"))),
+            _raises(lambda: comm.Bcast(np.zeros(2, ">f8")))]
+
+
+def fortran_order_and_0d_counts():
+    comm = MPI.COMM_WORLD
+    p, r = comm.size, comm.rank
+    a = np.asfortranarray(np.arange(6.0).reshape(2, 3) * (r + 1))
+    total = np.empty((2, 3), order="F")
+    comm.Allreduce(a, total)
+    flat = np.zeros(6)
+    comm.Sendrecv(a, r, 3, flat, r, 3)  # one block, in memory order
+    s = np.arange(p, dtype="i") + 10 * r
+    got = np.zeros(p, dtype="i")
+    comm.Alltoallv([s, np.array(1)], [got, np.array(1)])  # a 0-d count: one item a peer
+    return [total.tolist(), flat.tolist(), got.tolist()]
+
+
+def fewer_statuses():
+    comm = MPI.COMM_WORLD
+    r = comm.rank
+    bufs = [np.zeros(1) for _ in range(3)]
+    reqs = [comm.Irecv(b, r, t) for t, b in enumerate(bufs)]
+    for t in range(3):
+        comm.Send(np.full(1, 10.0 * t + r), r, t)
+    status = MPI.Status()
+    MPI.Request.Waitall(reqs, (status,))  # fewer statuses than requests: the first is filled
+    grown = []
+    MPI.Request.Waitall([comm.Isend(np.zeros(1), r, 9), comm.Irecv(np.zeros(1), r, 9)], grown)
+    return [[b[0] for b in bufs], status.Get_tag(), status.Get_source(), len(grown)]
+
+
+def refused_buffers():
+    comm = MPI.COMM_WORLD
+    a = np.arange(12.0).reshape(3, 4)
+    readonly = np.zeros(3)
+    readonly.flags.writeable = False
+    return [_raises(lambda: comm.Bcast(a[:, ::2])),
+            _raises(lambda: comm.Allreduce(np.zeros(3), readonly)),
+            _raises(lambda: comm.Allreduce(np.zeros(3), b"abc")),
+            _raises(lambda: comm.Allreduce([np.zeros(3), -1, MPI.DOUBLE], np.zeros(3))),
+            _raises(lambda: comm.Bcast([np.zeros(3), (1, 5), MPI.DOUBLE])),
+            _raises(lambda: comm.Bcast([np.zeros(3), 1, 0, MPI.DOUBLE, 1])),
+            _raises(lambda: comm.Bcast(np.zeros(3, object))),
+            _raises(lambda: comm.Bcast([np.zeros(3), "Q!"])),
+            _raises(lambda: comm.Bcast([np.zeros(3), 1.5, MPI.DOUBLE])),
+            _raises(lambda: comm.Send(None, comm.rank)),
+            _raises(lambda: comm.Send("hello", comm.rank)),
+            _raises(lambda: comm.Allreduce(np.zeros(3), np.zeros(3, "i"))),
+            _raises(lambda: comm.Allreduce(np.zeros(3), np.zeros(4))),
+            _raises(lambda: comm.Alltoallv([np.zeros(3), []], [np.zeros(3), [3] * comm.size]))]
+
+
+def matched_probes():
+    comm = MPI.COMM_WORLD
+    p, r = comm.size, comm.rank
+    right, left = (r + 1) % p, (r - 1) % p
+    reqs = [comm.Isend(np.full(3, 10.0 * r + t), right, t) for t in (1, 2)] + [comm.isend({"from": r}, right, 3)]
+    status = MPI.Status()
+    second = comm.Mprobe(left, 2, status)  # taken out of order: the tag-1 message stays for its receive
+    out = [status.Get_source(), status.Get_tag(), status.Get_count(MPI.DOUBLE), bool(second)]
+    got2, got1 = np.zeros(3), np.zeros(3)
+    first = comm.Improbe(left, 1)
+    first.Irecv(got1).Wait()
+    second.Recv(got2)
+    obj = None
+    while obj is None:  # a matched probe of an object message, polled
+        msg = comm.improbe(left, 3)
+        obj = msg.recv() if msg is not None else None
+    MPI.Request.Waitall(reqs)
+    noproc = comm.Mprobe(MPI.PROC_NULL)
+    return out + [bool(second), got1.tolist(), got2.tolist(), obj, comm.Improbe(left, 1) is None,
+                  noproc == MPI.MESSAGE_NO_PROC, noproc.recv() is None, noproc == MPI.MESSAGE_NULL]
+
+
+def errhandlers():
+    comm = MPI.COMM_WORLD
+    dup = comm.Dup()
+    out = [comm.Get_errhandler() == MPI.ERRORS_RETURN, dup.Get_errhandler() == MPI.ERRORS_RETURN]
+    dup.Set_errhandler(MPI.ERRORS_ARE_FATAL)
+    got = dup.Get_errhandler()
+    out += [got == MPI.ERRORS_ARE_FATAL, dup.Dup().Get_errhandler() == MPI.ERRORS_RETURN]
+    got.Free()
+    out.append(got == MPI.ERRHANDLER_NULL)
+    calls = []
+    handler = MPI.Comm.Create_errhandler(lambda c, code: calls.append((c == dup, code)))
+    dup.Set_errhandler(handler)
+    dup.Call_errhandler(MPI.ERR_OTHER)
+    out += [calls == [(True, MPI.ERR_OTHER)], _raises(lambda: dup.Set_errhandler(MPI.ERRHANDLER_NULL))]
+    dup.Set_errhandler(MPI.ERRORS_RETURN)
+    dup.Call_errhandler(MPI.ERR_OTHER)  # returns: nothing happens
+    handler.Free()
+    dup.Free()
+    return out + [bool(handler), _raises(lambda: MPI.COMM_NULL.Get_errhandler())]
+
+
+def attributes():
+    comm = MPI.COMM_WORLD.Dup()
+    deleted = []
+    plain = MPI.Comm.Create_keyval()
+    kept = MPI.Comm.Create_keyval(copy_fn=True, delete_fn=lambda c, k, v: deleted.append(v))
+    doubled = MPI.Comm.Create_keyval(copy_fn=lambda c, k, v: v * 2)
+    out = [comm.Get_attr(plain), comm.Get_attr(MPI.TAG_UB) >= 32767]
+    comm.Set_attr(plain, "a")
+    comm.Set_attr(kept, [comm.rank])
+    comm.Set_attr(doubled, 21)
+    dup = comm.Dup()
+    out += [comm.Get_attr(plain), dup.Get_attr(plain), dup.Get_attr(kept) is comm.Get_attr(kept),
+            dup.Get_attr(doubled)]
+    comm.Set_attr(kept, "b")  # over a value: its delete callback runs
+    comm.Delete_attr(kept)
+    dup.Free()  # and on Free
+    out += [deleted, comm.Get_attr(kept)]
+    for keyval in (plain, kept, doubled):
+        out.append(MPI.Comm.Free_keyval(keyval) == MPI.KEYVAL_INVALID)
+    comm.Free()
+    return out
+
+
+def pkl5_comm():
+    from mpi4py.util import pkl5
+
+    comm = pkl5.Intracomm(MPI.COMM_WORLD)
+    p, r = comm.size, comm.rank
+    big = np.arange(300_000, dtype="i8") * (r + 1)  # 2.4 MB, sent out of band
+    got = comm.sendrecv(big, (r + 1) % p, 5, None, (r - 1) % p, 5)
+    req = comm.isend({"r": r}, (r + 1) % p, 6)
+    msg = comm.mprobe((r - 1) % p, 6)
+    obj = msg.recv()
+    req.wait()
+    dup = comm.Dup()
+    out = [int(got[-1]), obj, comm.bcast(big if r == 0 else None, root=0)[-1].item(), comm.allgather(r),
+           comm.gather(r, root=0), type(dup).__name__, isinstance(dup, pkl5.Comm)]
+    dup.Free()
+    return out
+
+
+def cartesian_queries():
+    comm = MPI.COMM_WORLD
+    cart = comm.Create_cart([comm.size], periods=True)
+    flat = comm.Create_cart([comm.size, 1], [False, True])
+    out = [comm.Cart_map([comm.size]), comm.Cart_map([1]) == (0 if comm.rank == 0 else MPI.UNDEFINED),
+           cart.is_topo, cart.indegree, cart.inedges, cart.outedges, list(cart.inoutedges[0]), flat.inedges,
+           _raises(lambda: comm.Create_cart([comm.size], []))]
+    cart.Free()
+    flat.Free()
+    return out
+
+
+ALL = (group_null_and_empty, predefined_free, request_copies, byte_order, fortran_order_and_0d_counts,
+       fewer_statuses, refused_buffers, matched_probes, errhandlers, attributes, pkl5_comm,
+       cartesian_queries)
+
+
+def run_all():
+    out = {}
+    for fn in ALL:  # one failing corner does not hide the others
+        try:
+            out[fn.__name__] = fn()
+        except Exception as exc:  # noqa: BLE001 - reported as the value
+            out[fn.__name__] = f"raised {type(exc).__name__}: {exc}"
+    return out
+
+
+if __name__ == "__main__":
+    results = run_all()
+    gathered = MPI.COMM_WORLD.gather(results, root=0)
+    if MPI.COMM_WORLD.rank == 0:
+        with open(sys.argv[1], "w") as f:
+            json.dump(gathered, f)

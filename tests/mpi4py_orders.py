@@ -1,0 +1,34 @@
+"""Floating-point Reduce and Allreduce whose bytes depend on the association (run under mpiexec for MPICH's).
+
+    timeout -k 5 120 mpiexec -n 5 python tests/mpi4py_orders.py OUT.json
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+from mpi4py import MPI
+
+
+def sums():
+    """Rank 0's Reduce, Allreduce (64 values, and 32,768: MPICH's long-message algorithm) and Reduce to the last
+    rank, as hex, of values spread over 16 orders of magnitude (every association gives other bits)."""
+    comm = MPI.COMM_WORLD
+    rng = np.random.default_rng(1234 + comm.rank)
+    x = rng.standard_normal(64) * 10.0 ** rng.integers(-8, 8, 64)
+    big = np.repeat(x, 512)
+    red, allr, bred, last = np.zeros(64), np.zeros(64), np.zeros_like(big), np.zeros(64)
+    comm.Reduce(x, red, op=MPI.SUM, root=0)
+    comm.Allreduce(x, allr, op=MPI.SUM)
+    comm.Allreduce(big, bred, op=MPI.SUM)
+    comm.Reduce(x, last, op=MPI.SUM, root=comm.size - 1)
+    return [red.tobytes().hex(), allr.tobytes().hex(), bred[::512].tobytes().hex(), last.tobytes().hex()]
+
+
+if __name__ == "__main__":
+    gathered = MPI.COMM_WORLD.gather(sums(), root=0)
+    if MPI.COMM_WORLD.rank == 0:
+        with open(sys.argv[1], "w") as f:
+            json.dump(gathered, f)

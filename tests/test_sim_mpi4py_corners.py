@@ -1,0 +1,198 @@
+"""The corners of mpi4py a lab meets (groups, predefined communicators, request copies, refused buffers,
+the script as __main__) behave on simulated ranks as under MPICH: values from MPI's semantics, and
+MPICH's own (tests/mpi4py_corners.py run under ``mpiexec -n 2``)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import mpi4py_corners as corners
+from spmdsim.emulator.mpi4py_world import swapped
+from spmdsim.sim import simulate
+from testkit import MPIEXEC
+
+HERE = Path(__file__).resolve().parent
+
+
+def _simulated(n: int) -> list:
+    with swapped():
+        return [json.loads(json.dumps(r)) for r in simulate(n, corners.run_all)]
+
+
+@pytest.fixture(scope="module")
+def simulated2():
+    return _simulated(2)
+
+
+def test_group_null_and_empty(simulated2):
+    from mpi4py import MPI
+
+    for res in simulated2:
+        assert res["group_null_and_empty"] == [False, True, True, False, 2, True, False, 0, True, True, False,
+                                               True, True, True, True, False, True]
+    assert MPI.UNDEFINED != 0
+
+
+def test_predefined_communicators_are_not_freed(simulated2):
+    for res in simulated2:
+        assert res["predefined_free"] == [True, False, "MPI.Exception Invalid communicator",
+                                          "MPI.Exception Invalid communicator", 2, 1, True, False, True]
+
+
+def test_request_copies(simulated2):
+    for r, res in enumerate(simulated2):
+        assert res["request_copies"] == [True, False, True, True, False, True, [r, r + 1.0, r + 2.0], r, 5,
+                                         False, True, False]
+
+
+def test_non_native_byte_order_is_refused(simulated2):
+    for res in simulated2:
+        assert res["byte_order"] == ["BufferError"] * 3
+
+
+@pytest.mark.skipif(not MPIEXEC, reason="no mpiexec beside this Python (pip install -e '.[mpi]')")
+def test_same_results_as_mpich(simulated2, tmp_path):
+    out = tmp_path / "mpich.json"
+    run = subprocess.run(["timeout", "-k", "5", "120", MPIEXEC, "-n", "2", sys.executable,
+                          str(HERE / "mpi4py_corners.py"), str(out)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    for r, (ours, theirs) in enumerate(zip(simulated2, json.loads(out.read_text()))):
+        for name in theirs:
+            assert ours[name] == theirs[name], f"{name} on rank {r}"
+
+
+def _mpirun(tmp_path: Path, source: str, n: int = 2) -> subprocess.CompletedProcess:
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent(source))
+    return subprocess.run([sys.executable, "-m", "spmdsim.emulator.mpirun", "-n", str(n), str(script)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+
+def test_script_runs_as_main_unittest_and_pickled_classes(tmp_path):
+    """unittest.main() finds the script's tests (a failing one fails the run) and an object of a class the
+    script defines travels by pickle, arriving as the receiving rank's own class."""
+    run = _mpirun(tmp_path, """
+        import sys, unittest
+        from mpi4py import MPI
+
+        class Point:
+            def __init__(self, x):
+                self.x = x
+
+        comm = MPI.COMM_WORLD
+        got = comm.sendrecv(Point(comm.rank), (comm.rank + 1) % comm.size, source=(comm.rank - 1) % comm.size)
+        print(comm.rank, type(got) is Point, got.x, sys.modules["__main__"].Point is Point)
+
+        class T(unittest.TestCase):
+            def test_rank_is_zero(self):
+                self.assertEqual(MPI.COMM_WORLD.rank, 0)
+
+        unittest.main()
+        """)
+    assert sorted(run.stdout.splitlines()) == ["0 True 1 True", "1 True 0 True"]
+    assert run.stderr.count("Ran 1 test") == 2 and run.stderr.count("FAILED (failures=1)") == 1, run.stderr
+    assert run.returncode == 1
+
+
+def test_fortran_order_and_0d_counts(simulated2):
+    for r, res in enumerate(simulated2):
+        total, flat, got = res["fortran_order_and_0d_counts"]
+        assert total == [[0.0, 3.0, 6.0], [9.0, 12.0, 15.0]]
+        assert flat == [(r + 1) * v for v in (0.0, 3.0, 1.0, 4.0, 2.0, 5.0)]
+        assert got == [10 * j + r for j in range(2)]
+
+
+def test_waitall_with_fewer_statuses(simulated2):
+    for r, res in enumerate(simulated2):
+        assert res["fewer_statuses"] == [[float(r), 10.0 + r, 20.0 + r], 0, r, 2]
+
+
+def test_invalid_buffers_refused_with_mpi4pys_classes(simulated2):
+    for res in simulated2:
+        assert res["refused_buffers"] == ["BufferError", "BufferError", "BufferError", "ValueError", "ValueError",
+                                          "ValueError", "KeyError", "KeyError", "TypeError", "TypeError",
+                                          "TypeError", "ValueError", "ValueError", "ValueError"]
+
+
+_LIFETIME = """
+    import sys
+    from mpi4py import rc
+    rc.initialize = False
+    from mpi4py import MPI
+
+    before = MPI.Is_initialized(), MPI.Is_finalized()
+    provided = MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    try:
+        MPI.Init()
+        twice = "no error"
+    except MPI.Exception as exc:
+        twice = MPI.Get_error_string(exc.Get_error_class())
+    rank = MPI.COMM_WORLD.allreduce(MPI.COMM_WORLD.rank)
+    during = MPI.Is_initialized(), MPI.Is_finalized()
+    MPI.Finalize()
+    line = f"{before} {provided == MPI.THREAD_MULTIPLE} {twice} {rank} {during} {(MPI.Is_initialized(), MPI.Is_finalized())}"
+    sys.stdout.write(line + "\\n")  # one write: MPICH interleaves the words of two ranks' print()
+    """
+
+
+def test_init_and_finalize_as_under_mpiexec(tmp_path):
+    """Each rank's own MPI lifetime: not initialized with rc.initialize = False until Init_thread, Init twice
+    is MPI's error, Finalize makes it finalized; as MPICH prints it."""
+    run = _mpirun(tmp_path, _LIFETIME)
+    line = "(False, False) True Other MPI error 1 (True, False) (True, True)"
+    assert run.stdout.splitlines() == [line, line], run.stderr
+    assert run.returncode == 0
+    if MPIEXEC:
+        mpich = subprocess.run(["timeout", "-k", "5", "120", MPIEXEC, "-n", "2", sys.executable,
+                                str(tmp_path / "prog.py")], capture_output=True, text=True)
+        assert mpich.stdout.count(line) == 2, (mpich.stdout, mpich.stderr[-2000:])  # MPICH may join two lines
+    again = _mpirun(tmp_path, """
+        from mpi4py import MPI
+        assert MPI.Is_initialized() and not MPI.Is_finalized()
+        MPI.Finalize()
+        MPI.Init()
+        """, n=1)
+    assert again.returncode == 1
+    assert "MPI.Exception: Other MPI error: Cannot call MPI_INIT or MPI_INIT_THREAD more than once" in again.stderr
+
+
+def test_matched_probes(simulated2):
+    for r, res in enumerate(simulated2):
+        left = (r - 1) % 2
+        assert res["matched_probes"] == [left, 2, 3, True, False, [10.0 * left + 1] * 3, [10.0 * left + 2] * 3,
+                                         {"from": left}, True, True, True, True]
+
+
+def test_error_handlers(simulated2):
+    for res in simulated2:
+        assert res["errhandlers"] == [True, True, True, True, True, True, "MPI.Exception Invalid errhandler",
+                                      False, "MPI.Exception Invalid communicator"]
+
+
+def test_attributes(simulated2):
+    for r, res in enumerate(simulated2):
+        assert res["attributes"] == [None, True, "a", None, True, 42, [[r], "b", [r]], None, True, True, True]
+
+
+def test_pkl5_on_simulated_ranks(simulated2):
+    """mpi4py.util.pkl5's communicator over a simulated one: out-of-band pickles, matched probes, collectives."""
+    last = 299_999
+    for r, res in enumerate(simulated2):
+        left = (r - 1) % 2
+        assert res["pkl5_comm"] == [last * (left + 1), {"r": left}, last, [0, 1], [0, 1] if r == 0 else None,
+                                    "Intracomm", True]
+
+
+def test_cartesian_queries(simulated2):
+    from mpi4py import MPI
+
+    null = MPI.PROC_NULL
+    for r, res in enumerate(simulated2):
+        other = 1 - r
+        assert res["cartesian_queries"] == [r, True, True, 2, [other, other], [other, other], [other, other],
+                                            [null if r == 0 else 0, 1 if r == 0 else null, r, r], "ValueError"]
