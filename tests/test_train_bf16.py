@@ -220,3 +220,16 @@ def test_a_pending_gradient_is_summed_before_it_is_rounded(monkeypatch):
     assert steps[0].passed
     assert any(came for came, _ in seen)  # pending sums reached bfloat16 nodes
     assert not any(left for _, left in seen)  # and none was handed on unsummed (unrounded)
+
+
+def test_a_bf16_step_passes_under_the_divergence_guard():
+    """SPMDSIM_CHECK's first look at a collective is whether MPI can move its dtype: bfloat16 blocks move as
+    their 16-bit words (their sums are float32's), so the guard lets them through (it refused them)."""
+    from spmdsim.runtime import debug
+
+    def main():
+        debug.configure(check=True)  # this simulated rank's own settings
+        return train(CFG, spmdsim.world(), 2, 2, 1, TEXT, sp=True, precision="bf16-mixed")[1]
+
+    results = spmdsim.simulate(4, main)
+    assert all(r == results[0] for r in results) and results[0][0].passed
