@@ -28,11 +28,12 @@ import numpy as np
 
 import spmdsim
 from spmdsim.autograd.kept import kept_problem
-from spmdsim.gpt import GPTConfig, decode, encode, load_text, param_specs
+from spmdsim.gpt import decode, encode, load_text, param_specs
 from spmdsim.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
 from spmdsim.gpt.pipeline import pipeline_layout_problem, train_pipelined
 from spmdsim.gpt.memory import recompute_problem, zero_problem
 from spmdsim.gpt.mixed import mixed_problem
+from spmdsim.gpt.options import model_arguments, model_config
 from spmdsim.gpt.train import replay_problem, train
 from spmdsim.precision import precision_problem
 from spmdsim.nets.train import loss_trend, run_main
@@ -50,18 +51,8 @@ pipeline_arguments(parser)  # --pp, --microbatches, --schedule, --virtual-stages
 parser.add_argument("--trace-out", default=None, metavar="PATH",
                     help="with a pipeline: the last step as a Perfetto trace (a track per rank: messages, "
                          "collectives and the F/B cells)")
-parser.add_argument("--vocab", type=int, default=128,
-                    help="vocabulary size (the text's ids are bytes below 128; a larger one, such as GPT-2's padded "
-                         "50304, shapes the embedding and head)")
-parser.add_argument("--layers", type=int, default=4)
-parser.add_argument("--d-model", type=int, default=128)
-parser.add_argument("--heads", type=int, default=4)
-parser.add_argument("--seq", type=int, default=64)
-parser.add_argument("--batch", type=int, default=8)
-parser.add_argument("--dropout", type=float, default=0.1)
-parser.add_argument("--lr", type=float, default=3e-3)
+model_arguments(parser)  # --vocab, --layers, --d-model, --heads, --seq, --batch, --dropout, --lr, --seed
 parser.add_argument("--clip", type=float, default=0.0, help="clip the gradients' joint norm to this (0: no clipping)")
-parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--every", type=int, default=20, help="print every N steps")
 parser.add_argument("--sample", type=int, default=120, help="characters to generate at the end (0: none)")
 parser.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (0: greedy)")
@@ -104,8 +95,7 @@ def split(world, cfg):
 def main(args):
     comm = spmdsim.world()
     # Refused on every rank alike, as the other bad sizes are: one line, exit 2.
-    cfg = GPTConfig(vocab=args.vocab, layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq,
-                    batch=args.batch, dropout=args.dropout, lr=args.lr, seed=args.seed, clip=args.clip)
+    cfg = model_config(args, clip=args.clip)
     shape, problem = split(comm.size, cfg)
     if problem:  # every rank alike, before any collective
         raise spmdsim.SpmdsimError(f"the GPT cannot run on {comm.size} ranks: {problem}")

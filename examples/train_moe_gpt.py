@@ -29,7 +29,7 @@ import argparse
 import sys
 
 import spmdsim
-from spmdsim.gpt import GPTConfig, encode, load_text, param_specs
+from spmdsim.gpt import encode, load_text, param_specs
 from spmdsim.gpt.parallel import mesh_problem
 from spmdsim.gpt.pipeline import pipeline_layout_problem, train_pipelined
 from spmdsim.gpt.train import TOLERANCE, train
@@ -37,6 +37,7 @@ from spmdsim.moe import MoEConfig
 from spmdsim.moe.routing import ROUTINGS
 from spmdsim.moe.report import dispatch_lines
 from spmdsim.nets.train import loss_trend, run_main
+from spmdsim.gpt.options import model_arguments, model_config
 from spmdsim.pipeline.options import microbatches, pipeline_arguments, pipelined, virtual_stages
 from spmdsim.sim import dry_run_active
 from spmdsim.sim.dry import note
@@ -74,15 +75,7 @@ parser.add_argument("--algorithm", choices=("pairwise", "bruck"), default=None,
 parser.add_argument("--dispatch", action="store_true",
                     help="print each reported step's dispatch of the first MoE layer: tokens rank -> rank, "
                          "per expert, dropped")
-parser.add_argument("--vocab", type=int, default=128)
-parser.add_argument("--layers", type=int, default=4)
-parser.add_argument("--d-model", type=int, default=128)
-parser.add_argument("--heads", type=int, default=4)
-parser.add_argument("--seq", type=int, default=64)
-parser.add_argument("--batch", type=int, default=8)
-parser.add_argument("--dropout", type=float, default=0.1)
-parser.add_argument("--lr", type=float, default=3e-3)
-parser.add_argument("--seed", type=int, default=0)
+model_arguments(parser)  # --vocab, --layers, --d-model, --heads, --seq, --batch, --dropout, --lr, --seed
 parser.add_argument("--every", type=int, default=10, help="print every N steps")
 parser.add_argument("--no-check", action="store_true", help="skip the single-process reference")
 ranks_argument(parser)  # --ranks N (simulated ranks) and --dry-run beside it
@@ -119,8 +112,7 @@ def main(args):
                     capacity_factor=args.capacity_factor, dropless=args.dropless,
                     aux_loss_coeff=args.aux_loss_coeff, z_loss_coeff=args.z_loss_coeff,
                     dry_routing=args.routing or "balanced")
-    cfg = GPTConfig(vocab=args.vocab, layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq,
-                    batch=args.batch, dropout=args.dropout, lr=args.lr, seed=args.seed, moe=moe)
+    cfg = model_config(args, moe=moe)
     shape, problem = split(comm.size)
     piped, pp = pipelined(args), args.pp
     if not problem and piped:

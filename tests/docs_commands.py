@@ -8,9 +8,12 @@ A quoted output matches when its lines appear in order in the real output:
 """
 from __future__ import annotations
 
+import os
 import pathlib
 import re
 import shlex
+import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Optional
 
@@ -119,3 +122,31 @@ def mismatch(quoted: tuple[str, ...], actual: str) -> Optional[str]:
         at += 1
         skipping = False
     return None
+
+
+def section(doc: str, heading: str) -> list[Quote]:
+    """The quotes of `doc` under the heading line `heading` (to the next "## " heading)."""
+    text = (ROOT / doc).read_text()
+    start = text.count("\n", 0, text.index(heading))
+    stop = text.count("\n", 0, text.index("\n## ", text.index(heading) + 1))
+    return [q for q in quotes(doc) if start <= q.line <= stop]
+
+
+def run_shell(command: str) -> subprocess.CompletedProcess:
+    """`command` in bash from the repository's root, this Python's folder first on PATH."""
+    env = dict(os.environ, PATH=f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}")
+    return subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def run_long(quote: Quote, mpiexec: Optional[str]) -> Optional[subprocess.CompletedProcess]:
+    """A command marked ``# long`` run with ``--steps 2 --sample 0`` in place of its step count (asserted to
+    exit 0), or None for an MPI one where there is no `mpiexec`."""
+    command, _, note = quote.command.partition("#")
+    assert note.strip() == "long", quote.where()
+    if "mpiexec" in command and not mpiexec:
+        return None
+    short = re.sub(r"--steps \d+", "--steps 2 --sample 0", command.strip())
+    assert short != command.strip()
+    done = run_shell(short)
+    assert done.returncode == 0, quote.where() + "\n" + done.stderr[-2000:]
+    return done

@@ -6,14 +6,9 @@ step count and must PASS; the MPI one needs an mpiexec (tests/testkit.MPIEXEC).
 """
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
-
 import pytest
 
-from docs_commands import ROOT, mismatch, quotes
+from docs_commands import ROOT, mismatch, run_long, run_shell, section
 from testkit import MPIEXEC
 
 pytest.importorskip("ml_dtypes")
@@ -23,15 +18,7 @@ HEADING = "## Mixed precision (bf16)"
 
 
 def _section() -> list:
-    text = (ROOT / DOC).read_text()
-    start = text.count("\n", 0, text.index(HEADING))
-    stop = text.count("\n", 0, text.index("\n## ", text.index(HEADING) + 1))
-    return [q for q in quotes(DOC) if start <= q.line <= stop]
-
-
-def _run(command: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PATH=f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}")
-    return subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return section(DOC, HEADING)
 
 
 def test_the_section_shows_the_commands_this_test_runs():
@@ -43,7 +30,7 @@ def test_the_section_shows_the_commands_this_test_runs():
 
 def test_the_quoted_command_prints_what_the_doc_quotes():
     quote = _section()[0]
-    done = _run(quote.command)
+    done = run_shell(quote.command)
     assert done.returncode == 0, quote.where() + "\n" + done.stderr[-2000:]
     why = mismatch(quote.output, done.stdout)
     assert why is None, f"{quote.where()}: {why}\n{done.stdout}"
@@ -52,14 +39,9 @@ def test_the_quoted_command_prints_what_the_doc_quotes():
 @pytest.mark.parametrize("index", [1, 2, 3, 4, 5])
 def test_a_long_command_runs_two_steps_and_passes(index):
     quote = _section()[index]
-    command, _, note = quote.command.partition("#")
-    assert note.strip() == "long", quote.where()
-    if "mpiexec" in command and not MPIEXEC:
+    done = run_long(quote, MPIEXEC)
+    if done is None:
         pytest.skip("no mpiexec")
-    short = re.sub(r"--steps \d+", "--steps 2 --sample 0", command.strip())
-    assert short != command.strip()
-    done = _run(short)
-    assert done.returncode == 0, quote.where() + "\n" + done.stderr[-2000:]
     assert "check: 2 steps vs one numpy process (loss, 64 gradients and parameters each): PASS" in done.stdout
     assert "tolerances under bf16-mixed: loss 6.1e-05, gradients 4.7e-02, parameters 9.5e-07" in done.stdout
 
@@ -70,7 +52,7 @@ def test_the_tables_quote_the_tolerances_the_code_uses():
     from spmdsim.precision import precision
 
     text = (ROOT / DOC).read_text()
-    section = text[text.index(HEADING):text.index("\n## ", text.index(HEADING) + 1)]
+    shown = text[text.index(HEADING):text.index("\n## ", text.index(HEADING) + 1)]
     loss, grads, params = tolerances(precision("bf16-mixed"), GPTConfig())
     for figure in (f"{loss:.1e}", f"{grads:.1e}", f"{params:.1e}"):
-        assert figure in section, figure
+        assert figure in shown, figure

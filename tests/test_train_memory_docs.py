@@ -7,29 +7,16 @@ place of its step count and must PASS; the MPI one needs an mpiexec (tests/testk
 """
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
-
 import pytest
 
-from docs_commands import ROOT, mismatch, quotes
+from docs_commands import mismatch, run_long, run_shell, section
 from testkit import MPIEXEC
 
 DOC = "docs/training.md"
 
 
 def _section() -> list:
-    text = (ROOT / DOC).read_text()
-    start = text.count("\n", 0, text.index("## Memory: activation recomputation"))
-    stop = text.count("\n", 0, text.index("\n## ", text.index("## Memory: activation recomputation") + 1))
-    return [q for q in quotes(DOC) if start <= q.line <= stop]
-
-
-def _run(command: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PATH=f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}")
-    return subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return section(DOC, "## Memory: activation recomputation")
 
 
 def test_the_section_shows_the_commands_this_test_runs():
@@ -41,7 +28,7 @@ def test_the_section_shows_the_commands_this_test_runs():
 @pytest.mark.parametrize("index", [0, 6, 7, 8])
 def test_a_quoted_command_prints_what_the_doc_quotes(index):
     quote = _section()[index]
-    done = _run(quote.command)
+    done = run_shell(quote.command)
     assert done.returncode == 0, quote.where() + "\n" + done.stderr[-2000:]
     why = mismatch(quote.output, done.stdout)
     assert why is None, f"{quote.where()}: {why}\n{done.stdout}"
@@ -50,12 +37,7 @@ def test_a_quoted_command_prints_what_the_doc_quotes(index):
 @pytest.mark.parametrize("index", [1, 2, 3, 4, 5])
 def test_a_long_command_runs_two_steps_and_passes(index):
     quote = _section()[index]
-    command, _, note = quote.command.partition("#")
-    assert note.strip() == "long", quote.where()
-    if "mpiexec" in command and not MPIEXEC:
+    done = run_long(quote, MPIEXEC)
+    if done is None:
         pytest.skip("no mpiexec")
-    short = re.sub(r"--steps \d+", "--steps 2 --sample 0", command.strip())
-    assert short != command.strip()
-    done = _run(short)
-    assert done.returncode == 0, quote.where() + "\n" + done.stderr[-2000:]
     assert "check: 2 steps vs one numpy process (loss, 64 gradients and parameters each): PASS" in done.stdout

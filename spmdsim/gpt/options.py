@@ -1,0 +1,35 @@
+"""The GPT's size and training options on the command line, shared by the examples that train it (pure:
+argparse only).
+
+``model_arguments(parser)`` adds ``--vocab``, ``--layers``, ``--d-model``, ``--heads``, ``--seq``,
+``--batch``, ``--dropout``, ``--lr`` and ``--seed``; ``model_config(args, **more)`` is the GPTConfig
+they say (``more``: the example's own fields, such as ``clip`` or ``moe``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .config import GPTConfig
+
+__all__ = ["model_arguments", "model_config"]
+
+
+def model_arguments(parser: Any) -> None:
+    """Add the GPT's size and training options (GPTConfig's defaults for the examples) to a parser."""
+    parser.add_argument("--vocab", type=int, default=128,
+                        help="vocabulary size (the text's ids are bytes below 128; a larger one, such as GPT-2's "
+                             "padded 50304, shapes the embedding and head)")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--dropout", type=float, default=0.1)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def model_config(args: Any, **more: Any) -> GPTConfig:
+    """The GPTConfig of `model_arguments`' parsed options, with the example's own fields `more`."""
+    return GPTConfig(vocab=args.vocab, layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq,
+                     batch=args.batch, dropout=args.dropout, lr=args.lr, seed=args.seed, **more)
