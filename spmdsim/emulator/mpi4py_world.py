@@ -23,6 +23,7 @@ import weakref
 from typing import Any, Iterator
 
 from .. import context as _local
+from ._nesting import Nesting
 
 __all__ = ["swapped", "real", "SWAPPED"]
 
@@ -34,7 +35,8 @@ SWAPPED = ("COMM_WORLD", "COMM_SELF", "Comm", "Intracomm", "Cartcomm", "Request"
 _BSEND_BUFFERS: dict = {}  # thread -> the buffer a simulated rank attached (its Bsend copies anyway)
 
 _LOCK = threading.Lock()
-_DEPTH = [0, None]  # nesting depth, the module's own type
+_NESTING = Nesting()
+_OWN: list = []  # the module's own type, while swapped
 
 
 def real(name: str) -> Any:
@@ -192,16 +194,13 @@ def swapped() -> Iterator[None]:
 
     if real("COMM_WORLD").Get_size() == 1:  # importing MPI initialized MPICH: unlink its segment now,
         release_segments_once(real("COMM_WORLD"))  # so a SIGKILL leaves nothing in /dev/shm
-    with _LOCK:
-        if _DEPTH[0] == 0:
-            _DEPTH[1] = type(MPI)
-            MPI.__class__ = _SimulatedMPI
-        _DEPTH[0] += 1
-    try:
-        with threads_of_ranks(), swapped_pkl5():  # a rank's threads are its own; so is mpi4py.util.pkl5
-            yield
-    finally:
-        with _LOCK:
-            _DEPTH[0] -= 1
-            if _DEPTH[0] == 0:
-                MPI.__class__ = _DEPTH[1]
+    def install() -> None:
+        _OWN[:] = [type(MPI)]
+        MPI.__class__ = _SimulatedMPI
+
+    def restore() -> None:
+        MPI.__class__ = _OWN.pop()
+
+    # a rank's threads are its own; so is mpi4py.util.pkl5
+    with _NESTING(install, restore), threads_of_ranks(), swapped_pkl5():
+        yield

@@ -23,11 +23,12 @@ import weakref
 from typing import Any, Iterator
 
 from .. import context as _local
+from ._nesting import Nesting
 
 __all__ = ["swapped_pkl5"]
 
-_LOCK = threading.Lock()
-_DEPTH = [0, None]  # nesting depth, the module's own type
+_NESTING = Nesting()
+_OWN: list = []  # the module's own type, while swapped
 _COPIES: "weakref.WeakKeyDictionary[Any, types.ModuleType]" = weakref.WeakKeyDictionary()  # RankContext -> copy
 _CODE: list = []  # pkl5's compiled source
 
@@ -106,17 +107,13 @@ def swapped_pkl5() -> Iterator[None]:
     """Within this block, simulated ranks see mpi4py.util.pkl5 as their own copy (see above); nests."""
     from mpi4py.util import pkl5
 
-    with _LOCK:
-        if _DEPTH[0] == 0:
-            names = [n for n in vars(pkl5) if not (n.startswith("__") and n.endswith("__"))]
-            swapped = type("_SimulatedPkl5", (type(pkl5),), {n: _property(n) for n in names})
-            _DEPTH[1] = type(pkl5)
-            pkl5.__class__ = swapped
-        _DEPTH[0] += 1
-    try:
+    def install() -> None:
+        names = [n for n in vars(pkl5) if not (n.startswith("__") and n.endswith("__"))]
+        _OWN[:] = [type(pkl5)]
+        pkl5.__class__ = type("_SimulatedPkl5", (_OWN[0],), {n: _property(n) for n in names})
+
+    def restore() -> None:
+        pkl5.__class__ = _OWN.pop()
+
+    with _NESTING(install, restore):
         yield
-    finally:
-        with _LOCK:
-            _DEPTH[0] -= 1
-            if _DEPTH[0] == 0:
-                pkl5.__class__ = _DEPTH[1]

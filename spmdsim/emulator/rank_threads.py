@@ -18,11 +18,11 @@ import threading
 from typing import Any, Iterator, Optional
 
 from .. import context as _local
+from ._nesting import Nesting
 
 __all__ = ["threads_of_ranks"]
 
-_LOCK = threading.Lock()
-_DEPTH = [0]
+_NESTING = Nesting()
 _REAL: dict = {}  # "init", "start", "join": threading.Thread's own, while swapped
 
 
@@ -89,17 +89,14 @@ def _join(thread: threading.Thread, timeout: Optional[float] = None) -> None:
 @contextlib.contextmanager
 def threads_of_ranks() -> Iterator[None]:
     """Within this block, threads started on simulated ranks are those ranks' (see above); nests."""
-    with _LOCK:
-        if _DEPTH[0] == 0:
-            _REAL.update(init=threading.Thread.__init__, start=threading.Thread.start, join=threading.Thread.join)
-            threading.Thread.__init__, threading.Thread.start, threading.Thread.join = _init, _start, _join
-        _DEPTH[0] += 1
-    try:
+    def install() -> None:
+        _REAL.update(init=threading.Thread.__init__, start=threading.Thread.start, join=threading.Thread.join)
+        threading.Thread.__init__, threading.Thread.start, threading.Thread.join = _init, _start, _join
+
+    def restore() -> None:
+        threading.Thread.__init__ = _REAL["init"]
+        threading.Thread.start, threading.Thread.join = _REAL["start"], _REAL["join"]
+        _REAL.clear()
+
+    with _NESTING(install, restore):
         yield
-    finally:
-        with _LOCK:
-            _DEPTH[0] -= 1
-            if _DEPTH[0] == 0:
-                threading.Thread.__init__ = _REAL["init"]
-                threading.Thread.start, threading.Thread.join = _REAL["start"], _REAL["join"]
-                _REAL.clear()
