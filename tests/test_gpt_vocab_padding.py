@@ -91,6 +91,7 @@ def test_without_the_mask_the_padded_logits_change_the_loss_and_the_check_fails(
 
 
 @pytest.mark.parametrize("options", [{"sp": True}, {"zero": 1}, {"replay": True}, {"precision": "bf16-mixed"},
+                                     {"recompute": "full"},
                                      {"kept": "megatron", "recompute": "selective"}])
 def test_padding_composes_with_the_training_options(options):
     """An odd vocabulary of 131 padded to 192 on tp 4: the last tp rank's 48 rows are all padding (its
@@ -98,6 +99,15 @@ def test_padding_composes_with_the_training_options(options):
     cfg = GPTConfig(vocab=131, vocab_pad_to=64, layers=1, d_model=16, heads=4, seq=8, batch=4, dropout=0.2)
     result, zero = _step_and_padding(cfg, 2, 4, **options)
     assert result.passed and zero, result
+
+
+def test_padding_composes_with_moe_layers():
+    from spmdsim.moe import MoEConfig
+
+    cfg = GPTConfig(vocab=131, vocab_pad_to=64, layers=2, d_model=16, heads=4, seq=8, batch=4, dropout=0.2,
+                    moe=MoEConfig(experts=4))
+    steps = spmdsim.simulate(8, lambda: train(cfg, spmdsim.world(), 1, 4, 2, TEXT, ep=2)[1])[0]
+    assert all(r.passed and max(r.errors) <= TOLERANCE for r in steps), steps
 
 
 def test_padding_composes_with_a_pipeline():

@@ -45,5 +45,6 @@ def padding_line(cfg: GPTConfig, tp: int) -> Optional[str]:
     extra = cfg.padded_vocab - cfg.vocab
     if not extra:
         return None
+    rows = "row" if extra == 1 else "rows"
     return (f"vocab {cfg.vocab:,} padded to {cfg.padded_vocab:,} (a multiple of {cfg.vocab_pad_to:,}): "
-            f"{cfg.padded_vocab // tp:,} rows per tp rank, {extra:,} padded rows masked")
+            f"{cfg.padded_vocab // tp:,} rows per tp rank, {extra:,} padded {rows} masked")
