@@ -75,7 +75,7 @@ parser.add_argument("--algorithm", choices=("pairwise", "bruck"), default=None,
 parser.add_argument("--dispatch", action="store_true",
                     help="print each reported step's dispatch of the first MoE layer: tokens rank -> rank, "
                          "per expert, dropped")
-model_arguments(parser)  # --vocab, --pad-vocab-to, --layers, --d-model, --heads, --seq, --batch, --dropout, --lr, --seed
+model_arguments(parser)  # --vocab, --pad-vocab-to, the model's sizes, --dropout, --lr, --seed (spmdsim.gpt.options)
 parser.add_argument("--every", type=int, default=10, help="print every N steps")
 parser.add_argument("--no-check", action="store_true", help="skip the single-process reference")
 ranks_argument(parser)  # --ranks N (simulated ranks) and --dry-run beside it
