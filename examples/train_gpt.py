@@ -15,6 +15,8 @@ with float32 master weights, and the reference runs under the same policy (docs/
 Run: timeout -k 5 3600 mpiexec -n 8 python examples/train_gpt.py --dp 2 --tp 4 --sp
   or python examples/train_gpt.py --ranks 8 --dp 2 --tp 4 --sp   (8 simulated ranks)
   or in bfloat16: python examples/train_gpt.py --ranks 8 --dp 2 --tp 4 --sp --precision bf16-mixed
+  or with GPT-2's odd vocabulary padded to a multiple of 128 x tp, the padded logits masked (docs/training.md):
+     python examples/train_gpt.py --ranks 8 --tp 8 --heads 8 --vocab 50257 --pad-vocab-to 1024 --steps 3
   or over a pipeline (docs/pipeline.md): python examples/train_gpt.py --ranks 8 --pp 2 --tp 2 --dp 2 --sp \
          --microbatches 4 --schedule 1f1b
   or, GPT-2 medium's shape on 16,384 ranks, shapes only (docs/simulate.md, "Dry runs"):
@@ -33,7 +35,7 @@ from spmdsim.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
 from spmdsim.gpt.pipeline import pipeline_layout_problem, train_pipelined
 from spmdsim.gpt.memory import recompute_problem, zero_problem
 from spmdsim.gpt.mixed import mixed_problem
-from spmdsim.gpt.options import model_arguments, model_config
+from spmdsim.gpt.options import model_arguments, model_config, padding_line
 from spmdsim.gpt.train import replay_problem, train
 from spmdsim.precision import precision_problem
 from spmdsim.nets.train import loss_trend, run_main
@@ -51,7 +53,7 @@ pipeline_arguments(parser)  # --pp, --microbatches, --schedule, --virtual-stages
 parser.add_argument("--trace-out", default=None, metavar="PATH",
                     help="with a pipeline: the last step as a Perfetto trace (a track per rank: messages, "
                          "collectives and the F/B cells)")
-model_arguments(parser)  # --vocab, --layers, --d-model, --heads, --seq, --batch, --dropout, --lr, --seed
+model_arguments(parser)  # --vocab, --pad-vocab-to, the model's sizes, --dropout, --lr, --seed (spmdsim.gpt.options)
 parser.add_argument("--clip", type=float, default=0.0, help="clip the gradients' joint norm to this (0: no clipping)")
 parser.add_argument("--every", type=int, default=20, help="print every N steps")
 parser.add_argument("--sample", type=int, default=120, help="characters to generate at the end (0: none)")
@@ -122,6 +124,8 @@ def main(args):
         clipped = f", gradients' norm clipped to {cfg.clip}" if cfg.clip else ""
         mesh = f"pp {pp} x dp {dp} x tp {tp}" if pp > 1 else f"dp {dp} x tp {tp}"
         print(f"mesh {mesh}{' with sequence parallelism' if args.sp else ''}; AdamW lr {cfg.lr}{clipped}")
+        if padding_line(cfg, tp):
+            print(padding_line(cfg, tp))
         if pipelined(args):
             v = f", {virtual_stages(args)} chunks per stage" if args.schedule == "interleaved" else ""
             m = microbatches(args)

@@ -37,7 +37,7 @@ from spmdsim.moe import MoEConfig
 from spmdsim.moe.routing import ROUTINGS
 from spmdsim.moe.report import dispatch_lines
 from spmdsim.nets.train import loss_trend, run_main
-from spmdsim.gpt.options import model_arguments, model_config
+from spmdsim.gpt.options import model_arguments, model_config, padding_line
 from spmdsim.pipeline.options import microbatches, pipeline_arguments, pipelined, virtual_stages
 from spmdsim.sim import dry_run_active
 from spmdsim.sim.dry import note
@@ -75,7 +75,7 @@ parser.add_argument("--algorithm", choices=("pairwise", "bruck"), default=None,
 parser.add_argument("--dispatch", action="store_true",
                     help="print each reported step's dispatch of the first MoE layer: tokens rank -> rank, "
                          "per expert, dropped")
-model_arguments(parser)  # --vocab, --layers, --d-model, --heads, --seq, --batch, --dropout, --lr, --seed
+model_arguments(parser)  # --vocab, --pad-vocab-to, the model's sizes, --dropout, --lr, --seed (spmdsim.gpt.options)
 parser.add_argument("--every", type=int, default=10, help="print every N steps")
 parser.add_argument("--no-check", action="store_true", help="skip the single-process reference")
 ranks_argument(parser)  # --ranks N (simulated ranks) and --dry-run beside it
@@ -154,6 +154,8 @@ def main(args):
             else:
                 lines.append("  " + part)
         print("\n".join(lines))
+        if padding_line(cfg, tp):
+            print(padding_line(cfg, tp))
         if piped:
             m, v = microbatches(args), virtual_stages(args)
             chunks = f", {v} chunks per stage" if args.schedule == "interleaved" else ""

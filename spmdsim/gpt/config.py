@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from ..errors import SpmdsimError
@@ -12,7 +12,7 @@ from ..validate import as_int
 
 __all__ = ["GPTConfig"]
 
-_SIZES = ("vocab", "d_model", "heads", "layers", "seq", "batch")
+_SIZES = ("vocab", "d_model", "heads", "layers", "seq", "batch", "vocab_pad_to")
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,13 @@ class GPTConfig:
 
     The defaults are the model of examples/train_gpt.py: 4 layers, d_model 128, 4 heads,
     sequence 64, batch 8, character vocabulary 128.
+
+    ``vocab_pad_to`` m > 1 pads the vocabulary to a multiple of m (`padded_vocab`), as Megatron-LM's
+    --make-vocab-size-divisible-by does (it pads to 128 x tp), so tp can split a vocabulary that it does
+    not divide: the token embedding (and the head tied to it) has `padded_vocab` rows, the padded ones
+    start at zero and are never looked up, and their logits are masked out of the softmax (-inf, forward
+    and backward), so the loss and every gradient are the unpadded model's (docs/training.md,
+    "An odd vocabulary"). The single-process reference is always the unpadded model (`unpadded`).
     """
 
     vocab: int = 128
@@ -39,6 +46,7 @@ class GPTConfig:
     init_std: float = 0.02
     clip: float = 0.0  # the gradients' joint norm is clipped to this before each update (0: not clipped)
     moe: Optional[MoEConfig] = None  # mixture-of-experts MLPs in every moe.every-th block (docs/experts.md)
+    vocab_pad_to: int = 1  # the embedding's rows: vocab rounded up to a multiple of this (1: not padded)
 
     def __post_init__(self) -> None:
         for name in _SIZES:
@@ -71,6 +79,15 @@ class GPTConfig:
     def is_moe(self, layer: int) -> bool:
         """Whether block `layer` has a mixture-of-experts layer in place of its MLP."""
         return self.moe is not None and self.moe.is_moe(layer)
+
+    @property
+    def padded_vocab(self) -> int:
+        """The token embedding's rows: vocab rounded up to a multiple of vocab_pad_to."""
+        return -(-self.vocab // self.vocab_pad_to) * self.vocab_pad_to
+
+    def unpadded(self) -> GPTConfig:
+        """This model without vocabulary padding (the single-process reference's model)."""
+        return self if self.vocab_pad_to == 1 else replace(self, vocab_pad_to=1)
 
     @property
     def head_dim(self) -> int:

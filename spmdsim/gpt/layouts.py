@@ -6,6 +6,7 @@ layout by its role in Megatron's tensor parallelism (docs/operators.md, "A GPT")
 | parameter                | layout          | why                                                   |
 | ------------------------ | --------------- | ----------------------------------------------------- |
 | wte (V, D)               | ("tp", None)    | vocab-parallel embedding, and the tied head's columns |
+|                          |                 | (V padded to a multiple of cfg.vocab_pad_to)          |
 | wpe (T, D)               | (None, None); ("tp", None) with sp | added to the sequence-split activations |
 | wq, wk, wv, w1 (D, *)    | (None, "tp")    | column-parallel: each rank its heads / hidden columns |
 | bq, bv, b1 (no key bias) | ("tp",)         | split like the columns                                |
@@ -55,9 +56,18 @@ def mesh_problem(cfg: GPTConfig, dp: int, tp: int, sp: bool, ep: int = 1) -> Opt
     batch = f"dp {dp} x ep {ep} = {dp * ep}" if ep > 1 else f"dp {dp}"
     checks = [(cfg.batch % (dp * ep), f"batch {cfg.batch} is not divisible by {batch}"),
               (cfg.heads % tp, f"heads {cfg.heads} is not divisible by tp {tp} (heads are split over tp)"),
-              (cfg.vocab % tp, f"vocab {cfg.vocab} is not divisible by tp {tp} (vocab-parallel embedding)"),
+              (cfg.padded_vocab % tp, _vocab_problem(cfg, tp)),
               (sp and cfg.seq % tp, f"seq {cfg.seq} is not divisible by tp {tp} (sequence parallelism)")]
     return next((text for bad, text in checks if bad), None)
+
+
+def _vocab_problem(cfg: GPTConfig, tp: int) -> str:
+    """What to say when tp does not divide the embedding's rows: pad the vocabulary (to a multiple of tp)."""
+    if cfg.padded_vocab == cfg.vocab:
+        return (f"vocab {cfg.vocab} is not divisible by tp {tp} (vocab-parallel embedding); pad it to a multiple "
+                f"of tp (GPTConfig vocab_pad_to, --pad-vocab-to; Megatron pads to 128 x tp = {128 * tp})")
+    return (f"vocab {cfg.vocab} padded to a multiple of {cfg.vocab_pad_to} is {cfg.padded_vocab}, not divisible by "
+            f"tp {tp} (vocab-parallel embedding); pad to a multiple of tp (Megatron pads to 128 x tp = {128 * tp})")
 
 
 def _role(name: str, sp: bool) -> str:

@@ -32,7 +32,7 @@ from .. import activations
 from ..precision import Precision, product, rounded, unit_roundoff, wide
 from ..tolerances import sum_rtol
 from .config import GPTConfig
-from .params import param_specs
+from .params import padded_params, param_specs, unpadded_params
 
 __all__ = ["loss_and_grads", "tolerances", "longest_sum", "mixed_problem"]
 
@@ -100,7 +100,11 @@ def loss_and_grads(params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, s
                    policy: Precision, masks: Optional[dict]) -> tuple[float, dict]:
     """(loss, {name: float32 gradient}) of one step under `policy`; `params`: each parameter's values in
     the policy's parameter dtype (or exactly representable there); `masks`: spmdsim.gpt.reference's
-    keep masks of the step (None without dropout)."""
+    keep masks of the step (None without dropout). With vocabulary padding (cfg.vocab_pad_to), the unpadded
+    model's from the padded model's `params`, wte's padded rows' gradients zero (spmdsim.gpt.reference's)."""
+    if cfg.unpadded() is not cfg:
+        loss, grads = loss_and_grads(unpadded_params(params, cfg), x, y, cfg.unpadded(), step, policy, masks)
+        return loss, padded_params(grads, cfg)
     act = policy.dtype("activation")
     P = {s.name: np.asarray(params[s.name]).astype(policy.dtype("param")) for s in param_specs(cfg)}
     r = _Rounder(act, cfg, masks)

@@ -1,17 +1,18 @@
 """The GPT's size and training options on the command line, shared by the examples that train it (pure:
 argparse only).
 
-``model_arguments(parser)`` adds ``--vocab``, ``--layers``, ``--d-model``, ``--heads``, ``--seq``,
-``--batch``, ``--dropout``, ``--lr`` and ``--seed``; ``model_config(args, **more)`` is the GPTConfig
-they say (``more``: the example's own fields, such as ``clip`` or ``moe``).
+``model_arguments(parser)`` adds ``--vocab``, ``--pad-vocab-to``, ``--layers``, ``--d-model``, ``--heads``,
+``--seq``, ``--batch``, ``--dropout``, ``--lr`` and ``--seed``; ``model_config(args, **more)`` is the GPTConfig
+they say (``more``: the example's own fields, such as ``clip`` or ``moe``); ``padding_line(cfg, tp)``
+says how the vocabulary is padded and cut over tp (None without padding).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from .config import GPTConfig
 
-__all__ = ["model_arguments", "model_config"]
+__all__ = ["model_arguments", "model_config", "padding_line"]
 
 
 def model_arguments(parser: Any) -> None:
@@ -19,6 +20,9 @@ def model_arguments(parser: Any) -> None:
     parser.add_argument("--vocab", type=int, default=128,
                         help="vocabulary size (the text's ids are bytes below 128; a larger one, such as GPT-2's "
                              "padded 50304, shapes the embedding and head)")
+    parser.add_argument("--pad-vocab-to", type=int, default=1, metavar="N",
+                        help="pad the vocabulary to a multiple of N, the padded logits masked out of the loss "
+                             "(Megatron pads to 128 x tp; default 1: no padding)")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--d-model", type=int, default=128)
     parser.add_argument("--heads", type=int, default=4)
@@ -32,4 +36,15 @@ def model_arguments(parser: Any) -> None:
 def model_config(args: Any, **more: Any) -> GPTConfig:
     """The GPTConfig of `model_arguments`' parsed options, with the example's own fields `more`."""
     return GPTConfig(vocab=args.vocab, layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq,
-                     batch=args.batch, dropout=args.dropout, lr=args.lr, seed=args.seed, **more)
+                     batch=args.batch, dropout=args.dropout, lr=args.lr, seed=args.seed,
+                     vocab_pad_to=args.pad_vocab_to, **more)
+
+
+def padding_line(cfg: GPTConfig, tp: int) -> Optional[str]:
+    """One line on the vocabulary's padding over `tp` ranks, or None when cfg pads nothing."""
+    extra = cfg.padded_vocab - cfg.vocab
+    if not extra:
+        return None
+    rows = "row" if extra == 1 else "rows"
+    return (f"vocab {cfg.vocab:,} padded to {cfg.padded_vocab:,} (a multiple of {cfg.vocab_pad_to:,}): "
+            f"{cfg.padded_vocab // tp:,} rows per tp rank, {extra:,} padded {rows} masked")

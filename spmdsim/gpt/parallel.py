@@ -51,6 +51,16 @@ def _moe_problem(recompute: str, kept: str) -> Optional[str]:
     return None
 
 
+def _zero_padded_rows(wte: Any, vocab: int) -> None:
+    """Zero, in place, the rows of this rank's block of the token embedding `wte` at or past `vocab`: the
+    padded vocabulary's rows start at zero (GPTConfig.vocab_pad_to; spmdsim.gpt.params.initial_value)."""
+    from ..sim import dry_run_active
+
+    rows = wte.slices[0]
+    if rows.stop > vocab and not dry_run_active():  # a dry run's blocks have shapes, not values
+        wte.local[max(vocab - rows.start, 0):] = 0.0
+
+
 def _with_losses(h: Any, losses: Any) -> Any:
     """`h` unchanged, with the scalar `losses` attached: in the backward `h`'s gradient passes through and
     `losses` gets ones (Megatron's MoEAuxLossAutoScaler), so a pipeline chunk's router losses are
@@ -138,6 +148,8 @@ class GPT:
                 t = DTensor.full(mesh, layout, spec.shape, constant(spec))
             else:
                 t = DTensor.from_seeded(mesh, layout, source)
+                if spec.name == "wte":
+                    _zero_padded_rows(t, cfg.vocab)
             # The policy's parameter dtype: the float64 values rounded once (the reference's start, too).
             self.params[spec.name] = (t if param_dtype is None else t.astype(param_dtype)).requires_grad_()
         L = mesh.layout
@@ -147,6 +159,7 @@ class GPT:
         self.act = L("tp", self.batch, None) if sp else L(None, self.batch, None)  # (T, B, D) between blocks
         self.full = L(None, self.batch, None)  # (T, B, D) whole on tp: the column-parallel products' input
         self.moe_stats: list = []  # the MoE layers' dispatch figures of the last forward (spmdsim.moe.layer)
+        self._padding: dict = {}  # the logits' last dim's layout -> this rank's padded-column mask (`_masked`)
         self._router_losses: list = []
 
     def _dropout(self, x: Any, site: str, step: Optional[int], train: bool, micro: Optional[int]) -> Any:
@@ -312,7 +325,24 @@ class GPT:
         with kept_as("head"):
             h = self._gathered(ops.layer_norm(h, p["lnf.w"], p["lnf.b"], cfg.ln_eps))
             # The tied head (columns split like the vocabulary), its logits batch-first again.
-            return ops.einsum("tbd,vd->btv", h, p["wte"])
+            return self._masked(ops.einsum("tbd,vd->btv", h, p["wte"]))
+
+    def _masked(self, z: Any) -> Any:
+        """The logits `z` (B, T, padded_vocab) with the padded vocabulary's columns at -inf (GPTConfig
+        .vocab_pad_to): exp(-inf) is 0, so they add nothing to the softmax's sum, never win its max, and
+        where's backward gives them no gradient. Without padding, `z` itself."""
+        from ..runtime.dtensor import DTensor
+
+        cfg = self.cfg
+        if cfg.padded_vocab == cfg.vocab:
+            return z
+        z = ops.resolved(z) if z.layout.partial else z
+        layout = TensorLayout(z.layout.layout, (z.layout.tensor_map[-1],))
+        block = self._padding.get(layout)
+        if block is None:  # this rank's columns of the vocabulary: True where padded
+            (start, stop), = layout.bounds(self.mesh.rank, (cfg.padded_vocab,))
+            block = self._padding[layout] = np.arange(start, stop) >= cfg.vocab
+        return ops.masked_fill(z, DTensor.from_local(self.mesh, block, layout, (cfg.padded_vocab,)), -np.inf)
 
     def head_loss(self, h: Any, targets: Any) -> Any:
         """Mean cross-entropy over the tokens of `targets` (B, T) from the last block's activations
@@ -369,7 +399,7 @@ class GPT:
                 if temperature == 0:  # every row holds the same window: this rank's first row answers
                     ids.append(int(ops.argmax(z, -1).local[0]))
                 else:
-                    last = redistribute(z, mesh.layout(self.batch, None)).local[0]
+                    last = redistribute(z, mesh.layout(self.batch, None)).local[0][:cfg.vocab]
                     e = np.exp(last / temperature - (last / temperature).max())
                     ids.append(int(rng.choice(cfg.vocab, p=e / e.sum())))
         return np.array(ids[len(ids) - n:], dtype=np.int64)

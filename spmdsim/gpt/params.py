@@ -14,6 +14,11 @@ order is the tensor's, so a rank's block of it is ``.region`` of these shapes):
 A block with an MoE layer (``cfg.is_moe(l)``, spmdsim.moe) has, in place of
 mlp.w1 .. mlp.b2: moe.router (D, E), moe.w1 (E, D, F), moe.b1 (E, F), moe.w2
 (E, F, D), moe.b2 (E, D), with F the experts' hidden width.
+
+With vocabulary padding (GPTConfig.vocab_pad_to) wte has cfg.padded_vocab rows: the first cfg.vocab
+are the unpadded model's (the same seeded numbers: an element's value depends on its flat index
+only), the rest start at zero (`initial_value`, spmdsim.gpt.parallel.GPT). `unpadded_params` and
+`padded_params` convert between the two models' parameter dicts.
 """
 from __future__ import annotations
 
@@ -31,7 +36,8 @@ from ..validate import as_int
 from .config import GPTConfig
 
 __all__ = ["ParamSpec", "INITS", "param_specs", "seeded", "constant", "decays", "initial_value",
-           "dropout_seed", "dropout_tensor", "dropout_shape", "dropout_sites"]
+           "dropout_seed", "dropout_tensor", "dropout_shape", "dropout_sites", "unpadded_params",
+           "padded_params"]
 
 #: How a parameter starts: "seeded" (uniform weights of std init_std), "zeros" or "ones".
 INITS = ("seeded", "zeros", "ones")
@@ -54,7 +60,7 @@ class ParamSpec:
 @functools.lru_cache(maxsize=16)  # a dry run's representatives ask for a 128-layer model's list many times
 def param_specs(cfg: GPTConfig) -> tuple[ParamSpec, ...]:
     """Every parameter in the optimizer's order: wte, wpe, the blocks h0..h{L-1}, lnf."""
-    V, D, T = cfg.vocab, cfg.d_model, cfg.seq
+    V, D, T = cfg.padded_vocab, cfg.d_model, cfg.seq
     out = [ParamSpec("wte", (V, D), "seeded"), ParamSpec("wpe", (T, D), "seeded")]
     for layer in range(cfg.layers):
         h = f"h{layer}"
@@ -109,7 +115,29 @@ def initial_value(cfg: GPTConfig, spec: ParamSpec) -> np.ndarray:
     source = seeded(cfg, spec)
     if source is None:
         return np.full(spec.shape, constant(spec), dtype=np.float64)
-    return np.array(source.full(), dtype=np.float64)
+    out = np.array(source.full(), dtype=np.float64)
+    if spec.name == "wte":
+        out[cfg.vocab:] = 0.0  # the padded rows (GPTConfig.vocab_pad_to)
+    return out
+
+
+def unpadded_params(arrays: dict, cfg: GPTConfig) -> dict:
+    """`arrays` (parameter name -> whole array of the padded model `cfg`) with wte's padded rows dropped
+    (a view): the unpadded model's (cfg.unpadded()); the same dict when cfg pads nothing."""
+    if cfg.padded_vocab == cfg.vocab or "wte" not in arrays:
+        return arrays
+    return {**arrays, "wte": arrays["wte"][:cfg.vocab]}
+
+
+def padded_params(arrays: dict, cfg: GPTConfig, rows: Optional[np.ndarray] = None) -> dict:
+    """`arrays` of the unpadded model with wte's padded rows appended: `rows` ((padded_vocab - vocab, D)),
+    default zeros (a gradient's); the same dict when cfg pads nothing."""
+    extra = cfg.padded_vocab - cfg.vocab
+    if not extra or "wte" not in arrays:
+        return arrays
+    wte = arrays["wte"]
+    tail = np.zeros((extra,) + wte.shape[1:], wte.dtype) if rows is None else rows
+    return {**arrays, "wte": np.concatenate([wte, np.asarray(tail, wte.dtype)])}
 
 
 def dropout_sites(cfg: GPTConfig) -> tuple[str, ...]:

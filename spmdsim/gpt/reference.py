@@ -4,6 +4,9 @@ The distributed model is checked against this at every step (loss, gradients,
 parameters), so both follow one description operation by operation: float64, the
 parameters and dropout masks of spmdsim/gpt/params.py taken whole (``SeededTensor.full()``),
 the blocks of spmdsim/gpt/_blocks.py.
+The reference is the unpadded model: given a config with vocabulary padding (GPTConfig.vocab_pad_to)
+and the padded model's parameters, it drops wte's padded rows and computes without them (the padded
+rows' gradients are zero: they are never looked up and their logits are masked out of the softmax).
 ``python -m spmdsim.gpt.reference --steps 200`` trains the default model and prints a sample.
 """
 from __future__ import annotations
@@ -25,7 +28,8 @@ from ..validate import as_int
 from . import _blocks as blk
 from .config import GPTConfig
 from .data import batch, decode, encode, load_text
-from .params import decays, dropout_sites, dropout_tensor, initial_value, param_specs
+from .params import (decays, dropout_sites, dropout_tensor, initial_value, padded_params, param_specs,
+                     unpadded_params)
 
 __all__ = ["init_params", "logits", "loss_and_grads", "router_loss", "clip_grads", "AdamW", "Trainer", "train",
            "generate", "main"]
@@ -39,7 +43,8 @@ def init_params(cfg: GPTConfig) -> Params:
 
 
 def logits(params: Params, x: Any, cfg: GPTConfig, step: Optional[int] = None, train: bool = False) -> np.ndarray:
-    """The logits (B, T, V) of ids x (B, T); dropout only when `train` (at `step`)."""
+    """The logits (B, T, V) of ids x (B, T), V the unpadded vocabulary; dropout only when `train` (at `step`)."""
+    params, cfg = unpadded_params(params, cfg), cfg.unpadded()
     ids = _ids(x, cfg, "x")
     out, _ = _forward(params, ids, cfg, step, train)
     return out.reshape(ids.shape + (cfg.vocab,))
@@ -63,7 +68,13 @@ def loss_and_grads(params: Params, x: Any, y: Any, cfg: GPTConfig, step: Optiona
         step: the 0-based training step; it picks the dropout masks (ignored when not train).
         micro: x's microbatch number in a step that accumulates over several (its own masks,
             spmdsim.gpt.params.dropout_seed); None: the step's whole batch.
+
+    With vocabulary padding (cfg.vocab_pad_to) `params` are the padded model's; the loss and gradients
+    are the unpadded model's, wte's padded rows' gradients zero.
     """
+    if cfg.unpadded() is not cfg:
+        loss, grads = loss_and_grads(unpadded_params(params, cfg), x, y, cfg.unpadded(), step, train, micro)
+        return loss, padded_params(grads, cfg)
     ids, targets = _ids(x, cfg, "x"), _ids(y, cfg, "y")
     if ids.shape != targets.shape:
         raise SpmdsimError(f"y of shape {targets.shape} must have the shape of x {ids.shape}")
@@ -188,6 +199,7 @@ def generate(params: Params, cfg: GPTConfig, prompt_ids: Any, n: int, temperatur
     vocabulary is smaller) when shorter. Temperature 0 is greedy; above it, sampling
     from softmax(logits / temperature) with a generator seeded by `seed` (default cfg.seed).
     """
+    params, cfg = unpadded_params(params, cfg), cfg.unpadded()
     count = as_int(n)
     if count is None or count < 0:
         raise SpmdsimError(f"n {n!r} must be an integer >= 0")

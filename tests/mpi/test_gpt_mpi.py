@@ -23,6 +23,27 @@ def test_gpt_steps_match_one_numpy_process(sp):
     model.mesh.close()
 
 
+def test_a_padded_odd_vocabulary_steps_like_one_numpy_process():
+    """Vocabulary 1,001 padded to 1,024 (GPTConfig.vocab_pad_to) on tp up to 8: each step within 1e-10
+    of the unpadded model in one numpy process, the padded rows' gradient zero and the rows still zero."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from spmdsim.gpt import GPTConfig, encode, load_text
+    from spmdsim.gpt.train import TOLERANCE, train
+
+    comm = MPI.COMM_WORLD
+    tp = next(t for t in (8, 4, 2, 1) if comm.size % t == 0)
+    cfg = GPTConfig(vocab=1001, vocab_pad_to=64, layers=1, d_model=16, heads=tp, seq=8, batch=comm.size // tp * 2,
+                    dropout=0.2)
+    model, results = train(cfg, comm, comm.size // tp, tp, 2, encode(load_text(20_000)), sp=True)
+    assert all(r.passed and max(r.errors) <= TOLERANCE for r in results), results
+    wte = model.params["wte"]
+    padded = np.arange(wte.slices[0].start, wte.slices[0].stop) >= cfg.vocab
+    assert comm.allreduce(int(wte.grad.local[padded].any() or wte.local[padded].any())) == 0
+    model.mesh.close()
+
+
 def test_replayed_gpt_steps_equal_the_steps_run_one_by_one():
     """Step 0 captured, steps 1-2 replayed (spmdsim.runtime.replay): the same losses, bit for bit, and each
     step within 1e-10 of one numpy process."""

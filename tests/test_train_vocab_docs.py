@@ -1,0 +1,45 @@
+"""Every command docs/training.md shows under "An odd vocabulary: padding" runs, and prints what the doc quotes.
+
+A command quoted with its output (``$ ...``) runs as shown and its output must match
+(docs_commands.mismatch); the refusal exits 2. A command marked ``# long`` (an MPI launch, a
+pipeline) runs with ``--steps 2 --sample 0`` and must PASS and print its padding; the MPI ones need an
+mpiexec (tests/testkit.MPIEXEC).
+"""
+from __future__ import annotations
+
+import pytest
+
+from docs_commands import mismatch, run_long, run_shell, section
+from testkit import MPIEXEC
+
+DOC = "docs/training.md"
+
+
+def _section() -> list:
+    return section(DOC, "## An odd vocabulary: padding")
+
+
+def test_the_section_shows_the_commands_this_test_runs():
+    shown = _section()
+    assert [q.output is not None for q in shown] == [True, True, True, True, False, False, False]
+    assert all("--vocab 50257" in q.command for q in shown)
+    assert sum("# long" in q.command for q in shown) == 3
+
+
+@pytest.mark.parametrize("index", [0, 1, 2, 3])
+def test_a_quoted_command_prints_what_the_doc_quotes(index):
+    quote = _section()[index]
+    done = run_shell(quote.command)
+    assert done.returncode == (2 if index == 0 else 0), quote.where() + "\n" + done.stderr[-2000:]
+    why = mismatch(quote.output, done.stdout)
+    assert why is None, f"{quote.where()}: {why}\n{done.stdout}"
+
+
+@pytest.mark.parametrize("index", [4, 5, 6])
+def test_a_long_command_runs_two_steps_pads_and_passes(index):
+    quote = _section()[index]
+    done = run_long(quote, MPIEXEC)
+    if done is None:
+        pytest.skip("no mpiexec")
+    assert "vocab 50,257 padded to " in done.stdout
+    assert "check: 2 steps vs one numpy process (loss, " in done.stdout and "each): PASS" in done.stdout
