@@ -179,6 +179,10 @@ def main(args):
                 f"{what} {results[0].tolerances[i]:.1e}" for i, what in enumerate(kinds)))
     if rank0:
         print(trend)
+    if cfg.clip and rank0 and results and results[0].norm == results[0].norm:  # the norm over every stage
+        clipped = sum(r.norm > cfg.clip for r in results)
+        print(f"gradients' norm before clipping: first {results[0].norm:.4f}, last {results[-1].norm:.4f}; "
+              f"clipped to {cfg.clip} at {clipped} of {len(results)} steps")
     if args.memory and rank0 and results:
         print("\n".join(results[-1].memory.lines()))
     if pipelined(args) and not dry_run_active():

@@ -52,7 +52,7 @@ from .data import batch
 from .memory import MASKS, recompute_problem, zero_problem
 from .params import decays, param_specs
 from .stages import chunk_parts, pipeline_problem
-from .train import StepResult, _distinct, _look, _report, step_errors
+from .train import StepResult, _distinct, _look, _norm, _report, step_errors
 
 __all__ = ["PipelineRun", "train_pipelined", "pipeline_layout_problem"]
 
@@ -184,11 +184,9 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     if problem:
         where = f"pp {pp} x dp {dp} x ep {ep} x tp {tp}" if moe else f"pp {pp} x dp {dp} x tp {tp}"
         raise SpmdsimError(f"the GPT cannot train on {where}: {problem}")
-    if cfg.clip and zero and pp > 1:
-        raise SpmdsimError(f"clip {cfg.clip!r} with ZeRO-1 and pp {pp}: the distributed optimizer's norm is "
-                           "its stage's only; train the pipeline with clip 0 or zero 0")
     plan = build(schedule, pp, microbatches, virtual)
     chunks = pp * virtual
+    last = chunks - 1
     parts = chunk_parts(cfg, chunks, split)
     inner = ((dp, ep, tp), ("dp", "ep", "tp")) if moe else ((dp, tp), ("dp", "tp"))  # a stage's mesh
     mesh = Mesh(Layout((pp,) + inner[0], ("pp",) + inner[1]), comm, algorithms=algorithms)
@@ -208,15 +206,18 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
                 params.setdefault(spec.name, models[c].params[spec.name])
     tensors = list(params.values())
     decaying = [params[s.name] for s in param_specs(cfg) if s.name in params and decays(s)]
+    ends = (0 in models) != (last in models) and pp > 1  # this stage holds one copy of the tied table
+    # Clipping's joint norm: every stage's squares summed over pp, the tied table's counted on the first stage.
+    counted = [t for name, t in params.items() if not (name == "wte" and ends and stage == pp - 1)]
     if zero:  # each stage's states and master copy sharded over its dp ranks
         optimizer = DistributedAdamW(tensors, stage_mesh, ("dp",), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                                     weight_decay=cfg.weight_decay, decay=decaying, clip_grad=cfg.clip)
+                                     weight_decay=cfg.weight_decay, decay=decaying, clip_grad=cfg.clip,
+                                     clip_across=(mesh, ("pp",)), clip_counted=counted)
     else:
         optimizer = AdamW(tensors, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
                           decay=decaying)
     run = PipelineRun(plan, parts, stage, models, mesh, stage_mesh, params, [], [])
     check = check and not dry_run_active()
-    last = chunks - 1
     micro = cfg.batch // microbatches
     shape = (cfg.seq, micro, cfg.d_model)
     any_model = models[mine[0]]
@@ -225,9 +226,9 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     # the receiving stage all-gathers over tp), else the block itself.
     wire = stage_mesh.layout("tp", any_model.batch, None) if not sp and tp > 1 and cfg.seq % tp == 0 else act
     ids_layout = stage_mesh.layout(any_model.batch, None)
-    ends = (0 in models) != (last in models) and pp > 1  # this stage holds one copy of the tied table
     moments = once(("gpt-reference", cfg, 0), _zero_moments, cfg) if check else None
-    results = []
+    results: list = []
+    norms: list = []  # with clip (and not ZeRO-1): each step's norm before clipping
     for step in range(steps):
         if mesh.engine.dry:  # shapes only: the ids' values are never read (each representative would
             x = y = buffers.lazy_zeros((cfg.batch, cfg.seq), np.int64)  # gather a 50 MB batch at 1T)
@@ -247,8 +248,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
             if ends:
                 _tie_embedding(run, params["wte"], 0 if stage == pp - 1 else pp - 1, pp_comm)
             if cfg.clip and not zero:  # the joint norm over every stage; the tied table counted once
-                counted = [t for name, t in params.items() if not (name == "wte" and ends and stage == pp - 1)]
-                clip_grad_norm_(tensors, cfg.clip, across=(mesh, ("pp",)), counted=counted)
+                norms.append(clip_grad_norm_(tensors, cfg.clip, across=(mesh, ("pp",)), counted=counted))
             if watch is not None:
                 watch.look("after the backward")
             optimizer.step()
@@ -281,7 +281,8 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
             ledger = _expert_bytes(cfg, mesh.rank, stage_mesh, params, _largest(dispatch), optimizer,
                                    trace)
         result = StepResult(step, value, errors, totals["calls"], totals["bytes_sent"],
-                            watch.report(step) if watch is not None else None, dispatch, ledger)
+                            watch.report(step) if watch is not None else None, dispatch, ledger,
+                            norm=_norm(optimizer if zero else None, norms))
         results.append(result)
         if on_step is not None:
             on_step(result)
