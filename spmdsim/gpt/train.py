@@ -67,7 +67,7 @@ class StepResult:
     experts: Any = None  # with MoE layers: this rank's spmdsim.moe.ledger.ExpertBytes of the step
     # (loss, gradients, parameters): the policy's (spmdsim.gpt.mixed.tolerances); 1e-10 each at float64
     tolerances: tuple[float, float, float] = (TOLERANCE,) * 3
-    norm: float = float("nan")  # with cfg.clip: the gradients' joint norm before clipping (alike on every rank)
+    norm: Optional[float] = None  # with cfg.clip: the gradients' joint norm before clipping (alike on every rank)
 
     @property
     def passed(self) -> bool:
@@ -189,12 +189,12 @@ def _worst(local: np.ndarray, reference: np.ndarray, region: tuple, floor: float
     return float(np.max(np.abs(local - reference[region]), initial=0.0)) / scale
 
 
-def _norm(zero: Any, norms: list) -> float:
-    """The step's norm before clipping: the distributed optimizer's (`zero`), else the last of `norms` (NaN
+def _norm(zero: Any, norms: list) -> Optional[float]:
+    """The step's norm before clipping: the distributed optimizer's (`zero`), else the last of `norms` (None
     when nothing was clipped)."""
     if zero is not None:
-        return float("nan") if zero.last_norm is None else zero.last_norm
-    return norms[-1] if norms else float("nan")
+        return zero.last_norm
+    return norms[-1] if norms else None
 
 
 def replay_problem(cfg: GPTConfig) -> Optional[str]:
