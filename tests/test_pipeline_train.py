@@ -6,6 +6,7 @@ stage held are compared with the published formulas (docs/pipeline.md).
 """
 from __future__ import annotations
 
+import time
 from fractions import Fraction
 
 import numpy as np
@@ -228,17 +229,20 @@ def test_replayed_pipeline_steps_equal_the_eager_ones_bit_for_bit(pp, dp, tp, sp
     def both():
         out = []
         for replay in (False, True):
+            ends = []  # when each step ended on this rank
             run, steps = train_pipelined(SMALL, spmdsim.world(), pp, dp, tp, 4, IDS, sp=sp, schedule=schedule,
-                                         microbatches=4, virtual=v, zero=zero, replay=replay)
+                                         microbatches=4, virtual=v, zero=zero, replay=replay,
+                                         on_step=lambda r: ends.append(time.perf_counter()))
             out.append((steps, [(t.local.tobytes(), t.grad.local.tobytes()) for t in run.params.values()],
-                        [name for name, _, _ in run.cells]))
+                        [name for name, _, _ in run.cells], min(start for _, start, _ in run.cells) > ends[-2]))
             run.close()
         return out
 
     ranks = pp * dp * tp
-    for (eager, eager_blocks, eager_cells), (replayed, blocks, cells) in spmdsim.simulate(ranks, both):
+    for (eager, eager_blocks, eager_cells, _), (replayed, blocks, cells, timed) in spmdsim.simulate(ranks, both):
         assert [r.loss for r in replayed] == [r.loss for r in eager]
         assert [(r.calls, r.bytes_sent) for r in replayed] == [(r.calls, r.bytes_sent) for r in eager]
-        assert blocks == eager_blocks and cells == eager_cells  # the last step's cells, stamped by the replay
+        assert blocks == eager_blocks and cells == eager_cells
+        assert timed  # the last step's cells were stamped by its replay, not left from the capture
         assert all(r.passed and max(r.errors) <= TOLERANCE for r in replayed), replayed
     assert len(programs) == ranks * (4 + 1)  # eager: every step; replayed: the captured step alone
