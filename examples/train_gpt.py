@@ -108,8 +108,6 @@ def main(args):
         args.precision, zero=zero, replay=args.replay, kept=args.kept, pipeline=pipelined(args))
     if not problem and args.trace_out and not pipelined(args):
         problem = "--trace-out writes a pipeline's last step; give --pp (or --microbatches) with it"
-    if not problem and args.replay and pipelined(args):
-        problem = "--replay runs one captured step; a pipeline's schedule is not captured yet (leave out --replay)"
     if problem:  # every rank alike, before any collective
         raise spmdsim.SpmdsimError(problem)
     dp, tp = shape
@@ -161,7 +159,7 @@ def main(args):
                                          schedule=args.schedule, microbatches=microbatches(args),
                                          virtual=virtual_stages(args),
                                          check=check, on_step=report, layouts=layouts, recompute=args.recompute,
-                                         zero=zero, memory=args.memory, kept=args.kept)
+                                         zero=zero, memory=args.memory, kept=args.kept, replay=args.replay)
     else:
         model, results = train(cfg, comm, dp, tp, args.steps, ids, sp=args.sp, check=check, on_step=report,
                                layouts=layouts, replay=args.replay, recompute=args.recompute, zero=zero,
@@ -183,6 +181,10 @@ def main(args):
                 f"{what} {results[0].tolerances[i]:.1e}" for i, what in enumerate(kinds)))
     if rank0:
         print(trend)
+    if cfg.clip and rank0 and results and results[0].norm is not None:  # the norm over every stage
+        clipped = sum(r.norm > cfg.clip for r in results)
+        print(f"gradients' norm before clipping: first {results[0].norm:.4f}, last {results[-1].norm:.4f}; "
+              f"clipped to {cfg.clip} at {clipped} of {len(results)} steps")
     if args.memory and rank0 and results:
         print("\n".join(results[-1].memory.lines()))
     if pipelined(args) and not dry_run_active():

@@ -21,7 +21,8 @@ The update is AdamW's (spmdsim.optim.adamw_update) element by element, so the pa
 AdamW gives, but for the order of the dp sums. A parameter may straddle two ranks' slices (Megatron
 cuts the same way); a decaying one is decayed on each slice's part. With `clip_grad` the gradients'
 joint norm is taken on the slices (each element counted on one rank: a block replicated over tp on
-its first tp rank), one Allreduce over the mesh, before the update.
+its first tp rank), one Allreduce over the mesh, before the update; over a pipeline (`clip_across`) one
+more Allreduce over pp adds the other stages' squares.
 
 In a dry run (shapes only) the collectives run on the dry engine's zeros and nothing is computed; the
 states, master copy and scratch it would hold (3 + 1 slices per bucket) are counted on the run's
@@ -81,6 +82,11 @@ class DistributedAdamW(_Optimizer):
         bucket: the most bytes of gradients per bucket (one Reduce_scatter and one Allgather each);
             None: one bucket per dtype (Megatron's default is 40M elements).
         clip_grad: clip the gradients' joint norm to this before the update (0: no clipping).
+        clip_across: (mesh, axes): the squares summed once more over those axes of that mesh, as
+            spmdsim.optim.clip_grad_norm_'s `across` (a pipeline: the whole (pp, dp, tp) mesh and ("pp",),
+            each stage's optimizer over its own (dp, tp) mesh); None: `mesh` alone.
+        clip_counted: the parameters whose squares this rank adds (default all), as clip_grad_norm_'s
+            `counted` (a tied table both end stages hold counts on one of them).
 
     Each step wants every parameter's gradient pending over dp (``loss.backward(keep_pending=
     optimizer.params)``, then ``optimizer.step()``); `grad_slices()` gives the summed gradients this
@@ -90,8 +96,10 @@ class DistributedAdamW(_Optimizer):
     def __init__(self, params: Iterable[Any], mesh: Any, dp_axes: tuple = ("dp",), lr: float = 1e-3,
                  betas: tuple = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
                  decay: Union[None, Callable[[Any], bool], Iterable[Any]] = None, bucket: Optional[int] = None,
-                 clip_grad: float = 0.0) -> None:
+                 clip_grad: float = 0.0, clip_across: Any = None, clip_counted: Any = None) -> None:
         super().__init__(params, lr)
+        self.clip_across = clip_across
+        self._counted = None if clip_counted is None else {id(p) for p in clip_counted}
         self.mesh = mesh
         self.betas, self.eps = _adam_args(betas, eps)
         self.weight_decay = tolerance_arg(weight_decay, "weight_decay", OperatorError)
@@ -268,7 +276,8 @@ class DistributedAdamW(_Optimizer):
 
     def _clip(self) -> None:
         """Scale the summed slices so the gradients' joint norm is at most `clip_grad` (as
-        spmdsim.optim.clip_grad_norm_: each element counted once over the mesh)."""
+        spmdsim.optim.clip_grad_norm_: each element counted once over the mesh, and over `clip_across`)."""
+        from .optim import _summed_across
         from .runtime.executor import pending, resolve
 
         squares = 0.0
@@ -279,7 +288,7 @@ class DistributedAdamW(_Optimizer):
             lo, hi = b.start, b.start + b.shard
             for i, a, z in b.members:
                 s, e = max(a, lo), min(z, hi)
-                if s >= e:
+                if s >= e or (self._counted is not None and id(self.params[i]) not in self._counted):
                     continue
                 copies = self.params[i].layout.copy_axes
                 copies = tuple(x for x in copies if x not in self.dp_axes)
@@ -291,7 +300,7 @@ class DistributedAdamW(_Optimizer):
         if axes:
             squares = float(resolve(self.mesh, np.array([squares]), pending(layout, 1, axes), "clip_grad_norm",
                                     owned=True)[0])
-        self.last_norm = math.sqrt(squares)
+        self.last_norm = math.sqrt(_summed_across(squares, self.clip_across))
         coefficient = clip_coefficient(self.last_norm, self.clip_grad)
         if coefficient != 1.0 and not self._dry:
             for b in self.buckets:

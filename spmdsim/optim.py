@@ -427,6 +427,21 @@ def clip_coefficient(norm: float, max_norm: float, eps: float = 1e-6) -> float:
     return coefficient if not coefficient >= 1.0 else 1.0
 
 
+def _summed_across(squares: float, across: Any) -> float:
+    """`squares` (a stage's total, alike on its ranks) summed once more over `across` = (mesh, axes), the
+    other stages' (collective over that mesh); `squares` itself when `across` is None or its axes are 1."""
+    from .runtime.executor import pending, resolve
+
+    if across is None:
+        return squares
+    whole, over = across
+    over = tuple(a for a in over if whole.layout.axis_size(a) > 1)
+    if not over:
+        return squares
+    return float(resolve(whole, np.array([squares]), pending(whole.layout, 1, over), "clip_grad_norm",
+                         owned=True)[0])
+
+
 def clip_grad_norm_(params: Iterable[Any], max_norm: float, eps: float = 1e-6, *, across: Any = None,
                     counted: Any = None) -> float:
     """Scale the parameters' gradients together so their joint 2-norm is at most `max_norm`, as PyTorch's
@@ -479,13 +494,7 @@ def clip_grad_norm_(params: Iterable[Any], max_norm: float, eps: float = 1e-6, *
     if axes:
         squares = float(resolve(mesh, np.array([squares]), pending(mesh.layout, 1, axes), "clip_grad_norm",
                                 owned=True)[0])
-    if across is not None:  # the other stages' squares (each stage's total is alike on its ranks)
-        whole, over = across
-        over = tuple(a for a in over if whole.layout.axis_size(a) > 1)
-        if over:
-            squares = float(resolve(whole, np.array([squares]), pending(whole.layout, 1, over),
-                                    "clip_grad_norm", owned=True)[0])
-    norm = math.sqrt(squares)
+    norm = math.sqrt(_summed_across(squares, across))
     coefficient = clip_coefficient(norm, bound, eps)
     if coefficient != 1.0:
         for p, g in grads:

@@ -52,7 +52,7 @@ from .data import batch
 from .memory import MASKS, recompute_problem, zero_problem
 from .params import decays, param_specs
 from .stages import chunk_parts, pipeline_problem
-from .train import StepResult, _distinct, _look, _report, step_errors
+from .train import StepResult, _distinct, _look, _norm, _report, step_errors
 
 __all__ = ["PipelineRun", "train_pipelined", "pipeline_layout_problem"]
 
@@ -145,7 +145,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
                     on_step: Optional[Callable[[StepResult], Any]] = None,
                     layouts: Optional[dict] = None, recompute: str = "none", zero: int = 0,
                     memory: bool = False, kept: str = "graph", ep: int = 1,
-                    algorithms: Optional[dict] = None) -> tuple[PipelineRun, list]:
+                    algorithms: Optional[dict] = None, replay: bool = False) -> tuple[PipelineRun, list]:
     """Train `steps` steps on a (pp, dp, tp) mesh over `comm`; returns (the run, one StepResult per step).
 
     Collective: every rank calls it alike. `schedule`: "gpipe", "1f1b" or "interleaved" (with `virtual`
@@ -156,8 +156,11 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     (spmdsim.gpt.parallel.GPT's). `ep`: with MoE layers (cfg.moe), the expert-parallel ranks of each stage:
     the mesh is (pp, dp, ep, tp) (see the module docstring; StepResult.dispatch and .experts as
     spmdsim.gpt.train.train's, over the step's microbatches, ranks numbered on the whole mesh).
-    `algorithms`: the meshes' emulated algorithms (spmdsim.runtime.mesh.Mesh's). Every refusal is raised
-    alike on every rank before the first collective.
+    `algorithms`: the meshes' emulated algorithms (spmdsim.runtime.mesh.Mesh's). `replay`: step 0 is
+    captured (spmdsim.runtime.replay: its computes, collectives and point-to-point messages) and every later
+    step replays it, checked the same way (not with `cfg.clip` or MoE layers: spmdsim.gpt.train.replay_problem;
+    with `memory` a replayed step reports the captured step's bytes). Every refusal is raised alike on every
+    rank before the first collective.
     """
     from .. import ops
     from ..autograd import reduce_grads
@@ -168,27 +171,27 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     from ..runtime.door import all_reduce_object
     from ..runtime.dtensor import DTensor  # its operators came with `ops`, just imported
     from ..runtime.mesh import Mesh
+    from ..runtime.replay import Scalar, capture
     from ..runtime.trace import collect_trace
     from ..runtime.executor import pending, resolve
     from ..sim import dry_run_active, once
     from ..sim.dry import differ
     from .parallel import GPT, _moe_problem
-    from .train import _expert_bytes, _reference_step, _zero_moments
+    from .train import _expert_bytes, _reference_step, _zero_moments, replay_problem
 
     moe = cfg.moe is not None or ep != 1
     problem = (pipeline_layout_problem(cfg, pp, dp, tp, sp, microbatches, virtual, split, ep)
-               or recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept))
+               or recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
+               or (replay_problem(cfg) if replay else None))
     if not problem and cfg.moe is not None:
         problem = _moe_problem(recompute, kept) or (zero and "ZeRO-1 with MoE layers is not available yet "
                                                     "(the experts' states would shard over dp alone)") or None
     if problem:
         where = f"pp {pp} x dp {dp} x ep {ep} x tp {tp}" if moe else f"pp {pp} x dp {dp} x tp {tp}"
         raise SpmdsimError(f"the GPT cannot train on {where}: {problem}")
-    if cfg.clip and zero and pp > 1:
-        raise SpmdsimError(f"clip {cfg.clip!r} with ZeRO-1 and pp {pp}: the distributed optimizer's norm is "
-                           "its stage's only; train the pipeline with clip 0 or zero 0")
     plan = build(schedule, pp, microbatches, virtual)
     chunks = pp * virtual
+    last = chunks - 1
     parts = chunk_parts(cfg, chunks, split)
     inner = ((dp, ep, tp), ("dp", "ep", "tp")) if moe else ((dp, tp), ("dp", "tp"))  # a stage's mesh
     mesh = Mesh(Layout((pp,) + inner[0], ("pp",) + inner[1]), comm, algorithms=algorithms)
@@ -208,15 +211,18 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
                 params.setdefault(spec.name, models[c].params[spec.name])
     tensors = list(params.values())
     decaying = [params[s.name] for s in param_specs(cfg) if s.name in params and decays(s)]
+    ends = (0 in models) != (last in models) and pp > 1  # this stage holds one copy of the tied table
+    # Clipping's joint norm: every stage's squares summed over pp, the tied table's counted on the first stage.
+    counted = [t for name, t in params.items() if not (name == "wte" and ends and stage == pp - 1)]
     if zero:  # each stage's states and master copy sharded over its dp ranks
         optimizer = DistributedAdamW(tensors, stage_mesh, ("dp",), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                                     weight_decay=cfg.weight_decay, decay=decaying, clip_grad=cfg.clip)
+                                     weight_decay=cfg.weight_decay, decay=decaying, clip_grad=cfg.clip,
+                                     clip_across=(mesh, ("pp",)), clip_counted=counted)
     else:
         optimizer = AdamW(tensors, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
                           decay=decaying)
     run = PipelineRun(plan, parts, stage, models, mesh, stage_mesh, params, [], [])
     check = check and not dry_run_active()
-    last = chunks - 1
     micro = cfg.batch // microbatches
     shape = (cfg.seq, micro, cfg.d_model)
     any_model = models[mine[0]]
@@ -225,9 +231,40 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     # the receiving stage all-gathers over tp), else the block itself.
     wire = stage_mesh.layout("tp", any_model.batch, None) if not sp and tp > 1 and cfg.seq % tp == 0 else act
     ids_layout = stage_mesh.layout(any_model.batch, None)
-    ends = (0 in models) != (last in models) and pp > 1  # this stage holds one copy of the tied table
     moments = once(("gpt-reference", cfg, 0), _zero_moments, cfg) if check else None
-    results = []
+    replay = replay and not dry_run_active()  # a dry run's steps count bytes: nothing to replay
+    results: list = []
+    norms: list = []  # with clip (and not ZeRO-1): each step's norm before clipping
+    clock = _Clock()  # each cell's start and end, stamped by a kernel: a replayed step stamps them again
+    ran: dict = {}  # what the step's Python found (order, held, watch): a replayed step's are the capture's
+
+    def pipeline_step(when: Any, *given: Any) -> list:
+        """One step: the stage's program, the gradients' sums, the tied table, clipping, the update; the
+        microbatches' losses (DTensors; router losses as floats). `given`: the microbatches' ids this stage
+        reads (inputs, then targets) as DTensors, when replaying; else each is cut from the batch when used."""
+        def ids(which: int, mb: int) -> Any:
+            if given:
+                return given[mb if which == 0 else len(given) - microbatches + mb]
+            return DTensor.from_global(stage_mesh, (x, y)[which][mb * micro:(mb + 1) * micro], ids_layout)
+
+        optimizer.zero_grad()
+        watch = ran["watch"] = _Most(optimizer, tensors) if memory else None
+        losses, ran["order"], ran["held"] = _run_program(run, plan.programs[stage], ids, when, microbatches, last,
+                                                         shape, act, wire, pp_comm, tensors, clock, watch)
+        if not zero:  # with ZeRO-1 the dp sums are the optimizer's Reduce_scatter
+            reduce_grads(tensors)  # dp (and sp's LayerNorm) sums: once per step, bucketed
+        if ends:
+            _tie_embedding(run, params["wte"], 0 if stage == pp - 1 else pp - 1, pp_comm)
+        if cfg.clip and not zero:  # the joint norm over every stage; the tied table counted once
+            norms.append(clip_grad_norm_(tensors, cfg.clip, across=(mesh, ("pp",)), counted=counted))
+        if watch is not None:
+            watch.look("after the backward")
+        optimizer.step()
+        if watch is not None:
+            watch.look("after the step")
+        return losses
+
+    graph = None
     for step in range(steps):
         if mesh.engine.dry:  # shapes only: the ids' values are never read (each representative would
             x = y = buffers.lazy_zeros((cfg.batch, cfg.seq), np.int64)  # gather a 50 MB batch at 1T)
@@ -236,24 +273,23 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         start = gathered_stages(run, cfg) if check else None
         for model in models.values():
             model.moe_stats = []  # this step's dispatches, every microbatch's
+        given = ()
+        if replay:  # the capture's static inputs: every microbatch's ids this stage reads
+            given = tuple(DTensor.from_global(stage_mesh, data[mb * micro:(mb + 1) * micro], ids_layout)
+                          for data, reads in ((x, 0 in models), (y, last in models)) if reads
+                          for mb in range(microbatches))
+        clock.times.clear()
         with collect_trace() as trace:
-            optimizer.zero_grad()
-            cells: list = []
-            watch = _Most(optimizer, tensors) if memory else None
-            losses, order, held = _run_program(run, plan.programs[stage], x, y, step, micro, microbatches, last,
-                                               shape, act, wire, ids_layout, pp_comm, tensors, cells, watch)
-            if not zero:  # with ZeRO-1 the dp sums are the optimizer's Reduce_scatter
-                reduce_grads(tensors)  # dp (and sp's LayerNorm) sums: once per step, bucketed
-            if ends:
-                _tie_embedding(run, params["wte"], 0 if stage == pp - 1 else pp - 1, pp_comm)
-            if cfg.clip and not zero:  # the joint norm over every stage; the tied table counted once
-                counted = [t for name, t in params.items() if not (name == "wte" and ends and stage == pp - 1)]
-                clip_grad_norm_(tensors, cfg.clip, across=(mesh, ("pp",)), counted=counted)
-            if watch is not None:
-                watch.look("after the backward")
-            optimizer.step()
-            if watch is not None:
-                watch.look("after the step")
+            if not replay:
+                losses = pipeline_step(step)
+            elif graph is None:  # the same step as eager, recorded
+                graph = capture(pipeline_step, Scalar(step), *given, state=tensors)
+                losses = graph.result
+            else:
+                losses = graph(step, *given)
+            losses = [loss if isinstance(loss, float) else float(ops.resolved(loss).local) for loss in losses]
+        order, held, watch = ran["order"], ran["held"], ran["watch"]
+        cells = [(str(c), clock.times[2 * i], clock.times[2 * i + 1]) for i, c in enumerate(order)]
         # The stages made different numbers of collectives on their own groups: the ranks' call counters
         # (what SPMDSIM_CHECK compares) agree again from here.
         current().seq = all_reduce_object(mesh.comm, current().seq, "max")
@@ -281,7 +317,8 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
             ledger = _expert_bytes(cfg, mesh.rank, stage_mesh, params, _largest(dispatch), optimizer,
                                    trace)
         result = StepResult(step, value, errors, totals["calls"], totals["bytes_sent"],
-                            watch.report(step) if watch is not None else None, dispatch, ledger)
+                            watch.report(step) if watch is not None else None, dispatch, ledger,
+                            norm=_norm(optimizer if zero else None, norms))
         results.append(result)
         if on_step is not None:
             on_step(result)
@@ -289,18 +326,19 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     return run, results
 
 
-def _run_program(run: PipelineRun, program: Sequence, x: np.ndarray, y: np.ndarray, step: int, micro: int,
-                 microbatches: int, last: int, shape: tuple, act: Any, wire: Any, ids_layout: Any,
-                 pp_comm: Any, params: list, cells: list,
-                 watch: Optional["_Most"] = None) -> tuple[list, list, int]:
-    """One step of this stage's program: (its microbatches' scaled losses, as floats; the Compute records
-    run; the most microbatch-chunks held at once). Activations and gradients are `act` blocks in the
-    chunks and `wire` blocks between stages (`act`'s rows of this rank's tp coordinate where they differ,
-    all-gathered over tp on receipt)."""
-    from .. import ops
+def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], Any], step: Any,
+                 microbatches: int, last: int, shape: tuple, act: Any, wire: Any, pp_comm: Any, params: list,
+                 clock: "_Clock", watch: Optional["_Most"] = None) -> tuple[list, list, int]:
+    """One step of this stage's program: (its microbatches' scaled losses: DTensors, router losses as floats;
+    the Compute records run; the most microbatch-chunks held at once). `ids(0, mb)`: microbatch mb's input
+    ids, `ids(1, mb)` its targets; `step`: an int or a replay Scalar (the dropout masks' seeds); `clock`
+    gets each cell's start and end. Activations and gradients are `act` blocks in the chunks and `wire`
+    blocks between stages (`act`'s rows of this rank's tp coordinate where they differ, all-gathered over tp
+    on receipt)."""
     from ..pipeline.schedule import Compute, Post, Send
     from ..runtime.dtensor import DTensor
     from ..runtime.door import point_to_point
+    from ..runtime.replay import kernel
 
     mesh, models = run.stage_mesh, run.models
     inputs: dict = {}  # (mb, chunk) -> the received activation (a leaf), the input of chunk's forward
@@ -316,13 +354,11 @@ def _run_program(run: PipelineRun, program: Sequence, x: np.ndarray, y: np.ndarr
         rows_per = shape[0] // mesh.layout.axis_size("tp")
         mine = slice(mesh.coord("tp") * rows_per, (mesh.coord("tp") + 1) * rows_per)
 
-    def outgoing(block: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(block[mine] if scatter else block)
+    def outgoing(block: np.ndarray) -> np.ndarray:  # a copy, if one, recorded while capturing
+        return buffers.contiguous(block[mine] if scatter else block)
 
     tag_micro = microbatches > 1
-
-    def rows(i: int, data: np.ndarray) -> Any:
-        return DTensor.from_global(mesh, data[i * micro:(i + 1) * micro], ids_layout)
+    stamp = kernel(_stamp)
 
     repeat = _DryCells(local_shape) if mesh.engine.dry else None
     # Each chunk's first backward runs for real in a dry run (it is measured), so its forward does too.
@@ -347,12 +383,12 @@ def _run_program(run: PipelineRun, program: Sequence, x: np.ndarray, y: np.ndarr
 
     def _forward(mb: int, c: int) -> None:
         model, when = models[c], (mb if tag_micro else None)
-        h = model.embed(rows(mb, x), step, True, when) if c == 0 else inputs[(mb, c)]
+        h = model.embed(ids(0, mb), step, True, when) if c == 0 else inputs[(mb, c)]
         h, router = model.chunk_blocks(h, step, True, when, scale)
         if router:
             losses.append(router)  # (a float: what the step's loss adds for them)
         if c == last:
-            h = model.head_loss(h, rows(mb, y)) * scale
+            h = model.head_loss(h, ids(1, mb)) * scale
             losses.append(h)
         outputs[(mb, c)] = h
 
@@ -389,9 +425,9 @@ def _run_program(run: PipelineRun, program: Sequence, x: np.ndarray, y: np.ndarr
 
     for action in program:
         if isinstance(action, Compute):
-            began = perf_counter()
+            stamp(clock)
             (forward if action.kind == "F" else backward)(action.microbatch, action.chunk)
-            cells.append((str(action), began, perf_counter()))
+            stamp(clock)
             order.append(action)
             continue
         receives: list = []
@@ -410,7 +446,21 @@ def _run_program(run: PipelineRun, program: Sequence, x: np.ndarray, y: np.ndarr
         received.clear()
     if repeat is not None:
         repeat.flush()
-    return [loss if isinstance(loss, float) else float(ops.resolved(loss).local) for loss in losses], order, most
+    return losses, order, most
+
+
+class _Clock:
+    """perf_counter times, a start and an end per cell, in the order the cells ran."""
+
+    __slots__ = ("times",)
+
+    def __init__(self) -> None:
+        self.times: list = []
+
+
+def _stamp(clock: _Clock) -> None:
+    """Now, onto `clock` (a kernel while a step is captured: its replays stamp again)."""
+    clock.times.append(perf_counter())
 
 
 class _Most:
@@ -568,7 +618,7 @@ def _tie_embedding(run: PipelineRun, wte: Any, other: int, pp_comm: Any) -> None
     from ..runtime.door import point_to_point
 
     g = wte.grad
-    mine = np.ascontiguousarray(g.local)
+    mine = buffers.contiguous(g.local)
     theirs = buffers.empty(mine.shape, mine.dtype)
     point_to_point(run.mesh, pp_comm, "pp", [(theirs, other, 1 << 14)], [(mine, other, 1 << 14)],
                    "embedding group")

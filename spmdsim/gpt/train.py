@@ -67,6 +67,7 @@ class StepResult:
     experts: Any = None  # with MoE layers: this rank's spmdsim.moe.ledger.ExpertBytes of the step
     # (loss, gradients, parameters): the policy's (spmdsim.gpt.mixed.tolerances); 1e-10 each at float64
     tolerances: tuple[float, float, float] = (TOLERANCE,) * 3
+    norm: Optional[float] = None  # with cfg.clip: the gradients' joint norm before clipping (alike on every rank)
 
     @property
     def passed(self) -> bool:
@@ -188,6 +189,14 @@ def _worst(local: np.ndarray, reference: np.ndarray, region: tuple, floor: float
     return float(np.max(np.abs(local - reference[region]), initial=0.0)) / scale
 
 
+def _norm(zero: Any, norms: list) -> Optional[float]:
+    """The step's norm before clipping: the distributed optimizer's (`zero`), else the last of `norms` (None
+    when nothing was clipped)."""
+    if zero is not None:
+        return zero.last_norm
+    return norms[-1] if norms else None
+
+
 def replay_problem(cfg: GPTConfig) -> Optional[str]:
     """Why `cfg`'s training step cannot be replayed (spmdsim.runtime.replay), or None."""
     if cfg.moe is not None:
@@ -258,6 +267,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     check = check and not dry_run_active()  # a dry run has shapes, not values
     replay = replay and not dry_run_active()  # a dry run's steps count bytes: nothing to replay
     moments: dict = {}  # with `memory`: the totals this step, by moment, and what the graph kept
+    norms: list = []  # with clip: each step's norm before clipping
 
     def look(moment: str, kept: Optional[dict] = None) -> None:
         if memory:
@@ -272,7 +282,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         else:
             loss.backward(bucket=True)  # gradients summed over the same axes share one Allreduce
             if cfg.clip:  # the joint norm: one Allreduce of one number
-                clip_grad_norm_(params, cfg.clip)
+                norms.append(clip_grad_norm_(params, cfg.clip))
         look("after the backward")
         optimizer.step()
         look("after the step")
@@ -322,7 +332,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
             if cfg.moe is not None else None
         result = StepResult(step, value, errors, totals["calls"], totals["bytes_sent"],
                             None if report is None else _restep(report, step), tuple(model.moe_stats), ledger,
-                            tolerances)
+                            tolerances, _norm(optimizer if zero else None, norms))
         results.append(result)
         if on_step is not None:
             on_step(result)

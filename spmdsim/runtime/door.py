@@ -34,7 +34,7 @@ from . import debug
 from . import layers
 from .layers import Collective
 from .mesh import Mesh, normalize_axes
-from .replay import unrecorded
+from .replay import kernel, unrecorded
 from ..context import current as _context
 from .trace import record, record_call
 
@@ -130,8 +130,9 @@ def point_to_point(mesh: Mesh, comm: Any, axes: Any, receives: list, sends: list
     pipeline's activations and gradients between stages (spmdsim.gpt.pipeline). Waited politely on a
     polite mesh, watched with SPMDSIM_WATCHDOG (a schedule that deadlocks anyway ends the job with the
     watchdog's report); one trace row ("send", "recv" or "sendrecv") with the bytes each way. Not
-    numbered as a collective: the stages of a pipeline make different numbers of them."""
-    unrecorded(f"point-to-point messages on {axes!r}")
+    numbered as a collective: the stages of a pipeline make different numbers of them. One recorded call
+    when a rank captures a step (spmdsim.runtime.replay): a replay posts the same messages on the same
+    buffers again."""
     context = _context()
     traces = context.traces
     t0 = perf_counter()
@@ -260,3 +261,8 @@ def _check_dtype(op: str, dtype: np.dtype) -> None:
                          "complex dtype (bool and text can be moved, not summed)")
     raise DTypeError(f"{op}: MPI cannot send dtype {dtype.str!r} ({dtype.name}); expected a numeric "
                      f"dtype: {SUPPORTED_DTYPES}")
+
+
+# Point-to-point messages are one recorded call when a rank captures a step, as the collectives are
+# (spmdsim.runtime.collectives): a replay meets the peer stage again.
+point_to_point = kernel(point_to_point)

@@ -62,8 +62,8 @@ def capturing() -> bool:
 
 
 def unrecorded(what: str) -> None:
-    """Refuse `what` (a transfer no kernel records: DTensor.gather, a prepared collective, point-to-point
-    messages) while this thread captures outside a kernel: a replay would not repeat it."""
+    """Refuse `what` (a transfer no kernel records: DTensor.gather, a prepared collective) while this thread
+    captures outside a kernel: a replay would not repeat it."""
     if _ACTIVE[0] and _tape() is not None:
         raise ReplayError(f"replay: {what} while capturing is not recorded (no kernel runs it), so a replay would "
                           "not repeat it; do it outside the captured step, or inside a function marked with "

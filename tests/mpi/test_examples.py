@@ -126,9 +126,11 @@ def test_readme_library_example_runs_under_mpi(tmp_path, monkeypatch):
 
 
 @pytest.mark.mpi(min_size=4)
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved"])
-def test_train_gpt_over_a_pipeline_under_mpi(schedule, monkeypatch):
-    """docs/pipeline.md's pipelined training under MPI: pp 2 x tp 2 (x dp on 8 ranks), checked every step."""
+@pytest.mark.parametrize("schedule, replay", [("gpipe", False), ("1f1b", False), ("interleaved", False),
+                                              ("interleaved", True)])
+def test_train_gpt_over_a_pipeline_under_mpi(schedule, replay, monkeypatch):
+    """docs/pipeline.md's pipelined training under MPI: pp 2 x tp 2 (x dp on 8 ranks), checked every step;
+    with --replay steps 1-2 replay step 0 (docs/replay.md)."""
     comm = MPI.COMM_WORLD
     if comm.size % 4:
         pytest.skip("pp 2 x tp 2 needs a multiple of 4 ranks")
@@ -136,7 +138,7 @@ def test_train_gpt_over_a_pipeline_under_mpi(schedule, monkeypatch):
     monkeypatch.setitem(ARGS, "train_gpt", ["--pp", "2", "--tp", "2", "--dp", str(comm.size // 4), "--sp",
                                            "--microbatches", "4", "--schedule", schedule, "--steps", "3",
                                            "--layers", "4", "--d-model", "32", "--heads", "2", "--seq", "16",
-                                           "--batch", "8", "--sample", "0"])
+                                           "--batch", "8", "--sample", "0"] + ["--replay"] * replay)
     codes, out = _run_example(path, monkeypatch)
     assert codes == [0] * comm.size, (codes, out)
     if comm.rank == 0:
