@@ -91,13 +91,13 @@ def format_size(n: int) -> str:
 
 
 def local_bytes(tl, shape: Sequence[int], dtype) -> int:
-    """Bytes of one rank's shard of a tensor of `shape` under TensorLayout `tl` (exact ints)."""
-    return math.prod(tl.local_shape(shape)) * np.dtype(dtype).itemsize
+    """Bytes of one rank's shard of a tensor of `shape` under TensorLayout `tl` (the largest, where shards differ)."""
+    return math.prod(tl.max_local_shape(shape)) * np.dtype(dtype).itemsize
 
 
 def seeded_need(tl, shape: Sequence[int], dtype, what: str = "shard") -> Need:
     """A shard made by `DTensor.from_seeded`: the shard and the generator's temporaries."""
-    local = tuple(tl.local_shape(shape))
+    local = tuple(tl.max_local_shape(shape))
     elements = math.prod(local)
     row = math.prod(local[1:]) if local else 0
     return Need(((what, local_bytes(tl, shape, dtype)),

@@ -20,6 +20,7 @@ from ..layout import Layout, TensorLayout
 from ..plan import Plan, plan_redistribution
 from ..buffers import empty as _new_block  # placed for MPI's copies (spmdsim.buffers)
 from ..plan.kernels import exchange_program, local_slice, local_zero
+from ..plan.uneven import check_fits, group_pieces, is_uneven
 from ..plan.steps import (
     Allgather,
     Allreduce,
@@ -51,17 +52,44 @@ def _bind() -> None:
         in_place = owned and local.flags.c_contiguous and local.flags.writeable
         return allreduce(mesh, local, step.axes, label=label, out=local if in_place else None, op=step.reduction)
 
+    from .uneven import allgatherv, alltoallv_dims, reduce_scatterv
+
+    # On an uneven cut (Layout.cut "chunk"/"balanced") whose pieces differ here: the forms with counts.
+    def run_allgather(step, mesh, local, shape, label, owned):
+        sizes = step.before.layout.cut != "even" and _pieces(step, shape, mesh.rank)
+        if sizes:
+            return allgatherv(mesh, local, step.axes, step.tensor_dim, sizes, label=label)
+        return allgather(mesh, local, step.axes, step.tensor_dim, label=label)
+
+    def run_alltoall(step, mesh, local, shape, label, owned):
+        sizes = step.before.layout.cut != "even" and _pieces(step, shape, mesh.rank)
+        if sizes:
+            return alltoallv_dims(mesh, local, step.axes, step.split_dim, step.concat_dim, *sizes, label=label)
+        return alltoall(mesh, local, step.axes, step.split_dim, step.concat_dim, label=label)
+
+    def run_reduce_scatter(step, mesh, local, shape, label, owned):
+        sizes = step.before.layout.cut != "even" and _pieces(step, shape, mesh.rank)
+        if sizes:
+            return reduce_scatterv(mesh, local, step.axes, step.tensor_dim, sizes, label=label)
+        return reduce_scatter(mesh, local, step.axes, step.tensor_dim, label=label)
+
     _RUNNERS.update({
         LocalSlice: lambda step, mesh, local, shape, label, owned: local_slice(step, mesh.rank, local, shape),
         LocalZero: lambda step, mesh, local, shape, label, owned: local_zero(step, mesh.rank, local, shape),
-        Allgather: lambda step, mesh, local, shape, label, owned: allgather(
-            mesh, local, step.axes, step.tensor_dim, label=label),
-        Alltoall: lambda step, mesh, local, shape, label, owned: alltoall(
-            mesh, local, step.axes, step.split_dim, step.concat_dim, label=label),
+        Allgather: run_allgather,
+        Alltoall: run_alltoall,
         Allreduce: run_allreduce,
-        ReduceScatter: lambda step, mesh, local, shape, label, owned: reduce_scatter(
-            mesh, local, step.axes, step.tensor_dim, label=label),
+        ReduceScatter: run_reduce_scatter,
     })
+
+
+@lru_cache(maxsize=1024)
+def _pieces(step: Step, shape: tuple, rank: int) -> tuple:
+    """The extents of the group's pieces where `step` runs on pieces of unequal sizes, else ()."""
+    if not is_uneven(step, shape):
+        return ()
+    check_fits(step, shape)
+    return group_pieces(step, shape, rank)
 
 
 def _runner(step: Step) -> Runner:
@@ -236,7 +264,7 @@ def _compile(plan: Plan, mesh: Any) -> _Compiled:
                else _runner(step))
         steps.append((run, step, step_mesh, step_label(step, index)))
     target_mesh = _mesh_for(mesh, plan.target.layout)
-    return _Compiled(tuple(steps), target_mesh, plan.target.local_shape(plan.shape), DTensor._trusted)
+    return _Compiled(tuple(steps), target_mesh, plan.target.local_shape(plan.shape, mesh.rank), DTensor._trusted)
 
 
 def _exchange_runner(step: Exchange, mesh: Any, shape: tuple) -> Runner:
@@ -260,7 +288,7 @@ def _exchange_runner_of(step: Exchange, rank: int, shape: tuple) -> Runner:
 
     program = exchange_program(step, rank, shape)
     spec = ExchangeSpec.build(
-        step.before.layout.num_devices, rank, step.before.local_shape(shape), program.sends,
+        step.before.layout.num_devices, rank, step.before.local_shape(shape, rank), program.sends,
         [(src, math.prod(box_shape)) for src, _, box_shape in program.places],
     )
     slots = tuple((lo, hi) for _, lo, hi in spec.recv_slots)  # in program.places order
