@@ -56,19 +56,19 @@ def _bind() -> None:
 
     # On an uneven cut (Layout.cut "chunk"/"balanced") whose pieces differ here: the forms with counts.
     def run_allgather(step, mesh, local, shape, label, owned):
-        sizes = step.before.layout.cut != "even" and _pieces(step, shape, mesh.rank)
+        sizes = step.before.layout.cut != "even" and _pieces(step, shape, mesh.rank, mesh.engine, local)
         if sizes:
             return allgatherv(mesh, local, step.axes, step.tensor_dim, sizes, label=label)
         return allgather(mesh, local, step.axes, step.tensor_dim, label=label)
 
     def run_alltoall(step, mesh, local, shape, label, owned):
-        sizes = step.before.layout.cut != "even" and _pieces(step, shape, mesh.rank)
+        sizes = step.before.layout.cut != "even" and _pieces(step, shape, mesh.rank, mesh.engine, local)
         if sizes:
             return alltoallv_dims(mesh, local, step.axes, step.split_dim, step.concat_dim, *sizes, label=label)
         return alltoall(mesh, local, step.axes, step.split_dim, step.concat_dim, label=label)
 
     def run_reduce_scatter(step, mesh, local, shape, label, owned):
-        sizes = step.before.layout.cut != "even" and _pieces(step, shape, mesh.rank)
+        sizes = step.before.layout.cut != "even" and _pieces(step, shape, mesh.rank, mesh.engine, local)
         if sizes:
             return reduce_scatterv(mesh, local, step.axes, step.tensor_dim, sizes, label=label)
         return reduce_scatter(mesh, local, step.axes, step.tensor_dim, label=label)
@@ -83,9 +83,18 @@ def _bind() -> None:
     })
 
 
+def _pieces(step: Step, shape: tuple, rank: int, engine: Any, local: Any) -> tuple:
+    """The extents of the group's pieces where `step` runs on pieces of unequal sizes, else ().
+
+    A dry run (one rank runs for all) is told each rank's bytes, which differ here."""
+    sizes = _uneven_pieces(step, shape, rank)
+    if sizes and engine.dry:
+        engine.ran(step.sized(shape, local.dtype.itemsize))
+    return sizes
+
+
 @lru_cache(maxsize=1024)
-def _pieces(step: Step, shape: tuple, rank: int) -> tuple:
-    """The extents of the group's pieces where `step` runs on pieces of unequal sizes, else ()."""
+def _uneven_pieces(step: Step, shape: tuple, rank: int) -> tuple:
     if not is_uneven(step, shape):
         return ()
     check_fits(step, shape)

@@ -41,6 +41,12 @@ def _offsets(counts: list[int]) -> list[int]:
     return [0, *accumulate(counts[:-1])]
 
 
+def _peers(scounts: list[int], rcounts: list[int], me: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The counts SPMDSIM_CHECK compares and the trace counts peers by: a member is not its own peer."""
+    return (tuple(0 if j == me else n for j, n in enumerate(scounts)),
+            tuple(0 if j == me else n for j, n in enumerate(rcounts)))
+
+
 def _checked(x: np.ndarray, d: int, extent: int, op: str) -> None:
     if x.shape[d] != extent:
         raise ShapeError(f"{op}: dim {d} of local shape {x.shape!r} is {x.shape[d]}, expected this member's "
@@ -70,7 +76,7 @@ def allgatherv(mesh: Mesh, local: Any, axes: Any, tensor_dim: int, sizes: Sequen
     return issue(mesh, comm, g, "allgather", axes, label, "all_to_allv",
                  (send, scounts, [0] * g, recv, rcounts, _offsets(rcounts)), None, x.dtype,
                  (tensor_dim, tuple(sizes)), moved, 0 if send is x else x.nbytes, t0, joined,
-                 (tuple(scounts), tuple(rcounts)), emulate=False)
+                 _peers(scounts, rcounts, me), emulate=False)
 
 
 def reduce_scatterv(mesh: Mesh, local: Any, axes: Any, tensor_dim: int, sizes: Sequence[int],
@@ -99,7 +105,7 @@ def reduce_scatterv(mesh: Mesh, local: Any, axes: Any, tensor_dim: int, sizes: S
     return issue(mesh, comm, g, "reduce_scatter", axes, label, "all_to_allv",
                  (send, scounts, _offsets(scounts), recv, [own] * g, [j * own for j in range(g)]), None, x.dtype,
                  (tensor_dim, tuple(sizes)), moved, 0 if send is x else x.nbytes, t0, summed,
-                 (tuple(scounts), (own,) * g), emulate=False)
+                 _peers(scounts, [own] * g, me), emulate=False)
 
 
 def alltoallv_dims(mesh: Mesh, local: Any, axes: Any, split_dim: int, concat_dim: int,
@@ -138,4 +144,4 @@ def alltoallv_dims(mesh: Mesh, local: Any, axes: Any, split_dim: int, concat_dim
     return issue(mesh, comm, g, "alltoall", axes, label, "all_to_allv",
                  (send, scounts, _offsets(scounts), recv, rcounts, rdispls), None, x.dtype,
                  (split_dim, concat_dim, tuple(split_sizes), tuple(concat_sizes)), moved,
-                 0 if send is x else x.nbytes, t0, joined, (tuple(scounts), tuple(rcounts)), emulate=False)
+                 0 if send is x else x.nbytes, t0, joined, _peers(scounts, rcounts, me), emulate=False)
