@@ -15,7 +15,7 @@ from functools import lru_cache
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from ..errors import PlanError
+from ..errors import PlanError, ShapeError
 from ..layout import Layout, TensorLayout
 from ..plan import Plan, plan_redistribution
 from ..buffers import empty as _new_block  # placed for MPI's copies (spmdsim.buffers)
@@ -54,23 +54,27 @@ def _bind() -> None:
 
     from .uneven import allgatherv, alltoallv_dims, reduce_scatterv
 
-    # On an uneven cut (Layout.cut "chunk"/"balanced") whose pieces differ here: the forms with counts.
+    # On an uneven cut (Layout.cut "chunk"/"balanced") whose pieces differ here: the forms with counts, or,
+    # where the group's pieces do not nest (spmdsim.plan.uneven), the planner's redistribution instead.
     def run_allgather(step, mesh, local, shape, label, owned):
-        sizes = step.before.layout.cut != "even" and _pieces(step, shape, mesh.rank, mesh.engine, local)
-        if sizes:
-            return allgatherv(mesh, local, step.axes, step.tensor_dim, sizes, label=label)
+        how = step.before.layout.cut != "even" and _pieces(step, shape, mesh, local)
+        if how:
+            return allgatherv(mesh, local, step.axes, step.tensor_dim, how, label=label) if type(how) is tuple \
+                else _detour(how, mesh, local, shape, label)
         return allgather(mesh, local, step.axes, step.tensor_dim, label=label)
 
     def run_alltoall(step, mesh, local, shape, label, owned):
-        sizes = step.before.layout.cut != "even" and _pieces(step, shape, mesh.rank, mesh.engine, local)
-        if sizes:
-            return alltoallv_dims(mesh, local, step.axes, step.split_dim, step.concat_dim, *sizes, label=label)
+        how = step.before.layout.cut != "even" and _pieces(step, shape, mesh, local)
+        if how:
+            return alltoallv_dims(mesh, local, step.axes, step.split_dim, step.concat_dim, *how, label=label) \
+                if type(how) is tuple else _detour(how, mesh, local, shape, label)
         return alltoall(mesh, local, step.axes, step.split_dim, step.concat_dim, label=label)
 
     def run_reduce_scatter(step, mesh, local, shape, label, owned):
-        sizes = step.before.layout.cut != "even" and _pieces(step, shape, mesh.rank, mesh.engine, local)
-        if sizes:
-            return reduce_scatterv(mesh, local, step.axes, step.tensor_dim, sizes, label=label)
+        how = step.before.layout.cut != "even" and _pieces(step, shape, mesh, local)
+        if how:
+            return reduce_scatterv(mesh, local, step.axes, step.tensor_dim, how, label=label) \
+                if type(how) is tuple else _detour(how, mesh, local, shape, label)
         return reduce_scatter(mesh, local, step.axes, step.tensor_dim, label=label)
 
     _RUNNERS.update({
@@ -83,22 +87,34 @@ def _bind() -> None:
     })
 
 
-def _pieces(step: Step, shape: tuple, rank: int, engine: Any, local: Any) -> tuple:
-    """The extents of the group's pieces where `step` runs on pieces of unequal sizes, else ().
+def _pieces(step: Step, shape: tuple, mesh: Any, local: Any) -> Any:
+    """How `step` runs where its shards may differ in size: () when they do not; the extents of the
+    group's pieces (for the collective with counts); or, when the pieces do not nest, the plan of the
+    same move (an operator's step; a redistribution's plan has only steps that fit).
 
     A dry run (one rank runs for all) is told each rank's bytes, which differ here."""
-    sizes = _uneven_pieces(step, shape, rank)
-    if sizes and engine.dry:
-        engine.ran(step.sized(shape, local.dtype.itemsize))
-    return sizes
+    how = _uneven_pieces(step, shape, mesh.rank)
+    if type(how) is tuple and how and mesh.engine.dry:
+        mesh.engine.ran(step.sized(shape, local.dtype.itemsize))
+    return how
 
 
 @lru_cache(maxsize=1024)
-def _uneven_pieces(step: Step, shape: tuple, rank: int) -> tuple:
+def _uneven_pieces(step: Step, shape: tuple, rank: int) -> Any:
     if not is_uneven(step, shape):
         return ()
-    check_fits(step, shape)
+    try:
+        check_fits(step, shape)
+    except ShapeError:
+        return plan_redistribution(step.before, step.after, shape, "float64")
     return group_pieces(step, shape, rank)
+
+
+def _detour(plan: Plan, mesh: Any, local: Any, shape: tuple, label: Optional[str]) -> Any:
+    """`plan`'s steps on this rank's block, each traced under the operator's `label`."""
+    for run, step, step_mesh, _ in _compile(plan, mesh).steps:
+        local = run(step, step_mesh, local, shape, label, False)
+    return local
 
 
 def _runner(step: Step) -> Runner:
