@@ -109,3 +109,25 @@ def test_matmul_with_uneven_contracted_and_free_dims():
     # planner's move instead (Allreduce, then an exchange); no sum for column-parallel; onto 5 columns over tp,
     # a Reduce_scatter with counts (2, 2, 1).
     assert [r[3] for r in results[0]] == [("allreduce",), ("allreduce", "alltoallv"), (), ("reduce_scatter",)]
+
+
+def _embedding():
+    from spmdsim import DTensor, Mesh, ops
+
+    mesh = Mesh(Layout((3,), ("tp",), "balanced"), spmdsim.world())
+    table, ids = np.arange(40.0).reshape(10, 4), np.array([[0, 3, 9, 5], [4, 4, 8, 1]])
+    t = DTensor.from_global(mesh, table, mesh.layout("tp", None)).requires_grad_()
+    y = ops.embedding(DTensor.from_global(mesh, ids, mesh.layout(None, None)), t)
+    ops.sum(y).backward()
+    return y.gather(), t.grad.gather(), t.local.shape
+
+
+def test_vocab_parallel_embedding_over_an_uneven_vocabulary():
+    table, ids = np.arange(40.0).reshape(10, 4), np.array([[0, 3, 9, 5], [4, 4, 8, 1]])
+    grad = np.zeros_like(table)
+    np.add.at(grad, ids, 1.0)
+    results = spmdsim.simulate(3, _embedding)
+    for y, g, _ in results:
+        np.testing.assert_array_equal(y, table[ids])
+        np.testing.assert_array_equal(g, grad)
+    assert [r[2] for r in results] == [(4, 4), (3, 4), (3, 4)]  # 10 rows balanced over 3

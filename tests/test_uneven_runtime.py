@@ -94,3 +94,19 @@ def test_dry_run_counts_each_ranks_own_bytes_on_uneven_shards():
     dry = spmdsim.simulate(8, lambda: _dry_bytes("chunk"), dry_run=True)
     assert [r.bytes_received for r in dry.report.ranks] == [sum(rank[1]) for rank in real]
     assert len({r.bytes_received for r in dry.report.ranks}) > 1  # uneven: ranks differ
+
+
+def test_from_local_on_an_uneven_cut_asks_for_the_global_shape():
+    from spmdsim.errors import ShapeError
+    from spmdsim.runtime import DTensor, Mesh
+
+    def body():
+        mesh = Mesh(Layout((2,), ("x",), "chunk"), spmdsim.world())
+        try:
+            DTensor.from_local(mesh, np.zeros((2, 3)), mesh.layout("x", None))
+        except ShapeError as exc:
+            return str(exc)
+        return None
+
+    assert spmdsim.simulate(2, body) == ["from_local on a layout cut 'chunk' needs global_shape= (its shards may "
+                                         "differ in size between ranks)"] * 2

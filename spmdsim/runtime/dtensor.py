@@ -141,6 +141,10 @@ class DTensor:
             if local.ndim != layout.ndim:
                 raise ShapeError(f"local shard of shape {local.shape!r} has {counted(local.ndim, 'dim')} but the "
                                  f"layout {layout} maps {layout.ndim}")
+            if layout.layout.cut != "even" and layout.split_axes:
+                # Shards may differ by rank: a size worked out from this rank's alone would differ too.
+                raise ShapeError(f"from_local on a layout cut {layout.layout.cut!r} needs global_shape= "
+                                 "(its shards may differ in size between ranks)")
             global_shape = tuple(n * layout.layout.group_size(entry) for n, entry in zip(local.shape,
                                                                                         layout.tensor_map))
         return cls(mesh, local, layout, global_shape)
