@@ -130,7 +130,8 @@ def moves_and_bytes_png(plan: Plan, directory: str, dialect: str) -> list[str]:
     paths = render_moves_png(plan, directory, dialect=dialect)
     if plan.steps:
         title = f"bytes each rank sends to each rank: {plan.source} -> {plan.target}"
-        paths.append(render_byte_matrix_png(byte_matrix(plan.steps, plan.num_ranks, plan.shape, np.dtype(plan.dtype).itemsize),
+        matrix = byte_matrix(plan.steps, plan.num_ranks, plan.shape, np.dtype(plan.dtype).itemsize)
+        paths.append(render_byte_matrix_png(matrix,
                                             os.path.join(directory, "bytes.png"), title))
     return paths
 

@@ -47,6 +47,18 @@ def _peers(scounts: list[int], rcounts: list[int], me: int) -> tuple[tuple[int, 
             tuple(0 if j == me else n for j, n in enumerate(rcounts)))
 
 
+def _transfer(mesh: Mesh, axes: Any, label: str | None, op: str, x: np.ndarray, send: np.ndarray,
+              counts: tuple[list[int], list[int], list[int], list[int]], recv: np.ndarray, extra: tuple,
+              moved: tuple[int, int], t0: float, then: Any) -> np.ndarray:
+    """One engine `all_to_allv` on the group over `axes` (send and receive counts and offsets in `counts`),
+    traced as `op` with this member's bytes `moved`; `then()` makes the result."""
+    comm, g, me = mesh.group_info(axes)
+    scounts, sdispls, rcounts, rdispls = counts
+    return issue(mesh, comm, g, op, axes, label, "all_to_allv", (send, scounts, sdispls, recv, rcounts, rdispls),
+                 None, x.dtype, extra, moved, 0 if send is x else x.nbytes, t0, then,
+                 _peers(scounts, rcounts, me), emulate=False)
+
+
 def _checked(x: np.ndarray, d: int, extent: int, op: str) -> None:
     if x.shape[d] != extent:
         raise ShapeError(f"{op}: dim {d} of local shape {x.shape!r} is {x.shape[d]}, expected this member's "
@@ -56,7 +68,7 @@ def _checked(x: np.ndarray, d: int, extent: int, op: str) -> None:
 def allgatherv(mesh: Mesh, local: Any, axes: Any, tensor_dim: int, sizes: Sequence[int],
                label: str | None = None) -> np.ndarray:
     """Every member's `local` joined along `tensor_dim` in group order; member j's piece has extent `sizes[j]`."""
-    comm, g, me = mesh.group_info(axes)
+    _, g, me = mesh.group_info(axes)
     x = _contig(local)
     _checked(x, tensor_dim, sizes[me], "allgatherv")
     if g == 1:
@@ -72,17 +84,14 @@ def allgatherv(mesh: Mesh, local: Any, axes: Any, tensor_dim: int, sizes: Sequen
 
     def joined() -> np.ndarray:
         return _back(recv.reshape((sum(sizes),) + rest), tensor_dim)
-    moved = ((g - 1) * x.nbytes, recv.nbytes - x.nbytes)
-    return issue(mesh, comm, g, "allgather", axes, label, "all_to_allv",
-                 (send, scounts, [0] * g, recv, rcounts, _offsets(rcounts)), None, x.dtype,
-                 (tensor_dim, tuple(sizes)), moved, 0 if send is x else x.nbytes, t0, joined,
-                 _peers(scounts, rcounts, me), emulate=False)
+    return _transfer(mesh, axes, label, "allgather", x, send, (scounts, [0] * g, rcounts, _offsets(rcounts)),
+                     recv, (tensor_dim, tuple(sizes)), ((g - 1) * x.nbytes, recv.nbytes - x.nbytes), t0, joined)
 
 
 def reduce_scatterv(mesh: Mesh, local: Any, axes: Any, tensor_dim: int, sizes: Sequence[int],
                     label: str | None = None) -> np.ndarray:
     """The sum over the group of `local`, keeping this member's piece along `tensor_dim` (member j's: `sizes[j]`)."""
-    comm, g, me = mesh.group_info(axes)
+    _, g, me = mesh.group_info(axes)
     x = _contig(local)
     _checked(x, tensor_dim, sum(sizes), "reduce_scatterv")
     if x.dtype.name == "bfloat16":  # no bfloat16 sum in MPI: summed in float32, rounded once
@@ -102,17 +111,16 @@ def reduce_scatterv(mesh: Mesh, local: Any, axes: Any, tensor_dim: int, sizes: S
         return _back(recv.reshape((g, sizes[me]) + rest).sum(axis=0), tensor_dim)
     itemsize = x.dtype.itemsize
     moved = ((send.size - own) * itemsize, (g - 1) * own * itemsize)
-    return issue(mesh, comm, g, "reduce_scatter", axes, label, "all_to_allv",
-                 (send, scounts, _offsets(scounts), recv, [own] * g, [j * own for j in range(g)]), None, x.dtype,
-                 (tensor_dim, tuple(sizes)), moved, 0 if send is x else x.nbytes, t0, summed,
-                 _peers(scounts, [own] * g, me), emulate=False)
+    return _transfer(mesh, axes, label, "reduce_scatter", x, send,
+                     (scounts, _offsets(scounts), [own] * g, [j * own for j in range(g)]), recv,
+                     (tensor_dim, tuple(sizes)), moved, t0, summed)
 
 
 def alltoallv_dims(mesh: Mesh, local: Any, axes: Any, split_dim: int, concat_dim: int,
                    split_sizes: Sequence[int], concat_sizes: Sequence[int], label: str | None = None) -> np.ndarray:
     """Cut `local` along `split_dim` into pieces of `split_sizes` (member order), send piece j to member j, and
     join what arrives along `concat_dim` (member j's has extent `concat_sizes[j]` there)."""
-    comm, g, me = mesh.group_info(axes)
+    _, g, me = mesh.group_info(axes)
     x = _contig(local)
     _checked(x, split_dim, sum(split_sizes), "alltoallv")
     _checked(x, concat_dim, concat_sizes[me], "alltoallv")
@@ -140,8 +148,6 @@ def alltoallv_dims(mesh: Mesh, local: Any, axes: Any, split_dim: int, concat_dim
             pieces.append(np.moveaxis(recv[lo:lo + n].reshape(front), 0, split_dim))
         return np.ascontiguousarray(np.concatenate(pieces, axis=concat_dim))
     kept = scounts[me] * x.dtype.itemsize
-    moved = (x.nbytes - kept, recv.nbytes - kept)
-    return issue(mesh, comm, g, "alltoall", axes, label, "all_to_allv",
-                 (send, scounts, _offsets(scounts), recv, rcounts, rdispls), None, x.dtype,
-                 (split_dim, concat_dim, tuple(split_sizes), tuple(concat_sizes)), moved,
-                 0 if send is x else x.nbytes, t0, joined, _peers(scounts, rcounts, me), emulate=False)
+    return _transfer(mesh, axes, label, "alltoall", x, send, (scounts, _offsets(scounts), rcounts, rdispls), recv,
+                     (split_dim, concat_dim, tuple(split_sizes), tuple(concat_sizes)),
+                     (x.nbytes - kept, recv.nbytes - kept), t0, joined)
