@@ -90,3 +90,16 @@ def test_convert_says_which_dialects_can_cut_unevenly(capsys):
     assert main(["convert", *ROWS, "--cut", "balanced", "--json"]) == 0
     forms = {f["dialect"]: f for f in json.loads(capsys.readouterr().out)["forms"]}
     assert forms["PyTorch DTensor"]["text"] is None and "torch.chunk" in forms["PyTorch DTensor"]["note"]
+
+
+def test_holdings_and_plan_flags_on_uneven_cuts(capsys):
+    from spmdsim.holdings import holdings_lines
+
+    tl = Layout((2, 2), ("dp", "tp"), "chunk")("tp", None)
+    assert holdings_lines({"x": (tl, (3, 4))}) == ["rank 0 (0, 0): x[0:2, 0:4]", "rank 1 (0, 1): x[2:3, 0:4]",
+                                                   "rank 2 (1, 0): x[0:2, 0:4]", "rank 3 (1, 1): x[2:3, 0:4]"]
+    assert main(["plan", "--device-matrix", "4", "--from-strategy", "((4,1),)", "--to", "None,axis_0",
+                 "--shape", "10,3", "--cut", "chunk"]) == 2
+    assert " ".join(capsys.readouterr().err.split()) == (
+        "spmdsim: error: --from-strategy cannot take cut 'chunk': MindSpore cuts every dim evenly; write that "
+        "side as --from, --from-placements or --from-partition-spec")
