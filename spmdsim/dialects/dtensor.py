@@ -20,14 +20,15 @@ from ._common import as_int, check_major_order, entry_tokens, mesh_of, renamed_k
 
 __all__ = [
     "Shard", "Replicate", "Partial", "Placement", "parse_placements", "format_placements",
-    "placements_to_layout", "layout_to_placements", "check_uneven_shards",
+    "placements_to_layout", "layout_to_placements",
 ]
 
 
 @dataclass(frozen=True)
 class Shard:
-    """Tensor dim `dim` is cut along this mesh dim (negative dims count from the end): evenly, or by
-    torch.chunk's rule on a layout cut "chunk" (DTensor's uneven Shard)."""
+    """Tensor dim `dim` is cut along this mesh dim (negative dims count from the end).
+
+    Evenly, or by torch.chunk's rule on a layout cut "chunk" (DTensor's uneven Shard)."""
 
     dim: int
 
