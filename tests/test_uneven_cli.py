@@ -103,3 +103,12 @@ def test_holdings_and_plan_flags_on_uneven_cuts(capsys):
     assert " ".join(capsys.readouterr().err.split()) == (
         "spmdsim: error: --from-strategy cannot take cut 'chunk': MindSpore cuts every dim evenly; write that "
         "side as --from, --from-placements or --from-partition-spec")
+
+
+def test_plan_explain_past_64_ranks_names_the_unequal_blocks(capsys):
+    assert main(["plan", "--device-matrix", "128", "--alias", "x", "--from", "x,None", "--to", "None,x",
+                 "--shape", "1001,300", "--cut", "balanced", "--explain"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "dim 0: 128 blocks of 8 to 7 (cut 'balanced'), block x" in out
+    assert "others in its group 75 B on average (the busiest rank's)" in out
+    assert "lower bound 11,916 B (meets it on every rank)" in out

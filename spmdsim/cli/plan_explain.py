@@ -204,8 +204,10 @@ def folded_explain_lines(plan: Plan, dialect: str = "sbp") -> list[str]:
             lines.append(head + "; ".join(parts))
         elif record["bytes_to_each_peer"]:
             g = record["group_size"]
+            # An uneven cut's pieces (Layout.cut): the busiest rank's bytes, spread over its peers.
+            spread = " on average (the busiest rank's)" if len(set(step.bytes_sent)) > 1 else ""
             lines.append(head + f"{record['groups']:,} groups of {g:,} ranks; each rank sends each of "
-                                f"the {g - 1:,} others in its group {nbytes(record['bytes_to_each_peer'])}")
+                                f"the {g - 1:,} others in its group {nbytes(record['bytes_to_each_peer'])}{spread}")
         else:
             lines.append(head + "no communication")
     return lines
