@@ -110,3 +110,31 @@ def test_from_local_on_an_uneven_cut_asks_for_the_global_shape():
 
     assert spmdsim.simulate(2, body) == ["from_local on a layout cut 'chunk' needs global_shape= (its shards may "
                                          "differ in size between ranks)"] * 2
+
+
+def _replay_uneven():
+    """A captured step of collectives with counts (Reduce_scatter, Alltoallv), replayed on new inputs."""
+    from spmdsim import ops
+    from spmdsim.runtime import DTensor, Mesh, capture, redistribute
+
+    mesh = Mesh(Layout((2, 3), ("dp", "tp"), "chunk"), spmdsim.world())
+    L = mesh.layout
+    rng = np.random.default_rng(3)
+    xs, ws = [rng.standard_normal((7, 10)) for _ in range(3)], [rng.standard_normal((10, 5)) for _ in range(3)]
+
+    def step(x, w):  # K = 10 over tp (4, 4, 2), then 5 columns over tp (2, 2, 1), then 7 rows over tp
+        return redistribute(ops.matmul(x, w, out_layout=L(None, "tp")), L("tp", None))
+
+    x = DTensor.from_global(mesh, xs[0], L(None, "tp"))
+    w = DTensor.from_global(mesh, ws[0], L("tp", None))
+    graph = capture(step, x, w)
+    out = []
+    for k in (1, 2):
+        z = graph(DTensor.from_global(mesh, xs[k], L(None, "tp")), DTensor.from_global(mesh, ws[k], L("tp", None)))
+        want = (xs[k] @ ws[k])[L("tp", None).slices(mesh.rank, (7, 5))]
+        out.append(bool(np.allclose(z.local, want, rtol=1e-12, atol=1e-12)))
+    return out
+
+
+def test_a_replayed_step_reruns_the_collectives_with_counts():
+    assert spmdsim.simulate(6, _replay_uneven) == [[True, True]] * 6

@@ -151,3 +151,9 @@ def alltoallv_dims(mesh: Mesh, local: Any, axes: Any, split_dim: int, concat_dim
     return _transfer(mesh, axes, label, "alltoall", x, send, (scounts, _offsets(scounts), rcounts, rdispls), recv,
                      (split_dim, concat_dim, tuple(split_sizes), tuple(concat_sizes)),
                      (x.nbytes - kept, recv.nbytes - kept), t0, joined)
+
+
+# Each is one recorded call when a rank captures a step (spmdsim.runtime.replay), as runtime.collectives' are.
+from .replay import kernel as _kernel  # noqa: E402
+
+allgatherv, reduce_scatterv, alltoallv_dims = (_kernel(f) for f in (allgatherv, reduce_scatterv, alltoallv_dims))
