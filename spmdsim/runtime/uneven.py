@@ -33,6 +33,13 @@ def _front(x: np.ndarray, d: int) -> np.ndarray:
     return x if d == 0 else np.ascontiguousarray(np.moveaxis(x, d, 0))
 
 
+def _laid(x: np.ndarray, d: int) -> tuple[float, np.ndarray, tuple, int]:
+    """(when the traced time begins, `x` with dim `d` first, the other dims, their product)."""
+    t0 = perf_counter()
+    send = _front(x, d)
+    return t0, send, send.shape[1:], math.prod(send.shape[1:])
+
+
 def _back(front: np.ndarray, d: int) -> np.ndarray:
     return front if d == 0 else np.ascontiguousarray(np.moveaxis(front, 0, d))
 
@@ -74,10 +81,7 @@ def allgatherv(mesh: Mesh, local: Any, axes: Any, tensor_dim: int, sizes: Sequen
     if g == 1:
         _alone("allgather", axes, label, x.dtype)
         return x
-    t0 = perf_counter()
-    send = _front(x, tensor_dim)
-    rest = send.shape[1:]
-    row = math.prod(rest)
+    t0, send, rest, row = _laid(x, tensor_dim)
     rcounts = [int(s) * row for s in sizes]
     recv = _empty((sum(rcounts),), x.dtype)
     scounts = [send.size] * g
@@ -99,10 +103,7 @@ def reduce_scatterv(mesh: Mesh, local: Any, axes: Any, tensor_dim: int, sizes: S
     if g == 1:
         _alone("reduce_scatter", axes, label, x.dtype)
         return x
-    t0 = perf_counter()
-    send = _front(x, tensor_dim)
-    rest = send.shape[1:]
-    row = math.prod(rest)
+    t0, send, rest, row = _laid(x, tensor_dim)
     scounts = [int(s) * row for s in sizes]
     own = scounts[me]
     recv = _empty((g * own,), x.dtype)
@@ -127,9 +128,7 @@ def alltoallv_dims(mesh: Mesh, local: Any, axes: Any, split_dim: int, concat_dim
     if g == 1:
         _alone("alltoall", axes, label, x.dtype)
         return x
-    t0 = perf_counter()
-    send = _front(x, split_dim)
-    row = math.prod(send.shape[1:])
+    t0, send, _, row = _laid(x, split_dim)
     scounts = [int(s) * row for s in split_sizes]
     # Member j's piece: this member's split extent, member j's extent along concat_dim.
     shapes = []
