@@ -20,6 +20,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from .holdings import bounds_text
+from .slicing import shard_sizes
 from .layout import TensorLayout, format_entry, format_tensor_map
 from .validate import counted
 
@@ -175,10 +176,26 @@ def _headline(ex: Explanation) -> list[str]:
         if layout.num_devices > math.prod(ex.strategy):
             lines += _wrap(f"The strategy uses {math.prod(ex.strategy)} of {counted(layout.num_devices, 'rank')}: "
                            "the extra axis on the right repeats the calculation.")
-    table = _table(["layout", f"Layout({layout.device_matrix!r}, ({names}))"],
+    cut = "" if layout.cut == "even" else f", cut={layout.cut!r}"
+    table = _table(["layout", f"Layout({layout.device_matrix!r}, ({names}){cut})"],
                    [["tensor map", format_tensor_map(tl.tensor_map)], ["shape", str(ex.shape)]]
                    + ([["partial", ", ".join(tl.partial)]] if tl.partial else []), left=(0, 1))
     return lines + [line[2:] for line in table]
+
+
+def _cut_lines(ex: Explanation) -> list[str]:
+    """How the uneven cut gives each shard number its range, for the dims whose pieces differ."""
+    tl = ex.tensor_layout
+    lines = []
+    for d in tl.uneven_dims(ex.shape):
+        size, n = ex.shape[d], tl.shards_per_dim[d]
+        rule = (f"pieces of ceil({size}/{n}) = {-(-size // n)}, the last ones short or empty"
+                if tl.layout.cut == "chunk" else
+                f"{counted(size % n, 'piece')} of {size // n + 1}, then pieces of {size // n}")
+        sizes = " ".join(str(k) for k in shard_sizes(size, n, tl.layout.cut))
+        lines += _wrap(f"Dim {d} of size {size} does not divide into {n} shards: cut {tl.layout.cut!r} "
+                       f"gives {rule} (sizes by shard: {sizes}).")
+    return lines
 
 
 def _wrap(text: str) -> list[str]:
@@ -213,6 +230,8 @@ def format_explanation(ex: Explanation) -> str:
         sums.append([r.rank, f"{terms} = {r.shard_number}"])
     lines += _table(["rank", "shard number"], sums, left=(1,))
     lines += ["", "Result. Each rank's block, and its values of arange(n).reshape(shape).", ""]
+    cut = _cut_lines(ex)
+    lines += cut + ([""] if cut else [])
     lines += _table(["rank", "shard", "index per dim", "slice", "values"],
                     [[r.rank, r.shard_number, str(r.shard_index), bounds_text(r.bounds), _values_text(r.values)]
                      for r in ex.rows], left=(2, 3, 4))

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Sequence, Union
 import numpy as np
 
 from .errors import LayoutError, ShapeError
-from .slicing import check_divisible, shard_bounds
+from .slicing import CUTS, check_cut, shard_bounds
 from .validate import as_int, counted, shape_arg
 
 __all__ = ["Layout", "TensorLayout", "MapEntry", "normalize_entry", "format_entry", "format_tensor_map",
@@ -73,10 +73,14 @@ class Layout:
 
     Calling it with a tensor map gives a TensorLayout:
     ``Layout((2, 2, 2), ("dp", "sp", "mp"))("mp", ("sp", "dp"))``.
+    `cut` is the rule that cuts every tensor dim split over this device matrix
+    (spmdsim.slicing): "even" (the default; sizes must divide), "chunk" (DTensor's,
+    torch.chunk's) or "balanced" (sizes differ by at most one).
     """
 
     device_matrix: tuple[int, ...]
     alias_name: tuple[str, ...]
+    cut: str = "even"
 
     def __post_init__(self) -> None:
         # A bare string is not a sequence of names here: "ab" would become axes 'a' and 'b'.
@@ -105,6 +109,8 @@ class Layout:
                 raise LayoutError(f"alias name {name!r} must be a non-empty string other than 'None'")
         if len(set(names)) != len(names):
             raise LayoutError(f"alias_name {names!r} repeats a name")
+        if self.cut not in CUTS:
+            raise LayoutError(f"cut {self.cut!r} must be one of {CUTS!r}")
         object.__setattr__(self, "device_matrix", matrix)
         object.__setattr__(self, "alias_name", names)
 
@@ -115,14 +121,26 @@ class Layout:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (self.device_matrix == other.device_matrix  # type: ignore[attr-defined]
-                and self.alias_name == other.alias_name)  # type: ignore[attr-defined]
+                and self.alias_name == other.alias_name and self.cut == other.cut)  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((self.device_matrix, self.alias_name, self.cut))
+
+    def __repr__(self) -> str:
+        # The default rule is left out, so the repr of an even Layout reads as it always has.
+        cut = "" if self.cut == "even" else f", cut={self.cut!r}"
+        return f"Layout(device_matrix={self.device_matrix!r}, alias_name={self.alias_name!r}{cut})"
 
     def __call__(self, *tensor_map: MapEntry, partial: str | Iterable[str] = ()) -> "TensorLayout":
         return TensorLayout(self, tensor_map, partial)
 
     def __str__(self) -> str:
         axes = ", ".join(f"{n}={s}" for n, s in zip(self.alias_name, self.device_matrix))
-        return f"Layout({axes})"
+        return f"Layout({axes}{'' if self.cut == 'even' else ', cut=' + self.cut})"
+
+    def with_cut(self, cut: str) -> "Layout":
+        """The same device matrix cutting tensor dims by rule `cut`."""
+        return self if cut == self.cut else Layout(self.device_matrix, self.alias_name, cut)
 
     # -- sizes ---------------------------------------------------------------
     @property
@@ -369,18 +387,43 @@ class TensorLayout:
         if len(shape) != self.ndim:
             raise ShapeError(f"{'' if what is None else what + ': '}tensor map {self} has "
                              f"{counted(self.ndim, 'entry')} but shape {shape!r} has {counted(len(shape), 'dim')}")
+        cut = self.layout.cut
         for tensor_dim, (size, axes) in enumerate(zip(shape, self.tensor_map)):
-            check_divisible(size, self.layout.group_size(axes), tensor_dim, axes,
-                            None if what is None else (what, shape))
+            check_cut(cut, size, self.layout.group_size(axes), tensor_dim, axes,
+                      None if what is None else (what, shape))
         return shape
 
-    def local_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
-        """Shape of every rank's shard (even splits: the same on all ranks)."""
+    def local_shape(self, shape: Sequence[int], rank: int | None = None) -> tuple[int, ...]:
+        """Shape of `rank`'s shard; without `rank`, the shape every rank's shard has.
+
+        Under an uneven cut (Layout cut "chunk" or "balanced") of a size that does
+        not divide, shards differ: asking without a rank then raises ShapeError.
+        """
+        if rank is not None:
+            return tuple(b - a for a, b in self.bounds(rank, shape))
         known = self._known(("local", shape))
         if known is not None:
             return known
         shape = self.check_shape(shape)
+        uneven = self.uneven_dims(shape)
+        if uneven:
+            d = uneven[0]
+            raise ShapeError(f"shards of tensor dim {d} of size {shape[d]!r} differ between ranks "
+                             f"({self.shards_per_dim[d]} shards, cut {self.layout.cut!r}); "
+                             "expected a rank to ask for its own shard's shape")
         return self._keep(("local", shape), tuple(s // n for s, n in zip(shape, self.shards_per_dim)))
+
+    def uneven_dims(self, shape: Sequence[int]) -> tuple[int, ...]:
+        """The tensor dims whose shards differ in size between ranks (none under the even cut)."""
+        if self.layout.cut == "even":
+            return ()
+        return tuple(d for d, (s, n) in enumerate(zip(shape, self.shards_per_dim)) if s % n)
+
+    def max_local_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
+        """Per dim, the largest shard (the first: every rule puts its longest pieces first)."""
+        shape = self.check_shape(shape)
+        cut = self.layout.cut
+        return tuple(b - a for a, b in (shard_bounds(s, n, 0, cut) for s, n in zip(shape, self.shards_per_dim)))
 
     # Answers about global shapes that passed check_shape, per layout: operators and the backward walk
     # ask each layout the same few questions every step. Kept only for shapes of Python ints (16.0
@@ -418,7 +461,9 @@ class TensorLayout:
             if known is not None:
                 return known
         shape = self.check_shape(shape)
-        out = tuple(shard_bounds(size, n, i) for size, n, i in zip(shape, self.shards_per_dim, self.shard_index(rank)))
+        cut = self.layout.cut
+        out = tuple(shard_bounds(size, n, i, cut)
+                    for size, n, i in zip(shape, self.shards_per_dim, self.shard_index(rank)))
         return self._keep(("bounds", rank, shape), out) if type(rank) is int else out
 
     def slices(self, rank: int, shape: Sequence[int]) -> tuple[slice, ...]:

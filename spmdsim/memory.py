@@ -91,13 +91,13 @@ def format_size(n: int) -> str:
 
 
 def local_bytes(tl, shape: Sequence[int], dtype) -> int:
-    """Bytes of one rank's shard of a tensor of `shape` under TensorLayout `tl` (exact ints)."""
-    return math.prod(tl.local_shape(shape)) * np.dtype(dtype).itemsize
+    """Bytes of one rank's shard of a tensor of `shape` under TensorLayout `tl` (the largest, where shards differ)."""
+    return math.prod(tl.max_local_shape(shape)) * np.dtype(dtype).itemsize
 
 
 def seeded_need(tl, shape: Sequence[int], dtype, what: str = "shard") -> Need:
     """A shard made by `DTensor.from_seeded`: the shard and the generator's temporaries."""
-    local = tuple(tl.local_shape(shape))
+    local = tuple(tl.max_local_shape(shape))
     elements = math.prod(local)
     row = math.prod(local[1:]) if local else 0
     return Need(((what, local_bytes(tl, shape, dtype)),
@@ -117,7 +117,7 @@ def matmul_need(x_tl, w_tl, x_shape: Sequence[int], w_shape: Sequence[int], dtyp
     plan = infer_matmul(x_tl, w_tl, transpose_a=transpose_a, transpose_b=transpose_b, out=out_layout)
     y_shape = matmul_shape(tuple(x_shape), tuple(w_shape), transpose_a, transpose_b)
     item = np.dtype(dtype).itemsize
-    out_local = tuple(plan.out.local_shape(y_shape))
+    out_local = tuple(plan.out.max_local_shape(y_shape))
     cols, rows = out_local[-1], math.prod(out_local[:-1])  # rows: batch dims and M together
     k = x_shape[-2] if transpose_a else x_shape[-1]
     w_batch = math.prod(out_local[:-2]) if len(w_shape) > 2 else 1

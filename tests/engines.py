@@ -20,7 +20,7 @@ __all__ = ["world", "per_rank", "rank_output", "SIMULATED", "SIM_SIZES"]
 # The operator, layer, redistribution, network and gradient tests (tests/mpi/), run on both engines.
 SIMULATED = frozenset({"test_ops_matmul.py", "test_ops_layers.py", "test_ops_local.py",
                        "test_redistribute.py", "test_networks.py", "test_train_grads.py",
-                       "test_train_layers.py", "test_train_network.py"})
+                       "test_train_layers.py", "test_train_network.py", "test_uneven_mpi.py"})
 SIM_SIZES = (8, 4)
 
 

@@ -31,6 +31,7 @@ class Case:
     partial: tuple[tuple[str, ...], ...]
     positive: bool = False  # operands must be positive (log, sqrt, pow)
     grads: bool = True
+    cut: str = "even"  # the mesh's cutting rule (Layout.cut): "chunk"/"balanced" split dims that do not divide
 
 
 def _np_softmax(x: np.ndarray, d: int) -> np.ndarray:
@@ -196,8 +197,10 @@ CASES: dict[str, tuple[tuple[tuple[int, ...], ...], Callable, Callable, bool]] =
 PENDING_OK = frozenset(CASES)
 
 
-def random_case(name: str, ranks: int, rng: np.random.Generator, pending: bool = True) -> Case:
-    """A case of op `name` on a random mesh of `ranks` devices (1-3 axes) and random layouts."""
+def random_case(name: str, ranks: int, rng: np.random.Generator, pending: bool = True, cut: str = "even") -> Case:
+    """A case of op `name` on a random mesh of `ranks` devices (1-3 axes) and random layouts.
+
+    An uneven `cut` splits dims whether or not their sizes divide."""
     shapes = CASES[name][0]
     positive = CASES[name][3]
     axes_count = int(rng.integers(1, 4))
@@ -213,21 +216,25 @@ def random_case(name: str, ranks: int, rng: np.random.Generator, pending: bool =
             while free and rng.random() < 0.5:
                 axis = free[-1]
                 group = math.prod(sizes[names.index(a)] for a in entry) * sizes[names.index(axis)]
-                if size % group:
-                    break
+                if (size % group and cut == "even") or (cut != "even" and size <= 1):
+                    break  # an uneven cut splits any size, but a size-1 dim is a broadcast one
                 entry.append(free.pop())
             entry_list.append(tuple(entry) if entry else None)
         pend = tuple(a for a in free if pending and rng.random() < 0.25)
         maps.append(tuple(entry_list))
         partial.append(tuple(a for a in names if a in pend))
-    return Case(name, sizes, shapes, tuple(maps), tuple(partial), positive)
+    return Case(name, sizes, shapes, tuple(maps), tuple(partial), positive, cut=cut)
 
 
 def _factor(n: int, parts: int, rng: np.random.Generator) -> tuple[int, ...]:
+    """`n` as a product of `parts` sizes, each prime factor on a random axis (2s for a power of two)."""
     sizes = [1] * parts
+    p = 2
     while n > 1:
-        sizes[int(rng.integers(parts))] *= 2
-        n //= 2
+        while n % p:
+            p += 1
+        sizes[int(rng.integers(parts))] *= p
+        n //= p
     return tuple(sizes)
 
 
@@ -264,7 +271,7 @@ def run_case(comm: Any, case: Case, seed: int = 0) -> tuple[float, float, Option
     """(forward max abs error, gradient max relative error, the first failing text or None) on every rank."""
     from spmdsim.runtime import DTensor, Mesh
 
-    mesh = Mesh(Layout(case.mesh, tuple(f"m{i}" for i in range(len(case.mesh)))), comm)
+    mesh = Mesh(Layout(case.mesh, tuple(f"m{i}" for i in range(len(case.mesh))), case.cut), comm)
     L = mesh.layout
     _, program, twin, _ = CASES[case.name]
     arrays = operands(case, seed)

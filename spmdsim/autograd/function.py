@@ -86,7 +86,7 @@ class Function:
         ctx = FunctionCtx(first.mesh.rank, tuple(t.slices for t in tensors), tuple(t.layout for t in tensors))
         block = cls.forward(ctx, *[a.local if any(a is t for t in tensors) else a for a in args])
         block = np.asanyarray(block)
-        expected = layout.local_shape(shape)
+        expected = layout.local_shape(shape, first.mesh.rank)
         if block.shape != expected:
             raise OperatorError(f"{name}.forward returned a block of shape {block.shape!r}; the output's layout "
                                 f"{layout} of global shape {shape!r} needs {expected!r}")

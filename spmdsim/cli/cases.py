@@ -12,7 +12,11 @@ flags; flags override keys of the file. One form per dialect:
 * JAX: ``{"partition_spec": "('x', None)", "device_matrix": [2, 4], "alias_name": ["x", "y"],
   "shape": [...]}`` (a shorter spec is padded with None)
 
-Each form may add ``"partial": [axis, ...]``. Pure: never imports mpi4py.
+Each form may add ``"partial": [axis, ...]``, and ``"cut"``: the rule that cuts a dim
+("even", "chunk" or "balanced"; docs/semantics.md, "Uneven shards"). The Layout form
+takes any; DTensor placements cut a dim that does not divide as DTensor does
+("chunk"); a JAX PartitionSpec only with a rule named; the strategy and SBP forms
+cut evenly, as MindSpore and OneFlow do. Pure: never imports mpi4py.
 """
 from __future__ import annotations
 
@@ -20,13 +24,14 @@ import argparse
 import json
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional, Sequence, TextIO
 
 from ..dialects._common import split_top_level
 from ..validate import loads_json
 from ..errors import ShapeError, SpmdsimError
 from ..layout import Layout, TensorLayout
+from ..slicing import CUTS
 
 __all__ = [
     "Case",
@@ -52,7 +57,7 @@ _SBP_KEYS = ("sbp", "placement")
 _NOTE_KEYS = ("name", "comment", "description")
 _DTENSOR_KEYS = ("placements",)  # + device_matrix, optional alias_name (mesh dim names)
 _SPEC_KEYS = ("partition_spec",)  # + device_matrix and alias_name (mesh axis names)
-_KNOWN_KEYS = (_LAYOUT_KEYS + _STRATEGY_KEYS + _SBP_KEYS + _DTENSOR_KEYS + _SPEC_KEYS + ("shape", "partial")
+_KNOWN_KEYS = (_LAYOUT_KEYS + _STRATEGY_KEYS + _SBP_KEYS + _DTENSOR_KEYS + _SPEC_KEYS + ("shape", "partial", "cut")
                + _NOTE_KEYS)
 # The keys that say which form a case is written in.
 _FORM_TRIGGERS = {"layout": _LAYOUT_KEYS, "strategy": ("strategy",), "sbp": _SBP_KEYS,
@@ -80,6 +85,8 @@ class Case:
         }
         if tl.partial:
             out["partial"] = list(tl.partial)
+        if tl.layout.cut != "even":
+            out["cut"] = tl.layout.cut
         return out
 
 
@@ -208,9 +215,10 @@ def case_from_dict(data: Any) -> Case:
     _require(data, ("shape",), form)
     shape = _int_list(data, "shape", "non-negative integers", 0)
     partial = _name_list(data, "partial") if "partial" in data else ()
+    cut = _cut(data, form)
     if form == "layout":
         _require(data, _LAYOUT_KEYS, "layout")
-        layout = Layout(_device_count_checked(data, "device_matrix"), _name_list(data, "alias_name"))
+        layout = Layout(_device_count_checked(data, "device_matrix"), _name_list(data, "alias_name"), cut or "even")
         tl = layout(*_tensor_map(data), partial=partial)
         world = data.get("world_size", layout.num_devices)
         if world != layout.num_devices:
@@ -225,14 +233,41 @@ def case_from_dict(data: Any) -> Case:
         build = {"strategy": case_dialects.strategy_case, "sbp": case_dialects.sbp_case,
                  "dtensor": case_dialects.dtensor_case, "partition_spec": case_dialects.partition_spec_case}
         case = build[form](data, shape, partial)
+        if cut is not None or form == "dtensor":
+            tl = case.tensor_layout
+            # DTensor cuts a dim that does not divide by torch.chunk's rule; where sizes divide the rules agree.
+            uneven = len(case.shape) == tl.ndim and any(s % n for s, n in zip(case.shape, tl.shards_per_dim))
+            chosen = cut or ("chunk" if uneven else "even")
+            case = replace(case, tensor_layout=TensorLayout(tl.layout.with_cut(chosen), tl.tensor_map, tl.partial))
+            if form == "dtensor" and uneven:
+                from ..dialects.dtensor import check_uneven_shards
+
+                check_uneven_shards(case.tensor_layout, case.shape)
     try:
         case.tensor_layout.check_shape(case.shape)
     except ShapeError as exc:
         hint = multi_axis_hint(case.tensor_layout.tensor_map, len(case.shape))
+        if not hint and form == "partition_spec":
+            hint = ('; JAX requires divisible dims: name a rule with "cut": "chunk" or "balanced" '
+                    "(--cut) to cut unevenly")
         if not hint:
             raise
         raise ShapeError(f"{exc}{hint}") from None
     return case
+
+
+def _cut(data: Mapping, form: str) -> Optional[str]:
+    """The case's "cut" key, checked against its form (None when not given)."""
+    cut = data.get("cut")
+    if cut is None:
+        return None
+    if cut not in CUTS:
+        raise SpmdsimError(f"case key 'cut' {cut!r} must be one of {CUTS!r}")
+    if cut != "even" and form in ("strategy", "sbp"):
+        framework = "MindSpore" if form == "strategy" else "OneFlow"
+        raise SpmdsimError(f"cut {cut!r} cannot go with the {form} form: {framework} cuts every dim evenly; "
+                           "use the layout, placements or partition_spec form for an uneven cut")
+    return cut
 
 
 # -- command-line flags -----------------------------------------------------------
@@ -309,6 +344,8 @@ def add_case_arguments(parser: argparse.ArgumentParser) -> None:
                    'e.g. "S(0),R" or "(Shard(0), Replicate())"')
     g.add_argument("--partition-spec", metavar="SPEC", help="JAX PartitionSpec over --device-matrix/--alias, "
                    "e.g. \"('x', None)\"")
+    g.add_argument("--cut", choices=CUTS, help="how a dim that does not divide is cut: even (refused), chunk "
+                   "(DTensor's torch.chunk rule) or balanced (sizes differ by at most one)")
 
 
 def _flag_ints(text: str, flag: str, minimum: int) -> tuple[int, ...]:
@@ -347,6 +384,8 @@ def case_from_args(args: argparse.Namespace, stdin: Optional[TextIO] = None) -> 
         flags["placements"] = args.placements
     if args.partition_spec is not None:
         flags["partition_spec"] = args.partition_spec
+    if getattr(args, "cut", None) is not None:
+        flags["cut"] = args.cut
     data: dict[str, Any] = {}
     if args.case is not None or not flags:
         data = _read_case_source(args.case, stdin)

@@ -74,12 +74,24 @@ def _map_text(tl: TensorLayout) -> str:
 def _layout(tl: TensorLayout, shape: tuple[int, ...]) -> Form:
     m = tl.layout
     names = ", ".join(f'"{n}"' for n in m.alias_name) + ("," if len(m.alias_name) == 1 else "")
-    text = f"Layout({m.device_matrix!r}, ({names})){tl}"
+    cut = "" if m.cut == "even" else f", cut={m.cut!r}"
+    text = f"Layout({m.device_matrix!r}, ({names}){cut}){tl}"
     flags = (f"--device-matrix {_csv(m.device_matrix)} --alias {_csv(m.alias_name)} "
              f"--tensor-map \"{_map_text(tl)}\"")
     if tl.partial:
         flags += f" --partial {_csv(tl.partial)}"
+    if cut:
+        flags += f" --cut {m.cut}"
     return Form(DIALECTS[0], text, "", flags)
+
+
+def _uneven_note(tl: TensorLayout, shape: tuple[int, ...], who: str) -> Optional[str]:
+    """Why a dialect that cuts only evenly (`who` does) cannot say `tl`, or None when every dim divides."""
+    dims = tl.uneven_dims(shape)
+    if not dims:
+        return None
+    d = dims[0]
+    return f"{who} cuts every dim evenly: dim {d} of size {shape[d]} does not divide into {tl.num_shards(d)} shards"
 
 
 def _same_blocks(a: TensorLayout, b: TensorLayout, shape: tuple[int, ...]) -> Optional[str]:
@@ -108,6 +120,9 @@ def _strategy(tl: TensorLayout, shape: tuple[int, ...]) -> Form:
     world = tl.layout.num_devices
     text = format_strategy((counts,))
     flags = f"--strategy \"{text}\" --world-size {world}"
+    uneven = _uneven_note(tl, shape, "MindSpore")
+    if uneven:
+        return Form(DIALECTS[1], None, uneven)
     if tl.partial:
         return Form(DIALECTS[1], None, "a .shard strategy gives slice counts only: it has no "
                                       f"pending sums (here over {', '.join(tl.partial)})")
@@ -139,6 +154,9 @@ def _paddle(tl: TensorLayout, shape: tuple[int, ...]) -> Form:
     """Paddle's split() lays a 2-D weight over one model-parallel group of every device."""
     world = tl.layout.num_devices
     splits = [d for d, axes in enumerate(tl.tensor_map) if axes]
+    uneven = _uneven_note(tl, shape, "Paddle's split()")
+    if uneven:
+        return Form(DIALECTS[5], None, uneven)
     if tl.partial or len(shape) != 2 or len(splits) != 1 or tl.num_shards(splits[0]) != world:
         return Form(DIALECTS[5], None, "split() cuts one dim of a 2-D weight over all devices "
                                        "(one model-parallel group, no copies, no pending sums)")
@@ -162,17 +180,26 @@ def convert_layout(tl: TensorLayout, shape: tuple[int, ...]) -> tuple[Form, ...]
     m, ndim = tl.layout, len(shape)
     mesh = f"--device-matrix {_csv(m.device_matrix)} --alias {_csv(m.alias_name)}"
     placement = f"--placement {_csv(m.device_matrix)}"
+    uneven = bool(tl.uneven_dims(shape))
+    sbp_uneven = _uneven_note(tl, shape, "OneFlow")
+    # DTensor cuts a dim that does not divide by the chunk rule; JAX only with a rule named (--cut).
+    dtensor_cut = "chunk" if uneven else None
     return (
         _layout(tl, shape),
         _strategy(tl, shape),
+        Form(DIALECTS[2], None, sbp_uneven) if sbp_uneven else
         _mesh_form(DIALECTS[2], layout_to_sbp, lambda v: sbp_to_layout(v, m.device_matrix, ndim),
                    format_sbp, "--sbp", tl, shape, placement),
+        Form(DIALECTS[3], None, f"DTensor cuts a dim that does not divide by torch.chunk's rule, not {m.cut!r}")
+        if uneven and m.cut != "chunk" else
         _mesh_form(DIALECTS[3], layout_to_placements,
-                   lambda v: placements_to_layout(v, m.device_matrix, ndim, m.alias_name),
+                   lambda v: placements_to_layout(v, m.device_matrix, ndim, m.alias_name, cut=dtensor_cut),
                    format_placements, "--placements", tl, shape, mesh),
         _mesh_form(DIALECTS[4], layout_to_partition_spec,
-                   lambda v: partition_spec_to_layout(v, m.device_matrix, ndim, m.alias_name),
-                   format_partition_spec, "--partition-spec", tl, shape, mesh),
+                   lambda v: partition_spec_to_layout(v, m.device_matrix, ndim, m.alias_name,
+                                                      cut=m.cut if uneven else None),
+                   format_partition_spec, "--partition-spec", tl, shape,
+                   mesh + (f" --cut {m.cut}" if uneven else "")),
         _paddle(tl, shape),
     )
 

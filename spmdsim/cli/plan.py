@@ -18,6 +18,7 @@ from typing import Any
 
 from ..errors import SpmdsimError
 from ..layout import Layout, TensorLayout, default_axis_names
+from ..slicing import CUTS
 from ..plan import plan_redistribution
 from ..plan.summary import FOLD_RANKS
 from ..validate import counted
@@ -65,6 +66,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--to-strategy", metavar="S", help='target .shard strategy, e.g. "((1,8),)"')
     g.add_argument("--to-device-matrix", metavar="N,..", help="target device matrix (same device count)")
     g.add_argument("--to-alias", metavar="NAME,..", help="target axis names")
+    g.add_argument("--cut", choices=CUTS, help="how a dim that does not divide is cut: even (refused), chunk "
+                   "(DTensor's torch.chunk rule) or balanced (sizes differ by at most one)")
+    g.add_argument("--to-cut", choices=CUTS, help="the target's rule, when it differs from --cut")
     parser.add_argument("--shape", required=True, metavar="N,..", help="global shape, e.g. 1024,1024")
     parser.add_argument("--dtype", default="float32",
                         choices=("float32", "float64", "int32", "int64"), help="default float32")
@@ -182,10 +186,21 @@ def layouts_from_args(args: argparse.Namespace) -> tuple[TensorLayout, TensorLay
             f"--to-device-matrix {args.to_device_matrix!r} has {target_mesh.num_devices} devices "
             f"but --device-matrix {args.device_matrix!r} has {world}; expected the same count"
         )
-    source = _side(args, "from", source_mesh, len(shape), world)
-    target = _side(args, "to", target_mesh, len(shape), world)
+    source = _cut(args, "from", _side(args, "from", source_mesh, len(shape), world), args.cut)
+    target = _cut(args, "to", _side(args, "to", target_mesh, len(shape), world), args.to_cut or args.cut)
     _check_alias_used(args)
     return source, target, shape, args.dtype
+
+
+def _cut(args: argparse.Namespace, which: str, tl: TensorLayout, cut: str | None) -> TensorLayout:
+    """`tl` cutting dims by rule `cut` (docs/semantics.md, "Uneven shards"); a strategy or an SBP cuts evenly."""
+    if cut is None or cut == tl.layout.cut:
+        return tl
+    for flag, framework in (("strategy", "MindSpore"), ("sbp", "OneFlow")):
+        if getattr(args, f"{which}_{flag}"):
+            raise SpmdsimError(f"--{which}-{flag} cannot take cut {cut!r}: {framework} cuts every dim evenly; "
+                               f"write that side as --{which}, --{which}-placements or --{which}-partition-spec")
+    return TensorLayout(tl.layout.with_cut(cut), tl.tensor_map, tl.partial)
 
 
 def _check_alias_used(args: argparse.Namespace) -> None:

@@ -26,7 +26,12 @@ def _baseline(plan: Plan) -> int:
     size = math.prod(plan.shape) * np.dtype(plan.dtype).itemsize
     gathered = layout.group_size(source.split_axes)
     g = layout.group_size(source.partial)
-    return Allgather.moved(gathered, size // gathered) + (Allreduce.moved(g, size) if g > 1 else 0)
+    summed = Allreduce.moved(g, size) if g > 1 else 0
+    if source.uneven_dims(plan.shape):  # unequal shards: the rank holding the least receives the most
+        itemsize = np.dtype(plan.dtype).itemsize
+        least = min(math.prod(source.local_shape(plan.shape, r)) for r in range(layout.num_devices))
+        return size - least * itemsize + summed
+    return Allgather.moved(gathered, size // gathered) + summed
 
 
 def _predicted(plan: Plan) -> tuple[list[float], str]:
@@ -125,7 +130,8 @@ def moves_and_bytes_png(plan: Plan, directory: str, dialect: str) -> list[str]:
     paths = render_moves_png(plan, directory, dialect=dialect)
     if plan.steps:
         title = f"bytes each rank sends to each rank: {plan.source} -> {plan.target}"
-        paths.append(render_byte_matrix_png(byte_matrix(plan.steps, plan.num_ranks),
+        matrix = byte_matrix(plan.steps, plan.num_ranks, plan.shape, np.dtype(plan.dtype).itemsize)
+        paths.append(render_byte_matrix_png(matrix,
                                             os.path.join(directory, "bytes.png"), title))
     return paths
 
@@ -140,7 +146,7 @@ def plan_record(plan: Plan, args: argparse.Namespace) -> dict:
             return record
         from ..viz.why import byte_matrix
 
-        record["bytes_matrix"] = byte_matrix(plan.steps, plan.num_ranks)
+        record["bytes_matrix"] = byte_matrix(plan.steps, plan.num_ranks, plan.shape, np.dtype(plan.dtype).itemsize)
     return record
 
 
@@ -198,8 +204,10 @@ def folded_explain_lines(plan: Plan, dialect: str = "sbp") -> list[str]:
             lines.append(head + "; ".join(parts))
         elif record["bytes_to_each_peer"]:
             g = record["group_size"]
+            # An uneven cut's pieces (Layout.cut): the busiest rank's bytes, spread over its peers.
+            spread = " on average (the busiest rank's)" if len(set(step.bytes_sent)) > 1 else ""
             lines.append(head + f"{record['groups']:,} groups of {g:,} ranks; each rank sends each of "
-                                f"the {g - 1:,} others in its group {nbytes(record['bytes_to_each_peer'])}")
+                                f"the {g - 1:,} others in its group {nbytes(record['bytes_to_each_peer'])}{spread}")
         else:
             lines.append(head + "no communication")
     return lines

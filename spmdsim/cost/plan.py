@@ -90,7 +90,9 @@ def _step_copied(step: Any, plan: Any, op: str, g: int) -> int:
     if shape is None or not hasattr(before, "local_shape"):
         return 0
     try:
-        local = tuple(before.local_shape(shape))
+        # The busiest rank's block where an uneven cut (Layout.cut) makes them differ.
+        local = tuple(before.max_local_shape(shape) if hasattr(before, "max_local_shape")
+                      else before.local_shape(shape))
         item = np.dtype(getattr(plan, "dtype", "float32")).itemsize  # as the planner sizes steps
     except Exception:  # noqa: BLE001 - a duck-typed step we cannot size costs no packing
         return 0

@@ -14,6 +14,7 @@ from typing import Optional, Sequence, Union
 
 from ..errors import DialectError
 from ..layout import Layout, TensorLayout
+from ..slicing import shard_bounds
 from ..validate import counted
 from ._common import as_int, check_major_order, entry_tokens, mesh_of, renamed_keyword
 
@@ -25,7 +26,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Shard:
-    """Tensor dim `dim` is cut evenly along this mesh dim (negative dims count from the end)."""
+    """Tensor dim `dim` is cut along this mesh dim (negative dims count from the end).
+
+    Evenly, or by torch.chunk's rule on a layout cut "chunk" (DTensor's uneven Shard)."""
 
     dim: int
 
@@ -105,6 +108,7 @@ def placements_to_layout(
     mesh_shape: Sequence[int],
     ndim: int,
     mesh_axis_names: Optional[Sequence[str]] = None,
+    cut: Optional[str] = None,
     **deprecated: object,
 ) -> TensorLayout:
     """TensorLayout of an `ndim`-dim DTensor with these placements on a mesh of `mesh_shape`.
@@ -113,6 +117,9 @@ def placements_to_layout(
     Mesh dims are named ``"axis_0", "axis_1", ...`` unless `mesh_axis_names` is given
     (``mesh_dim_names=`` is its deprecated name). `mesh_shape` may also be a spmdsim
     Layout or Mesh, whose axes have names: ``placements_to_layout("S(0), R", mesh, 2)``.
+    DTensor cuts a dim that does not divide by torch.chunk's rule: pass ``cut="chunk"``
+    for that (the default keeps the mesh's rule, "even" for a bare shape; where sizes
+    divide the two agree; docs/semantics.md, "Uneven shards").
     """
     mesh_axis_names = renamed_keyword(deprecated, "mesh_dim_names", "mesh_axis_names",
                                       mesh_axis_names, "placements_to_layout")
@@ -145,7 +152,8 @@ def placements_to_layout(
                     "supported; spmdsim partial layouts hold pending sums (reduce_op='sum')"
                 )
             partial.append(name)
-    return (base or Layout(shape, names))(*(tuple(e) for e in entries), partial=partial)
+    mesh = base or Layout(shape, names)
+    return (mesh if cut is None else mesh.with_cut(cut))(*(tuple(e) for e in entries), partial=partial)
 
 
 def layout_to_placements(tl: TensorLayout) -> tuple[Placement, ...]:
@@ -165,3 +173,27 @@ def layout_to_placements(tl: TensorLayout) -> tuple[Placement, ...]:
         else:
             out.append(Replicate())
     return tuple(out)
+
+
+def check_uneven_shards(tl: TensorLayout, shape: Sequence[int]) -> None:
+    """Raise DialectError where DTensor would cut `shape` otherwise than `tl` does.
+
+    DTensor cuts a dim sharded on several mesh dims one mesh dim after the other
+    (torch.chunk of torch.chunk); spmdsim cuts it once into the product of the
+    shard counts. Under the chunk rule the two differ for some sizes that do not
+    divide (7 over 2 x 2: [0, 4) then [0, 2), [2, 4) against [0, 2), [2, 4), [4, 6)).
+    """
+    cut = tl.layout.cut
+    for d in tl.uneven_dims(shape):
+        sizes = [tl.layout.axis_size(a) for a in tl.tensor_map[d]]
+        if len([n for n in sizes if n > 1]) < 2:
+            continue
+        pieces = [(0, shape[d])]
+        for n in sizes:  # DTensor: each mesh dim cuts every piece of the one before
+            pieces = [(lo + a, lo + b) for lo, hi in pieces for a, b in
+                      (shard_bounds(hi - lo, n, i, cut) for i in range(n))]
+        flat = [shard_bounds(shape[d], len(pieces), i, cut) for i in range(len(pieces))]
+        if pieces != flat:
+            raise DialectError(f"tensor dim {d} of size {shape[d]!r} sharded on mesh dims {tl.tensor_map[d]!r}: "
+                               f"DTensor would cut it piece by piece ({pieces!r}), spmdsim cuts it once "
+                               f"({flat!r}); expected a size that divides, or one mesh dim per tensor dim")

@@ -49,8 +49,13 @@ def partition_spec_to_layout(
     mesh_shape: Sequence[int],
     ndim: Optional[int] = None,
     mesh_axis_names: Optional[Sequence[str]] = None,
+    cut: Optional[str] = None,
 ) -> TensorLayout:
     """TensorLayout of a tensor sharded by `spec` over a mesh of `mesh_shape`.
+
+    JAX requires every sharded dim to divide: the layout cuts evenly (and refuses
+    other sizes) unless `cut` names another rule ("chunk", "balanced"), or the
+    mesh is a Layout with one (docs/semantics.md, "Uneven shards").
 
     Mesh axes are named ``"axis_0", "axis_1", ...`` unless `mesh_axis_names` is
     given, or `mesh_shape` is a spmdsim Layout or Mesh (named axes:
@@ -84,7 +89,8 @@ def partition_spec_to_layout(
         entries = entries + [None] * (dims - len(entries))
     seen: set = set()
     tensor_map = tuple(_entry(item, spec, names, seen) for item in entries)
-    return (base or Layout(shape, names))(*tensor_map)
+    mesh = base or Layout(shape, names)
+    return (mesh if cut is None else mesh.with_cut(cut))(*tensor_map)
 
 
 def layout_to_partition_spec(tl: TensorLayout) -> tuple:

@@ -75,9 +75,9 @@ def infer_attention(q: TensorLayout, k: TensorLayout, v: TensorLayout, q_shape: 
     target_q = matrix(qmap[0], qmap[1], qmap[2], None)
     target_kv = matrix(qmap[0], None, qmap[2], None)
     query_axes = tuple(a for a in qmap[1] if matrix.axis_size(a) > 1)
-    target_q.local_shape(q_shape)  # each raises a ShapeError naming the dim that does not divide
-    target_kv.local_shape(k_shape)
-    target_kv.local_shape(v_shape)
+    target_q.check_shape(q_shape)  # each raises a ShapeError naming the dim that does not divide
+    target_kv.check_shape(k_shape)
+    target_kv.check_shape(v_shape)
     target_mask = None
     if mask is not None:
         if mask.layout != q.layout:

@@ -99,6 +99,18 @@ def _deal(x: TensorLayout, axes: tuple[str, ...], shape: tuple[int, ...], dims: 
     return entries if not rest else None
 
 
+def _same_dims(x: TensorLayout, old: tuple[int, ...], new: tuple[int, ...], old_dims: range,
+               new_dims: range) -> list[tuple[str, ...]] | None:
+    """Under an uneven cut (Layout.cut): the entries of a group that only gains or loses dims of size 1,
+    each dim keeping its own (its pieces stay the same rows), or None."""
+    kept = [d for d in old_dims if old[d] != 1]
+    if [old[d] for d in kept] != [new[d] for d in new_dims if new[d] != 1] or \
+            any(x.tensor_map[d] for d in old_dims if old[d] == 1):
+        return None
+    entries = iter(x.tensor_map[d] for d in kept)
+    return [next(entries) if new[d] != 1 else () for d in new_dims]
+
+
 def infer_reshape(x: TensorLayout, old_shape: Sequence[int], new_shape: object) -> tuple[TensorLayout, tuple[int, ...]]:
     """(layout, shape) of x reshaped to `new_shape` when each rank can reshape its own shard.
 
@@ -145,6 +157,8 @@ def _infer_reshape(x: TensorLayout, old_shape: Sequence[int], new_shape: object)
     for old_dims, new_dims in _groups(old, new):
         axes = _run_axes(x, old, old_dims)
         dealt = None if axes is None else _deal(x, axes, new, new_dims)
+        if dealt is None and x.layout.cut != "even":
+            dealt = _same_dims(x, old, new, old_dims, new_dims)
         if dealt is None:
             split = [d for d in old_dims if x.layout.group_size(x.tensor_map[d]) > 1]
             raise OperatorError(

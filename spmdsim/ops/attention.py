@@ -150,7 +150,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
         return np.matmul(pd, vb.transpose(heads)).transpose(back)
 
     out_layout, out_shape = first(plan.out), first(plan.shape)
-    like = np.broadcast_to(np.zeros((), q.dtype), out_layout.local_shape(out_shape))  # the result's block
+    like = np.broadcast_to(np.zeros((), q.dtype), out_layout.local_shape(out_shape, mesh.rank))  # the result's block
     out = make_dtensor(mesh, _engine_local(forward, like, q.local, k.local, v.local), out_layout, out_shape)
     count_core(q.local, k.local, v.local, (heads, keys_t, back))  # its two products (spmdsim.flops)
     scores = ((b_.stop - b_.start, h_.stop - h_.start, t_.stop - t_.start, tk), dtype)

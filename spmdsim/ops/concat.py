@@ -115,7 +115,7 @@ def _concatenate_split(mesh: Any, xs: list, plan: Any, dtype: Any) -> Any:
     from ..runtime.exchange import shifted_many
 
     d, shape = plan.dim, plan.shape
-    block = buffers.fresh(np.empty(plan.out.local_shape(shape), dtype))  # every row written below
+    block = buffers.fresh(np.empty(plan.out.local_shape(shape, mesh.rank), dtype))  # every row written below
     shifted_many(mesh, [(x.local, Shift(x.layout, tuple(x.global_shape), plan.out, shape, d, -at), block)
                         for x, at in zip(xs, plan.offsets)], f"concatenate dim {d}")
     out = make_dtensor(mesh, block, plan.out, shape)
@@ -154,7 +154,7 @@ def broadcast_to(x: Any, shape: Any) -> Any:
     except AttributeError:
         raise_if_not_dtensors("broadcast_to", ("x",), x)
         raise
-    local_shape = layout.local_shape(new)
+    local_shape = layout.local_shape(new, x.mesh.rank)
     out = make_dtensor(x.mesh, np.broadcast_to(x.local, local_shape).copy(), layout, new)
     return out if x._ag is None else record_broadcast_to(out, x, new)
 

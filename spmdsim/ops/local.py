@@ -47,7 +47,7 @@ def reshape(x: Any, shape: Any) -> Any:
     except AttributeError:
         raise_if_not_dtensors("reshape", ("x",), x)
         raise
-    out = make_dtensor(x.mesh, x.local.reshape(layout.local_shape(new_shape)), layout, new_shape)
+    out = make_dtensor(x.mesh, x.local.reshape(layout.local_shape(new_shape, x.mesh.rank)), layout, new_shape)
     return out if x._ag is None else record_reshape(out, x)
 
 

@@ -163,7 +163,8 @@ def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -10
     owned = valid & (ids >= 0) & (ids < z.shape[1])
     rows = np.arange(z.shape[0])
     # Megatron (classes split): a common shift per row, then the row sums over the class axes.
-    shift = _run(mesh, z.max(axis=1), plan.shift, "cross_entropy.max")
+    shift = _run(mesh, z.max(axis=1, initial=-np.inf) if z.size == 0 else z.max(axis=1), plan.shift,
+                 "cross_entropy.max")  # an uneven cut's empty block of classes: the maximum's identity
     # A dry run's large block: zeros for the exponentials, ones for their row sums (no log of 0).
     dry = dry_zeros(mesh, z.shape, z.dtype, np.exp, z)
     e = np.exp(z - shift[:, None]) if dry is None else dry
@@ -171,7 +172,9 @@ def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -10
     sweep("max", (z,), (shift,))
     sweep("cross_entropy", (z, shift), (e,))
     sweep("sum", (e,), (shift,))
-    target = np.where(owned, z[rows, np.where(owned, ids, 0)] - shift, 0.0)
+    # An uneven cut may leave a rank no classes: then it owns no label.
+    picked = z[rows, np.where(owned, ids, 0)] if z.shape[1] else np.zeros(z.shape[0], z.dtype)
+    target = np.where(owned, picked - shift, 0.0)
     parts = [e.sum(axis=1) if dry is None else np.ones(z.shape[0], z.dtype), target] + \
         ([z.sum(axis=1)] if smooth else [])
     sums = _run(mesh, np.stack(parts), plan.sums, "cross_entropy.sum")

@@ -244,7 +244,7 @@ def causal_mask(mesh: Any, shape: Any, layout: Any = None) -> Any:
         region = layout.slices(mesh.rank, shape)
         rows = np.arange(region[-2].start, region[-2].stop)[:, None]
         cols = np.arange(region[-1].start, region[-1].stop)[None, :]
-        block = np.broadcast_to(cols > rows, layout.local_shape(shape)).copy()
+        block = np.broadcast_to(cols > rows, layout.local_shape(shape, mesh.rank)).copy()
         if len(_MASKS) >= 256:  # many shapes or layouts: start over
             _MASKS.clear()
         _MASKS[key] = block

@@ -25,7 +25,27 @@ from ._common import make_dtensor, raise_if_not_dtensors
 
 __all__ = ["sum", "mean", "max", "min", "var", "argmax", "argmin", "reduce"]
 
-_KERNELS = {"sum": np.sum, "mean": np.sum, "max": np.max, "min": np.min}
+def lowest(dtype: np.dtype) -> Any:
+    """The identity of a maximum in `dtype`: what an empty block (an uneven cut's empty shard) contributes."""
+    return -np.inf if dtype.kind in "fc" else (False if dtype.kind == "b" else np.iinfo(dtype).min)
+
+
+def highest(dtype: np.dtype) -> Any:
+    """The identity of a minimum in `dtype`."""
+    return np.inf if dtype.kind in "fc" else (True if dtype.kind == "b" else np.iinfo(dtype).max)
+
+
+def _max(a: np.ndarray, axis: Any, keepdims: bool) -> np.ndarray:
+    return np.max(a, axis=axis, keepdims=keepdims, initial=lowest(a.dtype)) if a.size == 0 else \
+        np.max(a, axis=axis, keepdims=keepdims)
+
+
+def _min(a: np.ndarray, axis: Any, keepdims: bool) -> np.ndarray:
+    return np.min(a, axis=axis, keepdims=keepdims, initial=highest(a.dtype)) if a.size == 0 else \
+        np.min(a, axis=axis, keepdims=keepdims)
+
+
+_KERNELS = {"sum": np.sum, "mean": np.sum, "max": _max, "min": _min}
 
 
 def reduce(kind: str, x: Any, dims: Any = None, keepdims: bool = False) -> Any:

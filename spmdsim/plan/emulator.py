@@ -13,6 +13,7 @@ import numpy as np
 from ..layout import TensorLayout
 from .kernels import exchange_program, local_slice, local_zero
 from .record import Plan
+from .uneven import check_fits, group_pieces, is_uneven
 from .volume import rank_boxes
 from .steps import Allgather, Allreduce, Alltoall, Exchange, LocalSlice, LocalZero, ReduceScatter, Step
 
@@ -74,9 +75,14 @@ def run_step(step: Step, locals_: Locals, shape: tuple) -> Locals:
         for r, x in locals_.items():
             out[r] = programs[r].assemble(x, (sends[src][r] for src, _, _ in programs[r].places))
         return out
+    uneven = step.before.layout.cut != "even" and is_uneven(step, shape)
     for group in _axis_groups(step.before.layout, step.axes):
         blocks = [locals_[m] for m in group]
         g = len(group)
+        if uneven and not isinstance(step, (Allgather, Allreduce)):
+            check_fits(step, shape)
+            sizes = group_pieces(step, shape, group[0])
+            g = list(np.cumsum(sizes[0] if isinstance(step, Alltoall) else sizes)[:-1])  # where np.split cuts
         if isinstance(step, Allgather):
             joined = np.concatenate(blocks, axis=step.tensor_dim)
             out.update({m: joined.copy() for m in group})

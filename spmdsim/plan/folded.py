@@ -315,4 +315,6 @@ def foldable(before: TensorLayout, after: TensorLayout, shape: tuple) -> bool:
     shape = tuple(shape)
     if not shape or 0 in shape or math.prod(shape) * before.layout.num_devices >= 1 << 62:
         return False
+    if before.uneven_dims(shape) or after.uneven_dims(shape):
+        return False  # the fold works on a grid of equal blocks; unequal ones are listed box by box
     return exchange_choices(before, after, shape) > FOLD_CHOICES

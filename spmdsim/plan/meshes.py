@@ -5,7 +5,8 @@ in mixed radix. Two device matrices have a common refinement when the union
 of their digit boundaries is a divisor chain (e.g. (2, 4) and (4, 2) refine
 to (2, 2, 2); (2, 3) and (3, 2) have none). On the refined mesh each original
 axis is a tuple of refined axes, first major, so both layouts translate
-exactly and the planner works on one mesh.
+exactly and the planner works on one mesh. Layouts that cut dims by different
+rules (Layout.cut) have none: the same shard count cuts a dim differently.
 """
 from __future__ import annotations
 
@@ -34,11 +35,11 @@ def common_refinement(first: Layout, second: Layout) -> Optional[Refinement]:
     if first == second:
         same = {a: (a,) for a in first.alias_name}
         return first, same, same
-    if first.num_devices != second.num_devices:
+    if first.num_devices != second.num_devices or first.cut != second.cut:
         return None
     if first.num_devices == 1:
         # One device: a single axis of size 1 stands for both; every axis maps to none.
-        mesh = Layout((1,), (first.alias_name[0],))
+        mesh = Layout((1,), (first.alias_name[0],), first.cut)
         return mesh, {a: () for a in first.alias_name}, {a: () for a in second.alias_name}
     spans1, spans2 = _spans(first), _spans(second)
     cuts = sorted({p for span in (*spans1.values(), *spans2.values()) for p in span})
@@ -59,7 +60,8 @@ def common_refinement(first: Layout, second: Layout) -> Optional[Refinement]:
         while name in names:
             name += "'"
         names.append(name)
-    refined = Layout(tuple(hi // lo for lo, hi in pieces), tuple(names))
+    # A rule cuts by the shard count, so an axis and its refinement into several cut alike.
+    refined = Layout(tuple(hi // lo for lo, hi in pieces), tuple(names), first.cut)
 
     def members(spans: dict) -> dict:
         return {

@@ -26,6 +26,7 @@ from .folded import foldable, folded_exchange
 from .meshes import common_refinement, translate
 from .record import Plan
 from .steps import Allgather, Allreduce, Alltoall, Exchange, LocalSlice, LocalZero, ReduceScatter, Step
+from .uneven import sized_uneven
 from .volume import exchange_received, exchange_transfers, lower_bound
 
 __all__ = ["plan_redistribution"]
@@ -152,7 +153,13 @@ class _Sizes:
         return self._local[key]
 
     def uniform(self, cls, before, after, axes, **extra) -> Step:
-        """A collective or local step with its kind's bytes (`Step.moved`) on every rank."""
+        """A collective or local step with its kind's bytes (`Step.moved`) on every rank.
+
+        On shards of unequal sizes (an uneven cut): each rank's bytes, or ShapeError when the
+        collective cannot serve the move (spmdsim.plan.uneven).
+        """
+        if before.layout.cut != "even" and (before.uneven_dims(self.shape) or after.uneven_dims(self.shape)):
+            return sized_uneven(cls(before, after, tuple(axes), **extra), self.shape, self.itemsize)
         self.local(after)  # raises ShapeError when `after` cannot split the shape
         n = cls.moved(before.layout.group_size(axes), self.local(before))
         per_rank = (n,) * before.layout.num_devices
@@ -364,13 +371,17 @@ def _from(src: TensorLayout, tgt: TensorLayout, sz: _Sizes) -> list:
         first = _attempt(_resolve_first, src, tgt.tensor_map, resolve, sz)
         if first is not None:
             starts.append((first[1], first[0], frozenset()))
+        if src.uneven_dims(sz.shape) or tgt.uneven_dims(sz.shape):
+            # Uneven shards a Reduce_scatter cannot cut: sum whole, then exchange (always fits).
+            summed = _allreduce(src, tuple(resolve), sz)
+            starts.append((summed.after, [summed], frozenset()))
     out = []
     for start, pre, todo in starts:
         for tmap, before_zero in ends:
             steps = _attempt(_stack, start, tmap, todo, sz)
-            if steps is None:
+            tail = _attempt(lambda b=before_zero: [_local_zero(b, tgt, sz)] if new else [])
+            if steps is None or tail is None:
                 continue
-            tail = [_local_zero(before_zero, tgt, sz)] if new else []
             out.append(pre + steps + tail)
         if not todo and start.tensor_map != tgt.tensor_map:
             tail = [_local_zero(plain, tgt, sz)] if new else []

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import itertools
 import math
+from bisect import bisect_right
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional
 
 from ..layout import TensorLayout
+from ..slicing import shard_bounds
 
 __all__ = ["Shift", "RankMoves"]
 
@@ -83,6 +85,10 @@ def _dim_axes(shift: Shift) -> tuple[int, ...]:
     depend on (its coordinates on the other axes only choose which copy it is)."""
     mesh = shift.before.layout
     named = set(shift.before.tensor_map[shift.dim]) | set(shift.after.tensor_map[shift.dim])
+    # An uneven cut of another dim makes the boxes' extents there follow those axes too.
+    for tl, shape in ((shift.before, shift.before_shape), (shift.after, shift.after_shape)):
+        for k in tl.uneven_dims(shape):
+            named |= set(tl.tensor_map[k])
     return tuple(i for i, a in enumerate(mesh.alias_name) if a in named and mesh.device_matrix[i] > 1)
 
 
@@ -115,27 +121,37 @@ def _digits(k: int, sizes: list[int]) -> list[int]:
     return out[::-1]
 
 
+@lru_cache(maxsize=1024)
+def _starts(layout: TensorLayout, size: int, d: int) -> tuple[int, ...]:
+    """Where each block of dim `d` (of `size` rows) starts under `layout`, then `size`: the layout's cut."""
+    n = layout.num_shards(d)
+    return tuple(shard_bounds(size, n, k, layout.layout.cut)[0] for k in range(n)) + (size,)
+
+
+def _index(mesh, where: list[int], c: list[int]) -> int:
+    """The block index of coordinates `c` over the mesh axes `where` (mixed radix, the first major)."""
+    index = 0
+    for i in where:
+        index = index * mesh.device_matrix[i] + c[i]
+    return index
+
+
 @lru_cache(maxsize=4096)
 def _moves(shift: Shift, rank: int) -> RankMoves:
     d, off = shift.dim, shift.offset
     before, after = shift.before, shift.after
     mesh = before.layout
-    out_shape = after.local_shape(shift.after_shape)
-    in_shape = before.local_shape(shift.before_shape)
+    out_shape = after.local_shape(shift.after_shape, rank)
+    in_shape = before.local_shape(shift.before_shape, rank)
     coords = list(mesh.coords(rank))
     b_where = [mesh.axis_index(a) for a in before.tensor_map[d]]
     b_sizes = [mesh.device_matrix[i] for i in b_where]
     a_where = [mesh.axis_index(a) for a in after.tensor_map[d]]
-    b_len, a_len = in_shape[d], out_shape[d]  # the rows of one block, before and after
     size = shift.before_shape[d]
+    # The rows each block holds, before and after: equal blocks, or an uneven cut's (Layout.cut).
+    b_starts, a_starts = _starts(before, size, d), _starts(after, shift.after_shape[d], d)
 
-    def a_lo(c: list[int]) -> int:  # the first row (after's numbering) of the block of a rank at `c`
-        index = 0
-        for i in a_where:
-            index = index * mesh.device_matrix[i] + c[i]
-        return index * a_len
-
-    def member(k: int) -> tuple[int, list[int]]:  # the group's k-th rank (rows k*b_len:(k+1)*b_len)
+    def member(k: int) -> tuple[int, list[int]]:  # the group's k-th rank (rows b_starts[k]:b_starts[k + 1])
         c = list(coords)
         for i, v in zip(b_where, _digits(k, b_sizes)):
             c[i] = v
@@ -146,38 +162,44 @@ def _moves(shift: Shift, rank: int) -> RankMoves:
         return index, shape[:d] + (hi - lo,) + shape[d + 1:]
 
     own, sends, places = None, [], []
-    if b_len and a_len:
-        mine = 0
-        for i in b_where:
-            mine = mine * mesh.device_matrix[i] + coords[i]
-        b_lo, start = mine * b_len, a_lo(coords)
-        # Rows this rank needs (before's numbering), from the members that hold them.
-        lo, hi = max(start + off, 0), min(start + a_len + off, size)
-        for k in range(lo // b_len, (hi - 1) // b_len + 1) if lo < hi else ():
-            r_lo, r_hi = max(lo, k * b_len), min(hi, (k + 1) * b_len)
-            where, shape = box(out_shape, r_lo - off - start, r_hi - off - start)
-            if k == mine:
-                own = (where, box(in_shape, r_lo - b_lo, r_hi - b_lo)[0])
-            else:
-                places.append((member(k)[0], where, shape))
-        # Rows the other members need that this rank holds: the blocks j of `after` that overlap them, and
-        # the members whose coordinates give block j (after's axes outside the group are this rank's own).
-        a_sizes = [mesh.device_matrix[i] for i in a_where]
-        free = [i for i in b_where if i not in a_where]
-        last = min((b_lo + b_len - off - 1) // a_len, math.prod(a_sizes) - 1)
-        for j in range(max((b_lo - off) // a_len, 0), last + 1):
-            c = list(coords)
-            for i, v in zip(a_where, _digits(j, a_sizes)):
-                if i in b_where:
+    mine = _index(mesh, b_where, coords)
+    b_lo, b_hi = b_starts[mine], b_starts[mine + 1]
+    start, stop = (a_starts[k] for k in (_index(mesh, a_where, coords), _index(mesh, a_where, coords) + 1))
+    # Rows this rank needs (before's numbering), from the members that hold them.
+    lo, hi = max(start + off, 0), min(stop + off, size)
+    for k in range(max(bisect_right(b_starts, lo) - 1, 0), len(b_starts) - 1) if lo < hi else ():
+        r_lo, r_hi = max(lo, b_starts[k]), min(hi, b_starts[k + 1])
+        if b_starts[k] >= hi:
+            break
+        if r_lo >= r_hi:
+            continue
+        where, shape = box(out_shape, r_lo - off - start, r_hi - off - start)
+        if k == mine:
+            own = (where, box(in_shape, r_lo - b_lo, r_hi - b_lo)[0])
+        else:
+            places.append((member(k)[0], where, shape))
+    # Rows the other members need that this rank holds: the blocks j of `after` that overlap them, and
+    # the members whose coordinates give block j (after's axes outside the group are this rank's own).
+    a_sizes = [mesh.device_matrix[i] for i in a_where]
+    free = [i for i in b_where if i not in a_where]
+    first = max(bisect_right(a_starts, b_lo - off) - 1, 0)
+    for j in range(first, len(a_starts) - 1) if b_lo < b_hi else ():
+        if a_starts[j] + off >= b_hi:
+            break
+        r_lo, r_hi = max(a_starts[j] + off, b_lo), min(a_starts[j + 1] + off, b_hi)
+        if r_lo >= r_hi:
+            continue
+        c = list(coords)
+        for i, v in zip(a_where, _digits(j, a_sizes)):
+            if i in b_where:
+                c[i] = v
+            elif c[i] != v:
+                break
+        else:
+            for values in itertools.product(*(range(mesh.device_matrix[i]) for i in free)):
+                for i, v in zip(free, values):
                     c[i] = v
-                elif c[i] != v:
-                    break
-            else:
-                r_lo, r_hi = max(j * a_len + off, b_lo), min((j + 1) * a_len + off, b_lo + b_len)
-                for values in itertools.product(*(range(mesh.device_matrix[i]) for i in free)):
-                    for i, v in zip(free, values):
-                        c[i] = v
-                    other = mesh.rank_of(c)
-                    if other != rank:
-                        sends.append((other,) + box(in_shape, r_lo - b_lo, r_hi - b_lo))
+                other = mesh.rank_of(c)
+                if other != rank:
+                    sends.append((other,) + box(in_shape, r_lo - b_lo, r_hi - b_lo))
     return RankMoves(out_shape, own, tuple(sorted(sends, key=lambda s: s[0])), tuple(places))

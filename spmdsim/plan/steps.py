@@ -81,6 +81,10 @@ class Step:
 
     def sized(self, shape: tuple[int, ...], itemsize: int) -> "Step":
         """This step with every rank's byte figures for a global `shape` of `itemsize`-byte items."""
+        if self.before.layout.cut != "even" and (self.before.uneven_dims(shape) or self.after.uneven_dims(shape)):
+            from .uneven import sized_uneven  # shards of unequal sizes: bytes rank by rank
+
+            return sized_uneven(self, tuple(shape), itemsize)
         n = self.moved(self.group_size, math.prod(self.before.local_shape(shape)) * itemsize)
         per_rank = (n,) * self.before.layout.num_devices
         return replace(self, bytes_sent=per_rank, bytes_received=per_rank)

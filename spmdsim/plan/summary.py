@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+from ..slicing import shard_sizes
 from .record import Plan
 from .steps import Exchange, Step
 
@@ -91,6 +92,10 @@ def block_rule(tl, shape: tuple) -> str:
             stride = math.prod(sizes[k + 1:])
             terms.append(axis if stride == 1 else f"{stride}*{axis}")
         count = math.prod(sizes)
-        parts.append(f"dim {d}: {count:,} blocks of {size // count:,}, block {' + '.join(terms)}")
+        blocks = f"{size // count:,}"
+        if size % count and layout.cut != "even":  # an uneven cut's blocks: the longest first
+            lengths = shard_sizes(size, count, layout.cut)
+            blocks = f"{max(lengths):,} to {min(lengths):,} (cut {layout.cut!r})"
+        parts.append(f"dim {d}: {count:,} blocks of {blocks}, block {' + '.join(terms)}")
     text = "; ".join(parts) if parts else "the 0-d value"
     return text + (f"; partial over {', '.join(tl.partial)}" if tl.partial else "")

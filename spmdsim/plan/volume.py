@@ -55,7 +55,7 @@ def rank_boxes(tl: TensorLayout, shape: tuple[int, ...]) -> tuple[Box, ...]:
     per_dim = []
     for size, axes in zip(shape, tl.tensor_map):
         n = layout.group_size(axes)
-        bounds = [shard_bounds(size, n, i) for i in range(n)]
+        bounds = [shard_bounds(size, n, i, layout.cut) for i in range(n)]
         per_dim.append([bounds[i] for i in layout.group_indices(axes).tolist()])
     if not per_dim:  # a 0-d tensor: every rank holds the empty box
         return ((),) * layout.num_devices
@@ -71,10 +71,14 @@ def _box_array(tl: TensorLayout, shape: tuple[int, ...]) -> np.ndarray | None:
     layout = tl.layout
     out = np.empty((layout.num_devices, len(shape), 2), dtype=np.int64)
     for d, (size, axes) in enumerate(zip(shape, tl.tensor_map)):
-        # Even splits: shard i of n is [i * size//n, (i+1) * size//n) (slicing.shard_bounds).
-        width = size // layout.group_size(axes)
-        out[:, d, 0] = layout.group_indices(axes) * width
-        out[:, d, 1] = out[:, d, 0] + width
+        n = layout.group_size(axes)
+        if size % n == 0:  # every rule cuts a size that divides into [i * size//n, (i+1) * size//n)
+            width = size // n
+            out[:, d, 0] = layout.group_indices(axes) * width
+            out[:, d, 1] = out[:, d, 0] + width
+        else:
+            bounds = np.array([shard_bounds(size, n, i, layout.cut) for i in range(n)], dtype=np.int64)
+            out[:, d, :] = bounds[layout.group_indices(axes)]
     return out
 
 

@@ -37,11 +37,11 @@ _SEEDABLE = ("float32", "float64", "int32", "int64")  # SeededTensor's dtypes (f
 
 # typed, the sizes as separate arguments: (16.0, 8) and (True, 8) hash like (16, 8) and (1, 8) and must miss.
 @lru_cache(maxsize=1024, typed=True)
-def _checked_shapes(layout: TensorLayout, *global_shape: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(global shape as ints, every rank's shard shape), cached: deriving the shard shape of every
+def _checked_shapes(layout: TensorLayout, rank: int, *global_shape: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(global shape as ints, `rank`'s shard shape), cached: deriving the shard shape of every
     operator's result was ~6 us of each call (a failed check raises and is not cached)."""
     shape = layout.check_shape(global_shape)
-    return shape, layout.local_shape(shape)
+    return shape, layout.local_shape(shape, rank)
 
 
 class _Operators:
@@ -86,10 +86,10 @@ class DTensor:
         try:
             if type(global_shape) is not tuple:  # a string must not be unpacked into sizes
                 raise TypeError
-            shape, expected = _checked_shapes(layout, *global_shape)
+            shape, expected = _checked_shapes(layout, mesh.rank, *global_shape)
         except TypeError:  # a list or unhashable sizes: checked without the cache
             shape = layout.check_shape(global_shape)
-            expected = layout.local_shape(shape)
+            expected = layout.local_shape(shape, mesh.rank)
         local = np.asarray(local)
         if local.shape != expected:
             raise ShapeError(f"local shard shape {local.shape!r} does not match {expected!r}, the shard of "
@@ -141,6 +141,10 @@ class DTensor:
             if local.ndim != layout.ndim:
                 raise ShapeError(f"local shard of shape {local.shape!r} has {counted(local.ndim, 'dim')} but the "
                                  f"layout {layout} maps {layout.ndim}")
+            if layout.layout.cut != "even" and layout.split_axes:
+                # Shards may differ by rank: a size worked out from this rank's alone would differ too.
+                raise ShapeError(f"from_local on a layout cut {layout.layout.cut!r} needs global_shape= "
+                                 "(its shards may differ in size between ranks)")
             global_shape = tuple(n * layout.layout.group_size(entry) for n, entry in zip(local.shape,
                                                                                         layout.tensor_map))
         return cls(mesh, local, layout, global_shape)
@@ -159,7 +163,7 @@ class DTensor:
         if _holds_value(mesh, layout):
             local = seeded.region(layout.slices(mesh.rank, shape))
         else:
-            local = buffers.zeros(layout.local_shape(shape), seeded.dtype)
+            local = buffers.zeros(layout.local_shape(shape, mesh.rank), seeded.dtype)
         return cls(mesh, local, layout, shape)
 
     @classmethod
@@ -179,7 +183,7 @@ class DTensor:
 
         shape = layout.check_shape(seeded.shape)
         check_seeded(mesh.comm, layout, seeded)  # the same limits as a generated tensor, on every rank alike
-        local = buffers.zeros(layout.local_shape(shape), kind)
+        local = buffers.zeros(layout.local_shape(shape, mesh.rank), kind)
         if value and _holds_value(mesh, layout):
             local[...] = value
         return cls(mesh, local, layout, shape)
@@ -204,7 +208,7 @@ class DTensor:
         if _holds_value(mesh, layout):
             local = buffers.placed_copy(array[layout.slices(mesh.rank, shape)])
         else:
-            local = buffers.zeros(layout.local_shape(shape), array.dtype)
+            local = buffers.zeros(layout.local_shape(shape, mesh.rank), array.dtype)
         return cls(mesh, local, layout, shape)
 
     # -- views (read-only; attrgetter: C, the operators and autograd read them often) --
@@ -418,6 +422,11 @@ class DTensor:
                                  f"0 <= root < {mesh.size})")
             root = index
         local = np.ascontiguousarray(self.resolved_local(label="gather"))
+        uneven = self._layout.uneven_dims(self._shape)
+        if uneven:  # shards of unequal sizes travel padded to the largest (every rank's slot alike)
+            padded = np.zeros(self._layout.max_local_shape(self._shape), local.dtype)
+            padded[tuple(slice(0, n) for n in local.shape)] = local
+            local = padded
         stack = buffers.empty((mesh.size,) + local.shape, local.dtype) if root in (None, mesh.rank) else None
         comm, polite = mesh.comm, mesh.polite
         if root is None:
@@ -429,7 +438,11 @@ class DTensor:
         out = np.empty(self._shape, local.dtype)
         block = self._local.shape  # a 0-d shard travels as one element
         for rank in range(mesh.size):
-            out[self._layout.slices(rank, self._shape)] = stack[rank].reshape(block)
+            if uneven:
+                region = self._layout.slices(rank, self._shape)
+                out[region] = stack[rank][tuple(slice(0, s.stop - s.start) for s in region)]
+            else:
+                out[self._layout.slices(rank, self._shape)] = stack[rank].reshape(block)
         return out
 
     def check(self, reference: Reference, rtol: float | None = None,

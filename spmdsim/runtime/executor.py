@@ -15,11 +15,12 @@ from functools import lru_cache
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from ..errors import PlanError
+from ..errors import PlanError, ShapeError
 from ..layout import Layout, TensorLayout
 from ..plan import Plan, plan_redistribution
 from ..buffers import empty as _new_block  # placed for MPI's copies (spmdsim.buffers)
 from ..plan.kernels import exchange_program, local_slice, local_zero
+from ..plan.uneven import check_fits, group_pieces, is_uneven
 from ..plan.steps import (
     Allgather,
     Allreduce,
@@ -51,17 +52,69 @@ def _bind() -> None:
         in_place = owned and local.flags.c_contiguous and local.flags.writeable
         return allreduce(mesh, local, step.axes, label=label, out=local if in_place else None, op=step.reduction)
 
+    from .uneven import allgatherv, alltoallv_dims, reduce_scatterv
+
+    # On an uneven cut (Layout.cut "chunk"/"balanced") whose pieces differ here: the forms with counts, or,
+    # where the group's pieces do not nest (spmdsim.plan.uneven), the planner's redistribution instead.
+    def run_allgather(step, mesh, local, shape, label, owned):
+        how = step.before.layout.cut != "even" and _pieces(step, shape, mesh, local)
+        if how:
+            return allgatherv(mesh, local, step.axes, step.tensor_dim, how, label=label) if type(how) is tuple \
+                else _detour(how, mesh, local, shape, label)
+        return allgather(mesh, local, step.axes, step.tensor_dim, label=label)
+
+    def run_alltoall(step, mesh, local, shape, label, owned):
+        how = step.before.layout.cut != "even" and _pieces(step, shape, mesh, local)
+        if how:
+            return alltoallv_dims(mesh, local, step.axes, step.split_dim, step.concat_dim, *how, label=label) \
+                if type(how) is tuple else _detour(how, mesh, local, shape, label)
+        return alltoall(mesh, local, step.axes, step.split_dim, step.concat_dim, label=label)
+
+    def run_reduce_scatter(step, mesh, local, shape, label, owned):
+        how = step.before.layout.cut != "even" and _pieces(step, shape, mesh, local)
+        if how:
+            return reduce_scatterv(mesh, local, step.axes, step.tensor_dim, how, label=label) \
+                if type(how) is tuple else _detour(how, mesh, local, shape, label)
+        return reduce_scatter(mesh, local, step.axes, step.tensor_dim, label=label)
+
     _RUNNERS.update({
         LocalSlice: lambda step, mesh, local, shape, label, owned: local_slice(step, mesh.rank, local, shape),
         LocalZero: lambda step, mesh, local, shape, label, owned: local_zero(step, mesh.rank, local, shape),
-        Allgather: lambda step, mesh, local, shape, label, owned: allgather(
-            mesh, local, step.axes, step.tensor_dim, label=label),
-        Alltoall: lambda step, mesh, local, shape, label, owned: alltoall(
-            mesh, local, step.axes, step.split_dim, step.concat_dim, label=label),
+        Allgather: run_allgather,
+        Alltoall: run_alltoall,
         Allreduce: run_allreduce,
-        ReduceScatter: lambda step, mesh, local, shape, label, owned: reduce_scatter(
-            mesh, local, step.axes, step.tensor_dim, label=label),
+        ReduceScatter: run_reduce_scatter,
     })
+
+
+def _pieces(step: Step, shape: tuple, mesh: Any, local: Any) -> Any:
+    """How `step` runs where its shards may differ in size: () when they do not; the extents of the
+    group's pieces (for the collective with counts); or, when the pieces do not nest, the plan of the
+    same move (an operator's step; a redistribution's plan has only steps that fit).
+
+    A dry run (one rank runs for all) is told each rank's bytes, which differ here."""
+    how = _uneven_pieces(step, shape, mesh.rank)
+    if type(how) is tuple and how and mesh.engine.dry:
+        mesh.engine.ran(step.sized(shape, local.dtype.itemsize))
+    return how
+
+
+@lru_cache(maxsize=1024)
+def _uneven_pieces(step: Step, shape: tuple, rank: int) -> Any:
+    if not is_uneven(step, shape):
+        return ()
+    try:
+        check_fits(step, shape)
+    except ShapeError:
+        return plan_redistribution(step.before, step.after, shape, "float64")
+    return group_pieces(step, shape, rank)
+
+
+def _detour(plan: Plan, mesh: Any, local: Any, shape: tuple, label: Optional[str]) -> Any:
+    """`plan`'s steps on this rank's block, each traced under the operator's `label`."""
+    for run, step, step_mesh, _ in _compile(plan, mesh).steps:
+        local = run(step, step_mesh, local, shape, label, False)
+    return local
 
 
 def _runner(step: Step) -> Runner:
@@ -236,7 +289,7 @@ def _compile(plan: Plan, mesh: Any) -> _Compiled:
                else _runner(step))
         steps.append((run, step, step_mesh, step_label(step, index)))
     target_mesh = _mesh_for(mesh, plan.target.layout)
-    return _Compiled(tuple(steps), target_mesh, plan.target.local_shape(plan.shape), DTensor._trusted)
+    return _Compiled(tuple(steps), target_mesh, plan.target.local_shape(plan.shape, mesh.rank), DTensor._trusted)
 
 
 def _exchange_runner(step: Exchange, mesh: Any, shape: tuple) -> Runner:
@@ -260,7 +313,7 @@ def _exchange_runner_of(step: Exchange, rank: int, shape: tuple) -> Runner:
 
     program = exchange_program(step, rank, shape)
     spec = ExchangeSpec.build(
-        step.before.layout.num_devices, rank, step.before.local_shape(shape), program.sends,
+        step.before.layout.num_devices, rank, step.before.local_shape(shape, rank), program.sends,
         [(src, math.prod(box_shape)) for src, _, box_shape in program.places],
     )
     slots = tuple((lo, hi) for _, lo, hi in spec.recv_slots)  # in program.places order

@@ -191,7 +191,8 @@ def render_layout_ascii(
     tl = picture.tensor_layout
     layout = tl.layout
     axes = ", ".join(f"{a}={n}" for a, n in zip(layout.alias_name, layout.device_matrix))
-    lines = _wrapped(picture.title, width) + _wrapped(f"on Layout({axes}), "
+    cut = "" if layout.cut == "even" else f", cut={layout.cut}"
+    lines = _wrapped(picture.title, width) + _wrapped(f"on Layout({axes}{cut}), "
                                                       f"{counted(layout.num_devices, 'rank')}", width)
     for note in picture.notes:
         lines += textwrap.wrap(note, width=width, initial_indent="  ", subsequent_indent="    ",

@@ -18,6 +18,7 @@ from typing import Iterator, Optional, Sequence
 
 from ..explain import partial_text
 from ..layout import TensorLayout, format_entry
+from ..slicing import shard_bounds
 
 __all__ = ["Block", "Panel", "DeviceCell", "DevicePanel", "LayoutPicture", "layout_picture", "compact_ranks"]
 
@@ -162,8 +163,9 @@ def _slabs(
             yield (gi, gj), fixed, indices
 
 
-def _edges(size: int, shards: int) -> tuple[int, ...]:
-    return tuple(size * i // shards for i in range(shards + 1))
+def _edges(size: int, shards: int, cut: str = "even") -> tuple[int, ...]:
+    """Where the shards of a dim start, and its size: the layout's own cut (spmdsim.slicing)."""
+    return tuple(shard_bounds(size, shards, i, cut)[0] for i in range(shards)) + (size,)
 
 
 def layout_picture(tensor_layout: TensorLayout, shape: Sequence[int], name: str = "x") -> LayoutPicture:
@@ -196,8 +198,9 @@ def layout_picture(tensor_layout: TensorLayout, shape: Sequence[int], name: str 
                     grid_pos=pos,
                     row_dim=row_dim,
                     col_dim=col_dim,
-                    row_edges=_edges(shape[row_dim], shards[row_dim]) if row_dim is not None else (0, 1),
-                    col_edges=_edges(shape[col_dim], shards[col_dim]),
+                    row_edges=_edges(shape[row_dim], shards[row_dim], tl.layout.cut) if row_dim is not None
+                    else (0, 1),
+                    col_edges=_edges(shape[col_dim], shards[col_dim], tl.layout.cut),
                     blocks=rows,
                 )
             )

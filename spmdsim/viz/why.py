@@ -11,9 +11,13 @@ from __future__ import annotations
 import re
 from typing import Callable, Sequence
 
+import numpy as np
+
 from ..holdings import block_text
 from ..plan.record import Plan
 from ..plan.steps import Allgather, Allreduce, Alltoall, Exchange, LocalSlice, LocalZero, ReduceScatter, Step
+from ..plan.uneven import is_uneven
+from ..plan.volume import box_size, intersect, rank_boxes
 from .table import WIDTH, fold_table, nbytes
 
 __all__ = ["step_why", "step_text", "step_groups", "explain_plan_lines", "byte_matrix",
@@ -48,8 +52,10 @@ def step_why(step: Step) -> str:
                 f"each rank receives {_others(g - 1, 'piece')} of its group of {g}")
     if isinstance(step, Alltoall):
         sends = "sends the other rank its part" if g == 2 else f"sends each of the {g - 1} others its part"
+        # Unequal figures by rank: an uneven cut's pieces (Layout.cut), not 1/g each.
+        kept = "its own part" if len(set(step.bytes_received)) > 1 else f"1/{g}"
         return (f"the split moves from dim {step.concat_dim} to dim {step.split_dim} over "
-                f"{_over(step)}: each rank keeps 1/{g} of its block and {sends}")
+                f"{_over(step)}: each rank keeps {kept} of its block and {sends}")
     if isinstance(step, Allreduce):
         return (f"the ranks over {_over(step)} hold addends of a pending sum and the target "
                 f"wants the value on every rank: a ring Allreduce sends 2({g}-1)/{g} of the block")
@@ -89,11 +95,18 @@ def step_groups(step: Step) -> tuple[tuple[int, ...], ...]:
     return step.before.layout.axis_groups(step.axes)
 
 
-def byte_matrix(steps: Step | Sequence[Step], num_ranks: int) -> list[list[int]]:
-    """matrix[src][dst]: logical bytes rank `src` sends rank `dst` over the given step(s)."""
+def byte_matrix(steps: Step | Sequence[Step], num_ranks: int, shape: Sequence[int] | None = None,
+                itemsize: int = 0) -> list[list[int]]:
+    """matrix[src][dst]: logical bytes rank `src` sends rank `dst` over the given step(s).
+
+    With the tensor's `shape` and `itemsize`, a collective on an uneven cut's pieces (Layout.cut)
+    counts each pair's own piece; else a rank's bytes are shared out equally over its peers."""
     steps = (steps,) if isinstance(steps, Step) else tuple(steps)
     out = [[0] * num_ranks for _ in range(num_ranks)]
     for step in steps:
+        if shape is not None and not isinstance(step, (Exchange, Allreduce)) and is_uneven(step, tuple(shape)):
+            _uneven_pairs(out, step, tuple(shape), itemsize)
+            continue
         if isinstance(step, Exchange):
             # Each rank's bytes sent, shared out over its boxes by their element counts.
             volume = [0] * num_ranks
@@ -112,6 +125,24 @@ def byte_matrix(steps: Step | Sequence[Step], num_ranks: int) -> list[list[int]]
                     if dst != src:
                         out[src][dst] += share
     return out
+
+
+def _uneven_pairs(out: list[list[int]], step: Step, shape: tuple, itemsize: int) -> None:
+    """Add each pair's bytes of a collective on unequal pieces: a gathered piece, a moved overlap, an addend."""
+    before, after = rank_boxes(step.before, shape), rank_boxes(step.after, shape)
+    for group in step_groups(step):
+        for src in group:
+            for dst in group:
+                if src == dst:
+                    continue
+                if isinstance(step, Allgather):
+                    n = box_size(before[src])
+                elif isinstance(step, ReduceScatter):
+                    n = box_size(after[dst])
+                else:
+                    common = intersect(before[src], after[dst])
+                    n = 0 if common is None else box_size(common)
+                out[src][dst] += n * itemsize
 
 
 def _volume(box: Sequence[tuple[int, int]]) -> int:
@@ -158,6 +189,6 @@ def explain_plan_lines(plan: Plan, dialect: str = "sbp", width: int = WIDTH) -> 
         after = block_text(plan.target, plan.shape, rank)
         lines.append(f"  rank {rank} {plan.source.layout.coords(rank)}: {before} -> {after}")
     lines.append("bytes each rank sends to each rank (all steps):")
-    lines.extend("  " + line for line in format_byte_matrix(byte_matrix(plan.steps, plan.num_ranks),
-                                                             width - 2))
+    matrix = byte_matrix(plan.steps, plan.num_ranks, plan.shape, np.dtype(plan.dtype).itemsize)
+    lines.extend("  " + line for line in format_byte_matrix(matrix, width - 2))
     return lines

@@ -48,7 +48,8 @@ def record_cross_entropy(out: Any, logits: Any, labels: Any, *, e: np.ndarray, s
         g = e / sum_exp[:, None]
         # Each row's label column (column 0, less 0, where another rank owns it): no array whose size depends
         # on the labels (a captured step replays; spmdsim.runtime.replay).
-        g[rows, np.where(owned, ids, 0)] -= np.where(owned, 1.0 - smooth, 0.0)
+        if g.shape[1]:  # an uneven cut may leave a rank no classes
+            g[rows, np.where(owned, ids, 0)] -= np.where(owned, 1.0 - smooth, 0.0)
         if smooth:
             g -= smooth / classes
         g[~valid] = 0.0

@@ -1,0 +1,114 @@
+"""Uneven shards in the teaching commands and the dialects: slices, explain, show, convert, refusals."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spmdsim import Layout
+from spmdsim.cli.main import main
+from spmdsim.dialects import partition_spec_to_layout, placements_to_layout
+from spmdsim.errors import DialectError, ShapeError
+
+ROWS = ["--device-matrix", "4", "--alias", "mp", "--tensor-map", "mp,None", "--shape", "10,3"]
+
+
+def _slices(capsys, *args: str) -> list:
+    assert main(["slices", *args]) == 0
+    table = json.loads(capsys.readouterr().out)["rank_slices"]
+    return [table[str(r)][0] for r in range(len(table))]
+
+
+def test_slices_show_the_pieces_of_each_rule(capsys):
+    assert _slices(capsys, *ROWS, "--cut", "chunk") == [[0, 3], [3, 6], [6, 9], [9, 10]]
+    assert _slices(capsys, *ROWS, "--cut", "balanced") == [[0, 3], [3, 6], [6, 8], [8, 10]]
+    # DTensor placements cut a dim that does not divide by torch.chunk's rule, unasked.
+    assert _slices(capsys, "--placements", "S(0)", "--device-matrix", "4", "--shape", "10,3") == \
+        [[0, 3], [3, 6], [6, 9], [9, 10]]
+
+
+def test_even_and_the_even_only_dialects_refuse_with_one_line(capsys):
+    for args, message in [
+        (ROWS, "spmdsim: error: tensor dim 0 of size 10 is not divisible by 4 shards (axes ('mp',))"),
+        (["--strategy", "((4,1),)", "--shape", "10,3"],
+         "spmdsim: error: tensor dim 0 of size 10 is not divisible by 4 shards (axes ('axis_0',))"),
+        (["--sbp", "S(0)", "--placement", "4", "--shape", "10,3"],
+         "spmdsim: error: tensor dim 0 of size 10 is not divisible by 4 shards (axes ('axis_0',))"),
+        (["--strategy", "((4,1),)", "--shape", "10,3", "--cut", "chunk"],
+         "spmdsim: error: cut 'chunk' cannot go with the strategy form: MindSpore cuts every dim evenly; use the "
+         "layout, placements or partition_spec form for an uneven cut"),
+        (["--partition-spec", "('x', None)", "--device-matrix", "4", "--alias", "x", "--shape", "10,3"],
+         "spmdsim: error: tensor dim 0 of size 10 is not divisible by 4 shards (axes ('x',)); JAX requires "
+         "divisible dims: name a rule with \"cut\": \"chunk\" or \"balanced\" (--cut) to cut unevenly"),
+    ]:
+        assert main(["slices", *args]) == 2
+        err = capsys.readouterr().err
+        assert " ".join(err.split()) == message
+
+
+def test_a_partition_spec_cuts_unevenly_only_with_a_rule_named(capsys):
+    spec = ["--partition-spec", "('x', None)", "--device-matrix", "4", "--alias", "x", "--shape", "10,3"]
+    assert _slices(capsys, *spec, "--cut", "balanced") == [[0, 3], [3, 6], [6, 8], [8, 10]]
+    with pytest.raises(ShapeError, match="not divisible"):
+        partition_spec_to_layout(("x", None), (4,), 2, ("x",)).check_shape((10, 3))
+    tl = partition_spec_to_layout(("x", None), (4,), 2, ("x",), cut="balanced")
+    assert tl.bounds(3, (10, 3)) == ((8, 10), (0, 3))
+    assert placements_to_layout("S(0), R", Layout((4, 2), ("a", "b"), "chunk"), 2).layout.cut == "chunk"
+
+
+def test_dtensor_nested_cuts_that_differ_are_refused(capsys):
+    from spmdsim.dialects.dtensor import check_uneven_shards
+
+    nested = placements_to_layout("S(0), S(0)", (2, 2), 1, cut="chunk")
+    check_uneven_shards(nested, (7,))  # DTensor's [0, 4) -> [0, 2), [2, 4) agrees with one cut in 4
+    with pytest.raises(DialectError, match=r"tensor dim 0 of size 6 sharded on mesh dims \('axis_0', 'axis_1'\)"):
+        check_uneven_shards(nested, (6,))
+    assert main(["slices", "--placements", "S(0),S(0)", "--device-matrix", "2,2", "--shape", "6"]) == 2
+    assert "DTensor would cut it piece by piece" in " ".join(capsys.readouterr().err.split())
+
+
+def test_explain_and_show_draw_the_unequal_pieces(capsys):
+    assert main(["explain", *ROWS, "--cut", "balanced"]) == 0
+    out = capsys.readouterr().out
+    assert 'Layout((4,), ("mp",), cut=\'balanced\')' in out
+    assert "cut 'balanced' gives 2 pieces of 3, then pieces of 2 (sizes by shard: 3 3 2 2)" in " ".join(out.split())
+    assert "[8:10, 0:3]" in out
+    assert main(["show", *ROWS, "--cut", "chunk"]) == 0
+    out = capsys.readouterr().out
+    assert "on Layout(mp=4, cut=chunk)" in out
+    assert [line.split("|")[0].strip() for line in out.splitlines() if "|  r" in line][:4] == \
+        ["0:3", "3:6", "6:9", "9:10"]
+
+
+def test_convert_says_which_dialects_can_cut_unevenly(capsys):
+    assert main(["convert", *ROWS, "--cut", "chunk", "--json"]) == 0
+    forms = {f["dialect"]: f for f in json.loads(capsys.readouterr().out)["forms"]}
+    assert forms["PyTorch DTensor"]["text"] == "(S(0))" and forms["PyTorch DTensor"]["note"] == ""
+    assert forms["JAX PartitionSpec"]["flags"].endswith("--cut chunk")
+    for dialect in ("MindSpore .shard", "OneFlow SBP", "Paddle split"):
+        assert forms[dialect]["text"] is None and "cuts every dim evenly" in forms[dialect]["note"]
+    assert main(["convert", *ROWS, "--cut", "balanced", "--json"]) == 0
+    forms = {f["dialect"]: f for f in json.loads(capsys.readouterr().out)["forms"]}
+    assert forms["PyTorch DTensor"]["text"] is None and "torch.chunk" in forms["PyTorch DTensor"]["note"]
+
+
+def test_holdings_and_plan_flags_on_uneven_cuts(capsys):
+    from spmdsim.holdings import holdings_lines
+
+    tl = Layout((2, 2), ("dp", "tp"), "chunk")("tp", None)
+    assert holdings_lines({"x": (tl, (3, 4))}) == ["rank 0 (0, 0): x[0:2, 0:4]", "rank 1 (0, 1): x[2:3, 0:4]",
+                                                   "rank 2 (1, 0): x[0:2, 0:4]", "rank 3 (1, 1): x[2:3, 0:4]"]
+    assert main(["plan", "--device-matrix", "4", "--from-strategy", "((4,1),)", "--to", "None,axis_0",
+                 "--shape", "10,3", "--cut", "chunk"]) == 2
+    assert " ".join(capsys.readouterr().err.split()) == (
+        "spmdsim: error: --from-strategy cannot take cut 'chunk': MindSpore cuts every dim evenly; write that "
+        "side as --from, --from-placements or --from-partition-spec")
+
+
+def test_plan_explain_past_64_ranks_names_the_unequal_blocks(capsys):
+    assert main(["plan", "--device-matrix", "128", "--alias", "x", "--from", "x,None", "--to", "None,x",
+                 "--shape", "1001,300", "--cut", "balanced", "--explain"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "dim 0: 128 blocks of 8 to 7 (cut 'balanced'), block x" in out
+    assert "others in its group 75 B on average (the busiest rank's)" in out
+    assert "lower bound 11,916 B (meets it on every rank)" in out

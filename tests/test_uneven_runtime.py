@@ -1,0 +1,140 @@
+"""Uneven shards on simulated ranks: redistribution, the collectives with counts, DTensor, the dry run."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+import spmdsim
+from spmdsim import Layout
+from spmdsim.plan import plan_redistribution
+
+MAPS = (("mp", None), (None, "mp"), (("dp", "mp"), None), ("dp", "mp"), ("mp", "dp"), (None, None),
+        (("mp", "dp"), None), (None, ("dp", "mp")))
+SHAPE = (10, 7)
+
+
+def _moves(cut: str):
+    layout = Layout((2, 4), ("dp", "mp"), cut)
+    return layout, [(layout(*s), layout(*t)) for s in MAPS for t in MAPS if s != t]
+
+
+def _redistribute_all(cut: str):
+    """Every move between MAPS on this rank: (op names traced, bytes received per move, all equal numpy?)."""
+    from spmdsim.runtime import DTensor, Mesh, collect_trace, redistribute
+
+    layout, moves = _moves(cut)
+    mesh = Mesh(layout, spmdsim.world())
+    full = np.arange(math.prod(SHAPE), dtype=np.float64).reshape(SHAPE)
+    ops, received, good = [], [], True
+    for source, target in moves:
+        x = DTensor.from_global(mesh, full, source)
+        with collect_trace() as trace:
+            y = redistribute(x, target)
+        good &= bool(np.array_equal(y.local, full[target.slices(mesh.rank, SHAPE)]))
+        good &= bool(np.array_equal(y.gather(), full))
+        ops.append(tuple(e.op for e in trace.entries))
+        received.append(sum(e.bytes_received for e in trace.entries))
+    return ops, received, good
+
+
+def test_redistribution_on_uneven_shards_matches_numpy_and_the_plan():
+    for cut in ("chunk", "balanced"):
+        results = spmdsim.simulate(8, lambda: _redistribute_all(cut))
+        assert all(good for _, _, good in results)
+        _, moves = _moves(cut)
+        for i, (source, target) in enumerate(moves):
+            plan = plan_redistribution(source, target, SHAPE, "float64")
+            # Each rank's traced bytes are the plan's, and the plan's are the lower bound.
+            assert [r[1][i] for r in results] == list(plan.bytes_received) == list(plan.lower_bound), (source, target)
+        # The collectives with counts ran (traced under their step kinds), beside exchanges (alltoallv).
+        traced = {op for ops, _, _ in results for move in ops for op in move}
+        assert {"allgather", "alltoall", "alltoallv"} <= traced, traced
+
+
+def _partial_sums(cut: str):
+    """Reduce_scatter with counts and Allreduce of pending sums on uneven shards, against numpy."""
+    from spmdsim.runtime import DTensor, Mesh, collect_trace, redistribute
+
+    layout = Layout((2, 4), ("dp", "mp"), cut)
+    mesh = Mesh(layout, spmdsim.world())
+    full = np.arange(math.prod(SHAPE), dtype=np.float64).reshape(SHAPE)
+    out = []
+    for target in (layout("mp", None), layout(None, "mp"), layout(("dp", "mp"), None), layout("dp", "mp")):
+        # Each rank holds a quarter of the value on its mp coordinate: the sum over mp is `full`.
+        x = DTensor.from_global(mesh, full / 4, layout(None, None)).local
+        pending = DTensor.from_local(mesh, x, layout(None, None, partial="mp"), SHAPE)
+        with collect_trace() as trace:
+            y = redistribute(pending, target)
+        out.append((bool(np.allclose(y.local, full[target.slices(mesh.rank, SHAPE)], rtol=1e-15, atol=0)),
+                    tuple(e.op for e in trace.entries), sum(e.bytes_received for e in trace.entries)))
+    return out
+
+
+def test_pending_sums_reduce_scatter_with_counts():
+    results = spmdsim.simulate(8, lambda: _partial_sums("balanced"))
+    assert all(ok for rank in results for ok, _, _ in rank)
+    # ("mp", None): balanced rows 3,3,2,2 of 7 float64 columns; each member gets 3 addends of its piece.
+    assert [rank[0][1] for rank in results] == [("reduce_scatter",)] * 8
+    assert [rank[0][2] for rank in results] == [3 * n * 7 * 8 for n in (3, 3, 2, 2)] * 2
+
+
+def _dry_bytes(cut: str):
+    from spmdsim.runtime import DTensor, Mesh, redistribute
+
+    layout, moves = _moves(cut)
+    mesh = Mesh(layout)
+    for source, target in moves:
+        redistribute(DTensor.zeros(mesh, source, SHAPE), target)
+    return None
+
+
+def test_dry_run_counts_each_ranks_own_bytes_on_uneven_shards():
+    real = spmdsim.simulate(8, lambda: _redistribute_all("chunk"))
+    dry = spmdsim.simulate(8, lambda: _dry_bytes("chunk"), dry_run=True)
+    assert [r.bytes_received for r in dry.report.ranks] == [sum(rank[1]) for rank in real]
+    assert len({r.bytes_received for r in dry.report.ranks}) > 1  # uneven: ranks differ
+
+
+def test_from_local_on_an_uneven_cut_asks_for_the_global_shape():
+    from spmdsim.errors import ShapeError
+    from spmdsim.runtime import DTensor, Mesh
+
+    def body():
+        mesh = Mesh(Layout((2,), ("x",), "chunk"), spmdsim.world())
+        try:
+            DTensor.from_local(mesh, np.zeros((2, 3)), mesh.layout("x", None))
+        except ShapeError as exc:
+            return str(exc)
+        return None
+
+    assert spmdsim.simulate(2, body) == ["from_local on a layout cut 'chunk' needs global_shape= (its shards may "
+                                         "differ in size between ranks)"] * 2
+
+
+def _replay_uneven():
+    """A captured step of collectives with counts (Reduce_scatter, Alltoallv), replayed on new inputs."""
+    from spmdsim import ops
+    from spmdsim.runtime import DTensor, Mesh, capture, redistribute
+
+    mesh = Mesh(Layout((2, 3), ("dp", "tp"), "chunk"), spmdsim.world())
+    L = mesh.layout
+    rng = np.random.default_rng(3)
+    xs, ws = [rng.standard_normal((7, 10)) for _ in range(3)], [rng.standard_normal((10, 5)) for _ in range(3)]
+
+    def step(x, w):  # K = 10 over tp (4, 4, 2), then 5 columns over tp (2, 2, 1), then 7 rows over tp
+        return redistribute(ops.matmul(x, w, out_layout=L(None, "tp")), L("tp", None))
+
+    x = DTensor.from_global(mesh, xs[0], L(None, "tp"))
+    w = DTensor.from_global(mesh, ws[0], L("tp", None))
+    graph = capture(step, x, w)
+    out = []
+    for k in (1, 2):
+        z = graph(DTensor.from_global(mesh, xs[k], L(None, "tp")), DTensor.from_global(mesh, ws[k], L("tp", None)))
+        want = (xs[k] @ ws[k])[L("tp", None).slices(mesh.rank, (7, 5))]
+        out.append(bool(np.allclose(z.local, want, rtol=1e-12, atol=1e-12)))
+    return out
+
+
+def test_a_replayed_step_reruns_the_collectives_with_counts():
+    assert spmdsim.simulate(6, _replay_uneven) == [[True, True]] * 6
