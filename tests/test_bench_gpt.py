@@ -48,6 +48,10 @@ def test_ratios_are_launch_by_launch_against_the_same_engine(bench, monkeypatch,
     assert table["  again (A/A control)"] == ["0.200", "1.00x", "the", "first", "(1.00-1.00)"]
     assert table["  spmdsim, replayed"][1:] == ["1.02x", "by", "hand", "(1.02-1.02)"]  # the simulated one
     assert table["  spmdsim"][1:] == ["1.27x", "replayed", "(1.27-1.27)"]
+    # under each simulated step its ranks' CPU, against the same base
+    replayed = simulated.index(next(line for line in simulated if line.startswith("  spmdsim, replayed")))
+    assert simulated[replayed + 1].startswith("    CPU time of its 8 ranks")
+    assert simulated[replayed + 1].endswith("0.408   1.02x by hand (1.02-1.02)")
     # the MPI section: the replayed step against the polite peer, round by round
     mpi = lines[lines.index("8 MPI ranks (mpiexec), polite wait:"):]
     rep = mpi.index(next(line for line in mpi if line.startswith("  spmdsim, replayed")))
