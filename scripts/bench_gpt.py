@@ -21,6 +21,8 @@ step. Rows:
   meeting in spmdsim's rendezvous, blocking calls): what 8 ranks of plain numpy
   cost in one interpreter, so the simulated row's excess over it is spmdsim's
   per-operator Python and its excess over one process is the simulation's;
+  launched again after spmdsim's simulated launches, the A/A control of 8
+  simulated ranks;
 - 8 simulated ranks, replayed: the warm-up step captured (spmdsim.runtime.replay)
   and each timed step a replay of it: the same numpy calls and collectives,
   none of the Python that chose them (examples/train_gpt.py --replay checks
@@ -54,11 +56,17 @@ step. Rows:
   loss beside the one-process reference's. Needs torch (the `bench` extra);
   without it, one line.
 
-Ratios: simulated step / one process and / the hand-written step on simulated ranks; spmdsim's MPI step, collectives,
-collectives after arrival and CPU time / the same of the hand-written peer (on
-the same work: the same model, mesh, splits and collectives); spmdsim's MPI and
-simulated steps / DTensor's. The load average is printed: on a shared machine
-compare within one run only.
+Ratios compare like with like: two runs on the same engine, with the same
+number of ranks on the same cores (one process; 8 threads of one process; 8
+MPI processes): the simulated A/A control, spmdsim's replayed step / the
+hand-written step on simulated ranks, spmdsim's eager step / its replayed
+step; on MPI ranks the same for the step, its collectives, collectives after
+arrival and CPU time (the peer on the same work: the same model, mesh, splits
+and collectives); the blocking peer / the polite one; spmdsim's MPI steps /
+DTensor's. A ratio is the median over launches of each launch's ratio (a
+launch of a row against the same round's launch of its base), printed with
+its min-max over launches; the load average (1, 5, 15 min) is printed at the
+start and at the end: on a shared machine compare within one run only.
 
 ``--pipeline`` times the pipelined step instead, on 4 MPI ranks (pp 4, tp 1,
 dp 1, 1F1B, --microbatches, default 8): spmdsim.gpt.pipeline's
@@ -163,7 +171,10 @@ def _steps(args, comm, mpi: bool, shape: tuple = MESH, replay: bool = False) -> 
         x, y = batch(ids, cfg, step)
         xd, yd = (DTensor.from_global(mesh, a, mesh.layout("dp", None)) for a in (x, y))
         comm.Barrier()
-        t0, c0 = time.perf_counter(), time.process_time()
+        # A rank's CPU: its process's on MPI ranks (spmdsim's own threads, if any, included), its thread's
+        # on simulated ranks (threads of one process), as the hand-written peer measures its ranks'.
+        clock = time.process_time if mpi else time.thread_time
+        t0, c0 = time.perf_counter(), clock()
         with collect_trace() as trace:
             if not replay:
                 train_step(xd, yd, step)
@@ -171,18 +182,19 @@ def _steps(args, comm, mpi: bool, shape: tuple = MESH, replay: bool = False) -> 
                 graph = capture(train_step, xd, yd, Scalar(step), state=params)
             else:
                 graph(xd, yd, step)
-        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        wall, cpu = time.perf_counter() - t0, clock() - c0
         spent = sum(e.seconds for e in trace.entries)
         if mpi:
             mine = [(e.axes, e.started_at, e.ended_at) for e in trace.entries]
             arrived.append(comm.allreduce(_after_arrival(mesh, mine), op=_max()))
-            cpus.append(comm.allreduce(cpu))
+        cpus.append(comm.allreduce(cpu))
         walls.append(comm.allreduce(wall, op=_max()))
         inside.append(comm.allreduce(spent, op=_max()))
     mesh.close()
-    out = {"step": statistics.median(walls[1:]), "collectives": statistics.median(inside[1:])}
+    out = {"step": statistics.median(walls[1:]), "collectives": statistics.median(inside[1:]),
+           "cpu": statistics.median(cpus[1:])}
     if mpi:
-        out["arrived"], out["cpu"] = statistics.median(arrived[1:]), statistics.median(cpus[1:])
+        out["arrived"] = statistics.median(arrived[1:])
     return out
 
 
@@ -499,9 +511,10 @@ def _pipeline(args) -> int:
 
 
 def _ratio(rows: list, base: list, key: str, versus: str) -> str:
-    """The median over launches of each launch's ratio of `key` to the base launch's, and their spread."""
-    ratios = [r[key] / b[key] for r, b in zip(rows, base)]
-    return f"{statistics.median(ratios):5.2f}x {versus} ({_spread(ratios)})"
+    """The median over launches of each launch's ratio of `key` to the base launch's, and their spread (launches
+    where either failed left out)."""
+    ratios = [r[key] / b[key] for r, b in zip(rows, base) if r and b]
+    return f"{statistics.median(ratios):5.2f}x {versus} ({_spread(ratios)})".replace("x  (", "x (")
 
 
 def _median(rows: list, key: str) -> float:
@@ -539,52 +552,75 @@ def main() -> int:
         return 0
     if args.pipeline:
         return _pipeline(args)
-    print(f"GPT {args.layers} layers, d_model {args.d_model}, seq {args.seq}, batch 8; mesh dp 2 x tp 4 "
-          f"(sequence parallel); load average {os.getloadavg()[0]:.1f}")
+    start = _load()
     peer = missing()
-    # The peer's A/A pair brackets spmdsim's MPI launch, so a drift of the machine's load shows in the pair.
-    rows = {"ref": [], "ref2": [], "one": [], "sim": [], "simreplay": [], "handsim": [], "hand": [], "mpi": [],
-            "mpireplay": [], "hand2": [], "busy": []}
+    # Each A/A pair brackets spmdsim's launches of its kind, so a drift of the machine's load shows in the pair.
+    rows = {worker: [] for worker in LAUNCHES}
     rows |= {} if peer else {"dtensor": []}
     for launch in range(args.launches):
         for worker in rows:
             check = int(launch == 0 and worker in ("hand", "dtensor"))
-            rows[worker].append(_launch(args, "ref" if worker == "ref2" else worker, check=check))
+            rows[worker].append(_launch(args, AGAIN.get(worker, worker), check=check))
     if not all(any(r) for r in rows.values()):
         return 1
-    one, aa = _median(rows["ref"], "step"), _median(rows["ref2"], "step")
-    sim, mpi = _median(rows["sim"], "step"), _median(rows["mpi"], "step")
-    print(f"{'run':42} {'s/step':>8}  ratio")
-    print(f"{'one numpy process':42} {one:8.3f}")
-    print(f"{'one numpy process again (A/A control)':42} {aa:8.3f}  {aa / one:5.2f}x")
-    lone = _median(rows["one"], "step")
-    print(f"{'1 simulated rank on a 1 x 1 mesh':42} {lone:8.3f}  {lone / one:5.2f}x one process")
-    print(f"{'8 simulated ranks':42} {sim:8.3f}  {sim / one:5.2f}x one process")
-    handsim = _median(rows["handsim"], "step")
-    replayed = _median(rows["simreplay"], "step")
-    print(f"{'numpy + mpi4py by hand, 8 simulated ranks':42} {handsim:8.3f}  {handsim / one:5.2f}x one process, "
-          f"{sim / handsim:4.2f}x spmdsim / this")
-    print(f"{'8 simulated ranks, replayed':42} {replayed:8.3f}  {replayed / one:5.2f}x one process, "
-          f"{replayed / handsim:4.2f}x the row above")
-    figures = ("step", "collectives", "arrived", "cpu")
-    labels = ("  its collectives", "  after the last member arrived", "  CPU time of its 8 ranks")
-    spmdsim = {key: _median(rows["mpi"], key) for key in figures}
-    again = {key: _median(rows["mpireplay"], key) for key in figures}
-    for title, figs in (("8 MPI ranks", spmdsim), ("8 MPI ranks, replayed", again)):
-        print(f"{title:42} {figs['step']:8.3f}  {figs['step'] / one:5.2f}x one process")
-        print(f"{'  its collectives inside spmdsim':42} {figs['collectives']:8.3f}")
-        for key, label in zip(figures[2:], labels[1:]):
-            print(f"{label:42} {figs[key]:8.3f}")
-    hand = {key: _median(rows["hand"], key) for key in figures}
-    for worker, title in (("hand", "numpy + mpi4py by hand, polite wait"), ("hand2", "the same again (A/A control)"),
-                          ("busy", "numpy + mpi4py by hand, blocking calls")):
-        for key, label in zip(figures, (title,) + labels):
-            value = _median(rows[worker], key)
-            if worker == "hand2":
-                print(f"{label:42} {value:8.3f}  {value / hand[key]:5.2f}x the first")
-            else:
-                print(f"{label:42} {value:8.3f}  {spmdsim[key] / value:5.2f}x spmdsim / this, "
-                      f"{again[key] / value:4.2f}x replayed / this")
+    _report(args, rows, start, peer)
+    return 0
+
+
+#: The launches of a round, in their order (bench_gpt's rows): "ref2", "handsim2" and "hand2" launch "ref",
+#: "handsim" and "hand" again, the A/A controls, after the spmdsim launches they are compared with.
+LAUNCHES = ("ref", "ref2", "one", "handsim", "simreplay", "sim", "handsim2", "hand", "mpireplay", "mpi", "hand2",
+            "busy")
+AGAIN = {"ref2": "ref", "handsim2": "handsim", "hand2": "hand"}
+#: The MPI launches' figures under their step row.
+FIGURES = (("collectives", "its collectives"), ("arrived", "after the last member arrived"),
+           ("cpu", "CPU time of its 8 ranks"))
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _line(label: str, rows: list, key: str, base: list | None = None, versus: str = "") -> str:
+    """One row: the median over launches of `key`, and with `base`, the median and spread of each launch's ratio."""
+    text = f"{label:44} {_median(rows, key):8.3f}"
+    return text + f"  {_ratio(rows, base, key, versus)}" if base is not None else text
+
+
+def _report(args, rows: dict, start: str, peer: str | None) -> None:
+    """bench_gpt's table: each ratio compares two runs on the same engine, the same ranks and the same cores (one
+    process; 8 threads of one process; 8 MPI processes), launch by launch: the median over launches of each
+    launch's ratio and its min-max."""
+    n = args.launches
+    print(f"GPT {args.layers} layers, d_model {args.d_model}, seq {args.seq}, batch 8; mesh dp 2 x tp 4 "
+          f"(sequence parallel); {len(os.sched_getaffinity(0))} cores")
+    print(f"load average at the start {start} (1, 5, 15 min); {n} launch{'es' if n > 1 else ''} of each run, "
+          f"interleaved")
+    print(f"{'run':44} {'s/step':>8}  ratio: median of the launches' (min-max)")
+    print(_line("one numpy process", rows["ref"], "step"))
+    print(_line("  again (A/A control)", rows["ref2"], "step", rows["ref"], "the first"))
+    print(_line("1 simulated rank on a 1 x 1 mesh", rows["one"], "step", rows["ref"], "one process"))
+    print("8 simulated ranks (threads of one process):")
+    for worker, title, base, versus in (("handsim", "  numpy + mpi4py by hand", "ref", "one process"),
+                                        ("handsim2", "  the same again (A/A control)", "handsim", "by hand"),
+                                        ("simreplay", "  spmdsim, replayed", "handsim", "by hand"),
+                                        ("sim", "  spmdsim", "simreplay", "replayed")):
+        print(_line(title, rows[worker], "step", rows[base], versus))
+        cpu = "    CPU time of its 8 ranks"  # the threads' own, summed: steadier than the wall on a loaded machine
+        print(_line(cpu, rows[worker], "cpu", rows[base] if base != "ref" else None, versus))
+    print("8 MPI ranks (mpiexec), polite wait:")
+    for worker, title, base, versus in (("hand", "  numpy + mpi4py by hand", None, ""),
+                                        ("hand2", "  the same again (A/A control)", "hand", "by hand"),
+                                        ("mpireplay", "  spmdsim, replayed", "hand", "by hand"),
+                                        ("mpi", "  spmdsim", "mpireplay", "replayed")):
+        against = rows[base] if base else None
+        print(_line(title, rows[worker], "step", against, versus))
+        for key, label in FIGURES:
+            print(_line("    " + label, rows[worker], key, against, versus))
+    print("8 MPI ranks, blocking calls:")
+    print(_line("  numpy + mpi4py by hand", rows["busy"], "step", rows["hand"], "polite"))
+    for key, label in FIGURES:
+        print(_line("    " + label, rows["busy"], key, rows["hand"], "polite"))
     checked = rows["hand"][0]
     for k, (loss, ref) in enumerate(zip(checked["losses"], checked["reference"]) if checked else ()):
         print(f"by hand, step {k} loss {loss:.12f}, one process {ref:.12f} (same masks), |diff| {abs(loss - ref):.1e}")
@@ -593,17 +629,16 @@ def main() -> int:
               f"{checked['param_error']:.1e} of the one process's")
     if peer:
         print(peer)
-        return 0
-    dt = _median(rows["dtensor"], "step")
-    print(f"{'PyTorch DTensor (gloo, 8 ranks)':42} {dt:8.3f}")
-    print(f"{'  8 MPI ranks (spmdsim) / DTensor':42} {'':8}  {mpi / dt:5.2f}x")
-    print(f"{'  8 simulated ranks (spmdsim) / DTensor':42} {'':8}  {sim / dt:5.2f}x")
-    print(f"{'  the same two, replayed / DTensor':42} {'':8}  {again['step'] / dt:5.2f}x, {replayed / dt:4.2f}x")
-    first = rows["dtensor"][0]
-    for k, (loss, ref) in enumerate(zip(first["losses"], first["reference"]) if first else ()):
-        print(f"DTensor step {k} loss {loss:.12f}, one process {ref:.12f} (same masks), "
-              f"|diff| {abs(loss - ref):.1e}")
-    return 0
+    else:
+        print(_line("PyTorch DTensor (gloo, 8 MPI ranks)", rows["dtensor"], "step"))
+        print(f"{'  spmdsim on 8 MPI ranks / DTensor':44} {'':8}  {_ratio(rows['mpi'], rows['dtensor'], 'step', '')}")
+        print(f"{'  the same, replayed / DTensor':44} {'':8}  "
+              f"{_ratio(rows['mpireplay'], rows['dtensor'], 'step', '')}")
+        first = rows["dtensor"][0]
+        for k, (loss, ref) in enumerate(zip(first["losses"], first["reference"]) if first else ()):
+            print(f"DTensor step {k} loss {loss:.12f}, one process {ref:.12f} (same masks), "
+                  f"|diff| {abs(loss - ref):.1e}")
+    print(f"load average at the end {_load()}")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from typing import Callable
 import numpy as np
 
 from . import reference, reference_grad
+from .precision import is_low
 
 __all__ = ["forward", "backward", "gelu", "gelu_tanh", "gelu_from_tanh", "gelu_backward", "relu_backward",
            "sigmoid", "erf", "gelu_erf"]
@@ -40,7 +41,7 @@ _SQRT_2_OVER_PI = reference._SQRT_2_OVER_PI
 def _single(dtype: np.dtype) -> bool:
     """Whether a shard of `dtype` is computed in float32 (float32, float16 and bfloat16; float64 and integers
     not)."""
-    return (dtype.kind == "f" and dtype.itemsize <= 4) or dtype.name == "bfloat16"
+    return (dtype.kind == "f" and dtype.itemsize <= 4) or is_low(dtype)
 
 
 def _tanh_inner(x: np.ndarray) -> np.ndarray:

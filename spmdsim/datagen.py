@@ -132,6 +132,16 @@ class SeededTensor:
         object.__setattr__(self, "dtype", dtype)
         object.__setattr__(self, "seed", seed)
 
+    def with_seed(self, seed: int) -> "SeededTensor":
+        """This tensor under another seed: only the seed is checked (the rest was, when this one was made),
+        so a dropout mask drawn each step does not check its shape and range again."""
+        value = as_int(seed)
+        if value is None or not 0 <= value < 2**63:
+            raise SpmdsimError(f"seed {seed!r} must be an integer in [0, 2**63)")
+        other = object.__new__(SeededTensor)
+        other.__dict__.update(self.__dict__, seed=value)
+        return other
+
     @property
     def size(self) -> int:
         return math.prod(self.shape)
@@ -156,17 +166,21 @@ class SeededTensor:
             self._fill(bits, out.reshape(1) if rows is None else out[rows])
         return out
 
-    def at_least(self, region: Region, threshold: float) -> np.ndarray:
-        """``self.region(region) >= threshold`` as a bool block (a dropout's keep mask), the same values.
+    def at_least(self, region: Region, threshold: float, out: np.ndarray | None = None) -> np.ndarray:
+        """``self.region(region) >= threshold`` as a bool block (a dropout's keep mask), the same values
+        (into `out`, a bool array of the region's shape, when given: a replayed mask's).
 
         For float64 in [0, 1), the default of a mask, it compares the generator's bits with the
         threshold's (each value is (bits >> 11) * 2**-53 exactly), without making the floats.
         """
         if self.dtype != "float64" or self.low != 0 or self.high != 1 or _context().dry_run:
-            return self.region(region) >= threshold
+            if out is None:
+                return self.region(region) >= threshold
+            return np.greater_equal(self.region(region), threshold, out=out)
         bounds = self._bounds(region)
         out_shape = tuple(b - a for a, b in bounds)
-        out = np.empty(out_shape, dtype=bool)
+        if out is None:
+            out = np.empty(out_shape, dtype=bool)
         # value >= t  <=>  bits >> 11 >= ceil(t * 2**53) (an exact product)  <=>  bits >= that << 11.
         first = math.ceil(threshold * 2.0**53) if threshold == threshold else None
         if first is None or first > (1 << 53) - 1:  # NaN or above every value: nothing kept

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from ..errors import OperatorError
+from ..precision import is_low
 from ..layout import TensorLayout
 
 __all__ = ["Leaf", "Node", "record", "no_grad", "is_grad_enabled", "requires_grad_", "used_axes",
@@ -133,7 +134,7 @@ def requires_grad_(tensor: Any, flag: bool = True) -> Any:
                                 "(a tensor you built) can stop requiring grad; use no_grad() instead")
         tensor._ag = None
         return tensor
-    if tensor.dtype.kind != "f" and tensor.dtype.name != "bfloat16":
+    if tensor.dtype.kind != "f" and not is_low(tensor.dtype):
         raise OperatorError(
             f"requires_grad_() on a DTensor of dtype {tensor.dtype.name!r}: only floating tensors "
             "have gradients (integer ids and labels never need one)")
@@ -157,7 +158,7 @@ def record(out: Any, name: str | Callable[[], str], inputs: Sequence[Any], backw
     layouts = tuple([t if type(t) is TensorLayout else t.layout for t in reads if t is not None])
     dtype = out.local.dtype
     out._ag = Node(name, tuple(inputs), backward, want, layouts, _Mode.kind,
-                   dtype if dtype.name == "bfloat16" else None)
+                   dtype if is_low(dtype) else None)
     return out
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..context import PROCESS
+from ..precision import is_low
 from .base import Engine, Wait
 
 __all__ = ["MpiEngine", "MPI"]
@@ -36,12 +37,7 @@ def _w(a: Any) -> Any:
     """`a` as MPI can move it: a bfloat16 block (ml_dtypes', which MPI has no datatype for) as a view of
     its 16-bit words, the same memory; other blocks as they are. Sums never see bfloat16: the collectives
     widen it to float32 first (spmdsim.runtime.collectives)."""
-    dtype = getattr(a, "dtype", None)
-    # kind first: numpy works a dtype's name out in Python on every read (about 2 us idle, 20 us at load 20),
-    # twice a call; ml_dtypes' types are of kind "V", numpy's numbers never are.
-    if dtype is not None and dtype.kind == "V" and dtype.name == "bfloat16":
-        return a.view(np.uint16)
-    return a
+    return a.view(np.uint16) if is_low(getattr(a, "dtype", None)) else a
 
 
 def _in_place() -> Any:

@@ -9,6 +9,7 @@ import numpy as np
 from .. import buffers
 from ..errors import OperatorError
 from ..layout import Layout, TensorLayout
+from ..precision import is_low
 from ..datagen import SeededTensor
 from ..runtime import debug
 from ..runtime.replay import kernel
@@ -176,7 +177,7 @@ def raise_if_not_dtensors(op: str, names: tuple[str, ...], *operands: Any) -> No
 
 def require_float(op: str, local: np.ndarray) -> None:
     """Refuse a non-floating `local` for `op` (GELU, softmax) as PyTorch does, instead of truncating."""
-    if local.dtype.kind != "f" and local.dtype.name != "bfloat16":
+    if local.dtype.kind != "f" and not is_low(local.dtype):
         raise OperatorError(f"{op} of a DTensor of dtype {local.dtype.name!r}: {op} needs a floating dtype "
                             "(float16, float32 or float64); convert first, e.g. x.astype('float64')")
 
@@ -267,15 +268,23 @@ def seeded_dtensor(mesh: Any, layout: TensorLayout, source: Any) -> Any:
     return DTensor.from_seeded(mesh, layout, source)
 
 
-def _keep(shape: tuple, seed: Any, region: tuple, p: float) -> np.ndarray:
+_UNIFORM: dict = {}  # global shape -> SeededTensor(shape, "float64", 0, 0.0, 1.0), checked once
+
+
+def _keep(shape: tuple, seed: Any, region: tuple, p: float, out: np.ndarray | None = None) -> np.ndarray:
     value = seed() if callable(seed) else seed
-    return SeededTensor(shape, "float64", seed=int(value), low=0.0, high=1.0).at_least(region, p)
+    uniform = _UNIFORM.get(shape)
+    if uniform is None:
+        if len(_UNIFORM) >= 1024:
+            _UNIFORM.clear()
+        uniform = _UNIFORM[shape] = SeededTensor(shape, "float64", seed=0, low=0.0, high=1.0)
+    return uniform.with_seed(int(value)).at_least(region, p, out)
 
 
 #: A dropout's keep mask at this rank's `region`: ``SeededTensor(shape, seed) >= p`` there, as
 #: ``keep_mask(shape, seed, region, p)``. `seed`: an int, or a callable giving one (a seed that changes
 #: between replays of a captured step, read from a spmdsim.runtime.replay.Scalar): a capture records the
-#: mask as one call, rerun by each replay.
+#: mask as one call, rerun by each replay into the captured mask (``out=``).
 keep_mask = kernel(_keep)
 
 

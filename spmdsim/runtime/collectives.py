@@ -17,6 +17,7 @@ from typing import Any, Iterable
 
 import numpy as np
 from ..errors import OperatorError, RankError
+from ..precision import is_low
 from ..validate import as_int
 from ..plan.steps import moved_bytes  # each step kind owns its byte formula
 from .door import _alone, _contig, _copy_into, _dim, _divisible, _empty, _result, issue
@@ -139,7 +140,7 @@ def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | No
         _reduction(op)
     comm, g, _ = mesh.group_info(axes)
     x = local if type(local) is _ndarray and local.flags.c_contiguous else _contig(local)
-    if x.dtype.name == "bfloat16":  # no bfloat16 sum in MPI: summed in float32, rounded once
+    if is_low(x.dtype):  # no bfloat16 sum in MPI: summed in float32, rounded once
         return _narrowed(allreduce(mesh, x.astype(np.float32), axes, label, op=op), x.dtype, out, "allreduce")
     if g == 1:
         _alone("allreduce", axes, label, x.dtype)
@@ -168,7 +169,7 @@ def reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim
     comm, g, _ = mesh.group_info(axes)
     if shape[d] % g:
         _divisible(shape, d, g, "reduce_scatter")
-    if x.dtype.name == "bfloat16":  # no bfloat16 sum in MPI: summed in float32, rounded once
+    if is_low(x.dtype):  # no bfloat16 sum in MPI: summed in float32, rounded once
         return _narrowed(reduce_scatter(mesh, x.astype(np.float32), axes, d, label), x.dtype, out, "reduce_scatter")
     if g == 1:
         _alone("reduce_scatter", axes, label, x.dtype)

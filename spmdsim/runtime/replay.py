@@ -246,7 +246,10 @@ class Traced(np.ndarray):
             result = np.asarray(result)
         elif not _fresh(result, raw):
             return result.view(Traced)
-        tape.add(_copy_into, (result, method, (raw,) + _raw(args), kwargs), {})
+        if name in _STRAIGHT:  # its values are raw's, converted: copied straight in (no new array a replay)
+            tape.add(np.copyto, (result, raw), _UNSAFE)
+        else:
+            tape.add(_copy_into, (result, method, (raw,) + _raw(args), kwargs), {})
         return result.view(Traced)
 
     def fill(self, value: Any) -> None:
@@ -299,6 +302,12 @@ def _copying_method(name: str) -> Callable:
 for _name in ("copy", "astype", "reshape", "ravel", "flatten", "argmax", "argmin", "dot", "take", "repeat",
               "cumsum"):
     setattr(Traced, _name, _copying_method(_name))
+
+
+# Traced's copying methods whose result is its array's values converted to the result's dtype (the cast
+# np.copyto makes with casting="unsafe", as astype's): a replay copies into the result in one pass.
+_STRAIGHT = frozenset({"copy", "astype"})
+_UNSAFE = {"casting": "unsafe"}
 
 
 def _copy_all(results: tuple, func: Callable, args: tuple, kwargs: dict) -> None:

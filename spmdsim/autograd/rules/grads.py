@@ -6,6 +6,7 @@ from typing import Any, Callable, Iterable, Optional
 import numpy as np
 
 from ...layout import TensorLayout
+from ...precision import is_low
 from ..graph import with_partial
 
 __all__ = ["grad_tensor", "axes_of", "named"]
@@ -29,7 +30,7 @@ def grad_tensor(like: Any, local: np.ndarray, *pending: Iterable[str]) -> Any:
     # A bfloat16 tensor's gradient is float32 (spmdsim.precision): summed over its consumers and its
     # ranks in float32, rounded once where its tensor's rule reads it (a parameter's stays float32).
     dtype = like.dtype
-    want = _F32 if dtype.name == "bfloat16" else dtype
+    want = _F32 if is_low(dtype) else dtype
     local = np.asanyarray(local)  # a captured step's traced block stays traced (spmdsim.runtime.replay)
     if local.dtype != want:
         local = local.astype(want)
