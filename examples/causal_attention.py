@@ -30,20 +30,21 @@ with collect_trace() as trace:
     ops.sum(y * y).backward()
 
 
-def numpy_program(x, wq, wk, wv, wo):
-    q, k, v = ((x @ w).reshape(T, H, D // H) for w in (wq, wk, wv))
-    s = np.einsum("qhd,khd->hqk", q, k) * (D // H) ** -0.5
+def numpy_program(x, wq, wk, wv, wo):  # any argument may carry a leading axis of copies
+    q, k, v = ((x @ w).reshape((x @ w).shape[:-1] + (H, D // H)) for w in (wq, wk, wv))
+    s = np.einsum("...qhd,...khd->...hqk", q, k) * (D // H) ** -0.5
     s = np.where(np.triu(np.ones((T, T), bool), 1), -np.inf, s)
     p = np.exp(s - s.max(-1, keepdims=True))
-    y = np.einsum("hqk,khd->qhd", p / p.sum(-1, keepdims=True), v).reshape(T, D) @ wo
-    return y
+    o = np.einsum("...hqk,...khd->...qhd", p / p.sum(-1, keepdims=True), v)
+    return o.reshape(o.shape[:-2] + (D,)) @ wo
 
 
 arrays = [s.full() for s in src]
 verdicts = [y.check(numpy_program(*arrays))]
-# Central differences (good to ~1e-8); simulated ranks compute them once between them (spmdsim.sim.once).
-numeric = once("causal_attention numeric gradients", lambda *a: numeric_grads(lambda *b: numpy_program(*b) ** 2, *a),
-               *arrays)
+# Central differences (good to ~1e-8), 128 elements a call; simulated ranks compute them once between them
+# (spmdsim.sim.once).
+numeric = once("causal_attention numeric gradients",
+               lambda *a: numeric_grads(lambda *b: numpy_program(*b) ** 2, *a, batch=128), *arrays)
 verdicts += [t.grad.check(r, rtol=1e-6, atol=1e-6) for t, r in zip((x, wq, wk, wv, wo), numeric)]
 if mesh.rank == 0:
     print(f"collectives: {trace.counts()}")

@@ -53,28 +53,33 @@ with collect_trace() as trace:
     ops.sum(y * y).backward()
 
 
-def numpy_block(x, g1, wq, wk, wv, wo, g2, w1, w3, w2):
+def numpy_block(x, g1, wq, wk, wv, wo, g2, w1, w3, w2):  # any argument may carry a leading axis of copies
     def rms(x, g):
-        return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * g
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * g[..., None, :]
 
     def rope(x, c, s):
         return x * c + np.concatenate([-x[..., Dh // 2:], x[..., :Dh // 2]], -1) * s
 
+    def split(a, *dims):  # the last axis cut into `dims`
+        return a.reshape(a.shape[:-1] + dims)
+
     h = rms(x, g1)
-    q = rope((h @ wq).reshape(T, KV, G, Dh), cos[:, None, None], sin[:, None, None])
-    k, v = rope((h @ wk).reshape(T, KV, Dh), cos[:, None], sin[:, None]), (h @ wv).reshape(T, KV, Dh)
-    s = np.where(np.triu(np.ones((T, T), bool), 1), -np.inf, np.einsum("qhgd,khd->hgqk", q, k) * Dh ** -0.5)
+    q = rope(split(h @ wq, KV, G, Dh), cos[:, None, None], sin[:, None, None])
+    k, v = rope(split(h @ wk, KV, Dh), cos[:, None], sin[:, None]), split(h @ wv, KV, Dh)
+    s = np.where(np.triu(np.ones((T, T), bool), 1), -np.inf, np.einsum("...qhgd,...khd->...hgqk", q, k) * Dh ** -0.5)
     e = np.exp(s - s.max(-1, keepdims=True))
-    x = x + np.einsum("hgqk,khd->qhgd", e / e.sum(-1, keepdims=True), v).reshape(T, D) @ wo
+    o = np.einsum("...hgqk,...khd->...qhgd", e / e.sum(-1, keepdims=True), v)
+    x = x + o.reshape(o.shape[:-3] + (D,)) @ wo
     h = rms(x, g2)
     return x + (h @ w1 / (1 + np.exp(-(h @ w1))) * (h @ w3)) @ w2
 
 
 arrays = [s.full() for s in src]
 verdicts = [y.check(numpy_block(*arrays))]
-# Central differences (good to ~1e-8); simulated ranks compute them once between them (spmdsim.sim.once).
-numeric = once("llama_block numeric gradients", lambda *a: numeric_grads(lambda *b: numpy_block(*b) ** 2, *a),
-               *arrays)
+# Central differences (good to ~1e-8), 128 elements a call; simulated ranks compute them once between them
+# (spmdsim.sim.once).
+numeric = once("llama_block numeric gradients",
+               lambda *a: numeric_grads(lambda *b: numpy_block(*b) ** 2, *a, batch=128), *arrays)
 verdicts += [t.grad.check(r, rtol=1e-6, atol=1e-6) for t, r in zip(params, numeric)]
 if mesh.rank == 0:
     print(f"collectives: {trace.counts()}")

@@ -26,15 +26,16 @@ with collect_trace() as trace:
     ops.sum(y).backward()
 
 
-def numpy_program(x, g, w1, w2):
-    h = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * g
+def numpy_program(x, g, w1, w2):  # any argument may carry a leading axis of copies
+    h = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * g[..., None, :]
     return gelu(h @ w1) @ w2
 
 
 arrays = [s.full() for s in src]
 verdicts = [y.check(numpy_program(*arrays))]
-# Central differences (good to ~1e-8); simulated ranks compute them once between them (spmdsim.sim.once).
-numeric = once("mlp_layernorm numeric gradients", lambda *a: numeric_grads(numpy_program, *a), *arrays)
+# Central differences (good to ~1e-8), 128 elements a call; simulated ranks compute them once between them
+# (spmdsim.sim.once).
+numeric = once("mlp_layernorm numeric gradients", lambda *a: numeric_grads(numpy_program, *a, batch=128), *arrays)
 verdicts += [t.grad.check(r, rtol=1e-6, atol=1e-6) for t, r in zip((x, g, w1, w2), numeric)]
 if mesh.rank == 0:
     print(f"collectives: {trace.counts()}")

@@ -39,17 +39,20 @@ with collect_trace() as trace:
     ops.sum(y * y).backward()
 
 
-def numpy_program(x, wa, wp):
-    heads = [t.reshape(B, T, nh, C // nh).transpose(0, 2, 1, 3) for t in np.split(x @ wa, 3, axis=2)]
-    s = heads[0] @ heads[1].transpose(0, 1, 3, 2) / math.sqrt(C // nh)
+def numpy_program(x, wa, wp):  # a weight may carry a leading axis of copies (before the batch's)
+    wa, wp = (w[:, None] if w.ndim == 3 else w for w in (wa, wp))
+    heads = [t.reshape(t.shape[:-1] + (nh, C // nh)).swapaxes(-3, -2) for t in np.split(x @ wa, 3, axis=-1)]
+    s = heads[0] @ heads[1].swapaxes(-1, -2) / math.sqrt(C // nh)
     s = np.where(np.triu(np.ones((T, T), bool), 1), -np.inf, s)
     p = np.exp(s - s.max(-1, keepdims=True))
-    return ((p / p.sum(-1, keepdims=True)) @ heads[2]).transpose(0, 2, 1, 3).reshape(B, T, C) @ wp
+    y = ((p / p.sum(-1, keepdims=True)) @ heads[2]).swapaxes(-3, -2)
+    return y.reshape(y.shape[:-2] + (C,)) @ wp
 
 
 verdicts = [y.check(numpy_program(X, WA, WP))]
 squares = lambda x, wa, wp: numpy_program(x, wa, wp) ** 2  # noqa: E731  # the loss's addends
-grads = once("nanogpt attention numeric gradients", lambda: numeric_grads(squares, X, WA, WP)[1:])
+grads = once("nanogpt attention numeric gradients",  # the weights' only, 128 elements a call
+             lambda: numeric_grads(lambda wa, wp: squares(X, wa, wp), WA, WP, batch=128))
 # Central differences are good to ~1e-8 of the gradients' scale (here ~1e3: the loss sums squares).
 verdicts += [t.grad.check(g, rtol=1e-6, atol=1e-8 * abs(g).max()) for t, g in zip((c_attn, c_proj), grads)]
 if mesh.rank == 0:

@@ -32,7 +32,9 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # The pure tests on two workers (pytest-xdist, the test extra) when it is installed: many of them
 # wait (on launched MPI jobs, watchdogs, timeouts) and the other worker computes meanwhile. A test
 # file stays on one worker (--dist loadfile): some files check, in their last test, what their
-# earlier tests counted. SPMDSIM_TEST_WORKERS=0 runs them in this one process.
+# earlier tests counted. The heaviest files are scheduled first (tests/conftest.py, HEAVY_FILES), so
+# no long file starts last while the other worker runs out of work. SPMDSIM_TEST_WORKERS=0 runs them
+# in this one process.
 workers=${SPMDSIM_TEST_WORKERS:-2}
 if [ "$workers" != 0 ] && python -c "import xdist" 2>/dev/null; then
     python -m pytest -q -p no:cacheprovider -n "$workers" --dist loadfile "$@"

@@ -121,16 +121,32 @@ def cross_entropy(logits: np.ndarray, labels: np.ndarray) -> tuple[float, np.nda
     return loss, (grad / z.shape[0]).astype(np.asarray(logits).dtype)
 
 
-def numeric_grads(fn: Callable[..., np.ndarray], *arrays: np.ndarray, h: float = 1e-6) -> list[np.ndarray]:
+def numeric_grads(fn: Callable[..., np.ndarray], *arrays: np.ndarray, h: float = 1e-6,
+                  batch: int = 0) -> list[np.ndarray]:
     """Central differences of ``sum(fn(*arrays))`` with respect to each array (float64; small arrays).
 
     The reference for a program with no hand-written backward: 2 evaluations of `fn` per element.
+    With ``batch`` > 0, `fn` must broadcast over a leading axis of copies that one argument may have (the
+    others keep their shapes) and return one result per copy along axis 0: the 2 x `batch` copies of
+    one call each move one element by +h or -h, so a program of many small numpy calls pays their
+    overhead once per `batch` elements instead of once per element (the same differences).
     """
     base = [np.array(a, dtype=np.float64) for a in arrays]
     grads = []
     for k, a in enumerate(base):
         g = np.zeros_like(a)
         flat, values = g.reshape(-1), a.reshape(-1)
+        if batch > 0:
+            for start in range(0, a.size, batch):
+                at = np.arange(start, min(a.size, start + batch))
+                copies = np.repeat(values[None], 2 * len(at), axis=0)
+                copies[np.arange(len(at)), at] += h
+                copies[np.arange(len(at), 2 * len(at)), at] -= h
+                moved = base[:k] + [copies.reshape((-1,) + a.shape)] + base[k + 1:]
+                sums = np.asarray(fn(*moved), dtype=np.float64).reshape(2 * len(at), -1).sum(axis=1)
+                flat[at] = (sums[:len(at)] - sums[len(at):]) / (2 * h)
+            grads.append(g)
+            continue
         for i in range(a.size):
             old = values[i]
             values[i] = old + h

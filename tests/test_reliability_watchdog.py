@@ -1,7 +1,7 @@
 """The watchdog names the rank that is missing (serial tests, one `mpiexec -n 4` each).
 
 Two user bugs from an audit, each a 4-rank program under ``timeout -k 5 60``
-with ``SPMDSIM_WATCHDOG=5``: a rank that skips a collective (an ``if`` on the
+with ``SPMDSIM_WATCHDOG=3``: a rank that skips a collective (an ``if`` on the
 rank), and ``DTensor.check`` called on rank 0 only. Both used to hang (or, with
 the watchdog, to say only which collective did not complete); now the job
 ends with a message that names the missing ranks and, for check, says that
@@ -41,10 +41,10 @@ CASES = {
     "skips-a-collective": (
         "if mesh.rank != 3:\n    y = matmul(x, w)\n",
         r"^\[rank 0\] spmdsim: collective allreduce on \('mp',\) \(seq 2\) did not complete within "
-        r"5\.0 s: ranks 0-2 wait in it; " + _MISSING + "$"),
+        r"3\.0 s: ranks 0-2 wait in it; " + _MISSING + "$"),
     "check-on-one-rank": (
         "if mesh.rank == 0:\n    print(x.check(SeededTensor((4, 16), seed=1)))\n",
-        r"^\[rank 0\] spmdsim: collective check on \(\) \(seq \d+\) did not complete within 5\.0 s: "
+        r"^\[rank 0\] spmdsim: collective check on \(\) \(seq \d+\) did not complete within 3\.0 s: "
         r"rank 0 waits in it; ranks 1-3 are in no collective: skipped this one .*; DTensor\.check is "
         r"collective: call it on every rank and print on one \(verdict = y\.check\(ref\); if rank "
         r"== 0: print\(verdict\)\)$"),
@@ -54,7 +54,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_watchdog_names_the_missing_rank(case: str) -> None:
     code, pattern = CASES[case]
-    full_env = dict(os.environ, SPMDSIM_WATCHDOG="5", SPMDSIM_EXPECT_WORLD="4",
+    full_env = dict(os.environ, SPMDSIM_WATCHDOG="3", SPMDSIM_EXPECT_WORLD="4",
                     OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     full_env.pop("SPMDSIM_CHECK", None)
     start = time.perf_counter()

@@ -161,10 +161,10 @@ def _example(*args: str) -> subprocess.CompletedProcess:
 
 
 # Adam failed from about step 25 (loss near 1e-8: "FAILED (121 of 700)" over 100 steps); the
-# other combinations of docs/training.md with fewer steps.
+# other combinations of docs/training.md with fewer steps (layout with adam: its 100 documented steps,
+# below, whose first 40 are these).
 @pytest.mark.parametrize("args", [
     ("--net", "tutorial", "--optimizer", "adam", "--steps", "40"),
-    ("--net", "layout", "--optimizer", "adam", "--steps", "40"),
     ("--net", "tutorial", "--optimizer", "sgd", "--steps", "10"),
     ("--net", "layout", "--optimizer", "sgd", "--steps", "10"),
     ("--dtype", "float32", "--explain", "--steps", "10"),

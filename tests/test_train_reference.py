@@ -173,3 +173,23 @@ def test_reference_trainer_gelu_stage_matches_central_differences():
         numeric[i] = np.sum(dy * (tr._forward("gelu", up, [], 1) - tr._forward("gelu", down, [], 1))) / (2 * h)
     np.testing.assert_allclose(dx, numeric, rtol=1e-7, atol=1e-9)
     np.testing.assert_array_equal(tr._forward("gelu", x, [], 1), reference.gelu(x))
+
+
+def test_numeric_grads_in_batches_are_the_element_by_element_differences():
+    # examples/llama_block.py moves 128 elements a call (batch=128): the same central differences, and a
+    # chunk that does not divide an array's size (7 of 12, 7 of 4) covers every element once.
+    rng = np.random.default_rng(8)
+    x, w, g = rng.standard_normal((3, 4)), rng.standard_normal((4, 5)), rng.standard_normal(4)
+
+    def program(x, w, g):  # any argument may carry a leading axis of copies
+        return np.tanh((x * g[..., None, :]) @ w) ** 2
+
+    one_by_one = rg.numeric_grads(program, x, w, g)
+    for batch in (1, 7, 64):
+        for got, want in zip(rg.numeric_grads(program, x, w, g, batch=batch), one_by_one):
+            assert got.shape == want.shape
+            np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+    # They are gradients: against the closed form of d sum(tanh(x g w)^2) / dw = (x g)^T (2 t (1 - t^2)).
+    t = np.tanh((x * g) @ w)
+    np.testing.assert_allclose(rg.numeric_grads(program, x, w, g, batch=7)[1], (x * g).T @ (2 * t * (1 - t * t)),
+                               rtol=1e-6, atol=1e-8)
