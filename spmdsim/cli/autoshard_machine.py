@@ -82,7 +82,7 @@ def _row(rank: str, c: Any) -> str:
     step = f"{c.step_s * 1e3:,.3f}" if c.step_s is not None else f">{c.bound_s * 1e3:,.3f}"
     memory = f"{c.memory / MIB:,.1f}" if c.memory is not None else f">{c.bound_bytes / MIB:,.1f}"
     return (f"{rank:<5}{x.tp:>3}{'+sp' if x.sp else '   '}{x.pp:>4}{x.virtual:>3}{x.dp:>5}{x.microbatches:>5} "
-            f"{x.recompute:<10}{x.zero:>2}{step:>12}{memory:>11}  {c.verdict}")
+            f"{x.recompute:<10}{x.zero:>2}{step:>12}{memory:>14}  {c.verdict}")
 
 
 def _lines(cfg: Any, r: Any, seconds: float) -> list[str]:
@@ -105,7 +105,7 @@ def _lines(cfg: Any, r: Any, seconds: float) -> list[str]:
         head.append("chosen: none fits the memory limit")
     out = list(head)
     out.append(f"{'rank':<5}{'tp':>3}{'':3}{'pp':>4}{'v':>3}{'dp':>5}{'mb':>5} {'recompute':<10}{'Z':>2}"
-               f"{'step ms':>12}{'MiB':>11}  why not chosen")
+               f"{'step ms':>12}{'MiB':>14}  why not chosen")
     priced = [c for c in r.candidates if c.step_s is not None]
     # the fastest that fit, then those faster still that the memory limit ruled out
     best = r.chosen.step_s if r.chosen is not None else float("inf")

@@ -141,18 +141,16 @@ class Cells:
 
     def kept_bound(self, c: Any, precision: str) -> int:
         """Bytes below what the busiest stage of `c` keeps for backward at its peak (module docstring): one
-        layer's at a micro-batch of 1, times the micro-batch (every kept block has a batch dimension), the
-        layers of a chunk and the microbatch-chunks the schedule holds at once."""
+        layer's, times the layers of a chunk and the microbatch-chunks the schedule holds at once."""
         from ..gpt.memory import MASKS
         from ..pipeline.schedule import in_flight
         from .ledger import PRECISIONS, _RUN
 
-        cell = self.cell(c.tp, c.sp, 1, c.recompute)
+        cell = self.cell(c.tp, c.sp, self.cfg.batch // (c.dp * c.microbatches), c.recompute)
         w = PRECISIONS[precision]
         per_layer = sum(n if kind.endswith(MASKS) else n // _RUN * w.activations for kind, n in cell.kept)
-        micro = self.cfg.batch // (c.dp * c.microbatches)
         held = in_flight(c.schedule, c.pp, c.microbatches, c.virtual)
-        return per_layer * micro * (self.cfg.layers // (c.pp * c.virtual)) * held
+        return per_layer * (self.cfg.layers // (c.pp * c.virtual)) * held
 
 
 def _times(rows: tuple, times: int) -> tuple:

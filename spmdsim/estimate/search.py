@@ -168,11 +168,12 @@ def price(cfg: Any, c: Config, machine: Any, precision: str, kept: str) -> tuple
 
 
 def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision: str = "bf16-mixed",
-           kept: str = "megatron", max_dry_runs: int = 24, pricer: Any = None, cells: bool = True) -> SearchResult:
+           kept: str = "megatron", max_dry_runs: int = 24, pricer: Any = None, cells: Any = True) -> SearchResult:
     """The fastest configuration under `memory_limit` by predicted step time (module docstring).
 
     `pricer(cfg, config, machine, precision, kept) -> (seconds, bytes)`: `price` unless given (tests);
-    `cells`: bound by the layer cells too (spmdsim.estimate.bounds), not by the closed forms alone.
+    `cells`: bound by the layer cells too (spmdsim.estimate.bounds), not by the closed forms alone; a
+    `Cells` of the same model and kept set to reuse its cells (tests).
     """
     import heapq
 
@@ -200,7 +201,8 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
     # form's, then the layer cells'); the least is bounded further, or priced once its bound is the cells'.
     heap = [(c.bound_s, 0, _order(c), i, c) for i, c in enumerate(bounded) if c.bound_bytes <= memory_limit]
     heapq.heapify(heap)
-    tight = Cells(cfg, kept, machine.gpus_per_node) if cells else None
+    tight = cells if isinstance(cells, Cells) else (Cells(cfg, kept, machine.gpus_per_node) if cells else None)
+    made = tight.dry_runs if tight is not None else 0
     best: Optional[float] = None
     runs, stopped = 0, "every configuration the bounds left was priced"
     priced: list[Candidate] = []
@@ -241,7 +243,7 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
         chosen = replace(priced[0], verdict="chosen")
         priced[0] = chosen
     return SearchResult(devices, machine.name, memory_limit, precision, kept, tuple(priced + out), runs, stopped,
-                        chosen, tight.dry_runs if tight is not None else 0)
+                        chosen, tight.dry_runs - made if tight is not None else 0)
 
 
 #: Why a candidate was not chosen: priced, or pruned (by which bound), or left unpriced.
