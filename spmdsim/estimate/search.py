@@ -9,13 +9,16 @@ by dp; m divisible by pp for the interleaved schedule), recomputation none / sel
 its own dry run (spmdsim.estimate.ledger.gpt_ledger: its peak memory at the precision's widths and
 its predicted step time on the machine, the slowest stage's, as `spmdsim estimate` prints them).
 
-Two closed-form lower bounds only prune, never rank: the model states of a rank's transformer layers
-(its share of the layers' parameters at the precision's bytes per element) over the memory limit
-drops a configuration unpriced, and configurations are priced in the order of a lower bound of their
-time (the program's GEMM FLOPs without recomputation, 72 B s l h^2 (1 + s / 6h), spread over the
-devices at the machine's capped peak, with the pipeline's bubble); once that bound reaches the best
-predicted time found under the limit, no later configuration can win and the search stops. At most
-`max_dry_runs` dry runs are made; configurations left unpriced then are reported as such.
+Lower bounds only prune, never choose (branch and bound): closed forms first (the model states of a
+rank's transformer layers, with ZeRO-1's flat buffers, over the memory limit drops a configuration; the
+program's GEMM FLOPs without recomputation, 72 B s l h^2 (1 + s / 6h), spread over the devices at the
+machine's capped peak, with the pipeline's bubble, orders the rest), then the layer cells of
+spmdsim.estimate.bounds (one layer's rows from four small dry runs, shared by every configuration with
+the same tp, sp, micro-batch and recomputation: the kept bytes of the microbatch-chunks the schedule holds
+at once over the limit drops it; `step_time` of its stages' layers and ends bounds its time). The
+candidate of least bound is bounded further or, once its bound is the cells', priced; when the least bound
+reaches the best predicted time found under the limit, no configuration left can win and the search
+stops. At most `max_dry_runs` configurations are priced; those left unpriced then are reported as such.
 """
 from __future__ import annotations
 
