@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from ..errors import SpmdsimError
+from ..estimate.search import ABOVE, KEPT, OVER, STATES, UNPRICED
 from ..memory import format_size
 
 __all__ = ["run_machine"]
@@ -68,6 +69,10 @@ def run_machine(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Every verdict, in the order the table counts and shows them (spmdsim.estimate.search.Candidate).
+_VERDICTS = ("chosen", "slower", OVER, UNPRICED) + ABOVE[::-1] + (KEPT, STATES)
+
+
 def _gib(n: int) -> str:
     return f"{n / GIB:,.2f} GiB"
 
@@ -77,7 +82,7 @@ def _row(rank: str, c: Any) -> str:
     step = f"{c.step_s * 1e3:,.3f}" if c.step_s is not None else f">{c.bound_s * 1e3:,.3f}"
     memory = f"{c.memory / MIB:,.1f}" if c.memory is not None else f">{c.bound_bytes / MIB:,.1f}"
     return (f"{rank:<5}{x.tp:>3}{'+sp' if x.sp else '   '}{x.pp:>4}{x.virtual:>3}{x.dp:>5}{x.microbatches:>5} "
-            f"{x.recompute:<10}{x.zero:>2}{step:>12}{memory:>11}  {c.verdict}")
+            f"{x.recompute:<10}{x.zero:>2}{step:>12}{memory:>14}  {c.verdict}")
 
 
 def _lines(cfg: Any, r: Any, seconds: float) -> list[str]:
@@ -87,8 +92,10 @@ def _lines(cfg: Any, r: Any, seconds: float) -> list[str]:
             f"global batch {cfg.batch}",
             f"{r.devices:,} devices on {r.machine}, memory limit {r.memory_limit / MIB:,.1f} MiB per rank, "
             f"{r.precision}, kept {r.kept}",
-            f"{len(r.candidates):,} configurations; {r.dry_runs} priced by their dry run in {seconds:.1f} s; "
-            + "; ".join(f"{n:,} {v}" for v, n in Counter(c.verdict for c in r.candidates).items()
+            f"{len(r.candidates):,} configurations in {seconds:.1f} s: {r.dry_runs} priced by the dry run of "
+            f"their step, {r.cell_runs} small dry runs of layer cells for the bounds; "
+            + "; ".join(f"{n:,} {v}" for v, n in sorted(Counter(c.verdict for c in r.candidates).items(),
+                                                        key=lambda vn: _VERDICTS.index(vn[0]))
                         if v not in ("chosen", "slower")),
             f"  ({r.stopped})"]
     if r.chosen is not None:
@@ -98,7 +105,7 @@ def _lines(cfg: Any, r: Any, seconds: float) -> list[str]:
         head.append("chosen: none fits the memory limit")
     out = list(head)
     out.append(f"{'rank':<5}{'tp':>3}{'':3}{'pp':>4}{'v':>3}{'dp':>5}{'mb':>5} {'recompute':<10}{'Z':>2}"
-               f"{'step ms':>12}{'MiB':>11}  why not chosen")
+               f"{'step ms':>12}{'MiB':>14}  why not chosen")
     priced = [c for c in r.candidates if c.step_s is not None]
     # the fastest that fit, then those faster still that the memory limit ruled out
     best = r.chosen.step_s if r.chosen is not None else float("inf")
@@ -111,10 +118,11 @@ def _lines(cfg: Any, r: Any, seconds: float) -> list[str]:
         out.append(f"... {len(priced) - len(fit) - len(over)} more priced (--json lists them all)")
     if len(priced) < len(r.candidates):
         out.append("unpriced, by their lower bounds (> ms, > MiB), for instance:")
-    order = ("not priced", "bound above the best", "model states over the limit")
-    unpriced = sorted((c for c in r.candidates if c.step_s is None), key=lambda c: order.index(c.verdict))
-    for c in unpriced[:3]:
-        out.append(_row("-", c))
+    unpriced = [c for c in r.candidates if c.step_s is None]
+    for verdict in _VERDICTS[3:]:  # the closest of each kind of pruned one
+        first = next((c for c in unpriced if c.verdict == verdict), None)
+        if first is not None:
+            out.append(_row("-", first))
     from ..viz.table import wrap_lines
 
     return wrap_lines(out)

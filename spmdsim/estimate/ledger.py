@@ -192,11 +192,14 @@ def _transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tuple[Tr
     from ..plan.steps import KINDS
 
     merged: dict = {}
+    levels: dict = {}  # axes -> level: one answer per group this rank is in
     for e, times in trace.weighted():
         if e.group_size <= 1:
             continue
         axes = tuple(e.axes)
-        level = _level(mesh, rank, axes, gpus_per_node)
+        level = levels.get(axes)
+        if level is None:
+            level = levels[axes] = _level(mesh, rank, axes, gpus_per_node)
         if e.op in ("send", "recv", "sendrecv"):
             rows = [("send", e.bytes_sent, e.bytes_sent)] if e.bytes_sent else []
             rows += [("recv", e.bytes_received, 0)] if e.bytes_received else []

@@ -9,13 +9,16 @@ by dp; m divisible by pp for the interleaved schedule), recomputation none / sel
 its own dry run (spmdsim.estimate.ledger.gpt_ledger: its peak memory at the precision's widths and
 its predicted step time on the machine, the slowest stage's, as `spmdsim estimate` prints them).
 
-Two closed-form lower bounds only prune, never rank: the model states of a rank's transformer layers
-(its share of the layers' parameters at the precision's bytes per element) over the memory limit
-drops a configuration unpriced, and configurations are priced in the order of a lower bound of their
-time (the program's GEMM FLOPs without recomputation, 72 B s l h^2 (1 + s / 6h), spread over the
-devices at the machine's capped peak, with the pipeline's bubble); once that bound reaches the best
-predicted time found under the limit, no later configuration can win and the search stops. At most
-`max_dry_runs` dry runs are made; configurations left unpriced then are reported as such.
+Lower bounds only prune, never choose (branch and bound): closed forms first (the model states of a
+rank's transformer layers, with ZeRO-1's flat buffers, over the memory limit drops a configuration; the
+program's GEMM FLOPs without recomputation, 72 B s l h^2 (1 + s / 6h), spread over the devices at the
+machine's capped peak, with the pipeline's bubble, orders the rest), then the layer cells of
+spmdsim.estimate.bounds (one layer's rows from four small dry runs, shared by every configuration with
+the same tp, sp, micro-batch and recomputation: the kept bytes of the microbatch-chunks the schedule holds
+at once over the limit drops it; `step_time` of its stages' layers and ends bounds its time). The
+candidate of least bound is bounded further or, once its bound is the cells', priced; when the least bound
+reaches the best predicted time found under the limit, no configuration left can win and the search
+stops. At most `max_dry_runs` configurations are priced; those left unpriced then are reported as such.
 """
 from __future__ import annotations
 
@@ -62,8 +65,10 @@ class Candidate:
     """A configuration, its lower bounds and, when a dry run priced it, its step time and peak memory.
 
     verdict: "chosen"; "slower" (priced, fits, slower than the chosen); "over the memory limit"
-    (priced); "model states over the limit" (pruned by the bound); "bound above the best" (pruned:
-    its time's lower bound is no better than the chosen's time); "not priced" (the dry-run cap).
+    (priced); "model states over the limit" (pruned by the closed-form bound); "memory bound over the
+    limit" (pruned: model states and the layer cells' kept bytes); "FLOP bound above the best" or "cell
+    bound above the best" (pruned: that lower bound of its time is no better than the chosen's time);
+    "not priced" (the dry-run cap). bound_s and bound_bytes: the tightest bounds it was given.
     """
 
     config: Config
@@ -87,6 +92,7 @@ class SearchResult:
     dry_runs: int
     stopped: str
     chosen: Optional[Candidate] = field(default=None)
+    cell_runs: int = 0
 
 
 def _divisors(n: int) -> list[int]:
@@ -96,6 +102,7 @@ def _divisors(n: int) -> list[int]:
 def configurations(cfg: Any, devices: int, gpus_per_node: int) -> list[Config]:
     """Every configuration of the module docstring for `cfg` (a GPTConfig, batch = the global batch)."""
     from ..gpt.pipeline import pipeline_layout_problem
+    from ..pipeline.schedule import MAX_PAIRS
 
     out: list[Config] = []
     for tp in _divisors(devices):
@@ -107,7 +114,7 @@ def configurations(cfg: Any, devices: int, gpus_per_node: int) -> list[Config]:
                 continue
             virtuals = [1] + ([v for v in _divisors(cfg.layers // pp) if v > 1] if pp > 1 else [])
             for m, v in itertools.product(_divisors(cfg.batch // dp), virtuals):
-                if v > 1 and m % pp:
+                if (v > 1 and m % pp) or pp * m * v > MAX_PAIRS:  # more pairs than a schedule runs
                     continue
                 for sp, recompute, zero in itertools.product((False, True), RECOMPUTE, (0, 1)):
                     if (sp and (tp == 1 or cfg.seq % tp)) or (zero and dp == 1):
@@ -137,6 +144,8 @@ def lower_bounds(cfg: Any, c: Config, machine: Any, precision: str, devices: int
     elements = cfg.layers // c.pp * per_layer // c.tp  # the busiest rank holds at least its layers' share
     sharded = (w.master if (w.mixed or c.zero) else 0) + 2 * w.states
     states = elements * (w.params + w.grads) + elements * sharded // (c.dp if c.zero else 1)
+    if c.zero:  # ZeRO-1's flat buffers (spmdsim.distrib_optim): the padded gradients and two dp-th slices
+        states += elements * w.buffers + 2 * elements * w.buffers // c.dp
     b, s, h, layers = cfg.batch, cfg.seq, cfg.d_model, cfg.layers
     flops = 72 * b * s * layers * h * h * (1 + s / (6 * h))
     per_rank = flops / devices / (machine.peak(w.compute) * machine.gemm_efficiency.max_fraction)
@@ -162,11 +171,16 @@ def price(cfg: Any, c: Config, machine: Any, precision: str, kept: str) -> tuple
 
 
 def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision: str = "bf16-mixed",
-           kept: str = "megatron", max_dry_runs: int = 24, pricer: Any = None) -> SearchResult:
+           kept: str = "megatron", max_dry_runs: int = 24, pricer: Any = None, cells: Any = True) -> SearchResult:
     """The fastest configuration under `memory_limit` by predicted step time (module docstring).
 
-    `pricer(cfg, config, machine, precision, kept) -> (seconds, bytes)`: `price` unless given (tests).
+    `pricer(cfg, config, machine, precision, kept) -> (seconds, bytes)`: `price` unless given (tests);
+    `cells`: bound by the layer cells too (spmdsim.estimate.bounds), not by the closed forms alone; a
+    `Cells` of the same model and kept set to reuse its cells (tests).
     """
+    import heapq
+
+    from .bounds import Cells
     from .ledger import PRECISIONS
 
     if precision not in PRECISIONS:
@@ -185,37 +199,62 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
         raise SpmdsimError(f"no configuration of the GPT runs on {devices:,} devices (tp must divide the heads "
                            f"{cfg.heads} and vocab {cfg.vocab} within a node of {machine.gpus_per_node}, pp the "
                            f"layers {cfg.layers}, dp the batch {cfg.batch})")
-    fits = sorted((c for c in bounded if c.bound_bytes <= memory_limit), key=lambda c: (c.bound_s, _order(c)))
-    out = [Candidate(c.config, c.bound_s, c.bound_bytes, verdict="model states over the limit")
-           for c in bounded if c.bound_bytes > memory_limit]
+    out = [replace(c, verdict=STATES) for c in bounded if c.bound_bytes > memory_limit]
+    # Branch and bound: the heap holds each candidate under its best lower bound so far (first the closed
+    # form's, then the layer cells'); the least is bounded further, or priced once its bound is the cells'.
+    heap = [(c.bound_s, 0, _order(c), i, c) for i, c in enumerate(bounded) if c.bound_bytes <= memory_limit]
+    heapq.heapify(heap)
+    tight = cells if isinstance(cells, Cells) else (Cells(cfg, kept, machine.gpus_per_node) if cells else None)
+    made = tight.dry_runs if tight is not None else 0
     best: Optional[float] = None
     runs, stopped = 0, "every configuration the bounds left was priced"
     priced: list[Candidate] = []
-    for i, c in enumerate(fits):
-        if best is not None and c.bound_s >= best:
-            out += [Candidate(x.config, x.bound_s, x.bound_bytes, verdict="bound above the best")
-                    for x in fits[i:]]
-            stopped = "the rest's time bounds are no better than the chosen one's predicted time"
+    while heap:
+        bound, level, order, i, c = heap[0]
+        if best is not None and bound >= best:
             break
+        heapq.heappop(heap)
+        if tight is not None and level == 0:  # the layer cells' bounds: memory, then time
+            nbytes = c.bound_bytes + tight.kept_bound(c.config, precision)
+            if nbytes > memory_limit:
+                out.append(replace(c, bound_bytes=nbytes, verdict=KEPT))
+                continue
+            seconds = max(bound, tight.time_bound(c.config, machine, precision))
+            heapq.heappush(heap, (seconds, 1, order, i, replace(c, bound_s=seconds, bound_bytes=nbytes)))
+            continue
         if runs == max_dry_runs:
-            out += [Candidate(x.config, x.bound_s, x.bound_bytes, verdict="not priced") for x in fits[i:]]
-            stopped = (f"stopped after {max_dry_runs} dry runs (--max-dry-runs): {len(fits) - i} configuration(s) "
-                       "not priced, the choice is the best of those priced")
+            heapq.heappush(heap, (bound, level, order, i, c))
             break
         seconds, nbytes = pricer(cfg, c.config, machine, precision, kept)
         runs += 1
         ok = nbytes <= memory_limit
-        priced.append(Candidate(c.config, c.bound_s, c.bound_bytes, seconds, nbytes,
-                                "slower" if ok else "over the memory limit"))
+        priced.append(replace(c, step_s=seconds, memory=nbytes, verdict="slower" if ok else OVER))
         if ok and (best is None or seconds < best):
             best = seconds
+    left = sorted(heap)
+    unpriced = [c for bound, *_, c in left if best is None or bound < best]
+    out += [replace(c, verdict=ABOVE[level] if best is not None and bound >= best else UNPRICED)
+            for bound, level, *_, c in left]
+    if unpriced:
+        stopped = (f"stopped after {max_dry_runs} dry runs (--max-dry-runs): {len(unpriced):,} configuration(s) "
+                   "not priced, the choice is the best of those priced")
+    elif left:
+        stopped = "the rest's time bounds are no better than the chosen one's predicted time"
     priced.sort(key=lambda c: (c.memory > memory_limit, c.step_s, _order(c)))
     chosen = None
     if priced and priced[0].memory <= memory_limit:
         chosen = replace(priced[0], verdict="chosen")
         priced[0] = chosen
     return SearchResult(devices, machine.name, memory_limit, precision, kept, tuple(priced + out), runs, stopped,
-                        chosen)
+                        chosen, tight.dry_runs - made if tight is not None else 0)
+
+
+#: Why a candidate was not chosen: priced, or pruned (by which bound), or left unpriced.
+OVER = "over the memory limit"
+STATES = "model states over the limit"
+KEPT = "memory bound over the limit"
+ABOVE = ("FLOP bound above the best", "cell bound above the best")
+UNPRICED = "not priced"
 
 
 def _order(c: Candidate) -> tuple:

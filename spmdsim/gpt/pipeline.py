@@ -379,7 +379,7 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
             with _first(repeat, ("F", c)):
                 _forward(mb, c)
         if watch is not None:
-            watch.forward(c, outputs[(mb, c)], [k[1] for k in outputs])
+            watch.forward(c, outputs[(mb, c)])
 
     def _forward(mb: int, c: int) -> None:
         model, when = models[c], (mb if tag_micro else None)
@@ -395,6 +395,8 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
     def backward(mb: int, c: int) -> None:
         nonlocal held
         held -= 1
+        if watch is not None:
+            watch.backward(c)
         out = outputs.pop((mb, c))
         if isinstance(out, _Stand):  # a dry run's repeated cell: the first backward's figures
             upstream.pop((mb, c), None)
@@ -473,23 +475,33 @@ class _Most:
         self.optimizer, self.params = optimizer, params
         self.kept_of: dict = {}  # chunk -> {kind: bytes}
         self.most = -1  # the most bytes kept at once so far
+        self.live: dict = {}  # chunk -> its microbatches live now (forward run, backward not yet)
+        self.total = 0  # the bytes they keep
         self.moments: dict = {}  # as spmdsim.gpt.train._look records them
 
-    def forward(self, chunk: int, out: Any, live: list) -> None:
+    def forward(self, chunk: int, out: Any) -> None:
+        """A forward of `chunk` ran (its output `out`): what the live microbatch-chunks keep, summed so far."""
         from ..autograd import kept_bytes
 
         if chunk not in self.kept_of:  # boolean dropout masks (kept="megatron") under a kind of their own
             values, masks = ({}, {}) if isinstance(out, _Stand) else kept_bytes([out], exclude=self.params,
                                                                                  masks=True)
             self.kept_of[chunk] = {**values, **{kind + MASKS: n for kind, n in masks.items() if n}}
-        kinds: dict = {}
-        for c in live:
-            for kind, n in self.kept_of.get(c, {}).items():
-                kinds[kind] = kinds.get(kind, 0) + n
-        total = sum(kinds.values())
-        if total > self.most:
-            self.most = total
+        self.live[chunk] = self.live.get(chunk, 0) + 1
+        self.total += sum(self.kept_of[chunk].values())
+        if self.total > self.most:
+            self.most = self.total
+            kinds: dict = {}
+            for c, times in self.live.items():
+                if times:
+                    for kind, n in self.kept_of[c].items():
+                        kinds[kind] = kinds.get(kind, 0) + n * times
             self.look("the most activations held", kinds)
+
+    def backward(self, chunk: int) -> None:
+        """A backward of `chunk` ran: one of its microbatches' kept bytes are no longer live."""
+        self.live[chunk] -= 1
+        self.total -= sum(self.kept_of[chunk].values())
 
     def look(self, moment: str, kept: Optional[dict] = None) -> None:
         _look(self.moments, moment, self.optimizer, self.params, kept)

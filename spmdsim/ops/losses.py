@@ -162,11 +162,14 @@ def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -10
     ids = np.where(valid, np.clip(ids, 0, classes - 1), 0) - start
     owned = valid & (ids >= 0) & (ids < z.shape[1])
     rows = np.arange(z.shape[0])
-    # Megatron (classes split): a common shift per row, then the row sums over the class axes.
-    shift = _run(mesh, z.max(axis=1, initial=-np.inf) if z.size == 0 else z.max(axis=1), plan.shift,
-                 "cross_entropy.max")  # an uneven cut's empty block of classes: the maximum's identity
-    # A dry run's large block: zeros for the exponentials, ones for their row sums (no log of 0).
+    # A dry run's large block: zeros for the exponentials, ones for their row sums (no log of 0), and
+    # zeros for the rows' maximum (its logits are zeros: the maximum is not read off them).
     dry = dry_zeros(mesh, z.shape, z.dtype, np.exp, z)
+    # Megatron (classes split): a common shift per row, then the row sums over the class axes.
+    # An uneven cut's empty block of classes gives the maximum's identity, -inf.
+    most = (z.max(axis=1, initial=-np.inf) if z.size == 0 else z.max(axis=1)) if dry is None \
+        else np.zeros(z.shape[0], z.dtype)
+    shift = _run(mesh, most, plan.shift, "cross_entropy.max")
     e = np.exp(z - shift[:, None]) if dry is None else dry
     # the rows' maximum, the shifted exponentials, their row sums: three passes over the logits
     sweep("max", (z,), (shift,))

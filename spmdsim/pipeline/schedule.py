@@ -25,7 +25,7 @@ from typing import Optional, Union
 
 from ..errors import PipelineError
 
-__all__ = ["Compute", "Send", "Recv", "Post", "Schedule", "Action", "SCHEDULES", "MAX_PAIRS",
+__all__ = ["Compute", "Send", "Recv", "Post", "Schedule", "Action", "SCHEDULES", "in_flight", "MAX_PAIRS",
            "build", "gpipe", "one_f_one_b", "interleaved", "check_sizes"]
 
 #: The schedules `build` knows, by name.
@@ -284,7 +284,7 @@ def one_f_one_b(stages: int, microbatches: int) -> Schedule:
     check_sizes(stages, microbatches)
     links, m, programs = _Links(stages, 1), microbatches, []
     for s in range(stages):
-        warmup = min(stages - s - 1, m)
+        warmup = _warmup("1f1b", stages, m, 1, s)
         remaining = m - warmup
         program: list = []
         for mb in range(warmup):
@@ -307,6 +307,22 @@ def one_f_one_b(stages: int, microbatches: int) -> Schedule:
             _post(program, links.send_grad(mb, s))
         programs.append(program)
     return _checked(Schedule("1f1b", stages, microbatches, 1, programs))
+
+
+def _warmup(name: str, stages: int, microbatches: int, virtual: int, stage: int) -> int:
+    """The forwards `stage` runs before its first backward under schedule `name` (gpipe: every one)."""
+    total = microbatches * virtual
+    if name == "1f1b":
+        return min(stages - stage - 1, total)
+    if name == "interleaved":
+        return min(2 * (stages - stage - 1) + (virtual - 1) * stages, total)
+    return total
+
+
+def in_flight(name: str, stages: int, microbatches: int, virtual: int = 1) -> int:
+    """The most (microbatch, chunk) pairs any stage holds at once (forwards run, their backwards not yet)
+    under schedule `name`: its warmup forwards and the steady phase's next forward (stage 0's, the most)."""
+    return min(_warmup(name, stages, microbatches, virtual, 0) + 1, microbatches * virtual)
 
 
 def _chunk_table(microbatches: int, virtual: int, group: int) -> list[tuple[int, int]]:
@@ -339,7 +355,7 @@ def interleaved(stages: int, microbatches: int, virtual: int) -> Schedule:
     for s in range(p):
         forward = [(mb, j * p + s) for mb, j in table]
         backward = [(mb, (v - 1 - j) * p + s) for mb, j in table]
-        warmup = min(2 * (p - s - 1) + (v - 1) * p, total)
+        warmup = _warmup("interleaved", p, microbatches, v, s)
         remaining = total - warmup
         program: list = []
 

@@ -36,8 +36,8 @@ def local_zero(step: LocalZero, rank: int, local: np.ndarray, shape: tuple) -> n
     layout = step.before.layout
     # Axes that were split keep every rank's own block; replicated ones keep index 0 only.
     replicated = [a for a in step.axes if a not in step.before.split_axes]
-    if layout.group_index(rank, replicated) == 0:
-        out[box_in(before, after)] = local
+    if layout.group_index(rank, replicated) == 0 and not (buffers.is_lazy(out) and buffers.is_lazy(local)):
+        out[box_in(before, after)] = local  # (a dry run's zeros onto its zeros: nothing to write)
     return out
 
 

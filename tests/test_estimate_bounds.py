@@ -1,0 +1,88 @@
+"""spmdsim.estimate.bounds and the branch and bound of spmdsim.estimate.search: the layer cells' bounds lie below
+every configuration's own dry-run price, so pruning by them never drops the fastest configuration that fits."""
+from __future__ import annotations
+
+import pytest
+
+from spmdsim.estimate.bounds import Cells
+from spmdsim.estimate.machine import load_machine
+from spmdsim.estimate.search import configurations, lower_bounds, price, search
+from spmdsim.gpt import GPTConfig
+from spmdsim.pipeline.schedule import Compute, build, in_flight
+
+A100 = load_machine("a100-dgx")
+SMALL = GPTConfig(layers=4, d_model=32, heads=4, seq=32, vocab=64, batch=4, dropout=0.1)
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved"])
+def test_in_flight_is_the_most_a_built_schedule_holds(name):
+    for p in range(1, 6):
+        for m in range(1, 9):
+            for v in ((2, 3) if name == "interleaved" else (1,)):
+                if name == "interleaved" and m % p:
+                    continue
+                most = 0
+                for program in build(name, p, m, v).programs:
+                    held = 0
+                    for action in program:
+                        if isinstance(action, Compute):
+                            held += 1 if action.kind == "F" else -1
+                            most = max(most, held)
+                assert in_flight(name, p, m, v) == most, (p, m, v)
+
+
+@pytest.fixture(scope="module")
+def exhaustive():
+    """Every configuration of SMALL on 16 devices priced by its own dry run: {config: (seconds, bytes)}."""
+    return {c: price(SMALL, c, A100, "bf16-mixed", "megatron") for c in configurations(SMALL, 16, 8)}
+
+
+@pytest.fixture(scope="module")
+def cells():
+    return Cells(SMALL, "megatron", 8)
+
+
+def test_the_cell_bounds_lie_below_every_configurations_price(exhaustive, cells):
+    for c, (seconds, nbytes) in exhaustive.items():
+        flop_s, states = lower_bounds(SMALL, c, A100, "bf16-mixed", 16)
+        assert flop_s <= seconds and states <= nbytes, c
+        time_bound = cells.time_bound(c, A100, "bf16-mixed")
+        assert flop_s * 0.999 <= time_bound <= seconds * (1 + 1e-12), c
+        assert states + cells.kept_bound(c, "bf16-mixed") <= nbytes, c
+    # the cells are shared: one per (tp, sp, micro-batch, recomputation), four small dry runs each
+    keys = {(c.tp, c.sp, SMALL.batch // (c.dp * c.microbatches), c.recompute) for c in exhaustive}
+    assert len(cells.cells) == len(keys) and cells.dry_runs == 4 * len(keys)
+
+
+@pytest.mark.parametrize("share", [1.0, 0.5, 0.25])
+def test_pruning_keeps_the_true_best(exhaustive, cells, share):
+    memories = sorted(nbytes for _, nbytes in exhaustive.values())
+    limit = memories[int(share * (len(memories) - 1))]
+    fits = {c: s for c, (s, nbytes) in exhaustive.items() if nbytes <= limit}
+    fastest = min(fits.values())
+    r = search(SMALL, 16, A100, limit, max_dry_runs=1000, pricer=lambda cfg, c, *rest: exhaustive[c], cells=cells)
+    assert r.chosen.step_s == fastest and fits[r.chosen.config] == fastest
+    assert r.dry_runs < len(exhaustive)  # the bounds pruned some
+    priced = [c for c in r.candidates if c.step_s is not None]
+    assert len(priced) == r.dry_runs
+    pruned = [c for c in r.candidates if c.verdict.endswith("above the best")]
+    assert pruned and all(c.bound_s >= fastest for c in pruned)
+    assert all(c.verdict != "not priced" for c in r.candidates)
+
+
+def test_the_search_at_3072_devices_prices_few():
+    """A deep model on 3,072 devices (tp 8 at most, pp dividing 16 layers; docs/estimate.md runs the same search
+    from the command line): 48 configurations; model states rule out most under 13 GiB, the bounds most of
+    the rest, and the choice is the fastest of the five priced that fit."""
+    cfg = GPTConfig(layers=16, d_model=25600, heads=160, seq=2048, vocab=51200, batch=48)
+    r = search(cfg, 3072, A100, 13 << 30, max_dry_runs=1000)
+    assert len(r.candidates) == 48
+    x = r.chosen.config
+    assert (x.tp, x.sp, x.pp, x.virtual, x.dp, x.microbatches, x.recompute, x.zero) == \
+        (8, True, 16, 1, 24, 2, "selective", 1)
+    counts = {v: sum(c.verdict == v for c in r.candidates) for v in {c.verdict for c in r.candidates}}
+    assert counts == {"chosen": 1, "slower": 1, "over the memory limit": 3, "cell bound above the best": 1,
+                      "FLOP bound above the best": 6, "model states over the limit": 36}
+    assert r.dry_runs == 5 and r.cell_runs == 24
+    faster = [c for c in r.candidates if c.step_s is not None and c.step_s < r.chosen.step_s]
+    assert faster and all(c.memory > 13 << 30 for c in faster)
