@@ -110,7 +110,7 @@ def find_tests() -> Path | None:
 
 
 def fetch() -> Path:
-    """Download the installed mpi4py's sdist with pip and keep its test/ in the cache."""
+    """Download the installed mpi4py's sdist with pip and keep its test/ and demo/ in the cache (the test/)."""
     import mpi4py
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -118,8 +118,8 @@ def fetch() -> Path:
                         f"mpi4py=={mpi4py.__version__}", "-d", tmp], check=True, capture_output=True)
         sdist = next(Path(tmp).glob("mpi4py-*.tar.gz"))
         with tarfile.open(sdist) as tar:
-            top = f"mpi4py-{mpi4py.__version__}/test/"
-            members = [m for m in tar.getmembers() if m.name.startswith(top) and m.isfile()]
+            tops = (f"mpi4py-{mpi4py.__version__}/test/", f"mpi4py-{mpi4py.__version__}/demo/")
+            members = [m for m in tar.getmembers() if m.name.startswith(tops) and m.isfile()]
             for m in members:
                 m.name = m.name[len(f"mpi4py-{mpi4py.__version__}/"):]
             cache_dir().mkdir(parents=True, exist_ok=True)

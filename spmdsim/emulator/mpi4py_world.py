@@ -28,9 +28,9 @@ from ._nesting import Nesting
 __all__ = ["swapped", "real", "SWAPPED"]
 
 #: The names of mpi4py.MPI that a simulated rank sees as its own.
-SWAPPED = ("COMM_WORLD", "COMM_SELF", "Comm", "Intracomm", "Cartcomm", "Request", "Group", "Message", "REQUEST_NULL",
-           "MESSAGE_NULL", "MESSAGE_NO_PROC", "Init", "Init_thread", "Finalize", "Is_initialized", "Is_finalized",
-           "Attach_buffer", "Detach_buffer", "Flush_buffer", "Iflush_buffer")
+SWAPPED = ("COMM_WORLD", "COMM_SELF", "Comm", "Intracomm", "Cartcomm", "Request", "Prequest", "Group", "Message",
+           "REQUEST_NULL", "MESSAGE_NULL", "MESSAGE_NO_PROC", "Init", "Init_thread", "Finalize", "Is_initialized", "Is_finalized",
+           "Attach_buffer", "Detach_buffer", "Flush_buffer", "Iflush_buffer", "Win", "File", "Session")
 
 _BSEND_BUFFERS: dict = {}  # thread -> the buffer a simulated rank attached (its Bsend copies anyway)
 
@@ -63,6 +63,14 @@ def _simulated(name: str, state: Any) -> Any:
         from ..sim.requests import Request
 
         return Request
+    if name in ("Win", "File", "Session"):
+        from .unsupported import refusing
+
+        return refusing(name)
+    if name == "Prequest":
+        from .persistent import Prequest
+
+        return Prequest
     if name == "Group":
         from .group import SimGroup
 
