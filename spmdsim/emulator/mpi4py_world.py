@@ -9,7 +9,8 @@ Comm, Intracomm, Cartcomm, Request and Group as the simulated classes (so
 ``MPI.Request.Waitall(reqs)`` and ``MPI.Comm.Compare(a, b)`` take simulated
 objects); Init, Init_thread, Finalize, Is_initialized and Is_finalized are the
 rank's own, as under mpiexec (`_Lifetime`: the real MPI stays initialized for the
-other ranks). Threads a rank starts are the rank's (spmdsim.emulator.rank_threads). Every
+other ranks). Threads a rank starts are the rank's (spmdsim.emulator.rank_threads), and so are the
+``sys.stdout`` and ``sys.stderr`` it sets (spmdsim.emulator.rank_streams). Every
 other thread, and every other name, sees mpi4py as it is.
 It works by giving the module object a subclass of its type with those names
 as properties, and gives the type back on exit.
@@ -198,6 +199,7 @@ def swapped() -> Iterator[None]:
     from ..runtime.process import release_segments_once
 
     from .pkl5 import swapped_pkl5
+    from .rank_streams import streams_of_ranks
     from .rank_threads import threads_of_ranks
 
     if real("COMM_WORLD").Get_size() == 1:  # importing MPI initialized MPICH: unlink its segment now,
@@ -209,6 +211,6 @@ def swapped() -> Iterator[None]:
     def restore() -> None:
         MPI.__class__ = _OWN.pop()
 
-    # a rank's threads are its own; so is mpi4py.util.pkl5
-    with _NESTING(install, restore), threads_of_ranks(), swapped_pkl5():
+    # a rank's threads are its own; so are mpi4py.util.pkl5 and sys.stdout, sys.stderr
+    with _NESTING(install, restore), threads_of_ranks(), swapped_pkl5(), streams_of_ranks():
         yield

@@ -33,6 +33,10 @@ class Prequest(Request):
         if post is not None:
             self.null, self.kind = False, "persistent"
 
+    @property
+    def active(self) -> bool:
+        return not self.null and bool(self.parts)
+
     def Start(self) -> None:
         """Post the operation (MPI's error on a null request or one started and not completed)."""
         mpi = mpi_module()
