@@ -5,13 +5,14 @@ Error handlers, as mpi4py gives them: MPI.COMM_WORLD and MPI.COMM_SELF start wit
 ``mpi4py.rc.errors`` names when the rank first uses them ("exception", mpi4py's default:
 MPI.ERRORS_RETURN, so MPI's errors are raised as MPI.Exception; "default" and "fatal":
 MPI.ERRORS_ARE_FATAL; "abort": MPI.ERRORS_ABORT), and so does a new communicator (Dup, Split,
-Create, ...), as mpi4py sets it, but under "default", where it has its parent's, as MPI gives it. ``Set_errhandler`` takes MPI's predefined handlers or one made
-by ``Create_errhandler(fn)``; ``Call_errhandler(code)`` runs the handler: ERRORS_RETURN does nothing,
-ERRORS_ARE_FATAL and ERRORS_ABORT end every simulated rank as MPI_Abort does, a user's handler is
-called as ``fn(comm, code)``. An error the emulator itself meets in a communicator's call (a bad rank, a
+Create, ...), as mpi4py sets it, but under "default", where it has its parent's, as MPI gives it.
+``Set_errhandler`` takes MPI's predefined handlers or one made by ``Create_errhandler(fn)``;
+``Call_errhandler(code)`` runs the handler: ERRORS_RETURN does nothing, ERRORS_ARE_FATAL and
+ERRORS_ABORT end every simulated rank as MPI_Abort does, a user's handler is called as
+``fn(comm, code)``. An error the emulator itself meets in a communicator's call (a bad rank, a
 truncated message) ends every simulated rank under ERRORS_ARE_FATAL and ERRORS_ABORT, as MPICH aborts
 the job (one line, the error class as exit code), and is raised as MPI.Exception under ERRORS_RETURN
-and a user's handler. As in one mpi4py process, a rank has at most 32 user-made handlers at a time.
+and a user's handler (MPICH calls that one and goes on). As in one mpi4py process, a rank has at most 32 user-made handlers at a time.
 
 Attributes: a keyval made by ``Create_keyval(copy_fn, delete_fn)`` keys one value per communicator.
 ``Dup`` copies a value as MPI's copy callback says (mpi4py's rules: None or False, not copied; True,
@@ -117,11 +118,12 @@ def initial_errhandler(parent: Any = None) -> Any:
     errors = getattr(getattr(mpi4py, "rc", None), "errors", "exception")
     mpi = _mpi()
     if errors == "default":
-        return mpi.ERRORS_ARE_FATAL if parent is None else parent.errhandler
+        return _fatal_handler_set(mpi.ERRORS_ARE_FATAL if parent is None else parent.errhandler)
     if errors == "fatal":
-        return mpi.ERRORS_ARE_FATAL
+        return _fatal_handler_set(mpi.ERRORS_ARE_FATAL)
     if errors == "abort":
-        return mpi.ERRORS_ABORT if mpi.ERRORS_ABORT != mpi.ERRHANDLER_NULL else mpi.ERRORS_ARE_FATAL
+        return _fatal_handler_set(mpi.ERRORS_ABORT if mpi.ERRORS_ABORT != mpi.ERRHANDLER_NULL
+                                  else mpi.ERRORS_ARE_FATAL)
     return None
 
 
@@ -167,9 +169,21 @@ def _guarded(fn: Callable) -> Callable:
 _GUARD_CODE = _guarded(lambda self: None).__code__
 
 
+_GUARDABLE: list = []  # the communicator classes whose methods a fatal handler guards, once one is set
+_GUARDED: list = []  # [True] once they are
+
+
 def end_on_fatal_errors(cls: type) -> None:
-    """Wrap the public methods of `cls` and of its emulator mixins: MPI's error raised in one, on a
-    communicator whose handler is fatal, ends every simulated rank (see the module docstring)."""
+    """Make `cls`'s public methods (and its emulator mixins') end every simulated rank on MPI's error in
+    a communicator whose handler is fatal (see the module docstring), from the first time a rank has
+    such a handler: until then (mpi4py's default, ERRORS_RETURN) no call pays for the check."""
+    with _LOCK:
+        _GUARDABLE.append(cls)
+        if _GUARDED:
+            _guard(cls)
+
+
+def _guard(cls: type) -> None:
     for owner in cls.__mro__:
         if not owner.__module__.startswith(__name__.rpartition(".")[0]):
             continue
@@ -178,6 +192,18 @@ def end_on_fatal_errors(cls: type) -> None:
                     or getattr(value, "ends_on_fatal", False) or getattr(cls, name) is not value):
                 continue
             setattr(cls, name, _guarded(value))
+
+
+def _fatal_handler_set(errhandler: Any) -> Any:
+    """`errhandler`, after guarding the communicators' methods if it is fatal (not ERRORS_RETURN, not a user's)."""
+    if errhandler is not None and not _GUARDED and not isinstance(errhandler, SimErrhandler):
+        if errhandler != _mpi().ERRORS_RETURN:
+            with _LOCK:
+                if not _GUARDED:
+                    for cls in _GUARDABLE:
+                        _guard(cls)
+                    _GUARDED.append(True)
+    return errhandler
 
 
 class CommHandles:
@@ -224,7 +250,7 @@ class CommHandles:
             raise TypeError(f"expected an Errhandler, got {type(errhandler).__name__}")
         if errhandler == mpi.ERRHANDLER_NULL:
             raise mpi_error(mpi, mpi.ERR_ERRHANDLER, "the error handler is MPI.ERRHANDLER_NULL")
-        h.errhandler = mpi.Errhandler(errhandler)
+        h.errhandler = _fatal_handler_set(mpi.Errhandler(errhandler))
 
     def Call_errhandler(self, errorcode: int) -> None:
         """Run the communicator's handler on `errorcode` (see the module docstring)."""

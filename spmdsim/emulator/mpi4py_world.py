@@ -5,7 +5,8 @@
 
 While `swapped()` is active, the threads of simulated ranks see, on the
 ``mpi4py.MPI`` module, COMM_WORLD and COMM_SELF as their own SimComms and
-Comm, Intracomm, Cartcomm, Request and Group as the simulated classes (so
+Comm, Intracomm, Cartcomm, Request, Prequest and Group as the simulated classes (Win, File and Session
+refusing to be made: spmdsim.emulator.unsupported) (so
 ``MPI.Request.Waitall(reqs)`` and ``MPI.Comm.Compare(a, b)`` take simulated
 objects); Init, Init_thread, Finalize, Is_initialized and Is_finalized are the
 rank's own, as under mpiexec (`_Lifetime`: the real MPI stays initialized for the
@@ -30,8 +31,8 @@ __all__ = ["swapped", "real", "SWAPPED"]
 
 #: The names of mpi4py.MPI that a simulated rank sees as its own.
 SWAPPED = ("COMM_WORLD", "COMM_SELF", "Comm", "Intracomm", "Cartcomm", "Request", "Prequest", "Group", "Message",
-           "REQUEST_NULL", "MESSAGE_NULL", "MESSAGE_NO_PROC", "Init", "Init_thread", "Finalize", "Is_initialized", "Is_finalized",
-           "Attach_buffer", "Detach_buffer", "Flush_buffer", "Iflush_buffer", "Win", "File", "Session")
+           "REQUEST_NULL", "MESSAGE_NULL", "MESSAGE_NO_PROC", "Init", "Init_thread", "Finalize", "Is_initialized",
+           "Is_finalized", "Attach_buffer", "Detach_buffer", "Flush_buffer", "Iflush_buffer", "Win", "File", "Session")
 
 _BSEND_BUFFERS: dict = {}  # thread -> the buffer a simulated rank attached (its Bsend copies anyway)
 

@@ -11,6 +11,8 @@ from .derived import packed, unpacking
 
 __all__ = ["PointToPoint"]
 
+_SPECS = (list, tuple)  # [buf, count, datatype]: a datatype may be a derived one (spmdsim.emulator.derived)
+
 
 def _no_buffer(call: str) -> TypeError:
     """mpi4py's error for None where a buffer goes (the thread engine reads None as an object message)."""
@@ -24,17 +26,19 @@ class PointToPoint:
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
         if buf is None and dest != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
             raise _no_buffer("Send")
-        return post_send(self._group, self._me, dest, tag, packed(buf))
+        return post_send(self._group, self._me, dest, tag, packed(buf) if type(buf) in _SPECS else buf)
 
     def Ibsend(self, buf: Any, dest: int, tag: int = 0) -> Request:
         if buf is None and dest != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
             raise _no_buffer("Bsend")
-        return post_send(self._group, self._me, dest, tag, packed(buf), mode="buffered")
+        buf = packed(buf) if type(buf) in _SPECS else buf
+        return post_send(self._group, self._me, dest, tag, buf, mode="buffered")
 
     def Issend(self, buf: Any, dest: int, tag: int = 0) -> Request:
         if buf is None and dest != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
             raise _no_buffer("Ssend")
-        return post_send(self._group, self._me, dest, tag, packed(buf), mode="synchronous")
+        buf = packed(buf) if type(buf) in _SPECS else buf
+        return post_send(self._group, self._me, dest, tag, buf, mode="synchronous")
 
     Irsend = Isend
 
@@ -55,7 +59,7 @@ class PointToPoint:
     Rsend = Send
 
     def Recv(self, buf: Any, source: Optional[int] = None, tag: Optional[int] = None, status: Any = None) -> None:
-        into, unpack = unpacking(buf)
+        into, unpack = unpacking(buf) if type(buf) in _SPECS else (buf, None)
         request = self.Irecv(into, source, tag)
         request.Wait(status)
         if unpack is not None:
@@ -71,7 +75,7 @@ class PointToPoint:
 
     def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
                  source: Optional[int] = None, recvtag: Optional[int] = None, status: Any = None) -> None:
-        into, unpack = unpacking(recvbuf)
+        into, unpack = unpacking(recvbuf) if type(recvbuf) in _SPECS else (recvbuf, None)
         both = self.Isendrecv(sendbuf, dest, sendtag, into, source, recvtag)
         both.Wait(status)
         if unpack is not None:
