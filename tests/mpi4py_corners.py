@@ -289,9 +289,20 @@ def comm_copy_after_free():
     return out + [bool(dup), dup == MPI.COMM_NULL, bool(copy), copy == MPI.COMM_NULL, copy == dup]
 
 
+def float_ranks():
+    """A float destination, as mpi4py's C int takes it (osu_multi_lat.py sends to ``rank + size / 2``)."""
+    comm = MPI.COMM_WORLD
+    p, r = comm.size, comm.rank
+    got = np.zeros(1)
+    req = comm.Irecv(got, (r - 1) % p, 3)
+    comm.Send(np.full(1, r + 0.5), (r + 1) % p + 0.0, 3)
+    req.Wait()
+    return got.tolist()
+
+
 ALL = (group_null_and_empty, predefined_free, request_copies, byte_order, fortran_order_and_0d_counts,
        fewer_statuses, refused_buffers, matched_probes, errhandlers, attributes, pkl5_comm,
-       cartesian_queries, persistent_requests, derived_datatypes, comm_copy_after_free)
+       cartesian_queries, persistent_requests, derived_datatypes, comm_copy_after_free, float_ranks)
 
 
 def run_all():

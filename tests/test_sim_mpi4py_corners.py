@@ -221,3 +221,8 @@ def test_derived_datatypes_point_to_point(simulated2):
 def test_copy_of_a_freed_communicator(simulated2):
     for res in simulated2:
         assert res["comm_copy_after_free"] == [True, False, True, True, False, False]
+
+
+def test_a_float_destination_is_truncated(simulated2):
+    for r, res in enumerate(simulated2):
+        assert res["float_ranks"] == [(1 - r) + 0.5]
