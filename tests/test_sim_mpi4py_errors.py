@@ -1,6 +1,6 @@
 """MPI's errors under each error handler on simulated ranks, as under MPICH: ERRORS_ARE_FATAL and
 ERRORS_ABORT end the job (one line, the error class as exit code), ERRORS_RETURN raises MPI.Exception;
-mpi4py.rc.errors picks the handler communicators start with; windows, files and sessions are refused."""
+mpi4py.rc.errors picks the handler communicators and sessions start with; windows and files are refused."""
 from __future__ import annotations
 
 import subprocess
@@ -103,22 +103,25 @@ def test_rc_errors_picks_the_starting_handlers(tmp_path, errors):
         assert mpich.stdout == run.stdout, mpich.stderr[-2000:]
 
 
-def test_windows_files_and_sessions_are_refused(tmp_path):
-    """NotImplementedError in one line (what mpi4py raises where MPI lacks a call), not a TypeError about the
-    simulated communicator or a session of the real process."""
+def test_windows_and_files_are_refused_sessions_follow_rc_errors(tmp_path):
+    """Windows and files: NotImplementedError in one line (what mpi4py raises where MPI lacks a call), not a
+    TypeError about the simulated communicator; a session gets the handler of the rank's rc.errors."""
     run = _run(tmp_path, """
         import os
+        import mpi4py
+        mpi4py.rc.errors = "fatal"
         from mpi4py import MPI
         for make in (lambda: MPI.Win.Create(MPI.BOTTOM, 1, MPI.INFO_NULL, MPI.COMM_SELF),
                      lambda: MPI.Win.Allocate(8, 1, MPI.INFO_NULL, MPI.COMM_WORLD),
-                     lambda: MPI.File.Open(MPI.COMM_SELF, os.devnull, MPI.MODE_WRONLY),
-                     lambda: MPI.Session.Init()):
+                     lambda: MPI.File.Open(MPI.COMM_SELF, os.devnull, MPI.MODE_WRONLY)):
             try:
                 make()
             except NotImplementedError as exc:
                 print(str(exc).split(" is not simulated")[0])
         print(isinstance(MPI.WIN_NULL, MPI.Win), MPI.Win.__name__)
+        session = MPI.Session.Init()
+        print(session.Get_errhandler() == MPI.ERRORS_ARE_FATAL, isinstance(session, MPI.Session))
+        session.Finalize()
         """, "", simulated=True, n=1)
     assert run.stdout.splitlines() == ["one-sided communication (MPI.Win)"] * 2 + ["MPI I/O (MPI.File)",
-                                                                                "MPI sessions (MPI.Session)",
-                                                                                "True Win"], run.stderr
+                                                                                "True Win", "True True"], run.stderr

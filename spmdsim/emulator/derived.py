@@ -21,10 +21,16 @@ def _derived(spec: Any) -> Any:
     """The derived datatype (not contiguous) `spec` names, else None."""
     if type(spec) not in (list, tuple):
         return None
-    datatype = _unpack(spec)[3]
+    try:
+        buf, count, displ, datatype = _unpack(spec)
+    except ValueError:  # a malformed spec: refused where the others are
+        return None
     mpi = mpi_module()
     if mpi is None or not isinstance(datatype, mpi.Datatype) or datatype.is_predefined:
         return None
+    if datatype == mpi.DATATYPE_NULL or datatype.extent <= 0 or buf is None or (count is not None and count < 0) \
+            or (displ is not None and displ < 0):
+        return None  # refused by the plain path, with mpi4py's ValueError
     return None if datatype.decode()[1] == "CONTIGUOUS" and datatype.decode()[0].is_predefined else datatype
 
 
