@@ -154,7 +154,7 @@ def _guarded(fn: Callable) -> Callable:
             return fn(self, *args, **kwargs)
         except Exception as exc:
             mpi = sys.modules.get("mpi4py.MPI")
-            h = self._h
+            h = getattr(self, "_h", None)  # None for mpi4py's own object (MPI.Comm.Compare(MPI.COMM_NULL, c))
             if mpi is None or h is None or not isinstance(exc, mpi.Exception):
                 raise
             eh = h.errhandler
