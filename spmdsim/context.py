@@ -23,7 +23,7 @@ class RankContext:
     """One rank's own state: who it is, its world communicator and engine, its traces, counter and settings."""
 
     __slots__ = ("rank", "size", "comm", "engine", "traces", "seq", "hooks", "meter", "shared", "self_comm", "world_comm",
-                 "dry_run", "flops", "phase", "__weakref__")
+                 "dry_run", "flops", "phase", "streams", "__weakref__")
 
     def __init__(self, rank: Optional[int] = None, size: Optional[int] = None, comm: Any = None,
                  engine: Any = None, dry_run: bool = False, shared: Optional[dict] = None,
@@ -45,6 +45,7 @@ class RankContext:
         # What the rank's products are part of (spmdsim.flops.PHASES): autograd's backward walk sets
         # "backward", a recomputed forward inside it "recompute"
         self.phase = "forward"
+        self.streams: Optional[dict] = None  # "stdout"/"stderr" -> the stream the rank set (emulator.rank_streams)
 
 
 #: The context of code that no simulation runs: an MPI rank's (or a plain process's).

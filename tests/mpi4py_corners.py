@@ -230,9 +230,79 @@ def cartesian_queries():
     return out
 
 
+def persistent_requests():
+    """Send_init/Recv_init around a ring, started twice (the send buffer's contents when started go), and a
+    persistent Allreduce: inactive requests are true, unequal to REQUEST_NULL, and a Wait on one returns."""
+    comm = MPI.COMM_WORLD
+    p, r = comm.size, comm.rank
+    send, got = np.zeros(3), np.zeros(3)
+    reqs = [comm.Send_init(send, (r + 1) % p, 4), comm.Recv_init(got, (r - 1) % p, 4)]
+    out = [bool(reqs[0]), reqs[0] != MPI.REQUEST_NULL, reqs[0].Wait()]
+    rounds = []
+    for k in range(2):
+        send[:] = r * 10 + k
+        MPI.Prequest.Startall(reqs)
+        MPI.Prequest.Waitall(reqs)
+        rounds.append(got.tolist())
+    total = np.zeros(1)
+    summed = comm.Allreduce_init(np.full(1, r + 1.0), total)
+    summed.Start()
+    summed.Wait()
+    out += [rounds, bool(reqs[1]), total.tolist(), _raises(lambda: (reqs[0].Start(), reqs[0].Start()))]
+    reqs[0].Wait()
+    for req in (*reqs, summed):
+        req.Free()
+    return out + [bool(reqs[0]), reqs[0] == MPI.REQUEST_NULL]
+
+
+def derived_datatypes():
+    """Point to point with vector, indexed and struct-like (hvector) datatypes: sent to a neighbour and
+    received as doubles, and received into a datatype (Recv, Sendrecv)."""
+    comm = MPI.COMM_WORLD
+    p, r = comm.size, comm.rank
+    a = np.arange(20.0).reshape(4, 5) + 100 * r
+    column = MPI.DOUBLE.Create_vector(4, 1, 5).Commit()
+    upper = MPI.DOUBLE.Create_indexed([3, 2, 1], [0, 6, 12]).Commit()
+    got = np.zeros(4)
+    status = MPI.Status()
+    comm.Sendrecv([a.reshape(-1)[1:], 1, column], (r + 1) % p, 1, got, (r - 1) % p, 1, status)
+    into = np.zeros((4, 5))
+    comm.Sendrecv([a, 1, upper], (r + 1) % p, 2, [into, 1, upper], (r - 1) % p, 2)
+    back = np.zeros((4, 5))
+    if p > 1:
+        if r == 0:
+            comm.Send(a[:, 2].copy(), 1, 3)
+        elif r == 1:
+            comm.Recv([back, 1, column], 0, 3)
+    out = [got.tolist(), status.Get_count(MPI.DOUBLE), status.Get_count(column), into.tolist(), back.tolist()]
+    column.Free()
+    upper.Free()
+    return out
+
+
+def comm_copy_after_free():
+    """A copy (MPI.Comm(c)) of a communicator freed through `c` keeps its handle: true, unequal to COMM_NULL."""
+    dup = MPI.COMM_WORLD.Dup()
+    copy = MPI.Comm(dup)
+    out = [copy == dup]
+    dup.Free()
+    return out + [bool(dup), dup == MPI.COMM_NULL, bool(copy), copy == MPI.COMM_NULL, copy == dup]
+
+
+def float_ranks():
+    """A float destination, as mpi4py's C int takes it (osu_multi_lat.py sends to ``rank + size / 2``)."""
+    comm = MPI.COMM_WORLD
+    p, r = comm.size, comm.rank
+    got = np.zeros(1)
+    req = comm.Irecv(got, (r - 1) % p, 3)
+    comm.Send(np.full(1, r + 0.5), (r + 1) % p + 0.0, 3)
+    req.Wait()
+    return got.tolist()
+
+
 ALL = (group_null_and_empty, predefined_free, request_copies, byte_order, fortran_order_and_0d_counts,
        fewer_statuses, refused_buffers, matched_probes, errhandlers, attributes, pkl5_comm,
-       cartesian_queries)
+       cartesian_queries, persistent_requests, derived_datatypes, comm_copy_after_free, float_ranks)
 
 
 def run_all():

@@ -42,8 +42,9 @@ FILES = ("test_cco_buf", "test_cco_nb_buf", "test_cco_obj", "test_cco_vec", "tes
 #: mpi4py's test files not run, and why (docs/simulate.md's table).
 NOT_RUN = {
     "intercommunicators": ("test_cco_buf_inter", "test_cco_obj_inter", "test_cco_vec_inter", "test_comm_inter"),
-    "persistent and partitioned requests": ("test_cco_pr_buf", "test_cco_pr_ngh_buf", "test_cco_pr_vec",
-                                            "test_p2p_buf_part"),
+    "partitioned requests, persistent neighbour collectives": ("test_cco_pr_ngh_buf", "test_p2p_buf_part"),
+    "persistent collectives (emulated, but one full run deadlocked once, test_cco_pr_buf's InplaceWorld "
+    "testAllgather at 2 ranks: not understood yet)": ("test_cco_pr_buf", "test_cco_pr_vec"),
     "one-sided communication (windows)": ("test_rma", "test_rma_nb", "test_win", "test_util_sync"),
     "MPI I/O": ("test_file", "test_io"),
     "dynamic processes": ("test_dynproc", "test_spawn", "test_util_pool"),
@@ -59,9 +60,8 @@ NOT_RUN = {
 #: Test names (regular expressions on "module.Class.method") that are out of scope, and why.
 OUT_OF_SCOPE = {
     r"\.testAlltoallw|\.testAlltoallwBottom|TypeIndexed|Alltoallw|TestMessageVectorW": "derived datatypes",
-    r"\.testPersistent|\.testPreq|Persistent|\.test\w*Init\b|_init": "persistent requests",
     r"test_comm\.TestComm\w*\.testCreateFromGroup": "MPI sessions (Intracomm.Create_from_group)",
-    r"test_p2p_buf\.\w+\.testConstructor": "persistent requests (it builds an MPI.Prequest)",
+    r"test_p2p_buf\.\w+\.testConstructor": "MPI handles as C objects (MPI.Prequest.fromhandle(request.handle))",
     r"\.testCommLock": "mpi4py's private lock table of a real MPI communicator (MPI._comm_lock_table)",
     r"ErrhandlerWin|WinAttr|TestExcWin\b|TestMessageRMA": "one-sided communication (MPI.Win over a simulated "
                                                            "communicator)",
@@ -79,11 +79,11 @@ OUT_OF_SCOPE = {
     r"test_op\.TestOp\.(testCreateMany|testPickleUserDefined)$": "mpi4py's process-wide table of user-defined ops "
                                                                   "(every simulated rank's Op.Create takes a slot of "
                                                                   "one process's)",
+    r"test_errorcode\.TestErrorCode\.testAddErrorClassCodeString$": "MPI's process-wide table of error classes "
+                                                                    "(MPI.Add_error_class): the simulated ranks add "
+                                                                    "to one table at once",
     r"test_grequest\.\w+\.testConstructor$": "generalized requests are MPI's own (MPI.Request(grequest) on a rank "
                                               "makes a simulated request)",
-    r"test_grequest\.\w+\.testExceptionHandling$|test_attributes\.\w+\.testAttr(Copy|Delete)Exception$":
-        "they capture a traceback by swapping sys.stderr, which the simulated ranks (threads of one process) share: "
-        "a rank's capture can take another's output, or leave sys.stderr swapped",
 }
 
 
@@ -110,7 +110,7 @@ def find_tests() -> Path | None:
 
 
 def fetch() -> Path:
-    """Download the installed mpi4py's sdist with pip and keep its test/ in the cache."""
+    """Download the installed mpi4py's sdist with pip and keep its test/ and demo/ in the cache (the test/)."""
     import mpi4py
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -118,8 +118,8 @@ def fetch() -> Path:
                         f"mpi4py=={mpi4py.__version__}", "-d", tmp], check=True, capture_output=True)
         sdist = next(Path(tmp).glob("mpi4py-*.tar.gz"))
         with tarfile.open(sdist) as tar:
-            top = f"mpi4py-{mpi4py.__version__}/test/"
-            members = [m for m in tar.getmembers() if m.name.startswith(top) and m.isfile()]
+            tops = (f"mpi4py-{mpi4py.__version__}/test/", f"mpi4py-{mpi4py.__version__}/demo/")
+            members = [m for m in tar.getmembers() if m.name.startswith(tops) and m.isfile()]
             for m in members:
                 m.name = m.name[len(f"mpi4py-{mpi4py.__version__}/"):]
             cache_dir().mkdir(parents=True, exist_ok=True)

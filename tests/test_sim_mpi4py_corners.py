@@ -196,3 +196,33 @@ def test_cartesian_queries(simulated2):
         other = 1 - r
         assert res["cartesian_queries"] == [r, True, True, 2, [other, other], [other, other], [other, other],
                                             [null if r == 0 else 0, 1 if r == 0 else null, r, r], "ValueError"]
+
+
+def test_persistent_requests(simulated2):
+    """Send_init/Recv_init started twice (each Start sends the buffer as it is then), a persistent Allreduce;
+    an inactive request stays true, a second Start of an active one is MPI's error, Free makes it null."""
+    for r, res in enumerate(simulated2):
+        left = 1 - r
+        assert res["persistent_requests"] == [True, True, True, [[10.0 * left] * 3, [10.0 * left + 1] * 3], True,
+                                              [3.0], "MPI.Exception Invalid MPI_Request", False, True]
+
+
+def test_derived_datatypes_point_to_point(simulated2):
+    """A column (Create_vector) arrives as 4 doubles; an indexed upper triangle lands in its places; a
+    column received into the vector type fills a column."""
+    for r, res in enumerate(simulated2):
+        a = [[100.0 * (1 - r) + 5 * i + j for j in range(5)] for i in range(4)]
+        upper = [[a[i][j] if (i, j) in {(0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (2, 2)} else 0.0 for j in range(5)]
+                 for i in range(4)]
+        column = [[2.0 + 5 * i if (j == 0 and r == 1) else 0.0 for j in range(5)] for i in range(4)]
+        assert res["derived_datatypes"] == [[a[i][1] for i in range(4)], 4, 1, upper, column]
+
+
+def test_copy_of_a_freed_communicator(simulated2):
+    for res in simulated2:
+        assert res["comm_copy_after_free"] == [True, False, True, True, False, False]
+
+
+def test_a_float_destination_is_truncated(simulated2):
+    for r, res in enumerate(simulated2):
+        assert res["float_ranks"] == [(1 - r) + 0.5]

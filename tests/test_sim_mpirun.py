@@ -67,3 +67,20 @@ def test_exit_codes_errors_and_module_form(tmp_path, capsys):
     assert sorted(run.stdout.splitlines()) == sorted(f"Hello, World! I am process {r} of 3 on "
                                                      f"{run.stdout.split(' on ')[1].split('.')[0]}."
                                                      for r in range(3))
+
+
+def test_each_rank_captures_its_own_stderr(tmp_path, capsys):
+    """A rank that sets sys.stderr = StringIO() gets its own tracebacks and prints only (also print() and
+    traceback.print_exc(), which write through the process's stream), and setting it back ends it."""
+    prog = tmp_path / "prog.py"
+    prog.write_text("import io, sys, traceback\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
+                    "saved = sys.stderr\nsys.stderr = io.StringIO()\ncomm.Barrier()\n"
+                    "try:\n    raise ValueError(f'rank {comm.rank}')\nexcept ValueError:\n    traceback.print_exc()\n"
+                    "print(f'by {comm.rank}', file=sys.stderr)\ncomm.Barrier()\nmine = sys.stderr.getvalue()\n"
+                    "sys.stderr = saved\nprint(comm.rank, sys.stderr is saved, mine.count('ValueError'),\n"
+                    "      f'rank {comm.rank}' in mine, mine.count('by '), f'by {comm.rank}' in mine)\n"
+                    "print('after', comm.rank, file=sys.stderr)\n")
+    assert main(["mpirun", "-n", "4", "python", str(prog)]) == 0
+    out = capsys.readouterr()
+    assert sorted(out.out.splitlines()) == [f"{r} True 2 True 1 True" for r in range(4)]
+    assert sorted(out.err.splitlines()) == [f"after {r}" for r in range(4)]

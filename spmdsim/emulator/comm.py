@@ -20,9 +20,10 @@ from ..sim.engine import Group, SimulationError
 from ..sim import thread_engine as bodies
 from ..sim.thread_engine import THREADS, Count, Member
 from .group import SimGroup, _sim as _sim_group, speak_mpi4py
-from .handles import CommHandles
+from .handles import CommHandles, end_on_fatal_errors, initial_errhandler
 from .objects import ObjectCollectives
 from .p2p import PointToPoint
+from .persistent import PersistentCalls
 
 __all__ = ["SimComm", "self_comm", "comm_null", "world", "world_of"]
 
@@ -51,7 +52,7 @@ class _Handle:
         self.private: dict = {}  # mpi4py's hidden per-communicator state (spmdsim.emulator.pkl5)
 
 
-class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHandles):
+class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHandles, PersistentCalls):
     """One simulated rank's view of one communicator (made by spmdsim.simulate, Split, Dup, Create).
 
     ``SimComm()`` is a null communicator (equal to MPI.COMM_NULL); ``SimComm(comm)`` a copy.
@@ -139,8 +140,8 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
 
     group = property(Get_group)
 
-    def __bool__(self) -> bool:
-        return self._h is not None and not self._h.freed
+    def __bool__(self) -> bool:  # a copy of a communicator freed through another handle stays true, as MPICH's
+        return self._h is not None
 
     def __eq__(self, other: Any) -> bool:
         if isinstance(other, SimComm):
@@ -183,7 +184,12 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
         new = bodies.split(self, color, key, special("UNDEFINED"))
         if new is None:
             return comm_null()
-        return SimComm(new, new.members.index(self.world_rank))
+        return self._inherits(SimComm(new, new.members.index(self.world_rank)))
+
+    def _inherits(self, new: "SimComm") -> "SimComm":
+        """`new` with the error handler mpi4py gives a new communicator (spmdsim.emulator.handles)."""
+        new._h.errhandler = initial_errhandler(self._h)
+        return new
 
     def Split_type(self, split_type: int, key: int = 0, info: Any = None) -> Any:
         """All simulated ranks share one node and one process: MPI.COMM_TYPE_SHARED, and the guided
@@ -212,6 +218,7 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
                            lambda s: setattr(s, "shared", Group(group.world, group.members)))
         new = object.__new__(type(self))  # mpi4py's Dup gives the caller's class (pkl5.Intracomm, ...)
         SimComm.__init__(new, slot.shared, self._me)
+        self._inherits(new)
         if info is not None and mpi_module() is not None and info != mpi_module().INFO_NULL:
             new.Set_info(info)
         if self._h.attrs:
@@ -253,7 +260,7 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
             entry[1] += 1
             if entry[1] == len(members):
                 del table[(id(self._group), key, n)]
-        return SimComm(entry[0], members.index(mine))
+        return self._inherits(SimComm(entry[0], members.index(mine)))
 
     def Create_cart(self, dims: Any, periods: Any = None, reorder: bool = False) -> Any:
         """A Cartesian grid of the first prod(dims) members (spmdsim.emulator.topology)."""
@@ -294,7 +301,7 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
         return mpi.Intercomm() if mpi is not None else None
 
     def Free(self) -> None:
-        """Free the communicator (its handles then equal MPI.COMM_NULL); MPI.COMM_WORLD and MPI.COMM_SELF
+        """Free the communicator (this handle then equals MPI.COMM_NULL); MPI.COMM_WORLD and MPI.COMM_SELF
         are permanent: MPI.Exception (MPI.ERR_COMM), as MPICH raises, and they stay usable."""
         h = self._h
         if h is not None and h.predefined:
@@ -305,6 +312,7 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
             if h.attrs:
                 self._delete_attrs()
             h.freed = True
+            self._h = None  # this handle is MPI.COMM_NULL now; a copy (MPI.Comm(c)) keeps the freed one
 
     def free(self) -> None:
         """Free the communicator if it is not null or predefined (mpi4py's free: nothing on those)."""
@@ -333,15 +341,9 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
 
         return completed()
 
-    def _persistent(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError("persistent requests are not simulated; use the blocking call")
-
-    Allreduce_init = Allgather_init = Alltoall_init = Reduce_scatter_block_init = _persistent
-    Bcast_init = Reduce_init = Gather_init = Scatter_init = Barrier_init = _persistent
-    Send_init = Recv_init = Ssend_init = Bsend_init = Rsend_init = _persistent
-
 
 speak_mpi4py(SimComm, "Intracomm")
+end_on_fatal_errors(SimComm)
 
 
 def comm_null() -> Any:
@@ -366,6 +368,7 @@ def world_of(state: Any) -> SimComm:
     if comm is None:
         comm = state.world_comm = SimComm.of(state.comm, "MPI_COMM_WORLD")
         comm._h.predefined = True
+        comm._h.errhandler = initial_errhandler()
     return comm
 
 
@@ -389,6 +392,7 @@ def self_comm(state: Any) -> SimComm:
         world = state.comm._group.world
         comm = state.self_comm = SimComm(Group(world, (state.rank,)), 0, "MPI_COMM_SELF")
         comm._h.predefined = True
+        comm._h.errhandler = initial_errhandler()
     return comm
 
 

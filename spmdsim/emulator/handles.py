@@ -1,13 +1,18 @@
 """Error handlers and attributes of simulated communicators (mpi4py's Get/Set/Create/Call_errhandler and
 Create_keyval, Set_attr, Get_attr, Delete_attr, Free_keyval), a mixin of SimComm.
 
-Error handlers, as mpi4py gives them (its ``rc.errors = "exception"``): every communicator, new ones
-included, starts with MPI.ERRORS_RETURN, so MPI's errors are raised as MPI.Exception. ``Set_errhandler``
-takes MPI's predefined handlers or one made by ``Create_errhandler(fn)``; ``Call_errhandler(code)`` runs
-the handler: ERRORS_RETURN does nothing, ERRORS_ARE_FATAL and ERRORS_ABORT end every simulated rank
-as MPI_Abort does, a user's handler is called as ``fn(comm, code)``. An error the emulator itself meets
-(a bad rank, a truncated message) is raised as MPI.Exception whatever the handler, as under
-ERRORS_RETURN. As in one mpi4py process, a rank has at most 32 user-made handlers at a time.
+Error handlers, as mpi4py gives them: MPI.COMM_WORLD and MPI.COMM_SELF start with the handler
+``mpi4py.rc.errors`` names when the rank first uses them ("exception", mpi4py's default:
+MPI.ERRORS_RETURN, so MPI's errors are raised as MPI.Exception; "default" and "fatal":
+MPI.ERRORS_ARE_FATAL; "abort": MPI.ERRORS_ABORT), and so does a new communicator (Dup, Split,
+Create, ...), as mpi4py sets it, but under "default", where it has its parent's, as MPI gives it.
+``Set_errhandler`` takes MPI's predefined handlers or one made by ``Create_errhandler(fn)``;
+``Call_errhandler(code)`` runs the handler: ERRORS_RETURN does nothing, ERRORS_ARE_FATAL and
+ERRORS_ABORT end every simulated rank as MPI_Abort does, a user's handler is called as
+``fn(comm, code)``. An error the emulator itself meets in a communicator's call (a bad rank, a
+truncated message) ends every simulated rank under ERRORS_ARE_FATAL and ERRORS_ABORT, as MPICH aborts
+the job (one line, the error class as exit code), and is raised as MPI.Exception under ERRORS_RETURN
+and a user's handler (MPICH calls that one and goes on). As in one mpi4py process, a rank has at most 32 user-made handlers at a time.
 
 Attributes: a keyval made by ``Create_keyval(copy_fn, delete_fn)`` keys one value per communicator.
 ``Dup`` copies a value as MPI's copy callback says (mpi4py's rules: None or False, not copied; True,
@@ -18,6 +23,7 @@ callback is printed and raised as MPI.Exception (ERR_OTHER), as mpi4py does. The
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import sys
 import threading
@@ -28,7 +34,7 @@ from typing import Any, Callable, Optional
 from .. import context as _local
 from ..sim._buffers import mpi_error, mpi_module
 
-__all__ = ["CommHandles", "SimErrhandler"]
+__all__ = ["CommHandles", "SimErrhandler", "end_on_fatal_errors", "initial_errhandler"]
 
 MAX_USER_ERRHANDLERS = 32  # mpi4py's table of Python callbacks, per process
 
@@ -103,6 +109,103 @@ def _callback_failed(what: str) -> BaseException:
     return mpi_error(_mpi(), _mpi().ERR_OTHER, f"the {what} callback raised")
 
 
+def initial_errhandler(parent: Any = None) -> Any:
+    """The handler a communicator starts with (None: ERRORS_RETURN): the one mpi4py sets for
+    ``mpi4py.rc.errors``, or under "default" MPI's (the `parent` handle's, ERRORS_ARE_FATAL for a
+    predefined communicator)."""
+    import mpi4py
+
+    errors = getattr(getattr(mpi4py, "rc", None), "errors", "exception")
+    mpi = _mpi()
+    if errors == "default":
+        return _fatal_handler_set(mpi.ERRORS_ARE_FATAL if parent is None else parent.errhandler)
+    if errors == "fatal":
+        return _fatal_handler_set(mpi.ERRORS_ARE_FATAL)
+    if errors == "abort":
+        return _fatal_handler_set(mpi.ERRORS_ABORT if mpi.ERRORS_ABORT != mpi.ERRHANDLER_NULL
+                                  else mpi.ERRORS_ARE_FATAL)
+    return None
+
+
+def _fatal(comm: Any, call: str, error: BaseException) -> BaseException:
+    """The end of the job for MPI's `error` in `call` on `comm`, whose handler is fatal (as MPICH aborts)."""
+    from ..sim.engine import SimulationError
+    from ..sim.report import _program_line
+
+    mpi = _mpi()
+    name = "MPI.ERRORS_ABORT" if comm._h.errhandler == getattr(mpi, "ERRORS_ABORT", None) else "MPI.ERRORS_ARE_FATAL"
+    frame = outer = sys._getframe(1)
+    while frame is not None:  # the program's call (Send), not the one it made inside (Isend)
+        if frame.f_code is _GUARD_CODE:
+            call, outer = frame.f_locals["fn"].__name__, frame
+        frame = frame.f_back
+    line = _program_line(outer)
+    ended = SimulationError(f"fatal error on simulated rank {comm.world_rank}: {error} (in {call} on "
+                            f"{comm._group.label()}, whose error handler is {name}"
+                            f"{'; at ' + line if line else ''}): every rank was stopped")
+    ended.abort_code = error.Get_error_class() or 1
+    return ended
+
+
+def _guarded(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(self, *args, **kwargs)
+        except Exception as exc:
+            mpi = sys.modules.get("mpi4py.MPI")
+            h = getattr(self, "_h", None)  # None for mpi4py's own object (MPI.Comm.Compare(MPI.COMM_NULL, c))
+            if mpi is None or h is None or not isinstance(exc, mpi.Exception):
+                raise
+            eh = h.errhandler
+            if eh is None or isinstance(eh, SimErrhandler) or eh == mpi.ERRORS_RETURN:
+                raise
+            raise _fatal(self, fn.__name__, exc) from None
+
+    call.ends_on_fatal = True
+    return call
+
+
+_GUARD_CODE = _guarded(lambda self: None).__code__
+
+
+_GUARDABLE: list = []  # the communicator classes whose methods a fatal handler guards, once one is set
+_GUARDED: list = []  # [True] once they are
+
+
+def end_on_fatal_errors(cls: type) -> None:
+    """Make `cls`'s public methods (and its emulator mixins') end every simulated rank on MPI's error in
+    a communicator whose handler is fatal (see the module docstring), from the first time a rank has
+    such a handler: until then (mpi4py's default, ERRORS_RETURN) no call pays for the check."""
+    with _LOCK:
+        _GUARDABLE.append(cls)
+        if _GUARDED:
+            _guard(cls)
+
+
+def _guard(cls: type) -> None:
+    for owner in cls.__mro__:
+        if not owner.__module__.startswith(__name__.rpartition(".")[0]):
+            continue
+        for name, value in vars(owner).items():
+            if (name.startswith("_") or not callable(value) or not hasattr(value, "__code__")
+                    or getattr(value, "ends_on_fatal", False) or getattr(cls, name) is not value):
+                continue
+            setattr(cls, name, _guarded(value))
+
+
+def _fatal_handler_set(errhandler: Any) -> Any:
+    """`errhandler`, after guarding the communicators' methods if it is fatal (not ERRORS_RETURN, not a user's)."""
+    if errhandler is not None and not _GUARDED and not isinstance(errhandler, SimErrhandler):
+        if errhandler != _mpi().ERRORS_RETURN:
+            with _LOCK:
+                if not _GUARDED:
+                    for cls in _GUARDABLE:
+                        _guard(cls)
+                    _GUARDED.append(True)
+    return errhandler
+
+
 class CommHandles:
     """Error handlers and attributes of a SimComm (a mixin; `self._h`: the handle copies share)."""
 
@@ -147,7 +250,7 @@ class CommHandles:
             raise TypeError(f"expected an Errhandler, got {type(errhandler).__name__}")
         if errhandler == mpi.ERRHANDLER_NULL:
             raise mpi_error(mpi, mpi.ERR_ERRHANDLER, "the error handler is MPI.ERRHANDLER_NULL")
-        h.errhandler = mpi.Errhandler(errhandler)
+        h.errhandler = _fatal_handler_set(mpi.Errhandler(errhandler))
 
     def Call_errhandler(self, errorcode: int) -> None:
         """Run the communicator's handler on `errorcode` (see the module docstring)."""

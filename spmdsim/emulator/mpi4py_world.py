@@ -5,11 +5,13 @@
 
 While `swapped()` is active, the threads of simulated ranks see, on the
 ``mpi4py.MPI`` module, COMM_WORLD and COMM_SELF as their own SimComms and
-Comm, Intracomm, Cartcomm, Request and Group as the simulated classes (so
+Comm, Intracomm, Cartcomm, Request, Prequest and Group as the simulated classes (Win, File and Session
+refusing to be made: spmdsim.emulator.unsupported) (so
 ``MPI.Request.Waitall(reqs)`` and ``MPI.Comm.Compare(a, b)`` take simulated
 objects); Init, Init_thread, Finalize, Is_initialized and Is_finalized are the
 rank's own, as under mpiexec (`_Lifetime`: the real MPI stays initialized for the
-other ranks). Threads a rank starts are the rank's (spmdsim.emulator.rank_threads). Every
+other ranks). Threads a rank starts are the rank's (spmdsim.emulator.rank_threads), and so are the
+``sys.stdout`` and ``sys.stderr`` it sets (spmdsim.emulator.rank_streams). Every
 other thread, and every other name, sees mpi4py as it is.
 It works by giving the module object a subclass of its type with those names
 as properties, and gives the type back on exit.
@@ -28,9 +30,9 @@ from ._nesting import Nesting
 __all__ = ["swapped", "real", "SWAPPED"]
 
 #: The names of mpi4py.MPI that a simulated rank sees as its own.
-SWAPPED = ("COMM_WORLD", "COMM_SELF", "Comm", "Intracomm", "Cartcomm", "Request", "Group", "Message", "REQUEST_NULL",
-           "MESSAGE_NULL", "MESSAGE_NO_PROC", "Init", "Init_thread", "Finalize", "Is_initialized", "Is_finalized",
-           "Attach_buffer", "Detach_buffer", "Flush_buffer", "Iflush_buffer")
+SWAPPED = ("COMM_WORLD", "COMM_SELF", "Comm", "Intracomm", "Cartcomm", "Request", "Prequest", "Group", "Message",
+           "REQUEST_NULL", "MESSAGE_NULL", "MESSAGE_NO_PROC", "Init", "Init_thread", "Finalize", "Is_initialized",
+           "Is_finalized", "Attach_buffer", "Detach_buffer", "Flush_buffer", "Iflush_buffer", "Win", "File", "Session")
 
 _BSEND_BUFFERS: dict = {}  # thread -> the buffer a simulated rank attached (its Bsend copies anyway)
 
@@ -63,6 +65,14 @@ def _simulated(name: str, state: Any) -> Any:
         from ..sim.requests import Request
 
         return Request
+    if name in ("Win", "File", "Session"):
+        from .unsupported import refusing
+
+        return refusing(name)
+    if name == "Prequest":
+        from .persistent import Prequest
+
+        return Prequest
     if name == "Group":
         from .group import SimGroup
 
@@ -190,6 +200,7 @@ def swapped() -> Iterator[None]:
     from ..runtime.process import release_segments_once
 
     from .pkl5 import swapped_pkl5
+    from .rank_streams import streams_of_ranks
     from .rank_threads import threads_of_ranks
 
     if real("COMM_WORLD").Get_size() == 1:  # importing MPI initialized MPICH: unlink its segment now,
@@ -201,6 +212,6 @@ def swapped() -> Iterator[None]:
     def restore() -> None:
         MPI.__class__ = _OWN.pop()
 
-    # a rank's threads are its own; so is mpi4py.util.pkl5
-    with _NESTING(install, restore), threads_of_ranks(), swapped_pkl5():
+    # a rank's threads are its own; so are mpi4py.util.pkl5 and sys.stdout, sys.stderr
+    with _NESTING(install, restore), threads_of_ranks(), swapped_pkl5(), streams_of_ranks():
         yield

@@ -182,7 +182,7 @@ def _report(exc: BaseException, exits: dict) -> int:
     emulator's frames below the program's, as mpiexec shows no frames inside the MPI library.
     """
     from ..engines.memory import DRY_RUN_HINT, MemoryLimitError
-    from ..errors import RuntimeMismatchError, SpmdsimError
+    from ..errors import RuntimeMismatchError, SpmdsimError, fold_message
     from ..sim.engine import ranks_text
 
     ranks = getattr(exc, "simulated_ranks", ())
@@ -192,7 +192,7 @@ def _report(exc: BaseException, exits: dict) -> int:
         return max([1, *exits.values()])
     code = getattr(exc, "abort_code", None)
     if code is not None:  # comm.Abort(code): MPI ends the job with that code
-        print(f"spmdsim mpirun: {exc}", file=sys.stderr)
+        print(fold_message(f"spmdsim mpirun: {exc}"), file=sys.stderr)
         return int(code)
     if isinstance(exc, MemoryLimitError):  # the guard stopped every rank: one line, a hint mpirun can take
         text, tail = str(exc), "run fewer ranks or smaller shapes" + DRY_RUN_HINT

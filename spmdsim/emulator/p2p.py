@@ -7,8 +7,11 @@ from typing import Any, Optional
 from ..sim._buffers import message, special
 from ..sim.p2p import _any, post_recv, post_send, probe
 from ..sim.requests import Request
+from .derived import packed, unpacking
 
 __all__ = ["PointToPoint"]
+
+_SPECS = (list, tuple)  # [buf, count, datatype]: a datatype may be a derived one (spmdsim.emulator.derived)
 
 
 def _no_buffer(call: str) -> TypeError:
@@ -23,16 +26,18 @@ class PointToPoint:
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
         if buf is None and dest != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
             raise _no_buffer("Send")
-        return post_send(self._group, self._me, dest, tag, buf)
+        return post_send(self._group, self._me, dest, tag, packed(buf) if type(buf) in _SPECS else buf)
 
     def Ibsend(self, buf: Any, dest: int, tag: int = 0) -> Request:
         if buf is None and dest != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
             raise _no_buffer("Bsend")
+        buf = packed(buf) if type(buf) in _SPECS else buf
         return post_send(self._group, self._me, dest, tag, buf, mode="buffered")
 
     def Issend(self, buf: Any, dest: int, tag: int = 0) -> Request:
         if buf is None and dest != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
             raise _no_buffer("Ssend")
+        buf = packed(buf) if type(buf) in _SPECS else buf
         return post_send(self._group, self._me, dest, tag, buf, mode="synchronous")
 
     Irsend = Isend
@@ -54,7 +59,11 @@ class PointToPoint:
     Rsend = Send
 
     def Recv(self, buf: Any, source: Optional[int] = None, tag: Optional[int] = None, status: Any = None) -> None:
-        self.Irecv(buf, source, tag).Wait(status)
+        into, unpack = unpacking(buf) if type(buf) in _SPECS else (buf, None)
+        request = self.Irecv(into, source, tag)
+        request.Wait(status)
+        if unpack is not None:
+            unpack(request.nbytes)
 
     def Isendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
                   source: Optional[int] = None, recvtag: Optional[int] = None) -> Request:
@@ -66,7 +75,11 @@ class PointToPoint:
 
     def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
                  source: Optional[int] = None, recvtag: Optional[int] = None, status: Any = None) -> None:
-        self.Isendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag).Wait(status)
+        into, unpack = unpacking(recvbuf) if type(recvbuf) in _SPECS else (recvbuf, None)
+        both = self.Isendrecv(sendbuf, dest, sendtag, into, source, recvtag)
+        both.Wait(status)
+        if unpack is not None:
+            unpack(both.parts[1].nbytes)
 
     def Isendrecv_replace(self, buf: Any, dest: int, sendtag: int = 0, source: Optional[int] = None,
                           recvtag: Optional[int] = None) -> Request:

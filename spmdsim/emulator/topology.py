@@ -23,6 +23,7 @@ import numpy as np
 from ..sim._buffers import copy_into, dtype_name, message, mpi_error, mpi_module, special, vector
 from .comm import SimComm, comm_null
 from .group import speak_mpi4py
+from .handles import end_on_fatal_errors
 
 __all__ = ["SimCartComm", "create_cart"]
 
@@ -263,3 +264,4 @@ class SimCartComm(SimComm):
 
 
 speak_mpi4py(SimCartComm, "Cartcomm")
+end_on_fatal_errors(SimCartComm)

@@ -37,6 +37,12 @@ def _fits(recv: Request, source: int, tag: int) -> bool:
     return (recv.peer in (source, special("ANY_SOURCE"))) and (recv.tag in (tag, special("ANY_TAG")))
 
 
+def _c_int(value: Any) -> Any:
+    """A float rank or tag as mpi4py's C int takes it (truncated: ``comm.Send(x, size / 2)`` sends to
+    rank 1 of 2, as in mpi4py's demo osu_multi_lat.py); anything else as it is, for the checks."""
+    return int(value) if isinstance(value, (float, np.floating)) else value
+
+
 def _check_peer(group: Group, peer: Any, what: str) -> None:
     if not isinstance(peer, (int, np.integer)):
         raise ShapeError(f"{what} {peer!r} must be an integer rank of the communicator")
@@ -64,6 +70,7 @@ def _check_tag(tag: Any, what: str, any_tag: bool = False) -> None:
 def post_send(group: Group, me: int, dest: int, tag: int, buf: Any, obj: Any = None,
               mode: str = "standard") -> Request:
     """Isend from group rank `me` to group rank `dest` (`buf` None: the pickle of `obj`)."""
+    dest, tag = _c_int(dest), _c_int(tag)
     _check_peer(group, dest, "dest")
     _check_tag(tag, "send tag")
     if dest == special("PROC_NULL"):

@@ -82,7 +82,7 @@ class ManyRequests:
     @classmethod
     def testany(cls, requests: Sequence[Any], status: Any = None,
                 pause: bool = True) -> tuple[int, bool, Any]:
-        active = [i for i, r in enumerate(requests) if not r.null]
+        active = [i for i, r in enumerate(requests) if r.active]
         if not active:
             _empty(status)
             return special("UNDEFINED"), True, None
@@ -111,7 +111,7 @@ class ManyRequests:
 
     @classmethod
     def testsome(cls, requests: Sequence[Any], statuses: Any = None, pause: bool = True) -> tuple:
-        active = [i for i, r in enumerate(requests) if not r.null]
+        active = [i for i, r in enumerate(requests) if r.active]
         if not active:
             return None, None
         ready = [i for i in active if requests[i]._ready()]
@@ -148,7 +148,7 @@ class ManyRequests:
     def Get_status_any(cls, requests: Sequence[Any], status: Any = None) -> tuple[int, bool]:
         """(index, True) of a done request (not completed), (MPI.UNDEFINED, True) if all are null, else
         (MPI.UNDEFINED, False)."""
-        active = [i for i, r in enumerate(requests) if not r.null]
+        active = [i for i, r in enumerate(requests) if r.active]
         if not active:
             _empty(status)
             return special("UNDEFINED"), True
@@ -164,7 +164,7 @@ class ManyRequests:
     @classmethod
     def Get_status_some(cls, requests: Sequence[Any], statuses: Any = None) -> Optional[list]:
         """The indices of the done requests (not completed), [] if none, None if all are null."""
-        active = [i for i, r in enumerate(requests) if not r.null]
+        active = [i for i, r in enumerate(requests) if r.active]
         if not active:
             return None
         ready = [i for i in active if requests[i]._ready()]

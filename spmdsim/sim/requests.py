@@ -50,6 +50,11 @@ class Request(ManyRequests):
     def __bool__(self) -> bool:
         return not self.null
 
+    @property
+    def active(self) -> bool:
+        """Whether Waitany/Testany/... count it: not null (and a persistent one, started)."""
+        return not self.null
+
     def __eq__(self, other: Any) -> bool:
         if isinstance(other, Request):
             if self.null or other.null:  # a copy waited on is null; the request it copies is not

@@ -232,7 +232,7 @@ class _simulating:
                 blas.enter_context(_threads.blas_threads(1))
             cls._saved = (blas, buffers._HUGE, sys.stdout, sys.stderr)
             buffers._HUGE = False  # no cross-process copies to speed up; the pool is not thread-safe
-            sys.stdout, sys.stderr = _Lines(sys.stdout), _Lines(sys.stderr)
+            sys.stdout, sys.stderr = _Lines(sys.stdout, "stdout"), _Lines(sys.stderr, "stderr")
 
     def __exit__(self, *exc: object) -> None:
         from .. import buffers
@@ -253,14 +253,22 @@ class _simulating:
 
 
 class _Lines:
-    """A stream that writes whole lines only, so that ranks printing at once do not mix their words."""
+    """A stream that writes whole lines only, so that ranks printing at once do not mix their words; what
+    a rank writes after it set a stream of its own as `name` (``sys.stderr = io.StringIO()`` under
+    spmdsim.emulator's swap, spmdsim.emulator.rank_streams) goes there, as in its own process."""
 
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: Any, name: str = "") -> None:
         self._stream = stream
+        self._name = name
         self._lock = threading.Lock()
         self._pending: dict[int, str] = {}  # thread id -> text after its last newline
 
     def write(self, text: str) -> int:
+        state = _local.simulated()
+        if state is not None and state.streams:
+            own = state.streams.get(self._name)
+            if own is not None:
+                return own.write(text)
         me = threading.get_ident()
         with self._lock:
             pending = self._pending.pop(me, "") + text

@@ -1,0 +1,80 @@
+"""Point-to-point messages of derived datatypes (``Create_vector``, ``Create_indexed``, ``Create_hvector``,
+``Create_struct``, ...) on simulated ranks: the sender's values are packed with this process's MPI
+(``Datatype.Pack`` on the real MPI.COMM_SELF, the typemap MPI itself reads) and travel as bytes; a blocking
+receive (``Recv``, ``Sendrecv``) into a derived datatype unpacks them with ``Datatype.Unpack``. The bytes
+of a message are the same whichever datatypes the two sides name, as MPI's type matching requires, so a
+vector sent to an array of MPI.DOUBLE arrives as its doubles. A nonblocking receive and the collectives
+refuse derived datatypes other than contiguous ones (NotImplementedError).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from ..sim._buffers import _unpack, array_of, mpi_module
+
+__all__ = ["packed", "unpacking"]
+
+
+def _derived(spec: Any) -> Any:
+    """The derived datatype (not contiguous) `spec` names, else None."""
+    if type(spec) not in (list, tuple):
+        return None
+    try:
+        buf, count, displ, datatype = _unpack(spec)
+    except ValueError:  # a malformed spec: refused where the others are
+        return None
+    mpi = mpi_module()
+    if mpi is None or not isinstance(datatype, mpi.Datatype) or datatype.is_predefined:
+        return None
+    if datatype == mpi.DATATYPE_NULL or datatype.extent <= 0 or buf is None or (count is not None and count < 0) \
+            or (displ is not None and displ < 0):
+        return None  # refused by the plain path, with mpi4py's ValueError
+    return None if datatype.decode()[1] == "CONTIGUOUS" and datatype.decode()[0].is_predefined else datatype
+
+
+def _bytes(spec: Any, datatype: Any, writable: bool) -> np.ndarray:
+    """The bytes of `spec`'s buffer its count of `datatype` spans, from its displacement on (Pack and
+    Unpack read the count from the length: whole extents)."""
+    buf, count, displ, _ = _unpack(spec)
+    raw = array_of(buf, "buffer", readonly=not writable, typed=True).view(np.uint8)
+    extent = datatype.extent
+    start = 0 if displ is None else int(displ) * extent
+    end = raw.size if count is None else min(raw.size, start + int(count) * extent)
+    return raw[start: start + (end - start) // extent * extent]
+
+
+def _self() -> Any:
+    from .mpi4py_world import real
+
+    return real("COMM_SELF")
+
+
+def packed(spec: Any) -> Any:
+    """`spec`, or for a message of a derived datatype its packed bytes as ``[bytes, MPI.BYTE]``."""
+    datatype = _derived(spec)
+    if datatype is None:
+        return spec
+    comm = _self()
+    values = _bytes(spec, datatype, writable=False)
+    out = np.empty(datatype.Pack_size(values.size // datatype.extent, comm), np.uint8)
+    end = datatype.Pack(values, out, 0, comm)
+    return [out[:end], mpi_module().BYTE]
+
+
+def unpacking(spec: Any) -> tuple[Any, Optional[Callable[[int], None]]]:
+    """(what to receive into, None) for a plain message; for a derived datatype's, (a byte buffer, a
+    function unpacking the bytes received into `spec`'s buffer)."""
+    datatype = _derived(spec)
+    if datatype is None:
+        return spec, None
+    comm = _self()
+    values = _bytes(spec, datatype, writable=True)
+    space = np.empty(datatype.Pack_size(values.size // datatype.extent, comm), np.uint8)
+
+    def unpack(nbytes: int) -> None:
+        count = nbytes // datatype.size if datatype.size else 0
+        datatype.Unpack(space[:count * datatype.size], 0, values[:count * datatype.extent], comm)
+
+    return [space, mpi_module().BYTE], unpack

@@ -1,0 +1,110 @@
+"""Persistent requests on simulated ranks (mpi4py's ``Send_init``, ``Recv_init``, ``Allreduce_init``, ...,
+``Prequest.Start``/``Startall``): a request made once and started many times.
+
+A persistent request is inactive when made: truthy, unequal to MPI.REQUEST_NULL, and a Wait or Test
+on it returns at once with an empty status, as MPI's. ``Start`` posts its operation (the nonblocking
+call of the same name, with the arguments given at ``..._init``: the buffer's contents when started are
+sent, as MPI's); Wait, Test and the class methods (``MPI.Prequest.Waitall``) complete it, and it is
+inactive again. ``Free`` makes it null. A collective's persistent form starts its nonblocking form,
+which completes when every member posted it, as the emulator's nonblocking collectives do.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+from ..sim._buffers import mpi_error, mpi_module
+from ..sim.requests import Request
+
+__all__ = ["Prequest", "PersistentCalls"]
+
+
+class Prequest(Request):
+    """mpi4py's MPI.Prequest on a simulated rank (see the module docstring)."""
+
+    __slots__ = ("post",)
+
+    def __init__(self, post: Optional[Callable[[], Request]] = None) -> None:
+        if post is not None and not callable(post):  # MPI.Prequest(request): a copy of the handle
+            Request.__init__(self, post)
+            self.post = getattr(post, "post", None)
+            return
+        Request.__init__(self)
+        self.post = post
+        if post is not None:
+            self.null, self.kind = False, "persistent"
+
+    @property
+    def active(self) -> bool:
+        return not self.null and bool(self.parts)
+
+    def Start(self) -> None:
+        """Post the operation (MPI's error on a null request or one started and not completed)."""
+        mpi = mpi_module()
+        if self.null or self.post is None:
+            raise mpi_error(mpi, mpi.ERR_REQUEST, "Start: the request is MPI.REQUEST_NULL")
+        if self.parts:
+            raise mpi_error(mpi, mpi.ERR_REQUEST, "Start: the persistent request is active (started and not "
+                                                  "completed by a Wait or Test)")
+        self.parts = (self.post(),)
+
+    start = Start
+
+    @classmethod
+    def Startall(cls, requests: Sequence[Any]) -> None:
+        for request in requests:
+            request.Start()
+
+    startall = Startall
+
+    def _finish(self, status: Any) -> Any:
+        """Complete the started operation; the request stays, inactive (a freed one stays null)."""
+        if self.null:
+            return Request._finish(self, status)
+        try:
+            return Request._finish(self, status)
+        finally:
+            self.null, self.parts = False, ()
+
+    def Free(self) -> None:
+        Request.Free(self)
+        self.post = None
+
+    def __repr__(self) -> str:
+        state = "null" if self.null else "active" if self.parts else "inactive"
+        return f"<simulated Prequest {state}>"
+
+
+def _persistent(call: str) -> Callable:
+    def init(self: Any, *args: Any, **kwargs: Any) -> Prequest:
+        start = getattr(self, call)
+        return Prequest(lambda: start(*args, **kwargs))
+
+    init.__name__ = init.__qualname__ = f"{call[1:]}_init"
+    init.__doc__ = f"A persistent request whose Start calls {call} with these arguments."
+    return init
+
+
+class PersistentCalls:
+    """SimComm's ``..._init`` methods (a mixin over its nonblocking calls)."""
+
+    Send_init = _persistent("Isend")
+    Bsend_init = _persistent("Ibsend")
+    Ssend_init = _persistent("Issend")
+    Rsend_init = _persistent("Irsend")
+    Recv_init = _persistent("Irecv")
+    Barrier_init = _persistent("Ibarrier")
+    Bcast_init = _persistent("Ibcast")
+    Gather_init = _persistent("Igather")
+    Gatherv_init = _persistent("Igatherv")
+    Scatter_init = _persistent("Iscatter")
+    Scatterv_init = _persistent("Iscatterv")
+    Allgather_init = _persistent("Iallgather")
+    Allgatherv_init = _persistent("Iallgatherv")
+    Alltoall_init = _persistent("Ialltoall")
+    Alltoallv_init = _persistent("Ialltoallv")
+    Reduce_init = _persistent("Ireduce")
+    Allreduce_init = _persistent("Iallreduce")
+    Reduce_scatter_block_init = _persistent("Ireduce_scatter_block")
+    Reduce_scatter_init = _persistent("Ireduce_scatter")
+    Scan_init = _persistent("Iscan")
+    Exscan_init = _persistent("Iexscan")

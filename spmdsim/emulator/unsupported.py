@@ -1,0 +1,63 @@
+"""What a simulated rank's ``mpi4py.MPI`` refuses: one-sided windows and MPI I/O files over simulated
+ranks (docs/simulate.md, "Limits"). ``MPI.Win`` and ``MPI.File`` are, on a simulated rank, subclasses
+of mpi4py's whose constructors raise NotImplementedError in one line (what mpi4py raises where the MPI
+library lacks a call, so a program that checks for it goes on), instead of a TypeError about a
+communicator of the wrong class. ``MPI.Session.Init`` makes a session of this process's MPI (its
+groups are the process's, not the simulated world's) with the error handler the rank's
+``mpi4py.rc.errors`` gives, as mpi4py sets it when a process starts one.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["refusing"]
+
+#: mpi4py's class -> (what it is, its constructors).
+_REFUSED = {"Win": ("one-sided communication (MPI.Win)", ("Create", "Allocate", "Allocate_shared", "Create_dynamic")),
+            "File": ("MPI I/O (MPI.File)", ("Open",)),
+            "Session": ("", ())}
+
+_MADE: dict = {}
+
+
+def refusing(name: str) -> Any:
+    """mpi4py.MPI's class `name` (Win, File, Session) with its constructors refused on simulated ranks."""
+    found = _MADE.get(name)
+    if found is None:
+        from mpi4py import MPI
+
+        what, constructors = _REFUSED[name]
+
+        def refuse(cls: type, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError(f"{what} is not simulated: spmdsim mpirun runs communicators, point to "
+                                      f"point and collectives (docs/simulate.md); run this program under mpiexec")
+
+        base = MPI.__dict__[name]
+        methods = {c: classmethod(refuse) for c in constructors}
+        if name == "Session":
+            methods["Init"] = classmethod(_session_init)
+        found = _MADE[name] = _Refusing(name, (base,), methods | {"__module__": "mpi4py.MPI", "_real": base})
+    return found
+
+
+def _session_init(cls: type, *args: Any, **kwargs: Any) -> Any:
+    """This process's MPI.Session.Init, then the handler of the rank's rc.errors (unless one was given)."""
+    from mpi4py import MPI
+
+    session = cls._real.Init(*args, **kwargs)
+    if len(args) < 2 and "errhandler" not in kwargs:
+        from .handles import initial_errhandler
+
+        handler = initial_errhandler()
+        session.Set_errhandler(MPI.ERRORS_RETURN if handler is None else handler)
+    return session
+
+
+class _Refusing(type):
+    """The metaclass of the refusing classes: mpi4py's own objects (MPI.WIN_NULL) are instances too."""
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, cls._real)
+
+    def __subclasscheck__(cls, sub: type) -> bool:
+        return issubclass(sub, cls._real)

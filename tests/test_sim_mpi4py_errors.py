@@ -1,0 +1,127 @@
+"""MPI's errors under each error handler on simulated ranks, as under MPICH: ERRORS_ARE_FATAL and
+ERRORS_ABORT end the job (one line, the error class as exit code), ERRORS_RETURN raises MPI.Exception;
+mpi4py.rc.errors picks the handler communicators and sessions start with; windows and files are refused."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from testkit import MPIEXEC
+
+_BAD_RANK = """
+    import sys
+    from mpi4py import MPI
+    import numpy as np
+
+    comm = MPI.COMM_WORLD
+    if sys.argv[1] == "fatal":
+        comm.Set_errhandler(MPI.ERRORS_ARE_FATAL)
+    elif sys.argv[1] == "abort":
+        comm.Set_errhandler(MPI.ERRORS_ABORT)
+    print("before", comm.rank, flush=True)
+    comm.Barrier()
+    if comm.rank == 0:
+        try:
+            comm.Send(np.zeros(3), dest=comm.size + 3)
+        except MPI.Exception as exc:
+            print("caught", exc.Get_error_class(), flush=True)
+    comm.Barrier()
+    print("after", comm.rank, flush=True)
+    """
+
+_START = """
+    import sys
+    import mpi4py
+    mpi4py.rc.errors = sys.argv[1]
+    from mpi4py import MPI
+
+    NAMES = [(MPI.ERRORS_RETURN, "return"), (MPI.ERRORS_ARE_FATAL, "fatal"), (MPI.ERRORS_ABORT, "abort")]
+
+    def name(comm):
+        eh = comm.Get_errhandler()
+        found = [text for handler, text in NAMES if handler == eh]
+        eh.Free()
+        return found[0] if found else "user"
+
+    world = MPI.COMM_WORLD
+    dup = world.Dup()
+    dup.Set_errhandler(MPI.ERRORS_RETURN)
+    print(sys.argv[1], name(world), name(MPI.COMM_SELF), name(dup), name(dup.Dup()), name(dup.Split(0, 0)),
+          name(world.Dup()))
+    """
+
+
+def _run(tmp_path: Path, source: str, arg: str, simulated: bool, n: int = 2) -> subprocess.CompletedProcess:
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent(source))
+    if simulated:
+        cmd = [sys.executable, "-m", "spmdsim.emulator.mpirun", "-n", str(n), str(script), arg]
+    else:
+        cmd = ["timeout", "-k", "5", "60", MPIEXEC, "-n", str(n), sys.executable, str(script), arg]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("handler", ["fatal", "abort"])
+def test_a_fatal_handler_ends_the_job(tmp_path, handler):
+    """Send to rank 5 of 2 under ERRORS_ARE_FATAL / ERRORS_ABORT: no rank goes on, one line, exit 6
+    (MPI.ERR_RANK), as MPICH's job aborts with 6; the program's except clause never runs."""
+    run = _run(tmp_path, _BAD_RANK, handler, simulated=True)
+    assert run.returncode == 6, run.stderr
+    assert sorted(run.stdout.split("\n")) == ["", "before 0", "before 1"]
+    name = "MPI.ERRORS_ARE_FATAL" if handler == "fatal" else "MPI.ERRORS_ABORT"
+    assert run.stderr.replace("\n  ", " ") == (
+        "spmdsim mpirun: fatal error on simulated rank 0: Invalid rank: dest rank 5 is outside the communicator "
+        f"of 2 ranks (0 to 1, or MPI.PROC_NULL) (in Send on the world, whose error handler is {name}; at "
+        "prog.py:15): every rank was stopped\n")
+    assert max(map(len, run.stderr.splitlines())) <= 100
+    if MPIEXEC:
+        mpich = _run(tmp_path, _BAD_RANK, handler, simulated=False)
+        assert mpich.returncode == 6 and "caught" not in mpich.stdout and "after" not in mpich.stdout
+        assert "Invalid rank" in mpich.stderr
+
+
+def test_errors_return_raises(tmp_path):
+    run = _run(tmp_path, _BAD_RANK, "return", simulated=True)
+    assert run.returncode == 0 and run.stderr == ""
+    assert sorted(run.stdout.splitlines()) == ["after 0", "after 1", "before 0", "before 1", "caught 6"]
+
+
+@pytest.mark.parametrize("errors", ["default", "exception", "abort", "fatal"])
+def test_rc_errors_picks_the_starting_handlers(tmp_path, errors):
+    """mpi4py sets rc.errors's handler on every communicator it makes, but under "default" (MPI's: fatal on
+    the predefined ones, a new one inherits its parent's); compared with MPICH's."""
+    expected = {"default": "fatal fatal return return return fatal", "exception": "return " * 5 + "return",
+                "abort": "abort abort return abort abort abort", "fatal": "fatal fatal return fatal fatal fatal"}
+    run = _run(tmp_path, _START, errors, simulated=True, n=1)
+    assert run.stdout == f"{errors} {expected[errors]}\n", run.stderr
+    if MPIEXEC and errors in ("default", "abort"):
+        mpich = _run(tmp_path, _START, errors, simulated=False, n=1)
+        assert mpich.stdout == run.stdout, mpich.stderr[-2000:]
+
+
+def test_windows_and_files_are_refused_sessions_follow_rc_errors(tmp_path):
+    """Windows and files: NotImplementedError in one line (what mpi4py raises where MPI lacks a call), not a
+    TypeError about the simulated communicator; a session gets the handler of the rank's rc.errors."""
+    run = _run(tmp_path, """
+        import os
+        import mpi4py
+        mpi4py.rc.errors = "fatal"
+        from mpi4py import MPI
+        for make in (lambda: MPI.Win.Create(MPI.BOTTOM, 1, MPI.INFO_NULL, MPI.COMM_SELF),
+                     lambda: MPI.Win.Allocate(8, 1, MPI.INFO_NULL, MPI.COMM_WORLD),
+                     lambda: MPI.File.Open(MPI.COMM_SELF, os.devnull, MPI.MODE_WRONLY)):
+            try:
+                make()
+            except NotImplementedError as exc:
+                print(str(exc).split(" is not simulated")[0])
+        print(isinstance(MPI.WIN_NULL, MPI.Win), MPI.Win.__name__)
+        session = MPI.Session.Init()
+        print(session.Get_errhandler() == MPI.ERRORS_ARE_FATAL, isinstance(session, MPI.Session))
+        session.Finalize()
+        """, "", simulated=True, n=1)
+    assert run.stdout.splitlines() == ["one-sided communication (MPI.Win)"] * 2 + ["MPI I/O (MPI.File)",
+                                                                                "True Win", "True True"], run.stderr
