@@ -38,7 +38,7 @@ def _fits(recv: Request, source: int, tag: int) -> bool:
 
 
 def _c_int(value: Any) -> Any:
-    """A float rank or tag as mpi4py's C int takes it (truncated: ``comm.Send(x, size / 2)`` sends to
+    """A float rank or tag as mpi4py's C int takes it (truncated: a send to rank ``size / 2`` goes to
     rank 1 of 2, as in mpi4py's demo osu_multi_lat.py); anything else as it is, for the checks."""
     return int(value) if isinstance(value, (float, np.floating)) else value
 
