@@ -84,3 +84,18 @@ def test_each_rank_captures_its_own_stderr(tmp_path, capsys):
     out = capsys.readouterr()
     assert sorted(out.out.splitlines()) == [f"{r} True 2 True 1 True" for r in range(4)]
     assert sorted(out.err.splitlines()) == [f"after {r}" for r in range(4)]
+
+
+def test_a_programs_mpi4py_rc_settings_end_with_its_run(tmp_path, capsys):
+    """Under mpiexec `mpi4py.rc.errors = "fatal"` dies with the program's processes; the simulated ranks share
+    this process's mpi4py.rc, so `spmdsim mpirun` undoes the run's settings (a later simulation's communicators
+    started with ERRORS_ARE_FATAL when a demo of mpi4py's init-fini had set it)."""
+    import mpi4py
+
+    program = tmp_path / "fatal.py"
+    program.write_text("import mpi4py\nmpi4py.rc.errors = 'fatal'\nmpi4py.rc.threads = False\n"
+                       "from mpi4py import MPI\nprint(MPI.COMM_WORLD.Get_errhandler() == MPI.ERRORS_ARE_FATAL)\n")
+    before = dict(vars(mpi4py.rc)), mpi4py.rc.errors, mpi4py.rc.threads
+    assert main(["mpirun", "-n", "2", "python", str(program)]) == 0
+    assert capsys.readouterr().out == "True\nTrue\n"
+    assert (dict(vars(mpi4py.rc)), mpi4py.rc.errors, mpi4py.rc.threads) == before

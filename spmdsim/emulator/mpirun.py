@@ -274,6 +274,12 @@ def run(n: int, command: Sequence[str]) -> int:
         print(f"spmdsim mpirun: error: {exc}", file=sys.stderr)
         return 2
     saved_argv, saved_path, saved_stdin = sys.argv[:], sys.path[:], sys.stdin
+    # A program's `mpi4py.rc.errors = ...` (mpi4py's init-fini demos) dies with its process under mpiexec:
+    # here the ranks share this process's mpi4py.rc, so the run's settings are undone after it.
+    import mpi4py
+
+    rc = mpi4py.rc
+    saved_rc = dict(vars(rc))
     sys.argv[:] = argv
     sys.stdin = _StdinOfRankZero(saved_stdin)
     sys.path.insert(0, os.path.dirname(os.path.abspath(what)) if kind == "path" else
@@ -298,6 +304,8 @@ def run(n: int, command: Sequence[str]) -> int:
         return _report(exc, exits)
     finally:
         sys.argv[:], sys.path[:], sys.stdin = saved_argv, saved_path, saved_stdin
+        vars(rc).clear()
+        vars(rc).update(saved_rc)
     if codes.unreceived:  # MPI leaves them undefined; MPICH drops a small one without a word
         more = f"; and {len(codes.unreceived) - 3} more" if len(codes.unreceived) > 3 else ""
         print(f"spmdsim mpirun: warning: when the ranks ended, {'; '.join(codes.unreceived[:3])}{more}",
