@@ -138,6 +138,15 @@ def run_shell(command: str) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
+def assert_prints_quote(quote: Quote, returncode: int = 0) -> subprocess.CompletedProcess:
+    """Run the quoted command (run_shell) and assert it exits with `returncode` and prints the quoted lines."""
+    done = run_shell(quote.command)
+    assert done.returncode == returncode, quote.where() + "\n" + done.stderr[-2000:]
+    why = mismatch(quote.output, done.stdout)
+    assert why is None, f"{quote.where()}: {why}\n{done.stdout}"
+    return done
+
+
 def run_long(quote: Quote, mpiexec: Optional[str]) -> Optional[subprocess.CompletedProcess]:
     """A command marked ``# long`` run with ``--steps 2 --sample 0`` in place of its step count (asserted to
     exit 0), or None for an MPI one where there is no `mpiexec`."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from docs_commands import ROOT, mismatch, run_long, run_shell, section
+from docs_commands import ROOT, assert_prints_quote, run_long, section
 from testkit import MPIEXEC
 
 pytest.importorskip("ml_dtypes")
@@ -30,10 +30,7 @@ def test_the_section_shows_the_commands_this_test_runs():
 
 def test_the_quoted_command_prints_what_the_doc_quotes():
     quote = _section()[0]
-    done = run_shell(quote.command)
-    assert done.returncode == 0, quote.where() + "\n" + done.stderr[-2000:]
-    why = mismatch(quote.output, done.stdout)
-    assert why is None, f"{quote.where()}: {why}\n{done.stdout}"
+    assert_prints_quote(quote)
 
 
 @pytest.mark.parametrize("index", [1, 2, 3, 4, 5])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from docs_commands import mismatch, run_long, run_shell, section
+from docs_commands import assert_prints_quote, run_long, section
 from testkit import MPIEXEC
 
 DOC = "docs/training.md"
@@ -29,10 +29,7 @@ def test_the_section_shows_the_commands_this_test_runs():
 @pytest.mark.parametrize("index", [0, 1, 2, 3])
 def test_a_quoted_command_prints_what_the_doc_quotes(index):
     quote = _section()[index]
-    done = run_shell(quote.command)
-    assert done.returncode == (2 if index == 0 else 0), quote.where() + "\n" + done.stderr[-2000:]
-    why = mismatch(quote.output, done.stdout)
-    assert why is None, f"{quote.where()}: {why}\n{done.stdout}"
+    assert_prints_quote(quote, 2 if index == 0 else 0)
 
 
 @pytest.mark.parametrize("index", [4, 5, 6])
