@@ -29,6 +29,7 @@ from .. import buffers
 from ..engines import engine_of
 from ..engines.wait import polite_wait
 from ..errors import DTypeError, ShapeError
+from ..precision import is_low
 from ..validate import SUPPORTED_DTYPES, counted
 from . import debug
 from . import layers
@@ -251,7 +252,7 @@ def _check_dtype(op: str, dtype: np.dtype) -> None:
     sums = op in ("allreduce", "reduce_scatter")
     if dtype.kind in (_SUMMABLE if sums else _MOVABLE) and dtype.isnative:
         return
-    if dtype.name == "bfloat16" and not sums:  # moved as its 16-bit words (spmdsim.engines.mpi; the sums of
+    if is_low(dtype) and not sums:  # moved as its 16-bit words (spmdsim.engines.mpi; the sums of
         return  # bfloat16 are float32's, spmdsim.runtime.collectives)
     if not dtype.isnative:
         raise DTypeError(f"{op}: dtype {dtype.str!r} is not in native byte order; convert the array "

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import ShapeError
+from ..precision import is_low
 from .door import _alone, _contig, _empty, issue
 from .mesh import Mesh
 
@@ -98,7 +99,7 @@ def reduce_scatterv(mesh: Mesh, local: Any, axes: Any, tensor_dim: int, sizes: S
     _, g, me = mesh.group_info(axes)
     x = _contig(local)
     _checked(x, tensor_dim, sum(sizes), "reduce_scatterv")
-    if x.dtype.name == "bfloat16":  # no bfloat16 sum in MPI: summed in float32, rounded once
+    if is_low(x.dtype):  # no bfloat16 sum in MPI: summed in float32, rounded once
         return reduce_scatterv(mesh, x.astype(np.float32), axes, tensor_dim, sizes, label).astype(x.dtype)
     if g == 1:
         _alone("reduce_scatter", axes, label, x.dtype)
