@@ -59,6 +59,7 @@ def pytest_configure(config: pytest.Config) -> None:
 #: the many small files fill in at the end (see _schedule_heavy_files_first).
 HEAVY_FILES = (
     "test_train_memory_docs.py", "test_pipeline_train.py", "test_tolerance_scale.py", "test_train_bf16_docs.py",
+    "test_train_vocab_docs.py", "test_sim_mpi4py_demos.py",
     "test_scripts_args.py", "test_autoshard_dag.py", "test_sim_mpi4py_suite.py", "test_sim_lab.py",
     "test_gpt_parallel.py", "test_autoshard_gpt.py", "test_sim_cli.py", "test_plan_exhaustive.py",
     "test_bench_gpt_pipeline.py", "test_sim_mpirun.py", "test_ops_general.py", "test_peer_mpi4py_gpt.py",
