@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import pathlib
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -239,13 +237,9 @@ def test_new_ops_keep_float32_and_index_like_numpy():
         assert np.allclose(got, expected, rtol=1e-6, atol=1e-6)
 
 
-def test_llama_block_example_passes_on_8_ranks():
-    script = ROOT / "examples" / "llama_block.py"
-    out = subprocess.run([sys.executable, str(script), "--ranks", "8"], capture_output=True, text=True,
-                         timeout=300, cwd=ROOT)
-    assert out.returncode == 0, out.stderr
-    assert "forward and 10 gradients vs numpy: PASS" in out.stdout
-    assert ".local" not in script.read_text()
+def test_llama_block_example_reads_no_local_shard():
+    # tests/test_sim_cli.py runs it on 8 simulated ranks and asserts its "forward and 10 gradients" PASS line.
+    assert ".local" not in (ROOT / "examples" / "llama_block.py").read_text()
 
 
 # -- an encoder with a padding mask and a mean-pooled classifier, on a (dp, tp) mesh ---------------------------

@@ -99,6 +99,11 @@ def test_every_example_runs_on_8_simulated_ranks(path, monkeypatch, capsys):
     assert done.value.code == 0, out
     assert out.startswith("spmdsim: running on 8 simulated ranks in one process")
     assert "PASS" in out or "passed" in out
+    assert PASS_LINES.get(path.stem, "") in out
+
+
+#: The check line an example must print where "PASS" alone would also match a partial result.
+PASS_LINES = {"llama_block": "forward and 10 gradients vs numpy: PASS"}
 
 
 TRAINING = [p for p in EXAMPLES if p.stem.startswith("train_")]
