@@ -119,10 +119,7 @@ def send_requests(comm: Any, receives: list, sends: list) -> list:
     """Post point-to-point messages: `receives` as (buffer, source, tag), then `sends` as (buffer, dest,
     tag); the requests, receives first (every receive posted before any send: no order of arrival
     can deadlock)."""
-    engine = engine_of(comm)
-    requests = [engine.irecv(comm, buf, source, tag) for buf, source, tag in receives]
-    requests += [engine.isend(comm, buf, dest, tag) for buf, dest, tag in sends]
-    return requests
+    return engine_of(comm).post(comm, receives, sends)
 
 
 def point_to_point(mesh: Mesh, comm: Any, axes: Any, receives: list, sends: list, label: str | None) -> None:
@@ -135,19 +132,22 @@ def point_to_point(mesh: Mesh, comm: Any, axes: Any, receives: list, sends: list
     when a rank captures a step (spmdsim.runtime.replay): a replay posts the same messages on the same
     buffers again."""
     context = _context()
-    traces = context.traces
     t0 = perf_counter()
-    engine = engine_of(comm)
-    requests = [engine.irecv(comm, buf, source, tag) for buf, source, tag in receives]
-    requests += [engine.isend(comm, buf, dest, tag) for buf, dest, tag in sends]
+    engine = mesh.engine  # `comm` is a group of `mesh`: its engine
+    requests = engine.post(comm, receives, sends)
+    # Quiet (no check, no watchdog): debug.waiter's answer without its call; the op and axes are worked
+    # out only for a hook or a trace, after the posts (a few groups per microbatch, each rank in turn).
+    quiet = context.hooks.quiet
+    if quiet:
+        engine.wait_all(requests, polite_wait if mesh.polite else None)
+        if not context.traces:
+            return
     op = "sendrecv" if receives and sends else ("recv" if receives else "send")
     if type(axes) is not tuple:
         axes = normalize_axes(axes)
-    # Quiet (no check, no watchdog): debug.waiter's answer without its call, a few per microbatch.
-    polite = mesh.polite
-    wait = (polite_wait if polite else None) if context.hooks.quiet else \
-        debug.waiter(op, axes, context.seq, polite, comm)
-    engine.wait_all(requests, wait)
+    if not quiet:
+        engine.wait_all(requests, debug.waiter(op, axes, context.seq, mesh.polite, comm))
+    traces = context.traces
     if traces:
         sent = received = 0
         peers = set()
@@ -157,7 +157,10 @@ def point_to_point(mesh: Mesh, comm: Any, axes: Any, receives: list, sends: list
         for buf, peer, _ in receives:
             received += buf.nbytes
             peers.add(peer)
-        record(op, axes, comm.Get_size(), sent, received, perf_counter() - t0, label, 0, len(peers))
+        ended = perf_counter()  # record()'s row, the collectors in hand
+        row = (op, axes, comm.Get_size(), sent, received, ended - t0, label, 0, ended, len(peers))
+        for trace in traces:
+            trace._rows.append(row)
 
 
 def wait_requests(comm: Any, requests: list, wait: Any = None) -> None:
