@@ -35,7 +35,7 @@ from . import debug
 from . import layers
 from .layers import Collective
 from .mesh import Mesh, normalize_axes
-from .replay import kernel, unrecorded
+from .replay import capturing, kernel, unrecorded
 from ..context import current as _context
 from .trace import record, record_call
 
@@ -131,25 +131,23 @@ def point_to_point(mesh: Mesh, comm: Any, axes: Any, receives: list, sends: list
     numbered as a collective: the stages of a pipeline make different numbers of them. One recorded call
     when a rank captures a step (spmdsim.runtime.replay): a replay posts the same messages on the same
     buffers again."""
-    context = _context()
+    if capturing():  # recorded as one call (the kernel below runs this body again, inside the capture)
+        return _recorded_point_to_point(mesh, comm, axes, receives, sends, label)
+    # The posts first: a peer waits for them. What the trace row needs is worked out while the messages
+    # fly; after the wait only the end time and the row (each microsecond between one group's wait and
+    # the next group's posts lies on the schedule's chain of stages, at 4 ranks per core on cold caches).
     t0 = perf_counter()
     engine = mesh.engine  # `comm` is a group of `mesh`: its engine
     requests = engine.post(comm, receives, sends)
-    # Quiet (no check, no watchdog): debug.waiter's answer without its call; the op and axes are worked
-    # out only for a hook or a trace, after the posts (a few groups per microbatch, each rank in turn).
-    quiet = context.hooks.quiet
-    if quiet:
-        engine.wait_all(requests, polite_wait if mesh.polite else None)
-        if not context.traces:
-            return
-    op = "sendrecv" if receives and sends else ("recv" if receives else "send")
-    if type(axes) is not tuple:
-        axes = normalize_axes(axes)
-    if not quiet:
-        engine.wait_all(requests, debug.waiter(op, axes, context.seq, mesh.polite, comm))
+    context = _context()
     traces = context.traces
+    quiet = context.hooks.quiet
+    if traces or not quiet:
+        op = "sendrecv" if receives and sends else ("recv" if receives else "send")
+        if type(axes) is not tuple:
+            axes = normalize_axes(axes)
     if traces:
-        sent = received = 0
+        size, sent, received = comm.Get_size(), 0, 0
         peers = set()
         for buf, peer, _ in sends:
             sent += buf.nbytes
@@ -157,8 +155,12 @@ def point_to_point(mesh: Mesh, comm: Any, axes: Any, receives: list, sends: list
         for buf, peer, _ in receives:
             received += buf.nbytes
             peers.add(peer)
+    # Quiet (no check, no watchdog): debug.waiter's answer without its call.
+    engine.wait_all(requests, (polite_wait if mesh.polite else None) if quiet else
+                    debug.waiter(op, axes, context.seq, mesh.polite, comm))
+    if traces:
         ended = perf_counter()  # record()'s row, the collectors in hand
-        row = (op, axes, comm.Get_size(), sent, received, ended - t0, label, 0, ended, len(peers))
+        row = (op, axes, size, sent, received, ended - t0, label, 0, ended, len(peers))
         for trace in traces:
             trace._rows.append(row)
 
@@ -268,5 +270,6 @@ def _check_dtype(op: str, dtype: np.dtype) -> None:
 
 
 # Point-to-point messages are one recorded call when a rank captures a step, as the collectives are
-# (spmdsim.runtime.collectives): a replay meets the peer stage again.
-point_to_point = kernel(point_to_point)
+# (spmdsim.runtime.collectives): a replay meets the peer stage again. point_to_point asks `capturing()`
+# itself and calls this only then: the kernel's wrapper (*args, a test) is not on the path of a plain step.
+_recorded_point_to_point = kernel(point_to_point)
