@@ -35,7 +35,7 @@ from . import debug
 from . import layers
 from .layers import Collective
 from .mesh import Mesh, normalize_axes
-from .replay import capturing, kernel, unrecorded
+from .replay import CAPTURES, capturing, kernel, unrecorded
 from ..context import current as _context
 from .trace import record, record_call
 
@@ -131,7 +131,7 @@ def point_to_point(mesh: Mesh, comm: Any, axes: Any, receives: list, sends: list
     numbered as a collective: the stages of a pipeline make different numbers of them. One recorded call
     when a rank captures a step (spmdsim.runtime.replay): a replay posts the same messages on the same
     buffers again."""
-    if capturing():  # recorded as one call (the kernel below runs this body again, inside the capture)
+    if CAPTURES[0] and capturing():  # recorded as one call (the kernel below runs this body again, inside it)
         return _recorded_point_to_point(mesh, comm, axes, receives, sends, label)
     # The posts first: a peer waits for them. What the trace row needs is worked out while the messages
     # fly; after the wait only the end time and the row (each microsecond between one group's wait and
@@ -139,7 +139,7 @@ def point_to_point(mesh: Mesh, comm: Any, axes: Any, receives: list, sends: list
     t0 = perf_counter()
     engine = mesh.engine  # `comm` is a group of `mesh`: its engine
     requests = engine.post(comm, receives, sends)
-    context = _context()
+    context = mesh.context  # this rank's: its traces and hooks
     traces = context.traces
     quiet = context.hooks.quiet
     if traces or not quiet:
