@@ -55,12 +55,29 @@ def run_transfers(comm: Any) -> dict:
     requests = [engine.irecv(comm, got, (me - 1) % g, 5), engine.isend(comm, np.array([me, 7.0]), peer, 5)]
     engine.wait_all(requests, wait)
     out["point to point"] = got, len(waits)
+    # A group of messages in one call, from and to both neighbours (tags apart where they are one rank);
+    # with ml_dtypes one of them bfloat16, which MPI's engine moves as its 16-bit words.
+    dtype = _bfloat16_or_float64()
+    left, right = (me - 1) % g, (me + 1) % g
+    from_left, from_right = np.empty(3), np.empty(2, dtype)
+    requests = engine.post(comm, [(from_left, left, 6), (from_right, right, 7)],
+                           [(np.full(3, me + 0.5), right, 6), (np.array([me, -me], dtype), left, 7)])
+    engine.wait_all(requests, None)
+    out["post"] = from_left, from_right.astype(np.float64), len(requests)
     out["objects"] = (engine.all_gather_object(comm, ("r", me)), engine.gather_object(comm, me * me, 1),
                       engine.broadcast_object(comm, {"from": me}, 2), engine.all_reduce_object(comm, me + 1, "sum"))
     half = engine.split(comm, me % 2, -me)  # even and odd ranks, in reverse order
     out["split"] = (half.Get_size(), half.Get_rank())
     engine.free(half)
     return out
+
+
+def _bfloat16_or_float64() -> np.dtype:
+    try:
+        import ml_dtypes
+    except ImportError:
+        return np.dtype(np.float64)
+    return np.dtype(ml_dtypes.bfloat16)
 
 
 def check_transfers(out: dict, r: int, g: int) -> None:
@@ -79,6 +96,9 @@ def check_transfers(out: dict, r: int, g: int) -> None:
         assert np.array_equal(out["gather_to"], np.concatenate(x))
     got, waited = out["point to point"]
     assert np.array_equal(got, [(r - 1) % g, 7.0]) and waited == 2
+    from_left, from_right, posted = out["post"]
+    assert np.array_equal(from_left, np.full(3, (r - 1) % g + 0.5)) and posted == 4
+    assert np.array_equal(from_right, [(r + 1) % g, -((r + 1) % g)])
     gathered, squares, bcast, total = out["objects"]
     assert gathered == [("r", q) for q in range(g)] and bcast == {"from": 2} and total == g * (g + 1) // 2
     assert squares == ([q * q for q in range(g)] if r == 1 else None)

@@ -15,6 +15,7 @@ place in it) and how each kind of transfer runs on such a group:
 | ``gather_to(comm, send, recv, root, wait)`` | every member's `send` side by side into the root's `recv` |
 | ``barrier(comm, wait)`` | nothing: every member has arrived |
 | ``isend(comm, buf, dest, tag)``, ``irecv(comm, buf, source, tag)`` | one message; a request with ``Test()``/``Wait()`` |
+| ``post(comm, receives, sends)`` | a group's messages: every receive posted, then every send; their requests |
 | ``all_gather_object``, ``gather_object``, ``broadcast_object``, ``all_reduce_object`` | picklable objects (control traffic) |
 
 `wait` says how the caller waits: None for the blocking call; else a function
@@ -127,6 +128,13 @@ class Engine:
 
     def irecv(self, comm: Any, buf: np.ndarray, source: int, tag: int) -> Any:
         raise NotImplementedError(f"{self.name} engine: irecv")
+
+    def post(self, comm: Any, receives: list, sends: list) -> list:
+        """Post `receives` ((buffer, source, tag) each), then `sends` ((buffer, dest, tag) each); their
+        requests, receives first (every receive posted before any send: no order of arrival can deadlock)."""
+        requests = [self.irecv(comm, buf, source, tag) for buf, source, tag in receives]
+        requests += [self.isend(comm, buf, dest, tag) for buf, dest, tag in sends]
+        return requests
 
     def wait_all(self, requests: list, wait: Wait) -> None:
         """Complete every request of `isend`/`irecv` (each by `wait`, when given)."""

@@ -115,6 +115,17 @@ class MpiEngine(Engine):
     def irecv(self, comm: Any, buf: np.ndarray, source: int, tag: int) -> Any:
         return comm.Irecv(_w(buf), source, tag)
 
+    def post(self, comm: Any, receives: list, sends: list) -> list:
+        """The messages of a group in one call, a plain loop (no comprehension frames): a buffer passed as
+        it is unless its dtype is of kind "V" (ml_dtypes' bfloat16, moved as `_w`'s 16-bit words)."""
+        requests: list = []
+        put = requests.append
+        for buf, source, tag in receives:
+            put(comm.Irecv(buf if buf.dtype.kind != "V" else _w(buf), source, tag))
+        for buf, dest, tag in sends:
+            put(comm.Isend(buf if buf.dtype.kind != "V" else _w(buf), dest, tag))
+        return requests
+
     def wait_all(self, requests: list, wait: Wait) -> None:
         if wait is None:
             if requests:  # Request.Waitall, a class method: reached from a request, no import on the way

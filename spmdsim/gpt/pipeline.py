@@ -132,6 +132,9 @@ class PipelineRun:
         self.mesh.close()
 
 
+_PP = ("pp",)  # the messages' axes, normalized once (runtime.door.point_to_point takes a tuple as it is)
+
+
 def _tag(what: str, chunk: int) -> int:
     """A message's tag: its kind and the chunk that sent it. Messages between two ranks with one tag match
     in the order posted, and every checked schedule posts each kind's receives in the order the peer
@@ -436,7 +439,7 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
         sends: list = []
         for op in (action.ops if isinstance(action, Post) else (action,)):
             message(op, receives, sends)
-        point_to_point(run.mesh, pp_comm, "pp", receives, sends, "pipeline")
+        point_to_point(run.mesh, pp_comm, _PP, receives, sends, "pipeline")
         for op, buf in received:
             t = DTensor(mesh, buf, wire, shape)
             if scatter:  # Megatron's gather: the stage's tp ranks put their rows together
@@ -632,7 +635,7 @@ def _tie_embedding(run: PipelineRun, wte: Any, other: int, pp_comm: Any) -> None
     g = wte.grad
     mine = buffers.contiguous(g.local)
     theirs = buffers.empty(mine.shape, mine.dtype)
-    point_to_point(run.mesh, pp_comm, "pp", [(theirs, other, 1 << 14)], [(mine, other, 1 << 14)],
+    point_to_point(run.mesh, pp_comm, _PP, [(theirs, other, 1 << 14)], [(mine, other, 1 << 14)],
                    "embedding group")
     total = mine if g.mesh.engine.dry else mine + theirs  # a dry run's zeros stay zeros, unread
     wte._ag.grad = type(g)(g.mesh, total, g.layout, g.global_shape)

@@ -35,7 +35,7 @@ from . import debug
 from . import layers
 from .layers import Collective
 from .mesh import Mesh, normalize_axes
-from .replay import kernel, unrecorded
+from .replay import CAPTURES, capturing, kernel, unrecorded
 from ..context import current as _context
 from .trace import record, record_call
 
@@ -119,10 +119,7 @@ def send_requests(comm: Any, receives: list, sends: list) -> list:
     """Post point-to-point messages: `receives` as (buffer, source, tag), then `sends` as (buffer, dest,
     tag); the requests, receives first (every receive posted before any send: no order of arrival
     can deadlock)."""
-    engine = engine_of(comm)
-    requests = [engine.irecv(comm, buf, source, tag) for buf, source, tag in receives]
-    requests += [engine.isend(comm, buf, dest, tag) for buf, dest, tag in sends]
-    return requests
+    return engine_of(comm).post(comm, receives, sends)
 
 
 def point_to_point(mesh: Mesh, comm: Any, axes: Any, receives: list, sends: list, label: str | None) -> None:
@@ -134,22 +131,23 @@ def point_to_point(mesh: Mesh, comm: Any, axes: Any, receives: list, sends: list
     numbered as a collective: the stages of a pipeline make different numbers of them. One recorded call
     when a rank captures a step (spmdsim.runtime.replay): a replay posts the same messages on the same
     buffers again."""
-    context = _context()
-    traces = context.traces
+    if CAPTURES[0] and capturing():  # recorded as one call (the kernel below runs this body again, inside it)
+        return _recorded_point_to_point(mesh, comm, axes, receives, sends, label)
+    # The posts first: a peer waits for them. What the trace row needs is worked out while the messages
+    # fly; after the wait only the end time and the row (each microsecond between one group's wait and
+    # the next group's posts lies on the schedule's chain of stages, at 4 ranks per core on cold caches).
     t0 = perf_counter()
-    engine = engine_of(comm)
-    requests = [engine.irecv(comm, buf, source, tag) for buf, source, tag in receives]
-    requests += [engine.isend(comm, buf, dest, tag) for buf, dest, tag in sends]
-    op = "sendrecv" if receives and sends else ("recv" if receives else "send")
-    if type(axes) is not tuple:
-        axes = normalize_axes(axes)
-    # Quiet (no check, no watchdog): debug.waiter's answer without its call, a few per microbatch.
-    polite = mesh.polite
-    wait = (polite_wait if polite else None) if context.hooks.quiet else \
-        debug.waiter(op, axes, context.seq, polite, comm)
-    engine.wait_all(requests, wait)
+    engine = mesh.engine  # `comm` is a group of `mesh`: its engine
+    requests = engine.post(comm, receives, sends)
+    context = mesh.context  # this rank's: its traces and hooks
+    traces = context.traces
+    quiet = context.hooks.quiet
+    if traces or not quiet:
+        op = "sendrecv" if receives and sends else ("recv" if receives else "send")
+        if type(axes) is not tuple:
+            axes = normalize_axes(axes)
     if traces:
-        sent = received = 0
+        size, sent, received = comm.Get_size(), 0, 0
         peers = set()
         for buf, peer, _ in sends:
             sent += buf.nbytes
@@ -157,7 +155,14 @@ def point_to_point(mesh: Mesh, comm: Any, axes: Any, receives: list, sends: list
         for buf, peer, _ in receives:
             received += buf.nbytes
             peers.add(peer)
-        record(op, axes, comm.Get_size(), sent, received, perf_counter() - t0, label, 0, len(peers))
+    # Quiet (no check, no watchdog): debug.waiter's answer without its call.
+    engine.wait_all(requests, (polite_wait if mesh.polite else None) if quiet else
+                    debug.waiter(op, axes, context.seq, mesh.polite, comm))
+    if traces:
+        ended = perf_counter()  # record()'s row, the collectors in hand
+        row = (op, axes, size, sent, received, ended - t0, label, 0, ended, len(peers))
+        for trace in traces:
+            trace._rows.append(row)
 
 
 def wait_requests(comm: Any, requests: list, wait: Any = None) -> None:
@@ -265,5 +270,6 @@ def _check_dtype(op: str, dtype: np.dtype) -> None:
 
 
 # Point-to-point messages are one recorded call when a rank captures a step, as the collectives are
-# (spmdsim.runtime.collectives): a replay meets the peer stage again.
-point_to_point = kernel(point_to_point)
+# (spmdsim.runtime.collectives): a replay meets the peer stage again. point_to_point asks `capturing()`
+# itself and calls this only then: the kernel's wrapper (*args, a test) is not on the path of a plain step.
+_recorded_point_to_point = kernel(point_to_point)

@@ -10,6 +10,7 @@ import numpy as np
 from .. import buffers
 from ..errors import LayoutError, RuntimeMismatchError
 from ..layout import Layout
+from ..context import current
 from ..engines import engine_of, ways_out
 from ..engines.wait import WAIT_MODES, resolve_wait_mode
 
@@ -67,6 +68,9 @@ class Mesh:
             # very Layout every rank's mesh holds, and placement checks stop at `is`.
             layout = _SHARED_LAYOUTS.setdefault(layout, layout)
         self.layout, self.comm, self.size, self.rank = layout, comm, size, comm.Get_rank()
+        #: The rank's context the mesh was made in (spmdsim.context: its open traces, its debug settings),
+        #: read by runtime.door.point_to_point without asking which thread runs.
+        self.context = current()
         self.coords = layout.coords(self.rank)
         # Simulated ranks are threads of one process: no MPI progress to be polite to.
         self.wait_mode = resolve_wait_mode(wait, comm) if not simulated else _simulated_wait(wait)
