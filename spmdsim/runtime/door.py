@@ -37,7 +37,7 @@ from .layers import Collective
 from .mesh import Mesh, normalize_axes
 from .replay import CAPTURES, capturing, kernel, unrecorded
 from ..context import current as _context
-from .trace import record, record_call
+from .trace import record, record_call, record_to
 
 _empty = buffers.empty  # placed in the page for MPI's copies (spmdsim.buffers)
 _ndarray = np.ndarray
@@ -159,10 +159,8 @@ def point_to_point(mesh: Mesh, comm: Any, axes: Any, receives: list, sends: list
     engine.wait_all(requests, (polite_wait if mesh.polite else None) if quiet else
                     debug.waiter(op, axes, context.seq, mesh.polite, comm))
     if traces:
-        ended = perf_counter()  # record()'s row, the collectors in hand
-        row = (op, axes, size, sent, received, ended - t0, label, 0, ended, len(peers))
-        for trace in traces:
-            trace._rows.append(row)
+        ended = perf_counter()
+        record_to(traces, op, axes, size, sent, received, ended - t0, label, 0, ended, len(peers))
 
 
 def wait_requests(comm: Any, requests: list, wait: Any = None) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 from ..context import current as _context
 from ..engines.trace import Trace, TraceEntry
 
-__all__ = ["TraceEntry", "Trace", "collect_trace", "record", "open_traces"]
+__all__ = ["TraceEntry", "Trace", "collect_trace", "record", "record_to", "open_traces"]
 
 
 def open_traces() -> list:
@@ -46,11 +46,17 @@ def record(op: str, axes: tuple[str, ...], group_size: int, sent: int, received:
     """Append one entry to every open collector (`copied`: bytes packed/unpacked locally;
     `peers`: other ranks an alltoallv/exchange talked to)."""
     traces = _context().traces
-    if traces:
-        # Called right after the collective returns: now is when it ended.
-        row = (op, axes, group_size, sent, received, seconds, label, copied, perf_counter(), peers)
-        for trace in traces:
-            trace._rows.append(row)
+    if traces:  # called right after the collective returns: now is when it ended
+        record_to(traces, op, axes, group_size, sent, received, seconds, label, copied, perf_counter(), peers)
+
+
+def record_to(traces: list, op: str, axes: tuple[str, ...], group_size: int, sent: int, received: int,
+              seconds: float, label: str | None, copied: int, ended: float, peers: int) -> None:
+    """`record`'s entry, appended to `traces` (the running rank's open collectors, read by the caller) with
+    its end time `ended` given."""
+    row = (op, axes, group_size, sent, received, seconds, label, copied, ended, peers)
+    for trace in traces:
+        trace._rows.append(row)
 
 
 def record_call(traces: list, op: str, axes: Any, group_size: int, nbytes: Any, seconds: float,
