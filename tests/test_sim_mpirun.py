@@ -50,6 +50,26 @@ def test_mpirun_loads_no_planner(tmp_path):
     assert run.stdout == "[]\n"
 
 
+@pytest.mark.skipif(not MPIEXEC, reason="no mpiexec beside this Python (pip install -e '.[mpi]')")
+def test_the_start_benchmark_runs():
+    """scripts/bench_mpirun_start.py (docs/simulate.md quotes its medians), one round: every configuration
+    ran and printed what mpiexec printed (the script exits non-zero otherwise)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import mpi4py_suite
+
+    found = mpi4py_suite.find_tests()
+    if found is None or not (found.parent / "demo").is_dir():
+        pytest.skip("mpi4py's demos are not here: python tests/mpi4py_suite.py --fetch")
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_mpirun_start.py"), "--repeat", "1",
+                          "--ranks", "2", "--demo", "helloworld.py", "--before", str(ROOT)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith("helloworld.py at 2 ranks, median of 1 launches each"), run.stdout
+    assert [line[:29].strip() for line in lines[1:]] == ["spmdsim mpirun", "--before's spmdsim mpirun", "mpiexec",
+                                                          "spmdsim mpirun, A/A"], run.stdout
+
+
 def test_a_closed_pipe_stops_quietly(tmp_path, capsys):
     # `spmdsim mpirun -n 8 python ring.py | head -2`: a BrokenPipeError traceback of each rank that printed.
     prog = tmp_path / "prog.py"
