@@ -300,9 +300,61 @@ def float_ranks():
     return got.tolist()
 
 
+def _resizable(*buffers: bytearray) -> bool:
+    """Whether every bytearray can be resized: none has a view alive anywhere (BufferError otherwise)."""
+    try:
+        for b in buffers:
+            b.append(0)
+            del b[-1]
+    except BufferError:
+        return False
+    return True
+
+
+def buffers_released(rounds: int = 20):
+    """After a call returns, nothing else holds a view of its buffers (bytearrays stay resizable), round
+    after round: the persistent in-place Allgather, the collectives whose members read each other's
+    buffers, a neighbour collective, point to point. The names of the calls after which a buffer of
+    this rank was still exported, and the persistent in-place Allgather's last result."""
+    comm = MPI.COMM_WORLD
+    p, r = comm.size, comm.rank
+    nxt, prv, b = (r + 1) % p, (r - 1) % p, MPI.BYTE
+    cart = comm.Create_cart([p], periods=[True])
+    held = set()
+    gathered = bytearray(4 * p)
+    for k in range(rounds):
+        s, d, s1, d1 = bytearray(4 * p), bytearray(4 * p), bytearray(4), bytearray(4)
+        blocks = ([4] * p, [4 * i for i in range(p)])
+        gathered[4 * r:4 * r + 4] = bytes([10 * r + k % 10] * 4)
+        calls = {
+            "Allgather_init in place": lambda: _start_wait_free(comm.Allgather_init(MPI.IN_PLACE, [gathered, b])),
+            "Allreduce in place": lambda: comm.Allreduce(MPI.IN_PLACE, [d, b], MPI.BOR),
+            "Alltoall": lambda: comm.Alltoall([s, b], [d, b]),
+            "Alltoallv": lambda: comm.Alltoallv([s, blocks, b], [d, blocks, b]),
+            "Bcast": lambda: comm.Bcast([d, b], root=0),
+            "Scatter": lambda: comm.Scatter([s, b], [d1, b], root=0),
+            "Gather": lambda: comm.Gather([s1, b], [d, b], root=0),
+            "Ialltoall": lambda: comm.Ialltoall([s, b], [d, b]).Wait(),
+            "Neighbor_allgather": lambda: cart.Neighbor_allgather([s1, b], [bytearray(8), b]),
+            "Sendrecv": lambda: comm.Sendrecv([s1, b], nxt, 1, [d1, b], prv, 1),
+        }
+        for name, call in calls.items():
+            call()
+            if not _resizable(s, d, s1, d1, gathered):
+                held.add(name)
+    cart.Free()
+    return [sorted(held), list(gathered)]
+
+
+def _start_wait_free(request) -> None:
+    request.Start()
+    request.Wait()
+    request.Free()
+
+
 ALL = (group_null_and_empty, predefined_free, request_copies, byte_order, fortran_order_and_0d_counts,
        fewer_statuses, refused_buffers, matched_probes, errhandlers, attributes, pkl5_comm,
-       cartesian_queries, persistent_requests, derived_datatypes, comm_copy_after_free, float_ranks)
+       cartesian_queries, persistent_requests, derived_datatypes, comm_copy_after_free, float_ranks, buffers_released)
 
 
 def run_all():

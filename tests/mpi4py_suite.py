@@ -37,14 +37,13 @@ FILES = ("test_cco_buf", "test_cco_nb_buf", "test_cco_obj", "test_cco_vec", "tes
          "test_p2p_buf_matched", "test_p2p_obj_matched", "test_cco_ngh_buf", "test_cco_ngh_obj", "test_comm_topo",
          "test_group", "test_request", "test_status", "test_exceptions", "test_errhandler", "test_attributes",
          "test_util_pkl5", "test_threads", "test_environ", "test_msgspec", "test_msgzero", "test_op", "test_pickle",
-         "test_buffer", "test_address", "test_errorcode", "test_info", "test_mpimem", "test_grequest")
+         "test_buffer", "test_address", "test_errorcode", "test_info", "test_mpimem", "test_grequest",
+         "test_cco_pr_buf", "test_cco_pr_vec")
 
 #: mpi4py's test files not run, and why (docs/simulate.md's table).
 NOT_RUN = {
     "intercommunicators": ("test_cco_buf_inter", "test_cco_obj_inter", "test_cco_vec_inter", "test_comm_inter"),
     "partitioned requests, persistent neighbour collectives": ("test_cco_pr_ngh_buf", "test_p2p_buf_part"),
-    "persistent collectives (emulated, but one full run deadlocked once, test_cco_pr_buf's InplaceWorld "
-    "testAllgather at 2 ranks: not understood yet)": ("test_cco_pr_buf", "test_cco_pr_vec"),
     "one-sided communication (windows)": ("test_rma", "test_rma_nb", "test_win", "test_util_sync"),
     "MPI I/O": ("test_file", "test_io"),
     "dynamic processes": ("test_dynproc", "test_spawn", "test_util_pool"),

@@ -207,6 +207,15 @@ def test_persistent_requests(simulated2):
                                               [3.0], "MPI.Exception Invalid MPI_Request", False, True]
 
 
+def test_buffers_released(simulated2):
+    """Once a call returns, no other simulated rank's thread holds a view of its buffers (a view dropped
+    there later released the buffer while its owner ran: mpi4py's DLPack test buffers saw their reference
+    count change, and test_cco_pr_buf's in-place persistent Allgather hung once in a full run)."""
+    for res in simulated2:
+        # the last of 20 rounds: rank j's block is 4 bytes of 10 j + 19 % 10
+        assert res["buffers_released"] == [[], [9] * 4 + [19] * 4]
+
+
 def test_derived_datatypes_point_to_point(simulated2):
     """A column (Create_vector) arrives as 4 doubles; an indexed upper triangle lands in its places; a
     column received into the vector type fills a column."""

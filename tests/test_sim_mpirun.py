@@ -36,6 +36,40 @@ def test_example_prints_what_mpiexec_prints(name):
     assert _lines(name, sim.stdout) == _lines(name, mpi.stdout) and sim.stdout.strip()
 
 
+def test_mpirun_loads_no_planner(tmp_path):
+    """`spmdsim mpirun` loads the emulator and what it needs, not every command's modules: the planner,
+    the cost model, the pipeline parser and the MPI door took about half of a short program's start."""
+    prog = tmp_path / "prog.py"
+    prog.write_text("import sys\nfrom mpi4py import MPI\nif MPI.COMM_WORLD.rank == 0:\n"
+                    "    heavy = ('spmdsim.autoshard', 'spmdsim.cost', 'spmdsim.pipeline', 'spmdsim.plan', "
+                    "'spmdsim.runtime.door', 'spmdsim.runtime.guard')\n"
+                    "    print(sorted(m for m in sys.modules if m.startswith(heavy)))\n")
+    run = subprocess.run([sys.executable, "-m", "spmdsim", "mpirun", "-n", "2", "python", str(prog)],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "[]\n"
+
+
+@pytest.mark.skipif(not MPIEXEC, reason="no mpiexec beside this Python (pip install -e '.[mpi]')")
+def test_the_start_benchmark_runs():
+    """scripts/bench_mpirun_start.py (docs/simulate.md quotes its medians), one round: every configuration
+    ran and printed what mpiexec printed (the script exits non-zero otherwise)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import mpi4py_suite
+
+    found = mpi4py_suite.find_tests()
+    if found is None or not (found.parent / "demo").is_dir():
+        pytest.skip("mpi4py's demos are not here: python tests/mpi4py_suite.py --fetch")
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_mpirun_start.py"), "--repeat", "1",
+                          "--ranks", "2", "--demo", "helloworld.py", "--before", str(ROOT)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith("helloworld.py at 2 ranks, median of 1 launches each"), run.stdout
+    assert [line[:29].strip() for line in lines[1:]] == ["spmdsim mpirun", "--before's spmdsim mpirun", "mpiexec",
+                                                          "spmdsim mpirun, A/A"], run.stdout
+
+
 def test_a_closed_pipe_stops_quietly(tmp_path, capsys):
     # `spmdsim mpirun -n 8 python ring.py | head -2`: a BrokenPipeError traceback of each rank that printed.
     prog = tmp_path / "prog.py"

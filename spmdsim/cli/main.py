@@ -23,7 +23,8 @@ SUBCOMMANDS: tuple[str, ...] = ("slices", "explain", "show", "convert", "calibra
                                  "plan", "autoshard", "collective", "mpirun", "pipeline", "estimate")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: Sequence[str] = SUBCOMMANDS) -> argparse.ArgumentParser:
+    """The parser of `commands` (each module imported to register it: every one for --help)."""
     parser = OnceParser(
         prog="spmdsim",
         description="Run and check tensor-parallel programs on plain CPUs with MPI.",
@@ -32,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"spmdsim {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in SUBCOMMANDS:
+    for name in commands:
         importlib.import_module(f"{__package__}.{name}").register(subparsers)
     _mark_usage(parser)
     return parser
@@ -48,7 +49,10 @@ def _mark_usage(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    words = sys.argv[1:] if argv is None else list(argv)
+    # A command named first loads its own module only: the others' imports (the planner, the cost model)
+    # took most of a short `spmdsim mpirun` program's start.
+    parser = build_parser(words[:1] if words[:1] and words[0] in SUBCOMMANDS else SUBCOMMANDS)
     args, extra = parser.parse_known_args(argv)
     if extra:
         # argparse reports flags a subcommand does not know with the top-level usage;

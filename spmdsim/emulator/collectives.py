@@ -238,6 +238,7 @@ class BufferCollectives:
             block = slot.calls[root].data[me]
             _blocks_fit(call, block, dst[:n])
             copy_into(dst[:n], block)
+            block = None  # no reference to the root's buffer outlives `leave` (Group.leave)
         self._group.leave(me, slot)
 
     def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:

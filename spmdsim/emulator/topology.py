@@ -176,6 +176,7 @@ class SimCartComm(SimComm):
                                     f"rank {self.rank} receives {part.size} x {part.dtype.name}")
                 copy_into(part, sent)
         finally:
+            theirs = their_blocks = sent = None  # no reference to a neighbour's buffer outlives `leave` (Group.leave)
             self._group.leave(self._me, slot)
 
     def Neighbor_allgather(self, sendbuf: Any, recvbuf: Any) -> None:

@@ -33,6 +33,7 @@ from typing import Any, Callable, NoReturn
 from ..errors import SpmdsimError, fold_message
 from ..context import simulated as _simulated
 from ..engines import engine_of
+from .process import release_shared_segments
 
 __all__ = ["abort_on_error", "install_excepthook", "run_guarded", "handle_exception", "abort_job", "end_job",
            "world_channel", "release_shared_segments"]
@@ -196,33 +197,6 @@ def _interrupted(comm: Any, private: Any) -> NoReturn:
         engine_of(comm).abort(comm, 130)
         os._exit(130)  # Abort does not return; this is only a safety net
     abort_job(comm, f"spmdsim: rank {comm.Get_rank()} was interrupted (Ctrl-C) while other ranks go on\n")
-
-
-_SEGMENT_PREFIXES = ("/dev/shm/mpich_shm_", "/dev/shm/sm_segment.")  # MPICH's, Open MPI's
-
-
-def release_shared_segments(maps: str = "/proc/self/maps",
-                            prefixes: tuple[str, ...] = _SEGMENT_PREFIXES) -> list[str]:
-    """Unlink the MPI shared-memory segments this process maps; return their paths (Linux only).
-
-    MPI_Abort kills the ranks before MPICH unlinks its ~8 MB /dev/shm segment,
-    so every aborted job would leave one until reboot; each rank keeps its mapping until it dies.
-    `prefixes`: which segments (default MPICH's and Open MPI's).
-    """
-    try:
-        with open(maps) as fh:
-            paths = {line.split(maxsplit=5)[5].strip() for line in fh if "/dev/shm/" in line}
-    except (OSError, IndexError):
-        return []
-    done = []
-    for path in sorted(paths):
-        if path.startswith(prefixes) and not path.endswith("(deleted)"):
-            try:
-                os.unlink(path)
-                done.append(path)
-            except OSError:  # another rank unlinked it first
-                pass
-    return done
 
 
 def abort_job(comm: Any, text: str) -> NoReturn:

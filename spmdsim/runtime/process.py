@@ -15,9 +15,10 @@ with SIGKILL leaves nothing in /dev/shm. A user's own ``*_NUM_THREADS`` or glibc
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
-__all__ = ["tune_mpi_process", "release_segments_once"]
+__all__ = ["tune_mpi_process", "release_segments_once", "release_shared_segments"]
 
 _TUNED: list = []  # what the one call did: (BLAS threads or None, heap kept, watch started)
 
@@ -61,9 +62,35 @@ def release_segments_once(world: Any) -> None:
     if _UNLINKED:
         return
     _UNLINKED.append(True)
-    from .door import barrier
-    from .guard import release_shared_segments
-
     if world.Get_size() > 1:
+        from .door import barrier  # the door's imports are a third of `spmdsim mpirun`'s start: only here
+
         barrier(world)
     release_shared_segments(prefixes=_MPICH_SEGMENT)
+
+
+_SEGMENT_PREFIXES = ("/dev/shm/mpich_shm_", "/dev/shm/sm_segment.")  # MPICH's, Open MPI's
+
+
+def release_shared_segments(maps: str = "/proc/self/maps",
+                            prefixes: tuple[str, ...] = _SEGMENT_PREFIXES) -> list[str]:
+    """Unlink the MPI shared-memory segments this process maps; return their paths (Linux only).
+
+    MPI_Abort kills the ranks before MPICH unlinks its ~8 MB /dev/shm segment,
+    so every aborted job would leave one until reboot; each rank keeps its mapping until it dies.
+    `prefixes`: which segments (default MPICH's and Open MPI's).
+    """
+    try:
+        with open(maps) as fh:
+            paths = {line.split(maxsplit=5)[5].strip() for line in fh if "/dev/shm/" in line}
+    except (OSError, IndexError):
+        return []
+    done = []
+    for path in sorted(paths):
+        if path.startswith(prefixes) and not path.endswith("(deleted)"):
+            try:
+                os.unlink(path)
+                done.append(path)
+            except OSError:  # another rank unlinked it first
+                pass
+    return done

@@ -206,15 +206,24 @@ class Group:
             with world.lock:
                 world.check(self.members[me], self)
                 for i, other in enumerate(calls):
-                    other.data = None  # nobody reads the buffers any more
+                    # Nobody reads the buffers any more: drop them, and the phases that hold them, before a
+                    # member goes on, so that this thread holds none of its buffers once it is released (a
+                    # reference dropped here later would free its buffer in this thread while it runs).
+                    other.data = other.finish = None
                     if i != me:
                         world.release(self.members[i], None, self)
-        if call.raised is not None:
-            raise call.raised
+        raised, call.raised = call.raised, None  # its traceback holds this member's buffers: its own only
+        if raised is not None:
+            raise raised
         return slot
 
     def leave(self, me: int, slot: _Slot) -> None:
-        """Wait until every member has finished reading the others' buffers for this call."""
+        """Wait until every member has finished reading the others' buffers for this call.
+
+        The caller drops its own references to the others' buffers first: once a member goes on, no
+        other thread may hold a view of its buffers (dropped there later, it would release the buffer's
+        export, or free it, while its owner runs: a bytearray that cannot be resized, a DLPack
+        producer's reference count that changes under it)."""
         world = self.world
         with world.lock:
             world.check(self.members[me], self)

@@ -282,6 +282,7 @@ def all_to_all(m: Member, src: np.ndarray, b: int, dst: np.ndarray, n: int) -> N
             dst[j * n:(j + 1) * n] = theirs[me * tb:(me + 1) * tb]
         else:
             copy_into(dst[j * n:(j + 1) * n], theirs[me * tb:(me + 1) * tb])
+    theirs = None  # no reference to a member's buffer outlives `leave` (Group.leave)
     m._group.leave(me, slot)
 
 
@@ -302,6 +303,7 @@ def all_to_allv(m: Member, src: np.ndarray, scounts: Any, sdispls: Any, dst: np.
                 dst[rdispls[j]:rdispls[j] + n] = theirs[at:at + c]
             else:
                 copy_into(dst[rdispls[j]:rdispls[j] + n], theirs[at:at + c])
+    theirs = None  # no reference to a member's buffer outlives `leave` (Group.leave)
     m._group.leave(me, slot)
 
 
@@ -315,9 +317,12 @@ def broadcast(m: Member, data: np.ndarray, root: int,
     if me != root:
         sent = slot.calls[root].data
         if sent.size != data.size:
+            error = (mismatch or _bcast_count)(m._group, root, me, sent, data)
+            sent = None  # no reference to the root's buffer outlives `leave` (Group.leave)
             m._group.leave(me, slot)
-            raise (mismatch or _bcast_count)(m._group, root, me, sent, data)
+            raise error
         copy_into(data, sent)
+        sent = None
     m._group.leave(me, slot)
 
 
