@@ -363,6 +363,8 @@ class TensorLayout:
         backward walk ask each layout for the same few, ~1.5 million times at 16 devices)."""
         if type(partial) is not tuple:
             partial = (partial,) if isinstance(partial, str) else tuple(partial)
+        if partial == self.partial:  # itself (an equal value): the gradients' layouts are then the tensors'
+            return self  # own objects, and the comparisons of the backward walk stop at `is`
         derived = self.__dict__.get("_derived")
         if derived is None:
             derived = {}

@@ -68,7 +68,9 @@ class _Optimizer:
             g = p.grad
             if g is None:
                 continue
-            if g.layout != with_partial(p.layout, ()) or g.local.shape != p.local.shape:
+            layout = p._layout  # a parameter's is whole: its gradient's is then the very object (no call)
+            whole = layout if not layout.partial else with_partial(layout, ())
+            if (g._layout is not whole and g._layout != whole) or g._local.shape != p._local.shape:
                 raise OperatorError(f"parameter {i}: gradient laid out {g.layout} does not match {p.layout}")
             found.append((i, p.local, g.local))
         self._count(found)

@@ -156,9 +156,9 @@ def record(out: Any, name: str | Callable[[], str], inputs: Sequence[Any], backw
         reads = tuple(inputs) + (out,)
     # A list, not a generator; a TensorLayout is its own layout (its `.layout` is the device matrix).
     layouts = tuple([t if type(t) is TensorLayout else t.layout for t in reads if t is not None])
-    dtype = out.local.dtype
+    dtype = out._local.dtype
     out._ag = Node(name, tuple(inputs), backward, want, layouts, _Mode.kind,
-                   dtype if is_low(dtype) else None)
+                   dtype if dtype.kind == "V" and is_low(dtype) else None)
     return out
 
 

@@ -96,9 +96,10 @@ def _operands(op: str, args: tuple) -> tuple[Any, list]:
 def pointwise(op: str, *args: Any) -> Any:
     """Run elementwise `op` on DTensors and numbers with numpy broadcasting (see the module docstring)."""
     mesh, xs = _operands(op, args)
-    dtype = dtype_name(result_dtype(*[x.local.dtype for x in xs]))
-    plan = infer_pointwise(op, tuple(x.layout for x in xs), tuple(x.global_shape for x in xs), dtype)
-    xs = [x if x.layout == t else _redistributed(x, t) for x, t in zip(xs, plan.targets)]
+    plan, dtype, stay = _decided(op, tuple([x._layout for x in xs]), tuple([x._shape for x in xs]),
+                                 tuple([x._local.dtype for x in xs]))
+    if not all(stay):
+        xs = [x if kept else _redistributed(x, t) for x, t, kept in zip(xs, plan.targets, stay)]
     forward = _KERNELS[op]
     locals_ = [x.local for x in xs]
     block = _dry_block(mesh, forward, locals_) if mesh.engine.dry else None
@@ -110,9 +111,35 @@ def pointwise(op: str, *args: Any) -> Any:
                 block = forward(*locals_)
     sweep(op, locals_, (block,))  # one fused pass (spmdsim.flops): its operands read, its result written
     out = make_dtensor(mesh, block, plan.out, plan.shape)
-    if not any(x._ag is not None for x in xs):
-        return out
-    return record_pointwise(op, out, xs, plan)
+    for x in xs:
+        if x._ag is not None:
+            return record_pointwise(op, out, xs, plan)
+    return out
+
+
+def _decided(op: str, layouts: tuple, shapes: tuple, dtypes: tuple) -> tuple:
+    """(plan, the result dtype's name, whether each operand stays as it is) for `op` on operands of these
+    layouts, global shapes and dtypes: what `pointwise` decides, remembered per operator and operands (as
+    DTensor's sharding propagation cache), so a step's repeated calls derive none of it again. A pure
+    function of its key: one table for every simulation (its errors raise and are not kept)."""
+    key = (op, layouts, shapes, dtypes)
+    try:
+        return _DECIDED[key]
+    except KeyError:
+        pass
+    except TypeError:  # a size that does not hash (checked and refused by the planner)
+        key = None
+    dtype = dtype_name(result_dtype(*dtypes))
+    plan = infer_pointwise(op, layouts, shapes, dtype)
+    out = (plan, dtype, tuple(layout == t for layout, t in zip(layouts, plan.targets)))
+    if key is not None and all(type(n) is int for shape in shapes for n in shape):
+        if len(_DECIDED) >= 4096:  # a long run over many shapes: start over
+            _DECIDED.clear()
+        _DECIDED[key] = out
+    return out
+
+
+_DECIDED: dict = {}  # (op, operands' layouts, global shapes, dtypes) -> _decided's answer
 
 
 def astype(x: Any, dtype: Any) -> Any:
