@@ -59,16 +59,22 @@ def enable_grad() -> Iterator[None]:
         _Mode.enabled = before
 
 
-@contextmanager
-def kept_as(kind: str) -> Iterator[None]:
+class kept_as:  # noqa: N801 - used as a function: ``with kept_as("mlp"):``
     """Nodes recorded inside keep their saved tensors under `kind` ("attention core", "mlp", ...), which
-    `spmdsim.autograd.kept_bytes` groups by; per thread, as `no_grad`. Nested: the innermost kind."""
-    before = _Mode.kind
-    _Mode.kind = kind
-    try:
-        yield
-    finally:
-        _Mode.kind = before
+    `spmdsim.autograd.kept_bytes` groups by; per thread, as `no_grad`. Nested: the innermost kind.
+    (A class, not a generator: a model's forward enters one around each part, 27 a GPT step.)"""
+
+    __slots__ = ("kind", "before")
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def __enter__(self) -> None:
+        self.before = _Mode.kind
+        _Mode.kind = self.kind
+
+    def __exit__(self, *exc: Any) -> None:
+        _Mode.kind = self.before
 
 
 class _Recorded:
