@@ -26,9 +26,9 @@ from ..errors import OperatorError
 from ..flops import sweep
 from ..infer.pointwise import infer_pointwise
 from ..precision import rounded, wide
-from ..validate import dtype_arg, dtype_name
+from ..validate import dtype_arg
 from . import _common
-from ._common import describe, dry_zeros, make_dtensor, result_dtype
+from ._common import decided, describe, dry_zeros, make_dtensor, result_dtype
 
 __all__ = ["add", "sub", "mul", "div", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "pow", "neg",
            "abs", "sigmoid", "silu", "sin", "cos", "square", "rsqrt", "clip", "erf", "equal", "not_equal", "lift",
@@ -96,8 +96,8 @@ def _operands(op: str, args: tuple) -> tuple[Any, list]:
 def pointwise(op: str, *args: Any) -> Any:
     """Run elementwise `op` on DTensors and numbers with numpy broadcasting (see the module docstring)."""
     mesh, xs = _operands(op, args)
-    plan, dtype, stay = _decided(op, tuple([x._layout for x in xs]), tuple([x._shape for x in xs]),
-                                 tuple([x._local.dtype for x in xs]))
+    plan, result, dtype, stay = decided(infer_pointwise, op, tuple([x._layout for x in xs]),
+                                   tuple([x._shape for x in xs]), tuple([x._local.dtype for x in xs]))
     if not all(stay):
         xs = [x if kept else _redistributed(x, t) for x, t, kept in zip(xs, plan.targets, stay)]
     forward = _KERNELS[op]
@@ -106,7 +106,7 @@ def pointwise(op: str, *args: Any) -> Any:
     if block is None:
         with quiet(op, divide="ignore", invalid="ignore", over="ignore"):
             if dtype == "bfloat16":  # bfloat16: computed in float32, rounded once (spmdsim.precision)
-                block = rounded(forward(*[wide(b) for b in locals_]), result_dtype(*[x.local.dtype for x in xs]))
+                block = rounded(forward(*[wide(b) for b in locals_]), result)
             else:
                 block = forward(*locals_)
     sweep(op, locals_, (block,))  # one fused pass (spmdsim.flops): its operands read, its result written
@@ -115,31 +115,6 @@ def pointwise(op: str, *args: Any) -> Any:
         if x._ag is not None:
             return record_pointwise(op, out, xs, plan)
     return out
-
-
-def _decided(op: str, layouts: tuple, shapes: tuple, dtypes: tuple) -> tuple:
-    """(plan, the result dtype's name, whether each operand stays as it is) for `op` on operands of these
-    layouts, global shapes and dtypes: what `pointwise` decides, remembered per operator and operands (as
-    DTensor's sharding propagation cache), so a step's repeated calls derive none of it again. A pure
-    function of its key: one table for every simulation (its errors raise and are not kept)."""
-    key = (op, layouts, shapes, dtypes)
-    try:
-        return _DECIDED[key]
-    except KeyError:
-        pass
-    except TypeError:  # a size that does not hash (checked and refused by the planner)
-        key = None
-    dtype = dtype_name(result_dtype(*dtypes))
-    plan = infer_pointwise(op, layouts, shapes, dtype)
-    out = (plan, dtype, tuple(layout == t for layout, t in zip(layouts, plan.targets)))
-    if key is not None and all(type(n) is int for shape in shapes for n in shape):
-        if len(_DECIDED) >= 4096:  # a long run over many shapes: start over
-            _DECIDED.clear()
-        _DECIDED[key] = out
-    return out
-
-
-_DECIDED: dict = {}  # (op, operands' layouts, global shapes, dtypes) -> _decided's answer
 
 
 def astype(x: Any, dtype: Any) -> Any:
