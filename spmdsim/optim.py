@@ -27,7 +27,7 @@ import numpy as np
 from .autograd.graph import Leaf, with_partial
 from .context import current
 from .errors import OperatorError
-from .flops import sweep
+from .flops import any_open, sweep
 from .precision import is_low
 from .validate import tolerance_arg
 
@@ -88,6 +88,8 @@ class _Optimizer:
     def _count(self, found: list) -> None:
         """Count the update's memory traffic (spmdsim.flops.sweep, phase "optimizer"), real and dry alike:
         each updated block read and written, its gradient read, its moments read and written."""
+        if not any_open():  # no counter open: nothing would be counted
+            return
         op, n = type(self).__name__.lower(), self._moments
         for _, block, grad in found:
             sweep(op, (block,), (block,), "params", "optimizer")

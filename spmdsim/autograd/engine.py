@@ -23,7 +23,7 @@ import numpy as np
 from .. import buffers
 from ..context import current
 from ..errors import OperatorError
-from ..flops import sweep
+from ..flops import any_open, sweep
 from ..layout import TensorLayout
 from .graph import Leaf, Node, _passed, used_axes, with_partial
 
@@ -122,7 +122,8 @@ def _count_accumulation(g: Any) -> None:
     """Count (spmdsim.flops.sweep) a leaf's gradient added into its ``.grad``: on every backward, the first
     too (as a framework accumulates into a zeroed main gradient, Megatron's main_grad += grad), so each
     microbatch's backward counts alike."""
-    sweep("add", (g.local, g.local), (g.local,), "grads")
+    if any_open():  # else nothing would be counted: no blocks to gather
+        sweep("add", (g.local, g.local), (g.local,), "grads")
 
 
 def gradients(out: Any, dy: Any, wrt: tuple) -> tuple:
