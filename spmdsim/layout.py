@@ -374,6 +374,9 @@ class TensorLayout:
             out = TensorLayout(self.layout, self.tensor_map, partial)
             if len(derived) < 64:
                 derived[partial] = out
+                # And back: `out` over this layout's own axes is this very object (a pending gradient,
+                # once summed, is then in its tensor's layout object, and comparisons stop at `is`).
+                object.__setattr__(out, "_derived", {self.partial: self})
         return out
 
     def with_map(self, *tensor_map: MapEntry) -> "TensorLayout":

@@ -221,4 +221,6 @@ def test_with_partial_of_its_own_axes_is_the_layout_itself():
     assert t.with_partial(()) is t and t.with_partial([]) is t
     p = t.with_partial("mp")
     assert p.partial == ("mp",) and t.with_partial(("mp",)) is p and p.with_partial("mp") is p
-    assert p.with_partial(()) == t and p.with_partial(()) is not t
+    assert p.with_partial(()) is t  # and back: the layout it was derived from
+    q = TensorLayout(t.layout, t.tensor_map, ("mp",))  # built directly: an equal value, not linked
+    assert q.with_partial(()) == t and q.with_partial(()) is not t

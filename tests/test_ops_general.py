@@ -609,6 +609,8 @@ def test_an_operators_decision_is_kept_per_signature_and_keyed_on_cut_dtype_and_
     args = ((even("dp", "tp"), even("dp", "tp")), ((8, 12), (8, 12)), (f64, f64))
     first = decided(infer_pointwise, "add", *args)
     assert decided(infer_pointwise, "add", *args) is first
+    again = decided(infer_pointwise, "add", (even("dp", "tp"), even("dp", "tp")), *args[1:])  # equal, new objects
+    assert again[0] == first[0] and again[1:] == first[1:]
     assert first[1:] == (f64, "float64", (True, True))
     on_chunk = decided(infer_pointwise, "add", (chunk("dp", "tp"), chunk("dp", "tp")), *args[1:])
     assert on_chunk is not first and on_chunk[0].out.layout.cut == "chunk"

@@ -52,10 +52,14 @@ def decided(infer: Any, name: str, layouts: tuple, shapes: tuple, dtypes: tuple)
     einsum spec) planned by `infer(name, layouts, shapes, dtype name)` on operands of these layouts, global
     shapes and dtypes: what the operator decides, remembered per call signature as DTensor's sharding
     propagation cache does, so a step's repeated calls derive none of it again. A pure function of its
-    key (the planners are pure): one table for every simulation; a refusal raises and is not kept."""
-    key = (infer, name, layouts, shapes, dtypes)
+    key (the planners are pure): one table for every simulation; a refusal raises and is not kept.
+
+    Keyed by the layout objects' ids (a step passes the same objects every time: hashing and comparing
+    tuples of ints is C, where a TensorLayout key calls its Python __hash__ and __eq__); each entry holds
+    its layouts, so an id in the table is never another object's."""
+    key = (infer, name, tuple(map(id, layouts)), shapes, dtypes)
     try:
-        return _DECIDED[key]
+        return _DECIDED[key][1]
     except KeyError:
         pass
     except TypeError:  # a size that does not hash (the planner refuses it)
@@ -66,11 +70,12 @@ def decided(infer: Any, name: str, layouts: tuple, shapes: tuple, dtypes: tuple)
     if key is not None and all(_ints(shape) for shape in shapes):  # 16.0 hashes as 16: never kept
         if len(_DECIDED) >= 4096:  # a long run over many shapes: start over
             _DECIDED.clear()
-        _DECIDED[key] = out
+        _DECIDED[key] = (layouts, out)
     return out
 
 
-_DECIDED: dict = {}  # (planner, op, operands' layouts, global shapes, dtypes) -> decided's answer
+# (planner, op, ids of the operands' layouts, global shapes, dtypes) -> (those layouts, decided's answer)
+_DECIDED: dict = {}
 
 
 def _ints(shape: tuple) -> bool:

@@ -23,9 +23,17 @@ def grad_tensor(like: Any, local: np.ndarray, *pending: Iterable[str]) -> Any:
     """A gradient of `like`: its tensor map, pending over the union of `pending`, block `local`."""
     layout = like._layout
     block = like._local  # read for its dtype and shape only (a captured step's traced view has the same)
-    if any(pending):
-        wanted = set(a for group in pending for a in group)
-        grad_layout = with_partial(layout, tuple(a for a in layout.layout.alias_name if a in wanted))
+    if any(pending):  # most gradients of a tensor-parallel step: by the layout object and the axes, in C
+        seen = _PENDING.get((id(layout), pending))
+        if seen is not None and seen[0] is layout:
+            grad_layout = seen[1]
+        else:
+            wanted = set(a for group in pending for a in group)
+            grad_layout = with_partial(layout, tuple(a for a in layout.layout.alias_name if a in wanted))
+            if len(_PENDING) >= 4096:  # a long run over many layouts: start over
+                _PENDING.clear()
+            # The entry holds the layout, so its id is not reused while the entry lives.
+            _PENDING[(id(layout), pending)] = (layout, grad_layout)
     else:  # nothing pending (most gradients): no sets to build, and `layout` itself when it is whole
         grad_layout = with_partial(layout, ()) if layout.partial else layout
     # A bfloat16 tensor's gradient is float32 (spmdsim.precision): summed over its consumers and its
@@ -40,6 +48,9 @@ def grad_tensor(like: Any, local: np.ndarray, *pending: Iterable[str]) -> Any:
     if local.shape == block.shape:  # `like`'s block shape under the same tensor map: checked
         return type(like)._trusted(like._mesh, local, grad_layout, like._shape)
     return type(like)(like._mesh, local, grad_layout, like._shape)  # raises, naming the shapes
+
+
+_PENDING: dict = {}  # (id(layout), the pending groups) -> (layout, its gradient's layout): pure of the key
 
 
 def named(op: str, label: Optional[str], plan: Any) -> Callable[[], str]:
