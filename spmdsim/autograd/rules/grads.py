@@ -24,16 +24,21 @@ def grad_tensor(like: Any, local: np.ndarray, *pending: Iterable[str]) -> Any:
     layout = like._layout
     block = like._local  # read for its dtype and shape only (a captured step's traced view has the same)
     if any(pending):  # most gradients of a tensor-parallel step: by the layout object and the axes, in C
-        seen = _PENDING.get((id(layout), pending))
+        key = (id(layout), pending)
+        try:
+            seen = _PENDING.get(key)
+        except TypeError:  # a group given as a list: worked out each time
+            seen = key = None
         if seen is not None and seen[0] is layout:
             grad_layout = seen[1]
         else:
             wanted = set(a for group in pending for a in group)
             grad_layout = with_partial(layout, tuple(a for a in layout.layout.alias_name if a in wanted))
-            if len(_PENDING) >= 4096:  # a long run over many layouts: start over
-                _PENDING.clear()
-            # The entry holds the layout, so its id is not reused while the entry lives.
-            _PENDING[(id(layout), pending)] = (layout, grad_layout)
+            if key is not None and all(type(group) is tuple for group in pending):  # kept by value
+                if len(_PENDING) >= 4096:  # a long run over many layouts: start over
+                    _PENDING.clear()
+                # The entry holds the layout, so its id is not reused while the entry lives.
+                _PENDING[key] = (layout, grad_layout)
     else:  # nothing pending (most gradients): no sets to build, and `layout` itself when it is whole
         grad_layout = with_partial(layout, ()) if layout.partial else layout
     # A bfloat16 tensor's gradient is float32 (spmdsim.precision): summed over its consumers and its
