@@ -152,6 +152,12 @@ _OPEN = 0  # counters open now in any context of this process: 0 and `gemm` retu
 _LOCK = threading.Lock()
 
 
+def any_open() -> bool:
+    """Whether a counter is open now anywhere in this process (else `sweep` and `gemm` count nothing, and
+    a caller may skip gathering what it would pass them)."""
+    return _OPEN > 0
+
+
 @contextmanager
 def counting() -> Iterator[FlopCounter]:
     """A counter of the running rank's matrix products until the block ends; counters nest (each sees

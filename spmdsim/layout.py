@@ -363,6 +363,8 @@ class TensorLayout:
         backward walk ask each layout for the same few, ~1.5 million times at 16 devices)."""
         if type(partial) is not tuple:
             partial = (partial,) if isinstance(partial, str) else tuple(partial)
+        if partial == self.partial:  # itself (an equal value): the gradients' layouts are then the tensors'
+            return self  # own objects, and the comparisons of the backward walk stop at `is`
         derived = self.__dict__.get("_derived")
         if derived is None:
             derived = {}
@@ -372,6 +374,9 @@ class TensorLayout:
             out = TensorLayout(self.layout, self.tensor_map, partial)
             if len(derived) < 64:
                 derived[partial] = out
+                # And back: `out` over this layout's own axes is this very object (a pending gradient,
+                # once summed, is then in its tensor's layout object, and comparisons stop at `is`).
+                object.__setattr__(out, "_derived", {self.partial: self})
         return out
 
     def with_map(self, *tensor_map: MapEntry) -> "TensorLayout":

@@ -27,7 +27,7 @@ import numpy as np
 from .autograd.graph import Leaf, with_partial
 from .context import current
 from .errors import OperatorError
-from .flops import sweep
+from .flops import any_open, sweep
 from .precision import is_low
 from .validate import tolerance_arg
 
@@ -68,7 +68,9 @@ class _Optimizer:
             g = p.grad
             if g is None:
                 continue
-            if g.layout != with_partial(p.layout, ()) or g.local.shape != p.local.shape:
+            layout = p._layout  # a parameter's is whole: its gradient's is then the very object (no call)
+            whole = layout if not layout.partial else with_partial(layout, ())
+            if (g._layout is not whole and g._layout != whole) or g._local.shape != p._local.shape:
                 raise OperatorError(f"parameter {i}: gradient laid out {g.layout} does not match {p.layout}")
             found.append((i, p.local, g.local))
         self._count(found)
@@ -86,6 +88,8 @@ class _Optimizer:
     def _count(self, found: list) -> None:
         """Count the update's memory traffic (spmdsim.flops.sweep, phase "optimizer"), real and dry alike:
         each updated block read and written, its gradient read, its moments read and written."""
+        if not any_open():  # no counter open: nothing would be counted
+            return
         op, n = type(self).__name__.lower(), self._moments
         for _, block, grad in found:
             sweep(op, (block,), (block,), "params", "optimizer")

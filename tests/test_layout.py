@@ -212,3 +212,15 @@ def test_tensor_layout_hash_is_kept_but_not_pickled():
     assert "_hash" not in copy.__dict__ and table[copy] == "found"
     assert hash(a) == hash(copy) == hash(mesh(("dp", "mp"), None))
     assert a != mesh(("mp", "dp"), None) and mesh(("mp", "dp"), None) not in table
+
+
+def test_with_partial_of_its_own_axes_is_the_layout_itself():
+    """A gradient's layout is then its tensor's very object (the backward walk compares by `is` first);
+    other axes give an equal value each time, the same object per layout."""
+    t = Layout((2, 4), ("dp", "mp"))("dp", None)
+    assert t.with_partial(()) is t and t.with_partial([]) is t
+    p = t.with_partial("mp")
+    assert p.partial == ("mp",) and t.with_partial(("mp",)) is p and p.with_partial("mp") is p
+    assert p.with_partial(()) is t  # and back: the layout it was derived from
+    q = TensorLayout(t.layout, t.tensor_map, ("mp",))  # built directly: an equal value, not linked
+    assert q.with_partial(()) == t and q.with_partial(()) is not t

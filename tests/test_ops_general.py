@@ -596,3 +596,28 @@ def test_a_scalar_converts_to_a_python_number_without_communication():
 
     value, item = _on_ranks(4, body)[0]
     assert value == item == (np.arange(8.0) ** 2).mean() and type(value) is float
+
+
+def test_an_operators_decision_is_kept_per_signature_and_keyed_on_cut_dtype_and_map():
+    """ops._common.decided (what pointwise and einsum decide, kept as DTensor's sharding propagation cache):
+    a repeated call signature is answered from the table; a layout differing only in its cut rule, a
+    dtype or a tensor map is another entry, planned on its own."""
+    from spmdsim.ops._common import decided
+
+    even, chunk = Layout((2, 4), ("dp", "tp")), Layout((2, 4), ("dp", "tp"), cut="chunk")
+    f64, f32 = np.dtype(np.float64), np.dtype(np.float32)
+    args = ((even("dp", "tp"), even("dp", "tp")), ((8, 12), (8, 12)), (f64, f64))
+    first = decided(infer_pointwise, "add", *args)
+    assert decided(infer_pointwise, "add", *args) is first
+    again = decided(infer_pointwise, "add", (even("dp", "tp"), even("dp", "tp")), *args[1:])  # equal, new objects
+    assert again[0] == first[0] and again[1:] == first[1:]
+    assert first[1:] == (f64, "float64", (True, True))
+    on_chunk = decided(infer_pointwise, "add", (chunk("dp", "tp"), chunk("dp", "tp")), *args[1:])
+    assert on_chunk is not first and on_chunk[0].out.layout.cut == "chunk"
+    narrow = decided(infer_pointwise, "add", args[0], args[1], (f32, f64))
+    assert narrow[1:3] == (f64, "float64") and narrow is not first
+    moved = decided(infer_pointwise, "add", (even("dp", "tp"), even("tp", "dp")), *args[1:])
+    assert moved[3] != (True, True)  # one operand moves to the other's map
+    spec = decided(infer_einsum, "ij,jk->ik", (even("dp", None), even(None, "tp")), ((8, 12), (12, 4)),
+                   (f32, f32))
+    assert spec[1:3] == (f32, "float32") and spec[3] == (True, True) and spec[0].local.partial == ()

@@ -23,7 +23,7 @@ import numpy as np
 from .. import buffers
 from ..context import current
 from ..errors import OperatorError
-from ..flops import sweep
+from ..flops import any_open, sweep
 from ..layout import TensorLayout
 from .graph import Leaf, Node, _passed, used_axes, with_partial
 
@@ -104,7 +104,7 @@ def _backward(loss: Any, explain: Optional[list], bucket: Any, gradient: Any, ke
     buckets = _buckets(leaves, owners, grads, cap) if cap else {}
     for leaf in leaves:  # first-contribution order: the same on every rank
         tensor, g = owners[leaf], grads.pop(leaf)
-        whole = with_partial(tensor.layout, ())
+        whole = tensor._layout if not tensor._layout.partial else with_partial(tensor._layout, ())
         shared = buckets.get(leaf)
         if shared is not None:
             g = _bucketed(shared, leaf, explain, readers)
@@ -122,7 +122,8 @@ def _count_accumulation(g: Any) -> None:
     """Count (spmdsim.flops.sweep) a leaf's gradient added into its ``.grad``: on every backward, the first
     too (as a framework accumulates into a zeroed main gradient, Megatron's main_grad += grad), so each
     microbatch's backward counts alike."""
-    sweep("add", (g.local, g.local), (g.local,), "grads")
+    if any_open():  # else nothing would be counted: no blocks to gather
+        sweep("add", (g.local, g.local), (g.local,), "grads")
 
 
 def gradients(out: Any, dy: Any, wrt: tuple) -> tuple:
@@ -263,10 +264,13 @@ def _read_by(readers: dict, leaves: list) -> str:
 def _take(grads: dict, owners: dict, leaves: list, inputs: tuple, outs: tuple) -> None:
     """Add a node's input gradients `outs` to `grads`; note leaves in first-contribution order."""
     for tensor, g in zip(inputs, outs):
-        if g is None or tensor is None or tensor._ag is None:
+        if g is None or tensor is None:
             continue
-        if isinstance(tensor._ag, Leaf) and tensor._ag not in grads:
-            leaves.append(tensor._ag)
+        key = tensor._ag
+        if key is None:
+            continue
+        if key not in grads and type(key) is Leaf:
+            leaves.append(key)
         _accumulate(grads, owners, tensor, g)
 
 
@@ -300,7 +304,7 @@ def _check_loss(loss: Any, gradient: Any) -> None:
 def _topological(root: Any) -> list:
     """Nodes reachable from `root`, each after every node that consumes it (refuses freed ones)."""
     order: list = []
-    seen: set = set()
+    seen: set = set()  # the nodes themselves: a Node hashes and compares by identity, in C (no id() calls)
     stack = [(root, False)]
     # Bound once: the walk visits every node and input of the step's graph.
     pop, push, visited, mark, node_type = stack.pop, stack.append, seen.__contains__, seen.add, Node
@@ -309,9 +313,9 @@ def _topological(root: Any) -> list:
         if done:
             order.append(node)
             continue
-        if visited(id(node)) or not isinstance(node, node_type):
+        if type(node) is not node_type or visited(node):
             continue
-        mark(id(node))
+        mark(node)
         if node.backward is None:
             raise OperatorError(
                 f"backward through the graph of {node.describe()!r} a second time: its saved tensors were "
@@ -319,7 +323,7 @@ def _topological(root: Any) -> list:
         push((node, True))
         for t in node.inputs:
             parent = getattr(t, "_ag", None)
-            if parent is not None and isinstance(parent, node_type) and not visited(id(parent)):
+            if type(parent) is node_type and not visited(parent):
                 push((parent, False))
     order.reverse()
     return order
@@ -336,10 +340,16 @@ def _prepared(node: Node, dy: Any, run: Any = None, inputs: tuple = ()) -> Any:
     move, whose backward (a Reduce_scatter with sp) sums it on its way to the next node, which rounds it.
     A node made from parameters alone (a parameter reshaped) leaves it as it is: a parameter's gradient
     stays float32 (Megatron's main_grad)."""
-    if node.want is not None:
-        used = used_axes(node.reads)
-        target = with_partial(node.want, tuple(a for a in dy.layout.partial if a not in used))
-        dy = dy if dy.layout == target else _move(dy, target)
+    want = node.want
+    if want is not None:
+        partial = dy._layout.partial
+        if not partial and not want.partial:  # nothing pending to pass (most nodes): `want` itself
+            target = want
+        else:
+            used = used_axes(node.reads)
+            target = with_partial(want, tuple(a for a in partial if a not in used))
+        if dy._layout is not target and dy._layout != target:
+            dy = _move(dy, target)
     if node.low is None or run is _passed and dy.layout.partial or _of_parameters(inputs):
         return dy
     if dy.layout.partial:
@@ -422,12 +432,16 @@ def add_grads(a: Any, b: Any, layout: TensorLayout, kind: Optional[str] = "activ
 
 
 def _accumulate(grads: dict, owners: dict, tensor: Any, g: Any) -> None:
-    if g.global_shape != tensor.global_shape:  # both tuples (DTensor keeps its shape as one)
+    if g._shape != tensor._shape:  # both tuples (DTensor keeps its shape as one)
         raise OperatorError(f"internal: gradient of shape {tuple(g.global_shape)!r} for a tensor of "
                             f"shape {tuple(tensor.global_shape)!r}")  # pragma: no cover
     key = tensor._ag
-    target = grad_layout(tensor.layout, g.layout)
-    g = _move(g, target)
+    layout = tensor._layout
+    if g._layout is layout and not layout.partial:  # most gradients: grad_layout's answer is `layout` itself
+        target = layout
+    else:
+        target = grad_layout(layout, g._layout)
+        g = _move(g, target)
     have = grads.get(key)
     if have is None:
         grads[key], owners[key] = g, tensor

@@ -59,16 +59,22 @@ def enable_grad() -> Iterator[None]:
         _Mode.enabled = before
 
 
-@contextmanager
-def kept_as(kind: str) -> Iterator[None]:
+class kept_as:  # noqa: N801 - used as a function: ``with kept_as("mlp"):``
     """Nodes recorded inside keep their saved tensors under `kind` ("attention core", "mlp", ...), which
-    `spmdsim.autograd.kept_bytes` groups by; per thread, as `no_grad`. Nested: the innermost kind."""
-    before = _Mode.kind
-    _Mode.kind = kind
-    try:
-        yield
-    finally:
-        _Mode.kind = before
+    `spmdsim.autograd.kept_bytes` groups by; per thread, as `no_grad`. Nested: the innermost kind.
+    (A class, not a generator: a model's forward enters one around each part, 27 a GPT step.)"""
+
+    __slots__ = ("kind", "before")
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def __enter__(self) -> None:
+        self.before = _Mode.kind
+        _Mode.kind = self.kind
+
+    def __exit__(self, *exc: Any) -> None:
+        _Mode.kind = self.before
 
 
 class _Recorded:
@@ -156,9 +162,9 @@ def record(out: Any, name: str | Callable[[], str], inputs: Sequence[Any], backw
         reads = tuple(inputs) + (out,)
     # A list, not a generator; a TensorLayout is its own layout (its `.layout` is the device matrix).
     layouts = tuple([t if type(t) is TensorLayout else t.layout for t in reads if t is not None])
-    dtype = out.local.dtype
+    dtype = out._local.dtype
     out._ag = Node(name, tuple(inputs), backward, want, layouts, _Mode.kind,
-                   dtype if is_low(dtype) else None)
+                   dtype if dtype.kind == "V" and is_low(dtype) else None)
     return out
 
 

@@ -142,8 +142,13 @@ def padded_params(arrays: dict, cfg: GPTConfig, rows: Optional[np.ndarray] = Non
 
 def dropout_sites(cfg: GPTConfig) -> tuple[str, ...]:
     """Every dropout site in forward order."""
-    return ("emb",) + tuple(f"h{layer}.{part}" for layer in range(cfg.layers)
-                            for part in ("attn", "resid1", "resid2"))
+    return _sites(cfg.layers)
+
+
+@functools.lru_cache(maxsize=64)
+def _sites(layers: int) -> tuple[str, ...]:
+    """dropout_sites of a model of `layers` blocks (each mask's seed checks its site: 13 a step at 4 layers)."""
+    return ("emb",) + tuple(f"h{layer}.{part}" for layer in range(layers) for part in ("attn", "resid1", "resid2"))
 
 
 def dropout_shape(cfg: GPTConfig, site: str, batch: Optional[int] = None) -> tuple[int, ...]:

@@ -13,7 +13,7 @@ from ..precision import is_low
 from ..datagen import SeededTensor
 from ..runtime import debug
 from ..runtime.replay import kernel
-from ..validate import as_int
+from ..validate import as_int, dtype_name
 from ..context import current as _context
 from ..engines.base import DRY_VALUES_BYTES
 from ..flops import gemm
@@ -45,6 +45,37 @@ def make_dtensor(mesh: Any, local: np.ndarray, layout: TensorLayout, shape: Sequ
             _CHECKED.clear()
         _CHECKED[(layout, shape)] = (shape, out.local.shape)
     return out
+
+
+def decided(infer: Any, name: str, layouts: tuple, shapes: tuple, dtypes: tuple) -> tuple:
+    """(plan, result dtype, its name, whether each operand stays as it is) for operator `name` (an op or an
+    einsum spec) planned by `infer(name, layouts, shapes, dtype name)` on operands of these layouts, global
+    shapes and dtypes: what the operator decides, remembered per call signature as DTensor's sharding
+    propagation cache does, so a step's repeated calls derive none of it again. A pure function of its
+    key (the planners are pure): one table for every simulation; a refusal raises and is not kept.
+
+    Keyed by the layout objects' ids (a step passes the same objects every time: hashing and comparing
+    tuples of ints is C, where a TensorLayout key calls its Python __hash__ and __eq__); each entry holds
+    its layouts, so an id in the table is never another object's."""
+    key = (infer, name, tuple(map(id, layouts)), shapes, dtypes)
+    try:
+        return _DECIDED[key][1]
+    except KeyError:
+        pass
+    except TypeError:  # a size that does not hash (the planner refuses it)
+        key = None
+    dtype = result_dtype(*dtypes)
+    plan = infer(name, layouts, shapes, dtype_name(dtype))
+    out = (plan, dtype, dtype_name(dtype), tuple(layout == t for layout, t in zip(layouts, plan.targets)))
+    if key is not None and all(_ints(shape) for shape in shapes):  # 16.0 hashes as 16: never kept
+        if len(_DECIDED) >= 4096:  # a long run over many shapes: start over
+            _DECIDED.clear()
+        _DECIDED[key] = (layouts, out)
+    return out
+
+
+# (planner, op, ids of the operands' layouts, global shapes, dtypes) -> (those layouts, decided's answer)
+_DECIDED: dict = {}
 
 
 def _ints(shape: tuple) -> bool:

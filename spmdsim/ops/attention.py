@@ -180,8 +180,17 @@ def _swapped(x: Any) -> Any:
     """A sequence-first layout, shape or slices as batch-first (the first two dims swapped), and back."""
     if isinstance(x, tuple):
         return (x[1], x[0]) + x[2:]
-    entries = x.tensor_map
-    return TensorLayout(x.layout, (entries[1], entries[0]) + entries[2:], x.partial)
+    out = _SWAPPED.get(x)
+    if out is None:
+        entries = x.tensor_map
+        out = TensorLayout(x.layout, (entries[1], entries[0]) + entries[2:], x.partial)
+        if len(_SWAPPED) >= 1024:  # a long run over many layouts: start over
+            _SWAPPED.clear()
+        _SWAPPED[x] = out
+    return out
+
+
+_SWAPPED: dict = {}  # layout -> it with its first two dims swapped (a pure function of the layout)
 
 
 def _moved(x: Any, target: Any) -> Any:

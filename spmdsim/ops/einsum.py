@@ -20,29 +20,33 @@ from ..contraction import contract
 from ..errors import OperatorError
 from ..infer.einsum import infer_einsum
 from ..precision import rounded
-from ..validate import dtype_name
-from ._common import check_dtensor, make_dtensor, result_dtype
+from . import _common
+from ._common import check_dtensor, decided, make_dtensor
 
 __all__ = ["einsum"]
 
 
 def einsum(spec: str, *xs: Any) -> Any:
     """Einstein summation over DTensors, like ``numpy.einsum`` (one '...' per operand allowed)."""
+    cls = _common._DTENSOR or _common._dtensor_class()
     for k, x in enumerate(xs):
-        check_dtensor(x, f"einsum: operand {k}")
+        if type(x) is not cls:
+            check_dtensor(x, f"einsum: operand {k}")
     if not xs:
         raise OperatorError("einsum needs at least one operand")
-    dtype = result_dtype(*[x.local.dtype for x in xs])
-    plan = infer_einsum(spec, tuple(x.layout for x in xs), tuple(x.global_shape for x in xs), dtype_name(dtype))
-    xs = tuple(x if x.layout == t else _redistributed(x, t) for x, t in zip(xs, plan.targets))
+    plan, dtype, _, stay = decided(infer_einsum, spec, tuple([x._layout for x in xs]),
+                                   tuple([x._shape for x in xs]), tuple([x._local.dtype for x in xs]))
+    if not all(stay):
+        xs = tuple(x if kept else _redistributed(x, t) for x, t, kept in zip(xs, plan.targets, stay))
     words = plan.spec.inputs
     block = contract(words, [x.local for x in xs], plan.spec.output)
     if block.dtype != dtype and not plan.local.partial:  # bfloat16 operands: a float32 product, rounded once
         block = rounded(block, dtype)  # (a pending sum stays float32 until the collective that sums it)
     out = make_dtensor(xs[0].mesh, block, plan.local, plan.shape)
-    if all(x._ag is None for x in xs):
-        return out
-    return record_einsum(out, xs, plan)
+    for x in xs:
+        if x._ag is not None:
+            return record_einsum(out, xs, plan)
+    return out
 
 
 def _redistributed(x: Any, target: Any) -> Any:

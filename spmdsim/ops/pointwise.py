@@ -26,9 +26,9 @@ from ..errors import OperatorError
 from ..flops import sweep
 from ..infer.pointwise import infer_pointwise
 from ..precision import rounded, wide
-from ..validate import dtype_arg, dtype_name
+from ..validate import dtype_arg
 from . import _common
-from ._common import describe, dry_zeros, make_dtensor, result_dtype
+from ._common import decided, describe, dry_zeros, make_dtensor, result_dtype
 
 __all__ = ["add", "sub", "mul", "div", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "pow", "neg",
            "abs", "sigmoid", "silu", "sin", "cos", "square", "rsqrt", "clip", "erf", "equal", "not_equal", "lift",
@@ -96,23 +96,25 @@ def _operands(op: str, args: tuple) -> tuple[Any, list]:
 def pointwise(op: str, *args: Any) -> Any:
     """Run elementwise `op` on DTensors and numbers with numpy broadcasting (see the module docstring)."""
     mesh, xs = _operands(op, args)
-    dtype = dtype_name(result_dtype(*[x.local.dtype for x in xs]))
-    plan = infer_pointwise(op, tuple(x.layout for x in xs), tuple(x.global_shape for x in xs), dtype)
-    xs = [x if x.layout == t else _redistributed(x, t) for x, t in zip(xs, plan.targets)]
+    plan, result, dtype, stay = decided(infer_pointwise, op, tuple([x._layout for x in xs]),
+                                   tuple([x._shape for x in xs]), tuple([x._local.dtype for x in xs]))
+    if not all(stay):
+        xs = [x if kept else _redistributed(x, t) for x, t, kept in zip(xs, plan.targets, stay)]
     forward = _KERNELS[op]
     locals_ = [x.local for x in xs]
     block = _dry_block(mesh, forward, locals_) if mesh.engine.dry else None
     if block is None:
         with quiet(op, divide="ignore", invalid="ignore", over="ignore"):
             if dtype == "bfloat16":  # bfloat16: computed in float32, rounded once (spmdsim.precision)
-                block = rounded(forward(*[wide(b) for b in locals_]), result_dtype(*[x.local.dtype for x in xs]))
+                block = rounded(forward(*[wide(b) for b in locals_]), result)
             else:
                 block = forward(*locals_)
     sweep(op, locals_, (block,))  # one fused pass (spmdsim.flops): its operands read, its result written
     out = make_dtensor(mesh, block, plan.out, plan.shape)
-    if not any(x._ag is not None for x in xs):
-        return out
-    return record_pointwise(op, out, xs, plan)
+    for x in xs:
+        if x._ag is not None:
+            return record_pointwise(op, out, xs, plan)
+    return out
 
 
 def astype(x: Any, dtype: Any) -> Any:

@@ -21,25 +21,41 @@ def axes_of(layout: TensorLayout, entries: Iterable[tuple[str, ...]]) -> tuple[s
 
 def grad_tensor(like: Any, local: np.ndarray, *pending: Iterable[str]) -> Any:
     """A gradient of `like`: its tensor map, pending over the union of `pending`, block `local`."""
-    layout = like.layout
-    if any(pending):
-        wanted = set(a for group in pending for a in group)
-        partial = tuple(a for a in layout.layout.alias_name if a in wanted)
-    else:  # nothing pending (most gradients): no sets to build
-        partial = ()
+    layout = like._layout
+    block = like._local  # read for its dtype and shape only (a captured step's traced view has the same)
+    if any(pending):  # most gradients of a tensor-parallel step: by the layout object and the axes, in C
+        key = (id(layout), pending)
+        try:
+            seen = _PENDING.get(key)
+        except TypeError:  # a group given as a list: worked out each time
+            seen = key = None
+        if seen is not None and seen[0] is layout:
+            grad_layout = seen[1]
+        else:
+            wanted = set(a for group in pending for a in group)
+            grad_layout = with_partial(layout, tuple(a for a in layout.layout.alias_name if a in wanted))
+            if key is not None and all(type(group) is tuple for group in pending):  # kept by value
+                if len(_PENDING) >= 4096:  # a long run over many layouts: start over
+                    _PENDING.clear()
+                # The entry holds the layout, so its id is not reused while the entry lives.
+                _PENDING[key] = (layout, grad_layout)
+    else:  # nothing pending (most gradients): no sets to build, and `layout` itself when it is whole
+        grad_layout = with_partial(layout, ()) if layout.partial else layout
     # A bfloat16 tensor's gradient is float32 (spmdsim.precision): summed over its consumers and its
     # ranks in float32, rounded once where its tensor's rule reads it (a parameter's stays float32).
-    dtype = like.dtype
-    want = _F32 if is_low(dtype) else dtype
+    dtype = block.dtype
+    want = _F32 if dtype.kind == "V" and is_low(dtype) else dtype
     local = np.asanyarray(local)  # a captured step's traced block stays traced (spmdsim.runtime.replay)
     if local.dtype != want:
         local = local.astype(want)
     if not local.flags.c_contiguous:  # collectives read C order (ascontiguousarray makes 0-d 1-d)
         local = local.copy()
-    grad_layout = with_partial(layout, partial)
-    if local.shape == like.local.shape:  # `like`'s block shape under the same tensor map: checked
-        return type(like)._trusted(like.mesh, local, grad_layout, like.global_shape)
-    return type(like)(like.mesh, local, grad_layout, like.global_shape)  # raises, naming the shapes
+    if local.shape == block.shape:  # `like`'s block shape under the same tensor map: checked
+        return type(like)._trusted(like._mesh, local, grad_layout, like._shape)
+    return type(like)(like._mesh, local, grad_layout, like._shape)  # raises, naming the shapes
+
+
+_PENDING: dict = {}  # (id(layout), the pending groups) -> (layout, its gradient's layout): pure of the key
 
 
 def named(op: str, label: Optional[str], plan: Any) -> Callable[[], str]:

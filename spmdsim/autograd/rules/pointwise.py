@@ -16,7 +16,7 @@ import numpy as np
 
 from ... import activations
 from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
-from ...flops import sweep
+from ...flops import any_open, sweep
 from ..graph import record, with_partial
 from ..kept import shell
 from .grads import axes_of, grad_tensor
@@ -95,6 +95,8 @@ _PASSED = {"add": (0, 1), "sub": (0,)}
 def _count_grads(op: str, dy: Any, xs: list, out: Any, need: tuple, shape: tuple) -> None:
     """Count the gradient kernel of elementwise `op` (spmdsim.flops.sweep), from shapes only: dY and what
     the derivative reads, read; each needed gradient written unless it is dY itself."""
+    if not any_open():  # nothing counts: no lists to gather
+        return
     passed = _PASSED.get(op, ())
     writes = [x.local for i, (x, n) in enumerate(zip(xs, need))
               if n and (tuple(x.global_shape) != shape or i not in passed)]
@@ -192,7 +194,8 @@ def record_pointwise(op: str, out: Any, xs: list, plan: Any) -> Any:
             if not n or g is None:
                 result.append(None)
                 continue
-            g = np.broadcast_to(g, dy.local.shape) if np.ndim(g) < dy.local.ndim else g
+            ndim = getattr(g, "ndim", None)  # an array's or numpy scalar's, without np.ndim's Python
+            g = np.broadcast_to(g, dy.local.shape) if (np.ndim(g) if ndim is None else ndim) < dy.local.ndim else g
             block, dims = _summed(np.asanyarray(g), x.global_shape, plan.shape, dy.mesh.engine.dry)
             summed = _summed_axes(plan.out, dims) if dims else ()
             # A bilinear op's other operand read only this rank's addend: its gradient is pending too.
