@@ -36,7 +36,7 @@ import numpy as np
 from .context import current
 from .errors import SpmdsimError
 
-__all__ = ["PHASES", "KERNEL_PHASES", "KINDS", "Gemm", "Kernel", "FlopCounter", "counting", "gemm", "sweep"]
+__all__ = ["PHASES", "KERNEL_PHASES", "KINDS", "Gemm", "Kernel", "FlopCounter", "counting", "any_open", "gemm", "sweep"]
 
 PHASES = ("forward", "backward", "recompute")
 
