@@ -26,6 +26,8 @@ _ELSEWHERE = (
     (re.compile(r"^timeout -k 5 \d+ mpiexec "), "tests/mpi/test_classroom_docs.py and test_examples.py"),
     (re.compile(r"^spmdsim (launch|demo|calibrate|run)\b"), "MPI: named in prose, run in the MPI tests"),
     (re.compile(r"^grep -rnE "), "tests/test_engines.py, from the repository's root (the package's own files)"),
+    (re.compile(r"^python -m pytest tests/test_[a-z_]+\.py( tests/test_[a-z_]+\.py)*$"),
+     "this suite runs those test files itself"),
 )
 
 
@@ -131,3 +133,13 @@ def test_quoted_output_matching():
     assert mismatch(("a", "c"), "a\nb\nc\n") == "expected 'c', got 'b'"
     assert mismatch(("...", "z"), "a\n") == "quoted line 'z' is not in the output"
     assert mismatch(("t 2.268 ms",), "t 0.5 ms") is None
+
+
+def test_a_quoted_pytest_command_names_files_this_suite_runs():
+    """The docs' `python -m pytest tests/...` lines are not run again here: the files they name are this suite's."""
+    named = [q for doc in DOCS for q in quotes(doc) if q.command.startswith("python -m pytest ")]
+    assert named  # docs/architecture.md's import rules
+    for quote in named:
+        assert any(pattern.match(quote.command) for pattern, _ in _ELSEWHERE), quote.where()
+        for path in quote.command.split()[3:]:
+            assert (ROOT / path).is_file() and pathlib.Path(path).name.startswith("test_"), quote.where()
