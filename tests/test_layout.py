@@ -227,9 +227,10 @@ def test_with_partial_of_its_own_axes_is_the_layout_itself():
 
 
 def test_autograds_pending_layout_sums_back_to_each_tensors_own_object():
-    """autograd.graph.with_partial keeps its answers per layout object: two parameters of equal layouts
+    """autograd's with_partial and grad_layout answer per layout object: two parameters of equal layouts
     (two objects) each get a pending layout that, summed, is their own layout object again (the
     optimizer's check of each gradient's layout then stops at `is`)."""
+    from spmdsim.autograd.engine import grad_layout
     from spmdsim.autograd.graph import with_partial
 
     mesh = Layout((2, 4), ("dp", "mp"))
@@ -239,3 +240,5 @@ def test_autograds_pending_layout_sums_back_to_each_tensors_own_object():
     assert pending_a == pending_b and pending_a.partial == ("mp",)
     assert with_partial(pending_a, ()) is a and with_partial(pending_b, ()) is b
     assert with_partial(b, ("mp",)) is pending_b and with_partial(b, ()) is b
+    # Where the backward walk keeps a gradient: derived from the tensor's own layout object too.
+    assert grad_layout(a, pending_a) is pending_a and grad_layout(b, pending_a) is pending_b
