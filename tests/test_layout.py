@@ -224,3 +224,21 @@ def test_with_partial_of_its_own_axes_is_the_layout_itself():
     assert p.with_partial(()) is t  # and back: the layout it was derived from
     q = TensorLayout(t.layout, t.tensor_map, ("mp",))  # built directly: an equal value, not linked
     assert q.with_partial(()) == t and q.with_partial(()) is not t
+
+
+def test_autograds_pending_layout_sums_back_to_each_tensors_own_object():
+    """autograd's with_partial and grad_layout answer per layout object: two parameters of equal layouts
+    (two objects) each get a pending layout that, summed, is their own layout object again (the
+    optimizer's check of each gradient's layout then stops at `is`)."""
+    from spmdsim.autograd.engine import grad_layout
+    from spmdsim.autograd.graph import with_partial
+
+    mesh = Layout((2, 4), ("dp", "mp"))
+    a, b = mesh("dp", None), mesh("dp", None)
+    assert a == b and a is not b
+    pending_a, pending_b = with_partial(a, ("mp",)), with_partial(b, ("mp",))
+    assert pending_a == pending_b and pending_a.partial == ("mp",)
+    assert with_partial(pending_a, ()) is a and with_partial(pending_b, ()) is b
+    assert with_partial(b, ("mp",)) is pending_b and with_partial(b, ()) is b
+    # Where the backward walk keeps a gradient: derived from the tensor's own layout object too.
+    assert grad_layout(a, pending_a) is pending_a and grad_layout(b, pending_a) is pending_b

@@ -598,6 +598,42 @@ def test_a_scalar_converts_to_a_python_number_without_communication():
     assert value == item == (np.arange(8.0) ** 2).mean() and type(value) is float
 
 
+def test_a_repeated_move_and_result_call_no_layout_hash_or_compare():
+    """The executor's programs and the results' checks are keyed by the layout objects (a step passes the
+    same ones every time): a repeated redistribution and operator result call no TensorLayout __hash__ or
+    __eq__ (Python functions); an equal layout that is another object still finds the same move."""
+    from spmdsim.layout import TensorLayout
+    from spmdsim.runtime import DTensor, Mesh, redistribute
+
+    calls = []
+    plain_eq, plain_hash = TensorLayout.__eq__, TensorLayout.__hash__
+
+    def counted_eq(a, b):
+        calls.append("eq")
+        return plain_eq(a, b)
+
+    def counted_hash(a):
+        calls.append("hash")
+        return plain_hash(a)
+
+    def body():
+        mesh = Mesh(Layout((1,), ("tp",)), spmdsim.world())
+        src, dst = mesh.layout("tp", None), mesh.layout(None, None)
+        x = DTensor.from_global(mesh, np.arange(8.0).reshape(4, 2), src)
+        first, total = redistribute(x, dst), x + x
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(TensorLayout, "__eq__", counted_eq)
+            patch.setattr(TensorLayout, "__hash__", counted_hash)
+            again, summed = redistribute(x, dst), x + x
+            counted = list(calls)
+            other = redistribute(x, mesh.layout(None, None))  # an equal target, another object
+        assert other.layout == dst and np.array_equal(other.local, first.local)
+        assert np.array_equal(again.local, first.local) and np.array_equal(summed.local, total.local)
+        return counted
+
+    assert _on_ranks(1, body) == [[]]
+
+
 def test_an_operators_decision_is_kept_per_signature_and_keyed_on_cut_dtype_and_map():
     """ops._common.decided (what pointwise and einsum decide, kept as DTensor's sharding propagation cache):
     a repeated call signature is answered from the table; a layout differing only in its cut rule, a

@@ -373,10 +373,10 @@ def grad_layout(layout: TensorLayout, g_layout: TensorLayout) -> TensorLayout:
     seen = _GRAD_BY_OBJECT.get((id(layout), id(g_layout)))  # as graph.with_partial: no Python hashing
     if seen is not None and seen[0] is layout and seen[1] is g_layout:
         return seen[2]
-    key = (layout, g_layout)
-    out = _GRAD_LAYOUTS.get(key)
-    if out is None:
-        out = _grad_layout(layout, g_layout)
+    keep = _GRAD_LAYOUTS.get((layout, g_layout))
+    if keep is None:
+        keep = _grad_layout(layout, g_layout)
+    out = with_partial(layout, keep)  # derived from this very object (an equal one's would lead back to it)
     if len(_GRAD_BY_OBJECT) >= 4096:
         _GRAD_BY_OBJECT.clear()
     _GRAD_BY_OBJECT[(id(layout), id(g_layout))] = (layout, g_layout, out)
@@ -386,20 +386,18 @@ def grad_layout(layout: TensorLayout, g_layout: TensorLayout) -> TensorLayout:
 _GRAD_BY_OBJECT: dict = {}  # (id(layout), id(gradient's layout)) -> (both, grad_layout's answer)
 
 
-def _grad_layout(layout: TensorLayout, g_layout: TensorLayout) -> TensorLayout:
-    """grad_layout worked out (and kept by value)."""
+def _grad_layout(layout: TensorLayout, g_layout: TensorLayout) -> tuple:
+    """The pending axes grad_layout keeps, worked out (and kept by value)."""
     key = (layout, g_layout)
-    keep = set(layout.replicated_axes) & set(g_layout.partial) if g_layout.layout == layout.layout else ()
-    # From with_partial's table: the gradients' layouts are then the very objects the
-    # rules make, and the engine's layout comparisons stop at `is`.
-    out = with_partial(layout, tuple(a for a in layout.layout.alias_name if a in keep))
+    both = set(layout.replicated_axes) & set(g_layout.partial) if g_layout.layout == layout.layout else ()
+    keep = tuple(a for a in layout.layout.alias_name if a in both)
     if len(_GRAD_LAYOUTS) >= 4096:  # a long run over many layouts: start over
         _GRAD_LAYOUTS.clear()
-    _GRAD_LAYOUTS[key] = out
-    return out
+    _GRAD_LAYOUTS[key] = keep
+    return keep
 
 
-_GRAD_LAYOUTS: dict = {}  # (layout, gradient's layout) -> grad_layout's answer
+_GRAD_LAYOUTS: dict = {}  # (layout, gradient's layout) -> the pending axes grad_layout keeps
 
 
 def _collector(explain: Optional[list]) -> Any:

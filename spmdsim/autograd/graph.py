@@ -189,27 +189,20 @@ def used_axes(layouts: Sequence[Any]) -> frozenset:
 _USED: dict = {}  # a node's read layouts -> used_axes of them (a step asks for the same few)
 
 
-# (layout, partial axes) -> that layout with those partial axes. A step's backward asks for the
-# same few layouts again and again; building one (validating its map) costs ~5 us each time.
-_WITH_PARTIAL: dict = {}
 _CACHE_MAX = 4096
 
 
 def with_partial(layout: Any, partial: tuple[str, ...]) -> Any:
     """``layout.with_partial(partial)`` for a tuple of axis names, the same object on every call."""
-    # First by the layout object itself: a tuple of an int and strs hashes and compares in C, where a
-    # TensorLayout key calls its Python __hash__, and __eq__ for an equal layout that is another object.
-    # The entry holds the layout, so its id is not reused while the entry lives.
+    # By the layout object itself, never by value: a tuple of an int and strs hashes and compares in C,
+    # where a TensorLayout key calls its Python __hash__ and __eq__; and each layout gets its own derived
+    # layouts (TensorLayout.with_partial keeps them, ~5 us to build one), so a pending gradient, summed,
+    # is its tensor's own layout object, not that of the first equal layout seen (the optimizer's check
+    # of ~60 gradients a step then stops at `is`). The entry holds the layout: its id is not reused.
     seen = _BY_OBJECT.get((id(layout), partial))
     if seen is not None and seen[0] is layout:
         return seen[1]
-    key = (layout, partial)
-    try:
-        out = _WITH_PARTIAL[key]
-    except KeyError:
-        if len(_WITH_PARTIAL) >= _CACHE_MAX:  # a long run over many shapes: start over
-            _WITH_PARTIAL.clear()
-        out = _WITH_PARTIAL[key] = layout.with_partial(partial)
+    out = layout.with_partial(partial)
     if len(_BY_OBJECT) >= _CACHE_MAX:
         _BY_OBJECT.clear()
     _BY_OBJECT[(id(layout), partial)] = (layout, out)

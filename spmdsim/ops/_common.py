@@ -34,16 +34,16 @@ def make_dtensor(mesh: Any, local: np.ndarray, layout: TensorLayout, shape: Sequ
         shape = tuple(shape)
     # The checks DTensor() makes, passed before by this shape under an equal layout: the same block
     # shape, a plain dtype and the mesh's device matrix are all that can differ.
-    seen = _CHECKED.get((layout, shape))
-    if (seen is not None and local.shape == seen[1] and (seen[0] is shape or _ints(shape))
-            and local.dtype in _PLAIN_DTYPES and type(layout) is TensorLayout and type(mesh) is _MESH
+    seen = _CHECKED.get((id(layout), shape))
+    if (seen is not None and seen[0] is layout and local.shape == seen[2] and (seen[1] is shape or _ints(shape))
+            and local.dtype in _PLAIN_DTYPES and type(mesh) is _MESH
             and (layout.layout is mesh.layout or layout.layout == mesh.layout)):
         return cls._trusted(mesh, local, layout, shape)
     out = cls(mesh, local, layout, shape)
-    if out.global_shape == shape and _ints(shape):
+    if out.global_shape == shape and _ints(shape) and type(layout) is TensorLayout:
         if len(_CHECKED) >= 4096:  # a long run over many shapes: start over
             _CHECKED.clear()
-        _CHECKED[(layout, shape)] = (shape, out.local.shape)
+        _CHECKED[(id(layout), shape)] = (layout, shape, out.local.shape)
     return out
 
 
@@ -86,10 +86,12 @@ def _ints(shape: tuple) -> bool:
     return True
 
 
-# (layout, global shape) -> (that shape tuple, the shard shape) for result tensors DTensor() checked.
-# Keyed by value: a shape of Python ints equal to one that passed, under an equal layout, passes
-# again (16.0 equals 16 and hashes alike: such a tuple is checked every time). DTensor()'s checks were
-# ~5 us of every operator's result (paid once per simulated rank).
+# (id(layout), global shape) -> (that layout, that shape tuple, the shard shape) for result tensors
+# DTensor() checked. Keyed by the layout object's id (an operator hands out the same layout objects
+# every step; a TensorLayout key would call its Python __hash__ and __eq__), the entry holding the
+# layout so its id is not reused while the entry lives; by the shape's value: a shape of Python ints
+# equal to one that passed passes again (16.0 equals 16 and hashes alike: such a tuple is checked
+# every time). DTensor()'s checks were ~5 us of every operator's result (paid once per simulated rank).
 _CHECKED: dict = {}
 # Dtypes a shard may have without more checks (runtime.dtensor keeps the same set).
 _PLAIN_DTYPES = frozenset(np.dtype(c) for c in np.typecodes["AllInteger"] + np.typecodes["AllFloat"])

@@ -238,16 +238,20 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
                                                      ("target", shape, target, local.dtype)))
     if plan is None:
         programs = PROGRAMS.of(mesh)
-        key = ("redistribute", dtensor.layout, target, shape, local.dtype)
+        source = dtensor.layout
+        # Keyed by the layout objects' ids (a step moves the same objects every time: a tuple of ints
+        # hashes and compares in C, where TensorLayout keys call its Python __hash__ and __eq__); the
+        # entry holds both layouts, so an id in the table is never another object's.
+        key = ("redistribute", id(source), id(target), shape, local.dtype)
         try:
-            program = programs[key]
-        except (KeyError, TypeError):  # TypeError: an unhashable target
+            program = programs[key][2]
+        except (KeyError, TypeError):  # TypeError: a size that does not hash (the planner refuses it)
             if not isinstance(target, TensorLayout):
                 raise PlanError(f"target {target!r} must be a TensorLayout") from None
-            plan = plan_redistribution(dtensor.layout, target, shape, local.dtype.name)
+            plan = plan_redistribution(source, target, shape, local.dtype.name)
             program = _compile(plan, mesh)
             if len(programs) < ProgramCache.MAX_PER_MESH:
-                programs[key] = program
+                programs[key] = (source, target, program)
     else:
         if not isinstance(target, TensorLayout):
             raise PlanError(f"target {target!r} must be a TensorLayout")
