@@ -140,6 +140,7 @@ def test_readmes_replay_command_prints_the_losses_of_the_steps_run_one_by_one():
     rows = [[line.split()[:4] for line in out.stdout.splitlines() if line[:5].strip().isdigit()]
             for out in (replayed, eager)]
     assert len(rows[0]) == 5 and rows[0] == rows[1]  # step, loss, collectives, bytes alike
+    assert max(len(line) for line in replayed.stdout.splitlines()) <= 100  # (test_classroom_docs runs it not)
 
 
 def test_train_gpt_refuses_a_mesh_in_one_line():
