@@ -33,6 +33,15 @@ _ELSEWHERE = (
 )
 
 
+def _run_by_test_sim_cli(command: str) -> bool:
+    """`python examples/NAME.py --ranks 8` exactly, for an example tests/test_sim_cli.py runs with no arguments
+    of its own: that test runs this very command in process (exit 0, its PASS line, 100 columns)."""
+    from testkit import EXAMPLE_ARGS
+
+    m = re.fullmatch(r"python examples/(\w+)\.py --ranks 8", command.split("#")[0].strip())
+    return bool(m) and (ROOT / "examples" / f"{m.group(1)}.py").is_file() and m.group(1) not in EXAMPLE_ARGS
+
+
 def _shell(command: str, cwd: pathlib.Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PATH=f"{_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
                SPMDSIM_COST_FILE=str(cwd / "no-calibration.json"))
@@ -67,6 +76,8 @@ def ran(tmp_path_factory) -> dict:
             results[doc] = []
             for quote in quotes(doc):
                 if any(pattern.match(quote.command) for pattern, _ in _ELSEWHERE):
+                    continue
+                if quote.output is None and _run_by_test_sim_cli(quote.command):
                     continue
                 if quote.argv is None and quote.inline and quote.command.split()[1:2] \
                         and len(quote.command.split()) < 3:
@@ -145,3 +156,16 @@ def test_a_quoted_pytest_command_names_files_this_suite_runs():
         assert any(pattern.match(quote.command) for pattern, _ in _ELSEWHERE), quote.where()
         for path in quote.command.split()[3:]:
             assert (ROOT / path).is_file() and pathlib.Path(path).name.startswith("test_"), quote.where()
+
+
+def test_the_examples_left_to_test_sim_cli_are_the_ones_it_runs():
+    """The docs' `python examples/NAME.py --ranks 8` lines this file leaves out are run by test_sim_cli as written."""
+    import test_sim_cli
+
+    left = [q.command for doc in DOCS for q in quotes(doc) if q.output is None and _run_by_test_sim_cli(q.command)]
+    assert len(left) >= 4, left  # README's llama_block, attention and port_* lines
+    stems = {path.stem for path in test_sim_cli.EXAMPLES}
+    for command in left:
+        assert command.split("/")[1].split(".py")[0] in stems, command
+    assert not _run_by_test_sim_cli("python examples/train_gpt.py --ranks 8")  # run with its own arguments there
+    assert not _run_by_test_sim_cli("python examples/attention.py --ranks 8 --dry-run")
