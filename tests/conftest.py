@@ -54,7 +54,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 #: The pure test files that cost the most CPU (getrusage of the pytest process and the children it waited
-#: for, summed over the file's tests, at main 9742f44 on a 2-core machine: 6 to 80 s each), heaviest first.
+#: for, summed over the file's tests, at main 63c60e2-9742f44 on a 2-core machine: 6 to 80 s each), heaviest first.
 #: Under xdist --dist loadfile a file runs whole on one worker; one of these scheduled last leaves the other
 #: worker idle for its length (test_classroom_docs.py, 80 CPU-s and 9 tests, used to start last), so they go
 #: first and the many small files fill in at the end (see _schedule_heavy_files_first).
