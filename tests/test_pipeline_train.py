@@ -75,6 +75,75 @@ def test_a_stage_boundary_moves_the_sequence_tp_th_per_rank(sp, seq, scattered):
             assert len(gathers) == (m if scattered else 0)  # one per received activation or gradient
 
 
+def test_each_message_group_is_counted_once_a_run_and_every_steps_rows_are_the_schedules(monkeypatch):
+    """The pipeline works out each group's trace row (op, peers, bytes each way: runtime.door.messages) the
+    first time it posts it and passes it to the door from then on: three steps count each group once, and
+    the last step's rows are what the schedule says (its sends and receives, a wire block each)."""
+    from spmdsim.pipeline.schedule import Post, Send
+    from spmdsim.runtime import door
+
+    cfg, pp, m = GPTConfig(layers=4, d_model=32, heads=2, seq=16, batch=8, dropout=0.1), 4, 4
+    counted: dict = {}
+    described = door.messages
+    monkeypatch.setattr(door, "messages", lambda comm, *a: counted.setdefault(
+        spmdsim.world().rank, []).append(1) or described(comm, *a))
+
+    def main():
+        run, results = train_pipelined(cfg, spmdsim.world(), pp, 1, 1, 3, IDS, microbatches=m)
+        rows = [(e.op, e.axes, e.group_size, e.bytes_sent, e.bytes_received, e.peers, e.label)
+                for e in run.trace.entries if e.label in ("pipeline", "embedding group")]
+        program = run.schedule.programs[run.stage]
+        run.close()
+        return [(r.calls, r.bytes_sent) for r in results], rows, program
+
+    wire = cfg.seq * (cfg.batch // m) * cfg.d_model * 8
+    table = cfg.vocab * cfg.d_model * 8
+    for rank, (totals, rows, program) in enumerate(spmdsim.simulate(pp, main)):
+        assert totals[0] == totals[1] == totals[2]
+        expected = []
+        for action in program:
+            ops = action.ops if isinstance(action, Post) else (action,) if hasattr(action, "peer") else ()
+            if ops:
+                sends = sum(isinstance(op, Send) for op in ops)
+                op = "sendrecv" if 0 < sends < len(ops) else ("send" if sends else "recv")
+                expected.append((op, ("pp",), pp, sends * wire, (len(ops) - sends) * wire,
+                                 len({op.peer for op in ops}), "pipeline"))
+        if rank in (0, pp - 1):  # the tied table's gradients between the ends
+            expected.append(("sendrecv", ("pp",), pp, table, table, 1, "embedding group"))
+        assert rows == expected and len(counted[rank]) == len(expected)
+
+
+def test_the_doors_point_to_point_refuses_a_description_its_messages_do_not_fit_under_check():
+    """`known` (runtime.door.messages of the group) makes the trace row without counting; with the divergence
+    check on, the door counts anyway and refuses a description that does not fit, in one line."""
+    from spmdsim import Layout, Mesh, collect_trace
+    from spmdsim.runtime import debug
+    from spmdsim.runtime.door import messages, point_to_point
+
+    def main(check, wrong):
+        debug.configure(check=check)
+        mesh = Mesh(Layout((2,), ("pp",)), spmdsim.world())
+        comm, other = mesh.group("pp"), 1 - mesh.rank
+        receives, sends = [(np.empty(4), other, 7)], [(np.full(4, float(mesh.rank)), other, 7)]
+        known = messages(comm, "pp", receives, sends)
+        assert known == ("sendrecv", ("pp",), 2, 32, 32, 1)
+        if wrong:
+            known = known[:3] + (64,) + known[4:]
+        with collect_trace() as trace:
+            point_to_point(mesh, comm, ("pp",), receives, sends, "x", known)
+            point_to_point(mesh, comm, ("pp",), receives, sends, "x")
+        a, b = trace.entries
+        assert receives[0][0][0] == other
+        return [(e.op, e.axes, e.group_size, e.bytes_sent, e.bytes_received, e.peers) for e in (a, b)]
+
+    for check in (False, True):
+        for rows in spmdsim.simulate(2, lambda: main(check, False)):
+            assert rows == [("sendrecv", ("pp",), 2, 32, 32, 1)] * 2
+    with pytest.raises(SpmdsimError, match=r"^point_to_point: known \('sendrecv', \('pp',\), 2, 64, 32, 1\) does not "
+                       r"describe the messages posted; expected \('sendrecv', \('pp',\), 2, 32, 32, 1\)\n"):
+        spmdsim.simulate(2, lambda: main(True, True))
+
+
 def test_one_microbatch_pipeline_is_the_unpipelined_step():
     """pp 2 with one microbatch draws the unpipelined step's masks: the same losses to rounding."""
     def plain():

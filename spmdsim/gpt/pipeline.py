@@ -240,6 +240,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     norms: list = []  # with clip (and not ZeRO-1): each step's norm before clipping
     clock = _Clock()  # each cell's start and end, stamped by a kernel: a replayed step stamps them again
     ran: dict = {}  # what the step's Python found (order, held, watch): a replayed step's are the capture's
+    described: dict = {}  # each message group's trace description, worked out in the first step (_run_program)
 
     def pipeline_step(when: Any, *given: Any) -> list:
         """One step: the stage's program, the gradients' sums, the tied table, clipping, the update; the
@@ -253,11 +254,12 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         optimizer.zero_grad()
         watch = ran["watch"] = _Most(optimizer, tensors) if memory else None
         losses, ran["order"], ran["held"] = _run_program(run, plan.programs[stage], ids, when, microbatches, last,
-                                                         shape, act, wire, pp_comm, tensors, clock, watch)
+                                                         shape, act, wire, pp_comm, tensors, clock, watch,
+                                                         described)
         if not zero:  # with ZeRO-1 the dp sums are the optimizer's Reduce_scatter
             reduce_grads(tensors)  # dp (and sp's LayerNorm) sums: once per step, bucketed
         if ends:
-            _tie_embedding(run, params["wte"], 0 if stage == pp - 1 else pp - 1, pp_comm)
+            _tie_embedding(run, params["wte"], 0 if stage == pp - 1 else pp - 1, pp_comm, described)
         if cfg.clip and not zero:  # the joint norm over every stage; the tied table counted once
             norms.append(clip_grad_norm_(tensors, cfg.clip, across=(mesh, ("pp",)), counted=counted))
         if watch is not None:
@@ -331,16 +333,18 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
 
 def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], Any], step: Any,
                  microbatches: int, last: int, shape: tuple, act: Any, wire: Any, pp_comm: Any, params: list,
-                 clock: "_Clock", watch: Optional["_Most"] = None) -> tuple[list, list, int]:
+                 clock: "_Clock", watch: Optional["_Most"] = None, described: Optional[dict] = None
+                 ) -> tuple[list, list, int]:
     """One step of this stage's program: (its microbatches' scaled losses: DTensors, router losses as floats;
     the Compute records run; the most microbatch-chunks held at once). `ids(0, mb)`: microbatch mb's input
     ids, `ids(1, mb)` its targets; `step`: an int or a replay Scalar (the dropout masks' seeds); `clock`
     gets each cell's start and end. Activations and gradients are `act` blocks in the chunks and `wire`
     blocks between stages (`act`'s rows of this rank's tp coordinate where they differ, all-gathered over tp
-    on receipt)."""
+    on receipt). `described`: each message group's trace description (runtime.door.messages) by its place in
+    `program`, kept from step to step (a group's sizes and peers are the same every step), filled here."""
     from ..pipeline.schedule import Compute, Post, Send
     from ..runtime.dtensor import DTensor
-    from ..runtime.door import point_to_point
+    from ..runtime.door import messages, point_to_point
     from ..runtime.replay import kernel
 
     mesh, models = run.stage_mesh, run.models
@@ -428,7 +432,9 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
             receives.append((buf, op.peer, _tag(op.what, sender)))
             received.append((op, buf))
 
-    for action in program:
+    if described is None:
+        described = {}
+    for i, action in enumerate(program):
         if isinstance(action, Compute):
             stamp(clock)
             (forward if action.kind == "F" else backward)(action.microbatch, action.chunk)
@@ -439,7 +445,10 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
         sends: list = []
         for op in (action.ops if isinstance(action, Post) else (action,)):
             message(op, receives, sends)
-        point_to_point(run.mesh, pp_comm, _PP, receives, sends, "pipeline")
+        known = described.get(i)
+        if known is None:  # the first step's: counted from its buffers once
+            known = described[i] = messages(pp_comm, _PP, receives, sends)
+        point_to_point(run.mesh, pp_comm, _PP, receives, sends, "pipeline", known)
         for op, buf in received:
             t = DTensor(mesh, buf, wire, shape)
             if scatter:  # Megatron's gather: the stage's tp ranks put their rows together
@@ -628,15 +637,19 @@ def _largest(stats: tuple) -> tuple:
     return tuple(most.values())
 
 
-def _tie_embedding(run: PipelineRun, wte: Any, other: int, pp_comm: Any) -> None:
-    """Add the other end's gradient of the tied table (first and last stage: Megatron's embedding group)."""
-    from ..runtime.door import point_to_point
+def _tie_embedding(run: PipelineRun, wte: Any, other: int, pp_comm: Any, described: dict) -> None:
+    """Add the other end's gradient of the tied table (first and last stage: Megatron's embedding group).
+    `described`: the exchange's trace description under "tied" after the first step (runtime.door.messages)."""
+    from ..runtime.door import messages, point_to_point
 
     g = wte.grad
     mine = buffers.contiguous(g.local)
     theirs = buffers.empty(mine.shape, mine.dtype)
-    point_to_point(run.mesh, pp_comm, _PP, [(theirs, other, 1 << 14)], [(mine, other, 1 << 14)],
-                   "embedding group")
+    receives, sends = [(theirs, other, 1 << 14)], [(mine, other, 1 << 14)]
+    known = described.get("tied")
+    if known is None:
+        known = described["tied"] = messages(pp_comm, _PP, receives, sends)
+    point_to_point(run.mesh, pp_comm, _PP, receives, sends, "embedding group", known)
     total = mine if g.mesh.engine.dry else mine + theirs  # a dry run's zeros stay zeros, unread
     wte._ag.grad = type(g)(g.mesh, total, g.layout, g.global_shape)
 

@@ -28,7 +28,7 @@ import numpy as np
 from .. import buffers
 from ..engines import engine_of
 from ..engines.wait import polite_wait
-from ..errors import DTypeError, ShapeError
+from ..errors import DTypeError, ShapeError, SpmdsimError
 from ..precision import is_low
 from ..validate import SUPPORTED_DTYPES, counted
 from . import debug
@@ -122,7 +122,24 @@ def send_requests(comm: Any, receives: list, sends: list) -> list:
     return engine_of(comm).post(comm, receives, sends)
 
 
-def point_to_point(mesh: Mesh, comm: Any, axes: Any, receives: list, sends: list, label: str | None) -> None:
+def messages(comm: Any, axes: Any, receives: list, sends: list) -> tuple:
+    """What `point_to_point`'s trace row says of a group of messages besides its times and label: (op:
+    "send", "recv" or "sendrecv"; `axes` as a tuple; `comm`'s size; bytes sent; bytes received; how many
+    peers), counted from the buffers. A caller that posts groups of the same sizes to the same peers again
+    (a pipeline's schedule, step after step) works each out once and passes it to `point_to_point`."""
+    sent, received, peers = 0, 0, set()
+    for buf, peer, _ in sends:
+        sent += buf.nbytes
+        peers.add(peer)
+    for buf, peer, _ in receives:
+        received += buf.nbytes
+        peers.add(peer)
+    op = "sendrecv" if receives and sends else ("recv" if receives else "send")
+    return op, axes if type(axes) is tuple else normalize_axes(axes), comm.Get_size(), sent, received, len(peers)
+
+
+def point_to_point(mesh: Mesh, comm: Any, axes: Any, receives: list, sends: list, label: str | None,
+                   known: tuple | None = None) -> None:
     """Messages between members of `comm` (a group of `mesh` over `axes`), posted together and all waited
     for: `receives` as (buffer, source, tag), `sends` as (buffer, dest, tag), receives posted first. A
     pipeline's activations and gradients between stages (spmdsim.gpt.pipeline). Waited politely on a
@@ -130,37 +147,33 @@ def point_to_point(mesh: Mesh, comm: Any, axes: Any, receives: list, sends: list
     watchdog's report); one trace row ("send", "recv" or "sendrecv") with the bytes each way. Not
     numbered as a collective: the stages of a pipeline make different numbers of them. One recorded call
     when a rank captures a step (spmdsim.runtime.replay): a replay posts the same messages on the same
-    buffers again."""
+    buffers again. `known`: `messages(comm, axes, receives, sends)`, worked out by the caller before (else
+    here, when a trace or a debug hook needs it); a debug hook's run counts again and refuses one that differs."""
     if CAPTURES[0] and capturing():  # recorded as one call (the kernel below runs this body again, inside it)
-        return _recorded_point_to_point(mesh, comm, axes, receives, sends, label)
-    # The posts first: a peer waits for them. What the trace row needs is worked out while the messages
-    # fly; after the wait only the end time and the row (each microsecond between one group's wait and
-    # the next group's posts lies on the schedule's chain of stages, at 4 ranks per core on cold caches).
+        return _recorded_point_to_point(mesh, comm, axes, receives, sends, label, known)
+    # The posts first: a peer waits for them. After the wait only the end time and a row of constants
+    # (each microsecond between one group's wait and the next group's posts lies on the schedule's chain
+    # of stages, at 4 ranks per core on cold caches).
     t0 = perf_counter()
     engine = mesh.engine  # `comm` is a group of `mesh`: its engine
     requests = engine.post(comm, receives, sends)
     context = mesh.context  # this rank's: its traces and hooks
     traces = context.traces
-    quiet = context.hooks.quiet
-    if traces or not quiet:
-        op = "sendrecv" if receives and sends else ("recv" if receives else "send")
-        if type(axes) is not tuple:
-            axes = normalize_axes(axes)
-    if traces:
-        size, sent, received = comm.Get_size(), 0, 0
-        peers = set()
-        for buf, peer, _ in sends:
-            sent += buf.nbytes
-            peers.add(peer)
-        for buf, peer, _ in receives:
-            received += buf.nbytes
-            peers.add(peer)
-    # Quiet (no check, no watchdog): debug.waiter's answer without its call.
-    engine.wait_all(requests, (polite_wait if mesh.polite else None) if quiet else
-                    debug.waiter(op, axes, context.seq, mesh.polite, comm))
+    if context.hooks.quiet:  # no check, no watchdog: debug.waiter's answer without its call
+        if known is None and traces:
+            known = messages(comm, axes, receives, sends)  # while the messages fly
+        engine.wait_all(requests, polite_wait if mesh.polite else None)
+    else:
+        counted = messages(comm, axes, receives, sends)
+        engine.wait_all(requests, debug.waiter(counted[0], counted[1], context.seq, mesh.polite, comm))
+        if known is not None and known != counted:
+            raise SpmdsimError(f"point_to_point: known {known!r} does not describe the messages posted; "
+                               f"expected {counted!r}")
+        known = counted
     if traces:
         ended = perf_counter()
-        record_to(traces, op, axes, size, sent, received, ended - t0, label, 0, ended, len(peers))
+        op, axes, size, sent, received, peers = known
+        record_to(traces, op, axes, size, sent, received, ended - t0, label, 0, ended, peers)
 
 
 def wait_requests(comm: Any, requests: list, wait: Any = None) -> None:
