@@ -8,7 +8,6 @@ where MPI would hang or abort"), where MPI hangs or aborts.
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,10 +16,9 @@ import pytest
 import spmdsim
 from spmdsim.cli.main import main
 from spmdsim.sim.report import unfold
-from testkit import MPIEXEC
+from testkit import MPIEXEC, mpich_batch
 
 LAB = Path(__file__).resolve().parent / "data" / "lab"
-TAGGED = ("-prepend-pattern", "<@%r@> ")  # mpiexec tags every chunk of output with its rank
 PACKAGE = Path(spmdsim.__file__).resolve().parent
 ARGS = {"argv_files.py": ["inputs.txt"]}
 INPUTS = "1 2 3\n4 5 6\n7 8 9\n10 11 12\n"  # argv_files.py's, in the directory it runs in
@@ -31,55 +29,13 @@ SAME_AS_MPICH = ["hello.py", "ring_objects.py", "ring_buffers.py", "sendrecv.py"
                  "test_loop_late.py", "neighbors.py"]
 
 
-def _per_rank_lines(out: str) -> dict:
-    """{program: its lines} of `mpiexec *TAGGED` output of _BATCH, each rank's chunks joined first (MPICH
-    interleaves chunks of different ranks within a line), then cut at the MARK line it prints before each."""
-    parts = re.split(r"<@(\d+)@> ", out)
-    texts: dict = {}
-    for rank, chunk in zip(parts[1::2], parts[2::2]):
-        texts[rank] = texts.get(rank, "") + chunk
-    found: dict = {}
-    for text in texts.values():
-        name = None
-        for line in text.splitlines():
-            if line.startswith(MARK):
-                name = line[len(MARK):]
-                found.setdefault(name, [])
-            else:  # (lines before the first MARK, if any, under None: the fixture's check names them)
-                found.setdefault(name, []).append(line)
-    return {name: sorted(lines) for name, lines in found.items()}
-
-
-MARK = "@@ program "
-#: One mpiexec job runs every program of SAME_AS_MPICH, one after another, each rank running each as
-#: `python PROGRAM ARGS` would (runpy as __main__, its argv, its directory first on sys.path), after a line
-#: MARK + name and before a barrier (one job, not 21: mpiexec's start is most of a lab program's cost).
-_BATCH = f"""
-import os, runpy, sys
-from mpi4py import MPI
-for name, args in {[(name, ARGS.get(name, [])) for name in SAME_AS_MPICH]!r}:
-    print({MARK!r} + name, flush=True)
-    path = os.path.join({str(LAB)!r}, name)
-    sys.argv = [path, *args]
-    sys.path.insert(0, os.path.dirname(path))
-    runpy.run_path(path, run_name="__main__")
-    sys.path.pop(0)
-    sys.stdout.flush()
-    MPI.COMM_WORLD.Barrier()
-"""
-
-
 @pytest.fixture(scope="module")
 def mpich_lines(tmp_path_factory):
-    """{program: the lines it printed under MPICH's mpiexec -n 4, sorted}: one job for them all (_BATCH)."""
+    """{program: the lines it printed under MPICH's mpiexec -n 4, sorted}: one job for them all."""
     lab = tmp_path_factory.mktemp("lab")
     (lab / "inputs.txt").write_text(INPUTS)
-    mpi = subprocess.run(["timeout", "-k", "5", "300", MPIEXEC, "-n", "4", *TAGGED, sys.executable, "-m", "mpi4py",
-                          "-c", _BATCH], capture_output=True, text=True, stdin=subprocess.DEVNULL, cwd=lab)
-    assert mpi.returncode == 0, mpi.stderr
-    found = _per_rank_lines(mpi.stdout)
-    assert list(found) == SAME_AS_MPICH, mpi.stdout
-    return found
+    found = mpich_batch([(name, LAB / name, ARGS.get(name, [])) for name in SAME_AS_MPICH], 4, cwd=lab)
+    return {name: sorted(line for lines in per_rank for line in lines) for name, per_rank in found.items()}
 
 
 def _mpirun(capsys, *command: str) -> tuple:
@@ -287,12 +243,10 @@ def test_cartesian_grids_as_mpich_makes_them(tmp_path, capsys):
         "    try:\n        c.Get_coords(comm.size)\n    except MPI.Exception as e:\n"
         "        print(comm.rank, 'coords', e.Get_error_class() == MPI.ERR_RANK)\n")
     for script, n in ((str(LAB / "cart.py"), "6"), (str(prog), "4")):
-        mpi = subprocess.run(["timeout", "-k", "5", "120", MPIEXEC, "-n", n, *TAGGED, sys.executable, script],
-                             capture_output=True, text=True, stdin=subprocess.DEVNULL)
-        assert mpi.returncode == 0, mpi.stderr
+        mpi = mpich_batch([("it", script, [])], int(n))["it"]
         assert main(["mpirun", "-n", n, "python", script]) == 0
         out, err = capsys.readouterr()
-        assert err == "" and sorted(out.splitlines()) == _per_rank_lines(mpi.stdout)
+        assert err == "" and sorted(out.splitlines()) == sorted(line for lines in mpi for line in lines)
 
 
 def test_an_iprobe_loop_for_a_finished_rank_ends(capsys):
