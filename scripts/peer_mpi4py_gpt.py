@@ -140,7 +140,7 @@ def _problem(args: argparse.Namespace, size: int) -> Optional[str]:
     """Why the run cannot start on `size` ranks (one line), or None."""
     from spmdsim.errors import SpmdsimError
     from spmdsim.gpt import GPTConfig
-    from spmdsim.gpt.parallel import mesh_problem
+    from spmdsim.gpt.layouts import mesh_problem
 
     if args.dp * args.tp != size:
         return f"--dp {args.dp} x --tp {args.tp} is {args.dp * args.tp} ranks; mpiexec started {size}"

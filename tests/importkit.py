@@ -82,26 +82,44 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _statements(tree: ast.Module):
-    """(import statement, runs at import) for every import in the module, in source order."""
+def _blocks(node: ast.AST):
+    """`node`'s children that may hold an import: statements, `except` and `case` clauses (an expression holds
+    none, a lambda's body included; skipping them is most of the walk)."""
+    return (child for child in ast.iter_child_nodes(node)
+            if isinstance(child, (ast.stmt, ast.excepthandler, ast.match_case)))
+
+
+def _statements(tree: ast.Module, into_type_checking: bool = False):
+    """(import statement, runs at import) for every import in the module, in source order (those under
+    ``if TYPE_CHECKING:`` too if `into_type_checking`)."""
     def walk(nodes, at_import):
         for node in nodes:
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 yield node, at_import
-            elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            elif isinstance(node, ast.If) and _is_type_checking(node.test) and not into_type_checking:
                 yield from walk(node.orelse, at_import)  # the `if TYPE_CHECKING:` body never runs
-            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-                yield from walk(ast.iter_child_nodes(node), False)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield from walk(_blocks(node), False)
             else:
-                yield from walk(ast.iter_child_nodes(node), at_import)
+                yield from walk(_blocks(node), at_import)
     yield from walk(tree.body, True)
 
 
 @lru_cache(maxsize=None)
+def _parsed(root: pathlib.Path, top: str) -> dict[str, ast.Module]:
+    """Every module's syntax tree, parsed once for scan and names_from_above."""
+    return {name: ast.parse(path.read_text(), str(path)) for name, path in module_paths(root, top).items()}
+
+
 def scan(root: pathlib.Path = ROOT, top: str = TOP) -> dict[str, tuple[Import, ...]]:
     """module -> its imports of the package's modules and of outside packages (by top-level name)."""
+    return _scan(root, top)
+
+
+@lru_cache(maxsize=None)
+def _scan(root: pathlib.Path, top: str) -> dict[str, tuple[Import, ...]]:
     paths = module_paths(root, top)
-    trees = {name: ast.parse(path.read_text(), str(path)) for name, path in paths.items()}
+    trees = _parsed(root, top)
     lazy = {name: _lazy_table(trees[name], name, top) for name in paths if is_package(name, paths)}
     result = {}
     for name, tree in trees.items():
@@ -263,19 +281,18 @@ def _defined(tree: ast.Module) -> set[str]:
     return names
 
 
-@lru_cache(maxsize=None)
 def names_from_above(root: pathlib.Path = ROOT, top: str = TOP) -> tuple[tuple[str, int, str, str, str], ...]:
     """Every `from PACKAGE import name` (any level) where PACKAGE holds the importing module (its own
     package or one above) and `name` is neither a submodule nor defined in PACKAGE's __init__ itself:
     (module, line, package, name, statement)."""
     paths = module_paths(root, top)
-    trees = {name: ast.parse(path.read_text(), str(path)) for name, path in paths.items()}
+    trees = _parsed(root, top)
     found = []
     for name, tree in trees.items():
         package = name if is_package(name, paths) else name.rpartition(".")[0]
         above = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)} | {package}
         lines = paths[name].read_text().splitlines()
-        for node in ast.walk(tree):
+        for node, _ in _statements(tree, into_type_checking=True):
             if not isinstance(node, ast.ImportFrom):
                 continue
             if node.level:

@@ -8,7 +8,6 @@ where MPI would hang or abort"), where MPI hangs or aborts.
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,12 +16,12 @@ import pytest
 import spmdsim
 from spmdsim.cli.main import main
 from spmdsim.sim.report import unfold
-from testkit import MPIEXEC
+from testkit import MPIEXEC, mpich_batch
 
 LAB = Path(__file__).resolve().parent / "data" / "lab"
-TAGGED = ("-prepend-pattern", "<@%r@> ")  # mpiexec tags every chunk of output with its rank
 PACKAGE = Path(spmdsim.__file__).resolve().parent
 ARGS = {"argv_files.py": ["inputs.txt"]}
+INPUTS = "1 2 3\n4 5 6\n7 8 9\n10 11 12\n"  # argv_files.py's, in the directory it runs in
 SAME_AS_MPICH = ["hello.py", "ring_objects.py", "ring_buffers.py", "sendrecv.py", "any_source.py",
                  "collectives_objects.py", "collectives_buffers.py", "reduce_ops.py", "nonblocking.py",
                  "split.py", "pi.py", "main_guard.py", "argv_files.py", "truncate_caught.py", "cart.py",
@@ -30,14 +29,13 @@ SAME_AS_MPICH = ["hello.py", "ring_objects.py", "ring_buffers.py", "sendrecv.py"
                  "test_loop_late.py", "neighbors.py"]
 
 
-def _per_rank_lines(out: str) -> list:
-    """The lines of `mpiexec *TAGGED` output, each rank's chunks joined first (MPICH interleaves
-    chunks of different ranks within a line)."""
-    parts = re.split(r"<@(\d+)@> ", out)
-    texts: dict = {}
-    for rank, chunk in zip(parts[1::2], parts[2::2]):
-        texts[rank] = texts.get(rank, "") + chunk
-    return sorted(line for text in texts.values() for line in text.splitlines())
+@pytest.fixture(scope="module")
+def mpich_lines(tmp_path_factory):
+    """{program: the lines it printed under MPICH's mpiexec -n 4, sorted}: one job for them all."""
+    lab = tmp_path_factory.mktemp("lab")
+    (lab / "inputs.txt").write_text(INPUTS)
+    found = mpich_batch([(name, LAB / name, ARGS.get(name, [])) for name in SAME_AS_MPICH], 4, cwd=lab)
+    return {name: sorted(line for lines in per_rank for line in lines) for name, per_rank in found.items()}
 
 
 def _mpirun(capsys, *command: str) -> tuple:
@@ -49,21 +47,17 @@ def _mpirun(capsys, *command: str) -> tuple:
 @pytest.fixture
 def in_lab(tmp_path, monkeypatch):
     """A lab directory as cwd: the input file argv_files.py reads by a relative path."""
-    (tmp_path / "inputs.txt").write_text("1 2 3\n4 5 6\n7 8 9\n10 11 12\n")
+    (tmp_path / "inputs.txt").write_text(INPUTS)
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
 
 @pytest.mark.skipif(not MPIEXEC, reason="no mpiexec beside this Python (pip install -e '.[mpi]')")
 @pytest.mark.parametrize("name", SAME_AS_MPICH)
-def test_right_programs_print_what_mpiexec_prints(name, in_lab, capsys):
-    script = str(LAB / name)
-    mpi = subprocess.run(["timeout", "-k", "5", "120", MPIEXEC, "-n", "4", *TAGGED, sys.executable, script,
-                          *ARGS.get(name, [])], capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    assert mpi.returncode == 0, mpi.stderr
-    code, out, err = _mpirun(capsys, script, *ARGS.get(name, []))
+def test_right_programs_print_what_mpiexec_prints(name, in_lab, capsys, mpich_lines):
+    code, out, err = _mpirun(capsys, str(LAB / name), *ARGS.get(name, []))
     assert (code, err) == (0, "")
-    assert sorted(out.splitlines()) == _per_rank_lines(mpi.stdout) and out.strip()
+    assert sorted(out.splitlines()) == mpich_lines[name] and out.strip()
 
 
 def test_user_ops_made_by_every_rank_and_python_functions(capsys):
@@ -249,12 +243,10 @@ def test_cartesian_grids_as_mpich_makes_them(tmp_path, capsys):
         "    try:\n        c.Get_coords(comm.size)\n    except MPI.Exception as e:\n"
         "        print(comm.rank, 'coords', e.Get_error_class() == MPI.ERR_RANK)\n")
     for script, n in ((str(LAB / "cart.py"), "6"), (str(prog), "4")):
-        mpi = subprocess.run(["timeout", "-k", "5", "120", MPIEXEC, "-n", n, *TAGGED, sys.executable, script],
-                             capture_output=True, text=True, stdin=subprocess.DEVNULL)
-        assert mpi.returncode == 0, mpi.stderr
+        mpi = mpich_batch([("it", script, [])], int(n))["it"]
         assert main(["mpirun", "-n", n, "python", script]) == 0
         out, err = capsys.readouterr()
-        assert err == "" and sorted(out.splitlines()) == _per_rank_lines(mpi.stdout)
+        assert err == "" and sorted(out.splitlines()) == sorted(line for lines in mpi for line in lines)
 
 
 def test_an_iprobe_loop_for_a_finished_rank_ends(capsys):

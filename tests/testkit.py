@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
 from types import ModuleType
 
-__all__ = ["MPIEXEC", "EXAMPLE_ARGS", "factorizations", "load_script", "program_lines",
+__all__ = ["MPIEXEC", "EXAMPLE_ARGS", "factorizations", "load_script", "mpich_batch", "program_lines",
            "readme_library_example"]
 
 # The venv's mpiexec (the pip `mpich` wheel) first, else the one on PATH, else "".
@@ -99,3 +100,46 @@ def run_train_gpt(argv: list[str], before: str = "", after: str = "",
     examples = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
     return subprocess.run([sys.executable, "-c", code], cwd=examples, capture_output=True, text=True,
                           timeout=300, env=env)
+
+
+_MARK = "@@ spmdsim program "
+_TAGGED = ("-prepend-pattern", "<@%r@> ")  # mpiexec tags every chunk of output with its rank
+
+
+def mpich_batch(programs: list, ranks: int, cwd: str | os.PathLike | None = None, stdin: str = "") -> dict:
+    """{name: [each rank's lines, in rank order]}: what `mpiexec -n RANKS python PATH *ARGS` prints for each
+    (name, path, args) of `programs`, all run by ONE mpiexec job (mpiexec's start is most of a short program's
+    cost): each rank runs each program in turn as `python PATH ARGS` would (runpy as __main__, its argv, its
+    directory first on sys.path), after a marker line and before a barrier. `stdin` goes to rank 0 (as
+    mpiexec forwards it), for the programs that read it. mpiexec tags each chunk of output with its rank,
+    so the lines are each rank's whole, however MPICH interleaves the ranks' chunks."""
+    code = f"""
+import os, runpy, sys
+from mpi4py import MPI
+for name, path, args in {[(name, str(path), list(args)) for name, path, args in programs]!r}:
+    print({_MARK!r} + name, flush=True)
+    sys.argv = [path, *args]
+    sys.path.insert(0, os.path.dirname(path))
+    runpy.run_path(path, run_name="__main__")
+    sys.path.pop(0)
+    sys.stdout.flush()
+    MPI.COMM_WORLD.Barrier()
+"""
+    done = subprocess.run(["timeout", "-k", "5", "300", MPIEXEC, "-n", str(ranks), *_TAGGED, sys.executable,
+                           "-m", "mpi4py", "-c", code], input=stdin, capture_output=True, text=True, cwd=cwd)
+    assert done.returncode == 0, done.stderr
+    parts = re.split(r"<@(\d+)@> ", done.stdout)
+    texts: dict = {}
+    for rank, chunk in zip(parts[1::2], parts[2::2]):
+        texts[int(rank)] = texts.get(int(rank), "") + chunk
+    found: dict = {}
+    for rank in sorted(texts):
+        # Cut where a marker starts, also within a line: a program's output may end without a newline
+        # (cpi.py's last prompt); text before the first marker, if any, goes under None (not a program's).
+        cut = re.split(re.escape(_MARK) + r"(.*)\n", texts[rank])
+        for name, text in zip([None] + cut[1::2], cut[0::2]):
+            if name is not None or text:
+                found.setdefault(name, [[] for _ in range(ranks)])[rank] = text.splitlines()
+    assert list(found) == [name for name, _, _ in programs], done.stdout
+    return found
+

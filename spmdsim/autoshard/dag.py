@@ -31,6 +31,7 @@ import numpy as np
 
 from .. import ops  # the operators; loading them gives the runtime's DTensor its operators (x + y, backward)
 from ..engines import engine_of
+from ..engines.once import once
 from ..errors import SpmdsimError
 from ..layout import Layout, TensorLayout
 from ..runtime.dtensor import DTensor
@@ -277,8 +278,10 @@ def run_dag(result: Result, comm: Any, repeats: int = 3, train: bool = False) ->
     from .evaluate import evaluate
 
     # numpy first: evaluated while the ranks run, it would slow the last node's measured time.
-    expected = evaluate(result.graph)
-    grads, no_backward = _reference_grads(result.graph) if train else (None, "")
+    # Local work on the graph every rank shares: simulated ranks do it once, not once each.
+    expected = once(("spmdsim autoshard: numpy values",), evaluate, result.graph)
+    grads, no_backward = once(("spmdsim autoshard: numpy gradients",), _reference_grads, result.graph) if train \
+        else (None, "")
     runner = DagRunner(result, comm, train=grads is not None)
     back = None
     try:

@@ -26,6 +26,7 @@ from typing import Any
 
 from ..errors import SpmdsimError
 from ..engines import engine_of
+from ..engines.once import once
 
 __all__ = ["register", "run"]
 
@@ -257,7 +258,8 @@ def _run_choice(args: argparse.Namespace, comm: Any) -> int:
     # Every rank measures at once (they share the cores, as they will when running);
     # the slowest rate, agreed, makes every rank choose the same strategies.
     flops = args.flops or min(engine_of(comm).all_gather_object(comm, measure_flops_rate()))
-    result = _choose(args, size, flops)
+    # The search is local work on inputs every rank shares: simulated ranks price it once, not once each.
+    result = once(("spmdsim autoshard: choice", size, flops), _choose, args, size, flops)
     check_runnable(result)  # an operator the runners lack raises here, on every rank
     if engine_of(comm).broadcast_object(comm, result.outcome.choice, 0) != result.outcome.choice:
         raise SpmdsimError("the ranks chose different strategies; run with --flops to agree")
