@@ -10,17 +10,18 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-import numpy as np
-
 from ..sim._buffers import _unpack, array_of, mpi_module
+from .._lazy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["packed", "unpacking"]
 
 
 def _derived(spec: Any) -> Any:
     """The derived datatype (not contiguous) `spec` names, else None."""
-    if type(spec) not in (list, tuple):
-        return None
+    if type(spec) not in (list, tuple) or (spec and getattr(spec[-1], "is_predefined", False) is True):
+        return None  # [buf, count, MPI.BYTE], every message of osu_bw: a predefined datatype comes last
     try:
         buf, count, displ, datatype = _unpack(spec)
     except ValueError:  # a malformed spec: refused where the others are

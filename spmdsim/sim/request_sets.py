@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from ._buffers import mpi_module, special
-from .engine import _Waiting
+from .engine import AllOf, _Waiting
 
 __all__ = ["ManyRequests", "fill_status"]
 
@@ -45,8 +45,7 @@ class ManyRequests:
     @classmethod
     def waitall(cls, requests: Sequence[Any], statuses: Any = None) -> list:
         statuses = _statuses(statuses, len(requests))
-        for r in requests:
-            r._block()
+        _block_all(requests)
         return [r._finish(statuses[i] if statuses else None) for i, r in enumerate(requests)]
 
     @classmethod
@@ -224,3 +223,18 @@ def _block_any(requests: Sequence[Any]) -> None:
         world.check(rank)
         if all(not p.done for p in pending):
             world.wait(rank, _Waiting(" | ".join(p._what() for p in pending[:3]), group, None, token=pending))
+
+
+def _block_all(requests: Sequence[Any]) -> None:
+    """Wait until every one of `requests` is done: one wait, released when the last completes (`AllOf`)."""
+    pending = tuple(p for r in requests for p in (*r.parts, r) if p.group is not None and not p.done)
+    if not pending:
+        return
+    group = pending[0].group
+    world = group.world
+    rank = group.members[pending[0].me]
+    with world.lock:
+        world.check(rank)
+        token = AllOf(pending)
+        if not token.all_done():
+            world.wait(rank, _Waiting(token._what(), token.group, None, token=token))

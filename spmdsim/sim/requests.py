@@ -11,12 +11,13 @@ from __future__ import annotations
 import pickle
 from typing import Any, Optional
 
-import numpy as np
-
-from ._buffers import mpi_module, special
+from ._buffers import mpi_module, special, wildcards
 from .engine import Group, _Waiting
 from .report import whereabouts
 from .request_sets import ManyRequests, _empty, fill_status
+from .._lazy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["Request", "REQUEST_NULL", "completed", "fill_status", "rank_name"]
 
@@ -39,7 +40,7 @@ class Request(ManyRequests):
         self.done = group is None
         self.null = kind == "null"
         self.error: Optional[BaseException] = None
-        self.source, self.got_tag, self.nbytes = special("ANY_SOURCE"), special("ANY_TAG"), 0
+        (self.source, self.got_tag), self.nbytes = wildcards(), 0
         self.origin: Optional[Request] = None  # the request this one is a copy of (MPI.Request(req))
         self.parts: tuple = ()
         self.cancelled = False
