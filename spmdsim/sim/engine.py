@@ -285,12 +285,17 @@ def _lets_go(waited: Any, token: Any) -> bool:
 
 
 class _Waiting:
-    """What a rank waits in: a collective (group, call number) or a point-to-point request."""
+    """What a rank waits in: a collective (group, call number) or a point-to-point request (`op` None: the
+    request's own words, ``token._what()``, made only for a report: a Recv waits once per message)."""
 
-    __slots__ = ("op", "group", "seq", "token")
+    __slots__ = ("_op", "group", "seq", "token")
 
-    def __init__(self, op: str, group: Optional[Group], seq: Optional[int], token: Any = None) -> None:
-        self.op, self.group, self.seq, self.token = op, group, seq, token
+    def __init__(self, op: Optional[str], group: Optional[Group], seq: Optional[int], token: Any = None) -> None:
+        self._op, self.group, self.seq, self.token = op, group, seq, token
+
+    @property
+    def op(self) -> str:
+        return self.token._what() if self._op is None else self._op
 
     def key(self) -> tuple:
         return (self.op, id(self.group), self.seq, id(self.token) if self.token is not None else None)

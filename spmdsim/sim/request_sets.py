@@ -237,4 +237,4 @@ def _block_all(requests: Sequence[Any]) -> None:
         world.check(rank)
         token = AllOf(pending)
         if not token.all_done():
-            world.wait(rank, _Waiting(token._what(), token.group, None, token=token))
+            world.wait(rank, _Waiting(None, token.group, None, token=token))

@@ -143,7 +143,7 @@ class Request(ManyRequests):
             with world.lock:
                 world.check(rank)
                 if not part.done:
-                    world.wait(rank, _Waiting(part._what(), part.group, None, token=part))
+                    world.wait(rank, _Waiting(None, part.group, None, token=part))
 
     def _finish(self, status: Any) -> Any:
         """Make the request null; fill `status`; return the received object (object receives)."""
