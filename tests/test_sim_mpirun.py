@@ -88,6 +88,16 @@ def test_the_start_benchmark_runs():
     assert lines[0].startswith("helloworld.py at 2 ranks, median of 1 launches each"), run.stdout
     assert [line[:29].strip() for line in lines[1:]] == ["spmdsim mpirun", "--before's spmdsim mpirun", "mpiexec",
                                                           "spmdsim mpirun, A/A"], run.stdout
+    # --demo osu_bw.py / osu_latency.py (seconds each, not run here): their lines compare with the rates
+    # masked and the message sizes kept
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_mpirun_start", ROOT / "scripts" / "bench_mpirun_start.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.MEASURED == ("osu_bw.py", "osu_latency.py")
+    assert bench._NUMBER.sub("#", "      1024               10.82") == "      1024               #"
+    assert bench._NUMBER.sub("#", "      1024  76.01\n   2048  3e-05") == "      1024  #\n   2048  #"
 
 
 def test_a_closed_pipe_stops_quietly(tmp_path, capsys):

@@ -344,7 +344,7 @@ def array_of(buf: Any, what: str, readonly: bool = True, typed: bool = False) ->
         raise BufferSpecError(f"{what}: buffer is read-only")
     if not typed:
         check_dtype(a.dtype, what)
-    return a.reshape(-1)
+    return a if a.ndim == 1 else a.reshape(-1)
 
 
 def check_dtype(dtype: np.dtype, what: str) -> None:

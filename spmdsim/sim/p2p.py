@@ -81,7 +81,10 @@ def post_send(group: Group, me: int, dest: int, tag: int, buf: Any, obj: Any = N
         payload = np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), np.uint8)
     else:
         data, count, _ = message(buf, "send buffer")
-        payload = data[:count].view(np.uint8) if count else np.empty(0, np.uint8)
+        if not count:
+            payload = np.empty(0, np.uint8)
+        else:  # a byte buffer (osu_bw's) as it is: a view costs as much as the rest of the slicing
+            payload = data[:count] if data.dtype.char == "B" else data[:count].view(np.uint8)
     send = Request(group, me, "send", dest, tag)
     send.payload, send.mode = payload, mode
     world = group.world
@@ -145,7 +148,8 @@ def _deliver(send: Request, recv: Request) -> None:
     elif n > recv.buf.nbytes:
         recv.error = _truncated(send, recv, n)
     else:
-        recv.buf.view(np.uint8)[:n] = payload
+        into = recv.buf
+        (into if into.dtype.char == "B" else into.view(np.uint8))[:n] = payload
         recv.nbytes = n
     group = send.group
     world = group.world
