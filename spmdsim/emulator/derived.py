@@ -15,13 +15,19 @@ from .._lazy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
-__all__ = ["packed", "unpacking"]
+__all__ = ["packed", "unpacking", "may_be_derived"]
+
+
+def may_be_derived(spec: Any) -> bool:
+    """Whether `spec` may name a derived datatype: a list or tuple not ending in a predefined datatype
+    (``[buf, count, MPI.BYTE]``, each of osu_bw's messages, is plain: asked first, on every message)."""
+    return type(spec) in (list, tuple) and not (spec and getattr(spec[-1], "is_predefined", False) is True)
 
 
 def _derived(spec: Any) -> Any:
     """The derived datatype (not contiguous) `spec` names, else None."""
-    if type(spec) not in (list, tuple) or (spec and getattr(spec[-1], "is_predefined", False) is True):
-        return None  # [buf, count, MPI.BYTE], every message of osu_bw: a predefined datatype comes last
+    if not may_be_derived(spec):
+        return None
     try:
         buf, count, displ, datatype = _unpack(spec)
     except ValueError:  # a malformed spec: refused where the others are

@@ -252,7 +252,7 @@ def _evaluate(ufunc: Any, parts: list, tree: Any) -> np.ndarray:
 
 _DTYPES: dict = {}
 _BY_OBJECT: dict = {}  # id(a predefined MPI datatype object) -> (the object, its numpy dtype)
-_MEMORY = (bytearray, bytes, memoryview, mmap.mmap, array.array)  # buffers memoryview() always takes
+_FLAT = (bytearray, bytes, mmap.mmap, array.array)  # buffers that are always one contiguous block
 
 
 def numpy_dtype(datatype: Any) -> np.dtype:
@@ -410,8 +410,14 @@ def message(spec: Any, what: str, blocks: int = 1, readonly: bool = True) -> tup
     if type(spec) in (list, tuple) and len(spec) == 3 and type(spec[1]) is int and spec[1] >= 0 and blocks == 1:
         buf, count, datatype = spec  # [buffer, count, predefined datatype]: each of osu_bw's messages
         known = _BY_OBJECT.get(id(datatype))
-        if known is not None and known[0] is datatype and (type(buf) in _MEMORY or type(buf) is _numpy_type("ndarray")):
-            a = _typed(array_of(buf, what, readonly, True), known[1], what)  # as below, without the general cases
+        if known is not None and known[0] is datatype and (type(buf) in _FLAT or type(buf) is _numpy_type("ndarray")):
+            if type(buf) in _FLAT:  # one block of bytes: numpy's view of it directly, not through memoryview
+                a = np.frombuffer(buf, np.uint8)
+                if not readonly and not a.flags.writeable:
+                    raise BufferSpecError(f"{what}: buffer is read-only")
+            else:
+                a = array_of(buf, what, readonly, True)
+            a = _typed(a, known[1], what)  # as below, without the general cases
             if count > a.size:
                 raise ShapeError(f"{what}: 1 x {count} entries do not fit a buffer of {a.size}")
             return a, count, datatype

@@ -31,7 +31,7 @@ EAGER_BYTES = 8 << 10
 
 
 def _any(value: Optional[int], name: str) -> int:
-    return special(name) if value is None else int(value)
+    return value if type(value) is int else special(name) if value is None else int(value)
 
 
 def _fits(recv: Request, source: int, tag: int) -> bool:

@@ -151,7 +151,7 @@ class Request(ManyRequests):
             _empty(status)
             return None
         self.null = True
-        recv = next((p for p in self.parts if p.kind == "recv"), self)
+        recv = next((p for p in self.parts if p.kind == "recv"), self) if self.parts else self
         if recv.error is not None:
             raise recv.error
         if recv.kind == "recv" or recv.cancelled:
