@@ -4,21 +4,25 @@
     python scripts/bench_mpirun_start.py                          # hello world and cpi at 4 ranks
     python scripts/bench_mpirun_start.py --repeat 9 --ranks 8
     python scripts/bench_mpirun_start.py --before /tmp/old        # another checkout's spmdsim beside
+    python scripts/bench_mpirun_start.py --ranks 2 --demo osu_bw.py --demo osu_latency.py --repeat 3
 
 Each round launches every configuration once, in turn (so a change of the machine's load falls on
 all of them alike): `spmdsim mpirun` twice (an A/A control: the spread between two runs of the same
-thing), under `timeout -k 5 60 mpiexec`, and with --before the spmdsim of that checkout (its
+thing), under `timeout -k 5 120 mpiexec`, and with --before the spmdsim of that checkout (its
 folder on PYTHONPATH). It prints the median wall time of each over the rounds, the median CPU
 time (user and system, of every process of the launch: on a loaded machine the steadier of the
-two), every launch's wall time and the load average before and after. Each run must print what mpiexec prints, compared as
-the characters printed in any order (ranks print at once, and MPICH may join two ranks' lines).
-The programs are mpi4py's demos helloworld.py (no numpy) and compute-pi/cpi-cco.py (numpy), from
-the sdist that tests/mpi4py_suite.py --fetch keeps.
+two), every launch's wall time and the load average before and after. Each run must print what
+mpiexec prints, compared as the characters printed in any order (ranks print at once, and MPICH
+may join two ranks' lines), the OSU benchmarks' times and rates masked. The programs are mpi4py's demos helloworld.py (no numpy)
+and compute-pi/cpi-cco.py (numpy) by default, and, with --demo, the OSU benchmarks osu_bw.py (windows
+of 64 small Isends and Irecvs) and osu_latency.py (Send and Recv in turn) at 2 ranks, from the sdist
+that tests/mpi4py_suite.py --fetch keeps.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -28,6 +32,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 DEMOS = {"helloworld.py": "", "compute-pi/cpi-cco.py": "100\n100000\n0\n"}  # the stdin its makefile gives
+MEASURED = ("osu_bw.py", "osu_latency.py")  # they print times and rates (masked); 2 ranks, no stdin
+_NUMBER = re.compile(r"\d+\.\d*(e[+-]?\d+)?|\d+e[+-]?\d+")
 
 
 def _demo_dir() -> Path:
@@ -48,7 +54,7 @@ def _configs(ranks: int, script: Path, before: str | None) -> dict:
     if before:
         configs["--before's spmdsim mpirun"] = (dict(env, PYTHONPATH=before), mpirun)
     mpiexec = str(Path(sys.executable).with_name("mpiexec"))
-    configs["mpiexec"] = (env, ["timeout", "-k", "5", "60", mpiexec, "-n", str(ranks), sys.executable, str(script)])
+    configs["mpiexec"] = (env, ["timeout", "-k", "5", "120", mpiexec, "-n", str(ranks), sys.executable, str(script)])
     configs["spmdsim mpirun, A/A"] = (ours, mpirun)
     return configs
 
@@ -70,13 +76,14 @@ def bench(demo: str, ranks: int, repeat: int, before: str | None) -> None:
         for name, (env, cmd) in configs.items():
             t0, used = time.perf_counter(), _children_cpu()
             # from a folder of its own: `python -m spmdsim` imports the working folder's spmdsim first
-            run = subprocess.run(cmd, env=env, input=DEMOS[demo], capture_output=True, text=True,
-                                 cwd=script.parent, timeout=120)
+            run = subprocess.run(cmd, env=env, input=DEMOS.get(demo, ""), capture_output=True, text=True,
+                                 cwd=script.parent, timeout=180)
             walls[name].append(time.perf_counter() - t0)
             cpus[name].append(_children_cpu() - used)
             if run.returncode != 0:
                 raise SystemExit(f"{name} failed on {demo}: {run.stderr[-800:]}")
-            printed.add(tuple(sorted("".join(run.stdout.split()))))  # MPICH may join two ranks' lines
+            out = _NUMBER.sub("#", run.stdout) if demo in MEASURED else run.stdout
+            printed.add(tuple(sorted("".join(out.split()))))  # MPICH may join two ranks' lines
     print(f"{demo} at {ranks} ranks, median of {repeat} launches each (load average {load:.1f} before, "
           f"{os.getloadavg()[0]:.1f} after):")
     for name, times in walls.items():
@@ -91,7 +98,8 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--before", help="a folder holding another spmdsim/ (an older checkout) to time beside")
-    parser.add_argument("--demo", choices=sorted(DEMOS), action="append", help="default: both")
+    parser.add_argument("--demo", choices=sorted([*DEMOS, *MEASURED]), action="append",
+                        help="default: hello world and cpi-cco")
     args = parser.parse_args()
     for demo in args.demo or sorted(DEMOS, reverse=True):
         bench(demo, args.ranks, args.repeat, args.before)

@@ -2,25 +2,28 @@
 
 The front door: ``from spmdsim import Layout, Mesh, DTensor, SeededTensor,
 redistribute, ops, simulate, world, optim, ...`` gives what the examples use.
-Pure names (layouts, data, tolerances, errors) load with the package; the
-MPI-facing ones load on first use, so ``import spmdsim`` loads no mpi4py and
-changes no process setting. docs/api.md lists every public name.
+The errors load with the package; every other name on first use, so
+``import spmdsim`` loads neither mpi4py nor numpy (``spmdsim mpirun`` of a
+program without numpy loads none) and changes no process setting.
+docs/api.md lists every public name.
 """
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
-from .datagen import SeededTensor
 from .errors import (CheckFailed, DialectError, DTypeError, LayoutError, OperatorError,
                      PlanError, RankError, RuntimeMismatchError, ShapeError, SpmdsimError)
-from .layout import Layout, TensorLayout
-from .tolerances import contraction_atol, default_tolerances
 
 __version__ = "0.1.0"
 
 # Loaded on first use: name -> (module, attribute; None for the module itself).
 _LAZY = {
+    "Layout": ("spmdsim.layout", "Layout"),
+    "TensorLayout": ("spmdsim.layout", "TensorLayout"),
+    "SeededTensor": ("spmdsim.datagen", "SeededTensor"),
+    "contraction_atol": ("spmdsim.tolerances", "contraction_atol"),
+    "default_tolerances": ("spmdsim.tolerances", "default_tolerances"),
     "Mesh": ("spmdsim.runtime.mesh", "Mesh"),
     "DTensor": ("spmdsim.runtime.dtensor", "DTensor"),
     "redistribute": ("spmdsim.runtime.executor", "redistribute"),
@@ -39,7 +42,6 @@ _LAZY = {
 }
 
 __all__ = [
-    "Layout", "TensorLayout", "SeededTensor", "contraction_atol", "default_tolerances",
     *_LAZY,
     "SpmdsimError", "LayoutError", "ShapeError", "DTypeError", "RankError", "DialectError",
     "OperatorError", "PlanError", "RuntimeMismatchError", "CheckFailed",

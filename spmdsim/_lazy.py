@@ -27,3 +27,44 @@ def lazy(package: str, where: dict, namespace: dict) -> tuple[Callable[[str], An
         return sorted(set(namespace) | set(namespace.get("__all__", ())))
 
     return get, names
+
+
+class _Numpy:
+    """numpy, imported on first use: the modules that move a program's buffers (the thread engine, the
+    emulator) are on every `spmdsim mpirun` start, and a program that never imports numpy (hello world)
+    should not pay for it (about half of that start's CPU time).
+
+    A module says ``np = numpy_on_first_use(globals())``; its first ``np.X`` imports numpy and rebinds
+    ``np`` to numpy itself in every module that asked, so later calls cost what a plain import does.
+    """
+
+    __slots__ = ("_namespaces",)
+
+    def __init__(self) -> None:
+        self._namespaces: list = []
+
+    def __getattr__(self, name: str) -> Any:
+        import numpy
+
+        for namespace in self._namespaces:
+            if namespace.get("np") is self:
+                namespace["np"] = numpy
+        return getattr(numpy, name)
+
+    def __repr__(self) -> str:
+        return "<numpy, imported on first use>"
+
+
+_NUMPY = _Numpy()
+
+
+def numpy_on_first_use(namespace: dict) -> Any:
+    """numpy if it is loaded, else the stand-in that loads it on first use (see `_Numpy`) and then puts numpy
+    itself as ``np`` in `namespace` (a module's ``globals()``)."""
+    import sys
+
+    found = sys.modules.get("numpy")
+    if found is not None and not getattr(getattr(found, "__spec__", None), "_initializing", False):
+        return found
+    _NUMPY._namespaces.append(namespace)
+    return _NUMPY

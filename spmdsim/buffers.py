@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from . import _hugepool
+from .context import PROCESS
 from .context import current as _current
 
 __all__ = ["PAGE", "PAGE_OFFSET", "MIN_BYTES", "HUGE_MIN", "empty", "kept_empty", "full", "zeros", "ones",
@@ -80,7 +81,7 @@ def kept_empty(shape: Any, dtype: Any = float) -> np.ndarray:
     nbytes = math.prod(dims) * dtype.itemsize
     if nbytes < MIN_BYTES or dtype.hasobject:  # MPI never moves Python objects as bytes
         return _np_empty(dims, dtype)
-    if nbytes >= HUGE_MIN and _HUGE:
+    if nbytes >= HUGE_MIN and _HUGE and _current() is PROCESS:  # the pool is not thread-safe: no simulated rank's
         mapped = _hugepool.empty_bytes(nbytes, PAGE_OFFSET)
         if mapped is not None:
             return _ndarray(dims, dtype, mapped)

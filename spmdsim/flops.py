@@ -31,10 +31,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
-import numpy as np
-
 from .context import current
 from .errors import SpmdsimError
+from ._lazy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["PHASES", "KERNEL_PHASES", "KINDS", "Gemm", "Kernel", "FlopCounter", "counting", "any_open", "gemm", "sweep"]
 

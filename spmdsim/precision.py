@@ -29,9 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import numpy as np
-
 from .errors import SpmdsimError
+from ._lazy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["Precision", "PRESETS", "precision", "precision_problem", "bfloat16", "is_low", "wide", "rounded",
            "product", "unit_roundoff", "NEEDS_ML_DTYPES"]
@@ -39,7 +40,6 @@ __all__ = ["Precision", "PRESETS", "precision", "precision_problem", "bfloat16",
 #: What asking for bfloat16 without ml_dtypes says (one line).
 NEEDS_ML_DTYPES = "needs ml_dtypes: pip install -e '.[bf16]'"
 
-_F32 = np.dtype(np.float32)
 _BF16: list = []  # [np.dtype(ml_dtypes.bfloat16)] once loaded
 
 
@@ -65,7 +65,7 @@ def is_low(dtype: Any) -> bool:
 def wide(a: Any) -> Any:
     """`a` as float32 when it is bfloat16 (exact), else `a` itself: what a kernel computes on."""
     if getattr(a, "dtype", None) is not None and is_low(a.dtype):
-        return a.astype(_F32)
+        return a.astype(np.float32)
     return a
 
 

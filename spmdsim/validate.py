@@ -7,15 +7,15 @@ the caller's error class with a message that quotes the bad value.
 """
 from __future__ import annotations
 
-import json
 import math
 import numbers
 import operator
 from typing import Any, Optional
 
-import numpy as np
-
 from .errors import DTypeError, ShapeError, SpmdsimError
+from ._lazy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["loads_json", "MAX_JSON_DEPTH", "as_int", "int_arg", "shape_arg", "dtype_arg", "tolerance_arg", "counted", "dtype_name", "SUPPORTED_DTYPES"]
 
@@ -136,6 +136,8 @@ def loads_json(text: str, where: str, expected: str, invalid: str = "valid JSON"
                                        f"expected {expected}")
         elif ch in "]}":
             depth -= 1
+    import json  # here: spmdsim mpirun's start (as_int) reads no JSON
+
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:

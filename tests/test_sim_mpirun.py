@@ -58,6 +58,26 @@ def test_mpirun_loads_no_planner(tmp_path):
     assert run.stdout == "[]\n"
 
 
+def test_mpirun_of_a_program_without_numpy_loads_no_numpy(tmp_path):
+    """numpy was half of hello world's start under `spmdsim mpirun` (which then took longer than mpiexec):
+    a program that never imports numpy runs without it; one that imports it late still gets each rank's
+    own numpy.random generator (spmdsim.emulator.rank_random swaps its functions when it loads)."""
+    plain = tmp_path / "plain.py"
+    plain.write_text("import atexit, sys\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
+                     "comm.Barrier()\nprint(comm.allreduce(comm.rank), comm.bcast('hi'))\n"
+                     "if comm.rank == 0:\n    atexit.register(lambda: print('numpy' in sys.modules))\n")
+    late = tmp_path / "late.py"
+    late.write_text("from mpi4py import MPI\nimport numpy as np\nrank = MPI.COMM_WORLD.rank\n"
+                    "np.random.seed(rank)\nprint(rank, np.random.rand())\n")
+    runs = [subprocess.run([sys.executable, "-m", "spmdsim", "mpirun", "-n", "3", "python", str(prog)],
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path) for prog in (plain, late)]
+    assert [run.returncode for run in runs] == [0, 0], [run.stderr for run in runs]
+    assert runs[0].stdout.splitlines() == ["3 hi"] * 3 + ["False"]
+    import numpy as np
+
+    assert sorted(runs[1].stdout.splitlines()) == [f"{r} {np.random.RandomState(r).rand()}" for r in range(3)]
+
+
 @pytest.mark.skipif(not MPIEXEC, reason="no mpiexec beside this Python (pip install -e '.[mpi]')")
 def test_the_start_benchmark_runs():
     """scripts/bench_mpirun_start.py (docs/simulate.md quotes its medians), one round: every configuration
@@ -76,6 +96,16 @@ def test_the_start_benchmark_runs():
     assert lines[0].startswith("helloworld.py at 2 ranks, median of 1 launches each"), run.stdout
     assert [line[:29].strip() for line in lines[1:]] == ["spmdsim mpirun", "--before's spmdsim mpirun", "mpiexec",
                                                           "spmdsim mpirun, A/A"], run.stdout
+    # --demo osu_bw.py / osu_latency.py (seconds each, not run here): their lines compare with the rates
+    # masked and the message sizes kept
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_mpirun_start", ROOT / "scripts" / "bench_mpirun_start.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.MEASURED == ("osu_bw.py", "osu_latency.py")
+    assert bench._NUMBER.sub("#", "      1024               10.82") == "      1024               #"
+    assert bench._NUMBER.sub("#", "      1024  76.01\n   2048  3e-05") == "      1024  #\n   2048  #"
 
 
 def test_a_closed_pipe_stops_quietly(tmp_path, capsys):

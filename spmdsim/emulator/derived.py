@@ -10,16 +10,23 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-import numpy as np
-
 from ..sim._buffers import _unpack, array_of, mpi_module
+from .._lazy import numpy_on_first_use
 
-__all__ = ["packed", "unpacking"]
+np = numpy_on_first_use(globals())  # a program without numpy does not load it
+
+__all__ = ["packed", "unpacking", "may_be_derived"]
+
+
+def may_be_derived(spec: Any) -> bool:
+    """Whether `spec` may name a derived datatype: a list or tuple not ending in a predefined datatype
+    (``[buf, count, MPI.BYTE]``, each of osu_bw's messages, is plain: asked first, on every message)."""
+    return type(spec) in (list, tuple) and not (spec and getattr(spec[-1], "is_predefined", False) is True)
 
 
 def _derived(spec: Any) -> Any:
     """The derived datatype (not contiguous) `spec` names, else None."""
-    if type(spec) not in (list, tuple):
+    if not may_be_derived(spec):
         return None
     try:
         buf, count, displ, datatype = _unpack(spec)

@@ -27,7 +27,6 @@ import functools
 import itertools
 import sys
 import threading
-import traceback
 import weakref
 from typing import Any, Callable, Optional
 
@@ -105,6 +104,8 @@ class SimErrhandler:
 
 def _callback_failed(what: str) -> BaseException:
     """MPI.Exception (ERR_OTHER) for a callback that raised, which is printed first (as mpi4py does)."""
+    import traceback  # here: only a callback that raised loads it
+
     traceback.print_exc(file=sys.stderr)
     return mpi_error(_mpi(), _mpi().ERR_OTHER, f"the {what} callback raised")
 

@@ -29,7 +29,6 @@ import runpy
 import signal
 import sys
 import threading
-import traceback
 from typing import Any, Iterator, Optional, Sequence
 
 __all__ = ["main", "add_arguments", "run"]
@@ -181,6 +180,8 @@ def _report(exc: BaseException, exits: dict) -> int:
     the emulator refused (TypeError, ValueError raised in spmdsim.sim: a str to Send), without the
     emulator's frames below the program's, as mpiexec shows no frames inside the MPI library.
     """
+    import traceback  # here: the start of every run (the common case, no error) does not load it
+
     from ..engines.memory import DRY_RUN_HINT, MemoryLimitError
     from ..errors import RuntimeMismatchError, SpmdsimError, fold_message
     from ..sim.engine import ranks_text
@@ -215,6 +216,8 @@ def _report(exc: BaseException, exits: dict) -> int:
 def _raised_by_emulator(exc: BaseException) -> bool:
     """Whether `exc` was raised in the emulator's code or the thread engine's under it (its innermost frame,
     in spmdsim.emulator or spmdsim.sim), called from the program."""
+    import traceback
+
     frames = traceback.extract_tb(exc.__traceback__)
     here = os.path.dirname(os.path.abspath(__file__))
     ours = (here + os.sep, os.path.join(os.path.dirname(here), "sim") + os.sep)
@@ -224,6 +227,8 @@ def _raised_by_emulator(exc: BaseException) -> bool:
 def _program_frames(exc: BaseException, trim_emulator: bool) -> list:
     """The frames of `exc`'s traceback from the program's first on (the launcher's are dropped);
     with `trim_emulator`, also without spmdsim's frames below the program's last."""
+    import traceback
+
     frames = traceback.extract_tb(exc.__traceback__)
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
     mine = [i for i, f in enumerate(frames) if not f.filename.startswith(package)]

@@ -7,11 +7,10 @@ from typing import Any, Optional
 from ..sim._buffers import message, special
 from ..sim.p2p import _any, post_recv, post_send, probe
 from ..sim.requests import Request
-from .derived import packed, unpacking
+from .derived import may_be_derived, packed, unpacking
 
 __all__ = ["PointToPoint"]
 
-_SPECS = (list, tuple)  # [buf, count, datatype]: a datatype may be a derived one (spmdsim.emulator.derived)
 
 
 def _no_buffer(call: str) -> TypeError:
@@ -26,18 +25,18 @@ class PointToPoint:
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
         if buf is None and dest != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
             raise _no_buffer("Send")
-        return post_send(self._group, self._me, dest, tag, packed(buf) if type(buf) in _SPECS else buf)
+        return post_send(self._group, self._me, dest, tag, packed(buf) if may_be_derived(buf) else buf)
 
     def Ibsend(self, buf: Any, dest: int, tag: int = 0) -> Request:
         if buf is None and dest != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
             raise _no_buffer("Bsend")
-        buf = packed(buf) if type(buf) in _SPECS else buf
+        buf = packed(buf) if may_be_derived(buf) else buf
         return post_send(self._group, self._me, dest, tag, buf, mode="buffered")
 
     def Issend(self, buf: Any, dest: int, tag: int = 0) -> Request:
         if buf is None and dest != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
             raise _no_buffer("Ssend")
-        buf = packed(buf) if type(buf) in _SPECS else buf
+        buf = packed(buf) if may_be_derived(buf) else buf
         return post_send(self._group, self._me, dest, tag, buf, mode="synchronous")
 
     Irsend = Isend
@@ -59,7 +58,7 @@ class PointToPoint:
     Rsend = Send
 
     def Recv(self, buf: Any, source: Optional[int] = None, tag: Optional[int] = None, status: Any = None) -> None:
-        into, unpack = unpacking(buf) if type(buf) in _SPECS else (buf, None)
+        into, unpack = unpacking(buf) if may_be_derived(buf) else (buf, None)
         request = self.Irecv(into, source, tag)
         request.Wait(status)
         if unpack is not None:
@@ -75,7 +74,7 @@ class PointToPoint:
 
     def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
                  source: Optional[int] = None, recvtag: Optional[int] = None, status: Any = None) -> None:
-        into, unpack = unpacking(recvbuf) if type(recvbuf) in _SPECS else (recvbuf, None)
+        into, unpack = unpacking(recvbuf) if may_be_derived(recvbuf) else (recvbuf, None)
         both = self.Isendrecv(sendbuf, dest, sendtag, into, source, recvtag)
         both.Wait(status)
         if unpack is not None:

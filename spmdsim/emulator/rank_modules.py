@@ -15,7 +15,6 @@ are shared as they are.
 from __future__ import annotations
 
 import contextlib
-import importlib.abc
 import importlib.util
 import os
 import sys
@@ -72,8 +71,10 @@ def _copy(standin: _RankModule) -> types.ModuleType:
     return module
 
 
-class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds the program's own modules (under `root`) and loads each as a `_RankModule` stand-in."""
+class _Finder:
+    """Finds the program's own modules (under `root`) and loads each as a `_RankModule` stand-in (a meta path
+    finder and loader as the import system calls them; importlib.abc's base classes would load
+    importlib.resources on every `spmdsim mpirun` start)."""
 
     def __init__(self, root: str, shared: frozenset) -> None:
         self._root = os.path.abspath(root) + os.sep

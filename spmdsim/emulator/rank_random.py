@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.machinery
 import random
+import sys
 import threading
 import weakref
 from typing import Any, Callable, Iterator
@@ -32,8 +34,10 @@ _NUMPY_ALIASES = {"seed": "seed", "ranf": "random_sample", "sample": "random_sam
 _LOCK = threading.Lock()
 _ACTIVE: list = []  # how many own_generators() blocks are open (the functions are swapped while any is)
 _SAVED: list = []  # (module, name, function) swapped out
-#: Each adopting rank's (random.Random, numpy.random.RandomState), by its RankContext: gone with the rank.
-_OWN: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
+_HOOK: list = []  # the finder that swaps numpy.random's functions when it loads, while it is not loaded
+#: Each adopting rank's [random.Random, numpy.random.RandomState (made on first use)], by its RankContext:
+#: gone with the rank.
+_OWN: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
 
 
 @contextlib.contextmanager
@@ -41,7 +45,8 @@ def own_generators() -> Iterator[None]:
     """Within this block, each simulated rank that called `adopt` draws from its own `random` and
     `numpy.random` generators; every other thread (a rank of another simulation running beside it, or no
     rank) from the modules' own, as before. Blocks may nest and overlap (two `spmdsim mpirun`s in one
-    process): the module functions are swapped while any block is open and restored when the last closes."""
+    process): the module functions are swapped while any block is open and restored when the last closes.
+    numpy.random's are swapped when it loads, if it is not loaded yet: a program without numpy loads none."""
     with _LOCK:
         if not _ACTIVE:
             _swap()
@@ -52,22 +57,23 @@ def own_generators() -> Iterator[None]:
         with _LOCK:
             _ACTIVE.pop()
             if not _ACTIVE:
+                if _HOOK:
+                    sys.meta_path.remove(_HOOK.pop())
                 for module, name, fn in _SAVED:
                     setattr(module, name, fn)
                 _SAVED.clear()
 
 
 def adopt() -> None:
-    """The running simulated rank gets its own generators, made now and seeded from the OS as a new
-    process's are (a rank of `spmdsim mpirun`: it runs a program that expects a process of its own)."""
-    import numpy as np
-
+    """The running simulated rank gets its own generators, made now (numpy's when it first draws) and seeded
+    from the OS as a new process's are (a rank of `spmdsim mpirun`: it runs a program that expects a process
+    of its own)."""
     from .. import context
 
     state = context.simulated()
     if state is not None:
         with _LOCK:
-            _OWN.setdefault(state, (random.Random(), np.random.RandomState()))
+            _OWN.setdefault(state, [random.Random(), None])
 
 
 def _mine(kind: int) -> Any:
@@ -75,24 +81,65 @@ def _mine(kind: int) -> Any:
 
     state = context.simulated()
     pair = None if state is None else _OWN.get(state)
-    return None if pair is None else pair[kind]
+    if pair is None:
+        return None
+    if pair[kind] is None:  # numpy's, on the rank's first draw
+        from numpy.random import RandomState
+
+        with _LOCK:
+            if pair[kind] is None:
+                pair[kind] = RandomState()
+    return pair[kind]
 
 
 def _swap() -> None:
-    import numpy as np
-    from numpy.random import mtrand
-
     for name in random.__all__:
         fn = getattr(random, name)
         if getattr(fn, "__self__", None) is random._inst:
             _SAVED.append((random, name, fn))
             setattr(random, name, _dispatch(fn, name, _mine, 0))
+    loaded = sys.modules.get("numpy.random")
+    if loaded is not None and not getattr(getattr(loaded, "__spec__", None), "_initializing", False):
+        _swap_numpy(loaded)
+    else:
+        _HOOK.append(_WhenNumpyRandomLoads())
+        sys.meta_path.insert(0, _HOOK[0])
+
+
+def _swap_numpy(module: Any) -> None:
+    """Swap the module functions of `module` (numpy.random) for the calling rank's own generator's."""
+    from numpy.random import mtrand
+
     for name in mtrand.__all__:
-        fn = getattr(np.random, name, None)
+        fn = getattr(module, name, None)
         method = name if getattr(fn, "__self__", None) is mtrand._rand else _NUMPY_ALIASES.get(name)
         if fn is not None and method is not None:
-            _SAVED.append((np.random, name, fn))
-            setattr(np.random, name, _dispatch(fn, method, _mine, 1))
+            _SAVED.append((module, name, fn))
+            setattr(module, name, _dispatch(fn, method, _mine, 1))
+
+
+class _WhenNumpyRandomLoads:
+    """Finds numpy.random as the path finder does, with a loader that swaps its functions once it has run
+    (if the `own_generators` block that put this finder in sys.meta_path is still open)."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != "numpy.random":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is None or spec.loader is None:
+            return None
+        run = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            with _LOCK:
+                if self in _HOOK:
+                    _swap_numpy(module)
+                    sys.meta_path.remove(self)
+                    _HOOK.remove(self)
+
+        spec.loader.exec_module = exec_module
+        return spec
 
 
 def _dispatch(fn: Callable, method: str, mine: Callable[[int], Any], kind: int) -> Callable:

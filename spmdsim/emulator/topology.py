@@ -18,12 +18,13 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Sequence
 
-import numpy as np
-
 from ..sim._buffers import copy_into, dtype_name, message, mpi_error, mpi_module, special, vector
 from .comm import SimComm, comm_null
 from .group import speak_mpi4py
 from .handles import end_on_fatal_errors
+from .._lazy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["SimCartComm", "create_cart"]
 

@@ -11,8 +11,9 @@ communicator names its engine (``comm.spmdsim_engine``; mpi4py's have none:
 MPI); the running rank's context (`spmdsim.context`) names the engine of the
 code that runs now.
 
-Imports numpy, spmdsim.context, spmdsim.errors, spmdsim.flops (each local
-product is counted there while a FLOP counter is open) and spmdsim._threads (how many
+Imports numpy (on first use), spmdsim.context, spmdsim.errors, spmdsim.flops and spmdsim.precision
+(when a block is first multiplied: each local product is counted there while a FLOP counter is open;
+their dataclasses are not on `spmdsim mpirun`'s start) and spmdsim._threads (how many
 cores a rank has, for the polite wait of engines/wait.py); mpi4py only when
 the MPI engine makes its first transfer or a wait mode is resolved; to read a
 trace, the step kinds' byte formulas; never the runtime or spmdsim.sim.
@@ -24,7 +25,6 @@ from typing import Any, Callable
 from .base import DONE, Engine, SimulationError
 from .mpi import MPI, MpiEngine
 from ..context import PROCESS, RankContext, current, enter, leave, simulated
-from ..flops import gemm as _gemm
 from .once import once
 
 __all__ = ["Engine", "MpiEngine", "MPI", "DONE", "SimulationError", "engine_of", "RankContext", "PROCESS", "current", "simulated",
@@ -60,6 +60,8 @@ def local(fn: Callable[..., Any], like: Any, *args: Any) -> Any:
 def matmul(a: Any, b: Any) -> Any:
     """``np.matmul(a, b)`` on the running engine (the dry engine's zeros of its shape, not multiplied);
     counted by spmdsim.flops either way."""
+    from ..flops import gemm  # here, not at the top: spmdsim mpirun's start loads no dataclasses
+
     out = current().engine.matmul(a, b)
-    _gemm(a.shape, b.shape, out.dtype)
+    gemm(a.shape, b.shape, out.dtype)
     return out

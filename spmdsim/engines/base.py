@@ -36,10 +36,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import numpy as np
-
 from ..errors import SpmdsimError
-from ..precision import product
+from .._lazy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["Engine", "SimulationError", "DONE", "DRY_VALUES_BYTES"]
 
@@ -202,6 +202,8 @@ class Engine:
     def matmul(self, a: Any, b: Any) -> Any:
         """``np.matmul(a, b)``; bfloat16 blocks widened to float32 first, a float32 product
         (spmdsim.precision.product: as a GPU accumulates them)."""
+        from ..precision import product  # here, not at the top: spmdsim mpirun's start loads no dataclasses
+
         return product(a, b)
 
     def ran(self, step: Any) -> None:

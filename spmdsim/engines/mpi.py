@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from ..context import PROCESS
-from ..precision import is_low
 from .base import Engine, Wait
+from .._lazy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["MpiEngine", "MPI"]
 
@@ -37,7 +37,12 @@ def _w(a: Any) -> Any:
     """`a` as MPI can move it: a bfloat16 block (ml_dtypes', which MPI has no datatype for) as a view of
     its 16-bit words, the same memory; other blocks as they are. Sums never see bfloat16: the collectives
     widen it to float32 first (spmdsim.runtime.collectives)."""
-    return a.view(np.uint16) if is_low(getattr(a, "dtype", None)) else a
+    dtype = getattr(a, "dtype", None)
+    if getattr(dtype, "kind", None) != "V":  # not bfloat16 (is_low's first test): spmdsim.precision loads
+        return a  # dataclasses, which spmdsim mpirun's start does without
+    from ..precision import is_low
+
+    return a.view(np.uint16) if is_low(dtype) else a
 
 
 def _in_place() -> Any:

@@ -31,10 +31,11 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
-import numpy as np
-
 from ..errors import SpmdsimError
 from ..context import simulated
+from .._lazy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["once"]
 

@@ -32,14 +32,15 @@ from collections import Counter
 from functools import lru_cache
 from typing import Any, Callable, Optional, Sequence
 
-import numpy as np
-
 from ..errors import RuntimeMismatchError, SpmdsimError
 from ..context import PROCESS
 from ..context import current as _context
 from ..context import simulated as _simulated
 from . import _roster
 from ..engines import wait as waiting
+from .._lazy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["Hooks", "HOOKS", "configure", "check_enabled", "watchdog_seconds", "quiet", "next_seq", "current_seq",
            "fingerprint", "describe", "verify", "verify_counts", "verify_operands", "wait", "begin",

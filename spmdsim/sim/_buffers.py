@@ -8,14 +8,17 @@ or ``__cuda_array_interface__`` (host memory), seen in place, never copied.
 """
 from __future__ import annotations
 
+import array
+import mmap
 import operator
 import sys
 from typing import Any, Optional
 
-import numpy as np
-
 from ..errors import ShapeError, SpmdsimError
 from ..validate import dtype_name  # noqa: F401 - the collectives' signatures name dtypes with it
+from .._lazy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 
 class _InPlace:
@@ -47,18 +50,19 @@ class DatatypeMapError(SpmdsimError, KeyError):
 _DEFAULTS = {"ANY_SOURCE": -2, "ANY_TAG": -1, "PROC_NULL": -1, "UNDEFINED": -32766, "ROOT": -3,
              "IDENT": 0, "CONGRUENT": 1, "SIMILAR": 2, "UNEQUAL": 3, "COMM_TYPE_SHARED": 1}
 
-# Ops a numpy ufunc computes (the fast path); the others go through MPI.Op.Reduce_local.
+# Ops a numpy ufunc computes (the fast path; named, as numpy loads on first use); the others go through
+# MPI.Op.Reduce_local.
 _REDUCTIONS = {
-    "sum": (np.add, operator.add),
-    "max": (np.maximum, max),
-    "min": (np.minimum, min),
-    "prod": (np.multiply, operator.mul),
-    "land": (np.logical_and, lambda a, b: a and b),
-    "lor": (np.logical_or, lambda a, b: a or b),
-    "lxor": (np.logical_xor, lambda a, b: bool(a) != bool(b)),
-    "band": (np.bitwise_and, operator.and_),
-    "bor": (np.bitwise_or, operator.or_),
-    "bxor": (np.bitwise_xor, operator.xor),
+    "sum": ("add", operator.add),
+    "max": ("maximum", max),
+    "min": ("minimum", min),
+    "prod": ("multiply", operator.mul),
+    "land": ("logical_and", lambda a, b: a and b),
+    "lor": ("logical_or", lambda a, b: a or b),
+    "lxor": ("logical_xor", lambda a, b: bool(a) != bool(b)),
+    "band": ("bitwise_and", operator.and_),
+    "bor": ("bitwise_or", operator.or_),
+    "bxor": ("bitwise_xor", operator.xor),
 }
 _OTHER_OPS = ("maxloc", "minloc", "replace", "no_op")
 
@@ -70,9 +74,15 @@ def mpi_module() -> Any:
     names are: a simulated rank read MPI.IN_PLACE from the half-made module and failed); a buffer
     or constant the program passes comes from the finished module, so none can be its yet."""
     mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is _WHOLE[0]:  # asked for several times per message: the module once seen whole stays whole
+        return mpi
     if mpi is None or getattr(getattr(mpi, "__spec__", None), "_initializing", False):
         return None
+    _WHOLE[0] = mpi
     return mpi
+
+
+_WHOLE: list = [None]  # the mpi4py.MPI module `mpi_module` last found whole
 
 
 _DETAILED: dict = {}  # mpi4py.MPI.Exception -> its subclass that says what happened
@@ -97,10 +107,52 @@ def mpi_error(mpi: Any, code: int, detail: str) -> BaseException:
     return cls(code, detail)
 
 
+def _numpy_type(name: str) -> Any:
+    """numpy's `name` (integer, floating, ndarray) where numpy is loaded, else None: before it loads, no value
+    is of its types, so checks of a rank, tag or count load no numpy for a program without it."""
+    return getattr(sys.modules.get("numpy"), name, None)
+
+
+def integer(value: Any) -> bool:
+    """``isinstance(value, (int, np.integer))``, numpy not loaded for it."""
+    if isinstance(value, int):
+        return True
+    found = _numpy_type("integer")
+    return found is not None and isinstance(value, found)
+
+
+def floating(value: Any) -> bool:
+    """``isinstance(value, (float, np.floating))``, numpy not loaded for it."""
+    if isinstance(value, float):
+        return True
+    found = _numpy_type("floating")
+    return found is not None and isinstance(value, found)
+
+
 def special(name: str) -> int:
     """MPI.ANY_SOURCE / ANY_TAG / PROC_NULL / UNDEFINED ... as this process's MPI defines them."""
     mpi = mpi_module()
-    return int(getattr(mpi, name)) if mpi is not None else _DEFAULTS[name]
+    if mpi is None:
+        return _DEFAULTS[name]
+    found = _SPECIAL.get(name)
+    if found is None or found[0] is not mpi:  # read once per name (a message asks for several)
+        found = _SPECIAL[name] = (mpi, int(getattr(mpi, name)))
+    return found[1]
+
+
+_SPECIAL: dict = {}  # name -> (the mpi4py.MPI module, its value of MPI.<name>)
+
+
+def wildcards() -> tuple[int, int]:
+    """(MPI.ANY_SOURCE, MPI.ANY_TAG): the two `special` values every message and request asks for."""
+    mpi = mpi_module()
+    found = _WILDCARDS.get(mpi)
+    if found is None:
+        found = _WILDCARDS[mpi] = (special("ANY_SOURCE"), special("ANY_TAG"))
+    return found
+
+
+_WILDCARDS: dict = {}  # the mpi4py.MPI module (None: not loaded) -> its (ANY_SOURCE, ANY_TAG)
 
 
 def in_place(buf: Any) -> bool:
@@ -114,10 +166,17 @@ def in_place(buf: Any) -> bool:
 class Reduction:
     """One reduction op: its name, numpy ufunc (None: MPI computes it), Python function for objects."""
 
-    __slots__ = ("name", "ufunc", "fn", "op")
+    __slots__ = ("name", "_ufunc", "fn", "op")
 
     def __init__(self, name: str, ufunc: Any, fn: Any, op: Any) -> None:
-        self.name, self.ufunc, self.fn, self.op = name, ufunc, fn, op
+        self.name, self._ufunc, self.fn, self.op = name, ufunc, fn, op
+
+    @property
+    def ufunc(self) -> Any:
+        found = self._ufunc
+        if type(found) is str:  # numpy's name for it: a reduction of objects alone does not load numpy
+            found = self._ufunc = getattr(np, found)
+        return found
 
     def __getitem__(self, i: int) -> Any:
         """(name, ufunc, fn)[i], as runtime.algorithms reads a reduction."""
@@ -133,7 +192,8 @@ def reduction(op: Any) -> Reduction:
     if isinstance(op, str):
         found = _BY_NAME.get(op.lower())
         if found is None and op.lower() in _REDUCTIONS:
-            found = _BY_NAME[op.lower()] = Reduction(op.lower(), *_REDUCTIONS[op.lower()], None)
+            ufunc, fn = _REDUCTIONS[op.lower()]
+            found = _BY_NAME[op.lower()] = Reduction(op.lower(), ufunc, fn, None)
         if found is not None:
             return found
     found = _BY_OP.get(id(op))
@@ -191,10 +251,15 @@ def _evaluate(ufunc: Any, parts: list, tree: Any) -> np.ndarray:
 # -- datatypes -------------------------------------------------------------------------------
 
 _DTYPES: dict = {}
+_BY_OBJECT: dict = {}  # id(a predefined MPI datatype object) -> (the object, its numpy dtype)
+_FLAT = (bytearray, bytes, mmap.mmap, array.array)  # buffers that are always one contiguous block
 
 
 def numpy_dtype(datatype: Any) -> np.dtype:
     """The numpy dtype of an MPI datatype (predefined ones) or of a typecode string like 'd'."""
+    found = _BY_OBJECT.get(id(datatype))
+    if found is not None and found[0] is datatype:  # a predefined one seen before (kept: its id stays its own)
+        return found[1]
     mpi = mpi_module()
     if isinstance(datatype, str):
         if mpi is not None:
@@ -225,6 +290,7 @@ def numpy_dtype(datatype: Any) -> np.dtype:
     else:
         found = to_numpy_dtype(datatype)
     _DTYPES[key] = found
+    _BY_OBJECT[id(datatype)] = (datatype, found)
     return found
 
 
@@ -278,7 +344,7 @@ def array_of(buf: Any, what: str, readonly: bool = True, typed: bool = False) ->
         raise BufferSpecError(f"{what}: buffer is read-only")
     if not typed:
         check_dtype(a.dtype, what)
-    return a.reshape(-1)
+    return a if a.ndim == 1 else a.reshape(-1)
 
 
 def check_dtype(dtype: np.dtype, what: str) -> None:
@@ -341,6 +407,20 @@ def message(spec: Any, what: str, blocks: int = 1, readonly: bool = True) -> tup
         if blocks > 1 and n % blocks:
             raise ValueError(f"{what}: {n} entries do not split into {blocks} equal blocks")
         return a, n // blocks if blocks > 1 else n, None
+    if type(spec) in (list, tuple) and len(spec) == 3 and type(spec[1]) is int and spec[1] >= 0 and blocks == 1:
+        buf, count, datatype = spec  # [buffer, count, predefined datatype]: each of osu_bw's messages
+        known = _BY_OBJECT.get(id(datatype))
+        if known is not None and known[0] is datatype and (type(buf) in _FLAT or type(buf) is _numpy_type("ndarray")):
+            if type(buf) in _FLAT:  # one block of bytes: numpy's view of it directly, not through memoryview
+                a = np.frombuffer(buf, np.uint8)
+                if not readonly and not a.flags.writeable:
+                    raise BufferSpecError(f"{what}: buffer is read-only")
+            else:
+                a = array_of(buf, what, readonly, True)
+            a = _typed(a, known[1], what)  # as below, without the general cases
+            if count > a.size:
+                raise ShapeError(f"{what}: 1 x {count} entries do not fit a buffer of {a.size}")
+            return a, count, datatype
     buf, count, displ, datatype = _unpack(spec)
     try:  # the buffer first, as mpi4py reads it: [1, 2, 3] is a list of numbers, not [buf, count, type]
         a = None if buf is None else array_of(buf, what, readonly, datatype is not None)
@@ -405,7 +485,8 @@ def vector(spec: Any, what: str, blocks: int, readonly: bool = True) -> tuple[np
 
 
 def _scalar(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) or (isinstance(value, np.ndarray) and value.ndim == 0)
+    found = _numpy_type("ndarray")
+    return integer(value) or (found is not None and isinstance(value, found) and value.ndim == 0)
 
 
 def _layout(counts: Any, displs: Any, blocks: int, size: int, what: str) -> tuple[list, list]:

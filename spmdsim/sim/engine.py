@@ -42,7 +42,7 @@ from ..errors import RuntimeMismatchError
 from .rank_threads import RankThreads
 from .report import explain, program_lines
 
-__all__ = ["World", "Group", "Call", "Aborted", "DeadlockError", "SimulationError", "run_slots"]
+__all__ = ["World", "Group", "Call", "AllOf", "Aborted", "DeadlockError", "SimulationError", "run_slots"]
 
 #: After a rank fails, how long the others may go on with collectives that can still complete (an error
 #: every rank raises is then reported as every rank's): the MPI guard's grace before it aborts the job,
@@ -254,13 +254,48 @@ class Group:
                 f"{program_lines(self.world, [a, b])}")
 
 
+class AllOf:
+    """Requests a rank waits for together (Waitall): `World.release` lets it go when the last is done, not at
+    each. Woken at each, the rank took the interpreter from its peer while that one still posted the rest
+    (a hand-over that waits up to Python's 5 ms switch interval): osu_bw's windows of 64 Irecvs spent
+    most of their time there. A report (why_stuck, kind, ...) sees the first request not done."""
+
+    __slots__ = ("requests", "_next")
+
+    def __init__(self, requests: tuple) -> None:
+        self.requests, self._next = requests, 0  # requests[:_next] are done
+
+    def all_done(self) -> bool:
+        requests, i = self.requests, self._next
+        while i < len(requests) and requests[i].done:
+            i += 1
+        self._next = i
+        return i == len(requests)
+
+    def __getattr__(self, name: str) -> Any:
+        requests = self.requests
+        return getattr(next((r for r in requests if not r.done), requests[-1]), name)
+
+
+def _lets_go(waited: Any, token: Any) -> bool:
+    """Whether the completion of `token` (a request) ends a wait for `waited`: that request, any of a tuple
+    (Waitany), or the last of an `AllOf` (Waitall)."""
+    return (waited is token or (type(waited) is tuple and any(t is token for t in waited))
+            or (type(waited) is AllOf and waited.all_done()))
+
+
 class _Waiting:
-    """What a rank waits in: a collective (group, call number) or a point-to-point request."""
+    """What a rank waits in: a collective (group, call number) or a point-to-point request (`op` None: the
+    request's own words, ``token._what()``, made only for a report: a Recv waits once per message)."""
 
-    __slots__ = ("op", "group", "seq", "token")
+    __slots__ = ("_op", "group", "seq", "token")
 
-    def __init__(self, op: str, group: Optional[Group], seq: Optional[int], token: Any = None) -> None:
-        self.op, self.group, self.seq, self.token = op, group, seq, token
+    def __init__(self, op: Optional[str], group: Optional[Group], seq: Optional[int], token: Any = None) -> None:
+        self._op, self.group, self.seq, self.token = op, group, seq, token
+
+    @property
+    def op(self) -> str:
+        return self.token._what() if self._op is None else self._op
 
     def key(self) -> tuple:
         return (self.op, id(self.group), self.seq, id(self.token) if self.token is not None else None)
@@ -450,11 +485,12 @@ class World(RankThreads):
             self._release_matching(rank, token, group)
             return
         what = self.waiting.get(rank)
-        if what is not None and (token is None or what.token is token
-                                 or (type(what.token) is tuple and any(t is token for t in what.token))):
+        if what is not None and (token is None or _lets_go(what.token, token)):
             del self.waiting[rank]
             self.releases += 1
             self._line_up(rank)
+
+    _lets_go = staticmethod(_lets_go)  # for RankThreads._release_matching
 
     def _wake_all(self) -> None:
         for waker in self._wakers.values():

@@ -16,12 +16,13 @@ from __future__ import annotations
 import pickle
 from typing import Any, Optional
 
-import numpy as np
-
 from ..errors import ShapeError
-from ._buffers import message, mpi_error, mpi_module, special
+from ._buffers import floating, integer, message, mpi_error, mpi_module, special, wildcards
 from .engine import Group, _Waiting
 from .requests import Request, completed, fill_status, rank_name
+from .._lazy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["Request", "post_send", "post_recv", "completed", "EAGER_BYTES", "unreceived", "probe", "receive_matched"]
 
@@ -30,7 +31,7 @@ EAGER_BYTES = 8 << 10
 
 
 def _any(value: Optional[int], name: str) -> int:
-    return special(name) if value is None else int(value)
+    return value if type(value) is int else special(name) if value is None else int(value)
 
 
 def _fits(recv: Request, source: int, tag: int) -> bool:
@@ -40,11 +41,11 @@ def _fits(recv: Request, source: int, tag: int) -> bool:
 def _c_int(value: Any) -> Any:
     """A float rank or tag as mpi4py's C int takes it (truncated: a send to rank ``size / 2`` goes to
     rank 1 of 2, as in mpi4py's demo osu_multi_lat.py); anything else as it is, for the checks."""
-    return int(value) if isinstance(value, (float, np.floating)) else value
+    return int(value) if floating(value) else value
 
 
 def _check_peer(group: Group, peer: Any, what: str) -> None:
-    if not isinstance(peer, (int, np.integer)):
+    if not integer(peer):
         raise ShapeError(f"{what} {peer!r} must be an integer rank of the communicator")
     if not (0 <= peer < group.size or peer == special("PROC_NULL")):
         mpi = mpi_module()
@@ -57,7 +58,7 @@ def _check_peer(group: Group, peer: Any, what: str) -> None:
 def _check_tag(tag: Any, what: str, any_tag: bool = False) -> None:
     """A tag is an integer, 0 or more (a receive's may be MPI.ANY_TAG): mpi4py's TypeError, MPI's
     invalid-tag error (a negative tag would otherwise never match, and the job would hang)."""
-    if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)):
+    if isinstance(tag, bool) or not integer(tag):
         raise TypeError(f"{what} {tag!r} must be an integer (0 or more)")
     if tag < 0 and not (any_tag and tag == special("ANY_TAG")):
         mpi = mpi_module()
@@ -70,54 +71,68 @@ def _check_tag(tag: Any, what: str, any_tag: bool = False) -> None:
 def post_send(group: Group, me: int, dest: int, tag: int, buf: Any, obj: Any = None,
               mode: str = "standard") -> Request:
     """Isend from group rank `me` to group rank `dest` (`buf` None: the pickle of `obj`)."""
-    dest, tag = _c_int(dest), _c_int(tag)
-    _check_peer(group, dest, "dest")
-    _check_tag(tag, "send tag")
-    if dest == special("PROC_NULL"):
-        return completed(kind="send")
+    if type(dest) is not int or type(tag) is not int or not 0 <= dest < group.size or tag < 0:
+        dest, tag = _c_int(dest), _c_int(tag)  # the checks and MPI.PROC_NULL: a plain rank and tag skip them
+        _check_peer(group, dest, "dest")
+        _check_tag(tag, "send tag")
+        if dest == special("PROC_NULL"):
+            return completed(kind="send")
     if buf is None:
         payload = np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), np.uint8)
     else:
         data, count, _ = message(buf, "send buffer")
-        payload = data[:count].view(np.uint8) if count else np.empty(0, np.uint8)
+        if not count:
+            payload = np.empty(0, np.uint8)
+        else:  # a byte buffer (osu_bw's) as it is: a view costs as much as the rest of the slicing
+            payload = data[:count] if data.dtype.char == "B" else data[:count].view(np.uint8)
     send = Request(group, me, "send", dest, tag)
     send.payload, send.mode = payload, mode
     world = group.world
+    any_source, any_tag = wildcards()
     with world.lock:
         world.check(group.members[me])
-        other = next((r for r in group.recvs if r.me == dest and _fits(r, me, tag)), None)
-        if other is None:
+        recvs = group.recvs
+        for i, other in enumerate(recvs):  # the first posted receive that takes it
+            if other.me == dest and other.peer in (me, any_source) and other.tag in (tag, any_tag):
+                del recvs[i]
+                break
+        else:
             if mode == "buffered" or (mode == "standard" and payload.nbytes < EAGER_BYTES):
                 send.payload = payload.copy()  # the sender may reuse its buffer now
                 send.done = True
             group.sends.append(send)
-            _wake_probes(group, send)
+            if group.probes:
+                _wake_probes(group, send)
             return send
-        _remove(group.recvs, other)
     _deliver(send, other)
     return send
 
 
 def post_recv(group: Group, me: int, source: int, tag: int, buf: Any) -> Request:
     """Irecv into group rank `me`'s `buf` (None: an object): matched now if a send is pending."""
-    if source != special("ANY_SOURCE"):
-        _check_peer(group, source, "source")
-    _check_tag(tag, "receive tag", any_tag=True)
-    if source == special("PROC_NULL"):
-        return completed(kind="recv-null")
+    if type(source) is not int or type(tag) is not int or not 0 <= source < group.size or tag < 0:
+        if source != special("ANY_SOURCE"):  # a plain rank and tag skip the checks
+            _check_peer(group, source, "source")
+        _check_tag(tag, "receive tag", any_tag=True)
+        if source == special("PROC_NULL"):
+            return completed(kind="recv-null")
     view = None
     if buf is not None:
         data, count, _ = message(buf, "receive buffer", readonly=False)
         view = data[:count]
     recv = Request(group, me, "recv", source, tag, view)
     world = group.world
+    any_source, any_tag = wildcards()
     with world.lock:
         world.check(group.members[me])
-        other = next((s for s in group.sends if s.peer == me and _fits(recv, s.me, s.tag)), None)
-        if other is None:
+        sends = group.sends
+        for i, other in enumerate(sends):  # the oldest pending send it takes
+            if other.peer == me and source in (other.me, any_source) and tag in (other.tag, any_tag):
+                del sends[i]
+                break
+        else:
             group.recvs.append(recv)
             return recv
-        _remove(group.sends, other)
     _deliver(other, recv)
     return recv
 
@@ -133,7 +148,8 @@ def _deliver(send: Request, recv: Request) -> None:
     elif n > recv.buf.nbytes:
         recv.error = _truncated(send, recv, n)
     else:
-        recv.buf.view(np.uint8)[:n] = payload
+        into = recv.buf
+        (into if into.dtype.char == "B" else into.view(np.uint8))[:n] = payload
         recv.nbytes = n
     group = send.group
     world = group.world

@@ -133,7 +133,7 @@ class RankThreads:
             if token is None:
                 found = what.token is None and (group is None or what.group is group)
             else:
-                found = what.token is token or (type(what.token) is tuple and any(t is token for t in what.token))
+                found = self._lets_go(what.token, token)
             if found:
                 self._let_go(key)
                 return

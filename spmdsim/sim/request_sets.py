@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from ._buffers import mpi_module, special
-from .engine import _Waiting
+from .engine import AllOf, _Waiting
 
 __all__ = ["ManyRequests", "fill_status"]
 
@@ -45,8 +45,7 @@ class ManyRequests:
     @classmethod
     def waitall(cls, requests: Sequence[Any], statuses: Any = None) -> list:
         statuses = _statuses(statuses, len(requests))
-        for r in requests:
-            r._block()
+        _block_all(requests)
         return [r._finish(statuses[i] if statuses else None) for i, r in enumerate(requests)]
 
     @classmethod
@@ -214,7 +213,17 @@ def _statuses(statuses: Any, n: int) -> Any:
 
 def _block_any(requests: Sequence[Any]) -> None:
     """Wait until one of `requests` (not null, not done) completes."""
-    pending = tuple(p for r in requests if not r.null for p in (*r.parts, r) if not p.done and p.group)
+    _block_on(requests, every=False)
+
+
+def _block_all(requests: Sequence[Any]) -> None:
+    """Wait until every one of `requests` is done: one wait, released when the last completes (`AllOf`)."""
+    _block_on(requests, every=True)
+
+
+def _block_on(requests: Sequence[Any], every: bool) -> None:
+    pending = tuple(p for r in requests if every or not r.null for p in (*r.parts, r)
+                    if not p.done and p.group is not None)
     if not pending:
         return
     group = pending[0].group
@@ -222,5 +231,9 @@ def _block_any(requests: Sequence[Any]) -> None:
     rank = group.members[pending[0].me]
     with world.lock:
         world.check(rank)
-        if all(not p.done for p in pending):
+        if every:
+            token = AllOf(pending)
+            if not token.all_done():
+                world.wait(rank, _Waiting(None, token.group, None, token=token))
+        elif all(not p.done for p in pending):
             world.wait(rank, _Waiting(" | ".join(p._what() for p in pending[:3]), group, None, token=pending))

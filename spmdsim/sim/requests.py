@@ -11,12 +11,13 @@ from __future__ import annotations
 import pickle
 from typing import Any, Optional
 
-import numpy as np
-
-from ._buffers import mpi_module, special
+from ._buffers import mpi_module, special, wildcards
 from .engine import Group, _Waiting
 from .report import whereabouts
 from .request_sets import ManyRequests, _empty, fill_status
+from .._lazy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["Request", "REQUEST_NULL", "completed", "fill_status", "rank_name"]
 
@@ -39,7 +40,7 @@ class Request(ManyRequests):
         self.done = group is None
         self.null = kind == "null"
         self.error: Optional[BaseException] = None
-        self.source, self.got_tag, self.nbytes = special("ANY_SOURCE"), special("ANY_TAG"), 0
+        (self.source, self.got_tag), self.nbytes = wildcards(), 0
         self.origin: Optional[Request] = None  # the request this one is a copy of (MPI.Request(req))
         self.parts: tuple = ()
         self.cancelled = False
@@ -142,7 +143,7 @@ class Request(ManyRequests):
             with world.lock:
                 world.check(rank)
                 if not part.done:
-                    world.wait(rank, _Waiting(part._what(), part.group, None, token=part))
+                    world.wait(rank, _Waiting(None, part.group, None, token=part))
 
     def _finish(self, status: Any) -> Any:
         """Make the request null; fill `status`; return the received object (object receives)."""
@@ -150,7 +151,7 @@ class Request(ManyRequests):
             _empty(status)
             return None
         self.null = True
-        recv = next((p for p in self.parts if p.kind == "recv"), self)
+        recv = next((p for p in self.parts if p.kind == "recv"), self) if self.parts else self
         if recv.error is not None:
             raise recv.error
         if recv.kind == "recv" or recv.cancelled:

@@ -202,7 +202,8 @@ def _raise_failure(engine: World, size: int) -> None:
 
 
 class _simulating:
-    """While any simulation runs: BLAS on one thread, no page-placed buffers, whole lines on the streams.
+    """While any simulation runs: BLAS on one thread, whole lines on the streams (and its ranks' arrays are
+    never on huge pages: spmdsim.buffers uses its pool only outside simulated ranks).
 
     Counted, so that two simulations side by side share the switch and the last one to end
     restores what was there.
@@ -216,7 +217,7 @@ class _simulating:
         self._slots = slots
 
     def __enter__(self) -> None:
-        from .. import _threads, buffers
+        from .. import _threads
 
         cls = _simulating
         with cls._lock:
@@ -230,25 +231,21 @@ class _simulating:
             blas = contextlib.ExitStack()
             if self._slots > 1 and not _threads.threads_set_by_user():
                 blas.enter_context(_threads.blas_threads(1))
-            cls._saved = (blas, buffers._HUGE, sys.stdout, sys.stderr)
-            buffers._HUGE = False  # no cross-process copies to speed up; the pool is not thread-safe
+            cls._saved = (blas, sys.stdout, sys.stderr)
             sys.stdout, sys.stderr = _Lines(sys.stdout, "stdout"), _Lines(sys.stderr, "stderr")
 
     def __exit__(self, *exc: object) -> None:
-        from .. import buffers
-
         cls = _simulating
         with cls._lock:
             cls._count -= 1
             if cls._count:
                 return
-            blas, huge, out, err = cls._saved
+            blas, out, err = cls._saved
             cls._saved = None
             for stream in (sys.stdout, sys.stderr):
                 if isinstance(stream, _Lines):
                     stream.flush_all()
             sys.stdout, sys.stderr = out, err
-            buffers._HUGE = huge
             blas.close()
 
 

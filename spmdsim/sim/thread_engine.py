@@ -23,13 +23,14 @@ import functools
 import pickle
 from typing import Any, Callable, Optional
 
-import numpy as np
-
 from ..errors import DTypeError, ShapeError
-from ._buffers import Reduction, copy_into, dtype_name, fold, mpi_error, mpi_module, reduction, special
+from ._buffers import Reduction, copy_into, dtype_name, fold, integer, mpi_error, mpi_module, reduction, special
 from ..engines import DONE, Engine
 from .engine import Call, Group, SimulationError
 from .p2p import post_recv, post_send
+from .._lazy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["ThreadEngine", "THREADS", "Member", "all_reduce", "reduce_scatter", "all_gather", "all_to_all", "all_to_allv", "broadcast",
            "gather_to", "barrier", "split", "all_gather_object", "gather_object", "broadcast_object",
@@ -189,7 +190,7 @@ class Member:
 
     def _root(self, root: Any, call: str) -> int:
         g = self._group.size
-        if isinstance(root, (int, np.integer)) and 0 <= root < g:
+        if integer(root) and 0 <= root < g:
             return int(root)
         raise bad_root(root, g, call)
 
