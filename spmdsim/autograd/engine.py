@@ -448,8 +448,18 @@ def _accumulate(grads: dict, owners: dict, tensor: Any, g: Any) -> None:
 
 
 def _move(g: Any, target: TensorLayout) -> Any:
-    if g.layout is target or g.layout == target:
+    layout = g._layout
+    if layout is target or layout == target:
         return g
+    return (_REDISTRIBUTE or _redistribute())(g, target)
+
+
+_REDISTRIBUTE: Any = None  # runtime.executor.redistribute, bound on first use (an import statement costs ~1 us)
+
+
+def _redistribute() -> Any:
+    global _REDISTRIBUTE
     from ..runtime.executor import redistribute
 
-    return redistribute(g, target)
+    _REDISTRIBUTE = redistribute
+    return redistribute

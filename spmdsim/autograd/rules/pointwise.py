@@ -180,27 +180,35 @@ def record_pointwise(op: str, out: Any, xs: list, plan: Any) -> Any:
     derivative = DERIVATIVES.get(op)
     if derivative is None:
         return out
-    need = tuple(x._ag is not None for x in xs)
+    need = tuple([x._ag is not None for x in xs])
     kept = plan.out.partial
+    loud = op in _LOUD
 
     def grads(dy: Any) -> tuple:
-        _count_grads(op, dy, xs, out, need, plan.shape)
-        with quiet(op, divide="ignore", invalid="ignore"):
-            fulls = _local(lambda: derivative(dy.local, [x.local for x in xs], out.local, need), dy.local)
+        if any_open():
+            _count_grads(op, dy, xs, out, need, plan.shape)
+        d = dy.local
+        dry = dy._mesh.engine.dry
+        with np.errstate(divide="ignore", invalid="ignore") if loud else _NULL:  # `quiet`, decided once
+            if dry:  # the dry engine's zeros, not computed
+                fulls = _local(lambda: derivative(d, [x.local for x in xs], out.local, need), d)
+            else:
+                fulls = derivative(d, [x.local for x in xs], out.local, need)
         if not isinstance(fulls, tuple):  # a dry run's zeros: one block shaped like dy for every operand
             fulls = tuple(fulls if n else None for n in need)
         result = []
+        partial = dy._layout.partial
         for x, g, n in zip(xs, fulls, need):
             if not n or g is None:
                 result.append(None)
                 continue
             ndim = getattr(g, "ndim", None)  # an array's or numpy scalar's, without np.ndim's Python
-            g = np.broadcast_to(g, dy.local.shape) if (np.ndim(g) if ndim is None else ndim) < dy.local.ndim else g
-            block, dims = _summed(np.asanyarray(g), x.global_shape, plan.shape, dy.mesh.engine.dry)
+            g = np.broadcast_to(g, d.shape) if (np.ndim(g) if ndim is None else ndim) < d.ndim else g
+            block, dims = _summed(np.asanyarray(g), x._shape, plan.shape, dry)
             summed = _summed_axes(plan.out, dims) if dims else ()
             # A bilinear op's other operand read only this rank's addend: its gradient is pending too.
-            carried = kept if not x.layout.partial else ()
-            result.append(grad_tensor(x, block.reshape(x.local.shape), dy.layout.partial, summed, carried))
+            carried = kept if not x._layout.partial else ()
+            result.append(grad_tensor(x, block.reshape(x._local.shape), partial, summed, carried))
         return tuple(result)
 
     return record(out, op, tuple(xs), grads, with_partial(plan.out, ()))
