@@ -196,7 +196,9 @@ def _buckets(leaves: list, owners: dict, grads: dict, cap: float) -> dict:
     for leaf in leaves:
         tensor, g = owners[leaf], grads[leaf]
         layout = g.layout
-        if not layout.partial or layout.layout != tensor.layout.layout or layout.tensor_map != tensor.layout.tensor_map:
+        own = tensor._layout
+        if not layout.partial or (layout.layout is not own.layout and layout.layout != own.layout) \
+                or layout.tensor_map != own.tensor_map:
             continue
         key = (id(g.mesh), layout.partial, g.local.dtype.str)
         size = math.prod(g.global_shape) * g.local.dtype.itemsize

@@ -187,7 +187,7 @@ class GPT:
 
     def _gathered(self, x: Any) -> Any:
         """The activations whole along the sequence (an Allgather with sp; nothing without)."""
-        return x if x.layout == self.full else redistribute(x, self.full)
+        return x if x._layout is self.full or x._layout == self.full else redistribute(x, self.full)
 
     def _block(self, h: Any, layer: int, step: Optional[int], train: bool, micro: Optional[int]) -> Any:
         # Each part's nodes are tagged with what they keep for backward (spmdsim.autograd.kept_bytes).
