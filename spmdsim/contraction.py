@@ -110,7 +110,10 @@ def _pair(a_word: str, a: np.ndarray, b_word: str, b: np.ndarray, out: str) -> n
         if r.order is None and shape:
             return product.reshape(shape)
         return engine.local(None, np.broadcast_to(np.zeros((), product.dtype), shape or (1,)))  # 0-d: 1-d, as below
-    result = _product(lhs.reshape(r.lhs_shape), rhs.reshape(r.rhs_shape)).reshape(r.shape)
+    lhs, rhs = lhs.reshape(r.lhs_shape), rhs.reshape(r.rhs_shape)
+    result = engine.matmul(lhs, rhs)  # spmdsim.engines.matmul's two lines, the engine at hand
+    _gemm(lhs.shape, rhs.shape, result.dtype)
+    result = result.reshape(r.shape)
     if r.order is not None:
         result = result.transpose(r.order)
     # As np.ascontiguousarray alone: a copy when not C-ordered, and a 0-d result made 1-d.

@@ -80,6 +80,8 @@ def rounded(a: Any, dtype: Any) -> Any:
 def product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``np.matmul(a, b)`` as a GPU multiplies bfloat16: both widened to float32, BLAS, float32 result
     (numpy's own matmul on bfloat16 is slow and accumulates otherwise). Other dtypes: numpy's."""
+    if a.dtype.kind != "V" and b.dtype.kind != "V":  # most products: no bfloat16 (is_low's first test, inline)
+        return np.matmul(a, b)
     if is_low(a.dtype) or is_low(b.dtype):
         return np.matmul(wide(a), wide(b))
     return np.matmul(a, b)

@@ -475,12 +475,14 @@ def test_dropout_mask_dims_drops_what_the_transposed_twin_drops(tmap):
         x = DTensor.from_seeded(mesh, mesh.layout(*tmap), src).requires_grad_()
         y = ops.dropout(x, 0.3, seed=9, mask_dims=(1, 0, 2))
         ops.sum(y * y).backward()
-        return y.gather(), x.grad.gather(), y.local.flags.c_contiguous
+        # Again (the mask's geometry as kept for this layout) and with the dims as a list (worked out anew).
+        again = [ops.dropout(x, 0.3, seed=9, mask_dims=dims).gather() for dims in ((1, 0, 2), [1, 0, 2])]
+        return y.gather(), x.grad.gather(), y.local.flags.c_contiguous, again
 
     keep = (SeededTensor((8, 8, 6), "float64", seed=9, low=0.0, high=1.0).full() >= 0.3).transpose(1, 0, 2)
     want = src.full() * keep * (1.0 / (1.0 - 0.3))  # the product dropout makes, rounded alike
-    for y, grad, c_order in _on_ranks(8, body):
-        assert np.array_equal(y, want) and c_order
+    for y, grad, c_order, again in _on_ranks(8, body):
+        assert np.array_equal(y, want) and c_order and all(np.array_equal(a, want) for a in again)
         assert np.allclose(grad, 2 * want * keep / 0.7, rtol=1e-14, atol=0)
 
 

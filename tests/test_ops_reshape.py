@@ -113,3 +113,26 @@ def test_refusals_name_the_dims():
     with pytest.raises(OperatorError, match="must hold non-negative integers"):
         reshape_shape((4, 8), ("a", 8))
     assert reshape_shape((4, 8), 32) == (32,)
+
+
+def test_reshape_on_ranks_keeps_its_plan_for_int_shapes_only():
+    """ops.reshape keeps its plan and block shape per layout object for shapes of Python ints: the same
+    call again gives each rank its block of the reshaped tensor, and a shape of equal floats (which hashes
+    as the ints do) is refused after the int one passed, as it is before."""
+    import spmdsim
+    from spmdsim import DTensor, Mesh, ops
+
+    full = np.arange(48.0).reshape(6, 8)
+
+    def body() -> None:
+        mesh = Mesh(Layout((2,), ("a",)), spmdsim.world())
+        x = DTensor.from_global(mesh, full, mesh.layout(None, "a"))
+        for _ in range(2):
+            y = ops.reshape(x, (6, 2, 4))
+            assert y.layout == mesh.layout(None, "a", None) and y.global_shape == (6, 2, 4)
+            np.testing.assert_array_equal(y.local, full.reshape(6, 2, 4)[y.slices])
+        with pytest.raises(OperatorError, match=r"reshape shape \(6, 2\.0, 4\) must hold non-negative integers"):
+            ops.reshape(x, (6, 2.0, 4))
+        mesh.close()
+
+    spmdsim.simulate(2, body)

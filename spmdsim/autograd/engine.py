@@ -114,7 +114,8 @@ def _backward(loss: Any, explain: Optional[list], bucket: Any, gradient: Any, ke
             if explain is not None:
                 explain.append((f"leaf {tuple(tensor.global_shape)} {tensor.layout}: its replicas' "
                                 f"gradients summed" + _read_by(readers, [leaf]), trace.entries))
-        _count_accumulation(g)
+        if any_open():  # `_count_accumulation`'s test, before its call
+            _count_accumulation(g)
         leaf.grad = g if leaf.grad is None else add_grads(leaf.grad, g, whole, None)
 
 
@@ -196,10 +197,13 @@ def _buckets(leaves: list, owners: dict, grads: dict, cap: float) -> dict:
     for leaf in leaves:
         tensor, g = owners[leaf], grads[leaf]
         layout = g.layout
-        if not layout.partial or layout.layout != tensor.layout.layout or layout.tensor_map != tensor.layout.tensor_map:
+        own = tensor._layout
+        if not layout.partial or (layout.layout is not own.layout and layout.layout != own.layout) \
+                or layout.tensor_map != own.tensor_map:
             continue
-        key = (id(g.mesh), layout.partial, g.local.dtype.str)
-        size = math.prod(g.global_shape) * g.local.dtype.itemsize
+        dtype = g._local.dtype  # the block's dtype (a captured step's traced view has the same)
+        key = (id(g._mesh), layout.partial, dtype.str)
+        size = math.prod(g._shape) * dtype.itemsize
         current = open_buckets.get(key)
         if current is None or current.bytes + size > cap:
             current = open_buckets[key] = _Bucket()
@@ -245,9 +249,10 @@ def _bucketed(bucket: _Bucket, leaf: Any, explain: Optional[list], readers: dict
         done, at = [], 0
         trusted = DTensor._trusted  # each block is shaped and typed as its gradient's, which DTensor() checked
         for g in grads:
-            n = g.local.size
-            done.append(trusted(g.mesh, summed[at:at + n].reshape(g.local.shape), with_partial(g.layout, ()),
-                                g.global_shape))
+            block = g._local  # its shape (a captured step's traced view has the same)
+            n = block.size
+            done.append(trusted(g._mesh, summed[at:at + n].reshape(block.shape), with_partial(g._layout, ()),
+                                g._shape))
             at += n
         bucket.done = done
     return bucket.done[bucket.leaves.index(leaf)]
@@ -448,8 +453,18 @@ def _accumulate(grads: dict, owners: dict, tensor: Any, g: Any) -> None:
 
 
 def _move(g: Any, target: TensorLayout) -> Any:
-    if g.layout is target or g.layout == target:
+    layout = g._layout
+    if layout is target or layout == target:
         return g
+    return (_REDISTRIBUTE or _redistribute())(g, target)
+
+
+_REDISTRIBUTE: Any = None  # runtime.executor.redistribute, bound on first use (an import statement costs ~1 us)
+
+
+def _redistribute() -> Any:
+    global _REDISTRIBUTE
     from ..runtime.executor import redistribute
 
-    return redistribute(g, target)
+    _REDISTRIBUTE = redistribute
+    return redistribute

@@ -36,6 +36,8 @@ from ..autograd.kept import KEPT, kept_problem
 from ..ops import megatron
 from .memory import RECOMPUTE, recompute_problem
 from ..precision import precision as get_precision, precision_problem
+from ..runtime.executor import redistribute
+from ..runtime.replay import Scalar
 from .params import constant, dropout_seed, seeded
 from .stages import Part, part_specs, whole
 
@@ -173,25 +175,19 @@ class GPT:
         """The mask's seed at `site` (of microbatch `micro`, None: the whole batch); for a step given as a
         spmdsim.runtime.replay.Scalar, a callable the mask's kernel calls (each replay of a captured step
         draws that step's masks)."""
-        from ..runtime.replay import Scalar
-
         if isinstance(step, Scalar):
             return partial(dropout_seed, self.cfg, step, site, micro)
         return dropout_seed(self.cfg, step, site, micro)
 
     def _row_out(self, y: Any) -> Any:
         """A row-parallel product's pending sum: Reduce_scatter onto the sequence (sp) or Allreduce."""
-        from ..runtime.executor import redistribute
-
         y = redistribute(y, self.act)
         # bfloat16 operands: the pending sum was float32; summed, it is rounded once to the activations' dtype.
         return y if self.precision.activation == y.dtype.name else ops.astype(y, self.precision.dtype("activation"))
 
     def _gathered(self, x: Any) -> Any:
         """The activations whole along the sequence (an Allgather with sp; nothing without)."""
-        from ..runtime.executor import redistribute
-
-        return x if x.layout == self.full else redistribute(x, self.full)
+        return x if x._layout is self.full or x._layout == self.full else redistribute(x, self.full)
 
     def _block(self, h: Any, layer: int, step: Optional[int], train: bool, micro: Optional[int]) -> Any:
         # Each part's nodes are tagged with what they keep for backward (spmdsim.autograd.kept_bytes).
@@ -225,7 +221,6 @@ class GPT:
         with kept_as("layer norm"):
             m = self._gathered(ops.layer_norm(h, p[pre + "ln2.w"], p[pre + "ln2.b"], cfg.ln_eps))
         if cfg.is_moe(layer):
-            from ..runtime.executor import redistribute
             from ..moe.layer import moe_layer
 
             with kept_as("mlp"):
@@ -272,8 +267,6 @@ class GPT:
 
     def embed(self, ids: Any, step: Optional[int] = None, train: bool = False, micro: Optional[int] = None) -> Any:
         """The activations (T, B, D) entering the first block, from token ids (B, T) laid out (self.batch, None)."""
-        from ..runtime.executor import redistribute
-
         p, cfg = self.params, self.cfg
         # Vocab-parallel lookup of the ids sequence-first: a pending sum over tp, Allreduced (or
         # Reduce_scattered onto the sequence); each position's embedding added to every sample's row.

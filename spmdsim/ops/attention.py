@@ -25,6 +25,7 @@ import numpy as np
 
 from ..autograd.kept import kept_problem
 from ..autograd.rules.attention import count_core, count_core_kernels, record_attention
+from ..flops import any_open
 from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
 from ..errors import OperatorError
 from ..infer.attention import infer_attention
@@ -123,8 +124,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
         above = masked()
         if above is not None:
             s = np.where(above, -np.inf, s)
-        e = np.exp(s - np.max(s, axis=-1, keepdims=True))
-        p = e / np.sum(e, axis=-1, keepdims=True)
+        e = np.exp(s - s.max(axis=-1, keepdims=True))
+        p = e / e.sum(axis=-1, keepdims=True)
         keep = keep_mask(probs_shape, seed, region, drop) if drop else None
         factors = np.multiply(keep, np.asarray(1.0 / (1.0 - drop), np.float32 if low else dtype)) if drop else None
         if low:  # bfloat16: the scores and softmax in float32; p and its dropped-out values kept rounded
@@ -152,9 +153,10 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
     out_layout, out_shape = first(plan.out), first(plan.shape)
     like = np.broadcast_to(np.zeros((), q.dtype), out_layout.local_shape(out_shape, mesh.rank))  # the result's block
     out = make_dtensor(mesh, _engine_local(forward, like, q.local, k.local, v.local), out_layout, out_shape)
-    count_core(q.local, k.local, v.local, (heads, keys_t, back))  # its two products (spmdsim.flops)
     scores = ((b_.stop - b_.start, h_.stop - h_.start, t_.stop - t_.start, tk), dtype)
-    count_core_kernels(scores, drop, kept)  # and its element-wise kernels over the scores
+    if any_open():  # else nothing is counted: no blocks to gather
+        count_core(q.local, k.local, v.local, (heads, keys_t, back))  # its two products (spmdsim.flops)
+        count_core_kernels(scores, drop, kept)  # and its element-wise kernels over the scores
     if q._ag is None and k._ag is None and v._ag is None:
         return out
     if mesh.engine.dry and not recompute:  # what the rule keeps, sized: the dry engine's zeros, never touched
@@ -180,21 +182,24 @@ def _swapped(x: Any) -> Any:
     """A sequence-first layout, shape or slices as batch-first (the first two dims swapped), and back."""
     if isinstance(x, tuple):
         return (x[1], x[0]) + x[2:]
-    out = _SWAPPED.get(x)
-    if out is None:
-        entries = x.tensor_map
-        out = TensorLayout(x.layout, (entries[1], entries[0]) + entries[2:], x.partial)
-        if len(_SWAPPED) >= 1024:  # a long run over many layouts: start over
-            _SWAPPED.clear()
-        _SWAPPED[x] = out
+    seen = _SWAPPED.get(id(x))
+    if seen is not None and seen[0] is x:
+        return seen[1]
+    entries = x.tensor_map
+    out = TensorLayout(x.layout, (entries[1], entries[0]) + entries[2:], x.partial)
+    if len(_SWAPPED) >= 1024:  # a long run over many layouts: start over
+        _SWAPPED.clear()
+    _SWAPPED[id(x)] = (x, out)
     return out
 
 
-_SWAPPED: dict = {}  # layout -> it with its first two dims swapped (a pure function of the layout)
+# id(layout) -> (that layout, it with its first two dims swapped): a pure function of the layout, kept by
+# the layout object (a step passes the same ones; a TensorLayout key hashes in Python), the entry holding it.
+_SWAPPED: dict = {}
 
 
 def _moved(x: Any, target: Any) -> Any:
-    if x.layout == target:
+    if x._layout is target or x._layout == target:
         return x
     from ..runtime.executor import redistribute
 

@@ -16,7 +16,7 @@ from .. import activations
 from ..autograd.kept import kept_problem
 from ..autograd.rules.pointwise import record_activation, record_bias_add, record_scale
 from ..errors import OperatorError, ShapeError
-from ..flops import sweep
+from ..flops import any_open, sweep
 from ..infer import infer_bias_add, infer_elementwise
 from ..engines import local as engine_local
 from ..precision import is_low
@@ -47,10 +47,12 @@ def activation(x: Any, name: str, keep_tanh: bool = True) -> Any:
         tanh = engine_local(activations.gelu_tanh, like, x.local)
         out = make_dtensor(x.mesh, engine_local(activations.gelu_from_tanh, x.local, x.local, tanh), layout,
                            x.global_shape)
-        sweep(name, (x.local,), (out.local, tanh))
+        if any_open():  # else nothing is counted: no blocks to gather
+            sweep(name, (x.local,), (out.local, tanh))
         return record_activation(out, x, name, tanh)
     out = make_dtensor(x.mesh, engine_local(fn, x.local, x.local), layout, x.global_shape)
-    sweep(name, (x.local,), (out.local,))
+    if any_open():  # else nothing is counted: no blocks to gather
+        sweep(name, (x.local,), (out.local,))
     return out if x._ag is None else record_activation(out, x, name)
 
 
@@ -104,7 +106,8 @@ def scale(x: Any, factor: Any) -> Any:
         raise OperatorError(f"scale factor {factor!r} does not fit dtype {dtype.name!r}") from None
     out = make_dtensor(x.mesh, engine_local(np.multiply, x.local, x.local, factor_array), x.layout,
                        x.global_shape)
-    sweep("scale", (x.local,), (out.local,))
+    if any_open():  # else nothing is counted: no blocks to gather
+        sweep("scale", (x.local,), (out.local,))
     return out if x._ag is None else record_scale(out, x, value)
 
 
@@ -116,5 +119,6 @@ def bias_add(x: Any, bias: Any) -> Any:
         raise ShapeError(f"bias of shape {tuple(bias.global_shape)!r} does not match the last dim of "
                          f"{tuple(x.global_shape)!r}")
     out = make_dtensor(mesh, x.local + bias.local, layout, x.global_shape)
-    sweep("bias_add", (x.local, bias.local), (out.local,))
+    if any_open():  # else nothing is counted: no blocks to gather
+        sweep("bias_add", (x.local, bias.local), (out.local,))
     return out if x._ag is None and bias._ag is None else record_bias_add(out, x, bias)

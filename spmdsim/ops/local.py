@@ -19,7 +19,7 @@ from ..autograd.rules.shapes import record_reshape, record_transpose
 from ..infer import infer_reshape, infer_softmax, infer_transpose
 from ..engines import local as engine_local
 from ..flops import sweep
-from ._common import make_dtensor, raise_if_not_dtensors, require_float
+from ._common import _ints, make_dtensor, raise_if_not_dtensors, require_float
 
 __all__ = ["transpose", "reshape", "softmax"]
 
@@ -43,12 +43,30 @@ def reshape(x: Any, shape: Any) -> Any:
     block of the new dims (then redistribute the named dims whole first).
     """
     try:
-        layout, new_shape = infer_reshape(x.layout, x.global_shape, shape)
+        source, old_shape, rank = x._layout, x._shape, x._mesh.rank
     except AttributeError:
         raise_if_not_dtensors("reshape", ("x",), x)
         raise
-    out = make_dtensor(x.mesh, x.local.reshape(layout.local_shape(new_shape, x.mesh.rank)), layout, new_shape)
+    # By the layout object, for shapes of Python ints (16.0 equals 16 and hashes alike, and must be refused
+    # again): the entry holds the layout, so its id is not reused; a model reshapes the same few ways.
+    key = (id(source), old_shape, shape, rank) if type(shape) is tuple and _ints(shape) else None
+    seen = _RESHAPED.get(key) if key is not None else None
+    if seen is not None and seen[0] is source:
+        layout, new_shape, block_shape = seen[1]
+    else:
+        layout, new_shape = infer_reshape(source, old_shape, shape)
+        block_shape = layout.local_shape(new_shape, rank)
+        if key is not None:
+            if len(_RESHAPED) >= 1024:  # a long run over many shapes: start over
+                _RESHAPED.clear()
+            _RESHAPED[key] = (source, (layout, new_shape, block_shape))
+    out = make_dtensor(x._mesh, x.local.reshape(block_shape), layout, new_shape)
     return out if x._ag is None else record_reshape(out, x)
+
+
+# (id(layout), global shape, new shape, rank) -> (that layout, (the result's layout, its global shape, this
+# rank's block shape)): infer_reshape's answer and the block's shape, the pure function of its key.
+_RESHAPED: dict = {}
 
 
 def softmax(x: Any, dim: int = -1) -> Any:

@@ -34,7 +34,7 @@ from ..autograd.kept import kept_problem
 from ..autograd.rules.pointwise import record_dropout, record_dropout_mask
 from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
 from ..errors import OperatorError
-from ..flops import sweep
+from ..flops import any_open, sweep
 from ..infer.norms import infer_norm
 from ..precision import is_low, rounded, wide
 from ..validate import as_int, shape_arg
@@ -113,8 +113,8 @@ def _normalize(block: np.ndarray, d: int, n: int, eps: float, centre: bool) -> t
     """(y, 1 / sqrt(var + eps)) of rows along a whole dim `d` of `n` entries, in the composite's order of
     operations (its sums, products and quotient), so the values are the composite's."""
     inv = 1.0 / n
-    c = block - np.sum(block, axis=d, keepdims=True) * inv if centre else block
-    var = np.sum(c * c, axis=d, keepdims=True) * inv
+    c = block - block.sum(axis=d, keepdims=True) * inv if centre else block
+    var = (c * c).sum(axis=d, keepdims=True) * inv
     root = np.sqrt(var + eps)
     return c / root, 1.0 / root
 
@@ -138,7 +138,8 @@ def _normalized(x: Any, d: int, eps: float, centre: bool, op: str) -> Any:
     y = _engine_local(kernel, x.local, x.local)
     out = make_dtensor(x.mesh, y, x.layout, x.global_shape)
     rows = x.local.shape[:d] + (1,) + x.local.shape[d + 1:]
-    sweep(op, (x.local,), (y, (rows, y.dtype) if x._ag is not None else None))  # y and the kept 1 / root
+    if any_open():  # else nothing is counted: no blocks to gather
+        sweep(op, (x.local,), (y, (rows, y.dtype) if x._ag is not None else None))  # y and the kept 1 / root
     if x._ag is None:
         return out
     if x.mesh.engine.dry:  # the rstd the rule keeps, sized (the dry engine's zeros): kept bytes measure alike
@@ -182,9 +183,9 @@ def _fused_layer_norm(x: Any, d: int, eps: float, weight: Optional[Any], bias: O
 
     def kernel(block: np.ndarray) -> np.ndarray:
         inv = 1.0 / n
-        stats["mean"] = mean = np.sum(block, axis=d, keepdims=True) * inv
+        stats["mean"] = mean = block.sum(axis=d, keepdims=True) * inv
         c = block - mean
-        stats["root"] = root = np.sqrt(np.sum(c * c, axis=d, keepdims=True) * inv + eps)
+        stats["root"] = root = np.sqrt((c * c).sum(axis=d, keepdims=True) * inv + eps)
         y = c / root
         if w is not None:
             y = y * w.local
@@ -196,8 +197,9 @@ def _fused_layer_norm(x: Any, d: int, eps: float, weight: Optional[Any], bias: O
     out = make_dtensor(x.mesh, _engine_local(kernel, np.broadcast_to(np.zeros((), dtype), x.local.shape), x.local),
                        x.layout, x.global_shape)
     rows = (x.local.shape[:d] + (1,) + x.local.shape[d + 1:], x.dtype)
-    sweep("layer_norm", (x.local, None if w is None else w.local, None if b is None else b.local),
-          (out.local, rows, rows))  # y and each row's mean and root
+    if any_open():  # else nothing is counted: no blocks to gather
+        sweep("layer_norm", (x.local, None if w is None else w.local, None if b is None else b.local),
+              (out.local, rows, rows))  # y and each row's mean and root
     if all(t is None or t._ag is None for t in (x, w, b)):
         return out
     if x.mesh.engine.dry:  # the statistics the rule keeps, sized (the dry engine's zeros)
@@ -282,11 +284,8 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
     problem = kept_problem(kept)
     if problem:
         raise OperatorError(f"dropout: {problem}")
-    try:
-        region = x.slices
-    except AttributeError:
+    if not hasattr(x, "_layout"):
         raise_if_not_dtensors("dropout", ("x",), x)
-        raise
     if not training or p == 0:
         return x
     require_float("dropout", x.local)
@@ -301,39 +300,67 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
         keep = dropout_keep(x, p, seed, mask_dims, dry is not None)
         out = make_dtensor(x.mesh, x.local * np.multiply(keep, scale) if dry is None else dry, x.layout,
                            x.global_shape)
-        sweep("dropout", (x.local,), (out.local, keep))  # the mask drawn in the kernel and written
+        if any_open():  # else nothing is counted: no blocks to gather
+            sweep("dropout", (x.local,), (out.local, keep))  # the mask drawn in the kernel and written
         return out if x._ag is None else record_dropout_mask(out, x, keep, x.dtype.type(scale))
-    order = None if mask_dims is None else _permutation(mask_dims, len(region))
+    order, mask_shape, mask_region, back = _mask_geometry(x, mask_dims)
     if dry is not None:  # the factors the rule keeps, sized (zeros never touched): kept bytes measure alike
         like = np.broadcast_to(np.zeros((), scale.dtype), dry.shape)  # the factors' dtype (float32 at bfloat16)
         factors = None if x._ag is None else _engine_local(np.copy, like, dry)
     elif order is None:
-        factors = np.multiply(keep_mask(tuple(x.global_shape), seed, region, p), scale)
+        factors = np.multiply(keep_mask(mask_shape, seed, mask_region, p), scale)
     else:
-        keep = keep_mask(tuple(x.global_shape[d] for d in order), seed, tuple(region[d] for d in order), p)
-        factors = np.multiply(keep, scale).transpose(np.argsort(order))
+        factors = np.multiply(keep_mask(mask_shape, seed, mask_region, p), scale).transpose(back)
     if dry is not None:
         block = dry
     else:
         block = rounded(wide(x.local) * factors, x.dtype) if low else x.local * factors
     out = make_dtensor(x.mesh, block, x.layout, x.global_shape)
     # the kept entries' factors drawn in the kernel and written beside the result
-    sweep("dropout", (x.local,), (out.local, x.local))
+    if any_open():  # else nothing is counted: no blocks to gather
+        sweep("dropout", (x.local,), (out.local, x.local))
     return out if x._ag is None else record_dropout(out, x, factors, scale)
 
 
 def dropout_keep(x: Any, p: float, seed: Any, mask_dims: Optional[Sequence[int]], dry: bool) -> np.ndarray:
     """This rank's boolean keep mask of `dropout` on x (shaped like x's block; with `mask_dims`, a view);
     `dry`: a dry run's zeros of its size, not drawn (pages never touched)."""
-    region = x.slices
     if dry:
         like = np.broadcast_to(np.zeros((), bool), x.local.shape)
         return _engine_local(np.copy, like, like)
+    order, mask_shape, mask_region, back = _mask_geometry(x, mask_dims)
+    keep = keep_mask(mask_shape, seed, mask_region, p)
+    return keep if order is None else keep.transpose(back)
+
+
+def _mask_geometry(x: Any, mask_dims: Any) -> tuple:
+    """(the permutation `mask_dims` checked, or None; the mask's global shape and this rank's region of it,
+    in that order; the permutation that puts the mask's dims back in x's) for dropout on x: a function of
+    x's layout, global shape and rank and of `mask_dims`, remembered by the layout object (a step's
+    dropouts ask for the same few; the entry holds the layout, so its id is not reused)."""
+    layout, shape, rank = x._layout, x._shape, x._mesh.rank
+    key = (id(layout), shape, rank, mask_dims)
+    try:
+        seen = _GEOMETRY.get(key)
+    except TypeError:  # mask_dims as a list: worked out each time
+        seen = key = None
+    if seen is not None and seen[0] is layout:
+        return seen[1]
+    region = layout.slices(rank, shape)
     if mask_dims is None:
-        return keep_mask(tuple(x.global_shape), seed, region, p)
-    order = _permutation(mask_dims, len(region))
-    keep = keep_mask(tuple(x.global_shape[d] for d in order), seed, tuple(region[d] for d in order), p)
-    return keep.transpose(np.argsort(order))
+        out = (None, tuple(shape), region, None)
+    else:
+        order = _permutation(mask_dims, len(region))
+        out = (order, tuple(shape[d] for d in order), tuple(region[d] for d in order),
+               tuple(np.argsort(order).tolist()))
+    if key is not None and type(shape) is tuple:
+        if len(_GEOMETRY) >= 1024:  # a long run over many layouts: start over
+            _GEOMETRY.clear()
+        _GEOMETRY[key] = (layout, out)
+    return out
+
+
+_GEOMETRY: dict = {}  # (id(layout), global shape, rank, mask_dims) -> (that layout, _mask_geometry's answer)
 
 
 def _permutation(dims: Any, ndim: int) -> tuple:

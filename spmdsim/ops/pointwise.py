@@ -21,9 +21,9 @@ from ..activations import sigmoid as _sigmoid
 from ..autograd.graph import record
 from ..autograd.kept import shell
 from ..autograd.rules.grads import grad_tensor
-from ..autograd.rules.pointwise import quiet, record_pointwise
+from ..autograd.rules.pointwise import LOUD, quiet, record_pointwise
 from ..errors import OperatorError
-from ..flops import sweep
+from ..flops import any_open, sweep
 from ..infer.pointwise import infer_pointwise
 from ..precision import rounded, wide
 from ..validate import dtype_arg
@@ -104,12 +104,16 @@ def pointwise(op: str, *args: Any) -> Any:
     locals_ = [x.local for x in xs]
     block = _dry_block(mesh, forward, locals_) if mesh.engine.dry else None
     if block is None:
-        with quiet(op, divide="ignore", invalid="ignore", over="ignore"):
-            if dtype == "bfloat16":  # bfloat16: computed in float32, rounded once (spmdsim.precision)
+        if dtype == "bfloat16":  # bfloat16: computed in float32, rounded once (spmdsim.precision)
+            with quiet(op, divide="ignore", invalid="ignore", over="ignore"):
                 block = rounded(forward(*[wide(b) for b in locals_]), result)
-            else:
+        elif op in LOUD:  # `quiet`'s errstate, for the ops that warn on finite operands
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                 block = forward(*locals_)
-    sweep(op, locals_, (block,))  # one fused pass (spmdsim.flops): its operands read, its result written
+        else:
+            block = forward(*locals_)
+    if any_open():  # one fused pass (spmdsim.flops): its operands read, its result written
+        sweep(op, locals_, (block,))
     out = make_dtensor(mesh, block, plan.out, plan.shape)
     for x in xs:
         if x._ag is not None:

@@ -15,7 +15,7 @@ import numpy as np
 from ...precision import product  # np.matmul; bfloat16 blocks widened to float32
 
 from ...context import current
-from ...flops import gemm, sweep
+from ...flops import any_open, gemm, sweep
 from ..graph import record, with_partial
 from .grads import grad_tensor
 
@@ -103,14 +103,15 @@ def record_attention(out: Any, q: Any, k: Any, v: Any, plan: Any, kept: dict, co
         dpd = product(dyh, v.local.transpose(keys_t))
         dv = product(pd.transpose(0, 1, 3, 2), dyh).transpose(back)
         dp = dpd if factors is None else dpd * factors
-        ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True)) * scale
+        ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True)) * scale
         dq = product(ds, k.local.transpose(heads)).transpose(back)
         dk = product(ds.transpose(0, 1, 3, 2), q.local.transpose(heads)).transpose(back)
         return dq, dk, dv
 
     def backward(dy: Any) -> tuple:
-        _count_backward(q.local, k.local, v.local, dy.local, order, core is not None)
-        if traffic:
+        if any_open():  # else nothing would be counted: no shapes to gather
+            _count_backward(q.local, k.local, v.local, dy.local, order, core is not None)
+        if traffic and any_open():
             if core is not None:  # the forward's kernels again, first
                 context = current()
                 was, context.phase = context.phase, "recompute"

@@ -19,27 +19,55 @@ __all__ = ["record_einsum"]
 
 def record_einsum(out: Any, xs: tuple, plan: Any) -> Any:
     """The einsum of `xs` (in the plan's layouts) by `plan` (spmdsim.infer.einsum's)."""
-    words, output = plan.spec.inputs, plan.spec.output
-    mesh = plan.local.layout
-    split = dict(plan.choice.splits)
-    need = tuple(x._ag is not None for x in xs)
+    name, per = _static(plan)
+    words = plan.spec.inputs
+    need = tuple([x._ag is not None for x in xs])
 
     def backward(dy: Any) -> tuple:
         grads = []
+        partial = dy._layout.partial
+        d = dy.local
         for k, x in enumerate(xs):
             if not need[k]:
                 grads.append(None)
                 continue
-            others = [i for i in range(len(xs)) if i != k]
-            g = contract([output] + [words[i] for i in others], [dy.local] + [xs[i].local for i in others], words[k])
+            others, their_words, summed, carried = per[k]
+            g = contract(their_words, [d] + [xs[i].local for i in others], words[k])
             if isinstance(g, tuple):  # letters only x has (summed away by the forward): dY spread over them
                 g, present = g  # `present` keeps x's letter order, so a reshape puts the ones in place
                 g = np.broadcast_to(np.reshape(g, [g.shape[present.index(ch)] if ch in present else 1
                                                    for ch in words[k]]), x.local.shape).copy()
-            summed = tuple(a for ch, axes in split.items() if ch not in words[k] for a in axes
-                           if mesh.axis_size(a) > 1)
-            carried = tuple(a for i in others for a in xs[i].layout.partial)
-            grads.append(grad_tensor(x, g, dy.layout.partial, summed, carried))
+            grads.append(grad_tensor(x, g, partial, summed, carried))
         return tuple(grads)
 
-    return record(out, f"einsum {plan.spec}", xs, backward, with_partial(plan.local, ()))
+    return record(out, name, xs, backward, with_partial(plan.local, ()))
+
+
+def _static(plan: Any) -> tuple:
+    """What `plan`'s node and backward need that depends on the plan alone: the node's name and, per
+    operand, (the other operands, their words after dY's, the axes of size above one that split the
+    letters it sums over, the other operands' pending axes), remembered per plan object as
+    spmdsim.ops._common.decided keeps the plan (each entry holds its plan, so an id in the table is never
+    another object's)."""
+    seen = _STATIC.get(id(plan))
+    if seen is not None and seen[0] is plan:
+        return seen[1]
+    words, output = plan.spec.inputs, plan.spec.output
+    mesh = plan.local.layout
+    split = dict(plan.choice.splits)
+    per = []
+    for k in range(len(words)):
+        others = tuple(i for i in range(len(words)) if i != k)
+        summed = tuple(a for ch, axes in split.items() if ch not in words[k] for a in axes
+                       if mesh.axis_size(a) > 1)
+        # The operands are in the plan's layouts (ops.einsum moves those that are not): their pending axes.
+        carried = tuple(a for i in others for a in plan.targets[i].partial)
+        per.append((others, (output,) + tuple(words[i] for i in others), summed, carried))
+    out = (f"einsum {plan.spec}", tuple(per))
+    if len(_STATIC) >= 4096:  # a long run over many plans: start over
+        _STATIC.clear()
+    _STATIC[id(plan)] = (plan, out)
+    return out
+
+
+_STATIC: dict = {}  # id(einsum plan) -> (that plan, _static's answer)

@@ -12,7 +12,7 @@ import numpy as np
 
 from ... import reference_grad
 from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
-from ...flops import sweep
+from ...flops import any_open, sweep
 from ..graph import record
 from .grads import axes_of, grad_tensor
 
@@ -23,7 +23,8 @@ def record_softmax(out: Any, x: Any, dim: int) -> Any:
     """softmax along a whole dim: dX = s * (dY - sum(dY * s)), shard by shard."""
 
     def backward(dy: Any) -> tuple:
-        sweep("softmax", (dy.local, out.local), (dy.local,))
+        if any_open():  # else nothing is counted: no blocks to gather
+            sweep("softmax", (dy.local, out.local), (dy.local,))
         grad = _local(reference_grad.softmax_grad, dy.local, out.local, dy.local, dim)
         return (grad_tensor(x, grad, dy.layout.partial),)
 
@@ -40,13 +41,14 @@ def record_normalized(out: Any, x: Any, y: np.ndarray, kept: dict, d: int, centr
 
     def grad(dy: np.ndarray) -> np.ndarray:
         inv = 1.0 / n
-        g = dy - np.sum(dy * y, axis=d, keepdims=True) * inv * y
+        g = dy - (dy * y).sum(axis=d, keepdims=True) * inv * y
         if centre:
-            g = g - np.sum(dy, axis=d, keepdims=True) * inv
+            g = g - dy.sum(axis=d, keepdims=True) * inv
         return g * kept["rstd"]
 
     def backward(dy: Any) -> tuple:
-        sweep(op, (dy.local, y, kept["rstd"]), (dy.local,))
+        if any_open():  # else nothing is counted: no blocks to gather
+            sweep(op, (dy.local, y, kept["rstd"]), (dy.local,))
         return (grad_tensor(x, _local(grad, dy.local, dy.local), dy.layout.partial),)
 
     return record(out, op, (x,), backward, out.layout, reads=(x, out))
@@ -72,13 +74,15 @@ def record_layer_norm(out: Any, x: Any, weight: Any, bias: Any, stats: dict, d: 
             return None, dw, db
         dyy = dy if weight is None else dy * weight.local
         inv = 1.0 / n
-        g = dyy - np.sum(dyy * y, axis=d, keepdims=True) * inv * y
-        g = g - np.sum(dyy, axis=d, keepdims=True) * inv
+        g = dyy - (dyy * y).sum(axis=d, keepdims=True) * inv * y
+        g = g - dyy.sum(axis=d, keepdims=True) * inv
         return g * (1.0 / stats["root"]), dw, db
 
     def backward(dy: Any) -> tuple:
-        sweep("layer_norm", (dy.local, x.local, stats["mean"], stats["root"], None if weight is None else weight.local),
-              (dy.local if need[0] else None, weight.local if need[1] else None, bias.local if need[2] else None))
+        if any_open():  # else nothing is counted: no blocks to gather
+            w = None if weight is None else weight.local
+            sweep("layer_norm", (dy.local, x.local, stats["mean"], stats["root"], w),
+                  (dy.local if need[0] else None, w if need[1] else None, bias.local if need[2] else None))
         if dy.mesh.engine.dry:  # zeros of each operand's block
             gx, gw, gb = (None if t is None else np.zeros(t.local.shape, t.dtype) for t in (x, weight, bias))
         else:

@@ -111,12 +111,12 @@ def _count_grads(op: str, dy: Any, xs: list, out: Any, need: tuple, shape: tuple
 #: backward: numpy's warnings silenced there, as the masked and padded values of a model meet them by
 #: design. The others warn only on operands that are already inf or nan, as numpy does in one process;
 #: np.errstate costs ~10 us a call, more than a small shard's arithmetic.
-_LOUD = frozenset({"div", "log", "sqrt", "pow", "exp", "rsqrt"})
+LOUD = frozenset({"div", "log", "sqrt", "pow", "exp", "rsqrt"})
 
 
 def quiet(op: str, **errors: str) -> Any:
     """np.errstate(**errors) for the ops that warn on finite operands, else a context that does nothing."""
-    return np.errstate(**errors) if op in _LOUD else _NULL
+    return np.errstate(**errors) if op in LOUD else _NULL
 
 
 _NULL = contextlib.nullcontext()  # stateless: one shared by every call and thread
@@ -157,20 +157,22 @@ def _sum_dims(shape: tuple, out_shape: tuple) -> tuple[tuple[int, ...], tuple[in
 
 
 _SUM_DIMS: dict = {}  # (operand shape, output shape) -> _sum_dims's answer (a step asks for the same few)
-_SUMMED_AXES: dict = {}  # (output layout, summed dims) -> the axes of size above one that split them
+# (id(output layout), summed dims) -> (that layout, the axes of size above one that split them): by the
+# layout object (a plan's, the same every step), the entry holding it so its id is not reused.
+_SUMMED_AXES: dict = {}
 _CACHE_MAX = 4096
 
 
 def _summed_axes(layout: Any, dims: tuple[int, ...]) -> tuple[str, ...]:
     """``axes_of(layout, the map entries of dims)``, remembered."""
-    key = (layout, dims)
-    try:
-        return _SUMMED_AXES[key]
-    except KeyError:
-        pass
+    key = (id(layout), dims)
+    seen = _SUMMED_AXES.get(key)
+    if seen is not None and seen[0] is layout:
+        return seen[1]
     if len(_SUMMED_AXES) >= _CACHE_MAX:
         _SUMMED_AXES.clear()
-    out = _SUMMED_AXES[key] = axes_of(layout, (layout.tensor_map[d] for d in dims))
+    out = axes_of(layout, (layout.tensor_map[d] for d in dims))
+    _SUMMED_AXES[key] = (layout, out)
     return out
 
 
@@ -180,27 +182,37 @@ def record_pointwise(op: str, out: Any, xs: list, plan: Any) -> Any:
     derivative = DERIVATIVES.get(op)
     if derivative is None:
         return out
-    need = tuple(x._ag is not None for x in xs)
+    need = tuple([x._ag is not None for x in xs])
     kept = plan.out.partial
+    loud = op in LOUD
 
     def grads(dy: Any) -> tuple:
-        _count_grads(op, dy, xs, out, need, plan.shape)
-        with quiet(op, divide="ignore", invalid="ignore"):
-            fulls = _local(lambda: derivative(dy.local, [x.local for x in xs], out.local, need), dy.local)
+        if any_open():
+            _count_grads(op, dy, xs, out, need, plan.shape)
+        d = dy.local
+        dry = dy._mesh.engine.dry
+        if dry:  # the dry engine's zeros, not computed
+            fulls = _local(lambda: derivative(d, [x.local for x in xs], out.local, need), d)
+        elif loud:  # `quiet`'s errstate, for the ops that warn on finite operands
+            with np.errstate(divide="ignore", invalid="ignore"):
+                fulls = derivative(d, [x.local for x in xs], out.local, need)
+        else:
+            fulls = derivative(d, [x.local for x in xs], out.local, need)
         if not isinstance(fulls, tuple):  # a dry run's zeros: one block shaped like dy for every operand
             fulls = tuple(fulls if n else None for n in need)
         result = []
+        partial = dy._layout.partial
         for x, g, n in zip(xs, fulls, need):
             if not n or g is None:
                 result.append(None)
                 continue
             ndim = getattr(g, "ndim", None)  # an array's or numpy scalar's, without np.ndim's Python
-            g = np.broadcast_to(g, dy.local.shape) if (np.ndim(g) if ndim is None else ndim) < dy.local.ndim else g
-            block, dims = _summed(np.asanyarray(g), x.global_shape, plan.shape, dy.mesh.engine.dry)
+            g = np.broadcast_to(g, d.shape) if (np.ndim(g) if ndim is None else ndim) < d.ndim else g
+            block, dims = _summed(np.asanyarray(g), x._shape, plan.shape, dry)
             summed = _summed_axes(plan.out, dims) if dims else ()
             # A bilinear op's other operand read only this rank's addend: its gradient is pending too.
-            carried = kept if not x.layout.partial else ()
-            result.append(grad_tensor(x, block.reshape(x.local.shape), dy.layout.partial, summed, carried))
+            carried = kept if not x._layout.partial else ()
+            result.append(grad_tensor(x, block.reshape(x._local.shape), partial, summed, carried))
         return tuple(result)
 
     return record(out, op, tuple(xs), grads, with_partial(plan.out, ()))
