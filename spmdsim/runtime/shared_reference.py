@@ -1,0 +1,77 @@
+"""Reference work the ranks of a mesh share instead of each repeating it whole.
+
+Checking a program's gradients against central differences of its numpy twin
+(`spmdsim.reference_grad.numeric_grads`) costs 2 evaluations of the twin per
+element, and every rank needs the whole answer. Under MPI each rank is a
+process: p ranks computing it all do p times the work (8 times on 8 ranks,
+which on 2 cores made these references most of an example's run).
+`shared_numeric_grads(mesh, fn, *arrays)` deals numeric_grads' runs of
+elements out in p consecutive shares, each rank computes its own share, and
+one Allgather through the door (runtime.door.transfer: checked with
+SPMDSIM_CHECK, watched with SPMDSIM_WATCHDOG, waited politely on a polite
+mesh) gives every rank every share, placed by position: the same bits as
+numeric_grads in one process, whatever the number of ranks. Before it, an
+Allgather of a 32-byte digest of the arrays, `h` and `batch` makes sure every
+rank asks the same question: ranks that differ all raise the same error. A
+dry run computes the whole answer on its one rank (spmdsim.sim.once).
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import reference_grad as rg
+from ..engines.once import once
+from ..errors import SpmdsimError
+from . import door
+
+__all__ = ["shared_numeric_grads"]
+
+_DIGEST = 32  # bytes of blake2b
+
+
+def shared_numeric_grads(mesh: Any, fn: Callable[..., np.ndarray], *arrays: np.ndarray, h: float = 1e-6,
+                         batch: int = 0) -> list[np.ndarray]:
+    """``reference_grad.numeric_grads(fn, *arrays, h=h, batch=batch)``, each rank of `mesh` computing 1/p of it.
+
+    A collective: every rank of `mesh` calls it with the same `fn`, `arrays`, `h` and `batch` (the same
+    error on every rank when the arrays, `h` or `batch` differ). Returns the float64 gradients, the same
+    bits as numeric_grads on one process.
+    """
+    comm, size = mesh.comm, mesh.size
+    if size == 1:
+        return rg.numeric_grads(fn, *arrays, h=h, batch=batch)
+    if mesh.engine.dry:  # one rank runs for all; its work is no rank's bytes held
+        return once("spmdsim.runtime.shared_numeric_grads", lambda: rg.numeric_grads(fn, *arrays, h=h, batch=batch))
+    shapes = [np.shape(a) for a in arrays]
+    polite = mesh.polite
+    mine = _digest(arrays, h, batch)
+    digests = np.empty((size, _DIGEST), np.uint8)
+    door.transfer(comm, "numeric_grads", (), mine, (), polite, "all_gather", mine, digests)
+    differ = [r for r in range(size) if not np.array_equal(digests[r], digests[0])]
+    if differ:
+        raise SpmdsimError(f"shared_numeric_grads: rank {differ[0]}'s arrays, h or batch differ from rank 0's; "
+                           "pass the same on every rank")
+    parts = rg.numeric_grad_parts(shapes, batch)
+    cuts = [len(parts) * r // size for r in range(size + 1)]
+    counts = [sum(stop - start for _, start, stop in parts[cuts[r]:cuts[r + 1]]) for r in range(size)]
+    send = np.zeros(max(counts), np.float64)  # shares of unequal lengths travel padded to the longest
+    rank = mesh.rank
+    send[:counts[rank]] = rg.numeric_grad_values(fn, arrays, parts[cuts[rank]:cuts[rank + 1]], h, batch)
+    table = np.empty((size, len(send)), np.float64)
+    door.transfer(comm, "numeric_grads", (), send, (), polite, "all_gather", send, table)
+    flat = np.concatenate([table[r, :counts[r]] for r in range(size)])
+    return rg.split_flat(flat, shapes)
+
+
+def _digest(arrays: tuple, h: float, batch: int) -> np.ndarray:
+    """32 bytes that differ (but for a hash collision) where the arrays' shapes, dtypes or values, `h` or
+    `batch` differ."""
+    digest = hashlib.blake2b(repr((h, batch, len(arrays))).encode(), digest_size=_DIGEST)
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        digest.update(repr((a.dtype.str, a.shape)).encode())
+        digest.update(a.tobytes())
+    return np.frombuffer(digest.digest(), np.uint8).copy()
