@@ -78,3 +78,17 @@ def test_simulated_ranks_that_pass_different_arrays_all_raise_the_same_error():
 
     assert simulate(4, rank) == ["shared_numeric_grads: rank 2's arrays, h or batch differ from rank 0's; "
                                  "pass the same on every rank"] * 4
+
+
+def test_shared_once_on_simulated_ranks_is_once():
+    from spmdsim.runtime.shared_reference import shared_once
+
+    calls = []
+
+    def rank():
+        with Mesh(Layout((world().size,), ("x",))) as mesh:
+            return shared_once(mesh, "sum", lambda a: calls.append(1) or float(a.sum()), np.arange(4.0))
+
+    from spmdsim.runtime import Mesh
+
+    assert simulate(4, rank) == [6.0] * 4 and len(calls) == 1

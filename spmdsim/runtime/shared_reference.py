@@ -14,10 +14,19 @@ numeric_grads in one process, whatever the number of ranks. Before it, an
 Allgather of a 32-byte digest of the arrays, `h` and `batch` makes sure every
 rank asks the same question: ranks that differ all raise the same error. A
 dry run computes the whole answer on its one rank (spmdsim.sim.once).
+
+`shared_once(mesh, key, fn, *args)` is `spmdsim.sim.once` for work that does
+not split (a reference training step): on simulated ranks it is `once`; under
+MPI, when every rank passes equal arguments (an Allgather of their digests),
+rank 0 computes ``fn(*args)`` and a Bcast through the door gives every rank
+its pickled result, the others waiting politely on a polite mesh (at 8 ranks
+on 2 cores, 1 rank's work where each of 8 repeated it). Ranks whose arguments
+differ compute their own, as `once` does.
 """
 from __future__ import annotations
 
 import hashlib
+import pickle
 from typing import Any, Callable
 
 import numpy as np
@@ -27,7 +36,7 @@ from ..engines.once import once
 from ..errors import SpmdsimError
 from . import door
 
-__all__ = ["shared_numeric_grads"]
+__all__ = ["shared_numeric_grads", "shared_once"]
 
 _DIGEST = 32  # bytes of blake2b
 
@@ -75,3 +84,60 @@ def _digest(arrays: tuple, h: float, batch: int) -> np.ndarray:
         digest.update(repr((a.dtype.str, a.shape)).encode())
         digest.update(a.tobytes())
     return np.frombuffer(digest.digest(), np.uint8).copy()
+
+
+def shared_once(mesh: Any, key: Any, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` (local work, no collectives), computed by one rank of `mesh` for all when their `args` are equal.
+
+    A collective under MPI: every rank of `mesh` calls it, in the same order. Simulated ranks: ``once(key, fn,
+    *args)`` (spmdsim.sim.once). Under MPI: rank 0 computes and the others receive a copy of its result
+    (pickled) when every rank's `args` are equal (arrays value by value); otherwise each rank computes its own.
+    If rank 0's `fn` raises, each rank computes its own (and raises its own error).
+    """
+    if mesh.size == 1 or mesh.engine.simulated:
+        return once(key, fn, *args)
+    comm, polite = mesh.comm, mesh.polite
+    digest = hashlib.blake2b(digest_size=_DIGEST)
+    _fold(digest, args)
+    mine = np.frombuffer(digest.digest(), np.uint8).copy()
+    digests = np.empty((mesh.size, _DIGEST), np.uint8)
+    door.transfer(comm, "once", (), mine, (), polite, "all_gather", mine, digests)
+    if not (digests == digests[0]).all():
+        return fn(*args)  # the ranks ask different questions: each its own answer
+    payload, result, failed = None, None, None
+    if mesh.rank == 0:
+        try:
+            result = fn(*args)
+            payload = np.frombuffer(bytearray(pickle.dumps(result, protocol=5)), np.uint8)
+        except Exception as exc:  # noqa: BLE001 - raised below; the others compute their own
+            failed = exc
+    size = np.array([-1 if payload is None else len(payload)], np.int64)
+    door.transfer(comm, "once", (), size, (), polite, "broadcast", size, 0)
+    if size[0] < 0:  # rank 0's fn raised
+        if failed is not None:
+            raise failed
+        return fn(*args)
+    if payload is None:
+        payload = np.empty(int(size[0]), np.uint8)
+    door.transfer(comm, "once", (), payload, (), polite, "broadcast", payload, 0)
+    return result if mesh.rank == 0 else pickle.loads(payload.tobytes())
+
+
+def _fold(digest: Any, value: Any) -> None:
+    """Feed `value` into `digest`: arrays by dtype, shape and bytes; lists, tuples and dicts item by item;
+    anything else by its type and repr (an object whose repr differs by rank makes the digests differ)."""
+    if isinstance(value, np.ndarray):
+        value = np.ascontiguousarray(value)
+        digest.update(repr(("array", value.dtype.str, value.shape)).encode())
+        digest.update(value.tobytes())
+    elif isinstance(value, (list, tuple)):
+        digest.update(repr((type(value).__name__, len(value))).encode())
+        for item in value:
+            _fold(digest, item)
+    elif isinstance(value, dict):
+        digest.update(repr(("dict", len(value))).encode())
+        for name, item in value.items():
+            digest.update(repr(name).encode())
+            _fold(digest, item)
+    else:
+        digest.update(repr((type(value).__qualname__, value)).encode())
