@@ -92,7 +92,7 @@ def shared_once(mesh: Any, key: Any, fn: Callable[..., Any], *args: Any) -> Any:
     A collective under MPI: every rank of `mesh` calls it, in the same order. Simulated ranks: ``once(key, fn,
     *args)`` (spmdsim.sim.once). Under MPI: rank 0 computes and the others receive a copy of its result
     (pickled) when every rank's `args` are equal (arrays value by value); otherwise each rank computes its own.
-    If rank 0's `fn` raises, each rank computes its own (and raises its own error).
+    If rank 0's `fn` raises, or its result does not pickle, each rank computes its own (and raises its own error).
     """
     if mesh.size == 1 or mesh.engine.simulated:
         return once(key, fn, *args)
@@ -108,15 +108,19 @@ def shared_once(mesh: Any, key: Any, fn: Callable[..., Any], *args: Any) -> Any:
     if mesh.rank == 0:
         try:
             result = fn(*args)
-            payload = np.frombuffer(bytearray(pickle.dumps(result, protocol=5)), np.uint8)
         except Exception as exc:  # noqa: BLE001 - raised below; the others compute their own
             failed = exc
+        else:
+            try:
+                payload = np.frombuffer(bytearray(pickle.dumps(result, protocol=5)), np.uint8)
+            except Exception:  # noqa: BLE001 - a result pickle cannot carry: each rank computes its own
+                payload = None
     size = np.array([-1 if payload is None else len(payload)], np.int64)
     door.transfer(comm, "once", (), size, (), polite, "broadcast", size, 0)
-    if size[0] < 0:  # rank 0's fn raised
+    if size[0] < 0:  # rank 0's fn raised, or its result does not pickle
         if failed is not None:
             raise failed
-        return fn(*args)
+        return result if mesh.rank == 0 else fn(*args)
     if payload is None:
         payload = np.empty(int(size[0]), np.uint8)
     door.transfer(comm, "once", (), payload, (), polite, "broadcast", payload, 0)

@@ -104,3 +104,16 @@ def test_shared_once_whose_rank_0_fails_lets_each_rank_compute_its_own():
         except ValueError as exc:
             got = str(exc)
     assert comm.allgather(got) == ["rank 0 cannot"] + [10 + r for r in range(1, comm.size)]
+
+
+def test_shared_once_whose_result_does_not_pickle_lets_each_rank_compute_its_own():
+    comm = MPI.COMM_WORLD
+    calls = []
+
+    def make():
+        calls.append(1)
+        return lambda: comm.rank  # a local function: pickle cannot carry it
+
+    with Mesh(Layout((comm.size,), ("x",)), comm) as mesh:
+        got = shared_once(mesh, "unpicklable", make)
+    assert got() == comm.rank and comm.allgather(len(calls)) == [1] * comm.size
