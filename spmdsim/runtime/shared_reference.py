@@ -47,7 +47,8 @@ def shared_numeric_grads(mesh: Any, fn: Callable[..., np.ndarray], *arrays: np.n
 
     A collective: every rank of `mesh` calls it with the same `fn`, `arrays`, `h` and `batch` (the same
     error on every rank when the arrays, `h` or `batch` differ). Returns the float64 gradients, the same
-    bits as numeric_grads on one process.
+    bits as numeric_grads on one process. `fn` failing within one rank's share is one rank's error (under
+    MPI the guard ends the job: spmdsim.install_excepthook).
     """
     comm, size = mesh.comm, mesh.size
     if size == 1:
@@ -56,7 +57,7 @@ def shared_numeric_grads(mesh: Any, fn: Callable[..., np.ndarray], *arrays: np.n
         return once("spmdsim.runtime.shared_numeric_grads", lambda: rg.numeric_grads(fn, *arrays, h=h, batch=batch))
     shapes = [np.shape(a) for a in arrays]
     polite = mesh.polite
-    mine = _digest(arrays, h, batch)
+    mine = _digest((h, batch, arrays))
     digests = np.empty((size, _DIGEST), np.uint8)
     door.transfer(comm, "numeric_grads", (), mine, (), polite, "all_gather", mine, digests)
     differ = [r for r in range(size) if not np.array_equal(digests[r], digests[0])]
@@ -75,17 +76,6 @@ def shared_numeric_grads(mesh: Any, fn: Callable[..., np.ndarray], *arrays: np.n
     return rg.split_flat(flat, shapes)
 
 
-def _digest(arrays: tuple, h: float, batch: int) -> np.ndarray:
-    """32 bytes that differ (but for a hash collision) where the arrays' shapes, dtypes or values, `h` or
-    `batch` differ."""
-    digest = hashlib.blake2b(repr((h, batch, len(arrays))).encode(), digest_size=_DIGEST)
-    for a in arrays:
-        a = np.ascontiguousarray(a)
-        digest.update(repr((a.dtype.str, a.shape)).encode())
-        digest.update(a.tobytes())
-    return np.frombuffer(digest.digest(), np.uint8).copy()
-
-
 def shared_once(mesh: Any, key: Any, fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)`` (local work, no collectives), computed by one rank of `mesh` for all when their `args` are equal.
 
@@ -97,9 +87,7 @@ def shared_once(mesh: Any, key: Any, fn: Callable[..., Any], *args: Any) -> Any:
     if mesh.size == 1 or mesh.engine.simulated:
         return once(key, fn, *args)
     comm, polite = mesh.comm, mesh.polite
-    digest = hashlib.blake2b(digest_size=_DIGEST)
-    _fold(digest, args)
-    mine = np.frombuffer(digest.digest(), np.uint8).copy()
+    mine = _digest(args)
     digests = np.empty((mesh.size, _DIGEST), np.uint8)
     door.transfer(comm, "once", (), mine, (), polite, "all_gather", mine, digests)
     if not (digests == digests[0]).all():
@@ -125,6 +113,13 @@ def shared_once(mesh: Any, key: Any, fn: Callable[..., Any], *args: Any) -> Any:
         payload = np.empty(int(size[0]), np.uint8)
     door.transfer(comm, "once", (), payload, (), polite, "broadcast", payload, 0)
     return result if mesh.rank == 0 else pickle.loads(payload.tobytes())
+
+
+def _digest(value: Any) -> np.ndarray:
+    """32 bytes (blake2b) that differ, but for a hash collision, where `value`s differ (see `_fold`)."""
+    digest = hashlib.blake2b(digest_size=_DIGEST)
+    _fold(digest, value)
+    return np.frombuffer(digest.digest(), np.uint8).copy()
 
 
 def _fold(digest: Any, value: Any) -> None:
