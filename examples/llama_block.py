@@ -13,9 +13,8 @@ import numpy as np
 
 import spmdsim
 from spmdsim import Layout, SeededTensor, ops
-from spmdsim.reference_grad import numeric_grads
 from spmdsim import DTensor, Mesh, collect_trace
-from spmdsim.sim import once
+from spmdsim.runtime import shared_numeric_grads
 
 spmdsim.script(__file__)  # with --ranks N: N simulated ranks in this process
 mesh = Mesh(Layout((spmdsim.world().size,), ("tp",)), spmdsim.world())  # one axis over every rank
@@ -76,10 +75,9 @@ def numpy_block(x, g1, wq, wk, wv, wo, g2, w1, w3, w2):  # any argument may carr
 
 arrays = [s.full() for s in src]
 verdicts = [y.check(numpy_block(*arrays))]
-# Central differences (good to ~1e-8), 128 elements a call; simulated ranks compute them once between them
-# (spmdsim.sim.once).
-numeric = once("llama_block numeric gradients",
-               lambda *a: numeric_grads(lambda *b: numpy_block(*b) ** 2, *a, batch=128), *arrays)
+# Central differences (good to ~1e-8), 128 elements a call; the ranks share them, each computing 1/p
+# (spmdsim.runtime.shared_numeric_grads: the same bits as one process computing them all).
+numeric = shared_numeric_grads(mesh, lambda *b: numpy_block(*b) ** 2, *arrays, batch=128)
 verdicts += [t.grad.check(r, rtol=1e-6, atol=1e-6) for t, r in zip(params, numeric)]
 if mesh.rank == 0:
     print(f"collectives: {trace.counts()}")

@@ -11,9 +11,8 @@ import numpy as np
 import spmdsim
 from spmdsim import Layout, SeededTensor, ops
 from spmdsim.reference import gelu
-from spmdsim.reference_grad import numeric_grads
 from spmdsim import DTensor, Mesh, collect_trace
-from spmdsim.sim import once
+from spmdsim.runtime import shared_numeric_grads
 
 spmdsim.script(__file__)  # with --ranks N: N simulated ranks in this process
 mesh = Mesh(Layout((spmdsim.world().size,), ("tp",)), spmdsim.world())  # one axis over every rank
@@ -33,9 +32,9 @@ def numpy_program(x, g, w1, w2):  # any argument may carry a leading axis of cop
 
 arrays = [s.full() for s in src]
 verdicts = [y.check(numpy_program(*arrays))]
-# Central differences (good to ~1e-8), 128 elements a call; simulated ranks compute them once between them
-# (spmdsim.sim.once).
-numeric = once("mlp_layernorm numeric gradients", lambda *a: numeric_grads(numpy_program, *a, batch=128), *arrays)
+# Central differences (good to ~1e-8), 128 elements a call; the ranks share them, each computing 1/p
+# (spmdsim.runtime.shared_numeric_grads: the same bits as one process computing them all).
+numeric = shared_numeric_grads(mesh, numpy_program, *arrays, batch=128)
 verdicts += [t.grad.check(r, rtol=1e-6, atol=1e-6) for t, r in zip((x, g, w1, w2), numeric)]
 if mesh.rank == 0:
     print(f"collectives: {trace.counts()}")

@@ -15,9 +15,8 @@ import numpy as np
 import spmdsim
 from spmdsim import Layout, SeededTensor, ops
 from spmdsim.optim import clip_grad_norm_
-from spmdsim.reference_grad import numeric_grads
 from spmdsim import DTensor, Mesh
-from spmdsim.sim import once
+from spmdsim.runtime import shared_numeric_grads
 
 spmdsim.script(__file__)  # with --ranks N: N simulated ranks in this process
 mesh = Mesh(Layout((spmdsim.world().size,), ("tp",)), spmdsim.world())  # one axis over every rank
@@ -57,7 +56,7 @@ def numpy_tagger(x, wq, wk, wv, wc):
 
 
 arrays = [s.full() for s in src]
-grads = once("padded_batch numeric gradients", lambda *a: numeric_grads(numpy_tagger, *a), *arrays)
+grads = shared_numeric_grads(mesh, numpy_tagger, *arrays)  # each rank 1/p of the central differences
 want = np.sqrt(sum((g * g).sum() for g in grads))
 verdicts = [abs(loss.item() - numpy_tagger(*arrays)) < 1e-12, abs(norm - want) < 1e-6 * want]
 verdicts += [t.grad.check(g * min(1.0, 0.05 / (want + 1e-6)), rtol=1e-6, atol=1e-6) for t, g in zip(params, grads)]

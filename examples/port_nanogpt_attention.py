@@ -12,8 +12,7 @@ import numpy as np
 
 import spmdsim
 from spmdsim import DTensor, Layout, Mesh, SeededTensor, collect_trace, ops
-from spmdsim.reference_grad import numeric_grads
-from spmdsim.sim import once
+from spmdsim.runtime import shared_numeric_grads
 
 spmdsim.script(__file__)  # with --ranks N: N simulated ranks in this process
 world = spmdsim.world()
@@ -51,8 +50,8 @@ def numpy_program(x, wa, wp):  # a weight may carry a leading axis of copies (be
 
 verdicts = [y.check(numpy_program(X, WA, WP))]
 squares = lambda x, wa, wp: numpy_program(x, wa, wp) ** 2  # noqa: E731  # the loss's addends
-grads = once("nanogpt attention numeric gradients",  # the weights' only, 128 elements a call
-             lambda: numeric_grads(lambda wa, wp: squares(X, wa, wp), WA, WP, batch=128))
+# The weights' only, 128 elements a call, each rank computing 1/p of them (spmdsim.runtime.shared_numeric_grads).
+grads = shared_numeric_grads(mesh, lambda wa, wp: squares(X, wa, wp), WA, WP, batch=128)
 # Central differences are good to ~1e-8 of the gradients' scale (here ~1e3: the loss sums squares).
 verdicts += [t.grad.check(g, rtol=1e-6, atol=1e-8 * abs(g).max()) for t, g in zip((c_attn, c_proj), grads)]
 if mesh.rank == 0:

@@ -7,7 +7,8 @@ results in the inputs' dtype (as `spmdsim.reference` does for the forward).
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+import math
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -16,7 +17,8 @@ from .reference import _SQRT_2_OVER_PI, gelu_tanh
 
 __all__ = [
     "relu_grad", "gelu_grad", "ACTIVATION_GRADS", "softmax_grad", "matmul_grads", "linear_grads",
-    "embedding_grad", "mse_loss", "cross_entropy", "numeric_grads",
+    "embedding_grad", "mse_loss", "cross_entropy", "numeric_grads", "numeric_grad_parts",
+    "numeric_grad_values", "split_flat",
 ]
 
 
@@ -121,6 +123,51 @@ def cross_entropy(logits: np.ndarray, labels: np.ndarray) -> tuple[float, np.nda
     return loss, (grad / z.shape[0]).astype(np.asarray(logits).dtype)
 
 
+def numeric_grad_parts(shapes: Sequence[tuple[int, ...]], batch: int = 0) -> list[tuple[int, int, int]]:
+    """`numeric_grads`' work in its order: runs ``(array, start, stop)`` of flat elements, one call of `fn`
+    on ``2 (stop - start)`` copies each with ``batch`` > 0 (`batch` elements a run, an array's last run
+    shorter), one element a run else. The runs' values laid end to end are the gradients' elements, array
+    after array (C order); a run's values do not depend on which other runs are computed with it, so ranks
+    that compute different runs and place the values get `numeric_grads`' bits (spmdsim.runtime.shared_numeric_grads).
+    """
+    step = batch if batch > 0 else 1
+    parts = []
+    for k, shape in enumerate(shapes):
+        size = math.prod(shape)
+        parts += [(k, start, min(size, start + step)) for start in range(0, size, step)]
+    return parts
+
+
+def numeric_grad_values(fn: Callable[..., np.ndarray], arrays: Sequence[np.ndarray],
+                        parts: Sequence[tuple[int, int, int]], h: float = 1e-6, batch: int = 0) -> np.ndarray:
+    """The central differences of `parts` (runs of `numeric_grad_parts`), laid end to end (float64)."""
+    base = [np.array(a, dtype=np.float64) for a in arrays]
+    out = np.empty(sum(stop - start for _, start, stop in parts), np.float64)
+    at = 0
+    for k, start, stop in parts:
+        a, n = base[k], stop - start
+        values = a.reshape(-1)
+        if batch > 0:
+            moving = np.arange(start, stop)
+            copies = np.repeat(values[None], 2 * n, axis=0)
+            copies[np.arange(n), moving] += h
+            copies[np.arange(n, 2 * n), moving] -= h
+            moved = base[:k] + [copies.reshape((-1,) + a.shape)] + base[k + 1:]
+            sums = np.asarray(fn(*moved), dtype=np.float64).reshape(2 * n, -1).sum(axis=1)
+            out[at:at + n] = (sums[:n] - sums[n:]) / (2 * h)
+        else:
+            for i in range(start, stop):
+                old = values[i]
+                values[i] = old + h
+                up = float(np.sum(fn(*base)))
+                values[i] = old - h
+                down = float(np.sum(fn(*base)))
+                values[i] = old
+                out[at + i - start] = (up - down) / (2 * h)
+        at += n
+    return out
+
+
 def numeric_grads(fn: Callable[..., np.ndarray], *arrays: np.ndarray, h: float = 1e-6,
                   batch: int = 0) -> list[np.ndarray]:
     """Central differences of ``sum(fn(*arrays))`` with respect to each array (float64; small arrays).
@@ -130,30 +177,18 @@ def numeric_grads(fn: Callable[..., np.ndarray], *arrays: np.ndarray, h: float =
     others keep their shapes) and return one result per copy along axis 0: the 2 x `batch` copies of
     one call each move one element by +h or -h, so a program of many small numpy calls pays their
     overhead once per `batch` elements instead of once per element (the same differences).
+    Ranks of one program share the work with spmdsim.runtime.shared_numeric_grads (the same bits).
     """
-    base = [np.array(a, dtype=np.float64) for a in arrays]
-    grads = []
-    for k, a in enumerate(base):
-        g = np.zeros_like(a)
-        flat, values = g.reshape(-1), a.reshape(-1)
-        if batch > 0:
-            for start in range(0, a.size, batch):
-                at = np.arange(start, min(a.size, start + batch))
-                copies = np.repeat(values[None], 2 * len(at), axis=0)
-                copies[np.arange(len(at)), at] += h
-                copies[np.arange(len(at), 2 * len(at)), at] -= h
-                moved = base[:k] + [copies.reshape((-1,) + a.shape)] + base[k + 1:]
-                sums = np.asarray(fn(*moved), dtype=np.float64).reshape(2 * len(at), -1).sum(axis=1)
-                flat[at] = (sums[:len(at)] - sums[len(at):]) / (2 * h)
-            grads.append(g)
-            continue
-        for i in range(a.size):
-            old = values[i]
-            values[i] = old + h
-            up = float(np.sum(fn(*base)))
-            values[i] = old - h
-            down = float(np.sum(fn(*base)))
-            values[i] = old
-            flat[i] = (up - down) / (2 * h)
-        grads.append(g)
-    return grads
+    shapes = [np.shape(a) for a in arrays]
+    flat = numeric_grad_values(fn, arrays, numeric_grad_parts(shapes, batch), h, batch)
+    return split_flat(flat, shapes)
+
+
+def split_flat(flat: np.ndarray, shapes: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
+    """`flat` cut into consecutive arrays of `shapes` (copies)."""
+    out, at = [], 0
+    for shape in shapes:
+        size = math.prod(shape)
+        out.append(flat[at:at + size].reshape(shape).copy())
+        at += size
+    return out

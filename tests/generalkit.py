@@ -4,20 +4,21 @@
 their layouts (a pending operand holds its value on one member and zeros on
 the others), checks the forward against numpy, runs ``y.backward(G)`` with a
 seeded upstream gradient and compares every operand's gathered gradient with
-central differences of ``sum(numpy_fn(...) * G)``, in float64. Every rank
-returns the same errors (the checks are collective).
+central differences of ``sum(numpy_fn(...) * G)``, in float64 (the ranks share
+them: spmdsim.runtime.shared_numeric_grads). Every rank returns the same errors
+(the checks are collective).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from spmdsim import Layout, SeededTensor, ops
 
-__all__ = ["Case", "run_case", "random_case", "CASES", "numeric_grad"]
+__all__ = ["Case", "run_case", "random_case", "CASES"]
 
 
 @dataclass(frozen=True)
@@ -247,29 +248,13 @@ def operands(case: Case, seed: int = 0) -> list[np.ndarray]:
     return out
 
 
-def numeric_grad(fn: Callable, arrays: Sequence[np.ndarray], upstream: np.ndarray, h: float = 1e-6) -> list:
-    """Central differences of sum(fn(*arrays) * upstream) with respect to each array."""
-    grads = []
-    for k, a in enumerate(arrays):
-        g = np.zeros_like(a)
-        flat = g.reshape(-1)
-        for i in range(a.size):
-            plus = [x.copy() for x in arrays]
-            minus = [x.copy() for x in arrays]
-            plus[k].reshape(-1)[i] += h
-            minus[k].reshape(-1)[i] -= h
-            flat[i] = (np.sum(_finite(fn(*plus)) * upstream) - np.sum(_finite(fn(*minus)) * upstream)) / (2 * h)
-        grads.append(g)
-    return grads
-
-
 def _finite(y: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(y), y, 0.0)
 
 
 def run_case(comm: Any, case: Case, seed: int = 0) -> tuple[float, float, Optional[str]]:
     """(forward max abs error, gradient max relative error, the first failing text or None) on every rank."""
-    from spmdsim.runtime import DTensor, Mesh
+    from spmdsim.runtime import DTensor, Mesh, shared_numeric_grads
 
     mesh = Mesh(Layout(case.mesh, tuple(f"m{i}" for i in range(len(case.mesh))), case.cut), comm)
     L = mesh.layout
@@ -286,7 +271,7 @@ def run_case(comm: Any, case: Case, seed: int = 0) -> tuple[float, float, Option
     forward = float(np.max(np.abs(np.where(finite, got - expected, 0.0)), initial=0.0))
     upstream = SeededTensor(expected.shape, "float64", seed=999, low=-1, high=1).full()
     y.backward(DTensor.from_global(mesh, upstream, L(*([None] * len(expected.shape)))))
-    numeric = numeric_grad(twin, arrays, upstream)
+    numeric = shared_numeric_grads(mesh, lambda *a: _finite(twin(*a)) * upstream, *arrays)
     worst = 0.0
     for x, want in zip(xs, numeric):
         have = x.grad.gather()

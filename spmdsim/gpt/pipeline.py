@@ -177,6 +177,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     from ..runtime.replay import Scalar, capture
     from ..runtime.trace import collect_trace
     from ..runtime.executor import pending, resolve
+    from ..runtime.shared_reference import shared_once
     from ..sim import dry_run_active, once
     from ..sim.dry import differ
     from .parallel import GPT, _moe_problem
@@ -308,9 +309,9 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
             if pp > 1 else float(mine_loss[0])
         errors = (float("nan"),) * 3
         if check:
-            moments, ref_loss, grads, updated = once(("gpt-reference", cfg, microbatches, step + 1),
-                                                     _reference_step, moments, start, x, y, cfg, step,
-                                                     microbatches)
+            moments, ref_loss, grads, updated = shared_once(mesh, ("gpt-reference", cfg, microbatches, step + 1),
+                                                            _reference_step, moments, start, x, y, cfg, step,
+                                                            microbatches)
             local = step_errors(value, ref_loss, grads, updated, params, optimizer if zero else None)
             worst = resolve(mesh, local, pending(mesh.layout, 1, ("pp", "dp", "tp")), "check", reduction="max",
                             owned=True)

@@ -12,7 +12,8 @@ Allreduce(MAX), must stay within 1e-10. Anchoring each step keeps the check
 at rounding level: two trajectories that differ only in the order of their
 sums drift apart exponentially over training (a free-running reference
 differs by 3e-10 after 60 steps at the default model), whichever is right.
-Simulated ranks run the reference once between them (spmdsim.sim.once).
+The ranks run the reference once between them: simulated ranks by spmdsim.sim.once, MPI ranks by rank 0
+computing it and broadcasting it (spmdsim.runtime.shared_reference.shared_once).
 
 Memory (docs/training.md, "Memory"): `recompute` recomputes activations in the
 backward (the GPT's option); `zero=1` steps with ZeRO-1
@@ -236,6 +237,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     from ..errors import SpmdsimError
     from ..runtime.executor import pending, resolve
     from ..runtime.replay import Scalar, capture
+    from ..runtime.shared_reference import shared_once
     from ..sim import dry_run_active, once
     from .parallel import GPT
 
@@ -316,12 +318,12 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
             tensors = {s.name: model.params[s.name] for s in specs}
             if low:  # the optimizer checked on the run's own gradients (gathered), the rest on the policy's
                 run_grads = _wholes(model, [{n: t.grad.local for n, t in tensors.items()}], "check.grads")[0]
-                ref_loss, grads, updated = once(("gpt-mixed", cfg, policy.name, step), _mixed_step, start, x, y,
-                                                cfg, step, policy, run_grads)
+                ref_loss, grads, updated = shared_once(mesh, ("gpt-mixed", cfg, policy.name, step), _mixed_step,
+                                                       start, x, y, cfg, step, policy, run_grads)
                 masters = {s.name: optimizer.master[i] for i, s in enumerate(specs) if i in optimizer.master}
             else:
-                reference_moments, ref_loss, grads, updated = once(
-                    ("gpt-reference", cfg, step + 1), _reference_step, reference_moments, start, x, y, cfg, step)
+                reference_moments, ref_loss, grads, updated = shared_once(
+                    mesh, ("gpt-reference", cfg, step + 1), _reference_step, reference_moments, start, x, y, cfg, step)
                 masters = None
             mine = step_errors(value, ref_loss, grads, updated, tensors, optimizer if zero else None, masters)
             worst = resolve(mesh, mine, pending(mesh.layout, 1, tuple(mesh.layout.alias_name)), "check",

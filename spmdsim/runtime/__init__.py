@@ -25,6 +25,7 @@ _WHERE = {name: module for module, names in {
     "trace_export": ("write_chrome_trace",),
     "executor": ("redistribute",),
     "replay": ("capture", "Scalar", "ReplayError", "kernel"),
+    "shared_reference": ("shared_numeric_grads",),
 }.items() for name in names}
 
 __all__ = list(_WHERE)

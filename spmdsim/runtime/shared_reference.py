@@ -1,0 +1,142 @@
+"""Reference work the ranks of a mesh share instead of each repeating it whole.
+
+Checking a program's gradients against central differences of its numpy twin
+(`spmdsim.reference_grad.numeric_grads`) costs 2 evaluations of the twin per
+element, and every rank needs the whole answer. Under MPI each rank is a
+process: p ranks computing it all do p times the work (8 times on 8 ranks,
+which on 2 cores made these references most of an example's run).
+`shared_numeric_grads(mesh, fn, *arrays)` deals numeric_grads' runs of
+elements out in p consecutive shares, each rank computes its own share, and
+one Allgather through the door (runtime.door.transfer: checked with
+SPMDSIM_CHECK, watched with SPMDSIM_WATCHDOG, waited politely on a polite
+mesh) gives every rank every share, placed by position: the same bits as
+numeric_grads in one process, whatever the number of ranks. Before it, an
+Allgather of a 32-byte digest of the arrays, `h` and `batch` makes sure every
+rank asks the same question: ranks that differ all raise the same error. A
+dry run computes the whole answer on its one rank (spmdsim.sim.once).
+
+`shared_once(mesh, key, fn, *args)` is `spmdsim.sim.once` for work that does
+not split (a reference training step): on simulated ranks it is `once`; under
+MPI, when every rank passes equal arguments (an Allgather of their digests),
+rank 0 computes ``fn(*args)`` and a Bcast through the door gives every rank
+its pickled result, the others waiting politely on a polite mesh (at 8 ranks
+on 2 cores, 1 rank's work where each of 8 repeated it). Ranks whose arguments
+differ compute their own, as `once` does.
+"""
+from __future__ import annotations
+
+import hashlib
+import pickle
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import reference_grad as rg
+from ..engines.once import once
+from ..errors import SpmdsimError
+from . import door
+
+__all__ = ["shared_numeric_grads", "shared_once"]
+
+_DIGEST = 32  # bytes of blake2b
+
+
+def shared_numeric_grads(mesh: Any, fn: Callable[..., np.ndarray], *arrays: np.ndarray, h: float = 1e-6,
+                         batch: int = 0) -> list[np.ndarray]:
+    """``reference_grad.numeric_grads(fn, *arrays, h=h, batch=batch)``, each rank of `mesh` computing 1/p of it.
+
+    A collective: every rank of `mesh` calls it with the same `fn`, `arrays`, `h` and `batch` (the same
+    error on every rank when the arrays, `h` or `batch` differ). Returns the float64 gradients, the same
+    bits as numeric_grads on one process. `fn` failing within one rank's share is one rank's error (under
+    MPI the guard ends the job: spmdsim.install_excepthook).
+    """
+    comm, size = mesh.comm, mesh.size
+    if size == 1:
+        return rg.numeric_grads(fn, *arrays, h=h, batch=batch)
+    if mesh.engine.dry:  # one rank runs for all; its work is no rank's bytes held
+        return once("spmdsim.runtime.shared_numeric_grads", lambda: rg.numeric_grads(fn, *arrays, h=h, batch=batch))
+    shapes = [np.shape(a) for a in arrays]
+    polite = mesh.polite
+    mine = _digest((h, batch, arrays))
+    digests = np.empty((size, _DIGEST), np.uint8)
+    door.transfer(comm, "numeric_grads", (), mine, (), polite, "all_gather", mine, digests)
+    differ = [r for r in range(size) if not np.array_equal(digests[r], digests[0])]
+    if differ:
+        raise SpmdsimError(f"shared_numeric_grads: rank {differ[0]}'s arrays, h or batch differ from rank 0's; "
+                           "pass the same on every rank")
+    parts = rg.numeric_grad_parts(shapes, batch)
+    cuts = [len(parts) * r // size for r in range(size + 1)]
+    counts = [sum(stop - start for _, start, stop in parts[cuts[r]:cuts[r + 1]]) for r in range(size)]
+    send = np.zeros(max(counts), np.float64)  # shares of unequal lengths travel padded to the longest
+    rank = mesh.rank
+    send[:counts[rank]] = rg.numeric_grad_values(fn, arrays, parts[cuts[rank]:cuts[rank + 1]], h, batch)
+    table = np.empty((size, len(send)), np.float64)
+    door.transfer(comm, "numeric_grads", (), send, (), polite, "all_gather", send, table)
+    flat = np.concatenate([table[r, :counts[r]] for r in range(size)])
+    return rg.split_flat(flat, shapes)
+
+
+def shared_once(mesh: Any, key: Any, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` (local work, no collectives), computed by one rank of `mesh` for all when their `args` are equal.
+
+    A collective under MPI: every rank of `mesh` calls it, in the same order. Simulated ranks: ``once(key, fn,
+    *args)`` (spmdsim.sim.once). Under MPI: rank 0 computes and the others receive a copy of its result
+    (pickled) when every rank's `args` are equal (arrays value by value); otherwise each rank computes its own.
+    If rank 0's `fn` raises, or its result does not pickle, each rank computes its own (and raises its own error).
+    """
+    if mesh.size == 1 or mesh.engine.simulated:
+        return once(key, fn, *args)
+    comm, polite = mesh.comm, mesh.polite
+    mine = _digest(args)
+    digests = np.empty((mesh.size, _DIGEST), np.uint8)
+    door.transfer(comm, "once", (), mine, (), polite, "all_gather", mine, digests)
+    if not (digests == digests[0]).all():
+        return fn(*args)  # the ranks ask different questions: each its own answer
+    payload, result, failed = None, None, None
+    if mesh.rank == 0:
+        try:
+            result = fn(*args)
+        except Exception as exc:  # noqa: BLE001 - raised below; the others compute their own
+            failed = exc
+        else:
+            try:
+                payload = np.frombuffer(bytearray(pickle.dumps(result, protocol=5)), np.uint8)
+            except Exception:  # noqa: BLE001 - a result pickle cannot carry: each rank computes its own
+                payload = None
+    size = np.array([-1 if payload is None else len(payload)], np.int64)
+    door.transfer(comm, "once", (), size, (), polite, "broadcast", size, 0)
+    if size[0] < 0:  # rank 0's fn raised, or its result does not pickle
+        if failed is not None:
+            raise failed
+        return result if mesh.rank == 0 else fn(*args)
+    if payload is None:
+        payload = np.empty(int(size[0]), np.uint8)
+    door.transfer(comm, "once", (), payload, (), polite, "broadcast", payload, 0)
+    return result if mesh.rank == 0 else pickle.loads(payload.tobytes())
+
+
+def _digest(value: Any) -> np.ndarray:
+    """32 bytes (blake2b) that differ, but for a hash collision, where `value`s differ (see `_fold`)."""
+    digest = hashlib.blake2b(digest_size=_DIGEST)
+    _fold(digest, value)
+    return np.frombuffer(digest.digest(), np.uint8).copy()
+
+
+def _fold(digest: Any, value: Any) -> None:
+    """Feed `value` into `digest`: arrays by dtype, shape and bytes; lists, tuples and dicts item by item;
+    anything else by its type and repr (an object whose repr differs by rank makes the digests differ)."""
+    if isinstance(value, np.ndarray):
+        value = np.ascontiguousarray(value)
+        digest.update(repr(("array", value.dtype.str, value.shape)).encode())
+        digest.update(value.tobytes())
+    elif isinstance(value, (list, tuple)):
+        digest.update(repr((type(value).__name__, len(value))).encode())
+        for item in value:
+            _fold(digest, item)
+    elif isinstance(value, dict):
+        digest.update(repr(("dict", len(value))).encode())
+        for name, item in value.items():
+            digest.update(repr(name).encode())
+            _fold(digest, item)
+    else:
+        digest.update(repr((type(value).__qualname__, value)).encode())
