@@ -1,6 +1,7 @@
 """`spmdsim mpirun -n 8 python script.py`: unmodified mpi4py programs print what MPICH's mpiexec prints."""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -76,6 +77,21 @@ def test_mpirun_of_a_program_without_numpy_loads_no_numpy(tmp_path):
     import numpy as np
 
     assert sorted(runs[1].stdout.splitlines()) == [f"{r} {np.random.RandomState(r).rand()}" for r in range(3)]
+
+
+def test_the_process_managers_attributes_need_no_mpiexec_on_path(tmp_path):
+    """MPI.UNIVERSE_SIZE and MPI.APPNUM read as MPICH's `mpiexec -n N` ranks read them (None and 0). Asked of
+    this process's MPICH (a singleton), UNIVERSE_SIZE forked an mpiexec and, with none on PATH (a venv's
+    spmdsim run without activating it), waited for it forever (mpi4py's test_environ under the suite)."""
+    prog = tmp_path / "universe.py"
+    prog.write_text("from mpi4py import MPI\nc = MPI.COMM_WORLD\n"
+                    "print(c.Get_attr(MPI.UNIVERSE_SIZE), c.Get_attr(MPI.APPNUM), c.Get_attr(MPI.TAG_UB) > 0)\n")
+    env = dict(os.environ, PATH=os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
+                                                 if not os.path.exists(os.path.join(p, "mpiexec"))))
+    run = subprocess.run([sys.executable, "-m", "spmdsim", "mpirun", "-n", "2", "python", str(prog)],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == ["None 0 True"] * 2
 
 
 @pytest.mark.skipif(not MPIEXEC, reason="no mpiexec beside this Python (pip install -e '.[mpi]')")

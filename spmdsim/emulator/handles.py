@@ -295,10 +295,16 @@ class CommHandles:
         h.attrs[keyval] = attrval
 
     def Get_attr(self, keyval: int) -> Any:
-        """The value of `keyval` (None if unset); the predefined ones (MPI.TAG_UB, ...) as this process's MPI."""
+        """The value of `keyval` (None if unset); the predefined ones (MPI.TAG_UB, ...) as this process's MPI,
+        but MPI.UNIVERSE_SIZE and MPI.APPNUM as MPICH's `mpiexec -n N` ranks read them (None and 0)."""
         h = self._live_handle()
         if keyval in _KEYVALS or keyval in h.attrs:
             return h.attrs.get(keyval)
+        mpi = _mpi()
+        if keyval == mpi.UNIVERSE_SIZE:  # what mpiexec's ranks read; this process (an MPICH singleton) asking
+            return None  # would fork an mpiexec for it, and without one on PATH wait for it forever
+        if keyval == mpi.APPNUM:
+            return 0
         from .mpi4py_world import real
 
         return real("COMM_SELF").Get_attr(keyval)
