@@ -20,11 +20,11 @@ from typing import Any, Callable
 from ..errors import ShapeError
 from ..sim import thread_engine as bodies
 from .._lazy import numpy_on_first_use
-
-np = numpy_on_first_use(globals())  # a program without numpy does not load it
 from ..sim._buffers import copy_into, dtype_name, fold, in_place, message, mpi_error, mpi_module, reduction, vector
 from ..sim.orders import allreduce_tree, reduce_tree
 from ..sim.thread_engine import bad_root
+
+np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["BufferCollectives", "bad_root"]
 

@@ -34,8 +34,9 @@ def _any(value: Optional[int], name: str) -> int:
     return value if type(value) is int else special(name) if value is None else int(value)
 
 
-def _fits(recv: Request, source: int, tag: int) -> bool:
-    return (recv.peer in (source, special("ANY_SOURCE"))) and (recv.tag in (tag, special("ANY_TAG")))
+def _fits(recv: Request, source: int, tag: int, wild: tuple[int, int]) -> bool:
+    """Whether `recv` (a receive or a probe) takes a message from `source` with `tag`; `wild`: `wildcards()`."""
+    return recv.peer in (source, wild[0]) and recv.tag in (tag, wild[1])
 
 
 def _c_int(value: Any) -> Any:
@@ -88,12 +89,12 @@ def post_send(group: Group, me: int, dest: int, tag: int, buf: Any, obj: Any = N
     send = Request(group, me, "send", dest, tag)
     send.payload, send.mode = payload, mode
     world = group.world
-    any_source, any_tag = wildcards()
+    wild = wildcards()
     with world.lock:
         world.check(group.members[me])
         recvs = group.recvs
         for i, other in enumerate(recvs):  # the first posted receive that takes it
-            if other.me == dest and other.peer in (me, any_source) and other.tag in (tag, any_tag):
+            if other.me == dest and _fits(other, me, tag, wild):
                 del recvs[i]
                 break
         else:
@@ -122,12 +123,12 @@ def post_recv(group: Group, me: int, source: int, tag: int, buf: Any) -> Request
         view = data[:count]
     recv = Request(group, me, "recv", source, tag, view)
     world = group.world
-    any_source, any_tag = wildcards()
+    wild = wildcards()
     with world.lock:
         world.check(group.members[me])
         sends = group.sends
         for i, other in enumerate(sends):  # the oldest pending send it takes
-            if other.peer == me and source in (other.me, any_source) and tag in (other.tag, any_tag):
+            if other.peer == me and _fits(recv, other.me, other.tag, wild):
                 del sends[i]
                 break
         else:
@@ -209,7 +210,8 @@ def unreceived(world: Any) -> tuple[str, ...]:
 
 def _wake_probes(group: Group, send: Request) -> None:
     """A send just queued (lock held): release the probes of its destination that it answers."""
-    for probe in [p for p in group.probes if p.me == send.peer and _fits(p, send.me, send.tag)]:
+    wild = wildcards()
+    for probe in [p for p in group.probes if p.me == send.peer and _fits(p, send.me, send.tag, wild)]:
         _remove(group.probes, probe)
         group.world.release(group.members[probe.me], probe)
 
@@ -225,10 +227,11 @@ def probe(group: Group, me: int, source: int, tag: int, status: Any, block: bool
     world = group.world
     rank = group.members[me]
     token = Request(group, me, "probe", source, tag)
+    wild = wildcards()
     while True:
         with world.lock:
             world.check(rank)
-            found = next((s for s in group.sends if s.peer == me and _fits(token, s.me, s.tag)), None)
+            found = next((s for s in group.sends if s.peer == me and _fits(token, s.me, s.tag, wild)), None)
             if found is None and block:
                 group.probes.append(token)
                 world.wait(rank, _Waiting(token._what(), group, None, token=token))
