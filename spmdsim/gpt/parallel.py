@@ -370,13 +370,17 @@ class GPT:
         (temperature 0: ``ops.argmax`` over the vocabulary-split logits of the last position, two
         Allreduces of one number per row, no logits gathered) or a draw from softmax(logits /
         temperature) with the reference's generator (the last position's logits gathered over tp; every
-        rank draws alike).
+        rank draws alike). Every character's forward is the same program on a new window: the first is
+        captured (spmdsim.runtime.replay) and the others replay it, without the layout inference and
+        planning that chose its numpy calls and collectives (not with MoE layers, whose routing decides in
+        Python each step).
         """
         import zlib
 
         from ..autograd import no_grad
         from ..runtime.dtensor import DTensor  # its operators came with `ops`, imported above
         from ..runtime.executor import redistribute
+        from ..runtime.replay import capture
         from .data import encode
 
         cfg, mesh = self.cfg, self.mesh
@@ -384,15 +388,27 @@ class GPT:
         rng = np.random.default_rng(zlib.crc32(f"{cfg.seed if seed is None else seed}:generate".encode()))
         ids = [int(i) for i in encode(prompt)]
         pad = 32 if cfg.vocab > 32 else 0
+        def next_logits(x: Any) -> Any:  # greedy: the argmax's ids; else the last position's logits, whole
+            z = self.logits(x, last=True)[:, -1]
+            return ops.argmax(z, -1) if temperature == 0 else redistribute(z, mesh.layout(self.batch, None))
+
+        graph = None  # the first character's forward, captured; each later one replays it
         with no_grad():
             for _ in range(n):
                 context = ids[-cfg.seq:]
                 window = np.array([[pad] * (cfg.seq - len(context)) + context] * dp, dtype=np.int64)
-                z = self.logits(DTensor.from_global(mesh, window, mesh.layout(self.batch, None)), last=True)[:, -1]
+                x = DTensor.from_global(mesh, window, mesh.layout(self.batch, None))
+                if graph is not None:
+                    out = graph(x)
+                elif cfg.moe is None and n > 1:
+                    graph = capture(next_logits, x)
+                    out = graph.result
+                else:  # an MoE layer routes in Python each step: no replay
+                    out = next_logits(x)
                 if temperature == 0:  # every row holds the same window: this rank's first row answers
-                    ids.append(int(ops.argmax(z, -1).local[0]))
+                    ids.append(int(out.local[0]))
                 else:
-                    last = redistribute(z, mesh.layout(self.batch, None)).local[0][:cfg.vocab]
+                    last = out.local[0][:cfg.vocab]
                     e = np.exp(last / temperature - (last / temperature).max())
                     ids.append(int(rng.choice(cfg.vocab, p=e / e.sum())))
         return np.array(ids[len(ids) - n:], dtype=np.int64)
