@@ -140,3 +140,28 @@ def test_the_padded_model_samples_what_one_numpy_process_samples():
     assert not params["wte"][131:].any()
     for ids, t in zip(drawn, (0.0, 0.8)):
         assert (ids == generate(params, cfg, b"def ", 6, t)).all() and ids.max() < 131
+
+
+def test_generation_runs_its_first_forward_and_replays_it_for_the_other_characters():
+    """GPT.generate captures the first character's forward (spmdsim.runtime.replay) and replays it: the
+    model's Python runs once for six characters, and they are the characters six forwards run one by one
+    draw (greedy: the prompt grows by each one), also over sequence-parallel layers and padded vocabulary."""
+    from spmdsim.gpt.parallel import GPT
+    from spmdsim.runtime import Mesh
+
+    cfg = GPTConfig(vocab=131, vocab_pad_to=64, layers=2, d_model=16, heads=4, seq=8, batch=4)
+
+    def body():
+        model = GPT(cfg, Mesh(spmdsim.Layout((2, 4), ("dp", "tp"))), sp=True)
+        calls, logits = [], model.logits
+        model.logits = lambda *a, **k: calls.append(1) or logits(*a, **k)
+        replayed = model.generate(b"def ", 6, 0.0)
+        captured = len(calls)
+        prompt = b"def "
+        for _ in range(6):  # one forward each, nothing to replay
+            prompt += bytes([int(model.generate(prompt, 1, 0.0)[0])])
+        return replayed, captured, len(calls) - captured, prompt[4:]
+
+    replayed, captured, one_by_one, drawn = spmdsim.simulate(8, body)[0]
+    assert (captured, one_by_one) == (1, 6)
+    assert bytes(int(i) for i in replayed) == drawn
