@@ -240,6 +240,27 @@ def _run_mpi(args: argparse.Namespace) -> int:
     return guarded(lambda: _run_choice(args, comm), comm)
 
 
+def _search_once(comm: Any, args: argparse.Namespace, size: int, flops: float) -> Any:
+    """`_choose`'s result, searched by one rank: on simulated ranks by the first that asks (`once`); under
+    MPI by rank 0, whose result (or error's text) the others receive, so every rank runs one choice."""
+    engine = engine_of(comm)
+    if engine.simulated or size == 1:
+        return once(("spmdsim autoshard: choice", size, flops), _choose, args, size, flops)
+    if comm.Get_rank() != 0:
+        ok, value = engine.broadcast_object(comm, None, 0)
+        if not ok:
+            raise SpmdsimError(value)
+        return value
+    try:
+        result = _choose(args, size, flops)
+    except Exception as exc:  # noqa: BLE001 - the others raise its text; rank 0 its own error
+        engine.broadcast_object(comm, (False, str(exc) if isinstance(exc, SpmdsimError)
+                                       else f"rank 0's search failed: {type(exc).__name__}: {exc}"), 0)
+        raise
+    engine.broadcast_object(comm, (True, result), 0)
+    return result
+
+
 def _run_choice(args: argparse.Namespace, comm: Any) -> int:
     from ..autoshard.cost import measure_flops_rate
     from ..autoshard.execute import run_choice
@@ -258,11 +279,10 @@ def _run_choice(args: argparse.Namespace, comm: Any) -> int:
     # Every rank measures at once (they share the cores, as they will when running);
     # the slowest rate, agreed, makes every rank choose the same strategies.
     flops = args.flops or min(engine_of(comm).all_gather_object(comm, measure_flops_rate()))
-    # The search is local work on inputs every rank shares: simulated ranks price it once, not once each.
-    result = once(("spmdsim autoshard: choice", size, flops), _choose, args, size, flops)
+    # The search is local work on inputs every rank shares (the command line, the agreed rate): one rank
+    # searches for all (simulated ranks: the first to ask; MPI ranks: rank 0, the others get its choice).
+    result = _search_once(comm, args, size, flops)
     check_runnable(result)  # an operator the runners lack raises here, on every rank
-    if engine_of(comm).broadcast_object(comm, result.outcome.choice, 0) != result.outcome.choice:
-        raise SpmdsimError("the ranks chose different strategies; run with --flops to agree")
     checks = None
     if is_chain(result):
         measured, passed = run_choice(result, comm, args.repeat)
