@@ -249,7 +249,7 @@ def _pipeline_steps(args, comm) -> dict:
 #: --pipeline's messages-only pair: rounds a launch (after one untimed round of each way) and its ways, each
 #: round running every way once, in an order that turns by one each round.
 ROUNDS = 30
-REPLAYS = ("raw", "door", "raw2", "waitall")
+REPLAYS = ("raw", "door", "raw2", "waitall", "replayed", "rawbound")
 
 
 def message_groups(cfg, pp: int, microbatches: int, rank: int) -> list:
@@ -284,7 +284,11 @@ def _message_replay(args, comm) -> dict:
     a trace open as train_pipelined keeps one) and by raw mpi4py on the same communicator: Irecv/Isend
     completed by spmdsim's wait ("raw", and "raw2", its A/A control: the peer's polite Test() polling on
     a polite mesh, else Wait) and by Request.Waitall ("waitall"). A way's time in a round: the sum of its
-    groups' spans (from before the first post to after the last wait), the slowest rank."""
+    groups' spans (from before the first post to after the last wait), the slowest rank. Two more ways post
+    the messages bound to their buffers once: the step's door calls captured (spmdsim.runtime.replay, as
+    train_pipelined(replay=True) captures step 0: the door binds each group, a replay starts it again) and
+    replayed ("replayed", timed whole: its calls and the replay's Python between them), and raw mpi4py's
+    Recv_init/Send_init, each group started by Prequest.Startall and completed by the same wait ("rawbound")."""
     import numpy as np
     from mpi4py import MPI
 
@@ -292,6 +296,7 @@ def _message_replay(args, comm) -> dict:
     from spmdsim import Layout, Mesh, buffers, collect_trace
     from spmdsim.gpt.pipeline import _PP
     from spmdsim.runtime.door import messages, point_to_point
+    from spmdsim.runtime.replay import capture
 
     cfg, clock = _config(args), time.perf_counter
     mesh = Mesh(Layout((comm.size,), ("pp",)), comm)
@@ -313,12 +318,28 @@ def _message_replay(args, comm) -> dict:
             spent += clock() - t0
         return spent
 
-    def raw(waitall: bool = False) -> float:
+    def step() -> None:
+        for (receives, sends), known in zip(groups, described):
+            point_to_point(mesh, pp, _PP, receives, sends, "pipeline", known)
+
+    def replayed() -> float:
+        t0 = clock()
+        graph()
+        return clock() - t0
+
+    bound = [[pp.Recv_init(buf, peer, tag) for buf, peer, tag in receives]
+             + [pp.Send_init(buf, peer, tag) for buf, peer, tag in sends] for receives, sends in groups]
+
+    def raw(waitall: bool = False, persistent: bool = False) -> float:
         spent = 0.0
-        for receives, sends in groups:
+        for i, (receives, sends) in enumerate(groups):
             t0 = clock()
-            requests = [pp.Irecv(buf, peer, tag) for buf, peer, tag in receives]
-            requests += [pp.Isend(buf, peer, tag) for buf, peer, tag in sends]
+            if persistent:
+                requests = bound[i]
+                MPI.Prequest.Startall(requests)
+            else:
+                requests = [pp.Irecv(buf, peer, tag) for buf, peer, tag in receives]
+                requests += [pp.Isend(buf, peer, tag) for buf, peer, tag in sends]
             if waitall:
                 MPI.Request.Waitall(requests)
             elif polite:
@@ -330,9 +351,12 @@ def _message_replay(args, comm) -> dict:
             spent += clock() - t0
         return spent
 
-    ways = {"raw": raw, "door": door, "raw2": raw, "waitall": lambda: raw(True)}
+    ways = {"raw": raw, "door": door, "raw2": raw, "waitall": lambda: raw(True), "replayed": replayed,
+            "rawbound": lambda: raw(persistent=True)}
     times: dict = {way: [] for way in REPLAYS}
     with collect_trace() as trace:
+        graph = capture(step)  # posts the step's groups once, as the door binds them (untimed)
+        mark = captured = len(trace.entries)
         for r in range(-1, ROUNDS):  # round -1: each way once, untimed
             for way in REPLAYS[r % len(REPLAYS):] + REPLAYS[:r % len(REPLAYS)]:
                 comm.Barrier()
@@ -340,12 +364,22 @@ def _message_replay(args, comm) -> dict:
                 if r >= 0:
                     times[way].append(spent)
                 if r == -1 and way == "door":
-                    rows = [e for e in trace.entries if e.op in P2P]
+                    rows = [e for e in trace.entries[mark:] if e.op in P2P]
+                if r == -1 and way == "replayed":
+                    replay_rows = [e for e in trace.entries[mark:] if e.op in P2P]
+                mark = len(trace.entries)
+    del graph  # its bound requests freed before the communicators
+    for requests in bound:
+        for request in requests:
+            request.Free()
     mesh.close()
     out = {way: statistics.median(times[way]) for way in REPLAYS}
-    for way in ("door", "raw2", "waitall"):
+    for way in REPLAYS[1:]:
         out[way + "_ratio"] = statistics.median(t / base for t, base in zip(times[way], times["raw"]))
+    same = [(e.op, e.bytes_sent, e.bytes_received) for e in replay_rows] == [(e.op, e.bytes_sent, e.bytes_received)
+                                                                             for e in rows] and captured == len(rows)
     out.update(groups=comm.allreduce(len(rows)), bytes=comm.allreduce(sum(e.bytes_sent for e in rows)),
+               replay_rows_same=comm.allreduce(int(not same)) == 0,
                planned_groups=comm.allreduce(len(groups)), messages=comm.allreduce(sum(len(s) for _, s in groups)),
                planned_bytes=comm.allreduce(sum(b.nbytes for _, sends in groups for b, _, _ in sends)),
                wait="polite" if polite else "busy", rounds=ROUNDS)
@@ -483,7 +517,9 @@ def _pipeline(args) -> int:
     print(f"{'  raw mpi4py Irecv/Isend, the same wait':40} {_median(replays, 'raw'):8.5f}")
     for way, label, versus in (("raw2", "  raw again (A/A control)", "the first"),
                                ("door", "  spmdsim runtime.door.point_to_point", "raw"),
-                               ("waitall", "  raw mpi4py, Request.Waitall", "raw")):
+                               ("waitall", "  raw mpi4py, Request.Waitall", "raw"),
+                               ("replayed", "  spmdsim, the door's calls replayed", "raw"),
+                               ("rawbound", "  raw mpi4py Send_init/Recv_init", "raw")):
         ratios = [r[way + "_ratio"] for r in replays]
         print(f"{label:40} {_median(replays, way):8.5f}  {statistics.median(ratios):5.2f}x {versus} "
               f"({_spread(ratios)})")
@@ -493,6 +529,7 @@ def _pipeline(args) -> int:
     same_groups = ours["p2p_groups"] == theirs["p2p_groups"] and \
         all(r["groups"] == r["planned_groups"] == ours["p2p_groups"] for r in replays)
     same_messages = all(r["messages"] == theirs["p2p_messages"] for r in replays)
+    same_groups = same_groups and all(r["replay_rows_same"] for r in replays)
     print(f"point-to-point groups a step, all ranks: spmdsim {ours['p2p_groups']}, by hand {theirs['p2p_groups']}, "
           f"replayed {first['groups']} ({'equal' if same_groups else 'DIFFERENT'})")
     print(f"point-to-point messages a step, all ranks: by hand {theirs['p2p_messages']}, replayed "

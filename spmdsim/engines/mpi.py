@@ -53,6 +53,25 @@ def _in_place() -> Any:
     return _CONST[0]
 
 
+class _Bound(list):
+    """A group's persistent requests (`MpiEngine.bind`), each freed when the list is dropped: a captured step's
+    graph holds them (spmdsim.runtime.replay) while its replays start them."""
+
+    __slots__ = ()
+
+    def __del__(self) -> None:
+        try:
+            from mpi4py import MPI
+
+            if MPI.Is_finalized():
+                return
+        except Exception:  # noqa: BLE001 - the interpreter is shutting down: MPI is gone with it
+            return
+        for request in self:
+            if request:
+                request.Free()
+
+
 class MpiEngine(Engine):
     """Ranks are MPI processes; a group is an mpi4py sub-communicator."""
 
@@ -138,6 +157,18 @@ class MpiEngine(Engine):
         else:
             for request in requests:
                 wait(request)
+
+    def bind(self, comm: Any, receives: list, sends: list) -> _Bound:
+        """``Recv_init`` of each receive, then ``Send_init`` of each send: `start` posts them all by one
+        ``Startall`` (no message spec parsed, no request made per message)."""
+        bound = _Bound([comm.Recv_init(_w(buf), source, tag) for buf, source, tag in receives])
+        bound += [comm.Send_init(_w(buf), dest, tag) for buf, dest, tag in sends]
+        return bound
+
+    def start(self, bound: _Bound) -> _Bound:
+        if bound:  # Prequest.Startall, a class method: reached from a request, no import on the way
+            bound[0].Startall(bound)
+        return bound
 
     def persistent(self, kind: str, comm: Any, args: tuple) -> Any:
         """MPI-4's persistent collectives (``Allreduce_init``, ...); None without them (MPI < 4.0)."""
