@@ -3,6 +3,7 @@
     python scripts/bench_gpt.py                          # 3 launches of each, 3 timed steps each
     python scripts/bench_gpt.py --launches 5 --steps 5 --layers 2
     python scripts/bench_gpt.py --pipeline               # pp 4, 1F1B, 8 microbatches: spmdsim and by hand
+    python scripts/bench_gpt.py --pipeline --replay      # spmdsim's steps 1.. replayed from step 0's capture
 
 Each worker is its own launch (the rows interleave, launch by launch), runs one
 warm-up step, then times --steps steps (each after a barrier, the slowest
@@ -89,11 +90,16 @@ one step (message_groups: sizes, peers, tags and order from the schedule
 spmdsim runs, and the tied table's exchange) with no compute between, on the
 same buffers and communicator, ROUNDS times, each round through spmdsim's door
 and by raw mpi4py Irecv/Isend (completed by the same wait as spmdsim's, twice:
-the second is the A/A control, and by Request.Waitall), in an order that turns
-each round; each launch's ratio is the median of the rounds' ratios, a row the
-median over launches. The point-to-point bytes, groups and messages of a step
-(all ranks) are printed for spmdsim, the peer and the replay; the script exits
-1 when they differ or the losses do not agree.
+the second is the A/A control, and by Request.Waitall), then with the messages
+bound to their buffers once: the step's door calls captured and replayed
+(spmdsim.runtime.replay: the door binds each group at the capture, a replay
+starts it with one Startall) and raw mpi4py's Recv_init/Send_init, in an order
+that turns each round; each launch's ratio is the median of the rounds' ratios,
+a row the median over launches. The point-to-point bytes, groups and messages
+of a step (all ranks) are printed for spmdsim, the peer and the replay (whose
+captured calls must write the door's rows); the script exits 1 when they differ
+or the losses do not agree. ``--replay``: spmdsim's pipelined step 0 is
+captured and the timed steps replay it (train_pipelined(replay=True)).
 """
 from __future__ import annotations
 
@@ -233,7 +239,8 @@ def _pipeline_steps(args, comm) -> dict:
         stamps.append(time.perf_counter())
         marks.append(0)
         _, results = train_pipelined(_config(args), comm, comm.size, 1, 1, args.steps + 1, encode(load_text()),
-                                     schedule="1f1b", microbatches=args.microbatches, check=False, on_step=on_step)
+                                     schedule="1f1b", microbatches=args.microbatches, check=False, on_step=on_step,
+                                     replay=args.replay)
     entries = trace.entries
     walls, sent, waited, groups = [], [], [], []
     for k in range(2, len(stamps)):  # stamps[1] ends the warm-up step 0
@@ -455,6 +462,8 @@ def _launch(args, worker: str, check: int = 0) -> dict | None:
         ranks = str(PP)
         common = common[:-2] + ["--microbatches", str(args.microbatches)]
         cmd = [sys.executable, str(HERE)] + common + ["--pipeline", "--worker", worker]
+        if worker == "pipe" and args.replay:
+            cmd.append("--replay")
         if worker not in ("pipe", "pmsg"):
             cmd = [sys.executable, str(HERE.parent / "peer_mpi4py_pipeline.py")] + common
     if worker in ("mpi", "mpireplay", "dtensor") + PIPE or worker in HAND:
@@ -490,6 +499,8 @@ def _pipeline(args) -> int:
     print(f"GPT {args.layers} layers, d_model {args.d_model}, seq {args.seq}, batch 8; load average "
           f"{os.getloadavg()[0]:.1f}")
     print(f"pipeline pp {PP} x dp 1 x tp 1 on {PP} MPI ranks, 1F1B, {args.microbatches} microbatches")
+    if args.replay:
+        print("spmdsim's step 0 captured (spmdsim.runtime.replay), the timed steps replayed")
     # The peer's A/A pair brackets spmdsim's launch, so a drift of the machine's load shows in the pair.
     rows: dict = {worker: [] for worker in PIPE}
     for _ in range(args.launches):
@@ -503,7 +514,8 @@ def _pipeline(args) -> int:
     print(f"{'numpy + mpi4py by hand, 1F1B':40} {hand:8.3f}")
     print(f"{'the same again (A/A control)':40} {again:8.3f}  "
           f"{_ratio(rows['phand2'], rows['phand'], 'step', 'the first')}")
-    print(f"{'spmdsim train_pipelined, 1F1B':40} {pipe:8.3f}  {_ratio(rows['pipe'], rows['phand'], 'step', 'by hand')}")
+    ours = "spmdsim train_pipelined, 1F1B" + (", replayed" if args.replay else "")
+    print(f"{ours:40} {pipe:8.3f}  {_ratio(rows['pipe'], rows['phand'], 'step', 'by hand')}")
     print("point-to-point time a step (posting and waits of each group, summed, the slowest rank):")
     print(f"{'  by hand':40} {_median(rows['phand'], 'messages'):8.3f}")
     print(f"{'  by hand again (A/A control)':40} {_median(rows['phand2'], 'messages'):8.3f}  "
@@ -571,6 +583,8 @@ def main() -> int:
     ap.add_argument("--pipeline", action="store_true",
                     help=f"time the pipelined step (pp {PP}, 1F1B) against the same schedule by hand on mpi4py")
     ap.add_argument("--microbatches", type=int, default=None, help="with --pipeline: microbatches a step (8)")
+    ap.add_argument("--replay", action="store_true",
+                    help="with --pipeline: spmdsim captures step 0 and replays it for the timed steps")
     ap.add_argument("--worker", choices=("ref", "one", "sim", "simreplay", "mpi", "mpireplay", "pipe", "pmsg"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -580,6 +594,8 @@ def main() -> int:
             ap.error(f"--{name.replace('_', '-')} {getattr(args, name)} must be at least 1")
     if args.microbatches is not None and not args.pipeline:
         ap.error(f"--microbatches {args.microbatches} applies to --pipeline only")
+    if args.replay and not args.pipeline:
+        ap.error("--replay applies to --pipeline only")
     if args.pipeline:
         from peer_mpi4py_pipeline import pipeline_args_problem
 

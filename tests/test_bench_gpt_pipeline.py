@@ -73,7 +73,7 @@ def test_one_launch_agrees_on_the_loss_and_the_bytes():
 def _args(bench, **kw):
     import argparse
 
-    base = dict(launches=1, steps=1, layers=4, d_model=32, seq=16, microbatches=8)
+    base = dict(launches=1, steps=1, layers=4, d_model=32, seq=16, microbatches=8, replay=False)
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -83,6 +83,32 @@ def test_without_mpiexec_it_is_one_line(bench, monkeypatch, capsys):
     out = capsys.readouterr()
     assert out.out == "" and out.err.count("\n") == 1
     assert out.err.startswith("bench_gpt --pipeline: no mpiexec beside python or on PATH (pip install mpich)")
+
+
+def test_replay_reaches_the_pipelined_launch_alone(bench, monkeypatch, capsys):
+    """--replay: spmdsim's pipelined launch gets it (train_pipelined(replay=True)), the peer's and the
+    messages-only launches do not; the header and spmdsim's row say so; without --pipeline it is refused."""
+    launched = []
+
+    def run(cmd, **kw):
+        launched.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, "RESULT {}\n", "")
+
+    monkeypatch.setattr(bench.subprocess, "run", run)
+    for worker in bench.PIPE:
+        bench._launch(_args(bench, replay=True), worker)
+    assert ["--replay" in cmd for cmd in launched] == [worker == "pipe" for worker in bench.PIPE]
+    monkeypatch.setattr(bench, "_mpiexec", lambda: "mpiexec")
+    monkeypatch.setattr(bench, "_launch", lambda args, worker: dict(_REPLAY if worker == "pmsg" else _HAND))
+    assert bench._pipeline(_args(bench, replay=True)) == 0
+    out = capsys.readouterr().out
+    assert "8 microbatches\nspmdsim's step 0 captured (spmdsim.runtime.replay), the timed steps replayed\n" in out
+    assert max(len(line) for line in out.splitlines()) <= 100
+    assert "spmdsim train_pipelined, 1F1B, replayed     0.100   1.00x by hand" in out
+    monkeypatch.undo()  # subprocess.run again
+    done = subprocess.run([sys.executable, str(_SCRIPTS / "bench_gpt.py"), "--replay"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.splitlines()[-1].endswith("error: --replay applies to --pipeline only")
 
 
 def test_message_groups_follow_the_schedule(bench):
