@@ -58,18 +58,19 @@ class _Bound(list):
     graph holds them (spmdsim.runtime.replay) while its replays start them."""
 
     __slots__ = ()
+    #: MPI.Is_finalized, kept by the first bind: a list dropped while the interpreter shuts down (a graph kept to
+    #: the end) frees its requests without importing anything, before MPI finalizes or not at all after it.
+    finalized: Any = None
 
     def __del__(self) -> None:
         try:
-            from mpi4py import MPI
-
-            if MPI.Is_finalized():
+            if type(self).finalized():
                 return
+            for request in self:
+                if request:
+                    request.Free()
         except Exception:  # noqa: BLE001 - the interpreter is shutting down: MPI is gone with it
             return
-        for request in self:
-            if request:
-                request.Free()
 
 
 class MpiEngine(Engine):
@@ -161,6 +162,10 @@ class MpiEngine(Engine):
     def bind(self, comm: Any, receives: list, sends: list) -> _Bound:
         """``Recv_init`` of each receive, then ``Send_init`` of each send: `start` posts them all by one
         ``Startall`` (no message spec parsed, no request made per message)."""
+        if _Bound.finalized is None:
+            from mpi4py import MPI
+
+            _Bound.finalized = MPI.Is_finalized
         bound = _Bound([comm.Recv_init(_w(buf), source, tag) for buf, source, tag in receives])
         bound += [comm.Send_init(_w(buf), dest, tag) for buf, dest, tag in sends]
         return bound
