@@ -146,9 +146,9 @@ class Engine:
                 wait(request)
 
     def bind(self, comm: Any, receives: list, sends: list) -> Any:
-        """`post`'s messages bound to their buffers once, not posted: a list of persistent requests (receives
-        first) that `start` posts again, `wait_all` completes and dropping it releases; None where the engine
-        has none (the caller posts each time). A captured step's groups (spmdsim.runtime.replay)."""
+        """`post`'s messages bound to their buffers once, not posted: the engine's holder of persistent requests
+        (receives first) that `start` posts again (its requests, for `wait_all`) and dropping it releases; None
+        where the engine has none (the caller posts each time). A captured step's groups (spmdsim.runtime.replay)."""
         return None
 
     def start(self, bound: Any) -> list:

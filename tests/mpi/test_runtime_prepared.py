@@ -123,10 +123,10 @@ def test_a_captured_point_to_point_group_is_bound_once_and_replayed_by_startall(
         for k in (1, 2, 3):
             graph(Scalar(k))
             assert np.array_equal(got, np.full(3, 10.0 * k + left))
-    assert len(bound) == 1 and len(bound[0]) == 2 and posted == []
+    assert len(bound) == 1 and len(bound[0].requests) == 2 and posted == []
     rows = [(e.op, e.bytes_sent, e.bytes_received, e.label) for e in trace.entries]
     assert rows == [("sendrecv", 24, 24, "ring")] * 4
-    requests = list(bound[0])
+    requests = list(bound[0].requests)
     assert all(requests)  # inactive, not freed
     del graph, bound[:]
     gc.collect()
