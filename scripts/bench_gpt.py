@@ -514,8 +514,8 @@ def _pipeline(args) -> int:
     print(f"{'numpy + mpi4py by hand, 1F1B':40} {hand:8.3f}")
     print(f"{'the same again (A/A control)':40} {again:8.3f}  "
           f"{_ratio(rows['phand2'], rows['phand'], 'step', 'the first')}")
-    ours = "spmdsim train_pipelined, 1F1B" + (", replayed" if args.replay else "")
-    print(f"{ours:40} {pipe:8.3f}  {_ratio(rows['pipe'], rows['phand'], 'step', 'by hand')}")
+    spmdsim_row = "spmdsim train_pipelined, 1F1B" + (", replayed" if args.replay else "")
+    print(f"{spmdsim_row:40} {pipe:8.3f}  {_ratio(rows['pipe'], rows['phand'], 'step', 'by hand')}")
     print("point-to-point time a step (posting and waits of each group, summed, the slowest rank):")
     print(f"{'  by hand':40} {_median(rows['phand'], 'messages'):8.3f}")
     print(f"{'  by hand again (A/A control)':40} {_median(rows['phand2'], 'messages'):8.3f}  "
