@@ -3,6 +3,7 @@
     python scripts/bench_gpt.py                          # 3 launches of each, 3 timed steps each
     python scripts/bench_gpt.py --launches 5 --steps 5 --layers 2
     python scripts/bench_gpt.py --pipeline               # pp 4, 1F1B, 8 microbatches: spmdsim and by hand
+    python scripts/bench_gpt.py --pipeline --replay      # spmdsim's steps 1.. replayed from step 0's capture
 
 Each worker is its own launch (the rows interleave, launch by launch), runs one
 warm-up step, then times --steps steps (each after a barrier, the slowest
@@ -89,11 +90,16 @@ one step (message_groups: sizes, peers, tags and order from the schedule
 spmdsim runs, and the tied table's exchange) with no compute between, on the
 same buffers and communicator, ROUNDS times, each round through spmdsim's door
 and by raw mpi4py Irecv/Isend (completed by the same wait as spmdsim's, twice:
-the second is the A/A control, and by Request.Waitall), in an order that turns
-each round; each launch's ratio is the median of the rounds' ratios, a row the
-median over launches. The point-to-point bytes, groups and messages of a step
-(all ranks) are printed for spmdsim, the peer and the replay; the script exits
-1 when they differ or the losses do not agree.
+the second is the A/A control, and by Request.Waitall), then with the messages
+bound to their buffers once: the step's door calls captured and replayed
+(spmdsim.runtime.replay: the door binds each group at the capture, a replay
+starts it with one Startall) and raw mpi4py's Recv_init/Send_init, in an order
+that turns each round; each launch's ratio is the median of the rounds' ratios,
+a row the median over launches. The point-to-point bytes, groups and messages
+of a step (all ranks) are printed for spmdsim, the peer and the replay (whose
+captured calls must write the door's rows); the script exits 1 when they differ
+or the losses do not agree. ``--replay``: spmdsim's pipelined step 0 is
+captured and the timed steps replay it (train_pipelined(replay=True)).
 """
 from __future__ import annotations
 
@@ -233,7 +239,8 @@ def _pipeline_steps(args, comm) -> dict:
         stamps.append(time.perf_counter())
         marks.append(0)
         _, results = train_pipelined(_config(args), comm, comm.size, 1, 1, args.steps + 1, encode(load_text()),
-                                     schedule="1f1b", microbatches=args.microbatches, check=False, on_step=on_step)
+                                     schedule="1f1b", microbatches=args.microbatches, check=False, on_step=on_step,
+                                     replay=args.replay)
     entries = trace.entries
     walls, sent, waited, groups = [], [], [], []
     for k in range(2, len(stamps)):  # stamps[1] ends the warm-up step 0
@@ -249,7 +256,7 @@ def _pipeline_steps(args, comm) -> dict:
 #: --pipeline's messages-only pair: rounds a launch (after one untimed round of each way) and its ways, each
 #: round running every way once, in an order that turns by one each round.
 ROUNDS = 30
-REPLAYS = ("raw", "door", "raw2", "waitall")
+REPLAYS = ("raw", "door", "raw2", "waitall", "replayed", "rawbound")
 
 
 def message_groups(cfg, pp: int, microbatches: int, rank: int) -> list:
@@ -284,7 +291,11 @@ def _message_replay(args, comm) -> dict:
     a trace open as train_pipelined keeps one) and by raw mpi4py on the same communicator: Irecv/Isend
     completed by spmdsim's wait ("raw", and "raw2", its A/A control: the peer's polite Test() polling on
     a polite mesh, else Wait) and by Request.Waitall ("waitall"). A way's time in a round: the sum of its
-    groups' spans (from before the first post to after the last wait), the slowest rank."""
+    groups' spans (from before the first post to after the last wait), the slowest rank. Two more ways post
+    the messages bound to their buffers once: the step's door calls captured (spmdsim.runtime.replay, as
+    train_pipelined(replay=True) captures step 0: the door binds each group, a replay starts it again) and
+    replayed ("replayed", timed whole: its calls and the replay's Python between them), and raw mpi4py's
+    Recv_init/Send_init, each group started by Prequest.Startall and completed by the same wait ("rawbound")."""
     import numpy as np
     from mpi4py import MPI
 
@@ -292,6 +303,7 @@ def _message_replay(args, comm) -> dict:
     from spmdsim import Layout, Mesh, buffers, collect_trace
     from spmdsim.gpt.pipeline import _PP
     from spmdsim.runtime.door import messages, point_to_point
+    from spmdsim.runtime.replay import capture
 
     cfg, clock = _config(args), time.perf_counter
     mesh = Mesh(Layout((comm.size,), ("pp",)), comm)
@@ -313,12 +325,28 @@ def _message_replay(args, comm) -> dict:
             spent += clock() - t0
         return spent
 
-    def raw(waitall: bool = False) -> float:
+    def step() -> None:
+        for (receives, sends), known in zip(groups, described):
+            point_to_point(mesh, pp, _PP, receives, sends, "pipeline", known)
+
+    def replayed() -> float:
+        t0 = clock()
+        graph()
+        return clock() - t0
+
+    bound = [[pp.Recv_init(buf, peer, tag) for buf, peer, tag in receives]
+             + [pp.Send_init(buf, peer, tag) for buf, peer, tag in sends] for receives, sends in groups]
+
+    def raw(waitall: bool = False, persistent: bool = False) -> float:
         spent = 0.0
-        for receives, sends in groups:
+        for i, (receives, sends) in enumerate(groups):
             t0 = clock()
-            requests = [pp.Irecv(buf, peer, tag) for buf, peer, tag in receives]
-            requests += [pp.Isend(buf, peer, tag) for buf, peer, tag in sends]
+            if persistent:
+                requests = bound[i]
+                MPI.Prequest.Startall(requests)
+            else:
+                requests = [pp.Irecv(buf, peer, tag) for buf, peer, tag in receives]
+                requests += [pp.Isend(buf, peer, tag) for buf, peer, tag in sends]
             if waitall:
                 MPI.Request.Waitall(requests)
             elif polite:
@@ -330,9 +358,12 @@ def _message_replay(args, comm) -> dict:
             spent += clock() - t0
         return spent
 
-    ways = {"raw": raw, "door": door, "raw2": raw, "waitall": lambda: raw(True)}
+    ways = {"raw": raw, "door": door, "raw2": raw, "waitall": lambda: raw(True), "replayed": replayed,
+            "rawbound": lambda: raw(persistent=True)}
     times: dict = {way: [] for way in REPLAYS}
     with collect_trace() as trace:
+        graph = capture(step)  # posts the step's groups once, as the door binds them (untimed)
+        mark = captured = len(trace.entries)
         for r in range(-1, ROUNDS):  # round -1: each way once, untimed
             for way in REPLAYS[r % len(REPLAYS):] + REPLAYS[:r % len(REPLAYS)]:
                 comm.Barrier()
@@ -340,12 +371,22 @@ def _message_replay(args, comm) -> dict:
                 if r >= 0:
                     times[way].append(spent)
                 if r == -1 and way == "door":
-                    rows = [e for e in trace.entries if e.op in P2P]
+                    rows = [e for e in trace.entries[mark:] if e.op in P2P]
+                if r == -1 and way == "replayed":
+                    replay_rows = [e for e in trace.entries[mark:] if e.op in P2P]
+                mark = len(trace.entries)
+    del graph  # its bound requests freed before the communicators
+    for requests in bound:
+        for request in requests:
+            request.Free()
     mesh.close()
     out = {way: statistics.median(times[way]) for way in REPLAYS}
-    for way in ("door", "raw2", "waitall"):
+    for way in REPLAYS[1:]:
         out[way + "_ratio"] = statistics.median(t / base for t, base in zip(times[way], times["raw"]))
+    same = [(e.op, e.bytes_sent, e.bytes_received) for e in replay_rows] == [(e.op, e.bytes_sent, e.bytes_received)
+                                                                             for e in rows] and captured == len(rows)
     out.update(groups=comm.allreduce(len(rows)), bytes=comm.allreduce(sum(e.bytes_sent for e in rows)),
+               replay_rows_same=comm.allreduce(int(not same)) == 0,
                planned_groups=comm.allreduce(len(groups)), messages=comm.allreduce(sum(len(s) for _, s in groups)),
                planned_bytes=comm.allreduce(sum(b.nbytes for _, sends in groups for b, _, _ in sends)),
                wait="polite" if polite else "busy", rounds=ROUNDS)
@@ -421,6 +462,8 @@ def _launch(args, worker: str, check: int = 0) -> dict | None:
         ranks = str(PP)
         common = common[:-2] + ["--microbatches", str(args.microbatches)]
         cmd = [sys.executable, str(HERE)] + common + ["--pipeline", "--worker", worker]
+        if worker == "pipe" and args.replay:
+            cmd.append("--replay")
         if worker not in ("pipe", "pmsg"):
             cmd = [sys.executable, str(HERE.parent / "peer_mpi4py_pipeline.py")] + common
     if worker in ("mpi", "mpireplay", "dtensor") + PIPE or worker in HAND:
@@ -456,6 +499,8 @@ def _pipeline(args) -> int:
     print(f"GPT {args.layers} layers, d_model {args.d_model}, seq {args.seq}, batch 8; load average "
           f"{os.getloadavg()[0]:.1f}")
     print(f"pipeline pp {PP} x dp 1 x tp 1 on {PP} MPI ranks, 1F1B, {args.microbatches} microbatches")
+    if args.replay:
+        print("spmdsim's step 0 captured (spmdsim.runtime.replay), the timed steps replayed")
     # The peer's A/A pair brackets spmdsim's launch, so a drift of the machine's load shows in the pair.
     rows: dict = {worker: [] for worker in PIPE}
     for _ in range(args.launches):
@@ -469,7 +514,8 @@ def _pipeline(args) -> int:
     print(f"{'numpy + mpi4py by hand, 1F1B':40} {hand:8.3f}")
     print(f"{'the same again (A/A control)':40} {again:8.3f}  "
           f"{_ratio(rows['phand2'], rows['phand'], 'step', 'the first')}")
-    print(f"{'spmdsim train_pipelined, 1F1B':40} {pipe:8.3f}  {_ratio(rows['pipe'], rows['phand'], 'step', 'by hand')}")
+    spmdsim_row = "spmdsim train_pipelined, 1F1B" + (", replayed" if args.replay else "")
+    print(f"{spmdsim_row:40} {pipe:8.3f}  {_ratio(rows['pipe'], rows['phand'], 'step', 'by hand')}")
     print("point-to-point time a step (posting and waits of each group, summed, the slowest rank):")
     print(f"{'  by hand':40} {_median(rows['phand'], 'messages'):8.3f}")
     print(f"{'  by hand again (A/A control)':40} {_median(rows['phand2'], 'messages'):8.3f}  "
@@ -483,7 +529,9 @@ def _pipeline(args) -> int:
     print(f"{'  raw mpi4py Irecv/Isend, the same wait':40} {_median(replays, 'raw'):8.5f}")
     for way, label, versus in (("raw2", "  raw again (A/A control)", "the first"),
                                ("door", "  spmdsim runtime.door.point_to_point", "raw"),
-                               ("waitall", "  raw mpi4py, Request.Waitall", "raw")):
+                               ("waitall", "  raw mpi4py, Request.Waitall", "raw"),
+                               ("replayed", "  spmdsim, the door's calls replayed", "raw"),
+                               ("rawbound", "  raw mpi4py Send_init/Recv_init", "raw")):
         ratios = [r[way + "_ratio"] for r in replays]
         print(f"{label:40} {_median(replays, way):8.5f}  {statistics.median(ratios):5.2f}x {versus} "
               f"({_spread(ratios)})")
@@ -493,6 +541,7 @@ def _pipeline(args) -> int:
     same_groups = ours["p2p_groups"] == theirs["p2p_groups"] and \
         all(r["groups"] == r["planned_groups"] == ours["p2p_groups"] for r in replays)
     same_messages = all(r["messages"] == theirs["p2p_messages"] for r in replays)
+    same_groups = same_groups and all(r["replay_rows_same"] for r in replays)
     print(f"point-to-point groups a step, all ranks: spmdsim {ours['p2p_groups']}, by hand {theirs['p2p_groups']}, "
           f"replayed {first['groups']} ({'equal' if same_groups else 'DIFFERENT'})")
     print(f"point-to-point messages a step, all ranks: by hand {theirs['p2p_messages']}, replayed "
@@ -534,6 +583,8 @@ def main() -> int:
     ap.add_argument("--pipeline", action="store_true",
                     help=f"time the pipelined step (pp {PP}, 1F1B) against the same schedule by hand on mpi4py")
     ap.add_argument("--microbatches", type=int, default=None, help="with --pipeline: microbatches a step (8)")
+    ap.add_argument("--replay", action="store_true",
+                    help="with --pipeline: spmdsim captures step 0 and replays it for the timed steps")
     ap.add_argument("--worker", choices=("ref", "one", "sim", "simreplay", "mpi", "mpireplay", "pipe", "pmsg"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -543,6 +594,8 @@ def main() -> int:
             ap.error(f"--{name.replace('_', '-')} {getattr(args, name)} must be at least 1")
     if args.microbatches is not None and not args.pipeline:
         ap.error(f"--microbatches {args.microbatches} applies to --pipeline only")
+    if args.replay and not args.pipeline:
+        ap.error("--replay applies to --pipeline only")
     if args.pipeline:
         from peer_mpi4py_pipeline import pipeline_args_problem
 

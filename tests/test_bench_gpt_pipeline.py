@@ -4,7 +4,8 @@ One launch of each (a 4-layer GPT of d_model 32 on 4 MPI ranks, one timed step):
 the hand-written step's loss at step 0 is spmdsim's and the one process's, its
 gradients the one process's, and both sides and the messages-only replay send the
 same point-to-point bytes in the same groups and messages, the counts a 1F1B step
-over pp 4 must send. Values only, never timings. Without mpiexec the case is one
+over pp 4 must send (the door's calls captured and replayed write the rows the
+door's calls write). Values only, never timings. Without mpiexec the case is one
 line; bytes, groups, messages or losses that differ make it exit 1.
 """
 from __future__ import annotations
@@ -43,7 +44,8 @@ def test_one_launch_agrees_on_the_loss_and_the_bytes():
     for row in ("numpy + mpi4py by hand, 1F1B", "the same again (A/A control)", "spmdsim train_pipelined, 1F1B",
                 "  by hand   ", "  by hand again (A/A control)", "  spmdsim (its send/recv trace rows)",
                 "  raw mpi4py Irecv/Isend, the same wait", "  raw again (A/A control)",
-                "  spmdsim runtime.door.point_to_point", "  raw mpi4py, Request.Waitall"):
+                "  spmdsim runtime.door.point_to_point", "  raw mpi4py, Request.Waitall",
+                "  spmdsim, the door's calls replayed", "  raw mpi4py Send_init/Recv_init"):
         assert sum(line.startswith(row) for line in lines) == 1, (row, done.stdout)
     [sent] = [line for line in lines if line.startswith("point-to-point bytes a step, all ranks: ")]
     ours, theirs, replayed = _value(sent, "spmdsim "), _value(sent, "by hand "), _value(sent, "replayed ")
@@ -71,7 +73,7 @@ def test_one_launch_agrees_on_the_loss_and_the_bytes():
 def _args(bench, **kw):
     import argparse
 
-    base = dict(launches=1, steps=1, layers=4, d_model=32, seq=16, microbatches=8)
+    base = dict(launches=1, steps=1, layers=4, d_model=32, seq=16, microbatches=8, replay=False)
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -81,6 +83,32 @@ def test_without_mpiexec_it_is_one_line(bench, monkeypatch, capsys):
     out = capsys.readouterr()
     assert out.out == "" and out.err.count("\n") == 1
     assert out.err.startswith("bench_gpt --pipeline: no mpiexec beside python or on PATH (pip install mpich)")
+
+
+def test_replay_reaches_the_pipelined_launch_alone(bench, monkeypatch, capsys):
+    """--replay: spmdsim's pipelined launch gets it (train_pipelined(replay=True)), the peer's and the
+    messages-only launches do not; the header and spmdsim's row say so; without --pipeline it is refused."""
+    launched = []
+
+    def run(cmd, **kw):
+        launched.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, "RESULT {}\n", "")
+
+    monkeypatch.setattr(bench.subprocess, "run", run)
+    for worker in bench.PIPE:
+        bench._launch(_args(bench, replay=True), worker)
+    assert ["--replay" in cmd for cmd in launched] == [worker == "pipe" for worker in bench.PIPE]
+    monkeypatch.setattr(bench, "_mpiexec", lambda: "mpiexec")
+    monkeypatch.setattr(bench, "_launch", lambda args, worker: dict(_REPLAY if worker == "pmsg" else _HAND))
+    assert bench._pipeline(_args(bench, replay=True)) == 0
+    out = capsys.readouterr().out
+    assert "8 microbatches\nspmdsim's step 0 captured (spmdsim.runtime.replay), the timed steps replayed\n" in out
+    assert max(len(line) for line in out.splitlines()) <= 100
+    assert "spmdsim train_pipelined, 1F1B, replayed     0.100   1.00x by hand" in out
+    monkeypatch.undo()  # subprocess.run again
+    done = subprocess.run([sys.executable, str(_SCRIPTS / "bench_gpt.py"), "--replay"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.splitlines()[-1].endswith("error: --replay applies to --pipeline only")
 
 
 def test_message_groups_follow_the_schedule(bench):
@@ -105,8 +133,9 @@ def test_message_groups_follow_the_schedule(bench):
 
 _HAND = {"step": 0.1, "messages": 0.05, "p2p_bytes": 4, "p2p_bytes_steps": [4], "p2p_groups": 2,
          "p2p_messages": 1, "loss0": 4.7, "reference0": 4.7, "grad_error": 0.0}
-_REPLAY = {"raw": 0.01, "door": 0.011, "raw2": 0.01, "waitall": 0.012, "door_ratio": 1.1, "raw2_ratio": 1.0,
-           "waitall_ratio": 1.2, "groups": 2, "bytes": 4, "planned_groups": 2, "messages": 1, "planned_bytes": 4,
+_REPLAY = {"raw": 0.01, "door": 0.011, "raw2": 0.01, "waitall": 0.012, "replayed": 0.0098, "rawbound": 0.009,
+           "door_ratio": 1.1, "raw2_ratio": 1.0, "waitall_ratio": 1.2, "replayed_ratio": 0.98, "rawbound_ratio": 0.9,
+           "groups": 2, "bytes": 4, "replay_rows_same": True, "planned_groups": 2, "messages": 1, "planned_bytes": 4,
            "wait": "polite", "rounds": 30}
 
 
@@ -115,6 +144,7 @@ _REPLAY = {"raw": 0.01, "door": 0.011, "raw2": 0.01, "waitall": 0.012, "door_rat
     ({}, {"bytes": 8}, "point-to-point bytes differ"),
     ({"p2p_groups": 3}, {}, "point-to-point groups or messages differ"),
     ({}, {"messages": 2}, "point-to-point groups or messages differ"),
+    ({}, {"replay_rows_same": False}, "point-to-point groups or messages differ"),
     ({"loss0": 4.5}, {}, "step 0's losses differ by 2.0e-01"),
 ])
 def test_bytes_groups_or_losses_that_differ_exit_1(bench, monkeypatch, capsys, pipe, replay, needle):
@@ -133,4 +163,6 @@ def test_equal_counts_exit_0_and_print_both_ratios(bench, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "  spmdsim (its send/recv trace rows)        0.050   1.00x by hand (1.00-1.00)" in out
     assert "  spmdsim runtime.door.point_to_point     0.01100   1.10x raw (1.10-1.10)" in out
+    assert "  spmdsim, the door's calls replayed      0.00980   0.98x raw (0.98-0.98)" in out
+    assert "  raw mpi4py Send_init/Recv_init          0.00900   0.90x raw (0.90-0.90)" in out
     assert "point-to-point groups a step, all ranks: spmdsim 2, by hand 2, replayed 2 (equal)" in out

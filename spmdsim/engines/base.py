@@ -16,6 +16,7 @@ place in it) and how each kind of transfer runs on such a group:
 | ``barrier(comm, wait)`` | nothing: every member has arrived |
 | ``isend(comm, buf, dest, tag)``, ``irecv(comm, buf, source, tag)`` | one message; a request with ``Test()``/``Wait()`` |
 | ``post(comm, receives, sends)`` | a group's messages: every receive posted, then every send; their requests |
+| ``bind(comm, receives, sends)``, ``start(bound)`` | the same messages bound to their buffers once (persistent requests), then posted again |
 | ``all_gather_object``, ``gather_object``, ``broadcast_object``, ``all_reduce_object`` | picklable objects (control traffic) |
 
 `wait` says how the caller waits: None for the blocking call; else a function
@@ -143,6 +144,16 @@ class Engine:
                 request.Wait()
             else:
                 wait(request)
+
+    def bind(self, comm: Any, receives: list, sends: list) -> Any:
+        """`post`'s messages bound to their buffers once, not posted: the engine's holder of persistent requests
+        (receives first) that `start` posts again (its requests, for `wait_all`) and dropping it releases; None
+        where the engine has none (the caller posts each time). A captured step's groups (spmdsim.runtime.replay)."""
+        return None
+
+    def start(self, bound: Any) -> list:
+        """Post `bind`'s messages again (all at once); their requests, for `wait_all`."""
+        raise NotImplementedError(f"{self.name} engine: start")
 
     def persistent(self, kind: str, comm: Any, args: tuple) -> Any:
         """A persistent request for the transfer `kind` on fixed buffers (``Start``, then a wait), or

@@ -139,7 +139,7 @@ def messages(comm: Any, axes: Any, receives: list, sends: list) -> tuple:
 
 
 def point_to_point(mesh: Mesh, comm: Any, axes: Any, receives: list, sends: list, label: str | None,
-                   known: tuple | None = None) -> None:
+                   known: tuple | None = None, bound: Any = None) -> None:
     """Messages between members of `comm` (a group of `mesh` over `axes`), posted together and all waited
     for: `receives` as (buffer, source, tag), `sends` as (buffer, dest, tag), receives posted first. A
     pipeline's activations and gradients between stages (spmdsim.gpt.pipeline). Waited politely on a
@@ -147,16 +147,20 @@ def point_to_point(mesh: Mesh, comm: Any, axes: Any, receives: list, sends: list
     watchdog's report); one trace row ("send", "recv" or "sendrecv") with the bytes each way. Not
     numbered as a collective: the stages of a pipeline make different numbers of them. One recorded call
     when a rank captures a step (spmdsim.runtime.replay): a replay posts the same messages on the same
-    buffers again. `known`: `messages(comm, axes, receives, sends)`, worked out by the caller before (else
-    here, when a trace or a debug hook needs it); a debug hook's run counts again and refuses one that differs."""
+    buffers again, bound to them at the capture where the engine can (MPI's persistent requests, `bound`:
+    one ``Startall`` a group). `known`: `messages(comm, axes, receives, sends)`, worked out by the caller
+    before (else here, when a trace or a debug hook needs it); a debug hook's run counts again and refuses
+    one that differs."""
     if CAPTURES[0] and capturing():  # recorded as one call (the kernel below runs this body again, inside it)
-        return _recorded_point_to_point(mesh, comm, axes, receives, sends, label, known)
+        if bound is None:
+            bound = mesh.engine.bind(comm, receives, sends)
+        return _recorded_point_to_point(mesh, comm, axes, receives, sends, label, known, bound)
     # The posts first: a peer waits for them. After the wait only the end time and a row of constants
     # (each microsecond between one group's wait and the next group's posts lies on the schedule's chain
     # of stages, at 4 ranks per core on cold caches).
     t0 = perf_counter()
     engine = mesh.engine  # `comm` is a group of `mesh`: its engine
-    requests = engine.post(comm, receives, sends)
+    requests = engine.post(comm, receives, sends) if bound is None else engine.start(bound)
     context = mesh.context  # this rank's: its traces and hooks
     traces = context.traces
     if context.hooks.quiet:  # no check, no watchdog: debug.waiter's answer without its call

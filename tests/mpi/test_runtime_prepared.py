@@ -87,3 +87,47 @@ def test_blocks_that_would_need_packing_are_rejected_before_communicating(mesh):
         P.prepare_alltoall(mesh, x, ("dp", "mp"), 1)
     with pytest.raises(ShapeError, match="out"):
         P.prepare_allreduce(mesh, np.zeros(4), ("mp",), out=np.zeros(5))
+
+
+def test_a_captured_point_to_point_group_is_bound_once_and_replayed_by_startall(mesh, monkeypatch):
+    """A step that sends a ring's messages through the door, captured (spmdsim.runtime.replay): the capture
+    binds the group's messages to their buffers (persistent requests, receives first), each replay starts
+    them again without posting (no Irecv/Isend), the values of each replay arrive, one trace row a replay
+    with the bytes each way, and dropping the graph frees the requests."""
+    import gc
+
+    from spmdsim.engines.mpi import MpiEngine
+    from spmdsim.runtime.door import point_to_point
+    from spmdsim.runtime.replay import Scalar, capture, kernel
+
+    g, me = mesh.size, mesh.rank
+    comm = mesh.group(("dp", "mp"))
+    left, right = (me - 1) % g, (me + 1) % g
+    got, mine = np.empty(3), np.zeros(3)
+    bound, posted = [], []
+    bind, post = MpiEngine.bind, MpiEngine.post
+    monkeypatch.setattr(MpiEngine, "bind", lambda self, *a: bound.append(bind(self, *a)) or bound[-1])
+    monkeypatch.setattr(MpiEngine, "post", lambda self, *a: posted.append(1) or post(self, *a))
+
+    @kernel
+    def fill(step, out):
+        out[...] = 10.0 * int(step) + me
+
+    def step(k):
+        fill(k, mine)
+        point_to_point(mesh, comm, ("dp", "mp"), [(got, left, 9)], [(mine, right, 9)], "ring")
+
+    with collect_trace() as trace:
+        graph = capture(step, Scalar(0))
+        assert np.array_equal(got, np.full(3, float(left)))
+        for k in (1, 2, 3):
+            graph(Scalar(k))
+            assert np.array_equal(got, np.full(3, 10.0 * k + left))
+    assert len(bound) == 1 and len(bound[0].requests) == 2 and posted == []
+    rows = [(e.op, e.bytes_sent, e.bytes_received, e.label) for e in trace.entries]
+    assert rows == [("sendrecv", 24, 24, "ring")] * 4
+    requests = list(bound[0].requests)
+    assert all(requests)  # inactive, not freed
+    del graph, bound[:]
+    gc.collect()
+    assert not any(requests)  # freed with the graph
