@@ -211,12 +211,6 @@ def bad_root(root: Any, size: int, call: str) -> BaseException:
     return ShapeError(text)
 
 
-def _shared(n: int, dtype: np.dtype) -> Callable[[Any], None]:
-    def complete(slot: Any) -> None:
-        slot.shared = np.empty(n, dtype)
-    return complete
-
-
 # -- buffers -------------------------------------------------------------------------------------
 
 def all_reduce(m: Member, src: np.ndarray, dst: np.ndarray, red: Reduction, datatype: Any = None,
@@ -225,17 +219,27 @@ def all_reduce(m: Member, src: np.ndarray, dst: np.ndarray, red: Reduction, data
     or, with `tree`, in that association (spmdsim.sim.orders)."""
     n = dst.size
     signature = ("allreduce", dtype_name(src.dtype), n, red.name)
-    g, me = m._group.size, m._me
-    lo, hi = n * me // g, n * (me + 1) // g
 
-    def fold_mine(slot: Any) -> None:  # this member's share of the sum, read before any write
-        if hi > lo:
-            fold(red, [c.data[lo:hi] for c in slot.calls], slot.shared[lo:hi], datatype, tree)
+    def fold_all(slot: Any) -> None:
+        # The first member's phase folds all n items once, before any member writes: g folds of n/g items
+        # each cost g times the calls (8 ranks of 8 floats: 147 us against 12). What it raises, every
+        # member raises.
+        done = slot.shared
+        if done is None:
+            out = np.empty(n, src.dtype)
+            try:
+                fold(red, [c.data for c in slot.calls], out, datatype, tree)
+            except Exception as exc:
+                slot.shared = exc
+                raise
+            slot.shared = out
+        elif isinstance(done, BaseException):
+            raise _alike(done)
 
     def write(slot: Any) -> None:
         dst[:n] = slot.shared
 
-    m._enter_all("allreduce", signature, src, (fold_mine, write), _shared(n, src.dtype))
+    m._enter_all("allreduce", signature, src, (fold_all, write))
 
 
 def reduce_scatter(m: Member, src: np.ndarray, dst: np.ndarray, b: int, red: Reduction,
