@@ -457,3 +457,30 @@ def test_a_half_imported_mpi4py_is_not_read_for_its_constants(monkeypatch):
     half.__spec__._initializing = False
     half.IN_PLACE = marker = object()
     assert _buffers.mpi_module() is half and _buffers.in_place(marker)
+
+
+class _RefusingOp:
+    """A user reduction whose function raises (as MPI.Op.Create's does when the user's function raises)."""
+
+    def Reduce_local(self, inbuf, inoutbuf):  # noqa: N802 - mpi4py's name
+        raise ValueError("this op refuses")
+
+
+@pytest.mark.parametrize("count", [1, 6])
+def test_a_buffer_reduction_that_raises_raises_on_every_rank(count):
+    """The fold of an Allreduce raises on every member, fewer items than members or more: each rank
+    folded its own share of the items, and a rank whose share was empty returned a buffer never written."""
+    from spmdsim.sim._buffers import Reduction
+    from spmdsim.sim.thread_engine import all_reduce
+
+    red = Reduction("user op", None, None, _RefusingOp())
+
+    def body():
+        got = np.full(count, -1.0)
+        try:
+            all_reduce(world(), np.ones(count), got, red, datatype="d")
+        except ValueError as exc:
+            return str(exc)
+        return got.tolist()
+
+    assert simulate(4, body) == ["this op refuses"] * 4
