@@ -84,15 +84,44 @@ def ranks_text(ranks: Any) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {compact_ranks(ranks)}"
 
 
-class Call:
-    """One member's collective call: what it is (`signature`, compared across members) and its data."""
+class _Waiting:
+    """What a rank waits in: a collective (group, call number) or a point-to-point request (`op` None: the
+    request's own words, ``token._what()``, or the first three of a Waitany's tuple of requests, made only
+    for a report: a Recv waits once per message)."""
 
-    __slots__ = ("op", "signature", "data", "complete", "finish", "raised")
+    __slots__ = ("_op", "group", "seq", "token")
+
+    def __init__(self, op: Optional[str], group: Optional[Group], seq: Optional[int], token: Any = None) -> None:
+        self._op, self.group, self.seq, self.token = op, group, seq, token
+
+    @property
+    def op(self) -> str:
+        if self._op is not None:
+            return self._op
+        token = self.token
+        if type(token) is tuple:
+            return " | ".join(p._what() for p in token[:3])
+        return token._what()
+
+    def key(self) -> tuple:
+        return (self.op, id(self.group), self.seq, id(self.token) if self.token is not None else None)
+
+    def text(self) -> str:
+        where = "" if self.group is None else f" on {self.group.label()}"
+        number = "" if self.seq is None else f" (call {self.seq})"
+        return f"{self.op}{where}{number}"
+
+
+class Call(_Waiting):
+    """One member's collective call: what it is (`signature`, compared across members) and its data; while
+    the member waits in it, what it waits in (a _Waiting of its group and call number, set on arrival)."""
+
+    __slots__ = ("signature", "data", "complete", "finish", "raised")
 
     def __init__(self, op: str, signature: tuple, data: Any = None,
                  complete: Optional[Callable[[Any], None]] = None,
                  finish: Optional[tuple] = None) -> None:
-        self.op = op
+        self._op, self.group, self.seq, self.token = op, None, None, None
         self.signature = signature  # (op, dtype, count, root, ...): must be equal on every member
         self.data = data
         self.complete = complete  # run once, under the lock, by the last member to arrive
@@ -178,7 +207,8 @@ class Group:
             if call.complete is not None:
                 call.complete(slot)
         else:
-            world.wait(rank, _Waiting(call.op, self, seq))
+            call.group, call.seq = self, seq  # what it waits in, for a report: no object made per wait
+            world.wait(rank, call)
             if slot.error is not None:
                 raise RuntimeMismatchError(slot.error)
         return slot, last
@@ -280,28 +310,6 @@ def _lets_go(waited: Any, token: Any) -> bool:
     (Waitany), or the last of an `AllOf` (Waitall)."""
     return (waited is token or (type(waited) is tuple and any(t is token for t in waited))
             or (type(waited) is AllOf and waited.all_done()))
-
-
-class _Waiting:
-    """What a rank waits in: a collective (group, call number) or a point-to-point request (`op` None: the
-    request's own words, ``token._what()``, made only for a report: a Recv waits once per message)."""
-
-    __slots__ = ("_op", "group", "seq", "token")
-
-    def __init__(self, op: Optional[str], group: Optional[Group], seq: Optional[int], token: Any = None) -> None:
-        self._op, self.group, self.seq, self.token = op, group, seq, token
-
-    @property
-    def op(self) -> str:
-        return self.token._what() if self._op is None else self._op
-
-    def key(self) -> tuple:
-        return (self.op, id(self.group), self.seq, id(self.token) if self.token is not None else None)
-
-    def text(self) -> str:
-        where = "" if self.group is None else f" on {self.group.label()}"
-        number = "" if self.seq is None else f" (call {self.seq})"
-        return f"{self.op}{where}{number}"
 
 
 class World(RankThreads):
