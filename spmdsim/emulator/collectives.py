@@ -37,7 +37,7 @@ _same = bodies.checked_same
 def _matching(op: str, sendbuf: Any, dst: np.ndarray, n: int) -> np.ndarray:
     """The send data of a reduction whose receive buffer is `dst` (n items), checked (thread_engine.matching)."""
     src, ns, _ = message(sendbuf, f"{op} sendbuf")
-    return bodies.matching(op, src[:ns], dst[:n])
+    return bodies.matching(op, src if src.size == ns else src[:ns], dst if dst.size == n else dst[:n])
 
 
 def _blocks_fit(op: str, sent: np.ndarray, recv: np.ndarray) -> None:
@@ -67,11 +67,10 @@ class BufferCollectives:
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> None:
         red = reduction(op)
         dst, n, dt = message(recvbuf, "Allreduce recvbuf", readonly=False)
-        if in_place(sendbuf):
-            src = dst[:n]
-        else:
-            src = _matching("Allreduce", sendbuf, dst, n)
-        bodies.all_reduce(self, src, dst[:n], red, dt, allreduce_tree)  # MPICH's association, for floats
+        if dst.size != n:
+            dst = dst[:n]
+        src = dst if in_place(sendbuf) else _matching("Allreduce", sendbuf, dst, n)
+        bodies.all_reduce(self, src, dst, red, dt, allreduce_tree)  # MPICH's association, for floats
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM, root: int = 0) -> None:
         red = reduction(op)
