@@ -5,8 +5,8 @@
     python scripts/bench_rendezvous.py --before /tmp/old        # another checkout's spmdsim beside, A/A too
     python scripts/bench_rendezvous.py --case Send+Recv@2 --repeat 9
 
-Cases: Allreduce of 8 float64 at 2 and 8 ranks, Barrier at 8 ranks, and Send then Recv of 8 float64
-between 2 ranks (a round trip: a rank hands the interpreter to the other twice). Each launch is a fresh
+Cases: Allreduce of 8 float64 at 2 and 8 ranks, Barrier and Bcast of 8 float64 at 8 ranks, and Send then
+Recv of 8 float64 between 2 ranks (a round trip: a rank hands the interpreter to the other twice). Each launch is a fresh
 process running `simulate(n, ...)`; a rank times its loop with `time.thread_time` (its own CPU, with
 the system time of its waits and wake-ups), and the case's figure is the sum over ranks per call: the
 CPU the simulation spends per collective or round trip, steadier than wall time on a loaded machine.
@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-CASES = (("Allreduce", 2), ("Allreduce", 8), ("Barrier", 8), ("Send+Recv", 2))
+CASES = (("Allreduce", 2), ("Allreduce", 8), ("Barrier", 8), ("Bcast", 8), ("Send+Recv", 2))
 
 _CHILD = r"""
 import json, sys, time
@@ -43,6 +43,8 @@ def body(case, calls):
             comm.Allreduce(a, b)
         elif case == "Barrier":
             comm.Barrier()
+        elif case == "Bcast":
+            comm.Bcast(a, 0)
         elif me == 0:
             comm.Send(a, 1, 1)
             comm.Recv(b, 1, 1)

@@ -2,7 +2,7 @@
 
 Every member deposits its send data, reads the others' once all are there and
 writes only its own receive buffer, then waits until all have read
-(engine.Group.enter/leave); in Allreduce, Reduce_scatter_block and Allgather
+(engine.Group.enter/leave); in Allreduce, Reduce_scatter_block, Allgather, Alltoall and Bcast
 the last member to arrive runs every member's reads and writes, in member
 order, and the members go on without a second wait (engine.Group.enter_all). Counts are read from the message arguments as
 mpi4py reads them (spmdsim.sim._buffers.message): in Allgather, Alltoall,

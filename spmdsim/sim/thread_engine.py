@@ -3,8 +3,8 @@
 `ThreadEngine` (`THREADS`) is the engine of simulated ranks (spmdsim.engines.base). A `Member` is one simulated rank's place in one group (engine.Group) with the
 group's call counter: what `ThreadEngine` hands a mesh as a group's
 communicator. Each transfer deposits this member's buffers in the group's
-rendezvous for call number `seq`; in all_reduce, reduce_scatter and
-all_gather the last member to arrive runs every member's reads and writes,
+rendezvous for call number `seq`; in all_reduce, reduce_scatter, all_gather,
+all_to_all and broadcast the last member to arrive runs every member's reads and writes,
 in member order, and the members go on without a second wait
 (engine.Group.enter_all); the others read the members' buffers once all are
 there and write only their own, then wait until all have read
@@ -280,15 +280,16 @@ def all_gather(m: Member, src: np.ndarray, dst: np.ndarray, n: int, inplace: boo
 def all_to_all(m: Member, src: np.ndarray, b: int, dst: np.ndarray, n: int) -> None:
     """Block j of `dst` (n items) = block `_me` (b items) of member j's `src`."""
     g, me = m._group.size, m._me
-    slot = m._enter("alltoall", ("alltoall", dtype_name(src.dtype), b * g), (src, b))
-    for j, call in enumerate(slot.calls):
-        theirs, tb = call.data
-        if theirs.dtype is dst.dtype:
-            dst[j * n:(j + 1) * n] = theirs[me * tb:(me + 1) * tb]
-        else:
-            copy_into(dst[j * n:(j + 1) * n], theirs[me * tb:(me + 1) * tb])
-    theirs = None  # no reference to a member's buffer outlives `leave` (Group.leave)
-    m._group.leave(me, slot)
+
+    def gather_mine(slot: Any) -> None:  # writes only this member's `dst`, which no member reads
+        for j, call in enumerate(slot.calls):
+            theirs, tb = call.data
+            if theirs.dtype is dst.dtype:
+                dst[j * n:(j + 1) * n] = theirs[me * tb:(me + 1) * tb]
+            else:
+                copy_into(dst[j * n:(j + 1) * n], theirs[me * tb:(me + 1) * tb])
+
+    m._enter_all("alltoall", ("alltoall", dtype_name(src.dtype), b * g), (src, b), (gather_mine,))
 
 
 def all_to_allv(m: Member, src: np.ndarray, scounts: Any, sdispls: Any, dst: np.ndarray, rcounts: Any,
@@ -317,18 +318,21 @@ def broadcast(m: Member, data: np.ndarray, root: int,
     """Every member's `data` (flat) = the root's. A receiver whose count is not the root's raises
     `mismatch(group, root, me, sent, data)` (the root's call completes, as under MPI)."""
     me = m._me
-    # The count is the root's to send, each receiver's to check (MPI: a truncation error there).
-    slot = m._enter("bcast", ("bcast", dtype_name(data.dtype), f"root {root}"), data)
-    if me != root:
+
+    def copy_mine(slot: Any) -> None:
+        # The count is the root's to send, each receiver's to check (MPI: a truncation error there).
         sent = slot.calls[root].data
         if sent.size != data.size:
-            error = (mismatch or _bcast_count)(m._group, root, me, sent, data)
-            sent = None  # no reference to the root's buffer outlives `leave` (Group.leave)
-            m._group.leave(me, slot)
-            raise error
+            raise (mismatch or _bcast_count)(m._group, root, me, sent, data)
         copy_into(data, sent)
-        sent = None
-    m._group.leave(me, slot)
+
+    # The root's phase does nothing: its buffer is only read.
+    m._enter_all("bcast", ("bcast", dtype_name(data.dtype), f"root {root}"), data,
+                 (_nothing if me == root else copy_mine,))
+
+
+def _nothing(slot: Any) -> None:
+    pass
 
 
 def _bcast_count(group: Group, root: int, me: int, sent: np.ndarray, data: np.ndarray) -> BaseException:
