@@ -6,13 +6,13 @@
     python scripts/bench_rendezvous.py --case Send+Recv@2 --repeat 9
 
 Cases: Allreduce of 8 float64 at 2 and 8 ranks, Barrier and Bcast of 8 float64 at 8 ranks, and Send then
-Recv of 8 float64 between 2 ranks (a round trip: a rank hands the interpreter to the other twice). Each launch is a fresh
-process running `simulate(n, ...)`; a rank times its loop with `time.thread_time` (its own CPU, with
-the system time of its waits and wake-ups), and the case's figure is the sum over ranks per call: the
-CPU the simulation spends per collective or round trip, steadier than wall time on a loaded machine.
-The wall time per call is the slowest rank's. It prints the median over launches and the load average
-before and after. With --before each round runs this checkout, the other one and this one again (an
-A/A control: the spread between two runs of the same thing).
+Recv of 8 float64 between 2 ranks (a round trip: a rank hands the interpreter to the other twice). Each
+launch is a fresh process running `simulate(n, ...)`; a rank times its loop with `time.thread_time` (its
+own CPU, with the system time of its waits and wake-ups), and the case's figure is the sum over ranks
+per call: the CPU the simulation spends per collective or round trip, steadier than wall time on a
+loaded machine. The wall time per call is the slowest rank's. It prints the median over launches and the
+load average before and after. With --before each round runs this checkout, the other one and this one
+again (an A/A control: the spread between two runs of the same thing).
 """
 from __future__ import annotations
 

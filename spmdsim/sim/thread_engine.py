@@ -3,13 +3,13 @@
 `ThreadEngine` (`THREADS`) is the engine of simulated ranks (spmdsim.engines.base). A `Member` is one simulated rank's place in one group (engine.Group) with the
 group's call counter: what `ThreadEngine` hands a mesh as a group's
 communicator. Each transfer deposits this member's buffers in the group's
-rendezvous for call number `seq`; in all_reduce, reduce_scatter, all_gather,
-all_to_all and broadcast the last member to arrive runs every member's reads and writes,
-in member order, and the members go on without a second wait
-(engine.Group.enter_all); the others read the members' buffers once all are
-there and write only their own, then wait until all have read
-(engine.Group.enter/leave), so that a sender may reuse its buffer as soon as
-its call returns, as under MPI. Reductions add in group order (member 0 +
+rendezvous for call number `seq`; in every buffer transfer the last member to
+arrive runs every member's reads and writes, in member order (a phase of reads
+before a phase of writes where a member may reduce in place), and the members go
+on without a second wait (engine.Group.enter_all): nobody reads a buffer once
+they are released, so that a sender may reuse its buffer as soon as its call
+returns, as under MPI. A phase runs in the last member's thread; what it raises
+is raised in its member. Reductions add in group order (member 0 +
 member 1 + ...), so every rank gets the same bytes on every run.
 
 The mpi4py emulator (SimComm, spmdsim.emulator.comm) reads mpi4py's buffer
@@ -296,21 +296,22 @@ def all_to_allv(m: Member, src: np.ndarray, scounts: Any, sdispls: Any, dst: np.
                 rdispls: Any) -> None:
     """What member j sends this one (its `scounts[_me]` items from `sdispls[_me]`) lands at `rdispls[j]`."""
     me = m._me
-    slot = m._enter("alltoallv", ("alltoallv", dtype_name(src.dtype)), (src, scounts, sdispls))
     size = dst.itemsize
-    for j, call in enumerate(slot.calls):
-        theirs, counts, displs = call.data
-        c, at, n = counts[me], displs[me], rcounts[j]
-        if c != n and c * theirs.itemsize != n * size:
-            raise ShapeError(f"Alltoallv counts disagree: rank {m._group.members[j]} sends "
-                             f"{c} items to rank {m.world_rank}, which expects {n}")
-        if n:
-            if theirs.dtype is dst.dtype or theirs.dtype == dst.dtype:
-                dst[rdispls[j]:rdispls[j] + n] = theirs[at:at + c]
-            else:
-                copy_into(dst[rdispls[j]:rdispls[j] + n], theirs[at:at + c])
-    theirs = None  # no reference to a member's buffer outlives `leave` (Group.leave)
-    m._group.leave(me, slot)
+
+    def gather_mine(slot: Any) -> None:  # writes only this member's `dst`, which no member reads
+        for j, call in enumerate(slot.calls):
+            theirs, counts, displs = call.data
+            c, at, n = counts[me], displs[me], rcounts[j]
+            if c != n and c * theirs.itemsize != n * size:
+                raise ShapeError(f"Alltoallv counts disagree: rank {m._group.members[j]} sends "
+                                 f"{c} items to rank {m.world_rank}, which expects {n}")
+            if n:
+                if theirs.dtype is dst.dtype or theirs.dtype == dst.dtype:
+                    dst[rdispls[j]:rdispls[j] + n] = theirs[at:at + c]
+                else:
+                    copy_into(dst[rdispls[j]:rdispls[j] + n], theirs[at:at + c])
+
+    m._enter_all("alltoallv", ("alltoallv", dtype_name(src.dtype)), (src, scounts, sdispls), (gather_mine,))
 
 
 def broadcast(m: Member, data: np.ndarray, root: int,
@@ -332,7 +333,7 @@ def broadcast(m: Member, data: np.ndarray, root: int,
 
 
 def _nothing(slot: Any) -> None:
-    pass
+    """The phase of a member that writes nothing (a root that only sends)."""
 
 
 def _bcast_count(group: Group, root: int, me: int, sent: np.ndarray, data: np.ndarray) -> BaseException:
@@ -346,12 +347,12 @@ def gather_to(m: Member, src: Optional[np.ndarray], root: int, dst: Optional[np.
     size, side by side). `src` None: the root's block is in place already."""
     me = m._me
     op = call.lower()
-    slot = m._enter(op, (op, f"root {root}"), src)
-    if me == root:
+    if me == root and counts is None:
         g = m._group.size
-        if counts is None:
-            n = dst.size // g
-            counts, displs = [n] * g, [n * j for j in range(g)]
+        n = dst.size // g
+        counts, displs = [n] * g, [n * j for j in range(g)]
+
+    def gather_all(slot: Any) -> None:  # the root's phase: every member's block into its `dst`
         for j, c in enumerate(slot.calls):
             if c.data is not None:
                 part = dst[displs[j]:displs[j] + counts[j]]
@@ -359,7 +360,8 @@ def gather_to(m: Member, src: Optional[np.ndarray], root: int, dst: Optional[np.
                     raise ShapeError(f"{call}: a block of {c.data.size} x {c.data.dtype.name} is sent where "
                                      f"{part.size} x {part.dtype.name} are received")
                 copy_into(part, c.data)
-    m._group.leave(me, slot)
+
+    m._enter_all(op, (op, f"root {root}"), src, (gather_all if me == root else _nothing,))
 
 
 def barrier(m: Member) -> None:
