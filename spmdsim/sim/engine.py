@@ -1,14 +1,16 @@
 """The shared state of one simulation: one lock, who waits where, and the collective rendezvous.
 
 Every simulated rank is a thread. A collective is a rendezvous per
-(communicator, call number): each member deposits its call, waits until all
-members arrived (`enter`), reads the others' buffers and writes its own, then
-waits until all have finished reading (`leave`) so that a sender may reuse its
-buffer as soon as its call returns, as under MPI.
+(communicator, call number): each member deposits its call and waits until all
+members arrived; the last to arrive runs every member's reads and writes and
+lets them go (`enter_all`), or each reads the others' buffers and writes its
+own, then waits until all have finished reading (`enter`, `leave`), so that a
+sender may reuse its buffer as soon as its call returns, as under MPI.
 
-All waiting goes through `World.wait` under the world lock, with one waker
-per rank (a plain lock the releaser releases): a completed rendezvous wakes its own members
-only, so 1,024 ranks do not wake each other. The world counts the live ranks
+All waiting goes through `World.wait` under the world lock, each waiter asleep
+on a lock of its own that the one letting it go releases (`_sleep`, `_wake`):
+a completed rendezvous wakes its own members only, so 1,024 ranks do not wake
+each other. The world counts the live ranks
 and those waiting on something not yet satisfied; when every live rank waits,
 nothing can complete, and every waiter raises a DeadlockError that names the
 call, the ranks waiting in it, their program lines and where the others are
