@@ -61,7 +61,8 @@ print(json.dumps([max(w for w, _ in times) / calls * 1e6, sum(c for _, c in time
 
 def _launch(case: str, ranks: int, calls: int, path: str) -> tuple[float, float]:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
-    out = subprocess.run([sys.executable, "-c", _CHILD, case, str(ranks), str(calls)], env=env,
+    # Run from that checkout: `python -c` puts the working directory first on sys.path, before PYTHONPATH.
+    out = subprocess.run([sys.executable, "-c", _CHILD, case, str(ranks), str(calls)], env=env, cwd=path,
                          capture_output=True, text=True, timeout=300)
     if out.returncode:
         raise SystemExit(f"{case} at {ranks} ranks failed ({path}):\n{out.stderr}")
