@@ -484,3 +484,21 @@ def test_a_buffer_reduction_that_raises_raises_on_every_rank(count):
         return got.tolist()
 
     assert simulate(4, body) == ["this op refuses"] * 4
+
+
+def test_a_gather_the_root_refuses_completes_on_the_others():
+    """A root whose receive blocks do not fit raises; the others' Gather completes, as under MPI, and
+    all go on (the others waited for the root to finish reading, and the root never did: a deadlock)."""
+    def body():
+        comm = world()
+        got = np.zeros(3 * comm.size) if comm.rank == 0 else None
+        try:
+            comm.Gather(np.full(2, float(comm.rank)), got, root=0)
+            raised = None
+        except ShapeError as exc:
+            raised = str(exc)
+        comm.Barrier()
+        return raised
+
+    assert simulate(3, body) == ["Gather: a block of 2 x float64 is sent where 3 x float64 are received",
+                                 None, None]
