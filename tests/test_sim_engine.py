@@ -457,3 +457,48 @@ def test_a_half_imported_mpi4py_is_not_read_for_its_constants(monkeypatch):
     half.__spec__._initializing = False
     half.IN_PLACE = marker = object()
     assert _buffers.mpi_module() is half and _buffers.in_place(marker)
+
+
+class _RefusingOp:
+    """A user reduction whose function raises (as MPI.Op.Create's does when the user's function raises)."""
+
+    def Reduce_local(self, inbuf, inoutbuf):  # noqa: N802 - mpi4py's name
+        raise ValueError("this op refuses")
+
+
+@pytest.mark.parametrize("count", [1, 6])
+def test_a_buffer_reduction_that_raises_raises_on_every_rank(count):
+    """The fold of an Allreduce raises on every member, fewer items than members or more: each rank
+    folded its own share of the items, and a rank whose share was empty returned a buffer never written."""
+    from spmdsim.sim._buffers import Reduction
+    from spmdsim.sim.thread_engine import all_reduce
+
+    red = Reduction("user op", None, None, _RefusingOp())
+
+    def body():
+        got = np.full(count, -1.0)
+        try:
+            all_reduce(world(), np.ones(count), got, red, datatype="d")
+        except ValueError as exc:
+            return str(exc)
+        return got.tolist()
+
+    assert simulate(4, body) == ["this op refuses"] * 4
+
+
+def test_a_gather_the_root_refuses_completes_on_the_others():
+    """A root whose receive blocks do not fit raises; the others' Gather completes, as under MPI, and
+    all go on (the others waited for the root to finish reading, and the root never did: a deadlock)."""
+    def body():
+        comm = world()
+        got = np.zeros(3 * comm.size) if comm.rank == 0 else None
+        try:
+            comm.Gather(np.full(2, float(comm.rank)), got, root=0)
+            raised = None
+        except ShapeError as exc:
+            raised = str(exc)
+        comm.Barrier()
+        return raised
+
+    assert simulate(3, body) == ["Gather: a block of 2 x float64 is sent where 3 x float64 are received",
+                                 None, None]

@@ -146,13 +146,12 @@ def test_waitall_wakes_its_rank_once_when_the_last_request_completes(monkeypatch
     from spmdsim.sim import Request, current_rank
 
     wakes = [0]
-    wait = threading.Condition.wait
+    sleep = engine.World._sleep
 
-    def counted(self, timeout=None):
-        woke = wait(self, timeout)
+    def counted(self, key):
+        sleep(self, key)
         wakes[0] += current_rank() == 1
-        return woke
-    monkeypatch.setattr(threading.Condition, "wait", counted)
+    monkeypatch.setattr(engine.World, "_sleep", counted)
     n = 8
 
     def body():
@@ -178,13 +177,12 @@ def test_a_collective_wakes_each_waiting_member_once(monkeypatch):
     about twice per call (20,434 wake-ups for these 10 calls), and cost 2.5x the time.
     """
     wakes = [0]
-    wait = threading.Condition.wait
+    sleep = engine.World._sleep
 
-    def counted(self, timeout=None):
-        woke = wait(self, timeout)
+    def counted(self, key):
+        sleep(self, key)
         wakes[0] += 1
-        return woke
-    monkeypatch.setattr(threading.Condition, "wait", counted)
+    monkeypatch.setattr(engine.World, "_sleep", counted)
 
     def body():
         comm = world()
@@ -195,3 +193,18 @@ def test_a_collective_wakes_each_waiting_member_once(monkeypatch):
     # One wake-up per rank per call (object allreduces meet once), plus the slot
     # hand-offs of the ranks that start in line: 11,254 here.
     assert wakes[0] <= calls * ranks + 2 * ranks, wakes[0]
+
+
+def test_the_rendezvous_benchmark_times_a_case_and_refuses_bad_counts():
+    """scripts/bench_rendezvous.py (docs/performance.md quotes its medians), one short launch."""
+    import pathlib
+
+    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "bench_rendezvous.py"
+    run = subprocess.run([sys.executable, str(script), "--repeat", "1", "--calls", "3", "--case", "Send+Recv@2"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    rows = [line.split() for line in run.stdout.splitlines() if line.startswith("Send+Recv @2")]
+    assert len(rows) == 1 and rows[0][2:4] == ["this", "checkout"], run.stdout
+    assert all(float(x) > 0 for x in rows[0][4:]), run.stdout
+    bad = subprocess.run([sys.executable, str(script), "--repeat", "0"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--repeat 0 and --calls 2000 must be 1 or more" in bad.stderr.splitlines()[-1]

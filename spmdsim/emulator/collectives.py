@@ -1,10 +1,9 @@
 """The buffer collectives of SimComm (mpi4py's Intracomm methods with capitalized names).
 
-Every member deposits its send data, reads the others' once all are there and
-writes only its own receive buffer, then waits until all have read
-(engine.Group.enter/leave); in Allreduce, Reduce_scatter_block and Allgather
-the last member to arrive runs every member's reads and writes, in member
-order, and the members go on without a second wait (engine.Group.enter_all). Counts are read from the message arguments as
+Every member deposits its send data; the last member to arrive runs every
+member's reads of the others' data and writes of its own receive buffer, in
+member order, and the members go on without a second wait
+(engine.Group.enter_all). Counts are read from the message arguments as
 mpi4py reads them (spmdsim.sim._buffers.message): in Allgather, Alltoall,
 Gather and Scatter a count is per peer. Reductions add in a fixed order (member
 0 + member 1 + ..., or MPICH's association), so every rank gets the same bytes on every run.
@@ -22,7 +21,7 @@ from ..sim import thread_engine as bodies
 from .._lazy import numpy_on_first_use
 from ..sim._buffers import copy_into, dtype_name, fold, in_place, message, mpi_error, mpi_module, reduction, vector
 from ..sim.orders import allreduce_tree, reduce_tree
-from ..sim.thread_engine import bad_root
+from ..sim.thread_engine import _nothing, bad_root
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
@@ -37,7 +36,7 @@ _same = bodies.checked_same
 def _matching(op: str, sendbuf: Any, dst: np.ndarray, n: int) -> np.ndarray:
     """The send data of a reduction whose receive buffer is `dst` (n items), checked (thread_engine.matching)."""
     src, ns, _ = message(sendbuf, f"{op} sendbuf")
-    return bodies.matching(op, src[:ns], dst[:n])
+    return bodies.matching(op, src if src.size == ns else src[:ns], dst if dst.size == n else dst[:n])
 
 
 def _blocks_fit(op: str, sent: np.ndarray, recv: np.ndarray) -> None:
@@ -67,11 +66,10 @@ class BufferCollectives:
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> None:
         red = reduction(op)
         dst, n, dt = message(recvbuf, "Allreduce recvbuf", readonly=False)
-        if in_place(sendbuf):
-            src = dst[:n]
-        else:
-            src = _matching("Allreduce", sendbuf, dst, n)
-        bodies.all_reduce(self, src, dst[:n], red, dt, allreduce_tree)  # MPICH's association, for floats
+        if dst.size != n:
+            dst = dst[:n]
+        src = dst if in_place(sendbuf) else _matching("Allreduce", sendbuf, dst, n)
+        bodies.all_reduce(self, src, dst, red, dt, allreduce_tree)  # MPICH's association, for floats
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM, root: int = 0) -> None:
         red = reduction(op)
@@ -83,27 +81,34 @@ class BufferCollectives:
         else:
             src, n, dt = message(sendbuf, "Reduce sendbuf")
             src = src[:n]
-        slot = self._enter("reduce", ("reduce", dtype_name(src.dtype), n, red.name, f"root {root}"), src)
         out = np.empty(n, src.dtype) if me == root else None
-        if me == root:
+
+        def fold_all(slot: Any) -> None:  # the root's: read every member's before it writes (in place)
             fold(red, [c.data for c in slot.calls], out, dt, reduce_tree(self._group.size, root))
-        self._group.leave(me, slot)
-        if me == root:
+
+        def write(slot: Any) -> None:
             dst[:n] = out
+
+        phases = (fold_all, write) if me == root else (_nothing, _nothing)
+        self._enter_all("reduce", ("reduce", dtype_name(src.dtype), n, red.name, f"root {root}"), src, phases)
 
     def _scan(self, call: str, sendbuf: Any, recvbuf: Any, op: Any, exclusive: bool) -> None:
         red = reduction(op)
         dst, n, dt = message(recvbuf, f"{call} recvbuf", readonly=False)
         src = dst[:n] if in_place(sendbuf) else _matching(call, sendbuf, dst, n)
-        slot = self._enter(call.lower(), (call.lower(), dtype_name(src.dtype), n, red.name), src)
         me = self._me
         upto = me if exclusive else me + 1
         out = np.empty(n, src.dtype) if upto else None
-        if upto:
+
+        def fold_mine(slot: Any) -> None:  # read before any member writes (in place)
             fold(red, [c.data for c in slot.calls[:upto]], out, dt)
-        self._group.leave(me, slot)
-        if upto:  # Exscan leaves rank 0's receive buffer as it was (MPI: undefined)
+
+        def write(slot: Any) -> None:
             dst[:n] = out
+
+        # Exscan leaves rank 0's receive buffer as it was (MPI: undefined)
+        phases = (fold_mine, write) if upto else (_nothing, _nothing)
+        self._enter_all(call.lower(), (call.lower(), dtype_name(src.dtype), n, red.name), src, phases)
 
     def Scan(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> None:
         self._scan("Scan", sendbuf, recvbuf, op, False)
@@ -152,12 +157,16 @@ class BufferCollectives:
                                  f"recvcounts {counts}")
             src = src[:total]
         signature = ("reduce_scatter_v", dtype_name(src.dtype), tuple(counts), red.name)
-        slot = self._enter("reduce_scatter_v", signature, src)
-        lo = sum(counts[:me])
-        out = np.empty(counts[me], src.dtype)
-        fold(red, [c.data[lo:lo + counts[me]] for c in slot.calls], out, dt)
-        self._group.leave(me, slot)
-        dst[:counts[me]] = out
+        lo, b = sum(counts[:me]), counts[me]
+        out = np.empty(b, src.dtype)
+
+        def fold_mine(slot: Any) -> None:  # read before any member writes (in place)
+            fold(red, [c.data[lo:lo + b] for c in slot.calls], out, dt)
+
+        def write(slot: Any) -> None:
+            dst[:b] = out
+
+        self._enter_all("reduce_scatter_v", signature, src, (fold_mine, write))
 
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
         g, me = self._group.size, self._me
@@ -184,13 +193,15 @@ class BufferCollectives:
         else:
             src, ns, _ = message(sendbuf, "Allgatherv sendbuf")
             src = src[:ns]
-        slot = self._enter("allgatherv", ("allgatherv",), src)
-        for j, call in enumerate(slot.calls):
-            if j != me or not inplace:
-                part = dst[displs[j]:displs[j] + counts[j]]
-                _blocks_fit("Allgatherv", call.data, part)
-                copy_into(part, call.data)
-        self._group.leave(me, slot)
+
+        def gather_mine(slot: Any) -> None:  # writes only this member's blocks no other member reads
+            for j, call in enumerate(slot.calls):
+                if j != me or not inplace:
+                    part = dst[displs[j]:displs[j] + counts[j]]
+                    _blocks_fit("Allgatherv", call.data, part)
+                    copy_into(part, call.data)
+
+        self._enter_all("allgatherv", ("allgatherv",), src, (gather_mine,))
 
     def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         self._gather("Gather", sendbuf, recvbuf, root, False)
@@ -233,14 +244,17 @@ class BufferCollectives:
     def _scattered(self, call: str, data: Any, recvbuf: Any, root: int) -> None:
         """The rest of Scatter(v): the root deposits its blocks (`data`), each member copies its own."""
         me, op = self._me, call.lower()
-        slot = self._enter(op, (op, f"root {root}"), data)
-        if not (me == root and in_place(recvbuf)):
-            dst, n, _ = message(recvbuf, f"{call} recvbuf", readonly=False)
+        if me == root and in_place(recvbuf):
+            self._enter_all(op, (op, f"root {root}"), data, (_nothing,))
+            return
+        dst, n, _ = message(recvbuf, f"{call} recvbuf", readonly=False)
+
+        def copy_mine(slot: Any) -> None:
             block = slot.calls[root].data[me]
             _blocks_fit(call, block, dst[:n])
             copy_into(dst[:n], block)
-            block = None  # no reference to the root's buffer outlives `leave` (Group.leave)
-        self._group.leave(me, slot)
+
+        self._enter_all(op, (op, f"root {root}"), data, (copy_mine,))
 
     def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
         g = self._group.size

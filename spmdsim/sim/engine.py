@@ -1,14 +1,16 @@
 """The shared state of one simulation: one lock, who waits where, and the collective rendezvous.
 
 Every simulated rank is a thread. A collective is a rendezvous per
-(communicator, call number): each member deposits its call, waits until all
-members arrived (`enter`), reads the others' buffers and writes its own, then
-waits until all have finished reading (`leave`) so that a sender may reuse its
-buffer as soon as its call returns, as under MPI.
+(communicator, call number): each member deposits its call and waits until all
+members arrived; the last to arrive runs every member's reads and writes and
+lets them go (`enter_all`), or each reads the others' buffers and writes its
+own, then waits until all have finished reading (`enter`, `leave`), so that a
+sender may reuse its buffer as soon as its call returns, as under MPI.
 
-All waiting goes through `World.wait` under the world lock, with one condition
-per rank (sharing that lock): a completed rendezvous wakes its own members
-only, so 1,024 ranks do not wake each other. The world counts the live ranks
+All waiting goes through `World.wait` under the world lock, each waiter asleep
+on a lock of its own that the one letting it go releases (`_sleep`, `_wake`):
+a completed rendezvous wakes its own members only, so 1,024 ranks do not wake
+each other. The world counts the live ranks
 and those waiting on something not yet satisfied; when every live rank waits,
 nothing can complete, and every waiter raises a DeadlockError that names the
 call, the ranks waiting in it, their program lines and where the others are
@@ -39,7 +41,7 @@ from typing import Any, Callable, Optional
 
 from ..engines.base import SimulationError
 from ..errors import RuntimeMismatchError
-from .rank_threads import RankThreads
+from .rank_threads import RankThreads, _held_lock
 from .report import explain, program_lines
 
 __all__ = ["World", "Group", "Call", "AllOf", "Aborted", "DeadlockError", "SimulationError", "run_slots"]
@@ -84,15 +86,44 @@ def ranks_text(ranks: Any) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {compact_ranks(ranks)}"
 
 
-class Call:
-    """One member's collective call: what it is (`signature`, compared across members) and its data."""
+class _Waiting:
+    """What a rank waits in: a collective (group, call number) or a point-to-point request (`op` None: the
+    request's own words, ``token._what()``, or the first three of a Waitany's tuple of requests, made only
+    for a report: a Recv waits once per message)."""
 
-    __slots__ = ("op", "signature", "data", "complete", "finish", "raised")
+    __slots__ = ("_op", "group", "seq", "token")
+
+    def __init__(self, op: Optional[str], group: Optional[Group], seq: Optional[int], token: Any = None) -> None:
+        self._op, self.group, self.seq, self.token = op, group, seq, token
+
+    @property
+    def op(self) -> str:
+        if self._op is not None:
+            return self._op
+        token = self.token
+        if type(token) is tuple:
+            return " | ".join(p._what() for p in token[:3])
+        return token._what()
+
+    def key(self) -> tuple:
+        return (self.op, id(self.group), self.seq, id(self.token) if self.token is not None else None)
+
+    def text(self) -> str:
+        where = "" if self.group is None else f" on {self.group.label()}"
+        number = "" if self.seq is None else f" (call {self.seq})"
+        return f"{self.op}{where}{number}"
+
+
+class Call(_Waiting):
+    """One member's collective call: what it is (`signature`, compared across members) and its data; while
+    the member waits in it, what it waits in (a _Waiting of its group and call number, set on arrival)."""
+
+    __slots__ = ("signature", "data", "complete", "finish", "raised")
 
     def __init__(self, op: str, signature: tuple, data: Any = None,
                  complete: Optional[Callable[[Any], None]] = None,
                  finish: Optional[tuple] = None) -> None:
-        self.op = op
+        self._op, self.group, self.seq, self.token = op, None, None, None
         self.signature = signature  # (op, dtype, count, root, ...): must be equal on every member
         self.data = data
         self.complete = complete  # run once, under the lock, by the last member to arrive
@@ -110,10 +141,11 @@ class Call:
 class _Slot:
     """The rendezvous of one collective call number on one communicator."""
 
-    __slots__ = ("calls", "arrived", "left", "error", "shared")
+    __slots__ = ("calls", "arrived", "left", "error", "shared", "signature")
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, signature: tuple) -> None:
         self.calls: list[Optional[Call]] = [None] * size
+        self.signature = signature  # the first arrival's: every member's must equal it
         self.arrived = 0
         self.left = 0
         self.error: Optional[str] = None
@@ -147,9 +179,7 @@ class Group:
         with world.lock:
             slot, last = self._arrive(me, seq, call)
             if last:
-                for i, other in enumerate(slot.calls):
-                    if i != me:
-                        world.release(self.members[i], None, self)
+                world.release_members(self, me)
         return slot
 
     def _arrive(self, me: int, seq: int, call: Call) -> tuple[_Slot, bool]:
@@ -159,13 +189,14 @@ class Group:
         """
         world = self.world
         rank = self.members[me]
-        world.check(rank, self)
+        if world.deadlock is not None or world.failure is not None:
+            world.check(rank, self)
         slot = self.slots.get(seq)
         if slot is None:
-            slot = self.slots[seq] = _Slot(self.size)
+            slot = self.slots[seq] = _Slot(self.size, call.signature)
         slot.calls[me] = call
         slot.arrived += 1
-        if slot.error is None:
+        if slot.error is None and call.signature != slot.signature:  # equal to every earlier arrival's, or not
             slot.error = self._mismatch(slot, me, seq)
         last = slot.error is None and slot.arrived == self.size
         if slot.error is not None:
@@ -178,7 +209,8 @@ class Group:
             if call.complete is not None:
                 call.complete(slot)
         else:
-            world.wait(rank, _Waiting(call.op, self, seq))
+            call.group, call.seq = self, seq  # what it waits in, for a report: no object made per wait
+            world.wait(rank, call)
             if slot.error is not None:
                 raise RuntimeMismatchError(slot.error)
         return slot, last
@@ -204,14 +236,14 @@ class Group:
                         except Exception as exc:  # noqa: BLE001 - raised in its member
                             other.raised = exc
             with world.lock:
-                world.check(self.members[me], self)
-                for i, other in enumerate(calls):
+                if world.deadlock is not None or world.failure is not None:
+                    world.check(self.members[me], self)
+                for other in calls:
                     # Nobody reads the buffers any more: drop them, and the phases that hold them, before a
                     # member goes on, so that this thread holds none of its buffers once it is released (a
                     # reference dropped here later would free its buffer in this thread while it runs).
                     other.data = other.finish = None
-                    if i != me:
-                        world.release(self.members[i], None, self)
+                world.release_members(self, me)
         raised, call.raised = call.raised, None  # its traceback holds this member's buffers: its own only
         if raised is not None:
             raise raised
@@ -229,9 +261,7 @@ class Group:
             world.check(self.members[me], self)
             slot.left += 1
             if slot.left == self.size:
-                for i, m in enumerate(self.members):
-                    if i != me:
-                        world.release(m, None, self)
+                world.release_members(self, me)
             else:
                 world.wait(self.members[me], _Waiting(slot.calls[me].op, self, None))
         # Nobody reads this member's buffers any more: drop them, so they are freed when the
@@ -284,36 +314,16 @@ def _lets_go(waited: Any, token: Any) -> bool:
             or (type(waited) is AllOf and waited.all_done()))
 
 
-class _Waiting:
-    """What a rank waits in: a collective (group, call number) or a point-to-point request (`op` None: the
-    request's own words, ``token._what()``, made only for a report: a Recv waits once per message)."""
-
-    __slots__ = ("_op", "group", "seq", "token")
-
-    def __init__(self, op: Optional[str], group: Optional[Group], seq: Optional[int], token: Any = None) -> None:
-        self._op, self.group, self.seq, self.token = op, group, seq, token
-
-    @property
-    def op(self) -> str:
-        return self.token._what() if self._op is None else self._op
-
-    def key(self) -> tuple:
-        return (self.op, id(self.group), self.seq, id(self.token) if self.token is not None else None)
-
-    def text(self) -> str:
-        where = "" if self.group is None else f" on {self.group.label()}"
-        number = "" if self.seq is None else f" (call {self.seq})"
-        return f"{self.op}{where}{number}"
-
-
 class World(RankThreads):
-    """The lock, the per-rank conditions and the live/waiting bookkeeping of one simulation (and of the
+    """The lock, the per-rank wakers and the live/waiting bookkeeping of one simulation (and of the
     threads its ranks start: spmdsim.sim.rank_threads)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.lock = threading.Lock()
-        self._wakers = {rank: threading.Condition(self.lock) for rank in range(size)}
+        # key -> a plain lock, held while that waiter has not been woken: `_wake` releases it, `_sleep` blocks on it
+        self._wakers = {rank: _held_lock() for rank in range(size)}
+        self._asleep: set[int] = set()  # keys blocked (or about to block) on their waker, not yet woken
         self.waiting: dict[int, _Waiting] = {}  # rank (or a rank's thread's key) -> what it waits for, until released
         self.live = size  # ranks and the threads they started, until they end
         self.finished: set[int] = set()
@@ -400,7 +410,7 @@ class World(RankThreads):
         if self._free and not self._queue:
             self._free -= 1
             self._granted.add(rank)
-            self._wakers[rank].notify()  # for a rank released while it waits in `wait`
+            self._wake(rank)  # for a rank released while it waits in `wait`
         else:
             self._queue.append(rank)
 
@@ -410,9 +420,8 @@ class World(RankThreads):
         A failure elsewhere does not stop a rank in line: like an MPI rank, it runs on to its
         next wait (a rank that raises what the others raised is reported with them).
         """
-        waker = self._wakers[rank]
         while rank not in self._granted:
-            waker.wait()
+            self._sleep(rank)
         self._granted.discard(rank)
         self._holding.add(rank)
 
@@ -423,7 +432,7 @@ class World(RankThreads):
         if self._queue:
             nxt = self._queue.popleft()
             self._granted.add(nxt)
-            self._wakers[nxt].notify()
+            self._wake(nxt)
         else:
             self._free += 1
 
@@ -461,15 +470,16 @@ class World(RankThreads):
             raise SimulationError(f"simulated rank {self.rank_of(key)} waits in {what.text()} as rank {rank}, on "
                                   f"rank {rank}'s communicator: each rank must use its own (MPI.COMM_WORLD read "
                                   f"in the rank, not kept where the ranks share it)")
-        self.waiting[key] = what
-        if len(self.waiting) >= self.live:
+        waiting = self.waiting
+        waiting[key] = what
+        if len(waiting) >= self.live:
             self._declare_deadlock()
-        self._give_slot(key)  # another rank computes while this one waits (a rank's other threads hold none)
-        waker = self._wakers[key]
-        while (key in self.waiting and self.deadlock is None
+        if key in self._holding:
+            self._give_slot(key)  # another rank computes while this one waits (a rank's other threads hold none)
+        while (key in waiting and self.deadlock is None
                and (self.failure is None or self._may_go_on(what.group))):
-            waker.wait()
-        if self.waiting.pop(key, None) is not None:  # woken by a failure, not released
+            self._sleep(key)
+        if waiting.pop(key, None) is not None:  # woken by a failure, not released
             self.check(rank)
         if key == rank:
             self._await_slot(rank)  # `release` lined it up
@@ -485,16 +495,56 @@ class World(RankThreads):
             self._release_matching(rank, token, group)
             return
         what = self.waiting.get(rank)
-        if what is not None and (token is None or _lets_go(what.token, token)):
+        if what is not None and (token is None or what.token is token or _lets_go(what.token, token)):
             del self.waiting[rank]
             self.releases += 1
             self._line_up(rank)
 
+    def release_members(self, group: Group, me: int) -> None:
+        """`release` every member of `group`'s collective but member `me` (the last to arrive)."""
+        members = group.members
+        if self._extra:
+            for i, rank in enumerate(members):
+                if i != me:
+                    self._release_matching(rank, None, group)
+            return
+        waiting = self.waiting
+        for i, rank in enumerate(members):
+            if i != me and waiting.pop(rank, None) is not None:
+                self.releases += 1
+                self._line_up(rank)
+
     _lets_go = staticmethod(_lets_go)  # for RankThreads._release_matching
 
+    def _sleep(self, key: int) -> None:
+        """Block the calling thread (waiter `key`, world lock held) until `_wake(key)`; return with the lock held.
+
+        A plain lock per waiter, held until the waker releases it: a threading.Condition allocated a lock and
+        went through five Python calls per wait, and each arrival in a rendezvous waits once.
+        """
+        lock = self.lock
+        self._asleep.add(key)
+        lock.release()
+        try:
+            self._wakers[key].acquire()
+        except BaseException:  # interrupted (a signal in the main thread): leave the waker held, not asleep
+            lock.acquire()
+            if key in self._asleep:
+                self._asleep.discard(key)
+            else:  # woken meanwhile: take the wake back
+                self._wakers[key].acquire(False)
+            raise
+        lock.acquire()
+
+    def _wake(self, key: int) -> None:
+        """Let waiter `key` return from `_sleep` (world lock held); nothing if it does not sleep."""
+        if key in self._asleep:
+            self._asleep.discard(key)
+            self._wakers[key].release()
+
     def _wake_all(self) -> None:
-        for waker in self._wakers.values():
-            waker.notify_all()
+        for key in list(self._asleep):
+            self._wake(key)
 
     # -- the end of a rank -------------------------------------------------------------------
 

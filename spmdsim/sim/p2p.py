@@ -234,7 +234,7 @@ def probe(group: Group, me: int, source: int, tag: int, status: Any, block: bool
             found = next((s for s in group.sends if s.peer == me and _fits(token, s.me, s.tag, wild)), None)
             if found is None and block:
                 group.probes.append(token)
-                world.wait(rank, _Waiting(token._what(), group, None, token=token))
+                world.wait(rank, _Waiting(None, group, None, token=token))
                 continue
             if found is not None:  # read under the lock: a receive may take the message next
                 if take:

@@ -3,8 +3,8 @@
 A World (spmdsim.sim.engine) keys its waiters by rank: the rank's own thread
 waits as its rank number. A thread the rank starts (spmdsim.emulator.rank_threads
 registers it) gets a key of its own, from `size` up, owned by that rank: it is
-live from its start to its end, waits under its key with a condition of its
-own, holds no run slot (it computes beside its rank), and is released by what
+live from its start to its end, waits under its key with a waker of its
+own (a held lock), holds no run slot (it computes beside its rank), and is released by what
 it waits for (its request, or the collective of its communicator). So every
 live thread is counted, and a deadlock is still every live thread waiting.
 A rank's thread that joins another of its threads waits as well (`join`), and
@@ -38,6 +38,13 @@ class _Joined:
         return f"join of a thread of rank {self.rank}"
 
 
+def _held_lock() -> Any:
+    """A waiter's waker (spmdsim.sim.engine.World._sleep): a lock held until the waiter is woken."""
+    lock = threading.Lock()
+    lock.acquire()
+    return lock
+
+
 class RankThreads:
     """A World's bookkeeping of the threads its ranks start (see the module docstring)."""
 
@@ -62,7 +69,7 @@ class RankThreads:
             self._next_key += 1
             self._extra[key] = rank
             self._extra_of.setdefault(rank, []).append(key)
-            self._wakers[key] = threading.Condition(self.lock)
+            self._wakers[key] = _held_lock()
             if daemon:
                 self._daemons.add(key)
             self.live += 1
@@ -86,6 +93,7 @@ class RankThreads:
             self._daemons.discard(key)
             self._rank_of_thread.pop(self.threads.pop(key, None), None)
             self._wakers.pop(key, None)
+            self._asleep.discard(key)
             self.live -= 1
             stopped = self.deadlock is not None or self.failure is not None  # it ended because of that:
             for waiter, what in list(self.waiting.items()):  # its joiners stop too, as they wake
@@ -144,7 +152,7 @@ class RankThreads:
         if key < self.size:
             self._line_up(key)
         else:
-            self._wakers[key].notify()
+            self._wake(key)
 
 
 def _waiting_for(joined: _Joined) -> Any:

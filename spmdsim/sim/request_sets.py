@@ -236,4 +236,4 @@ def _block_on(requests: Sequence[Any], every: bool) -> None:
             if not token.all_done():
                 world.wait(rank, _Waiting(None, token.group, None, token=token))
         elif all(not p.done for p in pending):
-            world.wait(rank, _Waiting(" | ".join(p._what() for p in pending[:3]), group, None, token=pending))
+            world.wait(rank, _Waiting(None, group, None, token=pending))
