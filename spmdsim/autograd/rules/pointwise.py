@@ -182,18 +182,29 @@ def record_pointwise(op: str, out: Any, xs: list, plan: Any) -> Any:
     derivative = DERIVATIVES.get(op)
     if derivative is None:
         return out
-    need = tuple([x._ag is not None for x in xs])
-    kept = plan.out.partial
-    loud = op in LOUD
+    xs = tuple(xs)
+    return record(out, op, xs, _PointwiseGrads(op, derivative, xs, out, plan), with_partial(plan.out, ()))
 
-    def grads(dy: Any) -> tuple:
+
+class _PointwiseGrads:
+    """A pointwise node's backward: one object where a closure took a function and eight cells (the
+    forward's graph holds one per op until the backward: fewer objects for the garbage collector)."""
+
+    __slots__ = ("op", "derivative", "xs", "out", "plan", "need")
+
+    def __init__(self, op: str, derivative: Callable, xs: tuple, out: Any, plan: Any) -> None:
+        self.op, self.derivative, self.xs, self.out, self.plan = op, derivative, xs, out, plan
+        self.need = tuple([x._ag is not None for x in xs])
+
+    def __call__(self, dy: Any) -> tuple:
+        op, derivative, xs, out, plan, need = self.op, self.derivative, self.xs, self.out, self.plan, self.need
         if any_open():
             _count_grads(op, dy, xs, out, need, plan.shape)
         d = dy.local
         dry = dy._mesh.engine.dry
         if dry:  # the dry engine's zeros, not computed
             fulls = _local(lambda: derivative(d, [x.local for x in xs], out.local, need), d)
-        elif loud:  # `quiet`'s errstate, for the ops that warn on finite operands
+        elif op in LOUD:  # `quiet`'s errstate, for the ops that warn on finite operands
             with np.errstate(divide="ignore", invalid="ignore"):
                 fulls = derivative(d, [x.local for x in xs], out.local, need)
         else:
@@ -202,6 +213,7 @@ def record_pointwise(op: str, out: Any, xs: list, plan: Any) -> Any:
             fulls = tuple(fulls if n else None for n in need)
         result = []
         partial = dy._layout.partial
+        kept = plan.out.partial
         for x, g, n in zip(xs, fulls, need):
             if not n or g is None:
                 result.append(None)
@@ -214,8 +226,6 @@ def record_pointwise(op: str, out: Any, xs: list, plan: Any) -> Any:
             carried = kept if not x._layout.partial else ()
             result.append(grad_tensor(x, block.reshape(x._local.shape), partial, summed, carried))
         return tuple(result)
-
-    return record(out, op, tuple(xs), grads, with_partial(plan.out, ()))
 
 
 def record_activation(out: Any, x: Any, name: str, kept: Any = None) -> Any:
