@@ -12,7 +12,7 @@ import numpy as np
 
 from ...contraction import contract
 from ..graph import record, with_partial
-from .grads import grad_tensor
+from .grads import grad_tensor, needs
 
 __all__ = ["record_einsum"]
 
@@ -31,7 +31,7 @@ class _EinsumGrads:
 
     def __init__(self, xs: tuple, words: tuple, per: tuple) -> None:
         self.xs, self.words, self.per = xs, words, per
-        self.need = tuple([x._ag is not None for x in xs])
+        self.need = needs(xs)
 
     def __call__(self, dy: Any) -> tuple:
         xs, words, per, need = self.xs, self.words, self.per, self.need

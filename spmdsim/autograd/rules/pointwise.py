@@ -19,7 +19,7 @@ from ...engines import local as _local  # the kernel; the dry engine's zeros, no
 from ...flops import any_open, sweep
 from ..graph import record, with_partial
 from ..kept import shell
-from .grads import axes_of, grad_tensor
+from .grads import axes_of, grad_tensor, needs
 
 __all__ = ["DERIVATIVES", "quiet", "record_pointwise", "record_activation", "record_bias_add", "record_scale",
            "record_dropout", "record_dropout_mask"]
@@ -194,7 +194,7 @@ class _PointwiseGrads:
 
     def __init__(self, op: str, derivative: Callable, xs: tuple, out: Any, plan: Any) -> None:
         self.op, self.derivative, self.xs, self.out, self.plan = op, derivative, xs, out, plan
-        self.need = tuple([x._ag is not None for x in xs])
+        self.need = needs(xs)
 
     def __call__(self, dy: Any) -> tuple:
         op, derivative, xs, out, plan, need = self.op, self.derivative, self.xs, self.out, self.plan, self.need
@@ -271,14 +271,23 @@ def record_scale(out: Any, x: Any, factor: Any) -> Any:
 def record_dropout(out: Any, x: Any, kept: Any, scale: np.ndarray) -> Any:
     """Dropout: dX = dY * the kept entries' factor (`kept`: keep mask times `scale`, as the forward
     multiplied by; in a dry run zeros of its size, and dY's zeros are scaled instead), shard by shard."""
+    return record(out, "dropout", (x,), _DropoutGrads(x, kept, scale), with_partial(x.layout, ()))
 
-    def backward(dy: Any) -> tuple:
+
+class _DropoutGrads:
+    """A dropout's backward, one object (as `_PointwiseGrads`)."""
+
+    __slots__ = ("x", "kept", "scale")
+
+    def __init__(self, x: Any, kept: Any, scale: np.ndarray) -> None:
+        self.x, self.kept, self.scale = x, kept, scale
+
+    def __call__(self, dy: Any) -> tuple:
+        x, kept = self.x, self.kept
         sweep("dropout", (dy.local, dy.local), (dy.local,))  # dY and the kept factors read
         if kept is None or dy.mesh.engine.dry:
-            return (grad_tensor(x, _local(np.multiply, dy.local, dy.local, scale), dy.layout.partial),)
+            return (grad_tensor(x, _local(np.multiply, dy.local, dy.local, self.scale), dy.layout.partial),)
         return (grad_tensor(x, dy.local * kept, dy.layout.partial),)
-
-    return record(out, "dropout", (x,), backward, with_partial(x.layout, ()))
 
 
 def record_dropout_mask(out: Any, x: Any, keep: np.ndarray, scale: np.generic) -> Any:
