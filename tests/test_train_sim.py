@@ -170,3 +170,41 @@ def test_clip_grad_norm_is_the_global_norm_on_any_layout(ranks):
         np.testing.assert_allclose(g1, g0 * (0.5 / (want + 1e-6)), rtol=1e-14, atol=0)
     assert abs(again - 0.5) < 1e-6
     assert errors == [f"clip_grad_norm_: max_norm {v!r} must be a finite number > 0" for v in (0, -1.0, float("inf"), True, "1")]
+
+
+def test_a_backward_through_redistributions_leaves_no_cycle_holding_blocks():
+    """A moved tensor's node names its layouts, not the tensors: a closure over the output made a cycle
+    (out -> its node -> the name -> out) that kept the blocks of every redistribution until the garbage
+    collector ran."""
+    import gc
+
+    from spmdsim.ops import ParallelMLP
+    from spmdsim.runtime import DTensor
+
+    def body():
+        mesh = _mesh()
+        p = mesh.layout.axis_size("mp")
+        mlp = ParallelMLP(mesh, 4, 2 * p, sequence_parallel=True, axes="mp", dtype="float64", seed=2)
+        x = dt(mesh, np.random.default_rng(1).standard_normal((p, 2, 4)), mesh.layout("mp", "dp", None),
+               grad=True)
+        out = mlp(x)
+        from spmdsim.autograd.engine import _topological
+
+        assert any(n.describe().startswith("redistribute ") for n in _topological(out._ag))  # moves recorded
+        (out * out).sum().backward()
+        mesh.close()
+
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        spmdsim.simulate(4, body)
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        found = [o for o in gc.garbage if type(o) is DTensor]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        if enabled:
+            gc.enable()
+    assert found == []

@@ -116,7 +116,8 @@ def _forward_order(roots: list) -> list:
 
 
 def _arrays(node: Node) -> list:
-    """Every numpy array `node` keeps alive: its inputs' blocks and what its backward's closure holds."""
+    """Every numpy array `node` keeps alive: its inputs' blocks and what its backward's closure (or, for a
+    rule written as a callable object, its slots) holds."""
     found: list = []
     seen: set = set()
     todo: list = list(node.inputs) + [node.backward]
@@ -135,6 +136,8 @@ def _arrays(node: Node) -> list:
             todo.extend(x)
         elif callable(x) and getattr(x, "__closure__", None):
             todo.extend(cell.cell_contents for cell in x.__closure__ if _filled(cell))
+        elif callable(x) and not isinstance(x, type) and hasattr(type(x), "__slots__"):  # a rule's object
+            todo.extend(getattr(x, name, None) for name in type(x).__slots__)
     return found
 
 

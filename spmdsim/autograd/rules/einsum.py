@@ -12,7 +12,7 @@ import numpy as np
 
 from ...contraction import contract
 from ..graph import record, with_partial
-from .grads import grad_tensor
+from .grads import grad_tensor, needs
 
 __all__ = ["record_einsum"]
 
@@ -20,10 +20,21 @@ __all__ = ["record_einsum"]
 def record_einsum(out: Any, xs: tuple, plan: Any) -> Any:
     """The einsum of `xs` (in the plan's layouts) by `plan` (spmdsim.infer.einsum's)."""
     name, per = _static(plan)
-    words = plan.spec.inputs
-    need = tuple([x._ag is not None for x in xs])
+    return record(out, name, xs, _EinsumGrads(xs, plan.spec.inputs, per), with_partial(plan.local, ()))
 
-    def backward(dy: Any) -> tuple:
+
+class _EinsumGrads:
+    """An einsum node's backward: one object where a closure took a function and four cells (the forward's
+    graph holds one per product until the backward: fewer objects for the garbage collector)."""
+
+    __slots__ = ("xs", "words", "per", "need")
+
+    def __init__(self, xs: tuple, words: tuple, per: tuple) -> None:
+        self.xs, self.words, self.per = xs, words, per
+        self.need = needs(xs)
+
+    def __call__(self, dy: Any) -> tuple:
+        xs, words, per, need = self.xs, self.words, self.per, self.need
         grads = []
         partial = dy._layout.partial
         d = dy.local
@@ -39,8 +50,6 @@ def record_einsum(out: Any, xs: tuple, plan: Any) -> Any:
                                                    for ch in words[k]]), x.local.shape).copy()
             grads.append(grad_tensor(x, g, partial, summed, carried))
         return tuple(grads)
-
-    return record(out, name, xs, backward, with_partial(plan.local, ()))
 
 
 def _static(plan: Any) -> tuple:

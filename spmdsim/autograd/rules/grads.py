@@ -9,7 +9,7 @@ from ...layout import TensorLayout
 from ...precision import is_low
 from ..graph import with_partial
 
-__all__ = ["grad_tensor", "axes_of", "named"]
+__all__ = ["grad_tensor", "axes_of", "named", "needs"]
 
 _F32 = np.dtype(np.float32)
 
@@ -56,6 +56,16 @@ def grad_tensor(like: Any, local: np.ndarray, *pending: Iterable[str]) -> Any:
 
 
 _PENDING: dict = {}  # (id(layout), the pending groups) -> (layout, its gradient's layout): pure of the key
+
+
+def needs(xs: Any) -> tuple:
+    """Whether each of the tensors `xs` takes a gradient, as one shared tuple per pattern (a node's rule
+    keeps it until the backward: the graph then holds no tuple of its own for the collector to scan)."""
+    need = tuple([x._ag is not None for x in xs])
+    return _NEEDS.setdefault(need, need)
+
+
+_NEEDS: dict = {}  # (bool, ...) -> that tuple (a handful of patterns)
 
 
 def named(op: str, label: Optional[str], plan: Any) -> Callable[[], str]:

@@ -37,21 +37,31 @@ def record_normalized(out: Any, x: Any, y: np.ndarray, kept: dict, d: int, centr
 
     `kept["rstd"]`: r = 1 / sqrt(var + eps), which the forward's kernel keeps (a dry run keeps none).
     """
-    n = x.global_shape[d]
+    return record(out, op, (x,), _NormalizedGrads(x, y, kept, d, centre, op), out.layout, reads=(x, out))
 
-    def grad(dy: np.ndarray) -> np.ndarray:
-        inv = 1.0 / n
+
+class _NormalizedGrads:
+    """`record_normalized`'s backward: one object where two closures took two functions and seven cells
+    (the forward's graph holds one per norm until the backward: fewer objects for the garbage collector)."""
+
+    __slots__ = ("x", "y", "kept", "d", "centre", "op", "n")
+
+    def __init__(self, x: Any, y: np.ndarray, kept: dict, d: int, centre: bool, op: str) -> None:
+        self.x, self.y, self.kept, self.d, self.centre, self.op = x, y, kept, d, centre, op
+        self.n = x.global_shape[d]
+
+    def grad(self, dy: np.ndarray) -> np.ndarray:
+        y, d = self.y, self.d
+        inv = 1.0 / self.n
         g = dy - (dy * y).sum(axis=d, keepdims=True) * inv * y
-        if centre:
+        if self.centre:
             g = g - dy.sum(axis=d, keepdims=True) * inv
-        return g * kept["rstd"]
+        return g * self.kept["rstd"]
 
-    def backward(dy: Any) -> tuple:
+    def __call__(self, dy: Any) -> tuple:
         if any_open():  # else nothing is counted: no blocks to gather
-            sweep(op, (dy.local, y, kept["rstd"]), (dy.local,))
-        return (grad_tensor(x, _local(grad, dy.local, dy.local), dy.layout.partial),)
-
-    return record(out, op, (x,), backward, out.layout, reads=(x, out))
+            sweep(self.op, (dy.local, self.y, self.kept["rstd"]), (dy.local,))
+        return (grad_tensor(self.x, _local(self.grad, dy.local, dy.local), dy.layout.partial),)
 
 
 def record_layer_norm(out: Any, x: Any, weight: Any, bias: Any, stats: dict, d: int) -> Any:

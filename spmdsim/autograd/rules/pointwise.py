@@ -19,7 +19,7 @@ from ...engines import local as _local  # the kernel; the dry engine's zeros, no
 from ...flops import any_open, sweep
 from ..graph import record, with_partial
 from ..kept import shell
-from .grads import axes_of, grad_tensor
+from .grads import axes_of, grad_tensor, needs
 
 __all__ = ["DERIVATIVES", "quiet", "record_pointwise", "record_activation", "record_bias_add", "record_scale",
            "record_dropout", "record_dropout_mask"]
@@ -182,18 +182,29 @@ def record_pointwise(op: str, out: Any, xs: list, plan: Any) -> Any:
     derivative = DERIVATIVES.get(op)
     if derivative is None:
         return out
-    need = tuple([x._ag is not None for x in xs])
-    kept = plan.out.partial
-    loud = op in LOUD
+    xs = tuple(xs)
+    return record(out, op, xs, _PointwiseGrads(op, derivative, xs, out, plan), with_partial(plan.out, ()))
 
-    def grads(dy: Any) -> tuple:
+
+class _PointwiseGrads:
+    """A pointwise node's backward: one object where a closure took a function and eight cells (the
+    forward's graph holds one per op until the backward: fewer objects for the garbage collector)."""
+
+    __slots__ = ("op", "derivative", "xs", "out", "plan", "need")
+
+    def __init__(self, op: str, derivative: Callable, xs: tuple, out: Any, plan: Any) -> None:
+        self.op, self.derivative, self.xs, self.out, self.plan = op, derivative, xs, out, plan
+        self.need = needs(xs)
+
+    def __call__(self, dy: Any) -> tuple:
+        op, derivative, xs, out, plan, need = self.op, self.derivative, self.xs, self.out, self.plan, self.need
         if any_open():
             _count_grads(op, dy, xs, out, need, plan.shape)
         d = dy.local
         dry = dy._mesh.engine.dry
         if dry:  # the dry engine's zeros, not computed
             fulls = _local(lambda: derivative(d, [x.local for x in xs], out.local, need), d)
-        elif loud:  # `quiet`'s errstate, for the ops that warn on finite operands
+        elif op in LOUD:  # `quiet`'s errstate, for the ops that warn on finite operands
             with np.errstate(divide="ignore", invalid="ignore"):
                 fulls = derivative(d, [x.local for x in xs], out.local, need)
         else:
@@ -202,6 +213,7 @@ def record_pointwise(op: str, out: Any, xs: list, plan: Any) -> Any:
             fulls = tuple(fulls if n else None for n in need)
         result = []
         partial = dy._layout.partial
+        kept = plan.out.partial
         for x, g, n in zip(xs, fulls, need):
             if not n or g is None:
                 result.append(None)
@@ -214,8 +226,6 @@ def record_pointwise(op: str, out: Any, xs: list, plan: Any) -> Any:
             carried = kept if not x._layout.partial else ()
             result.append(grad_tensor(x, block.reshape(x._local.shape), partial, summed, carried))
         return tuple(result)
-
-    return record(out, op, tuple(xs), grads, with_partial(plan.out, ()))
 
 
 def record_activation(out: Any, x: Any, name: str, kept: Any = None) -> Any:
@@ -261,14 +271,23 @@ def record_scale(out: Any, x: Any, factor: Any) -> Any:
 def record_dropout(out: Any, x: Any, kept: Any, scale: np.ndarray) -> Any:
     """Dropout: dX = dY * the kept entries' factor (`kept`: keep mask times `scale`, as the forward
     multiplied by; in a dry run zeros of its size, and dY's zeros are scaled instead), shard by shard."""
+    return record(out, "dropout", (x,), _DropoutGrads(x, kept, scale), with_partial(x.layout, ()))
 
-    def backward(dy: Any) -> tuple:
+
+class _DropoutGrads:
+    """A dropout's backward, one object (as `_PointwiseGrads`)."""
+
+    __slots__ = ("x", "kept", "scale")
+
+    def __init__(self, x: Any, kept: Any, scale: np.ndarray) -> None:
+        self.x, self.kept, self.scale = x, kept, scale
+
+    def __call__(self, dy: Any) -> tuple:
+        x, kept = self.x, self.kept
         sweep("dropout", (dy.local, dy.local), (dy.local,))  # dY and the kept factors read
         if kept is None or dy.mesh.engine.dry:
-            return (grad_tensor(x, _local(np.multiply, dy.local, dy.local, scale), dy.layout.partial),)
+            return (grad_tensor(x, _local(np.multiply, dy.local, dy.local, self.scale), dy.layout.partial),)
         return (grad_tensor(x, dy.local * kept, dy.layout.partial),)
-
-    return record(out, "dropout", (x,), backward, with_partial(x.layout, ()))
 
 
 def record_dropout_mask(out: Any, x: Any, keep: np.ndarray, scale: np.generic) -> Any:

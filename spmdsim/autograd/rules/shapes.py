@@ -37,11 +37,21 @@ def record_transpose(out: Any, x: Any, dims: tuple[int, ...]) -> Any:
 
 def record_reshape(out: Any, x: Any) -> Any:
     """A local reshape: the gradient is reshaped back."""
+    return record(out, "reshape", (x,), _ReshapedBack(x))
 
-    def backward(dy: Any) -> tuple:
+
+class _ReshapedBack:
+    """A reshape's backward: one object where a closure took a function, its cell and their tuple (the
+    forward's graph holds one per reshape until the backward: fewer objects for the garbage collector)."""
+
+    __slots__ = ("x",)
+
+    def __init__(self, x: Any) -> None:
+        self.x = x
+
+    def __call__(self, dy: Any) -> tuple:
+        x = self.x
         return (grad_tensor(x, dy.local.reshape(x.local.shape), dy.layout.partial),)
-
-    return record(out, "reshape", (x,), backward)
 
 
 def record_broadcast_to(out: Any, x: Any, new: tuple) -> Any:
