@@ -210,3 +210,40 @@ def test_cross_entropy_resolves_pending_logits_as_softmax_does():
     for loss_ok, counts, grad_ok in spmdsim.simulate(4, body):
         assert loss_ok and grad_ok
         assert counts == {"allreduce": 1}, counts
+
+
+def test_the_finite_fast_path_gives_the_general_paths_record_bit_for_bit(monkeypatch):
+    """runtime.check.local_stats answers finite differences in about half the passes (`_finite_stats`); its
+    record (passed, max abs, max rel, ...) is the general path's, bit for bit, also with zeros in either
+    tensor, float32 against float64, complex values and magnitudes; a non-finite value or an overflowing
+    difference goes to the general path."""
+    from spmdsim.runtime import check
+
+    fast = check._finite_stats
+    rng = np.random.default_rng(7)
+    for trial in range(400):
+        n = int(rng.integers(1, 40))
+        b = rng.standard_normal(n) * 10.0 ** rng.integers(-8, 8)
+        a = b + rng.standard_normal(n) * 10.0 ** rng.integers(-20, 0) * (rng.random(n) < 0.5)
+        kind = trial % 5
+        if kind == 1:
+            b[rng.random(n) < 0.3] = 0.0
+        elif kind == 2:
+            a[rng.random(n) < 0.3] = 0.0
+            b[rng.random(n) < 0.5] = 0.0
+        elif kind == 3:
+            a = a.astype(np.float32)
+        elif kind == 4:
+            a, b = a + 1j * rng.standard_normal(n) * 1e-12, b.astype(np.complex128)
+        scale = None if trial % 2 else np.abs(b) * rng.random(n) * 3
+        rtol, atol = float(10.0 ** rng.integers(-16, -2)), (0.0, 1e-12)[trial % 3 == 0]
+        monkeypatch.setattr(check, "_finite_stats", fast)
+        quick = check.local_stats(a, b, rtol, atol, scale)
+        monkeypatch.setattr(check, "_finite_stats", lambda *args: None)
+        assert quick.tobytes() == check.local_stats(a, b, rtol, atol, scale).tobytes(), (trial, quick)
+    for a, b in (([np.nan, 1.0], [1.0, 1.0]), ([np.inf, 1.0], [1.0, 1.0]), ([1e308], [-1e308])):
+        assert fast(np.array(a), np.array(b), 1e-12, 0.0, None) is None
+    with np.errstate(over="ignore"):  # the general path's overflow, as ever
+        overflow = check.local_stats(np.array([1e308]), np.array([-1e308]), 1e-12, 0.0)
+    assert overflow[:3].tolist() == [0.0, np.inf, np.inf]
+    assert check.local_stats(np.float64(2.0), np.array(2.0), 0.0, 0.0)[:3].tolist() == [1.0, 0.0, 0.0]  # 0-d

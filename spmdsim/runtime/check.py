@@ -8,6 +8,8 @@ is counted in ``nonfinite``.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +92,9 @@ def local_stats(actual: np.ndarray, expected: Any, rtol: float, atol: float, sca
     wide = np.complex128 if np.iscomplexobj(actual) or np.iscomplexobj(expected) else np.float64
     a = actual.astype(wide, copy=False)
     b = expected.astype(wide, copy=False)
+    fast = _finite_stats(a, b, rtol, atol, scale)
+    if fast is not None:
+        return fast
     finite = np.isfinite(a) & np.isfinite(b)
     nonfinite = int(finite.size - np.count_nonzero(finite))
     if nonfinite:
@@ -105,6 +110,29 @@ def local_stats(actual: np.ndarray, expected: Any, rtol: float, atol: float, sca
         mag = np.maximum(mag, np.where(finite, np.abs(scale.astype(np.float64, copy=False)), 0))
     ok = bool(np.all(err <= atol + rtol * mag)) and nonfinite == 0
     return np.array([float(ok), max_abs, max_rel, float(nonfinite), float(actual.size), 1.0])
+
+
+def _finite_stats(a: np.ndarray, b: np.ndarray, rtol: float, atol: float, scale: Any) -> Any:
+    """`local_stats`' record when every difference is finite (the common case), in about half the passes over
+    the arrays: the same numbers bit for bit (the same operations on the same elements); None when a value is
+    not finite (or a difference overflows), for local_stats' own path."""
+    with np.errstate(over="ignore", invalid="ignore"):  # the general path warns, as before, if it must
+        err = np.asarray(a - b)  # an array also for 0-d operands (their difference is a numpy scalar)
+    err = np.abs(err, out=err) if err.dtype.kind == "f" and err.flags.writeable else np.abs(err)
+    max_abs = float(err.max())
+    if not math.isfinite(max_abs):  # an inf or nan in either, or an overflow: the general path
+        return None
+    mag = np.abs(b)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = err / mag  # inf where only the expected value is 0; nan where both are (0 below)
+    max_rel = float(rel.max())
+    if max_rel != max_rel:
+        rel = np.where(np.isnan(rel), 0.0, rel)
+        max_rel = float(rel.max())
+    if scale is not None:
+        mag = np.maximum(mag, np.abs(scale.astype(np.float64, copy=False)))
+    ok = bool(np.all(err <= atol + rtol * mag))
+    return np.array([float(ok), max_abs, max_rel, 0.0, float(a.size), 1.0])
 
 
 def agree(comm: Any, stats: np.ndarray, rtol: float, atol: float, polite: bool = False,
