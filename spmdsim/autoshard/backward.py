@@ -27,7 +27,7 @@ from ..plan.planner import received_per_rank
 from .candidates import Candidate, _infer
 from . import rules
 from .graph import ELEMENTWISE, Graph, OpNode
-from .volume import redistribution_bytes
+from .volume import pair_bytes
 
 __all__ = ["BackwardOp", "replay", "needs_grad", "node_bytes", "edge_bytes", "backward_total"]
 
@@ -61,7 +61,7 @@ def _move(src: TensorLayout, dst: TensorLayout, shape: tuple, dtype: str) -> int
     if src == dst:
         return 0
     if not src.partial and not dst.partial:
-        return int(redistribution_bytes([src], [dst], shape, dtype)[0, 0])
+        return pair_bytes(src, dst, shape, dtype)
     return max(received_per_rank(src, dst, tuple(shape), dtype), default=0)
 
 
