@@ -9,7 +9,7 @@ import pytest
 
 from spmdsim.autoshard import build, mlp_chain
 from spmdsim.autoshard.candidates import candidates
-from spmdsim.autoshard.volume import redistribution_bytes
+from spmdsim.autoshard.volume import pair_bytes, redistribution_bytes
 from spmdsim.infer import infer_matmul
 from spmdsim.plan import plan_redistribution
 
@@ -35,6 +35,9 @@ def test_redistribution_bytes_equal_the_planners(name, devices):
         for i, j in rng.sample(pairs, min(25, len(pairs))):
             plan = plan_redistribution(sources[i], targets[j], shape, "float32")
             assert matrix[i, j] == plan.max_bytes_received, (sources[i], targets[j])
+        # one pair at a time (the backward's pricing): every pair, the matrix's figure
+        assert all(pair_bytes(s, t, shape, "float32") == matrix[i, j] for (i, s), (j, t)
+                   in itertools.product(enumerate(sources), enumerate(targets))), shape
 
 
 @pytest.mark.parametrize("devices", [4, 8])

@@ -141,3 +141,30 @@ def test_the_optimizers_bytes_are_its_elements_at_the_precisions_widths():
         # bf16 parameter written (14); fp64: 8 bytes each of 4 read and 3 written
         assert kernel_bytes(opt, "bf16-mixed") == {"optimizer": 30 * updated}
         assert kernel_bytes(opt, "fp64") == {"optimizer": 56 * updated}
+
+
+def test_an_equal_call_reads_the_ledger_of_the_dry_run_made_before(monkeypatch):
+    """gpt_ledger keeps its ledgers by its arguments and SPMDSIM_MEMORY: an equal call runs nothing again and
+    gives equal ledgers in a list of its own; another configuration or memory setting runs its own."""
+    from spmdsim.estimate import ledger
+    from spmdsim.sim import run
+
+    runs = []
+    real = run.simulate
+
+    def counted(*args, **kwargs):
+        runs.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run, "simulate", counted)
+    monkeypatch.setattr(ledger, "_LEDGERS", {})
+    small = GPTConfig(layers=2, d_model=16, heads=2, seq=8, batch=4, vocab=32)
+    first = gpt_ledger(small, 2, 1, 2, microbatches=2)
+    again = gpt_ledger(small, 2, 1, 2, microbatches=2)
+    assert runs == [4] and again == first and again is not first
+    again.clear()  # the caller's list: the kept ledgers stay whole
+    assert gpt_ledger(small, 2, 1, 2, microbatches=2) == first and runs == [4]
+    other = gpt_ledger(small, 2, 1, 2, microbatches=1)
+    assert runs == [4, 4] and other != first
+    monkeypatch.setenv("SPMDSIM_MEMORY", "64G")
+    assert gpt_ledger(small, 2, 1, 2, microbatches=2) == first and runs == [4, 4, 4]

@@ -196,3 +196,14 @@ def test_a_65536_device_plan_and_its_explanation_fit_in_1_gib(source, target):
     record = json.loads(done.stdout)
     assert record["bytes_received_per_rank"] == record["lower_bound_bytes_received_per_rank"]
     assert sum(r["ranks"] for s in record["bytes_by_step"] for r in s.get("senders", [])) in (0, 65536)
+
+
+def test_the_bound_before_the_grid_is_never_below_the_choices():
+    """`foldable` asks the grid only when `most_choices` (no grid) is past the threshold: it must never be below
+    the grid's count, or an exchange that should fold would be listed box by box."""
+    for source, target, shape in _pairs(5, 300, (2, 4, 6, 8, 12, 16, 64)):
+        if source.layout != target.layout or set(source.partial) & set(target.split_axes):
+            continue
+        target = target.with_partial(source.partial)  # an exchange keeps the pending sums it has
+        choices = folded.exchange_choices(source, target, shape)
+        assert folded.most_choices(source, target, shape) >= choices, (str(source), str(target), shape)

@@ -27,7 +27,7 @@ from ..plan.planner import received_per_rank
 from .candidates import Candidate, _infer
 from . import rules
 from .graph import ELEMENTWISE, Graph, OpNode
-from .volume import redistribution_bytes
+from .volume import pair_bytes
 
 __all__ = ["BackwardOp", "replay", "needs_grad", "node_bytes", "edge_bytes", "backward_total"]
 
@@ -61,7 +61,7 @@ def _move(src: TensorLayout, dst: TensorLayout, shape: tuple, dtype: str) -> int
     if src == dst:
         return 0
     if not src.partial and not dst.partial:
-        return int(redistribution_bytes([src], [dst], shape, dtype)[0, 0])
+        return pair_bytes(src, dst, shape, dtype)
     return max(received_per_rank(src, dst, tuple(shape), dtype), default=0)
 
 
@@ -243,14 +243,27 @@ def replay(graph: Graph, chosen: Sequence[Candidate]) -> tuple[BackwardOp, ...]:
     return tuple(BackwardOp(n.name, *rows[i]) for i, n in enumerate(graph.nodes))
 
 
-def node_bytes(node: OpNode, c: Candidate, need_inputs: Sequence[bool]) -> int:
+def _whole(node: OpNode, c: Candidate, need_inputs: Sequence[bool], memo: Optional[dict]) -> tuple:
+    """`_op` of `c` given its output gradient whole, what the search prices; kept in `memo` (the cost table's)
+    for the node's own price and each of its input edges alike."""
+    if memo is None:
+        return _op(node, c, c.out.with_partial(()), need_inputs)
+    key = (id(node), id(c), tuple(need_inputs))
+    found = memo.get(key)
+    if found is None:  # node and c kept with it: their ids stay theirs while the memo lives
+        found = memo[key] = (node, c, _op(node, c, c.out.with_partial(()), need_inputs))
+    return found[2]
+
+
+def node_bytes(node: OpNode, c: Candidate, need_inputs: Sequence[bool], memo: Optional[dict] = None) -> int:
     """The search's price of a candidate's own backward: its output gradient arriving whole."""
-    own, weight, _ = _op(node, c, c.out.with_partial(()), need_inputs)
+    own, weight, _ = _whole(node, c, need_inputs, memo)
     return own + weight
 
 
 def edge_bytes(graph: Graph, p: int, q: int, pos: int, producers: Sequence[Candidate],
-               consumers: Sequence[Candidate], need_inputs: Sequence[bool]) -> np.ndarray:
+               consumers: Sequence[Candidate], need_inputs: Sequence[bool], memo: Optional[dict] = None
+               ) -> np.ndarray:
     """The search's price of one hop backward, per (producer, consumer) candidate (int64 matrix).
 
     The consumer's input gradient goes back over the hop and is resolved at the producer.
@@ -259,7 +272,7 @@ def edge_bytes(graph: Graph, p: int, q: int, pos: int, producers: Sequence[Candi
     shape, dtype = tuple(node.in_shapes[pos]), graph.nodes[p].dtype
     out = np.zeros((len(producers), len(consumers)), dtype=np.int64)
     for j, cq in enumerate(consumers):
-        g = _op(node, cq, cq.out.with_partial(()), need_inputs)[2][pos]
+        g = _whole(node, cq, need_inputs, memo)[2][pos]
         if g is not None:  # onto the hop's output once per consumer, then back over it per producer
             consumer_in = cq.inputs[pos]
             at_in = _grad_layout(consumer_in, g)

@@ -99,10 +99,13 @@ class Table:
         self.edge_bytes: dict[tuple[int, int], np.ndarray] = {}
         self.edge_seconds: dict[tuple[int, int], np.ndarray] = {}
         need = backward.needs_grad(graph) if objective.training else ()
+        # Each candidate's backward with its output gradient whole: priced for the node and read again by
+        # each of its input edges (backward._whole).
+        self._ops: dict = {}
         if objective.training:  # the backward adds to every candidate's and every hop's bytes
             self.node_bytes = [self.node_bytes[i] + self._once(
                 ("backward", tuple(map(id, options[i])), _signature(n), self._needs(i, need)),
-                lambda: np.array([backward.node_bytes(n, c, self._needs(i, need)) for c in options[i]],
+                lambda: np.array([backward.node_bytes(n, c, self._needs(i, need), self._ops) for c in options[i]],
                                  dtype=np.int64)) for i, n in enumerate(graph.nodes)]
         for p, q, pos in graph.edges:
             b = self._edge_bytes(p, q, pos)
@@ -149,7 +152,7 @@ class Table:
         key = ("edge backward", tuple(map(id, self.options[p])), tuple(map(id, self.options[q])), pos,
                _signature(self.graph.nodes[q]), self.dtypes[p], tuple(need))
         return self._once(key, lambda: backward.edge_bytes(self.graph, p, q, pos, self.options[p],
-                                                           self.options[q], need))
+                                                           self.options[q], need, self._ops))
 
     def _price_bytes(self, p: int, q: int, pos: int) -> np.ndarray:
         sources, targets, shape, dtype = self._pairs(p, q, pos)

@@ -17,7 +17,7 @@ import numpy as np
 from ..layout import TensorLayout
 from ..plan import plan_redistribution
 
-__all__ = ["redistribution_bytes"]
+__all__ = ["redistribution_bytes", "pair_bytes"]
 
 _CHUNK = 1 << 22  # elements per vectorised block (targets x dims x ranks)
 
@@ -59,6 +59,22 @@ def redistribution_bytes(sources: Sequence[TensorLayout], targets: Sequence[Tens
         if not source.partial and easy:
             out[i, easy] = _blocks_need(source, [targets[j] for j in easy], shape) * itemsize
     return out
+
+
+def pair_bytes(source: TensorLayout, target: TensorLayout, shape: Sequence[int], dtype: str) -> int:
+    """`redistribution_bytes` of one pair: on a power-of-two mesh without pending sums, `_nested_needs`'s
+    rule read for the one target in plain Python (a numpy call per dim costs more than the answer)."""
+    shape = tuple(shape)
+    if not source.partial and not target.partial:
+        bits_s, bits_t = _bits(source, shape), _bits(target, shape)
+        if bits_s is not None and bits_t is not None:
+            size = held = 1
+            for (s, w_s), (t, w_t) in zip(bits_s, bits_t):
+                size *= w_t
+                short, long = (s, t) if len(s) <= len(t) else (t, s)
+                held *= min(w_t, w_s) if long[:len(short)] == short else 0
+            return (size - held) * np.dtype(dtype).itemsize
+    return int(redistribution_bytes([source], [target], shape, dtype)[0, 0])
 
 
 @lru_cache(maxsize=8192)

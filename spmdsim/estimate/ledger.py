@@ -218,11 +218,42 @@ def _transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tuple[Tr
                  in merged.items())
 
 
+#: The ledgers of the dry runs made in this process, by everything a dry run's figures depend on (the
+#: arguments and SPMDSIM_MEMORY): a search and its layer cells, or an estimate, that asks again for an
+#: equal configuration reads its ledger here instead of running the same program again. Oldest out first.
+_LEDGERS: dict = {}
+_KEEP = 256
+
+
 def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microbatches: int = 1,
                schedule: str = "1f1b", virtual: int = 1, recompute: str = "none", zero: int = 0,
                kept: str = "graph", gpus_per_node: int = 8) -> list[StageLedger]:
     """One StageLedger per pipeline stage: the dry run of one training step of `cfg`'s GPT on a
-    (pp, dp, tp) mesh of simulated ranks (spmdsim.gpt.pipeline.train_pipelined; pp 1 is the plain step)."""
+    (pp, dp, tp) mesh of simulated ranks (spmdsim.gpt.pipeline.train_pipelined; pp 1 is the plain step).
+    An equal call made before in this process gives that run's ledgers (`_LEDGERS`)."""
+    import os
+
+    from ..memory import ENV_VAR
+
+    key = (cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept, gpus_per_node,
+           os.environ.get(ENV_VAR, ""))
+    try:
+        known = _LEDGERS.get(key)
+    except TypeError:  # an argument that cannot be a key (a list): run it, keep nothing
+        return _dry_ledger(cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept,
+                           gpus_per_node)
+    if known is None:
+        known = tuple(_dry_ledger(cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept,
+                                  gpus_per_node))
+        while len(_LEDGERS) >= _KEEP:
+            del _LEDGERS[next(iter(_LEDGERS))]
+        _LEDGERS[key] = known
+    return list(known)
+
+
+def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int, schedule: str, virtual: int,
+                recompute: str, zero: int, kept: str, gpus_per_node: int) -> list[StageLedger]:
+    """`gpt_ledger`'s dry run."""
     import numpy as np
 
     from ..emulator.comm import world

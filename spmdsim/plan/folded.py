@@ -317,4 +317,14 @@ def foldable(before: TensorLayout, after: TensorLayout, shape: tuple) -> bool:
         return False
     if before.uneven_dims(shape) or after.uneven_dims(shape):
         return False  # the fold works on a grid of equal blocks; unequal ones are listed box by box
-    return exchange_choices(before, after, shape) > FOLD_CHOICES
+    return most_choices(before, after, shape) > FOLD_CHOICES and exchange_choices(before, after, shape) > FOLD_CHOICES
+
+
+def most_choices(before: TensorLayout, after: TensorLayout, shape: tuple) -> int:
+    """At least `exchange_choices` of an even exchange, without its grid: a target block of width wt meets at
+    most ceil(wt / ws) + 1 source blocks of width ws per dim, so no rank receives more boxes than their
+    product, each from at most the source's replica count."""
+    most = before.layout.num_devices * before.layout.group_size(before.replicated_axes)
+    for d, s in enumerate(shape):
+        most *= -(-(s // after.num_shards(d)) // (s // before.num_shards(d))) + 1
+    return most

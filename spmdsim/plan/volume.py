@@ -82,25 +82,40 @@ def _box_array(tl: TensorLayout, shape: tuple[int, ...]) -> np.ndarray | None:
     return out
 
 
-def _held_of_new(before: TensorLayout, after: TensorLayout, shape: tuple[int, ...]) -> tuple[list, list]:
-    """Per rank, its new block's elements and how many of them it already holds (two lists of ints).
+def _held_of_new(before: TensorLayout, after: TensorLayout, shape: tuple[int, ...]) -> tuple[tuple, tuple]:
+    """Per rank, its new block's elements and how many of them it already holds (two tuples of ints).
 
-    One numpy pass over every rank's two boxes where int64 holds the sizes: a
-    Python intersection per rank was most of the planner's time at 64 devices
-    and more. Exact Python ints past that (and for a 0-d tensor).
+    The blocks follow from the device matrices and tensor maps alone (pending sums hold blocks of the same
+    shape): kept by those (`_HELD`), as the planner asks again for layouts that differ in their sums only.
     """
     shape = tuple(shape)
+    key = (before.layout, before.tensor_map, after.layout, after.tensor_map, shape)
+    found = _HELD.get(key)
+    if found is None:
+        if len(_HELD) >= 16384:
+            _HELD.clear()
+        found = _HELD[key] = _count_held(before, after, shape)
+    return found
+
+
+_HELD: dict = {}  # (device matrices, tensor maps, shape) -> `_held_of_new`
+
+
+def _count_held(before: TensorLayout, after: TensorLayout, shape: tuple[int, ...]) -> tuple[tuple, tuple]:
+    """`_held_of_new`, worked out: one numpy pass over every rank's two boxes where int64 holds the sizes (a
+    Python intersection per rank was most of the planner's time at 64 devices and more); exact Python ints
+    past that (and for a 0-d tensor)."""
     old, new = _box_array(before, shape), _box_array(after, shape)
     if old is not None and new is not None:
         extent = np.minimum(old[:, :, 1], new[:, :, 1]) - np.maximum(old[:, :, 0], new[:, :, 0])
         held = np.where((extent > 0).all(axis=1), np.clip(extent, 0, None).prod(axis=1), 0)
-        return (new[:, :, 1] - new[:, :, 0]).prod(axis=1).tolist(), held.tolist()
+        return tuple((new[:, :, 1] - new[:, :, 0]).prod(axis=1).tolist()), tuple(held.tolist())
     wanted, held = [], []
     for own, want in zip(rank_boxes(before, shape), rank_boxes(after, shape)):
         common = intersect(own, want)
         wanted.append(box_size(want))
         held.append(0 if common is None else box_size(common))
-    return wanted, held
+    return tuple(wanted), tuple(held)
 
 
 def _uncovered(region: Box, covers: list[Box]) -> int:

@@ -61,9 +61,21 @@ class Results(list):
 
 
 class DryRunResults(list):
-    """The per-rank results of a dry run, with `report` (spmdsim.sim.dry.DryRunReport)."""
+    """The per-rank results of a dry run, with `report` (spmdsim.sim.dry.DryRunReport), made when first read
+    (a caller that reads only the results, spmdsim.estimate's ledger, does not sum every rank's trace)."""
 
-    report: Any = None
+    _report: Any = None
+    _make: Any = None  # what makes the report, until it is read
+
+    @property
+    def report(self) -> Any:
+        if self._make is not None:
+            self._report, self._make = self._make(), None
+        return self._report
+
+    @report.setter
+    def report(self, value: Any) -> None:
+        self._report, self._make = value, None
 
 
 def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
@@ -176,7 +188,7 @@ def _dry_run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> li
     # Each rank's result is its representative's (rank 0's for all when the ranks do not differ).
     results = DryRunResults([values[0]] * size if stands_for is None else
                             [values[r] for r in stands_for.tolist()])
-    results.report = report(contexts, size, stands_for)
+    results._make = lambda: report(contexts, size, stands_for)
     return results
 
 
