@@ -120,8 +120,9 @@ def record_attention(out: Any, q: Any, k: Any, v: Any, plan: Any, kept: dict, co
                 finally:
                     context.phase = was
             _count_backward_kernels(*traffic)
-        if dy.mesh.engine.dry:  # a dry run: zeros of each operand's block
-            dq, dk, dv = (np.zeros(t.local.shape, t.dtype) for t in (q, k, v))
+        engine = dy.mesh.engine
+        if engine.dry:  # a dry run: the dry engine's zeros of each operand's block (np.zeros would clear pages)
+            dq, dk, dv = (engine.local(np.copy, t.local) for t in (q, k, v))
         else:
             dq, dk, dv = grads(dy.local)
         pending = dy.layout.partial
