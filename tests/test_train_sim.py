@@ -44,15 +44,20 @@ def test_matmul_chain_and_vocab_parallel_cross_entropy(ranks):
         assert ok, failed
 
 
-def test_sequence_parallel_mlp_on_4_ranks():
+def _sequence_parallel_mlp(mesh):
+    """A sequence-parallel MLP over mp and its input (p, 2, 4), split on mp then dp, with a gradient."""
     from spmdsim.ops import ParallelMLP
 
+    p = mesh.layout.axis_size("mp")
+    mlp = ParallelMLP(mesh, 4, 2 * p, sequence_parallel=True, axes="mp", dtype="float64", seed=2)
+    x = dt(mesh, np.random.default_rng(1).standard_normal((p, 2, 4)), mesh.layout("mp", "dp", None), grad=True)
+    return mlp, x
+
+
+def test_sequence_parallel_mlp_on_4_ranks():
     def body():
         mesh = _mesh()
-        p = mesh.layout.axis_size("mp")
-        mlp = ParallelMLP(mesh, 4, 2 * p, sequence_parallel=True, axes="mp", dtype="float64", seed=2)
-        x = dt(mesh, np.random.default_rng(1).standard_normal((p, 2, 4)), mesh.layout("mp", "dp", None),
-               grad=True)
+        mlp, x = _sequence_parallel_mlp(mesh)
         fc1, fc2 = mlp.linear_fc1, mlp.linear_fc2
         tensors = [x, fc1.weight, fc1.bias, fc2.weight, fc2.bias]
         ref = lambda *a: reference.mlp(*a, "gelu")  # noqa: E731
@@ -178,15 +183,11 @@ def test_a_backward_through_redistributions_leaves_no_cycle_holding_blocks():
     collector ran."""
     import gc
 
-    from spmdsim.ops import ParallelMLP
     from spmdsim.runtime import DTensor
 
     def body():
         mesh = _mesh()
-        p = mesh.layout.axis_size("mp")
-        mlp = ParallelMLP(mesh, 4, 2 * p, sequence_parallel=True, axes="mp", dtype="float64", seed=2)
-        x = dt(mesh, np.random.default_rng(1).standard_normal((p, 2, 4)), mesh.layout("mp", "dp", None),
-               grad=True)
+        mlp, x = _sequence_parallel_mlp(mesh)
         out = mlp(x)
         from spmdsim.autograd.engine import _topological
 
