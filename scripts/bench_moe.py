@@ -28,7 +28,8 @@ The three take turns going first from round to round; a way's time in a
 round is the slowest rank's, from a barrier, and its CPU time the ranks'
 summed (from the barrier to the way's end). A launch's ratio is the median
 over its rounds of (way / raw); its CPU ratio the median CPU of a way over
-its rounds / raw's; a row's is the median over launches, beside their spread. Before timing, each launch checks that spmdsim's rows after the
+its rounds / raw's; a row's is the median over launches, beside their spread.
+Before timing, each launch checks that spmdsim's rows after the
 dispatch and after the combine equal the raw ways' (bit for bit) and that the
 trace's bytes are the buffers'; the script exits 1 otherwise. The load average
 is printed at the start and at the end: on a shared machine compare within
