@@ -112,6 +112,7 @@ def test_replay_adds_a_replayed_launch_beside_the_eager_one(bench, monkeypatch, 
     assert f"{'  eager / replayed, the same rounds':50}  2.00x replayed (2.00-2.00)" in out
     assert f"{'  spmdsim replayed':40}    0.250   1.25x by hand (1.25-1.25)" in out
     assert f"{'  eager / replayed, CPU':50}  1.20x replayed (1.20-1.20)" in out
+    monkeypatch.undo()  # the real _launch, on a stand-in for subprocess.run
     cmd = []
     monkeypatch.setattr(bench.subprocess, "run", lambda c, **kw: cmd.append(c) or subprocess.CompletedProcess(
         c, 0, "RESULT {}\n", ""))
