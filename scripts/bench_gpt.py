@@ -4,6 +4,7 @@
     python scripts/bench_gpt.py --launches 5 --steps 5 --layers 2
     python scripts/bench_gpt.py --pipeline               # pp 4, 1F1B, 8 microbatches: spmdsim and by hand
     python scripts/bench_gpt.py --pipeline --replay      # spmdsim's steps 1.. replayed from step 0's capture
+    python scripts/bench_gpt.py --pipeline --replay --simulated   # also on 4 simulated ranks
 
 Each worker is its own launch (the rows interleave, launch by launch), runs one
 warm-up step, then times --steps steps (each after a barrier, the slowest
@@ -104,7 +105,11 @@ step's barrier to the step's end (not the next barrier's spin), summed over the
 and then with its pipelined step 0 captured and the timed steps replaying it
 (train_pipelined(replay=True)); each launch of either is compared with the
 same round's peer, and the eager launch with the replayed one (eager /
-replayed: the same engine, ranks and cores).
+replayed: the same engine, ranks and cores). ``--simulated`` (with
+--pipeline) adds, each round, the peer unmodified on 4 simulated ranks
+(``spmdsim mpirun -n 4``: threads of one process, blocking calls), spmdsim's
+replayed step on 4 simulated ranks (spmdsim.simulate) and the peer there again
+(the A/A control): the step times of the same engine on the same threads.
 """
 from __future__ import annotations
 
@@ -225,12 +230,13 @@ def _after_arrival(mesh, spans) -> float:
     return total
 
 
-def _pipeline_steps(args, comm, replay: bool = False) -> dict:
+def _pipeline_steps(args, comm, replay: bool = False, clock=time.process_time) -> dict:
     """spmdsim's pipelined training (pp = the world, 1F1B) on `comm`: step 0 (the warm-up, its loss kept) and
     steps 1..steps, each timed from a barrier to the barrier after it (the slowest rank), its CPU time from
     that barrier to the end of the step (before the next barrier, whose MPICH wait spins), summed over the
     ranks, as the peer measures its own; the point-to-point bytes and message seconds of each step from its
-    trace rows (spmdsim.runtime.door.point_to_point). `replay`: step 0 captured, the later steps replayed."""
+    trace rows (spmdsim.runtime.door.point_to_point). `replay`: step 0 captured, the later steps replayed.
+    `clock`: a rank's CPU clock (a simulated rank's is its thread's)."""
     from spmdsim import collect_trace
     from spmdsim.gpt import encode, load_text
     from spmdsim.gpt.pipeline import train_pipelined
@@ -238,15 +244,15 @@ def _pipeline_steps(args, comm, replay: bool = False) -> dict:
     stamps, marks, clocks, ends = [], [], [], []
     with collect_trace() as trace:
         def on_step(result) -> None:
-            ends.append(time.process_time())
+            ends.append(clock())
             comm.Barrier()
             stamps.append(time.perf_counter())
-            clocks.append(time.process_time())
+            clocks.append(clock())
             marks.append(len(trace))
 
         comm.Barrier()
         stamps.append(time.perf_counter())
-        clocks.append(time.process_time())
+        clocks.append(clock())
         marks.append(0)
         _, results = train_pipelined(_config(args), comm, comm.size, 1, 1, args.steps + 1, encode(load_text()),
                                      schedule="1f1b", microbatches=args.microbatches, check=False, on_step=on_step,
@@ -427,6 +433,10 @@ def _worker(args) -> None:
         # with a transposed operand (20 us on one thread).
         with blas_threads(1):
             result = spmdsim.simulate(1, lambda: _steps(args, spmdsim.world(), False, (1, 1)))[0]
+    elif args.worker == "psim":  # --pipeline --simulated: the replayed step on PP simulated ranks
+        import spmdsim
+
+        result = spmdsim.simulate(PP, lambda: _pipeline_steps(args, spmdsim.world(), True, time.thread_time))[0]
     elif args.worker in ("pipe", "pipereplay", "pmsg"):
         from mpi4py import MPI
 
@@ -454,8 +464,10 @@ def _worker(args) -> None:
 #: The hand-written peer's launches: worker -> its wait ("hand2" is "hand" again, the A/A control).
 HAND = {"hand": "polite", "hand2": "polite", "busy": "busy"}
 #: --pipeline's launches, in their order: the peer, spmdsim (eager; with --replay then replayed), the peer again
-#: (A/A), the messages-only pair.
-PIPE = ("phand", "pipe", "pipereplay", "phand2", "pmsg")
+#: (A/A); with --simulated the peer on simulated ranks, spmdsim replayed on them, the peer again (A/A); the
+#: messages-only pair.
+PIPE = ("phand", "pipe", "pipereplay", "phand2", "psimhand", "psim", "psimhand2", "pmsg")
+SIMULATED = ("psimhand", "psim", "psimhand2")
 
 
 def _launch(args, worker: str, check: int = 0) -> dict | None:
@@ -477,9 +489,14 @@ def _launch(args, worker: str, check: int = 0) -> dict | None:
         ranks = str(PP)
         common = common[:-2] + ["--microbatches", str(args.microbatches)]
         cmd = [sys.executable, str(HERE)] + common + ["--pipeline", "--worker", worker]
-        if worker not in ("pipe", "pipereplay", "pmsg"):
+        if worker not in ("pipe", "pipereplay", "psim", "pmsg"):
             cmd = [sys.executable, str(HERE.parent / "peer_mpi4py_pipeline.py")] + common
-    if worker in ("mpi", "mpireplay", "dtensor") + PIPE or worker in HAND:
+        if worker in ("psimhand", "psimhand2"):  # the peer, unmodified, on simulated ranks (threads meet)
+            cmd = ["timeout", "-k", "5", "900", sys.executable, "-m", "spmdsim", "mpirun", "-n", ranks] + cmd + [
+                "--wait", "busy"]
+        if worker == "psim":
+            cmd = ["timeout", "-k", "5", "900"] + cmd
+    if worker in ("mpi", "mpireplay", "dtensor") + PIPE and worker not in SIMULATED or worker in HAND:
         cmd = ["timeout", "-k", "5", "900", _mpiexec() or "mpiexec", "-n", ranks] + cmd
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=960)
     for line in done.stdout.splitlines():
@@ -515,7 +532,8 @@ def _pipeline(args) -> int:
     if args.replay:
         print("spmdsim eager, then again with step 0 captured (spmdsim.runtime.replay), the timed steps replayed")
     # The peer's A/A pair brackets spmdsim's launches, so a drift of the machine's load shows in the pair.
-    rows: dict = {worker: [] for worker in PIPE if args.replay or worker != "pipereplay"}
+    rows: dict = {worker: [] for worker in PIPE
+                  if (args.replay or worker != "pipereplay") and (args.simulated or worker not in SIMULATED)}
     for _ in range(args.launches):
         for worker in rows:
             rows[worker].append(_launch(args, worker))
@@ -544,6 +562,13 @@ def _pipeline(args) -> int:
               f"{_ratio(rows['pipereplay'], rows['phand'], 'cpu', 'by hand')}")
         print(f"{'  eager / replayed, CPU':40} {'':8}  "
               f"{_ratio(rows['pipe'], rows['pipereplay'], 'cpu', 'replayed')}")
+    if args.simulated:
+        print(f"{PP} simulated ranks (threads of one process; the peer under spmdsim mpirun, blocking calls):")
+        print(f"{'  by hand on simulated ranks':40} {_median(rows['psimhand'], 'step'):8.3f}")
+        print(f"{'  by hand on them again (A/A control)':40} {_median(rows['psimhand2'], 'step'):8.3f}  "
+              f"{_ratio(rows['psimhand2'], rows['psimhand'], 'step', 'the first')}")
+        print(f"{'  spmdsim replayed on simulated ranks':40} {_median(rows['psim'], 'step'):8.3f}  "
+              f"{_ratio(rows['psim'], rows['psimhand'], 'step', 'by hand')}")
     print("point-to-point time a step (posting and waits of each group, summed, the slowest rank):")
     print(f"{'  by hand':40} {_median(rows['phand'], 'messages'):8.3f}")
     print(f"{'  by hand again (A/A control)':40} {_median(rows['phand2'], 'messages'):8.3f}  "
@@ -616,8 +641,10 @@ def main() -> int:
     ap.add_argument("--microbatches", type=int, default=None, help="with --pipeline: microbatches a step (8)")
     ap.add_argument("--replay", action="store_true",
                     help="with --pipeline: spmdsim also launched with step 0 captured and replayed for the timed steps")
+    ap.add_argument("--simulated", action="store_true",
+                    help="with --pipeline: also the replayed step and the peer on simulated ranks (threads)")
     ap.add_argument("--worker", choices=("ref", "one", "sim", "simreplay", "mpi", "mpireplay", "pipe", "pipereplay",
-                                         "pmsg"),
+                                         "psim", "pmsg"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
     for name in ("launches", "steps", "layers", "d_model", "seq", "microbatches"):
@@ -628,6 +655,8 @@ def main() -> int:
         ap.error(f"--microbatches {args.microbatches} applies to --pipeline only")
     if args.replay and not args.pipeline:
         ap.error("--replay applies to --pipeline only")
+    if args.simulated and not args.pipeline:
+        ap.error("--simulated applies to --pipeline only")
     if args.pipeline:
         from peer_mpi4py_pipeline import pipeline_args_problem
 

@@ -78,7 +78,7 @@ def test_one_launch_agrees_on_the_loss_and_the_bytes():
 def _args(bench, **kw):
     import argparse
 
-    base = dict(launches=1, steps=1, layers=4, d_model=32, seq=16, microbatches=8, replay=False)
+    base = dict(launches=1, steps=1, layers=4, d_model=32, seq=16, microbatches=8, replay=False, simulated=False)
     return argparse.Namespace(**{**base, **kw})
 
 
