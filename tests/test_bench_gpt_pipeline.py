@@ -90,6 +90,35 @@ def test_without_mpiexec_it_is_one_line(bench, monkeypatch, capsys):
     assert out.err.startswith("bench_gpt --pipeline: no mpiexec beside python or on PATH (pip install mpich)")
 
 
+def test_simulated_adds_the_peer_and_the_replayed_step_on_simulated_ranks(bench, monkeypatch, capsys):
+    """--simulated: each round also the peer under spmdsim mpirun -n 4 (blocking calls), spmdsim's replayed step
+    on 4 simulated ranks and the peer there again (A/A), their rows printed; refused without --pipeline."""
+    launched = []
+    monkeypatch.setattr(bench, "_mpiexec", lambda: "mpiexec")
+    monkeypatch.setattr(bench, "_launch", lambda args, worker: launched.append(worker) or dict(
+        _REPLAY if worker == "pmsg" else _HAND, step=0.15 if worker == "psim" else 0.1))
+    assert bench._pipeline(_args(bench, replay=True, simulated=True)) == 0
+    assert launched == ["phand", "pipe", "pipereplay", "phand2", "psimhand", "psim", "psimhand2", "pmsg"]
+    out = capsys.readouterr().out
+    assert f"{'  spmdsim replayed on simulated ranks':40}    0.150   1.50x by hand (1.50-1.50)" in out
+    assert f"{'  by hand on them again (A/A control)':40}    0.100   1.00x the first (1.00-1.00)" in out
+    monkeypatch.undo()
+    cmds = []
+    monkeypatch.setattr(bench.subprocess, "run", lambda c, **kw: cmds.append(c) or subprocess.CompletedProcess(
+        c, 0, "RESULT {}\n", ""))
+    for worker in ("psimhand", "psim"):
+        bench._launch(_args(bench, simulated=True), worker)
+    hand, ours = cmds
+    assert hand[4:9] == [sys.executable, "-m", "spmdsim", "mpirun", "-n"] and hand[9] == "4", hand
+    assert hand[11].endswith("peer_mpi4py_pipeline.py") and hand[-2:] == ["--wait", "busy"], hand
+    assert "mpiexec" not in " ".join(ours) and ours[ours.index("--worker") + 1] == "psim", ours
+    monkeypatch.undo()  # subprocess.run again
+    done = subprocess.run([sys.executable, str(_SCRIPTS / "bench_gpt.py"), "--simulated"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.splitlines()[-1].endswith("error: --simulated applies to --pipeline "
+                                                                         "only")
+
+
 def test_replay_adds_a_replayed_launch_beside_the_eager_one(bench, monkeypatch, capsys):
     """--replay: a second spmdsim launch a round, the replayed one (worker pipereplay:
     train_pipelined(replay=True)), beside the eager one; without it none is made; the header, the replayed
