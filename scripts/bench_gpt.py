@@ -4,6 +4,7 @@
     python scripts/bench_gpt.py --launches 5 --steps 5 --layers 2
     python scripts/bench_gpt.py --pipeline               # pp 4, 1F1B, 8 microbatches: spmdsim and by hand
     python scripts/bench_gpt.py --pipeline --replay      # spmdsim's steps 1.. replayed from step 0's capture
+    python scripts/bench_gpt.py --pipeline --replay --simulated   # also on 4 simulated ranks
 
 Each worker is its own launch (the rows interleave, launch by launch), runs one
 warm-up step, then times --steps steps (each after a barrier, the slowest
@@ -98,8 +99,17 @@ that turns each round; each launch's ratio is the median of the rounds' ratios,
 a row the median over launches. The point-to-point bytes, groups and messages
 of a step (all ranks) are printed for spmdsim, the peer and the replay (whose
 captured calls must write the door's rows); the script exits 1 when they differ
-or the losses do not agree. ``--replay``: spmdsim's pipelined step 0 is
-captured and the timed steps replay it (train_pipelined(replay=True)).
+or the losses do not agree. The CPU time of a step is each rank's from the
+step's barrier to the step's end (not the next barrier's spin), summed over the
+4 ranks, on both sides. ``--replay``: spmdsim is launched twice a round, eager
+and then with its pipelined step 0 captured and the timed steps replaying it
+(train_pipelined(replay=True)); each launch of either is compared with the
+same round's peer, and the eager launch with the replayed one (eager /
+replayed: the same engine, ranks and cores). ``--simulated`` (with
+--pipeline) adds, each round, the peer unmodified on 4 simulated ranks
+(``spmdsim mpirun -n 4``: threads of one process, blocking calls), spmdsim's
+replayed step on 4 simulated ranks (spmdsim.simulate) and the peer there again
+(the A/A control): the step times of the same engine on the same threads.
 """
 from __future__ import annotations
 
@@ -220,37 +230,44 @@ def _after_arrival(mesh, spans) -> float:
     return total
 
 
-def _pipeline_steps(args, comm) -> dict:
+def _pipeline_steps(args, comm, replay: bool = False, clock=time.process_time) -> dict:
     """spmdsim's pipelined training (pp = the world, 1F1B) on `comm`: step 0 (the warm-up, its loss kept) and
-    steps 1..steps, each timed from a barrier to the barrier after it (the slowest rank); the point-to-point
-    bytes and message seconds of each step from its trace rows (spmdsim.runtime.door.point_to_point)."""
+    steps 1..steps, each timed from a barrier to the barrier after it (the slowest rank), its CPU time from
+    that barrier to the end of the step (before the next barrier, whose MPICH wait spins), summed over the
+    ranks, as the peer measures its own; the point-to-point bytes and message seconds of each step from its
+    trace rows (spmdsim.runtime.door.point_to_point). `replay`: step 0 captured, the later steps replayed.
+    `clock`: a rank's CPU clock (a simulated rank's is its thread's)."""
     from spmdsim import collect_trace
     from spmdsim.gpt import encode, load_text
     from spmdsim.gpt.pipeline import train_pipelined
 
-    stamps, marks = [], []
+    stamps, marks, clocks, ends = [], [], [], []
     with collect_trace() as trace:
         def on_step(result) -> None:
+            ends.append(clock())
             comm.Barrier()
             stamps.append(time.perf_counter())
+            clocks.append(clock())
             marks.append(len(trace))
 
         comm.Barrier()
         stamps.append(time.perf_counter())
+        clocks.append(clock())
         marks.append(0)
         _, results = train_pipelined(_config(args), comm, comm.size, 1, 1, args.steps + 1, encode(load_text()),
                                      schedule="1f1b", microbatches=args.microbatches, check=False, on_step=on_step,
-                                     replay=args.replay)
+                                     replay=replay)
     entries = trace.entries
-    walls, sent, waited, groups = [], [], [], []
+    walls, sent, waited, groups, cpus = [], [], [], [], []
     for k in range(2, len(stamps)):  # stamps[1] ends the warm-up step 0
         mine = [e for e in entries[marks[k - 1]:marks[k]] if e.op in P2P]
         walls.append(comm.allreduce(stamps[k] - stamps[k - 1], op=_max()))
+        cpus.append(comm.allreduce(ends[k - 1] - clocks[k - 1]))
         sent.append(comm.allreduce(sum(e.bytes_sent for e in mine)))
         waited.append(comm.allreduce(sum(e.seconds for e in mine), op=_max()))
         groups.append(comm.allreduce(len(mine)))
-    return {"step": statistics.median(walls), "messages": statistics.median(waited), "p2p_bytes": sent[-1],
-            "p2p_bytes_steps": sent, "p2p_groups": groups[-1], "loss0": results[0].loss}
+    return {"step": statistics.median(walls), "messages": statistics.median(waited), "cpu": statistics.median(cpus),
+            "p2p_bytes": sent[-1], "p2p_bytes_steps": sent, "p2p_groups": groups[-1], "loss0": results[0].loss}
 
 
 #: --pipeline's messages-only pair: rounds a launch (after one untimed round of each way) and its ways, each
@@ -416,13 +433,20 @@ def _worker(args) -> None:
         # with a transposed operand (20 us on one thread).
         with blas_threads(1):
             result = spmdsim.simulate(1, lambda: _steps(args, spmdsim.world(), False, (1, 1)))[0]
-    elif args.worker in ("pipe", "pmsg"):
+    elif args.worker == "psim":  # --pipeline --simulated: the replayed step on PP simulated ranks
+        import spmdsim
+
+        result = spmdsim.simulate(PP, lambda: _pipeline_steps(args, spmdsim.world(), True, time.thread_time))[0]
+    elif args.worker in ("pipe", "pipereplay", "pmsg"):
         from mpi4py import MPI
 
         from spmdsim.runtime.process import tune_mpi_process
 
         tune_mpi_process()
-        result = (_pipeline_steps if args.worker == "pipe" else _message_replay)(args, MPI.COMM_WORLD)
+        if args.worker == "pmsg":
+            result = _message_replay(args, MPI.COMM_WORLD)
+        else:
+            result = _pipeline_steps(args, MPI.COMM_WORLD, replay=args.worker == "pipereplay")
         if MPI.COMM_WORLD.rank != 0:
             return
     else:
@@ -439,8 +463,11 @@ def _worker(args) -> None:
 
 #: The hand-written peer's launches: worker -> its wait ("hand2" is "hand" again, the A/A control).
 HAND = {"hand": "polite", "hand2": "polite", "busy": "busy"}
-#: --pipeline's launches, in their order: the peer, spmdsim, the peer again (A/A), the messages-only pair.
-PIPE = ("phand", "pipe", "phand2", "pmsg")
+#: --pipeline's launches, in their order: the peer, spmdsim (eager; with --replay then replayed), the peer again
+#: (A/A); with --simulated the peer on simulated ranks, spmdsim replayed on them, the peer again (A/A); the
+#: messages-only pair.
+PIPE = ("phand", "pipe", "pipereplay", "phand2", "psimhand", "psim", "psimhand2", "pmsg")
+SIMULATED = ("psimhand", "psim", "psimhand2")
 
 
 def _launch(args, worker: str, check: int = 0) -> dict | None:
@@ -462,11 +489,14 @@ def _launch(args, worker: str, check: int = 0) -> dict | None:
         ranks = str(PP)
         common = common[:-2] + ["--microbatches", str(args.microbatches)]
         cmd = [sys.executable, str(HERE)] + common + ["--pipeline", "--worker", worker]
-        if worker == "pipe" and args.replay:
-            cmd.append("--replay")
-        if worker not in ("pipe", "pmsg"):
+        if worker not in ("pipe", "pipereplay", "psim", "pmsg"):
             cmd = [sys.executable, str(HERE.parent / "peer_mpi4py_pipeline.py")] + common
-    if worker in ("mpi", "mpireplay", "dtensor") + PIPE or worker in HAND:
+        if worker in ("psimhand", "psimhand2"):  # the peer, unmodified, on simulated ranks (threads meet)
+            cmd = ["timeout", "-k", "5", "900", sys.executable, "-m", "spmdsim", "mpirun", "-n", ranks] + cmd + [
+                "--wait", "busy"]
+        if worker == "psim":
+            cmd = ["timeout", "-k", "5", "900"] + cmd
+    if worker in ("mpi", "mpireplay", "dtensor") + PIPE and worker not in SIMULATED or worker in HAND:
         cmd = ["timeout", "-k", "5", "900", _mpiexec() or "mpiexec", "-n", ranks] + cmd
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=960)
     for line in done.stdout.splitlines():
@@ -500,28 +530,54 @@ def _pipeline(args) -> int:
           f"{os.getloadavg()[0]:.1f}")
     print(f"pipeline pp {PP} x dp 1 x tp 1 on {PP} MPI ranks, 1F1B, {args.microbatches} microbatches")
     if args.replay:
-        print("spmdsim's step 0 captured (spmdsim.runtime.replay), the timed steps replayed")
-    # The peer's A/A pair brackets spmdsim's launch, so a drift of the machine's load shows in the pair.
-    rows: dict = {worker: [] for worker in PIPE}
+        print("spmdsim eager, then again with step 0 captured (spmdsim.runtime.replay), the timed steps replayed")
+    # The peer's A/A pair brackets spmdsim's launches, so a drift of the machine's load shows in the pair.
+    rows: dict = {worker: [] for worker in PIPE
+                  if (args.replay or worker != "pipereplay") and (args.simulated or worker not in SIMULATED)}
     for _ in range(args.launches):
         for worker in rows:
             rows[worker].append(_launch(args, worker))
     if not all(all(r) for r in rows.values()):
         return 1
-    hand, pipe, again = (_median(rows[w], "step") for w in ("phand", "pipe", "phand2"))
     n = args.launches
     print(f"{'run':40} {'s/step':>8}  ratio (median of {n} launch{'es' if n > 1 else ''}, spread)")
-    print(f"{'numpy + mpi4py by hand, 1F1B':40} {hand:8.3f}")
-    print(f"{'the same again (A/A control)':40} {again:8.3f}  "
+    print(f"{'numpy + mpi4py by hand, 1F1B':40} {_median(rows['phand'], 'step'):8.3f}")
+    print(f"{'the same again (A/A control)':40} {_median(rows['phand2'], 'step'):8.3f}  "
           f"{_ratio(rows['phand2'], rows['phand'], 'step', 'the first')}")
-    spmdsim_row = "spmdsim train_pipelined, 1F1B" + (", replayed" if args.replay else "")
-    print(f"{spmdsim_row:40} {pipe:8.3f}  {_ratio(rows['pipe'], rows['phand'], 'step', 'by hand')}")
+    print(f"{'spmdsim train_pipelined, 1F1B':40} {_median(rows['pipe'], 'step'):8.3f}  "
+          f"{_ratio(rows['pipe'], rows['phand'], 'step', 'by hand')}")
+    if args.replay:
+        print(f"{'spmdsim train_pipelined, 1F1B, replayed':40} {_median(rows['pipereplay'], 'step'):8.3f}  "
+              f"{_ratio(rows['pipereplay'], rows['phand'], 'step', 'by hand')}")
+        print(f"{'  eager / replayed, the same rounds':40} {'':8}  "
+              f"{_ratio(rows['pipe'], rows['pipereplay'], 'step', 'replayed')}")
+    print(f"CPU time a step, the {PP} ranks' summed (each from the step's barrier to its end):")
+    print(f"{'  numpy + mpi4py by hand':40} {_median(rows['phand'], 'cpu'):8.3f}")
+    print(f"{'  the same again (A/A control)':40} {_median(rows['phand2'], 'cpu'):8.3f}  "
+          f"{_ratio(rows['phand2'], rows['phand'], 'cpu', 'the first')}")
+    print(f"{'  spmdsim eager':40} {_median(rows['pipe'], 'cpu'):8.3f}  "
+          f"{_ratio(rows['pipe'], rows['phand'], 'cpu', 'by hand')}")
+    if args.replay:
+        print(f"{'  spmdsim replayed':40} {_median(rows['pipereplay'], 'cpu'):8.3f}  "
+              f"{_ratio(rows['pipereplay'], rows['phand'], 'cpu', 'by hand')}")
+        print(f"{'  eager / replayed, CPU':40} {'':8}  "
+              f"{_ratio(rows['pipe'], rows['pipereplay'], 'cpu', 'replayed')}")
+    if args.simulated:
+        print(f"{PP} simulated ranks (threads of one process; the peer under spmdsim mpirun, blocking calls):")
+        print(f"{'  by hand on simulated ranks':40} {_median(rows['psimhand'], 'step'):8.3f}")
+        print(f"{'  by hand on them again (A/A control)':40} {_median(rows['psimhand2'], 'step'):8.3f}  "
+              f"{_ratio(rows['psimhand2'], rows['psimhand'], 'step', 'the first')}")
+        print(f"{'  spmdsim replayed on simulated ranks':40} {_median(rows['psim'], 'step'):8.3f}  "
+              f"{_ratio(rows['psim'], rows['psimhand'], 'step', 'by hand')}")
     print("point-to-point time a step (posting and waits of each group, summed, the slowest rank):")
     print(f"{'  by hand':40} {_median(rows['phand'], 'messages'):8.3f}")
     print(f"{'  by hand again (A/A control)':40} {_median(rows['phand2'], 'messages'):8.3f}  "
           f"{_ratio(rows['phand2'], rows['phand'], 'messages', 'the first')}")
     print(f"{'  spmdsim (its send/recv trace rows)':40} {_median(rows['pipe'], 'messages'):8.3f}  "
           f"{_ratio(rows['pipe'], rows['phand'], 'messages', 'by hand')}")
+    if args.replay:
+        print(f"{'  spmdsim replayed (the same rows)':40} {_median(rows['pipereplay'], 'messages'):8.3f}  "
+              f"{_ratio(rows['pipereplay'], rows['phand'], 'messages', 'by hand')}")
     replays = rows["pmsg"]
     first = replays[0]
     print(f"messages only: a step's groups replayed, no compute, {first['rounds']} rounds a launch, "
@@ -548,7 +604,7 @@ def _pipeline(args) -> int:
           f"{first['messages']} ({'equal' if same_messages else 'DIFFERENT'})")
     print(f"point-to-point bytes a step, all ranks: spmdsim {ours['p2p_bytes']}, by hand {theirs['p2p_bytes']}, "
           f"replayed {first['bytes']} ({'equal' if same_bytes else 'DIFFERENT'})")
-    diff = abs(theirs["loss0"] - ours["loss0"])
+    diff = max(abs(theirs["loss0"] - r["loss0"]) for r in rows["pipe"][:1] + rows.get("pipereplay", [])[:1])
     print(f"step 0 loss: spmdsim {ours['loss0']:.12f}, by hand {theirs['loss0']:.12f}, |diff| {diff:.1e}")
     print(f"step 0 loss: one numpy process {theirs['reference0']:.12f} (the same masks)")
     print(f"by hand, after step 0: gradients within {theirs['grad_error']:.1e} of the one process's")
@@ -584,8 +640,11 @@ def main() -> int:
                     help=f"time the pipelined step (pp {PP}, 1F1B) against the same schedule by hand on mpi4py")
     ap.add_argument("--microbatches", type=int, default=None, help="with --pipeline: microbatches a step (8)")
     ap.add_argument("--replay", action="store_true",
-                    help="with --pipeline: spmdsim captures step 0 and replays it for the timed steps")
-    ap.add_argument("--worker", choices=("ref", "one", "sim", "simreplay", "mpi", "mpireplay", "pipe", "pmsg"),
+                    help="with --pipeline: spmdsim also launched with step 0 captured and replayed for the timed steps")
+    ap.add_argument("--simulated", action="store_true",
+                    help="with --pipeline: also the replayed step and the peer on simulated ranks (threads)")
+    ap.add_argument("--worker", choices=("ref", "one", "sim", "simreplay", "mpi", "mpireplay", "pipe", "pipereplay",
+                                         "psim", "pmsg"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
     for name in ("launches", "steps", "layers", "d_model", "seq", "microbatches"):
@@ -596,6 +655,8 @@ def main() -> int:
         ap.error(f"--microbatches {args.microbatches} applies to --pipeline only")
     if args.replay and not args.pipeline:
         ap.error("--replay applies to --pipeline only")
+    if args.simulated and not args.pipeline:
+        ap.error("--simulated applies to --pipeline only")
     if args.pipeline:
         from peer_mpi4py_pipeline import pipeline_args_problem
 

@@ -25,9 +25,11 @@ buffer to the experts' ranks and back:
   the MPI engine), with a trace open as the trainer keeps one.
 
 The three take turns going first from round to round; a way's time in a
-round is the slowest rank's, from a barrier. A launch's ratio is the median
-over its rounds of (way / raw); a row's is the median over launches, beside
-their spread. Before timing, each launch checks that spmdsim's rows after the
+round is the slowest rank's, from a barrier, and its CPU time the ranks'
+summed (from the barrier to the way's end). A launch's ratio is the median
+over its rounds of (way / raw); its CPU ratio the median CPU of a way over
+its rounds / raw's; a row's is the median over launches, beside their spread.
+Before timing, each launch checks that spmdsim's rows after the
 dispatch and after the combine equal the raw ways' (bit for bit) and that the
 trace's bytes are the buffers'; the script exits 1 otherwise. The load average
 is printed at the start and at the end: on a shared machine compare within
@@ -162,22 +164,30 @@ def _worker(args) -> dict:
         ways = {"raw": lambda: raw_combine(raw_dispatch(send)), "raw2": lambda: raw_combine(raw_dispatch(send)),
                 "spmdsim": lambda: move.combine(move.dispatch(send))}
         times: dict = {way: [] for way in WAYS}
+        cpus: dict = {way: [] for way in WAYS}
         with collect_trace():  # the trainer keeps one open: spmdsim's rows record as they would there
             for r in range(-1, args.rounds):  # round -1: each way once, untimed
                 for way in WAYS[r % len(WAYS):] + WAYS[:r % len(WAYS)]:
                     comm.Barrier()
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.process_time()
                     ways[way]()
-                    spent = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+                    c1, t1 = time.process_time(), time.perf_counter()
+                    spent = comm.allreduce(t1 - t0, op=MPI.MAX)
+                    cpu = comm.allreduce(c1 - c0)  # the ranks' CPU, summed
                     if r >= 0:
                         times[way].append(spent)
+                        cpus[way].append(cpu)
         rows = comm.allgather(sum(move.recv_rows))
         out[mode] = {
             "same": comm.allreduce(int(not same), op=MPI.SUM) == 0,
             "traced_bytes": comm.allreduce(traced), "expected_bytes": comm.allreduce(expect),
             "buffer_bytes": comm.allreduce(send.nbytes),
             "rows_min": min(rows), "rows_max": max(rows), "raw_s": statistics.median(times["raw"]),
+            "raw_cpu_s": statistics.median(cpus["raw"]),
             **{f"{way}_ratio": statistics.median(t / b for t, b in zip(times[way], times["raw"]))
+               for way in ("spmdsim", "raw2")},
+            # a round's CPU is a few ms over 8 ranks: the ratio of the medians, not the median of the ratios
+            **{f"{way}_cpu_ratio": statistics.median(cpus[way]) / statistics.median(cpus["raw"])
                for way in ("spmdsim", "raw2")}}
     mesh.close()
     return out
@@ -260,6 +270,11 @@ def main(argv=None) -> int:
         for way, label in (("raw2", "raw again (A/A control)"), ("spmdsim", "spmdsim dispatch + combine")):
             ratios = [r[f"{way}_ratio"] for r in rs]
             print(f"  {label:26} {statistics.median(ratios):9.3f}x raw ({_spread(ratios)})")
+        cpu = statistics.median(r["raw_cpu_s"] for r in rs)
+        print(f"  CPU of the {RANKS} ranks, raw   {cpu * 1e3:9.3f} ms")
+        for way, label in (("raw2", "raw again (A/A control)"), ("spmdsim", "spmdsim dispatch + combine")):
+            ratios = [r[f"{way}_cpu_ratio"] for r in rs]
+            print(f"  {label:26} {statistics.median(ratios):9.3f}x raw's CPU ({_spread(ratios)})")
     print(f"load average at the end {_load()}")
     if not ok:
         print("bench_moe: spmdsim's rows or bytes differ from raw mpi4py's", file=sys.stderr)

@@ -27,8 +27,9 @@ microbatch) and is checked: rank 0 prints its loss beside the one-process
 reference's and how far its gradients are from the reference's. It is also the
 warm-up; the timed steps 1..--steps draw masks from numpy's generator, seeded by
 (seed, step, stage, microbatch), at the same rate. A step is timed from a
-barrier to the barrier after it (the slowest rank); the point-to-point bytes
-are the send buffers' bytes summed over the ranks. Waiting: ``busy`` makes
+barrier to the barrier after it (the slowest rank), its CPU time from that
+barrier to the end of the step (before the next barrier), summed over the
+ranks; the point-to-point bytes are the send buffers' bytes summed over the ranks. Waiting: ``busy`` makes
 blocking waits, ``polite`` polls each request's Test() as spmdsim.engines.wait
 does, ``auto`` (the default) decides as spmdsim does. Rank 0 prints the figures
 and a ``RESULT {json}`` line (scripts/bench_gpt.py reads it).
@@ -337,22 +338,25 @@ def run(args: argparse.Namespace, cfg: Any, polite: bool) -> dict:
     world.Barrier()
     loss = stage.step(x, y, _masks(cfg, 0, stage.s, args.microbatches, own=False))
     result = _checked(cfg, world, stage, loss, x, y)
-    walls, waits, sent, groups, messages = [], [], [], [], []
+    walls, waits, sent, groups, messages, cpus = [], [], [], [], [], []
     world.Barrier()
     for k in range(1, args.steps + 1):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         stage.sent_bytes, stage.waited, stage.groups, stage.messages = 0, 0.0, 0, 0
         x, y = batch(ids, cfg, k)
         last = stage.step(x, y, _masks(cfg, k, stage.s, args.microbatches, own=True))
+        cpu = time.process_time() - c0  # the step's CPU, not the barrier's (MPICH's blocking Barrier spins)
         world.Barrier()
         walls.append(world.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+        cpus.append(world.allreduce(cpu))
         waits.append(world.allreduce(stage.waited, op=MPI.MAX))
         sent.append(world.allreduce(stage.sent_bytes))
         groups.append(world.allreduce(stage.groups))
         messages.append(world.allreduce(stage.messages))
     if world.rank != 0:
         return {}
-    return dict(result, step=statistics.median(walls), messages=statistics.median(waits), p2p_bytes=sent[-1],
+    return dict(result, step=statistics.median(walls), messages=statistics.median(waits),
+                cpu=statistics.median(cpus), p2p_bytes=sent[-1],
                 p2p_bytes_steps=sent, p2p_groups=groups[-1], p2p_messages=messages[-1], last_loss=last,
                 wait="polite" if polite else "busy")
 

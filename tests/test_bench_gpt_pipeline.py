@@ -1,6 +1,7 @@
 """scripts/bench_gpt.py --pipeline: spmdsim's pipelined step beside the same 1F1B step by hand on mpi4py.
 
-One launch of each (a 4-layer GPT of d_model 32 on 4 MPI ranks, one timed step):
+One launch of each (a 4-layer GPT of d_model 32 on 4 MPI ranks, one timed step;
+--replay: spmdsim eager and replayed, and their CPU rows):
 the hand-written step's loss at step 0 is spmdsim's and the one process's, its
 gradients the one process's, and both sides and the messages-only replay send the
 same point-to-point bytes in the same groups and messages, the counts a 1F1B step
@@ -35,14 +36,18 @@ def _value(line: str, after: str) -> float:
 
 @pytest.mark.skipif(not MPIEXEC, reason="no mpiexec")
 def test_one_launch_agrees_on_the_loss_and_the_bytes():
-    done = subprocess.run([sys.executable, str(_SCRIPTS / "bench_gpt.py"), "--pipeline", "--launches", "1",
-                           "--steps", "1", *_SMALL], capture_output=True, text=True, timeout=120,
+    done = subprocess.run([sys.executable, str(_SCRIPTS / "bench_gpt.py"), "--pipeline", "--replay",
+                           "--launches", "1", "--steps", "1", *_SMALL], capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert max(len(line) for line in lines) <= 100
-    for row in ("numpy + mpi4py by hand, 1F1B", "the same again (A/A control)", "spmdsim train_pipelined, 1F1B",
-                "  by hand   ", "  by hand again (A/A control)", "  spmdsim (its send/recv trace rows)",
+    for row in ("numpy + mpi4py by hand, 1F1B", "the same again (A/A control)",
+                "spmdsim train_pipelined, 1F1B   ", "spmdsim train_pipelined, 1F1B, replayed",
+                "  eager / replayed, the same rounds", "  numpy + mpi4py by hand", "  the same again (A/A control)",
+                "  spmdsim eager", "  spmdsim replayed   ", "  eager / replayed, CPU",
+                "  spmdsim replayed (the same rows)", "  by hand   ", "  by hand again (A/A control)",
+                "  spmdsim (its send/recv trace rows)",
                 "  raw mpi4py Irecv/Isend, the same wait", "  raw again (A/A control)",
                 "  spmdsim runtime.door.point_to_point", "  raw mpi4py, Request.Waitall",
                 "  spmdsim, the door's calls replayed", "  raw mpi4py Send_init/Recv_init"):
@@ -73,7 +78,7 @@ def test_one_launch_agrees_on_the_loss_and_the_bytes():
 def _args(bench, **kw):
     import argparse
 
-    base = dict(launches=1, steps=1, layers=4, d_model=32, seq=16, microbatches=8, replay=False)
+    base = dict(launches=1, steps=1, layers=4, d_model=32, seq=16, microbatches=8, replay=False, simulated=False)
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -85,26 +90,63 @@ def test_without_mpiexec_it_is_one_line(bench, monkeypatch, capsys):
     assert out.err.startswith("bench_gpt --pipeline: no mpiexec beside python or on PATH (pip install mpich)")
 
 
-def test_replay_reaches_the_pipelined_launch_alone(bench, monkeypatch, capsys):
-    """--replay: spmdsim's pipelined launch gets it (train_pipelined(replay=True)), the peer's and the
-    messages-only launches do not; the header and spmdsim's row say so; without --pipeline it is refused."""
+def test_simulated_adds_the_peer_and_the_replayed_step_on_simulated_ranks(bench, monkeypatch, capsys):
+    """--simulated: each round also the peer under spmdsim mpirun -n 4 (blocking calls), spmdsim's replayed step
+    on 4 simulated ranks and the peer there again (A/A), their rows printed; refused without --pipeline."""
     launched = []
-
-    def run(cmd, **kw):
-        launched.append(cmd)
-        return subprocess.CompletedProcess(cmd, 0, "RESULT {}\n", "")
-
-    monkeypatch.setattr(bench.subprocess, "run", run)
-    for worker in bench.PIPE:
-        bench._launch(_args(bench, replay=True), worker)
-    assert ["--replay" in cmd for cmd in launched] == [worker == "pipe" for worker in bench.PIPE]
     monkeypatch.setattr(bench, "_mpiexec", lambda: "mpiexec")
-    monkeypatch.setattr(bench, "_launch", lambda args, worker: dict(_REPLAY if worker == "pmsg" else _HAND))
-    assert bench._pipeline(_args(bench, replay=True)) == 0
+    monkeypatch.setattr(bench, "_launch", lambda args, worker: launched.append(worker) or dict(
+        _REPLAY if worker == "pmsg" else _HAND, step=0.15 if worker == "psim" else 0.1))
+    assert bench._pipeline(_args(bench, replay=True, simulated=True)) == 0
+    assert launched == ["phand", "pipe", "pipereplay", "phand2", "psimhand", "psim", "psimhand2", "pmsg"]
     out = capsys.readouterr().out
-    assert "8 microbatches\nspmdsim's step 0 captured (spmdsim.runtime.replay), the timed steps replayed\n" in out
+    assert f"{'  spmdsim replayed on simulated ranks':40}    0.150   1.50x by hand (1.50-1.50)" in out
+    assert f"{'  by hand on them again (A/A control)':40}    0.100   1.00x the first (1.00-1.00)" in out
+    monkeypatch.undo()
+    cmds = []
+    monkeypatch.setattr(bench.subprocess, "run", lambda c, **kw: cmds.append(c) or subprocess.CompletedProcess(
+        c, 0, "RESULT {}\n", ""))
+    for worker in ("psimhand", "psim"):
+        bench._launch(_args(bench, simulated=True), worker)
+    hand, ours = cmds
+    assert hand[4:9] == [sys.executable, "-m", "spmdsim", "mpirun", "-n"] and hand[9] == "4", hand
+    assert hand[11].endswith("peer_mpi4py_pipeline.py") and hand[-2:] == ["--wait", "busy"], hand
+    assert "mpiexec" not in " ".join(ours) and ours[ours.index("--worker") + 1] == "psim", ours
+    monkeypatch.undo()  # subprocess.run again
+    done = subprocess.run([sys.executable, str(_SCRIPTS / "bench_gpt.py"), "--simulated"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.splitlines()[-1].endswith("error: --simulated applies to --pipeline "
+                                                                         "only")
+
+
+def test_replay_adds_a_replayed_launch_beside_the_eager_one(bench, monkeypatch, capsys):
+    """--replay: a second spmdsim launch a round, the replayed one (worker pipereplay:
+    train_pipelined(replay=True)), beside the eager one; without it none is made; the header, the replayed
+    rows and eager / replayed (the same round's launches) say so; without --pipeline it is refused."""
+    launched = []
+    monkeypatch.setattr(bench, "_mpiexec", lambda: "mpiexec")
+    for replay in (False, True):
+        monkeypatch.setattr(bench, "_launch", lambda args, worker: launched.append(worker) or dict(
+            _REPLAY if worker == "pmsg" else _HAND, step=0.2 if worker == "pipe" else 0.1,
+            cpu=0.3 if worker == "pipe" else 0.25 if worker == "pipereplay" else 0.2))
+        assert bench._pipeline(_args(bench, replay=replay)) == 0
+        assert launched == ["phand", "pipe"] + ["pipereplay"] * replay + ["phand2", "pmsg"], (replay, launched)
+        launched.clear()
+        out = capsys.readouterr().out
+        assert ("spmdsim train_pipelined, 1F1B, replayed" in out) == replay
+    assert "8 microbatches\nspmdsim eager, then again with step 0 captured (spmdsim.runtime.replay), the timed " \
+        "steps replayed\n" in out
     assert max(len(line) for line in out.splitlines()) <= 100
     assert "spmdsim train_pipelined, 1F1B, replayed     0.100   1.00x by hand" in out
+    assert f"{'  eager / replayed, the same rounds':50}  2.00x replayed (2.00-2.00)" in out
+    assert f"{'  spmdsim replayed':40}    0.250   1.25x by hand (1.25-1.25)" in out
+    assert f"{'  eager / replayed, CPU':50}  1.20x replayed (1.20-1.20)" in out
+    monkeypatch.undo()  # the real _launch, on a stand-in for subprocess.run
+    cmd = []
+    monkeypatch.setattr(bench.subprocess, "run", lambda c, **kw: cmd.append(c) or subprocess.CompletedProcess(
+        c, 0, "RESULT {}\n", ""))
+    bench._launch(_args(bench, replay=True), "pipereplay")
+    assert cmd[0][cmd[0].index("--worker") + 1] == "pipereplay" and "--replay" not in cmd[0]
     monkeypatch.undo()  # subprocess.run again
     done = subprocess.run([sys.executable, str(_SCRIPTS / "bench_gpt.py"), "--replay"], capture_output=True,
                           text=True, timeout=60)
@@ -131,7 +173,7 @@ def test_message_groups_follow_the_schedule(bench):
     assert sum(n for *_, n in sent) == 3 * 8 * 2 * act + 2 * table
 
 
-_HAND = {"step": 0.1, "messages": 0.05, "p2p_bytes": 4, "p2p_bytes_steps": [4], "p2p_groups": 2,
+_HAND = {"step": 0.1, "messages": 0.05, "cpu": 0.2, "p2p_bytes": 4, "p2p_bytes_steps": [4], "p2p_groups": 2,
          "p2p_messages": 1, "loss0": 4.7, "reference0": 4.7, "grad_error": 0.0}
 _REPLAY = {"raw": 0.01, "door": 0.011, "raw2": 0.01, "waitall": 0.012, "replayed": 0.0098, "rawbound": 0.009,
            "door_ratio": 1.1, "raw2_ratio": 1.0, "waitall_ratio": 1.2, "replayed_ratio": 0.98, "rawbound_ratio": 0.9,

@@ -54,6 +54,13 @@ def test_one_tiny_launch_prints_its_ratios_and_agrees_with_raw_mpi4py():
             assert ratio > 0 and low <= high  # one launch: its spread is the ratio itself
             # its spread is printed to 2 decimals from the unrounded ratio, the ratio itself to 3
             assert low == high and abs(low - ratio) <= 0.0051
+        # the ranks' CPU: raw's, then each way's against it
+        assert re.match(r"  CPU of the 8 ranks, raw\s+\d+\.\d{3} ms$", lines[at + 5]), lines[at + 5]
+        for row, label in ((6, "raw again \\(A/A control\\)"), (7, "spmdsim dispatch \\+ combine")):
+            found = re.match(f"  {label}{_RATIO.replace(' raw ', ' raw.s CPU ')}", lines[at + row])
+            assert found, (_RATIO, lines[at + row])
+            ratio, low, high = (float(v) for v in found.groups())
+            assert ratio > 0 and low == high and abs(low - ratio) <= 0.0051
 
 
 def test_bad_sizes_are_refused_in_one_line():

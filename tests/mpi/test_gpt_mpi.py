@@ -96,6 +96,39 @@ def test_replayed_pipeline_steps_equal_the_steps_run_one_by_one(schedule, v):
     assert all(r.passed and max(r.errors) <= TOLERANCE for r in replayed), replayed
 
 
+@pytest.mark.parametrize("wait", ["polite", "busy"])
+def test_pipeline_stages_agree_on_their_call_counters_after_each_step(wait, monkeypatch):
+    """The stages of a pipeline make different numbers of collectives; after each step every rank's call
+    counter (what SPMDSIM_CHECK compares) is the largest. On a polite mesh by an int64 Iallreduce waited
+    politely (no object allreduce, which spins in MPICH while the last stage computes); else as before."""
+    from mpi4py import MPI
+
+    from spmdsim.context import current
+    from spmdsim.gpt import GPTConfig, encode, load_text
+    from spmdsim.gpt.pipeline import train_pipelined
+    from spmdsim.runtime import door
+
+    comm = MPI.COMM_WORLD
+    if comm.size % 2:
+        pytest.skip("pp 2 needs an even number of ranks")
+    monkeypatch.setenv("SPMDSIM_WAIT", wait)
+    objects = []
+    real = door.all_reduce_object
+    monkeypatch.setattr(door, "all_reduce_object", lambda *a: objects.append(a[1:]) or real(*a))
+    dp = comm.size // 2
+    cfg = GPTConfig(layers=2, d_model=16, heads=2, seq=8, batch=4 * dp, dropout=0.1)
+    counters = []
+    run, steps = train_pipelined(cfg, comm, 2, dp, 1, 2, encode(load_text(20_000)), microbatches=4,
+                                 on_step=lambda r: counters.append(current().seq))
+    run.close()
+    assert all(r.passed for r in steps), steps
+    everyone = comm.allgather(counters)
+    assert all(c == everyone[0] for c in everyone), everyone
+    assert everyone[0][0] < everyone[0][1]
+    maxes = [a for a in objects if a[-1] == "max"]  # (counter, "max"): the agreement by an object allreduce
+    assert not maxes if wait == "polite" else len(maxes) >= 2, maxes
+
+
 @pytest.mark.mpi(min_size=4)
 def test_pipeline_clipped_with_zero1_takes_the_norm_over_every_stage():
     """--clip with --zero 1 over pp 2 (x dp, x tp 2 on 8 ranks): each stage's distributed optimizer adds its
