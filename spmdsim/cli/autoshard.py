@@ -26,7 +26,6 @@ from typing import Any
 
 from ..errors import SpmdsimError
 from ..engines import engine_of
-from ..engines.once import once
 
 __all__ = ["register", "run"]
 
@@ -240,32 +239,12 @@ def _run_mpi(args: argparse.Namespace) -> int:
     return guarded(lambda: _run_choice(args, comm), comm)
 
 
-def _search_once(comm: Any, args: argparse.Namespace, size: int, flops: float) -> Any:
-    """`_choose`'s result, searched by one rank: on simulated ranks by the first that asks (`once`); under
-    MPI by rank 0, whose result (or error's text) the others receive, so every rank runs one choice."""
-    engine = engine_of(comm)
-    if engine.simulated or size == 1:
-        return once(("spmdsim autoshard: choice", size, flops), _choose, args, size, flops)
-    if comm.Get_rank() != 0:
-        ok, value = engine.broadcast_object(comm, None, 0)
-        if not ok:
-            raise SpmdsimError(value)
-        return value
-    try:
-        result = _choose(args, size, flops)
-    except Exception as exc:  # noqa: BLE001 - the others raise its text; rank 0 its own error
-        engine.broadcast_object(comm, (False, str(exc) if isinstance(exc, SpmdsimError)
-                                       else f"rank 0's search failed: {type(exc).__name__}: {exc}"), 0)
-        raise
-    engine.broadcast_object(comm, (True, result), 0)
-    return result
-
-
 def _run_choice(args: argparse.Namespace, comm: Any) -> int:
     from ..autoshard.cost import measure_flops_rate
     from ..autoshard.execute import run_choice
     from ..autoshard.report import format_checks, format_measured
     from ..autoshard.runnable import check_runnable, is_chain
+    from ..runtime.shared_reference import shared_once_on
 
     size = comm.Get_size()
     if size == 1 and args.ranks is None:  # one plain process: say how to get ranks, on every rank alike
@@ -281,7 +260,7 @@ def _run_choice(args: argparse.Namespace, comm: Any) -> int:
     flops = args.flops or min(engine_of(comm).all_gather_object(comm, measure_flops_rate()))
     # The search is local work on inputs every rank shares (the command line, the agreed rate): one rank
     # searches for all (simulated ranks: the first to ask; MPI ranks: rank 0, the others get its choice).
-    result = _search_once(comm, args, size, flops)
+    result = shared_once_on(comm, ("spmdsim autoshard: choice", size, flops), _choose, args, size, flops)
     check_runnable(result)  # an operator the runners lack raises here, on every rank
     checks = None
     if is_chain(result):

@@ -25,8 +25,10 @@ differ compute their own, as `once` does.
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import pickle
+import types
 from typing import Any, Callable
 
 import numpy as np
@@ -36,7 +38,7 @@ from ..engines.once import once
 from ..errors import SpmdsimError
 from . import door
 
-__all__ = ["shared_numeric_grads", "shared_once"]
+__all__ = ["shared_numeric_grads", "shared_once", "shared_once_on"]
 
 _DIGEST = 32  # bytes of blake2b
 
@@ -86,14 +88,30 @@ def shared_once(mesh: Any, key: Any, fn: Callable[..., Any], *args: Any) -> Any:
     """
     if mesh.size == 1 or mesh.engine.simulated:
         return once(key, fn, *args)
-    comm, polite = mesh.comm, mesh.polite
+    return _rank_0_for_all(mesh.comm, mesh.rank, mesh.size, mesh.polite, fn, args)
+
+
+def shared_once_on(comm: Any, key: Any, fn: Callable[..., Any], *args: Any) -> Any:
+    """`shared_once` over the ranks of a communicator that no mesh holds (a command's world), waiting as a mesh
+    over it would (SPMDSIM_WAIT)."""
+    from ..engines import engine_of
+    from ..engines.wait import resolve_wait_mode
+
+    size = comm.Get_size()
+    if size == 1 or engine_of(comm).simulated:
+        return once(key, fn, *args)
+    return _rank_0_for_all(comm, comm.Get_rank(), size, resolve_wait_mode(None, comm) == "polite", fn, args)
+
+
+def _rank_0_for_all(comm: Any, rank: int, size: int, polite: bool, fn: Callable[..., Any], args: tuple) -> Any:
+    """`shared_once` under MPI: rank 0's ``fn(*args)`` for every rank whose `args` equal its own."""
     mine = _digest(args)
-    digests = np.empty((mesh.size, _DIGEST), np.uint8)
+    digests = np.empty((size, _DIGEST), np.uint8)
     door.transfer(comm, "once", (), mine, (), polite, "all_gather", mine, digests)
     if not (digests == digests[0]).all():
         return fn(*args)  # the ranks ask different questions: each its own answer
     payload, result, failed = None, None, None
-    if mesh.rank == 0:
+    if rank == 0:
         try:
             result = fn(*args)
         except Exception as exc:  # noqa: BLE001 - raised below; the others compute their own
@@ -108,11 +126,11 @@ def shared_once(mesh: Any, key: Any, fn: Callable[..., Any], *args: Any) -> Any:
     if size[0] < 0:  # rank 0's fn raised, or its result does not pickle
         if failed is not None:
             raise failed
-        return result if mesh.rank == 0 else fn(*args)
+        return result if rank == 0 else fn(*args)
     if payload is None:
         payload = np.empty(int(size[0]), np.uint8)
     door.transfer(comm, "once", (), payload, (), polite, "broadcast", payload, 0)
-    return result if mesh.rank == 0 else pickle.loads(payload.tobytes())
+    return result if rank == 0 else pickle.loads(payload.tobytes())
 
 
 def _digest(value: Any) -> np.ndarray:
@@ -123,8 +141,9 @@ def _digest(value: Any) -> np.ndarray:
 
 
 def _fold(digest: Any, value: Any) -> None:
-    """Feed `value` into `digest`: arrays by dtype, shape and bytes; lists, tuples and dicts item by item;
-    anything else by its type and repr (an object whose repr differs by rank makes the digests differ)."""
+    """Feed `value` into `digest`: arrays by dtype, shape and bytes; lists, tuples, dicts and argparse
+    namespaces item by item; functions by module and name; anything else by its type and repr (an object whose
+    repr differs by rank makes the digests differ)."""
     if isinstance(value, np.ndarray):
         value = np.ascontiguousarray(value)
         digest.update(repr(("array", value.dtype.str, value.shape)).encode())
@@ -138,5 +157,10 @@ def _fold(digest: Any, value: Any) -> None:
         for name, item in value.items():
             digest.update(repr(name).encode())
             _fold(digest, item)
+    elif isinstance(value, argparse.Namespace):  # a command line: its fields (a handler among them)
+        digest.update(b"namespace")
+        _fold(digest, vars(value))
+    elif isinstance(value, (types.FunctionType, types.BuiltinFunctionType)):  # by name: its address is the process's
+        digest.update(repr(("function", value.__module__, value.__qualname__)).encode())
     else:
         digest.update(repr((type(value).__qualname__, value)).encode())

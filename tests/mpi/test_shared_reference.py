@@ -15,7 +15,7 @@ from mpi4py import MPI
 from spmdsim import Layout, SpmdsimError
 from spmdsim import reference_grad as rg
 from spmdsim.runtime import Mesh, shared_numeric_grads
-from spmdsim.runtime.shared_reference import shared_once
+from spmdsim.runtime.shared_reference import shared_once, shared_once_on
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -88,6 +88,24 @@ def test_shared_once_is_computed_by_rank_0_and_received_by_the_others():
         moments, total = shared_once(mesh, ("step", 2), counted, {"m": x}, {"w": w}, scale)
         assert comm.allgather(len(calls)) == [2] + [1] * (comm.size - 1)
         assert total == _step({"m": x}, {"w": w}, scale)[1]
+
+
+def test_shared_once_on_a_world_with_a_command_line_is_computed_by_rank_0():
+    """`spmdsim autoshard --run`'s search: a command line (argparse's namespace, its handler a function at each
+    process's own address) and the world, no mesh: rank 0 searches, the others receive its answer."""
+    import argparse
+
+    comm = MPI.COMM_WORLD
+    calls = []
+    args = argparse.Namespace(network="mlp", run=True, func=_program)
+
+    def search(a, size):
+        calls.append(1)
+        return {"network": a.network, "size": size}
+
+    assert shared_once_on(comm, ("search", comm.size), search, args, comm.size) == {"network": "mlp",
+                                                                                    "size": comm.size}
+    assert comm.allgather(len(calls)) == [1] + [0] * (comm.size - 1)
 
 
 def test_shared_once_whose_rank_0_fails_lets_each_rank_compute_its_own():
