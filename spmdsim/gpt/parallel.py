@@ -388,6 +388,7 @@ class GPT:
         rng = np.random.default_rng(zlib.crc32(f"{cfg.seed if seed is None else seed}:generate".encode()))
         ids = [int(i) for i in encode(prompt)]
         pad = 32 if cfg.vocab > 32 else 0
+
         def next_logits(x: Any) -> Any:  # greedy: the argmax's ids; else the last position's logits, whole
             z = self.logits(x, last=True)[:, -1]
             return ops.argmax(z, -1) if temperature == 0 else redistribute(z, mesh.layout(self.batch, None))
@@ -403,7 +404,7 @@ class GPT:
                 elif cfg.moe is None and n > 1:
                     graph = capture(next_logits, x)
                     out = graph.result
-                else:  # an MoE layer routes in Python each step: no replay
+                else:  # one character, or an MoE layer (it routes in Python each step): nothing to replay
                     out = next_logits(x)
                 if temperature == 0:  # every row holds the same window: this rank's first row answers
                     ids.append(int(out.local[0]))

@@ -9,7 +9,6 @@ is counted in ``nonfinite``.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,7 +117,7 @@ def _finite_stats(a: np.ndarray, b: np.ndarray, rtol: float, atol: float, scale:
     not finite (or a difference overflows), for local_stats' own path."""
     with np.errstate(over="ignore", invalid="ignore"):  # the general path warns, as before, if it must
         err = np.asarray(a - b)  # an array also for 0-d operands (their difference is a numpy scalar)
-    err = np.abs(err, out=err) if err.dtype.kind == "f" and err.flags.writeable else np.abs(err)
+    err = np.abs(err, out=err) if err.dtype.kind == "f" else np.abs(err)  # complex: a new float array
     max_abs = float(err.max())
     if not math.isfinite(max_abs):  # an inf or nan in either, or an overflow: the general path
         return None
@@ -126,7 +125,7 @@ def _finite_stats(a: np.ndarray, b: np.ndarray, rtol: float, atol: float, scale:
     with np.errstate(divide="ignore", invalid="ignore"):
         rel = err / mag  # inf where only the expected value is 0; nan where both are (0 below)
     max_rel = float(rel.max())
-    if max_rel != max_rel:
+    if math.isnan(max_rel):
         rel = np.where(np.isnan(rel), 0.0, rel)
         max_rel = float(rel.max())
     if scale is not None:
