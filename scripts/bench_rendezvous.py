@@ -82,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--repeat {args.repeat!r} and --calls {args.calls!r} must be 1 or more")
     cases = [c for c, name in zip(CASES, names) if not args.case or name in args.case]
     trees = {"this checkout": str(HERE.parent)}
-    if args.before:
-        trees = {"this checkout": str(HERE.parent), "--before": args.before, "this checkout, A/A": str(HERE.parent)}
+    if args.before:  # in turn each round: this one, the other, this one again (the A/A control)
+        trees.update({"--before": args.before, "this checkout, A/A": str(HERE.parent)})
     print(f"load average {os.getloadavg()[0]:.1f}; {args.repeat} launches of {args.calls} calls, medians")
     print(f"{'case':<16}{'spmdsim':<20}{'wall us/call':>14}{'CPU us/call':>14}")
     for case, ranks in cases:
