@@ -205,8 +205,10 @@ def main(args):
         # The pipeline's parameters whole on every rank; one numpy process draws from them.
         from spmdsim.gpt.pipeline import gathered_stages
         from spmdsim.gpt.reference import generate
+        from spmdsim.runtime.shared_reference import shared_once
 
-        sample = generate(gathered_stages(model, cfg), cfg, b"def ", args.sample, args.temperature)
+        sample = shared_once(model.mesh, ("gpt-sample", cfg), generate, gathered_stages(model, cfg), cfg, b"def ",
+                             args.sample, args.temperature)  # one rank draws for all
         if rank0:
             print(f"sample (temperature {args.temperature}, drawn in one numpy process from the trained stages):")
             for line in decode(np.concatenate([encode(b"def "), sample])).splitlines():
@@ -218,10 +220,9 @@ def main(args):
         if check and args.precision != "fp64":  # the reference draws at float64: not the same computation
             same = f", {args.precision}, not compared"
         elif check:  # the single-process model with these parameters draws the same characters
-            from spmdsim.gpt.reference import generate
-            from spmdsim.gpt.train import gathered
+            from spmdsim.gpt.train import reference_sample
 
-            ids = generate(gathered(model), cfg, prompt, args.sample, args.temperature)
+            ids = reference_sample(model, cfg, prompt, args.sample, args.temperature)  # one rank draws for all
             agree = bool((ids == sample).all())
             same = ", as one numpy process" if agree else ", NOT as one numpy process"
             failed += not agree

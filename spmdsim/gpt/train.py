@@ -45,8 +45,9 @@ from .memory import MemoryReport, recompute_problem, zero_problem
 from ..precision import precision as get_precision, precision_problem
 from .mixed import mixed_problem, tolerances as mixed_tolerances
 from .params import decays, param_specs
+from .wholes import Regions, assemble, peaks, regions
 
-__all__ = ["StepResult", "train", "gathered", "replay_problem", "TOLERANCE"]
+__all__ = ["StepResult", "train", "gathered", "reference_sample", "replay_problem", "TOLERANCE"]
 
 #: The largest relative difference a step may show against the single-process reference (float64).
 TOLERANCE = 1e-10
@@ -146,47 +147,75 @@ def gathered(model: Any, blocks: Optional[dict] = None) -> dict:
     """Every parameter whole on every rank (float64), from one Allgather of all this rank's blocks;
     `blocks`: name -> this rank's block to gather in place of the parameter's (a master copy)."""
     blocks = blocks or {}
-    return _wholes(model, [{name: blocks.get(name, t.local) for name, t in model.params.items()}], "check.params")[0]
+    table = _table(model, [{name: blocks.get(name, t.local) for name, t in model.params.items()}], "check.params")
+    return assemble(regions(model.params, model.mesh.size), table)[0]
 
 
-def _wholes(model: Any, tables: list, label: str) -> list:
-    """Each of `tables` (name -> this rank's block, shaped as the parameter's) whole on every rank (float64),
-    from one Allgather of all of them."""
+def reference_sample(model: Any, cfg: GPTConfig, prompt: Any, n: int, temperature: float = 0.0) -> np.ndarray:
+    """What the single-process model draws (spmdsim.gpt.reference.generate) from `model`'s parameters: a
+    collective (one Allgather of every rank's blocks, as `gathered`), the parameters made whole and the draw
+    made by one rank for all (spmdsim.runtime.shared_once)."""
+    from ..runtime.shared_reference import shared_once
+
+    table = _table(model, [{name: t.local for name, t in model.params.items()}], "check.params")
+    return shared_once(model.mesh, ("gpt-sample", cfg), _sample_from, regions(model.params, model.mesh.size), table,
+                       cfg, prompt, n, temperature)
+
+
+def _sample_from(where: Regions, table: np.ndarray, cfg: GPTConfig, prompt: Any, n: int, temperature: float) -> Any:
+    from .reference import generate
+
+    return generate(assemble(where, table)[0], cfg, prompt, n, temperature)
+
+
+def _table(model: Any, tables: list, label: str) -> np.ndarray:
+    """Every rank's blocks of each of `tables` (name -> this rank's block, shaped as the parameter's), a row per
+    rank (float64), from one Allgather: spmdsim.gpt.wholes.assemble makes them whole."""
     from ..runtime.executor import gather
 
     flat = np.concatenate([np.asarray(table[name], np.float64).reshape(-1)
                            for table in tables for name in model.params])
-    everyone = gather(model.mesh, flat, tuple(model.mesh.layout.alias_name), label)
-    everyone = everyone.reshape(model.mesh.size, flat.size)
-    outs, at = [], 0
-    for _ in tables:
-        out = {}
-        for name, t in model.params.items():
-            whole, n = np.empty(t.global_shape), t.local.size
-            for rank in range(model.mesh.size):
-                whole[t.layout.slices(rank, t.global_shape)] = everyone[rank, at:at + n].reshape(t.local.shape)
-            out[name], at = whole, at + n
-        outs.append(out)
-    return outs
+    return gather(model.mesh, flat, tuple(model.mesh.layout.alias_name), label)
 
 
-def _run_start(model: Any, optimizer: Any, specs: list) -> dict:
-    """The optimizer's view of the step's start, whole on every rank (one Allgather): "params" (each
-    parameter's master copy, its values where it keeps none), "m" and "v" (its AdamW moments, zeros
-    before its first step)."""
+def _run_start(model: Any, optimizer: Any, specs: list) -> np.ndarray:
+    """The optimizer's view of the step's start, every rank's blocks on every rank (one Allgather; `_table`'s):
+    "params" (each parameter's master copy, its values where it keeps none), "m" and "v" (its AdamW
+    moments, zeros before its first step), table after table."""
     tables: dict = {"params": {}, "m": {}, "v": {}}
     for i, spec in enumerate(specs):
         local = model.params[spec.name].local
         tables["params"][spec.name] = optimizer.master.get(i, local)
         _, m, v = optimizer.state.get(i) or (0, np.zeros(local.shape), np.zeros(local.shape))
         tables["m"][spec.name], tables["v"][spec.name] = m, v
-    return dict(zip(tables, _wholes(model, list(tables.values()), "check.start")))
+    return _table(model, list(tables.values()), "check.start")
 
 
-def _worst(local: np.ndarray, reference: np.ndarray, region: tuple, floor: float = 0.0) -> float:
+def _checked_reference(where: Regions, table: np.ndarray, moments: dict, x: np.ndarray, y: np.ndarray,
+                       cfg: GPTConfig, step: int) -> tuple:
+    """`_reference_step` from the step's start as gathered (`_table`'s), and the peaks (spmdsim.gpt.wholes.peaks)
+    of its gradients and updated parameters: the work the ranks share (spmdsim.runtime.shared_once)."""
+    moments, loss, grads, updated = _reference_step(moments, assemble(where, table)[0], x, y, cfg, step)
+    return moments, loss, grads, updated, {"grads": peaks(grads), "updated": peaks(updated)}
+
+
+def _checked_mixed(where: Regions, start: np.ndarray, grads: np.ndarray, x: np.ndarray, y: np.ndarray,
+                   cfg: GPTConfig, step: int, policy: Any) -> tuple:
+    """`_mixed_step` from the step's start and the run's gradients as gathered (`_run_start`'s and `_table`'s),
+    and the peaks of its gradients and updated master copies: the work the ranks share."""
+    start_wholes = dict(zip(("params", "m", "v"), assemble(where, start, 3)))
+    loss, ref_grads, updated = _mixed_step(start_wholes, x, y, cfg, step, policy, assemble(where, grads)[0])
+    return loss, ref_grads, updated, {"grads": peaks(ref_grads), "updated": peaks(updated)}
+
+
+def _worst(local: np.ndarray, reference: np.ndarray, region: tuple, floor: float = 0.0,
+           peak: Optional[float] = None) -> float:
     """The largest difference of this rank's block from its region, relative to the tensor's largest entry
-    (or `floor`, when larger: a gradient that is zero but for rounding, like the key bias's, has no scale)."""
-    scale = max(float(np.max(np.abs(reference), initial=0.0)), floor) or 1.0
+    (`peak`, when known; or `floor`, when larger: a gradient that is zero but for rounding, like the key bias's,
+    has no scale)."""
+    if peak is None:
+        peak = float(np.max(np.abs(reference), initial=0.0))
+    scale = max(peak, floor) or 1.0
     return float(np.max(np.abs(local - reference[region]), initial=0.0)) / scale
 
 
@@ -294,13 +323,17 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     reference_moments = once(("gpt-reference", cfg, 0), _zero_moments, cfg) if check and not low else None
     tolerances = mixed_tolerances(policy, cfg)
     ids_layout = mesh.layout(model.batch, None)
+    if check:  # where every rank's blocks lie, and this rank's, asked once (not per step)
+        where = regions(model.params, mesh.size)
+        slices = {s.name: model.params[s.name].slices for s in specs}
     results = []
     report = None
     for step in range(steps):
         x, y = batch(text_ids, cfg, step)
         xd, yd = DTensor.from_global(mesh, x, ids_layout), DTensor.from_global(mesh, y, ids_layout)
-        if check:  # the step's start, whole: the reference step starts from it
-            start = _run_start(model, optimizer, specs) if low else gathered(model)
+        if check:  # the step's start, every rank's blocks: the reference step starts from it, whole
+            start = _run_start(model, optimizer, specs) if low else _table(
+                model, [{name: t.local for name, t in model.params.items()}], "check.params")
         with collect_trace() as trace:
             if not replay:
                 loss = train_step(xd, yd, step)
@@ -317,15 +350,18 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         if check:
             tensors = {s.name: model.params[s.name] for s in specs}
             if low:  # the optimizer checked on the run's own gradients (gathered), the rest on the policy's
-                run_grads = _wholes(model, [{n: t.grad.local for n, t in tensors.items()}], "check.grads")[0]
-                ref_loss, grads, updated = shared_once(mesh, ("gpt-mixed", cfg, policy.name, step), _mixed_step,
-                                                       start, x, y, cfg, step, policy, run_grads)
+                run_grads = _table(model, [{n: t.grad.local for n, t in tensors.items()}], "check.grads")
+                ref_loss, grads, updated, top = shared_once(mesh, ("gpt-mixed", cfg, policy.name, step),
+                                                            _checked_mixed, where, start, run_grads, x, y, cfg, step,
+                                                            policy)
                 masters = {s.name: optimizer.master[i] for i, s in enumerate(specs) if i in optimizer.master}
             else:
-                reference_moments, ref_loss, grads, updated = shared_once(
-                    mesh, ("gpt-reference", cfg, step + 1), _reference_step, reference_moments, start, x, y, cfg, step)
+                reference_moments, ref_loss, grads, updated, top = shared_once(
+                    mesh, ("gpt-reference", cfg, step + 1), _checked_reference, where, start, reference_moments, x,
+                    y, cfg, step)
                 masters = None
-            mine = step_errors(value, ref_loss, grads, updated, tensors, optimizer if zero else None, masters)
+            mine = step_errors(value, ref_loss, grads, updated, tensors, optimizer if zero else None, masters, top,
+                               slices)
             worst = resolve(mesh, mine, pending(mesh.layout, 1, tuple(mesh.layout.alias_name)), "check",
                             reduction="max", owned=True)
             errors = tuple(float(e) for e in worst)
@@ -342,37 +378,44 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
 
 
 def step_errors(value: float, ref_loss: float, grads: dict, updated: dict, tensors: dict,
-                zero: Any = None, masters: Optional[dict] = None) -> np.ndarray:
+                zero: Any = None, masters: Optional[dict] = None, top: Optional[dict] = None,
+                slices: Optional[dict] = None) -> np.ndarray:
     """This rank's largest relative differences from the reference step (loss, gradients, updated
     parameters) over `tensors` (parameter name -> DTensor, in the optimizer's order); `zero` as
     `_grad_error`'s; `masters`: name -> this rank's master copy (float32, of a bfloat16 parameter),
-    compared in the parameter's place. The trainers take the maximum over the mesh."""
+    compared in the parameter's place. `top`: {"grads": ..., "updated": ...}, each name -> the reference's
+    largest magnitude (spmdsim.gpt.wholes.peaks; computed here when not given); `slices`: name -> this rank's
+    region (the tensor's own when not given). The trainers take the maximum over the mesh."""
     masters = masters or {}
-    params = max(_worst(np.asarray(masters.get(name, t.local), np.float64), updated[name], t.slices)
-                 for name, t in tensors.items())
+    top = top or {"grads": peaks(grads), "updated": peaks(updated)}
+    slices = slices or {name: t.slices for name, t in tensors.items()}
+    params = max(_worst(np.asarray(masters.get(name, t.local), np.float64), updated[name], slices[name],
+                        peak=top["updated"][name]) for name, t in tensors.items())
     for name, master in masters.items():  # the parameter is its master copy rounded once, exactly
         t = tensors[name]
         params = max(params, _worst(t.local.astype(np.float64), master.astype(t.dtype).astype(np.float64),
-                                    (slice(None),) * master.ndim, float(np.max(np.abs(updated[name])))))
-    return np.array([abs(value - ref_loss) / max(abs(ref_loss), 1e-300), _grad_error(tensors, grads, zero),
-                     params])
+                                    (slice(None),) * master.ndim, top["updated"][name]))
+    return np.array([abs(value - ref_loss) / max(abs(ref_loss), 1e-300),
+                     _grad_error(tensors, grads, zero, top["grads"], slices), params])
 
 
-def _grad_error(tensors: dict, grads: dict, zero: Any) -> float:
+def _grad_error(tensors: dict, grads: dict, zero: Any, top: Optional[dict] = None,
+                slices: Optional[dict] = None) -> float:
     """The largest difference of this rank's gradients from the reference's, relative to the model's largest
     gradient entry (a gradient that is zero but for rounding, like the key bias's, has no scale of its own).
     With ZeRO-1 (`zero`, the DistributedAdamW over `tensors`' values): the summed gradient slice this rank
-    updated."""
-    floor = max(float(np.max(np.abs(g))) for g in grads.values())
+    updated. `top` and `slices` as step_errors'."""
+    top = top or peaks(grads)
+    slices = slices or {name: t.slices for name, t in tensors.items()}
+    floor = max(top[name] for name in grads)
     if zero is None:
-        return max(_worst(t.grad.local, grads[name], t.slices, floor) for name, t in tensors.items())
+        return max(_worst(t.grad.local, grads[name], slices[name], floor, top[name]) for name, t in tensors.items())
     names = list(tensors)
     worst = 0.0
     for i, a, z, values in zero.grad_slices():
-        t = zero.params[i]
         reference = grads[names[i]]
-        mine = reference[t.slices].reshape(-1)[a:z]
-        scale = max(float(np.max(np.abs(reference), initial=0.0)), floor) or 1.0
+        mine = reference[slices[names[i]]].reshape(-1)[a:z]
+        scale = max(top[names[i]], floor) or 1.0
         worst = max(worst, float(np.max(np.abs(values - mine), initial=0.0)) / scale)
     return worst
 
