@@ -148,7 +148,8 @@ def gathered(model: Any, blocks: Optional[dict] = None) -> dict:
     `blocks`: name -> this rank's block to gather in place of the parameter's (a master copy)."""
     blocks = blocks or {}
     table = _table(model, [{name: blocks.get(name, t.local) for name, t in model.params.items()}], "check.params")
-    return assemble(regions(model.params, model.mesh.size), table)[0]
+    where = regions(model.params, model.mesh.size)
+    return assemble(where, where.used(table))[0]
 
 
 def reference_sample(model: Any, cfg: GPTConfig, prompt: Any, n: int, temperature: float = 0.0) -> np.ndarray:
@@ -158,19 +159,21 @@ def reference_sample(model: Any, cfg: GPTConfig, prompt: Any, n: int, temperatur
     from ..runtime.shared_reference import shared_once
 
     table = _table(model, [{name: t.local for name, t in model.params.items()}], "check.params")
-    return shared_once(model.mesh, ("gpt-sample", cfg), _sample_from, regions(model.params, model.mesh.size), table,
-                       cfg, prompt, n, temperature)
+    where = regions(model.params, model.mesh.size)
+    return shared_once(model.mesh, ("gpt-sample", cfg), _sample_from, where, where.used(table), cfg, prompt, n,
+                       temperature)
 
 
-def _sample_from(where: Regions, table: np.ndarray, cfg: GPTConfig, prompt: Any, n: int, temperature: float) -> Any:
+def _sample_from(where: Regions, rows: np.ndarray, cfg: GPTConfig, prompt: Any, n: int, temperature: float) -> Any:
     from .reference import generate
 
-    return generate(assemble(where, table)[0], cfg, prompt, n, temperature)
+    return generate(assemble(where, rows)[0], cfg, prompt, n, temperature)
 
 
 def _table(model: Any, tables: list, label: str) -> np.ndarray:
     """Every rank's blocks of each of `tables` (name -> this rank's block, shaped as the parameter's), a row per
-    rank (float64), from one Allgather: spmdsim.gpt.wholes.assemble makes them whole."""
+    rank (float64), from one Allgather: spmdsim.gpt.wholes.assemble makes them whole (of its rows that
+    Regions.used keeps)."""
     from ..runtime.executor import gather
 
     flat = np.concatenate([np.asarray(table[name], np.float64).reshape(-1)
@@ -191,18 +194,19 @@ def _run_start(model: Any, optimizer: Any, specs: list) -> np.ndarray:
     return _table(model, list(tables.values()), "check.start")
 
 
-def _checked_reference(where: Regions, table: np.ndarray, moments: dict, x: np.ndarray, y: np.ndarray,
+def _checked_reference(where: Regions, start: np.ndarray, moments: dict, x: np.ndarray, y: np.ndarray,
                        cfg: GPTConfig, step: int) -> tuple:
-    """`_reference_step` from the step's start as gathered (`_table`'s), and the peaks (spmdsim.gpt.wholes.peaks)
-    of its gradients and updated parameters: the work the ranks share (spmdsim.runtime.shared_once)."""
-    moments, loss, grads, updated = _reference_step(moments, assemble(where, table)[0], x, y, cfg, step)
+    """`_reference_step` from the step's start as gathered (`_table`'s rows that `where.used` keeps), and the peaks
+    (spmdsim.gpt.wholes.peaks) of its gradients and updated parameters: the work the ranks share
+    (spmdsim.runtime.shared_once)."""
+    moments, loss, grads, updated = _reference_step(moments, assemble(where, start)[0], x, y, cfg, step)
     return moments, loss, grads, updated, {"grads": peaks(grads), "updated": peaks(updated)}
 
 
 def _checked_mixed(where: Regions, start: np.ndarray, grads: np.ndarray, x: np.ndarray, y: np.ndarray,
                    cfg: GPTConfig, step: int, policy: Any) -> tuple:
-    """`_mixed_step` from the step's start and the run's gradients as gathered (`_run_start`'s and `_table`'s),
-    and the peaks of its gradients and updated master copies: the work the ranks share."""
+    """`_mixed_step` from the step's start and the run's gradients as gathered (`_run_start`'s and `_table`'s rows
+    that `where.used` keeps), and the peaks of its gradients and updated master copies: the work the ranks share."""
     start_wholes = dict(zip(("params", "m", "v"), assemble(where, start, 3)))
     loss, ref_grads, updated = _mixed_step(start_wholes, x, y, cfg, step, policy, assemble(where, grads)[0])
     return loss, ref_grads, updated, {"grads": peaks(ref_grads), "updated": peaks(updated)}
@@ -332,8 +336,8 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         x, y = batch(text_ids, cfg, step)
         xd, yd = DTensor.from_global(mesh, x, ids_layout), DTensor.from_global(mesh, y, ids_layout)
         if check:  # the step's start, every rank's blocks: the reference step starts from it, whole
-            start = _run_start(model, optimizer, specs) if low else _table(
-                model, [{name: t.local for name, t in model.params.items()}], "check.params")
+            start = where.used(_run_start(model, optimizer, specs) if low else _table(
+                model, [{name: t.local for name, t in model.params.items()}], "check.params"))
         with collect_trace() as trace:
             if not replay:
                 loss = train_step(xd, yd, step)
@@ -350,7 +354,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         if check:
             tensors = {s.name: model.params[s.name] for s in specs}
             if low:  # the optimizer checked on the run's own gradients (gathered), the rest on the policy's
-                run_grads = _table(model, [{n: t.grad.local for n, t in tensors.items()}], "check.grads")
+                run_grads = where.used(_table(model, [{n: t.grad.local for n, t in tensors.items()}], "check.grads"))
                 ref_loss, grads, updated, top = shared_once(mesh, ("gpt-mixed", cfg, policy.name, step),
                                                             _checked_mixed, where, start, run_grads, x, y, cfg, step,
                                                             policy)
