@@ -145,13 +145,30 @@ def agree(comm: Any, stats: np.ndarray, rtol: float, atol: float, polite: bool =
     table = np.empty((comm.Get_size(), len(_FIELDS)), np.float64)
     send = np.ascontiguousarray(stats, np.float64)
     door.transfer(comm, "check", (), send, (), polite, "all_gather", send, table)
-    passed = table[:, 0] > 0
-    failed = tuple(int(r) for r in np.flatnonzero(~passed))
-    # Worst rank: a failing one with the largest error (non-finite counts as worst).
-    score = np.where(table[:, 3] > 0, np.inf, table[:, 1])
-    candidates = np.flatnonzero(~passed) if failed else np.arange(len(table))
-    worst = int(candidates[np.argmax(score[candidates])])
-    return Verdict(passed=not failed, max_abs_error=float(table[:, 1].max()),
-                   max_rel_error=float(table[:, 2].max()), worst_rank=worst, atol=float(atol), rtol=float(rtol),
-                   nonfinite=int(table[:, 3].sum()), elements=int(table[:, 4].sum()), failed_ranks=failed,
-                   scaled=scaled)
+    rows = table.tolist()  # a few ranks' records: Python is quicker than numpy's calls on so small a table
+    failed = tuple(r for r, row in enumerate(rows) if not row[0] > 0)
+    # Worst rank: a failing one with the largest error (non-finite counts as worst; a NaN error wins, as
+    # numpy's argmax has it).
+    score = [math.inf if row[3] > 0 else row[1] for row in rows]
+    worst = _first_largest(failed or range(len(rows)), score)
+    return Verdict(passed=not failed, max_abs_error=_largest([row[1] for row in rows]),
+                   max_rel_error=_largest([row[2] for row in rows]), worst_rank=worst, atol=float(atol),
+                   rtol=float(rtol), nonfinite=int(sum(row[3] for row in rows)),
+                   elements=int(sum(row[4] for row in rows)), failed_ranks=failed, scaled=scaled)
+
+
+def _largest(values: list) -> float:
+    """The largest of `values`, NaN when one is (numpy's max)."""
+    return values[_first_largest(range(len(values)), values)]
+
+
+def _first_largest(indices: Any, values: list) -> int:
+    """The first of `indices` whose value is the largest, or the first NaN (numpy's argmax)."""
+    best = None
+    for i in indices:
+        v = values[i]
+        if v != v:
+            return i
+        if best is None or v > values[best]:
+            best = i
+    return best
