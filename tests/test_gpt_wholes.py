@@ -1,0 +1,90 @@
+"""spmdsim.gpt.wholes: parameters made whole from every rank's blocks, as placing each rank's in order would,
+and on simulated ranks once per step between them (inside the shared reference step)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+import spmdsim
+from spmdsim.gpt import GPTConfig, encode, load_text
+from spmdsim.gpt.wholes import assemble, peaks, regions
+from spmdsim.layout import Layout, TensorLayout
+
+MESH = Layout((2, 4), ("dp", "tp"))
+SHAPES = {"split": ((8, 6), ("tp", None)), "both": ((4, 8), ("dp", "tp")), "whole": ((5,), (None,)),
+          "columns": ((3, 8), (None, "tp"))}
+
+
+def _params(table: np.ndarray) -> dict:
+    """name -> a stand-in for this rank's DTensor (layout, global shape, block) over MESH."""
+    out = {}
+    for name, (shape, tensor_map) in SHAPES.items():
+        layout = TensorLayout(MESH, tensor_map)
+        block = tuple(b - a for a, b in layout.bounds(0, shape))
+        out[name] = SimpleNamespace(layout=layout, global_shape=shape, local=np.zeros(block))
+    return out
+
+
+def _rank_order(params: dict, table: np.ndarray) -> dict:
+    """Each rank's block placed in rank order (the later rank's where two hold the same region)."""
+    out, at = {}, 0
+    for name, t in params.items():
+        whole, n = np.empty(t.global_shape), t.local.size
+        for rank in range(MESH.num_devices):
+            whole[t.layout.slices(rank, t.global_shape)] = table[rank, at:at + n].reshape(t.local.shape)
+        out[name], at = whole, at + n
+    return out
+
+
+def test_assembled_wholes_are_rank_orders_placement_bit_for_bit():
+    params = _params(None)
+    width = sum(t.local.size for t in params.values())
+    table = np.random.default_rng(0).standard_normal((MESH.num_devices, width))  # replicas differ: order shows
+    where = regions(params, MESH.num_devices)
+    built = assemble(where, where.used(table))[0]
+    expected = _rank_order(params, table)
+    assert list(built) == list(expected)
+    for name in expected:
+        assert built[name].tobytes() == expected[name].tobytes(), name
+    assert where.rows == tuple(range(8))  # "both" is split over dp and tp: every rank holds its own
+    # Without it, the last dp's ranks hold every region last: only their rows are read, as a view of the table.
+    replicated = regions({n: t for n, t in params.items() if n != "both"}, MESH.num_devices)
+    assert replicated.rows == (4, 5, 6, 7) and np.shares_memory(replicated.used(table), table)
+
+
+def test_two_tables_in_one_gather_are_assembled_apart():
+    params = _params(None)
+    width = sum(t.local.size for t in params.values())
+    table = np.random.default_rng(1).standard_normal((MESH.num_devices, 2 * width))
+    where = regions(params, MESH.num_devices)
+    first, second = assemble(where, where.used(table), 2)
+    assert all(np.array_equal(first[n], v) for n, v in _rank_order(params, table[:, :width]).items())
+    assert all(np.array_equal(second[n], v) for n, v in _rank_order(params, table[:, width:]).items())
+
+
+def test_peaks_are_the_largest_magnitudes():
+    assert peaks({"a": np.array([1.0, -3.0]), "b": np.zeros(0)}) == {"a": 3.0, "b": 0.0}
+
+
+def test_simulated_ranks_assemble_the_reference_start_once_a_step(monkeypatch):
+    from spmdsim.gpt import train as module
+
+    calls = []
+    real = module.assemble
+
+    def counted(*args):
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(module, "assemble", counted)
+    cfg = GPTConfig(layers=1, d_model=32, seq=16, heads=4, batch=4)
+    ids = encode(load_text())
+
+    def body():
+        model, results = module.train(cfg, spmdsim.world(), 2, 4, 2, ids, sp=True)
+        model.mesh.close()
+        return [r.passed for r in results]
+
+    assert spmdsim.simulate(8, body) == [[True, True]] * 8
+    assert len(calls) == 2  # one rank of eight, each step
