@@ -13,7 +13,9 @@ at rounding level: two trajectories that differ only in the order of their
 sums drift apart exponentially over training (a free-running reference
 differs by 3e-10 after 60 steps at the default model), whichever is right.
 The ranks run the reference once between them: simulated ranks by spmdsim.sim.once, MPI ranks by rank 0
-computing it and broadcasting it (spmdsim.runtime.shared_reference.shared_once).
+computing it and broadcasting it (spmdsim.runtime.shared_reference.shared_once); the rank that computes it
+also makes the gathered blocks whole (spmdsim.gpt.wholes: where each lies worked out once per run) and the
+largest magnitudes each comparison is relative to.
 
 Memory (docs/training.md, "Memory"): `recompute` recomputes activations in the
 backward (the GPT's option); `zero=1` steps with ZeRO-1
