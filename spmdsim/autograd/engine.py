@@ -221,7 +221,7 @@ class _Bucket:
     leaves: list = field(default_factory=list)
     grads: list = field(default_factory=list)
     bytes: int = 0
-    done: Optional[list] = None
+    done: Optional[dict] = None  # leaf -> its whole gradient, once made (a Leaf hashes by identity, in C)
 
 
 def _bucketed(bucket: _Bucket, leaf: Any, explain: Optional[list], readers: dict) -> Any:
@@ -245,16 +245,16 @@ def _bucketed(bucket: _Bucket, leaf: Any, explain: Optional[list], readers: dict
             shapes = ", ".join(str(tuple(g.global_shape)) for g in grads)
             explain.append((f"{len(grads)} leaves {shapes}: their replicas' gradients summed in one "
                             "bucket" + _read_by(readers, bucket.leaves), trace.entries))
-        done, at = [], 0
+        done, at = {}, 0
         trusted = DTensor._trusted  # each block is shaped and typed as its gradient's, which DTensor() checked
-        for g in grads:
+        for one, g in zip(bucket.leaves, grads):
             block = g._local  # its shape (a captured step's traced view has the same)
             n = block.size
-            done.append(trusted(g._mesh, summed[at:at + n].reshape(block.shape), with_partial(g._layout, ()),
-                                g._shape))
+            done[one] = trusted(g._mesh, summed[at:at + n].reshape(block.shape), with_partial(g._layout, ()),
+                                g._shape)
             at += n
         bucket.done = done
-    return bucket.done[bucket.leaves.index(leaf)]
+    return bucket.done[leaf]
 
 
 def _read_by(readers: dict, leaves: list) -> str:
