@@ -127,6 +127,21 @@ _MATMULS: dict = {}  # engine class -> precision.product where it keeps Engine.m
 _OWN = object()
 
 
+def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """spmdsim.engines.matmul with no import statement per call: ``np.matmul(a, b)`` on the running engine
+    (bfloat16 widened, spmdsim.precision.product; the dry engine's zeros), counted by spmdsim.flops."""
+    out = engine_product(current().engine)(a, b)  # type: ignore[operator]
+    _gemm(a.shape, b.shape, out.dtype)
+    return out
+
+
+def engine_product(engine: object) -> object:
+    """What multiplies two blocks on `engine`: spmdsim.precision.product where the engine keeps Engine.matmul
+    (that method imports it on every call), else the engine's own method."""
+    matmul = _MATMULS.get(type(engine)) or _matmul_of(type(engine))
+    return engine.matmul if matmul is _OWN else matmul  # type: ignore[attr-defined]
+
+
 def _matmul_of(engine_type: type) -> object:
     """What `_pair` calls for a product on an engine of `engine_type` (looked up once per class)."""
     from .engines.base import Engine

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+import pytest
+
 import spmdsim
 from spmdsim import DTensor, Layout, Mesh
 from spmdsim.gpt import GPTConfig, batch, encode, load_text
@@ -14,9 +16,10 @@ from spmdsim.optim import AdamW
 SMALL = GPTConfig(layers=1, d_model=16, heads=4, seq=8, batch=4, dropout=0.2)
 
 
-def _importlib_calls() -> dict:
+def _importlib_calls(kept: str) -> dict:
     """Rank 0's calls into importlib's Python during a GPT training step after two warm-up steps (dp 2 x tp 4,
-    sequence parallel: einsum products, redistributions, a bucketed backward, AdamW)."""
+    sequence parallel: einsum products, redistributions, a bucketed backward, AdamW; with `kept` "megatron",
+    Megatron's fused pieces and their local products)."""
     seen: dict = {}
 
     def hook(frame, event, arg):
@@ -28,7 +31,7 @@ def _importlib_calls() -> dict:
     def body():
         comm = spmdsim.world()
         mesh = Mesh(Layout((2, 4), ("dp", "tp")), comm)
-        model = GPT(SMALL, mesh, sp=True)
+        model = GPT(SMALL, mesh, sp=True, kept=kept)
         specs = param_specs(SMALL)
         opt = AdamW([model.params[s.name] for s in specs], lr=SMALL.lr,
                     decay=[model.params[s.name] for s in specs if decays(s)])
@@ -52,5 +55,6 @@ def _importlib_calls() -> dict:
     return seen
 
 
-def test_an_eager_step_runs_no_import_statement():
-    assert _importlib_calls() == {}
+@pytest.mark.parametrize("kept", ["graph", "megatron"])
+def test_an_eager_step_runs_no_import_statement(kept):
+    assert _importlib_calls(kept) == {}

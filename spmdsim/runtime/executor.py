@@ -291,9 +291,15 @@ class _Compiled:
     wrap: Callable  # DTensor._trusted, bound here so a call imports nothing
 
 
-def _compile(plan: Plan, mesh: Any) -> _Compiled:
-    from .dtensor import DTensor
+_TRUSTED: Any = None  # DTensor._trusted, bound on first use (an import statement runs importlib's Python)
 
+
+def _compile(plan: Plan, mesh: Any) -> _Compiled:
+    global _TRUSTED
+    if _TRUSTED is None:
+        from .dtensor import DTensor
+
+        _TRUSTED = DTensor._trusted
     steps = []
     for index, step in enumerate(plan.steps, 1):
         step_mesh = _mesh_for(mesh, step.before.layout)
@@ -301,7 +307,7 @@ def _compile(plan: Plan, mesh: Any) -> _Compiled:
                else _runner(step))
         steps.append((run, step, step_mesh, step_label(step, index)))
     target_mesh = _mesh_for(mesh, plan.target.layout)
-    return _Compiled(tuple(steps), target_mesh, plan.target.local_shape(plan.shape, mesh.rank), DTensor._trusted)
+    return _Compiled(tuple(steps), target_mesh, plan.target.local_shape(plan.shape, mesh.rank), _TRUSTED)
 
 
 def _exchange_runner(step: Exchange, mesh: Any, shape: tuple) -> Runner:
