@@ -473,6 +473,11 @@ class TensorLayout:
 
     def slices(self, rank: int, shape: Sequence[int]) -> tuple[slice, ...]:
         """Per tensor dim, the slice of the global tensor that `rank` holds."""
+        if type(rank) is int and type(shape) is tuple:  # kept as `bounds` is: a check asks for them every step
+            known = self._known(("slices", rank, shape))
+            if known is not None:
+                return known
+            return self._keep(("slices", rank, shape), tuple(slice(a, b) for a, b in self.bounds(rank, shape)))
         return tuple(slice(a, b) for a, b in self.bounds(rank, shape))
 
     def rank_slices(self, shape: Sequence[int]) -> dict[int, tuple[tuple[int, int], ...]]:

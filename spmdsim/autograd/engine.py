@@ -63,7 +63,7 @@ def _backward(loss: Any, explain: Optional[list], bucket: Any, gradient: Any, ke
     """`backward`'s walk."""
     cap = _bucket_cap(bucket)
     kept = {id(t._ag) for t in keep_pending if getattr(t, "_ag", None) is not None}
-    from ..runtime import DTensor
+    DTensor = (_RUNTIME or _runtime())[0]
 
     _check_loss(loss, gradient)
     order = _topological(loss._ag)
@@ -221,15 +221,14 @@ class _Bucket:
     leaves: list = field(default_factory=list)
     grads: list = field(default_factory=list)
     bytes: int = 0
-    done: Optional[list] = None
+    done: Optional[dict] = None  # leaf -> its whole gradient, once made (a Leaf hashes by identity, in C)
 
 
 def _bucketed(bucket: _Bucket, leaf: Any, explain: Optional[list], readers: dict) -> Any:
     """`leaf`'s whole gradient from its bucket's one Allreduce (made when its first leaf asks)."""
     if bucket.done is None:
-        from ..runtime import DTensor  # here, not per leaf: an import statement costs ~2 us
-        from ..runtime.executor import pending, resolve
-
+        DTensor, executor = _RUNTIME or _runtime()
+        pending, resolve = executor.pending, executor.resolve
         grads = bucket.grads
         first = grads[0]
         parts = [g.local.reshape(-1) for g in grads]
@@ -246,16 +245,16 @@ def _bucketed(bucket: _Bucket, leaf: Any, explain: Optional[list], readers: dict
             shapes = ", ".join(str(tuple(g.global_shape)) for g in grads)
             explain.append((f"{len(grads)} leaves {shapes}: their replicas' gradients summed in one "
                             "bucket" + _read_by(readers, bucket.leaves), trace.entries))
-        done, at = [], 0
+        done, at = {}, 0
         trusted = DTensor._trusted  # each block is shaped and typed as its gradient's, which DTensor() checked
-        for g in grads:
+        for one, g in zip(bucket.leaves, grads):
             block = g._local  # its shape (a captured step's traced view has the same)
             n = block.size
-            done.append(trusted(g._mesh, summed[at:at + n].reshape(block.shape), with_partial(g._layout, ()),
-                                g._shape))
+            done[one] = trusted(g._mesh, summed[at:at + n].reshape(block.shape), with_partial(g._layout, ()),
+                                g._shape)
             at += n
         bucket.done = done
-    return bucket.done[bucket.leaves.index(leaf)]
+    return bucket.done[leaf]
 
 
 def _read_by(readers: dict, leaves: list) -> str:
@@ -464,7 +463,19 @@ _REDISTRIBUTE: Any = None  # runtime.executor.redistribute, bound on first use (
 
 def _redistribute() -> Any:
     global _REDISTRIBUTE
-    from ..runtime.executor import redistribute
+    _REDISTRIBUTE = (_RUNTIME or _runtime())[1].redistribute
+    return _REDISTRIBUTE
 
-    _REDISTRIBUTE = redistribute
-    return redistribute
+
+_RUNTIME: Any = None  # (runtime.DTensor, runtime.executor), bound on first use (importing autograd must not start MPI)
+
+
+def _runtime() -> tuple:
+    """(DTensor, spmdsim.runtime.executor): a relative import statement runs importlib's Python on every
+    call (~2 us, several times that on loaded simulated ranks), a global read does not."""
+    global _RUNTIME
+    from ..runtime import executor
+    from ..runtime.dtensor import DTensor
+
+    _RUNTIME = (DTensor, executor)
+    return _RUNTIME

@@ -53,9 +53,20 @@ def _row_sum(mesh: Any, values: np.ndarray, axes: tuple[str, ...], label: str) -
     """Allreduce of a small vector over `axes` (nothing when no axis splits the rows)."""
     if not axes:
         return values
-    from ..runtime.executor import pending, resolve
+    executor = _EXECUTOR or _executor()
+    return executor.resolve(mesh, contiguous(values), executor.pending(mesh.layout, values.ndim, axes), label,
+                            owned=True)
 
-    return resolve(mesh, contiguous(values), pending(mesh.layout, values.ndim, axes), label, owned=True)
+
+_EXECUTOR: Any = None  # spmdsim.runtime.executor, bound on first use (an import statement costs ~2 us a call)
+
+
+def _executor() -> Any:
+    global _EXECUTOR
+    from ..runtime import executor
+
+    _EXECUTOR = executor
+    return executor
 
 
 def mse_loss(y: Any, target: Any) -> Any:
@@ -99,9 +110,7 @@ def _run(mesh: Any, values: np.ndarray, steps: tuple, label: str) -> np.ndarray:
     """`values` after the program's `steps` (spmdsim.infer.losses: none, or one Allreduce)."""
     if not steps:
         return values
-    from ..runtime.executor import execute
-
-    return execute(mesh, contiguous(values), steps, (), label, owned=True)
+    return (_EXECUTOR or _executor()).execute(mesh, contiguous(values), steps, (), label, owned=True)
 
 
 def _counts(mesh: Any, summed: Any, bad: int, ignored: int, plan: Any, dtype: np.dtype) -> tuple[Any, int, int]:

@@ -44,9 +44,18 @@ def gathered(x: Any, full: TensorLayout) -> Any:
     """x laid out as `full` (an Allgather along the sequence; nothing when it is), recorded nowhere."""
     if x.layout == full:
         return x
+    return (_REDISTRIBUTE or _redistribute())(_detached(x), full)
+
+
+_REDISTRIBUTE: Any = None  # runtime.executor.redistribute, bound on first use (an import statement runs importlib)
+
+
+def _redistribute() -> Any:
+    global _REDISTRIBUTE
     from ..runtime.executor import redistribute
 
-    return redistribute(_detached(x), full)
+    _REDISTRIBUTE = redistribute
+    return redistribute
 
 
 def column_parallel_linear(x: Any, pairs: Sequence[tuple], full: Optional[TensorLayout] = None) -> Any:
@@ -90,19 +99,42 @@ def column_parallel_linear(x: Any, pairs: Sequence[tuple], full: Optional[Tensor
 def row_parallel_linear(x: Any, w: Any, out_layout: TensorLayout) -> Any:
     """x @ W with x (..., in) and W (in, out) split alike on in: the pending sums moved to `out_layout`
     (Reduce_scatter onto the sequence, or Allreduce). The node keeps x, not the pending product."""
-    from ..runtime.executor import redistribute
-
-    axes = tuple(a for a in x.layout.tensor_map[-1] if x.layout.layout.axis_size(a) > 1)
+    redistribute = _REDISTRIBUTE or _redistribute()
     if w.layout.tensor_map != (x.layout.tensor_map[-1], ()) or x.layout.partial:
         raise OperatorError(f"row_parallel_linear: x {x.layout} and weight {w.layout} are not split alike "
                             "on the contraction (and whole elsewhere)")
-    local = TensorLayout(x.layout.layout, x.layout.tensor_map[:-1] + ((),), axes)
+    local = _row_product_layout(x._layout)
     shape = tuple(x.global_shape[:-1]) + (w.global_shape[-1],)
     y = make_dtensor(x.mesh, local_matmul(x.local, w.local, True), local, shape)
     out = redistribute(y, out_layout)
     if x._ag is None and w._ag is None:
         return out
     return record_row(out, x, w, local, gathered)
+
+
+def _row_product_layout(layout: TensorLayout) -> TensorLayout:
+    """The layout of x @ W's pending product for x of `layout`: its last dim whole, pending over the axes that
+    split it. One object per x layout, kept by value (x's layout is a new, equal object each step): the
+    redistributions' table keys its layouts by object, and a new one every call made the product's move to
+    the output, and the backward's gather of dY, be planned and compiled again each step."""
+    seen = _ROW_PRODUCT.get(id(layout))
+    if seen is not None and seen[0] is layout:
+        return seen[1]
+    out = _ROW_PRODUCT_BY_VALUE.get(layout)
+    if out is None:
+        axes = tuple(a for a in layout.tensor_map[-1] if layout.layout.axis_size(a) > 1)
+        out = TensorLayout(layout.layout, layout.tensor_map[:-1] + ((),), axes)
+        if len(_ROW_PRODUCT_BY_VALUE) >= 1024:  # a long run over many layouts: start over
+            _ROW_PRODUCT_BY_VALUE.clear()
+        _ROW_PRODUCT_BY_VALUE[layout] = out
+    if len(_ROW_PRODUCT) >= 1024:
+        _ROW_PRODUCT.clear()
+    _ROW_PRODUCT[id(layout)] = (layout, out)  # the entry holds the layout: its id is not reused meanwhile
+    return out
+
+
+_ROW_PRODUCT: dict = {}  # id(x's layout) -> (that layout, _row_product_layout's answer)
+_ROW_PRODUCT_BY_VALUE: dict = {}  # x's layout -> the one product layout object for layouts equal to it
 
 
 def bias_dropout_add(y: Any, bias: Any, residual: Any, p: float, seed: Any = None,

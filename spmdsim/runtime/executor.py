@@ -184,25 +184,33 @@ class ProgramCache:
     MAX_PER_MESH = 1024
 
     def __init__(self) -> None:
-        self._by_mesh: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
-        self._last: tuple[Any, dict] = (None, {})  # (weakref to the last mesh, its programs)
+        # id(mesh) -> (a weak reference to it, its programs): one lookup by an int for every rank's mesh (the
+        # simulated ranks' threads share this cache, so a "last mesh" shortcut missed on every call and a
+        # WeakKeyDictionary made a weak reference per lookup). The entry goes with its mesh.
+        self._by_id: dict[int, tuple[Any, dict]] = {}
 
     def of(self, mesh: Any) -> dict:
         """The programs of `mesh` (a new empty table the first time)."""
-        ref, table = self._last
-        if ref is not None and ref() is mesh:
-            return table
-        table = self._by_mesh.get(mesh)
-        if table is None:
-            table = self._by_mesh[mesh] = {}
-        self._last = (weakref.ref(mesh), table)
+        key = id(mesh)
+        seen = self._by_id.get(key)
+        if seen is not None and seen[0]() is mesh:
+            return seen[1]
+        table: dict = {}
+        by_id = self._by_id
+
+        def dropped(ref: Any) -> None:  # the mesh is gone: its entry too (unless a new mesh took its id)
+            entry = by_id.get(key)
+            if entry is not None and entry[0] is ref:
+                by_id.pop(key, None)
+
+        by_id[key] = (weakref.ref(mesh, dropped), table)
         return table
 
     def forget(self, mesh: Any) -> None:
         """Drop `mesh`'s programs (Mesh.close: its communicators are freed)."""
-        self._by_mesh.pop(mesh, None)
-        if self._last[0] is not None and self._last[0]() is mesh:
-            self._last = (None, {})
+        seen = self._by_id.get(id(mesh))
+        if seen is not None and seen[0]() is mesh:
+            self._by_id.pop(id(mesh), None)
 
 
 #: The process's compiled redistributions.
@@ -283,9 +291,15 @@ class _Compiled:
     wrap: Callable  # DTensor._trusted, bound here so a call imports nothing
 
 
-def _compile(plan: Plan, mesh: Any) -> _Compiled:
-    from .dtensor import DTensor
+_TRUSTED: Any = None  # DTensor._trusted, bound on first use (an import statement runs importlib's Python)
 
+
+def _compile(plan: Plan, mesh: Any) -> _Compiled:
+    global _TRUSTED
+    if _TRUSTED is None:
+        from .dtensor import DTensor
+
+        _TRUSTED = DTensor._trusted
     steps = []
     for index, step in enumerate(plan.steps, 1):
         step_mesh = _mesh_for(mesh, step.before.layout)
@@ -293,7 +307,7 @@ def _compile(plan: Plan, mesh: Any) -> _Compiled:
                else _runner(step))
         steps.append((run, step, step_mesh, step_label(step, index)))
     target_mesh = _mesh_for(mesh, plan.target.layout)
-    return _Compiled(tuple(steps), target_mesh, plan.target.local_shape(plan.shape, mesh.rank), DTensor._trusted)
+    return _Compiled(tuple(steps), target_mesh, plan.target.local_shape(plan.shape, mesh.rank), _TRUSTED)
 
 
 def _exchange_runner(step: Exchange, mesh: Any, shape: tuple) -> Runner:

@@ -1,0 +1,105 @@
+"""The eager step's hot path: no import statement (a relative import inside a function runs importlib's
+Python on every call) and no redistribution compiled again after the first step (docs/performance.md, "Then
+the import statements on the hot path")."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+import spmdsim
+from spmdsim import DTensor, Layout, Mesh
+from spmdsim.gpt import GPTConfig, batch, encode, load_text
+from spmdsim.gpt.parallel import GPT
+from spmdsim.gpt.params import decays, param_specs
+from spmdsim.optim import AdamW
+
+SMALL = GPTConfig(layers=1, d_model=16, heads=4, seq=8, batch=4, dropout=0.2)
+
+
+def _importlib_calls(kept: str) -> dict:
+    """Rank 0's calls into importlib's Python during a GPT training step after two warm-up steps (dp 2 x tp 4,
+    sequence parallel: einsum products, redistributions, a bucketed backward, AdamW; with `kept` "megatron",
+    Megatron's fused pieces and their local products)."""
+    seen: dict = {}
+
+    def hook(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith("<frozen importlib"):
+            caller = frame.f_back
+            where = f"{caller.f_code.co_filename}:{caller.f_code.co_name}" if caller is not None else "?"
+            seen[where] = seen.get(where, 0) + 1
+
+    def body():
+        comm = spmdsim.world()
+        mesh = Mesh(Layout((2, 4), ("dp", "tp")), comm)
+        model = GPT(SMALL, mesh, sp=True, kept=kept)
+        specs = param_specs(SMALL)
+        opt = AdamW([model.params[s.name] for s in specs], lr=SMALL.lr,
+                    decay=[model.params[s.name] for s in specs if decays(s)])
+        ids = encode(load_text())
+        for step in range(3):
+            x, y = batch(ids, SMALL, step)
+            xd, yd = (DTensor.from_global(mesh, a, mesh.layout("dp", None)) for a in (x, y))
+            counting = step == 2 and comm.rank == 0
+            if counting:
+                sys.setprofile(hook)  # this rank's thread only
+            try:
+                opt.zero_grad()
+                model.loss(xd, yd, step).backward(bucket=True)
+                opt.step()
+            finally:
+                if counting:
+                    sys.setprofile(None)
+        mesh.close()
+
+    spmdsim.simulate(8, body)
+    return seen
+
+
+@pytest.mark.parametrize("kept", ["graph", "megatron"])
+def test_an_eager_step_runs_no_import_statement(kept):
+    assert _importlib_calls(kept) == {}
+
+
+@pytest.mark.parametrize("kept", ["graph", "megatron"])
+def test_a_step_after_the_first_compiles_no_redistribution(kept, monkeypatch):
+    """Each move's program is compiled once (runtime.executor keeps them by the layout objects): a layout made
+    anew each step would plan and compile its moves again every step (Megatron's row-parallel product did)."""
+    from spmdsim.runtime import executor
+
+    compiled: list = []
+    compile_ = executor._compile
+
+    def counting(plan, mesh):
+        compiled.append(spmdsim.world().rank)
+        return compile_(plan, mesh)
+
+    monkeypatch.setattr(executor, "_compile", counting)
+    marks: list = []
+
+    def body():
+        comm = spmdsim.world()
+        mesh = Mesh(Layout((2, 4), ("dp", "tp")), comm)
+        model = GPT(SMALL, mesh, sp=True, kept=kept)
+        specs = param_specs(SMALL)
+        opt = AdamW([model.params[s.name] for s in specs], lr=SMALL.lr,
+                    decay=[model.params[s.name] for s in specs if decays(s)])
+        ids = encode(load_text())
+        for step in range(3):
+            x, y = batch(ids, SMALL, step)
+            xd, yd = (DTensor.from_global(mesh, a, mesh.layout("dp", None)) for a in (x, y))
+            comm.Barrier()
+            if comm.rank == 0:
+                marks.append(len(compiled))
+            comm.Barrier()
+            opt.zero_grad()
+            model.loss(xd, yd, step).backward(bucket=True)
+            opt.step()
+        comm.Barrier()
+        if comm.rank == 0:
+            marks.append(len(compiled))
+        mesh.close()
+
+    spmdsim.simulate(8, body)
+    per_step = [b - a for a, b in zip(marks, marks[1:])]
+    assert per_step[0] > 0 and per_step[1:] == [0, 0], per_step
