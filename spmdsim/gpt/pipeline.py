@@ -39,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
+import math
 from time import perf_counter
 
 import numpy as np
@@ -377,7 +378,8 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
     tag_micro = microbatches > 1
     stamp = kernel(_stamp)
 
-    repeat = _DryCells(local_shape) if mesh.engine.dry else None
+    blocks = _DryBlocks() if mesh.engine.dry else None
+    repeat = _DryCells(local_shape, blocks) if blocks is not None else None
     # Each chunk's first backward runs for real in a dry run (it is measured), so its forward does too.
     first_backward: dict = {}
     for action in program:
@@ -420,7 +422,7 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
             if not repeat.again(("B", c)):  # pragma: no cover - each chunk's first backward ran for real
                 raise SpmdsimError(f"internal: no measured backward of chunk {c} to repeat")
             if c > 0:
-                sent_grads[(mb, c)] = buffers.lazy_zeros(wire_shape, np.float64)
+                sent_grads[(mb, c)] = blocks.zeros(wire_shape)
             return
         with _first(repeat, ("B", c)):
             out.backward(gradient=None if c == last else upstream.pop((mb, c)), keep_pending=params)
@@ -437,7 +439,7 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
                 buf = sent_grads.pop((op.microbatch, op.chunk))
             sends.append((buf, op.peer, _tag(op.what, op.chunk)))
         else:
-            buf = buffers.empty(wire_shape, np.float64)
+            buf = buffers.empty(wire_shape, np.float64) if blocks is None else blocks.empty(wire_shape)
             sender = op.chunk - 1 if op.what == "act" else op.chunk + 1
             receives.append((buf, op.peer, _tag(op.what, sender)))
             received.append((op, buf))
@@ -549,8 +551,8 @@ class _DryCells:
     add those figures without running again: ranks that do the same work are computed once, and so are
     microbatches."""
 
-    def __init__(self, local_shape: tuple) -> None:
-        self.local_shape = local_shape
+    def __init__(self, local_shape: tuple, blocks: "_DryBlocks") -> None:
+        self.local_shape, self.blocks = local_shape, blocks
         # (kind, chunk) -> (trace rows, bytes kept after it, bytes above the start at its peak, its products:
         # a spmdsim.flops.FlopCounter)
         self.seen: dict = {}
@@ -588,9 +590,45 @@ class _DryCells:
         lives."""
         from ..context import current
 
-        out = _Stand(buffers.lazy_zeros(self.local_shape, np.float64))
+        out = _Stand(self.blocks.zeros(self.local_shape))
         current().meter.count(out, self.seen[key][1])
         return out
+
+
+class _DryBlocks:
+    """A dry run's float64 blocks that nothing writes: the message buffers a stage receives into (the dry engine
+    leaves them as they are) and the stand-ins of repeated cells (only sent). Each is an array of its own over
+    one lazy mapping per size (spmdsim.buffers.lazy_zeros: zeros the kernel maps on read), so the run's Meter
+    counts each as the owner of its bytes, as it counts a mapping of its own, where a mapping a block cost
+    ~7 us to make and free (a 1F1B step of 64 stages x 512 microbatches makes ~130,000). `empty` is placed
+    as spmdsim.buffers.empty places a dry run's block, `zeros` as lazy_zeros places it; a block below the
+    size lazy_zeros maps is theirs."""
+
+    __slots__ = ("_maps",)
+
+    def __init__(self) -> None:
+        self._maps: dict = {}  # bytes -> the mapping under that size's blocks, or None (numpy's own zeros)
+
+    def _map(self, nbytes: int) -> Any:
+        if nbytes not in self._maps:
+            raw = buffers.lazy_zeros(nbytes, np.uint8)
+            while isinstance(raw.base, np.ndarray):
+                raw = raw.base
+            self._maps[nbytes] = raw.base if buffers.is_lazy(raw) else None
+        return self._maps[nbytes]
+
+    def empty(self, shape: tuple) -> np.ndarray:
+        nbytes = 8 * math.prod(shape)
+        mapping = self._map(nbytes + buffers.PAGE) if nbytes >= buffers.MIN_BYTES else None
+        if mapping is None:
+            return buffers.empty(shape, np.float64)
+        return np.ndarray(shape, np.float64, mapping, buffers.PAGE_OFFSET)
+
+    def zeros(self, shape: tuple) -> np.ndarray:
+        mapping = self._map(8 * math.prod(shape))
+        if mapping is None:
+            return buffers.lazy_zeros(shape, np.float64)
+        return np.ndarray(shape, np.float64, mapping)
 
 
 class _first:  # noqa: N801 - a context manager, read as a phrase: `with _first(repeat, key):`
