@@ -366,7 +366,8 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
     losses, order, held, most = [], [], 0, 0
     scale = 1.0 / microbatches
     local_shape = act.local_shape(shape)
-    wire_shape = wire.local_shape(shape)
+    checked = wire.check_shape(shape)  # the received blocks' global shape, as DTensor checks it
+    wire_shape = wire.local_shape(checked)  # every rank's (an uneven cut raises here)
     scatter = wire != act
     if scatter:  # the rows of this rank's tp coordinate in a replicated (T, B, D) block: contiguous
         rows_per = shape[0] // mesh.layout.axis_size("tp")
@@ -462,7 +463,7 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
             known = described[i] = messages(pp_comm, _PP, receives, sends)
         point_to_point(run.mesh, pp_comm, _PP, receives, sends, "pipeline", known)
         for op, buf in received:
-            t = DTensor(mesh, buf, wire, shape)
+            t = DTensor._trusted(mesh, buf, wire, checked)  # a float64 buffer of wire_shape, made above
             if scatter:  # Megatron's gather: the stage's tp ranks put their rows together
                 t = t.redistribute(act)
             if op.what == "act":
@@ -722,14 +723,14 @@ def gathered_stages(run: PipelineRun, cfg: GPTConfig) -> dict:
         at += block.size
     everyone = gather(mesh, flat, tuple(mesh.layout.alias_name), "check.params").reshape(mesh.size, width)
     per_stage = run.stage_mesh.size
-    out: dict = {}
+    out = {name: np.empty(shape) for name, shape in shapes.items() if any(name in names for names in held)}
     for rank in range(mesh.size):
         stage, place = divmod(rank, per_stage)
         at = 0
         for name in held[stage]:
             slices = layouts[name].slices(place, shapes[name])
             block = tuple(s.stop - s.start for s in slices)
-            n = int(np.prod(block))
-            out.setdefault(name, np.empty(shapes[name]))[slices] = everyone[rank, at:at + n].reshape(block)
+            n = math.prod(block)
+            out[name][slices] = everyone[rank, at:at + n].reshape(block)
             at += n
     return out
