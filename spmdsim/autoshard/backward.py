@@ -271,20 +271,13 @@ def edge_bytes(graph: Graph, p: int, q: int, pos: int, producers: Sequence[Candi
     node = graph.nodes[q]
     shape, dtype = tuple(node.in_shapes[pos]), graph.nodes[p].dtype
     out = np.zeros((len(producers), len(consumers)), dtype=np.int64)
-    # Back over the hop per producer depends on the consumer only through (at_in, consumer_in), which
-    # consumers share (a GPT's training search: 2,850 pairs among 4,801 consumers): one column per pair.
-    columns: dict = {}
     for j, cq in enumerate(consumers):
         g = _whole(node, cq, need_inputs, memo)[2][pos]
         if g is not None:  # onto the hop's output once per consumer, then back over it per producer
             consumer_in = cq.inputs[pos]
             at_in = _grad_layout(consumer_in, g)
             onto = _move(g, at_in, shape, dtype)
-            column = columns.get((at_in, consumer_in))
-            if column is None:
-                column = columns[at_in, consumer_in] = np.array(
-                    [_resolved_over(at_in, consumer_in, cp.out, shape, dtype) for cp in producers], np.int64)
-            out[:, j] = column + onto
+            out[:, j] = [onto + _resolved_over(at_in, consumer_in, cp.out, shape, dtype) for cp in producers]
     return out
 
 

@@ -46,6 +46,7 @@ import numpy as np
 
 from .. import buffers
 from ..autograd.kept import kept_problem
+from ..context import current
 from ..errors import SpmdsimError
 from ..layout import Layout
 from .config import GPTConfig
@@ -168,7 +169,6 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     """
     from .. import ops
     from ..autograd import reduce_grads
-    from ..context import current
     from ..distrib_optim import DistributedAdamW
     from ..optim import AdamW, clip_grad_norm_
     from ..pipeline.schedule import build
@@ -562,8 +562,6 @@ class _DryCells:
     def flush(self) -> None:
         """Add the repeated cells' matrix products to the FLOP counters open on this rank (spmdsim.flops.
         counting): once per kind of cell, times its repeats, at the end of the step's program."""
-        from ..context import current
-
         for counter in current().flops:
             for key, times in self.repeats.items():
                 counter.merge(self.seen[key][3], times)
@@ -571,8 +569,6 @@ class _DryCells:
 
     def again(self, key: tuple) -> bool:
         """True (and the first cell's rows, peak and products added) if a cell of this kind ran already."""
-        from ..context import current
-
         seen = self.seen.get(key)
         if seen is None:
             return False
@@ -589,8 +585,6 @@ class _DryCells:
     def output(self, key: tuple) -> _Stand:
         """The stand-in of a repeated forward's output, holding the first such forward's kept bytes while it
         lives."""
-        from ..context import current
-
         out = _Stand(self.blocks.zeros(self.local_shape))
         current().meter.count(out, self.seen[key][1])
         return out
@@ -641,8 +635,6 @@ class _first:  # noqa: N801 - a context manager, read as a phrase: `with _first(
     def __enter__(self) -> None:
         if self.repeat is None:
             return
-        from ..context import current
-
         from ..flops import counting
 
         context = current()

@@ -44,9 +44,9 @@ def check(schedule: Schedule) -> None:
     ops = [[message_ops(action) for action in program] for program in schedule.programs]
     _placement(schedule, ops)
     _computes(schedule)
-    _matching(schedule, ops)
+    keys = _matching(schedule, ops)
     _dependencies(schedule, ops)
-    _deadlock(schedule, ops)
+    _deadlock(schedule, keys)
 
 
 def _where(schedule: Schedule, stage: int) -> str:
@@ -115,13 +115,17 @@ def _computes(schedule: Schedule) -> None:
                                         f"expected one F and one B per microbatch and chunk")
 
 
-def _matching(schedule: Schedule, ops: list) -> None:
-    """Every Send meets exactly one Recv on its peer, and every Recv one Send."""
+def _matching(schedule: Schedule, ops: list) -> list:
+    """Every Send meets exactly one Recv on its peer, and every Recv one Send. Returns each action's messages
+    as their `_key`s, per stage (what `_deadlock` runs)."""
     chunks = schedule.chunks
     sends: dict[int, Send] = {}  # _key(op) -> op; its stage is its chunk's (placement passed)
     recvs: dict[int, Recv] = {}
+    programs = []
     for s, messages in enumerate(ops):
+        keyed = []
         for action_ops in messages:
+            keys = []
             for op in action_ops:
                 table = sends if isinstance(op, Send) else recvs
                 key = _key(op, chunks)
@@ -129,14 +133,18 @@ def _matching(schedule: Schedule, ops: list) -> None:
                     raise PipelineError(f"{_where(schedule, s)} has {op.label(schedule.virtual)} a second "
                                         f"time; expected each message once")
                 table[key] = op
+                keys.append(key)
+            keyed.append(tuple(keys))
+        programs.append(keyed)
     if len(sends) == len(recvs) and sends.keys() == recvs.keys():
-        return
+        return programs
     for mine, theirs, missing in ((sends, recvs, "receive"), (recvs, sends, "send")):
         for key, op in mine.items():
             s = op.chunk % schedule.stages
             if key not in theirs:
                 raise PipelineError(f"{_where(schedule, s)} has {op.label(schedule.virtual)}, but stage "
                                     f"{op.peer} never posts the matching {missing}")
+    return programs  # not reached: key sets that differ have a key one of them lacks
 
 
 def _dependencies(schedule: Schedule, ops: list) -> None:
@@ -187,11 +195,9 @@ def _need(need: tuple, virtual: int) -> str:
     return f"it receives {'its input' if what == 'act' else 'its output gradient'} ({what} {mb}{suffix})"
 
 
-def _deadlock(schedule: Schedule, ops: list) -> None:
-    """Run all programs under rendezvous semantics; raise naming a waiting cycle if they stick."""
-    chunks = schedule.chunks
-    programs = [[tuple([_key(op, chunks) for op in messages]) if messages else () for messages in program]
-                for program in ops]
+def _deadlock(schedule: Schedule, programs: list) -> None:
+    """Run all programs under rendezvous semantics; raise naming a waiting cycle if they stick. `programs`:
+    each action's messages as `_key`s (`_matching`'s)."""
     pc = [0] * schedule.stages
     unmet = [0] * schedule.stages  # messages of the action a waiting stage stands at, not met yet
     posted: dict = {}              # message -> the stage that posted it, waiting for the counterpart
