@@ -128,9 +128,19 @@ def differ(mesh: Any, axes: tuple[str, ...]) -> None:
     layout = mesh.layout
     if layout.num_devices != context.size:
         raise SimulationError(f"differ: the mesh has {layout.num_devices} ranks but the dry run {context.size}")
-    key = [(tuple(c for a, c in zip(layout.alias_name, layout.coords(r)) if a in axes)) for r in range(layout.num_devices)]
-    first: dict = {}
-    context.meter.stands_for = np.array([first.setdefault(k, r) for r, k in enumerate(key)], np.int64)
+    context.meter.stands_for = _representatives(layout, axes)
+
+
+def _representatives(layout: Any, axes: tuple[str, ...]) -> np.ndarray:
+    """Per rank of `layout`, the lowest rank with its coordinates along `axes` (numpy over the ranks: a
+    search's dry runs ask at 3,072 ranks, ~5 us a rank in Python)."""
+    ranks = np.arange(layout.num_devices, dtype=np.int64)
+    key = np.zeros_like(ranks)  # the coordinates along `axes` as one number
+    for alias, stride, n in zip(layout.alias_name, layout.strides, layout.device_matrix):
+        if alias in axes:
+            key = key * n + (ranks // stride) % n
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)  # first: lowest rank of each
+    return first[inverse.reshape(-1)].astype(np.int64)
 
 
 def note(*lines: str) -> None:
