@@ -463,7 +463,9 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
             known = described[i] = messages(pp_comm, _PP, receives, sends)
         point_to_point(run.mesh, pp_comm, _PP, receives, sends, "pipeline", known)
         for op, buf in received:
-            t = DTensor._trusted(mesh, buf, wire, checked)  # a float64 buffer of wire_shape, made above
+            # A dry run's: a plain float64 array of wire_shape, made above (a captured step's buffer is a
+            # replay.Traced, which DTensor's own np.asarray makes a plain view of).
+            t = DTensor._trusted(mesh, buf, wire, checked) if blocks is not None else DTensor(mesh, buf, wire, checked)
             if scatter:  # Megatron's gather: the stage's tp ranks put their rows together
                 t = t.redistribute(act)
             if op.what == "act":
