@@ -214,3 +214,23 @@ def test_a_rank_list_too_long_for_its_column_says_how_many():
     rows = tuple(RankBytes(r, 1, 8, 8, 100 if r % 3 == 2 else 50, (("allreduce", 1),)) for r in range(30))
     table = DryRunReport(rows).table().splitlines()
     assert [line.split("  ")[0] for line in table[2:]] == ["20 ranks", "10 ranks"]
+
+
+def test_the_meter_counts_each_array_over_one_lazy_mapping_until_it_is_freed():
+    """A pipeline's dry message buffers share one lazy mapping per size (spmdsim.gpt.pipeline._DryBlocks): the
+    Meter still counts each array as the owner of its bytes (a view as its array's) and lets each go when freed."""
+    from spmdsim import buffers
+    from spmdsim.gpt.pipeline import _DryBlocks
+    from spmdsim.sim.dry import Meter
+
+    meter, blocks = Meter(), _DryBlocks()
+    a, b = blocks.empty((256, 1024)), blocks.zeros((256, 1024))  # 2 MiB each: one mapping of their own size
+    c = blocks.empty((256, 1024))
+    assert buffers.is_lazy(a) and a.base is c.base and not np.shares_memory(a, b) and not a.any()
+    meter.hold(a, a.reshape(-1), c)
+    assert meter.held == meter.peak == 2 * a.nbytes
+    meter.hold(b)
+    del a
+    assert meter.held == 2 * b.nbytes and meter.peak == 3 * b.nbytes
+    del b, c
+    assert meter.held == 0 and meter.peak == 3 * (2 << 20)

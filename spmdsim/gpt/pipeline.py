@@ -39,12 +39,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
+import math
 from time import perf_counter
 
 import numpy as np
 
 from .. import buffers
 from ..autograd.kept import kept_problem
+from ..context import current
 from ..errors import SpmdsimError
 from ..layout import Layout
 from .config import GPTConfig
@@ -167,7 +169,6 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     """
     from .. import ops
     from ..autograd import reduce_grads
-    from ..context import current
     from ..distrib_optim import DistributedAdamW
     from ..optim import AdamW, clip_grad_norm_
     from ..pipeline.schedule import build
@@ -365,7 +366,8 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
     losses, order, held, most = [], [], 0, 0
     scale = 1.0 / microbatches
     local_shape = act.local_shape(shape)
-    wire_shape = wire.local_shape(shape)
+    checked = wire.check_shape(shape)  # the received blocks' global shape, as DTensor checks it
+    wire_shape = wire.local_shape(checked)  # every rank's (an uneven cut raises here)
     scatter = wire != act
     if scatter:  # the rows of this rank's tp coordinate in a replicated (T, B, D) block: contiguous
         rows_per = shape[0] // mesh.layout.axis_size("tp")
@@ -377,7 +379,8 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
     tag_micro = microbatches > 1
     stamp = kernel(_stamp)
 
-    repeat = _DryCells(local_shape) if mesh.engine.dry else None
+    blocks = _DryBlocks() if mesh.engine.dry else None
+    repeat = _DryCells(local_shape, blocks) if blocks is not None else None
     # Each chunk's first backward runs for real in a dry run (it is measured), so its forward does too.
     first_backward: dict = {}
     for action in program:
@@ -420,7 +423,7 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
             if not repeat.again(("B", c)):  # pragma: no cover - each chunk's first backward ran for real
                 raise SpmdsimError(f"internal: no measured backward of chunk {c} to repeat")
             if c > 0:
-                sent_grads[(mb, c)] = buffers.lazy_zeros(wire_shape, np.float64)
+                sent_grads[(mb, c)] = blocks.zeros(wire_shape)
             return
         with _first(repeat, ("B", c)):
             out.backward(gradient=None if c == last else upstream.pop((mb, c)), keep_pending=params)
@@ -437,7 +440,7 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
                 buf = sent_grads.pop((op.microbatch, op.chunk))
             sends.append((buf, op.peer, _tag(op.what, op.chunk)))
         else:
-            buf = buffers.empty(wire_shape, np.float64)
+            buf = buffers.empty(wire_shape, np.float64) if blocks is None else blocks.empty(wire_shape)
             sender = op.chunk - 1 if op.what == "act" else op.chunk + 1
             receives.append((buf, op.peer, _tag(op.what, sender)))
             received.append((op, buf))
@@ -460,7 +463,9 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
             known = described[i] = messages(pp_comm, _PP, receives, sends)
         point_to_point(run.mesh, pp_comm, _PP, receives, sends, "pipeline", known)
         for op, buf in received:
-            t = DTensor(mesh, buf, wire, shape)
+            # A dry run's: a plain float64 array of wire_shape, made above (a captured step's buffer is a
+            # replay.Traced, which DTensor's own np.asarray makes a plain view of).
+            t = DTensor._trusted(mesh, buf, wire, checked) if blocks is not None else DTensor(mesh, buf, wire, checked)
             if scatter:  # Megatron's gather: the stage's tp ranks put their rows together
                 t = t.redistribute(act)
             if op.what == "act":
@@ -549,8 +554,8 @@ class _DryCells:
     add those figures without running again: ranks that do the same work are computed once, and so are
     microbatches."""
 
-    def __init__(self, local_shape: tuple) -> None:
-        self.local_shape = local_shape
+    def __init__(self, local_shape: tuple, blocks: "_DryBlocks") -> None:
+        self.local_shape, self.blocks = local_shape, blocks
         # (kind, chunk) -> (trace rows, bytes kept after it, bytes above the start at its peak, its products:
         # a spmdsim.flops.FlopCounter)
         self.seen: dict = {}
@@ -559,8 +564,6 @@ class _DryCells:
     def flush(self) -> None:
         """Add the repeated cells' matrix products to the FLOP counters open on this rank (spmdsim.flops.
         counting): once per kind of cell, times its repeats, at the end of the step's program."""
-        from ..context import current
-
         for counter in current().flops:
             for key, times in self.repeats.items():
                 counter.merge(self.seen[key][3], times)
@@ -568,8 +571,6 @@ class _DryCells:
 
     def again(self, key: tuple) -> bool:
         """True (and the first cell's rows, peak and products added) if a cell of this kind ran already."""
-        from ..context import current
-
         seen = self.seen.get(key)
         if seen is None:
             return False
@@ -586,11 +587,45 @@ class _DryCells:
     def output(self, key: tuple) -> _Stand:
         """The stand-in of a repeated forward's output, holding the first such forward's kept bytes while it
         lives."""
-        from ..context import current
-
-        out = _Stand(buffers.lazy_zeros(self.local_shape, np.float64))
+        out = _Stand(self.blocks.zeros(self.local_shape))
         current().meter.count(out, self.seen[key][1])
         return out
+
+
+class _DryBlocks:
+    """A dry run's float64 blocks that nothing writes: the message buffers a stage receives into (the dry engine
+    leaves them as they are) and the stand-ins of repeated cells (only sent). Each is an array of its own over
+    one lazy mapping per size (spmdsim.buffers.lazy_zeros: zeros the kernel maps on read), so the run's Meter
+    counts each as the owner of its bytes, as it counts a mapping of its own, where a mapping a block cost
+    ~7 us to make and free (a 1F1B step of 64 stages x 512 microbatches makes ~130,000). `empty` is placed
+    as spmdsim.buffers.empty places a dry run's block, `zeros` as lazy_zeros places it; a block below the
+    size lazy_zeros maps is theirs."""
+
+    __slots__ = ("_maps",)
+
+    def __init__(self) -> None:
+        self._maps: dict = {}  # bytes -> the mapping under that size's blocks, or None (numpy's own zeros)
+
+    def _map(self, nbytes: int) -> Any:
+        if nbytes not in self._maps:
+            raw = buffers.lazy_zeros(nbytes, np.uint8)
+            while isinstance(raw.base, np.ndarray):
+                raw = raw.base
+            self._maps[nbytes] = raw.base if buffers.is_lazy(raw) else None
+        return self._maps[nbytes]
+
+    def empty(self, shape: tuple) -> np.ndarray:
+        nbytes = 8 * math.prod(shape)
+        mapping = self._map(nbytes + buffers.PAGE) if nbytes >= buffers.MIN_BYTES else None
+        if mapping is None:
+            return buffers.empty(shape, np.float64)
+        return np.ndarray(shape, np.float64, mapping, buffers.PAGE_OFFSET)
+
+    def zeros(self, shape: tuple) -> np.ndarray:
+        mapping = self._map(8 * math.prod(shape))
+        if mapping is None:
+            return buffers.lazy_zeros(shape, np.float64)
+        return np.ndarray(shape, np.float64, mapping)
 
 
 class _first:  # noqa: N801 - a context manager, read as a phrase: `with _first(repeat, key):`
@@ -602,8 +637,6 @@ class _first:  # noqa: N801 - a context manager, read as a phrase: `with _first(
     def __enter__(self) -> None:
         if self.repeat is None:
             return
-        from ..context import current
-
         from ..flops import counting
 
         context = current()
@@ -684,14 +717,14 @@ def gathered_stages(run: PipelineRun, cfg: GPTConfig) -> dict:
         at += block.size
     everyone = gather(mesh, flat, tuple(mesh.layout.alias_name), "check.params").reshape(mesh.size, width)
     per_stage = run.stage_mesh.size
-    out: dict = {}
+    out = {name: np.empty(shape) for name, shape in shapes.items() if any(name in names for names in held)}
     for rank in range(mesh.size):
         stage, place = divmod(rank, per_stage)
         at = 0
         for name in held[stage]:
             slices = layouts[name].slices(place, shapes[name])
             block = tuple(s.stop - s.start for s in slices)
-            n = int(np.prod(block))
-            out.setdefault(name, np.empty(shapes[name]))[slices] = everyone[rank, at:at + n].reshape(block)
+            n = math.prod(block)
+            out[name][slices] = everyone[rank, at:at + n].reshape(block)
             at += n
     return out
