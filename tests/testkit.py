@@ -10,7 +10,7 @@ import sys
 from types import ModuleType
 
 __all__ = ["MPIEXEC", "EXAMPLE_ARGS", "factorizations", "load_script", "mpich_batch", "program_lines",
-           "readme_library_example"]
+           "readme_library_example", "root_for_all"]
 
 # The venv's mpiexec (the pip `mpich` wheel) first, else the one on PATH, else "".
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
@@ -23,6 +23,20 @@ EXAMPLE_ARGS = {"train_mindspore_tutorial": ["--steps", "2", "--synthetic"],
                 "train_gpt": ["--layers", "1", "--d-model", "16", "--seq", "8", "--batch", "4", "--steps", "2",
                               "--sample", "4"],
                 "train_moe_gpt": ["--layers", "2", "--d-model", "16", "--seq", "8", "--steps", "2", "--dispatch"]}
+
+
+def root_for_all(comm, work):
+    """Rank 0's `work()` (local work), broadcast to every rank of `comm`. The others wait without spinning: an
+    Ibarrier polled every 10 ms, where MPICH's blocking bcast polls and takes the cores rank 0 computes on (8
+    ranks on 2 cores: 7 spinning for all of rank 0's work). spmdsim's polite wait is not used: its 20-100 us
+    sleeps are for collectives that end within a millisecond, not for seconds of one rank's work."""
+    import time
+
+    result = work() if comm.rank == 0 else None
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(0.01)
+    return comm.bcast(result, root=0)
 
 
 def readme_library_example() -> str:

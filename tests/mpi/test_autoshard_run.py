@@ -6,6 +6,7 @@ from mpi4py import MPI
 
 from spmdsim.autoshard import autoshard
 from spmdsim.autoshard.execute import run_choice
+from testkit import root_for_all
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -15,8 +16,9 @@ RATE = 1e10  # stated, so every rank chooses the same strategies
 
 def _searched(network, *args, **kwargs):
     """`autoshard(...)` searched by rank 0 for every rank (local work on equal inputs; the search itself is
-    tested in tests/test_autoshard*.py): eight ranks searching at once on two cores cost the pass seconds."""
-    return COMM.bcast(autoshard(network, *args, **kwargs) if COMM.rank == 0 else None)
+    tested in tests/test_autoshard*.py): eight ranks searching at once on two cores cost the pass seconds,
+    and so did seven ranks spinning in a blocking bcast meanwhile (testkit.root_for_all: they sleep)."""
+    return root_for_all(COMM, lambda: autoshard(network, *args, **kwargs))
 
 
 def _check(result):
