@@ -113,7 +113,7 @@ def launch(argv: list[str], limit: float = 30.0, ranks: int = RANKS,
 # Rank 0 writes all it prints to the file argv[2], in order: through mpiexec, the other ranks'
 # lines (numpy's overflow warning on every rank, say) could land in the middle of rank 0's.
 _DRIVER = """\
-import json, sys
+import json, sys, time
 from mpi4py import MPI
 from spmdsim.cli.main import main
 from spmdsim.runtime import abort_on_error
@@ -121,7 +121,9 @@ comm = MPI.COMM_WORLD
 if comm.rank == 0:
     sys.stdout = sys.stderr = open(sys.argv[2], "w", buffering=1)
 for name, spec in json.loads(sys.argv[1]):
-    comm.Barrier()
+    request = comm.Ibarrier()  # polled with sleeps: MPICH's blocking Barrier spins on the cores others need
+    while not request.Test():
+        time.sleep(0.001)
     if comm.rank == 0:
         print("== case", name)
     try:

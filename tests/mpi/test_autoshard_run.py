@@ -6,6 +6,7 @@ from mpi4py import MPI
 
 from spmdsim.autoshard import autoshard
 from spmdsim.autoshard.execute import run_choice
+from testkit import root_for_all
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -15,8 +16,9 @@ RATE = 1e10  # stated, so every rank chooses the same strategies
 
 def _searched(network, *args, **kwargs):
     """`autoshard(...)` searched by rank 0 for every rank (local work on equal inputs; the search itself is
-    tested in tests/test_autoshard*.py): eight ranks searching at once on two cores cost the pass seconds."""
-    return COMM.bcast(autoshard(network, *args, **kwargs) if COMM.rank == 0 else None)
+    tested in tests/test_autoshard*.py): eight ranks searching at once on two cores cost the pass seconds,
+    and so did seven ranks spinning in a blocking bcast meanwhile (testkit.root_for_all: they sleep)."""
+    return root_for_all(COMM, lambda: autoshard(network, *args, **kwargs))
 
 
 def _check(result):
@@ -57,9 +59,11 @@ def test_gpt_choice_runs_node_by_node_as_predicted():
 
         fix = {n.name: "hand" for n in graph.nodes[1:]}
         result = _searched(graph, 8, hand=hand, fix=fix, flops_per_s=RATE, training=True)
-        measured = _check(result)
-        assert sum(m.bytes_received for m in measured) == 993_808
-        # The backward too: the replayed bytes, and the reference's gradients.
+        # One run, forward and backward (run_choice's node-by-node run is run_dag's forward, checked above):
+        # every value and gradient checked, every node's bytes as predicted.
         report = run_dag(result, COMM, repeats=1, train=True)
         assert report.passed and len(report.backward.verdicts) == 34
+        assert [m.bytes_received for m in report.measured] == [op.bytes_per_rank for op in result.ops]
+        assert sum(m.bytes_received for m in report.measured) == 993_808
+        # The backward's bytes, as replayed, and as predicted.
         assert report.backward.bytes_received == result.backward_bytes_per_rank == 1_267_456

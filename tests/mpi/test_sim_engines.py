@@ -1,17 +1,16 @@
 """Both engines, one program: every demo scenario gives the same trace under MPI and on simulated ranks.
 
 Rank 0 runs the scenarios again on as many simulated ranks as the MPI world
-has, while the other ranks wait politely (an Ibarrier polled with sleeps, so
-they leave the cores to the simulation).
+has, while the other ranks wait politely (testkit.root_for_all: an Ibarrier polled with
+sleeps, so they leave the cores to the simulation).
 """
 from __future__ import annotations
-
-import time
 
 import pytest
 from mpi4py import MPI
 
 from spmdsim.demo.registry import Context, run_job, scenarios
+from testkit import root_for_all
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -26,15 +25,6 @@ def _traces(comm):
         out[sc.name] = ([(e.op, e.axes, e.group_size, e.bytes_sent, e.bytes_received) for e in run.entries],
                         bool(run.verdict.passed))
     return out
-
-
-def _wait_for(comm, root_work):
-    """Rank 0 runs `root_work()`; the others wait without spinning; the result is broadcast."""
-    result = root_work() if comm.rank == 0 else None
-    request = comm.Ibarrier()
-    while not request.Test():
-        time.sleep(0.01)
-    return comm.bcast(result, root=0)
 
 
 def test_demo_scenarios_trace_alike_on_both_engines():
@@ -53,7 +43,7 @@ def test_demo_scenarios_trace_alike_on_both_engines():
             problems.append("a scenario failed its check")
         return problems, len(mpi[0])
 
-    problems, count = _wait_for(comm, compare)
+    problems, count = root_for_all(comm, compare)
     assert not problems, problems[:5]
     assert count >= (14 if comm.size == 8 else 1)
 
@@ -73,7 +63,7 @@ def test_demo_table_alike_on_both_engines(capsys, monkeypatch):
         code = main(["demo", "--only", "matmul_2x4_4x1,linear_column,mlp", "--ranks", str(comm.size)])
         return code, capsys.readouterr().out
 
-    code, text = _wait_for(comm, simulated)
+    code, text = root_for_all(comm, simulated)
     if comm.rank == 0:
         banner, *table = text.splitlines()
         assert code == 0 and banner.startswith(f"spmdsim: running on {comm.size} simulated ranks")
