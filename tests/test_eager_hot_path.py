@@ -3,6 +3,7 @@ Python on every call) and no redistribution compiled again after the first step 
 the import statements on the hot path")."""
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import pytest
@@ -17,18 +18,10 @@ from spmdsim.optim import AdamW
 SMALL = GPTConfig(layers=1, d_model=16, heads=4, seq=8, batch=4, dropout=0.2)
 
 
-def _importlib_calls(kept: str) -> dict:
-    """Rank 0's calls into importlib's Python during a GPT training step after two warm-up steps (dp 2 x tp 4,
-    sequence parallel: einsum products, redistributions, a bucketed backward, AdamW; with `kept` "megatron",
-    Megatron's fused pieces and their local products)."""
-    seen: dict = {}
-
-    def hook(frame, event, arg):
-        if event == "call" and frame.f_code.co_filename.startswith("<frozen importlib"):
-            caller = frame.f_back
-            where = f"{caller.f_code.co_filename}:{caller.f_code.co_name}" if caller is not None else "?"
-            seen[where] = seen.get(where, 0) + 1
-
+def _train_three_steps(kept: str, around) -> None:
+    """Three GPT training steps on 8 simulated ranks (dp 2 x tp 4, sequence parallel: einsum products,
+    redistributions, a bucketed backward, AdamW; with `kept` "megatron", Megatron's fused pieces and their
+    local products), each run inside ``around(comm, step)`` (a context manager), then ``around(comm, 3)``."""
     def body():
         comm = spmdsim.world()
         mesh = Mesh(Layout((2, 4), ("dp", "tp")), comm)
@@ -40,19 +33,39 @@ def _importlib_calls(kept: str) -> dict:
         for step in range(3):
             x, y = batch(ids, SMALL, step)
             xd, yd = (DTensor.from_global(mesh, a, mesh.layout("dp", None)) for a in (x, y))
-            counting = step == 2 and comm.rank == 0
-            if counting:
-                sys.setprofile(hook)  # this rank's thread only
-            try:
+            with around(comm, step):
                 opt.zero_grad()
                 model.loss(xd, yd, step).backward(bucket=True)
                 opt.step()
-            finally:
-                if counting:
-                    sys.setprofile(None)
+        with around(comm, 3):
+            pass
         mesh.close()
 
     spmdsim.simulate(8, body)
+
+
+def _importlib_calls(kept: str) -> dict:
+    """Rank 0's calls into importlib's Python during the third of `_train_three_steps`' steps."""
+    seen: dict = {}
+
+    def hook(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith("<frozen importlib"):
+            caller = frame.f_back
+            where = f"{caller.f_code.co_filename}:{caller.f_code.co_name}" if caller is not None else "?"
+            seen[where] = seen.get(where, 0) + 1
+
+    @contextlib.contextmanager
+    def around(comm, step):
+        counting = step == 2 and comm.rank == 0
+        if counting:
+            sys.setprofile(hook)  # this rank's thread only
+        try:
+            yield
+        finally:
+            if counting:
+                sys.setprofile(None)
+
+    _train_three_steps(kept, around)
     return seen
 
 
@@ -77,29 +90,14 @@ def test_a_step_after_the_first_compiles_no_redistribution(kept, monkeypatch):
     monkeypatch.setattr(executor, "_compile", counting)
     marks: list = []
 
-    def body():
-        comm = spmdsim.world()
-        mesh = Mesh(Layout((2, 4), ("dp", "tp")), comm)
-        model = GPT(SMALL, mesh, sp=True, kept=kept)
-        specs = param_specs(SMALL)
-        opt = AdamW([model.params[s.name] for s in specs], lr=SMALL.lr,
-                    decay=[model.params[s.name] for s in specs if decays(s)])
-        ids = encode(load_text())
-        for step in range(3):
-            x, y = batch(ids, SMALL, step)
-            xd, yd = (DTensor.from_global(mesh, a, mesh.layout("dp", None)) for a in (x, y))
-            comm.Barrier()
-            if comm.rank == 0:
-                marks.append(len(compiled))
-            comm.Barrier()
-            opt.zero_grad()
-            model.loss(xd, yd, step).backward(bucket=True)
-            opt.step()
+    @contextlib.contextmanager
+    def around(comm, step):
         comm.Barrier()
         if comm.rank == 0:
             marks.append(len(compiled))
-        mesh.close()
+        comm.Barrier()
+        yield
 
-    spmdsim.simulate(8, body)
+    _train_three_steps(kept, around)
     per_step = [b - a for a, b in zip(marks, marks[1:])]
     assert per_step[0] > 0 and per_step[1:] == [0, 0], per_step
