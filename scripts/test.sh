@@ -29,13 +29,14 @@ if mpiexec --version 2>/dev/null | grep -i 'open mpi' >/dev/null; then
 fi
 # One BLAS thread per rank: ranks already outnumber the cores (docs/oversubscription.md).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-# The pure tests on two workers (pytest-xdist, the test extra) when it is installed: many of them
-# wait (on launched MPI jobs, watchdogs, timeouts) and the other worker computes meanwhile. A test
+# The pure tests on three workers (pytest-xdist, the test extra) when it is installed: many of them
+# wait (on launched MPI jobs, watchdogs, timeouts), so a third worker computes while the other two wait
+# (on 2 idle cores, tree 1dfb077: 4:40 with three, 4:53-5:20 with two). A test
 # file stays on one worker (--dist loadfile): some files check, in their last test, what their
 # earlier tests counted. The heaviest files are scheduled first (tests/conftest.py, HEAVY_FILES), so
-# no long file starts last while the other worker runs out of work. SPMDSIM_TEST_WORKERS=0 runs them
+# no long file starts last while the others run out of work. SPMDSIM_TEST_WORKERS=0 runs them
 # in this one process.
-workers=${SPMDSIM_TEST_WORKERS:-2}
+workers=${SPMDSIM_TEST_WORKERS:-3}
 if [ "$workers" != 0 ] && python -c "import xdist" 2>/dev/null; then
     python -m pytest -q -p no:cacheprovider -n "$workers" --dist loadfile "$@"
 else
