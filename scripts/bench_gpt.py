@@ -46,8 +46,10 @@ step. Rows:
   member arrived and the CPU time of its ranks are measured as spmdsim's. It
   runs with spmdsim's wait (polite: the nonblocking call, Test() with
   sched_yield, then short sleeps; spmdsim waits so when ranks outnumber cores,
-  as here), twice (the second, launched after spmdsim's, is the A/A control of
-  8-rank launches), and with the blocking calls a plain mpi4py program makes.
+  and its 8-rank launches here are told to on any machine, SPMDSIM_WAIT=polite,
+  so that on free cores too both sides wait alike), twice (the second, launched
+  after spmdsim's, is the A/A control of 8-rank launches), and with the
+  blocking calls a plain mpi4py program makes.
   Its first launch also runs step 0 with spmdsim's dropout masks and prints its
   loss beside the one-process reference's, and how far its gradients and updated
   parameters are from the reference's;
@@ -474,6 +476,8 @@ def _launch(args, worker: str, check: int = 0) -> dict | None:
     common = ["--steps", str(args.steps), "--layers", str(args.layers), "--d-model", str(args.d_model),
               "--seq", str(args.seq), "--worker", worker]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parents[1]))
+    if worker in ("mpi", "mpireplay"):  # as the polite peer waits, also on free cores (auto: busy there)
+        env["SPMDSIM_WAIT"] = "polite"
     cmd = [sys.executable, str(HERE)] + common
     if worker == "dtensor":
         cmd = [sys.executable, str(HERE.parent / "peer_dtensor_gpt.py")] + common[:-2] + ["--check", str(check)]
