@@ -24,6 +24,7 @@ import argparse
 import os
 import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -53,7 +54,8 @@ def _configs(ranks: int, script: Path, before: str | None) -> dict:
     configs = {"spmdsim mpirun": (ours, mpirun)}
     if before:
         configs["--before's spmdsim mpirun"] = (dict(env, PYTHONPATH=before), mpirun)
-    mpiexec = str(Path(sys.executable).with_name("mpiexec"))
+    beside = Path(sys.executable).with_name("mpiexec")  # the venv's (the `mpich` wheel), else the one on PATH
+    mpiexec = str(beside) if os.access(beside, os.X_OK) else (shutil.which("mpiexec") or "mpiexec")
     configs["mpiexec"] = (env, ["timeout", "-k", "5", "120", mpiexec, "-n", str(ranks), sys.executable, str(script)])
     configs["spmdsim mpirun, A/A"] = (ours, mpirun)
     return configs
