@@ -208,3 +208,44 @@ def test_the_rendezvous_benchmark_times_a_case_and_refuses_bad_counts():
     assert all(float(x) > 0 for x in rows[0][4:]), run.stdout
     bad = subprocess.run([sys.executable, str(script), "--repeat", "0"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--repeat 0 and --calls 2000 must be 1 or more" in bad.stderr.splitlines()[-1]
+
+
+def test_a_neighbour_collective_meets_once_and_fills_each_member_from_its_neighbours(monkeypatch):
+    """Cartcomm's neighbour collectives meet once, as the other buffer collectives do: the last member to
+    arrive fills every member's receive blocks (one wake-up per waiting member, not two), and a member whose
+    block is too small gets its error in its own thread while the others complete."""
+    wakes = [0]
+    sleep = engine.World._sleep
+
+    def counted(self, key):
+        sleep(self, key)
+        wakes[0] += 1
+    monkeypatch.setattr(engine.World, "_sleep", counted)
+    calls = 20
+
+    def body():
+        cart = world().Create_cart([2, 4], periods=[True, False])
+        me = cart.Get_rank()
+        got = np.full(4, -1.0)
+        for _ in range(calls):
+            cart.Neighbor_allgather(np.full(1, float(me)), got)
+        return [int(v) for v in got], [-1 if nb < 0 else nb for nb in cart.inedges]
+
+    before = wakes[0]
+    for values, neighbours in simulate(8, body):
+        assert values == neighbours  # each block from its neighbour (-1: none there, left unwritten)
+    assert wakes[0] - before <= calls * 8, wakes[0] - before  # two meetings a call woke ~2 x 7 x 20
+
+    def short():
+        cart = world().Create_cart([2, 2], periods=[True, True])
+        counts = [2, 1, 1, 1] if cart.Get_rank() == 0 else [1, 1, 1, 1]  # rank 0 waits for 2 items, gets 1
+        out = np.zeros(sum(counts))
+        try:
+            cart.Neighbor_allgatherv(np.ones(1), [out, (counts, [sum(counts[:i]) for i in range(4)])])
+        except Exception as exc:  # noqa: BLE001 - the emulator's MPI error
+            return type(exc).__name__
+        return out.tolist()
+
+    results = simulate(4, short)
+    assert results[1:] == [[1.0] * 4] * 3 and isinstance(results[0], str) and "Deadlock" not in results[0], results
+

@@ -160,25 +160,25 @@ class SimCartComm(SimComm):
 
     def _exchange(self, op: str, src: np.ndarray, blocks: Any, dst: np.ndarray, rblocks: list) -> None:
         """Deposit `src` (`blocks(i)`: the slice of it for neighbour i), then fill each receive block
-        rblocks[i] = (start, count) of `dst` from neighbour i's block for this rank."""
+        rblocks[i] = (start, count) of `dst` from neighbour i's block for this rank: the members meet once,
+        the last to arrive filling every member's blocks (Group.enter_all), as the other collectives do."""
         null = special("PROC_NULL")
-        slot = self._enter(op, (op, dtype_name(src.dtype)), (src, blocks))
-        try:
-            for i, nb in enumerate(self._neighbours()):
+        neighbours, me = self._neighbours(), self.rank
+
+        def fill(slot: Any) -> None:  # writes only this member's receive blocks
+            for i, nb in enumerate(neighbours):
                 if nb == null:
                     continue
-                theirs, their_blocks = slot.calls[nb].data
-                sent = their_blocks(i ^ 1)  # what it sent forward, I receive from back (and vice versa)
+                sent = slot.calls[nb].data[1](i ^ 1)  # what it sent forward, I receive from back (and vice versa)
                 start, count = rblocks[i]
                 part = dst[start:start + count]
                 if sent.nbytes != part.nbytes:
                     raise _detailed("ERR_TRUNCATE" if sent.nbytes > part.nbytes else "ERR_OTHER",
                                     f"{op}: group rank {nb} sends {sent.size} x {sent.dtype.name} where group "
-                                    f"rank {self.rank} receives {part.size} x {part.dtype.name}")
+                                    f"rank {me} receives {part.size} x {part.dtype.name}")
                 copy_into(part, sent)
-        finally:
-            theirs = their_blocks = sent = None  # no reference to a neighbour's buffer outlives `leave` (Group.leave)
-            self._group.leave(self._me, slot)
+
+        self._enter_all(op, (op, dtype_name(src.dtype)), (src, blocks), (fill,))
 
     def Neighbor_allgather(self, sendbuf: Any, recvbuf: Any) -> None:
         k = 2 * len(self._dims)
@@ -222,12 +222,14 @@ class SimCartComm(SimComm):
         import pickle
 
         null = special("PROC_NULL")
-        slot = self._enter(op, (op,), pick)
-        try:  # each receiver unpickles its own copy, as MPI moves bytes
-            return [None if nb == null else pickle.loads(pickle.dumps(slot.calls[nb].data(i ^ 1)))
-                    for i, nb in enumerate(self._neighbours())]
-        finally:
-            self._group.leave(self._me, slot)
+        neighbours, received = self._neighbours(), []
+
+        def unpickle(slot: Any) -> None:  # each receiver unpickles its own copy, as MPI moves bytes
+            received.extend(None if nb == null else pickle.loads(pickle.dumps(slot.calls[nb].data(i ^ 1)))
+                            for i, nb in enumerate(neighbours))
+
+        self._enter_all(op, (op,), pick, (unpickle,))
+        return received
 
     # Nonblocking: posted and completed at once, as the other nonblocking collectives (_posted).
     def Ineighbor_allgather(self, sendbuf: Any, recvbuf: Any) -> Any:
