@@ -19,8 +19,8 @@ dry run computes the whole answer on its one rank (spmdsim.sim.once).
 not split (a reference training step): on simulated ranks it is `once`; under
 MPI, when every rank passes equal arguments (an Allgather of their digests),
 rank 0 computes ``fn(*args)`` and Bcasts through the door give every rank
-its result, pickled, the arrays' bytes out of band (each received straight
-into its own array, no copy of the whole), the others waiting politely on a polite mesh (at 8 ranks
+its result, pickled, the arrays' bytes out of band (in one buffer that the
+received arrays view: no copy of the whole on either side), the others waiting politely on a polite mesh (at 8 ranks
 on 2 cores, 1 rank's work where each of 8 repeated it). Ranks whose arguments
 differ compute their own, as `once` does.
 """
@@ -42,6 +42,7 @@ from . import door
 __all__ = ["shared_numeric_grads", "shared_once", "shared_once_on"]
 
 _DIGEST = 32  # bytes of blake2b
+_ALIGN = 64  # bytes: where each array received by shared_once starts in its buffer
 
 
 def shared_numeric_grads(mesh: Any, fn: Callable[..., np.ndarray], *arrays: np.ndarray, h: float = 1e-6,
@@ -118,28 +119,34 @@ def _rank_0_for_all(comm: Any, rank: int, size: int, polite: bool, fn: Callable[
         except Exception as exc:  # noqa: BLE001 - raised below; the others compute their own
             failed = exc
         else:
-            try:  # the arrays' bytes out of band: each travels from its own memory into the receiver's array
-                payload = np.frombuffer(bytearray(pickle.dumps(result, protocol=5, buffer_callback=buffers.append)),
-                                        np.uint8)
+            try:  # the arrays' bytes out of band: they travel in one buffer the receiver's arrays then view
+                payload = np.frombuffer(pickle.dumps(result, protocol=5, buffer_callback=buffers.append), np.uint8)
                 buffers = [np.frombuffer(b.raw(), np.uint8) for b in buffers]
             except Exception:  # noqa: BLE001 - a result pickle cannot carry: each rank computes its own
                 payload = None
-    # The pickle's length (-1: none), then each out-of-band buffer's.
+    # How many out-of-band buffers (-1: no result to send), then the pickle's length and each buffer's.
     count = np.array([-1 if payload is None else len(buffers)], np.int64)
     door.transfer(comm, "once", (), count, (), polite, "broadcast", count, 0)
     if count[0] < 0:  # rank 0's fn raised, or its result does not pickle
         if failed is not None:
             raise failed
         return result if rank == 0 else fn(*args)
-    sizes = np.array([len(payload)] + [b.size for b in buffers] if rank == 0 else [0] * (1 + int(count[0])), np.int64)
+    sizes = np.array([len(payload)] + [b.size for b in buffers] if rank == 0 else [0] * (1 + int(count[0])),
+                     np.int64)
     door.transfer(comm, "once", (), sizes, (), polite, "broadcast", sizes, 0)
-    if rank != 0:
+    starts = np.concatenate([[0], np.cumsum((sizes[1:] + _ALIGN - 1) // _ALIGN * _ALIGN)])  # each array aligned
+    data = np.empty(int(starts[-1]), np.uint8)
+    if rank == 0:
+        for start, b in zip(starts, buffers):
+            data[start:start + b.size] = b
+    else:
         payload = np.empty(int(sizes[0]), np.uint8)
-        buffers = [np.empty(int(n), np.uint8) for n in sizes[1:]]
-    for part in [payload] + buffers:
+    for part in (payload, data):
         if part.size:
             door.transfer(comm, "once", (), part, (), polite, "broadcast", part, 0)
-    return result if rank == 0 else pickle.loads(payload.tobytes(), buffers=buffers)
+    if rank == 0:
+        return result
+    return pickle.loads(payload, buffers=[data[start:start + n] for start, n in zip(starts, sizes[1:])])
 
 
 def _digest(value: Any) -> np.ndarray:
