@@ -51,7 +51,7 @@ def main(args):
     build = mindspore_tutorial if args.net == "tutorial" else mindspore_layout
     net = build(comm.size, dtype=args.dtype, seed=0)
     trainer = NetworkTrainer(net, comm, optimizer=args.optimizer, lr=lr)
-    reference = ReferenceTrainer(net, optimizer=args.optimizer, lr=lr)
+    reference = ReferenceTrainer(net, optimizer=args.optimizer, lr=lr, comm=comm)  # MPI: rank 0 steps it
     rtol, param_rtol = TOLERANCE[args.dtype]
     batch = net.source.shape[0]
     if comm.rank == 0:

@@ -8,7 +8,7 @@ import numpy as np
 
 import spmdsim
 from spmdsim.gpt import GPTConfig, encode, load_text
-from spmdsim.gpt.wholes import assemble, peaks, regions
+from spmdsim.gpt.wholes import assemble, peaks, regions, stage_regions
 from spmdsim.layout import Layout, TensorLayout
 
 MESH = Layout((2, 4), ("dp", "tp"))
@@ -84,6 +84,55 @@ def test_simulated_ranks_assemble_the_reference_start_once_a_step(monkeypatch):
     def body():
         model, results = module.train(cfg, spmdsim.world(), 2, 4, 2, ids, sp=True)
         model.mesh.close()
+        return [r.passed for r in results]
+
+    assert spmdsim.simulate(8, body) == [[True, True]] * 8
+    assert len(calls) == 2  # one rank of eight, each step
+
+
+def test_stage_regions_place_each_stages_blocks_as_rank_order_does():
+    # Two stages of MESH's 8 ranks each; "split" on both (a tied table), "whole" on the first, "columns" on the
+    # second: rows differ by stage and are padded to the longer stage's.
+    layouts = {name: TensorLayout(MESH, tensor_map) for name, (_, tensor_map) in SHAPES.items()}
+    shapes = {name: shape for name, (shape, _) in SHAPES.items()}
+    stages = [["split", "whole"], ["split", "columns"]]
+    sizes = [[int(np.prod(layouts[n].local_shape(shapes[n]))) for n in names] for names in stages]
+    width = max(map(sum, sizes))
+    table = np.random.default_rng(2).standard_normal((2 * 8, width))  # the stages' tied copies differ
+    expected = {n: np.empty(shapes[n]) for n in ("split", "whole", "columns")}
+    for rank in range(16):
+        stage, place = divmod(rank, 8)
+        at = 0
+        for name, n in zip(stages[stage], sizes[stage]):
+            region = layouts[name].slices(place, shapes[name])
+            expected[name][region] = table[rank, at:at + n].reshape([s.stop - s.start for s in region])
+            at += n
+    where = stage_regions(stages, layouts, shapes, 8)
+    built = assemble(where, where.used(table))[0]
+    assert list(built) == ["split", "whole", "columns"]  # shapes' order
+    for name in expected:
+        assert built[name].tobytes() == expected[name].tobytes(), name
+    # The tied table from the second stage's last dp; the first stage's "whole" from its last rank alone.
+    assert where.width == width and where.rows == (7, 12, 13, 14, 15)
+
+
+def test_simulated_pipeline_ranks_assemble_the_reference_start_once_a_step(monkeypatch):
+    from spmdsim.gpt import pipeline, train as module
+
+    calls = []
+    real = module.assemble
+
+    def counted(*args):
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(module, "assemble", counted)
+    cfg = GPTConfig(layers=2, d_model=32, seq=16, heads=4, batch=4)
+    ids = encode(load_text())
+
+    def body():
+        run, results = pipeline.train_pipelined(cfg, spmdsim.world(), 2, 2, 2, 2, ids, sp=True, microbatches=2)
+        run.mesh.close()
         return [r.passed for r in results]
 
     assert spmdsim.simulate(8, body) == [[True, True]] * 8

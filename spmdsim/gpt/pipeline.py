@@ -55,6 +55,7 @@ from .memory import MASKS, recompute_problem, zero_problem
 from .params import decays, param_specs
 from .stages import chunk_parts, pipeline_problem
 from .train import StepResult, _distinct, _look, _norm, _report, step_errors
+from .wholes import Regions, assemble, stage_regions
 
 __all__ = ["PipelineRun", "train_pipelined", "pipeline_layout_problem"]
 
@@ -183,7 +184,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     from ..sim import dry_run_active, once
     from ..sim.dry import differ
     from .parallel import GPT, _moe_problem
-    from .train import _expert_bytes, _reference_step, _zero_moments, replay_problem
+    from .train import _checked_reference, _expert_bytes, _zero_moments, replay_problem
 
     moe = cfg.moe is not None or ep != 1
     problem = (pipeline_layout_problem(cfg, pp, dp, tp, sp, microbatches, virtual, split, ep)
@@ -273,12 +274,15 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         return losses
 
     graph = None
+    if check:  # where every rank's blocks lie, and this rank's, asked once (not per step)
+        where = _stage_regions(run, cfg)
+        slices = {name: t.slices for name, t in params.items()}
     for step in range(steps):
         if mesh.engine.dry:  # shapes only: the ids' values are never read (each representative would
             x = y = buffers.lazy_zeros((cfg.batch, cfg.seq), np.int64)  # gather a 50 MB batch at 1T)
         else:
             x, y = batch(text_ids, cfg, step)
-        start = gathered_stages(run, cfg) if check else None
+        start = where.used(_table(run, cfg, where)) if check else None  # the step's start, every rank's
         for model in models.values():
             model.moe_stats = []  # this step's dispatches, every microbatch's
         given = ()
@@ -319,10 +323,12 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
             if pp > 1 else float(mine_loss[0])
         errors = (float("nan"),) * 3
         if check:
-            moments, ref_loss, grads, updated = shared_once(mesh, ("gpt-reference", cfg, microbatches, step + 1),
-                                                            _reference_step, moments, start, x, y, cfg, step,
-                                                            microbatches)
-            local = step_errors(value, ref_loss, grads, updated, params, optimizer if zero else None)
+            # The wholes, the reference step and its peaks: computed once for all the ranks (rank 0's under MPI).
+            moments, ref_loss, grads, updated, top = shared_once(
+                mesh, ("gpt-reference", cfg, microbatches, step + 1), _checked_reference, where, start, moments, x,
+                y, cfg, step, microbatches)
+            local = step_errors(value, ref_loss, grads, updated, params, optimizer if zero else None, None, top,
+                                slices)
             worst = resolve(mesh, local, pending(mesh.layout, 1, ("pp", "dp", "tp")), "check", reduction="max",
                             owned=True)
             errors = tuple(float(e) for e in worst)
@@ -698,33 +704,37 @@ def _tie_embedding(run: PipelineRun, wte: Any, other: int, pp_comm: Any, describ
 
 
 def gathered_stages(run: PipelineRun, cfg: GPTConfig) -> dict:
-    """Every parameter whole on every rank: one Allgather over the whole mesh of each rank's blocks, padded
-    to the largest stage's (every rank knows what each stage holds and how it is laid out)."""
+    """Every parameter whole on every rank: one Allgather over the whole mesh of each rank's blocks (`_table`),
+    made whole where `_stage_regions` says each lies."""
+    where = _stage_regions(run, cfg)
+    return assemble(where, where.used(_table(run, cfg)))[0]
+
+
+def _held(run: PipelineRun, cfg: GPTConfig) -> list:
+    """The names of the parameters each stage holds, in param_specs' order (every rank knows each stage's)."""
+    pp, parts = run.mesh.layout.device_matrix[0], run.parts
+    return [[s.name for s in param_specs(cfg) if any(parts[c].holds(s.name) for c in range(stage, len(parts), pp))]
+            for stage in range(pp)]
+
+
+def _stage_regions(run: PipelineRun, cfg: GPTConfig) -> Regions:
+    """Where each rank's blocks lie in `_table`'s rows (spmdsim.gpt.wholes.stage_regions): worked out once a run."""
+    layouts = next(iter(run.models.values())).layouts  # every parameter's, alike on every stage
+    return stage_regions(_held(run, cfg), layouts, {s.name: s.shape for s in param_specs(cfg)},
+                         run.stage_mesh.size)
+
+
+def _table(run: PipelineRun, cfg: GPTConfig, where: Optional[Regions] = None) -> np.ndarray:
+    """Every rank's blocks of the parameters its stage holds, a row per rank (float64, padded to the largest
+    stage's), from one Allgather over the whole mesh."""
     from ..runtime.executor import gather
 
-    mesh, pp, parts = run.mesh, run.mesh.layout.device_matrix[0], run.parts
-    layouts = next(iter(run.models.values())).layouts  # every parameter's, alike on every stage
-    shapes = {s.name: s.shape for s in param_specs(cfg)}
-    held = [[s.name for s in param_specs(cfg) if any(parts[c].holds(s.name) for c in range(s_, len(parts), pp))]
-            for s_ in range(pp)]
-    sizes = [sum(int(np.prod(layouts[n].local_shape(shapes[n]))) for n in names) for names in held]
-    width = max(sizes)
-    flat = np.zeros(width)
+    mesh = run.mesh
+    where = where or _stage_regions(run, cfg)
+    flat = np.zeros(where.width)
     at = 0
-    for name in held[run.stage]:
+    for name in _held(run, cfg)[run.stage]:
         block = run.params[name].local.reshape(-1)
         flat[at:at + block.size] = block
         at += block.size
-    everyone = gather(mesh, flat, tuple(mesh.layout.alias_name), "check.params").reshape(mesh.size, width)
-    per_stage = run.stage_mesh.size
-    out = {name: np.empty(shape) for name, shape in shapes.items() if any(name in names for names in held)}
-    for rank in range(mesh.size):
-        stage, place = divmod(rank, per_stage)
-        at = 0
-        for name in held[stage]:
-            slices = layouts[name].slices(place, shapes[name])
-            block = tuple(s.stop - s.start for s in slices)
-            n = math.prod(block)
-            out[name][slices] = everyone[rank, at:at + n].reshape(block)
-            at += n
-    return out
+    return gather(mesh, flat, tuple(mesh.layout.alias_name), "check.params").reshape(mesh.size, where.width)

@@ -197,11 +197,11 @@ def _run_start(model: Any, optimizer: Any, specs: list) -> np.ndarray:
 
 
 def _checked_reference(where: Regions, start: np.ndarray, moments: dict, x: np.ndarray, y: np.ndarray,
-                       cfg: GPTConfig, step: int) -> tuple:
+                       cfg: GPTConfig, step: int, microbatches: int = 1) -> tuple:
     """`_reference_step` from the step's start as gathered (`_table`'s rows that `where.used` keeps), and the peaks
     (spmdsim.gpt.wholes.peaks) of its gradients and updated parameters: the work the ranks share
-    (spmdsim.runtime.shared_once)."""
-    moments, loss, grads, updated = _reference_step(moments, assemble(where, start)[0], x, y, cfg, step)
+    (spmdsim.runtime.shared_once; spmdsim.gpt.pipeline's too, with its `microbatches`)."""
+    moments, loss, grads, updated = _reference_step(moments, assemble(where, start)[0], x, y, cfg, step, microbatches)
     return moments, loss, grads, updated, {"grads": peaks(grads), "updated": peaks(updated)}
 
 

@@ -23,21 +23,23 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Regions", "regions", "assemble", "peaks"]
+__all__ = ["Regions", "regions", "stage_regions", "assemble", "peaks"]
 
 
 @dataclass(frozen=True)
 class Regions:
     """Where each rank's block of each parameter lies: per parameter (in the table's order) its name, global
-    shape, block shape, and the (row, region) pairs to place, in order; `rows`, the ranks whose rows of the
-    table are read (the last holders), a row each in that order; `size` ranks, a table row each."""
+    shape, and the (row, column, region, block shape) of each block to place, in order (its row of `rows`, where
+    it starts in a table's part of that row); `rows`, the ranks whose rows of the table are read (the last
+    holders), a row each in that order; `size` ranks, a table row each; `width`, the columns of one table in a
+    row (tables after tables)."""
 
     names: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
-    blocks: tuple[tuple[int, ...], ...]
-    writes: tuple[tuple[tuple[int, tuple[slice, ...]], ...], ...]
+    writes: tuple[tuple[tuple[int, int, tuple[slice, ...], tuple[int, ...]], ...], ...]
     rows: tuple[int, ...]
     size: int
+    width: int
 
     def used(self, table: np.ndarray) -> np.ndarray:
         """The rows of `table` (a row per rank) that `assemble` reads: a view when they are consecutive ranks
@@ -48,17 +50,54 @@ class Regions:
 
 
 def regions(params: dict, size: int) -> Regions:
-    """The Regions of `params` (name -> DTensor, each rank's block shaped as this rank's) over `size` ranks."""
-    names, shapes, blocks, writes = [], [], [], []
+    """The Regions of `params` (name -> DTensor, each rank's block shaped as this rank's) over `size` ranks,
+    every rank's row holding its blocks of all of them, in that order."""
+    holders, at = {}, 0
     for name, t in params.items():
+        shape = tuple(t.global_shape)
+        holders[name] = (shape, [(rank, at, region) for rank, region in _last_holders(t.layout, shape, size)])
+        at += prod(t.local.shape)
+    return _regions(holders, size, at)
+
+
+def stage_regions(stages: list, layouts: dict, shapes: dict, per_stage: int) -> Regions:
+    """The Regions of a pipeline's parameters: stage s's ranks (s * per_stage + place, place on its own mesh) each
+    hold, one after the other in its row, its blocks of the parameters `stages[s]` names (laid out as `layouts`
+    says, whole shapes `shapes`); rows padded to the largest stage's. A parameter two stages hold (the tied
+    table) is placed from the later stage's, as placing every rank's block in rank order would."""
+    holders: dict = {}
+    width = 0
+    for stage, names in enumerate(stages):
+        at = 0
+        for name in names:
+            shape = tuple(shapes[name])
+            mine = holders.setdefault(name, (shape, []))[1]
+            mine.extend((stage * per_stage + place, at, region)
+                        for place, region in _last_holders(layouts[name], shape, per_stage))
+            at += prod(layouts[name].local_shape(shape))
+        width = max(width, at)
+    ordered = {name: holders[name] for name in shapes if name in holders}
+    return _regions(ordered, len(stages) * per_stage, width)
+
+
+def _regions(holders: dict, size: int, width: int) -> Regions:
+    """Regions from name -> (global shape, the (rank, column, region) of each of its blocks, in rank order): each
+    distinct region placed once, from its last holder, in the order of the last holders."""
+    names, shapes, writes = [], [], []
+    for name, (shape, blocks) in holders.items():
+        last: dict = {}
+        for rank, at, region in blocks:
+            key = tuple((s.start, s.stop, s.step) for s in region)
+            last.pop(key, None)
+            last[key] = (rank, at, region)
         names.append(name)
-        shapes.append(tuple(t.global_shape))
-        blocks.append(tuple(t.local.shape))
-        writes.append(_last_holders(t.layout, shapes[-1], size))
-    rows = tuple(sorted({rank for w in writes for rank, _ in w}))
-    at = {rank: i for i, rank in enumerate(rows)}
-    writes = [tuple((at[rank], region) for rank, region in w) for w in writes]
-    return Regions(tuple(names), tuple(shapes), tuple(blocks), tuple(writes), rows, size)
+        shapes.append(shape)
+        writes.append(tuple(last.values()))
+    rows = tuple(sorted({rank for w in writes for rank, _, _ in w}))
+    row = {rank: i for i, rank in enumerate(rows)}
+    writes = [tuple((row[rank], at, region, tuple(s.stop - s.start for s in region)) for rank, at, region in w)
+              for w in writes]
+    return Regions(tuple(names), tuple(shapes), tuple(writes), rows, size, width)
 
 
 @lru_cache(maxsize=1024)
@@ -76,16 +115,16 @@ def _last_holders(layout: Any, shape: tuple, size: int) -> tuple:
 
 def assemble(where: Regions, rows: np.ndarray, count: int = 1) -> list[dict]:
     """`count` tables of parameters whole (name -> float64 array) from `rows` (`Regions.used` of the table, a
-    row per rank holding that rank's blocks of every parameter, table after table: spmdsim.gpt.train's
+    row per rank holding that rank's blocks of every parameter it holds, table after table: spmdsim.gpt.train's
     Allgather)."""
-    outs, at = [], 0
-    for _ in range(count):
-        out = {}
-        for name, shape, block, writes in zip(where.names, where.shapes, where.blocks, where.writes):
-            whole, n = np.empty(shape), prod(block)
-            for row, region in writes:
-                whole[region] = rows[row, at:at + n].reshape(block)
-            out[name], at = whole, at + n
+    outs = []
+    for table in range(count):
+        base, out = table * where.width, {}
+        for name, shape, writes in zip(where.names, where.shapes, where.writes):
+            whole = np.empty(shape)
+            for row, at, region, block in writes:
+                whole[region] = rows[row, base + at:base + at + prod(block)].reshape(block)
+            out[name] = whole
         outs.append(out)
     return outs
 

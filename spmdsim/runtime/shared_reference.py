@@ -18,8 +18,9 @@ dry run computes the whole answer on its one rank (spmdsim.sim.once).
 `shared_once(mesh, key, fn, *args)` is `spmdsim.sim.once` for work that does
 not split (a reference training step): on simulated ranks it is `once`; under
 MPI, when every rank passes equal arguments (an Allgather of their digests),
-rank 0 computes ``fn(*args)`` and a Bcast through the door gives every rank
-its pickled result, the others waiting politely on a polite mesh (at 8 ranks
+rank 0 computes ``fn(*args)`` and Bcasts through the door give every rank
+its result, pickled, the arrays' bytes out of band (in one buffer that the
+received arrays view: no copy of the whole on either side), the others waiting politely on a polite mesh (at 8 ranks
 on 2 cores, 1 rank's work where each of 8 repeated it). Ranks whose arguments
 differ compute their own, as `once` does.
 """
@@ -41,6 +42,7 @@ from . import door
 __all__ = ["shared_numeric_grads", "shared_once", "shared_once_on"]
 
 _DIGEST = 32  # bytes of blake2b
+_ALIGN = 64  # bytes: where each array received by shared_once starts in its buffer
 
 
 def shared_numeric_grads(mesh: Any, fn: Callable[..., np.ndarray], *arrays: np.ndarray, h: float = 1e-6,
@@ -110,27 +112,41 @@ def _rank_0_for_all(comm: Any, rank: int, size: int, polite: bool, fn: Callable[
     door.transfer(comm, "once", (), mine, (), polite, "all_gather", mine, digests)
     if not (digests == digests[0]).all():
         return fn(*args)  # the ranks ask different questions: each its own answer
-    payload, result, failed = None, None, None
+    payload, buffers, result, failed = None, [], None, None
     if rank == 0:
         try:
             result = fn(*args)
         except Exception as exc:  # noqa: BLE001 - raised below; the others compute their own
             failed = exc
         else:
-            try:
-                payload = np.frombuffer(bytearray(pickle.dumps(result, protocol=5)), np.uint8)
+            try:  # the arrays' bytes out of band: they travel in one buffer the receiver's arrays then view
+                payload = np.frombuffer(pickle.dumps(result, protocol=5, buffer_callback=buffers.append), np.uint8)
+                buffers = [np.frombuffer(b.raw(), np.uint8) for b in buffers]
             except Exception:  # noqa: BLE001 - a result pickle cannot carry: each rank computes its own
                 payload = None
-    size = np.array([-1 if payload is None else len(payload)], np.int64)
-    door.transfer(comm, "once", (), size, (), polite, "broadcast", size, 0)
-    if size[0] < 0:  # rank 0's fn raised, or its result does not pickle
+    # How many out-of-band buffers (-1: no result to send), then the pickle's length and each buffer's.
+    count = np.array([-1 if payload is None else len(buffers)], np.int64)
+    door.transfer(comm, "once", (), count, (), polite, "broadcast", count, 0)
+    if count[0] < 0:  # rank 0's fn raised, or its result does not pickle
         if failed is not None:
             raise failed
         return result if rank == 0 else fn(*args)
-    if payload is None:
-        payload = np.empty(int(size[0]), np.uint8)
-    door.transfer(comm, "once", (), payload, (), polite, "broadcast", payload, 0)
-    return result if rank == 0 else pickle.loads(payload.tobytes())
+    sizes = np.array([len(payload)] + [b.size for b in buffers] if rank == 0 else [0] * (1 + int(count[0])),
+                     np.int64)
+    door.transfer(comm, "once", (), sizes, (), polite, "broadcast", sizes, 0)
+    starts = np.concatenate([[0], np.cumsum((sizes[1:] + _ALIGN - 1) // _ALIGN * _ALIGN)])  # each array aligned
+    data = np.empty(int(starts[-1]), np.uint8)
+    if rank == 0:
+        for start, b in zip(starts, buffers):
+            data[start:start + b.size] = b
+    else:
+        payload = np.empty(int(sizes[0]), np.uint8)
+    for part in (payload, data):
+        if part.size:
+            door.transfer(comm, "once", (), part, (), polite, "broadcast", part, 0)
+    if rank == 0:
+        return result
+    return pickle.loads(payload, buffers=[data[start:start + n] for start, n in zip(starts, sizes[1:])])
 
 
 def _digest(value: Any) -> np.ndarray:

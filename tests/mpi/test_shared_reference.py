@@ -135,3 +135,39 @@ def test_shared_once_whose_result_does_not_pickle_lets_each_rank_compute_its_own
     with Mesh(Layout((comm.size,), ("x",)), comm) as mesh:
         got = shared_once(mesh, "unpicklable", make)
     assert got() == comm.rank and comm.allgather(len(calls)) == [1] * comm.size
+
+
+def test_reference_trainer_with_a_comm_is_stepped_by_rank_0_for_all(monkeypatch):
+    """ReferenceTrainer(comm=...) under MPI: rank 0 computes each step and the others receive it, the same bits
+    as a trainer of their own; a batch that differs on one rank makes every rank compute its own from then on
+    (the trainers' starts differ after it)."""
+    from spmdsim import train_reference as tr
+    from spmdsim.nets import mindspore_layout
+    from spmdsim.nets.digits import load_digits
+
+    comm = MPI.COMM_WORLD
+    calls = []
+    real = tr._train_step
+
+    def counted(*a):
+        calls.append(1)
+        return real(*a)
+
+    net = mindspore_layout(8, dtype="float64", seed=0)
+    data = load_digits(seed=0, synthetic=True)
+    shared, own = tr.ReferenceTrainer(net, optimizer="adam", lr=1e-3, comm=comm), tr.ReferenceTrainer(
+        net, optimizer="adam", lr=1e-3)
+    for step in range(3):
+        x, labels = data.batch(step, net.source.shape[0])
+        if step == 1 and comm.rank == comm.size - 1:
+            x = x + 1e-3  # this rank's batch differs: its own step, and so every later step its own
+        monkeypatch.setattr(tr, "_train_step", counted)
+        got = shared.step(x, labels)
+        monkeypatch.setattr(tr, "_train_step", real)
+        want = own.step(x, labels)
+        assert got.loss == want.loss
+        for a, b in zip(got.grads + got.params + got.grad_scales + got.param_scales,
+                        want.grads + want.params + want.grad_scales + want.param_scales):
+            assert a.tobytes() == b.tobytes()
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(shared.params, own.params))
+    assert comm.allgather(len(calls)) == [3] + [2] * (comm.size - 1)
