@@ -57,7 +57,8 @@ def main(args):
     if comm.rank == 0:
         print(f"{net.title}, {args.dtype}, {comm.size} ranks")
         print(f"data: {data.source}")
-        print(f"{args.optimizer}(lr {lr:g}), batch {batch}, {counted(args.steps, 'step')}; each step checked against one")
+        print(f"{args.optimizer}(lr {lr:g}), batch {batch}, {counted(args.steps, 'step')}; "
+              "each step checked against one")
         print(f"process (rtol {rtol:g}, parameters {param_rtol:g}, x the magnitudes that entered each element)")
 
     losses, worst, failed = [], 0.0, 0

@@ -67,7 +67,9 @@ def test_peaks_are_the_largest_magnitudes():
     assert peaks({"a": np.array([1.0, -3.0]), "b": np.zeros(0)}) == {"a": 3.0, "b": 0.0}
 
 
-def test_simulated_ranks_assemble_the_reference_start_once_a_step(monkeypatch):
+def _assemblies(monkeypatch, train) -> list:
+    """Each rank's results of `train(cfg, comm, ids)` on 8 simulated ranks (2 steps) and how many times the
+    check assembled the reference's start (spmdsim.gpt.train.assemble)."""
     from spmdsim.gpt import train as module
 
     calls = []
@@ -78,16 +80,23 @@ def test_simulated_ranks_assemble_the_reference_start_once_a_step(monkeypatch):
         return real(*args)
 
     monkeypatch.setattr(module, "assemble", counted)
-    cfg = GPTConfig(layers=1, d_model=32, seq=16, heads=4, batch=4)
+    cfg = GPTConfig(layers=2, d_model=32, seq=16, heads=4, batch=4)
     ids = encode(load_text())
 
     def body():
-        model, results = module.train(cfg, spmdsim.world(), 2, 4, 2, ids, sp=True)
-        model.mesh.close()
+        run, results = train(cfg, spmdsim.world(), ids)
+        run.mesh.close()
         return [r.passed for r in results]
 
-    assert spmdsim.simulate(8, body) == [[True, True]] * 8
-    assert len(calls) == 2  # one rank of eight, each step
+    return spmdsim.simulate(8, body), len(calls)
+
+
+def test_simulated_ranks_assemble_the_reference_start_once_a_step(monkeypatch):
+    from spmdsim.gpt.train import train
+
+    passed, calls = _assemblies(monkeypatch, lambda cfg, comm, ids: train(cfg, comm, 2, 4, 2, ids, sp=True))
+    assert passed == [[True, True]] * 8
+    assert calls == 2  # one rank of eight, each step
 
 
 def test_stage_regions_place_each_stages_blocks_as_rank_order_does():
@@ -117,23 +126,9 @@ def test_stage_regions_place_each_stages_blocks_as_rank_order_does():
 
 
 def test_simulated_pipeline_ranks_assemble_the_reference_start_once_a_step(monkeypatch):
-    from spmdsim.gpt import pipeline, train as module
+    from spmdsim.gpt.pipeline import train_pipelined
 
-    calls = []
-    real = module.assemble
-
-    def counted(*args):
-        calls.append(1)
-        return real(*args)
-
-    monkeypatch.setattr(module, "assemble", counted)
-    cfg = GPTConfig(layers=2, d_model=32, seq=16, heads=4, batch=4)
-    ids = encode(load_text())
-
-    def body():
-        run, results = pipeline.train_pipelined(cfg, spmdsim.world(), 2, 2, 2, 2, ids, sp=True, microbatches=2)
-        run.mesh.close()
-        return [r.passed for r in results]
-
-    assert spmdsim.simulate(8, body) == [[True, True]] * 8
-    assert len(calls) == 2  # one rank of eight, each step
+    passed, calls = _assemblies(monkeypatch, lambda cfg, comm, ids: train_pipelined(
+        cfg, comm, 2, 2, 2, 2, ids, sp=True, microbatches=2))
+    assert passed == [[True, True]] * 8
+    assert calls == 2  # one rank of eight, each step

@@ -139,19 +139,25 @@ def test_an_error_every_rank_raises_is_every_ranks_even_from_the_line(two_slots)
     assert info.value.__notes__ == ["raised on every simulated rank"]
 
 
+def _count_wakes(monkeypatch, counts=lambda: True) -> list:
+    """[the wake-ups of simulated ranks (World._sleep returning) for which `counts()` holds], kept up to date."""
+    wakes = [0]
+    sleep = engine.World._sleep
+
+    def counted(self, key):
+        sleep(self, key)
+        wakes[0] += bool(counts())
+    monkeypatch.setattr(engine.World, "_sleep", counted)
+    return wakes
+
+
 def test_waitall_wakes_its_rank_once_when_the_last_request_completes(monkeypatch):
     """A rank in Waitall is let go when its last request completes, not at each: woken at each, it took the
     interpreter from the sender still posting the rest (up to Python's 5 ms switch interval a time), and
     osu_bw's windows of 64 Irecvs spent most of the run there (13.3 s simulated, 3.1 s once woken once)."""
     from spmdsim.sim import Request, current_rank
 
-    wakes = [0]
-    sleep = engine.World._sleep
-
-    def counted(self, key):
-        sleep(self, key)
-        wakes[0] += current_rank() == 1
-    monkeypatch.setattr(engine.World, "_sleep", counted)
+    wakes = _count_wakes(monkeypatch, lambda: current_rank() == 1)
     n = 8
 
     def body():
@@ -176,13 +182,7 @@ def test_a_collective_wakes_each_waiting_member_once(monkeypatch):
     Waking every member at once, for most to find no free slot and wait again, woke 1,024 ranks
     about twice per call (20,434 wake-ups for these 10 calls), and cost 2.5x the time.
     """
-    wakes = [0]
-    sleep = engine.World._sleep
-
-    def counted(self, key):
-        sleep(self, key)
-        wakes[0] += 1
-    monkeypatch.setattr(engine.World, "_sleep", counted)
+    wakes = _count_wakes(monkeypatch)
 
     def body():
         comm = world()
@@ -214,13 +214,7 @@ def test_a_neighbour_collective_meets_once_and_fills_each_member_from_its_neighb
     """Cartcomm's neighbour collectives meet once, as the other buffer collectives do: the last member to
     arrive fills every member's receive blocks (one wake-up per waiting member, not two), and a member whose
     block is too small gets its error in its own thread while the others complete."""
-    wakes = [0]
-    sleep = engine.World._sleep
-
-    def counted(self, key):
-        sleep(self, key)
-        wakes[0] += 1
-    monkeypatch.setattr(engine.World, "_sleep", counted)
+    wakes = _count_wakes(monkeypatch)
     calls = 20
 
     def body():
