@@ -19,7 +19,7 @@ from spmdsim.validate import counted
 from spmdsim.nets import mindspore_layout, mindspore_tutorial, needs_eight
 from spmdsim.nets.digits import load_digits
 from spmdsim.nets.train import PHASES, NetworkTrainer, explain_backward, loss_trend, run_main
-from spmdsim.train_reference import ReferenceTrainer
+from spmdsim.runtime.shared_reference import SharedReferenceTrainer
 
 # (rtol of the loss and gradients, rtol of the parameters), each x the magnitudes that entered
 # the element (ReferenceStep's scales; docs/semantics.md, "Tolerances"), not x the result:
@@ -51,7 +51,7 @@ def main(args):
     build = mindspore_tutorial if args.net == "tutorial" else mindspore_layout
     net = build(comm.size, dtype=args.dtype, seed=0)
     trainer = NetworkTrainer(net, comm, optimizer=args.optimizer, lr=lr)
-    reference = ReferenceTrainer(net, optimizer=args.optimizer, lr=lr, comm=comm)  # MPI: rank 0 steps it
+    reference = SharedReferenceTrainer(net, optimizer=args.optimizer, lr=lr, comm=comm)  # MPI: rank 0 steps it
     rtol, param_rtol = TOLERANCE[args.dtype]
     batch = net.source.shape[0]
     if comm.rank == 0:

@@ -51,12 +51,11 @@ class ReferenceStep:
 
 
 class ReferenceTrainer:
-    """``ReferenceTrainer(net, optimizer="sgd", lr=1e-2, momentum=0.0, comm=None)``: the whole network in one
-    process. `comm`: the ranks that each hold a ReferenceTrainer of the same network and step it alike (a
-    collective then): under MPI rank 0 computes each step for them all (`step`)."""
+    """``ReferenceTrainer(net, optimizer="sgd", lr=1e-2, momentum=0.0)``: the whole network in one process
+    (under MPI, spmdsim.runtime.shared_reference.SharedReferenceTrainer has rank 0 step it for all ranks)."""
 
     def __init__(self, net: Network, optimizer: str = "sgd", lr: float = 1e-2, momentum: float = 0.0,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, comm: Any = None) -> None:
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
         if optimizer not in OPTIMIZERS:
             raise OperatorError(f"optimizer {optimizer!r} must be one of {OPTIMIZERS!r}")
         self.net = net
@@ -64,52 +63,23 @@ class ReferenceTrainer:
         self.params = [p.source.full().astype(np.float64) for s in net.stages for p in s.params]
         self.state: list = [None] * len(self.params)
         self.steps = 0
-        self.comm = comm
-        self.lineage: Any = None  # with `comm`: a digest of the start and of every step's inputs so far
 
     def step(self, x: np.ndarray, labels: np.ndarray) -> ReferenceStep:
         """Forward, cross-entropy, backward and update on the global batch `x` with `labels`.
 
         Simulated ranks with equal trainers and batches compute it once
         (`spmdsim.sim.once`): the step's arrays are then shared, read-only.
-        Under MPI with `comm` (a collective): rank 0 computes it and every rank whose trainer and batch equal
-        rank 0's receives its result (spmdsim.runtime.shared_reference.shared_once_on). The parameters and
-        optimizer state are not compared byte by byte each step: they are a function of the network, its
-        seeded start and every step's batch, whose digest each trainer carries (`lineage`) and compares.
         """
-        config = (self.net, self.optimizer, self.lr, self.momentum, self.betas, self.eps)
-        if self.comm is not None and _under_mpi(self.comm):
-            from .runtime.shared_reference import _digest, shared_once_on
-
-            if self.lineage is None:  # the start: the seeded parameters, digested once
-                self.lineage = _digest(("spmdsim.ReferenceTrainer", tuple(self.params)))
-            params, state = tuple(self.params), tuple(self.state)
-            result, state = shared_once_on(self.comm, ("spmdsim.ReferenceTrainer.step", self.steps),
-                                           lambda *given: _train_step_shared(params, state, *given), self.lineage,
-                                           config, self.steps, x, labels)
-            self.lineage = _digest((self.lineage, config, self.steps, x, labels))
-            params = tuple(p.copy() for p in result.params)  # the trainer's own, as _train_step's are
-        else:
-            result, params, state = once(("spmdsim.ReferenceTrainer.step", self.steps), _train_step, config,
-                                         tuple(self.params), tuple(self.state), self.steps, x, labels)
+        result, params, state = self._computed(
+            (self.net, self.optimizer, self.lr, self.momentum, self.betas, self.eps), x, labels)
         self.params, self.state = list(params), list(state)
         self.steps += 1
         return result
 
-
-def _under_mpi(comm: Any) -> bool:
-    """Whether `comm` is MPI processes (more than one) rather than simulated ranks or one rank."""
-    from .engines import engine_of
-
-    return comm.Get_size() > 1 and not engine_of(comm).simulated
-
-
-def _train_step_shared(params: tuple, state: tuple, lineage: Any, config: tuple, steps: int, x: np.ndarray,
-                       labels: np.ndarray) -> tuple:
-    """`_train_step`'s (ReferenceStep, optimizer state after it): what rank 0 sends (the parameters after the
-    update are the ReferenceStep's, so they travel once). `lineage`: digested, not read."""
-    step, _, state = _train_step(config, params, state, steps, x, labels)
-    return step, state
+    def _computed(self, config: tuple, x: np.ndarray, labels: np.ndarray) -> tuple:
+        """(ReferenceStep, parameters after the update, optimizer state after it) of this step."""
+        return once(("spmdsim.ReferenceTrainer.step", self.steps), _train_step, config, tuple(self.params),
+                    tuple(self.state), self.steps, x, labels)
 
 
 def _train_step(config: tuple, params: tuple, state: tuple, steps: int, x: np.ndarray,

@@ -35,11 +35,13 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import reference_grad as rg
+from .. import train_reference
+from ..train_reference import ReferenceTrainer
 from ..engines.once import once
 from ..errors import SpmdsimError
 from . import door
 
-__all__ = ["shared_numeric_grads", "shared_once", "shared_once_on"]
+__all__ = ["SharedReferenceTrainer", "shared_numeric_grads", "shared_once", "shared_once_on"]
 
 _DIGEST = 32  # bytes of blake2b
 _ALIGN = 64  # bytes: where each array received by shared_once starts in its buffer
@@ -103,6 +105,42 @@ def shared_once_on(comm: Any, key: Any, fn: Callable[..., Any], *args: Any) -> A
     if size == 1 or engine_of(comm).simulated:
         return once(key, fn, *args)
     return _rank_0_for_all(comm, comm.Get_rank(), size, resolve_wait_mode(None, comm) == "polite", fn, args)
+
+
+class SharedReferenceTrainer(ReferenceTrainer):
+    """``SharedReferenceTrainer(net, ..., comm=comm)``: spmdsim.train_reference.ReferenceTrainer, whose `step`
+    is a collective over `comm` under MPI: rank 0 computes each step and every rank whose trainer and batch
+    equal rank 0's receives its result (`shared_once_on`). The parameters and optimizer state are not
+    compared byte by byte each step: they are a function of the network, its seeded start and every step's
+    batch, whose digest each trainer carries (`lineage`) and compares; a rank whose differ computes its own
+    from then on. On simulated ranks or one rank it is a ReferenceTrainer."""
+
+    def __init__(self, *args: Any, comm: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.comm = comm
+        self.lineage: Any = None  # a digest of the start and of every step's inputs so far
+
+    def _computed(self, config: tuple, x: np.ndarray, labels: np.ndarray) -> tuple:
+        from ..engines import engine_of
+
+        if self.comm.Get_size() == 1 or engine_of(self.comm).simulated:
+            return super()._computed(config, x, labels)
+        if self.lineage is None:  # the start: the seeded parameters, digested once
+            self.lineage = _digest(("spmdsim.ReferenceTrainer", tuple(self.params)))
+        params, state = tuple(self.params), tuple(self.state)
+        result, state = shared_once_on(self.comm, ("spmdsim.ReferenceTrainer.step", self.steps),
+                                       lambda *given: _step_and_state(params, state, *given), self.lineage,
+                                       config, self.steps, x, labels)
+        self.lineage = _digest((self.lineage, config, self.steps, x, labels))
+        return result, tuple(p.copy() for p in result.params), state  # the parameters the trainer's own
+
+
+def _step_and_state(params: tuple, state: tuple, lineage: Any, config: tuple, steps: int, x: np.ndarray,
+                    labels: np.ndarray) -> tuple:
+    """The reference step's (ReferenceStep, optimizer state after it): what rank 0 sends (the parameters after
+    the update are the ReferenceStep's, so they travel once). `lineage`: digested, not read."""
+    step, _, state = train_reference._train_step(config, params, state, steps, x, labels)
+    return step, state
 
 
 def _rank_0_for_all(comm: Any, rank: int, size: int, polite: bool, fn: Callable[..., Any], args: tuple) -> Any:

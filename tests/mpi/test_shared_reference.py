@@ -137,12 +137,13 @@ def test_shared_once_whose_result_does_not_pickle_lets_each_rank_compute_its_own
     assert got() == comm.rank and comm.allgather(len(calls)) == [1] * comm.size
 
 
-def test_reference_trainer_with_a_comm_is_stepped_by_rank_0_for_all(monkeypatch):
-    """ReferenceTrainer(comm=...) under MPI: rank 0 computes each step and the others receive it, the same bits
+def test_a_shared_reference_trainer_is_stepped_by_rank_0_for_all(monkeypatch):
+    """SharedReferenceTrainer(comm=...) under MPI: rank 0 computes each step and the others receive it, the same bits
     as a trainer of their own; a batch that differs on one rank makes every rank compute its own from then on
     (the trainers' starts differ after it)."""
     from spmdsim import train_reference as tr
     from spmdsim.nets import mindspore_layout
+    from spmdsim.runtime.shared_reference import SharedReferenceTrainer
     from spmdsim.nets.digits import load_digits
 
     comm = MPI.COMM_WORLD
@@ -155,8 +156,8 @@ def test_reference_trainer_with_a_comm_is_stepped_by_rank_0_for_all(monkeypatch)
 
     net = mindspore_layout(8, dtype="float64", seed=0)
     data = load_digits(seed=0, synthetic=True)
-    shared, own = tr.ReferenceTrainer(net, optimizer="adam", lr=1e-3, comm=comm), tr.ReferenceTrainer(
-        net, optimizer="adam", lr=1e-3)
+    shared = SharedReferenceTrainer(net, optimizer="adam", lr=1e-3, comm=comm)
+    own = tr.ReferenceTrainer(net, optimizer="adam", lr=1e-3)
     for step in range(3):
         x, labels = data.batch(step, net.source.shape[0])
         if step == 1 and comm.rank == comm.size - 1:
