@@ -111,45 +111,13 @@ def _pair(a_word: str, a: np.ndarray, b_word: str, b: np.ndarray, out: str) -> n
             return product.reshape(shape)
         return engine.local(None, np.broadcast_to(np.zeros((), product.dtype), shape or (1,)))  # 0-d: 1-d, as below
     lhs, rhs = lhs.reshape(r.lhs_shape), rhs.reshape(r.rhs_shape)
-    # spmdsim.engines.matmul's two lines, the engine at hand: its own method, or precision.product itself
-    # where the engine keeps Engine.matmul (that method imports it on every call, ~1-2 us).
-    matmul = _MATMULS.get(type(engine)) or _matmul_of(type(engine))
-    result = engine.matmul(lhs, rhs) if matmul is _OWN else matmul(lhs, rhs)
+    result = engine.matmul(lhs, rhs)  # spmdsim.engines.matmul's two lines, the engine at hand
     _gemm(lhs.shape, rhs.shape, result.dtype)
     result = result.reshape(r.shape)
     if r.order is not None:
         result = result.transpose(r.order)
     # As np.ascontiguousarray alone: a copy when not C-ordered, and a 0-d result made 1-d.
     return result if result.flags.c_contiguous and result.ndim else contiguous(result)
-
-
-_MATMULS: dict = {}  # engine class -> precision.product where it keeps Engine.matmul, else _OWN
-_OWN = object()
-
-
-def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """spmdsim.engines.matmul with no import statement per call: ``np.matmul(a, b)`` on the running engine
-    (bfloat16 widened, spmdsim.precision.product; the dry engine's zeros), counted by spmdsim.flops."""
-    out = engine_product(current().engine)(a, b)  # type: ignore[operator]
-    _gemm(a.shape, b.shape, out.dtype)
-    return out
-
-
-def engine_product(engine: object) -> object:
-    """What multiplies two blocks on `engine`: spmdsim.precision.product where the engine keeps Engine.matmul
-    (that method imports it on every call), else the engine's own method."""
-    matmul = _MATMULS.get(type(engine)) or _matmul_of(type(engine))
-    return engine.matmul if matmul is _OWN else matmul  # type: ignore[attr-defined]
-
-
-def _matmul_of(engine_type: type) -> object:
-    """What `_pair` calls for a product on an engine of `engine_type` (looked up once per class)."""
-    from .engines.base import Engine
-    from .precision import product
-
-    out = product if getattr(engine_type, "matmul", None) is Engine.matmul else _OWN
-    _MATMULS[engine_type] = out
-    return out
 
 
 def _shaped(a: np.ndarray, shape: tuple) -> np.ndarray:

@@ -60,8 +60,18 @@ def local(fn: Callable[..., Any], like: Any, *args: Any) -> Any:
 def matmul(a: Any, b: Any) -> Any:
     """``np.matmul(a, b)`` on the running engine (the dry engine's zeros of its shape, not multiplied);
     counted by spmdsim.flops either way."""
-    from ..flops import gemm  # here, not at the top: spmdsim mpirun's start loads no dataclasses
-
     out = current().engine.matmul(a, b)
-    gemm(a.shape, b.shape, out.dtype)
+    (_GEMM[0] or _bind_gemm())(a.shape, b.shape, out.dtype)
     return out
+
+
+#: spmdsim.flops.gemm, bound by the first `matmul` (not at the top: spmdsim mpirun's start loads no
+#: dataclasses; not per call: an import statement inside a function runs importlib's Python each time).
+_GEMM: list = [None]
+
+
+def _bind_gemm() -> Callable[..., None]:
+    from ..flops import gemm
+
+    _GEMM[0] = gemm
+    return gemm

@@ -213,12 +213,22 @@ class Engine:
     def matmul(self, a: Any, b: Any) -> Any:
         """``np.matmul(a, b)``; bfloat16 blocks widened to float32 first, a float32 product
         (spmdsim.precision.product: as a GPU accumulates them)."""
-        from ..precision import product  # here, not at the top: spmdsim mpirun's start loads no dataclasses
-
-        return product(a, b)
+        return (_PRODUCT[0] or _bind_product())(a, b)
 
     def ran(self, step: Any) -> None:
         """A step whose bytes differ by rank (an Exchange) ran here: the dry engine counts each rank's."""
 
     def __repr__(self) -> str:
         return f"<spmdsim engine {self.name!r}>"
+
+
+#: spmdsim.precision.product, bound by the first Engine.matmul (not at the top: spmdsim mpirun's start loads no
+#: dataclasses; not per call: an import statement inside a function runs importlib's Python each time).
+_PRODUCT: list = [None]
+
+
+def _bind_product() -> Callable[[Any, Any], Any]:
+    from ..precision import product
+
+    _PRODUCT[0] = product
+    return product

@@ -17,7 +17,6 @@ from ..validate import as_int, dtype_name
 from ..context import current as _context
 from ..engines.base import DRY_VALUES_BYTES
 from ..flops import gemm
-from ..contraction import engine_product
 
 _DTENSOR: Any = None  # runtime.DTensor, bound by _dtensor_class on first use
 _MESH: Any = None  # runtime.Mesh, bound with it
@@ -118,7 +117,7 @@ def local_matmul(a: np.ndarray, b: np.ndarray, sent: bool = True) -> np.ndarray:
     """
     engine = _context().engine
     if not sent or engine.dry:  # numpy's own array, or a dry run's zeros
-        out = engine_product(engine)(a, b)
+        out = engine.matmul(a, b)
     else:
         lead_a, lead_b = a.shape[:-2], b.shape[:-2]
         # np.broadcast_shapes costs ~1 us (Python); equal or absent batch dims need none of it.

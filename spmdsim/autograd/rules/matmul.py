@@ -15,7 +15,7 @@ import numpy as np
 
 from ... import activations, buffers
 from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
-from ...contraction import matmul as _product  # np.matmul; the dry engine's zeros, unmultiplied
+from ...engines import matmul as _product  # np.matmul; the dry engine's zeros, unmultiplied
 from ...flops import sweep
 from ...layout import TensorLayout
 from ..graph import record, with_partial
