@@ -148,10 +148,8 @@ def _zero_moments(cfg: GPTConfig) -> dict:
 def gathered(model: Any, blocks: Optional[dict] = None) -> dict:
     """Every parameter whole on every rank (float64), from one Allgather of all this rank's blocks;
     `blocks`: name -> this rank's block to gather in place of the parameter's (a master copy)."""
-    blocks = blocks or {}
-    table = _table(model, [{name: blocks.get(name, t.local) for name, t in model.params.items()}], "check.params")
     where = regions(model.params, model.mesh.size)
-    return assemble(where, where.used(table))[0]
+    return assemble(where, _params_rows(model, where, blocks))[0]
 
 
 def reference_sample(model: Any, cfg: GPTConfig, prompt: Any, n: int, temperature: float = 0.0) -> np.ndarray:
@@ -160,16 +158,23 @@ def reference_sample(model: Any, cfg: GPTConfig, prompt: Any, n: int, temperatur
     made by one rank for all (spmdsim.runtime.shared_once)."""
     from ..runtime.shared_reference import shared_once
 
-    table = _table(model, [{name: t.local for name, t in model.params.items()}], "check.params")
     where = regions(model.params, model.mesh.size)
-    return shared_once(model.mesh, ("gpt-sample", cfg), _sample_from, where, where.used(table), cfg, prompt, n,
-                       temperature)
+    return shared_once(model.mesh, ("gpt-sample", cfg), _sample_from, where, _params_rows(model, where), cfg,
+                       prompt, n, temperature)
 
 
 def _sample_from(where: Regions, rows: np.ndarray, cfg: GPTConfig, prompt: Any, n: int, temperature: float) -> Any:
     from .reference import generate
 
     return generate(assemble(where, rows)[0], cfg, prompt, n, temperature)
+
+
+def _params_rows(model: Any, where: Regions, blocks: Optional[dict] = None) -> np.ndarray:
+    """The rows of every rank's parameter blocks (`blocks`: name -> this rank's block in place of the parameter's)
+    that `where` places (a collective: `_table`'s Allgather)."""
+    blocks = blocks or {}
+    return where.used(_table(model, [{name: blocks.get(name, t.local) for name, t in model.params.items()}],
+                             "check.params"))
 
 
 def _table(model: Any, tables: list, label: str) -> np.ndarray:
@@ -338,8 +343,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         x, y = batch(text_ids, cfg, step)
         xd, yd = DTensor.from_global(mesh, x, ids_layout), DTensor.from_global(mesh, y, ids_layout)
         if check:  # the step's start, every rank's blocks: the reference step starts from it, whole
-            start = where.used(_run_start(model, optimizer, specs) if low else _table(
-                model, [{name: t.local for name, t in model.params.items()}], "check.params"))
+            start = where.used(_run_start(model, optimizer, specs)) if low else _params_rows(model, where)
         with collect_trace() as trace:
             if not replay:
                 loss = train_step(xd, yd, step)

@@ -85,14 +85,9 @@ def _regions(holders: dict, size: int, width: int) -> Regions:
     distinct region placed once, from its last holder, in the order of the last holders."""
     names, shapes, writes = [], [], []
     for name, (shape, blocks) in holders.items():
-        last: dict = {}
-        for rank, at, region in blocks:
-            key = tuple((s.start, s.stop, s.step) for s in region)
-            last.pop(key, None)
-            last[key] = (rank, at, region)
         names.append(name)
         shapes.append(shape)
-        writes.append(tuple(last.values()))
+        writes.append(_last_of_each_region(blocks))
     rows = tuple(sorted({rank for w in writes for rank, _, _ in w}))
     row = {rank: i for i, rank in enumerate(rows)}
     writes = [tuple((row[rank], at, region, tuple(s.stop - s.start for s in region)) for rank, at, region in w)
@@ -104,12 +99,17 @@ def _regions(holders: dict, size: int, width: int) -> Regions:
 def _last_holders(layout: Any, shape: tuple, size: int) -> tuple:
     """(rank, region) for each distinct region of a tensor of `shape` laid out as `layout` over `size` ranks:
     its last holder, in the order of the last holders."""
+    return _last_of_each_region((rank, layout.slices(rank, shape)) for rank in range(size))
+
+
+def _last_of_each_region(blocks: Any) -> tuple:
+    """Of `blocks` (tuples ending in a region, in rank order), the last of each distinct region, in the order of
+    those last ones."""
     last: dict = {}
-    for rank in range(size):
-        region = layout.slices(rank, shape)
-        key = tuple((s.start, s.stop, s.step) for s in region)
+    for block in blocks:
+        key = tuple((s.start, s.stop, s.step) for s in block[-1])
         last.pop(key, None)
-        last[key] = (rank, region)
+        last[key] = block
     return tuple(last.values())
 
 

@@ -19,9 +19,10 @@ dry run computes the whole answer on its one rank (spmdsim.sim.once).
 not split (a reference training step): on simulated ranks it is `once`; under
 MPI, when every rank passes equal arguments (an Allgather of their digests),
 rank 0 computes ``fn(*args)`` and Bcasts through the door give every rank
-its result, pickled, the arrays' bytes out of band (in one buffer that the
-received arrays view: no copy of the whole on either side), the others waiting politely on a polite mesh (at 8 ranks
-on 2 cores, 1 rank's work where each of 8 repeated it). Ranks whose arguments
+its result, pickled, the arrays' bytes out of band (rank 0 copies them once
+into one buffer; the arrays a rank receives view its copy of it), the others
+waiting politely on a polite mesh (at 8 ranks on 2 cores, 1 rank's work where
+each of 8 repeated it). Ranks whose arguments
 differ compute their own, as `once` does.
 """
 from __future__ import annotations
@@ -98,13 +99,20 @@ def shared_once(mesh: Any, key: Any, fn: Callable[..., Any], *args: Any) -> Any:
 def shared_once_on(comm: Any, key: Any, fn: Callable[..., Any], *args: Any) -> Any:
     """`shared_once` over the ranks of a communicator that no mesh holds (a command's world), waiting as a mesh
     over it would (SPMDSIM_WAIT)."""
-    from ..engines import engine_of
     from ..engines.wait import resolve_wait_mode
 
-    size = comm.Get_size()
-    if size == 1 or engine_of(comm).simulated:
+    if not _processes(comm):
         return once(key, fn, *args)
-    return _rank_0_for_all(comm, comm.Get_rank(), size, resolve_wait_mode(None, comm) == "polite", fn, args)
+    return _rank_0_for_all(comm, comm.Get_rank(), comm.Get_size(), resolve_wait_mode(None, comm) == "polite", fn,
+                           args)
+
+
+def _processes(comm: Any) -> bool:
+    """Whether `comm`'s ranks are two or more MPI processes (where rank 0 computes for the others), not one
+    rank or simulated ranks (where `once` shares the work)."""
+    from ..engines import engine_of
+
+    return comm.Get_size() > 1 and not engine_of(comm).simulated
 
 
 class SharedReferenceTrainer(ReferenceTrainer):
@@ -121,9 +129,7 @@ class SharedReferenceTrainer(ReferenceTrainer):
         self.lineage: Any = None  # a digest of the start and of every step's inputs so far
 
     def _computed(self, config: tuple, x: np.ndarray, labels: np.ndarray) -> tuple:
-        from ..engines import engine_of
-
-        if self.comm.Get_size() == 1 or engine_of(self.comm).simulated:
+        if not _processes(self.comm):  # `once` shares it, with no digest of the step's inputs
             return super()._computed(config, x, labels)
         if self.lineage is None:  # the start: the seeded parameters, digested once
             self.lineage = _digest(("spmdsim.ReferenceTrainer", tuple(self.params)))
