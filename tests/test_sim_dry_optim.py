@@ -151,7 +151,7 @@ def test_the_gpt2_medium_dry_run_at_16384_ranks_stays_under_1_gib():
     AdamW stepped on float64 zeros the size of the parameters), and its peak held counts the parameters and
     AdamW's four flat buffers."""
     out = run_train_gpt(GPT2_MEDIUM,
-                        after="print('peak', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, code)\n")
+                        after="from spmdsim.memory import peak_rss\nprint('peak', peak_rss(), code)\n")
     lines = out.stdout.splitlines()
     peak = [line.split() for line in lines if line.startswith("peak ")]
     assert peak and peak[0][2] == "0", out.stdout[-2000:] + out.stderr[-2000:]
@@ -161,4 +161,5 @@ def test_the_gpt2_medium_dry_run_at_16384_ranks_stays_under_1_gib():
     cfg = GPTConfig(vocab=50304, layers=24, d_model=1024, heads=16, seq=1024, batch=2048)
     params = _gpt_bytes_per_rank(cfg, 8, sp=True)
     assert int(row[5].replace(",", "")) >= 5 * params  # the parameters and AdamW's four buffers
-    assert int(peak[0][1]) < 1 << 20, f"peak RSS {int(peak[0][1]) // 1024} MiB"  # KiB on Linux
+    # VmHWM, this program's own peak: ru_maxrss would carry the test worker's peak across vfork + exec.
+    assert int(peak[0][1]) < 1 << 30, f"peak RSS {int(peak[0][1]) >> 20} MiB"
