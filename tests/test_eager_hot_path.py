@@ -101,3 +101,32 @@ def test_a_step_after_the_first_compiles_no_redistribution(kept, monkeypatch):
     _train_three_steps(kept, around)
     per_step = [b - a for a, b in zip(marks, marks[1:])]
     assert per_step[0] > 0 and per_step[1:] == [0, 0], per_step
+
+
+def test_a_pointwise_backward_after_the_first_step_works_out_no_gradient_layout(monkeypatch):
+    """A pointwise node's backward keeps, per plan, dY's layout and the operands' layouts, what each operand's
+    gradient is summed over and the layout it ends in (autograd.rules.pointwise): after the first step no
+    operand's summed dims, summed axes or pending layout is worked out again, on any rank."""
+    from spmdsim.autograd.rules import pointwise
+
+    worked: list = []
+    summed = pointwise._summed
+
+    def counting(*args, **kwargs):
+        worked.append(spmdsim.world().rank)
+        return summed(*args, **kwargs)
+
+    monkeypatch.setattr(pointwise, "_summed", counting)
+    marks: list = []
+
+    @contextlib.contextmanager
+    def around(comm, step):
+        comm.Barrier()
+        if comm.rank == 0:
+            marks.append(len(worked))
+        comm.Barrier()
+        yield
+
+    _train_three_steps("graph", around)
+    per_step = [b - a for a, b in zip(marks, marks[1:])]
+    assert per_step[0] > 0 and per_step[1:] == [0, 0], per_step

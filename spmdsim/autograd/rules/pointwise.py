@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 from typing import Any, Callable
 
 import numpy as np
@@ -19,7 +20,7 @@ from ...engines import local as _local  # the kernel; the dry engine's zeros, no
 from ...flops import any_open, sweep
 from ..graph import record, with_partial
 from ..kept import shell
-from .grads import axes_of, grad_tensor, needs
+from .grads import axes_of, grad_tensor, gradient_block, needs
 
 __all__ = ["DERIVATIVES", "quiet", "record_pointwise", "record_activation", "record_bias_add", "record_scale",
            "record_dropout", "record_dropout_mask"]
@@ -211,12 +212,37 @@ class _PointwiseGrads:
             fulls = derivative(d, [x.local for x in xs], out.local, need)
         if not isinstance(fulls, tuple):  # a dry run's zeros: one block shaped like dy for every operand
             fulls = tuple(fulls if n else None for n in need)
-        result = []
         partial = dy._layout.partial
+        # What each operand's gradient is summed over and in which layout it ends: decided by the plan, dY's
+        # layout, the operands' layouts and which take a gradient, the same every step (kept by the objects'
+        # ids, as `decided` keeps the forward's plan; the entry holds the objects, so no id in a key that
+        # matches is another object's).
+        layouts = tuple(map(_LAYOUT, xs))
+        key = (id(plan), id(dy._layout), need) + tuple(map(id, layouts))
+        seen = _BACKWARDS.get(key)
+        if seen is not None and not dry:
+            result = []
+            for x, g, way in zip(xs, fulls, seen[3]):
+                if way is None or g is None:
+                    result.append(None)
+                    continue
+                ndim = getattr(g, "ndim", None)
+                if (np.ndim(g) if ndim is None else ndim) < d.ndim:
+                    g = np.broadcast_to(g, d.shape)
+                g = np.asanyarray(g)
+                lead, inner, layout = way
+                if lead:
+                    g = g.sum(axis=lead)
+                if inner:
+                    g = g.sum(axis=inner, keepdims=True)
+                result.append(gradient_block(x, g.reshape(x._local.shape), layout))
+            return tuple(result)
+        result, ways = [], []
         kept = plan.out.partial
         for x, g, n in zip(xs, fulls, need):
             if not n or g is None:
                 result.append(None)
+                ways.append(None)
                 continue
             ndim = getattr(g, "ndim", None)  # an array's or numpy scalar's, without np.ndim's Python
             g = np.broadcast_to(g, d.shape) if (np.ndim(g) if ndim is None else ndim) < d.ndim else g
@@ -224,8 +250,20 @@ class _PointwiseGrads:
             summed = _summed_axes(plan.out, dims) if dims else ()
             # A bilinear op's other operand read only this rank's addend: its gradient is pending too.
             carried = kept if not x._layout.partial else ()
-            result.append(grad_tensor(x, block.reshape(x._local.shape), partial, summed, carried))
+            grad = grad_tensor(x, block.reshape(x._local.shape), partial, summed, carried)
+            result.append(grad)
+            ways.append(_sum_dims(x._shape, plan.shape)[:2] + (grad._layout,))
+        if not dry:
+            if len(_BACKWARDS) >= _CACHE_MAX:
+                _BACKWARDS.clear()
+            _BACKWARDS[key] = (plan, dy._layout, layouts, tuple(ways))
         return tuple(result)
+
+
+# (id(plan), id(dY's layout), need, the operands' layouts' ids) -> (those objects; per operand taking a gradient
+# (lead and inner dims summed, the gradient's layout), else None)
+_BACKWARDS: dict = {}
+_LAYOUT = operator.attrgetter("_layout")
 
 
 def record_activation(out: Any, x: Any, name: str, kept: Any = None) -> Any:
