@@ -22,6 +22,8 @@ from ..graph import record, with_partial
 from ..kept import shell
 from .grads import axes_of, grad_tensor, gradient_block, needs
 
+_SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
+
 __all__ = ["DERIVATIVES", "quiet", "record_pointwise", "record_activation", "record_bias_add", "record_scale",
            "record_dropout", "record_dropout_mask"]
 
@@ -136,9 +138,9 @@ def _summed(local: np.ndarray, shape: tuple, out_shape: tuple, dry: bool = False
             kept[d] = 1
         return np.zeros(kept, local.dtype), dims
     if lead:
-        local = local.sum(axis=lead)
+        local = _SUM(local, axis=lead)
     if inner:
-        local = local.sum(axis=inner, keepdims=True)
+        local = _SUM(local, axis=inner, keepdims=True)
     return local, dims
 
 
@@ -232,9 +234,9 @@ class _PointwiseGrads:
                 g = np.asanyarray(g)
                 lead, inner, layout = way
                 if lead:
-                    g = g.sum(axis=lead)
+                    g = _SUM(g, axis=lead)
                 if inner:
-                    g = g.sum(axis=inner, keepdims=True)
+                    g = _SUM(g, axis=inner, keepdims=True)
                 result.append(gradient_block(x, g.reshape(x._local.shape), layout))
             return tuple(result)
         result, ways = [], []
