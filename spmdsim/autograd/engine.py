@@ -329,14 +329,14 @@ def _topological(root: Any) -> list:
     order: list = []
     seen: set = set()  # the nodes themselves: a Node hashes and compares by identity, in C (no id() calls)
     stack = [(root, False)]
-    # Bound once: the walk visits every node and input of the step's graph.
-    pop, push, visited, mark, node_type = stack.pop, stack.append, seen.__contains__, seen.add, Node
+    # Bound once: the walk visits every node and input of the step's graph (`in` tests need no call).
+    pop, push, mark, emit, node_type = stack.pop, stack.append, seen.add, order.append, Node
     while stack:
         node, done = pop()
         if done:
-            order.append(node)
+            emit(node)
             continue
-        if type(node) is not node_type or visited(node):
+        if type(node) is not node_type or node in seen:
             continue
         mark(node)
         if node.backward is None:
@@ -346,7 +346,7 @@ def _topological(root: Any) -> list:
         push((node, True))
         for t in node.inputs:
             parent = getattr(t, "_ag", None)
-            if type(parent) is node_type and not visited(parent):
+            if type(parent) is node_type and parent not in seen:
                 push((parent, False))
     order.reverse()
     return order

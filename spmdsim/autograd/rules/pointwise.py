@@ -209,9 +209,9 @@ class _PointwiseGrads:
             fulls = _local(lambda: derivative(d, [x.local for x in xs], out.local, need), d)
         elif op in LOUD:  # `quiet`'s errstate, for the ops that warn on finite operands
             with np.errstate(divide="ignore", invalid="ignore"):
-                fulls = derivative(d, [x.local for x in xs], out.local, need)
+                fulls = derivative(d, list(map(_LOCAL, xs)), out.local, need)
         else:
-            fulls = derivative(d, [x.local for x in xs], out.local, need)
+            fulls = derivative(d, list(map(_LOCAL, xs)), out.local, need)
         if not isinstance(fulls, tuple):  # a dry run's zeros: one block shaped like dy for every operand
             fulls = tuple(fulls if n else None for n in need)
         partial = dy._layout.partial
@@ -265,7 +265,7 @@ class _PointwiseGrads:
 # (id(plan), id(dY's layout), need, the operands' layouts' ids) -> (those objects; per operand taking a gradient
 # (lead and inner dims summed, the gradient's layout), else None)
 _BACKWARDS: dict = {}
-_LAYOUT = operator.attrgetter("_layout")
+_LAYOUT, _LOCAL = operator.attrgetter("_layout"), operator.attrgetter("local")
 
 
 def record_activation(out: Any, x: Any, name: str, kept: Any = None) -> Any:
