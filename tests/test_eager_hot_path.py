@@ -130,3 +130,45 @@ def test_a_pointwise_backward_after_the_first_step_works_out_no_gradient_layout(
     _train_three_steps("graph", around)
     per_step = [b - a for a, b in zip(marks, marks[1:])]
     assert per_step[0] > 0 and per_step[1:] == [0, 0], per_step
+
+
+def test_an_eager_step_calls_none_of_the_helpers_it_has_cut():
+    """Rank 0's third step runs no frame that only repeated what was decided before or wrapped a C call:
+    numpy's Python wrapper of ``ndarray.sum`` (sums are ``np.add.reduce``), the pointwise backward's
+    per-operand sums and layouts (kept per plan and layouts), a comprehension gathering an operator's
+    operands (mapped by attrgetter in C) or a node's read layouts; and the backward walk brings a node's
+    gradient to its layout (`_prepared`) only where it is not already there as it must be."""
+    import os
+
+    import numpy as np
+
+    calls: dict = {}
+    numpy_dir, ours = os.path.dirname(np.__file__), os.path.dirname(spmdsim.__file__) + os.sep
+
+    def hook(frame, event, arg):
+        if event == "call":
+            code = frame.f_code
+            where = "numpy" if code.co_filename.startswith(numpy_dir) else code.co_filename.replace(ours, "")
+            calls[(where, code.co_name)] = calls.get((where, code.co_name), 0) + 1
+
+    @contextlib.contextmanager
+    def around(comm, step):
+        counting = step == 2 and comm.rank == 0
+        if counting:
+            sys.setprofile(hook)
+        try:
+            yield
+        finally:
+            if counting:
+                sys.setprofile(None)
+
+    _train_three_steps("graph", around)
+    rules = "autograd/rules/"
+    cut = [("numpy", "_sum"), (rules + "pointwise.py", "_summed"), (rules + "pointwise.py", "_sum_dims"),
+           (rules + "pointwise.py", "_summed_axes"), (rules + "pointwise.py", "<listcomp>"),
+           (rules + "einsum.py", "<listcomp>"), ("ops/pointwise.py", "<listcomp>"), ("ops/einsum.py", "<listcomp>"),
+           ("autograd/graph.py", "<listcomp>"), ("autograd/engine.py", "_accumulate")]
+    assert {key: calls[key] for key in cut if key in calls} == {}
+    nodes = calls[("autograd/graph.py", "record")]
+    prepared = calls.get(("autograd/engine.py", "_prepared"), 0)
+    assert nodes > 20 and prepared < nodes / 2, (nodes, prepared)

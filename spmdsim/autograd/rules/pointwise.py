@@ -290,7 +290,7 @@ def record_bias_add(out: Any, x: Any, bias: Any) -> Any:
         gb = None
         if need_b:
             sweep("bias_grad", (dy.local,), (bias.local,))
-            rows = dy.local.reshape(-1, dy.local.shape[-1]).sum(axis=0)
+            rows = _SUM(dy.local.reshape(-1, dy.local.shape[-1]), axis=0)
             gb = grad_tensor(bias, rows, dy.layout.partial, axes_of(x.layout, x.layout.tensor_map[:-1]))
         return gx, gb
 
