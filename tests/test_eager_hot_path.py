@@ -1,6 +1,7 @@
 """The eager step's hot path: no import statement (a relative import inside a function runs importlib's
-Python on every call) and no redistribution compiled again after the first step (docs/performance.md, "Then
-the import statements on the hot path")."""
+Python on every call), no redistribution compiled again after the first step (docs/performance.md, "Then
+the import statements on the hot path") and none of the per-operator helpers cut since ("Then the autograd
+walk's and the operators' own frames")."""
 from __future__ import annotations
 
 import contextlib
@@ -103,41 +104,13 @@ def test_a_step_after_the_first_compiles_no_redistribution(kept, monkeypatch):
     assert per_step[0] > 0 and per_step[1:] == [0, 0], per_step
 
 
-def test_a_pointwise_backward_after_the_first_step_works_out_no_gradient_layout(monkeypatch):
-    """A pointwise node's backward keeps, per plan, dY's layout and the operands' layouts, what each operand's
-    gradient is summed over and the layout it ends in (autograd.rules.pointwise): after the first step no
-    operand's summed dims, summed axes or pending layout is worked out again, on any rank."""
-    from spmdsim.autograd.rules import pointwise
-
-    worked: list = []
-    summed = pointwise._summed
-
-    def counting(*args, **kwargs):
-        worked.append(spmdsim.world().rank)
-        return summed(*args, **kwargs)
-
-    monkeypatch.setattr(pointwise, "_summed", counting)
-    marks: list = []
-
-    @contextlib.contextmanager
-    def around(comm, step):
-        comm.Barrier()
-        if comm.rank == 0:
-            marks.append(len(worked))
-        comm.Barrier()
-        yield
-
-    _train_three_steps("graph", around)
-    per_step = [b - a for a, b in zip(marks, marks[1:])]
-    assert per_step[0] > 0 and per_step[1:] == [0, 0], per_step
-
-
 def test_an_eager_step_calls_none_of_the_helpers_it_has_cut():
     """Rank 0's third step runs no frame that only repeated what was decided before or wrapped a C call:
     numpy's Python wrapper of ``ndarray.sum`` (sums are ``np.add.reduce``), the pointwise backward's
-    per-operand sums and layouts (kept per plan and layouts), a comprehension gathering an operator's
-    operands (mapped by attrgetter in C) or a node's read layouts; and the backward walk brings a node's
-    gradient to its layout (`_prepared`) only where it is not already there as it must be."""
+    per-operand summed dims, axes and layouts (kept per plan, dY's layout and the operands' layouts; the
+    ranks' threads share the table), a comprehension gathering an operator's operands (mapped by
+    attrgetter in C) or a node's read layouts, `_accumulate` (the walk's `_take` adds each gradient); and
+    the walk brings a node's gradient to its layout (`_prepared`) only where it is not already there."""
     import os
 
     import numpy as np
