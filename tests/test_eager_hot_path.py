@@ -1,6 +1,7 @@
 """The eager step's hot path: no import statement (a relative import inside a function runs importlib's
-Python on every call) and no redistribution compiled again after the first step (docs/performance.md, "Then
-the import statements on the hot path")."""
+Python on every call), no redistribution compiled again after the first step (docs/performance.md, "Then
+the import statements on the hot path") and none of the per-operator helpers cut since ("Then the autograd
+walk's and the operators' own frames")."""
 from __future__ import annotations
 
 import contextlib
@@ -101,3 +102,46 @@ def test_a_step_after_the_first_compiles_no_redistribution(kept, monkeypatch):
     _train_three_steps(kept, around)
     per_step = [b - a for a, b in zip(marks, marks[1:])]
     assert per_step[0] > 0 and per_step[1:] == [0, 0], per_step
+
+
+def test_an_eager_step_calls_none_of_the_helpers_it_has_cut():
+    """Rank 0's third step runs no frame that only repeated what was decided before or wrapped a C call:
+    numpy's Python wrapper of ``ndarray.sum`` (sums are ``np.add.reduce``), the pointwise backward's
+    per-operand summed dims, axes and layouts (kept per plan, dY's layout and the operands' layouts; the
+    ranks' threads share the table), a comprehension gathering an operator's operands (mapped by
+    attrgetter in C) or a node's read layouts, `_accumulate` (the walk's `_take` adds each gradient); and
+    the walk brings a node's gradient to its layout (`_prepared`) only where it is not already there."""
+    import os
+
+    import numpy as np
+
+    calls: dict = {}
+    numpy_dir, ours = os.path.dirname(np.__file__), os.path.dirname(spmdsim.__file__) + os.sep
+
+    def hook(frame, event, arg):
+        if event == "call":
+            code = frame.f_code
+            where = "numpy" if code.co_filename.startswith(numpy_dir) else code.co_filename.replace(ours, "")
+            calls[(where, code.co_name)] = calls.get((where, code.co_name), 0) + 1
+
+    @contextlib.contextmanager
+    def around(comm, step):
+        counting = step == 2 and comm.rank == 0
+        if counting:
+            sys.setprofile(hook)
+        try:
+            yield
+        finally:
+            if counting:
+                sys.setprofile(None)
+
+    _train_three_steps("graph", around)
+    rules = "autograd/rules/"
+    cut = [("numpy", "_sum"), (rules + "pointwise.py", "_summed"), (rules + "pointwise.py", "_sum_dims"),
+           (rules + "pointwise.py", "_summed_axes"), (rules + "pointwise.py", "<listcomp>"),
+           (rules + "einsum.py", "<listcomp>"), ("ops/pointwise.py", "<listcomp>"), ("ops/einsum.py", "<listcomp>"),
+           ("autograd/graph.py", "<listcomp>"), ("autograd/engine.py", "_accumulate")]
+    assert {key: calls[key] for key in cut if key in calls} == {}
+    nodes = calls[("autograd/graph.py", "record")]
+    prepared = calls.get(("autograd/engine.py", "_prepared"), 0)
+    assert nodes > 20 and prepared < nodes / 2, (nodes, prepared)

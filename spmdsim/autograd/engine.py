@@ -73,7 +73,7 @@ def _backward(loss: Any, explain: Optional[list], bucket: Any, gradient: Any, ke
         # d loss / d loss = 1, whole: a pending loss's every addend gets all of it.
         ones = buffers.fresh(np.ones(loss.local.shape, loss.dtype), 1)  # filled again by a replay
         gradient = DTensor(loss.mesh, ones, with_partial(loss.layout, ()), loss.global_shape)
-    _accumulate(grads, owners, loss, gradient)
+    _take(grads, owners, [], (loss,), (gradient,))  # the loss is a node's output, never a leaf
     leaves: list = []
     readers: dict = {}  # with an explanation: leaf -> the forward steps that read it
     for node in order:
@@ -83,7 +83,10 @@ def _backward(loss: Any, explain: Optional[list], bucket: Any, gradient: Any, ke
         if dy is None:
             continue
         if explain is None:  # no trace to collect: no context per node
-            _take(grads, owners, leaves, inputs, run(_prepared(node, dy, run, inputs)))
+            want = node.want
+            if node.low is not None or want is not None and (dy._layout is not want or want.partial):
+                dy = _prepared(node, dy, run, inputs)  # else (most nodes) `dy` as it is: _prepared's answer
+            _take(grads, owners, leaves, inputs, run(dy))
             continue
         with _collector(explain) as trace:
             _take(grads, owners, leaves, inputs, run(_prepared(node, dy, run, inputs)))
@@ -102,6 +105,7 @@ def _backward(loss: Any, explain: Optional[list], bucket: Any, gradient: Any, ke
             leaf.grad = g if leaf.grad is None else add_grads(leaf.grad, g, owners[leaf].layout, None)
         leaves = [leaf for leaf in leaves if id(leaf) not in kept]
     buckets = _buckets(leaves, owners, grads, cap) if cap else {}
+    counting = any_open()  # `_count_accumulation`'s test, once (a counter opens and closes outside the walk)
     for leaf in leaves:  # first-contribution order: the same on every rank
         tensor, g = owners[leaf], grads.pop(leaf)
         whole = tensor._layout if not tensor._layout.partial else with_partial(tensor._layout, ())
@@ -114,7 +118,7 @@ def _backward(loss: Any, explain: Optional[list], bucket: Any, gradient: Any, ke
             if explain is not None:
                 explain.append((f"leaf {tuple(tensor.global_shape)} {tensor.layout}: its replicas' "
                                 f"gradients summed" + _read_by(readers, [leaf]), trace.entries))
-        if any_open():  # `_count_accumulation`'s test, before its call
+        if counting:
             _count_accumulation(g)
         leaf.grad = g if leaf.grad is None else add_grads(leaf.grad, g, whole, None)
 
@@ -135,7 +139,7 @@ def gradients(out: Any, dy: Any, wrt: tuple) -> tuple:
     grads: dict = {}
     owners: dict = {}
     leaves: list = []
-    _accumulate(grads, owners, out, dy)
+    _take(grads, owners, [], (out,), (dy,))  # `out` itself is no leaf to report
     for node in _topological(out._ag):
         g = grads.pop(node, None)
         run, inputs = node.backward, node.inputs
@@ -266,16 +270,31 @@ def _read_by(readers: dict, leaves: list) -> str:
 
 
 def _take(grads: dict, owners: dict, leaves: list, inputs: tuple, outs: tuple) -> None:
-    """Add a node's input gradients `outs` to `grads`; note leaves in first-contribution order."""
+    """Add a node's input gradients `outs` to `grads`, each in the layout `grad_layout` keeps for its tensor
+    (summed with one already there); note leaves in first-contribution order."""
     for tensor, g in zip(inputs, outs):
         if g is None or tensor is None:
             continue
         key = tensor._ag
         if key is None:
             continue
-        if key not in grads and type(key) is Leaf:
-            leaves.append(key)
-        _accumulate(grads, owners, tensor, g)
+        if g._shape != tensor._shape:  # both tuples (DTensor keeps its shape as one)
+            raise OperatorError(f"internal: gradient of shape {tuple(g.global_shape)!r} for a tensor of "
+                                f"shape {tuple(tensor.global_shape)!r}")  # pragma: no cover
+        layout = tensor._layout
+        if g._layout is layout and not layout.partial:  # most gradients: grad_layout's answer is `layout` itself
+            target = layout
+        else:
+            target = grad_layout(layout, g._layout)
+            if g._layout is not target:
+                g = _move(g, target)
+        have = grads.get(key)
+        if have is None:
+            if type(key) is Leaf:
+                leaves.append(key)
+            grads[key], owners[key] = g, tensor
+        else:
+            grads[key] = add_grads(have, g, target)
 
 
 def _check_loss(loss: Any, gradient: Any) -> None:
@@ -310,14 +329,14 @@ def _topological(root: Any) -> list:
     order: list = []
     seen: set = set()  # the nodes themselves: a Node hashes and compares by identity, in C (no id() calls)
     stack = [(root, False)]
-    # Bound once: the walk visits every node and input of the step's graph.
-    pop, push, visited, mark, node_type = stack.pop, stack.append, seen.__contains__, seen.add, Node
+    # Bound once: the walk visits every node and input of the step's graph (`in` tests need no call).
+    pop, push, mark, emit, node_type = stack.pop, stack.append, seen.add, order.append, Node
     while stack:
         node, done = pop()
         if done:
-            order.append(node)
+            emit(node)
             continue
-        if type(node) is not node_type or visited(node):
+        if type(node) is not node_type or node in seen:
             continue
         mark(node)
         if node.backward is None:
@@ -327,7 +346,7 @@ def _topological(root: Any) -> list:
         push((node, True))
         for t in node.inputs:
             parent = getattr(t, "_ag", None)
-            if type(parent) is node_type and not visited(parent):
+            if type(parent) is node_type and parent not in seen:
                 push((parent, False))
     order.reverse()
     return order
@@ -431,24 +450,6 @@ def add_grads(a: Any, b: Any, layout: TensorLayout, kind: Optional[str] = "activ
         total = np.asarray(total)
     # Both checked DTensors of one layout and global shape: their sum's block is shaped as theirs.
     return type(a)._trusted(a.mesh, total, a.layout, a.global_shape)
-
-
-def _accumulate(grads: dict, owners: dict, tensor: Any, g: Any) -> None:
-    if g._shape != tensor._shape:  # both tuples (DTensor keeps its shape as one)
-        raise OperatorError(f"internal: gradient of shape {tuple(g.global_shape)!r} for a tensor of "
-                            f"shape {tuple(tensor.global_shape)!r}")  # pragma: no cover
-    key = tensor._ag
-    layout = tensor._layout
-    if g._layout is layout and not layout.partial:  # most gradients: grad_layout's answer is `layout` itself
-        target = layout
-    else:
-        target = grad_layout(layout, g._layout)
-        g = _move(g, target)
-    have = grads.get(key)
-    if have is None:
-        grads[key], owners[key] = g, tensor
-    else:
-        grads[key] = add_grads(have, g, target)
 
 
 def _move(g: Any, target: TensorLayout) -> Any:

@@ -167,12 +167,23 @@ def record(out: Any, name: str | Callable[[], str], inputs: Sequence[Any], backw
         return out
     if reads is None:
         reads = tuple(inputs) + (out,)
-    # A list, not a generator; a TensorLayout is its own layout (its `.layout` is the device matrix).
-    layouts = tuple([t if type(t) is TensorLayout else t.layout for t in reads if t is not None])
+    # A loop, not a comprehension (a frame of its own); a TensorLayout is its own layout (its `.layout` is
+    # the device matrix).
+    layouts = []
+    for t in reads:
+        if t is not None:
+            layouts.append(t if type(t) is TensorLayout else t.layout)
     dtype = out._local.dtype
-    out._ag = Node(name, tuple(inputs), backward, want, layouts, _Mode.kind,
-                   dtype if dtype.kind == "V" and is_low(dtype) else None)
+    # Node's fields set here, as Node() sets them, without its __init__'s frame (a node per operator).
+    node = _new_node(Node)
+    node.name, node.inputs, node.backward, node.want, node.reads = name, tuple(inputs), backward, want, tuple(layouts)
+    node.kind = _Mode.kind
+    node.low = dtype if dtype.kind == "V" and is_low(dtype) else None
+    out._ag = node
     return out
+
+
+_new_node = object.__new__
 
 
 def used_axes(layouts: Sequence[Any]) -> frozenset:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
@@ -21,6 +22,10 @@ from ..flops import gemm
 _DTENSOR: Any = None  # runtime.DTensor, bound by _dtensor_class on first use
 _MESH: Any = None  # runtime.Mesh, bound with it
 _BOOL = np.dtype(bool)
+# An operator's operands' layouts, global shapes, dtypes and blocks, as ``tuple(map(LAYOUT, xs))``: in C, where
+# a comprehension runs a frame of its own (a few an operator).
+LAYOUT, SHAPE, LOCAL = attrgetter("_layout"), attrgetter("_shape"), attrgetter("local")
+DTYPE = attrgetter("_local.dtype")
 
 
 def make_dtensor(mesh: Any, local: np.ndarray, layout: TensorLayout, shape: Sequence[int]) -> Any:

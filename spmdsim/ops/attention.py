@@ -33,6 +33,8 @@ from ..layout import TensorLayout
 from ..precision import is_low, product, rounded, wide
 from ._common import keep_mask, make_dtensor, raise_if_not_dtensors, require_float, seed_arg
 
+_SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
+
 __all__ = ["attention"]
 
 
@@ -125,7 +127,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
         if above is not None:
             s = np.where(above, -np.inf, s)
         e = np.exp(s - s.max(axis=-1, keepdims=True))
-        p = e / e.sum(axis=-1, keepdims=True)
+        p = e / _SUM(e, axis=-1, keepdims=True)
         keep = keep_mask(probs_shape, seed, region, drop) if drop else None
         factors = np.multiply(keep, np.asarray(1.0 / (1.0 - drop), np.float32 if low else dtype)) if drop else None
         if low:  # bfloat16: the scores and softmax in float32; p and its dropped-out values kept rounded

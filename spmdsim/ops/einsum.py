@@ -21,7 +21,7 @@ from ..errors import OperatorError
 from ..infer.einsum import infer_einsum
 from ..precision import rounded
 from . import _common
-from ._common import check_dtensor, decided, make_dtensor
+from ._common import DTYPE, LAYOUT, LOCAL, SHAPE, check_dtensor, decided, make_dtensor
 
 __all__ = ["einsum"]
 
@@ -34,12 +34,12 @@ def einsum(spec: str, *xs: Any) -> Any:
             check_dtensor(x, f"einsum: operand {k}")
     if not xs:
         raise OperatorError("einsum needs at least one operand")
-    plan, dtype, _, stay = decided(infer_einsum, spec, tuple([x._layout for x in xs]),
-                                   tuple([x._shape for x in xs]), tuple([x._local.dtype for x in xs]))
+    plan, dtype, _, stay = decided(infer_einsum, spec, tuple(map(LAYOUT, xs)),
+                                   tuple(map(SHAPE, xs)), tuple(map(DTYPE, xs)))
     if not all(stay):
         xs = tuple(x if kept else _redistributed(x, t) for x, t, kept in zip(xs, plan.targets, stay))
     words = plan.spec.inputs
-    block = contract(words, [x.local for x in xs], plan.spec.output)
+    block = contract(words, list(map(LOCAL, xs)), plan.spec.output)
     if block.dtype != dtype and not plan.local.partial:  # bfloat16 operands: a float32 product, rounded once
         block = rounded(block, dtype)  # (a pending sum stays float32 until the collective that sums it)
     out = make_dtensor(xs[0].mesh, block, plan.local, plan.shape)

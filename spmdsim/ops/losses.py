@@ -35,6 +35,8 @@ from ..layout import TensorLayout
 from ..validate import counted
 from ._common import dry_zeros, make_dtensor, operands_mesh, require_float
 
+_SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
+
 __all__ = ["mse_loss", "cross_entropy"]
 
 
@@ -187,15 +189,15 @@ def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -10
     # An uneven cut may leave a rank no classes: then it owns no label.
     picked = z[rows, np.where(owned, ids, 0)] if z.shape[1] else np.zeros(z.shape[0], z.dtype)
     target = np.where(owned, picked - shift, 0.0)
-    parts = [e.sum(axis=1) if dry is None else np.ones(z.shape[0], z.dtype), target] + \
-        ([z.sum(axis=1)] if smooth else [])
+    parts = [_SUM(e, axis=1) if dry is None else np.ones(z.shape[0], z.dtype), target] + \
+        ([_SUM(z, axis=1)] if smooth else [])
     sums = _run(mesh, np.stack(parts), plan.sums, "cross_entropy.sum")
     nll = np.log(sums[0]) - sums[1]  # -log p[label]: log of the shifted exponentials' sum - (z[label] - shift)
     if smooth:  # mean over the classes of -log p = shift + log(sum) - mean of the logits
         nll = (1 - smooth) * nll + smooth * (shift + np.log(sums[0]) - sums[2] / classes)
     terms = np.where(valid, nll, 0.0)
     ignored = int(ids.size - np.count_nonzero(valid))
-    summed, bad, ignored = _counts(mesh, terms.sum(), bad, ignored, plan, z.dtype)
+    summed, bad, ignored = _counts(mesh, _SUM(terms, axis=None), bad, ignored, plan, z.dtype)
     if bad:
         raise OperatorError(f"cross_entropy: {counted(bad, 'label')} outside [0, {classes}): "
                             "labels are class indices, from 0 to the number of classes - 1"

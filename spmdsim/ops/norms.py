@@ -45,6 +45,8 @@ from ._common import (
     dry_zeros, keep_mask, make_dtensor, raise_if_not_dtensors, require_float, result_dtype, seed_arg,
 )
 
+_SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
+
 __all__ = ["softmax", "log_softmax", "layer_norm", "rms_norm", "causal_mask", "masked_fill", "dropout",
            "resolved", "dropout_keep"]
 
@@ -113,8 +115,8 @@ def _normalize(block: np.ndarray, d: int, n: int, eps: float, centre: bool) -> t
     """(y, 1 / sqrt(var + eps)) of rows along a whole dim `d` of `n` entries, in the composite's order of
     operations (its sums, products and quotient), so the values are the composite's."""
     inv = 1.0 / n
-    c = block - block.sum(axis=d, keepdims=True) * inv if centre else block
-    var = (c * c).sum(axis=d, keepdims=True) * inv
+    c = block - _SUM(block, axis=d, keepdims=True) * inv if centre else block
+    var = _SUM(c * c, axis=d, keepdims=True) * inv
     root = np.sqrt(var + eps)
     return c / root, 1.0 / root
 
@@ -183,9 +185,9 @@ def _fused_layer_norm(x: Any, d: int, eps: float, weight: Optional[Any], bias: O
 
     def kernel(block: np.ndarray) -> np.ndarray:
         inv = 1.0 / n
-        stats["mean"] = mean = block.sum(axis=d, keepdims=True) * inv
+        stats["mean"] = mean = _SUM(block, axis=d, keepdims=True) * inv
         c = block - mean
-        stats["root"] = root = np.sqrt((c * c).sum(axis=d, keepdims=True) * inv + eps)
+        stats["root"] = root = np.sqrt(_SUM(c * c, axis=d, keepdims=True) * inv + eps)
         y = c / root
         if w is not None:
             y = y * w.local

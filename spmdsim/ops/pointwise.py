@@ -28,7 +28,7 @@ from ..infer.pointwise import infer_pointwise
 from ..precision import rounded, wide
 from ..validate import dtype_arg
 from . import _common
-from ._common import decided, describe, dry_zeros, make_dtensor, result_dtype
+from ._common import DTYPE, LAYOUT, LOCAL, SHAPE, decided, describe, dry_zeros, make_dtensor, result_dtype
 
 __all__ = ["add", "sub", "mul", "div", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "pow", "neg",
            "abs", "sigmoid", "silu", "sin", "cos", "square", "rsqrt", "clip", "erf", "equal", "not_equal", "lift",
@@ -96,12 +96,12 @@ def _operands(op: str, args: tuple) -> tuple[Any, list]:
 def pointwise(op: str, *args: Any) -> Any:
     """Run elementwise `op` on DTensors and numbers with numpy broadcasting (see the module docstring)."""
     mesh, xs = _operands(op, args)
-    plan, result, dtype, stay = decided(infer_pointwise, op, tuple([x._layout for x in xs]),
-                                   tuple([x._shape for x in xs]), tuple([x._local.dtype for x in xs]))
+    plan, result, dtype, stay = decided(infer_pointwise, op, tuple(map(LAYOUT, xs)),
+                                   tuple(map(SHAPE, xs)), tuple(map(DTYPE, xs)))
     if not all(stay):
         xs = [x if kept else _redistributed(x, t) for x, t, kept in zip(xs, plan.targets, stay)]
     forward = _KERNELS[op]
-    locals_ = [x.local for x in xs]
+    locals_ = list(map(LOCAL, xs))
     block = _dry_block(mesh, forward, locals_) if mesh.engine.dry else None
     if block is None:
         if dtype == "bfloat16":  # bfloat16: computed in float32, rounded once (spmdsim.precision)

@@ -19,6 +19,8 @@ from ...flops import any_open, gemm, sweep
 from ..graph import record, with_partial
 from .grads import grad_tensor
 
+_SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
+
 __all__ = ["record_attention", "count_core", "count_core_kernels"]
 
 
@@ -103,7 +105,7 @@ def record_attention(out: Any, q: Any, k: Any, v: Any, plan: Any, kept: dict, co
         dpd = product(dyh, v.local.transpose(keys_t))
         dv = product(pd.transpose(0, 1, 3, 2), dyh).transpose(back)
         dp = dpd if factors is None else dpd * factors
-        ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True)) * scale
+        ds = p * (dp - _SUM(dp * p, axis=-1, keepdims=True)) * scale
         dq = product(ds, k.local.transpose(heads)).transpose(back)
         dk = product(ds.transpose(0, 1, 3, 2), q.local.transpose(heads)).transpose(back)
         return dq, dk, dv

@@ -43,7 +43,10 @@ class _EinsumGrads:
                 grads.append(None)
                 continue
             others, their_words, summed, carried = per[k]
-            g = contract(their_words, [d] + [xs[i].local for i in others], words[k])
+            blocks = [d]  # dY's and the other operands' blocks (a loop: a comprehension is a frame of its own)
+            for i in others:
+                blocks.append(xs[i].local)
+            g = contract(their_words, blocks, words[k])
             if isinstance(g, tuple):  # letters only x has (summed away by the forward): dY spread over them
                 g, present = g  # `present` keeps x's letter order, so a reshape puts the ones in place
                 g = np.broadcast_to(np.reshape(g, [g.shape[present.index(ch)] if ch in present else 1

@@ -9,7 +9,7 @@ from ...layout import TensorLayout
 from ...precision import is_low
 from ..graph import with_partial
 
-__all__ = ["grad_tensor", "axes_of", "named", "needs"]
+__all__ = ["grad_tensor", "gradient_block", "axes_of", "named", "needs"]
 
 _F32 = np.dtype(np.float32)
 
@@ -22,7 +22,6 @@ def axes_of(layout: TensorLayout, entries: Iterable[tuple[str, ...]]) -> tuple[s
 def grad_tensor(like: Any, local: np.ndarray, *pending: Iterable[str]) -> Any:
     """A gradient of `like`: its tensor map, pending over the union of `pending`, block `local`."""
     layout = like._layout
-    block = like._local  # read for its dtype and shape only (a captured step's traced view has the same)
     if any(pending):  # most gradients of a tensor-parallel step: by the layout object and the axes, in C
         key = (id(layout), pending)
         try:
@@ -41,8 +40,14 @@ def grad_tensor(like: Any, local: np.ndarray, *pending: Iterable[str]) -> Any:
                 _PENDING[key] = (layout, grad_layout)
     else:  # nothing pending (most gradients): no sets to build, and `layout` itself when it is whole
         grad_layout = with_partial(layout, ()) if layout.partial else layout
+    return gradient_block(like, local, grad_layout)
+
+
+def gradient_block(like: Any, local: Any, grad_layout: TensorLayout) -> Any:
+    """A gradient of `like` in `grad_layout` (its tensor map; pending where it says), block `local`."""
     # A bfloat16 tensor's gradient is float32 (spmdsim.precision): summed over its consumers and its
     # ranks in float32, rounded once where its tensor's rule reads it (a parameter's stays float32).
+    block = like._local  # read for its dtype and shape only (a captured step's traced view has the same)
     dtype = block.dtype
     want = _F32 if dtype.kind == "V" and is_low(dtype) else dtype
     local = np.asanyarray(local)  # a captured step's traced block stays traced (spmdsim.runtime.replay)

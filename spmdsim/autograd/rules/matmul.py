@@ -21,6 +21,8 @@ from ...layout import TensorLayout
 from ..graph import record, with_partial
 from .grads import axes_of, grad_tensor, named
 
+_SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
+
 __all__ = ["record_matmul", "record_linear", "record_mlp", "record_embedding"]
 
 
@@ -47,7 +49,7 @@ def _matmul_grads(x: Any, w: Any, local: TensorLayout, ta: bool, tb: bool, dy: A
         db = _product(_swap(a), dy.local)
         summed = local.tensor_map[-2:-1]
         if w.layout.ndim == 2 and db.ndim > 2:
-            db = db.sum(axis=tuple(range(db.ndim - 2)))
+            db = _SUM(db, axis=tuple(range(db.ndim - 2)))
             summed = local.tensor_map[:-1]
         gw = grad_tensor(w, _swap(db) if tb else db, passed, axes_of(local, summed), x.layout.partial)
     return gx, gw
@@ -72,7 +74,7 @@ def record_linear(out: Any, x: Any, w: Any, bias: Any, plan: Any, label: Optiona
         gx, gw = _matmul_grads(x, w, local, False, False, dy, need[0], need[1])
         gb = None
         if need[2]:
-            rows = dy.local.reshape(-1, dy.local.shape[-1]).sum(axis=0)
+            rows = _SUM(dy.local.reshape(-1, dy.local.shape[-1]), axis=0)
             gb = grad_tensor(bias, rows, dy.layout.partial, axes_of(local, local.tensor_map[:-1]))
         return gx, gw, gb
 
@@ -104,14 +106,14 @@ def record_mlp(out: Any, x: Any, fc1: tuple, fc2: tuple, plans: tuple, a: np.nda
         passed, d = dy.layout.partial, dy.local
         d2, h2 = d.reshape(-1, d.shape[-1]), h.reshape(-1, h.shape[-1])
         gw2 = grad_tensor(w2, _product(h2.T, d2), passed, rows2) if need[0] else None
-        gb2 = grad_tensor(b2, d2.sum(axis=0), passed, rows2) if need[1] else None
+        gb2 = grad_tensor(b2, _SUM(d2, axis=0), passed, rows2) if need[1] else None
         dh = _product(d, _swap(w2.local))
         da = _local(kernel, dh, a, dh)
         da2 = da.reshape(-1, da.shape[-1])
         gx = grad_tensor(x, _product(da, _swap(w1.local)), passed, x_sums) if need[2] else None
         gw1 = grad_tensor(w1, _product(x.local.reshape(-1, x.local.shape[-1]).T, da2), passed,
                           rows1) if need[3] else None
-        gb1 = grad_tensor(b1, da2.sum(axis=0), passed, rows1) if need[4] else None
+        gb1 = grad_tensor(b1, _SUM(da2, axis=0), passed, rows1) if need[4] else None
         return gw2, gb2, gx, gw1, gb1
 
     return record(out, name, (w2, b2, x, w1, b1), backward, with_partial(l2, ()),

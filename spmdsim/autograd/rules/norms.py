@@ -16,6 +16,8 @@ from ...flops import any_open, sweep
 from ..graph import record
 from .grads import axes_of, grad_tensor
 
+_SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
+
 __all__ = ["record_softmax", "record_normalized", "record_layer_norm"]
 
 
@@ -53,9 +55,9 @@ class _NormalizedGrads:
     def grad(self, dy: np.ndarray) -> np.ndarray:
         y, d = self.y, self.d
         inv = 1.0 / self.n
-        g = dy - (dy * y).sum(axis=d, keepdims=True) * inv * y
+        g = dy - _SUM(dy * y, axis=d, keepdims=True) * inv * y
         if self.centre:
-            g = g - dy.sum(axis=d, keepdims=True) * inv
+            g = g - _SUM(dy, axis=d, keepdims=True) * inv
         return g * self.kept["rstd"]
 
     def __call__(self, dy: Any) -> tuple:
@@ -78,14 +80,14 @@ def record_layer_norm(out: Any, x: Any, weight: Any, bias: Any, stats: dict, d: 
 
     def grads(dy: np.ndarray) -> tuple:
         y = (x.local - stats["mean"]) / stats["root"]
-        dw = (dy * y).sum(axis=lead) if need[1] else None
-        db = dy.sum(axis=lead) if need[2] else None
+        dw = _SUM(dy * y, axis=lead) if need[1] else None
+        db = _SUM(dy, axis=lead) if need[2] else None
         if not need[0]:
             return None, dw, db
         dyy = dy if weight is None else dy * weight.local
         inv = 1.0 / n
-        g = dyy - (dyy * y).sum(axis=d, keepdims=True) * inv * y
-        g = g - dyy.sum(axis=d, keepdims=True) * inv
+        g = dyy - _SUM(dyy * y, axis=d, keepdims=True) * inv * y
+        g = g - _SUM(dyy, axis=d, keepdims=True) * inv
         return g * (1.0 / stats["root"]), dw, db
 
     def backward(dy: Any) -> tuple:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 from typing import Any, Callable
 
 import numpy as np
@@ -19,7 +20,9 @@ from ...engines import local as _local  # the kernel; the dry engine's zeros, no
 from ...flops import any_open, sweep
 from ..graph import record, with_partial
 from ..kept import shell
-from .grads import axes_of, grad_tensor, needs
+from .grads import axes_of, grad_tensor, gradient_block, needs
+
+_SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
 
 __all__ = ["DERIVATIVES", "quiet", "record_pointwise", "record_activation", "record_bias_add", "record_scale",
            "record_dropout", "record_dropout_mask"]
@@ -135,9 +138,9 @@ def _summed(local: np.ndarray, shape: tuple, out_shape: tuple, dry: bool = False
             kept[d] = 1
         return np.zeros(kept, local.dtype), dims
     if lead:
-        local = local.sum(axis=lead)
+        local = _SUM(local, axis=lead)
     if inner:
-        local = local.sum(axis=inner, keepdims=True)
+        local = _SUM(local, axis=inner, keepdims=True)
     return local, dims
 
 
@@ -206,17 +209,42 @@ class _PointwiseGrads:
             fulls = _local(lambda: derivative(d, [x.local for x in xs], out.local, need), d)
         elif op in LOUD:  # `quiet`'s errstate, for the ops that warn on finite operands
             with np.errstate(divide="ignore", invalid="ignore"):
-                fulls = derivative(d, [x.local for x in xs], out.local, need)
+                fulls = derivative(d, list(map(_LOCAL, xs)), out.local, need)
         else:
-            fulls = derivative(d, [x.local for x in xs], out.local, need)
+            fulls = derivative(d, list(map(_LOCAL, xs)), out.local, need)
         if not isinstance(fulls, tuple):  # a dry run's zeros: one block shaped like dy for every operand
             fulls = tuple(fulls if n else None for n in need)
-        result = []
         partial = dy._layout.partial
+        # What each operand's gradient is summed over and in which layout it ends: decided by the plan, dY's
+        # layout, the operands' layouts and which take a gradient, the same every step (kept by the objects'
+        # ids, as `decided` keeps the forward's plan; the entry holds the objects, so no id in a key that
+        # matches is another object's).
+        layouts = tuple(map(_LAYOUT, xs))
+        key = (id(plan), id(dy._layout), need) + tuple(map(id, layouts))
+        seen = _BACKWARDS.get(key)
+        if seen is not None and not dry:
+            result = []
+            for x, g, way in zip(xs, fulls, seen[3]):
+                if way is None or g is None:
+                    result.append(None)
+                    continue
+                ndim = getattr(g, "ndim", None)
+                if (np.ndim(g) if ndim is None else ndim) < d.ndim:
+                    g = np.broadcast_to(g, d.shape)
+                g = np.asanyarray(g)
+                lead, inner, layout = way
+                if lead:
+                    g = _SUM(g, axis=lead)
+                if inner:
+                    g = _SUM(g, axis=inner, keepdims=True)
+                result.append(gradient_block(x, g.reshape(x._local.shape), layout))
+            return tuple(result)
+        result, ways = [], []
         kept = plan.out.partial
         for x, g, n in zip(xs, fulls, need):
             if not n or g is None:
                 result.append(None)
+                ways.append(None)
                 continue
             ndim = getattr(g, "ndim", None)  # an array's or numpy scalar's, without np.ndim's Python
             g = np.broadcast_to(g, d.shape) if (np.ndim(g) if ndim is None else ndim) < d.ndim else g
@@ -224,8 +252,20 @@ class _PointwiseGrads:
             summed = _summed_axes(plan.out, dims) if dims else ()
             # A bilinear op's other operand read only this rank's addend: its gradient is pending too.
             carried = kept if not x._layout.partial else ()
-            result.append(grad_tensor(x, block.reshape(x._local.shape), partial, summed, carried))
+            grad = grad_tensor(x, block.reshape(x._local.shape), partial, summed, carried)
+            result.append(grad)
+            ways.append(_sum_dims(x._shape, plan.shape)[:2] + (grad._layout,))
+        if not dry:
+            if len(_BACKWARDS) >= _CACHE_MAX:
+                _BACKWARDS.clear()
+            _BACKWARDS[key] = (plan, dy._layout, layouts, tuple(ways))
         return tuple(result)
+
+
+# (id(plan), id(dY's layout), need, the operands' layouts' ids) -> (those objects; per operand taking a gradient
+# (lead and inner dims summed, the gradient's layout), else None)
+_BACKWARDS: dict = {}
+_LAYOUT, _LOCAL = operator.attrgetter("_layout"), operator.attrgetter("local")
 
 
 def record_activation(out: Any, x: Any, name: str, kept: Any = None) -> Any:
@@ -250,7 +290,7 @@ def record_bias_add(out: Any, x: Any, bias: Any) -> Any:
         gb = None
         if need_b:
             sweep("bias_grad", (dy.local,), (bias.local,))
-            rows = dy.local.reshape(-1, dy.local.shape[-1]).sum(axis=0)
+            rows = _SUM(dy.local.reshape(-1, dy.local.shape[-1]), axis=0)
             gb = grad_tensor(bias, rows, dy.layout.partial, axes_of(x.layout, x.layout.tensor_map[:-1]))
         return gx, gb
 

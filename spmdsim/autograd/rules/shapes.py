@@ -21,6 +21,8 @@ from ...plan.shift import Shift
 from ..graph import record, with_partial
 from .grads import grad_tensor
 
+_SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
+
 __all__ = ["record_transpose", "record_reshape", "record_broadcast_to", "record_narrow", "record_narrow_split",
            "record_concatenate", "record_concatenate_split"]
 
@@ -60,7 +62,7 @@ def record_broadcast_to(out: Any, x: Any, new: tuple) -> Any:
     grown = tuple(lead + d for d, (o, n) in enumerate(zip(x.global_shape, new[lead:])) if o == 1 and n != 1)
 
     def backward(dy: Any) -> tuple:
-        block = dy.local.sum(axis=tuple(range(lead)) + grown, keepdims=True) if lead or grown else dy.local
+        block = _SUM(dy.local, axis=tuple(range(lead)) + grown, keepdims=True) if lead or grown else dy.local
         return (grad_tensor(x, block.reshape(x.local.shape), dy.layout.partial),)
 
     return record(out, "broadcast_to", (x,), backward)
