@@ -33,20 +33,22 @@ makes none of the experts' products.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from .. import ops
+from ..buffers import contiguous
 from ..activations import gelu, gelu_backward
 from ..autograd.graph import record, with_partial
 from ..errors import SpmdsimError
 from ..runtime.collectives import allreduce, alltoall
 from ..runtime.dtensor import DTensor
 from ..runtime.exchange import group_alltoallv
+from ..runtime.replay import kernel
 from ..sim.dry import dry_run_active, zeros
 from .config import MoEConfig
-from .routing import dispatch_rows, gates_backward, planned, route
+from .routing import Routing, dispatch_rows, gates_backward, planned, route
 
 __all__ = ["MoEStats", "moe_layer", "moe_experts", "moe_problem"]
 
@@ -135,15 +137,13 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     El = E // ep
     if dry_run_active():
         return _dry_experts(x, probs, (w1, b1, w2, b2), moe, name, stats)
-    routing = route(np.ascontiguousarray(probs.local.transpose(1, 0, 2)), k, moe.capacity(T))
-    rows, nrows, per_expert = dispatch_rows(routing, moe.dropless)
-    kept = routing.kept
-    tok = (np.arange(bl)[:, None, None] * T + np.arange(T)[None, :, None] + np.zeros_like(rows))[kept]
-    at, gate = rows[kept], routing.gates[kept]
-    xs = x.local.transpose(1, 0, 2).reshape(bl * T, D)
-    send = np.zeros((nrows, D))
-    send[at] = xs[tok]
-    move = _Exchange(mesh, moe, routing.capacity, bl, El, per_expert, f"{name} dispatch", f"{name} combine")
+    C = moe.capacity(T)
+    # Routing, packing and unpacking are kernels (spmdsim.runtime.replay): with a capacity every array they
+    # make has a fixed shape, so a replayed step reruns them on its own probabilities into the captured arrays.
+    experts, gates, slots, counts, rows, per_expert, load = _routed(probs.local, k, C, moe.dropless)
+    nrows = bl * E * C if not moe.dropless else int(per_expert.sum())
+    send = _pack(x.local, rows, nrows)
+    move = _Exchange(mesh, moe, C, bl, El, per_expert, f"{name} dispatch", f"{name} combine")
     xe = move.dispatch(send)  # expert-major rows: local expert 0's, then 1's ...
     W1, B1, W2, B2 = w1.local, b1.local, w2.local, b2.local
     hs, acts, ye = [], [], np.empty_like(xe)
@@ -157,21 +157,16 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     for e, (lo, hi) in enumerate(move.ranges):
         ye[lo:hi] += B2[e]
     back = move.combine(ye)
-    ys = np.zeros((bl * T, D))
-    np.add.at(ys, tok, gate[:, None] * back[at])
-    out = DTensor(mesh, np.ascontiguousarray(ys.reshape(bl, T, D).transpose(1, 0, 2)), x.layout, x.global_shape)
-    if stats is not None:
-        stats.append(_stats(mesh, name, routing, move, at, D))
+    out = DTensor(mesh, _unpack(back, rows, gates), x.layout, x.global_shape)
+    if stats is not None:  # read off the routing's arrays by a kernel: a replay reads its own step's again
+        stats.append(None)  # (a kernel's list arguments are copied: it is handed the list's __setitem__)
+        _noted(stats.__setitem__, len(stats) - 1, mesh, name, experts, slots, counts, rows, move, D)
     tensors = (x, probs, w1, b1, w2, b2)
     if all(t._ag is None for t in tensors):
-        return out, routing.counts.sum(axis=0).astype(np.float64)
+        return out, load
 
     def backward(dy: Any) -> tuple:
-        dys = dy.local.transpose(1, 0, 2).reshape(bl * T, D)
-        dgates = np.zeros(routing.gates.shape)
-        dgates[kept] = np.einsum("nd,nd->n", dys[tok], back[at])
-        dback = np.zeros((nrows, D))
-        dback[at] = gate[:, None] * dys[tok]
+        dgates, dback = _combine_grad(dy.local, back, rows, gates)
         dye = move.dispatch(dback, f"{name} combine backward")  # combine's conjugate: the dispatch's way
         grads = {n: np.zeros_like(t.local) for n, t in (("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2))}
         dxe = np.empty_like(xe)
@@ -182,18 +177,93 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
             grads["w1"][e], grads["b1"][e] = xe[lo:hi].T @ dh, dh.sum(axis=0)
             dxe[lo:hi] = dh @ W1[e].T  # pending over tp: each rank's hidden columns' share
         dsend = move.combine(dxe, f"{name} dispatch backward")  # dispatch's conjugate: the combine's way
-        dxs = np.zeros((bl * T, D))
-        np.add.at(dxs, tok, dsend[at])
-        dx = np.ascontiguousarray(dxs.reshape(bl, T, D).transpose(1, 0, 2))
-        dprobs = gates_backward(probs.local.transpose(1, 0, 2), routing, dgates).transpose(1, 0, 2)
+        dx = _unpack(dsend, rows, None)
+        dprobs = _probs_grad(probs.local, experts, gates, slots, counts, C, dgates)
         over_tp = ("tp",) if tp > 1 else ()
         over_dp = ("dp",) if "dp" in mesh.layout.alias_name and mesh.layout.axis_size("dp") > 1 else ()
-        return (_grad(x, dx, over_tp), _grad(probs, np.ascontiguousarray(dprobs), ()),
+        return (_grad(x, dx, over_tp), _grad(probs, dprobs, ()),
                 _grad(w1, grads["w1"], over_dp), _grad(b1, grads["b1"], over_dp),
                 _grad(w2, grads["w2"], over_dp), _grad(b2, grads["b2"], over_dp))
 
     record(out, f"moe experts {name}", tensors, backward, with_partial(x.layout, ()))
-    return out, routing.counts.sum(axis=0).astype(np.float64)
+    return out, load
+
+
+def _route(probs: np.ndarray, top_k: int, capacity: int, dropless: bool) -> tuple:
+    """This rank's routing of its (T, bl, E) probabilities, as arrays: (experts, gates, slots (bl, T, k);
+    counts (bl, E); rows (bl, T, k), each assignment's row in the send buffer, -1 where dropped; rows per
+    expert (E,); the (E,) assignments before dropping, float64, for the load-balancing loss)."""
+    routing = route(np.ascontiguousarray(probs.transpose(1, 0, 2)), top_k, capacity)
+    rows, _, per_expert = dispatch_rows(routing, dropless)
+    return (routing.experts, routing.gates, routing.slots, routing.counts, rows, per_expert,
+            routing.counts.sum(axis=0).astype(np.float64))
+
+
+def _token_rows(rows: np.ndarray, bl: int) -> tuple[np.ndarray, np.ndarray]:
+    """(each kept assignment's token, as a row of a (T * bl, D) block; its row in the send buffer)."""
+    _, T, k = rows.shape
+    kept = rows >= 0
+    token = np.arange(T)[None, :, None] * bl + np.arange(bl)[:, None, None]  # (t, b) -> t * bl + b
+    return np.broadcast_to(token, rows.shape)[kept], rows[kept]
+
+
+def _pack(x: np.ndarray, rows: np.ndarray, nrows: int, out: Optional[np.ndarray] = None) -> np.ndarray:
+    """The dispatch's send buffer (nrows, D): each kept assignment's token row of x (T, bl, D) at its row,
+    the rest zero."""
+    T, bl, D = x.shape
+    send = np.zeros((nrows, D)) if out is None else out
+    if out is not None:
+        send.fill(0.0)
+    tok, at = _token_rows(rows, bl)
+    send[at] = x.reshape(T * bl, D)[tok]
+    return send
+
+
+def _unpack(back: np.ndarray, rows: np.ndarray, gates: Optional[np.ndarray],
+            out: Optional[np.ndarray] = None) -> np.ndarray:
+    """(T, bl, D): each token's kept assignments' rows of `back` (nrows, D) summed, times their gates (none:
+    the rows themselves, the dispatch's gradient)."""
+    bl, T, _ = rows.shape
+    D = back.shape[1]
+    ys = np.zeros((T, bl, D)) if out is None else out
+    if out is not None:
+        ys.fill(0.0)
+    tok, at = _token_rows(rows, bl)
+    np.add.at(ys.reshape(T * bl, D), tok, back[at] if gates is None else gates[rows >= 0][:, None] * back[at])
+    return ys
+
+
+def _combine_grad(dy: np.ndarray, back: np.ndarray, rows: np.ndarray, gates: np.ndarray) -> tuple:
+    """The combine's backward: (d loss / d gates (bl, T, k); d loss / d the combine's rows (nrows, D)) from
+    the output's gradient dy (T, bl, D)."""
+    T, bl, D = dy.shape
+    kept = rows >= 0
+    tok, at = _token_rows(rows, bl)
+    dys = dy.reshape(T * bl, D)[tok]
+    dgates = np.zeros(gates.shape)
+    dgates[kept] = np.einsum("nd,nd->n", dys, back[at])
+    dback = np.zeros(back.shape)
+    dback[at] = gates[kept][:, None] * dys
+    return dgates, dback
+
+
+def _probs_grad(probs: np.ndarray, experts: np.ndarray, gates: np.ndarray, slots: np.ndarray,
+                counts: np.ndarray, capacity: int, dgates: np.ndarray) -> np.ndarray:
+    """d loss / d probs (T, bl, E) from d loss / d gates (bl, T, k)."""
+    routing = Routing(experts, gates, slots, counts, capacity)
+    return np.ascontiguousarray(gates_backward(probs.transpose(1, 0, 2), routing, dgates).transpose(1, 0, 2))
+
+
+def _note(put: Callable, at: int, mesh: Any, name: str, experts: np.ndarray, slots: np.ndarray,
+          counts: np.ndarray, rows: np.ndarray, move: "_Exchange", D: int) -> None:
+    """put(at, this rank's MoEStats of the routing's arrays)."""
+    routing = Routing(experts, None, slots, counts, move.C)
+    put(at, _stats(mesh, name, routing, move, rows[rows >= 0], D))
+
+
+# One call each in a captured step (spmdsim.runtime.replay), rerun by every replay.
+_routed, _pack, _unpack, _combine_grad, _probs_grad, _noted = (
+    kernel(f) for f in (_route, _pack, _unpack, _combine_grad, _probs_grad, _note))
 
 
 def _dry_experts(x: Any, probs: Any, weights: tuple, moe: MoEConfig, name: str,
@@ -281,7 +351,7 @@ class _Exchange:
             if self.dry:
                 return got.reshape(-1, D)
             # (ep * bl, El, C, D) -> (El, ep * bl, C, D): each local expert's slots together
-            return np.ascontiguousarray(got.transpose(1, 0, 2, 3)).reshape(-1, D)
+            return contiguous(got.transpose(1, 0, 2, 3)).reshape(-1, D)
         got = group_alltoallv(self.mesh, send, self.send_rows, self.recv_rows, "ep", label)
         return got if self.dry else got[self.order]
 
@@ -293,8 +363,8 @@ class _Exchange:
             if self.dry:
                 blocks = zeros((self.ep * self.bl, self.El, self.C, D), rows.dtype)
             else:
-                blocks = np.ascontiguousarray(rows.reshape(self.El, self.ep * self.bl, self.C, D)
-                                              .transpose(1, 0, 2, 3))
+                blocks = contiguous(rows.reshape(self.El, self.ep * self.bl, self.C, D)
+                                    .transpose(1, 0, 2, 3))
             got = alltoall(self.mesh, blocks, "ep", 0, 1, label) if self.ep > 1 else blocks
             return got.reshape(-1, D)
         if self.dry:
