@@ -39,7 +39,7 @@ for _folder in (HERE.parent, HERE.parents[1]):  # the step beside this file, spm
         sys.path.insert(0, str(_folder))
 
 from _gpt_peer_args import add_model_arguments, refuse_small  # noqa: E402
-from _peer_mpi4py_step import Comms, Dropout, Replica, shard  # noqa: E402
+from _peer_mpi4py_step import Comms, Dropout, Replica  # noqa: E402
 
 __all__ = ["run", "main"]
 
@@ -71,10 +71,10 @@ def _after_arrival(comms: Comms) -> float:
     return sum(max(0.0, end - comm.allreduce(start, op=MPI.MAX)) for comm, start, end in comms.spans)
 
 
-def _check(cfg: Any, world: Any, model: Replica, losses: list, tp: int) -> dict:
+def _check(cfg: Any, world: Any, model: Replica, losses: list) -> dict:
     """Rank 0: the check steps' losses against spmdsim.gpt.reference's, and the last step's gradients and the
     parameters after it (the largest difference relative to the tensor's largest entry, over all ranks)."""
-    mine = (model.t, {n: model.g[n].copy() for n in model.g}, {n: model.p[n].copy() for n in model.p})
+    mine = (model.where, {n: model.g[n].copy() for n in model.g}, {n: model.p[n].copy() for n in model.p})
     everyone = world.gather(mine, root=0)
     if world.rank != 0:
         return {}
@@ -88,32 +88,35 @@ def _check(cfg: Any, world: Any, model: Replica, losses: list, tp: int) -> dict:
     grads, params = reference[-1][1], trainer.params
     floor = max(float(np.max(np.abs(a))) for a in grads.values())  # a gradient zero but for rounding
     worst = [0.0, 0.0]
-    for t, got_grads, got_params in everyone:
+    for where, got_grads, got_params in everyone:
         for i, (got, want, least) in enumerate(((got_grads, grads, floor), (got_params, params, 0.0))):
             for name, value in got.items():
                 scale = max(float(np.max(np.abs(want[name]))), least) or 1.0
-                worst[i] = max(worst[i], float(np.max(np.abs(value - shard(name, want[name], t, tp)))) / scale)
+                block = type(model).block(where, name, want[name])
+                worst[i] = max(worst[i], float(np.max(np.abs(value - block))) / scale)
     return {"losses": losses, "reference": [loss for loss, _ in reference], "grad_error": worst[0],
             "param_error": worst[1]}
 
 
-def run(args: argparse.Namespace, cfg: Any, polite: bool) -> dict:
-    """Check and time the step on this rank; rank 0's figures (others: {})."""
+def run(args: argparse.Namespace, cfg: Any, polite: bool, batch_ranks: int = 0, make: Callable = Replica) -> dict:
+    """Check and time the step on this rank; rank 0's figures (others: {}). `batch_ranks`: the ranks the batch
+    is split over (default args.dp); `make`: the replica, called as Replica is (scripts/peer_mpi4py_moe.py's)."""
     from mpi4py import MPI
 
     from spmdsim.gpt import batch, encode, load_text
     from spmdsim.gpt.reference import init_params
 
     world = MPI.COMM_WORLD
-    comms = Comms(world, args.dp, args.tp, polite)
-    d = world.rank // args.tp
-    model = Replica(cfg, comms, args.dp, args.tp, init_params(cfg))
+    dp = batch_ranks or args.dp
+    comms = Comms(world, dp, args.tp, polite)
+    d = world.rank // args.tp  # this rank's share of the batch
+    model = make(cfg, comms, dp, args.tp, init_params(cfg))
     ids, rows = encode(load_text()), slice(d * model.B, (d + 1) * model.B)
     losses = []
     for k in range(args.check):
         x, y = (a[rows] for a in batch(ids, cfg, k))
         losses.append(model.step(x, y, Dropout(cfg.dropout, _spmdsim_masks(cfg, k, d, model.t))))
-    result = _check(cfg, world, model, losses, args.tp) if args.check else {}
+    result = _check(cfg, world, model, losses) if args.check else {}
     walls, inside, arrived, cpus = [], [], [], []
     for k in range(args.check, args.check + args.steps + 1):
         x, y = (a[rows] for a in batch(ids, cfg, k))  # made before the clock, as bench_gpt makes spmdsim's
