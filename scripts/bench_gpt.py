@@ -572,15 +572,7 @@ def _moe(args) -> int:
     print(f"load average at the start {start} (1, 5, 15 min); {n} launch{'es' if n > 1 else ''} of each run, "
           f"interleaved")
     print(f"{'run':44} {'s/step':>8}  ratio: median of the launches' (min-max)")
-    print("8 MPI ranks (mpiexec), polite wait:")
-    for worker, title, base, versus in (("mhand", "  numpy + mpi4py by hand", None, ""),
-                                        ("mhand2", "  the same again (A/A control)", "mhand", "by hand"),
-                                        ("moereplay", "  spmdsim, replayed", "mhand", "by hand"),
-                                        ("moe", "  spmdsim", "moereplay", "replayed")):
-        against = rows[base] if base else None
-        print(_line(title, rows[worker], "step", against, versus))
-        for key, label in FIGURES:
-            print(_line("    " + label, rows[worker], key, against, versus))
+    _mpi_rows(rows, "mhand", "mhand2", "moereplay", "moe")
     if args.simulated:
         print("8 simulated ranks (threads of one process; the peer under spmdsim mpirun, blocking calls):")
         for worker, title, base, versus in (("msimhand", "  numpy + mpi4py by hand", None, ""),
@@ -811,6 +803,20 @@ def _line(label: str, rows: list, key: str, base: list | None = None, versus: st
     return text + f"  {_ratio(rows, base, key, versus)}" if base is not None else text
 
 
+def _mpi_rows(rows: dict, hand: str, again: str, replayed: str, eager: str) -> None:
+    """The 8 MPI ranks' rows, each with its figures: the peer, the peer again (A/A), spmdsim replayed / the
+    peer, spmdsim eager / replayed (the launches named by those workers)."""
+    print("8 MPI ranks (mpiexec), polite wait:")
+    for worker, title, base, versus in ((hand, "  numpy + mpi4py by hand", None, ""),
+                                        (again, "  the same again (A/A control)", hand, "by hand"),
+                                        (replayed, "  spmdsim, replayed", hand, "by hand"),
+                                        (eager, "  spmdsim", replayed, "replayed")):
+        against = rows[base] if base else None
+        print(_line(title, rows[worker], "step", against, versus))
+        for key, label in FIGURES:
+            print(_line("    " + label, rows[worker], key, against, versus))
+
+
 def _report(args, rows: dict, start: str, peer: str | None) -> None:
     """bench_gpt's table: each ratio compares two runs on the same engine, the same ranks and the same cores (one
     process; 8 threads of one process; 8 MPI processes), launch by launch: the median over launches of each
@@ -832,15 +838,7 @@ def _report(args, rows: dict, start: str, peer: str | None) -> None:
         print(_line(title, rows[worker], "step", rows[base], versus))
         cpu = "    CPU time of its 8 ranks"  # the threads' own, summed: steadier than the wall on a loaded machine
         print(_line(cpu, rows[worker], "cpu", rows[base] if base != "ref" else None, versus))
-    print("8 MPI ranks (mpiexec), polite wait:")
-    for worker, title, base, versus in (("hand", "  numpy + mpi4py by hand", None, ""),
-                                        ("hand2", "  the same again (A/A control)", "hand", "by hand"),
-                                        ("mpireplay", "  spmdsim, replayed", "hand", "by hand"),
-                                        ("mpi", "  spmdsim", "mpireplay", "replayed")):
-        against = rows[base] if base else None
-        print(_line(title, rows[worker], "step", against, versus))
-        for key, label in FIGURES:
-            print(_line("    " + label, rows[worker], key, against, versus))
+    _mpi_rows(rows, "hand", "hand2", "mpireplay", "mpi")
     print("8 MPI ranks, blocking calls:")
     print(_line("  numpy + mpi4py by hand", rows["busy"], "step", rows["hand"], "polite"))
     for key, label in FIGURES:

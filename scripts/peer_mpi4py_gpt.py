@@ -41,7 +41,7 @@ for _folder in (HERE.parent, HERE.parents[1]):  # the step beside this file, spm
 from _gpt_peer_args import add_model_arguments, refuse_small  # noqa: E402
 from _peer_mpi4py_step import Comms, Dropout, Replica  # noqa: E402
 
-__all__ = ["run", "main"]
+__all__ = ["run", "print_result", "main"]
 
 
 def _spmdsim_masks(cfg: Any, step: int, d: int, t: int) -> Callable[[str, tuple], np.ndarray]:
@@ -179,8 +179,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     polite = resolve_wait_mode(args.wait, world) == "polite"
     result = run(args, cfg, polite)
     if result:
-        print(f"numpy + mpi4py, {world.size} ranks (dp {args.dp} x tp {args.tp}, sequence parallel), "
-              f"float64, {result['wait']} wait")
+        print_result(args, result, f"numpy + mpi4py, {world.size} ranks (dp {args.dp} x tp {args.tp}, sequence "
+                     f"parallel), float64, {result['wait']} wait")
+    return 0
+
+
+def print_result(args: argparse.Namespace, result: dict, heading: str) -> None:
+    """Rank 0's lines: `heading`, the checked steps' losses and errors, the timed step, the RESULT line."""
+    if result:
+        print(heading)
         for k, (a, b) in enumerate(zip(result.get("losses", ()), result.get("reference", ()))):
             print(f"step {k} loss {a:.12f}, one numpy process {b:.12f} (same dropout masks), |diff| {abs(a - b):.1e}")
         if args.check:
@@ -189,7 +196,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"training step {result['step']:.3f} s, {result['calls']} collectives {result['collectives']:.3f} s "
               f"(median of {args.steps} after a warm-up, slowest rank, numpy's own dropout masks)")
         print("RESULT " + json.dumps(result))
-    return 0
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -46,7 +45,7 @@ for _folder in (HERE.parent, HERE.parents[1]):  # the step beside this file, spm
         sys.path.insert(0, str(_folder))
 
 from _peer_mpi4py_step import Replica, _gelu, _gelu_back, _layer_norm, _layer_norm_back, adamw_flat, shard  # noqa
-from peer_mpi4py_gpt import run  # noqa: E402
+from peer_mpi4py_gpt import print_result, run  # noqa: E402
 
 __all__ = ["MoEReplica", "moe_config", "main"]
 
@@ -276,16 +275,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     polite = resolve_wait_mode(args.wait, world) == "polite"
     result = run(args, cfg, polite, args.dp * args.ep, functools.partial(MoEReplica, ep=args.ep))
     if result:
-        print(f"numpy + mpi4py, {world.size} ranks (dp {args.dp} x ep {args.ep} x tp {args.tp}, sequence "
-              f"parallel), {cfg.moe.describe()}, float64, {result['wait']} wait")
-        for k, (a, b) in enumerate(zip(result.get("losses", ()), result.get("reference", ()))):
-            print(f"step {k} loss {a:.12f}, one numpy process {b:.12f} (same dropout masks), |diff| {abs(a - b):.1e}")
-        if args.check:
-            print(f"after step {args.check - 1}: gradients within {result['grad_error']:.1e}, parameters within "
-                  f"{result['param_error']:.1e} of the one process's (relative to each tensor's largest entry)")
-        print(f"training step {result['step']:.3f} s, {result['calls']} collectives {result['collectives']:.3f} s "
-              f"(median of {args.steps} after a warm-up, slowest rank, numpy's own dropout masks)")
-        print("RESULT " + json.dumps(result))
+        print_result(args, result, f"numpy + mpi4py, {world.size} ranks (dp {args.dp} x ep {args.ep} x tp {args.tp}, "
+                     f"sequence parallel), {cfg.moe.experts} experts, top-2, float64, {result['wait']} wait")
     return 0
 
 
