@@ -74,7 +74,7 @@ parser.add_argument("--algorithm", choices=("pairwise", "bruck"), default=None,
                          "dropless Alltoallv too (bruck has no Alltoallv: it stays the engine's)")
 parser.add_argument("--replay", action="store_true",
                     help="capture step 0 and replay it for the later steps (spmdsim.runtime.replay; checked alike); "
-                         "with a capacity, not --dropless, not --pp")
+                         "not with --pp")
 parser.add_argument("--dispatch", action="store_true",
                     help="print each reported step's dispatch of the first MoE layer: tokens rank -> rank, "
                          "per expert, dropped")

@@ -244,9 +244,6 @@ def replay_problem(cfg: GPTConfig, pipelined: bool = False) -> Optional[str]:
     if cfg.moe is not None and pipelined:
         return ("replay: a pipelined step reads its MoE layers' router losses into Python each microbatch, which "
                 "a replay cannot repeat; train the pipeline without replay")
-    if cfg.moe is not None and cfg.moe.dropless:
-        return ("replay: a dropless MoE layer's exchange sizes follow each step's routing, which a replay cannot "
-                "repeat; give the MoE layers a capacity factor (dropless=False) or train without replay")
     if cfg.clip:
         return (f"replay: clip {cfg.clip!r} reads the gradients' norm into Python each step, which a replay "
                 "cannot repeat; train with clip 0 or without replay")

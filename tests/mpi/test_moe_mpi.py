@@ -30,9 +30,11 @@ def test_moe_gpt_steps_match_one_numpy_process(dropless):
     model.mesh.close()
 
 
-def test_a_replayed_moe_gpt_step_equals_the_eager_step_bit_for_bit():
-    """Step 0 captured, steps 1-2 replayed over MPI (the Alltoalls of the capacity's slots): each checked
-    against one numpy process, and equal to the eager steps bit for bit."""
+@pytest.mark.parametrize("dropless", [False, True])
+def test_a_replayed_moe_gpt_step_equals_the_eager_step_bit_for_bit(dropless):
+    """Step 0 captured, steps 1-2 replayed over MPI (the Alltoalls of the capacity's slots, or the counts'
+    Alltoall and the rows' Alltoallv): each checked against one numpy process, and equal to the eager steps
+    bit for bit."""
     from mpi4py import MPI
 
     from spmdsim.gpt import GPTConfig, encode, load_text
@@ -44,7 +46,7 @@ def test_a_replayed_moe_gpt_step_equals_the_eager_step_bit_for_bit():
     ep = 2 if comm.size % (2 * tp) == 0 else 1
     dp = comm.size // (ep * tp)
     cfg = GPTConfig(layers=2, d_model=16, heads=4, seq=8, batch=dp * ep * 2, dropout=0.1,
-                    moe=MoEConfig(experts=4, top_k=2, capacity_factor=1.0))
+                    moe=MoEConfig(experts=4, top_k=2, capacity_factor=1.0, dropless=dropless))
     runs = [train(cfg, comm, dp, tp, 3, encode(load_text(20_000)), ep=ep, replay=replay) for replay in (False, True)]
     (eager_model, eager), (model, replayed) = runs
     assert [(r.loss, r.calls, r.bytes_sent) for r in replayed] == [(r.loss, r.calls, r.bytes_sent) for r in eager]
