@@ -5,6 +5,7 @@
     python scripts/bench_gpt.py --pipeline               # pp 4, 1F1B, 8 microbatches: spmdsim and by hand
     python scripts/bench_gpt.py --pipeline --replay      # spmdsim's steps 1.. replayed from step 0's capture
     python scripts/bench_gpt.py --pipeline --replay --simulated   # also on 4 simulated ranks
+    python scripts/bench_gpt.py --moe --simulated        # the MoE step, eager and replayed, and by hand
 
 Each worker is its own launch (the rows interleave, launch by launch), runs one
 warm-up step, then times --steps steps (each after a barrier, the slowest
@@ -112,6 +113,21 @@ replayed: the same engine, ranks and cores). ``--simulated`` (with
 (``spmdsim mpirun -n 4``: threads of one process, blocking calls), spmdsim's
 replayed step on 4 simulated ranks (spmdsim.simulate) and the peer there again
 (the A/A control): the step times of the same engine on the same threads.
+
+``--moe`` times the MoE GPT's step instead (the same sizes, every second
+block's MLP 4 experts behind a top-2 router, capacity factor 1) on 8 MPI ranks,
+dp 2 x ep 2 x tp 2, sequence parallel: each round the hand-written peer
+(scripts/peer_mpi4py_moe.py: the dense peer's step with its MoE layers on
+mpi4py, Alltoall over ep, the same collectives a step as spmdsim's; polite
+wait), spmdsim's step replayed (step 0 captured, the timed steps replaying it),
+spmdsim's step eager, and the peer again (the A/A control), with the step, its
+collectives, their time after the last member arrived and the 8 ranks' CPU,
+as the dense rows. ``--simulated`` adds each round the peer on 8 simulated
+ranks (``spmdsim mpirun -n 8``, blocking calls), spmdsim's replayed step on 8
+simulated ranks and the peer there again. Step 0 runs with spmdsim's dropout
+masks on both sides: the peer's loss is printed beside spmdsim's (eager and
+replayed) and the one process's, and the script exits 1 when the losses or
+the collectives a step differ.
 """
 from __future__ import annotations
 
