@@ -41,7 +41,7 @@ for _folder in (HERE.parent, HERE.parents[1]):  # the step beside this file, spm
 from _gpt_peer_args import add_model_arguments, refuse_small  # noqa: E402
 from _peer_mpi4py_step import Comms, Dropout, Replica  # noqa: E402
 
-__all__ = ["run", "print_result", "main"]
+__all__ = ["run", "stopped", "print_result", "main"]
 
 
 def _spmdsim_masks(cfg: Any, step: int, d: int, t: int) -> Callable[[str, tuple], np.ndarray]:
@@ -170,10 +170,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     from spmdsim.engines.wait import resolve_wait_mode
 
     world = MPI.COMM_WORLD
-    problem = _problem(args, world.size)  # every rank sees the same arguments: all stop alike
-    if problem:
-        if world.rank == 0:
-            print(f"peer_mpi4py_gpt: {problem}", file=sys.stderr)
+    if stopped(world, "peer_mpi4py_gpt", _problem(args, world.size)):
         return 2
     cfg = GPTConfig(layers=args.layers, d_model=args.d_model, heads=4, seq=args.seq, batch=8, dropout=args.dropout)
     polite = resolve_wait_mode(args.wait, world) == "polite"
@@ -182,6 +179,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         print_result(args, result, f"numpy + mpi4py, {world.size} ranks (dp {args.dp} x tp {args.tp}, sequence "
                      f"parallel), float64, {result['wait']} wait")
     return 0
+
+
+def stopped(world: Any, script: str, problem: Optional[str]) -> bool:
+    """Whether `problem` (one line, or None) stops the run: every rank sees the same arguments, so all stop
+    alike; rank 0 prints it after `script`'s name."""
+    if problem and world.rank == 0:
+        print(f"{script}: {problem}", file=sys.stderr)
+    return bool(problem)
 
 
 def print_result(args: argparse.Namespace, result: dict, heading: str) -> None:

@@ -45,7 +45,7 @@ for _folder in (HERE.parent, HERE.parents[1]):  # the step beside this file, spm
         sys.path.insert(0, str(_folder))
 
 from _peer_mpi4py_step import Replica, _gelu, _gelu_back, _layer_norm, _layer_norm_back, adamw_flat, shard  # noqa
-from peer_mpi4py_gpt import print_result, run  # noqa: E402
+from peer_mpi4py_gpt import print_result, run, stopped  # noqa: E402
 
 __all__ = ["MoEReplica", "moe_config", "main"]
 
@@ -266,10 +266,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     from spmdsim.engines.wait import resolve_wait_mode
 
     world = MPI.COMM_WORLD
-    problem = _problem(args, world.size)  # every rank sees the same arguments: all stop alike
-    if problem:
-        if world.rank == 0:
-            print(f"peer_mpi4py_moe: {problem}", file=sys.stderr)
+    if stopped(world, "peer_mpi4py_moe", _problem(args, world.size)):
         return 2
     cfg = moe_config(args)
     polite = resolve_wait_mode(args.wait, world) == "polite"
