@@ -32,7 +32,7 @@ import spmdsim
 from spmdsim.gpt import encode, load_text, param_specs
 from spmdsim.gpt.parallel import mesh_problem
 from spmdsim.gpt.pipeline import pipeline_layout_problem, train_pipelined
-from spmdsim.gpt.train import TOLERANCE, train
+from spmdsim.gpt.train import TOLERANCE, replay_problem, train
 from spmdsim.moe import MoEConfig
 from spmdsim.moe.routing import ROUTINGS
 from spmdsim.moe.report import dispatch_lines
@@ -72,6 +72,9 @@ parser.add_argument("--z-loss-coeff", type=float, default=MoEConfig.z_loss_coeff
 parser.add_argument("--algorithm", choices=("pairwise", "bruck"), default=None,
                     help="run the Alltoalls as this emulated algorithm (docs/algorithms.md); pairwise runs the "
                          "dropless Alltoallv too (bruck has no Alltoallv: it stays the engine's)")
+parser.add_argument("--replay", action="store_true",
+                    help="capture step 0 and replay it for the later steps (spmdsim.runtime.replay; checked alike); "
+                         "not with --pp")
 parser.add_argument("--dispatch", action="store_true",
                     help="print each reported step's dispatch of the first MoE layer: tokens rank -> rank, "
                          "per expert, dropped")
@@ -120,6 +123,8 @@ def main(args):
                                           virtual_stages(args), ep=shape[1])
     elif not problem:
         problem = mesh_problem(cfg, shape[0], shape[2], args.sp, shape[1])
+    if not problem and args.replay:
+        problem = replay_problem(cfg, pipelined=piped)
     if problem:
         raise spmdsim.SpmdsimError(f"the MoE GPT cannot run on {comm.size} ranks: {problem}")
     dp, ep, tp = shape
@@ -184,7 +189,8 @@ def main(args):
                                          algorithms=algorithms)
     else:
         model, results = train(cfg, comm, dp, tp, args.steps, encode(text), sp=args.sp, check=check,
-                               on_step=report, mesh=mesh, ep=ep, recompute=args.recompute, memory=args.memory)
+                               on_step=report, mesh=mesh, ep=ep, recompute=args.recompute, memory=args.memory,
+                               replay=args.replay)
     trend, falling = loss_trend([r.loss for r in results])
     failed = sum(not r.passed for r in results)
     if check and rank0:

@@ -201,11 +201,12 @@ class Replica:
         self.B, self.T, self.D = cfg.batch // dp, cfg.seq, cfg.d_model
         self.Tl, self.Hl, self.Vl = cfg.seq // tp, cfg.heads // tp, cfg.vocab // tp
         self.scale = 1.0 / (cfg.batch * cfg.seq)  # the loss is the mean over the global batch's tokens
-        shards = {name: shard(name, value, self.t, tp) for name, value in params.items()}
+        self.tp_size = tp
+        shards = {name: self.shard(name, value) for name, value in params.items()}
         # Flat order: split weights that decay, split vectors, then the replicated ones (summed over all ranks).
-        order = sorted(shards, key=lambda n: (split_dim(n) is None, shards[n].ndim < 2))
+        order = sorted(shards, key=lambda n: (not self.summed_over_dp(n), shards[n].ndim < 2))
         sizes = [shards[n].size for n in order]
-        self.n_dp = sum(s for n, s in zip(order, sizes) if split_dim(n) is not None)
+        self.n_dp = sum(s for n, s in zip(order, sizes) if self.summed_over_dp(n))
         self.n_decay = sum(s for n, s in zip(order, sizes) if shards[n].ndim >= 2)
         self.theta, self.grad = np.empty(sum(sizes)), np.empty(sum(sizes))
         self.m, self.v = np.zeros(sum(sizes)), np.zeros(sum(sizes))
@@ -218,6 +219,24 @@ class Replica:
         T = self.T
         self.causal = np.where(np.triu(np.ones((T, T), dtype=bool), k=1), -np.inf, 0.0)
         self.steps = 0
+
+    @property
+    def where(self) -> tuple:
+        """This rank's place, as `block` reads it: (t, tp)."""
+        return self.t, self.tp_size
+
+    @staticmethod
+    def block(where: tuple, name: str, full: np.ndarray) -> np.ndarray:
+        """The block of parameter `name` (whole: a copy) that the rank at `where` holds."""
+        return shard(name, full, *where)
+
+    def shard(self, name: str, full: np.ndarray) -> np.ndarray:
+        """This rank's block of parameter `name`."""
+        return self.block(self.where, name, full)
+
+    def summed_over_dp(self, name: str) -> bool:
+        """Whether `name`'s gradient is summed over dp only (its tp ranks hold different blocks), not all ranks."""
+        return split_dim(name) is not None
 
     def step(self, x: np.ndarray, y: np.ndarray, drop: Dropout) -> float:
         """One training step on this replica's ids x, y (B/dp, T); the loss of the whole batch."""
@@ -239,6 +258,7 @@ class Replica:
         out, lnf = _layer_norm(h, p["lnf.w"], p["lnf.b"], cfg.ln_eps)
         hf = c.allgather(c.tp, out)
         loss, dz = self._cross_entropy(hf @ p["wte"].T, y.T.reshape(-1))
+        loss += self._extra_loss()
         np.matmul(dz.T, hf, out=g["wte"])  # the tied head; the embedding's rows add in below
         dh = _layer_norm_back(c.reduce_scatter(c.tp, dz @ p["wte"]), lnf, g["lnf.w"], g["lnf.b"])
         for layer in reversed(range(cfg.layers)):
@@ -277,6 +297,13 @@ class Replica:
         proj = c.reduce_scatter(c.tp, o @ p[pre + "attn.wo"])
         proj += p[pre + "attn.bo"]
         h = h + drop(proj, layer + ".resid1", act)
+        h, mlp = self._mlp(pre, h, drop)
+        return h, ((a, ln1, q, k, v, probs, pd, o), mlp)
+
+    def _mlp(self, pre: str, h: np.ndarray, drop: Dropout) -> tuple:
+        """The block's second half: LayerNorm, Allgather, the MLP, Reduce_scatter, the residual; (h, its cache)."""
+        c, p, cfg = self.comms, self.p, self.cfg
+        layer, act = pre[:-1], (self.Tl, self.B, self.D)
         a2_l, ln2 = _layer_norm(h, p[pre + "ln2.w"], p[pre + "ln2.b"], cfg.ln_eps)
         a2 = c.allgather(c.tp, a2_l)
         z = a2 @ p[pre + "mlp.w1"]
@@ -285,13 +312,13 @@ class Replica:
         out = c.reduce_scatter(c.tp, m @ p[pre + "mlp.w2"])
         out += p[pre + "mlp.b2"]
         h = h + drop(out, layer + ".resid2", act)
-        return h, (a, ln1, q, k, v, probs, pd, o, a2, ln2, z, th, m)
+        return h, (a2, ln2, z, th, m)
 
-    def _block_back(self, pre: str, dh: np.ndarray, cache: tuple, drop: Dropout) -> np.ndarray:
-        c, p, g, cfg = self.comms, self.p, self.g, self.cfg
-        B, T, D, Tl, Hl = self.B, self.T, self.D, self.Tl, self.Hl
-        Dh, layer, act = cfg.head_dim, pre[:-1], (Tl, B, D)
-        a, ln1, q, k, v, probs, pd, o, a2, ln2, z, th, m = cache
+    def _mlp_back(self, pre: str, dh: np.ndarray, cache: tuple, drop: Dropout) -> np.ndarray:
+        """`_mlp`'s backward: the gradient of its input h from its output's, dh; the weights' into self.g."""
+        c, p, g = self.comms, self.p, self.g
+        layer, act = pre[:-1], (self.Tl, self.B, self.D)
+        a2, ln2, z, th, m = cache
         dr = drop(dh, layer + ".resid2", act)
         np.sum(dr, axis=0, out=g[pre + "mlp.b2"])
         dr = c.allgather(c.tp, dr)
@@ -300,7 +327,14 @@ class Replica:
         np.matmul(a2.T, dz, out=g[pre + "mlp.w1"])
         np.sum(dz, axis=0, out=g[pre + "mlp.b1"])
         dx = c.reduce_scatter(c.tp, dz @ p[pre + "mlp.w1"].T)
-        dh = dh + _layer_norm_back(dx, ln2, g[pre + "ln2.w"], g[pre + "ln2.b"])
+        return dh + _layer_norm_back(dx, ln2, g[pre + "ln2.w"], g[pre + "ln2.b"])
+
+    def _block_back(self, pre: str, dh: np.ndarray, cache: tuple, drop: Dropout) -> np.ndarray:
+        c, p, g, cfg = self.comms, self.p, self.g, self.cfg
+        B, T, D, Tl, Hl = self.B, self.T, self.D, self.Tl, self.Hl
+        Dh, layer, act = cfg.head_dim, pre[:-1], (Tl, B, D)
+        (a, ln1, q, k, v, probs, pd, o), mlp = cache
+        dh = self._mlp_back(pre, dh, mlp, drop)
         dr = drop(dh, layer + ".resid1", act)
         np.sum(dr, axis=0, out=g[pre + "attn.bo"])
         dr = c.allgather(c.tp, dr)
@@ -322,6 +356,10 @@ class Replica:
             da = part if da is None else da + part
         dx = c.reduce_scatter(c.tp, da)
         return dh + _layer_norm_back(dx, ln1, g[pre + "ln1.w"], g[pre + "ln1.b"])
+
+    def _extra_loss(self) -> float:
+        """Losses beside the cross-entropy, summed over the batch (none: 0.0, no call)."""
+        return 0.0
 
     def _cross_entropy(self, z: np.ndarray, targets: np.ndarray) -> tuple:
         """Megatron's vocab-parallel cross-entropy of logits z (rows, V/tp): the batch's loss, d loss / dz."""

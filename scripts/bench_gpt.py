@@ -5,6 +5,7 @@
     python scripts/bench_gpt.py --pipeline               # pp 4, 1F1B, 8 microbatches: spmdsim and by hand
     python scripts/bench_gpt.py --pipeline --replay      # spmdsim's steps 1.. replayed from step 0's capture
     python scripts/bench_gpt.py --pipeline --replay --simulated   # also on 4 simulated ranks
+    python scripts/bench_gpt.py --moe --simulated        # the MoE step, eager and replayed, and by hand
 
 Each worker is its own launch (the rows interleave, launch by launch), runs one
 warm-up step, then times --steps steps (each after a barrier, the slowest
@@ -112,6 +113,21 @@ replayed: the same engine, ranks and cores). ``--simulated`` (with
 (``spmdsim mpirun -n 4``: threads of one process, blocking calls), spmdsim's
 replayed step on 4 simulated ranks (spmdsim.simulate) and the peer there again
 (the A/A control): the step times of the same engine on the same threads.
+
+``--moe`` times the MoE GPT's step instead (the same sizes, every second
+block's MLP 4 experts behind a top-2 router, capacity factor 1) on 8 MPI ranks,
+dp 2 x ep 2 x tp 2, sequence parallel: each round the hand-written peer
+(scripts/peer_mpi4py_moe.py: the dense peer's step with its MoE layers on
+mpi4py, Alltoall over ep, the same collectives a step as spmdsim's; polite
+wait), spmdsim's step replayed (step 0 captured, the timed steps replaying it),
+spmdsim's step eager, and the peer again (the A/A control), with the step, its
+collectives, their time after the last member arrived and the 8 ranks' CPU,
+as the dense rows. ``--simulated`` adds each round the peer on 8 simulated
+ranks (``spmdsim mpirun -n 8``, blocking calls), spmdsim's replayed step on 8
+simulated ranks and the peer there again. Step 0 runs with spmdsim's dropout
+masks on both sides: the peer's loss is printed beside spmdsim's (eager and
+replayed) and the one process's, and the script exits 1 when the losses or
+the collectives a step differ.
 """
 from __future__ import annotations
 
@@ -127,6 +143,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 MESH = (2, 4)
 PP = 4  # --pipeline's stages, one MPI rank each
+MOE_MESH = (2, 2, 2)  # --moe's (dp, ep, tp) on 8 MPI ranks
+MOE_EXPERTS = 4  # --moe: experts per MoE layer (every second block), top-2, capacity factor 1
 P2P = ("send", "recv", "sendrecv")  # the trace's point-to-point rows (spmdsim.runtime.door.point_to_point)
 
 sys.path.insert(0, str(HERE.parent))  # the peer beside this file, also when imported by path
@@ -137,6 +155,14 @@ def _config(args):
     from spmdsim.gpt import GPTConfig
 
     return GPTConfig(layers=args.layers, d_model=args.d_model, heads=4, seq=args.seq, batch=8, dropout=0.1)
+
+
+def _moe_config(args):
+    """--moe's model: the dense one's sizes, every second block's MLP MOE_EXPERTS experts (the peer's too)."""
+    from peer_mpi4py_moe import moe_config
+
+    return moe_config(argparse.Namespace(layers=args.layers, d_model=args.d_model, seq=args.seq, dropout=0.1,
+                                         experts=MOE_EXPERTS, capacity_factor=1.0))
 
 
 def _reference(args) -> dict:
@@ -155,23 +181,23 @@ def _reference(args) -> dict:
     return {"step": statistics.median(times[1:])}
 
 
-def _steps(args, comm, mpi: bool, shape: tuple = MESH, replay: bool = False) -> dict:
+def _steps(args, comm, mpi: bool, shape: tuple = MESH, replay: bool = False, moe: bool = False) -> dict:
     """Time the distributed steps on this rank's comm; with `mpi` (a process per rank), also their collectives
     after arrival and the CPU time of all ranks. `replay`: the warm-up step is captured
-    (spmdsim.runtime.replay) and each timed step replays it."""
+    (spmdsim.runtime.replay) and each timed step replays it. `moe`: the MoE GPT (_moe_config) on MOE_MESH."""
     from spmdsim import Layout
     from spmdsim.gpt import batch, encode, load_text
     from spmdsim.gpt.parallel import GPT
     from spmdsim.gpt.params import decays, param_specs
     from spmdsim.optim import AdamW
-    from spmdsim import DTensor, Mesh, collect_trace
+    from spmdsim import DTensor, Mesh, collect_trace, ops
     from spmdsim.runtime.replay import Scalar, capture
 
-    cfg, ids = _config(args), encode(load_text())
+    cfg, ids = (_moe_config(args) if moe else _config(args)), encode(load_text())
     walls, inside, arrived, cpus = [], [], [], []
 
-    mesh = Mesh(Layout(shape, ("dp", "tp")), comm)
-    model = GPT(cfg, mesh, sp=shape[1] > 1)
+    mesh = Mesh(Layout(MOE_MESH, ("dp", "ep", "tp")), comm) if moe else Mesh(Layout(shape, ("dp", "tp")), comm)
+    model = GPT(cfg, mesh, sp=mesh.layout.axis_size("tp") > 1)
     specs = param_specs(cfg)
     opt = AdamW([model.params[s.name] for s in specs], lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                 weight_decay=cfg.weight_decay, decay=[model.params[s.name] for s in specs if decays(s)])
@@ -187,7 +213,7 @@ def _steps(args, comm, mpi: bool, shape: tuple = MESH, replay: bool = False) -> 
     graph = None
     for step in range(args.steps + 1):
         x, y = batch(ids, cfg, step)
-        xd, yd = (DTensor.from_global(mesh, a, mesh.layout("dp", None)) for a in (x, y))
+        xd, yd = (DTensor.from_global(mesh, a, mesh.layout(model.batch, None)) for a in (x, y))
         comm.Barrier()
         # A rank's CPU: its process's on MPI ranks (spmdsim's own threads, if any, included), its thread's
         # on simulated ranks (threads of one process), as the hand-written peer measures its ranks'.
@@ -195,12 +221,14 @@ def _steps(args, comm, mpi: bool, shape: tuple = MESH, replay: bool = False) -> 
         t0, c0 = time.perf_counter(), clock()
         with collect_trace() as trace:
             if not replay:
-                train_step(xd, yd, step)
+                loss = train_step(xd, yd, step)
             elif graph is None:
-                graph = capture(train_step, xd, yd, Scalar(step), state=params)
+                loss = graph = capture(train_step, xd, yd, Scalar(step), state=params)
             else:
-                graph(xd, yd, step)
+                loss = graph(xd, yd, step)
         wall, cpu = time.perf_counter() - t0, clock() - c0
+        if step == 0:  # spmdsim's dropout masks: the peer's checked step 0 draws the same
+            loss0 = float(ops.resolved(graph.result if loss is graph else loss).local)
         spent = sum(e.seconds for e in trace.entries)
         if mpi:
             mine = [(e.axes, e.started_at, e.ended_at) for e in trace.entries]
@@ -210,7 +238,7 @@ def _steps(args, comm, mpi: bool, shape: tuple = MESH, replay: bool = False) -> 
         inside.append(comm.allreduce(spent, op=_max()))
     mesh.close()
     out = {"step": statistics.median(walls[1:]), "collectives": statistics.median(inside[1:]),
-           "cpu": statistics.median(cpus[1:])}
+           "cpu": statistics.median(cpus[1:]), "loss0": loss0, "calls": len(trace.entries)}
     if mpi:
         out["arrived"] = statistics.median(arrived[1:])
     return out
@@ -435,6 +463,10 @@ def _worker(args) -> None:
         # with a transposed operand (20 us on one thread).
         with blas_threads(1):
             result = spmdsim.simulate(1, lambda: _steps(args, spmdsim.world(), False, (1, 1)))[0]
+    elif args.worker == "msim":  # --moe --simulated: the replayed MoE step on 8 simulated ranks
+        import spmdsim
+
+        result = spmdsim.simulate(8, lambda: _steps(args, spmdsim.world(), False, replay=True, moe=True))[0]
     elif args.worker == "psim":  # --pipeline --simulated: the replayed step on PP simulated ranks
         import spmdsim
 
@@ -457,7 +489,8 @@ def _worker(args) -> None:
         from spmdsim.runtime.process import tune_mpi_process
 
         tune_mpi_process()  # as the guard does for spmdsim's commands: BLAS threads, heap, memory watch
-        result = _steps(args, MPI.COMM_WORLD, True, replay=args.worker == "mpireplay")
+        result = _steps(args, MPI.COMM_WORLD, True, replay=args.worker in ("mpireplay", "moereplay"),
+                        moe=args.worker in ("moe", "moereplay"))
         if MPI.COMM_WORLD.rank != 0:
             return
     print("RESULT " + json.dumps(result))
@@ -470,13 +503,17 @@ HAND = {"hand": "polite", "hand2": "polite", "busy": "busy"}
 #: messages-only pair.
 PIPE = ("phand", "pipe", "pipereplay", "phand2", "psimhand", "psim", "psimhand2", "pmsg")
 SIMULATED = ("psimhand", "psim", "psimhand2")
+#: --moe's launches, in their order: the peer, spmdsim replayed, then eager, the peer again (A/A); with --simulated
+#: the peer on 8 simulated ranks, spmdsim replayed on them, the peer there again (A/A).
+MOE = ("mhand", "moereplay", "moe", "mhand2", "msimhand", "msim", "msimhand2")
+MOE_SIMULATED = ("msimhand", "msim", "msimhand2")
 
 
 def _launch(args, worker: str, check: int = 0) -> dict | None:
     common = ["--steps", str(args.steps), "--layers", str(args.layers), "--d-model", str(args.d_model),
               "--seq", str(args.seq), "--worker", worker]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parents[1]))
-    if worker in ("mpi", "mpireplay"):  # as the polite peer waits, also on free cores (auto: busy there)
+    if worker in ("mpi", "mpireplay", "moe", "moereplay"):  # as the polite peer waits, also on free cores
         env["SPMDSIM_WAIT"] = "polite"
     cmd = [sys.executable, str(HERE)] + common
     if worker == "dtensor":
@@ -502,6 +539,8 @@ def _launch(args, worker: str, check: int = 0) -> dict | None:
             cmd = ["timeout", "-k", "5", "900"] + cmd
     if worker in ("mpi", "mpireplay", "dtensor") + PIPE and worker not in SIMULATED or worker in HAND:
         cmd = ["timeout", "-k", "5", "900", _mpiexec() or "mpiexec", "-n", ranks] + cmd
+    if worker in MOE:
+        cmd = _moe_command(worker, common, check)
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=960)
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -509,6 +548,71 @@ def _launch(args, worker: str, check: int = 0) -> dict | None:
     print(f"bench_gpt: the {worker} worker failed (exit {done.returncode}): "
           f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}", file=sys.stderr)
     return None
+
+
+def _moe_command(worker: str, common: list, check: int) -> list:
+    """--moe's launch of `worker`: spmdsim's MoE step (eager or replayed) on 8 MPI ranks, or replayed on 8
+    simulated ones; the hand-written peer on 8 MPI ranks (polite wait) or on 8 simulated ones (blocking)."""
+    stop = ["timeout", "-k", "5", "900"]
+    if worker in ("moe", "moereplay", "msim"):
+        cmd = [sys.executable, str(HERE)] + common + ["--moe"]
+        return stop + cmd if worker == "msim" else stop + [_mpiexec() or "mpiexec", "-n", "8"] + cmd
+    dp, ep, tp = MOE_MESH
+    cmd = [sys.executable, str(HERE.parent / "peer_mpi4py_moe.py")] + common[:-2] + [
+        "--dp", str(dp), "--ep", str(ep), "--tp", str(tp), "--experts", str(MOE_EXPERTS), "--check", str(check)]
+    if worker in MOE_SIMULATED:
+        return stop + [sys.executable, "-m", "spmdsim", "mpirun", "-n", "8"] + cmd + ["--wait", "busy"]
+    return stop + [_mpiexec() or "mpiexec", "-n", "8"] + cmd + ["--wait", "polite"]
+
+
+def _moe(args) -> int:
+    """--moe: spmdsim's MoE step, eager and replayed, beside the hand-written one, launch by launch; 1 if their
+    collectives a step or step 0's losses differ."""
+    if not _mpiexec():
+        print("bench_gpt --moe: no mpiexec beside python or on PATH (pip install mpich); the MoE case runs on 8 MPI "
+              "ranks", file=sys.stderr)
+        return 1
+    start = _load()
+    rows: dict = {worker: [] for worker in MOE if args.simulated or worker not in MOE_SIMULATED}
+    for launch in range(args.launches):
+        for worker in rows:
+            rows[worker].append(_launch(args, worker, check=int(launch == 0 and worker == "mhand")))
+    if not all(all(r) for r in rows.values()):
+        return 1
+    cfg, n = _moe_config(args), args.launches
+    dp, ep, tp = MOE_MESH
+    print(f"MoE GPT {args.layers} layers ({sum(map(cfg.is_moe, range(cfg.layers)))} MoE), d_model {args.d_model}, "
+          f"seq {args.seq}, batch 8; {cfg.moe.experts} experts, top-{cfg.moe.top_k}, capacity factor "
+          f"{cfg.moe.capacity_factor:g}")
+    print(f"mesh dp {dp} x ep {ep} x tp {tp} (sequence parallel); {len(os.sched_getaffinity(0))} cores")
+    print(f"load average at the start {start} (1, 5, 15 min); {n} launch{'es' if n > 1 else ''} of each run, "
+          f"interleaved")
+    print(f"{'run':44} {'s/step':>8}  ratio: median of the launches' (min-max)")
+    _mpi_rows(rows, "mhand", "mhand2", "moereplay", "moe")
+    if args.simulated:
+        print("8 simulated ranks (threads of one process; the peer under spmdsim mpirun, blocking calls):")
+        for worker, title, base, versus in (("msimhand", "  numpy + mpi4py by hand", None, ""),
+                                            ("msimhand2", "  the same again (A/A control)", "msimhand", "by hand"),
+                                            ("msim", "  spmdsim, replayed", "msimhand", "by hand")):
+            against = rows[base] if base else None
+            print(_line(title, rows[worker], "step", against, versus))
+            print(_line("    CPU time of its 8 ranks", rows[worker], "cpu", against, versus))
+    ours, theirs = rows["moe"][0], rows["mhand"][0]
+    same_calls = all(r["calls"] == theirs["calls"] for w in rows for r in rows[w])
+    print(f"collectives a step, each rank: spmdsim {ours['calls']} (replayed {rows['moereplay'][0]['calls']}), "
+          f"by hand {theirs['calls']} ({'equal' if same_calls else 'DIFFERENT'})")
+    diff = max(abs(theirs["losses"][0] - r["loss0"]) for r in (ours, rows["moereplay"][0]))
+    print(f"step 0 loss: spmdsim {ours['loss0']:.12f} (eager and replayed), by hand {theirs['losses'][0]:.12f}, "
+          f"|diff| {diff:.1e}")
+    print(f"step 0 loss: one numpy process {theirs['reference'][0]:.12f} (the same masks)")
+    print(f"by hand, after step 0: gradients within {theirs['grad_error']:.1e}, parameters within "
+          f"{theirs['param_error']:.1e} of the one process's")
+    print(f"load average at the end {_load()}")
+    if not same_calls:
+        print("bench_gpt --moe: the collectives a step differ", file=sys.stderr)
+    if diff > 1e-10:
+        print(f"bench_gpt --moe: step 0's losses differ by {diff:.1e}", file=sys.stderr)
+    return 0 if same_calls and diff <= 1e-10 else 1
 
 
 def _mpiexec() -> str:
@@ -645,10 +749,13 @@ def main() -> int:
     ap.add_argument("--microbatches", type=int, default=None, help="with --pipeline: microbatches a step (8)")
     ap.add_argument("--replay", action="store_true",
                     help="with --pipeline: spmdsim also launched with step 0 captured and replayed for the timed steps")
+    ap.add_argument("--moe", action="store_true",
+                    help=f"time the MoE GPT's step (dp {MOE_MESH[0]} x ep {MOE_MESH[1]} x tp {MOE_MESH[2]}), eager and "
+                    "replayed, against the same step by hand on mpi4py")
     ap.add_argument("--simulated", action="store_true",
-                    help="with --pipeline: also the replayed step and the peer on simulated ranks (threads)")
+                    help="with --pipeline or --moe: also the replayed step and the peer on simulated ranks (threads)")
     ap.add_argument("--worker", choices=("ref", "one", "sim", "simreplay", "mpi", "mpireplay", "pipe", "pipereplay",
-                                         "psim", "pmsg"),
+                                         "psim", "pmsg", "moe", "moereplay", "msim"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
     for name in ("launches", "steps", "layers", "d_model", "seq", "microbatches"):
@@ -659,8 +766,10 @@ def main() -> int:
         ap.error(f"--microbatches {args.microbatches} applies to --pipeline only")
     if args.replay and not args.pipeline:
         ap.error("--replay applies to --pipeline only")
-    if args.simulated and not args.pipeline:
-        ap.error("--simulated applies to --pipeline only")
+    if args.simulated and not (args.pipeline or args.moe):
+        ap.error("--simulated applies to --pipeline and --moe only")
+    if args.moe and args.pipeline:
+        ap.error("--moe and --pipeline are separate cases: give one")
     if args.pipeline:
         from peer_mpi4py_pipeline import pipeline_args_problem
 
@@ -673,6 +782,8 @@ def main() -> int:
         return 0
     if args.pipeline:
         return _pipeline(args)
+    if args.moe:
+        return _moe(args)
     start = _load()
     peer = missing()
     # Each A/A pair brackets spmdsim's launches of its kind, so a drift of the machine's load shows in the pair.
@@ -708,6 +819,20 @@ def _line(label: str, rows: list, key: str, base: list | None = None, versus: st
     return text + f"  {_ratio(rows, base, key, versus)}" if base is not None else text
 
 
+def _mpi_rows(rows: dict, hand: str, again: str, replayed: str, eager: str) -> None:
+    """The 8 MPI ranks' rows, each with its figures: the peer, the peer again (A/A), spmdsim replayed / the
+    peer, spmdsim eager / replayed (the launches named by those workers)."""
+    print("8 MPI ranks (mpiexec), polite wait:")
+    for worker, title, base, versus in ((hand, "  numpy + mpi4py by hand", None, ""),
+                                        (again, "  the same again (A/A control)", hand, "by hand"),
+                                        (replayed, "  spmdsim, replayed", hand, "by hand"),
+                                        (eager, "  spmdsim", replayed, "replayed")):
+        against = rows[base] if base else None
+        print(_line(title, rows[worker], "step", against, versus))
+        for key, label in FIGURES:
+            print(_line("    " + label, rows[worker], key, against, versus))
+
+
 def _report(args, rows: dict, start: str, peer: str | None) -> None:
     """bench_gpt's table: each ratio compares two runs on the same engine, the same ranks and the same cores (one
     process; 8 threads of one process; 8 MPI processes), launch by launch: the median over launches of each
@@ -729,15 +854,7 @@ def _report(args, rows: dict, start: str, peer: str | None) -> None:
         print(_line(title, rows[worker], "step", rows[base], versus))
         cpu = "    CPU time of its 8 ranks"  # the threads' own, summed: steadier than the wall on a loaded machine
         print(_line(cpu, rows[worker], "cpu", rows[base] if base != "ref" else None, versus))
-    print("8 MPI ranks (mpiexec), polite wait:")
-    for worker, title, base, versus in (("hand", "  numpy + mpi4py by hand", None, ""),
-                                        ("hand2", "  the same again (A/A control)", "hand", "by hand"),
-                                        ("mpireplay", "  spmdsim, replayed", "hand", "by hand"),
-                                        ("mpi", "  spmdsim", "mpireplay", "replayed")):
-        against = rows[base] if base else None
-        print(_line(title, rows[worker], "step", against, versus))
-        for key, label in FIGURES:
-            print(_line("    " + label, rows[worker], key, against, versus))
+    _mpi_rows(rows, "hand", "hand2", "mpireplay", "mpi")
     print("8 MPI ranks, blocking calls:")
     print(_line("  numpy + mpi4py by hand", rows["busy"], "step", rows["hand"], "polite"))
     for key, label in FIGURES:

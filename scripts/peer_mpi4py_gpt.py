@@ -39,9 +39,9 @@ for _folder in (HERE.parent, HERE.parents[1]):  # the step beside this file, spm
         sys.path.insert(0, str(_folder))
 
 from _gpt_peer_args import add_model_arguments, refuse_small  # noqa: E402
-from _peer_mpi4py_step import Comms, Dropout, Replica, shard  # noqa: E402
+from _peer_mpi4py_step import Comms, Dropout, Replica  # noqa: E402
 
-__all__ = ["run", "main"]
+__all__ = ["run", "stopped", "print_result", "main"]
 
 
 def _spmdsim_masks(cfg: Any, step: int, d: int, t: int) -> Callable[[str, tuple], np.ndarray]:
@@ -71,10 +71,10 @@ def _after_arrival(comms: Comms) -> float:
     return sum(max(0.0, end - comm.allreduce(start, op=MPI.MAX)) for comm, start, end in comms.spans)
 
 
-def _check(cfg: Any, world: Any, model: Replica, losses: list, tp: int) -> dict:
+def _check(cfg: Any, world: Any, model: Replica, losses: list) -> dict:
     """Rank 0: the check steps' losses against spmdsim.gpt.reference's, and the last step's gradients and the
     parameters after it (the largest difference relative to the tensor's largest entry, over all ranks)."""
-    mine = (model.t, {n: model.g[n].copy() for n in model.g}, {n: model.p[n].copy() for n in model.p})
+    mine = (model.where, {n: model.g[n].copy() for n in model.g}, {n: model.p[n].copy() for n in model.p})
     everyone = world.gather(mine, root=0)
     if world.rank != 0:
         return {}
@@ -88,32 +88,35 @@ def _check(cfg: Any, world: Any, model: Replica, losses: list, tp: int) -> dict:
     grads, params = reference[-1][1], trainer.params
     floor = max(float(np.max(np.abs(a))) for a in grads.values())  # a gradient zero but for rounding
     worst = [0.0, 0.0]
-    for t, got_grads, got_params in everyone:
+    for where, got_grads, got_params in everyone:
         for i, (got, want, least) in enumerate(((got_grads, grads, floor), (got_params, params, 0.0))):
             for name, value in got.items():
                 scale = max(float(np.max(np.abs(want[name]))), least) or 1.0
-                worst[i] = max(worst[i], float(np.max(np.abs(value - shard(name, want[name], t, tp)))) / scale)
+                block = type(model).block(where, name, want[name])
+                worst[i] = max(worst[i], float(np.max(np.abs(value - block))) / scale)
     return {"losses": losses, "reference": [loss for loss, _ in reference], "grad_error": worst[0],
             "param_error": worst[1]}
 
 
-def run(args: argparse.Namespace, cfg: Any, polite: bool) -> dict:
-    """Check and time the step on this rank; rank 0's figures (others: {})."""
+def run(args: argparse.Namespace, cfg: Any, polite: bool, batch_ranks: int = 0, make: Callable = Replica) -> dict:
+    """Check and time the step on this rank; rank 0's figures (others: {}). `batch_ranks`: the ranks the batch
+    is split over (default args.dp); `make`: the replica, called as Replica is (scripts/peer_mpi4py_moe.py's)."""
     from mpi4py import MPI
 
     from spmdsim.gpt import batch, encode, load_text
     from spmdsim.gpt.reference import init_params
 
     world = MPI.COMM_WORLD
-    comms = Comms(world, args.dp, args.tp, polite)
-    d = world.rank // args.tp
-    model = Replica(cfg, comms, args.dp, args.tp, init_params(cfg))
+    dp = batch_ranks or args.dp
+    comms = Comms(world, dp, args.tp, polite)
+    d = world.rank // args.tp  # this rank's share of the batch
+    model = make(cfg, comms, dp, args.tp, init_params(cfg))
     ids, rows = encode(load_text()), slice(d * model.B, (d + 1) * model.B)
     losses = []
     for k in range(args.check):
         x, y = (a[rows] for a in batch(ids, cfg, k))
         losses.append(model.step(x, y, Dropout(cfg.dropout, _spmdsim_masks(cfg, k, d, model.t))))
-    result = _check(cfg, world, model, losses, args.tp) if args.check else {}
+    result = _check(cfg, world, model, losses) if args.check else {}
     walls, inside, arrived, cpus = [], [], [], []
     for k in range(args.check, args.check + args.steps + 1):
         x, y = (a[rows] for a in batch(ids, cfg, k))  # made before the clock, as bench_gpt makes spmdsim's
@@ -167,17 +170,29 @@ def main(argv: Optional[list[str]] = None) -> int:
     from spmdsim.engines.wait import resolve_wait_mode
 
     world = MPI.COMM_WORLD
-    problem = _problem(args, world.size)  # every rank sees the same arguments: all stop alike
-    if problem:
-        if world.rank == 0:
-            print(f"peer_mpi4py_gpt: {problem}", file=sys.stderr)
+    if stopped(world, "peer_mpi4py_gpt", _problem(args, world.size)):
         return 2
     cfg = GPTConfig(layers=args.layers, d_model=args.d_model, heads=4, seq=args.seq, batch=8, dropout=args.dropout)
     polite = resolve_wait_mode(args.wait, world) == "polite"
     result = run(args, cfg, polite)
     if result:
-        print(f"numpy + mpi4py, {world.size} ranks (dp {args.dp} x tp {args.tp}, sequence parallel), "
-              f"float64, {result['wait']} wait")
+        print_result(args, result, f"numpy + mpi4py, {world.size} ranks (dp {args.dp} x tp {args.tp}, sequence "
+                     f"parallel), float64, {result['wait']} wait")
+    return 0
+
+
+def stopped(world: Any, script: str, problem: Optional[str]) -> bool:
+    """Whether `problem` (one line, or None) stops the run: every rank sees the same arguments, so all stop
+    alike; rank 0 prints it after `script`'s name."""
+    if problem and world.rank == 0:
+        print(f"{script}: {problem}", file=sys.stderr)
+    return bool(problem)
+
+
+def print_result(args: argparse.Namespace, result: dict, heading: str) -> None:
+    """Rank 0's lines: `heading`, the checked steps' losses and errors, the timed step, the RESULT line."""
+    if result:
+        print(heading)
         for k, (a, b) in enumerate(zip(result.get("losses", ()), result.get("reference", ()))):
             print(f"step {k} loss {a:.12f}, one numpy process {b:.12f} (same dropout masks), |diff| {abs(a - b):.1e}")
         if args.check:
@@ -186,7 +201,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"training step {result['step']:.3f} s, {result['calls']} collectives {result['collectives']:.3f} s "
               f"(median of {args.steps} after a warm-up, slowest rank, numpy's own dropout masks)")
         print("RESULT " + json.dumps(result))
-    return 0
 
 
 if __name__ == "__main__":

@@ -116,7 +116,7 @@ def test_simulated_adds_the_peer_and_the_replayed_step_on_simulated_ranks(bench,
     done = subprocess.run([sys.executable, str(_SCRIPTS / "bench_gpt.py"), "--simulated"], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 2 and done.stderr.splitlines()[-1].endswith("error: --simulated applies to --pipeline "
-                                                                         "only")
+                                                                         "and --moe only")
 
 
 def test_replay_adds_a_replayed_launch_beside_the_eager_one(bench, monkeypatch, capsys):

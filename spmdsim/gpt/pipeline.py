@@ -189,7 +189,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     moe = cfg.moe is not None or ep != 1
     problem = (pipeline_layout_problem(cfg, pp, dp, tp, sp, microbatches, virtual, split, ep)
                or recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
-               or (replay_problem(cfg) if replay else None))
+               or (replay_problem(cfg, pipelined=True) if replay else None))
     if not problem and cfg.moe is not None:
         problem = _moe_problem(recompute, kept) or (zero and "ZeRO-1 with MoE layers is not available yet "
                                                     "(the experts' states would shard over dp alone)") or None

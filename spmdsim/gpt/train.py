@@ -238,10 +238,12 @@ def _norm(zero: Any, norms: list) -> Optional[float]:
     return norms[-1] if norms else None
 
 
-def replay_problem(cfg: GPTConfig) -> Optional[str]:
-    """Why `cfg`'s training step cannot be replayed (spmdsim.runtime.replay), or None."""
-    if cfg.moe is not None:
-        return "replay: an MoE layer's routing decides in Python each step, which a replay cannot repeat"
+def replay_problem(cfg: GPTConfig, pipelined: bool = False) -> Optional[str]:
+    """Why `cfg`'s training step (`pipelined`: spmdsim.gpt.pipeline's) cannot be replayed
+    (spmdsim.runtime.replay), or None."""
+    if cfg.moe is not None and pipelined:
+        return ("replay: a pipelined step reads its MoE layers' router losses into Python each microbatch, which "
+                "a replay cannot repeat; train the pipeline without replay")
     if cfg.clip:
         return (f"replay: clip {cfg.clip!r} reads the gradients' norm into Python each step, which a replay "
                 "cannot repeat; train with clip 0 or without replay")

@@ -24,6 +24,15 @@ Everything goes through runtime.collectives / runtime.exchange and the door
 (runtime/door.py): a mesh made with ``algorithms={"alltoall": "pairwise"}``
 runs the Alltoalls as that algorithm.
 
+Replay (spmdsim.runtime.replay): the routing, the packing, each exchange, the
+experts' products, the unpacking, their gradients and the dispatch figures
+are kernels over arrays, so a replayed step reruns them on its own router
+probabilities. Their arrays have fixed shapes: with a capacity by
+construction; dropless, what arrives is written into arrays with room for the
+most that can (ep x bl x T x min(k, local experts) rows) while capturing, and
+the counts, displacements and each expert's rows are worked out again by
+each kernel from the counts' arrays.
+
 A dry run (spmdsim.sim.dry: shapes, no values) routes by the rule
 ``moe.dry_routing`` names (spmdsim.moe.routing.planned: "balanced" or
 "worst"), sends zeros of the sizes that routing gives through the same
@@ -33,20 +42,22 @@ makes none of the experts' products.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from .. import ops
+from ..buffers import contiguous
 from ..activations import gelu, gelu_backward
 from ..autograd.graph import record, with_partial
 from ..errors import SpmdsimError
 from ..runtime.collectives import allreduce, alltoall
 from ..runtime.dtensor import DTensor
 from ..runtime.exchange import group_alltoallv
+from ..runtime.replay import capturing, kernel
 from ..sim.dry import dry_run_active, zeros
 from .config import MoEConfig
-from .routing import dispatch_rows, gates_backward, planned, route
+from .routing import Routing, dispatch_rows, gates_backward, planned, route
 
 __all__ = ["MoEStats", "moe_layer", "moe_experts", "moe_problem"]
 
@@ -135,65 +146,197 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     El = E // ep
     if dry_run_active():
         return _dry_experts(x, probs, (w1, b1, w2, b2), moe, name, stats)
-    routing = route(np.ascontiguousarray(probs.local.transpose(1, 0, 2)), k, moe.capacity(T))
-    rows, nrows, per_expert = dispatch_rows(routing, moe.dropless)
-    kept = routing.kept
-    tok = (np.arange(bl)[:, None, None] * T + np.arange(T)[None, :, None] + np.zeros_like(rows))[kept]
-    at, gate = rows[kept], routing.gates[kept]
-    xs = x.local.transpose(1, 0, 2).reshape(bl * T, D)
-    send = np.zeros((nrows, D))
-    send[at] = xs[tok]
-    move = _Exchange(mesh, moe, routing.capacity, bl, El, per_expert, f"{name} dispatch", f"{name} combine")
-    xe = move.dispatch(send)  # expert-major rows: local expert 0's, then 1's ...
+    C = moe.capacity(T)
+    # Routing, packing, the exchanges, the experts and unpacking are kernels (spmdsim.runtime.replay), each
+    # writing arrays of fixed shapes: a replayed step reruns them on its own router probabilities. Dropless,
+    # what arrives is sized by the step's counts: captured, its arrays have room for the most that can come.
+    experts, gates, slots, counts, rows, per_expert, load = _routed(probs.local, k, C, moe.dropless)
+    nrows = bl * T * k if moe.dropless else bl * E * C  # dropless: every assignment has its row
+    send = _pack(x.local, rows, nrows)
+    plan = _Plan(mesh, moe, C, bl, El, name)
+    got = None  # dropless: each member's counts for my experts, by one Alltoall of the counts
+    if moe.dropless:
+        got = alltoall(mesh, per_expert, "ep", 0, 0, f"{name} dispatch counts") if ep > 1 else per_expert
+    most = ep * bl * T * min(k, El) if moe.dropless and capturing() else None
+    xe = _dispatched(plan, send, per_expert, got, most)  # expert-major rows: local expert 0's, then 1's ...
     W1, B1, W2, B2 = w1.local, b1.local, w2.local, b2.local
-    hs, acts, ye = [], [], np.empty_like(xe)
-    for e, (lo, hi) in enumerate(move.ranges):
-        h = xe[lo:hi] @ W1[e] + B1[e]
-        a = gelu(h)
-        hs.append(h)
-        acts.append(a)
-        ye[lo:hi] = a @ W2[e]
-    ye = allreduce(mesh, ye, "tp", f"{name} experts fc2") if tp > 1 else ye
-    for e, (lo, hi) in enumerate(move.ranges):
-        ye[lo:hi] += B2[e]
-    back = move.combine(ye)
-    ys = np.zeros((bl * T, D))
-    np.add.at(ys, tok, gate[:, None] * back[at])
-    out = DTensor(mesh, np.ascontiguousarray(ys.reshape(bl, T, D).transpose(1, 0, 2)), x.layout, x.global_shape)
-    if stats is not None:
-        stats.append(_stats(mesh, name, routing, move, at, D))
+    hs, acts, ye = _experts_forward(plan, xe, per_expert, got, W1, B1, W2, B2)
+    back = _combined(plan, ye, per_expert, got)
+    out = DTensor(mesh, _unpack(back, rows, gates), x.layout, x.global_shape)
+    if stats is not None:  # read off the routing's arrays by a kernel: a replay reads its own step's again
+        stats.append(None)  # (a kernel's list arguments are copied: it is handed the list's __setitem__)
+        _noted(stats.__setitem__, len(stats) - 1, plan, name, experts, slots, counts, rows, per_expert, got, D)
     tensors = (x, probs, w1, b1, w2, b2)
     if all(t._ag is None for t in tensors):
-        return out, routing.counts.sum(axis=0).astype(np.float64)
+        return out, load
 
     def backward(dy: Any) -> tuple:
-        dys = dy.local.transpose(1, 0, 2).reshape(bl * T, D)
-        dgates = np.zeros(routing.gates.shape)
-        dgates[kept] = np.einsum("nd,nd->n", dys[tok], back[at])
-        dback = np.zeros((nrows, D))
-        dback[at] = gate[:, None] * dys[tok]
-        dye = move.dispatch(dback, f"{name} combine backward")  # combine's conjugate: the dispatch's way
-        grads = {n: np.zeros_like(t.local) for n, t in (("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2))}
-        dxe = np.empty_like(xe)
-        for e, (lo, hi) in enumerate(move.ranges):
-            g = dye[lo:hi]
-            grads["b2"][e], grads["w2"][e] = g.sum(axis=0), acts[e].T @ g
-            dh = gelu_backward(hs[e], g @ W2[e].T)
-            grads["w1"][e], grads["b1"][e] = xe[lo:hi].T @ dh, dh.sum(axis=0)
-            dxe[lo:hi] = dh @ W1[e].T  # pending over tp: each rank's hidden columns' share
-        dsend = move.combine(dxe, f"{name} dispatch backward")  # dispatch's conjugate: the combine's way
-        dxs = np.zeros((bl * T, D))
-        np.add.at(dxs, tok, dsend[at])
-        dx = np.ascontiguousarray(dxs.reshape(bl, T, D).transpose(1, 0, 2))
-        dprobs = gates_backward(probs.local.transpose(1, 0, 2), routing, dgates).transpose(1, 0, 2)
+        dgates, dback = _combine_grad(dy.local, back, rows, gates)
+        # the combine's conjugate travels the dispatch's way, the dispatch's the combine's
+        dye = _dispatched(plan, dback, per_expert, got, most, f"{name} combine backward")
+        *grads, dxe = _experts_backward(plan, xe, hs, acts, dye, per_expert, got, W1, W2)
+        dsend = _combined(plan, dxe, per_expert, got, f"{name} dispatch backward")
+        dx = _unpack(dsend, rows, None)
+        dprobs = _probs_grad(probs.local, experts, gates, slots, counts, C, dgates)
         over_tp = ("tp",) if tp > 1 else ()
         over_dp = ("dp",) if "dp" in mesh.layout.alias_name and mesh.layout.axis_size("dp") > 1 else ()
-        return (_grad(x, dx, over_tp), _grad(probs, np.ascontiguousarray(dprobs), ()),
-                _grad(w1, grads["w1"], over_dp), _grad(b1, grads["b1"], over_dp),
-                _grad(w2, grads["w2"], over_dp), _grad(b2, grads["b2"], over_dp))
+        return ((_grad(x, dx, over_tp), _grad(probs, dprobs, ()))
+                + tuple(_grad(w, g, over_dp) for w, g in zip((w1, b1, w2, b2), grads)))
 
     record(out, f"moe experts {name}", tensors, backward, with_partial(x.layout, ()))
-    return out, routing.counts.sum(axis=0).astype(np.float64)
+    return out, load
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What one layer's exchanges need besides the step's counts (`name`: the layer's, "h1"): `exchange`
+    makes this step's _Exchange."""
+
+    mesh: Any
+    moe: MoEConfig
+    capacity: int
+    bl: int
+    El: int
+    name: str
+
+    def exchange(self, per_expert: np.ndarray, got: Optional[np.ndarray]) -> "_Exchange":
+        return _Exchange(self.mesh, self.moe, self.capacity, self.bl, self.El, per_expert, f"{self.name} dispatch",
+                         f"{self.name} combine", got)
+
+
+def _dispatch(plan: _Plan, send: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray],
+              most: Optional[int], label: Optional[str] = None) -> np.ndarray:
+    """The dispatch's exchange of `send`: what arrived, expert-major; with `most`, in `most` rows (zero past
+    what arrived)."""
+    arrived = plan.exchange(per_expert, got).dispatch(send, label)
+    if most is None:
+        return arrived
+    rows = np.zeros((most,) + arrived.shape[1:])
+    rows[:len(arrived)] = arrived
+    return rows
+
+
+def _combine(plan: _Plan, rows: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray],
+             label: Optional[str] = None) -> np.ndarray:
+    """The combine's exchange of the expert-major `rows` (those that arrived, of a buffer that may be longer):
+    the send buffer's rows, back on the ranks the tokens came from."""
+    move = plan.exchange(per_expert, got)
+    return move.combine(rows[:move.arrived], label)
+
+
+def _run_experts(plan: _Plan, xe: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray], W1: np.ndarray,
+                 B1: np.ndarray, W2: np.ndarray, B2: np.ndarray) -> tuple:
+    """The local experts on their rows of `xe`: (x @ w1 + b1, its GELU, the output summed over tp + b2), each
+    as long as `xe`."""
+    move = plan.exchange(per_expert, got)
+    hs, acts = np.empty(xe.shape[:1] + W1.shape[2:]), np.empty(xe.shape[:1] + W1.shape[2:])
+    ye = np.zeros_like(xe)
+    for e, (lo, hi) in enumerate(move.ranges):
+        hs[lo:hi] = xe[lo:hi] @ W1[e] + B1[e]
+        acts[lo:hi] = gelu(hs[lo:hi])
+        ye[lo:hi] = acts[lo:hi] @ W2[e]
+    if plan.mesh.layout.axis_size("tp") > 1:  # w2's rows are split over tp
+        used = ye[:move.arrived]
+        allreduce(plan.mesh, used, "tp", f"{plan.name} experts fc2", out=used)
+    for e, (lo, hi) in enumerate(move.ranges):
+        ye[lo:hi] += B2[e]
+    return hs, acts, ye
+
+
+def _experts_grad(plan: _Plan, xe: np.ndarray, hs: np.ndarray, acts: np.ndarray, dye: np.ndarray,
+                  per_expert: np.ndarray, got: Optional[np.ndarray], W1: np.ndarray, W2: np.ndarray) -> tuple:
+    """`_run_experts`' backward from its output's gradient dye: (d w1, d b1, d w2, d b2, d xe); d xe is pending
+    over tp (each rank's hidden columns' share)."""
+    move = plan.exchange(per_expert, got)
+    gw1, gb1 = np.zeros_like(W1), np.zeros(W1.shape[:1] + W1.shape[2:])
+    gw2, gb2 = np.zeros_like(W2), np.zeros(W2.shape[:1] + W2.shape[2:])
+    dxe = np.zeros_like(xe)
+    for e, (lo, hi) in enumerate(move.ranges):
+        g = dye[lo:hi]
+        gb2[e], gw2[e] = g.sum(axis=0), acts[lo:hi].T @ g
+        dh = gelu_backward(hs[lo:hi], g @ W2[e].T)
+        gw1[e], gb1[e] = xe[lo:hi].T @ dh, dh.sum(axis=0)
+        dxe[lo:hi] = dh @ W1[e].T
+    return gw1, gb1, gw2, gb2, dxe
+
+
+def _route(probs: np.ndarray, top_k: int, capacity: int, dropless: bool) -> tuple:
+    """This rank's routing of its (T, bl, E) probabilities, as arrays: (experts, gates, slots (bl, T, k);
+    counts (bl, E); rows (bl, T, k), each assignment's row in the send buffer, -1 where dropped; rows per
+    expert (E,); the (E,) assignments before dropping, float64, for the load-balancing loss)."""
+    routing = route(np.ascontiguousarray(probs.transpose(1, 0, 2)), top_k, capacity)
+    rows, _, per_expert = dispatch_rows(routing, dropless)
+    return (routing.experts, routing.gates, routing.slots, routing.counts, rows, per_expert,
+            routing.counts.sum(axis=0).astype(np.float64))
+
+
+def _token_rows(rows: np.ndarray, bl: int) -> tuple[np.ndarray, np.ndarray]:
+    """(each kept assignment's token, as a row of a (T * bl, D) block; its row in the send buffer)."""
+    _, T, k = rows.shape
+    kept = rows >= 0
+    token = np.arange(T)[None, :, None] * bl + np.arange(bl)[:, None, None]  # (t, b) -> t * bl + b
+    return np.broadcast_to(token, rows.shape)[kept], rows[kept]
+
+
+def _pack(x: np.ndarray, rows: np.ndarray, nrows: int, out: Optional[np.ndarray] = None) -> np.ndarray:
+    """The dispatch's send buffer (nrows, D): each kept assignment's token row of x (T, bl, D) at its row,
+    the rest zero."""
+    T, bl, D = x.shape
+    send = np.zeros((nrows, D)) if out is None else out
+    if out is not None:
+        send.fill(0.0)
+    tok, at = _token_rows(rows, bl)
+    send[at] = x.reshape(T * bl, D)[tok]
+    return send
+
+
+def _unpack(back: np.ndarray, rows: np.ndarray, gates: Optional[np.ndarray],
+            out: Optional[np.ndarray] = None) -> np.ndarray:
+    """(T, bl, D): each token's kept assignments' rows of `back` (nrows, D) summed, times their gates (none:
+    the rows themselves, the dispatch's gradient)."""
+    bl, T, _ = rows.shape
+    D = back.shape[1]
+    ys = np.zeros((T, bl, D)) if out is None else out
+    if out is not None:
+        ys.fill(0.0)
+    tok, at = _token_rows(rows, bl)
+    np.add.at(ys.reshape(T * bl, D), tok, back[at] if gates is None else gates[rows >= 0][:, None] * back[at])
+    return ys
+
+
+def _combine_grad(dy: np.ndarray, back: np.ndarray, rows: np.ndarray, gates: np.ndarray) -> tuple:
+    """The combine's backward: (d loss / d gates (bl, T, k); d loss / d the combine's rows (nrows, D)) from
+    the output's gradient dy (T, bl, D)."""
+    T, bl, D = dy.shape
+    kept = rows >= 0
+    tok, at = _token_rows(rows, bl)
+    dys = dy.reshape(T * bl, D)[tok]
+    dgates = np.zeros(gates.shape)
+    dgates[kept] = np.einsum("nd,nd->n", dys, back[at])
+    dback = np.zeros(back.shape)
+    dback[at] = gates[kept][:, None] * dys
+    return dgates, dback
+
+
+def _probs_grad(probs: np.ndarray, experts: np.ndarray, gates: np.ndarray, slots: np.ndarray,
+                counts: np.ndarray, capacity: int, dgates: np.ndarray) -> np.ndarray:
+    """d loss / d probs (T, bl, E) from d loss / d gates (bl, T, k)."""
+    routing = Routing(experts, gates, slots, counts, capacity)
+    return np.ascontiguousarray(gates_backward(probs.transpose(1, 0, 2), routing, dgates).transpose(1, 0, 2))
+
+
+def _note(put: Callable, at: int, plan: _Plan, name: str, experts: np.ndarray, slots: np.ndarray,
+          counts: np.ndarray, rows: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray], D: int) -> None:
+    """put(at, this rank's MoEStats of the routing's arrays)."""
+    routing = Routing(experts, None, slots, counts, plan.capacity)
+    put(at, _stats(plan.mesh, name, routing, plan.exchange(per_expert, got), rows[rows >= 0], D))
+
+
+# One call each in a captured step (spmdsim.runtime.replay), rerun by every replay.
+_routed, _pack, _unpack, _combine_grad, _probs_grad, _noted = (
+    kernel(f) for f in (_route, _pack, _unpack, _combine_grad, _probs_grad, _note))
+_dispatched, _combined, _experts_forward, _experts_backward = (
+    kernel(f) for f in (_dispatch, _combine, _run_experts, _experts_grad))
 
 
 def _dry_experts(x: Any, probs: Any, weights: tuple, moe: MoEConfig, name: str,
@@ -242,7 +385,7 @@ class _Exchange:
     Alltoallv (dropless) over ep, and where each local expert's rows lie in what arrives."""
 
     def __init__(self, mesh: Any, moe: MoEConfig, capacity: int, bl: int, El: int, per_expert: np.ndarray,
-                 dispatch_label: str, combine_label: str) -> None:
+                 dispatch_label: str, combine_label: str, got: Optional[np.ndarray] = None) -> None:
         self.mesh, self.dropless, self.C, self.bl, self.El = mesh, moe.dropless, capacity, bl, El
         self.labels = (dispatch_label, combine_label)
         self.dry = dry_run_active()  # zeros: no rows to put in order
@@ -253,16 +396,19 @@ class _Exchange:
             self.ranges = [(e * n, (e + 1) * n) for e in range(El)]
             self.send_rows = [bl * El * capacity] * ep
             self.recv_rows = self.send_rows
+            self.arrived = El * n
             return
-        # Dropless: each member's counts for my experts, (ep, El), by one Alltoall of the counts.
-        got = alltoall(mesh, np.ascontiguousarray(per_expert, dtype=np.int64), "ep", 0, 0,
-                       f"{dispatch_label} counts") if ep > 1 else per_expert.astype(np.int64)
+        # Dropless: each member's counts for my experts, (ep, El), by one Alltoall of the counts (`got`: done).
+        if got is None:
+            got = alltoall(mesh, np.ascontiguousarray(per_expert, dtype=np.int64), "ep", 0, 0,
+                           f"{dispatch_label} counts") if ep > 1 else per_expert.astype(np.int64)
         got = got.reshape(ep, El)
         if self.dry:  # every member routed as this rank did (a dry run's rule): each sends me my experts' share
             me = mesh.group_info("ep")[2]
             got = np.tile(np.asarray(per_expert[me * El:(me + 1) * El], np.int64), (ep, 1))
         self.send_rows = [int(per_expert[j * El:(j + 1) * El].sum()) for j in range(ep)]
         self.recv_rows = [int(n) for n in got.sum(axis=1)]
+        self.arrived = sum(self.recv_rows)
         # Arrived rows are by source, then local expert; the experts want them by expert, then source.
         starts = np.cumsum(got.reshape(-1)) - got.reshape(-1)
         order = [np.arange(starts[s * El + e], starts[s * El + e] + got[s, e]) for e in range(El) for s in range(ep)]
@@ -281,7 +427,7 @@ class _Exchange:
             if self.dry:
                 return got.reshape(-1, D)
             # (ep * bl, El, C, D) -> (El, ep * bl, C, D): each local expert's slots together
-            return np.ascontiguousarray(got.transpose(1, 0, 2, 3)).reshape(-1, D)
+            return contiguous(got.transpose(1, 0, 2, 3)).reshape(-1, D)
         got = group_alltoallv(self.mesh, send, self.send_rows, self.recv_rows, "ep", label)
         return got if self.dry else got[self.order]
 
@@ -293,8 +439,8 @@ class _Exchange:
             if self.dry:
                 blocks = zeros((self.ep * self.bl, self.El, self.C, D), rows.dtype)
             else:
-                blocks = np.ascontiguousarray(rows.reshape(self.El, self.ep * self.bl, self.C, D)
-                                              .transpose(1, 0, 2, 3))
+                blocks = contiguous(rows.reshape(self.El, self.ep * self.bl, self.C, D)
+                                    .transpose(1, 0, 2, 3))
             got = alltoall(self.mesh, blocks, "ep", 0, 1, label) if self.ep > 1 else blocks
             return got.reshape(-1, D)
         if self.dry:

@@ -1,4 +1,5 @@
-"""The MoE GPT under MPI (spmdsim.moe): two steps on ep x tp meshes, each equal to one numpy process's step."""
+"""The MoE GPT under MPI (spmdsim.moe): steps on ep x tp meshes, each equal to one numpy process's step, and
+replayed steps equal to the eager ones bit for bit."""
 from __future__ import annotations
 
 import pytest
@@ -27,6 +28,34 @@ def test_moe_gpt_steps_match_one_numpy_process(dropless):
     dropped = comm.allreduce(sum(s.dropped for s in results[0].dispatch))
     assert (dropped == 0) == dropless
     model.mesh.close()
+
+
+@pytest.mark.parametrize("dropless", [False, True])
+def test_a_replayed_moe_gpt_step_equals_the_eager_step_bit_for_bit(dropless):
+    """Step 0 captured, steps 1-2 replayed over MPI (the Alltoalls of the capacity's slots, or the counts'
+    Alltoall and the rows' Alltoallv): each checked against one numpy process, and equal to the eager steps
+    bit for bit."""
+    from mpi4py import MPI
+
+    from spmdsim.gpt import GPTConfig, encode, load_text
+    from spmdsim.gpt.train import TOLERANCE, train
+    from spmdsim.moe import MoEConfig
+
+    comm = MPI.COMM_WORLD
+    tp = 2 if comm.size % 2 == 0 else 1
+    ep = 2 if comm.size % (2 * tp) == 0 else 1
+    dp = comm.size // (ep * tp)
+    cfg = GPTConfig(layers=2, d_model=16, heads=4, seq=8, batch=dp * ep * 2, dropout=0.1,
+                    moe=MoEConfig(experts=4, top_k=2, capacity_factor=1.0, dropless=dropless))
+    runs = [train(cfg, comm, dp, tp, 3, encode(load_text(20_000)), ep=ep, replay=replay) for replay in (False, True)]
+    (eager_model, eager), (model, replayed) = runs
+    assert [(r.loss, r.calls, r.bytes_sent) for r in replayed] == [(r.loss, r.calls, r.bytes_sent) for r in eager]
+    assert all(r.passed and max(r.errors) <= TOLERANCE for r in replayed), replayed
+    assert [r.dispatch for r in replayed] == [r.dispatch for r in eager]
+    eager_blocks = {n: (t.local.tobytes(), t.grad.local.tobytes()) for n, t in eager_model.params.items()}
+    assert {n: (t.local.tobytes(), t.grad.local.tobytes()) for n, t in model.params.items()} == eager_blocks
+    for m in (eager_model, model):
+        m.mesh.close()
 
 
 @pytest.mark.parametrize("dropless", [False, True])
