@@ -203,6 +203,12 @@ def run_quoted(command: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(command, code, out, err)
 
 
+def run_example(path: str, *args: str) -> subprocess.CompletedProcess:
+    """`python PATH ARGS` from the repository's root, as run_quoted runs it (an example on `--ranks N`: in this
+    process)."""
+    return run_quoted(shlex.join(["python", path, *args]))
+
+
 def assert_prints_quote(quote: Quote, returncode: int = 0) -> subprocess.CompletedProcess:
     """Run the quoted command (run_quoted) and assert it exits with `returncode` and prints the quoted lines."""
     done = run_quoted(quote.command)

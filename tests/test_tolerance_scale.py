@@ -9,7 +9,6 @@ fail an error above that bound.
 from __future__ import annotations
 
 import math
-import shlex
 import subprocess
 from dataclasses import replace
 
@@ -17,7 +16,7 @@ import numpy as np
 import pytest
 
 import spmdsim
-from docs_commands import run_quoted
+from docs_commands import run_example
 from spmdsim import Layout
 from spmdsim.errors import ShapeError
 from spmdsim.runtime.check import local_stats
@@ -154,8 +153,8 @@ def test_training_check_passes_rounding_and_fails_an_error_above_its_bound():
 
 
 def _example(*args: str) -> subprocess.CompletedProcess:
-    """`python examples/train_mindspore_tutorial.py --ranks 8 ARGS`, in this process (docs_commands.run_quoted)."""
-    return run_quoted(shlex.join(["python", "examples/train_mindspore_tutorial.py", "--ranks", "8", *args]))
+    """`python examples/train_mindspore_tutorial.py --ranks 8 ARGS`, in this process (docs_commands.run_example)."""
+    return run_example("examples/train_mindspore_tutorial.py", "--ranks", "8", *args)
 
 
 # Adam failed from about step 25 (loss near 1e-8: "FAILED (121 of 700)" over 100 steps); the
