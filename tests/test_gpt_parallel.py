@@ -108,7 +108,7 @@ def test_dry_run_counts_the_same_collectives_as_a_real_run():
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    """`python ARGS` from the repository's root; an example on `--ranks N` in this process (docs_commands.run_example)."""
+    """`python ARGS` from the repository's root; an example on `--ranks N` in this process (run_example)."""
     return run_example(*args)
 
 

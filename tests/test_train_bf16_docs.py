@@ -2,7 +2,8 @@
 
 The quoted command (``$ ...``) runs as shown and its output must match (docs_commands.mismatch); a command
 marked ``# long`` (200 steps on four layouts) runs with ``--steps 2 --sample 0`` in place of its step count and must
-PASS; the MPI one (50 steps) runs so in tests/test_train_docs_mpi.py, in one mpiexec job with the other pages' (mpi_long).
+PASS; the MPI one (50 steps) runs so in tests/test_train_docs_mpi.py, in one mpiexec job with the other pages'
+(mpi_long).
 """
 from __future__ import annotations
 

@@ -151,7 +151,7 @@ for name, path, args in {[(name, str(path), list(args)) for name, path, args in 
 """
     return subprocess.run(["timeout", "-k", "5", str(timeout), mpiexec, "-n", str(ranks), *(_TAGGED if tagged else ()),
                            sys.executable, "-m", "mpi4py", "-c", code], input=stdin, capture_output=True, text=True,
-                          cwd=cwd)
+                          cwd=cwd, env=dict(os.environ, OMP_NUM_THREADS="1"))  # ranks outnumber the cores
 
 
 def _cut(text: str) -> list:
