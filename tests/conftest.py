@@ -56,14 +56,15 @@ def pytest_configure(config: pytest.Config) -> None:
 #: The pure test files that cost the most CPU (getrusage of the pytest process and the children it waited
 #: for, summed over the file's tests, at main 63c60e2-9742f44 on a 2-core machine: 6 to 80 s each), heaviest first;
 #: test_autoshard_dag (13 s), test_sim_lab (7.5 s) and test_sim_mpirun (4.5 s) placed again after their cuts (branch
-#: suitepure), test_import_graph (1.6 s) dropped.
+#: suitepure), test_import_graph (1.6 s) dropped; test_train_docs_mpi (37 s loaded: the training docs' MPI commands,
+#: two launches) placed, test_train_vocab_docs (4 s) and test_replay_docs (3 s) dropped after their cuts (suite7).
 #: Under xdist --dist loadfile a file runs whole on one worker; one of these scheduled last leaves the other
 #: worker idle for its length (test_classroom_docs.py, 80 CPU-s and 9 tests, used to start last), so they go
 #: first and the many small files fill in at the end (see _schedule_heavy_files_first).
 HEAVY_FILES = (
-    "test_classroom_docs.py", "test_train_memory_docs.py", "test_scripts_args.py", "test_pipeline_train.py",
-    "test_train_vocab_docs.py", "test_train_bf16_docs.py", "test_tolerance_scale.py", "test_sim_mpi4py_suite.py",
-    "test_replay_docs.py", "test_sim_mpi4py_demos.py", "test_autoshard_gpt.py", "test_autoshard_dag.py",
+    "test_classroom_docs.py", "test_train_docs_mpi.py", "test_scripts_args.py", "test_pipeline_train.py",
+    "test_train_memory_docs.py", "test_sim_mpi4py_suite.py", "test_tolerance_scale.py", "test_train_bf16_docs.py",
+    "test_sim_mpi4py_demos.py", "test_autoshard_gpt.py", "test_autoshard_dag.py",
     "test_bench_gpt_pipeline.py", "test_gpt_parallel.py", "test_bad_inputs.py", "test_plan_exhaustive.py",
     "test_peer_mpi4py_gpt.py", "test_sim_lab.py", "test_estimate_bounds.py", "test_sim_cli.py",
     "test_pipeline_schedule.py", "test_fuzz_cli.py", "test_sim_mpi4py_orders.py", "test_estimate_search.py",

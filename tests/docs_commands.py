@@ -138,26 +138,129 @@ def run_shell(command: str) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
+#: `spmdsim` subcommands run in this process (in_process): the others need mpiexec, or are PURE (Quote.argv).
+IN_PROCESS = ("autoshard", "collective", "mpirun")
+#: Scripts that run their ranks simulated only (spmdsim.simulate), run in this process like an example's `--ranks N`.
+SIMULATING_SCRIPTS = ("scripts/memory_table.py",)
+
+
+def in_process(command: str) -> Optional[tuple[str, list[str], bool]]:
+    """(what, argv, merged) for a command this process can run as bash would (run_here): what is "main" for
+    `spmdsim <IN_PROCESS> ...`, else the path of `python examples/NAME.py ... --ranks N ...` (simulated ranks,
+    no MPI) or of a SIMULATING_SCRIPTS script; merged: the command ends in `2>&1`. None for any other command
+    (shell syntax, mpiexec): a Python start and spmdsim's imports less (0.3-0.7 CPU-s each)."""
+    line = command.split("#")[0].strip()
+    merged = line.endswith(" 2>&1")
+    line = line[:-len(" 2>&1")] if merged else line
+    if "\n" in command or any(c in line for c in "|<>;&$`"):
+        return None
+    words = shlex.split(line)
+    if len(words) >= 2 and words[0] == "spmdsim" and words[1] in IN_PROCESS:
+        return "main", words[1:], merged
+    if len(words) >= 2 and words[0] == "python" and (
+            (re.fullmatch(r"examples/\w+\.py", words[1]) and "--ranks" in words) or words[1] in SIMULATING_SCRIPTS):
+        return words[1], words[2:], merged
+    return None
+
+
+def run_here(what: str, argv: list[str], merged: bool = False) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of `spmdsim ARGV` (what "main", in the current folder) or `python WHAT ARGV`
+    from the repository's root, in this process (in_process); merged: stderr written into stdout (`2>&1`)."""
+    import contextlib
+    import io
+    import runpy
+
+    import pytest
+
+    out = io.StringIO()
+    err = out if merged else io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        mp.setattr(sys, "excepthook", sys.excepthook)  # install_excepthook replaces it
+        try:
+            if what == "main":
+                from spmdsim.cli.main import main
+
+                code = main(argv)
+            else:  # as `python WHAT`: its folder first on sys.path, run as __main__
+                mp.chdir(ROOT)
+                mp.setattr(sys, "argv", [str(ROOT / what), *argv])
+                mp.setattr(sys, "path", [str((ROOT / what).parent), *sys.path])
+                runpy.run_path(str(ROOT / what), run_name="__main__")
+                code = 0
+        except SystemExit as exc:  # as the interpreter exits: None is 0, a message is printed and 1
+            code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+            if code == 1 and not isinstance(exc.code, int):
+                print(exc.code, file=sys.stderr)
+    return code, out.getvalue(), "" if merged else err.getvalue()
+
+
+def run_quoted(command: str) -> subprocess.CompletedProcess:
+    """`command` as run_shell runs it, in this process where in_process can (run_here)."""
+    here = in_process(command)
+    if here is None:
+        return run_shell(command)
+    code, out, err = run_here(*here)
+    return subprocess.CompletedProcess(command, code, out, err)
+
+
+def run_example(path: str, *args: str) -> subprocess.CompletedProcess:
+    """`python PATH ARGS` from the repository's root, as run_quoted runs it (an example on `--ranks N`: in this
+    process)."""
+    return run_quoted(shlex.join(["python", path, *args]))
+
+
 def assert_prints_quote(quote: Quote, returncode: int = 0) -> subprocess.CompletedProcess:
-    """Run the quoted command (run_shell) and assert it exits with `returncode` and prints the quoted lines."""
-    done = run_shell(quote.command)
+    """Run the quoted command (run_quoted) and assert it exits with `returncode` and prints the quoted lines."""
+    done = run_quoted(quote.command)
     assert done.returncode == returncode, quote.where() + "\n" + done.stderr[-2000:]
     why = mismatch(quote.output, done.stdout)
     assert why is None, f"{quote.where()}: {why}\n{done.stdout}"
     return done
 
 
-def run_long(quote: Quote, mpiexec: Optional[str]) -> subprocess.CompletedProcess:
-    """A command marked ``# long`` run with ``--steps 2 --sample 0`` in place of its step count (asserted to
-    exit 0); the calling test is skipped for an MPI one where there is no `mpiexec`."""
+def _shortened(quote: Quote) -> str:
+    """A command marked ``# long``, with ``--steps 2 --sample 0`` in place of its step count."""
     command, _, note = quote.command.partition("#")
     assert note.strip() == "long", quote.where()
-    if "mpiexec" in command and not mpiexec:
-        import pytest
-
-        pytest.skip("no mpiexec")
     short = re.sub(r"--steps \d+", "--steps 2 --sample 0", command.strip())
     assert short != command.strip()
-    done = run_shell(short)
+    return short
+
+
+def run_long(quote: Quote) -> subprocess.CompletedProcess:
+    """A simulated command marked ``# long`` run with ``--steps 2 --sample 0`` in place of its step count (run_quoted;
+    asserted to exit 0). The MPI ones run together (run_long_together)."""
+    short = _shortened(quote)
+    assert "mpiexec" not in short, quote.where()
+    done = run_quoted(short)
     assert done.returncode == 0, quote.where() + "\n" + done.stderr[-2000:]
     return done
+
+
+def mpi_long(quote: Quote) -> bool:
+    """Whether `quote` is an MPI launch of examples/train_gpt.py marked ``# long``: tests/test_train_docs_mpi.py runs
+    every such command of docs/training.md and docs/replay.md (run_long_together), the pages' other tests the rest."""
+    command, _, note = quote.command.partition("#")
+    return quote.mpi is not None and quote.mpi[1][:2] == ["python", "examples/train_gpt.py"] and note.strip() == "long"
+
+
+def run_long_together(shown: list[Quote], mpiexec: str) -> dict:
+    """{quote: (each rank's exit code, what the job printed for it)} for MPI commands marked ``# long``, all at one
+    rank count, each with ``--steps 2 --sample 0`` in place of its step count: ONE mpiexec job runs them all in
+    turn (testkit.mpi_batch: each as `python PATH ARGS` would, on every rank), under the largest of their
+    timeouts. mpiexec's start and each rank's Python and imports are most of a two-step run's cost (8 ranks
+    on 2 cores: 13-15 CPU-s a launch where five commands together took 33)."""
+    from testkit import mpi_batch
+
+    programs, ranks, timeout = [], set(), 0
+    for quote in shown:
+        m = _MPI.match(_shortened(quote))
+        assert m, quote.where()
+        words = shlex.split(m.group(3))
+        assert words[0] == "python" and words[1].endswith(".py"), quote.where()
+        programs.append((quote.where(), str(ROOT / words[1]), words[2:]))
+        ranks.add(int(m.group(2)))
+        timeout = max(timeout, int(m.group(1)))
+    assert len(ranks) == 1, ranks
+    found = mpi_batch(programs, ranks.pop(), cwd=ROOT, timeout=timeout, mpiexec=mpiexec)
+    return {quote: found[quote.where()] for quote in shown}

@@ -11,14 +11,12 @@ import io
 import os
 import pathlib
 import re
-import runpy
-import shlex
 import subprocess
 import sys
 
 import pytest
 
-from docs_commands import DOCS, ROOT, mismatch, quotes
+from docs_commands import DOCS, ROOT, in_process, mismatch, quotes, run_here
 from spmdsim.cli.main import main
 
 _BIN = pathlib.Path(sys.executable).parent
@@ -51,25 +49,6 @@ def _shell(command: str, cwd: pathlib.Path) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
-#: Commands run in this process, as `spmdsim ...` and `python examples/NAME.py --ranks N` run in
-#: tests/test_sim_cli.py (no shell syntax): the CLI's main(argv), or the example by runpy with its argv.
-_IN_PROCESS = ("autoshard", "collective", "mpirun")
-
-
-def _in_process(command: str) -> tuple[str, list[str]] | None:
-    """("main", argv) or (example path, argv) for a command this process can run as the shell would, else None."""
-    line = command.split("#")[0]
-    if "\n" in command or any(c in line for c in "|<>;&$`"):
-        return None
-    words = shlex.split(command, comments=True)
-    if len(words) >= 2 and words[0] == "spmdsim" and words[1] in _IN_PROCESS:
-        return "main", words[1:]
-    if (len(words) >= 2 and words[0] == "python" and re.fullmatch(r"examples/\w+\.py", words[1])
-            and "--ranks" in words):
-        return words[1], words[2:]
-    return None
-
-
 def _run(quote, workdir: pathlib.Path) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) of one quoted command, run in `workdir`."""
     if quote.argv is not None:
@@ -77,33 +56,12 @@ def _run(quote, workdir: pathlib.Path) -> tuple[int, str, str]:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = main(quote.argv)
         return code, out.getvalue(), err.getvalue()
-    here = _in_process(quote.command)
+    here = in_process(quote.command)
     if here is not None:  # a Python start and spmdsim's imports less (0.3-0.6 CPU-s each, ~30 commands)
-        return _run_here(*here, workdir)
+        return run_here(*here)
     # `python examples/...` and `python scripts/...` are quoted from the repository's root.
     done = _shell(quote.command, ROOT if quote.command.startswith("python ") else workdir)
     return done.returncode, done.stdout, done.stderr
-
-
-def _run_here(what: str, argv: list[str], workdir: pathlib.Path) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) of `spmdsim ARGV` (what "main") or `python WHAT ARGV` from the repository's
-    root, in this process."""
-    out, err = io.StringIO(), io.StringIO()
-    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        mp.setattr(sys, "excepthook", sys.excepthook)
-        if what == "main":
-            code = main(argv)
-        else:
-            mp.chdir(ROOT)
-            mp.setattr(sys, "argv", [str(ROOT / what), *argv])
-            try:
-                runpy.run_path(str(ROOT / what), run_name="__main__")
-                code = 0
-            except SystemExit as exc:  # as the interpreter exits: None is 0, a message is printed and 1
-                code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
-                if code == 1 and not isinstance(exc.code, int):
-                    print(exc.code, file=sys.stderr)
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ examples that README quotes run as a user runs them.
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from spmdsim.errors import SpmdsimError
 from spmdsim.gpt import GPTConfig, encode, load_text
 from spmdsim.gpt.parallel import mesh_problem
 from spmdsim.gpt.train import TOLERANCE, train
+from docs_commands import run_example
 from testkit import unfold
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,7 +108,8 @@ def test_dry_run_counts_the_same_collectives_as_a_real_run():
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    """`python ARGS` from the repository's root; an example on `--ranks N` in this process (run_example)."""
+    return run_example(*args)
 
 
 def test_train_gpt_example_as_a_user_runs_it():

@@ -9,7 +9,6 @@ no spmdsim; its pieces (shards, polite wait) are checked in one process.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ import pytest
 
 from spmdsim.gpt import GPTConfig, param_specs
 from spmdsim.gpt.reference import init_params
-from testkit import MPIEXEC, load_script
+from testkit import MPIEXEC, load_script, mpi_batch
 
 _SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 _SCRIPT = _SCRIPTS / "peer_mpi4py_gpt.py"
@@ -32,21 +31,30 @@ def peer():
     return load_script(_SCRIPTS / "_peer_mpi4py_step.py", "spmdsim_script_peer_mpi4py_step")
 
 
-def _launch(*args: str) -> dict:
-    cmd = ["timeout", "-k", "5", "120", MPIEXEC, "-n", "8", sys.executable, str(_SCRIPT), *_SMALL, *args]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=150,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert done.returncode == 0, done.stdout + done.stderr
-    results = [line[7:] for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert len(results) == 1, done.stdout  # rank 0 only
-    return json.loads(results[0])
+_AT_8 = {"polite": "0.1", "busy": "0"}  # --wait: --dropout
+
+
+@pytest.fixture(scope="module")
+def at_8_ranks() -> dict:
+    """{wait: the RESULT rank 0 printed} of `mpiexec -n 8 python scripts/peer_mpi4py_gpt.py ... --wait WAIT` for each
+    of _AT_8, both run by one mpiexec job (testkit.mpi_batch: a launch of 8 ranks is most of such a run's cost)."""
+    args = [*_SMALL, "--check", "2", "--steps", "1"]
+    programs = [(wait, _SCRIPT, [*args, "--wait", wait, "--dropout", dropout]) for wait, dropout in _AT_8.items()]
+    found = mpi_batch(programs, 8, timeout=240)
+    got = {}
+    for wait, (codes, out) in found.items():
+        assert codes == [0] * 8, (wait, codes, out)
+        results = [line[7:] for line in out.splitlines() if line.startswith("RESULT ")]
+        assert len(results) == 1, out  # rank 0 only
+        got[wait] = json.loads(results[0])
+    return got
 
 
 @pytest.mark.skipif(not MPIEXEC, reason="no mpiexec")
-@pytest.mark.parametrize("wait, dropout", [("polite", "0.1"), ("busy", "0")])
-def test_at_8_ranks_the_hand_written_step_is_the_references(wait, dropout):
+@pytest.mark.parametrize("wait", list(_AT_8))
+def test_at_8_ranks_the_hand_written_step_is_the_references(wait, at_8_ranks):
     """Losses of steps 0 and 1, step 1's gradients and the parameters after it, within 1e-10."""
-    got = _launch("--check", "2", "--steps", "1", "--wait", wait, "--dropout", dropout)
+    got = at_8_ranks[wait]
     assert got["wait"] == wait
     assert len(got["losses"]) == len(got["reference"]) == 2
     assert got["losses"] == pytest.approx(got["reference"], abs=1e-10, rel=0)

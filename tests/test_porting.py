@@ -5,11 +5,10 @@ from __future__ import annotations
 import importlib
 import re
 import subprocess
-import sys
 
 import pytest
 
-from docs_commands import ROOT, mismatch, quotes
+from docs_commands import ROOT, mismatch, quotes, run_example
 from testkit import unfold
 
 DOC = "docs/porting.md"
@@ -19,7 +18,8 @@ VERDICT = re.compile(r"^loss \d\.\d{7}; output, loss, gradients, updated weights
 
 
 def _run(script: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    """`python SCRIPT ARGS` from the repository's root; on `--ranks N` in this process (docs_commands.run_example)."""
+    return run_example(script, *args)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ import pytest
 
 import spmdsim
 from spmdsim.cli.main import main
+from spmdsim.sim import engine
 from spmdsim.sim.report import unfold
 from testkit import MPIEXEC, mpich_batch
 
@@ -95,7 +96,9 @@ def test_file_is_absolute_as_python_sets_it(in_lab, capsys):
 
 DEADLOCK = "spmdsim mpirun: error: simulated ranks deadlock (every live rank waits, none can go on): "
 # (program, arguments, exit code, stderr): where MPICH hangs or aborts (docs/simulate.md has which), one line each.
-# A rank polling (Test) what no rank left can send is reported after POLL_STALL_S (2 s) of it.
+# A rank polling (Test) what no rank left can send is reported after POLL_STALL_S (2 s) of it; these tests wait
+# _STALL_S instead (the same report, found sooner: a polling rank spins a core all that time).
+_STALL_S = 0.3
 WRONG = [
     ("headtohead.py", [], 1, DEADLOCK +
      "send to group rank 1 (tag 5) on the world: rank 0 waits in it; a message of 8000000 bytes; at headtohead.py:13 | "
@@ -163,7 +166,8 @@ WRONG = [
 
 
 @pytest.mark.parametrize("name, args, code, first", WRONG, ids=[w[0] for w in WRONG])
-def test_wrong_programs_end_with_one_clear_report(name, args, code, first, capsys):
+def test_wrong_programs_end_with_one_clear_report(name, args, code, first, capsys, monkeypatch):
+    monkeypatch.setattr(engine, "POLL_STALL_S", _STALL_S)
     got, out, err = _mpirun(capsys, str(LAB / name), *args)
     assert got == code
     if first.startswith(DEADLOCK):  # one call a line, folded within 100 columns (465 on one line before)
@@ -249,7 +253,8 @@ def test_cartesian_grids_as_mpich_makes_them(tmp_path, capsys):
         assert err == "" and sorted(out.splitlines()) == sorted(line for lines in mpi for line in lines)
 
 
-def test_an_iprobe_loop_for_a_finished_rank_ends(capsys):
+def test_an_iprobe_loop_for_a_finished_rank_ends(capsys, monkeypatch):
+    monkeypatch.setattr(engine, "POLL_STALL_S", _STALL_S)
     code, out, err = _mpirun(capsys, "-c", "from mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
                                            "if comm.rank == 0:\n    while not comm.Iprobe(source=3):\n        pass")
     assert code == 1 and unfold(err) == (

@@ -10,20 +10,17 @@ from __future__ import annotations
 
 import math
 import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import spmdsim
+from docs_commands import run_example
 from spmdsim import Layout
 from spmdsim.errors import ShapeError
 from spmdsim.runtime.check import local_stats
 from spmdsim.tolerances import sum_rtol
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _cancelling_sum(k: int = 1000) -> tuple[np.ndarray, float, float, float]:
@@ -156,8 +153,8 @@ def test_training_check_passes_rounding_and_fails_an_error_above_its_bound():
 
 
 def _example(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "examples/train_mindspore_tutorial.py", "--ranks", "8", *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    """`python examples/train_mindspore_tutorial.py --ranks 8 ARGS`, in this process (docs_commands.run_example)."""
+    return run_example("examples/train_mindspore_tutorial.py", "--ranks", "8", *args)
 
 
 # Adam failed from about step 25 (loss near 1e-8: "FAILED (121 of 700)" over 100 steps); the

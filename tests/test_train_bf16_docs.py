@@ -1,15 +1,15 @@
 """Every command docs/training.md shows under "Mixed precision (bf16)" runs, and prints what the doc quotes.
 
 The quoted command (``$ ...``) runs as shown and its output must match (docs_commands.mismatch); a command
-marked ``# long`` (200 steps on four layouts, or an MPI launch of 50) runs with ``--steps 2 --sample 0`` in place of its
-step count and must PASS; the MPI one needs an mpiexec (tests/testkit.MPIEXEC).
+marked ``# long`` (200 steps on four layouts) runs with ``--steps 2 --sample 0`` in place of its step count and must
+PASS; the MPI one (50 steps) runs so in tests/test_train_docs_mpi.py, in one mpiexec job with the other pages'
+(mpi_long).
 """
 from __future__ import annotations
 
 import pytest
 
-from docs_commands import ROOT, assert_prints_quote, run_long, section
-from testkit import MPIEXEC
+from docs_commands import ROOT, assert_prints_quote, mpi_long, run_long, section
 
 pytest.importorskip("ml_dtypes")
 
@@ -26,6 +26,7 @@ def test_the_section_shows_the_commands_this_test_runs():
     assert [q.output is not None for q in shown] == [True, False, False, False, False, False]
     assert all("--precision bf16-mixed" in q.command for q in shown)
     assert sum("# long" in q.command for q in shown) == 5
+    assert [i for i, q in enumerate(shown) if mpi_long(q)] == [5]  # tests/test_train_docs_mpi.py runs it
 
 
 def test_the_quoted_command_prints_what_the_doc_quotes():
@@ -33,10 +34,10 @@ def test_the_quoted_command_prints_what_the_doc_quotes():
     assert_prints_quote(quote)
 
 
-@pytest.mark.parametrize("index", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("index", [1, 2, 3, 4])
 def test_a_long_command_runs_two_steps_and_passes(index):
     quote = _section()[index]
-    done = run_long(quote, MPIEXEC)
+    done = run_long(quote)
     assert "check: 2 steps vs one numpy process (loss, 64 gradients and parameters each): PASS" in done.stdout
     assert "tolerances under bf16-mixed: loss 6.1e-05, gradients 4.7e-02, parameters 9.5e-07" in done.stdout
 

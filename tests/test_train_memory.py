@@ -295,12 +295,10 @@ def test_korthikanti_formula_is_the_papers():
 
 
 def _example(*args: str):
-    import subprocess
-    import sys
-    from pathlib import Path
+    """`python examples/train_gpt.py ARGS`; on `--ranks N` in this process (docs_commands.run_example)."""
+    from docs_commands import run_example
 
-    return subprocess.run([sys.executable, "examples/train_gpt.py", *args], cwd=Path(__file__).resolve().parents[1],
-                          capture_output=True, text=True, timeout=300)
+    return run_example("examples/train_gpt.py", *args)
 
 
 def test_train_gpt_with_both_features_passes_and_prints_its_memory():

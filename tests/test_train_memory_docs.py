@@ -2,15 +2,14 @@
 
 A command quoted with its output (``$ ...``) runs as shown and its output must match
 (docs_commands.mismatch: ``...`` skips lines, e-notation differences match any number). A command
-marked ``# long`` (50 or 20 training steps, or an MPI launch) runs with ``--steps 2 --sample 0`` in
-place of its step count and must PASS; the MPI one needs an mpiexec (tests/testkit.MPIEXEC).
+marked ``# long`` (50 or 20 training steps) runs with ``--steps 2 --sample 0`` in place of its step count and
+must PASS; the MPI one runs so in tests/test_train_docs_mpi.py, in one mpiexec job with the other pages' (mpi_long).
 """
 from __future__ import annotations
 
 import pytest
 
-from docs_commands import assert_prints_quote, run_long, section
-from testkit import MPIEXEC
+from docs_commands import assert_prints_quote, mpi_long, run_long, section
 
 DOC = "docs/training.md"
 
@@ -23,6 +22,7 @@ def test_the_section_shows_the_commands_this_test_runs():
     shown = _section()
     assert [q.output is not None for q in shown] == [True, False, False, False, False, False, True, True, True]
     assert sum("# long" in q.command for q in shown) == 5
+    assert [i for i, q in enumerate(shown) if mpi_long(q)] == [5]  # tests/test_train_docs_mpi.py runs it
 
 
 @pytest.mark.parametrize("index", [0, 6, 7, 8])
@@ -31,8 +31,8 @@ def test_a_quoted_command_prints_what_the_doc_quotes(index):
     assert_prints_quote(quote)
 
 
-@pytest.mark.parametrize("index", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("index", [1, 2, 3, 4])
 def test_a_long_command_runs_two_steps_and_passes(index):
     quote = _section()[index]
-    done = run_long(quote, MPIEXEC)
+    done = run_long(quote)
     assert "check: 2 steps vs one numpy process (loss, 64 gradients and parameters each): PASS" in done.stdout

@@ -1,16 +1,15 @@
 """Every command docs/training.md shows under "An odd vocabulary: padding" runs, and prints what the doc quotes.
 
 A command quoted with its output (``$ ...``) runs as shown and its output must match
-(docs_commands.mismatch); the refusal exits 2. A command marked ``# long`` (an MPI launch, a
-pipeline) runs with ``--steps 2 --sample 0`` and must PASS and print its padding; the MPI ones need an
-mpiexec (tests/testkit.MPIEXEC).
+(docs_commands.mismatch); the refusal exits 2. The pipeline marked ``# long`` runs with ``--steps 2 --sample 0``
+and must PASS and print its padding; the MPI ones run so in tests/test_train_docs_mpi.py, in one mpiexec job with
+the other pages' (mpi_long).
 """
 from __future__ import annotations
 
 import pytest
 
-from docs_commands import assert_prints_quote, run_long, section
-from testkit import MPIEXEC
+from docs_commands import assert_prints_quote, mpi_long, run_long, section
 
 DOC = "docs/training.md"
 
@@ -24,6 +23,7 @@ def test_the_section_shows_the_commands_this_test_runs():
     assert [q.output is not None for q in shown] == [True, True, True, True, False, False, False]
     assert all("--vocab 50257" in q.command for q in shown)
     assert sum("# long" in q.command for q in shown) == 3
+    assert [i for i, q in enumerate(shown) if mpi_long(q)] == [4, 5]  # tests/test_train_docs_mpi.py runs them
 
 
 @pytest.mark.parametrize("index", [0, 1, 2, 3])
@@ -32,9 +32,9 @@ def test_a_quoted_command_prints_what_the_doc_quotes(index):
     assert_prints_quote(quote, 2 if index == 0 else 0)
 
 
-@pytest.mark.parametrize("index", [4, 5, 6])
+@pytest.mark.parametrize("index", [6])
 def test_a_long_command_runs_two_steps_pads_and_passes(index):
     quote = _section()[index]
-    done = run_long(quote, MPIEXEC)
+    done = run_long(quote)
     assert "vocab 50,257 padded to " in done.stdout
     assert "check: 2 steps vs one numpy process (loss, " in done.stdout and "each): PASS" in done.stdout

@@ -1,6 +1,7 @@
 """Helpers shared by test modules (pure and MPI; tests/ is on the path, setup.cfg)."""
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import re
@@ -9,7 +10,7 @@ import subprocess
 import sys
 from types import ModuleType
 
-__all__ = ["MPIEXEC", "EXAMPLE_ARGS", "factorizations", "load_script", "mpich_batch", "program_lines",
+__all__ = ["MPIEXEC", "EXAMPLE_ARGS", "factorizations", "load_script", "mpi_batch", "mpich_batch", "program_lines",
            "readme_library_example", "root_for_all"]
 
 # The venv's mpiexec (the pip `mpich` wheel) first, else the one on PATH, else "".
@@ -117,35 +118,78 @@ def run_train_gpt(argv: list[str], before: str = "", after: str = "",
 
 
 _MARK = "@@ spmdsim program "
+_CODES = "@@ spmdsim exit codes "
 _TAGGED = ("-prepend-pattern", "<@%r@> ")  # mpiexec tags every chunk of output with its rank
+
+
+def _batch(programs: list, ranks: int, cwd, stdin: str, timeout: int, mpiexec: str, tagged: bool):
+    """The finished job that runs each (name, path, args) of `programs` in turn on every rank (mpi_batch)."""
+    code = f"""
+import os, runpy, sys, time
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+for name, path, args in {[(name, str(path), list(args)) for name, path, args in programs]!r}:
+    if {tagged!r} or comm.rank == 0:
+        print({_MARK!r} + name, flush=True)
+    sys.argv = [path, *args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    try:
+        runpy.run_path(path, run_name="__main__")
+        code = 0
+    except SystemExit as exc:  # as the interpreter exits: None is 0, a message is printed and 1
+        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+        if code == 1 and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    sys.path.pop(0)
+    sys.stdout.flush()
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(0.001)
+    codes = comm.gather(code)
+    if comm.rank == 0:
+        print({_CODES!r} + repr(codes), flush=True)
+"""
+    return subprocess.run(["timeout", "-k", "5", str(timeout), mpiexec, "-n", str(ranks), *(_TAGGED if tagged else ()),
+                           sys.executable, "-m", "mpi4py", "-c", code], input=stdin, capture_output=True, text=True,
+                          cwd=cwd, env=dict(os.environ, OMP_NUM_THREADS="1"))  # ranks outnumber the cores
+
+
+def _cut(text: str) -> list:
+    """[(name, its text, its exit codes or None)] of one stream of _batch's output, cut where a marker starts, also
+    within a line: a program's output may end without a newline (cpi.py's last prompt); text before the first
+    marker, if any, goes under None (not a program's)."""
+    cut = re.split(re.escape(_MARK) + r"(.*)\n", text)
+    found = []
+    for name, part in zip([None] + cut[1::2], cut[0::2]):
+        codes = re.split(re.escape(_CODES) + r"(.*)\n", part)
+        found.append((name, "".join(codes[0::2]), ast.literal_eval(codes[1]) if len(codes) > 1 else None))
+    return found
+
+
+def mpi_batch(programs: list, ranks: int, cwd: str | os.PathLike | None = None, timeout: int = 300,
+              mpiexec: str = MPIEXEC) -> dict:
+    """{name: (each rank's exit code, what the job printed)} for each (name, path, args) of `programs`, all run by
+    ONE mpiexec job (mpiexec's start and each rank's imports are most of a short program's cost): each rank runs
+    each program in turn as `python PATH ARGS` would (runpy as __main__, its argv, its directory first on
+    sys.path; SystemExit is its exit code), rank 0 printing a marker line before it; then an Ibarrier polled
+    with 1 ms sleeps (in MPICH's blocking Barrier the ranks done first spin on the cores the others still
+    need) and a gather of the codes. For programs whose ranks other than 0 print nothing (any mpiexec:
+    the ranks' output is not tagged); the job must end with exit 0 (an exception ends it: mpi4py's -m)."""
+    done = _batch(programs, ranks, cwd, "", timeout, mpiexec, tagged=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = {name: (codes, text) for name, text, codes in _cut(done.stdout) if name is not None or text}
+    assert list(found) == [name for name, _, _ in programs], done.stdout
+    return found
 
 
 def mpich_batch(programs: list, ranks: int, cwd: str | os.PathLike | None = None, stdin: str = "") -> dict:
     """{name: [each rank's lines, in rank order]}: what `mpiexec -n RANKS python PATH *ARGS` prints for each
-    (name, path, args) of `programs`, all run by ONE mpiexec job (mpiexec's start is most of a short program's
-    cost): each rank runs each program in turn as `python PATH ARGS` would (runpy as __main__, its argv, its
-    directory first on sys.path), after a marker line and before a barrier. `stdin` goes to rank 0 (as
-    mpiexec forwards it), for the programs that read it. mpiexec tags each chunk of output with its rank,
-    so the lines are each rank's whole, however MPICH interleaves the ranks' chunks. The barrier between
-    programs is an Ibarrier polled with 1 ms sleeps: in MPICH's blocking Barrier the ranks done first spin
-    on the cores the others still need (4 ranks on 2 cores, test_sim_lab's batch: 6.2-6.6 CPU-s, polled
-    2.5-3.6)."""
-    code = f"""
-import os, runpy, sys, time
-from mpi4py import MPI
-for name, path, args in {[(name, str(path), list(args)) for name, path, args in programs]!r}:
-    print({_MARK!r} + name, flush=True)
-    sys.argv = [path, *args]
-    sys.path.insert(0, os.path.dirname(path))
-    runpy.run_path(path, run_name="__main__")
-    sys.path.pop(0)
-    sys.stdout.flush()
-    request = MPI.COMM_WORLD.Ibarrier()
-    while not request.Test():
-        time.sleep(0.001)
-"""
-    done = subprocess.run(["timeout", "-k", "5", "300", MPIEXEC, "-n", str(ranks), *_TAGGED, sys.executable,
-                           "-m", "mpi4py", "-c", code], input=stdin, capture_output=True, text=True, cwd=cwd)
+    (name, path, args) of `programs`, all run by ONE mpiexec job, as mpi_batch runs them (each must exit 0 on
+    every rank), every rank printing the marker. `stdin` goes to rank 0 (as mpiexec forwards it), for the
+    programs that read it. MPICH's mpiexec tags each chunk of output with its rank, so the lines are each
+    rank's whole, however MPICH interleaves the ranks' chunks (4 ranks on 2 cores, test_sim_lab's batch:
+    6.2-6.6 CPU-s with a blocking Barrier between programs, 2.5-3.6 with the polled Ibarrier)."""
+    done = _batch(programs, ranks, cwd, stdin, 300, MPIEXEC, tagged=True)
     assert done.returncode == 0, done.stderr
     parts = re.split(r"<@(\d+)@> ", done.stdout)
     texts: dict = {}
@@ -153,10 +197,8 @@ for name, path, args in {[(name, str(path), list(args)) for name, path, args in 
         texts[int(rank)] = texts.get(int(rank), "") + chunk
     found: dict = {}
     for rank in sorted(texts):
-        # Cut where a marker starts, also within a line: a program's output may end without a newline
-        # (cpi.py's last prompt); text before the first marker, if any, goes under None (not a program's).
-        cut = re.split(re.escape(_MARK) + r"(.*)\n", texts[rank])
-        for name, text in zip([None] + cut[1::2], cut[0::2]):
+        for name, text, codes in _cut(texts[rank]):
+            assert codes is None or codes == [0] * ranks, (name, codes, done.stderr)
             if name is not None or text:
                 found.setdefault(name, [[] for _ in range(ranks)])[rank] = text.splitlines()
     assert list(found) == [name for name, _, _ in programs], done.stdout
