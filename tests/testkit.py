@@ -35,19 +35,17 @@ def root_for_all(comm, work):
 
 
 def wait_for_all(comm) -> None:
-    """Return once every rank of `comm` has called it; meanwhile sleep between polls of an Ibarrier (1 ms, then
-    up to 10 ms), where MPICH's blocking calls poll and take the cores the late ranks still work on. A test's
+    """Return once every rank of `comm` has called it; meanwhile sleep between polls of an Ibarrier (every
+    10 ms), where MPICH's blocking calls poll and take the cores the late ranks still work on. A test's
     blocking collective after one rank's long work goes through it first: while rank 0 drew the 8 pictures of
     docs/lab.md's `--png` command, the 3 others spun in the test's allgather as long (4 ranks on 2 cores:
-    test_classroom_docs.py 11.1-11.5 CPU-s, 5.9-6.0 with this). spmdsim's polite wait is not used: its
+    test_classroom_docs.py 10.7-11.5 CPU-s, 5.8-6.0 with this). spmdsim's polite wait is not used: its
     20-100 us sleeps are for collectives that end within a millisecond, not for seconds of one rank's work."""
     import time
 
     request = comm.Ibarrier()
-    delay = 0.001
     while not request.Test():
-        time.sleep(delay)
-        delay = min(2 * delay, 0.01)
+        time.sleep(0.01)
 
 
 def allgather_after_all(comm, value):
