@@ -10,8 +10,8 @@ import subprocess
 import sys
 from types import ModuleType
 
-__all__ = ["MPIEXEC", "EXAMPLE_ARGS", "factorizations", "load_script", "mpi_batch", "mpich_batch", "program_lines",
-           "readme_library_example", "root_for_all"]
+__all__ = ["MPIEXEC", "EXAMPLE_ARGS", "allgather_after_all", "factorizations", "load_script", "mpi_batch",
+           "mpich_batch", "program_lines", "readme_library_example", "root_for_all", "wait_for_all"]
 
 # The venv's mpiexec (the pip `mpich` wheel) first, else the one on PATH, else "".
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
@@ -27,17 +27,32 @@ EXAMPLE_ARGS = {"train_mindspore_tutorial": ["--steps", "2", "--synthetic"],
 
 
 def root_for_all(comm, work):
-    """Rank 0's `work()` (local work), broadcast to every rank of `comm`. The others wait without spinning: an
-    Ibarrier polled every 10 ms, where MPICH's blocking bcast polls and takes the cores rank 0 computes on (8
-    ranks on 2 cores: 7 spinning for all of rank 0's work). spmdsim's polite wait is not used: its 20-100 us
-    sleeps are for collectives that end within a millisecond, not for seconds of one rank's work."""
+    """Rank 0's `work()` (local work), broadcast to every rank of `comm`. The others wait without spinning
+    (`wait_for_all`), where MPICH's blocking bcast polls and takes the cores rank 0 computes on (8 ranks on 2
+    cores: 7 spinning for all of rank 0's work)."""
+    result = work() if comm.rank == 0 else None
+    wait_for_all(comm)
+    return comm.bcast(result, root=0)
+
+
+def wait_for_all(comm) -> None:
+    """Return once every rank of `comm` has called it; meanwhile sleep between polls of an Ibarrier (every
+    10 ms), where MPICH's blocking calls poll and take the cores the late ranks still work on. A test's
+    blocking collective after one rank's long work goes through it first: while rank 0 drew the 8 pictures of
+    docs/lab.md's `--png` command, the 3 others spun in the test's allgather as long (4 ranks on 2 cores:
+    test_classroom_docs.py 10.7-11.5 CPU-s, 5.8-6.0 with this). spmdsim's polite wait is not used: its
+    20-100 us sleeps are for collectives that end within a millisecond, not for seconds of one rank's work."""
     import time
 
-    result = work() if comm.rank == 0 else None
     request = comm.Ibarrier()
     while not request.Test():
         time.sleep(0.01)
-    return comm.bcast(result, root=0)
+
+
+def allgather_after_all(comm, value):
+    """`comm.allgather(value)` once every rank has come to it (`wait_for_all`: the early ones sleep)."""
+    wait_for_all(comm)
+    return comm.allgather(value)
 
 
 def readme_library_example() -> str:
