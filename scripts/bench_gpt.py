@@ -510,6 +510,24 @@ MOE_SIMULATED = ("msimhand", "msim", "msimhand2")
 
 
 def _launch(args, worker: str, check: int = 0) -> dict | None:
+    """`worker`'s launch (_command) run to its end: the result its RESULT line printed, else None (one line)."""
+    cmd, env = _command(args, worker, check)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=960)
+    return _result(worker, done.returncode, done.stdout, done.stderr)
+
+
+def _result(worker: str, code: int, out: str, err: str) -> dict | None:
+    """The result a launch of `worker` printed (its `RESULT {json}` line), else None and one line saying so."""
+    for line in out.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    print(f"bench_gpt: the {worker} worker failed (exit {code}): "
+          f"{(err.strip().splitlines() or ['no output'])[-1]}", file=sys.stderr)
+    return None
+
+
+def _command(args, worker: str, check: int = 0) -> tuple[list, dict]:
+    """`worker`'s launch: its command line and its environment."""
     common = ["--steps", str(args.steps), "--layers", str(args.layers), "--d-model", str(args.d_model),
               "--seq", str(args.seq), "--worker", worker]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parents[1]))
@@ -541,13 +559,7 @@ def _launch(args, worker: str, check: int = 0) -> dict | None:
         cmd = ["timeout", "-k", "5", "900", _mpiexec() or "mpiexec", "-n", ranks] + cmd
     if worker in MOE:
         cmd = _moe_command(worker, common, check)
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=960)
-    for line in done.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    print(f"bench_gpt: the {worker} worker failed (exit {done.returncode}): "
-          f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}", file=sys.stderr)
-    return None
+    return cmd, env
 
 
 def _moe_command(worker: str, common: list, check: int) -> list:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from testkit import MPIEXEC, load_script
+from testkit import MPIEXEC, bench_launches, load_script
 
 _SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 _SMALL = ["--layers", "2", "--d-model", "16", "--seq", "8"]
@@ -26,11 +26,26 @@ def _value(line: str, after: str) -> float:
 
 
 @pytest.mark.skipif(not MPIEXEC, reason="no mpiexec")
-def test_one_launch_prints_every_row_and_agrees_on_the_loss_and_the_collectives():
-    done = subprocess.run([sys.executable, str(_SCRIPTS / "bench_gpt.py"), "--moe", "--launches", "1", "--steps",
-                           "1", *_SMALL], capture_output=True, text=True, timeout=240,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert done.returncode == 0, done.stdout + done.stderr
+def test_one_launch_prints_every_row_and_agrees_on_the_loss_and_the_collectives(bench, monkeypatch, capsys,
+                                                                                tmp_path):
+    """Each launch is the script's own command (its _command), its result parsed as the script parses it, the
+    8-rank launches run as programs of one mpiexec job (testkit.batch_launches); the A/A control ("mhand2")
+    reuses the checked launch of the same command (only --check differs)."""
+    args = argparse.Namespace(steps=1, layers=2, d_model=16, seq=8, microbatches=None)
+    results = bench_launches(bench, args, [("mhand", 1), ("moereplay", 0), ("moe", 0)], tmp_path)
+    again, first = bench._command(args, "mhand2", 0)[0], bench._command(args, "mhand", 1)[0]
+    at = again.index("--check") + 1
+    assert again[:at] + again[at + 1:] == first[:at] + first[at + 1:]
+    results["mhand2"] = results["mhand"]
+    launched = []
+    monkeypatch.setattr(bench, "_launch", lambda args, worker, check=0: launched.append((worker, check)) or
+                        results[worker])
+    monkeypatch.setattr(sys, "argv", ["bench_gpt.py", "--moe", "--launches", "1", "--steps", "1", *_SMALL])
+    assert bench.main() == 0
+    assert launched == [("mhand", 1), ("moereplay", 0), ("moe", 0), ("mhand2", 0)], launched
+    printed = capsys.readouterr()
+    done = argparse.Namespace(stdout=printed.out, stderr=printed.err)
+    assert done.stderr == "", done.stderr
     lines = done.stdout.splitlines()
     assert max(len(line) for line in lines) <= 100
     assert lines[0] == "MoE GPT 2 layers (1 MoE), d_model 16, seq 8, batch 8; 4 experts, top-2, capacity factor 1"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from testkit import MPIEXEC, load_script
+from testkit import MPIEXEC, bench_launches, load_script
 
 _SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 _SMALL = ["--layers", "4", "--d-model", "32", "--seq", "16"]
@@ -35,11 +35,26 @@ def _value(line: str, after: str) -> float:
 
 
 @pytest.mark.skipif(not MPIEXEC, reason="no mpiexec")
-def test_one_launch_agrees_on_the_loss_and_the_bytes():
-    done = subprocess.run([sys.executable, str(_SCRIPTS / "bench_gpt.py"), "--pipeline", "--replay",
-                           "--launches", "1", "--steps", "1", *_SMALL], capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert done.returncode == 0, done.stdout + done.stderr
+def test_one_launch_agrees_on_the_loss_and_the_bytes(bench, monkeypatch, capsys, tmp_path):
+    """Each launch is the script's own command (its _command), its result parsed as the script parses it, the
+    4-rank launches run as programs of one mpiexec job (testkit.batch_launches); the A/A control ("phand2")
+    reuses the launch of the same command it repeats."""
+    import argparse
+
+    args = argparse.Namespace(steps=1, layers=4, d_model=32, seq=16, microbatches=8)
+    workers = [(w, 0) for w in ("phand", "pipe", "pipereplay", "pmsg")]
+    results = bench_launches(bench, args, workers, tmp_path)
+    assert bench._command(args, "phand2") == bench._command(args, "phand")
+    results["phand2"] = results["phand"]
+    launched = []
+    monkeypatch.setattr(bench, "_launch", lambda args, worker: launched.append(worker) or results[worker])
+    monkeypatch.setattr(sys, "argv", ["bench_gpt.py", "--pipeline", "--replay", "--launches", "1", "--steps", "1",
+                                      *_SMALL])
+    assert bench.main() == 0
+    assert launched == ["phand", "pipe", "pipereplay", "phand2", "pmsg"], launched
+    printed = capsys.readouterr()
+    done = argparse.Namespace(stdout=printed.out, stderr=printed.err)
+    assert done.stderr == "", done.stderr
     lines = done.stdout.splitlines()
     assert max(len(line) for line in lines) <= 100
     for row in ("numpy + mpi4py by hand, 1F1B", "the same again (A/A control)",

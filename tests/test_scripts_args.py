@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from spmdsim.errors import RuntimeMismatchError
-from testkit import MPIEXEC, load_script, unfold
+from testkit import MPIEXEC, bench_launches, load_script, unfold
 
 _SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
@@ -276,14 +276,35 @@ def test_peer_mpi4py_pipeline_refuses_a_bad_value_in_one_line(argv, needle):
     assert done.stderr.strip().splitlines()[-1] == needle, done.stderr
 
 
-def test_bench_gpt_times_every_row_in_one_run():
-    """One launch of each worker on a 1-layer GPT: every row, the ratios, the absent peer in one line."""
+def test_bench_gpt_times_every_row_in_one_run(monkeypatch, capsys, tmp_path):
+    """One launch of each worker on a 1-layer GPT: every row, the ratios, the absent peer in one line. Each launch
+    is the script's own command (its _command), its result parsed as the script parses it; the 8-rank MPI launches
+    run as programs of one mpiexec job (testkit.batch_launches), the A/A controls ("ref2", "handsim2", "hand2")
+    reuse the launch of the same command they repeat."""
     if not MPIEXEC:
         pytest.skip("no mpiexec")
-    done = subprocess.run([sys.executable, str(_SCRIPTS / "bench_gpt.py"), "--launches", "1", "--steps", "1",
-                           "--layers", "1", "--d-model", "32", "--seq", "16"], capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr
+    argv = ["--launches", "1", "--steps", "1", "--layers", "1", "--d-model", "32", "--seq", "16"]
+    bench = _script("bench_gpt")
+    args = argparse.Namespace(steps=1, layers=1, d_model=32, seq=16, microbatches=None)
+    here = ("ref", "one", "simreplay", "sim")  # no ranks of their own: run in this process
+    workers = [("hand", 1)] + [(w, 0) for w in ("mpireplay", "mpi", "busy") + here]
+    if importlib.util.find_spec("torch") is not None:
+        workers.append(("dtensor", 1))
+    results = bench_launches(bench, args, workers, tmp_path, here)
+    results["handsim"] = bench._launch(args, "handsim")  # a launch of its own, run and parsed by the script
+    workers.append(("handsim", 0))
+    again, first = bench._command(args, "hand", 0), bench._command(args, "hand", 1)
+    at = again[0].index("--check") + 1
+    assert again[0][:at] + again[0][at + 1:] == first[0][:at] + first[0][at + 1:]  # hand2: only not checked again
+    launched = []
+    monkeypatch.setattr(bench, "_launch", lambda args, worker, check=0: launched.append((worker, check)) or
+                        results[worker])
+    monkeypatch.setattr(sys, "argv", ["bench_gpt.py", *argv])
+    assert bench.main() == 0
+    assert sorted(set(launched)) == sorted(workers + [("hand", 0)]), launched
+    printed = capsys.readouterr()
+    done = argparse.Namespace(stdout=printed.out, stderr=printed.err)
+    assert done.stderr == "", done.stderr
     lines = done.stdout.splitlines()
     for row in ("one numpy process ", "  again (A/A control)", "1 simulated rank on a 1 x 1 mesh",
                 "8 simulated ranks (threads of one process):", "8 MPI ranks (mpiexec), polite wait:",
@@ -303,7 +324,8 @@ def test_bench_gpt_times_every_row_in_one_run():
     check = [line for line in lines if line.startswith("by hand, step 0 loss ")]
     assert len(check) == 1 and float(check[0].rsplit("|diff| ", 1)[1]) <= 1e-10, done.stdout
     within = [line for line in lines if line.startswith("by hand, after step 0: gradients within ")]
-    assert len(within) == 1 and all(float(w.split()[0].rstrip(",")) <= 1e-10 for w in within[0].split("within ")[1:]), within
+    assert len(within) == 1, within
+    assert all(float(w.split()[0].rstrip(",")) <= 1e-10 for w in within[0].split("within ")[1:]), within
     if importlib.util.find_spec("torch") is None:
         assert lines[-2].startswith("PyTorch DTensor: not installed (pip install -e '.[bench]'"), done.stdout
         return

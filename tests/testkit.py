@@ -10,8 +10,9 @@ import subprocess
 import sys
 from types import ModuleType
 
-__all__ = ["MPIEXEC", "EXAMPLE_ARGS", "allgather_after_all", "factorizations", "load_script", "mpi_batch",
-           "mpich_batch", "program_lines", "readme_library_example", "root_for_all", "wait_for_all"]
+__all__ = ["MPIEXEC", "EXAMPLE_ARGS", "allgather_after_all", "batch_launches", "bench_launches", "factorizations",
+           "load_script", "mpi_batch", "mpich_batch", "program_lines", "readme_library_example", "root_for_all",
+           "wait_for_all"]
 
 # The venv's mpiexec (the pip `mpich` wheel) first, else the one on PATH, else "".
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
@@ -219,3 +220,86 @@ def mpich_batch(programs: list, ranks: int, cwd: str | os.PathLike | None = None
     assert list(found) == [name for name, _, _ in programs], done.stdout
     return found
 
+
+
+_WITH_ENV = """
+import os, runpy, sys
+changes, path = {changes}, sys.argv[1]
+saved = {{key: os.environ.get(key) for key in changes}}
+for key, value in changes.items():
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
+for entry in reversed((changes.get("PYTHONPATH") or "").split(os.pathsep)):
+    if entry and entry not in sys.path:
+        sys.path.insert(0, entry)  # as the launch's PYTHONPATH would put it
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+try:
+    runpy.run_path(path, run_name="__main__")
+finally:
+    sys.path.remove(os.path.dirname(os.path.abspath(path)))
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+"""
+
+
+def batch_launches(launches: list, tmp: str | os.PathLike, timeout: int = 300) -> dict:
+    """{name: (exit code, stdout, stderr)} for each (name, cmd, env) of `launches`, a launch's command line and its
+    environment as a script would hand them to subprocess.run. Launches of the form ``[timeout -k K S] mpiexec -n
+    RANKS python PATH ARGS`` with the same RANKS run as programs of ONE mpiexec job (mpi_batch: mpiexec's start
+    and each rank's imports are most of a short launch's cost), each with its environment's differences from
+    ours set around it (os.environ, and PYTHONPATH's entries on sys.path; an environment read when a program
+    runs, as spmdsim reads SPMDSIM_WAIT when a mesh is made, holds; one read at a process's start would not);
+    their stdout is rank 0's, their stderr "" (only the job's, on failure). Any other launch runs by itself,
+    as given. `tmp`: a folder for the wrapper program."""
+    wrapper = os.path.join(str(tmp), "_with_env_program.py")
+    batches: dict = {}
+    done: dict = {}
+    for name, cmd, env in launches:
+        rest = cmd[4:] if cmd[:2] == ["timeout", "-k"] else cmd
+        if len(rest) > 4 and os.path.basename(rest[0]) == "mpiexec" and rest[1] == "-n" and rest[3] == sys.executable:
+            changes = {key: value for key, value in env.items() if os.environ.get(key) != value}
+            changes |= {key: None for key in os.environ if key not in env}
+            batches.setdefault(int(rest[2]), []).append((name, changes, rest[4:]))
+        else:
+            ran = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+            done[name] = (ran.returncode, ran.stdout, ran.stderr)
+    for ranks, programs in batches.items():
+        for k, (name, changes, argv) in enumerate(programs):
+            path = f"{wrapper[:-3]}_{ranks}_{k}.py"
+            with open(path, "w") as f:
+                f.write(_WITH_ENV.format(changes=repr(changes)))
+            programs[k] = (name, path, argv)
+        found = mpi_batch(programs, ranks, timeout=timeout)
+        for name, (codes, text) in found.items():
+            done[name] = (max(codes, key=abs), text, "")
+    return {name: done[name] for name, _, _ in launches}
+
+
+def bench_launches(bench, args, workers: list, tmp: str | os.PathLike, here: tuple = ()) -> dict:
+    """{worker: its result} for each (worker, check) of `workers`, launched as scripts/bench_gpt.py (`bench`, loaded
+    by load_script) would launch it (its _command), the MPI ones batched (batch_launches), each result parsed
+    from its output as the script parses it (its _result; a failed launch fails here with its output). The
+    workers named in `here` (bench_gpt's own workers that launch no ranks of their own: "ref", "one", "sim", ...)
+    run in this process instead, as `bench_gpt.py --worker W` would run them (bench._worker)."""
+    import argparse
+    import contextlib
+    import io
+
+    launches = [(worker, *bench._command(args, worker, check)) for worker, check in workers if worker not in here]
+    ran = dict(batch_launches(launches, tmp))
+    for worker in here:
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            bench._worker(argparse.Namespace(**{**vars(args), "worker": worker}))
+        ran[worker] = (0, printed.getvalue(), "")
+    results = {}
+    for worker, (code, out, err) in ran.items():
+        results[worker] = bench._result(worker, code, out, err)
+        assert results[worker] is not None and code == 0, (worker, code, out, err)
+    return results
