@@ -6,8 +6,6 @@ command are made again and compared with the committed ones.
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import pathlib
 import re
@@ -17,7 +15,6 @@ import sys
 import pytest
 
 from docs_commands import DOCS, ROOT, in_process, mismatch, quotes, run_here
-from spmdsim.cli.main import main
 
 _BIN = pathlib.Path(sys.executable).parent
 # Commands a test here does not run, and why (each must still be quoted as written).
@@ -51,11 +48,8 @@ def _shell(command: str, cwd: pathlib.Path) -> subprocess.CompletedProcess:
 
 def _run(quote, workdir: pathlib.Path) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) of one quoted command, run in `workdir`."""
-    if quote.argv is not None:
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(quote.argv)
-        return code, out.getvalue(), err.getvalue()
+    if quote.argv is not None:  # a pure `spmdsim` command
+        return run_here("main", quote.argv)
     here = in_process(quote.command)
     if here is not None:  # a Python start and spmdsim's imports less (0.3-0.6 CPU-s each, ~30 commands)
         return run_here(*here)

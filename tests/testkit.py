@@ -221,7 +221,6 @@ def mpich_batch(programs: list, ranks: int, cwd: str | os.PathLike | None = None
     return found
 
 
-
 _WITH_ENV = """
 import os, runpy, sys
 changes, path = {changes}, sys.argv[1]
