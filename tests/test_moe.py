@@ -461,3 +461,34 @@ def test_a_pipelined_moe_step_is_not_replayed_and_says_why_in_one_line():
     assert list(errors) == ["the GPT cannot train on pp 2 x dp 1 x ep 2 x tp 1: replay: a pipelined step reads its "
                             "MoE layers' router losses into Python each microbatch, which a replay cannot repeat; "
                             "train the pipeline without replay"] * 4
+
+
+@pytest.mark.parametrize("dropless", [False, True])
+def test_generation_with_moe_layers_replays_its_first_forward_and_samples_what_one_process_samples(dropless):
+    """GPT.generate captures the first character's forward with its MoE layers too (their routing, packing
+    and exchanges are replay kernels) and replays it for the others: each window routes anew (capacity 0.5
+    drops tokens; dropless moves that window's counts), and greedy and sampled characters equal one numpy
+    process's (weights scaled up, so the characters differ and depend on the routing)."""
+    from spmdsim.gpt.parallel import GPT
+    from spmdsim.gpt.reference import generate, init_params
+    from spmdsim.runtime import Mesh
+
+    cfg = GPTConfig(vocab=131, vocab_pad_to=64, layers=2, d_model=16, heads=4, seq=8, batch=4,
+                    moe=MoEConfig(experts=4, top_k=2, every=2, dropless=dropless, capacity_factor=0.5))
+    scaled = lambda name: not name.endswith(".b")  # noqa: E731  (the biases stay zero)
+
+    def body():
+        model = GPT(cfg, Mesh(spmdsim.Layout((1, 2, 2), ("dp", "ep", "tp"))), sp=True)
+        for name, t in model.params.items():
+            if scaled(name):
+                t.local[...] *= 20
+        calls, logits = [], model.logits
+        model.logits = lambda *a, **k: calls.append(1) or logits(*a, **k)
+        return [model.generate(b"def ", 12, t, seed=3) for t in (0.0, 1.5)], len(calls)
+
+    drawn, forwards = spmdsim.simulate(4, body)[0]
+    params = {name: p * 20 if scaled(name) else p for name, p in init_params(cfg).items()}
+    assert forwards == 2  # one captured forward per call; the other 11 characters replayed
+    for ids, t in zip(drawn, (0.0, 1.5)):
+        assert (ids == generate(params, cfg, b"def ", 12, t, seed=3)).all()
+    assert len(set(drawn[0].tolist())) > 3  # greedy characters that differ

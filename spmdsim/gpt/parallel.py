@@ -377,8 +377,8 @@ class GPT:
         temperature) with the reference's generator (the last position's logits gathered over tp; every
         rank draws alike). Every character's forward is the same program on a new window: the first is
         captured (spmdsim.runtime.replay) and the others replay it, without the layout inference and
-        planning that chose its numpy calls and collectives (not with MoE layers, whose routing decides in
-        Python each step).
+        planning that chose its numpy calls and collectives (MoE layers too: their routing, packing and
+        exchanges are replay kernels, so each window routes anew).
         """
         import zlib
 
@@ -406,10 +406,10 @@ class GPT:
                 x = DTensor.from_global(mesh, window, mesh.layout(self.batch, None))
                 if graph is not None:
                     out = graph(x)
-                elif cfg.moe is None and n > 1:
+                elif n > 1:
                     graph = capture(next_logits, x)
                     out = graph.result
-                else:  # one character, or an MoE layer (it routes in Python each step): nothing to replay
+                else:  # one character: nothing to replay
                     out = next_logits(x)
                 if temperature == 0:  # every row holds the same window: this rank's first row answers
                     ids.append(int(out.local[0]))
