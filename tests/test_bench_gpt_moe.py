@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from docs_commands import run_here
 from testkit import MPIEXEC, bench_launches, load_script
 
 _SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
@@ -131,9 +132,8 @@ def test_differing_collectives_or_losses_exit_1_and_the_refusals_are_one_line(be
     assert capsys.readouterr().err.startswith("bench_gpt --moe: no mpiexec beside python or on PATH")
     for argv, message in ((["--simulated"], "--simulated applies to --pipeline and --moe only"),
                           (["--moe", "--pipeline"], "--moe and --pipeline are separate cases: give one")):
-        done = subprocess.run([sys.executable, str(_SCRIPTS / "bench_gpt.py"), *argv], capture_output=True,
-                              text=True, timeout=60)
-        assert done.returncode == 2 and done.stderr.splitlines()[-1].endswith("error: " + message), done.stderr
+        code, _, err = run_here("scripts/bench_gpt.py", argv)  # refused before any launch: in process
+        assert code == 2 and err.splitlines()[-1].endswith("error: " + message), err
 
 
 @pytest.mark.parametrize("argv, needle", [

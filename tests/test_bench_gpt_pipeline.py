@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from docs_commands import run_here
 from testkit import MPIEXEC, bench_launches, load_script
 
 _SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
@@ -128,10 +129,8 @@ def test_simulated_adds_the_peer_and_the_replayed_step_on_simulated_ranks(bench,
     assert hand[11].endswith("peer_mpi4py_pipeline.py") and hand[-2:] == ["--wait", "busy"], hand
     assert "mpiexec" not in " ".join(ours) and ours[ours.index("--worker") + 1] == "psim", ours
     monkeypatch.undo()  # subprocess.run again
-    done = subprocess.run([sys.executable, str(_SCRIPTS / "bench_gpt.py"), "--simulated"], capture_output=True,
-                          text=True, timeout=60)
-    assert done.returncode == 2 and done.stderr.splitlines()[-1].endswith("error: --simulated applies to --pipeline "
-                                                                         "and --moe only")
+    code, _, err = run_here("scripts/bench_gpt.py", ["--simulated"])  # refused before any launch: in process
+    assert code == 2 and err.splitlines()[-1].endswith("error: --simulated applies to --pipeline and --moe only")
 
 
 def test_replay_adds_a_replayed_launch_beside_the_eager_one(bench, monkeypatch, capsys):
@@ -163,9 +162,8 @@ def test_replay_adds_a_replayed_launch_beside_the_eager_one(bench, monkeypatch, 
     bench._launch(_args(bench, replay=True), "pipereplay")
     assert cmd[0][cmd[0].index("--worker") + 1] == "pipereplay" and "--replay" not in cmd[0]
     monkeypatch.undo()  # subprocess.run again
-    done = subprocess.run([sys.executable, str(_SCRIPTS / "bench_gpt.py"), "--replay"], capture_output=True,
-                          text=True, timeout=60)
-    assert done.returncode == 2 and done.stderr.splitlines()[-1].endswith("error: --replay applies to --pipeline only")
+    code, _, err = run_here("scripts/bench_gpt.py", ["--replay"])  # refused before any launch: in process
+    assert code == 2 and err.splitlines()[-1].endswith("error: --replay applies to --pipeline only")
 
 
 def test_message_groups_follow_the_schedule(bench):

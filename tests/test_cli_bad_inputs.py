@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -324,3 +325,33 @@ def test_a_byte_count_is_echoed_as_typed_and_infinity_is_refused():
     for text in ("inf", "1e400", "abc"):
         with pytest.raises(argparse.ArgumentTypeError, match=rf"^size '{text}' is not a byte count"):
             parse_size(text)
+
+
+def test_main_builds_each_parser_once_and_answers_every_call_alike(capsys, monkeypatch):
+    """main() keeps the parsers it built (spmdsim.cli.main._PARSERS): a command's second call builds none, and
+    every call answers as the first did (the output, an error's one line, an unknown flag's usage, --help, and
+    autoshard's --fix, whose default list a parse must leave empty)."""
+    import spmdsim.cli.main as cli_main
+
+    built = []
+    monkeypatch.setattr(cli_main, "_PARSERS", {})
+    monkeypatch.setattr(cli_main, "build_parser", lambda commands, real=build_parser: built.append(commands)
+                        or real(commands))
+    mlp = ["autoshard", "--network", "mlp", "--devices", "2"]
+    calls = (["slices", *CASE], ["slices", *CASE[:-1], "8,-8"], ["slices", *CASE, "--nope"], ["plan", "--help"],
+             mlp, [*mlp, "--fix", "*=hand"], mlp, [])
+    answers = []
+    for argv in calls * 2:
+        try:
+            code = main(argv)
+        except SystemExit as exc:  # --help and argparse's own errors
+            code = exc.code
+        out, err = capsys.readouterr()
+        # autoshard's modelled time comes from a GEMM rate measured at the call: the one line that may differ
+        answers.append((code, re.sub(r"(?m)^modelled time .*$", "modelled time", out), err))
+    assert answers[:len(calls)] == answers[len(calls):]
+    assert [a[0] for a in answers[:len(calls)]] == [0, 2, 2, 0, 0, 2, 0, 2]
+    assert "--shape '8,-8' must be sizes of at least 0" in answers[1][2]
+    assert "unrecognized arguments: --nope" in answers[2][2] and "usage: spmdsim slices" in answers[2][2]
+    assert answers[4] == answers[6] and "mlp has no hand-written strategies" in answers[5][2]
+    assert built == [("slices",), ("plan",), ("autoshard",), cli_main.SUBCOMMANDS]

@@ -8,11 +8,11 @@ sends the same bytes per collective kind as each stage's line of the ledger says
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
 
 import spmdsim
+from docs_commands import run_here
 from spmdsim.estimate.ledger import PRECISIONS, gemms_at, gpt_ledger, layers_activations, priced, transfers_at
 from spmdsim.flops import PHASES, counting
 from spmdsim.gpt import GPTConfig
@@ -85,8 +85,9 @@ def test_prices_follow_the_precision_and_the_machine_levels():
 
 
 def _cli(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "spmdsim", "estimate", "gpt", *argv], capture_output=True,
-                          text=True, timeout=120)
+    """`spmdsim estimate gpt ARGV` (a pure command: in this process, docs_commands.run_here)."""
+    code, out, err = run_here("main", ["estimate", "gpt", *argv])
+    return subprocess.CompletedProcess(argv, code, out, err)
 
 
 def test_the_command_prints_each_stage_within_100_columns():

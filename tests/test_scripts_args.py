@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from docs_commands import run_here
 from spmdsim.errors import RuntimeMismatchError
 from testkit import MPIEXEC, bench_launches, load_script, unfold
 
@@ -244,10 +245,9 @@ def test_bench_front_prints_one_row_per_case_with_ratios_against_raw():
 
 @pytest.mark.parametrize("flag", ["--launches", "--steps", "--layers", "--d-model", "--seq", "--microbatches"])
 def test_bench_gpt_refuses_a_count_below_one(flag):
-    done = subprocess.run([sys.executable, str(_SCRIPTS / "bench_gpt.py"), flag, "0"], capture_output=True,
-                          text=True, timeout=60)
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines()[-1].endswith(f"error: {flag} 0 must be at least 1")
+    code, _, err = run_here("scripts/bench_gpt.py", [flag, "0"])  # as `python scripts/bench_gpt.py`, in process
+    assert code == 2
+    assert err.strip().splitlines()[-1].endswith(f"error: {flag} 0 must be at least 1")
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -257,10 +257,9 @@ def test_bench_gpt_refuses_a_count_below_one(flag):
     (["--pipeline", "--layers", "3"], "--layers 3 cannot fill 4 pipeline stages: each stage needs a layer at least"),
 ])
 def test_bench_gpt_pipeline_refuses_a_bad_value_in_one_line(argv, needle):
-    done = subprocess.run([sys.executable, str(_SCRIPTS / "bench_gpt.py"), *argv], capture_output=True, text=True,
-                          timeout=60)
-    assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert done.stderr.strip().splitlines()[-1] == f"bench_gpt.py: error: {needle}", done.stderr
+    code, _, err = run_here("scripts/bench_gpt.py", argv)  # its checks come before any launch: in process
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == f"bench_gpt.py: error: {needle}", err
 
 
 @pytest.mark.parametrize("argv, needle", [

@@ -48,11 +48,25 @@ def _mark_usage(parser: argparse.ArgumentParser) -> None:
                 _mark_usage(sub)
 
 
+#: The parsers main() built, by the commands they hold: a parse leaves no state in them (each parse fills a
+#: Namespace of its own; the defaults are constants), and building one took 15-80 ms (`run`'s, with its
+#: operators' subparsers): that much a call of main() in a process that calls it again (the tests, a notebook).
+_PARSERS: dict[tuple[str, ...], argparse.ArgumentParser] = {}
+
+
+def _parser(commands: tuple[str, ...]) -> argparse.ArgumentParser:
+    """build_parser(commands), built once a process."""
+    parser = _PARSERS.get(commands)
+    if parser is None:
+        parser = _PARSERS[commands] = build_parser(commands)
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
     # A command named first loads its own module only: the others' imports (the planner, the cost model)
     # took most of a short `spmdsim mpirun` program's start.
-    parser = build_parser(words[:1] if words[:1] and words[0] in SUBCOMMANDS else SUBCOMMANDS)
+    parser = _parser(tuple(words[:1]) if words[:1] and words[0] in SUBCOMMANDS else SUBCOMMANDS)
     args, extra = parser.parse_known_args(argv)
     if extra:
         # argparse reports flags a subcommand does not know with the top-level usage;
