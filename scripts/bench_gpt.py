@@ -150,6 +150,8 @@ P2P = ("send", "recv", "sendrecv")  # the trace's point-to-point rows (spmdsim.r
 sys.path.insert(0, str(HERE.parent))  # the peer beside this file, also when imported by path
 from peer_dtensor_gpt import missing  # noqa: E402
 
+from spmdsim._malloc import glibc_env  # noqa: E402
+
 
 def _config(args):
     from spmdsim.gpt import GPTConfig
@@ -507,6 +509,8 @@ SIMULATED = ("psimhand", "psim", "psimhand2")
 #: the peer on 8 simulated ranks, spmdsim replayed on them, the peer there again (A/A).
 MOE = ("mhand", "moereplay", "moe", "mhand2", "msimhand", "msim", "msimhand2")
 MOE_SIMULATED = ("msimhand", "msim", "msimhand2")
+#: spmdsim's own launches on simulated ranks: they get the glibc heap thresholds its MPI launches set for themselves.
+SPMDSIM_SIMULATED = ("one", "sim", "simreplay", "psim", "msim")
 
 
 def _launch(args, worker: str, check: int = 0) -> dict | None:
@@ -533,6 +537,8 @@ def _command(args, worker: str, check: int = 0) -> tuple[list, dict]:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parents[1]))
     if worker in ("mpi", "mpireplay", "moe", "moereplay"):  # as the polite peer waits, also on free cores
         env["SPMDSIM_WAIT"] = "polite"
+    if worker in SPMDSIM_SIMULATED:  # the heap spmdsim's MPI launches keep (tune_mpi_process), as `spmdsim launch`
+        env = glibc_env(env)
     cmd = [sys.executable, str(HERE)] + common
     if worker == "dtensor":
         cmd = [sys.executable, str(HERE.parent / "peer_dtensor_gpt.py")] + common[:-2] + ["--check", str(check)]
