@@ -72,6 +72,14 @@ DTensor's. A ratio is the median over launches of each launch's ratio (a
 launch of a row against the same round's launch of its base), printed with
 its min-max over launches; the load average (1, 5, 15 min) is printed at the
 start and at the end: on a shared machine compare within one run only.
+spmdsim's launches on simulated ranks (1 and 8 simulated ranks, eager and
+replayed; --pipeline's and --moe's) run with the glibc heap thresholds that
+its MPI launches set for themselves (tune_mpi_process), given as
+`spmdsim launch` gives them (spmdsim._malloc.glibc_env): under glibc's
+defaults an eager step's freed heap top goes back to the OS and is faulted in
+again the next step (docs/performance.md). A simulation itself changes no
+process setting; the peer's and the one process's launches keep glibc's
+defaults, as before.
 
 ``--pipeline`` times the pipelined step instead, on 4 MPI ranks (pp 4, tp 1,
 dp 1, 1F1B, --microbatches, default 8): spmdsim.gpt.pipeline's
