@@ -72,14 +72,13 @@ DTensor's. A ratio is the median over launches of each launch's ratio (a
 launch of a row against the same round's launch of its base), printed with
 its min-max over launches; the load average (1, 5, 15 min) is printed at the
 start and at the end: on a shared machine compare within one run only.
-spmdsim's launches on simulated ranks (8 ranks eager and replayed; --pipeline
---simulated's and --moe --simulated's replayed ones) run with the glibc heap thresholds that its MPI
-launches set for themselves (tune_mpi_process), given as `spmdsim launch`
-gives them (spmdsim._malloc.glibc_env): under glibc's defaults an eager step's
-freed heap top goes back to the OS and is faulted in again the next step
-(docs/performance.md). A simulation itself changes no process setting; the
-peer's launches, the one process's and the 1 simulated rank's (compared with
-the one process) keep glibc's defaults, as before.
+Every launch (spmdsim's, the peers', the one process's) runs with the glibc
+heap thresholds that spmdsim's MPI ranks set for themselves (tune_mpi_process),
+given as `spmdsim launch` gives them (spmdsim._malloc.glibc_env), unless the
+environment sets glibc's variables already: under glibc's defaults a step that
+allocates its results afresh (an eager step, the peers') gives its freed heap
+top back to the OS and faults it in again the next step (docs/performance.md),
+so every row runs on the same heap.
 
 ``--pipeline`` times the pipelined step instead, on 4 MPI ranks (pp 4, tp 1,
 dp 1, 1F1B, --microbatches, default 8): spmdsim.gpt.pipeline's
@@ -517,8 +516,6 @@ SIMULATED = ("psimhand", "psim", "psimhand2")
 #: the peer on 8 simulated ranks, spmdsim replayed on them, the peer there again (A/A).
 MOE = ("mhand", "moereplay", "moe", "mhand2", "msimhand", "msim", "msimhand2")
 MOE_SIMULATED = ("msimhand", "msim", "msimhand2")
-#: spmdsim's own launches on 8 (--pipeline: 4) simulated ranks: the glibc heap thresholds its MPI launches set.
-SPMDSIM_SIMULATED = ("sim", "simreplay", "psim", "msim")
 
 
 def _launch(args, worker: str, check: int = 0) -> dict | None:
@@ -545,8 +542,7 @@ def _command(args, worker: str, check: int = 0) -> tuple[list, dict]:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parents[1]))
     if worker in ("mpi", "mpireplay", "moe", "moereplay"):  # as the polite peer waits, also on free cores
         env["SPMDSIM_WAIT"] = "polite"
-    if worker in SPMDSIM_SIMULATED:  # the heap spmdsim's MPI launches keep (tune_mpi_process), as `spmdsim launch`
-        env = glibc_env(env)
+    env = glibc_env(env)  # every launch on the heap spmdsim's MPI ranks keep (tune_mpi_process), as `spmdsim launch`
     cmd = [sys.executable, str(HERE)] + common
     if worker == "dtensor":
         cmd = [sys.executable, str(HERE.parent / "peer_dtensor_gpt.py")] + common[:-2] + ["--check", str(check)]

@@ -72,19 +72,23 @@ def test_a_failed_launch_is_left_out_of_its_ratios(bench, capsys):
     assert "PyTorch DTensor: not installed" in out
 
 
-def test_spmdsim_simulated_launches_keep_the_heap_its_mpi_launches_keep(bench, monkeypatch):
-    """The eager and replayed steps on simulated ranks run with the glibc heap thresholds that spmdsim's MPI
-    launches set for themselves (tune_mpi_process): an eager step's freed heap top is not given back and faulted
-    in again each step. The peer's, the one process's and the 1 simulated rank's (compared with the one process)
-    launches keep glibc's defaults."""
+def test_every_launch_runs_on_the_heap_spmdsims_mpi_ranks_keep(bench, monkeypatch):
+    """Every launch (spmdsim's eager and replayed steps, the peers', the one process's) runs with the glibc heap
+    thresholds that spmdsim's MPI ranks set for themselves (tune_mpi_process), so no ratio compares two heaps:
+    under glibc's defaults a step that allocates its results afresh gives its freed heap top back and faults it
+    in again each step. A variable the user set wins, and then none is added."""
     for var in bench.glibc_env({}):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     args = argparse.Namespace(steps=1, layers=1, d_model=16, seq=8, microbatches=8)
     from spmdsim import _malloc
-    for worker in ("sim", "simreplay", "psim", "msim"):
+    workers = ("ref", "one", "sim", "simreplay", "handsim", "hand", "mpi", "mpireplay", "psim", "psimhand", "msim",
+               "msimhand", "moe", "mhand")
+    for worker in workers:
         env = bench._command(args, worker)[1]
         assert env["MALLOC_TRIM_THRESHOLD_"] == str(_malloc.TRIM_THRESHOLD), worker
         assert env["MALLOC_MMAP_THRESHOLD_"] == str(_malloc.MMAP_THRESHOLD), worker
-    for worker in ("ref", "one", "handsim", "hand", "mpi", "mpireplay", "psimhand", "msimhand"):
-        assert "MALLOC_TRIM_THRESHOLD_" not in bench._command(args, worker)[1], worker
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
+    for worker in workers:
+        env = bench._command(args, worker)[1]
+        assert env["MALLOC_TRIM_THRESHOLD_"] == "131072" and "MALLOC_MMAP_THRESHOLD_" not in env, worker
