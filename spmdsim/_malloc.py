@@ -10,7 +10,10 @@ mmap threshold) from the heap and keeps up to 64 MiB of freed heap top, so a
 rank holds at most 64 MiB beyond its live arrays. `spmdsim launch` sets glibc's
 variables for its ranks (`glibc_env`); a rank of a plain ``mpiexec`` calls
 mallopt when spmdsim's guard is first set up on it (`keep_freed_buffers_under_launcher`,
-from runtime.process). Skipped when
+from runtime.process). A ``--ranks N`` run of spmdsim's programs (the CLI, the
+examples: `spmdsim.sim.launch.run_on_ranks`) calls mallopt alike before its
+ranks start: its eager steps otherwise fault their freed heap top in again
+every step (docs/performance.md); `spmdsim.simulate` itself does not. Skipped when
 the user set any of GLIBC_VARS (to opt out: ``MALLOC_TRIM_THRESHOLD_=131072``,
 glibc's default) and without glibc. ``import spmdsim`` changes nothing.
 """
@@ -46,6 +49,14 @@ def keep_freed_buffers() -> bool:
 def keep_freed_buffers_under_launcher() -> bool:
     """`keep_freed_buffers` for a rank started by an MPI launcher, unless the user chose otherwise."""
     if launcher_local_ranks() is None or any(var in os.environ for var in GLIBC_VARS):
+        return False
+    return keep_freed_buffers()
+
+
+def keep_freed_buffers_unless_set() -> bool:
+    """`keep_freed_buffers` for a program's process (a ``--ranks N`` run of the CLI or an example:
+    spmdsim.sim.launch.run_on_ranks), unless the user set any of GLIBC_VARS."""
+    if any(var in os.environ for var in GLIBC_VARS):
         return False
     return keep_freed_buffers()
 

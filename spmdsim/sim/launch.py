@@ -75,6 +75,9 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
                 codes = simulate(n, _exit_code, fn, dry_run=True)
             print(codes.report.to_json() if as_json else codes.report.table())
             return 0
+        from .._malloc import keep_freed_buffers_unless_set
+
+        keep_freed_buffers_unless_set()  # the program's process, as an MPI rank's (tune_mpi_process)
         codes = simulate(n, _exit_code, fn)
     except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, as a shell tool does on SIGPIPE
         _quiet_stdout()
