@@ -6,8 +6,9 @@ the ep ranks' e // (E / ep)-th share, column-parallel (w1) then row-parallel
 (w2) over tp, the same on every dp rank. Each rank routes its own tokens
 (spmdsim.moe.routing), packs them into a send buffer, and:
 
-- dispatch: with a capacity, one Alltoall over ep of the (S, E, C, D) slots
-  (split on the experts, joined on the sequences); dropless, an Alltoall of
+- dispatch: with a capacity, one Alltoall over ep of the (ep, S, E / ep, C,
+  D) slots, destination-major as routed (spmdsim.moe.routing.dispatch_rows),
+  so the buffer leaves as it is; dropless, an Alltoall of
   the per-expert counts, then an Alltoallv of the rows with the true counts;
 - the experts run on what arrived: x @ w1 + b1, GELU, @ w2, an Allreduce over
   tp (w2's rows are split there), + b2;
@@ -150,7 +151,7 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     # Routing, packing, the exchanges, the experts and unpacking are kernels (spmdsim.runtime.replay), each
     # writing arrays of fixed shapes: a replayed step reruns them on its own router probabilities. Dropless,
     # what arrives is sized by the step's counts: captured, its arrays have room for the most that can come.
-    experts, gates, slots, counts, rows, per_expert, load = _routed(probs.local, k, C, moe.dropless)
+    experts, gates, slots, counts, rows, per_expert, load = _routed(probs.local, k, C, moe.dropless, ep)
     nrows = bl * T * k if moe.dropless else bl * E * C  # dropless: every assignment has its row
     send = _pack(x.local, rows, nrows)
     plan = _Plan(mesh, moe, C, bl, El, name)
@@ -205,23 +206,24 @@ class _Plan:
 
 
 def _dispatch(plan: _Plan, send: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray],
-              most: Optional[int], label: Optional[str] = None) -> np.ndarray:
+              most: Optional[int], label: Optional[str] = None, out: Optional[np.ndarray] = None) -> np.ndarray:
     """The dispatch's exchange of `send`: what arrived, expert-major; with `most`, in `most` rows (zero past
-    what arrived)."""
-    arrived = plan.exchange(per_expert, got).dispatch(send, label)
+    what arrived). `out`: the array to write it into (a replay's: its captured result)."""
+    move = plan.exchange(per_expert, got)
     if most is None:
-        return arrived
-    rows = np.zeros((most,) + arrived.shape[1:])
-    rows[:len(arrived)] = arrived
+        return move.dispatch(send, label, out)
+    rows = np.empty((most, send.shape[1])) if out is None else out
+    move.dispatch(send, label, rows[:move.arrived])
+    rows[move.arrived:] = 0.0
     return rows
 
 
 def _combine(plan: _Plan, rows: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray],
-             label: Optional[str] = None) -> np.ndarray:
+             label: Optional[str] = None, out: Optional[np.ndarray] = None) -> np.ndarray:
     """The combine's exchange of the expert-major `rows` (those that arrived, of a buffer that may be longer):
-    the send buffer's rows, back on the ranks the tokens came from."""
+    the send buffer's rows, back on the ranks the tokens came from (into `out` when given)."""
     move = plan.exchange(per_expert, got)
-    return move.combine(rows[:move.arrived], label)
+    return move.combine(rows[:move.arrived], label, out)
 
 
 def _run_experts(plan: _Plan, xe: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray], W1: np.ndarray,
@@ -260,12 +262,13 @@ def _experts_grad(plan: _Plan, xe: np.ndarray, hs: np.ndarray, acts: np.ndarray,
     return gw1, gb1, gw2, gb2, dxe
 
 
-def _route(probs: np.ndarray, top_k: int, capacity: int, dropless: bool) -> tuple:
+def _route(probs: np.ndarray, top_k: int, capacity: int, dropless: bool, ep: int) -> tuple:
     """This rank's routing of its (T, bl, E) probabilities, as arrays: (experts, gates, slots (bl, T, k);
-    counts (bl, E); rows (bl, T, k), each assignment's row in the send buffer, -1 where dropped; rows per
-    expert (E,); the (E,) assignments before dropping, float64, for the load-balancing loss)."""
+    counts (bl, E); rows (bl, T, k), each assignment's row in the send buffer (destination-major over the
+    `ep` ranks), -1 where dropped; rows per expert (E,); the (E,) assignments before dropping, float64, for
+    the load-balancing loss)."""
     routing = route(np.ascontiguousarray(probs.transpose(1, 0, 2)), top_k, capacity)
-    rows, _, per_expert = dispatch_rows(routing, dropless)
+    rows, _, per_expert = dispatch_rows(routing, dropless, ep)
     return (routing.experts, routing.gates, routing.slots, routing.counts, rows, per_expert,
             routing.counts.sum(axis=0).astype(np.float64))
 
@@ -347,7 +350,7 @@ def _dry_experts(x: Any, probs: Any, weights: tuple, moe: MoEConfig, name: str,
     T, bl, D = x.local.shape
     ep, tp = mesh.layout.axis_size("ep"), mesh.layout.axis_size("tp")
     routing = planned(bl, T, moe.experts, moe.top_k, moe.capacity(T), moe.dry_routing)
-    rows, nrows, per_expert = dispatch_rows(routing, moe.dropless)
+    rows, nrows, per_expert = dispatch_rows(routing, moe.dropless, ep)
     move = _Exchange(mesh, moe, routing.capacity, bl, moe.experts // ep, per_expert, f"{name} dispatch",
                      f"{name} combine")
     xe = move.dispatch(zeros((nrows, D), np.float64))
@@ -417,37 +420,54 @@ class _Exchange:
         ends = np.cumsum(sizes)
         self.ranges = [(int(ends[e] - sizes[e]), int(ends[e])) for e in range(El)]
 
-    def dispatch(self, send: np.ndarray, label: Optional[str] = None) -> np.ndarray:
-        """Send rows (the routing's buffer) -> expert-major rows of this rank's experts."""
+    def dispatch(self, send: np.ndarray, label: Optional[str] = None, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """Send rows (the routing's buffer, destination-major) -> expert-major rows of this rank's experts (into
+        `out`, (arrived, D), when given)."""
         label = label or self.labels[0]
         D = send.shape[1]
-        if not self.dropless:
-            blocks = send.reshape(self.bl, self.ep * self.El, self.C, D)
-            got = alltoall(self.mesh, blocks, "ep", 1, 0, label) if self.ep > 1 else blocks
+        if not self.dropless:  # the send buffer is (ep, bl, El, C) slots: each member's share is one block
+            got = alltoall(self.mesh, send, "ep", 0, 0, label) if self.ep > 1 else send
             if self.dry:
-                return got.reshape(-1, D)
-            # (ep * bl, El, C, D) -> (El, ep * bl, C, D): each local expert's slots together
-            return contiguous(got.transpose(1, 0, 2, 3)).reshape(-1, D)
+                return got
+            # (ep, bl, El, C, D) -> (El, ep, bl, C, D): each local expert's slots together
+            by_expert = got.reshape(self.ep, self.bl, self.El, self.C, D).transpose(2, 0, 1, 3, 4)
+            if out is None:
+                return contiguous(by_expert).reshape(-1, D)
+            np.copyto(out.reshape(by_expert.shape), by_expert)
+            return out
         got = group_alltoallv(self.mesh, send, self.send_rows, self.recv_rows, "ep", label)
-        return got if self.dry else got[self.order]
+        if self.dry:
+            return got
+        return got[self.order] if out is None else np.take(got, self.order, axis=0, out=out)
 
-    def combine(self, rows: np.ndarray, label: Optional[str] = None) -> np.ndarray:
-        """Expert-major rows -> the send buffer's rows on the ranks the tokens came from (dispatch reversed)."""
+    def combine(self, rows: np.ndarray, label: Optional[str] = None, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """Expert-major rows -> the send buffer's rows on the ranks the tokens came from (dispatch reversed; into
+        `out` when given)."""
         label = label or self.labels[1]
         D = rows.shape[1]
         if not self.dropless:
             if self.dry:
-                blocks = zeros((self.ep * self.bl, self.El, self.C, D), rows.dtype)
-            else:
-                blocks = contiguous(rows.reshape(self.El, self.ep * self.bl, self.C, D)
-                                    .transpose(1, 0, 2, 3))
-            got = alltoall(self.mesh, blocks, "ep", 0, 1, label) if self.ep > 1 else blocks
-            return got.reshape(-1, D)
+                blocks = zeros(rows.shape, rows.dtype)
+            else:  # (El, ep, bl, C, D) -> (ep, bl, El, C, D): the send buffer's slots, each member's block together
+                blocks = contiguous(rows.reshape(self.El, self.ep, self.bl, self.C, D)
+                                    .transpose(1, 2, 0, 3, 4)).reshape(-1, D)
+            if self.ep > 1:
+                return alltoall(self.mesh, blocks, "ep", 0, 0, label, out)
+            return _into(out, blocks)
         if self.dry:
             return group_alltoallv(self.mesh, rows, self.recv_rows, self.send_rows, "ep", label)
         by_source = np.empty_like(rows)
         by_source[self.order] = rows
-        return group_alltoallv(self.mesh, by_source, self.recv_rows, self.send_rows, "ep", label)
+        return _into(out, group_alltoallv(self.mesh, by_source, self.recv_rows, self.send_rows, "ep", label))
+
+
+
+def _into(out: Optional[np.ndarray], rows: np.ndarray) -> np.ndarray:
+    """`rows`, copied into `out` when given."""
+    if out is None:
+        return rows
+    np.copyto(out, rows)
+    return out
 
 
 def _stats(mesh: Any, name: str, routing: Any, move: _Exchange, at: np.ndarray, D: int) -> MoEStats:
@@ -458,9 +478,8 @@ def _stats(mesh: Any, name: str, routing: Any, move: _Exchange, at: np.ndarray, 
         bounds = np.cumsum(move.send_rows)
         tokens = np.bincount(np.searchsorted(bounds, at, side="right"), minlength=ep)
         sent = [n * D * 8 for n in move.send_rows]
-    else:
-        expert = (at // move.C) % (ep * move.El)
-        tokens = np.bincount(expert // move.El, minlength=ep)
+    else:  # the slots are destination-major: (ep, bl, El, C)
+        tokens = np.bincount(at // (move.bl * move.El * move.C), minlength=ep)
         sent = [n * D * 8 for n in move.send_rows]
     return MoEStats(name, mesh.rank, tuple(int(r) for r in group), tuple(int(n) for n in tokens[:ep]),
                     tuple(int(n) for n in sent), tuple(int(n) for n in routing.per_expert()), routing.dropped,
