@@ -49,7 +49,7 @@ import numpy as np
 
 from .. import ops
 from ..buffers import contiguous
-from ..activations import gelu, gelu_backward
+from ..activations import gelu_backward, gelu_from_tanh, gelu_tanh
 from ..autograd.graph import record, with_partial
 from ..errors import SpmdsimError
 from ..runtime.collectives import allreduce, alltoall
@@ -161,7 +161,7 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     most = ep * bl * T * min(k, El) if moe.dropless and capturing() else None
     xe = _dispatched(plan, send, per_expert, got, most)  # expert-major rows: local expert 0's, then 1's ...
     W1, B1, W2, B2 = w1.local, b1.local, w2.local, b2.local
-    hs, acts, ye = _experts_forward(plan, xe, per_expert, got, W1, B1, W2, B2)
+    hs, ts, acts, ye = _experts_forward(plan, xe, per_expert, got, W1, B1, W2, B2)
     back = _combined(plan, ye, per_expert, got)
     out = DTensor(mesh, _unpack(back, rows, gates), x.layout, x.global_shape)
     if stats is not None:  # read off the routing's arrays by a kernel: a replay reads its own step's again
@@ -175,7 +175,7 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
         dgates, dback = _combine_grad(dy.local, back, rows, gates)
         # the combine's conjugate travels the dispatch's way, the dispatch's the combine's
         dye = _dispatched(plan, dback, per_expert, got, most, f"{name} combine backward")
-        *grads, dxe = _experts_backward(plan, xe, hs, acts, dye, per_expert, got, W1, W2)
+        *grads, dxe = _experts_backward(plan, xe, hs, ts, acts, dye, per_expert, got, W1, W2)
         dsend = _combined(plan, dxe, per_expert, got, f"{name} dispatch backward")
         dx = _unpack(dsend, rows, None)
         dprobs = _probs_grad(probs.local, experts, gates, slots, counts, C, dgates)
@@ -228,35 +228,55 @@ def _combine(plan: _Plan, rows: np.ndarray, per_expert: np.ndarray, got: Optiona
 
 def _run_experts(plan: _Plan, xe: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray], W1: np.ndarray,
                  B1: np.ndarray, W2: np.ndarray, B2: np.ndarray) -> tuple:
-    """The local experts on their rows of `xe`: (x @ w1 + b1, its GELU, the output summed over tp + b2), each
-    as long as `xe`."""
+    """The local experts on their rows of `xe`: (x @ w1 + b1, its GELU's tanh (kept for the backward), the GELU,
+    the output summed over tp + b2), each as long as `xe`. With a capacity every expert has the same rows: one
+    batched product a weight (numpy's matmul makes each expert's the 2-d product would)."""
     move = plan.exchange(per_expert, got)
-    hs, acts = np.empty(xe.shape[:1] + W1.shape[2:]), np.empty(xe.shape[:1] + W1.shape[2:])
-    ye = np.zeros_like(xe)
-    for e, (lo, hi) in enumerate(move.ranges):
-        hs[lo:hi] = xe[lo:hi] @ W1[e] + B1[e]
-        acts[lo:hi] = gelu(hs[lo:hi])
-        ye[lo:hi] = acts[lo:hi] @ W2[e]
+    El, D, H = W1.shape
+    if not move.dropless:
+        hs = np.matmul(xe.reshape(El, -1, D), W1)
+        hs += B1[:, None]
+        ts = gelu_tanh(hs)
+        acts = gelu_from_tanh(hs, ts)
+        ye = np.matmul(acts, W2)
+    else:
+        hs, ts, acts = (np.empty(xe.shape[:1] + (H,)) for _ in range(3))
+        ye = np.zeros_like(xe)
+        for e, (lo, hi) in enumerate(move.ranges):
+            hs[lo:hi] = xe[lo:hi] @ W1[e] + B1[e]
+            ts[lo:hi] = gelu_tanh(hs[lo:hi])
+            acts[lo:hi] = gelu_from_tanh(hs[lo:hi], ts[lo:hi])
+            ye[lo:hi] = acts[lo:hi] @ W2[e]
     if plan.mesh.layout.axis_size("tp") > 1:  # w2's rows are split over tp
-        used = ye[:move.arrived]
+        used = ye.reshape(-1, D)[:move.arrived]
         allreduce(plan.mesh, used, "tp", f"{plan.name} experts fc2", out=used)
+    if not move.dropless:
+        ye += B2[:, None]
+        return hs.reshape(-1, H), ts.reshape(-1, H), acts.reshape(-1, H), ye.reshape(-1, D)
     for e, (lo, hi) in enumerate(move.ranges):
         ye[lo:hi] += B2[e]
-    return hs, acts, ye
+    return hs, ts, acts, ye
 
 
-def _experts_grad(plan: _Plan, xe: np.ndarray, hs: np.ndarray, acts: np.ndarray, dye: np.ndarray,
+def _experts_grad(plan: _Plan, xe: np.ndarray, hs: np.ndarray, ts: np.ndarray, acts: np.ndarray, dye: np.ndarray,
                   per_expert: np.ndarray, got: Optional[np.ndarray], W1: np.ndarray, W2: np.ndarray) -> tuple:
     """`_run_experts`' backward from its output's gradient dye: (d w1, d b1, d w2, d b2, d xe); d xe is pending
-    over tp (each rank's hidden columns' share)."""
+    over tp (each rank's hidden columns' share). `ts`: the forward's tanh."""
     move = plan.exchange(per_expert, got)
+    El, D, H = W1.shape
+    if not move.dropless:  # batched, as the forward
+        g, x3, a3 = dye.reshape(El, -1, D), xe.reshape(El, -1, D), acts.reshape(El, -1, H)
+        gb2, gw2 = g.sum(axis=1), np.matmul(a3.transpose(0, 2, 1), g)
+        dh = gelu_backward(hs.reshape(El, -1, H), np.matmul(g, W2.transpose(0, 2, 1)), ts.reshape(El, -1, H))
+        gw1, gb1 = np.matmul(x3.transpose(0, 2, 1), dh), dh.sum(axis=1)
+        return gw1, gb1, gw2, gb2, np.matmul(dh, W1.transpose(0, 2, 1)).reshape(-1, D)
     gw1, gb1 = np.zeros_like(W1), np.zeros(W1.shape[:1] + W1.shape[2:])
     gw2, gb2 = np.zeros_like(W2), np.zeros(W2.shape[:1] + W2.shape[2:])
     dxe = np.zeros_like(xe)
     for e, (lo, hi) in enumerate(move.ranges):
         g = dye[lo:hi]
         gb2[e], gw2[e] = g.sum(axis=0), acts[lo:hi].T @ g
-        dh = gelu_backward(hs[lo:hi], g @ W2[e].T)
+        dh = gelu_backward(hs[lo:hi], g @ W2[e].T, ts[lo:hi])
         gw1[e], gb1[e] = xe[lo:hi].T @ dh, dh.sum(axis=0)
         dxe[lo:hi] = dh @ W1[e].T
     return gw1, gb1, gw2, gb2, dxe
