@@ -31,8 +31,9 @@ are kernels over arrays, so a replayed step reruns them on its own router
 probabilities. Their arrays have fixed shapes: with a capacity by
 construction; dropless, what arrives is written into arrays with room for the
 most that can (ep x bl x T x min(k, local experts) rows) while capturing, and
-the counts, displacements and each expert's rows are worked out again by
-each kernel from the counts' arrays.
+the counts, displacements and each expert's rows are worked out again from
+the counts' arrays once a step: the layer's kernels share the last _Exchange
+while the counts they are handed are the same (with a capacity, always).
 
 A dry run (spmdsim.sim.dry: shapes, no values) routes by the rule
 ``moe.dry_routing`` names (spmdsim.moe.routing.planned: "balanced" or
@@ -42,7 +43,7 @@ makes none of the experts' products.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -188,10 +189,10 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     return out, load
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class _Plan:
     """What one layer's exchanges need besides the step's counts (`name`: the layer's, "h1"): `exchange`
-    makes this step's _Exchange."""
+    gives this step's _Exchange."""
 
     mesh: Any
     moe: MoEConfig
@@ -199,10 +200,20 @@ class _Plan:
     bl: int
     El: int
     name: str
+    #: (per_expert, got, their _Exchange) made last: a step's kernels ask seven times (a replay's with the
+    #: same captured arrays, rewritten each step, so the counts are compared, not the arrays' identity).
+    last: Optional[tuple] = field(default=None, repr=False)
 
     def exchange(self, per_expert: np.ndarray, got: Optional[np.ndarray]) -> "_Exchange":
-        return _Exchange(self.mesh, self.moe, self.capacity, self.bl, self.El, per_expert, f"{self.name} dispatch",
+        last = self.last
+        if last is not None and (not self.moe.dropless or (np.array_equal(last[0], per_expert)
+                                                          and np.array_equal(last[1], got))):
+            return last[2]  # with a capacity nothing depends on the counts
+        move = _Exchange(self.mesh, self.moe, self.capacity, self.bl, self.El, per_expert, f"{self.name} dispatch",
                          f"{self.name} combine", got)
+        if got is not None or not self.moe.dropless:  # (without `got`, dropless exchanges the counts itself)
+            self.last = (per_expert.copy(), None if got is None else got.copy(), move)
+        return move
 
 
 def _dispatch(plan: _Plan, send: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray],
