@@ -238,59 +238,66 @@ def _combine(plan: _Plan, rows: np.ndarray, per_expert: np.ndarray, got: Optiona
 
 
 def _run_experts(plan: _Plan, xe: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray], W1: np.ndarray,
-                 B1: np.ndarray, W2: np.ndarray, B2: np.ndarray) -> tuple:
+                 B1: np.ndarray, W2: np.ndarray, B2: np.ndarray, out: Optional[tuple] = None) -> tuple:
     """The local experts on their rows of `xe`: (x @ w1 + b1, its GELU's tanh (kept for the backward), the GELU,
-    the output summed over tp + b2), each as long as `xe`. With a capacity every expert has the same rows: one
-    batched product a weight (numpy's matmul makes each expert's the 2-d product would)."""
+    the output summed over tp + b2), each as long as `xe` (into `out`'s four arrays when given: a replay's).
+    With a capacity every expert has the same rows: one batched product a weight (numpy's matmul makes each
+    expert's the 2-d product would)."""
     move = plan.exchange(per_expert, got)
     El, D, H = W1.shape
+    rows = xe.shape[0]
+    hs, ts, acts, ye = out if out is not None else (np.empty((rows, H)), np.empty((rows, H)), np.empty((rows, H)),
+                                                    np.empty((rows, D)))
     if not move.dropless:
-        hs = np.matmul(xe.reshape(El, -1, D), W1)
-        hs += B1[:, None]
-        ts = gelu_tanh(hs)
-        acts = gelu_from_tanh(hs, ts)
-        ye = np.matmul(acts, W2)
+        h3 = hs.reshape(El, -1, H)
+        np.matmul(xe.reshape(El, -1, D), W1, out=h3)
+        h3 += B1[:, None]
+        gelu_from_tanh(hs, gelu_tanh(hs, ts), acts)
+        np.matmul(acts.reshape(El, -1, H), W2, out=ye.reshape(El, -1, D))
     else:
-        hs, ts, acts = (np.empty(xe.shape[:1] + (H,)) for _ in range(3))
-        ye = np.zeros_like(xe)
+        ye.fill(0.0)
         for e, (lo, hi) in enumerate(move.ranges):
             hs[lo:hi] = xe[lo:hi] @ W1[e] + B1[e]
-            ts[lo:hi] = gelu_tanh(hs[lo:hi])
-            acts[lo:hi] = gelu_from_tanh(hs[lo:hi], ts[lo:hi])
+            gelu_from_tanh(hs[lo:hi], gelu_tanh(hs[lo:hi], ts[lo:hi]), acts[lo:hi])
             ye[lo:hi] = acts[lo:hi] @ W2[e]
     if plan.mesh.layout.axis_size("tp") > 1:  # w2's rows are split over tp
-        used = ye.reshape(-1, D)[:move.arrived]
+        used = ye[:move.arrived]
         allreduce(plan.mesh, used, "tp", f"{plan.name} experts fc2", out=used)
     if not move.dropless:
-        ye += B2[:, None]
-        return hs.reshape(-1, H), ts.reshape(-1, H), acts.reshape(-1, H), ye.reshape(-1, D)
-    for e, (lo, hi) in enumerate(move.ranges):
+        ye.reshape(El, -1, D)[...] += B2[:, None]
+    for e, (lo, hi) in enumerate(move.ranges if move.dropless else ()):
         ye[lo:hi] += B2[e]
     return hs, ts, acts, ye
 
 
 def _experts_grad(plan: _Plan, xe: np.ndarray, hs: np.ndarray, ts: np.ndarray, acts: np.ndarray, dye: np.ndarray,
-                  per_expert: np.ndarray, got: Optional[np.ndarray], W1: np.ndarray, W2: np.ndarray) -> tuple:
-    """`_run_experts`' backward from its output's gradient dye: (d w1, d b1, d w2, d b2, d xe); d xe is pending
-    over tp (each rank's hidden columns' share). `ts`: the forward's tanh."""
+                  per_expert: np.ndarray, got: Optional[np.ndarray], W1: np.ndarray, W2: np.ndarray,
+                  out: Optional[tuple] = None) -> tuple:
+    """`_run_experts`' backward from its output's gradient dye: (d w1, d b1, d w2, d b2, d xe), into `out`'s five
+    arrays when given; d xe is pending over tp (each rank's hidden columns' share). `ts`: the forward's tanh."""
     move = plan.exchange(per_expert, got)
     El, D, H = W1.shape
+    if out is None:
+        out = (np.zeros_like(W1), np.zeros((El, H)), np.zeros_like(W2), np.zeros((El, D)), np.zeros_like(xe))
+    gw1, gb1, gw2, gb2, dxe = out
     if not move.dropless:  # batched, as the forward
-        g, x3, a3 = dye.reshape(El, -1, D), xe.reshape(El, -1, D), acts.reshape(El, -1, H)
-        gb2, gw2 = g.sum(axis=1), np.matmul(a3.transpose(0, 2, 1), g)
+        g, a3 = dye.reshape(El, -1, D), acts.reshape(El, -1, H)
+        np.sum(g, axis=1, out=gb2)
+        np.matmul(a3.transpose(0, 2, 1), g, out=gw2)
         dh = gelu_backward(hs.reshape(El, -1, H), np.matmul(g, W2.transpose(0, 2, 1)), ts.reshape(El, -1, H))
-        gw1, gb1 = np.matmul(x3.transpose(0, 2, 1), dh), dh.sum(axis=1)
-        return gw1, gb1, gw2, gb2, np.matmul(dh, W1.transpose(0, 2, 1)).reshape(-1, D)
-    gw1, gb1 = np.zeros_like(W1), np.zeros(W1.shape[:1] + W1.shape[2:])
-    gw2, gb2 = np.zeros_like(W2), np.zeros(W2.shape[:1] + W2.shape[2:])
-    dxe = np.zeros_like(xe)
+        np.matmul(xe.reshape(El, -1, D).transpose(0, 2, 1), dh, out=gw1)
+        np.sum(dh, axis=1, out=gb1)
+        np.matmul(dh, W1.transpose(0, 2, 1), out=dxe.reshape(El, -1, D))
+        return out
+    for a in out:  # an expert no row reached has zero gradients
+        a.fill(0.0)
     for e, (lo, hi) in enumerate(move.ranges):
         g = dye[lo:hi]
         gb2[e], gw2[e] = g.sum(axis=0), acts[lo:hi].T @ g
         dh = gelu_backward(hs[lo:hi], g @ W2[e].T, ts[lo:hi])
         gw1[e], gb1[e] = xe[lo:hi].T @ dh, dh.sum(axis=0)
         dxe[lo:hi] = dh @ W1[e].T
-    return gw1, gb1, gw2, gb2, dxe
+    return out
 
 
 def _route(probs: np.ndarray, top_k: int, capacity: int, dropless: bool, ep: int) -> tuple:
