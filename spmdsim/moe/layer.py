@@ -49,7 +49,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from .. import ops
-from ..buffers import contiguous
+from ..buffers import contiguous, into
 from ..activations import gelu_backward, gelu_from_tanh, gelu_tanh
 from ..autograd.graph import record, with_partial
 from ..errors import SpmdsimError
@@ -491,21 +491,13 @@ class _Exchange:
                                     .transpose(1, 2, 0, 3, 4)).reshape(-1, D)
             if self.ep > 1:
                 return alltoall(self.mesh, blocks, "ep", 0, 0, label, out)
-            return _into(out, blocks)
+            return into(out, blocks)
         if self.dry:
             return group_alltoallv(self.mesh, rows, self.recv_rows, self.send_rows, "ep", label)
         by_source = np.empty_like(rows)
         by_source[self.order] = rows
-        return _into(out, group_alltoallv(self.mesh, by_source, self.recv_rows, self.send_rows, "ep", label))
+        return into(out, group_alltoallv(self.mesh, by_source, self.recv_rows, self.send_rows, "ep", label))
 
-
-
-def _into(out: Optional[np.ndarray], rows: np.ndarray) -> np.ndarray:
-    """`rows`, copied into `out` when given."""
-    if out is None:
-        return rows
-    np.copyto(out, rows)
-    return out
 
 
 def _stats(mesh: Any, name: str, routing: Any, move: _Exchange, at: np.ndarray, D: int) -> MoEStats:
