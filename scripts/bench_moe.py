@@ -112,15 +112,13 @@ def _raw_ways(comm, move, polite: bool, D: int):
         return recv
 
     def dispatch(send):
-        # (S, ep, El C D) -> (ep, S, El C D): each peer's share together (the layer's split on the experts)
-        packed = np.ascontiguousarray(send.reshape(S, ep, El * C * D).transpose(1, 0, 2))
-        got = alltoall(packed).reshape(ep * S, El, C, D)
-        return np.ascontiguousarray(got.transpose(1, 0, 2, 3)).reshape(-1, D)
+        # the send buffer is (ep, S, El, C, D), destination-major: it leaves as it is; what arrives, by expert
+        got = alltoall(send).reshape(ep, S, El, C, D)
+        return np.ascontiguousarray(got.transpose(2, 0, 1, 3, 4)).reshape(-1, D)
 
     def combine(rows):
-        blocks = np.ascontiguousarray(rows.reshape(El, ep * S, C, D).transpose(1, 0, 2, 3))
-        got = alltoall(blocks).reshape(ep, S, El * C * D)
-        return np.ascontiguousarray(got.transpose(1, 0, 2)).reshape(-1, D)
+        blocks = np.ascontiguousarray(rows.reshape(El, ep, S, C, D).transpose(1, 2, 0, 3, 4))
+        return alltoall(blocks).reshape(-1, D)
 
     return dispatch, combine
 
@@ -146,7 +144,7 @@ def _worker(args) -> dict:
         moe = MoEConfig(experts=args.experts, top_k=2, dropless=mode == "dropless",
                         capacity_factor=args.capacity_factor)
         routing = route(probs, moe.top_k, moe.capacity(args.tokens))
-        _, nrows, per_expert = dispatch_rows(routing, moe.dropless)
+        _, nrows, per_expert = dispatch_rows(routing, moe.dropless, comm.size)
         send = np.random.default_rng(comm.rank).standard_normal((nrows, D))
         move = _Exchange(mesh, moe, routing.capacity, args.sequences, args.experts // comm.size, per_expert,
                          f"{mode} dispatch", f"{mode} combine")

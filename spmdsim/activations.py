@@ -24,11 +24,12 @@ Pure numpy; never imports mpi4py.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 
 from . import reference, reference_grad
+from .buffers import into
 from .precision import is_low
 
 __all__ = ["forward", "backward", "gelu", "gelu_tanh", "gelu_from_tanh", "gelu_backward", "relu_backward",
@@ -54,25 +55,28 @@ def _tanh_inner(x: np.ndarray) -> np.ndarray:
     return np.tanh(t, out=t)
 
 
-def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    """GELU's inner tanh of a shard, a new array: float32 for float32 and float16 shards, else float64.
+def gelu_tanh(x: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
+    """GELU's inner tanh of a shard, a new array (or `out`): float32 for float32 and float16 shards, else float64.
 
     The forward computes it once; kept, it spares the backward a second tanh (the costliest of GELU's
     elementwise steps: ~13 ns a float64 value here, against ~1 ns for a product).
     """
     if _single(x.dtype):
-        return _tanh_inner(x.astype(np.float32, copy=False))
-    return reference.gelu_tanh(x.astype(np.float64, copy=False))
+        return into(out, _tanh_inner(x.astype(np.float32, copy=False)))
+    return reference.gelu_tanh(x.astype(np.float64, copy=False), out)
 
 
-def gelu_from_tanh(x: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """GELU of a shard given its `gelu_tanh` t (not modified), a new array in x's dtype (integers: float64)."""
+def gelu_from_tanh(x: np.ndarray, t: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
+    """GELU of a shard given its `gelu_tanh` t (not modified), a new array (or `out`) in x's dtype (integers:
+    float64)."""
     if not _single(x.dtype):
-        return reference.gelu_from_tanh(x, t)
-    out = np.add(t, np.float32(1.0))
-    out *= x.astype(np.float32, copy=False)
-    out *= np.float32(0.5)
-    return out.astype(x.dtype, copy=False)
+        if out is not None and x.dtype != np.float64:  # the reference writes float64 values
+            return into(out, reference.gelu_from_tanh(x, t))
+        return reference.gelu_from_tanh(x, t, out)
+    y = np.add(t, np.float32(1.0))
+    y *= x.astype(np.float32, copy=False)
+    y *= np.float32(0.5)
+    return into(out, y.astype(x.dtype, copy=False))
 
 
 def gelu(x: np.ndarray) -> np.ndarray:

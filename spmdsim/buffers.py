@@ -38,7 +38,7 @@ from .context import current as _current
 
 __all__ = ["PAGE", "PAGE_OFFSET", "MIN_BYTES", "HUGE_MIN", "empty", "kept_empty", "full", "zeros", "ones",
            "page_offset", "placed_copy", "use_huge_pages", "lazy_zeros", "is_lazy", "LAZY_BYTES", "fresh", "as_array",
-           "contiguous", "stacked"]
+           "contiguous", "stacked", "into"]
 
 PAGE = mmap.PAGESIZE
 PAGE_OFFSET = 16  # where glibc's own maps start (its chunk header); a multiple of every itemsize
@@ -179,6 +179,14 @@ def contiguous(x: Any) -> np.ndarray:
     if not x.flags.c_contiguous:
         x = x.copy()
     return x if x.ndim else x.reshape(1)
+
+
+def into(out: Any, values: np.ndarray) -> np.ndarray:
+    """`values`, or, when `out` is an array (a kernel's out= on replay), `out` holding them."""
+    if out is None:
+        return values
+    np.copyto(out, values)
+    return out
 
 
 def stacked(values: Any, dtype: Any) -> np.ndarray:

@@ -59,12 +59,12 @@ def gelu_from_tanh(x: np.ndarray, t: np.ndarray, out: Optional[np.ndarray] = Non
     return out.astype(x.dtype, copy=False) if x.dtype.kind == "f" else out
 
 
-def gelu_tanh(x64: np.ndarray) -> np.ndarray:
-    """tanh(sqrt(2/pi) (x + 0.044715 x^3)) of a float64 array, a new array (GELU and its gradient).
+def gelu_tanh(x64: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
+    """tanh(sqrt(2/pi) (x + 0.044715 x^3)) of a float64 array, a new array or `out` (GELU and its gradient).
 
     In place on one temporary: ``x**3`` (numpy's pow) costs 100x a product.
     """
-    inner = x64 * x64
+    inner = np.multiply(x64, x64, out=out)
     inner *= x64
     inner *= 0.044715
     inner += x64

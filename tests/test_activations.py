@@ -65,3 +65,14 @@ def test_unknown_activation_is_refused_by_name():
         activations.forward("tanh")
     with pytest.raises(OperatorError, match="'tanh' is not supported"):
         activations.backward("tanh")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16, np.int64])
+def test_gelu_tanh_and_gelu_from_tanh_write_out_what_they_return(dtype):
+    x = np.linspace(-4, 4, 24).reshape(4, 6).astype(dtype)
+    t = activations.gelu_tanh(x)
+    t_out = np.full(t.shape, np.nan, t.dtype)
+    assert activations.gelu_tanh(x, t_out) is t_out and np.array_equal(t_out, t)
+    y = activations.gelu_from_tanh(x, t)
+    y_out = np.full(y.shape, np.nan, y.dtype)
+    assert activations.gelu_from_tanh(x, t, y_out) is y_out and np.array_equal(y_out, y)

@@ -53,6 +53,27 @@ def test_dispatch_rows_are_a_permutation_of_the_kept_assignments():
             assert all(starts[e] <= row < starts[e] + per[e] for e, row in zip(r.experts[r.kept], kept))
 
 
+def test_capacity_slots_are_destination_major_so_the_send_buffer_leaves_as_it_is():
+    """With a capacity, the slots are (ep, S, E / ep, C): each ep rank's share (its experts' slots, sequence
+    by sequence) is one block of the buffer, in the order the dispatch's Alltoall delivers; ep 1 is (S, E, C)."""
+    rng = np.random.default_rng(3)
+    p = rng.random((3, 10, 4))
+    r = route(p / p.sum(-1, keepdims=True), 2, 4)
+    S, C, E = 3, 4, 4
+    seq = np.broadcast_to(np.arange(S)[:, None, None], r.slots.shape)[r.kept]
+    e, slot = r.experts[r.kept], r.slots[r.kept]
+    for ep in (1, 2, 4):
+        rows, total, _ = dispatch_rows(r, False, ep)
+        El = E // ep
+        at = rows[r.kept]
+        assert total == S * E * C and (rows[~r.kept] == -1).all()
+        assert (at // (S * El * C) == e // El).all()  # in its destination's block
+        assert (at % (S * El * C) == ((seq * El + e % El) * C + slot)).all()  # (S, El, C) inside it
+    assert (dispatch_rows(r, False, 1)[0][r.kept] == (seq * E + e) * C + slot).all()
+    with pytest.raises(SpmdsimError, match="ep 3 must be a positive divisor of the 4 experts"):
+        dispatch_rows(r, False, 3)
+
+
 def test_gate_gradient_matches_finite_differences():
     rng = np.random.default_rng(2)
     p = rng.random((2, 5, 4)) + 0.1

@@ -105,6 +105,38 @@ def test_plain_arrays_are_static_inputs():
     assert out is graph.result and np.array_equal(out, f(a2, b2))
 
 
+def test_a_kernel_returning_new_arrays_takes_out_the_captured_tuple_on_replay():
+    """A kernel that takes ``out`` and returns a tuple of new arrays is handed that tuple on replay (it writes into
+    the captured arrays, no copy); one whose results share memory is copied into them as before."""
+    from spmdsim.runtime.replay import kernel
+
+    outs = []
+
+    def split(x, out=None):
+        outs.append(out)
+        a, b = out if out is not None else (np.empty_like(x), np.empty_like(x))
+        np.multiply(x, 2.0, out=a)
+        np.add(x, 1.0, out=b)
+        return a, b
+
+    def overlapping(x, out=None):
+        outs.append(out)
+        both = x * 3.0
+        return both, both[1:]  # the second a view of the first: not handed back as out=
+
+    for func, expect in ((split, lambda x: (x * 2.0, x + 1.0)), (overlapping, lambda x: (x * 3.0, x[1:] * 3.0))):
+        outs.clear()
+        step = kernel(func)
+        graph = capture(lambda x: step(x), np.ones(2))
+        graph(np.array([3.0, 4.0]))
+        assert all(np.array_equal(r, e) for r, e in zip(graph.result, expect(np.array([3.0, 4.0]))))
+        if func is split:
+            assert outs[0] is None and outs[1] is not None
+            assert all(np.shares_memory(o, r) for o, r in zip(outs[1], graph.result))
+        else:
+            assert outs == [None, None]
+
+
 def test_a_scalar_read_outside_a_kernel_is_refused():
     with pytest.raises(ReplayError, match=r"Scalar\(3\) was read outside a kernel while capturing"):
         capture(lambda x, s: x * int(s), np.ones(2), Scalar(3))

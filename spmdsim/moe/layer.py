@@ -6,8 +6,9 @@ the ep ranks' e // (E / ep)-th share, column-parallel (w1) then row-parallel
 (w2) over tp, the same on every dp rank. Each rank routes its own tokens
 (spmdsim.moe.routing), packs them into a send buffer, and:
 
-- dispatch: with a capacity, one Alltoall over ep of the (S, E, C, D) slots
-  (split on the experts, joined on the sequences); dropless, an Alltoall of
+- dispatch: with a capacity, one Alltoall over ep of the (ep, S, E / ep, C,
+  D) slots, destination-major as routed (spmdsim.moe.routing.dispatch_rows),
+  so the buffer leaves as it is; dropless, an Alltoall of
   the per-expert counts, then an Alltoallv of the rows with the true counts;
 - the experts run on what arrived: x @ w1 + b1, GELU, @ w2, an Allreduce over
   tp (w2's rows are split there), + b2;
@@ -30,8 +31,9 @@ are kernels over arrays, so a replayed step reruns them on its own router
 probabilities. Their arrays have fixed shapes: with a capacity by
 construction; dropless, what arrives is written into arrays with room for the
 most that can (ep x bl x T x min(k, local experts) rows) while capturing, and
-the counts, displacements and each expert's rows are worked out again by
-each kernel from the counts' arrays.
+the counts, displacements and each expert's rows are worked out again from
+the counts' arrays once a step: the layer's kernels share the last _Exchange
+while the counts they are handed are the same (with a capacity, always).
 
 A dry run (spmdsim.sim.dry: shapes, no values) routes by the rule
 ``moe.dry_routing`` names (spmdsim.moe.routing.planned: "balanced" or
@@ -41,14 +43,14 @@ makes none of the experts' products.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import numpy as np
 
 from .. import ops
-from ..buffers import contiguous
-from ..activations import gelu, gelu_backward
+from ..buffers import contiguous, into
+from ..activations import gelu_backward, gelu_from_tanh, gelu_tanh
 from ..autograd.graph import record, with_partial
 from ..errors import SpmdsimError
 from ..runtime.collectives import allreduce, alltoall
@@ -150,7 +152,7 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     # Routing, packing, the exchanges, the experts and unpacking are kernels (spmdsim.runtime.replay), each
     # writing arrays of fixed shapes: a replayed step reruns them on its own router probabilities. Dropless,
     # what arrives is sized by the step's counts: captured, its arrays have room for the most that can come.
-    experts, gates, slots, counts, rows, per_expert, load = _routed(probs.local, k, C, moe.dropless)
+    experts, gates, slots, counts, rows, per_expert, load = _routed(probs.local, k, C, moe.dropless, ep)
     nrows = bl * T * k if moe.dropless else bl * E * C  # dropless: every assignment has its row
     send = _pack(x.local, rows, nrows)
     plan = _Plan(mesh, moe, C, bl, El, name)
@@ -160,7 +162,7 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     most = ep * bl * T * min(k, El) if moe.dropless and capturing() else None
     xe = _dispatched(plan, send, per_expert, got, most)  # expert-major rows: local expert 0's, then 1's ...
     W1, B1, W2, B2 = w1.local, b1.local, w2.local, b2.local
-    hs, acts, ye = _experts_forward(plan, xe, per_expert, got, W1, B1, W2, B2)
+    hs, ts, acts, ye = _experts_forward(plan, xe, per_expert, got, W1, B1, W2, B2)
     back = _combined(plan, ye, per_expert, got)
     out = DTensor(mesh, _unpack(back, rows, gates), x.layout, x.global_shape)
     if stats is not None:  # read off the routing's arrays by a kernel: a replay reads its own step's again
@@ -174,7 +176,7 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
         dgates, dback = _combine_grad(dy.local, back, rows, gates)
         # the combine's conjugate travels the dispatch's way, the dispatch's the combine's
         dye = _dispatched(plan, dback, per_expert, got, most, f"{name} combine backward")
-        *grads, dxe = _experts_backward(plan, xe, hs, acts, dye, per_expert, got, W1, W2)
+        *grads, dxe = _experts_backward(plan, xe, hs, ts, acts, dye, per_expert, got, W1, W2)
         dsend = _combined(plan, dxe, per_expert, got, f"{name} dispatch backward")
         dx = _unpack(dsend, rows, None)
         dprobs = _probs_grad(probs.local, experts, gates, slots, counts, C, dgates)
@@ -187,10 +189,10 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     return out, load
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class _Plan:
     """What one layer's exchanges need besides the step's counts (`name`: the layer's, "h1"): `exchange`
-    makes this step's _Exchange."""
+    gives this step's _Exchange."""
 
     mesh: Any
     moe: MoEConfig
@@ -198,74 +200,113 @@ class _Plan:
     bl: int
     El: int
     name: str
+    #: (per_expert, got, their _Exchange) made last: a step's kernels ask seven times (a replay's with the
+    #: same captured arrays, rewritten each step, so the counts are compared, not the arrays' identity).
+    last: Optional[tuple] = field(default=None, repr=False)
 
     def exchange(self, per_expert: np.ndarray, got: Optional[np.ndarray]) -> "_Exchange":
-        return _Exchange(self.mesh, self.moe, self.capacity, self.bl, self.El, per_expert, f"{self.name} dispatch",
+        last = self.last
+        if last is not None and (not self.moe.dropless or (np.array_equal(last[0], per_expert)
+                                                          and np.array_equal(last[1], got))):
+            return last[2]  # with a capacity nothing depends on the counts
+        move = _Exchange(self.mesh, self.moe, self.capacity, self.bl, self.El, per_expert, f"{self.name} dispatch",
                          f"{self.name} combine", got)
+        if got is not None or not self.moe.dropless:  # (without `got`, dropless exchanges the counts itself)
+            self.last = (per_expert.copy(), None if got is None else got.copy(), move)
+        return move
 
 
 def _dispatch(plan: _Plan, send: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray],
-              most: Optional[int], label: Optional[str] = None) -> np.ndarray:
+              most: Optional[int], label: Optional[str] = None, out: Optional[np.ndarray] = None) -> np.ndarray:
     """The dispatch's exchange of `send`: what arrived, expert-major; with `most`, in `most` rows (zero past
-    what arrived)."""
-    arrived = plan.exchange(per_expert, got).dispatch(send, label)
+    what arrived). `out`: the array to write it into (a replay's: its captured result)."""
+    move = plan.exchange(per_expert, got)
     if most is None:
-        return arrived
-    rows = np.zeros((most,) + arrived.shape[1:])
-    rows[:len(arrived)] = arrived
+        return move.dispatch(send, label, out)
+    rows = np.empty((most, send.shape[1])) if out is None else out
+    move.dispatch(send, label, rows[:move.arrived])
+    rows[move.arrived:] = 0.0
     return rows
 
 
 def _combine(plan: _Plan, rows: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray],
-             label: Optional[str] = None) -> np.ndarray:
+             label: Optional[str] = None, out: Optional[np.ndarray] = None) -> np.ndarray:
     """The combine's exchange of the expert-major `rows` (those that arrived, of a buffer that may be longer):
-    the send buffer's rows, back on the ranks the tokens came from."""
+    the send buffer's rows, back on the ranks the tokens came from (into `out` when given)."""
     move = plan.exchange(per_expert, got)
-    return move.combine(rows[:move.arrived], label)
+    return move.combine(rows[:move.arrived], label, out)
 
 
 def _run_experts(plan: _Plan, xe: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray], W1: np.ndarray,
-                 B1: np.ndarray, W2: np.ndarray, B2: np.ndarray) -> tuple:
-    """The local experts on their rows of `xe`: (x @ w1 + b1, its GELU, the output summed over tp + b2), each
-    as long as `xe`."""
+                 B1: np.ndarray, W2: np.ndarray, B2: np.ndarray, out: Optional[tuple] = None) -> tuple:
+    """The local experts on their rows of `xe`: (x @ w1 + b1, its GELU's tanh (kept for the backward), the GELU,
+    the output summed over tp + b2), each as long as `xe` (into `out`'s four arrays when given: a replay's).
+    With a capacity every expert has the same rows: one batched product a weight (numpy's matmul makes each
+    expert's the 2-d product would)."""
     move = plan.exchange(per_expert, got)
-    hs, acts = np.empty(xe.shape[:1] + W1.shape[2:]), np.empty(xe.shape[:1] + W1.shape[2:])
-    ye = np.zeros_like(xe)
-    for e, (lo, hi) in enumerate(move.ranges):
-        hs[lo:hi] = xe[lo:hi] @ W1[e] + B1[e]
-        acts[lo:hi] = gelu(hs[lo:hi])
-        ye[lo:hi] = acts[lo:hi] @ W2[e]
+    El, D, H = W1.shape
+    rows = xe.shape[0]
+    hs, ts, acts, ye = out if out is not None else (np.empty((rows, H)), np.empty((rows, H)), np.empty((rows, H)),
+                                                    np.empty((rows, D)))
+    if not move.dropless:
+        h3 = hs.reshape(El, -1, H)
+        np.matmul(xe.reshape(El, -1, D), W1, out=h3)
+        h3 += B1[:, None]
+        gelu_from_tanh(hs, gelu_tanh(hs, ts), acts)
+        np.matmul(acts.reshape(El, -1, H), W2, out=ye.reshape(El, -1, D))
+    else:
+        ye.fill(0.0)
+        for e, (lo, hi) in enumerate(move.ranges):
+            hs[lo:hi] = xe[lo:hi] @ W1[e] + B1[e]
+            gelu_from_tanh(hs[lo:hi], gelu_tanh(hs[lo:hi], ts[lo:hi]), acts[lo:hi])
+            ye[lo:hi] = acts[lo:hi] @ W2[e]
     if plan.mesh.layout.axis_size("tp") > 1:  # w2's rows are split over tp
         used = ye[:move.arrived]
         allreduce(plan.mesh, used, "tp", f"{plan.name} experts fc2", out=used)
-    for e, (lo, hi) in enumerate(move.ranges):
+    if not move.dropless:
+        ye.reshape(El, -1, D)[...] += B2[:, None]
+    for e, (lo, hi) in enumerate(move.ranges if move.dropless else ()):
         ye[lo:hi] += B2[e]
-    return hs, acts, ye
+    return hs, ts, acts, ye
 
 
-def _experts_grad(plan: _Plan, xe: np.ndarray, hs: np.ndarray, acts: np.ndarray, dye: np.ndarray,
-                  per_expert: np.ndarray, got: Optional[np.ndarray], W1: np.ndarray, W2: np.ndarray) -> tuple:
-    """`_run_experts`' backward from its output's gradient dye: (d w1, d b1, d w2, d b2, d xe); d xe is pending
-    over tp (each rank's hidden columns' share)."""
+def _experts_grad(plan: _Plan, xe: np.ndarray, hs: np.ndarray, ts: np.ndarray, acts: np.ndarray, dye: np.ndarray,
+                  per_expert: np.ndarray, got: Optional[np.ndarray], W1: np.ndarray, W2: np.ndarray,
+                  out: Optional[tuple] = None) -> tuple:
+    """`_run_experts`' backward from its output's gradient dye: (d w1, d b1, d w2, d b2, d xe), into `out`'s five
+    arrays when given; d xe is pending over tp (each rank's hidden columns' share). `ts`: the forward's tanh."""
     move = plan.exchange(per_expert, got)
-    gw1, gb1 = np.zeros_like(W1), np.zeros(W1.shape[:1] + W1.shape[2:])
-    gw2, gb2 = np.zeros_like(W2), np.zeros(W2.shape[:1] + W2.shape[2:])
-    dxe = np.zeros_like(xe)
+    El, D, H = W1.shape
+    if out is None:
+        out = (np.zeros_like(W1), np.zeros((El, H)), np.zeros_like(W2), np.zeros((El, D)), np.zeros_like(xe))
+    gw1, gb1, gw2, gb2, dxe = out
+    if not move.dropless:  # batched, as the forward
+        g, a3 = dye.reshape(El, -1, D), acts.reshape(El, -1, H)
+        np.sum(g, axis=1, out=gb2)
+        np.matmul(a3.transpose(0, 2, 1), g, out=gw2)
+        dh = gelu_backward(hs.reshape(El, -1, H), np.matmul(g, W2.transpose(0, 2, 1)), ts.reshape(El, -1, H))
+        np.matmul(xe.reshape(El, -1, D).transpose(0, 2, 1), dh, out=gw1)
+        np.sum(dh, axis=1, out=gb1)
+        np.matmul(dh, W1.transpose(0, 2, 1), out=dxe.reshape(El, -1, D))
+        return out
+    for a in out:  # an expert no row reached has zero gradients
+        a.fill(0.0)
     for e, (lo, hi) in enumerate(move.ranges):
         g = dye[lo:hi]
         gb2[e], gw2[e] = g.sum(axis=0), acts[lo:hi].T @ g
-        dh = gelu_backward(hs[lo:hi], g @ W2[e].T)
+        dh = gelu_backward(hs[lo:hi], g @ W2[e].T, ts[lo:hi])
         gw1[e], gb1[e] = xe[lo:hi].T @ dh, dh.sum(axis=0)
         dxe[lo:hi] = dh @ W1[e].T
-    return gw1, gb1, gw2, gb2, dxe
+    return out
 
 
-def _route(probs: np.ndarray, top_k: int, capacity: int, dropless: bool) -> tuple:
+def _route(probs: np.ndarray, top_k: int, capacity: int, dropless: bool, ep: int) -> tuple:
     """This rank's routing of its (T, bl, E) probabilities, as arrays: (experts, gates, slots (bl, T, k);
-    counts (bl, E); rows (bl, T, k), each assignment's row in the send buffer, -1 where dropped; rows per
-    expert (E,); the (E,) assignments before dropping, float64, for the load-balancing loss)."""
+    counts (bl, E); rows (bl, T, k), each assignment's row in the send buffer (destination-major over the
+    `ep` ranks), -1 where dropped; rows per expert (E,); the (E,) assignments before dropping, float64, for
+    the load-balancing loss)."""
     routing = route(np.ascontiguousarray(probs.transpose(1, 0, 2)), top_k, capacity)
-    rows, _, per_expert = dispatch_rows(routing, dropless)
+    rows, _, per_expert = dispatch_rows(routing, dropless, ep)
     return (routing.experts, routing.gates, routing.slots, routing.counts, rows, per_expert,
             routing.counts.sum(axis=0).astype(np.float64))
 
@@ -347,7 +388,7 @@ def _dry_experts(x: Any, probs: Any, weights: tuple, moe: MoEConfig, name: str,
     T, bl, D = x.local.shape
     ep, tp = mesh.layout.axis_size("ep"), mesh.layout.axis_size("tp")
     routing = planned(bl, T, moe.experts, moe.top_k, moe.capacity(T), moe.dry_routing)
-    rows, nrows, per_expert = dispatch_rows(routing, moe.dropless)
+    rows, nrows, per_expert = dispatch_rows(routing, moe.dropless, ep)
     move = _Exchange(mesh, moe, routing.capacity, bl, moe.experts // ep, per_expert, f"{name} dispatch",
                      f"{name} combine")
     xe = move.dispatch(zeros((nrows, D), np.float64))
@@ -417,37 +458,46 @@ class _Exchange:
         ends = np.cumsum(sizes)
         self.ranges = [(int(ends[e] - sizes[e]), int(ends[e])) for e in range(El)]
 
-    def dispatch(self, send: np.ndarray, label: Optional[str] = None) -> np.ndarray:
-        """Send rows (the routing's buffer) -> expert-major rows of this rank's experts."""
+    def dispatch(self, send: np.ndarray, label: Optional[str] = None, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """Send rows (the routing's buffer, destination-major) -> expert-major rows of this rank's experts (into
+        `out`, (arrived, D), when given)."""
         label = label or self.labels[0]
         D = send.shape[1]
-        if not self.dropless:
-            blocks = send.reshape(self.bl, self.ep * self.El, self.C, D)
-            got = alltoall(self.mesh, blocks, "ep", 1, 0, label) if self.ep > 1 else blocks
+        if not self.dropless:  # the send buffer is (ep, bl, El, C) slots: each member's share is one block
+            got = alltoall(self.mesh, send, "ep", 0, 0, label) if self.ep > 1 else send
             if self.dry:
-                return got.reshape(-1, D)
-            # (ep * bl, El, C, D) -> (El, ep * bl, C, D): each local expert's slots together
-            return contiguous(got.transpose(1, 0, 2, 3)).reshape(-1, D)
+                return got
+            # (ep, bl, El, C, D) -> (El, ep, bl, C, D): each local expert's slots together
+            by_expert = got.reshape(self.ep, self.bl, self.El, self.C, D).transpose(2, 0, 1, 3, 4)
+            if out is None:
+                return contiguous(by_expert).reshape(-1, D)
+            np.copyto(out.reshape(by_expert.shape), by_expert)
+            return out
         got = group_alltoallv(self.mesh, send, self.send_rows, self.recv_rows, "ep", label)
-        return got if self.dry else got[self.order]
+        if self.dry:
+            return got
+        return got[self.order] if out is None else np.take(got, self.order, axis=0, out=out)
 
-    def combine(self, rows: np.ndarray, label: Optional[str] = None) -> np.ndarray:
-        """Expert-major rows -> the send buffer's rows on the ranks the tokens came from (dispatch reversed)."""
+    def combine(self, rows: np.ndarray, label: Optional[str] = None, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """Expert-major rows -> the send buffer's rows on the ranks the tokens came from (dispatch reversed; into
+        `out` when given)."""
         label = label or self.labels[1]
         D = rows.shape[1]
         if not self.dropless:
             if self.dry:
-                blocks = zeros((self.ep * self.bl, self.El, self.C, D), rows.dtype)
-            else:
-                blocks = contiguous(rows.reshape(self.El, self.ep * self.bl, self.C, D)
-                                    .transpose(1, 0, 2, 3))
-            got = alltoall(self.mesh, blocks, "ep", 0, 1, label) if self.ep > 1 else blocks
-            return got.reshape(-1, D)
+                blocks = zeros(rows.shape, rows.dtype)
+            else:  # (El, ep, bl, C, D) -> (ep, bl, El, C, D): the send buffer's slots, each member's block together
+                blocks = contiguous(rows.reshape(self.El, self.ep, self.bl, self.C, D)
+                                    .transpose(1, 2, 0, 3, 4)).reshape(-1, D)
+            if self.ep > 1:
+                return alltoall(self.mesh, blocks, "ep", 0, 0, label, out)
+            return into(out, blocks)
         if self.dry:
             return group_alltoallv(self.mesh, rows, self.recv_rows, self.send_rows, "ep", label)
         by_source = np.empty_like(rows)
         by_source[self.order] = rows
-        return group_alltoallv(self.mesh, by_source, self.recv_rows, self.send_rows, "ep", label)
+        return into(out, group_alltoallv(self.mesh, by_source, self.recv_rows, self.send_rows, "ep", label))
+
 
 
 def _stats(mesh: Any, name: str, routing: Any, move: _Exchange, at: np.ndarray, D: int) -> MoEStats:
@@ -458,9 +508,8 @@ def _stats(mesh: Any, name: str, routing: Any, move: _Exchange, at: np.ndarray, 
         bounds = np.cumsum(move.send_rows)
         tokens = np.bincount(np.searchsorted(bounds, at, side="right"), minlength=ep)
         sent = [n * D * 8 for n in move.send_rows]
-    else:
-        expert = (at // move.C) % (ep * move.El)
-        tokens = np.bincount(expert // move.El, minlength=ep)
+    else:  # the slots are destination-major: (ep, bl, El, C)
+        tokens = np.bincount(at // (move.bl * move.El * move.C), minlength=ep)
         sent = [n * D * 8 for n in move.send_rows]
     return MoEStats(name, mesh.rank, tuple(int(r) for r in group), tuple(int(n) for n in tokens[:ep]),
                     tuple(int(n) for n in sent), tuple(int(n) for n in routing.per_expert()), routing.dropped,

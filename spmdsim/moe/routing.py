@@ -11,10 +11,11 @@ the layer's output (the token keeps its residual). Dropless routing has room
 for all of them.
 
 `rows` places every kept assignment in a flat send buffer, one row each:
-with a capacity, the buffer is (S, E, C) slots (empty ones zero), so each
-expert's block has a fixed size and one Alltoall moves it; dropless, rows are
-sorted by expert, then sequence and slot, with no gaps, and an Alltoallv moves
-each destination's true count.
+with a capacity, the buffer is (ep, S, E / ep, C) slots (empty ones zero),
+destination-major for the ep ranks the experts are split over, so each
+destination's share is one contiguous block of a fixed size and one Alltoall
+moves the buffer as it is; dropless, rows are sorted by expert, then sequence
+and slot, with no gaps, and an Alltoallv moves each destination's true count.
 
 A dry run has no probabilities to route by (spmdsim.sim.dry): `planned`
 routes by a rule instead, "balanced" (token t's j-th choice is expert
@@ -135,18 +136,24 @@ def gates_backward(probs: np.ndarray, routing: Routing, dgates: np.ndarray) -> n
     return dprobs
 
 
-def dispatch_rows(routing: Routing, dropless: bool) -> tuple[np.ndarray, int, np.ndarray]:
+def dispatch_rows(routing: Routing, dropless: bool, ep: int = 1) -> tuple[np.ndarray, int, np.ndarray]:
     """(row of each assignment in the flat send buffer, -1 where dropped; the buffer's rows; rows per expert).
 
-    With a capacity the buffer is (S, E, C) slots: row (s * E + e) * C + slot, and every expert gets S * C
-    rows. Dropless: rows sorted by expert, then sequence, then slot, with no gaps.
+    With a capacity the buffer is (ep, S, E / ep, C) slots, destination-major for experts split over `ep`
+    ranks (expert e on e // (E / ep)): row ((e // El * S + s) * El + e % El) * C + slot with El = E / ep,
+    and every expert gets S * C rows; with ep 1, (S, E, C). Dropless: rows sorted by expert, then sequence,
+    then slot, with no gaps (destination-major for any ep).
     """
     S, E = routing.counts.shape
     C = routing.capacity
     s = np.arange(S)[:, None, None]
     kept = routing.kept
     if not dropless:
-        rows = np.where(kept, (s * E + routing.experts) * C + routing.slots, -1)
+        if ep < 1 or E % ep:
+            raise SpmdsimError(f"dispatch_rows: ep {ep!r} must be a positive divisor of the {E} experts")
+        El = E // ep
+        e = routing.experts
+        rows = np.where(kept, ((e // El * S + s) * El + e % El) * C + routing.slots, -1)
         return rows, S * E * C, np.full(E, S * C, dtype=np.int64)
     per = routing.counts  # dropless: every assignment kept, so counts are the rows
     before = np.cumsum(per, axis=0) - per  # rows of the same expert in earlier sequences

@@ -118,6 +118,14 @@ def _fresh(result: Any, inputs: Any) -> bool:
     return True
 
 
+def _separate(results: tuple, inputs: Any) -> bool:
+    """Whether every one of `results` is an array of new memory, none sharing any with another or an input."""
+    for i, r in enumerate(results):
+        if not isinstance(r, _ndarray) or not _fresh(r, (inputs, results[:i])):
+            return False
+    return True
+
+
 def _inside(tape: "_Tape", func: Callable, args: tuple, kwargs: dict) -> Any:
     """``func(*args, **kwargs)`` with the tape paused: numpy's own calls inside it are its own."""
     tape.depth += 1
@@ -382,7 +390,8 @@ def kernel(func: Callable) -> Callable:
     For functions whose work a replay must redo with Python: collectives (they meet other ranks), a
     mask drawn from a seed a `Scalar` gives, an optimizer's update counting its steps. Arrays it
     returns that are not views of its arguments are rewritten by the rerun (``out=`` when `func`
-    takes one, else copied in).
+    takes one, else copied in). A tuple of arrays, each new memory, from a `func` that takes ``out``:
+    the rerun is handed ``out=`` that tuple and writes into its arrays (an MoE layer's experts).
     """
     code = getattr(func, "__code__", None)
     takes_out = code is not None and "out" in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
@@ -402,7 +411,11 @@ def kernel(func: Callable) -> Callable:
             else:
                 tape.add(_copy_into, (result, func, raw_args, raw_kwargs), {})
         elif type(result) is tuple and any(isinstance(r, _ndarray) for r in result):
-            tape.add(_copy_all, (result, func, raw_args, raw_kwargs), {})
+            inputs = (raw_args, tuple(raw_kwargs.values()))
+            if takes_out and raw_kwargs.get("out") is None and _separate(result, inputs):
+                tape.add(func, raw_args, dict(raw_kwargs, out=result))
+            else:
+                tape.add(_copy_all, (result, func, raw_args, raw_kwargs), {})
         elif type(result) is dict and any(isinstance(r, _ndarray) for r in result.values()):
             tape.add(_copy_dict, (result, func, raw_args, raw_kwargs), {})
             return {k: _traced(v) for k, v in result.items()}
