@@ -252,11 +252,19 @@ def _finite(y: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(y), y, 0.0)
 
 
-def run_case(comm: Any, case: Case, seed: int = 0) -> tuple[float, float, Optional[str]]:
-    """(forward max abs error, gradient max relative error, the first failing text or None) on every rank."""
+def run_case(comm: Any, case: Case, seed: int = 0, meshes: Optional[dict] = None) -> tuple[float, float, Optional[str]]:
+    """(forward max abs error, gradient max relative error, the first failing text or None) on every rank.
+
+    `meshes`: Layout -> Mesh over `comm`, kept by the caller across cases (every rank runs the same cases in
+    the same order, so all reuse the same mesh and its axis groups); None makes a mesh for this case."""
     from spmdsim.runtime import DTensor, Mesh, shared_numeric_grads
 
-    mesh = Mesh(Layout(case.mesh, tuple(f"m{i}" for i in range(len(case.mesh))), case.cut), comm)
+    layout = Layout(case.mesh, tuple(f"m{i}" for i in range(len(case.mesh))), case.cut)
+    mesh = meshes.get(layout) if meshes is not None else None
+    if mesh is None:
+        mesh = Mesh(layout, comm)
+        if meshes is not None:
+            meshes[layout] = mesh
     L = mesh.layout
     _, program, twin, _ = CASES[case.name]
     arrays = operands(case, seed)

@@ -5,7 +5,7 @@ collective the ranks of its group Allgather a fixed-size int64 fingerprint
 (sequence number, operation, axes, dtype, shape, extra arguments, group size);
 when the rows differ every member raises the same RuntimeMismatchError naming
 the first rank that differs from the majority. Alltoallv also compares every
-pair's counts; Mesh compares each Comm.Split request.
+pair's counts; Mesh compares each request for a new axis group.
 
 Watchdog (``SPMDSIM_WATCHDOG=seconds`` or ``configure(watchdog=...)``): every
 collective (and fingerprint exchange) is posted nonblocking and polled; past

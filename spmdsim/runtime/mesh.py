@@ -75,7 +75,7 @@ class Mesh:
         # Simulated ranks are threads of one process: no MPI progress to be polite to.
         self.wait_mode = resolve_wait_mode(wait, comm) if not simulated else _simulated_wait(wait)
         self.polite = self.wait_mode == "polite"
-        # axes -> (comm, size, rank); Split is collective, so ranks must ask for
+        # axes -> (comm, size, rank); building a group is collective, so ranks must ask for
         # groups in the same order (they do: every rank runs the same program).
         self._groups: dict[tuple[str, ...], tuple[Any, int, int]] = {}
         # The same groups under the spellings callers used ("mp" for ("mp",)): one lookup per collective.
@@ -134,7 +134,7 @@ class Mesh:
         return self.group_info(axes)[0]
 
     def group_info(self, axes: str | Iterable[str]) -> tuple[Any, int, int]:
-        """(comm, size, rank in group) for `axes`, built once with Comm.Split and cached."""
+        """(comm, size, rank in group) for `axes`, built once (collective) and cached."""
         try:
             return self._spelled[axes]
         except (KeyError, TypeError):  # a new spelling, or an unhashable one (a list)
@@ -148,7 +148,7 @@ class Mesh:
         return info
 
     def _split(self, axes: tuple[str, ...]) -> tuple[Any, int, int]:
-        # Validates the names on every rank before the collective Split.
+        # Validates the names on every rank before the collective build (engine.group).
         self.layout.split_color_key(self.rank, axes)
         _before_split(self, axes)
         return self.engine.group(self, axes)
@@ -224,12 +224,13 @@ def _simulated_wait(wait: str | None) -> str:
 
 
 def _before_split(mesh: Mesh, axes: tuple[str, ...]) -> None:
-    """Before the collective Split: ranks that build different groups (or one that skips) must not meet there.
+    """Before the collective group build: ranks that build different groups (or one that skips) must not meet there.
 
-    Split has no nonblocking form: in debug mode the guard compares the request first, the watchdog
-    waits on an Ibarrier instead; numbered by how many groups this mesh has built. A polite mesh
-    waits on that Ibarrier too (politely): MPICH's ranks spin inside Split, so the first to arrive
-    took the cores the last ones still computed on (5.5 of 102 CPU-s of the GPT tests, 8 ranks on 2 cores).
+    The build (MPI_Comm_create_group under MPI, engines/mpi.py) has no nonblocking form: in debug mode the
+    guard compares the request first, the watchdog waits on an Ibarrier instead; numbered by how many groups
+    this mesh has built. A polite mesh waits on that Ibarrier too (politely): MPICH's ranks spin inside the
+    build, so the first to arrive took the cores the last ones still computed on (5.5 of 102 CPU-s of the GPT
+    tests with Comm.Split, 8 ranks on 2 cores).
     """
     from . import debug, door
 

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.mpi(min_size=2)
 
 EXAMPLES = sorted((pathlib.Path(__file__).resolve().parents[2] / "examples").glob("*.py"))
 # Arguments that keep an example short here (the training examples default to 100 steps).
-from testkit import EXAMPLE_ARGS as ARGS  # noqa: E402
+from testkit import EXAMPLE_ARGS as ARGS, allgather_after_all  # noqa: E402
 
 
 def test_examples_are_found():
@@ -46,7 +46,9 @@ def _run_example(path: pathlib.Path, monkeypatch) -> tuple[list, str]:
             if "use --ranks" not in str(exc):  # the world sizes it needs
                 raise
             code = str(exc)  # the world size it needs, on every rank alike
-    return comm.allgather(code), out.getvalue()
+    # The ranks end an example at different times (rank 0 prints the verdicts): the early ones sleep
+    # until all have come, where MPICH's blocking allgather polls on the cores the late ones need.
+    return allgather_after_all(comm, code), out.getvalue()
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
