@@ -1,8 +1,10 @@
 """The bench scripts' command lines: every bad value refused in argparse, named in the message.
 
-Pure (plain pytest, no MPI): each script is loaded from its path and only its
-parser runs. Two launches under ``mpiexec -n`` at the end check the whole path
-(exit code 2, one message, no traceback).
+Pure (plain pytest): each script is loaded from its path and only its parser
+runs (bench_gpt's refusals through its main(), in this process). Launches under
+``mpiexec -n`` check the whole path (exit code 2, one message, no traceback),
+bench_front's rows, and one run of every bench_gpt row (its MPI launches as
+programs of one mpiexec job).
 """
 from __future__ import annotations
 
