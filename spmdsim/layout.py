@@ -236,6 +236,20 @@ class Layout:
             coords[self.axis_index(alias)] = 0
         return self.rank_of(coords), self.group_index(rank, axes)
 
+    def group_members(self, rank: int, axes: Sequence[str]) -> tuple[int, ...]:
+        """The ranks of the group over `axes` that holds `rank`, in mixed-radix order of `axes` (first listed
+        major): the group `split_color_key(rank, axes)` names, its `axis_groups` entry, worked out from
+        `rank`'s coordinates without visiting the other ranks."""
+        axes = tuple(axes)
+        self._check_axes(axes)
+        coords, strides = self.coords(rank), self.strides
+        first, offsets = rank, [0]
+        for alias in axes:
+            i = self.axis_index(alias)
+            first -= coords[i] * strides[i]
+            offsets = [o + c * strides[i] for o in offsets for c in range(self.device_matrix[i])]
+        return tuple(first + o for o in offsets)
+
     def axis_groups(self, axes: Sequence[str]) -> tuple[tuple[int, ...], ...]:
         """All groups of ranks over `axes`, each in mixed-radix order of `axes`.
 

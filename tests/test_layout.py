@@ -82,6 +82,21 @@ def test_split_color_key_matches_groups():
             assert keys == list(range(len(group)))
 
 
+
+def test_group_members_are_the_axis_group_that_holds_the_rank():
+    """Worked out from one rank's coordinates, in the same order as axis_groups (first listed axis major)."""
+    import itertools
+
+    for layout in (Layout((2, 2, 2), ("dp", "sp", "mp")), Layout((4, 1, 3), ("a", "b", "c")), Layout((5,), ("x",))):
+        names = layout.alias_name
+        for k in range(len(names) + 1):
+            for axes in itertools.permutations(names, k):
+                holding = {r: g for g in layout.axis_groups(axes) for r in g}
+                assert [layout.group_members(r, axes) for r in range(layout.num_devices)] == \
+                    [holding[r] for r in range(layout.num_devices)], axes
+    with pytest.raises(LayoutError, match="repeats"):
+        Layout((2, 2), ("a", "b")).group_members(0, ("a", "a"))
+
 def test_replica_groups_and_partial():
     layout = Layout((2, 4), ("dp", "mp"))
     x = layout("dp", None)

@@ -77,34 +77,22 @@ class _Bound:
             return
 
 
-def _members(layout: Any, rank: int, axes: tuple[str, ...]) -> list[int]:
-    """The ranks of `rank`'s group over `axes`, in mixed-radix order of `axes` (first listed major): the
-    group `layout.split_color_key(rank, axes)` names, without visiting every rank of the layout."""
-    coords, strides, sizes = layout.coords(rank), layout.strides, layout.device_matrix
-    first = rank
-    members = [0]
-    for alias in axes:
-        i = layout.axis_index(alias)
-        first -= coords[i] * strides[i]
-        members = [m + c * strides[i] for m in members for c in range(sizes[i])]
-    return [first + m for m in members]
-
-
 class MpiEngine(Engine):
     """Ranks are MPI processes; a group is an mpi4py sub-communicator."""
 
     name = "mpi"
 
     def group(self, mesh: Any, axes: tuple[str, ...]) -> tuple[Any, int, int]:
-        """The group over `axes` with MPI_Comm_create_group: collective over its members only, in the
-        order `split_color_key` gives Comm.Split. Split gathers every rank's color and key over the
-        whole mesh before it agrees on a context over it; this agrees among the members alone. At 8
-        ranks on 2 cores, measured in a loop of group builds between uneven work (MPICH 5.0, load 15):
-        a group of 8 cost 2x less CPU than Split, a group of 2 5x less, a group of 1 nothing."""
+        """The group over `axes` with MPI_Comm_create_group: collective over its members only
+        (`mesh.group_ranks`, in the order `split_color_key` gives Comm.Split). Split gathers every rank's
+        color and key over the whole mesh before it agrees on a context over it; this agrees among the
+        members alone. At 8 ranks on 2 cores, measured in a loop of group builds between uneven work
+        (MPICH 5.0, load 15): a group of 8 cost 2x less CPU than Split, a group of 2 5x less, a group of 1
+        nothing."""
         comm = mesh.comm
         whole = comm.Get_group()
         try:
-            members = whole.Incl(_members(mesh.layout, mesh.rank, axes))
+            members = whole.Incl(mesh.group_ranks(axes))
         finally:
             whole.Free()
         try:

@@ -84,7 +84,6 @@ class Mesh:
         # (role, shape, dtype) -> the view scratch() returned last time: one lookup instead of
         # three numpy views, which cost ~7 us per call with cold caches at 4 ranks per core.
         self._scratch_views: dict[tuple, np.ndarray] = {}
-        self._members: dict[tuple[str, ...], tuple[int, ...]] = {}  # see group_ranks()
 
     def scratch(self, role: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         """A C-contiguous temporary of `shape` and `dtype`, the same memory on every call with this `role`.
@@ -154,19 +153,8 @@ class Mesh:
         return self.engine.group(self, axes)
 
     def group_ranks(self, axes: str | Iterable[str]) -> tuple[int, ...]:
-        """Mesh ranks of this rank's group over `axes`, in group order (pure, no MPI; kept: an MoE layer's
-        dispatch figures ask each step, and working them out walks every rank of the layout)."""
-        axes = normalize_axes(axes)
-        try:
-            return self._members[axes]
-        except (KeyError, TypeError):  # not asked yet, or an unhashable name (refused below)
-            pass
-        color, _ = self.layout.split_color_key(self.rank, axes)
-        for members in self.layout.axis_groups(axes):
-            if self.layout.split_color_key(members[0], axes)[0] == color:
-                self._members[axes] = members
-                return members
-        raise LayoutError(f"no group over {axes!r} holds rank {self.rank}")  # unreachable
+        """Mesh ranks of this rank's group over `axes`, in group order (pure, no MPI)."""
+        return self.layout.group_members(self.rank, normalize_axes(axes))
 
     def close(self) -> None:
         """Free the cached sub-communicators (collective over the mesh)."""
