@@ -46,19 +46,17 @@ def keep_freed_buffers() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
 
 
-def keep_freed_buffers_under_launcher() -> bool:
-    """`keep_freed_buffers` for a rank started by an MPI launcher, unless the user chose otherwise."""
-    if launcher_local_ranks() is None or any(var in os.environ for var in GLIBC_VARS):
-        return False
-    return keep_freed_buffers()
-
-
 def keep_freed_buffers_unless_set() -> bool:
     """`keep_freed_buffers` for a program's process (a ``--ranks N`` run of the CLI or an example:
     spmdsim.sim.launch.run_on_ranks), unless the user set any of GLIBC_VARS."""
     if any(var in os.environ for var in GLIBC_VARS):
         return False
     return keep_freed_buffers()
+
+
+def keep_freed_buffers_under_launcher() -> bool:
+    """`keep_freed_buffers_unless_set` for a rank started by an MPI launcher."""
+    return launcher_local_ranks() is not None and keep_freed_buffers_unless_set()
 
 
 def glibc_env(env: dict) -> dict:

@@ -265,8 +265,9 @@ def _run_experts(plan: _Plan, xe: np.ndarray, per_expert: np.ndarray, got: Optio
         allreduce(plan.mesh, used, "tp", f"{plan.name} experts fc2", out=used)
     if not move.dropless:
         ye.reshape(El, -1, D)[...] += B2[:, None]
-    for e, (lo, hi) in enumerate(move.ranges if move.dropless else ()):
-        ye[lo:hi] += B2[e]
+    else:
+        for e, (lo, hi) in enumerate(move.ranges):
+            ye[lo:hi] += B2[e]
     return hs, ts, acts, ye
 
 
@@ -497,7 +498,6 @@ class _Exchange:
         by_source = np.empty_like(rows)
         by_source[self.order] = rows
         return into(out, group_alltoallv(self.mesh, by_source, self.recv_rows, self.send_rows, "ep", label))
-
 
 
 def _stats(mesh: Any, name: str, routing: Any, move: _Exchange, at: np.ndarray, D: int) -> MoEStats:
