@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
+from typing import Any
 
 from ._threads import launcher_local_ranks
 
@@ -34,15 +36,24 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 
 
-def keep_freed_buffers() -> bool:
-    """Set the two thresholds in this process; False where mallopt is missing or refuses."""
+@functools.lru_cache(maxsize=None)
+def _mallopt() -> Any:
+    """The C library's mallopt, looked up once a process (a --ranks run asks for it each run); None without."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt
     except (OSError, AttributeError):
-        return False
+        return None
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
+    return mallopt
+
+
+def keep_freed_buffers() -> bool:
+    """Set the two thresholds in this process; False where mallopt is missing or refuses."""
+    mallopt = _mallopt()
+    if mallopt is None:
+        return False
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
 
 
