@@ -1,8 +1,8 @@
 """Faults under `mpiexec -n 4`: every one ends the whole job with a message, never a hang.
 
-Serial tests; each launches one 4-rank job (a 2 x 2 mesh: two groups on each
-axis, all that the faults below need) under ``timeout -k 2 60`` that runs
-a few Allreduces and then injects one fault on one rank:
+Each fault launches one 4-rank job (a 2 x 2 mesh: two groups on each axis, all that the
+faults below need; AT_ONCE jobs at a time) under ``timeout -k 2 60`` that runs a few
+Allreduces and then injects one fault on one rank:
 
 * raises (an unexpected exception, or an SpmdsimError on that rank only),
   exits (os._exit, or sys.exit inside the guard): the guard or mpiexec ends
@@ -19,6 +19,7 @@ a few Allreduces and then injects one fault on one rank:
 from __future__ import annotations
 
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -110,10 +111,26 @@ FAULTS = {
 }
 
 
+#: Jobs launched at once. Each mostly waits (on a watchdog, the guard's grace, mpiexec ending the job):
+#: one after the other they kept a test worker 34 s for 3.5 CPU-s.
+AT_ONCE = 4
+
+
+@pytest.fixture(scope="module")
+def ran(request) -> dict:
+    """{fault: (rc, output, seconds)} for the faults this session runs, AT_ONCE jobs at a time."""
+    chosen = [item.callspec.params["fault"] for item in request.session.items
+              if item.module is request.module and hasattr(item, "callspec")]
+    with ThreadPoolExecutor(max_workers=AT_ONCE) as pool:
+        jobs = {fault: pool.submit(launch, ["-c", _JOB + FAULTS[fault][0]], limit=60, ranks=RANKS,
+                                   env=FAULTS[fault][1]) for fault in chosen}
+        return {fault: job.result() for fault, job in jobs.items()}
+
+
 @pytest.mark.parametrize("fault", list(FAULTS))
-def test_fault_ends_the_job_with_a_message(fault: str) -> None:
+def test_fault_ends_the_job_with_a_message(fault: str, ran: dict) -> None:
     code, env, want_rc, pattern = FAULTS[fault]
-    rc, out, seconds = launch(["-c", _JOB + code], limit=60, ranks=RANKS, env=env)
+    rc, out, seconds = ran[fault]
     print(f"\n{fault}: rc={rc} {seconds:.2f} s")
     assert rc != 0 and rc != 124, (rc, out)
     if want_rc is not None:

@@ -1,4 +1,4 @@
-"""The watchdog names the rank that is missing (serial tests, one `mpiexec -n 4` each).
+"""The watchdog names the rank that is missing (one `mpiexec -n 4` each, the two at once).
 
 Two user bugs from an audit, each a 4-rank program under ``timeout -k 5 60``
 with ``SPMDSIM_WATCHDOG=3``: a rank that skips a collective (an ``if`` on the
@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -51,9 +52,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_watchdog_names_the_missing_rank(case: str) -> None:
-    code, pattern = CASES[case]
+def _launch(code: str) -> tuple[subprocess.CompletedProcess, float]:
     full_env = dict(os.environ, SPMDSIM_WATCHDOG="3", SPMDSIM_EXPECT_WORLD="4",
                     OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     full_env.pop("SPMDSIM_CHECK", None)
@@ -61,7 +60,21 @@ def test_watchdog_names_the_missing_rank(case: str) -> None:
     proc = subprocess.run(["timeout", "-k", "5", "60", MPIEXEC, "-n", "4", sys.executable, "-c",
                            _PRELUDE + code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, env=full_env)
-    seconds = time.perf_counter() - start
+    return proc, time.perf_counter() - start
+
+
+@pytest.fixture(scope="module")
+def ran() -> dict:
+    """{case: (the finished job, its seconds)}: both jobs at once (each waits out its 3 s watchdog)."""
+    with ThreadPoolExecutor(max_workers=len(CASES)) as pool:
+        jobs = {case: pool.submit(_launch, code) for case, (code, _) in CASES.items()}
+        return {case: job.result() for case, job in jobs.items()}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_watchdog_names_the_missing_rank(case: str, ran: dict) -> None:
+    pattern = CASES[case][1]
+    proc, seconds = ran[case]
     print(f"\n{case}: rc={proc.returncode} {seconds:.1f} s")
     assert proc.returncode not in (0, 124, 137), (proc.returncode, proc.stdout)
     lines = [line for line in program_lines(proc.stdout) if "spmdsim: collective" in line]
