@@ -42,11 +42,13 @@ if [ "$workers" != 0 ] && python -c "import xdist" 2>/dev/null; then
 else
     python -m pytest -q -p no:cacheprovider "$@"
 fi
+# No MPI test draws with hypothesis (every rank must draw the same examples: tests/mpi/test_properties.py),
+# and its pytest plugin's start cost each rank 0.2 CPU-s.
 echo "== MPI tests on 8 ranks"
 SPMDSIM_EXPECT_WORLD=8 timeout -k 10 420 \
-    mpiexec -n 8 python -m mpi4py -m pytest -q -p no:cacheprovider --only-mpi "$@"
+    mpiexec -n 8 python -m mpi4py -m pytest -q -p no:cacheprovider -p no:hypothesispytest --only-mpi "$@"
 # The 4-rank pass also runs with the divergence guard and the watchdog on, so a
 # false alarm of either (or a real divergence in any test) fails the suite.
 echo "== MPI tests on 4 ranks (SPMDSIM_CHECK=1, SPMDSIM_WATCHDOG=120)"
 SPMDSIM_CHECK=1 SPMDSIM_WATCHDOG=120 SPMDSIM_EXPECT_WORLD=4 timeout -k 10 420 \
-    mpiexec -n 4 python -m mpi4py -m pytest -q -p no:cacheprovider --only-mpi "$@"
+    mpiexec -n 4 python -m mpi4py -m pytest -q -p no:cacheprovider -p no:hypothesispytest --only-mpi "$@"
