@@ -58,19 +58,21 @@ def _run(quote, workdir: pathlib.Path) -> tuple[int, str, str]:
     return done.returncode, done.stdout, done.stderr
 
 
-@pytest.fixture(scope="module")
-def ran(tmp_path_factory) -> dict:
-    """Every pure command the docs quote, run once in one folder (README and lab.md quote some
-    commands twice, with and without their output): {doc: [(quote, (code, out, err))]}, and the
-    folder, where the pictures they draw are, under the key "workdir"."""
-    workdir = tmp_path_factory.mktemp("docs")
-    done: dict = {}
-    results: dict = {"workdir": workdir}
-    with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(workdir)  # case files and pictures the commands write land here
-        mp.setenv("SPMDSIM_COST_FILE", str(workdir / "no-calibration.json"))  # built-in model
-        for doc in DOCS:
-            results[doc] = []
+class _Ran(dict):
+    """{doc: [(quote, (code, out, err))]} for every pure command a doc quotes, run when a doc is first asked for,
+    in one folder (README and lab.md quote some commands twice, with and without their output: each runs once),
+    and the folder, where the pictures they draw are, under the key "workdir". Run doc by doc, not all at the
+    first test: each test's time limit (pytest-timeout) covers its own doc's commands only."""
+
+    def __init__(self, workdir: pathlib.Path) -> None:
+        super().__init__(workdir=workdir)
+        self._done: dict = {}
+
+    def __missing__(self, doc: str) -> list:
+        workdir, done, results = self["workdir"], self._done, []
+        with pytest.MonkeyPatch.context() as mp:
+            mp.chdir(workdir)  # case files and pictures the commands write land here
+            mp.setenv("SPMDSIM_COST_FILE", str(workdir / "no-calibration.json"))  # built-in model
             for quote in quotes(doc):
                 if any(pattern.match(quote.command) for pattern, _ in _ELSEWHERE):
                     continue
@@ -81,8 +83,15 @@ def ran(tmp_path_factory) -> dict:
                     continue  # a subcommand's name in prose
                 if quote.command not in done:
                     done[quote.command] = _run(quote, workdir)
-                results[doc].append((quote, done[quote.command]))
-    return results
+                results.append((quote, done[quote.command]))
+        self[doc] = results
+        return results
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory) -> _Ran:
+    """Every pure command the docs quote, run once, doc by doc as the tests ask (_Ran)."""
+    return _Ran(tmp_path_factory.mktemp("docs"))
 
 
 @pytest.mark.parametrize("doc", DOCS)
