@@ -279,7 +279,7 @@ def test_clipping_takes_the_joint_norm_over_every_stage(pp, dp, tp, schedule, v,
     assert all(s.norm > 4 * cfg.clip for s in steps), [s.norm for s in steps]  # every step clipped
     unclipped = spmdsim.simulate(pp * dp * tp, lambda: train_pipelined(
         GPTConfig(layers=4, d_model=32, heads=4, seq=16, batch=8), spmdsim.world(), pp, dp, tp, 2, IDS, sp=True,
-        schedule=schedule, virtual=v, microbatches=4, zero=zero)[1])[0]
+        schedule=schedule, virtual=v, microbatches=4, zero=zero, check=False)[1])[0]
     assert steps[1].loss != unclipped[1].loss  # clipping changed the first update
 
 
