@@ -172,7 +172,10 @@ class Layout:
         """Number of ranks in one group over `axes` (product of their sizes)."""
         if type(axes) is not tuple:
             return math.prod(self.axis_size(a) for a in axes)
-        known = self._sizes.get(axes)  # a tensor map's entries: shapes, shards and plans ask for them again
+        try:
+            known = self._sizes.get(axes)  # a tensor map's entries: shapes, shards and plans ask for them again
+        except TypeError:  # an unhashable name: refused by axis_size, as before
+            known = None
         if known is None:
             known = math.prod(self.axis_size(a) for a in axes)
             if len(self._sizes) < 256:

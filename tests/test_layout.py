@@ -274,8 +274,9 @@ def test_a_layout_keeps_what_it_worked_out_and_refuses_as_before():
         with pytest.raises(LayoutError, match="rank"):
             mesh.coords(bad)
     assert mesh.group_size(("dp", "mp")) == 8 and mesh.group_size(["mp"]) == 4 and mesh.group_size(()) == 1
-    with pytest.raises(LayoutError, match="unknown alias 'tp'"):
-        mesh.group_size(("dp", "tp"))
+    for bad, name in ((("dp", "tp"), "'tp'"), ((["dp"],), r"\['dp'\]")):
+        with pytest.raises(LayoutError, match=f"unknown alias {name}"):
+            mesh.group_size(bad)
     copy = pickle.loads(pickle.dumps(mesh))
     assert not {"_coords", "_sizes", "_hash"} & set(copy.__dict__)
     assert copy == mesh and hash(copy) == hash(mesh) and copy.coords(5) == first
