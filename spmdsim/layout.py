@@ -123,8 +123,14 @@ class Layout:
         return (self.device_matrix == other.device_matrix  # type: ignore[attr-defined]
                 and self.alias_name == other.alias_name and self.cut == other.cut)  # type: ignore[attr-defined]
 
+    # Kept, as TensorLayout's: a Layout keys the meshes', scalars' and plans' tables.
     def __hash__(self) -> int:
-        return hash((self.device_matrix, self.alias_name, self.cut))
+        try:
+            return self.__dict__["_hash"]
+        except KeyError:
+            value = hash((self.device_matrix, self.alias_name, self.cut))
+            object.__setattr__(self, "_hash", value)
+            return value
 
     def __repr__(self) -> str:
         # The default rule is left out, so the repr of an even Layout reads as it always has.
@@ -164,7 +170,17 @@ class Layout:
 
     def group_size(self, axes: Iterable[str]) -> int:
         """Number of ranks in one group over `axes` (product of their sizes)."""
-        return math.prod(self.axis_size(a) for a in axes)
+        if type(axes) is not tuple:
+            return math.prod(self.axis_size(a) for a in axes)
+        try:
+            known = self._sizes.get(axes)  # a tensor map's entries: shapes, shards and plans ask for them again
+        except TypeError:  # an unhashable name: refused by axis_size, as before
+            known = None
+        if known is None:
+            known = math.prod(self.axis_size(a) for a in axes)
+            if len(self._sizes) < 256:
+                self._sizes[axes] = known
+        return known
 
     @cached_property
     def strides(self) -> tuple[int, ...]:
@@ -186,8 +202,29 @@ class Layout:
 
     def coords(self, rank: int) -> tuple[int, ...]:
         """Device coordinates of `rank`, one per mesh axis."""
+        # Kept per rank (bounded): every shard's bounds, group and member query asks for them again.
+        known = self._coords.get(rank) if type(rank) is int else None
+        if known is not None:
+            return known
         rank = self._check_rank(rank)
-        return tuple((rank // s) % n for s, n in zip(self.strides, self.device_matrix))
+        out = tuple((rank // s) % n for s, n in zip(self.strides, self.device_matrix))
+        if len(self._coords) < 4096:
+            self._coords[rank] = out
+        return out
+
+    @cached_property
+    def _coords(self) -> dict:
+        """rank -> coords(rank), for the ranks asked about (up to 4096)."""
+        return {}
+
+    @cached_property
+    def _sizes(self) -> dict:
+        """axes (a tuple) -> group_size(axes), for the groups asked about (up to 256)."""
+        return {}
+
+    # The answers kept above and the hash are left out of pickles (str hashes differ between processes).
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_coords", "_sizes", "_hash")}
 
     def rank_of(self, coords: Sequence[int]) -> int:
         """Rank at the given device coordinates."""
@@ -402,6 +439,8 @@ class TensorLayout:
 
         `what` names the tensor in a divisibility error ("ColumnParallelLinear weight W").
         """
+        if type(shape) is tuple and self._known(("checked", shape)) is not None:  # passed before: ~4 us a call
+            return shape
         shape = shape_arg(shape, "shape" if what is None else f"{what} shape")
         if len(shape) != self.ndim:
             raise ShapeError(f"{'' if what is None else what + ': '}tensor map {self} has "
@@ -410,7 +449,7 @@ class TensorLayout:
         for tensor_dim, (size, axes) in enumerate(zip(shape, self.tensor_map)):
             check_cut(cut, size, self.layout.group_size(axes), tensor_dim, axes,
                       None if what is None else (what, shape))
-        return shape
+        return self._keep(("checked", shape), shape)
 
     def local_shape(self, shape: Sequence[int], rank: int | None = None) -> tuple[int, ...]:
         """Shape of `rank`'s shard; without `rank`, the shape every rank's shard has.

@@ -257,3 +257,41 @@ def test_autograds_pending_layout_sums_back_to_each_tensors_own_object():
     assert with_partial(b, ("mp",)) is pending_b and with_partial(b, ()) is b
     # Where the backward walk keeps a gradient: derived from the tensor's own layout object too.
     assert grad_layout(a, pending_a) is pending_a and grad_layout(b, pending_a) is pending_b
+
+
+def test_a_layout_keeps_what_it_worked_out_and_refuses_as_before():
+    """coords and group_size are kept per Layout (every shard, group and member query asks again), and
+    a shape that passed check_shape is known to pass; the refusals and the answers are those worked out
+    afresh, and the kept answers and hash stay out of pickles (str hashes differ between processes)."""
+    import pickle
+
+    mesh = Layout((2, 4), ("dp", "mp"))
+    first = mesh.coords(5)
+    assert first == (1, 1) and mesh.coords(5) is first  # kept: the same tuple
+    assert [mesh.coords(r) for r in range(8)] == [(r // 4, r % 4) for r in range(8)]
+    assert mesh.coords(np.int64(6)) == (1, 2)
+    for bad in (8, -1, 2.5, True):
+        with pytest.raises(LayoutError, match="rank"):
+            mesh.coords(bad)
+    assert mesh.group_size(("dp", "mp")) == 8 and mesh.group_size(["mp"]) == 4 and mesh.group_size(()) == 1
+    for bad, name in ((("dp", "tp"), "'tp'"), ((["dp"],), r"\['dp'\]")):
+        with pytest.raises(LayoutError, match=f"unknown alias {name}"):
+            mesh.group_size(bad)
+    copy = pickle.loads(pickle.dumps(mesh))
+    assert not {"_coords", "_sizes", "_hash"} & set(copy.__dict__)
+    assert copy == mesh and hash(copy) == hash(mesh) and copy.coords(5) == first
+
+    tl = Layout((2, 2, 2), ("dp", "sp", "mp"))("mp", ("sp", "dp"))
+    assert tl.check_shape((4, 8)) == (4, 8)
+    # A shape that passed passes again; others are checked as before, named by `what`.
+    assert tl.check_shape((4, 8), "x") == (4, 8)
+    same = tl.check_shape((np.int64(4), 8))
+    assert same == (4, 8) and all(type(n) is int for n in same)
+    with pytest.raises(ShapeError, match="must hold integers, got 4.0"):  # equal to (4, 8), hashed alike
+        tl.check_shape((4.0, 8))
+    with pytest.raises(ShapeError, match=r"x \(4, 10\): dim 1 of size 10 is not divisible by 4 shards"):
+        tl.check_shape((4, 10), "x")
+    with pytest.raises(ShapeError, match=r"has 2 entries but shape \(4, 8, 2\) has 3 dims"):
+        tl.check_shape((4, 8, 2))
+    with pytest.raises(ShapeError, match="must not have negative sizes"):
+        tl.check_shape((-4, 8))

@@ -12,6 +12,7 @@ from ..graph import with_partial
 __all__ = ["grad_tensor", "gradient_block", "axes_of", "named", "needs"]
 
 _F32 = np.dtype(np.float32)
+_ndarray = np.ndarray
 
 
 def axes_of(layout: TensorLayout, entries: Iterable[tuple[str, ...]]) -> tuple[str, ...]:
@@ -50,7 +51,8 @@ def gradient_block(like: Any, local: Any, grad_layout: TensorLayout) -> Any:
     block = like._local  # read for its dtype and shape only (a captured step's traced view has the same)
     dtype = block.dtype
     want = _F32 if dtype.kind == "V" and is_low(dtype) else dtype
-    local = np.asanyarray(local)  # a captured step's traced block stays traced (spmdsim.runtime.replay)
+    if type(local) is not _ndarray:  # a block already (most gradients): no call
+        local = np.asanyarray(local)  # a captured step's traced block stays traced (spmdsim.runtime.replay)
     if local.dtype != want:
         local = local.astype(want)
     if not local.flags.c_contiguous:  # collectives read C order (ascontiguousarray makes 0-d 1-d)
