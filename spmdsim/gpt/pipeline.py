@@ -507,39 +507,55 @@ class _Most:
     def __init__(self, optimizer: Any, params: list) -> None:
         self.optimizer, self.params = optimizer, params
         self.kept_of: dict = {}  # chunk -> {kind: bytes}
+        self.sum_of: dict = {}  # chunk -> its kept bytes in all
         self.most = -1  # the most bytes kept at once so far
         self.live: dict = {}  # chunk -> its microbatches live now (forward run, backward not yet)
         self.total = 0  # the bytes they keep
         self.moments: dict = {}  # as spmdsim.gpt.train._look records them
+        # `live` when the schedule last held more than ever, until that moment is looked at (`_flush`): a look
+        # reads the optimizer's and the gradients' bytes, which only a backward or the step changes, so a rise
+        # is looked at once, before the next of them (a 64-stage 1F1B's first stage rises 64 forwards in a row).
+        self.rise: Optional[dict] = None
 
     def forward(self, chunk: int, out: Any) -> None:
         """A forward of `chunk` ran (its output `out`): what the live microbatch-chunks keep, summed so far."""
-        from ..autograd import kept_bytes
-
         if chunk not in self.kept_of:  # boolean dropout masks (kept="megatron") under a kind of their own
+            from ..autograd import kept_bytes
+
             values, masks = ({}, {}) if isinstance(out, _Stand) else kept_bytes([out], exclude=self.params,
                                                                                  masks=True)
             self.kept_of[chunk] = {**values, **{kind + MASKS: n for kind, n in masks.items() if n}}
+            self.sum_of[chunk] = sum(self.kept_of[chunk].values())
         self.live[chunk] = self.live.get(chunk, 0) + 1
-        self.total += sum(self.kept_of[chunk].values())
+        self.total += self.sum_of[chunk]
         if self.total > self.most:
             self.most = self.total
-            kinds: dict = {}
-            for c, times in self.live.items():
-                if times:
-                    for kind, n in self.kept_of[c].items():
-                        kinds[kind] = kinds.get(kind, 0) + n * times
-            self.look("the most activations held", kinds)
+            self.rise = dict(self.live)
+
+    def _flush(self) -> None:
+        """Look at the last rise (see `rise`), if not yet."""
+        if self.rise is None:
+            return
+        kinds: dict = {}
+        for c, times in self.rise.items():
+            if times:
+                for kind, n in self.kept_of[c].items():
+                    kinds[kind] = kinds.get(kind, 0) + n * times
+        self.rise = None
+        _look(self.moments, "the most activations held", self.optimizer, self.params, kinds)
 
     def backward(self, chunk: int) -> None:
-        """A backward of `chunk` ran: one of its microbatches' kept bytes are no longer live."""
+        """A backward of `chunk` is about to run: one of its microbatches' kept bytes are no longer live."""
+        self._flush()
         self.live[chunk] -= 1
-        self.total -= sum(self.kept_of[chunk].values())
+        self.total -= self.sum_of[chunk]
 
     def look(self, moment: str, kept: Optional[dict] = None) -> None:
+        self._flush()
         _look(self.moments, moment, self.optimizer, self.params, kept)
 
     def report(self, step: int) -> Any:
+        self._flush()
         return _report(step, self.moments, _distinct(p.local for p in self.params))
 
 

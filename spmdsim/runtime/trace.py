@@ -59,6 +59,15 @@ def record_to(traces: list, op: str, axes: tuple[str, ...], group_size: int, sen
         trace._rows.append(row)
 
 
+def fold_to(traces: list, op: str, axes: tuple[str, ...], group_size: int, sent: int, received: int,
+            seconds: float, label: str | None, copied: int, ended: float, peers: int) -> None:
+    """`record_to`'s entry, folded into an equal one of each trace that differs in its times alone
+    (engines.trace.Trace.fold: a dry run's)."""
+    row = (op, axes, group_size, sent, received, seconds, label, copied, ended, peers)
+    for trace in traces:
+        trace.fold(row)
+
+
 def record_call(traces: list, op: str, axes: Any, group_size: int, nbytes: Any, seconds: float,
                 label: str | None, copied: int, ended: float, counts: Any) -> None:
     """Append one collective to every one of `traces` (the running rank's open collectors, as

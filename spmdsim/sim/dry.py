@@ -246,6 +246,11 @@ class DryEngine(Engine):
         current().meter.hold(buf)
         return DONE
 
+    def post(self, comm: Any, receives: list, sends: list) -> list:
+        """Every buffer counted as held at once (what `irecv` and `isend` do one by one); complete."""
+        current().meter.hold(*[buf for buf, _, _ in receives], *[buf for buf, _, _ in sends])
+        return [DONE] * (len(receives) + len(sends))
+
     def wait_all(self, requests: list, wait: Any) -> None:
         pass
 
