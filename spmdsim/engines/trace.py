@@ -71,11 +71,11 @@ class Trace:
         else:
             block[1] += 1
 
-    def fold(self, row: tuple) -> None:
+    def fold(self, row: tuple, key: tuple) -> None:
         """Append `row` (a finished row: see `_build`), or count it as one more of the first row `fold` was
-        given that differs from it in its times alone (its seconds and end): a dry run's messages, ~130,000 in
-        a 64-stage 1F1B step of 512 microbatches and a few kinds, whose times are the dry engine's own."""
-        key = row[:5] + row[6:8] + row[9:]
+        given with the same `key`: `row` less its times (its seconds and end), which a dry run's messages
+        differ in alone (~130,000 a 64-stage 1F1B step of 512 microbatches, of a few kinds; their times are
+        the dry engine's own)."""
         rows = self._folds.get(key)
         if rows is None:
             self._folds[key] = (row,)

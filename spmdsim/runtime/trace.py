@@ -64,8 +64,9 @@ def fold_to(traces: list, op: str, axes: tuple[str, ...], group_size: int, sent:
     """`record_to`'s entry, folded into an equal one of each trace that differs in its times alone
     (engines.trace.Trace.fold: a dry run's)."""
     row = (op, axes, group_size, sent, received, seconds, label, copied, ended, peers)
+    key = (op, axes, group_size, sent, received, label, copied, peers)
     for trace in traces:
-        trace.fold(row)
+        trace.fold(row, key)
 
 
 def record_call(traces: list, op: str, axes: Any, group_size: int, nbytes: Any, seconds: float,
