@@ -383,7 +383,8 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
         return buffers.contiguous(block[mine] if scatter else block)
 
     tag_micro = microbatches > 1
-    stamp = kernel(_stamp)
+    # A kernel while a step is captured; a dry run, which captures none (its steps count bytes), stamps plainly.
+    stamp = _stamp if mesh.engine.dry else kernel(_stamp)
 
     blocks = _DryBlocks() if mesh.engine.dry else None
     repeat = _DryCells(local_shape, blocks) if blocks is not None else None
@@ -578,6 +579,7 @@ class _DryCells:
 
     def __init__(self, local_shape: tuple, blocks: "_DryBlocks") -> None:
         self.local_shape, self.blocks = local_shape, blocks
+        self.context = current()  # the rank's: its open traces and FLOP counters, its Meter
         # (kind, chunk) -> (trace rows, bytes kept after it, bytes above the start at its peak, its products:
         # a spmdsim.flops.FlopCounter)
         self.seen: dict = {}
@@ -597,20 +599,21 @@ class _DryCells:
         if seen is None:
             return False
         rows, _, transient, _ = seen
-        context = current()
+        context = self.context
         for trace in context.traces:
             trace.repeat(rows)
         if context.flops:  # the FLOP counters open on this rank: added at `flush`
             self.repeats[key] = self.repeats.get(key, 0) + 1
         meter = context.meter
-        meter.peak = max(meter.peak, meter.held + transient)
+        if meter.held + transient > meter.peak:
+            meter.peak = meter.held + transient
         return True
 
     def output(self, key: tuple) -> _Stand:
         """The stand-in of a repeated forward's output, holding the first such forward's kept bytes while it
         lives."""
         out = _Stand(self.blocks.zeros(self.local_shape))
-        current().meter.count(out, self.seen[key][1])
+        self.context.meter.count(out, self.seen[key][1])
         return out
 
 
@@ -623,10 +626,12 @@ class _DryBlocks:
     as spmdsim.buffers.empty places a dry run's block, `zeros` as lazy_zeros places it; a block below the
     size lazy_zeros maps is theirs."""
 
-    __slots__ = ("_maps",)
+    __slots__ = ("_maps", "_empty", "_zeros")
 
     def __init__(self) -> None:
         self._maps: dict = {}  # bytes -> the mapping under that size's blocks, or None (numpy's own zeros)
+        self._empty: dict = {}  # shape -> the mapping `empty` places its blocks of that shape on, or None
+        self._zeros: dict = {}  # the same for `zeros`
 
     def _map(self, nbytes: int) -> Any:
         if nbytes not in self._maps:
@@ -637,14 +642,18 @@ class _DryBlocks:
         return self._maps[nbytes]
 
     def empty(self, shape: tuple) -> np.ndarray:
-        nbytes = 8 * math.prod(shape)
-        mapping = self._map(nbytes + buffers.PAGE) if nbytes >= buffers.MIN_BYTES else None
+        mapping = self._empty.get(shape, False)
+        if mapping is False:
+            nbytes = 8 * math.prod(shape)
+            mapping = self._empty[shape] = self._map(nbytes + buffers.PAGE) if nbytes >= buffers.MIN_BYTES else None
         if mapping is None:
             return buffers.empty(shape, np.float64)
         return np.ndarray(shape, np.float64, mapping, buffers.PAGE_OFFSET)
 
     def zeros(self, shape: tuple) -> np.ndarray:
-        mapping = self._map(8 * math.prod(shape))
+        mapping = self._zeros.get(shape, False)
+        if mapping is False:
+            mapping = self._zeros[shape] = self._map(8 * math.prod(shape))
         if mapping is None:
             return buffers.lazy_zeros(shape, np.float64)
         return np.ndarray(shape, np.float64, mapping)
