@@ -12,7 +12,7 @@ from typing import Any
 from ..context import current as _context
 from ..engines.trace import Trace, TraceEntry
 
-__all__ = ["TraceEntry", "Trace", "collect_trace", "record", "record_to", "open_traces"]
+__all__ = ["TraceEntry", "Trace", "collect_trace", "record", "record_to", "fold_to", "open_traces"]
 
 
 def open_traces() -> list:
