@@ -38,7 +38,7 @@ from .context import current as _current
 
 __all__ = ["PAGE", "PAGE_OFFSET", "MIN_BYTES", "HUGE_MIN", "empty", "kept_empty", "full", "zeros", "ones",
            "page_offset", "placed_copy", "use_huge_pages", "lazy_zeros", "is_lazy", "LAZY_BYTES", "fresh", "as_array",
-           "contiguous", "stacked", "into"]
+           "contiguous", "stacked", "into", "broadcast_zero"]
 
 PAGE = mmap.PAGESIZE
 PAGE_OFFSET = 16  # where glibc's own maps start (its chunk header); a multiple of every itemsize
@@ -125,6 +125,23 @@ def lazy_zeros(shape: Any, dtype: Any) -> np.ndarray:
         except OSError:  # out of mappings (vm.max_map_count) or address space: numpy's own
             pass
     return np.zeros(dims, dtype)
+
+
+_ZEROS: dict = {}  # (shape, dtype) -> broadcast_zero's view
+
+
+def broadcast_zero(shape: tuple, dtype: Any) -> np.ndarray:
+    """A read-only zero of `dtype` broadcast to `shape` (no memory): an operand whose shape and dtype are all a
+    kernel reads (a dry run's, spmdsim.sim.dry). One per (shape, dtype), made once: np.broadcast_to takes ~6 us,
+    and a dry run asks for one before each product and each large elementwise result."""
+    key = (shape, dtype)
+    made = _ZEROS.get(key)
+    if made is None:
+        made = np.broadcast_to(np.zeros((), dtype), shape)
+        if len(_ZEROS) >= 4096:  # a long run over many shapes: start over
+            _ZEROS.clear()
+        _ZEROS[key] = made
+    return made
 
 
 def is_lazy(a: np.ndarray) -> bool:

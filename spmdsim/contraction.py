@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .buffers import contiguous
+from .buffers import broadcast_zero, contiguous
 from .context import current
 from .engines import matmul as _product
 from .flops import gemm as _gemm
@@ -109,7 +109,7 @@ def _pair(a_word: str, a: np.ndarray, b_word: str, b: np.ndarray, out: str) -> n
         shape = r.shape if r.order is None else tuple(r.shape[i] for i in r.order)
         if r.order is None and shape:
             return product.reshape(shape)
-        return engine.local(None, np.broadcast_to(np.zeros((), product.dtype), shape or (1,)))  # 0-d: 1-d, as below
+        return engine.local(None, broadcast_zero(shape or (1,), product.dtype))  # 0-d: 1-d, as below
     lhs, rhs = lhs.reshape(r.lhs_shape), rhs.reshape(r.rhs_shape)
     result = engine.matmul(lhs, rhs)  # spmdsim.engines.matmul's two lines, the engine at hand
     _gemm(lhs.shape, rhs.shape, result.dtype)
@@ -123,7 +123,7 @@ def _pair(a_word: str, a: np.ndarray, b_word: str, b: np.ndarray, out: str) -> n
 def _shaped(a: np.ndarray, shape: tuple) -> np.ndarray:
     """A read-only zero of `a`'s dtype broadcast to `shape`: a dry run's matmul operand (its shape and dtype
     are all the dry engine's product reads; reshaping a transposed block would copy it)."""
-    return np.broadcast_to(np.zeros((), a.dtype), shape)
+    return broadcast_zero(shape, a.dtype)
 
 
 def _counted(words: Sequence[str], blocks: Sequence[np.ndarray], present: str, dtype: np.dtype) -> None:

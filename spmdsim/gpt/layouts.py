@@ -113,15 +113,20 @@ DIALECTS = {
 def dialect_layouts(cfg: GPTConfig, layout: Layout, dialect: str, sp: bool = False) -> dict[str, TensorLayout]:
     """`megatron_layouts` written in `dialect` ("mindspore", "jax", "dtensor" or "oneflow") and converted
     by spmdsim.dialects: the same TensorLayouts, whichever dialect wrote them."""
-    from ..dialects.dtensor import placements_to_layout
-    from ..dialects.partition_spec import partition_spec_to_layout
-    from ..dialects.sbp import sbp_to_layout
-
     if dialect not in DIALECTS:
         raise SpmdsimError(f"dialect {dialect!r} is not one of {sorted(DIALECTS)!r}")
     if cfg.moe is not None:
         raise SpmdsimError("the MoE layers' layouts are written in spmdsim's words only (megatron_layouts); "
                            "leave out the dialect")
+    return dict(_dialect_layouts(cfg, layout, dialect, bool(sp)))
+
+
+@functools.lru_cache(maxsize=16)  # every rank (and each dry-run representative) asks alike: ~1,500 layouts at 96 layers
+def _dialect_layouts(cfg: GPTConfig, layout: Layout, dialect: str, sp: bool) -> dict[str, TensorLayout]:
+    from ..dialects.dtensor import placements_to_layout
+    from ..dialects.partition_spec import partition_spec_to_layout
+    from ..dialects.sbp import sbp_to_layout
+
     shape, names = layout.device_matrix, layout.alias_name
     out = {}
     for spec in param_specs(cfg):

@@ -383,7 +383,8 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
         return buffers.contiguous(block[mine] if scatter else block)
 
     tag_micro = microbatches > 1
-    stamp = kernel(_stamp)
+    # A kernel while a step is captured; a dry run, which captures none (its steps count bytes), stamps plainly.
+    stamp = _stamp if mesh.engine.dry else kernel(_stamp)
 
     blocks = _DryBlocks() if mesh.engine.dry else None
     repeat = _DryCells(local_shape, blocks) if blocks is not None else None
@@ -507,39 +508,55 @@ class _Most:
     def __init__(self, optimizer: Any, params: list) -> None:
         self.optimizer, self.params = optimizer, params
         self.kept_of: dict = {}  # chunk -> {kind: bytes}
+        self.sum_of: dict = {}  # chunk -> its kept bytes in all
         self.most = -1  # the most bytes kept at once so far
         self.live: dict = {}  # chunk -> its microbatches live now (forward run, backward not yet)
         self.total = 0  # the bytes they keep
         self.moments: dict = {}  # as spmdsim.gpt.train._look records them
+        # `live` when the schedule last held more than ever, until that moment is looked at (`_flush`): a look
+        # reads the optimizer's and the gradients' bytes, which only a backward or the step changes, so a rise
+        # is looked at once, before the next of them (a 64-stage 1F1B's first stage rises 64 forwards in a row).
+        self.rise: Optional[dict] = None
 
     def forward(self, chunk: int, out: Any) -> None:
         """A forward of `chunk` ran (its output `out`): what the live microbatch-chunks keep, summed so far."""
-        from ..autograd import kept_bytes
-
         if chunk not in self.kept_of:  # boolean dropout masks (kept="megatron") under a kind of their own
+            from ..autograd import kept_bytes
+
             values, masks = ({}, {}) if isinstance(out, _Stand) else kept_bytes([out], exclude=self.params,
                                                                                  masks=True)
             self.kept_of[chunk] = {**values, **{kind + MASKS: n for kind, n in masks.items() if n}}
+            self.sum_of[chunk] = sum(self.kept_of[chunk].values())
         self.live[chunk] = self.live.get(chunk, 0) + 1
-        self.total += sum(self.kept_of[chunk].values())
+        self.total += self.sum_of[chunk]
         if self.total > self.most:
             self.most = self.total
-            kinds: dict = {}
-            for c, times in self.live.items():
-                if times:
-                    for kind, n in self.kept_of[c].items():
-                        kinds[kind] = kinds.get(kind, 0) + n * times
-            self.look("the most activations held", kinds)
+            self.rise = dict(self.live)
+
+    def _flush(self) -> None:
+        """Look at the last rise (see `rise`), if not yet."""
+        if self.rise is None:
+            return
+        kinds: dict = {}
+        for c, times in self.rise.items():
+            if times:
+                for kind, n in self.kept_of[c].items():
+                    kinds[kind] = kinds.get(kind, 0) + n * times
+        self.rise = None
+        _look(self.moments, "the most activations held", self.optimizer, self.params, kinds)
 
     def backward(self, chunk: int) -> None:
-        """A backward of `chunk` ran: one of its microbatches' kept bytes are no longer live."""
+        """A backward of `chunk` is about to run: one of its microbatches' kept bytes are no longer live."""
+        self._flush()
         self.live[chunk] -= 1
-        self.total -= sum(self.kept_of[chunk].values())
+        self.total -= self.sum_of[chunk]
 
     def look(self, moment: str, kept: Optional[dict] = None) -> None:
+        self._flush()
         _look(self.moments, moment, self.optimizer, self.params, kept)
 
     def report(self, step: int) -> Any:
+        self._flush()
         return _report(step, self.moments, _distinct(p.local for p in self.params))
 
 
@@ -562,6 +579,7 @@ class _DryCells:
 
     def __init__(self, local_shape: tuple, blocks: "_DryBlocks") -> None:
         self.local_shape, self.blocks = local_shape, blocks
+        self.context = current()  # the rank's: its open traces and FLOP counters, its Meter
         # (kind, chunk) -> (trace rows, bytes kept after it, bytes above the start at its peak, its products:
         # a spmdsim.flops.FlopCounter)
         self.seen: dict = {}
@@ -581,20 +599,21 @@ class _DryCells:
         if seen is None:
             return False
         rows, _, transient, _ = seen
-        context = current()
+        context = self.context
         for trace in context.traces:
             trace.repeat(rows)
         if context.flops:  # the FLOP counters open on this rank: added at `flush`
             self.repeats[key] = self.repeats.get(key, 0) + 1
         meter = context.meter
-        meter.peak = max(meter.peak, meter.held + transient)
+        if meter.held + transient > meter.peak:
+            meter.peak = meter.held + transient
         return True
 
     def output(self, key: tuple) -> _Stand:
         """The stand-in of a repeated forward's output, holding the first such forward's kept bytes while it
         lives."""
         out = _Stand(self.blocks.zeros(self.local_shape))
-        current().meter.count(out, self.seen[key][1])
+        self.context.meter.count(out, self.seen[key][1])
         return out
 
 
@@ -607,10 +626,12 @@ class _DryBlocks:
     as spmdsim.buffers.empty places a dry run's block, `zeros` as lazy_zeros places it; a block below the
     size lazy_zeros maps is theirs."""
 
-    __slots__ = ("_maps",)
+    __slots__ = ("_maps", "_empty", "_zeros")
 
     def __init__(self) -> None:
         self._maps: dict = {}  # bytes -> the mapping under that size's blocks, or None (numpy's own zeros)
+        self._empty: dict = {}  # shape -> the mapping `empty` places its blocks of that shape on, or None
+        self._zeros: dict = {}  # the same for `zeros`
 
     def _map(self, nbytes: int) -> Any:
         if nbytes not in self._maps:
@@ -621,14 +642,18 @@ class _DryBlocks:
         return self._maps[nbytes]
 
     def empty(self, shape: tuple) -> np.ndarray:
-        nbytes = 8 * math.prod(shape)
-        mapping = self._map(nbytes + buffers.PAGE) if nbytes >= buffers.MIN_BYTES else None
+        mapping = self._empty.get(shape, False)
+        if mapping is False:
+            nbytes = 8 * math.prod(shape)
+            mapping = self._empty[shape] = self._map(nbytes + buffers.PAGE) if nbytes >= buffers.MIN_BYTES else None
         if mapping is None:
             return buffers.empty(shape, np.float64)
         return np.ndarray(shape, np.float64, mapping, buffers.PAGE_OFFSET)
 
     def zeros(self, shape: tuple) -> np.ndarray:
-        mapping = self._map(8 * math.prod(shape))
+        mapping = self._zeros.get(shape, False)
+        if mapping is False:
+            mapping = self._zeros[shape] = self._map(8 * math.prod(shape))
         if mapping is None:
             return buffers.lazy_zeros(shape, np.float64)
         return np.ndarray(shape, np.float64, mapping)

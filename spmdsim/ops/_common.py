@@ -147,7 +147,7 @@ def dry_zeros(mesh: Any, shape: tuple, dtype: Any, fn: Any, *args: Any) -> Optio
     dtype = np.dtype(dtype)
     if math.prod(shape) * dtype.itemsize < DRY_ZEROS_BYTES:
         return None
-    return mesh.engine.local(fn, np.broadcast_to(np.zeros((), dtype), shape), *args)
+    return mesh.engine.local(fn, buffers.broadcast_zero(shape, dtype), *args)
 
 
 _RESULT_DTYPES: dict = {}

@@ -67,12 +67,26 @@ def check_memory(comm: Any, what: str, need_of: Callable[[tuple], Need], shape: 
 
 def check_seeded(comm: Any, layout: Any, seeded: Any) -> None:
     """Refuse a `DTensor.from_seeded` shard that the generator cannot index or the rank cannot hold."""
-    span = math.prod(max(1, n) for n in seeded.shape) * np.dtype(seeded.dtype).itemsize
-    if span >= 1 << 63:
-        # numpy sizes arrays (empty dims counted as 1) and the generator numbers elements
-        # in 64-bit integers: past that they would fail or wrap.
-        raise ShapeError(f"seeded tensor of shape {seeded.shape!r} is too large to index: numpy and the "
-                         "generator address it in 64-bit integers; expected the product of its sizes "
-                         "(empty dims counted as 1) times the item size below 2**63")
-    check_memory(comm, f"a {seeded.dtype} tensor of shape {seeded.shape!r} under {layout}",
-                 lambda s: seeded_need(layout, s, seeded.dtype), seeded.shape, layout.shards_per_dim)
+    key = (layout, seeded.shape, seeded.dtype)
+    total = _SEEDED.get(key)
+    if total is None:
+        span = math.prod(max(1, n) for n in seeded.shape) * np.dtype(seeded.dtype).itemsize
+        if span >= 1 << 63:
+            # numpy sizes arrays (empty dims counted as 1) and the generator numbers elements
+            # in 64-bit integers: past that they would fail or wrap.
+            raise ShapeError(f"seeded tensor of shape {seeded.shape!r} is too large to index: numpy and the "
+                             "generator address it in 64-bit integers; expected the product of its sizes "
+                             "(empty dims counted as 1) times the item size below 2**63")
+        total = seeded_need(layout, seeded.shape, seeded.dtype).total
+        if len(_SEEDED) >= 4096:  # a long run over many shapes: start over
+            _SEEDED.clear()
+        _SEEDED[key] = total
+    budget = agreed_budget(comm)
+    if budget is not None and total > budget.bytes:  # the refusal, with its message
+        check_memory(comm, f"a {seeded.dtype} tensor of shape {seeded.shape!r} under {layout}",
+                     lambda s: seeded_need(layout, s, seeded.dtype), seeded.shape, layout.shards_per_dim)
+
+
+#: seeded_need's total by (layout, shape, dtype), for shards whose index span passed: each parameter of a model
+#: is checked on every rank (and a dry run's every representative) alike, ~25 us a check worked out anew.
+_SEEDED: dict = {}

@@ -37,7 +37,7 @@ from .layers import Collective
 from .mesh import Mesh, normalize_axes
 from .replay import CAPTURES, capturing, kernel, unrecorded
 from ..context import current as _context
-from .trace import record, record_call, record_to
+from .trace import fold_to, record, record_call, record_to
 
 _empty = buffers.empty  # placed in the page for MPI's copies (spmdsim.buffers)
 _ndarray = np.ndarray
@@ -144,7 +144,8 @@ def point_to_point(mesh: Mesh, comm: Any, axes: Any, receives: list, sends: list
     for: `receives` as (buffer, source, tag), `sends` as (buffer, dest, tag), receives posted first. A
     pipeline's activations and gradients between stages (spmdsim.gpt.pipeline). Waited politely on a
     polite mesh, watched with SPMDSIM_WATCHDOG (a schedule that deadlocks anyway ends the job with the
-    watchdog's report); one trace row ("send", "recv" or "sendrecv") with the bytes each way. Not
+    watchdog's report); one trace row ("send", "recv" or "sendrecv") with the bytes each way (on a dry
+    engine, one more count of an earlier group's row that differs in its times alone: Trace.fold). Not
     numbered as a collective: the stages of a pipeline make different numbers of them. One recorded call
     when a rank captures a step (spmdsim.runtime.replay): a replay posts the same messages on the same
     buffers again, bound to them at the capture where the engine can (MPI's persistent requests, `bound`:
@@ -177,7 +178,9 @@ def point_to_point(mesh: Mesh, comm: Any, axes: Any, receives: list, sends: list
     if traces:
         ended = perf_counter()
         op, axes, size, sent, received, peers = known
-        record_to(traces, op, axes, size, sent, received, ended - t0, label, 0, ended, peers)
+        # A dry run's groups of one description fold into one row each (their times are the dry engine's).
+        (fold_to if engine.dry else record_to)(traces, op, axes, size, sent, received, ended - t0, label, 0,
+                                               ended, peers)
 
 
 def wait_requests(comm: Any, requests: list, wait: Any = None) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 from ..context import current as _context
 from ..engines.trace import Trace, TraceEntry
 
-__all__ = ["TraceEntry", "Trace", "collect_trace", "record", "record_to", "open_traces"]
+__all__ = ["TraceEntry", "Trace", "collect_trace", "record", "record_to", "fold_to", "open_traces"]
 
 
 def open_traces() -> list:
@@ -57,6 +57,16 @@ def record_to(traces: list, op: str, axes: tuple[str, ...], group_size: int, sen
     row = (op, axes, group_size, sent, received, seconds, label, copied, ended, peers)
     for trace in traces:
         trace._rows.append(row)
+
+
+def fold_to(traces: list, op: str, axes: tuple[str, ...], group_size: int, sent: int, received: int,
+            seconds: float, label: str | None, copied: int, ended: float, peers: int) -> None:
+    """`record_to`'s entry, folded into an equal one of each trace that differs in its times alone
+    (engines.trace.Trace.fold: a dry run's)."""
+    row = (op, axes, group_size, sent, received, seconds, label, copied, ended, peers)
+    key = (op, axes, group_size, sent, received, label, copied, peers)
+    for trace in traces:
+        trace.fold(row, key)
 
 
 def record_call(traces: list, op: str, axes: Any, group_size: int, nbytes: Any, seconds: float,
