@@ -145,3 +145,73 @@ def test_an_eager_step_calls_none_of_the_helpers_it_has_cut():
     nodes = calls[("autograd/graph.py", "record")]
     prepared = calls.get(("autograd/engine.py", "_prepared"), 0)
     assert nodes > 20 and prepared < nodes / 2, (nodes, prepared)
+
+
+@pytest.mark.parametrize("b_map", [(None, "tp"), ("dp", None), (None,)], ids=["moved", "same", "broadcast"])
+def test_a_repeated_pointwise_call_takes_its_prepared_path(b_map):
+    """A pointwise call with the layout objects, shapes and dtypes of an earlier one (spmdsim.ops.pointwise's
+    prepared call) plans, checks and builds nothing again: no `_operands`, `decided`, `make_dtensor` or
+    `record` frame (a moved operand's redistribution records its own node), and the same result, layout, graph node and gradients as the first call; an operand in
+    another layout, or of another shape, prepares again (and is right)."""
+    import numpy as np
+
+    from spmdsim import ops
+
+    rng = np.random.default_rng(3)
+    ga = rng.standard_normal((4, 6))
+    gb = rng.standard_normal((4, 6)[-len(b_map):])
+    watched = {"_operands", "decided", "make_dtensor", "record"}
+    callers = {"pointwise", "record_pointwise", "_prepare", "__init__"}  # not a moved operand's own record
+
+    def watched_calls(f):
+        """(the watched frames pointwise runs in `f()`, its result)."""
+        calls: list = []
+
+        def hook(frame, event, arg):
+            if event == "call" and frame.f_code.co_name in watched and frame.f_back.f_code.co_name in callers:
+                calls.append(frame.f_code.co_name)
+
+        sys.setprofile(hook)
+        try:
+            return calls, f()
+        finally:
+            sys.setprofile(None)
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
+        a = DTensor.from_global(mesh, ga, mesh.layout("dp", None)).requires_grad_()
+        b = DTensor.from_global(mesh, gb, mesh.layout(*b_map)).requires_grad_()
+
+        def run():
+            calls, z = watched_calls(lambda: a * b)
+            node = z._ag
+            z.sum().backward()
+            grads = a.grad.gather(), b.grad.gather()
+            a._ag.grad = b._ag.grad = None  # the next call's gradients, not added to these
+            return calls, z, node, grads
+
+        first, second = run(), run()
+        # A shape, and a layout, the prepared calls have not seen: prepared again.
+        c = DTensor.from_global(mesh, ga[:2], mesh.layout("dp", None))
+        a2 = DTensor.from_global(mesh, ga, mesh.layout(None, "tp"))
+        calls, (d, e) = watched_calls(lambda: (c + c, a2 * b))
+        out = (first[0], first[1].gather(), first[1].layout, first[2], first[3], second[0], second[1].gather(),
+               second[1].layout, second[2], second[3], calls, d.gather(), e.gather())
+        mesh.close()
+        return out
+
+    (calls1, z1, layout1, node1, grads1, calls2, z2, layout2, node2, grads2, calls3, d,
+     e) = spmdsim.simulate(4, body)[0]
+    assert "_operands" in calls1 and "decided" in calls1
+    assert calls2 == []
+    assert np.array_equal(z2, z1) and np.array_equal(z1, ga * gb)
+    assert layout2 is layout1
+    assert (node2.name, node2.want, node2.reads, node2.kind, node2.low) == (
+        node1.name, node1.want, node1.reads, node1.kind, node1.low)
+    assert [x.layout for x in node2.inputs] == [x.layout for x in node1.inputs]
+    for g2, g1 in zip(grads2, grads1):
+        assert np.array_equal(g2, g1)
+    assert np.array_equal(grads1[0], np.broadcast_to(gb, ga.shape))
+    assert np.array_equal(grads1[1], ga if gb.ndim == 2 else ga.sum(axis=0))
+    assert calls3.count("_operands") == 2 and calls3.count("decided") == 2
+    assert np.array_equal(d, ga[:2] + ga[:2]) and np.array_equal(e, z1)
