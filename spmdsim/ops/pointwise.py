@@ -11,6 +11,7 @@ replicated 0-d operands. ``DTensor``'s ``+ - * / ** -x`` call these.
 from __future__ import annotations
 
 import numbers
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
@@ -21,7 +22,6 @@ from ..activations import sigmoid as _sigmoid
 from ..autograd.graph import record
 from ..autograd.kept import shell
 from ..autograd.rules.grads import grad_tensor
-from ..autograd.graph import with_partial
 from ..autograd.rules.pointwise import DERIVATIVES, LOUD, quiet, record_pointwise
 from ..errors import OperatorError
 from ..flops import any_open, sweep
@@ -29,8 +29,7 @@ from ..infer.pointwise import infer_pointwise
 from ..precision import rounded, wide
 from ..validate import dtype_arg
 from . import _common
-from ._common import (_PLAIN_DTYPES, DTYPE, LAYOUT, LOCAL, SHAPE, _ints, decided, describe, dry_zeros, make_dtensor,
-                      result_dtype)
+from ._common import LOCAL, Prepared, describe, dry_zeros, make_dtensor, prepare, prepared_result, result_dtype, signature
 
 __all__ = ["add", "sub", "mul", "div", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "pow", "neg",
            "abs", "sigmoid", "silu", "sin", "cos", "square", "rsqrt", "clip", "erf", "equal", "not_equal", "lift",
@@ -98,21 +97,19 @@ def _operands(op: str, args: tuple) -> tuple[Any, list]:
 def pointwise(op: str, *args: Any) -> Any:
     """Run elementwise `op` on DTensors and numbers with numpy broadcasting (see the module docstring).
 
-    What the call decides (the plan, the result's layout, shape and dtype, which operands move, the graph
-    node's layouts) is a `_Prepared`, made by `_prepare` and, for DTensor operands, kept per call signature
-    (`_signature`: op and the operands' layout objects, global shapes and dtypes): a step's repeated call
-    finds it with one tuple and one lookup, then runs the kernel and builds its result and its node
-    directly. Only operands holding numbers (lifted to DTensors each call) prepare every time.
+    What the call decides is a `_Prepared` (spmdsim.ops._common.Prepared), kept per call signature of
+    DTensor operands: a repeated call runs the kernel and builds its result and node directly. Operands
+    holding numbers (lifted to DTensors on each call) prepare every time.
     """
     try:
-        key = _signature(op, args)
-    except AttributeError:  # a number among the operands (or something that is no DTensor: _operands says)
-        key = None
-    prepared = _PREPARED.get(key)
+        key = signature(op, args)
+        prepared = _PREPARED.get(key)
+    except (AttributeError, TypeError):  # a number among the operands (or what no DTensor is: _operands says)
+        key = prepared = None
     if prepared is None:
         mesh, xs = _operands(op, args)
-        prepared = _prepare(op, xs, key)
-    else:  # the same layout objects, shapes and dtypes as a call that passed _operands (see _Prepared)
+        prepared = prepare(_PREPARED, partial(_Prepared, op), xs, key)
+    else:  # the same layout objects, shapes and dtypes as a call that passed _operands
         mesh, xs = args[0]._mesh, args
     if not prepared.stays:
         xs = [x if kept else _redistributed(x, t) for x, t, kept in zip(xs, prepared.plan.targets, prepared.stay)]
@@ -120,7 +117,7 @@ def pointwise(op: str, *args: Any) -> Any:
     locals_ = list(map(LOCAL, xs))
     block = _dry_block(mesh, forward, locals_) if mesh.engine.dry else None
     if block is None:
-        if prepared.low:  # bfloat16: computed in float32, rounded once (spmdsim.precision)
+        if prepared.dtype_name == "bfloat16":  # computed in float32, rounded once (spmdsim.precision)
             with quiet(op, divide="ignore", invalid="ignore", over="ignore"):
                 block = rounded(forward(*[wide(b) for b in locals_]), prepared.dtype)
         elif op in LOUD:  # `quiet`'s errstate, for the ops that warn on finite operands
@@ -130,13 +127,7 @@ def pointwise(op: str, *args: Any) -> Any:
             block = forward(*locals_)
     if any_open():  # one fused pass (spmdsim.flops): its operands read, its result written
         sweep(op, locals_, (block,))
-    if type(block) is np.ndarray and block.shape == prepared.block and block.flags.c_contiguous:
-        # What make_dtensor would check, passed before for this layout and shape (see _Prepared).
-        out = _common._DTENSOR._trusted(mesh, block, prepared.out, prepared.shape)
-    else:
-        out = make_dtensor(mesh, block, prepared.out, prepared.shape)
-        if type(block) is np.ndarray and out._local.dtype in _PLAIN_DTYPES and type(mesh) is _common._MESH:
-            prepared.block = out._local.shape
+    out = prepared_result(mesh, block, prepared)
     if prepared.derivative is not None:  # not a comparison
         for x in xs:
             if x._ag is not None:
@@ -145,61 +136,17 @@ def pointwise(op: str, *args: Any) -> Any:
     return out
 
 
-def _signature(op: str, args: tuple) -> tuple:
-    """The key of `_PREPARED` for DTensor operands: op, the ids of their layout objects, their global shapes
-    and their dtypes (one flat tuple, built in C for the usual one or two operands); AttributeError when an
-    operand is not a DTensor."""
-    if len(args) == 2:
-        a, b = args
-        return op, id(a._layout), id(b._layout), a._shape, b._shape, a._local.dtype, b._local.dtype
-    if len(args) == 1:
-        a = args[0]
-        return op, id(a._layout), a._shape, a._local.dtype
-    return (op,) + tuple(map(id, map(LAYOUT, args))) + tuple(map(SHAPE, args)) + tuple(map(DTYPE, args))
+class _Prepared(Prepared):
+    """A pointwise call's `Prepared`, with its op's derivative (None: a comparison, which records nothing)."""
 
-
-class _Prepared:
-    """What `pointwise` decides for one call signature, the same on every rank and every call: a pure
-    function of the key (op, the operands' layouts, global shapes and dtypes), so one table serves every
-    simulation (DESIGN section 3), bounded.
-
-    It holds the operands' layouts (`layouts`): an id in its key is never another object's while it
-    lives, and a call with the same layout objects passed `_operands` before (its operands then shared a
-    mesh's device matrix, which their layouts name). `block` is the last result block shape that
-    make_dtensor checked for (`out`, `shape`), None until then: a block of that shape passes without its
-    checks again (the checks' cache in make_dtensor, ``_CHECKED``, keeps the same answer).
-    """
-
-    __slots__ = ("layouts", "plan", "dtype", "low", "stay", "stays", "out", "shape", "derivative", "want", "reads",
-                 "block")
+    __slots__ = ("derivative",)
 
     def __init__(self, op: str, layouts: tuple, shapes: tuple, dtypes: tuple) -> None:
-        plan, dtype, name, stay = decided(infer_pointwise, op, layouts, shapes, dtypes)
-        self.layouts, self.plan, self.dtype, self.low = layouts, plan, dtype, name == "bfloat16"
-        self.stay, self.stays = stay, all(stay)
-        self.out, self.shape = plan.out, plan.shape
-        self.derivative = DERIVATIVES.get(op)  # None: a comparison, which records nothing
-        self.want = with_partial(plan.out, ())
-        # The node's read layouts: each operand's as the kernel reads it (its own, or the one it moves to),
-        # then the result's.
-        self.reads = tuple(layout if kept else target
-                           for layout, target, kept in zip(layouts, plan.targets, stay)) + (plan.out,)
-        self.block = None
+        super().__init__(infer_pointwise, op, layouts, shapes, dtypes, "out")
+        self.derivative = DERIVATIVES.get(op)
 
 
-def _prepare(op: str, xs: list, key: Any) -> _Prepared:
-    """A `_Prepared` for operands `xs` (DTensors on one mesh), kept under `key` unless it is None (a lifted
-    number among them) or a size is not a Python int (16.0 finds 16's entry)."""
-    shapes = tuple(map(SHAPE, xs))
-    out = _Prepared(op, tuple(map(LAYOUT, xs)), shapes, tuple(map(DTYPE, xs)))
-    if key is not None and all(_ints(shape) for shape in shapes):
-        if len(_PREPARED) >= 4096:  # a long run over many shapes: start over
-            _PREPARED.clear()
-        _PREPARED[key] = out
-    return out
-
-
-_PREPARED: dict = {}  # _signature -> _Prepared (see _Prepared)
+_PREPARED: dict = {}  # signature -> _Prepared (spmdsim.ops._common.Prepared)
 
 
 def astype(x: Any, dtype: Any) -> Any:
