@@ -172,8 +172,9 @@ def _watched_calls(f):
 def test_a_repeated_pointwise_call_takes_its_prepared_path(b_map):
     """A pointwise call with the layout objects, shapes and dtypes of an earlier one (spmdsim.ops.pointwise's
     prepared call) plans, checks and builds nothing again: no `_operands`, `decided`, `make_dtensor` or
-    `record` frame (a moved operand's redistribution records its own node), and the same result, layout, graph node and gradients as the first call; an operand in
-    another layout, or of another shape, prepares again (and is right)."""
+    `record` frame (a moved operand's redistribution records its own node), and the same result, layout,
+    graph node and gradients as the first call; an operand in another layout, or of another shape, prepares
+    again (and is right)."""
     import numpy as np
 
     from spmdsim import ops

@@ -29,7 +29,8 @@ from ..infer.pointwise import infer_pointwise
 from ..precision import rounded, wide
 from ..validate import dtype_arg
 from . import _common
-from ._common import LOCAL, Prepared, describe, dry_zeros, make_dtensor, prepare, prepared_result, result_dtype, signature
+from ._common import (LOCAL, Prepared, describe, dry_zeros, make_dtensor, prepare, prepared_result, result_dtype,
+                      signature)
 
 __all__ = ["add", "sub", "mul", "div", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "pow", "neg",
            "abs", "sigmoid", "silu", "sin", "cos", "square", "rsqrt", "clip", "erf", "equal", "not_equal", "lift",
