@@ -145,3 +145,116 @@ def test_an_eager_step_calls_none_of_the_helpers_it_has_cut():
     nodes = calls[("autograd/graph.py", "record")]
     prepared = calls.get(("autograd/engine.py", "_prepared"), 0)
     assert nodes > 20 and prepared < nodes / 2, (nodes, prepared)
+
+
+# The frames a repeated operator call must not run (`_watched_calls`), counted only when the operator's own code
+# calls them (not a moved operand's redistribution, which records its node).
+_WATCHED = {"_operands", "decided", "make_dtensor", "record"}
+_CALLERS = {"pointwise", "record_pointwise", "einsum", "record_einsum", "prepare", "__init__"}
+
+
+def _watched_calls(f):
+    """(the `_WATCHED` frames an operator runs in `f()`, its result)."""
+    calls: list = []
+
+    def hook(frame, event, arg):
+        if event == "call" and frame.f_code.co_name in _WATCHED and frame.f_back.f_code.co_name in _CALLERS:
+            calls.append(frame.f_code.co_name)
+
+    sys.setprofile(hook)
+    try:
+        return calls, f()
+    finally:
+        sys.setprofile(None)
+
+
+@pytest.mark.parametrize("b_map", [(None, "tp"), ("dp", None), (None,)], ids=["moved", "same", "broadcast"])
+def test_a_repeated_pointwise_call_takes_its_prepared_path(b_map):
+    """A pointwise call with the layout objects, shapes and dtypes of an earlier one (spmdsim.ops.pointwise's
+    prepared call) plans, checks and builds nothing again: no `_operands`, `decided`, `make_dtensor` or
+    `record` frame (a moved operand's redistribution records its own node), and the same result, layout,
+    graph node and gradients as the first call; an operand in another layout, or of another shape, prepares
+    again (and is right)."""
+    import numpy as np
+
+    from spmdsim import ops
+
+    rng = np.random.default_rng(3)
+    ga = rng.standard_normal((4, 6))
+    gb = rng.standard_normal((4, 6)[-len(b_map):])
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
+        a = DTensor.from_global(mesh, ga, mesh.layout("dp", None)).requires_grad_()
+        b = DTensor.from_global(mesh, gb, mesh.layout(*b_map)).requires_grad_()
+
+        def run():
+            calls, z = _watched_calls(lambda: a * b)
+            node = z._ag
+            z.sum().backward()
+            grads = a.grad.gather(), b.grad.gather()
+            a._ag.grad = b._ag.grad = None  # the next call's gradients, not added to these
+            return calls, z, node, grads
+
+        first, second = run(), run()
+        # A shape, and a layout, the prepared calls have not seen: prepared again.
+        c = DTensor.from_global(mesh, ga[:2], mesh.layout("dp", None))
+        a2 = DTensor.from_global(mesh, ga, mesh.layout(None, "tp"))
+        calls, (d, e) = _watched_calls(lambda: (c + c, a2 * b))
+        out = (first[0], first[1].gather(), first[1].layout, first[2], first[3], second[0], second[1].gather(),
+               second[1].layout, second[2], second[3], calls, d.gather(), e.gather())
+        mesh.close()
+        return out
+
+    (calls1, z1, layout1, node1, grads1, calls2, z2, layout2, node2, grads2, calls3, d,
+     e) = spmdsim.simulate(4, body)[0]
+    assert "_operands" in calls1 and "decided" in calls1
+    assert calls2 == []
+    assert np.array_equal(z2, z1) and np.array_equal(z1, ga * gb)
+    assert layout2 is layout1
+    assert (node2.name, node2.want, node2.reads, node2.kind, node2.low) == (
+        node1.name, node1.want, node1.reads, node1.kind, node1.low)
+    assert [x.layout for x in node2.inputs] == [x.layout for x in node1.inputs]
+    for g2, g1 in zip(grads2, grads1):
+        assert np.array_equal(g2, g1)
+    assert np.array_equal(grads1[0], np.broadcast_to(gb, ga.shape))
+    assert np.array_equal(grads1[1], ga if gb.ndim == 2 else ga.sum(axis=0))
+    assert calls3.count("_operands") == 2 and calls3.count("decided") == 2
+    assert np.array_equal(d, ga[:2] + ga[:2]) and np.array_equal(e, z1)
+
+
+def test_a_repeated_einsum_takes_its_prepared_path():
+    """As pointwise's: a repeated einsum (ops.einsum) plans, checks and builds nothing again, with the first
+    call's result, layout, node and gradients; an operand of another shape prepares again."""
+    import numpy as np
+
+    from spmdsim import ops
+
+    rng = np.random.default_rng(5)
+    gx, gw = rng.standard_normal((4, 3, 8)), rng.standard_normal((8, 6))
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
+        x = DTensor.from_global(mesh, gx, mesh.layout("dp", None, "tp")).requires_grad_()
+        w = DTensor.from_global(mesh, gw, mesh.layout("tp", None)).requires_grad_()
+        runs = []
+        for _ in range(2):
+            calls, y = _watched_calls(lambda: ops.einsum("tbd,de->tbe", x, w))
+            node = y._ag
+            y.sum().backward()
+            runs.append((calls, y.gather(), y.layout, (node.name, node.want, node.reads), x.grad.gather(),
+                         w.grad.gather()))
+            x._ag.grad = w._ag.grad = None
+        v = DTensor.from_global(mesh, gx[:2], mesh.layout("dp", None, "tp"))
+        calls, z = _watched_calls(lambda: ops.einsum("tbd,de->tbe", v, w))
+        out = runs, calls, z.gather()
+        mesh.close()
+        return out
+
+    ((calls1, y1, layout1, node1, gx1, gw1), (calls2, y2, layout2, node2, gx2, gw2)), calls, z = \
+        spmdsim.simulate(4, body)[0]
+    assert "decided" in calls1 and calls2 == []
+    assert np.allclose(y1, np.einsum("tbd,de->tbe", gx, gw))
+    assert layout2 is layout1 and node2 == node1
+    assert np.array_equal(y2, y1) and np.array_equal(gx2, gx1) and np.array_equal(gw2, gw1)
+    assert calls.count("decided") == 1 and np.allclose(z, np.einsum("tbd,de->tbe", gx[:2], gw))

@@ -18,7 +18,7 @@ from ..errors import OperatorError
 from ..precision import is_low
 from ..layout import TensorLayout
 
-__all__ = ["Leaf", "Node", "record", "no_grad", "is_grad_enabled", "requires_grad_", "used_axes",
+__all__ = ["Leaf", "Node", "record", "attach", "no_grad", "is_grad_enabled", "requires_grad_", "used_axes",
            "with_partial", "kept_as", "enable_grad"]
 
 
@@ -173,10 +173,20 @@ def record(out: Any, name: str | Callable[[], str], inputs: Sequence[Any], backw
     for t in reads:
         if t is not None:
             layouts.append(t if type(t) is TensorLayout else t.layout)
+    return attach(out, name, tuple(inputs), backward, want, tuple(layouts))
+
+
+def attach(out: Any, name: str | Callable[[], str], inputs: tuple, backward: Callable, want: Any,
+           reads: tuple) -> Any:
+    """`record` for a caller that knows its node's read layouts (`reads`, a tuple of TensorLayouts, not
+    tensors) and gives `inputs` as a tuple: an operator's prepared call (spmdsim.ops.pointwise), which
+    works them out once per call signature, not on every call. Attaches nothing inside ``no_grad()``."""
+    if not _Mode.enabled:
+        return out
     dtype = out._local.dtype
     # Node's fields set here, as Node() sets them, without its __init__'s frame (a node per operator).
     node = _new_node(Node)
-    node.name, node.inputs, node.backward, node.want, node.reads = name, tuple(inputs), backward, want, tuple(layouts)
+    node.name, node.inputs, node.backward, node.want, node.reads = name, inputs, backward, want, reads
     node.kind = _Mode.kind
     node.low = dtype if dtype.kind == "V" and is_low(dtype) else None
     out._ag = node

@@ -18,6 +18,7 @@ from ..validate import as_int, dtype_name
 from ..context import current as _context
 from ..engines.base import DRY_VALUES_BYTES
 from ..flops import gemm
+from ..autograd.graph import with_partial
 
 _DTENSOR: Any = None  # runtime.DTensor, bound by _dtensor_class on first use
 _MESH: Any = None  # runtime.Mesh, bound with it
@@ -81,6 +82,71 @@ def decided(infer: Any, name: str, layouts: tuple, shapes: tuple, dtypes: tuple)
 
 # (planner, op, ids of the operands' layouts, global shapes, dtypes) -> (those layouts, decided's answer)
 _DECIDED: dict = {}
+
+
+def signature(name: str, xs: tuple) -> tuple:
+    """An operator call's key in its table of `Prepared` calls: `name` (an op or an einsum spec), the ids of
+    the operands' layout objects, their global shapes and their dtypes, one flat tuple (built in C for the
+    usual one or two operands); AttributeError when an operand is not a DTensor."""
+    if len(xs) == 2:
+        a, b = xs
+        return name, id(a._layout), id(b._layout), a._shape, b._shape, a._local.dtype, b._local.dtype
+    if len(xs) == 1:
+        a = xs[0]
+        return name, id(a._layout), a._shape, a._local.dtype
+    return (name,) + tuple(map(id, map(LAYOUT, xs))) + tuple(map(SHAPE, xs)) + tuple(map(DTYPE, xs))
+
+
+class Prepared:
+    """What an operator planned by `decided` decides for one call signature (`signature`), the same on
+    every rank and every call: a pure function of the key, so one table per operator serves every
+    simulation (DESIGN section 3), bounded (`prepare`). A repeated call finds it with one tuple and one
+    lookup and builds its result (`prepared_result`) and its graph node (``graph.attach``, with `want` and
+    `reads`) without planning, checking or gathering layouts again.
+
+    It holds the operands' layouts (`layouts`), so an id in its key is never another object's while it
+    lives, and a call with the same layout objects passed the operator's checks before (its operands
+    shared a mesh's device matrix, which their layouts name). `out` and `shape` are the result's layout
+    (`result`: the plan's attribute naming it) and global shape; `reads` the node's read layouts (each
+    operand's as the kernel reads it, its own or the one it moves to, then the result's); `block` the last
+    result block shape make_dtensor checked for them, None until then: a block of that shape passes
+    without its checks again (as make_dtensor's own ``_CHECKED`` would let it).
+    """
+
+    __slots__ = ("layouts", "plan", "dtype", "dtype_name", "stay", "stays", "out", "shape", "want", "reads", "block")
+
+    def __init__(self, infer: Any, name: str, layouts: tuple, shapes: tuple, dtypes: tuple, result: str) -> None:
+        plan, self.dtype, self.dtype_name, stay = decided(infer, name, layouts, shapes, dtypes)
+        self.layouts, self.plan, self.stay, self.stays = layouts, plan, stay, all(stay)
+        self.out, self.shape = getattr(plan, result), plan.shape
+        self.want = with_partial(self.out, ())
+        self.reads = tuple(layout if kept else target
+                           for layout, target, kept in zip(layouts, plan.targets, stay)) + (self.out,)
+        self.block = None
+
+
+def prepare(table: dict, make: Any, xs: Any, key: Any) -> Any:
+    """``make(layouts, shapes, dtypes)`` of operands `xs` (checked DTensors), a `Prepared`, kept in `table`
+    under `key` unless it is None (an operand the operator made itself, a lifted number) or a size is not a
+    Python int (16.0 finds 16's entry)."""
+    shapes = tuple(map(SHAPE, xs))
+    out = make(tuple(map(LAYOUT, xs)), shapes, tuple(map(DTYPE, xs)))
+    if key is not None and all(_ints(shape) for shape in shapes):
+        if len(table) >= 4096:  # a long run over many shapes: start over
+            table.clear()
+        table[key] = out
+    return out
+
+
+def prepared_result(mesh: Any, block: Any, prepared: Prepared) -> Any:
+    """The result DTensor of a `Prepared` call: `block` under its layout and shape, checked by make_dtensor
+    unless a block of its shape passed those checks before."""
+    if type(block) is np.ndarray and block.shape == prepared.block and block.flags.c_contiguous:
+        return _DTENSOR._trusted(mesh, block, prepared.out, prepared.shape)
+    out = make_dtensor(mesh, block, prepared.out, prepared.shape)
+    if type(block) is np.ndarray and out._local.dtype in _PLAIN_DTYPES and type(mesh) is _MESH:
+        prepared.block = out._local.shape
+    return out
 
 
 def _ints(shape: tuple) -> bool:

@@ -13,6 +13,7 @@ dY with the other operands, pending over the axes of the letters it sums over
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from ..autograd.rules.einsum import record_einsum
@@ -21,32 +22,43 @@ from ..errors import OperatorError
 from ..infer.einsum import infer_einsum
 from ..precision import rounded
 from . import _common
-from ._common import DTYPE, LAYOUT, LOCAL, SHAPE, check_dtensor, decided, make_dtensor
+from ._common import LOCAL, Prepared, check_dtensor, prepare, prepared_result, signature
 
 __all__ = ["einsum"]
 
 
 def einsum(spec: str, *xs: Any) -> Any:
-    """Einstein summation over DTensors, like ``numpy.einsum`` (one '...' per operand allowed)."""
-    cls = _common._DTENSOR or _common._dtensor_class()
-    for k, x in enumerate(xs):
-        if type(x) is not cls:
-            check_dtensor(x, f"einsum: operand {k}")
-    if not xs:
-        raise OperatorError("einsum needs at least one operand")
-    plan, dtype, _, stay = decided(infer_einsum, spec, tuple(map(LAYOUT, xs)),
-                                   tuple(map(SHAPE, xs)), tuple(map(DTYPE, xs)))
-    if not all(stay):
-        xs = tuple(x if kept else _redistributed(x, t) for x, t, kept in zip(xs, plan.targets, stay))
-    words = plan.spec.inputs
-    block = contract(words, list(map(LOCAL, xs)), plan.spec.output)
-    if block.dtype != dtype and not plan.local.partial:  # bfloat16 operands: a float32 product, rounded once
-        block = rounded(block, dtype)  # (a pending sum stays float32 until the collective that sums it)
-    out = make_dtensor(xs[0].mesh, block, plan.local, plan.shape)
+    """Einstein summation over DTensors, like ``numpy.einsum`` (one '...' per operand allowed).
+
+    What the call decides is a `Prepared` (spmdsim.ops._common), kept per call signature: a repeated call
+    contracts and builds its result and node directly."""
+    try:
+        key = signature(spec, xs)
+        prepared = _PREPARED.get(key)
+    except (AttributeError, TypeError):  # an operand that is no DTensor, a spec that does not hash: refused below
+        key = prepared = None
+    if prepared is None:
+        cls = _common._DTENSOR or _common._dtensor_class()
+        for k, x in enumerate(xs):
+            if type(x) is not cls:
+                check_dtensor(x, f"einsum: operand {k}")
+        if not xs:
+            raise OperatorError("einsum needs at least one operand")
+        prepared = prepare(_PREPARED, partial(Prepared, infer_einsum, spec, result="local"), xs, key)
+    plan = prepared.plan
+    if not prepared.stays:
+        xs = tuple(x if kept else _redistributed(x, t) for x, t, kept in zip(xs, plan.targets, prepared.stay))
+    block = contract(plan.spec.inputs, list(map(LOCAL, xs)), plan.spec.output)
+    if block.dtype != prepared.dtype and not plan.local.partial:  # bfloat16 operands: a float32 product,
+        block = rounded(block, prepared.dtype)  # rounded once (a pending sum stays float32 until summed)
+    out = prepared_result(xs[0].mesh, block, prepared)
     for x in xs:
         if x._ag is not None:
-            return record_einsum(out, xs, plan)
+            return record_einsum(out, xs, plan, prepared.want, prepared.reads)
     return out
+
+
+_PREPARED: dict = {}  # signature -> Prepared (spmdsim.ops._common)
 
 
 def _redistributed(x: Any, target: Any) -> Any:

@@ -11,6 +11,7 @@ replicated 0-d operands. ``DTensor``'s ``+ - * / ** -x`` call these.
 from __future__ import annotations
 
 import numbers
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
@@ -21,14 +22,15 @@ from ..activations import sigmoid as _sigmoid
 from ..autograd.graph import record
 from ..autograd.kept import shell
 from ..autograd.rules.grads import grad_tensor
-from ..autograd.rules.pointwise import LOUD, quiet, record_pointwise
+from ..autograd.rules.pointwise import DERIVATIVES, LOUD, quiet, record_pointwise
 from ..errors import OperatorError
 from ..flops import any_open, sweep
 from ..infer.pointwise import infer_pointwise
 from ..precision import rounded, wide
 from ..validate import dtype_arg
 from . import _common
-from ._common import DTYPE, LAYOUT, LOCAL, SHAPE, decided, describe, dry_zeros, make_dtensor, result_dtype
+from ._common import (LOCAL, Prepared, describe, dry_zeros, make_dtensor, prepare, prepared_result, result_dtype,
+                      signature)
 
 __all__ = ["add", "sub", "mul", "div", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "pow", "neg",
            "abs", "sigmoid", "silu", "sin", "cos", "square", "rsqrt", "clip", "erf", "equal", "not_equal", "lift",
@@ -94,19 +96,31 @@ def _operands(op: str, args: tuple) -> tuple[Any, list]:
 
 
 def pointwise(op: str, *args: Any) -> Any:
-    """Run elementwise `op` on DTensors and numbers with numpy broadcasting (see the module docstring)."""
-    mesh, xs = _operands(op, args)
-    plan, result, dtype, stay = decided(infer_pointwise, op, tuple(map(LAYOUT, xs)),
-                                   tuple(map(SHAPE, xs)), tuple(map(DTYPE, xs)))
-    if not all(stay):
-        xs = [x if kept else _redistributed(x, t) for x, t, kept in zip(xs, plan.targets, stay)]
+    """Run elementwise `op` on DTensors and numbers with numpy broadcasting (see the module docstring).
+
+    What the call decides is a `_Prepared` (spmdsim.ops._common.Prepared), kept per call signature of
+    DTensor operands: a repeated call runs the kernel and builds its result and node directly. Operands
+    holding numbers (lifted to DTensors on each call) prepare every time.
+    """
+    try:
+        key = signature(op, args)
+        prepared = _PREPARED.get(key)
+    except (AttributeError, TypeError):  # a number among the operands (or what no DTensor is: _operands says)
+        key = prepared = None
+    if prepared is None:
+        mesh, xs = _operands(op, args)
+        prepared = prepare(_PREPARED, partial(_Prepared, op), xs, key)
+    else:  # the same layout objects, shapes and dtypes as a call that passed _operands
+        mesh, xs = args[0]._mesh, args
+    if not prepared.stays:
+        xs = [x if kept else _redistributed(x, t) for x, t, kept in zip(xs, prepared.plan.targets, prepared.stay)]
     forward = _KERNELS[op]
     locals_ = list(map(LOCAL, xs))
     block = _dry_block(mesh, forward, locals_) if mesh.engine.dry else None
     if block is None:
-        if dtype == "bfloat16":  # bfloat16: computed in float32, rounded once (spmdsim.precision)
+        if prepared.dtype_name == "bfloat16":  # computed in float32, rounded once (spmdsim.precision)
             with quiet(op, divide="ignore", invalid="ignore", over="ignore"):
-                block = rounded(forward(*[wide(b) for b in locals_]), result)
+                block = rounded(forward(*[wide(b) for b in locals_]), prepared.dtype)
         elif op in LOUD:  # `quiet`'s errstate, for the ops that warn on finite operands
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                 block = forward(*locals_)
@@ -114,11 +128,26 @@ def pointwise(op: str, *args: Any) -> Any:
             block = forward(*locals_)
     if any_open():  # one fused pass (spmdsim.flops): its operands read, its result written
         sweep(op, locals_, (block,))
-    out = make_dtensor(mesh, block, plan.out, plan.shape)
-    for x in xs:
-        if x._ag is not None:
-            return record_pointwise(op, out, xs, plan)
+    out = prepared_result(mesh, block, prepared)
+    if prepared.derivative is not None:  # not a comparison
+        for x in xs:
+            if x._ag is not None:
+                return record_pointwise(op, out, tuple(xs), prepared.plan, prepared.derivative, prepared.want,
+                                        prepared.reads)
     return out
+
+
+class _Prepared(Prepared):
+    """A pointwise call's `Prepared`, with its op's derivative (None: a comparison, which records nothing)."""
+
+    __slots__ = ("derivative",)
+
+    def __init__(self, op: str, layouts: tuple, shapes: tuple, dtypes: tuple) -> None:
+        super().__init__(infer_pointwise, op, layouts, shapes, dtypes, "out")
+        self.derivative = DERIVATIVES.get(op)
+
+
+_PREPARED: dict = {}  # signature -> _Prepared (spmdsim.ops._common.Prepared)
 
 
 def astype(x: Any, dtype: Any) -> Any:

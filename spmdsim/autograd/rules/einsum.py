@@ -11,16 +11,18 @@ from typing import Any
 import numpy as np
 
 from ...contraction import contract
-from ..graph import record, with_partial
+from ..graph import attach
 from .grads import grad_tensor, needs
 
 __all__ = ["record_einsum"]
 
 
-def record_einsum(out: Any, xs: tuple, plan: Any) -> Any:
-    """The einsum of `xs` (in the plan's layouts) by `plan` (spmdsim.infer.einsum's)."""
+def record_einsum(out: Any, xs: tuple, plan: Any, want: Any, reads: tuple) -> Any:
+    """The einsum of `xs` (a tuple, in the plan's layouts) by `plan` (spmdsim.infer.einsum's): `want` is the
+    product's layout without pending sums (``with_partial(plan.local, ())``), `reads` the node's read layouts
+    (the operands' then the product's), worked out once per call signature by spmdsim.ops.einsum."""
     name, per = _static(plan)
-    return record(out, name, xs, _EinsumGrads(xs, plan.spec.inputs, per), with_partial(plan.local, ()))
+    return attach(out, name, xs, _EinsumGrads(xs, plan.spec.inputs, per), want, reads)
 
 
 class _EinsumGrads:

@@ -18,7 +18,7 @@ import numpy as np
 from ... import activations
 from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
 from ...flops import any_open, sweep
-from ..graph import record, with_partial
+from ..graph import attach, record, with_partial
 from ..kept import shell
 from .grads import axes_of, grad_tensor, gradient_block, needs
 
@@ -179,14 +179,12 @@ def _summed_axes(layout: Any, dims: tuple[int, ...]) -> tuple[str, ...]:
     return out
 
 
-def record_pointwise(op: str, out: Any, xs: list, plan: Any) -> Any:
-    """Elementwise `op` of `xs` (in the plan's layouts) with numpy broadcasting; an op without a
-    derivative (a comparison) records nothing."""
-    derivative = DERIVATIVES.get(op)
-    if derivative is None:
-        return out
-    xs = tuple(xs)
-    return record(out, op, xs, _PointwiseGrads(op, derivative, xs, out, plan), with_partial(plan.out, ()))
+def record_pointwise(op: str, out: Any, xs: tuple, plan: Any, derivative: Callable, want: Any, reads: tuple) -> Any:
+    """Record elementwise `op` of `xs` (a tuple, in the plan's layouts) with numpy broadcasting: `derivative`
+    is ``DERIVATIVES[op]``, `want` the plan's output layout without pending sums (``with_partial(plan.out,
+    ())``), `reads` the node's read layouts (the operands' then the output's), all worked out once per call
+    signature by the operator (spmdsim.ops.pointwise)."""
+    return attach(out, op, xs, _PointwiseGrads(op, derivative, xs, out, plan, needs(xs)), want, reads)
 
 
 class _PointwiseGrads:
@@ -195,9 +193,8 @@ class _PointwiseGrads:
 
     __slots__ = ("op", "derivative", "xs", "out", "plan", "need")
 
-    def __init__(self, op: str, derivative: Callable, xs: tuple, out: Any, plan: Any) -> None:
-        self.op, self.derivative, self.xs, self.out, self.plan = op, derivative, xs, out, plan
-        self.need = needs(xs)
+    def __init__(self, op: str, derivative: Callable, xs: tuple, out: Any, plan: Any, need: tuple) -> None:
+        self.op, self.derivative, self.xs, self.out, self.plan, self.need = op, derivative, xs, out, plan, need
 
     def __call__(self, dy: Any) -> tuple:
         op, derivative, xs, out, plan, need = self.op, self.derivative, self.xs, self.out, self.plan, self.need
