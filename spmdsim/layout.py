@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Iterable, Sequence, Union
+from typing import Any, Callable, Iterable, Sequence, Union
 
 import numpy as np
 
@@ -66,6 +66,22 @@ def format_tensor_map(entries: tuple) -> str:
     # One entry keeps Python's tuple comma: ("x") would read as a string.
     return "(" + ", ".join(format_entry(e) for e in entries) + ("," if len(entries) == 1 else "") + ")"
 
+
+
+def _kept_hash(fields: Callable[[Any], tuple]) -> Callable[[Any], int]:
+    """A frozen class's __hash__ that hashes `fields(self)` once and keeps it in the instance (``_hash``): hashing
+    the nested tuples cost ~0.4 us a lookup, and layouts key every plan, program and mesh table. The kept hash is
+    left out of pickles (each class's __getstate__): str hashes differ between processes."""
+
+    def __hash__(self: Any) -> int:
+        try:
+            return self.__dict__["_hash"]
+        except KeyError:
+            value = hash(fields(self))
+            object.__setattr__(self, "_hash", value)
+            return value
+
+    return __hash__
 
 @dataclass(frozen=True)
 class Layout:
@@ -123,14 +139,8 @@ class Layout:
         return (self.device_matrix == other.device_matrix  # type: ignore[attr-defined]
                 and self.alias_name == other.alias_name and self.cut == other.cut)  # type: ignore[attr-defined]
 
-    # Kept, as TensorLayout's: a Layout keys the meshes', scalars' and plans' tables.
-    def __hash__(self) -> int:
-        try:
-            return self.__dict__["_hash"]
-        except KeyError:
-            value = hash((self.device_matrix, self.alias_name, self.cut))
-            object.__setattr__(self, "_hash", value)
-            return value
+    # A Layout keys the meshes', scalars' and plans' tables.
+    __hash__ = _kept_hash(lambda self: (self.device_matrix, self.alias_name, self.cut))
 
     def __repr__(self) -> str:
         # The default rule is left out, so the repr of an even Layout reads as it always has.
@@ -353,16 +363,8 @@ class TensorLayout:
         return (self.layout == other.layout and self.tensor_map == other.tensor_map  # type: ignore[attr-defined]
                 and self.partial == other.partial)  # type: ignore[attr-defined]
 
-    # TensorLayouts key the plan and program caches of every redistribution;
-    # hashing the nested tuples cost ~0.4 us per lookup, so the hash is kept.
-    # It is left out of pickles: str hashes differ between processes.
-    def __hash__(self) -> int:
-        try:
-            return self.__dict__["_hash"]
-        except KeyError:
-            value = hash((self.layout, self.tensor_map, self.partial))
-            object.__setattr__(self, "_hash", value)
-            return value
+    # TensorLayouts key the plan and program caches of every redistribution.
+    __hash__ = _kept_hash(lambda self: (self.layout, self.tensor_map, self.partial))
 
     def __getstate__(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k not in ("_hash", "_derived", "_shapes")}
