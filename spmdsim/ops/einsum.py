@@ -22,7 +22,7 @@ from ..errors import OperatorError
 from ..infer.einsum import infer_einsum
 from ..precision import rounded
 from . import _common
-from ._common import LOCAL, Prepared, check_dtensor, prepare, prepared_result, signature
+from ._common import LOCAL, Prepared, check_dtensor, moved, prepare, prepared_result, signature
 
 __all__ = ["einsum"]
 
@@ -46,8 +46,7 @@ def einsum(spec: str, *xs: Any) -> Any:
             raise OperatorError("einsum needs at least one operand")
         prepared = prepare(_PREPARED, partial(Prepared, infer_einsum, spec, result="local"), xs, key)
     plan = prepared.plan
-    if not prepared.stays:
-        xs = tuple(x if kept else _redistributed(x, t) for x, t, kept in zip(xs, plan.targets, prepared.stay))
+    xs = moved(xs, prepared)
     block = contract(plan.spec.inputs, list(map(LOCAL, xs)), plan.spec.output)
     if block.dtype != prepared.dtype and not plan.local.partial:  # bfloat16 operands: a float32 product,
         block = rounded(block, prepared.dtype)  # rounded once (a pending sum stays float32 until summed)
@@ -59,10 +58,3 @@ def einsum(spec: str, *xs: Any) -> Any:
 
 
 _PREPARED: dict = {}  # signature -> Prepared (spmdsim.ops._common)
-
-
-def _redistributed(x: Any, target: Any) -> Any:
-    """`x` redistributed to `target` (the import made only when an operand moves: ~2 us a call)."""
-    from ..runtime.executor import redistribute
-
-    return redistribute(x, target)

@@ -29,8 +29,8 @@ from ..infer.pointwise import infer_pointwise
 from ..precision import rounded, wide
 from ..validate import dtype_arg
 from . import _common
-from ._common import (LOCAL, Prepared, describe, dry_zeros, make_dtensor, prepare, prepared_result, result_dtype,
-                      signature)
+from ._common import (LOCAL, Prepared, describe, dry_zeros, make_dtensor, moved, prepare, prepared_result,
+                      result_dtype, signature)
 
 __all__ = ["add", "sub", "mul", "div", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "pow", "neg",
            "abs", "sigmoid", "silu", "sin", "cos", "square", "rsqrt", "clip", "erf", "equal", "not_equal", "lift",
@@ -112,8 +112,7 @@ def pointwise(op: str, *args: Any) -> Any:
         prepared = prepare(_PREPARED, partial(_Prepared, op), xs, key)
     else:  # the same layout objects, shapes and dtypes as a call that passed _operands
         mesh, xs = args[0]._mesh, args
-    if not prepared.stays:
-        xs = [x if kept else _redistributed(x, t) for x, t, kept in zip(xs, prepared.plan.targets, prepared.stay)]
+    xs = moved(xs, prepared)
     forward = _KERNELS[op]
     locals_ = list(map(LOCAL, xs))
     block = _dry_block(mesh, forward, locals_) if mesh.engine.dry else None
@@ -171,13 +170,6 @@ def _dry_block(mesh: Any, forward: Callable, locals_: list) -> Any:
     with np.errstate(all="ignore"):  # the result's dtype: the kernel's on one zero of each operand's dtype
         dtype = np.asarray(forward(*(np.zeros((), block.dtype) for block in locals_))).dtype
     return dry_zeros(mesh, shape, dtype, forward, *locals_)
-
-
-def _redistributed(x: Any, target: Any) -> Any:
-    """`x` redistributed to `target` (the import made only when an operand moves: ~2 us a call)."""
-    from ..runtime.executor import redistribute
-
-    return redistribute(x, target)
 
 
 def add(a: Any, b: Any) -> Any:
