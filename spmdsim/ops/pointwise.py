@@ -107,7 +107,10 @@ def pointwise(op: str, *args: Any) -> Any:
         prepared = _PREPARED.get(key)
     except (AttributeError, TypeError):  # a number among the operands (or what no DTensor is: _operands says)
         key = _mixed_signature(op, args)
-        prepared = None if key is None else _PREPARED.get(key)
+        try:
+            prepared = None if key is None else _PREPARED.get(key)
+        except TypeError:  # a size that does not hash (the planner refuses it)
+            key = prepared = None
     if prepared is None:
         mesh, xs = _operands(op, args)
         prepared = prepare(_PREPARED, partial(_Prepared, op), xs, key)
