@@ -153,12 +153,13 @@ _WATCHED = {"_operands", "decided", "make_dtensor", "record"}
 _CALLERS = {"pointwise", "record_pointwise", "einsum", "record_einsum", "prepare", "__init__"}
 
 
-def _watched_calls(f):
-    """(the `_WATCHED` frames an operator runs in `f()`, its result)."""
+def _watched_calls(f, watched=_WATCHED, callers=_CALLERS):
+    """(the `watched` frames `f()` runs, called from a frame named in `callers` (None: any), its result)."""
     calls: list = []
 
     def hook(frame, event, arg):
-        if event == "call" and frame.f_code.co_name in _WATCHED and frame.f_back.f_code.co_name in _CALLERS:
+        if event == "call" and frame.f_code.co_name in watched and (
+                callers is None or frame.f_back.f_code.co_name in callers):
             calls.append(frame.f_code.co_name)
 
     sys.setprofile(hook)
@@ -273,30 +274,18 @@ def test_a_repeated_pointwise_call_with_a_number_takes_its_prepared_path():
     ga = rng.standard_normal((4, 6))
     watched = {"_operands", "lift", "decided", "make_dtensor", "record"}
 
-    def calls_in(f):
-        calls: list = []
-
-        def hook(frame, event, arg):
-            if event == "call" and frame.f_code.co_name in watched:
-                calls.append(frame.f_code.co_name)
-
-        sys.setprofile(hook)
-        try:
-            return calls, f()
-        finally:
-            sys.setprofile(None)
-
     def body():
         mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
         a = DTensor.from_global(mesh, ga, mesh.layout("dp", "tp")).requires_grad_()
         runs = []
         for value in (2.5, -0.5):
-            calls, z = calls_in(lambda: P.mul(value, a - 1.0))  # the number first, then beside a DTensor
+            # the number first, then beside a DTensor
+            calls, z = _watched_calls(lambda: P.mul(value, a - 1.0), watched, None)
             node = z._ag
             z.sum().backward()
             runs.append((calls, z.gather(), z.layout, (node.name, node.want, node.reads), a.grad.gather()))
             a._ag.grad = None
-        calls, w = calls_in(lambda: a * 3)  # an int: another signature
+        calls, w = _watched_calls(lambda: a * 3, watched, None)  # an int: another signature
         out = runs, calls, w.gather(), w.local.dtype
         mesh.close()
         return out
@@ -327,19 +316,6 @@ def test_a_repeated_attention_takes_its_prepared_path():
     gq, gk, gv = (rng.standard_normal((T, B, H, D)) for _ in range(3))
     watched = {"_decide", "kept_problem", "require_float", "seed_arg", "raise_if_not_dtensors"}
 
-    def calls_in(f):
-        calls: list = []
-
-        def hook(frame, event, arg):
-            if event == "call" and frame.f_code.co_name in watched:
-                calls.append(frame.f_code.co_name)
-
-        sys.setprofile(hook)
-        try:
-            return calls, f()
-        finally:
-            sys.setprofile(None)
-
     def body():
         mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
         layout = mesh.layout(None, "dp", "tp", None)
@@ -350,7 +326,7 @@ def test_a_repeated_attention_takes_its_prepared_path():
 
         runs = []
         for _ in range(2):
-            calls, y = calls_in(lambda: core(q, k, v))
+            calls, y = _watched_calls(lambda: core(q, k, v), watched, None)
             node = y._ag
             y.sum().backward()
             runs.append((calls, y.gather(), y.layout, (node.name, node.want, node.reads),
@@ -363,7 +339,7 @@ def test_a_repeated_attention_takes_its_prepared_path():
         except OperatorError as error:
             refused = str(error)
         short = [DTensor.from_global(mesh, g[:4], layout) for g in (gq, gk, gv)]
-        calls, z = calls_in(lambda: ops.attention(*short, causal=True, batch_first=False))
+        calls, z = _watched_calls(lambda: ops.attention(*short, causal=True, batch_first=False), watched, None)
         out = runs, refused, calls, z.gather()
         mesh.close()
         return out
