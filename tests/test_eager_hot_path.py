@@ -153,12 +153,13 @@ _WATCHED = {"_operands", "decided", "make_dtensor", "record"}
 _CALLERS = {"pointwise", "record_pointwise", "einsum", "record_einsum", "prepare", "__init__"}
 
 
-def _watched_calls(f):
-    """(the `_WATCHED` frames an operator runs in `f()`, its result)."""
+def _watched_calls(f, watched=_WATCHED, callers=_CALLERS):
+    """(the `watched` frames `f()` runs, called from a frame named in `callers` (None: any), its result)."""
     calls: list = []
 
     def hook(frame, event, arg):
-        if event == "call" and frame.f_code.co_name in _WATCHED and frame.f_back.f_code.co_name in _CALLERS:
+        if event == "call" and frame.f_code.co_name in watched and (
+                callers is None or frame.f_back.f_code.co_name in callers):
             calls.append(frame.f_code.co_name)
 
     sys.setprofile(hook)
@@ -258,3 +259,102 @@ def test_a_repeated_einsum_takes_its_prepared_path():
     assert layout2 is layout1 and node2 == node1
     assert np.array_equal(y2, y1) and np.array_equal(gx2, gx1) and np.array_equal(gw2, gw1)
     assert calls.count("decided") == 1 and np.allclose(z, np.einsum("tbd,de->tbe", gx[:2], gw))
+
+
+def test_a_repeated_pointwise_call_with_a_number_takes_its_prepared_path():
+    """A pointwise call with a Python number beside DTensors finds its prepared call by the number's type
+    (spmdsim.ops.pointwise._mixed_signature) and lifts the number directly: no `_operands`, `lift`, `decided`
+    or `make_dtensor` frame when it repeats (a new value too), the first call's layout, node and gradients,
+    and the value's own result; a number of another type prepares again (and is right)."""
+    import numpy as np
+
+    from spmdsim.ops import pointwise as P
+
+    rng = np.random.default_rng(7)
+    ga = rng.standard_normal((4, 6))
+    watched = {"_operands", "lift", "decided", "make_dtensor", "record"}
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
+        a = DTensor.from_global(mesh, ga, mesh.layout("dp", "tp")).requires_grad_()
+        runs = []
+        for value in (2.5, -0.5):
+            # the number first, then beside a DTensor
+            calls, z = _watched_calls(lambda: P.mul(value, a - 1.0), watched, None)
+            node = z._ag
+            z.sum().backward()
+            runs.append((calls, z.gather(), z.layout, (node.name, node.want, node.reads), a.grad.gather()))
+            a._ag.grad = None
+        calls, w = _watched_calls(lambda: a * 3, watched, None)  # an int: another signature
+        out = runs, calls, w.gather(), w.local.dtype
+        mesh.close()
+        return out
+
+    runs, calls, w, dtype = spmdsim.simulate(4, body)[0]
+    (calls1, z1, layout1, node1, g1), (calls2, z2, layout2, node2, g2) = runs
+    assert "_operands" in calls1 and "lift" in calls1
+    assert calls2 == []
+    assert np.array_equal(z1, 2.5 * (ga - 1.0)) and np.array_equal(z2, -0.5 * (ga - 1.0))
+    assert layout2 is layout1 and node2 == node1
+    assert np.array_equal(g1, np.full_like(ga, 2.5)) and np.array_equal(g2, np.full_like(ga, -0.5))
+    assert "_operands" in calls and np.array_equal(w, ga * 3) and dtype == np.float64
+
+
+def test_a_repeated_attention_takes_its_prepared_path():
+    """attention keeps what a call decides per signature (spmdsim.ops.attention._Decided): a repeated call with
+    the same layout objects, shapes, dtypes and flags checks and plans nothing again (no `_decide`,
+    `kept_problem`, `require_float`, `seed_arg` or `raise_if_not_dtensors` frame; only a seed that is no int
+    is checked) and gives the first call's result, layout, node and gradients; a bad seed is still refused
+    with its one line, and another shape decides again (and is right)."""
+    import numpy as np
+
+    from spmdsim import ops
+    from spmdsim.errors import OperatorError
+
+    rng = np.random.default_rng(11)
+    T, B, H, D = 6, 4, 2, 3
+    gq, gk, gv = (rng.standard_normal((T, B, H, D)) for _ in range(3))
+    watched = {"_decide", "kept_problem", "require_float", "seed_arg", "raise_if_not_dtensors"}
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
+        layout = mesh.layout(None, "dp", "tp", None)
+        q, k, v = (DTensor.from_global(mesh, g, layout).requires_grad_() for g in (gq, gk, gv))
+
+        def core(a, b, c):
+            return ops.attention(a, b, c, causal=True, dropout=0.25, seed=9, batch_first=False)
+
+        runs = []
+        for _ in range(2):
+            calls, y = _watched_calls(lambda: core(q, k, v), watched, None)
+            node = y._ag
+            y.sum().backward()
+            runs.append((calls, y.gather(), y.layout, (node.name, node.want, node.reads),
+                         tuple(t.grad.gather() for t in (q, k, v))))
+            for t in (q, k, v):
+                t._ag.grad = None
+        try:
+            ops.attention(q, k, v, causal=True, dropout=0.25, seed=True, batch_first=False)
+            refused = None
+        except OperatorError as error:
+            refused = str(error)
+        short = [DTensor.from_global(mesh, g[:4], layout) for g in (gq, gk, gv)]
+        calls, z = _watched_calls(lambda: ops.attention(*short, causal=True, batch_first=False), watched, None)
+        out = runs, refused, calls, z.gather()
+        mesh.close()
+        return out
+
+    runs, refused, calls, z = spmdsim.simulate(4, body)[0]
+    (calls1, y1, layout1, node1, g1), (calls2, y2, layout2, node2, g2) = runs
+    assert "kept_problem" in calls1 and "require_float" in calls1
+    assert calls2 == []
+    assert np.array_equal(y2, y1) and layout2 is layout1 and node2 == node1
+    for a, b in zip(g2, g1):
+        assert np.array_equal(a, b)
+    assert refused == "attention: seed True must be an integer"
+    assert "kept_problem" in calls
+    s = np.einsum("ibhd,jbhd->bhij", gq[:4], gk[:4]) / np.sqrt(D)
+    s = np.where(np.triu(np.ones((4, 4), bool), 1), -np.inf, s)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    assert np.allclose(z, np.einsum("bhij,jbhe->ibhe", p, gv[:4]), rtol=1e-12, atol=1e-12)

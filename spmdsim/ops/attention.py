@@ -57,48 +57,21 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
     `kept`: "graph" keeps the dropout's float factor per probability, "megatron" its 1-byte boolean mask
     (Korthikanti et al.'s count; the backward makes the factor again, bit for bit).
     """
-    raise_if_not_dtensors("attention", ("q", "k", "v"), q, k, v)
-    problem = kept_problem(kept)
-    if problem:
-        raise OperatorError(f"attention: {problem}")
-    for name, flag in (("causal", causal), ("batch_first", batch_first), ("recompute", recompute)):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise OperatorError(f"attention: {name} {flag!r} must be True or False")
-    if not isinstance(dropout, Real) or isinstance(dropout, bool) or not 0 <= dropout < 1:
-        raise OperatorError(f"attention: dropout {dropout!r} must be a number with 0 <= p < 1")
-    drop = float(dropout) if training else 0.0
-    if drop and seed is None:
-        raise OperatorError("attention: dropout needs a seed (an integer, different per layer and step), so "
-                            "every rank draws the same mask")
-    if seed is not None:
-        seed_arg(seed, "attention")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        require_float("attention", t.local)
-        if t.mesh is not q.mesh:
-            raise OperatorError(f"attention: {name} is on another mesh than q; expected one mesh")
-    if mask is not None:
-        raise_if_not_dtensors("attention", ("mask",), mask)
-        if mask.local.dtype != np.dtype(bool):
-            raise OperatorError(f"attention: mask must be a bool DTensor (True where a key takes part), got dtype "
-                                f"{mask.local.dtype.name!r}")
-        if mask.mesh.layout != q.mesh.layout:
-            raise OperatorError("attention: mask is on another mesh than q; expected one mesh")
-    first = _batch_first if batch_first else _swapped  # a layout or shape as batch-first, and back
-    plan = infer_attention(first(q.layout), first(k.layout), first(v.layout), first(tuple(q.global_shape)),
-                           first(tuple(k.global_shape)), first(tuple(v.global_shape)), bool(causal),
-                           None if mask is None else mask.layout, None if mask is None else tuple(mask.global_shape))
-    # Each block seen as (b, h, t, d), k's as (b, h, d, t); a (b, h, t, e) product back in the operands' order.
-    heads, keys_t, back = ((0, 2, 1, 3), (0, 2, 3, 1), (0, 2, 1, 3)) if batch_first else \
-        ((1, 2, 0, 3), (1, 2, 3, 0), (2, 0, 1, 3))
-    d = q.global_shape[3]
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    elif not isinstance(scale, Real) or isinstance(scale, bool) or not math.isfinite(scale):
-        raise OperatorError(f"attention: scale {scale!r} must be a finite number")
-    q, k, v = _moved(q, first(plan.q)), _moved(k, first(plan.kv)), _moved(v, first(plan.kv))
+    key = _signature(q, k, v, causal, scale, dropout, training, mask, batch_first, recompute, kept)
+    decided = _PREPARED.get(key) if key is not None else None
+    if decided is None or k._mesh is not q._mesh or v._mesh is not q._mesh:
+        decided = _decide(q, k, v, causal, scale, dropout, seed, training, mask, batch_first, recompute, kept)
+        if key is not None:
+            if len(_PREPARED) >= 1024:  # a long run over many shapes: start over
+                _PREPARED.clear()
+            _PREPARED[key] = decided
+    elif seed is not None and type(seed) is not int or decided.drop and seed is None:
+        _seed_checked(decided.drop, seed)  # raises (an int seed, or none without dropout, passes)
+    plan, first, heads, keys_t, back = decided.plan, decided.first, decided.heads, decided.keys_t, decided.back
+    scale, drop, dtype, low, tk, t_ = decided.scale, decided.drop, decided.dtype, decided.low, decided.tk, decided.t_
+    probs_shape, region = decided.probs_shape, decided.region
+    q, k, v = _moved(q, decided.q), _moved(k, decided.kv), _moved(v, decided.kv)
     mesh = q.mesh
-    b_, t_, h_ = first(q.slices[:3])
-    tk = first(tuple(k.global_shape))[1]
     padding = None
     if mask is not None:  # (b, 1, 1, Tk): padding keys, for every head and query row
         padding = ~_moved(mask, plan.mask).local[:, None, None, :]
@@ -110,11 +83,6 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
         if padding is not None:
             above = padding if above is None else above | padding
         return above
-
-    b, tq, h = first(tuple(q.global_shape))[:3]
-    probs_shape, region = (b, h, tq, tk), (b_, h_, t_, slice(0, tk))
-    dtype = q.dtype
-    low = is_low(dtype)
 
     # The core up to the weighted sum: the probabilities, their dropped-out values and the kept entries'
     # factor (keep is 0 or 1: the same bits as keep * factor after each product); None without dropout.
@@ -152,18 +120,17 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
             return rounded(product(pd, vb.transpose(heads)), dtype).transpose(back)
         return np.matmul(pd, vb.transpose(heads)).transpose(back)
 
-    out_layout, out_shape = first(plan.out), first(plan.shape)
-    like = np.broadcast_to(np.zeros((), q.dtype), out_layout.local_shape(out_shape, mesh.rank))  # the result's block
-    out = make_dtensor(mesh, _engine_local(forward, like, q.local, k.local, v.local), out_layout, out_shape)
-    scores = ((b_.stop - b_.start, h_.stop - h_.start, t_.stop - t_.start, tk), dtype)
+    like = np.broadcast_to(np.zeros((), dtype), decided.block)  # the result's block
+    out = make_dtensor(mesh, _engine_local(forward, like, q.local, k.local, v.local), decided.out, decided.shape)
+    probs_local = decided.scores  # this rank's (b, h, tq, tk) scores
+    scores = (probs_local, dtype)
     if any_open():  # else nothing is counted: no blocks to gather
         count_core(q.local, k.local, v.local, (heads, keys_t, back))  # its two products (spmdsim.flops)
         count_core_kernels(scores, drop, kept)  # and its element-wise kernels over the scores
     if q._ag is None and k._ag is None and v._ag is None:
         return out
     if mesh.engine.dry and not recompute:  # what the rule keeps, sized: the dry engine's zeros, never touched
-        block = np.broadcast_to(np.zeros((), q.dtype), (b_.stop - b_.start, h_.stop - h_.start,
-                                                         t_.stop - t_.start, tk))
+        block = np.broadcast_to(np.zeros((), q.dtype), probs_local)
         p = _engine_local(np.copy, block, block)
         saved.update(p=p, pd=_engine_local(np.copy, block, block) if drop else p)
         if kept == "megatron" and drop:
@@ -174,6 +141,100 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
             saved.update(factors=_engine_local(np.copy, factors, block) if drop else None)
     return record_attention(out, q, k, v, plan, saved, core if recompute else None, scale, (heads, keys_t, back),
                             (scores, drop, kept))
+
+
+class _Decided:
+    """What an attention call decides from its operands' layouts, global shapes and dtypes, this rank and its
+    flags (`_signature`): the plan, the operands' layouts for it, the block orders, scale and dropout rate,
+    this rank's slices of the probabilities and the result's layout, global and block shape. Kept per
+    signature (`_PREPARED`): a repeated call checks and plans nothing again (only its seed, which changes)."""
+
+    __slots__ = ("layouts", "plan", "first", "heads", "keys_t", "back", "scale", "drop", "dtype", "low", "q", "kv",
+                 "tk", "t_", "probs_shape", "region", "out", "shape", "block", "scores")
+
+
+def _signature(q: Any, k: Any, v: Any, causal: Any, scale: Any, dropout: Any, training: Any, mask: Any,
+               batch_first: Any, recompute: Any, kept: Any) -> Optional[tuple]:
+    """A call's key in `_PREPARED`: q's, k's and v's layout objects' ids, global shapes and dtypes, q's rank and
+    the flags; None for a call that takes the checks every time (a padding mask, flags or numbers not of the
+    plain types, operands that are not DTensors)."""
+    if (mask is not None or type(causal) is not bool or type(batch_first) is not bool or type(recompute) is not bool
+            or type(training) is not bool or type(dropout) is not float or type(kept) is not str
+            or scale is not None and type(scale) is not float):
+        return None
+    try:
+        return (id(q._layout), id(k._layout), id(v._layout), q._shape, k._shape, v._shape, q._local.dtype,
+                k._local.dtype, v._local.dtype, q._mesh.rank, causal, batch_first, recompute, training, dropout,
+                scale, kept)
+    except AttributeError:  # not DTensors: `_decide` says which
+        return None
+
+
+def _seed_checked(drop: float, seed: Any) -> None:
+    """The refusal of `seed` for a dropout rate `drop` (None is refused only with dropout)."""
+    if drop and seed is None:
+        raise OperatorError("attention: dropout needs a seed (an integer, different per layer and step), so "
+                            "every rank draws the same mask")
+    if seed is not None:
+        seed_arg(seed, "attention")
+
+
+def _decide(q: Any, k: Any, v: Any, causal: Any, scale: Any, dropout: Any, seed: Any, training: Any, mask: Any,
+            batch_first: Any, recompute: Any, kept: Any) -> _Decided:
+    """`attention`'s checks (each refusal one clear line) and its `_Decided`."""
+    raise_if_not_dtensors("attention", ("q", "k", "v"), q, k, v)
+    problem = kept_problem(kept)
+    if problem:
+        raise OperatorError(f"attention: {problem}")
+    for name, flag in (("causal", causal), ("batch_first", batch_first), ("recompute", recompute)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise OperatorError(f"attention: {name} {flag!r} must be True or False")
+    if not isinstance(dropout, Real) or isinstance(dropout, bool) or not 0 <= dropout < 1:
+        raise OperatorError(f"attention: dropout {dropout!r} must be a number with 0 <= p < 1")
+    out = _Decided()
+    out.drop = drop = float(dropout) if training else 0.0
+    _seed_checked(drop, seed)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        require_float("attention", t.local)
+        if t.mesh is not q.mesh:
+            raise OperatorError(f"attention: {name} is on another mesh than q; expected one mesh")
+    if mask is not None:
+        raise_if_not_dtensors("attention", ("mask",), mask)
+        if mask.local.dtype != np.dtype(bool):
+            raise OperatorError(f"attention: mask must be a bool DTensor (True where a key takes part), got dtype "
+                                f"{mask.local.dtype.name!r}")
+        if mask.mesh.layout != q.mesh.layout:
+            raise OperatorError("attention: mask is on another mesh than q; expected one mesh")
+    out.first = first = _batch_first if batch_first else _swapped  # a layout or shape as batch-first, and back
+    out.plan = plan = infer_attention(first(q.layout), first(k.layout), first(v.layout), first(tuple(q.global_shape)),
+                                      first(tuple(k.global_shape)), first(tuple(v.global_shape)), bool(causal),
+                                      None if mask is None else mask.layout,
+                                      None if mask is None else tuple(mask.global_shape))
+    # Each block seen as (b, h, t, d), k's as (b, h, d, t); a (b, h, t, e) product back in the operands' order.
+    out.heads, out.keys_t, out.back = ((0, 2, 1, 3), (0, 2, 3, 1), (0, 2, 1, 3)) if batch_first else \
+        ((1, 2, 0, 3), (1, 2, 3, 0), (2, 0, 1, 3))
+    d = q.global_shape[3]
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    elif not isinstance(scale, Real) or isinstance(scale, bool) or not math.isfinite(scale):
+        raise OperatorError(f"attention: scale {scale!r} must be a finite number")
+    out.scale = scale
+    out.layouts = (q.layout, k.layout, v.layout)  # held: their ids key `_PREPARED`
+    out.q, out.kv = first(plan.q), first(plan.kv)
+    rank, shape = q.mesh.rank, tuple(q.global_shape)
+    b_, t_, h_ = first(out.q.slices(rank, shape)[:3])  # q's rows here, in the plan's layout
+    out.t_, out.tk = t_, first(tuple(k.global_shape))[1]
+    b, tq, h = first(shape)[:3]
+    out.probs_shape, out.region = (b, h, tq, out.tk), (b_, h_, t_, slice(0, out.tk))
+    out.dtype = q.dtype
+    out.low = is_low(out.dtype)
+    out.out, out.shape = first(plan.out), first(plan.shape)
+    out.block = out.out.local_shape(out.shape, rank)
+    out.scores = (b_.stop - b_.start, h_.stop - h_.start, t_.stop - t_.start, out.tk)
+    return out
+
+
+_PREPARED: dict = {}  # `_signature` -> `_Decided` (pure of the key; each entry holds the layouts its key names)
 
 
 def _batch_first(x: Any) -> Any:

@@ -98,18 +98,24 @@ def _operands(op: str, args: tuple) -> tuple[Any, list]:
 def pointwise(op: str, *args: Any) -> Any:
     """Run elementwise `op` on DTensors and numbers with numpy broadcasting (see the module docstring).
 
-    What the call decides is a `_Prepared` (spmdsim.ops._common.Prepared), kept per call signature of
-    DTensor operands: a repeated call runs the kernel and builds its result and node directly. Operands
-    holding numbers (lifted to DTensors on each call) prepare every time.
+    What the call decides is a `_Prepared` (spmdsim.ops._common.Prepared), kept per call signature: a repeated
+    call runs the kernel and builds its result and node directly. A Python number (an int, float or bool) is
+    part of the signature by its type (`_mixed_signature`) and lifted to its 0-d DTensor on each call.
     """
     try:
         key = signature(op, args)
         prepared = _PREPARED.get(key)
     except (AttributeError, TypeError):  # a number among the operands (or what no DTensor is: _operands says)
-        key = prepared = None
+        key = _mixed_signature(op, args)
+        try:
+            prepared = None if key is None else _PREPARED.get(key)
+        except TypeError:  # a size that does not hash (the planner refuses it)
+            key = prepared = None
     if prepared is None:
         mesh, xs = _operands(op, args)
         prepared = prepare(_PREPARED, partial(_Prepared, op), xs, key)
+    elif key[1] is _MIXED:  # numbers of the types, beside DTensors of the layouts, of a call that passed _operands
+        mesh, xs = _lifted(args, prepared)
     else:  # the same layout objects, shapes and dtypes as a call that passed _operands
         mesh, xs = args[0]._mesh, args
     xs = moved(xs, prepared)
@@ -131,19 +137,53 @@ def pointwise(op: str, *args: Any) -> Any:
     if prepared.derivative is not None:  # not a comparison
         for x in xs:
             if x._ag is not None:
-                return record_pointwise(op, out, tuple(xs), prepared.plan, prepared.derivative, prepared.want,
-                                        prepared.reads)
+                return record_pointwise(op, out, tuple(xs), prepared)
     return out
 
 
 class _Prepared(Prepared):
-    """A pointwise call's `Prepared`, with its op's derivative (None: a comparison, which records nothing)."""
+    """A pointwise call's `Prepared`, with its op's derivative (None: a comparison, which records nothing),
+    `ways`, what its node's backward decides per dY layout (spmdsim.autograd.rules.pointwise), kept here, and
+    the operands' dtypes (a lifted number's: `_lifted`)."""
 
-    __slots__ = ("derivative",)
+    __slots__ = ("derivative", "ways", "dtypes")
 
     def __init__(self, op: str, layouts: tuple, shapes: tuple, dtypes: tuple) -> None:
         super().__init__(infer_pointwise, op, layouts, shapes, dtypes, "out")
         self.derivative = DERIVATIVES.get(op)
+        self.ways: dict = {}
+        self.dtypes = dtypes
+
+
+_MIXED = object()  # the second entry of a signature whose operands mix DTensors and numbers
+
+
+def _mixed_signature(op: str, args: tuple) -> Any:
+    """The key of a call whose operands mix DTensors and Python numbers (None for other operands, or none a
+    DTensor): per operand its layout object's id, global shape and dtype, or the number's type, which with
+    the DTensors' dtypes decides the 0-d DTensor `lift` makes of it (its value aside)."""
+    cls = _common._DTENSOR or _common._dtensor_class()
+    key: list = [op, _MIXED]
+    tensors = False
+    for a in args:
+        kind = type(a)
+        if kind is cls:
+            key += (id(a._layout), a._shape, a._local.dtype)
+            tensors = True
+        elif kind is float or kind is int or kind is bool:
+            key.append(kind)
+        else:
+            return None
+    return tuple(key) if tensors else None
+
+
+def _lifted(args: tuple, prepared: _Prepared) -> tuple:
+    """(the mesh, the operands) of a mixed call found prepared: each number lifted as `lift` lifts it, to the
+    0-d layout and dtype its signature's first call gave it (checked then), the DTensors as they are."""
+    cls = _common._DTENSOR
+    mesh = next(a._mesh for a in args if type(a) is cls)
+    return mesh, [a if type(a) is cls else cls._trusted(mesh, np.asarray(a, dtype), layout, ())
+                  for a, layout, dtype in zip(args, prepared.layouts, prepared.dtypes)]
 
 
 _PREPARED: dict = {}  # signature -> _Prepared (spmdsim.ops._common.Prepared)

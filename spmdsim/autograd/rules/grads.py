@@ -68,7 +68,10 @@ _PENDING: dict = {}  # (id(layout), the pending groups) -> (layout, its gradient
 def needs(xs: Any) -> tuple:
     """Whether each of the tensors `xs` takes a gradient, as one shared tuple per pattern (a node's rule
     keeps it until the backward: the graph then holds no tuple of its own for the collector to scan)."""
-    need = tuple([x._ag is not None for x in xs])
+    if len(xs) == 2:  # most nodes (a comprehension is a frame of its own)
+        need = (xs[0]._ag is not None, xs[1]._ag is not None)
+    else:
+        need = tuple([x._ag is not None for x in xs])
     return _NEEDS.setdefault(need, need)
 
 

@@ -179,25 +179,26 @@ def _summed_axes(layout: Any, dims: tuple[int, ...]) -> tuple[str, ...]:
     return out
 
 
-def record_pointwise(op: str, out: Any, xs: tuple, plan: Any, derivative: Callable, want: Any, reads: tuple) -> Any:
-    """Record elementwise `op` of `xs` (a tuple, in the plan's layouts) with numpy broadcasting: `derivative`
-    is ``DERIVATIVES[op]``, `want` the plan's output layout without pending sums (``with_partial(plan.out,
-    ())``), `reads` the node's read layouts (the operands' then the output's), all worked out once per call
-    signature by the operator (spmdsim.ops.pointwise)."""
-    return attach(out, op, xs, _PointwiseGrads(op, derivative, xs, out, plan, needs(xs)), want, reads)
+def record_pointwise(op: str, out: Any, xs: tuple, prepared: Any) -> Any:
+    """Record elementwise `op` of `xs` (a tuple, in the plan's layouts) with numpy broadcasting: `prepared` is
+    the call signature's (spmdsim.ops.pointwise's ``_Prepared``): its plan, its op's derivative
+    (``DERIVATIVES[op]``), the node's `want` (the plan's output layout without pending sums) and read layouts
+    (the operands' then the output's), and `ways`, the table where the backward keeps what it decides."""
+    return attach(out, op, xs, _PointwiseGrads(op, xs, out, prepared, needs(xs)), prepared.want, prepared.reads)
 
 
 class _PointwiseGrads:
     """A pointwise node's backward: one object where a closure took a function and eight cells (the
     forward's graph holds one per op until the backward: fewer objects for the garbage collector)."""
 
-    __slots__ = ("op", "derivative", "xs", "out", "plan", "need")
+    __slots__ = ("op", "xs", "out", "prepared", "need")
 
-    def __init__(self, op: str, derivative: Callable, xs: tuple, out: Any, plan: Any, need: tuple) -> None:
-        self.op, self.derivative, self.xs, self.out, self.plan, self.need = op, derivative, xs, out, plan, need
+    def __init__(self, op: str, xs: tuple, out: Any, prepared: Any, need: tuple) -> None:
+        self.op, self.xs, self.out, self.prepared, self.need = op, xs, out, prepared, need
 
     def __call__(self, dy: Any) -> tuple:
-        op, derivative, xs, out, plan, need = self.op, self.derivative, self.xs, self.out, self.plan, self.need
+        op, xs, out, prepared, need = self.op, self.xs, self.out, self.prepared, self.need
+        plan, derivative = prepared.plan, prepared.derivative
         if any_open():
             _count_grads(op, dy, xs, out, need, plan.shape)
         d = dy.local
@@ -211,33 +212,33 @@ class _PointwiseGrads:
             fulls = derivative(d, list(map(_LOCAL, xs)), out.local, need)
         if not isinstance(fulls, tuple):  # a dry run's zeros: one block shaped like dy for every operand
             fulls = tuple(fulls if n else None for n in need)
-        partial = dy._layout.partial
-        # What each operand's gradient is summed over and in which layout it ends: decided by the plan, dY's
-        # layout, the operands' layouts and which take a gradient, the same every step (kept by the objects'
-        # ids, as `decided` keeps the forward's plan; the entry holds the objects, so no id in a key that
-        # matches is another object's).
-        layouts = tuple(map(_LAYOUT, xs))
-        key = (id(plan), id(dy._layout), need) + tuple(map(id, layouts))
-        seen = _BACKWARDS.get(key)
-        if seen is not None and not dry:
+        layout = dy._layout
+        # What each operand's gradient is summed over and in which layout it ends: decided by the call signature
+        # (the plan, the operands' layouts and shapes), dY's layout and which operands take a gradient, the same
+        # every step: kept in the signature's `prepared.ways` by dY's layout object (the entry holds it, so an id
+        # that matches is never another object's) and `need`.
+        key = (id(layout), need)
+        seen = prepared.ways.get(key)
+        if seen is not None and seen[0] is layout and not dry:
             result = []
-            for x, g, way in zip(xs, fulls, seen[3]):
+            for x, g, way in zip(xs, fulls, seen[1]):
                 if way is None or g is None:
                     result.append(None)
                     continue
-                ndim = getattr(g, "ndim", None)
-                if (np.ndim(g) if ndim is None else ndim) < d.ndim:
-                    g = np.broadcast_to(g, d.shape)
-                g = np.asanyarray(g)
-                lead, inner, layout = way
+                if type(g) is not _ndarray or g.ndim < d.ndim:  # a number or a broadcast operand's derivative
+                    ndim = getattr(g, "ndim", None)
+                    if (np.ndim(g) if ndim is None else ndim) < d.ndim:
+                        g = np.broadcast_to(g, d.shape)
+                    g = np.asanyarray(g)
+                lead, inner, grad_layout = way
                 if lead:
                     g = _SUM(g, axis=lead)
                 if inner:
                     g = _SUM(g, axis=inner, keepdims=True)
-                result.append(gradient_block(x, g.reshape(x._local.shape), layout))
+                result.append(gradient_block(x, g.reshape(x._local.shape), grad_layout))
             return tuple(result)
         result, ways = [], []
-        kept = plan.out.partial
+        partial, kept = layout.partial, plan.out.partial
         for x, g, n in zip(xs, fulls, need):
             if not n or g is None:
                 result.append(None)
@@ -253,16 +254,14 @@ class _PointwiseGrads:
             result.append(grad)
             ways.append(_sum_dims(x._shape, plan.shape)[:2] + (grad._layout,))
         if not dry:
-            if len(_BACKWARDS) >= _CACHE_MAX:
-                _BACKWARDS.clear()
-            _BACKWARDS[key] = (plan, dy._layout, layouts, tuple(ways))
+            if len(prepared.ways) >= 64:  # many gradient layouts of one signature: start over
+                prepared.ways.clear()
+            prepared.ways[key] = (layout, tuple(ways))
         return tuple(result)
 
 
-# (id(plan), id(dY's layout), need, the operands' layouts' ids) -> (those objects; per operand taking a gradient
-# (lead and inner dims summed, the gradient's layout), else None)
-_BACKWARDS: dict = {}
-_LAYOUT, _LOCAL = operator.attrgetter("_layout"), operator.attrgetter("local")
+_ndarray = np.ndarray
+_LOCAL = operator.attrgetter("local")
 
 
 def record_activation(out: Any, x: Any, name: str, kept: Any = None) -> Any:
