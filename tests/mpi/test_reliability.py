@@ -52,15 +52,36 @@ def test_one_differing_rank_is_named_on_every_rank(comm, what: str) -> None:
     assert all(comm.allgather(text == str(info.value)))
 
 
+def _after_the_others_reported(comm, reported) -> None:
+    """Rank 0 returns once every other rank of `comm` has sent `_REPORTED` (sleeping between polls, in no
+    collective: what the others' watchdog must find); the others send it, then return."""
+    if comm.rank != 0:
+        reported.append(comm.isend(None, dest=0, tag=_REPORTED))
+        return
+    waiting = [comm.irecv(source=r, tag=_REPORTED) for r in range(1, comm.size)]
+    while not all(request.test()[0] for request in waiting):  # done requests answer (True, None) again
+        time.sleep(0.01)
+
+
+_REPORTED = 31  # a point-to-point tag on the test's own communicator
+
+
 def test_watchdog_names_the_collective_and_the_rank_that_is_missing(comm) -> None:
     debug.configure(watchdog=1.0)
+    reported: list = []
     try:
-        if comm.rank == 0:
-            time.sleep(2.0)  # late: the others' watchdog fires (1 s) and asks (0.5 s) first
         seen: list[str] = []
+        if comm.rank == 0:
+            # Late until the others' watchdog has fired (1 s) and asked where rank 0 is (0.5 s without an
+            # answer), however long that takes on a loaded machine (a fixed sleep of 2 s raced it).
+            _after_the_others_reported(comm, reported)
         request = comm.Ibarrier()
         debug.wait(request, "barrier", ("x",), 3, polite=True, on_timeout=seen.append, comm=comm)
+        if comm.rank != 0:
+            _after_the_others_reported(comm, reported)
         request.Wait()
+        for sent in reported:
+            sent.wait()
     finally:
         debug.configure(watchdog=None)
     _drain(comm)
