@@ -56,10 +56,11 @@ GO_ON_S = 3.0
 #: every other live rank waits and none is released, for this long polls forever: a deadlock, as if it waited.
 POLL_STALL_S = 2.0
 
-#: A rank that polls in vain (Test, Iprobe, Testany) again and again, less than SPIN_GAP_S apart, for SPIN_S,
-#: naps NAP_S after each such poll: a `while not req.Test(): pass` loop no longer spins a core (and holds the
-#: interpreter from the ranks that compute what it waits for) for as long as it waits; a message that arrives
-#: meanwhile is seen at most NAP_S late. A loop that does work between its polls (SPIN_GAP_S or more) never naps.
+#: A rank that polls in vain (Test, Iprobe, Testany) again and again, less than SPIN_GAP_S apart, for SPIN_S (in
+#: its thread's CPU time), naps NAP_S after each such poll: a `while not req.Test(): pass` loop no longer spins a
+#: core (and holds the interpreter from the ranks that compute what it waits for) for as long as it waits; a
+#: message that arrives meanwhile is seen at most NAP_S late. A loop that computes between its polls (SPIN_GAP_S
+#: or more) never naps.
 SPIN_S = 0.01
 SPIN_GAP_S = 0.0005
 NAP_S = 0.001
@@ -381,14 +382,15 @@ class World(RankThreads):
             if self._queue and rank in self._holding and (not self._extra or self._key_waiting(rank) == rank):
                 self._give_slot(rank)
                 self._take_slot(rank)
-        now = time.monotonic()
+        # The thread's own CPU time: a thread the system (or another thread holding the interpreter) keeps
+        # waiting a few ms, as on a loaded machine, still polls in a tight loop.
+        now = time.thread_time()
         spin = self._spins.get(rank)
         if spin is None or now - spin[1] >= SPIN_GAP_S:  # the first poll in vain, or one after other work
             self._spins[rank] = [now, now]
             return
         if now - spin[0] >= SPIN_S:  # a tight loop of polls: give the interpreter to the other ranks a while
             time.sleep(NAP_S)
-            now = time.monotonic()
         spin[1] = now
 
     def _watch_poll(self, rank: int, token: Any) -> None:
