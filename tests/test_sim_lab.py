@@ -21,7 +21,11 @@ from testkit import MPIEXEC, mpich_batch
 
 LAB = Path(__file__).resolve().parent / "data" / "lab"
 PACKAGE = Path(spmdsim.__file__).resolve().parent
-ARGS = {"argv_files.py": ["inputs.txt"]}
+# test_loop_late.py's rank 1 computes 3 s before it sends, and test_loop_feeding.py's rank 0 feeds rank 1 a task
+# every 0.5 s, each past POLL_STALL_S (2 s) in all; here 0.8 s and 0.2 s, each past _LATE_STALL_S (0.5 s) as
+# these are past 2 s, with POLL_STALL_S at that (a polling rank spins a core all the while under MPICH).
+ARGS = {"argv_files.py": ["inputs.txt"], "test_loop_late.py": ["0.8"], "test_loop_feeding.py": ["0.2"]}
+_LATE_STALL_S = 0.5
 INPUTS = "1 2 3\n4 5 6\n7 8 9\n10 11 12\n"  # argv_files.py's, in the directory it runs in
 SAME_AS_MPICH = ["hello.py", "ring_objects.py", "ring_buffers.py", "sendrecv.py", "any_source.py",
                  "collectives_objects.py", "collectives_buffers.py", "reduce_ops.py", "nonblocking.py",
@@ -55,7 +59,9 @@ def in_lab(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(not MPIEXEC, reason="no mpiexec beside this Python (pip install -e '.[mpi]')")
 @pytest.mark.parametrize("name", SAME_AS_MPICH)
-def test_right_programs_print_what_mpiexec_prints(name, in_lab, capsys, mpich_lines):
+def test_right_programs_print_what_mpiexec_prints(name, in_lab, capsys, mpich_lines, monkeypatch):
+    if name.startswith("test_loop_"):
+        monkeypatch.setattr(engine, "POLL_STALL_S", _LATE_STALL_S)
     code, out, err = _mpirun(capsys, str(LAB / name), *ARGS.get(name, []))
     assert (code, err) == (0, "")
     assert sorted(out.splitlines()) == mpich_lines[name] and out.strip()
@@ -97,7 +103,7 @@ def test_file_is_absolute_as_python_sets_it(in_lab, capsys):
 DEADLOCK = "spmdsim mpirun: error: simulated ranks deadlock (every live rank waits, none can go on): "
 # (program, arguments, exit code, stderr): where MPICH hangs or aborts (docs/simulate.md has which), one line each.
 # A rank polling (Test) what no rank left can send is reported after POLL_STALL_S (2 s) of it; these tests wait
-# _STALL_S instead (the same report, found sooner: a polling rank spins a core all that time).
+# _STALL_S instead (the same report, found sooner).
 _STALL_S = 0.3
 WRONG = [
     ("headtohead.py", [], 1, DEADLOCK +
@@ -260,6 +266,24 @@ def test_an_iprobe_loop_for_a_finished_rank_ends(capsys, monkeypatch):
     assert code == 1 and unfold(err) == (
         DEADLOCK + "probe from group rank 3 (any tag) on the world: rank 0 polls it (Iprobe), "
                    "and no rank left can complete it; rank 3 finished; at <string>:4\n")
+
+
+def test_a_polling_loop_naps_while_it_waits(capsys, monkeypatch):
+    # test_loop_late.py's rank 0 polls (Testany, then Iprobe) while rank 1 works 0.3 s: past SPIN_S of polls in
+    # vain it naps NAP_S after each (it spun a core and held the interpreter all the while); the answer is the same.
+    import time
+
+    naps, sleep = [], time.sleep
+    monkeypatch.setattr(engine, "NAP_S", 0.00097)  # a nap is a sleep of this length; the program's are others
+
+    def counted(seconds):
+        if seconds == engine.NAP_S:
+            naps.append(seconds)
+        sleep(seconds)
+    monkeypatch.setattr(time, "sleep", counted)
+    code, out, err = _mpirun(capsys, str(LAB / "test_loop_late.py"), "0.3")
+    assert (code, out, err) == (0, "rank 0 got 2.0 2.0 done\n", "")
+    assert naps
 
 
 def test_stdin_goes_to_rank_zero(monkeypatch, capsys):

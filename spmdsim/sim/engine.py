@@ -56,6 +56,15 @@ GO_ON_S = 3.0
 #: every other live rank waits and none is released, for this long polls forever: a deadlock, as if it waited.
 POLL_STALL_S = 2.0
 
+#: A rank that polls in vain (Test, Iprobe, Testany) again and again, less than SPIN_GAP_S apart, for SPIN_S (in
+#: its thread's CPU time), naps NAP_S after each such poll: a `while not req.Test(): pass` loop no longer spins a
+#: core (and holds the interpreter from the ranks that compute what it waits for) for as long as it waits; a
+#: message that arrives meanwhile is seen at most NAP_S late. A loop that computes between its polls (SPIN_GAP_S
+#: or more) never naps.
+SPIN_S = 0.01
+SPIN_GAP_S = 0.0005
+NAP_S = 0.001
+
 MAX_SLOTS = 32  # well inside the 64 callers numpy's OpenBLAS keeps buffers for
 
 
@@ -345,6 +354,7 @@ class World(RankThreads):
         # rank -> (since when it polls in vain, releases then, the call it polls with: Test, Iprobe, ...)
         self._polls: dict[int, tuple[float, int, str]] = {}
         self.releases = 0  # ranks let go from a wait so far: a poll that sees them rise is not stuck
+        self._spins: dict[int, list] = {}  # rank -> [since when it polls in vain, when its last such poll returned]
         self._init_threads()
 
     # -- run slots (all with the lock held) --------------------------------------------------
@@ -362,7 +372,8 @@ class World(RankThreads):
         Without this, ranks spinning on Test for a message from a rank that
         stands in line would hold every slot and never let it in. With the
         request polled (`token`): one that no rank left can complete, polled for
-        POLL_STALL_S, is a deadlock (a Test loop for a message never sent).
+        POLL_STALL_S, is a deadlock (a Test loop for a message never sent). A tight loop of polls in vain
+        naps (SPIN_S, NAP_S).
         """
         with self.lock:
             self.check(rank)
@@ -371,6 +382,16 @@ class World(RankThreads):
             if self._queue and rank in self._holding and (not self._extra or self._key_waiting(rank) == rank):
                 self._give_slot(rank)
                 self._take_slot(rank)
+        # The thread's own CPU time: a thread the system (or another thread holding the interpreter) keeps
+        # waiting a few ms, as on a loaded machine, still polls in a tight loop.
+        now = time.thread_time()
+        spin = self._spins.get(rank)
+        if spin is None or now - spin[1] >= SPIN_GAP_S:  # the first poll in vain, or one after other work
+            self._spins[rank] = [now, now]
+            return
+        if now - spin[0] >= SPIN_S:  # a tight loop of polls: give the interpreter to the other ranks a while
+            time.sleep(NAP_S)
+        spin[1] = now
 
     def _watch_poll(self, rank: int, token: Any) -> None:
         """A poll in vain for POLL_STALL_S is a deadlock: of a request no rank left can complete (its peer

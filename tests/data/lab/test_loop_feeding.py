@@ -1,4 +1,6 @@
-# Rank 0 polls for rank 1's answer while sending it a task every 0.5 s; rank 1 answers after 5 tasks (2.5 s).
+# Rank 0 polls for rank 1's answer while sending it a task every 0.5 s (or the seconds given); rank 1 answers after
+# 5 tasks (2.5 s).
+import sys
 import time
 
 from mpi4py import MPI
@@ -6,12 +8,13 @@ from mpi4py import MPI
 comm = MPI.COMM_WORLD
 if comm.rank == 0:
     req = comm.irecv(source=1, tag=7)
+    period = float(sys.argv[1]) if len(sys.argv) > 1 else 0.5
     last, sent = time.time(), 0
     while True:
         done, result = req.test()
         if done:
             break
-        if time.time() - last > 0.5 and sent < 5:
+        if time.time() - last > period and sent < 5:
             comm.send(sent, dest=1, tag=1)
             sent, last = sent + 1, time.time()
     print(f"rank 0: result {result} after {sent} tasks")

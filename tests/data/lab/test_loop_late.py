@@ -1,4 +1,6 @@
-# Rank 0 polls with Testany and Iprobe for rank 1's answers, which rank 1 sends after 3 s of work. MPI: prints them.
+# Rank 0 polls with Testany and Iprobe for rank 1's answers, which rank 1 sends after 3 s of work (or the seconds
+# given). MPI: prints them.
+import sys
 import time
 
 import numpy as np
@@ -15,7 +17,7 @@ if comm.rank == 0:
     MPI.Request.Waitall(reqs)
     print(f"rank 0 got {a.sum()} {b.sum()} {comm.recv(source=1, tag=3)}")
 elif comm.rank == 1:
-    time.sleep(3)
+    time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 3)
     comm.Send(np.ones(2), dest=0, tag=1)
     comm.Send(np.ones(2), dest=0, tag=2)
     comm.send("done", dest=0, tag=3)
