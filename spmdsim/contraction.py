@@ -105,7 +105,9 @@ def _pair(a_word: str, a: np.ndarray, b_word: str, b: np.ndarray, out: str) -> n
     rhs = b if r.rhs is None else b.transpose(r.rhs)
     engine = current().engine
     if engine.dry:  # shapes only (spmdsim.sim.dry): no operand copied into its matmul shape, no result reordered
-        product = _product(_shaped(lhs, r.lhs_shape), _shaped(rhs, r.rhs_shape))  # the dry engine's zeros
+        # Read-only zeros in the matmul shapes (the dry engine's product reads their shapes and dtypes alone;
+        # reshaping a transposed block would copy it).
+        product = _product(broadcast_zero(r.lhs_shape, lhs.dtype), broadcast_zero(r.rhs_shape, rhs.dtype))
         shape = r.shape if r.order is None else tuple(r.shape[i] for i in r.order)
         if r.order is None and shape:
             return product.reshape(shape)
@@ -118,12 +120,6 @@ def _pair(a_word: str, a: np.ndarray, b_word: str, b: np.ndarray, out: str) -> n
         result = result.transpose(r.order)
     # As np.ascontiguousarray alone: a copy when not C-ordered, and a 0-d result made 1-d.
     return result if result.flags.c_contiguous and result.ndim else contiguous(result)
-
-
-def _shaped(a: np.ndarray, shape: tuple) -> np.ndarray:
-    """A read-only zero of `a`'s dtype broadcast to `shape`: a dry run's matmul operand (its shape and dtype
-    are all the dry engine's product reads; reshaping a transposed block would copy it)."""
-    return broadcast_zero(shape, a.dtype)
 
 
 def _counted(words: Sequence[str], blocks: Sequence[np.ndarray], present: str, dtype: np.dtype) -> None:

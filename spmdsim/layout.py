@@ -67,7 +67,6 @@ def format_tensor_map(entries: tuple) -> str:
     return "(" + ", ".join(format_entry(e) for e in entries) + ("," if len(entries) == 1 else "") + ")"
 
 
-
 def _kept_hash(fields: Callable[[Any], tuple]) -> Callable[[Any], int]:
     """A frozen class's __hash__ that hashes `fields(self)` once and keeps it in the instance (``_hash``): hashing
     the nested tuples cost ~0.4 us a lookup, and layouts key every plan, program and mesh table. The kept hash is
@@ -82,6 +81,7 @@ def _kept_hash(fields: Callable[[Any], tuple]) -> Callable[[Any], int]:
             return value
 
     return __hash__
+
 
 @dataclass(frozen=True)
 class Layout:
