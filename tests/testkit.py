@@ -204,10 +204,9 @@ def mpich_batch(programs: list, ranks: int, cwd: str | os.PathLike | None = None
     every rank), every rank printing the marker. `stdin` goes to rank 0 (as mpiexec forwards it), for the
     programs that read it. MPICH's mpiexec tags each chunk of output with its rank, so the lines are each
     rank's whole, however MPICH interleaves the ranks' chunks (4 ranks on 2 cores, test_sim_lab's batch:
-    6.2-6.6 CPU-s with a blocking Barrier between programs, 2.5-3.6 with the polled Ibarrier; 3.9-4.0 now that
-    its test_loop_late.py and test_loop_feeding.py, whose rank 0 spins while it polls, wait 0.8 s and 5 x 0.2 s
-    instead of 3 s and 5 x 0.5 s: 9.1-9.3 with those; the fixture's call under /usr/bin/time, 3 rounds each,
-    load average 3.6-4.5)."""
+    6.2-6.6 CPU-s with a blocking Barrier between programs, 2.5-3.6 with the polled Ibarrier; with
+    test_loop_late.py and test_loop_feeding.py, whose rank 0 spins while it polls, at 0.8 s and 5 x 0.2 s,
+    3.9-4.0 CPU-s, the fixture's call under /usr/bin/time, 3 rounds, load average 3.6-4.5)."""
     done = _batch(programs, ranks, cwd, stdin, 300, MPIEXEC, tagged=True)
     assert done.returncode == 0, done.stderr
     parts = re.split(r"<@(\d+)@> ", done.stdout)
