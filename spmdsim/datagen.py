@@ -28,9 +28,9 @@ INT_DTYPES = ("int32", "int64")
 # small next to the output (matters for the memory run of large shards).
 _CHUNK_ELEMENTS = 1 << 20
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN_INT, _M1_INT, _M2_INT = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+_MASK64 = (1 << 64) - 1
+_GOLDEN, _M1, _M2 = np.uint64(_GOLDEN_INT), np.uint64(_M1_INT), np.uint64(_M2_INT)
 
 Region = Sequence[Union[slice, Sequence[int]]]
 
@@ -50,15 +50,20 @@ def _mix(x: np.ndarray, scratch: np.ndarray | None = None) -> np.ndarray:
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 _KEYS: dict = {}  # seed -> its mixed key (the simulated ranks of one step ask for the same seeds)
 _INNERS: dict = {}  # (shape, region's bounds) -> (inner flat index + 1) * golden, read-only
-_INNER_BYTES = [0]  # bytes held in _INNERS
+_BASES: dict = {}  # (shape, region's bounds) -> the block's (flat index + 1) * golden, read-only
+_INNER_BYTES = [0]  # bytes held in _INNERS and _BASES
 _INNER_MAX_BYTES = 64 << 20
 
 
 def _key(seed: int) -> np.uint64:
-    """The seed's key: splitmix64 of seed + golden."""
+    """The seed's key: splitmix64 of seed + golden, on Python integers (a new seed each step costs a
+    few additions, not the arrays of a numpy pass)."""
     key = _KEYS.get(seed)
     if key is None:
-        key = _mix(np.array([seed], dtype=np.uint64) + _GOLDEN)[0]
+        z = (seed + _GOLDEN_INT) & _MASK64
+        z = ((z ^ (z >> 30)) * _M1_INT) & _MASK64
+        z = ((z ^ (z >> 27)) * _M2_INT) & _MASK64
+        key = np.uint64(z ^ (z >> 31))
         if len(_KEYS) >= 4096:
             _KEYS.clear()
         _KEYS[seed] = key
@@ -81,11 +86,26 @@ def _inner(shape: tuple, bounds: tuple) -> np.ndarray:
     inner.flags.writeable = False
     if _INNER_BYTES[0] + inner.nbytes > _INNER_MAX_BYTES:  # many regions: start over
         _INNERS.clear()
+        _BASES.clear()
         _INNER_BYTES[0] = 0
     if inner.nbytes <= _INNER_MAX_BYTES // 4:
         _INNERS[cache_key] = inner
         _INNER_BYTES[0] += inner.nbytes
     return inner
+
+
+def _kept(shape: tuple, bounds: tuple, inner: np.ndarray) -> bool:
+    """Keep the block's (flat index + 1) * golden in _BASES (seed-independent: a dropout mask drawn at the
+    same block each step makes its counters in one pass from it); False when the cache has no room."""
+    rows = np.arange(bounds[0][0], bounds[0][1], dtype=np.uint64) * np.uint64(math.prod(shape[1:]))
+    rows *= _GOLDEN
+    base = rows.reshape((-1,) + (1,) * (len(shape) - 1)) + inner
+    if _INNER_BYTES[0] + base.nbytes > _INNER_MAX_BYTES or base.nbytes > _INNER_MAX_BYTES // 4:
+        return False
+    base.flags.writeable = False
+    _BASES[(shape, bounds)] = base
+    _INNER_BYTES[0] += base.nbytes
+    return True
 
 
 @dataclass(frozen=True)
@@ -190,12 +210,14 @@ class SeededTensor:
             out[...] = True
             return out
         edge = np.uint64(first << 11)
-        for bits, rows in self._bits(bounds, out_shape):
+        for bits, rows in self._bits(bounds, out_shape, keep=True):
             np.greater_equal(bits, edge, out=out.reshape(1) if rows is None else out[rows])
         return out
 
-    def _bits(self, bounds: tuple, out_shape: tuple) -> Iterator[tuple[np.ndarray, Optional[slice]]]:
-        """(the mixed uint64 bits, the rows of the block they fill; None: the whole 0-d block), pass by pass."""
+    def _bits(self, bounds: tuple, out_shape: tuple,
+              keep: bool = False) -> Iterator[tuple[np.ndarray, Optional[slice]]]:
+        """(the mixed uint64 bits, the rows of the block they fill; None: the whole 0-d block), pass by pass.
+        `keep`: a block of one pass keeps its seed-independent counters for the next seed (_kept)."""
         if not math.prod(out_shape):
             return
         key = _key(self.seed)
@@ -206,9 +228,16 @@ class SeededTensor:
         # Counter-based: mix (flat index + 1) * golden with the seed's key. Modulo 2**64 that is
         # rows * stride * golden + (inner + 1) * golden, inner the flat index of the block minus its
         # first dim: the second term is the same for every seed, kept per (shape, region).
+        base = _BASES.get((self.shape, bounds))
+        if base is not None:  # the block's (flat index + 1) * golden, kept: one pass makes the counters
+            yield _mix(np.bitwise_xor(base, key)), slice(0, out_shape[0])
+            return
         inner = _inner(self.shape, bounds)
         rows_per_pass = max(1, _CHUNK_ELEMENTS // max(1, inner.size))
         start0, stride0 = bounds[0][0], np.uint64(math.prod(self.shape[1:]))
+        if keep and rows_per_pass >= out_shape[0] and _kept(self.shape, bounds, inner):
+            yield from self._bits(bounds, out_shape)
+            return
         scratch = None
         for r0 in range(0, out_shape[0], rows_per_pass):
             r1 = min(out_shape[0], r0 + rows_per_pass)

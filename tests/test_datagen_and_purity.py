@@ -62,6 +62,19 @@ def test_at_least_is_region_compared(shape, monkeypatch):
     np.testing.assert_array_equal(other.at_least(region, 0.25), other.region(region) >= 0.25)
 
 
+def test_a_mask_drawn_again_with_new_seeds_is_the_region_compared():
+    """A mask drawn at the same block step after step makes its counters from the block's kept
+    (seed-independent) ones and its seed's key on Python integers: the same bits as the floats'."""
+    shape, region = (6, 5, 9), (slice(2, 5), slice(1, 4), slice(None))
+    for seed in (0, 1, 7, 2**40 + 3, 2**63 - 1):
+        key = datagen._mix(np.array([seed], dtype=np.uint64) + datagen._GOLDEN)[0]
+        assert datagen._key(seed) == key
+        t = SeededTensor(shape, "float64", seed=seed, low=0.0, high=1.0)
+        for _ in range(2):  # the first draw keeps the block's counters, the second uses them
+            np.testing.assert_array_equal(t.at_least(region, 0.3), t.region(region) >= 0.3)
+    assert (shape, ((2, 5), (1, 4), (0, 9))) in datagen._BASES
+
+
 def test_seeds_and_dtypes_differ_and_ints_cover_range():
     a = SeededTensor((100,), "float32", seed=1).full()
     b = SeededTensor((100,), "float32", seed=2).full()
