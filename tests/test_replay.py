@@ -9,6 +9,7 @@ seed each step. A step a replay cannot repeat stops with one line.
 from __future__ import annotations
 
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -103,6 +104,24 @@ def test_plain_arrays_are_static_inputs():
     a2, b2 = np.linspace(0, 1, 6).reshape(3, 2), np.full((4, 2), 3.0)
     out = graph(a2, b2)
     assert out is graph.result and np.array_equal(out, f(a2, b2))
+
+
+def test_ufuncs_outputs_and_reductions_replay_in_numpys_fastest_spelling_with_no_warning():
+    """A replay calls each ufunc itself with its outputs by position, np.maximum and np.minimum by keyword
+    (numpy 2 deprecates their third positional argument), reductions without numpy's default keywords:
+    the values are the step's, and no warning is raised."""
+    def f(a, b):
+        hi, lo = np.maximum(a, b), np.minimum(a, b)
+        q, r = np.divmod(a * 3.0, b + 3.0)
+        return (hi - lo).sum(axis=0, keepdims=True) + np.add.reduce(q + r, axis=0, where=True) + np.exp(-a).max()
+
+    a, b = np.arange(6.0).reshape(3, 2), np.linspace(-1, 1, 6).reshape(3, 2)[::-1].copy()
+    graph = capture(f, a, b)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for k in range(1, 4):
+            a2, b2 = a * k - 2.5, b + 0.25 * k
+            assert np.array_equal(graph(a2, b2), f(a2, b2))
 
 
 def test_a_kernel_returning_new_arrays_takes_out_the_captured_tuple_on_replay():

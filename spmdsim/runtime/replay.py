@@ -496,6 +496,7 @@ class Graph:
 
     def __init__(self, func: Callable, args: tuple, result: Any, tape: _Tape) -> None:
         self.func, self.args, self.result, self._entries = func, args, result, tuple(tape.entries)
+        self._calls = tuple(_call(*entry) for entry in self._entries)
 
     @property
     def operations(self) -> int:
@@ -507,9 +508,35 @@ class Graph:
             raise ReplayError(f"replay: got {len(args)} argument(s); the step was captured with {len(self.args)}")
         for i, (new, old) in enumerate(zip(args, self.args)):
             _rebind(i, old, new)
-        for func, a, k in self._entries:
-            func(*a, **k)
+        for func, a, k in self._calls:
+            if k is None:
+                func(*a)
+            else:
+                func(*a, **k)
         return self.result
+
+
+_METHOD_WRAPPER = type(np.add.__call__)
+#: A ufunc.reduce keyword left out of a replayed call when it has this, numpy's default value.
+_REDUCE_DEFAULTS = {"dtype": None, "keepdims": False, "where": True}
+#: Ufuncs whose output numpy 2 wants by keyword (a third positional argument is deprecated for them).
+_OUT_BY_NAME = (np.maximum, np.minimum)
+
+
+def _call(func: Callable, args: tuple, kwargs: dict) -> tuple:
+    """A recorded call as the replay makes it: (func, args, kwargs or None), the same call in numpy's fastest
+    spelling: a ufunc called itself, not through its __call__ wrapper, with its outputs passed by position
+    (``np.add(a, b, out)``); a reduction without the keywords that say numpy's defaults; no empty ``**{}``."""
+    if type(func) is _METHOD_WRAPPER and type(func.__self__) is np.ufunc and func.__name__ == "__call__":
+        ufunc = func.__self__
+        out = kwargs.get("out")
+        if len(kwargs) == 1 and type(out) is tuple and len(out) == ufunc.nout and len(args) == ufunc.nin \
+                and all(type(o) is _ndarray for o in out) and ufunc not in _OUT_BY_NAME:
+            return ufunc, args + out, None
+        return ufunc, args, kwargs or None
+    if getattr(func, "__name__", None) == "reduce" and type(getattr(func, "__self__", None)) is np.ufunc:
+        kwargs = {k: v for k, v in kwargs.items() if not (k in _REDUCE_DEFAULTS and v is _REDUCE_DEFAULTS[k])}
+    return func, args, kwargs or None
 
 
 def _rebind(i: int, old: Any, new: Any) -> None:
