@@ -324,17 +324,25 @@ class AdamW(_Optimizer):
         """The same step as `_update` on each parameter, bit for bit: the moments and the step sizes over
         flat buffers, then each block decayed and stepped."""
         # Other parameters than last time: new buffers, from the moments as they are now (kept in `state`).
-        g, m, v, tmp, spans = self._flat[1] if self._flat[0] == indices else self._flatten(indices, params)
-        np.concatenate([grad.reshape(-1) for grad in grads], out=g)
+        g, m, v, tmp, spans, groups = self._flat[1] if self._flat[0] == indices else self._flatten(indices, params)
         t = self.state[indices[0]][0] + 1
         for i in indices:
             self.state[i] = (t,) + self.state[i][1:]
-        _step_sizes(g, m, v, t, tmp, lr=self.lr, betas=self.betas, eps=self.eps)
         decay = 1 - self.lr * self.weight_decay
-        for i, param, (a, b) in zip(indices, params, spans):
-            if self.weight_decay and self.decays[i]:
-                param *= decay
-            param -= tmp[a:b].reshape(param.shape)
+        # A group of neighbouring parameters at a time (_GROUP_ELEMENTS): its gradients gathered, its moments
+        # and steps, its blocks stepped while that part of the buffers is still in cache; elementwise, so
+        # the same values as one pass over the whole buffers.
+        for a, b, first, last in groups:
+            if last - first == 1:
+                g[a:b] = grads[first].reshape(-1)
+            else:
+                np.concatenate([grad.reshape(-1) for grad in grads[first:last]], out=g[a:b])
+            _step_sizes(g[a:b], m[a:b], v[a:b], t, tmp[a:b], lr=self.lr, betas=self.betas, eps=self.eps)
+            for k in range(first, last):
+                param, (pa, pb) = params[k], spans[k]
+                if self.weight_decay and self.decays[indices[k]]:
+                    param *= decay
+                param -= tmp[pa:pb].reshape(param.shape)
 
     def _flatten(self, indices: tuple, params: tuple) -> tuple:
         """Flat buffers for these parameters; each one's moments become views of them (values kept), so a
@@ -348,9 +356,20 @@ class AdamW(_Optimizer):
             if m_i is not None:
                 m[a:b], v[a:b] = m_i.reshape(-1), v_i.reshape(-1)
             self.state[i] = (t, m[a:b].reshape(param.shape), v[a:b].reshape(param.shape))
-        buffers = (g, m, v, tmp, spans)
+        groups, first = [], 0
+        for k, (a, b) in enumerate(spans):  # neighbours together up to _GROUP_ELEMENTS; a larger block alone
+            if k + 1 == len(spans) or spans[k + 1][1] - spans[first][0] > _GROUP_ELEMENTS:
+                groups.append((spans[first][0], b, first, k + 1))
+                first = k + 1
+        buffers = (g, m, v, tmp, spans, tuple(groups))
         self._flat = (indices, buffers)
         return buffers
+
+
+#: AdamW's flat update takes the parameters in groups of about this many elements (512 KiB a float64
+#: buffer): the dozen passes of a group's moments and steps stay nearer the core (rank 0 of the MoE GPT's
+#: replayed step on 8 MPI ranks on 2 cores, 543,232 parameters a rank: 4.7-5.0 -> 4.5 ms an update).
+_GROUP_ELEMENTS = 1 << 16
 
 
 def _base(a: np.ndarray) -> np.ndarray:

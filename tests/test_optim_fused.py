@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import spmdsim
-from spmdsim import Layout
+from spmdsim import Layout, optim
 from spmdsim.optim import AdamW, adamw_update
 
 SHAPES = [(8, 4), (4,), (4, 8), (8,)]
@@ -46,7 +47,11 @@ def _run(skips: dict) -> list:
     return [same, same_moments, fused]
 
 
-def test_flat_adamw_is_the_per_parameter_one_bit_for_bit():
+@pytest.mark.parametrize("group", [1 << 16, 13, 1])
+def test_flat_adamw_is_the_per_parameter_one_bit_for_bit(group, monkeypatch):
+    """Whatever the groups the flat update takes its parameters in (optim._GROUP_ELEMENTS; a rank's blocks
+    have 8, 4, 16 and 4 elements: at 13 the first two go together, the third alone as larger than a group)."""
+    monkeypatch.setattr(optim, "_GROUP_ELEMENTS", group)
     for same, same_moments, fused in spmdsim.simulate(4, lambda: _run({})):
         assert same and same_moments
         assert fused == [True] * 4
