@@ -14,6 +14,9 @@ isinstance, len). Python's profile hook does not see a ufunc called as an
 object (np.add(a, b), np.exp(x)) or an array operator (a + b, a *= c): those
 kernels run on both sides uncounted. On 8 ranks through one interpreter lock
 every call is paid 8 times a step: docs/performance.md, "A GPT training step".
+Its last line captures one more step (spmdsim.runtime.replay) and gives the
+record's calls and the memory its arrays hold on rank 0, the intermediates
+sharing memory by lifetime and each on its own (docs/replay.md, "Memory").
 """
 from __future__ import annotations
 
@@ -50,13 +53,14 @@ def _counting(counts: collections.Counter):
     return hook
 
 
-def _spmdsim_step(cfg, counts: collections.Counter, phases: dict) -> None:
+def _spmdsim_step(cfg, counts: collections.Counter, phases: dict, replayed: dict) -> None:
     import spmdsim
     from spmdsim import DTensor, Layout, Mesh
     from spmdsim.gpt import batch, encode, load_text
     from spmdsim.gpt.parallel import GPT
     from spmdsim.gpt.params import decays, param_specs
     from spmdsim.optim import AdamW
+    from spmdsim.runtime.replay import Scalar, capture
 
     comm = spmdsim.world()
     ids = encode(load_text())
@@ -84,6 +88,19 @@ def _spmdsim_step(cfg, counts: collections.Counter, phases: dict) -> None:
             sys.setprofile(None)
             for part in phases.values():
                 counts.update(part)
+
+    def train_step(xd, yd, step):
+        opt.zero_grad()
+        loss = model.loss(xd, yd, step)
+        loss.backward(bucket=True)
+        opt.step()
+        return loss
+
+    x, y = batch(ids, cfg, 4)
+    xd, yd = (DTensor.from_global(mesh, a, mesh.layout("dp", None)) for a in (x, y))
+    graph = capture(train_step, xd, yd, Scalar(4), state=[model.params[s.name] for s in specs])
+    if comm.rank == 0:
+        replayed.update(calls=graph.operations, held=graph.held_bytes, shared=graph.shared_bytes)
     mesh.close()
 
 
@@ -123,7 +140,8 @@ def main() -> int:
     cfg = GPTConfig(layers=args.layers, d_model=args.d_model, heads=4, seq=args.seq, batch=8, dropout=0.1)
     ours, theirs = collections.Counter(), collections.Counter()
     phases = {name: collections.Counter() for name in ("forward", "backward", "AdamW")}
-    spmdsim.simulate(8, _spmdsim_step, cfg, ours, phases)
+    replayed: dict = {}
+    spmdsim.simulate(8, _spmdsim_step, cfg, ours, phases, replayed)
     spmdsim.simulate(8, _peer_step, cfg, theirs)
     print(f"GPT {args.layers} layers, d_model {args.d_model}, seq {args.seq}, batch 8, dp 2 x tp 4 (sequence "
           "parallel)")
@@ -136,6 +154,9 @@ def main() -> int:
     print(f"{'spmdsim by phase':24} {'all':>9} {'numpy fn':>9}")
     for name, part in phases.items():
         print(f"{name:24} {sum(part.values()):9,} {part[KINDS[1]]:9,}")
+    held, shared = replayed["held"], replayed["shared"]
+    print(f"captured step: {replayed['calls']:,} recorded calls, arrays {held / 2**20:.1f} MiB "
+          f"({(held + shared) / 2**20:.1f} MiB each on its own memory)")
     return 0
 
 

@@ -106,6 +106,50 @@ def test_plain_arrays_are_static_inputs():
     assert out is graph.result and np.array_equal(out, f(a2, b2))
 
 
+def test_intermediates_whose_lives_do_not_overlap_share_memory_and_keep_their_values():
+    """b, c, d, e of 8 KiB each: d is first written after b's last read, so a replay writes d into b's memory
+    (a replay's intermediates live as an eager step's allocator would place them, warm); the results are
+    the step's, step after step."""
+    def f(a):
+        b = a * 2.0
+        c = b + 1.0
+        d = np.exp(-c)
+        e = d * 3.0
+        return e.sum() + c.sum()
+
+    a = np.linspace(0, 1, 1024)
+    graph = capture(f, a)
+    assert graph.shared_bytes >= 8192
+    for k in range(1, 4):
+        a2 = np.linspace(-k, k, 1024)
+        assert graph(a2) == f(a2)
+
+
+KEPT: list = []
+
+
+def test_an_intermediate_the_step_keeps_a_reference_to_keeps_its_own_memory():
+    """The step keeps d (a reference outside the record, as a parameter's gradient or a cache is): d is not
+    moved nor lent, so after each replay the kept array holds that step's values."""
+    def f(a):
+        b = a * 2.0
+        c = b + 1.0
+        d = np.exp(-c)
+        KEPT.append(d)
+        e = d * 3.0
+        f = e + c
+        return f.sum()
+
+    KEPT.clear()
+    a = np.linspace(0, 1, 1024)
+    graph = capture(f, a)
+    kept = KEPT[0]
+    for k in range(1, 4):
+        a2 = np.linspace(-k, k, 1024)
+        graph(a2)
+        assert np.array_equal(kept, np.exp(-(a2 * 2.0 + 1.0)))
+
+
 def test_ufuncs_outputs_and_reductions_replay_in_numpys_fastest_spelling_with_no_warning():
     """A replay calls each ufunc itself with its outputs by position, np.maximum and np.minimum by keyword
     (numpy 2 deprecates their third positional argument), reductions without numpy's default keywords:

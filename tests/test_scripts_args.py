@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -348,7 +349,7 @@ def test_calls_gpt_counts_both_steps_calls():
     assert max(len(line) for line in lines) <= 100
     rows = {line[:24].strip(): line[24:].split() for line in lines[3:7]}
     assert list(rows) == ["Python functions", "numpy functions", "other builtins", "all"], done.stdout
-    phases = {line[:24].strip(): [int(v.replace(",", "")) for v in line[24:].split()] for line in lines[8:]}
+    phases = {line[:24].strip(): [int(v.replace(",", "")) for v in line[24:].split()] for line in lines[8:11]}
     assert list(phases) == ["forward", "backward", "AdamW"], done.stdout
     counts = {name: (int(a.replace(",", "")), int(b.replace(",", ""))) for name, (a, b, _) in rows.items()}
     assert all(a > 0 and b > 0 for a, b in counts.values())
@@ -357,3 +358,8 @@ def test_calls_gpt_counts_both_steps_calls():
                                                                     "other builtins"))
     assert sum(p[0] for p in phases.values()) == counts["all"][0]  # the phases make up spmdsim's step
     assert sum(p[1] for p in phases.values()) == counts["numpy functions"][0]
+    # The captured step's record: its calls, and its arrays' memory less than each on its own (shared).
+    captured = re.fullmatch(r"captured step: ([\d,]+) recorded calls, arrays ([\d.]+) MiB \(([\d.]+) MiB each on "
+                            r"its own memory\)", lines[11])
+    assert captured and len(lines) == 12, done.stdout
+    assert int(captured[1].replace(",", "")) > 0 and 0 < float(captured[2]) < float(captured[3])

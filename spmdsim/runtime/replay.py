@@ -32,10 +32,12 @@ stops with an error naming the capture's value.
 """
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
+import numpy as _np
 
 from ..errors import SpmdsimError
 
@@ -495,13 +497,37 @@ class Graph:
     """A captured step: call it with new inputs to replay it (see the module's docstring)."""
 
     def __init__(self, func: Callable, args: tuple, result: Any, tape: _Tape) -> None:
-        self.func, self.args, self.result, self._entries = func, args, result, tuple(tape.entries)
+        self.func, self.args, self.result = func, args, result
+        self._entries, self.shared_bytes = _share_memory(tuple(tape.entries)) if SHARE_MEMORY else (
+            tuple(tape.entries), 0)
         self._calls = tuple(_call(*entry) for entry in self._entries)
 
     @property
     def operations(self) -> int:
         """How many recorded calls a replay makes."""
         return len(self._entries)
+
+    @property
+    def held_bytes(self) -> int:
+        """The bytes of the memory the recorded calls name (each array's owner once): what the record holds
+        beside the step's inputs and state, with its intermediates sharing memory (`shared_bytes` less
+        than each on its own)."""
+        owners: dict = {}
+
+        def add(x: Any) -> None:
+            if isinstance(x, _ndarray):
+                root = _root(x)
+                owners[id(root)] = root.nbytes
+            elif type(x) in (tuple, list):
+                for v in x:
+                    add(v)
+            elif type(x) is dict:
+                for v in x.values():
+                    add(v)
+
+        for func, args, kwargs in self._entries:
+            add((getattr(func, "__self__", None), args, kwargs))
+        return sum(owners.values())
 
     def __call__(self, *args: Any) -> Any:
         if len(args) != len(self.args):
@@ -514,6 +540,188 @@ class Graph:
             else:
                 func(*a, **k)
         return self.result
+
+
+#: Whether a capture lets the step's intermediate arrays share memory by lifetime (`_share_memory`).
+SHARE_MEMORY = True
+
+
+def _share_memory(entries: tuple) -> tuple[tuple, int]:
+    """The recorded calls with the step's intermediates sharing memory where their lifetimes allow, and the
+    bytes that saved: (entries, bytes).
+
+    A capture keeps every array the step made, each its own memory, so a replay writes each intermediate
+    into memory it last touched a step ago, not into what the eager step's allocator handed back warm
+    (docs/replay.md, "Memory"). Here an array the step made whose only references are the record's (its
+    views' too: no DTensor, gradient, result, cache or request holds it), whose first recorded use writes
+    it whole and whose last use ends before another such array of the same size is first written, takes
+    that array's memory. The calls, their order and their values are the capture's; only where the
+    intermediates live changes.
+    """
+    objects: dict = {}  # id -> every array the record names, and the arrays their memory is a view of
+    counted: dict = {}  # id -> references from the record's containers
+    first: dict = {}  # id(root) -> the call that uses it first
+    last: dict = {}  # id(root) -> the call that uses it last
+    whole: dict = {}  # id(root) -> whether every use by its first call writes it whole
+    barred: set = set()  # ids of roots that keep their memory
+    seen: set = set()  # ids of containers counted
+
+    def use(x: Any, i: int, written: bool, count: bool) -> None:
+        if type(x) is _ndarray:
+            key = id(x)
+            if count:
+                counted[key] = counted.get(key, 0) + 1
+            root = x
+            while isinstance(root.base, _ndarray):
+                objects.setdefault(id(root), root)
+                root = root.base
+            objects.setdefault(key, x)
+            objects.setdefault(id(root), root)
+            r = id(root)
+            if r not in first:
+                first[r], whole[r] = i, written and _whole(x, root)
+            elif first[r] == i:
+                whole[r] = whole[r] and written and _whole(x, root)
+            last[r] = i
+        elif type(x) in (tuple, list, dict):
+            again = id(x) in seen
+            seen.add(id(x))
+            for v in (x.values() if type(x) is dict else x):
+                use(v, i, written, count and not again)
+
+    def walk() -> None:  # its own frame: no name of ours holds an array when the references are counted
+        for i, (func, args, kwargs) in enumerate(entries):
+            outs = _written_args(func, args, kwargs)
+            owner = getattr(func, "__self__", None)
+            if type(owner) is _ndarray:  # a bound method (ndarray.fill: it writes its array whole)
+                fill = getattr(func, "__name__", "") == "fill"
+                use(owner, i, fill, id(func) not in seen)
+                seen.add(id(func))
+                if not fill:
+                    barred.add(id(_root(owner)))
+            for container in (args, kwargs):
+                again = id(container) in seen
+                seen.add(id(container))
+                for k, v in (container.items() if type(container) is dict else enumerate(container)):
+                    use(v, i, k in outs, not again)
+
+    walk()
+    # What else holds each array (Python's count less ours, the record's and its views'): anything, and its
+    # memory stays its own.
+    base = _refcounts({0: _np.zeros(1)})[0]
+    children = _children(objects)
+    for key, n in _refcounts(objects).items():
+        if n > base + counted.get(key, 0) + children.get(key, 0):
+            barred.add(id(_root(objects[key])))
+    sizes = _shareable(objects, first, whole, barred)
+    # Lifetimes to memory: in order of first use, each takes a free host of its size, else hosts itself.
+    starts: dict = {}
+    for r in sizes:
+        starts.setdefault(first[r], []).append(r)
+    ends: dict = {}
+    free: dict = {}  # nbytes -> ids of hosts free now
+    host_of: dict = {}  # id(root) -> id of the root whose memory it takes
+    for i in range(len(entries)):
+        for r in starts.get(i, ()):
+            pool = free.get(sizes[r])
+            host_of[r] = pool.pop() if pool else r
+            ends.setdefault(last[r], []).append(r)
+        for r in ends.pop(i, ()):
+            free.setdefault(sizes[r], []).append(host_of[r])
+    moved = {r: h for r, h in host_of.items() if h != r}
+    if not moved:
+        return entries, 0
+    new: dict = {}  # id(array) -> the same array on its host's memory
+    for key, obj in objects.items():
+        root = _root(obj)
+        host = moved.get(id(root))
+        if host is not None and type(obj) is _ndarray:
+            memory = objects[host].view(_ndarray).reshape(-1).view(_np.uint8)
+            offset = obj.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+            view = _ndarray(obj.shape, obj.dtype, buffer=memory, offset=offset, strides=obj.strides)
+            if not obj.flags.writeable:
+                view.flags.writeable = False
+            new[key] = view
+    remade: dict = {}
+
+    def remake(x: Any) -> Any:
+        if type(x) is _ndarray:
+            return new.get(id(x), x)
+        if type(x) in (tuple, list, dict):
+            done = remade.get(id(x))
+            if done is None:
+                made = {k: remake(v) for k, v in x.items()} if type(x) is dict else type(x)(remake(v) for v in x)
+                done = remade[id(x)] = (x, made)  # the old one kept: its id is not reused meanwhile
+            return done[1]
+        return x
+
+    out = []
+    for func, args, kwargs in entries:
+        owner = getattr(func, "__self__", None)
+        if type(owner) is _ndarray and id(owner) in new:
+            func = getattr(new[id(owner)], func.__name__)
+        out.append((func, remake(args), remake(kwargs)))
+    return tuple(out), sum(sizes[r] for r in moved)
+
+
+def _children(objects: dict) -> dict:
+    """id -> how many of `objects` are views naming it as their base."""
+    out: dict = {}
+    for obj in objects.values():
+        if isinstance(obj.base, _ndarray):
+            out[id(obj.base)] = out.get(id(obj.base), 0) + 1
+    return out
+
+
+def _shareable(objects: dict, first: dict, whole: dict, barred: set) -> dict:
+    """id(root) -> bytes, of the roots that may share memory: not barred, written whole by their first use,
+    contiguous, writeable, 16-byte aligned, at least _SHARED_MIN_BYTES, their views of plain strides."""
+    sizes: dict = {}
+    for r in first:
+        root = objects[r]
+        if r not in barred and whole[r] and root.flags.c_contiguous and root.flags.writeable \
+                and root.nbytes >= _SHARED_MIN_BYTES and not root.__array_interface__["data"][0] % 16:
+            sizes[r] = root.nbytes
+    for obj in objects.values():
+        r = id(_root(obj))
+        if r in sizes and min(obj.strides, default=0) < 0:
+            del sizes[r]
+    return sizes
+
+
+def _refcounts(objects: dict) -> dict:
+    """id -> sys.getrefcount of each of `objects` (the same frame for the probe and the arrays)."""
+    return {key: sys.getrefcount(obj) for key, obj in objects.items()}
+
+
+#: Arrays smaller than this keep their own memory (sharing a few bytes saves nothing).
+_SHARED_MIN_BYTES = 4096
+
+
+def _root(x: np.ndarray) -> np.ndarray:
+    """The ndarray whose memory `x` views (numpy's view of a view names the owner)."""
+    while isinstance(x.base, _ndarray):
+        x = x.base
+    return x
+
+
+def _whole(x: np.ndarray, root: np.ndarray) -> bool:
+    """Whether writing `x` writes every byte of `root`."""
+    return x is root or (x.nbytes == root.nbytes and x.flags.c_contiguous
+                         and x.__array_interface__["data"][0] == root.__array_interface__["data"][0])
+
+
+def _written_args(func: Callable, args: tuple, kwargs: dict) -> frozenset:
+    """Which of a recorded call's arguments (positions, keyword names) it writes whole: its ``out``, the
+    destination of a copy. A ufunc's ``where=`` or ``np.copyto``'s writes part: none then."""
+    if "where" in kwargs and kwargs["where"] is not True:
+        return frozenset()
+    if func is _copy_into or func is _copy_all or func is _copy_dict or func is _take_into \
+            or func is _np.copyto:
+        return frozenset({0})
+    if getattr(func, "__name__", None) == "at" and type(getattr(func, "__self__", None)) is _np.ufunc:
+        return frozenset()
+    return frozenset({"out"}) if "out" in kwargs else frozenset()
 
 
 _METHOD_WRAPPER = type(np.add.__call__)
