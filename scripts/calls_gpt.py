@@ -69,32 +69,32 @@ def _spmdsim_step(cfg, counts: collections.Counter, phases: dict, replayed: dict
     specs = param_specs(cfg)
     opt = AdamW([model.params[s.name] for s in specs], lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                 weight_decay=cfg.weight_decay, decay=[model.params[s.name] for s in specs if decays(s)])
+
+    def train_step(xd, yd, step, phase=lambda name: None):
+        """One step; `phase(name)` as each of its phases starts, phase(None) after the last."""
+        opt.zero_grad()
+        phase("forward")
+        loss = model.loss(xd, yd, step)
+        phase("backward")
+        loss.backward(bucket=True)
+        phase("AdamW")
+        opt.step()
+        phase(None)
+        return loss
+
+    def count(name):
+        sys.setprofile(None if name is None else _counting(phases[name]))
+
     for step in range(4):
         x, y = batch(ids, cfg, step)
         xd, yd = (DTensor.from_global(mesh, a, mesh.layout("dp", None)) for a in (x, y))
         comm.Barrier()
-        counting = step == 3 and comm.rank == 0
-        opt.zero_grad()
-        if counting:
-            sys.setprofile(_counting(phases["forward"]))
-        loss = model.loss(xd, yd, step)
-        if counting:
-            sys.setprofile(_counting(phases["backward"]))
-        loss.backward(bucket=True)
-        if counting:
-            sys.setprofile(_counting(phases["AdamW"]))
-        opt.step()
-        if counting:
-            sys.setprofile(None)
+        if step == 3 and comm.rank == 0:  # the counted step
+            train_step(xd, yd, step, count)
             for part in phases.values():
                 counts.update(part)
-
-    def train_step(xd, yd, step):
-        opt.zero_grad()
-        loss = model.loss(xd, yd, step)
-        loss.backward(bucket=True)
-        opt.step()
-        return loss
+        else:
+            train_step(xd, yd, step)
 
     x, y = batch(ids, cfg, 4)
     xd, yd = (DTensor.from_global(mesh, a, mesh.layout("dp", None)) for a in (x, y))
