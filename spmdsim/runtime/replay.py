@@ -675,12 +675,14 @@ def _children(objects: dict) -> dict:
 
 def _shareable(objects: dict, first: dict, whole: dict, barred: set) -> dict:
     """id(root) -> bytes, of the roots that may share memory: not barred, written whole by their first use,
-    contiguous, writeable, 16-byte aligned, at least _SHARED_MIN_BYTES, their views of plain strides."""
+    contiguous, writeable, of numbers (no Python objects), 16-byte aligned, at least _SHARED_MIN_BYTES,
+    their views of plain strides."""
     sizes: dict = {}
     for r in first:
         root = objects[r]
         if r not in barred and whole[r] and root.flags.c_contiguous and root.flags.writeable \
-                and root.nbytes >= _SHARED_MIN_BYTES and not root.__array_interface__["data"][0] % 16:
+                and not root.dtype.hasobject and root.nbytes >= _SHARED_MIN_BYTES \
+                and not root.__array_interface__["data"][0] % 16:
             sizes[r] = root.nbytes
     for obj in objects.values():
         r = id(_root(obj))
