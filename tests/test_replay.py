@@ -150,6 +150,25 @@ def test_an_intermediate_the_step_keeps_a_reference_to_keeps_its_own_memory():
         assert np.array_equal(kept, np.exp(-(a2 * 2.0 + 1.0)))
 
 
+def test_arrays_of_python_objects_keep_their_own_memory():
+    """An object array's bytes are pointers it owns: no other array takes its memory, nor it another's (a
+    float array written over them would leave the object array releasing garbage)."""
+    def f(a):
+        o = a.astype(object)
+        p = o + 1
+        q = p.astype(np.float64)
+        r = q * 2.0
+        s = r + 1.0
+        return s.sum()
+
+    a = np.linspace(0, 1, 1024)
+    graph = capture(f, a)
+    assert graph.shared_bytes == 8192  # s takes q's memory: the float arrays share, the object ones do not
+    for k in range(1, 4):
+        a2 = np.linspace(-k, k, 1024)
+        assert graph(a2) == f(a2)
+
+
 def test_ufuncs_outputs_and_reductions_replay_in_numpys_fastest_spelling_with_no_warning():
     """A replay calls each ufunc itself with its outputs by position, np.maximum and np.minimum by keyword
     (numpy 2 deprecates their third positional argument), reductions without numpy's default keywords:
