@@ -19,6 +19,7 @@ from spmdsim import DTensor, Layout, Mesh, SeededTensor, buffers, ops
 from spmdsim.gpt import GPTConfig, encode, load_text
 from spmdsim.gpt.train import TOLERANCE, train
 from spmdsim.optim import SGD, Adam, AdamW
+from spmdsim.runtime import replay
 from spmdsim.runtime.replay import ReplayError, Scalar, capture
 
 SMALL = GPTConfig(layers=1, d_model=16, heads=4, seq=8, batch=4, dropout=0.2)
@@ -123,6 +124,23 @@ def test_intermediates_whose_lives_do_not_overlap_share_memory_and_keep_their_va
     for k in range(1, 4):
         a2 = np.linspace(-k, k, 1024)
         assert graph(a2) == f(a2)
+
+
+def test_with_share_memory_off_each_intermediate_keeps_its_own_memory(monkeypatch):
+    def f(a):
+        b = a * 2.0
+        c = np.exp(-b)
+        d = c * 3.0
+        return d.sum()
+
+    a = np.linspace(0, 1, 1024)
+    monkeypatch.setattr(replay, "SHARE_MEMORY", False)
+    graph = capture(f, a)
+    assert graph.shared_bytes == 0 and graph.held_bytes >= 3 * 8192
+    a2 = np.linspace(-1, 2, 1024)
+    assert graph(a2) == f(a2)
+    monkeypatch.setattr(replay, "SHARE_MEMORY", True)
+    assert capture(f, a).shared_bytes == 16384  # exp's input -b too: c takes b's memory, d takes -b's
 
 
 KEPT: list = []

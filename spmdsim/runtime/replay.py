@@ -37,7 +37,6 @@ import threading
 from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
-import numpy as _np
 
 from ..errors import SpmdsimError
 
@@ -496,9 +495,9 @@ def local_of(tensor: Any) -> Any:
 class Graph:
     """A captured step: call it with new inputs to replay it (see the module's docstring)."""
 
-    def __init__(self, func: Callable, args: tuple, result: Any, tape: _Tape) -> None:
+    def __init__(self, func: Callable, args: tuple, result: Any, tape: _Tape, share: bool = True) -> None:
         self.func, self.args, self.result = func, args, result
-        self._entries, self.shared_bytes = _share_memory(tuple(tape.entries)) if SHARE_MEMORY else (
+        self._entries, self.shared_bytes = _share_memory(tuple(tape.entries)) if share else (
             tuple(tape.entries), 0)
         self._calls = tuple(_call(*entry) for entry in self._entries)
 
@@ -542,7 +541,8 @@ class Graph:
         return self.result
 
 
-#: Whether a capture lets the step's intermediate arrays share memory by lifetime (`_share_memory`).
+#: Whether a capture lets the step's intermediates share memory by lifetime (`_share_memory`); False:
+#: each keeps its own, as before the sharing (to measure what it saves, or to rule it out).
 SHARE_MEMORY = True
 
 
@@ -608,7 +608,7 @@ def _share_memory(entries: tuple) -> tuple[tuple, int]:
     walk()
     # What else holds each array (Python's count less ours, the record's and its views'): anything, and its
     # memory stays its own.
-    base = _refcounts({0: _np.zeros(1)})[0]
+    base = _refcounts({0: np.zeros(1)})[0]
     children = _children(objects)
     for key, n in _refcounts(objects).items():
         if n > base + counted.get(key, 0) + children.get(key, 0):
@@ -636,7 +636,7 @@ def _share_memory(entries: tuple) -> tuple[tuple, int]:
         root = _root(obj)
         host = moved.get(id(root))
         if host is not None and type(obj) is _ndarray:
-            memory = objects[host].view(_ndarray).reshape(-1).view(_np.uint8)
+            memory = objects[host].view(_ndarray).reshape(-1).view(np.uint8)
             offset = obj.__array_interface__["data"][0] - root.__array_interface__["data"][0]
             view = _ndarray(obj.shape, obj.dtype, buffer=memory, offset=offset, strides=obj.strides)
             if not obj.flags.writeable:
@@ -719,9 +719,9 @@ def _written_args(func: Callable, args: tuple, kwargs: dict) -> frozenset:
     if "where" in kwargs and kwargs["where"] is not True:
         return frozenset()
     if func is _copy_into or func is _copy_all or func is _copy_dict or func is _take_into \
-            or func is _np.copyto:
+            or func is np.copyto:
         return frozenset({0})
-    if getattr(func, "__name__", None) == "at" and type(getattr(func, "__self__", None)) is _np.ufunc:
+    if getattr(func, "__name__", None) == "at" and type(getattr(func, "__self__", None)) is np.ufunc:
         return frozenset()
     return frozenset({"out"}) if "out" in kwargs else frozenset()
 
@@ -802,7 +802,7 @@ def capture(func: Callable, *args: Any, state: Iterable[Any] = ()) -> Graph:
     _plain_results(result)
     for x in state:  # the parameters' gradients, set while capturing
         _plain_results(getattr(x, "grad", None))
-    return Graph(func, tuple(args), result, tape)
+    return Graph(func, tuple(args), result, tape, SHARE_MEMORY)
 
 
 def _plain_results(result: Any) -> None:
