@@ -169,6 +169,19 @@ def _watched_calls(f, watched=_WATCHED, callers=_CALLERS):
         sys.setprofile(None)
 
 
+def _watched_step(f, leaves, watched=_WATCHED, callers=_CALLERS):
+    """`f()` watched (`_watched_calls`), then the sum of its result backward: (the watched frames, the result
+    gathered, its layout, its node's (name, want, reads), each of `leaves`' gradient gathered); the leaves'
+    gradients are cleared after (the next call's not added to these)."""
+    calls, y = _watched_calls(f, watched, callers)
+    node = y._ag
+    y.sum().backward()
+    grads = tuple(t.grad.gather() for t in leaves)
+    for t in leaves:
+        t._ag.grad = None
+    return calls, y.gather(), y.layout, (node.name, node.want, node.reads), grads
+
+
 @pytest.mark.parametrize("b_map", [(None, "tp"), ("dp", None), (None,)], ids=["moved", "same", "broadcast"])
 def test_a_repeated_pointwise_call_takes_its_prepared_path(b_map):
     """A pointwise call with the layout objects, shapes and dtypes of an earlier one (spmdsim.ops.pointwise's
@@ -238,21 +251,14 @@ def test_a_repeated_einsum_takes_its_prepared_path():
         mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
         x = DTensor.from_global(mesh, gx, mesh.layout("dp", None, "tp")).requires_grad_()
         w = DTensor.from_global(mesh, gw, mesh.layout("tp", None)).requires_grad_()
-        runs = []
-        for _ in range(2):
-            calls, y = _watched_calls(lambda: ops.einsum("tbd,de->tbe", x, w))
-            node = y._ag
-            y.sum().backward()
-            runs.append((calls, y.gather(), y.layout, (node.name, node.want, node.reads), x.grad.gather(),
-                         w.grad.gather()))
-            x._ag.grad = w._ag.grad = None
+        runs = [_watched_step(lambda: ops.einsum("tbd,de->tbe", x, w), (x, w)) for _ in range(2)]
         v = DTensor.from_global(mesh, gx[:2], mesh.layout("dp", None, "tp"))
         calls, z = _watched_calls(lambda: ops.einsum("tbd,de->tbe", v, w))
         out = runs, calls, z.gather()
         mesh.close()
         return out
 
-    ((calls1, y1, layout1, node1, gx1, gw1), (calls2, y2, layout2, node2, gx2, gw2)), calls, z = \
+    ((calls1, y1, layout1, node1, (gx1, gw1)), (calls2, y2, layout2, node2, (gx2, gw2))), calls, z = \
         spmdsim.simulate(4, body)[0]
     assert "decided" in calls1 and calls2 == []
     assert np.allclose(y1, np.einsum("tbd,de->tbe", gx, gw))
@@ -277,21 +283,15 @@ def test_a_repeated_pointwise_call_with_a_number_takes_its_prepared_path():
     def body():
         mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
         a = DTensor.from_global(mesh, ga, mesh.layout("dp", "tp")).requires_grad_()
-        runs = []
-        for value in (2.5, -0.5):
-            # the number first, then beside a DTensor
-            calls, z = _watched_calls(lambda: P.mul(value, a - 1.0), watched, None)
-            node = z._ag
-            z.sum().backward()
-            runs.append((calls, z.gather(), z.layout, (node.name, node.want, node.reads), a.grad.gather()))
-            a._ag.grad = None
+        # the number first, then beside a DTensor
+        runs = [_watched_step(lambda: P.mul(value, a - 1.0), (a,), watched, None) for value in (2.5, -0.5)]
         calls, w = _watched_calls(lambda: a * 3, watched, None)  # an int: another signature
         out = runs, calls, w.gather(), w.local.dtype
         mesh.close()
         return out
 
     runs, calls, w, dtype = spmdsim.simulate(4, body)[0]
-    (calls1, z1, layout1, node1, g1), (calls2, z2, layout2, node2, g2) = runs
+    (calls1, z1, layout1, node1, (g1,)), (calls2, z2, layout2, node2, (g2,)) = runs
     assert "_operands" in calls1 and "lift" in calls1
     assert calls2 == []
     assert np.array_equal(z1, 2.5 * (ga - 1.0)) and np.array_equal(z2, -0.5 * (ga - 1.0))
@@ -324,15 +324,7 @@ def test_a_repeated_attention_takes_its_prepared_path():
         def core(a, b, c):
             return ops.attention(a, b, c, causal=True, dropout=0.25, seed=9, batch_first=False)
 
-        runs = []
-        for _ in range(2):
-            calls, y = _watched_calls(lambda: core(q, k, v), watched, None)
-            node = y._ag
-            y.sum().backward()
-            runs.append((calls, y.gather(), y.layout, (node.name, node.want, node.reads),
-                         tuple(t.grad.gather() for t in (q, k, v))))
-            for t in (q, k, v):
-                t._ag.grad = None
+        runs = [_watched_step(lambda: core(q, k, v), (q, k, v), watched, None) for _ in range(2)]
         try:
             ops.attention(q, k, v, causal=True, dropout=0.25, seed=True, batch_first=False)
             refused = None
