@@ -94,18 +94,24 @@ def _inner(shape: tuple, bounds: tuple) -> np.ndarray:
     return inner
 
 
-def _kept(shape: tuple, bounds: tuple, inner: np.ndarray) -> bool:
-    """Keep the block's (flat index + 1) * golden in _BASES (seed-independent: a dropout mask drawn at the
-    same block each step makes its counters in one pass from it); False when the cache has no room."""
-    rows = np.arange(bounds[0][0], bounds[0][1], dtype=np.uint64) * np.uint64(math.prod(shape[1:]))
+def _counters(shape: tuple, start: int, stop: int, inner: np.ndarray) -> np.ndarray:
+    """(flat index + 1) * golden over rows [start, stop) of the first dim and the block `inner` (`_inner`) spans
+    in the others, wrapping modulo 2**64: rows * stride * golden + (inner index + 1) * golden."""
+    rows = np.arange(start, stop, dtype=np.uint64) * np.uint64(math.prod(shape[1:]))
     rows *= _GOLDEN
-    base = rows.reshape((-1,) + (1,) * (len(shape) - 1)) + inner
+    return rows.reshape((-1,) + (1,) * (len(shape) - 1)) + inner
+
+
+def _kept(shape: tuple, bounds: tuple, inner: np.ndarray) -> Optional[np.ndarray]:
+    """The block's `_counters`, kept in _BASES (seed-independent: a dropout mask drawn at the same block each
+    step makes its counters in one pass from them); None when the cache has no room."""
+    base = _counters(shape, bounds[0][0], bounds[0][1], inner)
     if _INNER_BYTES[0] + base.nbytes > _INNER_MAX_BYTES or base.nbytes > _INNER_MAX_BYTES // 4:
-        return False
+        return None
     base.flags.writeable = False
     _BASES[(shape, bounds)] = base
     _INNER_BYTES[0] += base.nbytes
-    return True
+    return base
 
 
 @dataclass(frozen=True)
@@ -229,21 +235,18 @@ class SeededTensor:
         # rows * stride * golden + (inner + 1) * golden, inner the flat index of the block minus its
         # first dim: the second term is the same for every seed, kept per (shape, region).
         base = _BASES.get((self.shape, bounds))
-        if base is not None:  # the block's (flat index + 1) * golden, kept: one pass makes the counters
+        if base is None:
+            inner = _inner(self.shape, bounds)
+            rows_per_pass = max(1, _CHUNK_ELEMENTS // max(1, inner.size))
+            if keep and rows_per_pass >= out_shape[0]:
+                base = _kept(self.shape, bounds, inner)
+        if base is not None:  # the block's counters, kept: one pass makes this seed's
             yield _mix(np.bitwise_xor(base, key)), slice(0, out_shape[0])
             return
-        inner = _inner(self.shape, bounds)
-        rows_per_pass = max(1, _CHUNK_ELEMENTS // max(1, inner.size))
-        start0, stride0 = bounds[0][0], np.uint64(math.prod(self.shape[1:]))
-        if keep and rows_per_pass >= out_shape[0] and _kept(self.shape, bounds, inner):
-            yield from self._bits(bounds, out_shape)
-            return
-        scratch = None
+        start0, scratch = bounds[0][0], None
         for r0 in range(0, out_shape[0], rows_per_pass):
             r1 = min(out_shape[0], r0 + rows_per_pass)
-            rows = np.arange(start0 + r0, start0 + r1, dtype=np.uint64) * stride0
-            rows *= _GOLDEN
-            counters = rows.reshape((-1,) + (1,) * (len(self.shape) - 1)) + inner
+            counters = _counters(self.shape, start0 + r0, start0 + r1, inner)
             counters ^= key
             if scratch is None or scratch.shape != counters.shape:
                 scratch = np.empty_like(counters)
