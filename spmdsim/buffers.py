@@ -37,7 +37,8 @@ from .context import PROCESS
 from .context import current as _current
 
 __all__ = ["PAGE", "PAGE_OFFSET", "MIN_BYTES", "HUGE_MIN", "empty", "kept_empty", "full", "zeros", "ones",
-           "page_offset", "placed_copy", "use_huge_pages", "lazy_zeros", "is_lazy", "LAZY_BYTES", "fresh", "as_array",
+           "page_offset", "placed_copy", "use_huge_pages", "lazy_zeros", "is_lazy", "owner", "owned_bytes", "LAZY_BYTES",
+           "fresh", "as_array",
            "contiguous", "stacked", "into", "broadcast_zero"]
 
 PAGE = mmap.PAGESIZE
@@ -144,12 +145,25 @@ def broadcast_zero(shape: tuple, dtype: Any) -> np.ndarray:
     return made
 
 
+def owner(a: np.ndarray) -> np.ndarray:
+    """The array whose memory `a` views (itself when it owns it)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def owned_bytes(arrays: Any) -> int:
+    """The bytes of these arrays' memory, each owner counted once (a view counts its owner's)."""
+    owners: dict = {}
+    for a in arrays:
+        a = owner(a)
+        owners[id(a)] = a.nbytes
+    return sum(owners.values())
+
+
 def is_lazy(a: np.ndarray) -> bool:
     """Whether `a` views a `lazy_zeros` mapping (in a dry run: zeros unless written, which nothing large is)."""
-    owner = a
-    while isinstance(owner.base, np.ndarray):
-        owner = owner.base
-    base = owner.base
+    base = owner(a).base
     return isinstance(base.obj if isinstance(base, memoryview) else base, _Lazy)
 
 

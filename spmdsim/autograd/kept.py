@@ -23,6 +23,7 @@ from typing import Any, Iterable, Optional
 
 import numpy as np
 
+from .. import buffers
 from .graph import Node
 
 __all__ = ["kept_bytes", "UNTAGGED", "KEPT", "kept_problem", "shell", "nothing"]
@@ -69,13 +70,13 @@ def kept_bytes(roots: Iterable[Any], exclude: Iterable[Any] = (), masks: bool = 
     return two such dicts, (values, masks), the second the boolean arrays' bytes (dropout masks kept
     as 1-byte bools), the first everything else; their sum is the dict returned without it.
     """
-    skip = {id(_owner(t.local)) for t in exclude} | {id(z) for z in list(_NOTHING.values())}
+    skip = {id(buffers.owner(t.local)) for t in exclude} | {id(z) for z in list(_NOTHING.values())}
     order = _forward_order([getattr(t, "_ag", None) for t in roots])
     where: dict[int, tuple[str, int, bool]] = {}  # id(buffer) -> (kind, bytes, a bool mask)
     for node in order:  # later (earlier in the forward) nodes take the buffers they share
         kind = node.kind or UNTAGGED
         for array in _arrays(node):
-            owner = _owner(array)
+            owner = buffers.owner(array)
             if id(owner) not in skip:
                 where[id(owner)] = (kind, owner.nbytes, owner.dtype == np.bool_)
     values: dict[str, int] = {}
@@ -84,13 +85,6 @@ def kept_bytes(roots: Iterable[Any], exclude: Iterable[Any] = (), masks: bool = 
         into = bools if masks and is_mask else values
         into[kind] = into.get(kind, 0) + nbytes
     return (values, bools) if masks else values
-
-
-def _owner(a: np.ndarray) -> np.ndarray:
-    """The array whose memory `a` views (itself when it owns it)."""
-    while isinstance(a.base, np.ndarray):
-        a = a.base
-    return a
 
 
 def _forward_order(roots: list) -> list:

@@ -54,7 +54,7 @@ from .data import batch
 from .memory import MASKS, recompute_problem, zero_problem
 from .params import decays, param_specs
 from .stages import chunk_parts, pipeline_problem
-from .train import StepResult, _distinct, _look, _norm, _report, step_errors
+from .train import StepResult, _look, _norm, _report, step_errors
 from .wholes import Regions, assemble, stage_regions
 
 __all__ = ["PipelineRun", "train_pipelined", "pipeline_layout_problem"]
@@ -557,7 +557,7 @@ class _Most:
 
     def report(self, step: int) -> Any:
         self._flush()
-        return _report(step, self.moments, _distinct(p.local for p in self.params))
+        return _report(step, self.moments, buffers.owned_bytes(p.local for p in self.params))
 
 
 class _Stand:
@@ -635,9 +635,7 @@ class _DryBlocks:
 
     def _map(self, nbytes: int) -> Any:
         if nbytes not in self._maps:
-            raw = buffers.lazy_zeros(nbytes, np.uint8)
-            while isinstance(raw.base, np.ndarray):
-                raw = raw.base
+            raw = buffers.owner(buffers.lazy_zeros(nbytes, np.uint8))
             self._maps[nbytes] = raw.base if buffers.is_lazy(raw) else None
         return self._maps[nbytes]
 

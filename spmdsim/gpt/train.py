@@ -40,6 +40,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ..autograd.kept import kept_problem
+from ..buffers import owned_bytes
 from ..layout import Layout
 from .config import GPTConfig
 from .data import batch
@@ -356,7 +357,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
                 loss = graph(xd, yd, step)
         value = float(ops.resolved(loss).local)
         if memory and moments:  # a replayed step runs no Python: the captured step's figures
-            report = _report(step, moments, _distinct(p.local for p in params))
+            report = _report(step, moments, owned_bytes(p.local for p in params))
             moments.clear()
         errors = (float("nan"),) * 3
         if check:
@@ -453,22 +454,12 @@ def _expert_bytes(cfg: GPTConfig, rank: int, mesh: Any, params: dict, stats: Any
                        cfg.moe.dry_routing if dry_run_active() else "router")
 
 
-def _distinct(arrays: Any) -> int:
-    """The bytes of these arrays' buffers, each counted once (a view counts its base's)."""
-    owners: dict = {}
-    for a in arrays:
-        while isinstance(a.base, np.ndarray):
-            a = a.base
-        owners[id(a)] = a.nbytes
-    return sum(owners.values())
-
-
 def _look(moments: dict, moment: str, optimizer: Any, params: list, kept: Optional[dict] = None) -> None:
     """Record in `moments` this rank's (optimizer bytes by kind, gradient bytes, total held) at `moment`,
     and what the graph keeps for backward (`kept`, by kind) when given: the trainers' memory looks."""
     held = optimizer.memory()
-    grads = _distinct(p.grad.local for p in params if p.grad is not None)
-    moments[moment] = (held, grads, _distinct(p.local for p in params) + grads
+    grads = owned_bytes(p.grad.local for p in params if p.grad is not None)
+    moments[moment] = (held, grads, owned_bytes(p.local for p in params) + grads
                        + sum(held.values()) + sum((kept or {}).values()))
     if kept is not None:
         moments["kept"] = kept

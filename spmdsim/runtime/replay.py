@@ -38,6 +38,8 @@ from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 
+from .. import buffers
+from ..buffers import owner as _owner
 from ..errors import SpmdsimError
 
 __all__ = ["ReplayError", "Scalar", "Graph", "capture", "kernel", "capturing"]
@@ -463,8 +465,6 @@ _lock = threading.Lock()
 
 
 def _begin(tape: "_Tape") -> None:
-    from .. import buffers
-
     with _lock:
         if _ACTIVE[0] == 0:
             buffers.FRESH = fresh
@@ -473,8 +473,6 @@ def _begin(tape: "_Tape") -> None:
 
 
 def _end() -> None:
-    from .. import buffers
-
     _tls.tape = None
     with _lock:
         _ACTIVE[0] -= 1
@@ -511,22 +509,18 @@ class Graph:
         """The bytes of the memory the recorded calls name (each array's owner once): what the record holds
         beside the step's inputs and state, with its intermediates sharing memory (`shared_bytes` less
         than each on its own)."""
-        owners: dict = {}
+        named: list = []
 
-        def add(x: Any) -> None:
+        def add(x: Any) -> None:  # as _arrays, into dicts too (a _copy_dict's results)
             if isinstance(x, _ndarray):
-                root = _root(x)
-                owners[id(root)] = root.nbytes
-            elif type(x) in (tuple, list):
-                for v in x:
-                    add(v)
-            elif type(x) is dict:
-                for v in x.values():
+                named.append(x)
+            elif type(x) in (tuple, list, dict):
+                for v in (x.values() if type(x) is dict else x):
                     add(v)
 
         for func, args, kwargs in self._entries:
             add((getattr(func, "__self__", None), args, kwargs))
-        return sum(owners.values())
+        return buffers.owned_bytes(named)
 
     def __call__(self, *args: Any) -> Any:
         if len(args) != len(self.args):
@@ -598,7 +592,7 @@ def _share_memory(entries: tuple) -> tuple[tuple, int]:
                 use(owner, i, fill, id(func) not in seen)
                 seen.add(id(func))
                 if not fill:
-                    barred.add(id(_root(owner)))
+                    barred.add(id(_owner(owner)))
             for container in (args, kwargs):
                 again = id(container) in seen
                 seen.add(id(container))
@@ -612,7 +606,7 @@ def _share_memory(entries: tuple) -> tuple[tuple, int]:
     children = _children(objects)
     for key, n in _refcounts(objects).items():
         if n > base + counted.get(key, 0) + children.get(key, 0):
-            barred.add(id(_root(objects[key])))
+            barred.add(id(_owner(objects[key])))
     sizes = _shareable(objects, first, whole, barred)
     # Lifetimes to memory: in order of first use, each takes a free host of its size, else hosts itself.
     starts: dict = {}
@@ -633,7 +627,7 @@ def _share_memory(entries: tuple) -> tuple[tuple, int]:
         return entries, 0
     new: dict = {}  # id(array) -> the same array on its host's memory
     for key, obj in objects.items():
-        root = _root(obj)
+        root = _owner(obj)
         host = moved.get(id(root))
         if host is not None and type(obj) is _ndarray:
             memory = objects[host].view(_ndarray).reshape(-1).view(np.uint8)
@@ -685,7 +679,7 @@ def _shareable(objects: dict, first: dict, whole: dict, barred: set) -> dict:
                 and not root.__array_interface__["data"][0] % 16:
             sizes[r] = root.nbytes
     for obj in objects.values():
-        r = id(_root(obj))
+        r = id(_owner(obj))
         if r in sizes and min(obj.strides, default=0) < 0:
             del sizes[r]
     return sizes
@@ -698,13 +692,6 @@ def _refcounts(objects: dict) -> dict:
 
 #: Arrays smaller than this keep their own memory (sharing a few bytes saves nothing).
 _SHARED_MIN_BYTES = 4096
-
-
-def _root(x: np.ndarray) -> np.ndarray:
-    """The ndarray whose memory `x` views (numpy's view of a view names the owner)."""
-    while isinstance(x.base, _ndarray):
-        x = x.base
-    return x
 
 
 def _whole(x: np.ndarray, root: np.ndarray) -> bool:
