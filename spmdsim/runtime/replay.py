@@ -493,9 +493,9 @@ def local_of(tensor: Any) -> Any:
 class Graph:
     """A captured step: call it with new inputs to replay it (see the module's docstring)."""
 
-    def __init__(self, func: Callable, args: tuple, result: Any, tape: _Tape, share: bool = True) -> None:
+    def __init__(self, func: Callable, args: tuple, result: Any, tape: _Tape) -> None:
         self.func, self.args, self.result = func, args, result
-        self._entries, self.shared_bytes = _share_memory(tuple(tape.entries)) if share else (
+        self._entries, self.shared_bytes = _share_memory(tuple(tape.entries)) if SHARE_MEMORY else (
             tuple(tape.entries), 0)
         self._calls = tuple(_call(*entry) for entry in self._entries)
 
@@ -789,7 +789,7 @@ def capture(func: Callable, *args: Any, state: Iterable[Any] = ()) -> Graph:
     _plain_results(result)
     for x in state:  # the parameters' gradients, set while capturing
         _plain_results(getattr(x, "grad", None))
-    return Graph(func, tuple(args), result, tape, SHARE_MEMORY)
+    return Graph(func, tuple(args), result, tape)
 
 
 def _plain_results(result: Any) -> None:
