@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import subprocess
+import sysconfig
 import sys
 import zlib
 
@@ -152,6 +153,31 @@ def test_adamw_matches_the_formula_and_decays_only_matrices():
         ref.AdamW(lr=-1)
     names = ref.AdamW.from_config(TINY)._decay
     assert names("wte") and names("h0.mlp.w1") and not names("h0.ln1.w") and not names("lnf.b")
+
+
+def test_the_text_is_the_shipped_one_on_every_python(tmp_path, monkeypatch):
+    """load_text() reads the text shipped with spmdsim (CPython 3.11.7's sources of MODULES), not the running
+    interpreter's: every Python version trains on the same bytes, so the docs' losses hold on all of them."""
+    from spmdsim.gpt import data
+
+    whole = load_text(10**9)
+    assert len(whole) == data.SHIPPED_CHARS == 308_276 and zlib.crc32(whole) == data.SHIPPED_CRC32
+    assert max(whole) < 128 and whole.startswith(b'"""Bisection algorithms."""')
+    assert zlib.crc32(load_text()) == 3_321_946_636  # the first 200,000 bytes every GPT run trains on
+    # 3.11.7's own folder gives the same bytes (checked where that is the interpreter running the test).
+    if sys.version_info[:3] == (3, 11, 7):
+        assert load_text(10**9, stdlib=sysconfig.get_paths()["stdlib"]) == whole
+    # A damaged or missing file is refused in one line that names it.
+    monkeypatch.setattr(data, "_SHIPPED", [])
+    bad = tmp_path / "text.zlib"
+    bad.write_bytes(zlib.compress(whole[:-1] + b"?"))
+    monkeypatch.setattr(data, "SHIPPED_TEXT", str(bad))
+    with pytest.raises(SpmdsimError, match=r"is not the one spmdsim shipped \(308,276 bytes, CRC-32 \d+; "
+                                           r"expected 308,276 and 1283960579\); reinstall spmdsim$"):
+        load_text()
+    monkeypatch.setattr(data, "SHIPPED_TEXT", str(tmp_path / "gone.zlib"))
+    with pytest.raises(SpmdsimError, match=r"gone.zlib' cannot be read .*load_text\(stdlib=folder\)"):
+        load_text()
 
 
 def test_load_text_is_ascii_and_batches_are_deterministic_windows(text_ids, tmp_path):

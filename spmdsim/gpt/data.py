@@ -1,4 +1,10 @@
-"""Character-level text for the GPT: Python's own standard library sources, on every machine.
+"""Character-level text for the GPT: Python's standard library sources, the same on every machine.
+
+The text is fifteen modules' sources (`MODULES`) as CPython 3.11.7 ships them, kept beside this
+file (stdlib_text.zlib, 83 KiB; their license: stdlib_text_LICENSE.txt, the PSF License): each
+Python version's own sources differ, so reading the running interpreter's would give another
+text, other batches and other losses on every version, and the figures the docs quote would
+hold on one Python only. `load_text(stdlib=folder)` reads the modules from a folder instead.
 
 Token ids are byte values (vocab 128): bytes >= 128 become b"?". A batch is B windows of
 T + 1 bytes whose starts come from a generator seeded by (cfg.seed, step): pure and
@@ -7,7 +13,6 @@ deterministic, the same on every rank.
 from __future__ import annotations
 
 import os
-import sysconfig
 import zlib
 from typing import Any, Optional
 
@@ -17,7 +22,7 @@ from ..errors import SpmdsimError
 from ..validate import as_int
 from .config import GPTConfig
 
-__all__ = ["MODULES", "load_text", "encode", "decode", "batch"]
+__all__ = ["MODULES", "SHIPPED_TEXT", "SHIPPED_CHARS", "load_text", "encode", "decode", "batch"]
 
 #: The standard library files read, in this order (missing ones are skipped).
 MODULES = tuple(sorted(("bisect.py", "colorsys.py", "copy.py", "difflib.py", "fnmatch.py", "fractions.py",
@@ -29,13 +34,16 @@ def load_text(max_chars: int = 200_000, stdlib: Optional[str] = None) -> bytes:
     """The first `max_chars` ASCII bytes of the MODULES' sources, concatenated.
 
     Args:
-        max_chars: at most this many bytes (>= 1).
-        stdlib: the folder to read (default ``sysconfig.get_paths()["stdlib"]``).
+        max_chars: at most this many bytes (>= 1; the shipped text has SHIPPED_CHARS).
+        stdlib: a folder to read the modules from (a standard library's, ``sysconfig.get_paths()["stdlib"]``
+            for this interpreter's own); default the text shipped with spmdsim (CPython 3.11.7's).
     """
     n = as_int(max_chars)
     if n is None or n < 1:
         raise SpmdsimError(f"max_chars {max_chars!r} must be an integer >= 1")
-    folder = sysconfig.get_paths()["stdlib"] if stdlib is None else stdlib
+    if stdlib is None:
+        return _shipped()[:n]
+    folder = stdlib
     parts, total = [], 0
     for name in MODULES:
         path = os.path.join(folder, name)
@@ -51,6 +59,29 @@ def load_text(max_chars: int = 200_000, stdlib: Optional[str] = None) -> bytes:
     raw = np.frombuffer(b"".join(parts), dtype=np.uint8).copy()
     raw[raw >= 128] = ord("?")
     return raw.tobytes()
+
+
+#: The shipped text: its file, its length in bytes and its CRC-32 (checked when it is read).
+SHIPPED_TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stdlib_text.zlib")
+SHIPPED_CHARS, SHIPPED_CRC32 = 308_276, 1_283_960_579
+_SHIPPED: list = []  # the text, once read
+
+
+def _shipped() -> bytes:
+    """The shipped text (read and checked once)."""
+    if not _SHIPPED:
+        try:
+            with open(SHIPPED_TEXT, "rb") as f:
+                text = zlib.decompress(f.read())
+        except (OSError, zlib.error) as exc:
+            raise SpmdsimError(f"the GPT's text {SHIPPED_TEXT!r} cannot be read ({exc}); reinstall spmdsim, or "
+                               "pass load_text(stdlib=folder) to read the modules from a folder") from None
+        if len(text) != SHIPPED_CHARS or zlib.crc32(text) != SHIPPED_CRC32:
+            raise SpmdsimError(f"the GPT's text {SHIPPED_TEXT!r} is not the one spmdsim shipped ({len(text):,} "
+                               f"bytes, CRC-32 {zlib.crc32(text)}; expected {SHIPPED_CHARS:,} and "
+                               f"{SHIPPED_CRC32}); reinstall spmdsim")
+        _SHIPPED.append(text)
+    return _SHIPPED[0]
 
 
 def encode(text: bytes) -> np.ndarray:
