@@ -502,3 +502,27 @@ def test_a_gather_the_root_refuses_completes_on_the_others():
 
     assert simulate(3, body) == ["Gather: a block of 2 x float64 is sent where 3 x float64 are received",
                                  None, None]
+
+
+def test_a_ranks_error_keeps_its_type_where_python_has_no_add_note():
+    """Python 3.10 has no BaseException.add_note: the note goes on the same __notes__ list and the rank's own
+    exception is raised (not a SimulationError wrapping it), so its type, message and simulated_ranks, and
+    the launcher's exit code, are the same on every Python."""
+    from spmdsim.sim.run import _add_note
+
+    class NoAddNote(ValueError):  # as an exception is on 3.10
+        @property
+        def add_note(self):
+            raise AttributeError("add_note")
+
+    exc = NoAddNote("bad")
+    _add_note(exc, "raised on every simulated rank")
+    _add_note(exc, "and again")
+    assert exc.__notes__ == ["raised on every simulated rank", "and again"]
+
+    def body():
+        raise NoAddNote("bad size")
+
+    with pytest.raises(NoAddNote, match="^bad size") as info:
+        simulate(3, body)
+    assert info.value.__notes__ == ["raised on every simulated rank"] and info.value.simulated_ranks == (0, 1, 2)

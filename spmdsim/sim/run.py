@@ -186,10 +186,8 @@ def _dry_run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> li
             value.simulated_ranks = tuple(range(size))  # for spmdsim.sim.launch's exit codes
         except AttributeError:
             pass
-        if hasattr(value, "add_note"):
-            value.add_note(note)
-            raise value
-        raise SimulationError(f"{type(value).__name__}: {value} ({note})") from value
+        _add_note(value, note)
+        raise value
     # Each rank's result is its representative's (rank 0's for all when the ranks do not differ).
     results = DryRunResults([values[0]] * size if stands_for is None else
                             [values[r] for r in stands_for.tolist()])
@@ -212,10 +210,22 @@ def _raise_failure(engine: World, size: int) -> None:
         exc.simulated_ranks = tuple(sorted(alike))  # for spmdsim.sim.launch's exit codes
     except AttributeError:  # an exception type with __slots__
         pass
+    _add_note(exc, note)
+    raise exc
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``; before Python 3.11, which has no add_note, the same ``__notes__`` list (its
+    traceback does not print it). The exception itself is raised on either way: its type, message and
+    ``simulated_ranks`` are the rank's on every Python (a wrapper would turn a rank's ValueError into
+    another type, and its error's exit code into the one of an error on some ranks)."""
     if hasattr(exc, "add_note"):
         exc.add_note(note)
-        raise exc
-    raise SimulationError(f"{type(exc).__name__}: {exc} ({note})") from exc
+        return
+    try:
+        exc.__notes__ = [*getattr(exc, "__notes__", ()), note]  # type: ignore[attr-defined]
+    except (AttributeError, TypeError):  # an exception type with __slots__
+        pass
 
 
 class _simulating:
