@@ -35,8 +35,11 @@ def counted(n: int, noun: str) -> str:
 
 def as_int(value: object) -> Optional[int]:
     """`value` as a Python int if it is an integer (numpy ints too, bool not), else None."""
-    if isinstance(value, bool):
-        return None
+    kind = type(value)
+    if kind is int:
+        return value  # type: ignore[return-value]
+    if kind is bool or getattr(getattr(value, "dtype", None), "kind", None) == "b":
+        return None  # Python's bool and numpy's (numpy before 2.3 gives np.bool_ an __index__: True would be 1)
     try:
         return operator.index(value)  # type: ignore[arg-type]
     except TypeError:

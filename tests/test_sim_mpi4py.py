@@ -128,3 +128,22 @@ def test_unmodified_script_sees_its_own_world():
         assert MPI.COMM_WORLD is real
     assert ranks == [(0, 3, 1, False), (1, 3, 1, False), (2, 3, 1, False)]
     assert MPI.COMM_WORLD is real and type(MPI).__name__ == "module"
+
+
+def test_an_empty_cuda_array_interface_at_address_0_is_an_empty_buffer():
+    """An empty array.array's address is 0, and so is the __cuda_array_interface__ made of it (mpi4py's
+    FakeGPUArrayBasic): numpy before 2.3 takes no interface without memory, so array_of makes the empty array
+    itself (read-only as the interface says); an address 0 with entries is refused in one line."""
+    from spmdsim.sim._buffers import BufferSpecError, array_of
+
+    class Cai:
+        def __init__(self, shape, address, readonly):
+            self.__cuda_array_interface__ = {"version": 0, "data": (address, readonly), "typestr": "<i4",
+                                             "shape": shape}
+
+    empty = array_of(Cai((0,), 0, False), "Bcast buffer", readonly=False)
+    assert empty.shape == (0,) and empty.dtype == np.int32 and empty.flags.writeable
+    assert not array_of(Cai((0,), 0, True), "send buffer").flags.writeable
+    with pytest.raises(BufferSpecError, match=r"^recv buffer: __cuda_array_interface__ of shape \(3,\) at address "
+                                              r"0; expected the address of its memory$"):
+        array_of(Cai((3,), 0, False), "recv buffer", readonly=False)

@@ -9,6 +9,7 @@ or ``__cuda_array_interface__`` (host memory), seen in place, never copied.
 from __future__ import annotations
 
 import array
+import math
 import mmap
 import operator
 import sys
@@ -311,6 +312,22 @@ class _Interface:
                                     "version": 3}
 
 
+def _from_interface(cai: dict, what: str) -> np.ndarray:
+    """The host memory a __cuda_array_interface__ names, as a numpy array over it. An empty buffer's address
+    may be 0 (an empty array.array's is): numpy before 2.3 takes no interface without memory, so such a
+    buffer is an empty array of its type (nothing to read or write); 0 with entries is refused."""
+    shape = tuple(cai["shape"])
+    address, readonly = cai["data"]
+    if not address:
+        if math.prod(shape):
+            raise BufferSpecError(f"{what}: __cuda_array_interface__ of shape {shape!r} at address 0; "
+                                  "expected the address of its memory")
+        a = np.empty(shape, np.dtype(cai["typestr"]))
+        a.flags.writeable = not readonly
+        return a
+    return np.asarray(_Interface(cai))
+
+
 def array_of(buf: Any, what: str, readonly: bool = True, typed: bool = False) -> np.ndarray:
     """`buf` as a flat numpy array over the same memory (never a copy); `typed`: a datatype comes with it,
     so its own dtype is not read (mpi4py moves the bytes of [big_endian_array, MPI.INT])."""
@@ -330,7 +347,7 @@ def array_of(buf: Any, what: str, readonly: bool = True, typed: bool = False) ->
 
             a = from_dlpack(buf)
         elif hasattr(buf, "__cuda_array_interface__"):
-            a = np.asarray(_Interface(buf.__cuda_array_interface__))
+            a = _from_interface(buf.__cuda_array_interface__, what)
         else:
             raise TypeError(f"{what}: {type(buf).__name__!r} is not a buffer (expected an array, "
                             f"or [buffer, count, datatype]; Python objects go with the lowercase methods: "
