@@ -1,8 +1,9 @@
 r"""A GPT trained on real text on a (dp x tp) mesh, every step checked against one numpy process.
 
-Character-level text of Python's own standard library sources; token and position
-embeddings, pre-LN blocks (causal multi-head attention, GELU MLP, residuals, dropout),
-a final LayerNorm and a head tied to the token embedding, vocab-parallel cross-entropy,
+Character-level text of Python's standard library sources (CPython 3.11.7's, shipped with
+spmdsim: the same text on every Python); token and position embeddings, pre-LN blocks
+(causal multi-head attention, GELU MLP, residuals, dropout), a final LayerNorm and a
+head tied to the token embedding, vocab-parallel cross-entropy,
 AdamW. Megatron's splits over tp (column-parallel Q, K, V and fc1 with the heads split,
 row-parallel output projections, vocab-parallel embedding and head), the batch over dp,
 and with --sp sequence parallelism. Every operator is one of spmdsim's general rules.
