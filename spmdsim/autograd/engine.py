@@ -435,7 +435,7 @@ def _collector(explain: Optional[list]) -> Any:
 def add_grads(a: Any, b: Any, layout: TensorLayout, kind: Optional[str] = "activations") -> Any:
     """a + b for two gradients of one tensor (brought to one layout first: B -> P is free); `kind`: what
     spmdsim.flops.sweep counts the sum as (None: not counted here, its caller counts it)."""
-    if a.layout != b.layout:
+    if a._layout is not b._layout and a._layout != b._layout:  # mostly one object: no Python __eq__ call
         both = set(a.layout.partial) | set(b.layout.partial)
         common = layout.with_partial(x for x in layout.layout.alias_name if x in both)
         a, b = _move(a, common), _move(b, common)
