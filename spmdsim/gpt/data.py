@@ -76,9 +76,10 @@ def _shipped() -> bytes:
         except (OSError, zlib.error) as exc:
             raise SpmdsimError(f"the GPT's text {SHIPPED_TEXT!r} cannot be read ({exc}); reinstall spmdsim, or "
                                "pass load_text(stdlib=folder) to read the modules from a folder") from None
-        if len(text) != SHIPPED_CHARS or zlib.crc32(text) != SHIPPED_CRC32:
+        crc = zlib.crc32(text)
+        if len(text) != SHIPPED_CHARS or crc != SHIPPED_CRC32:
             raise SpmdsimError(f"the GPT's text {SHIPPED_TEXT!r} is not the one spmdsim shipped ({len(text):,} "
-                               f"bytes, CRC-32 {zlib.crc32(text)}; expected {SHIPPED_CHARS:,} and "
+                               f"bytes, CRC-32 {crc}; expected {SHIPPED_CHARS:,} and "
                                f"{SHIPPED_CRC32}); reinstall spmdsim")
         _SHIPPED.append(text)
     return _SHIPPED[0]

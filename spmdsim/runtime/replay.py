@@ -105,10 +105,11 @@ def _traced(x: Any) -> Any:
 
 
 def _arrays(x: Any, out: list) -> list:
+    """The arrays in `x` (an array, or tuples, lists and dicts' values of them), appended to `out`."""
     if isinstance(x, _ndarray):
         out.append(x)
-    elif type(x) in (tuple, list):
-        for v in x:
+    elif type(x) in (tuple, list, dict):
+        for v in (x.values() if type(x) is dict else x):
             _arrays(v, out)
     return out
 
@@ -510,16 +511,8 @@ class Graph:
         beside the step's inputs and state, with its intermediates sharing memory (`shared_bytes` less
         than each on its own)."""
         named: list = []
-
-        def add(x: Any) -> None:  # as _arrays, into dicts too (a _copy_dict's results)
-            if isinstance(x, _ndarray):
-                named.append(x)
-            elif type(x) in (tuple, list, dict):
-                for v in (x.values() if type(x) is dict else x):
-                    add(v)
-
-        for func, args, kwargs in self._entries:
-            add((getattr(func, "__self__", None), args, kwargs))
+        for func, args, kwargs in self._entries:  # kwargs and a _copy_dict's results: dicts of arrays
+            _arrays((getattr(func, "__self__", None), args, kwargs), named)
         return buffers.owned_bytes(named)
 
     def __call__(self, *args: Any) -> Any:

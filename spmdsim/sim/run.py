@@ -181,13 +181,7 @@ def _dry_run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> li
                 break
     if not ok:
         ran = "rank 0 runs" if len(contexts) == 1 else f"{len(contexts)} representatives run"
-        note = f"raised in the dry run ({ran} for all {size} simulated ranks)"
-        try:
-            value.simulated_ranks = tuple(range(size))  # for spmdsim.sim.launch's exit codes
-        except AttributeError:
-            pass
-        _add_note(value, note)
-        raise value
+        raise _noted(value, tuple(range(size)), f"raised in the dry run ({ran} for all {size} simulated ranks)")
     # Each rank's result is its representative's (rank 0's for all when the ranks do not differ).
     results = DryRunResults([values[0]] * size if stands_for is None else
                             [values[r] for r in stands_for.tolist()])
@@ -205,13 +199,18 @@ def _raise_failure(engine: World, size: int) -> None:
     alike = [r for r, e in failed.items() if type(e) is type(exc) and str(e) == str(exc)]
     where = ("every simulated rank" if len(alike) == size
              else f"simulated {ranks_text(alike)} of {size}")
-    note = f"raised on {where}"
+    raise _noted(exc, tuple(sorted(alike)), f"raised on {where}")
+
+
+def _noted(exc: BaseException, ranks: tuple, note: str) -> BaseException:
+    """`exc` itself, with the ranks that raised it (``simulated_ranks``, for spmdsim.sim.launch's exit codes)
+    and `note` added to its notes, for the caller to raise."""
     try:
-        exc.simulated_ranks = tuple(sorted(alike))  # for spmdsim.sim.launch's exit codes
+        exc.simulated_ranks = ranks  # type: ignore[attr-defined]
     except AttributeError:  # an exception type with __slots__
         pass
     _add_note(exc, note)
-    raise exc
+    return exc
 
 
 def _add_note(exc: BaseException, note: str) -> None:
