@@ -26,6 +26,7 @@ import numpy as np
 
 from .autograd.graph import Leaf, with_partial
 from .buffers import owned_bytes
+from .buffers import owner as _owner
 from .context import current
 from .errors import OperatorError
 from .flops import any_open, sweep
@@ -322,46 +323,113 @@ class AdamW(_Optimizer):
         """The same step as `_update` on each parameter, bit for bit: the moments and the step sizes over
         flat buffers, then each block decayed and stepped."""
         # Other parameters than last time: new buffers, from the moments as they are now (kept in `state`).
-        g, m, v, tmp, spans, groups = self._flat[1] if self._flat[0] == indices else self._flatten(indices, params)
+        g, m, v, tmp, spans, groups = self._flat[1] if self._flat[0] == indices else \
+            self._flatten(indices, params, grads)
         t = self.state[indices[0]][0] + 1
         for i in indices:
             self.state[i] = (t,) + self.state[i][1:]
         decay = 1 - self.lr * self.weight_decay
-        # A group of neighbouring parameters at a time (_GROUP_ELEMENTS): its gradients gathered, its moments
-        # and steps, its blocks stepped while that part of the buffers is still in cache; elementwise, so
-        # the same values as one pass over the whole buffers.
-        for a, b, first, last in groups:
-            if last - first == 1:
-                g[a:b] = grads[first].reshape(-1)
-            else:
-                np.concatenate([grad.reshape(-1) for grad in grads[first:last]], out=g[a:b])
-            _step_sizes(g[a:b], m[a:b], v[a:b], t, tmp[a:b], lr=self.lr, betas=self.betas, eps=self.eps)
-            for k in range(first, last):
+        # A group of parameters at a time (_GROUP_ELEMENTS): its gradients read where they lie when they lie
+        # end to end (a gradient bucket's summed buffer, Megatron's grad buffer), else gathered into `g`; its
+        # moments and steps, its blocks stepped while that part of the buffers is still in cache;
+        # elementwise, so the same values as one pass over the whole buffers.
+        for a, b, members in groups:
+            grad = _end_to_end([grads[k] for k in members], g.dtype)
+            if grad is None:
+                grad = g[a:b]
+                if len(members) == 1:
+                    grad[...] = grads[members[0]].reshape(-1)
+                else:
+                    np.concatenate([grads[k].reshape(-1) for k in members], out=grad)
+            _step_sizes(grad, m[a:b], v[a:b], t, tmp[a:b], lr=self.lr, betas=self.betas, eps=self.eps)
+            for k in members:
                 param, (pa, pb) = params[k], spans[k]
                 if self.weight_decay and self.decays[indices[k]]:
                     param *= decay
                 param -= tmp[pa:pb].reshape(param.shape)
 
-    def _flatten(self, indices: tuple, params: tuple) -> tuple:
-        """Flat buffers for these parameters; each one's moments become views of them (values kept), so a
-        later update of one alone (`_update`) writes into them."""
-        ends = np.cumsum([p.size for p in params]).tolist()
-        spans = tuple(zip([0] + ends[:-1], ends))
+    def _flatten(self, indices: tuple, params: tuple, grads: tuple) -> tuple:
+        """Flat buffers for these parameters, laid out in the order their gradients lie in memory (a bucket's
+        members end to end, so a group of them is read in place); each one's moments become views of them
+        (values kept), so a later update of one alone (`_update`) writes into them."""
+        order = _memory_order(grads)
+        ends = np.cumsum([params[k].size for k in order]).tolist()
+        starts = [0] + ends[:-1]
+        spans: list = [None] * len(params)
+        for k, a, b in zip(order, starts, ends):
+            spans[k] = (a, b)
         dtype = params[0].dtype
         g, m, v, tmp = (np.zeros(ends[-1], dtype) for _ in range(4))
-        for i, param, (a, b) in zip(indices, params, spans):
+        for k, (a, b) in enumerate(spans):
+            i, param = indices[k], params[k]
             t, m_i, v_i = self.state.get(i) or (0, None, None)
             if m_i is not None:
                 m[a:b], v[a:b] = m_i.reshape(-1), v_i.reshape(-1)
             self.state[i] = (t, m[a:b].reshape(param.shape), v[a:b].reshape(param.shape))
+        # Neighbours together up to _GROUP_ELEMENTS (a larger block alone), a run of gradients that lie end to
+        # end not mixed with others (those are gathered, these read in place).
+        runs = _runs(grads, order)
         groups, first = [], 0
-        for k, (a, b) in enumerate(spans):  # neighbours together up to _GROUP_ELEMENTS; a larger block alone
-            if k + 1 == len(spans) or spans[k + 1][1] - spans[first][0] > _GROUP_ELEMENTS:
-                groups.append((spans[first][0], b, first, k + 1))
-                first = k + 1
-        buffers = (g, m, v, tmp, spans, tuple(groups))
+        for n, k in enumerate(order):
+            nxt = n + 1
+            if nxt == len(order) or ends[nxt] - starts[first] > _GROUP_ELEMENTS or runs[nxt] != runs[n]:
+                groups.append((starts[first], ends[n], tuple(order[first:nxt])))
+                first = nxt
+        buffers = (g, m, v, tmp, tuple(spans), tuple(groups))
         self._flat = (indices, buffers)
         return buffers
+
+
+def _memory_order(grads: tuple) -> list:
+    """Positions of `grads`, those viewing one buffer together (by address), the buffers in order of first use."""
+    buffer_of: dict = {}
+    keys = []
+    for k, grad in enumerate(grads):
+        root = _owner(grad)
+        keys.append((buffer_of.setdefault(id(root), len(buffer_of)), _address(grad), k))
+    return [k for _, _, k in sorted(keys)]
+
+
+def _runs(grads: tuple, order: list) -> list:
+    """Per position of `order`: the number of the run of gradients lying end to end it belongs to (two or
+    more, contiguous, of one buffer), or None."""
+    out: list = [None] * len(order)
+    run = 0
+    for n in range(len(order) - 1):
+        a, b = grads[order[n]], grads[order[n + 1]]
+        if a.flags.c_contiguous and b.flags.c_contiguous and a.dtype == b.dtype \
+                and _owner(a) is _owner(b) and _address(a) + a.nbytes == _address(b):
+            if out[n] is None:
+                run += 1
+                out[n] = run
+            out[n + 1] = out[n]
+    return out
+
+
+def _end_to_end(grads: list, dtype: Any) -> Any:
+    """The gradients as one flat array viewing them where they lie, if they are of `dtype`, contiguous and
+    end to end in one buffer in this order; else None."""
+    first = grads[0]
+    if first.dtype != dtype or not first.flags.c_contiguous:
+        return None
+    if len(grads) == 1:
+        return first.reshape(-1)
+    root = _owner(first)
+    end = _address(first) + first.nbytes
+    for grad in grads[1:]:
+        if grad.dtype != dtype or not grad.flags.c_contiguous or _owner(grad) is not root or _address(grad) != end:
+            return None
+        end += grad.nbytes
+    if root.dtype != dtype or not root.flags.c_contiguous:
+        return None
+    offset, rest = divmod(_address(grads[0]) - _address(root), dtype.itemsize)
+    if rest:
+        return None
+    return root.reshape(-1)[offset:offset + sum(grad.size for grad in grads)]
+
+
+def _address(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]
 
 
 #: AdamW's flat update takes the parameters in groups of about this many elements (512 KiB a float64

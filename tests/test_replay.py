@@ -143,6 +143,42 @@ def test_with_share_memory_off_each_intermediate_keeps_its_own_memory(monkeypatc
     assert capture(f, a).shared_bytes == 16384  # exp's input -b too: c takes b's memory, d takes -b's
 
 
+def test_a_join_of_arrays_made_for_it_alone_is_written_in_place():
+    """A gradient bucket's join: b and c made for it alone (it is their last use) into a buffer it uses first.
+    The capture makes b and c views of their places in that buffer and drops the join (its bytes in
+    `joined_bytes`): a replay copies nothing, and its values are the step's, step after step."""
+    def f(a):
+        b = a * 2.0
+        c = np.exp(-a)
+        flat = np.concatenate([b.reshape(-1), c.reshape(-1)])
+        flat *= 3.0  # an in-place Allreduce of the bucket, say
+        return flat[:1024].sum() - flat[1024:].sum()
+
+    a = np.linspace(0, 1, 1024)
+    graph = capture(f, a)
+    assert graph.joined_bytes == 16384
+    assert np.concatenate not in [func for func, _, _ in graph._entries]
+    for k in range(1, 4):
+        a2 = np.linspace(-k, k, 1024)
+        assert graph(a2) == f(a2)
+
+
+def test_a_join_whose_part_is_read_again_copies_it():
+    """b is read after the join (and c is one of the step's inputs): the join stays, each keeps its memory."""
+    def f(a, c):
+        b = a * 2.0
+        flat = np.concatenate([b, np.exp(-a)])
+        other = np.concatenate([a * 3.0, c])
+        return flat.sum() + b.sum() + other.sum()
+
+    a, c = np.linspace(0, 1, 1024), np.ones(1024)
+    graph = capture(f, a, c)
+    assert graph.joined_bytes == 0
+    for k in range(1, 4):
+        a2, c2 = np.linspace(-k, k, 1024), np.full(1024, float(k))
+        assert graph(a2, c2) == f(a2, c2)
+
+
 KEPT: list = []
 
 

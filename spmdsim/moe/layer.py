@@ -346,16 +346,21 @@ def _unpack(back: np.ndarray, rows: np.ndarray, gates: Optional[np.ndarray],
     return ys
 
 
-def _combine_grad(dy: np.ndarray, back: np.ndarray, rows: np.ndarray, gates: np.ndarray) -> tuple:
+def _combine_grad(dy: np.ndarray, back: np.ndarray, rows: np.ndarray, gates: np.ndarray,
+                  out: Optional[tuple] = None) -> tuple:
     """The combine's backward: (d loss / d gates (bl, T, k); d loss / d the combine's rows (nrows, D)) from
-    the output's gradient dy (T, bl, D)."""
+    the output's gradient dy (T, bl, D); into `out`'s two arrays when given (a replay's)."""
     T, bl, D = dy.shape
     kept = rows >= 0
     tok, at = _token_rows(rows, bl)
     dys = dy.reshape(T * bl, D)[tok]
-    dgates = np.zeros(gates.shape)
+    if out is None:
+        dgates, dback = np.zeros(gates.shape), np.zeros(back.shape)
+    else:
+        dgates, dback = out
+        dgates.fill(0.0)
+        dback.fill(0.0)
     dgates[kept] = np.einsum("nd,nd->n", dys, back[at])
-    dback = np.zeros(back.shape)
     dback[at] = gates[kept][:, None] * dys
     return dgates, dback
 

@@ -496,8 +496,10 @@ class Graph:
 
     def __init__(self, func: Callable, args: tuple, result: Any, tape: _Tape) -> None:
         self.func, self.args, self.result = func, args, result
-        self._entries, self.shared_bytes = _share_memory(tuple(tape.entries)) if SHARE_MEMORY else (
-            tuple(tape.entries), 0)
+        entries = tuple(tape.entries)
+        tape.entries.clear()  # `entries` alone holds the record: each pass counts references against it
+        entries, self.joined_bytes = _joined_in_place(entries) if SHARE_MEMORY else (entries, 0)
+        self._entries, self.shared_bytes = _share_memory(entries) if SHARE_MEMORY else (entries, 0)
         self._calls = tuple(_call(*entry) for entry in self._entries)
 
     @property
@@ -528,8 +530,9 @@ class Graph:
         return self.result
 
 
-#: Whether a capture lets the step's intermediates share memory by lifetime (`_share_memory`); False:
-#: each keeps its own, as before the sharing (to measure what it saves, or to rule it out).
+#: Whether a capture lets the step's intermediates share memory by lifetime (`_share_memory`) and writes a
+#: join's parts where the join puts them (`_joined_in_place`); False: each keeps its own, as before (to
+#: measure what that saves, or to rule it out).
 SHARE_MEMORY = True
 
 
@@ -545,12 +548,84 @@ def _share_memory(entries: tuple) -> tuple[tuple, int]:
     that array's memory. The calls, their order and their values are the capture's; only where the
     intermediates live changes.
     """
-    objects: dict = {}  # id -> every array the record names, and the arrays their memory is a view of
+    objects, first, last, whole, barred = _uses(entries)
+    sizes = _shareable(objects, first, whole, barred)
+    # Lifetimes to memory: in order of first use, each takes a free host of its size, else hosts itself.
+    starts: dict = {}
+    for r in sizes:
+        starts.setdefault(first[r], []).append(r)
+    ends: dict = {}
+    free: dict = {}  # nbytes -> ids of hosts free now
+    host_of: dict = {}  # id(root) -> id of the root whose memory it takes
+    for i in range(len(entries)):
+        for r in starts.get(i, ()):
+            pool = free.get(sizes[r])
+            host_of[r] = pool.pop() if pool else r
+            ends.setdefault(last[r], []).append(r)
+        for r in ends.pop(i, ()):
+            free.setdefault(sizes[r], []).append(host_of[r])
+    moved = {r: (objects[h], 0) for r, h in host_of.items() if h != r}
+    if not moved:
+        return entries, 0
+    return _rehomed(entries, objects, moved, ()), sum(sizes[r] for r in moved)
+
+
+def _joined_in_place(entries: tuple) -> tuple[tuple, int]:
+    """The recorded calls with each join written in place, and the bytes no longer copied a replay:
+    (entries, bytes).
+
+    A gradient bucket joins its gradients into one flat buffer (``np.concatenate``) for one Allreduce. Where
+    every part is the whole of an array the step made for the join alone (only the record names it, its
+    first use writes it whole, the join is its last use) and the flat buffer is first used by the join,
+    the parts' arrays become views of their places in the flat buffer and the join goes: the step writes
+    each gradient where the bucket reads it (PyTorch DDP's gradient_as_bucket_view, Megatron's grad
+    buffer). The values each call computes are the capture's.
+    """
+    objects, first, last, whole, barred = _uses(entries)
+    placed: dict = {}  # id(root) -> (the flat buffer, the byte offset its part starts at)
+    dropped: set = set()
+    saved = 0
+    for i, (func, args, kwargs) in enumerate(entries):
+        if func is not np.concatenate or len(args) != 1 or set(kwargs) - {"out", "axis"} \
+                or kwargs.get("axis", 0) not in (0, -1):
+            continue
+        flat, parts = kwargs.get("out"), args[0]
+        if type(flat) is not _ndarray or flat.ndim != 1 or not flat.flags.c_contiguous \
+                or first.get(id(_owner(flat))) != i or type(parts) not in (list, tuple) or len(parts) < 2:
+            continue
+        roots = [_owner(part) if type(part) is _ndarray else None for part in parts]
+        keys = {id(root) for root in roots}
+        if len(keys) != len(parts) or id(_owner(flat)) in keys or not all(
+                root is not None and part.dtype == flat.dtype and part.ndim == 1 and _whole(part, root)
+                and id(root) not in barred and id(root) not in placed and whole.get(id(root))
+                and first[id(root)] != i and last[id(root)] == i and root.flags.c_contiguous
+                for part, root in zip(parts, roots)):
+            continue
+        at = 0
+        for part, root in zip(parts, roots):
+            placed[id(root)] = (flat, at)
+            at += part.nbytes
+        dropped.add(i)
+        saved += flat.nbytes
+    if not dropped:
+        return entries, 0
+    return _rehomed(entries, objects, placed, dropped), saved
+
+
+def _uses(entries: tuple) -> tuple:
+    """What `_share_memory` and `_joined_in_place` decide from: (objects, first, last, whole, barred).
+
+    `objects`: id -> every array the record names, and the arrays their memory is a view of; `first`,
+    `last`: id(root) -> the calls that use it first and last; `whole`: id(root) -> whether every use by its
+    first call writes it whole; `barred`: ids of roots held by anything but the record (Python's reference
+    count less the record's and its views'), whose memory stays their own.
+    """
+    objects: dict = {}
     counted: dict = {}  # id -> references from the record's containers
-    first: dict = {}  # id(root) -> the call that uses it first
-    last: dict = {}  # id(root) -> the call that uses it last
-    whole: dict = {}  # id(root) -> whether every use by its first call writes it whole
-    barred: set = set()  # ids of roots that keep their memory
+    first: dict = {}
+    last: dict = {}
+    whole: dict = {}
+    barred: set = set()
     seen: set = set()  # ids of containers counted
 
     def use(x: Any, i: int, written: bool, count: bool) -> None:
@@ -593,6 +668,7 @@ def _share_memory(entries: tuple) -> tuple[tuple, int]:
                     use(v, i, k in outs, not again)
 
     walk()
+    del use, walk  # `use` names itself (a cycle): its cell emptied, no later count sees these arrays held twice
     # What else holds each array (Python's count less ours, the record's and its views'): anything, and its
     # memory stays its own.
     base = _refcounts({0: np.zeros(1)})[0]
@@ -600,31 +676,20 @@ def _share_memory(entries: tuple) -> tuple[tuple, int]:
     for key, n in _refcounts(objects).items():
         if n > base + counted.get(key, 0) + children.get(key, 0):
             barred.add(id(_owner(objects[key])))
-    sizes = _shareable(objects, first, whole, barred)
-    # Lifetimes to memory: in order of first use, each takes a free host of its size, else hosts itself.
-    starts: dict = {}
-    for r in sizes:
-        starts.setdefault(first[r], []).append(r)
-    ends: dict = {}
-    free: dict = {}  # nbytes -> ids of hosts free now
-    host_of: dict = {}  # id(root) -> id of the root whose memory it takes
-    for i in range(len(entries)):
-        for r in starts.get(i, ()):
-            pool = free.get(sizes[r])
-            host_of[r] = pool.pop() if pool else r
-            ends.setdefault(last[r], []).append(r)
-        for r in ends.pop(i, ()):
-            free.setdefault(sizes[r], []).append(host_of[r])
-    moved = {r: h for r, h in host_of.items() if h != r}
-    if not moved:
-        return entries, 0
-    new: dict = {}  # id(array) -> the same array on its host's memory
+    return objects, first, last, whole, barred
+
+
+def _rehomed(entries: tuple, objects: dict, homes: dict, dropped: Any) -> tuple:
+    """The recorded calls but those at `dropped` positions, each array whose root is in `homes` (id(root) ->
+    (an array, a byte offset)) replaced by the same view at that offset of that array's memory."""
+    new: dict = {}  # id(array) -> the same array in its new home
     for key, obj in objects.items():
         root = _owner(obj)
-        host = moved.get(id(root))
-        if host is not None and type(obj) is _ndarray:
-            memory = objects[host].view(_ndarray).reshape(-1).view(np.uint8)
-            offset = obj.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+        home = homes.get(id(root))
+        if home is not None and type(obj) is _ndarray:
+            host, at = home
+            memory = host.view(_ndarray).reshape(-1).view(np.uint8)
+            offset = at + obj.__array_interface__["data"][0] - root.__array_interface__["data"][0]
             view = _ndarray(obj.shape, obj.dtype, buffer=memory, offset=offset, strides=obj.strides)
             if not obj.flags.writeable:
                 view.flags.writeable = False
@@ -643,12 +708,15 @@ def _share_memory(entries: tuple) -> tuple[tuple, int]:
         return x
 
     out = []
-    for func, args, kwargs in entries:
+    for i, (func, args, kwargs) in enumerate(entries):
+        if i in dropped:
+            continue
         owner = getattr(func, "__self__", None)
         if type(owner) is _ndarray and id(owner) in new:
             func = getattr(new[id(owner)], func.__name__)
         out.append((func, remake(args), remake(kwargs)))
-    return tuple(out), sum(sizes[r] for r in moved)
+    del remake  # it names itself (a cycle holding `remade`): the old record goes now, not at a collection
+    return tuple(out)
 
 
 def _children(objects: dict) -> dict:
