@@ -16,7 +16,8 @@ kernels run on both sides uncounted. On 8 ranks through one interpreter lock
 every call is paid 8 times a step: docs/performance.md, "A GPT training step".
 Its last line captures one more step (spmdsim.runtime.replay) and gives the
 record's calls and the memory its arrays hold on rank 0, the intermediates
-sharing memory by lifetime and each on its own (docs/replay.md, "Memory").
+sharing memory by lifetime and each on its own, and the bytes of the gradient
+buckets' joins the capture writes in place (docs/replay.md, "Memory").
 """
 from __future__ import annotations
 
@@ -100,7 +101,8 @@ def _spmdsim_step(cfg, counts: collections.Counter, phases: dict, replayed: dict
     xd, yd = (DTensor.from_global(mesh, a, mesh.layout("dp", None)) for a in (x, y))
     graph = capture(train_step, xd, yd, Scalar(4), state=[model.params[s.name] for s in specs])
     if comm.rank == 0:
-        replayed.update(calls=graph.operations, held=graph.held_bytes, shared=graph.shared_bytes)
+        replayed.update(calls=graph.operations, held=graph.held_bytes, shared=graph.shared_bytes,
+                        joined=graph.joined_bytes)
     mesh.close()
 
 
@@ -157,6 +159,7 @@ def main() -> int:
     held, shared = replayed["held"], replayed["shared"]
     print(f"captured step: {replayed['calls']:,} recorded calls, arrays {held / 2**20:.1f} MiB "
           f"({(held + shared) / 2**20:.1f} MiB each on its own memory)")
+    print(f"gradient buckets written in place, their joins dropped: {replayed['joined'] / 1024:,.0f} KiB")
     return 0
 
 

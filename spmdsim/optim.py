@@ -414,18 +414,18 @@ def _end_to_end(grads: list, dtype: Any) -> Any:
         return None
     if len(grads) == 1:
         return first.reshape(-1)
-    root = _owner(first)
-    end = _address(first) + first.nbytes
+    root = first.base  # numpy names the array that owns a view's memory (a bucket's summed buffer)
+    if root is None or type(root) is not np.ndarray or root.dtype != dtype or not root.flags.c_contiguous:
+        return None
+    start = first.__array_interface__["data"][0]
+    end = start + first.nbytes
     for grad in grads[1:]:
-        if grad.dtype != dtype or not grad.flags.c_contiguous or _owner(grad) is not root or _address(grad) != end:
+        if grad.base is not root or grad.dtype != dtype or not grad.flags.c_contiguous \
+                or grad.__array_interface__["data"][0] != end:
             return None
         end += grad.nbytes
-    if root.dtype != dtype or not root.flags.c_contiguous:
-        return None
-    offset, rest = divmod(_address(grads[0]) - _address(root), dtype.itemsize)
-    if rest:
-        return None
-    return root.reshape(-1)[offset:offset + sum(grad.size for grad in grads)]
+    offset, rest = divmod(start - root.__array_interface__["data"][0], dtype.itemsize)
+    return None if rest else root.reshape(-1)[offset:offset + (end - start) // dtype.itemsize]
 
 
 def _address(array: np.ndarray) -> int:

@@ -361,5 +361,7 @@ def test_calls_gpt_counts_both_steps_calls():
     # The captured step's record: its calls, and its arrays' memory less than each on its own (shared).
     captured = re.fullmatch(r"captured step: ([\d,]+) recorded calls, arrays ([\d.]+) MiB \(([\d.]+) MiB each on "
                             r"its own memory\)", lines[11])
-    assert captured and len(lines) == 12, done.stdout
+    joined = re.fullmatch(r"gradient buckets written in place, their joins dropped: ([\d,]+) KiB", lines[12])
+    assert captured and joined and len(lines) == 13, done.stdout
     assert int(captured[1].replace(",", "")) > 0 and 0 < float(captured[2]) < float(captured[3])
+    assert int(joined[1].replace(",", "")) > 0  # docs/replay.md, "Memory"
