@@ -179,6 +179,24 @@ def test_a_join_whose_part_is_read_again_copies_it():
         assert graph(a2, c2) == f(a2, c2)
 
 
+def test_a_join_of_joins_keeps_the_inner_ones_own_memory():
+    """flat joins b and c in place; outer then joins flat (its last use) with d: flat keeps its own memory
+    (its parts already live there), so the outer join copies it; the values are the step's."""
+    def f(a):
+        b, c = a * 2.0, np.exp(-a)
+        flat = np.concatenate([b, c])
+        flat *= 3.0
+        outer = np.concatenate([flat, a + 1.0])
+        return outer[:2048].sum() - outer[2048:].sum()
+
+    a = np.linspace(0, 1, 1024)
+    graph = capture(f, a)
+    assert graph.joined_bytes == 16384  # the inner join alone
+    for k in range(1, 4):
+        a2 = np.linspace(-k, k, 1024)
+        assert graph(a2) == f(a2)
+
+
 KEPT: list = []
 
 

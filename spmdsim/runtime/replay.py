@@ -583,6 +583,7 @@ def _joined_in_place(entries: tuple) -> tuple[tuple, int]:
     """
     objects, first, last, whole, barred = _uses(entries)
     placed: dict = {}  # id(root) -> (the flat buffer, the byte offset its part starts at)
+    hosts: set = set()  # ids of the flat buffers' roots: each keeps its own memory (a join of joins copies)
     dropped: set = set()
     saved = 0
     for i, (func, args, kwargs) in enumerate(entries):
@@ -597,7 +598,8 @@ def _joined_in_place(entries: tuple) -> tuple[tuple, int]:
         keys = {id(root) for root in roots}
         if len(keys) != len(parts) or id(_owner(flat)) in keys or not all(
                 root is not None and part.dtype == flat.dtype and part.ndim == 1 and _whole(part, root)
-                and id(root) not in barred and id(root) not in placed and whole.get(id(root))
+                and id(root) not in barred and id(root) not in placed and id(root) not in hosts
+                and whole.get(id(root))
                 and first[id(root)] != i and last[id(root)] == i and root.flags.c_contiguous
                 for part, root in zip(parts, roots)):
             continue
@@ -605,6 +607,7 @@ def _joined_in_place(entries: tuple) -> tuple[tuple, int]:
         for part, root in zip(parts, roots):
             placed[id(root)] = (flat, at)
             at += part.nbytes
+        hosts.add(id(_owner(flat)))
         dropped.add(i)
         saved += flat.nbytes
     if not dropped:
