@@ -231,7 +231,8 @@ class AdamW(_Optimizer):
         # Per parameter, as PyTorch keeps it: (steps taken, first moment, second moment).
         self.state: dict[int, tuple[int, np.ndarray, np.ndarray]] = {}
         self.master: dict[int, np.ndarray] = {}  # float32 copies of bfloat16 parameters, made at their first step
-        # The parameters last updated together, and their gradients, moments, scratch and spans in flat buffers.
+        # The parameters last updated together: the buffer a group's gradients are gathered into (one group's
+        # size at most, _GROUP_ELEMENTS), their moments and scratch in flat buffers, their spans and groups.
         self._flat: tuple = ((), None)
         # A dry run's `state` and `_flat`, by size: per parameter its steps, its block's bytes and where its
         # moments live (None: a pair of its own; else the indices of the flat buffers they view), and the
@@ -240,6 +241,7 @@ class AdamW(_Optimizer):
         self._dry_sizes: dict[int, int] = {}
         self._dry_homes: dict[int, Any] = {}
         self._dry_flat: tuple = ()
+        self._dry_itemsize = 8  # the flat buffers' element size (the parameters' dtype)
         self._dry_master: dict[int, int] = {}
 
     def _update(self, index: int, param: np.ndarray, grad: np.ndarray) -> None:
@@ -276,9 +278,10 @@ class AdamW(_Optimizer):
                 self._dry_master[i] = block.size * 4
         if self._together(found, self._dry_steps):
             indices = tuple(i for i, _, _ in found)
-            if indices != self._dry_flat:  # g, m, v and scratch made, the old ones not yet freed
-                held.append(self._dry_held() + 4 * sum(self._dry_sizes[i] for i in indices))
-                self._dry_flat = indices
+            if indices != self._dry_flat:  # m, v, the scratch and the gather made, the old ones not yet freed
+                new = sum(self._dry_sizes[i] for i in indices)
+                held.append(self._dry_held() + 3 * new + _gather_bytes(new, found[0][1].dtype.itemsize))
+                self._dry_flat, self._dry_itemsize = indices, found[0][1].dtype.itemsize
                 for i in indices:
                     self._dry_homes[i] = indices
         for i, _, _ in found:
@@ -288,18 +291,23 @@ class AdamW(_Optimizer):
 
     def _dry_held(self) -> int:
         """The bytes `state` and `_flat` hold: each own pair; the moments' flat buffers that a parameter's
-        moments still view (the whole buffers); the last flat gradient and scratch buffers."""
+        moments still view (the whole buffers); the last flat scratch and gather buffers."""
         own = sum(2 * self._dry_sizes[i] for i, home in self._dry_homes.items() if home is None)
         viewed = {home for home in self._dry_homes.values() if home is not None}  # the last flat set among them
         flats = sum(2 * sum(self._dry_sizes[i] for i in indices) for indices in viewed)
-        return own + flats + 2 * sum(self._dry_sizes[i] for i in self._dry_flat)
+        return own + flats + self._dry_buffers()
+
+    def _dry_buffers(self) -> int:
+        """The bytes of the last flat scratch and gather buffers a dry run's `_flatten` would have made."""
+        total = sum(self._dry_sizes[i] for i in self._dry_flat)
+        return total + _gather_bytes(total, self._dry_itemsize) if total else 0
 
     def memory(self) -> dict:
         """This rank's bytes: "optimizer states" (the moments), "master copy" (the float32 copies of bfloat16
-        parameters; none otherwise: the parameters are their own), "buffers" (the flat gradients and scratch
-        of the update); each buffer counted once."""
+        parameters; none otherwise: the parameters are their own), "buffers" (the flat scratch of the update
+        and the buffer a group's gradients are gathered into); each buffer counted once."""
         if self._dry_sizes:  # a dry run's: what `_dry_held` counts, by kind
-            scratch = 2 * sum(self._dry_sizes[i] for i in self._dry_flat)
+            scratch = self._dry_buffers()
             return {"optimizer states": self._dry_held() - scratch, "master copy": sum(self._dry_master.values()),
                     "buffers": scratch}
         moments = owned_bytes(a for _, m, v in self.state.values() for a in (m, v))
@@ -330,17 +338,20 @@ class AdamW(_Optimizer):
             self.state[i] = (t,) + self.state[i][1:]
         decay = 1 - self.lr * self.weight_decay
         # A group of parameters at a time (_GROUP_ELEMENTS): its gradients read where they lie when they lie
-        # end to end (a gradient bucket's summed buffer, Megatron's grad buffer), else gathered into `g`; its
-        # moments and steps, its blocks stepped while that part of the buffers is still in cache;
-        # elementwise, so the same values as one pass over the whole buffers.
+        # end to end (a gradient bucket's summed buffer, Megatron's grad buffer), else gathered into `g` (a
+        # larger block alone and not contiguous: copied by reshape); its moments and steps, its blocks
+        # stepped while that part of the buffers is still in cache; elementwise, so the same values as one
+        # pass over the whole buffers.
         for a, b, members in groups:
             grad = _end_to_end([grads[k] for k in members], g.dtype)
             if grad is None:
-                grad = g[a:b]
-                if len(members) == 1:
+                if b - a > g.size:
+                    grad = grads[members[0]].reshape(-1)
+                elif len(members) == 1:
+                    grad = g[:b - a]
                     grad[...] = grads[members[0]].reshape(-1)
                 else:
-                    np.concatenate([grads[k].reshape(-1) for k in members], out=grad)
+                    grad = np.concatenate([grads[k].reshape(-1) for k in members], out=g[:b - a])
             _step_sizes(grad, m[a:b], v[a:b], t, tmp[a:b], lr=self.lr, betas=self.betas, eps=self.eps)
             for k in members:
                 param, (pa, pb) = params[k], spans[k]
@@ -359,7 +370,8 @@ class AdamW(_Optimizer):
         for k, a, b in zip(order, starts, ends):
             spans[k] = (a, b)
         dtype = params[0].dtype
-        g, m, v, tmp = (np.zeros(ends[-1], dtype) for _ in range(4))
+        m, v, tmp = (np.zeros(ends[-1], dtype) for _ in range(3))
+        g = np.zeros(_gather_bytes(ends[-1] * dtype.itemsize, dtype.itemsize) // dtype.itemsize, dtype)
         for k, (a, b) in enumerate(spans):
             i, param = indices[k], params[k]
             t, m_i, v_i = self.state.get(i) or (0, None, None)
@@ -378,6 +390,12 @@ class AdamW(_Optimizer):
         buffers = (g, m, v, tmp, tuple(spans), tuple(groups))
         self._flat = (indices, buffers)
         return buffers
+
+
+def _gather_bytes(total: int, itemsize: int) -> int:
+    """The bytes of the buffer AdamW gathers a group's gradients into, for flat buffers of `total` bytes:
+    one group's (the gradients that lie end to end, a bucket's, are read in place; Megatron keeps none)."""
+    return min(total, _GROUP_ELEMENTS * itemsize)
 
 
 def _memory_order(grads: tuple) -> list:

@@ -92,8 +92,8 @@ def test_parameters_that_meet_again_at_one_step_go_together_from_their_moments_n
 def test_gradients_lying_end_to_end_are_read_where_they_lie(group, monkeypatch):
     """Gradients in one buffer (a bucket's, in the backward's order: the reverse of the parameters'): the flat
     update lays its buffers out in that order and reads them in place, never gathering them into its own
-    gradient buffer (left zero); a step whose gradients lie apart gathers them; the values bit for bit
-    the per-parameter formula's either way."""
+    buffer (left zero); a step whose gradients lie apart gathers each group's into that buffer, which is
+    one group's size at most; the values bit for bit the per-parameter formula's either way."""
     monkeypatch.setattr(optim, "_GROUP_ELEMENTS", group)
     for same, same_moments, fused, gathered in spmdsim.simulate(4, lambda: _run({}, bucketed=(0, 1, 2, 3))):
         assert same and same_moments and fused == [True] * 4
@@ -101,3 +101,4 @@ def test_gradients_lying_end_to_end_are_read_where_they_lie(group, monkeypatch):
     for same, same_moments, fused, gathered in spmdsim.simulate(4, lambda: _run({}, bucketed=(0, 2))):
         assert same and same_moments and fused == [True] * 4
         assert gathered.any()
+        assert gathered.size == min(32, group)  # one group's at most (a rank's blocks: 8 + 4 + 16 + 4 elements)
