@@ -279,9 +279,11 @@ class AdamW(_Optimizer):
         if self._together(found, self._dry_steps):
             indices = tuple(i for i, _, _ in found)
             if indices != self._dry_flat:  # m, v, the scratch and the gather made, the old ones not yet freed
+                old = self._dry_held()  # by the old buffers' element size
+                self._dry_itemsize = found[0][1].dtype.itemsize
                 new = sum(self._dry_sizes[i] for i in indices)
-                held.append(self._dry_held() + 3 * new + _gather_bytes(new, found[0][1].dtype.itemsize))
-                self._dry_flat, self._dry_itemsize = indices, found[0][1].dtype.itemsize
+                held.append(old + 3 * new + self._dry_gather(new))
+                self._dry_flat = indices
                 for i in indices:
                     self._dry_homes[i] = indices
         for i, _, _ in found:
@@ -300,7 +302,11 @@ class AdamW(_Optimizer):
     def _dry_buffers(self) -> int:
         """The bytes of the last flat scratch and gather buffers a dry run's `_flatten` would have made."""
         total = sum(self._dry_sizes[i] for i in self._dry_flat)
-        return total + _gather_bytes(total, self._dry_itemsize) if total else 0
+        return total + self._dry_gather(total)
+
+    def _dry_gather(self, total: int) -> int:
+        """The bytes of the gather buffer `_flatten` makes for flat buffers of `total` bytes."""
+        return _gather_elements(total // self._dry_itemsize) * self._dry_itemsize
 
     def memory(self) -> dict:
         """This rank's bytes: "optimizer states" (the moments), "master copy" (the float32 copies of bfloat16
@@ -345,13 +351,8 @@ class AdamW(_Optimizer):
         for a, b, members in groups:
             grad = _end_to_end([grads[k] for k in members], g.dtype)
             if grad is None:
-                if b - a > g.size:
-                    grad = grads[members[0]].reshape(-1)
-                elif len(members) == 1:
-                    grad = g[:b - a]
-                    grad[...] = grads[members[0]].reshape(-1)
-                else:
-                    grad = np.concatenate([grads[k].reshape(-1) for k in members], out=g[:b - a])
+                parts = [grads[k].reshape(-1) for k in members]
+                grad = parts[0] if b - a > g.size else np.concatenate(parts, out=g[:b - a])
             _step_sizes(grad, m[a:b], v[a:b], t, tmp[a:b], lr=self.lr, betas=self.betas, eps=self.eps)
             for k in members:
                 param, (pa, pb) = params[k], spans[k]
@@ -371,7 +372,7 @@ class AdamW(_Optimizer):
             spans[k] = (a, b)
         dtype = params[0].dtype
         m, v, tmp = (np.zeros(ends[-1], dtype) for _ in range(3))
-        g = np.zeros(_gather_bytes(ends[-1] * dtype.itemsize, dtype.itemsize) // dtype.itemsize, dtype)
+        g = np.zeros(_gather_elements(ends[-1]), dtype)
         for k, (a, b) in enumerate(spans):
             i, param = indices[k], params[k]
             t, m_i, v_i = self.state.get(i) or (0, None, None)
@@ -392,10 +393,11 @@ class AdamW(_Optimizer):
         return buffers
 
 
-def _gather_bytes(total: int, itemsize: int) -> int:
-    """The bytes of the buffer AdamW gathers a group's gradients into, for flat buffers of `total` bytes:
-    one group's (the gradients that lie end to end, a bucket's, are read in place; Megatron keeps none)."""
-    return min(total, _GROUP_ELEMENTS * itemsize)
+def _gather_elements(total: int) -> int:
+    """The elements of the buffer AdamW gathers a group's gradients into, for flat buffers of `total`
+    elements: one group's (the gradients that lie end to end, a bucket's, are read in place; Megatron keeps
+    none)."""
+    return min(total, _GROUP_ELEMENTS)
 
 
 def _memory_order(grads: tuple) -> list:
@@ -415,8 +417,7 @@ def _runs(grads: tuple, order: list) -> list:
     run = 0
     for n in range(len(order) - 1):
         a, b = grads[order[n]], grads[order[n + 1]]
-        if a.flags.c_contiguous and b.flags.c_contiguous and a.dtype == b.dtype \
-                and _owner(a) is _owner(b) and _address(a) + a.nbytes == _address(b):
+        if _end_to_end((a, b), a.dtype) is not None:  # as the update will find them
             if out[n] is None:
                 run += 1
                 out[n] = run

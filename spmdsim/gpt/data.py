@@ -43,10 +43,9 @@ def load_text(max_chars: int = 200_000, stdlib: Optional[str] = None) -> bytes:
         raise SpmdsimError(f"max_chars {max_chars!r} must be an integer >= 1")
     if stdlib is None:
         return _shipped()[:n]
-    folder = stdlib
     parts, total = [], 0
     for name in MODULES:
-        path = os.path.join(folder, name)
+        path = os.path.join(stdlib, name)
         if not os.path.isfile(path):
             continue
         with open(path, "rb") as f:
@@ -55,7 +54,7 @@ def load_text(max_chars: int = 200_000, stdlib: Optional[str] = None) -> bytes:
         if total >= n:
             break
     if not total:
-        raise SpmdsimError(f"no standard library sources found in {folder!r} (looked for {', '.join(MODULES)})")
+        raise SpmdsimError(f"no standard library sources found in {stdlib!r} (looked for {', '.join(MODULES)})")
     raw = np.frombuffer(b"".join(parts), dtype=np.uint8).copy()
     raw[raw >= 128] = ord("?")
     return raw.tobytes()
