@@ -14,7 +14,7 @@ sum, carried through the backward), the scale a check's tolerance follows
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -64,14 +64,27 @@ class ReferenceTrainer:
         self.state: list = [None] * len(self.params)
         self.steps = 0
 
-    def step(self, x: np.ndarray, labels: np.ndarray) -> ReferenceStep:
+    def step(self, x: np.ndarray, labels: np.ndarray, anchor: Any = None) -> ReferenceStep:
         """Forward, cross-entropy, backward and update on the global batch `x` with `labels`.
+
+        `anchor`: the run's step (spmdsim.nets.train.Anchor, from ``NetworkTrainer.step(..., anchor=True)``):
+        the loss and gradients are computed from the run's parameters at the step's start instead of this
+        trainer's own, and the update is this optimizer's on the run's own inputs (its parameters, state and
+        gradients), each rank's region from its own blocks; `params` and `param_scales` are then functions of
+        that region (DTensor.check takes them so). Every step is checked at rounding level: the gradients at
+        the run's very parameters, the update on the run's very inputs (scaled by that step's terms alone).
+        Free-running (no anchor), two trajectories whose gradients differ only in the order of their sums
+        drift apart under Adam, which divides each gradient by its history's size (docs/training.md).
 
         Simulated ranks with equal trainers and batches compute it once
         (`spmdsim.sim.once`): the step's arrays are then shared, read-only.
         """
-        result, params, state = self._computed(
-            (self.net, self.optimizer, self.lr, self.momentum, self.betas, self.eps), x, labels)
+        config = (self.net, self.optimizer, self.lr, self.momentum, self.betas, self.eps)
+        if anchor is not None:
+            result = self._anchored(config, anchor, x, labels)
+            self.steps += 1
+            return result
+        result, params, state = self._computed(config, x, labels)
         self.params, self.state = list(params), list(state)
         self.steps += 1
         return result
@@ -80,6 +93,57 @@ class ReferenceTrainer:
         """(ReferenceStep, parameters after the update, optimizer state after it) of this step."""
         return once(("spmdsim.ReferenceTrainer.step", self.steps), _train_step, config, tuple(self.params),
                     tuple(self.state), self.steps, x, labels)
+
+    def _anchored(self, config: tuple, anchor: Any, x: np.ndarray, labels: np.ndarray) -> ReferenceStep:
+        """The ReferenceStep from the run's step (`anchor`): its loss and gradients computed once for all the
+        ranks (`_shared_anchored`), its update of this rank's region from this rank's blocks."""
+        shared = self._shared_anchored(config, anchor, x, labels)
+        blocks, kinds = anchor.blocks, anchor.kinds
+        optimizer, lr, momentum, betas, eps = config[1:]
+        news, scales = [], []
+        for i, (p, g) in enumerate(zip(blocks["params"], blocks["grads"])):
+            p, g = np.asarray(p, np.float64), np.asarray(g, np.float64)
+            if optimizer == "adam":
+                opt = (np.asarray(blocks["m"][i], np.float64), np.asarray(blocks["v"][i], np.float64))
+            else:  # SGD's buffer: zeros before the first step (momentum x 0 + g is g, the buffer's first value)
+                opt = np.asarray(blocks["buffer"][i], np.float64) if "buffer" in kinds else None
+            new, _, scale = _update(optimizer, lr, momentum, betas, eps, self.steps + 1, p, g, (opt, None), None)
+            news.append(_Region(new))
+            scales.append(_Region(scale))
+        return replace(shared, params=tuple(news), param_scales=tuple(scales))
+
+    def _shared_anchored(self, config: tuple, anchor: Any, x: np.ndarray, labels: np.ndarray) -> ReferenceStep:
+        """The loss and gradients (and their scales) from the run's parameters, computed once for all."""
+        return once(("spmdsim.ReferenceTrainer.anchored", self.steps), _anchored_step, config, anchor.where,
+                    anchor.rows, self.steps, x, labels)
+
+
+class _Region:
+    """An anchored step's updated parameter (or its scale) on one rank: its region's block, which
+    DTensor.check asks for by that region's slices."""
+
+    __slots__ = ("block",)
+
+    def __init__(self, block: np.ndarray) -> None:
+        self.block = block
+
+    def __call__(self, region: tuple) -> np.ndarray:
+        shape = tuple(s.stop - s.start for s in region)
+        if shape != self.block.shape:
+            raise OperatorError(f"an anchored reference step holds this rank's block {self.block.shape!r}, "
+                                f"not a region of shape {shape!r}: check it on the rank whose step it anchors")
+        return self.block
+
+
+def _anchored_step(config: tuple, where: Any, rows: np.ndarray, steps: int, x: np.ndarray,
+                   labels: np.ndarray) -> ReferenceStep:
+    """The loss and gradients (with their scales) of the step from the run's parameters at its start, made whole
+    here from every rank's blocks (`where`, `rows`: spmdsim.nets.train.Anchor's) by the rank that computes
+    for all; the update is each rank's own (ReferenceTrainer._anchored)."""
+    from .gpt.wholes import assemble
+
+    params = tuple(assemble(where, rows)[0].values())
+    return _train_step(config, params, (None,) * len(params), steps, x, labels)[0]
 
 
 def _train_step(config: tuple, params: tuple, state: tuple, steps: int, x: np.ndarray,
@@ -194,21 +258,35 @@ def _update(optimizer: str, lr: float, momentum: float, betas: tuple, eps: float
     |first value| + the sum of |update| (SGD: lr x the gradient's magnitudes,
     which cover an error within them; Adam's update m / (sqrt(v) + eps) is
     taken at its own size: it divides the gradient by its history's size).
+    Anchored (magnitudes None: a run's own parameter, state and gradient), the
+    update of those very inputs rounds by a few eps of this step's terms: |p|
+    plus lr x the terms of the new buffer or first moment (their sums can cancel)
+    over Adam's denominator.
     """
     opt, pmag = state if state is not None else (None, np.abs(p))
+    anchored = pmag is None  # the run's parameters, state and gradients: this step's terms are the scale
+    if anchored:
+        pmag = np.abs(p)
     if optimizer == "sgd":
         if momentum:
+            if anchored:  # the buffer's sum rounds by its terms' size, not by its gradient's
+                gmag = momentum * np.abs(opt) + np.abs(g) if opt is not None else np.abs(g)
             opt = g.copy() if opt is None else momentum * opt + g
             g = opt
-            gmag = np.maximum(gmag, np.abs(g))
+            gmag = gmag if anchored else np.maximum(gmag, np.abs(g))
+        elif anchored:
+            gmag = np.abs(g)
         pmag = pmag + lr * gmag
         return p - lr * g, (opt, pmag), pmag
     b1, b2 = betas
     m, v = opt if opt is not None else (np.zeros_like(p), np.zeros_like(p))
+    terms = b1 * np.abs(m) + (1 - b1) * np.abs(g) if anchored else None  # what m's new value rounds by
     m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
     m_hat, v_hat = m / (1 - b1**steps), v / (1 - b2**steps)
     update = lr * m_hat / (np.sqrt(v_hat) + eps)
-    pmag = pmag + np.abs(update)
+    # Anchored: the update of the run's very inputs, which rounds by a few eps of its terms; free-running,
+    # the update at its own size summed over the steps (a parameter is its first value plus every update).
+    pmag = pmag + (lr * terms / (1 - b1**steps) / (np.sqrt(v_hat) + eps) if anchored else np.abs(update))
     return p - update, ((m, v), pmag), pmag
 
 

@@ -152,6 +152,61 @@ def test_training_check_passes_rounding_and_fails_an_error_above_its_bound():
         assert above == [True, False] + [True] * 5  # the loss, then gradient 0 fails, the rest pass
 
 
+def _adam_step_verdicts(anchored: bool, moved: float = 0.0, lr_error: float = 0.0) -> list:
+    """Each of 8 simulated ranks' verdicts (loss, gradients, parameters) of Seed 003's first Adam step, the run's
+    gradients moved by `moved` x each block's largest entry (alike on every replica: another machine's rounding)
+    or its learning rate off by `lr_error` (relative), checked anchored or free-running."""
+    from spmdsim.nets import mindspore_tutorial
+    from spmdsim.nets.digits import load_digits
+    from spmdsim.nets.train import NetworkTrainer
+    from spmdsim.train_reference import ReferenceTrainer
+
+    data = load_digits(seed=0, synthetic=True)
+
+    def body():
+        comm = spmdsim.world()
+        net = mindspore_tutorial(comm.size, dtype="float64", seed=0)
+        trainer = NetworkTrainer(net, comm, optimizer="adam", lr=1e-3 * (1 + lr_error))
+        step = trainer.optimizer.step
+
+        def moved_step():
+            rng = np.random.default_rng(0)
+            for p in trainer.flat_params:
+                noise = rng.standard_normal(p.global_shape)[p.slices]
+                p.grad._local += moved * np.abs(p.grad._local).max() * noise
+            step()
+
+        trainer.optimizer.step = moved_step
+        x, labels = data.batch(0, net.source.shape[0])
+        result = trainer.step(x, labels, anchor=anchored)
+        ref = ReferenceTrainer(net, optimizer="adam", lr=1e-3).step(x, labels, anchor=result.anchor)
+        verdicts = trainer.check(result, ref, 1e-12, param_rtol=None if anchored else 1e-9)
+        trainer.close()
+        return [v.passed for v in verdicts]
+
+    return spmdsim.simulate(8, body)
+
+
+def test_an_anchored_adam_check_holds_where_the_free_running_one_cries_wolf():
+    # Gradients moved by 1e-16 of each block's largest entry (a rounding another machine's sums can have) pass
+    # the gradient check; Adam's first update is about lr x sign(g), so where such a move flips a tiny
+    # gradient's sign a free-running reference (its own gradients) differs by 2 lr: a correct run fails. The
+    # anchored reference updates with the run's gradients and passes.
+    free = _adam_step_verdicts(anchored=False, moved=1e-16)
+    anchored = _adam_step_verdicts(anchored=True, moved=1e-16)
+    for verdicts in free + anchored:
+        assert verdicts[0] and all(verdicts[1::2]), verdicts  # the loss and the three gradients pass
+    assert all(all(v) for v in anchored), anchored
+    assert not all(all(v) for v in free), free  # some updated parameter fails free-running
+
+
+def test_an_anchored_adam_check_fails_an_update_off_by_1e9():
+    # The update on the run's own inputs rounds by a few eps: a learning rate off by one part in 1e9 fails every
+    # parameter, while the loss and gradients pass.
+    for verdicts in _adam_step_verdicts(anchored=True, lr_error=1e-9):
+        assert verdicts[0] and all(verdicts[1::2]) and not any(verdicts[2::2]), verdicts
+
+
 def _example(*args: str) -> subprocess.CompletedProcess:
     """`python examples/train_mindspore_tutorial.py --ranks 8 ARGS`, in this process (docs_commands.run_example)."""
     return run_example("examples/train_mindspore_tutorial.py", "--ranks", "8", *args)
@@ -165,6 +220,7 @@ def _example(*args: str) -> subprocess.CompletedProcess:
     ("--net", "tutorial", "--optimizer", "sgd", "--steps", "10"),
     ("--net", "layout", "--optimizer", "sgd", "--steps", "10"),
     ("--dtype", "float32", "--explain", "--steps", "10"),
+    ("--dtype", "float32", "--optimizer", "adam", "--steps", "20"),
 ])
 def test_training_example_checks_pass(args):
     out = _example(*args)

@@ -119,7 +119,9 @@ def _equal(a: Any, b: Any) -> bool:
             return False
         if a.dtype != b.dtype or a.shape != b.shape:
             return False
-        return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+        # One pass (==) first; NaN equal to NaN only asked of arrays that differ there (equal_nan's passes
+        # cost several times more: an anchored training check compares megabytes a step).
+        return bool(np.array_equal(a, b)) or (a.dtype.kind in "fc" and bool(np.array_equal(a, b, equal_nan=True)))
     if type(a) is not type(b):
         return False
     if isinstance(a, (list, tuple)):

@@ -50,14 +50,22 @@ class Regions:
 
 
 def regions(params: dict, size: int) -> Regions:
-    """The Regions of `params` (name -> DTensor, each rank's block shaped as this rank's) over `size` ranks,
-    every rank's row holding its blocks of all of them, in that order."""
-    holders, at = {}, 0
+    """The Regions of `params` (name -> DTensor) over `size` ranks, every rank's row holding its blocks of all of
+    them, in that order; under an uneven cut a rank's blocks are its own sizes (Layout.local_shape) and `width`
+    the longest row (a shorter row is padded at its end)."""
+    holders, at = {}, [0] * size
     for name, t in params.items():
         shape = tuple(t.global_shape)
-        holders[name] = (shape, [(rank, at, region) for rank, region in _last_holders(t.layout, shape, size)])
-        at += prod(t.local.shape)
-    return _regions(holders, size, at)
+        holders[name] = (shape, [(rank, at[rank], region) for rank, region in _last_holders(t.layout, shape, size)])
+        for rank, n in enumerate(_block_sizes(t.layout, shape, size)):
+            at[rank] += n
+    return _regions(holders, size, max(at, default=0))
+
+
+@lru_cache(maxsize=1024)
+def _block_sizes(layout: Any, shape: tuple, size: int) -> tuple:
+    """The elements of each rank's block of a tensor of `shape` laid out as `layout` over `size` ranks."""
+    return tuple(prod(layout.local_shape(shape, rank)) for rank in range(size))
 
 
 def stage_regions(stages: list, layouts: dict, shapes: dict, per_stage: int) -> Regions:

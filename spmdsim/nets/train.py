@@ -4,9 +4,13 @@ mpi4py is imported lazily (through spmdsim.runtime). Every parameter is this
 rank's shard of its SeededTensor, marked ``requires_grad_()``; the forward runs
 the network's schedule (redistributions planned by `spmdsim.plan`, operators
 from `spmdsim.ops`), so the backward's collectives are the conjugates of those
-hops. Each phase runs under its own trace. `TrainingRun.check` compares the
+hops. Each phase runs under its own trace. `NetworkTrainer.check` compares the
 step with `spmdsim.train_reference` on each rank's own slices (one agreed
-verdict per tensor).
+verdict per tensor). With ``step(..., anchor=True)`` the reference takes the
+run's step as its start (`Anchor`: the run's parameters and optimizer state at
+the step's start and its gradients, whole, from one Allgather), so each step is
+checked at rounding level: two trajectories that differ only in the order of
+their sums drift apart under Adam, whichever is right (docs/training.md).
 """
 from __future__ import annotations
 
@@ -20,19 +24,44 @@ from ..errors import OperatorError
 from ..layout import Layout, TensorLayout
 from .model import Hop, Network, schedule
 
-__all__ = ["NetworkTrainer", "StepResult", "PHASES", "explain_backward", "world_size", "run_main", "refuse",
-           "loss_trend"]
+__all__ = ["NetworkTrainer", "StepResult", "Anchor", "PHASES", "explain_backward", "world_size", "run_main",
+           "refuse", "loss_trend"]
 
 #: Trace phases of a step, in order.
 PHASES = ("forward", "backward", "optimizer")
 
 
 @dataclass(frozen=True)
+class Anchor:
+    """A run's step as its reference takes it (`ReferenceTrainer.step(..., anchor=)`). `where` and `rows`:
+    every rank's blocks of each parameter at the step's start, a row per rank (the Allgather's rows that
+    `where.used` keeps; spmdsim.gpt.wholes.Regions says where each block lies), the same on every rank, from
+    which the reference's loss and gradients are computed once for all. `blocks`: this rank's own blocks at
+    the step's start, "params" and each part of the optimizer's state (`kinds`: "buffer" for SGD's momentum,
+    "m" and "v" for Adam's moments; zeros before a parameter's first step, which the optimizers' first update
+    equals), and its gradients the update stepped with ("grads"), from which the reference's update of this
+    rank's region is computed (elementwise: no rank needs another's)."""
+
+    where: Any
+    rows: np.ndarray
+    kinds: tuple[str, ...]
+    blocks: dict
+
+    def params(self) -> tuple:
+        """Every parameter whole (float64) at the step's start, in parameter order."""
+        from ..gpt.wholes import assemble
+
+        return tuple(assemble(self.where, self.rows)[0].values())
+
+
+@dataclass(frozen=True)
 class StepResult:
-    """One step on this rank: the loss DTensor and the trace of each phase."""
+    """One step on this rank: the loss DTensor, the trace of each phase, and with ``anchor=True`` the step as
+    its reference takes it (`Anchor`)."""
 
     loss: Any
     traces: dict
+    anchor: Optional[Anchor] = None
 
     @property
     def value(self) -> float:
@@ -65,6 +94,9 @@ class NetworkTrainer:
             self.params.append(tuple(DTensor.from_seeded(self.mesh(p.layout.layout), p.layout, p.source)
                                      .requires_grad_() for p in stage.params))
         flat = [p for ps in self.params for p in ps]
+        # What of the optimizer's state an `Anchor` carries: SGD's momentum buffers, Adam's two moments.
+        self._kinds = ("m", "v") if optimizer == "adam" else ("buffer",) if momentum else ()
+        self._where: Any = None  # spmdsim.gpt.wholes.Regions of the parameters, made by the first anchored step
         if optimizer == "sgd":
             self.optimizer: Any = optim.SGD(flat, lr, momentum)
         elif optimizer == "adam":
@@ -83,17 +115,22 @@ class NetworkTrainer:
     def flat_params(self) -> tuple:
         return tuple(p for ps in self.params for p in ps)
 
-    def step(self, x: np.ndarray, labels: np.ndarray, explain: Optional[list] = None) -> StepResult:
+    def step(self, x: np.ndarray, labels: np.ndarray, explain: Optional[list] = None,
+             anchor: bool = False) -> StepResult:
         """zero_grad, forward, cross-entropy, backward and the optimizer step, each phase traced.
 
         `explain`: a list that receives what each backward collective answers
-        (`spmdsim.autograd.backward`).
+        (`spmdsim.autograd.backward`). `anchor`: also gather the step as its reference takes it
+        (`StepResult.anchor`): a collective after the optimizer, outside the phases' traces; none in a dry
+        run, which checks no values (its calls and bytes are the phases', as a real run's report counts).
         """
+        from ..context import current
         from ..ops import cross_entropy, reshape
         from ..runtime.dtensor import DTensor
         from ..runtime.trace import collect_trace
 
         net = self.net
+        start = self._start() if anchor and not current().dry_run else None
         self.optimizer.zero_grad()
         traces = {}
         with collect_trace() as traces["forward"]:
@@ -110,7 +147,44 @@ class NetworkTrainer:
             loss.backward(explain=explain, bucket=self.bucket)
         with collect_trace() as traces["optimizer"]:
             self.optimizer.step()
-        return StepResult(loss, traces)
+        return StepResult(loss, traces, None if start is None else self._anchor(start))
+
+    def _start(self) -> dict:
+        """This rank's blocks of the parameters and of each part of the optimizer's state at the step's start
+        (copies: the step updates them in place), as `Anchor.blocks` holds them."""
+        params = self.flat_params
+        blocks = {"params": tuple(p.local.copy() for p in params)}
+        opt = self.optimizer
+        for kind in self._kinds:
+            held = []
+            for i, p in enumerate(params):
+                if kind == "buffer":
+                    state = opt.buffers.get(i)
+                else:
+                    moments = opt.moments.get(i)
+                    state = None if moments is None else moments[0 if kind == "m" else 1]
+                held.append(np.zeros(p.local.shape) if state is None else state.copy())
+            blocks[kind] = tuple(held)
+        return blocks
+
+    def _anchor(self, start: dict) -> Anchor:
+        """The step's `Anchor`: every rank's parameters at the step's start in one Allgather (label "check"),
+        this rank's `start` and gradients."""
+        from ..gpt.wholes import regions
+        from ..runtime.executor import gather
+
+        params = self.flat_params
+        if self._where is None:  # where each rank's blocks lie: the same every step
+            self._where = regions({i: p for i, p in enumerate(params)}, self.comm.Get_size())
+        where = self._where
+        row = np.zeros(where.width)  # a shorter row (an uneven cut) padded at its end
+        at = 0
+        for block in start["params"]:
+            row[at:at + block.size] = block.reshape(-1)
+            at += block.size
+        mesh = params[0].mesh
+        rows = gather(mesh, row, tuple(mesh.layout.alias_name), "check")
+        return Anchor(where, where.used(rows), self._kinds, dict(start, grads=tuple(p.grad.local for p in params)))
 
     def _hop(self, hop: Hop, x: Any) -> Any:
         from .. import ops
