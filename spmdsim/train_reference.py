@@ -71,7 +71,8 @@ class ReferenceTrainer:
         the loss and gradients are computed from the run's parameters at the step's start instead of this
         trainer's own, and the update is this optimizer's on the run's own inputs (its parameters, state and
         gradients), each rank's region from its own blocks; `params` and `param_scales` are then functions of
-        that region (DTensor.check takes them so). Every step is checked at rounding level: the gradients at
+        that region (DTensor.check takes them so); this trainer's own parameters and state are left as they
+        were. Every step is checked at rounding level: the gradients at
         the run's very parameters, the update on the run's very inputs (scaled by that step's terms alone).
         Free-running (no anchor), two trajectories whose gradients differ only in the order of their sums
         drift apart under Adam, which divides each gradient by its history's size (docs/training.md).

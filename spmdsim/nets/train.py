@@ -47,12 +47,6 @@ class Anchor:
     kinds: tuple[str, ...]
     blocks: dict
 
-    def params(self) -> tuple:
-        """Every parameter whole (float64) at the step's start, in parameter order."""
-        from ..gpt.wholes import assemble
-
-        return tuple(assemble(self.where, self.rows)[0].values())
-
 
 @dataclass(frozen=True)
 class StepResult:
