@@ -54,7 +54,7 @@ from .data import batch
 from .memory import MASKS, recompute_problem, zero_problem
 from .params import decays, param_specs
 from .stages import chunk_parts, pipeline_problem
-from .train import StepResult, _look, _norm, _report, step_errors
+from .train import StepResult, _look, _norm, _report, anchored_start, anchored_updates, step_errors
 from .wholes import Regions, assemble, stage_regions
 
 __all__ = ["PipelineRun", "train_pipelined", "pipeline_layout_problem"]
@@ -283,6 +283,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         else:
             x, y = batch(text_ids, cfg, step)
         start = where.used(_table(run, cfg, where)) if check else None  # the step's start, every rank's
+        own = anchored_start(optimizer, params) if check and not zero else None  # this rank's (train.py's)
         for model in models.values():
             model.moe_stats = []  # this step's dispatches, every microbatch's
         given = ()
@@ -328,7 +329,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
                 mesh, ("gpt-reference", cfg, microbatches, step + 1), _checked_reference, where, start, moments, x,
                 y, cfg, step, microbatches)
             local = step_errors(value, ref_loss, grads, updated, params, optimizer if zero else None, None, top,
-                                slices)
+                                slices, None if own is None else anchored_updates(own, params, cfg))
             worst = resolve(mesh, local, pending(mesh.layout, 1, ("pp", "dp", "tp")), "check", reduction="max",
                             owned=True)
             errors = tuple(float(e) for e in worst)

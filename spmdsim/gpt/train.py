@@ -347,6 +347,10 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         xd, yd = DTensor.from_global(mesh, x, ids_layout), DTensor.from_global(mesh, y, ids_layout)
         if check:  # the step's start, every rank's blocks: the reference step starts from it, whole
             start = where.used(_run_start(model, optimizer, specs)) if low else _params_rows(model, where)
+            # This rank's own start: AdamW's update is checked on the run's inputs (not with ZeRO-1, whose
+            # moments are sharded over dp; a low-precision policy checks it on gathered ones).
+            own = anchored_start(optimizer, {s.name: model.params[s.name] for s in specs}) \
+                if not low and not zero else None
         with collect_trace() as trace:
             if not replay:
                 loss = train_step(xd, yd, step)
@@ -374,7 +378,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
                     y, cfg, step)
                 masters = None
             mine = step_errors(value, ref_loss, grads, updated, tensors, optimizer if zero else None, masters, top,
-                               slices)
+                               slices, None if own is None else anchored_updates(own, tensors, cfg))
             worst = resolve(mesh, mine, pending(mesh.layout, 1, tuple(mesh.layout.alias_name)), "check",
                             reduction="max", owned=True)
             errors = tuple(float(e) for e in worst)
@@ -390,20 +394,58 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     return model, results
 
 
+def anchored_start(optimizer: Any, tensors: dict) -> dict:
+    """name -> (this rank's block, AdamW's first and second moments of it (None before its first step), its
+    steps so far, whether it decays), copies at the step's start: what `anchored_updates` updates."""
+    index = {id(p): i for i, p in enumerate(optimizer.params)}
+    out = {}
+    for name, t in tensors.items():
+        i = index[id(t)]
+        steps, m, v = optimizer.state.get(i) or (0, None, None)
+        out[name] = (np.array(t.local, np.float64), None if m is None else np.array(m, np.float64),
+                     None if v is None else np.array(v, np.float64), steps, bool(optimizer.decays[i]))
+    return out
+
+
+def anchored_updates(start: dict, tensors: dict, cfg: GPTConfig) -> dict:
+    """name -> this rank's block after the reference's AdamW (spmdsim.optim.adamw_update) on the run's own
+    start (`anchored_start`) and the gradient the run stepped with: the update checked on the run's very
+    inputs. A free-running update of the reference's own gradients turns a rounding the gradient check
+    accepts into AdamW's first-step sign flip (lr x g / (|g| + eps)) where a gradient has cancelled."""
+    from ..optim import adamw_update
+
+    out = {}
+    for name, (p, m, v, steps, decaying) in start.items():
+        p, g = p.copy(), np.asarray(tensors[name].grad.local, np.float64)
+        m = np.zeros_like(p) if m is None else m.copy()
+        v = np.zeros_like(p) if v is None else v.copy()
+        adamw_update(p, g, m, v, steps + 1, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                     weight_decay=cfg.weight_decay if decaying else 0.0)
+        out[name] = p
+    return out
+
+
 def step_errors(value: float, ref_loss: float, grads: dict, updated: dict, tensors: dict,
                 zero: Any = None, masters: Optional[dict] = None, top: Optional[dict] = None,
-                slices: Optional[dict] = None) -> np.ndarray:
+                slices: Optional[dict] = None, anchored: Optional[dict] = None) -> np.ndarray:
     """This rank's largest relative differences from the reference step (loss, gradients, updated
     parameters) over `tensors` (parameter name -> DTensor, in the optimizer's order); `zero` as
     `_grad_error`'s; `masters`: name -> this rank's master copy (float32, of a bfloat16 parameter),
     compared in the parameter's place. `top`: {"grads": ..., "updated": ...}, each name -> the reference's
     largest magnitude (spmdsim.gpt.wholes.peaks; computed here when not given); `slices`: name -> this rank's
-    region (the tensor's own when not given). The trainers take the maximum over the mesh."""
+    region (the tensor's own when not given). `anchored`: name -> this rank's block as the reference's AdamW
+    updates it from the run's own start and gradient (`anchored_updates`), compared in place of `updated`'s
+    region (the run's update of its own inputs, which no gradient's rounding can flip). The trainers take
+    the maximum over the mesh."""
     masters = masters or {}
     top = top or {"grads": peaks(grads), "updated": peaks(updated)}
     slices = slices or {name: t.slices for name, t in tensors.items()}
+    whole = (slice(None),)
     params = max(_worst(np.asarray(masters.get(name, t.local), np.float64), updated[name], slices[name],
-                        peak=top["updated"][name]) for name, t in tensors.items())
+                        peak=top["updated"][name]) if anchored is None else
+                 _worst(np.asarray(t.local, np.float64), anchored[name], whole * t.local.ndim,
+                        peak=top["updated"][name])
+                 for name, t in tensors.items())
     for name, master in masters.items():  # the parameter is its master copy rounded once, exactly
         t = tensors[name]
         params = max(params, _worst(t.local.astype(np.float64), master.astype(t.dtype).astype(np.float64),

@@ -1,0 +1,59 @@
+"""The GPT's training check updates on the run's own inputs: a gradient's rounding cannot fail it, a wrong
+update does (spmdsim.gpt.train.anchored_updates; docs/operators.md).
+
+AdamW's first step is lr x g / (|g| + eps): where a gradient has cancelled to near its rounding, a reference
+updating with its own gradients moves that parameter by up to 2 lr from the run's. Checked against AdamW
+of the run's own block, moments and gradient, the update is compared on its very inputs.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import spmdsim
+from spmdsim.gpt import GPTConfig, encode, load_text
+from spmdsim.gpt.train import TOLERANCE, train
+from spmdsim.optim import AdamW
+
+CFG = GPTConfig(layers=2, d_model=64, heads=4, seq=32, batch=8, dropout=0.1)
+
+
+def _errors(monkeypatch, moved: float = 0.0, lr_error: float = 0.0, steps: int = 2) -> list:
+    """Each step's (loss, gradients, parameters) differences on 8 simulated ranks (dp 2 x tp 4, sp), the run's
+    gradients moved by `moved` x each block's largest entry before its update (alike on every replica:
+    another machine's rounding), or its AdamW's learning rate off by `lr_error` (relative)."""
+    step = AdamW.step
+
+    def moved_step(self):
+        rng = np.random.default_rng(self.steps)
+        for p in self.params:
+            if p.grad is not None:
+                p.grad._local += moved * np.abs(p.grad._local).max() * rng.standard_normal(p.global_shape)[p.slices]
+        self.lr *= 1 + lr_error
+        try:
+            step(self)
+        finally:
+            self.lr /= 1 + lr_error
+
+    monkeypatch.setattr(AdamW, "step", moved_step)
+    ids = encode(load_text())
+    runs = spmdsim.simulate(8, lambda: [r.errors for r in train(CFG, spmdsim.world(), 2, 4, steps, ids, sp=True)[1]])
+    return runs[0]
+
+
+def test_a_gradients_rounding_moves_no_checked_update(monkeypatch):
+    # 1e-15 of each block's largest gradient (the gradients' own check measures ~1e-15 between orders of
+    # summation): with the reference's own gradients step 0's parameters differed by 4.7e-11 of their
+    # largest entry (tolerance 1e-10); on the run's own inputs they are its update, bit for bit.
+    for loss, grads, params in _errors(monkeypatch, moved=1e-15):
+        assert loss <= TOLERANCE and grads <= TOLERANCE, (loss, grads)
+        assert params == 0.0, params
+
+
+def test_a_wrong_update_fails_the_parameters(monkeypatch):
+    # A learning rate off by 1e-5 moves each parameter by 1e-5 of its step: a bias that starts at zero is its
+    # step, so 1e-5 of its largest entry (measured 1e-5, then 5e-6), far above 1e-10; the loss and gradients of
+    # step 0 are the reference's.
+    errors = _errors(monkeypatch, lr_error=1e-5)
+    assert errors[0][0] <= TOLERANCE and errors[0][1] <= TOLERANCE, errors
+    assert all(params > TOLERANCE for _, _, params in errors), errors
