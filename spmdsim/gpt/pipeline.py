@@ -283,7 +283,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         else:
             x, y = batch(text_ids, cfg, step)
         start = where.used(_table(run, cfg, where)) if check else None  # the step's start, every rank's
-        own = anchored_start(optimizer, params) if check and not zero else None  # this rank's (train.py's)
+        own = anchored_start(optimizer, params) if check else None  # this rank's start (train.py's)
         for model in models.values():
             model.moe_stats = []  # this step's dispatches, every microbatch's
         given = ()
@@ -329,7 +329,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
                 mesh, ("gpt-reference", cfg, microbatches, step + 1), _checked_reference, where, start, moments, x,
                 y, cfg, step, microbatches)
             local = step_errors(value, ref_loss, grads, updated, params, optimizer if zero else None, None, top,
-                                slices, None if own is None else anchored_updates(own, params, cfg))
+                                slices, None if own is None else anchored_updates(own, params, cfg, optimizer))
             worst = resolve(mesh, local, pending(mesh.layout, 1, ("pp", "dp", "tp")), "check", reduction="max",
                             owned=True)
             errors = tuple(float(e) for e in worst)

@@ -5,13 +5,17 @@ distributed forward and backward (spmdsim.gpt.parallel), AdamW on each
 rank's shards (spmdsim.optim.AdamW). When checking, the same step runs in one
 numpy process (spmdsim.gpt.reference: hand-written backward, numpy AdamW)
 from the distributed model's parameters at the start of the step (one
-Allgather of every rank's blocks), and each rank compares the loss, every
-gradient and every updated parameter in its own region: the largest
-difference relative to the tensor's largest entry, agreed by one
-Allreduce(MAX), must stay within 1e-10. Anchoring each step keeps the check
-at rounding level: two trajectories that differ only in the order of their
-sums drift apart exponentially over training (a free-running reference
-differs by 3e-10 after 60 steps at the default model), whichever is right.
+Allgather of every rank's blocks), and each rank compares the loss and every
+gradient in its own region with it, and every updated parameter with AdamW of
+the run's own block, moments and gradient at that step (`anchored_updates`;
+ZeRO-1's of each rank's slice, gathered over dp): the largest difference
+relative to the tensor's largest entry, agreed by one Allreduce(MAX), must
+stay within 1e-10. Anchoring each step keeps the check at rounding level: two
+trajectories that differ only in the order of their sums drift apart
+exponentially over training (a free-running reference differs by 3e-10 after
+60 steps at the default model), whichever is right, and AdamW's first update
+(lr x g / (|g| + eps)) of the reference's own gradients would flip where a
+gradient has cancelled to its rounding.
 The ranks run the reference once between them: simulated ranks by spmdsim.sim.once, MPI ranks by rank 0
 computing it and broadcasting it (spmdsim.runtime.shared_reference.shared_once); the rank that computes it
 also makes the gathered blocks whole (spmdsim.gpt.wholes: where each lies worked out once per run) and the
@@ -347,10 +351,9 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         xd, yd = DTensor.from_global(mesh, x, ids_layout), DTensor.from_global(mesh, y, ids_layout)
         if check:  # the step's start, every rank's blocks: the reference step starts from it, whole
             start = where.used(_run_start(model, optimizer, specs)) if low else _params_rows(model, where)
-            # This rank's own start: AdamW's update is checked on the run's inputs (not with ZeRO-1, whose
-            # moments are sharded over dp; a low-precision policy checks it on gathered ones).
-            own = anchored_start(optimizer, {s.name: model.params[s.name] for s in specs}) \
-                if not low and not zero else None
+            # This rank's own start: AdamW's update is checked on the run's inputs (a low-precision policy
+            # checks it on gathered ones).
+            own = anchored_start(optimizer, {s.name: model.params[s.name] for s in specs}) if not low else None
         with collect_trace() as trace:
             if not replay:
                 loss = train_step(xd, yd, step)
@@ -378,7 +381,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
                     y, cfg, step)
                 masters = None
             mine = step_errors(value, ref_loss, grads, updated, tensors, optimizer if zero else None, masters, top,
-                               slices, None if own is None else anchored_updates(own, tensors, cfg))
+                               slices, None if own is None else anchored_updates(own, tensors, cfg, optimizer))
             worst = resolve(mesh, mine, pending(mesh.layout, 1, tuple(mesh.layout.alias_name)), "check",
                             reduction="max", owned=True)
             errors = tuple(float(e) for e in worst)
@@ -394,9 +397,13 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     return model, results
 
 
-def anchored_start(optimizer: Any, tensors: dict) -> dict:
-    """name -> (this rank's block, AdamW's first and second moments of it (None before its first step), its
-    steps so far, whether it decays), copies at the step's start: what `anchored_updates` updates."""
+def anchored_start(optimizer: Any, tensors: dict) -> Any:
+    """Copies at the step's start of what the update reads, for `anchored_updates`: with AdamW, name -> (this
+    rank's block, its first and second moments (None before its first step), its steps so far, whether it
+    decays); with ZeRO-1 (spmdsim.optim.DistributedAdamW), per bucket (this rank's master slice, its moments'
+    slices, the bucket's steps so far)."""
+    if hasattr(optimizer, "buckets"):  # ZeRO-1: each rank updates its slice of each bucket
+        return [(b.master.copy(), b.m.copy(), b.v.copy(), b.t) for b in optimizer.buckets]
     index = {id(p): i for i, p in enumerate(optimizer.params)}
     out = {}
     for name, t in tensors.items():
@@ -407,13 +414,18 @@ def anchored_start(optimizer: Any, tensors: dict) -> dict:
     return out
 
 
-def anchored_updates(start: dict, tensors: dict, cfg: GPTConfig) -> dict:
+def anchored_updates(start: Any, tensors: dict, cfg: GPTConfig, optimizer: Any) -> dict:
     """name -> this rank's block after the reference's AdamW (spmdsim.optim.adamw_update) on the run's own
     start (`anchored_start`) and the gradient the run stepped with: the update checked on the run's very
     inputs. A free-running update of the reference's own gradients turns a rounding the gradient check
-    accepts into AdamW's first-step sign flip (lr x g / (|g| + eps)) where a gradient has cancelled."""
+    accepts into AdamW's first-step sign flip (lr x g / (|g| + eps)) where a gradient has cancelled. With
+    ZeRO-1 each rank updates its own slice of each bucket from its summed gradient slice, and the slices are
+    gathered over dp (one Allgather a bucket, label "check": a collective) into the parameters' blocks, as the
+    optimizer's own Allgather gathers them."""
     from ..optim import adamw_update
 
+    if hasattr(optimizer, "buckets"):
+        return _zero_anchored(start, tensors, cfg, optimizer)
     out = {}
     for name, (p, m, v, steps, decaying) in start.items():
         p, g = p.copy(), np.asarray(tensors[name].grad.local, np.float64)
@@ -422,6 +434,25 @@ def anchored_updates(start: dict, tensors: dict, cfg: GPTConfig) -> dict:
         adamw_update(p, g, m, v, steps + 1, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                      weight_decay=cfg.weight_decay if decaying else 0.0)
         out[name] = p
+    return out
+
+
+def _zero_anchored(start: list, tensors: dict, cfg: GPTConfig, optimizer: Any) -> dict:
+    """`anchored_updates` under ZeRO-1: AdamW of each bucket's slice (decay on its decaying spans), gathered."""
+    from ..optim import adamw_update
+    from ..runtime.executor import gather
+
+    names = list(tensors)
+    out = {}
+    for b, (master, m, v, steps) in zip(optimizer.buckets, start):
+        p, m, v = master.astype(np.float64), m.astype(np.float64), v.astype(np.float64)
+        for a, z in b.decayed:  # decoupled decay first, as AdamW's update makes it
+            p[a:z] *= 1 - cfg.lr * cfg.weight_decay
+        adamw_update(p, np.asarray(b.grad, np.float64), m, v, steps + 1, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                     weight_decay=0.0)
+        flat = gather(optimizer.mesh, p, optimizer.dp_axes, "check") if optimizer.dp_axes else p
+        for i, a, z in b.members:
+            out[names[i]] = flat[a:z].reshape(tensors[names[i]].local.shape)
     return out
 
 
