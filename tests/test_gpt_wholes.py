@@ -132,3 +132,22 @@ def test_simulated_pipeline_ranks_assemble_the_reference_start_once_a_step(monke
         cfg, comm, 2, 2, 2, 2, ids, sp=True, microbatches=2))
     assert passed == [[True, True]] * 8
     assert calls == 2  # one rank of eight, each step
+
+
+def test_an_uneven_cut_places_each_ranks_own_block_sizes():
+    # Layout cut "balanced": 10 rows over tp 4 are 3, 3, 2, 2, so rank rows differ in length. Each rank's row
+    # holds its own blocks (Layout.local_shape of its rank), padded to the longest: `regions` places them so.
+    mesh = Layout((2, 4), ("dp", "tp"), cut="balanced")
+    shapes = {"rows": ((10, 3), ("tp", None)), "cols": ((2, 7), (None, "tp"))}
+    params = {name: SimpleNamespace(layout=TensorLayout(mesh, m), global_shape=s, local=None)
+              for name, (s, m) in shapes.items()}
+    whole = {name: np.random.default_rng(2).standard_normal(s) for name, (s, _) in shapes.items()}
+    where = regions(params, mesh.num_devices)
+    rows = []
+    for rank in range(mesh.num_devices):
+        row = np.concatenate([whole[n][p.layout.slices(rank, p.global_shape)].reshape(-1) for n, p in params.items()])
+        rows.append(np.pad(row, (0, where.width - row.size)))
+    assert where.width == 3 * 3 + 2 * 2 and len({r.size for r in rows}) == 1  # the longest row: tp rank 0's
+    built = assemble(where, where.used(np.array(rows)))[0]
+    for name in shapes:
+        assert built[name].tobytes() == whole[name].tobytes(), name
