@@ -211,10 +211,13 @@ class NetworkTrainer:
         it (`ReferenceStep`'s scales: the step on absolute values), not x the
         tensor's largest entry: a gradient near zero made of large terms keeps
         the rounding those terms can have (docs/semantics.md, "Tolerances").
-        `param_rtol` (default `rtol`) for the updated parameters, whose scale is
-        |first value| + the sum of |update| so far: Adam divides each gradient
-        by its history's size, so a rounding difference in a gradient that has
-        shrunk moves the parameters further than their terms' rounding.
+        `param_rtol` (default `rtol`) for the updated parameters. From an anchored
+        step (``step(..., anchor=True)``, ``ref`` from ``ReferenceTrainer.step(...,
+        anchor=result.anchor)``) their scale is that step's update terms: the update
+        of the run's own inputs, `rtol` like the rest. Free-running it is |first
+        value| + the sum of |update| so far, and Adam, which divides each gradient
+        by its history's size, moves the parameters further than their terms'
+        rounding: a free-running Adam check can fail a correct run (docs/training.md).
         """
         param_rtol = rtol if param_rtol is None else param_rtol
         loss_scale = np.asarray(ref.loss_scale) if ref.grad_scales else None
