@@ -436,14 +436,13 @@ def _end_to_end(grads: list, dtype: Any) -> Any:
     root = first.base  # numpy names the array that owns a view's memory (a bucket's summed buffer)
     if root is None or type(root) is not np.ndarray or root.dtype != dtype or not root.flags.c_contiguous:
         return None
-    start = first.__array_interface__["data"][0]
+    start = _address(first)
     end = start + first.nbytes
     for grad in grads[1:]:
-        if grad.base is not root or grad.dtype != dtype or not grad.flags.c_contiguous \
-                or grad.__array_interface__["data"][0] != end:
+        if grad.base is not root or grad.dtype != dtype or not grad.flags.c_contiguous or _address(grad) != end:
             return None
         end += grad.nbytes
-    offset, rest = divmod(start - root.__array_interface__["data"][0], dtype.itemsize)
+    offset, rest = divmod(start - _address(root), dtype.itemsize)
     return None if rest else root.reshape(-1)[offset:offset + (end - start) // dtype.itemsize]
 
 

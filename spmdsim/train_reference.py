@@ -98,7 +98,7 @@ class ReferenceTrainer:
     def _anchored(self, config: tuple, anchor: Any, x: np.ndarray, labels: np.ndarray) -> ReferenceStep:
         """The ReferenceStep from the run's step (`anchor`): its loss and gradients computed once for all the
         ranks (`_shared_anchored`), its update of this rank's region from this rank's blocks."""
-        shared = self._shared_anchored(config, anchor, x, labels)
+        shared = self._shared_anchored(anchor, x, labels)
         blocks, kinds = anchor.blocks, anchor.kinds
         optimizer, lr, momentum, betas, eps = config[1:]
         news, scales = [], []
@@ -113,10 +113,10 @@ class ReferenceTrainer:
             scales.append(_Region(scale))
         return replace(shared, params=tuple(news), param_scales=tuple(scales))
 
-    def _shared_anchored(self, config: tuple, anchor: Any, x: np.ndarray, labels: np.ndarray) -> ReferenceStep:
+    def _shared_anchored(self, anchor: Any, x: np.ndarray, labels: np.ndarray) -> ReferenceStep:
         """The loss and gradients (and their scales) from the run's parameters, computed once for all."""
-        return once(("spmdsim.ReferenceTrainer.anchored", self.steps), _anchored_step, config, anchor.where,
-                    anchor.rows, self.steps, x, labels)
+        return once(("spmdsim.ReferenceTrainer.anchored", self.steps), _anchored_step, self.net, anchor.where,
+                    anchor.rows, x, labels)
 
 
 class _Region:
@@ -136,21 +136,32 @@ class _Region:
         return self.block
 
 
-def _anchored_step(config: tuple, where: Any, rows: np.ndarray, steps: int, x: np.ndarray,
-                   labels: np.ndarray) -> ReferenceStep:
+def _anchored_step(net: Network, where: Any, rows: np.ndarray, x: np.ndarray, labels: np.ndarray) -> ReferenceStep:
     """The loss and gradients (with their scales) of the step from the run's parameters at its start, made whole
     here from every rank's blocks (`where`, `rows`: spmdsim.nets.train.Anchor's) by the rank that computes
-    for all; the update is each rank's own (ReferenceTrainer._anchored)."""
+    for all; no parameters: the update is each rank's own (ReferenceTrainer._anchored)."""
     from .gpt.wholes import assemble
 
-    params = tuple(assemble(where, rows)[0].values())
-    return _train_step(config, params, (None,) * len(params), steps, x, labels)[0]
+    loss, grads, loss_scale, grad_scales = _gradients(net, tuple(assemble(where, rows)[0].values()), x, labels)
+    return ReferenceStep(loss, grads, (), loss_scale, grad_scales, ())
 
 
 def _train_step(config: tuple, params: tuple, state: tuple, steps: int, x: np.ndarray,
                 labels: np.ndarray) -> tuple:
     """(ReferenceStep, parameters after the update, optimizer state after it); changes nothing given."""
     net, optimizer, lr, momentum, betas, eps = config
+    loss, grads, loss_scale, grad_scales = _gradients(net, params, x, labels)
+    updated = [_update(optimizer, lr, momentum, betas, eps, steps + 1, p, g, st, gs)
+               for p, g, st, gs in zip(params, grads, state, grad_scales)]
+    new_params = tuple(p for p, _, _ in updated)
+    step = ReferenceStep(loss, grads, tuple(p.copy() for p in new_params), loss_scale, grad_scales,
+                         tuple(s for _, _, s in updated))
+    return step, new_params, tuple(st for _, st, _ in updated)
+
+
+def _gradients(net: Network, params: tuple, x: np.ndarray, labels: np.ndarray) -> tuple:
+    """(loss, gradients, the loss's magnitudes, the gradients') of the step from `params`: forward,
+    cross-entropy and backward, each also on magnitudes."""
     saved = []
     it = iter(params)
     value = np.asarray(x, dtype=np.float64) if np.asarray(x).dtype.kind == "f" else np.asarray(x)
@@ -178,12 +189,7 @@ def _train_step(config: tuple, params: tuple, state: tuple, steps: int, x: np.nd
         grad = new_grad
         grads = list(pgrads) + grads
         grad_scales = list(pscales) + grad_scales
-    updated = [_update(optimizer, lr, momentum, betas, eps, steps + 1, p, g, st, gs)
-               for p, g, st, gs in zip(params, grads, state, grad_scales)]
-    new_params = tuple(p for p, _, _ in updated)
-    step = ReferenceStep(loss, tuple(grads), tuple(p.copy() for p in new_params), loss_scale,
-                         tuple(grad_scales), tuple(s for _, _, s in updated))
-    return step, new_params, tuple(st for _, st, _ in updated)
+    return loss, tuple(grads), loss_scale, tuple(grad_scales)
 
 
 def _forward_scale(kind: str, x: np.ndarray, mag: np.ndarray, pms: list, batch_dims: int) -> np.ndarray:

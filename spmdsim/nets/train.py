@@ -7,8 +7,9 @@ from `spmdsim.ops`), so the backward's collectives are the conjugates of those
 hops. Each phase runs under its own trace. `NetworkTrainer.check` compares the
 step with `spmdsim.train_reference` on each rank's own slices (one agreed
 verdict per tensor). With ``step(..., anchor=True)`` the reference takes the
-run's step as its start (`Anchor`: the run's parameters and optimizer state at
-the step's start and its gradients, whole, from one Allgather), so each step is
+run's step as its start (`Anchor`: every rank's parameters at the step's start,
+from one Allgather, for the loss and gradients; this rank's parameters,
+optimizer state and gradients, for the update of its region), so each step is
 checked at rounding level: two trajectories that differ only in the order of
 their sums drift apart under Adam, whichever is right (docs/training.md).
 """

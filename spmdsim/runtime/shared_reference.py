@@ -140,15 +140,14 @@ class SharedReferenceTrainer(ReferenceTrainer):
         self.lineage = _digest((self.lineage, config, self.steps, x, labels))
         return result, tuple(p.copy() for p in result.params), state  # the parameters the trainer's own
 
-    def _shared_anchored(self, config: tuple, anchor: Any, x: np.ndarray, labels: np.ndarray) -> Any:
+    def _shared_anchored(self, anchor: Any, x: np.ndarray, labels: np.ndarray) -> Any:
         """An anchored step's loss and gradients (every input given: the run's parameters, gathered alike on
         every rank), rank 0 computing them for all under MPI; the lineage starts again after it."""
         if not _processes(self.comm):
-            return super()._shared_anchored(config, anchor, x, labels)
+            return super()._shared_anchored(anchor, x, labels)
         self.lineage = None
         return shared_once_on(self.comm, ("spmdsim.ReferenceTrainer.anchored", self.steps),
-                              train_reference._anchored_step, config, anchor.where, anchor.rows, self.steps, x,
-                              labels)
+                              train_reference._anchored_step, self.net, anchor.where, anchor.rows, x, labels)
 
 
 def _step_and_state(params: tuple, state: tuple, lineage: Any, config: tuple, steps: int, x: np.ndarray,
