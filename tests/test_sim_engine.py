@@ -207,6 +207,44 @@ def test_skipped_collective_names_who_waits_and_who_finished():
     assert "raised on simulated ranks 0,1,3 of 4" in info.value.__notes__[0]
 
 
+# A collection started while sys._current_frames() holds the thread-list lock (its frame objects' allocation)
+# that frees a threading.local takes that lock again: Python 3.11 deadlocks, the interpreter lock held
+# (CPython gh-106883). Garbage of locals is left pending and the threshold set so the frames' allocation
+# starts the collection; other threads run fresh frames, which it must make objects of.
+_FRAMES_DURING_A_COLLECTION = """
+import gc, sys, threading, time
+from spmdsim.sim.report import current_frames
+stop = threading.Event()
+def nap():
+    time.sleep(0.0002)
+def loop():
+    while not stop.is_set():
+        nap()
+for _ in range(2):
+    threading.Thread(target=loop, daemon=True).start()
+class Cycle:
+    pass
+for offset in (1, 2, 3) * 40:
+    gc.disable()
+    for _ in range(50):
+        c = Cycle(); c.me = c; c.local = threading.local(); del c
+    gc.set_threshold(gc.get_count()[0] + offset)
+    gc.enable()
+    current_frames()
+    gc.set_threshold(700)
+stop.set()
+print("ok")
+"""
+
+
+def test_the_deadlock_reports_frames_survive_a_collection_that_frees_a_thread_local():
+    import subprocess
+
+    done = subprocess.run(["timeout", "-k", "5", "60", sys.executable, "-c", _FRAMES_DURING_A_COLLECTION],
+                          capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout == "ok\n", (done.returncode, done.stderr[-2000:])
+
+
 def test_rank_elsewhere_is_named():
     def body():
         comm = world()

@@ -8,6 +8,7 @@ finished, messages a receive does not take, sends that wait for each other).
 """
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import threading
@@ -75,12 +76,26 @@ def unfold(report: str) -> str:
     return f"{head}: {body.replace(chr(10) + '  ', ' | ')}" if body else head
 
 
+def current_frames() -> dict:
+    """``sys._current_frames()`` with the garbage collector held off while it runs. On Python 3.11 it makes
+    frame objects while it holds the interpreter's thread-list lock; a collection those allocations start
+    that frees a ``threading.local`` takes that lock again, and the thread deadlocks holding the interpreter
+    lock, every thread with it (CPython gh-106883, fixed in 3.12; a test's deadlock report hung that way)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return sys._current_frames()
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def program_lines(world: Any, ranks: list[int]) -> str:
     """'; at prog.py:12' (or per line: '; at prog.py:12 (ranks 0,1), prog.py:15 (rank 3)'): the line of
     the program (the innermost frame outside spmdsim) where each of `ranks` is now."""
     from .engine import ranks_text
 
-    frames = sys._current_frames()
+    frames = current_frames()
     lines: dict[str, list[int]] = {}
     for key in ranks:  # a rank, or the key of a thread a rank started
         line = _program_line(frames.get(world.threads.get(key, -1)))
