@@ -37,10 +37,12 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # no long file starts last while the others run out of work. SPMDSIM_TEST_WORKERS=0 runs them
 # in this one process.
 workers=${SPMDSIM_TEST_WORKERS:-3}
+# Under a timeout too: pytest-timeout's per-test timer is a Python thread, which cannot fire while a thread
+# holds the interpreter lock blocked in C (CPython gh-106883 hung a worker so); a hang fails the run instead.
 if [ "$workers" != 0 ] && python -c "import xdist" 2>/dev/null; then
-    python -m pytest -q -p no:cacheprovider -n "$workers" --dist loadfile "$@"
+    timeout -k 10 1800 python -m pytest -q -p no:cacheprovider -n "$workers" --dist loadfile "$@"
 else
-    python -m pytest -q -p no:cacheprovider "$@"
+    timeout -k 10 1800 python -m pytest -q -p no:cacheprovider "$@"
 fi
 # No MPI test draws with hypothesis (every rank must draw the same examples: tests/mpi/test_properties.py),
 # and its pytest plugin's start cost each rank 0.2 CPU-s.
