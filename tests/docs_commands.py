@@ -3,8 +3,10 @@
 A fenced block is a list of commands (continuation lines joined) or, when its
 first line starts with ``$ ``, one command followed by the output it prints.
 A quoted output matches when its lines appear in order in the real output:
-``...`` stands for any number of lines, and numbers that depend on the machine
-(errors in e-notation, milliseconds) match any number.
+``...`` stands for any number of lines; milliseconds match any number, and a
+measured error in e-notation (or after "max abs err" / "max rel err") matches
+one within a factor of 100 of it, any two at or below 1e-12 alike (their
+rounding depends on the BLAS build and the CPU; a quote 100 times off is stale).
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ PURE = ("slices", "explain", "show", "plan", "convert", "pipeline", "estimate")
 _FENCE = re.compile(r"^```([a-z]*)\n(.*?)^```", re.S | re.M)
 _INLINE = re.compile(r"`(spmdsim [^`]+)`")
 _MPI = re.compile(r"^timeout -k 5 (\d+) mpiexec -n (\d+) (.*)$")
-_FLOAT = re.compile(r"(?:\\-)?\d\\.\d+e[+\\-]+\d+|\d+\\.\d+\\ ms")
+_FLOAT = re.compile(r"(?:\\-)?\d\\.\d+e[+\\-]+\d+")  # escaped, as _pattern sees a line
+_MS = re.compile(r"\d+\\.\d+\\ ms")
 
 
 @dataclass(frozen=True)
@@ -94,14 +97,47 @@ def quotes(doc: str) -> list[Quote]:
     return found
 
 
-# A check's rounding errors, and which rank holds the largest, depend on the BLAS build.
+# A check's rounding errors, and which rank holds the largest, depend on the BLAS build. Matched in an escaped line:
+# a measured error after "max abs err " / "max rel err " (any number), or in e-notation.
 _WORST = re.compile(r"worst\\ rank\\ \d+")
-_ERR = re.compile(r"(max\\ (?:abs|rel)\\ err\\ )[0-9.e+\\-]+")
+_ERROR = re.compile(r"(?<=max\\ abs\\ err\\ )[0-9.e+\\-]+|(?<=max\\ rel\\ err\\ )[0-9.e+\\-]+|" + _FLOAT.pattern)
 
 
-def _pattern(line: str) -> re.Pattern:
-    escaped = _ERR.sub(r"\1[-0-9.e+]+", _WORST.sub(r"worst\\ rank\\ \\d+", re.escape(line)))
-    return re.compile(_FLOAT.sub(r"[-0-9.e+]+( ms)?", escaped) + r"\Z")
+def _pattern(line: str) -> tuple[re.Pattern, tuple[float, ...]]:
+    """The line as a pattern whose groups are its measured errors, and their quoted values."""
+    errors: list[float] = []
+
+    def error(m: re.Match) -> str:
+        errors.append(float(m.group(0).replace("\\", "")))
+        return "([-0-9.e+]+)"
+
+    escaped = _ERROR.sub(error, _WORST.sub(r"worst\\ rank\\ \\d+", re.escape(line)))
+    return re.compile(_MS.sub(r"[-0-9.]+\\ ms", escaped) + r"\Z"), tuple(errors)
+
+
+#: Measured errors at or below this are rounding alike, whatever their ratio (float64 sums of a few thousand terms).
+ROUNDING = 1e-12
+#: How far a measured error may be from its quote: rounding depends on the BLAS build and the CPU.
+FACTOR = 100.0
+
+
+def close(quoted: float, actual: float) -> bool:
+    """Whether a measured error `actual` agrees with its quoted value (see the module docstring)."""
+    q, a = abs(quoted), abs(actual)
+    if max(q, a) <= ROUNDING:
+        return True
+    return min(q, a) > 0 and max(q, a) / min(q, a) <= FACTOR
+
+
+def _matches(pattern: tuple[re.Pattern, tuple[float, ...]], line: str) -> bool:
+    regex, errors = pattern
+    m = regex.match(line)
+    if m is None:
+        return False
+    try:
+        return all(close(q, float(a)) for q, a in zip(errors, m.groups()))
+    except ValueError:  # what stood in a number's place is not one
+        return False
 
 
 def mismatch(quoted: tuple[str, ...], actual: str) -> Optional[str]:
@@ -113,7 +149,7 @@ def mismatch(quoted: tuple[str, ...], actual: str) -> Optional[str]:
             skipping = True
             continue
         pattern = _pattern(want)
-        while at < len(lines) and not pattern.match(lines[at]):
+        while at < len(lines) and not _matches(pattern, lines[at]):
             if not skipping:
                 return f"expected {want!r}, got {lines[at]!r}"
             at += 1

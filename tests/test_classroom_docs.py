@@ -164,6 +164,22 @@ def test_quoted_output_matching():
     assert mismatch(("t 2.268 ms",), "t 0.5 ms") is None
 
 
+def test_a_quoted_error_must_be_near_the_measured_one():
+    """A measured error matches its quote within a factor of 100 (the BLAS build's and CPU's rounding); two
+    at rounding level (at most 1e-12) match whatever their ratio; a quote further off is stale and fails."""
+    from docs_commands import mismatch
+
+    assert mismatch(("c 1.5e-06",), "c 1.5e-04\n") is None
+    assert mismatch(("c 1.5e-06",), "c 1.6e-04\n") == "expected 'c 1.5e-06', got 'c 1.6e-04'"
+    assert mismatch(("c 1.5e-06",), "c 1.4e-08\n") is not None
+    assert mismatch(("loss 4.2e-11 grads 0.0e+00",), "loss 3.0e-11 grads 8.8e-16\n") is None
+    assert mismatch(("loss 4.2e-11 grads 0.0e+00",), "loss 3.0e-11 grads 8.8e-09\n") is not None
+    assert mismatch(("max abs err 0 worst rank 3",), "max abs err 2.2e-16 worst rank 5\n") is None
+    assert mismatch(("max abs err 1.1e-16",), "max abs err 3.5e-10\n") is not None
+    assert mismatch(("c -2.0e-03",), "c 3.0e-03\n") is None  # a signed error: its size is compared
+    assert mismatch(("c 2.0e-03",), "c nan\n") is not None
+
+
 def test_a_quoted_pytest_command_names_files_this_suite_runs():
     """The docs' `python -m pytest tests/...` lines are not run again here: the files they name are this suite's."""
     named = [q for doc in DOCS for q in quotes(doc) if q.command.startswith("python -m pytest ")]
