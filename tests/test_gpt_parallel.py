@@ -159,6 +159,41 @@ def test_train_gpt_refuses_replay_with_clipping_in_one_line():
         "repeat; train with clip 0 or without replay"]
 
 
+@pytest.mark.parametrize("args, message", [
+    (["examples/train_gpt.py", "--every", "0"], "--every 0 must be at least 1 (print every N steps)"),
+    (["examples/train_gpt.py", "--every", "-1"], "--every -1 must be at least 1 (print every N steps)"),
+    (["examples/train_moe_gpt.py", "--every", "0"], "--every 0 must be at least 1 (print every N steps)"),
+    (["examples/train_gpt.py", "--sample", "-5"],
+     "--sample -5 must be an integer >= 0 (characters to generate; 0: none)"),
+    (["examples/train_gpt.py", "--temperature", "nan"], "--temperature nan must be a finite number >= 0 (0: greedy)"),
+    (["examples/train_gpt.py", "--temperature", "-1"], "--temperature -1.0 must be a finite number >= 0 (0: greedy)"),
+])
+def test_the_gpt_examples_refuse_what_they_print_or_sample_with_in_one_line_before_training(args, message):
+    """--every 0 raised ZeroDivisionError after the first step, --every -1 printed every step, --temperature nan
+    raised numpy's ValueError after training: refused now before the first step, naming the flag."""
+    out = _run(*args, "--ranks", "4", "--tp", "2", "--layers", "1", "--d-model", "16", "--seq", "8", "--steps", "2")
+    assert out.returncode == 2, out.stderr
+    assert unfold(out.stderr).strip().splitlines() == [f"spmdsim: error: {message}"]
+    assert "step" not in out.stdout  # nothing trained
+
+
+def test_the_parallel_generate_checks_its_sampling_as_the_reference_does():
+    from spmdsim import Layout, Mesh
+    from spmdsim.gpt.parallel import GPT
+
+    cfg = GPTConfig(layers=1, d_model=16, heads=2, seq=8, batch=2)
+
+    def rank(n, temperature):
+        model = GPT(cfg, Mesh(Layout((1, 2), ("dp", "tp")), spmdsim.world()))
+        return model.generate(b"def ", n, temperature)
+
+    with pytest.raises(SpmdsimError, match=r"^temperature nan must be a finite number >= 0\n.*every simulated rank"):
+        spmdsim.simulate(2, rank, 3, float("nan"))
+    with pytest.raises(SpmdsimError, match=r"^n -1 must be an integer >= 0\n.*every simulated rank"):
+        spmdsim.simulate(2, rank, -1, 0.5)
+    assert [len(ids) for ids in spmdsim.simulate(2, rank, 3, 0.5)] == [3, 3]
+
+
 @pytest.mark.parametrize("script", ["examples/mlp_layernorm.py", "examples/causal_attention.py",
                                     "examples/padded_batch.py"])
 def test_general_operator_examples_pass(script):

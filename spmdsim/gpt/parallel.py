@@ -387,7 +387,9 @@ class GPT:
         from ..runtime.executor import redistribute
         from ..runtime.replay import capture
         from .data import encode
+        from .reference import sampling
 
+        n = sampling(n, temperature)  # every rank alike, before the first forward's collectives
         cfg, mesh = self.cfg, self.mesh
         dp = mesh.layout.axis_size("dp") * (mesh.layout.axis_size("ep") if "ep" in mesh.layout.alias_name else 1)
         rng = np.random.default_rng(zlib.crc32(f"{cfg.seed if seed is None else seed}:generate".encode()))

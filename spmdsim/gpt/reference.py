@@ -191,6 +191,18 @@ def train(cfg: GPTConfig, steps: int, text_ids: Any,
     return trainer.params, losses
 
 
+def sampling(n: Any, temperature: Any) -> int:
+    """`n` as an int, after checking `n` (an integer >= 0) and `temperature` (a finite number >= 0) as
+    both generators take them; else the one-line error."""
+    count = as_int(n)
+    if count is None or count < 0:
+        raise SpmdsimError(f"n {n!r} must be an integer >= 0")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+            or not math.isfinite(temperature) or temperature < 0:
+        raise SpmdsimError(f"temperature {temperature!r} must be a finite number >= 0")
+    return count
+
+
 def generate(params: Params, cfg: GPTConfig, prompt_ids: Any, n: int, temperature: float = 0.0,
              seed: Optional[int] = None) -> np.ndarray:
     """`n` new token ids after the prompt (eval mode: no dropout).
@@ -200,12 +212,7 @@ def generate(params: Params, cfg: GPTConfig, prompt_ids: Any, n: int, temperatur
     from softmax(logits / temperature) with a generator seeded by `seed` (default cfg.seed).
     """
     params, cfg = unpadded_params(params, cfg), cfg.unpadded()
-    count = as_int(n)
-    if count is None or count < 0:
-        raise SpmdsimError(f"n {n!r} must be an integer >= 0")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
-            or not math.isfinite(temperature) or temperature < 0:
-        raise SpmdsimError(f"temperature {temperature!r} must be a finite number >= 0")
+    count = sampling(n, temperature)
     prompt = encode(prompt_ids) if isinstance(prompt_ids, (bytes, bytearray, str)) \
         else np.asarray(prompt_ids).reshape(-1)
     if prompt.size and prompt.dtype.kind not in "iu":

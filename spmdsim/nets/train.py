@@ -15,6 +15,8 @@ their sums drift apart under Adam, whichever is right (docs/training.md).
 """
 from __future__ import annotations
 
+import math
+
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, NoReturn, Optional
@@ -272,6 +274,21 @@ def refuse(text: str) -> NoReturn:
     sys.exit(2)
 
 
+def _printing_problem(args: Any) -> Optional[str]:
+    """Why an example's ``--every``, ``--sample`` or ``--temperature`` (those it has) cannot be, or None:
+    checked before the first step, not when the last one prints or samples."""
+    every = getattr(args, "every", None)
+    if every is not None and every < 1:
+        return f"--every {every!r} must be at least 1 (print every N steps)"
+    sample = getattr(args, "sample", None)
+    if sample is not None and sample < 0:
+        return f"--sample {sample!r} must be an integer >= 0 (characters to generate; 0: none)"
+    temperature = getattr(args, "temperature", None)
+    if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
+        return f"--temperature {temperature!r} must be a finite number >= 0 (0: greedy)"
+    return None
+
+
 def world_size(ranks: Optional[int], dry_run: bool = False) -> int:
     """The rank count a run will have: `ranks` simulated ranks (None: the MPI world's size)."""
     if ranks is not None:
@@ -303,7 +320,8 @@ def run_main(main: Any, args: Any, ranks: Optional[int],
              needs: Optional[Callable[[int], Optional[str]]] = None) -> int:
     """``main(args)`` on `ranks` simulated ranks, or on this MPI rank (`ranks` None); the exit code.
 
-    First, on inputs every rank shares: ``--steps`` at least 1, a valid ``--ranks``,
+    First, on inputs every rank shares: ``--steps`` at least 1 (and, where the example has them, ``--every``
+    at least 1, ``--sample`` an integer >= 0 and ``--temperature`` a finite number >= 0), a valid ``--ranks``,
     ``--dry-run`` only beside ``--ranks`` (then the run is a dry run: shapes only,
     the report of each rank's bytes instead of the output; docs/simulate.md),
     and ``needs(world size)`` (why the network cannot run at that size, or None),
@@ -316,6 +334,9 @@ def run_main(main: Any, args: Any, ranks: Optional[int],
     steps = getattr(args, "steps", 1)
     if steps < 1:
         refuse(f"--steps {steps!r} must be at least 1")
+    problem = _printing_problem(args)
+    if problem:
+        refuse(problem)
     dry_run = bool(getattr(args, "dry_run", False))
     if dry_run and ranks is None:
         from ..sim.launch import DRY_RUN_NEEDS_RANKS
