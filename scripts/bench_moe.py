@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -228,8 +229,10 @@ def main(argv=None) -> int:
             parser.error(f"--{name.replace('_', '-')} {getattr(args, name)} must be at least 1")
     if args.experts % RANKS:
         parser.error(f"--experts {args.experts} must be a multiple of the {RANKS} ep ranks")
-    if not args.capacity_factor > 0:
-        parser.error(f"--capacity-factor {args.capacity_factor} must be > 0")
+    if not (math.isfinite(args.capacity_factor) and args.capacity_factor > 0):
+        parser.error(f"--capacity-factor {args.capacity_factor} must be a finite number > 0")
+    if args.seed < 0:  # numpy refuses it on the rank that seeds with it alone; the others would wait
+        parser.error(f"--seed {args.seed} must be at least 0")
     if args.worker:
         result = _worker(args)
         from mpi4py import MPI

@@ -103,6 +103,11 @@ def main() -> None:
     parser.add_argument("--demo", choices=sorted([*DEMOS, *MEASURED]), action="append",
                         help="default: hello world and cpi-cco")
     args = parser.parse_args()
+    for name in ("ranks", "repeat"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} {getattr(args, name)} must be at least 1")
+    if args.before is not None and not os.path.isdir(os.path.join(args.before, "spmdsim")):
+        parser.error(f"--before {args.before!r} holds no spmdsim/ folder; expected an older checkout")
     for demo in args.demo or sorted(DEMOS, reverse=True):
         bench(demo, args.ranks, args.repeat, args.before)
 

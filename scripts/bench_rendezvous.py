@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.repeat < 1 or args.calls < 1:
         parser.error(f"--repeat {args.repeat!r} and --calls {args.calls!r} must be 1 or more")
+    if args.before is not None and not os.path.isdir(os.path.join(args.before, "spmdsim")):
+        parser.error(f"--before {args.before!r} holds no spmdsim/ folder; expected another checkout")
     cases = [c for c, name in zip(CASES, names) if not args.case or name in args.case]
     trees = {"this checkout": str(HERE.parent)}
     if args.before:  # in turn each round: this one, the other, this one again (the A/A control)

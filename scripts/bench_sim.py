@@ -160,6 +160,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--peer", choices=("jax", "dtensor"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error(f"--repeat {args.repeat} must be at least 1")
     if args.peer:
         print(json.dumps((jax_move if args.peer == "jax" else dtensor_move)(args.repeat)))
         return 0

@@ -137,9 +137,17 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=64)
     args = ap.parse_args()
     import spmdsim
+    from spmdsim.errors import SpmdsimError
     from spmdsim.gpt import GPTConfig
+    from spmdsim.gpt.parallel import mesh_problem
 
-    cfg = GPTConfig(layers=args.layers, d_model=args.d_model, heads=4, seq=args.seq, batch=8, dropout=0.1)
+    try:
+        cfg = GPTConfig(layers=args.layers, d_model=args.d_model, heads=4, seq=args.seq, batch=8, dropout=0.1)
+    except SpmdsimError as e:
+        ap.error(str(e))
+    problem = mesh_problem(cfg, 2, 4, True)
+    if problem:
+        ap.error(f"the GPT cannot run on dp 2 x tp 4: {problem}")
     ours, theirs = collections.Counter(), collections.Counter()
     phases = {name: collections.Counter() for name in ("forward", "backward", "AdamW")}
     replayed: dict = {}

@@ -79,7 +79,12 @@ def main(argv=None) -> int:
     parser.add_argument("--mesh", default="8,128", help="DP,MP (default 8,128: 1,024 ranks)")
     parser.add_argument("--json", action="store_true", help="print the per-rank report as JSON")
     args = parser.parse_args(argv)
-    shape = tuple(int(n) for n in args.mesh.split(","))
+    try:
+        shape = tuple(int(n) for n in args.mesh.split(","))
+    except ValueError:
+        shape = ()
+    if len(shape) != 2 or min(shape) < 1:
+        parser.error(f"--mesh {args.mesh!r} must be two whole numbers >= 1, DP,MP (e.g. 8,128)")
     ranks = shape[0] * shape[1]
     start = time.perf_counter()
     results = spmdsim.simulate(ranks, program, shape, dry_run=True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 
 import spmdsim
+from spmdsim.errors import SpmdsimError
 from spmdsim.gpt import GPTConfig, encode, load_text
 from spmdsim.autograd.kept import KEPT
 from spmdsim.gpt.memory import BLOCK_KINDS, RECOMPUTE, ZERO, korthikanti_bytes, per_layer_units
@@ -47,8 +48,14 @@ def main() -> int:
     parser.add_argument("--kept", choices=KEPT, default="graph",
                         help="what the graph keeps for backward (megatron: Megatron-LM's set, 1-byte masks)")
     args = parser.parse_args()
-    cfg = GPTConfig(vocab=args.vocab, layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq,
-                    batch=args.batch)
+    for name in ("dp", "tp"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} {getattr(args, name)} must be at least 1")
+    try:
+        cfg = GPTConfig(vocab=args.vocab, layers=args.layers, d_model=args.d_model, heads=args.heads,
+                        seq=args.seq, batch=args.batch)
+    except SpmdsimError as e:
+        parser.error(str(e))
     problem = mesh_problem(cfg, args.dp, args.tp, True)
     if problem:
         parser.error(f"the GPT cannot run on dp {args.dp} x tp {args.tp}: {problem}")
