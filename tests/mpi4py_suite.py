@@ -67,11 +67,6 @@ OUT_OF_SCOPE = {
     r"ErrhandlerFile": "MPI I/O (MPI.File over a simulated communicator)",
     r"ErrhandlerSession": "MPI sessions (MPI.Session's error handlers: a process-wide table of 32)",
     r"test_util_pkl5\.\w+\.(test\w+Inter|testBigMPI)$": "intercommunicators (Intracomm.Create_intercomm)",
-    r"test_comm_topo\.\w+\.test(ConstructorDistGraphcomm|ConstructorGraphcomm|Distgraphcomm\w*|GraphMap|Graphcomm)$"
-    r"|test_cco_ngh_\w+\.\w+\.test\w*(Graph|DistGraph)\w*$": "graph and distributed-graph topologies",
-    r"test_cco_ngh_(buf|obj)\.\w+\.testNeighbor(Allgather|Alltoall)$": "each loops over graph and distributed-graph "
-                                                                     "topologies too (Cartesian ones: "
-                                                                     "tests/data/lab/neighbors.py)",
     r"DLPackGPUBuf": "device (GPU) memory: only host memory is simulated",
     r"test_msgspec\.TestMessage(CAIBuf|DLPackCPUBuf)\.test(DataValue|Descr\w+|Mask|ShapeValue|Typestr\w+|Dtype\w+)$":
         "mpi4py's checks of malformed __cuda_array_interface__ and DLPack descriptors (well-formed host ones are read)",

@@ -31,7 +31,7 @@ SAME_AS_MPICH = ["hello.py", "ring_objects.py", "ring_buffers.py", "sendrecv.py"
                  "collectives_objects.py", "collectives_buffers.py", "reduce_ops.py", "nonblocking.py",
                  "split.py", "pi.py", "main_guard.py", "argv_files.py", "truncate_caught.py", "cart.py",
                  "montecarlo.py", "master_worker.py", "modules/main.py", "test_loop_feeding.py",
-                 "test_loop_late.py", "neighbors.py"]
+                 "test_loop_late.py", "neighbors.py", "graphs.py"]
 
 
 @pytest.fixture(scope="module")
@@ -397,6 +397,33 @@ def test_errors_and_reprs_name_mpi4pys_classes(call, first, capsys):
         return
     assert code == 1 and err.startswith(f"spmdsim mpirun: error on simulated rank 0: {first}\n"), err
     assert "Sim" not in err and "PointToPoint" not in err
+
+
+def test_graph_neighbour_collectives_by_hand(capsys):
+    # graphs.py's general graph of 3 nodes on 4 ranks: 0 - 1 twice (a multigraph), 1 - 2, 2 - 0; rank 3 is left
+    # out. Rank 0's neighbours are [1, 2, 1]: from its first edge to 1 it receives rank 1's block for rank 1's
+    # first edge to 0 (its block 0), from its second edge rank 1's block 2; from 2, rank 2's block 1.
+    # (test_right_programs_print_what_mpiexec_prints runs it under MPICH too: the same lines.)
+    code, out, err = _mpirun(capsys, str(LAB / "graphs.py"))
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert "0 graph alltoall [10.0, 21.0, 12.0]" in lines and "3 graph: none" in lines
+    assert "0 graph alltoallv [100, 201, 202, 103, 104, 105]" in lines  # rank 1 sends block j as j + 1 items
+    assert "2 adjacent alltoall [101.0, 2.0]" in lines  # from 1 (its first destination), from 0 (its second)
+    assert "2 dist (3, 3, False) [2, 3, 3] [1, 1, 2]" in lines
+
+
+def test_a_graph_whose_edges_do_not_match_is_one_error_not_a_hang(tmp_path, capsys):
+    program = tmp_path / "one_way.py"
+    program.write_text("import numpy as np\nfrom mpi4py import MPI\n"
+                       "g = MPI.COMM_WORLD.Create_graph([1, 1], [1])  # node 0 lists 1; node 1 lists none\n"
+                       "got = np.full(g.nneighbors, -1.0)\n"
+                       "g.Neighbor_allgather(np.array([float(g.rank)]), got)\n")
+    code = main(["mpirun", "-n", "2", "python", str(program)])
+    out, err = capsys.readouterr()
+    assert code == 1 and err.startswith(
+        "spmdsim mpirun: error on simulated rank 0: MPI.Exception: Invalid topology: group rank 0 receives from "
+        "group rank 1 1 time(s), but group rank 1 sends to it 0 time(s): the graph's edges do not match\n"), err
 
 
 def test_neighbour_collectives_by_hand(capsys):

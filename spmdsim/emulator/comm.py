@@ -4,10 +4,9 @@ Each simulated rank holds its own SimComm per communicator (they share an
 engine `Group`); copies made with ``MPI.Comm(comm)`` share one handle (its call
 counter, name, freed state), as mpi4py's copies share one MPI handle. The
 collectives are in spmdsim.emulator.collectives and spmdsim.emulator.objects, the
-point-to-point calls in spmdsim.sim.p2p, Cartesian grids in spmdsim.emulator.topology.
-Persistent requests, derived datatypes, one-sided, I/O, graph topologies and
-intercommunicators are not simulated
-(docs/simulate.md).
+point-to-point calls in spmdsim.sim.p2p, persistent requests in spmdsim.emulator.persistent, Cartesian
+grids, graphs and distributed graphs in spmdsim.emulator.topology. One-sided communication, I/O and
+intercommunicators are not simulated (docs/simulate.md).
 """
 from __future__ import annotations
 
@@ -273,6 +272,32 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
         from .topology import cart_map
 
         return cart_map(self, dims, periods)
+
+    def Create_graph(self, index: Any, edges: Any, reorder: bool = False) -> Any:
+        """A general graph of the first len(index) members (spmdsim.emulator.topology)."""
+        from .topology import create_graph
+
+        return create_graph(self, index, edges, reorder)
+
+    def Graph_map(self, index: Any, edges: Any) -> int:
+        """This rank's rank in the graph Create_graph(index, edges) would make (MPI.UNDEFINED if none)."""
+        from .topology import graph_map
+
+        return graph_map(self, index, edges)
+
+    def Create_dist_graph_adjacent(self, sources: Any, destinations: Any, sourceweights: Any = None,
+                                   destweights: Any = None, info: Any = None, reorder: bool = False) -> Any:
+        """A distributed graph of every member's sources and destinations (spmdsim.emulator.topology)."""
+        from .topology import create_dist_graph_adjacent
+
+        return create_dist_graph_adjacent(self, sources, destinations, sourceweights, destweights, info, reorder)
+
+    def Create_dist_graph(self, sources: Any, degrees: Any, destinations: Any, weights: Any = None,
+                          info: Any = None, reorder: bool = False) -> Any:
+        """A distributed graph of the edges every member gives (spmdsim.emulator.topology)."""
+        from .topology import create_dist_graph
+
+        return create_dist_graph(self, sources, degrees, destinations, weights, info, reorder)
 
     is_topo = False
 

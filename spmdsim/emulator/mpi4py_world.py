@@ -5,8 +5,8 @@
 
 While `swapped()` is active, the threads of simulated ranks see, on the
 ``mpi4py.MPI`` module, COMM_WORLD and COMM_SELF as their own SimComms and
-Comm, Intracomm, Cartcomm, Request, Prequest and Group as the simulated classes (Win, File and Session
-refusing to be made: spmdsim.emulator.unsupported) (so
+Comm, Intracomm, Cartcomm, Graphcomm, Distgraphcomm, Request, Prequest and Group as the simulated
+classes (Win, File and Session refusing to be made: spmdsim.emulator.unsupported) (so
 ``MPI.Request.Waitall(reqs)`` and ``MPI.Comm.Compare(a, b)`` take simulated
 objects); Init, Init_thread, Finalize, Is_initialized and Is_finalized are the
 rank's own, as under mpiexec (`_Lifetime`: the real MPI stays initialized for the
@@ -30,9 +30,10 @@ from ._nesting import Nesting
 __all__ = ["swapped", "real", "SWAPPED"]
 
 #: The names of mpi4py.MPI that a simulated rank sees as its own.
-SWAPPED = ("COMM_WORLD", "COMM_SELF", "Comm", "Intracomm", "Cartcomm", "Request", "Prequest", "Group", "Message",
-           "REQUEST_NULL", "MESSAGE_NULL", "MESSAGE_NO_PROC", "Init", "Init_thread", "Finalize", "Is_initialized",
-           "Is_finalized", "Attach_buffer", "Detach_buffer", "Flush_buffer", "Iflush_buffer", "Win", "File", "Session")
+SWAPPED = ("COMM_WORLD", "COMM_SELF", "Comm", "Intracomm", "Cartcomm", "Graphcomm", "Distgraphcomm", "Request",
+           "Prequest", "Group", "Message", "REQUEST_NULL", "MESSAGE_NULL", "MESSAGE_NO_PROC", "Init", "Init_thread",
+           "Finalize", "Is_initialized", "Is_finalized", "Attach_buffer", "Detach_buffer", "Flush_buffer",
+           "Iflush_buffer", "Win", "File", "Session")
 
 _BSEND_BUFFERS: dict = {}  # thread -> the buffer a simulated rank attached (its Bsend copies anyway)
 
@@ -57,10 +58,11 @@ def _simulated(name: str, state: Any) -> Any:
         return self_comm(state)
     if name in ("Comm", "Intracomm"):
         return SimComm
-    if name == "Cartcomm":
-        from .topology import SimCartComm
+    if name in ("Cartcomm", "Graphcomm", "Distgraphcomm"):
+        from . import topology
 
-        return SimCartComm
+        return {"Cartcomm": topology.SimCartComm, "Graphcomm": topology.SimGraphComm,
+                "Distgraphcomm": topology.SimDistGraphComm}[name]
     if name == "Request":
         from ..sim.requests import Request
 
@@ -175,9 +177,9 @@ def _attach_buffer(buf: Any) -> None:
 
 
 #: The swapped names whose simulated value is the same for every rank (a class, a constant): found once.
-_SAME_FOR_EVERY_RANK = frozenset(("Comm", "Intracomm", "Cartcomm", "Request", "Prequest", "Group", "Message",
-                                  "REQUEST_NULL", "MESSAGE_NULL", "MESSAGE_NO_PROC", "Attach_buffer",
-                                  "Iflush_buffer"))
+_SAME_FOR_EVERY_RANK = frozenset(("Comm", "Intracomm", "Cartcomm", "Graphcomm", "Distgraphcomm", "Request",
+                                  "Prequest", "Group", "Message", "REQUEST_NULL", "MESSAGE_NULL", "MESSAGE_NO_PROC",
+                                  "Attach_buffer", "Iflush_buffer"))
 
 
 def _property(name: str) -> property:

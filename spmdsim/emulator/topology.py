@@ -1,21 +1,31 @@
-"""Cartesian communicators of simulated ranks: ``comm.Create_cart(dims, periods)`` and its queries.
+"""Topology communicators of simulated ranks: Cartesian grids, general graphs and distributed graphs.
 
-A first MPI lab's grids (a 2-D heat equation, a ring with ``Shift``): SimCartComm
-is a SimComm whose members also have coordinates, row-major (the last dimension
-varies fastest, MPI's order), kept in rank order (``reorder`` is ignored: every
-simulated rank is on one node). Its neighbour collectives (Neighbor_allgather,
-Neighbor_allgatherv, Neighbor_alltoall, Neighbor_alltoallv) exchange one block
-with each of the 2 x ndim neighbours, as the MPI standard orders them: per
-dimension, the one back (``Shift(d, 1)[0]``), then the one forward. The block
-received from the one back is what it sent forward, and the other way round
-(so a periodic dimension of 1 or 2 ranks, where both are the same rank, is
-well defined); a missing neighbour (MPI.PROC_NULL, past a non-periodic edge)
-is sent nothing and its receive block is left as it was. Graph topologies and
-``Cart_map`` are not simulated.
+``comm.Create_cart(dims, periods)`` (a first MPI lab's grids: a 2-D heat
+equation, a ring with ``Shift``), ``comm.Create_graph(index, edges)`` and
+``comm.Create_dist_graph_adjacent(sources, destinations)`` /
+``comm.Create_dist_graph(sources, degrees, destinations)``, with their queries
+and neighbour collectives (Neighbor_allgather(v), Neighbor_alltoall(v), their
+nonblocking forms and the pickled neighbor_allgather / neighbor_alltoall).
+Members keep their rank order (``reorder`` is ignored: every simulated rank is
+on one node). A Cartesian grid is row-major (the last dimension varies fastest,
+MPI's order); its 2 x ndim neighbours are, per dimension, the one back
+(``Shift(d, 1)[0]``) then the one forward, and the block received from the one
+back is what it sent forward, and the other way round (so a periodic dimension
+of 1 or 2 ranks, where both are the same rank, is well defined); a missing
+neighbour (MPI.PROC_NULL, past a non-periodic edge) is sent nothing and its
+receive block is left as it was. A graph's neighbours are its
+``Get_neighbors(rank)``, sources and destinations alike; a distributed graph's
+are its sources (received from, in order) and destinations (sent to, in order),
+an edge given by several ranks in ``Create_dist_graph`` ordered by the rank that
+gave it. Between two ranks joined by several edges, the k-th time a rank lists
+a source receives what that source sent the k-th time it lists the rank as a
+destination (the MPI standard's rule for multigraphs); a graph where a source
+does not list the rank as often is refused when the collective runs.
 """
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any, Optional, Sequence
 
 from ..sim._buffers import copy_into, dtype_name, message, mpi_error, mpi_module, special, vector
@@ -26,7 +36,8 @@ from .._lazy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
-__all__ = ["SimCartComm", "create_cart"]
+__all__ = ["SimCartComm", "SimGraphComm", "SimDistGraphComm", "create_cart", "create_graph",
+           "create_dist_graph", "create_dist_graph_adjacent", "graph_map"]
 
 
 def _error(code: str, text: str) -> BaseException:
@@ -76,13 +87,157 @@ def cart_map(comm: SimComm, dims: Sequence[int], periods: Any = None) -> int:
     return comm.rank if comm.rank < math.prod(dims) else special("UNDEFINED")
 
 
-class SimCartComm(SimComm):
-    """One simulated rank's view of a Cartesian communicator (mpi4py's Cartcomm)."""
+class _Neighbourhood(SimComm):
+    """The neighbour collectives of a topology communicator (mpi4py's Topocomm): over `_inout()`, the
+    sources this rank receives from and the destinations it sends to, in order (group ranks, or
+    MPI.PROC_NULL), and `_sent_index`, which of a source's destination blocks is this rank's."""
 
-    def __init__(self, comm: Any = None, dims: Sequence[int] = (), periods: Sequence[bool] = ()) -> None:
+    is_topo = True
+
+    def _inout(self) -> tuple[list, list]:  # pragma: no cover - each topology defines its own
+        raise NotImplementedError
+
+    def _sent_index(self, i: int, source: int, sources: list, theirs: list) -> int:
+        """The position among `source`'s destinations `theirs` of the block this rank receives at its
+        position `i` among `sources`: the k-th time this rank lists `source` matches the k-th time
+        `source` lists this rank (the module docstring)."""
+        k = sources[:i].count(source)
+        me = self.rank
+        for j, d in enumerate(theirs):
+            if d == me:
+                if k == 0:
+                    return j
+                k -= 1
+        raise _detailed("ERR_TOPOLOGY", f"group rank {me} receives from group rank {source} "
+                                        f"{sources.count(source)} time(s), but group rank {source} sends to it "
+                                        f"{theirs.count(me)} time(s): the graph's edges do not match")
+
+    @property
+    def degrees(self) -> tuple[int, int]:
+        sources, destinations = self._inout()
+        return len(sources), len(destinations)
+
+    indegree = property(lambda self: len(self._inout()[0]))
+    outdegree = property(lambda self: len(self._inout()[1]))
+    inedges = property(lambda self: list(self._inout()[0]))
+    outedges = property(lambda self: list(self._inout()[1]))
+    inoutedges = property(lambda self: tuple(list(side) for side in self._inout()))
+
+    def _exchange(self, op: str, src: np.ndarray, blocks: Any, dst: np.ndarray, rblocks: list) -> None:
+        """Deposit `src` (`blocks(j)`: the slice of it for destination j), then fill each receive block
+        rblocks[i] = (start, count) of `dst` from source i's block for this rank: the members meet once,
+        the last to arrive filling every member's blocks (Group.enter_all), as the other collectives do."""
+        null = special("PROC_NULL")
+        sources, destinations = self._inout()
+        me = self.rank
+
+        def fill(slot: Any) -> None:  # writes only this member's receive blocks
+            for i, nb in enumerate(sources):
+                if nb == null:
+                    continue
+                _, theirs, pick = slot.calls[nb].data
+                sent = pick(self._sent_index(i, nb, sources, theirs))
+                start, count = rblocks[i]
+                part = dst[start:start + count]
+                if sent.nbytes != part.nbytes:
+                    raise _detailed("ERR_TRUNCATE" if sent.nbytes > part.nbytes else "ERR_OTHER",
+                                    f"{op}: group rank {nb} sends {sent.size} x {sent.dtype.name} where group "
+                                    f"rank {me} receives {part.size} x {part.dtype.name}")
+                copy_into(part, sent)
+
+        self._enter_all(op, (op, dtype_name(src.dtype)), (src, destinations, blocks), (fill,))
+
+    def Neighbor_allgather(self, sendbuf: Any, recvbuf: Any) -> None:
+        k = self.indegree
+        src, n, _ = message(sendbuf, "Neighbor_allgather sendbuf")
+        src = src[:n]
+        dst, c, _ = message(recvbuf, "Neighbor_allgather recvbuf", blocks=k, readonly=False)
+        self._exchange("neighbor_allgather", src, lambda j: src, dst, [(i * c, c) for i in range(k)])
+
+    def Neighbor_allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:
+        k = self.indegree
+        src, n, _ = message(sendbuf, "Neighbor_allgatherv sendbuf")
+        src = src[:n]
+        dst, counts, displs, _ = vector(recvbuf, "Neighbor_allgatherv recvbuf", k, readonly=False)
+        self._exchange("neighbor_allgatherv", src, lambda j: src, dst, list(zip(displs, counts)))
+
+    def Neighbor_alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
+        kin, kout = self.degrees
+        src, n, _ = message(sendbuf, "Neighbor_alltoall sendbuf", blocks=kout)
+        dst, c, _ = message(recvbuf, "Neighbor_alltoall recvbuf", blocks=kin, readonly=False)
+        self._exchange("neighbor_alltoall", src, lambda j: src[j * n:(j + 1) * n], dst,
+                       [(i * c, c) for i in range(kin)])
+
+    def Neighbor_alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:
+        kin, kout = self.degrees
+        src, scounts, sdispls, _ = vector(sendbuf, "Neighbor_alltoallv sendbuf", kout)
+        dst, counts, displs, _ = vector(recvbuf, "Neighbor_alltoallv recvbuf", kin, readonly=False)
+        self._exchange("neighbor_alltoallv", src, lambda j: src[sdispls[j]:sdispls[j] + scounts[j]], dst,
+                       list(zip(displs, counts)))
+
+    def neighbor_allgather(self, sendobj: Any) -> list:
+        """Each source's object (None from MPI.PROC_NULL), as mpi4py's pickled neighbour allgather."""
+        return self._exchange_objects("neighbor_allgather(obj)", sendobj, lambda j: sendobj)
+
+    def neighbor_alltoall(self, sendobj: Any) -> list:
+        """sendobj[j] to destination j; the object each source sent this rank (None from PROC_NULL)."""
+        if len(sendobj) != self.outdegree:
+            raise ValueError(f"neighbor_alltoall: {len(sendobj)} objects for {self.outdegree} destinations")
+        return self._exchange_objects("neighbor_alltoall(obj)", sendobj, lambda j: sendobj[j])
+
+    def _exchange_objects(self, op: str, sendobj: Any, pick: Any) -> list:
+        import pickle
+
+        null = special("PROC_NULL")
+        sources, destinations = self._inout()
+        received: list = []
+
+        def unpickle(slot: Any) -> None:  # each receiver unpickles its own copy, as MPI moves bytes
+            for i, nb in enumerate(sources):
+                if nb == null:
+                    received.append(None)
+                    continue
+                theirs, chosen = slot.calls[nb].data
+                received.append(pickle.loads(pickle.dumps(chosen(self._sent_index(i, nb, sources, theirs)))))
+
+        self._enter_all(op, (op,), (destinations, pick), (unpickle,))
+        return received
+
+    # Nonblocking: posted and completed at once, as the other nonblocking collectives (_posted).
+    def Ineighbor_allgather(self, sendbuf: Any, recvbuf: Any) -> Any:
+        return self._posted(self.Neighbor_allgather, sendbuf, recvbuf)
+
+    def Ineighbor_allgatherv(self, sendbuf: Any, recvbuf: Any) -> Any:
+        return self._posted(self.Neighbor_allgatherv, sendbuf, recvbuf)
+
+    def Ineighbor_alltoall(self, sendbuf: Any, recvbuf: Any) -> Any:
+        return self._posted(self.Neighbor_alltoall, sendbuf, recvbuf)
+
+    def Ineighbor_alltoallv(self, sendbuf: Any, recvbuf: Any) -> Any:
+        return self._posted(self.Neighbor_alltoallv, sendbuf, recvbuf)
+
+
+def _copyable(comm: Any, cls: type, what: str) -> None:
+    """mpi4py's TypeError for ``MPI.Cartcomm(comm)`` (Graphcomm, Distgraphcomm) of a communicator of
+    another kind: "expecting a topology communicator" for one without a topology, else naming the kind."""
+    if comm is None or isinstance(comm, cls):
+        return
+    raise TypeError("expecting a topology communicator" if not isinstance(comm, _Neighbourhood) else
+                    f"expecting {what} communicator")
+
+
+class SimCartComm(_Neighbourhood):
+    """One simulated rank's view of a Cartesian communicator (mpi4py's Cartcomm).
+
+    ``MPI.Cartcomm(comm)`` (no dims): a copy of a Cartesian communicator, sharing its handle; another
+    communicator is refused with mpi4py's TypeError."""
+
+    def __init__(self, comm: Any = None, dims: Optional[Sequence[int]] = None,
+                 periods: Sequence[bool] = ()) -> None:
+        if dims is None:
+            _copyable(comm, SimCartComm, "a Cartesian")
+            dims, periods = (comm._dims, comm._periods) if comm is not None else ((), ())
         super().__init__(comm)
-        if isinstance(comm, SimCartComm) and not dims:
-            dims, periods = comm._dims, comm._periods
         self._dims, self._periods = tuple(dims), tuple(periods)
 
     # -- the grid -------------------------------------------------------------------------
@@ -102,7 +257,6 @@ class SimCartComm(SimComm):
         return list(self._dims), [int(p) for p in self._periods], self.Get_coords(self.rank)
 
     topo = property(Get_topo)
-    is_topo = True
     dims = property(lambda self: list(self._dims))
     periods = property(lambda self: [int(p) for p in self._periods])
     coords = property(lambda self: self.Get_coords(self.rank))
@@ -148,101 +302,16 @@ class SimCartComm(SimComm):
 
     # -- its neighbours (as mpi4py's Topocomm gives them: per dimension back, then forward) ---------
 
-    indegree = outdegree = property(lambda self: 2 * len(self._dims))
-    inedges = outedges = property(lambda self: self._neighbours())
-    inoutedges = property(lambda self: (self._neighbours(), self._neighbours()))
-
-    # -- neighbour collectives (the module docstring) -----------------------------------------
-
     def _neighbours(self) -> list:
         """The 2 x ndim neighbours (group ranks, or MPI.PROC_NULL): per dimension back, then forward."""
         return [r for d in range(len(self._dims)) for r in self.Shift(d, 1)]
 
-    def _exchange(self, op: str, src: np.ndarray, blocks: Any, dst: np.ndarray, rblocks: list) -> None:
-        """Deposit `src` (`blocks(i)`: the slice of it for neighbour i), then fill each receive block
-        rblocks[i] = (start, count) of `dst` from neighbour i's block for this rank: the members meet once,
-        the last to arrive filling every member's blocks (Group.enter_all), as the other collectives do."""
-        null = special("PROC_NULL")
-        neighbours, me = self._neighbours(), self.rank
+    def _inout(self) -> tuple[list, list]:
+        neighbours = self._neighbours()
+        return neighbours, neighbours
 
-        def fill(slot: Any) -> None:  # writes only this member's receive blocks
-            for i, nb in enumerate(neighbours):
-                if nb == null:
-                    continue
-                sent = slot.calls[nb].data[1](i ^ 1)  # what it sent forward, I receive from back (and vice versa)
-                start, count = rblocks[i]
-                part = dst[start:start + count]
-                if sent.nbytes != part.nbytes:
-                    raise _detailed("ERR_TRUNCATE" if sent.nbytes > part.nbytes else "ERR_OTHER",
-                                    f"{op}: group rank {nb} sends {sent.size} x {sent.dtype.name} where group "
-                                    f"rank {me} receives {part.size} x {part.dtype.name}")
-                copy_into(part, sent)
-
-        self._enter_all(op, (op, dtype_name(src.dtype)), (src, blocks), (fill,))
-
-    def Neighbor_allgather(self, sendbuf: Any, recvbuf: Any) -> None:
-        k = 2 * len(self._dims)
-        src, n, _ = message(sendbuf, "Neighbor_allgather sendbuf")
-        src = src[:n]
-        dst, c, _ = message(recvbuf, "Neighbor_allgather recvbuf", blocks=k, readonly=False)
-        self._exchange("neighbor_allgather", src, lambda i: src, dst, [(i * c, c) for i in range(k)])
-
-    def Neighbor_allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:
-        k = 2 * len(self._dims)
-        src, n, _ = message(sendbuf, "Neighbor_allgatherv sendbuf")
-        src = src[:n]
-        dst, counts, displs, _ = vector(recvbuf, "Neighbor_allgatherv recvbuf", k, readonly=False)
-        self._exchange("neighbor_allgatherv", src, lambda i: src, dst, list(zip(displs, counts)))
-
-    def Neighbor_alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
-        k = 2 * len(self._dims)
-        src, n, _ = message(sendbuf, "Neighbor_alltoall sendbuf", blocks=k)
-        dst, c, _ = message(recvbuf, "Neighbor_alltoall recvbuf", blocks=k, readonly=False)
-        self._exchange("neighbor_alltoall", src, lambda i: src[i * n:(i + 1) * n], dst,
-                       [(i * c, c) for i in range(k)])
-
-    def Neighbor_alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:
-        k = 2 * len(self._dims)
-        src, scounts, sdispls, _ = vector(sendbuf, "Neighbor_alltoallv sendbuf", k)
-        dst, counts, displs, _ = vector(recvbuf, "Neighbor_alltoallv recvbuf", k, readonly=False)
-        self._exchange("neighbor_alltoallv", src, lambda i: src[sdispls[i]:sdispls[i] + scounts[i]], dst,
-                       list(zip(displs, counts)))
-
-    def neighbor_allgather(self, sendobj: Any) -> list:
-        """Each neighbour's object (None from MPI.PROC_NULL), as mpi4py's pickled neighbour allgather."""
-        return self._exchange_objects("neighbor_allgather(obj)", sendobj, lambda i: sendobj)
-
-    def neighbor_alltoall(self, sendobj: Any) -> list:
-        """sendobj[i] to neighbour i; the object each neighbour sent this rank (None from PROC_NULL)."""
-        if len(sendobj) != 2 * len(self._dims):
-            raise ValueError(f"neighbor_alltoall: {len(sendobj)} objects for {2 * len(self._dims)} neighbours")
-        return self._exchange_objects("neighbor_alltoall(obj)", sendobj, lambda i: sendobj[i])
-
-    def _exchange_objects(self, op: str, sendobj: Any, pick: Any) -> list:
-        import pickle
-
-        null = special("PROC_NULL")
-        neighbours, received = self._neighbours(), []
-
-        def unpickle(slot: Any) -> None:  # each receiver unpickles its own copy, as MPI moves bytes
-            received.extend(None if nb == null else pickle.loads(pickle.dumps(slot.calls[nb].data(i ^ 1)))
-                            for i, nb in enumerate(neighbours))
-
-        self._enter_all(op, (op,), pick, (unpickle,))
-        return received
-
-    # Nonblocking: posted and completed at once, as the other nonblocking collectives (_posted).
-    def Ineighbor_allgather(self, sendbuf: Any, recvbuf: Any) -> Any:
-        return self._posted(self.Neighbor_allgather, sendbuf, recvbuf)
-
-    def Ineighbor_allgatherv(self, sendbuf: Any, recvbuf: Any) -> Any:
-        return self._posted(self.Neighbor_allgatherv, sendbuf, recvbuf)
-
-    def Ineighbor_alltoall(self, sendbuf: Any, recvbuf: Any) -> Any:
-        return self._posted(self.Neighbor_alltoall, sendbuf, recvbuf)
-
-    def Ineighbor_alltoallv(self, sendbuf: Any, recvbuf: Any) -> Any:
-        return self._posted(self.Neighbor_alltoallv, sendbuf, recvbuf)
+    def _sent_index(self, i: int, source: int, sources: list, theirs: list) -> int:
+        return i ^ 1  # what the one back sent forward, and the other way round (the module docstring)
 
     def Sub(self, remain_dims: Sequence[Any]) -> "SimCartComm":
         """The grids of the dimensions kept (members that differ only there), as MPI_Cart_sub."""
@@ -267,5 +336,233 @@ class SimCartComm(SimComm):
         return f"<simulated Cartcomm rank {self.rank} of {self.size}, dims {list(self._dims)}>"
 
 
-speak_mpi4py(SimCartComm, "Cartcomm")
-end_on_fatal_errors(SimCartComm)
+# -- general graphs (MPI_Graph_create) --------------------------------------------------------
+
+def _ints(values: Any, what: str) -> list:
+    """`values` as a list of ints (mpi4py's getarray: each through operator.index)."""
+    return [operator.index(v) for v in values]
+
+
+def _graph(index: Any, edges: Any) -> tuple[list, list]:
+    """(index, edges) as MPI_Graph_create takes them, with mpi4py's extension: an index that starts at 0
+    and ends at the number of edges (the 'standard' adjacency array) loses its leading 0."""
+    index, edges = _ints(index, "index"), _ints(edges, "edges")
+    if index and index[0] == 0 and index[-1] == len(edges):
+        index = index[1:]
+    return index, edges
+
+
+def _graph_problem(index: list, edges: list, size: int) -> Optional[str]:
+    """Why MPI_Graph_create refuses this graph on `size` ranks, or None."""
+    if len(index) > size:
+        return f"{len(index)} nodes do not fit a communicator of {size} ranks"
+    if any(b < a for a, b in zip([0] + index, index)) or (index and index[-1] != len(edges)):
+        return f"index {index!r} must rise from 0 to the number of edges, {len(edges)}"
+    bad = [e for e in edges if not 0 <= e < len(index)]
+    if bad:
+        return f"edge to node {bad[0]!r} is outside the graph's {len(index)} nodes"
+    return None
+
+
+def create_graph(comm: SimComm, index: Any, edges: Any, reorder: bool = False) -> Any:
+    """MPI_Graph_create: the first len(index) members form the graph; the others get MPI.COMM_NULL."""
+    index, edges = _graph(index, edges)
+    problem = _graph_problem(index, edges, comm.size)
+    if problem:
+        raise _detailed("ERR_ARG", f"Create_graph: {problem}")
+    inside = comm.rank < len(index)
+    sub = comm.Split(0 if inside else special("UNDEFINED"), comm.rank)
+    if not inside:
+        return comm_null()
+    return SimGraphComm(sub, index, edges)
+
+
+def graph_map(comm: SimComm, index: Any, edges: Any) -> int:
+    """MPI_Graph_map: this rank's rank in the graph Create_graph would make (ranks keep their order), or
+    MPI.UNDEFINED for a rank left out."""
+    index, edges = _graph(index, edges)
+    problem = _graph_problem(index, edges, comm.size)
+    if problem:
+        raise _detailed("ERR_ARG", f"Graph_map: {problem}")
+    return comm.rank if comm.rank < len(index) else special("UNDEFINED")
+
+
+class SimGraphComm(_Neighbourhood):
+    """One simulated rank's view of a general graph communicator (mpi4py's Graphcomm): node r's
+    neighbours are edges[index[r - 1]:index[r]] (index[-1] read as 0)."""
+
+    def __init__(self, comm: Any = None, index: Optional[Sequence[int]] = None, edges: Sequence[int] = ()) -> None:
+        if index is None:  # MPI.Graphcomm(comm): a copy of a graph communicator
+            _copyable(comm, SimGraphComm, "a general graph")
+            index, edges = (comm._index, comm._edges) if comm is not None else ((), ())
+        super().__init__(comm)
+        self._index, self._edges = tuple(index), tuple(edges)
+
+    def Get_topology(self) -> int:
+        return special("GRAPH")
+
+    topology = property(Get_topology)
+
+    def Get_dims(self) -> tuple[int, int]:
+        """(nodes, edges)."""
+        return len(self._index), len(self._edges)
+
+    dims = property(Get_dims)
+    nnodes = property(lambda self: len(self._index))
+    nedges = property(lambda self: len(self._edges))
+
+    def Get_topo(self) -> tuple[list, list]:
+        """(index, edges), as mpi4py returns them (the index without a leading 0)."""
+        return list(self._index), list(self._edges)
+
+    topo = property(Get_topo)
+    index = property(lambda self: list(self._index))
+    edges = property(lambda self: list(self._edges))
+
+    def Get_neighbors(self, rank: int) -> list:
+        if not 0 <= rank < len(self._index):
+            raise _error("ERR_RANK", f"Get_neighbors: rank {rank!r} is outside the graph of {len(self._index)} nodes")
+        return list(self._edges[self._index[rank - 1] if rank else 0:self._index[rank]])
+
+    def Get_neighbors_count(self, rank: int) -> int:
+        return len(self.Get_neighbors(rank))
+
+    neighbors = property(lambda self: self.Get_neighbors(self.rank))
+    nneighbors = property(lambda self: self.Get_neighbors_count(self.rank))
+
+    def _inout(self) -> tuple[list, list]:
+        neighbours = self.Get_neighbors(self.rank)
+        return neighbours, neighbours
+
+    def Dup(self, info: Any = None) -> "SimGraphComm":
+        return SimGraphComm(SimComm.Dup(self, info), self._index, self._edges)
+
+    Clone = Dup
+
+    def __repr__(self) -> str:
+        return f"<simulated Graphcomm rank {self.rank} of {self.size}, neighbours {self.neighbors}>"
+
+
+# -- distributed graphs (MPI_Dist_graph_create_adjacent, MPI_Dist_graph_create) -------------------
+
+def _weights(weights: Any, count: int) -> Optional[list]:
+    """A side's weights as mpi4py reads them (asarray_weights): None for none or MPI.UNWEIGHTED, [] for
+    MPI.WEIGHTS_EMPTY (refused beside edges), else `count` ints."""
+    mpi = mpi_module()
+    if weights is None or (mpi is not None and weights is mpi.UNWEIGHTED):
+        return None
+    if mpi is not None and weights is mpi.WEIGHTS_EMPTY:
+        if count > 0:
+            raise ValueError("empty weights but nonzero degree")
+        return []
+    out = _ints(weights, "weights")
+    if len(out) != count:
+        raise ValueError(f"expecting {count} items, got {len(out)}")
+    return out
+
+
+def _ranks_problem(ranks: list, size: int, what: str) -> Optional[str]:
+    bad = [r for r in ranks if not 0 <= r < size]
+    return f"{what} rank {bad[0]!r} is outside a communicator of {size} ranks" if bad else None
+
+
+def create_dist_graph_adjacent(comm: SimComm, sources: Any, destinations: Any, sourceweights: Any = None,
+                               destweights: Any = None, info: Any = None, reorder: bool = False) -> "SimDistGraphComm":
+    """MPI_Dist_graph_create_adjacent: every member, with the sources and destinations it gives."""
+    sources = [] if sources is None else _ints(sources, "sources")
+    sw = _weights(sourceweights, len(sources))
+    destinations = [] if destinations is None else _ints(destinations, "destinations")
+    dw = _weights(destweights, len(destinations))
+    problem = _ranks_problem(sources, comm.size, "source") or \
+        _ranks_problem(destinations, comm.size, "destination")
+    if problem:
+        raise _detailed("ERR_ARG", f"Create_dist_graph_adjacent: {problem}")
+    weights = None if sw is None and dw is None else \
+        (sw if sw is not None else [1] * len(sources), dw if dw is not None else [1] * len(destinations))
+    return SimDistGraphComm(comm.Split(0, comm.rank), sources, destinations, weights)
+
+
+def create_dist_graph(comm: SimComm, sources: Any, degrees: Any, destinations: Any, weights: Any = None,
+                      info: Any = None, reorder: bool = False) -> "SimDistGraphComm":
+    """MPI_Dist_graph_create: each member gives some edges (source -> its `degrees` destinations); every
+    member's sources and destinations are the edges that end and start there, ordered by the member that
+    gave them, then as it gave them (one Allgather of the edges on the new communicator)."""
+    sources = _ints(sources, "sources")
+    degrees = _ints(degrees, "degrees")
+    if len(degrees) != len(sources):
+        raise ValueError(f"expecting {len(sources)} items, got {len(degrees)}")
+    destinations = _ints(destinations, "destinations")
+    if len(destinations) != sum(degrees):  # mpi4py's check, before MPI's of the degrees
+        raise ValueError(f"expecting {sum(degrees)} items, got {len(destinations)}")
+    given = _weights(weights, len(destinations))
+    if any(d < 0 for d in degrees):
+        raise _detailed("ERR_ARG", f"Create_dist_graph: degrees {degrees!r} must not be negative")
+    problem = _ranks_problem(sources, comm.size, "source") or \
+        _ranks_problem(destinations, comm.size, "destination")
+    if problem:
+        raise _detailed("ERR_ARG", f"Create_dist_graph: {problem}")
+    sub = comm.Split(0, comm.rank)
+    everyone = sub.allgather((sources, degrees, destinations, given))
+    me = sub.rank
+    ins, outs, in_weights, out_weights = [], [], [], []
+    for srcs, degs, dsts, ws in everyone:
+        at = 0
+        for s, d in zip(srcs, degs):
+            for _ in range(d):
+                w = ws[at] if ws else 1
+                if dsts[at] == me:
+                    ins.append(s)
+                    in_weights.append(w)
+                if s == me:
+                    outs.append(dsts[at])
+                    out_weights.append(w)
+                at += 1
+    weighted = any(ws is not None for _, _, _, ws in everyone)
+    return SimDistGraphComm(sub, ins, outs, (in_weights, out_weights) if weighted else None)
+
+
+class SimDistGraphComm(_Neighbourhood):
+    """One simulated rank's view of a distributed graph communicator (mpi4py's Distgraphcomm): the
+    sources it receives from and the destinations it sends to, with their weights if it has any."""
+
+    def __init__(self, comm: Any = None, sources: Optional[Sequence[int]] = None, destinations: Sequence[int] = (),
+                 weights: Optional[tuple] = None) -> None:
+        if sources is None:  # MPI.Distgraphcomm(comm): a copy of a distributed graph communicator
+            _copyable(comm, SimDistGraphComm, "a distributed graph")
+            sources, destinations, weights = (comm._sources, comm._destinations, comm._weights) \
+                if comm is not None else ((), (), None)
+        super().__init__(comm)
+        self._sources, self._destinations = tuple(sources), tuple(destinations)
+        self._weights = None if weights is None else (tuple(weights[0]), tuple(weights[1]))
+
+    def Get_topology(self) -> int:
+        return special("DIST_GRAPH")
+
+    topology = property(Get_topology)
+
+    def Get_dist_neighbors_count(self) -> tuple[int, int, bool]:
+        """(indegree, outdegree, weighted)."""
+        return len(self._sources), len(self._destinations), self._weights is not None
+
+    def Get_dist_neighbors(self) -> tuple[list, list, Optional[tuple]]:
+        """(sources, destinations, (source weights, destination weights) or None when unweighted)."""
+        weights = None if self._weights is None else (list(self._weights[0]), list(self._weights[1]))
+        return list(self._sources), list(self._destinations), weights
+
+    def _inout(self) -> tuple[list, list]:
+        return list(self._sources), list(self._destinations)
+
+    def Dup(self, info: Any = None) -> "SimDistGraphComm":
+        return SimDistGraphComm(SimComm.Dup(self, info), self._sources, self._destinations, self._weights)
+
+    Clone = Dup
+
+    def __repr__(self) -> str:
+        return (f"<simulated Distgraphcomm rank {self.rank} of {self.size}, sources {list(self._sources)}, "
+                f"destinations {list(self._destinations)}>")
+
+
+speak_mpi4py(_Neighbourhood, "Topocomm")
+for _cls, _name in ((SimCartComm, "Cartcomm"), (SimGraphComm, "Graphcomm"), (SimDistGraphComm, "Distgraphcomm")):
+    speak_mpi4py(_cls, _name)
+    end_on_fatal_errors(_cls)
