@@ -19,7 +19,8 @@ from typing import Any, Callable
 from ..errors import ShapeError
 from ..sim import thread_engine as bodies
 from .._lazy import numpy_on_first_use
-from ..sim._buffers import copy_into, dtype_name, fold, in_place, message, mpi_error, mpi_module, reduction, vector
+from ..sim._buffers import (copy_into, dtype_name, fold, in_place, message, mpi_error, mpi_module, reduction, vector,
+                            wvector)
 from ..sim.orders import allreduce_tree, reduce_tree
 from ..sim.thread_engine import _nothing, bad_root
 
@@ -278,6 +279,17 @@ class BufferCollectives:
             src, scounts, sdispls, _ = vector(sendbuf, "Alltoallv sendbuf", g)
         bodies.all_to_allv(self, src, scounts, sdispls, dst, rcounts, rdispls)
 
+    def Alltoallw(self, sendbuf: Any, recvbuf: Any) -> None:
+        """Alltoallv with a datatype per block and displacements in bytes (sim._buffers.wvector): the blocks'
+        bytes move, as MPI moves a type signature's; the receive message is read first, as mpi4py reads it."""
+        g = self._group.size
+        dst, rsizes, rdispls = wvector(recvbuf, "Alltoallw recvbuf", g, readonly=False)
+        if in_place(sendbuf):
+            src, ssizes, sdispls = dst.copy(), rsizes, rdispls  # every member reads it while this one writes
+        else:
+            src, ssizes, sdispls = wvector(sendbuf, "Alltoallw sendbuf", g)
+        bodies.all_to_allv(self, src, ssizes, sdispls, dst, rsizes, rdispls, "Alltoallw", "bytes")
+
     def Bcast(self, buf: Any, root: int = 0) -> None:
         root = self._root(root, "Bcast")
         data, n, _ = message(buf, "Bcast buffer", readonly=self._me == root)
@@ -290,6 +302,9 @@ class BufferCollectives:
 
         method(*args)
         return completed(self._group, self._me)
+
+    def Ialltoallw(self, sendbuf: Any, recvbuf: Any) -> Any:
+        return self._posted(self.Alltoallw, sendbuf, recvbuf)
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> Any:
         return self._posted(self.Allreduce, sendbuf, recvbuf, op)

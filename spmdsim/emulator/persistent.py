@@ -102,6 +102,7 @@ class PersistentCalls:
     Allgatherv_init = _persistent("Iallgatherv")
     Alltoall_init = _persistent("Ialltoall")
     Alltoallv_init = _persistent("Ialltoallv")
+    Alltoallw_init = _persistent("Ialltoallw")
     Reduce_init = _persistent("Ireduce")
     Allreduce_init = _persistent("Iallreduce")
     Reduce_scatter_block_init = _persistent("Ireduce_scatter_block")

@@ -4,8 +4,8 @@
 equation, a ring with ``Shift``), ``comm.Create_graph(index, edges)`` and
 ``comm.Create_dist_graph_adjacent(sources, destinations)`` /
 ``comm.Create_dist_graph(sources, degrees, destinations)``, with their queries
-and neighbour collectives (Neighbor_allgather(v), Neighbor_alltoall(v), their
-nonblocking forms and the pickled neighbor_allgather / neighbor_alltoall).
+and neighbour collectives (Neighbor_allgather(v), Neighbor_alltoall(v/w), their
+nonblocking and persistent forms and the pickled neighbor_allgather / neighbor_alltoall).
 Members keep their rank order (``reorder`` is ignored: every simulated rank is
 on one node). A Cartesian grid is row-major (the last dimension varies fastest,
 MPI's order); its 2 x ndim neighbours are, per dimension, the one back
@@ -28,10 +28,11 @@ import math
 import operator
 from typing import Any, Optional, Sequence
 
-from ..sim._buffers import copy_into, dtype_name, message, mpi_error, mpi_module, special, vector
+from ..sim._buffers import copy_into, dtype_name, message, mpi_error, mpi_module, special, vector, wvector
 from .comm import SimComm, comm_null
 from .group import speak_mpi4py
 from .handles import end_on_fatal_errors
+from .persistent import _persistent
 from .._lazy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
@@ -175,6 +176,14 @@ class _Neighbourhood(SimComm):
         self._exchange("neighbor_alltoallv", src, lambda j: src[sdispls[j]:sdispls[j] + scounts[j]], dst,
                        list(zip(displs, counts)))
 
+    def Neighbor_alltoallw(self, sendbuf: Any, recvbuf: Any) -> None:
+        """Neighbor_alltoallv with a datatype per block and displacements in bytes: the blocks' bytes move."""
+        kin, kout = self.degrees
+        dst, rsizes, rdispls = wvector(recvbuf, "Neighbor_alltoallw recvbuf", kin, readonly=False)
+        src, ssizes, sdispls = wvector(sendbuf, "Neighbor_alltoallw sendbuf", kout)
+        self._exchange("neighbor_alltoallw", src, lambda j: src[sdispls[j]:sdispls[j] + ssizes[j]], dst,
+                       list(zip(rdispls, rsizes)))
+
     def neighbor_allgather(self, sendobj: Any) -> list:
         """Each source's object (None from MPI.PROC_NULL), as mpi4py's pickled neighbour allgather."""
         return self._exchange_objects("neighbor_allgather(obj)", sendobj, lambda j: sendobj)
@@ -215,6 +224,16 @@ class _Neighbourhood(SimComm):
 
     def Ineighbor_alltoallv(self, sendbuf: Any, recvbuf: Any) -> Any:
         return self._posted(self.Neighbor_alltoallv, sendbuf, recvbuf)
+
+    def Ineighbor_alltoallw(self, sendbuf: Any, recvbuf: Any) -> Any:
+        return self._posted(self.Neighbor_alltoallw, sendbuf, recvbuf)
+
+    # Persistent: each Start runs the nonblocking call (spmdsim.emulator.persistent).
+    Neighbor_allgather_init = _persistent("Ineighbor_allgather")
+    Neighbor_allgatherv_init = _persistent("Ineighbor_allgatherv")
+    Neighbor_alltoall_init = _persistent("Ineighbor_alltoall")
+    Neighbor_alltoallv_init = _persistent("Ineighbor_alltoallv")
+    Neighbor_alltoallw_init = _persistent("Ineighbor_alltoallw")
 
 
 def _copyable(comm: Any, cls: type, what: str) -> None:

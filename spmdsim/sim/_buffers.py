@@ -473,6 +473,52 @@ def message(spec: Any, what: str, blocks: int = 1, readonly: bool = True) -> tup
     return a, count, datatype
 
 
+def wvector(spec: Any, what: str, blocks: int, readonly: bool = True) -> tuple[np.ndarray, list, list]:
+    """(the buffer's bytes, each block's bytes, each block's byte displacement) of an Alltoallw message,
+    as mpi4py's message_vector_w reads it: ``[buf, types]`` (each block one item at displacement 0),
+    ``[buf, (counts, displs), types]`` or ``[buf, counts, displs, types]``, a block `counts[i]` items of
+    `types[i]` (predefined, or contiguous: its bytes) at `displs[i]` bytes. MPI.BOTTOM (absolute addresses,
+    in derived datatypes) raises NotImplementedError, as a feature MPI lacks does."""
+    if len(spec) == 2:
+        buf, types = spec
+        counts = displs = None
+    elif len(spec) == 3:
+        buf, (counts, displs), types = spec
+    elif len(spec) == 4:
+        buf, counts, displs, types = spec
+    else:
+        raise ValueError("message: expecting 2 to 4 items")
+    mpi = mpi_module()
+    if mpi is not None and buf is mpi.BOTTOM:
+        if counts is None:
+            raise ValueError("message: BOTTOM requires counts")
+        if displs is None:
+            raise ValueError("message: BOTTOM requires displs")
+        raise NotImplementedError(f"{what}: MPI.BOTTOM (absolute addresses, in derived datatypes) is not "
+                                  "simulated (docs/simulate.md)")
+    raw = as_bytes(array_of(buf, what, readonly, True))  # flat, one block of memory
+    if counts is None and displs is None:
+        counts, displs = [1] * blocks, [0] * blocks
+    else:
+        counts, displs = _items(counts, blocks), _items(displs, blocks)
+    if len(types) != blocks:
+        raise ValueError(f"expecting {blocks} items, got {len(types)}")
+    sizes = [c * numpy_dtype(t).itemsize for c, t in zip(counts, types)]
+    for i, (at, n) in enumerate(zip(displs, sizes)):
+        if at < 0 or n < 0 or at + n > raw.size:
+            raise ShapeError(f"{what}: block {i} ({counts[i]} items, {n} bytes at byte {at}) does not fit a "
+                             f"buffer of {raw.size} bytes")
+    return raw, sizes, list(displs)
+
+
+def _items(values: Any, count: int) -> list:
+    """`values` as `count` ints (mpi4py's chkarray: its ValueError for another length)."""
+    out = [operator.index(v) for v in values]
+    if len(out) != count:
+        raise ValueError(f"expecting {count} items, got {len(out)}")
+    return out
+
+
 def vector(spec: Any, what: str, blocks: int, readonly: bool = True) -> tuple[np.ndarray, list, list, Any]:
     """(typed flat buffer, counts, displacements, MPI datatype or None) of a v-collective message.
 

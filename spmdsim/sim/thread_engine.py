@@ -293,8 +293,9 @@ def all_to_all(m: Member, src: np.ndarray, b: int, dst: np.ndarray, n: int) -> N
 
 
 def all_to_allv(m: Member, src: np.ndarray, scounts: Any, sdispls: Any, dst: np.ndarray, rcounts: Any,
-                rdispls: Any) -> None:
-    """What member j sends this one (its `scounts[_me]` items from `sdispls[_me]`) lands at `rdispls[j]`."""
+                rdispls: Any, what: str = "Alltoallv", unit: str = "items") -> None:
+    """What member j sends this one (its `scounts[_me]` items from `sdispls[_me]`) lands at `rdispls[j]`.
+    `what`, `unit`: the call and what its counts count, as a mismatch names them (Alltoallw: bytes)."""
     me = m._me
     size = dst.itemsize
 
@@ -303,8 +304,8 @@ def all_to_allv(m: Member, src: np.ndarray, scounts: Any, sdispls: Any, dst: np.
             theirs, counts, displs = call.data
             c, at, n = counts[me], displs[me], rcounts[j]
             if c != n and c * theirs.itemsize != n * size:
-                raise ShapeError(f"Alltoallv counts disagree: rank {m._group.members[j]} sends "
-                                 f"{c} items to rank {m.world_rank}, which expects {n}")
+                raise ShapeError(f"{what} counts disagree: rank {m._group.members[j]} sends "
+                                 f"{c} {unit} to rank {m.world_rank}, which expects {n}")
             if n:
                 if theirs.dtype is dst.dtype or theirs.dtype == dst.dtype:
                     dst[rdispls[j]:rdispls[j] + n] = theirs[at:at + c]
