@@ -19,6 +19,20 @@ from spmdsim.optim import AdamW
 SMALL = GPTConfig(layers=1, d_model=16, heads=4, seq=8, batch=4, dropout=0.2)
 
 
+@pytest.fixture(autouse=True)
+def _empty_operator_tables():
+    """Each test starts with the operators' tables of decided calls empty: a table starts over when it holds
+    4,096 entries (spmdsim.ops._common.prepare), and one that the earlier tests of this worker filled to the
+    brim could start over between a test's first call and its repeat, which then prepares again (seen once
+    in a full run: test_a_repeated_pointwise_call_takes_its_prepared_path[moved])."""
+    import importlib
+
+    for name, table in (("pointwise", "_PREPARED"), ("einsum", "_PREPARED"), ("attention", "_PREPARED"),
+                        ("_common", "_DECIDED")):
+        getattr(importlib.import_module(f"spmdsim.ops.{name}"), table).clear()
+    yield
+
+
 def _train_three_steps(kept: str, around) -> None:
     """Three GPT training steps on 8 simulated ranks (dp 2 x tp 4, sequence parallel: einsum products,
     redistributions, a bucketed backward, AdamW; with `kept` "megatron", Megatron's fused pieces and their
