@@ -118,8 +118,8 @@ class _Neighbourhood(SimComm):
         sources, destinations = self._inout()
         return len(sources), len(destinations)
 
-    indegree = property(lambda self: len(self._inout()[0]))
-    outdegree = property(lambda self: len(self._inout()[1]))
+    indegree = property(lambda self: self.degrees[0])
+    outdegree = property(lambda self: self.degrees[1])
     inedges = property(lambda self: list(self._inout()[0]))
     outedges = property(lambda self: list(self._inout()[1]))
     inoutedges = property(lambda self: tuple(list(side) for side in self._inout()))
@@ -328,6 +328,10 @@ class SimCartComm(_Neighbourhood):
     def _inout(self) -> tuple[list, list]:
         neighbours = self._neighbours()
         return neighbours, neighbours
+
+    @property
+    def degrees(self) -> tuple[int, int]:
+        return 2 * len(self._dims), 2 * len(self._dims)
 
     def _sent_index(self, i: int, source: int, sources: list, theirs: list) -> int:
         return i ^ 1  # what the one back sent forward, and the other way round (the module docstring)
