@@ -361,7 +361,7 @@ class SimCartComm(_Neighbourhood):
 
 # -- general graphs (MPI_Graph_create) --------------------------------------------------------
 
-def _ints(values: Any, what: str) -> list:
+def _ints(values: Any) -> list:
     """`values` as a list of ints (mpi4py's getarray: each through operator.index)."""
     return [operator.index(v) for v in values]
 
@@ -369,7 +369,7 @@ def _ints(values: Any, what: str) -> list:
 def _graph(index: Any, edges: Any) -> tuple[list, list]:
     """(index, edges) as MPI_Graph_create takes them, with mpi4py's extension: an index that starts at 0
     and ends at the number of edges (the 'standard' adjacency array) loses its leading 0."""
-    index, edges = _ints(index, "index"), _ints(edges, "edges")
+    index, edges = _ints(index), _ints(edges)
     if index and index[0] == 0 and index[-1] == len(edges):
         index = index[1:]
     return index, edges
@@ -478,7 +478,7 @@ def _weights(weights: Any, count: int) -> Optional[list]:
         if count > 0:
             raise ValueError("empty weights but nonzero degree")
         return []
-    out = _ints(weights, "weights")
+    out = _ints(weights)
     if len(out) != count:
         raise ValueError(f"expecting {count} items, got {len(out)}")
     return out
@@ -492,9 +492,9 @@ def _ranks_problem(ranks: list, size: int, what: str) -> Optional[str]:
 def create_dist_graph_adjacent(comm: SimComm, sources: Any, destinations: Any, sourceweights: Any = None,
                                destweights: Any = None, info: Any = None, reorder: bool = False) -> "SimDistGraphComm":
     """MPI_Dist_graph_create_adjacent: every member, with the sources and destinations it gives."""
-    sources = [] if sources is None else _ints(sources, "sources")
+    sources = [] if sources is None else _ints(sources)
     sw = _weights(sourceweights, len(sources))
-    destinations = [] if destinations is None else _ints(destinations, "destinations")
+    destinations = [] if destinations is None else _ints(destinations)
     dw = _weights(destweights, len(destinations))
     problem = _ranks_problem(sources, comm.size, "source") or \
         _ranks_problem(destinations, comm.size, "destination")
@@ -510,11 +510,11 @@ def create_dist_graph(comm: SimComm, sources: Any, degrees: Any, destinations: A
     """MPI_Dist_graph_create: each member gives some edges (source -> its `degrees` destinations); every
     member's sources and destinations are the edges that end and start there, ordered by the member that
     gave them, then as it gave them (one Allgather of the edges on the new communicator)."""
-    sources = _ints(sources, "sources")
-    degrees = _ints(degrees, "degrees")
+    sources = _ints(sources)
+    degrees = _ints(degrees)
     if len(degrees) != len(sources):
         raise ValueError(f"expecting {len(sources)} items, got {len(degrees)}")
-    destinations = _ints(destinations, "destinations")
+    destinations = _ints(destinations)
     if len(destinations) != sum(degrees):  # mpi4py's check, before MPI's of the degrees
         raise ValueError(f"expecting {sum(degrees)} items, got {len(destinations)}")
     given = _weights(weights, len(destinations))
