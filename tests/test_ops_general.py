@@ -187,6 +187,41 @@ def test_argmax_refusals_are_one_line():
     assert said[4].startswith("argmax: ") and "DTensor" in said[4] and "\n" not in said[4]
 
 
+def test_negative_and_subtract_of_booleans_are_refused_as_numpy_refuses_them_in_one_line():
+    """numpy has no boolean negative or subtract (a TypeError from inside the kernel); refused before it runs,
+    through the ops and the operators, and with a bool number; a bool beside an int still computes."""
+    def body():
+        from spmdsim import DTensor, Mesh
+
+        mesh = Mesh(Layout((2,), ("x",)))
+        a = DTensor.from_global(mesh, np.array([True, False, True, False]), mesh.layout("x"))
+        said = []
+        for call in (lambda: ops.neg(a), lambda: -a, lambda: ops.sub(a, a), lambda: a - a):
+            try:
+                call()
+            except OperatorError as e:
+                said.append(str(e))
+        n = DTensor.from_global(mesh, np.arange(4), mesh.layout("x"))
+        numbers = [(y.gather().tolist(), y.local.dtype.name) for y in (a + True, a * 2, a * 2.5, True + a)]
+        try:
+            a - True
+        except OperatorError as e:
+            said.append(str(e))
+        return said, (a - n).gather(), ops.equal(a, False).gather(), numbers
+
+    said, mixed, negated, numbers = spmdsim.simulate(2, body)[0]
+    # A number beside bool tensors alone is of its own kind, as numpy 2 promotes it (NEP 50): it was lifted to
+    # float64, so mask + True was 2.0 where numpy's is True.
+    assert numbers == [([True, True, True, True], "bool"), ([2, 0, 2, 0], "int64"),
+                       ([2.5, 0.0, 2.5, 0.0], "float64"), ([True, True, True, True], "bool")]
+    neg = ("neg of bool DTensors: numpy has no boolean negative; use ops.equal(x, False) for logical not, or "
+           "convert first, e.g. x.astype('int64')")
+    sub = ("sub of bool DTensors: numpy has no boolean subtract; use ops.not_equal(a, b) for exclusive or, or "
+           "convert first, e.g. x.astype('int64')")
+    assert said == [neg, neg, sub, sub, sub]
+    assert mixed.tolist() == [1, -1, -1, -3] and negated.tolist() == [False, True, False, True]
+
+
 def test_cross_entropy_options_refused_in_one_line():
     def body():
         from spmdsim import DTensor, Mesh

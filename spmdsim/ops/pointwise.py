@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numbers
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -48,14 +48,19 @@ _KERNELS: dict[str, Callable] = {
 }
 
 
-def lift(mesh: Any, value: Any, dtype: np.dtype, op: str) -> Any:
-    """A Python or numpy number as a replicated 0-d DTensor of `dtype` (numpy's weak scalar rule)."""
+def lift(mesh: Any, value: Any, dtype: Optional[np.dtype], op: str) -> Any:
+    """A Python or numpy number as a replicated 0-d DTensor of `dtype` (numpy's weak scalar rule); beside
+    bool tensors alone (`dtype` None) of the number's own kind, as numpy 2 promotes it (NEP 50): a bool
+    stays bool (``mask + True`` is a logical or), an int is int64, a float float64."""
     if isinstance(value, np.generic):
         value = value.item()
     if not isinstance(value, (numbers.Real, bool)):
         raise OperatorError(f"{op}: operand {describe(value)} must be a DTensor or a real number; wrap an array "
                             "with DTensor.from_global or from_local first")
-    target = np.dtype(np.float64) if isinstance(value, float) and dtype.kind not in "fc" else dtype
+    if dtype is None:
+        target = np.dtype(bool if isinstance(value, bool) else np.int64 if isinstance(value, int) else np.float64)
+    else:
+        target = np.dtype(np.float64) if isinstance(value, float) and dtype.kind not in "fc" else dtype
     return make_dtensor(mesh, np.asarray(value, dtype=target), _scalar_layout(mesh.layout), ())
 
 
@@ -91,7 +96,8 @@ def _operands(op: str, args: tuple) -> tuple[Any, list]:
     for t in tensors[1:]:
         if t.mesh is not mesh and t.mesh.layout != mesh.layout:
             raise OperatorError(f"{op}: operands live on different meshes: {mesh.layout} and {t.mesh.layout}")
-    dtype = result_dtype(*[t.local.dtype for t in tensors if t.local.dtype.kind != "b"] or [np.dtype(np.float64)])
+    kinds = [t.local.dtype for t in tensors if t.local.dtype.kind != "b"]
+    dtype = result_dtype(*kinds) if kinds else None  # every tensor bool: each number by its own type
     return mesh, [a if any(a is t for t in tensors) else lift(mesh, a, dtype, op) for a in args]
 
 
@@ -149,11 +155,18 @@ class _Prepared(Prepared):
     __slots__ = ("derivative", "ways", "dtypes")
 
     def __init__(self, op: str, layouts: tuple, shapes: tuple, dtypes: tuple) -> None:
+        if op in _NO_BOOL and all(d.kind == "b" for d in dtypes):  # numpy refuses these (a TypeError)
+            raise OperatorError(f"{op} of bool DTensors: numpy has no boolean {_NO_BOOL[op]}; use "
+                                f"{_NO_BOOL_INSTEAD[op]}, or convert first, e.g. x.astype('int64')")
         super().__init__(infer_pointwise, op, layouts, shapes, dtypes, "out")
         self.derivative = DERIVATIVES.get(op)
         self.ways: dict = {}
         self.dtypes = dtypes
 
+
+#: The ops numpy refuses on booleans alone (np.negative, np.subtract), what it calls them, what to use instead.
+_NO_BOOL = {"neg": "negative", "sub": "subtract"}
+_NO_BOOL_INSTEAD = {"neg": "ops.equal(x, False) for logical not", "sub": "ops.not_equal(a, b) for exclusive or"}
 
 _MIXED = object()  # the second entry of a signature whose operands mix DTensors and numbers
 
