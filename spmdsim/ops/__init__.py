@@ -8,10 +8,10 @@ operator first runs). The functions shadow their modules' names on purpose
 from __future__ import annotations
 
 from .attention import attention
-from .concat import broadcast_to, chunk, concatenate, narrow, stack
 from .einsum import einsum
 from .elementwise import activation, bias_add, gelu, relu, scale
 from .embedding import ParallelEmbedding, VocabParallelEmbedding, embedding
+from .joins import broadcast_to, chunk, concatenate, narrow, stack
 from .linear import ColumnParallelLinear, RowParallelLinear, linear
 from .local import reshape, transpose
 from .losses import cross_entropy, mse_loss
@@ -24,11 +24,14 @@ from .pointwise import (abs, add, astype, clip, cos, div, equal, erf, exp, log, 
 from .reduce import argmax, argmin, max, mean, min, sum, var
 from . import methods as _methods  # noqa: F401  (gives DTensor its operators: x + y, x @ w, x.sum())
 
+concat = concatenate  # numpy 2's, PyTorch's and JAX's other name for it
+
 __all__ = ["matmul", "einsum", "linear", "embedding", "relu", "gelu", "activation", "scale", "add", "sub", "mul",
            "div", "neg", "pow", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "abs", "sigmoid",
            "silu", "sin", "cos", "square", "rsqrt", "clip", "erf", "equal", "not_equal", "sum", "mean", "max", "min",
            "var", "argmax", "argmin", "bias_add", "astype",
-           "transpose", "reshape", "narrow", "chunk", "concatenate", "stack", "broadcast_to", "softmax", "log_softmax",
+           "transpose", "reshape", "narrow", "chunk", "concatenate", "concat", "stack", "broadcast_to", "softmax",
+           "log_softmax",
            "layer_norm", "rms_norm", "causal_mask", "masked_fill", "dropout", "attention", "resolved", "mse_loss",
            "cross_entropy",
            "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "ParallelEmbedding",

@@ -18,7 +18,7 @@ from ..autograd.engine import backward
 from ..autograd.graph import requires_grad_
 from ..errors import OperatorError
 from ..runtime.dtensor import DTensor, install_operators
-from .concat import getitem, narrow
+from .joins import getitem, narrow
 from .local import reshape, transpose
 from .matmul import matmul
 from .norms import log_softmax, masked_fill, softmax
