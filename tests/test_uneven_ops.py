@@ -131,3 +131,34 @@ def test_vocab_parallel_embedding_over_an_uneven_vocabulary():
         np.testing.assert_array_equal(y, table[ids])
         np.testing.assert_array_equal(g, grad)
     assert [r[2] for r in results] == [(4, 4), (3, 4), (3, 4)]  # 10 rows balanced over 3
+
+
+@pytest.mark.parametrize("kind", ["argmax", "argmin"])
+def test_argmax_and_argmin_where_a_shard_of_the_reduced_dim_is_empty(kind):
+    """A chunk cut of 3 rows over 4 shards leaves the last one empty (1, 1, 1, 0): numpy's argmax of that empty
+    block raised on its rank alone (ValueError: attempt to get argmax of an empty sequence) while the others
+    went on to the value's Allreduce. The empty shard now offers no candidate; every dim, the flattened
+    tensor, NaN (numpy's: it wins) and integers agree with numpy."""
+    from spmdsim import DTensor, Mesh, ops
+
+    rng = np.random.default_rng(4)
+    floats = rng.standard_normal((3, 5))
+    with_nan = floats.copy()
+    with_nan[2, 3] = np.nan
+    ints = rng.integers(-9, 9, (3, 5))
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("x", "y"), cut="chunk"), spmdsim.world())
+        out = []
+        for g in (floats, with_nan, ints):
+            for tensor_map in ((("x", "y"), None), ("y", "x")):
+                t = DTensor.from_global(mesh, g, mesh.layout(*tensor_map))
+                for dim in (None, 0, 1):
+                    out.append(getattr(ops, kind)(t, dim).gather())
+        return out
+
+    results = spmdsim.simulate(4, body)
+    pick = getattr(np, kind)
+    want = [pick(g, dim) for g in (floats, with_nan, ints) for _ in range(2) for dim in (None, 0, 1)]
+    for got in results:
+        assert [np.asarray(a).tolist() for a in got] == [np.asarray(w).tolist() for w in want]

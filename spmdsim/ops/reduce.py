@@ -147,6 +147,14 @@ def argmin(x: Any, dim: Any = None, keepdims: bool = False) -> Any:
     return arg_reduce("argmin", x, dim, keepdims)
 
 
+def _losing(kind: str, dtype: np.dtype) -> Any:
+    """The value every entry of `dtype` beats or ties for `kind` (argmax: -inf or the least integer)."""
+    if dtype.kind == "f" or dtype.kind == "V":  # (bfloat16's numpy dtype is kind 'V')
+        return -np.inf if kind == "argmax" else np.inf
+    info = np.iinfo(dtype)
+    return info.min if kind == "argmax" else info.max
+
+
 def arg_reduce(kind: str, x: Any, dim: Any, keepdims: bool) -> Any:
     """`argmax` or `argmin` (`kind`) of x along `dim` (None: the flattened tensor); DTensor's methods call it."""
     from ..errors import OperatorError
@@ -169,7 +177,14 @@ def arg_reduce(kind: str, x: Any, dim: Any, keepdims: bool) -> Any:
     block = x.local
     pick = np.argmax if kind == "argmax" else np.argmin
     starts = [a for a, _ in x.layout.bounds(x.mesh.rank, x.global_shape)]
-    if dim is None:  # one entry: its place in the flattened global tensor
+    last = np.iinfo(np.int64).max
+    if (block.size == 0) if dim is None else (block.shape[dims[0]] == 0):
+        # An uneven cut's empty shard of the reduced dim (chunk, balanced) has no candidate: the value that
+        # loses every comparison and the index no candidate has (the other shards answer).
+        kept = () if dim is None else block.shape[:dims[0]] + block.shape[dims[0] + 1:]
+        value = np.full(kept, _losing(kind, block.dtype), block.dtype)
+        index = np.full(kept, last, np.int64)
+    elif dim is None:  # one entry: its place in the flattened global tensor
         at = np.unravel_index(int(pick(block)), block.shape) if block.ndim else ()
         value = block[at]
         index = np.int64(np.ravel_multi_index(tuple(a + s for a, s in zip(at, starts)), x.global_shape)
@@ -195,7 +210,6 @@ def arg_reduce(kind: str, x: Any, dim: Any, keepdims: bool) -> Any:
             top = resolve(x.mesh, contiguous(values).reshape(-1), group, f"{kind}.value",
                           reduction="max" if kind == "argmax" else "min").reshape(values.shape)
             mine = values == top
-        last = np.iinfo(np.int64).max
         candidates = np.where(mine, np.asanyarray(index), last).astype(np.int64).reshape(-1)
         index = resolve(x.mesh, candidates, group, f"{kind}.index", reduction="min",
                         owned=True).reshape(values.shape)
