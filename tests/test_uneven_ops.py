@@ -162,3 +162,38 @@ def test_argmax_and_argmin_where_a_shard_of_the_reduced_dim_is_empty(kind):
     want = [pick(g, dim) for g in (floats, with_nan, ints) for _ in range(2) for dim in (None, 0, 1)]
     for got in results:
         assert [np.asarray(a).tolist() for a in got] == [np.asarray(w).tolist() for w in want]
+
+
+def test_a_size_one_dim_split_by_an_uneven_cut_takes_elementwise_ops_where_nothing_broadcasts_it():
+    """A chunk cut of a size-1 dim over 2 ranks gives one rank the row and the other none. Every elementwise
+    op refused it ("operand 0 dim 0 has size 1 but is split"), reading any size-1 dim as a broadcast one: it
+    runs now where the output keeps the dim at size 1 (forward and gradients as numpy's), and a split size-1
+    dim stretched to a larger one is still refused, in one line on every rank."""
+    from spmdsim import DTensor, Mesh, ops
+    from spmdsim.errors import OperatorError
+
+    g = np.array([[0.5, -1.0, 2.0, 0.25, -3.0]])
+    h = np.cos(g)
+
+    def body():
+        mesh = Mesh(Layout((2,), ("x",), cut="chunk"), spmdsim.world())
+        a = DTensor.from_global(mesh, g, mesh.layout("x", None)).requires_grad_()
+        b = DTensor.from_global(mesh, h, mesh.layout("x", None)).requires_grad_()
+        y = ops.exp(a) * b + ops.tanh(a)
+        ops.sum(y * y).backward()
+        try:
+            a + DTensor.from_global(mesh, np.ones((2, 5)), mesh.layout(None, None))
+            refused = None
+        except OperatorError as e:
+            refused = str(e)
+        return y.gather(), a.grad.gather(), b.grad.gather(), a.local.shape, refused
+
+    results = spmdsim.simulate(2, body)
+    y = np.exp(g) * h + np.tanh(g)
+    dy = 2 * y
+    assert [r[3] for r in results] == [(1, 5), (0, 5)]  # the row on rank 0, none on rank 1
+    for got, ga, gb, _, refused in results:
+        assert np.allclose(got, y, rtol=1e-15, atol=0)
+        assert np.allclose(ga, dy * (np.exp(g) * h + 1 - np.tanh(g) ** 2), rtol=1e-14, atol=0)
+        assert np.allclose(gb, dy * np.exp(g), rtol=1e-14, atol=0)
+        assert refused == 'add: operand 0 dim 0 has size 1 but is split over "x"'

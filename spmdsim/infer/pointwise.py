@@ -124,8 +124,12 @@ def infer_pointwise(op: str, layouts: tuple[TensorLayout, ...], shapes: tuple[tu
         raise ShapeError(f"{op}: {len(shape)} dims are more than spmdsim's elementwise ops take (52)")
     words, deciding = zip(*(operand_letters(s, shape) for s in shapes))
     for k, (layout, s) in enumerate(zip(layouts, shapes)):
+        offset = len(shape) - len(s)
         for d, size in enumerate(s):
-            if size == 1 and layout.tensor_map[d] and any(mesh.axis_size(a) > 1 for a in layout.tensor_map[d]):
+            # A dim of size 1 stretched to a larger output dim cannot stay split (its one row is every row). One
+            # the output keeps at size 1 (no operand broadcasts it) can: an uneven cut's (one rank holds it).
+            if size == 1 and shape[offset + d] != 1 and layout.tensor_map[d] \
+                    and any(mesh.axis_size(a) > 1 for a in layout.tensor_map[d]):
                 raise OperatorError(f"{op}: operand {k} dim {d} has size 1 but is split over "
                                     f"{format_entry(layout.tensor_map[d])}")
     pending = [k for k, t in enumerate(layouts) if t.addend_axes]
