@@ -145,6 +145,8 @@ def contract(words: Sequence[str], blocks: Sequence[np.ndarray], out: str) -> np
         _PRESENT[key] = present
     if len(blocks) == 2:
         result = _pair(words[0], blocks[0], words[1], blocks[1], present)
+        if not present and result.ndim:  # a scalar: _pair's product comes back 1-d (np.ascontiguousarray's rule)
+            result = result.reshape(())
     elif len(blocks) == 1:
         word, block = _sum_alone(words[0], blocks[0], present)
         result = np.transpose(block, [word.index(ch) for ch in present])

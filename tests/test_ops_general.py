@@ -244,6 +244,26 @@ def test_a_two_operand_einsum_to_a_scalar_and_its_gradients(layout):
     assert np.array_equal(ga, h) and np.array_equal(gb, g)
 
 
+def test_the_gradient_of_a_0d_einsum_operand():
+    """einsum('ij,->ij', a, s): s's gradient is a two-operand contraction to a scalar too (the same 1-d
+    product raised ShapeError in the backward)."""
+    g = np.arange(8.0).reshape(4, 2)
+
+    def body():
+        from spmdsim import DTensor, Mesh
+
+        mesh = Mesh(Layout((2,), ("x",)))
+        a = DTensor.from_global(mesh, g, mesh.layout("x", None)).requires_grad_()
+        s = DTensor.from_global(mesh, np.array(3.0), mesh.layout()).requires_grad_()
+        y = ops.einsum("ij,->ij", a, s)
+        ops.sum(y).backward()
+        return y.gather(), s.grad.gather(), a.grad.gather()
+
+    y, gs, ga = spmdsim.simulate(2, body)[0]
+    assert np.array_equal(y, 3.0 * g) and gs.shape == () and gs == g.sum()
+    assert np.array_equal(ga, np.full((4, 2), 3.0))
+
+
 def test_concat_is_concatenate():
     """ops.concat was the module of the joins ('module' object is not callable): numpy 2's, PyTorch's and JAX's
     name for concatenate."""

@@ -48,8 +48,6 @@ def einsum(spec: str, *xs: Any) -> Any:
     plan = prepared.plan
     xs = moved(xs, prepared)
     block = contract(plan.spec.inputs, list(map(LOCAL, xs)), plan.spec.output)
-    if not plan.spec.output and block.ndim:  # a scalar: two operands' product comes back 1-d (contraction._pair)
-        block = block.reshape(())
     if block.dtype != prepared.dtype and not plan.local.partial:  # bfloat16 operands: a float32 product,
         block = rounded(block, prepared.dtype)  # rounded once (a pending sum stays float32 until summed)
     out = prepared_result(xs[0].mesh, block, prepared)
