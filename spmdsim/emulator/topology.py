@@ -25,10 +25,10 @@ does not list the rank as often is refused when the collective runs.
 from __future__ import annotations
 
 import math
-import operator
 from typing import Any, Optional, Sequence
 
-from ..sim._buffers import copy_into, dtype_name, message, mpi_error, mpi_module, special, vector, wvector
+from ..sim._buffers import (copy_into, dtype_name, int_array, message, mpi_error, mpi_module, special, vector,
+                            wvector)
 from .comm import SimComm, comm_null
 from .group import speak_mpi4py
 from .handles import end_on_fatal_errors
@@ -361,38 +361,30 @@ class SimCartComm(_Neighbourhood):
 
 # -- general graphs (MPI_Graph_create) --------------------------------------------------------
 
-def _ints(values: Any) -> list:
-    """`values` as a list of ints (mpi4py's getarray: each through operator.index)."""
-    return [operator.index(v) for v in values]
-
-
-def _graph(index: Any, edges: Any) -> tuple[list, list]:
+def _graph(index: Any, edges: Any, size: int, call: str) -> tuple[list, list]:
     """(index, edges) as MPI_Graph_create takes them, with mpi4py's extension: an index that starts at 0
-    and ends at the number of edges (the 'standard' adjacency array) loses its leading 0."""
-    index, edges = _ints(index), _ints(edges)
+    and ends at the number of edges (the 'standard' adjacency array) loses its leading 0; MPI.ERR_ARG for a
+    graph it refuses on `size` ranks (in `call`)."""
+    index, edges = int_array(index), int_array(edges)
     if index and index[0] == 0 and index[-1] == len(edges):
         index = index[1:]
-    return index, edges
-
-
-def _graph_problem(index: list, edges: list, size: int) -> Optional[str]:
-    """Why MPI_Graph_create refuses this graph on `size` ranks, or None."""
+    problem = None
     if len(index) > size:
-        return f"{len(index)} nodes do not fit a communicator of {size} ranks"
-    if any(b < a for a, b in zip([0] + index, index)) or (index and index[-1] != len(edges)):
-        return f"index {index!r} must rise from 0 to the number of edges, {len(edges)}"
-    bad = [e for e in edges if not 0 <= e < len(index)]
-    if bad:
-        return f"edge to node {bad[0]!r} is outside the graph's {len(index)} nodes"
-    return None
+        problem = f"{len(index)} nodes do not fit a communicator of {size} ranks"
+    elif any(b < a for a, b in zip([0] + index, index)) or (index and index[-1] != len(edges)):
+        problem = f"index {index!r} must rise from 0 to the number of edges, {len(edges)}"
+    else:
+        bad = [e for e in edges if not 0 <= e < len(index)]
+        if bad:
+            problem = f"edge to node {bad[0]!r} is outside the graph's {len(index)} nodes"
+    if problem:
+        raise _detailed("ERR_ARG", f"{call}: {problem}")
+    return index, edges
 
 
 def create_graph(comm: SimComm, index: Any, edges: Any, reorder: bool = False) -> Any:
     """MPI_Graph_create: the first len(index) members form the graph; the others get MPI.COMM_NULL."""
-    index, edges = _graph(index, edges)
-    problem = _graph_problem(index, edges, comm.size)
-    if problem:
-        raise _detailed("ERR_ARG", f"Create_graph: {problem}")
+    index, edges = _graph(index, edges, comm.size, "Create_graph")
     inside = comm.rank < len(index)
     sub = comm.Split(0 if inside else special("UNDEFINED"), comm.rank)
     if not inside:
@@ -403,10 +395,7 @@ def create_graph(comm: SimComm, index: Any, edges: Any, reorder: bool = False) -
 def graph_map(comm: SimComm, index: Any, edges: Any) -> int:
     """MPI_Graph_map: this rank's rank in the graph Create_graph would make (ranks keep their order), or
     MPI.UNDEFINED for a rank left out."""
-    index, edges = _graph(index, edges)
-    problem = _graph_problem(index, edges, comm.size)
-    if problem:
-        raise _detailed("ERR_ARG", f"Graph_map: {problem}")
+    index, _ = _graph(index, edges, comm.size, "Graph_map")
     return comm.rank if comm.rank < len(index) else special("UNDEFINED")
 
 
@@ -478,28 +467,25 @@ def _weights(weights: Any, count: int) -> Optional[list]:
         if count > 0:
             raise ValueError("empty weights but nonzero degree")
         return []
-    out = _ints(weights)
-    if len(out) != count:
-        raise ValueError(f"expecting {count} items, got {len(out)}")
-    return out
+    return int_array(weights, count)
 
 
-def _ranks_problem(ranks: list, size: int, what: str) -> Optional[str]:
-    bad = [r for r in ranks if not 0 <= r < size]
-    return f"{what} rank {bad[0]!r} is outside a communicator of {size} ranks" if bad else None
+def _check_ranks(sources: list, destinations: list, size: int, call: str) -> None:
+    """MPI.ERR_ARG (in `call`) for a source or destination outside a communicator of `size` ranks."""
+    for what, ranks in (("source", sources), ("destination", destinations)):
+        bad = [r for r in ranks if not 0 <= r < size]
+        if bad:
+            raise _detailed("ERR_ARG", f"{call}: {what} rank {bad[0]!r} is outside a communicator of {size} ranks")
 
 
 def create_dist_graph_adjacent(comm: SimComm, sources: Any, destinations: Any, sourceweights: Any = None,
                                destweights: Any = None, info: Any = None, reorder: bool = False) -> "SimDistGraphComm":
     """MPI_Dist_graph_create_adjacent: every member, with the sources and destinations it gives."""
-    sources = [] if sources is None else _ints(sources)
+    sources = [] if sources is None else int_array(sources)
     sw = _weights(sourceweights, len(sources))
-    destinations = [] if destinations is None else _ints(destinations)
+    destinations = [] if destinations is None else int_array(destinations)
     dw = _weights(destweights, len(destinations))
-    problem = _ranks_problem(sources, comm.size, "source") or \
-        _ranks_problem(destinations, comm.size, "destination")
-    if problem:
-        raise _detailed("ERR_ARG", f"Create_dist_graph_adjacent: {problem}")
+    _check_ranks(sources, destinations, comm.size, "Create_dist_graph_adjacent")
     weights = None if sw is None and dw is None else \
         (sw if sw is not None else [1] * len(sources), dw if dw is not None else [1] * len(destinations))
     return SimDistGraphComm(comm.Split(0, comm.rank), sources, destinations, weights)
@@ -510,20 +496,13 @@ def create_dist_graph(comm: SimComm, sources: Any, degrees: Any, destinations: A
     """MPI_Dist_graph_create: each member gives some edges (source -> its `degrees` destinations); every
     member's sources and destinations are the edges that end and start there, ordered by the member that
     gave them, then as it gave them (one Allgather of the edges on the new communicator)."""
-    sources = _ints(sources)
-    degrees = _ints(degrees)
-    if len(degrees) != len(sources):
-        raise ValueError(f"expecting {len(sources)} items, got {len(degrees)}")
-    destinations = _ints(destinations)
-    if len(destinations) != sum(degrees):  # mpi4py's check, before MPI's of the degrees
-        raise ValueError(f"expecting {sum(degrees)} items, got {len(destinations)}")
+    sources = int_array(sources)
+    degrees = int_array(degrees, len(sources))
+    destinations = int_array(destinations, sum(degrees))  # mpi4py's check, before MPI's of the degrees
     given = _weights(weights, len(destinations))
     if any(d < 0 for d in degrees):
         raise _detailed("ERR_ARG", f"Create_dist_graph: degrees {degrees!r} must not be negative")
-    problem = _ranks_problem(sources, comm.size, "source") or \
-        _ranks_problem(destinations, comm.size, "destination")
-    if problem:
-        raise _detailed("ERR_ARG", f"Create_dist_graph: {problem}")
+    _check_ranks(sources, destinations, comm.size, "Create_dist_graph")
     sub = comm.Split(0, comm.rank)
     everyone = sub.allgather((sources, degrees, destinations, given))
     me = sub.rank

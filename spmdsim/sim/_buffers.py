@@ -500,7 +500,7 @@ def wvector(spec: Any, what: str, blocks: int, readonly: bool = True) -> tuple[n
     if counts is None and displs is None:
         counts, displs = [1] * blocks, [0] * blocks
     else:
-        counts, displs = _items(counts, blocks), _items(displs, blocks)
+        counts, displs = int_array(counts, blocks), int_array(displs, blocks)
     if len(types) != blocks:
         raise ValueError(f"expecting {blocks} items, got {len(types)}")
     sizes = [c * numpy_dtype(t).itemsize for c, t in zip(counts, types)]
@@ -511,10 +511,11 @@ def wvector(spec: Any, what: str, blocks: int, readonly: bool = True) -> tuple[n
     return raw, sizes, list(displs)
 
 
-def _items(values: Any, count: int) -> list:
-    """`values` as `count` ints (mpi4py's chkarray: its ValueError for another length)."""
+def int_array(values: Any, count: Optional[int] = None) -> list:
+    """`values` as a list of ints, as mpi4py reads an array argument (getarray: each through
+    operator.index); with `count`, that many (chkarray: its ValueError for another length)."""
     out = [operator.index(v) for v in values]
-    if len(out) != count:
+    if count is not None and len(out) != count:
         raise ValueError(f"expecting {count} items, got {len(out)}")
     return out
 
