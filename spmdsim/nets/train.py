@@ -16,7 +16,6 @@ their sums drift apart under Adam, whichever is right (docs/training.md).
 from __future__ import annotations
 
 import math
-
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, NoReturn, Optional

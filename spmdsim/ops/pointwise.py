@@ -156,17 +156,18 @@ class _Prepared(Prepared):
 
     def __init__(self, op: str, layouts: tuple, shapes: tuple, dtypes: tuple) -> None:
         if op in _NO_BOOL and all(d.kind == "b" for d in dtypes):  # numpy refuses these (a TypeError)
-            raise OperatorError(f"{op} of bool DTensors: numpy has no boolean {_NO_BOOL[op]}; use "
-                                f"{_NO_BOOL_INSTEAD[op]}, or convert first, e.g. x.astype('int64')")
+            name, instead = _NO_BOOL[op]
+            raise OperatorError(f"{op} of bool DTensors: numpy has no boolean {name}; use {instead}, or convert "
+                                "first, e.g. x.astype('int64')")
         super().__init__(infer_pointwise, op, layouts, shapes, dtypes, "out")
         self.derivative = DERIVATIVES.get(op)
         self.ways: dict = {}
         self.dtypes = dtypes
 
 
-#: The ops numpy refuses on booleans alone (np.negative, np.subtract), what it calls them, what to use instead.
-_NO_BOOL = {"neg": "negative", "sub": "subtract"}
-_NO_BOOL_INSTEAD = {"neg": "ops.equal(x, False) for logical not", "sub": "ops.not_equal(a, b) for exclusive or"}
+#: The ops numpy refuses on booleans alone (np.negative, np.subtract): what it calls them, what to use instead.
+_NO_BOOL = {"neg": ("negative", "ops.equal(x, False) for logical not"),
+            "sub": ("subtract", "ops.not_equal(a, b) for exclusive or")}
 
 _MIXED = object()  # the second entry of a signature whose operands mix DTensors and numbers
 
