@@ -9,7 +9,8 @@
 `SimComm` (comm.py, with its buffer collectives, object collectives and
 point-to-point methods in collectives.py, objects.py, p2p.py; groups,
 Cartesian grids, matched-probe messages, error handlers and attributes in
-group.py, topology.py, message.py, handles.py) reads mpi4py's buffer
+group.py, topology.py, message.py, handles.py; windows for one-sided
+communication in window.py) reads mpi4py's buffer
 specifications and arguments, raises mpi4py's errors, and runs each call on
 the thread engine's primitives (spmdsim.sim.thread_engine's one body per
 transfer, spmdsim.sim.p2p's message matching, spmdsim.sim.engine's

@@ -5,8 +5,8 @@ engine `Group`); copies made with ``MPI.Comm(comm)`` share one handle (its call
 counter, name, freed state), as mpi4py's copies share one MPI handle. The
 collectives are in spmdsim.emulator.collectives and spmdsim.emulator.objects, the
 point-to-point calls in spmdsim.sim.p2p, persistent requests in spmdsim.emulator.persistent, Cartesian
-grids, graphs and distributed graphs in spmdsim.emulator.topology. One-sided communication, I/O and
-intercommunicators are not simulated (docs/simulate.md).
+grids, graphs and distributed graphs in spmdsim.emulator.topology; windows (one-sided communication) over
+a communicator in spmdsim.emulator.window. I/O and intercommunicators are not simulated (docs/simulate.md).
 """
 from __future__ import annotations
 

@@ -5,8 +5,8 @@
 
 While `swapped()` is active, the threads of simulated ranks see, on the
 ``mpi4py.MPI`` module, COMM_WORLD and COMM_SELF as their own SimComms and
-Comm, Intracomm, Cartcomm, Graphcomm, Distgraphcomm, Request, Prequest and Group as the simulated
-classes (Win, File and Session refusing to be made: spmdsim.emulator.unsupported) (so
+Comm, Intracomm, Cartcomm, Graphcomm, Distgraphcomm, Request, Prequest, Group and Win as the simulated
+classes (File and Session refusing to be made: spmdsim.emulator.unsupported) (so
 ``MPI.Request.Waitall(reqs)`` and ``MPI.Comm.Compare(a, b)`` take simulated
 objects); Init, Init_thread, Finalize, Is_initialized and Is_finalized are the
 rank's own, as under mpiexec (`_Lifetime`: the real MPI stays initialized for the
@@ -67,7 +67,11 @@ def _simulated(name: str, state: Any) -> Any:
         from ..sim.requests import Request
 
         return Request
-    if name in ("Win", "File", "Session"):
+    if name == "Win":
+        from .window import SimWin
+
+        return SimWin
+    if name in ("File", "Session"):
         from .unsupported import refusing
 
         return refusing(name)

@@ -1,6 +1,6 @@
-"""What a simulated rank's ``mpi4py.MPI`` refuses: one-sided windows and MPI I/O files over simulated
-ranks (docs/simulate.md, "Limits"). ``MPI.Win`` and ``MPI.File`` are, on a simulated rank, subclasses
-of mpi4py's whose constructors raise NotImplementedError in one line (what mpi4py raises where the MPI
+"""What a simulated rank's ``mpi4py.MPI`` refuses: MPI I/O files over simulated ranks (docs/simulate.md,
+"Limits"). ``MPI.File`` is, on a simulated rank, a subclass of mpi4py's whose constructor raises
+NotImplementedError in one line (what mpi4py raises where the MPI
 library lacks a call, so a program that checks for it goes on), instead of a TypeError about a
 communicator of the wrong class. ``MPI.Session.Init`` makes a session of this process's MPI (its
 groups are the process's, not the simulated world's) with the error handler the rank's
@@ -13,15 +13,14 @@ from typing import Any
 __all__ = ["refusing"]
 
 #: mpi4py's class -> (what it is, its constructors).
-_REFUSED = {"Win": ("one-sided communication (MPI.Win)", ("Create", "Allocate", "Allocate_shared", "Create_dynamic")),
-            "File": ("MPI I/O (MPI.File)", ("Open",)),
+_REFUSED = {"File": ("MPI I/O (MPI.File)", ("Open",)),
             "Session": ("", ())}
 
 _MADE: dict = {}
 
 
 def refusing(name: str) -> Any:
-    """mpi4py.MPI's class `name` (Win, File, Session) with its constructors refused on simulated ranks."""
+    """mpi4py.MPI's class `name` (File, Session) with its constructors refused on simulated ranks."""
     found = _MADE.get(name)
     if found is None:
         from mpi4py import MPI
@@ -30,7 +29,8 @@ def refusing(name: str) -> Any:
 
         def refuse(cls: type, *args: Any, **kwargs: Any) -> Any:
             raise NotImplementedError(f"{what} is not simulated: spmdsim mpirun runs communicators, point to "
-                                      f"point and collectives (docs/simulate.md); run this program under mpiexec")
+                                      f"point, collectives and one-sided communication (docs/simulate.md); run "
+                                      f"this program under mpiexec")
 
         base = MPI.__dict__[name]
         methods = {c: classmethod(refuse) for c in constructors}
@@ -54,7 +54,7 @@ def _session_init(cls: type, *args: Any, **kwargs: Any) -> Any:
 
 
 class _Refusing(type):
-    """The metaclass of the refusing classes: mpi4py's own objects (MPI.WIN_NULL) are instances too."""
+    """The metaclass of the refusing classes: mpi4py's own objects (MPI.FILE_NULL) are instances too."""
 
     def __instancecheck__(cls, obj: Any) -> bool:
         return isinstance(obj, cls._real)

@@ -366,14 +366,15 @@ class World(RankThreads):
             self._rank_of_thread[self.threads[rank]] = rank
             self._take_slot(rank)
 
-    def pause(self, rank: int, token: Any = None) -> None:
+    def pause(self, rank: int, token: Any = None, nap: bool = True) -> None:
         """`rank` polls a request that is not done (Test): a rank in line for a slot computes first.
 
         Without this, ranks spinning on Test for a message from a rank that
         stands in line would hold every slot and never let it in. With the
         request polled (`token`): one that no rank left can complete, polled for
         POLL_STALL_S, is a deadlock (a Test loop for a message never sent). A tight loop of polls in vain
-        naps (SPIN_S, NAP_S).
+        naps (SPIN_S, NAP_S), unless `nap` is False (a call that is a poll point but mostly not polled in a
+        loop: a window's Flush and Unlock).
         """
         with self.lock:
             self.check(rank)
@@ -382,6 +383,8 @@ class World(RankThreads):
             if self._queue and rank in self._holding and (not self._extra or self._key_waiting(rank) == rank):
                 self._give_slot(rank)
                 self._take_slot(rank)
+        if not nap:
+            return
         # The thread's own CPU time: a thread the system (or another thread holding the interpreter) keeps
         # waiting a few ms, as on a loaded machine, still polls in a tight loop.
         now = time.thread_time()
