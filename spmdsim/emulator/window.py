@@ -211,6 +211,12 @@ class SimWin(np.ndarray, CommHandles, metaclass=_WinType):
         comm.Free()
         self._h, self._comm, self._shared = None, None, None
 
+    def toint(self) -> int:
+        """-1: a simulated window has no MPI handle (as a simulated communicator)."""
+        return -1
+
+    py2f = toint
+
     def free(self) -> None:
         """Free the window unless it is null (mpi4py's free)."""
         if self._h is not None and not self._h.freed:
