@@ -222,6 +222,31 @@ def test_negative_and_subtract_of_booleans_are_refused_as_numpy_refuses_them_in_
     assert mixed.tolist() == [1, -1, -1, -3] and negated.tolist() == [False, True, False, True]
 
 
+def test_a_numpy_scalar_keeps_its_dtype_as_numpy_2_promotes_it():
+    # NEP 50: a numpy scalar is strongly typed, a Python number weak. It was lifted as a Python number, so
+    # float32 tensor + np.float64(0.1) was float32 (rounded) where numpy's is float64, bool + np.int8(3)
+    # int64 where numpy's is int8; the gradient of the float32 operand stays float32.
+    g = np.arange(6, dtype=np.float32).reshape(2, 3) / 7
+
+    def body():
+        from spmdsim import DTensor, Mesh
+
+        mesh = Mesh(Layout((2,), ("x",)))
+        a = DTensor.from_global(mesh, g, mesh.layout("x", None)).requires_grad_()
+        m = DTensor.from_global(mesh, g > 0.3, mesh.layout("x", None))
+        i = DTensor.from_global(mesh, (g * 7).astype(np.int16), mesh.layout("x", None))
+        results = [a + np.float64(0.1), a + 0.1, m + np.int8(3), i * np.int64(2), i * np.uint8(2), a * np.float16(2)]
+        ops.sum(a * np.float64(0.1)).backward()
+        return [r.gather() for r in results], a.grad.local.dtype
+
+    got, grad_dtype = spmdsim.simulate(2, body)[0]
+    wants = [g + np.float64(0.1), g + 0.1, (g > 0.3) + np.int8(3), (g * 7).astype(np.int16) * np.int64(2),
+             (g * 7).astype(np.int16) * np.uint8(2), g * np.float16(2)]
+    assert [r.dtype for r in got] == [w.dtype for w in wants]
+    assert all(np.array_equal(r, w) for r, w in zip(got, wants))
+    assert grad_dtype == np.float32
+
+
 @pytest.mark.parametrize("layout", [(None, None), ("x", None), (None, "y"), ("x", "y")])
 def test_a_two_operand_einsum_to_a_scalar_and_its_gradients(layout):
     """einsum('ij,ij->') raised ShapeError (the pair's product came back 1-d: local shard shape (1,) does not

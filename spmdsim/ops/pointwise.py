@@ -49,10 +49,13 @@ _KERNELS: dict[str, Callable] = {
 
 
 def lift(mesh: Any, value: Any, dtype: Optional[np.dtype], op: str) -> Any:
-    """A Python or numpy number as a replicated 0-d DTensor of `dtype` (numpy's weak scalar rule); beside
-    bool tensors alone (`dtype` None) of the number's own kind, as numpy 2 promotes it (NEP 50): a bool
-    stays bool (``mask + True`` is a logical or), an int is int64, a float float64."""
+    """A Python or numpy number as a replicated 0-d DTensor. A Python number takes `dtype` (numpy's weak
+    scalar rule); beside bool tensors alone (`dtype` None) its own kind, as numpy 2 promotes it (NEP 50): a
+    bool stays bool (``mask + True`` is a logical or), an int is int64, a float float64. A numpy scalar keeps
+    its own dtype, as NEP 50 has it (float32 tensor + np.float64(0.1) is float64)."""
     if isinstance(value, np.generic):
+        if value.dtype.kind in "biuf":
+            return make_dtensor(mesh, np.asarray(value), _scalar_layout(mesh.layout), ())
         value = value.item()
     if not isinstance(value, (numbers.Real, bool)):
         raise OperatorError(f"{op}: operand {describe(value)} must be a DTensor or a real number; wrap an array "
