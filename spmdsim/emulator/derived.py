@@ -1,10 +1,11 @@
 """Point-to-point messages of derived datatypes (``Create_vector``, ``Create_indexed``, ``Create_hvector``,
 ``Create_struct``, ...) on simulated ranks: the sender's values are packed with this process's MPI
-(``Datatype.Pack`` on the real MPI.COMM_SELF, the typemap MPI itself reads) and travel as bytes; a blocking
-receive (``Recv``, ``Sendrecv``) into a derived datatype unpacks them with ``Datatype.Unpack``. The bytes
-of a message are the same whichever datatypes the two sides name, as MPI's type matching requires, so a
-vector sent to an array of MPI.DOUBLE arrives as its doubles. A nonblocking receive and the collectives
-refuse derived datatypes other than contiguous ones (NotImplementedError).
+(``Datatype.Pack`` on the real MPI.COMM_SELF, the typemap MPI itself reads) and travel as bytes; a receive
+into a derived datatype (``Recv``, ``Irecv``, ``Sendrecv``, a persistent ``Recv_init``, a matched message's
+``Mrecv``) unpacks them with ``Datatype.Unpack`` when they arrive, before the receive completes (spmdsim.sim.p2p:
+``Request.unpack``). The bytes of a message are the same whichever datatypes the two sides name, as MPI's type
+matching requires, so a vector sent to an array of MPI.DOUBLE arrives as its doubles. The collectives refuse
+derived datatypes other than contiguous ones (NotImplementedError).
 """
 from __future__ import annotations
 

@@ -75,7 +75,10 @@ class SimMessage:
         send = self._take("Irecv")
         if send is _NO_PROC:
             return completed(kind="recv-null")
-        return receive_matched(send, buf)
+        from .derived import may_be_derived, unpacking
+
+        into, unpack = unpacking(buf) if may_be_derived(buf) else (buf, None)
+        return receive_matched(send, into, unpack)
 
     def Recv(self, buf: Any, status: Any = None) -> None:
         self.Irecv(buf).Wait(status)

@@ -44,7 +44,8 @@ class PointToPoint:
     def Irecv(self, buf: Any, source: Optional[int] = None, tag: Optional[int] = None) -> Request:
         if buf is None and source != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
             raise _no_buffer("Recv")
-        return post_recv(self._group, self._me, _any(source, "ANY_SOURCE"), _any(tag, "ANY_TAG"), buf)
+        into, unpack = unpacking(buf) if may_be_derived(buf) else (buf, None)  # a derived type: unpacked on arrival
+        return post_recv(self._group, self._me, _any(source, "ANY_SOURCE"), _any(tag, "ANY_TAG"), into, unpack)
 
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
         self.Isend(buf, dest, tag).Wait()
@@ -58,11 +59,7 @@ class PointToPoint:
     Rsend = Send
 
     def Recv(self, buf: Any, source: Optional[int] = None, tag: Optional[int] = None, status: Any = None) -> None:
-        into, unpack = unpacking(buf) if may_be_derived(buf) else (buf, None)
-        request = self.Irecv(into, source, tag)
-        request.Wait(status)
-        if unpack is not None:
-            unpack(request.nbytes)
+        self.Irecv(buf, source, tag).Wait(status)
 
     def Isendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
                   source: Optional[int] = None, recvtag: Optional[int] = None) -> Request:
@@ -74,11 +71,7 @@ class PointToPoint:
 
     def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
                  source: Optional[int] = None, recvtag: Optional[int] = None, status: Any = None) -> None:
-        into, unpack = unpacking(recvbuf) if may_be_derived(recvbuf) else (recvbuf, None)
-        both = self.Isendrecv(sendbuf, dest, sendtag, into, source, recvtag)
-        both.Wait(status)
-        if unpack is not None:
-            unpack(both.parts[1].nbytes)
+        self.Isendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag).Wait(status)
 
     def Isendrecv_replace(self, buf: Any, dest: int, sendtag: int = 0, source: Optional[int] = None,
                           recvtag: Optional[int] = None) -> Request:

@@ -109,8 +109,10 @@ def post_send(group: Group, me: int, dest: int, tag: int, buf: Any, obj: Any = N
     return send
 
 
-def post_recv(group: Group, me: int, source: int, tag: int, buf: Any) -> Request:
-    """Irecv into group rank `me`'s `buf` (None: an object): matched now if a send is pending."""
+def post_recv(group: Group, me: int, source: int, tag: int, buf: Any, unpack: Any = None) -> Request:
+    """Irecv into group rank `me`'s `buf` (None: an object): matched now if a send is pending. `unpack`:
+    for a receive into a derived datatype (`buf` its packed bytes), what spreads them into the user's buffer
+    once they arrive (spmdsim.emulator.derived.unpacking)."""
     if type(source) is not int or type(tag) is not int or not 0 <= source < group.size or tag < 0:
         if source != special("ANY_SOURCE"):  # a plain rank and tag skip the checks
             _check_peer(group, source, "source")
@@ -122,6 +124,7 @@ def post_recv(group: Group, me: int, source: int, tag: int, buf: Any) -> Request
         data, count, _ = message(buf, "receive buffer", readonly=False)
         view = data[:count]
     recv = Request(group, me, "recv", source, tag, view)
+    recv.unpack = unpack
     world = group.world
     wild = wildcards()
     with world.lock:
@@ -152,6 +155,8 @@ def _deliver(send: Request, recv: Request) -> None:
         into = recv.buf
         (into if into.dtype.char == "B" else into.view(np.uint8))[:n] = payload
         recv.nbytes = n
+        if recv.unpack is not None:  # before the receive completes: its owner reads the buffer after that
+            recv.unpack(n)
     group = send.group
     world = group.world
     with world.lock:
@@ -247,13 +252,15 @@ def probe(group: Group, me: int, source: int, tag: int, status: Any, block: bool
         return None if take else False
 
 
-def receive_matched(send: Request, buf: Any) -> Request:
-    """Receive the message of `send`, which a matched probe took (MPI_Mrecv): into `buf` (None: an object)."""
+def receive_matched(send: Request, buf: Any, unpack: Any = None) -> Request:
+    """Receive the message of `send`, which a matched probe took (MPI_Mrecv): into `buf` (None: an object;
+    `unpack` as post_recv's)."""
     group, me = send.group, send.peer
     view = None
     if buf is not None:
         data, count, _ = message(buf, "receive buffer", readonly=False)
         view = data[:count]
     recv = Request(group, me, "recv", send.me, send.tag, view)
+    recv.unpack = unpack
     _deliver(send, recv)
     return recv

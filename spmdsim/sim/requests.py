@@ -27,7 +27,7 @@ class Request(ManyRequests):
     """A pending operation of one simulated rank (see the module docstring)."""
 
     __slots__ = ("group", "me", "kind", "peer", "tag", "buf", "payload", "done", "null", "error",
-                 "source", "got_tag", "nbytes", "origin", "parts", "cancelled", "mode", "__weakref__")
+                 "source", "got_tag", "nbytes", "origin", "parts", "cancelled", "mode", "unpack", "__weakref__")
 
     def __init__(self, group: Any = None, me: int = 0, kind: str = "null", peer: int = 0, tag: int = 0,
                  buf: Optional[np.ndarray] = None) -> None:
@@ -45,6 +45,7 @@ class Request(ManyRequests):
         self.parts: tuple = ()
         self.cancelled = False
         self.mode = "standard"
+        self.unpack: Optional[Any] = None  # a receive into a derived datatype: unpack(nbytes) once delivered
 
     # -- identity (mpi4py: a completed request equals MPI.REQUEST_NULL and is falsy) ------------
 
