@@ -19,6 +19,7 @@ from typing import Any, Callable
 from ..errors import ShapeError
 from ..sim import thread_engine as bodies
 from .._lazy import numpy_on_first_use
+from .derived import may_be_derived, packed, unpacking
 from ..sim._buffers import (copy_into, dtype_name, fold, in_place, message, mpi_error, mpi_module, reduction, vector,
                             wvector)
 from ..sim.orders import allreduce_tree, reduce_tree
@@ -292,8 +293,13 @@ class BufferCollectives:
 
     def Bcast(self, buf: Any, root: int = 0) -> None:
         root = self._root(root, "Bcast")
+        unpack = None
+        if may_be_derived(buf):  # a derived datatype: its packed bytes (spmdsim.emulator.derived)
+            buf, unpack = (packed(buf), None) if self._me == root else unpacking(buf)
         data, n, _ = message(buf, "Bcast buffer", readonly=self._me == root)
         bodies.broadcast(self, data[:n], root, _bcast_count)
+        if unpack is not None:
+            unpack(n * data.itemsize)
 
     # -- nonblocking: posted and completed at once (see the module docstring) --------------------
 

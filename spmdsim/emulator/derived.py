@@ -4,8 +4,9 @@
 into a derived datatype (``Recv``, ``Irecv``, ``Sendrecv``, a persistent ``Recv_init``, a matched message's
 ``Mrecv``) unpacks them with ``Datatype.Unpack`` when they arrive, before the receive completes (spmdsim.sim.p2p:
 ``Request.unpack``). The bytes of a message are the same whichever datatypes the two sides name, as MPI's type
-matching requires, so a vector sent to an array of MPI.DOUBLE arrives as its doubles. The collectives refuse
-derived datatypes other than contiguous ones (NotImplementedError).
+matching requires, so a vector sent to an array of MPI.DOUBLE arrives as its doubles. ``Bcast`` moves them
+alike (the root's packed, the others' unpacked); the other collectives refuse derived datatypes other than
+contiguous ones (NotImplementedError).
 """
 from __future__ import annotations
 
@@ -79,10 +80,12 @@ def unpacking(spec: Any) -> tuple[Any, Optional[Callable[[int], None]]]:
         return spec, None
     comm = _self()
     values = _bytes(spec, datatype, writable=True)
-    space = np.empty(datatype.Pack_size(values.size // datatype.extent, comm), np.uint8)
+    whole = values.size // datatype.extent
+    space = np.empty(datatype.Pack_size(whole, comm), np.uint8)
 
     def unpack(nbytes: int) -> None:
         count = nbytes // datatype.size if datatype.size else 0
         datatype.Unpack(space[:count * datatype.size], 0, values[:count * datatype.extent], comm)
 
-    return [space, mpi_module().BYTE], unpack
+    # The type's data bytes, what the sender's Pack gives (Pack_size may be more: a broadcast's sizes must match).
+    return [space[:whole * datatype.size], mpi_module().BYTE], unpack

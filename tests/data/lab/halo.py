@@ -29,5 +29,8 @@ for step in range(2):
     recv.Wait()
     print(r, "persistent step", step, grid[:, 0].tolist())
 recv.Free()
-column.Free()
 pair.Free()
+# Rank 0's grid column 3 broadcast as a vector type: every rank's column 3 becomes rank 0's, the rest its own.
+comm.Bcast([flat[3:], 1, column], root=0)
+print(r, "broadcast column", grid[:, 3].tolist(), "the rest kept", grid[0, 4] == 100 * r + 3)
+column.Free()
