@@ -23,7 +23,7 @@ def _lines(name: str, out: str) -> list:
     return out.splitlines()
 
 
-SAME_AS_MPICH = ["helloworld.py", "cpi.py", "ring.py", "matvec.py", "psort.py"]
+SAME_AS_MPICH = ["helloworld.py", "cpi.py", "ring.py", "matvec.py", "psort.py", "onesided.py"]
 
 
 @pytest.fixture(scope="module")
