@@ -47,11 +47,10 @@ class _Shared:
     """What the members of one window share: each member's memory (a flat uint8 view), displacement
     unit and, for a dynamic window, attached regions; the targets' locks and the post/complete counts."""
 
-    def __init__(self, flavor: int, memories: list, units: list, owners: list) -> None:
+    def __init__(self, flavor: int, memories: list, units: list) -> None:
         self.flavor = flavor
         self.memories = memories  # member -> its window's bytes (uint8, 1-d), or None (dynamic)
         self.units = units
-        self.owners = owners  # member -> what keeps its memory alive (Allocate's arrays)
         self.attached: list = [[] for _ in memories]  # dynamic: member -> [(address, bytes)]
         self.mutex = threading.Lock()  # one operation at a time on the window's memory
         self.locks: dict = {}  # target -> [exclusive holder or None, {shared holder: count}]
@@ -145,14 +144,11 @@ class SimWin(np.ndarray, CommHandles, metaclass=_WinType):
                 block = np.zeros(max(1, sum(sizes)), np.uint8)
                 starts = np.cumsum([0] + sizes)
                 memories = [block[starts[i]:starts[i + 1]] for i in range(len(sizes))]
-                owners = [block] * len(sizes)
             elif flavor == _mpi().WIN_FLAVOR_ALLOCATE:
                 memories = [np.zeros(int(d[0]), np.uint8) for d in datas]
-                owners = list(memories)
             else:
                 memories = [d[0] for d in datas]
-                owners = [None] * len(datas)
-            slot.shared = _Shared(flavor, memories, [d[1] for d in datas], owners)
+            slot.shared = _Shared(flavor, memories, [d[1] for d in datas])
 
         slot = private._enter("win_create", ("win_create", flavor), (mine, unit), complete)
         win = cls(None, slot.shared.memories[private._me])
@@ -475,7 +471,7 @@ class SimWin(np.ndarray, CommHandles, metaclass=_WinType):
         positions, nbytes, basic = _positions(datatype, count)
         with shared.mutex:
             if shared.flavor == mpi.WIN_FLAVOR_DYNAMIC:
-                memory, start = _attached(shared.attached[rank], disp, positions, call, rank)
+                memory, start = _attached(shared.attached[rank], disp, call, rank)
             else:
                 memory = shared.memories[rank]
                 start = disp * shared.units[rank]
@@ -787,7 +783,7 @@ def _address(data: np.ndarray) -> int:
     return data.__array_interface__["data"][0] if data.size else 0
 
 
-def _attached(regions: list, address: int, positions: Any, call: str, rank: int) -> tuple:
+def _attached(regions: list, address: int, call: str, rank: int) -> tuple:
     """(the attached region holding `address`, the byte there) of a dynamic window's member."""
     for start, data in regions:
         if start <= address < start + max(data.size, 1):
