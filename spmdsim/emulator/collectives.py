@@ -19,7 +19,7 @@ from typing import Any, Callable
 from ..errors import ShapeError
 from ..sim import thread_engine as bodies
 from .._lazy import numpy_on_first_use
-from .derived import may_be_derived, packed, unpacking
+from .derived import blocks, may_be_derived, packed, unpacking
 from ..sim._buffers import (copy_into, dtype_name, fold, in_place, message, mpi_error, mpi_module, reduction, vector,
                             wvector)
 from ..sim.orders import allreduce_tree, reduce_tree
@@ -60,6 +60,24 @@ def _bcast_count(group: Any, root: int, me: int, sent: np.ndarray, data: np.ndar
     if mpi is None:
         return ShapeError(detail)
     return mpi_error(mpi, mpi.ERR_TRUNCATE if sent.size > data.size else mpi.ERR_OTHER, detail)
+
+
+def _derived_blocks(comm: Any, sendbuf: Any, recvbuf: Any, v: bool, send_blocks: bool = False) -> tuple:
+    """(send, receive message, unpack or None) of a gather (or, `send_blocks`, an all-to-all) whose messages
+    may be of derived datatypes: the send buffer packed (each of its blocks), the receive buffer's blocks as
+    bytes, unpacked by the returned function after."""
+    if may_be_derived(sendbuf) and not in_place(sendbuf):
+        if send_blocks:
+            found = blocks(sendbuf, comm._group.size, v, writable=False)
+            sendbuf = sendbuf if found is None else found[0]
+        else:
+            sendbuf = packed(sendbuf)
+    found = blocks(recvbuf, comm._group.size, v, writable=True) if may_be_derived(recvbuf) else None
+    if found is None:
+        return sendbuf, recvbuf, None
+    if in_place(sendbuf):
+        raise NotImplementedError("MPI.IN_PLACE with a derived datatype in a gather or all-to-all is not simulated")
+    return sendbuf, found[0], found[1]
 
 
 class BufferCollectives:
@@ -171,6 +189,12 @@ class BufferCollectives:
         self._enter_all("reduce_scatter_v", signature, src, (fold_mine, write))
 
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
+        sendbuf, recvbuf, unpack = _derived_blocks(self, sendbuf, recvbuf, False)
+        self._allgather(sendbuf, recvbuf)
+        if unpack is not None:
+            unpack()
+
+    def _allgather(self, sendbuf: Any, recvbuf: Any) -> None:
         g, me = self._group.size, self._me
         dst, n, _ = message(recvbuf, "Allgather recvbuf", blocks=g, readonly=False)
         inplace = in_place(sendbuf)
@@ -187,6 +211,12 @@ class BufferCollectives:
         bodies.all_gather(self, src, dst, n, inplace)
 
     def Allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:
+        sendbuf, recvbuf, unpack = _derived_blocks(self, sendbuf, recvbuf, True)
+        self._allgatherv(sendbuf, recvbuf)
+        if unpack is not None:
+            unpack()
+
+    def _allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:
         g, me = self._group.size, self._me
         dst, counts, displs, _ = vector(recvbuf, "Allgatherv recvbuf", g, readonly=False)
         inplace = in_place(sendbuf)
@@ -213,6 +243,11 @@ class BufferCollectives:
 
     def _gather(self, call: str, sendbuf: Any, recvbuf: Any, root: int, v: bool) -> None:
         g, me, root = self._group.size, self._me, self._root(root, call)
+        unpack = None
+        if me == root:
+            sendbuf, recvbuf, unpack = _derived_blocks(self, sendbuf, recvbuf, v)
+        elif may_be_derived(sendbuf):
+            sendbuf = packed(sendbuf)
         skip = me == root and in_place(sendbuf)  # the root's block is in place already
         src = None
         if not skip:
@@ -226,11 +261,15 @@ class BufferCollectives:
                 dst, n, _ = message(recvbuf, f"{call} recvbuf", blocks=g, readonly=False)
                 counts, displs = [n] * g, [n * j for j in range(g)]
         bodies.gather_to(self, src, root, dst, counts, displs, call)
+        if unpack is not None:
+            unpack()
 
     def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         g, me, root = self._group.size, self._me, self._root(root, "Scatter")
         data = None
         if me == root:
+            found = blocks(sendbuf, g, False, writable=False) if may_be_derived(sendbuf) else None
+            sendbuf = sendbuf if found is None else found[0]
             src, n, _ = message(sendbuf, "Scatter sendbuf", blocks=g)
             data = [src[j * n:(j + 1) * n] for j in range(g)]
         self._scattered("Scatter", data, recvbuf, root)
@@ -239,6 +278,8 @@ class BufferCollectives:
         g, me, root = self._group.size, self._me, self._root(root, "Scatterv")
         data = None
         if me == root:
+            found = blocks(sendbuf, g, True, writable=False) if may_be_derived(sendbuf) else None
+            sendbuf = sendbuf if found is None else found[0]
             src, counts, displs, _ = vector(sendbuf, "Scatterv sendbuf", g)
             data = [src[d:d + c] for c, d in zip(counts, displs)]
         self._scattered("Scatterv", data, recvbuf, root)
@@ -249,6 +290,7 @@ class BufferCollectives:
         if me == root and in_place(recvbuf):
             self._enter_all(op, (op, f"root {root}"), data, (_nothing,))
             return
+        recvbuf, unpack = unpacking(recvbuf) if may_be_derived(recvbuf) else (recvbuf, None)
         dst, n, _ = message(recvbuf, f"{call} recvbuf", readonly=False)
 
         def copy_mine(slot: Any) -> None:
@@ -257,8 +299,16 @@ class BufferCollectives:
             copy_into(dst[:n], block)
 
         self._enter_all(op, (op, f"root {root}"), data, (copy_mine,))
+        if unpack is not None:
+            unpack(n * dst.itemsize)
 
     def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
+        sendbuf, recvbuf, unpack = _derived_blocks(self, sendbuf, recvbuf, False, send_blocks=True)
+        self._alltoall(sendbuf, recvbuf)
+        if unpack is not None:
+            unpack()
+
+    def _alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
         g = self._group.size
         dst, n, _ = message(recvbuf, "Alltoall recvbuf", blocks=g, readonly=False)
         if in_place(sendbuf):
@@ -271,6 +321,12 @@ class BufferCollectives:
         bodies.all_to_all(self, src, b, dst, n)
 
     def Alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:
+        sendbuf, recvbuf, unpack = _derived_blocks(self, sendbuf, recvbuf, True, send_blocks=True)
+        self._alltoallv(sendbuf, recvbuf)
+        if unpack is not None:
+            unpack()
+
+    def _alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:
         g = self._group.size
         dst, rcounts, rdispls, _ = vector(recvbuf, "Alltoallv recvbuf", g, readonly=False)
         if in_place(sendbuf):

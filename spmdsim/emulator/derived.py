@@ -4,9 +4,10 @@
 into a derived datatype (``Recv``, ``Irecv``, ``Sendrecv``, a persistent ``Recv_init``, a matched message's
 ``Mrecv``) unpacks them with ``Datatype.Unpack`` when they arrive, before the receive completes (spmdsim.sim.p2p:
 ``Request.unpack``). The bytes of a message are the same whichever datatypes the two sides name, as MPI's type
-matching requires, so a vector sent to an array of MPI.DOUBLE arrives as its doubles. ``Bcast`` moves them
-alike (the root's packed, the others' unpacked); the other collectives refuse derived datatypes other than
-contiguous ones (NotImplementedError).
+matching requires, so a vector sent to an array of MPI.DOUBLE arrives as its doubles. ``Bcast``, ``Scatter(v)``,
+``Gather(v)``, ``Allgather(v)`` and ``Alltoall(v)`` move them alike (`blocks`: a message's blocks packed side by side where they
+are sent, unpacked where received); the other collectives refuse derived datatypes other than contiguous ones
+(NotImplementedError).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from .._lazy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
-__all__ = ["packed", "unpacking", "may_be_derived"]
+__all__ = ["packed", "unpacking", "may_be_derived", "blocks"]
 
 
 def may_be_derived(spec: Any) -> bool:
@@ -37,8 +38,8 @@ def _derived(spec: Any) -> Any:
     mpi = mpi_module()
     if mpi is None or not isinstance(datatype, mpi.Datatype) or datatype.is_predefined:
         return None
-    if datatype == mpi.DATATYPE_NULL or datatype.extent <= 0 or buf is None or (count is not None and count < 0) \
-            or (displ is not None and displ < 0):
+    if datatype == mpi.DATATYPE_NULL or datatype.extent <= 0 or buf is None \
+            or (isinstance(count, int) and count < 0) or (isinstance(displ, int) and displ < 0):
         return None  # refused by the plain path, with mpi4py's ValueError
     return None if datatype.decode()[1] == "CONTIGUOUS" and datatype.decode()[0].is_predefined else datatype
 
@@ -89,3 +90,49 @@ def unpacking(spec: Any) -> tuple[Any, Optional[Callable[[int], None]]]:
 
     # The type's data bytes, what the sender's Pack gives (Pack_size may be more: a broadcast's sizes must match).
     return [space[:whole * datatype.size], mpi_module().BYTE], unpack
+
+
+def blocks(spec: Any, g: int, v: bool, writable: bool) -> Any:
+    """For a collective's message of `g` blocks of a derived datatype (a Scatter's or an Alltoall's send buffer,
+    a Gather's, Allgather's or Alltoall's receive buffer; `v`: its (counts, displacements) per block, in extents,
+    as a Scatterv's): (the same blocks as bytes, packed side by side: a message of MPI.BYTE; a function unpacking
+    them into `spec`'s buffer once received, None for a message sent, packed here); None for a plain message."""
+    datatype = _derived(spec)
+    if datatype is None:
+        return None
+    buf, count, displ, _ = _unpack(spec, pair=tuple if v else (list, tuple))
+    raw = array_of(buf, "buffer", readonly=not writable, typed=True).view(np.uint8)
+    extent, size = datatype.extent, datatype.size
+    if v:
+        counts = [int(c) for c in count] if count is not None else [raw.size // extent // g] * g
+        if displ is None:
+            displs = [sum(counts[:j]) for j in range(g)]
+        else:
+            displs = [int(d) for d in displ] if not isinstance(displ, int) else [j * displ for j in range(g)]
+    else:
+        start = 0 if displ is None else int(displ) * extent
+        raw = raw[start:]
+        per = raw.size // extent // g if count is None else int(count)
+        counts, displs = [per] * g, [j * per for j in range(g)]
+    nbytes = [c * size for c in counts]
+    offsets = [sum(nbytes[:j]) for j in range(g)]
+    space = np.empty(sum(nbytes), np.uint8)
+    comm = _self()
+
+    def region(j: int) -> np.ndarray:  # block j's extents (a resized type's data may reach past them)
+        return raw[displs[j] * extent:(displs[j] + counts[j]) * extent]
+
+    message = [space, (nbytes, offsets), mpi_module().BYTE] if v else [space, nbytes[0] if g else 0,
+                                                                       mpi_module().BYTE]
+    if not writable:
+        for j in range(g):
+            if counts[j]:
+                datatype.Pack(region(j), space[offsets[j]:offsets[j] + nbytes[j]], 0, comm)
+        return message, None
+
+    def unpack() -> None:
+        for j in range(g):
+            if counts[j]:
+                datatype.Unpack(space[offsets[j]:offsets[j] + nbytes[j]], 0, region(j), comm)
+
+    return message, unpack
