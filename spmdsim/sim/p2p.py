@@ -156,7 +156,10 @@ def _deliver(send: Request, recv: Request) -> None:
         (into if into.dtype.char == "B" else into.view(np.uint8))[:n] = payload
         recv.nbytes = n
         if recv.unpack is not None:  # before the receive completes: its owner reads the buffer after that
-            recv.unpack(n)
+            try:
+                recv.unpack(n)
+            except Exception as exc:  # noqa: BLE001 - raised by the receive's Wait, in its owner (as a truncation)
+                recv.error = exc
     group = send.group
     world = group.world
     with world.lock:
