@@ -5,7 +5,7 @@ into a derived datatype (``Recv``, ``Irecv``, ``Sendrecv``, a persistent ``Recv_
 ``Mrecv``) unpacks them with ``Datatype.Unpack`` when they arrive, before the receive completes (spmdsim.sim.p2p:
 ``Request.unpack``). The bytes of a message are the same whichever datatypes the two sides name, as MPI's type
 matching requires, so a vector sent to an array of MPI.DOUBLE arrives as its doubles. ``Bcast``, ``Scatter(v)``,
-``Gather(v)``, ``Allgather(v)`` and ``Alltoall(v)`` move them alike (`blocks`: a message's blocks packed side by side where they
+``Gather(v)``, ``Allgather(v)``, ``Alltoall(v)`` and the neighbour collectives move them alike (`blocks`: a message's blocks packed side by side where they
 are sent, unpacked where received); the other collectives refuse derived datatypes other than contiguous ones
 (NotImplementedError).
 """
@@ -104,7 +104,7 @@ def blocks(spec: Any, g: int, v: bool, writable: bool) -> Any:
     raw = array_of(buf, "buffer", readonly=not writable, typed=True).view(np.uint8)
     extent, size = datatype.extent, datatype.size
     if v:
-        counts = [int(c) for c in count] if count is not None else [raw.size // extent // g] * g
+        counts = [int(c) for c in count] if count is not None else [raw.size // extent // max(g, 1)] * g
         if displ is None:
             displs = [sum(counts[:j]) for j in range(g)]
         else:
@@ -112,7 +112,7 @@ def blocks(spec: Any, g: int, v: bool, writable: bool) -> Any:
     else:
         start = 0 if displ is None else int(displ) * extent
         raw = raw[start:]
-        per = raw.size // extent // g if count is None else int(count)
+        per = raw.size // extent // max(g, 1) if count is None else int(count)
         counts, displs = [per] * g, [j * per for j in range(g)]
     nbytes = [c * size for c in counts]
     offsets = [sum(nbytes[:j]) for j in range(g)]

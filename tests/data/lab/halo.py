@@ -34,3 +34,20 @@ pair.Free()
 comm.Bcast([flat[3:], 1, column], root=0)
 print(r, "broadcast column", grid[:, 3].tolist(), "the rest kept", grid[0, 4] == 100 * r + 3)
 column.Free()
+# The same ghost columns by one neighbour collective on a periodic 1-D Cartesian grid: the two edge columns
+# are the send blocks (a column type resized to the distance between them), the ghost columns the receive ones.
+ring = comm.Create_cart([n], periods=[True])
+grid2 = np.full((rows, cols + 2), -1.0)
+grid2[:, 1:-1] = 100 * r + np.arange(rows * cols).reshape(rows, cols)
+flat2 = grid2.reshape(-1)
+edges = MPI.DOUBLE.Create_vector(rows, 1, cols + 2).Create_resized(0, (cols - 1) * 8).Commit()
+ghosts = MPI.DOUBLE.Create_vector(rows, 1, cols + 2).Create_resized(0, (cols + 1) * 8).Commit()
+ring.Neighbor_alltoall([flat2[1:], 1, edges], [flat2, 1, ghosts])
+print(r, "neighbour ghost columns", grid2[:, 0].tolist(), grid2[:, -1].tolist())  # the Isend/Irecv ones
+one_column = MPI.DOUBLE.Create_vector(rows, 1, cols + 2).Commit()
+everyone = np.zeros(2 * rows)
+ring.Neighbor_allgather([flat2[1:], 1, one_column], everyone)  # each neighbour's left edge column
+print(r, "neighbours' left edges", everyone.tolist())
+for datatype in (edges, ghosts, one_column):
+    datatype.Free()
+ring.Free()
