@@ -87,7 +87,8 @@ def test_outside_the_window_and_outside_an_epoch_are_mpi_errors():
         for call in (lambda: win.Put(np.zeros(1, "i"), 0),  # no epoch yet
                      lambda: (win.Fence(), win.Put(np.zeros(2, "i"), 0, 3)),  # ints 3 and 4 of 4
                      lambda: win.Put(np.zeros(1, "i"), 0, -1),
-                     lambda: win.Unlock(0)):
+                     lambda: win.Unlock(0),
+                     lambda: win.Accumulate(np.zeros(1, "i"), 0, op=MPI.MAXLOC)):  # a pair type's op
             try:
                 call()
                 seen.append(None)
@@ -95,7 +96,7 @@ def test_outside_the_window_and_outside_an_epoch_are_mpi_errors():
                 seen.append(exc.Get_error_class())
         win.Fence()
         win.Free()
-        return seen == [MPI.ERR_RMA_SYNC, MPI.ERR_RMA_RANGE, MPI.ERR_DISP, MPI.ERR_RMA_SYNC]
+        return seen == [MPI.ERR_RMA_SYNC, MPI.ERR_RMA_RANGE, MPI.ERR_DISP, MPI.ERR_RMA_SYNC, MPI.ERR_OP]
 
     assert _run(2, body) == [True, True]
 

@@ -720,8 +720,13 @@ def _combined(red: Any, old: np.ndarray, new: np.ndarray, basic: Any) -> np.ndar
         return new
     dtype = numpy_dtype(basic)
     out = np.empty(old.size // dtype.itemsize, dtype)
-    with np.errstate(all="ignore"):  # MPI's sum of two large numbers overflows without a word
-        fold(red, [old.view(dtype), new.view(dtype)], out, basic)
+    mpi = _mpi()
+    try:
+        with np.errstate(all="ignore"):  # MPI's sum of two large numbers overflows without a word
+            fold(red, [old.view(dtype), new.view(dtype)], out, basic)
+    except mpi.Exception:  # MPI's own refusal (MAXLOC of plain ints), with its internal error stack
+        raise mpi_error(mpi, mpi.ERR_OP, f"MPI.{red.name.upper()} is not defined on "
+                                         f"{basic.Get_name() or 'this datatype'}") from None
     return out.view(np.uint8)
 
 
