@@ -26,7 +26,7 @@ import threading
 from typing import Any, Optional
 
 from ..sim._buffers import _unpack, array_of, fold, mpi_error, mpi_module, mpi_datatype, numpy_dtype, \
-    reduction, special
+    reduction, special, typecode_datatype
 from ..sim.engine import _Waiting
 from .._lazy import numpy_on_first_use
 from .group import SimGroup, _sim as _sim_group, speak_mpi4py
@@ -342,27 +342,21 @@ class SimWin(np.ndarray, CommHandles, metaclass=_WinType):
 
     def Put(self, origin: Any, target_rank: int, target: Any = None) -> None:
         """Write `origin` into `target_rank`'s window at `target` (disp, or (disp, count, datatype))."""
-        op = self._operation("Put", origin, target_rank, target, readonly=True)
-        if op is not None:
-            source, where = op
-            with self._shared.mutex:
-                where.write(source.read())
+        found = self._operation("Put", origin, target_rank, target, readonly=True)
+        if found is not None:
+            self._apply(found[1], None, found[0])
 
     def Get(self, origin: Any, target_rank: int, target: Any = None) -> None:
         """Read `target_rank`'s window at `target` into `origin`."""
-        op = self._operation("Get", origin, target_rank, target, readonly=False)
-        if op is not None:
-            into, where = op
-            with self._shared.mutex:
-                into.write(where.read())
+        found = self._operation("Get", origin, target_rank, target, readonly=False)
+        if found is not None:
+            self._apply(found[1], _NO_OP, into=found[0])
 
     def Accumulate(self, origin: Any, target_rank: int, target: Any = None, op: Any = None) -> None:
         """target = target `op` origin, element by element (MPI.SUM by default; MPI.REPLACE: Put)."""
         found = self._operation("Accumulate", origin, target_rank, target, readonly=True)
         if found is not None:
-            source, where = found
-            with self._shared.mutex:
-                where.write(_combined(_op(op), where.read(), source.read(), where.basic))
+            self._apply(found[1], _op(op), found[0])
 
     def Get_accumulate(self, origin: Any, result: Any, target_rank: int, target: Any = None,
                        op: Any = None) -> None:
@@ -370,16 +364,11 @@ class SimWin(np.ndarray, CommHandles, metaclass=_WinType):
         red = _op(op)
         if int(target_rank) == special("PROC_NULL"):
             return
-        found = self._operation("Get_accumulate", origin, target_rank, target, readonly=True,
-                                no_origin=red is _NO_OP)
+        source, where = self._operation("Get_accumulate", origin, target_rank, target, readonly=True,
+                                        no_origin=red is _NO_OP)
         into = _Side.of(result, "result buffer", readonly=False)
-        source, where = found
-        with self._shared.mutex:
-            old = where.read()
-            _same_bytes("Get_accumulate", into, where)
-            into.write(old)
-            if red is not _NO_OP:
-                where.write(_combined(red, old, source.read(), where.basic))
+        _same_bytes("Get_accumulate", into, where)
+        self._apply(where, red, source, into)
 
     def Fetch_and_op(self, origin: Any, result: Any, target_rank: int, target_disp: int = 0,
                      op: Any = None) -> None:
@@ -389,14 +378,19 @@ class SimWin(np.ndarray, CommHandles, metaclass=_WinType):
         into = _Side.of(result, "result buffer", readonly=False)
         if int(target_rank) == special("PROC_NULL"):
             return
-        _single("origin", source)
-        _single("result", into)
-        if source.datatype != into.datatype:
-            raise ValueError("mismatch in origin and result MPI datatypes")
+        _one_element(("origin", source), ("result", into))
         where = self._target("Fetch_and_op", target_rank, (int(target_disp), 1, source.datatype))
+        self._apply(where, red, source, into)
+
+    def _apply(self, where: "_Side", red: Any, source: Optional["_Side"] = None,
+               into: Optional["_Side"] = None) -> None:
+        """One operation on the target's bytes `where`, under the window's lock: `into` (if given) gets
+        them as they were, then they become old `red` source's (`red` None: MPI.REPLACE, the source's;
+        _NO_OP: unchanged)."""
         with self._shared.mutex:
-            old = where.read()
-            into.write(old)
+            old = where.read() if into is not None or red is not None else None  # a Put reads no target
+            if into is not None:
+                into.write(old)
             if red is not _NO_OP:
                 where.write(_combined(red, old, source.read(), where.basic))
 
@@ -408,13 +402,7 @@ class SimWin(np.ndarray, CommHandles, metaclass=_WinType):
         into = _Side.of(result, "result buffer", readonly=False)
         if int(target_rank) == special("PROC_NULL"):
             return
-        _single("origin", source)
-        _single("compare", against)
-        _single("result", into)
-        if source.datatype != against.datatype:
-            raise ValueError("mismatch in origin and compare MPI datatypes")
-        if source.datatype != into.datatype:
-            raise ValueError("mismatch in origin and result MPI datatypes")
+        _one_element(("origin", source), ("compare", against), ("result", into))
         where = self._target("Compare_and_swap", target_rank, (int(target_disp), 1, source.datatype))
         with self._shared.mutex:
             old = where.read()
@@ -853,10 +841,7 @@ class _Side:
 def _as_datatype(datatype: Any) -> Any:
     """An MPI datatype, or a typecode ("d", "i", ...) as mpi4py reads one (KeyError for an unknown one)."""
     if isinstance(datatype, str):
-        found = _mpi()._typedict.get(datatype)
-        if found is None:
-            raise KeyError(f"cannot map typecode {datatype!r} to an MPI datatype")
-        return found
+        return typecode_datatype(_mpi(), datatype)
     if not isinstance(datatype, _mpi().Datatype):
         raise TypeError(f"expected a datatype, got {type(datatype).__name__}")
     return datatype
@@ -871,11 +856,18 @@ def _buffer_type(dtype: Any) -> Any:
     return found if found is not None else mpi_datatype(dtype)
 
 
-def _single(what: str, side: _Side) -> None:
-    size = side.datatype.Get_size()
-    count = side.nbytes // size if size else 0
-    if count != 1:
-        raise ValueError(f"{what}: expecting a single element, got {count}")
+def _one_element(*sides: tuple) -> None:
+    """mpi4py's checks of Fetch_and_op's and Compare_and_swap's buffers, in its order: each (name, side) one
+    element, then each of the same datatype as the first (the origin)."""
+    for what, side in sides:
+        size = side.datatype.Get_size()
+        count = side.nbytes // size if size else 0
+        if count != 1:
+            raise ValueError(f"{what}: expecting a single element, got {count}")
+    origin = sides[0][1].datatype
+    for what, side in sides[1:]:
+        if side.datatype != origin:
+            raise ValueError(f"mismatch in origin and {what} MPI datatypes")
 
 
 def _same_bytes(call: str, origin: _Side, target: _Side) -> None:

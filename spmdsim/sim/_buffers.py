@@ -256,6 +256,15 @@ _BY_OBJECT: dict = {}  # id(a predefined MPI datatype object) -> (the object, it
 _FLAT = (bytearray, bytes, mmap.mmap, array.array)  # buffers that are always one contiguous block
 
 
+def typecode_datatype(mpi: Any, code: str) -> Any:
+    """The MPI datatype of an mpi4py typecode ('d', 'i', ...): DatatypeMapError (a KeyError) for an unknown one,
+    as mpi4py's lookup refuses it."""
+    found = mpi._typedict.get(code)
+    if found is None:
+        raise DatatypeMapError(f"cannot map typecode {code!r} to an MPI datatype")
+    return found
+
+
 def numpy_dtype(datatype: Any) -> np.dtype:
     """The numpy dtype of an MPI datatype (predefined ones) or of a typecode string like 'd'."""
     found = _BY_OBJECT.get(id(datatype))
@@ -263,13 +272,9 @@ def numpy_dtype(datatype: Any) -> np.dtype:
         return found[1]
     mpi = mpi_module()
     if isinstance(datatype, str):
-        if mpi is not None:
-            found = mpi._typedict.get(datatype)
-            if found is None:  # as mpi4py's typecode lookup refuses it
-                raise DatatypeMapError(f"cannot map typecode {datatype!r} to an MPI datatype")
-            datatype = found
-        else:
+        if mpi is None:
             return np.dtype(datatype)
+        datatype = typecode_datatype(mpi, datatype)
     key = datatype.py2f() if mpi is not None and isinstance(datatype, mpi.Datatype) else id(datatype)
     found = _DTYPES.get(key)
     if found is not None:
