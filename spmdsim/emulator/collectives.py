@@ -62,26 +62,31 @@ def _bcast_count(group: Any, root: int, me: int, sent: np.ndarray, data: np.ndar
     return mpi_error(mpi, mpi.ERR_TRUNCATE if sent.size > data.size else mpi.ERR_OTHER, detail)
 
 
-def _derived_blocks(comm: Any, sendbuf: Any, recvbuf: Any, v: bool, send_blocks: bool = False) -> tuple:
-    """(send, receive message, unpack or None) of a gather (or, `send_blocks`, an all-to-all) whose messages
-    may be of derived datatypes: the send buffer packed (each of its blocks), the receive buffer's blocks as
-    bytes, unpacked by the returned function after."""
-    if may_be_derived(sendbuf) and not in_place(sendbuf):
-        if send_blocks:
-            found = blocks(sendbuf, comm._group.size, v, writable=False)
-            sendbuf = sendbuf if found is None else found[0]
-        else:
-            sendbuf = packed(sendbuf)
-    found = blocks(recvbuf, comm._group.size, v, writable=True) if may_be_derived(recvbuf) else None
-    if found is None:
-        return sendbuf, recvbuf, None
-    if in_place(sendbuf):
-        raise NotImplementedError("MPI.IN_PLACE with a derived datatype in a gather or all-to-all is not simulated")
-    return sendbuf, found[0], found[1]
-
-
 class BufferCollectives:
     """Buffer collectives on `self._group` (a mixin of SimComm)."""
+
+    def _via_bytes(self, run: Callable, sendbuf: Any, recvbuf: Any, v: bool, send_blocks: bool = False,
+                   counts: Any = None) -> None:
+        """``run(sendbuf, recvbuf)``, a gather (or, `send_blocks`, an all-to-all) whose messages may be of
+        derived datatypes: the send buffer packed (each of its blocks), the receive buffer's blocks as bytes,
+        unpacked into it after (spmdsim.emulator.derived.blocks). `counts`: (send blocks, receive blocks),
+        default the group's size each (a topology's: its out- and in-degree)."""
+        sends, receives = (self._group.size,) * 2 if counts is None else counts
+        if may_be_derived(sendbuf) and not in_place(sendbuf):
+            if send_blocks:
+                found = blocks(sendbuf, sends, v, writable=False)
+                sendbuf = sendbuf if found is None else found[0]
+            else:
+                sendbuf = packed(sendbuf)
+        found = blocks(recvbuf, receives, v, writable=True) if may_be_derived(recvbuf) else None
+        if found is None:
+            run(sendbuf, recvbuf)
+            return
+        if in_place(sendbuf):
+            raise NotImplementedError("MPI.IN_PLACE with a derived datatype in a gather or all-to-all is not "
+                                      "simulated")
+        run(sendbuf, found[0])
+        found[1]()
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> None:
         red = reduction(op)
@@ -189,10 +194,7 @@ class BufferCollectives:
         self._enter_all("reduce_scatter_v", signature, src, (fold_mine, write))
 
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
-        sendbuf, recvbuf, unpack = _derived_blocks(self, sendbuf, recvbuf, False)
-        self._allgather(sendbuf, recvbuf)
-        if unpack is not None:
-            unpack()
+        self._via_bytes(self._allgather, sendbuf, recvbuf, False)
 
     def _allgather(self, sendbuf: Any, recvbuf: Any) -> None:
         g, me = self._group.size, self._me
@@ -211,10 +213,7 @@ class BufferCollectives:
         bodies.all_gather(self, src, dst, n, inplace)
 
     def Allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:
-        sendbuf, recvbuf, unpack = _derived_blocks(self, sendbuf, recvbuf, True)
-        self._allgatherv(sendbuf, recvbuf)
-        if unpack is not None:
-            unpack()
+        self._via_bytes(self._allgatherv, sendbuf, recvbuf, True)
 
     def _allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:
         g, me = self._group.size, self._me
@@ -242,12 +241,13 @@ class BufferCollectives:
         self._gather("Gatherv", sendbuf, recvbuf, root, True)
 
     def _gather(self, call: str, sendbuf: Any, recvbuf: Any, root: int, v: bool) -> None:
-        g, me, root = self._group.size, self._me, self._root(root, call)
-        unpack = None
-        if me == root:
-            sendbuf, recvbuf, unpack = _derived_blocks(self, sendbuf, recvbuf, v)
-        elif may_be_derived(sendbuf):
-            sendbuf = packed(sendbuf)
+        root = self._root(root, call)
+        # Only the root's receive buffer is read (another rank's, even a derived one, is left alone).
+        self._via_bytes(lambda s, r: self._gathered(call, s, r, root, v), sendbuf,
+                        recvbuf if self._me == root else None, v)
+
+    def _gathered(self, call: str, sendbuf: Any, recvbuf: Any, root: int, v: bool) -> None:
+        g, me = self._group.size, self._me
         skip = me == root and in_place(sendbuf)  # the root's block is in place already
         src = None
         if not skip:
@@ -261,8 +261,6 @@ class BufferCollectives:
                 dst, n, _ = message(recvbuf, f"{call} recvbuf", blocks=g, readonly=False)
                 counts, displs = [n] * g, [n * j for j in range(g)]
         bodies.gather_to(self, src, root, dst, counts, displs, call)
-        if unpack is not None:
-            unpack()
 
     def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         g, me, root = self._group.size, self._me, self._root(root, "Scatter")
@@ -303,10 +301,7 @@ class BufferCollectives:
             unpack(n * dst.itemsize)
 
     def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
-        sendbuf, recvbuf, unpack = _derived_blocks(self, sendbuf, recvbuf, False, send_blocks=True)
-        self._alltoall(sendbuf, recvbuf)
-        if unpack is not None:
-            unpack()
+        self._via_bytes(self._alltoall, sendbuf, recvbuf, False, send_blocks=True)
 
     def _alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
         g = self._group.size
@@ -321,10 +316,7 @@ class BufferCollectives:
         bodies.all_to_all(self, src, b, dst, n)
 
     def Alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:
-        sendbuf, recvbuf, unpack = _derived_blocks(self, sendbuf, recvbuf, True, send_blocks=True)
-        self._alltoallv(sendbuf, recvbuf)
-        if unpack is not None:
-            unpack()
+        self._via_bytes(self._alltoallv, sendbuf, recvbuf, True, send_blocks=True)
 
     def _alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:
         g = self._group.size

@@ -5,12 +5,13 @@ into a derived datatype (``Recv``, ``Irecv``, ``Sendrecv``, a persistent ``Recv_
 ``Mrecv``) unpacks them with ``Datatype.Unpack`` when they arrive, before the receive completes (spmdsim.sim.p2p:
 ``Request.unpack``). The bytes of a message are the same whichever datatypes the two sides name, as MPI's type
 matching requires, so a vector sent to an array of MPI.DOUBLE arrives as its doubles. ``Bcast``, ``Scatter(v)``,
-``Gather(v)``, ``Allgather(v)``, ``Alltoall(v)`` and the neighbour collectives move them alike (`blocks`: a message's blocks packed side by side where they
-are sent, unpacked where received); the other collectives refuse derived datatypes other than contiguous ones
-(NotImplementedError).
+``Gather(v)``, ``Allgather(v)``, ``Alltoall(v)`` and the neighbour collectives move them alike (`blocks`: a
+message's blocks packed side by side where they are sent, unpacked where received); the other collectives
+refuse derived datatypes other than contiguous ones (NotImplementedError).
 """
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import Any, Callable, Optional
 
 from ..sim._buffers import _unpack, array_of, mpi_module
@@ -106,7 +107,7 @@ def blocks(spec: Any, g: int, v: bool, writable: bool) -> Any:
     if v:
         counts = [int(c) for c in count] if count is not None else [raw.size // extent // max(g, 1)] * g
         if displ is None:
-            displs = [sum(counts[:j]) for j in range(g)]
+            displs = [0, *accumulate(counts)][:g]
         else:
             displs = [int(d) for d in displ] if not isinstance(displ, int) else [j * displ for j in range(g)]
     else:
@@ -115,7 +116,7 @@ def blocks(spec: Any, g: int, v: bool, writable: bool) -> Any:
         per = raw.size // extent // max(g, 1) if count is None else int(count)
         counts, displs = [per] * g, [j * per for j in range(g)]
     nbytes = [c * size for c in counts]
-    offsets = [sum(nbytes[:j]) for j in range(g)]
+    offsets = [0, *accumulate(nbytes)][:g]
     space = np.empty(sum(nbytes), np.uint8)
     comm = _self()
 

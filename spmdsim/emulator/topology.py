@@ -30,7 +30,6 @@ from typing import Any, Optional, Sequence
 from ..sim._buffers import (copy_into, dtype_name, int_array, message, mpi_error, mpi_module, special, vector,
                             wvector)
 from .comm import SimComm, comm_null
-from .derived import blocks, may_be_derived, packed
 from .group import speak_mpi4py
 from .handles import end_on_fatal_errors
 from .persistent import _persistent
@@ -149,25 +148,8 @@ class _Neighbourhood(SimComm):
 
         self._enter_all(op, (op, dtype_name(src.dtype)), (src, destinations, blocks), (fill,))
 
-    def _derived(self, sendbuf: Any, recvbuf: Any, v: bool, send_blocks: bool) -> tuple:
-        """(send, receive message, unpack or None) where they may be of derived datatypes: the send buffer
-        packed (each of its out-degree blocks, `send_blocks`), the receive buffer's in-degree blocks as bytes,
-        unpacked by the returned function after (spmdsim.emulator.derived)."""
-        kin, kout = self.degrees
-        if may_be_derived(sendbuf):
-            if send_blocks:
-                found = blocks(sendbuf, kout, v, writable=False)
-                sendbuf = sendbuf if found is None else found[0]
-            else:
-                sendbuf = packed(sendbuf)
-        found = blocks(recvbuf, kin, v, writable=True) if may_be_derived(recvbuf) else None
-        return (sendbuf, recvbuf, None) if found is None else (sendbuf, found[0], found[1])
-
     def Neighbor_allgather(self, sendbuf: Any, recvbuf: Any) -> None:
-        sendbuf, recvbuf, unpack = self._derived(sendbuf, recvbuf, False, False)
-        self._neighbor_allgather(sendbuf, recvbuf)
-        if unpack is not None:
-            unpack()
+        self._via_bytes(self._neighbor_allgather, sendbuf, recvbuf, False, False, self.degrees[::-1])
 
     def _neighbor_allgather(self, sendbuf: Any, recvbuf: Any) -> None:
         k = self.indegree
@@ -177,10 +159,7 @@ class _Neighbourhood(SimComm):
         self._exchange("neighbor_allgather", src, lambda j: src, dst, [(i * c, c) for i in range(k)])
 
     def Neighbor_allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:
-        sendbuf, recvbuf, unpack = self._derived(sendbuf, recvbuf, True, False)
-        self._neighbor_allgatherv(sendbuf, recvbuf)
-        if unpack is not None:
-            unpack()
+        self._via_bytes(self._neighbor_allgatherv, sendbuf, recvbuf, True, False, self.degrees[::-1])
 
     def _neighbor_allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:
         k = self.indegree
@@ -190,10 +169,7 @@ class _Neighbourhood(SimComm):
         self._exchange("neighbor_allgatherv", src, lambda j: src, dst, list(zip(displs, counts)))
 
     def Neighbor_alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
-        sendbuf, recvbuf, unpack = self._derived(sendbuf, recvbuf, False, True)
-        self._neighbor_alltoall(sendbuf, recvbuf)
-        if unpack is not None:
-            unpack()
+        self._via_bytes(self._neighbor_alltoall, sendbuf, recvbuf, False, True, self.degrees[::-1])
 
     def _neighbor_alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
         kin, kout = self.degrees
@@ -203,10 +179,7 @@ class _Neighbourhood(SimComm):
                        [(i * c, c) for i in range(kin)])
 
     def Neighbor_alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:
-        sendbuf, recvbuf, unpack = self._derived(sendbuf, recvbuf, True, True)
-        self._neighbor_alltoallv(sendbuf, recvbuf)
-        if unpack is not None:
-            unpack()
+        self._via_bytes(self._neighbor_alltoallv, sendbuf, recvbuf, True, True, self.degrees[::-1])
 
     def _neighbor_alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:
         kin, kout = self.degrees
