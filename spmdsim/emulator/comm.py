@@ -4,7 +4,8 @@ Each simulated rank holds its own SimComm per communicator (they share an
 engine `Group`); copies made with ``MPI.Comm(comm)`` share one handle (its call
 counter, name, freed state), as mpi4py's copies share one MPI handle. The
 collectives are in spmdsim.emulator.collectives and spmdsim.emulator.objects, the
-point-to-point calls in spmdsim.sim.p2p, persistent requests in spmdsim.emulator.persistent, Cartesian
+point-to-point calls in spmdsim.sim.p2p, persistent requests in spmdsim.emulator.persistent, partitioned
+ones in spmdsim.emulator.partitioned, Cartesian
 grids, graphs and distributed graphs in spmdsim.emulator.topology; windows (one-sided communication) over
 a communicator in spmdsim.emulator.window. I/O and intercommunicators are not simulated (docs/simulate.md).
 """
@@ -22,6 +23,7 @@ from .group import SimGroup, _sim as _sim_group, speak_mpi4py
 from .handles import CommHandles, end_on_fatal_errors, initial_errhandler
 from .objects import ObjectCollectives
 from .p2p import PointToPoint
+from .partitioned import PartitionedCalls
 from .persistent import PersistentCalls
 
 __all__ = ["SimComm", "self_comm", "comm_null", "world", "world_of"]
@@ -51,7 +53,8 @@ class _Handle:
         self.private: dict = {}  # mpi4py's hidden per-communicator state (spmdsim.emulator.pkl5)
 
 
-class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHandles, PersistentCalls):
+class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHandles, PersistentCalls,
+              PartitionedCalls):
     """One simulated rank's view of one communicator (made by spmdsim.simulate, Split, Dup, Create).
 
     ``SimComm()`` is a null communicator (equal to MPI.COMM_NULL); ``SimComm(comm)`` a copy.
