@@ -57,8 +57,6 @@ NOT_RUN = {
 
 #: Test names (regular expressions on "module.Class.method") that are out of scope, and why.
 OUT_OF_SCOPE = {
-    r"AlltoallwBottom$|TestMessageVectorW\.testMessageBottom$": "derived datatypes (struct types of absolute "
-                                                                  "addresses from MPI.BOTTOM)",
     r"test_comm\.TestComm\w*\.testCreateFromGroup": "MPI sessions (Intracomm.Create_from_group)",
     r"test_p2p_buf\.\w+\.testConstructor": "MPI handles as C objects (MPI.Prequest.fromhandle(request.handle))",
     r"\.testCommLock": "mpi4py's private lock table of a real MPI communicator (MPI._comm_lock_table)",

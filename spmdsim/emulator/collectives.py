@@ -19,7 +19,7 @@ from typing import Any, Callable
 from ..errors import ShapeError
 from ..sim import thread_engine as bodies
 from .._lazy import numpy_on_first_use
-from .derived import blocks, may_be_derived, packed, unpacking
+from .derived import blocks, may_be_derived, packed, unpacking, wblocks
 from ..sim._buffers import (copy_into, dtype_name, fold, in_place, message, mpi_error, mpi_module, reduction, vector,
                             wvector)
 from ..sim.orders import allreduce_tree, reduce_tree
@@ -332,12 +332,20 @@ class BufferCollectives:
         """Alltoallv with a datatype per block and displacements in bytes (sim._buffers.wvector): the blocks'
         bytes move, as MPI moves a type signature's; the receive message is read first, as mpi4py reads it."""
         g = self._group.size
-        dst, rsizes, rdispls = wvector(recvbuf, "Alltoallw recvbuf", g, readonly=False)
-        if in_place(sendbuf):
-            src, ssizes, sdispls = dst.copy(), rsizes, rdispls  # every member reads it while this one writes
+        derived = wblocks(recvbuf, "Alltoallw recvbuf", g, writable=True)  # from MPI.BOTTOM, or derived types
+        if derived is not None:
+            dst, rsizes, rdispls, unpack = derived
         else:
-            src, ssizes, sdispls = wvector(sendbuf, "Alltoallw sendbuf", g)
+            (dst, rsizes, rdispls), unpack = wvector(recvbuf, "Alltoallw recvbuf", g, readonly=False), None
+        if in_place(sendbuf):  # every member reads it while this one writes
+            src, ssizes, sdispls = (dst.copy(), rsizes, rdispls) if unpack is None else \
+                wblocks(recvbuf, "Alltoallw recvbuf", g, writable=False)[:3]
+        else:
+            sent = wblocks(sendbuf, "Alltoallw sendbuf", g, writable=False)
+            src, ssizes, sdispls = sent[:3] if sent is not None else wvector(sendbuf, "Alltoallw sendbuf", g)
         bodies.all_to_allv(self, src, ssizes, sdispls, dst, rsizes, rdispls, "Alltoallw", "bytes")
+        if unpack is not None:
+            unpack()
 
     def Bcast(self, buf: Any, root: int = 0) -> None:
         root = self._root(root, "Bcast")

@@ -6,11 +6,14 @@ into a derived datatype (``Recv``, ``Irecv``, ``Sendrecv``, a persistent ``Recv_
 ``Request.unpack``). The bytes of a message are the same whichever datatypes the two sides name, as MPI's type
 matching requires, so a vector sent to an array of MPI.DOUBLE arrives as its doubles. ``Bcast``, ``Scatter(v)``,
 ``Gather(v)``, ``Allgather(v)``, ``Alltoall(v)`` and the neighbour collectives move them alike (`blocks`: a
-message's blocks packed side by side where they are sent, unpacked where received); the other collectives
-refuse derived datatypes other than contiguous ones (NotImplementedError).
+message's blocks packed side by side where they are sent, unpacked where received); ``Alltoallw`` and
+``Neighbor_alltoallw`` too, a datatype per block, from a buffer or from MPI.BOTTOM (struct types of absolute
+addresses: `wblocks`); the other collectives refuse derived datatypes other than contiguous ones
+(NotImplementedError).
 """
 from __future__ import annotations
 
+import threading
 from itertools import accumulate
 from typing import Any, Callable, Optional
 
@@ -19,7 +22,7 @@ from .._lazy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
-__all__ = ["packed", "unpacking", "may_be_derived", "blocks"]
+__all__ = ["packed", "unpacking", "may_be_derived", "blocks", "wblocks"]
 
 
 def may_be_derived(spec: Any) -> bool:
@@ -137,3 +140,94 @@ def blocks(spec: Any, g: int, v: bool, writable: bool) -> Any:
                 datatype.Unpack(space[offsets[j]:offsets[j] + nbytes[j]], 0, region(j), comm)
 
     return message, unpack
+
+
+def _plain_type(datatype: Any) -> bool:
+    """Whether an MPI datatype moves as its bytes read straight (predefined, or contiguous of a predefined)."""
+    if datatype.is_predefined:
+        return True
+    base, combiner, _ = datatype.decode()
+    return combiner == "CONTIGUOUS" and base.is_predefined
+
+
+def wblocks(spec: Any, what: str, g: int, writable: bool) -> Any:
+    """For an Alltoallw message (sim._buffers.wvector's forms: ``[buf, types]``, ``[buf, (counts, displs),
+    types]``, ``[buf, counts, displs, types]``) from MPI.BOTTOM or with a derived datatype for some block:
+    (the blocks' data packed side by side, each block's bytes, their offsets in it, a function unpacking them
+    into the message's memory once received: None for one sent, packed here); None for a plain message.
+
+    A block is `counts[i]` items of `types[i]` at byte `displs[i]` of the buffer, or at the addresses the type
+    itself holds from MPI.BOTTOM (absolute ones: the ranks are threads of this process, so every rank's memory
+    is this process's). Each block is packed and unpacked by this process's MPI, a message to itself on the
+    real MPI.COMM_SELF, which reads the typemap as MPI does."""
+    mpi = mpi_module()
+    if mpi is None or type(spec) not in (list, tuple) or not 2 <= len(spec) <= 4:
+        return None
+    if len(spec) == 2:
+        buf, types = spec
+        counts = displs = None
+    elif len(spec) == 3:
+        buf, (counts, displs), types = spec
+    else:
+        buf, counts, displs, types = spec
+    bottom = buf is mpi.BOTTOM
+    if bottom and counts is None:  # mpi4py's message_vector_w
+        raise ValueError("message: BOTTOM requires counts")
+    if bottom and displs is None:
+        raise ValueError("message: BOTTOM requires displs")
+    types = list(types)
+    if not bottom and all(isinstance(t, mpi.Datatype) and _plain_type(t) for t in types):
+        return None
+    if len(types) != g:
+        raise ValueError(f"expecting {g} items, got {len(types)}")
+    from ..sim._buffers import int_array
+
+    counts = [1] * g if counts is None else int_array(counts, g)
+    displs = [0] * g if displs is None else int_array(displs, g)
+    raw = None if bottom else array_of(buf, what, readonly=not writable, typed=True).view(np.uint8)
+    sizes = [c * t.size for c, t in zip(counts, types)]
+    offsets = [0, *accumulate(sizes)][:g]
+    space = np.empty(sum(sizes), np.uint8)
+    byte = mpi.BYTE
+
+    def memory(i: int) -> tuple:
+        """Block i where it lies, as a message (from MPI.BOTTOM: a struct of its count of its type at its
+        displacement, an address) and the type to free after."""
+        if not bottom:
+            return [raw[displs[i]:], counts[i], types[i]], None
+        at = mpi.Datatype.Create_struct([counts[i]], [displs[i]], [types[i]]).Commit()
+        return [mpi.BOTTOM, 1, at], at
+
+    def move(i: int, out: bool) -> None:
+        where, made = memory(i)
+        data = [space[offsets[i]:offsets[i] + sizes[i]], byte]
+        try:
+            _to_self(where, data) if out else _to_self(data, where)
+        finally:
+            if made is not None:
+                made.Free()
+
+    if not writable:
+        for i in range(g):
+            if sizes[i]:
+                move(i, True)
+        return space, sizes, offsets, None
+
+    def unpack() -> None:
+        for i in range(g):
+            if sizes[i]:
+                move(i, False)
+
+    return space, sizes, offsets, unpack
+
+
+_SELF_LOCK = threading.Lock()  # the ranks are threads: one message to itself at a time on the real COMM_SELF
+_SELF_TAG = 32766  # a tag no rank's own messages meet: the process's COMM_SELF is spmdsim's alone here
+
+
+def _to_self(sendbuf: list, recvbuf: list) -> None:
+    """Copy `sendbuf`'s data into `recvbuf` through this process's MPI (a Sendrecv with itself): MPI reads
+    each side's typemap, MPI.BOTTOM's absolute addresses included."""
+    comm = _self()
+    with _SELF_LOCK:
+        comm.Sendrecv(sendbuf, 0, _SELF_TAG, recvbuf, 0, _SELF_TAG)

@@ -482,8 +482,8 @@ def wvector(spec: Any, what: str, blocks: int, readonly: bool = True) -> tuple[n
     """(the buffer's bytes, each block's bytes, each block's byte displacement) of an Alltoallw message,
     as mpi4py's message_vector_w reads it: ``[buf, types]`` (each block one item at displacement 0),
     ``[buf, (counts, displs), types]`` or ``[buf, counts, displs, types]``, a block `counts[i]` items of
-    `types[i]` (predefined, or contiguous: its bytes) at `displs[i]` bytes. MPI.BOTTOM (absolute addresses,
-    in derived datatypes) raises NotImplementedError, as a feature MPI lacks does."""
+    `types[i]` (predefined, or contiguous: its bytes) at `displs[i]` bytes. A message from MPI.BOTTOM or of
+    other derived datatypes is spmdsim.emulator.derived.wblocks'."""
     if len(spec) == 2:
         buf, types = spec
         counts = displs = None
@@ -493,14 +493,6 @@ def wvector(spec: Any, what: str, blocks: int, readonly: bool = True) -> tuple[n
         buf, counts, displs, types = spec
     else:
         raise ValueError("message: expecting 2 to 4 items")
-    mpi = mpi_module()
-    if mpi is not None and buf is mpi.BOTTOM:
-        if counts is None:
-            raise ValueError("message: BOTTOM requires counts")
-        if displs is None:
-            raise ValueError("message: BOTTOM requires displs")
-        raise NotImplementedError(f"{what}: MPI.BOTTOM (absolute addresses, in derived datatypes) is not "
-                                  "simulated (docs/simulate.md)")
     raw = as_bytes(array_of(buf, what, readonly, True))  # flat, one block of memory
     if counts is None and displs is None:
         counts, displs = [1] * blocks, [0] * blocks

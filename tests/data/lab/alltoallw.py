@@ -46,3 +46,19 @@ request.Wait()
 print(r, "persistent neighbor allgather", gathered.tolist())
 request.Free()
 dist.Free()
+# Derived datatypes per block: to rank j the j-th column of an n x n matrix (a vector type), received as a
+# contiguous row; then the same matrix from MPI.BOTTOM, each block a struct type of absolute addresses.
+matrix = np.arange(n * n, dtype=np.float64).reshape(n, n) + 100 * r
+column = MPI.DOUBLE.Create_vector(n, 1, n).Commit()
+rows = np.full((n, n), -1.0)
+comm.Alltoallw([matrix, [1] * n, [8 * j for j in range(n)], [column] * n],
+               [rows, [n] * n, [8 * n * j for j in range(n)], [MPI.DOUBLE] * n])
+print(r, "alltoallw of columns", rows.tolist())
+base, into = MPI.Get_address(matrix), MPI.Get_address(rows)
+sent = [MPI.Datatype.Create_struct([1], [base + 8 * j], [column]).Commit() for j in range(n)]
+landing = [MPI.Datatype.Create_struct([n], [into + 8 * n * (n - 1 - j)], [MPI.DOUBLE]).Commit() for j in range(n)]
+rows[:] = -1.0
+comm.Alltoallw([MPI.BOTTOM, ([1] * n, [0] * n), sent], [MPI.BOTTOM, ([1] * n, [0] * n), landing])
+print(r, "alltoallw from MPI.BOTTOM, rows reversed", rows.tolist())
+for t in sent + landing + [column]:
+    t.Free()
