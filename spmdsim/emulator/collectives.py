@@ -20,8 +20,8 @@ from ..errors import ShapeError
 from ..sim import thread_engine as bodies
 from .._lazy import numpy_on_first_use
 from .derived import blocks, may_be_derived, packed, unpacking, wblocks
-from ..sim._buffers import (copy_into, dtype_name, fold, in_place, message, mpi_error, mpi_module, reduction, vector,
-                            wvector)
+from ..sim._buffers import (_unpack, copy_into, dtype_name, fold, in_place, message, mpi_error, mpi_module, reduction,
+                            vector, wvector)
 from ..sim.orders import allreduce_tree, reduce_tree
 from ..sim.thread_engine import _nothing, bad_root
 
@@ -33,6 +33,29 @@ _SUM = "sum"
 
 
 _same = bodies.checked_same
+
+
+def _predefined_op_types(call: str, red: Any, *specs: Any) -> None:
+    """MPI.ERR_OP, as MPICH raises it, where a predefined op (MPI.SUM, ..., MPI.REPLACE) meets a derived datatype
+    (a contiguous one too) in a reduction: MPI defines those ops on predefined datatypes; a user-defined op
+    (MPI.Op.Create) takes derived ones."""
+    if red.name == "user op":
+        return
+    mpi = mpi_module()
+    for spec in specs:
+        datatype = None
+        if type(spec) in (list, tuple) and not in_place(spec):
+            try:
+                datatype = _unpack(spec)[3]
+            except ValueError:  # a malformed spec: refused where the others are
+                pass
+        if mpi is not None and isinstance(datatype, mpi.Datatype) and datatype != mpi.DATATYPE_NULL \
+                and not datatype.is_predefined:
+            combiner = datatype.decode()[1].lower()
+            raise mpi_error(mpi, mpi.ERR_OP, f"{call}: MPI.{red.name.upper()} is not defined on a derived datatype "
+                                             f"(a {combiner} type): MPI's predefined operations take predefined "
+                                             f"datatypes, as MPICH checks; reduce the data as its element type, or "
+                                             f"with a user-defined MPI.Op.Create")
 
 
 def _matching(op: str, sendbuf: Any, dst: np.ndarray, n: int) -> np.ndarray:
@@ -90,6 +113,8 @@ class BufferCollectives:
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> None:
         red = reduction(op)
+        if may_be_derived(sendbuf) or may_be_derived(recvbuf):
+            _predefined_op_types("Allreduce", red, sendbuf, recvbuf)
         dst, n, dt = message(recvbuf, "Allreduce recvbuf", readonly=False)
         if dst.size != n:
             dst = dst[:n]
@@ -99,6 +124,8 @@ class BufferCollectives:
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM, root: int = 0) -> None:
         red = reduction(op)
         me, root = self._me, self._root(root, "Reduce")
+        if may_be_derived(sendbuf) or me == root and may_be_derived(recvbuf):
+            _predefined_op_types("Reduce", red, sendbuf, recvbuf if me == root else None)
         dst = dt = None
         if me == root:
             dst, n, dt = message(recvbuf, "Reduce recvbuf", readonly=False)
@@ -119,6 +146,8 @@ class BufferCollectives:
 
     def _scan(self, call: str, sendbuf: Any, recvbuf: Any, op: Any, exclusive: bool) -> None:
         red = reduction(op)
+        if may_be_derived(sendbuf) or may_be_derived(recvbuf):
+            _predefined_op_types(call, red, sendbuf, recvbuf)
         dst, n, dt = message(recvbuf, f"{call} recvbuf", readonly=False)
         src = dst[:n] if in_place(sendbuf) else _matching(call, sendbuf, dst, n)
         me = self._me
@@ -143,6 +172,8 @@ class BufferCollectives:
 
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> None:
         red = reduction(op)
+        if may_be_derived(sendbuf) or may_be_derived(recvbuf):
+            _predefined_op_types("Reduce_scatter_block", red, sendbuf, recvbuf)
         g = self._group.size
         if in_place(sendbuf):
             src, b, dt = message(recvbuf, "Reduce_scatter_block recvbuf", blocks=g, readonly=False)
@@ -158,6 +189,8 @@ class BufferCollectives:
 
     def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = _SUM) -> None:
         red = reduction(op)
+        if may_be_derived(sendbuf) or may_be_derived(recvbuf):
+            _predefined_op_types("Reduce_scatter", red, sendbuf, recvbuf)
         g, me = self._group.size, self._me
         dst, rc, dt = message(recvbuf, "Reduce_scatter recvbuf", readonly=False)
         inplace = in_place(sendbuf)
