@@ -39,16 +39,14 @@ __all__ = ["loss_and_grads", "tolerances", "longest_sum", "mixed_problem"]
 _F32 = np.float32
 
 
-def mixed_problem(precision: Any, zero: int = 0, replay: bool = False, kept: str = "graph",
-                  pipeline: bool = False) -> Optional[str]:
-    """Why the GPT's training cannot run these options under `precision` (one line), or None."""
+def mixed_problem(precision: Any, zero: int = 0, kept: str = "graph", pipeline: bool = False) -> Optional[str]:
+    """Why the GPT's training cannot run these options under `precision` (one line), or None. (A replayed step
+    runs under any policy: spmdsim.runtime.replay records bfloat16 blocks as any others.)"""
     name = getattr(precision, "name", precision)
     if name == "fp64":
         return None
     if kept != "graph":
         return f"precision {name!r} runs with kept 'graph' (the fused pieces of kept {kept!r} are float64 only)"
-    if replay:
-        return f"precision {name!r} is not replayed yet: leave out --replay"
     if pipeline:
         return f"precision {name!r} does not run over a pipeline yet: leave out --pp and --microbatches"
     if zero:

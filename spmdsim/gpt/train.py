@@ -290,7 +290,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
 
     problem = (recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
                or (replay_problem(cfg) if replay else None) or precision_problem(precision)
-               or mixed_problem(precision, zero=zero, replay=replay, kept=kept))
+               or mixed_problem(precision, zero=zero, kept=kept))
     if not problem and zero and cfg.moe is not None:
         problem = "ZeRO-1 with MoE layers is not available yet (the experts' states would shard over dp alone)"
     if not problem and cfg.moe is not None and getattr(precision, "name", precision) != "fp64":
