@@ -106,7 +106,7 @@ def main(args):
     zero = int(args.zero) if args.zero.lstrip("-").isdigit() else args.zero
     problem = problem or recompute_problem(args.recompute) or zero_problem(zero) or kept_problem(args.kept)
     problem = problem or precision_problem(args.precision) or mixed_problem(
-        args.precision, zero=zero, kept=args.kept, pipeline=pipelined(args))
+        args.precision, kept=args.kept, pipeline=pipelined(args))
     if not problem and args.trace_out and not pipelined(args):
         problem = "--trace-out writes a pipeline's last step; give --pp (or --microbatches) with it"
     if problem:  # every rank alike, before any collective

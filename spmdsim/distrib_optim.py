@@ -12,10 +12,12 @@ AdamW would hold the same moments. Here each holds 1/dp of them, as Megatron-cor
    into buckets of at most `bucket` bytes, each padded with zeros to a multiple of dp;
 3. per bucket one Reduce_scatter over dp (in place of the Allreduce): dp rank r receives the sum
    of the r-th contiguous 1/dp of the bucket;
-4. each rank runs AdamW on its slice only: its master copy of those parameters (float64 here: the
-   parameters' own dtype) and its moments, 1/dp of the bucket each;
+4. each rank runs AdamW on its slice only: its master copy of those parameters (the parameters' own
+   dtype; float32 for bfloat16 parameters, spmdsim.precision's bf16-mixed, whose gradients are float32
+   too: Megatron's main_grad) and its moments, 1/dp of the bucket each;
 5. per bucket one Allgather over dp of the updated slices into the flat buffer, copied back into
-   the parameters' blocks.
+   the parameters' blocks (bfloat16 parameters: the master slice rounded once to bfloat16 and
+   gathered in bfloat16, half the bytes, into a flat buffer of their own, as Megatron gathers them).
 
 The update is AdamW's (spmdsim.optim.adamw_update) element by element, so the parameters are those
 AdamW gives, but for the order of the dp sums. A parameter may straddle two ranks' slices (Megatron
@@ -42,6 +44,7 @@ from .context import current
 from .errors import OperatorError
 from .flops import sweep
 from .optim import _adam_args, _decay_flags, _Optimizer, _step_sizes, _update_kernel, clip_coefficient
+from .precision import is_low
 from .validate import tolerance_arg
 
 __all__ = ["DistributedAdamW"]
@@ -51,7 +54,10 @@ __all__ = ["DistributedAdamW"]
 class _Bucket:
     """Parameters laid end to end in one flat buffer, and this rank's slice of it."""
 
-    dtype: np.dtype
+    dtype: np.dtype  # the parameters'
+    wide: Any = None  # the gradients', master copy's and moments' (float32 for bfloat16 parameters)
+    params: Any = None  # bfloat16 parameters: the flat buffer they are gathered into (else `flat` serves)
+    rounded: Any = None  # bfloat16 parameters: this rank's master slice rounded, what it sends
     members: list = field(default_factory=list)  # (parameter index, start, stop) in the flat buffer
     size: int = 0  # elements before padding
     padded: int = 0  # a multiple of dp
@@ -143,7 +149,7 @@ class DistributedAdamW(_Optimizer):
             dtype, n = p.local.dtype, p.local.size
             b = open_.get(dtype.str)
             if b is None or (cap is not None and b.size and (b.size + n) * dtype.itemsize > cap):
-                b = open_[dtype.str] = _Bucket(dtype, dp=self.dp)
+                b = open_[dtype.str] = _Bucket(dtype, np.dtype(np.float32) if is_low(dtype) else dtype, dp=self.dp)
                 made.append(b)
             b.members.append((i, b.size, b.size + n))
             b.size += n
@@ -159,27 +165,34 @@ class DistributedAdamW(_Optimizer):
         """The flat buffer and this rank's slice buffers; the master copy from the parameters as they are.
         A dry run makes the two buffers its collectives need as zeros (no pages touched), and counts the
         rest on its meter."""
+        low = b.wide != b.dtype
         if self._dry:
             from .sim.dry import zeros
 
-            b.flat, b.grad = zeros((b.padded,), b.dtype), zeros((b.shard,), b.dtype)
+            b.flat, b.grad = zeros((b.padded,), b.wide), zeros((b.shard,), b.wide)
+            if low:
+                b.params, b.rounded = zeros((b.padded,), b.dtype), zeros((b.shard,), b.dtype)
             return
-        b.flat, b.grad = np.zeros(b.padded, b.dtype), np.zeros(b.shard, b.dtype)
+        b.flat, b.grad = np.zeros(b.padded, b.wide), np.zeros(b.shard, b.wide)
+        if low:
+            b.params, b.rounded = np.zeros(b.padded, b.dtype), np.zeros(b.shard, b.dtype)
         self._flatten_params(b)
-        b.master = b.flat[b.start:b.start + b.shard].copy()
-        b.m, b.v, b.tmp = (np.zeros(b.shard, b.dtype) for _ in range(3))
+        b.master = (b.params if low else b.flat)[b.start:b.start + b.shard].astype(b.wide)
+        b.m, b.v, b.tmp = (np.zeros(b.shard, b.wide) for _ in range(3))
 
     def _flatten_params(self, b: _Bucket) -> None:
+        into = b.flat if b.params is None else b.params
         for i, a, z in b.members:
-            b.flat[a:z] = self.params[i].local.reshape(-1)
+            into[a:z] = self.params[i].local.reshape(-1)
 
     def memory(self) -> dict:
         """This rank's bytes: "optimizer states" (the moments), "master copy", "buffers" (the flat buffers,
         the summed gradients' slices and the update's scratch)."""
-        slices = sum(b.shard * b.dtype.itemsize for b in self.buckets)
-        flats = sum((b.padded + b.shard) * b.dtype.itemsize for b in self.buckets)
+        slices = sum(b.shard * b.wide.itemsize for b in self.buckets)
+        flats = sum((b.padded + b.shard) * b.wide.itemsize for b in self.buckets)
+        low = sum((b.padded + b.shard) * b.dtype.itemsize for b in self.buckets if b.params is not None)
         return {"optimizer states": 2 * slices, "master copy": slices,
-                "buffers": flats + slices}
+                "buffers": flats + slices + low}
 
     def grad_slices(self) -> list:
         """(parameter index, start, stop, values): the summed gradient this rank updated at the last step,
@@ -192,6 +205,21 @@ class DistributedAdamW(_Optimizer):
             for i, a, z in b.members:
                 if max(a, lo) < min(z, hi):
                     out.append((i, max(a, lo) - a, min(z, hi) - a, b.grad[max(a, lo) - lo:min(z, hi) - lo]))
+        return out
+
+    def gathered(self, kind: str, label: str = "check") -> list:
+        """Each parameter's whole block of the master copy ("master"), a moment ("m", "v") or the summed gradient
+        of the last step ("grad"), from the ranks' slices gathered over dp (one Allgather a bucket, `label`): a
+        list in parameter order, each shaped as the parameter's block (collective; a real run's). A check reads
+        them where AdamW's are read whole (spmdsim.gpt.train under a low-precision policy)."""
+        from .runtime.executor import gather
+
+        out: list = [None] * len(self.params)
+        for b in self.buckets:
+            part = getattr(b, kind)
+            flat = gather(self.mesh, part, self.dp_axes, label) if self.dp_axes else part
+            for i, a, z in b.members:
+                out[i] = flat[a:z].reshape(self.params[i].local.shape)
         return out
 
     def step(self) -> None:
@@ -207,22 +235,27 @@ class DistributedAdamW(_Optimizer):
         if self.clip_grad:
             self._clip()
         for b in self.buckets:  # the update's traffic (spmdsim.flops.sweep), real and dry alike
-            block = ((b.shard,), b.dtype)
+            block = ((b.shard,), b.wide)
             sweep("adamw", (block,), (block,), "master", "optimizer")
             sweep("adamw", (block,), (), "grads", "optimizer")
             sweep("adamw", (block, block), (block, block), "states", "optimizer")
         if self._dry:
             meter = current().meter
             if meter is not None:
-                meter.count(self, sum(4 * b.shard * b.dtype.itemsize for b in self.buckets))
+                meter.count(self, sum(4 * b.shard * b.wide.itemsize for b in self.buckets))
         else:
             for k, b in enumerate(self.buckets):
                 _update_kernel()(self._update_slice, k, b.master, b.grad)
         for b in self.buckets:
-            allgather(self.mesh, b.master if not self._dry else b.grad, self.dp_axes, 0,
-                      label="zero-1 parameter bucket", out=b.flat)
+            if b.params is not None:  # bfloat16: the master slice rounded once, gathered in bfloat16
+                if not self._dry:
+                    _kernel(_round)(b.master, b.rounded)
+                sent, into = b.rounded, b.params
+            else:
+                sent, into = b.master if not self._dry else b.grad, b.flat
+            allgather(self.mesh, sent, self.dp_axes, 0, label="zero-1 parameter bucket", out=into)
             if not self._dry:
-                _kernel(_unpack)(b.flat, tuple(self.params[i].local for i, _, _ in b.members), _spans(b))
+                _kernel(_unpack)(into, tuple(self.params[i].local for i, _, _ in b.members), _spans(b))
 
     def _update_slice(self, k: int, master: np.ndarray, grad: np.ndarray) -> None:
         """AdamW on bucket `k`'s slice, element by element as spmdsim.optim.adamw_update (one kernel call
@@ -322,6 +355,11 @@ def _pack(flat: np.ndarray, grads: tuple, spans: tuple) -> None:
     for g, (a, z) in zip(grads, spans):
         flat[a:z] = g.reshape(-1)
     flat[spans[-1][1]:] = 0
+
+
+def _round(master: np.ndarray, out: np.ndarray) -> None:
+    """The master slice rounded once to the parameters' dtype (bfloat16: round to nearest even)."""
+    out[...] = master.astype(out.dtype)
 
 
 def _unpack(flat: np.ndarray, blocks: tuple, spans: tuple) -> None:

@@ -39,11 +39,11 @@ def test_policies_and_refusals_are_one_line():
     assert (mixed.param, mixed.grad, mixed.master, mixed.optimizer, mixed.activation) == (
         "bfloat16", "float32", "float32", "float32", "bfloat16")
     assert precision_problem("bf16") == "precision 'bf16' must be one of fp64, fp32, bf16-mixed"
-    assert mixed_problem("bf16-mixed", zero=1).startswith("precision 'bf16-mixed' with ZeRO-1 is not done yet")
     assert "leave out --pp" in mixed_problem("bf16-mixed", pipeline=True)
     assert "kept 'graph'" in mixed_problem("bf16-mixed", kept="megatron")
-    assert mixed_problem("fp64", zero=1, kept="megatron", pipeline=True) is None
-    for bad, message in (({"precision": "bf16"}, "must be one of"), ({"precision": "fp32", "zero": 1}, "ZeRO-1")):
+    assert mixed_problem("fp64", kept="megatron", pipeline=True) is None
+    for bad, message in (({"precision": "bf16"}, "must be one of"), ({"precision": "fp32", "kept": "megatron"},
+                                                                     "kept 'graph'")):
         with pytest.raises(SpmdsimError, match=message) as caught:  # before any collective: on every rank alike
             spmdsim.simulate(4, lambda: train(CFG, spmdsim.world(), 2, 2, 1, TEXT, **bad))
         assert "\n" not in str(caught.value)
@@ -146,6 +146,59 @@ def test_a_wrong_update_is_caught_by_the_optimizers_check(monkeypatch):
 
     monkeypatch.setattr(optim.AdamW, "_update", forgetful)
     steps = _steps(4, 2, 2, True, steps=1)
+    assert steps[0].errors[2] > steps[0].tolerances[2] and not steps[0].passed
+
+
+@pytest.mark.parametrize("policy", ["bf16-mixed", "fp32"])
+def test_zero1_under_a_low_precision_policy_is_adamw_and_passes_the_check(policy):
+    # ZeRO-1 (spmdsim.distrib_optim) beside AdamW, 4 steps on dp 2 x tp 2 with sp: every step checked against
+    # one process under the policy, the optimizer exactly (its master slices and moments gathered over dp for
+    # the check), and the losses AdamW's within the policy's loss tolerance (the dp sums' order differs: a
+    # Reduce_scatter against an Allreduce, so the float32 gradients' last bits may too).
+    adam, zero = (_steps(4, 2, 2, True, steps=4, policy=policy, zero=z) for z in (0, 1))
+    assert all(r.passed and r.errors[2] == 0.0 for r in zero), zero
+    for a, z in zip(adam, zero):
+        assert abs(a.loss - z.loss) <= a.tolerances[0] * abs(a.loss), (a, z)
+
+
+def test_zero1_at_bf16_keeps_float32_slices_and_gathers_bfloat16():
+    """The memory tracker: ZeRO-1's master copy and moments are 1/dp of AdamW's (float32 both); the updated
+    parameters come back in bfloat16, half the bytes of fp32's gather; a dry run (shapes only) moves and holds
+    what the real run does."""
+    def traffic(policy: str, dry: bool = False) -> tuple:
+        from spmdsim.runtime.trace import collect_trace
+
+        def body():
+            with collect_trace() as trace:
+                results = train(CFG, spmdsim.world(), 2, 2, 1, TEXT, sp=True, check=False, memory=True,
+                                precision=policy, zero=1)[1]
+            return [(e.label, e.bytes_sent) for e in trace.entries], results[0].memory
+
+        rows, memory = spmdsim.simulate(4, body, dry_run=dry)[0]
+        return rows, sum(n for label, n in rows if label == "zero-1 parameter bucket"), memory
+
+    (_, fp32_gather, fp32), (rows, bf16_gather, bf16) = traffic("fp32"), traffic("bf16-mixed")
+    assert traffic("bf16-mixed", dry=True) == (rows, bf16_gather, bf16)
+    adam = _traffic("bf16-mixed")[1]
+    assert 2 * bf16.master == adam.master and 2 * bf16.states == adam.states  # sharded over dp 2, float32
+    assert bf16.master == fp32.master and bf16.states == fp32.states
+    assert 2 * bf16_gather == fp32_gather > 0
+
+
+def test_a_wrong_zero1_update_is_caught(monkeypatch):
+    """A ZeRO-1 bucket's master slice updated with twice the step: the optimizer's check (AdamW in float32 on
+    the run's own gradients and moments, gathered) fails at once."""
+    from spmdsim import distrib_optim
+
+    real = distrib_optim.DistributedAdamW._update_slice
+
+    def doubled(self, k, master, grad):
+        before = master.copy()
+        real(self, k, master, grad)
+        master += master - before
+
+    monkeypatch.setattr(distrib_optim.DistributedAdamW, "_update_slice", doubled)
+    steps = _steps(4, 2, 2, True, steps=1, zero=1)
     assert steps[0].errors[2] > steps[0].tolerances[2] and not steps[0].passed
 
 

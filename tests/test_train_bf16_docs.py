@@ -52,3 +52,16 @@ def test_the_tables_quote_the_tolerances_the_code_uses():
     loss, grads, params = tolerances(precision("bf16-mixed"), GPTConfig())
     for figure in (f"{loss:.1e}", f"{grads:.1e}", f"{params:.1e}"):
         assert figure in shown, figure
+
+
+def test_zero1_at_bf16_sends_the_bytes_the_doc_quotes():
+    """The section's figure for ZeRO-1 (the first command with `--zero 1`): the bytes one step sends, beside
+    AdamW's in the quote."""
+    from docs_commands import run_quoted
+
+    text = (ROOT / DOC).read_text()
+    shown = text[text.index(HEADING):text.index("\n## ", text.index(HEADING) + 1)]
+    assert "with `--zero 1` sends 3,741,704 bytes" in " ".join(shown.split())
+    done = run_quoted(_section()[0].command.split(" --steps")[0] + " --zero 1 --steps 1 --sample 0")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "    0  4.7169           42   3,741,704" in done.stdout, done.stdout

@@ -49,7 +49,7 @@ from ..layout import Layout
 from .config import GPTConfig
 from .data import batch
 from .memory import MemoryReport, recompute_problem, zero_problem
-from ..precision import precision as get_precision, precision_problem
+from ..precision import is_low, precision as get_precision, precision_problem
 from .mixed import mixed_problem, tolerances as mixed_tolerances
 from .params import decays, param_specs
 from .wholes import Regions, assemble, peaks, regions
@@ -198,6 +198,11 @@ def _run_start(model: Any, optimizer: Any, specs: list) -> np.ndarray:
     "params" (each parameter's master copy, its values where it keeps none), "m" and "v" (its AdamW
     moments, zeros before its first step), table after table."""
     tables: dict = {"params": {}, "m": {}, "v": {}}
+    if hasattr(optimizer, "buckets"):  # ZeRO-1: each rank's slices gathered over dp (spmdsim.distrib_optim)
+        masters, ms, vs = (optimizer.gathered(kind) for kind in ("master", "m", "v"))
+        for i, spec in enumerate(specs):
+            tables["params"][spec.name], tables["m"][spec.name], tables["v"][spec.name] = masters[i], ms[i], vs[i]
+        return _table(model, list(tables.values()), "check.start")
     for i, spec in enumerate(specs):
         local = model.params[spec.name].local
         tables["params"][spec.name] = optimizer.master.get(i, local)
@@ -290,7 +295,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
 
     problem = (recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
                or (replay_problem(cfg) if replay else None) or precision_problem(precision)
-               or mixed_problem(precision, zero=zero, kept=kept))
+               or mixed_problem(precision, kept=kept))
     if not problem and zero and cfg.moe is not None:
         problem = "ZeRO-1 with MoE layers is not available yet (the experts' states would shard over dp alone)"
     if not problem and cfg.moe is not None and getattr(precision, "name", precision) != "fp64":
@@ -370,11 +375,17 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         if check:
             tensors = {s.name: model.params[s.name] for s in specs}
             if low:  # the optimizer checked on the run's own gradients (gathered), the rest on the policy's
-                run_grads = where.used(_table(model, [{n: t.grad.local for n, t in tensors.items()}], "check.grads"))
+                # (with ZeRO-1 the summed gradients and the master copy are the ranks' slices, gathered over dp)
+                summed = optimizer.gathered("grad") if zero else [t.grad.local for t in tensors.values()]
+                run_grads = where.used(_table(model, [dict(zip(tensors, summed))], "check.grads"))
                 ref_loss, grads, updated, top = shared_once(mesh, ("gpt-mixed", cfg, policy.name, step),
                                                             _checked_mixed, where, start, run_grads, x, y, cfg, step,
                                                             policy)
-                masters = {s.name: optimizer.master[i] for i, s in enumerate(specs) if i in optimizer.master}
+                if zero:
+                    masters = {s.name: m for s, m, t in zip(specs, optimizer.gathered("master"), tensors.values())
+                               if is_low(t.dtype)}
+                else:
+                    masters = {s.name: optimizer.master[i] for i, s in enumerate(specs) if i in optimizer.master}
             else:
                 reference_moments, ref_loss, grads, updated, top = shared_once(
                     mesh, ("gpt-reference", cfg, step + 1), _checked_reference, where, start, reference_moments, x,
