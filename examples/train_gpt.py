@@ -106,7 +106,7 @@ def main(args):
     zero = int(args.zero) if args.zero.lstrip("-").isdigit() else args.zero
     problem = problem or recompute_problem(args.recompute) or zero_problem(zero) or kept_problem(args.kept)
     problem = problem or precision_problem(args.precision) or mixed_problem(
-        args.precision, kept=args.kept, pipeline=pipelined(args))
+        args.precision, kept=args.kept)
     if not problem and args.trace_out and not pipelined(args):
         problem = "--trace-out writes a pipeline's last step; give --pp (or --microbatches) with it"
     if problem:  # every rank alike, before any collective
@@ -160,7 +160,8 @@ def main(args):
                                          schedule=args.schedule, microbatches=microbatches(args),
                                          virtual=virtual_stages(args),
                                          check=check, on_step=report, layouts=layouts, recompute=args.recompute,
-                                         zero=zero, memory=args.memory, kept=args.kept, replay=args.replay)
+                                         zero=zero, memory=args.memory, kept=args.kept, replay=args.replay,
+                                         precision=args.precision)
     else:
         model, results = train(cfg, comm, dp, tp, args.steps, ids, sp=args.sp, check=check, on_step=report,
                                layouts=layouts, replay=args.replay, recompute=args.recompute, zero=zero,

@@ -39,9 +39,8 @@ def test_policies_and_refusals_are_one_line():
     assert (mixed.param, mixed.grad, mixed.master, mixed.optimizer, mixed.activation) == (
         "bfloat16", "float32", "float32", "float32", "bfloat16")
     assert precision_problem("bf16") == "precision 'bf16' must be one of fp64, fp32, bf16-mixed"
-    assert "leave out --pp" in mixed_problem("bf16-mixed", pipeline=True)
     assert "kept 'graph'" in mixed_problem("bf16-mixed", kept="megatron")
-    assert mixed_problem("fp64", kept="megatron", pipeline=True) is None
+    assert mixed_problem("fp64", kept="megatron") is None and mixed_problem("bf16-mixed") is None
     for bad, message in (({"precision": "bf16"}, "must be one of"), ({"precision": "fp32", "kept": "megatron"},
                                                                      "kept 'graph'")):
         with pytest.raises(SpmdsimError, match=message) as caught:  # before any collective: on every rank alike
@@ -110,8 +109,8 @@ def test_a_reference_that_ignores_the_policy_is_caught_by_the_loss(monkeypatch):
 
     real = module._mixed_step
 
-    def float64_reference(start, x, y, cfg, step, policy, grads):
-        _, ref_grads, updated = real(start, x, y, cfg, step, policy, grads)
+    def float64_reference(start, x, y, cfg, step, policy, grads, microbatches=1):
+        _, ref_grads, updated = real(start, x, y, cfg, step, policy, grads, microbatches)
         loss, grads64 = reference.loss_and_grads(start["params"], x, y, cfg, step)
         return loss, grads64, updated
 
@@ -200,6 +199,65 @@ def test_a_wrong_zero1_update_is_caught(monkeypatch):
     monkeypatch.setattr(distrib_optim.DistributedAdamW, "_update_slice", doubled)
     steps = _steps(4, 2, 2, True, steps=1, zero=1)
     assert steps[0].errors[2] > steps[0].tolerances[2] and not steps[0].passed
+
+
+PIPE_CFG = GPTConfig(layers=4, d_model=32, heads=4, seq=16, batch=8, dropout=0.2)
+
+
+def _pipelined(policy: str, dry: bool = False, **kw) -> tuple:
+    """(each step's StepResult, the step's point-to-point rows (label, bytes sent), rank 0's memory report) of a
+    pipelined run on 8 simulated ranks."""
+    from spmdsim.gpt.pipeline import train_pipelined
+    from spmdsim.runtime.trace import collect_trace
+
+    kw = dict(kw)
+    shape = (kw.pop("pp", 2), kw.pop("dp", 2), kw.pop("tp", 2), kw.pop("steps", 2))
+
+    def body():
+        with collect_trace() as trace:
+            steps = train_pipelined(PIPE_CFG, spmdsim.world(), *shape, TEXT, precision=policy, check=not dry,
+                                    **kw)[1]
+        return steps, [(e.label, e.bytes_sent) for e in trace.entries if e.op in ("send", "recv", "sendrecv")]
+
+    return spmdsim.simulate(8, body, dry_run=dry)[0]
+
+
+@pytest.mark.parametrize("kw", [dict(sp=True, microbatches=4), dict(pp=4, dp=1, tp=2, microbatches=8),
+                                dict(schedule="interleaved", virtual=2, microbatches=4, sp=True),
+                                dict(schedule="gpipe", dp=1, tp=4, microbatches=2),
+                                dict(sp=True, microbatches=2, zero=1, replay=True)],
+                         ids=["1f1b-sp", "1f1b-pp4", "interleaved", "gpipe-tp4", "zero1-replay"])
+def test_a_bf16_pipeline_matches_one_numpy_process_under_the_same_policy(kw):
+    # The stages compute under the policy and send bfloat16 both ways; the reference runs the policy microbatch
+    # by microbatch (each its own dropout masks), the optimizer checked exactly on the run's own gradients.
+    steps, _ = _pipelined("bf16-mixed", steps=3, **kw)
+    for r in steps:
+        assert r.passed and r.errors[2] == 0.0, r
+        assert r.tolerances == tolerances(precision("bf16-mixed"), PIPE_CFG)
+    assert steps[-1].loss < steps[0].loss
+
+
+def test_a_bf16_pipeline_sends_half_fp32s_bytes_and_its_dry_run_sends_the_same():
+    # The stages' messages (label "pipeline"): bfloat16 activations and gradients, half fp32's bytes; the tied
+    # table's gradients (float32, a parameter's) the same.
+    fp32, bf16, dry = (_pipelined(policy, dry=d, sp=True, microbatches=4)[1]
+                       for policy, d in (("fp32", False), ("bf16-mixed", False), ("bf16-mixed", True)))
+    stages = [(label, n) for label, n in bf16 if label.startswith("pipeline")]
+    assert stages and len(bf16) == len(fp32)
+    for (label, n), (other, m) in zip(bf16, fp32):
+        assert label == other and n * (2 if label.startswith("pipeline") else 1) == m, (label, n, m)
+    assert sum(n for _, n in dry) == sum(n for _, n in bf16)  # a dry run's rows come in its own order
+
+
+def test_a_pipeline_reference_that_ignores_the_microbatches_is_caught(monkeypatch):
+    """The reference drawing the whole batch's dropout masks at once (not each microbatch's): the loss check
+    fails, so the reference the pipeline is checked against is the microbatched one."""
+    from spmdsim.gpt import train as module
+
+    real = module._mixed_step
+    monkeypatch.setattr(module, "_mixed_step", lambda *a: real(*a[:7], 1))
+    steps, _ = _pipelined("bf16-mixed", steps=1, sp=True, microbatches=4)
+    assert steps[0].errors[0] > steps[0].tolerances[0] and not steps[0].passed
 
 
 def _traffic(policy: str, dry: bool = False) -> tuple:

@@ -39,17 +39,16 @@ __all__ = ["loss_and_grads", "tolerances", "longest_sum", "mixed_problem"]
 _F32 = np.float32
 
 
-def mixed_problem(precision: Any, kept: str = "graph", pipeline: bool = False) -> Optional[str]:
+def mixed_problem(precision: Any, kept: str = "graph") -> Optional[str]:
     """Why the GPT's training cannot run these options under `precision` (one line), or None. (A replayed step
-    runs under any policy, spmdsim.runtime.replay recording bfloat16 blocks as any others, and so does ZeRO-1,
-    its master copy and moments float32 for bfloat16 parameters: spmdsim.distrib_optim.)"""
+    runs under any policy, spmdsim.runtime.replay recording bfloat16 blocks as any others; so do ZeRO-1, its
+    master copy and moments float32 for bfloat16 parameters, spmdsim.distrib_optim, and a pipeline,
+    spmdsim.gpt.pipeline, its stages' messages in the activations' dtype.)"""
     name = getattr(precision, "name", precision)
     if name == "fp64":
         return None
     if kept != "graph":
         return f"precision {name!r} runs with kept 'graph' (the fused pieces of kept {kept!r} are float64 only)"
-    if pipeline:
-        return f"precision {name!r} does not run over a pipeline yet: leave out --pp and --microbatches"
     return None
 
 

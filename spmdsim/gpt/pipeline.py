@@ -151,7 +151,8 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
                     on_step: Optional[Callable[[StepResult], Any]] = None,
                     layouts: Optional[dict] = None, recompute: str = "none", zero: int = 0,
                     memory: bool = False, kept: str = "graph", ep: int = 1,
-                    algorithms: Optional[dict] = None, replay: bool = False) -> tuple[PipelineRun, list]:
+                    algorithms: Optional[dict] = None, replay: bool = False,
+                    precision: Any = "fp64") -> tuple[PipelineRun, list]:
     """Train `steps` steps on a (pp, dp, tp) mesh over `comm`; returns (the run, one StepResult per step).
 
     Collective: every rank calls it alike. `schedule`: "gpipe", "1f1b" or "interleaved" (with `virtual`
@@ -165,8 +166,11 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     `algorithms`: the meshes' emulated algorithms (spmdsim.runtime.mesh.Mesh's). `replay`: step 0 is
     captured (spmdsim.runtime.replay: its computes, collectives and point-to-point messages) and every later
     step replays it, checked the same way (not with `cfg.clip` or MoE layers: spmdsim.gpt.train.replay_problem;
-    with `memory` a replayed step reports the captured step's bytes). Every refusal is raised alike on every
-    rank before the first collective.
+    with `memory` a replayed step reports the captured step's bytes). `precision`: the policy (as
+    spmdsim.gpt.train.train's: the stages compute under it, activations and their gradients cross stage
+    boundaries in its activation dtype, bfloat16 at bf16-mixed, as Megatron sends them; the check's reference
+    is the policy's, microbatch by microbatch). Every refusal is raised alike on every rank before the first
+    collective.
     """
     from .. import ops
     from ..autograd import reduce_grads
@@ -183,19 +187,28 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     from ..runtime.shared_reference import shared_once
     from ..sim import dry_run_active, once
     from ..sim.dry import differ
+    from ..precision import precision as get_precision, precision_problem
+    from .mixed import mixed_problem, tolerances as mixed_tolerances
     from .parallel import GPT, _moe_problem
-    from .train import _checked_reference, _expert_bytes, _zero_moments, replay_problem
+    from .train import (_checked_mixed, _checked_reference, _expert_bytes, _optimizer_start, _summed_grads,
+                        _zero_moments, replay_problem)
 
     moe = cfg.moe is not None or ep != 1
     problem = (pipeline_layout_problem(cfg, pp, dp, tp, sp, microbatches, virtual, split, ep)
                or recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
-               or (replay_problem(cfg, pipelined=True) if replay else None))
+               or (replay_problem(cfg, pipelined=True) if replay else None) or precision_problem(precision)
+               or mixed_problem(precision, kept=kept))
+    if not problem and cfg.moe is not None and getattr(precision, "name", precision) != "fp64":
+        problem = (f"precision {getattr(precision, 'name', precision)!r} with MoE layers is not available yet "
+                   "(the MoE layer computes at float64); use precision 'fp64'")
     if not problem and cfg.moe is not None:
         problem = _moe_problem(recompute, kept) or (zero and "ZeRO-1 with MoE layers is not available yet "
                                                     "(the experts' states would shard over dp alone)") or None
     if problem:
         where = f"pp {pp} x dp {dp} x ep {ep} x tp {tp}" if moe else f"pp {pp} x dp {dp} x tp {tp}"
         raise SpmdsimError(f"the GPT cannot train on {where}: {problem}")
+    policy = get_precision(precision)
+    low = policy.activation != "float64"
     plan = build(schedule, pp, microbatches, virtual)
     chunks = pp * virtual
     last = chunks - 1
@@ -207,8 +220,8 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     stage_mesh = Mesh(Layout(*inner), mesh.group(inner[1]), algorithms=algorithms)
     pp_comm = mesh.group("pp") if pp > 1 else None
     mine = [c for c in range(chunks) if c % pp == stage]
-    models = {c: GPT(cfg, stage_mesh, sp=sp, layouts=layouts, part=parts[c], recompute=recompute, kept=kept)
-              for c in mine}
+    models = {c: GPT(cfg, stage_mesh, sp=sp, layouts=layouts, part=parts[c], recompute=recompute, kept=kept,
+                     precision=policy) for c in mine}
     if 0 in models and chunks - 1 in models and chunks > 1:  # one stage holds both ends: one tied table
         models[chunks - 1].params["wte"] = models[0].params["wte"]
     params: dict = {}
@@ -238,7 +251,8 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     # the receiving stage all-gathers over tp), else the block itself.
     wire = stage_mesh.layout("tp", any_model.batch, None) if not sp and tp > 1 and cfg.seq % tp == 0 else act
     ids_layout = stage_mesh.layout(any_model.batch, None)
-    moments = once(("gpt-reference", cfg, 0), _zero_moments, cfg) if check else None
+    moments = once(("gpt-reference", cfg, 0), _zero_moments, cfg) if check and not low else None
+    wire_dtype = np.dtype(policy.dtype("activation"))  # what crosses a stage boundary, both ways
     replay = replay and not dry_run_active()  # a dry run's steps count bytes: nothing to replay
     results: list = []
     norms: list = []  # with clip (and not ZeRO-1): each step's norm before clipping
@@ -259,7 +273,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         watch = ran["watch"] = _Most(optimizer, tensors) if memory else None
         losses, ran["order"], ran["held"] = _run_program(run, plan.programs[stage], ids, when, microbatches, last,
                                                          shape, act, wire, pp_comm, tensors, clock, watch,
-                                                         described)
+                                                         described, wire_dtype)
         if not zero:  # with ZeRO-1 the dp sums are the optimizer's Reduce_scatter
             reduce_grads(tensors)  # dp (and sp's LayerNorm) sums: once per step, bucketed
         if ends:
@@ -282,8 +296,12 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
             x = y = buffers.lazy_zeros((cfg.batch, cfg.seq), np.int64)  # gather a 50 MB batch at 1T)
         else:
             x, y = batch(text_ids, cfg, step)
-        start = where.used(_table(run, cfg, where)) if check else None  # the step's start, every rank's
-        own = anchored_start(optimizer, params) if check else None  # this rank's start (train.py's)
+        start = own = None
+        if check and low:  # the optimizer's view of the step's start: master copies and moments, every rank's
+            start = where.used(_tables(run, cfg, where, _optimizer_start(optimizer, params), "check.start"))
+        elif check:
+            start = where.used(_table(run, cfg, where))  # the step's start, every rank's
+            own = anchored_start(optimizer, params)  # this rank's start (train.py's)
         for model in models.values():
             model.moe_stats = []  # this step's dispatches, every microbatch's
         given = ()
@@ -323,13 +341,22 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         value = float(resolve(mesh, mine_loss, pending(mesh.layout, 1, ("pp",)), "pipeline.loss", owned=True)[0]) \
             if pp > 1 else float(mine_loss[0])
         errors = (float("nan"),) * 3
-        if check:
+        if check and low:  # as train.py's: the optimizer on the run's own gradients, the rest on the policy's
+            summed, masters = _summed_grads(optimizer, params, zero)
+            run_grads = where.used(_tables(run, cfg, where, [summed], "check.grads"))
+            ref_loss, grads, updated, top = shared_once(
+                mesh, ("gpt-mixed", cfg, policy.name, microbatches, step), _checked_mixed, where, start, run_grads,
+                x, y, cfg, step, policy, microbatches)
+            local = step_errors(value, ref_loss, grads, updated, params, optimizer if zero else None, masters, top,
+                                slices)
+        elif check:
             # The wholes, the reference step and its peaks: computed once for all the ranks (rank 0's under MPI).
             moments, ref_loss, grads, updated, top = shared_once(
                 mesh, ("gpt-reference", cfg, microbatches, step + 1), _checked_reference, where, start, moments, x,
                 y, cfg, step, microbatches)
             local = step_errors(value, ref_loss, grads, updated, params, optimizer if zero else None, None, top,
                                 slices, None if own is None else anchored_updates(own, params, cfg, optimizer))
+        if check:
             worst = resolve(mesh, local, pending(mesh.layout, 1, ("pp", "dp", "tp")), "check", reduction="max",
                             owned=True)
             errors = tuple(float(e) for e in worst)
@@ -341,7 +368,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
                                    trace)
         result = StepResult(step, value, errors, totals["calls"], totals["bytes_sent"],
                             watch.report(step) if watch is not None else None, dispatch, ledger,
-                            norm=_norm(optimizer if zero else None, norms))
+                            tolerances=mixed_tolerances(policy, cfg), norm=_norm(optimizer if zero else None, norms))
         results.append(result)
         if on_step is not None:
             on_step(result)
@@ -351,15 +378,17 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
 
 def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], Any], step: Any,
                  microbatches: int, last: int, shape: tuple, act: Any, wire: Any, pp_comm: Any, params: list,
-                 clock: "_Clock", watch: Optional["_Most"] = None, described: Optional[dict] = None
-                 ) -> tuple[list, list, int]:
+                 clock: "_Clock", watch: Optional["_Most"] = None, described: Optional[dict] = None,
+                 wire_dtype: Any = np.float64) -> tuple[list, list, int]:
     """One step of this stage's program: (its microbatches' scaled losses: DTensors, router losses as floats;
     the Compute records run; the most microbatch-chunks held at once). `ids(0, mb)`: microbatch mb's input
     ids, `ids(1, mb)` its targets; `step`: an int or a replay Scalar (the dropout masks' seeds); `clock`
     gets each cell's start and end. Activations and gradients are `act` blocks in the chunks and `wire`
     blocks between stages (`act`'s rows of this rank's tp coordinate where they differ, all-gathered over tp
     on receipt). `described`: each message group's trace description (runtime.door.messages) by its place in
-    `program`, kept from step to step (a group's sizes and peers are the same every step), filled here."""
+    `program`, kept from step to step (a group's sizes and peers are the same every step), filled here.
+    `wire_dtype`: the messages' dtype both ways (the activations'; a float32 gradient is rounded to it once
+    where it is sent, as the receiving stage's node would round it)."""
     from ..pipeline.schedule import Compute, Post, Send
     from ..runtime.dtensor import DTensor
     from ..runtime.door import messages, point_to_point
@@ -381,13 +410,15 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
         mine = slice(mesh.coord("tp") * rows_per, (mesh.coord("tp") + 1) * rows_per)
 
     def outgoing(block: np.ndarray) -> np.ndarray:  # a copy, if one, recorded while capturing
+        if block.dtype != wire_dtype:  # a bfloat16 activation's float32 gradient, rounded once
+            block = block.astype(wire_dtype)
         return buffers.contiguous(block[mine] if scatter else block)
 
     tag_micro = microbatches > 1
     # A kernel while a step is captured; a dry run, which captures none (its steps count bytes), stamps plainly.
     stamp = _stamp if mesh.engine.dry else kernel(_stamp)
 
-    blocks = _DryBlocks() if mesh.engine.dry else None
+    blocks = _DryBlocks(wire_dtype) if mesh.engine.dry else None
     repeat = _DryCells(local_shape, blocks) if blocks is not None else None
     # Each chunk's first backward runs for real in a dry run (it is measured), so its forward does too.
     first_backward: dict = {}
@@ -448,7 +479,7 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
                 buf = sent_grads.pop((op.microbatch, op.chunk))
             sends.append((buf, op.peer, _tag(op.what, op.chunk)))
         else:
-            buf = buffers.empty(wire_shape, np.float64) if blocks is None else blocks.empty(wire_shape)
+            buf = buffers.empty(wire_shape, wire_dtype) if blocks is None else blocks.empty(wire_shape)
             sender = op.chunk - 1 if op.what == "act" else op.chunk + 1
             receives.append((buf, op.peer, _tag(op.what, sender)))
             received.append((op, buf))
@@ -471,7 +502,7 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
             known = described[i] = messages(pp_comm, _PP, receives, sends)
         point_to_point(run.mesh, pp_comm, _PP, receives, sends, "pipeline", known)
         for op, buf in received:
-            # A dry run's: a plain float64 array of wire_shape, made above (a captured step's buffer is a
+            # A dry run's: a plain array of wire_shape, made above (a captured step's buffer is a
             # replay.Traced, which DTensor's own np.asarray makes a plain view of).
             t = DTensor._trusted(mesh, buf, wire, checked) if blocks is not None else DTensor(mesh, buf, wire, checked)
             if scatter:  # Megatron's gather: the stage's tp ranks put their rows together
@@ -619,7 +650,7 @@ class _DryCells:
 
 
 class _DryBlocks:
-    """A dry run's float64 blocks that nothing writes: the message buffers a stage receives into (the dry engine
+    """A dry run's blocks (of the wire's dtype) that nothing writes: the message buffers a stage receives into (the dry engine
     leaves them as they are) and the stand-ins of repeated cells (only sent). Each is an array of its own over
     one lazy mapping per size (spmdsim.buffers.lazy_zeros: zeros the kernel maps on read), so the run's Meter
     counts each as the owner of its bytes, as it counts a mapping of its own, where a mapping a block cost
@@ -627,9 +658,10 @@ class _DryBlocks:
     as spmdsim.buffers.empty places a dry run's block, `zeros` as lazy_zeros places it; a block below the
     size lazy_zeros maps is theirs."""
 
-    __slots__ = ("_maps", "_empty", "_zeros")
+    __slots__ = ("_maps", "_empty", "_zeros", "dtype")
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: Any = np.float64) -> None:
+        self.dtype = np.dtype(dtype)
         self._maps: dict = {}  # bytes -> the mapping under that size's blocks, or None (numpy's own zeros)
         self._empty: dict = {}  # shape -> the mapping `empty` places its blocks of that shape on, or None
         self._zeros: dict = {}  # the same for `zeros`
@@ -643,19 +675,19 @@ class _DryBlocks:
     def empty(self, shape: tuple) -> np.ndarray:
         mapping = self._empty.get(shape, False)
         if mapping is False:
-            nbytes = 8 * math.prod(shape)
+            nbytes = self.dtype.itemsize * math.prod(shape)
             mapping = self._empty[shape] = self._map(nbytes + buffers.PAGE) if nbytes >= buffers.MIN_BYTES else None
         if mapping is None:
-            return buffers.empty(shape, np.float64)
-        return np.ndarray(shape, np.float64, mapping, buffers.PAGE_OFFSET)
+            return buffers.empty(shape, self.dtype)
+        return np.ndarray(shape, self.dtype, mapping, buffers.PAGE_OFFSET)
 
     def zeros(self, shape: tuple) -> np.ndarray:
         mapping = self._zeros.get(shape, False)
         if mapping is False:
-            mapping = self._zeros[shape] = self._map(8 * math.prod(shape))
+            mapping = self._zeros[shape] = self._map(self.dtype.itemsize * math.prod(shape))
         if mapping is None:
-            return buffers.lazy_zeros(shape, np.float64)
-        return np.ndarray(shape, np.float64, mapping)
+            return buffers.lazy_zeros(shape, self.dtype)
+        return np.ndarray(shape, self.dtype, mapping)
 
 
 class _first:  # noqa: N801 - a context manager, read as a phrase: `with _first(repeat, key):`
@@ -746,6 +778,22 @@ def _stage_regions(run: PipelineRun, cfg: GPTConfig) -> Regions:
     layouts = next(iter(run.models.values())).layouts  # every parameter's, alike on every stage
     return stage_regions(_held(run, cfg), layouts, {s.name: s.shape for s in param_specs(cfg)},
                          run.stage_mesh.size)
+
+
+def _tables(run: PipelineRun, cfg: GPTConfig, where: Regions, tables: list, label: str) -> np.ndarray:
+    """`_table` of several tables (name -> this rank's block, of the parameters its stage holds), table after
+    table in each row (spmdsim.gpt.wholes.assemble reads them so), from one Allgather over the whole mesh."""
+    from ..runtime.executor import gather
+
+    mesh = run.mesh
+    flat = np.zeros(where.width * len(tables))
+    for k, table in enumerate(tables):
+        at = k * where.width
+        for name in _held(run, cfg)[run.stage]:
+            block = np.asarray(table[name], np.float64).reshape(-1)
+            flat[at:at + block.size] = block
+            at += block.size
+    return gather(mesh, flat, tuple(mesh.layout.alias_name), label).reshape(mesh.size, -1)
 
 
 def _table(run: PipelineRun, cfg: GPTConfig, where: Optional[Regions] = None) -> np.ndarray:

@@ -84,16 +84,31 @@ class StepResult:
 
 
 def _mixed_step(start: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step: int, policy: Any,
-                grads: dict) -> tuple:
+                grads: dict, microbatches: int = 1) -> tuple:
     """The references of a step under a low-precision policy (spmdsim.gpt.mixed): (loss, gradients) of the
     same policy from the run's parameters at the step's start (its master copies), and the updated master
     copies of AdamW in float32 on the run's own gradients `grads` and moments (`start`: "params", "m", "v",
-    each name -> whole array; the moments zeros before the first step)."""
+    each name -> whole array; the moments zeros before the first step). `microbatches` > 1: gradient
+    accumulation as `_reference_step`'s (each microbatch its own dropout masks; losses and gradients averaged,
+    the gradients in float32)."""
     from ..optim import adamw_update
     from .mixed import loss_and_grads
     from .reference import _masks
 
-    loss, ref_grads = loss_and_grads(start["params"], x, y, cfg, step, policy, _masks(cfg, step, True, x.shape[0]))
+    if microbatches == 1:
+        loss, ref_grads = loss_and_grads(start["params"], x, y, cfg, step, policy,
+                                         _masks(cfg, step, True, x.shape[0]))
+    else:
+        size = cfg.batch // microbatches
+        loss, ref_grads = 0.0, {}
+        for i in range(microbatches):
+            rows = slice(i * size, (i + 1) * size)
+            part, g = loss_and_grads(start["params"], x[rows], y[rows], cfg, step, policy,
+                                     _masks(cfg, step, True, size, micro=i))
+            loss += part / microbatches
+            for name, value in g.items():
+                value = value / np.float32(microbatches)
+                ref_grads[name] = value if i == 0 else ref_grads[name] + value
     if cfg.clip:
         from .reference import clip_grads
 
@@ -197,18 +212,39 @@ def _run_start(model: Any, optimizer: Any, specs: list) -> np.ndarray:
     """The optimizer's view of the step's start, every rank's blocks on every rank (one Allgather; `_table`'s):
     "params" (each parameter's master copy, its values where it keeps none), "m" and "v" (its AdamW
     moments, zeros before its first step), table after table."""
-    tables: dict = {"params": {}, "m": {}, "v": {}}
-    if hasattr(optimizer, "buckets"):  # ZeRO-1: each rank's slices gathered over dp (spmdsim.distrib_optim)
-        masters, ms, vs = (optimizer.gathered(kind) for kind in ("master", "m", "v"))
-        for i, spec in enumerate(specs):
-            tables["params"][spec.name], tables["m"][spec.name], tables["v"][spec.name] = masters[i], ms[i], vs[i]
-        return _table(model, list(tables.values()), "check.start")
-    for i, spec in enumerate(specs):
-        local = model.params[spec.name].local
-        tables["params"][spec.name] = optimizer.master.get(i, local)
-        _, m, v = optimizer.state.get(i) or (0, np.zeros(local.shape), np.zeros(local.shape))
-        tables["m"][spec.name], tables["v"][spec.name] = m, v
-    return _table(model, list(tables.values()), "check.start")
+    return _table(model, _optimizer_start(optimizer, {s.name: model.params[s.name] for s in specs}), "check.start")
+
+
+def _optimizer_start(optimizer: Any, tensors: dict) -> list:
+    """[master copies (a parameter's values where it keeps none), first moments, second moments (zeros before
+    the first step)]: each name -> this rank's block, of the parameters `tensors` names. ZeRO-1's slices are
+    gathered over dp (spmdsim.distrib_optim.DistributedAdamW.gathered: collective)."""
+    index = {id(p): i for i, p in enumerate(optimizer.params)}
+    tables: list = [{}, {}, {}]
+    if hasattr(optimizer, "buckets"):
+        wholes = [optimizer.gathered(kind) for kind in ("master", "m", "v")]
+        for name, t in tensors.items():
+            for table, whole in zip(tables, wholes):
+                table[name] = whole[index[id(t)]]
+        return tables
+    for name, t in tensors.items():
+        i = index[id(t)]
+        tables[0][name] = optimizer.master.get(i, t.local)
+        _, m, v = optimizer.state.get(i) or (0, np.zeros(t.local.shape), np.zeros(t.local.shape))
+        tables[1][name], tables[2][name] = m, v
+    return tables
+
+
+def _summed_grads(optimizer: Any, tensors: dict, zero: int) -> tuple[dict, dict]:
+    """(name -> this rank's block of the summed gradient the update read, name -> the master copy of each
+    bfloat16 parameter), of the parameters `tensors` names; ZeRO-1's slices gathered over dp (collective)."""
+    index = {id(p): i for i, p in enumerate(optimizer.params)}
+    if zero:
+        grads, masters = optimizer.gathered("grad"), optimizer.gathered("master")
+        return ({name: grads[index[id(t)]] for name, t in tensors.items()},
+                {name: masters[index[id(t)]] for name, t in tensors.items() if is_low(t.dtype)})
+    return ({name: t.grad.local for name, t in tensors.items()},
+            {name: optimizer.master[index[id(t)]] for name, t in tensors.items() if index[id(t)] in optimizer.master})
 
 
 def _checked_reference(where: Regions, start: np.ndarray, moments: dict, x: np.ndarray, y: np.ndarray,
@@ -221,11 +257,13 @@ def _checked_reference(where: Regions, start: np.ndarray, moments: dict, x: np.n
 
 
 def _checked_mixed(where: Regions, start: np.ndarray, grads: np.ndarray, x: np.ndarray, y: np.ndarray,
-                   cfg: GPTConfig, step: int, policy: Any) -> tuple:
+                   cfg: GPTConfig, step: int, policy: Any, microbatches: int = 1) -> tuple:
     """`_mixed_step` from the step's start and the run's gradients as gathered (`_run_start`'s and `_table`'s rows
-    that `where.used` keeps), and the peaks of its gradients and updated master copies: the work the ranks share."""
+    that `where.used` keeps), and the peaks of its gradients and updated master copies: the work the ranks share
+    (spmdsim.gpt.pipeline's too, with its `microbatches`)."""
     start_wholes = dict(zip(("params", "m", "v"), assemble(where, start, 3)))
-    loss, ref_grads, updated = _mixed_step(start_wholes, x, y, cfg, step, policy, assemble(where, grads)[0])
+    loss, ref_grads, updated = _mixed_step(start_wholes, x, y, cfg, step, policy, assemble(where, grads)[0],
+                                           microbatches)
     return loss, ref_grads, updated, {"grads": peaks(ref_grads), "updated": peaks(updated)}
 
 
@@ -376,16 +414,11 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
             tensors = {s.name: model.params[s.name] for s in specs}
             if low:  # the optimizer checked on the run's own gradients (gathered), the rest on the policy's
                 # (with ZeRO-1 the summed gradients and the master copy are the ranks' slices, gathered over dp)
-                summed = optimizer.gathered("grad") if zero else [t.grad.local for t in tensors.values()]
-                run_grads = where.used(_table(model, [dict(zip(tensors, summed))], "check.grads"))
+                summed, masters = _summed_grads(optimizer, tensors, zero)
+                run_grads = where.used(_table(model, [summed], "check.grads"))
                 ref_loss, grads, updated, top = shared_once(mesh, ("gpt-mixed", cfg, policy.name, step),
                                                             _checked_mixed, where, start, run_grads, x, y, cfg, step,
                                                             policy)
-                if zero:
-                    masters = {s.name: m for s, m, t in zip(specs, optimizer.gathered("master"), tensors.values())
-                               if is_low(t.dtype)}
-                else:
-                    masters = {s.name: optimizer.master[i] for i, s in enumerate(specs) if i in optimizer.master}
             else:
                 reference_moments, ref_loss, grads, updated, top = shared_once(
                     mesh, ("gpt-reference", cfg, step + 1), _checked_reference, where, start, reference_moments, x,
