@@ -17,7 +17,7 @@ import threading
 from itertools import accumulate
 from typing import Any, Callable, Optional
 
-from ..sim._buffers import _unpack, array_of, mpi_module
+from ..sim._buffers import _unpack, array_of, int_array, mpi_module, wparts
 from .._lazy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
@@ -163,13 +163,7 @@ def wblocks(spec: Any, what: str, g: int, writable: bool) -> Any:
     mpi = mpi_module()
     if mpi is None or type(spec) not in (list, tuple) or not 2 <= len(spec) <= 4:
         return None
-    if len(spec) == 2:
-        buf, types = spec
-        counts = displs = None
-    elif len(spec) == 3:
-        buf, (counts, displs), types = spec
-    else:
-        buf, counts, displs, types = spec
+    buf, counts, displs, types = wparts(spec)
     bottom = buf is mpi.BOTTOM
     if bottom and counts is None:  # mpi4py's message_vector_w
         raise ValueError("message: BOTTOM requires counts")
@@ -180,8 +174,6 @@ def wblocks(spec: Any, what: str, g: int, writable: bool) -> Any:
         return None
     if len(types) != g:
         raise ValueError(f"expecting {g} items, got {len(types)}")
-    from ..sim._buffers import int_array
-
     counts = [1] * g if counts is None else int_array(counts, g)
     displs = [0] * g if displs is None else int_array(displs, g)
     raw = None if bottom else array_of(buf, what, readonly=not writable, typed=True).view(np.uint8)

@@ -478,21 +478,28 @@ def message(spec: Any, what: str, blocks: int = 1, readonly: bool = True) -> tup
     return a, count, datatype
 
 
+def wparts(spec: Any) -> tuple:
+    """(buffer, counts or None, displacements or None, datatypes) of an Alltoallw message as mpi4py's
+    message_vector_w reads it: ``[buf, types]``, ``[buf, (counts, displs), types]``, ``[buf, counts, displs,
+    types]``; mpi4py's ValueError for another number of items."""
+    if len(spec) == 2:
+        buf, types = spec
+        return buf, None, None, types
+    if len(spec) == 3:
+        buf, (counts, displs), types = spec
+        return buf, counts, displs, types
+    if len(spec) == 4:
+        return tuple(spec)
+    raise ValueError("message: expecting 2 to 4 items")
+
+
 def wvector(spec: Any, what: str, blocks: int, readonly: bool = True) -> tuple[np.ndarray, list, list]:
     """(the buffer's bytes, each block's bytes, each block's byte displacement) of an Alltoallw message,
     as mpi4py's message_vector_w reads it: ``[buf, types]`` (each block one item at displacement 0),
     ``[buf, (counts, displs), types]`` or ``[buf, counts, displs, types]``, a block `counts[i]` items of
     `types[i]` (predefined, or contiguous: its bytes) at `displs[i]` bytes. A message from MPI.BOTTOM or of
     other derived datatypes is spmdsim.emulator.derived.wblocks'."""
-    if len(spec) == 2:
-        buf, types = spec
-        counts = displs = None
-    elif len(spec) == 3:
-        buf, (counts, displs), types = spec
-    elif len(spec) == 4:
-        buf, counts, displs, types = spec
-    else:
-        raise ValueError("message: expecting 2 to 4 items")
+    buf, counts, displs, types = wparts(spec)
     raw = as_bytes(array_of(buf, what, readonly, True))  # flat, one block of memory
     if counts is None and displs is None:
         counts, displs = [1] * blocks, [0] * blocks
