@@ -24,7 +24,7 @@ from typing import Any, Optional, Sequence
 from ..sim._buffers import message, mpi_error, mpi_module, special
 from ..sim.engine import Group
 from ..sim.p2p import _check_peer, _check_tag
-from ..sim.requests import Request
+from ..sim.requests import Request, rank_name
 from .persistent import Prequest
 from .._lazy import numpy_on_first_use
 
@@ -42,8 +42,9 @@ class _Channel:
         self.send, self.recv = send, recv
         self.error: Optional[str] = None
         if send.view.nbytes != recv.view.nbytes:  # MPICH: at the receive's Wait, ERR_OTHER
-            self.error = (f"partitioned send and receive buffers are not the same size: {send.me_text} sends "
-                          f"{send.view.nbytes} bytes, {recv.me_text} receives into {recv.view.nbytes}")
+            self.error = (f"partitioned send and receive buffers are not the same size: "
+                          f"{rank_name(send.group, send.me)} sends {send.view.nbytes} bytes, "
+                          f"{rank_name(recv.group, recv.me)} receives into {recv.view.nbytes}")
         if recv.parts:  # the receive started before the send was made: its round's partitions, none yet
             recv.delivered = [False] * send.partitions
 
@@ -82,8 +83,7 @@ class _Channel:
 class Partitioned(Prequest):
     """One side of a partitioned send or receive (mpi4py's MPI.Prequest; see the module docstring)."""
 
-    __slots__ = ("side", "partitions", "view", "channel", "rounds", "token", "ready", "left", "delivered",
-                 "me_text")
+    __slots__ = ("side", "partitions", "view", "channel", "rounds", "token", "ready", "left", "delivered")
 
     def __init__(self, group: Group, me: int, side: str, view: Any, partitions: int, peer: int, tag: int) -> None:
         Prequest.__init__(self)
@@ -96,7 +96,6 @@ class Partitioned(Prequest):
         self.ready: list = []  # a send's partitions readied this round
         self.left = 0  # a send's partitions not yet delivered this round
         self.delivered: list = []  # a receive's: which send partitions arrived this round
-        self.me_text = f"rank {me}" if group.members == tuple(range(group.world.size)) else f"group rank {me}"
 
     @property
     def active(self) -> bool:
