@@ -775,3 +775,31 @@ def test_an_operators_decision_is_kept_per_signature_and_keyed_on_cut_dtype_and_
     spec = decided(infer_einsum, "ij,jk->ik", (even("dp", None), even(None, "tp")), ((8, 12), (12, 4)),
                    (f32, f32))
     assert spec[1:3] == (f32, "float32") and spec[3] == (True, True) and spec[0].local.partial == ()
+
+
+@pytest.mark.parametrize("maps", [(("dp", "tp"), ("tp",)), ((None, "dp"), (None,)), (("tp", None), ("dp",))])
+def test_floor_divide_and_remainder_are_numpys_with_pytorchs_gradients(maps):
+    """x // y and x % y (and their reflected and ufunc spellings) on split operands, integer ids and floats:
+    numpy's values; gradients zero for //, dy and -dy * (x // y) for % (PyTorch's remainder backward)."""
+    x = np.random.default_rng(0).uniform(-3.0, 3.0, (4, 8))
+    y = np.random.default_rng(1).uniform(0.5, 2.0, (8,))
+    ids = np.arange(32).reshape(4, 8)
+
+    def run():
+        mesh = spmdsim.Mesh(L)
+        X = spmdsim.DTensor.from_global(mesh, x, mesh.layout(*maps[0])).requires_grad_()
+        Y = spmdsim.DTensor.from_global(mesh, y, mesh.layout(*maps[1])).requires_grad_()
+        I = spmdsim.DTensor.from_global(mesh, ids, mesh.layout(*maps[0]))
+        ints = [(I // 5).gather(), (I % 3).gather(), (100 // (I + 1)).gather(), (7 % (I + 1)).gather(),
+                np.floor_divide(I, 4).gather(), np.remainder(I, 6).gather(), ops.remainder(I, 4).gather()]
+        out = ops.remainder(X, Y) * 3.0 + ops.floor_divide(X, Y)
+        got = out.gather()
+        out.sum().backward()
+        return ints, got, X.grad.gather(), Y.grad.gather(), (I // 5).dtype
+
+    ints, got, gx, gy, kind = spmdsim.simulate(8, run)[0]
+    want = [ids // 5, ids % 3, 100 // (ids + 1), 7 % (ids + 1), ids // 4, ids % 6, ids % 4]
+    assert all(np.array_equal(a, b) for a, b in zip(ints, want)) and kind == ids.dtype
+    np.testing.assert_array_equal(got, (x % y) * 3.0 + x // y)
+    np.testing.assert_array_equal(gx, np.full_like(x, 3.0))
+    np.testing.assert_allclose(gy, (-3.0 * np.floor_divide(x, y)).sum(0), rtol=1e-15)

@@ -91,6 +91,7 @@ def _detach(x: Any) -> Any:
 
 #: numpy's ufuncs a DTensor answers, by spmdsim.ops.pointwise's names (matmul: spmdsim.ops.matmul).
 _UFUNCS = {np.add: "add", np.subtract: "sub", np.multiply: "mul", np.true_divide: "div", np.power: "pow",
+           np.floor_divide: "floordiv", np.remainder: "mod",
            np.negative: "neg", np.absolute: "abs", np.exp: "exp", np.log: "log", np.sqrt: "sqrt", np.tanh: "tanh",
            np.sin: "sin", np.cos: "cos", np.square: "square", np.maximum: "maximum", np.minimum: "minimum",
            np.equal: "eq", np.not_equal: "ne", np.less: "lt", np.less_equal: "le", np.greater: "gt",

@@ -32,14 +32,15 @@ from . import _common
 from ._common import (LOCAL, Prepared, describe, dry_zeros, make_dtensor, moved, prepare, prepared_result,
                       result_dtype, signature)
 
-__all__ = ["add", "sub", "mul", "div", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "pow", "neg",
+__all__ = ["add", "sub", "mul", "div", "floor_divide", "remainder", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "pow", "neg",
            "abs", "sigmoid", "silu", "sin", "cos", "square", "rsqrt", "clip", "erf", "equal", "not_equal", "lift",
            "pointwise", "astype"]
 
 
 # op -> its forward kernel (its derivative: spmdsim.autograd.rules.pointwise.DERIVATIVES; none for comparisons).
 _KERNELS: dict[str, Callable] = {
-    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "maximum": np.maximum,
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "floordiv": np.floor_divide,
+    "mod": np.remainder, "maximum": np.maximum,
     "minimum": np.minimum, "where": np.where, "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "tanh": np.tanh,
     "neg": np.negative, "abs": np.abs, "pow": np.power, "sigmoid": _sigmoid, "silu": lambda x: x * _sigmoid(x),
     "sin": np.sin, "cos": np.cos, "square": np.square, "rsqrt": lambda x: 1 / np.sqrt(x), "clip": np.clip,
@@ -247,6 +248,18 @@ def mul(a: Any, b: Any) -> Any:
 def div(a: Any, b: Any) -> Any:
     """a / b with numpy broadcasting; a pending numerator stays pending, a pending denominator is resolved."""
     return pointwise("div", a, b)
+
+
+def floor_divide(a: Any, b: Any) -> Any:
+    """a // b, numpy's floor division (``x // 2``), with broadcasting; pending sums are resolved first. Its
+    gradient is zero (the result is piecewise constant)."""
+    return pointwise("floordiv", a, b)
+
+
+def remainder(a: Any, b: Any) -> Any:
+    """a % b, numpy's remainder (the sign of b), with broadcasting; pending sums are resolved first. Gradients
+    as PyTorch's: dy for a, -dy * (a // b) for b."""
+    return pointwise("mod", a, b)
 
 
 def maximum(a: Any, b: Any) -> Any:

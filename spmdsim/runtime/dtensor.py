@@ -306,6 +306,18 @@ class DTensor:
     def __rtruediv__(self, other: Any) -> "DTensor":
         return _OPERATORS.pointwise("div", other, self)
 
+    def __floordiv__(self, other: Any) -> "DTensor":
+        return _OPERATORS.pointwise("floordiv", self, other)
+
+    def __rfloordiv__(self, other: Any) -> "DTensor":
+        return _OPERATORS.pointwise("floordiv", other, self)
+
+    def __mod__(self, other: Any) -> "DTensor":
+        return _OPERATORS.pointwise("mod", self, other)
+
+    def __rmod__(self, other: Any) -> "DTensor":
+        return _OPERATORS.pointwise("mod", other, self)
+
     def __pow__(self, other: Any) -> "DTensor":
         return _OPERATORS.pointwise("pow", self, other)
 

@@ -64,6 +64,8 @@ DERIVATIVES: dict[str, Callable] = {
     "sub": lambda dy, x, o, n: (dy, -dy if n[1] else None),
     "mul": lambda dy, x, o, n: (dy * x[1] if n[0] else None, dy * x[0] if n[1] else None),
     "div": lambda dy, x, o, n: (dy / x[1] if n[0] else None, -dy * o / x[1] if n[1] else None),
+    "floordiv": lambda dy, x, o, n: (np.zeros_like(dy) if n[0] else None, np.zeros_like(dy) if n[1] else None),
+    "mod": lambda dy, x, o, n: (dy if n[0] else None, -dy * np.floor_divide(x[0], x[1]) if n[1] else None),
     "maximum": lambda dy, x, o, n: (dy * _half(x[0] > x[1], x[0] == x[1]), dy * _half(x[1] > x[0], x[0] == x[1])),
     "minimum": lambda dy, x, o, n: (dy * _half(x[0] < x[1], x[0] == x[1]), dy * _half(x[1] < x[0], x[0] == x[1])),
     "where": lambda dy, x, o, n: (None, np.where(x[0], dy, 0) if n[1] else None,
@@ -91,8 +93,8 @@ DERIVATIVES: dict[str, Callable] = {
 #: What each derivative reads besides dY (spmdsim.flops.sweep's count): "x" its operands, "o" the output;
 #: absent: the operands. `_PASSED`: operands whose gradient is dY itself where not broadcast (no kernel).
 _READS = {"add": "", "sub": "", "neg": "", "exp": "o", "sqrt": "o", "tanh": "o", "sigmoid": "o", "rsqrt": "o",
-          "div": "xo", "pow": "xo"}
-_PASSED = {"add": (0, 1), "sub": (0,)}
+          "div": "xo", "pow": "xo", "floordiv": ""}
+_PASSED = {"add": (0, 1), "sub": (0,), "mod": (0,)}
 
 
 def _count_grads(op: str, dy: Any, xs: list, out: Any, need: tuple, shape: tuple) -> None:
@@ -114,7 +116,7 @@ def _count_grads(op: str, dy: Any, xs: list, out: Any, need: tuple, shape: tuple
 #: backward: numpy's warnings silenced there, as the masked and padded values of a model meet them by
 #: design. The others warn only on operands that are already inf or nan, as numpy does in one process;
 #: np.errstate costs ~10 us a call, more than a small shard's arithmetic.
-LOUD = frozenset({"div", "log", "sqrt", "pow", "exp", "rsqrt"})
+LOUD = frozenset({"div", "log", "sqrt", "pow", "exp", "rsqrt", "floordiv", "mod"})
 
 
 def quiet(op: str, **errors: str) -> Any:
