@@ -803,3 +803,33 @@ def test_floor_divide_and_remainder_are_numpys_with_pytorchs_gradients(maps):
     np.testing.assert_array_equal(got, (x % y) * 3.0 + x // y)
     np.testing.assert_array_equal(gx, np.full_like(x, 3.0))
     np.testing.assert_allclose(gy, (-3.0 * np.floor_divide(x, y)).sum(0), rtol=1e-15)
+
+
+def test_pytorch_and_numpy_method_spellings_are_spmdsims_operators():
+    """x.abs(), x.square(), x.pow(2), x.relu(), x.sigmoid(), x.clamp(min, max), x.clip(lo, hi), x.mm(w),
+    x.matmul(w), x.clone(), x.copy(): the operators' values on a split tensor, gradients through clone;
+    x.numpy() and x.tolist() refused in one line naming gather()."""
+    a = np.arange(-16.0, 16.0).reshape(4, 8)
+    w = np.arange(24.0).reshape(8, 3) / 10
+
+    def run():
+        mesh = spmdsim.Mesh(L)
+        x = spmdsim.DTensor.from_global(mesh, a, mesh.layout("dp", "tp")).requires_grad_()
+        W = spmdsim.DTensor.from_global(mesh, w, mesh.layout("tp", None))
+        got = [t.gather() for t in (x.abs(), x.square(), x.pow(2), x.relu(), x.sigmoid(), x.clamp(min=-1, max=2),
+                                    x.clip(0, 3), x.mm(W), x.matmul(W), x.clone(), x.copy())]
+        (x.clone() * 3.0).sum().backward()
+        refused = []
+        for call in (x.numpy, x.tolist):
+            with pytest.raises(OperatorError) as caught:
+                call()
+            refused.append(str(caught.value))
+        return got, x.grad.gather(), refused
+
+    got, grad, refused = spmdsim.simulate(8, run)[0]
+    want = [np.abs(a), a * a, a ** 2, np.maximum(a, 0), 1 / (1 + np.exp(-a)), np.clip(a, -1, 2), np.clip(a, 0, 3),
+            a @ w, a @ w, a, a]
+    for g, e in zip(got, want):
+        np.testing.assert_allclose(g, e, rtol=1e-15, atol=1e-15)
+    np.testing.assert_array_equal(grad, np.full_like(a, 3.0))
+    assert all("x.gather()" in text and "\n" not in text for text in refused)

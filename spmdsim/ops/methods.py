@@ -22,7 +22,8 @@ from .joins import getitem, narrow
 from .local import reshape, transpose
 from .matmul import matmul
 from .norms import log_softmax, masked_fill, softmax
-from .pointwise import pointwise
+from .elementwise import relu as _relu
+from .pointwise import clip as _clip, pointwise
 from .reduce import arg_reduce, reduce
 
 install_operators(pointwise=pointwise, matmul=matmul, reduce=reduce, arg=arg_reduce, requires_grad_=requires_grad_,
@@ -117,6 +118,24 @@ def _array(x: Any, dtype: Any = None, copy: Any = None) -> Any:
                         "calls it), x.local is this rank's block")
 
 
+def _whole(what: str) -> Any:
+    """A method that would need the whole tensor on one rank (PyTorch's ``x.numpy()``, numpy's ``x.tolist()``):
+    refused in one line naming gather()."""
+    def refuse(x: Any, *args: Any, **kwargs: Any) -> Any:
+        raise OperatorError(f"x.{what}() of a DTensor of global shape {tuple(x.global_shape)!r}: its values are "
+                            f"spread over the ranks; x.gather().{what}() on the whole array every rank gets (a "
+                            "collective: every rank calls it), or x.local, this rank's block")
+    return refuse
+
+
+def _copy(x: Any, *args: Any, **kwargs: Any) -> Any:
+    """A copy of x's blocks (PyTorch's ``clone()``, numpy's ``copy()``): the same layout, its gradient x's."""
+    if args or kwargs:
+        raise OperatorError("clone()/copy() of a DTensor takes no arguments (a memory format or order: its blocks "
+                            "are C-ordered)")
+    return pointwise("add", x, 0) if x.dtype.kind != "b" else pointwise("where", x, True, False)
+
+
 def _len(x: Any) -> int:
     """The global size of dim 0, as numpy's and PyTorch's ``len``."""
     if not x.global_shape:
@@ -157,6 +176,13 @@ _METHODS = {
     "log_softmax": lambda x, dim=-1: log_softmax(x, dim), "masked_fill": masked_fill,
     "exp": lambda x: pointwise("exp", x), "log": lambda x: pointwise("log", x),
     "sqrt": lambda x: pointwise("sqrt", x), "tanh": lambda x: pointwise("tanh", x),
+    # PyTorch's (and where numpy has one, numpy's) method spellings of more of spmdsim's operators
+    "abs": lambda x: pointwise("abs", x), "square": lambda x: pointwise("square", x),
+    "sigmoid": lambda x: pointwise("sigmoid", x), "pow": lambda x, exponent: pointwise("pow", x, exponent),
+    "relu": lambda x: _relu(x), "clamp": lambda x, min=None, max=None: _clip(x, min, max),
+    "clip": lambda x, min=None, max=None: _clip(x, min, max), "matmul": lambda x, other: matmul(x, other),
+    "mm": lambda x, other: matmul(x, other), "clone": _copy, "copy": _copy,
+    "numpy": _whole("numpy"), "tolist": _whole("tolist"),
 }
 for _name, _method in _METHODS.items():
     setattr(DTensor, _name, _method)
