@@ -833,3 +833,28 @@ def test_pytorch_and_numpy_method_spellings_are_spmdsims_operators():
         np.testing.assert_allclose(g, e, rtol=1e-15, atol=1e-15)
     np.testing.assert_array_equal(grad, np.full_like(a, 3.0))
     assert all("x.gather()" in text and "\n" not in text for text in refused)
+
+
+def test_round_floor_ceil_and_sign_are_numpys_with_zero_gradients():
+    """np.round(x), np.round(x, 2), round(x), round(x, 1), x.round(3), np.rint, np.around, np.floor, np.ceil,
+    np.sign of a split tensor: numpy's values (halves to even; decimals as numpy's x * 10**d rounded, divided);
+    no gradient flows through them."""
+    a = np.array([[-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 1.234, -1.2345],
+                  [0.0, 3.7, -3.7, 2.0, 1.05, 2.675, -0.125, 9.999]] * 2)
+
+    def run():
+        mesh = spmdsim.Mesh(L)
+        x = spmdsim.DTensor.from_global(mesh, a, mesh.layout("dp", "tp")).requires_grad_()
+        got = [t.gather() for t in (np.round(x), np.round(x, 2), round(x), round(x, 1), x.round(3), np.rint(x),
+                                    np.around(x, 1), np.floor(x), np.ceil(x), np.sign(x), ops.round(x, 2))]
+        (ops.round(x) + ops.floor(x) * 2.0 + ops.ceil(x) + ops.sign(x) + x).sum().backward()
+        with pytest.raises(OperatorError, match="decimals -1 must be an integer, 0 or more"):
+            ops.round(x, -1)
+        return got, x.grad.gather()
+
+    got, grad = spmdsim.simulate(8, run)[0]
+    want = [np.round(a), np.round(a, 2), np.round(a), np.round(a, 1), np.round(a, 3), np.rint(a), np.around(a, 1),
+            np.floor(a), np.ceil(a), np.sign(a), np.round(a, 2)]
+    for g, e in zip(got, want):
+        np.testing.assert_array_equal(g, e)
+    np.testing.assert_array_equal(grad, np.ones_like(a))

@@ -19,15 +19,16 @@ from .matmul import matmul
 from .mlp import ParallelMLP
 from .norms import causal_mask, dropout, layer_norm, log_softmax, masked_fill, resolved, rms_norm, softmax
 from .paddle_split import paddle_mesh, split
-from .pointwise import (abs, add, astype, clip, cos, div, equal, erf, exp, floor_divide, log, maximum, minimum, mul,
-                        neg, not_equal, pow, remainder, rsqrt, sigmoid, silu, sin, sqrt, square, sub, tanh, where)
+from .pointwise import (abs, add, astype, ceil, clip, cos, div, equal, erf, exp, floor, floor_divide, log, maximum,
+                        minimum, mul, neg, not_equal, pow, remainder, round, rsqrt, sigmoid, sign, silu, sin, sqrt,
+                        square, sub, tanh, where)
 from .reduce import argmax, argmin, max, mean, min, sum, var
 from . import methods as _methods  # noqa: F401  (gives DTensor its operators: x + y, x @ w, x.sum())
 
 concat = concatenate  # numpy 2's, PyTorch's and JAX's other name for it
 
 __all__ = ["matmul", "einsum", "linear", "embedding", "relu", "gelu", "activation", "scale", "add", "sub", "mul",
-           "div", "floor_divide", "remainder", "neg", "pow", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "abs", "sigmoid",
+           "div", "floor_divide", "remainder", "round", "floor", "ceil", "sign", "neg", "pow", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "abs", "sigmoid",
            "silu", "sin", "cos", "square", "rsqrt", "clip", "erf", "equal", "not_equal", "sum", "mean", "max", "min",
            "var", "argmax", "argmin", "bias_add", "astype",
            "transpose", "reshape", "narrow", "chunk", "concatenate", "concat", "stack", "broadcast_to", "softmax",

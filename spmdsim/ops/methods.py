@@ -23,7 +23,7 @@ from .local import reshape, transpose
 from .matmul import matmul
 from .norms import log_softmax, masked_fill, softmax
 from .elementwise import relu as _relu
-from .pointwise import clip as _clip, pointwise
+from .pointwise import clip as _clip, pointwise, round as _round
 from .reduce import arg_reduce, reduce
 
 install_operators(pointwise=pointwise, matmul=matmul, reduce=reduce, arg=arg_reduce, requires_grad_=requires_grad_,
@@ -92,7 +92,8 @@ def _detach(x: Any) -> Any:
 
 #: numpy's ufuncs a DTensor answers, by spmdsim.ops.pointwise's names (matmul: spmdsim.ops.matmul).
 _UFUNCS = {np.add: "add", np.subtract: "sub", np.multiply: "mul", np.true_divide: "div", np.power: "pow",
-           np.floor_divide: "floordiv", np.remainder: "mod",
+           np.floor_divide: "floordiv", np.remainder: "mod", np.rint: "round", np.floor: "floor", np.ceil: "ceil",
+           np.sign: "sign",
            np.negative: "neg", np.absolute: "abs", np.exp: "exp", np.log: "log", np.sqrt: "sqrt", np.tanh: "tanh",
            np.sin: "sin", np.cos: "cos", np.square: "square", np.maximum: "maximum", np.minimum: "minimum",
            np.equal: "eq", np.not_equal: "ne", np.less: "lt", np.less_equal: "le", np.greater: "gt",
@@ -126,6 +127,10 @@ def _whole(what: str) -> Any:
                             f"spread over the ranks; x.gather().{what}() on the whole array every rank gets (a "
                             "collective: every rank calls it), or x.local, this rank's block")
     return refuse
+
+
+def _no_out(what: str) -> Any:
+    raise OperatorError(f"{what} of a DTensor with out=: a DTensor's blocks are not written in place; use the result")
 
 
 def _copy(x: Any, *args: Any, **kwargs: Any) -> Any:
@@ -183,6 +188,10 @@ _METHODS = {
     "clip": lambda x, min=None, max=None: _clip(x, min, max), "matmul": lambda x, other: matmul(x, other),
     "mm": lambda x, other: matmul(x, other), "clone": _copy, "copy": _copy,
     "numpy": _whole("numpy"), "tolist": _whole("tolist"),
+    "round": lambda x, decimals=0, out=None: _round(x, decimals) if out is None else _no_out("round"),
+    "__round__": lambda x, ndigits=None: _round(x, ndigits or 0),
+    "floor": lambda x: pointwise("floor", x), "ceil": lambda x: pointwise("ceil", x),
+    "sign": lambda x: pointwise("sign", x),
 }
 for _name, _method in _METHODS.items():
     setattr(DTensor, _name, _method)

@@ -32,7 +32,7 @@ from . import _common
 from ._common import (LOCAL, Prepared, describe, dry_zeros, make_dtensor, moved, prepare, prepared_result,
                       result_dtype, signature)
 
-__all__ = ["add", "sub", "mul", "div", "floor_divide", "remainder", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "pow", "neg",
+__all__ = ["add", "sub", "mul", "div", "floor_divide", "remainder", "round", "floor", "ceil", "sign", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "pow", "neg",
            "abs", "sigmoid", "silu", "sin", "cos", "square", "rsqrt", "clip", "erf", "equal", "not_equal", "lift",
            "pointwise", "astype"]
 
@@ -40,7 +40,7 @@ __all__ = ["add", "sub", "mul", "div", "floor_divide", "remainder", "maximum", "
 # op -> its forward kernel (its derivative: spmdsim.autograd.rules.pointwise.DERIVATIVES; none for comparisons).
 _KERNELS: dict[str, Callable] = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "floordiv": np.floor_divide,
-    "mod": np.remainder, "maximum": np.maximum,
+    "mod": np.remainder, "round": np.rint, "floor": np.floor, "ceil": np.ceil, "sign": np.sign, "maximum": np.maximum,
     "minimum": np.minimum, "where": np.where, "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "tanh": np.tanh,
     "neg": np.negative, "abs": np.abs, "pow": np.power, "sigmoid": _sigmoid, "silu": lambda x: x * _sigmoid(x),
     "sin": np.sin, "cos": np.cos, "square": np.square, "rsqrt": lambda x: 1 / np.sqrt(x), "clip": np.clip,
@@ -260,6 +260,32 @@ def remainder(a: Any, b: Any) -> Any:
     """a % b, numpy's remainder (the sign of b), with broadcasting; pending sums are resolved first. Gradients
     as PyTorch's: dy for a, -dy * (a // b) for b."""
     return pointwise("mod", a, b)
+
+
+def round(x: Any, decimals: int = 0) -> Any:  # noqa: A001 - numpy's name
+    """x rounded to `decimals` places, halves to even, as numpy.round (x * 10**decimals rounded, then divided);
+    its gradient is zero; a pending sum is resolved first."""
+    if isinstance(decimals, bool) or not isinstance(decimals, numbers.Integral) or decimals < 0:
+        raise OperatorError(f"round: decimals {decimals!r} must be an integer, 0 or more")
+    if not decimals:
+        return pointwise("round", x)
+    scale = 10.0 ** int(decimals)
+    return pointwise("div", pointwise("round", pointwise("mul", x, scale)), scale)
+
+
+def floor(x: Any) -> Any:
+    """The largest integer not above x, elementwise (numpy.floor); its gradient is zero."""
+    return pointwise("floor", x)
+
+
+def ceil(x: Any) -> Any:
+    """The smallest integer not below x, elementwise (numpy.ceil); its gradient is zero."""
+    return pointwise("ceil", x)
+
+
+def sign(x: Any) -> Any:
+    """-1, 0 or 1 by x's sign, elementwise (numpy.sign); its gradient is zero."""
+    return pointwise("sign", x)
 
 
 def maximum(a: Any, b: Any) -> Any:
