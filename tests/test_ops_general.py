@@ -858,3 +858,16 @@ def test_round_floor_ceil_and_sign_are_numpys_with_zero_gradients():
     for g, e in zip(got, want):
         np.testing.assert_array_equal(g, e)
     np.testing.assert_array_equal(grad, np.ones_like(a))
+
+
+def test_round_keeps_integers_and_rint_makes_floats_as_numpy():
+    ids = np.arange(-4, 12).reshape(2, 8)
+
+    def run():
+        mesh = spmdsim.Mesh(L)
+        x = spmdsim.DTensor.from_global(mesh, ids, mesh.layout(None, "tp"))
+        return [(t.gather(), t.dtype) for t in (np.round(x), ops.round(x), np.rint(x), np.floor(x), np.sign(x))]
+
+    got = spmdsim.simulate(8, run)[0]
+    for (value, dtype), want in zip(got, (np.round(ids), np.round(ids), np.rint(ids), np.floor(ids), np.sign(ids))):
+        assert dtype == want.dtype and np.array_equal(value, want), (dtype, want.dtype)

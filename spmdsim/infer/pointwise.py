@@ -39,7 +39,7 @@ __all__ = ["PointwisePlan", "ReducePlan", "infer_pointwise", "infer_reduce", "LI
 #: "one" means bilinear (at most one pending operand among them); "numerator" is div's first operand.
 LINEARITY = {
     "add": "joint", "sub": "joint", "neg": "joint", "where": "branches",
-    "mul": "one", "div": "numerator", "floordiv": None, "mod": None, "round": None, "floor": None, "ceil": None,
+    "mul": "one", "div": "numerator", "floordiv": None, "mod": None, "round": None, "rint": None, "floor": None, "ceil": None,
     "sign": None,
     "exp": None, "log": None, "sqrt": None, "tanh": None, "pow": None, "maximum": None, "minimum": None,
     "relu": None, "gelu": None, "abs": None, "eq": None, "lt": None, "gt": None, "le": None, "ge": None, "ne": None,

@@ -92,7 +92,7 @@ def _detach(x: Any) -> Any:
 
 #: numpy's ufuncs a DTensor answers, by spmdsim.ops.pointwise's names (matmul: spmdsim.ops.matmul).
 _UFUNCS = {np.add: "add", np.subtract: "sub", np.multiply: "mul", np.true_divide: "div", np.power: "pow",
-           np.floor_divide: "floordiv", np.remainder: "mod", np.rint: "round", np.floor: "floor", np.ceil: "ceil",
+           np.floor_divide: "floordiv", np.remainder: "mod", np.rint: "rint", np.floor: "floor", np.ceil: "ceil",
            np.sign: "sign",
            np.negative: "neg", np.absolute: "abs", np.exp: "exp", np.log: "log", np.sqrt: "sqrt", np.tanh: "tanh",
            np.sin: "sin", np.cos: "cos", np.square: "square", np.maximum: "maximum", np.minimum: "minimum",

@@ -67,6 +67,7 @@ DERIVATIVES: dict[str, Callable] = {
     "floordiv": lambda dy, x, o, n: (np.zeros_like(dy) if n[0] else None, np.zeros_like(dy) if n[1] else None),
     "mod": lambda dy, x, o, n: (dy if n[0] else None, -dy * np.floor_divide(x[0], x[1]) if n[1] else None),
     "round": lambda dy, x, o, n: (np.zeros_like(dy),),
+    "rint": lambda dy, x, o, n: (np.zeros_like(dy),),
     "floor": lambda dy, x, o, n: (np.zeros_like(dy),),
     "ceil": lambda dy, x, o, n: (np.zeros_like(dy),),
     "sign": lambda dy, x, o, n: (np.zeros_like(dy),),
@@ -97,7 +98,7 @@ DERIVATIVES: dict[str, Callable] = {
 #: What each derivative reads besides dY (spmdsim.flops.sweep's count): "x" its operands, "o" the output;
 #: absent: the operands. `_PASSED`: operands whose gradient is dY itself where not broadcast (no kernel).
 _READS = {"add": "", "sub": "", "neg": "", "exp": "o", "sqrt": "o", "tanh": "o", "sigmoid": "o", "rsqrt": "o",
-          "div": "xo", "pow": "xo", "floordiv": "", "round": "", "floor": "", "ceil": "", "sign": ""}
+          "div": "xo", "pow": "xo", "floordiv": "", "round": "", "rint": "", "floor": "", "ceil": "", "sign": ""}
 _PASSED = {"add": (0, 1), "sub": (0,), "mod": (0,)}
 
 
