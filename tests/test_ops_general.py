@@ -871,3 +871,36 @@ def test_round_keeps_integers_and_rint_makes_floats_as_numpy():
     got = spmdsim.simulate(8, run)[0]
     for (value, dtype), want in zip(got, (np.round(ids), np.round(ids), np.rint(ids), np.floor(ids), np.sign(ids))):
         assert dtype == want.dtype and np.array_equal(value, want), (dtype, want.dtype)
+
+
+def test_masks_value_tests_log1p_expm1_and_numpy_reduction_methods():
+    """m & m2, m | m2, m ^ m2, ~m, np.logical_*; np.isnan/isinf/isfinite; m.any(), m.all(axis=1); x.var(axis, ddof)
+    and x.std() as numpy's (ddof 0 by default; PyTorch's is 1); np.log1p and np.expm1 with their gradients."""
+    a = np.arange(1.0, 33.0).reshape(4, 8)
+    nan = a.copy()
+    nan[0, 0], nan[1, 1] = np.nan, np.inf
+
+    def run():
+        mesh = spmdsim.Mesh(L)
+        x = spmdsim.DTensor.from_global(mesh, a, mesh.layout("dp", "tp")).requires_grad_()
+        n = spmdsim.DTensor.from_global(mesh, nan, mesh.layout(None, "tp"))
+        m, m2 = x > 9.0, x < 20.0
+        masks = [t.gather() for t in (m & m2, m | m2, m ^ m2, ~m, np.logical_and(m, m2), np.logical_or(m, m2),
+                                      np.logical_xor(m, m2), np.logical_not(m), np.isnan(n), np.isinf(n),
+                                      np.isfinite(n), m.any(axis=1), m.all(1), ops.resolved(m.any()),
+                                      ops.resolved(m.all()))]
+        stats = [t.gather() for t in (ops.resolved(x.var()), x.var(axis=1), x.var(0, ddof=1), x.std(axis=1),
+                                      ops.resolved(x.std(ddof=1)))]
+        (np.log1p(x) + np.expm1(x / 16.0)).sum().backward()
+        return masks, stats, (np.log1p(x).gather(), np.expm1(x / 16.0).gather()), x.grad.gather()
+
+    masks, stats, values, grad = spmdsim.simulate(8, run)[0]
+    A, B = a > 9.0, a < 20.0
+    want = [A & B, A | B, A ^ B, ~A, A & B, A | B, A ^ B, ~A, np.isnan(nan), np.isinf(nan), np.isfinite(nan),
+            A.any(1), A.all(1), A.any(), A.all()]
+    assert all(np.array_equal(g, w) for g, w in zip(masks, want))
+    for g, w in zip(stats, (a.var(), a.var(1), a.var(0, ddof=1), a.std(1), a.std(ddof=1))):
+        np.testing.assert_allclose(g, w, rtol=1e-13)
+    np.testing.assert_allclose(values[0], np.log1p(a), rtol=1e-15)
+    np.testing.assert_allclose(values[1], np.expm1(a / 16.0), rtol=1e-15)
+    np.testing.assert_allclose(grad, 1 / (1 + a) + np.exp(a / 16.0) / 16.0, rtol=1e-14)

@@ -40,7 +40,9 @@ __all__ = ["PointwisePlan", "ReducePlan", "infer_pointwise", "infer_reduce", "LI
 LINEARITY = {
     "add": "joint", "sub": "joint", "neg": "joint", "where": "branches",
     "mul": "one", "div": "numerator", "floordiv": None, "mod": None, "round": None, "rint": None, "floor": None, "ceil": None,
-    "sign": None,
+    "sign": None, "log1p": None, "expm1": None, "and": None, "or": None, "xor": None, "invert": None,
+    "logical_and": None, "logical_or": None, "logical_xor": None, "logical_not": None, "isnan": None, "isinf": None,
+    "isfinite": None,
     "exp": None, "log": None, "sqrt": None, "tanh": None, "pow": None, "maximum": None, "minimum": None,
     "relu": None, "gelu": None, "abs": None, "eq": None, "lt": None, "gt": None, "le": None, "ge": None, "ne": None,
     "sigmoid": None, "silu": None, "sin": None, "cos": None, "square": None, "rsqrt": None, "clip": None,

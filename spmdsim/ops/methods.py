@@ -24,7 +24,7 @@ from .matmul import matmul
 from .norms import log_softmax, masked_fill, softmax
 from .elementwise import relu as _relu
 from .pointwise import clip as _clip, pointwise, round as _round
-from .reduce import arg_reduce, reduce
+from .reduce import arg_reduce, reduce, var as _var
 
 install_operators(pointwise=pointwise, matmul=matmul, reduce=reduce, arg=arg_reduce, requires_grad_=requires_grad_,
                   backward=backward, getitem=getitem, reshape=reshape, transpose=transpose)
@@ -93,7 +93,10 @@ def _detach(x: Any) -> Any:
 #: numpy's ufuncs a DTensor answers, by spmdsim.ops.pointwise's names (matmul: spmdsim.ops.matmul).
 _UFUNCS = {np.add: "add", np.subtract: "sub", np.multiply: "mul", np.true_divide: "div", np.power: "pow",
            np.floor_divide: "floordiv", np.remainder: "mod", np.rint: "rint", np.floor: "floor", np.ceil: "ceil",
-           np.sign: "sign",
+           np.sign: "sign", np.log1p: "log1p", np.expm1: "expm1", np.bitwise_and: "and", np.bitwise_or: "or",
+           np.bitwise_xor: "xor", np.invert: "invert", np.logical_and: "logical_and", np.logical_or: "logical_or",
+           np.logical_xor: "logical_xor", np.logical_not: "logical_not", np.isnan: "isnan", np.isinf: "isinf",
+           np.isfinite: "isfinite",
            np.negative: "neg", np.absolute: "abs", np.exp: "exp", np.log: "log", np.sqrt: "sqrt", np.tanh: "tanh",
            np.sin: "sin", np.cos: "cos", np.square: "square", np.maximum: "maximum", np.minimum: "minimum",
            np.equal: "eq", np.not_equal: "ne", np.less: "lt", np.less_equal: "le", np.greater: "gt",
@@ -127,6 +130,13 @@ def _whole(what: str) -> Any:
                             f"spread over the ranks; x.gather().{what}() on the whole array every rank gets (a "
                             "collective: every rank calls it), or x.local, this rank's block")
     return refuse
+
+
+def _reduce(op: str, x: Any, dims: Any = None, keepdims: bool = False, **aliases: Any) -> Any:
+    """numpy's ``x.any()`` and ``x.all()`` (a bool DTensor's max and min), with its and PyTorch's keywords."""
+    from ..runtime.dtensor import _reduce_args
+
+    return reduce(op, x, *_reduce_args({"max": "any", "min": "all"}[op], dims, keepdims, aliases))
 
 
 def _no_out(what: str) -> Any:
@@ -192,6 +202,10 @@ _METHODS = {
     "__round__": lambda x, ndigits=None: _round(x, ndigits or 0),
     "floor": lambda x: pointwise("floor", x), "ceil": lambda x: pointwise("ceil", x),
     "sign": lambda x: pointwise("sign", x),
+    "any": lambda x, *a, **k: _reduce("max", x.astype(bool) if x.dtype.kind != "b" else x, *a, **k),
+    "all": lambda x, *a, **k: _reduce("min", x.astype(bool) if x.dtype.kind != "b" else x, *a, **k),
+    "var": lambda x, axis=None, ddof=0, keepdims=False: _var(x, axis, keepdims, ddof),
+    "std": lambda x, axis=None, ddof=0, keepdims=False: pointwise("sqrt", _var(x, axis, keepdims, ddof)),
 }
 for _name, _method in _METHODS.items():
     setattr(DTensor, _name, _method)

@@ -46,6 +46,11 @@ _KERNELS: dict[str, Callable] = {
     "sin": np.sin, "cos": np.cos, "square": np.square, "rsqrt": lambda x: 1 / np.sqrt(x), "clip": np.clip,
     "erf": _erf, "gelu_erf": _gelu_erf,
     "eq": np.equal, "lt": np.less, "gt": np.greater, "le": np.less_equal, "ge": np.greater_equal, "ne": np.not_equal,
+    "log1p": np.log1p, "expm1": np.expm1,
+    # bitwise and logical (no gradient: their results are bool or integer), and the value tests
+    "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor, "invert": np.invert,
+    "logical_and": np.logical_and, "logical_or": np.logical_or, "logical_xor": np.logical_xor,
+    "logical_not": np.logical_not, "isnan": np.isnan, "isinf": np.isinf, "isfinite": np.isfinite,
 }
 
 

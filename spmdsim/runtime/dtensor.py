@@ -318,6 +318,28 @@ class DTensor:
     def __rmod__(self, other: Any) -> "DTensor":
         return _OPERATORS.pointwise("mod", other, self)
 
+    # Bitwise (on bool DTensors: and, or, exclusive or, not; masks), as numpy's: no gradient.
+    def __and__(self, other: Any) -> "DTensor":
+        return _OPERATORS.pointwise("and", self, other)
+
+    def __rand__(self, other: Any) -> "DTensor":
+        return _OPERATORS.pointwise("and", other, self)
+
+    def __or__(self, other: Any) -> "DTensor":
+        return _OPERATORS.pointwise("or", self, other)
+
+    def __ror__(self, other: Any) -> "DTensor":
+        return _OPERATORS.pointwise("or", other, self)
+
+    def __xor__(self, other: Any) -> "DTensor":
+        return _OPERATORS.pointwise("xor", self, other)
+
+    def __rxor__(self, other: Any) -> "DTensor":
+        return _OPERATORS.pointwise("xor", other, self)
+
+    def __invert__(self) -> "DTensor":
+        return _OPERATORS.pointwise("invert", self)
+
     def __pow__(self, other: Any) -> "DTensor":
         return _OPERATORS.pointwise("pow", self, other)
 

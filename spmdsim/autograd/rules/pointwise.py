@@ -66,6 +66,8 @@ DERIVATIVES: dict[str, Callable] = {
     "div": lambda dy, x, o, n: (dy / x[1] if n[0] else None, -dy * o / x[1] if n[1] else None),
     "floordiv": lambda dy, x, o, n: (np.zeros_like(dy) if n[0] else None, np.zeros_like(dy) if n[1] else None),
     "mod": lambda dy, x, o, n: (dy if n[0] else None, -dy * np.floor_divide(x[0], x[1]) if n[1] else None),
+    "log1p": lambda dy, x, o, n: (dy / (1 + x[0]),),
+    "expm1": lambda dy, x, o, n: (dy * (o + 1),),
     "round": lambda dy, x, o, n: (np.zeros_like(dy),),
     "rint": lambda dy, x, o, n: (np.zeros_like(dy),),
     "floor": lambda dy, x, o, n: (np.zeros_like(dy),),
@@ -98,7 +100,7 @@ DERIVATIVES: dict[str, Callable] = {
 #: What each derivative reads besides dY (spmdsim.flops.sweep's count): "x" its operands, "o" the output;
 #: absent: the operands. `_PASSED`: operands whose gradient is dY itself where not broadcast (no kernel).
 _READS = {"add": "", "sub": "", "neg": "", "exp": "o", "sqrt": "o", "tanh": "o", "sigmoid": "o", "rsqrt": "o",
-          "div": "xo", "pow": "xo", "floordiv": "", "round": "", "rint": "", "floor": "", "ceil": "", "sign": ""}
+          "div": "xo", "pow": "xo", "floordiv": "", "round": "", "rint": "", "expm1": "o", "floor": "", "ceil": "", "sign": ""}
 _PASSED = {"add": (0, 1), "sub": (0,), "mod": (0,)}
 
 
@@ -121,7 +123,7 @@ def _count_grads(op: str, dy: Any, xs: list, out: Any, need: tuple, shape: tuple
 #: backward: numpy's warnings silenced there, as the masked and padded values of a model meet them by
 #: design. The others warn only on operands that are already inf or nan, as numpy does in one process;
 #: np.errstate costs ~10 us a call, more than a small shard's arithmetic.
-LOUD = frozenset({"div", "log", "sqrt", "pow", "exp", "rsqrt", "floordiv", "mod"})
+LOUD = frozenset({"div", "log", "sqrt", "pow", "exp", "rsqrt", "floordiv", "mod", "log1p", "expm1"})
 
 
 def quiet(op: str, **errors: str) -> Any:
