@@ -832,7 +832,7 @@ def test_pytorch_and_numpy_method_spellings_are_spmdsims_operators():
     for g, e in zip(got, want):
         np.testing.assert_allclose(g, e, rtol=1e-15, atol=1e-15)
     np.testing.assert_array_equal(grad, np.full_like(a, 3.0))
-    assert all("x.gather()" in text and "\n" not in text for text in refused)
+    assert all("x.gather" in text and "\n" not in text for text in refused)
 
 
 def test_round_floor_ceil_and_sign_are_numpys_with_zero_gradients():

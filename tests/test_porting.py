@@ -331,3 +331,44 @@ def test_pytorch_method_spellings_of_spmdsims_operators():
     assert [p.shape for p in pieces[:3]] == [(2, 4, 3), (2, 4, 3), (2, 4, 2)] and pieces[3:] == [(2, 1, 8), (2, 3, 8)]
     assert all(np.array_equal(p, a[..., 3 * k:3 * k + 3]) for k, p in enumerate(pieces[:3]))
     assert said_split == "split: [1, 2] must be a positive size or sizes adding up to dim 1's 4"
+
+
+def test_numpy_array_functions_on_a_dtensor_run_spmdsims_operators():
+    """np.where, np.concatenate, np.stack, np.clip, np.dot, np.einsum, np.transpose, np.reshape, np.swapaxes,
+    np.sum/mean/amax/amin, np.any/all, np.var/std, np.argmax, np.round, np.copy, np.zeros_like/ones_like/
+    full_like, np.shape/ndim/size (numpy's __array_function__ protocol): numpy's values; a function without a rule
+    (np.cumsum) one line naming spmdsim.ops and gather."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim import DTensor, Layout, Mesh, ops
+
+    a = np.arange(1.0, 33.0).reshape(4, 8)
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
+        x = DTensor.from_global(mesh, a, mesh.layout("dp", "tp"))
+        w = DTensor.from_global(mesh, a.T.copy(), mesh.layout("tp", None))
+        m = x > 9.0
+        got = [np.where(m, x, 0.0), np.concatenate([x, x]), np.concatenate([x, x], axis=1), np.stack([x, x], 1),
+               np.clip(x, 2.0, 5.0), np.dot(x, w), np.einsum("ij,ij->i", x, x), np.reshape(x, (4, 8)),
+               np.swapaxes(x, 0, 1), np.sum(x, axis=1), np.mean(x, axis=0, keepdims=True), np.amin(x, 1),
+               np.any(m, axis=1), np.var(x, axis=0), np.std(x, axis=1, ddof=1), np.argmax(x, axis=1),
+               np.round(x / 7.0, 2), np.copy(x), np.zeros_like(x), np.ones_like(x), np.full_like(x, 7.0)]
+        got = [t.gather() for t in got] + [ops.resolved(np.amax(x)).item(), ops.resolved(np.all(m)).item(),
+                                          np.shape(x), np.ndim(x), np.size(x)]
+        try:
+            np.cumsum(x)
+        except spmdsim.OperatorError as e:
+            got.append(str(e))
+        return got
+
+    got = spmdsim.simulate(4, body)[0]
+    M = a > 9.0
+    want = [np.where(M, a, 0.0), np.concatenate([a, a]), np.concatenate([a, a], 1), np.stack([a, a], 1),
+            np.clip(a, 2.0, 5.0), a @ a.T, np.einsum("ij,ij->i", a, a), a, a.T, a.sum(1), a.mean(0, keepdims=True),
+            a.min(1), M.any(1), a.var(0), a.std(1, ddof=1), a.argmax(1), np.round(a / 7.0, 2), a, np.zeros_like(a),
+            np.ones_like(a), np.full_like(a, 7.0), a.max(), M.all(), (4, 8), 2, 32]
+    for g, w in zip(got, want):
+        assert np.allclose(g, w) and np.shape(g) == np.shape(w), (g, w)
+    assert got[-1].startswith("numpy.cumsum of a DTensor: spmdsim has no rule for it; use spmdsim.ops")

@@ -10,7 +10,7 @@ PyTorch's spellings of spmdsim's operators (``x.view(...)``, ``x.softmax(-1)``,
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -116,6 +116,102 @@ def _array_ufunc(x: Any, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -
     return matmul(*inputs) if name == "matmul" else pointwise(name, *inputs)
 
 
+def _kept(func: Any, kwargs: dict, **defaults: Any) -> None:
+    """Refuse (one line) a numpy keyword a DTensor's function does not take at other than its default."""
+    for name, value in kwargs.items():
+        if name not in defaults or (value is not defaults[name] and value != defaults[name]):
+            raise OperatorError(f"numpy.{func.__name__} of a DTensor: its {name}={value!r} is not taken; spmdsim's "
+                                "operators (spmdsim.ops) take the operands, dims and keepdims")
+
+
+def _numpy_reduction(op: str) -> Callable:  # np.sum(x, axis=1): the method's, its keywords checked there
+    def reduction(a: Any, axis: Any = None, *args: Any, keepdims: bool = False, **kwargs: Any) -> Any:
+        for name, value in zip(("dtype", "out"), args):
+            kwargs[name] = value
+        return getattr(a, op)(axis, keepdims, **kwargs)
+    return reduction
+
+
+def _numpy_flag(op: str) -> Callable:  # np.any, np.all
+    def flag(a: Any, axis: Any = None, out: Any = None, keepdims: bool = False, **kwargs: Any) -> Any:
+        _kept(getattr(np, op), dict(kwargs, out=out), out=None, where=True)
+        return getattr(a, op)(axis, keepdims)
+    return flag
+
+
+def _numpy_spread(op: str) -> Callable:  # np.var, np.std
+    def spread(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, ddof: int = 0, keepdims: bool = False,
+               **kwargs: Any) -> Any:
+        _kept(getattr(np, op), dict(kwargs, dtype=dtype, out=out), dtype=None, out=None, where=True)
+        return getattr(a, op)(axis, ddof, keepdims)
+    return spread
+
+
+def _like(value: Any) -> Callable:  # np.zeros_like, np.ones_like, np.full_like
+    def like(a: Any, *args: Any, dtype: Any = None, **kwargs: Any) -> Any:
+        fill = args[0] if value is None and args else kwargs.pop("fill_value", None) if value is None else value
+        if value is None and args:
+            args = args[1:]
+        if args:
+            dtype = args[0] if dtype is None else dtype
+        _kept(np.zeros_like, kwargs, order="K", subok=True, shape=None, device=None)
+        return DTensor.full(a.mesh, a.layout.with_partial(()) if a.layout.partial else a.layout, a.global_shape,
+                            fill, a.dtype if dtype is None else dtype)
+    return like
+
+
+def _numpy_functions() -> dict:
+    """numpy's functions a DTensor answers (its __array_function__), by spmdsim's operators."""
+    from .einsum import einsum
+    from .joins import concatenate, stack
+    from .pointwise import where
+
+    return {
+        np.where: lambda c, x, y: where(c, x, y),
+        np.concatenate: lambda xs, axis=0, **k: (_kept(np.concatenate, k, out=None, dtype=None, casting="same_kind"),
+                                                 concatenate(list(xs), axis))[1],
+        np.stack: lambda xs, axis=0, **k: (_kept(np.stack, k, out=None, dtype=None, casting="same_kind"),
+                                           stack(list(xs), axis))[1],
+        np.clip: lambda a, a_min=None, a_max=None, **k: (_kept(np.clip, k, out=None), _clip(a, a_min, a_max))[1],
+        np.dot: lambda a, b, out=None: matmul(a, b) if out is None else _no_out("numpy.dot"),
+        np.einsum: lambda spec, *xs, **k: (_kept(np.einsum, k, out=None, optimize=False), einsum(spec, *xs))[1],
+        np.transpose: lambda a, axes=None: transpose(a, axes),
+        np.reshape: lambda a, *args, **k: reshape(a, args[0] if args else k.get("shape", k.get("newshape"))),
+        np.swapaxes: _swapaxes, np.squeeze: lambda a, axis=None: _squeeze(a, axis),
+        np.expand_dims: lambda a, axis: _unsqueeze(a, axis),
+        np.sum: _numpy_reduction("sum"), np.mean: _numpy_reduction("mean"), np.max: _numpy_reduction("max"),
+        np.min: _numpy_reduction("min"), np.amax: _numpy_reduction("max"), np.amin: _numpy_reduction("min"),
+        np.any: _numpy_flag("any"), np.all: _numpy_flag("all"), np.var: _numpy_spread("var"),
+        np.std: _numpy_spread("std"),
+        np.argmax: lambda a, axis=None, out=None, keepdims=False: a.argmax(axis, keepdims) if out is None
+        else _no_out("numpy.argmax"),
+        np.argmin: lambda a, axis=None, out=None, keepdims=False: a.argmin(axis, keepdims) if out is None
+        else _no_out("numpy.argmin"),
+        np.round: lambda a, decimals=0, out=None: _round(a, decimals) if out is None else _no_out("numpy.round"),
+        np.around: lambda a, decimals=0, out=None: _round(a, decimals) if out is None else _no_out("numpy.around"),
+        np.copy: lambda a, order="K", subok=False: _copy(a),
+        np.shape: lambda a: tuple(a.global_shape), np.ndim: lambda a: len(a.global_shape),
+        np.size: lambda a, axis=None: math.prod(a.global_shape) if axis is None else a.global_shape[axis],
+        np.zeros_like: _like(0), np.ones_like: _like(1), np.full_like: _like(None),
+    }
+
+
+_FUNCTIONS: dict = {}
+
+
+def _array_function(x: Any, func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
+    """numpy's functions on DTensors by spmdsim's operators (``np.where(mask, x, 0.0)``, ``np.concatenate``,
+    ``np.clip``, ``np.sum(x, axis=1)``, ``np.zeros_like(x)``, ...); one line for a function without a rule."""
+    if not _FUNCTIONS:
+        _FUNCTIONS.update(_numpy_functions())
+    handler = _FUNCTIONS.get(func)
+    if handler is None:
+        raise OperatorError(f"numpy.{func.__name__} of a DTensor: spmdsim has no rule for it; use spmdsim.ops "
+                            "(ops.where, ops.concatenate, ops.sum, ...), or the whole array x.gather gives every "
+                            "rank (a collective: every rank calls it)")
+    return handler(*args, **kwargs)
+
+
 def _array(x: Any, dtype: Any = None, copy: Any = None) -> Any:
     raise OperatorError(f"numpy array of a DTensor of global shape {tuple(x.global_shape)!r}: its values are spread "
                         "over the ranks; x.gather() makes the whole array on every rank (a collective: every rank "
@@ -127,7 +223,7 @@ def _whole(what: str) -> Any:
     refused in one line naming gather()."""
     def refuse(x: Any, *args: Any, **kwargs: Any) -> Any:
         raise OperatorError(f"x.{what}() of a DTensor of global shape {tuple(x.global_shape)!r}: its values are "
-                            f"spread over the ranks; x.gather().{what}() on the whole array every rank gets (a "
+                            f"spread over the ranks; {what}() the whole array x.gather gives every rank (a "
                             "collective: every rank calls it), or x.local, this rank's block")
     return refuse
 
@@ -181,7 +277,7 @@ def _swapaxes(x: Any, a: int, b: int) -> Any:
 #: numpy's protocol and spellings (np.exp(x), abs(x), len(x), x.T, x.swapaxes) and PyTorch's method spellings
 #: of spmdsim's operators (docs/porting.md).
 _METHODS = {
-    "__array_ufunc__": _array_ufunc, "__array__": _array, "__len__": _len,
+    "__array_ufunc__": _array_ufunc, "__array_function__": _array_function, "__array__": _array, "__len__": _len,
     "__abs__": lambda x: pointwise("abs", x), "T": property(lambda x: transpose(x, None)), "swapaxes": _swapaxes,
     "permute": lambda x, *perm: transpose(x, perm[0] if len(perm) == 1 else perm), "t": _t,
     "view": lambda x, *shape: reshape(x, shape[0] if len(shape) == 1 else shape),
