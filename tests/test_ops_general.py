@@ -904,3 +904,16 @@ def test_masks_value_tests_log1p_expm1_and_numpy_reduction_methods():
     np.testing.assert_allclose(values[0], np.log1p(a), rtol=1e-15)
     np.testing.assert_allclose(values[1], np.expm1(a / 16.0), rtol=1e-15)
     np.testing.assert_allclose(grad, 1 / (1 + a) + np.exp(a / 16.0) / 16.0, rtol=1e-14)
+
+
+def test_a_bool_mask_index_is_refused_in_one_line_naming_where():
+    def run():
+        mesh = spmdsim.Mesh(L)
+        x = spmdsim.DTensor.from_global(mesh, np.arange(32.0).reshape(4, 8), mesh.layout("dp", "tp"))
+        with pytest.raises(OperatorError) as caught:
+            x[x > 3.0]
+        return str(caught.value)
+
+    said = spmdsim.simulate(8, run)[0]
+    assert said.startswith("x[mask] of a DTensor: a bool mask picks a number of elements that depends on the values")
+    assert "ops.where(mask, x, 0.0)" in said and "\n" not in said

@@ -191,6 +191,10 @@ def getitem(x: Any, index: Any) -> Any:
             if not -size <= i < size:
                 raise _OutOfRange(f"index {item!r} is out of range for dim {d} of size {size}")
             x = _cut(x, index, d, i % size, 1)
+        elif getattr(getattr(item, "dtype", None), "kind", None) == "b":  # x[mask]: numpy's shape follows the values
+            raise OperatorError(f"x[mask] of a DTensor: a bool mask picks a number of elements that depends on the "
+                                f"values, which no layout holds; keep the shape with ops.where(mask, x, 0.0) (or "
+                                f"x * mask), then reduce (index {index!r})")
         else:
             raise OperatorError(f"index {index!r}: entry {item!r} is not an int, a slice, '...' or None "
                                 "(DTensors take no fancy or bool indexing)")
