@@ -372,3 +372,35 @@ def test_numpy_array_functions_on_a_dtensor_run_spmdsims_operators():
     for g, w in zip(got, want):
         assert np.allclose(g, w) and np.shape(g) == np.shape(w), (g, w)
     assert got[-1].startswith("numpy.cumsum of a DTensor: spmdsim has no rule for it; use spmdsim.ops")
+
+
+def test_norm_and_expand_spellings():
+    """x.norm(), x.norm(dim=1), np.linalg.norm(x), np.linalg.norm(x, axis=0) (the 2-norm, Frobenius over every
+    dim) with the gradient x / |x|; v.expand(4, -1), np.broadcast_to(v, shape); another ord, one line."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim import DTensor, Layout, Mesh, ops
+
+    a = np.arange(1.0, 33.0).reshape(4, 8)
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
+        x = DTensor.from_global(mesh, a, mesh.layout("dp", "tp")).requires_grad_()
+        v = DTensor.from_global(mesh, np.arange(8.0), mesh.layout("tp"))
+        got = [ops.resolved(x.norm()).item(), x.norm(dim=1).gather(), ops.resolved(np.linalg.norm(x)).item(),
+               np.linalg.norm(x, axis=0).gather(), v.expand(4, -1).gather(), np.broadcast_to(v, (3, 4, 8)).gather()]
+        ops.resolved(x.norm()).backward()
+        got.append(x.grad.gather())
+        try:
+            np.linalg.norm(x, 1)
+        except spmdsim.OperatorError as e:
+            got.append(str(e))
+        return got
+
+    got = spmdsim.simulate(4, body)[0]
+    want = [np.linalg.norm(a), np.linalg.norm(a, axis=1), np.linalg.norm(a), np.linalg.norm(a, axis=0),
+            np.broadcast_to(np.arange(8.0), (4, 8)), np.broadcast_to(np.arange(8.0), (3, 4, 8)), a / np.linalg.norm(a)]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-14)
+    assert got[-1].startswith("norm of a DTensor: ord 1 is not taken")

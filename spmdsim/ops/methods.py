@@ -193,6 +193,8 @@ def _numpy_functions() -> dict:
         np.shape: lambda a: tuple(a.global_shape), np.ndim: lambda a: len(a.global_shape),
         np.size: lambda a, axis=None: math.prod(a.global_shape) if axis is None else a.global_shape[axis],
         np.zeros_like: _like(0), np.ones_like: _like(1), np.full_like: _like(None),
+        np.linalg.norm: lambda x, ord=None, axis=None, keepdims=False: _norm(x, ord, axis, keepdims),
+        np.broadcast_to: lambda x, shape, subok=False: _expand(x, tuple(shape)),
     }
 
 
@@ -233,6 +235,25 @@ def _reduce(op: str, x: Any, dims: Any = None, keepdims: bool = False, **aliases
     from ..runtime.dtensor import _reduce_args
 
     return reduce(op, x, *_reduce_args({"max": "any", "min": "all"}[op], dims, keepdims, aliases))
+
+
+def _norm(x: Any, ord: Any = None, dims: Any = None, keepdims: bool = False) -> Any:
+    """The 2-norm (Frobenius over every dim when `dims` is None): sqrt of the sum of squares, numpy's
+    ``np.linalg.norm(x, axis=...)`` and PyTorch's ``x.norm(dim=...)``; other orders one line."""
+    if ord not in (None, 2, "fro") or (ord == 2 and dims is None and len(x.global_shape) > 1):
+        raise OperatorError(f"norm of a DTensor: ord {ord!r} is not taken (the 2-norm of a vector, the Frobenius "
+                            "norm of every element: ord None, 2 on one dim, or 'fro')")
+    return pointwise("sqrt", reduce("sum", pointwise("square", x), dims, keepdims))
+
+
+def _expand(x: Any, *sizes: Any) -> Any:
+    """PyTorch's ``x.expand(*sizes)`` (-1: the dim as it is): ops.broadcast_to."""
+    from .joins import broadcast_to
+
+    sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else sizes
+    lead = len(sizes) - len(x.global_shape)
+    shape = tuple(x.global_shape[i - lead] if n == -1 and i >= lead else n for i, n in enumerate(sizes))
+    return broadcast_to(x, shape)
 
 
 def _no_out(what: str) -> Any:
@@ -298,6 +319,8 @@ _METHODS = {
     "__round__": lambda x, ndigits=None: _round(x, ndigits or 0),
     "floor": lambda x: pointwise("floor", x), "ceil": lambda x: pointwise("ceil", x),
     "sign": lambda x: pointwise("sign", x),
+    "norm": lambda x, p="fro", dim=None, keepdim=False: _norm(x, None if p == "fro" else p, dim, keepdim),
+    "expand": _expand,
     "any": lambda x, *a, **k: _reduce("max", x.astype(bool) if x.dtype.kind != "b" else x, *a, **k),
     "all": lambda x, *a, **k: _reduce("min", x.astype(bool) if x.dtype.kind != "b" else x, *a, **k),
     "var": lambda x, axis=None, ddof=0, keepdims=False: _var(x, axis, keepdims, ddof),
