@@ -145,21 +145,6 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
     def __bool__(self) -> bool:  # a copy of a communicator freed through another handle stays true, as MPICH's
         return self._h is not None
 
-    def __eq__(self, other: Any) -> bool:
-        if isinstance(other, SimComm):
-            return (self._h is other._h) or (not self and not other)
-        mpi = mpi_module()
-        if mpi is not None and isinstance(other, mpi.__dict__["Comm"]):  # the class itself, also swapped
-            return not self and other == mpi.COMM_NULL
-        return NotImplemented
-
-    def __ne__(self, other: Any) -> Any:
-        eq = self.__eq__(other)
-        return eq if eq is NotImplemented else not eq
-
-    def __hash__(self) -> int:
-        return id(self._h)
-
     def __reduce__(self) -> Any:
         if not self:
             return (SimComm, ())

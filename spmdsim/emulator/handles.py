@@ -208,7 +208,28 @@ def _fatal_handler_set(errhandler: Any) -> Any:
 
 
 class CommHandles:
-    """Error handlers and attributes of a SimComm (a mixin; `self._h`: the handle copies share)."""
+    """Error handlers, attributes and identity of a SimComm or a SimWin (a mixin; `self._h`: the handle copies
+    share)."""
+
+    # -- identity: copies share one handle, as mpi4py's copies share one MPI handle ---------------------------
+
+    #: mpi4py's class and null object this kind compares with (a SimWin's: "Win", "WIN_NULL")
+    _MPI_CLASS, _MPI_NULL = "Comm", "COMM_NULL"
+
+    def __eq__(self, other: Any) -> bool:
+        if type.__instancecheck__(CommHandles, other) and other._MPI_CLASS == self._MPI_CLASS:
+            return (self._h is other._h) or (not self and not other)
+        mpi = mpi_module()
+        if mpi is not None and isinstance(other, mpi.__dict__[self._MPI_CLASS]):  # the class itself, also swapped
+            return not self and other == getattr(mpi, self._MPI_NULL)
+        return NotImplemented
+
+    def __ne__(self, other: Any) -> Any:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    def __hash__(self) -> int:
+        return id(self._h)
 
     # -- error handlers ----------------------------------------------------------------------------
 

@@ -240,20 +240,10 @@ class SimWin(np.ndarray, CommHandles, metaclass=_WinType):
     def __bool__(self) -> bool:
         return self._h is not None
 
-    def __eq__(self, other: Any) -> bool:
-        if type.__instancecheck__(SimWin, other):
-            return self._h is other._h
-        mpi = mpi_module()
-        if mpi is not None and isinstance(other, mpi.__dict__["Win"]):
-            return not self and other == mpi.WIN_NULL
-        return NotImplemented
-
-    def __ne__(self, other: Any) -> Any:
-        eq = self.__eq__(other)
-        return eq if eq is NotImplemented else not eq
-
-    def __hash__(self) -> int:
-        return id(self._h)
+    # Identity by the shared handle (CommHandles'), not numpy's elementwise comparison, which comes first in
+    # the order of the bases.
+    _MPI_CLASS, _MPI_NULL = "Win", "WIN_NULL"
+    __eq__, __ne__, __hash__ = CommHandles.__eq__, CommHandles.__ne__, CommHandles.__hash__
 
     def __reduce__(self) -> Any:
         raise ValueError("cannot serialize 'mpi4py.MPI.Win' instance")
