@@ -6,14 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spmdsim.emulator.mpi4py_world import swapped
-from spmdsim.sim import simulate
 from spmdsim.sim.engine import DeadlockError
-
-
-def _run(n: int, body):
-    with swapped():
-        return simulate(n, body)
+from testkit import on_simulated_ranks as _run
 
 
 def test_a_receive_partition_arrives_when_the_send_partitions_covering_it_are_ready():

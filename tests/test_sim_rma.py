@@ -6,14 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spmdsim.emulator.mpi4py_world import swapped
-from spmdsim.sim import simulate
 from spmdsim.sim.engine import DeadlockError
-
-
-def _run(n: int, body):
-    with swapped():
-        return simulate(n, body)
+from testkit import on_simulated_ranks as _run
 
 
 def test_an_exclusive_lock_makes_a_read_modify_write_atomic():

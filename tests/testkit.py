@@ -27,6 +27,16 @@ EXAMPLE_ARGS = {"train_mindspore_tutorial": ["--steps", "2", "--synthetic"],
                 "train_moe_gpt": ["--layers", "2", "--d-model", "16", "--seq", "8", "--steps", "2", "--dispatch"]}
 
 
+def on_simulated_ranks(n: int, body):
+    """`body()` on `n` simulated ranks whose mpi4py.MPI.COMM_WORLD is their own (the emulator swapped in):
+    each rank's result, in rank order."""
+    from spmdsim.emulator.mpi4py_world import swapped
+    from spmdsim.sim import simulate
+
+    with swapped():
+        return simulate(n, body)
+
+
 def root_for_all(comm, work):
     """Rank 0's `work()` (local work), broadcast to every rank of `comm`. The others wait without spinning
     (`wait_for_all`), where MPICH's blocking bcast polls and takes the cores rank 0 computes on (8 ranks on 2
