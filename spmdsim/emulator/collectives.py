@@ -19,9 +19,9 @@ from typing import Any, Callable
 from ..errors import ShapeError
 from ..sim import thread_engine as bodies
 from .._lazy import numpy_on_first_use
-from .derived import blocks, may_be_derived, packed, unpacking, wblocks
+from .derived import blocks, may_be_derived, packed, unpacking, wmessage
 from ..sim._buffers import (_unpack, copy_into, dtype_name, fold, in_place, message, mpi_error, mpi_module, reduction,
-                            vector, wvector)
+                            vector)
 from ..sim.orders import allreduce_tree, reduce_tree
 from ..sim.thread_engine import _nothing, bad_root
 
@@ -41,14 +41,14 @@ def _predefined_op_types(call: str, red: Any, *specs: Any) -> None:
     (MPI.Op.Create) takes derived ones."""
     if red.name == "user op":
         return
-    mpi = mpi_module()
     for spec in specs:
-        datatype = None
-        if type(spec) in (list, tuple) and not in_place(spec):
-            try:
-                datatype = _unpack(spec)[3]
-            except ValueError:  # a malformed spec: refused where the others are
-                pass
+        if not may_be_derived(spec):  # a buffer, or one ending in a predefined datatype (most calls)
+            continue
+        try:
+            datatype = _unpack(spec)[3]
+        except ValueError:  # a malformed spec: refused where the others are
+            continue
+        mpi = mpi_module()
         if mpi is not None and isinstance(datatype, mpi.Datatype) and datatype != mpi.DATATYPE_NULL \
                 and not datatype.is_predefined:
             combiner = datatype.decode()[1].lower()
@@ -113,8 +113,7 @@ class BufferCollectives:
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> None:
         red = reduction(op)
-        if may_be_derived(sendbuf) or may_be_derived(recvbuf):
-            _predefined_op_types("Allreduce", red, sendbuf, recvbuf)
+        _predefined_op_types("Allreduce", red, sendbuf, recvbuf)
         dst, n, dt = message(recvbuf, "Allreduce recvbuf", readonly=False)
         if dst.size != n:
             dst = dst[:n]
@@ -124,8 +123,7 @@ class BufferCollectives:
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM, root: int = 0) -> None:
         red = reduction(op)
         me, root = self._me, self._root(root, "Reduce")
-        if may_be_derived(sendbuf) or me == root and may_be_derived(recvbuf):
-            _predefined_op_types("Reduce", red, sendbuf, recvbuf if me == root else None)
+        _predefined_op_types("Reduce", red, sendbuf, recvbuf if me == root else None)
         dst = dt = None
         if me == root:
             dst, n, dt = message(recvbuf, "Reduce recvbuf", readonly=False)
@@ -146,8 +144,7 @@ class BufferCollectives:
 
     def _scan(self, call: str, sendbuf: Any, recvbuf: Any, op: Any, exclusive: bool) -> None:
         red = reduction(op)
-        if may_be_derived(sendbuf) or may_be_derived(recvbuf):
-            _predefined_op_types(call, red, sendbuf, recvbuf)
+        _predefined_op_types(call, red, sendbuf, recvbuf)
         dst, n, dt = message(recvbuf, f"{call} recvbuf", readonly=False)
         src = dst[:n] if in_place(sendbuf) else _matching(call, sendbuf, dst, n)
         me = self._me
@@ -172,8 +169,7 @@ class BufferCollectives:
 
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> None:
         red = reduction(op)
-        if may_be_derived(sendbuf) or may_be_derived(recvbuf):
-            _predefined_op_types("Reduce_scatter_block", red, sendbuf, recvbuf)
+        _predefined_op_types("Reduce_scatter_block", red, sendbuf, recvbuf)
         g = self._group.size
         if in_place(sendbuf):
             src, b, dt = message(recvbuf, "Reduce_scatter_block recvbuf", blocks=g, readonly=False)
@@ -189,8 +185,7 @@ class BufferCollectives:
 
     def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = _SUM) -> None:
         red = reduction(op)
-        if may_be_derived(sendbuf) or may_be_derived(recvbuf):
-            _predefined_op_types("Reduce_scatter", red, sendbuf, recvbuf)
+        _predefined_op_types("Reduce_scatter", red, sendbuf, recvbuf)
         g, me = self._group.size, self._me
         dst, rc, dt = message(recvbuf, "Reduce_scatter recvbuf", readonly=False)
         inplace = in_place(sendbuf)
@@ -365,17 +360,12 @@ class BufferCollectives:
         """Alltoallv with a datatype per block and displacements in bytes (sim._buffers.wvector): the blocks'
         bytes move, as MPI moves a type signature's; the receive message is read first, as mpi4py reads it."""
         g = self._group.size
-        derived = wblocks(recvbuf, "Alltoallw recvbuf", g, writable=True)  # from MPI.BOTTOM, or derived types
-        if derived is not None:
-            dst, rsizes, rdispls, unpack = derived
-        else:
-            (dst, rsizes, rdispls), unpack = wvector(recvbuf, "Alltoallw recvbuf", g, readonly=False), None
-        if in_place(sendbuf):  # every member reads it while this one writes
+        dst, rsizes, rdispls, unpack = wmessage(recvbuf, "Alltoallw recvbuf", g, writable=True)
+        if in_place(sendbuf):  # every member reads it while this one writes (a derived one's: packed first)
             src, ssizes, sdispls = (dst.copy(), rsizes, rdispls) if unpack is None else \
-                wblocks(recvbuf, "Alltoallw recvbuf", g, writable=False)[:3]
+                wmessage(recvbuf, "Alltoallw recvbuf", g, writable=False)[:3]
         else:
-            sent = wblocks(sendbuf, "Alltoallw sendbuf", g, writable=False)
-            src, ssizes, sdispls = sent[:3] if sent is not None else wvector(sendbuf, "Alltoallw sendbuf", g)
+            src, ssizes, sdispls = wmessage(sendbuf, "Alltoallw sendbuf", g, writable=False)[:3]
         bodies.all_to_allv(self, src, ssizes, sdispls, dst, rsizes, rdispls, "Alltoallw", "bytes")
         if unpack is not None:
             unpack()

@@ -17,12 +17,12 @@ import threading
 from itertools import accumulate
 from typing import Any, Callable, Optional
 
-from ..sim._buffers import _unpack, array_of, int_array, mpi_module, wparts
+from ..sim._buffers import _unpack, array_of, int_array, mpi_module, wparts, wvector
 from .._lazy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
-__all__ = ["packed", "unpacking", "may_be_derived", "blocks", "wblocks"]
+__all__ = ["packed", "unpacking", "may_be_derived", "blocks", "wblocks", "wmessage"]
 
 
 def may_be_derived(spec: Any) -> bool:
@@ -45,7 +45,7 @@ def _derived(spec: Any) -> Any:
     if datatype == mpi.DATATYPE_NULL or datatype.extent <= 0 or buf is None \
             or (isinstance(count, int) and count < 0) or (isinstance(displ, int) and displ < 0):
         return None  # refused by the plain path, with mpi4py's ValueError
-    return None if datatype.decode()[1] == "CONTIGUOUS" and datatype.decode()[0].is_predefined else datatype
+    return None if _plain_type(datatype) else datatype
 
 
 def _bytes(spec: Any, datatype: Any, writable: bool) -> np.ndarray:
@@ -211,6 +211,14 @@ def wblocks(spec: Any, what: str, g: int, writable: bool) -> Any:
                 move(i, False)
 
     return space, sizes, offsets, unpack
+
+
+def wmessage(spec: Any, what: str, g: int, writable: bool) -> tuple:
+    """(its bytes, each block's bytes, their offsets, a function unpacking them once received or None) of an
+    Alltoallw message of `g` blocks: `wblocks`' for MPI.BOTTOM or derived datatypes, else its bytes where they
+    lie (sim._buffers.wvector's; nothing to unpack)."""
+    found = wblocks(spec, what, g, writable)
+    return found if found is not None else (*wvector(spec, what, g, readonly=not writable), None)
 
 
 _SELF_LOCK = threading.Lock()  # the ranks are threads: one message to itself at a time on the real COMM_SELF

@@ -27,10 +27,9 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Sequence
 
-from ..sim._buffers import (copy_into, dtype_name, int_array, message, mpi_error, mpi_module, special, vector,
-                            wvector)
+from ..sim._buffers import copy_into, dtype_name, int_array, message, mpi_error, mpi_module, special, vector
 from .comm import SimComm, comm_null
-from .derived import wblocks
+from .derived import wmessage
 from .group import speak_mpi4py
 from .handles import end_on_fatal_errors
 from .persistent import _persistent
@@ -192,13 +191,8 @@ class _Neighbourhood(SimComm):
     def Neighbor_alltoallw(self, sendbuf: Any, recvbuf: Any) -> None:
         """Neighbor_alltoallv with a datatype per block and displacements in bytes: the blocks' bytes move."""
         kin, kout = self.degrees
-        derived = wblocks(recvbuf, "Neighbor_alltoallw recvbuf", kin, writable=True)  # MPI.BOTTOM, derived types
-        if derived is not None:
-            dst, rsizes, rdispls, unpack = derived
-        else:
-            (dst, rsizes, rdispls), unpack = wvector(recvbuf, "Neighbor_alltoallw recvbuf", kin, readonly=False), None
-        sent = wblocks(sendbuf, "Neighbor_alltoallw sendbuf", kout, writable=False)
-        src, ssizes, sdispls = sent[:3] if sent is not None else wvector(sendbuf, "Neighbor_alltoallw sendbuf", kout)
+        dst, rsizes, rdispls, unpack = wmessage(recvbuf, "Neighbor_alltoallw recvbuf", kin, writable=True)
+        src, ssizes, sdispls = wmessage(sendbuf, "Neighbor_alltoallw sendbuf", kout, writable=False)[:3]
         self._exchange("neighbor_alltoallw", src, lambda j: src[sdispls[j]:sdispls[j] + ssizes[j]], dst,
                        list(zip(rdispls, rsizes)))
         if unpack is not None:
