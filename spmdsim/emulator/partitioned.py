@@ -23,7 +23,7 @@ from typing import Any, Optional, Sequence
 
 from ..sim._buffers import message, mpi_error, mpi_module, special
 from ..sim.engine import Group
-from ..sim.p2p import _check_peer, _check_tag
+from ..sim.p2p import _check_peer, _check_tag, _remove
 from ..sim.requests import Request, rank_name
 from .persistent import Prequest
 from .._lazy import numpy_on_first_use
@@ -96,10 +96,6 @@ class Partitioned(Prequest):
         self.ready: list = []  # a send's partitions readied this round
         self.left = 0  # a send's partitions not yet delivered this round
         self.delivered: list = []  # a receive's: which send partitions arrived this round
-
-    @property
-    def active(self) -> bool:
-        return not self.null and bool(self.parts)
 
     def Start(self) -> None:
         mpi = mpi_module()
@@ -202,9 +198,7 @@ class Partitioned(Prequest):
         Prequest.Free(self)
         group = self.group
         with group.world.lock:  # never matched: a later one of the other side must not meet it
-            waiting = _unmatched(group).get(self._key(), [])
-            if any(w is self for w in waiting):
-                waiting[:] = [w for w in waiting if w is not self]
+            _remove(group.partitioned.get(self._key(), []), self)
 
     def _key(self) -> tuple:
         return (self.me, self.peer, self.tag) if self.side == "send" else (self.peer, self.me, self.tag)
@@ -213,14 +207,6 @@ class Partitioned(Prequest):
         state = "null" if self.null else "active" if self.parts else "inactive"
         way = f"to group rank {self.peer}" if self.side == "send" else f"from group rank {self.peer}"
         return f"<simulated partitioned {self.side} {way} (tag {self.tag}, {self.partitions} partitions) {state}>"
-
-
-def _unmatched(group: Group) -> dict:
-    """(sender, receiver, tag) -> the partitioned requests made and not yet matched, oldest first."""
-    table = getattr(group, "partitioned", None)
-    if table is None:
-        table = group.partitioned = {}
-    return table
 
 
 def _made(group: Group, me: int, side: str, buf: Any, partitions: Any, peer: Any, tag: Any) -> Partitioned:
@@ -244,14 +230,14 @@ def _made(group: Group, me: int, side: str, buf: Any, partitions: Any, peer: Any
     key = made._key()
     world = group.world
     with world.lock:
-        waiting = _unmatched(group).setdefault(key, [])
+        waiting = group.partitioned.setdefault(key, [])
         other = next((w for w in waiting if w.side != side), None)
         if other is None:
             waiting.append(made)
         else:
             waiting.remove(other)
             if not waiting:
-                del _unmatched(group)[key]
+                del group.partitioned[key]
             send, recv = (made, other) if side == "send" else (other, made)
             send.channel = recv.channel = _Channel(send, recv)
     return made

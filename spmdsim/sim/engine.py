@@ -172,6 +172,9 @@ class Group:
         self.sends: list[Any] = []  # point-to-point messages not yet matched (spmdsim.sim.p2p)
         self.recvs: list[Any] = []  # receives posted and not yet matched
         self.probes: list[Any] = []  # blocking probes waiting for a message to arrive
+        # partitioned requests made and not yet matched (spmdsim.emulator.partitioned): (sender, receiver, tag)
+        # -> those of that key, oldest first
+        self.partitioned: dict = {}
         world.groups.add(self)
 
     def label(self) -> str:
