@@ -95,20 +95,8 @@ def _mixed_step(start: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step:
     from .mixed import loss_and_grads
     from .reference import _masks
 
-    if microbatches == 1:
-        loss, ref_grads = loss_and_grads(start["params"], x, y, cfg, step, policy,
-                                         _masks(cfg, step, True, x.shape[0]))
-    else:
-        size = cfg.batch // microbatches
-        loss, ref_grads = 0.0, {}
-        for i in range(microbatches):
-            rows = slice(i * size, (i + 1) * size)
-            part, g = loss_and_grads(start["params"], x[rows], y[rows], cfg, step, policy,
-                                     _masks(cfg, step, True, size, micro=i))
-            loss += part / microbatches
-            for name, value in g.items():
-                value = value / np.float32(microbatches)
-                ref_grads[name] = value if i == 0 else ref_grads[name] + value
+    loss, ref_grads = _microbatched(x.shape[0], microbatches, lambda rows, i: loss_and_grads(
+        start["params"], x[rows], y[rows], cfg, step, policy, _masks(cfg, step, True, x[rows].shape[0], micro=i)))
     if cfg.clip:
         from .reference import clip_grads
 
@@ -134,18 +122,8 @@ def _reference_step(moments: dict, params: dict, x: np.ndarray, y: np.ndarray, c
     from ..optim import adamw_update
     from .reference import loss_and_grads
 
-    if microbatches == 1:
-        loss, grads = loss_and_grads(params, x, y, cfg, step)
-    else:
-        size = cfg.batch // microbatches
-        loss, grads = 0.0, {}
-        for i in range(microbatches):
-            rows = slice(i * size, (i + 1) * size)
-            part, g = loss_and_grads(params, x[rows], y[rows], cfg, step, micro=i)
-            loss += part / microbatches
-            for name, value in g.items():
-                value = value / microbatches
-                grads[name] = value if i == 0 else grads[name] + value
+    loss, grads = _microbatched(x.shape[0], microbatches,
+                                lambda rows, i: loss_and_grads(params, x[rows], y[rows], cfg, step, micro=i))
     if cfg.clip:
         from .reference import clip_grads
 
@@ -158,6 +136,23 @@ def _reference_step(moments: dict, params: dict, x: np.ndarray, y: np.ndarray, c
                      weight_decay=cfg.weight_decay if decays(spec) else 0.0)
         new_moments["m"][name], new_moments["v"][name], updated[name] = m, v, p
     return new_moments, loss, grads, updated
+
+
+def _microbatched(batch: int, microbatches: int, one: Callable[[slice, Optional[int]], tuple]) -> tuple:
+    """(loss, gradients) of a batch of `batch` rows in `microbatches` equal microbatches, `one(rows, micro)` each
+    (micro None: the whole batch at once), their losses and gradients averaged (in the gradients' own dtype):
+    gradient accumulation, as a pipeline makes it."""
+    if microbatches == 1:
+        return one(slice(None), None)
+    size = batch // microbatches
+    loss, grads = 0.0, {}
+    for i in range(microbatches):
+        part, g = one(slice(i * size, (i + 1) * size), i)
+        loss += part / microbatches
+        for name, value in g.items():
+            value = value / microbatches
+            grads[name] = value if i == 0 else grads[name] + value
+    return loss, grads
 
 
 def _zero_moments(cfg: GPTConfig) -> dict:
