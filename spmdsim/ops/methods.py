@@ -124,19 +124,14 @@ def _kept(func: Any, kwargs: dict, **defaults: Any) -> None:
                                 "operators (spmdsim.ops) take the operands, dims and keepdims")
 
 
-def _numpy_reduction(op: str) -> Callable:  # np.sum(x, axis=1): the method's, its keywords checked there
+def _numpy_reduction(op: str, positional: tuple = ("dtype", "out")) -> Callable:
+    """np.sum(x, axis=1) and its kin (np.any, np.all: `positional` ("out",)): the method's, its keywords checked
+    there."""
     def reduction(a: Any, axis: Any = None, *args: Any, keepdims: bool = False, **kwargs: Any) -> Any:
-        for name, value in zip(("dtype", "out"), args):
+        for name, value in zip(positional, args):
             kwargs[name] = value
         return getattr(a, op)(axis, keepdims, **kwargs)
     return reduction
-
-
-def _numpy_flag(op: str) -> Callable:  # np.any, np.all
-    def flag(a: Any, axis: Any = None, out: Any = None, keepdims: bool = False, **kwargs: Any) -> Any:
-        _kept(getattr(np, op), dict(kwargs, out=out), out=None, where=True)
-        return getattr(a, op)(axis, keepdims)
-    return flag
 
 
 def _numpy_spread(op: str) -> Callable:  # np.var, np.std
@@ -147,13 +142,13 @@ def _numpy_spread(op: str) -> Callable:  # np.var, np.std
     return spread
 
 
-def _like(value: Any) -> Callable:  # np.zeros_like, np.ones_like, np.full_like
-    def like(a: Any, *args: Any, dtype: Any = None, **kwargs: Any) -> Any:
-        fill = args[0] if value is None and args else kwargs.pop("fill_value", None) if value is None else value
-        if value is None and args:
-            args = args[1:]
-        if args:
-            dtype = args[0] if dtype is None else dtype
+def _like(value: Any) -> Callable:
+    """np.zeros_like and np.ones_like (`value` 0, 1), np.full_like (None: its fill_value)."""
+    def like(a: Any, *args: Any, **kwargs: Any) -> Any:
+        fill = value
+        if value is None:
+            fill, args = (args[0], args[1:]) if args else (kwargs.pop("fill_value"), args)
+        dtype = args[0] if args else kwargs.pop("dtype", None)
         _kept(np.zeros_like, kwargs, order="K", subok=True, shape=None, device=None)
         return DTensor.full(a.mesh, a.layout.with_partial(()) if a.layout.partial else a.layout, a.global_shape,
                             fill, a.dtype if dtype is None else dtype)
@@ -168,20 +163,20 @@ def _numpy_functions() -> dict:
 
     return {
         np.where: lambda c, x, y: where(c, x, y),
-        np.concatenate: lambda xs, axis=0, **k: (_kept(np.concatenate, k, out=None, dtype=None, casting="same_kind"),
-                                                 concatenate(list(xs), axis))[1],
-        np.stack: lambda xs, axis=0, **k: (_kept(np.stack, k, out=None, dtype=None, casting="same_kind"),
-                                           stack(list(xs), axis))[1],
-        np.clip: lambda a, a_min=None, a_max=None, **k: (_kept(np.clip, k, out=None), _clip(a, a_min, a_max))[1],
+        np.concatenate: lambda xs, axis=0, **k: _kept(np.concatenate, k, out=None, dtype=None, casting="same_kind")
+        or concatenate(list(xs), axis),
+        np.stack: lambda xs, axis=0, **k: _kept(np.stack, k, out=None, dtype=None, casting="same_kind")
+        or stack(list(xs), axis),
+        np.clip: lambda a, a_min=None, a_max=None, **k: _kept(np.clip, k, out=None) or _clip(a, a_min, a_max),
         np.dot: lambda a, b, out=None: matmul(a, b) if out is None else _no_out("numpy.dot"),
-        np.einsum: lambda spec, *xs, **k: (_kept(np.einsum, k, out=None, optimize=False), einsum(spec, *xs))[1],
+        np.einsum: lambda spec, *xs, **k: _kept(np.einsum, k, out=None, optimize=False) or einsum(spec, *xs),
         np.transpose: lambda a, axes=None: transpose(a, axes),
         np.reshape: lambda a, *args, **k: reshape(a, args[0] if args else k.get("shape", k.get("newshape"))),
         np.swapaxes: _swapaxes, np.squeeze: lambda a, axis=None: _squeeze(a, axis),
         np.expand_dims: lambda a, axis: _unsqueeze(a, axis),
         np.sum: _numpy_reduction("sum"), np.mean: _numpy_reduction("mean"), np.max: _numpy_reduction("max"),
         np.min: _numpy_reduction("min"), np.amax: _numpy_reduction("max"), np.amin: _numpy_reduction("min"),
-        np.any: _numpy_flag("any"), np.all: _numpy_flag("all"), np.var: _numpy_spread("var"),
+        np.any: _numpy_reduction("any", ("out",)), np.all: _numpy_reduction("all", ("out",)), np.var: _numpy_spread("var"),
         np.std: _numpy_spread("std"),
         np.argmax: lambda a, axis=None, out=None, keepdims=False: a.argmax(axis, keepdims) if out is None
         else _no_out("numpy.argmax"),
