@@ -34,7 +34,7 @@ from ..tolerances import sum_rtol
 from .config import GPTConfig
 from .params import padded_params, param_specs, unpadded_params
 
-__all__ = ["loss_and_grads", "tolerances", "longest_sum", "mixed_problem"]
+__all__ = ["loss_and_grads", "tolerances", "longest_sum", "mixed_problem", "moe_problem"]
 
 _F32 = np.float32
 
@@ -50,6 +50,15 @@ def mixed_problem(precision: Any, kept: str = "graph") -> Optional[str]:
     if kept != "graph":
         return f"precision {name!r} runs with kept 'graph' (the fused pieces of kept {kept!r} are float64 only)"
     return None
+
+
+def moe_problem(precision: Any) -> Optional[str]:
+    """Why MoE layers cannot train under `precision` (one line), or None."""
+    name = getattr(precision, "name", precision)
+    if name == "fp64":
+        return None
+    return f"precision {name!r} with MoE layers is not available yet (the MoE layer computes at float64); use " \
+           "precision 'fp64'"
 
 
 def longest_sum(cfg: GPTConfig) -> int:

@@ -188,7 +188,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     from ..sim import dry_run_active, once
     from ..sim.dry import differ
     from ..precision import precision as get_precision, precision_problem
-    from .mixed import mixed_problem, tolerances as mixed_tolerances
+    from .mixed import mixed_problem, moe_problem as moe_precision_problem, tolerances as mixed_tolerances
     from .parallel import GPT, _moe_problem
     from .train import (_checked_mixed, _checked_reference, _expert_bytes, _optimizer_start, _summed_grads,
                         _zero_moments, replay_problem)
@@ -198,11 +198,8 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
                or recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
                or (replay_problem(cfg, pipelined=True) if replay else None) or precision_problem(precision)
                or mixed_problem(precision, kept=kept))
-    if not problem and cfg.moe is not None and getattr(precision, "name", precision) != "fp64":
-        problem = (f"precision {getattr(precision, 'name', precision)!r} with MoE layers is not available yet "
-                   "(the MoE layer computes at float64); use precision 'fp64'")
     if not problem and cfg.moe is not None:
-        problem = _moe_problem(recompute, kept) or (zero and "ZeRO-1 with MoE layers is not available yet "
+        problem = moe_precision_problem(precision) or _moe_problem(recompute, kept) or (zero and "ZeRO-1 with MoE layers is not available yet "
                                                     "(the experts' states would shard over dp alone)") or None
     if problem:
         where = f"pp {pp} x dp {dp} x ep {ep} x tp {tp}" if moe else f"pp {pp} x dp {dp} x tp {tp}"

@@ -50,7 +50,7 @@ from .config import GPTConfig
 from .data import batch
 from .memory import MemoryReport, recompute_problem, zero_problem
 from ..precision import is_low, precision as get_precision, precision_problem
-from .mixed import mixed_problem, tolerances as mixed_tolerances
+from .mixed import mixed_problem, moe_problem as moe_precision_problem, tolerances as mixed_tolerances
 from .params import decays, param_specs
 from .wholes import Regions, assemble, peaks, regions
 
@@ -331,9 +331,8 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
                or mixed_problem(precision, kept=kept))
     if not problem and zero and cfg.moe is not None:
         problem = "ZeRO-1 with MoE layers is not available yet (the experts' states would shard over dp alone)"
-    if not problem and cfg.moe is not None and getattr(precision, "name", precision) != "fp64":
-        problem = (f"precision {getattr(precision, 'name', precision)!r} with MoE layers is not available yet "
-                   "(the MoE layer computes at float64); use precision 'fp64'")
+    if not problem and cfg.moe is not None:
+        problem = moe_precision_problem(precision)
     if problem:  # every rank alike, before any collective
         raise SpmdsimError(problem)
     policy = get_precision(precision)
