@@ -796,14 +796,5 @@ def _tables(run: PipelineRun, cfg: GPTConfig, where: Regions, tables: list, labe
 def _table(run: PipelineRun, cfg: GPTConfig, where: Optional[Regions] = None) -> np.ndarray:
     """Every rank's blocks of the parameters its stage holds, a row per rank (float64, padded to the largest
     stage's), from one Allgather over the whole mesh."""
-    from ..runtime.executor import gather
-
-    mesh = run.mesh
-    where = where or _stage_regions(run, cfg)
-    flat = np.zeros(where.width)
-    at = 0
-    for name in _held(run, cfg)[run.stage]:
-        block = run.params[name].local.reshape(-1)
-        flat[at:at + block.size] = block
-        at += block.size
-    return gather(mesh, flat, tuple(mesh.layout.alias_name), "check.params").reshape(mesh.size, where.width)
+    return _tables(run, cfg, where or _stage_regions(run, cfg), [{name: t.local for name, t in run.params.items()}],
+                   "check.params")
