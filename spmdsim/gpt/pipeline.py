@@ -199,8 +199,8 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
                or (replay_problem(cfg, pipelined=True) if replay else None) or precision_problem(precision)
                or mixed_problem(precision, kept=kept))
     if not problem and cfg.moe is not None:
-        problem = moe_precision_problem(precision) or _moe_problem(recompute, kept) or (zero and "ZeRO-1 with MoE layers is not available yet "
-                                                    "(the experts' states would shard over dp alone)") or None
+        problem = moe_precision_problem(precision) or _moe_problem(recompute, kept) or (zero and (
+            "ZeRO-1 with MoE layers is not available yet (the experts' states would shard over dp alone)")) or None
     if problem:
         where = f"pp {pp} x dp {dp} x ep {ep} x tp {tp}" if moe else f"pp {pp} x dp {dp} x tp {tp}"
         raise SpmdsimError(f"the GPT cannot train on {where}: {problem}")
@@ -647,10 +647,10 @@ class _DryCells:
 
 
 class _DryBlocks:
-    """A dry run's blocks (of the wire's dtype) that nothing writes: the message buffers a stage receives into (the dry engine
-    leaves them as they are) and the stand-ins of repeated cells (only sent). Each is an array of its own over
-    one lazy mapping per size (spmdsim.buffers.lazy_zeros: zeros the kernel maps on read), so the run's Meter
-    counts each as the owner of its bytes, as it counts a mapping of its own, where a mapping a block cost
+    """A dry run's blocks (of the wire's dtype) that nothing writes: the message buffers a stage receives into
+    (the dry engine leaves them as they are) and the stand-ins of repeated cells (only sent). Each is an array of
+    its own over one lazy mapping per size (spmdsim.buffers.lazy_zeros: zeros the kernel maps on read), so the
+    run's Meter counts each as the owner of its bytes, as it counts a mapping of its own, where a mapping a block cost
     ~7 us to make and free (a 1F1B step of 64 stages x 512 microbatches makes ~130,000). `empty` is placed
     as spmdsim.buffers.empty places a dry run's block, `zeros` as lazy_zeros places it; a block below the
     size lazy_zeros maps is theirs."""

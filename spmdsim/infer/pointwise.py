@@ -39,8 +39,8 @@ __all__ = ["PointwisePlan", "ReducePlan", "infer_pointwise", "infer_reduce", "LI
 #: "one" means bilinear (at most one pending operand among them); "numerator" is div's first operand.
 LINEARITY = {
     "add": "joint", "sub": "joint", "neg": "joint", "where": "branches",
-    "mul": "one", "div": "numerator", "floordiv": None, "mod": None, "round": None, "rint": None, "floor": None, "ceil": None,
-    "sign": None, "log1p": None, "expm1": None, "and": None, "or": None, "xor": None, "invert": None,
+    "mul": "one", "div": "numerator", "floordiv": None, "mod": None, "round": None, "rint": None, "floor": None,
+    "ceil": None, "sign": None, "log1p": None, "expm1": None, "and": None, "or": None, "xor": None, "invert": None,
     "logical_and": None, "logical_or": None, "logical_xor": None, "logical_not": None, "isnan": None, "isinf": None,
     "isfinite": None,
     "exp": None, "log": None, "sqrt": None, "tanh": None, "pow": None, "maximum": None, "minimum": None,

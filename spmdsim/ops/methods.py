@@ -176,8 +176,8 @@ def _numpy_functions() -> dict:
         np.expand_dims: lambda a, axis: _unsqueeze(a, axis),
         np.sum: _numpy_reduction("sum"), np.mean: _numpy_reduction("mean"), np.max: _numpy_reduction("max"),
         np.min: _numpy_reduction("min"), np.amax: _numpy_reduction("max"), np.amin: _numpy_reduction("min"),
-        np.any: _numpy_reduction("any", ("out",)), np.all: _numpy_reduction("all", ("out",)), np.var: _numpy_spread("var"),
-        np.std: _numpy_spread("std"),
+        np.any: _numpy_reduction("any", ("out",)), np.all: _numpy_reduction("all", ("out",)),
+        np.var: _numpy_spread("var"), np.std: _numpy_spread("std"),
         np.argmax: lambda a, axis=None, out=None, keepdims=False: a.argmax(axis, keepdims) if out is None
         else _no_out("numpy.argmax"),
         np.argmin: lambda a, axis=None, out=None, keepdims=False: a.argmin(axis, keepdims) if out is None

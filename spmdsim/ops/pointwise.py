@@ -32,7 +32,8 @@ from . import _common
 from ._common import (LOCAL, Prepared, describe, dry_zeros, make_dtensor, moved, prepare, prepared_result,
                       result_dtype, signature)
 
-__all__ = ["add", "sub", "mul", "div", "floor_divide", "remainder", "round", "floor", "ceil", "sign", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "pow", "neg",
+__all__ = ["add", "sub", "mul", "div", "floor_divide", "remainder", "round", "floor", "ceil", "sign", "maximum",
+           "minimum", "where", "exp", "log", "sqrt", "tanh", "pow", "neg",
            "abs", "sigmoid", "silu", "sin", "cos", "square", "rsqrt", "clip", "erf", "equal", "not_equal", "lift",
            "pointwise", "astype"]
 
@@ -40,7 +41,8 @@ __all__ = ["add", "sub", "mul", "div", "floor_divide", "remainder", "round", "fl
 # op -> its forward kernel (its derivative: spmdsim.autograd.rules.pointwise.DERIVATIVES; none for comparisons).
 _KERNELS: dict[str, Callable] = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "floordiv": np.floor_divide,
-    "mod": np.remainder, "round": np.round, "rint": np.rint, "floor": np.floor, "ceil": np.ceil, "sign": np.sign, "maximum": np.maximum,
+    "mod": np.remainder, "round": np.round, "rint": np.rint, "floor": np.floor, "ceil": np.ceil, "sign": np.sign,
+    "maximum": np.maximum,
     "minimum": np.minimum, "where": np.where, "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "tanh": np.tanh,
     "neg": np.negative, "abs": np.abs, "pow": np.power, "sigmoid": _sigmoid, "silu": lambda x: x * _sigmoid(x),
     "sin": np.sin, "cos": np.cos, "square": np.square, "rsqrt": lambda x: 1 / np.sqrt(x), "clip": np.clip,

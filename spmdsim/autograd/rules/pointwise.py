@@ -57,6 +57,9 @@ def _gelu_erf_slope(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + activations.erf(x * _INV_SQRT_2)) + x * _INV_SQRT_2PI * np.exp(-0.5 * x * x)
 
 
+#: The piecewise constant ops: a zero gradient for each operand that takes one, reading nothing.
+_CONSTANT = ("floordiv", "round", "rint", "floor", "ceil", "sign")
+
 #: op -> its derivative: (dy, operands, out, need) -> per operand the gradient or None. The comparisons
 #: (eq, lt, ...) have none: their bool results take no gradient.
 DERIVATIVES: dict[str, Callable] = {
@@ -64,15 +67,10 @@ DERIVATIVES: dict[str, Callable] = {
     "sub": lambda dy, x, o, n: (dy, -dy if n[1] else None),
     "mul": lambda dy, x, o, n: (dy * x[1] if n[0] else None, dy * x[0] if n[1] else None),
     "div": lambda dy, x, o, n: (dy / x[1] if n[0] else None, -dy * o / x[1] if n[1] else None),
-    "floordiv": lambda dy, x, o, n: (np.zeros_like(dy) if n[0] else None, np.zeros_like(dy) if n[1] else None),
     "mod": lambda dy, x, o, n: (dy if n[0] else None, -dy * np.floor_divide(x[0], x[1]) if n[1] else None),
     "log1p": lambda dy, x, o, n: (dy / (1 + x[0]),),
     "expm1": lambda dy, x, o, n: (dy * (o + 1),),
-    "round": lambda dy, x, o, n: (np.zeros_like(dy),),
-    "rint": lambda dy, x, o, n: (np.zeros_like(dy),),
-    "floor": lambda dy, x, o, n: (np.zeros_like(dy),),
-    "ceil": lambda dy, x, o, n: (np.zeros_like(dy),),
-    "sign": lambda dy, x, o, n: (np.zeros_like(dy),),
+    **dict.fromkeys(_CONSTANT, lambda dy, x, o, n: tuple(np.zeros_like(dy) if need else None for need in n)),
     "maximum": lambda dy, x, o, n: (dy * _half(x[0] > x[1], x[0] == x[1]), dy * _half(x[1] > x[0], x[0] == x[1])),
     "minimum": lambda dy, x, o, n: (dy * _half(x[0] < x[1], x[0] == x[1]), dy * _half(x[1] < x[0], x[0] == x[1])),
     "where": lambda dy, x, o, n: (None, np.where(x[0], dy, 0) if n[1] else None,
@@ -100,7 +98,7 @@ DERIVATIVES: dict[str, Callable] = {
 #: What each derivative reads besides dY (spmdsim.flops.sweep's count): "x" its operands, "o" the output;
 #: absent: the operands. `_PASSED`: operands whose gradient is dY itself where not broadcast (no kernel).
 _READS = {"add": "", "sub": "", "neg": "", "exp": "o", "sqrt": "o", "tanh": "o", "sigmoid": "o", "rsqrt": "o",
-          "div": "xo", "pow": "xo", "floordiv": "", "round": "", "rint": "", "expm1": "o", "floor": "", "ceil": "", "sign": ""}
+          "div": "xo", "pow": "xo", "expm1": "o", **dict.fromkeys(_CONSTANT, "")}
 _PASSED = {"add": (0, 1), "sub": (0,), "mod": (0,)}
 
 
