@@ -67,6 +67,9 @@ parser.add_argument("--memory", action="store_true",
                          "the experts' (a dry run prints the experts' anyway)")
 parser.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
                     help="selective: the attention core recomputed in the backward (full: refused with MoE layers)")
+parser.add_argument("--zero", default="0", metavar="{0,1}",
+                    help="1: ZeRO-1, AdamW's states and master copy sharded: the dense layers' over dp x ep, the "
+                         "experts' over dp (docs/experts.md)")
 parser.add_argument("--aux-loss-coeff", type=float, default=MoEConfig.aux_loss_coeff)
 parser.add_argument("--z-loss-coeff", type=float, default=MoEConfig.z_loss_coeff)
 parser.add_argument("--algorithm", choices=("pairwise", "bruck"), default=None,
@@ -116,6 +119,7 @@ def main(args):
                     aux_loss_coeff=args.aux_loss_coeff, z_loss_coeff=args.z_loss_coeff,
                     dry_routing=args.routing or "balanced")
     cfg = model_config(args, moe=moe)
+    zero = int(args.zero) if args.zero.lstrip("-").isdigit() else args.zero  # train refuses a bad one
     shape, problem = split(comm.size)
     piped, pp = pipelined(args), args.pp
     if not problem and piped:
@@ -186,11 +190,11 @@ def main(args):
                                          schedule=args.schedule, microbatches=microbatches(args),
                                          virtual=virtual_stages(args), check=check, on_step=report,
                                          recompute=args.recompute, memory=args.memory, ep=ep,
-                                         algorithms=algorithms)
+                                         algorithms=algorithms, zero=zero)
     else:
         model, results = train(cfg, comm, dp, tp, args.steps, encode(text), sp=args.sp, check=check,
                                on_step=report, mesh=mesh, ep=ep, recompute=args.recompute, memory=args.memory,
-                               replay=args.replay)
+                               replay=args.replay, zero=zero)
     trend, falling = loss_trend([r.loss for r in results])
     failed = sum(not r.passed for r in results)
     if check and rank0:

@@ -2,7 +2,10 @@
 
 Every data-parallel rank holds the same parameters (replicated over the dp axes), so every rank's
 AdamW would hold the same moments. Here each holds 1/dp of them, as Megatron-core's
-``DistributedOptimizer`` does (Rajbhandari et al. 2020, stage 1):
+``DistributedOptimizer`` does (Rajbhandari et al. 2020, stage 1). A parameter split over some of the
+dp axes is sharded over the others, those it is replicated over: an MoE layer's experts, split over
+"ep" of the MoE GPT's dp axes ("dp", "ep"), over "dp" alone (Megatron's expert-data-parallel group),
+each group's parameters in buckets of their own (below, "dp" is a parameter's group):
 
 1. the backward leaves each gradient a pending sum over dp (``backward(keep_pending=params)``); one
    pending over other axes too (sequence parallelism's LayerNorm and bias gradients, over tp) is
@@ -55,6 +58,7 @@ class _Bucket:
     """Parameters laid end to end in one flat buffer, and this rank's slice of it."""
 
     dtype: np.dtype  # the parameters'
+    axes: tuple = ()  # the dp axes its members are replicated over: its slices' group (one of size above one)
     wide: Any = None  # the gradients', master copy's and moments' (float32 for bfloat16 parameters)
     params: Any = None  # bfloat16 parameters: the flat buffer they are gathered into (else `flat` serves)
     rounded: Any = None  # bfloat16 parameters: this rank's master slice rounded, what it sends
@@ -69,7 +73,7 @@ class _Bucket:
     m: Any = None
     v: Any = None
     tmp: Any = None
-    dp: int = 1
+    dp: int = 1  # the group's size
     t: int = 0  # steps taken
 
     @property
@@ -81,9 +85,12 @@ class DistributedAdamW(_Optimizer):
     """AdamW (spmdsim.optim.AdamW's update) with its states and master copy sharded over `dp_axes`.
 
     Args:
-        params: DTensor leaves on `mesh`, each replicated over the dp axes.
+        params: DTensor leaves on `mesh`.
         mesh: their Mesh.
-        dp_axes: the data-parallel mesh axes the states are sharded over (their group, first major).
+        dp_axes: the data-parallel mesh axes the states are sharded over (their group, first major). A
+            parameter split over some of them (an MoE layer's experts, split over "ep" of dp_axes ("dp",
+            "ep")) has its states sharded over the others, the axes it is replicated over: Megatron's
+            expert-data-parallel group (one split over all of them keeps its states whole, as AdamW).
         lr, betas, eps, weight_decay, decay: as spmdsim.optim.AdamW's.
         bucket: the most bytes of gradients per bucket (one Reduce_scatter and one Allgather each);
             None: one bucket per dtype (Megatron's default is 40M elements).
@@ -114,8 +121,8 @@ class DistributedAdamW(_Optimizer):
         self.dp_axes = self._checked_axes(dp_axes)
         if bucket is not None and (type(bucket) is not int or bucket <= 0):
             raise OperatorError(f"DistributedAdamW: bucket {bucket!r} must be None or a positive number of bytes")
-        self.dp = mesh.layout.group_size(self.dp_axes)
-        self._rank = mesh.layout.group_index(mesh.rank, self.dp_axes)
+        # Each parameter's states are sharded over the dp axes it is replicated over.
+        self.axes = [tuple(a for a in self.dp_axes if a not in p.layout.split_axes) for p in self.params]
         self.buckets = self._buckets(bucket)
         self.last_norm: Optional[float] = None
         self._dry = bool(mesh.engine.dry)
@@ -133,29 +140,28 @@ class DistributedAdamW(_Optimizer):
             if p.layout.layout != self.mesh.layout:
                 raise OperatorError(f"DistributedAdamW: parameter {i} is on {p.layout.layout}, not the mesh "
                                     f"{self.mesh.layout}")
-            split = [a for a in axes if a in p.layout.split_axes]
-            if split:
-                raise OperatorError(f"DistributedAdamW: parameter {i} (layout {p.layout}) is split over "
-                                    f"{split[0]!r}; its states are sharded over dp_axes {axes!r}, over which "
-                                    "every parameter must be replicated")
         return tuple(a for a in axes if self.mesh.layout.axis_size(a) > 1)
 
     def _buckets(self, cap: Optional[int]) -> list:
-        """The parameters in buckets: by dtype, in parameter order, each at most `cap` bytes (a larger
-        parameter alone), padded to a multiple of dp; this rank's slice and decaying spans in each."""
+        """The parameters in buckets: by dtype and the dp axes their states shard over, in parameter order, each
+        at most `cap` bytes (a larger parameter alone), padded to a multiple of its group's size; this rank's
+        slice and decaying spans in each."""
         made: list = []
         open_: dict = {}
+        layout = self.mesh.layout
         for i, p in enumerate(self.params):
-            dtype, n = p.local.dtype, p.local.size
-            b = open_.get(dtype.str)
+            dtype, n, axes = p.local.dtype, p.local.size, self.axes[i]
+            key = (dtype.str, axes)
+            b = open_.get(key)
             if b is None or (cap is not None and b.size and (b.size + n) * dtype.itemsize > cap):
-                b = open_[dtype.str] = _Bucket(dtype, np.dtype(np.float32) if is_low(dtype) else dtype, dp=self.dp)
+                b = open_[key] = _Bucket(dtype, axes, np.dtype(np.float32) if is_low(dtype) else dtype,
+                                         dp=layout.group_size(axes) if axes else 1)
                 made.append(b)
             b.members.append((i, b.size, b.size + n))
             b.size += n
         for b in made:
-            b.padded = -(-b.size // self.dp) * self.dp
-            b.start = self._rank * b.shard
+            b.padded = -(-b.size // b.dp) * b.dp
+            b.start = (layout.group_index(self.mesh.rank, b.axes) if b.axes else 0) * b.shard
             lo, hi = b.start, b.start + b.shard
             b.decayed = tuple((max(a, lo) - lo, min(z, hi) - lo) for i, a, z in b.members
                               if self.decays[i] and max(a, lo) < min(z, hi))
@@ -194,6 +200,17 @@ class DistributedAdamW(_Optimizer):
         return {"optimizer states": 2 * slices, "master copy": slices,
                 "buffers": flats + slices + low}
 
+    def states_of(self, params: Iterable[Any]) -> int:
+        """The bytes of this rank's slices of the moments of these parameters (of this optimizer's), a part of
+        `memory`'s "optimizer states" (an MoE layer's experts, spmdsim.moe.ledger), a dry run's alike."""
+        wanted = {id(p) for p in params}
+        total = 0
+        for b in self.buckets:
+            lo, hi = b.start, b.start + b.shard
+            total += sum(2 * max(0, min(z, hi) - max(a, lo)) * b.wide.itemsize for i, a, z in b.members
+                         if id(self.params[i]) in wanted)
+        return total
+
     def grad_slices(self) -> list:
         """(parameter index, start, stop, values): the summed gradient this rank updated at the last step,
         elements [start, stop) of that parameter's flattened block (a real run's; empty before a step)."""
@@ -217,7 +234,7 @@ class DistributedAdamW(_Optimizer):
         out: list = [None] * len(self.params)
         for b in self.buckets:
             part = getattr(b, kind)
-            flat = gather(self.mesh, part, self.dp_axes, label) if self.dp_axes else part
+            flat = gather(self.mesh, part, b.axes, label) if b.axes else part
             for i, a, z in b.members:
                 out[i] = flat[a:z].reshape(self.params[i].local.shape)
         return out
@@ -231,7 +248,7 @@ class DistributedAdamW(_Optimizer):
         for b in self.buckets:
             if not self._dry:
                 _kernel(_pack)(b.flat, tuple(grads[i] for i, _, _ in b.members), _spans(b))
-            reduce_scatter(self.mesh, b.flat, self.dp_axes, 0, label="zero-1 gradient bucket", out=b.grad)
+            reduce_scatter(self.mesh, b.flat, b.axes, 0, label="zero-1 gradient bucket", out=b.grad)
         if self.clip_grad:
             self._clip()
         for b in self.buckets:  # the update's traffic (spmdsim.flops.sweep), real and dry alike
@@ -253,7 +270,7 @@ class DistributedAdamW(_Optimizer):
                 sent, into = b.rounded, b.params
             else:
                 sent, into = b.master if not self._dry else b.grad, b.flat
-            allgather(self.mesh, sent, self.dp_axes, 0, label="zero-1 parameter bucket", out=into)
+            allgather(self.mesh, sent, b.axes, 0, label="zero-1 parameter bucket", out=into)
             if not self._dry:
                 _kernel(_unpack)(into, tuple(self.params[i].local for i, _, _ in b.members), _spans(b))
 
@@ -270,12 +287,13 @@ class DistributedAdamW(_Optimizer):
 
     def _grads(self) -> list:
         """Every parameter's gradient block summed over all but the dp axes (one Allreduce per other group of
-        axes), checked to be a pending sum over exactly the dp axes; the refusals are alike on every rank."""
+        axes), checked to be a pending sum over the dp axes it is replicated over; the refusals are alike on every
+        rank."""
         from .runtime.executor import pending, resolve
 
-        want = set(self.dp_axes)
         extra: dict = {}
         for i, p in enumerate(self.params):
+            want = set(self.axes[i])
             g = p.grad
             if g is None:
                 raise OperatorError(f"DistributedAdamW: parameter {i} has no gradient; every parameter of a "
@@ -284,7 +302,7 @@ class DistributedAdamW(_Optimizer):
                 raise OperatorError(f"parameter {i}: gradient laid out {g.layout} does not match {p.layout}")
             if not want <= set(g.layout.partial):
                 raise OperatorError(f"DistributedAdamW: parameter {i}'s gradient ({g.layout}) is not pending over "
-                                    f"{self.dp_axes!r}: run loss.backward(keep_pending=optimizer.params), so the "
+                                    f"{self.axes[i]!r}: run loss.backward(keep_pending=optimizer.params), so the "
                                     "optimizer sums it once over dp (a gradient already summed would be summed "
                                     "again)")
             others = tuple(a for a in g.layout.partial if a not in want)
@@ -301,10 +319,10 @@ class DistributedAdamW(_Optimizer):
                 n = out[i].size
                 out[i] = summed[at:at + n].reshape(out[i].shape)
                 at += n
-            for i in members:  # the leaf's gradient, now pending over dp only
+            for i in members:  # the leaf's gradient, now pending over its dp axes only
                 p = self.params[i]
                 p._ag.grad = type(p.grad)(p.mesh, out[i], with_partial(p.layout, tuple(
-                    a for a in p.grad.layout.partial if a in want)), p.global_shape)
+                    a for a in p.grad.layout.partial if a in self.axes[i])), p.global_shape)
         return out
 
     def _clip(self) -> None:

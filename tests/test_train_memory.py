@@ -229,8 +229,6 @@ def test_distributed_adamw_refusals():
 
     def body(case):
         mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
-        if case == "split":
-            DistributedAdamW(_params(mesh, [(4,)], split_over="dp"), mesh)
         if case == "axes":
             DistributedAdamW(_params(mesh, [(4,)]), mesh, dp_axes=("data",))
         params = _params(mesh, [(4,)])
@@ -239,8 +237,7 @@ def test_distributed_adamw_refusals():
         (ops.sum(ops.mul(params[0], params[0])) * ops.sum(x)).backward()  # summed over dp already
         opt.step()
 
-    for case, message in (("split", r"parameter 0 \(layout .*\) is split over 'dp'"),
-                          ("axes", r"dp_axes \('data',\) must name distinct axes of the mesh \('dp', 'tp'\)"),
+    for case, message in (("axes", r"dp_axes \('data',\) must name distinct axes of the mesh \('dp', 'tp'\)"),
                           ("summed", r"parameter 0's gradient .* is not pending over \('dp',\): run "
                                      r"loss.backward\(keep_pending=optimizer.params\)")):
         with pytest.raises(OperatorError, match=message):

@@ -191,7 +191,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     from .mixed import mixed_problem, moe_problem as moe_precision_problem, tolerances as mixed_tolerances
     from .parallel import GPT, _moe_problem
     from .train import (_checked_mixed, _checked_reference, _expert_bytes, _optimizer_start, _summed_grads,
-                        _zero_moments, replay_problem)
+                        _zero_axes, _zero_moments, replay_problem)
 
     moe = cfg.moe is not None or ep != 1
     problem = (pipeline_layout_problem(cfg, pp, dp, tp, sp, microbatches, virtual, split, ep)
@@ -199,8 +199,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
                or (replay_problem(cfg, pipelined=True) if replay else None) or precision_problem(precision)
                or mixed_problem(precision, kept=kept))
     if not problem and cfg.moe is not None:
-        problem = moe_precision_problem(precision) or _moe_problem(recompute, kept) or (zero and (
-            "ZeRO-1 with MoE layers is not available yet (the experts' states would shard over dp alone)")) or None
+        problem = moe_precision_problem(precision) or _moe_problem(recompute, kept)
     if problem:
         where = f"pp {pp} x dp {dp} x ep {ep} x tp {tp}" if moe else f"pp {pp} x dp {dp} x tp {tp}"
         raise SpmdsimError(f"the GPT cannot train on {where}: {problem}")
@@ -231,9 +230,9 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     ends = (0 in models) != (last in models) and pp > 1  # this stage holds one copy of the tied table
     # Clipping's joint norm: every stage's squares summed over pp, the tied table's counted on the first stage.
     counted = [t for name, t in params.items() if not (name == "wte" and ends and stage == pp - 1)]
-    if zero:  # each stage's states and master copy sharded over its dp ranks
-        optimizer = DistributedAdamW(tensors, stage_mesh, ("dp",), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                                     weight_decay=cfg.weight_decay, decay=decaying, clip_grad=cfg.clip,
+    if zero:  # each stage's states and master copy sharded over its dp ranks (and ep's: spmdsim.distrib_optim)
+        optimizer = DistributedAdamW(tensors, stage_mesh, _zero_axes(stage_mesh), lr=cfg.lr, betas=cfg.betas,
+                                     eps=cfg.eps, weight_decay=cfg.weight_decay, decay=decaying, clip_grad=cfg.clip,
                                      clip_across=(mesh, ("pp",)), clip_counted=counted)
     else:
         optimizer = AdamW(tensors, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,

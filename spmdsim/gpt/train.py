@@ -305,7 +305,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     `replay`: step 0 is captured (spmdsim.runtime.replay) and every later step replays it, checked
     the same way; not with `cfg.clip` (clipping reads the gradients' norm into Python).
     `recompute`: "none", "selective" or "full" (spmdsim.gpt.parallel.GPT's). `zero`: 0 (AdamW) or 1
-    (DistributedAdamW over dp). `memory`: measure each step's bytes into StepResult.memory. `kept`:
+    (DistributedAdamW over dp; with MoE layers over dp x ep, the experts' over dp). `memory`: measure each step's bytes into StepResult.memory. `kept`:
     "graph" or "megatron" (spmdsim.gpt.parallel.GPT's: what the graph keeps for backward). `ep`: with MoE
     layers (cfg.moe), the expert-parallel ranks: the mesh is Layout((dp, ep, tp), ("dp", "ep", "tp")), the
     batch split over dp x ep (spmdsim.moe.layer); the step's loss includes the router losses.
@@ -329,8 +329,6 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     problem = (recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
                or (replay_problem(cfg) if replay else None) or precision_problem(precision)
                or mixed_problem(precision, kept=kept))
-    if not problem and zero and cfg.moe is not None:
-        problem = "ZeRO-1 with MoE layers is not available yet (the experts' states would shard over dp alone)"
     if not problem and cfg.moe is not None:
         problem = moe_precision_problem(precision)
     if problem:  # every rank alike, before any collective
@@ -345,7 +343,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     params = [model.params[s.name] for s in specs]
     decaying = [model.params[s.name] for s in specs if decays(s)]
     if zero:
-        optimizer = DistributedAdamW(params, mesh, ("dp",), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+        optimizer = DistributedAdamW(params, mesh, _zero_axes(mesh), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                                      weight_decay=cfg.weight_decay, decay=decaying, clip_grad=cfg.clip)
     else:
         optimizer = AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
@@ -435,6 +433,12 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     return model, results
 
 
+def _zero_axes(mesh: Any) -> tuple:
+    """The axes ZeRO-1 shards over: the data-parallel ones, "dp" and, on an MoE mesh, "ep" (the dense layers'
+    tokens are split over both; the experts, split over ep, shard over dp alone: spmdsim.distrib_optim)."""
+    return tuple(a for a in ("dp", "ep") if a in mesh.layout.alias_name)
+
+
 def anchored_start(optimizer: Any, tensors: dict) -> Any:
     """Copies at the step's start of what the update reads, for `anchored_updates`: with AdamW, name -> (this
     rank's block, its first and second moments (None before its first step), its steps so far, whether it
@@ -488,7 +492,7 @@ def _zero_anchored(start: list, tensors: dict, cfg: GPTConfig, optimizer: Any) -
             p[a:z] *= 1 - cfg.lr * cfg.weight_decay
         adamw_update(p, np.asarray(b.grad, np.float64), m, v, steps + 1, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                      weight_decay=0.0)
-        flat = gather(optimizer.mesh, p, optimizer.dp_axes, "check") if optimizer.dp_axes else p
+        flat = gather(optimizer.mesh, p, b.axes, "check") if b.axes else p
         for i, a, z in b.members:
             out[names[i]] = flat[a:z].reshape(tensors[names[i]].local.shape)
     return out

@@ -1,0 +1,107 @@
+"""ZeRO-1 with MoE layers (spmdsim.distrib_optim.DistributedAdamW over ("dp", "ep")): the dense layers' states
+and master copy sharded over dp x ep, the experts' over dp alone (Megatron's expert-data-parallel group), every
+step checked against one numpy process and equal to AdamW's, each bucket's Reduce_scatter and Allgather over its
+own group, a dry run's bytes those of a real step (docs/experts.md, "ZeRO-1")."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import spmdsim
+from spmdsim import Layout
+from spmdsim.errors import OperatorError
+from spmdsim.gpt import GPTConfig, encode, load_text
+from spmdsim.gpt.train import TOLERANCE, train
+
+TEXT = encode(load_text(20_000))
+
+
+def _cfg(dropless=False):
+    from spmdsim.moe import MoEConfig
+
+    moe = MoEConfig(experts=4, top_k=2, capacity_factor=1.0, dropless=dropless, aux_loss_coeff=0.5, z_loss_coeff=0.1)
+    return GPTConfig(layers=2, d_model=32, heads=2, seq=16, batch=8, dropout=0.1, moe=moe)
+
+
+def _run(cfg, dp, ep, tp, zero, steps=2, dry_run=False, **kwargs):
+    from spmdsim.runtime.trace import collect_trace
+
+    def main():
+        with collect_trace() as trace:
+            model, results = train(cfg, spmdsim.world(), dp, tp, steps, TEXT, ep=ep, zero=zero, memory=True,
+                                   **kwargs)
+        rows = [(e.op, e.axes, e.bytes_sent) for e in trace.entries if e.label and e.label.startswith("zero-1")]
+        model.mesh.close()
+        return results, rows
+
+    return spmdsim.simulate(dp * ep * tp, main, dry_run=dry_run)
+
+
+@pytest.mark.parametrize("dropless", [False, True])
+def test_zero1_with_moe_layers_is_adamw_with_states_sharded_over_each_parameters_own_group(dropless):
+    cfg = _cfg(dropless)
+    zero, adam = (_run(cfg, 2, 2, 2, z, sp=True) for z in (1, 0))
+    for (results, rows), (theirs, _) in zip(zero, adam):
+        assert all(r.passed and max(r.errors) <= TOLERANCE for r in results), [r.errors for r in results]
+        for r, a in zip(results, theirs):
+            assert r.loss == pytest.approx(a.loss, rel=1e-12, abs=0)
+            # the experts' moments: 1/dp of AdamW's (split over ep already); the model's: 1/(dp ep) of AdamW's
+            assert r.experts.states * 2 == a.experts.states
+            dense = a.memory.states - a.experts.states
+            assert r.memory.states - r.experts.states == pytest.approx(dense / 4, abs=2 * 8 * 3)
+        # one bucket per group: the dense layers' gradients scattered over dp x ep, the experts' over dp
+        assert sorted({(op, axes) for op, axes, _ in rows if op != "allreduce"}) == [
+            ("allgather", ("dp",)), ("allgather", ("dp", "ep")),
+            ("reduce_scatter", ("dp",)), ("reduce_scatter", ("dp", "ep"))]
+        assert ("allreduce", ("tp",)) in {(op, axes) for op, axes, _ in rows}  # sp's norms and biases, over tp first
+
+
+def test_zero1_with_moe_layers_in_a_dry_run_sends_and_holds_what_a_real_step_does():
+    cfg = _cfg()
+    real, dry = _run(cfg, 2, 2, 1, 1, steps=1), _run(cfg, 2, 2, 1, 1, steps=1, dry_run=True)
+    (r,), real_rows = real[0]
+    (d,), dry_rows = dry[0]
+    assert dry_rows == real_rows and d.bytes_sent == r.bytes_sent
+    assert d.memory.states == r.memory.states and d.experts.states == r.experts.states
+
+
+def test_pipelined_moe_with_zero1_and_clipping_passes_every_step():
+    """Each stage's optimizer over its own (dp, ep) mesh; the clipped joint norm counts every element once
+    (the experts' slices over dp, the others' over dp x ep) and sums the stages' squares over pp."""
+    import dataclasses
+
+    from spmdsim.gpt.pipeline import train_pipelined
+
+    cfg = dataclasses.replace(_cfg(), clip=0.05)
+
+    def main():
+        run, results = train_pipelined(cfg, spmdsim.world(), 2, 2, 1, 2, TEXT, ep=2, microbatches=2, zero=1)
+        run.close()
+        return results
+
+    for results in spmdsim.simulate(8, main):
+        assert all(r.passed and max(r.errors) <= TOLERANCE for r in results), [r.errors for r in results]
+
+
+def test_a_parameter_split_over_every_dp_axis_keeps_its_states_whole():
+    """DistributedAdamW shards a parameter's states over the dp axes it is replicated over: none left for one
+    split over dp, so it steps as AdamW on its own block (no collective for its bucket)."""
+    from spmdsim import ops
+    from spmdsim.distrib_optim import DistributedAdamW
+    from spmdsim.optim import AdamW
+    from spmdsim.runtime.dtensor import DTensor
+    from spmdsim.runtime.mesh import Mesh
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
+        values = np.arange(8.0) / 8
+        mine, ref = (DTensor.from_global(mesh, values, mesh.layout("dp")).requires_grad_() for _ in range(2))
+        zero, adamw = DistributedAdamW([mine], mesh, lr=0.1), AdamW([ref], lr=0.1)
+        for p, opt in ((mine, zero), (ref, adamw)):
+            loss = ops.sum(ops.mul(p, p))
+            loss.backward(keep_pending=[p]) if opt is zero else loss.backward()
+            opt.step()
+        return zero.buckets[0].axes, zero.memory()["optimizer states"], float(np.max(np.abs(mine.local - ref.local)))
+
+    for axes, states, diff in spmdsim.simulate(4, body):
+        assert axes == () and states == 2 * 4 * 8 and diff == 0.0
