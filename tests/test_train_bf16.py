@@ -39,10 +39,9 @@ def test_policies_and_refusals_are_one_line():
     assert (mixed.param, mixed.grad, mixed.master, mixed.optimizer, mixed.activation) == (
         "bfloat16", "float32", "float32", "float32", "bfloat16")
     assert precision_problem("bf16") == "precision 'bf16' must be one of fp64, fp32, bf16-mixed"
-    assert "kept 'graph'" in mixed_problem("bf16-mixed", kept="megatron")
-    assert mixed_problem("fp64", kept="megatron") is None and mixed_problem("bf16-mixed") is None
-    for bad, message in (({"precision": "bf16"}, "must be one of"), ({"precision": "fp32", "kept": "megatron"},
-                                                                     "kept 'graph'")):
+    assert all(mixed_problem(p, kept=k) is None for p in PRESETS for k in ("graph", "megatron"))
+    for bad, message in (({"precision": "bf16"}, "must be one of"), ({"precision": "fp32", "kept": "fused"},
+                                                                     "kept 'fused' is not one of")):
         with pytest.raises(SpmdsimError, match=message) as caught:  # before any collective: on every rank alike
             spmdsim.simulate(4, lambda: train(CFG, spmdsim.world(), 2, 2, 1, TEXT, **bad))
         assert "\n" not in str(caught.value)

@@ -40,15 +40,12 @@ _F32 = np.float32
 
 
 def mixed_problem(precision: Any, kept: str = "graph") -> Optional[str]:
-    """Why the GPT's training cannot run these options under `precision` (one line), or None. (A replayed step
-    runs under any policy, spmdsim.runtime.replay recording bfloat16 blocks as any others; so do ZeRO-1, its
+    """Why the GPT's training cannot run these options under `precision` (one line), or None: None for every
+    policy and kept set now (kept "megatron"'s fused pieces round where the graph's operators round,
+    spmdsim.ops.megatron, so this reference checks both; MoE layers: `moe_problem`). A replayed step runs
+    under any policy, spmdsim.runtime.replay recording bfloat16 blocks as any others; so do ZeRO-1, its
     master copy and moments float32 for bfloat16 parameters, spmdsim.distrib_optim, and a pipeline,
-    spmdsim.gpt.pipeline, its stages' messages in the activations' dtype.)"""
-    name = getattr(precision, "name", precision)
-    if name == "fp64":
-        return None
-    if kept != "graph":
-        return f"precision {name!r} runs with kept 'graph' (the fused pieces of kept {kept!r} are float64 only)"
+    spmdsim.gpt.pipeline, its stages' messages in the activations' dtype."""
     return None
 
 

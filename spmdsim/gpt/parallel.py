@@ -79,15 +79,6 @@ def _with_losses(h: Any, losses: Any) -> Any:
     return record(out, "router losses attached", (h, losses), backward, reads=())
 
 
-def _kept_precision_problem(kept: str, precision: Any) -> Optional[str]:
-    """Why `kept` cannot run under `precision` (one line), or None."""
-    name = getattr(precision, "name", precision)
-    if kept == "megatron" and name != "fp64":
-        return (f"kept 'megatron' runs at fp64 only (its fused pieces have no {name} kernels yet); "
-                "use kept 'graph' with precision " + repr(name))
-    return None
-
-
 class GPT:
     """The model's parameters as DTensors on `mesh` (each rank builds only its shards) and its forward.
 
@@ -109,7 +100,8 @@ class GPT:
             general rules keep (every node its inputs' blocks); "megatron", Megatron-LM's set, Korthikanti
             et al.'s count (spmdsim.ops.megatron: each rule keeps only what it reads, boolean dropout
             masks, the column-parallel products' input kept as its sequence shard and gathered again in
-            the backward). The same values.
+            the backward). The same values, under every precision policy (its fused pieces round where the
+            general operators round).
         precision: the run's precision policy (spmdsim.precision: "fp64", "fp32", "bf16-mixed"): the
             parameters are made in its parameter dtype and the activations are its activation dtype
             (a row-parallel product's float32 pending sum is rounded to it once summed).
@@ -120,8 +112,7 @@ class GPT:
                  recompute: str = "none", kept: str = "graph", precision: Any = "fp64") -> None:
         from ..runtime.dtensor import DTensor  # its operators came with `ops`, imported above
 
-        problem = recompute_problem(recompute) or kept_problem(kept) or precision_problem(precision) \
-            or _kept_precision_problem(kept, precision)
+        problem = recompute_problem(recompute) or kept_problem(kept) or precision_problem(precision)
         if problem:
             raise SpmdsimError(problem)
         self.precision = policy = get_precision(precision)

@@ -113,7 +113,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
         if not recompute:
             saved["p"], saved["pd"] = p, pd
             if kept == "megatron" and drop:  # the factor made again from the mask in the backward
-                saved["keep"], saved["scale"] = keep, dtype.type(1.0 / (1.0 - drop))
+                saved["keep"], saved["scale"] = keep, factors.dtype.type(1.0 / (1.0 - drop))  # float32 at bf16
             else:
                 saved["factors"] = factors
         if low:  # (spmdsim.precision: a float32 product, rounded once)
@@ -135,7 +135,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
         saved.update(p=p, pd=_engine_local(np.copy, block, block) if drop else p)
         if kept == "megatron" and drop:
             bits = np.broadcast_to(np.zeros((), bool), block.shape)
-            saved.update(keep=_engine_local(np.copy, bits, bits), scale=dtype.type(1.0 / (1.0 - drop)))
+            saved.update(keep=_engine_local(np.copy, bits, bits),
+                            scale=(np.float32 if low else dtype.type)(1.0 / (1.0 - drop)))
         else:
             factors = np.broadcast_to(np.zeros((), np.float32), block.shape) if low else block  # the kernel's dtype
             saved.update(factors=_engine_local(np.copy, factors, block) if drop else None)

@@ -14,7 +14,14 @@ these, `ops.layer_norm(..., kept="megatron")`, `ops.gelu(..., kept="megatron")` 
   bias_dropout_add_fused); keeps the 1-byte boolean mask only.
 
 The values are the graph's (the same products and sums); the collectives of the forward are the
-graph's, and the backward's are too but for the column products' Allgathers. Operands are laid out as
+graph's, and the backward's are too but for the column products' Allgathers. Under a low-precision policy
+(spmdsim.precision) each piece rounds where the graph's operators round, so the one reference
+(spmdsim.gpt.mixed) checks both: a product of bfloat16 blocks is a float32 product rounded once to the
+activations' dtype (a row-parallel product after its collective has summed it), the bias added to it and
+rounded again; bias-dropout-add rounds y + bias, its dropped-out values and the residual sum, each once, as
+the graph's three operators do (Megatron's jit-fused kernel may keep the first two in float32; spmdsim
+rounds at the graph's points so that one reference checks both sets, at the policy's tolerances). What each node keeps is in the
+activations' dtype (bfloat16: 2 bytes an element), the masks 1 byte. Operands are laid out as
 the GPT lays them (the weights' and biases' splits Megatron's); these are its building blocks, not
 general operators.
 """
@@ -28,7 +35,9 @@ from ..autograd.rules.megatron import record_bias_dropout_add, record_column, re
 from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
 from ..errors import OperatorError
 from ..flops import sweep
+from ..engines import matmul as _engine_matmul  # precision.product: bfloat16 widened, a float32 product
 from ..layout import TensorLayout
+from ..precision import is_low, rounded, wide
 from ._common import add_bias, dry_zeros, local_matmul, make_dtensor, result_dtype
 from .norms import dropout_keep
 
@@ -74,12 +83,15 @@ def column_parallel_linear(x: Any, pairs: Sequence[tuple], full: Optional[Tensor
             raise OperatorError(f"column_parallel_linear: weight {tuple(w.global_shape)} {w.layout} is not split "
                                 f"on its columns only, alike, with {x.global_shape[-1]} rows")
     X = gathered(x, full)
+    low = is_low(x.dtype)
     ys = []
     for w, b in pairs:
-        y = local_matmul(X.local, w.local, False)
+        # bfloat16: a float32 product rounded once, as the graph's einsum (spmdsim.precision)
+        y = _rounded(_engine_matmul(X.local, w.local), x.dtype) if low else local_matmul(X.local, w.local, False)
         if b is not None:  # a dry run's large sum: zeros of its shape (spmdsim.ops._common.dry_zeros), not added
-            dry = dry_zeros(x.mesh, y.shape, result_dtype(y.dtype, b.local.dtype), add_bias, y, b.local)
-            y = add_bias(y, b.local) if dry is None else dry
+            add = _added_rounded if low else add_bias
+            dry = dry_zeros(x.mesh, y.shape, result_dtype(y.dtype, b.local.dtype), add, y, b.local)
+            y = add(y, b.local) if dry is None else dry
             sweep("bias_add", (y, b.local), (y,))
         ys.append(y)
     one = TensorLayout(full.layout, full.tensor_map[:-1] + (entry,))
@@ -105,8 +117,12 @@ def row_parallel_linear(x: Any, w: Any, out_layout: TensorLayout) -> Any:
                             "on the contraction (and whole elsewhere)")
     local = _row_product_layout(x._layout)
     shape = tuple(x.global_shape[:-1]) + (w.global_shape[-1],)
-    y = make_dtensor(x.mesh, local_matmul(x.local, w.local, True), local, shape)
-    out = redistribute(y, out_layout)
+    low = is_low(x.dtype)
+    # bfloat16: the pending product float32 (precision.product), summed by the collective, then rounded once
+    product = _engine_matmul(x.local, w.local) if low else local_matmul(x.local, w.local, True)
+    out = redistribute(make_dtensor(x.mesh, product, local, shape), out_layout)
+    if low:
+        out = make_dtensor(x.mesh, _rounded(out.local, x.dtype), out.layout, out.global_shape)
     if x._ag is None and w._ag is None:
         return out
     return record_row(out, x, w, local, gathered)
@@ -133,6 +149,16 @@ def _row_product_layout(layout: TensorLayout) -> TensorLayout:
     return out
 
 
+def _rounded(block: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """A float32 product or sum `block` rounded once to the activations' `dtype` (a dry run's zeros)."""
+    return _engine_local(rounded, np.broadcast_to(np.zeros((), dtype), block.shape), block, dtype)
+
+
+def _added_rounded(y: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """bfloat16 y + bias, in float32, rounded once to y's dtype (the graph's add)."""
+    return rounded(wide(y) + wide(bias), y.dtype)
+
+
 _ROW_PRODUCT: dict = {}  # id(x's layout) -> (that layout, _row_product_layout's answer)
 _ROW_PRODUCT_BY_VALUE: dict = {}  # x's layout -> the one product layout object for layouts equal to it
 
@@ -144,10 +170,18 @@ def bias_dropout_add(y: Any, bias: Any, residual: Any, p: float, seed: Any = Non
     if y.layout != residual.layout or y.global_shape != residual.global_shape:
         raise OperatorError(f"bias_dropout_add: y {y.layout} and residual {residual.layout} differ")
     mesh = y.mesh
-    scale = y.dtype.type(1.0 / (1.0 - p))  # a scalar: the node keeps no array but the mask
+    low = is_low(y.dtype)
+    # A scalar (float32 at bfloat16, as ops.dropout's factor): the node keeps no array but the mask.
+    scale = (np.float32 if low else y.dtype.type)(1.0 / (1.0 - p))
     keep = dropout_keep(y, p, seed, mask_dims, mesh.engine.dry) if p else None
 
     def kernel(yb: np.ndarray, bb: np.ndarray, rb: np.ndarray) -> np.ndarray:
+        if low:  # the graph's three rounding points: y + bias, its dropped-out values, the residual sum
+            dt = yb.dtype
+            z = rounded(wide(yb) + wide(bb), dt)
+            if keep is not None:
+                z = rounded(wide(z) * np.multiply(keep, scale), dt)
+            return rounded(wide(rb) + wide(z), dt)
         z = yb + bb
         return rb + (z if keep is None else z * np.multiply(keep, scale))
 

@@ -178,17 +178,28 @@ def layer_norm(x: Any, weight: Optional[Any] = None, bias: Optional[Any] = None,
 
 def _fused_layer_norm(x: Any, d: int, eps: float, weight: Optional[Any], bias: Optional[Any]) -> Any:
     """layer_norm along a whole last dim as one node that keeps x and each row's mean and standard
-    deviation (spmdsim.autograd.rules.norms.record_layer_norm); the values are the composite's."""
+    deviation (spmdsim.autograd.rules.norms.record_layer_norm); the values are the composite's. bfloat16:
+    the statistics float32 (Apex's), and the normalized values, times weight and plus bias each rounded
+    once, where the graph's three nodes round them (spmdsim.precision)."""
     n = x.global_shape[d]
     w, b = _replicated(weight), _replicated(bias)
+    low = is_low(x.dtype)
     stats: dict[str, np.ndarray] = {}  # the rows' mean and sqrt(var + eps) (a dry run's: zeros)
 
     def kernel(block: np.ndarray) -> np.ndarray:
         inv = 1.0 / n
+        dt, block = block.dtype, wide(block)
         stats["mean"] = mean = _SUM(block, axis=d, keepdims=True) * inv
         c = block - mean
         stats["root"] = root = np.sqrt(_SUM(c * c, axis=d, keepdims=True) * inv + eps)
         y = c / root
+        if low:
+            y = rounded(y, dt)
+            if w is not None:
+                y = rounded(wide(y) * wide(w.local), dt)
+            if b is not None:
+                y = rounded(wide(y) + wide(b.local), dt)
+            return y
         if w is not None:
             y = y * w.local
         if b is not None:
@@ -198,14 +209,15 @@ def _fused_layer_norm(x: Any, d: int, eps: float, weight: Optional[Any], bias: O
     dtype = result_dtype(*[t.local.dtype for t in (x, w, b) if t is not None])
     out = make_dtensor(x.mesh, _engine_local(kernel, np.broadcast_to(np.zeros((), dtype), x.local.shape), x.local),
                        x.layout, x.global_shape)
-    rows = (x.local.shape[:d] + (1,) + x.local.shape[d + 1:], x.dtype)
+    stat = np.dtype(np.float32) if low else x.dtype  # bfloat16's statistics are float32
+    rows = (x.local.shape[:d] + (1,) + x.local.shape[d + 1:], stat)
     if any_open():  # else nothing is counted: no blocks to gather
         sweep("layer_norm", (x.local, None if w is None else w.local, None if b is None else b.local),
               (out.local, rows, rows))  # y and each row's mean and root
     if all(t is None or t._ag is None for t in (x, w, b)):
         return out
     if x.mesh.engine.dry:  # the statistics the rule keeps, sized (the dry engine's zeros)
-        rows = np.broadcast_to(np.zeros((), x.dtype), x.local.shape[:d] + (1,) + x.local.shape[d + 1:])
+        rows = np.broadcast_to(np.zeros((), stat), x.local.shape[:d] + (1,) + x.local.shape[d + 1:])
         stats.update(mean=_engine_local(np.copy, rows, rows), root=_engine_local(np.copy, rows, rows))
     return record_layer_norm(out, x, w, b, stats, d)
 
@@ -300,11 +312,15 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
     dry = dry_zeros(x.mesh, x.local.shape, x.local.dtype, np.multiply, x.local, scale)
     if kept == "megatron":
         keep = dropout_keep(x, p, seed, mask_dims, dry is not None)
-        out = make_dtensor(x.mesh, x.local * np.multiply(keep, scale) if dry is None else dry, x.layout,
-                           x.global_shape)
+        if dry is not None:
+            block = dry
+        else:  # bfloat16: x times the float32 factor, rounded once (the graph's values)
+            block = rounded(wide(x.local) * np.multiply(keep, scale), x.dtype) if low else x.local * np.multiply(
+                keep, scale)
+        out = make_dtensor(x.mesh, block, x.layout, x.global_shape)
         if any_open():  # else nothing is counted: no blocks to gather
             sweep("dropout", (x.local,), (out.local, keep))  # the mask drawn in the kernel and written
-        return out if x._ag is None else record_dropout_mask(out, x, keep, x.dtype.type(scale))
+        return out if x._ag is None else record_dropout_mask(out, x, keep, scale.dtype.type(scale))
     order, mask_shape, mask_region, back = _mask_geometry(x, mask_dims)
     if dry is not None:  # the factors the rule keeps, sized (zeros never touched): kept bytes measure alike
         like = np.broadcast_to(np.zeros((), scale.dtype), dry.shape)  # the factors' dtype (float32 at bfloat16)

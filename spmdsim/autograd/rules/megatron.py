@@ -8,6 +8,10 @@
   Reduce_scatter, as in the graph), dX = dY W^T, dW = X^T dY;
 - bias, dropout and residual: d residual = dY, d y = dY * mask / (1 - p), d bias = its sum.
 
+Under a low-precision policy the gradients are float32 (spmdsim.precision): each rule reads dY rounded to
+the activations' dtype (the walk rounds it), multiplies the bfloat16 blocks widened (precision.product),
+and bias-dropout-add rounds d y as the graph rounds the gradient of y + bias before its bias sums it.
+
 The inputs a rule does not read are recorded as shells (`spmdsim.autograd.kept.shell`), so a node
 keeps none of their blocks.
 """
@@ -22,6 +26,7 @@ from ...engines import local as _local  # the kernel; the dry engine's zeros, no
 from ...engines import matmul as _product  # np.matmul; the dry engine's zeros, unmultiplied
 from ...flops import sweep
 from ...layout import TensorLayout
+from ...precision import is_low
 from ..graph import record, with_partial
 from ..kept import nothing, shell
 from .grads import axes_of, grad_tensor
@@ -112,11 +117,17 @@ def record_bias_dropout_add(out: Any, y: Any, bias: Any, residual: Any, keep: Op
     and shells of y and the residual; `scale`: 1 / (1 - p), a numpy scalar (no array kept)."""
     need = (y._ag is not None, bias._ag is not None, residual._ag is not None)
     rows = axes_of(y.layout, y.layout.tensor_map[:-1])
+    low = y.dtype if is_low(y.dtype) else None  # bfloat16: d(y + bias) rounded to it, as the graph's walk does
     y, residual = shell(y), shell(residual)
 
     def backward(dy: Any) -> tuple:
         passed, d = dy.layout.partial, dy.local
-        inner = d if keep is None else _local(lambda: d * np.multiply(keep, scale), d)
+        if keep is None:
+            inner = d
+        elif low is None:
+            inner = _local(lambda: d * np.multiply(keep, scale), d)
+        else:
+            inner = _local(lambda: (d * np.multiply(keep, scale)).astype(low).astype(np.float32), d)
         if keep is not None:
             sweep("dropout", (d, keep), (inner,))
         if need[1]:

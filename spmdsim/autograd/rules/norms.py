@@ -13,7 +13,8 @@ import numpy as np
 from ... import reference_grad
 from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
 from ...flops import any_open, sweep
-from ..graph import record
+from ...precision import is_low, rounded, wide
+from ..graph import record, with_partial
 from .grads import axes_of, grad_tensor
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
@@ -71,20 +72,28 @@ def record_layer_norm(out: Any, x: Any, weight: Any, bias: Any, stats: dict, d: 
     row's mean and sqrt(var + eps) (`stats`, Apex's fused layer norm), not the normalized values nor the
     affine output: the backward makes y = (x - mean) / root again (the forward's values, bit for bit),
     then dW = sum(dY y), dB = sum(dY) (pending over the axes that split the rows) and
-    dX = r (dY w - mean(dY w) - y mean(dY w y)) with r = 1 / root, as the graph's three rules do.
+    dX = r (dY w - mean(dY w) - y mean(dY w y)) with r = 1 / root, as the graph's three rules do. bfloat16
+    x: the statistics float32, y rounded as the forward rounded it and dY w rounded where the graph's walk
+    rounds the normalized values' gradient, all else float32 (spmdsim.precision).
     """
     n = x.global_shape[d]
     rows = axes_of(x.layout, x.layout.tensor_map[:d] + x.layout.tensor_map[d + 1:])
     need = tuple(t is not None and t._ag is not None for t in (x, weight, bias))
     lead = tuple(range(x.layout.ndim - 1))
+    low = x.dtype if is_low(x.dtype) else None
 
     def grads(dy: np.ndarray) -> tuple:
-        y = (x.local - stats["mean"]) / stats["root"]
+        y = (wide(x.local) - stats["mean"]) / stats["root"]
+        if low is not None:  # the forward's rounded normalized values; dY and d y rounded as the graph's walk
+            y = wide(rounded(y, low))  # rounds them (dY here too: see `backward`; a no-op where the walk did)
+            dy = wide(rounded(dy, low))
         dw = _SUM(dy * y, axis=lead) if need[1] else None
         db = _SUM(dy, axis=lead) if need[2] else None
         if not need[0]:
             return None, dw, db
-        dyy = dy if weight is None else dy * weight.local
+        dyy = dy if weight is None else dy * wide(weight.local)
+        if low is not None and weight is not None:
+            dyy = wide(rounded(dyy, low))
         inv = 1.0 / n
         g = dyy - _SUM(dyy * y, axis=d, keepdims=True) * inv * y
         g = g - _SUM(dyy, axis=d, keepdims=True) * inv
@@ -95,6 +104,12 @@ def record_layer_norm(out: Any, x: Any, weight: Any, bias: Any, stats: dict, d: 
             w = None if weight is None else weight.local
             sweep("layer_norm", (dy.local, x.local, stats["mean"], stats["root"], w),
                   (dy.local if need[0] else None, w if need[1] else None, bias.local if need[2] else None))
+        if low is not None and dy.layout.partial:
+            # The walk rounds a bfloat16 node's dY summed, but leaves it as it comes (pending over tp, float32)
+            # where x, w and b are all leaves (a fully recomputed block's input): summed here, as it would sum it.
+            from ...runtime.executor import redistribute
+
+            dy = redistribute(dy, with_partial(dy.layout, ()))
         if dy.mesh.engine.dry:  # zeros of each operand's block
             gx, gw, gb = (None if t is None else np.zeros(t.local.shape, t.dtype) for t in (x, weight, bias))
         else:
