@@ -33,7 +33,8 @@ SAME_AS_MPICH = ["hello.py", "ring_objects.py", "ring_buffers.py", "sendrecv.py"
                  "split.py", "pi.py", "main_guard.py", "argv_files.py", "truncate_caught.py", "cart.py",
                  "montecarlo.py", "master_worker.py", "modules/main.py", "test_loop_feeding.py",
                  "test_loop_late.py", "neighbors.py", "graphs.py", "alltoallw.py", "rma.py", "halo.py", "columns.py",
-                 "partitioned.py", "reduce_derived.py"]
+                 "partitioned.py", "reduce_derived.py", "reduce_derived_user.py",
+                 "inplace_derived.py"]
 
 
 @pytest.fixture(scope="module")

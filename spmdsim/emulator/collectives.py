@@ -19,7 +19,7 @@ from typing import Any, Callable
 from ..errors import ShapeError
 from ..sim import thread_engine as bodies
 from .._lazy import numpy_on_first_use
-from .derived import blocks, may_be_derived, packed, unpacking, wmessage
+from .derived import blocks, laid_out, may_be_derived, packed, unpacking, wmessage
 from ..sim._buffers import (_unpack, copy_into, dtype_name, fold, in_place, message, mpi_error, mpi_module, reduction,
                             vector)
 from ..sim.orders import allreduce_tree, reduce_tree
@@ -105,25 +105,28 @@ class BufferCollectives:
         if found is None:
             run(sendbuf, recvbuf)
             return
-        if in_place(sendbuf):
-            raise NotImplementedError("MPI.IN_PLACE with a derived datatype in a gather or all-to-all is not "
-                                      "simulated")
+        if in_place(sendbuf):  # this rank's data is in the receive buffer: its blocks packed where they go
+            np.copyto(found[0][0], blocks(recvbuf, receives, v, writable=False)[0][0])
         run(sendbuf, found[0])
         found[1]()
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> None:
         red = reduction(op)
         _predefined_op_types("Allreduce", red, sendbuf, recvbuf)
+        red, sendbuf, recvbuf, finish = laid_out("Allreduce", red, sendbuf, recvbuf)
         dst, n, dt = message(recvbuf, "Allreduce recvbuf", readonly=False)
         if dst.size != n:
             dst = dst[:n]
         src = dst if in_place(sendbuf) else _matching("Allreduce", sendbuf, dst, n)
         bodies.all_reduce(self, src, dst, red, dt, allreduce_tree)  # MPICH's association, for floats
+        if finish is not None:
+            finish()
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM, root: int = 0) -> None:
         red = reduction(op)
         me, root = self._me, self._root(root, "Reduce")
         _predefined_op_types("Reduce", red, sendbuf, recvbuf if me == root else None)
+        red, sendbuf, recvbuf, finish = laid_out("Reduce", red, sendbuf, recvbuf if me == root else None)
         dst = dt = None
         if me == root:
             dst, n, dt = message(recvbuf, "Reduce recvbuf", readonly=False)
@@ -141,10 +144,13 @@ class BufferCollectives:
 
         phases = (fold_all, write) if me == root else (_nothing, _nothing)
         self._enter_all("reduce", ("reduce", dtype_name(src.dtype), n, red.name, f"root {root}"), src, phases)
+        if finish is not None:
+            finish()
 
     def _scan(self, call: str, sendbuf: Any, recvbuf: Any, op: Any, exclusive: bool) -> None:
         red = reduction(op)
         _predefined_op_types(call, red, sendbuf, recvbuf)
+        red, sendbuf, recvbuf, finish = laid_out(call, red, sendbuf, recvbuf)
         dst, n, dt = message(recvbuf, f"{call} recvbuf", readonly=False)
         src = dst[:n] if in_place(sendbuf) else _matching(call, sendbuf, dst, n)
         me = self._me
@@ -160,6 +166,8 @@ class BufferCollectives:
         # Exscan leaves rank 0's receive buffer as it was (MPI: undefined)
         phases = (fold_mine, write) if upto else (_nothing, _nothing)
         self._enter_all(call.lower(), (call.lower(), dtype_name(src.dtype), n, red.name), src, phases)
+        if finish is not None:
+            finish()
 
     def Scan(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> None:
         self._scan("Scan", sendbuf, recvbuf, op, False)
@@ -171,6 +179,7 @@ class BufferCollectives:
         red = reduction(op)
         _predefined_op_types("Reduce_scatter_block", red, sendbuf, recvbuf)
         g = self._group.size
+        red, sendbuf, recvbuf, finish = laid_out("Reduce_scatter_block", red, sendbuf, recvbuf, g)
         if in_place(sendbuf):
             src, b, dt = message(recvbuf, "Reduce_scatter_block recvbuf", blocks=g, readonly=False)
             dst = src
@@ -182,11 +191,16 @@ class BufferCollectives:
                 raise ShapeError(f"Reduce_scatter_block: send buffer of {g} x {bs} items for receive "
                                  f"blocks of {b}")
         bodies.reduce_scatter(self, src, dst, b, red, dt)
+        if finish is not None:
+            finish()
 
     def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = _SUM) -> None:
         red = reduction(op)
         _predefined_op_types("Reduce_scatter", red, sendbuf, recvbuf)
         g, me = self._group.size, self._me
+        red, sendbuf, recvbuf, finish = laid_out("Reduce_scatter", red, sendbuf, recvbuf, counted=False)
+        if finish is not None and recvcounts is not None:  # items of the datatype: their packed bytes travel
+            recvcounts = [int(c) * red.op.datatype.size for c in recvcounts]
         dst, rc, dt = message(recvbuf, "Reduce_scatter recvbuf", readonly=False)
         inplace = in_place(sendbuf)
         if recvcounts is None:
@@ -220,6 +234,8 @@ class BufferCollectives:
             dst[:b] = out
 
         self._enter_all("reduce_scatter_v", signature, src, (fold_mine, write))
+        if finish is not None:
+            finish()
 
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
         self._via_bytes(self._allgather, sendbuf, recvbuf, False)

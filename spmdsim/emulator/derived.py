@@ -17,12 +17,13 @@ import threading
 from itertools import accumulate
 from typing import Any, Callable, Optional
 
-from ..sim._buffers import _unpack, array_of, int_array, mpi_module, wparts, wvector
+from ..errors import DTypeError, ShapeError
+from ..sim._buffers import Reduction, _unpack, array_of, in_place, int_array, mpi_module, wparts, wvector
 from .._lazy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
-__all__ = ["packed", "unpacking", "may_be_derived", "blocks", "wblocks", "wmessage"]
+__all__ = ["packed", "unpacking", "may_be_derived", "blocks", "wblocks", "wmessage", "laid_out"]
 
 
 def may_be_derived(spec: Any) -> bool:
@@ -96,6 +97,83 @@ def unpacking(spec: Any) -> tuple[Any, Optional[Callable[[int], None]]]:
     return [space[:whole * datatype.size], mpi_module().BYTE], unpack
 
 
+def laid_out(call: str, red: Reduction, sendbuf: Any, recvbuf: Any, g: int = 1, counted: bool = True) -> tuple:
+    """(red, sendbuf, recvbuf, finish) of a reduction: as given with finish None, but for a user-defined op
+    (MPI.Op.Create) on a derived datatype other than contiguous ones: the messages' packed bytes (`blocks`: a
+    message of MPI.BYTE), a Reduction that calls the user's function as MPICH calls it (`_LaidOut`), and a
+    function unpacking the result into `recvbuf` once reduced. `recvbuf` None: not read (a Reduce's on a rank
+    other than the root); `g`: the blocks of the send buffer, and of an in-place receive buffer (a
+    Reduce_scatter_block's: the group's size; their counts are per block, as mpi4py reads them); `counted`:
+    whether the send count must be the receive count (not a Reduce_scatter's: its recvcounts say)."""
+    if red.name != "user op":
+        return red, sendbuf, recvbuf, None
+    inplace = in_place(sendbuf)
+    sent = None if inplace else _derived(sendbuf)
+    datatype = sent if recvbuf is None else _derived(recvbuf)
+    if datatype is None and sent is None:
+        return red, sendbuf, recvbuf, None
+    if not inplace and recvbuf is not None and (sent is None or datatype is None or sent != datatype):
+        raise DTypeError(f"{call}: mismatch in send and receive MPI datatypes: {_kind(sendbuf)} is sent, "
+                         f"{_kind(recvbuf)} received; a reduction takes one datatype")
+    if not inplace:
+        sendbuf = blocks(sendbuf, g, False, writable=False)[0]
+    finish = None
+    if recvbuf is not None:
+        parts = g if inplace else 1
+        values = blocks(recvbuf, parts, False, writable=False)[0][0]  # kept where not reduced (Exscan's rank 0)
+        recvbuf, finish = blocks(recvbuf, parts, False, writable=True)
+        np.copyto(recvbuf[0], values)
+        size = datatype.size
+        if counted and not inplace and size and sendbuf[1] != recvbuf[1]:
+            raise ShapeError(f"{call}: {sendbuf[1] // size} items of a {datatype.decode()[1].lower()} type are "
+                             f"sent{' per rank' if g > 1 else ''} but the receive buffer takes {recvbuf[1] // size}")
+    return Reduction(red.name, None, red.fn, _LaidOut(red.op, datatype)), sendbuf, recvbuf, finish
+
+
+def _kind(spec: Any) -> str:
+    """A message's datatype, in words."""
+    try:
+        datatype = _unpack(spec)[3]
+    except ValueError:
+        datatype = None
+    mpi = mpi_module()
+    if mpi is None or not isinstance(datatype, mpi.Datatype):
+        return "a buffer of its own dtype"
+    if datatype.is_predefined:
+        return f"MPI.{datatype.Get_name().removeprefix('MPI_')}"
+    return f"a {datatype.decode()[1].lower()} type"
+
+
+class _LaidOut:
+    """A user-defined op on items of a derived datatype that travel packed: each call unpacks its two operands into
+    memory laid out as the type lays them and has this process's MPI call the user's function on them
+    (``Op.Reduce_local`` on count items of the datatype: the function gets that memory, count extents of it,
+    and the datatype, as MPICH hands them over in a collective), then packs the result back."""
+
+    __slots__ = ("op", "datatype")
+
+    def __init__(self, op: Any, datatype: Any) -> None:
+        self.op, self.datatype = op, datatype
+
+    def Reduce_local(self, inbuf: list, inoutbuf: list) -> None:  # noqa: N802 - MPI.Op's, as sim._buffers.fold calls it
+        """inoutbuf = inbuf op inoutbuf, each ``[packed bytes, MPI.BYTE]``."""
+        datatype = self.datatype
+        count = inoutbuf[0].size // datatype.size if datatype.size else 0
+        if not count:
+            return
+        comm = _self()
+        extent = datatype.extent
+        # The memory of count items: the data may lie before the start (a negative lower bound) or past count
+        # extents (a resized type's): room for both, zeros where the type has none (MPICH's: whatever was there).
+        before = max(0, -datatype.true_lb)
+        after = max(count * extent, datatype.true_lb + (count - 1) * extent + datatype.true_extent)
+        x, y = (np.zeros(before + after, np.uint8)[before:] for _ in range(2))
+        datatype.Unpack(inbuf[0], 0, x[:count * extent], comm)
+        datatype.Unpack(inoutbuf[0], 0, y[:count * extent], comm)
+        self.op.Reduce_local([x, count, datatype], [y, count, datatype])
+        datatype.Pack(y[:count * extent], inoutbuf[0], 0, comm)
+
+
 def blocks(spec: Any, g: int, v: bool, writable: bool) -> Any:
     """For a collective's message of `g` blocks of a derived datatype (a Scatter's or an Alltoall's send buffer,
     a Gather's, Allgather's or Alltoall's receive buffer; `v`: its (counts, displacements) per block, in extents,
@@ -116,7 +194,11 @@ def blocks(spec: Any, g: int, v: bool, writable: bool) -> Any:
     else:
         start = 0 if displ is None else int(displ) * extent
         raw = raw[start:]
-        per = raw.size // extent // max(g, 1) if count is None else int(count)
+        whole = raw.size // extent
+        if count is None and g > 1 and whole % g:  # mpi4py's check
+            raise ValueError(f"message: cannot infer count, {whole} items of a {datatype.decode()[1].lower()} type "
+                             f"do not split into {g} equal blocks")
+        per = whole // max(g, 1) if count is None else int(count)
         counts, displs = [per] * g, [j * per for j in range(g)]
     nbytes = [c * size for c in counts]
     offsets = [0, *accumulate(nbytes)][:g]
