@@ -8,8 +8,10 @@ matching requires, so a vector sent to an array of MPI.DOUBLE arrives as its dou
 ``Gather(v)``, ``Allgather(v)``, ``Alltoall(v)`` and the neighbour collectives move them alike (`blocks`: a
 message's blocks packed side by side where they are sent, unpacked where received); ``Alltoallw`` and
 ``Neighbor_alltoallw`` too, a datatype per block, from a buffer or from MPI.BOTTOM (struct types of absolute
-addresses: `wblocks`); the other collectives refuse derived datatypes other than contiguous ones
-(NotImplementedError).
+addresses: `wblocks`); with MPI.IN_PLACE, a rank's own blocks are packed from its receive buffer first. The
+reductions take a derived datatype with a user-defined op (MPI.Op.Create: `laid_out`, the data travelling
+packed and the user's function called on it laid out as the type lays it, as MPICH calls it); a predefined op
+on a derived datatype raises MPI.ERR_OP, as MPICH does (spmdsim.emulator.collectives).
 """
 from __future__ import annotations
 
