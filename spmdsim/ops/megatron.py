@@ -149,6 +149,24 @@ def _row_product_layout(layout: TensorLayout) -> TensorLayout:
     return out
 
 
+def _bias_dropout_add(y: np.ndarray, bias: np.ndarray, residual: np.ndarray, keep: Optional[np.ndarray],
+                      scale: np.generic) -> np.ndarray:
+    """residual + (y + bias) * keep * scale (keep None: no dropout), in the blocks' dtype."""
+    z = y + bias
+    return residual + (z if keep is None else z * np.multiply(keep, scale))
+
+
+def _bias_dropout_add_low(y: np.ndarray, bias: np.ndarray, residual: np.ndarray, keep: Optional[np.ndarray],
+                          scale: np.generic) -> np.ndarray:
+    """`_bias_dropout_add` of bfloat16 blocks in float32, rounded at the graph's three points: y + bias, its
+    dropped-out values (times the float32 factor), the residual sum."""
+    dtype = y.dtype
+    z = rounded(wide(y) + wide(bias), dtype)
+    if keep is not None:
+        z = rounded(wide(z) * np.multiply(keep, scale), dtype)
+    return rounded(wide(residual) + wide(z), dtype)
+
+
 def _rounded(block: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """A float32 product or sum `block` rounded once to the activations' `dtype` (a dry run's zeros)."""
     return _engine_local(rounded, np.broadcast_to(np.zeros((), dtype), block.shape), block, dtype)
@@ -175,18 +193,9 @@ def bias_dropout_add(y: Any, bias: Any, residual: Any, p: float, seed: Any = Non
     scale = (np.float32 if low else y.dtype.type)(1.0 / (1.0 - p))
     keep = dropout_keep(y, p, seed, mask_dims, mesh.engine.dry) if p else None
 
-    def kernel(yb: np.ndarray, bb: np.ndarray, rb: np.ndarray) -> np.ndarray:
-        if low:  # the graph's three rounding points: y + bias, its dropped-out values, the residual sum
-            dt = yb.dtype
-            z = rounded(wide(yb) + wide(bb), dt)
-            if keep is not None:
-                z = rounded(wide(z) * np.multiply(keep, scale), dt)
-            return rounded(wide(rb) + wide(z), dt)
-        z = yb + bb
-        return rb + (z if keep is None else z * np.multiply(keep, scale))
-
-    out = make_dtensor(mesh, _engine_local(kernel, y.local, y.local, bias.local, residual.local), y.layout,
-                       y.global_shape)
+    block = _engine_local(_bias_dropout_add_low if low else _bias_dropout_add, y.local, y.local, bias.local,
+                          residual.local, keep, scale)
+    out = make_dtensor(mesh, block, y.layout, y.global_shape)
     sweep("bias_dropout_add", (y.local, bias.local, residual.local), (out.local, keep))  # the mask drawn, written
     if y._ag is None and bias._ag is None and residual._ag is None:
         return out
