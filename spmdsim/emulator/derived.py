@@ -157,7 +157,7 @@ class _LaidOut:
     def __init__(self, op: Any, datatype: Any) -> None:
         self.op, self.datatype = op, datatype
 
-X
+    def Reduce_local(self, inbuf: list, inoutbuf: list) -> None:  # noqa: N802 - MPI.Op's name (sim._buffers.fold)
         """inoutbuf = inbuf op inoutbuf, each ``[packed bytes, MPI.BYTE]``."""
         datatype = self.datatype
         count = inoutbuf[0].size // datatype.size if datatype.size else 0
