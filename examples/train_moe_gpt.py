@@ -29,6 +29,7 @@ import argparse
 import sys
 
 import spmdsim
+from spmdsim.precision import precision, precision_problem
 from spmdsim.gpt import encode, load_text, param_specs
 from spmdsim.gpt.parallel import mesh_problem
 from spmdsim.gpt.pipeline import pipeline_layout_problem, train_pipelined
@@ -70,6 +71,9 @@ parser.add_argument("--recompute", choices=("none", "selective", "full"), defaul
 parser.add_argument("--zero", default="0", metavar="{0,1}",
                     help="1: ZeRO-1, AdamW's states and master copy sharded: the dense layers' over dp x ep, the "
                          "experts' over dp (docs/experts.md)")
+parser.add_argument("--precision", default="fp64", metavar="{fp64,fp32,bf16-mixed}",
+                    help="the precision policy (docs/training.md): bf16-mixed computes in bfloat16, the router in "
+                         "float32 (docs/experts.md)")
 parser.add_argument("--aux-loss-coeff", type=float, default=MoEConfig.aux_loss_coeff)
 parser.add_argument("--z-loss-coeff", type=float, default=MoEConfig.z_loss_coeff)
 parser.add_argument("--algorithm", choices=("pairwise", "bruck"), default=None,
@@ -129,6 +133,7 @@ def main(args):
         problem = mesh_problem(cfg, shape[0], shape[2], args.sp, shape[1])
     if not problem and args.replay:
         problem = replay_problem(cfg, pipelined=piped)
+    problem = problem or precision_problem(args.precision)
     if problem:
         raise spmdsim.SpmdsimError(f"the MoE GPT cannot run on {comm.size} ranks: {problem}")
     dp, ep, tp = shape
@@ -145,6 +150,10 @@ def main(args):
         print(f"MoE GPT: {counted(cfg.layers, 'layer')} ({', '.join(moe_layers) or 'none'} MoE), d_model "
               f"{cfg.d_model}, {cfg.heads} heads, seq {cfg.seq}, batch {cfg.batch}, dropout {cfg.dropout}")
         print(f"experts: {moe.describe()}")
+        if args.precision != "fp64":
+            policy = precision(args.precision)
+            print(f"precision {policy.name}: parameters {policy.param}, activations {policy.activation}, "
+                  f"gradients {policy.grad};\n  the router in float32")
         if moe.dropless:
             print("dropless: the counts by Alltoall, then the tokens by Alltoallv with the true counts")
         else:
@@ -190,18 +199,25 @@ def main(args):
                                          schedule=args.schedule, microbatches=microbatches(args),
                                          virtual=virtual_stages(args), check=check, on_step=report,
                                          recompute=args.recompute, memory=args.memory, ep=ep,
-                                         algorithms=algorithms, zero=zero)
+                                         algorithms=algorithms, zero=zero, precision=args.precision)
     else:
         model, results = train(cfg, comm, dp, tp, args.steps, encode(text), sp=args.sp, check=check,
                                on_step=report, mesh=mesh, ep=ep, recompute=args.recompute, memory=args.memory,
-                               replay=args.replay, zero=zero)
+                               replay=args.replay, zero=zero, precision=args.precision)
     trend, falling = loss_trend([r.loss for r in results])
     failed = sum(not r.passed for r in results)
     if check and rank0:
         worst = max(max(r.errors) for r in results)
         print(f"check: {len(results)} steps vs one numpy process (loss, {len(param_specs(cfg))} gradients and "
               f"parameters each): {'PASS' if not failed else f'FAILED at {failed} steps'}")
-        print(f"largest difference {worst:.1e} of the tensor's largest entry (tolerance {TOLERANCE:.0e})")
+        if args.precision == "fp64":
+            print(f"largest difference {worst:.1e} of the tensor's largest entry (tolerance {TOLERANCE:.0e})")
+        else:  # the policy's tolerances, one per kind (spmdsim.gpt.mixed.tolerances)
+            kinds = ("loss", "gradients", "parameters")
+            print("largest differences: " + ", ".join(
+                f"{what} {max(r.errors[i] for r in results):.1e}" for i, what in enumerate(kinds)))
+            print(f"tolerances under {args.precision}: " + ", ".join(
+                f"{what} {results[0].tolerances[i]:.1e}" for i, what in enumerate(kinds)))
     if rank0:
         print(trend)
     mine = results[-1].experts if results else None

@@ -50,12 +50,9 @@ def mixed_problem(precision: Any, kept: str = "graph") -> Optional[str]:
 
 
 def moe_problem(precision: Any) -> Optional[str]:
-    """Why MoE layers cannot train under `precision` (one line), or None."""
-    name = getattr(precision, "name", precision)
-    if name == "fp64":
-        return None
-    return f"precision {name!r} with MoE layers is not available yet (the MoE layer computes at float64); use " \
-           "precision 'fp64'"
+    """Why MoE layers cannot train under `precision` (one line), or None: None for every policy now (the MoE
+    layer computes under the policy, its router in float32: spmdsim.moe.layer, spmdsim.moe.mixed)."""
+    return None
 
 
 def longest_sum(cfg: GPTConfig) -> int:
@@ -128,6 +125,9 @@ def loss_and_grads(params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, s
     e = np.exp(zw - shift[:, None])
     nll = np.log(e.sum(axis=1)) - (zw[rows, ids] - shift)
     loss = nll.sum() / np.asarray(float(n), _F32)
+    for c in caches:  # the MoE layers' router losses, weighted, added as the ranks add them (float32)
+        if "moe" in c:
+            loss = loss + c["moe"]["losses"]
     g = e / e.sum(axis=1)[:, None]
     g[rows, ids] -= 1.0
     dz = r.grad(g * (np.ones((), _F32) / float(n)))
@@ -231,6 +231,13 @@ def _block(P: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig, r: _Rounder
     o = r(product(pd, v)).transpose(0, 2, 1, 3).reshape(B * T, H * Dh)
     h1 = r(wide(h) + wide(r.drop(_linear(P, pre + "attn.wo", pre + "attn.bo", o, r), layer + ".resid1")))
     a2, ln2 = _ln(P, pre + "ln2", h1, cfg, r)
+    if cfg.is_moe(int(layer[1:])):  # the MoE layer (spmdsim.moe.mixed), its router losses in the cache
+        from ..moe.mixed import moe_forward_mixed
+
+        out, moe = moe_forward_mixed(P, pre, a2, B, cfg.moe, r)
+        h2 = r(wide(h1) + wide(r.drop(out, layer + ".resid2")))
+        return h2, {"a": a, "ln1": ln1, "q": q, "k": k, "v": v, "p": p, "pd": pd, "f": f, "o": o, "a2": a2,
+                    "ln2": ln2, "moe": moe, "B": B}
     zpre = _linear(P, pre + "mlp.w1", pre + "mlp.b1", a2, r)
     t = activations.gelu_tanh(zpre)
     m = activations.gelu_from_tanh(zpre, t)
@@ -247,13 +254,19 @@ def _block_backward(P: dict, pre: str, dh: np.ndarray, c: dict, cfg: GPTConfig, 
     T, layer = dh.shape[0] // B, pre[:-1]
     dh = r.grad(dh)
     dr = r.grad(r.undrop(dh, layer + ".resid2"))
-    grads.total(pre + "mlp.b2", dr)
-    grads.dot(pre + "mlp.w2", c["m"], dr)
-    dm = r.grad(product(dr, P[pre + "mlp.w2"].T))
-    dz = r.grad(activations.gelu_backward(c["z"], dm, c["t"]))
-    grads.total(pre + "mlp.b1", dz)
-    grads.dot(pre + "mlp.w1", c["a2"], dz)
-    dh1 = r.grad(dh + _ln_backward(P, pre + "ln2", product(dz, P[pre + "mlp.w1"].T), c["ln2"], grads, r))
+    if "moe" in c:
+        from ..moe.mixed import moe_backward_mixed
+
+        da2 = moe_backward_mixed(P, pre, dr, c["moe"], cfg.moe, r, grads)
+    else:
+        grads.total(pre + "mlp.b2", dr)
+        grads.dot(pre + "mlp.w2", c["m"], dr)
+        dm = r.grad(product(dr, P[pre + "mlp.w2"].T))
+        dz = r.grad(activations.gelu_backward(c["z"], dm, c["t"]))
+        grads.total(pre + "mlp.b1", dz)
+        grads.dot(pre + "mlp.w1", c["a2"], dz)
+        da2 = product(dz, P[pre + "mlp.w1"].T)
+    dh1 = r.grad(dh + _ln_backward(P, pre + "ln2", da2, c["ln2"], grads, r))
     dr = r.grad(r.undrop(dh1, layer + ".resid1"))
     grads.total(pre + "attn.bo", dr)
     grads.dot(pre + "attn.wo", c["o"], dr)

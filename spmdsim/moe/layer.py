@@ -15,6 +15,12 @@ the ep ranks' e // (E / ep)-th share, column-parallel (w1) then row-parallel
 - combine: the dispatch's reverse exchange, then each token adds its experts'
   outputs times the gates.
 
+Under a precision policy (fp32, bf16-mixed: spmdsim.precision) the router
+computes in float32, the exchanges carry the activations' dtype, and the
+experts round where the ranks' Linear and GELU round (`_run_experts_mixed`,
+`_experts_grad_mixed`; their reference spmdsim.moe.mixed); the tokens'
+gradient from fc1 is summed over tp inside the layer before its way back.
+
 The backward is the same exchanges the other way (the conjugates: combine's
 gradient travels as the dispatch did, dispatch's as the combine did). The
 experts' gradients are summed over dp only (the ranks holding the same
@@ -53,6 +59,7 @@ from ..buffers import contiguous, into
 from ..activations import gelu_backward, gelu_from_tanh, gelu_tanh
 from ..autograd.graph import record, with_partial
 from ..errors import SpmdsimError
+from ..precision import is_low, product, rounded, wide
 from ..runtime.collectives import allreduce, alltoall
 from ..runtime.dtensor import DTensor
 from ..runtime.exchange import group_alltoallv
@@ -118,8 +125,13 @@ def moe_layer(x: Any, params: dict, pre: str, moe: MoEConfig, stats: Optional[li
     problem = moe_problem(mesh, moe, tuple(x.global_shape), w1.global_shape[2])
     if problem:
         raise SpmdsimError(problem)
-    logits = ops.einsum("tbd,de->tbe", x, params[pre + "moe.router"])
-    probs = ops.softmax(logits, -1)  # float64 shards: the softmax's math is float64
+    router = params[pre + "moe.router"]
+    if is_low(x.local.dtype):  # the router in float32 (Megatron's --moe-router-dtype fp32): a bfloat16 softmax
+        x32, router = ops.astype(x, np.float32), ops.astype(router, np.float32)  # would tie most top-k choices
+    else:
+        x32 = x
+    logits = ops.einsum("tbd,de->tbe", x32, router)
+    probs = ops.softmax(logits, -1)  # in the logits' dtype: float64 at fp64, float32 under a policy
     out, counts = moe_experts(x, probs, w1, params[pre + "moe.b1"], params[pre + "moe.w2"], params[pre + "moe.b2"],
                               moe, pre.rstrip("."), stats)
     T, B, E = probs.global_shape
@@ -127,7 +139,8 @@ def moe_layer(x: Any, params: dict, pre: str, moe: MoEConfig, stats: Optional[li
     # Load balancing, E * sum_e f_e P_e: f_e the share of the k N assignments routed to e (counted, no
     # gradient: one Allreduce of E numbers over the batch's axes), P_e e's mean probability.
     batch = tuple(a for a in mesh.layout.alias_name if a != "tp" and mesh.layout.axis_size(a) > 1)
-    f = DTensor(mesh, counts / (moe.top_k * N), mesh.layout(None).with_partial(batch), (E,))
+    f = DTensor(mesh, (counts / (moe.top_k * N)).astype(probs.local.dtype, copy=False),
+                mesh.layout(None).with_partial(batch), (E,))
     f = ops.resolved(f)
     aux = ops.sum(ops.mean(probs, (0, 1)) * f) * float(E)
     # z-loss: mean over tokens of logsumexp(logits)^2; the shift is a constant (no gradient through it).
@@ -162,12 +175,16 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     most = ep * bl * T * min(k, El) if moe.dropless and capturing() else None
     xe = _dispatched(plan, send, per_expert, got, most)  # expert-major rows: local expert 0's, then 1's ...
     W1, B1, W2, B2 = w1.local, b1.local, w2.local, b2.local
-    hs, ts, acts, ye = _experts_forward(plan, xe, per_expert, got, W1, B1, W2, B2)
+    mixed = x.local.dtype != np.float64  # under a precision policy (spmdsim.precision): its rounding points
+    forward, backward_of = (_experts_forward_mixed, _experts_backward_mixed) if mixed else \
+        (_experts_forward, _experts_backward)
+    hs, ts, acts, ye = forward(plan, xe, per_expert, got, W1, B1, W2, B2)
     back = _combined(plan, ye, per_expert, got)
     out = DTensor(mesh, _unpack(back, rows, gates), x.layout, x.global_shape)
     if stats is not None:  # read off the routing's arrays by a kernel: a replay reads its own step's again
         stats.append(None)  # (a kernel's list arguments are copied: it is handed the list's __setitem__)
-        _noted(stats.__setitem__, len(stats) - 1, plan, name, experts, slots, counts, rows, per_expert, got, D)
+        _noted(stats.__setitem__, len(stats) - 1, plan, name, experts, slots, counts, rows, per_expert, got,
+               D * x.local.itemsize)
     tensors = (x, probs, w1, b1, w2, b2)
     if all(t._ag is None for t in tensors):
         return out, load
@@ -176,11 +193,11 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
         dgates, dback = _combine_grad(dy.local, back, rows, gates)
         # the combine's conjugate travels the dispatch's way, the dispatch's the combine's
         dye = _dispatched(plan, dback, per_expert, got, most, f"{name} combine backward")
-        *grads, dxe = _experts_backward(plan, xe, hs, ts, acts, dye, per_expert, got, W1, W2)
+        *grads, dxe = backward_of(plan, xe, hs, ts, acts, dye, per_expert, got, W1, W2)
         dsend = _combined(plan, dxe, per_expert, got, f"{name} dispatch backward")
         dx = _unpack(dsend, rows, None)
         dprobs = _probs_grad(probs.local, experts, gates, slots, counts, C, dgates)
-        over_tp = ("tp",) if tp > 1 else ()
+        over_tp = ("tp",) if tp > 1 and not mixed else ()  # (mixed: summed over tp before the exchange)
         over_dp = ("dp",) if "dp" in mesh.layout.alias_name and mesh.layout.axis_size("dp") > 1 else ()
         return ((_grad(x, dx, over_tp), _grad(probs, dprobs, ()))
                 + tuple(_grad(w, g, over_dp) for w, g in zip((w1, b1, w2, b2), grads)))
@@ -223,7 +240,7 @@ def _dispatch(plan: _Plan, send: np.ndarray, per_expert: np.ndarray, got: Option
     move = plan.exchange(per_expert, got)
     if most is None:
         return move.dispatch(send, label, out)
-    rows = np.empty((most, send.shape[1])) if out is None else out
+    rows = np.empty((most, send.shape[1]), send.dtype) if out is None else out
     move.dispatch(send, label, rows[:move.arrived])
     rows[move.arrived:] = 0.0
     return rows
@@ -301,6 +318,99 @@ def _experts_grad(plan: _Plan, xe: np.ndarray, hs: np.ndarray, ts: np.ndarray, a
     return out
 
 
+def _linear_mixed(a: np.ndarray, w: np.ndarray, b: np.ndarray, act: np.dtype, out: np.ndarray,
+                  summed: Optional[Callable] = None) -> None:
+    """a @ w + b into `out` as the ranks' Linear computes it under a policy: the product float32 BLAS on the
+    widened blocks (`summed` sums it over tp first, in float32), rounded once to `act`, then its bias added
+    in float32 and rounded again. Batched over experts when `a` is (El, rows, in) and `b` (El, out)."""
+    p = product(a, w)
+    if summed is not None:
+        summed(p)
+    bias = wide(b)[:, None] if b.ndim == 2 and p.ndim == 3 else wide(b)
+    out[...] = rounded(wide(rounded(p, act)) + bias, act)
+
+
+def _grad_rounded(g: np.ndarray, act: np.dtype) -> np.ndarray:
+    """A float32 gradient rounded once to `act` where its activation's rule reads it, widened again."""
+    return wide(rounded(g, act))
+
+
+def _run_experts_mixed(plan: _Plan, xe: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray],
+                       W1: np.ndarray, B1: np.ndarray, W2: np.ndarray, B2: np.ndarray,
+                       out: Optional[tuple] = None) -> tuple:
+    """`_run_experts` under a precision policy (spmdsim.precision; `xe` in the activations' dtype): each product
+    and bias as `_linear_mixed`, GELU as spmdsim.activations computes a low-precision block (its tanh kept in
+    float32, the result rounded once); fc2's product, its rows split over tp, summed by its Allreduce in
+    float32 before its rounding."""
+    move = plan.exchange(per_expert, got)
+    El, D, H = W1.shape
+    rows, act = xe.shape[0], xe.dtype
+    hs, ts, acts, ye = out if out is not None else (np.empty((rows, H), act), np.empty((rows, H), np.float32),
+                                                    np.empty((rows, H), act), np.zeros((rows, D), act))
+    summed = None
+    if plan.mesh.layout.axis_size("tp") > 1:
+        def summed(p: np.ndarray) -> None:
+            used = p.reshape(-1, D)[:move.arrived]
+            allreduce(plan.mesh, used, "tp", f"{plan.name} experts fc2", out=used)
+    if not move.dropless:
+        _linear_mixed(xe.reshape(El, -1, D), W1, B1, act, hs.reshape(El, -1, H))
+        gelu_from_tanh(hs, gelu_tanh(hs, ts), acts)
+        _linear_mixed(acts.reshape(El, -1, H), W2, B2, act, ye.reshape(El, -1, D), summed)
+        return hs, ts, acts, ye
+    ye.fill(0)
+    fc2 = np.zeros((rows, D), np.float32)
+    for e, (lo, hi) in enumerate(move.ranges):
+        _linear_mixed(xe[lo:hi], W1[e], B1[e], act, hs[lo:hi])
+        gelu_from_tanh(hs[lo:hi], gelu_tanh(hs[lo:hi], ts[lo:hi]), acts[lo:hi])
+        fc2[lo:hi] = product(acts[lo:hi], W2[e])
+    if summed is not None:
+        summed(fc2)
+    for e, (lo, hi) in enumerate(move.ranges):
+        ye[lo:hi] = rounded(wide(rounded(fc2[lo:hi], act)) + wide(B2[e]), act)
+    return hs, ts, acts, ye
+
+
+def _experts_grad_mixed(plan: _Plan, xe: np.ndarray, hs: np.ndarray, ts: np.ndarray, acts: np.ndarray,
+                        dye: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray], W1: np.ndarray,
+                        W2: np.ndarray, out: Optional[tuple] = None) -> tuple:
+    """`_experts_grad` under a precision policy: the weights' and biases' gradients float32 (Megatron's
+    main_grad) for bfloat16 weights; each activation's gradient (GELU's output, fc1's output) rounded once to
+    the activations' dtype before the rule that reads it; d xe summed over tp in float32 (an Allreduce here,
+    so that the combine's way back carries whole rows in the activations' dtype) and rounded once."""
+    move = plan.exchange(per_expert, got)
+    El, D, H = W1.shape
+    act = xe.dtype
+    main = np.dtype(np.float32) if is_low(W1.dtype) else W1.dtype
+    if out is None:
+        out = (np.zeros(W1.shape, main), np.zeros((El, H), main), np.zeros(W2.shape, main), np.zeros((El, D), main),
+               np.zeros(xe.shape, act))
+    gw1, gb1, gw2, gb2, dxe = out
+    dx = np.zeros(xe.shape, np.float32)
+    if not move.dropless:  # batched, as the forward
+        g = wide(dye).reshape(El, -1, D)
+        gb2[...] = g.sum(axis=1)
+        gw2[...] = product(acts.reshape(El, -1, H).transpose(0, 2, 1), g)
+        dacts = _grad_rounded(product(g, W2.transpose(0, 2, 1)), act)
+        dh = _grad_rounded(gelu_backward(hs.reshape(El, -1, H), dacts, ts.reshape(El, -1, H)), act)
+        gw1[...] = product(xe.reshape(El, -1, D).transpose(0, 2, 1), dh)
+        gb1[...] = dh.sum(axis=1)
+        dx.reshape(El, -1, D)[...] = product(dh, W1.transpose(0, 2, 1))
+    else:
+        for a in out:  # an expert no row reached has zero gradients
+            a.fill(0)
+        for e, (lo, hi) in enumerate(move.ranges):
+            g = wide(dye[lo:hi])
+            gb2[e], gw2[e] = g.sum(axis=0), product(acts[lo:hi].T, g)
+            dh = _grad_rounded(gelu_backward(hs[lo:hi], _grad_rounded(product(g, W2[e].T), act), ts[lo:hi]), act)
+            gw1[e], gb1[e] = product(xe[lo:hi].T, dh), dh.sum(axis=0)
+            dx[lo:hi] = product(dh, W1[e].T)
+    if plan.mesh.layout.axis_size("tp") > 1:  # each tp rank's hidden columns' share, summed
+        used = dx[:move.arrived]
+        allreduce(plan.mesh, used, "tp", f"{plan.name} experts fc1 backward", out=used)
+    dxe[...] = rounded(dx, act)
+    return out
+
+
 def _route(probs: np.ndarray, top_k: int, capacity: int, dropless: bool, ep: int) -> tuple:
     """This rank's routing of its (T, bl, E) probabilities, as arrays: (experts, gates, slots (bl, T, k);
     counts (bl, E); rows (bl, T, k), each assignment's row in the send buffer (destination-major over the
@@ -324,7 +434,7 @@ def _pack(x: np.ndarray, rows: np.ndarray, nrows: int, out: Optional[np.ndarray]
     """The dispatch's send buffer (nrows, D): each kept assignment's token row of x (T, bl, D) at its row,
     the rest zero."""
     T, bl, D = x.shape
-    send = np.zeros((nrows, D)) if out is None else out
+    send = np.zeros((nrows, D), x.dtype) if out is None else out
     if out is not None:
         send.fill(0.0)
     tok, at = _token_rows(rows, bl)
@@ -338,10 +448,15 @@ def _unpack(back: np.ndarray, rows: np.ndarray, gates: Optional[np.ndarray],
     the rows themselves, the dispatch's gradient)."""
     bl, T, _ = rows.shape
     D = back.shape[1]
+    tok, at = _token_rows(rows, bl)
+    if back.dtype != np.float64:  # a policy's: summed in float32, the output rounded once (a gradient is not)
+        acc = np.zeros((T, bl, D), np.float32)
+        np.add.at(acc.reshape(T * bl, D), tok, wide(back[at]) if gates is None else
+                  gates[rows >= 0][:, None] * wide(back[at]))
+        return into(out, acc if gates is None else rounded(acc, back.dtype))
     ys = np.zeros((T, bl, D)) if out is None else out
     if out is not None:
         ys.fill(0.0)
-    tok, at = _token_rows(rows, bl)
     np.add.at(ys.reshape(T * bl, D), tok, back[at] if gates is None else gates[rows >= 0][:, None] * back[at])
     return ys
 
@@ -353,13 +468,18 @@ def _combine_grad(dy: np.ndarray, back: np.ndarray, rows: np.ndarray, gates: np.
     T, bl, D = dy.shape
     kept = rows >= 0
     tok, at = _token_rows(rows, bl)
-    dys = dy.reshape(T * bl, D)[tok]
+    mixed = back.dtype != np.float64  # a policy's: float32 math, the rows' gradient rounded once to be sent
+    dys = wide(dy.reshape(T * bl, D)[tok]) if mixed else dy.reshape(T * bl, D)[tok]
     if out is None:
-        dgates, dback = np.zeros(gates.shape), np.zeros(back.shape)
+        dgates, dback = np.zeros(gates.shape, gates.dtype), np.zeros(back.shape, back.dtype)
     else:
         dgates, dback = out
-        dgates.fill(0.0)
-        dback.fill(0.0)
+        dgates.fill(0)
+        dback.fill(0)
+    if mixed:
+        dgates[kept] = np.einsum("nd,nd->n", dys, wide(back[at]))
+        dback[at] = rounded(gates[kept][:, None] * dys, back.dtype)
+        return dgates, dback
     dgates[kept] = np.einsum("nd,nd->n", dys, back[at])
     dback[at] = gates[kept][:, None] * dys
     return dgates, dback
@@ -373,17 +493,17 @@ def _probs_grad(probs: np.ndarray, experts: np.ndarray, gates: np.ndarray, slots
 
 
 def _note(put: Callable, at: int, plan: _Plan, name: str, experts: np.ndarray, slots: np.ndarray,
-          counts: np.ndarray, rows: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray], D: int) -> None:
-    """put(at, this rank's MoEStats of the routing's arrays)."""
+          counts: np.ndarray, rows: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray], row: int) -> None:
+    """put(at, this rank's MoEStats of the routing's arrays); `row`: a token row's bytes."""
     routing = Routing(experts, None, slots, counts, plan.capacity)
-    put(at, _stats(plan.mesh, name, routing, plan.exchange(per_expert, got), rows[rows >= 0], D))
+    put(at, _stats(plan.mesh, name, routing, plan.exchange(per_expert, got), rows[rows >= 0], row))
 
 
 # One call each in a captured step (spmdsim.runtime.replay), rerun by every replay.
 _routed, _pack, _unpack, _combine_grad, _probs_grad, _noted = (
     kernel(f) for f in (_route, _pack, _unpack, _combine_grad, _probs_grad, _note))
-_dispatched, _combined, _experts_forward, _experts_backward = (
-    kernel(f) for f in (_dispatch, _combine, _run_experts, _experts_grad))
+_dispatched, _combined, _experts_forward, _experts_backward, _experts_forward_mixed, _experts_backward_mixed = (
+    kernel(f) for f in (_dispatch, _combine, _run_experts, _experts_grad, _run_experts_mixed, _experts_grad_mixed))
 
 
 def _dry_experts(x: Any, probs: Any, weights: tuple, moe: MoEConfig, name: str,
@@ -397,25 +517,31 @@ def _dry_experts(x: Any, probs: Any, weights: tuple, moe: MoEConfig, name: str,
     rows, nrows, per_expert = dispatch_rows(routing, moe.dropless, ep)
     move = _Exchange(mesh, moe, routing.capacity, bl, moe.experts // ep, per_expert, f"{name} dispatch",
                      f"{name} combine")
-    xe = move.dispatch(zeros((nrows, D), np.float64))
-    ye = allreduce(mesh, zeros(xe.shape, xe.dtype), "tp", f"{name} experts fc2") if tp > 1 else xe
-    move.combine(ye)
-    out = DTensor(mesh, zeros(x.local.shape, x.local.dtype), x.layout, x.global_shape)
+    act = x.local.dtype
+    mixed = act != np.float64  # a policy's: fc2's sum over tp in float32, the exchanges in the activations' dtype
+    xe = move.dispatch(zeros((nrows, D), act))
+    ye = allreduce(mesh, zeros(xe.shape, np.float32 if mixed else act), "tp", f"{name} experts fc2") if tp > 1 \
+        else xe
+    move.combine(zeros(xe.shape, act) if mixed else ye)
+    out = DTensor(mesh, zeros(x.local.shape, act), x.layout, x.global_shape)
     if stats is not None:
-        stats.append(_stats(mesh, name, routing, move, rows[routing.kept], D))
+        stats.append(_stats(mesh, name, routing, move, rows[routing.kept], D * x.local.itemsize))
     counts = routing.counts.sum(axis=0).astype(np.float64)
     tensors = (x, probs) + tuple(weights)
     if all(t._ag is None for t in tensors):
         return out, counts
 
     def backward(dy: Any) -> tuple:
-        dye = move.dispatch(zeros((nrows, D), np.float64), f"{name} combine backward")
+        dye = move.dispatch(zeros((nrows, D), act), f"{name} combine backward")
+        if mixed and tp > 1:  # d xe summed over tp before its way back (`_experts_grad_mixed`)
+            allreduce(mesh, zeros(dye.shape, np.float32), "tp", f"{name} experts fc1 backward")
         move.combine(zeros(dye.shape, dye.dtype), f"{name} dispatch backward")
-        over_tp = ("tp",) if tp > 1 else ()
+        over_tp = ("tp",) if tp > 1 and not mixed else ()
         over_dp = ("dp",) if "dp" in mesh.layout.alias_name and mesh.layout.axis_size("dp") > 1 else ()
-        return ((_grad(x, zeros(x.local.shape, x.local.dtype), over_tp), _grad(probs, zeros(probs.local.shape,
-                 probs.local.dtype), ())) + tuple(_grad(w, zeros(w.local.shape, w.local.dtype), over_dp)
-                                                 for w in weights))
+        return ((_grad(x, zeros(x.local.shape, np.float32 if mixed else act), over_tp),
+                 _grad(probs, zeros(probs.local.shape, probs.local.dtype), ()))
+                + tuple(_grad(w, zeros(w.local.shape, np.float32 if is_low(w.local.dtype) else w.local.dtype),
+                              over_dp) for w in weights))
 
     record(out, f"moe experts {name}", tensors, backward, with_partial(x.layout, ()))
     return out, counts
@@ -505,17 +631,18 @@ class _Exchange:
         return into(out, group_alltoallv(self.mesh, by_source, self.recv_rows, self.send_rows, "ep", label))
 
 
-def _stats(mesh: Any, name: str, routing: Any, move: _Exchange, at: np.ndarray, D: int) -> MoEStats:
+def _stats(mesh: Any, name: str, routing: Any, move: _Exchange, at: np.ndarray, row: int) -> MoEStats:
+    """`row`: the bytes of one token row (d_model values of the activations' dtype)."""
     group = mesh.group_ranks("ep")
     ep = move.ep
     # A kept assignment's row lies in its destination's share of the send buffer.
     if move.dropless:
         bounds = np.cumsum(move.send_rows)
         tokens = np.bincount(np.searchsorted(bounds, at, side="right"), minlength=ep)
-        sent = [n * D * 8 for n in move.send_rows]
+        sent = [n * row for n in move.send_rows]
     else:  # the slots are destination-major: (ep, bl, El, C)
         tokens = np.bincount(at // (move.bl * move.El * move.C), minlength=ep)
-        sent = [n * D * 8 for n in move.send_rows]
+        sent = [n * row for n in move.send_rows]
     return MoEStats(name, mesh.rank, tuple(int(r) for r in group), tuple(int(n) for n in tokens[:ep]),
                     tuple(int(n) for n in sent), tuple(int(n) for n in routing.per_expert()), routing.dropped,
-                    int(routing.slots.size), sum(move.send_rows) * D * 8, sum(move.recv_rows) * D * 8)
+                    int(routing.slots.size), sum(move.send_rows) * row, sum(move.recv_rows) * row)

@@ -1,0 +1,155 @@
+"""The MoE layer under the low-precision policies (spmdsim.moe.layer, spmdsim.moe.mixed; docs/experts.md,
+"bf16"): the layer on simulated ranks against its one-process reference, element by element, and the MoE
+GPT's bf16-mixed and fp32 steps checked as the dense GPT's (spmdsim.gpt.mixed's tolerances)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import spmdsim
+from spmdsim.gpt import GPTConfig, encode, load_text
+from spmdsim.moe import MoEConfig
+
+pytest.importorskip("ml_dtypes")
+
+TEXT = encode(load_text(20_000))
+D, T, B = 16, 8, 4
+
+
+def _inputs(moe, act):
+    rng = np.random.default_rng(3)
+    E, F = moe.experts, 2 * D
+    p = {"h1.moe.router": rng.standard_normal((D, E)), "h1.moe.w1": rng.standard_normal((E, D, F)) * 0.3,
+         "h1.moe.b1": rng.standard_normal((E, F)) * 0.1, "h1.moe.w2": rng.standard_normal((E, F, D)) * 0.3,
+         "h1.moe.b2": rng.standard_normal((E, D)) * 0.1}
+    p = {n: v.astype(act) for n, v in p.items()}
+    return p, rng.standard_normal((B * T, D)).astype(act), rng.standard_normal((B * T, D)).astype(act)
+
+
+def _layer_on_ranks(moe, mesh_shape, act):
+    """Each rank: (output, d x, the parameters' gradients), whole, of sum(y * g) + router losses."""
+    from spmdsim import ops
+    from spmdsim.moe.layer import moe_layer
+    from spmdsim.runtime.dtensor import DTensor
+
+    p, x, g = _inputs(moe, act)
+    maps = {"router": (None, None), "w1": ("ep", None, "tp"), "b1": ("ep", "tp"), "w2": ("ep", "tp", None),
+            "b2": ("ep", None)}
+
+    def run():
+        mesh = spmdsim.Mesh(spmdsim.Layout(mesh_shape, ("dp", "ep", "tp")), spmdsim.world())
+        L = mesh.layout
+        params = {n: DTensor.from_global(mesh, v, L(*maps[n.split(".")[-1]])).requires_grad_() for n, v in p.items()}
+        seq_first = L(None, ("dp", "ep"), None)
+        xd = DTensor.from_global(mesh, x.reshape(B, T, D).transpose(1, 0, 2), seq_first).requires_grad_()
+        gd = DTensor.from_global(mesh, g.reshape(B, T, D).transpose(1, 0, 2), seq_first)
+        y, losses = moe_layer(xd, params, "h1.", moe, [])
+        ops.resolved(ops.sum(y * gd) + losses).backward()
+        whole = L(None, None, None)
+        grads = {n: t.grad.redistribute(L(*([None] * len(t.global_shape)))).local for n, t in params.items()}
+        return (y.redistribute(whole).local.transpose(1, 0, 2).reshape(B * T, D),
+                xd.grad.redistribute(whole).local.transpose(1, 0, 2).reshape(B * T, D), grads)
+
+    return p, x, g, spmdsim.simulate(int(np.prod(mesh_shape)), run)
+
+
+def _reference(moe, p, x, g, act):
+    from spmdsim.gpt.mixed import _Rounder
+    from spmdsim.moe.mixed import moe_backward_mixed, moe_forward_mixed
+    from spmdsim.precision import wide
+
+    r = _Rounder(act, GPTConfig(layers=2, d_model=D, heads=2, seq=T, batch=B, dropout=0.0), None)
+    out, cache = moe_forward_mixed(p, "h1.", x, B, moe, r)
+    grads: dict = {}
+    dx = moe_backward_mixed(p, "h1.", wide(g), cache, moe, r, grads)
+    return out, dx, grads
+
+
+def _differing(a, b, act):
+    """The share of entries that differ once both are rounded to `act` (the ranks sum some float32 sums in
+    another order, so a rounding may fall to the other neighbour: a few in a thousand; a rounding point
+    moved, or a wrong factor, changes most)."""
+    a, b = np.asarray(a).astype(act).astype(np.float64), np.asarray(b).astype(act).astype(np.float64)
+    return float(np.mean(a != b))
+
+
+@pytest.mark.parametrize("mesh_shape", [(1, 2, 2), (2, 2, 1)])
+@pytest.mark.parametrize("dropless", [False, True])
+def test_the_layer_under_bf16_rounds_where_its_reference_rounds(mesh_shape, dropless):
+    from spmdsim.precision import bfloat16
+
+    act = bfloat16()
+    moe = MoEConfig(experts=4, top_k=2, capacity_factor=0.75, dropless=dropless, aux_loss_coeff=0.5,
+                    z_loss_coeff=0.25)
+    p, x, g, results = _layer_on_ranks(moe, mesh_shape, act)
+    out, dx, grads = _reference(moe, p, x, g, act)
+    for got_out, got_dx, got_grads in results:
+        assert got_out.dtype == act and got_dx.dtype in (act, np.float32)
+        assert _differing(got_out, out, act) <= 0.01
+        assert _differing(got_dx, dx, act) <= 0.01
+        for name, ref in grads.items():  # float32 (main_grad): compared rounded to bfloat16 too
+            assert got_grads[name].dtype == np.float32, name
+            assert _differing(got_grads[name], ref, act) <= 0.01, name
+
+
+# ---- the MoE GPT's steps ----
+
+def _gpt(dropless=False, layers=2):
+    moe = MoEConfig(experts=4, top_k=2, capacity_factor=1.0, dropless=dropless, aux_loss_coeff=0.5, z_loss_coeff=0.1)
+    return GPTConfig(layers=layers, d_model=32, heads=2, seq=16, batch=8, dropout=0.1, moe=moe)
+
+
+def _train(cfg, precision, steps=2, dry_run=False, **kwargs):
+    from spmdsim.gpt.train import train
+
+    def main():
+        model, results = train(cfg, spmdsim.world(), 2, 2, steps, TEXT, ep=2, sp=True, precision=precision, **kwargs)
+        model.mesh.close()
+        return results
+
+    return spmdsim.simulate(8, main, dry_run=dry_run)
+
+
+@pytest.mark.parametrize("dropless", [False, True])
+def test_moe_gpt_steps_under_bf16_and_fp32_pass_their_checks(dropless):
+    cfg = _gpt(dropless)
+    runs = {p: _train(cfg, p) for p in ("bf16-mixed", "fp32")}
+    for precision, out in runs.items():
+        for results in out:
+            assert all(r.passed and all(e <= t for e, t in zip(r.errors, r.tolerances)) for r in results), \
+                (precision, [r.errors for r in results])
+            assert all(r.errors[2] == 0.0 for r in results)  # the update, on the run's own inputs: exact
+    # the dispatch and combine carry the activations' dtype: bfloat16 rows are half float32's bytes
+    for bf, f32 in zip(runs["bf16-mixed"][0][0].dispatch, runs["fp32"][0][0].dispatch):
+        assert 2 * bf.send_bytes == f32.send_bytes and 2 * bf.received_bytes == f32.received_bytes
+
+
+def test_a_replayed_moe_step_under_bf16_is_the_eager_one_and_zero1_is_adamw():
+    cfg = _gpt()
+    eager, replayed, zero = (_train(cfg, "bf16-mixed", steps=3, **kw)[0]
+                             for kw in ({}, {"replay": True}, {"zero": 1}))
+    assert [r.loss for r in replayed] == [r.loss for r in eager]
+    assert [list(r.errors) for r in replayed] == [list(r.errors) for r in eager]
+    assert all(r.passed and r.errors[2] == 0.0 for r in zero) and [r.loss for r in zero] == [r.loss for r in eager]
+
+
+def test_a_dry_moe_step_under_bf16_sends_what_a_real_one_does():
+    cfg = _gpt()
+    real, dry = _train(cfg, "bf16-mixed", steps=1, check=False)[0][0], _train(cfg, "bf16-mixed", 1, dry_run=True)[0][0]
+    assert dry.bytes_sent == real.bytes_sent and dry.calls == real.calls
+    assert dry.experts.send == real.experts.send and dry.experts.sent == real.experts.sent
+
+
+def test_a_pipelined_moe_step_under_bf16_with_zero1_passes():
+    from spmdsim.gpt.pipeline import train_pipelined
+
+    cfg = _gpt(dropless=True, layers=4)
+
+    def main():
+        run, results = train_pipelined(cfg, spmdsim.world(), 2, 2, 1, 2, TEXT, ep=2, microbatches=2,
+                                       precision="bf16-mixed", zero=1)
+        run.close()
+        return results
+
+    for results in spmdsim.simulate(8, main):
+        assert all(r.passed and r.errors[2] == 0.0 for r in results), [r.errors for r in results]
