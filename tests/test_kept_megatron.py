@@ -201,7 +201,8 @@ def test_at_bf16_a_row_parallel_sum_left_float32_is_caught(monkeypatch):
     from spmdsim.ops import megatron
 
     real = megatron._rounded
-    monkeypatch.setattr(megatron, "_rounded", lambda block, dtype: block if block.shape[-1] == H else real(block, dtype))
+    monkeypatch.setattr(megatron, "_rounded",
+                        lambda block, dtype: block if block.shape[-1] == H else real(block, dtype))
     steps = _low("bf16-mixed")
     assert any(r.errors[0] > r.tolerances[0] for r in steps) and not all(r.passed for r in steps), steps
 

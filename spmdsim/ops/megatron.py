@@ -20,10 +20,10 @@ graph's, and the backward's are too but for the column products' Allgathers. Und
 activations' dtype (a row-parallel product after its collective has summed it), the bias added to it and
 rounded again; bias-dropout-add rounds y + bias, its dropped-out values and the residual sum, each once, as
 the graph's three operators do (Megatron's jit-fused kernel may keep the first two in float32; spmdsim
-rounds at the graph's points so that one reference checks both sets, at the policy's tolerances). What each node keeps is in the
-activations' dtype (bfloat16: 2 bytes an element), the masks 1 byte. Operands are laid out as
-the GPT lays them (the weights' and biases' splits Megatron's); these are its building blocks, not
-general operators.
+rounds at the graph's points so that one reference checks both sets, at the policy's tolerances). What
+each node keeps is in the activations' dtype (bfloat16: 2 bytes an element), the masks 1 byte. Operands
+are laid out as the GPT lays them (the weights' and biases' splits Megatron's); these are its building
+blocks, not general operators.
 """
 from __future__ import annotations
 
