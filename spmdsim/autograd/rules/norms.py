@@ -106,10 +106,9 @@ def record_layer_norm(out: Any, x: Any, weight: Any, bias: Any, stats: dict, d: 
                   (dy.local if need[0] else None, w if need[1] else None, bias.local if need[2] else None))
         if low is not None and dy.layout.partial:
             # The walk rounds a bfloat16 node's dY summed, but leaves it as it comes (pending over tp, float32)
-            # where x, w and b are all leaves (a fully recomputed block's input): summed here, as it would sum it.
-            from ...runtime.executor import redistribute
-
-            dy = redistribute(dy, with_partial(dy.layout, ()))
+            # where x, w and b are all leaves (a fully recomputed block's input): summed here, as it would sum it
+            # (DTensor's own redistribute: this module imports no runtime).
+            dy = dy.redistribute(with_partial(dy.layout, ()))
         if dy.mesh.engine.dry:  # zeros of each operand's block
             gx, gw, gb = (None if t is None else np.zeros(t.local.shape, t.dtype) for t in (x, weight, bias))
         else:
