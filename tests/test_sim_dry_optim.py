@@ -167,3 +167,28 @@ def test_the_gpt2_medium_dry_run_at_16384_ranks_stays_under_1_gib():
     assert int(row[5].replace(",", "")) >= 4 * params  # the parameters and AdamW's three flat buffers
     # VmHWM, this program's own peak: ru_maxrss would carry the test worker's peak across vfork + exec.
     assert int(peak[0][1]) < 1 << 30, f"peak RSS {int(peak[0][1]) >> 20} MiB"
+
+
+def test_a_dry_run_under_bf16_writes_no_page_of_its_large_blocks():
+    """The policy's casts and roundings of a dry run's blocks (the parameters cast to bfloat16, a product rounded,
+    a collective's float32 sum and its rounding, the backward's rounding of a gradient) give the dry engine's
+    zeros, mapped and never written, as the float64 run's blocks are: a 1 MiB block or more is a lazy mapping."""
+    pytest.importorskip("ml_dtypes")
+    from spmdsim.buffers import LAZY_BYTES, _Lazy
+    from spmdsim.gpt import GPTConfig, encode, load_text
+    from spmdsim.gpt.train import train
+
+    def lazy(a):
+        while isinstance(a, np.ndarray):
+            a = a.base
+        return isinstance(a.obj if isinstance(a, memoryview) else a, _Lazy)
+
+    cfg = GPTConfig(layers=1, d_model=1024, heads=8, seq=512, batch=2, dropout=0.1)
+
+    def main():
+        model, _ = train(cfg, spmdsim.world(), 1, 2, 1, encode(load_text(20_000)), sp=True, precision="bf16-mixed")
+        big = [t for t in model.params.values() if t.local.nbytes >= LAZY_BYTES]
+        return len(big), all(lazy(t.local) for t in big), all(lazy(t.grad.local) for t in big if t.grad is not None)
+
+    count, params, grads = spmdsim.simulate(2, main, dry_run=True)[0]
+    assert count >= 4 and params and grads

@@ -22,7 +22,7 @@ from ..errors import OperatorError
 from ..infer.einsum import infer_einsum
 from ..precision import rounded
 from . import _common
-from ._common import LOCAL, Prepared, check_dtensor, moved, prepare, prepared_result, signature
+from ._common import LOCAL, Prepared, check_dtensor, dry_zeros, moved, prepare, prepared_result, signature
 
 __all__ = ["einsum"]
 
@@ -49,7 +49,9 @@ def einsum(spec: str, *xs: Any) -> Any:
     xs = moved(xs, prepared)
     block = contract(plan.spec.inputs, list(map(LOCAL, xs)), plan.spec.output)
     if block.dtype != prepared.dtype and not plan.local.partial:  # bfloat16 operands: a float32 product,
-        block = rounded(block, prepared.dtype)  # rounded once (a pending sum stays float32 until summed)
+        # rounded once (a pending sum stays float32 until summed); a dry run's large one: zeros, not rounded
+        dry = dry_zeros(xs[0].mesh, block.shape, prepared.dtype, rounded, block, prepared.dtype)
+        block = rounded(block, prepared.dtype) if dry is None else dry
     out = prepared_result(xs[0].mesh, block, prepared)
     for x in xs:
         if x._ag is not None:

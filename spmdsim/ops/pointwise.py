@@ -221,7 +221,8 @@ def astype(x: Any, dtype: Any) -> Any:
     want = dtype_arg(dtype)
     if x.local.dtype == want:
         return x
-    out = make_dtensor(x.mesh, x.local.astype(want), x.layout, x.global_shape)
+    dry = dry_zeros(x.mesh, x.local.shape, want, np.ndarray.astype, x.local, want)  # a dry run's: not converted
+    out = make_dtensor(x.mesh, x.local.astype(want) if dry is None else dry, x.layout, x.global_shape)
     if x._ag is None:
         return out
     x = shell(x)  # the cast's backward reads no value of x: the node keeps its shell, not its block

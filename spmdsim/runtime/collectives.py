@@ -141,7 +141,7 @@ def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | No
     comm, g, _ = mesh.group_info(axes)
     x = local if type(local) is _ndarray and local.flags.c_contiguous else _contig(local)
     if is_low(x.dtype):  # no bfloat16 sum in MPI: summed in float32, rounded once
-        return _narrowed(allreduce(mesh, x.astype(np.float32), axes, label, op=op), x.dtype, out, "allreduce")
+        return _narrowed(mesh, allreduce(mesh, _wide32(mesh, x), axes, label, op=op), x.dtype, out, "allreduce")
     if g == 1:
         _alone("allreduce", axes, label, x.dtype)
         return x if out is None or out is x else _copy_into(out, x, "allreduce")
@@ -149,8 +149,17 @@ def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | No
     return issue(mesh, comm, g, "allreduce", axes, label, "all_reduce", (x, dst, op), dst, x, (), x.nbytes)
 
 
-def _narrowed(total: np.ndarray, dtype: np.dtype, out: np.ndarray | None, op: str) -> np.ndarray:
-    """A float32 sum of bfloat16 blocks rounded once to bfloat16 (into `out` when given)."""
+def _wide32(mesh: Mesh, x: np.ndarray) -> np.ndarray:
+    """A bfloat16 block as float32, for a sum (a dry run's: zeros, no page written)."""
+    if mesh.engine.dry:
+        return mesh.engine.local(None, np.broadcast_to(np.zeros((), np.float32), x.shape))
+    return x.astype(np.float32)
+
+
+def _narrowed(mesh: Mesh, total: np.ndarray, dtype: np.dtype, out: np.ndarray | None, op: str) -> np.ndarray:
+    """A float32 sum of bfloat16 blocks rounded once to bfloat16 (into `out` when given; a dry run's: zeros)."""
+    if mesh.engine.dry:
+        return out if out is not None else mesh.engine.local(None, np.broadcast_to(np.zeros((), dtype), total.shape))
     return total.astype(dtype) if out is None else _copy_into(out, total.astype(dtype), op)
 
 
@@ -170,7 +179,7 @@ def reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim
     if shape[d] % g:
         _divisible(shape, d, g, "reduce_scatter")
     if is_low(x.dtype):  # no bfloat16 sum in MPI: summed in float32, rounded once
-        return _narrowed(reduce_scatter(mesh, x.astype(np.float32), axes, d, label), x.dtype, out, "reduce_scatter")
+        return _narrowed(mesh, reduce_scatter(mesh, _wide32(mesh, x), axes, d, label), x.dtype, out, "reduce_scatter")
     if g == 1:
         _alone("reduce_scatter", axes, label, x.dtype)
         return x if out is None else _copy_into(out, x, "reduce_scatter")

@@ -121,7 +121,11 @@ class DTensor:
                 f"astype({want.name!r}) of a pending sum over {self._layout.partial!r} of dtype "
                 f"{self._local.dtype.name!r}: the addends would be truncated one by one; "
                 "resolve the sum first (redistribute to a layout without partial axes)")
-        return DTensor(self._mesh, local_of(self).astype(want), self._layout, self._shape)
+        local = local_of(self)
+        if self._mesh.engine.dry:  # a dry run's zeros of the new dtype: no page of the block written
+            return DTensor(self._mesh, self._mesh.engine.local(None, np.broadcast_to(np.zeros((), want), local.shape)),
+                           self._layout, self._shape)
+        return DTensor(self._mesh, local.astype(want), self._layout, self._shape)
 
     # -- constructors ------------------------------------------------------------
     @classmethod
