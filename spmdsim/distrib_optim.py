@@ -376,8 +376,9 @@ def _pack(flat: np.ndarray, grads: tuple, spans: tuple) -> None:
 
 
 def _round(master: np.ndarray, out: np.ndarray) -> None:
-    """The master slice rounded once to the parameters' dtype (bfloat16: round to nearest even)."""
-    out[...] = master.astype(out.dtype)
+    """The master slice rounded once to the parameters' dtype (bfloat16: round to nearest even, numpy's cast as
+    astype makes it), written into `out` without a temporary."""
+    np.copyto(out, master, casting="unsafe")
 
 
 def _unpack(flat: np.ndarray, blocks: tuple, spans: tuple) -> None:

@@ -95,8 +95,10 @@ def korthikanti_bytes(s: int, b: int, h: int, a: int, t: int, sp: bool, recomput
     each): two of s·b·h (whole unless `sp`) and the attention's a·s²·b. With the defaults, t = 1:
     34 s·b·h + 5 a·s²·b. Selective recomputation drops the a·s²·b term; full keeps the layer's input
     (one value of s·b·h, split over t with `sp`). The GPT's ``kept="megatron"`` blocks keep exactly this
-    at ``value_bytes=8, mask_bytes=1`` plus their layer norms' row statistics (2 x 2 x 8 bytes a row of
-    s·b/t with `sp`, s·b without; none with full recomputation): tests/test_kept_megatron.py.
+    at ``value_bytes=8, mask_bytes=1`` (fp64), ``value_bytes=4`` (fp32) or the defaults (bf16-mixed: the
+    paper's widths), plus their layer norms' row statistics (2 x 2 numbers a row of s·b/t with `sp`, s·b
+    without, each 8 bytes at fp64 and 4 under fp32 and bf16-mixed, whose statistics are float32; none with
+    full recomputation): tests/test_kept_megatron.py.
     """
     shared = t if sp else 1  # what every tp rank holds whole without sp is split over t with it
     if recompute == "full":
