@@ -80,8 +80,7 @@ parser.add_argument("--algorithm", choices=("pairwise", "bruck"), default=None,
                     help="run the Alltoalls as this emulated algorithm (docs/algorithms.md); pairwise runs the "
                          "dropless Alltoallv too (bruck has no Alltoallv: it stays the engine's)")
 parser.add_argument("--replay", action="store_true",
-                    help="capture step 0 and replay it for the later steps (spmdsim.runtime.replay; checked alike); "
-                         "not with --pp")
+                    help="capture step 0 and replay it for the later steps (spmdsim.runtime.replay; checked alike)")
 parser.add_argument("--dispatch", action="store_true",
                     help="print each reported step's dispatch of the first MoE layer: tokens rank -> rank, "
                          "per expert, dropped")

@@ -284,21 +284,22 @@ class GPT:
         return h
 
     def chunk_blocks(self, h: Any, step: Optional[int] = None, train: bool = False, micro: Optional[int] = None,
-                     scale: float = 1.0) -> tuple[Any, float]:
+                     scale: float = 1.0) -> tuple[Any, Any]:
         """A pipeline chunk's `blocks`, with its MoE layers' router losses (weighted, times `scale`: a
-        microbatch's 1/m) attached to the output: (the output, the losses' value; 0.0 without MoE layers).
+        microbatch's 1/m) attached to the output: (the output, the losses: a resolved scalar DTensor, read
+        when the step ends, so that a replayed step reads its own; None without MoE layers).
         The output's values are `blocks`'; the backward from its gradient reaches the routers through the
         losses too, as the unpipelined `loss` adds them (spmdsim.gpt.pipeline)."""
         self._router_losses = []
         h = self.blocks(h, step, train, micro)
         losses, self._router_losses = self._router_losses, []
         if not losses:
-            return h, 0.0
+            return h, None
         total = ops.resolved(losses[0])
         for extra in losses[1:]:
             total = total + ops.resolved(extra)
         total = total * float(scale)
-        return _with_losses(h, total), float(total.local)
+        return _with_losses(h, total), total
 
     def _recomputed(self, layer: int, step: Optional[int], train: bool, micro: Optional[int], h: Any,
                     *params: Any) -> Any:

@@ -258,7 +258,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
 
     def pipeline_step(when: Any, *given: Any) -> list:
         """One step: the stage's program, the gradients' sums, the tied table, clipping, the update; the
-        microbatches' losses (DTensors; router losses as floats). `given`: the microbatches' ids this stage
+        microbatches' losses (DTensors, the router losses too). `given`: the microbatches' ids this stage
         reads (inputs, then targets) as DTensors, when replaying; else each is cut from the batch when used."""
         def ids(which: int, mb: int) -> Any:
             if given:
@@ -298,8 +298,9 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         elif check:
             start = where.used(_table(run, cfg, where))  # the step's start, every rank's
             own = anchored_start(optimizer, params)  # this rank's start (train.py's)
-        for model in models.values():
-            model.moe_stats = []  # this step's dispatches, every microbatch's
+        for model in models.values():  # this step's dispatches, every microbatch's (a replay's kernels rewrite
+            if not replay or graph is None:  # the captured step's list)
+                model.moe_stats = []
         given = ()
         if replay:  # the capture's static inputs: every microbatch's ids this stage reads
             given = tuple(DTensor.from_global(stage_mesh, data[mb * micro:(mb + 1) * micro], ids_layout)
@@ -314,7 +315,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
                 losses = graph.result
             else:
                 losses = graph(step, *given)
-            losses = [loss if isinstance(loss, float) else float(ops.resolved(loss).local) for loss in losses]
+            losses = [float(ops.resolved(loss).local) for loss in losses]
         order, held, watch = ran["order"], ran["held"], ran["watch"]
         cells = [(str(c), clock.times[2 * i], clock.times[2 * i + 1]) for i, c in enumerate(order)]
         # The stages made different numbers of collectives on their own groups: the ranks' call counters
@@ -376,7 +377,7 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
                  microbatches: int, last: int, shape: tuple, act: Any, wire: Any, pp_comm: Any, params: list,
                  clock: "_Clock", watch: Optional["_Most"] = None, described: Optional[dict] = None,
                  wire_dtype: Any = np.float64) -> tuple[list, list, int]:
-    """One step of this stage's program: (its microbatches' scaled losses: DTensors, router losses as floats;
+    """One step of this stage's program: (its microbatches' scaled losses: DTensors, the router losses too;
     the Compute records run; the most microbatch-chunks held at once). `ids(0, mb)`: microbatch mb's input
     ids, `ids(1, mb)` its targets; `step`: an int or a replay Scalar (the dropout masks' seeds); `clock`
     gets each cell's start and end. Activations and gradients are `act` blocks in the chunks and `wire`
@@ -440,8 +441,8 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
         model, when = models[c], (mb if tag_micro else None)
         h = model.embed(ids(0, mb), step, True, when) if c == 0 else inputs[(mb, c)]
         h, router = model.chunk_blocks(h, step, True, when, scale)
-        if router:
-            losses.append(router)  # (a float: what the step's loss adds for them)
+        if router is not None:
+            losses.append(router)  # (a scalar DTensor: what the step's loss adds for them)
         if c == last:
             h = model.head_loss(h, ids(1, mb)) * scale
             losses.append(h)

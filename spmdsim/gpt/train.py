@@ -283,10 +283,8 @@ def _norm(zero: Any, norms: list) -> Optional[float]:
 
 def replay_problem(cfg: GPTConfig, pipelined: bool = False) -> Optional[str]:
     """Why `cfg`'s training step (`pipelined`: spmdsim.gpt.pipeline's) cannot be replayed
-    (spmdsim.runtime.replay), or None."""
-    if cfg.moe is not None and pipelined:
-        return ("replay: a pipelined step reads its MoE layers' router losses into Python each microbatch, which "
-                "a replay cannot repeat; train the pipeline without replay")
+    (spmdsim.runtime.replay), or None: the same answer for both now (a pipelined MoE step's router losses are
+    read when the step ends, as its other losses are)."""
     if cfg.clip:
         return (f"replay: clip {cfg.clip!r} reads the gradients' norm into Python each step, which a replay "
                 "cannot repeat; train with clip 0 or without replay")
