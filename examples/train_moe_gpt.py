@@ -29,6 +29,7 @@ import argparse
 import sys
 
 import spmdsim
+from spmdsim.autograd.kept import kept_problem
 from spmdsim.precision import precision, precision_problem
 from spmdsim.gpt import encode, load_text, param_specs
 from spmdsim.gpt.parallel import mesh_problem
@@ -68,6 +69,9 @@ parser.add_argument("--memory", action="store_true",
                          "the experts' (a dry run prints the experts' anyway)")
 parser.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
                     help="selective: the attention core recomputed in the backward (full: refused with MoE layers)")
+parser.add_argument("--kept", default="graph", metavar="{graph,megatron}",
+                    help="what the blocks keep for backward: the graph's inputs, or Megatron's set (docs/training.md); "
+                         "the MoE layers keep what their backward reads under either")
 parser.add_argument("--zero", default="0", metavar="{0,1}",
                     help="1: ZeRO-1, AdamW's states and master copy sharded: the dense layers' over dp x ep, the "
                          "experts' over dp (docs/experts.md)")
@@ -132,7 +136,7 @@ def main(args):
         problem = mesh_problem(cfg, shape[0], shape[2], args.sp, shape[1])
     if not problem and args.replay:
         problem = replay_problem(cfg, pipelined=piped)
-    problem = problem or precision_problem(args.precision)
+    problem = problem or precision_problem(args.precision) or kept_problem(args.kept)
     if problem:
         raise spmdsim.SpmdsimError(f"the MoE GPT cannot run on {comm.size} ranks: {problem}")
     dp, ep, tp = shape
@@ -198,11 +202,11 @@ def main(args):
                                          schedule=args.schedule, microbatches=microbatches(args),
                                          virtual=virtual_stages(args), check=check, on_step=report,
                                          recompute=args.recompute, memory=args.memory, ep=ep,
-                                         algorithms=algorithms, zero=zero, precision=args.precision)
+                                         algorithms=algorithms, zero=zero, precision=args.precision, kept=args.kept)
     else:
         model, results = train(cfg, comm, dp, tp, args.steps, encode(text), sp=args.sp, check=check,
                                on_step=report, mesh=mesh, ep=ep, recompute=args.recompute, memory=args.memory,
-                               replay=args.replay, zero=zero, precision=args.precision)
+                               replay=args.replay, zero=zero, precision=args.precision, kept=args.kept)
     trend, falling = loss_trend([r.loss for r in results])
     failed = sum(not r.passed for r in results)
     if check and rank0:

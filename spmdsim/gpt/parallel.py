@@ -48,8 +48,6 @@ def _moe_problem(recompute: str, kept: str) -> Optional[str]:
     """Why a model with MoE layers cannot run with these options (one line), or None."""
     if recompute == "full":  # a block recomputed in the backward would route and exchange its tokens again
         return "recompute 'full' is not available with MoE layers yet (use 'none' or 'selective')"
-    if kept != "graph":
-        return f"kept {kept!r} is not available with MoE layers yet (use 'graph')"
     return None
 
 
@@ -217,13 +215,7 @@ class GPT:
         with kept_as("layer norm"):
             m = self._gathered(ops.layer_norm(h, p[pre + "ln2.w"], p[pre + "ln2.b"], cfg.ln_eps))
         if cfg.is_moe(layer):
-            from ..moe.layer import moe_layer
-
-            with kept_as("mlp"):
-                out, losses = moe_layer(m, p, pre, cfg.moe, self.moe_stats)
-                self._router_losses.append(losses)
-                out = out if out.layout == self.act else redistribute(out, self.act)  # with sp: a local slice
-                return h + self._dropout(out, pre + "resid2", step, train, micro)
+            return self._moe_mlp(h, m, layer, step, train, micro)
         with kept_as("mlp"):
             m = ops.gelu(ops.einsum("tbd,de->tbe", m, p[pre + "mlp.w1"]) + p[pre + "mlp.b1"])
             out = self._row_out(ops.einsum("tbf,fd->tbd", m, p[pre + "mlp.w2"])) + p[pre + "mlp.b2"]
@@ -256,10 +248,27 @@ class GPT:
             h = megatron.bias_dropout_add(y, p[pre + "attn.bo"], h, drop, seed("resid1"), mask_dims=(1, 0, 2))
         with kept_as("layer norm"):
             m = ops.layer_norm(h, p[pre + "ln2.w"], p[pre + "ln2.b"], cfg.ln_eps, kept="megatron")
+            if cfg.is_moe(layer):  # the MoE layer reads the tokens whole on tp (gathered with sp), as the graph's
+                m = self._gathered(m)
+        if cfg.is_moe(layer):
+            return self._moe_mlp(h, m, layer, step, train, micro)
         with kept_as("mlp"):
             z = megatron.column_parallel_linear(m, [(p[pre + "mlp.w1"], p[pre + "mlp.b1"])], self.full)
             y = megatron.row_parallel_linear(ops.gelu(z, kept="megatron"), p[pre + "mlp.w2"], self.act)
             return megatron.bias_dropout_add(y, p[pre + "mlp.b2"], h, drop, seed("resid2"), mask_dims=(1, 0, 2))
+
+    def _moe_mlp(self, h: Any, m: Any, layer: int, step: Optional[int], train: bool, micro: Optional[int]) -> Any:
+        """The residual `h` plus an MoE layer's output (spmdsim.moe.layer) on the normalized tokens `m` (whole on
+        tp), dropped out; its router losses kept for the step's loss. Both kept sets' blocks (the MoE node keeps
+        what its backward reads under either)."""
+        from ..moe.layer import moe_layer
+
+        pre = f"h{layer}."
+        with kept_as("mlp"):
+            out, losses = moe_layer(m, self.params, pre, self.cfg.moe, self.moe_stats)
+            self._router_losses.append(losses)
+            out = out if out.layout == self.act else redistribute(out, self.act)  # with sp: a local slice
+            return h + self._dropout(out, pre + "resid2", step, train, micro)
 
     def embed(self, ids: Any, step: Optional[int] = None, train: bool = False, micro: Optional[int] = None) -> Any:
         """The activations (T, B, D) entering the first block, from token ids (B, T) laid out (self.batch, None)."""
