@@ -68,7 +68,8 @@ parser.add_argument("--memory", action="store_true",
                     help="print the last step's bytes on rank 0: what the graph kept, parameters, optimizer, and "
                          "the experts' (a dry run prints the experts' anyway)")
 parser.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
-                    help="selective: the attention core recomputed in the backward (full: refused with MoE layers)")
+                    help="selective: the attention core recomputed in the backward; full: each block, its MoE layer "
+                         "routing and exchanging its tokens again (docs/experts.md)")
 parser.add_argument("--kept", default="graph", metavar="{graph,megatron}",
                     help="what the blocks keep for backward: the graph's inputs, or Megatron's set (docs/training.md); "
                          "the MoE layers keep what their backward reads under either")

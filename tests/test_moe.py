@@ -419,22 +419,32 @@ def test_a_64_expert_dry_run_on_1024_ranks_reports_the_experts_bytes():
     assert int(peak[0][1]) < 1 << 30, f"peak RSS {int(peak[0][1]) >> 20} MiB"
 
 
-def test_selective_recomputation_with_moe_layers_matches_one_process_and_keeps_less():
+def test_selective_and_full_recomputation_with_moe_layers_match_one_process_and_keep_less():
     """The attention core recomputed in the backward (Korthikanti et al.'s selective recomputation) beside
     MoE layers: each step still equals one numpy process, and the graph keeps no attention core's
-    probabilities; full recomputation (which would route and exchange the tokens again) is refused."""
-    cfg = GPTConfig(**SMALL, moe=MoEConfig(experts=4, top_k=2, capacity_factor=1.0))
+    probabilities. Full recomputation keeps each block's input only and recomputes the block in the backward,
+    routing its tokens and exchanging them again (as Megatron's does): the same losses and gradients, its router
+    losses differentiated once (their gradient rides on the block's output), the dispatch figures counted once,
+    the MoE layer's exchanges twice in the forward's direction."""
+    from spmdsim.runtime.trace import collect_trace
+
+    cfg = GPTConfig(**SMALL, moe=MoEConfig(experts=4, top_k=2, capacity_factor=1.0, aux_loss_coeff=0.5,
+                                           z_loss_coeff=0.1))
 
     def run(recompute):
-        return train(cfg, spmdsim.world(), 1, 2, 2, TEXT, ep=2, recompute=recompute, memory=True)[1]
+        with collect_trace() as trace:
+            results = train(cfg, spmdsim.world(), 1, 2, 2, TEXT, ep=2, recompute=recompute, memory=True)[1]
+        return results, sum(1 for e in trace.entries if e.label == "h1 dispatch")
 
-    plain, selective = spmdsim.simulate(4, run, "none")[0], spmdsim.simulate(4, run, "selective")[0]
+    (plain, sent), (selective, _), (full, again) = (spmdsim.simulate(4, run, r)[0] for r in ("none", "selective",
+                                                                                             "full"))
     assert all(r.passed for r in selective) and [r.loss for r in selective] == [r.loss for r in plain]
     core = [r.memory.kept_of("attention core") for r in (plain[-1], selective[-1])]
     assert core[0] > 0 and core[1] < core[0], core
-    errors = spmdsim.simulate(4, lambda: _refused(lambda: run("full")))
-    assert list(errors) == ["the GPT cannot run on dp 1 x ep 2 x tp 2: recompute 'full' is not available with MoE "
-                            "layers yet (use 'none' or 'selective')"] * 4
+    assert all(r.passed for r in full) and [(r.loss, r.errors) for r in full] == [(r.loss, r.errors) for r in plain]
+    assert [r.dispatch for r in full] == [r.dispatch for r in plain]
+    assert full[-1].memory.kept_total < plain[-1].memory.kept_total / 4
+    assert again == 2 * sent  # each step's dispatch, then its recomputation
 
 
 def _refused(fn):

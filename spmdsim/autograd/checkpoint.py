@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from ..context import current
 from ..errors import OperatorError
-from .graph import Leaf, enable_grad, is_grad_enabled, kept_as, no_grad, record
+from .graph import Detached, Leaf, enable_grad, is_grad_enabled, kept_as, no_grad, record
 
 __all__ = ["checkpoint"]
 
@@ -72,5 +72,5 @@ def _detached(t: Any) -> Any:
     if t._ag is None or isinstance(t._ag, Leaf):
         return t
     leaf = type(t)._trusted(t.mesh, t.local, t.layout, t.global_shape)
-    leaf._ag = Leaf()
+    leaf._ag = Detached()
     return leaf

@@ -384,9 +384,10 @@ def _prepared(node: Node, dy: Any, run: Any = None, inputs: tuple = ()) -> Any:
 
 
 def _of_parameters(inputs: tuple) -> bool:
-    """Whether every input that takes a gradient is a leaf (a parameter): the node is a parameter's view."""
+    """Whether every input that takes a gradient is a leaf (a parameter): the node is a parameter's view. An
+    activation a recomputed region reads as a leaf (graph.Detached) is none: its readers round as any."""
     found = [t._ag for t in inputs if t is not None and getattr(t, "_ag", None) is not None]
-    return bool(found) and all(isinstance(a, Leaf) for a in found)
+    return bool(found) and all(type(a) is Leaf for a in found)
 
 
 def grad_layout(layout: TensorLayout, g_layout: TensorLayout) -> TensorLayout:

@@ -108,6 +108,14 @@ class Leaf(_Recorded):
         self.grad: Any = None
 
 
+class Detached(Leaf):
+    """An activation made a leaf where a checkpointed region is recomputed (spmdsim.autograd.checkpoint): a
+    leaf for the walk, but no parameter: the nodes reading it round their gradients as any activation's
+    readers do (spmdsim.autograd.engine's `_of_parameters`)."""
+
+    __slots__ = ()
+
+
 class Node(_Recorded):
     """An operator's output in the graph.
 

@@ -46,8 +46,6 @@ __all__ = ["GPT", "megatron_layouts", "dialect_layouts", "DIALECTS", "mesh_probl
 
 def _moe_problem(recompute: str, kept: str) -> Optional[str]:
     """Why a model with MoE layers cannot run with these options (one line), or None."""
-    if recompute == "full":  # a block recomputed in the backward would route and exchange its tokens again
-        return "recompute 'full' is not available with MoE layers yet (use 'none' or 'selective')"
     return None
 
 
@@ -153,6 +151,7 @@ class GPT:
         self._padding: dict = {}  # the logits' last dim's layout -> this rank's padded-column mask (`_masked`)
         self._activation: Any = None  # (the policy, its activations' dtype), for `_row_out`
         self._router_losses: list = []
+        self._loss_scale = 1.0  # what the router losses are scaled by (a pipeline microbatch's 1/m: chunk_blocks)
 
     def _dropout(self, x: Any, site: str, step: Optional[int], train: bool, micro: Optional[int]) -> Any:
         if not train or self.cfg.dropout == 0:
@@ -260,15 +259,27 @@ class GPT:
     def _moe_mlp(self, h: Any, m: Any, layer: int, step: Optional[int], train: bool, micro: Optional[int]) -> Any:
         """The residual `h` plus an MoE layer's output (spmdsim.moe.layer) on the normalized tokens `m` (whole on
         tp), dropped out; its router losses kept for the step's loss. Both kept sets' blocks (the MoE node keeps
-        what its backward reads under either)."""
+        what its backward reads under either).
+
+        With full recomputation the block is a checkpointed region (spmdsim.autograd.checkpoint), run in the
+        forward without a graph: the losses' value joins the step's loss there, and their gradient rides on the
+        block's output (`_with_losses`, Megatron's MoEAuxLossAutoScaler), so that the region recomputed in the
+        backward (routing its tokens and exchanging them again, as Megatron's does) differentiates them once;
+        the recomputation adds neither the losses nor the dispatch figures a second time."""
+        from ..context import current
         from ..moe.layer import moe_layer
 
         pre = f"h{layer}."
+        again = current().phase == "recompute"
         with kept_as("mlp"):
-            out, losses = moe_layer(m, self.params, pre, self.cfg.moe, self.moe_stats)
-            self._router_losses.append(losses)
+            out, losses = moe_layer(m, self.params, pre, self.cfg.moe, None if again else self.moe_stats)
+            if not again:
+                self._router_losses.append(losses)
             out = out if out.layout == self.act else redistribute(out, self.act)  # with sp: a local slice
-            return h + self._dropout(out, pre + "resid2", step, train, micro)
+            y = h + self._dropout(out, pre + "resid2", step, train, micro)
+        if self.recompute == "full":
+            y = _with_losses(y, ops.resolved(losses) * float(self._loss_scale))
+        return y
 
     def embed(self, ids: Any, step: Optional[int] = None, train: bool = False, micro: Optional[int] = None) -> Any:
         """The activations (T, B, D) entering the first block, from token ids (B, T) laid out (self.batch, None)."""
@@ -287,7 +298,7 @@ class GPT:
             if self.recompute == "full":
                 pre = f"h{layer}."
                 mine = [t for name, t in self.params.items() if name.startswith(pre)]
-                h = checkpoint(partial(self._recomputed, layer, step, train, micro), h, *mine)
+                h = checkpoint(partial(self._recomputed, layer, step, train, micro, self._loss_scale), h, *mine)
             else:
                 h = self._block(h, layer, step, train, micro)
         return h
@@ -299,8 +310,11 @@ class GPT:
         when the step ends, so that a replayed step reads its own; None without MoE layers).
         The output's values are `blocks`'; the backward from its gradient reaches the routers through the
         losses too, as the unpipelined `loss` adds them (spmdsim.gpt.pipeline)."""
-        self._router_losses = []
-        h = self.blocks(h, step, train, micro)
+        self._router_losses, self._loss_scale = [], scale
+        try:
+            h = self.blocks(h, step, train, micro)
+        finally:
+            self._loss_scale = 1.0
         losses, self._router_losses = self._router_losses, []
         if not losses:
             return h, None
@@ -310,10 +324,15 @@ class GPT:
         total = total * float(scale)
         return _with_losses(h, total), total
 
-    def _recomputed(self, layer: int, step: Optional[int], train: bool, micro: Optional[int], h: Any,
+    def _recomputed(self, layer: int, step: Optional[int], train: bool, micro: Optional[int], scale: float, h: Any,
                     *params: Any) -> Any:
-        """`_block` as a checkpointed region: its parameters are among the inputs, read from `params`."""
-        return self._block(h, layer, step, train, micro)
+        """`_block` as a checkpointed region: its parameters are among the inputs, read from `params`; `scale`: the
+        router losses' of the forward that made the region (the backward recomputes it after chunk_blocks)."""
+        was, self._loss_scale = self._loss_scale, scale
+        try:
+            return self._block(h, layer, step, train, micro)
+        finally:
+            self._loss_scale = was
 
     def head(self, h: Any, last: bool = False) -> Any:
         """Logits (B, T, V) split over the vocabulary on tp from the last block's activations;

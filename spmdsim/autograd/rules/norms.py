@@ -14,7 +14,7 @@ from ... import reference_grad
 from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
 from ...flops import any_open, sweep
 from ...precision import is_low, rounded, wide
-from ..graph import record, with_partial
+from ..graph import record
 from .grads import axes_of, grad_tensor
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
@@ -104,11 +104,6 @@ def record_layer_norm(out: Any, x: Any, weight: Any, bias: Any, stats: dict, d: 
             w = None if weight is None else weight.local
             sweep("layer_norm", (dy.local, x.local, stats["mean"], stats["root"], w),
                   (dy.local if need[0] else None, w if need[1] else None, bias.local if need[2] else None))
-        if low is not None and dy.layout.partial:
-            # The walk rounds a bfloat16 node's dY summed, but leaves it as it comes (pending over tp, float32)
-            # where x, w and b are all leaves (a fully recomputed block's input): summed here, as it would sum it
-            # (DTensor's own redistribute: this module imports no runtime).
-            dy = dy.redistribute(with_partial(dy.layout, ()))
         if dy.mesh.engine.dry:  # zeros of each operand's block
             gx, gw, gb = (None if t is None else np.zeros(t.local.shape, t.dtype) for t in (x, weight, bias))
         else:
