@@ -31,12 +31,12 @@ import numpy as np
 
 import spmdsim
 from spmdsim.autograd.kept import kept_problem
-from spmdsim.gpt import decode, encode, load_text, param_specs
+from spmdsim.gpt import decode, encode, load_text
 from spmdsim.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
 from spmdsim.gpt.pipeline import pipeline_layout_problem, train_pipelined
 from spmdsim.gpt.memory import recompute_problem, zero_problem
 from spmdsim.gpt.mixed import mixed_problem
-from spmdsim.gpt.options import model_arguments, model_config, padding_line
+from spmdsim.gpt.options import check_lines, model_arguments, model_config, padding_line
 from spmdsim.gpt.train import replay_problem, train
 from spmdsim.precision import precision_problem
 from spmdsim.nets.train import loss_trend, run_main
@@ -169,18 +169,7 @@ def main(args):
     trend, falling = loss_trend([r.loss for r in results])
     failed = sum(not r.passed for r in results)
     if check and rank0:
-        worst = max(max(r.errors) for r in results)
-        print(f"check: {len(results)} steps vs one numpy process (loss, {len(param_specs(cfg))} gradients and "
-              f"parameters each): {'PASS' if not failed else f'FAILED at {failed} steps'}")
-        if args.precision == "fp64":
-            print(f"largest difference {worst:.1e} of the tensor's largest entry (tolerance "
-                  f"{results[0].tolerances[0]:.0e})")
-        else:  # the policy's tolerances, one per kind (spmdsim.gpt.mixed.tolerances)
-            kinds = ("loss", "gradients", "parameters")
-            print("largest differences: " + ", ".join(
-                f"{what} {max(r.errors[i] for r in results):.1e}" for i, what in enumerate(kinds)))
-            print(f"tolerances under {args.precision}: " + ", ".join(
-                f"{what} {results[0].tolerances[i]:.1e}" for i, what in enumerate(kinds)))
+        print("\n".join(check_lines(results, cfg, args.precision)))
     if rank0:
         print(trend)
     if cfg.clip and rank0 and results and results[0].norm is not None:  # the norm over every stage

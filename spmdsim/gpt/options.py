@@ -4,7 +4,8 @@ argparse only).
 ``model_arguments(parser)`` adds ``--vocab``, ``--pad-vocab-to``, ``--layers``, ``--d-model``, ``--heads``,
 ``--seq``, ``--batch``, ``--dropout``, ``--lr`` and ``--seed``; ``model_config(args, **more)`` is the GPTConfig
 they say (``more``: the example's own fields, such as ``clip`` or ``moe``); ``padding_line(cfg, tp)``
-says how the vocabulary is padded and cut over tp (None without padding).
+says how the vocabulary is padded and cut over tp (None without padding); ``check_lines(results, cfg,
+precision)`` the check's verdict and its largest differences against the precision's tolerances.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any, Optional
 
 from .config import GPTConfig
 
-__all__ = ["model_arguments", "model_config", "padding_line"]
+__all__ = ["model_arguments", "model_config", "padding_line", "check_lines"]
 
 
 def model_arguments(parser: Any) -> None:
@@ -38,6 +39,25 @@ def model_config(args: Any, **more: Any) -> GPTConfig:
     return GPTConfig(vocab=args.vocab, layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq,
                      batch=args.batch, dropout=args.dropout, lr=args.lr, seed=args.seed,
                      vocab_pad_to=args.pad_vocab_to, **more)
+
+
+def check_lines(results: list, cfg: GPTConfig, precision: str) -> list[str]:
+    """The check's lines after a run: its verdict over the steps' StepResults (spmdsim.gpt.train), then the
+    largest difference against the tolerance (fp64), or per kind against the policy's (spmdsim.gpt.mixed)."""
+    from .params import param_specs
+
+    failed = sum(not r.passed for r in results)
+    out = [f"check: {len(results)} steps vs one numpy process (loss, {len(param_specs(cfg))} gradients and "
+           f"parameters each): {'PASS' if not failed else f'FAILED at {failed} steps'}"]
+    if precision == "fp64":
+        worst = max(max(r.errors) for r in results)
+        return out + [f"largest difference {worst:.1e} of the tensor's largest entry (tolerance "
+                      f"{results[0].tolerances[0]:.0e})"]
+    kinds = ("loss", "gradients", "parameters")
+    return out + ["largest differences: " + ", ".join(f"{what} {max(r.errors[i] for r in results):.1e}"
+                                                      for i, what in enumerate(kinds)),
+                  f"tolerances under {precision}: " + ", ".join(f"{what} {results[0].tolerances[i]:.1e}"
+                                                                for i, what in enumerate(kinds))]
 
 
 def padding_line(cfg: GPTConfig, tp: int) -> Optional[str]:
