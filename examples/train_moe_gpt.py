@@ -32,7 +32,8 @@ import spmdsim
 from spmdsim.autograd.kept import kept_problem
 from spmdsim.precision import precision, precision_problem
 from spmdsim.gpt import encode, load_text
-from spmdsim.gpt.parallel import mesh_problem
+from spmdsim.gpt.layouts import written
+from spmdsim.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
 from spmdsim.gpt.pipeline import pipeline_layout_problem, train_pipelined
 from spmdsim.gpt.train import replay_problem, train
 from spmdsim.moe import MoEConfig
@@ -73,6 +74,9 @@ parser.add_argument("--recompute", choices=("none", "selective", "full"), defaul
 parser.add_argument("--kept", default="graph", metavar="{graph,megatron}",
                     help="what the blocks keep for backward: the graph's inputs, or Megatron's set (docs/training.md); "
                          "the MoE layers keep what their backward reads under either")
+parser.add_argument("--dialect", choices=sorted(DIALECTS), default=None,
+                    help="write Megatron's parameter layouts in this dialect (read back by spmdsim.dialects: the same "
+                         "layouts; default: spmdsim's own)")
 parser.add_argument("--zero", default="0", metavar="{0,1}",
                     help="1: ZeRO-1, AdamW's states and master copy sharded: the dense layers' over dp x ep, the "
                          "experts' over dp (docs/experts.md)")
@@ -141,6 +145,9 @@ def main(args):
     if problem:
         raise spmdsim.SpmdsimError(f"the MoE GPT cannot run on {comm.size} ranks: {problem}")
     dp, ep, tp = shape
+    layouts = None
+    if args.dialect:  # Megatron's plan written in the dialect, read back: the same layouts (a stage's mesh too)
+        layouts = dialect_layouts(cfg, spmdsim.Layout((dp, ep, tp), ("dp", "ep", "tp")), args.dialect, args.sp)
     algorithms = {"alltoall": args.algorithm} if args.algorithm else None
     if args.algorithm == "pairwise":  # the only emulated Alltoallv (spmdsim.algorithms.VARIABLE)
         algorithms["alltoallv"] = "pairwise"
@@ -154,6 +161,11 @@ def main(args):
         print(f"MoE GPT: {counted(cfg.layers, 'layer')} ({', '.join(moe_layers) or 'none'} MoE), d_model "
               f"{cfg.d_model}, {cfg.heads} heads, seq {cfg.seq}, batch {cfg.batch}, dropout {cfg.dropout}")
         print(f"experts: {moe.describe()}")
+        if args.dialect:
+            def said(role: str, ndim: int) -> str:
+                return str(written(args.dialect, role, ndim, ("dp", "ep", "tp")))
+            print(f"layouts in {args.dialect}: experts' w1 {said('expert w1', 3)}, w2 {said('expert w2', 3)};\n"
+                  f"  column-parallel {said('columns', 2)}, row-parallel {said('rows', 2)}")
         if args.precision != "fp64":
             policy = precision(args.precision)
             print(f"precision {policy.name}: parameters {policy.param}, activations {policy.activation}, "
@@ -203,11 +215,13 @@ def main(args):
                                          schedule=args.schedule, microbatches=microbatches(args),
                                          virtual=virtual_stages(args), check=check, on_step=report,
                                          recompute=args.recompute, memory=args.memory, ep=ep,
-                                         algorithms=algorithms, zero=zero, precision=args.precision, kept=args.kept)
+                                         algorithms=algorithms, zero=zero, precision=args.precision, kept=args.kept,
+                                         layouts=layouts)
     else:
         model, results = train(cfg, comm, dp, tp, args.steps, encode(text), sp=args.sp, check=check,
                                on_step=report, mesh=mesh, ep=ep, recompute=args.recompute, memory=args.memory,
-                               replay=args.replay, zero=zero, precision=args.precision, kept=args.kept)
+                               replay=args.replay, zero=zero, precision=args.precision, kept=args.kept,
+                               layouts=layouts)
     trend, falling = loss_trend([r.loss for r in results])
     failed = sum(not r.passed for r in results)
     if check and rank0:

@@ -92,6 +92,32 @@ def test_every_dialect_writes_megatrons_layouts(sp):
         dialect_layouts(SMALL, layout, "mxnet")
 
 
+@pytest.mark.parametrize("sp", [False, True])
+def test_every_dialect_writes_the_moe_gpts_layouts_on_a_dp_ep_tp_mesh(sp):
+    """The experts' layouts and the dense ones on the MoE mesh (dp, ep, tp), each written as its dialect writes
+    it (`written`: DTensor's and OneFlow's with a placement per mesh axis) and read back by spmdsim.dialects:
+    Megatron's plan; on (dp, tp) `written` gives the DIALECTS table's texts."""
+    import dataclasses
+
+    from spmdsim import Layout
+    from spmdsim.gpt.layouts import written
+    from spmdsim.gpt.parallel import DIALECTS, dialect_layouts, megatron_layouts
+    from spmdsim.moe import MoEConfig
+
+    cfg = dataclasses.replace(SMALL, layers=2, moe=MoEConfig(experts=4, top_k=2))
+    layout = Layout((2, 2, 2), ("dp", "ep", "tp"))
+    want = megatron_layouts(cfg, layout, sp)
+    assert want["h1.moe.w1"] == layout("ep", None, "tp") and want["h1.moe.b2"] == layout("ep", None)
+    for dialect in DIALECTS:
+        assert dialect_layouts(cfg, layout, dialect, sp) == want, dialect
+    assert written("dtensor", "expert w1", 3, layout.alias_name) == "R,S(0),S(2)"
+    assert written("oneflow", "rows", 2, layout.alias_name) == "B,B,S(0)"
+    for dialect, roles in DIALECTS.items():
+        for role, text in roles.items():
+            ndim = 1 if role == "vector" else len(text) if dialect in ("mindspore", "jax") else 2
+            assert written(dialect, role, ndim, ("dp", "tp")) == (tuple(text) if isinstance(text, tuple) else text)
+
+
 def test_mesh_problems_are_one_line():
     assert mesh_problem(SMALL, 3, 1, False) == "batch 4 is not divisible by dp 3"
     assert "heads 4 is not divisible by tp 8" in mesh_problem(SMALL, 1, 8, False)

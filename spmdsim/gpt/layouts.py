@@ -38,7 +38,7 @@ from ..layout import Layout, TensorLayout
 from .config import GPTConfig
 from .params import param_specs
 
-__all__ = ["megatron_layouts", "dialect_layouts", "DIALECTS", "mesh_problem"]
+__all__ = ["megatron_layouts", "dialect_layouts", "DIALECTS", "mesh_problem", "written"]
 
 
 def mesh_problem(cfg: GPTConfig, dp: int, tp: int, sp: bool, ep: int = 1) -> Optional[str]:
@@ -84,6 +84,11 @@ def _role(name: str, sp: bool) -> str:
     return "whole"
 
 
+#: Each split role's tensor map: which mesh axis cuts which dim (the module's table; "whole" is all None).
+_MAPS = {"rows": ("tp", None), "columns": (None, "tp"), "vector": ("tp",), "expert w1": ("ep", None, "tp"),
+         "expert b1": ("ep", "tp"), "expert w2": ("ep", "tp", None), "expert b2": ("ep", None)}
+
+
 def megatron_layouts(cfg: GPTConfig, layout: Layout, sp: bool = False) -> dict[str, TensorLayout]:
     """Each parameter's TensorLayout on a ("dp", "tp") layout (the module's table)."""
     return dict(_megatron_layouts(cfg, layout, bool(sp)))
@@ -91,12 +96,10 @@ def megatron_layouts(cfg: GPTConfig, layout: Layout, sp: bool = False) -> dict[s
 
 @functools.lru_cache(maxsize=16)  # each stage of a pipeline (and each dry-run representative) asks alike
 def _megatron_layouts(cfg: GPTConfig, layout: Layout, sp: bool) -> dict[str, TensorLayout]:
-    maps = {"rows": ("tp", None), "columns": (None, "tp"), "vector": ("tp",), "expert w1": ("ep", None, "tp"),
-            "expert b1": ("ep", "tp"), "expert w2": ("ep", "tp", None), "expert b2": ("ep", None)}
     names = set(layout.alias_name)
     out = {}
     for s in param_specs(cfg):
-        entries = maps.get(_role(s.name, sp), (None,) * len(s.shape))
+        entries = _MAPS.get(_role(s.name, sp), (None,) * len(s.shape))
         out[s.name] = layout(*(e if e is None or e in names else None for e in entries))
     return out
 
@@ -115,10 +118,22 @@ def dialect_layouts(cfg: GPTConfig, layout: Layout, dialect: str, sp: bool = Fal
     by spmdsim.dialects: the same TensorLayouts, whichever dialect wrote them."""
     if dialect not in DIALECTS:
         raise SpmdsimError(f"dialect {dialect!r} is not one of {sorted(DIALECTS)!r}")
-    if cfg.moe is not None:
-        raise SpmdsimError("the MoE layers' layouts are written in spmdsim's words only (megatron_layouts); "
-                           "leave out the dialect")
     return dict(_dialect_layouts(cfg, layout, dialect, bool(sp)))
+
+
+def written(dialect: str, role: str, ndim: int, names: tuple) -> object:
+    """How `dialect` writes a parameter of `role` (`_role`: "rows", "columns", "vector", "whole", "expert w1"
+    ...) with `ndim` dims on a mesh of axes `names`: MindSpore's tensor_map of axis names ("None" where whole),
+    a JAX PartitionSpec's entries, DTensor's placements ("S(dim)" or "R" per mesh axis) or OneFlow's nd SBP
+    ("S(dim)" or "B"). On ("dp", "tp") these are `DIALECTS`' texts; an MoE mesh ("dp", "ep", "tp") adds the
+    experts' roles and an axis to DTensor's and OneFlow's."""
+    entries = _MAPS.get(role, (None,) * ndim)
+    if dialect == "mindspore":
+        return tuple("None" if e is None else e for e in entries)
+    if dialect == "jax":
+        return tuple(entries)
+    whole = "R" if dialect == "dtensor" else "B"
+    return ",".join(f"S({entries.index(a)})" if a in entries else whole for a in names)
 
 
 @functools.lru_cache(maxsize=16)  # every rank (and each dry-run representative) asks alike: ~1,500 layouts at 96 layers
@@ -127,12 +142,13 @@ def _dialect_layouts(cfg: GPTConfig, layout: Layout, dialect: str, sp: bool) -> 
     from ..dialects.partition_spec import partition_spec_to_layout
     from ..dialects.sbp import sbp_to_layout
 
-    shape, names = layout.device_matrix, layout.alias_name
+    shape, names = layout.device_matrix, tuple(layout.alias_name)
     out = {}
     for spec in param_specs(cfg):
-        text, ndim = DIALECTS[dialect][_role(spec.name, sp)], len(spec.shape)
+        ndim = len(spec.shape)
+        text = written(dialect, _role(spec.name, sp), ndim, names)
         if dialect == "mindspore":  # Layout(device_matrix, alias_name)(tensor_map)
-            out[spec.name] = layout(*(tuple(text) * ndim)[:ndim])
+            out[spec.name] = layout(*text)
         elif dialect == "jax":
             out[spec.name] = partition_spec_to_layout(text, shape, ndim, names)
         elif dialect == "dtensor":
