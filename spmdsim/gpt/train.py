@@ -303,10 +303,11 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     `replay`: step 0 is captured (spmdsim.runtime.replay) and every later step replays it, checked
     the same way; not with `cfg.clip` (clipping reads the gradients' norm into Python).
     `recompute`: "none", "selective" or "full" (spmdsim.gpt.parallel.GPT's). `zero`: 0 (AdamW) or 1
-    (DistributedAdamW over dp; with MoE layers over dp x ep, the experts' over dp). `memory`: measure each
-    step's bytes into StepResult.memory. `kept`: "graph" or "megatron" (spmdsim.gpt.parallel.GPT's: what the
-    graph keeps for backward). `ep`: with MoE layers (cfg.moe), the expert-parallel ranks: the mesh is Layout((dp, ep, tp), ("dp", "ep", "tp")), the
-    batch split over dp x ep (spmdsim.moe.layer); the step's loss includes the router losses.
+    (DistributedAdamW over dp; with MoE layers over dp x ep, the experts' over dp). `memory`: measure each step's
+    bytes into StepResult.memory. `kept`: "graph" or "megatron" (spmdsim.gpt.parallel.GPT's: what the graph keeps
+    for backward). `ep`: with MoE layers (cfg.moe), the expert-parallel ranks: the mesh is Layout((dp, ep, tp),
+    ("dp", "ep", "tp")), the batch split over dp x ep (spmdsim.moe.layer); the step's loss includes the router
+    losses.
     `precision`: the precision policy (spmdsim.precision: "fp64", "fp32", "bf16-mixed"); the reference
     step then runs under it (spmdsim.gpt.mixed) and the check's tolerance is the policy's
     (spmdsim.gpt.mixed.tolerances: the optimizer checked on the run's own gradients).
