@@ -24,6 +24,7 @@ import numpy as np
 from ..errors import ShapeError
 from ..precision import is_low
 from .door import _alone, _contig, _empty, issue
+from .collectives import _narrowed, _wide32
 from .mesh import Mesh
 
 __all__ = ["allgatherv", "reduce_scatterv", "alltoallv_dims"]
@@ -100,7 +101,8 @@ def reduce_scatterv(mesh: Mesh, local: Any, axes: Any, tensor_dim: int, sizes: S
     x = _contig(local)
     _checked(x, tensor_dim, sum(sizes), "reduce_scatterv")
     if is_low(x.dtype):  # no bfloat16 sum in MPI: summed in float32, rounded once
-        return reduce_scatterv(mesh, x.astype(np.float32), axes, tensor_dim, sizes, label).astype(x.dtype)
+        total = reduce_scatterv(mesh, _wide32(mesh, x), axes, tensor_dim, sizes, label)
+        return _narrowed(mesh, total, x.dtype, None, "reduce_scatterv")
     if g == 1:
         _alone("reduce_scatter", axes, label, x.dtype)
         return x
