@@ -102,7 +102,7 @@ def main(args):
     shape, problem = split(comm.size, cfg)
     if problem:  # every rank alike, before any collective
         raise spmdsim.SpmdsimError(f"the GPT cannot run on {comm.size} ranks: {problem}")
-    problem = replay_problem(cfg, pipelined=pipelined(args)) if args.replay else None
+    problem = replay_problem(cfg) if args.replay else None
     zero = int(args.zero) if args.zero.lstrip("-").isdigit() else args.zero
     problem = problem or recompute_problem(args.recompute) or zero_problem(zero) or kept_problem(args.kept)
     problem = problem or precision_problem(args.precision) or mixed_problem(

@@ -140,7 +140,7 @@ def main(args):
     elif not problem:
         problem = mesh_problem(cfg, shape[0], shape[2], args.sp, shape[1])
     if not problem and args.replay:
-        problem = replay_problem(cfg, pipelined=piped)
+        problem = replay_problem(cfg)
     problem = problem or precision_problem(args.precision) or kept_problem(args.kept)
     if problem:
         raise spmdsim.SpmdsimError(f"the MoE GPT cannot run on {comm.size} ranks: {problem}")

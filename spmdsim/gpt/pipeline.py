@@ -196,7 +196,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     moe = cfg.moe is not None or ep != 1
     problem = (pipeline_layout_problem(cfg, pp, dp, tp, sp, microbatches, virtual, split, ep)
                or recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
-               or (replay_problem(cfg, pipelined=True) if replay else None) or precision_problem(precision)
+               or (replay_problem(cfg) if replay else None) or precision_problem(precision)
                or mixed_problem(precision, kept=kept))
     if not problem and cfg.moe is not None:
         problem = moe_precision_problem(precision) or _moe_problem(recompute, kept)

@@ -281,10 +281,9 @@ def _norm(zero: Any, norms: list) -> Optional[float]:
     return norms[-1] if norms else None
 
 
-def replay_problem(cfg: GPTConfig, pipelined: bool = False) -> Optional[str]:
-    """Why `cfg`'s training step (`pipelined`: spmdsim.gpt.pipeline's) cannot be replayed
-    (spmdsim.runtime.replay), or None: the same answer for both now (a pipelined MoE step's router losses are
-    read when the step ends, as its other losses are)."""
+def replay_problem(cfg: GPTConfig) -> Optional[str]:
+    """Why `cfg`'s training step (train's or spmdsim.gpt.pipeline's: a pipelined MoE step's router losses are
+    read when the step ends, as its other losses are) cannot be replayed (spmdsim.runtime.replay), or None."""
     if cfg.clip:
         return (f"replay: clip {cfg.clip!r} reads the gradients' norm into Python each step, which a replay "
                 "cannot repeat; train with clip 0 or without replay")
