@@ -357,3 +357,40 @@ def test_a_bf16_step_passes_under_the_divergence_guard():
 
     results = spmdsim.simulate(4, main)
     assert all(r == results[0] for r in results) and results[0][0].passed
+
+
+def _differing_share(monkeypatch, cfg, **kw) -> list:
+    """Each step's share of all gradient entries (this rank's blocks, every parameter) that differ from the
+    check's reference once both are rounded to bfloat16: read where the check compares them (step_errors)."""
+    import spmdsim.gpt.train as T
+    from spmdsim.precision import bfloat16
+
+    act, shares, compare = bfloat16(), [], T.step_errors
+
+    def spy(value, ref_loss, grads, updated, tensors, zero=None, masters=None, top=None, slices=None,
+            anchored=None):
+        regions = slices or {n: t.slices for n, t in tensors.items()}
+        pairs = [(np.asarray(t.grad.local, np.float32).astype(act), np.asarray(grads[n][regions[n]], np.float32)
+                  .astype(act)) for n, t in tensors.items()]
+        shares.append(sum(int(np.count_nonzero(a != b)) for a, b in pairs) / sum(a.size for a, _ in pairs))
+        return compare(value, ref_loss, grads, updated, tensors, zero, masters, top, slices, anchored)
+
+    monkeypatch.setattr(T, "step_errors", spy)
+    spmdsim.simulate(4, lambda: train(cfg, spmdsim.world(), 2, 2, 2, TEXT, sp=True, precision="bf16-mixed", **kw))
+    return shares
+
+
+def test_a_bf16_steps_gradients_round_where_the_reference_rounds(monkeypatch):
+    """The check's gradient tolerance (2u (L + 2) of a tensor's largest entry) bounds a correct run's rounding
+    flips and lets a moved rounding point through; entry by entry the run and its reference differ in a few
+    hundredths of the gradients' entries once rounded to bfloat16 (sums in another order: 0.9-1.7% measured
+    at 2 and 8 layers), where a 2^-9 error in every product changes most of them (60-70%)."""
+    import importlib
+
+    cfg = GPTConfig(layers=2, d_model=32, heads=2, seq=16, batch=8, dropout=0.1)
+    assert max(_differing_share(monkeypatch, cfg)) <= 0.05
+    assert max(_differing_share(monkeypatch, cfg, kept="megatron")) <= 0.05  # the fused pieces alike
+    einsum = importlib.import_module("spmdsim.ops.einsum")
+    exact = einsum.rounded
+    monkeypatch.setattr(einsum, "rounded", lambda a, dtype: exact(a * np.float32(1 + 2 ** -9), dtype))
+    assert min(_differing_share(monkeypatch, cfg)) >= 0.3
