@@ -53,8 +53,10 @@ def gradient_block(like: Any, local: Any, grad_layout: TensorLayout) -> Any:
     want = _F32 if dtype.kind == "V" and is_low(dtype) else dtype
     if type(local) is not _ndarray:  # a block already (most gradients): no call
         local = np.asanyarray(local)  # a captured step's traced block stays traced (spmdsim.runtime.replay)
-    if local.dtype != want:
-        local = local.astype(want)
+    if local.dtype != want:  # a dry run's zeros of the new dtype: no page written
+        engine = like.mesh.engine
+        local = engine.local(None, np.broadcast_to(np.zeros((), want), local.shape)) if engine.dry else \
+            local.astype(want)
     if not local.flags.c_contiguous:  # collectives read C order (ascontiguousarray makes 0-d 1-d)
         local = local.copy()
     if local.shape == block.shape:  # `like`'s block shape under the same tensor map: checked
