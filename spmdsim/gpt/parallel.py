@@ -151,7 +151,6 @@ class GPT:
         self._padding: dict = {}  # the logits' last dim's layout -> this rank's padded-column mask (`_masked`)
         self._activation: Any = None  # (the policy, its activations' dtype), for `_row_out`
         self._router_losses: list = []
-        self._loss_scale = 1.0  # what the router losses are scaled by (a pipeline microbatch's 1/m: chunk_blocks)
 
     def _dropout(self, x: Any, site: str, step: Optional[int], train: bool, micro: Optional[int]) -> Any:
         if not train or self.cfg.dropout == 0:
@@ -182,10 +181,11 @@ class GPT:
         """The activations whole along the sequence (an Allgather with sp; nothing without)."""
         return x if x._layout is self.full or x._layout == self.full else redistribute(x, self.full)
 
-    def _block(self, h: Any, layer: int, step: Optional[int], train: bool, micro: Optional[int]) -> Any:
+    def _block(self, h: Any, layer: int, step: Optional[int], train: bool, micro: Optional[int],
+               scale: float = 1.0) -> Any:
         # Each part's nodes are tagged with what they keep for backward (spmdsim.autograd.kept_bytes).
         if self.kept == "megatron":
-            return self._megatron_block(h, layer, step, train, micro)
+            return self._megatron_block(h, layer, step, train, micro, scale)
         p, cfg = self.params, self.cfg
         pre = f"h{layer}."
         T, B, D, H = h.global_shape[0], h.global_shape[1], cfg.d_model, cfg.heads
@@ -214,13 +214,14 @@ class GPT:
         with kept_as("layer norm"):
             m = self._gathered(ops.layer_norm(h, p[pre + "ln2.w"], p[pre + "ln2.b"], cfg.ln_eps))
         if cfg.is_moe(layer):
-            return self._moe_mlp(h, m, layer, step, train, micro)
+            return self._moe_mlp(h, m, layer, step, train, micro, scale)
         with kept_as("mlp"):
             m = ops.gelu(ops.einsum("tbd,de->tbe", m, p[pre + "mlp.w1"]) + p[pre + "mlp.b1"])
             out = self._row_out(ops.einsum("tbf,fd->tbd", m, p[pre + "mlp.w2"])) + p[pre + "mlp.b2"]
             return h + self._dropout(out, pre + "resid2", step, train, micro)
 
-    def _megatron_block(self, h: Any, layer: int, step: Optional[int], train: bool, micro: Optional[int]) -> Any:
+    def _megatron_block(self, h: Any, layer: int, step: Optional[int], train: bool, micro: Optional[int],
+                        scale: float = 1.0) -> Any:
         """`_block`'s values from Megatron's fused pieces (spmdsim.ops.megatron), which keep its set: the
         layer norms' inputs (and 2 numbers a row), the QKV and fc1 inputs (a sequence shard with sp),
         Q, K and V (one buffer), the attention core's probabilities, dropped-out probabilities and
@@ -250,13 +251,14 @@ class GPT:
             if cfg.is_moe(layer):  # the MoE layer reads the tokens whole on tp (gathered with sp), as the graph's
                 m = self._gathered(m)
         if cfg.is_moe(layer):
-            return self._moe_mlp(h, m, layer, step, train, micro)
+            return self._moe_mlp(h, m, layer, step, train, micro, scale)
         with kept_as("mlp"):
             z = megatron.column_parallel_linear(m, [(p[pre + "mlp.w1"], p[pre + "mlp.b1"])], self.full)
             y = megatron.row_parallel_linear(ops.gelu(z, kept="megatron"), p[pre + "mlp.w2"], self.act)
             return megatron.bias_dropout_add(y, p[pre + "mlp.b2"], h, drop, seed("resid2"), mask_dims=(1, 0, 2))
 
-    def _moe_mlp(self, h: Any, m: Any, layer: int, step: Optional[int], train: bool, micro: Optional[int]) -> Any:
+    def _moe_mlp(self, h: Any, m: Any, layer: int, step: Optional[int], train: bool, micro: Optional[int],
+                 scale: float) -> Any:
         """The residual `h` plus an MoE layer's output (spmdsim.moe.layer) on the normalized tokens `m` (whole on
         tp), dropped out; its router losses kept for the step's loss. Both kept sets' blocks (the MoE node keeps
         what its backward reads under either).
@@ -278,7 +280,7 @@ class GPT:
             out = out if out.layout == self.act else redistribute(out, self.act)  # with sp: a local slice
             y = h + self._dropout(out, pre + "resid2", step, train, micro)
         if self.recompute == "full":
-            y = _with_losses(y, ops.resolved(losses) * float(self._loss_scale))
+            y = _with_losses(y, ops.resolved(losses) * float(scale))
         return y
 
     def embed(self, ids: Any, step: Optional[int] = None, train: bool = False, micro: Optional[int] = None) -> Any:
@@ -291,16 +293,18 @@ class GPT:
             pos = ops.reshape(p["wpe"], (cfg.seq, 1, cfg.d_model))
             return self._dropout(tok + pos, "emb", step, train, micro)
 
-    def blocks(self, h: Any, step: Optional[int] = None, train: bool = False, micro: Optional[int] = None) -> Any:
+    def blocks(self, h: Any, step: Optional[int] = None, train: bool = False, micro: Optional[int] = None,
+               scale: float = 1.0) -> Any:
         """The activations after this part's layers (all of them, for the whole model); with full
-        recomputation each block is one `checkpoint`, which keeps only its input."""
+        recomputation each block is one `checkpoint`, which keeps only its input, and `scale` what its MoE
+        layers' router losses are scaled by (a pipeline microbatch's 1/m: chunk_blocks)."""
         for layer in range(self.part.first, self.part.stop):
             if self.recompute == "full":
                 pre = f"h{layer}."
                 mine = [t for name, t in self.params.items() if name.startswith(pre)]
-                h = checkpoint(partial(self._recomputed, layer, step, train, micro, self._loss_scale), h, *mine)
+                h = checkpoint(partial(self._recomputed, layer, step, train, micro, scale), h, *mine)
             else:
-                h = self._block(h, layer, step, train, micro)
+                h = self._block(h, layer, step, train, micro, scale)
         return h
 
     def chunk_blocks(self, h: Any, step: Optional[int] = None, train: bool = False, micro: Optional[int] = None,
@@ -310,11 +314,8 @@ class GPT:
         when the step ends, so that a replayed step reads its own; None without MoE layers).
         The output's values are `blocks`'; the backward from its gradient reaches the routers through the
         losses too, as the unpipelined `loss` adds them (spmdsim.gpt.pipeline)."""
-        self._router_losses, self._loss_scale = [], scale
-        try:
-            h = self.blocks(h, step, train, micro)
-        finally:
-            self._loss_scale = 1.0
+        self._router_losses = []
+        h = self.blocks(h, step, train, micro, scale)
         losses, self._router_losses = self._router_losses, []
         if not losses:
             return h, None
@@ -328,11 +329,7 @@ class GPT:
                     *params: Any) -> Any:
         """`_block` as a checkpointed region: its parameters are among the inputs, read from `params`; `scale`: the
         router losses' of the forward that made the region (the backward recomputes it after chunk_blocks)."""
-        was, self._loss_scale = self._loss_scale, scale
-        try:
-            return self._block(h, layer, step, train, micro)
-        finally:
-            self._loss_scale = was
+        return self._block(h, layer, step, train, micro, scale)
 
     def head(self, h: Any, last: bool = False) -> Any:
         """Logits (B, T, V) split over the vocabulary on tp from the last block's activations;
