@@ -377,10 +377,16 @@ def _prepared(node: Node, dy: Any, run: Any = None, inputs: tuple = ()) -> Any:
         return dy
     if dy.layout.partial:
         dy = _move(dy, with_partial(dy.layout, ()))
-    engine = dy.mesh.engine
-    rounded = engine.local(None, np.broadcast_to(np.zeros((), np.float32), dy.local.shape)) if engine.dry else \
-        dy.local.astype(node.low).astype(np.float32)  # a dry run's zeros: no page written
+    rounded = dy.mesh.engine.local(_rounded_wide, buffers.broadcast_zero(dy.local.shape, _F32), dy.local, node.low)
     return type(dy)._trusted(dy.mesh, rounded, dy.layout, dy.global_shape)
+
+
+_F32 = np.dtype(np.float32)
+
+
+def _rounded_wide(block: np.ndarray, low: np.dtype) -> np.ndarray:
+    """`block` rounded once to `low`, widened to float32 again (the engine's kernel: a dry run's zeros)."""
+    return block.astype(low).astype(np.float32)
 
 
 def _of_parameters(inputs: tuple) -> bool:

@@ -17,6 +17,7 @@ from typing import Any, Iterable
 
 import numpy as np
 from ..errors import OperatorError, RankError
+from ..buffers import broadcast_zero
 from ..precision import is_low
 from ..validate import as_int
 from ..plan.steps import moved_bytes  # each step kind owns its byte formula
@@ -150,17 +151,20 @@ def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | No
 
 
 def _wide32(mesh: Mesh, x: np.ndarray) -> np.ndarray:
-    """A bfloat16 block as float32, for a sum (a dry run's: zeros, no page written)."""
-    if mesh.engine.dry:
-        return mesh.engine.local(None, np.broadcast_to(np.zeros((), np.float32), x.shape))
-    return x.astype(np.float32)
+    """A bfloat16 block as float32, for a sum, converted by the engine (a dry run's: zeros, no page written)."""
+    return mesh.engine.local(np.ndarray.astype, broadcast_zero(x.shape, _F32), x, _F32)
 
 
 def _narrowed(mesh: Mesh, total: np.ndarray, dtype: np.dtype, out: np.ndarray | None, op: str) -> np.ndarray:
-    """A float32 sum of bfloat16 blocks rounded once to bfloat16 (into `out` when given; a dry run's: zeros)."""
-    if mesh.engine.dry:
-        return out if out is not None else mesh.engine.local(None, np.broadcast_to(np.zeros((), dtype), total.shape))
-    return total.astype(dtype) if out is None else _copy_into(out, total.astype(dtype), op)
+    """A float32 sum of bfloat16 blocks rounded once to bfloat16 by the engine (into `out` when given; a dry
+    run's `out` holds its zeros already: nothing written)."""
+    if out is not None and mesh.engine.dry:
+        return out
+    narrowed = mesh.engine.local(np.ndarray.astype, broadcast_zero(total.shape, dtype), total, dtype)
+    return narrowed if out is None else _copy_into(out, narrowed, op)
+
+
+_F32 = np.dtype(np.float32)
 
 
 def _reduction(op: Any) -> None:

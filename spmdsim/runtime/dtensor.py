@@ -121,11 +121,9 @@ class DTensor:
                 f"astype({want.name!r}) of a pending sum over {self._layout.partial!r} of dtype "
                 f"{self._local.dtype.name!r}: the addends would be truncated one by one; "
                 "resolve the sum first (redistribute to a layout without partial axes)")
-        local = local_of(self)
-        if self._mesh.engine.dry:  # a dry run's zeros of the new dtype: no page of the block written
-            return DTensor(self._mesh, self._mesh.engine.local(None, np.broadcast_to(np.zeros((), want), local.shape)),
-                           self._layout, self._shape)
-        return DTensor(self._mesh, local.astype(want), self._layout, self._shape)
+        local = local_of(self)  # converted by the engine (a dry run's: zeros of the new dtype, no page written)
+        block = self._mesh.engine.local(np.ndarray.astype, buffers.broadcast_zero(local.shape, want), local, want)
+        return DTensor(self._mesh, block, self._layout, self._shape)
 
     # -- constructors ------------------------------------------------------------
     @classmethod

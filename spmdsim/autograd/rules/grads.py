@@ -6,6 +6,7 @@ from typing import Any, Callable, Iterable, Optional
 import numpy as np
 
 from ...layout import TensorLayout
+from ...buffers import broadcast_zero
 from ...precision import is_low
 from ..graph import with_partial
 
@@ -53,10 +54,8 @@ def gradient_block(like: Any, local: Any, grad_layout: TensorLayout) -> Any:
     want = _F32 if dtype.kind == "V" and is_low(dtype) else dtype
     if type(local) is not _ndarray:  # a block already (most gradients): no call
         local = np.asanyarray(local)  # a captured step's traced block stays traced (spmdsim.runtime.replay)
-    if local.dtype != want:  # a dry run's zeros of the new dtype: no page written
-        engine = like.mesh.engine
-        local = engine.local(None, np.broadcast_to(np.zeros((), want), local.shape)) if engine.dry else \
-            local.astype(want)
+    if local.dtype != want:  # converted by the engine (a dry run's: zeros of the new dtype, no page written)
+        local = like.mesh.engine.local(np.ndarray.astype, broadcast_zero(local.shape, want), local, want)
     if not local.flags.c_contiguous:  # collectives read C order (ascontiguousarray makes 0-d 1-d)
         local = local.copy()
     if local.shape == block.shape:  # `like`'s block shape under the same tensor map: checked
