@@ -136,39 +136,12 @@ def _params(moe, zero_router=False, seed=0):
 
 def _on_ranks(moe, mesh_shape, zero_router=False, algorithm=None, algorithms=None):
     """Each rank: (output block, loss value, every gradient whole, its MoEStats) of loss = sum(y * g) +
-    router losses, with x batch-first rows in the reference; plus the trace's op names."""
-    from spmdsim import ops
-    from spmdsim.moe.layer import moe_layer
-    from spmdsim.runtime.dtensor import DTensor
-    from spmdsim.runtime.trace import collect_trace
+    router losses, with x batch-first rows in the reference; plus the trace's op names (testkit's)."""
+    from testkit import moe_layer_on_ranks
 
     p, x, g = _params(moe, zero_router)
-    maps = {"router": (None, None), "w1": ("ep", None, "tp"), "b1": ("ep", "tp"), "w2": ("ep", "tp", None),
-            "b2": ("ep", None)}
-
-    def run():
-        mesh = spmdsim.Mesh(spmdsim.Layout(mesh_shape, ("dp", "ep", "tp")), spmdsim.world(),
-                            algorithms=algorithms or ({"alltoall": algorithm} if algorithm else None))
-        L = mesh.layout
-        params = {}
-        for name, value in p.items():
-            params[name] = DTensor.from_global(mesh, value, L(*maps[name.split(".")[-1]])).requires_grad_()
-        seq_first = L(None, ("dp", "ep"), None)
-        xd = DTensor.from_global(mesh, x.reshape(B, T, D).transpose(1, 0, 2), seq_first).requires_grad_()
-        gd = DTensor.from_global(mesh, g.reshape(B, T, D).transpose(1, 0, 2), seq_first)
-        stats = []
-        with collect_trace() as trace:
-            y, losses = moe_layer(xd, params, "h1.", moe, stats)
-            loss = ops.sum(y * gd) + losses
-            loss = ops.resolved(loss)
-            loss.backward()
-        grads = {n: t.grad.redistribute(L(*([None] * len(t.global_shape)))).local for n, t in params.items()}
-        dx = xd.grad.redistribute(L(None, None, None)).local.transpose(1, 0, 2).reshape(B * T, D)
-        names = sorted({e.op for e in trace.entries})
-        out = y.redistribute(L(None, None, None)).local.transpose(1, 0, 2).reshape(B * T, D)
-        return out, float(loss.local), grads, dx, stats, names
-
-    return p, x, g, spmdsim.simulate(int(np.prod(mesh_shape)), run)
+    algorithms = algorithms or ({"alltoall": algorithm} if algorithm else None)
+    return p, x, g, moe_layer_on_ranks(moe, mesh_shape, p, x, g, B, algorithms)
 
 
 def _reference(moe, p, x, g):

@@ -27,30 +27,11 @@ def _inputs(moe, act):
 
 
 def _layer_on_ranks(moe, mesh_shape, act):
-    """Each rank: (output, d x, the parameters' gradients), whole, of sum(y * g) + router losses."""
-    from spmdsim import ops
-    from spmdsim.moe.layer import moe_layer
-    from spmdsim.runtime.dtensor import DTensor
+    """Each rank: (output, d x, the parameters' gradients), whole, of sum(y * g) + router losses (testkit's)."""
+    from testkit import moe_layer_on_ranks
 
     p, x, g = _inputs(moe, act)
-    maps = {"router": (None, None), "w1": ("ep", None, "tp"), "b1": ("ep", "tp"), "w2": ("ep", "tp", None),
-            "b2": ("ep", None)}
-
-    def run():
-        mesh = spmdsim.Mesh(spmdsim.Layout(mesh_shape, ("dp", "ep", "tp")), spmdsim.world())
-        L = mesh.layout
-        params = {n: DTensor.from_global(mesh, v, L(*maps[n.split(".")[-1]])).requires_grad_() for n, v in p.items()}
-        seq_first = L(None, ("dp", "ep"), None)
-        xd = DTensor.from_global(mesh, x.reshape(B, T, D).transpose(1, 0, 2), seq_first).requires_grad_()
-        gd = DTensor.from_global(mesh, g.reshape(B, T, D).transpose(1, 0, 2), seq_first)
-        y, losses = moe_layer(xd, params, "h1.", moe, [])
-        ops.resolved(ops.sum(y * gd) + losses).backward()
-        whole = L(None, None, None)
-        grads = {n: t.grad.redistribute(L(*([None] * len(t.global_shape)))).local for n, t in params.items()}
-        return (y.redistribute(whole).local.transpose(1, 0, 2).reshape(B * T, D),
-                xd.grad.redistribute(whole).local.transpose(1, 0, 2).reshape(B * T, D), grads)
-
-    return p, x, g, spmdsim.simulate(int(np.prod(mesh_shape)), run)
+    return p, x, g, [(out, dx, grads) for out, _, grads, dx, _, _ in moe_layer_on_ranks(moe, mesh_shape, p, x, g, B)]
 
 
 def _reference(moe, p, x, g, act):

@@ -314,3 +314,42 @@ def bench_launches(bench, args, workers: list, tmp: str | os.PathLike, here: tup
         results[worker] = bench._result(worker, code, out, err)
         assert results[worker] is not None and code == 0, (worker, code, out, err)
     return results
+
+
+def moe_layer_on_ranks(moe, mesh_shape: tuple, p: dict, x, g, batch: int, algorithms=None) -> list:
+    """Each simulated rank of a (dp, ep, tp) mesh: (output, loss value, every parameter's gradient, d x, its
+    MoEStats, the trace's op names) of one MoE layer "h1." (spmdsim.moe.layer) on parameters `p` (whole arrays,
+    laid out as spmdsim.gpt.layouts lays them), tokens `x` (batch * seq, d_model) batch-first, for the loss
+    sum(y * g) + the router losses; the output and d x batch-first rows again, the gradients whole."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim import ops
+    from spmdsim.moe.layer import moe_layer
+    from spmdsim.runtime.dtensor import DTensor
+    from spmdsim.runtime.trace import collect_trace
+
+    rows, D = x.shape
+    T = rows // batch
+    maps = {"router": (None, None), "w1": ("ep", None, "tp"), "b1": ("ep", "tp"), "w2": ("ep", "tp", None),
+            "b2": ("ep", None)}
+
+    def run():
+        mesh = spmdsim.Mesh(spmdsim.Layout(mesh_shape, ("dp", "ep", "tp")), spmdsim.world(), algorithms=algorithms)
+        L = mesh.layout
+        params = {n: DTensor.from_global(mesh, v, L(*maps[n.split(".")[-1]])).requires_grad_() for n, v in p.items()}
+        seq_first = L(None, ("dp", "ep"), None)
+        xd = DTensor.from_global(mesh, x.reshape(batch, T, D).transpose(1, 0, 2), seq_first).requires_grad_()
+        gd = DTensor.from_global(mesh, g.reshape(batch, T, D).transpose(1, 0, 2), seq_first)
+        stats: list = []
+        with collect_trace() as trace:
+            y, losses = moe_layer(xd, params, "h1.", moe, stats)
+            loss = ops.resolved(ops.sum(y * gd) + losses)
+            loss.backward()
+        whole = L(None, None, None)
+        grads = {n: t.grad.redistribute(L(*([None] * len(t.global_shape)))).local for n, t in params.items()}
+        dx = xd.grad.redistribute(whole).local.transpose(1, 0, 2).reshape(rows, D)
+        out = y.redistribute(whole).local.transpose(1, 0, 2).reshape(rows, D)
+        return out, float(loss.local), grads, dx, stats, sorted({e.op for e in trace.entries})
+
+    return spmdsim.simulate(int(np.prod(mesh_shape)), run)
