@@ -16,6 +16,7 @@ from docs_commands import run_here
 from spmdsim.estimate.ledger import PRECISIONS, gemms_at, gpt_ledger, layers_activations, priced, transfers_at
 from spmdsim.flops import PHASES, counting
 from spmdsim.gpt import GPTConfig
+from spmdsim.moe.config import MoEConfig
 from spmdsim.gpt.pipeline import train_pipelined
 
 CFG = GPTConfig(layers=4, d_model=32, heads=4, seq=16, batch=8, vocab=128, dropout=0.1)
@@ -169,3 +170,98 @@ def test_an_equal_call_reads_the_ledger_of_the_dry_run_made_before(monkeypatch):
     assert runs == [4, 4] and other != first
     monkeypatch.setenv("SPMDSIM_MEMORY", "64G")
     assert gpt_ledger(small, 2, 1, 2, microbatches=2) == first and runs == [4, 4, 4]
+
+
+# ---- MoE layers (cfg.moe) on a (pp, dp, ep, tp) mesh ----
+
+MOE = GPTConfig(layers=4, d_model=32, heads=4, seq=16, batch=8, vocab=128, dropout=0.1,
+                moe=MoEConfig(experts=4, top_k=2, every=2, capacity_factor=1.25))
+
+
+def _real_moe(zero: int) -> list:
+    import numpy as np
+
+    ids = np.arange(2 * MOE.seq + 2, dtype=np.int64) % 128
+
+    def body():
+        with counting() as flops:
+            run, steps = train_pipelined(MOE, spmdsim.world(), 2, 1, 2, 1, ids, sp=True, microbatches=2, ep=2,
+                                         zero=zero, memory=True, check=False)
+        sent: dict = {}
+        for e in run.trace.entries:
+            if e.group_size > 1:
+                key = "send" if e.op in ("sendrecv", "recv", "send") else e.op
+                sent[key] = sent.get(key, 0) + e.bytes_sent
+        out = (run.stage, steps[-1].memory, dict(flops.counts), sent, dict(flops.kernels))
+        run.close()
+        return out
+
+    return spmdsim.simulate(8, body)
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_an_moe_ledger_equals_a_real_run_of_the_same_step(zero):
+    """pp 2 x ep 2 x tp 2 with a capacity (the bytes do not depend on the routing): a real step keeps the
+    same bytes for backward (the experts' fc1 output, GELU's tanh and output, the routing's arrays), holds the
+    same states, executes the same products (the experts' batched GEMMs among them) and element-wise kernels,
+    and sends the same bytes per kind as the dry run's ledger says; the dispatch and combine are the layers'
+    transfers, the buckets over ep (the dense layers' gradients) and over dp the gradients'."""
+    ledger = gpt_ledger(MOE, 2, 1, 2, sp=True, microbatches=2, zero=zero, ep=2)
+    assert [(s.stage, s.ranks) for s in ledger] == [(0, (0, 1, 2, 3)), (1, (4, 5, 6, 7))]
+    for rank, (stage, memory, gemms, sent, kernels) in enumerate(_real_moe(zero)):
+        mine = ledger[stage]
+        assert (memory.kept, memory.master, memory.states, memory.buffers) == \
+            (mine.memory.kept, mine.memory.master, mine.memory.states, mine.memory.buffers), rank
+        assert dict(mine.gemms) == gemms and dict(mine.kernels) == kernels, rank
+        ours: dict = {}
+        for (kind, _), n in mine.sent().items():
+            ours[kind] = ours.get(kind, 0) + n
+        assert {k: v for k, v in ours.items() if v} == {k: v for k, v in sent.items() if v}, rank
+    first = ledger[0]  # blocks 0 and 1: block 1's MLP is the MoE layer, 2 of its 4 experts here, split over tp
+    D, F = MOE.d_model, 4 * MOE.d_model
+    assert first.expert_params == 2 * (D * F // 2 + F // 2 + F // 2 * D + D)
+    # its experts' forward products: fc1 and fc2 batched over the 2 local experts, on the 2 x 2 x 10 rows each
+    # gets per microbatch (ep 2 members x 2 sequences x capacity ceil(2 x 16 x 1.25 / 4)), over 2 microbatches
+    experts = sum(g.flops * n for g, n in first.gemms if g.batch == 2 and g.m == 40 and g.phase == "forward")
+    assert experts == 2 * 2 * (2 * 2 * 40 * D * F // 2)
+    phases = {(t.kind, t.phase) for t in first.transfers}
+    assert ("alltoall", "layers") in phases and ("alltoall", "gradients") not in phases
+    assert ("reduce_scatter" if zero else "allreduce", "gradients") in phases
+
+
+def test_a_dropless_ledger_prices_its_alltoallv_and_follows_the_routing():
+    """Dropless, the dry run's routing decides the bytes: `worst` sends rank 0 every ep peer's first choices."""
+    import dataclasses
+
+    def sent(routing):
+        moe = dataclasses.replace(MOE.moe, dropless=True, dry_routing=routing)
+        (stage,) = gpt_ledger(dataclasses.replace(MOE, moe=moe), 1, 1, 1, microbatches=1, ep=4)
+        out: dict = {}
+        for t in stage.transfers:
+            if t.kind.startswith("alltoall"):
+                out[t.kind] = out.get(t.kind, 0) + t.sent * t.count
+        return out
+
+    balanced, worst = sent("balanced"), sent("worst")
+    assert set(balanced) == set(worst) == {"alltoall", "alltoallv"}  # the counts, then the rows
+    # rank 0 holds expert 0, every token's first choice under `worst`: its combine sends all 4 members' back
+    assert worst["alltoallv"] == 1.5 * balanced["alltoallv"] and worst["alltoall"] == balanced["alltoall"]
+
+
+def test_the_command_estimates_an_moe_gpt_and_refuses_bad_expert_settings():
+    done = _cli("--experts", "8", "--ep", "4", "--tp", "2", "--sp", "--layers", "4", "--hidden", "64",
+                "--global-batch", "8")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "mesh pp 1 x dp 1 x ep 4 x tp 2 (8 ranks), sp" in out
+    assert "experts: 2 MoE layers of 8 experts, top-2, capacity factor 1; 2 per ep rank" in out
+    assert ", of which the experts' " in out and "alltoall (node)" in out
+    assert all(len(line) <= 100 for line in out.splitlines())
+    for argv, message in [(["--ep", "2"], "--ep 2 splits experts: give --experts N"),
+                          (["--experts", "6", "--ep", "4"], "--experts 6 must be a multiple of --ep 4"),
+                          (["--experts", "8", "--ep", "4", "--global-batch", "6"],
+                           "--global-batch 6 must be a multiple of --micro-batch x --dp x --ep (1 x 1 x 4 = 4)"),
+                          (["--experts", "-1"], "--experts -1 must be >= 0")]:
+        bad = _cli(*argv)
+        text = " ".join(line.strip() for line in bad.stderr.splitlines())
+        assert bad.returncode != 0 and message in text and "Traceback" not in text, bad.stderr

@@ -44,6 +44,17 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--kept", default="graph", choices=("graph", "megatron"),
                         help="what each block keeps for backward: spmdsim's graph, or Megatron's set "
                              "(docs/training.md, \"Megatron's kept set\")")
+    parser.add_argument("--experts", type=int, default=0, metavar="N",
+                        help="mixture-of-experts MLPs with N experts (0: a dense GPT; docs/experts.md)")
+    parser.add_argument("--ep", type=int, default=1, metavar="N", help="expert-parallel ranks of each stage")
+    parser.add_argument("--top-k", type=int, default=2, choices=(1, 2), help="experts per token")
+    parser.add_argument("--moe-every", type=int, default=2, metavar="N", help="every N-th block is an MoE layer")
+    parser.add_argument("--capacity-factor", type=float, default=1.0, metavar="F",
+                        help="each expert's slots: ceil(k x seq x F / experts) per sequence")
+    parser.add_argument("--dropless", action="store_true", help="no capacity: counts exchanged, then Alltoallv")
+    parser.add_argument("--routing", default="balanced", choices=("balanced", "worst"),
+                        help="how the dry run routes (it has no router values): balanced, or worst (every token "
+                             "to experts 0..k-1)")
     parser.add_argument("--precision", default="bf16-mixed", choices=("fp64", "bf16-mixed", "fp16-mixed"))
     parser.add_argument("--machine", default="a100-dgx",
                         help="a shipped machine file's name or a path (spmdsim calibrate --machine-out)")
@@ -54,17 +65,30 @@ def register(subparsers: Any) -> None:
 def _config(args: argparse.Namespace) -> tuple[Any, int]:
     from ..gpt import GPTConfig
 
+    from ..moe.config import MoEConfig
+
     for name in ("layers", "hidden", "heads", "seq", "vocab", "micro_batch", "global_batch", "tp", "pp", "dp",
-                 "virtual_stages"):
+                 "virtual_stages", "ep", "moe_every"):
         value = getattr(args, name)
         if value < 1:
             raise SpmdsimError(f"--{name.replace('_', '-')} {value} must be >= 1")
-    per_step = args.micro_batch * args.dp
+    if args.experts < 0:
+        raise SpmdsimError(f"--experts {args.experts} must be >= 0 (0: no MoE layers)")
+    if not args.experts and args.ep > 1:
+        raise SpmdsimError(f"--ep {args.ep} splits experts: give --experts N (a multiple of {args.ep})")
+    if args.experts and args.experts % args.ep:
+        raise SpmdsimError(f"--experts {args.experts} must be a multiple of --ep {args.ep} (each ep rank holds "
+                           "the same number of experts)")
+    per_step = args.micro_batch * args.dp * args.ep  # the dense layers' batch is split over dp x ep
     if args.global_batch % per_step:
-        raise SpmdsimError(f"--global-batch {args.global_batch} must be a multiple of --micro-batch x --dp "
-                           f"({args.micro_batch} x {args.dp} = {per_step})")
+        what = "--micro-batch x --dp x --ep" if args.ep > 1 else "--micro-batch x --dp"
+        sizes = f"{args.micro_batch} x {args.dp} x {args.ep}" if args.ep > 1 else f"{args.micro_batch} x {args.dp}"
+        raise SpmdsimError(f"--global-batch {args.global_batch} must be a multiple of {what} ({sizes} = {per_step})")
+    moe = MoEConfig(experts=args.experts, top_k=args.top_k, every=args.moe_every,
+                    capacity_factor=args.capacity_factor, dropless=args.dropless,
+                    dry_routing=args.routing) if args.experts else None
     cfg = GPTConfig(vocab=args.vocab, d_model=args.hidden, heads=args.heads, layers=args.layers, seq=args.seq,
-                    batch=args.global_batch, dropout=0.1)
+                    batch=args.global_batch, dropout=0.1, moe=moe)
     return cfg, args.global_batch // per_step
 
 
@@ -79,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     stages = gpt_ledger(cfg, args.pp, args.dp, args.tp, sp=args.sp, microbatches=microbatches, schedule=schedule,
                         virtual=args.virtual_stages, recompute=args.recompute, zero=args.zero, kept=args.kept,
-                        gpus_per_node=machine.gpus_per_node)
+                        gpus_per_node=machine.gpus_per_node, ep=args.ep)
     seconds = time.perf_counter() - start
     pipeline = Pipeline(args.pp, microbatches, args.virtual_stages, schedule) if args.pp > 1 else None
     shown = sorted({0, len(stages) // 2, len(stages) - 1})
@@ -94,12 +118,21 @@ def run(args: argparse.Namespace) -> int:
                           "stages": [_as_json(st, bytes_, timing, args.precision) for st, bytes_, timing in rows]},
                          default=str, indent=1))
         return 0
-    ranks = args.pp * args.dp * args.tp
+    ranks = args.pp * args.dp * args.ep * args.tp
+    mesh = f"pp {args.pp} x dp {args.dp} x ep {args.ep} x tp {args.tp}" if cfg.moe else \
+        f"pp {args.pp} x dp {args.dp} x tp {args.tp}"
     head = [f"GPT {args.layers} layers, hidden {args.hidden}, {args.heads} heads, seq {args.seq}, vocab {args.vocab}; "
             f"global batch {args.global_batch}",
-            f"mesh pp {args.pp} x dp {args.dp} x tp {args.tp} ({ranks:,} ranks){', sp' if args.sp else ''}; "
-            f"{microbatches} microbatch(es) of {args.micro_batch} per dp rank, {schedule}",
+            f"mesh {mesh} ({ranks:,} ranks){', sp' if args.sp else ''}; "
+            f"{microbatches} microbatch(es) of {args.micro_batch} per {'dp x ep' if cfg.moe else 'dp'} rank, "
+            f"{schedule}",
             f"recompute {args.recompute}, ZeRO {args.zero}, kept {args.kept}; machine {machine.name}"]
+    if cfg.moe:
+        m = cfg.moe
+        moe_layers = sum(cfg.is_moe(i) for i in range(cfg.layers))
+        capacity = "dropless" if m.dropless else f"capacity factor {m.capacity_factor:g}"
+        head.append(f"experts: {moe_layers} MoE layers of {m.experts} experts, top-{m.top_k}, {capacity}; "
+                    f"{m.experts // args.ep} per ep rank; the dry run routes {m.dry_routing}")
     from math import prod
 
     from ..gpt.params import param_specs
@@ -138,7 +171,8 @@ def _stage_lines(st: Any, bytes_: dict, timing: Any, zero: int, precision: str) 
     out.append(line)
     out.append(f"    activations {_gib(bytes_['activations'])}, of which the transformer layers' "
                f"{_gib(layers_activations(st, precision))}; {st.in_flight} microbatch-chunk(s) in flight at "
-               f"the most; transformer layers' parameters {st.layer_params:,} of {st.params:,}")
+               f"the most; transformer layers' parameters {st.layer_params:,} of {st.params:,}"
+               + (f", of which the experts' {st.expert_params:,}" if st.expert_params else ""))
     out.append("  TFLOP: " + ", ".join(f"{p} {st.flops(p) / 1e12:,.3f}" for p in ("forward", "backward", "recompute"))
                + f"; total {st.flops() / 1e12:,.3f}")
     traffic = kernel_bytes(st.kernels, precision)

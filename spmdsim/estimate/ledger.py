@@ -70,7 +70,8 @@ class StageLedger:
     run's meter saw it hold at once (every buffer, transients included); in_flight: the most
     microbatch-chunks whose activations it held at once; kernels: (Kernel, count) of every other kernel
     it ran (spmdsim.flops.sweep: the element-wise and reduction operators, forward, backward and
-    recomputed, and the optimizer's update), elements read and written.
+    recomputed, and the optimizer's update), elements read and written; expert_params: elements of its
+    MoE layers' experts (their routers aside), of layer_params.
     """
 
     stage: int
@@ -84,6 +85,7 @@ class StageLedger:
     in_flight: int
     ranks: tuple = field(default=())
     kernels: tuple = field(default=())
+    expert_params: int = 0
 
     def flops(self, phase: Optional[str] = None) -> int:
         return sum(g.flops * n for g, n in self.gemms if phase is None or g.phase == phase)
@@ -187,8 +189,17 @@ def _level(mesh: Any, rank: int, axes: tuple, gpus_per_node: int) -> str:
     return "node"
 
 
+#: The trace labels of the sums of gradients (spmdsim.autograd's buckets; ZeRO-1's Reduce_scatter of the
+#: gradients and Allgather of the updated parameters): over a data-parallel axis (dp, or ep for the dense
+#: layers of an MoE GPT), a Transfer of phase "gradients". Every other collective a stage runs is its layers'
+#: (tensor parallelism's, sequence parallelism's sums of replicated gradients over tp, the experts' dispatch
+#: and combine, the router's statistics, the loss's mean), a message between stages the pipeline's.
+GRADIENT_LABELS = ("gradient bucket", "zero-1 gradient bucket", "zero-1 parameter bucket")
+
+
 def _transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tuple[Transfer, ...]:
-    """The trace's rows as Transfers (the cost model's n), equal rows merged into counts."""
+    """The trace's rows as Transfers (the cost model's n), equal rows merged into counts; each in its phase
+    (GRADIENT_LABELS)."""
     from ..plan.steps import KINDS
 
     merged: dict = {}
@@ -205,12 +216,13 @@ def _transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tuple[Tr
             rows += [("recv", e.bytes_received, 0)] if e.bytes_received else []
             phase = "pipeline"
         else:
-            kind = KINDS.get(e.op)
+            kind = KINDS.get("alltoall" if e.op == "alltoallv" else e.op)  # (an Alltoallv's buffer: an Alltoall's)
             if kind is None:
                 raise SpmdsimError(f"internal: the ledger has no cost model name for the collective {e.op!r}")
             n = int(kind.buffer_bytes(e.group_size, Fraction(e.bytes_sent)))
             rows = [(e.op, n, e.bytes_sent)]
-            phase = "layers" if axes == ("tp",) else ("pipeline" if "pp" in axes else "gradients")
+            summed = (e.label or "").startswith(GRADIENT_LABELS) and ("dp" in axes or "ep" in axes)
+            phase = "pipeline" if "pp" in axes else ("gradients" if summed else "layers")
         for op, n, sent in rows:
             key = (op, e.group_size if op not in ("send", "recv") else 2, n, level, phase, sent)
             merged[key] = merged.get(key, 0) + times
@@ -227,24 +239,26 @@ _KEEP = 256
 
 def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microbatches: int = 1,
                schedule: str = "1f1b", virtual: int = 1, recompute: str = "none", zero: int = 0,
-               kept: str = "graph", gpus_per_node: int = 8) -> list[StageLedger]:
+               kept: str = "graph", gpus_per_node: int = 8, ep: int = 1) -> list[StageLedger]:
     """One StageLedger per pipeline stage: the dry run of one training step of `cfg`'s GPT on a
-    (pp, dp, tp) mesh of simulated ranks (spmdsim.gpt.pipeline.train_pipelined; pp 1 is the plain step).
-    An equal call made before in this process gives that run's ledgers (`_LEDGERS`)."""
+    (pp, dp, tp) mesh of simulated ranks (spmdsim.gpt.pipeline.train_pipelined; pp 1 is the plain step);
+    with MoE layers (cfg.moe) on a (pp, dp, ep, tp) mesh, `ep` expert-parallel ranks a stage (a dry run
+    routes by cfg.moe.dry_routing). An equal call made before in this process gives that run's ledgers
+    (`_LEDGERS`)."""
     import os
 
     from ..memory import ENV_VAR
 
-    key = (cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept, gpus_per_node,
+    key = (cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept, gpus_per_node, ep,
            os.environ.get(ENV_VAR, ""))
     try:
         known = _LEDGERS.get(key)
     except TypeError:  # an argument that cannot be a key (a list): run it, keep nothing
         return _dry_ledger(cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept,
-                           gpus_per_node)
+                           gpus_per_node, ep)
     if known is None:
         known = tuple(_dry_ledger(cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept,
-                                  gpus_per_node))
+                                  gpus_per_node, ep))
         while len(_LEDGERS) >= _KEEP:
             del _LEDGERS[next(iter(_LEDGERS))]
         _LEDGERS[key] = known
@@ -252,7 +266,7 @@ def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microba
 
 
 def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int, schedule: str, virtual: int,
-                recompute: str, zero: int, kept: str, gpus_per_node: int) -> list[StageLedger]:
+                recompute: str, zero: int, kept: str, gpus_per_node: int, ep: int = 1) -> list[StageLedger]:
     """`gpt_ledger`'s dry run."""
     import numpy as np
 
@@ -270,18 +284,20 @@ def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int
         with counting() as flops:
             run, steps = train_pipelined(cfg, world(), pp, dp, tp, 1, ids, sp=sp, schedule=schedule,
                                          microbatches=microbatches, virtual=virtual, recompute=recompute,
-                                         zero=zero, kept=kept, memory=True, check=False)
+                                         zero=zero, kept=kept, memory=True, check=False, ep=ep)
         rank = world().Get_rank()
         layer = sum(t.local.size for name, t in run.params.items() if name.startswith("h"))
         total = sum(t.local.size for t in run.params.values())
+        experts = sum(t.local.size for name, t in run.params.items() if name.split(".")[1:2] == ["moe"]
+                      and not name.endswith(".router"))
         meter = current().meter
         out = StageLedger(run.stage, rank, steps[-1].memory, layer, total, tuple(flops.counts.items()),
                           _transfers(run.trace, run.mesh, rank, gpus_per_node), meter.peak, run.in_flight[-1],
-                          kernels=tuple(flops.kernels.items()))
+                          kernels=tuple(flops.kernels.items()), expert_params=experts)
         run.close()
         return out
 
-    results = simulate(pp * dp * tp, body, dry_run=True)
+    results = simulate(pp * dp * ep * tp, body, dry_run=True)
     stages: dict = {}
     for r, ledger in enumerate(results):
         stages.setdefault(ledger.stage, (ledger, []))[1].append(r)

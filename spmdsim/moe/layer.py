@@ -59,6 +59,7 @@ from ..buffers import contiguous, into
 from ..activations import gelu_backward, gelu_from_tanh, gelu_tanh
 from ..autograd.graph import record, with_partial
 from ..errors import SpmdsimError
+from ..flops import any_open, gemm, sweep
 from ..precision import is_low, product, rounded, wide
 from ..runtime.collectives import allreduce, alltoall
 from ..runtime.dtensor import DTensor
@@ -181,6 +182,8 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
     hs, ts, acts, ye = forward(plan, xe, per_expert, got, W1, B1, W2, B2)
     back = _combined(plan, ye, per_expert, got)
     out = DTensor(mesh, _unpack(back, rows, gates), x.layout, x.global_shape)
+    if any_open():  # its products and element-wise kernels (spmdsim.flops), as a dry run counts them
+        _count_experts(plan.exchange(per_expert, got), x.local.shape, nrows, W1.shape, x.local.dtype, mixed)
     if stats is not None:  # read off the routing's arrays by a kernel: a replay reads its own step's again
         stats.append(None)  # (a kernel's list arguments are copied: it is handed the list's __setitem__)
         _noted(stats.__setitem__, len(stats) - 1, plan, name, experts, slots, counts, rows, per_expert, got,
@@ -197,6 +200,9 @@ def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoE
         dsend = _combined(plan, dxe, per_expert, got, f"{name} dispatch backward")
         dx = _unpack(dsend, rows, None)
         dprobs = _probs_grad(probs.local, experts, gates, slots, counts, C, dgates)
+        if any_open():
+            _count_experts(plan.exchange(per_expert, got), x.local.shape, nrows, W1.shape, x.local.dtype, mixed,
+                           backward=True)
         over_tp = ("tp",) if tp > 1 and not mixed else ()  # (mixed: summed over tp before the exchange)
         over_dp = ("dp",) if "dp" in mesh.layout.alias_name and mesh.layout.axis_size("dp") > 1 else ()
         return ((_grad(x, dx, over_tp), _grad(probs, dprobs, ()))
@@ -519,11 +525,19 @@ def _dry_experts(x: Any, probs: Any, weights: tuple, moe: MoEConfig, name: str,
                      f"{name} combine")
     act = x.local.dtype
     mixed = act != np.float64  # a policy's: fc2's sum over tp in float32, the exchanges in the activations' dtype
+    W1 = weights[0].local
     xe = move.dispatch(zeros((nrows, D), act))
+    # what a real step's experts keep for the backward, sized (`_run_experts`: fc1's output, GELU's tanh and
+    # output), and its fc2's output, summed over tp
+    H = W1.shape[2]
+    hs, ts, acts = zeros((xe.shape[0], H), act), zeros((xe.shape[0], H), np.float32 if mixed else act), \
+        zeros((xe.shape[0], H), act)
     ye = allreduce(mesh, zeros(xe.shape, np.float32 if mixed else act), "tp", f"{name} experts fc2") if tp > 1 \
-        else xe
-    move.combine(zeros(xe.shape, act) if mixed else ye)
+        else zeros(xe.shape, act)
+    back = move.combine(zeros(xe.shape, act) if mixed else ye)
     out = DTensor(mesh, zeros(x.local.shape, act), x.layout, x.global_shape)
+    if any_open():
+        _count_experts(move, x.local.shape, nrows, W1.shape, act, mixed)
     if stats is not None:
         stats.append(_stats(mesh, name, routing, move, rows[routing.kept], D * x.local.itemsize))
     counts = routing.counts.sum(axis=0).astype(np.float64)
@@ -531,8 +545,15 @@ def _dry_experts(x: Any, probs: Any, weights: tuple, moe: MoEConfig, name: str,
     if all(t._ag is None for t in tensors):
         return out, counts
 
+    # what the real step's backward holds (its closure's arrays, spmdsim.autograd.kept_bytes), of their sizes
+    kept = (routing.experts, routing.gates, routing.slots, routing.counts, rows, per_expert, xe, hs, ts, acts, back,
+            zeros(per_expert.shape, np.int64) if moe.dropless and ep > 1 else None)  # (dropless: the counts got)
+
     def backward(dy: Any) -> tuple:
+        held = kept  # noqa: F841 (the closure holds them until the backward runs, as the real one does)
         dye = move.dispatch(zeros((nrows, D), act), f"{name} combine backward")
+        if any_open():
+            _count_experts(move, x.local.shape, nrows, weights[0].local.shape, act, mixed, backward=True)
         if mixed and tp > 1:  # d xe summed over tp before its way back (`_experts_grad_mixed`)
             allreduce(mesh, zeros(dye.shape, np.float32), "tp", f"{name} experts fc1 backward")
         move.combine(zeros(dye.shape, dye.dtype), f"{name} dispatch backward")
@@ -545,6 +566,43 @@ def _dry_experts(x: Any, probs: Any, weights: tuple, moe: MoEConfig, name: str,
 
     record(out, f"moe experts {name}", tensors, backward, with_partial(x.layout, ()))
     return out, counts
+
+
+def _count_experts(move: "_Exchange", x_shape: tuple, nrows: int, w1_shape: tuple, act: Any, mixed: bool,
+                   backward: bool = False) -> None:
+    """Count one layer's expert kernels on this rank in spmdsim.flops's open counters, as `_run_experts` (or,
+    `backward`, `_combine_grad` and `_experts_grad`) run them: with a capacity one product a weight batched
+    over the local experts, dropless one 2-d product per expert and weight, on the rows each expert got; the
+    bias adds, GELU and its backward, the biases' sums, and the packing of the send buffer and the tokens'
+    sum of their rows. A real step and a dry run count the same (the dry run routes by rule)."""
+    El, D, H = w1_shape
+    dtype = np.float32 if mixed else act  # the products' result (spmdsim.precision.product)
+    if move.dropless:
+        groups = [((), hi - lo) for lo, hi in move.ranges]
+    else:
+        groups = [((El,), move.arrived // El if El else 0)]
+    tokens, rows = (x_shape, act), ((nrows, D), act)
+    if not backward:
+        sweep("moe pack", (tokens,), (rows,))
+    else:
+        sweep("moe combine backward", (tokens, rows), (rows,))
+    for lead, n in groups:
+        xs, hs, ys = (lead + (n, D), act), (lead + (n, H), act), (lead + (n, D), act)
+        if not backward:
+            gemm(xs[0], lead + (D, H), dtype)
+            sweep("moe bias", (hs, (lead + (H,), act)), (hs,))
+            sweep("gelu", (hs,), (hs, hs))
+            gemm(hs[0], lead + (H, D), dtype)
+            sweep("moe bias", (ys, (lead + (D,), act)), (ys,))
+        else:
+            gemm(lead + (H, n), ys[0], dtype)  # d w2
+            gemm(ys[0], lead + (D, H), dtype)  # d acts
+            sweep("sum", (ys,), ((lead + (D,), act),))  # d b2
+            sweep("gelu backward", (hs, hs, hs), (hs,))
+            gemm(lead + (D, n), hs[0], dtype)  # d w1
+            sweep("sum", (hs,), ((lead + (H,), act),))  # d b1
+            gemm(hs[0], lead + (H, D), dtype)  # d xe
+    sweep("moe unpack", (rows,), (tokens,))
 
 
 def _grad(like: Any, local: np.ndarray, pending: tuple) -> Any:

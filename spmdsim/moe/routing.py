@@ -79,7 +79,8 @@ def route(probs: np.ndarray, top_k: int, capacity: int) -> Routing:
         raise SpmdsimError(f"route: top_k {top_k!r} must be 1 or 2 and at most the {E} experts")
     if capacity < 1:
         raise SpmdsimError(f"route: capacity {capacity!r} must be an integer >= 1")
-    experts = np.argsort(-probs, axis=-1, kind="stable")[..., :top_k]
+    # (a copy: a view would keep the whole (S, T, E) ordering alive for the backward, E / k times its bytes)
+    experts = np.ascontiguousarray(np.argsort(-probs, axis=-1, kind="stable")[..., :top_k])
     chosen = np.take_along_axis(probs, experts, axis=-1)
     total = chosen.sum(axis=-1, keepdims=True)
     # (a dry run's zeros have no probabilities: their gates stay zero, not 0 / 0)
