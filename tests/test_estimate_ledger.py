@@ -256,6 +256,10 @@ def test_the_command_estimates_an_moe_gpt_and_refuses_bad_expert_settings():
     assert "mesh pp 1 x dp 1 x ep 4 x tp 2 (8 ranks), sp" in out
     assert "experts: 2 MoE layers of 8 experts, top-2, capacity factor 1; 2 per ep rank" in out
     assert ", of which the experts' " in out and "alltoall (node)" in out
+    js = _cli("--experts", "8", "--ep", "4", "--global-batch", "8", "--json")
+    import json
+    (stage,) = json.loads(js.stdout)["stages"]
+    assert 0 < stage["expert_params"] < stage["layer_params"] < stage["params"]
     assert all(len(line) <= 100 for line in out.splitlines())
     for argv, message in [(["--ep", "2"], "--ep 2 splits experts: give --experts N"),
                           (["--experts", "6", "--ep", "4"], "--experts 6 must be a multiple of --ep 4"),

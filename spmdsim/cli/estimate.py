@@ -194,4 +194,5 @@ def _as_json(st: Any, bytes_: dict, timing: Any, precision: str) -> dict:
                                                                                        "recompute")},
             "sent": {f"{k} {lvl}": n for (k, lvl), n in st.sent().items()}, "in_flight": st.in_flight,
             "kernel_bytes": kernel_bytes(st.kernels, precision),
-            "peak_held": st.peak_held, "step_time_s": timing.total_s}
+            "peak_held": st.peak_held, "step_time_s": timing.total_s,
+            "params": st.params, "layer_params": st.layer_params, "expert_params": st.expert_params}
