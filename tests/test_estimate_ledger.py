@@ -7,6 +7,7 @@ sends the same bytes per collective kind as each stage's line of the ledger says
 """
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -256,11 +257,10 @@ def test_the_command_estimates_an_moe_gpt_and_refuses_bad_expert_settings():
     assert "mesh pp 1 x dp 1 x ep 4 x tp 2 (8 ranks), sp" in out
     assert "experts: 2 MoE layers of 8 experts, top-2, capacity factor 1; 2 per ep rank" in out
     assert ", of which the experts' " in out and "alltoall (node)" in out
-    js = _cli("--experts", "8", "--ep", "4", "--global-batch", "8", "--json")
-    import json
-    (stage,) = json.loads(js.stdout)["stages"]
-    assert 0 < stage["expert_params"] < stage["layer_params"] < stage["params"]
     assert all(len(line) <= 100 for line in out.splitlines())
+    js = json.loads(_cli("--experts", "8", "--ep", "4", "--global-batch", "8", "--json").stdout)
+    (stage,) = js["stages"]
+    assert 0 < stage["expert_params"] < stage["layer_params"] < stage["params"] and js["fits"] is True
     for argv, message in [(["--ep", "2"], "--ep 2 splits experts: give --experts N"),
                           (["--experts", "6", "--ep", "4"], "--experts 6 must be a multiple of --ep 4"),
                           (["--experts", "8", "--ep", "4", "--global-batch", "6"],
@@ -269,3 +269,14 @@ def test_the_command_estimates_an_moe_gpt_and_refuses_bad_expert_settings():
         bad = _cli(*argv)
         text = " ".join(line.strip() for line in bad.stderr.splitlines())
         assert bad.returncode != 0 and message in text and "Traceback" not in text, bad.stderr
+
+
+def test_the_command_says_whether_a_rank_fits_the_machines_memory():
+    """DeepSpeed-MoE's 1.3B+MoE-128 with one expert per GPU fits an 80 GiB A100 (43.33 GiB a rank at bf16
+    mixed precision); with 16 experts a GPU (ep 8) it does not (167.12 GiB)."""
+    model = ["--layers", "24", "--hidden", "2048", "--heads", "16", "--seq", "2048", "--vocab", "50304",
+             "--experts", "128", "--top-k", "1", "--micro-batch", "1", "--global-batch", "128"]
+    fits = _cli(*model, "--ep", "128").stdout.splitlines()[-1]
+    assert fits == "memory: every stage fits the a100-dgx's 80.00 GiB per GPU (the most, stage 0: 43.33 GiB)"
+    over = _cli(*model, "--ep", "8", "--dp", "16").stdout.splitlines()[-1]
+    assert over == "memory: stage 0 needs 167.12 GiB a rank, more than the a100-dgx's 80.00 GiB per GPU"

@@ -114,6 +114,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"config": vars(args) | {"func": None, "_usage_parser": None},
                           "microbatches": microbatches, "dry_run_s": seconds,
+                          "memory_bytes_per_gpu": machine.memory_bytes,
+                          "fits": all(sum(priced(st, args.precision, args.zero).values()) <= machine.memory_bytes
+                                      for st in stages),
                           "step_time_s": max(t.total_s for t in times),
                           "stages": [_as_json(st, bytes_, timing, args.precision) for st, bytes_, timing in rows]},
                          default=str, indent=1))
@@ -150,7 +153,25 @@ def run(args: argparse.Namespace) -> int:
     total = times[slowest].total_s
     when = f"{total:,.3f} s" if total >= 1 else f"{total * 1e3:,.3f} ms"
     print(f"\npredicted step time: {when} (stage {slowest}'s, the slowest of {len(stages)})")
+    print("\n".join(wrap_lines([_fit_line(stages, args, machine)])))
     return 0
+
+
+def _fit_line(stages: list, args: argparse.Namespace, machine: Any) -> str:
+    """Whether one rank of every stage holds its ledger's bytes in the machine's memory per GPU."""
+    from ..estimate.ledger import priced
+
+    held = [sum(priced(st, args.precision, args.zero).values()) for st in stages]
+    most = max(range(len(stages)), key=lambda s: held[s])
+    limit = f"the {machine.name}'s {_gib(machine.memory_bytes)} per GPU"
+    over = [s for s in range(len(stages)) if held[s] > machine.memory_bytes]
+    if not over:
+        return f"memory: every stage fits {limit} (the most, stage {most}: {_gib(held[most])})"
+    if len(over) == 1:
+        return f"memory: stage {over[0]} needs {_gib(held[over[0]])} a rank, more than {limit}"
+    return f"memory: {len(over)} of {len(stages)} stages need more than {limit} (the most, stage {most}: " \
+           f"{_gib(held[most])})"
+
 
 
 def _gib(n: int) -> str:
