@@ -265,7 +265,12 @@ def test_the_command_estimates_an_moe_gpt_and_refuses_bad_expert_settings():
                           (["--experts", "6", "--ep", "4"], "--experts 6 must be a multiple of --ep 4"),
                           (["--experts", "8", "--ep", "4", "--global-batch", "6"],
                            "--global-batch 6 must be a multiple of --micro-batch x --dp x --ep (1 x 1 x 4 = 4)"),
-                          (["--experts", "-1"], "--experts -1 must be >= 0")]:
+                          (["--experts", "-1"], "--experts -1 must be >= 0"),
+                          (["--experts", "1"], "--top-k 2 must not exceed --experts 1"),
+                          (["--experts", "8", "--capacity-factor", "0"],
+                           "--capacity-factor 0 must be a finite number > 0 (or --dropless)"),
+                          (["--experts", "8", "--ep", "4", "--tp", "3"],
+                           "the experts' hidden width 512 is not divisible by tp 3")]:
         bad = _cli(*argv)
         text = " ".join(line.strip() for line in bad.stderr.splitlines())
         assert bad.returncode != 0 and message in text and "Traceback" not in text, bad.stderr

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from typing import Any
 
@@ -74,6 +75,10 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
             raise SpmdsimError(f"--{name.replace('_', '-')} {value} must be >= 1")
     if args.experts < 0:
         raise SpmdsimError(f"--experts {args.experts} must be >= 0 (0: no MoE layers)")
+    if args.experts and args.top_k > args.experts:
+        raise SpmdsimError(f"--top-k {args.top_k} must not exceed --experts {args.experts}")
+    if args.experts and not args.dropless and not (math.isfinite(args.capacity_factor) and args.capacity_factor > 0):
+        raise SpmdsimError(f"--capacity-factor {args.capacity_factor:g} must be a finite number > 0 (or --dropless)")
     if not args.experts and args.ep > 1:
         raise SpmdsimError(f"--ep {args.ep} splits experts: give --experts N (a multiple of {args.ep})")
     if args.experts and args.experts % args.ep:
