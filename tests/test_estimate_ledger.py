@@ -261,6 +261,10 @@ def test_the_command_estimates_an_moe_gpt_and_refuses_bad_expert_settings():
     js = json.loads(_cli("--experts", "8", "--ep", "4", "--global-batch", "8", "--json").stdout)
     (stage,) = js["stages"]
     assert 0 < stage["expert_params"] < stage["layer_params"] < stage["params"] and js["fits"] is True
+    # what it sends at the precision's widths: the exchanges' rows at bf16, a quarter of the program's float64
+    (fp64,) = json.loads(_cli("--experts", "8", "--ep", "4", "--global-batch", "8", "--json", "--precision",
+                              "fp64").stdout)["stages"]
+    assert stage["sent"]["alltoall node"] * 4 == fp64["sent"]["alltoall node"] > 0
     for argv, message in [(["--ep", "2"], "--ep 2 splits experts: give --experts N"),
                           (["--experts", "6", "--ep", "4"], "--experts 6 must be a multiple of --ep 4"),
                           (["--experts", "8", "--ep", "4", "--global-batch", "6"],

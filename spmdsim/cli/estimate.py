@@ -204,10 +204,21 @@ def _stage_lines(st: Any, bytes_: dict, timing: Any, zero: int, precision: str) 
     traffic = kernel_bytes(st.kernels, precision)
     out.append("  element-wise and optimizer kernels read and write: " + ", ".join(
         f"{p} {_gib(traffic.get(p, 0))}" for p in ("forward", "backward", "recompute", "optimizer")))
-    sent = ", ".join(f"{kind} ({level}) {format_size(n)}" for (kind, level), n in sorted(st.sent().items()) if n)
+    sent = ", ".join(f"{kind} ({level}) {format_size(n)}" for (kind, level), n in sorted(_sent(st, precision).items())
+                     if n)
     out.append(f"  sent: {sent or 'nothing'}")
     out.extend("  " + line for line in timing.lines())
     return wrap_lines(out)
+
+
+def _sent(st: Any, precision: str) -> dict:
+    """{(kind, level): bytes} one rank of `st` sends in a step at `precision`'s widths (the step time's)."""
+    from ..estimate.ledger import transfers_at
+
+    out: dict = {}
+    for t in transfers_at(st.transfers, precision):
+        out[(t.kind, t.level)] = out.get((t.kind, t.level), 0) + t.sent * t.count
+    return out
 
 
 def _as_json(st: Any, bytes_: dict, timing: Any, precision: str) -> dict:
@@ -218,7 +229,7 @@ def _as_json(st: Any, bytes_: dict, timing: Any, precision: str) -> dict:
     return {"stage": st.stage, "ranks": [st.ranks[0], st.ranks[-1]], "bytes": bytes_,
             "program_bytes": asdict(st.memory), "flops": {p: st.flops(p) for p in ("forward", "backward",
                                                                                        "recompute")},
-            "sent": {f"{k} {lvl}": n for (k, lvl), n in st.sent().items()}, "in_flight": st.in_flight,
+            "sent": {f"{k} {lvl}": n for (k, lvl), n in _sent(st, precision).items()}, "in_flight": st.in_flight,
             "kernel_bytes": kernel_bytes(st.kernels, precision),
             "peak_held": st.peak_held, "step_time_s": timing.total_s,
             "params": st.params, "layer_params": st.layer_params, "expert_params": st.expert_params}
