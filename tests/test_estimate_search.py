@@ -9,7 +9,7 @@ import pytest
 from spmdsim.cli.main import main
 from spmdsim.errors import SpmdsimError
 from spmdsim.estimate.machine import load_machine
-from spmdsim.estimate.search import Config, configurations, price, search
+from spmdsim.estimate.search import Config, configurations, lower_bounds, price, search
 from spmdsim.gpt import GPTConfig
 
 from testkit import unfold
@@ -128,3 +128,71 @@ def test_the_searchs_own_options_without_machine_are_refused_not_ignored(flag, v
     err = capsys.readouterr().err
     assert code == 2 and unfold(err).rstrip("\n") == (f"spmdsim: error: {flag} {value} is an option of the search by "
                                          "predicted step time: give --machine NAME|PATH too")
+
+
+# ---- a GPT with MoE layers: the expert-parallel size is searched too ----
+
+def _moe_cfg(**moe):
+    from spmdsim.moe.config import MoEConfig
+
+    return GPTConfig(layers=2, d_model=32, heads=2, seq=64, batch=4, vocab=128, dropout=0.1,
+                     moe=MoEConfig(experts=4, top_k=2, **moe))
+
+
+@pytest.mark.parametrize("moe", [{}, {"capacity_factor": 0.5}, {"dropless": True, "dry_routing": "worst"}])
+def test_an_moe_gpts_bounds_hold_for_every_configuration_and_the_choice_is_the_fastest(moe):
+    """On 4 devices every (tp, pp, dp, ep) of a 2-layer MoE GPT (ep dividing its 4 experts) is priced by its own
+    dry run: each closed-form bound lies below its price (the experts' products bounded by k s c rows a
+    sequence, c the capacity factor), and the search chooses the fastest."""
+    cfg = _moe_cfg(**moe)
+    configs = configurations(cfg, 4, 8)
+    assert {c.ep for c in configs} == {1, 2, 4} and all(c.dp * c.ep * c.tp * c.pp == 4 for c in configs)
+    assert all(c.zero == 0 or c.dp * c.ep > 1 for c in configs)
+    prices = {c: price(cfg, c, A100, "bf16-mixed", "megatron") for c in configs}
+    for c, (seconds, nbytes) in prices.items():
+        bound_s, bound_bytes = lower_bounds(cfg, c, A100, "bf16-mixed", 4)
+        assert bound_s <= seconds and bound_bytes <= nbytes, (c, bound_s, seconds, bound_bytes, nbytes)
+    r = search(cfg, 4, A100, 1 << 40, max_dry_runs=10_000)
+    priced = [c for c in r.candidates if c.step_s is not None]
+    assert len(priced) == r.dry_runs and r.chosen is priced[0]
+    assert r.chosen.step_s == min(seconds for seconds, _ in prices.values())
+    assert all(c.bound_s >= r.chosen.step_s for c in r.candidates if c.verdict.endswith("bound above the best"))
+    # the choice agrees with `spmdsim estimate` on its configuration
+    x = r.chosen.config
+    stages = __import__("spmdsim.estimate.ledger", fromlist=["gpt_ledger"]).gpt_ledger(
+        cfg, x.pp, x.dp, x.tp, sp=x.sp, microbatches=x.microbatches, recompute=x.recompute, zero=x.zero,
+        kept="megatron", ep=x.ep)
+    assert len(stages) == x.pp and r.chosen.step_s == price(cfg, x, A100, "bf16-mixed", "megatron")[0]
+
+
+def test_the_command_searches_an_moe_gpt_and_shows_its_ep(capsys):
+    argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=32,heads=2,seq=64,batch=4,experts=4,top_k=1",
+            "--devices", "4", "--machine", "a100-dgx", "--max-dry-runs", "4"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "4 experts, top-1, in 1 of every 2 blocks (the dry runs route balanced)" in unfold(out)
+    assert "  ep   mb recompute" in out and "chosen: " in out and all(len(line) <= 100 for line in out.splitlines())
+    argv[4] = "layers=2,top_k=1"
+    assert main(argv) == 2
+    assert capsys.readouterr().err == "spmdsim: error: --gpt top_k set MoE layers: give experts=N too\n"
+
+
+@pytest.mark.parametrize("moe", [{}, {"capacity_factor": 0.5}, {"dropless": True, "dry_routing": "worst"},
+                                 {"dropless": True}])
+def test_the_flop_bound_is_the_dry_runs_products_but_the_routers_and_the_vocabularys(moe):
+    """flops_bound against what every rank of a dry run multiplied (no recomputation, ep 4; k s c = 128 and 64
+    rows a sequence: no capacity rounding): below it by the routers' and the head's products alone, which it
+    leaves out (under `worst` routing the representative rank is the busiest: ranks x its count is more)."""
+    from spmdsim.estimate.ledger import gpt_ledger
+    from spmdsim.estimate.search import flops_bound
+
+    cfg = GPTConfig(layers=2, d_model=128, heads=2, seq=64, batch=4, vocab=128, dropout=0.1,
+                    moe=_moe_cfg(**moe).moe)
+    (stage,) = gpt_ledger(cfg, 1, 1, 1, ep=4)
+    counted = stage.flops() * len(stage.ranks)
+    b, s, h, V, E = cfg.batch, cfg.seq, cfg.d_model, cfg.vocab, cfg.moe.experts
+    left_out = 6 * b * s * h * V + 6 * b * s * h * E  # the head's logits and the one MoE layer's router
+    if moe.get("dry_routing") == "worst":  # rank 0 multiplies every rank's first choices: the others, less
+        assert flops_bound(cfg) < counted - left_out
+    else:
+        assert flops_bound(cfg) == counted - left_out

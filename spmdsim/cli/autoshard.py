@@ -101,6 +101,8 @@ def _fixes(items: list[str]) -> dict[str, str]:
 
 #: The GPTConfig fields --gpt sets.
 GPT_KEYS = ("vocab", "d_model", "heads", "layers", "seq", "batch")
+#: With --machine, the MoE layers' keys too (spmdsim.moe.MoEConfig: experts, top_k, every as moe_every).
+MOE_KEYS = ("experts", "top_k", "moe_every")
 
 #: Most layers --gpt prices: the search grows faster than the layers (64 take about 11 s
 #: at 8 devices, 256 more than 30 s).
@@ -111,20 +113,29 @@ MAX_GPT_LAYERS = 64
 MAX_GPT_ELEMENTS = 2 ** 40
 
 
-def _gpt_config(text: str, max_layers: int = MAX_GPT_LAYERS, sizes: bool = True) -> Any:
-    """--gpt 'layers=2,d_model=64' as a GPTConfig (its own checks name a bad value)."""
+def _gpt_config(text: str, max_layers: int = MAX_GPT_LAYERS, sizes: bool = True, moe: bool = False) -> Any:
+    """--gpt 'layers=2,d_model=64' as a GPTConfig (its own checks name a bad value); with `moe` (the search by
+    a machine file) MOE_KEYS too: experts=N makes every moe_every-th block (default 2) an MoE layer."""
     from ..gpt.config import GPTConfig
+    from ..moe.config import MoEConfig
 
+    keys = GPT_KEYS + (MOE_KEYS if moe else ())
     fields: dict = {}
     for item in text.split(","):
         key, sep, value = (part.strip() for part in item.partition("="))
-        if not sep or key not in GPT_KEYS:
-            raise SpmdsimError(f"--gpt {item.strip()!r} must read KEY=VALUE with KEY one of {GPT_KEYS!r}, "
+        if not sep or key not in keys:
+            raise SpmdsimError(f"--gpt {item.strip()!r} must read KEY=VALUE with KEY one of {keys!r}, "
                                "e.g. 'layers=2,d_model=64'")
         try:
             fields[key] = int(value)
         except ValueError:
             raise SpmdsimError(f"--gpt {key} {value!r} must be an integer >= 1") from None
+    experts = {k: fields.pop(k) for k in MOE_KEYS if k in fields}
+    if experts and "experts" not in experts:
+        raise SpmdsimError(f"--gpt {', '.join(experts)} set MoE layers: give experts=N too")
+    if experts:
+        experts["every"] = experts.pop("moe_every", 2)
+        fields["moe"] = MoEConfig(**experts)
     config = GPTConfig(**fields)
     if config.layers > max_layers:
         raise SpmdsimError(f"--gpt layers {config.layers:,} is too many; expected at most {max_layers} "

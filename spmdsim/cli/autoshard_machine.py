@@ -44,7 +44,7 @@ def run_machine(args: argparse.Namespace) -> int:
     devices = 8 if args.devices is None else args.devices
     if devices < 1:
         raise SpmdsimError(f"--devices {devices} must be >= 1")
-    cfg = _gpt_config(args.gpt or "layers=4", max_layers=1 << 20, sizes=False)
+    cfg = _gpt_config(args.gpt or "layers=4", max_layers=1 << 20, sizes=False, moe=True)
     machine = load_machine(args.machine)
     limit = machine.memory_bytes if args.memory_limit is None else args.memory_limit
     if limit < 1:
@@ -77,19 +77,23 @@ def _gib(n: int) -> str:
     return f"{n / GIB:,.2f} GiB"
 
 
-def _row(rank: str, c: Any) -> str:
+def _row(rank: str, c: Any, moe: bool = False) -> str:
     x = c.config
     step = f"{c.step_s * 1e3:,.3f}" if c.step_s is not None else f">{c.bound_s * 1e3:,.3f}"
     memory = f"{c.memory / MIB:,.1f}" if c.memory is not None else f">{c.bound_bytes / MIB:,.1f}"
-    return (f"{rank:<5}{x.tp:>3}{'+sp' if x.sp else '   '}{x.pp:>4}{x.virtual:>3}{x.dp:>5}{x.microbatches:>5} "
+    ep = f"{x.ep:>4}" if moe else ""
+    return (f"{rank:<5}{x.tp:>3}{'+sp' if x.sp else '   '}{x.pp:>4}{x.virtual:>3}{x.dp:>5}{ep}{x.microbatches:>5} "
             f"{x.recompute:<10}{x.zero:>2}{step:>12}{memory:>14}  {c.verdict}")
 
 
 def _lines(cfg: Any, r: Any, seconds: float) -> list[str]:
     from collections import Counter
 
+    moe = cfg.moe is not None
+    experts = (f"; {cfg.moe.experts} experts, top-{cfg.moe.top_k}, in 1 of every {cfg.moe.every} blocks (the dry runs "
+               f"route {cfg.moe.dry_routing})") if moe else ""
     head = [f"GPT {cfg.layers} layers, hidden {cfg.d_model}, {cfg.heads} heads, seq {cfg.seq}, vocab {cfg.vocab}, "
-            f"global batch {cfg.batch}",
+            f"global batch {cfg.batch}{experts}",
             f"{r.devices:,} devices on {r.machine}, memory limit {r.memory_limit / MIB:,.1f} MiB per rank, "
             f"{r.precision}, kept {r.kept}",
             f"{len(r.candidates):,} configurations in {seconds:.1f} s: {r.dry_runs} priced by the dry run of "
@@ -104,7 +108,9 @@ def _lines(cfg: Any, r: Any, seconds: float) -> list[str]:
     else:
         head.append("chosen: none fits the memory limit")
     out = list(head)
-    out.append(f"{'rank':<5}{'tp':>3}{'':3}{'pp':>4}{'v':>3}{'dp':>5}{'mb':>5} {'recompute':<10}{'Z':>2}"
+    eph = f"{'ep':>4}" if moe else ""
+    out.append(f"{'rank':<5}{'tp':>3}{'':3}{'pp':>4}{'v':>3}{'dp':>5}{eph}{'mb':>5} "
+               f"{'recompute':<10}{'Z':>2}"
                f"{'step ms':>12}{'MiB':>14}  why not chosen")
     priced = [c for c in r.candidates if c.step_s is not None]
     # the fastest that fit, then those faster still that the memory limit ruled out
@@ -113,7 +119,7 @@ def _lines(cfg: Any, r: Any, seconds: float) -> list[str]:
                   key=lambda c: c.step_s)[:SHOWN // 2]
     fit = [c for c in priced if c.verdict != "over the memory limit"][:SHOWN - len(over)]
     for c in fit + over:
-        out.append(_row(str(priced.index(c) + 1), c))
+        out.append(_row(str(priced.index(c) + 1), c, moe))
     if len(priced) > len(fit) + len(over):
         out.append(f"... {len(priced) - len(fit) - len(over)} more priced (--json lists them all)")
     if len(priced) < len(r.candidates):
@@ -122,7 +128,7 @@ def _lines(cfg: Any, r: Any, seconds: float) -> list[str]:
     for verdict in _VERDICTS[3:]:  # the closest of each kind of pruned one
         first = next((c for c in unpriced if c.verdict == verdict), None)
         if first is not None:
-            out.append(_row("-", first))
+            out.append(_row("-", first, moe))
     from ..viz.table import wrap_lines
 
     return wrap_lines(out)

@@ -5,7 +5,10 @@ on `devices` ranks: tensor parallel tp (dividing the heads and the vocabulary, w
 pipeline stages pp and virtual stages v (pp * v dividing the layers), data parallel dp = devices /
 (tp * pp) (dividing the global batch), microbatches m (a microbatch of batch / m samples divisible
 by dp; m divisible by pp for the interleaved schedule), recomputation none / selective / full, ZeRO
-0 / 1 (1 only with dp > 1) and sequence parallelism (with tp > 1). Each is priced by the ledger of
+0 / 1 (1 only with dp > 1) and sequence parallelism (with tp > 1). With MoE layers (cfg.moe) also the
+expert-parallel ranks ep of each stage (dividing the experts; dp = devices / (tp * pp * ep), the dense
+layers' batch split over dp x ep), bounded by the closed forms alone (the layer cells are a dense
+layer's; an MoE layer's FLOPs are bounded by its attention's). Each is priced by the ledger of
 its own dry run (spmdsim.estimate.ledger.gpt_ledger: its peak memory at the precision's widths and
 its predicted step time on the machine, the slowest stage's, as `spmdsim estimate` prints them).
 
@@ -29,8 +32,8 @@ from typing import Any, Optional
 
 from ..errors import SpmdsimError
 
-__all__ = ["Config", "Candidate", "SearchResult", "configurations", "lower_bounds", "price", "search",
-           "MAX_CONFIGS"]
+__all__ = ["Config", "Candidate", "SearchResult", "configurations", "lower_bounds", "flops_bound", "price",
+           "search", "MAX_CONFIGS"]
 
 #: Most configurations a search enumerates before it refuses (the enumeration alone is cheap).
 MAX_CONFIGS = 200_000
@@ -50,6 +53,7 @@ class Config:
     virtual: int
     recompute: str
     zero: int
+    ep: int = 1  # expert-parallel ranks of a stage (a GPT with MoE layers; the dense layers' batch: dp x ep)
 
     @property
     def schedule(self) -> str:
@@ -57,7 +61,8 @@ class Config:
 
     def short(self) -> str:
         return (f"tp {self.tp}{' sp' if self.sp else ''}, pp {self.pp}" + (f" v {self.virtual}" if self.virtual > 1
-                else "") + f", dp {self.dp}, {self.microbatches} mb, {self.recompute}, ZeRO {self.zero}")
+                else "") + f", dp {self.dp}" + (f", ep {self.ep}" if self.ep > 1 else "")
+                + f", {self.microbatches} mb, {self.recompute}, ZeRO {self.zero}")
 
 
 @dataclass(frozen=True)
@@ -108,24 +113,34 @@ def configurations(cfg: Any, devices: int, gpus_per_node: int) -> list[Config]:
     for tp in _divisors(devices):
         if tp > gpus_per_node or cfg.heads % tp or cfg.vocab % tp:
             continue
-        for pp in _divisors(devices // tp):
-            dp = devices // (tp * pp)
-            if cfg.layers % pp or cfg.batch % dp:
+        for pp, ep in itertools.product(_divisors(devices // tp), _eps(cfg, devices // tp)):
+            if (devices // tp) % (pp * ep):
+                continue
+            dp = devices // (tp * pp * ep)
+            data = dp * ep  # the dense layers' batch is split over dp x ep
+            if cfg.layers % pp or cfg.batch % data:
                 continue
             virtuals = [1] + ([v for v in _divisors(cfg.layers // pp) if v > 1] if pp > 1 else [])
-            for m, v in itertools.product(_divisors(cfg.batch // dp), virtuals):
+            for m, v in itertools.product(_divisors(cfg.batch // data), virtuals):
                 if (v > 1 and m % pp) or pp * m * v > MAX_PAIRS:  # more pairs than a schedule runs
                     continue
                 for sp, recompute, zero in itertools.product((False, True), RECOMPUTE, (0, 1)):
-                    if (sp and (tp == 1 or cfg.seq % tp)) or (zero and dp == 1):
+                    if (sp and (tp == 1 or cfg.seq % tp)) or (zero and data == 1):
                         continue
-                    if pipeline_layout_problem(cfg, pp, dp, tp, sp, m, v) is not None:
+                    if pipeline_layout_problem(cfg, pp, dp, tp, sp, m, v, ep=ep) is not None:
                         continue
-                    out.append(Config(tp, pp, dp, sp, m, v, recompute, zero))
+                    out.append(Config(tp, pp, dp, sp, m, v, recompute, zero, ep))
                     if len(out) > MAX_CONFIGS:
                         raise SpmdsimError(f"more than {MAX_CONFIGS:,} configurations of the GPT on {devices:,} "
                                            "devices; expected fewer: a smaller global batch or fewer layers")
     return out
+
+
+def _eps(cfg: Any, ranks: int) -> list[int]:
+    """The expert-parallel sizes to try: the divisors of `ranks` that divide the experts (1 without MoE)."""
+    if cfg.moe is None:
+        return [1]
+    return [e for e in _divisors(ranks) if cfg.moe.experts % e == 0]
 
 
 def _layer_elements(cfg: Any) -> int:
@@ -134,23 +149,56 @@ def _layer_elements(cfg: Any) -> int:
     return sum(math.prod(s.shape) for s in param_specs(cfg) if s.name.startswith("h0."))
 
 
+def _moe_elements(cfg: Any, tp: int, ep: int) -> int:
+    """Elements of every transformer layer's parameters one rank holds at least, with MoE layers: each
+    layer's over tp, its experts' over ep x tp."""
+    from ..gpt.params import param_specs
+
+    out = 0
+    for s in param_specs(cfg):
+        if s.name.startswith("h"):
+            n = math.prod(s.shape)
+            expert = s.name.split(".")[1:2] == ["moe"] and not s.name.endswith(".router")
+            out += n // (ep * tp) if expert else n // tp
+    return out
+
+
 def lower_bounds(cfg: Any, c: Config, machine: Any, precision: str, devices: int,
                  layer_elements: Optional[int] = None) -> tuple[float, int]:
     """(seconds, bytes) no priced step time and peak memory of `c` can be below (the module docstring)."""
     from .ledger import PRECISIONS
 
     w = PRECISIONS[precision]
-    per_layer = _layer_elements(cfg) if layer_elements is None else layer_elements
-    elements = cfg.layers // c.pp * per_layer // c.tp  # the busiest rank holds at least its layers' share
+    if cfg.moe is None:
+        per_layer = _layer_elements(cfg) if layer_elements is None else layer_elements
+        elements = cfg.layers // c.pp * per_layer // c.tp  # the busiest rank holds at least its layers' share
+    else:  # layers unlike: the busiest stage holds at least the mean of every layer's share
+        elements = _moe_elements(cfg, c.tp, c.ep) // c.pp
     sharded = (w.master if (w.mixed or c.zero) else 0) + 2 * w.states
-    states = elements * (w.params + w.grads) + elements * sharded // (c.dp if c.zero else 1)
+    shards = c.dp * c.ep  # ZeRO-1 shards the dense layers' states over dp x ep (the experts' over dp: more)
+    states = elements * (w.params + w.grads) + elements * sharded // (shards if c.zero else 1)
     if c.zero:  # ZeRO-1's flat buffers (spmdsim.distrib_optim): the padded gradients and two dp-th slices
-        states += elements * w.buffers + 2 * elements * w.buffers // c.dp
-    b, s, h, layers = cfg.batch, cfg.seq, cfg.d_model, cfg.layers
-    flops = 72 * b * s * layers * h * h * (1 + s / (6 * h))
-    per_rank = flops / devices / (machine.peak(w.compute) * machine.gemm_efficiency.max_fraction)
+        states += elements * w.buffers + 2 * elements * w.buffers // shards
+    per_rank = flops_bound(cfg) / devices / (machine.peak(w.compute) * machine.gemm_efficiency.max_fraction)
     bubble = (c.pp - 1) / (c.virtual * c.microbatches)
     return per_rank * (1 + bubble), int(states)
+
+
+def flops_bound(cfg: Any) -> float:
+    """The matrix products' FLOPs of one training step of `cfg` (all ranks, no recomputation) that any
+    configuration executes at least: 72 B s h^2 (1 + s / 6h) a dense layer, forward and backward (the vocabulary's
+    products left out); an MoE layer its attention's 24 B s h^2 + 12 B s^2 h and its experts' two products,
+    forward and backward, 12 x rows x h x F, on at least k s c rows a sequence (the capacity's E ceil(k s c / E)
+    slots travel and are multiplied, empty or not; dropless, every one of the k s assignments), the routers'
+    products left out."""
+    b, s, h, layers = cfg.batch, cfg.seq, cfg.d_model, cfg.layers
+    moe_layers = sum(cfg.is_moe(i) for i in range(layers))
+    flops = 72 * b * s * (layers - moe_layers) * h * h * (1 + s / (6 * h))
+    if moe_layers:
+        m = cfg.moe
+        rows = b * s * m.top_k * (1.0 if m.dropless else m.capacity_factor)
+        flops += moe_layers * (24 * b * s * h * h + 12 * b * s * s * h + 12 * rows * h * (m.hidden or 4 * h))
+    return flops
 
 
 def price(cfg: Any, c: Config, machine: Any, precision: str, kept: str) -> tuple[float, int]:
@@ -161,7 +209,7 @@ def price(cfg: Any, c: Config, machine: Any, precision: str, kept: str) -> tuple
 
     stages = gpt_ledger(cfg, c.pp, c.dp, c.tp, sp=c.sp, microbatches=c.microbatches, schedule=c.schedule,
                         virtual=c.virtual, recompute=c.recompute, zero=c.zero, kept=kept,
-                        gpus_per_node=machine.gpus_per_node)
+                        gpus_per_node=machine.gpus_per_node, ep=c.ep)
     pipeline = Pipeline(c.pp, c.microbatches, c.virtual, c.schedule) if c.pp > 1 else None
     seconds = max(step_time(machine, gemms_at(st.gemms, precision), transfers_at(st.transfers, precision),
                             pipeline=pipeline, overlap=("gradients",),
@@ -204,6 +252,8 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
     # form's, then the layer cells'); the least is bounded further, or priced once its bound is the cells'.
     heap = [(c.bound_s, 0, _order(c), i, c) for i, c in enumerate(bounded) if c.bound_bytes <= memory_limit]
     heapq.heapify(heap)
+    if cfg.moe is not None:  # the layer cells are a dense layer's: the closed forms alone bound an MoE GPT
+        cells = False
     tight = cells if isinstance(cells, Cells) else (Cells(cfg, kept, machine.gpus_per_node) if cells else None)
     made = tight.dry_runs if tight is not None else 0
     best: Optional[float] = None
@@ -260,4 +310,4 @@ UNPRICED = "not priced"
 def _order(c: Candidate) -> tuple:
     """A fixed order among equals: fewer pipeline stages, less tensor parallelism, no recomputation first."""
     x = c.config
-    return (x.pp, x.tp, x.virtual, RECOMPUTE.index(x.recompute), x.zero, x.sp, x.microbatches)
+    return (x.pp, x.tp, x.virtual, RECOMPUTE.index(x.recompute), x.zero, x.sp, x.microbatches, x.ep)
