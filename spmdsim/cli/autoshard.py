@@ -45,7 +45,8 @@ def register(subparsers: Any) -> None:
                         help=f"one of {', '.join(NAMES)}")
     parser.add_argument("--gpt", metavar="KEY=VALUE,...",
                         help="--network gpt / gpt_sp: the model's size, e.g. 'layers=2,d_model=64' "
-                             "(keys vocab, d_model, heads, layers, seq, batch; default examples/"
+                             "(keys vocab, d_model, heads, layers, seq, batch; with --machine also experts, "
+                             "top_k, moe_every for MoE layers; default examples/"
                              "train_gpt.py's 4 layers, d_model 128, 4 heads, seq 64, batch 8, vocab 128)")
     parser.add_argument("--devices", type=int, default=None,
                         help="device count (default 8; with --run, the ranks of the launch)")
