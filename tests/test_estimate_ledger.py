@@ -289,3 +289,19 @@ def test_the_command_says_whether_a_rank_fits_the_machines_memory():
     assert fits == "memory: every stage fits the a100-dgx's 80.00 GiB per GPU (the most, stage 0: 43.33 GiB)"
     over = _cli(*model, "--ep", "8", "--dp", "16").stdout.splitlines()[-1]
     assert over == "memory: stage 0 needs 167.12 GiB a rank, more than the a100-dgx's 80.00 GiB per GPU"
+
+
+def test_a_zero1_dry_run_whose_experts_have_no_data_parallel_peer_touches_no_pages():
+    """ZeRO-1 with one expert per GPU on 128 (ep 128, dp 1): the experts' states shard over a group of one, whose
+    Reduce_scatter and Allgather are copies a dry run's zeros need not make (they wrote 6 GB of pages, 13 s)."""
+    import sys
+
+    code = ("import sys\nfrom spmdsim.cli.main import main\nfrom spmdsim.memory import peak_rss\n"
+            "code = main(['estimate', 'gpt', '--layers', '24', '--hidden', '2048', '--heads', '16', '--seq', '2048',"
+            " '--vocab', '50304', '--experts', '128', '--top-k', '1', '--ep', '128', '--micro-batch', '1',"
+            " '--global-batch', '128', '--zero', '1'])\nprint('peak', peak_rss(), code)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    peak = [line.split() for line in out.stdout.splitlines() if line.startswith("peak ")]
+    assert peak and peak[0][2] == "0", out.stdout[-2000:] + out.stderr[-2000:]
+    assert int(peak[0][1]) < 1 << 30, f"peak RSS {int(peak[0][1]) >> 20} MiB"
+    assert "memory: every stage fits the a100-dgx's 80.00 GiB per GPU" in out.stdout
