@@ -14,6 +14,7 @@ import pytest
 
 import spmdsim
 from docs_commands import run_here
+from testkit import unfold
 from spmdsim.estimate.ledger import PRECISIONS, gemms_at, gpt_ledger, layers_activations, priced, transfers_at
 from spmdsim.flops import PHASES, counting
 from spmdsim.gpt import GPTConfig
@@ -256,6 +257,10 @@ def test_the_command_estimates_an_moe_gpt_and_refuses_bad_expert_settings():
     out = done.stdout
     assert "mesh pp 1 x dp 1 x ep 4 x tp 2 (8 ranks), sp" in out
     assert "experts: 2 MoE layers of 8 experts, top-2, capacity factor 1; 2 per ep rank" in out
+    assert "stage 0 (ranks 0-7: 8 ranks alike; one rank's figures)" in out
+    worst = _cli("--experts", "8", "--ep", "4", "--global-batch", "8", "--dropless", "--routing", "worst").stdout
+    assert "stage 0 (ranks 0-3; rank 0's figures: routed worst, the busiest; the others receive fewer tokens)" \
+        in unfold(worst)
     assert ", of which the experts' " in out and "alltoall (node)" in out
     assert all(len(line) <= 100 for line in out.splitlines())
     js = json.loads(_cli("--experts", "8", "--ep", "4", "--global-batch", "8", "--json").stdout)

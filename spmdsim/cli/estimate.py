@@ -153,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(wrap_lines(head)))
     for st, bytes_, timing in rows:
         print()
-        print("\n".join(_stage_lines(st, bytes_, timing, args.zero, args.precision)))
+        print("\n".join(_stage_lines(st, bytes_, timing, args.zero, args.precision,
+                                      worst=cfg.moe is not None and cfg.moe.dry_routing == "worst" and args.ep > 1)))
     slowest = max(range(len(stages)), key=lambda s: times[s].total_s)  # a step ends with its slowest stage
     total = times[slowest].total_s
     when = f"{total:,.3f} s" if total >= 1 else f"{total * 1e3:,.3f} ms"
@@ -183,11 +184,15 @@ def _gib(n: int) -> str:
     return f"{n / GIB:,.2f} GiB" if n >= GIB // 100 else format_size(n)
 
 
-def _stage_lines(st: Any, bytes_: dict, timing: Any, zero: int, precision: str) -> list[str]:
+def _stage_lines(st: Any, bytes_: dict, timing: Any, zero: int, precision: str, worst: bool = False) -> list[str]:
     from ..estimate.ledger import kernel_bytes, layers_activations
 
     lo, hi = st.ranks[0], st.ranks[-1]
-    out = [f"stage {st.stage} (ranks {lo}-{hi}: {len(st.ranks)} ranks alike; one rank's figures)"]
+    if worst:  # every rank runs rank 0's routing (spmdsim.moe.routing.planned): rank 0 is the busiest
+        out = [f"stage {st.stage} (ranks {lo}-{hi}; rank {lo}'s figures: routed worst, the busiest; the others "
+               "receive fewer tokens)"]
+    else:
+        out = [f"stage {st.stage} (ranks {lo}-{hi}: {len(st.ranks)} ranks alike; one rank's figures)"]
     out.append(f"  memory {_gib(sum(bytes_.values()))}: " + ", ".join(f"{role} {_gib(n)}" for role, n in bytes_.items()))
     states = sum(bytes_[role] for role in ("parameters", "gradients", "master copy", "optimizer states"))
     line = f"    model states {_gib(states)} ({states / 1e9:,.2f} GB)"
