@@ -275,6 +275,8 @@ def test_the_command_estimates_an_moe_gpt_and_refuses_bad_expert_settings():
                           (["--experts", "8", "--ep", "4", "--global-batch", "6"],
                            "--global-batch 6 must be a multiple of --micro-batch x --dp x --ep (1 x 1 x 4 = 4)"),
                           (["--experts", "-1"], "--experts -1 must be >= 0"),
+                          (["--experts", "8", "--moe-every", "5"],
+                           "--moe-every 5 makes none of the 4 blocks an MoE layer"),
                           (["--experts", "1"], "--top-k 2 must not exceed --experts 1"),
                           (["--experts", "8", "--capacity-factor", "0"],
                            "--capacity-factor 0 must be a finite number > 0 (or --dropless)"),
