@@ -175,6 +175,9 @@ def test_the_command_searches_an_moe_gpt_and_shows_its_ep(capsys):
     argv[4] = "layers=2,top_k=1"
     assert main(argv) == 2
     assert capsys.readouterr().err == "spmdsim: error: --gpt top_k set MoE layers: give experts=N too\n"
+    argv[4] = "layers=2,experts=4,moe_every=3"
+    assert main(argv) == 2
+    assert "--gpt moe_every 3 makes none of the 2 blocks an MoE layer" in unfold(capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("moe", [{}, {"capacity_factor": 0.5}, {"dropless": True, "dry_routing": "worst"},

@@ -136,6 +136,10 @@ def _gpt_config(text: str, max_layers: int = MAX_GPT_LAYERS, sizes: bool = True,
         raise SpmdsimError(f"--gpt {', '.join(experts)} set MoE layers: give experts=N too")
     if experts:
         experts["every"] = experts.pop("moe_every", 2)
+        layers = fields.get("layers", GPTConfig.layers)
+        if experts["every"] > layers:
+            raise SpmdsimError(f"--gpt moe_every {experts['every']} makes none of the {layers} blocks an MoE layer; "
+                               f"expected at most layers {layers}")
         fields["moe"] = MoEConfig(**experts)
     config = GPTConfig(**fields)
     if config.layers > max_layers:
