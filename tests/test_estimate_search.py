@@ -139,30 +139,29 @@ def _moe_cfg(**moe):
                      moe=MoEConfig(experts=4, top_k=2, **moe))
 
 
-@pytest.mark.parametrize("moe", [{}, {"capacity_factor": 0.5}, {"dropless": True, "dry_routing": "worst"}])
-def test_an_moe_gpts_bounds_hold_for_every_configuration_and_the_choice_is_the_fastest(moe):
+@pytest.mark.parametrize("moe, node", [({}, 8), ({"capacity_factor": 0.5}, 8),
+                                       ({"dropless": True, "dry_routing": "worst"}, 8), ({}, 2)])
+def test_an_moe_gpts_bounds_hold_for_every_configuration_and_the_choice_is_the_fastest(moe, node):
     """On 4 devices every (tp, pp, dp, ep) of a 2-layer MoE GPT (ep dividing its 4 experts) is priced by its own
     dry run: each closed-form bound lies below its price (the experts' products bounded by k s c rows a
-    sequence, c the capacity factor), and the search chooses the fastest."""
+    sequence, c the capacity factor; the communication on each group's link, nodes of 8 GPUs or of 2, where
+    groups cross them), and the search chooses the fastest."""
+    import dataclasses
+
     cfg = _moe_cfg(**moe)
-    configs = configurations(cfg, 4, 8)
+    machine = dataclasses.replace(A100, gpus_per_node=node)
+    configs = configurations(cfg, 4, node)
     assert {c.ep for c in configs} == {1, 2, 4} and all(c.dp * c.ep * c.tp * c.pp == 4 for c in configs)
     assert all(c.zero == 0 or c.dp * c.ep > 1 for c in configs)
-    prices = {c: price(cfg, c, A100, "bf16-mixed", "megatron") for c in configs}
+    prices = {c: price(cfg, c, machine, "bf16-mixed", "megatron") for c in configs}
     for c, (seconds, nbytes) in prices.items():
-        bound_s, bound_bytes = lower_bounds(cfg, c, A100, "bf16-mixed", 4)
+        bound_s, bound_bytes = lower_bounds(cfg, c, machine, "bf16-mixed", 4)
         assert bound_s <= seconds and bound_bytes <= nbytes, (c, bound_s, seconds, bound_bytes, nbytes)
-    r = search(cfg, 4, A100, 1 << 40, max_dry_runs=10_000)
+    r = search(cfg, 4, machine, 1 << 40, max_dry_runs=10_000)
     priced = [c for c in r.candidates if c.step_s is not None]
     assert len(priced) == r.dry_runs and r.chosen is priced[0]
     assert r.chosen.step_s == min(seconds for seconds, _ in prices.values())
     assert all(c.bound_s >= r.chosen.step_s for c in r.candidates if c.verdict.endswith("bound above the best"))
-    # the choice agrees with `spmdsim estimate` on its configuration
-    x = r.chosen.config
-    stages = __import__("spmdsim.estimate.ledger", fromlist=["gpt_ledger"]).gpt_ledger(
-        cfg, x.pp, x.dp, x.tp, sp=x.sp, microbatches=x.microbatches, recompute=x.recompute, zero=x.zero,
-        kept="megatron", ep=x.ep)
-    assert len(stages) == x.pp and r.chosen.step_s == price(cfg, x, A100, "bf16-mixed", "megatron")[0]
 
 
 def test_the_command_searches_an_moe_gpt_and_shows_its_ep(capsys):
@@ -199,3 +198,34 @@ def test_the_flop_bound_is_the_dry_runs_products_but_the_routers_and_the_vocabul
         assert flops_bound(cfg) < counted - left_out
     else:
         assert flops_bound(cfg) == counted - left_out
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_the_moe_communication_bounds_lie_below_the_dry_runs_transfers_and_meet_its_exchanges(zero):
+    """moe_comm_bounds against the transfers of the configuration's own dry run, priced as the step time prices
+    them. ep 4 alone: the layers' bound is the exchanges' time exactly (with a capacity every Alltoall moves the
+    whole send buffer). tp 2 x ep 2 with sp: above the exchanges (the attention's Allgathers and
+    Reduce_scatters) and at most the layers' transfers (the MLPs' left out). The gradient sums' bound is at
+    most theirs (the buckets' latency and padding, the sequence-parallel replicas' larger groups, the
+    embeddings left out)."""
+    from spmdsim.estimate.ledger import gpt_ledger, transfers_at
+    from spmdsim.estimate.search import _moe_elements, moe_comm_bounds
+    from spmdsim.estimate.steptime import level_model
+
+    cfg = _moe_cfg()
+    for c in (Config(1, 1, 1, False, 1, 1, "none", zero, 4), Config(2, 1, 1, True, 2, 1, "none", zero, 2)):
+        (stage,) = gpt_ledger(cfg, 1, 1, c.tp, sp=c.sp, microbatches=c.microbatches, zero=zero, kept="megatron",
+                              ep=c.ep)
+
+        def seconds(phases, kinds=None):
+            return sum(level_model(A100, t.level).predict(t.kind, t.group, t.nbytes) * t.count
+                       for t in transfers_at(stage.transfers, "bf16-mixed")
+                       if t.phase in phases and (kinds is None or t.kind in kinds))
+
+        layers, sums = moe_comm_bounds(cfg, c, A100, "bf16-mixed", *_moe_elements(cfg, c.tp, c.ep))
+        exchanges = seconds(("layers",), ("alltoall",))
+        if c.tp == 1:
+            assert layers == pytest.approx(exchanges, rel=1e-12) and layers > 0
+        else:
+            assert exchanges < layers <= seconds(("layers", "pipeline"))
+        assert 0 < sums <= seconds(("gradients",))

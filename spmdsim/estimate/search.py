@@ -32,8 +32,8 @@ from typing import Any, Optional
 
 from ..errors import SpmdsimError
 
-__all__ = ["Config", "Candidate", "SearchResult", "configurations", "lower_bounds", "flops_bound", "price",
-           "search", "MAX_CONFIGS"]
+__all__ = ["Config", "Candidate", "SearchResult", "configurations", "lower_bounds", "flops_bound",
+           "moe_comm_bounds", "price", "search", "MAX_CONFIGS"]
 
 #: Most configurations a search enumerates before it refuses (the enumeration alone is cheap).
 MAX_CONFIGS = 200_000
@@ -149,18 +149,20 @@ def _layer_elements(cfg: Any) -> int:
     return sum(math.prod(s.shape) for s in param_specs(cfg) if s.name.startswith("h0."))
 
 
-def _moe_elements(cfg: Any, tp: int, ep: int) -> int:
-    """Elements of every transformer layer's parameters one rank holds at least, with MoE layers: each
-    layer's over tp, its experts' over ep x tp."""
+def _moe_elements(cfg: Any, tp: int, ep: int) -> tuple[int, int]:
+    """Elements of every transformer layer's parameters one rank holds at least, with MoE layers: (the rest of
+    each layer's over tp, its experts' over ep x tp)."""
     from ..gpt.params import param_specs
 
-    out = 0
+    dense = experts = 0
     for s in param_specs(cfg):
         if s.name.startswith("h"):
             n = math.prod(s.shape)
-            expert = s.name.split(".")[1:2] == ["moe"] and not s.name.endswith(".router")
-            out += n // (ep * tp) if expert else n // tp
-    return out
+            if s.name.split(".")[1:2] == ["moe"] and not s.name.endswith(".router"):
+                experts += n // (ep * tp)
+            else:
+                dense += n // tp
+    return dense, experts
 
 
 def lower_bounds(cfg: Any, c: Config, machine: Any, precision: str, devices: int,
@@ -173,7 +175,8 @@ def lower_bounds(cfg: Any, c: Config, machine: Any, precision: str, devices: int
         per_layer = _layer_elements(cfg) if layer_elements is None else layer_elements
         elements = cfg.layers // c.pp * per_layer // c.tp  # the busiest rank holds at least its layers' share
     else:  # layers unlike: the busiest stage holds at least the mean of every layer's share
-        elements = _moe_elements(cfg, c.tp, c.ep) // c.pp
+        dense, experts = _moe_elements(cfg, c.tp, c.ep)
+        elements = (dense + experts) // c.pp
     sharded = (w.master if (w.mixed or c.zero) else 0) + 2 * w.states
     shards = c.dp * c.ep  # ZeRO-1 shards the dense layers' states over dp x ep (the experts' over dp: more)
     states = elements * (w.params + w.grads) + elements * sharded // (shards if c.zero else 1)
@@ -181,7 +184,70 @@ def lower_bounds(cfg: Any, c: Config, machine: Any, precision: str, devices: int
         states += elements * w.buffers + 2 * elements * w.buffers // shards
     per_rank = flops_bound(cfg) / devices / (machine.peak(w.compute) * machine.gemm_efficiency.max_fraction)
     bubble = (c.pp - 1) / (c.virtual * c.microbatches)
-    return per_rank * (1 + bubble), int(states)
+    if cfg.moe is None:
+        return per_rank * (1 + bubble), int(states)
+    # A step's time is compute + element-wise + communication - what the backward hides of the gradient sums
+    # (no more than those sums, nor than the compute) + the bubble: at least the exchanges + the larger of the
+    # products' time and the gradient sums' + the bubble of the products (spmdsim.estimate.steptime).
+    exchanges, sums = moe_comm_bounds(cfg, c, machine, precision, dense // c.pp, experts // c.pp)
+    return exchanges + max(per_rank, sums) + per_rank * bubble, int(states)
+
+
+def moe_comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: int,
+                    experts: int) -> tuple[float, float]:
+    """(seconds, seconds) of an MoE GPT's communication the busiest rank of `c` spends at least, by the machine's
+    link model of each transfer (spmdsim.estimate.steptime): the layers' and the pipeline's, and the gradient
+    sums. The layers': the experts' exchanges (with a capacity, forward and backward, 4 Alltoalls over ep a
+    layer and microbatch, of the whole send buffer, k s c / E slots per expert and sequence, at the activation
+    width; the mean of the stages' MoE layers; dropless none counted: their bytes follow the routing), each
+    attention's tensor-parallel collectives, a message of each microbatch between stages. The gradient sums,
+    at the gradient width, of the `dense` parameter elements
+    over dp x ep and the `experts`' over dp (an Allreduce each; ZeRO-1 a Reduce_scatter and an Allgather), in
+    one call each (buckets only add latency). Each on the link of its group (`levels`)."""
+    from .ledger import PRECISIONS
+    from .records import LEVELS
+    from .steptime import level_model
+
+    w, m, gpn = PRECISIONS[precision], cfg.moe, machine.gpus_per_node
+
+    def levels(stride: int, group: int) -> tuple:
+        """The links a group of `group` ranks `stride` apart can take (ranks tp fastest, then ep, dp, pp, as
+        the ledger places them): across nodes when its first and last members are a node or more apart,
+        within one when its aligned span divides a node, either otherwise (the cheaper bounds it)."""
+        if (group - 1) * stride >= gpn:
+            return ("cluster",)
+        return ("node",) if gpn % (stride * group) == 0 else LEVELS
+
+    def cheapest(stride: int, op: str, group: int, nbytes: float) -> float:
+        return min(level_model(machine, level).predict(op, group, int(nbytes)) for level in levels(stride, group))
+
+    sequences = cfg.batch // (c.dp * c.ep * c.microbatches)  # a rank's share of one microbatch
+    exchanges = 0.0
+    if c.ep > 1 and not m.dropless:
+        buffer = sequences * m.experts * m.capacity(cfg.seq) * cfg.d_model * w.activations
+        layers = sum(cfg.is_moe(i) for i in range(cfg.layers)) / c.pp
+        exchanges = 4 * c.microbatches * layers * cheapest(c.tp, "alltoall", c.ep, buffer)
+    # Each block's attention over tp, forward and backward (its MLP's, dense or MoE, left out): with sequence
+    # parallelism an Allgather of its input and a Reduce_scatter of its output, and their conjugates; without,
+    # an Allreduce of its output and one of its input's gradient; on the microbatch's activations whole.
+    activations = sequences * cfg.seq * cfg.d_model * w.activations
+    if c.tp > 1:
+        ops = ("allgather", "reduce_scatter") if c.sp else ("allreduce",)
+        exchanges += 2 * c.microbatches * cfg.layers / c.pp * sum(cheapest(1, op, c.tp, activations)
+                                                                  for op in ops)
+    # A stage boundary: each microbatch's activations (a sequence shard with sp) leave a stage at least once.
+    if c.pp > 1:
+        stage = c.tp * c.ep * c.dp  # ranks apart from the next stage's
+        exchanges += c.microbatches * min(level_model(machine, level).alpha_s + activations // (c.tp if c.sp
+                                          else 1) * level_model(machine, level).beta_s_per_byte
+                                          for level in levels(stage, 2))
+    sums = 0.0
+    for stride, group, elements in ((c.tp, c.dp * c.ep, dense), (c.tp * c.ep, c.dp, experts)):
+        if group > 1 and elements:
+            n = elements * w.grads
+            sums += (cheapest(stride, "reduce_scatter", group, n) + cheapest(stride, "allgather", group, n)
+                     if c.zero else cheapest(stride, "allreduce", group, n))
+    return exchanges, sums
 
 
 def flops_bound(cfg: Any) -> float:
