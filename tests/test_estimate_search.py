@@ -202,14 +202,14 @@ def test_the_flop_bound_is_the_dry_runs_products_but_the_routers_and_the_vocabul
 
 @pytest.mark.parametrize("zero", [0, 1])
 def test_the_moe_communication_bounds_lie_below_the_dry_runs_transfers_and_meet_its_exchanges(zero):
-    """moe_comm_bounds against the transfers of the configuration's own dry run, priced as the step time prices
+    """comm_bounds against the transfers of the configuration's own dry run, priced as the step time prices
     them. ep 4 alone: the layers' bound is the exchanges' time exactly (with a capacity every Alltoall moves the
     whole send buffer). tp 2 x ep 2 with sp: above the exchanges (the attention's Allgathers and
     Reduce_scatters) and at most the layers' transfers (the MLPs' left out). The gradient sums' bound is at
     most theirs (the buckets' latency and padding, the sequence-parallel replicas' larger groups, the
     embeddings left out)."""
     from spmdsim.estimate.ledger import gpt_ledger, transfers_at
-    from spmdsim.estimate.search import _moe_elements, moe_comm_bounds
+    from spmdsim.estimate.search import _moe_elements, comm_bounds
     from spmdsim.estimate.steptime import level_model
 
     cfg = _moe_cfg()
@@ -222,7 +222,7 @@ def test_the_moe_communication_bounds_lie_below_the_dry_runs_transfers_and_meet_
                        for t in transfers_at(stage.transfers, "bf16-mixed")
                        if t.phase in phases and (kinds is None or t.kind in kinds))
 
-        layers, sums = moe_comm_bounds(cfg, c, A100, "bf16-mixed", *_moe_elements(cfg, c.tp, c.ep))
+        layers, sums = comm_bounds(cfg, c, A100, "bf16-mixed", *_moe_elements(cfg, c.tp, c.ep))
         exchanges = seconds(("layers",), ("alltoall",))
         if c.tp == 1:
             assert layers == pytest.approx(exchanges, rel=1e-12) and layers > 0

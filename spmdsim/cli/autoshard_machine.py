@@ -83,7 +83,7 @@ def _row(rank: str, c: Any, moe: bool = False) -> str:
     memory = f"{c.memory / MIB:,.1f}" if c.memory is not None else f">{c.bound_bytes / MIB:,.1f}"
     ep = f"{x.ep:>4}" if moe else ""
     return (f"{rank:<5}{x.tp:>3}{'+sp' if x.sp else '   '}{x.pp:>4}{x.virtual:>3}{x.dp:>5}{ep}{x.microbatches:>5} "
-            f"{x.recompute:<10}{x.zero:>2}{step:>12}{memory:>14}  {c.verdict}")
+            f"{x.recompute:<10}{x.zero:>2}{step:>13}{memory:>14}  {c.verdict}")
 
 
 def _lines(cfg: Any, r: Any, seconds: float) -> list[str]:
@@ -111,7 +111,7 @@ def _lines(cfg: Any, r: Any, seconds: float) -> list[str]:
     eph = f"{'ep':>4}" if moe else ""
     out.append(f"{'rank':<5}{'tp':>3}{'':3}{'pp':>4}{'v':>3}{'dp':>5}{eph}{'mb':>5} "
                f"{'recompute':<10}{'Z':>2}"
-               f"{'step ms':>12}{'MiB':>14}  why not chosen")
+               f"{'step ms':>13}{'MiB':>14}  why not chosen")
     priced = [c for c in r.candidates if c.step_s is not None]
     # the fastest that fit, then those faster still that the memory limit ruled out
     best = r.chosen.step_s if r.chosen is not None else float("inf")

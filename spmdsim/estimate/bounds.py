@@ -118,9 +118,11 @@ class Cells:
             self.cells[key] = _cell(self.cfg, tp, sp, micro, recompute, self.kept, self.gpus_per_node)
         return self.cells[key]
 
-    def time_bound(self, c: Any, machine: Any, precision: str) -> float:
+    def time_bound(self, c: Any, machine: Any, precision: str, sums: float = 0.0) -> float:
         """Seconds below the priced step time of configuration `c` (module docstring): the larger of its
-        first and last stage's layers and end, each priced by `step_time` as the ledger's rows are."""
+        first and last stage's layers and end, each priced by `step_time` as the ledger's rows are; with
+        `sums`, seconds the gradient sums take at least (spmdsim.estimate.search.comm_bounds), what of them
+        exceeds those rows' products and element-wise kernels (the most the backward can hide them under)."""
         from .ledger import gemms_at, kernel_bytes, transfers_at
         from .steptime import Pipeline, step_time
 
@@ -134,9 +136,9 @@ class Cells:
             gemms = parts[0][0] + parts[1][0]
             kernels = parts[0][1] + parts[1][1] + _times(((), step, ()), layers)[1]
             transfers = [replace(t, count=n) for t, n in parts[0][2] + parts[1][2] if t.phase == "layers"]
-            seconds = step_time(machine, gemms_at(gemms, precision), transfers_at(transfers, precision),
-                                pipeline=pipeline, traffic=kernel_bytes(kernels, precision)).total_s
-            best = max(best, seconds)
+            st = step_time(machine, gemms_at(gemms, precision), transfers_at(transfers, precision),
+                           pipeline=pipeline, traffic=kernel_bytes(kernels, precision))
+            best = max(best, st.total_s + max(0.0, sums - (st.compute_s + st.memory_s)))
         return best
 
     def kept_bound(self, c: Any, precision: str) -> int:

@@ -33,7 +33,7 @@ from typing import Any, Optional
 from ..errors import SpmdsimError
 
 __all__ = ["Config", "Candidate", "SearchResult", "configurations", "lower_bounds", "flops_bound",
-           "moe_comm_bounds", "price", "search", "MAX_CONFIGS"]
+           "comm_bounds", "stage_elements", "price", "search", "MAX_CONFIGS"]
 
 #: Most configurations a search enumerates before it refuses (the enumeration alone is cheap).
 MAX_CONFIGS = 200_000
@@ -171,12 +171,8 @@ def lower_bounds(cfg: Any, c: Config, machine: Any, precision: str, devices: int
     from .ledger import PRECISIONS
 
     w = PRECISIONS[precision]
-    if cfg.moe is None:
-        per_layer = _layer_elements(cfg) if layer_elements is None else layer_elements
-        elements = cfg.layers // c.pp * per_layer // c.tp  # the busiest rank holds at least its layers' share
-    else:  # layers unlike: the busiest stage holds at least the mean of every layer's share
-        dense, experts = _moe_elements(cfg, c.tp, c.ep)
-        elements = (dense + experts) // c.pp
+    dense, experts = stage_elements(cfg, c, layer_elements)
+    elements = dense + experts
     sharded = (w.master if (w.mixed or c.zero) else 0) + 2 * w.states
     shards = c.dp * c.ep  # ZeRO-1 shards the dense layers' states over dp x ep (the experts' over dp: more)
     states = elements * (w.params + w.grads) + elements * sharded // (shards if c.zero else 1)
@@ -184,20 +180,29 @@ def lower_bounds(cfg: Any, c: Config, machine: Any, precision: str, devices: int
         states += elements * w.buffers + 2 * elements * w.buffers // shards
     per_rank = flops_bound(cfg) / devices / (machine.peak(w.compute) * machine.gemm_efficiency.max_fraction)
     bubble = (c.pp - 1) / (c.virtual * c.microbatches)
-    if cfg.moe is None:
-        return per_rank * (1 + bubble), int(states)
     # A step's time is compute + element-wise + communication - what the backward hides of the gradient sums
     # (no more than those sums, nor than the compute) + the bubble: at least the exchanges + the larger of the
     # products' time and the gradient sums' + the bubble of the products (spmdsim.estimate.steptime).
-    exchanges, sums = moe_comm_bounds(cfg, c, machine, precision, dense // c.pp, experts // c.pp)
+    exchanges, sums = comm_bounds(cfg, c, machine, precision, dense, experts)
     return exchanges + max(per_rank, sums) + per_rank * bubble, int(states)
 
 
-def moe_comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: int,
-                    experts: int) -> tuple[float, float]:
-    """(seconds, seconds) of an MoE GPT's communication the busiest rank of `c` spends at least, by the machine's
+def stage_elements(cfg: Any, c: Config, layer_elements: Optional[int] = None) -> tuple[int, int]:
+    """(elements of the transformer layers' parameters, of them the MoE experts') the busiest rank of `c` holds
+    at least: its stage's layers' share over tp (with MoE layers, the mean of every layer's share, the experts'
+    over ep x tp); the embeddings left out. `layer_elements`: a dense layer's, when known."""
+    if cfg.moe is None:
+        per_layer = _layer_elements(cfg) if layer_elements is None else layer_elements
+        return cfg.layers // c.pp * per_layer // c.tp, 0
+    dense, experts = _moe_elements(cfg, c.tp, c.ep)
+    return dense // c.pp, experts // c.pp
+
+
+def comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: int,
+                experts: int) -> tuple[float, float]:
+    """(seconds, seconds) of the GPT's communication the busiest rank of `c` spends at least, by the machine's
     link model of each transfer (spmdsim.estimate.steptime): the layers' and the pipeline's, and the gradient
-    sums. The layers': the experts' exchanges (with a capacity, forward and backward, 4 Alltoalls over ep a
+    sums. The layers': with MoE layers the experts' exchanges (with a capacity, forward and backward, 4 Alltoalls over ep a
     layer and microbatch, of the whole send buffer, k s c / E slots per expert and sequence, at the activation
     width; the mean of the stages' MoE layers; dropless none counted: their bytes follow the routing), each
     attention's tensor-parallel collectives, a message of each microbatch between stages. The gradient sums,
@@ -223,7 +228,7 @@ def moe_comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: in
 
     sequences = cfg.batch // (c.dp * c.ep * c.microbatches)  # a rank's share of one microbatch
     exchanges = 0.0
-    if c.ep > 1 and not m.dropless:
+    if m is not None and c.ep > 1 and not m.dropless:
         buffer = sequences * m.experts * m.capacity(cfg.seq) * cfg.d_model * w.activations
         layers = sum(cfg.is_moe(i) for i in range(cfg.layers)) / c.pp
         exchanges = 4 * c.microbatches * layers * cheapest(c.tp, "alltoall", c.ep, buffer)
@@ -335,7 +340,8 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
             if nbytes > memory_limit:
                 out.append(replace(c, bound_bytes=nbytes, verdict=KEPT))
                 continue
-            seconds = max(bound, tight.time_bound(c.config, machine, precision))
+            sums = comm_bounds(cfg, c.config, machine, precision, *stage_elements(cfg, c.config, per_layer))[1]
+            seconds = max(bound, tight.time_bound(c.config, machine, precision, sums))
             heapq.heappush(heap, (seconds, 1, order, i, replace(c, bound_s=seconds, bound_bytes=nbytes)))
             continue
         if runs == max_dry_runs:
