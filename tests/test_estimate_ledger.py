@@ -260,7 +260,7 @@ def test_the_command_estimates_an_moe_gpt_and_refuses_bad_expert_settings():
     assert "stage 0 (ranks 0-7: 8 ranks alike; one rank's figures)" in out
     worst = _cli("--experts", "8", "--ep", "4", "--global-batch", "8", "--dropless", "--routing", "worst").stdout
     assert "stage 0 (ranks 0-3; rank 0's figures: routed worst, the busiest; the others receive fewer tokens)" \
-        in unfold(worst)
+        in unfold(worst) and "FLOPs of matrix products, all ranks (each as busy as rank 0: at most)" in unfold(worst)
     assert ", of which the experts' " in out and "alltoall (node)" in out
     assert all(len(line) <= 100 for line in out.splitlines())
     js = json.loads(_cli("--experts", "8", "--ep", "4", "--global-batch", "8", "--json").stdout)

@@ -150,14 +150,15 @@ def run(args: argparse.Namespace) -> int:
 
     elements = sum(prod(spec.shape) for spec in param_specs(cfg))
     flops = sum(st.flops() * len(st.ranks) for st in stages)
-    head.append(f"model {elements:,} parameters; one step: {flops:.4e} FLOPs of matrix products, all ranks")
+    worst = cfg.moe is not None and cfg.moe.dry_routing == "worst" and args.ep > 1
+    head.append(f"model {elements:,} parameters; one step: {flops:.4e} FLOPs of matrix products, all ranks"
+                + (" (each as busy as rank 0: at most)" if worst else ""))
     head.append(f"dry run of one step: {len(stages)} representative rank(s), {seconds:.1f} s; bytes and GEMMs at "
                 f"{args.precision} ({PRECISIONS[args.precision].about})")
     print("\n".join(wrap_lines(head)))
     for st, bytes_, timing in rows:
         print()
-        print("\n".join(_stage_lines(st, bytes_, timing, args.zero, args.precision,
-                                      worst=cfg.moe is not None and cfg.moe.dry_routing == "worst" and args.ep > 1)))
+        print("\n".join(_stage_lines(st, bytes_, timing, args.zero, args.precision, worst=worst)))
     slowest = max(range(len(stages)), key=lambda s: times[s].total_s)  # a step ends with its slowest stage
     total = times[slowest].total_s
     when = f"{total:,.3f} s" if total >= 1 else f"{total * 1e3:,.3f} ms"
