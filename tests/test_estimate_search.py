@@ -177,6 +177,9 @@ def test_the_command_searches_an_moe_gpt_and_shows_its_ep(capsys):
     argv[4] = "layers=2,experts=4,moe_every=3"
     assert main(argv) == 2
     assert "--gpt moe_every 3 makes none of the 2 blocks an MoE layer" in unfold(capsys.readouterr().err)
+    assert main(["autoshard", "--network", "gpt", "--gpt", "layers=2,experts=4", "--devices", "4"]) == 2
+    assert "--gpt experts sets MoE layers, which only the search by a machine file prices: add --machine" in \
+        unfold(capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("moe", [{}, {"capacity_factor": 0.5}, {"dropless": True, "dry_routing": "worst"},

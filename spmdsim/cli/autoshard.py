@@ -124,6 +124,9 @@ def _gpt_config(text: str, max_layers: int = MAX_GPT_LAYERS, sizes: bool = True,
     fields: dict = {}
     for item in text.split(","):
         key, sep, value = (part.strip() for part in item.partition("="))
+        if sep and key in MOE_KEYS and not moe:
+            raise SpmdsimError(f"--gpt {key} sets MoE layers, which only the search by a machine file prices: "
+                               "add --machine (e.g. --machine a100-dgx)")
         if not sep or key not in keys:
             raise SpmdsimError(f"--gpt {item.strip()!r} must read KEY=VALUE with KEY one of {keys!r}, "
                                "e.g. 'layers=2,d_model=64'")
