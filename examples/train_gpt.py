@@ -35,7 +35,6 @@ from spmdsim.gpt import decode, encode, load_text
 from spmdsim.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
 from spmdsim.gpt.pipeline import pipeline_layout_problem, train_pipelined
 from spmdsim.gpt.memory import recompute_problem, zero_problem
-from spmdsim.gpt.mixed import mixed_problem
 from spmdsim.gpt.options import check_lines, model_arguments, model_config, padding_line
 from spmdsim.gpt.train import replay_problem, train
 from spmdsim.precision import precision_problem
@@ -105,8 +104,7 @@ def main(args):
     problem = replay_problem(cfg) if args.replay else None
     zero = int(args.zero) if args.zero.lstrip("-").isdigit() else args.zero
     problem = problem or recompute_problem(args.recompute) or zero_problem(zero) or kept_problem(args.kept)
-    problem = problem or precision_problem(args.precision) or mixed_problem(
-        args.precision, kept=args.kept)
+    problem = problem or precision_problem(args.precision)
     if not problem and args.trace_out and not pipelined(args):
         problem = "--trace-out writes a pipeline's last step; give --pp (or --microbatches) with it"
     if problem:  # every rank alike, before any collective

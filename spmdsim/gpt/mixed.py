@@ -34,25 +34,9 @@ from ..tolerances import sum_rtol
 from .config import GPTConfig
 from .params import padded_params, param_specs, unpadded_params
 
-__all__ = ["loss_and_grads", "tolerances", "longest_sum", "mixed_problem", "moe_problem"]
+__all__ = ["loss_and_grads", "tolerances", "longest_sum"]
 
 _F32 = np.float32
-
-
-def mixed_problem(precision: Any, kept: str = "graph") -> Optional[str]:
-    """Why the GPT's training cannot run these options under `precision` (one line), or None: None for every
-    policy and kept set now (kept "megatron"'s fused pieces round where the graph's operators round,
-    spmdsim.ops.megatron, so this reference checks both; MoE layers: `moe_problem`). A replayed step runs
-    under any policy, spmdsim.runtime.replay recording bfloat16 blocks as any others; so do ZeRO-1, its
-    master copy and moments float32 for bfloat16 parameters, spmdsim.distrib_optim, and a pipeline,
-    spmdsim.gpt.pipeline, its stages' messages in the activations' dtype."""
-    return None
-
-
-def moe_problem(precision: Any) -> Optional[str]:
-    """Why MoE layers cannot train under `precision` (one line), or None: None for every policy now (the MoE
-    layer computes under the policy, its router in float32: spmdsim.moe.layer, spmdsim.moe.mixed)."""
-    return None
 
 
 def longest_sum(cfg: GPTConfig) -> int:

@@ -44,11 +44,6 @@ from .stages import Part, part_specs, whole
 __all__ = ["GPT", "megatron_layouts", "dialect_layouts", "DIALECTS", "mesh_problem", "RECOMPUTE", "KEPT"]
 
 
-def _moe_problem(recompute: str, kept: str) -> Optional[str]:
-    """Why a model with MoE layers cannot run with these options (one line), or None."""
-    return None
-
-
 def _zero_padded_rows(wte: Any, vocab: int) -> None:
     """Zero, in place, the rows of this rank's block of the token embedding `wte` at or past `vocab`: the
     padded vocabulary's rows start at zero (GPTConfig.vocab_pad_to; spmdsim.gpt.params.initial_value)."""
@@ -120,8 +115,6 @@ class GPT:
         dp, tp = mesh.layout.axis_size("dp"), mesh.layout.axis_size("tp")
         ep = mesh.layout.axis_size("ep") if "ep" in names else 1
         problem = mesh_problem(cfg, dp, tp, sp, ep)
-        if not problem and cfg.moe is not None:
-            problem = _moe_problem(recompute, kept)
         if problem:
             where = f"dp {dp} x ep {ep} x tp {tp}" if "ep" in names else f"dp {dp} x tp {tp}"
             raise SpmdsimError(f"the GPT cannot run on {where}: {problem}")

@@ -188,18 +188,15 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     from ..sim import dry_run_active, once
     from ..sim.dry import differ
     from ..precision import precision as get_precision, precision_problem
-    from .mixed import mixed_problem, moe_problem as moe_precision_problem, tolerances as mixed_tolerances
-    from .parallel import GPT, _moe_problem
+    from .mixed import tolerances as mixed_tolerances
+    from .parallel import GPT
     from .train import (_checked_mixed, _checked_reference, _expert_bytes, _optimizer_start, _summed_grads,
                         _zero_axes, _zero_moments, replay_problem)
 
     moe = cfg.moe is not None or ep != 1
     problem = (pipeline_layout_problem(cfg, pp, dp, tp, sp, microbatches, virtual, split, ep)
                or recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
-               or (replay_problem(cfg) if replay else None) or precision_problem(precision)
-               or mixed_problem(precision, kept=kept))
-    if not problem and cfg.moe is not None:
-        problem = moe_precision_problem(precision) or _moe_problem(recompute, kept)
+               or (replay_problem(cfg) if replay else None) or precision_problem(precision))
     if problem:
         where = f"pp {pp} x dp {dp} x ep {ep} x tp {tp}" if moe else f"pp {pp} x dp {dp} x tp {tp}"
         raise SpmdsimError(f"the GPT cannot train on {where}: {problem}")

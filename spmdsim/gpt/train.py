@@ -50,7 +50,7 @@ from .config import GPTConfig
 from .data import batch
 from .memory import MemoryReport, recompute_problem, zero_problem
 from ..precision import is_low, precision as get_precision, precision_problem
-from .mixed import mixed_problem, moe_problem as moe_precision_problem, tolerances as mixed_tolerances
+from .mixed import tolerances as mixed_tolerances
 from .params import decays, param_specs
 from .wholes import Regions, assemble, peaks, regions
 
@@ -325,10 +325,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     from .parallel import GPT
 
     problem = (recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
-               or (replay_problem(cfg) if replay else None) or precision_problem(precision)
-               or mixed_problem(precision, kept=kept))
-    if not problem and cfg.moe is not None:
-        problem = moe_precision_problem(precision)
+               or (replay_problem(cfg) if replay else None) or precision_problem(precision))
     if problem:  # every rank alike, before any collective
         raise SpmdsimError(problem)
     policy = get_precision(precision)
