@@ -274,6 +274,7 @@ def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int
     from ..sim.run import simulate
     from ..context import current
     from ..flops import counting
+    from ..gpt.params import is_expert
     from ..gpt.pipeline import train_pipelined
 
     if not (type(gpus_per_node) is int and gpus_per_node >= 1):
@@ -288,8 +289,7 @@ def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int
         rank = world().Get_rank()
         layer = sum(t.local.size for name, t in run.params.items() if name.startswith("h"))
         total = sum(t.local.size for t in run.params.values())
-        experts = sum(t.local.size for name, t in run.params.items() if name.split(".")[1:2] == ["moe"]
-                      and not name.endswith(".router"))
+        experts = sum(t.local.size for name, t in run.params.items() if is_expert(name))
         meter = current().meter
         out = StageLedger(run.stage, rank, steps[-1].memory, layer, total, tuple(flops.counts.items()),
                           _transfers(run.trace, run.mesh, rank, gpus_per_node), meter.peak, run.in_flight[-1],

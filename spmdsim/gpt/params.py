@@ -35,7 +35,7 @@ from ..errors import SpmdsimError
 from ..validate import as_int
 from .config import GPTConfig
 
-__all__ = ["ParamSpec", "INITS", "param_specs", "seeded", "constant", "decays", "initial_value",
+__all__ = ["ParamSpec", "INITS", "param_specs", "seeded", "constant", "decays", "is_expert", "initial_value",
            "dropout_seed", "dropout_tensor", "dropout_shape", "dropout_sites", "unpadded_params",
            "padded_params"]
 
@@ -108,6 +108,11 @@ def decays(spec: ParamSpec) -> bool:
     """Whether AdamW's weight decay applies: to the weights of 2 or more dims, never to biases (the experts'
     (E, F) and (E, D) ones included) or norms."""
     return len(spec.shape) >= 2 and not spec.name.rsplit(".", 1)[-1].startswith("b")
+
+
+def is_expert(name: str) -> bool:
+    """Whether parameter `name` is an MoE layer's experts' ("h1.moe.w1" .. "h1.moe.b2"), not its router's."""
+    return name.split(".")[1:2] == ["moe"] and not name.endswith(".router")
 
 
 def initial_value(cfg: GPTConfig, spec: ParamSpec) -> np.ndarray:

@@ -51,7 +51,7 @@ from .data import batch
 from .memory import MemoryReport, recompute_problem, zero_problem
 from ..precision import is_low, precision as get_precision, precision_problem
 from .mixed import tolerances as mixed_tolerances
-from .params import decays, param_specs
+from .params import decays, is_expert, param_specs
 from .wholes import Regions, assemble, peaks, regions
 
 __all__ = ["StepResult", "train", "gathered", "reference_sample", "replay_problem", "TOLERANCE"]
@@ -551,7 +551,7 @@ def _expert_bytes(cfg: GPTConfig, rank: int, mesh: Any, params: dict, stats: Any
     from ..moe.ledger import EXCHANGE_WORDS, ExpertBytes
     from ..sim import dry_run_active
 
-    experts = [t for name, t in params.items() if ".moe." in name and not name.endswith(".moe.router")]
+    experts = [t for name, t in params.items() if is_expert(name)]
     layers = [f"h{i}" for i in range(cfg.layers) if cfg.is_moe(i) and f"h{i}.moe.w1" in params]
     rows = [e for e in trace.entries if e.label and any(e.label.startswith(f"{layer}{word}") for layer in layers
                                                         for word in EXCHANGE_WORDS)]
