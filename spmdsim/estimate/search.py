@@ -25,6 +25,7 @@ stops. At most `max_dry_runs` configurations are priced; those left unpriced the
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field, replace
@@ -149,25 +150,36 @@ def _layer_elements(cfg: Any) -> int:
     return sum(math.prod(s.shape) for s in param_specs(cfg) if s.name.startswith("h0."))
 
 
+@functools.lru_cache(maxsize=16)
+def _layer_sizes(cfg: Any) -> tuple[tuple[int, bool], ...]:
+    """(elements, whether an MoE expert's) of each transformer layer's parameter of `cfg` (a search asks for
+    every configuration)."""
+    from ..gpt.params import is_expert, param_specs
+
+    return tuple((math.prod(s.shape), is_expert(s.name)) for s in param_specs(cfg) if s.name.startswith("h"))
+
+
 def _moe_elements(cfg: Any, tp: int, ep: int) -> tuple[int, int]:
     """Elements of every transformer layer's parameters one rank holds at least, with MoE layers: (the rest of
     each layer's over tp, its experts' over ep x tp)."""
-    from ..gpt.params import param_specs
-
     dense = experts = 0
-    for s in param_specs(cfg):
-        if s.name.startswith("h"):
-            n = math.prod(s.shape)
-            if s.name.split(".")[1:2] == ["moe"] and not s.name.endswith(".router"):
-                experts += n // (ep * tp)
-            else:
-                dense += n // tp
+    for n, expert in _layer_sizes(cfg):
+        if expert:
+            experts += n // (ep * tp)
+        else:
+            dense += n // tp
     return dense, experts
 
 
 def lower_bounds(cfg: Any, c: Config, machine: Any, precision: str, devices: int,
                  layer_elements: Optional[int] = None) -> tuple[float, int]:
     """(seconds, bytes) no priced step time and peak memory of `c` can be below (the module docstring)."""
+    return _bounds(cfg, c, machine, precision, devices, layer_elements)[:2]
+
+
+def _bounds(cfg: Any, c: Config, machine: Any, precision: str, devices: int,
+            layer_elements: Optional[int] = None) -> tuple[float, int, float]:
+    """`lower_bounds`, and the seconds of the gradient sums within them (the layer cells' bound adds them)."""
     from .ledger import PRECISIONS
 
     w = PRECISIONS[precision]
@@ -184,7 +196,7 @@ def lower_bounds(cfg: Any, c: Config, machine: Any, precision: str, devices: int
     # (no more than those sums, nor than the compute) + the bubble: at least the exchanges + the larger of the
     # products' time and the gradient sums' + the bubble of the products (spmdsim.estimate.steptime).
     exchanges, sums = comm_bounds(cfg, c, machine, precision, dense, experts)
-    return exchanges + max(per_rank, sums) + per_rank * bubble, int(states)
+    return exchanges + max(per_rank, sums) + per_rank * bubble, int(states), sums
 
 
 def stage_elements(cfg: Any, c: Config, layer_elements: Optional[int] = None) -> tuple[int, int]:
@@ -202,18 +214,19 @@ def comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: int,
                 experts: int) -> tuple[float, float]:
     """(seconds, seconds) of the GPT's communication the busiest rank of `c` spends at least, by the machine's
     link model of each transfer (spmdsim.estimate.steptime): the layers' and the pipeline's, and the gradient
-    sums. The layers': with MoE layers the experts' exchanges (with a capacity, forward and backward, 4 Alltoalls over ep a
-    layer and microbatch, of the whole send buffer, k s c / E slots per expert and sequence, at the activation
-    width; the mean of the stages' MoE layers; dropless none counted: their bytes follow the routing), each
-    attention's tensor-parallel collectives, a message of each microbatch between stages. The gradient sums,
-    at the gradient width, of the `dense` parameter elements
-    over dp x ep and the `experts`' over dp (an Allreduce each; ZeRO-1 a Reduce_scatter and an Allgather), in
-    one call each (buckets only add latency). Each on the link of its group (`levels`)."""
+    sums. The layers': with MoE layers the experts' exchanges (with a capacity, forward and backward, 4
+    Alltoalls over ep a layer and microbatch, of the whole send buffer, k s c / E slots per expert and
+    sequence, at the activation width; the mean of the stages' MoE layers; dropless none counted: their bytes
+    follow the routing), each attention's tensor-parallel collectives, a message of each microbatch between
+    stages. The gradient sums, at the gradient width, of the `dense` parameter elements over dp x ep and the
+    `experts`' over dp (an Allreduce each; ZeRO-1 a Reduce_scatter and an Allgather), in one call each
+    (buckets only add latency). Each on the link of its group (`levels`)."""
     from .ledger import PRECISIONS
     from .records import LEVELS
-    from .steptime import level_model
+    from .steptime import level_model, link_seconds
 
     w, m, gpn = PRECISIONS[precision], cfg.moe, machine.gpus_per_node
+    models = {level: level_model(machine, level) for level in LEVELS}
 
     def levels(stride: int, group: int) -> tuple:
         """The links a group of `group` ranks `stride` apart can take (ranks tp fastest, then ep, dp, pp, as
@@ -224,7 +237,7 @@ def comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: int,
         return ("node",) if gpn % (stride * group) == 0 else LEVELS
 
     def cheapest(stride: int, op: str, group: int, nbytes: float) -> float:
-        return min(level_model(machine, level).predict(op, group, int(nbytes)) for level in levels(stride, group))
+        return min(link_seconds(models[level], op, group, int(nbytes)) for level in levels(stride, group))
 
     sequences = cfg.batch // (c.dp * c.ep * c.microbatches)  # a rank's share of one microbatch
     exchanges = 0.0
@@ -243,9 +256,7 @@ def comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: int,
     # A stage boundary: each microbatch's activations (a sequence shard with sp) leave a stage at least once.
     if c.pp > 1:
         stage = c.tp * c.ep * c.dp  # ranks apart from the next stage's
-        exchanges += c.microbatches * min(level_model(machine, level).alpha_s + activations // (c.tp if c.sp
-                                          else 1) * level_model(machine, level).beta_s_per_byte
-                                          for level in levels(stage, 2))
+        exchanges += c.microbatches * cheapest(stage, "send", 2, activations // (c.tp if c.sp else 1))
     sums = 0.0
     for stride, group, elements in ((c.tp, c.dp * c.ep, dense), (c.tp * c.ep, c.dp, experts)):
         if group > 1 and elements:
@@ -310,9 +321,9 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
         raise SpmdsimError(f"memory limit {memory_limit!r} must be a number of bytes >= 1")
     pricer = price if pricer is None else pricer
     per_layer = _layer_elements(cfg)
-    bounded = []
+    bounded, sums = [], {}
     for c in configurations(cfg, devices, machine.gpus_per_node):
-        seconds, nbytes = lower_bounds(cfg, c, machine, precision, devices, per_layer)
+        seconds, nbytes, sums[c] = _bounds(cfg, c, machine, precision, devices, per_layer)
         bounded.append(Candidate(c, seconds, nbytes))
     if not bounded:
         raise SpmdsimError(f"no configuration of the GPT runs on {devices:,} devices (tp must divide the heads "
@@ -340,8 +351,7 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
             if nbytes > memory_limit:
                 out.append(replace(c, bound_bytes=nbytes, verdict=KEPT))
                 continue
-            sums = comm_bounds(cfg, c.config, machine, precision, *stage_elements(cfg, c.config, per_layer))[1]
-            seconds = max(bound, tight.time_bound(c.config, machine, precision, sums))
+            seconds = max(bound, tight.time_bound(c.config, machine, precision, sums[c.config]))
             heapq.heappush(heap, (seconds, 1, order, i, replace(c, bound_s=seconds, bound_bytes=nbytes)))
             continue
         if runs == max_dry_runs:

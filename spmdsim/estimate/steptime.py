@@ -33,7 +33,8 @@ from ..errors import SpmdsimError
 from .machine import Machine, normalize_dtype
 from .records import LEVELS, Transfer
 
-__all__ = ["StepTime", "Pipeline", "step_time", "SCHEDULES", "GEMM_PHASES", "TRANSFER_PHASES", "TRAFFIC_PHASES"]
+__all__ = ["StepTime", "Pipeline", "step_time", "link_seconds", "level_model", "SCHEDULES", "GEMM_PHASES",
+           "TRANSFER_PHASES", "TRAFFIC_PHASES"]
 
 #: Pipeline schedules (the names of spmdsim.pipeline.SCHEDULES; a test keeps them equal).
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -177,10 +178,15 @@ def _transfer_seconds(models: dict[str, CostModel], t: Any) -> float:
         raise SpmdsimError(f"transfer group {t.group!r} must be an integer >= 1 (ranks in the communicator)")
     if isinstance(t.nbytes, bool) or not isinstance(t.nbytes, int) or t.nbytes < 0:
         raise SpmdsimError(f"transfer nbytes {t.nbytes!r} must be an integer >= 0")
-    model = models[t.level]
-    if t.kind in _P2P:
-        return model.alpha_s + t.nbytes * model.beta_s_per_byte
-    return model.predict(t.kind, t.group, t.nbytes)
+    return link_seconds(models[t.level], t.kind, t.group, t.nbytes)
+
+
+def link_seconds(model: CostModel, kind: str, group: int, nbytes: int) -> float:
+    """Seconds of one call of `kind` over `group` ranks moving `nbytes` (the cost model's n) on a level's link
+    model (`level_model`): a message ("send", "recv") alpha + n beta, a collective the model's formula."""
+    if kind in _P2P:
+        return model.alpha_s + nbytes * model.beta_s_per_byte
+    return model.predict(kind, group, nbytes)
 
 
 def step_time(machine: Machine, gemms: Iterable[tuple[Any, int]], transfers: Iterable[Transfer], *,
