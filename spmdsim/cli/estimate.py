@@ -118,13 +118,14 @@ def run(args: argparse.Namespace) -> int:
     times = [step_time(machine, gemms_at(st.gemms, args.precision), transfers_at(st.transfers, args.precision),
                        pipeline=pipeline, overlap=("gradients",), traffic=kernel_bytes(st.kernels, args.precision))
              for st in stages]
-    rows = [(stages[s], priced(stages[s], args.precision, args.zero), times[s]) for s in shown]
+    stage_bytes = [priced(st, args.precision, args.zero) for st in stages]
+    held = [sum(b.values()) for b in stage_bytes]
+    rows = [(stages[s], stage_bytes[s], times[s]) for s in shown]
     if args.json:
         print(json.dumps({"config": vars(args) | {"func": None, "_usage_parser": None},
                           "microbatches": microbatches, "dry_run_s": seconds,
                           "memory_bytes_per_gpu": machine.memory_bytes,
-                          "fits": all(sum(priced(st, args.precision, args.zero).values()) <= machine.memory_bytes
-                                      for st in stages),
+                          "fits": max(held) <= machine.memory_bytes,
                           "step_time_s": max(t.total_s for t in times),
                           "stages": [_as_json(st, bytes_, timing, args.precision) for st, bytes_, timing in rows]},
                          default=str, indent=1))
@@ -163,25 +164,22 @@ def run(args: argparse.Namespace) -> int:
     total = times[slowest].total_s
     when = f"{total:,.3f} s" if total >= 1 else f"{total * 1e3:,.3f} ms"
     print(f"\npredicted step time: {when} (stage {slowest}'s, the slowest of {len(stages)})")
-    print("\n".join(wrap_lines([_fit_line(stages, args, machine)])))
+    print("\n".join(wrap_lines([_fit_line(held, machine)])))
     return 0
 
 
-def _fit_line(stages: list, args: argparse.Namespace, machine: Any) -> str:
-    """Whether one rank of every stage holds its ledger's bytes in the machine's memory per GPU."""
-    from ..estimate.ledger import priced
-
-    held = [sum(priced(st, args.precision, args.zero).values()) for st in stages]
-    most = max(range(len(stages)), key=lambda s: held[s])
+def _fit_line(held: list, machine: Any) -> str:
+    """Whether one rank of every stage holds its ledger's bytes (`held`, by stage) in the machine's memory per
+    GPU."""
+    most = max(range(len(held)), key=lambda s: held[s])
     limit = f"the {machine.name}'s {_gib(machine.memory_bytes)} per GPU"
-    over = [s for s in range(len(stages)) if held[s] > machine.memory_bytes]
+    over = [s for s in range(len(held)) if held[s] > machine.memory_bytes]
     if not over:
         return f"memory: every stage fits {limit} (the most, stage {most}: {_gib(held[most])})"
     if len(over) == 1:
         return f"memory: stage {over[0]} needs {_gib(held[over[0]])} a rank, more than {limit}"
-    return f"memory: {len(over)} of {len(stages)} stages need more than {limit} (the most, stage {most}: " \
+    return f"memory: {len(over)} of {len(held)} stages need more than {limit} (the most, stage {most}: " \
            f"{_gib(held[most])})"
-
 
 
 def _gib(n: int) -> str:
@@ -213,21 +211,11 @@ def _stage_lines(st: Any, bytes_: dict, timing: Any, zero: int, precision: str, 
     traffic = kernel_bytes(st.kernels, precision)
     out.append("  element-wise and optimizer kernels read and write: " + ", ".join(
         f"{p} {_gib(traffic.get(p, 0))}" for p in ("forward", "backward", "recompute", "optimizer")))
-    sent = ", ".join(f"{kind} ({level}) {format_size(n)}" for (kind, level), n in sorted(_sent(st, precision).items())
+    sent = ", ".join(f"{kind} ({level}) {format_size(n)}" for (kind, level), n in sorted(st.sent(precision).items())
                      if n)
     out.append(f"  sent: {sent or 'nothing'}")
     out.extend("  " + line for line in timing.lines())
     return wrap_lines(out)
-
-
-def _sent(st: Any, precision: str) -> dict:
-    """{(kind, level): bytes} one rank of `st` sends in a step at `precision`'s widths (the step time's)."""
-    from ..estimate.ledger import transfers_at
-
-    out: dict = {}
-    for t in transfers_at(st.transfers, precision):
-        out[(t.kind, t.level)] = out.get((t.kind, t.level), 0) + t.sent * t.count
-    return out
 
 
 def _as_json(st: Any, bytes_: dict, timing: Any, precision: str) -> dict:
@@ -238,7 +226,7 @@ def _as_json(st: Any, bytes_: dict, timing: Any, precision: str) -> dict:
     return {"stage": st.stage, "ranks": [st.ranks[0], st.ranks[-1]], "bytes": bytes_,
             "program_bytes": asdict(st.memory), "flops": {p: st.flops(p) for p in ("forward", "backward",
                                                                                        "recompute")},
-            "sent": {f"{k} {lvl}": n for (k, lvl), n in _sent(st, precision).items()}, "in_flight": st.in_flight,
+            "sent": {f"{k} {lvl}": n for (k, lvl), n in st.sent(precision).items()}, "in_flight": st.in_flight,
             "kernel_bytes": kernel_bytes(st.kernels, precision),
             "peak_held": st.peak_held, "step_time_s": timing.total_s,
             "params": st.params, "layer_params": st.layer_params, "expert_params": st.expert_params}

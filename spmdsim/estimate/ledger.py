@@ -94,10 +94,10 @@ class StageLedger:
         """Bytes the kernels read and wrote in the run (float64), of one phase or all."""
         return sum(k.nbytes * n for k, n in self.kernels if phase is None or k.phase == phase)
 
-    def sent(self) -> dict:
-        """Bytes this rank sent, by (kind, level)."""
+    def sent(self, precision: Optional[str] = None) -> dict:
+        """Bytes this rank sent, by (kind, level): the run's, or at `precision`'s widths (`transfers_at`)."""
         out: dict = {}
-        for t in self.transfers:
+        for t in (self.transfers if precision is None else transfers_at(self.transfers, precision)):
             out[(t.kind, t.level)] = out.get((t.kind, t.level), 0) + t.sent * t.count
         return out
 
