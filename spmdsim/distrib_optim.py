@@ -248,8 +248,7 @@ class DistributedAdamW(_Optimizer):
         for b in self.buckets:
             if not self._dry:
                 _kernel(_pack)(b.flat, tuple(grads[i] for i, _, _ in b.members), _spans(b))
-            if b.axes or not self._dry:  # (a group of one: the copy alone, which a dry run's zeros need not make)
-                reduce_scatter(self.mesh, b.flat, b.axes, 0, label="zero-1 gradient bucket", out=b.grad)
+            reduce_scatter(self.mesh, b.flat, b.axes, 0, label="zero-1 gradient bucket", out=b.grad)
         if self.clip_grad:
             self._clip()
         for b in self.buckets:  # the update's traffic (spmdsim.flops.sweep), real and dry alike
@@ -271,8 +270,7 @@ class DistributedAdamW(_Optimizer):
                 sent, into = b.rounded, b.params
             else:
                 sent, into = b.master if not self._dry else b.grad, b.flat
-            if b.axes or not self._dry:
-                allgather(self.mesh, sent, b.axes, 0, label="zero-1 parameter bucket", out=into)
+            allgather(self.mesh, sent, b.axes, 0, label="zero-1 parameter bucket", out=into)
             if not self._dry:
                 _kernel(_unpack)(into, tuple(self.params[i].local for i, _, _ in b.members), _spans(b))
 

@@ -80,7 +80,7 @@ def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int
         tensor_dim, len(shape), "tensor_dim")
     if g == 1:
         _alone("allgather", axes, label, x.dtype)
-        return x if out is None else _copy_into(out, x, "allgather")
+        return _alone_into(mesh, out, x, "allgather")
     if d == 0:
         out_shape = (shape[0] * g,) + shape[1:]
     else:
@@ -110,7 +110,7 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
         _divisible(shape, s, g, "alltoall")
     if g == 1:
         _alone("alltoall", axes, label, x.dtype)
-        return x if out is None else _copy_into(out, x, "alltoall")
+        return _alone_into(mesh, out, x, "alltoall")
     if s == c == 0:  # blocks are contiguous 1/g of the buffer both ways
         dst = _result(out, shape, x.dtype, "alltoall")
         return issue(mesh, comm, g, "alltoall", axes, label, "all_to_all", (x, dst),
@@ -145,9 +145,19 @@ def allreduce(mesh: Mesh, local: Any, axes: str | Iterable[str], label: str | No
         return _narrowed(mesh, allreduce(mesh, _wide32(mesh, x), axes, label, op=op), x.dtype, out, "allreduce")
     if g == 1:
         _alone("allreduce", axes, label, x.dtype)
-        return x if out is None or out is x else _copy_into(out, x, "allreduce")
+        return x if out is x else _alone_into(mesh, out, x, "allreduce")
     dst = x if out is x and x.flags.writeable else _result(out, x.shape, x.dtype, "allreduce")
     return issue(mesh, comm, g, "allreduce", axes, label, "all_reduce", (x, dst, op), dst, x, (), x.nbytes)
+
+
+def _alone_into(mesh: Mesh, out: np.ndarray | None, x: np.ndarray, op: str) -> np.ndarray:
+    """A group of one's result: `x` itself, or `x` copied into `out` (a dry run's `out` holds its zeros
+    already: checked, nothing written, as `_narrowed`)."""
+    if out is None:
+        return x
+    if mesh.engine.dry:
+        return _result(out, x.shape, x.dtype, op)
+    return _copy_into(out, x, op)
 
 
 def _wide32(mesh: Mesh, x: np.ndarray) -> np.ndarray:
@@ -186,7 +196,7 @@ def reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim
         return _narrowed(mesh, reduce_scatter(mesh, _wide32(mesh, x), axes, d, label), x.dtype, out, "reduce_scatter")
     if g == 1:
         _alone("reduce_scatter", axes, label, x.dtype)
-        return x if out is None else _copy_into(out, x, "reduce_scatter")
+        return _alone_into(mesh, out, x, "reduce_scatter")
     if d == 0:
         send, t0, copied = x, None, 0
         out_shape = (shape[0] // g,) + shape[1:]
