@@ -87,3 +87,43 @@ def test_the_search_at_3072_devices_prices_few():
     assert r.dry_runs == 4 and r.cell_runs == 24
     faster = [c for c in r.candidates if c.step_s is not None and c.step_s < r.chosen.step_s]
     assert faster and all(c.memory > 13 << 30 for c in faster)
+
+
+# ---- a GPT with MoE layers: cells of a dense and an MoE layer, each stage's layers counted ----
+
+def _moe(layers: int, **moe) -> GPTConfig:
+    from spmdsim.moe.config import MoEConfig
+
+    return GPTConfig(layers=layers, d_model=32, heads=4, seq=32, vocab=64, batch=4, dropout=0.1,
+                     moe=MoEConfig(**{"experts": 4, "top_k": 2, **moe}))
+
+
+@pytest.mark.parametrize("layers, moe, node", [(4, {}, 8), (6, {"every": 3, "top_k": 1, "capacity_factor": 0.5}, 8),
+                                               (4, {"dropless": True, "dry_routing": "worst"}, 1)])
+def test_an_moe_gpts_cells_lie_below_every_configurations_price_and_keep_the_best(layers, moe, node):
+    """Every configuration of a small MoE GPT on 2 devices (ep 1 and 2, interleaved chunks of one layer, nodes of
+    8, 2 or 1 GPUs) priced by its own dry run: the cells' time and memory bounds lie below it, they are
+    tighter than the closed forms on most, and the search bounded by them (`moe_cells`) chooses the fastest."""
+    import dataclasses
+    import statistics
+
+    cfg = _moe(layers, **moe)
+    machine = dataclasses.replace(A100, gpus_per_node=node)
+    cells = Cells(cfg, "megatron", node)
+    exhaustive = {c: price(cfg, c, machine, "bf16-mixed", "megatron") for c in configurations(cfg, 2, node)}
+    gain = []
+    for c, (seconds, nbytes) in exhaustive.items():
+        flop_s, states = lower_bounds(cfg, c, machine, "bf16-mixed", 2)
+        sums = comm_bounds(cfg, c, machine, "bf16-mixed", *stage_elements(cfg, c))[1]
+        time_bound = cells.time_bound(c, machine, "bf16-mixed", sums)
+        assert time_bound <= seconds * (1 + 1e-12), (c, time_bound, seconds)
+        assert states + cells.kept_bound(c, "bf16-mixed") <= nbytes, c
+        gain.append(time_bound / flop_s)
+    assert statistics.median(gain) > (1.2 if node > 1 else 1.0) and {c.ep for c in exhaustive} == {1, 2}
+    assert any(c.virtual * c.pp == layers for c in exhaustive)  # chunks of one layer: dense or MoE alone
+    assert cells.dry_runs == 6 * len(cells.cells)  # three sizes of model, 1 and 2 microbatches
+    fastest = min(seconds for seconds, _ in exhaustive.values())
+    r = search(cfg, 2, machine, 1 << 40, max_dry_runs=10_000, pricer=lambda cfg, c, *rest: exhaustive[c], cells=cells,
+               moe_cells=True)
+    assert r.chosen.step_s == fastest and r.dry_runs < len(exhaustive)
+    assert all(c.bound_s >= fastest for c in r.candidates if c.verdict.endswith("bound above the best"))

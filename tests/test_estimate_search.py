@@ -3,6 +3,7 @@ configuration under the memory limit by each configuration's own dry-run estimat
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -171,6 +172,17 @@ def test_the_command_searches_an_moe_gpt_and_shows_its_ep(capsys):
     out = capsys.readouterr().out
     assert "4 experts, top-1, in 1 of every 2 blocks (the dry runs route balanced)" in unfold(out)
     assert "  ep   mb recompute" in out and "chosen: " in out and all(len(line) <= 100 for line in out.splitlines())
+    assert "0 small dry runs of layer cells" in unfold(out)  # the closed forms alone, unless --moe-cells
+    assert main(argv + ["--moe-cells"]) == 0
+    cells = re.search(r"(\d+) small dry runs of layer cells", unfold(capsys.readouterr().out))
+    assert cells and int(cells.group(1)) > 0 and int(cells.group(1)) % 6 == 0
+    assert main(["autoshard", "--network", "gpt", "--gpt", "layers=2", "--devices", "4", "--machine", "a100-dgx",
+                 "--moe-cells"]) == 2
+    assert "--moe-cells bounds an MoE GPT's search by its layer cells (a dense GPT's always are): give --gpt " \
+           "...,experts=N" in unfold(capsys.readouterr().err)
+    assert main(["autoshard", "--network", "gpt", "--moe-cells"]) == 2
+    assert "--moe-cells is an option of the search by predicted step time: give --machine NAME|PATH too" in \
+        unfold(capsys.readouterr().err)
     argv[4] = "layers=2,top_k=1"
     assert main(argv) == 2
     assert capsys.readouterr().err == "spmdsim: error: --gpt top_k set MoE layers: give experts=N too\n"

@@ -87,6 +87,10 @@ def register(subparsers: Any) -> None:
                         help="--machine: what each block keeps for backward (default megatron's set)")
     parser.add_argument("--max-dry-runs", type=int, metavar="N",
                         help="--machine: at most N configurations priced by a dry run (default 24)")
+    parser.add_argument("--moe-cells", action="store_true", default=None,
+                        help="--machine, a GPT with experts=N: bound the configurations by layer cells too (six "
+                             "small dry runs each, one per tp, sp, micro-batch, recomputation and ep: slower, "
+                             "prunes more and prices better configurations; docs/estimate.md)")
     parser.set_defaults(func=run, dry_run=False)
 
 
@@ -188,9 +192,10 @@ def run(args: argparse.Namespace) -> int:
         from .autoshard_machine import run_machine
 
         return run_machine(args)
-    for flag in ("precision", "kept", "max_dry_runs"):  # the machine search's own: never silently ignored
+    for flag in ("precision", "kept", "max_dry_runs", "moe_cells"):  # the machine search's own: never ignored
         if getattr(args, flag) is not None:
-            raise SpmdsimError(f"--{flag.replace('_', '-')} {getattr(args, flag)} is an option of the search by "
+            value = "" if getattr(args, flag) is True else f" {getattr(args, flag)}"
+            raise SpmdsimError(f"--{flag.replace('_', '-')}{value} is an option of the search by "
                                "predicted step time: give --machine NAME|PATH too")
     if args.flops is not None and not args.flops > 0:
         raise SpmdsimError(f"--flops {args.flops!r} must be > 0")

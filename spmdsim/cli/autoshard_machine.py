@@ -45,13 +45,16 @@ def run_machine(args: argparse.Namespace) -> int:
     if devices < 1:
         raise SpmdsimError(f"--devices {devices} must be >= 1")
     cfg = _gpt_config(args.gpt or "layers=4", max_layers=1 << 20, sizes=False, moe=True)
+    if args.moe_cells and cfg.moe is None:
+        raise SpmdsimError("--moe-cells bounds an MoE GPT's search by its layer cells (a dense GPT's always are): "
+                           "give --gpt ...,experts=N")
     machine = load_machine(args.machine)
     limit = machine.memory_bytes if args.memory_limit is None else args.memory_limit
     if limit < 1:
         raise SpmdsimError(f"--memory-limit {args.memory_limit!r} must be >= 1 byte")
     start = time.perf_counter()
     result = search(cfg, devices, machine, limit, precision=args.precision, kept=args.kept,
-                    max_dry_runs=args.max_dry_runs)
+                    max_dry_runs=args.max_dry_runs, moe_cells=bool(args.moe_cells))
     seconds = time.perf_counter() - start
     if args.json:
         print(json.dumps(_as_json(cfg, result, seconds), indent=1))
@@ -97,7 +100,7 @@ def _lines(cfg: Any, r: Any, seconds: float) -> list[str]:
             f"{r.devices:,} devices on {r.machine}, memory limit {r.memory_limit / MIB:,.1f} MiB per rank, "
             f"{r.precision}, kept {r.kept}",
             f"{len(r.candidates):,} configurations in {seconds:.1f} s: {r.dry_runs} priced by the dry run of "
-            f"their step, {r.cell_runs} small dry runs of layer cells for the bounds; "
+            f"their step, {r.cell_runs:,} small dry runs of layer cells for the bounds; "
             + "; ".join(f"{n:,} {v}" for v, n in sorted(Counter(c.verdict for c in r.candidates).items(),
                                                         key=lambda vn: _VERDICTS.index(vn[0]))
                         if v not in ("chosen", "slower")),

@@ -7,8 +7,7 @@ pipeline stages pp and virtual stages v (pp * v dividing the layers), data paral
 by dp; m divisible by pp for the interleaved schedule), recomputation none / selective / full, ZeRO
 0 / 1 (1 only with dp > 1) and sequence parallelism (with tp > 1). With MoE layers (cfg.moe) also the
 expert-parallel ranks ep of each stage (dividing the experts; dp = devices / (tp * pp * ep), the dense
-layers' batch split over dp x ep), bounded by the closed forms alone (the layer cells are a dense
-layer's; an MoE layer's FLOPs are bounded by its attention's). Each is priced by the ledger of
+layers' batch split over dp x ep). Each is priced by the ledger of
 its own dry run (spmdsim.estimate.ledger.gpt_ledger: its peak memory at the precision's widths and
 its predicted step time on the machine, the slowest stage's, as `spmdsim estimate` prints them).
 
@@ -16,9 +15,10 @@ Lower bounds only prune, never choose (branch and bound): closed forms first (th
 rank's transformer layers, with ZeRO-1's flat buffers, over the memory limit drops a configuration; the
 program's GEMM FLOPs without recomputation, 72 B s l h^2 (1 + s / 6h), spread over the devices at the
 machine's capped peak, with the pipeline's bubble, orders the rest), then the layer cells of
-spmdsim.estimate.bounds (one layer's rows from four small dry runs, shared by every configuration with
-the same tp, sp, micro-batch and recomputation: the kept bytes of the microbatch-chunks the schedule holds
-at once over the limit drops it; `step_time` of its stages' layers and ends bounds its time). The
+spmdsim.estimate.bounds (one layer's rows from four small dry runs, with MoE layers one period's: `every`
+layers, the MoE one among them; shared by every configuration with the same tp, sp, micro-batch,
+recomputation and ep: the kept bytes of the microbatch-chunks the schedule holds at once over the limit
+drops it; `step_time` of its stages' periods and ends bounds its time). The
 candidate of least bound is bounded further or, once its bound is the cells', priced; when the least bound
 reaches the best predicted time found under the limit, no configuration left can win and the search
 stops. At most `max_dry_runs` configurations are priced; those left unpriced then are reported as such.
@@ -301,12 +301,15 @@ def price(cfg: Any, c: Config, machine: Any, precision: str, kept: str) -> tuple
 
 
 def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision: str = "bf16-mixed",
-           kept: str = "megatron", max_dry_runs: int = 24, pricer: Any = None, cells: Any = True) -> SearchResult:
+           kept: str = "megatron", max_dry_runs: int = 24, pricer: Any = None, cells: Any = True,
+           moe_cells: bool = False) -> SearchResult:
     """The fastest configuration under `memory_limit` by predicted step time (module docstring).
 
     `pricer(cfg, config, machine, precision, kept) -> (seconds, bytes)`: `price` unless given (tests);
     `cells`: bound by the layer cells too (spmdsim.estimate.bounds), not by the closed forms alone; a
-    `Cells` of the same model and kept set to reuse its cells (tests).
+    `Cells` of the same model and kept set to reuse its cells (tests). With MoE layers the layer cells bound
+    the search only with `moe_cells` (six small dry runs a cell, one for every ep too: on DeepSpeed-MoE's
+    1.3B+MoE-128 over 128 devices about 1,200 small dry runs, 12x the search's time; docs/estimate.md).
     """
     import heapq
 
@@ -334,7 +337,7 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
     # form's, then the layer cells'); the least is bounded further, or priced once its bound is the cells'.
     heap = [(c.bound_s, 0, _order(c), i, c) for i, c in enumerate(bounded) if c.bound_bytes <= memory_limit]
     heapq.heapify(heap)
-    if cfg.moe is not None:  # the layer cells are a dense layer's: the closed forms alone bound an MoE GPT
+    if cfg.moe is not None and cells is True and not moe_cells:  # the closed forms alone (the docstring)
         cells = False
     tight = cells if isinstance(cells, Cells) else (Cells(cfg, kept, machine.gpus_per_node) if cells else None)
     made = tight.dry_runs if tight is not None else 0

@@ -104,8 +104,9 @@ def record_layer_norm(out: Any, x: Any, weight: Any, bias: Any, stats: dict, d: 
             w = None if weight is None else weight.local
             sweep("layer_norm", (dy.local, x.local, stats["mean"], stats["root"], w),
                   (dy.local if need[0] else None, w if need[1] else None, bias.local if need[2] else None))
-        if dy.mesh.engine.dry:  # zeros of each operand's block
-            gx, gw, gb = (None if t is None else np.zeros(t.local.shape, t.dtype) for t in (x, weight, bias))
+        engine = dy.mesh.engine
+        if engine.dry:  # the dry engine's zeros of each operand's block (np.zeros would clear pages)
+            gx, gw, gb = (None if t is None else engine.local(np.copy, t.local) for t in (x, weight, bias))
         else:
             gx, gw, gb = grads(dy.local)
         passed = dy.layout.partial
