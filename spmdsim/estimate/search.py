@@ -217,10 +217,11 @@ def comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: int,
     sums. The layers': with MoE layers the experts' exchanges (with a capacity, forward and backward, 4
     Alltoalls over ep a layer and microbatch, of the whole send buffer, k s c / E slots per expert and
     sequence, at the activation width; the mean of the stages' MoE layers; dropless none counted: their bytes
-    follow the routing), each attention's tensor-parallel collectives, a message of each microbatch between
-    stages. The gradient sums, at the gradient width, of the `dense` parameter elements over dp x ep and the
-    `experts`' over dp (an Allreduce each; ZeRO-1 a Reduce_scatter and an Allgather), in one call each
-    (buckets only add latency). Each on the link of its group (`levels`)."""
+    follow the routing), each attention's tensor-parallel collectives, two messages of each microbatch
+    between stages (its activations forward, their gradient backward). The gradient sums, at the gradient
+    width, of the `dense` parameter elements over dp x ep and the `experts`' over dp (an Allreduce each;
+    ZeRO-1 a Reduce_scatter and an Allgather), in one call each (buckets only add latency). Each on the link
+    of its group (`levels`)."""
     from .ledger import PRECISIONS
     from .records import LEVELS
     from .steptime import level_model, link_seconds
@@ -253,10 +254,13 @@ def comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: int,
         ops = ("allgather", "reduce_scatter") if c.sp else ("allreduce",)
         exchanges += 2 * c.microbatches * cfg.layers / c.pp * sum(cheapest(1, op, c.tp, activations)
                                                                   for op in ops)
-    # A stage boundary: each microbatch's activations (a sequence shard with sp) leave a stage at least once.
+    # A stage boundary: each microbatch's activations (a sequence shard with sp) cross it forward and their
+    # gradient backward, so every stage sends or receives at least two messages a microbatch (the first
+    # stage sends the activations and receives their gradients, the last receives and sends; the ledger
+    # prices a receive as a send).
     if c.pp > 1:
         stage = c.tp * c.ep * c.dp  # ranks apart from the next stage's
-        exchanges += c.microbatches * cheapest(stage, "send", 2, activations // (c.tp if c.sp else 1))
+        exchanges += 2 * c.microbatches * cheapest(stage, "send", 2, activations // (c.tp if c.sp else 1))
     sums = 0.0
     for stride, group, elements in ((c.tp, c.dp * c.ep, dense), (c.tp * c.ep, c.dp, experts)):
         if group > 1 and elements:
