@@ -165,7 +165,9 @@ def test_an_moe_gpts_bounds_hold_for_every_configuration_and_the_choice_is_the_f
     assert all(c.bound_s >= r.chosen.step_s for c in r.candidates if c.verdict.endswith("bound above the best"))
 
 
-def test_the_command_searches_an_moe_gpt_and_shows_its_ep(capsys):
+def test_the_command_searches_an_moe_gpt_and_shows_its_ep(capsys, monkeypatch):
+    from spmdsim.cli import autoshard as cli
+
     argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=32,heads=2,seq=64,batch=4,experts=4,top_k=1",
             "--devices", "4", "--machine", "a100-dgx", "--max-dry-runs", "4"]
     assert main(argv) == 0
@@ -173,9 +175,12 @@ def test_the_command_searches_an_moe_gpt_and_shows_its_ep(capsys):
     assert "4 experts, top-1, in 1 of every 2 blocks (the dry runs route balanced)" in unfold(out)
     assert "  ep   mb recompute" in out and "chosen: " in out and all(len(line) <= 100 for line in out.splitlines())
     assert "0 small dry runs of layer cells" in unfold(out)  # the closed forms alone, unless --moe-cells
+    monkeypatch.setattr(cli, "PATIENCE_S", 0.05)  # the search's cells take seconds: never silent that long
     assert main(argv + ["--moe-cells"]) == 0
-    cells = re.search(r"(\d+) small dry runs of layer cells", unfold(capsys.readouterr().out))
+    out, err = capsys.readouterr()
+    cells = re.search(r"(\d+) small dry runs of layer cells", unfold(out))
     assert cells and int(cells.group(1)) > 0 and int(cells.group(1)) % 6 == 0
+    assert "spmdsim: still pricing gpt on 4 devices after 0 s" in err
     assert main(["autoshard", "--network", "gpt", "--gpt", "layers=2", "--devices", "4", "--machine", "a100-dgx",
                  "--moe-cells"]) == 2
     assert "--moe-cells bounds an MoE GPT's search by its layer cells (a dense GPT's always are): give --gpt " \

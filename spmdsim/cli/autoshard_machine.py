@@ -29,7 +29,7 @@ SHOWN = 8
 def run_machine(args: argparse.Namespace) -> int:
     from ..estimate.machine import load_machine
     from ..estimate.search import search
-    from .autoshard import _gpt_config
+    from .autoshard import _gpt_config, _still_working
 
     if args.network != "gpt":
         raise SpmdsimError(f"--machine chooses the GPT's configuration; --network {args.network!r} is not 'gpt'")
@@ -53,8 +53,9 @@ def run_machine(args: argparse.Namespace) -> int:
     if limit < 1:
         raise SpmdsimError(f"--memory-limit {args.memory_limit!r} must be >= 1 byte")
     start = time.perf_counter()
-    result = search(cfg, devices, machine, limit, precision=args.precision, kept=args.kept,
-                    max_dry_runs=args.max_dry_runs, moe_cells=bool(args.moe_cells))
+    with _still_working(args, devices):  # a line on stderr every PATIENCE_S seconds (an MoE search's cells: minutes)
+        result = search(cfg, devices, machine, limit, precision=args.precision, kept=args.kept,
+                        max_dry_runs=args.max_dry_runs, moe_cells=bool(args.moe_cells))
     seconds = time.perf_counter() - start
     if args.json:
         print(json.dumps(_as_json(cfg, result, seconds), indent=1))
