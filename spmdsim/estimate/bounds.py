@@ -3,29 +3,30 @@
 The search (spmdsim.estimate.search) prices a configuration by the dry run of its whole training step. A
 transformer layer does the same work wherever it sits: under every configuration with the same tensor
 parallelism tp, sequence parallelism, micro-batch size b, recomputation, kept set and (with MoE layers)
-expert parallelism ep, each of a stage's layers runs the same operators on blocks of the same shapes for
-each microbatch. `LayerCell` is a period's share of a dry run: one layer of a dense GPT; with an MoE layer
-every `every`-th block, `every` consecutive layers (`every` - 1 dense ones and an MoE one). It is taken
-from four small dry runs of the real step (pp 2, dp 1, ep, micro-batch b, 1 or 2 periods a stage, 1 or 2
-microbatches) by difference: what one period adds per microbatch (its products, element-wise kernels,
-tensor-parallel collectives and the experts' exchanges, the bytes it keeps for backward) and what it adds
-once per step (the optimizer's update of its parameters, sequence parallelism's layer-norm sums). Cells are
-cached on what determines them, so configurations that differ only in pp, v, dp, microbatches or ZeRO
-share them.
+expert parallelism ep, each layer of a kind ("dense"; "moe", an MoE layer's block) runs the same operators
+on blocks of the same shapes for each microbatch. `LayerCell` is each kind's share of a dry run, taken from
+small dry runs of the real step (pp 2, dp 1, ep, micro-batch b, 1 or 2 microbatches; 2 and 4 layers, or
+with an MoE layer every M-th block 2M - 2, 2M and 2M + 2, each size's first stage holding one layer more
+than the size before) by difference: what one layer of the kind adds per microbatch (its products,
+element-wise kernels, tensor-parallel collectives and the experts' exchanges, the bytes it keeps for
+backward) and what it adds once per step (the optimizer's update of its parameters), and each end (the
+first stage's embedding, the last stage's head and loss). Every stage of every run is checked to be its end
+and its layers, item by item; what a stage does once for all its MoE layers (their router losses summed and
+scaled: a scalar's kernels) is left out. Cells are cached on what determines them, so configurations that
+differ only in pp, v, dp, microbatches or ZeRO share them.
 
-A stage of a configuration with pp * v chunks of `layers / (pp v)` layers runs each of its layers for every
-one of its m microbatches, and a chunk of n consecutive layers holds at least floor(n / every) periods'
-layers (as many MoE layers, and at least (every - 1) times as many dense ones), so its ledger holds at
-least those periods' rows: `step_time` of those rows alone (with the pipeline's bubble on their compute;
-without the data-parallel sums, the pipeline's messages, the embedding, the head and, under ZeRO-1, the
-optimizer's update) is a lower bound of the stage's priced time, because every part of `step_time`'s total
-only grows as rows are added (the overlap hides at most the communication it is given). With ep > 1 a cell keeps, of
-the transfers over a group of ep ranks, the experts' exchanges alone: the sums over the batch's axes (the
-routers' load-balancing counts, the loss's mean) run over ep in the cell and over dp x ep in a
-configuration, whose price a link model need not order by group size. The memory bound is the layers'
-model states (their parameter elements at the precision's bytes, exact) plus the bytes one period keeps for
-backward times the periods of a chunk times the most microbatch-chunks the schedule holds at once on a
-stage (spmdsim.pipeline.schedule.in_flight, the warmup its builders use).
+Chunk k of a configuration's pp * v chunks lives on stage k mod pp, so each stage's layers of each kind are
+counted exactly, and its ledger holds at least their rows for each of its m microbatches: `step_time` of
+those rows alone (with the pipeline's bubble on their compute; the first and the last stage with their
+ends; without the data-parallel sums, the pipeline's messages and, under ZeRO-1, the optimizer's update) is
+a lower bound of the stage's priced time, because every part of `step_time`'s total only grows as rows are
+added (the overlap hides at most the communication it is given). With ep > 1 a cell keeps, of the transfers
+over a group of ep ranks, the experts' exchanges alone: the sums over the batch's axes (the routers'
+load-balancing counts, the loss's mean) run over ep in the cell and over dp x ep in a configuration, whose
+price a link model need not order by group size. The memory bound is, at its largest over the stages, a
+stage's layers' model states (their parameter elements at the precision's bytes) plus the bytes its
+smallest chunk keeps for backward times the most microbatch-chunks the schedule holds on that stage at once
+(`held_by_stage`).
 """
 from __future__ import annotations
 
@@ -186,6 +187,7 @@ class Cells:
     def __init__(self, cfg: Any, kept: str, gpus_per_node: int) -> None:
         self.cfg, self.kept, self.gpus_per_node = cfg, kept, gpus_per_node
         self.cells: dict = {}
+        self._stages: dict = {}  # (pp, v) -> `stages`
         self.dry_runs = 0
 
     @property
@@ -208,10 +210,13 @@ class Cells:
         """Per stage of `c`, per chunk it holds (chunk k on stage k % pp), {kind of layer: how many}."""
         from ..gpt.stages import chunk_parts
 
-        out: list = [[] for _ in range(c.pp)]
-        for k, part in enumerate(chunk_parts(self.cfg, c.pp * c.virtual)):
-            out[k % c.pp].append(layer_kinds(self.cfg, part.first, part.stop))
-        return out
+        key = (c.pp, c.virtual)
+        if key not in self._stages:
+            out: list = [[] for _ in range(c.pp)]
+            for k, part in enumerate(chunk_parts(self.cfg, c.pp * c.virtual)):
+                out[k % c.pp].append(layer_kinds(self.cfg, part.first, part.stop))
+            self._stages[key] = out
+        return self._stages[key]
 
     def time_bound(self, c: Any, machine: Any, precision: str, sums: float = 0.0) -> float:
         """Seconds below the priced step time of configuration `c` (module docstring): the largest of its
@@ -244,23 +249,36 @@ class Cells:
             best = max(best, st.total_s + max(0.0, sums - (st.compute_s + st.memory_s)))
         return best
 
-    def kept_bound(self, c: Any, precision: str) -> int:
-        """Bytes below what the busiest stage of `c` keeps for backward at its peak (module docstring): a
-        chunk's layers' bytes times the microbatch-chunks the schedule holds at once; 0 where the chunks hold
-        different layers (an MoE GPT's: the closed form's model states are then the mean stage's)."""
+    def memory_bound(self, c: Any, precision: str) -> int:
+        """Bytes below the priced peak memory of `c` (the largest stage's; module docstring): the most, over its
+        stages, of a stage's layers' model states (spmdsim.estimate.search.model_states of the elements its
+        layers hold) and its least chunk's kept bytes times the most microbatch-chunks the schedule holds on
+        that stage at once (`held_by_stage`)."""
         from ..gpt.memory import MASKS
-        from ..pipeline.schedule import in_flight
         from .ledger import PRECISIONS, _RUN
+        from .search import kind_elements, model_states
 
-        chunks = [chunk for stage in self.stages(c) for chunk in stage]
-        if any(chunk != chunks[0] for chunk in chunks):
-            return 0
-        cell = self._of(c)
         w = PRECISIONS[precision]
-        kept = dict(cell.kept)
-        per_chunk = sum(n * sum(b if kind.endswith(MASKS) else b // _RUN * w.activations for kind, b in kept[k])
-                        for k, n in chunks[0].items())
-        return per_chunk * in_flight(c.schedule, c.pp, c.microbatches, c.virtual)
+        kept = {k: sum(b if kind.endswith(MASKS) else b // _RUN * w.activations for kind, b in held)
+                for k, held in self._of(c).kept}
+        elements = kind_elements(self.cfg, c)
+        held = held_by_stage(c.schedule, c.pp, c.microbatches, c.virtual)
+        best = 0
+        for stage, chunks in enumerate(self.stages(c)):
+            states = model_states(c, precision, sum(n * elements[k] for chunk in chunks for k, n in chunk.items()))
+            least = min(sum(n * kept[k] for k, n in chunk.items()) for chunk in chunks)
+            best = max(best, states + held[stage] * least)
+        return best
+
+
+def held_by_stage(schedule: str, stages: int, microbatches: int, virtual: int) -> tuple[int, ...]:
+    """Per stage, the most (microbatch, chunk) pairs its program holds at once (forwards run, their backwards
+    not yet): its warmup forwards and the steady phase's next one, as spmdsim.pipeline.schedule's builders
+    order them (`in_flight` is stage 0's; tests/test_estimate_bounds.py counts them in built schedules)."""
+    from ..pipeline.schedule import _warmup
+
+    return tuple(min(_warmup(schedule, stages, microbatches, virtual, s) + 1, microbatches * virtual)
+                 for s in range(stages))
 
 
 def _total(parts: tuple) -> tuple:

@@ -34,7 +34,7 @@ from typing import Any, Optional
 from ..errors import SpmdsimError
 
 __all__ = ["Config", "Candidate", "SearchResult", "configurations", "lower_bounds", "flops_bound",
-           "comm_bounds", "stage_elements", "price", "search", "MAX_CONFIGS"]
+           "comm_bounds", "stage_elements", "kind_elements", "model_states", "price", "search", "MAX_CONFIGS"]
 
 #: Most configurations a search enumerates before it refuses (the enumeration alone is cheap).
 MAX_CONFIGS = 200_000
@@ -184,12 +184,7 @@ def _bounds(cfg: Any, c: Config, machine: Any, precision: str, devices: int,
 
     w = PRECISIONS[precision]
     dense, experts = stage_elements(cfg, c, layer_elements)
-    elements = dense + experts
-    sharded = (w.master if (w.mixed or c.zero) else 0) + 2 * w.states
-    shards = c.dp * c.ep  # ZeRO-1 shards the dense layers' states over dp x ep (the experts' over dp: more)
-    states = elements * (w.params + w.grads) + elements * sharded // (shards if c.zero else 1)
-    if c.zero:  # ZeRO-1's flat buffers (spmdsim.distrib_optim): the padded gradients and two dp-th slices
-        states += elements * w.buffers + 2 * elements * w.buffers // shards
+    states = model_states(c, precision, dense + experts)
     per_rank = flops_bound(cfg) / devices / (machine.peak(w.compute) * machine.gemm_efficiency.max_fraction)
     bubble = (c.pp - 1) / (c.virtual * c.microbatches)
     # A step's time is compute + element-wise + communication - what the backward hides of the gradient sums
@@ -197,6 +192,42 @@ def _bounds(cfg: Any, c: Config, machine: Any, precision: str, devices: int,
     # products' time and the gradient sums' + the bubble of the products (spmdsim.estimate.steptime).
     exchanges, sums = comm_bounds(cfg, c, machine, precision, dense, experts)
     return exchanges + max(per_rank, sums) + per_rank * bubble, int(states), sums
+
+
+def model_states(c: Config, precision: str, elements: int) -> int:
+    """Bytes of the model states a rank of `c` holds at least for `elements` transformer-layer parameter
+    elements it holds: parameters and gradients, and the master copy and Adam's moments (over dp x ep under
+    ZeRO-1, with its flat buffers: the padded gradients and two dp-th slices), at the precision's widths."""
+    from .ledger import PRECISIONS
+
+    w = PRECISIONS[precision]
+    sharded = (w.master if (w.mixed or c.zero) else 0) + 2 * w.states
+    shards = c.dp * c.ep  # ZeRO-1 shards the dense layers' states over dp x ep (the experts' over dp: more)
+    states = elements * (w.params + w.grads) + elements * sharded // (shards if c.zero else 1)
+    if c.zero:  # ZeRO-1's flat buffers (spmdsim.distrib_optim): the padded gradients and two dp-th slices
+        states += elements * w.buffers + 2 * elements * w.buffers // shards
+    return states
+
+
+def kind_elements(cfg: Any, c: Config) -> dict:
+    """{kind of layer ("dense", "moe"): parameter elements a rank of `c` holds of one such layer}: its
+    tensors over tp, an MoE layer's experts over ep x tp."""
+    return dict(_kind_elements(cfg, c.tp, c.ep))
+
+
+@functools.lru_cache(maxsize=256)
+def _kind_elements(cfg: Any, tp: int, ep: int) -> tuple:
+    from ..gpt.params import is_expert, param_specs
+
+    first = {kind: next(i for i in range(cfg.layers) if ("moe" if cfg.is_moe(i) else "dense") == kind)
+             for kind in {"moe" if cfg.is_moe(i) else "dense" for i in range(cfg.layers)}}
+    out = dict.fromkeys(first, 0)
+    for kind, layer in first.items():
+        pre = f"h{layer}."
+        for s in param_specs(cfg):
+            if s.name.startswith(pre):
+                out[kind] += math.prod(s.shape) // (tp * (ep if is_expert(s.name) else 1))
+    return tuple(out.items())
 
 
 def stage_elements(cfg: Any, c: Config, layer_elements: Optional[int] = None) -> tuple[int, int]:
@@ -354,7 +385,7 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
             break
         heapq.heappop(heap)
         if tight is not None and level == 0:  # the layer cells' bounds: memory, then time
-            nbytes = c.bound_bytes + tight.kept_bound(c.config, precision)
+            nbytes = max(c.bound_bytes, tight.memory_bound(c.config, precision))
             if nbytes > memory_limit:
                 out.append(replace(c, bound_bytes=nbytes, verdict=KEPT))
                 continue
