@@ -100,8 +100,8 @@ def _moe(layers: int, **moe) -> GPTConfig:
                      moe=MoEConfig(**{"experts": 4, "top_k": 2, **moe}))
 
 
-@pytest.mark.parametrize("layers, moe, node", [(4, {"capacity_factor": 0.5}, 8),
-                                               (6, {"every": 3, "top_k": 1, "dropless": True, "dry_routing": "worst"}, 1)])
+@pytest.mark.parametrize("layers, moe, node", [
+    (4, {"capacity_factor": 0.5}, 8), (6, {"every": 3, "top_k": 1, "dropless": True, "dry_routing": "worst"}, 1)])
 def test_an_moe_gpts_cells_lie_below_every_configurations_price_and_keep_the_best(layers, moe, node):
     """Every configuration of a small MoE GPT on 2 devices (ep 1 and 2, interleaved chunks of one layer, nodes of
     8, 2 or 1 GPUs) priced by its own dry run: the cells' time and memory bounds lie below it, they are
