@@ -181,7 +181,7 @@ class Cells:
     """The layer cells of one model, made on first use and kept (keyed on tp, sp, a rank's micro-batch,
     recompute and ep).
 
-    `dry_runs`: the small dry runs made so far (four a cell).
+    `dry_runs`: the small dry runs made so far (`runs_a_cell` a cell).
     """
 
     def __init__(self, cfg: Any, kept: str, gpus_per_node: int) -> None:
