@@ -32,6 +32,38 @@ def _collect_garbage_less_often() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+@pytest.hookimpl(tryfirst=True, specname="pytest_configure")
+def pytest_configure_basetemp_per_rank(config: pytest.Config) -> None:
+    """Under MPI each rank its own temporary folder, set before pytest's own pytest_configure makes its
+    TempPathFactory (which reads the option then): else the ranks number folders in one shared root and clean
+    its old ones at once, racing ("PytestWarning: (rm_rf) error removing .../garbage-..."). The folders are
+    this run's (rank 0's pid, so two runs at once keep apart: pytest empties a given basetemp first), and each
+    rank removes its own at the end."""
+    if not mpi_requested(config):
+        return
+    import shutil
+
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    given = config.option.basetemp
+    base = given or os.path.join(os.environ.get("TMPDIR", "/tmp"), f"spmdsim-pytest-{os.getuid()}",
+                                 f"run{world.bcast(os.getpid())}")
+    # pytest creates basetemp itself but not its parent.
+    os.makedirs(str(base), exist_ok=True)
+    config.option.basetemp = mine = os.path.join(str(base), f"rank{world.rank}")
+
+    def remove() -> None:
+        shutil.rmtree(mine, ignore_errors=True)
+        if not given:
+            try:
+                os.rmdir(base)  # the last rank to leave removes the run's folder
+            except OSError:
+                pass
+
+    config.add_cleanup(remove)
+
+
 # trylast: the terminal reporter registers in its own pytest_configure, which
 # must have run before non-zero ranks can unregister it.
 @pytest.hookimpl(trylast=True)
@@ -56,12 +88,6 @@ def pytest_configure(config: pytest.Config) -> None:
             "is mpiexec from the same MPI as mpi4py? (python -m mpi4py --mpi-library)\n"
         )
         raise SystemExit(3)
-    base = config.option.basetemp or os.path.join(
-        os.environ.get("TMPDIR", "/tmp"), f"spmdsim-pytest-{os.getuid()}"
-    )
-    # pytest creates basetemp itself but not its parent.
-    os.makedirs(str(base), exist_ok=True)
-    config.option.basetemp = os.path.join(str(base), f"rank{_WORLD.rank}")
     if _WORLD.rank != 0:
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
