@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from spmdsim.estimate.bounds import Cells, held_by_stage
+from spmdsim.estimate.bounds import Cells
 from spmdsim.estimate.machine import load_machine
 from spmdsim.estimate.search import comm_bounds, configurations, lower_bounds, price, search, stage_elements
 from spmdsim.gpt import GPTConfig
-from spmdsim.pipeline.schedule import Compute, build, in_flight
+from spmdsim.pipeline.schedule import Compute, build, in_flight, in_flight_by_stage
 
 A100 = load_machine("a100-dgx")
 SMALL = GPTConfig(layers=4, d_model=32, heads=4, seq=32, vocab=64, batch=4, dropout=0.1)
@@ -30,7 +30,7 @@ def test_in_flight_is_the_most_a_built_schedule_holds_and_each_stage_holds_its_o
                             most = max(most, held)
                     stages.append(most)
                 assert in_flight(name, p, m, v) == max(stages), (p, m, v)
-                assert held_by_stage(name, p, m, v) == tuple(stages), (p, m, v)
+                assert in_flight_by_stage(name, p, m, v) == tuple(stages), (p, m, v)
 
 
 @pytest.fixture(scope="module")

@@ -26,10 +26,12 @@ load-balancing counts, the loss's mean) run over ep in the cell and over dp x ep
 price a link model need not order by group size. The memory bound is, at its largest over the stages, a
 stage's layers' model states (their parameter elements at the precision's bytes) plus the bytes its
 smallest chunk keeps for backward times the most microbatch-chunks the schedule holds on that stage at once
-(`held_by_stage`).
+(spmdsim.pipeline.schedule.in_flight_by_stage).
 """
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -70,14 +72,11 @@ def _rows(stage: Any) -> tuple[dict, dict, dict]:
 
 
 def _minus(a: dict, b: dict) -> dict:
-    """`a` less `b`, item by item; SpmdsimError where `b` has more (the rows are not additive)."""
-    out = {}
-    for key in set(a) | set(b):
-        n = a.get(key, 0) - b.get(key, 0)
+    """`a` less `b`, item by item (`_signed`); SpmdsimError where `b` has more (the rows are not additive)."""
+    out = _signed(a, b)
+    for key, n in out.items():
         if n < 0:
             raise SpmdsimError(f"internal: dry cells are not additive: {key!r} less by {-n}")
-        if n:
-            out[key] = n
     return out
 
 
@@ -93,13 +92,41 @@ def _exchange(t: Any, ep: int) -> bool:
     return t.group != ep or t.kind in ("alltoall", "alltoallv")
 
 
+def layer_kind(cfg: Any, layer: int) -> str:
+    """"moe" where block `layer` of `cfg` is an MoE layer, else "dense"."""
+    return "moe" if cfg.is_moe(layer) else "dense"
+
+
 def layer_kinds(cfg: Any, first: int, stop: int) -> dict:
-    """{kind of layer: how many} of `cfg`'s layers first .. stop - 1 ("dense", "moe")."""
+    """{kind of layer: how many} of `cfg`'s layers first .. stop - 1 (`layer_kind`)."""
     out: dict = {}
     for i in range(first, stop):
-        kind = "moe" if cfg.is_moe(i) else "dense"
+        kind = layer_kind(cfg, i)
         out[kind] = out.get(kind, 0) + 1
     return out
+
+
+def kind_elements(cfg: Any, tp: int, ep: int) -> dict:
+    """{kind of layer: parameter elements a rank holds of one such layer} (`_kind_elements`)."""
+    return dict(_kind_elements(cfg, tp, ep))
+
+
+@functools.lru_cache(maxsize=256)
+def _kind_elements(cfg: Any, tp: int, ep: int) -> tuple:
+    """(kind of layer, parameter elements a rank holds of one such layer) pairs: its tensors over tp, an MoE
+    layer's experts over ep x tp (the first layer of each kind's; every layer of a kind has the same tensors)."""
+    from ..gpt.params import is_expert, param_specs
+
+    first: dict = {}
+    for i in range(cfg.layers):
+        first.setdefault(layer_kind(cfg, i), i)
+    kind_of = {f"h{i}": kind for kind, i in first.items()}
+    out = dict.fromkeys(first, 0)
+    for s in param_specs(cfg):
+        kind = kind_of.get(s.name.split(".", 1)[0])
+        if kind is not None:
+            out[kind] += math.prod(s.shape) // (tp * (ep if is_expert(s.name) else 1))
+    return tuple(out.items())
 
 
 def _signed(a: dict, b: dict) -> dict:
@@ -253,32 +280,23 @@ class Cells:
         """Bytes below the priced peak memory of `c` (the largest stage's; module docstring): the most, over its
         stages, of a stage's layers' model states (spmdsim.estimate.search.model_states of the elements its
         layers hold) and its least chunk's kept bytes times the most microbatch-chunks the schedule holds on
-        that stage at once (`held_by_stage`)."""
+        that stage at once (spmdsim.pipeline.schedule.in_flight_by_stage)."""
         from ..gpt.memory import MASKS
+        from ..pipeline.schedule import in_flight_by_stage
         from .ledger import PRECISIONS, _RUN
-        from .search import kind_elements, model_states
+        from .search import model_states
 
         w = PRECISIONS[precision]
-        kept = {k: sum(b if kind.endswith(MASKS) else b // _RUN * w.activations for kind, b in held)
-                for k, held in self._of(c).kept}
-        elements = kind_elements(self.cfg, c)
-        held = held_by_stage(c.schedule, c.pp, c.microbatches, c.virtual)
+        kept = {k: sum(n if what.endswith(MASKS) else n // _RUN * w.activations for what, n in rows)
+                for k, rows in self._of(c).kept}
+        elements = kind_elements(self.cfg, c.tp, c.ep)
+        held = in_flight_by_stage(c.schedule, c.pp, c.microbatches, c.virtual)
         best = 0
         for stage, chunks in enumerate(self.stages(c)):
             states = model_states(c, precision, sum(n * elements[k] for chunk in chunks for k, n in chunk.items()))
             least = min(sum(n * kept[k] for k, n in chunk.items()) for chunk in chunks)
             best = max(best, states + held[stage] * least)
         return best
-
-
-def held_by_stage(schedule: str, stages: int, microbatches: int, virtual: int) -> tuple[int, ...]:
-    """Per stage, the most (microbatch, chunk) pairs its program holds at once (forwards run, their backwards
-    not yet): its warmup forwards and the steady phase's next one, as spmdsim.pipeline.schedule's builders
-    order them (`in_flight` is stage 0's; tests/test_estimate_bounds.py counts them in built schedules)."""
-    from ..pipeline.schedule import _warmup
-
-    return tuple(min(_warmup(schedule, stages, microbatches, virtual, s) + 1, microbatches * virtual)
-                 for s in range(stages))
 
 
 def _total(parts: tuple) -> tuple:

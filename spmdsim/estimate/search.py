@@ -15,10 +15,11 @@ Lower bounds only prune, never choose (branch and bound): closed forms first (th
 rank's transformer layers, with ZeRO-1's flat buffers, over the memory limit drops a configuration; the
 program's GEMM FLOPs without recomputation, 72 B s l h^2 (1 + s / 6h), spread over the devices at the
 machine's capped peak, with the pipeline's bubble, orders the rest), then the layer cells of
-spmdsim.estimate.bounds (one layer's rows from four small dry runs, with MoE layers one period's: `every`
-layers, the MoE one among them; shared by every configuration with the same tp, sp, micro-batch,
-recomputation and ep: the kept bytes of the microbatch-chunks the schedule holds at once over the limit
-drops it; `step_time` of its stages' periods and ends bounds its time). The
+spmdsim.estimate.bounds (a dense and an MoE layer's rows from four or six small dry runs, shared by every
+configuration with the same tp, sp, micro-batch, recomputation and ep; with MoE layers only with
+`moe_cells`: each stage's layers' model states and the kept bytes of the microbatch-chunks the schedule
+holds on it at once over the limit drops it; `step_time` of each stage's layers and ends bounds its time).
+The
 candidate of least bound is bounded further or, once its bound is the cells', priced; when the least bound
 reaches the best predicted time found under the limit, no configuration left can win and the search
 stops. At most `max_dry_runs` configurations are priced; those left unpriced then are reported as such.
@@ -34,7 +35,7 @@ from typing import Any, Optional
 from ..errors import SpmdsimError
 
 __all__ = ["Config", "Candidate", "SearchResult", "configurations", "lower_bounds", "flops_bound",
-           "comm_bounds", "stage_elements", "kind_elements", "model_states", "price", "search", "MAX_CONFIGS"]
+           "comm_bounds", "stage_elements", "model_states", "price", "search", "MAX_CONFIGS"]
 
 #: Most configurations a search enumerates before it refuses (the enumeration alone is cheap).
 MAX_CONFIGS = 200_000
@@ -207,27 +208,6 @@ def model_states(c: Config, precision: str, elements: int) -> int:
     if c.zero:  # ZeRO-1's flat buffers (spmdsim.distrib_optim): the padded gradients and two dp-th slices
         states += elements * w.buffers + 2 * elements * w.buffers // shards
     return states
-
-
-def kind_elements(cfg: Any, c: Config) -> dict:
-    """{kind of layer ("dense", "moe"): parameter elements a rank of `c` holds of one such layer}: its
-    tensors over tp, an MoE layer's experts over ep x tp."""
-    return dict(_kind_elements(cfg, c.tp, c.ep))
-
-
-@functools.lru_cache(maxsize=256)
-def _kind_elements(cfg: Any, tp: int, ep: int) -> tuple:
-    from ..gpt.params import is_expert, param_specs
-
-    first = {kind: next(i for i in range(cfg.layers) if ("moe" if cfg.is_moe(i) else "dense") == kind)
-             for kind in {"moe" if cfg.is_moe(i) else "dense" for i in range(cfg.layers)}}
-    out = dict.fromkeys(first, 0)
-    for kind, layer in first.items():
-        pre = f"h{layer}."
-        for s in param_specs(cfg):
-            if s.name.startswith(pre):
-                out[kind] += math.prod(s.shape) // (tp * (ep if is_expert(s.name) else 1))
-    return tuple(out.items())
 
 
 def stage_elements(cfg: Any, c: Config, layer_elements: Optional[int] = None) -> tuple[int, int]:

@@ -26,6 +26,7 @@ gates 1 / k; slots and drops follow as for routed tokens.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,26 +98,22 @@ def planned(sequences: int, tokens: int, experts: int, top_k: int, capacity: int
         raise SpmdsimError(f"route: top_k {top_k!r} must be 1 or 2 and at most the {experts} experts")
     if capacity < 1:
         raise SpmdsimError(f"route: capacity {capacity!r} must be an integer >= 1")
-    key = (sequences, tokens, experts, top_k, capacity, how)
-    made = _PLANNED.get(key)
-    if made is None:
-        choice = np.arange(top_k)[None, :]
-        if how == "balanced":
-            chosen = (np.arange(tokens)[:, None] * top_k + choice) % experts
-        else:
-            chosen = np.broadcast_to(choice, (tokens, top_k))
-        picked = np.ascontiguousarray(np.broadcast_to(chosen, (sequences, tokens, top_k)), dtype=np.int64)
-        made = _placed(picked, np.full(picked.shape, 1.0 / top_k), experts, capacity)
-        if len(_PLANNED) >= 64:  # many shapes: start over
-            _PLANNED.clear()
-        _PLANNED[key] = made
     # Each call its own arrays (a layer's node keeps them, as a routed layer keeps its own), copied from the
     # plan: the (S, T, E) slot count that made them is the cost a dry run's every MoE layer paid again.
+    made = _plan(sequences, tokens, experts, top_k, capacity, how)
     return Routing(made.experts.copy(), made.gates.copy(), made.slots.copy(), made.counts.copy(), made.capacity)
 
 
-#: planned's Routings by its arguments (pure: the same arrays every call).
-_PLANNED: dict = {}
+@functools.lru_cache(maxsize=64)
+def _plan(sequences: int, tokens: int, experts: int, top_k: int, capacity: int, how: str) -> Routing:
+    """`planned`'s Routing, once per its arguments (a pure function of them); never written, only copied."""
+    choice = np.arange(top_k)[None, :]
+    if how == "balanced":
+        chosen = (np.arange(tokens)[:, None] * top_k + choice) % experts
+    else:
+        chosen = np.broadcast_to(choice, (tokens, top_k))
+    picked = np.ascontiguousarray(np.broadcast_to(chosen, (sequences, tokens, top_k)), dtype=np.int64)
+    return _placed(picked, np.full(picked.shape, 1.0 / top_k), experts, capacity)
 
 
 def _placed(experts: np.ndarray, gates: np.ndarray, E: int, capacity: int) -> Routing:

@@ -351,7 +351,17 @@ def _warmup(name: str, stages: int, microbatches: int, virtual: int, stage: int)
 def in_flight(name: str, stages: int, microbatches: int, virtual: int = 1) -> int:
     """The most (microbatch, chunk) pairs any stage holds at once (forwards run, their backwards not yet)
     under schedule `name`: its warmup forwards and the steady phase's next forward (stage 0's, the most)."""
-    return min(_warmup(name, stages, microbatches, virtual, 0) + 1, microbatches * virtual)
+    return _held(name, stages, microbatches, virtual, 0)
+
+
+def in_flight_by_stage(name: str, stages: int, microbatches: int, virtual: int = 1) -> tuple[int, ...]:
+    """Per stage, the most (microbatch, chunk) pairs it holds at once under schedule `name` (`in_flight`'s
+    count for every stage; spmdsim.pipeline.timeline.in_flight counts them in a built schedule)."""
+    return tuple(_held(name, stages, microbatches, virtual, stage) for stage in range(stages))
+
+
+def _held(name: str, stages: int, microbatches: int, virtual: int, stage: int) -> int:
+    return min(_warmup(name, stages, microbatches, virtual, stage) + 1, microbatches * virtual)
 
 
 def _chunk_table(microbatches: int, virtual: int, group: int) -> list[tuple[int, int]]:
