@@ -104,3 +104,28 @@ def test_simulated_ranks_share_the_process_memory_and_refuse_alike(monkeypatch):
     monkeypatch.setenv("SPMDSIM_MEMORY", "64K")
     with pytest.raises(ResourceError, match=r"SPMDSIM_MEMORY=64K"):
         simulate(4, build, 4 * 4096)
+
+
+def test_a_dry_run_is_not_refused_by_this_machines_memory(monkeypatch):
+    """A dry run holds no block (zeros never written): a model sized for a cluster is estimated on a laptop;
+    the limit applies to real ranks only, and a bad SPMDSIM_MEMORY is still one line."""
+    from spmdsim.datagen import SeededTensor
+    from spmdsim.errors import SpmdsimError
+    from spmdsim.runtime import DTensor, Mesh
+    from spmdsim.sim import simulate
+
+    def build(rows: int):
+        mesh = Mesh(Layout((4,), ("x",)))
+        x = DTensor.from_seeded(mesh, mesh.layout("x", None), SeededTensor((rows, 8), "float64"))
+        return x.local.shape
+
+    monkeypatch.delenv("SPMDSIM_MEMORY", raising=False)
+    rows = 2 ** 40  # 16 TiB a rank: real ranks refuse it (above), a dry run maps it and writes no page
+    assert simulate(4, build, rows, dry_run=True)[0] == (rows // 4, 8)
+    monkeypatch.setenv("SPMDSIM_MEMORY", "64K")
+    assert simulate(4, build, 4 * 4096, dry_run=True)[0] == (4096, 8)
+    with pytest.raises(ResourceError, match=r"SPMDSIM_MEMORY=64K"):
+        simulate(4, build, 4 * 4096)
+    monkeypatch.setenv("SPMDSIM_MEMORY", "bogus")
+    with pytest.raises(SpmdsimError, match="SPMDSIM_MEMORY='bogus' is not a size"):
+        simulate(4, build, 16, dry_run=True)

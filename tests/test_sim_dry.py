@@ -5,6 +5,7 @@ import json
 import pathlib
 
 import numpy as np
+import pytest
 
 import spmdsim
 from spmdsim.cli.main import main
@@ -185,6 +186,39 @@ def test_a_dry_run_scales_without_writing_and_scores_stay_unmapped():
 
     assert spmdsim.simulate(2, body)[0][0] is False
     assert list(spmdsim.simulate(2, body, dry_run=True)) == [(True, (1024, 512), 0.0)] * 2
+
+
+def test_a_dry_runs_loss_and_reductions_read_no_page_of_their_large_blocks():
+    """A dry run's large blocks are zeros whose pages are never touched: cross-entropy of bfloat16 logits
+    (widened to float32: the engine's zeros, not a written copy; each row's label picked off zeros) and a sum
+    or maximum over a large block give zeros without reading it (each page read is a fault of its own)."""
+    pytest.importorskip("ml_dtypes")
+    import resource
+
+    from spmdsim import ops
+    from spmdsim.runtime import DTensor, Mesh
+
+    rows, classes = 4096, 4096  # 32 MiB of bfloat16 logits a rank: 8,192 pages, 16,384 once widened
+
+    def faults(fn):
+        before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        out = fn()
+        return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before, out
+
+    def body():
+        mesh = Mesh(spmdsim.Layout((2,), ("tp",)))
+        seeded = spmdsim.SeededTensor((rows, classes), "float32", 1)
+        logits = ops.astype(DTensor.from_seeded(mesh, mesh.layout(None, "tp"), seeded), "bfloat16")
+        labels = DTensor.from_global(mesh, np.arange(rows) % classes, mesh.layout(None))
+        loss = faults(lambda: ops.cross_entropy(logits, labels))
+        big = DTensor.from_seeded(mesh, mesh.layout(None, None), spmdsim.SeededTensor((rows, 2048), "float64", 2))
+        summed = faults(lambda: ops.sum(big, 1))
+        other = DTensor.from_seeded(mesh, mesh.layout(None, None), spmdsim.SeededTensor((rows, 2048), "float64", 3))
+        most = faults(lambda: ops.max(other, 0, keepdims=True))  # its own pages: none read by the sum
+        return [(n, float(t.local.max())) for n, t in (loss, summed, most)]
+
+    for n, value in spmdsim.simulate(2, body, dry_run=True)[0]:
+        assert n < 1000 and value == 0.0, n
 
 
 def test_the_megatron_block_dry_run_at_512_ranks_fits_in_1_5_gib():

@@ -55,7 +55,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from .. import ops
-from ..buffers import contiguous, into
+from ..buffers import broadcast_zero, contiguous, into
 from ..activations import gelu_backward, gelu_from_tanh, gelu_tanh
 from ..autograd.graph import record, with_partial
 from ..errors import SpmdsimError
@@ -114,6 +114,10 @@ def moe_problem(mesh: Any, moe: MoEConfig, x_shape: tuple, hidden: int) -> Optio
     return None
 
 
+def _row_max(block: np.ndarray) -> np.ndarray:
+    return block.max(axis=-1, keepdims=True)
+
+
 def moe_layer(x: Any, params: dict, pre: str, moe: MoEConfig, stats: Optional[list] = None) -> tuple[Any, Any]:
     """(output (T, B, D) in x's layout, the weighted router losses: a scalar) of the MoE layer `pre` ("h1.").
 
@@ -145,7 +149,10 @@ def moe_layer(x: Any, params: dict, pre: str, moe: MoEConfig, stats: Optional[li
     f = ops.resolved(f)
     aux = ops.sum(ops.mean(probs, (0, 1)) * f) * float(E)
     # z-loss: mean over tokens of logsumexp(logits)^2; the shift is a constant (no gradient through it).
-    top = DTensor(mesh, logits.local.max(axis=-1, keepdims=True), logits.layout, (T, B, 1))
+    # (A dry run's: the engine's zeros, the logits' pages not read.)
+    rows = logits.local.shape[:-1] + (1,)
+    top = DTensor(mesh, mesh.engine.local(_row_max, broadcast_zero(rows, logits.local.dtype), logits.local),
+                  logits.layout, (T, B, 1))
     lse = ops.log(ops.sum(ops.exp(logits - top), -1, keepdims=True)) + top
     z = ops.mean(lse * lse)
     return out, aux * moe.aux_loss_coeff + z * moe.z_loss_coeff

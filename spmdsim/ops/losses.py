@@ -25,9 +25,9 @@ from typing import Any, Optional
 import numpy as np
 
 from ..autograd.rules.grads import axes_of
-from ..buffers import contiguous, stacked
+from ..buffers import broadcast_zero, contiguous, stacked
 from ..autograd.rules.losses import record_cross_entropy, record_mse_loss
-from ..precision import wide
+from ..precision import is_low, wide
 from ..errors import OperatorError, ShapeError
 from ..flops import sweep
 from ..infer.losses import infer_cross_entropy
@@ -132,6 +132,14 @@ def _counts(mesh: Any, summed: Any, bad: int, ignored: int, plan: Any, dtype: np
     return total[0], int(total[1]), int(total[2])
 
 
+def _widened(mesh: Any, block: np.ndarray) -> np.ndarray:
+    """`block` as float32 when it is bfloat16 (`wide`), through the engine: a dry run's large block gives
+    the engine's zeros, not a float32 copy of its pages."""
+    if not is_low(block.dtype):
+        return block
+    return mesh.engine.local(wide, broadcast_zero(block.shape, np.float32), block)
+
+
 def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -100, reduction: str = "mean",
                   label_smoothing: float = 0.0) -> Any:
     """-log softmax(logits)[label] per row, averaged over the global batch; vocab-parallel when classes are split.
@@ -165,7 +173,8 @@ def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -10
 
         logits = resolved(logits)
     layout, (batch, classes) = logits.layout, logits.global_shape
-    z, ids = wide(logits.local), labels.local  # bfloat16 logits: the statistics and loss in float32
+    # bfloat16 logits: the statistics and loss in float32 (a dry run's: the engine's zeros, no page read)
+    z, ids = _widened(mesh, logits.local), labels.local
     plan = infer_cross_entropy(layout, labels.layout, (batch, classes), z.dtype.name, bool(smooth), reduction)
     start = layout.bounds(mesh.rank, logits.global_shape)[1][0]
     valid = ids != ignore_index if ignore_index is not None else np.ones(ids.shape, bool)
@@ -186,8 +195,9 @@ def cross_entropy(logits: Any, labels: Any, *, ignore_index: Optional[int] = -10
     sweep("max", (z,), (shift,))
     sweep("cross_entropy", (z, shift), (e,))
     sweep("sum", (e,), (shift,))
-    # An uneven cut may leave a rank no classes: then it owns no label.
-    picked = z[rows, np.where(owned, ids, 0)] if z.shape[1] else np.zeros(z.shape[0], z.dtype)
+    # An uneven cut may leave a rank no classes: then it owns no label. A dry run's large logits are zeros:
+    # so is each row's pick (read off them, one page fault a row).
+    picked = z[rows, np.where(owned, ids, 0)] if z.shape[1] and dry is None else np.zeros(z.shape[0], z.dtype)
     target = np.where(owned, picked - shift, 0.0)
     parts = [_SUM(e, axis=1) if dry is None else np.ones(z.shape[0], z.dtype), target] + \
         ([_SUM(z, axis=1)] if smooth else [])

@@ -12,6 +12,7 @@ derivative and JAX do).
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -19,9 +20,9 @@ import numpy as np
 from ..autograd.rules.grads import axes_of
 from ..autograd.rules.reduce import record_reduce
 from ..infer.pointwise import infer_reduce, reduce_dims
-from ..buffers import as_array, contiguous
+from ..buffers import as_array, broadcast_zero, contiguous
 from ..flops import sweep
-from ._common import make_dtensor, raise_if_not_dtensors
+from ._common import DRY_ZEROS_BYTES, make_dtensor, raise_if_not_dtensors
 
 __all__ = ["sum", "mean", "max", "min", "var", "argmax", "argmin", "reduce"]
 
@@ -58,7 +59,7 @@ def reduce(kind: str, x: Any, dims: Any = None, keepdims: bool = False) -> Any:
     if layout != plan.target:
         x = redistribute(x, plan.target)
     shape = tuple(1 if d in axes else s for d, s in enumerate(x.global_shape) if keepdims or d not in axes)
-    block = np.asanyarray(_KERNELS[kind](x.local, axis=axes, keepdims=keepdims))
+    block = _reduced(x, kind, axes, keepdims)
     sweep(kind, (x.local,), (block,))
     count = math.prod(x.global_shape[d] for d in axes)
     if kind == "mean":
@@ -71,6 +72,19 @@ def reduce(kind: str, x: Any, dims: Any = None, keepdims: bool = False) -> Any:
     if x._ag is None:
         return out
     return record_reduce(kind, out, x, plan, axes, keepdims, count)
+
+
+def _reduced(x: Any, kind: str, axes: tuple, keepdims: bool) -> np.ndarray:
+    """x's block reduced by `kind`'s kernel over `axes`; a dry run's large block (zeros) gives the engine's
+    zeros of the result (its pages not read: a private mapping's page faults on each), the kernel's shape and
+    dtype worked out on one element."""
+    kernel, local = _KERNELS[kind], x.local
+    if x.mesh.engine.dry and local.nbytes >= DRY_ZEROS_BYTES:
+        like = np.asanyarray(kernel(np.zeros((1,) * local.ndim, local.dtype), axis=axes, keepdims=keepdims))
+        shape = tuple(1 if d in axes else n for d, n in enumerate(local.shape) if keepdims or d not in axes)
+        return x.mesh.engine.local(partial(kernel, local, axis=axes, keepdims=keepdims),
+                                   broadcast_zero(shape, like.dtype))
+    return np.asanyarray(kernel(local, axis=axes, keepdims=keepdims))
 
 
 def _checked(kind: str, x: Any, keepdims: Any) -> Any:

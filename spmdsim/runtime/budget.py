@@ -34,13 +34,20 @@ def _ranks_on_node(comm: Any) -> int:
 def agreed_budget(comm: Any) -> Optional[Budget]:
     """The bytes each rank of `comm` may use, the same on every rank (collective on first use).
 
-    None when the check is off (SPMDSIM_MEMORY=off) or the machine does not say.
+    None when the check is off (SPMDSIM_MEMORY=off) or the machine does not say, and in a dry run, which
+    holds no block in memory (its shards are zeros whose pages are never written: spmdsim.sim.dry), so that
+    this machine's memory does not refuse a model sized for a cluster; what a rank of the modelled machine
+    holds is the estimate's to judge (`spmdsim estimate --machine`).
     A bad SPMDSIM_MEMORY raises the same SpmdsimError on every rank, before any collective.
     """
     key = (id(comm), os.environ.get(ENV_VAR, ""))  # a changed setting is read again
     entry = _AGREED.get(key)
     if entry is not None and entry[0] is comm:
         return entry[1]
+    if engine_of(comm).dry:
+        if key[1].strip():
+            budget_per_rank(1)  # a bad SPMDSIM_MEMORY is refused here too
+        return None
     mine = budget_per_rank(1)  # validates SPMDSIM_MEMORY first, on every rank alike
     # Whether to agree depends only on the environment mpiexec gives every rank.
     if not os.environ.get(ENV_VAR, "").strip() and comm.Get_size() > 1:
