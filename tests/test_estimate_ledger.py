@@ -312,3 +312,34 @@ def test_a_zero1_dry_run_whose_experts_have_no_data_parallel_peer_touches_no_pag
     assert peak and peak[0][2] == "0", out.stdout[-2000:] + out.stderr[-2000:]
     assert int(peak[0][1]) < 1 << 30, f"peak RSS {int(peak[0][1]) >> 20} MiB"
     assert "memory: every stage fits the a100-dgx's 80.00 GiB per GPU" in out.stdout
+
+
+def test_gpt2s_vocabulary_is_padded_as_megatron_pads_it():
+    """GPT-2's 50257 tokens divide no tp > 1: the refusal names --pad-vocab-to, which the command takes
+    (Megatron's 128 x tp: 50257 -> 51200 at tp 8); the dry run's embedding is the padded one."""
+    model = ["--layers", "2", "--hidden", "256", "--heads", "8", "--seq", "128", "--vocab", "50257", "--tp", "8"]
+    bad = _cli(*model)
+    text = " ".join(line.strip() for line in bad.stderr.splitlines())
+    assert bad.returncode == 2 and "vocab 50257 is not divisible by tp 8" in text and "--pad-vocab-to" in text
+    padded = _cli(*model, "--pad-vocab-to", "1024", "--json")
+    data = json.loads(padded.stdout)
+    assert data["config"]["pad_vocab_to"] == 1024
+    head = _cli(*model, "--pad-vocab-to", "1024").stdout.splitlines()[0]
+    assert head == "GPT 2 layers, hidden 256, 8 heads, seq 128, vocab 50257 (padded to 51,200); global batch 8"
+    # the embedding's rows are the padded ones: a rank holds 51200 / 8 of them, as with a vocabulary of 51200
+    rows = [a if a != "50257" else "51200" for a in model]
+    assert json.loads(_cli(*rows, "--json").stdout)["stages"][0]["params"] == data["stages"][0]["params"]
+    assert json.loads(_cli(*model, "--pad-vocab-to", "128", "--json").stdout)["stages"][0]["params"] \
+        < data["stages"][0]["params"]  # 50304 rows
+    zero = _cli(*model, "--pad-vocab-to", "0")
+    assert zero.returncode == 2 and "--pad-vocab-to 0 must be >= 1" in zero.stderr
+
+
+def test_a_model_larger_than_this_machine_is_estimated_not_refused():
+    """docs/estimate.md: a 48.8 GiB float64 shard (the embedding at tp 1) is more than this machine has, and a
+    dry run writes none of it: the estimate runs and says the rank does not fit the A100."""
+    done = _cli("--layers", "1", "--hidden", "65536", "--heads", "64", "--seq", "128", "--vocab", "100000",
+                "--tp", "1", "--global-batch", "1", "--micro-batch", "1")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == ("memory: stage 0 needs 1,191.24 GiB a rank, more than the a100-dgx's "
+                                            "80.00 GiB per GPU")

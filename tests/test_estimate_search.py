@@ -249,3 +249,24 @@ def test_the_moe_communication_bounds_lie_below_the_dry_runs_transfers_and_meet_
         else:
             assert exchanges < layers <= seconds(("layers", "pipeline"))
         assert 0 < sums <= seconds(("gradients",))
+
+
+def test_a_vocabulary_no_tp_divides_is_said_and_padded_with_vocab_pad_to(capsys):
+    """GPT-2's 50257 tokens leave tp 2 and 4 out of a search on 8 devices (the embedding is split over tp): the
+    output says so and how to pad; --gpt vocab_pad_to=512 lets them in (50257 -> 50688 rows)."""
+    argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=64,heads=4,seq=64,vocab=50257,batch=8",
+            "--devices", "8", "--machine", "a100-dgx", "--max-dry-runs", "2"]
+    assert main(argv) == 0
+    out = unfold(capsys.readouterr().out)
+    assert ("tp 2, 4 left out: they do not divide vocab 50257 (the embedding is split over tp); pad it, e.g. "
+            "vocab_pad_to=512 (Megatron pads to 128 x tp)") in out
+    assert {c.tp for c in configurations(GPTConfig(layers=2, d_model=64, heads=4, seq=64, vocab=50257, batch=8),
+                                         8, 8)} == {1}
+    argv[4] += ",vocab_pad_to=512"
+    assert main(argv + ["--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert "note" not in data and {c["config"]["tp"] for c in data["candidates"]} == {1, 2, 4}
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("GPT 2 layers, hidden 64, 4 heads, seq 64, vocab 50257 (padded to 50,688), global batch 8")
+    assert "left out" not in out

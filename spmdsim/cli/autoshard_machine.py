@@ -28,7 +28,7 @@ SHOWN = 8
 
 def run_machine(args: argparse.Namespace) -> int:
     from ..estimate.machine import load_machine
-    from ..estimate.search import search
+    from ..estimate.search import search, vocab_note
     from .autoshard import _gpt_config, _still_working
 
     if args.network != "gpt":
@@ -57,10 +57,11 @@ def run_machine(args: argparse.Namespace) -> int:
         result = search(cfg, devices, machine, limit, precision=args.precision, kept=args.kept,
                         max_dry_runs=args.max_dry_runs, moe_cells=bool(args.moe_cells))
     seconds = time.perf_counter() - start
+    note = vocab_note(cfg, devices, machine.gpus_per_node)
     if args.json:
-        print(json.dumps(_as_json(cfg, result, seconds), indent=1))
+        print(json.dumps(_as_json(cfg, result, seconds) | ({"note": note} if note else {}), indent=1))
     else:
-        print("\n".join(_lines(cfg, result, seconds)))
+        print("\n".join(_lines(cfg, result, seconds, note)))
     if result.chosen is None:
         priced = [c.memory for c in result.candidates if c.memory is not None]
         unpriced = sum(c.verdict == "not priced" for c in result.candidates)
@@ -90,13 +91,14 @@ def _row(rank: str, c: Any, moe: bool = False) -> str:
             f"{x.recompute:<10}{x.zero:>2}{step:>13}{memory:>14}  {c.verdict}")
 
 
-def _lines(cfg: Any, r: Any, seconds: float) -> list[str]:
+def _lines(cfg: Any, r: Any, seconds: float, note: str = "") -> list[str]:
     from collections import Counter
 
     moe = cfg.moe is not None
     experts = (f"; {cfg.moe.experts} experts, top-{cfg.moe.top_k}, in 1 of every {cfg.moe.every} blocks (the dry runs "
                f"route {cfg.moe.dry_routing})") if moe else ""
-    head = [f"GPT {cfg.layers} layers, hidden {cfg.d_model}, {cfg.heads} heads, seq {cfg.seq}, vocab {cfg.vocab}, "
+    vocab = f"{cfg.vocab}" if cfg.padded_vocab == cfg.vocab else f"{cfg.vocab} (padded to {cfg.padded_vocab:,})"
+    head = [f"GPT {cfg.layers} layers, hidden {cfg.d_model}, {cfg.heads} heads, seq {cfg.seq}, vocab {vocab}, "
             f"global batch {cfg.batch}{experts}",
             f"{r.devices:,} devices on {r.machine}, memory limit {r.memory_limit / MIB:,.1f} MiB per rank, "
             f"{r.precision}, kept {r.kept}",
@@ -105,7 +107,7 @@ def _lines(cfg: Any, r: Any, seconds: float) -> list[str]:
             + "; ".join(f"{n:,} {v}" for v, n in sorted(Counter(c.verdict for c in r.candidates).items(),
                                                         key=lambda vn: _VERDICTS.index(vn[0]))
                         if v not in ("chosen", "slower")),
-            f"  ({r.stopped})"]
+            f"  ({r.stopped})"] + ([note] if note else [])
     if r.chosen is not None:
         x = r.chosen.config
         head.append(f"chosen: {x.short()}: {r.chosen.step_s * 1e3:,.3f} ms, {r.chosen.memory / MIB:,.1f} MiB")

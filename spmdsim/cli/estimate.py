@@ -37,6 +37,9 @@ def register(subparsers: Any) -> None:
                           ("micro-batch", 1), ("global-batch", 8), ("tp", 1), ("pp", 1), ("dp", 1),
                           ("virtual-stages", 1)):
         parser.add_argument(f"--{name}", type=int, default=default, metavar="N")
+    parser.add_argument("--pad-vocab-to", type=int, default=1, metavar="N",
+                        help="pad the vocabulary to a multiple of N (Megatron pads to 128 x tp: GPT-2's 50257 "
+                             "becomes 50304 at tp 1, 51200 at tp 8); default 1: no padding")
     parser.add_argument("--schedule", default=None, choices=("gpipe", "1f1b", "interleaved"),
                         help="pipeline schedule (default 1f1b; interleaved with --virtual-stages > 1)")
     parser.add_argument("--sp", action="store_true", help="sequence parallelism (Megatron)")
@@ -69,7 +72,7 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
     from ..moe.config import MoEConfig
 
     for name in ("layers", "hidden", "heads", "seq", "vocab", "micro_batch", "global_batch", "tp", "pp", "dp",
-                 "virtual_stages", "ep", "moe_every"):
+                 "virtual_stages", "ep", "moe_every", "pad_vocab_to"):
         value = getattr(args, name)
         if value < 1:
             raise SpmdsimError(f"--{name.replace('_', '-')} {value} must be >= 1")
@@ -96,7 +99,7 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
                     capacity_factor=args.capacity_factor, dropless=args.dropless,
                     dry_routing=args.routing) if args.experts else None
     cfg = GPTConfig(vocab=args.vocab, d_model=args.hidden, heads=args.heads, layers=args.layers, seq=args.seq,
-                    batch=args.global_batch, dropout=0.1, moe=moe)
+                    batch=args.global_batch, dropout=0.1, moe=moe, vocab_pad_to=args.pad_vocab_to)
     return cfg, args.global_batch // per_step
 
 
@@ -133,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
     ranks = args.pp * args.dp * args.ep * args.tp
     mesh = f"pp {args.pp} x dp {args.dp} x ep {args.ep} x tp {args.tp}" if cfg.moe else \
         f"pp {args.pp} x dp {args.dp} x tp {args.tp}"
-    head = [f"GPT {args.layers} layers, hidden {args.hidden}, {args.heads} heads, seq {args.seq}, vocab {args.vocab}; "
+    vocab = f"{args.vocab}" if cfg.padded_vocab == cfg.vocab else f"{args.vocab} (padded to {cfg.padded_vocab:,})"
+    head = [f"GPT {args.layers} layers, hidden {args.hidden}, {args.heads} heads, seq {args.seq}, vocab {vocab}; "
             f"global batch {args.global_batch}",
             f"mesh {mesh} ({ranks:,} ranks){', sp' if args.sp else ''}; "
             f"{microbatches} microbatch(es) of {args.micro_batch} per {'dp x ep' if cfg.moe else 'dp'} rank, "
