@@ -172,6 +172,8 @@ def test_a_bad_argument_is_one_error_line_naming_it(name, argv, needle, capsys, 
 
 
 LAUNCHED = [  # scripts whose parser runs in main(): launched, bad values refused before any work
+    ("bench_eager", ["--ranks", "1,0"], "--ranks '1,0' must be a comma list of integers >= 1, e.g. 1,2,4,8"),
+    ("bench_eager", ["--ranks", "3"], "--ranks 3 makes dp 3 x tp 1: dp must divide the batch of 8"),
     ("bench_moe", ["--seed", "-1"], "--seed -1 must be at least 0"),  # rank 0 alone raised; the rest waited
     ("bench_mpirun_start", ["--repeat", "0"], "--repeat 0 must be at least 1"),
     ("bench_rendezvous", ["--before", "/nonexistent"], "--before '/nonexistent' holds no spmdsim/ folder"),
@@ -388,3 +390,19 @@ def test_calls_gpt_counts_both_steps_calls():
     assert captured and joined and len(lines) == 13, done.stdout
     assert int(captured[1].replace(",", "")) > 0 and 0 < float(captured[2]) < float(captured[3])
     assert int(joined[1].replace(",", "")) > 0  # docs/replay.md, "Memory"
+
+
+def test_bench_eager_prints_each_configurations_ratio():
+    """scripts/bench_eager.py (docs/performance.md quotes it): one short run of two configurations."""
+    done = subprocess.run(["timeout", "-k", "5", "120", sys.executable, str(_SCRIPTS / "bench_eager.py"),
+                           "--ranks", "1,2", "--d-model", "16", "--rounds", "2", "--layers", "1", "--seq", "16"],
+                          capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stderr
+    rows = [re.fullmatch(r"ranks (\d) \(dp 1 x tp (\d)\), d_model 16: eager ([\d.]+) ms, replayed ([\d.]+) ms of CPU "
+                         r"a step; eager / replayed ([\d.]+)x \(([\d.]+)-([\d.]+)\)", line)
+            for line in done.stdout.splitlines() if line.startswith("ranks ")]
+    assert [(m.group(1), m.group(2)) for m in rows if m] == [("1", "1"), ("2", "2")], done.stdout
+    for m in rows:
+        eager, replayed, ratio, low, high = map(float, m.groups()[2:])
+        assert eager > 0 and replayed > 0 and low <= ratio <= high
+    assert done.stdout.startswith("load average at start ") and "load average at end " in done.stdout

@@ -1,0 +1,150 @@
+#!/usr/bin/env python
+"""Eager against replayed in one process: a GPT training step on N simulated ranks, the two modes alternating.
+
+    python scripts/bench_eager.py                          # bench_gpt.py's GPT (d_model 128) on 8 ranks
+    python scripts/bench_eager.py --ranks 1,2,4,8          # the ratio as the ranks split the same model
+    python scripts/bench_eager.py --d-model 128,256,512    # and as the model widens
+
+Each configuration runs in a fresh process (`spmdsim.simulate`, bench_gpt.py's environment: one BLAS thread,
+the heap kept as `spmdsim launch` keeps it). The step (forward, backward with buckets, AdamW) is captured
+once (spmdsim.runtime.replay); then each of `--rounds` rounds runs the eager step and the replayed one, each
+timed by its ranks' thread CPU, summed over the ranks. A line per configuration gives each mode's median CPU
+a step and the median over rounds of the round's eager / replayed with its spread, and the load average
+before and after. The mesh is dp x tp with tp = gcd(ranks, 4), sequence parallel when tp > 1 (8 ranks:
+bench_gpt.py's dp 2 x tp 4). What the eager step adds is each operator's Python (the replay reruns the
+recorded numpy calls and collectives alone), about the same per rank whatever the ranks and the width, so
+the ratio falls as each rank's share of the arithmetic grows (docs/performance.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # spmdsim from this checkout, also when run by path
+
+from spmdsim._malloc import glibc_env  # noqa: E402
+
+
+def _ints(ap: argparse.ArgumentParser, text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        ap.error(f"{flag} {text!r} must be a comma list of integers >= 1, e.g. 1,2,4,8")
+    return values
+
+
+def _child(args: argparse.Namespace) -> dict:
+    """One configuration's rounds (in this process): {"eager": [s, ...], "replayed": [s, ...]}, CPU a step."""
+    import time
+
+    import spmdsim
+    from spmdsim import DTensor, Layout, Mesh
+    from spmdsim.gpt import GPTConfig, batch, encode, load_text
+    from spmdsim.gpt.parallel import GPT
+    from spmdsim.gpt.params import decays, param_specs
+    from spmdsim.optim import AdamW
+    from spmdsim.runtime.replay import Scalar, capture
+
+    cfg = GPTConfig(layers=args.layers, d_model=args.d_model, heads=4, seq=args.seq, batch=8, dropout=0.1)
+    ids = encode(load_text())
+    tp = math.gcd(args.ranks, 4)
+
+    def body() -> dict:
+        comm = spmdsim.world()
+        mesh = Mesh(Layout((args.ranks // tp, tp), ("dp", "tp")), comm)
+        model = GPT(cfg, mesh, sp=tp > 1)
+        specs = param_specs(cfg)
+        params = [model.params[s.name] for s in specs]
+        opt = AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                    decay=[model.params[s.name] for s in specs if decays(s)])
+
+        def train_step(xd, yd, step):
+            opt.zero_grad()
+            loss = model.loss(xd, yd, step)
+            loss.backward(bucket=True)
+            opt.step()
+            return loss
+
+        x, y = batch(ids, cfg, 0)
+        xd, yd = (DTensor.from_global(mesh, a, mesh.layout(model.batch, None)) for a in (x, y))
+        graph = capture(train_step, xd, yd, Scalar(0), state=params)
+        for _ in range(2):  # warm-up: each mode's caches and heap
+            train_step(xd, yd, 1)
+            graph(xd, yd, 1)
+        out: dict = {"eager": [], "replayed": []}
+        for _ in range(args.rounds):
+            for mode in out:
+                comm.Barrier()
+                start = time.thread_time()
+                train_step(xd, yd, 1) if mode == "eager" else graph(xd, yd, 1)
+                out[mode].append(comm.allreduce(time.thread_time() - start))
+        mesh.close()
+        return out
+
+    return spmdsim.simulate(args.ranks, body)[0]
+
+
+def _load() -> str:
+    return f"{os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else "?"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks", default="8", help="simulated ranks, a comma list (default 8)")
+    ap.add_argument("--d-model", default="128", help="the GPT's width, a comma list (default 128)")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=8, help="eager and replayed steps timed, each (default 8)")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    for flag in ("rounds", "layers", "seq"):
+        if getattr(args, flag) < 1:
+            ap.error(f"--{flag} {getattr(args, flag)} must be at least 1")
+    if args.child:
+        args.ranks, args.d_model = int(args.ranks), int(args.d_model)
+        print("RESULT " + json.dumps(_child(args)))
+        return 0
+    ranks, widths = _ints(ap, args.ranks, "--ranks"), _ints(ap, args.d_model, "--d-model")
+    for d in widths:
+        if d % 4:
+            ap.error(f"--d-model {d} must be a multiple of the 4 heads")
+    for n in ranks:
+        tp = math.gcd(n, 4)
+        if 8 % (n // tp) or args.seq % tp:
+            ap.error(f"--ranks {n} makes dp {n // tp} x tp {tp}: dp must divide the batch of 8 and tp the seq "
+                     f"{args.seq}")
+    print(f"load average at start {_load()}; GPT {args.layers} layers, seq {args.seq}, batch 8; "
+          f"{args.rounds} rounds of an eager and a replayed step, CPU summed over the ranks")
+    env = glibc_env(dict(os.environ, OMP_NUM_THREADS="1"))
+    for d in widths:
+        for n in ranks:
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--ranks", str(n), "--d-model", str(d),
+                   "--layers", str(args.layers), "--seq", str(args.seq), "--rounds", str(args.rounds)]
+            done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+            result = next((json.loads(line[7:]) for line in done.stdout.splitlines() if line.startswith("RESULT ")),
+                          None)
+            if result is None:
+                last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                print(f"bench_eager: ranks {n}, d_model {d} failed (exit {done.returncode}): {last}", file=sys.stderr)
+                return 1
+            eager, replayed = result["eager"], result["replayed"]
+            ratios = [e / r for e, r in zip(eager, replayed)]
+            tp = math.gcd(n, 4)
+            print(f"ranks {n} (dp {n // tp} x tp {tp}), d_model {d}: eager {statistics.median(eager) * 1e3:,.1f} ms, "
+                  f"replayed {statistics.median(replayed) * 1e3:,.1f} ms of CPU a step; eager / replayed "
+                  f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
+    print(f"load average at end {_load()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
