@@ -100,7 +100,7 @@ def main(args):
     cfg = model_config(args, clip=args.clip)
     shape, problem = split(comm.size, cfg)
     if problem:  # every rank alike, before any collective
-        raise spmdsim.SpmdsimError(f"the GPT cannot run on {comm.size} ranks: {problem}")
+        raise spmdsim.SpmdsimError(f"the GPT cannot run on {counted(comm.size, 'rank')}: {problem}")
     problem = replay_problem(cfg) if args.replay else None
     zero = int(args.zero) if args.zero.lstrip("-").isdigit() else args.zero
     problem = problem or recompute_problem(args.recompute) or zero_problem(zero) or kept_problem(args.kept)

@@ -143,7 +143,7 @@ def main(args):
         problem = replay_problem(cfg)
     problem = problem or precision_problem(args.precision) or kept_problem(args.kept)
     if problem:
-        raise spmdsim.SpmdsimError(f"the MoE GPT cannot run on {comm.size} ranks: {problem}")
+        raise spmdsim.SpmdsimError(f"the MoE GPT cannot run on {counted(comm.size, 'rank')}: {problem}")
     dp, ep, tp = shape
     layouts = None
     if args.dialect:  # Megatron's plan written in the dialect, read back: the same layouts (a stage's mesh too)

@@ -109,6 +109,9 @@ def test_the_command_prints_each_stage_within_100_columns():
     (["--global-batch", "6", "--micro-batch", "4"], "--global-batch 6 must be a multiple of --micro-batch x --dp"),
     (["--tp", "0"], "--tp 0 must be >= 1"),
     (["--machine", "nowhere-dgx"], "nowhere-dgx"),
+    (["--virtual-stages", "2"], "virtual stages 2 interleave the layers over the pipeline's stages (chunk k on "
+                                "stage k mod pp): they need pp 2 or more, got pp 1"),  # was a KeyError's traceback
+    (["--pad-vocab-to", "0"], "--pad-vocab-to 0 must be >= 1"),
 ])
 def test_bad_input_is_one_line(argv, message):
     done = _cli(*argv)

@@ -186,6 +186,9 @@ def test_executed_bubble_and_held_activations_follow_the_formulas(schedule, p):
     (dict(microbatches=3), "batch 8 is not divisible by 3 microbatches"),
     (dict(microbatches=8), "a microbatch of 1 samples is not divisible by dp 2"),
     (dict(pp=4, virtual=2, microbatches=4), "4 layers cannot fill 8 pipeline chunks"),
+    # a KeyError from the walk of chunks at pp 1 before (and `spmdsim estimate gpt --virtual-stages 2` its traceback)
+    (dict(pp=1, virtual=2, microbatches=2, schedule="interleaved"),
+     "virtual stages 2 interleave the layers over the pipeline's stages .*: they need pp 2 or more, got pp 1"),
 ])
 def test_refusals_are_one_line_on_every_rank(kwargs, message):
     pp = kwargs.pop("pp", 2)

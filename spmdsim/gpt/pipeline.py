@@ -69,6 +69,9 @@ def pipeline_layout_problem(cfg: GPTConfig, pp: int, dp: int, tp: int, sp: bool,
     for name, value in (("pp", pp), ("microbatches", microbatches), ("virtual stages", virtual)):
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
             return f"{name} {value!r} must be an integer >= 1"
+    if virtual > 1 and pp < 2:  # Megatron's interleaving also needs a pipeline: chunk k goes to stage k mod pp
+        return (f"virtual stages {virtual} interleave the layers over the pipeline's stages (chunk k on stage k mod "
+                f"pp): they need pp 2 or more, got pp {pp}")
     if cfg.batch % microbatches:
         return f"batch {cfg.batch} is not divisible by {microbatches} microbatches"
     micro = cfg.batch // microbatches

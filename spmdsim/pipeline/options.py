@@ -27,8 +27,9 @@ def pipeline_arguments(parser: Any) -> None:
 
 
 def pipelined(args: Any) -> bool:
-    """Whether the step runs as a pipeline's schedule (stages, or microbatches to accumulate over)."""
-    return args.pp > 1 or (args.microbatches or 1) > 1 or args.schedule != "1f1b"
+    """Whether the step runs as a pipeline's schedule (stages, microbatches to accumulate over, or chunks: the
+    pipeline's checks then refuse virtual stages without stages, where a plain step would ignore them)."""
+    return args.pp > 1 or (args.microbatches or 1) > 1 or args.schedule != "1f1b" or (args.virtual_stages or 1) > 1
 
 
 def microbatches(args: Any) -> int:
