@@ -32,6 +32,7 @@ import numpy as np
 import spmdsim
 from spmdsim.autograd.kept import kept_problem
 from spmdsim.gpt import decode, encode, load_text
+from spmdsim.gpt.data import text_problem
 from spmdsim.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
 from spmdsim.gpt.pipeline import pipeline_layout_problem, train_pipelined
 from spmdsim.gpt.memory import recompute_problem, zero_problem
@@ -107,12 +108,13 @@ def main(args):
     problem = problem or precision_problem(args.precision)
     if not problem and args.trace_out and not pipelined(args):
         problem = "--trace-out writes a pipeline's last step; give --pp (or --microbatches) with it"
+    text = load_text()
+    ids = encode(text)
+    problem = problem or text_problem(ids, cfg)
     if problem:  # every rank alike, before any collective
         raise spmdsim.SpmdsimError(problem)
     dp, tp = shape
     pp = args.pp
-    text = load_text()
-    ids = encode(text)
     rank0 = comm.rank == 0
     if rank0:
         print(f"GPT: {counted(cfg.layers, 'layer')}, d_model {cfg.d_model}, {cfg.heads} heads, seq {cfg.seq}, "

@@ -32,6 +32,7 @@ import spmdsim
 from spmdsim.autograd.kept import kept_problem
 from spmdsim.precision import precision, precision_problem
 from spmdsim.gpt import encode, load_text
+from spmdsim.gpt.data import text_problem
 from spmdsim.gpt.layouts import written
 from spmdsim.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
 from spmdsim.gpt.pipeline import pipeline_layout_problem, train_pipelined
@@ -141,7 +142,8 @@ def main(args):
         problem = mesh_problem(cfg, shape[0], shape[2], args.sp, shape[1])
     if not problem and args.replay:
         problem = replay_problem(cfg)
-    problem = problem or precision_problem(args.precision) or kept_problem(args.kept)
+    text = load_text()
+    problem = problem or precision_problem(args.precision) or kept_problem(args.kept) or text_problem(encode(text), cfg)
     if problem:
         raise spmdsim.SpmdsimError(f"the MoE GPT cannot run on {counted(comm.size, 'rank')}: {problem}")
     dp, ep, tp = shape
@@ -153,7 +155,6 @@ def main(args):
         algorithms["alltoallv"] = "pairwise"
     mesh = None if piped else spmdsim.Mesh(spmdsim.Layout((dp, ep, tp), ("dp", "ep", "tp")), comm,
                                            algorithms=algorithms)
-    text = load_text()
     rank0 = comm.rank == 0
     check = not args.no_check
     moe_layers = [f"h{i}" for i in range(cfg.layers) if cfg.is_moe(i)]

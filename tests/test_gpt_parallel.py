@@ -193,6 +193,12 @@ def test_train_gpt_refuses_replay_with_clipping_in_one_line():
      "--sample -5 must be an integer >= 0 (characters to generate; 0: none)"),
     (["examples/train_gpt.py", "--temperature", "nan"], "--temperature nan must be a finite number >= 0 (0: greedy)"),
     (["examples/train_gpt.py", "--temperature", "-1"], "--temperature -1.0 must be a finite number >= 0 (0: greedy)"),
+    # a step drew id 121 and refused it after the table's header; the text's ids are checked whole first now
+    (["examples/train_gpt.py", "--vocab", "102"], "the text's token ids run from 10 to 126, outside the vocabulary "
+                                                 "[0, 102); expected vocab 127 or more (--vocab)"),
+    (["examples/train_moe_gpt.py", "--vocab", "100"], "the MoE GPT cannot run on 4 ranks: the text's token ids run "
+                                                     "from 10 to 126, outside the vocabulary [0, 100); expected "
+                                                     "vocab 127 or more (--vocab)"),
 ])
 def test_the_gpt_examples_refuse_what_they_print_or_sample_with_in_one_line_before_training(args, message):
     """--every 0 raised ZeroDivisionError after the first step, --every -1 printed every step, --temperature nan

@@ -6,6 +6,7 @@ stage held are compared with the published formulas (docs/pipeline.md).
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from fractions import Fraction
 
@@ -319,3 +320,16 @@ def test_replayed_pipeline_steps_equal_the_eager_ones_bit_for_bit(pp, dp, tp, sp
         assert timed  # the last step's cells were stamped by its replay, not left from the capture
         assert all(r.passed and max(r.errors) <= TOLERANCE for r in replayed), replayed
     assert len(programs) == ranks * (4 + 1)  # eager: every step; replayed: the captured step alone
+
+
+def test_a_text_beyond_the_vocabulary_is_refused_before_the_first_step():
+    """The text's ids are checked whole, alike on every rank, before any collective (a step drew one and
+    refused it at that step before)."""
+    small = dataclasses.replace(SMALL, vocab=100)
+
+    def main():
+        train_pipelined(small, spmdsim.world(), 2, 1, 1, 1, IDS)
+
+    with pytest.raises(SpmdsimError, match=r"the text's token ids run from \d+ to \d+, outside the vocabulary "
+                                           r"\[0, 100\); expected vocab \d+ or more"):
+        spmdsim.simulate(2, main)

@@ -22,7 +22,7 @@ from ..errors import SpmdsimError
 from ..validate import as_int
 from .config import GPTConfig
 
-__all__ = ["MODULES", "SHIPPED_TEXT", "SHIPPED_CHARS", "load_text", "encode", "decode", "batch"]
+__all__ = ["MODULES", "SHIPPED_TEXT", "SHIPPED_CHARS", "load_text", "encode", "decode", "batch", "text_problem"]
 
 #: The standard library files read, in this order (missing ones are skipped).
 MODULES = tuple(sorted(("bisect.py", "colorsys.py", "copy.py", "difflib.py", "fnmatch.py", "fractions.py",
@@ -100,6 +100,19 @@ def decode(ids: Any) -> str:
     arr = np.asarray(ids, dtype=np.int64).ravel()
     printable = ((arr >= 32) & (arr < 127)) | (arr == 10) | (arr == 9)
     return np.where(printable, arr, ord("?")).astype(np.uint8).tobytes().decode("ascii")
+
+
+def text_problem(text_ids: Any, cfg: GPTConfig) -> Optional[str]:
+    """Why the GPT `cfg` cannot train on `text_ids` (one line, alike on every rank: they share the text), or
+    None: an id outside the vocabulary, found before the first step rather than at the step that draws it."""
+    ids = np.asarray(text_ids)
+    if ids.ndim != 1 or ids.dtype.kind not in "iu" or not ids.size:
+        return None  # `batch` names these
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= cfg.vocab:
+        need = f"; expected vocab {high + 1} or more (--vocab)" if low >= 0 else ""
+        return f"the text's token ids run from {low} to {high}, outside the vocabulary [0, {cfg.vocab}){need}"
+    return None
 
 
 def batch(text_ids: Any, cfg: GPTConfig, step: int) -> tuple[np.ndarray, np.ndarray]:

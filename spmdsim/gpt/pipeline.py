@@ -50,7 +50,7 @@ from ..context import current
 from ..errors import SpmdsimError
 from ..layout import Layout
 from .config import GPTConfig
-from .data import batch
+from .data import batch, text_problem
 from .memory import MASKS, recompute_problem, zero_problem
 from .params import decays, param_specs
 from .stages import chunk_parts, pipeline_problem
@@ -199,7 +199,8 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     moe = cfg.moe is not None or ep != 1
     problem = (pipeline_layout_problem(cfg, pp, dp, tp, sp, microbatches, virtual, split, ep)
                or recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
-               or (replay_problem(cfg) if replay else None) or precision_problem(precision))
+               or (replay_problem(cfg) if replay else None) or precision_problem(precision)
+               or text_problem(text_ids, cfg))
     if problem:
         where = f"pp {pp} x dp {dp} x ep {ep} x tp {tp}" if moe else f"pp {pp} x dp {dp} x tp {tp}"
         raise SpmdsimError(f"the GPT cannot train on {where}: {problem}")

@@ -47,7 +47,7 @@ from ..autograd.kept import kept_problem
 from ..buffers import owned_bytes
 from ..layout import Layout
 from .config import GPTConfig
-from .data import batch
+from .data import batch, text_problem
 from .memory import MemoryReport, recompute_problem, zero_problem
 from ..precision import is_low, precision as get_precision, precision_problem
 from .mixed import tolerances as mixed_tolerances
@@ -325,7 +325,8 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     from .parallel import GPT
 
     problem = (recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
-               or (replay_problem(cfg) if replay else None) or precision_problem(precision))
+               or (replay_problem(cfg) if replay else None) or precision_problem(precision)
+               or text_problem(text_ids, cfg))
     if problem:  # every rank alike, before any collective
         raise SpmdsimError(problem)
     policy = get_precision(precision)
