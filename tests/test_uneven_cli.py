@@ -29,7 +29,8 @@ def test_slices_show_the_pieces_of_each_rule(capsys):
 
 def test_even_and_the_even_only_dialects_refuse_with_one_line(capsys):
     for args, message in [
-        (ROWS, "spmdsim: error: tensor dim 0 of size 10 is not divisible by 4 shards (axes ('mp',))"),
+        (ROWS, "spmdsim: error: tensor dim 0 of size 10 is not divisible by 4 shards (axes ('mp',)); name a rule "
+               "with \"cut\": \"chunk\" or \"balanced\" (--cut) to cut unevenly"),
         (["--strategy", "((4,1),)", "--shape", "10,3"],
          "spmdsim: error: tensor dim 0 of size 10 is not divisible by 4 shards (axes ('axis_0',))"),
         (["--sbp", "S(0)", "--placement", "4", "--shape", "10,3"],
@@ -103,6 +104,18 @@ def test_holdings_and_plan_flags_on_uneven_cuts(capsys):
     assert " ".join(capsys.readouterr().err.split()) == (
         "spmdsim: error: --from-strategy cannot take cut 'chunk': MindSpore cuts every dim evenly; write that "
         "side as --from, --from-placements or --from-partition-spec")
+    # an even layout that cannot cut a dim names the rules that can; the even-only strategy form does not
+    even = ["plan", "--device-matrix", "4", "--from", "axis_0,None", "--to", "None,axis_0", "--shape", "10,4"]
+    assert main(even) == 2
+    assert " ".join(capsys.readouterr().err.split()) == (
+        "spmdsim: error: tensor dim 0 of size 10 is not divisible by 4 shards (axes ('axis_0',)); --cut chunk or "
+        "balanced cuts it unevenly (--to-cut for the target alone)")
+    assert main(even + ["--cut", "chunk"]) == 0
+    capsys.readouterr()
+    assert main(["plan", "--device-matrix", "4", "--from-strategy", "((4,1),)", "--to", "None,axis_0",
+                 "--shape", "10,4"]) == 2
+    assert " ".join(capsys.readouterr().err.split()) == (
+        "spmdsim: error: tensor dim 0 of size 10 is not divisible by 4 shards (axes ('axis_0',))")
 
 
 def test_plan_explain_past_64_ranks_names_the_unequal_blocks(capsys):

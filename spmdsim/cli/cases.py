@@ -250,6 +250,8 @@ def case_from_dict(data: Any) -> Case:
         if not hint and form == "partition_spec":
             hint = ('; JAX requires divisible dims: name a rule with "cut": "chunk" or "balanced" '
                     "(--cut) to cut unevenly")
+        elif not hint and form == "layout":
+            hint = '; name a rule with "cut": "chunk" or "balanced" (--cut) to cut unevenly'
         if not hint:
             raise
         raise ShapeError(f"{exc}{hint}") from None

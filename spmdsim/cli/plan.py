@@ -16,7 +16,7 @@ import json
 import math
 from typing import Any
 
-from ..errors import SpmdsimError
+from ..errors import ShapeError, SpmdsimError
 from ..layout import Layout, TensorLayout, default_axis_names
 from ..slicing import CUTS
 from ..plan import plan_redistribution
@@ -230,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
         check_output_dir(args.png, "--png")  # before the report: no traceback after it
         require_matplotlib()
     source, target, shape, dtype = layouts_from_args(args)
-    plan = plan_redistribution(source, target, shape, dtype)
+    plan = _planned(args, source, target, shape, dtype)
     print(json.dumps(plan_record(plan, args)) if args.json else plan_text(plan, args))
     if getattr(args, "show", False) and not args.json:
         from ..viz import render_plan_ascii
@@ -248,6 +248,19 @@ def run(args: argparse.Namespace) -> int:
                 print(f"(moves_NN.png and bytes.png are drawn up to {FOLD_RANKS} ranks; "
                       "--explain gives the traffic per group)")
     return 0
+
+
+def _planned(args: argparse.Namespace, source: TensorLayout, target: TensorLayout, shape: tuple, dtype: Any) -> Any:
+    """plan_redistribution's plan; a dim an even layout cannot cut is refused naming the rules that can (the
+    strategy and SBP forms cut evenly only: their refusal of --cut says what to write instead)."""
+    try:
+        return plan_redistribution(source, target, shape, dtype)
+    except ShapeError as exc:
+        even_only = any(getattr(args, f"{side}_{form}", None)
+                        for side in ("from", "to") for form in ("strategy", "sbp"))
+        if even_only or "is not divisible by" not in str(exc):
+            raise
+        raise ShapeError(f"{exc}; --cut chunk or balanced cuts it unevenly (--to-cut for the target alone)") from None
 
 
 def run_redistribute(args: argparse.Namespace) -> int:
@@ -274,7 +287,7 @@ def _execute(args: argparse.Namespace, comm: Any) -> int:
 
     check_trace_out(args)
     source, target, shape, dtype = layouts_from_args(args)
-    plan = plan_redistribution(source, target, shape, dtype)
+    plan = _planned(args, source, target, shape, dtype)
     check_memory(comm, f"redistribute {source} -> {target}",
                  lambda s: redistribute_need(source, target, s, dtype), shape,
                  shard_multiples(source, target), "--shape")
