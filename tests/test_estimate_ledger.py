@@ -346,3 +346,10 @@ def test_a_model_larger_than_this_machine_is_estimated_not_refused():
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == ("memory: stage 0 needs 1,191.24 GiB a rank, more than the a100-dgx's "
                                             "80.00 GiB per GPU")
+
+
+def test_the_mesh_line_counts_its_ranks_and_says_sp_splits_nothing_at_tp_1():
+    assert _cli("--sp").stdout.splitlines()[1].startswith(
+        "mesh pp 1 x dp 1 x tp 1 (1 rank), sp (at tp 1 the sequence is not split); ")
+    assert _cli("--sp", "--tp", "2", "--dp", "2").stdout.splitlines()[1].startswith(
+        "mesh pp 1 x dp 2 x tp 2 (4 ranks), sp; ")

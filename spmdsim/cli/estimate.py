@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     vocab = f"{args.vocab}" if cfg.padded_vocab == cfg.vocab else f"{args.vocab} (padded to {cfg.padded_vocab:,})"
     head = [f"GPT {args.layers} layers, hidden {args.hidden}, {args.heads} heads, seq {args.seq}, vocab {vocab}; "
             f"global batch {args.global_batch}",
-            f"mesh {mesh} ({ranks:,} ranks){', sp' if args.sp else ''}; "
+            f"mesh {mesh} ({ranks:,} rank{'s' if ranks > 1 else ''}){_sp(args)}; "
             f"{microbatches} microbatch(es) of {args.micro_batch} per {'dp x ep' if cfg.moe else 'dp'} rank, "
             f"{schedule}",
             f"recompute {args.recompute}, ZeRO {args.zero}, kept {args.kept}; machine {machine.name}"]
@@ -220,6 +220,13 @@ def _stage_lines(st: Any, bytes_: dict, timing: Any, zero: int, precision: str, 
     out.append(f"  sent: {sent or 'nothing'}")
     out.extend("  " + line for line in timing.lines())
     return wrap_lines(out)
+
+
+def _sp(args: argparse.Namespace) -> str:
+    """The mesh line's word for sequence parallelism ("" without it): at tp 1 it splits nothing."""
+    if not args.sp:
+        return ""
+    return ", sp" if args.tp > 1 else ", sp (at tp 1 the sequence is not split)"
 
 
 def _as_json(st: Any, bytes_: dict, timing: Any, precision: str) -> dict:
