@@ -45,8 +45,8 @@ def register(subparsers: Any) -> None:
                         help=f"one of {', '.join(NAMES)}")
     parser.add_argument("--gpt", metavar="KEY=VALUE,...",
                         help="--network gpt / gpt_sp: the model's size, e.g. 'layers=2,d_model=64' "
-                             "(keys vocab, d_model, heads, layers, seq, batch, vocab_pad_to: the vocabulary padded to a "
-                             "multiple of it, as Megatron pads to 128 x tp; with --machine also experts, "
+                             "(keys vocab, d_model, heads, layers, seq, batch, vocab_pad_to: the vocabulary "
+                             "padded to a multiple of it, as Megatron pads to 128 x tp; with --machine also experts, "
                              "top_k, moe_every for MoE layers; default examples/"
                              "train_gpt.py's 4 layers, d_model 128, 4 heads, seq 64, batch 8, vocab 128)")
     parser.add_argument("--devices", type=int, default=None,
@@ -156,7 +156,8 @@ def _gpt_config(text: str, max_layers: int = MAX_GPT_LAYERS, sizes: bool = True,
     c = config
     if not sizes:  # a dry run's blocks are never written: any size
         return config
-    tensors = {"batch*seq*vocab": c.batch * c.seq * c.padded_vocab, "batch*heads*seq*seq": c.batch * c.heads * c.seq ** 2,
+    tensors = {"batch*seq*vocab": c.batch * c.seq * c.padded_vocab,
+               "batch*heads*seq*seq": c.batch * c.heads * c.seq ** 2,
                "batch*seq*4*d_model": c.batch * c.seq * 4 * c.d_model, "vocab*d_model": c.padded_vocab * c.d_model}
     name, elements = max(tensors.items(), key=lambda kv: kv[1])
     if elements > MAX_GPT_ELEMENTS:

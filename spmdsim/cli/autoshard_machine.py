@@ -97,8 +97,8 @@ def _lines(cfg: Any, r: Any, seconds: float, note: str = "") -> list[str]:
     moe = cfg.moe is not None
     experts = (f"; {cfg.moe.experts} experts, top-{cfg.moe.top_k}, in 1 of every {cfg.moe.every} blocks (the dry runs "
                f"route {cfg.moe.dry_routing})") if moe else ""
-    vocab = f"{cfg.vocab}" if cfg.padded_vocab == cfg.vocab else f"{cfg.vocab} (padded to {cfg.padded_vocab:,})"
-    head = [f"GPT {cfg.layers} layers, hidden {cfg.d_model}, {cfg.heads} heads, seq {cfg.seq}, vocab {vocab}, "
+    head = [f"GPT {cfg.layers} layers, hidden {cfg.d_model}, {cfg.heads} heads, seq {cfg.seq}, "
+            f"vocab {cfg.vocab_words}, "
             f"global batch {cfg.batch}{experts}",
             f"{r.devices:,} devices on {r.machine}, memory limit {r.memory_limit / MIB:,.1f} MiB per rank, "
             f"{r.precision}, kept {r.kept}",

@@ -136,8 +136,8 @@ def run(args: argparse.Namespace) -> int:
     ranks = args.pp * args.dp * args.ep * args.tp
     mesh = f"pp {args.pp} x dp {args.dp} x ep {args.ep} x tp {args.tp}" if cfg.moe else \
         f"pp {args.pp} x dp {args.dp} x tp {args.tp}"
-    vocab = f"{args.vocab}" if cfg.padded_vocab == cfg.vocab else f"{args.vocab} (padded to {cfg.padded_vocab:,})"
-    head = [f"GPT {args.layers} layers, hidden {args.hidden}, {args.heads} heads, seq {args.seq}, vocab {vocab}; "
+    head = [f"GPT {args.layers} layers, hidden {args.hidden}, {args.heads} heads, seq {args.seq}, "
+            f"vocab {cfg.vocab_words}; "
             f"global batch {args.global_batch}",
             f"mesh {mesh} ({ranks:,} rank{'s' if ranks > 1 else ''}){_sp(args)}; "
             f"{microbatches} microbatch(es) of {args.micro_batch} per {'dp x ep' if cfg.moe else 'dp'} rank, "

@@ -102,20 +102,15 @@ class SearchResult:
     cell_runs: int = 0
 
 
-def _vocab(cfg: Any) -> str:
-    """The embedding's rows as a search says them: "50257", or "50257 padded to 51,200"."""
-    return f"{cfg.vocab}" if cfg.padded_vocab == cfg.vocab else f"{cfg.vocab} padded to {cfg.padded_vocab:,}"
-
-
 def vocab_note(cfg: Any, devices: int, gpus_per_node: int) -> str:
     """A line naming the tensor-parallel sizes the vocabulary alone leaves out (each divides the devices and the
     heads within a node, not the embedding's rows), with the padding that lets them in; "" when none is."""
     lost = [tp for tp in _divisors(devices) if tp <= gpus_per_node and not cfg.heads % tp and cfg.padded_vocab % tp]
     if not lost:
         return ""
-    pad = 128 * lost[-1]  # Megatron's: a multiple of 128 x tp
-    return (f"tp {', '.join(map(str, lost))} left out: they do not divide vocab {_vocab(cfg)} (the embedding is split "
-            f"over tp); pad it, e.g. vocab_pad_to={pad} (Megatron pads to 128 x tp)")
+    pad = 128 * math.lcm(*lost)  # Megatron pads to a multiple of 128 x tp: one for every tp left out
+    return (f"tp {', '.join(map(str, lost))} left out: they do not divide vocab {cfg.vocab_words} (the embedding is "
+            f"split over tp); pad it, e.g. vocab_pad_to={pad} (Megatron pads to 128 x tp)")
 
 
 def _divisors(n: int) -> list[int]:
@@ -361,7 +356,7 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
         bounded.append(Candidate(c, seconds, nbytes))
     if not bounded:
         raise SpmdsimError(f"no configuration of the GPT runs on {devices:,} devices (tp must divide the heads "
-                           f"{cfg.heads} and vocab {_vocab(cfg)} within a node of {machine.gpus_per_node}, pp the "
+                           f"{cfg.heads} and vocab {cfg.vocab_words} within a node of {machine.gpus_per_node}, pp the "
                            f"layers {cfg.layers}, dp the batch {cfg.batch})")
     out = [replace(c, verdict=STATES) for c in bounded if c.bound_bytes > memory_limit]
     # Branch and bound: the heap holds each candidate under its best lower bound so far (first the closed

@@ -85,6 +85,12 @@ class GPTConfig:
         """The token embedding's rows: vocab rounded up to a multiple of vocab_pad_to."""
         return -(-self.vocab // self.vocab_pad_to) * self.vocab_pad_to
 
+    @property
+    def vocab_words(self) -> str:
+        """The vocabulary as a line says it: "50257", or "50257 (padded to 51,200)"."""
+        padded = self.padded_vocab
+        return f"{self.vocab}" if padded == self.vocab else f"{self.vocab} (padded to {padded:,})"
+
     def unpadded(self) -> GPTConfig:
         """This model without vocabulary padding (the single-process reference's model)."""
         return self if self.vocab_pad_to == 1 else replace(self, vocab_pad_to=1)
