@@ -125,3 +125,18 @@ def test_plan_explain_past_64_ranks_names_the_unequal_blocks(capsys):
     assert "dim 0: 128 blocks of 8 to 7 (cut 'balanced'), block x" in out
     assert "others in its group 75 B on average (the busiest rank's)" in out
     assert "lower bound 11,916 B (meets it on every rank)" in out
+
+
+def test_plan_reads_placements_as_slices_does_cutting_by_torch_chunk_unasked(capsys):
+    """`spmdsim slices --placements` cut a dim that does not divide as DTensor does; `spmdsim plan
+    --from-placements` refused it (an even cut) unless given --cut chunk: now both read placements alike."""
+    assert main(["plan", "--device-matrix", "4", "--from-placements", "S(0)", "--to-placements", "R",
+                 "--shape", "7,2", "--json"]) == 0
+    asked = json.loads(capsys.readouterr().out)
+    assert main(["plan", "--device-matrix", "4", "--from-placements", "S(0)", "--to-placements", "R",
+                 "--shape", "7,2", "--cut", "chunk", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == asked
+    # a dim on two mesh dims that DTensor would cut piece by piece otherwise than spmdsim: refused, one line
+    assert main(["plan", "--device-matrix", "2,2", "--from-placements", "S(0),S(0)", "--to-placements", "R,R",
+                 "--shape", "6,2"]) == 2
+    assert "DTensor would cut it piece by piece" in " ".join(capsys.readouterr().err.split())

@@ -186,10 +186,30 @@ def layouts_from_args(args: argparse.Namespace) -> tuple[TensorLayout, TensorLay
             f"--to-device-matrix {args.to_device_matrix!r} has {target_mesh.num_devices} devices "
             f"but --device-matrix {args.device_matrix!r} has {world}; expected the same count"
         )
-    source = _cut(args, "from", _side(args, "from", source_mesh, len(shape), world), args.cut)
-    target = _cut(args, "to", _side(args, "to", target_mesh, len(shape), world), args.to_cut or args.cut)
+    sides = {"from": _side(args, "from", source_mesh, len(shape), world),
+             "to": _side(args, "to", target_mesh, len(shape), world)}
+    cuts = {"from": args.cut, "to": args.to_cut or args.cut}
+    if args.cut is None and any(getattr(args, f"{which}_placements") and _uneven(tl, shape)
+                                for which, tl in sides.items()):
+        # DTensor placements cut a dim that does not divide as DTensor does (torch.chunk's rule), unasked, as
+        # `spmdsim slices` reads them; the other side takes the same rule where it can (an even-only strategy
+        # or SBP keeps its own), so that the two differ only where the placements do.
+        for which in sides:
+            if cuts[which] is None and not (getattr(args, f"{which}_strategy") or getattr(args, f"{which}_sbp")):
+                cuts[which] = "chunk"
+    source, target = (_cut(args, which, sides[which], cuts[which]) for which in ("from", "to"))
+    for which, tl in (("from", source), ("to", target)):
+        if getattr(args, f"{which}_placements") and _uneven(tl, shape):
+            from ..dialects.dtensor import check_uneven_shards
+
+            check_uneven_shards(tl, shape)  # where DTensor would cut piece by piece otherwise: one line
     _check_alias_used(args)
     return source, target, shape, args.dtype
+
+
+def _uneven(tl: TensorLayout, shape: tuple) -> bool:
+    """Whether a split dim of `shape` does not divide by its shards under `tl`."""
+    return len(shape) == tl.ndim and any(n % k for n, k in zip(shape, tl.shards_per_dim))
 
 
 def _cut(args: argparse.Namespace, which: str, tl: TensorLayout, cut: str | None) -> TensorLayout:
