@@ -262,6 +262,8 @@ def test_a_vocabulary_no_tp_divides_is_said_and_padded_with_vocab_pad_to(capsys)
             "vocab_pad_to=512 (Megatron pads to 128 x tp)") in out
     assert {c.tp for c in configurations(GPTConfig(layers=2, d_model=64, heads=4, seq=64, vocab=50257, batch=8),
                                          8, 8)} == {1}
+    assert main(argv + ["--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["note"].startswith("tp 2, 4 left out: they do not divide vocab 50257")
     argv[4] += ",vocab_pad_to=512"
     assert main(argv + ["--json"]) == 0
     data = json.loads(capsys.readouterr().out)
