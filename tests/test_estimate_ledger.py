@@ -348,8 +348,11 @@ def test_a_model_larger_than_this_machine_is_estimated_not_refused():
                                             "80.00 GiB per GPU")
 
 
-def test_the_mesh_line_counts_its_ranks_and_says_sp_splits_nothing_at_tp_1():
+def test_the_head_counts_its_ranks_and_says_what_sp_and_zero_split_nothing():
     assert _cli("--sp").stdout.splitlines()[1].startswith(
         "mesh pp 1 x dp 1 x tp 1 (1 rank), sp (at tp 1 the sequence is not split); ")
     assert _cli("--sp", "--tp", "2", "--dp", "2").stdout.splitlines()[1].startswith(
         "mesh pp 1 x dp 2 x tp 2 (4 ranks), sp; ")
+    assert _cli("--zero", "1").stdout.splitlines()[2].startswith(
+        "recompute none, ZeRO 1 (a data-parallel group of one: nothing sharded), kept graph")
+    assert _cli("--zero", "1", "--dp", "2").stdout.splitlines()[2].startswith("recompute none, ZeRO 1, kept graph")

@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
             f"mesh {mesh} ({ranks:,} rank{'s' if ranks > 1 else ''}){_sp(args)}; "
             f"{microbatches} microbatch(es) of {args.micro_batch} per {'dp x ep' if cfg.moe else 'dp'} rank, "
             f"{schedule}",
-            f"recompute {args.recompute}, ZeRO {args.zero}, kept {args.kept}; machine {machine.name}"]
+            f"recompute {args.recompute}, ZeRO {args.zero}{_alone(args)}, kept {args.kept}; machine {machine.name}"]
     if cfg.moe:
         m = cfg.moe
         moe_layers = sum(cfg.is_moe(i) for i in range(cfg.layers))
@@ -227,6 +227,11 @@ def _sp(args: argparse.Namespace) -> str:
     if not args.sp:
         return ""
     return ", sp" if args.tp > 1 else ", sp (at tp 1 the sequence is not split)"
+
+
+def _alone(args: argparse.Namespace) -> str:
+    """ZeRO-1 over a data-parallel group of one shards nothing: said beside it ("" otherwise)."""
+    return " (a data-parallel group of one: nothing sharded)" if args.zero and args.dp * args.ep == 1 else ""
 
 
 def _as_json(st: Any, bytes_: dict, timing: Any, precision: str) -> dict:
