@@ -237,7 +237,7 @@ def _bucketed(bucket: _Bucket, leaf: Any, explain: Optional[list], readers: dict
         first = grads[0]
         parts = [g.local.reshape(-1) for g in grads]
         if first.mesh.engine.dry:  # the dry engine's zeros, not copied (spmdsim.sim.dry): never read or written
-            like = np.broadcast_to(np.zeros((), np.result_type(*parts)), (sum(p.size for p in parts),))
+            like = buffers.broadcast_zero((sum(p.size for p in parts),), np.result_type(*parts))
             flat = first.mesh.engine.local(np.concatenate, like, parts)
         else:
             flat = np.concatenate(parts)
@@ -452,7 +452,7 @@ def add_grads(a: Any, b: Any, layout: TensorLayout, kind: Optional[str] = "activ
     if kind is not None:
         sweep("add", (a.local, b.local), (a.local,), kind)
     if a.mesh.engine.dry:  # the dry engine's zeros, not added (spmdsim.sim.dry)
-        like = np.broadcast_to(np.zeros((), np.result_type(a.local, b.local)), a.local.shape)
+        like = buffers.broadcast_zero(a.local.shape, np.result_type(a.local, b.local))
         total = a.mesh.engine.local(np.add, like, a.local, b.local)
     else:
         total = a.local + b.local

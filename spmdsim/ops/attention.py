@@ -23,6 +23,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ..buffers import broadcast_zero
 from ..autograd.kept import kept_problem
 from ..autograd.rules.attention import count_core, count_core_kernels, record_attention
 from ..flops import any_open
@@ -120,7 +121,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
             return rounded(product(pd, vb.transpose(heads)), dtype).transpose(back)
         return np.matmul(pd, vb.transpose(heads)).transpose(back)
 
-    like = np.broadcast_to(np.zeros((), dtype), decided.block)  # the result's block
+    like = broadcast_zero(decided.block, dtype)  # the result's block
     out = make_dtensor(mesh, _engine_local(forward, like, q.local, k.local, v.local), decided.out, decided.shape)
     probs_local = decided.scores  # this rank's (b, h, tq, tk) scores
     scores = (probs_local, dtype)
@@ -130,15 +131,15 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
     if q._ag is None and k._ag is None and v._ag is None:
         return out
     if mesh.engine.dry and not recompute:  # what the rule keeps, sized: the dry engine's zeros, never touched
-        block = np.broadcast_to(np.zeros((), q.dtype), probs_local)
+        block = broadcast_zero(probs_local, q.dtype)
         p = _engine_local(np.copy, block, block)
         saved.update(p=p, pd=_engine_local(np.copy, block, block) if drop else p)
         if kept == "megatron" and drop:
-            bits = np.broadcast_to(np.zeros((), bool), block.shape)
+            bits = broadcast_zero(block.shape, bool)
             saved.update(keep=_engine_local(np.copy, bits, bits),
                             scale=(np.float32 if low else dtype.type)(1.0 / (1.0 - drop)))
         else:
-            factors = np.broadcast_to(np.zeros((), np.float32), block.shape) if low else block  # the kernel's dtype
+            factors = broadcast_zero(block.shape, np.float32) if low else block  # the kernel's dtype
             saved.update(factors=_engine_local(np.copy, factors, block) if drop else None)
     return record_attention(out, q, k, v, plan, saved, core if recompute else None, scale, (heads, keys_t, back),
                             (scores, drop, kept))

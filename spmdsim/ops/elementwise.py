@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ..buffers import broadcast_zero
 from .. import activations
 from ..autograd.kept import kept_problem
 from ..autograd.rules.pointwise import record_activation, record_bias_add, record_scale
@@ -43,7 +44,7 @@ def activation(x: Any, name: str, keep_tanh: bool = True) -> Any:
         require_float(name, x.local)
     if name == "gelu" and x._ag is not None and keep_tanh:  # the inner tanh kept for the backward (one tanh, not two)
         # bfloat16: the tanh is float32 (spmdsim.activations computes it widened); a dry run's zeros alike
-        like = np.broadcast_to(np.zeros((), np.float32), x.local.shape) if is_low(x.local.dtype) else x.local
+        like = broadcast_zero(x.local.shape, np.float32) if is_low(x.local.dtype) else x.local
         tanh = engine_local(activations.gelu_tanh, like, x.local)
         out = make_dtensor(x.mesh, engine_local(activations.gelu_from_tanh, x.local, x.local, tanh), layout,
                            x.global_shape)

@@ -31,6 +31,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from ..buffers import broadcast_zero
 from ..autograd.rules.megatron import record_bias_dropout_add, record_column, record_row
 from ..engines import local as _engine_local  # the kernel; the dry engine's zeros, not computed
 from ..errors import OperatorError
@@ -99,7 +100,7 @@ def column_parallel_linear(x: Any, pairs: Sequence[tuple], full: Optional[Tensor
     if len(ys) == 1:
         block, layout = ys[0], one
     else:
-        like = np.broadcast_to(np.zeros((), ys[0].dtype), (len(ys),) + ys[0].shape)
+        like = broadcast_zero((len(ys),) + ys[0].shape, ys[0].dtype)
         block = _engine_local(np.stack, like, ys)
         layout, shape = TensorLayout(full.layout, ((),) + one.tensor_map), (len(ys),) + shape
     out = make_dtensor(x.mesh, block, layout, shape)
@@ -169,7 +170,7 @@ def _bias_dropout_add_low(y: np.ndarray, bias: np.ndarray, residual: np.ndarray,
 
 def _rounded(block: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """A float32 product or sum `block` rounded once to the activations' `dtype` (a dry run's zeros)."""
-    return _engine_local(rounded, np.broadcast_to(np.zeros((), dtype), block.shape), block, dtype)
+    return _engine_local(rounded, broadcast_zero(block.shape, dtype), block, dtype)
 
 
 def _added_rounded(y: np.ndarray, bias: np.ndarray) -> np.ndarray:

@@ -28,6 +28,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from ..buffers import broadcast_zero
 from ..autograd.graph import no_grad
 from ..autograd.rules.norms import record_layer_norm, record_normalized
 from ..autograd.kept import kept_problem
@@ -147,7 +148,7 @@ def _normalized(x: Any, d: int, eps: float, centre: bool, op: str) -> Any:
     if x.mesh.engine.dry:  # the rstd the rule keeps, sized (the dry engine's zeros): kept bytes measure alike
         rows = x.local.shape[:d] + (1,) + x.local.shape[d + 1:]
         stat = np.float32 if is_low(y.dtype) else y.dtype  # bfloat16's statistics are float32
-        kept["rstd"] = _engine_local(np.copy, np.broadcast_to(np.zeros((), stat), rows), y)
+        kept["rstd"] = _engine_local(np.copy, broadcast_zero(rows, stat), y)
     return record_normalized(out, x, y, kept, d, centre, op)
 
 
@@ -207,7 +208,7 @@ def _fused_layer_norm(x: Any, d: int, eps: float, weight: Optional[Any], bias: O
         return y
 
     dtype = result_dtype(*[t.local.dtype for t in (x, w, b) if t is not None])
-    out = make_dtensor(x.mesh, _engine_local(kernel, np.broadcast_to(np.zeros((), dtype), x.local.shape), x.local),
+    out = make_dtensor(x.mesh, _engine_local(kernel, broadcast_zero(x.local.shape, dtype), x.local),
                        x.layout, x.global_shape)
     stat = np.dtype(np.float32) if low else x.dtype  # bfloat16's statistics are float32
     rows = (x.local.shape[:d] + (1,) + x.local.shape[d + 1:], stat)
@@ -217,7 +218,7 @@ def _fused_layer_norm(x: Any, d: int, eps: float, weight: Optional[Any], bias: O
     if all(t is None or t._ag is None for t in (x, w, b)):
         return out
     if x.mesh.engine.dry:  # the statistics the rule keeps, sized (the dry engine's zeros)
-        rows = np.broadcast_to(np.zeros((), stat), x.local.shape[:d] + (1,) + x.local.shape[d + 1:])
+        rows = broadcast_zero(x.local.shape[:d] + (1,) + x.local.shape[d + 1:], stat)
         stats.update(mean=_engine_local(np.copy, rows, rows), root=_engine_local(np.copy, rows, rows))
     return record_layer_norm(out, x, w, b, stats, d)
 
@@ -323,7 +324,7 @@ def dropout(x: Any, p: float, seed: Optional[int] = None, training: bool = True,
         return out if x._ag is None else record_dropout_mask(out, x, keep, scale.dtype.type(scale))
     order, mask_shape, mask_region, back = _mask_geometry(x, mask_dims)
     if dry is not None:  # the factors the rule keeps, sized (zeros never touched): kept bytes measure alike
-        like = np.broadcast_to(np.zeros((), scale.dtype), dry.shape)  # the factors' dtype (float32 at bfloat16)
+        like = broadcast_zero(dry.shape, scale.dtype)  # the factors' dtype (float32 at bfloat16)
         factors = None if x._ag is None else _engine_local(np.copy, like, dry)
     elif order is None:
         factors = np.multiply(keep_mask(mask_shape, seed, mask_region, p), scale)
@@ -344,7 +345,7 @@ def dropout_keep(x: Any, p: float, seed: Any, mask_dims: Optional[Sequence[int]]
     """This rank's boolean keep mask of `dropout` on x (shaped like x's block; with `mask_dims`, a view);
     `dry`: a dry run's zeros of its size, not drawn (pages never touched)."""
     if dry:
-        like = np.broadcast_to(np.zeros((), bool), x.local.shape)
+        like = broadcast_zero(x.local.shape, bool)
         return _engine_local(np.copy, like, like)
     order, mask_shape, mask_region, back = _mask_geometry(x, mask_dims)
     keep = keep_mask(mask_shape, seed, mask_region, p)

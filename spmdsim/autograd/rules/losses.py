@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ...buffers import broadcast_zero
 from ...flops import sweep
 from ..graph import record, with_partial
 from .grads import grad_tensor
@@ -43,7 +44,7 @@ def record_cross_entropy(out: Any, logits: Any, labels: Any, *, e: np.ndarray, s
     def backward(dl: Any) -> tuple:
         sweep("cross_entropy", (e, sum_exp), (e,))  # softmax - the labels' one-hot, times the upstream
         if dl.mesh.engine.dry:  # shapes only: the gradient block is zeros, not worked out
-            like = np.broadcast_to(np.zeros((), e.dtype), e.shape)
+            like = broadcast_zero(e.shape, e.dtype)
             return grad_tensor(logits, dl.mesh.engine.local(np.divide, like), dl.layout.partial), None
         g = e / sum_exp[:, None]
         # Each row's label column (column 0, less 0, where another rank owns it): no array whose size depends

@@ -130,7 +130,7 @@ def record_embedding(out: Any, ids: Any, table: Any, plan: Any, start: int, labe
         # the table's gradient zeroed, then the ids and the rows' gradients read and added into their rows
         sweep("embedding", (ids.local, dy.local, dy.local), (table.local, dy.local))
         if dy.mesh.engine.dry:  # shapes only: the table's gradient is zeros, not scattered into
-            g = dy.mesh.engine.local(np.add.at, np.broadcast_to(np.zeros((), dy.local.dtype), table.local.shape))
+            g = dy.mesh.engine.local(np.add.at, buffers.broadcast_zero(table.local.shape, dy.local.dtype))
             return None, grad_tensor(table, g, dy.layout.partial, axes_of(plan.local, plan.local.tensor_map[:-1]))
         flat_ids = ids.local.reshape(-1) - start
         owned = (flat_ids >= 0) & (flat_ids < rows)

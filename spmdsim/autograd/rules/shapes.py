@@ -78,7 +78,7 @@ def record_narrow(out: Any, x: Any, index: tuple) -> Any:
 
     def backward(dy: Any) -> tuple:
         d = dy.local  # a dry run: the engine's zeros of x's block, not filled (spmdsim.sim.dry)
-        like = np.broadcast_to(np.zeros((), d.dtype), x.local.shape)
+        like = buffers.broadcast_zero(x.local.shape, d.dtype)
         return (grad_tensor(x, _local(fill, like, d), dy.layout.partial),)
 
     return record(out, "narrow", (x,), backward)
