@@ -129,3 +129,26 @@ def test_files_are_refused_windows_made_sessions_follow_rc_errors(tmp_path):
         """, "", simulated=True, n=1)
     assert run.stdout.splitlines() == ["True 0", "True 8", "MPI I/O (MPI.File)",
                                                                                 "True Win", "True True"], run.stderr
+
+
+def test_intercommunicators_and_dynamic_processes_are_refused_in_one_line(tmp_path):
+    """Create_intercomm was an AttributeError of the simulated communicator's class; it, Spawn, Accept and
+    Connect raise NotImplementedError now (what mpi4py raises where MPI lacks a call), naming the call."""
+    run = _run(tmp_path, """
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        local = comm.Split(comm.rank % 2, comm.rank)
+        calls = [lambda: local.Create_intercomm(0, comm, 1 - comm.rank % 2, tag=5),
+                 lambda: comm.Spawn("python", ["x.py"], maxprocs=1), lambda: comm.Spawn_multiple(["a"]),
+                 lambda: comm.Accept("port"), lambda: comm.Connect("port")]
+        for call in calls:
+            try:
+                call()
+            except NotImplementedError as exc:
+                if comm.rank == 0:
+                    print(str(exc).split(":")[0])
+        """, "", simulated=True, n=2)
+    assert run.stdout.splitlines() == [
+        "intercommunicators (Intracomm.Create_intercomm)", "dynamic processes (Intracomm.Spawn)",
+        "dynamic processes (Intracomm.Spawn_multiple)", "client-server connections (Intracomm.Accept)",
+        "client-server connections (Intracomm.Connect)"], run.stderr

@@ -313,6 +313,23 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
         mpi = mpi_module()
         return mpi.Intercomm() if mpi is not None else None
 
+    # Intercommunicators and dynamic processes are not simulated (docs/simulate.md, "Limits"): refused in one
+    # line, NotImplementedError as mpi4py raises where the MPI library lacks a call, not an AttributeError.
+    def Create_intercomm(self, *args: Any, **kwargs: Any) -> Any:
+        _not_simulated("intercommunicators (Intracomm.Create_intercomm)")
+
+    def Spawn(self, *args: Any, **kwargs: Any) -> Any:
+        _not_simulated("dynamic processes (Intracomm.Spawn)")
+
+    def Spawn_multiple(self, *args: Any, **kwargs: Any) -> Any:
+        _not_simulated("dynamic processes (Intracomm.Spawn_multiple)")
+
+    def Accept(self, *args: Any, **kwargs: Any) -> Any:
+        _not_simulated("client-server connections (Intracomm.Accept)")
+
+    def Connect(self, *args: Any, **kwargs: Any) -> Any:
+        _not_simulated("client-server connections (Intracomm.Connect)")
+
     def Free(self) -> None:
         """Free the communicator (this handle then equals MPI.COMM_NULL); MPI.COMM_WORLD and MPI.COMM_SELF
         are permanent: MPI.Exception (MPI.ERR_COMM), as MPICH raises, and they stay usable."""
@@ -413,3 +430,9 @@ def _predefined(kind: str, same: bool) -> SimComm:
     state = _local.simulated()
     canonical = world_of(state) if kind == "world" else self_comm(state)
     return canonical if same else SimComm(canonical)
+
+
+def _not_simulated(what: str) -> None:
+    raise NotImplementedError(f"{what}: not simulated; spmdsim mpirun runs communicators, point to point, "
+                              "collectives and one-sided communication (docs/simulate.md); run this program "
+                              "under mpiexec")
