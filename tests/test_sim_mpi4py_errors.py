@@ -132,15 +132,16 @@ def test_files_are_refused_windows_made_sessions_follow_rc_errors(tmp_path):
 
 
 def test_intercommunicators_and_dynamic_processes_are_refused_in_one_line(tmp_path):
-    """Create_intercomm was an AttributeError of the simulated communicator's class; it, Spawn, Accept and
-    Connect raise NotImplementedError now (what mpi4py raises where MPI lacks a call), naming the call."""
+    """Create_intercomm and Comm.f2py were AttributeErrors of the simulated communicator's class; they, Spawn,
+    Accept and Connect raise NotImplementedError now (what mpi4py raises where MPI lacks a call), naming the
+    call (a simulated communicator has no MPI handle: its py2f is -1)."""
     run = _run(tmp_path, """
         from mpi4py import MPI
         comm = MPI.COMM_WORLD
         local = comm.Split(comm.rank % 2, comm.rank)
         calls = [lambda: local.Create_intercomm(0, comm, 1 - comm.rank % 2, tag=5),
                  lambda: comm.Spawn("python", ["x.py"], maxprocs=1), lambda: comm.Spawn_multiple(["a"]),
-                 lambda: comm.Accept("port"), lambda: comm.Connect("port")]
+                 lambda: comm.Accept("port"), lambda: comm.Connect("port"), lambda: MPI.Comm.f2py(comm.py2f())]
         for call in calls:
             try:
                 call()
@@ -151,4 +152,5 @@ def test_intercommunicators_and_dynamic_processes_are_refused_in_one_line(tmp_pa
     assert run.stdout.splitlines() == [
         "intercommunicators (Intracomm.Create_intercomm)", "dynamic processes (Intracomm.Spawn)",
         "dynamic processes (Intracomm.Spawn_multiple)", "client-server connections (Intracomm.Accept)",
-        "client-server connections (Intracomm.Connect)"], run.stderr
+        "client-server connections (Intracomm.Connect)",
+        "a communicator from an MPI handle (Comm.fromint, Comm.f2py, Comm.fromhandle)"], run.stderr

@@ -295,6 +295,13 @@ class SimComm(Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHa
 
     py2f = toint
 
+    @classmethod
+    def fromint(cls, handle: int) -> Any:
+        """No MPI handle to find one by (`toint` is -1): refused in one line, as the calls below are."""
+        _not_simulated("a communicator from an MPI handle (Comm.fromint, Comm.f2py, Comm.fromhandle)")
+
+    f2py = fromhandle = fromint
+
     def Compare(self, other: "SimComm") -> int:
         """MPI.IDENT (the same communicator), CONGRUENT (same ranks, same order), SIMILAR or UNEQUAL."""
         self, other = _resolve(self), _resolve(other)  # MPI.Comm.Compare(MPI.COMM_NULL, ...) too
