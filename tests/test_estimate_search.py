@@ -272,3 +272,7 @@ def test_a_vocabulary_no_tp_divides_is_said_and_padded_with_vocab_pad_to(capsys)
     out = capsys.readouterr().out
     assert out.startswith("GPT 2 layers, hidden 64, 4 heads, seq 64, vocab 50257 (padded to 50,688), global batch 8")
     assert "left out" not in out
+    # the operators' graph (no --machine) has no mask for padded logits: it cuts the vocabulary unevenly instead
+    assert main(["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=64,vocab=257,vocab_pad_to=8"]) == 2
+    assert unfold(capsys.readouterr().err).startswith(
+        "spmdsim: error: --gpt vocab_pad_to pads the vocabulary in the search by a machine file (add --machine")

@@ -64,7 +64,7 @@ def gpt_graph(cfg: GPTConfig, devices: int) -> Graph:
     Each node names the parameters it reads; their shapes and values are `gpt_params(cfg)`'s,
     and every one of them is read (the head reads the embedding's "wte": tied).
     """
-    B, T, D, H, V, F = cfg.batch, cfg.seq, cfg.d_model, cfg.heads, cfg.padded_vocab, 4 * cfg.d_model
+    B, T, D, H, V, F = cfg.batch, cfg.seq, cfg.d_model, cfg.heads, cfg.vocab, 4 * cfg.d_model
     Dh = cfg.head_dim
     btd, heads, bhqk = (B, T, D), (B, T, H, Dh), (B, H, T, T)
     nodes: list[OpNode] = [OpNode("x", "input", (), (), (B, T), "int64",

@@ -45,9 +45,9 @@ def register(subparsers: Any) -> None:
                         help=f"one of {', '.join(NAMES)}")
     parser.add_argument("--gpt", metavar="KEY=VALUE,...",
                         help="--network gpt / gpt_sp: the model's size, e.g. 'layers=2,d_model=64' "
-                             "(keys vocab, d_model, heads, layers, seq, batch, vocab_pad_to: the vocabulary "
-                             "padded to a multiple of it, as Megatron pads to 128 x tp; with --machine also experts, "
-                             "top_k, moe_every for MoE layers; default examples/"
+                             "(keys vocab, d_model, heads, layers, seq, batch; with --machine also experts, "
+                             "top_k, moe_every for MoE layers and vocab_pad_to, the vocabulary padded to a multiple "
+                             "of it as Megatron pads to 128 x tp; default examples/"
                              "train_gpt.py's 4 layers, d_model 128, 4 heads, seq 64, batch 8, vocab 128)")
     parser.add_argument("--devices", type=int, default=None,
                         help="device count (default 8; with --run, the ranks of the launch)")
@@ -106,9 +106,12 @@ def _fixes(items: list[str]) -> dict[str, str]:
 
 
 #: The GPTConfig fields --gpt sets.
-GPT_KEYS = ("vocab", "d_model", "heads", "layers", "seq", "batch", "vocab_pad_to")
-#: With --machine, the MoE layers' keys too (spmdsim.moe.MoEConfig: experts, top_k, every as moe_every).
+GPT_KEYS = ("vocab", "d_model", "heads", "layers", "seq", "batch")
+#: With --machine, the MoE layers' keys too (spmdsim.moe.MoEConfig: experts, top_k, every as moe_every), and the
+#: vocabulary's padding (the model's dry run masks the padded logits out of the loss, as Megatron does; the
+#: operators' graph has no such mask: there a vocabulary no tp divides is cut unevenly instead).
 MOE_KEYS = ("experts", "top_k", "moe_every")
+MACHINE_KEYS = MOE_KEYS + ("vocab_pad_to",)
 
 #: Most layers --gpt prices: the search grows faster than the layers (64 take about 11 s
 #: at 8 devices, 256 more than 30 s).
@@ -121,17 +124,22 @@ MAX_GPT_ELEMENTS = 2 ** 40
 
 def _gpt_config(text: str, max_layers: int = MAX_GPT_LAYERS, sizes: bool = True, moe: bool = False) -> Any:
     """--gpt 'layers=2,d_model=64' as a GPTConfig (its own checks name a bad value); with `moe` (the search by
-    a machine file) MOE_KEYS too: experts=N makes every moe_every-th block (default 2) an MoE layer."""
+    a machine file) MACHINE_KEYS too: experts=N makes every moe_every-th block (default 2) an MoE layer, and
+    vocab_pad_to=N pads the vocabulary."""
     from ..gpt.config import GPTConfig
     from ..moe.config import MoEConfig
 
-    keys = GPT_KEYS + (MOE_KEYS if moe else ())
+    keys = GPT_KEYS + (MACHINE_KEYS if moe else ())
     fields: dict = {}
     for item in text.split(","):
         key, sep, value = (part.strip() for part in item.partition("="))
         if sep and key in MOE_KEYS and not moe:
             raise SpmdsimError(f"--gpt {key} sets MoE layers, which only the search by a machine file prices: "
                                "add --machine (e.g. --machine a100-dgx)")
+        if sep and key == "vocab_pad_to" and not moe:
+            raise SpmdsimError("--gpt vocab_pad_to pads the vocabulary in the search by a machine file (add --machine, "
+                               "e.g. --machine a100-dgx); the operators' search cuts a vocabulary no tp divides "
+                               "unevenly instead")
         if not sep or key not in keys:
             raise SpmdsimError(f"--gpt {item.strip()!r} must read KEY=VALUE with KEY one of {keys!r}, "
                                "e.g. 'layers=2,d_model=64'")
