@@ -49,10 +49,8 @@ def _child(args: argparse.Namespace) -> dict:
     import spmdsim
     from spmdsim import DTensor, Layout, Mesh
     from spmdsim.gpt import GPTConfig, batch, encode, load_text
-    from spmdsim.gpt.parallel import GPT
-    from spmdsim.gpt.params import decays, param_specs
-    from spmdsim.optim import AdamW
     from spmdsim.runtime.replay import Scalar, capture
+    from bench_gpt import gpt_step  # the step bench_gpt.py times, built alike
 
     cfg = GPTConfig(layers=args.layers, d_model=args.d_model, heads=4, seq=args.seq, batch=8, dropout=0.1)
     ids = encode(load_text())
@@ -61,19 +59,7 @@ def _child(args: argparse.Namespace) -> dict:
     def body() -> dict:
         comm = spmdsim.world()
         mesh = Mesh(Layout((args.ranks // tp, tp), ("dp", "tp")), comm)
-        model = GPT(cfg, mesh, sp=tp > 1)
-        specs = param_specs(cfg)
-        params = [model.params[s.name] for s in specs]
-        opt = AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
-                    decay=[model.params[s.name] for s in specs if decays(s)])
-
-        def train_step(xd, yd, step):
-            opt.zero_grad()
-            loss = model.loss(xd, yd, step)
-            loss.backward(bucket=True)
-            opt.step()
-            return loss
-
+        model, params, train_step = gpt_step(cfg, mesh)
         x, y = batch(ids, cfg, 0)
         xd, yd = (DTensor.from_global(mesh, a, mesh.layout(model.batch, None)) for a in (x, y))
         graph = capture(train_step, xd, yd, Scalar(0), state=params)

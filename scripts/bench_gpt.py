@@ -190,27 +190,18 @@ def _reference(args) -> dict:
     return {"step": statistics.median(times[1:])}
 
 
-def _steps(args, comm, mpi: bool, shape: tuple = MESH, replay: bool = False, moe: bool = False) -> dict:
-    """Time the distributed steps on this rank's comm; with `mpi` (a process per rank), also their collectives
-    after arrival and the CPU time of all ranks. `replay`: the warm-up step is captured
-    (spmdsim.runtime.replay) and each timed step replays it. `moe`: the MoE GPT (_moe_config) on MOE_MESH."""
-    from spmdsim import Layout
-    from spmdsim.gpt import batch, encode, load_text
+def gpt_step(cfg, mesh) -> tuple:
+    """(the GPT of `cfg` on `mesh`, sequence parallel where tp > 1; its parameters in order; its training step
+    ``train_step(xd, yd, step) -> loss``: forward, backward with buckets, AdamW) as every bench here times it."""
     from spmdsim.gpt.parallel import GPT
     from spmdsim.gpt.params import decays, param_specs
     from spmdsim.optim import AdamW
-    from spmdsim import DTensor, Mesh, collect_trace, ops
-    from spmdsim.runtime.replay import Scalar, capture
 
-    cfg, ids = (_moe_config(args) if moe else _config(args)), encode(load_text())
-    walls, inside, arrived, cpus = [], [], [], []
-
-    mesh = Mesh(Layout(MOE_MESH, ("dp", "ep", "tp")), comm) if moe else Mesh(Layout(shape, ("dp", "tp")), comm)
     model = GPT(cfg, mesh, sp=mesh.layout.axis_size("tp") > 1)
     specs = param_specs(cfg)
-    opt = AdamW([model.params[s.name] for s in specs], lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                weight_decay=cfg.weight_decay, decay=[model.params[s.name] for s in specs if decays(s)])
     params = [model.params[s.name] for s in specs]
+    opt = AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                decay=[model.params[s.name] for s in specs if decays(s)])
 
     def train_step(xd, yd, step):
         opt.zero_grad()
@@ -219,6 +210,23 @@ def _steps(args, comm, mpi: bool, shape: tuple = MESH, replay: bool = False, moe
         opt.step()
         return loss
 
+    return model, params, train_step
+
+
+def _steps(args, comm, mpi: bool, shape: tuple = MESH, replay: bool = False, moe: bool = False) -> dict:
+    """Time the distributed steps on this rank's comm; with `mpi` (a process per rank), also their collectives
+    after arrival and the CPU time of all ranks. `replay`: the warm-up step is captured
+    (spmdsim.runtime.replay) and each timed step replays it. `moe`: the MoE GPT (_moe_config) on MOE_MESH."""
+    from spmdsim import Layout
+    from spmdsim.gpt import batch, encode, load_text
+    from spmdsim import DTensor, Mesh, collect_trace, ops
+    from spmdsim.runtime.replay import Scalar, capture
+
+    cfg, ids = (_moe_config(args) if moe else _config(args)), encode(load_text())
+    walls, inside, arrived, cpus = [], [], [], []
+
+    mesh = Mesh(Layout(MOE_MESH, ("dp", "ep", "tp")), comm) if moe else Mesh(Layout(shape, ("dp", "tp")), comm)
+    model, params, train_step = gpt_step(cfg, mesh)
     graph = None
     for step in range(args.steps + 1):
         x, y = batch(ids, cfg, step)
