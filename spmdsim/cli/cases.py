@@ -236,7 +236,7 @@ def case_from_dict(data: Any) -> Case:
         if cut is not None or form == "dtensor":
             tl = case.tensor_layout
             # DTensor cuts a dim that does not divide by torch.chunk's rule; where sizes divide the rules agree.
-            uneven = len(case.shape) == tl.ndim and any(s % n for s, n in zip(case.shape, tl.shards_per_dim))
+            uneven = indivisible(tl, case.shape)
             chosen = cut or ("chunk" if uneven else "even")
             case = replace(case, tensor_layout=TensorLayout(tl.layout.with_cut(chosen), tl.tensor_map, tl.partial))
             if form == "dtensor" and uneven:
@@ -256,6 +256,11 @@ def case_from_dict(data: Any) -> Case:
             raise
         raise ShapeError(f"{exc}{hint}") from None
     return case
+
+
+def indivisible(tl: TensorLayout, shape: Sequence[int]) -> bool:
+    """Whether a dim of `shape` does not divide by its shard count under `tl` (a shape of tl's rank)."""
+    return len(shape) == tl.ndim and any(n % k for n, k in zip(shape, tl.shards_per_dim))
 
 
 def _cut(data: Mapping, form: str) -> Optional[str]:

@@ -22,7 +22,7 @@ from ..slicing import CUTS
 from ..plan import plan_redistribution
 from ..plan.summary import FOLD_RANKS
 from ..validate import counted
-from .cases import check_device_count, parse_int_list, parse_name_list, parse_tensor_map
+from .cases import check_device_count, indivisible, parse_int_list, parse_name_list, parse_tensor_map
 from ..engines import engine_of
 from .plan_explain import dialect_of, moves_and_bytes_png, plan_record, plan_text
 
@@ -189,27 +189,31 @@ def layouts_from_args(args: argparse.Namespace) -> tuple[TensorLayout, TensorLay
     sides = {"from": _side(args, "from", source_mesh, len(shape), world),
              "to": _side(args, "to", target_mesh, len(shape), world)}
     cuts = {"from": args.cut, "to": args.to_cut or args.cut}
-    if args.cut is None and any(getattr(args, f"{which}_placements") and _uneven(tl, shape)
+    if args.cut is None and any(getattr(args, f"{which}_placements") and indivisible(tl, shape)
                                 for which, tl in sides.items()):
         # DTensor placements cut a dim that does not divide as DTensor does (torch.chunk's rule), unasked, as
         # `spmdsim slices` reads them; the other side takes the same rule where it can (an even-only strategy
         # or SBP keeps its own), so that the two differ only where the placements do.
         for which in sides:
-            if cuts[which] is None and not (getattr(args, f"{which}_strategy") or getattr(args, f"{which}_sbp")):
+            if cuts[which] is None and not any(getattr(args, f"{which}_{form}") for form in ("strategy", "sbp")):
                 cuts[which] = "chunk"
     source, target = (_cut(args, which, sides[which], cuts[which]) for which in ("from", "to"))
+    _check_alias_used(args)
+    even_only = any(getattr(args, f"{which}_{form}") for which in sides for form in ("strategy", "sbp"))
     for which, tl in (("from", source), ("to", target)):
-        if getattr(args, f"{which}_placements") and _uneven(tl, shape):
+        if getattr(args, f"{which}_placements") and indivisible(tl, shape):
             from ..dialects.dtensor import check_uneven_shards
 
             check_uneven_shards(tl, shape)  # where DTensor would cut piece by piece otherwise: one line
-    _check_alias_used(args)
+        try:
+            tl.check_shape(shape)
+        except ShapeError as exc:  # a dim an even layout cannot cut: name the rules that can (the strategy and
+            # SBP forms cut evenly only: their refusal of --cut says what to write instead)
+            if even_only or not indivisible(tl, shape):
+                raise
+            raise ShapeError(f"{exc}; --cut chunk or balanced cuts it unevenly (--to-cut for the target alone)") \
+                from None
     return source, target, shape, args.dtype
-
-
-def _uneven(tl: TensorLayout, shape: tuple) -> bool:
-    """Whether a split dim of `shape` does not divide by its shards under `tl`."""
-    return len(shape) == tl.ndim and any(n % k for n, k in zip(shape, tl.shards_per_dim))
 
 
 def _cut(args: argparse.Namespace, which: str, tl: TensorLayout, cut: str | None) -> TensorLayout:
@@ -250,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
         check_output_dir(args.png, "--png")  # before the report: no traceback after it
         require_matplotlib()
     source, target, shape, dtype = layouts_from_args(args)
-    plan = _planned(args, source, target, shape, dtype)
+    plan = plan_redistribution(source, target, shape, dtype)
     print(json.dumps(plan_record(plan, args)) if args.json else plan_text(plan, args))
     if getattr(args, "show", False) and not args.json:
         from ..viz import render_plan_ascii
@@ -268,19 +272,6 @@ def run(args: argparse.Namespace) -> int:
                 print(f"(moves_NN.png and bytes.png are drawn up to {FOLD_RANKS} ranks; "
                       "--explain gives the traffic per group)")
     return 0
-
-
-def _planned(args: argparse.Namespace, source: TensorLayout, target: TensorLayout, shape: tuple, dtype: Any) -> Any:
-    """plan_redistribution's plan; a dim an even layout cannot cut is refused naming the rules that can (the
-    strategy and SBP forms cut evenly only: their refusal of --cut says what to write instead)."""
-    try:
-        return plan_redistribution(source, target, shape, dtype)
-    except ShapeError as exc:
-        even_only = any(getattr(args, f"{side}_{form}", None)
-                        for side in ("from", "to") for form in ("strategy", "sbp"))
-        if even_only or "is not divisible by" not in str(exc):
-            raise
-        raise ShapeError(f"{exc}; --cut chunk or balanced cuts it unevenly (--to-cut for the target alone)") from None
 
 
 def run_redistribute(args: argparse.Namespace) -> int:
@@ -307,7 +298,7 @@ def _execute(args: argparse.Namespace, comm: Any) -> int:
 
     check_trace_out(args)
     source, target, shape, dtype = layouts_from_args(args)
-    plan = _planned(args, source, target, shape, dtype)
+    plan = plan_redistribution(source, target, shape, dtype)
     check_memory(comm, f"redistribute {source} -> {target}",
                  lambda s: redistribute_need(source, target, s, dtype), shape,
                  shard_multiples(source, target), "--shape")
