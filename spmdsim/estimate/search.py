@@ -105,7 +105,7 @@ class SearchResult:
 def vocab_note(cfg: Any, devices: int, gpus_per_node: int) -> str:
     """A line naming the tensor-parallel sizes the vocabulary alone leaves out (each divides the devices and the
     heads within a node, not the embedding's rows), with the padding that lets them in; "" when none is."""
-    lost = [tp for tp in _divisors(devices) if tp <= gpus_per_node and not cfg.heads % tp and cfg.padded_vocab % tp]
+    lost = [tp for tp in _tensor_parallel(cfg, devices, gpus_per_node) if cfg.padded_vocab % tp]
     if not lost:
         return ""
     pad = 128 * math.lcm(*lost)  # Megatron pads to a multiple of 128 x tp: one for every tp left out
@@ -117,14 +117,19 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _tensor_parallel(cfg: Any, devices: int, gpus_per_node: int) -> list[int]:
+    """The tp sizes that divide the devices and the heads within a node (the vocabulary aside)."""
+    return [tp for tp in _divisors(devices) if tp <= gpus_per_node and not cfg.heads % tp]
+
+
 def configurations(cfg: Any, devices: int, gpus_per_node: int) -> list[Config]:
     """Every configuration of the module docstring for `cfg` (a GPTConfig, batch = the global batch)."""
     from ..gpt.pipeline import pipeline_layout_problem
     from ..pipeline.schedule import MAX_PAIRS
 
     out: list[Config] = []
-    for tp in _divisors(devices):
-        if tp > gpus_per_node or cfg.heads % tp or cfg.padded_vocab % tp:
+    for tp in _tensor_parallel(cfg, devices, gpus_per_node):
+        if cfg.padded_vocab % tp:
             continue
         for pp, ep in itertools.product(_divisors(devices // tp), _eps(cfg, devices // tp)):
             if (devices // tp) % (pp * ep):
