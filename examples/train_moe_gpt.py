@@ -142,8 +142,8 @@ def main(args):
         problem = mesh_problem(cfg, shape[0], shape[2], args.sp, shape[1])
     if not problem and args.replay:
         problem = replay_problem(cfg)
-    text = load_text()
-    problem = problem or precision_problem(args.precision) or kept_problem(args.kept) or text_problem(encode(text), cfg)
+    ids = encode(load_text())
+    problem = problem or precision_problem(args.precision) or kept_problem(args.kept) or text_problem(ids, cfg)
     if problem:
         raise spmdsim.SpmdsimError(f"the MoE GPT cannot run on {counted(comm.size, 'rank')}: {problem}")
     dp, ep, tp = shape
@@ -212,14 +212,14 @@ def main(args):
                 print("\n".join(dispatch_lines(everyone, moe_layers[0], comm.size, tp)))
 
     if piped:  # the dispatch pictures number the ranks on the whole (pp, dp, ep, tp) mesh
-        model, results = train_pipelined(cfg, comm, pp, dp, tp, args.steps, encode(text), sp=args.sp,
+        model, results = train_pipelined(cfg, comm, pp, dp, tp, args.steps, ids, sp=args.sp,
                                          schedule=args.schedule, microbatches=microbatches(args),
                                          virtual=virtual_stages(args), check=check, on_step=report,
                                          recompute=args.recompute, memory=args.memory, ep=ep,
                                          algorithms=algorithms, zero=zero, precision=args.precision, kept=args.kept,
                                          layouts=layouts)
     else:
-        model, results = train(cfg, comm, dp, tp, args.steps, encode(text), sp=args.sp, check=check,
+        model, results = train(cfg, comm, dp, tp, args.steps, ids, sp=args.sp, check=check,
                                on_step=report, mesh=mesh, ep=ep, recompute=args.recompute, memory=args.memory,
                                replay=args.replay, zero=zero, precision=args.precision, kept=args.kept,
                                layouts=layouts)
