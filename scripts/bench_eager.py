@@ -79,6 +79,13 @@ def _child(args: argparse.Namespace) -> dict:
     return spmdsim.simulate(args.ranks, body)[0]
 
 
+def _say(line: str) -> None:
+    """Print `line` within 100 columns (its continuation indented)."""
+    from spmdsim.viz.table import wrap_lines
+
+    print("\n".join(wrap_lines([line])), flush=True)
+
+
 def _load() -> str:
     return f"{os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else "?"
 
@@ -108,7 +115,7 @@ def main() -> int:
         if 8 % (n // tp) or args.seq % tp:
             ap.error(f"--ranks {n} makes dp {n // tp} x tp {tp}: dp must divide the batch of 8 and tp the seq "
                      f"{args.seq}")
-    print(f"load average at start {_load()}; GPT {args.layers} layers, seq {args.seq}, batch 8; "
+    _say(f"load average at start {_load()}; GPT {args.layers} layers, seq {args.seq}, batch 8; "
           f"{args.rounds} rounds of an eager and a replayed step, CPU summed over the ranks")
     env = glibc_env(dict(os.environ, OMP_NUM_THREADS="1"))
     for d in widths:
@@ -125,10 +132,10 @@ def main() -> int:
             eager, replayed = result["eager"], result["replayed"]
             ratios = [e / r for e, r in zip(eager, replayed)]
             tp = math.gcd(n, 4)
-            print(f"ranks {n} (dp {n // tp} x tp {tp}), d_model {d}: eager {statistics.median(eager) * 1e3:,.1f} ms, "
+            _say(f"ranks {n} (dp {n // tp} x tp {tp}), d_model {d}: eager {statistics.median(eager) * 1e3:,.1f} ms, "
                   f"replayed {statistics.median(replayed) * 1e3:,.1f} ms of CPU a step; eager / replayed "
                   f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
-    print(f"load average at end {_load()}")
+    _say(f"load average at end {_load()}")
     return 0
 
 

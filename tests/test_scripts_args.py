@@ -400,9 +400,10 @@ def test_bench_eager_prints_each_configurations_ratio():
     assert done.returncode == 0, done.stderr
     rows = [re.fullmatch(r"ranks (\d) \(dp 1 x tp (\d)\), d_model 16: eager ([\d.]+) ms, replayed ([\d.]+) ms of CPU "
                          r"a step; eager / replayed ([\d.]+)x \(([\d.]+)-([\d.]+)\)", line)
-            for line in done.stdout.splitlines() if line.startswith("ranks ")]
+            for line in unfold(done.stdout).splitlines() if line.startswith("ranks ")]
     assert [(m.group(1), m.group(2)) for m in rows if m] == [("1", "1"), ("2", "2")], done.stdout
     for m in rows:
         eager, replayed, ratio, low, high = map(float, m.groups()[2:])
         assert eager > 0 and replayed > 0 and low <= ratio <= high
     assert done.stdout.startswith("load average at start ") and "load average at end " in done.stdout
+    assert max(map(len, done.stdout.splitlines())) <= 100, done.stdout
