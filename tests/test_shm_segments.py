@@ -46,7 +46,9 @@ def test_a_killed_rank_leaves_no_segment_behind():
     assert mapped, run.stdout
     if "hydra" not in subprocess.run([MPIEXEC, "--version"], capture_output=True, text=True).stdout.lower():
         pytest.skip("not MPICH (whose launcher is Hydra): other libraries' segments are left as they keep them")
-    assert mapped[0], "MPICH keeps a linked segment until MPI_Finalize; it should have been seen"
+    if not mapped[0]:  # MPICH 5 keeps its segment linked until MPI_Finalize; 4.2 unlinks it at the start
+        pytest.skip("this MPICH unlinks its shared-memory segment once every rank has it: a killed rank leaves "
+                    "none behind")
     left = [path for path in mapped[0] if os.path.exists(path)]
     assert left == [], left
 

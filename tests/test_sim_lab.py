@@ -18,7 +18,7 @@ import spmdsim
 from spmdsim.cli.main import main
 from spmdsim.sim import engine
 from spmdsim.sim.report import unfold
-from testkit import MPIEXEC, mpich_batch
+from testkit import MPIEXEC, mpich_batch, mpich_version
 
 LAB = Path(__file__).resolve().parent / "data" / "lab"
 PACKAGE = Path(spmdsim.__file__).resolve().parent
@@ -35,6 +35,23 @@ SAME_AS_MPICH = ["hello.py", "ring_objects.py", "ring_buffers.py", "sendrecv.py"
                  "test_loop_late.py", "neighbors.py", "graphs.py", "alltoallw.py", "rma.py", "halo.py", "columns.py",
                  "partitioned.py", "reduce_derived.py", "reduce_derived_user.py",
                  "inplace_derived.py"]
+
+
+#: Programs whose output under MPICH before 5 (4.2 checked) is not the standard's, and how; the emulator prints
+#: MPICH 5's (the `mpi` extra's).
+OLDER_MPICH = {
+    "graphs.py": "it pairs a multigraph's repeated edges in the other order in Neighbor_alltoall and leaves blocks "
+                 "of Neighbor_alltoallv unwritten",
+    "grid.py": "its Cart_sub to no dimension gives MPI_COMM_NULL, not a 0-dimensional grid of one rank",
+}
+
+
+def _older_mpich(name: str) -> None:
+    """Skip the comparison of `name` with an MPICH before 5 that departs from the standard there (OLDER_MPICH)."""
+    version = mpich_version()
+    if name in OLDER_MPICH and version is not None and version < (5, 0):
+        pytest.skip(f"{name} under MPICH {version[0]}.{version[1]}: {OLDER_MPICH[name]} (the emulator prints what "
+                    "MPICH 5 and the standard give)")
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +84,7 @@ def test_right_programs_print_what_mpiexec_prints(name, in_lab, capsys, mpich_li
         monkeypatch.setattr(engine, "POLL_STALL_S", _LATE_STALL_S)
     code, out, err = _mpirun(capsys, str(LAB / name), *ARGS.get(name, []))
     assert (code, err) == (0, "")
+    _older_mpich(name)
     assert sorted(out.splitlines()) == mpich_lines[name] and out.strip()
 
 
@@ -256,6 +274,8 @@ def test_cartesian_grids_as_mpich_makes_them(tmp_path, capsys):
         "    try:\n        c.Get_coords(comm.size)\n    except MPI.Exception as e:\n"
         "        print(comm.rank, 'coords', e.Get_error_class() == MPI.ERR_RANK)\n")
     for script, n in ((str(LAB / "cart.py"), "6"), (str(prog), "4")):
+        if script == str(prog):
+            _older_mpich("grid.py")  # cart.py compared
         mpi = mpich_batch([("it", script, [])], int(n))["it"]
         assert main(["mpirun", "-n", n, "python", script]) == 0
         out, err = capsys.readouterr()
