@@ -50,6 +50,25 @@ def _mpi() -> Any:
     return MPI
 
 
+_SCRATCH: list = []  # a private duplicate of this process's COMM_SELF, made on the first `_new_reference`
+_SCRATCH_LOCK = threading.Lock()
+
+
+def _new_reference(errhandler: Any) -> Any:
+    """A new reference of this process's MPI to `errhandler` (one of MPI's own), as MPI_Comm_get_errhandler gives
+    one: the caller's ``Free`` releases it. A second Python object over the same handle would let that ``Free``
+    release MPI's own reference: Open MPI counts references on its predefined handlers too, and a later
+    ``MPI.Session.Init`` crashed in it (mpi4py's demo init-fini/test_0.py on simulated ranks). Taken from a
+    private duplicate of the real COMM_SELF, under a lock (simulated ranks are threads)."""
+    from .mpi4py_world import real
+
+    with _SCRATCH_LOCK:
+        if not _SCRATCH:
+            _SCRATCH.append(real("COMM_SELF").Dup())
+        _SCRATCH[0].Set_errhandler(errhandler)
+        return _SCRATCH[0].Get_errhandler()
+
+
 class SimErrhandler:
     """A communicator error handler made by ``Create_errhandler(fn)`` on a simulated rank (mpi4py's Errhandler)."""
 
@@ -257,8 +276,8 @@ class CommHandles:
         """The communicator's handler (a new handle each time, as MPI's: Free it when done)."""
         eh = self._live_handle().errhandler
         if eh is None:
-            return _mpi().Errhandler(_mpi().ERRORS_RETURN)
-        return SimErrhandler(eh.fn, eh.handle) if isinstance(eh, SimErrhandler) else _mpi().Errhandler(eh)
+            return _new_reference(_mpi().ERRORS_RETURN)
+        return SimErrhandler(eh.fn, eh.handle) if isinstance(eh, SimErrhandler) else _new_reference(eh)
 
     def Set_errhandler(self, errhandler: Any) -> None:
         h = self._live_handle()
