@@ -172,3 +172,22 @@ def test_intercommunicators_and_dynamic_processes_are_refused_in_one_line(tmp_pa
         "dynamic processes (Intracomm.Spawn_multiple)", "client-server connections (Intracomm.Accept)",
         "client-server connections (Intracomm.Connect)",
         "a communicator from an MPI handle (Comm.fromint, Comm.f2py, Comm.fromhandle)"], run.stderr
+
+
+def test_an_error_class_this_mpi_lacks_is_err_arg():
+    """Open MPI has no MPI_ERR_ERRHANDLER: mpi4py gives it MPI.ERR_LASTCODE, whose code reads back as ERR_UNKNOWN
+    (mpi4py's own test of Set_errhandler(ERRHANDLER_NULL) failed so on simulated ranks there); the emulator's
+    error is then ERR_ARG, the class Open MPI gives. Under MPICH, which has it, the class stays."""
+    from types import SimpleNamespace
+
+    from mpi4py import MPI
+
+    from spmdsim.sim._buffers import mpi_error
+
+    like_open_mpi = SimpleNamespace(**{name: getattr(MPI, name) for name in
+                                       ("Exception", "ERR_ARG", "ERR_OTHER", "ERR_UNKNOWN", "ERR_LASTCODE")},
+                                    ERR_ERRHANDLER=MPI.ERR_LASTCODE)
+    made = mpi_error(like_open_mpi, like_open_mpi.ERR_ERRHANDLER, "the error handler is MPI.ERRHANDLER_NULL")
+    assert isinstance(made, MPI.Exception) and made.Get_error_class() == MPI.ERR_ARG
+    assert str(made).endswith(": the error handler is MPI.ERRHANDLER_NULL")
+    assert mpi_error(MPI, MPI.ERR_ERRHANDLER, "x").Get_error_class() == MPI.ERR_ERRHANDLER  # MPICH has it

@@ -347,7 +347,9 @@ class CommHandles:
             return 0
         from .mpi4py_world import real
 
-        return real("COMM_SELF").Get_attr(keyval)
+        # The predefined attributes are the world's (Open MPI sets MPI.LASTUSEDCODE there alone; MPICH on both).
+        found = real("COMM_WORLD").Get_attr(keyval)
+        return real("COMM_SELF").Get_attr(keyval) if found is None else found
 
     def Delete_attr(self, keyval: int) -> None:
         h = self._live_handle()

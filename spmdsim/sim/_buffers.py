@@ -91,7 +91,11 @@ _DETAILED: dict = {}  # mpi4py.MPI.Exception -> its subclass that says what happ
 
 def mpi_error(mpi: Any, code: int, detail: str) -> BaseException:
     """MPI.Exception(code) (`except MPI.Exception` and Get_error_class work) whose text goes on with
-    `detail`: MPICH's error stack names the ranks and sizes, mpi4py's bare class text does not."""
+    `detail`: MPICH's error stack names the ranks and sizes, mpi4py's bare class text does not. A class this
+    process's MPI lacks (mpi4py gives it MPI.ERR_LASTCODE: Open MPI has no MPI_ERR_ERRHANDLER, and the code
+    would read as MPI.ERR_UNKNOWN) is MPI.ERR_ARG, the class such an MPI gives for the bad argument."""
+    if code == mpi.ERR_LASTCODE and code not in (mpi.ERR_OTHER, mpi.ERR_UNKNOWN):
+        code = mpi.ERR_ARG
     base = mpi.Exception
     cls = _DETAILED.get(base)
     if cls is None:
