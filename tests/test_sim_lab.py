@@ -18,7 +18,7 @@ import spmdsim
 from spmdsim.cli.main import main
 from spmdsim.sim import engine
 from spmdsim.sim.report import unfold
-from testkit import MPIEXEC, mpich_batch, mpich_version
+from testkit import MPICH, mpich_batch, mpich_version
 
 LAB = Path(__file__).resolve().parent / "data" / "lab"
 PACKAGE = Path(spmdsim.__file__).resolve().parent
@@ -77,7 +77,7 @@ def in_lab(tmp_path, monkeypatch):
     return tmp_path
 
 
-@pytest.mark.skipif(not MPIEXEC, reason="no mpiexec beside this Python (pip install -e '.[mpi]')")
+@pytest.mark.skipif(not MPICH, reason="no MPICH mpiexec beside this Python (the emulator is compared with MPICH)")
 @pytest.mark.parametrize("name", SAME_AS_MPICH)
 def test_right_programs_print_what_mpiexec_prints(name, in_lab, capsys, mpich_lines, monkeypatch):
     if name.startswith("test_loop_"):
@@ -257,7 +257,7 @@ def test_a_python_list_to_send_says_what_to_send(capsys):
                           "bcast, ...)\n")
 
 
-@pytest.mark.skipif(not MPIEXEC, reason="no mpiexec beside this Python (pip install -e '.[mpi]')")
+@pytest.mark.skipif(not MPICH, reason="no MPICH mpiexec beside this Python (the emulator is compared with MPICH)")
 def test_cartesian_grids_as_mpich_makes_them(tmp_path, capsys):
     # Create_cart was an AttributeError. A 3 x 2 grid on 6 ranks; a grid smaller than the communicator
     # (COMM_NULL outside), one too large (MPI.ERR_ARG), Sub to no dimension, Dup, Get_coords out of range.

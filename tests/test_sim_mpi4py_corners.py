@@ -14,7 +14,7 @@ import pytest
 import mpi4py_corners as corners
 from spmdsim.emulator.mpi4py_world import swapped
 from spmdsim.sim import simulate
-from testkit import MPIEXEC
+from testkit import MPICH
 
 HERE = Path(__file__).resolve().parent
 
@@ -55,10 +55,10 @@ def test_non_native_byte_order_is_refused(simulated2):
         assert res["byte_order"] == ["BufferError"] * 3
 
 
-@pytest.mark.skipif(not MPIEXEC, reason="no mpiexec beside this Python (pip install -e '.[mpi]')")
+@pytest.mark.skipif(not MPICH, reason="no MPICH mpiexec beside this Python (the emulator is compared with MPICH)")
 def test_same_results_as_mpich(simulated2, tmp_path):
     out = tmp_path / "mpich.json"
-    run = subprocess.run(["timeout", "-k", "5", "120", MPIEXEC, "-n", "2", sys.executable,
+    run = subprocess.run(["timeout", "-k", "5", "120", MPICH, "-n", "2", sys.executable,
                           str(HERE / "mpi4py_corners.py"), str(out)], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
     for r, (ours, theirs) in enumerate(zip(simulated2, json.loads(out.read_text()))):
@@ -147,8 +147,8 @@ def test_init_and_finalize_as_under_mpiexec(tmp_path):
     line = "(False, False) True Other MPI error 1 (True, False) (True, True)"
     assert run.stdout.splitlines() == [line, line], run.stderr
     assert run.returncode == 0
-    if MPIEXEC:
-        mpich = subprocess.run(["timeout", "-k", "5", "120", MPIEXEC, "-n", "2", sys.executable,
+    if MPICH:
+        mpich = subprocess.run(["timeout", "-k", "5", "120", MPICH, "-n", "2", sys.executable,
                                 str(tmp_path / "prog.py")], capture_output=True, text=True)
         assert mpich.stdout.count(line) == 2, (mpich.stdout, mpich.stderr[-2000:])  # MPICH may join two lines
     again = _mpirun(tmp_path, """
