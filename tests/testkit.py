@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import os
 import re
@@ -20,6 +21,7 @@ if not os.access(MPIEXEC, os.X_OK):
     MPIEXEC = shutil.which("mpiexec") or ""
 
 
+@functools.cache
 def mpich_version() -> tuple | None:
     """(major, minor) of the MPICH whose launcher MPIEXEC is (Hydra's ``--version``), None for another MPI's or
     none: the lab's comparisons with MPICH were made with MPICH 5 (the `mpi` extra's), and MPICH 4.2 departs
@@ -233,7 +235,7 @@ def mpich_batch(programs: list, ranks: int, cwd: str | os.PathLike | None = None
     6.2-6.6 CPU-s with a blocking Barrier between programs, 2.5-3.6 with the polled Ibarrier; with
     test_loop_late.py and test_loop_feeding.py, whose rank 0 spins while it polls, at 0.8 s and 5 x 0.2 s,
     3.9-4.0 CPU-s, the fixture's call under /usr/bin/time, 3 rounds, load average 3.6-4.5)."""
-    if mpich_version() is None:  # the emulator is compared with MPICH, what it mimics (docs/runtime.md)
+    if not MPICH:  # the emulator is compared with MPICH, what it mimics (docs/runtime.md)
         import pytest
 
         pytest.skip(f"compares the emulator with MPICH's mpiexec; {MPIEXEC or 'none'} is another MPI's launcher")

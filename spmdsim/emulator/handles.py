@@ -50,23 +50,24 @@ def _mpi() -> Any:
     return MPI
 
 
-_SCRATCH: list = []  # a private duplicate of this process's COMM_SELF, made on the first `_new_reference`
-_SCRATCH_LOCK = threading.Lock()
+@functools.cache
+def _scratch() -> Any:
+    """A private duplicate of this process's real COMM_SELF (made once, under _LOCK): `_new_reference`'s."""
+    from .mpi4py_world import real
+
+    return real("COMM_SELF").Dup()
 
 
 def _new_reference(errhandler: Any) -> Any:
     """A new reference of this process's MPI to `errhandler` (one of MPI's own), as MPI_Comm_get_errhandler gives
     one: the caller's ``Free`` releases it. A second Python object over the same handle would let that ``Free``
     release MPI's own reference: Open MPI counts references on its predefined handlers too, and a later
-    ``MPI.Session.Init`` crashed in it (mpi4py's demo init-fini/test_0.py on simulated ranks). Taken from a
-    private duplicate of the real COMM_SELF, under a lock (simulated ranks are threads)."""
-    from .mpi4py_world import real
-
-    with _SCRATCH_LOCK:
-        if not _SCRATCH:
-            _SCRATCH.append(real("COMM_SELF").Dup())
-        _SCRATCH[0].Set_errhandler(errhandler)
-        return _SCRATCH[0].Get_errhandler()
+    ``MPI.Session.Init`` crashed in it (mpi4py's demo init-fini/test_0.py on simulated ranks). Set on a private
+    duplicate of the real COMM_SELF and got back, under _LOCK (simulated ranks are threads)."""
+    with _LOCK:
+        comm = _scratch()
+        comm.Set_errhandler(errhandler)
+        return comm.Get_errhandler()
 
 
 class SimErrhandler:

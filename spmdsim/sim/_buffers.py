@@ -94,7 +94,7 @@ def mpi_error(mpi: Any, code: int, detail: str) -> BaseException:
     `detail`: MPICH's error stack names the ranks and sizes, mpi4py's bare class text does not. A class this
     process's MPI lacks (mpi4py gives it MPI.ERR_LASTCODE: Open MPI has no MPI_ERR_ERRHANDLER, and the code
     would read as MPI.ERR_UNKNOWN) is MPI.ERR_ARG, the class such an MPI gives for the bad argument."""
-    if code == mpi.ERR_LASTCODE and code not in (mpi.ERR_OTHER, mpi.ERR_UNKNOWN):
+    if code == mpi.ERR_LASTCODE:
         code = mpi.ERR_ARG
     base = mpi.Exception
     cls = _DETAILED.get(base)
