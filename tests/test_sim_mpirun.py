@@ -187,3 +187,34 @@ def test_a_programs_mpi4py_rc_settings_end_with_its_run(tmp_path, capsys):
     assert main(["mpirun", "-n", "2", "python", str(program)]) == 0
     assert capsys.readouterr().out == "True\nTrue\n"
     assert (dict(vars(mpi4py.rc)), mpi4py.rc.errors, mpi4py.rc.threads) == before
+
+
+def test_packing_with_a_simulated_communicator_is_refused_with_what_runs_instead(tmp_path, capsys):
+    """MPI's Datatype.Pack_size/Pack/Unpack take a real communicator (mpi4py's C code checks its type): mpirun ends
+    with mpi4py's TypeError and one folded hint naming the calls that take none, and those run on simulated ranks
+    (the bytes external32 defines: big-endian int32)."""
+    from spmdsim.emulator.mpirun import REAL_COMM_HINT
+    from spmdsim.errors import fold_message
+
+    packing = tmp_path / "packing.py"
+    packing.write_text("import numpy as np\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
+                       "out = bytearray(MPI.INT.Pack_size(4, comm))\n")
+    assert main(["mpirun", "-n", "2", str(packing)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("spmdsim mpirun: error on simulated ranks 0,1: TypeError: Argument 'comm' has incorrect "
+                          "type (expected mpi4py.MPI.Comm, got Intracomm)\n")
+    assert err.endswith("\n" + fold_message(REAL_COMM_HINT) + "\n")
+    assert all(len(line) <= 100 for line in fold_message(REAL_COMM_HINT).splitlines())
+    assert fold_message(REAL_COMM_HINT) in (ROOT / "docs" / "simulate.md").read_text()  # what the doc quotes
+    external = tmp_path / "external.py"
+    external.write_text(
+        "import numpy as np\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
+        "a = np.arange(4, dtype='i') + 256 * comm.rank\n"
+        "out = bytearray(MPI.INT.Pack_external_size('external32', 4))\n"
+        "end = MPI.INT.Pack_external('external32', a, out, 0)\n"
+        "b = np.empty(4, 'i')\nMPI.INT.Unpack_external('external32', out, 0, b)\n"
+        "print(comm.rank, end, bytes(out).hex(), b.tolist())\n")
+    assert main(["mpirun", "-n", "2", str(external)]) == 0
+    lines = sorted(capsys.readouterr().out.splitlines())
+    assert lines == [f"{r} 16 {''.join(f'{256 * r + i:08x}' for i in range(4))} {[256 * r + i for i in range(4)]}"
+                     for r in range(2)]

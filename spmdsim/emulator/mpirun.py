@@ -210,7 +210,19 @@ def _report(exc: BaseException, exits: dict) -> int:
     lines.stack = traceback.StackSummary.from_list(_program_frames(exc, ours))
     detail = "".join(lines.format())
     print(f"spmdsim mpirun: error on {where}: {name}: {exc}\n{detail}", file=sys.stderr, end="")
+    if isinstance(exc, TypeError) and str(exc).startswith(REAL_COMM_ONLY):
+        print(fold_message(REAL_COMM_HINT), file=sys.stderr)
     return 1
+
+
+#: How mpi4py's C code refuses a simulated communicator where it takes a real one only (its own type check).
+REAL_COMM_ONLY = "Argument 'comm' has incorrect type (expected mpi4py.MPI.Comm, got "
+#: What mpirun adds to that refusal: the calls are those of this process's MPI datatype library (a simulated
+#: rank's MPI.INT is MPI's own), whose three packing calls that name a communicator are the usual cause.
+REAL_COMM_HINT = ("spmdsim mpirun: this mpi4py call takes a real MPI communicator, and a simulated rank's are "
+                  "spmdsim's: MPI's own Datatype.Pack, Unpack and Pack_size are such calls; "
+                  "Pack_external('external32', ...), Unpack_external and Pack_external_size take no communicator "
+                  "and run on simulated ranks (or run the program under mpiexec)")
 
 
 def _raised_by_emulator(exc: BaseException) -> bool:
