@@ -215,7 +215,8 @@ def test_calibrate_writes_a_machine_file_load_machine_reads(tmp_path):
     if done.returncode != 0 and "gives no bandwidth for --machine-out" in done.stderr:
         # A loaded machine can time the 4 MiB calls no slower per byte than the 64 KiB ones: then the fit
         # has no bandwidth term and --machine-out refuses in one line, as it must (seen under load ~8).
-        errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
+        # (Open MPI's launcher adds its own lines about the exit: a banner, and a PMIx error line now and then)
+        errors = [line for line in done.stderr.splitlines() if "error" in line.lower() and "PMIX" not in line]
         assert len(errors) == 1 and "Traceback" not in done.stderr and "Abort" not in done.stderr, done.stderr
         pytest.skip("the fit on this loaded machine had no bandwidth term; --machine-out refused it")
     assert done.returncode == 0, done.stderr

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from testkit import MPIEXEC
+from testkit import MPICH, MPIEXEC
 
 # Rank 0 notes the /dev/shm files it maps (MPI's segment and a decoy made before the
 # launch), waits so the launcher sees them, then dies by SIGKILL: MPI cannot clean up.
@@ -54,6 +54,9 @@ def test_launch_removes_the_segments_of_a_killed_job_and_nothing_else(tmp_path):
         assert not any(os.path.exists(p) for p in segments), (segments, done.stderr)
         assert os.path.exists(decoy)  # mapped by the job too, but made before it started
         note = [line for line in done.stderr.splitlines() if line.startswith("spmdsim: removed")]
+        if not note and not MPICH:
+            pytest.skip(f"this MPI's launcher removed its killed job's segments itself (mapped: {mapped}): none were "
+                        "left for spmdsim launch to remove")
         assert len(note) == 1, done.stderr
         # Some mapped files (UCX's) are unlinked while in use; the note names what was left.
         named = note[0].split(": ")[-1].split(", ")

@@ -37,6 +37,18 @@ def mpich_version() -> tuple | None:
 # mimics, run beside it alone (under Open MPI its reduction order, messages and banners differ).
 MPICH = MPIEXEC if mpich_version() is not None else ""
 
+
+
+def mpi_says(name: str) -> str:
+    """The text this process's MPI gives error class `name` ("ERR_TAG": MPICH's "Invalid tag", Open MPI's
+    "MPI_ERR_TAG: invalid tag"), with which the emulator's MPI.Exception starts (it is MPI's own class, its
+    detail after); a class the MPI lacks reads as its ERR_ARG (spmdsim.sim._buffers.mpi_error)."""
+    from mpi4py import MPI
+
+    code = getattr(MPI, name)
+    return MPI.Get_error_string(MPI.ERR_ARG if code == MPI.ERR_LASTCODE else code)
+
+
 # Arguments the test runs give examples that would otherwise run for long (training: 2 steps).
 EXAMPLE_ARGS = {"train_mindspore_tutorial": ["--steps", "2", "--synthetic"],
                 "train_megatron_block": ["--steps", "2"], "train_seed_networks": ["--steps", "2"],
