@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from test_bad_inputs import _MPIEXEC, launch
-from testkit import unfold
+from testkit import MPICH, unfold
 
 pytestmark = pytest.mark.skipif(not _MPIEXEC, reason="no mpiexec")
 
@@ -133,7 +133,9 @@ def test_fault_ends_the_job_with_a_message(fault: str, ran: dict) -> None:
     rc, out, seconds = ran[fault]
     print(f"\n{fault}: rc={rc} {seconds:.2f} s")
     assert rc != 0 and rc != 124, (rc, out)
-    if want_rc is not None:
+    if want_rc is not None and not (rc == -11 and not MPICH and "prterun" in out):
+        # (Open MPI's prterun itself segfaults now and then when some ranks abort while others are in
+        # MPI_Finalize, reproduced with plain mpi4py: docs/runtime.md; the message is still checked below)
         assert rc == want_rc, (rc, out)
     assert pattern is None or re.search(pattern, unfold(out)), out
     assert seconds <= FAULT_LIMIT_S, f"{fault} took {seconds:.1f} s"
