@@ -374,10 +374,17 @@ def test_reductions_refuse_a_send_count_other_than_the_receive_count(capsys):
 def test_the_programs_own_modules_are_each_ranks_own(capsys):
     # mpi_utils.py's `rank = comm.Get_rank()` ran once, in the first rank to import it: every rank printed 0.
     # modules/main.py above compares the whole output with MPICH's; here: the stand-ins are gone after the run.
+    # announce.py, imported and never used, printed on the first rank to import it alone: each rank's copy ran
+    # on its first use, and the other ranks never used it. Now each rank runs it at its own import statement.
     code, out, err = _mpirun(capsys, str(LAB / "modules" / "main.py"))
     assert (code, err) == (0, "")
-    assert sorted(line.split(" ")[:2] for line in out.splitlines()) == [[str(r), "hello"] for r in range(4)]
-    assert "mpi_utils" not in sys.modules and "geom" not in sys.modules
+    lines = out.splitlines()
+    assert sorted(line.split(" ")[:2] for line in lines if "hello" in line) == [[str(r), "hello"] for r in range(4)]
+    for r in range(4):  # each rank's import printed before its own last line
+        assert lines.index(f"announce imported on rank {r}") < next(i for i, line in enumerate(lines)
+                                                                    if line.startswith(f"{r} hello"))
+    assert len(lines) == 8
+    assert "mpi_utils" not in sys.modules and "geom" not in sys.modules and "announce" not in sys.modules
 
 
 def test_a_rank_waiting_on_another_ranks_communicator_is_named():

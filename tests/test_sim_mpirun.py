@@ -218,3 +218,32 @@ def test_packing_with_a_simulated_communicator_is_refused_with_what_runs_instead
     lines = sorted(capsys.readouterr().out.splitlines())
     assert lines == [f"{r} 16 {''.join(f'{256 * r + i:08x}' for i in range(4))} {[256 * r + i for i in range(4)]}"
                      for r in range(2)]
+
+
+def test_errors_of_the_program_and_its_modules_read_as_pythons(tmp_path, capsys):
+    """A SyntaxError in the program: its file, line and caret, no frames of spmdsim's (they were all printed); an
+    error raised while the program's own module is imported: at the import statement (a module with a SyntaxError
+    imported and not used passed before: each rank ran its copy on first use), then the module's frame, without
+    importlib's and the rank loader's frames, as Python prints it."""
+    (tmp_path / "broken.py").write_text("from mpi4py import MPI\nprint(MPI.COMM_WORLD.rank\n")
+    assert main(["mpirun", "-n", "2", str(tmp_path / "broken.py")]) == 1
+    assert capsys.readouterr().err == (
+        "spmdsim mpirun: error on simulated ranks 0,1: SyntaxError: '(' was never closed (broken.py, line 2)\n"
+        f'  File "{tmp_path / "broken.py"}", line 2\n    print(MPI.COMM_WORLD.rank\n         ^\n'
+        "SyntaxError: '(' was never closed\nraised on every simulated rank\n")
+    (tmp_path / "uses_broken.py").write_text("import broken\n")
+    (tmp_path / "raising.py").write_text("x = 1\nraise ValueError('bad module')\n")
+    (tmp_path / "uses_raising.py").write_text("import sys\nimport raising\n")
+    for program, module, tail in (
+            ("uses_broken.py", "broken.py", "  File \"{}\", line 2\n    print(MPI.COMM_WORLD.rank\n         ^\n"
+                                            "SyntaxError: '(' was never closed\n"),
+            ("uses_raising.py", "raising.py", "  File \"{}\", line 2, in <module>\n"
+                                              "    raise ValueError('bad module')\nValueError: bad module\n")):
+        assert main(["mpirun", "-n", "2", str(tmp_path / program)]) == 1
+        err = capsys.readouterr().err
+        line = 1 if program == "uses_broken.py" else 2
+        assert err.split("\n", 1)[1].startswith(
+            "Traceback (most recent call last):\n"
+            f'  File "{tmp_path / program}", line {line}, in <module>\n    import {module[:-3]}\n'
+            + tail.format(tmp_path / module)), err
+        assert "importlib" not in err and "rank_modules" not in err

@@ -244,9 +244,13 @@ def _program_frames(exc: BaseException, trim_emulator: bool) -> list:
     frames = traceback.extract_tb(exc.__traceback__)
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
     mine = [i for i, f in enumerate(frames) if not f.filename.startswith(package)]
-    if not mine:
-        return list(frames)
-    return list(frames[mine[0]:mine[-1] + 1] if trim_emulator else frames[mine[0]:])
+    if not mine:  # the program never ran: its own SyntaxError (its file, line and caret) as Python prints it
+        return [] if isinstance(exc, SyntaxError) else list(frames)
+    kept = frames[mine[0]:mine[-1] + 1] if trim_emulator else frames[mine[0]:]
+    # An import of the program's own module runs it through importlib and the rank's loader (rank_modules):
+    # as Python leaves importlib's frames out of an import's traceback, both are left out
+    loader = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_modules.py")
+    return [f for f in kept if not f.filename.startswith("<frozen importlib") and f.filename != loader]
 
 
 class _Terminated(BaseException):

@@ -27,7 +27,28 @@ __all__ = ["own_modules", "own_main", "rank_main"]
 
 
 class _RankModule(types.ModuleType):
-    """The stand-in in sys.modules: attribute access goes to the calling rank's own copy."""
+    """The stand-in in sys.modules: attribute access goes to the calling rank's own copy.
+
+    Each rank's copy runs where that rank first imports the module, as each MPI process runs it at its own
+    import statement (its prints then, its errors raised there): the first importing rank's through the
+    loader (`_Finder.exec_module`), every other rank's when its import statement finds the stand-in in
+    sys.modules, which reads the module's ``__spec__`` (CPython's check that the module is not half made),
+    the property below. A rank whose copy failed there gets that error at its next use of the module (the
+    import statement itself cannot raise it: CPython drops an error from that read)."""
+
+    @property
+    def __spec__(self) -> Any:  # noqa: D401 - the module's own attribute
+        state = object.__getattribute__(self, "__dict__")
+        # This rank's copy now, if it has none: once the loader has run, or while another thread loads (a rank
+        # importing while the first rank's copy runs), never in the loading thread (the import system's reads)
+        if state.get("__spmdsim_ready__") or state.get("__spmdsim_loader__", threading.get_ident()) \
+                != threading.get_ident():
+            _copy(self, keep_error=True)
+        return state.get("__spmdsim_standin_spec__")
+
+    @__spec__.setter
+    def __spec__(self, spec: Any) -> None:
+        object.__getattribute__(self, "__dict__")["__spmdsim_standin_spec__"] = spec
 
     def __getattr__(self, name: str) -> Any:
         if name == "__all__":  # `from module import *`: the copy's names, as its own __dict__ would give
@@ -48,26 +69,43 @@ class _RankModule(types.ModuleType):
         return dir(_copy(self))
 
 
-def _copy(standin: _RankModule) -> types.ModuleType:
-    """The calling rank's copy of `standin`'s module, made and run on first use."""
+def _copy(standin: _RankModule, keep_error: bool = False) -> Optional[types.ModuleType]:
+    """The calling rank's copy of `standin`'s module, made and run on first use. If its run raised where the
+    error could not be raised (`keep_error`: the import statement's read of ``__spec__``), the error is kept
+    and raised at the rank's next use, and the module is not run again (its prints would repeat)."""
     from ..sim.run import current_rank
 
     state = object.__getattribute__(standin, "__dict__")
-    copies, lock = state["__spmdsim_copies__"], state["__spmdsim_lock__"]
+    copies, failed = state["__spmdsim_copies__"], state["__spmdsim_failed__"]
     rank = current_rank()
     module = copies.get(rank)
-    if module is None:
-        with lock:  # one copy per rank, even if its threads race (a rank is one thread)
-            module = copies.get(rank)
-            if module is None:
-                spec = state["__spmdsim_spec__"]
-                module = importlib.util.module_from_spec(spec)
-                copies[rank] = module
-                try:
-                    spec.loader.exec_module(module)
-                except BaseException:
-                    del copies[rank]
+    if module is not None:
+        return module
+    error = failed.get(rank)
+    if error is not None:
+        if keep_error:
+            return None
+        raise error
+    with state["__spmdsim_lock__"]:  # briefly: each rank's own lock, so that ranks run their copies at once
+        lock = state["__spmdsim_locks__"].setdefault(rank, threading.RLock())
+    with lock:  # one copy per rank, even if its threads race (threads a rank starts are the rank's)
+        module = copies.get(rank)
+        if module is None and rank not in failed:
+            spec = state["__spmdsim_spec__"]
+            module = importlib.util.module_from_spec(spec)
+            copies[rank] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException as exc:
+                del copies[rank]
+                if not keep_error:
                     raise
+                failed[rank] = exc
+                return None
+        elif module is None:
+            if keep_error:
+                return None
+            raise failed[rank]
     return module
 
 
@@ -108,12 +146,17 @@ class _Finder:
     def create_module(self, spec: Any) -> types.ModuleType:
         module = _RankModule(spec.name)
         state = object.__getattribute__(module, "__dict__")
-        state.update(__spmdsim_copies__={}, __spmdsim_lock__=threading.RLock(),
-                     __spmdsim_spec__=spec.loader_state)
+        state.update(__spmdsim_copies__={}, __spmdsim_failed__={}, __spmdsim_lock__=threading.Lock(),
+                     __spmdsim_locks__={}, __spmdsim_spec__=spec.loader_state,
+                     __spmdsim_loader__=threading.get_ident())
         return module
 
     def exec_module(self, module: types.ModuleType) -> None:
-        pass  # each rank runs its own copy on first use (_copy)
+        """Run the importing rank's copy now (its error raised at its import statement, as Python raises it;
+        the import system then takes the stand-in out of sys.modules, and the next rank's import loads
+        again); the other ranks' copies run at their own imports (`_RankModule.__spec__`)."""
+        _copy(module)
+        object.__getattribute__(module, "__dict__")["__spmdsim_ready__"] = True
 
 
 def _find(fullname: str, path: Any) -> Optional[Any]:

@@ -1,5 +1,6 @@
 # A program split in modules that read the rank when imported (mpi_utils.py, the package geom), and a
 # dataclass sent between ranks: every MPI process imports its own.
+import announce  # never used: its print runs at each rank's import all the same
 from mpi_utils import *
 import mpi_utils
 from geom import Point, shapes
