@@ -247,3 +247,19 @@ def test_errors_of_the_program_and_its_modules_read_as_pythons(tmp_path, capsys)
             f'  File "{tmp_path / program}", line {line}, in <module>\n    import {module[:-3]}\n'
             + tail.format(tmp_path / module)), err
         assert "importlib" not in err and "rank_modules" not in err
+
+
+def test_the_ranks_share_the_process_pid_environment_and_folder(tmp_path, capsys):
+    """What docs/simulate.md says the simulated ranks share, unlike MPI processes: one PID, one os.environ (each
+    rank sets XR to its rank, then all read the last setter's value), one working folder."""
+    program = tmp_path / "env.py"
+    program.write_text("import os\nfrom mpi4py import MPI\nc = MPI.COMM_WORLD\nos.environ['XR'] = str(c.rank)\n"
+                       "c.Barrier()\nprint(c.rank, os.getpid(), os.environ['XR'], os.getcwd())\n")
+    try:
+        assert main(["mpirun", "-n", "3", str(program)]) == 0
+    finally:
+        os.environ.pop("XR", None)
+    rows = [line.split(" ") for line in capsys.readouterr().out.splitlines()]
+    assert sorted(r[0] for r in rows) == ["0", "1", "2"]
+    assert {r[1] for r in rows} == {str(os.getpid())} and len({r[2] for r in rows}) == 1
+    assert {r[3] for r in rows} == {os.getcwd()}
