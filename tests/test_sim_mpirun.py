@@ -263,3 +263,42 @@ def test_the_ranks_share_the_process_pid_environment_and_folder(tmp_path, capsys
     assert sorted(r[0] for r in rows) == ["0", "1", "2"]
     assert {r[1] for r in rows} == {str(os.getpid())} and len({r[2] for r in rows}) == 1
     assert {r[3] for r in rows} == {os.getcwd()}
+
+
+def test_command_lines_as_mpiexec_users_type_them(tmp_path, capsys):
+    """-np, a leading --, python3.N or this interpreter's path, Open MPI's --oversubscribe, Python's -u and -B all
+    run the program; another Python option is refused in one line naming it and the ones taken."""
+    program = tmp_path / "hello.py"
+    program.write_text("from mpi4py import MPI\nprint('rank', MPI.COMM_WORLD.rank)\n")
+    minor = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    for args in (["-np", "2", "python", str(program)], ["-n", "2", "--", "python", str(program)],
+                 ["-n", "2", minor, str(program)], ["-n", "2", sys.executable, "-u", str(program)],
+                 ["--oversubscribe", "-n", "2", "python", "-B", "-u", str(program)]):
+        assert main(["mpirun", *args]) == 0, args
+        assert sorted(capsys.readouterr().out.splitlines()) == ["rank 0", "rank 1"], args
+    assert main(["mpirun", "-n", "2", "python", "-O", str(program)]) == 2
+    assert capsys.readouterr().err == ("spmdsim mpirun: error: python option '-O' is not supported (the simulated "
+                                       "ranks run in this interpreter, as it was started; -u and -B are taken); "
+                                       "give a script, -m module or -c program\n")
+
+
+def test_a_ranks_print_reaches_a_pipe_at_once_with_or_without_python_u(tmp_path):
+    """What `mpiexec -n 2 python -u` is for: rank 0's line arrives while the program still waits (on stdin, read
+    without input()'s flush), where a pipe's buffer would hold it until the end."""
+    import select
+
+    program = tmp_path / "wait.py"
+    program.write_text("import sys\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\nif comm.rank == 0:\n"
+                       "    print('waiting')\n    sys.stdin.readline()\ncomm.Barrier()\n")
+    for flags in ([], ["-u"]):
+        proc = subprocess.Popen([sys.executable, "-m", "spmdsim", "mpirun", "-n", "2", "python", *flags, str(program)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            ready, _, _ = select.select([proc.stdout], [], [], 60)
+            assert ready and proc.stdout.readline() == "waiting\n", flags
+            assert proc.poll() is None  # still waiting: the line came through before the end
+            out, err = proc.communicate("go\n", timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 0 and err == "", (flags, err)

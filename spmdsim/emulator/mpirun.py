@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import os
 import pickle
+import re
 import runpy
 import signal
 import sys
@@ -33,14 +34,22 @@ from typing import Any, Iterator, Optional, Sequence
 
 __all__ = ["main", "add_arguments", "run"]
 
-_PYTHONS = ("python", "python3")
+#: A Python interpreter's name as a command line gives it: python, python3, python3.12 (or a path to one).
+_PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
+#: Python's options that change nothing a simulated rank runs: -u (unbuffered output, which `mpiexec -n 4 python
+#: -u` users give for prompt output: a rank's print reaches the output at once here anyway, rank_streams) and -B
+#: (no bytecode written).
+_PYTHON_FLAGS = ("-u", "-B")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-n", "-np", "--np", dest="ranks", type=int, required=True, metavar="N",
                         help="number of simulated ranks")
+    parser.add_argument("--oversubscribe", action="store_true",
+                        help="accepted as Open MPI's mpirun takes it: simulated ranks share this process's cores "
+                             "anyway")
     parser.add_argument("command", nargs=argparse.REMAINDER,
-                        help="[python] script.py ARGS... or [python] -m module ARGS...")
+                        help="[python [-u]] script.py ARGS... or [python] -m module ARGS...")
 
 
 def _target(command: Sequence[str]) -> tuple[str, str, list[str]]:
@@ -50,8 +59,12 @@ def _target(command: Sequence[str]) -> tuple[str, str, list[str]]:
     raises) runs the script itself: the simulated ranks stop on an error anyway.
     """
     words = list(command)
-    if words and (os.path.basename(words[0]) in _PYTHONS or words[0] == sys.executable):
+    if words[:1] == ["--"]:  # `spmdsim mpirun -n 4 -- python ...`, as `spmdsim launch` takes its command
         words = words[1:]
+    if words and (_PYTHON.fullmatch(os.path.basename(words[0])) or words[0] == sys.executable):
+        words = words[1:]
+        while words and words[0] in _PYTHON_FLAGS:
+            words = words[1:]
     if words[:2] in (["-m", "mpi4py"], ["-m", "mpi4py.run"]):
         words = _mpi4py_run(words[2:])
     if not words:
@@ -63,7 +76,9 @@ def _target(command: Sequence[str]) -> tuple[str, str, list[str]]:
             return "code", words[1], ["-c", *words[2:]]
         return "module", words[1], [words[1], *words[2:]]
     if words[0].startswith("-"):
-        raise ValueError(f"python option {words[0]!r} is not supported; give a script, -m module or -c program")
+        raise ValueError(f"python option {words[0]!r} is not supported (the simulated ranks run in this interpreter, "
+                         f"as it was started; {' and '.join(_PYTHON_FLAGS)} are taken); give a script, -m module or "
+                         "-c program")
     if not os.path.isfile(words[0]):
         raise ValueError(f"script {words[0]!r} does not exist")
     return "path", words[0], words
