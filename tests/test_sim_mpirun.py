@@ -302,3 +302,23 @@ def test_a_ranks_print_reaches_a_pipe_at_once_with_or_without_python_u(tmp_path)
             if proc.poll() is None:
                 proc.kill()
         assert proc.returncode == 0 and err == "", (flags, err)
+
+
+def test_a_call_not_simulated_ends_the_run_from_any_thread_of_a_rank(tmp_path):
+    """mpi4py.futures' pool spawns its workers from a thread of its own, and the rank waits for that thread outside
+    MPI: the refused Spawn was printed by the thread and the job hung. A call not simulated now ends the run with
+    its one refusal as the rank's error, from a rank's thread or its own while another rank waits outside MPI."""
+    pool = tmp_path / "pool.py"
+    pool.write_text("from mpi4py.futures import MPIPoolExecutor\nif __name__ == '__main__':\n"
+                    "    with MPIPoolExecutor() as ex:\n        print(list(ex.map(abs, [-1, -2])))\n")
+    stuck = tmp_path / "stuck.py"
+    stuck.write_text("import threading\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\nif comm.rank == 0:\n"
+                     "    comm.Create_intercomm(0, comm, 0, 7)\nthreading.Event().wait()\n")
+    for program, ranks, refused in ((pool, "ranks 0,1", "dynamic processes (Intracomm.Spawn)"),
+                                    (stuck, "rank 0", "intercommunicators (Intracomm.Create_intercomm)")):
+        done = subprocess.run([sys.executable, "-m", "spmdsim", "mpirun", "-n", "2", "python", str(program)],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1 and done.stdout == "", done.stderr
+        assert done.stderr.startswith(f"spmdsim mpirun: error on simulated {ranks}: NotImplementedError: {refused}: "
+                                      "not simulated;"), done.stderr
+        assert "spmdsim/emulator" not in done.stderr and done.stderr.count("Traceback") == 1, done.stderr

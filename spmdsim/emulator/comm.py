@@ -440,6 +440,6 @@ def _predefined(kind: str, same: bool) -> SimComm:
 
 
 def _not_simulated(what: str) -> None:
-    raise NotImplementedError(f"{what}: not simulated; spmdsim mpirun runs communicators, point to point, "
-                              "collectives and one-sided communication (docs/simulate.md); run this program "
-                              "under mpiexec")
+    from .unsupported import not_simulated
+
+    raise not_simulated(what)

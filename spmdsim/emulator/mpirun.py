@@ -104,7 +104,7 @@ def _mpi4py_run(words: list[str]) -> list[str]:
 def _program(kind: str, what: str) -> int:
     """Run the program on this simulated rank, as its own module __main__ (rank_modules.rank_main);
     return its exit code."""
-    from .rank_modules import rank_main
+    from .rank_modules import rank_builtins, rank_main
 
     module = rank_main()
     scope = module.__dict__
@@ -113,7 +113,7 @@ def _program(kind: str, what: str) -> int:
             name, spec, code = runpy._get_module_details(what)  # what run_module runs, in our module
             scope.update(__name__="__main__", __file__=spec.origin, __cached__=spec.cached, __doc__=None,
                          __loader__=spec.loader, __package__=name.rpartition(".")[0], __spec__=spec,
-                         __builtins__=__builtins__)
+                         __builtins__=rank_builtins())
         else:
             if kind == "code":
                 code, path = compile(what, "<string>", "exec"), None
@@ -121,7 +121,7 @@ def _program(kind: str, what: str) -> int:
                 path = os.path.abspath(what)  # as `python script.py` sets __file__ (Python 3.9+)
                 with open(path, "rb") as f:
                     code = compile(f.read(), path, "exec")
-            scope.update({"__name__": "__main__", "__builtins__": __builtins__, "__spec__": None,
+            scope.update({"__name__": "__main__", "__builtins__": rank_builtins(), "__spec__": None,
                           "__package__": None})
             if path is not None:
                 scope.update(__file__=path, __cached__=None)
@@ -220,6 +220,7 @@ def _report(exc: BaseException, exits: dict) -> int:
     ours = isinstance(exc, (SpmdsimError, pickle.UnpicklingError)) or (mpi is not None
                                                                         and isinstance(exc, mpi.Exception))
     ours = ours or (isinstance(exc, (TypeError, ValueError, OverflowError)) and _raised_by_emulator(exc))
+    ours = ours or getattr(exc, "spmdsim_ends_run", False)  # a call not simulated: refused where the program made it
     name = "MPI.Exception" if mpi is not None and isinstance(exc, mpi.Exception) else type(exc).__name__
     lines = traceback.TracebackException.from_exception(exc)
     lines.stack = traceback.StackSummary.from_list(_program_frames(exc, ours))

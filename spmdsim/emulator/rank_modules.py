@@ -23,7 +23,7 @@ import threading
 import types
 from typing import Any, Iterator, Optional
 
-__all__ = ["own_modules", "own_main", "rank_main"]
+__all__ = ["own_modules", "own_main", "rank_main", "rank_builtins"]
 
 
 class _RankModule(types.ModuleType):
@@ -31,10 +31,11 @@ class _RankModule(types.ModuleType):
 
     Each rank's copy runs where that rank first imports the module, as each MPI process runs it at its own
     import statement (its prints then, its errors raised there): the first importing rank's through the
-    loader (`_Finder.exec_module`), every other rank's when its import statement finds the stand-in in
-    sys.modules, which reads the module's ``__spec__`` (CPython's check that the module is not half made),
-    the property below. A rank whose copy failed there gets that error at its next use of the module (the
-    import statement itself cannot raise it: CPython drops an error from that read)."""
+    loader (`_Finder.exec_module`), every other rank's by the ``__import__`` its program and its modules'
+    copies run with (`rank_builtins`). An import from elsewhere (``importlib.import_module``) that finds the
+    stand-in in sys.modules reads the module's ``__spec__`` (CPython's check that the module is not half
+    made), the property below, which runs the rank's copy too; a rank whose copy failed there gets that error
+    at its next use of the module (CPython drops an error from that read)."""
 
     @property
     def __spec__(self) -> Any:  # noqa: D401 - the module's own attribute
@@ -93,6 +94,7 @@ def _copy(standin: _RankModule, keep_error: bool = False) -> Optional[types.Modu
         if module is None and rank not in failed:
             spec = state["__spmdsim_spec__"]
             module = importlib.util.module_from_spec(spec)
+            module.__dict__["__builtins__"] = rank_builtins()  # its own import statements as the program's
             copies[rank] = module
             try:
                 spec.loader.exec_module(module)
@@ -157,6 +159,45 @@ class _Finder:
         again); the other ranks' copies run at their own imports (`_RankModule.__spec__`)."""
         _copy(module)
         object.__getattribute__(module, "__dict__")["__spmdsim_ready__"] = True
+
+
+def rank_builtins() -> dict:
+    """The builtins a rank's program and its own modules' copies run with: Python's, but for an ``__import__``
+    that runs the importing rank's copy of each of the program's own modules the statement names, there, as
+    the statement runs in an MPI process (`_importing`). The program's import statements alone pay for it;
+    numpy's, mpi4py's and spmdsim's run Python's own."""
+    found = _BUILTINS.get("dict")
+    if found is None:
+        import builtins
+
+        found = _BUILTINS["dict"] = dict(vars(builtins), __import__=_importing)
+    return found
+
+
+_BUILTINS: dict = {}
+_IMPORT = __import__
+
+
+def _importing(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
+    """``__import__`` for a rank's program (`rank_builtins`): Python's, then the calling rank's copy of every own
+    module the statement names (``import a.b`` names a and a.b; ``from a import b``, a and a.b if b is a
+    module) is run now if it was not (an error it raises, raised here): a rank importing while another rank
+    loaded the module found it loaded, and its copy waited for its first use."""
+    module = _IMPORT(name, globals, locals, fromlist, level)
+    full = name
+    if level:
+        package = (globals or {}).get("__package__") or ""
+        try:
+            full = importlib.util.resolve_name("." * level + name, package)
+        except (ImportError, ValueError):
+            return module
+    names = [full[:i] for i, c in enumerate(full + ".") if c == "."] if full else []
+    names += [f"{full}.{item}" for item in fromlist or () if item != "*"]
+    for found in names:
+        standin = sys.modules.get(found)
+        if isinstance(standin, _RankModule):
+            _copy(standin)
+    return module
 
 
 def _find(fullname: str, path: Any) -> Optional[Any]:

@@ -66,6 +66,10 @@ def _start(thread: threading.Thread) -> None:
             run()
         except (Aborted, RuntimeMismatchError):
             pass  # the simulation stopped (a deadlock, a failed rank): the ranks' own threads report it
+        except BaseException as exc:
+            if not getattr(exc, "spmdsim_ends_run", False):
+                raise  # Python prints it (threading.excepthook) and the rank goes on, as in an MPI process
+            world.fail(state.rank, exc)  # a call not simulated: the run ends, reported as the rank's error
         finally:
             _local.leave()
             world.end_thread(key)

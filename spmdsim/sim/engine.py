@@ -342,6 +342,8 @@ class World(RankThreads):
         self.failed: dict[int, BaseException] = {}  # rank -> its own (first) exception
         self.failure: Optional[str] = None  # set once: why every waiter stops
         self.failed_at = 0.0  # when (time.monotonic()): the others go on for GO_ON_S at most
+        # when a failure that ends the run came (spmdsim.emulator.unsupported.not_simulated): `given_up`
+        self.ends_run_at: Optional[float] = None
         self.deadlock: Optional[str] = None
         self.groups: weakref.WeakSet = weakref.WeakSet()  # every communicator's Group (spmdsim.sim.p2p.unreceived)
         self.root = Group(self, tuple(range(size)))
@@ -579,10 +581,17 @@ class World(RankThreads):
         """Rank `rank` raised `exc`: every other rank stops at its next wait."""
         with self.lock:
             self.failed.setdefault(rank, exc)
+            if self.ends_run_at is None and getattr(exc, "spmdsim_ends_run", False):
+                self.ends_run_at = time.monotonic()
             if self.failure is None:
                 self.failure = f"simulated rank {rank} failed: {type(exc).__name__}: {exc}"
                 self.failed_at = time.monotonic()
             self._wake_all()
+
+    def given_up(self) -> bool:
+        """Whether GO_ON_S have passed since a failure that ends the run (a call spmdsim does not simulate): the
+        ranks still running then wait outside MPI, for what the refused call would have done, and are left."""
+        return self.ends_run_at is not None and time.monotonic() - self.ends_run_at > GO_ON_S
 
     def finish(self, rank: int) -> None:
         """Rank `rank` returned (or raised); if all the others wait, none of them can go on."""

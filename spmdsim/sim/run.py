@@ -109,7 +109,7 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
                 t.start()
             looked = time.monotonic()
             for t in threads:
-                while t.is_alive():  # and every POLL_S: is the machine nearly out of memory?
+                while t.is_alive() and not engine.given_up():  # and every POLL_S: is memory nearly out?
                     t.join(memory.POLL_S)
                     if time.monotonic() - looked >= memory.POLL_S:
                         looked = time.monotonic()
