@@ -322,3 +322,18 @@ def test_a_call_not_simulated_ends_the_run_from_any_thread_of_a_rank(tmp_path):
         assert done.stderr.startswith(f"spmdsim mpirun: error on simulated {ranks}: NotImplementedError: {refused}: "
                                       "not simulated;"), done.stderr
         assert "spmdsim/emulator" not in done.stderr and done.stderr.count("Traceback") == 1, done.stderr
+
+
+def test_a_program_sees_what_is_set_on_builtins(tmp_path, capsys):
+    """The program's own __import__ (rank_modules.rank_builtins) leaves every other builtin the builtins module's,
+    read when asked: a name a program sets on `builtins` is found bare, and an unknown one is a NameError."""
+    program = tmp_path / "builtins_set.py"
+    program.write_text("import builtins\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
+                       "if comm.rank == 0:\n    builtins.spmdsim_answer = 42\ncomm.Barrier()\n"
+                       "print(comm.rank, spmdsim_answer, len([1, 2]))\ncomm.Barrier()\n"
+                       "if comm.rank == 0:\n    del builtins.spmdsim_answer\ncomm.Barrier()\nspmdsim_answer\n")
+    assert main(["mpirun", "-n", "2", str(program)]) == 1
+    out, err = capsys.readouterr()
+    assert sorted(out.splitlines()) == ["0 42 2", "1 42 2"]
+    assert err.startswith("spmdsim mpirun: error on simulated ranks 0,1: NameError: name 'spmdsim_answer' is not "
+                          "defined\n"), err

@@ -168,10 +168,21 @@ def rank_builtins() -> dict:
     numpy's, mpi4py's and spmdsim's run Python's own."""
     found = _BUILTINS.get("dict")
     if found is None:
+        found = _BUILTINS["dict"] = _Builtins(__import__=_importing)
+    return found
+
+
+class _Builtins(dict):
+    """A program's builtins: ``__import__`` its own (`_importing`), every other name read from the builtins module
+    when asked (a program that sets ``builtins.print`` sees its own print, as it would)."""
+
+    def __missing__(self, name: str) -> Any:
         import builtins
 
-        found = _BUILTINS["dict"] = dict(vars(builtins), __import__=_importing)
-    return found
+        try:
+            return getattr(builtins, name)
+        except AttributeError:
+            raise KeyError(name) from None
 
 
 _BUILTINS: dict = {}
