@@ -50,6 +50,7 @@ __all__ = ["World", "Group", "Call", "AllOf", "Aborted", "DeadlockError", "Simul
 #: every rank raises is then reported as every rank's): the MPI guard's grace before it aborts the job,
 #: so ranks that never again need the failed one (a loop within their own group) stop too.
 GO_ON_S = 3.0
+LEFT_AFTER_S = 0.5  # World.given_up: after a refusal that ends the run, how long the ranks still running get
 
 
 #: A rank that polls (Test, Iprobe) a request no rank left can complete (its peer finished), or polls while
@@ -589,9 +590,10 @@ class World(RankThreads):
             self._wake_all()
 
     def given_up(self) -> bool:
-        """Whether GO_ON_S have passed since a failure that ends the run (a call spmdsim does not simulate): the
-        ranks still running then wait outside MPI, for what the refused call would have done, and are left."""
-        return self.ends_run_at is not None and time.monotonic() - self.ends_run_at > GO_ON_S
+        """Whether LEFT_AFTER_S have passed since a failure that ends the run (a call spmdsim does not simulate):
+        the ranks still running then wait outside MPI, for what the refused call would have done, and are left
+        (those in a call of MPI's stop at once, as after any failure)."""
+        return self.ends_run_at is not None and time.monotonic() - self.ends_run_at > LEFT_AFTER_S
 
     def finish(self, rank: int) -> None:
         """Rank `rank` returned (or raised); if all the others wait, none of them can go on."""
