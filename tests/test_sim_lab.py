@@ -144,6 +144,9 @@ WRONG = [
      "elsewhere, in recv from group rank 1 (tag 3) on the world; at wrong_tag.py:9"),
     ("exit_early.py", [], 3, DEADLOCK +
      "barrier on the world (call 1): ranks 0,2,3 wait in it; rank 1 exited (sys.exit(3)); at exit_early.py:9"),
+    # os._exit on a rank ended the process, every rank with it, without a word (exit 3)
+    ("os_exit_early.py", [], 3, DEADLOCK +
+     "barrier on the world (call 1): ranks 0,2,3 wait in it; rank 1 exited (os._exit(3)); at os_exit_early.py:9"),
     ("test_loop.py", [], 1, DEADLOCK +
      "recv from group rank 1 (tag 9) on the world: rank 0 polls it (Test), and no rank left can complete it; "
      "rank 1 finished; rank 0 has an unreceived message from rank 1 (tag 8); at test_loop.py:9"),

@@ -142,11 +142,46 @@ def _rank(kind: str, what: str, exits: dict) -> int:
     from .rank_random import adopt
 
     adopt()  # a process of its own: its own random and numpy.random generators
-    code = _program(kind, what)
+    try:
+        code = _program(kind, what)
+    except _OsExit as exc:  # os._exit(code): the rank ends at once (no finally of its own runs further up)
+        code, call = exc.code, "os._exit"
+    else:
+        call = "sys.exit"
     if code:
         exits[current_rank()] = code
-        note_exit(code)
+        note_exit(code, call)
     return code
+
+
+class _OsExit(BaseException):
+    """os._exit(code) called on a simulated rank (`_os_exit_ends_the_rank`): that rank ends, not the process."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+@contextlib.contextmanager
+def _os_exit_ends_the_rank() -> Iterator[None]:
+    """While the ranks run, os._exit(code) in a simulated rank's own thread ends that rank with `code`, as it
+    ends that MPI process, where it ended this process and every rank without a word; in any other thread
+    (one a rank started too) it is Python's, and ends the process."""
+    from .. import context as _local
+    from .rank_threads import _is_rank_thread
+
+    real = os._exit
+
+    def _exit(code: int) -> None:
+        if _local.simulated() is None or not _is_rank_thread():
+            real(code)
+        raise _OsExit(int(code))
+
+    os._exit = _exit
+    try:
+        yield
+    finally:
+        os._exit = real
 
 
 class _StdinOfRankZero:
@@ -324,7 +359,7 @@ def run(n: int, command: Sequence[str]) -> int:
     exits: dict = {}
     try:
         with swapped(), own_generators(), own_modules(sys.path[0] or os.getcwd(), kind != "module"), \
-                own_main(), _terminated_as_exit():
+                own_main(), _terminated_as_exit(), _os_exit_ends_the_rank():
             codes = simulate(n, _rank, kind, what, exits)
     except _Terminated:
         print("spmdsim mpirun: terminated (SIGTERM): the simulated ranks were stopped", file=sys.stderr)

@@ -127,7 +127,7 @@ def whereabouts(world: Any, rank: int) -> str:
     if rank in world.failed:
         return f"rank {rank} failed"
     if rank in world.exits:
-        return f"rank {rank} exited (sys.exit({world.exits[rank]}))"
+        return f"rank {rank} exited ({world.exits[rank]})"
     if rank in world.finished:
         return f"rank {rank} finished"
     call = world.polling().get(rank)

@@ -323,11 +323,11 @@ def current_rank() -> Optional[int]:
     return None if state is None else state.rank
 
 
-def note_exit(code: int) -> None:
-    """Note that this simulated rank's program exits with `code` (spmdsim mpirun's sys.exit): a
-    deadlock report then says 'rank 1 exited (sys.exit(3))' instead of 'rank 1 finished'."""
+def note_exit(code: int, call: str = "sys.exit") -> None:
+    """Note that this simulated rank's program exits with `code` by `call` (spmdsim mpirun's sys.exit or
+    os._exit): a deadlock report then says 'rank 1 exited (sys.exit(3))' instead of 'rank 1 finished'."""
     state = _local.simulated()
     if state is not None and code:
         world = state.comm._group.world
         with world.lock:
-            world.exits[state.rank] = code
+            world.exits[state.rank] = f"{call}({code})"
