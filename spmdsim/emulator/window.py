@@ -57,6 +57,7 @@ class _Shared:
         self.posts: dict = {}  # (target, origin) -> Posts not yet met by a Start
         self.completes: dict = {}  # (target, origin) -> Completes not yet met by a Wait
         self.waiters: dict = {}  # world rank -> the token it waits with (released on any change)
+        self.lock_lines: dict = {}  # target -> [member, ...] waiting for a lock on it, in the order they asked
 
 
 class _Access:
@@ -564,10 +565,8 @@ class SimWin(np.ndarray, CommHandles, metaclass=_WinType):
         if int(assertion) & mpi.MODE_NOCHECK:
             self._access.locked[rank] = None
             return
-        me = self._comm._me
         exclusive = lock_type == mpi.LOCK_EXCLUSIVE
-        self._until(lambda: _may_lock(shared, rank, exclusive), f"Win.Lock of rank {rank}",
-                    then=lambda: _take_lock(shared, rank, me, exclusive))
+        self._lock_in_turn(shared, rank, exclusive, f"Win.Lock of rank {rank}")
         self._access.locked[rank] = lock_type
 
     def Unlock(self, rank: int) -> None:
@@ -587,12 +586,10 @@ class SimWin(np.ndarray, CommHandles, metaclass=_WinType):
         shared = self._live()
         if self._access.lock_all:
             raise mpi_error(_mpi(), _mpi().ERR_RMA_SYNC, "Lock_all: this rank holds Lock_all already")
-        me = self._comm._me
         self._access.fence = False
         if not int(assertion) & _mpi().MODE_NOCHECK:
             for rank in range(len(shared.memories)):
-                self._until(lambda r=rank: _may_lock(shared, r, False), f"Win.Lock_all (rank {rank})",
-                            then=lambda r=rank: _take_lock(shared, r, me, False))
+                self._lock_in_turn(shared, rank, False, f"Win.Lock_all (rank {rank})")
         self._access.lock_all = "checked" if not int(assertion) & _mpi().MODE_NOCHECK else "nocheck"
 
     def Unlock_all(self) -> None:
@@ -604,6 +601,31 @@ class SimWin(np.ndarray, CommHandles, metaclass=_WinType):
             for rank in range(len(shared.memories)):
                 self._drop_lock(shared, rank)
         self._poll(nap=False)
+
+    def _lock_in_turn(self, shared: _Shared, rank: int, exclusive: bool, what: str) -> None:
+        """Take a lock on member `rank`'s window once it may be taken and the members that asked before this
+        one have theirs: in the order they asked, as a fair lock grants it. A member that unlocks and locks
+        again at once no longer takes the lock before one that waits for it (mpi4py's nxtval-scalable demo:
+        two ranks' mutex loops, one always locking again first, the other's increment never undone, and
+        the loop ran forever now and then)."""
+        me = self._comm._me
+        world = self._comm._group.world
+        with world.lock:
+            line = shared.lock_lines.setdefault(rank, [])
+            line.append(me)
+
+        def take() -> None:
+            _take_lock(shared, rank, me, exclusive)
+            line.remove(me)
+            _release_all(world, shared)  # the next in line may take a shared lock beside this one
+
+        try:
+            self._until(lambda: line[0] == me and _may_lock(shared, rank, exclusive), what, then=take)
+        except BaseException:  # stopped while in line (another rank failed): leave the line
+            with world.lock:
+                if me in line:
+                    line.remove(me)
+            raise
 
     def _drop_lock(self, shared: _Shared, rank: int) -> None:
         me = self._comm._me
