@@ -39,11 +39,14 @@ class _RankModule(types.ModuleType):
 
     @property
     def __spec__(self) -> Any:  # noqa: D401 - the module's own attribute
+        from ..sim.run import current_rank
+
         state = object.__getattribute__(self, "__dict__")
-        # This rank's copy now, if it has none: once the loader has run, or while another thread loads (a rank
+        # A rank's copy now, if it has none: once the loader has run, or while another thread loads (a rank
         # importing while the first rank's copy runs), never in the loading thread (the import system's reads)
-        if state.get("__spmdsim_ready__") or state.get("__spmdsim_loader__", threading.get_ident()) \
-                != threading.get_ident():
+        # nor in a thread that is no rank's
+        if (state.get("__spmdsim_ready__") or state.get("__spmdsim_loader__", threading.get_ident())
+                != threading.get_ident()) and current_rank() is not None:
             _copy(self, keep_error=True)
         return state.get("__spmdsim_standin_spec__")
 
@@ -156,7 +159,7 @@ class _Finder:
     def exec_module(self, module: types.ModuleType) -> None:
         """Run the importing rank's copy now (its error raised at its import statement, as Python raises it;
         the import system then takes the stand-in out of sys.modules, and the next rank's import loads
-        again); the other ranks' copies run at their own imports (`_RankModule.__spec__`)."""
+        again); the other ranks' copies run at their own imports (`rank_builtins`, `_RankModule.__spec__`)."""
         _copy(module)
         object.__getattribute__(module, "__dict__")["__spmdsim_ready__"] = True
 
