@@ -374,6 +374,52 @@ def test_reductions_refuse_a_send_count_other_than_the_receive_count(capsys):
                           "the receive buffer takes 3\n")
 
 
+_LOCK_IN_TURN = """# Rank 0 holds rank 0's window's lock while rank 1 asks for it, then unlocks and locks again at once: rank 1
+# asked first, so it gets the lock first and its Put comes before rank 0's Get (MPICH's locks grant in turn).
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from spmdsim import context
+
+comm = MPI.COMM_WORLD
+mem = np.zeros(1, "i")
+win = MPI.Win.Create(mem if comm.rank == 0 else None, 4, comm=comm)
+if comm.rank == 0:
+    win.Lock(0)
+    comm.send("locked", dest=1)
+    world = context.simulated().comm._group.world  # spmdsim's engine: is rank 1 waiting in Lock yet?
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "Win.Lock" not in (world.waiting[1].text() if 1 in world.waiting else ""):
+        time.sleep(0.01)
+    print("rank 1 waits in", world.waiting[1].text())
+    win.Unlock(0)
+    win.Lock(0)
+    got = np.zeros(1, "i")
+    win.Get(got, 0)
+    win.Unlock(0)
+    print("rank 0 read", got[0])
+elif comm.rank == 1:
+    comm.recv(source=0)
+    win.Lock(0)
+    win.Put(np.full(1, 7, "i"), 0)
+    win.Unlock(0)
+win.Free()
+"""
+
+
+def test_a_window_lock_goes_first_to_the_rank_that_asked_first(tmp_path, capsys):
+    """A rank that unlocks and locks again at once no longer takes the lock before a rank waiting for it (the
+    program checks, in spmdsim's engine, that rank 1 waits in Lock before rank 0 unlocks): rank 0 read 0 there,
+    and mpi4py's nxtval-scalable demo, whose mutex loops so on two ranks, ran forever now and then."""
+    program = tmp_path / "lock_in_turn.py"
+    program.write_text(_LOCK_IN_TURN)
+    assert main(["mpirun", "-n", "2", str(program)]) == 0
+    out, err = capsys.readouterr()
+    assert (out, err) == ("rank 1 waits in Win.Lock of rank 0 on the world\nrank 0 read 7\n", "")
+
+
 def test_the_programs_own_modules_are_each_ranks_own(capsys):
     # mpi_utils.py's `rank = comm.Get_rank()` ran once, in the first rank to import it: every rank printed 0.
     # modules/main.py above compares the whole output with MPICH's; here: the stand-ins are gone after the run.
