@@ -15,6 +15,7 @@ are shared as they are.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import sys
@@ -32,27 +33,8 @@ class _RankModule(types.ModuleType):
     Each rank's copy runs where that rank first imports the module, as each MPI process runs it at its own
     import statement (its prints then, its errors raised there): the first importing rank's through the
     loader (`_Finder.exec_module`), every other rank's by the ``__import__`` its program and its modules'
-    copies run with (`rank_builtins`). An import from elsewhere (``importlib.import_module``) that finds the
-    stand-in in sys.modules reads the module's ``__spec__`` (CPython's check that the module is not half
-    made), the property below, which runs the rank's copy too; a rank whose copy failed there gets that error
-    at its next use of the module (CPython drops an error from that read)."""
-
-    @property
-    def __spec__(self) -> Any:  # noqa: D401 - the module's own attribute
-        from ..sim.run import current_rank
-
-        state = object.__getattribute__(self, "__dict__")
-        # A rank's copy now, if it has none: once the loader has run, or while another thread loads (a rank
-        # importing while the first rank's copy runs), never in the loading thread (the import system's reads)
-        # nor in a thread that is no rank's
-        if (state.get("__spmdsim_ready__") or state.get("__spmdsim_loader__", threading.get_ident())
-                != threading.get_ident()) and current_rank() is not None:
-            _copy(self, keep_error=True)
-        return state.get("__spmdsim_standin_spec__")
-
-    @__spec__.setter
-    def __spec__(self, spec: Any) -> None:
-        object.__getattribute__(self, "__dict__")["__spmdsim_standin_spec__"] = spec
+    copies run with (`rank_builtins`); an import from elsewhere (``importlib.import_module``) runs it at the
+    rank's first use of the module."""
 
     def __getattr__(self, name: str) -> Any:
         if name == "__all__":  # `from module import *`: the copy's names, as its own __dict__ would give
@@ -73,44 +55,29 @@ class _RankModule(types.ModuleType):
         return dir(_copy(self))
 
 
-def _copy(standin: _RankModule, keep_error: bool = False) -> Optional[types.ModuleType]:
-    """The calling rank's copy of `standin`'s module, made and run on first use. If its run raised where the
-    error could not be raised (`keep_error`: the import statement's read of ``__spec__``), the error is kept
-    and raised at the rank's next use, and the module is not run again (its prints would repeat)."""
+def _copy(standin: _RankModule) -> types.ModuleType:
+    """The calling rank's copy of `standin`'s module, made and run on first use."""
     from ..sim.run import current_rank
 
     state = object.__getattribute__(standin, "__dict__")
-    copies, failed = state["__spmdsim_copies__"], state["__spmdsim_failed__"]
+    copies = state["__spmdsim_copies__"]
     rank = current_rank()
     module = copies.get(rank)
-    if module is not None:
-        return module
-    error = failed.get(rank)
-    if error is not None:
-        if keep_error:
-            return None
-        raise error
-    with state["__spmdsim_lock__"]:  # briefly: each rank's own lock, so that ranks run their copies at once
-        lock = state["__spmdsim_locks__"].setdefault(rank, threading.RLock())
-    with lock:  # one copy per rank, even if its threads race (threads a rank starts are the rank's)
-        module = copies.get(rank)
-        if module is None and rank not in failed:
-            spec = state["__spmdsim_spec__"]
-            module = importlib.util.module_from_spec(spec)
-            module.__dict__["__builtins__"] = rank_builtins()  # its own import statements as the program's
-            copies[rank] = module
-            try:
-                spec.loader.exec_module(module)
-            except BaseException as exc:
-                del copies[rank]
-                if not keep_error:
+    if module is None:
+        with state["__spmdsim_lock__"]:  # briefly: each rank's own lock, so that ranks run their copies at once
+            lock = state["__spmdsim_locks__"].setdefault(rank, threading.RLock())
+        with lock:  # one copy per rank, even if its threads race (threads a rank starts are the rank's)
+            module = copies.get(rank)
+            if module is None:
+                spec = state["__spmdsim_spec__"]
+                module = importlib.util.module_from_spec(spec)
+                module.__dict__["__builtins__"] = rank_builtins()  # its own import statements as the program's
+                copies[rank] = module
+                try:
+                    spec.loader.exec_module(module)
+                except BaseException:
+                    del copies[rank]
                     raise
-                failed[rank] = exc
-                return None
-        elif module is None:
-            if keep_error:
-                return None
-            raise failed[rank]
     return module
 
 
@@ -151,28 +118,24 @@ class _Finder:
     def create_module(self, spec: Any) -> types.ModuleType:
         module = _RankModule(spec.name)
         state = object.__getattribute__(module, "__dict__")
-        state.update(__spmdsim_copies__={}, __spmdsim_failed__={}, __spmdsim_lock__=threading.Lock(),
-                     __spmdsim_locks__={}, __spmdsim_spec__=spec.loader_state,
-                     __spmdsim_loader__=threading.get_ident())
+        state.update(__spmdsim_copies__={}, __spmdsim_lock__=threading.Lock(), __spmdsim_locks__={},
+                     __spmdsim_spec__=spec.loader_state)
         return module
 
     def exec_module(self, module: types.ModuleType) -> None:
         """Run the importing rank's copy now (its error raised at its import statement, as Python raises it;
         the import system then takes the stand-in out of sys.modules, and the next rank's import loads
-        again); the other ranks' copies run at their own imports (`rank_builtins`, `_RankModule.__spec__`)."""
+        again); the other ranks' copies run at their own imports (`rank_builtins`)."""
         _copy(module)
-        object.__getattribute__(module, "__dict__")["__spmdsim_ready__"] = True
 
 
+@functools.cache
 def rank_builtins() -> dict:
     """The builtins a rank's program and its own modules' copies run with: Python's, but for an ``__import__``
     that runs the importing rank's copy of each of the program's own modules the statement names, there, as
     the statement runs in an MPI process (`_importing`). The program's import statements alone pay for it;
     numpy's, mpi4py's and spmdsim's run Python's own."""
-    found = _BUILTINS.get("dict")
-    if found is None:
-        found = _BUILTINS["dict"] = _Builtins(__import__=_importing)
-    return found
+    return _Builtins(__import__=_importing)
 
 
 class _Builtins(dict):
@@ -188,7 +151,6 @@ class _Builtins(dict):
             raise KeyError(name) from None
 
 
-_BUILTINS: dict = {}
 _IMPORT = __import__
 
 
