@@ -343,7 +343,9 @@ def run(n: int, command: Sequence[str]) -> int:
     try:
         kind, what, argv = _target(command)
     except ValueError as exc:
-        print(f"spmdsim mpirun: error: {exc}", file=sys.stderr)
+        from ..errors import fold_message
+
+        print(fold_message(f"spmdsim mpirun: error: {exc}"), file=sys.stderr)
         return 2
     saved_argv, saved_path, saved_stdin = sys.argv[:], sys.path[:], sys.stdin
     # A program's `mpi4py.rc.errors = ...` (mpi4py's init-fini demos) dies with its process under mpiexec:
