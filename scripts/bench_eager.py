@@ -14,6 +14,12 @@ before and after. The mesh is dp x tp with tp = gcd(ranks, 4), sequence parallel
 bench_gpt.py's dp 2 x tp 4). What the eager step adds is each operator's Python (the replay reruns the
 recorded numpy calls and collectives alone), about the same per rank whatever the ranks and the width, so
 the ratio falls as each rank's share of the arithmetic grows (docs/performance.md).
+
+`--apart N` runs each mode in processes of its own instead, as bench_gpt.py's launches do: N launches of an
+eager process (the step alone, nothing captured) and N of a replayed one (captured, then replayed alone),
+alternating; a launch's figure is the median of its rounds, and eager / replayed is taken launch by launch
+(the median and spread over the N pairs). An eager step in a process that also holds a replayed step's record
+costs more CPU than one alone (docs/performance.md), so the alternating figure overstates the ratio.
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # spmdsim from this checkout, also when run by path
@@ -62,13 +69,14 @@ def _child(args: argparse.Namespace) -> dict:
         model, params, train_step = gpt_step(cfg, mesh)
         x, y = batch(ids, cfg, 0)
         xd, yd = (DTensor.from_global(mesh, a, mesh.layout(model.batch, None)) for a in (x, y))
-        graph = capture(train_step, xd, yd, Scalar(0), state=params)
+        modes = ("eager", "replayed") if args.mode == "both" else (args.mode,)
+        graph = capture(train_step, xd, yd, Scalar(0), state=params) if "replayed" in modes else None
         for _ in range(2):  # warm-up: each mode's caches and heap
-            train_step(xd, yd, 1)
-            graph(xd, yd, 1)
-        out: dict = {"eager": [], "replayed": []}
+            for mode in modes:
+                train_step(xd, yd, 1) if mode == "eager" else graph(xd, yd, 1)
+        out: dict = {mode: [] for mode in modes}
         for _ in range(args.rounds):
-            for mode in out:
+            for mode in modes:
                 comm.Barrier()
                 start = time.thread_time()
                 train_step(xd, yd, 1) if mode == "eager" else graph(xd, yd, 1)
@@ -97,8 +105,14 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=8, help="eager and replayed steps timed, each (default 8)")
+    ap.add_argument("--apart", type=int, default=0, metavar="N",
+                    help="each mode in processes of its own: N launches of each, alternating (default: both "
+                         "modes alternating in one process)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--mode", choices=("both", "eager", "replayed"), default="both", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.apart < 0:
+        ap.error(f"--apart {args.apart} must be at least 1 (or 0: both modes in one process)")
     for flag in ("rounds", "layers", "seq"):
         if getattr(args, flag) < 1:
             ap.error(f"--{flag} {getattr(args, flag)} must be at least 1")
@@ -116,25 +130,44 @@ def main() -> int:
             ap.error(f"--ranks {n} makes dp {n // tp} x tp {tp}: dp must divide the batch of 8 and tp the seq "
                      f"{args.seq}")
     _say(f"load average at start {_load()}; GPT {args.layers} layers, seq {args.seq}, batch 8; "
-          f"{args.rounds} rounds of an eager and a replayed step, CPU summed over the ranks")
+          + (f"{args.apart} launches of each mode, {args.rounds} steps timed in each" if args.apart else
+             f"{args.rounds} rounds of an eager and a replayed step") + ", CPU summed over the ranks")
     env = glibc_env(dict(os.environ, OMP_NUM_THREADS="1"))
     for d in widths:
         for n in ranks:
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--ranks", str(n), "--d-model", str(d),
-                   "--layers", str(args.layers), "--seq", str(args.seq), "--rounds", str(args.rounds)]
-            done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-            result = next((json.loads(line[7:]) for line in done.stdout.splitlines() if line.startswith("RESULT ")),
-                          None)
-            if result is None:
-                last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-                print(f"bench_eager: ranks {n}, d_model {d} failed (exit {done.returncode}): {last}", file=sys.stderr)
-                return 1
-            eager, replayed = result["eager"], result["replayed"]
-            ratios = [e / r for e, r in zip(eager, replayed)]
+            def launch(mode: str) -> Optional[dict]:
+                cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--mode", mode, "--ranks", str(n),
+                       "--d-model", str(d), "--layers", str(args.layers), "--seq", str(args.seq), "--rounds",
+                       str(args.rounds)]
+                done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+                result = next((json.loads(line[7:]) for line in done.stdout.splitlines()
+                               if line.startswith("RESULT ")), None)
+                if result is None:
+                    last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                    print(f"bench_eager: ranks {n}, d_model {d} failed (exit {done.returncode}): {last}",
+                          file=sys.stderr)
+                return result
+
             tp = math.gcd(n, 4)
-            _say(f"ranks {n} (dp {n // tp} x tp {tp}), d_model {d}: eager {statistics.median(eager) * 1e3:,.1f} ms, "
-                  f"replayed {statistics.median(replayed) * 1e3:,.1f} ms of CPU a step; eager / replayed "
-                  f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
+            if args.apart:  # a launch per mode, in turn (each pair's first mode alternating); a launch's median
+                eager, replayed = [], []
+                for i in range(args.apart):
+                    for mode in ("eager", "replayed") if i % 2 == 0 else ("replayed", "eager"):
+                        result = launch(mode)
+                        if result is None:
+                            return 1
+                        (eager if mode == "eager" else replayed).append(statistics.median(result[mode]))
+                where = f", each mode in its own process ({args.apart} launches each)"
+            else:
+                result = launch("both")
+                if result is None:
+                    return 1
+                eager, replayed, where = result["eager"], result["replayed"], ""
+            ratios = [e / r for e, r in zip(eager, replayed)]
+            _say(f"ranks {n} (dp {n // tp} x tp {tp}), d_model {d}{where}: eager "
+                 f"{statistics.median(eager) * 1e3:,.1f} ms, replayed {statistics.median(replayed) * 1e3:,.1f} ms "
+                 f"of CPU a step; eager / replayed {statistics.median(ratios):.2f}x "
+                 f"({min(ratios):.2f}-{max(ratios):.2f})")
     _say(f"load average at end {_load()}")
     return 0
 

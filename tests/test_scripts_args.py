@@ -175,6 +175,7 @@ def test_a_bad_argument_is_one_error_line_naming_it(name, argv, needle, capsys, 
 LAUNCHED = [  # scripts whose parser runs in main(): launched, bad values refused before any work
     ("bench_eager", ["--ranks", "1,0"], "--ranks '1,0' must be a comma list of integers >= 1, e.g. 1,2,4,8"),
     ("bench_eager", ["--ranks", "3"], "--ranks 3 makes dp 3 x tp 1: dp must divide the batch of 8"),
+    ("bench_eager", ["--apart", "-1"], "--apart -1 must be at least 1 (or 0: both modes in one process)"),
     ("bench_moe", ["--seed", "-1"], "--seed -1 must be at least 0"),  # rank 0 alone raised; the rest waited
     ("bench_mpirun_start", ["--repeat", "0"], "--repeat 0 must be at least 1"),
     ("bench_rendezvous", ["--before", "/nonexistent"], "--before '/nonexistent' holds no spmdsim/ folder"),
@@ -395,18 +396,25 @@ def test_calls_gpt_counts_both_steps_calls():
 
 def test_bench_eager_prints_each_configurations_ratio():
     """scripts/bench_eager.py (docs/performance.md quotes it, also under `taskset -c 0`: one core, which its child
-    keeps): one short run of two configurations, on one core where taskset is here."""
+    keeps): one short run of the two modes in one process, and one with each mode in its own (`--apart`), on one
+    core where taskset is here."""
     one_core = ["taskset", "-c", "0"] if shutil.which("taskset") else []
-    done = subprocess.run(["timeout", "-k", "5", "120", *one_core, sys.executable, str(_SCRIPTS / "bench_eager.py"),
-                           "--ranks", "1,2", "--d-model", "16", "--rounds", "2", "--layers", "1", "--seq", "16"],
-                          capture_output=True, text=True, timeout=150)
-    assert done.returncode == 0, done.stderr
-    rows = [re.fullmatch(r"ranks (\d) \(dp 1 x tp (\d)\), d_model 16: eager ([\d.]+) ms, replayed ([\d.]+) ms of CPU "
-                         r"a step; eager / replayed ([\d.]+)x \(([\d.]+)-([\d.]+)\)", line)
-            for line in unfold(done.stdout).splitlines() if line.startswith("ranks ")]
-    assert [(m.group(1), m.group(2)) for m in rows if m] == [("1", "1"), ("2", "2")], done.stdout
-    for m in rows:
-        eager, replayed, ratio, low, high = map(float, m.groups()[2:])
-        assert eager > 0 and replayed > 0 and low <= ratio <= high
-    assert done.stdout.startswith("load average at start ") and "load average at end " in done.stdout
-    assert max(map(len, done.stdout.splitlines())) <= 100, done.stdout
+    tiny = ["--d-model", "16", "--rounds", "2", "--layers", "1", "--seq", "16"]
+    for extra, where in ((["--ranks", "1"], ""),
+                         (["--ranks", "2", "--apart", "2"], ", each mode in its own process (2 launches each)")):
+        done = subprocess.run(["timeout", "-k", "5", "120", *one_core, sys.executable,
+                               str(_SCRIPTS / "bench_eager.py"), *extra, *tiny],
+                              capture_output=True, text=True, timeout=150)
+        assert done.returncode == 0, done.stderr
+        text = unfold(done.stdout)
+        rows = [re.fullmatch(r"ranks (\d) \(dp 1 x tp (\d)\), d_model 16" + re.escape(where) + r": eager ([\d.]+) "
+                             r"ms, replayed ([\d.]+) ms of CPU a step; eager / replayed ([\d.]+)x \(([\d.]+)-([\d.]+)\)",
+                             line)
+                for line in text.splitlines() if line.startswith("ranks ")]
+        assert [(m.group(1), m.group(2)) for m in rows if m] == [(extra[1], extra[1])], done.stdout
+        for m in rows:
+            eager, replayed, ratio, low, high = map(float, m.groups()[2:])
+            assert eager > 0 and replayed > 0 and low <= ratio <= high
+        assert text.startswith("load average at start ") and "load average at end " in text
+        assert ("2 launches of each mode, 2 steps timed in each" in text) == bool(where), done.stdout
+        assert max(map(len, done.stdout.splitlines())) <= 100, done.stdout
