@@ -87,6 +87,19 @@ def _child(args: argparse.Namespace) -> dict:
     return spmdsim.simulate(args.ranks, body)[0]
 
 
+def _launch(args: argparse.Namespace, mode: str, n: int, d: int, env: dict) -> Optional[dict]:
+    """One child process of `mode` ("both", "eager" or "replayed") on `n` ranks at d_model `d`: the rounds' CPU
+    a step it printed ({mode: [s, ...]}), else None and one line saying why."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--mode", mode, "--ranks", str(n),
+           "--d-model", str(d), "--layers", str(args.layers), "--seq", str(args.seq), "--rounds", str(args.rounds)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    result = next((json.loads(line[7:]) for line in done.stdout.splitlines() if line.startswith("RESULT ")), None)
+    if result is None:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        print(f"bench_eager: ranks {n}, d_model {d} failed (exit {done.returncode}): {last}", file=sys.stderr)
+    return result
+
+
 def _say(line: str) -> None:
     """Print `line` within 100 columns (its continuation indented)."""
     from spmdsim.viz.table import wrap_lines
@@ -135,31 +148,18 @@ def main() -> int:
     env = glibc_env(dict(os.environ, OMP_NUM_THREADS="1"))
     for d in widths:
         for n in ranks:
-            def launch(mode: str) -> Optional[dict]:
-                cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--mode", mode, "--ranks", str(n),
-                       "--d-model", str(d), "--layers", str(args.layers), "--seq", str(args.seq), "--rounds",
-                       str(args.rounds)]
-                done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-                result = next((json.loads(line[7:]) for line in done.stdout.splitlines()
-                               if line.startswith("RESULT ")), None)
-                if result is None:
-                    last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-                    print(f"bench_eager: ranks {n}, d_model {d} failed (exit {done.returncode}): {last}",
-                          file=sys.stderr)
-                return result
-
             tp = math.gcd(n, 4)
             if args.apart:  # a launch per mode, in turn (each pair's first mode alternating); a launch's median
                 eager, replayed = [], []
                 for i in range(args.apart):
                     for mode in ("eager", "replayed") if i % 2 == 0 else ("replayed", "eager"):
-                        result = launch(mode)
+                        result = _launch(args, mode, n, d, env)
                         if result is None:
                             return 1
                         (eager if mode == "eager" else replayed).append(statistics.median(result[mode]))
                 where = f", each mode in its own process ({args.apart} launches each)"
             else:
-                result = launch("both")
+                result = _launch(args, "both", n, d, env)
                 if result is None:
                     return 1
                 eager, replayed, where = result["eager"], result["replayed"], ""
