@@ -10,7 +10,7 @@ import numpy as np
 from .. import buffers
 from ..errors import OperatorError
 from ..layout import Layout, TensorLayout
-from ..precision import is_low
+from ..precision import is_low, matmul
 from ..datagen import SeededTensor
 from ..runtime import debug
 from ..runtime.replay import kernel
@@ -205,7 +205,7 @@ def local_matmul(a: np.ndarray, b: np.ndarray, sent: bool = True) -> np.ndarray:
         # np.broadcast_shapes costs ~1 us (Python); equal or absent batch dims need none of it.
         lead = lead_a if lead_a == lead_b or not lead_b else np.broadcast_shapes(lead_a, lead_b)
         shape = lead + (a.shape[-2], b.shape[-1])
-        out = np.matmul(a, b, out=buffers.empty(shape, np.result_type(a, b)))
+        out = matmul(a, b, out=buffers.empty(shape, np.result_type(a, b)))
     gemm(a.shape, b.shape, out.dtype)  # spmdsim.flops: one test unless a counter is open
     return out
 
