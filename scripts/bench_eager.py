@@ -4,6 +4,7 @@
     python scripts/bench_eager.py                          # bench_gpt.py's GPT (d_model 128) on 8 ranks
     python scripts/bench_eager.py --ranks 1,2,4,8          # the ratio as the ranks split the same model
     python scripts/bench_eager.py --d-model 128,256,512    # and as the model widens
+    python scripts/bench_eager.py --kept megatron          # the blocks of Megatron's fused pieces
 
 Each configuration runs in a fresh process (`spmdsim.simulate`, bench_gpt.py's environment: one BLAS thread,
 the heap kept as `spmdsim launch` keeps it). The step (forward, backward with buckets, AdamW) is captured
@@ -13,7 +14,9 @@ a step and the median over rounds of the round's eager / replayed with its sprea
 before and after. The mesh is dp x tp with tp = gcd(ranks, 4), sequence parallel when tp > 1 (8 ranks:
 bench_gpt.py's dp 2 x tp 4). What the eager step adds is each operator's Python (the replay reruns the
 recorded numpy calls and collectives alone), about the same per rank whatever the ranks and the width, so
-the ratio falls as each rank's share of the arithmetic grows (docs/performance.md).
+the ratio falls as each rank's share of the arithmetic grows (docs/performance.md). `--kept megatron`: the
+GPT's blocks built from Megatron's fused pieces (spmdsim.ops.megatron), which keep Korthikanti et al.'s set
+for backward (docs/training.md), in place of the graph's operators.
 
 `--apart N` runs each mode in processes of its own instead, as bench_gpt.py's launches do: N launches of an
 eager process (the step alone, nothing captured) and N of a replayed one (captured, then replayed alone),
@@ -66,7 +69,7 @@ def _child(args: argparse.Namespace) -> dict:
     def body() -> dict:
         comm = spmdsim.world()
         mesh = Mesh(Layout((args.ranks // tp, tp), ("dp", "tp")), comm)
-        model, params, train_step = gpt_step(cfg, mesh)
+        model, params, train_step = gpt_step(cfg, mesh, args.kept)
         x, y = batch(ids, cfg, 0)
         xd, yd = (DTensor.from_global(mesh, a, mesh.layout(model.batch, None)) for a in (x, y))
         modes = ("eager", "replayed") if args.mode == "both" else (args.mode,)
@@ -91,7 +94,8 @@ def _launch(args: argparse.Namespace, mode: str, n: int, d: int, env: dict) -> O
     """One child process of `mode` ("both", "eager" or "replayed") on `n` ranks at d_model `d`: the rounds' CPU
     a step it printed ({mode: [s, ...]}), else None and one line saying why."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--mode", mode, "--ranks", str(n),
-           "--d-model", str(d), "--layers", str(args.layers), "--seq", str(args.seq), "--rounds", str(args.rounds)]
+           "--d-model", str(d), "--layers", str(args.layers), "--seq", str(args.seq), "--rounds", str(args.rounds),
+           "--kept", args.kept]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     result = next((json.loads(line[7:]) for line in done.stdout.splitlines() if line.startswith("RESULT ")), None)
     if result is None:
@@ -121,6 +125,9 @@ def main() -> int:
     ap.add_argument("--apart", type=int, default=0, metavar="N",
                     help="each mode in processes of its own: N launches of each, alternating (default: both "
                          "modes alternating in one process)")
+    ap.add_argument("--kept", choices=("graph", "megatron"), default="graph",
+                    help="what the blocks keep for backward: the graph's operators (default) or Megatron's fused "
+                         "pieces")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", choices=("both", "eager", "replayed"), default="both", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -142,7 +149,8 @@ def main() -> int:
         if 8 % (n // tp) or args.seq % tp:
             ap.error(f"--ranks {n} makes dp {n // tp} x tp {tp}: dp must divide the batch of 8 and tp the seq "
                      f"{args.seq}")
-    _say(f"load average at start {_load()}; GPT {args.layers} layers, seq {args.seq}, batch 8; "
+    _say(f"load average at start {_load()}; GPT {args.layers} layers, seq {args.seq}, batch 8"
+         + (", Megatron's fused pieces; " if args.kept == "megatron" else "; ")
           + (f"{args.apart} launches of each mode, {args.rounds} steps timed in each" if args.apart else
              f"{args.rounds} rounds of an eager and a replayed step") + ", CPU summed over the ranks")
     env = glibc_env(dict(os.environ, OMP_NUM_THREADS="1"))

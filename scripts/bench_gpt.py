@@ -190,14 +190,15 @@ def _reference(args) -> dict:
     return {"step": statistics.median(times[1:])}
 
 
-def gpt_step(cfg, mesh) -> tuple:
-    """(the GPT of `cfg` on `mesh`, sequence parallel where tp > 1; its parameters in order; its training step
-    ``train_step(xd, yd, step) -> loss``: forward, backward with buckets, AdamW) as every bench here times it."""
+def gpt_step(cfg, mesh, kept: str = "graph") -> tuple:
+    """(the GPT of `cfg` on `mesh`, sequence parallel where tp > 1, keeping `kept`'s set for backward; its
+    parameters in order; its training step ``train_step(xd, yd, step) -> loss``: forward, backward with
+    buckets, AdamW) as every bench here times it."""
     from spmdsim.gpt.parallel import GPT
     from spmdsim.gpt.params import decays, param_specs
     from spmdsim.optim import AdamW
 
-    model = GPT(cfg, mesh, sp=mesh.layout.axis_size("tp") > 1)
+    model = GPT(cfg, mesh, sp=mesh.layout.axis_size("tp") > 1, kept=kept)
     specs = param_specs(cfg)
     params = [model.params[s.name] for s in specs]
     opt = AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,

@@ -396,12 +396,13 @@ def test_calls_gpt_counts_both_steps_calls():
 
 def test_bench_eager_prints_each_configurations_ratio():
     """scripts/bench_eager.py (docs/performance.md quotes it, also under `taskset -c 0`: one core, which its child
-    keeps): one short run of the two modes in one process, and one with each mode in its own (`--apart`), on one
-    core where taskset is here."""
+    keeps): one short run of the two modes in one process, one with each mode in its own (`--apart`), and one of
+    Megatron's fused blocks (`--kept megatron`), on one core where taskset is here."""
     one_core = ["taskset", "-c", "0"] if shutil.which("taskset") else []
     tiny = ["--d-model", "16", "--rounds", "2", "--layers", "1", "--seq", "16"]
     for extra, where in ((["--ranks", "1"], ""),
-                         (["--ranks", "2", "--apart", "2"], ", each mode in its own process (2 launches each)")):
+                         (["--ranks", "2", "--apart", "2"], ", each mode in its own process (2 launches each)"),
+                         (["--ranks", "2", "--kept", "megatron"], "")):
         done = subprocess.run(["timeout", "-k", "5", "120", *one_core, sys.executable,
                                str(_SCRIPTS / "bench_eager.py"), *extra, *tiny],
                               capture_output=True, text=True, timeout=150)
@@ -416,5 +417,6 @@ def test_bench_eager_prints_each_configurations_ratio():
             eager, replayed, ratio, low, high = map(float, m.groups()[2:])
             assert eager > 0 and replayed > 0 and low <= ratio <= high
         assert text.startswith("load average at start ") and "load average at end " in text
+        assert ("Megatron's fused pieces" in text) == ("megatron" in extra), text
         assert ("2 launches of each mode, 2 steps timed in each" in text) == bool(where), done.stdout
         assert max(map(len, done.stdout.splitlines())) <= 100, done.stdout
