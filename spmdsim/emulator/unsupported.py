@@ -41,9 +41,7 @@ def refusing(name: str) -> Any:
         what, constructors = _REFUSED[name]
 
         def refuse(cls: type, *args: Any, **kwargs: Any) -> Any:
-            raise not_simulated(what, f"{what} is not simulated: spmdsim mpirun runs communicators, point to "
-                                      f"point, collectives and one-sided communication (docs/simulate.md); run "
-                                      f"this program under mpiexec")
+            raise not_simulated(what)  # the one wording of every call spmdsim mpirun refuses
 
         base = MPI.__dict__[name]
         methods = {c: classmethod(refuse) for c in constructors}
