@@ -266,3 +266,43 @@ def test_matmul_errors(strategy, kwargs, fragment):
     with pytest.raises(DialectError) as info:
         matmul_layouts(strategy, 8, **kwargs)
     assert fragment in str(info.value)
+
+
+def test_threads_parse_strategies_at_once():
+    """Simulated ranks are threads: eight parsing strategies at once, each switched out inside garbage
+    collections (a callback that yields), all get their tuples. CPython 3.11 counts the AST constructor's
+    depth per interpreter (gh-106905): without parse_strategy's lock one of them raised SystemError
+    ("AST constructor recursion depth mismatch"), as tests/mpi/test_ops_matmul.py once did on 8 simulated
+    ranks."""
+    import gc
+    import threading
+    import time
+
+    from spmdsim.dialects.strategy import parse_strategy
+
+    got, errors = [], []
+
+    def switch(phase: str, info: dict) -> None:
+        time.sleep(0)  # another thread runs in the middle of the collection
+
+    def parse() -> None:
+        try:
+            for _ in range(500):
+                got.append(parse_strategy("((2,1),(1,4))"))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(switch)
+    gc.set_threshold(5)
+    try:
+        threads = [threading.Thread(target=parse) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        gc.callbacks.remove(switch)
+        gc.set_threshold(*threshold)
+    assert not errors, errors[0]
+    assert got == [((2, 1), (1, 4))] * 4000

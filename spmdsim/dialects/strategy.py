@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import math
+import threading
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
@@ -29,6 +30,12 @@ REP_AXIS = "rep"
 
 _EXAMPLE = "e.g. '((2, 1), (1, 4))' or '(2, 1)'"
 
+#: Held while a strategy's text is made an AST: CPython 3.11 counts the AST constructor's depth per
+#: interpreter, not per thread, so two threads (simulated ranks) parsing at once, one of them switched out
+#: inside a garbage collection, raised "SystemError: AST constructor recursion depth mismatch"
+#: (python/cpython gh-106905). Reentrant: a finalizer the collection runs may parse a strategy too.
+_AST_LOCK = threading.RLock()
+
 #: What `parse_strategy` accepts: text, one tensor's slice counts, or one per input.
 StrategyLike = Union[str, Sequence[int], Sequence[Sequence[int]]]
 
@@ -43,7 +50,8 @@ def parse_strategy(value: StrategyLike) -> tuple[tuple[int, ...], ...]:
     shown = value
     if isinstance(value, str):
         try:
-            value = ast.literal_eval(value.strip())
+            with _AST_LOCK:
+                value = ast.literal_eval(value.strip())
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             raise DialectError(
                 f"strategy {shown!r} is not a tuple of positive integers or a tuple of "
