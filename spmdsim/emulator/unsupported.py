@@ -13,15 +13,15 @@ from typing import Any
 __all__ = ["refusing", "not_simulated"]
 
 
-def not_simulated(what: str, text: str = "") -> NotImplementedError:
+def not_simulated(what: str) -> NotImplementedError:
     """The refusal of `what` (a call spmdsim mpirun does not simulate), in one line: NotImplementedError, as
     mpi4py raises where the MPI library lacks a call (a program may catch it and go on). Raised and not caught,
     it ends the run even from a thread the rank started, whose rank may wait for it outside MPI
     (mpi4py.futures' pool waits for its manager thread's Spawn): `spmdsim_ends_run`, read by
     spmdsim.emulator.rank_threads and spmdsim.sim.engine.World.fail."""
-    exc = NotImplementedError(text or f"{what}: not simulated; spmdsim mpirun runs communicators, point to point, "
-                                      "collectives and one-sided communication (docs/simulate.md); run this "
-                                      "program under mpiexec")
+    exc = NotImplementedError(f"{what}: not simulated; spmdsim mpirun runs communicators, point to point, "
+                              "collectives and one-sided communication (docs/simulate.md); run this program "
+                              "under mpiexec")
     exc.spmdsim_ends_run = True  # type: ignore[attr-defined]
     return exc
 
