@@ -116,6 +116,8 @@ def _load() -> str:
 
 
 def main() -> int:
+    from spmdsim.autograd.kept import KEPT  # the sets a GPT's blocks may keep (its `kept`)
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", default="8", help="simulated ranks, a comma list (default 8)")
     ap.add_argument("--d-model", default="128", help="the GPT's width, a comma list (default 128)")
@@ -125,7 +127,7 @@ def main() -> int:
     ap.add_argument("--apart", type=int, default=0, metavar="N",
                     help="each mode in processes of its own: N launches of each, alternating (default: both "
                          "modes alternating in one process)")
-    ap.add_argument("--kept", choices=("graph", "megatron"), default="graph",
+    ap.add_argument("--kept", choices=KEPT, default="graph",
                     help="what the blocks keep for backward: the graph's operators (default) or Megatron's fused "
                          "pieces")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -151,8 +153,8 @@ def main() -> int:
                      f"{args.seq}")
     _say(f"load average at start {_load()}; GPT {args.layers} layers, seq {args.seq}, batch 8"
          + (", Megatron's fused pieces; " if args.kept == "megatron" else "; ")
-          + (f"{args.apart} launches of each mode, {args.rounds} steps timed in each" if args.apart else
-             f"{args.rounds} rounds of an eager and a replayed step") + ", CPU summed over the ranks")
+         + (f"{args.apart} launches of each mode, {args.rounds} steps timed in each" if args.apart else
+            f"{args.rounds} rounds of an eager and a replayed step") + ", CPU summed over the ranks")
     env = glibc_env(dict(os.environ, OMP_NUM_THREADS="1"))
     for d in widths:
         for n in ranks:
