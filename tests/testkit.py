@@ -38,7 +38,6 @@ def mpich_version() -> tuple | None:
 MPICH = MPIEXEC if mpich_version() is not None else ""
 
 
-
 def mpi_says(name: str) -> str:
     """The text this process's MPI gives error class `name` ("ERR_TAG": MPICH's "Invalid tag", Open MPI's
     "MPI_ERR_TAG: invalid tag"), with which the emulator's MPI.Exception starts (it is MPI's own class, its
