@@ -26,6 +26,7 @@ dependency: ``pip install -e '.[bf16]'``. Pure: numpy (and ml_dtypes when asked 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -100,9 +101,16 @@ def matmul(a: np.ndarray, b: np.ndarray, out: Optional[np.ndarray] = None) -> np
         if out is None:
             return np.matmul(a.reshape(-1, a.shape[-1]), b).reshape(a.shape[:-1] + (n,))
         if out.flags.c_contiguous:
-            np.matmul(a.reshape(-1, a.shape[-1]), b, out=out.reshape(-1, n))
+            np.matmul(a.reshape(-1, a.shape[-1]), b, out=as_rows(out))
             return out
     return np.matmul(a, b, out=out)
+
+
+def as_rows(a: np.ndarray) -> np.ndarray:
+    """`a` (..., n) as (rows, n): ``a.reshape(-1, n)``, also for an empty block whose last dim is 0 (a rank's
+    share of columns under an uneven cut), whose rows numpy cannot infer from -1."""
+    n = a.shape[-1]
+    return a.reshape(-1, n) if n else a.reshape(math.prod(a.shape[:-1]), 0)
 
 
 def unit_roundoff(dtype: Any) -> float:

@@ -197,3 +197,63 @@ def test_a_size_one_dim_split_by_an_uneven_cut_takes_elementwise_ops_where_nothi
         assert np.allclose(ga, dy * (np.exp(g) * h + 1 - np.tanh(g) ** 2), rtol=1e-14, atol=0)
         assert np.allclose(gb, dy * np.exp(g), rtol=1e-14, atol=0)
         assert refused == 'add: operand 0 dim 0 has size 1 but is split over "x"'
+
+
+def _empty_columns():
+    """Backward where some ranks hold no columns (chunk cuts: 2 output features over 4 ranks, a (6, 1) table's
+    one column over 2, a hidden layer of 2 over 3): Linear with its bias, a table split by its columns,
+    ParallelMLP (fused). Each rank's gradients of an empty block reshaped its rows as numpy cannot infer them
+    (``reshape(-1, 0)``: ValueError on those ranks alone)."""
+    from spmdsim import DTensor, Mesh, ops
+
+    rng = np.random.default_rng(7)
+    out = {}
+    mesh = Mesh(Layout((spmdsim.world().size,), ("tp",), cut="chunk"), spmdsim.world())
+    L = mesh.layout
+    x = DTensor.from_global(mesh, rng.standard_normal((3, 3)), L(None, None)).requires_grad_()
+    w = DTensor.from_global(mesh, rng.standard_normal((3, 2)), L(None, "tp")).requires_grad_()
+    b = DTensor.from_global(mesh, rng.standard_normal(2), L("tp")).requires_grad_()
+    y = ops.linear(x, w, b)
+    ops.sum(y * y).backward()
+    out["linear"] = [t.gather() for t in (y, x.grad, w.grad, b.grad)] + [w.local.shape]
+    table = DTensor.from_global(mesh, np.arange(6.0).reshape(6, 1), L(None, "tp")).requires_grad_()
+    ids = DTensor.from_global(mesh, np.array([[0, 2, 2]]), L(None, None))
+    ops.sum(ops.embedding(ids, table)).backward()
+    out["embedding"] = table.grad.gather()
+    mlp = ops.ParallelMLP(mesh, 4, 2, activation="relu", dtype="float64", seed=3)
+    h = DTensor.from_global(mesh, rng.standard_normal((5, 4)), L(None, None)).requires_grad_()
+    ops.sum(mlp(h)).backward()
+    fc1, fc2 = mlp.linear_fc1, mlp.linear_fc2
+    out["mlp"] = [t.gather() for t in (h, fc1.weight, fc1.bias, fc2.weight, h.grad, fc1.weight.grad, fc1.bias.grad,
+                                      fc2.weight.grad, fc2.bias.grad)] + [fc1.weight.local.shape]
+    return out
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_backward_where_a_rank_holds_no_columns(ranks):
+    results = spmdsim.simulate(ranks, _empty_columns)
+    first = results[0]
+    y, gx, gw, gb, _ = first["linear"]
+    rng = np.random.default_rng(7)
+    x, w, b = rng.standard_normal((3, 3)), rng.standard_normal((3, 2)), rng.standard_normal(2)
+    dy = 2 * (x @ w + b)
+    np.testing.assert_allclose(y, x @ w + b, rtol=1e-14, atol=1e-15)
+    np.testing.assert_allclose(gx, dy @ w.T, rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(gw, x.T @ dy, rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(gb, dy.sum(0), rtol=1e-13, atol=1e-14)
+    np.testing.assert_array_equal(first["embedding"], [[1.0], [0.0], [2.0], [0.0], [0.0], [0.0]])
+    h, w1, b1, w2, gh, gw1, gb1, gw2, gb2, _ = first["mlp"]
+    a = h @ w1 + b1
+    dz = (a > 0) * (np.ones((5, 4)) @ w2.T)
+    np.testing.assert_allclose(gh, dz @ w1.T, rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(gw1, h.T @ dz, rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(gb1, dz.sum(0), rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(gw2, np.maximum(a, 0).T @ np.ones((5, 4)), rtol=1e-13, atol=1e-14)
+    np.testing.assert_array_equal(gb2, np.full(4, 5.0))
+    # Some rank holds no column of w (2 over `ranks`, chunk) and of fc1's 2 hidden features once ranks > 2.
+    assert min(r["linear"][-1][1] for r in results) == (0 if ranks > 2 else 1)
+    assert min(r["mlp"][-1][1] for r in results) == (0 if ranks > 2 else 1)
+    for r in results[1:]:  # every rank gathered the same
+        for key in ("linear", "mlp"):
+            for mine, theirs in zip(r[key][:-1], first[key][:-1]):
+                np.testing.assert_array_equal(mine, theirs)

@@ -18,6 +18,7 @@ from ...engines import local as _local  # the kernel; the dry engine's zeros, no
 from ...engines import matmul as _product  # np.matmul; the dry engine's zeros, unmultiplied
 from ...flops import sweep
 from ...layout import TensorLayout
+from ...precision import as_rows
 from ..graph import record, with_partial
 from .grads import axes_of, grad_tensor, named
 
@@ -74,7 +75,7 @@ def record_linear(out: Any, x: Any, w: Any, bias: Any, plan: Any, label: Optiona
         gx, gw = _matmul_grads(x, w, local, False, False, dy, need[0], need[1])
         gb = None
         if need[2]:
-            rows = _SUM(dy.local.reshape(-1, dy.local.shape[-1]), axis=0)
+            rows = _SUM(as_rows(dy.local), axis=0)
             gb = grad_tensor(bias, rows, dy.layout.partial, axes_of(local, local.tensor_map[:-1]))
         return gx, gw, gb
 
@@ -104,14 +105,14 @@ def record_mlp(out: Any, x: Any, fc1: tuple, fc2: tuple, plans: tuple, a: np.nda
 
     def backward(dy: Any) -> tuple:
         passed, d = dy.layout.partial, dy.local
-        d2, h2 = d.reshape(-1, d.shape[-1]), h.reshape(-1, h.shape[-1])
+        d2, h2 = as_rows(d), as_rows(h)
         gw2 = grad_tensor(w2, _product(h2.T, d2), passed, rows2) if need[0] else None
         gb2 = grad_tensor(b2, _SUM(d2, axis=0), passed, rows2) if need[1] else None
         dh = _product(d, _swap(w2.local))
         da = _local(kernel, dh, a, dh)
-        da2 = da.reshape(-1, da.shape[-1])
+        da2 = as_rows(da)
         gx = grad_tensor(x, _product(da, _swap(w1.local)), passed, x_sums) if need[2] else None
-        gw1 = grad_tensor(w1, _product(x.local.reshape(-1, x.local.shape[-1]).T, da2), passed,
+        gw1 = grad_tensor(w1, _product(as_rows(x.local).T, da2), passed,
                           rows1) if need[3] else None
         gb1 = grad_tensor(b1, _SUM(da2, axis=0), passed, rows1) if need[4] else None
         return gw2, gb2, gx, gw1, gb1
@@ -140,7 +141,7 @@ def record_embedding(out: Any, ids: Any, table: Any, plan: Any, start: int, labe
         # order as adding only the owned rows, and no array whose size depends on the ids (a captured
         # step replays; spmdsim.runtime.replay).
         spare = buffers.fresh(np.zeros((rows + 1,) + table.local.shape[1:], dy.local.dtype), 0)
-        np.add.at(spare, np.where(owned, flat_ids, rows), dy.local.reshape(-1, spare.shape[1]))
+        np.add.at(spare, np.where(owned, flat_ids, rows), as_rows(dy.local))
         g = spare[:rows]
         return None, grad_tensor(table, g, dy.layout.partial, axes_of(plan.local, plan.local.tensor_map[:-1]))
 

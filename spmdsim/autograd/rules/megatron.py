@@ -26,7 +26,7 @@ from ...engines import local as _local  # the kernel; the dry engine's zeros, no
 from ...engines import matmul as _product  # np.matmul; the dry engine's zeros, unmultiplied
 from ...flops import sweep
 from ...layout import TensorLayout
-from ...precision import is_low
+from ...precision import as_rows, is_low
 from ..graph import record, with_partial
 from ..kept import nothing, shell
 from .grads import axes_of, grad_tensor
@@ -43,7 +43,7 @@ def _rows(a: np.ndarray, dry: bool) -> np.ndarray:
     a dry run a read-only broadcast zero of that shape (the dry engine's product reads shapes only)."""
     if dry:
         return nothing(a.dtype, (math.prod(a.shape[:-1]), a.shape[-1]))
-    return a.reshape(-1, a.shape[-1])
+    return as_rows(a)
 
 
 def _bias_grad(d: np.ndarray, dry: bool) -> np.ndarray:

@@ -18,6 +18,7 @@ import numpy as np
 from ... import activations
 from ...engines import local as _local  # the kernel; the dry engine's zeros, not computed
 from ...flops import any_open, sweep
+from ...precision import as_rows
 from ..graph import attach, record, with_partial
 from ..kept import shell
 from .grads import axes_of, grad_tensor, gradient_block, needs
@@ -293,7 +294,7 @@ def record_bias_add(out: Any, x: Any, bias: Any) -> Any:
         gb = None
         if need_b:
             sweep("bias_grad", (dy.local,), (bias.local,))
-            rows = _SUM(dy.local.reshape(-1, dy.local.shape[-1]), axis=0)
+            rows = _SUM(as_rows(dy.local), axis=0)
             gb = grad_tensor(bias, rows, dy.layout.partial, axes_of(x.layout, x.layout.tensor_map[:-1]))
         return gx, gb
 
