@@ -77,6 +77,52 @@ def test_reshape_is_sound_and_complete_on_random_cases():
     assert accepted > 50 and refused > 50  # both branches are really exercised
 
 
+UNEVEN = [Layout((2, 4), ("a", "b"), cut="chunk"), Layout((3, 2), ("a", "b"), cut="balanced"),
+          Layout((4,), ("a",), cut="chunk"), Layout((3,), ("a",), cut="balanced")]
+
+
+@pytest.mark.parametrize("mesh", UNEVEN, ids=str)
+def test_reshape_under_an_uneven_cut_runs_only_where_each_block_stays_one(mesh):
+    """Under cut "chunk" or "balanced" a split dim whose size its pieces do not divide has unequal pieces; a reshape
+    that regrouped it was planned as under the even cut ((3, 4) -> (12,) split on "a" over 2: blocks of 6 rows for
+    pieces of 8 and 4), and each rank's reshape then raised ValueError on its own. Now refused in one line, and
+    every accepted reshape is sound: each rank's block, reshaped, is its block of the new shape."""
+    rng = np.random.default_rng(3)
+    accepted = refused = 0
+    for _ in range(300):
+        sizes = [int(rng.choice([1, 2, 3, 4, 5, 6])) for _ in range(int(rng.integers(2, 4)))]
+        old = tuple(sizes)
+        new = tuple(int(v) for v in rng.permutation(sizes)) if rng.random() < 0.3 else (math.prod(sizes[:2]),
+                                                                                            *sizes[2:])
+        if math.prod(new) != math.prod(old):
+            continue
+        maps = list(_all_maps(mesh, len(old)))
+        x = maps[int(rng.integers(len(maps)))]
+        want = _blocks(x, old)
+        try:
+            layout, shape = infer_reshape(x, old, new)
+        except OperatorError as e:
+            refused += 1
+            assert "\n" not in str(e) and str(e).startswith(f"reshape {old!r} -> {new!r}"), e
+            continue
+        accepted += 1
+        for r, (g, w) in enumerate(zip(_blocks(layout, new), want)):
+            assert np.array_equal(g, w), (x, old, new, layout, r)
+    assert accepted > 30 and refused > 30
+
+
+def test_an_uneven_regrouping_is_refused_in_one_line():
+    x = Layout((2,), ("dp",), cut="chunk")("dp", None, None)
+    with pytest.raises(OperatorError) as e:
+        infer_reshape(x, (3, 4, 5), (12, 5))
+    assert str(e.value) == (
+        'reshape (3, 4, 5) -> (12, 5) of x mapped ("dp", None, None): old dims (0, 1) (3, 4) become new dims (0,) '
+        '(12,), but the block each rank holds of them is not a block of the new dims (dims (0,) split over "dp" into '
+        "unequal pieces (cut 'chunk')); redistribute x so those dims are whole, or split only the first of them into "
+        "pieces the new dims' sizes divide")
+    assert infer_reshape(x, (4, 3, 5), (12, 5))[0] == Layout((2,), ("dp",), cut="chunk")("dp", None)  # equal pieces
+
+
 def test_attention_head_split_and_merge():
     mesh = Layout((2, 4), ("dp", "mp"))
     q = mesh(None, "mp")

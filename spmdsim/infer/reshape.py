@@ -99,6 +99,12 @@ def _deal(x: TensorLayout, axes: tuple[str, ...], shape: tuple[int, ...], dims: 
     return entries if not rest else None
 
 
+def _divides(x: TensorLayout, shape: tuple[int, ...], dims: range) -> bool:
+    """Whether every dim of the group is cut into equal pieces (its size a multiple of its pieces): under
+    such sizes an uneven cut (Layout.cut) cuts as the even one does."""
+    return all(shape[d] % x.layout.group_size(x.tensor_map[d]) == 0 for d in dims)
+
+
 def _same_dims(x: TensorLayout, old: tuple[int, ...], new: tuple[int, ...], old_dims: range,
                new_dims: range) -> list[tuple[str, ...]] | None:
     """Under an uneven cut (Layout.cut): the entries of a group that only gains or loses dims of size 1,
@@ -156,17 +162,20 @@ def _infer_reshape(x: TensorLayout, old_shape: Sequence[int], new_shape: object)
     entries: list[tuple[str, ...]] = []
     for old_dims, new_dims in _groups(old, new):
         axes = _run_axes(x, old, old_dims)
+        if axes is not None and x.layout.cut != "even" and not _divides(x, old, old_dims):
+            axes = None  # an uneven piece: the blocks are not those of an even cut, which `_deal` hands on
         dealt = None if axes is None else _deal(x, axes, new, new_dims)
         if dealt is None and x.layout.cut != "even":
             dealt = _same_dims(x, old, new, old_dims, new_dims)
         if dealt is None:
             split = [d for d in old_dims if x.layout.group_size(x.tensor_map[d]) > 1]
+            unequal = "" if _divides(x, old, old_dims) else f" into unequal pieces (cut {x.layout.cut!r})"
             raise OperatorError(
                 f"reshape {old!r} -> {new!r} of x mapped {x}: old dims {tuple(old_dims)} "
                 f"{tuple(old[d] for d in old_dims)} become new dims {tuple(new_dims)} "
                 f"{tuple(new[d] for d in new_dims)}, but the block each rank holds of them is not a block "
                 f"of the new dims (dims {tuple(split)} split over "
-                f"{', '.join(format_entry(x.tensor_map[d]) for d in split)}); "
+                f"{', '.join(format_entry(x.tensor_map[d]) for d in split)}{unequal}); "
                 "redistribute x so those dims are whole, or split only the first of them "
                 "into pieces the new dims' sizes divide")
         entries += dealt
