@@ -917,3 +917,32 @@ def test_a_bool_mask_index_is_refused_in_one_line_naming_where():
     said = spmdsim.simulate(8, run)[0]
     assert said.startswith("x[mask] of a DTensor: a bool mask picks a number of elements that depends on the values")
     assert "ops.where(mask, x, 0.0)" in said and "\n" not in said
+
+
+def test_attention_takes_q_k_and_v_on_two_mesh_objects_of_one_layout():
+    """Every operator takes operands on two Mesh objects of one layout (ops._common.same_mesh); attention refused
+    them ("k is on another mesh than q"). Now its values and gradients are those on one Mesh object, and operands
+    on meshes of different layouts are refused naming both."""
+    from spmdsim import DTensor, Mesh
+
+    rng = np.random.default_rng(0)
+    Q, K, V = (rng.standard_normal((2, 4, 2, 3)) for _ in range(3))
+
+    def body(two):
+        m1 = Mesh(Layout((2, 2), ("dp", "tp")))
+        m2 = Mesh(Layout((2, 2), ("dp", "tp"))) if two else m1
+        q = DTensor.from_global(m1, Q, m1.layout("dp", None, "tp", None)).requires_grad_()
+        k, v = (DTensor.from_global(m2, a, m2.layout("dp", None, "tp", None)).requires_grad_() for a in (K, V))
+        o = ops.attention(q, k, v, causal=True, dropout=0.1, seed=5)
+        ops.sum(o * o).backward()
+        other = Mesh(Layout((4,), ("x",)))
+        try:
+            ops.attention(q, DTensor.from_global(other, K, other.layout(None, "x", None, None)), v)
+            refused = None
+        except OperatorError as e:
+            refused = str(e)
+        return [t.gather() for t in (o, q.grad, k.grad, v.grad)], refused
+
+    one, two = spmdsim.simulate(4, lambda: body(False))[0], spmdsim.simulate(4, lambda: body(True))[0]
+    assert all(np.array_equal(a, b) for a, b in zip(one[0], two[0]))
+    assert two[1] == "attention: k is on mesh Layout(x=4), q on Layout(dp=2, tp=2); expected one mesh"

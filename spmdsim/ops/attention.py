@@ -198,15 +198,17 @@ def _decide(q: Any, k: Any, v: Any, causal: Any, scale: Any, dropout: Any, seed:
     _seed_checked(drop, seed)
     for name, t in (("q", q), ("k", k), ("v", v)):
         require_float("attention", t.local)
-        if t.mesh is not q.mesh:
-            raise OperatorError(f"attention: {name} is on another mesh than q; expected one mesh")
+        if t.mesh is not q.mesh and t.mesh.layout != q.mesh.layout:  # two Mesh objects of one layout: one mesh
+            raise OperatorError(f"attention: {name} is on mesh {t.mesh.layout}, q on {q.mesh.layout}; expected "
+                                "one mesh")
     if mask is not None:
         raise_if_not_dtensors("attention", ("mask",), mask)
         if mask.local.dtype != np.dtype(bool):
             raise OperatorError(f"attention: mask must be a bool DTensor (True where a key takes part), got dtype "
                                 f"{mask.local.dtype.name!r}")
         if mask.mesh.layout != q.mesh.layout:
-            raise OperatorError("attention: mask is on another mesh than q; expected one mesh")
+            raise OperatorError(f"attention: mask is on mesh {mask.mesh.layout}, q on {q.mesh.layout}; expected "
+                                "one mesh")
     out.first = first = _batch_first if batch_first else _swapped  # a layout or shape as batch-first, and back
     out.plan = plan = infer_attention(first(q.layout), first(k.layout), first(v.layout), first(tuple(q.global_shape)),
                                       first(tuple(k.global_shape)), first(tuple(v.global_shape)), bool(causal),
