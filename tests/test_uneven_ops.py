@@ -257,3 +257,38 @@ def test_backward_where_a_rank_holds_no_columns(ranks):
         for key in ("linear", "mlp"):
             for mine, theirs in zip(r[key][:-1], first[key][:-1]):
                 np.testing.assert_array_equal(mine, theirs)
+
+
+def test_placements_of_a_tensor_dtensor_would_cut_otherwise_are_refused():
+    """`DTensor.placements` gave (S(0), S(0)) for 6 rows cut "chunk" over 2 x 2 (spmdsim: 2, 2, 2, 0 rows; DTensor
+    cuts mesh dim by mesh dim: 2, 1, 2, 1) and (S(0), S(0)) for a balanced cut that does not divide, which DTensor
+    cannot make; `spmdsim slices` and `convert` refused both. Now the property refuses them as those do, and
+    gives placements where DTensor cuts alike."""
+    from spmdsim import DTensor, Mesh
+    from spmdsim.dialects import placements_to_layout
+    from spmdsim.dialects.dtensor import Replicate, Shard
+    from spmdsim.errors import DialectError
+
+    def body():
+        out = []
+        for cut, spec, n in [("chunk", "S(0), S(0)", 6), ("balanced", None, 6), ("balanced", None, 8),
+                             ("chunk", "S(0), R", 5), ("chunk", "S(0), S(0)", 8)]:
+            mesh = Mesh(Layout((2, 2), ("dp", "tp"), cut=cut), spmdsim.world())
+            layout = placements_to_layout(spec, mesh, 1) if cut == "chunk" else mesh.layout(("dp", "tp"))
+            x = DTensor.from_global(mesh, np.arange(float(n)), layout)
+            try:
+                out.append(x.placements)
+            except DialectError as e:
+                out.append(str(e))
+        return out
+
+    got = spmdsim.simulate(4, body)
+    assert all(r == got[0] for r in got)
+    assert got[0] == [
+        "tensor dim 0 of size 6 sharded on mesh dims ('dp', 'tp'): DTensor would cut it piece by piece "
+        "([(0, 2), (2, 3), (3, 5), (5, 6)]), spmdsim cuts it once ([(0, 2), (2, 4), (4, 6), (6, 6)]); expected a "
+        "size that divides, or one mesh dim per tensor dim",
+        "tensor dim 0 of size 6 is cut 'balanced' into 4 unequal pieces: DTensor cuts a dim that does not divide "
+        "by torch.chunk's rule only, so these placements would name another cut; expected a size that divides, "
+        "or cut 'chunk'",
+        (Shard(0), Shard(0)), (Shard(0), Replicate()), (Shard(0), Shard(0))]

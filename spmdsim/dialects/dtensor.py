@@ -175,6 +175,21 @@ def layout_to_placements(tl: TensorLayout) -> tuple[Placement, ...]:
     return tuple(out)
 
 
+def placements_of(tl: TensorLayout, shape: Sequence[int]) -> tuple[Placement, ...]:
+    """`layout_to_placements` of a tensor of global `shape`: refused (DialectError) where DTensor would cut it
+    otherwise than `tl` does: a dim that does not divide under a cut other than torch.chunk's (DTensor
+    has only that rule; "balanced" has no DTensor form there), or one sharded on several mesh dims that
+    DTensor cuts piece by piece (`check_uneven_shards`)."""
+    if tl.layout.cut != "chunk":
+        for d in tl.uneven_dims(shape):
+            raise DialectError(f"tensor dim {d} of size {shape[d]!r} is cut {tl.layout.cut!r} into "
+                               f"{tl.num_shards(d)} unequal pieces: DTensor cuts a dim that does not divide by "
+                               "torch.chunk's rule only, so these placements would name another cut; expected "
+                               "a size that divides, or cut 'chunk'")
+    check_uneven_shards(tl, shape)
+    return layout_to_placements(tl)
+
+
 def check_uneven_shards(tl: TensorLayout, shape: Sequence[int]) -> None:
     """Raise DialectError where DTensor would cut `shape` otherwise than `tl` does.
 

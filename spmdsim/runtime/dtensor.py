@@ -232,10 +232,12 @@ class DTensor:
 
     @property
     def placements(self) -> tuple:
-        """The layout as PyTorch DTensor placements, one per mesh axis (``(Shard(0), Replicate())``)."""
-        from ..dialects.dtensor import layout_to_placements
+        """The layout as PyTorch DTensor placements, one per mesh axis (``(Shard(0), Replicate())``); refused
+        (DialectError) where DTensor would cut this tensor's shape otherwise (an uneven cut it does not have,
+        or a dim on several mesh dims that it cuts piece by piece: docs/semantics.md, "Uneven shards")."""
+        from ..dialects.dtensor import placements_of
 
-        return layout_to_placements(self._layout)
+        return placements_of(self._layout, self._shape)
 
     @property
     def partition_spec(self) -> tuple:
