@@ -108,19 +108,20 @@ class _Lazy(mmap.mmap):
     """The mapping under a `lazy_zeros` array (its own type, so `is_lazy` can tell it from other maps)."""
 
 
-def lazy_zeros(shape: Any, dtype: Any) -> np.ndarray:
+def lazy_zeros(shape: Any, dtype: Any, at_least: int = LAZY_BYTES) -> np.ndarray:
     """Zeros whose pages cost no memory until written: a dry run's stand-in for any value.
 
     ``np.zeros`` is calloc, and glibc may serve a multi-MiB calloc from a heap
     it has used before and clear it, writing every page. A private anonymous
     mapping costs nothing where it is only read (its pages are the kernel's
     zero page), is filled page by page on first write, and is unmapped when
-    the array is freed.
+    the array is freed. Arrays below `at_least` bytes are numpy's own zeros (a mapping's page and system
+    call cost more than such an array's memory, unless many are kept: a dry run's, spmdsim.sim.dry).
     """
     dtype = np.dtype(dtype)
     dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     nbytes = math.prod(dims) * dtype.itemsize
-    if nbytes >= LAZY_BYTES:
+    if nbytes >= at_least:
         try:
             return np.frombuffer(_Lazy(-1, nbytes, **_PRIVATE), dtype).reshape(dims)
         except OSError:  # out of mappings (vm.max_map_count) or address space: numpy's own
