@@ -138,3 +138,25 @@ def _replay_uneven():
 
 def test_a_replayed_step_reruns_the_collectives_with_counts():
     assert spmdsim.simulate(6, _replay_uneven) == [[True, True]] * 6
+
+
+def test_an_allreduce_of_uneven_blocks_is_planned_at_the_bytes_it_traces():
+    """P -> B over an axis of 3 of a block of 7 float64 (56 bytes): the trace's ring Allreduce moves
+    2 * 2 * 56 // 3 = 74 bytes, the even formula's too; the uneven plan took 2 * 2 * 7 // 3 = 9 elements,
+    72 bytes, so a plan's bytes and the run's disagreed wherever a pending sum met an uneven split."""
+    from spmdsim.runtime import DTensor, Mesh, collect_trace, redistribute
+
+    layout = Layout((3, 2), ("a", "b"), cut="chunk")
+    source, target, shape = layout(None, "b", partial="a"), layout(None, None), (7, 1)
+
+    def body():
+        mesh = Mesh(layout, spmdsim.world())
+        x = DTensor.from_local(mesh, np.ones(source.local_shape(shape, mesh.rank)), source, shape)
+        with collect_trace() as trace:
+            y = redistribute(x, target)
+        return sum(e.bytes_received for e in trace.entries), y.local.sum()
+
+    results = spmdsim.simulate(6, body)
+    plan = plan_redistribution(source, target, shape, "float64")
+    assert [r[0] for r in results] == list(plan.bytes_received) == [74, 56] * 3
+    assert [r[1] for r in results] == [21.0] * 6  # each of 7 rows summed over the 3 ranks of "a"

@@ -100,8 +100,10 @@ def sized_uneven(step: Step, shape: tuple, itemsize: int) -> Step:
             s, r = nb - kept, na - kept
         elif type(step) is ReduceScatter:
             s, r = nb - na, (g - 1) * na  # its addends of the others' pieces; g-1 addends of its own
-        elif type(step) is Allreduce:
-            s = r = step.moved(g, nb)
+        elif type(step) is Allreduce:  # in bytes, as the even formula and the trace take it (not elements)
+            sent.append(step.moved(g, nb * itemsize))
+            received.append(sent[-1])
+            continue
         else:
             s = r = 0
         sent.append(s * itemsize)
