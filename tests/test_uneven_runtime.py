@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 import spmdsim
 from spmdsim import Layout
@@ -160,3 +161,23 @@ def test_an_allreduce_of_uneven_blocks_is_planned_at_the_bytes_it_traces():
     plan = plan_redistribution(source, target, shape, "float64")
     assert [r[0] for r in results] == list(plan.bytes_received) == [74, 56] * 3
     assert [r[1] for r in results] == [21.0] * 6  # each of 7 rows summed over the 3 ranks of "a"
+
+
+def test_from_local_blocks_of_different_sizes_are_caught_by_the_guard(monkeypatch):
+    """Without global_shape each rank works the global shape out from its own block: blocks of (2 + rank, 2)
+    gave ranks global shapes (4, 4) to (10, 4) and a sum of 28 on every rank, silently. The divergence guard
+    (SPMDSIM_CHECK=1) now compares them where from_local makes them; without it, nothing is sent."""
+    from spmdsim.errors import RuntimeMismatchError
+    from spmdsim.runtime import DTensor, Mesh, collect_trace
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("a", "b")), spmdsim.world())
+        with collect_trace() as trace:
+            x = DTensor.from_local(mesh, np.ones((2 + mesh.rank % 2, 2)), mesh.layout("a", "b"))
+        return x.global_shape, len(trace.entries)
+
+    assert spmdsim.simulate(4, body) == [((4, 4), 0), ((6, 4), 0)] * 2
+    monkeypatch.setenv("SPMDSIM_CHECK", "1")
+    with pytest.raises(RuntimeMismatchError, match=r"rank 1 calls from_local operands .*'the global shape from its "
+                                                   r"block \(6, 4\)"):
+        spmdsim.simulate(4, body)

@@ -132,7 +132,9 @@ class DTensor:
         """Wrap an existing shard; its shape (and `dtype` when given) must match.
 
         `global_shape` None: each dim's block times the number of its shards (even shards, as PyTorch's
-        ``DTensor.from_local`` assumes without ``shape=``).
+        ``DTensor.from_local`` assumes without ``shape=``). Each rank works it out from its own block, so
+        blocks of different sizes give the ranks different global shapes and wrong results: pass
+        `global_shape`, or run with SPMDSIM_CHECK=1, whose guard compares the shapes across the mesh here.
         """
         local = np.asarray(local)
         if dtype is not None:
@@ -151,6 +153,13 @@ class DTensor:
                                  "(its shards may differ in size between ranks)")
             global_shape = tuple(n * layout.layout.group_size(entry) for n, entry in zip(local.shape,
                                                                                         layout.tensor_map))
+            out = cls(mesh, local, layout, global_shape)
+            from . import debug
+
+            if not debug.quiet():  # the guard: every rank's worked-out shape the same (one Allgather)
+                debug.verify_operands(mesh, "from_local", (("the global shape from its block", out._shape,
+                                                            layout, local.dtype),))
+            return out
         return cls(mesh, local, layout, global_shape)
 
     @classmethod
