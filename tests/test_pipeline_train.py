@@ -292,7 +292,8 @@ def test_clipping_takes_the_joint_norm_over_every_stage(pp, dp, tp, schedule, v,
 def test_replayed_pipeline_steps_equal_the_eager_ones_bit_for_bit(pp, dp, tp, sp, schedule, v, zero, monkeypatch):
     """Step 0 captured with its point-to-point messages (spmdsim.runtime.replay), steps 1-3 replayed: the
     stage's program runs once (the replays run none of its Python), and the losses, calls, bytes, parameters
-    and gradients equal those of the same steps run eagerly, bit for bit; every step passes the check. Without
+    and gradients equal those of the same steps run eagerly, bit for bit, and so do the memory reports; every
+    step passes the check. Without
     sp (gpipe here) the boundaries scatter and gather over tp; with ZeRO-1 the optimizer's slices replay too."""
     from spmdsim.gpt import pipeline
 
@@ -305,7 +306,7 @@ def test_replayed_pipeline_steps_equal_the_eager_ones_bit_for_bit(pp, dp, tp, sp
         for replay in (False, True):
             ends = []  # when each step ended on this rank
             run, steps = train_pipelined(SMALL, spmdsim.world(), pp, dp, tp, 4, IDS, sp=sp, schedule=schedule,
-                                         microbatches=4, virtual=v, zero=zero, replay=replay,
+                                         microbatches=4, virtual=v, zero=zero, replay=replay, memory=True,
                                          on_step=lambda r: ends.append(time.perf_counter()))
             out.append((steps, [(t.local.tobytes(), t.grad.local.tobytes()) for t in run.params.values()],
                         [name for name, _, _ in run.cells], min(start for _, start, _ in run.cells) > ends[-2]))
@@ -316,6 +317,8 @@ def test_replayed_pipeline_steps_equal_the_eager_ones_bit_for_bit(pp, dp, tp, sp
     for (eager, eager_blocks, eager_cells, _), (replayed, blocks, cells, timed) in spmdsim.simulate(ranks, both):
         assert [r.loss for r in replayed] == [r.loss for r in eager]
         assert [(r.calls, r.bytes_sent) for r in replayed] == [(r.calls, r.bytes_sent) for r in eager]
+        # The memory looks: a replayed step's were the captured step's (no optimizer states yet at its peak).
+        assert [r.memory for r in replayed] == [r.memory for r in eager]
         assert blocks == eager_blocks and cells == eager_cells
         assert timed  # the last step's cells were stamped by its replay, not left from the capture
         assert all(r.passed and max(r.errors) <= TOLERANCE for r in replayed), replayed

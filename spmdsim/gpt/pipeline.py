@@ -54,7 +54,7 @@ from .data import batch, text_problem
 from .memory import MASKS, recompute_problem, zero_problem
 from .params import decays, param_specs
 from .stages import chunk_parts, pipeline_problem
-from .train import StepResult, _look, _norm, _report, anchored_start, anchored_updates, step_errors
+from .train import StepResult, _look, _norm, _report, _steady, anchored_start, anchored_updates, step_errors
 from .wholes import Regions, assemble, stage_regions
 
 __all__ = ["PipelineRun", "train_pipelined", "pipeline_layout_problem"]
@@ -169,7 +169,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     `algorithms`: the meshes' emulated algorithms (spmdsim.runtime.mesh.Mesh's). `replay`: step 0 is
     captured (spmdsim.runtime.replay: its computes, collectives and point-to-point messages) and every later
     step replays it, checked the same way (not with `cfg.clip` or MoE layers: spmdsim.gpt.train.replay_problem;
-    with `memory` a replayed step reports the captured step's bytes). `precision`: the policy (as
+    with `memory` a replayed step reports what the step run eagerly reports: spmdsim.gpt.train._steady). `precision`: the policy (as
     spmdsim.gpt.train.train's: the stages compute under it, activations and their gradients cross stage
     boundaries in its activation dtype, bfloat16 at bf16-mixed, as Megatron sends them; the check's reference
     is the policy's, microbatch by microbatch). Every refusal is raised alike on every rank before the first
@@ -365,7 +365,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
             ledger = _expert_bytes(cfg, mesh.rank, stage_mesh, params, _largest(dispatch), optimizer,
                                    trace)
         result = StepResult(step, value, errors, totals["calls"], totals["bytes_sent"],
-                            watch.report(step) if watch is not None else None, dispatch, ledger,
+                            watch.report(step, replay and step > 0) if watch is not None else None, dispatch, ledger,
                             tolerances=mixed_tolerances(policy, cfg), norm=_norm(optimizer if zero else None, norms))
         results.append(result)
         if on_step is not None:
@@ -585,9 +585,12 @@ class _Most:
         self._flush()
         _look(self.moments, moment, self.optimizer, self.params, kept)
 
-    def report(self, step: int) -> Any:
+    def report(self, step: int, replayed: bool = False) -> Any:
+        """The step's MemoryReport; `replayed`: a replay of the step these looks were made in (which runs none
+        of their Python): its bytes as any later step's (spmdsim.gpt.train._steady)."""
         self._flush()
-        return _report(step, self.moments, buffers.owned_bytes(p.local for p in self.params))
+        moments = _steady(self.moments) if replayed else self.moments
+        return _report(step, moments, buffers.owned_bytes(p.local for p in self.params))
 
 
 class _Stand:

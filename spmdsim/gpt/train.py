@@ -394,9 +394,13 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
             else:
                 loss = graph(xd, yd, step)
         value = float(ops.resolved(loss).local)
-        if memory and moments:  # a replayed step runs no Python: the captured step's figures
+        if memory and moments:
             report = _report(step, moments, owned_bytes(p.local for p in params))
+            if replay:  # a replayed step runs no Python to look: the captured step's moments, kept
+                captured = dict(moments)
             moments.clear()
+        elif memory and replay and step:  # the captured step's looks as any later step's (`_steady`)
+            report = _report(step, _steady(captured), owned_bytes(p.local for p in params))
         errors = (float("nan"),) * 3
         if check:
             tensors = {s.name: model.params[s.name] for s in specs}
@@ -574,6 +578,21 @@ def _look(moments: dict, moment: str, optimizer: Any, params: list, kept: Option
                        + sum(held.values()) + sum((kept or {}).values()))
     if kept is not None:
         moments["kept"] = kept
+
+
+def _steady(moments: dict) -> dict:
+    """A first step's `_look` moments as a later step's: the optimizer's bytes after that step (its states and
+    buffers, made in the first step) held at every moment, each total changed by as much. A replayed step's
+    report (the replay runs none of the step's Python): what the same step run eagerly reports."""
+    after = moments["after the step"][0]
+    out = {}
+    for moment, value in moments.items():
+        if moment == "kept":
+            out[moment] = value
+            continue
+        held, grads, total = value
+        out[moment] = (after, grads, total - sum(held.values()) + sum(after.values()))
+    return out
 
 
 def _report(step: int, moments: dict, params: int) -> MemoryReport:
