@@ -217,7 +217,7 @@ def main(args):
                                          virtual=virtual_stages(args), check=check, on_step=report,
                                          recompute=args.recompute, memory=args.memory, ep=ep,
                                          algorithms=algorithms, zero=zero, precision=args.precision, kept=args.kept,
-                                         layouts=layouts)
+                                         layouts=layouts, replay=args.replay)
     else:
         model, results = train(cfg, comm, dp, tp, args.steps, ids, sp=args.sp, check=check,
                                on_step=report, mesh=mesh, ep=ep, recompute=args.recompute, memory=args.memory,

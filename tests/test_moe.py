@@ -478,6 +478,26 @@ def test_a_replayed_pipelined_moe_step_is_the_eager_one(dropless):
     assert len({tuple(s.per_expert for s in d) for d in routed}) > 1
 
 
+def test_the_pipelined_moe_example_replays_as_docs_experts_md_shows():
+    """train_moe_gpt.py --pp --replay passed `replay` to the unpipelined train() alone: it printed a PASS and ran
+    every step eagerly. The command docs/experts.md quotes runs each stage's program at step 0 alone (8 ranks, 3
+    steps: 8 runs, not 24) and prints what the page quotes."""
+    from docs_commands import mismatch, quotes
+    from testkit import run_train_gpt
+
+    quoted = [q for q in quotes("docs/experts.md") if "train_moe_gpt.py" in q.command and "--pp" in q.command
+              and "--replay" in q.command]
+    assert len(quoted) == 1, quoted
+    words = quoted[0].command.split()[2:]
+    count = ("import spmdsim.gpt.pipeline as p\nruns = []\nrun = p._run_program\n"
+             "p._run_program = lambda *a, **k: runs.append(1) or run(*a, **k)\n")
+    out = run_train_gpt(words, before=count, after="print('programs run', len(runs))\n",
+                        script="train_moe_gpt.py")
+    assert out.returncode == 0, out.stderr
+    assert "programs run 8" in out.stdout.splitlines(), out.stdout[-500:]
+    assert mismatch(quoted[0].output, out.stdout) is None, out.stdout
+
+
 @pytest.mark.parametrize("dropless", [False, True])
 def test_generation_with_moe_layers_replays_its_first_forward_and_samples_what_one_process_samples(dropless):
     """GPT.generate captures the first character's forward with its MoE layers too (their routing, packing
