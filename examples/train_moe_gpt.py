@@ -60,7 +60,8 @@ parser.add_argument("--experts", type=int, default=8)
 parser.add_argument("--top-k", type=int, default=2, help="experts per token: 1 (Switch) or 2")
 parser.add_argument("--moe-every", type=int, default=2, help="every N-th block's MLP is an MoE layer")
 parser.add_argument("--capacity-factor", type=float, default=1.25,
-                    help="each expert's slots per sequence: ceil(top_k x seq x factor / experts)")
+                    help="each expert's slots per sequence: ceil(top_k x seq x factor / experts), at most seq "
+                         "(experts / top_k or more drops nothing)")
 parser.add_argument("--dropless", action="store_true",
                     help="no capacity: the counts by Alltoall, then the tokens by Alltoallv")
 parser.add_argument("--routing", choices=ROUTINGS, default=None,
@@ -173,6 +174,9 @@ def main(args):
                   f"gradients {policy.grad};\n  the router in float32")
         if moe.dropless:
             print("dropless: the counts by Alltoall, then the tokens by Alltoallv with the true counts")
+        elif moe.capacity(cfg.seq) == cfg.seq and moe.top_k * moe.capacity_factor >= moe.experts:
+            print(f"capacity: {cfg.seq} slots per expert per sequence, one per token (factor "
+                  f"{moe.capacity_factor:g} >= {moe.experts} / {moe.top_k}): none dropped")
         else:
             print(f"capacity: {moe.capacity(cfg.seq)} slots per expert per sequence "
                   f"(ceil({moe.top_k} x {cfg.seq} x {moe.capacity_factor:g} / {moe.experts})), the rest dropped")
