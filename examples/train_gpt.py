@@ -36,7 +36,7 @@ from spmdsim.gpt.data import text_problem
 from spmdsim.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
 from spmdsim.gpt.pipeline import pipeline_layout_problem, train_pipelined
 from spmdsim.gpt.memory import recompute_problem, zero_problem
-from spmdsim.gpt.options import check_lines, model_arguments, model_config, padding_line
+from spmdsim.gpt.options import check_lines, model_arguments, model_config, padding_line, sizes_problem
 from spmdsim.gpt.train import replay_problem, train
 from spmdsim.precision import precision_problem
 from spmdsim.nets.train import loss_trend, run_main
@@ -79,14 +79,19 @@ args = parser.parse_args()
 
 
 def split(world, cfg):
-    """(dp, tp) for this world, or the reason it cannot be."""
+    """(dp, tp) for this world, or the reason it cannot be (the sizes given are at least 1: sizes_problem)."""
     pp = args.pp
-    if pp < 1 or world % pp:
-        return None, f"pp {pp} must divide the world size {world}"
+    if world % pp:
+        return None, f"--pp {pp} must divide the world size {world}"
     rest = world // pp
-    tp = args.tp or (args.dp and rest // args.dp) or min(rest, 4)
-    dp = args.dp or rest // tp
-    if dp < 1 or tp < 1 or pp * dp * tp != world:
+    for name, given in (("dp", args.dp), ("tp", args.tp)):
+        if given is not None and rest % given:
+            where = f"the {rest} ranks of a stage (world size {world} / pp {pp})" if pp > 1 else \
+                f"the world size {world}"
+            return None, f"--{name} {given} must divide {where}"
+    tp = args.tp if args.tp is not None else rest // args.dp if args.dp is not None else min(rest, 4)
+    dp = args.dp if args.dp is not None else rest // tp
+    if pp * dp * tp != world:
         what = f"pp {pp} x dp {dp} x tp {tp}" if pp > 1 else f"dp {dp} x tp {tp}"
         return None, f"{what} must multiply to the world size {world} (set --dp and --tp)"
     if pipelined(args):
@@ -98,6 +103,9 @@ def split(world, cfg):
 def main(args):
     comm = spmdsim.world()
     # Refused on every rank alike, as the other bad sizes are: one line, exit 2.
+    problem = sizes_problem(args)
+    if problem:  # every rank alike, before any collective
+        raise spmdsim.SpmdsimError(problem)
     cfg = model_config(args, clip=args.clip)
     shape, problem = split(comm.size, cfg)
     if problem:  # every rank alike, before any collective

@@ -41,7 +41,7 @@ from spmdsim.moe import MoEConfig
 from spmdsim.moe.routing import ROUTINGS
 from spmdsim.moe.report import dispatch_lines
 from spmdsim.nets.train import loss_trend, run_main
-from spmdsim.gpt.options import check_lines, model_arguments, model_config, padding_line
+from spmdsim.gpt.options import check_lines, model_arguments, model_config, padding_line, sizes_problem
 from spmdsim.pipeline.options import microbatches, pipeline_arguments, pipelined, virtual_stages
 from spmdsim.sim import dry_run_active
 from spmdsim.sim.dry import note
@@ -103,17 +103,23 @@ args = parser.parse_args()
 
 
 def split(world):
-    """(dp, ep, tp) of each pipeline stage (the whole world without --pp), or the reason it cannot be."""
+    """(dp, ep, tp) of each pipeline stage (the whole world without --pp), or the reason it cannot be (the sizes
+    given are at least 1: sizes_problem)."""
     pp, tp = args.pp, args.tp
-    if pp < 1 or world % pp:
-        return None, f"pp {pp} must divide the world size {world}"
-    if tp < 1 or (world // pp) % tp:
-        return None, f"tp {tp} must divide the {world // pp} ranks of a stage" if pp > 1 else \
-            f"tp {tp} must divide the world size {world}"
+    if world % pp:
+        return None, f"--pp {pp} must divide the world size {world}"
+    if (world // pp) % tp:
+        return None, f"--tp {tp} must divide the {world // pp} ranks of a stage" if pp > 1 else \
+            f"--tp {tp} must divide the world size {world}"
     rest = world // pp // tp
-    ep = args.ep or (args.dp and rest // args.dp) or rest
-    dp = args.dp or rest // max(ep, 1)
-    if ep < 1 or dp < 1 or pp * dp * ep * tp != world:
+    for name, given in (("ep", args.ep), ("dp", args.dp)):
+        if given is not None and rest % given:
+            by = " x ".join(f"{axis} {n}" for axis, n in (("pp", pp), ("tp", tp)) if n > 1)
+            where = f"the {rest} ranks of world size {world} / {by}" if by else f"the world size {world}"
+            return None, f"--{name} {given} must divide {where}"
+    ep = args.ep if args.ep is not None else rest // args.dp if args.dp is not None else rest
+    dp = args.dp if args.dp is not None else rest // ep
+    if pp * dp * ep * tp != world:
         what = f"pp {pp} x dp {dp} x ep {ep} x tp {tp}" if pp > 1 else f"dp {dp} x ep {ep} x tp {tp}"
         return None, f"{what} must multiply to the world size {world} (set --ep and --dp)"
     return (dp, ep, tp), None
@@ -128,6 +134,9 @@ def main(args):
     if dry_run_active() and args.dropless and not args.routing:
         raise spmdsim.SpmdsimError("--dry-run with --dropless needs --routing balanced or --routing worst: "
                                    "the dry run has no values to route by, and the bytes depend on it")
+    problem = sizes_problem(args)
+    if problem:
+        raise spmdsim.SpmdsimError(problem)
     moe = MoEConfig(experts=args.experts, top_k=args.top_k, every=args.moe_every,
                     capacity_factor=args.capacity_factor, dropless=args.dropless,
                     aux_loss_coeff=args.aux_loss_coeff, z_loss_coeff=args.z_loss_coeff,
