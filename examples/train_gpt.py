@@ -24,7 +24,6 @@ Run: timeout -k 5 3600 mpiexec -n 8 python examples/train_gpt.py --dp 2 --tp 4 -
      python examples/train_gpt.py --ranks 16384 --dry-run --steps 1 --tp 8 --sp --vocab 50304 --layers 24 \
          --d-model 1024 --heads 16 --seq 1024 --batch 2048
 """
-import argparse
 import sys
 
 import numpy as np
@@ -42,10 +41,11 @@ from spmdsim.precision import precision_problem
 from spmdsim.nets.train import loss_trend, run_main
 from spmdsim.pipeline.options import microbatches, pipeline_arguments, pipelined, virtual_stages
 from spmdsim.sim import dry_run_active
+from spmdsim.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
 from spmdsim.sim.launch import ranks_argument
 from spmdsim.validate import counted
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser = OnceParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=200)
 parser.add_argument("--dp", type=int, default=None, help="data-parallel ranks (default: world / tp)")
 parser.add_argument("--tp", type=int, default=None, help="tensor-parallel ranks (default: min(world, 4))")

@@ -25,7 +25,6 @@ Run: timeout -k 5 900 mpiexec -n 8 python examples/train_moe_gpt.py --ep 4 --tp 
      python examples/train_moe_gpt.py --ranks 1024 --dry-run --steps 1 --experts 64 --ep 64 --tp 8 \
          --dropless --routing worst
 """
-import argparse
 import sys
 
 import spmdsim
@@ -45,10 +44,11 @@ from spmdsim.gpt.options import check_lines, model_arguments, model_config, padd
 from spmdsim.pipeline.options import microbatches, pipeline_arguments, pipelined, virtual_stages
 from spmdsim.sim import dry_run_active
 from spmdsim.sim.dry import note
+from spmdsim.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
 from spmdsim.sim.launch import ranks_argument
 from spmdsim.validate import counted
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser = OnceParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=50)
 parser.add_argument("--ep", type=int, default=None, help="expert-parallel ranks (default: world / (dp x tp))")
 parser.add_argument("--dp", type=int, default=None,
