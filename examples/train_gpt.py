@@ -53,7 +53,7 @@ parser.add_argument("--sp", action="store_true", help="sequence parallelism (Meg
 pipeline_arguments(parser)  # --pp, --microbatches, --schedule, --virtual-stages
 parser.add_argument("--trace-out", default=None, metavar="PATH",
                     help="with a pipeline: the last step as a Perfetto trace (a track per rank: messages, "
-                         "collectives and the F/B cells)")
+                         "collectives and the F/B cells); not with --dry-run")
 model_arguments(parser)  # --vocab, --pad-vocab-to, the model's sizes, --dropout, --lr, --seed (spmdsim.gpt.options)
 parser.add_argument("--clip", type=float, default=0.0, help="clip the gradients' joint norm to this (0: no clipping)")
 parser.add_argument("--every", type=int, default=20, help="print every N steps")
@@ -116,6 +116,9 @@ def main(args):
     problem = problem or precision_problem(args.precision)
     if not problem and args.trace_out and not pipelined(args):
         problem = "--trace-out writes a pipeline's last step; give --pp (or --microbatches) with it"
+    if not problem and args.trace_out and dry_run_active():  # its trace would time cells that computed nothing
+        problem = ("--trace-out writes the last step's cells as they ran and took time; a dry run computes "
+                   "nothing to time: leave out --trace-out or --dry-run")
     text = load_text()
     ids = encode(text)
     problem = problem or text_problem(ids, cfg)

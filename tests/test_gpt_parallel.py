@@ -240,6 +240,22 @@ def test_the_gpt_examples_refuse_a_size_in_one_line_naming_it_as_given(args, mes
     assert "step" not in out.stdout  # nothing trained
 
 
+def test_train_gpt_refuses_a_trace_it_cannot_write_in_one_line(tmp_path):
+    """--trace-out with --dry-run exited 0 and wrote nothing, saying nothing: a dry run times no cell. Refused
+    now, as --trace-out without a pipeline is; no file is written."""
+    trace = tmp_path / "d.json"
+    small = ["--ranks", "4", "--tp", "2", "--steps", "1", "--sample", "0", "--layers", "2", "--d-model", "32",
+             "--seq", "16", "--trace-out", str(trace)]
+    for extra, message in (
+            (["--pp", "2", "--dry-run"], "--trace-out writes the last step's cells as they ran and took time; a dry "
+                                         "run computes nothing to time: leave out --trace-out or --dry-run"),
+            ([], "--trace-out writes a pipeline's last step; give --pp (or --microbatches) with it")):
+        out = _run("examples/train_gpt.py", *small, *extra)
+        assert out.returncode == 2, out.stderr
+        assert unfold(out.stderr).strip().splitlines() == [f"spmdsim: error: {message}"]
+        assert not trace.exists()
+
+
 def test_the_parallel_generate_checks_its_sampling_as_the_reference_does():
     from spmdsim import Layout, Mesh
     from spmdsim.gpt.parallel import GPT
