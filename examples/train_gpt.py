@@ -24,7 +24,6 @@ Run: timeout -k 5 3600 mpiexec -n 8 python examples/train_gpt.py --dp 2 --tp 4 -
      python examples/train_gpt.py --ranks 16384 --dry-run --steps 1 --tp 8 --sp --vocab 50304 --layers 24 \
          --d-model 1024 --heads 16 --seq 1024 --batch 2048
 """
-import argparse
 import sys
 
 import numpy as np
@@ -36,16 +35,17 @@ from spmdsim.gpt.data import text_problem
 from spmdsim.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
 from spmdsim.gpt.pipeline import pipeline_layout_problem, train_pipelined
 from spmdsim.gpt.memory import recompute_problem, zero_problem
-from spmdsim.gpt.options import check_lines, model_arguments, model_config, padding_line
+from spmdsim.gpt.options import check_lines, model_arguments, model_config, padding_line, sizes_problem
 from spmdsim.gpt.train import replay_problem, train
 from spmdsim.precision import precision_problem
 from spmdsim.nets.train import loss_trend, run_main
 from spmdsim.pipeline.options import microbatches, pipeline_arguments, pipelined, virtual_stages
 from spmdsim.sim import dry_run_active
+from spmdsim.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
 from spmdsim.sim.launch import ranks_argument
 from spmdsim.validate import counted
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser = OnceParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=200)
 parser.add_argument("--dp", type=int, default=None, help="data-parallel ranks (default: world / tp)")
 parser.add_argument("--tp", type=int, default=None, help="tensor-parallel ranks (default: min(world, 4))")
@@ -53,7 +53,7 @@ parser.add_argument("--sp", action="store_true", help="sequence parallelism (Meg
 pipeline_arguments(parser)  # --pp, --microbatches, --schedule, --virtual-stages
 parser.add_argument("--trace-out", default=None, metavar="PATH",
                     help="with a pipeline: the last step as a Perfetto trace (a track per rank: messages, "
-                         "collectives and the F/B cells)")
+                         "collectives and the F/B cells); not with --dry-run")
 model_arguments(parser)  # --vocab, --pad-vocab-to, the model's sizes, --dropout, --lr, --seed (spmdsim.gpt.options)
 parser.add_argument("--clip", type=float, default=0.0, help="clip the gradients' joint norm to this (0: no clipping)")
 parser.add_argument("--every", type=int, default=20, help="print every N steps")
@@ -79,14 +79,19 @@ args = parser.parse_args()
 
 
 def split(world, cfg):
-    """(dp, tp) for this world, or the reason it cannot be."""
+    """(dp, tp) for this world, or the reason it cannot be (the sizes given are at least 1: sizes_problem)."""
     pp = args.pp
-    if pp < 1 or world % pp:
-        return None, f"pp {pp} must divide the world size {world}"
+    if world % pp:
+        return None, f"--pp {pp} must divide the world size {world}"
     rest = world // pp
-    tp = args.tp or (args.dp and rest // args.dp) or min(rest, 4)
-    dp = args.dp or rest // tp
-    if dp < 1 or tp < 1 or pp * dp * tp != world:
+    for name, given in (("dp", args.dp), ("tp", args.tp)):
+        if given is not None and rest % given:
+            where = f"the {rest} ranks of a stage (world size {world} / pp {pp})" if pp > 1 else \
+                f"the world size {world}"
+            return None, f"--{name} {given} must divide {where}"
+    tp = args.tp if args.tp is not None else rest // args.dp if args.dp is not None else min(rest, 4)
+    dp = args.dp if args.dp is not None else rest // tp
+    if pp * dp * tp != world:
         what = f"pp {pp} x dp {dp} x tp {tp}" if pp > 1 else f"dp {dp} x tp {tp}"
         return None, f"{what} must multiply to the world size {world} (set --dp and --tp)"
     if pipelined(args):
@@ -98,6 +103,9 @@ def split(world, cfg):
 def main(args):
     comm = spmdsim.world()
     # Refused on every rank alike, as the other bad sizes are: one line, exit 2.
+    problem = sizes_problem(args)
+    if problem:  # every rank alike, before any collective
+        raise spmdsim.SpmdsimError(problem)
     cfg = model_config(args, clip=args.clip)
     shape, problem = split(comm.size, cfg)
     if problem:  # every rank alike, before any collective
@@ -108,6 +116,9 @@ def main(args):
     problem = problem or precision_problem(args.precision)
     if not problem and args.trace_out and not pipelined(args):
         problem = "--trace-out writes a pipeline's last step; give --pp (or --microbatches) with it"
+    if not problem and args.trace_out and dry_run_active():  # its trace would time cells that computed nothing
+        problem = ("--trace-out writes the last step's cells as they ran and took time; a dry run computes "
+                   "nothing to time: leave out --trace-out or --dry-run")
     text = load_text()
     ids = encode(text)
     problem = problem or text_problem(ids, cfg)

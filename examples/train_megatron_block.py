@@ -11,10 +11,10 @@ against the block trained in one process (numpy float64). Any world size.
 Run: timeout -k 5 300 mpiexec -n 8 python examples/train_megatron_block.py [--steps 20]
   or python examples/train_megatron_block.py --ranks 8   (8 simulated ranks in one process)
 """
-import argparse
 import sys
 
 import spmdsim
+from spmdsim.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
 from spmdsim.sim.launch import ranks_argument
 from spmdsim.validate import counted
 from spmdsim import Layout, SeededTensor
@@ -30,7 +30,7 @@ from spmdsim.sim import dry_run_active, once
 from spmdsim.train_reference import megatron_block
 import numpy as np  # noqa: E402
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser = OnceParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--lr", type=float, default=None,
                     help="SGD step (default 0.05, and 0.05 * 64 / ranks above 64 ranks: the widths grow with the ranks)")

@@ -10,11 +10,11 @@ Run: timeout -k 5 300 mpiexec -n 8 python examples/train_mindspore_tutorial.py [
   or python examples/train_mindspore_tutorial.py --ranks 8   (8 simulated ranks in one process)
      [--dtype float64|float32] [--net tutorial|layout] [--optimizer sgd|adam] [--synthetic]
 """
-import argparse
 import sys
 import time
 
 import spmdsim
+from spmdsim.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
 from spmdsim.sim.launch import ranks_argument
 from spmdsim.validate import counted
 from spmdsim.nets import mindspore_layout, mindspore_tutorial, needs_eight
@@ -32,7 +32,7 @@ from spmdsim.runtime.shared_reference import SharedReferenceTrainer
 # their magnitudes, float32 6e-9 and 3e-7.
 TOLERANCE = {"float64": 1e-12, "float32": 1e-4}
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser = OnceParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=100)
 parser.add_argument("--dtype", choices=tuple(TOLERANCE), default="float64")
 parser.add_argument("--net", choices=("tutorial", "layout"), default="tutorial")

@@ -25,7 +25,6 @@ Run: timeout -k 5 900 mpiexec -n 8 python examples/train_moe_gpt.py --ep 4 --tp 
      python examples/train_moe_gpt.py --ranks 1024 --dry-run --steps 1 --experts 64 --ep 64 --tp 8 \
          --dropless --routing worst
 """
-import argparse
 import sys
 
 import spmdsim
@@ -41,14 +40,15 @@ from spmdsim.moe import MoEConfig
 from spmdsim.moe.routing import ROUTINGS
 from spmdsim.moe.report import dispatch_lines
 from spmdsim.nets.train import loss_trend, run_main
-from spmdsim.gpt.options import check_lines, model_arguments, model_config, padding_line
+from spmdsim.gpt.options import check_lines, model_arguments, model_config, padding_line, sizes_problem
 from spmdsim.pipeline.options import microbatches, pipeline_arguments, pipelined, virtual_stages
 from spmdsim.sim import dry_run_active
 from spmdsim.sim.dry import note
+from spmdsim.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
 from spmdsim.sim.launch import ranks_argument
 from spmdsim.validate import counted
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser = OnceParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=50)
 parser.add_argument("--ep", type=int, default=None, help="expert-parallel ranks (default: world / (dp x tp))")
 parser.add_argument("--dp", type=int, default=None,
@@ -60,7 +60,8 @@ parser.add_argument("--experts", type=int, default=8)
 parser.add_argument("--top-k", type=int, default=2, help="experts per token: 1 (Switch) or 2")
 parser.add_argument("--moe-every", type=int, default=2, help="every N-th block's MLP is an MoE layer")
 parser.add_argument("--capacity-factor", type=float, default=1.25,
-                    help="each expert's slots per sequence: ceil(top_k x seq x factor / experts)")
+                    help="each expert's slots per sequence: ceil(top_k x seq x factor / experts), at most seq "
+                         "(experts / top_k or more drops nothing)")
 parser.add_argument("--dropless", action="store_true",
                     help="no capacity: the counts by Alltoall, then the tokens by Alltoallv")
 parser.add_argument("--routing", choices=ROUTINGS, default=None,
@@ -102,17 +103,23 @@ args = parser.parse_args()
 
 
 def split(world):
-    """(dp, ep, tp) of each pipeline stage (the whole world without --pp), or the reason it cannot be."""
+    """(dp, ep, tp) of each pipeline stage (the whole world without --pp), or the reason it cannot be (the sizes
+    given are at least 1: sizes_problem)."""
     pp, tp = args.pp, args.tp
-    if pp < 1 or world % pp:
-        return None, f"pp {pp} must divide the world size {world}"
-    if tp < 1 or (world // pp) % tp:
-        return None, f"tp {tp} must divide the {world // pp} ranks of a stage" if pp > 1 else \
-            f"tp {tp} must divide the world size {world}"
+    if world % pp:
+        return None, f"--pp {pp} must divide the world size {world}"
+    if (world // pp) % tp:
+        return None, f"--tp {tp} must divide the {world // pp} ranks of a stage" if pp > 1 else \
+            f"--tp {tp} must divide the world size {world}"
     rest = world // pp // tp
-    ep = args.ep or (args.dp and rest // args.dp) or rest
-    dp = args.dp or rest // max(ep, 1)
-    if ep < 1 or dp < 1 or pp * dp * ep * tp != world:
+    for name, given in (("ep", args.ep), ("dp", args.dp)):
+        if given is not None and rest % given:
+            by = " x ".join(f"{axis} {n}" for axis, n in (("pp", pp), ("tp", tp)) if n > 1)
+            where = f"the {rest} ranks of world size {world} / {by}" if by else f"the world size {world}"
+            return None, f"--{name} {given} must divide {where}"
+    ep = args.ep if args.ep is not None else rest // args.dp if args.dp is not None else rest
+    dp = args.dp if args.dp is not None else rest // ep
+    if pp * dp * ep * tp != world:
         what = f"pp {pp} x dp {dp} x ep {ep} x tp {tp}" if pp > 1 else f"dp {dp} x ep {ep} x tp {tp}"
         return None, f"{what} must multiply to the world size {world} (set --ep and --dp)"
     return (dp, ep, tp), None
@@ -127,6 +134,9 @@ def main(args):
     if dry_run_active() and args.dropless and not args.routing:
         raise spmdsim.SpmdsimError("--dry-run with --dropless needs --routing balanced or --routing worst: "
                                    "the dry run has no values to route by, and the bytes depend on it")
+    problem = sizes_problem(args)
+    if problem:
+        raise spmdsim.SpmdsimError(problem)
     moe = MoEConfig(experts=args.experts, top_k=args.top_k, every=args.moe_every,
                     capacity_factor=args.capacity_factor, dropless=args.dropless,
                     aux_loss_coeff=args.aux_loss_coeff, z_loss_coeff=args.z_loss_coeff,
@@ -173,6 +183,9 @@ def main(args):
                   f"gradients {policy.grad};\n  the router in float32")
         if moe.dropless:
             print("dropless: the counts by Alltoall, then the tokens by Alltoallv with the true counts")
+        elif moe.capacity(cfg.seq) == cfg.seq and moe.top_k * moe.capacity_factor >= moe.experts:
+            print(f"capacity: {cfg.seq} slots per expert per sequence, one per token (factor "
+                  f"{moe.capacity_factor:g} >= {moe.experts} / {moe.top_k}): none dropped")
         else:
             print(f"capacity: {moe.capacity(cfg.seq)} slots per expert per sequence "
                   f"(ceil({moe.top_k} x {cfg.seq} x {moe.capacity_factor:g} / {moe.experts})), the rest dropped")
@@ -217,7 +230,7 @@ def main(args):
                                          virtual=virtual_stages(args), check=check, on_step=report,
                                          recompute=args.recompute, memory=args.memory, ep=ep,
                                          algorithms=algorithms, zero=zero, precision=args.precision, kept=args.kept,
-                                         layouts=layouts)
+                                         layouts=layouts, replay=args.replay)
     else:
         model, results = train(cfg, comm, dp, tp, args.steps, ids, sp=args.sp, check=check,
                                on_step=report, mesh=mesh, ep=ep, recompute=args.recompute, memory=args.memory,

@@ -9,10 +9,10 @@ where 960 and 240 divide by the rank count, OneFlow's on an even count (a 2 x n 
 Run: timeout -k 5 300 mpiexec -n 4 python examples/train_seed_networks.py [--steps 10]
   or python examples/train_seed_networks.py --ranks 4   (4 simulated ranks in one process)
 """
-import argparse
 import sys
 
 import spmdsim
+from spmdsim.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
 from spmdsim.sim.launch import ranks_argument
 from spmdsim.nets import seeds
 from spmdsim.nets.train import PHASES, NetworkTrainer, loss_trend, run_main
@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 NETWORKS = {"paddle_tp": seeds.paddle_needs, "oneflow_2d_sbp": seeds.oneflow_needs,
             "oneflow_2d_signature": seeds.oneflow_needs}
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser = OnceParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=10)
 parser.add_argument("--lr", type=float, default=0.1)
 parser.add_argument("--net", choices=tuple(NETWORKS), nargs="*", default=list(NETWORKS))

@@ -25,6 +25,8 @@ _ELSEWHERE = (
     (re.compile(r"^grep -rnE "), "tests/test_engines.py, from the repository's root (the package's own files)"),
     (re.compile(r"^python -m pytest tests/test_[a-z_]+\.py( tests/test_[a-z_]+\.py)*$"),
      "this suite runs those test files itself"),
+    (re.compile(r"^python examples/train_moe_gpt\.py --ranks 8 --pp .* --replay "),
+     "tests/test_moe.py: its output, and each stage's program run at step 0 alone"),
     (re.compile(r"^python examples/train_gpt\.py --ranks 8 .* --replay$"),
      "tests/test_gpt_parallel.py: its check's PASS, its widths, its rows against the steps run one by one"),
 )

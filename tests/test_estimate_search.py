@@ -200,11 +200,12 @@ def test_the_command_searches_an_moe_gpt_and_shows_its_ep(capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("moe", [{}, {"capacity_factor": 0.5}, {"dropless": True, "dry_routing": "worst"},
-                                 {"dropless": True}])
+                                 {"dropless": True}, {"capacity_factor": 1e17}])
 def test_the_flop_bound_is_the_dry_runs_products_but_the_routers_and_the_vocabularys(moe):
     """flops_bound against what every rank of a dry run multiplied (no recomputation, ep 4; k s c = 128 and 64
-    rows a sequence: no capacity rounding): below it by the routers' and the head's products alone, which it
-    leaves out (under `worst` routing the representative rank is the busiest: ranks x its count is more)."""
+    rows a sequence: no capacity rounding; at factor 1e17 each expert's capacity stops at s, E s rows, where the
+    dry run raised OverflowError): below it by the routers' and the head's products alone, which it leaves out
+    (under `worst` routing the representative rank is the busiest: ranks x its count is more)."""
     from spmdsim.estimate.ledger import gpt_ledger
     from spmdsim.estimate.search import flops_bound
 

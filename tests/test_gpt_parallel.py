@@ -209,6 +209,53 @@ def test_the_gpt_examples_refuse_what_they_print_or_sample_with_in_one_line_befo
     assert "step" not in out.stdout  # nothing trained
 
 
+@pytest.mark.parametrize("args, message", [
+    # each size flag below 1 is refused as given (was: "dp -8 x tp -1 must multiply to the world size 8")
+    (["examples/train_gpt.py", "--dp", "-8"], "--dp -8 must be at least 1"),
+    (["examples/train_gpt.py", "--tp", "-4"], "--tp -4 must be at least 1"),  # was "dp -2 x tp -4"
+    (["examples/train_gpt.py", "--pp", "-2"], "--pp -2 must be at least 1"),
+    (["examples/train_moe_gpt.py", "--tp", "2", "--dp", "-1"], "--dp -1 must be at least 1"),  # was "ep -4"
+    (["examples/train_moe_gpt.py", "--ep", "-2"], "--ep -2 must be at least 1"),
+    # 0 is a size given, not "use the default" (--dp 0 ran as dp 2 x tp 4, --ep 0 as dp 1 x ep 8, and
+    # --microbatches 0 or --virtual-stages 0 without --pp as an unpipelined step)
+    (["examples/train_gpt.py", "--dp", "0"], "--dp 0 must be at least 1"),
+    (["examples/train_gpt.py", "--tp", "0"], "--tp 0 must be at least 1"),
+    (["examples/train_moe_gpt.py", "--ep", "0"], "--ep 0 must be at least 1"),
+    (["examples/train_moe_gpt.py", "--dp", "0"], "--dp 0 must be at least 1"),
+    (["examples/train_gpt.py", "--microbatches", "0"], "--microbatches 0 must be at least 1"),
+    (["examples/train_gpt.py", "--virtual-stages", "0"], "--virtual-stages 0 must be at least 1"),
+    # a size that does not divide the ranks left is named as given, no derived size 0 beside it
+    (["examples/train_moe_gpt.py", "--ep", "16"], "the MoE GPT cannot run on 8 ranks: --ep 16 must divide the "
+                                                  "world size 8"),  # was "dp 0 x ep 16"
+    (["examples/train_gpt.py", "--tp", "16"], "the GPT cannot run on 8 ranks: --tp 16 must divide the world size 8"),
+    (["examples/train_gpt.py", "--pp", "2", "--dp", "3"], "the GPT cannot run on 8 ranks: --dp 3 must divide the "
+                                                          "4 ranks of a stage (world size 8 / pp 2)"),
+    (["examples/train_moe_gpt.py", "--tp", "2", "--ep", "2", "--dp", "1"],
+     "the MoE GPT cannot run on 8 ranks: dp 1 x ep 2 x tp 2 must multiply to the world size 8 (set --ep and --dp)"),
+])
+def test_the_gpt_examples_refuse_a_size_in_one_line_naming_it_as_given(args, message):
+    out = _run(*args, "--ranks", "8", "--layers", "2", "--d-model", "16", "--seq", "8", "--steps", "1")
+    assert out.returncode == 2, out.stderr
+    assert unfold(out.stderr).strip().splitlines()[-1] == f"spmdsim: error: {message}"
+    assert "step" not in out.stdout  # nothing trained
+
+
+def test_train_gpt_refuses_a_trace_it_cannot_write_in_one_line(tmp_path):
+    """--trace-out with --dry-run exited 0 and wrote nothing, saying nothing: a dry run times no cell. Refused
+    now, as --trace-out without a pipeline is; no file is written."""
+    trace = tmp_path / "d.json"
+    small = ["--ranks", "4", "--tp", "2", "--steps", "1", "--sample", "0", "--layers", "2", "--d-model", "32",
+             "--seq", "16", "--trace-out", str(trace)]
+    for extra, message in (
+            (["--pp", "2", "--dry-run"], "--trace-out writes the last step's cells as they ran and took time; a dry "
+                                         "run computes nothing to time: leave out --trace-out or --dry-run"),
+            ([], "--trace-out writes a pipeline's last step; give --pp (or --microbatches) with it")):
+        out = _run("examples/train_gpt.py", *small, *extra)
+        assert out.returncode == 2, out.stderr
+        assert unfold(out.stderr).strip().splitlines() == [f"spmdsim: error: {message}"]
+        assert not trace.exists()
+
+
 def test_the_parallel_generate_checks_its_sampling_as_the_reference_does():
     from spmdsim import Layout, Mesh
     from spmdsim.gpt.parallel import GPT

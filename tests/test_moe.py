@@ -18,6 +18,19 @@ TEXT = encode(load_text(20_000))
 
 # ---- routing (pure) ----
 
+def test_an_experts_capacity_stops_at_the_tokens_of_a_sequence():
+    """A token's k choices are k different experts, so slots past T stay empty: C = min(T, ceil(k T F / E)). A
+    huge factor asked numpy for buffers no machine holds (1e17) or an int too large for C (1e300, 1.7e308: k T F
+    overflows to inf)."""
+    def capacity(factor, experts=8, top_k=2):
+        return MoEConfig(experts=experts, top_k=top_k, capacity_factor=factor).capacity(16)
+
+    assert [capacity(f) for f in (0.01, 1.0, 1.25, 3.99)] == [1, 4, 5, 16]
+    assert [capacity(f) for f in (4.0, 5.0, 1e17, 1e300, 1.7e308)] == [16] * 5  # E / k = 4 or more: no drops
+    assert capacity(1.25, experts=2) == 16  # every token to both experts: 20 slots would stay empty
+    assert MoEConfig(experts=8, capacity_factor=1e300, dropless=True).capacity(16) == 32  # dropless: k T
+
+
 def test_ties_go_to_the_lower_expert_and_first_choices_fill_slots_first():
     probs = np.full((1, 4, 4), 0.25)  # every token ties between all experts
     r = route(probs, 2, capacity=3)
@@ -354,6 +367,23 @@ def test_a_dry_runs_expert_bytes_equal_a_real_runs(dp, ep, tp):
     assert real.calls == 4 and all(len(line) <= 100 for line in real.lines())
 
 
+@pytest.mark.parametrize("factor", ["1e17", "1e300"])
+def test_the_example_runs_a_huge_capacity_factor_as_the_factor_that_drops_nothing(factor):
+    """--capacity-factor 1e17 ended in numpy's ValueError (array is too big), 1e300 in OverflowError, on every
+    rank: each is one slot per token of a sequence now, the steps of --capacity-factor 4 (E / k) to the bit."""
+    from testkit import run_train_gpt
+
+    small = ["--ranks", "4", "--ep", "2", "--tp", "2", "--steps", "2", "--layers", "2", "--d-model", "16",
+             "--seq", "8", "--every", "1"]
+    huge, four = (run_train_gpt(small + ["--capacity-factor", f], script="train_moe_gpt.py") for f in (factor, "4"))
+    assert huge.returncode == 0 and four.returncode == 0, huge.stderr + four.stderr
+    assert (f"capacity: 8 slots per expert per sequence, one per token (factor {float(factor):g} >= 8 / 2): "
+            "none dropped") in huge.stdout.splitlines()
+    rows = [[line for line in out.stdout.splitlines() if line[:5].strip().isdigit()] for out in (huge, four)]
+    assert len(rows[0]) == 2 and rows[0] == rows[1]
+    assert "check: 2 steps vs one numpy process" in huge.stdout
+
+
 def test_a_dropless_dry_run_needs_a_routing_and_a_real_run_refuses_one():
     from testkit import run_train_gpt, unfold
 
@@ -476,6 +506,26 @@ def test_a_replayed_pipelined_moe_step_is_the_eager_one(dropless):
     assert all(passed for rank in replayed for _, passed, _, _ in rank)
     routed = [dispatch for rank in replayed for *_, dispatch in rank if dispatch]
     assert len({tuple(s.per_expert for s in d) for d in routed}) > 1
+
+
+def test_the_pipelined_moe_example_replays_as_docs_experts_md_shows():
+    """train_moe_gpt.py --pp --replay passed `replay` to the unpipelined train() alone: it printed a PASS and ran
+    every step eagerly. The command docs/experts.md quotes runs each stage's program at step 0 alone (8 ranks, 3
+    steps: 8 runs, not 24) and prints what the page quotes."""
+    from docs_commands import mismatch, quotes
+    from testkit import run_train_gpt
+
+    quoted = [q for q in quotes("docs/experts.md") if "train_moe_gpt.py" in q.command and "--pp" in q.command
+              and "--replay" in q.command]
+    assert len(quoted) == 1, quoted
+    words = quoted[0].command.split()[2:]
+    count = ("import spmdsim.gpt.pipeline as p\nruns = []\nrun = p._run_program\n"
+             "p._run_program = lambda *a, **k: runs.append(1) or run(*a, **k)\n")
+    out = run_train_gpt(words, before=count, after="print('programs run', len(runs))\n",
+                        script="train_moe_gpt.py")
+    assert out.returncode == 0, out.stderr
+    assert "programs run 8" in out.stdout.splitlines(), out.stdout[-500:]
+    assert mismatch(quoted[0].output, out.stdout) is None, out.stdout
 
 
 @pytest.mark.parametrize("dropless", [False, True])

@@ -62,6 +62,20 @@ def test_ranks_under_a_launched_job_is_refused_once(monkeypatch, capsys):
     assert run_on_ranks(2, lambda: 0) == 0
 
 
+def test_an_examples_refusal_is_printed_by_the_first_launched_rank_alone(monkeypatch, capsys):
+    # mpiexec -n 4 python examples/train_gpt.py --steps 0: refuse() printed the line on every rank (run_main).
+    import argparse
+
+    from spmdsim.nets.train import run_main
+
+    monkeypatch.setenv("PMI_SIZE", "2")
+    for rank, err in (("0", "spmdsim: error: --steps 0 must be at least 1\n"), ("1", "")):
+        monkeypatch.setenv("PMI_RANK", rank)
+        with pytest.raises(SystemExit) as exc:
+            run_main(lambda args: 0, argparse.Namespace(steps=0), None)
+        assert exc.value.code == 2 and capsys.readouterr().err == err  # every rank exits 2; one says why
+
+
 def test_errors_on_simulated_ranks_exit_like_mpi(capsys):
     # An SpmdsimError every rank raises: one line, exit 2 (as the MPI guard does).
     assert main(["run", "matmul", "--strategy", "((2,4),(4,1))", "--shape", "16,32,8", "--ranks", "6"]) == 2

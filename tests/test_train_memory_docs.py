@@ -36,3 +36,18 @@ def test_a_long_command_runs_two_steps_and_passes(index):
     quote = _section()[index]
     done = run_long(quote)
     assert "check: 2 steps vs one numpy process (loss, 64 gradients and parameters each): PASS" in done.stdout
+
+
+def test_the_section_sends_a_pipeline_to_the_command_docs_pipeline_md_runs():
+    """The section said train_gpt.py refuses --recompute, --zero and --memory beside --pp in one line; they run
+    and pass. It points to docs/pipeline.md's run instead, which tests/test_classroom_docs.py runs (its PASS)."""
+    from docs_commands import ROOT, quotes
+
+    text = " ".join((ROOT / DOC).read_text().split())
+    assert "refuses `--recompute`" not in text
+    assert ("`train_gpt.py` takes `--recompute`, `--zero 1` and `--memory` beside `--pp`" in text
+            and '(docs/pipeline.md, "Running a pipeline", quotes a run that passes)' in text)
+    runs = [q for q in quotes("docs/pipeline.md") if q.output and all(
+        flag in q.command.split() for flag in ("--pp", "--recompute", "--zero", "--memory"))]
+    assert len(runs) == 1 and any(line.endswith(": PASS") for line in runs[0].output), runs
+    assert "## Running a pipeline" in (ROOT / "docs/pipeline.md").read_text()

@@ -54,7 +54,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--top-k", type=int, default=2, choices=(1, 2), help="experts per token")
     parser.add_argument("--moe-every", type=int, default=2, metavar="N", help="every N-th block is an MoE layer")
     parser.add_argument("--capacity-factor", type=float, default=1.0, metavar="F",
-                        help="each expert's slots: ceil(k x seq x F / experts) per sequence")
+                        help="each expert's slots: ceil(k x seq x F / experts) per sequence, at most seq")
     parser.add_argument("--dropless", action="store_true", help="no capacity: counts exchanged, then Alltoallv")
     parser.add_argument("--routing", default="balanced", choices=("balanced", "worst"),
                         help="how the dry run routes (it has no router values): balanced, or worst (every token "

@@ -301,15 +301,15 @@ def flops_bound(cfg: Any) -> float:
     """The matrix products' FLOPs of one training step of `cfg` (all ranks, no recomputation) that any
     configuration executes at least: 72 B s h^2 (1 + s / 6h) a dense layer, forward and backward (the vocabulary's
     products left out); an MoE layer its attention's 24 B s h^2 + 12 B s^2 h and its experts' two products,
-    forward and backward, 12 x rows x h x F, on at least k s c rows a sequence (the capacity's E ceil(k s c / E)
-    slots travel and are multiplied, empty or not; dropless, every one of the k s assignments), the routers'
-    products left out."""
+    forward and backward, 12 x rows x h x F, on at least s min(k c, E) rows a sequence (the capacity's E
+    min(s, ceil(k s c / E)) slots travel and are multiplied, empty or not; dropless, every one of the k s
+    assignments), the routers' products left out."""
     b, s, h, layers = cfg.batch, cfg.seq, cfg.d_model, cfg.layers
     moe_layers = sum(cfg.is_moe(i) for i in range(layers))
     flops = 72 * b * s * (layers - moe_layers) * h * h * (1 + s / (6 * h))
     if moe_layers:
         m = cfg.moe
-        rows = b * s * m.top_k * (1.0 if m.dropless else m.capacity_factor)
+        rows = b * s * (m.top_k if m.dropless else min(m.top_k * m.capacity_factor, m.experts))
         flops += moe_layers * (24 * b * s * h * h + 12 * b * s * s * h + 12 * rows * h * (m.hidden or 4 * h))
     return flops
 

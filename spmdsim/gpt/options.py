@@ -5,7 +5,8 @@ argparse only).
 ``--seq``, ``--batch``, ``--dropout``, ``--lr`` and ``--seed``; ``model_config(args, **more)`` is the GPTConfig
 they say (``more``: the example's own fields, such as ``clip`` or ``moe``); ``padding_line(cfg, tp)``
 says how the vocabulary is padded and cut over tp (None without padding); ``check_lines(results, cfg,
-precision)`` the check's verdict and its largest differences against the precision's tolerances.
+precision)`` the check's verdict and its largest differences against the precision's tolerances;
+``sizes_problem(args)`` why a mesh or pipeline size given on the command line cannot be.
 """
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from typing import Any, Optional
 
 from .config import GPTConfig
 
-__all__ = ["model_arguments", "model_config", "padding_line", "check_lines"]
+__all__ = ["model_arguments", "model_config", "padding_line", "check_lines", "sizes_problem"]
+
+#: The examples' size flags (those an example has): ranks along each mesh axis, and the pipeline's counts.
+SIZE_FLAGS = ("pp", "dp", "ep", "tp", "microbatches", "virtual_stages")
 
 
 def model_arguments(parser: Any) -> None:
@@ -68,3 +72,15 @@ def padding_line(cfg: GPTConfig, tp: int) -> Optional[str]:
     rows = "row" if extra == 1 else "rows"
     return (f"vocab {cfg.vocab:,} padded to {cfg.padded_vocab:,} (a multiple of {cfg.vocab_pad_to:,}): "
             f"{cfg.padded_vocab // tp:,} rows per tp rank, {extra:,} padded {rows} masked")
+
+
+def sizes_problem(args: Any) -> Optional[str]:
+    """Why a size the command line gave (``--pp``, ``--dp``, ``--ep``, ``--tp``, ``--microbatches``,
+    ``--virtual-stages``: those `args` has) cannot be, or None: each given must be at least 1. Checked before
+    any is derived from another, so a message names the value the user typed; None (not given) is the default,
+    and 0 is refused rather than read as "not given"."""
+    for name in SIZE_FLAGS:
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            return f"--{name.replace('_', '-')} {value!r} must be at least 1"
+    return None

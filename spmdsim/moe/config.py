@@ -34,7 +34,7 @@ class MoEConfig:
         top_k: experts per token, 1 (Switch) or 2 (GShard, Mixtral).
         every: every `every`-th block is an MoE layer (2: blocks 1, 3, ...).
         capacity_factor: each expert's slots per sequence of T tokens are
-            ceil(top_k * T * capacity_factor / experts); ignored when `dropless`.
+            min(T, ceil(top_k * T * capacity_factor / experts)); ignored when `dropless`.
         dropless: no capacity, no dropping: the counts are exchanged, then the tokens (Alltoallv).
         hidden: each expert's hidden width (0: 4 * d_model, the dense MLP's).
         aux_loss_coeff: weight of the load-balancing loss E * sum_e f_e P_e.
@@ -87,11 +87,17 @@ class MoEConfig:
         return layer % self.every == self.every - 1
 
     def capacity(self, tokens: int) -> int:
-        """An expert's slots in a group of `tokens` tokens (one sequence): ceil(k * tokens * factor / E);
-        the group's whole count of assignments, k * tokens, when dropless (nothing is dropped)."""
+        """An expert's slots in a group of `tokens` tokens (one sequence): ceil(k * tokens * factor / E), at
+        most `tokens`; the group's whole count of assignments, k * tokens, when dropless (nothing is dropped).
+
+        A token's k choices are k different experts, so no expert is sent more than `tokens` of them: slots past
+        that would stay empty (a factor of E / k or more drops nothing), and a huge factor (1e17) would ask for
+        buffers no machine holds. Compared before rounding: k * tokens * factor may be inf, which ceil refuses.
+        """
         if self.dropless:
             return self.top_k * tokens
-        return max(1, math.ceil(self.top_k * tokens * self.capacity_factor / self.experts))
+        slots = self.top_k * tokens * self.capacity_factor / self.experts
+        return max(1, tokens if slots >= tokens else math.ceil(slots))
 
     def describe(self) -> str:
         """One short line: experts, k, the router losses' weights."""

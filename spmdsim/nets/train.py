@@ -268,8 +268,15 @@ def _labels_layout(logits: TensorLayout) -> TensorLayout:
 
 
 def refuse(text: str) -> NoReturn:
-    """Bad input of an example: one line on stderr and exit 2, as the CLI does (no traceback)."""
-    print(f"spmdsim: error: {text}", file=sys.stderr)
+    """Bad input of an example: one line on stderr and exit 2, as the CLI does (no traceback).
+
+    Under mpiexec every rank refuses the same command line (before MPI starts); one says so, or the line is
+    printed once per rank, the copies run together. Every rank still exits 2.
+    """
+    from .._threads import launcher_rank
+
+    if launcher_rank() == 0:
+        print(f"spmdsim: error: {text}", file=sys.stderr)
     sys.exit(2)
 
 
