@@ -338,6 +338,26 @@ def test_gpt2s_vocabulary_is_padded_as_megatron_pads_it():
     assert zero.returncode == 2 and "--pad-vocab-to 0 must be >= 1" in zero.stderr
 
 
+def test_a_block_no_address_space_holds_ends_the_estimate_in_one_line_saying_it_does_not_fit():
+    """docs/estimate.md: at seq 1,048,576 a rank's attention scores are 32 TiB a block, which the dry run cannot
+    map (numpy's MemoryError was an 80-line traceback); at bf16 still more than a GPU holds, so the line says the
+    configuration does not fit. The address space is limited to 16 TiB, so that the first such block fails on
+    any machine (with 47-bit addresses the third did)."""
+    import sys
+
+    code = ("import resource, sys\nresource.setrlimit(resource.RLIMIT_AS, (16 << 40, 16 << 40))\n"
+            "from spmdsim.cli.main import main\nsys.exit(main(sys.argv[1:]))\n")
+    argv = ("estimate gpt --layers 2 --hidden 4096 --heads 32 --seq 1048576 --vocab 32000 --micro-batch 1 "
+            "--global-batch 1 --tp 8 --sp").split()
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stdout == "", done.stderr[-2000:]
+    assert unfold(done.stderr).rstrip("\n") == (
+        "spmdsim: error: the dry run cannot map a block of shape (1, 4, 1048576, 1048576) float64 (32 TiB): more "
+        "than this machine's address space has left (a dry run's blocks cost no memory, but still their "
+        "addresses); one rank of this configuration holds it, if only for a moment: at least 8 TiB at "
+        "bf16-mixed, more than the a100-dgx's 80.00 GiB per GPU: it does not fit")
+
+
 def test_a_model_larger_than_this_machine_is_estimated_not_refused():
     """docs/estimate.md: a 48.8 GiB float64 shard (the embedding at tp 1) is more than this machine has, and a
     dry run writes none of it: the estimate runs and says the rank does not fit the A100."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 
 from spmdsim.cli.main import main
@@ -114,6 +115,27 @@ def test_bad_input_is_one_line(extra, message, capsys):
     code = main(argv)
     err = capsys.readouterr().err
     assert code != 0 and err.startswith("spmdsim: error: " + message) and "Traceback" not in err
+
+
+def test_a_configuration_whose_dry_run_cannot_map_a_block_is_over_the_limit_not_a_traceback():
+    """A dry run that cannot map a block (spmdsim.memory.UnmappableError: beyond this machine's address space) of
+    a configuration prices it as over the memory limit by that block at the precision's narrowest width, and the
+    search goes on; a block within the limit is this machine's limit, not the configuration's: raised."""
+    from spmdsim.memory import UnmappableError
+
+    huge = Config(1, 1, 2, False, 1, 1, "none", 0)
+
+    def pricer(cfg, c, *rest):
+        if c == huge:
+            raise UnmappableError((1 << 40, 64), np.dtype(np.float64), 8 << 46)
+        return price(cfg, c, *rest)
+
+    r = search(CFG, 2, A100, 1 << 40, max_dry_runs=1000, pricer=pricer, cells=False)
+    (lost,) = [c for c in r.candidates if c.config == huge]
+    assert lost.verdict == "memory bound over the limit" and lost.bound_bytes == 2 << 46  # bf16: 2 bytes each
+    assert lost.step_s is None and r.chosen is not None and r.dry_runs == sum(c.step_s is not None for c in r.candidates)
+    with pytest.raises(UnmappableError, match=r"^the dry run cannot map a block of shape \(1099511627776, 64\)"):
+        search(CFG, 2, A100, 4 << 46, max_dry_runs=1000, pricer=pricer, cells=False)
 
 
 def test_the_search_refuses_bad_arguments():

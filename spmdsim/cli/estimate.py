@@ -104,17 +104,22 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..estimate.ledger import PRECISIONS, gemms_at, gpt_ledger, kernel_bytes, priced, transfers_at
+    from ..estimate.ledger import PRECISIONS, gemms_at, gpt_ledger, kernel_bytes, priced, transfers_at, unmappable
     from ..estimate.machine import load_machine
     from ..estimate.steptime import Pipeline, step_time
+    from ..memory import UnmappableError
 
     cfg, microbatches = _config(args)
     machine = load_machine(args.machine)
     schedule = args.schedule or ("interleaved" if args.virtual_stages > 1 else "1f1b")
     start = time.perf_counter()
-    stages = gpt_ledger(cfg, args.pp, args.dp, args.tp, sp=args.sp, microbatches=microbatches, schedule=schedule,
-                        virtual=args.virtual_stages, recompute=args.recompute, zero=args.zero, kept=args.kept,
-                        gpus_per_node=machine.gpus_per_node, ep=args.ep)
+    try:
+        stages = gpt_ledger(cfg, args.pp, args.dp, args.tp, sp=args.sp, microbatches=microbatches,
+                            schedule=schedule, virtual=args.virtual_stages, recompute=args.recompute, zero=args.zero,
+                            kept=args.kept, gpus_per_node=machine.gpus_per_node, ep=args.ep)
+    except UnmappableError as exc:  # a block beyond this machine's address space: more than any GPU's memory
+        raise unmappable(exc, args.precision, machine.memory_bytes,
+                         f"the {machine.name}'s {_gib(machine.memory_bytes)} per GPU") from None
     seconds = time.perf_counter() - start
     pipeline = Pipeline(args.pp, microbatches, args.virtual_stages, schedule) if args.pp > 1 else None
     shown = sorted({0, len(stages) // 2, len(stages) - 1})
