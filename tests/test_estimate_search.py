@@ -298,3 +298,22 @@ def test_a_vocabulary_no_tp_divides_is_said_and_padded_with_vocab_pad_to(capsys)
     assert main(["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=64,vocab=257,vocab_pad_to=8"]) == 2
     assert unfold(capsys.readouterr().err).startswith(
         "spmdsim: error: --gpt vocab_pad_to pads the vocabulary in the search by a machine file (add --machine")
+
+
+def test_narayanans_1t_configuration_without_interleaving_fits_80_gib():
+    """docs/estimate.md and docs/autoshard.md: Narayanan et al.'s t 8, p 64, d 6 with full recomputation, not
+    interleaved (`spmdsim estimate gpt --layers 128 --hidden 25600 --heads 160 --seq 2048 --vocab 51200
+    --global-batch 3072 --tp 8 --pp 64 --dp 6 --recompute full --kept megatron`), holds 80,995 MiB (79.10 GiB)
+    on its fullest rank: within 80 GiB (the docs said 89,322). 1F1B's first stage holds pp = 64 microbatches
+    at once from 64 microbatches up, so 64 (a global batch of 384) give the same bytes as the docs' 512 at an
+    eighth of the dry run's time (1.4 s here against 7)."""
+    cfg = GPTConfig(layers=128, d_model=25600, heads=160, seq=2048, vocab=51200, batch=6 * 64, dropout=0.1)
+    _, memory = price(cfg, Config(8, 64, 6, False, 64, 1, "full", 0), A100, "bf16-mixed", "megatron")
+    assert memory == 84_929_850_368 and memory < 80 << 30
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    for name, quoted in (("estimate.md", "without interleaving, 100.4 s and {} MiB, within it but slower"),
+                         ("autoshard.md", "without interleaving at 100.4 s and {} MiB (79.10 GiB), which fits")):
+        prose = " ".join((docs / name).read_text().split())  # the paragraphs' lines joined
+        assert quoted.format(f"{memory / 2 ** 20:,.0f}") in prose, name
