@@ -103,6 +103,14 @@ def test_the_command_prints_the_choice_and_the_runners_up(capsys):
     (["--memory-limit", "1K"], "no configuration fits --memory-limit 1 KiB on 2 devices; the least needs "),
     (["--machine", "tpu-pod"], "machine 'tpu-pod' is neither a shipped machine nor a file"),
     (["--training"], "--training does not go with --machine"),
+    # the operator search's options, refused where given (they were ignored), their defaults not
+    (["--objective", "bytes"], "--objective bytes does not go with --machine (the dry run of a training step"),
+    (["--method", "propagate"], "--method propagate does not go with --machine"),
+    (["--ranks", "2"], "--ranks 2 does not go with --machine"),
+    (["--node-limit", "1"], "--node-limit 1 does not go with --machine"),
+    (["--repeat", "5"], "--repeat 5 does not go with --machine"),
+    (["--flops", "0"], "--flops 0.0 does not go with --machine"),
+    (["--fix", "MatMul1=hand"], "--fix MatMul1=hand does not go with --machine"),
 ])
 def test_bad_input_is_one_line(extra, message, capsys):
     argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=32,heads=2,seq=64,batch=4",
