@@ -274,6 +274,13 @@ def test_the_command_estimates_an_moe_gpt_and_refuses_bad_expert_settings():
                               "fp64").stdout)["stages"]
     assert stage["sent"]["alltoall node"] * 4 == fp64["sent"]["alltoall node"] > 0
     for argv, message in [(["--ep", "2"], "--ep 2 splits experts: give --experts N"),
+                          # the MoE layers' options without --experts: refused where given (they were ignored)
+                          (["--capacity-factor", "-1"], "--capacity-factor -1 sets the MoE layers: give --experts N"),
+                          (["--capacity-factor", "nan"], "--capacity-factor nan sets the MoE layers"),
+                          (["--dropless"], "--dropless sets the MoE layers: give --experts N"),
+                          (["--routing", "worst"], "--routing worst sets the MoE layers: give --experts N"),
+                          (["--top-k", "2"], "--top-k 2 sets the MoE layers: give --experts N"),
+                          (["--moe-every", "1"], "--moe-every 1 sets the MoE layers: give --experts N"),
                           (["--experts", "6", "--ep", "4"], "--experts 6 must be a multiple of --ep 4"),
                           (["--experts", "8", "--ep", "4", "--global-batch", "6"],
                            "--global-batch 6 must be a multiple of --micro-batch x --dp x --ep (1 x 1 x 4 = 4)"),
