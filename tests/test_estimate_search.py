@@ -302,6 +302,16 @@ def test_a_vocabulary_no_tp_divides_is_said_and_padded_with_vocab_pad_to(capsys)
     out = capsys.readouterr().out
     assert out.startswith("GPT 2 layers, hidden 64, 4 heads, seq 64, vocab 50257 (padded to 50,688), global batch 8")
     assert "left out" not in out
+    # where the vocabulary rules out every configuration (tp 1 needs pp 4 of 2 layers), the refusal names the padding
+    bare = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=64,heads=4,seq=256,batch=1,vocab=1001",
+            "--devices", "4", "--machine", "a100-dgx"]
+    assert main(bare) == 2
+    assert unfold(capsys.readouterr().err).rstrip("\n") == (
+        "spmdsim: error: no configuration of the GPT runs on 4 devices (tp must divide the heads 4 and vocab 1001 "
+        "within a node of 8, pp the layers 2, dp the batch 1); tp 2, 4 left out: they do not divide vocab 1001 (the "
+        "embedding is split over tp); pad it, e.g. vocab_pad_to=512 (Megatron pads to 128 x tp)")
+    bare[4] += ",vocab_pad_to=512"
+    assert main(bare) == 0 and "chosen: tp 2, pp 2, dp 1" in capsys.readouterr().out
     # the operators' graph (no --machine) has no mask for padded logits: it cuts the vocabulary unevenly instead
     assert main(["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=64,vocab=257,vocab_pad_to=8"]) == 2
     assert unfold(capsys.readouterr().err).startswith(

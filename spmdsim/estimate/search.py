@@ -362,9 +362,10 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
         seconds, nbytes, sums[c] = _bounds(cfg, c, machine, precision, devices, per_layer)
         bounded.append(Candidate(c, seconds, nbytes))
     if not bounded:
+        note = vocab_note(cfg, devices, machine.gpus_per_node)  # the padding that lets more tp in, if any
         raise SpmdsimError(f"no configuration of the GPT runs on {devices:,} devices (tp must divide the heads "
                            f"{cfg.heads} and vocab {cfg.vocab_words} within a node of {machine.gpus_per_node}, pp the "
-                           f"layers {cfg.layers}, dp the batch {cfg.batch})")
+                           f"layers {cfg.layers}, dp the batch {cfg.batch})" + (f"; {note}" if note else ""))
     out = [replace(c, verdict=STATES) for c in bounded if c.bound_bytes > memory_limit]
     # Branch and bound: the heap holds each candidate under its best lower bound so far (first the closed
     # form's, then the layer cells'); the least is bounded further, or priced once its bound is the cells'.
