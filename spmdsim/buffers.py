@@ -116,17 +116,26 @@ def lazy_zeros(shape: Any, dtype: Any, at_least: int = LAZY_BYTES) -> np.ndarray
     mapping costs nothing where it is only read (its pages are the kernel's
     zero page), is filled page by page on first write, and is unmapped when
     the array is freed. Arrays below `at_least` bytes are numpy's own zeros (a mapping's page and system
-    call cost more than such an array's memory, unless many are kept: a dry run's, spmdsim.sim.dry).
+    call cost more than such an array's memory, unless many are kept: a dry run's, spmdsim.sim.dry). A block
+    beyond what this machine's address space has left raises spmdsim.memory.UnmappableError naming it (one
+    line: the modelled rank's need, not this machine's).
     """
     dtype = np.dtype(dtype)
     dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     nbytes = math.prod(dims) * dtype.itemsize
-    if nbytes >= at_least:
+    if at_least <= nbytes <= sys.maxsize:  # (more than sys.maxsize bytes: no address space holds them)
         try:
             return np.frombuffer(_Lazy(-1, nbytes, **_PRIVATE), dtype).reshape(dims)
         except OSError:  # out of mappings (vm.max_map_count) or address space: numpy's own
             pass
-    return np.zeros(dims, dtype)
+    try:
+        if nbytes > sys.maxsize:
+            raise MemoryError
+        return np.zeros(dims, dtype)
+    except MemoryError:  # beyond the address space: one line naming the block (numpy's names no caller)
+        from .memory import UnmappableError
+
+        raise UnmappableError(dims, dtype, nbytes) from None
 
 
 _ZEROS: dict = {}  # (shape, dtype) -> broadcast_zero's view

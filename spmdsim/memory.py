@@ -26,6 +26,7 @@ from .errors import SpmdsimError
 
 __all__ = [
     "ResourceError",
+    "UnmappableError",
     "Need",
     "Budget",
     "ENV_VAR",
@@ -56,6 +57,19 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 
 
 class ResourceError(SpmdsimError, MemoryError):
     """A job needs more memory than a rank may use (refused before anything is allocated)."""
+
+
+class UnmappableError(ResourceError):
+    """A dry run's block this machine cannot map even as pages never written: more than its address space has
+    left (a dry run costs no memory for its blocks, but still their addresses). `shape`, `dtype`, `nbytes`:
+    the block's; the modelled rank would hold it, which `spmdsim estimate` and its search compare with a
+    GPU's memory."""
+
+    def __init__(self, shape: tuple, dtype: np.dtype, nbytes: int) -> None:
+        self.shape, self.dtype, self.nbytes = shape, dtype, nbytes
+        super().__init__(f"the dry run cannot map a block of shape {shape} {dtype} ({format_size(nbytes)}): more "
+                         "than this machine's address space has left (a dry run's blocks cost no memory, but "
+                         "still their addresses)")
 
 
 @dataclass(frozen=True)

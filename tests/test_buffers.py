@@ -1,11 +1,15 @@
 """spmdsim.buffers: arrays MPI moves start PAGE_OFFSET bytes into a page; pure, no MPI."""
 from __future__ import annotations
 
+import math
+import re
+
 import numpy as np
 import pytest
 
 from spmdsim import SeededTensor, buffers
 from spmdsim.buffers import MIN_BYTES, PAGE, PAGE_OFFSET, page_offset
+from spmdsim.memory import UnmappableError, format_size
 from spmdsim.ops._common import local_matmul
 from spmdsim.ops.embedding import pad_vocab_shard, vocab_parallel_lookup
 
@@ -86,3 +90,16 @@ def test_add_bias_works_in_place_only_when_the_sum_keeps_shape_and_dtype():
     frozen = np.zeros((2, 2), np.float32)
     frozen.flags.writeable = False
     assert (add_bias(frozen, np.ones(2, np.float32)) == 1).all() and not frozen.any()
+
+
+@pytest.mark.parametrize("shape", [(1 << 55,), (1 << 62, 4)])
+def test_a_block_beyond_the_address_space_is_refused_in_one_line_naming_it(shape):
+    """A dry run's block no address space holds (256 PiB, beyond even 57-bit addresses; 128 EiB, more than numpy
+    can index) is one
+    UnmappableError naming its shape and bytes: numpy's own was a MemoryError (or an OverflowError) that named
+    no block."""
+    with pytest.raises(UnmappableError, match=re.escape(f"the dry run cannot map a block of shape {shape} float64 "
+                                                        f"({format_size(8 * math.prod(shape))}): more than this "
+                                                        "machine's address space has left")) as caught:
+        buffers.lazy_zeros(shape, np.float64)
+    assert caught.value.shape == shape and caught.value.nbytes == 8 * math.prod(shape)

@@ -274,6 +274,13 @@ def test_the_command_estimates_an_moe_gpt_and_refuses_bad_expert_settings():
                               "fp64").stdout)["stages"]
     assert stage["sent"]["alltoall node"] * 4 == fp64["sent"]["alltoall node"] > 0
     for argv, message in [(["--ep", "2"], "--ep 2 splits experts: give --experts N"),
+                          # the MoE layers' options without --experts: refused where given (they were ignored)
+                          (["--capacity-factor", "-1"], "--capacity-factor -1 sets the MoE layers: give --experts N"),
+                          (["--capacity-factor", "nan"], "--capacity-factor nan sets the MoE layers"),
+                          (["--dropless"], "--dropless sets the MoE layers: give --experts N"),
+                          (["--routing", "worst"], "--routing worst sets the MoE layers: give --experts N"),
+                          (["--top-k", "2"], "--top-k 2 sets the MoE layers: give --experts N"),
+                          (["--moe-every", "1"], "--moe-every 1 sets the MoE layers: give --experts N"),
                           (["--experts", "6", "--ep", "4"], "--experts 6 must be a multiple of --ep 4"),
                           (["--experts", "8", "--ep", "4", "--global-batch", "6"],
                            "--global-batch 6 must be a multiple of --micro-batch x --dp x --ep (1 x 1 x 4 = 4)"),
@@ -336,6 +343,26 @@ def test_gpt2s_vocabulary_is_padded_as_megatron_pads_it():
         < data["stages"][0]["params"]  # 50304 rows
     zero = _cli(*model, "--pad-vocab-to", "0")
     assert zero.returncode == 2 and "--pad-vocab-to 0 must be >= 1" in zero.stderr
+
+
+def test_a_block_no_address_space_holds_ends_the_estimate_in_one_line_saying_it_does_not_fit():
+    """docs/estimate.md: at seq 1,048,576 a rank's attention scores are 32 TiB a block, which the dry run cannot
+    map (numpy's MemoryError was an 80-line traceback); at bf16 still more than a GPU holds, so the line says the
+    configuration does not fit. The address space is limited to 16 TiB, so that the first such block fails on
+    any machine (with 47-bit addresses the third did)."""
+    import sys
+
+    code = ("import resource, sys\nresource.setrlimit(resource.RLIMIT_AS, (16 << 40, 16 << 40))\n"
+            "from spmdsim.cli.main import main\nsys.exit(main(sys.argv[1:]))\n")
+    argv = ("estimate gpt --layers 2 --hidden 4096 --heads 32 --seq 1048576 --vocab 32000 --micro-batch 1 "
+            "--global-batch 1 --tp 8 --sp").split()
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stdout == "", done.stderr[-2000:]
+    assert unfold(done.stderr).rstrip("\n") == (
+        "spmdsim: error: the dry run cannot map a block of shape (1, 4, 1048576, 1048576) float64 (32 TiB): more "
+        "than this machine's address space has left (a dry run's blocks cost no memory, but still their "
+        "addresses); one rank of this configuration holds it, if only for a moment: at least 8 TiB at "
+        "bf16-mixed, more than the a100-dgx's 80.00 GiB per GPU: it does not fit")
 
 
 def test_a_model_larger_than_this_machine_is_estimated_not_refused():

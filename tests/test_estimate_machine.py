@@ -20,6 +20,9 @@ from spmdsim.estimate.machine import (Link, load_machine, machine_from_dict, mac
                                       normalize_dtype, save_machine)
 from testkit import MPIEXEC
 
+#: A calibrated machine's measured GEMM rates (FLOP/s).
+RATES = {"fp32": 1e11, "fp64": 5e10}
+
 
 def test_shipped_machines_load_with_their_datasheet_figures():
     assert machines() == ("a100-dgx", "h100-dgx")
@@ -177,17 +180,38 @@ def test_a_file_path_round_trips(tmp_path):
 def test_calibrated_machine_round_trips_through_load_machine(tmp_path):
     model = CostModel(alpha_s=20e-6, beta_s_per_byte=2.0 ** -32, gamma_s_per_byte=2.0 ** -31, algorithm="tree",
                       source="fit")
-    m = calibrate.calibrated_machine(model, 1e11, 2e10, 4, 64 << 30, "box")
+    m = calibrate.calibrated_machine(model, RATES, 2e10, 4, 64 << 30, "box")
     assert m.name == "calibrated-box" and m.gpus_per_node == 4 and m.memory_bytes == 64 << 30
     assert m.node == m.cluster == Link(bandwidth=2.0 ** 32, latency=20e-6)
-    assert dict(m.peak_flops) == {"fp32": 1e11} and m.hbm_bandwidth == 2e10
+    # fp64 and fp32 measured; bf16 and fp16 (which numpy cannot multiply in) fp32's, as the sources say
+    assert dict(m.peak_flops) == {"fp64": 5e10, "fp32": 1e11, "bf16": 1e11, "fp16": 1e11} and m.hbm_bandwidth == 2e10
+    assert any(line.startswith("peak_flops.bf16 and fp16: fp32's, not measured") for line in m.sources)
+    assert calibrate.peaks_line(m) == ("peak FLOP/s: fp64 5e+10, fp32 1e+11 measured; bf16 1e+11 (=fp32's), fp16 "
+                                       "1e+11 (=fp32's), not measured: numpy has no bf16 and no BLAS fp16 product, "
+                                       "spmdsim multiplies both in float32")
     assert m.algorithm == "tree" and m.reduction_rate == 2.0 ** 31 and m.gemm_efficiency.max_fraction == 1.0
     path = save_machine(m, tmp_path / "box.json")
     assert load_machine(path) == m
-    free = calibrate.calibrated_machine(CostModel(1e-6, 1e-9), 1e11, 2e10, 1, 1 << 30, "box")
+    free = calibrate.calibrated_machine(CostModel(1e-6, 1e-9), RATES, 2e10, 1, 1 << 30, "box")
     assert free.reduction_rate is None and "reduction_rate" not in json.loads(save_machine(free, path).read_text())
     with pytest.raises(SpmdsimError, match=r"^the fit's beta 0.0 s/byte gives no bandwidth for --machine-out"):
-        calibrate.calibrated_machine(CostModel(1e-6, 0.0), 1e11, 2e10, 1, 1 << 30, "box")
+        calibrate.calibrated_machine(CostModel(1e-6, 0.0), RATES, 2e10, 1, 1 << 30, "box")
+
+
+@pytest.mark.parametrize("precision", ["fp64", "bf16-mixed", "fp16-mixed"])
+def test_a_calibrated_machine_file_prices_every_precision_in_estimate_and_the_search(tmp_path, precision, capsys):
+    """`spmdsim calibrate --machine-out`'s file is what --machine takes (docs/estimate.md): it gave only fp32, and
+    every precision's GEMMs (fp64, bf16, fp16) were refused, in `estimate` and in `autoshard --machine` alike."""
+    from spmdsim.cli.main import main
+
+    model = CostModel(alpha_s=20e-6, beta_s_per_byte=2.0 ** -32, source="fit")
+    path = save_machine(calibrate.calibrated_machine(model, RATES, 2e10, 2, 64 << 30, "box"), tmp_path / "m.json")
+    assert main(["estimate", "gpt", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "256", "--vocab",
+                 "128", "--global-batch", "4", "--precision", precision, "--machine", str(path), "--json"]) == 0
+    seconds = json.loads(capsys.readouterr().out)["step_time_s"]
+    assert main(["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=32,heads=2,seq=64,batch=4",
+                 "--devices", "2", "--machine", str(path), "--precision", precision, "--max-dry-runs", "1"]) == 0
+    assert "devices on calibrated-box" in capsys.readouterr().out and seconds > 0
 
 
 def test_machine_out_is_checked_before_measuring(tmp_path):
@@ -203,11 +227,10 @@ def test_machine_out_is_checked_before_measuring(tmp_path):
 
 @pytest.mark.skipif(not MPIEXEC, reason="no mpiexec")
 def test_calibrate_writes_a_machine_file_load_machine_reads(tmp_path):
-    spmdsim = os.path.join(os.path.dirname(sys.executable), "spmdsim")
     out = tmp_path / "machine.json"
     # 16 MiB against 64 KiB, the median of 3 after a warm-up: under load (~8) one cold 4 MiB call against one
     # 64 KiB call timed no slower per byte now and then, and the fit then has no bandwidth term (below).
-    cmd = ["timeout", "-k", "5", "90", MPIEXEC, "-n", "2", spmdsim, "calibrate", "--sizes", "64K,16M",
+    cmd = ["timeout", "-k", "5", "90", MPIEXEC, "-n", "2", sys.executable, "-m", "spmdsim", "calibrate", "--sizes", "64K,16M",
            "--ops", "allreduce,allgather", "--repeats", "3", "--warmup", "1",
            "--output", str(tmp_path / "cost.json"), "--machine-out", str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
@@ -225,4 +248,9 @@ def test_calibrate_writes_a_machine_file_load_machine_reads(tmp_path):
     model = CostModel.load(tmp_path / "cost.json")
     assert m.gpus_per_node == 2 and m.node == m.cluster
     assert m.node == Link(1 / model.beta_s_per_byte, model.alpha_s) and m.algorithm == model.algorithm
-    assert m.dtypes == ("fp32",) and m.peak("fp32") > 0 and m.hbm_bandwidth > 0
+    assert m.dtypes == ("fp64", "fp32", "bf16", "fp16") and m.peak("fp32") == m.peak("bf16") > 0 < m.peak("fp64")
+    assert m.hbm_bandwidth > 0 and "peak FLOP/s: fp64 " in done.stdout
+    from spmdsim.cli.main import main  # the file is what --machine takes, at the default precision (bf16-mixed)
+
+    assert main(["estimate", "gpt", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "256", "--vocab",
+                 "128", "--global-batch", "4", "--machine", str(out)]) == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 
 from spmdsim.cli.main import main
@@ -102,6 +103,14 @@ def test_the_command_prints_the_choice_and_the_runners_up(capsys):
     (["--memory-limit", "1K"], "no configuration fits --memory-limit 1 KiB on 2 devices; the least needs "),
     (["--machine", "tpu-pod"], "machine 'tpu-pod' is neither a shipped machine nor a file"),
     (["--training"], "--training does not go with --machine"),
+    # the operator search's options, refused where given (they were ignored), their defaults not
+    (["--objective", "bytes"], "--objective bytes does not go with --machine (the dry run of a training step"),
+    (["--method", "propagate"], "--method propagate does not go with --machine"),
+    (["--ranks", "2"], "--ranks 2 does not go with --machine"),
+    (["--node-limit", "1"], "--node-limit 1 does not go with --machine"),
+    (["--repeat", "5"], "--repeat 5 does not go with --machine"),
+    (["--flops", "0"], "--flops 0.0 does not go with --machine"),
+    (["--fix", "MatMul1=hand"], "--fix MatMul1=hand does not go with --machine"),
 ])
 def test_bad_input_is_one_line(extra, message, capsys):
     argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=32,heads=2,seq=64,batch=4",
@@ -114,6 +123,27 @@ def test_bad_input_is_one_line(extra, message, capsys):
     code = main(argv)
     err = capsys.readouterr().err
     assert code != 0 and err.startswith("spmdsim: error: " + message) and "Traceback" not in err
+
+
+def test_a_configuration_whose_dry_run_cannot_map_a_block_is_over_the_limit_not_a_traceback():
+    """A dry run that cannot map a block (spmdsim.memory.UnmappableError: beyond this machine's address space) of
+    a configuration prices it as over the memory limit by that block at the precision's narrowest width, and the
+    search goes on; a block within the limit is this machine's limit, not the configuration's: raised."""
+    from spmdsim.memory import UnmappableError
+
+    huge = Config(1, 1, 2, False, 1, 1, "none", 0)
+
+    def pricer(cfg, c, *rest):
+        if c == huge:
+            raise UnmappableError((1 << 40, 64), np.dtype(np.float64), 8 << 46)
+        return price(cfg, c, *rest)
+
+    r = search(CFG, 2, A100, 1 << 40, max_dry_runs=1000, pricer=pricer, cells=False)
+    (lost,) = [c for c in r.candidates if c.config == huge]
+    assert lost.verdict == "memory bound over the limit" and lost.bound_bytes == 2 << 46  # bf16: 2 bytes each
+    assert lost.step_s is None and r.chosen is not None and r.dry_runs == sum(c.step_s is not None for c in r.candidates)
+    with pytest.raises(UnmappableError, match=r"^the dry run cannot map a block of shape \(1099511627776, 64\)"):
+        search(CFG, 2, A100, 4 << 46, max_dry_runs=1000, pricer=pricer, cells=False)
 
 
 def test_the_search_refuses_bad_arguments():
@@ -273,7 +303,36 @@ def test_a_vocabulary_no_tp_divides_is_said_and_padded_with_vocab_pad_to(capsys)
     out = capsys.readouterr().out
     assert out.startswith("GPT 2 layers, hidden 64, 4 heads, seq 64, vocab 50257 (padded to 50,688), global batch 8")
     assert "left out" not in out
+    # where the vocabulary rules out every configuration (tp 1 needs pp 4 of 2 layers), the refusal names the padding
+    bare = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=64,heads=4,seq=256,batch=1,vocab=1001",
+            "--devices", "4", "--machine", "a100-dgx"]
+    assert main(bare) == 2
+    assert unfold(capsys.readouterr().err).rstrip("\n") == (
+        "spmdsim: error: no configuration of the GPT runs on 4 devices (tp must divide the heads 4 and vocab 1001 "
+        "within a node of 8, pp the layers 2, dp the batch 1); tp 2, 4 left out: they do not divide vocab 1001 (the "
+        "embedding is split over tp); pad it, e.g. vocab_pad_to=512 (Megatron pads to 128 x tp)")
+    bare[4] += ",vocab_pad_to=512"
+    assert main(bare) == 0 and "chosen: tp 2, pp 2, dp 1" in capsys.readouterr().out
     # the operators' graph (no --machine) has no mask for padded logits: it cuts the vocabulary unevenly instead
     assert main(["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=64,vocab=257,vocab_pad_to=8"]) == 2
     assert unfold(capsys.readouterr().err).startswith(
         "spmdsim: error: --gpt vocab_pad_to pads the vocabulary in the search by a machine file (add --machine")
+
+
+def test_narayanans_1t_configuration_without_interleaving_fits_80_gib():
+    """docs/estimate.md and docs/autoshard.md: Narayanan et al.'s t 8, p 64, d 6 with full recomputation, not
+    interleaved (`spmdsim estimate gpt --layers 128 --hidden 25600 --heads 160 --seq 2048 --vocab 51200
+    --global-batch 3072 --tp 8 --pp 64 --dp 6 --recompute full --kept megatron`), holds 80,995 MiB (79.10 GiB)
+    on its fullest rank: within 80 GiB (the docs said 89,322). 1F1B's first stage holds pp = 64 microbatches
+    at once from 64 microbatches up, so 64 (a global batch of 384) give the same bytes as the docs' 512 at an
+    eighth of the dry run's time (1.4 s here against 7)."""
+    cfg = GPTConfig(layers=128, d_model=25600, heads=160, seq=2048, vocab=51200, batch=6 * 64, dropout=0.1)
+    _, memory = price(cfg, Config(8, 64, 6, False, 64, 1, "full", 0), A100, "bf16-mixed", "megatron")
+    assert memory == 84_929_850_368 and memory < 80 << 30
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    for name, quoted in (("estimate.md", "without interleaving, 100.4 s and {} MiB, within it but slower"),
+                         ("autoshard.md", "without interleaving at 100.4 s and {} MiB (79.10 GiB), which fits")):
+        prose = " ".join((docs / name).read_text().split())  # the paragraphs' lines joined
+        assert quoted.format(f"{memory / 2 ** 20:,.0f}") in prose, name

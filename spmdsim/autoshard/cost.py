@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -63,9 +63,9 @@ class Objective:
             raise SpmdsimError(f"compute rate {self.flops_per_s!r} FLOP/s (--flops) must be a finite number > 0")
 
 
-def measure_flops_rate(n: int = 192, repeats: int = 5) -> float:
-    """FLOP/s of a float32 (n, n) @ (n, n) product on this process (best of `repeats`)."""
-    a = np.random.default_rng(0).random((n, n), dtype=np.float32)
+def measure_flops_rate(n: int = 192, repeats: int = 5, dtype: Any = np.float32) -> float:
+    """FLOP/s of a `dtype` (float32 or float64) (n, n) @ (n, n) product on this process (best of `repeats`)."""
+    a = np.random.default_rng(0).random((n, n), dtype=dtype)
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()

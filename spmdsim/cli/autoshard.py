@@ -57,23 +57,23 @@ def register(subparsers: Any) -> None:
                              '"*=hand": every operator not named holds its hand-written strategy')
     parser.add_argument("--memory-limit", type=parse_size, metavar="BYTES",
                         help="bytes per rank one operator may hold (weights, inputs, output), e.g. 1M")
-    parser.add_argument("--objective", choices=OBJECTIVES, default="bytes",
+    parser.add_argument("--objective", choices=OBJECTIVES,
                         help="minimise bytes per rank (exact) or modelled time (default bytes)")
     parser.add_argument("--training", action="store_true",
                         help="also price a training step's backward: the gradients' reverse moves "
                              "and the weight gradients' sums (bytes objective)")
-    parser.add_argument("--method", choices=METHODS, default="search",
+    parser.add_argument("--method", choices=METHODS,
                         help="search (default) or propagate (MindSpore's sharding propagation)")
     parser.add_argument("--flops", type=float, metavar="FLOP/S",
                         help="compute rate of one rank (default: measured now)")
-    parser.add_argument("--node-limit", type=int, default=200_000,
-                        help="branch and bound stops after this many nodes (then not proven)")
+    parser.add_argument("--node-limit", type=int,
+                        help="branch and bound stops after this many nodes (then not proven; default 200000)")
     parser.add_argument("--json", action="store_true",
                         help="print a JSON object (operators with name, strategy, bytes_per_rank; totals)")
     parser.add_argument("--run", action="store_true",
                         help="execute the choice under MPI, print predicted vs measured per operator and "
                              "check the values (with --training on the GPT: the backward too)")
-    parser.add_argument("--repeat", type=int, default=3, help="--run: forward passes (median)")
+    parser.add_argument("--repeat", type=int, help="--run: forward passes (median; default 3)")
     parser.add_argument("--ranks", type=int, metavar="N",
                         help="--run on N simulated ranks in this process (no mpiexec; bytes are "
                              "exact, times are not a cluster's)")
@@ -197,11 +197,19 @@ def _choose(args: argparse.Namespace, devices: int, flops: float | None) -> Any:
                      node_limit=args.node_limit, training=args.training, hand=hand)
 
 
+#: The operator search's options and their defaults, set in `run` when not given: None from the parser says the
+#: user gave none, so that the search by a machine file refuses only what was given (it uses none of them).
+OPERATOR_DEFAULTS = {"objective": "bytes", "method": "search", "node_limit": 200_000, "repeat": 3}
+
+
 def run(args: argparse.Namespace) -> int:
     if args.machine is not None:
         from .autoshard_machine import run_machine
 
         return run_machine(args)
+    for flag, default in OPERATOR_DEFAULTS.items():
+        if getattr(args, flag) is None:
+            setattr(args, flag, default)
     for flag in ("precision", "kept", "max_dry_runs", "moe_cells"):  # the machine search's own: never ignored
         if getattr(args, flag) is not None:
             value = "" if getattr(args, flag) is True else f" {getattr(args, flag)}"

@@ -33,9 +33,14 @@ def run_machine(args: argparse.Namespace) -> int:
 
     if args.network != "gpt":
         raise SpmdsimError(f"--machine chooses the GPT's configuration; --network {args.network!r} is not 'gpt'")
-    for flag in ("run", "training", "fix", "flops"):
-        if getattr(args, flag):
-            raise SpmdsimError(f"--{flag} does not go with --machine (the dry run of a training step prices it)")
+    # The operator search's options: their parser defaults are None, False or [], so only what the user gave,
+    # 0 included (compared by identity: 0 == False)
+    for flag in ("run", "training", "fix", "flops", "objective", "method", "node_limit", "repeat", "ranks"):
+        value = getattr(args, flag)
+        if value is not None and value is not False and value != []:
+            given = "" if value is True else f" {value[0] if isinstance(value, list) else value}"
+            raise SpmdsimError(f"--{flag.replace('_', '-')}{given} does not go with --machine (the dry run of a "
+                               "training step prices it)")
     args.precision = args.precision or "bf16-mixed"
     args.kept = args.kept or "megatron"
     args.max_dry_runs = 24 if args.max_dry_runs is None else args.max_dry_runs

@@ -342,33 +342,53 @@ def measure_memory_bandwidth(nbytes: int = 64 << 20, repeats: int = 5) -> float:
     return 2 * src.nbytes / max(best, 1e-9)
 
 
-def calibrated_machine(model: CostModel, flops_rate: float, memory_bandwidth: float, ranks_per_node: int,
-                       memory_bytes: int, host: str) -> Machine:
+#: Dtypes numpy cannot multiply in, each with the measured dtype its peak is taken from: spmdsim multiplies
+#: bf16 and fp16 operands in float32 (spmdsim.precision.product), as the estimate's mixed precisions do.
+TAKEN_FROM = {"bf16": "fp32", "fp16": "fp32"}
+
+
+def calibrated_machine(model: CostModel, flops_rates: Mapping[str, float], memory_bandwidth: float,
+                       ranks_per_node: int, memory_bytes: int, host: str) -> Machine:
     """This machine as a spmdsim.estimate machine: one rank is one "GPU", both levels the measured link.
 
     Pure. links.*.latency is the fit's shared alpha, links.*.bandwidth 1 / its shared beta (the per-op
-    overrides are not carried), reduction_rate 1 / gamma (none where gamma is 0); peak_flops.fp32 is the
-    measured float32 GEMM rate, so the efficiency cap is 1 (the roofline still slows small products).
+    overrides are not carried), reduction_rate 1 / gamma (none where gamma is 0); peak_flops.fp32 and fp64
+    are `flops_rates`, the measured GEMM rates, so the efficiency cap is 1 (the roofline still slows small
+    products); bf16 and fp16, which every precision but fp64 computes in, are fp32's (`TAKEN_FROM`), as the
+    sources say.
     """
     problem = _bandwidth_problem(model)
     if problem:
         raise SpmdsimError(problem)
     link = Link(bandwidth=1.0 / model.beta_s_per_byte, latency=model.alpha_s)
+    peaks = {**{d: float(flops_rates[d]) for d in ("fp64", "fp32")},
+             **{low: float(flops_rates[src]) for low, src in TAKEN_FROM.items()}}
     sources = (f"spmdsim calibrate on {host}: links.node and links.cluster are the fitted shared alpha (latency) "
                f"and 1/beta (bandwidth), reduction_rate 1/gamma, algorithm the fit's; {model.source}",
-               "peak_flops.fp32: spmdsim.autoshard.cost.measure_flops_rate (192x192 float32 matmul, best of 5), "
-               "median over the ranks, measured together",
+               "peak_flops.fp64 and fp32: spmdsim.autoshard.cost.measure_flops_rate (192x192 float64 and float32 "
+               "matmul, best of 5), median over the ranks, measured together",
+               "peak_flops.bf16 and fp16: fp32's, not measured (numpy has no bf16 and no BLAS fp16 product; "
+               "spmdsim multiplies both in float32)",
                "hbm_bandwidth: a contiguous 64 MiB copy (2 bytes moved per byte copied, best of 5), median over "
                "the ranks, measured together",
                f"gpus_per_node: the ranks on this node ({ranks_per_node}); memory_bytes: physical memory / ranks")
-    efficiency = GemmEfficiency(1.0, "roofline at the measured rate: peak_flops.fp32 is achieved, not a datasheet "
-                                     "peak, so the cap is 1")
+    efficiency = GemmEfficiency(1.0, "roofline at the measured rate: peak_flops are achieved, not datasheet "
+                                     "peaks, so the cap is 1")
     gamma = model.gamma_s_per_byte
     return Machine(name=f"calibrated-{host}", description=f"{host} as measured by spmdsim calibrate "
                    f"({ranks_per_node} ranks on the node)", sources=sources, gpus_per_node=ranks_per_node,
-                   memory_bytes=max(memory_bytes, 1), peak_flops=(("fp32", float(flops_rate)),),
+                   memory_bytes=max(memory_bytes, 1), peak_flops=tuple(peaks.items()),
                    hbm_bandwidth=float(memory_bandwidth), gemm_efficiency=efficiency, node=link, cluster=link,
                    algorithm=model.algorithm, reduction_rate=1.0 / gamma if gamma > 0 else None)
+
+
+def peaks_line(machine: Machine) -> str:
+    """What a calibrated machine file's peak FLOP/s are, and which were measured (`TAKEN_FROM`)."""
+    peaks = dict(machine.peak_flops)
+    measured = ", ".join(f"{d} {v:.3g}" for d, v in peaks.items() if d not in TAKEN_FROM)
+    taken = ", ".join(f"{d} {peaks[d]:.3g} (={src}'s)" for d, src in TAKEN_FROM.items() if d in peaks)
+    return (f"peak FLOP/s: {measured} measured; {taken}, not measured: numpy has no bf16 and no BLAS fp16 "
+            "product, spmdsim multiplies both in float32")
 
 
 def _bandwidth_problem(model: CostModel) -> str | None:
@@ -389,12 +409,14 @@ def _measure_machine(comm: Any, model: CostModel, waiter: Waiter) -> Machine | N
 
     ranks = local_ranks(comm)
     waiter.barrier(comm)
-    rates = engine_of(comm).gather_object(comm, (measure_flops_rate(), measure_memory_bandwidth()), 0)
+    mine = (measure_flops_rate(dtype=np.float32), measure_flops_rate(dtype=np.float64), measure_memory_bandwidth())
+    rates = engine_of(comm).gather_object(comm, mine, 0)
     if comm.Get_rank() != 0:
         return None
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return calibrated_machine(model, statistics.median(r[0] for r in rates), statistics.median(r[1] for r in rates),
-                              ranks, physical // ranks, platform.node() or "localhost")
+    flops = {"fp32": statistics.median(r[0] for r in rates), "fp64": statistics.median(r[1] for r in rates)}
+    return calibrated_machine(model, flops, statistics.median(r[2] for r in rates), ranks, physical // ranks,
+                              platform.node() or "localhost")
 
 
 def _save(args: argparse.Namespace, model: CostModel, data: Sequence[Measurement],
@@ -412,6 +434,7 @@ def _save(args: argparse.Namespace, model: CostModel, data: Sequence[Measurement
         if machine is not None:
             where = args.machine_out
             print(f"machine file saved to {save_machine(machine, args.machine_out)}")
+            print("\n".join(wrap_lines([peaks_line(machine)])))
     except OSError as exc:
         # Checked before measuring; this is the disk filling up or the path changing meanwhile.
         return f"cannot write {where!r}: {exc.strerror or exc}"

@@ -51,14 +51,14 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--experts", type=int, default=0, metavar="N",
                         help="mixture-of-experts MLPs with N experts (0: a dense GPT; docs/experts.md)")
     parser.add_argument("--ep", type=int, default=1, metavar="N", help="expert-parallel ranks of each stage")
-    parser.add_argument("--top-k", type=int, default=2, choices=(1, 2), help="experts per token")
-    parser.add_argument("--moe-every", type=int, default=2, metavar="N", help="every N-th block is an MoE layer")
-    parser.add_argument("--capacity-factor", type=float, default=1.0, metavar="F",
-                        help="each expert's slots: ceil(k x seq x F / experts) per sequence, at most seq")
+    parser.add_argument("--top-k", type=int, choices=(1, 2), help="experts per token (default 2)")
+    parser.add_argument("--moe-every", type=int, metavar="N", help="every N-th block is an MoE layer (default 2)")
+    parser.add_argument("--capacity-factor", type=float, metavar="F",
+                        help="each expert's slots: ceil(k x seq x F / experts) per sequence, at most seq (default 1)")
     parser.add_argument("--dropless", action="store_true", help="no capacity: counts exchanged, then Alltoallv")
-    parser.add_argument("--routing", default="balanced", choices=("balanced", "worst"),
-                        help="how the dry run routes (it has no router values): balanced, or worst (every token "
-                             "to experts 0..k-1)")
+    parser.add_argument("--routing", choices=("balanced", "worst"),
+                        help="how the dry run routes (it has no router values): balanced (default), or worst (every "
+                             "token to experts 0..k-1)")
     parser.add_argument("--precision", default="bf16-mixed", choices=("fp64", "bf16-mixed", "fp16-mixed"))
     parser.add_argument("--machine", default="a100-dgx",
                         help="a shipped machine file's name or a path (spmdsim calibrate --machine-out)")
@@ -66,11 +66,25 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+#: The MoE layers' options and their defaults, set in `_config`: None from the parser says the user gave none,
+#: so that a dense GPT (no --experts) refuses only what was given (it uses none of them).
+MOE_DEFAULTS = {"top_k": 2, "moe_every": 2, "capacity_factor": 1.0, "routing": "balanced"}
+
+
 def _config(args: argparse.Namespace) -> tuple[Any, int]:
     from ..gpt import GPTConfig
 
     from ..moe.config import MoEConfig
 
+    if args.experts == 0:  # a dense GPT: an MoE option given is refused, not ignored
+        given = [flag for flag in MOE_DEFAULTS if getattr(args, flag) is not None] + ["dropless"] * args.dropless
+        if given:
+            value = getattr(args, given[0])
+            shown = "" if value is True else f" {value:g}" if isinstance(value, float) else f" {value}"
+            raise SpmdsimError(f"--{given[0].replace('_', '-')}{shown} sets the MoE layers: give --experts N")
+    for flag, default in MOE_DEFAULTS.items():
+        if getattr(args, flag) is None:
+            setattr(args, flag, default)
     for name in ("layers", "hidden", "heads", "seq", "vocab", "micro_batch", "global_batch", "tp", "pp", "dp",
                  "virtual_stages", "ep", "moe_every", "pad_vocab_to"):
         value = getattr(args, name)
@@ -104,17 +118,22 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..estimate.ledger import PRECISIONS, gemms_at, gpt_ledger, kernel_bytes, priced, transfers_at
+    from ..estimate.ledger import PRECISIONS, gemms_at, gpt_ledger, kernel_bytes, priced, transfers_at, unmappable
     from ..estimate.machine import load_machine
     from ..estimate.steptime import Pipeline, step_time
+    from ..memory import UnmappableError
 
     cfg, microbatches = _config(args)
     machine = load_machine(args.machine)
     schedule = args.schedule or ("interleaved" if args.virtual_stages > 1 else "1f1b")
     start = time.perf_counter()
-    stages = gpt_ledger(cfg, args.pp, args.dp, args.tp, sp=args.sp, microbatches=microbatches, schedule=schedule,
-                        virtual=args.virtual_stages, recompute=args.recompute, zero=args.zero, kept=args.kept,
-                        gpus_per_node=machine.gpus_per_node, ep=args.ep)
+    try:
+        stages = gpt_ledger(cfg, args.pp, args.dp, args.tp, sp=args.sp, microbatches=microbatches,
+                            schedule=schedule, virtual=args.virtual_stages, recompute=args.recompute, zero=args.zero,
+                            kept=args.kept, gpus_per_node=machine.gpus_per_node, ep=args.ep)
+    except UnmappableError as exc:  # a block beyond this machine's address space: more than any GPU's memory
+        raise unmappable(exc, args.precision, machine.memory_bytes,
+                         f"the {machine.name}'s {_gib(machine.memory_bytes)} per GPU") from None
     seconds = time.perf_counter() - start
     pipeline = Pipeline(args.pp, microbatches, args.virtual_stages, schedule) if args.pp > 1 else None
     shown = sorted({0, len(stages) // 2, len(stages) - 1})

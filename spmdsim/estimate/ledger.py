@@ -22,10 +22,11 @@ from typing import Any, Optional
 
 from ..errors import SpmdsimError
 from ..gpt.memory import BLOCK_KINDS, MASKS
+from ..memory import format_size
 from .records import Transfer
 
 __all__ = ["Widths", "PRECISIONS", "StageLedger", "gpt_ledger", "priced", "ROLES", "gemms_at", "transfers_at",
-           "layers_activations", "kernel_bytes"]
+           "layers_activations", "kernel_bytes", "least_bytes", "unmappable"]
 
 #: What a rank holds, by role, in the order the ledger prints them.
 ROLES = ("parameters", "gradients", "master copy", "optimizer states", "buffers", "activations")
@@ -113,6 +114,25 @@ def priced(stage: StageLedger, precision: str, zero: int) -> dict:
     return {"parameters": params * w.params, "gradients": m.grads // _RUN * w.grads,
             "master copy": master * w.master, "optimizer states": m.states // _RUN * w.states,
             "buffers": m.buffers // _RUN * w.buffers, "activations": values // _RUN * w.activations + masks}
+
+
+def least_bytes(exc: Any, precision: str) -> int:
+    """The bytes one rank holds at least at `precision` for the block its dry run could not map
+    (spmdsim.memory.UnmappableError): its elements at the precision's narrowest width (its own, if narrower)."""
+    w = PRECISIONS[precision]
+    narrowest = min(w.params, w.grads, w.master, w.states, w.buffers, w.activations)
+    return exc.nbytes // exc.dtype.itemsize * min(narrowest, exc.dtype.itemsize)
+
+
+def unmappable(exc: Any, precision: str, limit: int, where: str) -> SpmdsimError:
+    """The one-line error of a configuration whose dry run could not map a block (spmdsim.memory.UnmappableError):
+    when that block alone, at `precision`, is more than `limit` bytes (`where`: whose memory), the configuration
+    does not fit, and the line says so; else `exc` as it is (this machine's limit, not the modelled rank's)."""
+    least = least_bytes(exc, precision)
+    if least <= limit:
+        return exc
+    return SpmdsimError(f"{exc}; one rank of this configuration holds it, if only for a moment: at least "
+                        f"{format_size(least)} at {precision}, more than {where}: it does not fit")
 
 
 def layers_activations(stage: StageLedger, precision: str) -> int:

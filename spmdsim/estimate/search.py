@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from ..errors import SpmdsimError
+from ..memory import UnmappableError
 
 __all__ = ["Config", "Candidate", "SearchResult", "configurations", "lower_bounds", "flops_bound",
            "comm_bounds", "stage_elements", "model_states", "price", "search", "MAX_CONFIGS"]
@@ -73,7 +74,8 @@ class Candidate:
 
     verdict: "chosen"; "slower" (priced, fits, slower than the chosen); "over the memory limit"
     (priced); "model states over the limit" (pruned by the closed-form bound); "memory bound over the
-    limit" (pruned: model states and the layer cells' kept bytes); "FLOP bound above the best" or "cell
+    limit" (pruned: model states and the layer cells' kept bytes, or a block its dry run or its cells' could not
+    map, spmdsim.memory.UnmappableError, at the precision's narrowest width); "FLOP bound above the best" or "cell
     bound above the best" (pruned: that lower bound of its time is no better than the chosen's time);
     "not priced" (the dry-run cap). bound_s and bound_bytes: the tightest bounds it was given.
     """
@@ -360,9 +362,10 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
         seconds, nbytes, sums[c] = _bounds(cfg, c, machine, precision, devices, per_layer)
         bounded.append(Candidate(c, seconds, nbytes))
     if not bounded:
+        note = vocab_note(cfg, devices, machine.gpus_per_node)  # the padding that lets more tp in, if any
         raise SpmdsimError(f"no configuration of the GPT runs on {devices:,} devices (tp must divide the heads "
                            f"{cfg.heads} and vocab {cfg.vocab_words} within a node of {machine.gpus_per_node}, pp the "
-                           f"layers {cfg.layers}, dp the batch {cfg.batch})")
+                           f"layers {cfg.layers}, dp the batch {cfg.batch})" + (f"; {note}" if note else ""))
     out = [replace(c, verdict=STATES) for c in bounded if c.bound_bytes > memory_limit]
     # Branch and bound: the heap holds each candidate under its best lower bound so far (first the closed
     # form's, then the layer cells'); the least is bounded further, or priced once its bound is the cells'.
@@ -381,7 +384,11 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
             break
         heapq.heappop(heap)
         if tight is not None and level == 0:  # the layer cells' bounds: memory, then time
-            nbytes = max(c.bound_bytes, tight.memory_bound(c.config, precision))
+            try:
+                nbytes = max(c.bound_bytes, tight.memory_bound(c.config, precision))
+            except UnmappableError as exc:
+                out.append(replace(c, bound_bytes=_unmapped(exc, precision, memory_limit), verdict=KEPT))
+                continue
             if nbytes > memory_limit:
                 out.append(replace(c, bound_bytes=nbytes, verdict=KEPT))
                 continue
@@ -391,7 +398,11 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
         if runs == max_dry_runs:
             heapq.heappush(heap, (bound, level, order, i, c))
             break
-        seconds, nbytes = pricer(cfg, c.config, machine, precision, kept)
+        try:
+            seconds, nbytes = pricer(cfg, c.config, machine, precision, kept)
+        except UnmappableError as exc:
+            out.append(replace(c, bound_bytes=_unmapped(exc, precision, memory_limit), verdict=KEPT))
+            continue
         runs += 1
         ok = nbytes <= memory_limit
         priced.append(replace(c, step_s=seconds, memory=nbytes, verdict="slower" if ok else OVER))
@@ -413,6 +424,18 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
         priced[0] = chosen
     return SearchResult(devices, machine.name, memory_limit, precision, kept, tuple(priced + out), runs, stopped,
                         chosen, tight.dry_runs - made if tight is not None else 0)
+
+
+def _unmapped(exc: Any, precision: str, memory_limit: int) -> int:
+    """The memory bound of a configuration whose dry run could not map a block (spmdsim.memory.UnmappableError):
+    the block's bytes at `precision`, over `memory_limit` (a block beyond this machine's address space is
+    beyond any GPU's memory); within it, the error itself (this machine's limit, not the configuration's)."""
+    from .ledger import least_bytes
+
+    least = least_bytes(exc, precision)
+    if least <= memory_limit:
+        raise exc
+    return least
 
 
 #: Why a candidate was not chosen: priced, or pruned (by which bound), or left unpriced.
