@@ -545,3 +545,25 @@ def test_neighbour_collectives_by_hand(capsys):
                     "[2, 2] [True, False] rank 0: alltoall [201.0, 200.0, -1.0, 102.0]",
                     "[2, 2] [True, False] rank 0: alltoallv [201, -1, 200, -1, -1, -1, -1, 102, 103]"]
     assert "0 objects [2, 2, None, 1] ['2>1', '2>0', None, '1>2']" in out.splitlines()
+
+
+def test_a_receive_from_proc_null_has_mpichs_status(capsys):
+    # MPICH: source MPI.PROC_NULL (-1), tag MPI.ANY_TAG (-1), count 0 for every receive from MPI.PROC_NULL.
+    # Sendrecv and Sendrecv_replace gave source -2 (MPI.ANY_SOURCE): their request's own empty status.
+    code, out, err = _mpirun(capsys, "-c", textwrap.dedent("""\
+        import numpy as np
+        from mpi4py import MPI
+        comm, b = MPI.COMM_WORLD, np.zeros(2)
+        for name, call in [
+                ("Sendrecv", lambda st: comm.Sendrecv(np.ones(2), dest=MPI.PROC_NULL, sendtag=4, recvbuf=b,
+                                                      source=MPI.PROC_NULL, recvtag=5, status=st)),
+                ("Sendrecv_replace", lambda st: comm.Sendrecv_replace(b, dest=MPI.PROC_NULL, source=MPI.PROC_NULL,
+                                                                      status=st)),
+                ("Recv", lambda st: comm.Recv(b, source=MPI.PROC_NULL, tag=7, status=st))]:
+            st = MPI.Status()
+            call(st)
+            if comm.rank == 0:
+                print(name, st.Get_source() == MPI.PROC_NULL, st.Get_tag() == MPI.ANY_TAG, st.Get_count(MPI.DOUBLE))
+        """))
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [f"{name} True True 0" for name in ("Sendrecv", "Sendrecv_replace", "Recv")]
