@@ -157,6 +157,17 @@ def test_exit_codes_errors_and_module_form(tmp_path, capsys):
                                                      for r in range(3))
 
 
+@pytest.mark.parametrize("exits, code", [("sys.exit(-1)", 255), ("raise SystemExit(-3)", 253),
+                                         ("sys.exit(300)", 44), ("sys.exit(256)", 0)])
+def test_a_ranks_exit_code_is_its_status_as_the_os_reports_it(exits, code, tmp_path, capsys):
+    """mpiexec passes on the largest of the ranks' exit statuses, each the code's low 8 bits (the OS's):
+    sys.exit(-1) on one rank, the others exiting 0, gave 0 (the largest of -1 and 0)."""
+    prog = tmp_path / "prog.py"
+    prog.write_text(f"import sys\nfrom mpi4py import MPI\nif MPI.COMM_WORLD.rank == 1:\n    {exits}\n")
+    assert main(["mpirun", "-n", "3", "python", str(prog)]) == code
+    assert capsys.readouterr().err == ""
+
+
 def test_each_rank_captures_its_own_stderr(tmp_path, capsys):
     """A rank that sets sys.stderr = StringIO() gets its own tracebacks and prints only (also print() and
     traceback.print_exc(), which write through the process's stream), and setting it back ends it."""

@@ -12,8 +12,8 @@ is that rank's simulated world (spmdsim.emulator.mpi4py_world). As under mpiexec
 each rank has its own copy of the program's own modules (those in the script's
 folder: spmdsim.emulator.rank_modules) and its own `random` and `numpy.random`
 module-level generators (spmdsim.emulator.rank_random), and stdin goes to rank 0;
-other modules are loaded once and shared by the ranks. The exit code is the largest of the ranks' ``sys.exit``
-codes. Where MPI would hang or abort, one report (docs/simulate.md): a
+other modules are loaded once and shared by the ranks. The exit code is the largest of the ranks' exit
+statuses, each ``sys.exit`` code as the OS reports a process's (its low 8 bits: ``sys.exit(-1)`` is 255). Where MPI would hang or abort, one report (docs/simulate.md): a
 deadlock in one line naming each waiting rank's call and program line; an
 exception on a rank stops every rank and is printed with the rank that raised
 it and its traceback from the program on (exit 1); messages never received
@@ -137,7 +137,8 @@ def _program(kind: str, what: str) -> int:
 
 def _rank(kind: str, what: str, exits: dict) -> int:
     """`_program`, noting a non-zero exit code (in `exits`, and for deadlock reports: 'rank 1 exited
-    (sys.exit(3))')."""
+    (sys.exit(3))'); return the rank's exit status as the OS reports a process's: the code's low 8 bits
+    (sys.exit(-1) is 255 under mpiexec; the largest of a negative code and the others' 0 was 0)."""
     from ..sim.run import current_rank, note_exit
     from .rank_random import adopt
 
@@ -149,9 +150,11 @@ def _rank(kind: str, what: str, exits: dict) -> int:
     else:
         call = "sys.exit"
     if code:
-        exits[current_rank()] = code
-        note_exit(code, call)
-    return code
+        note_exit(code, call)  # as the program wrote it: sys.exit(-1)
+    status = code & 0xFF
+    if status:
+        exits[current_rank()] = status
+    return status
 
 
 class _OsExit(BaseException):
