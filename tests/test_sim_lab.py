@@ -34,7 +34,7 @@ SAME_AS_MPICH = ["hello.py", "ring_objects.py", "ring_buffers.py", "sendrecv.py"
                  "montecarlo.py", "master_worker.py", "modules/main.py", "test_loop_feeding.py",
                  "test_loop_late.py", "neighbors.py", "graphs.py", "alltoallw.py", "rma.py", "halo.py", "columns.py",
                  "partitioned.py", "reduce_derived.py", "reduce_derived_user.py",
-                 "inplace_derived.py"]
+                 "inplace_derived.py", "tag_bounds.py"]
 
 
 #: Programs whose output under MPICH before 5 (4.2 checked) is not the standard's, and how; the emulator prints
@@ -171,6 +171,8 @@ WRONG = [
                              "integer (0 or more)"),
     ("tag_negative.py", [], 1, "spmdsim mpirun: error on simulated rank 1: MPI.Exception: {ERR_TAG}: receive tag "
                                "-5 is negative: tags are 0 or more; MPI.ANY_TAG matches any"),
+    ("tag_above_ub.py", [], 1, "spmdsim mpirun: error on simulated rank 0: MPI.Exception: {ERR_TAG}: send tag "
+                               "536870912 is above the largest tag, MPI.TAG_UB's 536870911"),
     ("truncate.py", [], 1, "spmdsim mpirun: error on simulated rank 1: MPI.Exception: {ERR_TRUNCATE}: rank 0 "
                            "sends 80 bytes (tag 0) but rank 1 receives into a buffer of 40"),
     ("bcast_count.py", [], 1, "spmdsim mpirun: error on simulated rank 1: MPI.Exception: {ERR_TRUNCATE}: Bcast: "

@@ -29,6 +29,11 @@ __all__ = ["Request", "post_send", "post_recv", "completed", "EAGER_BYTES", "unr
 #: Standard sends below this many bytes are buffered (MPICH 4's shared-memory eager limit is 8 KiB).
 EAGER_BYTES = 8 << 10
 
+#: The largest tag: MPICH's MPI_TAG_UB, and under mpi4py this process's MPI's (spmdsim.emulator.mpi4py_world sets
+#: it from ``Get_attr(MPI.TAG_UB)``, so a program that reads the attribute is refused past exactly that).
+TAG_UB = (1 << 29) - 1
+_INT_MAX = (1 << 31) - 1  # a C int: mpi4py converts ranks and tags to one, OverflowError past it
+
 
 def _any(value: Optional[int], name: str) -> int:
     return value if type(value) is int else special(name) if value is None else int(value)
@@ -57,22 +62,29 @@ def _check_peer(group: Group, peer: Any, what: str) -> None:
 
 
 def _check_tag(tag: Any, what: str, any_tag: bool = False) -> None:
-    """A tag is an integer, 0 or more (a receive's may be MPI.ANY_TAG): mpi4py's TypeError, MPI's
-    invalid-tag error (a negative tag would otherwise never match, and the job would hang)."""
+    """A tag is an integer from 0 to TAG_UB (a receive's may be MPI.ANY_TAG): mpi4py's TypeError, its
+    OverflowError past a C int, MPI's invalid-tag error (MPICH's "Invalid tag, value is -5"; a negative tag
+    would otherwise never match, and the job would hang; one past TAG_UB MPICH refuses on both sides)."""
     if isinstance(tag, bool) or not integer(tag):
         raise TypeError(f"{what} {tag!r} must be an integer (0 or more)")
+    if not -_INT_MAX - 1 <= tag <= _INT_MAX:
+        raise OverflowError(f"value too large to convert to int: {what} {tag!r}")
     if tag < 0 and not (any_tag and tag == special("ANY_TAG")):
-        mpi = mpi_module()
         text = f"{what} {tag!r} is negative: tags are 0 or more" + ("; MPI.ANY_TAG matches any" if any_tag else "")
-        if mpi is not None:
-            raise mpi_error(mpi, mpi.ERR_TAG, text)
-        raise ShapeError(text)
+    elif tag > TAG_UB:
+        text = f"{what} {tag!r} is above the largest tag, MPI.TAG_UB's {TAG_UB}"
+    else:
+        return
+    mpi = mpi_module()
+    if mpi is not None:
+        raise mpi_error(mpi, mpi.ERR_TAG, text)
+    raise ShapeError(text)
 
 
 def post_send(group: Group, me: int, dest: int, tag: int, buf: Any, obj: Any = None,
               mode: str = "standard") -> Request:
     """Isend from group rank `me` to group rank `dest` (`buf` None: the pickle of `obj`)."""
-    if type(dest) is not int or type(tag) is not int or not 0 <= dest < group.size or tag < 0:
+    if type(dest) is not int or type(tag) is not int or not 0 <= dest < group.size or not 0 <= tag <= TAG_UB:
         dest, tag = _c_int(dest), _c_int(tag)  # the checks and MPI.PROC_NULL: a plain rank and tag skip them
         _check_peer(group, dest, "dest")
         _check_tag(tag, "send tag")
@@ -113,7 +125,7 @@ def post_recv(group: Group, me: int, source: int, tag: int, buf: Any, unpack: An
     """Irecv into group rank `me`'s `buf` (None: an object): matched now if a send is pending. `unpack`:
     for a receive into a derived datatype (`buf` its packed bytes), what spreads them into the user's buffer
     once they arrive (spmdsim.emulator.derived.unpacking)."""
-    if type(source) is not int or type(tag) is not int or not 0 <= source < group.size or tag < 0:
+    if type(source) is not int or type(tag) is not int or not 0 <= source < group.size or not 0 <= tag <= TAG_UB:
         if source != special("ANY_SOURCE"):  # a plain rank and tag skip the checks
             _check_peer(group, source, "source")
         _check_tag(tag, "receive tag", any_tag=True)
