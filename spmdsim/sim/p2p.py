@@ -17,7 +17,7 @@ import pickle
 from typing import Any, Optional
 
 from ..errors import ShapeError
-from ._buffers import floating, integer, message, mpi_error, mpi_module, special, wildcards
+from ._buffers import c_int, integer, message, mpi_error, mpi_module, special, wildcards
 from .engine import Group, _Waiting
 from .requests import Request, completed, fill_status, rank_name
 from .._lazy import numpy_on_first_use
@@ -32,22 +32,18 @@ EAGER_BYTES = 8 << 10
 #: The largest tag: MPICH's MPI_TAG_UB, and under mpi4py this process's MPI's (spmdsim.emulator.mpi4py_world sets
 #: it from ``Get_attr(MPI.TAG_UB)``, so a program that reads the attribute is refused past exactly that).
 TAG_UB = (1 << 29) - 1
-_INT_MAX = (1 << 31) - 1  # a C int: mpi4py converts ranks and tags to one, OverflowError past it
 
 
 def _any(value: Optional[int], name: str) -> int:
-    return value if type(value) is int else special(name) if value is None else int(value)
+    """A receive's or probe's source or tag (`name`: ANY_SOURCE or ANY_TAG, what None is) as mpi4py takes it."""
+    if type(value) is int:
+        return value
+    return special(name) if value is None else c_int(value, "source" if name == "ANY_SOURCE" else "tag")
 
 
 def _fits(recv: Request, source: int, tag: int, wild: tuple[int, int]) -> bool:
     """Whether `recv` (a receive or a probe) takes a message from `source` with `tag`; `wild`: `wildcards()`."""
     return recv.peer in (source, wild[0]) and recv.tag in (tag, wild[1])
-
-
-def _c_int(value: Any) -> Any:
-    """A float rank or tag as mpi4py's C int takes it (truncated: a send to rank ``size / 2`` goes to
-    rank 1 of 2, as in mpi4py's demo osu_multi_lat.py); anything else as it is, for the checks."""
-    return int(value) if floating(value) else value
 
 
 def _check_peer(group: Group, peer: Any, what: str) -> None:
@@ -65,10 +61,7 @@ def _check_tag(tag: Any, what: str, any_tag: bool = False) -> None:
     """A tag is an integer from 0 to TAG_UB (a receive's may be MPI.ANY_TAG): mpi4py's TypeError, its
     OverflowError past a C int, MPI's invalid-tag error (MPICH's "Invalid tag, value is -5"; a negative tag
     would otherwise never match, and the job would hang; one past TAG_UB MPICH refuses on both sides)."""
-    if isinstance(tag, bool) or not integer(tag):
-        raise TypeError(f"{what} {tag!r} must be an integer (0 or more)")
-    if not -_INT_MAX - 1 <= tag <= _INT_MAX:
-        raise OverflowError(f"value too large to convert to int: {what} {tag!r}")
+    tag = c_int(tag, what)
     if tag < 0 and not (any_tag and tag == special("ANY_TAG")):
         text = f"{what} {tag!r} is negative: tags are 0 or more" + ("; MPI.ANY_TAG matches any" if any_tag else "")
     elif tag > TAG_UB:
@@ -85,7 +78,9 @@ def post_send(group: Group, me: int, dest: int, tag: int, buf: Any, obj: Any = N
               mode: str = "standard") -> Request:
     """Isend from group rank `me` to group rank `dest` (`buf` None: the pickle of `obj`)."""
     if type(dest) is not int or type(tag) is not int or not 0 <= dest < group.size or not 0 <= tag <= TAG_UB:
-        dest, tag = _c_int(dest), _c_int(tag)  # the checks and MPI.PROC_NULL: a plain rank and tag skip them
+        # as mpi4py converts them (a float truncated: a send to rank ``size / 2`` goes to rank 1 of 2, as in
+        # mpi4py's demo osu_multi_lat.py), then the checks and MPI.PROC_NULL: a plain rank and tag skip them
+        dest, tag = c_int(dest, "dest"), c_int(tag, "send tag")
         _check_peer(group, dest, "dest")
         _check_tag(tag, "send tag")
         if dest == special("PROC_NULL"):
@@ -126,6 +121,7 @@ def post_recv(group: Group, me: int, source: int, tag: int, buf: Any, unpack: An
     for a receive into a derived datatype (`buf` its packed bytes), what spreads them into the user's buffer
     once they arrive (spmdsim.emulator.derived.unpacking)."""
     if type(source) is not int or type(tag) is not int or not 0 <= source < group.size or not 0 <= tag <= TAG_UB:
+        source = c_int(source, "source")  # as mpi4py converts it (`_any` passes a plain int as it is)
         if source != special("ANY_SOURCE"):  # a plain rank and tag skip the checks
             _check_peer(group, source, "source")
         _check_tag(tag, "receive tag", any_tag=True)
