@@ -25,7 +25,8 @@ PACKAGE = Path(spmdsim.__file__).resolve().parent
 # test_loop_late.py's rank 1 computes 3 s before it sends, and test_loop_feeding.py's rank 0 feeds rank 1 a task
 # every 0.5 s, each past POLL_STALL_S (2 s) in all; here 0.8 s and 0.2 s, each past _LATE_STALL_S (0.5 s) as
 # these are past 2 s, with POLL_STALL_S at that (a polling rank spins a core all the while under MPICH).
-ARGS = {"argv_files.py": ["inputs.txt"], "test_loop_late.py": ["0.8"], "test_loop_feeding.py": ["0.2"]}
+ARGS = {"argv_files.py": ["inputs.txt"], "test_loop_late.py": ["0.8"], "test_loop_feeding.py": ["0.2"],
+        "test_loop_all_late.py": ["0.8"]}
 _LATE_STALL_S = 0.5
 INPUTS = "1 2 3\n4 5 6\n7 8 9\n10 11 12\n"  # argv_files.py's, in the directory it runs in
 SAME_AS_MPICH = ["hello.py", "ring_objects.py", "ring_buffers.py", "sendrecv.py", "any_source.py",
@@ -34,7 +35,8 @@ SAME_AS_MPICH = ["hello.py", "ring_objects.py", "ring_buffers.py", "sendrecv.py"
                  "montecarlo.py", "master_worker.py", "modules/main.py", "test_loop_feeding.py",
                  "test_loop_late.py", "neighbors.py", "graphs.py", "alltoallw.py", "rma.py", "halo.py", "columns.py",
                  "partitioned.py", "reduce_derived.py", "reduce_derived_user.py",
-                 "inplace_derived.py", "tag_bounds.py", "int_arguments.py"]
+                 "inplace_derived.py", "tag_bounds.py", "int_arguments.py",
+                 "test_loop_all_late.py"]
 
 
 #: Programs whose output under MPICH before 5 (4.2 checked) is not the standard's, and how; the emulator prints
@@ -581,3 +583,25 @@ def test_a_root_is_taken_as_mpi4py_takes_it(capsys):
     assert sorted(out.splitlines()) == [f"{r} 2" for r in range(4)]
     assert code == 1 and err.startswith("spmdsim mpirun: error on simulated ranks 0-3: TypeError: an integer is "
                                         "required: bcast root is '0'\n"), err
+
+
+def test_every_rank_polling_in_vain_is_a_deadlock(capsys, monkeypatch):
+    # Every rank polls (Test, napping) for a message nobody sends: it ran until killed. Reported once every rank
+    # has polled idly for POLL_STALL_S, no message moving; each rank named with its line (the Test or the nap:
+    # where its thread is). test_loop_all_late.py (above, against MPICH) polls while one rank computes, then
+    # sleeps, before it sends: never reported.
+    monkeypatch.setattr(engine, "POLL_STALL_S", _STALL_S)
+    code, out, err = _mpirun(capsys, str(LAB / "test_loop_all.py"))
+    assert code == 1 and out == "" and err.startswith(DEADLOCK.rstrip() + "\n  "), err
+    clauses = unfold(err)[len(DEADLOCK):].rstrip("\n").split(" | ")
+    assert len(clauses) == 4, err
+    assert re.fullmatch(r"recv from group rank (\d) \(tag 3\) on the world: rank (\d) polls it \(Test\), while every "
+                        r"other live rank waits or polls in vain; rank \1 polls \(Test\) in vain; at "
+                        r"test_loop_all.py:(9|10)", clauses[0]), clauses[0]
+    ranks = set()
+    for clause in clauses:
+        found = re.search(r"recv from group rank (\d) \(tag 3\) on the world: rank (\d) polls it \(Test\)(,| in vain;).*"
+                          r"at test_loop_all.py:(9|10)$", clause)
+        assert found and int(found[1]) == (int(found[2]) + 1) % 4, clause
+        ranks.add(int(found[2]))
+    assert ranks == {0, 1, 2, 3}

@@ -109,6 +109,7 @@ def post_send(group: Group, me: int, dest: int, tag: int, buf: Any, obj: Any = N
                 send.payload = payload.copy()  # the sender may reuse its buffer now
                 send.done = True
             group.sends.append(send)
+            world.moves += 1  # a poll of a probe may find it now: not stuck
             if group.probes:
                 _wake_probes(group, send)
             return send
@@ -173,6 +174,7 @@ def _deliver(send: Request, recv: Request) -> None:
     with world.lock:
         send.done = recv.done = True
         send.payload = None
+        world.moves += 1
         world.release(group.members[send.me], send)
         world.release(group.members[recv.me], recv)
 
