@@ -25,7 +25,8 @@ PACKAGE = Path(spmdsim.__file__).resolve().parent
 # test_loop_late.py's rank 1 computes 3 s before it sends, and test_loop_feeding.py's rank 0 feeds rank 1 a task
 # every 0.5 s, each past POLL_STALL_S (2 s) in all; here 0.8 s and 0.2 s, each past _LATE_STALL_S (0.5 s) as
 # these are past 2 s, with POLL_STALL_S at that (a polling rank spins a core all the while under MPICH).
-ARGS = {"argv_files.py": ["inputs.txt"], "test_loop_late.py": ["0.8"], "test_loop_feeding.py": ["0.2"]}
+ARGS = {"argv_files.py": ["inputs.txt"], "test_loop_late.py": ["0.8"], "test_loop_feeding.py": ["0.2"],
+        "test_loop_all_late.py": ["0.8"]}
 _LATE_STALL_S = 0.5
 INPUTS = "1 2 3\n4 5 6\n7 8 9\n10 11 12\n"  # argv_files.py's, in the directory it runs in
 SAME_AS_MPICH = ["hello.py", "ring_objects.py", "ring_buffers.py", "sendrecv.py", "any_source.py",
@@ -34,7 +35,8 @@ SAME_AS_MPICH = ["hello.py", "ring_objects.py", "ring_buffers.py", "sendrecv.py"
                  "montecarlo.py", "master_worker.py", "modules/main.py", "test_loop_feeding.py",
                  "test_loop_late.py", "neighbors.py", "graphs.py", "alltoallw.py", "rma.py", "halo.py", "columns.py",
                  "partitioned.py", "reduce_derived.py", "reduce_derived_user.py",
-                 "inplace_derived.py"]
+                 "inplace_derived.py", "tag_bounds.py", "int_arguments.py",
+                 "test_loop_all_late.py"]
 
 
 #: Programs whose output under MPICH before 5 (4.2 checked) is not the standard's, and how; the emulator prints
@@ -167,10 +169,12 @@ WRONG = [
      "recv from group rank 1 (tag 9) on the world: rank 0 polls it (Testany), while every other live rank waits; at "
      "testany_loop_blocked.py:9 | recv from group rank 0 (tag 5) on the world: rank 1 waits in it; rank 0 polls "
      "(Testany) in vain; at testany_loop_blocked.py:12"),
-    ("tag_string.py", [], 1, "spmdsim mpirun: error on simulated rank 0: TypeError: send tag 'x' must be an "
-                             "integer (0 or more)"),
+    ("tag_string.py", [], 1, "spmdsim mpirun: error on simulated rank 0: TypeError: an integer is required: send "
+                             "tag is 'x'"),
     ("tag_negative.py", [], 1, "spmdsim mpirun: error on simulated rank 1: MPI.Exception: {ERR_TAG}: receive tag "
                                "-5 is negative: tags are 0 or more; MPI.ANY_TAG matches any"),
+    ("tag_above_ub.py", [], 1, "spmdsim mpirun: error on simulated rank 0: MPI.Exception: {ERR_TAG}: send tag "
+                               "536870912 is above the largest tag, MPI.TAG_UB's 536870911"),
     ("truncate.py", [], 1, "spmdsim mpirun: error on simulated rank 1: MPI.Exception: {ERR_TRUNCATE}: rank 0 "
                            "sends 80 bytes (tag 0) but rank 1 receives into a buffer of 40"),
     ("bcast_count.py", [], 1, "spmdsim mpirun: error on simulated rank 1: MPI.Exception: {ERR_TRUNCATE}: Bcast: "
@@ -545,3 +549,59 @@ def test_neighbour_collectives_by_hand(capsys):
                     "[2, 2] [True, False] rank 0: alltoall [201.0, 200.0, -1.0, 102.0]",
                     "[2, 2] [True, False] rank 0: alltoallv [201, -1, 200, -1, -1, -1, -1, 102, 103]"]
     assert "0 objects [2, 2, None, 1] ['2>1', '2>0', None, '1>2']" in out.splitlines()
+
+
+def test_a_receive_from_proc_null_has_mpichs_status(capsys):
+    # MPICH: source MPI.PROC_NULL (-1), tag MPI.ANY_TAG (-1), count 0 for every receive from MPI.PROC_NULL.
+    # Sendrecv and Sendrecv_replace gave source -2 (MPI.ANY_SOURCE): their request's own empty status.
+    code, out, err = _mpirun(capsys, "-c", textwrap.dedent("""\
+        import numpy as np
+        from mpi4py import MPI
+        comm, b = MPI.COMM_WORLD, np.zeros(2)
+        for name, call in [
+                ("Sendrecv", lambda st: comm.Sendrecv(np.ones(2), dest=MPI.PROC_NULL, sendtag=4, recvbuf=b,
+                                                      source=MPI.PROC_NULL, recvtag=5, status=st)),
+                ("Sendrecv_replace", lambda st: comm.Sendrecv_replace(b, dest=MPI.PROC_NULL, source=MPI.PROC_NULL,
+                                                                      status=st)),
+                ("Recv", lambda st: comm.Recv(b, source=MPI.PROC_NULL, tag=7, status=st))]:
+            st = MPI.Status()
+            call(st)
+            if comm.rank == 0:
+                print(name, st.Get_source() == MPI.PROC_NULL, st.Get_tag() == MPI.ANY_TAG, st.Get_count(MPI.DOUBLE))
+        """))
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [f"{name} True True 0" for name in ("Sendrecv", "Sendrecv_replace", "Recv")]
+
+
+def test_a_root_is_taken_as_mpi4py_takes_it(capsys):
+    # A float root is truncated, as mpi4py's C int takes it (tests/data/lab/int_arguments.py compares more with
+    # MPICH); a str is mpi4py's TypeError on every rank. Both were MPI.Exception: Invalid root: root 1.0 is outside
+    # the communicator of 2 ranks.
+    code, out, err = _mpirun(capsys, "-c", "from mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
+                                           "print(comm.rank, comm.bcast(comm.rank, root=comm.size / 2))\n"
+                                           "comm.bcast(comm.rank, root='0')\n")
+    assert sorted(out.splitlines()) == [f"{r} 2" for r in range(4)]
+    assert code == 1 and err.startswith("spmdsim mpirun: error on simulated ranks 0-3: TypeError: an integer is "
+                                        "required: bcast root is '0'\n"), err
+
+
+def test_every_rank_polling_in_vain_is_a_deadlock(capsys, monkeypatch):
+    # Every rank polls (Test, napping) for a message nobody sends: it ran until killed. Reported once every rank
+    # has polled idly for POLL_STALL_S, no message moving; each rank named with its line (the Test or the nap:
+    # where its thread is). test_loop_all_late.py (above, against MPICH) polls while one rank computes, then
+    # sleeps, before it sends: never reported.
+    monkeypatch.setattr(engine, "POLL_STALL_S", _STALL_S)
+    code, out, err = _mpirun(capsys, str(LAB / "test_loop_all.py"))
+    assert code == 1 and out == "" and err.startswith(DEADLOCK.rstrip() + "\n  "), err
+    clauses = unfold(err)[len(DEADLOCK):].rstrip("\n").split(" | ")
+    assert len(clauses) == 4, err
+    assert re.fullmatch(r"recv from group rank (\d) \(tag 3\) on the world: rank (\d) polls it \(Test\), while every "
+                        r"other live rank waits or polls in vain; rank \1 polls \(Test\) in vain; at "
+                        r"test_loop_all.py:(9|10)", clauses[0]), clauses[0]
+    ranks = set()
+    for clause in clauses:
+        found = re.search(r"recv from group rank (\d) \(tag 3\) on the world: rank (\d) polls it \(Test\)(,| in vain;).*"
+                          r"at test_loop_all.py:(9|10)$", clause)
+        assert found and int(found[1]) == (int(found[2]) + 1) % 4, clause
+        ranks.add(int(found[2]))
+    assert ranks == {0, 1, 2, 3}

@@ -157,6 +157,46 @@ def test_exit_codes_errors_and_module_form(tmp_path, capsys):
                                                      for r in range(3))
 
 
+def test_a_folder_or_zip_with_main_and_a_module_not_found_run_as_python_runs_them(tmp_path, capsys):
+    """`python folder` and `python file.zip` run their __main__.py (sys.path[0] the folder or zip), as python and
+    mpiexec do: it said "script 'folder' does not exist" (exit 2). `-m no_such_mod` and a folder without
+    __main__.py: Python's one line and its exit status 1, not an ImportError's traceback from <frozen runpy>."""
+    import zipfile
+
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "helper.py").write_text("from mpi4py import MPI\nmine = MPI.COMM_WORLD.rank\n")
+    main_py = ("import sys, helper\nfrom mpi4py import MPI\n"
+               "print(MPI.COMM_WORLD.rank, helper.mine, __name__, __file__.endswith('__main__.py'), sys.argv,\n"
+               "      sys.path[0] == __file__.rpartition('/')[0], __spec__.name, repr(__package__))\n")
+    (app / "__main__.py").write_text(main_py)
+    with zipfile.ZipFile(tmp_path / "app.zip", "w") as z:
+        z.writestr("__main__.py", main_py)
+        z.writestr("helper.py", "from mpi4py import MPI\nmine = MPI.COMM_WORLD.rank\n")
+    for target in ("app", "app.zip"):
+        assert main(["mpirun", "-n", "2", "python", str(tmp_path / target), "x"]) == 0
+        out, err = capsys.readouterr()
+        assert err == "" and sorted(out.splitlines()) == [
+            f"{r} {r} __main__ True ['{tmp_path / target}', 'x'] True __main__ ''" for r in range(2)]
+    (tmp_path / "empty").mkdir()
+    assert main(["mpirun", "-n", "2", "python", str(tmp_path / "empty")]) == 1
+    assert unfold(capsys.readouterr().err) == (f"spmdsim mpirun: error: can't find '__main__' module in "
+                                       f"'{tmp_path / 'empty'}'\n")
+    assert main(["mpirun", "-n", "2", "python", "-m", "no_such_mod"]) == 1
+    assert capsys.readouterr().err == "spmdsim mpirun: error: No module named no_such_mod\n"
+
+
+@pytest.mark.parametrize("exits, code", [("sys.exit(-1)", 255), ("raise SystemExit(-3)", 253),
+                                         ("sys.exit(300)", 44), ("sys.exit(256)", 0)])
+def test_a_ranks_exit_code_is_its_status_as_the_os_reports_it(exits, code, tmp_path, capsys):
+    """mpiexec passes on the largest of the ranks' exit statuses, each the code's low 8 bits (the OS's):
+    sys.exit(-1) on one rank, the others exiting 0, gave 0 (the largest of -1 and 0)."""
+    prog = tmp_path / "prog.py"
+    prog.write_text(f"import sys\nfrom mpi4py import MPI\nif MPI.COMM_WORLD.rank == 1:\n    {exits}\n")
+    assert main(["mpirun", "-n", "3", "python", str(prog)]) == code
+    assert capsys.readouterr().err == ""
+
+
 def test_each_rank_captures_its_own_stderr(tmp_path, capsys):
     """A rank that sets sys.stderr = StringIO() gets its own tracebacks and prints only (also print() and
     traceback.print_exc(), which write through the process's stream), and setting it back ends it."""

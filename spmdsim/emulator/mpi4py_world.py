@@ -222,6 +222,7 @@ def swapped() -> Iterator[None]:
     from mpi4py import MPI
 
     from ..runtime.process import release_segments_once
+    from ..sim import p2p
 
     from .pkl5 import swapped_pkl5
     from .rank_streams import streams_of_ranks
@@ -232,6 +233,7 @@ def swapped() -> Iterator[None]:
     def install() -> None:
         _OWN[:] = [type(MPI)]
         MPI.__class__ = _SimulatedMPI
+        p2p.TAG_UB = real("COMM_WORLD").Get_attr(MPI.TAG_UB)  # the bound the ranks read: the one they meet
 
     def restore() -> None:
         MPI.__class__ = _OWN.pop()

@@ -1,6 +1,7 @@
 """An unmodified mpi4py program on N simulated ranks in this process: ``spmdsim mpirun -n 8 python script.py``.
 
     spmdsim mpirun -n 8 python script.py ARGS...
+    spmdsim mpirun -n 8 python folder_or_zip ARGS...            (its __main__.py, as python runs it)
     spmdsim mpirun -n 4 python -m package.module ARGS...
     spmdsim mpirun -n 4 python -m mpi4py script.py ARGS...     (mpi4py's runner: the same)
     spmdsim mpirun -n 4 python -c "from mpi4py import MPI; ..."
@@ -12,8 +13,8 @@ is that rank's simulated world (spmdsim.emulator.mpi4py_world). As under mpiexec
 each rank has its own copy of the program's own modules (those in the script's
 folder: spmdsim.emulator.rank_modules) and its own `random` and `numpy.random`
 module-level generators (spmdsim.emulator.rank_random), and stdin goes to rank 0;
-other modules are loaded once and shared by the ranks. The exit code is the largest of the ranks' ``sys.exit``
-codes. Where MPI would hang or abort, one report (docs/simulate.md): a
+other modules are loaded once and shared by the ranks. The exit code is the largest of the ranks' exit
+statuses, each ``sys.exit`` code as the OS reports a process's (its low 8 bits: ``sys.exit(-1)`` is 255). Where MPI would hang or abort, one report (docs/simulate.md): a
 deadlock in one line naming each waiting rank's call and program line; an
 exception on a rank stops every rank and is printed with the rank that raised
 it and its traceback from the program on (exit 1); messages never received
@@ -52,8 +53,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="[python [-u]] script.py ARGS... or [python] -m module ARGS...")
 
 
+class _NotRunnable(ValueError):
+    """A program Python itself refuses once it has started (`python -m no_such_mod`, a folder without
+    __main__.py): one line in Python's words, and Python's exit status, 1 (not the launcher's 2)."""
+
+
 def _target(command: Sequence[str]) -> tuple[str, str, list[str]]:
-    """('path' | 'module' | 'code', what, argv) of a command line; raises ValueError for one it cannot run.
+    """('path' | 'main' | 'module' | 'code', what, argv) of a command line; raises ValueError for one it
+    cannot run. 'main': a folder or zip file, whose __main__ module runs (`_main_spec`), as python runs it.
 
     ``python -m mpi4py script.py`` (mpi4py's runner, which aborts the job when a rank
     raises) runs the script itself: the simulated ranks stop on an error anyway.
@@ -79,9 +86,34 @@ def _target(command: Sequence[str]) -> tuple[str, str, list[str]]:
         raise ValueError(f"python option {words[0]!r} is not supported (the simulated ranks run in this interpreter, "
                          f"as it was started; {' and '.join(_PYTHON_FLAGS)} are taken); give a script, -m module or "
                          "-c program")
+    if os.path.isdir(words[0]) or (os.path.isfile(words[0]) and _main_spec(words[0], must=False) is not None):
+        _main_spec(words[0])  # refused here, once, where it has none
+        return "main", words[0], words
     if not os.path.isfile(words[0]):
         raise ValueError(f"script {words[0]!r} does not exist")
     return "path", words[0], words
+
+
+def _main_spec(path: str, must: bool = True) -> Any:
+    """The spec of the __main__ module of folder or zip file `path` (what ``python path`` runs, through the
+    importer sys.path[0] gets: a FileFinder or a zipimporter). None for a plain file (not a zip); where a folder
+    or zip has no __main__, without `must` None, else _NotRunnable in Python's words."""
+    import zipimport  # frozen in the interpreter: no file read to load it
+
+    path = os.path.abspath(path)
+    if os.path.isdir(path):
+        from importlib.machinery import FileFinder, SOURCE_SUFFIXES, SourceFileLoader
+
+        importer: Any = FileFinder(path, (SourceFileLoader, SOURCE_SUFFIXES))
+    else:
+        try:
+            importer = zipimport.zipimporter(path)
+        except zipimport.ZipImportError:
+            return None
+    spec = importer.find_spec("__main__")
+    if spec is None and must:
+        raise _NotRunnable(f"can't find '__main__' module in {path!r}")
+    return spec
 
 
 def _mpi4py_run(words: list[str]) -> list[str]:
@@ -110,10 +142,16 @@ def _program(kind: str, what: str) -> int:
     scope = module.__dict__
     try:
         if kind == "module":
-            name, spec, code = runpy._get_module_details(what)  # what run_module runs, in our module
+            # what run_module runs, in our module; a module not found: one line, as python -m says it
+            name, spec, code = runpy._get_module_details(what, _NotRunnable)
             scope.update(__name__="__main__", __file__=spec.origin, __cached__=spec.cached, __doc__=None,
                          __loader__=spec.loader, __package__=name.rpartition(".")[0], __spec__=spec,
                          __builtins__=rank_builtins())
+        elif kind == "main":  # a folder or zip file: its __main__ module, as python sets it up
+            spec = _main_spec(what)
+            code = spec.loader.get_code("__main__")
+            scope.update(__name__="__main__", __file__=spec.origin, __cached__=spec.cached, __doc__=None,
+                         __loader__=spec.loader, __package__="", __spec__=spec, __builtins__=rank_builtins())
         else:
             if kind == "code":
                 code, path = compile(what, "<string>", "exec"), None
@@ -137,7 +175,8 @@ def _program(kind: str, what: str) -> int:
 
 def _rank(kind: str, what: str, exits: dict) -> int:
     """`_program`, noting a non-zero exit code (in `exits`, and for deadlock reports: 'rank 1 exited
-    (sys.exit(3))')."""
+    (sys.exit(3))'); return the rank's exit status as the OS reports a process's: the code's low 8 bits
+    (sys.exit(-1) is 255 under mpiexec; the largest of a negative code and the others' 0 was 0)."""
     from ..sim.run import current_rank, note_exit
     from .rank_random import adopt
 
@@ -149,9 +188,11 @@ def _rank(kind: str, what: str, exits: dict) -> int:
     else:
         call = "sys.exit"
     if code:
-        exits[current_rank()] = code
-        note_exit(code, call)
-    return code
+        note_exit(code, call)  # as the program wrote it: sys.exit(-1)
+    status = code & 0xFF
+    if status:
+        exits[current_rank()] = status
+    return status
 
 
 class _OsExit(BaseException):
@@ -238,6 +279,9 @@ def _report(exc: BaseException, exits: dict) -> int:
 
     ranks = getattr(exc, "simulated_ranks", ())
     where = f"simulated {ranks_text(ranks)}" if ranks else "a simulated rank"
+    if isinstance(exc, _NotRunnable):  # python -m no_such_mod: Python's one line, its exit status
+        print(f"spmdsim mpirun: error: {exc}", file=sys.stderr)
+        return 1
     if isinstance(exc, RuntimeMismatchError):  # a deadlock, or collectives that differ
         print(f"spmdsim mpirun: error: {exc}", file=sys.stderr)
         return max([1, *exits.values()])
@@ -346,7 +390,7 @@ def run(n: int, command: Sequence[str]) -> int:
         from ..errors import fold_message
 
         print(fold_message(f"spmdsim mpirun: error: {exc}"), file=sys.stderr)
-        return 2
+        return 1 if isinstance(exc, _NotRunnable) else 2
     saved_argv, saved_path, saved_stdin = sys.argv[:], sys.path[:], sys.stdin
     # A program's `mpi4py.rc.errors = ...` (mpi4py's init-fini demos) dies with its process under mpiexec:
     # here the ranks share this process's mpi4py.rc, so the run's settings are undone after it.
@@ -357,7 +401,7 @@ def run(n: int, command: Sequence[str]) -> int:
     sys.argv[:] = argv
     sys.stdin = _StdinOfRankZero(saved_stdin)
     sys.path.insert(0, os.path.dirname(os.path.abspath(what)) if kind == "path" else
-                    "" if kind == "code" else os.getcwd())
+                    os.path.abspath(what) if kind == "main" else "" if kind == "code" else os.getcwd())
     exits: dict = {}
     try:
         with swapped(), own_generators(), own_modules(sys.path[0] or os.getcwd(), kind != "module"), \

@@ -134,6 +134,19 @@ def floating(value: Any) -> bool:
     return found is not None and isinstance(value, found)
 
 
+def c_int(value: Any, what: str) -> int:
+    """`value` as mpi4py takes a rank, root or tag (a C int): an int, a numpy integer, a bool, a float (truncated:
+    ``root=size / 2`` is rank 1 of 2, as in mpi4py's demos); anything else mpi4py's TypeError ("an integer is
+    required"), and a value past a C int its OverflowError, each naming the argument."""
+    if type(value) is not int:
+        if not (integer(value) or floating(value)):
+            raise TypeError(f"an integer is required: {what} is {value!r}")
+        value = int(value)
+    if not -(1 << 31) <= value < 1 << 31:
+        raise OverflowError(f"value too large to convert to int: {what} is {value!r}")
+    return value
+
+
 def special(name: str) -> int:
     """MPI.ANY_SOURCE / ANY_TAG / PROC_NULL / UNDEFINED ... as this process's MPI defines them."""
     mpi = mpi_module()

@@ -15,7 +15,9 @@ and those waiting on something not yet satisfied; when every live rank waits,
 nothing can complete, and every waiter raises a DeadlockError that names the
 call, the ranks waiting in it, their program lines and where the others are
 (spmdsim.sim.report); so does a rank that polls (Test) for POLL_STALL_S a
-request no rank left can complete. A rank that raises
+request no rank left can complete, or while every other live rank waits, or polls
+idly too (`_all_idle`: every rank spins or sleeps in a poll loop, no message moves).
+A rank that raises
 ends the simulation: a waiter whose collective can no longer complete (a member
 gone, or every live rank waiting) raises `Aborted`, the others go on as MPI ranks
 would (so an error every rank raises is reported as every rank's) for GO_ON_S
@@ -54,7 +56,8 @@ LEFT_AFTER_S = 0.5  # World.given_up: after a refusal that ends the run, how lon
 
 
 #: A rank that polls (Test, Iprobe) a request no rank left can complete (its peer finished), or polls while
-#: every other live rank waits and none is released, for this long polls forever: a deadlock, as if it waited.
+#: every other live rank waits and none is released, or while every live rank waits or polls idly (`idle`
+#: below) and no message moves, for this long polls forever: a deadlock, as if it waited.
 POLL_STALL_S = 2.0
 
 #: A rank that polls in vain (Test, Iprobe, Testany) again and again, less than SPIN_GAP_S apart, for SPIN_S (in
@@ -65,6 +68,12 @@ POLL_STALL_S = 2.0
 SPIN_S = 0.01
 SPIN_GAP_S = 0.0005
 NAP_S = 0.001
+
+#: A rank polls idly when it polls in vain again less than SPIN_GAP_S of its thread's CPU time and less than this
+#: share of POLL_STALL_S (0.5 s) of wall time after its last poll in vain: it spins or sleeps between polls
+#: (``while not req.Test(): time.sleep(0.01)``) and computes nothing that it could send. A rank that computes
+#: between its polls, or sleeps longer (``time.sleep(3)``, then a send), is not idle, and no rank is reported then.
+IDLE_GAP_SHARE = 0.25
 
 MAX_SLOTS = 32  # well inside the 64 callers numpy's OpenBLAS keeps buffers for
 
@@ -360,6 +369,10 @@ class World(RankThreads):
         # rank -> (since when it polls in vain, releases then, the call it polls with: Test, Iprobe, ...)
         self._polls: dict[int, tuple[float, int, str]] = {}
         self.releases = 0  # ranks let go from a wait so far: a poll that sees them rise is not stuck
+        self.moves = 0  # messages queued or matched so far (spmdsim.sim.p2p): a poll that sees them rise neither
+        # rank -> (when it last polled in vain, its thread's CPU time then, whether it polled idly, the request,
+        # the call): who polls in a loop that computes nothing (`_all_idle`)
+        self._vain: dict[int, tuple[float, float, bool, Any, str]] = {}
         self._spins: dict[int, list] = {}  # rank -> [since when it polls in vain, when its last such poll returned]
         self._init_threads()
 
@@ -404,32 +417,68 @@ class World(RankThreads):
 
     def _watch_poll(self, rank: int, token: Any) -> None:
         """A poll in vain for POLL_STALL_S is a deadlock: of a request no rank left can complete (its peer
-        finished), or while every other live rank waits and none has been let go since the poll began
-        (the poller's own sends, or anything else that moves, let one go and start the clock again)."""
+        finished), or while every other live rank waits, or while every live rank waits or polls idly
+        (`_all_idle`), and no rank has been let go and no message moved since the poll began (the poller's own
+        sends, or anything else that moves, start the clock again)."""
         never = getattr(token, "never_completes", None)  # a point-to-point request (spmdsim.sim.requests)
         if never is None:
             self._polls.pop(rank, None)
-            return
-        alone = rank not in self.waiting and len(self.waiting) >= self.live - 1
-        if not (alone or never(self)):
-            self._polls.pop(rank, None)
+            self._vain.pop(rank, None)
             return
         call = getattr(token, "call", None) or ("Iprobe" if token.kind == "probe" else "Test")
-        since, releases, _ = self._polls.setdefault(rank, (time.monotonic(), self.releases, call))
-        if releases != self.releases:  # a rank was let go meanwhile: progress, start again
-            self._polls[rank] = (time.monotonic(), self.releases, call)
+        now, cpu = time.monotonic(), time.thread_time()
+        last = self._vain.get(rank)
+        idle = last is not None and cpu - last[1] < SPIN_GAP_S and now - last[0] < POLL_STALL_S * IDLE_GAP_SHARE
+        self._vain[rank] = (now, cpu, idle, token, call)
+        alone = rank not in self.waiting and len(self.waiting) >= self.live - 1
+        gone = never(self)
+        if not (alone or gone or (idle and self._all_idle(now))):
+            self._polls.pop(rank, None)
             return
-        if time.monotonic() - since < POLL_STALL_S:
+        moved = self.releases + self.moves
+        since, seen, _ = self._polls.setdefault(rank, (now, moved, call))
+        if seen != moved:  # a rank was let go or a message moved meanwhile: progress, start again
+            self._polls[rank] = (now, moved, call)
+            return
+        if now - since < POLL_STALL_S:
             return
         if self.deadlock is None and self.failure is None:
-            self.deadlock = explain(self, (rank, token, "" if never(self) else "while every other live rank waits"))
+            why = ("" if gone else "while every other live rank waits" if alone else
+                   "while every other live rank waits or polls in vain")
+            self.deadlock = explain(self, (rank, token, why))
         self._wake_all()
         self.check(rank)
+
+    def _all_idle(self, now: float) -> bool:
+        """Whether every live rank waits or polls idly now (world lock held): each poller's last poll in vain
+        came after no computing (SPIN_GAP_S of CPU time) and less than the idle share of POLL_STALL_S ago.
+        A rank that computes, sleeps long, or stands in line for a run slot counts as one that may yet send.
+        A rank's own threads wait under keys of their own; one of them that polls is not told from the rank,
+        so such a run is never all idle (a deadlock there is reported only when all wait)."""
+        waiting = self.waiting
+        idle = 0
+        for rank, (last, _, was_idle, _, _) in self._vain.items():
+            if rank in waiting or rank in self.finished:
+                continue
+            if not was_idle or now - last >= POLL_STALL_S * IDLE_GAP_SHARE:
+                return False
+            idle += 1
+        return len(waiting) + idle >= self.live
+
+    def idle_polls(self) -> list[tuple[int, Any, str]]:
+        """(rank, request, call) of the ranks that poll idly now, but for those that wait (world lock held): the
+        others a report of every rank polling names."""
+        now = time.monotonic()
+        return [(rank, token, call) for rank, (last, _, idle, token, call) in sorted(self._vain.items())
+                if idle and rank not in self.waiting and rank not in self.finished
+                and now - last < POLL_STALL_S * IDLE_GAP_SHARE]
 
     def polling(self) -> dict[int, str]:
         """The ranks that poll a request in vain now, each with its call (Test, Iprobe, Testany) (world
         lock held), for the deadlock report."""
-        return {rank: call for rank, (_, _, call) in self._polls.items()}
+        found = {rank: call for rank, _, call in self.idle_polls()}
+        found.update((rank, call) for rank, (_, _, call) in self._polls.items())
+        return found
 
     def _take_slot(self, rank: int) -> None:
         self._line_up(rank)
@@ -600,6 +649,7 @@ class World(RankThreads):
         with self.lock:
             self.live -= 1
             self.finished.add(rank)
+            self._vain.pop(rank, None)
             self._give_slot(rank)
             if self.waiting and len(self.waiting) >= self.live:
                 self._declare_deadlock()

@@ -17,7 +17,7 @@ import pickle
 from typing import Any, Optional
 
 from ..errors import ShapeError
-from ._buffers import floating, integer, message, mpi_error, mpi_module, special, wildcards
+from ._buffers import c_int, integer, message, mpi_error, mpi_module, special, wildcards
 from .engine import Group, _Waiting
 from .requests import Request, completed, fill_status, rank_name
 from .._lazy import numpy_on_first_use
@@ -29,20 +29,21 @@ __all__ = ["Request", "post_send", "post_recv", "completed", "EAGER_BYTES", "unr
 #: Standard sends below this many bytes are buffered (MPICH 4's shared-memory eager limit is 8 KiB).
 EAGER_BYTES = 8 << 10
 
+#: The largest tag: MPICH's MPI_TAG_UB, and under mpi4py this process's MPI's (spmdsim.emulator.mpi4py_world sets
+#: it from ``Get_attr(MPI.TAG_UB)``, so a program that reads the attribute is refused past exactly that).
+TAG_UB = (1 << 29) - 1
+
 
 def _any(value: Optional[int], name: str) -> int:
-    return value if type(value) is int else special(name) if value is None else int(value)
+    """A receive's or probe's source or tag (`name`: ANY_SOURCE or ANY_TAG, what None is) as mpi4py takes it."""
+    if type(value) is int:
+        return value
+    return special(name) if value is None else c_int(value, "source" if name == "ANY_SOURCE" else "tag")
 
 
 def _fits(recv: Request, source: int, tag: int, wild: tuple[int, int]) -> bool:
     """Whether `recv` (a receive or a probe) takes a message from `source` with `tag`; `wild`: `wildcards()`."""
     return recv.peer in (source, wild[0]) and recv.tag in (tag, wild[1])
-
-
-def _c_int(value: Any) -> Any:
-    """A float rank or tag as mpi4py's C int takes it (truncated: a send to rank ``size / 2`` goes to
-    rank 1 of 2, as in mpi4py's demo osu_multi_lat.py); anything else as it is, for the checks."""
-    return int(value) if floating(value) else value
 
 
 def _check_peer(group: Group, peer: Any, what: str) -> None:
@@ -57,23 +58,29 @@ def _check_peer(group: Group, peer: Any, what: str) -> None:
 
 
 def _check_tag(tag: Any, what: str, any_tag: bool = False) -> None:
-    """A tag is an integer, 0 or more (a receive's may be MPI.ANY_TAG): mpi4py's TypeError, MPI's
-    invalid-tag error (a negative tag would otherwise never match, and the job would hang)."""
-    if isinstance(tag, bool) or not integer(tag):
-        raise TypeError(f"{what} {tag!r} must be an integer (0 or more)")
+    """A tag is an integer from 0 to TAG_UB (a receive's may be MPI.ANY_TAG): mpi4py's TypeError, its
+    OverflowError past a C int, MPI's invalid-tag error (MPICH's "Invalid tag, value is -5"; a negative tag
+    would otherwise never match, and the job would hang; one past TAG_UB MPICH refuses on both sides)."""
+    tag = c_int(tag, what)
     if tag < 0 and not (any_tag and tag == special("ANY_TAG")):
-        mpi = mpi_module()
         text = f"{what} {tag!r} is negative: tags are 0 or more" + ("; MPI.ANY_TAG matches any" if any_tag else "")
-        if mpi is not None:
-            raise mpi_error(mpi, mpi.ERR_TAG, text)
-        raise ShapeError(text)
+    elif tag > TAG_UB:
+        text = f"{what} {tag!r} is above the largest tag, MPI.TAG_UB's {TAG_UB}"
+    else:
+        return
+    mpi = mpi_module()
+    if mpi is not None:
+        raise mpi_error(mpi, mpi.ERR_TAG, text)
+    raise ShapeError(text)
 
 
 def post_send(group: Group, me: int, dest: int, tag: int, buf: Any, obj: Any = None,
               mode: str = "standard") -> Request:
     """Isend from group rank `me` to group rank `dest` (`buf` None: the pickle of `obj`)."""
-    if type(dest) is not int or type(tag) is not int or not 0 <= dest < group.size or tag < 0:
-        dest, tag = _c_int(dest), _c_int(tag)  # the checks and MPI.PROC_NULL: a plain rank and tag skip them
+    if type(dest) is not int or type(tag) is not int or not 0 <= dest < group.size or not 0 <= tag <= TAG_UB:
+        # as mpi4py converts them (a float truncated: a send to rank ``size / 2`` goes to rank 1 of 2, as in
+        # mpi4py's demo osu_multi_lat.py), then the checks and MPI.PROC_NULL: a plain rank and tag skip them
+        dest, tag = c_int(dest, "dest"), c_int(tag, "send tag")
         _check_peer(group, dest, "dest")
         _check_tag(tag, "send tag")
         if dest == special("PROC_NULL"):
@@ -102,6 +109,7 @@ def post_send(group: Group, me: int, dest: int, tag: int, buf: Any, obj: Any = N
                 send.payload = payload.copy()  # the sender may reuse its buffer now
                 send.done = True
             group.sends.append(send)
+            world.moves += 1  # a poll of a probe may find it now: not stuck
             if group.probes:
                 _wake_probes(group, send)
             return send
@@ -113,7 +121,8 @@ def post_recv(group: Group, me: int, source: int, tag: int, buf: Any, unpack: An
     """Irecv into group rank `me`'s `buf` (None: an object): matched now if a send is pending. `unpack`:
     for a receive into a derived datatype (`buf` its packed bytes), what spreads them into the user's buffer
     once they arrive (spmdsim.emulator.derived.unpacking)."""
-    if type(source) is not int or type(tag) is not int or not 0 <= source < group.size or tag < 0:
+    if type(source) is not int or type(tag) is not int or not 0 <= source < group.size or not 0 <= tag <= TAG_UB:
+        source = c_int(source, "source")  # as mpi4py converts it (`_any` passes a plain int as it is)
         if source != special("ANY_SOURCE"):  # a plain rank and tag skip the checks
             _check_peer(group, source, "source")
         _check_tag(tag, "receive tag", any_tag=True)
@@ -165,6 +174,7 @@ def _deliver(send: Request, recv: Request) -> None:
     with world.lock:
         send.done = recv.done = True
         send.payload = None
+        world.moves += 1
         world.release(group.members[send.me], send)
         world.release(group.members[recv.me], recv)
 

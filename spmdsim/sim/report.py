@@ -41,6 +41,12 @@ def explain(world: Any, polling: Optional[tuple] = None) -> str:
         call = world.polling().get(rank, "Test")
         clauses.append(f"{_Waiting(token._what(), token.group, None).text()}: rank {rank} polls it ({call}), "
                        f"{why}{more}{program_lines(world, [rank])}")
+        if why == "while every other live rank waits or polls in vain":  # every poller, each on its own line
+            for other, request, how in world.idle_polls():
+                if other != rank:
+                    more, _ = request.why_stuck(world)
+                    clauses.append(f"{_Waiting(request._what(), request.group, None).text()}: rank {other} polls "
+                                   f"it ({how}) in vain{more}{program_lines(world, [other])}")
     for what, keys in by_call.values():
         ranks = sorted({world.rank_of(k) for k in keys})
         if len(clauses) == MAX_CLAUSES:  # a ring of 64 blocked sends: the first few say it

@@ -146,13 +146,19 @@ class Request(ManyRequests):
                 if not part.done:
                     world.wait(rank, _Waiting(None, part.group, None, token=part))
 
+    def _received(self) -> "Request":
+        """The part whose status the request reports: a Sendrecv's receive, a receive from MPI.PROC_NULL
+        included (its status names MPI.PROC_NULL, as MPICH's does; the request's own empty one named
+        MPI.ANY_SOURCE), else the request itself."""
+        return next((p for p in self.parts if p.kind in ("recv", "recv-null")), self) if self.parts else self
+
     def _finish(self, status: Any) -> Any:
         """Make the request null; fill `status`; return the received object (object receives)."""
         if self.null:
             _empty(status)
             return None
         self.null = True
-        recv = next((p for p in self.parts if p.kind == "recv"), self) if self.parts else self
+        recv = self._received()
         if recv.error is not None:
             raise recv.error
         if recv.kind == "recv" or recv.cancelled:
@@ -231,7 +237,7 @@ class Request(ManyRequests):
 
     def _peek(self, status: Any) -> None:
         """Fill `status` for a done request as its completion will (it stays active)."""
-        recv = next((p for p in self.parts if p.kind == "recv"), self)
+        recv = self._received()
         if recv.kind == "recv" or recv.cancelled:
             fill_status(status, recv.source, recv.got_tag, recv.nbytes, recv.cancelled)
         elif recv.kind == "recv-null":

@@ -24,7 +24,7 @@ import pickle
 from typing import Any, Callable, Optional
 
 from ..errors import DTypeError, ShapeError
-from ._buffers import Reduction, copy_into, dtype_name, fold, integer, mpi_error, mpi_module, reduction, special
+from ._buffers import Reduction, c_int, copy_into, dtype_name, fold, integer, mpi_error, mpi_module, reduction, special
 from ..engines import DONE, Engine
 from .engine import Call, Group, SimulationError
 from .p2p import post_recv, post_send
@@ -189,9 +189,13 @@ class Member:
         return self._group.enter_all(self._me, h.seq, Call(op, signature, data, complete, finish))
 
     def _root(self, root: Any, call: str) -> int:
+        """`root` as mpi4py takes it (a float truncated, a str its TypeError: `c_int`), in the group."""
         g = self._group.size
-        if integer(root) and 0 <= root < g:
-            return int(root)
+        if type(root) is int and 0 <= root < g:
+            return root
+        root = c_int(root, f"{call} root")
+        if 0 <= root < g:
+            return root
         raise bad_root(root, g, call)
 
 
