@@ -99,14 +99,15 @@ def byte_matrix(steps: Step | Sequence[Step], num_ranks: int, shape: Sequence[in
                 itemsize: int = 0) -> list[list[int]]:
     """matrix[src][dst]: logical bytes rank `src` sends rank `dst` over the given step(s).
 
-    With the tensor's `shape` and `itemsize`, a collective on an uneven cut's pieces (Layout.cut)
-    counts each pair's own piece; else a rank's bytes are shared out equally over its peers."""
+    Row `src` sums to the steps' bytes_sent[src] and column `dst` to their bytes_received[dst], the
+    figures of the step table. With the tensor's `shape` and `itemsize`, a collective on an uneven
+    cut's pieces (Layout.cut) counts each pair's own piece; else a rank's bytes are shared out
+    equally over its peers."""
     steps = (steps,) if isinstance(steps, Step) else tuple(steps)
     out = [[0] * num_ranks for _ in range(num_ranks)]
     for step in steps:
-        if shape is not None and not isinstance(step, (Exchange, Allreduce)) and is_uneven(step, tuple(shape)):
-            _uneven_pairs(out, step, tuple(shape), itemsize)
-            continue
+        if isinstance(step, (LocalSlice, LocalZero)):
+            continue  # each rank keeps (or zeroes) part of its own block: nothing moves
         if isinstance(step, Exchange):
             # Each rank's bytes sent, shared out over its boxes by their element counts.
             volume = [0] * num_ranks
@@ -115,15 +116,20 @@ def byte_matrix(steps: Step | Sequence[Step], num_ranks: int, shape: Sequence[in
             for src, dst, box in step.transfers:
                 out[src][dst] += step.bytes_sent[src] * _volume(box) // volume[src]
             continue
+        if shape is not None and not isinstance(step, Allreduce) and is_uneven(step, tuple(shape)):
+            _uneven_pairs(out, step, tuple(shape), itemsize)
+            continue
         for group in step_groups(step):
             peers = len(group) - 1
-            for src in group:
+            for i, src in enumerate(group):
                 if peers < 1 or not step.bytes_sent[src]:
                     continue
-                share = step.bytes_sent[src] // peers
-                for dst in group:
-                    if dst != src:
-                        out[src][dst] += share
+                # The remainder of an inexact share (a ring Allreduce's 2(g-1)/g of a block that
+                # g does not divide) goes one byte each to the next ranks round the group: every
+                # member holds as many bytes, so each column gets as many extra bytes as each row.
+                share, extra = divmod(step.bytes_sent[src], peers)
+                for k in range(1, peers + 1):
+                    out[src][group[(i + k) % len(group)]] += share + (k <= extra)
     return out
 
 
