@@ -202,3 +202,25 @@ def test_plan_explain_byte_matrix_of_uneven_local_steps(capsys, args, sent, rece
     assert main(["plan", *args, "--explain"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[-1].split() == ["received", *map(str, received)]
+
+
+def test_convert_gives_no_placements_dtensor_would_cut_piece_by_piece(capsys):
+    """6 over 2 x 2 by chunk: convert printed (S(0), S(0)) with a check line `slices` refuses; DTensor
+    cannot say that layout, and convert now says so with the reason. 8 and 7 still convert."""
+    nested = ["--device-matrix", "2,2", "--alias", "a,b", "--tensor-map", "((a,b))", "--cut", "chunk"]
+    assert main(["convert", *nested, "--shape", "6", "--json"]) == 0
+    dtensor = {f["dialect"]: f for f in json.loads(capsys.readouterr().out)["forms"]}["PyTorch DTensor"]
+    assert dtensor["text"] is None and dtensor["flags"] is None
+    assert dtensor["note"] == ("tensor dim 0 of size 6 sharded on mesh dims ('a', 'b'): DTensor would cut it "
+                               "piece by piece ([(0, 2), (2, 3), (3, 5), (5, 6)]), spmdsim cuts it once "
+                               "([(0, 2), (2, 4), (4, 6), (6, 6)]); expected a size that divides, or one mesh "
+                               "dim per tensor dim")
+    assert main(["convert", *nested, "--shape", "6"]) == 0
+    text = capsys.readouterr().out
+    assert "PyTorch DTensor:\n  cannot express it\n  why: tensor dim 0 of size 6 sharded on mesh dims" in text
+    assert "--placements" not in text
+    for size in (7, 8):  # DTensor's piece-by-piece cut agrees with one cut: the placements and their check
+        assert main(["convert", *nested, "--shape", str(size), "--json"]) == 0
+        dtensor = {f["dialect"]: f for f in json.loads(capsys.readouterr().out)["forms"]}["PyTorch DTensor"]
+        assert (dtensor["text"], dtensor["note"]) == ("(S(0), S(0))", "")
+        assert dtensor["flags"] == "--placements \"S(0), S(0)\" --device-matrix 2,2 --alias a,b"
