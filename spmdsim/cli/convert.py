@@ -66,9 +66,13 @@ def _csv(values: Any) -> str:
 
 
 def _map_text(tl: TensorLayout) -> str:
-    """The tensor map as `--tensor-map` takes it: ``mp,(sp,dp),None``."""
-    return ",".join("None" if not axes else axes[0] if len(axes) == 1 else f"({','.join(axes)})"
+    """The tensor map as `--tensor-map` takes it: ``mp,(sp,dp),None``.
+
+    A map of one multi-axis entry is bracketed once more, ``((sp,dp))``: `--tensor-map "(sp,dp)"`
+    reads as the whole map in brackets, two entries."""
+    text = ",".join("None" if not axes else axes[0] if len(axes) == 1 else f"({','.join(axes)})"
                     for axes in tl.tensor_map)
+    return f"({text})" if len(tl.tensor_map) == 1 and len(tl.tensor_map[0] or ()) > 1 else text
 
 
 def _layout(tl: TensorLayout, shape: tuple[int, ...]) -> Form:
@@ -232,6 +236,7 @@ def run(args: argparse.Namespace) -> int:
             lines.append(f"  {'note' if form.text else 'why'}: {form.note}")
         lines = wrap_lines(lines)
         if form.flags:
-            lines += _command(f"spmdsim slices {form.flags} --shape {_csv(case.shape)}", "  check: ")
+            # A 0-d tensor's shape is the empty string, which a shell drops unless quoted.
+            lines += _command(f"spmdsim slices {form.flags} --shape {_csv(case.shape) or chr(34) * 2}", "  check: ")
     print("\n".join(lines))
     return 0
