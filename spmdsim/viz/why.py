@@ -45,8 +45,7 @@ def step_why(step: Step) -> str:
         return (f"the target splits a dim over {_over(step)} that every rank already holds whole: "
                 "each rank keeps its part, no communication")
     if isinstance(step, LocalZero):
-        return (f"the target is a pending sum over {_over(step)}: one copy keeps the values and "
-                "the others hold zeros, no communication")
+        return _zero_why(step)
     if isinstance(step, Allgather):
         return (f"dim {step.tensor_dim} is split over {_over(step)} and the target wants it whole: "
                 f"each rank receives {_others(g - 1, 'piece')} of its group of {g}")
@@ -66,6 +65,32 @@ def step_why(step: Step) -> str:
         return ("no single collective on one mesh-axis group makes the target: each rank receives "
                 "exactly the boxes of its new block it lacks (Alltoallv)")
     return f"{step}"
+
+
+def _names(axes: Sequence[str]) -> str:
+    return "(" + ", ".join(repr(a) for a in axes) + ")" if len(axes) > 1 else repr(axes[0])
+
+
+def _zero_why(step: Step) -> str:
+    """LocalZero's reason: an axis that split a dim (S -> P) pads each rank's own block with zeros; an axis
+    of copies (B -> P) keeps one copy and zeros the others. One step may do both."""
+    split = [a for a in step.axes if a in step.before.split_axes]
+    copies = [a for a in step.axes if a not in split]
+    parts = []
+    if split:
+        dims = [d for d, axes in enumerate(step.before.tensor_map) if set(axes or ()) & set(split)]
+        which = f"dim {dims[0]}" if len(dims) == 1 else "dims " + ", ".join(map(str, dims))
+        parts.append((f"{_names(split)}, which split {which}",
+                      "each rank puts its own block inside a zero block the size of its new one, so the "
+                      f"sum over {_names(split)} is the value"))
+    if copies:
+        parts.append((f"{_names(copies)}, whose ranks hold copies",
+                      "one copy keeps the values and the others hold zeros"))
+    if len(parts) == 1:
+        (where, what), = parts
+        return f"the target is a pending sum over {where}: {what}; no communication"
+    return (f"the target is a pending sum over {_over(step)}: "
+            + "; ".join(f"over {where}, {what}" for where, what in parts) + "; no communication")
 
 
 def step_text(step: Step, dialect: str = "sbp") -> str:
