@@ -224,3 +224,24 @@ def test_convert_gives_no_placements_dtensor_would_cut_piece_by_piece(capsys):
         dtensor = {f["dialect"]: f for f in json.loads(capsys.readouterr().out)["forms"]}["PyTorch DTensor"]
         assert (dtensor["text"], dtensor["note"]) == ("(S(0), S(0))", "")
         assert dtensor["flags"] == "--placements \"S(0), S(0)\" --device-matrix 2,2 --alias a,b"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tensor-map", "dp,None", "--shape", "8", "--cut", "chunk"],
+     "tensor map (\"dp\", None) has 2 entries but shape (8,) has 1 dim"),
+    (["--tensor-map", "dp,None", "--shape", "8"], "tensor map (\"dp\", None) has 2 entries but shape (8,) has 1 dim"),
+    (["--tensor-map", "dp,None", "--shape", ""], "tensor map (\"dp\", None) has 2 entries but shape () has 0 dims"),
+    (["--tensor-map", "dp,None", "--shape", "8,8,8"],
+     "tensor map (\"dp\", None) has 2 entries but shape (8, 8, 8) has 3 dims"),
+    (["--tensor-map", "", "--shape", "8"], "tensor map () has 0 entries but shape (8,) has 1 dim"),
+    (["--partition-spec", "('dp', None)", "--shape", "8", "--cut", "balanced"],
+     "partition spec ('dp', None) has 2 entries but the tensor has 1 dim"),
+    # where a rule would cut it, the hint stays
+    (["--tensor-map", "dp,None", "--shape", "7,8"], "tensor dim 0 of size 7 is not divisible by 2 shards (axes "
+     "('dp',)); name a rule with \"cut\": \"chunk\" or \"balanced\" (--cut) to cut unevenly"),
+])
+def test_a_count_of_dims_gets_no_cut_hint(capsys, args, message):
+    """A map and a shape of different dim counts were told to name a cut rule (even with --cut given),
+    which cannot fix them: the hint is now given only for a size the even cut cannot divide."""
+    assert main(["slices", "--device-matrix", "2,4", "--alias", "dp,mp", *args]) == 2
+    assert " ".join(capsys.readouterr().err.split()) == f"spmdsim: error: {message}"

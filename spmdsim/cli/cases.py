@@ -247,6 +247,10 @@ def case_from_dict(data: Any) -> Case:
         case.tensor_layout.check_shape(case.shape)
     except ShapeError as exc:
         hint = multi_axis_hint(case.tensor_layout.tensor_map, len(case.shape))
+        # A cut rule helps only a size that does not divide under the even cut, not a count of dims.
+        cuttable = case.tensor_layout.layout.cut == "even" and indivisible(case.tensor_layout, case.shape)
+        if not hint and not cuttable:
+            raise
         if not hint and form == "partition_spec":
             hint = ('; JAX requires divisible dims: name a rule with "cut": "chunk" or "balanced" '
                     "(--cut) to cut unevenly")
