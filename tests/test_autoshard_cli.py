@@ -84,6 +84,21 @@ def test_ranks_needs_run(capsys):
     assert "--ranks N simulates the ranks of --run; add --run" in capsys.readouterr().err
 
 
+def test_conflicting_flags_are_refused_naming_both(capsys):
+    """--repeat without --run was accepted and dropped, and one operator fixed twice kept the last strategy:
+    each is refused in one line now; the same strategy twice (spaced otherwise) is still one fix."""
+    assert main(TUTORIAL + ["--repeat", "5"]) == 2
+    assert unfold(capsys.readouterr().err) == "spmdsim: error: --repeat 5 counts the forward passes of --run; add --run\n"
+    assert main(TUTORIAL + ["--fix", "MatMul1=((2,4),(4,1))", "--fix", "MatMul1=((8,1),(1,1))"]) == 2
+    assert unfold(capsys.readouterr().err) == (
+        "spmdsim: error: --fix MatMul1=((2,4),(4,1)) and --fix MatMul1=((8,1),(1,1)) hold MatMul1 two ways; "
+        "give one\n")
+    assert main(TUTORIAL + ["--fix", "MatMul1=((2,4),(4,1))", "--json"]) == 0
+    once = json.loads(capsys.readouterr().out)
+    assert main(TUTORIAL + ["--fix", "MatMul1=((2,4),(4,1))", "--fix", "MatMul1=((2, 4), (4, 1))", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == once
+
+
 def test_a_slow_choice_says_it_is_still_working(capsys, monkeypatch):
     import time
 

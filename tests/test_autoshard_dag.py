@@ -19,7 +19,9 @@ from testkit import unfold
 
 RATE = 1e10  # stated, so the choice does not depend on a measured rate
 SMALL = GPTConfig(layers=2, d_model=64)
-GPT = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=64", "--flops", "1e10", "--repeat", "1"]
+GPT = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=64", "--flops", "1e10"]
+#: --run's flags here: one forward pass (--repeat goes with --run only).
+RUN = ["--run", "--repeat", "1"]
 
 
 def _gpt(devices: int, fix_all_hand: bool = False, sp: bool = False):
@@ -119,7 +121,7 @@ def test_attention_runs_node_by_node():
 
 
 def test_cli_runs_the_gpt_on_simulated_ranks_and_says_pass(capsys):
-    assert main(GPT + ["--devices", "8", "--run", "--ranks", "8"]) == 0
+    assert main(GPT + RUN + ["--devices", "8", "--ranks", "8"]) == 0
     out = capsys.readouterr().out
     assert max(len(line) for line in out.splitlines()) <= 100
     assert re.search(r"^loss +28 +28 ", out, re.M), out
@@ -129,7 +131,7 @@ def test_cli_runs_the_gpt_on_simulated_ranks_and_says_pass(capsys):
 
 
 def test_cli_json_has_the_checks_and_the_loss(capsys):
-    assert main(GPT + ["--run", "--ranks", "4", "--json"]) == 0
+    assert main(GPT + RUN + ["--ranks", "4", "--json"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert record["passed"] is True and len(record["checked"]) == 56 and all(record["checked"].values())
     assert record["loss"]["ranks"] == pytest.approx(record["loss"]["numpy"], rel=1e-12)
@@ -149,7 +151,7 @@ def test_fix_every_operator_by_hand_runs_megatrons_plan(capsys):
     assert main(GPT + ["--devices", "8", "--fix", "*=hand", "--fix", "lnf=((8, 1, 1), (1,), (1,))", "--json"]) == 0
     ops = {op["name"]: op for op in json.loads(capsys.readouterr().out)["operators"]}
     assert ops["lnf"]["strategy"] == "((8, 1, 1), (1,), (1,))" and ops["head"]["why"] == "fixed"
-    assert main(GPT + ["--devices", "8", "--fix", "*=hand", "--run", "--ranks", "8"]) == 0
+    assert main(GPT + RUN + ["--devices", "8", "--fix", "*=hand", "--ranks", "8"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"^values: 56 of 56 operators' outputs match numpy", out, re.M) and out.rstrip().endswith("PASS")
     for argv, line in ((["--network", "gpt", "--fix", "*=((8,1),)"],
@@ -171,7 +173,7 @@ def test_an_unknown_operator_of_a_large_graph_is_a_short_line(capsys):
 
 
 def test_cli_run_with_a_device_count_that_is_not_the_launchs_is_one_line(capsys):
-    assert main(GPT + ["--devices", "8", "--run", "--ranks", "4"]) == 2
+    assert main(GPT + RUN + ["--devices", "8", "--ranks", "4"]) == 2
     out, err = capsys.readouterr()
     assert out.count("\n") <= 1 and len(err.splitlines()) == 1, err
     assert "--run uses the 4 ranks of the launch; --devices 8 differs (launch with --ranks 8)" in err

@@ -271,3 +271,36 @@ def test_rank_order_and_trace_export_on_simulated_ranks(capsys, tmp_path):
     colls = [e for e in obj["traceEvents"] if e.get("cat") == "collective"]
     assert sorted(e["pid"] for e in colls) == [0, 1, 2, 3]
     assert {e["args"]["bytes_sent"] for e in colls} == {2 * 3 * 24 // 4}
+
+
+def test_local_zeroing_says_what_it_does_on_split_and_copied_axes():
+    """S -> P gave B -> P's reason ("one copy keeps the values and the others hold zeros"): on an axis
+    that split a dim every rank pads its own block with zeros instead (docs/redistribution.md)."""
+    m = Layout((2, 4), ("a", "b"))
+
+    def why(source, target):
+        plan = plan_redistribution(source, target, (8, 8))
+        zero, = [s for s in plan.steps if s.op == "local_zero"]
+        return step_why(zero)
+
+    assert why(m("a", None), m(None, None, partial="a")) == (
+        "the target is a pending sum over 'a', which split dim 0: each rank puts its own block inside a "
+        "zero block the size of its new one, so the sum over 'a' is the value; no communication")
+    assert why(m(None, None), m(None, None, partial="b")) == (
+        "the target is a pending sum over 'b', whose ranks hold copies: one copy keeps the values and the "
+        "others hold zeros; no communication")
+    assert why(m("a", None), m(None, None, partial=("a", "b"))) == (
+        "the target is a pending sum over ('a', 'b'): over 'a', which split dim 0, each rank puts its own "
+        "block inside a zero block the size of its new one, so the sum over 'a' is the value; over 'b', "
+        "whose ranks hold copies, one copy keeps the values and the others hold zeros; no communication")
+    assert why(m(("a", "b"), None), m(None, None, partial=("b", "a"))).startswith(
+        "the target is a pending sum over ('b', 'a'), which split dim 0: each rank puts its own block")
+
+
+def test_plan_explain_of_shard_to_partial_says_each_rank_pads_its_block(capsys):
+    assert main(["plan", "--device-matrix", "2,4", "--from-placements", "R,P", "--to-placements", "P,R",
+                 "--shape", "8,8", "--explain"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("step 3, Shard(0)->Partial() via local zeroing on ('axis_0',): why: the target is a pending sum "
+            "over 'axis_0', which split dim 0: each rank puts its own block inside a zero block the size of "
+            "its new one, so the sum over 'axis_0' is the value; no communication") in out

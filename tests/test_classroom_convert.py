@@ -68,3 +68,60 @@ def test_what_each_dialect_can_and_cannot_say(capsys):
     text = capsys.readouterr().out
     assert max(len(line) for line in text.splitlines()) <= 100
     assert "  check: spmdsim slices --sbp \"B, S(0)\" --placement 2,4 --shape 8,6\n" in text
+
+
+def _holdings(tl, shape) -> tuple:
+    """Rank by rank: its block, and which ranks hold the same addend of it (copies)."""
+    layout = tl.layout
+    key = {r: (tl.bounds(r, shape), tuple(layout.coords(r)[layout.axis_index(a)] for a in tl.addend_axes))
+           for r in range(layout.num_devices)}
+    return tuple((key[r][0], tuple(q for q in key if key[q] == key[r])) for r in key)
+
+
+def test_every_printed_check_line_reads_back_on_random_layouts(capsys, tmp_path):
+    """A map of one multi-axis entry was printed --tensor-map "(a,b)", which slices reads as two entries
+    (and refuses), and a 0-d tensor's check line ended in a bare --shape: every check line convert prints,
+    text and --json, now goes through the slices parser to the input's blocks rank by rank (or, where
+    the form says so, the same blocks numbered otherwise)."""
+    import numpy as np
+
+    from spmdsim.cli.cases import case_from_args
+    from spmdsim.cli.main import build_parser
+    from test_uneven import random_layout, random_map
+
+    parser = build_parser(("slices",))
+    rng = np.random.default_rng(29)
+    multi = 0
+    for case in range(120):
+        cut = ("even", "chunk", "balanced")[case % 3]
+        layout, tl = random_layout(rng, cut, ndim=int(rng.integers(0, 4)))
+        if case % 7 == 0:
+            tl = random_map(rng, layout, 1)
+        free = [a for a in layout.alias_name if a not in tl.split_axes]
+        if case % 4 == 1 and free:
+            tl = tl.with_partial(free[-1])
+        shape = tuple(int(n) * (12 if cut == "even" else 1) for n in rng.integers(1, 10, size=tl.ndim))
+        multi += len(tl.tensor_map) == 1 and len(tl.tensor_map[0] or ()) > 1
+        path = tmp_path / f"case{case}.json"
+        path.write_text(json.dumps({"device_matrix": list(layout.device_matrix), "alias_name": list(layout.alias_name),
+                                    "tensor_map": [list(e) if e else None for e in tl.tensor_map],
+                                    "shape": list(shape), "partial": list(tl.partial), "cut": cut}))
+        assert main(["convert", str(path), "--json"]) == 0
+        forms = json.loads(capsys.readouterr().out)["forms"]
+        assert main(["convert", str(path)]) == 0
+        text = capsys.readouterr().out.replace(" \\\n", " ")
+        checks = [shlex.split(line.split("check: spmdsim ", 1)[1]) for line in text.splitlines() if "check: " in line]
+        assert len(checks) == sum(f["flags"] is not None for f in forms)
+        want = _holdings(tl, shape)
+        for argv, form in zip(checks, [f for f in forms if f["flags"] is not None]):
+            assert argv == ["slices", *shlex.split(form["flags"]), "--shape", ",".join(map(str, shape))], form
+            assert main(argv) == 0, (argv, capsys.readouterr().err)
+            capsys.readouterr()
+            back = case_from_args(parser.parse_args(argv))
+            got = _holdings(back.tensor_layout, back.shape)
+            if form["note"]:  # the same cut, numbered otherwise
+                assert "another rank numbering" in form["note"] and got != want
+                assert sorted(b for b, _ in got) == sorted(b for b, _ in want), (form, tl, shape)
+            else:
+                assert got == want, (form, str(tl), shape)
+    assert multi >= 3

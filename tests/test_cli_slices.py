@@ -229,3 +229,33 @@ def test_matmul_strategy_operands_show_seed_001(capsys):
     assert code == 2 and "for a MatMul strategy add --operand x, w or out" in err
     code, _, err = _run(["slices", "--strategy", "((2,4),)", "--operand", "x", "--shape", "4,8"], capsys)
     assert code == 2 and "operand 'x' goes with a MatMul strategy of two tensors" in err
+
+
+def test_cases_without_alias_name_the_axes_axis_0_axis_1(capsys, monkeypatch):
+    """docs/dialects.md: mesh axes not named are axis_0, axis_1, ... everywhere; the layout and JAX forms
+    of a case still required --alias (`plan` did not). Now they take the default names, and refuse a
+    map that names other axes, naming it."""
+    want = {"0": [[0, 4], [0, 8]], "3": [[0, 4], [0, 8]], "4": [[4, 8], [0, 8]]}
+    layout_case = {"device_matrix": [2, 4], "tensor_map": ["axis_0", None], "shape": [8, 8]}
+    for argv, stdin in [(["slices"], json.dumps(layout_case)),
+                        (["slices", "--partition-spec", "('axis_0', None)", "--device-matrix", "2,4",
+                          "--shape", "8,8"], None),
+                        (["slices", "--tensor-map", "axis_0,None", "--device-matrix", "2,4", "--shape", "8,8"],
+                         None)]:
+        code, out, err = _run(argv, capsys, stdin, monkeypatch)
+        assert code == 0, err
+        assert {r: s for r, s in json.loads(out)["rank_slices"].items() if r in want} == want
+    for command in ("explain", "show", "convert"):
+        code, out, err = _run([command], capsys, json.dumps(layout_case), monkeypatch)
+        assert code == 0, err
+        assert ('Layout((2, 4), ("axis_0", "axis_1"))' if command != "show" else "on Layout(axis_0=2, axis_1=4)") in out
+    code, out, err = _run(["slices", "--tensor-map", "axis_1,None", "--device-matrix", "2,4", "--shape", "8,8",
+                           "--partial", "dp"], capsys)
+    assert code == 2 and " ".join(err.split()) == (
+        "spmdsim: error: --alias is missing (case key 'alias_name'), needed by the layout form: axis 'dp' is "
+        "none of the default names axis_0, axis_1")
+    code, out, err = _run(["slices", "--partition-spec", "(None, 'mp')", "--device-matrix", "2,4",
+                           "--shape", "8,8"], capsys)
+    assert code == 2 and " ".join(err.split()) == (
+        "spmdsim: error: --alias is missing (case key 'alias_name'), needed by the JAX PartitionSpec form: axis "
+        "'mp' is none of the default names axis_0, axis_1")

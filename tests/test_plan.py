@@ -204,3 +204,22 @@ def test_small_dims_and_single_devices(source, target, shape):
     plan, out, full = _emulated(source, target, shape)
     for r, block in shards_of(target.with_partial(()), full).items():
         assert np.array_equal(sum_partials(target, out)[r], block)
+
+
+def test_device_matrix_and_placement_give_one_mesh(capsys):
+    """--placement is another name for --device-matrix (docs/redistribution.md): `--device-matrix 8
+    --placement 2,4` planned on (2, 4) without a word; two different meshes are refused, naming both."""
+    rest = ["--alias", "a,b", "--from", "a,None", "--to", "None,b", "--shape", "8,8", "--json"]
+    assert main(["plan", "--device-matrix", "8", "--placement", "2,4", *rest]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and " ".join(err.split()) == (
+        "spmdsim: error: --device-matrix '8' and --placement '2,4' give two device matrices (--placement is "
+        "another name for --device-matrix); give one")
+    assert main(["plan", "--placement", "2,4", "--device-matrix", "4,2", *rest]) == 2
+    assert "--placement '2,4' and --device-matrix '4,2' give two device matrices" in " ".join(
+        capsys.readouterr().err.split())
+    assert main(["plan", "--device-matrix", "2,4", *rest]) == 0
+    once = json.loads(capsys.readouterr().out)
+    for twice in (["--device-matrix", "2,4", "--placement", "2, 4"], ["--placement", "2,4"]):
+        assert main(["plan", *twice, *rest]) == 0
+        assert json.loads(capsys.readouterr().out) == once

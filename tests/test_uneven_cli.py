@@ -140,3 +140,108 @@ def test_plan_reads_placements_as_slices_does_cutting_by_torch_chunk_unasked(cap
     assert main(["plan", "--device-matrix", "2,2", "--from-placements", "S(0),S(0)", "--to-placements", "R,R",
                  "--shape", "6,2"]) == 2
     assert "DTensor would cut it piece by piece" in " ".join(capsys.readouterr().err.split())
+
+
+def _matrix_sums_are_the_plans(plan, matrix) -> None:
+    n = plan.num_ranks
+    assert tuple(sum(row) for row in matrix) == plan.bytes_sent, (str(plan.source), str(plan.target), plan.shape)
+    assert tuple(sum(matrix[s][d] for s in range(n)) for d in range(n)) == plan.bytes_received, \
+        (str(plan.source), str(plan.target), plan.shape)
+
+
+def test_byte_matrix_sums_to_each_ranks_bytes_on_uneven_cuts():
+    """The rank -> rank matrix counted a local slice's or zeroing's boxes as sent (a rank's old
+    block against the others' new ones) and shared an Allreduce's bytes out in floored parts; its
+    row and column sums are now each rank's bytes sent and received in the step table."""
+    import numpy as np
+
+    from spmdsim.errors import SpmdsimError
+    from spmdsim.plan import plan_redistribution
+    from spmdsim.viz.why import byte_matrix
+    from test_uneven import random_layout, random_map, random_shape
+
+    rng = np.random.default_rng(83)
+    kinds: set = set()
+    for case in range(300):
+        cut = ("chunk", "balanced", "even")[case % 3]
+        layout, source = random_layout(rng, cut)
+        target = random_map(rng, layout, source.ndim)
+        free = [a for a in layout.alias_name if a not in source.split_axes]
+        if case % 4 == 1 and free:
+            source = source.with_partial(free[0])
+        free = [a for a in layout.alias_name if a not in target.split_axes]
+        if case % 5 == 2 and free:
+            target = target.with_partial(free[0])
+        shape = random_shape(rng, source.ndim)
+        try:
+            plan = plan_redistribution(source, target, shape, ("float64", "float32", "int8")[case % 3])
+        except SpmdsimError:
+            continue  # an even cut of a size that does not divide
+        _matrix_sums_are_the_plans(plan, byte_matrix(plan.steps, plan.num_ranks, plan.shape,
+                                                     np.dtype(plan.dtype).itemsize))
+        kinds.update(type(s).__name__ for s in plan.steps)
+    assert {"LocalSlice", "LocalZero", "Allgather", "Alltoall", "Allreduce", "ReduceScatter", "Exchange"} <= kinds
+
+
+@pytest.mark.parametrize("args, sent, received", [
+    (["--device-matrix", "2,3", "--alias", "a,b", "--shape", "5", "--cut", "chunk", "--from", "None",
+      "--to", "((a,b))", "--dtype", "float64"], [0] * 6, [0] * 6),
+    (["--device-matrix", "2,2", "--alias", "a,b", "--shape", "5,4", "--cut", "balanced", "--from", "None,None",
+      "--to", "a,None"], [0] * 4, [0] * 4),
+    # a local slice, then an Allgather over b: rows [0:5) (60 B of float32) and [5:9) (48 B) of 3 columns
+    (["--device-matrix", "2,2,2", "--alias", "a,b,c", "--shape", "9,12", "--cut", "chunk", "--from", "b,None",
+      "--to", "None,(c,a)"], [60, 60, 48, 48, 60, 60, 48, 48], [48, 48, 60, 60, 48, 48, 60, 60]),
+])
+def test_plan_explain_byte_matrix_of_uneven_local_steps(capsys, args, sent, received):
+    assert main(["plan", *args, "--explain", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    matrix = record["bytes_matrix"]
+    assert [sum(row) for row in matrix] == sent
+    assert [sum(row[d] for row in matrix) for d in range(len(matrix))] == received
+    assert record["bytes_received_per_rank"] == max(received)
+    assert main(["plan", *args, "--explain"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1].split() == ["received", *map(str, received)]
+
+
+def test_convert_gives_no_placements_dtensor_would_cut_piece_by_piece(capsys):
+    """6 over 2 x 2 by chunk: convert printed (S(0), S(0)) with a check line `slices` refuses; DTensor
+    cannot say that layout, and convert now says so with the reason. 8 and 7 still convert."""
+    nested = ["--device-matrix", "2,2", "--alias", "a,b", "--tensor-map", "((a,b))", "--cut", "chunk"]
+    assert main(["convert", *nested, "--shape", "6", "--json"]) == 0
+    dtensor = {f["dialect"]: f for f in json.loads(capsys.readouterr().out)["forms"]}["PyTorch DTensor"]
+    assert dtensor["text"] is None and dtensor["flags"] is None
+    assert dtensor["note"] == ("tensor dim 0 of size 6 sharded on mesh dims ('a', 'b'): DTensor would cut it "
+                               "piece by piece ([(0, 2), (2, 3), (3, 5), (5, 6)]), spmdsim cuts it once "
+                               "([(0, 2), (2, 4), (4, 6), (6, 6)]); expected a size that divides, or one mesh "
+                               "dim per tensor dim")
+    assert main(["convert", *nested, "--shape", "6"]) == 0
+    text = capsys.readouterr().out
+    assert "PyTorch DTensor:\n  cannot express it\n  why: tensor dim 0 of size 6 sharded on mesh dims" in text
+    assert "--placements" not in text
+    for size in (7, 8):  # DTensor's piece-by-piece cut agrees with one cut: the placements and their check
+        assert main(["convert", *nested, "--shape", str(size), "--json"]) == 0
+        dtensor = {f["dialect"]: f for f in json.loads(capsys.readouterr().out)["forms"]}["PyTorch DTensor"]
+        assert (dtensor["text"], dtensor["note"]) == ("(S(0), S(0))", "")
+        assert dtensor["flags"] == "--placements \"S(0), S(0)\" --device-matrix 2,2 --alias a,b"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tensor-map", "dp,None", "--shape", "8", "--cut", "chunk"],
+     "tensor map (\"dp\", None) has 2 entries but shape (8,) has 1 dim"),
+    (["--tensor-map", "dp,None", "--shape", "8"], "tensor map (\"dp\", None) has 2 entries but shape (8,) has 1 dim"),
+    (["--tensor-map", "dp,None", "--shape", ""], "tensor map (\"dp\", None) has 2 entries but shape () has 0 dims"),
+    (["--tensor-map", "dp,None", "--shape", "8,8,8"],
+     "tensor map (\"dp\", None) has 2 entries but shape (8, 8, 8) has 3 dims"),
+    (["--tensor-map", "", "--shape", "8"], "tensor map () has 0 entries but shape (8,) has 1 dim"),
+    (["--partition-spec", "('dp', None)", "--shape", "8", "--cut", "balanced"],
+     "partition spec ('dp', None) has 2 entries but the tensor has 1 dim"),
+    # where a rule would cut it, the hint stays
+    (["--tensor-map", "dp,None", "--shape", "7,8"], "tensor dim 0 of size 7 is not divisible by 2 shards (axes "
+     "('dp',)); name a rule with \"cut\": \"chunk\" or \"balanced\" (--cut) to cut unevenly"),
+])
+def test_a_count_of_dims_gets_no_cut_hint(capsys, args, message):
+    """A map and a shape of different dim counts were told to name a cut rule (even with --cut given),
+    which cannot fix them: the hint is now given only for a size the even cut cannot divide."""
+    assert main(["slices", "--device-matrix", "2,4", "--alias", "dp,mp", *args]) == 2
+    assert " ".join(capsys.readouterr().err.split()) == f"spmdsim: error: {message}"

@@ -101,7 +101,10 @@ def _fixes(items: list[str]) -> dict[str, str]:
         name, sep, text = item.partition("=")
         if not sep or not name.strip() or not text.strip():
             raise SpmdsimError(f"--fix {item!r} must read OP=STRATEGY, e.g. 'MatMul1=((2,4),(4,1))'")
-        out[name.strip()] = text.strip()
+        name, text = name.strip(), text.strip()
+        if "".join(out.get(name, text).split()) != "".join(text.split()):  # held two ways: the last would win unsaid
+            raise SpmdsimError(f"--fix {name}={out[name]} and --fix {name}={text} hold {name} two ways; give one")
+        out[name] = text
     return out
 
 
@@ -207,6 +210,9 @@ def run(args: argparse.Namespace) -> int:
         from .autoshard_machine import run_machine
 
         return run_machine(args)
+    if args.repeat is not None and not args.run:  # before the default: only a --repeat the user gave
+        raise SpmdsimError(f"--repeat {args.repeat} counts the forward passes of --run; add --run")
+    _fixes(args.fix)  # a malformed or twice-given --fix is refused before any search or launch
     for flag, default in OPERATOR_DEFAULTS.items():
         if getattr(args, flag) is None:
             setattr(args, flag, default)

@@ -12,7 +12,7 @@ from ..errors import DialectError, SpmdsimError
 from ..layout import TensorLayout
 from ..validate import counted
 from .cases import (_SBP_KEYS, Case, _device_count_checked, _name_list, _require, check_device_count,
-                    multi_axis_hint, parse_tensor_map)
+                    default_names, multi_axis_hint, parse_tensor_map)
 
 __all__ = ["strategy_case", "sbp_case", "dtensor_case", "partition_spec_case"]
 
@@ -110,13 +110,15 @@ def partition_spec_case(data: Mapping, shape: tuple[int, ...], partial: tuple[st
     """A JAX PartitionSpec over a mesh of `device_matrix` sizes and `alias_name` axis names."""
     from ..dialects.partition_spec import partition_spec_to_layout
 
-    _require(data, ("partition_spec", "device_matrix", "alias_name"), "JAX PartitionSpec")
+    _require(data, ("partition_spec", "device_matrix"), "JAX PartitionSpec")
     mesh = _device_count_checked(data, "device_matrix")
     spec = data["partition_spec"]
     if isinstance(spec, str):
         spec = parse_tensor_map(spec, "partition spec")  # the same text form: ('x', None), x,None, ((sp,dp),None)
+    names = (_name_list(data, "alias_name") if "alias_name" in data else
+             default_names(len(mesh), spec if isinstance(spec, (list, tuple)) else (), partial, "JAX PartitionSpec"))
     try:
-        tl = partition_spec_to_layout(spec, mesh, len(shape), _name_list(data, "alias_name"))
+        tl = partition_spec_to_layout(spec, mesh, len(shape), names)
     except DialectError as exc:
         # Too many plain names for a 1-D tensor: perhaps one dim over several axes.
         hint = multi_axis_hint(spec, len(shape)) if isinstance(spec, (tuple, list)) else ""

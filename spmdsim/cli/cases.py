@@ -12,6 +12,8 @@ flags; flags override keys of the file. One form per dialect:
 * JAX: ``{"partition_spec": "('x', None)", "device_matrix": [2, 4], "alias_name": ["x", "y"],
   "shape": [...]}`` (a shorter spec is padded with None)
 
+Without ``alias_name`` the mesh axes are ``axis_0, axis_1, ...`` in every form (docs/dialects.md).
+
 Each form may add ``"partial": [axis, ...]``, and ``"cut"``: the rule that cuts a dim
 ("even", "chunk" or "balanced"; docs/semantics.md, "Uneven shards"). The Layout form
 takes any; DTensor placements cut a dim that does not divide as DTensor does
@@ -30,7 +32,7 @@ from typing import Any, Mapping, Optional, Sequence, TextIO
 from ..dialects._common import split_top_level
 from ..validate import loads_json
 from ..errors import ShapeError, SpmdsimError
-from ..layout import Layout, TensorLayout
+from ..layout import Layout, TensorLayout, default_axis_names
 from ..slicing import CUTS
 
 __all__ = [
@@ -43,6 +45,7 @@ __all__ = [
     "parse_tensor_map",
     "check_device_count",
     "multi_axis_hint",
+    "default_names",
     "MAX_DEVICES",
 ]
 
@@ -56,7 +59,7 @@ _SBP_KEYS = ("sbp", "placement")
 # Free-text keys a teacher may put in a case file; ignored.
 _NOTE_KEYS = ("name", "comment", "description")
 _DTENSOR_KEYS = ("placements",)  # + device_matrix, optional alias_name (mesh dim names)
-_SPEC_KEYS = ("partition_spec",)  # + device_matrix and alias_name (mesh axis names)
+_SPEC_KEYS = ("partition_spec",)  # + device_matrix, optional alias_name (mesh axis names)
 _KNOWN_KEYS = (_LAYOUT_KEYS + _STRATEGY_KEYS + _SBP_KEYS + _DTENSOR_KEYS + _SPEC_KEYS + ("shape", "partial", "cut")
                + _NOTE_KEYS)
 # The keys that say which form a case is written in.
@@ -183,6 +186,18 @@ _FLAG_OF = {"device_matrix": "--device-matrix", "alias_name": "--alias", "tensor
             "partition_spec": "--partition-spec", "sbp": "--sbp", "strategy": "--strategy"}
 
 
+def default_names(count: int, entries: Sequence[Any], partial: Sequence[str], form: str) -> tuple[str, ...]:
+    """The mesh axis names of a case without "alias_name": ``axis_0, axis_1, ...``, as everywhere
+    (docs/dialects.md). A case that names other axes in its map (or `partial`) lacks its --alias."""
+    names = default_axis_names(count)
+    used = [a for e in entries for a in ((e,) if isinstance(e, str) else e if isinstance(e, (list, tuple)) else ())]
+    unknown = [a for a in [*used, *partial] if isinstance(a, str) and a not in names + ("None", "none", "null")]
+    if unknown:
+        raise SpmdsimError(f"--alias is missing (case key 'alias_name'), needed by the {form} form: axis "
+                           f"{unknown[0]!r} is none of the default names {', '.join(names)}")
+    return names
+
+
 def _require(data: Mapping, keys: Sequence[str], form: str) -> None:
     for key in keys:
         if key not in data:
@@ -207,7 +222,7 @@ def case_from_dict(data: Any) -> Case:
         raise SpmdsimError(
             "case gives no layout: expected 'device_matrix'/'alias_name'/'tensor_map', "
             "'strategy' (+ 'world_size'), 'sbp' + 'placement', 'placements' + 'device_matrix' "
-            "(PyTorch DTensor) or 'partition_spec' + 'device_matrix' + 'alias_name' (JAX)"
+            "(PyTorch DTensor) or 'partition_spec' + 'device_matrix' (JAX)"
         )
     if len(forms) > 1:
         raise SpmdsimError(f"case mixes the {forms[0]} and {forms[1]} forms; give only one")
@@ -217,9 +232,12 @@ def case_from_dict(data: Any) -> Case:
     partial = _name_list(data, "partial") if "partial" in data else ()
     cut = _cut(data, form)
     if form == "layout":
-        _require(data, _LAYOUT_KEYS, "layout")
-        layout = Layout(_device_count_checked(data, "device_matrix"), _name_list(data, "alias_name"), cut or "even")
-        tl = layout(*_tensor_map(data), partial=partial)
+        _require(data, ("device_matrix", "tensor_map"), "layout")
+        matrix, entries = _device_count_checked(data, "device_matrix"), _tensor_map(data)
+        names = (_name_list(data, "alias_name") if "alias_name" in data
+                 else default_names(len(matrix), entries, partial, "layout"))
+        layout = Layout(matrix, names, cut or "even")
+        tl = layout(*entries, partial=partial)
         world = data.get("world_size", layout.num_devices)
         if world != layout.num_devices:
             raise SpmdsimError(
@@ -247,6 +265,10 @@ def case_from_dict(data: Any) -> Case:
         case.tensor_layout.check_shape(case.shape)
     except ShapeError as exc:
         hint = multi_axis_hint(case.tensor_layout.tensor_map, len(case.shape))
+        # A cut rule helps only a size that does not divide under the even cut, not a count of dims.
+        cuttable = case.tensor_layout.layout.cut == "even" and indivisible(case.tensor_layout, case.shape)
+        if not hint and not cuttable:
+            raise
         if not hint and form == "partition_spec":
             hint = ('; JAX requires divisible dims: name a rule with "cut": "chunk" or "balanced" '
                     "(--cut) to cut unevenly")

@@ -66,9 +66,13 @@ def _csv(values: Any) -> str:
 
 
 def _map_text(tl: TensorLayout) -> str:
-    """The tensor map as `--tensor-map` takes it: ``mp,(sp,dp),None``."""
-    return ",".join("None" if not axes else axes[0] if len(axes) == 1 else f"({','.join(axes)})"
+    """The tensor map as `--tensor-map` takes it: ``mp,(sp,dp),None``.
+
+    A map of one multi-axis entry is bracketed once more, ``((sp,dp))``: `--tensor-map "(sp,dp)"`
+    reads as the whole map in brackets, two entries."""
+    text = ",".join("None" if not axes else axes[0] if len(axes) == 1 else f"({','.join(axes)})"
                     for axes in tl.tensor_map)
+    return f"({text})" if len(tl.tensor_map) == 1 and len(tl.tensor_map[0] or ()) > 1 else text
 
 
 def _layout(tl: TensorLayout, shape: tuple[int, ...]) -> Form:
@@ -174,7 +178,7 @@ def _paddle(tl: TensorLayout, shape: tuple[int, ...]) -> Form:
 def convert_layout(tl: TensorLayout, shape: tuple[int, ...]) -> tuple[Form, ...]:
     """The layout `tl` of a tensor of `shape` in every dialect (pure)."""
     from ..dialects import (format_partition_spec, format_placements, format_sbp,
-                            layout_to_partition_spec, layout_to_placements, layout_to_sbp,
+                            layout_to_partition_spec, layout_to_sbp,
                             partition_spec_to_layout, placements_to_layout, sbp_to_layout)
 
     m, ndim = tl.layout, len(shape)
@@ -184,15 +188,16 @@ def convert_layout(tl: TensorLayout, shape: tuple[int, ...]) -> tuple[Form, ...]
     sbp_uneven = _uneven_note(tl, shape, "OneFlow")
     # DTensor cuts a dim that does not divide by the chunk rule; JAX only with a rule named (--cut).
     dtensor_cut = "chunk" if uneven else None
+    # placements_of refuses what DTensor would cut otherwise than `tl` for this shape: another rule than
+    # torch.chunk's, or a dim on several mesh dims cut piece by piece (the check line would be refused).
+    from ..dialects.dtensor import placements_of
     return (
         _layout(tl, shape),
         _strategy(tl, shape),
         Form(DIALECTS[2], None, sbp_uneven) if sbp_uneven else
         _mesh_form(DIALECTS[2], layout_to_sbp, lambda v: sbp_to_layout(v, m.device_matrix, ndim),
                    format_sbp, "--sbp", tl, shape, placement),
-        Form(DIALECTS[3], None, f"DTensor cuts a dim that does not divide by torch.chunk's rule, not {m.cut!r}")
-        if uneven and m.cut != "chunk" else
-        _mesh_form(DIALECTS[3], layout_to_placements,
+        _mesh_form(DIALECTS[3], lambda t: placements_of(t, shape),
                    lambda v: placements_to_layout(v, m.device_matrix, ndim, m.alias_name, cut=dtensor_cut),
                    format_placements, "--placements", tl, shape, mesh),
         _mesh_form(DIALECTS[4], layout_to_partition_spec,
@@ -231,6 +236,7 @@ def run(args: argparse.Namespace) -> int:
             lines.append(f"  {'note' if form.text else 'why'}: {form.note}")
         lines = wrap_lines(lines)
         if form.flags:
-            lines += _command(f"spmdsim slices {form.flags} --shape {_csv(case.shape)}", "  check: ")
+            # A 0-d tensor's shape is the empty string, which a shell drops unless quoted.
+            lines += _command(f"spmdsim slices {form.flags} --shape {_csv(case.shape) or chr(34) * 2}", "  check: ")
     print("\n".join(lines))
     return 0

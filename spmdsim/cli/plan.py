@@ -43,10 +43,35 @@ __all__ = [
 MAX_PLAN_DEVICES = 65536
 
 
+class _EachGiven(argparse.Action):
+    """Store the value, and keep every (flag, value) given for it in `<dest>_given`: a flag and its other
+    name (--device-matrix, --placement), or one flag twice, must not silently keep only the last value."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        given = list(getattr(namespace, f"{self.dest}_given", None) or ())
+        setattr(namespace, f"{self.dest}_given", given + [(option_string, values)])
+
+
+def _one_device_matrix(args: argparse.Namespace) -> None:
+    """Refuse --device-matrix and --placement (one flag by two names) given two different device matrices."""
+    given = getattr(args, "device_matrix_given", None) or []
+    for flag, value in given[1:]:
+        first_flag, first = given[0]
+        try:
+            same = parse_int_list(value, flag) == parse_int_list(first, first_flag)
+        except SpmdsimError:
+            same = value == first  # a value that is no list is refused, naming it, when the mesh is built
+        if not same:
+            raise SpmdsimError(f"{first_flag} {first!r} and {flag} {value!r} give two device matrices "
+                               "(--placement is another name for --device-matrix); give one")
+
+
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     """Source/target layout, shape and dtype flags (shared by `plan` and `run redistribute`)."""
     g = parser.add_argument_group("layouts")
     g.add_argument("--device-matrix", "--placement", dest="device_matrix", required=True, metavar="N,..",
+                   action=_EachGiven,
                    help="e.g. 8 or 2,2,2 (--placement: the same, as OneFlow and `spmdsim show` call it)")
     g.add_argument("--alias", metavar="NAME,..", help="axis names (default axis_0,axis_1,..)")
     g.add_argument("--from", dest="from_map", metavar="MAP", help='source tensor map, e.g. "x,None"')
@@ -170,6 +195,7 @@ def _renamed(tl: TensorLayout, names: dict[str, str]) -> TensorLayout:
 
 def layouts_from_args(args: argparse.Namespace) -> tuple[TensorLayout, TensorLayout, tuple, str]:
     """(source, target, shape, dtype) from the flags."""
+    _one_device_matrix(args)
     shape = parse_int_list(args.shape, "--shape")
     source_mesh = _mesh(args.device_matrix, args.alias)
     if args.to_device_matrix:

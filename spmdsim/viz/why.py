@@ -45,8 +45,7 @@ def step_why(step: Step) -> str:
         return (f"the target splits a dim over {_over(step)} that every rank already holds whole: "
                 "each rank keeps its part, no communication")
     if isinstance(step, LocalZero):
-        return (f"the target is a pending sum over {_over(step)}: one copy keeps the values and "
-                "the others hold zeros, no communication")
+        return _zero_why(step)
     if isinstance(step, Allgather):
         return (f"dim {step.tensor_dim} is split over {_over(step)} and the target wants it whole: "
                 f"each rank receives {_others(g - 1, 'piece')} of its group of {g}")
@@ -66,6 +65,32 @@ def step_why(step: Step) -> str:
         return ("no single collective on one mesh-axis group makes the target: each rank receives "
                 "exactly the boxes of its new block it lacks (Alltoallv)")
     return f"{step}"
+
+
+def _names(axes: Sequence[str]) -> str:
+    return "(" + ", ".join(repr(a) for a in axes) + ")" if len(axes) > 1 else repr(axes[0])
+
+
+def _zero_why(step: Step) -> str:
+    """LocalZero's reason: an axis that split a dim (S -> P) pads each rank's own block with zeros; an axis
+    of copies (B -> P) keeps one copy and zeros the others. One step may do both."""
+    split = [a for a in step.axes if a in step.before.split_axes]
+    copies = [a for a in step.axes if a not in split]
+    parts = []
+    if split:
+        dims = [d for d, axes in enumerate(step.before.tensor_map) if set(axes or ()) & set(split)]
+        which = f"dim {dims[0]}" if len(dims) == 1 else "dims " + ", ".join(map(str, dims))
+        parts.append((f"{_names(split)}, which split {which}",
+                      "each rank puts its own block inside a zero block the size of its new one, so the "
+                      f"sum over {_names(split)} is the value"))
+    if copies:
+        parts.append((f"{_names(copies)}, whose ranks hold copies",
+                      "one copy keeps the values and the others hold zeros"))
+    if len(parts) == 1:
+        (where, what), = parts
+        return f"the target is a pending sum over {where}: {what}; no communication"
+    return (f"the target is a pending sum over {_over(step)}: "
+            + "; ".join(f"over {where}, {what}" for where, what in parts) + "; no communication")
 
 
 def step_text(step: Step, dialect: str = "sbp") -> str:
@@ -99,14 +124,15 @@ def byte_matrix(steps: Step | Sequence[Step], num_ranks: int, shape: Sequence[in
                 itemsize: int = 0) -> list[list[int]]:
     """matrix[src][dst]: logical bytes rank `src` sends rank `dst` over the given step(s).
 
-    With the tensor's `shape` and `itemsize`, a collective on an uneven cut's pieces (Layout.cut)
-    counts each pair's own piece; else a rank's bytes are shared out equally over its peers."""
+    Row `src` sums to the steps' bytes_sent[src] and column `dst` to their bytes_received[dst], the
+    figures of the step table. With the tensor's `shape` and `itemsize`, a collective on an uneven
+    cut's pieces (Layout.cut) counts each pair's own piece; else a rank's bytes are shared out
+    equally over its peers."""
     steps = (steps,) if isinstance(steps, Step) else tuple(steps)
     out = [[0] * num_ranks for _ in range(num_ranks)]
     for step in steps:
-        if shape is not None and not isinstance(step, (Exchange, Allreduce)) and is_uneven(step, tuple(shape)):
-            _uneven_pairs(out, step, tuple(shape), itemsize)
-            continue
+        if isinstance(step, (LocalSlice, LocalZero)):
+            continue  # each rank keeps (or zeroes) part of its own block: nothing moves
         if isinstance(step, Exchange):
             # Each rank's bytes sent, shared out over its boxes by their element counts.
             volume = [0] * num_ranks
@@ -115,15 +141,20 @@ def byte_matrix(steps: Step | Sequence[Step], num_ranks: int, shape: Sequence[in
             for src, dst, box in step.transfers:
                 out[src][dst] += step.bytes_sent[src] * _volume(box) // volume[src]
             continue
+        if shape is not None and not isinstance(step, Allreduce) and is_uneven(step, tuple(shape)):
+            _uneven_pairs(out, step, tuple(shape), itemsize)
+            continue
         for group in step_groups(step):
             peers = len(group) - 1
-            for src in group:
+            for i, src in enumerate(group):
                 if peers < 1 or not step.bytes_sent[src]:
                     continue
-                share = step.bytes_sent[src] // peers
-                for dst in group:
-                    if dst != src:
-                        out[src][dst] += share
+                # The remainder of an inexact share (a ring Allreduce's 2(g-1)/g of a block that
+                # g does not divide) goes one byte each to the next ranks round the group: every
+                # member holds as many bytes, so each column gets as many extra bytes as each row.
+                share, extra = divmod(step.bytes_sent[src], peers)
+                for k in range(1, peers + 1):
+                    out[src][group[(i + k) % len(group)]] += share + (k <= extra)
     return out
 
 
