@@ -89,6 +89,9 @@ def test_conflicting_flags_are_refused_naming_both(capsys):
     each is refused in one line now; the same strategy twice (spaced otherwise) is still one fix."""
     assert main(TUTORIAL + ["--repeat", "5"]) == 2
     assert unfold(capsys.readouterr().err) == "spmdsim: error: --repeat 5 counts the forward passes of --run; add --run\n"
+    # --run --repeat 0 printed a table and PASS after no forward pass at all
+    assert main(TUTORIAL + ["--run", "--repeat", "0"]) == 2
+    assert unfold(capsys.readouterr().err) == "spmdsim: error: --repeat 0 must be at least 1 (forward passes of --run)\n"
     assert main(TUTORIAL + ["--fix", "MatMul1=((2,4),(4,1))", "--fix", "MatMul1=((8,1),(1,1))"]) == 2
     assert unfold(capsys.readouterr().err) == (
         "spmdsim: error: --fix MatMul1=((2,4),(4,1)) and --fix MatMul1=((8,1),(1,1)) hold MatMul1 two ways; "

@@ -212,6 +212,8 @@ def run(args: argparse.Namespace) -> int:
         return run_machine(args)
     if args.repeat is not None and not args.run:  # before the default: only a --repeat the user gave
         raise SpmdsimError(f"--repeat {args.repeat} counts the forward passes of --run; add --run")
+    if args.repeat is not None and args.repeat < 1:  # 0 printed a table and PASS after no pass at all
+        raise SpmdsimError(f"--repeat {args.repeat} must be at least 1 (forward passes of --run)")
     _fixes(args.fix)  # a malformed or twice-given --fix is refused before any search or launch
     for flag, default in OPERATOR_DEFAULTS.items():
         if getattr(args, flag) is None:
