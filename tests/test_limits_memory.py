@@ -129,3 +129,14 @@ def test_a_dry_run_is_not_refused_by_this_machines_memory(monkeypatch):
     monkeypatch.setenv("SPMDSIM_MEMORY", "bogus")
     with pytest.raises(SpmdsimError, match="SPMDSIM_MEMORY='bogus' is not a size"):
         simulate(4, build, 16, dry_run=True)
+
+
+def test_the_demos_refusal_names_no_flag_it_lacks(monkeypatch, capsys):
+    """`SPMDSIM_MEMORY=1K spmdsim demo` said "the largest --shape that fits is 8,10,4", a flag the demo does not
+    have (`spmdsim run matmul` has it): the demo's refusal now names the shape alone."""
+    from spmdsim.cli.main import main
+
+    monkeypatch.setenv("SPMDSIM_MEMORY", "1K")
+    assert main(["demo", "--ranks", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "; the largest shape that fits is " in " ".join(err.split()) and "--shape" not in err, err

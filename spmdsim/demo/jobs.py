@@ -54,9 +54,10 @@ def matmul_job(
     comm: Any, x_layout: TensorLayout, w_layout: TensorLayout,
     x_shape: Sequence[int], w_shape: Sequence[int], *, dtype: str = "float32", seed: int = 0,
     transpose_a: bool = False, transpose_b: bool = False,
-    out_layout: Optional[TensorLayout] = None, op: str = "MatMul",
+    out_layout: Optional[TensorLayout] = None, op: str = "MatMul", shape_flag: str = "--shape",
 ) -> Job:
-    """Y = op(X) @ op(W) for explicit layouts (X from `seed`, W from `seed + 1`)."""
+    """Y = op(X) @ op(W) for explicit layouts (X from `seed`, W from `seed + 1`); `shape_flag`: what a refusal for
+    memory calls the shape it names (`spmdsim run matmul`'s flag; the demo's: "shape", it has no flag)."""
     from ..memory import matmul_job_need
     from ..ops.matmul import matmul, plan_matmul
     from ..runtime.budget import check_memory
@@ -64,7 +65,7 @@ def matmul_job(
     mesh = _mesh(x_layout.layout, comm)
     # Before any shard exists: refused alike on every rank when the peak does not fit.
     check_memory(comm, op, *matmul_job_need(x_layout, w_layout, x_shape, w_shape, dtype, transpose_a,
-                                            transpose_b, out_layout), shape_flag="--shape")
+                                            transpose_b, out_layout), shape_flag=shape_flag)
     xs, ws = SeededTensor(x_shape, dtype, seed), SeededTensor(w_shape, dtype, seed + 1)
     x, w = _dtensor(mesh, x_layout, xs), _dtensor(mesh, w_layout, ws)
     plan, _ = plan_matmul(x, w, transpose_a=transpose_a, transpose_b=transpose_b,
@@ -84,9 +85,9 @@ def matmul_job(
 def strategy_matmul_job(
     comm: Any, strategy: Any, dims: Sequence[int], *, dtype: str = "float32", seed: int = 0,
     transpose_a: bool = False, transpose_b: bool = False,
-    out_strategy: Optional[Sequence[int]] = None,
+    out_strategy: Optional[Sequence[int]] = None, shape_flag: str = "--shape",
 ) -> Job:
-    """MindSpore ``MatMul().shard(strategy)`` on (batch..., M, K, N) = `dims`."""
+    """MindSpore ``MatMul().shard(strategy)`` on (batch..., M, K, N) = `dims` (`shape_flag`: matmul_job's)."""
     m = matmul_layouts(strategy, comm.Get_size(), transpose_a, transpose_b)
     dims = tuple(int(d) for d in dims)
     if len(dims) < 3:
@@ -105,7 +106,7 @@ def strategy_matmul_job(
     if out_strategy is not None:
         op += f" out {format_strategy((tuple(out_strategy),))}"
     return matmul_job(comm, m.x, m.w, x_shape, w_shape, dtype=dtype, seed=seed,
-                      transpose_a=transpose_a, transpose_b=transpose_b, out_layout=out, op=op)
+                      transpose_a=transpose_a, transpose_b=transpose_b, out_layout=out, op=op, shape_flag=shape_flag)
 
 
 def _linear_steps(plan: LinearPlan) -> tuple[tuple[Step, str], ...]:

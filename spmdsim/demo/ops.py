@@ -14,6 +14,9 @@ from ..layout import Layout
 from .jobs import embedding_job, linear_job, matmul_job, mlp_job, strategy_matmul_job
 from .registry import Context, Job, scenario
 
+#: What a memory refusal calls the product's shape in the demo, which has no --shape flag (spmdsim run's has).
+DEMO_SHAPE = "shape"
+
 __all__: list[str] = []
 
 
@@ -39,21 +42,21 @@ def _divides(size: int) -> Callable[[int], Optional[str]]:
 def _matmul_2x1_1x4(ctx: Context) -> Job:
     # Rows split in 2, columns in 4: K is whole everywhere, no communication.
     return strategy_matmul_job(ctx.comm, "((2,1),(1,4))", (96, 120, 72),
-                               dtype=ctx.dtype, seed=ctx.seed)
+                               dtype=ctx.dtype, seed=ctx.seed, shape_flag=DEMO_SHAPE)
 
 
 @scenario("matmul_2x4_4x1", "MatMul ((2,4),(4,1))", _multiple_of(8, "strategy ((2,4),(4,1))"))
 def _matmul_2x4_4x1(ctx: Context) -> Job:
     # Seed 003 matmul1: K split in 4 -> partial sums -> Allreduce over "k".
     return strategy_matmul_job(ctx.comm, "((2,4),(4,1))", (32, 784, 512),
-                               dtype=ctx.dtype, seed=ctx.seed)
+                               dtype=ctx.dtype, seed=ctx.seed, shape_flag=DEMO_SHAPE)
 
 
 @scenario("matmul_1x8_8x1", "MatMul ((1,8),(8,1))", _multiple_of(8, "strategy ((1,8),(8,1))"))
 def _matmul_1x8_8x1(ctx: Context) -> Job:
     # Seed 003 matmul2: K split over all 8 ranks -> one Allreduce over 8.
     return strategy_matmul_job(ctx.comm, "((1,8),(8,1))", (32, 512, 512),
-                               dtype=ctx.dtype, seed=ctx.seed)
+                               dtype=ctx.dtype, seed=ctx.seed, shape_flag=DEMO_SHAPE)
 
 
 @scenario("matmul_out_strategy", "MatMul ((2,4),(4,1)) out ((8,1),)",
@@ -61,7 +64,7 @@ def _matmul_1x8_8x1(ctx: Context) -> Job:
 def _matmul_out_strategy(ctx: Context) -> Job:
     # MindSpore out_strategy: the partial sum is reduce-scattered along the rows.
     return strategy_matmul_job(ctx.comm, "((2,4),(4,1))", (32, 784, 512), dtype=ctx.dtype,
-                               seed=ctx.seed, out_strategy=(8, 1))
+                               seed=ctx.seed, out_strategy=(8, 1), shape_flag=DEMO_SHAPE)
 
 
 @scenario("matmul_layout_tuple", 'MatMul Layout("mp", ("sp","dp"))',
@@ -71,7 +74,7 @@ def _matmul_layout_tuple(ctx: Context) -> Job:
     layout = Layout((2, 2, 2), ("dp", "sp", "mp"))
     return matmul_job(ctx.comm, layout("mp", ("sp", "dp")), layout(("sp", "dp"), None),
                       (32, 784), (784, 512), dtype=ctx.dtype, seed=ctx.seed,
-                      op="MatMul Layout((2,2,2))")
+                      op="MatMul Layout((2,2,2))", shape_flag=DEMO_SHAPE)
 
 
 @scenario("embedding_vocab", "vocab-parallel Embedding (Paddle split)", _divides(960))
