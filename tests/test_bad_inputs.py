@@ -23,6 +23,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -178,6 +179,27 @@ def test_bad_input_ends_the_job_with_one_line(case: str, batch) -> None:
     print(f"\n{case}: rc={code} {out.strip()!r}")
     assert code == "2", (code, out)  # 2: a clean error raised on every rank (the guard's exit code)
     _one_line(out, needle)
+
+
+def test_the_doc_quotes_each_cases_line_as_it_is_printed(batch) -> None:
+    """docs/reliability.md's table of these cases quotes each message exactly: two rows had drifted from what
+    the program prints ("has 1 entries" for "has 1 entry"; "e.g. w mapped ("mp", "mp")", itself an invalid map,
+    for ("mp", None)). Each case's line, unwrapped, is in the doc (lines the doc abridges with "..." aside)."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "reliability.md").read_text()
+    missing = []
+    for case, (_, out) in sorted(batch[3].items()):
+        line = " ".join(out.split("spmdsim: error: ", 1)[-1].split())  # unwrapped (the 100-column wrap)
+        line = line.replace("|", "\\|")  # as a Markdown table cell writes it
+        if f"`spmdsim: error: {line}`" not in doc and not _abridged(line, doc):
+            missing.append((case, line))
+    assert len(batch[3]) == len(CASES) and not missing, missing
+
+
+def _abridged(line: str, doc: str) -> bool:
+    """Whether the doc quotes `line` cut short: a quoted message ending in "..." whose start (20 characters at
+    least) `line` has."""
+    starts = [q[:-3].rstrip() for q in re.findall(r"`spmdsim: error: ([^`]*\.\.\.)`", doc)]
+    return any(len(start) >= 20 and line.startswith(start) for start in starts)
 
 
 #: A case of each kind run alone to the end of its process, on 3 ranks (any count shows it).
