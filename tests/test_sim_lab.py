@@ -36,7 +36,8 @@ SAME_AS_MPICH = ["hello.py", "ring_objects.py", "ring_buffers.py", "sendrecv.py"
                  "test_loop_late.py", "neighbors.py", "graphs.py", "alltoallw.py", "rma.py", "halo.py", "columns.py",
                  "partitioned.py", "reduce_derived.py", "reduce_derived_user.py",
                  "inplace_derived.py", "tag_bounds.py", "int_arguments.py",
-                 "test_loop_all_late.py", "aliased.py"]
+                 "test_loop_all_late.py", "aliased.py",
+                 "none_buffers.py"]
 
 
 #: Programs whose output under MPICH before 5 (4.2 checked) is not the standard's, and how; the emulator prints
@@ -634,3 +635,17 @@ def test_aliased_buffers_are_mpichs_error(capsys):
         f"spmdsim mpirun: error on simulated ranks 0-3: MPI.Exception: {mpi_says('ERR_BUFFER')}: Allreduce: buffers "
         "must not be aliased: the data sent and the receive buffer share memory; pass MPI.IN_PLACE as the send "
         "buffer\n"), err
+
+
+def test_a_none_buffer_is_mpi4pys_type_error(capsys):
+    # None where a buffer goes was read as an empty uint8 message: "Allreduce: send dtype 'float64' and receive
+    # dtype 'uint8' differ", a Bcast(None) that ran, or "collectives diverge ... uint8". mpi4py raises TypeError
+    # ("message: expecting buffer or list/tuple") but where MPI reads no buffer or None is MPI.IN_PLACE;
+    # none_buffers.py (above, against MPICH) tries each collective, here the line.
+    code, out, err = _mpirun(capsys, "-c", "import numpy as np\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
+                                           "a = np.ones(4)\n"
+                                           "comm.Reduce(a, None if comm.rank else np.zeros(4), root=0)\n"
+                                           "comm.Bcast(None)\n")
+    assert code == 1 and out == "" and err.startswith(
+        "spmdsim mpirun: error on simulated ranks 0-3: TypeError: Bcast buffer: message: expecting buffer or "
+        "list/tuple, got None (Python objects go with the lowercase methods: send, bcast, allreduce, ...)\n"), err
