@@ -36,7 +36,8 @@ SAME_AS_MPICH = ["hello.py", "ring_objects.py", "ring_buffers.py", "sendrecv.py"
                  "test_loop_late.py", "neighbors.py", "graphs.py", "alltoallw.py", "rma.py", "halo.py", "columns.py",
                  "partitioned.py", "reduce_derived.py", "reduce_derived_user.py",
                  "inplace_derived.py", "tag_bounds.py", "int_arguments.py",
-                 "test_loop_all_late.py"]
+                 "test_loop_all_late.py", "aliased.py",
+                 "none_buffers.py"]
 
 
 #: Programs whose output under MPICH before 5 (4.2 checked) is not the standard's, and how; the emulator prints
@@ -605,3 +606,46 @@ def test_every_rank_polling_in_vain_is_a_deadlock(capsys, monkeypatch):
         assert found and int(found[1]) == (int(found[2]) + 1) % 4, clause
         ranks.add(int(found[2]))
     assert ranks == {0, 1, 2, 3}
+
+
+def test_aliased_buffers_are_mpichs_error(capsys):
+    # Allreduce(a, a) reduced into a (every rank [4.0, 4.0, 4.0], exit 0), where MPICH refuses a send buffer that
+    # shares the receive buffer's memory: MPI.Exception (MPI.ERR_BUFFER) "Invalid buffer pointer ... Buffers must
+    # not be aliased". aliased.py (above, against MPICH) tries each collective; here the values and the line. A
+    # block of the receive buffer other than the rank's own is not checked, as MPICH does not.
+    code, out, err = _mpirun(capsys, "-c", textwrap.dedent("""\
+        import numpy as np
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        a = np.ones(8) * comm.rank
+        for name, call in [("in place", lambda: comm.Allreduce(MPI.IN_PLACE, a[:3])),
+                           ("Allgather", lambda: comm.Allgather(a[2 * comm.rank:][:2], a)),
+                           ("Scatter", lambda: MPI.COMM_SELF.Scatter(a[:2], a[:2], root=0)),
+                           ("Allgather other", lambda: comm.Allgather(a[2:4] if comm.rank == 0 else a[:2], a))]:
+            try:
+                call()
+                print(comm.rank, name, "ran", a[:3].tolist() if name == "in place" else "")
+            except MPI.Exception as e:
+                print(comm.rank, name, e.Get_error_class() == MPI.ERR_BUFFER)
+        comm.Allreduce(a, a)
+        """))
+    assert sorted(out.splitlines()) == sorted(line for r in range(4) for line in (
+        f"{r} in place ran [6.0, 6.0, 6.0]", f"{r} Allgather True", f"{r} Scatter True", f"{r} Allgather other ran ")), out
+    assert code == 1 and err.startswith(
+        f"spmdsim mpirun: error on simulated ranks 0-3: MPI.Exception: {mpi_says('ERR_BUFFER')}: Allreduce: buffers "
+        "must not be aliased: the data sent and the receive buffer share memory; pass MPI.IN_PLACE as the send "
+        "buffer\n"), err
+
+
+def test_a_none_buffer_is_mpi4pys_type_error(capsys):
+    # None where a buffer goes was read as an empty uint8 message: "Allreduce: send dtype 'float64' and receive
+    # dtype 'uint8' differ", a Bcast(None) that ran, or "collectives diverge ... uint8". mpi4py raises TypeError
+    # ("message: expecting buffer or list/tuple") but where MPI reads no buffer or None is MPI.IN_PLACE;
+    # none_buffers.py (above, against MPICH) tries each collective, here the line.
+    code, out, err = _mpirun(capsys, "-c", "import numpy as np\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
+                                           "a = np.ones(4)\n"
+                                           "comm.Reduce(a, None if comm.rank else np.zeros(4), root=0)\n"
+                                           "comm.Bcast(None)\n")
+    assert code == 1 and out == "" and err.startswith(
+        "spmdsim mpirun: error on simulated ranks 0-3: TypeError: Bcast buffer: message: expecting buffer or "
+        "list/tuple, got None (Python objects go with the lowercase methods: send, bcast, allreduce, ...)\n"), err

@@ -20,8 +20,8 @@ from ..errors import ShapeError
 from ..sim import thread_engine as bodies
 from .._lazy import numpy_on_first_use
 from .derived import blocks, laid_out, may_be_derived, packed, unpacking, wmessage
-from ..sim._buffers import (_unpack, copy_into, dtype_name, fold, in_place, message, mpi_error, mpi_module, reduction,
-                            vector)
+from ..sim._buffers import (BufferSpecError, _unpack, copy_into, dtype_name, fold, in_place, message, mpi_error,
+                            mpi_module, reduction, vector)
 from ..sim.orders import allreduce_tree, reduce_tree
 from ..sim.thread_engine import _nothing, bad_root
 
@@ -58,10 +58,29 @@ def _predefined_op_types(call: str, red: Any, *specs: Any) -> None:
                                              f"with a user-defined MPI.Op.Create")
 
 
+def _aliased(call: str, sent: np.ndarray, into: np.ndarray, where: str = "the receive buffer",
+             instead: str = "the send buffer") -> None:
+    """MPI.Exception with MPI.ERR_BUFFER, as MPICH raises it ("Invalid buffer pointer ... Buffers must not be
+    aliased"), where the data a rank sends (`sent`) and the memory its message is received into (`into`: the
+    receive buffer, or the rank's own block of it in a gather, the root's block of the send buffer in a scatter)
+    overlap. MPICH compares their addresses, and of buffers that overlap from another address aborts on some
+    ("memcpy argument memory ranges overlap") and runs others: MPI forbids them all, and here each rank's data is
+    read while others write, so every overlap is refused. Empty messages pass, as MPICH's (count 0). The one check of
+    every collective MPICH checks: Sendrecv, Alltoallv(w) and the neighbour collectives take aliased buffers."""
+    if sent.size and into.size and np.may_share_memory(sent, into):  # flat, one block each: the bounds are exact
+        detail = (f"{call}: buffers must not be aliased: the data sent and {where} share memory; pass MPI.IN_PLACE "
+                  f"as {instead}")
+        mpi = mpi_module()
+        raise BufferSpecError(detail) if mpi is None else mpi_error(mpi, mpi.ERR_BUFFER, detail)
+
+
 def _matching(op: str, sendbuf: Any, dst: np.ndarray, n: int) -> np.ndarray:
-    """The send data of a reduction whose receive buffer is `dst` (n items), checked (thread_engine.matching)."""
+    """The send data of a reduction whose receive buffer is `dst` (n items), checked (thread_engine.matching)
+    and not aliased with it."""
     src, ns, _ = message(sendbuf, f"{op} sendbuf")
-    return bodies.matching(op, src if src.size == ns else src[:ns], dst if dst.size == n else dst[:n])
+    src = bodies.matching(op, src if src.size == ns else src[:ns], dst if dst.size == n else dst[:n])
+    _aliased(op, src, dst[:n])
+    return src
 
 
 def _blocks_fit(op: str, sent: np.ndarray, recv: np.ndarray) -> None:
@@ -190,6 +209,7 @@ class BufferCollectives:
             if bs != b:
                 raise ShapeError(f"Reduce_scatter_block: send buffer of {g} x {bs} items for receive "
                                  f"blocks of {b}")
+            _aliased("Reduce_scatter_block", src[:g * b], dst[:b])
         bodies.reduce_scatter(self, src, dst, b, red, dt)
         if finish is not None:
             finish()
@@ -223,6 +243,7 @@ class BufferCollectives:
                 raise ValueError(f"Reduce_scatter: send count {ns} and receive count {rc} do not match "
                                  f"recvcounts {counts}")
             src = src[:total]
+            _aliased("Reduce_scatter", src, dst[:counts[me]])
         signature = ("reduce_scatter_v", dtype_name(src.dtype), tuple(counts), red.name)
         lo, b = sum(counts[:me]), counts[me]
         out = np.empty(b, src.dtype)
@@ -254,6 +275,7 @@ class BufferCollectives:
                     raise ShapeError(f"Allgather: receive buffer of {dst.size} items is smaller than "
                                      f"{g} x {src.size}")
                 _blocks_fit("Allgather", src, dst[:n])
+            _aliased("Allgather", src, dst[me * n:(me + 1) * n], "this rank's block of the receive buffer")
         bodies.all_gather(self, src, dst, n, inplace)
 
     def Allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:
@@ -268,6 +290,8 @@ class BufferCollectives:
         else:
             src, ns, _ = message(sendbuf, "Allgatherv sendbuf")
             src = src[:ns]
+            _aliased("Allgatherv", src, dst[displs[me]:displs[me] + counts[me]], "this rank's block of the receive "
+                                                                                 "buffer")
 
         def gather_mine(slot: Any) -> None:  # writes only this member's blocks no other member reads
             for j, call in enumerate(slot.calls):
@@ -304,6 +328,9 @@ class BufferCollectives:
             else:
                 dst, n, _ = message(recvbuf, f"{call} recvbuf", blocks=g, readonly=False)
                 counts, displs = [n] * g, [n * j for j in range(g)]
+            if src is not None:
+                _aliased(call, src, dst[displs[me]:displs[me] + counts[me]], "the root's block of the receive buffer",
+                         "the root's send buffer")
         bodies.gather_to(self, src, root, dst, counts, displs, call)
 
     def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
@@ -334,6 +361,8 @@ class BufferCollectives:
             return
         recvbuf, unpack = unpacking(recvbuf) if may_be_derived(recvbuf) else (recvbuf, None)
         dst, n, _ = message(recvbuf, f"{call} recvbuf", readonly=False)
+        if me == root:
+            _aliased(call, data[root], dst[:n], instead="the root's receive buffer")
 
         def copy_mine(slot: Any) -> None:
             block = slot.calls[root].data[me]
@@ -357,6 +386,7 @@ class BufferCollectives:
             if b * src.itemsize != n * dst.itemsize:
                 raise ShapeError(f"Alltoall: blocks of {b} x {src.dtype.name} are sent where "
                                  f"blocks of {n} x {dst.dtype.name} are received")
+            _aliased("Alltoall", src[:b * g], dst[:n * g])
         bodies.all_to_all(self, src, b, dst, n)
 
     def Alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:

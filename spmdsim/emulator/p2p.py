@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..sim._buffers import message, special
+from ..sim._buffers import message, no_buffer, special
 from ..sim.p2p import _any, post_recv, post_send, probe
 from ..sim.requests import Request
 from .derived import may_be_derived, packed, unpacking
@@ -15,8 +15,7 @@ __all__ = ["PointToPoint"]
 
 def _no_buffer(call: str) -> TypeError:
     """mpi4py's error for None where a buffer goes (the thread engine reads None as an object message)."""
-    return TypeError(f"{call}: message: expecting buffer or list/tuple, got None (Python objects go with "
-                     f"the lowercase methods: send, recv, ...)")
+    return no_buffer(call, "send, recv")
 
 
 class PointToPoint:
@@ -63,6 +62,8 @@ class PointToPoint:
 
     def Isendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
                   source: Optional[int] = None, recvtag: Optional[int] = None) -> Request:
+        if recvbuf is None and sendbuf is not None and source != special("PROC_NULL"):
+            raise _no_buffer("Recv")  # before the send is posted: mpi4py reads both messages before MPI sends
         send = self.Isend(sendbuf, dest, sendtag)
         recv = self.Irecv(recvbuf, source, recvtag)
         both = Request(None, self._me, "sendrecv")
@@ -75,6 +76,8 @@ class PointToPoint:
 
     def Isendrecv_replace(self, buf: Any, dest: int, sendtag: int = 0, source: Optional[int] = None,
                           recvtag: Optional[int] = None) -> Request:
+        if buf is None and dest == source == special("PROC_NULL"):
+            buf = [None, 0]  # mpi4py's empty message: None is one only to and from MPI.PROC_NULL
         data, count, _ = message(buf, "Sendrecv_replace buffer", readonly=False)
         both = Request(None, self._me, "sendrecv")
         send = self.Isend(data[:count].copy(), dest, sendtag)  # sent from a copy: `buf` is received into

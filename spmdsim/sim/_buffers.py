@@ -432,10 +432,21 @@ def _unpack(spec: Any, pair: Any = (list, tuple)) -> tuple:
     return buf, count, displ, dtype
 
 
+def no_buffer(what: str, methods: str = "send, bcast, allreduce") -> TypeError:
+    """mpi4py's TypeError for None where a message goes ("message: expecting buffer or list/tuple"): its readers
+    take None only for a message MPI does not read (to or from MPI.PROC_NULL, a non-root's receive buffer of a
+    gather or reduce, a non-root's send buffer of a scatter) and, where MPI allows it, as MPI.IN_PLACE; the callers
+    pass neither here. Read as an empty buffer, it was a receive of 0 x uint8 ("send dtype 'float64' and receive
+    dtype 'uint8' differ"), a Bcast that ran or whose ranks diverged."""
+    return TypeError(f"{what}: message: expecting buffer or list/tuple, got None (Python objects go with the "
+                     f"lowercase methods: {methods}, ...)")
+
+
 def message(spec: Any, what: str, blocks: int = 1, readonly: bool = True) -> tuple[np.ndarray, int, Any]:
     """(typed flat view from the displacement on, count per block, MPI datatype or None) of `spec`.
 
-    Without a count, the buffer's entries split into `blocks` equal blocks (mpi4py's rule).
+    Without a count, the buffer's entries split into `blocks` equal blocks (mpi4py's rule). `spec` None is
+    mpi4py's TypeError (`no_buffer`); a None buffer in a list (``[None, 0, MPI.DOUBLE]``) is empty, as mpi4py's.
     """
     if (type(spec) is np.ndarray and spec.flags.c_contiguous and spec.dtype.byteorder != _FOREIGN
             and spec.dtype.char != "O"):  # the hot path: a plain array (array_of says what the others lack)
@@ -460,6 +471,8 @@ def message(spec: Any, what: str, blocks: int = 1, readonly: bool = True) -> tup
             if count > a.size:
                 raise ShapeError(f"{what}: 1 x {count} entries do not fit a buffer of {a.size}")
             return a, count, datatype
+    if spec is None:
+        raise no_buffer(what)
     buf, count, displ, datatype = _unpack(spec)
     try:  # the buffer first, as mpi4py reads it: [1, 2, 3] is a list of numbers, not [buf, count, type]
         a = None if buf is None else array_of(buf, what, readonly, datatype is not None)
@@ -557,6 +570,8 @@ def vector(spec: Any, what: str, blocks: int, readonly: bool = True) -> tuple[np
             raise BufferSpecError(f"{what}: buffer is read-only")
         counts, displs = spec[1]
         return (a, *_layout(counts, displs, blocks, a.size, what), None)
+    if spec is None:
+        raise no_buffer(what)
     buf, counts, displs, datatype = _unpack(spec, pair=tuple)
     dtype = None if datatype is None else numpy_dtype(datatype)
     a = (np.empty(0, dtype or np.uint8) if buf is None
