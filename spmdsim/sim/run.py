@@ -204,7 +204,10 @@ def _dry_run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> li
 
 
 def _raise_failure(engine: World, size: int) -> None:
-    """Raise the lowest failing rank's own exception, noting which rank(s) raised it."""
+    """Raise the lowest failing rank's own exception, noting which rank(s) raised it, and with
+    ``simulated_failures``: (rank, type, text) of every failing rank, in rank order (spmdsim.sim.launch: an
+    spmdsim error on every rank is exit 2 whatever each says; the types, not the exceptions, whose
+    tracebacks would keep every rank's buffers)."""
     failed = {r: e for r, e in engine.failed.items() if r >= 0}
     if not failed:
         return
@@ -213,7 +216,12 @@ def _raise_failure(engine: World, size: int) -> None:
     alike = [r for r, e in failed.items() if type(e) is type(exc) and str(e) == str(exc)]
     where = ("every simulated rank" if len(alike) == size
              else f"simulated {ranks_text(alike)} of {size}")
-    raise _noted(exc, tuple(sorted(alike)), f"raised on {where}")
+    noted = _noted(exc, tuple(sorted(alike)), f"raised on {where}")
+    try:
+        noted.simulated_failures = tuple((r, type(e), str(e)) for r, e in sorted(failed.items()))
+    except AttributeError:  # an exception type with __slots__
+        pass
+    raise noted
 
 
 def _exit_text(exc: SystemExit) -> str:
