@@ -289,6 +289,68 @@ def test_the_dry_engine_counts_every_buffer_a_transfer_holds_and_moves_nothing()
     assert peak >= (3 + 12 + 3 + 5) * 8 and objects == ["a"] * 4
 
 
+def _dtype_refusals(groups: tuple) -> list:
+    """On a rank: what each collective says of each dtype MPI cannot take, on meshes whose groups are of
+    `groups` ranks (a group of one checks alike), then the dtypes it takes."""
+    from spmdsim.errors import DTypeError
+    from spmdsim.runtime import Mesh, allgather, allreduce, alltoall, alltoallv, bcast, prepare_allreduce
+    from spmdsim.runtime import reduce_scatter
+
+    said = []
+    for g in groups:
+        mesh = Mesh(spmdsim.Layout((4 // g, g), ("dp", "mp")))
+        calls = {"allreduce": lambda a: allreduce(mesh, a, "mp"),
+                 "reduce_scatter": lambda a: reduce_scatter(mesh, a, "mp", 0),
+                 "allgather": lambda a: allgather(mesh, a, "mp", 0),
+                 "alltoall": lambda a: alltoall(mesh, a, "mp", 0, 0),
+                 "bcast": lambda a: bcast(mesh, a, "mp", 0),
+                 "prepared allreduce": lambda a: prepare_allreduce(mesh, a, "mp").run(),
+                 "alltoallv": lambda a: alltoallv(mesh, {(mesh.rank + 1) % 4: a}, {(mesh.rank - 1) % 4: a.shape},
+                                                  a.dtype)}
+        for dtype in (bool, "<U1", object, ">f8"):
+            for op, call in calls.items():
+                if op == "alltoallv" and dtype is object:  # its kept send buffer, a view, cannot hold objects
+                    continue
+                for _ in range(2):  # a refused dtype is refused again (never taken into the cache)
+                    try:
+                        call(np.zeros(4, dtype=dtype))
+                    except DTypeError as exc:
+                        said.append((g, np.dtype(dtype).str, op, str(exc)))
+                    else:
+                        said.append((g, np.dtype(dtype).str, op, "taken"))
+    mesh = Mesh(spmdsim.Layout((2, 2), ("dp", "mp")))  # bool still moves; a sum still sums
+    flags = allgather(mesh, np.array([mesh.rank % 2 == 0]), "mp", 0)
+    return said, flags.tolist(), allreduce(mesh, np.arange(2) + mesh.rank, "mp").tolist()
+
+
+def test_every_engine_refuses_the_dtypes_mpi_refuses_with_mpis_message():
+    """The thread and dry engines take any dtype: a bool allreduce returned its inputs' OR, a str "sum" its
+    input, an object or big-endian allgather its blocks, where under MPI the same program exits 2 with one
+    line. The door checks the dtype before any engine's transfer now (only SPMDSIM_CHECK=1 did)."""
+    sums = "cannot sum dtype '{}'; expected an integer, float or complex dtype (bool and text can be moved, not summed)"
+    said = {"|b1": sums.format("bool"), "<U1": sums.format("str32"),
+            "|O": "MPI cannot send dtype '|O' (object); expected a numeric dtype: bool, int8..int64, uint8..uint64, "
+                  "float16..float64, complex64, complex128",
+            ">f8": "dtype '>f8' is not in native byte order; convert the array with .astype('float64') first"}
+    want = []
+    for g in (2, 1):
+        for dtype, text in said.items():
+            for op in ("allreduce", "reduce_scatter", "allgather", "alltoall", "bcast", "prepared allreduce",
+                       "alltoallv")[:None if dtype != "|O" else -1]:
+                moves = op not in ("allreduce", "reduce_scatter", "prepared allreduce")
+                refused = not (moves and dtype in ("|b1", "<U1"))
+                name = "allreduce" if op == "prepared allreduce" else op
+                want += [(g, dtype, op, f"{name}: {text}" if refused else "taken")] * 2
+    for results in (spmdsim.simulate(4, _dtype_refusals, (2, 1)),
+                    spmdsim.simulate(4, _dtype_refusals, (2, 1), dry_run=True)):
+        dry = isinstance(results, spmdsim.sim.run.DryRunResults)
+        for rank, (got, flags, sums_) in enumerate(results):
+            assert got == want
+            if not dry:
+                pair = 2 * (rank // 2)  # the ranks of its "mp" group: pair, pair + 1
+                assert flags == [True, False] and sums_ == [2 * pair + 1, 2 * pair + 3]
+
+
 _KEPT_GRAPH = """
 import numpy as np
 from mpi4py import MPI

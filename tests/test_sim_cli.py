@@ -88,6 +88,65 @@ def test_errors_on_simulated_ranks_exit_like_mpi(capsys):
     assert out.out == "" and out.err.startswith("spmdsim: error: unknown scenario(s) ['nosuch']")
 
 
+def test_an_spmdsim_error_on_every_rank_is_exit_2_whatever_each_says(monkeypatch, capsys):
+    """As under MPI, where each rank's hook exits 2 and rank 0 prints its own line: an SpmdsimError (or a
+    MemoryError) on every rank is one line and exit 2 though the texts or classes differ by rank. Only texts
+    alike used to count: a shard's size in from_local's message, or a ShapeError on rank 1 among
+    SpmdsimErrors, was exit 1 with 'error on simulated rank 0' (and 'ranks 0,2,3', leaving rank 1 out)."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim import DTensor, Layout, Mesh, ShapeError, SpmdsimError
+    from spmdsim.sim.launch import run_on_ranks
+
+    monkeypatch.delenv("SPMDSIM_MEMORY", raising=False)
+
+    def on_every_rank(error):
+        def body():
+            comm = spmdsim.world()
+            comm.Barrier()  # every rank raises its own, none stopped by another's first
+            raise error(comm.rank)
+        return body
+
+    def shard():
+        mesh = Mesh(Layout((4,), ("mp",)))
+        DTensor.from_local(mesh, np.zeros((mesh.rank + 5, 4)), mesh.layout("mp", None), (16, 4))
+
+    def said(n, fn):
+        code = run_on_ranks(n, fn)
+        return code, unfold(capsys.readouterr().err)
+
+    text = 'local shard shape ({}, 4) does not match (4, 4), the shard of global shape (16, 4) under ("mp", None)'
+    assert said(4, shard) == (2, f"spmdsim: error: {text.format(5)} (rank 0; ranks differ: rank 1: {text.format(6)}; "
+                                 "2 more texts on ranks 2,3)\n")
+    assert said(4, on_every_rank(lambda r: (ShapeError if r == 1 else SpmdsimError)("same text"))) == (
+        2, "spmdsim: error: same text\n")
+    assert said(4, on_every_rank(lambda r: SpmdsimError("low" if r < 2 else "high"))) == (
+        2, "spmdsim: error: low (ranks 0,1; ranks differ: ranks 2,3: high)\n")
+    assert said(4, on_every_rank(lambda r: MemoryError("Unable to allocate 8 GiB") if r == 3 else ShapeError("x"))) == (
+        2, "spmdsim: error: x (ranks 0-2; ranks differ: rank 3: out of memory: Unable to allocate 8 GiB; "
+           "SPMDSIM_MEMORY sets what a rank may use)\n")
+    assert said(4, on_every_rank(lambda r: MemoryError("Unable to allocate 8 GiB"))) == (
+        2, "spmdsim: error: out of memory: Unable to allocate 8 GiB; SPMDSIM_MEMORY sets what a rank may use\n")
+    # Still exit 1: another error on some rank (with its traceback when it is the one reported), or a rank
+    # that did not fail.
+    code, err = said(4, on_every_rank(lambda r: ValueError("not ours") if r == 0 else SpmdsimError("x")))
+    assert code == 1 and err.startswith("spmdsim: error on simulated rank 0: ValueError: not ours\nTraceback")
+    assert said(4, on_every_rank(lambda r: ValueError("not ours") if r == 2 else SpmdsimError("x"))) == (
+        1, "spmdsim: error on simulated ranks 0,1,3: x\n")
+
+    def three_of_four():
+        comm = spmdsim.world()
+        comm.Barrier()
+        if comm.rank != 3:
+            raise SpmdsimError(f"rank {comm.rank} says no")
+
+    assert said(4, three_of_four) == (1, "spmdsim: error on simulated rank 0: rank 0 says no\n")
+    # A dry run's error is every rank's (one rank runs for all).
+    assert run_on_ranks(4, shard, dry_run=True) == 2
+    assert unfold(capsys.readouterr().err) == f"spmdsim: error: {text.format(5)}\n"
+
+
 def test_one_process_names_both_ways_out(capsys):
     assert main(["run", "matmul", "--strategy", "((2,4),(4,1))", "--shape", "16,32,8"]) == 2
     err = capsys.readouterr().err

@@ -207,6 +207,53 @@ def test_skipped_collective_names_who_waits_and_who_finished():
     assert "raised on simulated ranks 0,1,3 of 4" in info.value.__notes__[0]
 
 
+def test_a_rank_that_exits_while_the_others_wait_is_a_deadlock_naming_it():
+    """sys.exit() on one rank ends that rank, as it ends an MPI process, and the ranks left waiting for it
+    deadlock. It used to stop every rank and raise SystemExit(0) from simulate(): `python prog.py` exited 0
+    without a word (and without the program's next line) although three ranks had waited for the fourth."""
+    from spmdsim import Layout, Mesh
+    from spmdsim.runtime import collectives as C
+
+    def body():
+        mesh = Mesh(Layout((4,), ("mp",)))
+        if mesh.rank == 1:
+            raise SystemExit(0)
+        return C.allreduce(mesh, np.ones(2), ("mp",))
+
+    with pytest.raises(DeadlockError) as info:
+        simulate(4, body)
+    assert "ranks 0,2,3 wait in it; rank 1 exited (SystemExit(0))" in unfold(str(info.value))
+    assert info.value.__notes__ == ["raised on simulated ranks 0,2,3 of 4"]
+    assert info.value.simulated_ranks == (0, 2, 3)
+
+
+def test_an_exit_the_others_do_not_wait_for_is_raised_once_the_ranks_end():
+    """Every rank exiting is the process exiting: simulate() raises the SystemExit, as one process would;
+    codes that differ give the largest exit status, as mpiexec's, the others' collectives done first."""
+    def body(code):
+        comm = world()
+        comm.Barrier()
+        raise SystemExit(code(comm.rank))
+
+    with pytest.raises(SystemExit) as info:
+        simulate(4, body, lambda rank: 3)
+    assert info.value.code == 3 and info.value.__notes__ == ["raised on every simulated rank"]
+    with pytest.raises(SystemExit) as info:
+        simulate(4, body, lambda rank: {1: 2, 2: 5, 3: 5}.get(rank))  # rank 0: sys.exit()
+    assert info.value.code == 5 and info.value.simulated_ranks == (2, 3)
+    assert info.value.__notes__ == ["raised on simulated ranks 2,3 of 4"]
+
+    def some(rank):
+        world().Barrier()
+        if rank == 2:
+            sys.exit("rank 2 is done")  # a message: status 1, as the interpreter exits
+        return rank
+
+    with pytest.raises(SystemExit, match="rank 2 is done") as info:
+        simulate(4, lambda: some(world().rank))
+    assert info.value.__notes__ == ["raised on simulated rank 2 of 4"]
+
+
 # A collection started while sys._current_frames() holds the thread-list lock (its frame objects' allocation)
 # that frees a threading.local takes that lock again: Python 3.11 deadlocks, the interpreter lock held
 # (CPython gh-106883). Garbage of locals is left pending and the threshold set so the frames' allocation

@@ -20,6 +20,7 @@ which raise ShapeError or DTypeError before any transfer.
 """
 from __future__ import annotations
 
+from collections import defaultdict
 from time import perf_counter
 from typing import Any, Callable
 
@@ -67,6 +68,11 @@ def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, 
         run: what performs the transfer in place of the engine's method, called alike
             (``run(comm, *args, wait)``): a prepared collective's persistent request.
     """
+    # The dtype first, on every engine alike: the thread and dry engines take what MPI refuses (a bool
+    # "sum" was its inputs' OR, a str "sum" its input). One set lookup a call once the dtype was taken.
+    dtype = x.dtype if type(x) is _ndarray else x
+    if dtype not in _TAKEN[op]:
+        _take(op, dtype)
     context = _context()  # the running rank's: its open traces and call counter
     traces = context.traces
     if run is None:
@@ -74,11 +80,7 @@ def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, 
     if context.hooks.quiet and mesh.algorithms is None:
         if t0 is None and traces:
             t0 = perf_counter()
-        try:  # costs nothing until the engine refuses the buffers
-            run(comm, *args, polite_wait if mesh.polite else None)
-        except Exception:
-            _check_dtype(op, x.dtype if type(x) is _ndarray else x)  # a clear error when the dtype is why
-            raise
+        run(comm, *args, polite_wait if mesh.polite else None)
         context.seq += 1
         if then is None and not traces:
             return result
@@ -210,8 +212,8 @@ def all_reduce_object(comm: Any, obj: Any, op: str = "sum") -> Any:
 
 def _alone(op: str, axes: Any, label: str | None, dtype: Any) -> None:
     """A collective over a group of one rank: dtype checked (unless None), numbered, traced; nothing sent."""
-    if dtype is not None:
-        _check_dtype(op, np.dtype(dtype))
+    if dtype is not None and dtype not in _TAKEN[op]:
+        _take(op, dtype)
     _context().seq += 1
     record(op, normalize_axes(axes), 1, 0, 0, 0.0, label)
 
@@ -267,11 +269,21 @@ _MOVABLE = "biufcSU"
 _SUMMABLE = "iufc"
 
 
-def _check_dtype(op: str, dtype: np.dtype) -> None:
-    """Raise the DTypeError every member raises alike when MPI cannot move (or sum) `dtype`.
+#: op -> the dtypes (as the callers pass them: an array's, or a dtype where shapes differ) `_check_dtype` let it
+#: take: `issue` and `_alone` check a dtype once per op, then look it up. The plain way used to check only after
+#: mpi4py refused its buffers, which the thread and dry engines never do.
+_TAKEN: defaultdict[str, set] = defaultdict(set)
 
-    The plain way calls it only after mpi4py refused its buffers (the common dtypes pay nothing).
-    """
+
+def _take(op: str, dtype: Any) -> None:
+    """`_check_dtype` of `dtype` (or what np.dtype makes of it) for `op`; once it passes, remembered in `_TAKEN`."""
+    _check_dtype(op, np.dtype(dtype))
+    _TAKEN[op].add(dtype)
+
+
+def _check_dtype(op: str, dtype: np.dtype) -> None:
+    """Raise the DTypeError every member raises alike when MPI cannot move (or sum) `dtype`, on every engine
+    (the thread and dry engines would move it). Callers on a collective's path go through `_take`'s cache."""
     sums = op in ("allreduce", "reduce_scatter")
     if dtype.kind in (_SUMMABLE if sums else _MOVABLE) and dtype.isnative:
         return

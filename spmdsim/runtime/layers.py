@@ -3,9 +3,10 @@
 A collective on a mesh with no debug hook on and no ``algorithms=`` is the
 engine's transfer alone (from runtime.door.issue), then one trace row. Otherwise `run` passes it through these layers, outermost first:
 
-- `Checked`: the dtype every member can move (and sum), then, with
-  SPMDSIM_CHECK, the call's fingerprint (and an Alltoallv's counts) compared
-  over the group before anything moves (`debug.begin`); numbers the call;
+- `Checked`: with SPMDSIM_CHECK, the call's fingerprint (and an Alltoallv's
+  counts) compared over the group before anything moves (`debug.begin`; the
+  dtype every member can move, and sum, runtime.door.issue checked before any
+  layer, on every engine); numbers the call;
 - `Emulated` (a mesh made with ``algorithms=`` naming this collective): the
   algorithm's schedule of point-to-point messages in place of MPI's call
   (runtime/algorithms.py); its trace name says which, e.g. "allreduce[ring]";
@@ -74,17 +75,14 @@ class Emulated:
 
 
 class Checked:
-    """Before the call: the dtype every member can move, then SPMDSIM_CHECK's comparison; numbers the call."""
+    """Before the call: SPMDSIM_CHECK's comparison; numbers the call."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
 
     def run(self, c: Collective) -> tuple[str, Any]:
-        from .door import _check_dtype
-
         array = type(c.x) is np.ndarray
-        dtype = c.x.dtype if array else np.dtype(c.x)
-        _check_dtype(c.op, dtype)  # before the check's exchange: every member raises alike
+        dtype = c.x.dtype if array else np.dtype(c.x)  # checked by runtime.door.issue, before any layer
         c.seq = debug.begin(c.comm, c.op, c.axes, dtype, c.x.shape if array else None, c.extra, c.mesh.polite,
                             c.counts)
         c.began = perf_counter()

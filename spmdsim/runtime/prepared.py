@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import ShapeError
 from ..plan.steps import moved_bytes
 from ..engines import DONE
-from .door import _alone, _check_dtype, _contig, _dim, _divisible, _result, issue, normalize_axes
+from .door import _alone, _contig, _dim, _divisible, _result, _take, issue, normalize_axes
 from .mesh import Mesh
 from .replay import unrecorded
 
@@ -48,7 +48,7 @@ class Prepared:
         # A group of one rank communicates nothing; the result is the input.
         self._copy = self.group_size == 1 and result is not send
         self._request = None
-        _check_dtype(op, send.dtype)  # before MPI binds the buffers: the same error on every member
+        _take(op, send.dtype)  # before MPI binds the buffers: the same error on every member
         if self.group_size > 1 and persistent:  # None where the engine has none (MPI older than 4.0)
             self._request = mesh.engine.persistent(kind, comm, args)
 

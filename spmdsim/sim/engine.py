@@ -365,7 +365,8 @@ class World(RankThreads):
         self._holding: set[int] = set()
         self.threads: dict[int, int] = {}  # rank -> its thread's ident: its program line (spmdsim.sim.report)
         self._rank_of_thread: dict[int, int] = {}  # and back
-        self.exits: dict[int, str] = {}  # rank -> how it exited with a non-zero code: "sys.exit(3)" (spmdsim mpirun)
+        # rank -> how it exited: "sys.exit(3)" (spmdsim mpirun: a non-zero code), "SystemExit(0)" (simulate)
+        self.exits: dict[int, str] = {}
         # rank -> (since when it polls in vain, releases then, the call it polls with: Test, Iprobe, ...)
         self._polls: dict[int, tuple[float, int, str]] = {}
         self.releases = 0  # ranks let go from a wait so far: a poll that sees them rise is not stuck

@@ -5,8 +5,9 @@
 
 `run_on_ranks(n, fn)` runs `fn()` on n simulated ranks and turns the outcome
 into an exit code the way the MPI guard does: the ranks' own codes (the
-largest), 2 with one line for an SpmdsimError every rank raised, else 1 with
-the failing rank named. `script(__file__)` lets a script take ``--ranks N``.
+largest), 2 with one line for an SpmdsimError (or MemoryError) every rank
+raised, whatever each one's text or class, else 1 with the failing rank named.
+`script(__file__)` lets a script take ``--ranks N``.
 """
 from __future__ import annotations
 
@@ -88,25 +89,56 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
     except MemoryLimitError as exc:  # not one rank's error: the whole simulation's
         print(fold_message(f"spmdsim: error: {exc}"), file=sys.stderr)
         return 1
-    except SpmdsimError as exc:
-        if len(getattr(exc, "simulated_ranks", ())) == n:
-            print(fold_message(f"spmdsim: error: {exc}"), file=sys.stderr)
+    except (SpmdsimError, MemoryError) as exc:  # MemoryError: numpy's own (the estimate was off or short)
+        every = _every_ranks_line(exc, n)
+        if every is not None:  # as the MPI guard: every rank's hook exits 2, rank 0 says why
+            print(fold_message(f"spmdsim: error: {every}"), file=sys.stderr)
             return 2
-        print(fold_message(f"spmdsim: error on {_where(exc)}: {exc}"), file=sys.stderr)
-        return 1
-    except MemoryError as exc:  # numpy's own (the estimate was off or short): one line, as under MPI
+        if isinstance(exc, SpmdsimError):
+            print(fold_message(f"spmdsim: error on {_where(exc)}: {exc}"), file=sys.stderr)
+            return 1
         from ..memory import out_of_memory
 
-        every = len(getattr(exc, "simulated_ranks", ())) == n
-        where = "" if every else " on " + _where(exc)
-        print(fold_message(f"spmdsim: error{where}: {out_of_memory(exc)}"), file=sys.stderr)
-        return 2 if every else 1
+        print(fold_message(f"spmdsim: error on {_where(exc)}: {out_of_memory(exc)}"), file=sys.stderr)
+        return 1
     except Exception as exc:  # noqa: BLE001 - reported as the MPI guard reports it
         detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         print(fold_message(f"spmdsim: error on {_where(exc)}: {type(exc).__name__}: {exc}") + f"\n{detail}",
               file=sys.stderr, end="")
         return 1
     return max(codes)
+
+
+def _every_ranks_line(exc: BaseException, n: int) -> Optional[str]:
+    """The one line of an error every one of the `n` ranks raised, each an SpmdsimError or a MemoryError (the
+    errors the MPI guard ends a job with in one line and exit 2, whatever their text or class on each rank),
+    else None. Rank 0's text, as under MPI, and where the texts differ, the ranks that said it and the next
+    text with its ranks: 'TEXT (rank 0; ranks differ: ranks 1,3: TEXT; 1 more text on rank 2)'.
+
+    Only the ranks' texts alike used to count: a shard's size in the message (DTensor.from_local), or a
+    ShapeError on one rank and an SpmdsimError on the others, was exit 1 with 'error on simulated rank 0'."""
+    failures = getattr(exc, "simulated_failures", None)
+    if failures is None:  # a dry run's: one rank ran for all, its error every rank's (spmdsim.sim.run._dry_run)
+        failures = tuple((rank, type(exc), str(exc)) for rank in getattr(exc, "simulated_ranks", ()))
+    if len(failures) != n or not all(issubclass(kind, (SpmdsimError, MemoryError)) for _, kind, _ in failures):
+        return None
+    from ..memory import out_of_memory
+    from .engine import ranks_text
+
+    texts: dict[str, list[int]] = {}  # text -> the ranks that raised it, in order of their lowest rank
+    for rank, kind, text in failures:
+        if not issubclass(kind, SpmdsimError):  # a MemoryError: as the guard turns it into an SpmdsimError
+            text = out_of_memory(MemoryError(text))
+        texts.setdefault(text, []).append(rank)
+    (first, ranks), *others = texts.items()
+    if not others:
+        return first
+    (text, theirs), rest = others[0], others[1:]
+    more = ""
+    if rest:
+        left = sorted(r for _, rs in rest for r in rs)
+        more = f"; {len(rest)} more {'text' if len(rest) == 1 else 'texts'} on {ranks_text(left)}"
+    return f"{first} ({ranks_text(ranks)}; ranks differ: {ranks_text(theirs)}: {text}{more})"
 
 
 def _quiet_stdout() -> None:

@@ -29,6 +29,9 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
     uses it. An exception on any rank stops every rank and is raised here, with a
     note naming the rank (all ranks alike: "every simulated rank"); a deadlock
     (a skipped or mismatched collective) raises DeadlockError naming who waits where.
+    A SystemExit (``sys.exit()``) ends its rank alone, as it ends an MPI process: ranks
+    left waiting for it deadlock ("rank 1 exited (SystemExit(0))"); else, once the ranks
+    end, it is raised here, as one process exits (the largest exit status when they differ).
     While ranks run, the loaded BLAS uses one thread (unless a thread variable is set).
     Simulations started from two threads run side by side, each rank with its own traces
     and debug settings: a copy of this process's as simulate() starts (spmdsim.runtime.debug;
@@ -83,6 +86,7 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
 
     engine = World(size)
     results: list = [None] * size
+    exited: dict[int, SystemExit] = {}  # rank -> the SystemExit that ended it
     shared: dict = {}
     settings = Hooks(HOOKS)  # the process's debug settings now: each rank starts from a copy
 
@@ -91,7 +95,15 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
                                  hooks=Hooks(settings)))
         try:
             engine.start(rank)  # a run slot: at most engine.slots ranks compute at once
-            results[rank] = fn(*args, **kwargs)
+            try:
+                results[rank] = fn(*args, **kwargs)
+            except SystemExit as exc:
+                # The rank's process exits: it ends, and the others go on, as MPI ranks do (those that wait
+                # for it deadlock, naming it). A failure instead stopped them, and simulate() raised the
+                # SystemExit: `python prog.py` exited 0 without a word while three ranks had waited for it.
+                exited[rank] = exc
+                with engine.lock:
+                    engine.exits[rank] = _exit_text(exc)
             engine.join_all(rank)  # as a process's exit waits for its threads (spmdsim.sim.rank_threads)
         except Aborted:
             pass  # stopped because another rank failed; that rank's error is the one reported
@@ -128,6 +140,8 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list:
                     break
             raise
     _raise_failure(engine, size)
+    if exited:
+        raise _exit_of(exited, size)
     from .p2p import unreceived
 
     done = Results(results)
@@ -190,7 +204,10 @@ def _dry_run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> li
 
 
 def _raise_failure(engine: World, size: int) -> None:
-    """Raise the lowest failing rank's own exception, noting which rank(s) raised it."""
+    """Raise the lowest failing rank's own exception, noting which rank(s) raised it, and with
+    ``simulated_failures``: (rank, type, text) of every failing rank, in rank order (spmdsim.sim.launch: an
+    spmdsim error on every rank is exit 2 whatever each says; the types, not the exceptions, whose
+    tracebacks would keep every rank's buffers)."""
     failed = {r: e for r, e in engine.failed.items() if r >= 0}
     if not failed:
         return
@@ -199,7 +216,36 @@ def _raise_failure(engine: World, size: int) -> None:
     alike = [r for r, e in failed.items() if type(e) is type(exc) and str(e) == str(exc)]
     where = ("every simulated rank" if len(alike) == size
              else f"simulated {ranks_text(alike)} of {size}")
-    raise _noted(exc, tuple(sorted(alike)), f"raised on {where}")
+    noted = _noted(exc, tuple(sorted(alike)), f"raised on {where}")
+    try:
+        noted.simulated_failures = tuple((r, type(e), str(e)) for r, e in sorted(failed.items()))
+    except AttributeError:  # an exception type with __slots__
+        pass
+    raise noted
+
+
+def _exit_text(exc: SystemExit) -> str:
+    """How a rank exited, for a deadlock report: 'SystemExit(0)' (spmdsim.sim.report.whereabouts)."""
+    return "SystemExit" if exc.code is None else f"SystemExit({exc.code!r})"
+
+
+def _exit_status(exc: SystemExit) -> int:
+    """The exit status `exc` gives a process: its code's low 8 bits, 0 for None, 1 for a message."""
+    code = exc.code
+    if code is None or isinstance(code, int):
+        return int(code or 0) & 0xFF
+    return 1
+
+
+def _exit_of(exited: dict, size: int) -> SystemExit:
+    """The SystemExit simulate() raises once the ranks end, no failure among them: as mpiexec's status, the
+    largest of the ranks' (the lowest rank's of those), noting which ranks exited so."""
+    first = min(exited, key=lambda r: (-_exit_status(exited[r]), r))
+    exc = exited[first]
+    alike = sorted(r for r, e in exited.items() if e.code == exc.code)
+    where = ("every simulated rank" if len(alike) == size
+             else f"simulated {ranks_text(alike)} of {size}")
+    return _noted(exc, tuple(alike), f"raised on {where}")
 
 
 def _noted(exc: BaseException, ranks: tuple, note: str) -> BaseException:

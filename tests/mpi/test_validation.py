@@ -289,8 +289,8 @@ def test_collectives_name_a_dtype_mpi_cannot_take(mesh, dtype, ops, fragment):
              "bcast": lambda a: bcast(mesh, a, "mp", 0)}
     for op in ops:
         for x in (np.zeros(2 * g, dtype=dtype), np.zeros((2 * g, 2 * g), dtype=dtype)[:, ::2]):
-            # Without debug hooks mpi4py refuses first and the check then explains; strided
-            # arrays are copied to a contiguous one before.
+            # Refused before MPI sees the buffer, as on simulated ranks (tests/test_engines.py);
+            # strided arrays are copied to a contiguous one before.
             with pytest.raises(ShapeError, match=re.escape(f"{op}: {fragment}")):
                 calls[op](x)
     if "allreduce" in ops:
