@@ -99,6 +99,20 @@ def test_bool_tensors_move_but_never_hold_pending_sums(mesh):
         redistribute(x, mesh.layout(None, None, partial="mp"))
 
 
+def test_any_and_all_of_a_split_bool_tensor_are_numpys(mesh):
+    """x.any() and x.all() reduced the bools by MAX and MIN, which MPI takes for no bool (MPI_C_BOOL: the
+    logical ops only), so they raised under mpiexec while simulated ranks summed bools; they travel as uint8."""
+    from spmdsim import ops  # noqa: F401 - DTensor's numpy methods (spmdsim.ops.methods)
+    from spmdsim.runtime import DTensor
+
+    size = mesh.size
+    for full in (np.arange(2 * size * size).reshape(2 * size, size) % 3 == 0, np.ones((2 * size, size), bool)):
+        x = DTensor.from_global(mesh, full, mesh.layout("mp", None))
+        got = (x.any().item(), x.all().item(), x.any(axis=0).gather(), x.all(axis=1).gather())
+        assert _all(got[0] == full.any() and got[1] == full.all() and np.array_equal(got[2], full.any(axis=0))
+                    and np.array_equal(got[3], full.all(axis=1)) and got[2].dtype == np.bool_)
+
+
 @pytest.mark.parametrize("kwargs, fragment", [
     (dict(atol=-1), "atol -1 must be a finite number >= 0"),
     (dict(rtol=math.nan), "rtol nan must be a finite number >= 0"),
