@@ -24,6 +24,8 @@ def _fails(capsys, argv, needle):
     (["ring-alltoall"], "unknown collective algorithm 'ring-alltoall'; expected one of ring-allreduce"),
     (["ring-allreduce", "--size", "1X"], "--size: size '1X' is not a byte count like 64K or 4M"),
     (["ring-allreduce", "--size", "0"], "--size '0' must be between 1 byte and 64M"),
+    (["ring-allreduce", "--size", "-4"], "--size '-4' must be between 1 byte and 64M"),  # was "must be >= 0"
+    (["ring-allreduce", "--size=-1K"], "--size '-1K' must be between 1 byte and 64M"),
     (["ring-allreduce", "--size", "1G"], "must be between 1 byte and 64M"),
     (["ring-allreduce", "--repeat", "0"], "--repeat 0 must be at least 1"),
     (["ring-allreduce", "--size", "64K"], "needs at least 2 ranks: mpiexec -n N, or --ranks N"),

@@ -59,11 +59,11 @@ def register(subparsers: Any) -> None:
 
 
 def parse_size(text: str) -> int:
-    """'64K' -> 65536 bytes; SpmdsimError naming the flag otherwise."""
-    from .calibrate import parse_size as parse
+    """'64K' -> 65536 bytes; SpmdsimError naming the flag otherwise (a negative size and 0 alike: one range)."""
+    from .calibrate import byte_count
 
     try:
-        size = parse(text)
+        size = byte_count(text)
     except argparse.ArgumentTypeError as exc:
         raise SpmdsimError(f"--size: {exc}") from None
     if not 0 < size <= MAX_SIZE:
