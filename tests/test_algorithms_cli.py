@@ -28,6 +28,12 @@ def _fails(capsys, argv, needle):
     (["ring-allreduce", "--size=-1K"], "--size '-1K' must be between 1 byte and 64M"),
     (["ring-allreduce", "--size", "1G"], "must be between 1 byte and 64M"),
     (["ring-allreduce", "--repeat", "0"], "--repeat 0 must be at least 1"),
+    # Given options a run would not use were dropped silently: --root of an algorithm with none, --show with --json.
+    (["ring-allreduce", "--root", "2"], "--root 2 applies only to the bcast algorithms (binomial-bcast, "
+                                        "scatter-allgather-bcast); ring-allreduce has no root: leave out --root"),
+    (["ring-allreduce", "--root", "0"], "--root 0 applies only to the bcast algorithms"),
+    (["ring-allreduce", "--show", "--json"], "--show prints the rounds as tables, which --json replaces (its "
+                                             "record lists each round's transfers): give one of them"),
     (["ring-allreduce", "--size", "64K"], "needs at least 2 ranks: mpiexec -n N, or --ranks N"),
 ])
 def test_bad_input_is_one_line(capsys, argv, needle):
