@@ -42,6 +42,7 @@ from spmdsim.nets.train import loss_trend, run_main
 from spmdsim.pipeline.options import microbatches, pipeline_arguments, pipelined, virtual_stages
 from spmdsim.sim import dry_run_active
 from spmdsim.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
+from spmdsim.cli.run import check_trace_out
 from spmdsim.sim.launch import ranks_argument
 from spmdsim.validate import counted
 
@@ -124,6 +125,8 @@ def main(args):
     problem = problem or text_problem(ids, cfg)
     if problem:  # every rank alike, before any collective
         raise spmdsim.SpmdsimError(problem)
+    # An unwritable trace file is refused now, not after the whole run (every rank alike, as `spmdsim run`'s).
+    check_trace_out(args)
     dp, tp = shape
     pp = args.pp
     rank0 = comm.rank == 0

@@ -24,8 +24,16 @@ def _fails(capsys, argv, needle):
     (["ring-alltoall"], "unknown collective algorithm 'ring-alltoall'; expected one of ring-allreduce"),
     (["ring-allreduce", "--size", "1X"], "--size: size '1X' is not a byte count like 64K or 4M"),
     (["ring-allreduce", "--size", "0"], "--size '0' must be between 1 byte and 64M"),
+    (["ring-allreduce", "--size", "-4"], "--size '-4' must be between 1 byte and 64M"),  # was "must be >= 0"
+    (["ring-allreduce", "--size=-1K"], "--size '-1K' must be between 1 byte and 64M"),
     (["ring-allreduce", "--size", "1G"], "must be between 1 byte and 64M"),
     (["ring-allreduce", "--repeat", "0"], "--repeat 0 must be at least 1"),
+    # Given options a run would not use were dropped silently: --root of an algorithm with none, --show with --json.
+    (["ring-allreduce", "--root", "2"], "--root 2 applies only to the bcast algorithms (binomial-bcast, "
+                                        "scatter-allgather-bcast); ring-allreduce has no root: leave out --root"),
+    (["ring-allreduce", "--root", "0"], "--root 0 applies only to the bcast algorithms"),
+    (["ring-allreduce", "--show", "--json"], "--show prints the rounds as tables, which --json replaces (its "
+                                             "record lists each round's transfers): give one of them"),
     (["ring-allreduce", "--size", "64K"], "needs at least 2 ranks: mpiexec -n N, or --ranks N"),
 ])
 def test_bad_input_is_one_line(capsys, argv, needle):

@@ -49,6 +49,12 @@ def test_collective_command_on_simulated_ranks(capsys):
     text = capsys.readouterr().out.splitlines()
     assert text[0] == "spmdsim: running on 4 simulated ranks in one process (--ranks 4), no mpiexec"
     assert any(line.startswith("result: matches the simulated ranks' Allreduce") for line in text)
+    # --root is the bcast algorithms' (given or not: 0); refused for the others (tests/test_algorithms_cli.py).
+    for root in (["--root", "2"], []):
+        assert main(["collective", "binomial-bcast", "--size", "64K", "--ranks", "4", "--repeat", "1",
+                     "--json", *root]) == 0
+        record = json.loads(capsys.readouterr().out)
+        assert record["matches_mpi"] is True and record["bytes_sent_by_rank"][int((root or [0, 0])[1])] > 0
 
 
 @pytest.mark.parametrize("p", [4, 8])

@@ -162,6 +162,21 @@ def test_chrome_trace_of_two_ranks_has_a_track_each_with_compute_and_collectives
         _validate(bad)
 
 
+def test_chrome_trace_names_a_message_row_by_the_bytes_it_moved():
+    # A receive's row was named by its bytes sent: "recv(pp) 0 B" beside bytes_received 4096.
+    from spmdsim.runtime.trace import TraceEntry
+    from spmdsim.runtime.trace_export import chrome_events
+
+    rows = [TraceEntry(op, ("pp",), 4, sent, received, 0.1, "pipeline", ended_at=10.0 + i, peers=1)
+            for i, (op, sent, received) in enumerate([("recv", 0, 4096), ("send", 2048, 0),
+                                                      ("sendrecv", 1024, 4096)])]
+    timed = [e for e in chrome_events(rows, 0) if e["ph"] == "X" and e["cat"] == "collective"]
+    assert [e["name"] for e in timed] == ["recv(pp) 4,096 B", "send(pp) 2,048 B",
+                                          "sendrecv(pp) 1,024 B sent, 4,096 B received"]
+    assert timed[0]["args"] == {"bytes_sent": 0, "bytes_received": 4096, "group_size": 4, "axes": ["pp"],
+                                "label": "pipeline", "peers": 1}
+
+
 def test_png_without_matplotlib_fails_first_with_the_install_line(capsys, monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as after README's first install
     for argv in (["show", "--device-matrix", "4", "--alias", "x", "--tensor-map", "x", "--shape", "8",

@@ -256,6 +256,19 @@ def test_train_gpt_refuses_a_trace_it_cannot_write_in_one_line(tmp_path):
         assert not trace.exists()
 
 
+def test_train_gpt_refuses_an_unwritable_trace_path_before_it_trains(tmp_path):
+    """A missing directory was found only when the trace was written, after the whole run: "spmdsim: error on
+    simulated rank 0: cannot write the trace ...", exit 1. Now checked first, as `spmdsim run`'s --trace-out."""
+    missing = tmp_path / "nonexist" / "t.json"
+    out = _run("examples/train_gpt.py", "--ranks", "2", "--pp", "2", "--steps", "2", "--sample", "0", "--layers",
+               "2", "--d-model", "32", "--seq", "16", "--trace-out", str(missing))
+    assert out.returncode == 2, out.stderr
+    assert unfold(out.stderr).strip().splitlines()[-1] == (
+        f"spmdsim: error: --trace-out {str(missing)!r} cannot be written: directory {str(missing.parent)!r} "
+        "does not exist; expected a path in an existing directory")
+    assert "GPT:" not in out.stdout and "step" not in out.stdout  # nothing printed, nothing trained
+
+
 def test_the_parallel_generate_checks_its_sampling_as_the_reference_does():
     from spmdsim import Layout, Mesh
     from spmdsim.gpt.parallel import GPT

@@ -248,3 +248,14 @@ def test_operators_md_inference_example_runs_as_quoted():
     path = pathlib.Path(__file__).resolve().parents[1] / "docs" / "operators.md"
     result = doctest.testfile(str(path), module_relative=False, verbose=False)
     assert result.attempted >= 6 and result.failed == 0
+
+
+def test_contraction_split_over_a_size_one_axis_on_one_side_is_no_mismatch():
+    # tp = 1 leaves a row-parallel weight on ("tp", None) while x's K is whole: the same blocks, no collective.
+    mesh = Layout((3, 1), ("dp", "tp"))
+    plan = infer_matmul(mesh("dp", None, None), mesh("tp", None))
+    assert plan.steps == () and plan.out == mesh("dp", None, None) and plan.contraction_axes == ()
+    plan = infer_matmul(mesh("dp", "tp"), mesh(None, None))  # and the other way round
+    assert plan.steps == () and plan.out == mesh("dp", None)
+    with pytest.raises(OperatorError, match="contraction dim K is split over \"dp\" in x"):
+        infer_matmul(mesh(None, "dp"), mesh("tp", None))  # an axis that cuts still must match

@@ -404,3 +404,12 @@ def test_norm_and_expand_spellings():
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-14)
     assert got[-1].startswith("norm of a DTensor: ord 1 is not taken")
+
+
+@pytest.mark.parametrize("ranks", ["1", "3"])
+def test_nanogpt_attention_runs_at_odd_rank_counts_with_tp_1(ranks):
+    # tp 1 leaves c_proj on L("tp", None) against a y whose K is whole: an axis of size 1 splits nothing.
+    done = _run("examples/port_nanogpt_attention.py", "--ranks", ranks)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert f"nanoGPT attention: mesh dp {ranks} x tp 1, 2 heads" in done.stdout
+    assert "output and 2 weight gradients vs numpy: PASS" in done.stdout

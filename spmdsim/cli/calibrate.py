@@ -27,24 +27,30 @@ from ..estimate.machine import GemmEfficiency, Link, Machine, save_machine
 from ..viz.table import wrap_lines
 
 __all__ = ["register", "run", "raw_collective", "time_interleaved", "Waiter", "measure",
-           "parse_size", "measure_memory_bandwidth", "calibrated_machine"]
+           "parse_size", "byte_count", "measure_memory_bandwidth", "calibrated_machine"]
 
 _DEFAULT_SIZES = "64K,1M,4M,16M"
 _DEFAULT_OPS = "allgather,allreduce,reduce_scatter,alltoall,alltoallv,bcast"
 
 
-def parse_size(text: str) -> int:
-    """'64K' -> 65536, '4M' -> 4194304, '100' -> 100 (binary units)."""
+def byte_count(text: str) -> int:
+    """'64K' -> 65536, '-4' -> -4: the number a size reads as, its sign unchecked, for a caller that states
+    its own range (spmdsim collective's --size); ArgumentTypeError when it reads as none."""
     given = text
     text = text.strip().upper().removesuffix("B").removesuffix("I")
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
     number = text[:-1] if scale != 1 else text
     try:
-        value = int(float(number) * scale)
+        return int(float(number) * scale)
     except (ValueError, OverflowError):  # OverflowError: "inf"
         raise argparse.ArgumentTypeError(f"size {given!r} is not a byte count like 64K or 4M") from None
+
+
+def parse_size(text: str) -> int:
+    """'64K' -> 65536, '4M' -> 4194304, '100' -> 100 (binary units)."""
+    value = byte_count(text)
     if value < 0:
-        raise argparse.ArgumentTypeError(f"size {given!r} must be >= 0")
+        raise argparse.ArgumentTypeError(f"size {text!r} must be >= 0")
     return value
 
 

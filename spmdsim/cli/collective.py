@@ -44,13 +44,14 @@ def register(subparsers: Any) -> None:
                              "for allgather the gathered result (each rank gives size/p)")
     parser.add_argument("--dtype", choices=("float32", "float64", "int32", "int64"), default="float32",
                         help="element type (default float32)")
-    parser.add_argument("--root", type=int, default=0, help="the bcast root (default 0)")
+    # None: not given (the root is 0), so that a --root given to an algorithm without one is refused.
+    parser.add_argument("--root", type=int, default=None, help="the bcast root (default 0; bcast algorithms only)")
     parser.add_argument("--ranks", type=int, default=None, metavar="N",
                         help="run on N simulated ranks in this process instead of MPI ranks "
                              "(compared with the simulated ranks' own collective)")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs; the median is shown (default 3)")
     parser.add_argument("--show", action="store_true",
-                        help="print every round as a table and what each rank holds after it")
+                        help="print every round as a table and what each rank holds after it (not with --json)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--png", metavar="DIR",
                         help="draw each round into DIR (round_NN.png, rounds.png; needs the 'plot' extra)")
@@ -59,11 +60,11 @@ def register(subparsers: Any) -> None:
 
 
 def parse_size(text: str) -> int:
-    """'64K' -> 65536 bytes; SpmdsimError naming the flag otherwise."""
-    from .calibrate import parse_size as parse
+    """'64K' -> 65536 bytes; SpmdsimError naming the flag otherwise (a negative size and 0 alike: one range)."""
+    from .calibrate import byte_count
 
     try:
-        size = parse(text)
+        size = byte_count(text)
     except argparse.ArgumentTypeError as exc:
         raise SpmdsimError(f"--size: {exc}") from None
     if not 0 < size <= MAX_SIZE:
@@ -79,6 +80,14 @@ def _check_args(args: argparse.Namespace) -> tuple[str, str, int]:
     size = parse_size(args.size)
     if args.repeat < 1:
         raise SpmdsimError(f"--repeat {args.repeat!r} must be at least 1")
+    # An option given that this run would not use is refused, not silently dropped.
+    if args.root is not None and collective != "bcast":
+        rooted = ", ".join(n for n in NAMES if parse_name(n)[0] == "bcast")
+        raise SpmdsimError(f"--root {args.root!r} applies only to the bcast algorithms ({rooted}); "
+                           f"{args.name} has no root: leave out --root")
+    if args.show and args.json:
+        raise SpmdsimError("--show prints the rounds as tables, which --json replaces (its record lists each "
+                           "round's transfers): give one of them")
     if args.png is not None:
         from ..viz.png import require_matplotlib
         from .paths import check_output_dir
@@ -128,9 +137,10 @@ def _execute(args: argparse.Namespace, comm: Any) -> int:
         count = elements_for(collective, p, size, dtype.itemsize)
     except SpmdsimError as exc:
         raise SpmdsimError(f"--size {args.size!r}: {exc}") from None
-    if not 0 <= args.root < p:
-        raise SpmdsimError(f"--root {args.root!r} must be a rank (0 <= root < {p})")
-    schedule = build(collective, algorithm, p, count, dtype.itemsize, args.root)
+    root = 0 if args.root is None else args.root
+    if not 0 <= root < p:
+        raise SpmdsimError(f"--root {root!r} must be a rank (0 <= root < {p})")
+    schedule = build(collective, algorithm, p, count, dtype.itemsize, root)
     result = compare_with_mpi(comm, schedule, dtype, args.repeat)
     if comm.Get_rank() == 0:
         print(json.dumps(to_json(schedule, result)) if args.json else report(schedule, result, args.show))

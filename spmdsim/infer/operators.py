@@ -118,7 +118,10 @@ def infer_matmul(x: TensorLayout, w: TensorLayout, *, transpose_a: bool = False,
     x_m, x_k = _matmul_dims(x.ndim, transpose_a)
     w_n, w_k = _matmul_dims(w.ndim, not transpose_b)
     k_x, k_w = x.tensor_map[x_k], w.tensor_map[w_k]
-    if k_x != k_w:
+    # An axis of size 1 cuts nothing: K "split" over one on a side only (the same axes otherwise) holds the
+    # same blocks as K unsplit, as when tp = 1 leaves a row-parallel weight on L("tp", None).
+    cuts = lambda axes: tuple(a for a in axes if x.layout.axis_size(a) > 1)  # noqa: E731
+    if cuts(k_x) != cuts(k_w):
         # Suggest a valid map: K's axes move to w's K dim and leave w's other dims.
         fixed = [tuple(a for a in e if a not in k_x) for e in w.tensor_map]
         fixed[w_k] = k_x

@@ -1,8 +1,11 @@
 """Traces as Chrome trace-event JSON: open the file in https://ui.perfetto.dev or chrome://tracing.
 
 One process (``pid``) per rank, named ``rank N``; on its track, each collective
-is a complete event (``"ph": "X"``) named after the op and its mesh axes, with
-its bytes in ``args``, and the time between collectives is a ``local compute``
+(or group of point-to-point messages) is a complete event (``"ph": "X"``) named
+after the op, its mesh axes and the bytes it moved (a receive's received, a
+sendrecv's both ways), with its bytes each way in ``args`` (``peers``: how many
+ranks a message group or an alltoallv talked to; the trace keeps their number,
+not which ranks), and the time between collectives is a ``local compute``
 event. Timestamps are microseconds from the earliest event of any rank: the
 ranks of one machine share ``time.perf_counter()`` (CLOCK_MONOTONIC), so the
 tracks line up and a rank waiting in a collective for a slower one shows as a
@@ -70,8 +73,7 @@ def chrome_events(trace: Any, rank: int, start: float | None = None, end: float 
         if e.peers:
             args["peers"] = e.peers
         cat = "collective" if e.group_size > 1 else "collective (group of one: no communication)"
-        events.append(_complete(f"{e.op}({where}) {e.bytes_sent:,} B", cat, rank,
-                                e.started_at, e.ended_at, args))
+        events.append(_complete(f"{e.op}({where}) {_moved(e)}", cat, rank, e.started_at, e.ended_at, args))
         cursor = e.ended_at
     if cursor is not None and end is not None and end - cursor > _MIN_GAP:
         events.append(_complete(_COMPUTE, "compute", rank, cursor, end, {}))
@@ -83,6 +85,16 @@ def chrome_events(trace: Any, rank: int, start: float | None = None, end: float 
         events.append(dict(_complete(name, "scenario" if span_track == "scenarios" else span_track, rank,
                                      begin, finish, {}), tid=1))
     return events
+
+
+def _moved(e: Any) -> str:
+    """The bytes a row's name shows: what the call moved. A receive sent nothing (its bytes are the ones
+    received), a sendrecv moved both ways; a collective's are the bytes it sent, as before."""
+    if e.op == "recv":
+        return f"{e.bytes_received:,} B"
+    if e.op == "sendrecv":
+        return f"{e.bytes_sent:,} B sent, {e.bytes_received:,} B received"
+    return f"{e.bytes_sent:,} B"
 
 
 def _complete(name: str, cat: str, pid: int, begin: float, finish: float, args: dict) -> dict:
