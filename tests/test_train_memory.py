@@ -15,7 +15,7 @@ from spmdsim.errors import OperatorError, SpmdsimError
 from spmdsim.gpt import GPTConfig, encode, load_text
 from spmdsim.gpt.memory import korthikanti_bytes, per_layer_units
 from spmdsim.gpt.train import TOLERANCE, train
-from spmdsim.optim import AdamW, DistributedAdamW
+from spmdsim.optim import SGD, AdamW, DistributedAdamW
 
 CFG = GPTConfig(layers=2, d_model=32, heads=4, seq=16, batch=8, dropout=0.2)
 TEXT = encode(load_text(20_000))
@@ -220,6 +220,59 @@ def test_distributed_adamw_starts_from_parameters_set_after_it_was_made(dtype):
         # The same update on the same values but for the order of the dp sums (measured: equal); at bfloat16
         # such a last float32 bit may move one rounding of the master: one bfloat16 ulp of a value below 1.
         assert differ <= (1e-15 if low == np.float64 else 2 ** -8), differ
+
+
+def test_keep_pending_accumulates_microbatches_and_refuses_what_is_no_list_of_leaves():
+    """Two half-batch microbatches (each loss halved) with keep_pending, then reduce_grads: the whole batch's
+    gradients (dp 2 x tp 2). keep_pending=p (one DTensor) was iterated by rows and anything not a leaf skipped,
+    so the gradient was summed at once without a word; each is now refused in one line, alike on every rank."""
+    from spmdsim import OperatorError, ops
+    from spmdsim.autograd import reduce_grads
+    from spmdsim.ops import ColumnParallelLinear, RowParallelLinear
+    from spmdsim.runtime.dtensor import DTensor
+    from spmdsim.runtime.mesh import Mesh
+
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((8, 6)), rng.standard_normal((8, 4))
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world())
+        layout = mesh.layout("dp", None)
+        fc1 = ColumnParallelLinear(mesh, 6, 8, axes="tp", dtype="float64", seed=1)
+        fc2 = RowParallelLinear(mesh, 8, 4, input_is_parallel=True, axes="tp", dtype="float64", seed=3)
+        params = [fc1.weight, fc1.bias, fc2.weight, fc2.bias]
+
+        def loss(rows, scale=1.0):
+            X, Y = (DTensor.from_global(mesh, a[rows], layout) for a in (x, y))
+            return ops.mse_loss(fc2(ops.relu(fc1(X))), Y) * scale
+
+        loss(slice(None)).backward()
+        whole = [p.grad.local.copy() for p in params]
+        SGD(params, lr=0.1).zero_grad()
+        for half in (slice(0, 4), slice(4, 8)):
+            loss(half, 0.5).backward(keep_pending=params)
+        pending = [p.grad.layout.partial for p in params]
+        reduce_grads(params)
+        accumulated = [p.grad.local for p in params]
+        refusals = []
+        for bad in (fc1.weight, [fc1.weight * 1.0], [np.zeros(3)]):
+            try:
+                loss(slice(None)).backward(keep_pending=bad)
+            except OperatorError as exc:
+                refusals.append(str(exc))
+        return whole, pending, accumulated, refusals
+
+    for whole, pending, accumulated, refusals in spmdsim.simulate(4, body):
+        assert pending == [("dp",)] * 4
+        for a, w in zip(accumulated, whole):  # two sums of 4 rows against one of 8: a few roundings apart
+            assert np.max(np.abs(a - w)) <= 1e-14 * np.max(np.abs(w))
+        assert refusals == [
+            "backward(keep_pending=...): expected an iterable of parameters (a list, optimizer.params), got a "
+            "DTensor of global shape (6, 8) (a leaf); one parameter goes in a list: keep_pending=[p]",
+            "backward(keep_pending=...): entry 0 is a DTensor of global shape (6, 8) (computed by an op); "
+            "expected a leaf DTensor with requires_grad_() (a parameter)",
+            "backward(keep_pending=...): entry 0 is an object of type ndarray; expected a leaf DTensor with "
+            "requires_grad_() (a parameter)"]
 
 
 def test_zero1_in_a_dry_run_counts_states_divided_by_dp(monkeypatch):
