@@ -75,6 +75,7 @@ class _Bucket:
     tmp: Any = None
     dp: int = 1  # the group's size
     t: int = 0  # steps taken
+    loaded: bool = False  # bfloat16 parameters: the master slice was taken from them at the first step
 
     @property
     def shard(self) -> int:
@@ -251,6 +252,9 @@ class DistributedAdamW(_Optimizer):
             reduce_scatter(self.mesh, b.flat, b.axes, 0, label="zero-1 gradient bucket", out=b.grad)
         if self.clip_grad:
             self._clip()
+        if not self._dry:  # the master slices from the parameters as they are now (AdamW reads them in place)
+            for b in self.buckets:
+                _kernel(_load_master)(b, tuple(self.params[i].local for i, _, _ in b.members), _spans(b))
         for b in self.buckets:  # the update's traffic (spmdsim.flops.sweep), real and dry alike
             block = ((b.shard,), b.wide)
             sweep("adamw", (block,), (block,), "master", "optimizer")
@@ -373,6 +377,27 @@ def _pack(flat: np.ndarray, grads: tuple, spans: tuple) -> None:
     for g, (a, z) in zip(grads, spans):
         flat[a:z] = g.reshape(-1)
     flat[spans[-1][1]:] = 0
+
+
+def _load_master(b: _Bucket, blocks: tuple, spans: tuple) -> None:
+    """This rank's master slice of bucket `b` from the parameters' blocks where they overlap it.
+
+    AdamW updates the parameters themselves, so a parameter set between steps (weights loaded after the
+    optimizer was made, a value clamped or tied by hand) is what its next step starts from. The master slice
+    is this rank's copy of them, made when the optimizer was: without this, the next Allgather wrote the old
+    values back over any such change. Parameters of the master's own dtype are read at every step (a
+    parameter the last step gathered equals its slice bit for bit: nothing changes); bfloat16 ones at the
+    first step only, as AdamW makes its float32 master copy of them then (reading them again each step would
+    round the float32 master to bfloat16). One kernel: a replay reruns it, as the update it precedes."""
+    if b.params is not None:
+        if b.loaded:
+            return
+        b.loaded = True
+    lo, hi = b.start, b.start + b.shard
+    for block, (a, z) in zip(blocks, spans):
+        s, e = max(a, lo), min(z, hi)
+        if s < e:
+            b.master[s - lo:e - lo] = block.reshape(-1)[s - a:e - a]
 
 
 def _round(master: np.ndarray, out: np.ndarray) -> None:

@@ -8,6 +8,7 @@ seed each step. A step a replay cannot repeat stops with one line.
 """
 from __future__ import annotations
 
+import operator
 import re
 import warnings
 
@@ -295,6 +296,29 @@ def test_a_scalar_read_outside_a_kernel_is_refused():
     with pytest.raises(ReplayError, match=r"Scalar\(3\) was read outside a kernel while capturing"):
         capture(lambda x, s: x * int(s), np.ones(2), Scalar(3))
     assert int(Scalar(3)) == 3  # outside a capture it is a number
+
+
+def test_a_scalar_converts_to_its_own_value():
+    # float() once fell back to __index__'s integer: a learning rate of Scalar(0.5) read in a kernel was 0.0.
+    assert float(Scalar(0.5)) == 0.5 and int(Scalar(2.7)) == 2 and [0, 1, 2][Scalar(1)] == 1
+    with pytest.raises(ReplayError, match=r"Scalar\(2.5\) used as an index: its value is not an integer"):
+        operator.index(Scalar(2.5))
+    with pytest.raises(ReplayError, match=r"Scalar\('0.1'\): a Scalar holds a real number .*, got str"):
+        Scalar("0.1")
+    with pytest.raises(ReplayError, match=r"Scalar\(0.5\) was read outside a kernel while capturing \(float\(\)\)"):
+        capture(lambda x, s: x * float(s), np.ones(2), Scalar(0.5))
+
+    @replay.kernel
+    def scaled(x, s, out=None):
+        return np.multiply(x, float(s), out=out)
+
+    graph = capture(scaled, np.ones(3), Scalar(0.5))
+    assert np.array_equal(graph.result, np.full(3, 0.5))
+    for rate in (0.25, Scalar(1.5), np.float32(2.0)):  # a Scalar's place takes a number or a Scalar
+        expect = float(getattr(rate, "value", rate))
+        assert np.array_equal(graph(np.ones(3), rate), np.full(3, expect)), rate
+    with pytest.raises(ReplayError, match=r"argument 1 was captured as Scalar\(.*2.0\)+ and is .x. now; a Scalar.s place takes a real number"):
+        graph(np.ones(3), "x")
 
 
 def test_a_number_read_off_an_array_must_not_change():

@@ -62,7 +62,8 @@ def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gra
 def _backward(loss: Any, explain: Optional[list], bucket: Any, gradient: Any, keep_pending: Any) -> None:
     """`backward`'s walk."""
     cap = _bucket_cap(bucket)
-    kept = {id(t._ag) for t in keep_pending if getattr(t, "_ag", None) is not None}
+    kept = () if keep_pending is None or type(keep_pending) is tuple and not keep_pending else \
+        _kept_leaves(keep_pending)  # (never the truth of a DTensor: a collective)
     DTensor = (_RUNTIME or _runtime())[0]
 
     _check_loss(loss, gradient)
@@ -121,6 +122,34 @@ def _backward(loss: Any, explain: Optional[list], bucket: Any, gradient: Any, ke
         if counting:
             _count_accumulation(g)
         leaf.grad = g if leaf.grad is None else add_grads(leaf.grad, g, whole, None)
+
+
+def _kept_leaves(keep_pending: Any) -> set:
+    """The ids of the leaves `backward(keep_pending=...)` names, or the error every rank raises alike (before
+    any collective). One DTensor was iterated by rows (each a new tensor, no leaf) and anything that is not a
+    leaf was skipped, so the gradients named were summed at once without a word."""
+    if hasattr(keep_pending, "_ag") or isinstance(keep_pending, (str, bytes)) \
+            or not hasattr(keep_pending, "__iter__"):
+        raise OperatorError(f"backward(keep_pending=...): expected an iterable of parameters (a list, "
+                            f"optimizer.params), got {_described(keep_pending)}; one parameter goes in a list: "
+                            "keep_pending=[p]")
+    kept = set()
+    for i, t in enumerate(keep_pending):
+        leaf = getattr(t, "_ag", None)
+        if not isinstance(leaf, Leaf) or not hasattr(t, "global_shape"):
+            raise OperatorError(f"backward(keep_pending=...): entry {i} is {_described(t)}; expected a leaf "
+                                "DTensor with requires_grad_() (a parameter)")
+        kept.add(id(leaf))
+    return kept
+
+
+def _described(value: Any) -> str:
+    """`value` as every rank describes it alike (a DTensor's repr names this rank and its block)."""
+    if hasattr(value, "_ag") and hasattr(value, "global_shape"):
+        kind = "a leaf" if isinstance(value._ag, Leaf) else "without requires_grad_()" if value._ag is None \
+            else "computed by an op"
+        return f"a DTensor of global shape {tuple(value.global_shape)!r} ({kind})"
+    return f"an object of type {type(value).__name__}"
 
 
 def _count_accumulation(g: Any) -> None:

@@ -440,26 +440,52 @@ def fresh(array: np.ndarray) -> np.ndarray:
 
 
 class Scalar:
-    """A number that changes between replays (a step count that seeds dropout), read inside kernels.
+    """A number that changes between replays (a step count that seeds dropout, a learning rate), read inside
+    kernels.
 
-    ``int(s)`` outside a kernel while capturing would freeze the capture's value: it raises.
+    ``int(s)``, ``float(s)`` or ``s`` as an index outside a kernel while capturing would freeze the capture's
+    value: it raises. Each conversion is the value's own: ``float(Scalar(0.5))`` is 0.5 (without
+    ``__float__`` Python would take ``__index__``'s integer, 0, and a learning rate would silently be
+    zero), ``int()`` truncates as ``int(0.5)`` does, and an index must be an integer (``Scalar(2.5)``
+    as an index is refused, as ``operator.index(2.5)`` is).
     """
 
     __slots__ = ("value",)
 
     def __init__(self, value: Any) -> None:
-        self.value = value
+        self.value = _number(value)
+
+    def _checked(self, what: str) -> Any:
+        if capturing():
+            raise ReplayError(f"Scalar({self.value!r}) was read outside a kernel while capturing ({what}): its "
+                              "value would be frozen into the replay; read it inside a "
+                              "spmdsim.runtime.replay.kernel")
+        return self.value
 
     def __index__(self) -> int:
-        if capturing():
-            raise ReplayError(f"Scalar({self.value!r}) was read outside a kernel while capturing: its value "
-                              "would be frozen into the replay; read it inside a spmdsim.runtime.replay.kernel")
-        return int(self.value)
+        value = self._checked("as an index")
+        if isinstance(value, (float, np.floating)) and not float(value).is_integer():
+            raise ReplayError(f"Scalar({value!r}) used as an index: its value is not an integer; use "
+                              "int(s) to truncate it or float(s) for its value")
+        return int(value)
 
-    __int__ = __index__
+    def __int__(self) -> int:
+        return int(self._checked("int()"))
+
+    def __float__(self) -> float:
+        return float(self._checked("float()"))
 
     def __repr__(self) -> str:
         return f"Scalar({self.value!r})"
+
+
+def _number(value: Any) -> Any:
+    """`value` if it is a real number a Scalar can hold (an int, a float, a numpy number), else the one-line
+    error: a replay hands it to kernels that convert it with int() or float()."""
+    if not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ReplayError(f"Scalar({value!r}): a Scalar holds a real number (an int or a float), got "
+                          f"{type(value).__name__}")
+    return value
 
 
 _lock = threading.Lock()
@@ -804,6 +830,9 @@ def _rebind(i: int, old: Any, new: Any) -> None:
     if new is old:
         return
     if isinstance(old, Scalar):
+        if not isinstance(new, (Scalar, int, float, np.integer, np.floating)):
+            raise ReplayError(f"replay: argument {i} was captured as {old!r} and is {new!r} now; a Scalar's place "
+                              "takes a real number (an int or a float) or a Scalar")
         old.value = new.value if isinstance(new, Scalar) else new
         return
     block = getattr(old, "_local", old)
