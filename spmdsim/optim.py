@@ -145,7 +145,8 @@ def _positive(value: Any, name: str) -> float:
 
 
 class SGD(_Optimizer):
-    """p -= lr * (g + momentum * buffer), PyTorch's form (buffer = momentum * buffer + g)."""
+    """PyTorch's SGD: buffer = momentum * buffer + g (g itself at the first step), then p -= lr * buffer; without
+    momentum, p -= lr * g."""
 
     def __init__(self, params: Iterable[Any], lr: float, momentum: float = 0.0) -> None:
         super().__init__(params, lr)
