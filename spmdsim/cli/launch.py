@@ -1,7 +1,8 @@
 """`spmdsim launch -n N [--timeout S] -- COMMAND...`: mpiexec with dependable settings.
 
 Runs the mpiexec that belongs to this Python's mpi4py under a timeout and
-returns its exit code (124 on timeout, like coreutils `timeout`). For the
+returns its exit code (124 on timeout, like coreutils `timeout`; 128 + N when
+a signal N killed mpiexec itself, as a shell says). For the
 child it sets, unless already set:
 
 * ``SPMDSIM_WAIT`` (``--wait``; default auto = polite wait when ranks outnumber cores);
@@ -221,7 +222,7 @@ def _wait(proc: subprocess.Popen, timeout: float, watch: "_SegmentWatch", hint: 
             watch.note(proc.pid)
             left = deadline - time.monotonic()
             try:
-                return proc.wait(timeout=max(0.0, min(left, _WATCH_INTERVAL_S)))
+                return _exit_status(proc.wait(timeout=max(0.0, min(left, _WATCH_INTERVAL_S))))
             except subprocess.TimeoutExpired:
                 if left <= _WATCH_INTERVAL_S:
                     raise
@@ -242,6 +243,15 @@ def _wait(proc: subprocess.Popen, timeout: float, watch: "_SegmentWatch", hint: 
             _kill_group(proc, signal.SIGKILL)
             proc.wait()
         return 130
+
+
+def _exit_status(returncode: int) -> int:
+    """mpiexec's exit code, or 128 + N when a signal N ended it, as a shell and coreutils `timeout` report it.
+
+    Popen gives -N for a signal: returned as is, it became exit status 256 - N (247 for an mpiexec killed with
+    SIGKILL, which no shell convention reads as a signal).
+    """
+    return 128 - returncode if returncode < 0 else returncode
 
 
 _SHM = "/dev/shm"
