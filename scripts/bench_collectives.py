@@ -48,6 +48,7 @@ from spmdsim.runtime.guard import run_guarded  # noqa: E402
 # added for imports of this file by path, as the tests do).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_args import ArgumentParser, byte_size, int_at_least  # noqa: E402
+from spmdsim._threads import launcher_size  # noqa: E402
 
 SIZES = (64 << 10, 1 << 20, 16 << 20)
 OPS = ("allgather", "alltoall", "allreduce", "reduce_scatter", "bcast")
@@ -298,6 +299,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="iterations of the fixed job")
     p.add_argument("--workload", type=int_at_least(1), default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.launches and not args.workload and launcher_size() > 1:
+        # Each rank ran the whole launch test at once: N tables, N copies of every job on the same cores.
+        p.error(f"--launches {args.launches} starts its own mpiexec runs, but this is one of {launcher_size()} "
+                "ranks of an MPI launcher, each of which would run the whole test at once; expected it run "
+                "serially: python scripts/bench_collectives.py --launches N")
     if args.prepared and args.alloc:
         p.error("--prepared and --alloc conflict: a prepared collective is bound to its output "
                 "buffer; expected one of them")

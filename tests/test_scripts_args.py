@@ -228,6 +228,23 @@ def test_bench_refuses_a_rank_count_a_suite_cannot_split_over():
         bench.check_world(["ops"], bench.QUICK, 16)
 
 
+def test_bench_collectives_launch_test_refuses_to_run_under_an_mpi_launcher(monkeypatch, capsys):
+    """`mpiexec -n 2 python scripts/bench_collectives.py --launches 1` ran the whole launch test on each rank at
+    once: two tables, two copies of every timed job on the same cores."""
+    bc = _script("bench_collectives")
+    monkeypatch.setenv("PMI_RANK", "0")
+    monkeypatch.setenv("PMI_SIZE", "2")
+    with pytest.raises(SystemExit) as info:
+        bc.parse_args(["--launches", "1"])
+    errors = [line for line in unfold(capsys.readouterr().err).splitlines() if ": error: " in line]
+    assert info.value.code == 2 and len(errors) == 1, errors
+    assert ("--launches 1 starts its own mpiexec runs, but this is one of 2 ranks of an MPI launcher" in errors[0]
+            and errors[0].endswith("expected it run serially: python scripts/bench_collectives.py --launches N"))
+    assert bc.parse_args(["--workload", "3"]).workload == 3  # the launch test's own job runs under mpiexec
+    monkeypatch.setenv("PMI_SIZE", "1")
+    assert bc.parse_args(["--launches", "1"]).launches == 1
+
+
 def test_a_failed_launch_shows_its_stderr_and_exits_non_zero(monkeypatch, capsys):
     bc = _script("bench_collectives")
 
