@@ -24,7 +24,8 @@ runs one fixed job (a few hundred small and medium collectives, two ranks
 computing more than the others) ``--launches`` times with MPICH defaults, with
 one BLAS thread per rank but busy waits, and through ``spmdsim launch``
 (one BLAS thread, polite wait), interleaved, and prints the table recorded in
-docs/oversubscription.md.
+docs/oversubscription.md. Each mode refuses the other's options (``-n`` and
+``--iterations`` are the launch test's; the rest the overhead table's).
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ from spmdsim.runtime.guard import run_guarded  # noqa: E402
 # added for imports of this file by path, as the tests do).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_args import ArgumentParser, byte_size, int_at_least  # noqa: E402
+from spmdsim._threads import launcher_size  # noqa: E402
 
 SIZES = (64 << 10, 1 << 20, 16 << 20)
 OPS = ("allgather", "alltoall", "allreduce", "reduce_scatter", "bcast")
@@ -279,25 +281,53 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, checked before MPI starts (a bad value: one message, exit 2 on every rank)."""
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", action="store_true", help="print a JSON list of records")
-    p.add_argument("--sizes", type=byte_size, nargs="+", default=list(SIZES),
+    # The defaults of the two modes' options are filled in below: None says the option was not given.
+    p.add_argument("--sizes", type=byte_size, nargs="+", default=None,
                    help="bytes per rank (K/M suffixes)")
-    p.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS))
+    p.add_argument("--ops", nargs="+", choices=OPS, default=None)
     p.add_argument("--repeats", type=int_at_least(1), default=None,
                    help="repeats per case (default by size)")
     p.add_argument("--alloc", action="store_true", help="spmdsim allocates its results (no out=)")
-    p.add_argument("--wait", choices=("busy", "polite", "auto"), default="busy")
+    p.add_argument("--wait", choices=("busy", "polite", "auto"), default=None, help="(default busy)")
     p.add_argument("--prepared", action="store_true",
                    help="time spmdsim's prepared (persistent) collectives instead of the per-call ones")
     p.add_argument("--aa", action="store_true",
                    help="A/A control: time raw mpi4py against itself (ratios show the harness noise)")
     p.add_argument("--launches", type=int_at_least(0), default=0,
                    help="run the launch test this many times")
-    p.add_argument("-n", "--ranks", type=_even_ranks, default=8,
-                   help="ranks for the launch test (even)")
-    p.add_argument("--iterations", type=int_at_least(1), default=60,
-                   help="iterations of the fixed job")
+    p.add_argument("-n", "--ranks", type=_even_ranks, default=None,
+                   help="ranks for the launch test (even; default 8)")
+    p.add_argument("--iterations", type=int_at_least(1), default=None,
+                   help="iterations of the launch test's fixed job (default 60)")
     p.add_argument("--workload", type=int_at_least(1), default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.launches and not args.workload and launcher_size() > 1:
+        # Each rank ran the whole launch test at once: N tables, N copies of every job on the same cores.
+        p.error(f"--launches {args.launches} starts its own mpiexec runs, but this is one of {launcher_size()} "
+                "ranks of an MPI launcher, each of which would run the whole test at once; expected it run "
+                "serially: python scripts/bench_collectives.py --launches N")
+    if not args.workload:
+        # Each mode took the other's options and ignored them: `--launches 1 --json` printed the markdown
+        # table, an overhead run with `-n 4` timed the ranks mpiexec started.
+        table = [flag for flag, given in (("--json", args.json), ("--sizes", args.sizes is not None),
+                                          ("--ops", args.ops is not None), ("--repeats", args.repeats is not None),
+                                          ("--alloc", args.alloc), ("--wait", args.wait is not None),
+                                          ("--prepared", args.prepared), ("--aa", args.aa)) if given]
+        launch = [flag for flag, given in (("-n/--ranks", args.ranks is not None),
+                                           ("--iterations", args.iterations is not None)) if given]
+        if args.launches and table:
+            p.error(f"{', '.join(table)}: {'options' if len(table) > 1 else 'an option'} of the overhead table, "
+                    f"not of the launch test (--launches {args.launches}: a fixed job); expected "
+                    f"{'them' if len(table) > 1 else 'it'} without --launches")
+        if not args.launches and launch:
+            p.error(f"{', '.join(launch)}: {'options' if len(launch) > 1 else 'an option'} of the launch test "
+                    f"only; expected {'them' if len(launch) > 1 else 'it'} with --launches N (the overhead table "
+                    "runs on the ranks mpiexec started)")
+    args.sizes = list(SIZES) if args.sizes is None else args.sizes
+    args.ops = list(OPS) if args.ops is None else args.ops
+    args.wait = "busy" if args.wait is None else args.wait
+    args.ranks = 8 if args.ranks is None else args.ranks
+    args.iterations = 60 if args.iterations is None else args.iterations
     if args.prepared and args.alloc:
         p.error("--prepared and --alloc conflict: a prepared collective is bound to its output "
                 "buffer; expected one of them")

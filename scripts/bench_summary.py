@@ -21,9 +21,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from typing import Any, Iterable, NoReturn, Optional
+
+# The shared argument types live beside this file (on sys.path when the script runs;
+# added for imports of this file by path, as the tests do).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _bench_args import byte_size  # noqa: E402
 
 COMM_TARGET = 1.1
 MODEL_FACTOR = 2.0
@@ -127,6 +133,23 @@ def summarize(runs: list[list[dict]], min_bytes: int) -> list[dict]:
     return rows
 
 
+def check_counted(rows: list[dict], runs: list[list[dict]], min_bytes: int, what: str) -> None:
+    """End the run with one line when no case of `runs` reaches --min-bytes.
+
+    Every case below it is left out, so runs of `bench.py --quick` (16 KiB a rank) summarized at the default
+    1 MiB printed an empty table and "comm <= 1.1x raw: 0 of 0" with exit 0, as if nothing had been measured.
+    """
+    if rows:
+        return
+    moved = [r["bytes_per_rank"] for records in runs for r in records if r.get("raw_comm_s")]
+    if not moved:
+        raise SystemExit(f"bench_summary: the {what} hold no case with time inside collectives "
+                         "(raw_comm_s); expected records of bench.py's collectives, redistribute or ops suites")
+    raise SystemExit(f"bench_summary: no case of the {what} moves --min-bytes {min_bytes} bytes per rank or more "
+                     f"(the largest moves {max(moved)}: a --quick run?); pass --min-bytes {max(moved)} or less "
+                     "to count them")
+
+
 def within(ratio: Optional[float], factor: float) -> bool:
     return ratio is not None and 1.0 / factor <= ratio <= factor
 
@@ -175,11 +198,18 @@ def main(argv: Optional[list[str]] = None) -> int:
                                 epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("runs", nargs="+", help="bench.py --json files, one per launch")
     p.add_argument("--aa", nargs="+", default=None, help="bench.py --aa --json files (the A/A control)")
-    p.add_argument("--min-bytes", type=int, default=1 << 20, help="smallest bytes/rank counted (default 1 MiB)")
+    p.add_argument("--min-bytes", type=lambda text: byte_size(text, 0), default=1 << 20,
+                   help="smallest bytes/rank counted, e.g. 1 or 64K (default 1M)")
     p.add_argument("--json", action="store_true", help="print the rows and target counts as JSON")
     args = p.parse_args(argv)
-    rows = summarize(load(args.runs), args.min_bytes)
-    aa_rows = summarize(load(args.aa), args.min_bytes) if args.aa else None
+    runs = load(args.runs)
+    rows = summarize(runs, args.min_bytes)
+    check_counted(rows, runs, args.min_bytes, "runs")
+    aa_rows = None
+    if args.aa:
+        aa_runs = load(args.aa)
+        aa_rows = summarize(aa_runs, args.min_bytes)
+        check_counted(aa_rows, aa_runs, args.min_bytes, "--aa runs")
     result = targets(rows)
     if args.json:
         print(json.dumps({"rows": rows, "aa_rows": aa_rows, "targets": result}, indent=1))

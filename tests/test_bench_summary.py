@@ -121,3 +121,35 @@ def test_aa_without_files_is_an_argument_error(summary, tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         summary.main([plain, "--aa"])
     assert info.value.code == 2 and "--aa: expected at least one argument" in capsys.readouterr().err
+
+
+def test_runs_with_no_case_at_min_bytes_are_one_line_not_an_empty_table(summary, tmp_path, capsys):
+    """bench.py --quick's collectives move 16 KiB a rank: at the default --min-bytes of 1 MiB every case was left
+    out, and the summary printed an empty table and "comm <= 1.1x raw: 0 of 0" with exit 0."""
+    quick = _write(tmp_path, "q.json", [_rec("allreduce 16K", 1.0, nbytes=16 << 10),
+                                        _rec("allgather 8K", 1.0, nbytes=8 << 10)])
+    with pytest.raises(SystemExit) as info:
+        summary.main([quick])
+    assert str(info.value.code) == ("bench_summary: no case of the runs moves --min-bytes 1048576 bytes per rank or "
+                                    "more (the largest moves 16384: a --quick run?); pass --min-bytes 16384 or less "
+                                    "to count them")
+    big = _write(tmp_path, "b.json", [_rec("allreduce 1M", 1.0)])
+    with pytest.raises(SystemExit, match=r"^bench_summary: no case of the --aa runs moves --min-bytes 1048576 "):
+        summary.main([big, "--aa", quick])
+    no_comm = _write(tmp_path, "local.json", [_rec("local", 1.0, raw_comm=0.0)])
+    with pytest.raises(SystemExit, match=r"^bench_summary: the runs hold no case with time inside collectives"):
+        summary.main([no_comm, "--min-bytes", "0"])
+    capsys.readouterr()
+    assert summary.main([quick, "--min-bytes", "16K"]) == 0  # a size as bench.py's --sizes reads it
+    assert "comm <= 1.1x raw: 1 of 1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("text, expected", [("-1", "size '-1' is -1 bytes; expected at least 0"),
+                                            ("1Q", "size '1Q' is not a byte count like 4096, 64K or 4M")])
+def test_a_bad_min_bytes_is_one_argument_error(summary, tmp_path, capsys, text, expected):
+    """--min-bytes -1 was taken (every case counted, as with 0); 64K was 'invalid int value'."""
+    plain = _write(tmp_path, "b.json", [_GOOD])
+    with pytest.raises(SystemExit) as info:
+        summary.main([plain, "--min-bytes", text])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and err[-1].endswith(f": error: argument --min-bytes: {expected}"), err

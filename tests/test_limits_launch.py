@@ -1,6 +1,7 @@
-"""`spmdsim launch` removes the shared-memory segments its own job left when the job is killed."""
+"""`spmdsim launch` removes the shared-memory segments its own job left when the job is killed, and nothing else."""
 from __future__ import annotations
 
+import mmap
 import os
 import subprocess
 import sys
@@ -63,3 +64,67 @@ def test_launch_removes_the_segments_of_a_killed_job_and_nothing_else(tmp_path):
         assert set(named) <= {os.path.basename(p) for p in segments}, (note, mapped)
     finally:
         os.unlink(decoy)
+
+
+@pytest.mark.skipif(not (os.path.isdir("/proc/self/fd") and os.path.isdir("/dev/shm")),
+                    reason="needs Linux /proc and /dev/shm")
+def test_launch_removes_an_mpi_segment_it_never_saw_mapped_once_no_process_holds_it():
+    """The maps are read every 0.2 s: a rank killed just after MPI_Init left MPICH's segment, never noted.
+
+    An MPI segment made while the job ran is removed when no process holds it (open or mapped); one a live process
+    maps, one that is not MPI's and one older than the job are kept.
+    """
+    from spmdsim.cli import launch
+
+    tag = f"spmdsim_limits_{os.getpid()}"
+    older, orphan, held, other = (f"/dev/shm/{name}" for name in (
+        f"mpich_shm_{tag}_older", f"mpich_shm_{tag}_orphan", f"sm_segment.{tag}_held", f"{tag}_not_mpi"))
+    try:
+        with open(older, "wb") as fh:
+            fh.write(b"\0" * 4096)
+        watch = launch._SegmentWatch()
+        for path in (orphan, held, other):
+            with open(path, "wb") as fh:
+                fh.write(b"\0" * 4096)
+        with open(held, "r+b") as fh, mmap.mmap(fh.fileno(), 4096):
+            assert watch.orphans() == {os.path.basename(orphan)}
+            assert watch.remove_left() == [os.path.basename(orphan)]
+        assert not os.path.exists(orphan) and all(map(os.path.exists, (older, held, other)))
+    finally:
+        for path in (older, orphan, held, other):
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+_DIES_AT_ONCE = textwrap.dedent("""
+    import os, signal, sys, time
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    if comm.rank == 0:
+        with open(f"/proc/{os.getpid()}/maps") as fh:
+            names = {line.split()[5] for line in fh if " /dev/shm/" in line
+                     and not line.rstrip().endswith("(deleted)")}
+        with open(sys.argv[1] + ".tmp", "w") as out:
+            out.write("\\n".join(sorted(names)))
+        os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+    else:
+        while not os.path.exists(sys.argv[1]):
+            time.sleep(0.001)
+        os.kill(os.getpid(), signal.SIGKILL)  # within a poll of MPI_Init
+    comm.Barrier()
+""")
+
+
+@pytest.mark.skipif(not (MPIEXEC and os.path.isdir("/proc/self/task") and os.path.isdir("/dev/shm")),
+                    reason="needs mpiexec, Linux /proc and /dev/shm")
+def test_launch_removes_the_segment_of_a_rank_killed_right_after_mpi_init(tmp_path):
+    script, listing = tmp_path / "job.py", tmp_path / "mapped.txt"
+    script.write_text(_DIES_AT_ONCE)
+    done = subprocess.run([sys.executable, "-m", "spmdsim", "launch", "-n", "2", "--timeout", "60", "--",
+                           "python", str(script), str(listing)], capture_output=True, text=True, timeout=90)
+    assert done.returncode != 0, done.stderr
+    segments = [p for p in listing.read_text().split()
+                if os.path.basename(p).startswith(("mpich_shm_", "sm_segment."))]
+    if not segments:
+        pytest.skip("this MPI's segments were unlinked while the job ran: a killed job leaves none to remove")
+    assert not any(os.path.exists(p) for p in segments), (segments, done.stderr)

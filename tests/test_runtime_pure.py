@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -116,6 +117,24 @@ def test_launch_command_env_and_family(monkeypatch):
     assert launch._family("mpirun (Open MPI) 5.0.3") == "openmpi"
     assert launch._family("libmpi.so.40") == "openmpi" and launch._family("libmpi.so.12") == "mpich"
     assert launch._family("something else") is None
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
+def test_launch_reports_a_killed_mpiexec_as_a_shell_does(sig, tmp_path):
+    """An mpiexec ended by signal N (the OOM killer's SIGKILL, a kill from outside): exit 128 + N, as a shell and
+    coreutils `timeout` say. Popen's -N went back as it was, and `spmdsim launch` exited 247 for SIGKILL."""
+    import signal
+    import subprocess
+
+    cmd = [sys.executable, "-c", f"import os, signal; os.kill(os.getpid(), signal.{sig})"]
+    assert launch.run_with_timeout(cmd, dict(os.environ), 60) == 128 + getattr(signal, sig)
+    assert launch.run_with_timeout([sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ), 60) == 3
+    killed = tmp_path / "mpiexec"  # an mpiexec a signal ends, the whole CLI path
+    killed.write_text(f"#!/bin/sh\nkill -{sig[3:]} $$\n")
+    killed.chmod(0o755)
+    done = subprocess.run([sys.executable, "-m", "spmdsim", "launch", "-n", "1", "--no-mpi-check", "--mpiexec",
+                           str(killed), "--", "python", "-c", "pass"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 128 + getattr(signal, sig), done.stderr
 
 
 def test_importing_runtime_package_does_not_load_mpi4py():

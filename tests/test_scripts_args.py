@@ -134,6 +134,15 @@ BAD = [  # (script, argv, text the error line must contain)
     ("bench_collectives", ["-n", "3"], "expected an even rank count >= 2, got '3'"),
     ("bench_collectives", ["-n", "0"], "got '0'"),
     ("bench_collectives", ["--prepared", "--alloc"], "--prepared and --alloc conflict"),
+    # each mode's options were taken by the other and ignored (`--launches 1 --json` printed the markdown table)
+    ("bench_collectives", ["--launches", "1", "--json", "--aa"],
+     "--json, --aa: options of the overhead table, not of the launch test (--launches 1: a fixed job); expected "
+     "them without --launches"),
+    ("bench_collectives", ["--launches", "2", "--sizes", "4096"], "--sizes: an option of the overhead table"),
+    ("bench_collectives", ["--launches", "2", "--wait", "busy"], "--wait: an option of the overhead table"),
+    ("bench_collectives", ["-n", "4"], "-n/--ranks: an option of the launch test only; expected it with "
+                                       "--launches N (the overhead table runs on the ranks mpiexec started)"),
+    ("bench_collectives", ["--sizes", "4096", "--iterations", "9"], "--iterations: an option of the launch test"),
     ("bench_placement", ["--sizes", "abc"], "size 'abc'"),
     ("bench_placement", ["--repeats", "0"], "got '0'"),
     ("bench_placement", ["--deltas", "0,4096"], "delta 4096 is not within a page"),
@@ -207,6 +216,11 @@ def test_valid_arguments_parse_as_before():
     bc = _script("bench_collectives")
     assert bc.parse_args([]).sizes == list(bc.SIZES)
     assert bc.parse_args(["--sizes", "4096", "64K"]).sizes == [4096, 65536]
+    args = bc.parse_args([])
+    assert (args.ops, args.wait, args.ranks, args.iterations) == (list(bc.OPS), "busy", 8, 60)
+    args = bc.parse_args(["--launches", "10", "-n", "8", "--iterations", "30"])  # docs/oversubscription.md's
+    assert (args.launches, args.ranks, args.iterations, args.sizes) == (10, 8, 30, list(bc.SIZES))
+    assert bc.parse_args(["--wait", "polite", "--sizes", "4096", "65536"]).wait == "polite"
     bp = _script("bench_placement")
     args = bp.parse_args([])
     assert args.sizes == list(bp.SIZES) and args.deltas == list(bp.DELTAS)
@@ -226,6 +240,23 @@ def test_bench_refuses_a_rank_count_a_suite_cannot_split_over():
         bench.check_world(["collectives", "redistribute"], bench.QUICK, 3)
     with pytest.raises(RuntimeMismatchError, match=r"ops suite cannot run on 16 ranks.*divides 8"):
         bench.check_world(["ops"], bench.QUICK, 16)
+
+
+def test_bench_collectives_launch_test_refuses_to_run_under_an_mpi_launcher(monkeypatch, capsys):
+    """`mpiexec -n 2 python scripts/bench_collectives.py --launches 1` ran the whole launch test on each rank at
+    once: two tables, two copies of every timed job on the same cores."""
+    bc = _script("bench_collectives")
+    monkeypatch.setenv("PMI_RANK", "0")
+    monkeypatch.setenv("PMI_SIZE", "2")
+    with pytest.raises(SystemExit) as info:
+        bc.parse_args(["--launches", "1"])
+    errors = [line for line in unfold(capsys.readouterr().err).splitlines() if ": error: " in line]
+    assert info.value.code == 2 and len(errors) == 1, errors
+    assert ("--launches 1 starts its own mpiexec runs, but this is one of 2 ranks of an MPI launcher" in errors[0]
+            and errors[0].endswith("expected it run serially: python scripts/bench_collectives.py --launches N"))
+    assert bc.parse_args(["--workload", "3"]).workload == 3  # the launch test's own job runs under mpiexec
+    monkeypatch.setenv("PMI_SIZE", "1")
+    assert bc.parse_args(["--launches", "1"]).launches == 1
 
 
 def test_a_failed_launch_shows_its_stderr_and_exits_non_zero(monkeypatch, capsys):

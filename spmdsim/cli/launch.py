@@ -1,7 +1,8 @@
 """`spmdsim launch -n N [--timeout S] -- COMMAND...`: mpiexec with dependable settings.
 
 Runs the mpiexec that belongs to this Python's mpi4py under a timeout and
-returns its exit code (124 on timeout, like coreutils `timeout`). For the
+returns its exit code (124 on timeout, like coreutils `timeout`; 128 + N when
+a signal N killed mpiexec itself, as a shell says). For the
 child it sets, unless already set:
 
 * ``SPMDSIM_WAIT`` (``--wait``; default auto = polite wait when ranks outnumber cores);
@@ -15,8 +16,11 @@ child it sets, unless already set:
 A job killed from outside (a rank's SIGKILL, the timeout) leaves its MPI
 shared-memory segment in /dev/shm (MPICH: ``mpich_shm_*``, 8 MB). While the job
 runs, launch notes the /dev/shm files its processes map; when it has ended it
-removes those that still exist and did not exist before it started, and says
-so in one line. Nothing else in /dev/shm is touched (other jobs' segments).
+removes those that still exist and did not exist before it started, and also
+the MPI segments (``mpich_shm_*``, ``sm_segment.*``) made while it ran that no
+process holds open or mapped any more (a rank killed within one poll of its
+MPI_Init is never seen mapping its segment), and says so in one line. Nothing
+else in /dev/shm is touched (older files, other live jobs' segments).
 
 A leading ``python``/``python3`` in COMMAND becomes this interpreter. This
 module never imports mpi4py (it asks ``python -m mpi4py --mpi-library``).
@@ -218,7 +222,7 @@ def _wait(proc: subprocess.Popen, timeout: float, watch: "_SegmentWatch", hint: 
             watch.note(proc.pid)
             left = deadline - time.monotonic()
             try:
-                return proc.wait(timeout=max(0.0, min(left, _WATCH_INTERVAL_S)))
+                return _exit_status(proc.wait(timeout=max(0.0, min(left, _WATCH_INTERVAL_S))))
             except subprocess.TimeoutExpired:
                 if left <= _WATCH_INTERVAL_S:
                     raise
@@ -241,10 +245,22 @@ def _wait(proc: subprocess.Popen, timeout: float, watch: "_SegmentWatch", hint: 
         return 130
 
 
+def _exit_status(returncode: int) -> int:
+    """mpiexec's exit code, or 128 + N when a signal N ended it, as a shell and coreutils `timeout` report it.
+
+    Popen gives -N for a signal: returned as is, it became exit status 256 - N (247 for an mpiexec killed with
+    SIGKILL, which no shell convention reads as a signal).
+    """
+    return 128 - returncode if returncode < 0 else returncode
+
+
 _SHM = "/dev/shm"
 #: How often the job's maps are read: MPI creates its segment at MPI_Init and
 #: keeps it mapped for the job's life, so a job alive this long is seen.
 _WATCH_INTERVAL_S = 0.2
+#: The names MPI gives its node segments (MPICH's, Open MPI's): the files launch may remove without having
+#: seen its job map them (`_SegmentWatch.orphans`).
+_MPI_SEGMENT_PREFIXES = ("mpich_shm_", "sm_segment.")
 
 
 class _SegmentWatch:
@@ -275,10 +291,22 @@ class _SegmentWatch:
             except OSError:
                 continue  # the process ended meanwhile
 
+    def orphans(self) -> set[str]:
+        """MPI segments new since the job started that no process on this machine holds open or mapped.
+
+        The maps are read every _WATCH_INTERVAL_S, so a rank that dies within one poll of its MPI_Init (a
+        crash at start-up, a SIGKILL) is never seen mapping its segment: three of three such jobs left
+        MPICH's 2 MB segment behind. A segment no process holds can never be attached again (MPI opens it
+        by name only while its creator maps it), so removing it takes nothing from a live job.
+        """
+        new = {name for name in self._names() - self.before - self.seen
+               if name.startswith(_MPI_SEGMENT_PREFIXES)}
+        return new - _held(new) if new else set()
+
     def remove_left(self) -> list[str]:
-        """Remove the noted files that still exist and are this user's; their names."""
+        """Remove the noted files and the orphaned new MPI segments that still exist and are this user's."""
         removed = []
-        for name in sorted(self.seen):
+        for name in sorted(self.seen | self.orphans()):
             path = os.path.join(_SHM, name)
             try:
                 if os.stat(path).st_uid == os.getuid():
@@ -287,6 +315,34 @@ class _SegmentWatch:
             except OSError:
                 continue  # gone already: the job ended normally and removed it
         return removed
+
+
+def _held(names: set[str]) -> set[str]:
+    """Those of `names` (in /dev/shm) that some process has open or mapped (/proc/PID/fd and maps)."""
+    paths = {os.path.join(_SHM, name): name for name in names}
+    held: set[str] = set()
+    try:
+        pids = [pid for pid in os.listdir("/proc") if pid.isdigit()]
+    except OSError:
+        return set(names)  # cannot tell: keep them all
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    at = line.find(_SHM + "/")
+                    if at >= 0 and line[at:].split()[0] in paths:
+                        held.add(paths[line[at:].split()[0]])
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue  # ended meanwhile, or another user's process (its files are not ours to remove)
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue  # closed meanwhile
+            if target in paths:
+                held.add(paths[target])
+    return held
 
 
 def _descendants(root: int) -> list[int]:
