@@ -42,13 +42,13 @@ sys.path.insert(0, str(HERE.parent))  # spmdsim from this checkout, also when ru
 from spmdsim._malloc import glibc_env  # noqa: E402
 
 
-def _ints(ap: argparse.ArgumentParser, text: str, flag: str) -> list[int]:
+def _ints(ap: argparse.ArgumentParser, text: str, flag: str, example: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",")]
     except ValueError:
         values = []
     if not values or min(values) < 1:
-        ap.error(f"{flag} {text!r} must be a comma list of integers >= 1, e.g. 1,2,4,8")
+        ap.error(f"{flag} {text!r} must be a comma list of integers >= 1, e.g. {example}")
     return values
 
 
@@ -142,7 +142,7 @@ def main() -> int:
         args.ranks, args.d_model = int(args.ranks), int(args.d_model)
         print("RESULT " + json.dumps(_child(args)))
         return 0
-    ranks, widths = _ints(ap, args.ranks, "--ranks"), _ints(ap, args.d_model, "--d-model")
+    ranks, widths = _ints(ap, args.ranks, "--ranks", "1,2,4,8"), _ints(ap, args.d_model, "--d-model", "32,128,256")
     for d in widths:
         if d % 4:
             ap.error(f"--d-model {d} must be a multiple of the 4 heads")

@@ -183,6 +183,7 @@ def test_a_bad_argument_is_one_error_line_naming_it(name, argv, needle, capsys, 
 
 LAUNCHED = [  # scripts whose parser runs in main(): launched, bad values refused before any work
     ("bench_eager", ["--ranks", "1,0"], "--ranks '1,0' must be a comma list of integers >= 1, e.g. 1,2,4,8"),
+    ("bench_eager", ["--d-model", "0"], "--d-model '0' must be a comma list of integers >= 1, e.g. 32,128,256"),
     ("bench_eager", ["--ranks", "3"], "--ranks 3 makes dp 3 x tp 1: dp must divide the batch of 8"),
     ("bench_eager", ["--apart", "-1"], "--apart -1 must be at least 1 (or 0: both modes in one process)"),
     ("bench_moe", ["--seed", "-1"], "--seed -1 must be at least 0"),  # rank 0 alone raised; the rest waited
