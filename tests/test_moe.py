@@ -169,6 +169,47 @@ def _close(a, b):
     return float(np.max(np.abs(a - b))) <= 1e-12 * max(1.0, float(np.max(np.abs(b))))
 
 
+@pytest.mark.parametrize("x_map, mesh_shape", [
+    ((None, "dp", None), (2, 2, 1)),  # the batch copied over ep: the aux loss counted each token twice
+    ((None, None, None), (1, 2, 1)),  # the whole batch on every ep rank: the same
+    (("tp", "ep", None), (1, 2, 2)),  # each sequence split over tp: halves routed and capped as sequences
+    ((None, "ep", "tp"), (1, 2, 2)),  # features split over tp: a numpy ValueError from the experts' product
+])
+def test_an_input_not_laid_out_as_the_layer_needs_is_refused_in_one_line(x_map, mesh_shape):
+    """moe_layer routes each rank's block sequence by sequence and sums the aux loss's counts over the axes
+    other than tp, so its input must have its batch split over exactly those axes and be whole otherwise.
+    Before, the first two ran and returned the load-balancing loss doubled (2.049 for the reference's 1.024),
+    the third a wrong output (1.37 off) and smaller losses, the fourth a numpy traceback."""
+    from spmdsim import ops
+    from spmdsim.moe.layer import moe_layer
+    from spmdsim.runtime.dtensor import DTensor
+
+    moe = MoEConfig(experts=4, top_k=2, capacity_factor=1.0, aux_loss_coeff=1.0, z_loss_coeff=0.0)
+    p, x, _ = _params(moe)
+    maps = {"router": (None, None), "w1": ("ep", None, "tp"), "b1": ("ep", "tp"), "w2": ("ep", "tp", None),
+            "b2": ("ep", None)}
+
+    def run(tensor_map):
+        mesh = spmdsim.Mesh(spmdsim.Layout(mesh_shape, ("dp", "ep", "tp")), spmdsim.world())
+        L = mesh.layout
+        params = {n: DTensor.from_global(mesh, v, L(*maps[n.split(".")[-1]])) for n, v in p.items()}
+        xd = DTensor.from_global(mesh, x.reshape(B, T, D).transpose(1, 0, 2), L(*tensor_map))
+        try:
+            return float(ops.resolved(moe_layer(xd, params, "h1.", moe)[1]).local)
+        except SpmdsimError as e:
+            return str(e)
+
+    aux = _reference(moe, p, x, np.zeros_like(x))[4]["aux"]
+    assert all(abs(a - aux) <= 1e-12 for a in spmdsim.simulate(int(np.prod(mesh_shape)),
+                                                                lambda: run((None, ("dp", "ep"), None))))
+    errors = spmdsim.simulate(int(np.prod(mesh_shape)), lambda: run(x_map))
+    assert len(set(errors)) == 1 and isinstance(errors[0], str), errors
+    assert "\n" not in errors[0] and "the MoE layer's input (tokens, batch, features) is laid out" in errors[0]
+    want = '("dp", "ep")' if mesh_shape[0] > 1 else '"ep"'
+    assert errors[0].endswith(f"nothing else split or pending: (None, {want}, None)"), errors[0]
+
+
+
 @pytest.mark.parametrize("mesh_shape", [(1, 4, 1), (2, 2, 1), (1, 2, 2)])
 @pytest.mark.parametrize("dropless", [False, True])
 def test_the_layer_and_its_gradients_match_the_reference(mesh_shape, dropless):
