@@ -51,6 +51,29 @@ def test_second_choices_wait_for_every_first_choice():
     assert r.slots[0, 1, 0] == 0 and r.slots[0, 2, 0] == 1 and r.slots[0, 0, 1] == -1
 
 
+@pytest.mark.parametrize("top_k, capacity, message", [
+    (1, 2.5, "route: capacity 2.5 must be an integer >= 1"),
+    (1, 2.0, "route: capacity 2.0 must be an integer >= 1"),
+    (1, None, "route: capacity None must be an integer >= 1"),
+    (2.0, 2, "route: top_k 2.0 must be the integer 1 or 2 and at most the 4 experts"),
+    (True, 2, "route: top_k True must be the integer 1 or 2"),
+])
+def test_route_refuses_a_capacity_or_top_k_that_is_not_an_integer_in_one_line(top_k, capacity, message):
+    """A capacity of 2.5 kept three slots (0, 1, 2: the test is slot >= capacity) in a Routing of capacity 2,
+    so dispatch_rows put an expert's third slot on the next expert's first: two assignments on one row of the
+    send buffer, a silently wrong dispatch. top_k 2.0 (== 2) failed later as a slice index, None and True
+    as numpy or comparison tracebacks. planned (a dry run's) checks the same."""
+    from spmdsim.moe.routing import planned
+
+    probs = np.random.default_rng(0).dirichlet(np.ones(4), size=(1, 8))
+    for call in (lambda: route(probs, top_k, capacity), lambda: planned(1, 8, 4, top_k, capacity, "balanced")):
+        with pytest.raises(SpmdsimError) as info:
+            call()
+        assert str(info.value).startswith(message) and "\n" not in str(info.value)
+    r = route(probs, np.int64(1), np.int64(2))  # numpy integers are integers
+    assert r.capacity == 2 and type(r.capacity) is int and r.slots.max() == 1
+
+
 def test_dispatch_rows_are_a_permutation_of_the_kept_assignments():
     rng = np.random.default_rng(1)
     p = rng.random((3, 10, 4))
