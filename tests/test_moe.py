@@ -448,6 +448,29 @@ def test_the_example_runs_a_huge_capacity_factor_as_the_factor_that_drops_nothin
     assert "check: 2 steps vs one numpy process" in huge.stdout
 
 
+@pytest.mark.parametrize("seq, factor, line", [
+    ("8", "1.99", "capacity: 8 slots per expert per sequence, one per token (ceil(2 x 8 x 1.99 / 4) = 8): "
+                  "none dropped"),
+    ("1", "1.25", "capacity: 1 slot per expert per sequence, one per token (ceil(2 x 1 x 1.25 / 4) = 1): "
+                  "none dropped"),
+    ("8", "0.01", "capacity: 1 slot per expert per sequence (ceil(2 x 8 x 0.01 / 4)), the rest dropped"),
+])
+def test_the_examples_capacity_line_says_none_dropped_when_a_slot_per_token_is_reached_below_e_over_k(
+        seq, factor, line):
+    """A capacity of one slot per token drops nothing, whether the factor reached E / k or the ceiling reached
+    T below it: the example said "8 slots ... (ceil(2 x 8 x 1.99 / 4)), the rest dropped" over a picture of
+    0 dropped, and "1 slots" at seq 1."""
+    from testkit import run_train_gpt
+
+    out = run_train_gpt(["--ranks", "4", "--ep", "4", "--steps", "1", "--layers", "2", "--d-model", "16", "--seq",
+                         seq, "--batch", "4", "--experts", "4", "--capacity-factor", factor, "--dispatch"],
+                        script="train_moe_gpt.py")
+    assert out.returncode == 0, out.stderr
+    assert line in out.stdout.splitlines(), out.stdout
+    dropped = [ln for ln in out.stdout.splitlines() if ln.startswith("  dropped: ")]
+    assert dropped and dropped[0].startswith("  dropped: 0 of") == ("none dropped" in line), dropped
+
+
 def test_a_dropless_dry_run_needs_a_routing_and_a_real_run_refuses_one():
     from testkit import run_train_gpt, unfold
 
