@@ -183,11 +183,17 @@ def main(args):
                   f"gradients {policy.grad};\n  the router in float32")
         if moe.dropless:
             print("dropless: the counts by Alltoall, then the tokens by Alltoallv with the true counts")
-        elif moe.capacity(cfg.seq) == cfg.seq and moe.top_k * moe.capacity_factor >= moe.experts:
-            print(f"capacity: {cfg.seq} slots per expert per sequence, one per token (factor "
-                  f"{moe.capacity_factor:g} >= {moe.experts} / {moe.top_k}): none dropped")
+        elif moe.capacity(cfg.seq) == cfg.seq:
+            # A slot per token is room for all of a sequence's assignments to an expert (a token's k choices are
+            # k different experts), whether the factor reached E / k or the ceiling reached T below it
+            # (3.99 with 8 experts, top-2, seq 16; any factor at seq 1): none can be dropped, so none is said to.
+            ceiling = f"ceil({moe.top_k} x {cfg.seq} x {moe.capacity_factor:g} / {moe.experts}) = {cfg.seq}"
+            why = (f"factor {moe.capacity_factor:g} >= {moe.experts} / {moe.top_k}"
+                   if moe.top_k * moe.capacity_factor >= moe.experts else ceiling)
+            print(f"capacity: {counted(cfg.seq, 'slot')} per expert per sequence, one per token ({why}): "
+                  "none dropped")
         else:
-            print(f"capacity: {moe.capacity(cfg.seq)} slots per expert per sequence "
+            print(f"capacity: {counted(moe.capacity(cfg.seq), 'slot')} per expert per sequence "
                   f"(ceil({moe.top_k} x {cfg.seq} x {moe.capacity_factor:g} / {moe.experts})), the rest dropped")
         both = "Alltoall and Alltoallv" if args.dropless and args.algorithm == "pairwise" else "Alltoall"
         alg = f"; {both} as {args.algorithm}" if args.algorithm else ""

@@ -51,6 +51,29 @@ def test_second_choices_wait_for_every_first_choice():
     assert r.slots[0, 1, 0] == 0 and r.slots[0, 2, 0] == 1 and r.slots[0, 0, 1] == -1
 
 
+@pytest.mark.parametrize("top_k, capacity, message", [
+    (1, 2.5, "route: capacity 2.5 must be an integer >= 1"),
+    (1, 2.0, "route: capacity 2.0 must be an integer >= 1"),
+    (1, None, "route: capacity None must be an integer >= 1"),
+    (2.0, 2, "route: top_k 2.0 must be the integer 1 or 2 and at most the 4 experts"),
+    (True, 2, "route: top_k True must be the integer 1 or 2"),
+])
+def test_route_refuses_a_capacity_or_top_k_that_is_not_an_integer_in_one_line(top_k, capacity, message):
+    """A capacity of 2.5 kept three slots (0, 1, 2: the test is slot >= capacity) in a Routing of capacity 2,
+    so dispatch_rows put an expert's third slot on the next expert's first: two assignments on one row of the
+    send buffer, a silently wrong dispatch. top_k 2.0 (== 2) failed later as a slice index, None and True
+    as numpy or comparison tracebacks. planned (a dry run's) checks the same."""
+    from spmdsim.moe.routing import planned
+
+    probs = np.random.default_rng(0).dirichlet(np.ones(4), size=(1, 8))
+    for call in (lambda: route(probs, top_k, capacity), lambda: planned(1, 8, 4, top_k, capacity, "balanced")):
+        with pytest.raises(SpmdsimError) as info:
+            call()
+        assert str(info.value).startswith(message) and "\n" not in str(info.value)
+    r = route(probs, np.int64(1), np.int64(2))  # numpy integers are integers
+    assert r.capacity == 2 and type(r.capacity) is int and r.slots.max() == 1
+
+
 def test_dispatch_rows_are_a_permutation_of_the_kept_assignments():
     rng = np.random.default_rng(1)
     p = rng.random((3, 10, 4))
@@ -167,6 +190,47 @@ def _reference(moe, p, x, g):
 
 def _close(a, b):
     return float(np.max(np.abs(a - b))) <= 1e-12 * max(1.0, float(np.max(np.abs(b))))
+
+
+@pytest.mark.parametrize("x_map, mesh_shape", [
+    ((None, "dp", None), (2, 2, 1)),  # the batch copied over ep: the aux loss counted each token twice
+    ((None, None, None), (1, 2, 1)),  # the whole batch on every ep rank: the same
+    (("tp", "ep", None), (1, 2, 2)),  # each sequence split over tp: halves routed and capped as sequences
+    ((None, "ep", "tp"), (1, 2, 2)),  # features split over tp: a numpy ValueError from the experts' product
+])
+def test_an_input_not_laid_out_as_the_layer_needs_is_refused_in_one_line(x_map, mesh_shape):
+    """moe_layer routes each rank's block sequence by sequence and sums the aux loss's counts over the axes
+    other than tp, so its input must have its batch split over exactly those axes and be whole otherwise.
+    Before, the first two ran and returned the load-balancing loss doubled (2.049 for the reference's 1.024),
+    the third a wrong output (1.37 off) and smaller losses, the fourth a numpy traceback."""
+    from spmdsim import ops
+    from spmdsim.moe.layer import moe_layer
+    from spmdsim.runtime.dtensor import DTensor
+
+    moe = MoEConfig(experts=4, top_k=2, capacity_factor=1.0, aux_loss_coeff=1.0, z_loss_coeff=0.0)
+    p, x, _ = _params(moe)
+    maps = {"router": (None, None), "w1": ("ep", None, "tp"), "b1": ("ep", "tp"), "w2": ("ep", "tp", None),
+            "b2": ("ep", None)}
+
+    def run(tensor_map):
+        mesh = spmdsim.Mesh(spmdsim.Layout(mesh_shape, ("dp", "ep", "tp")), spmdsim.world())
+        L = mesh.layout
+        params = {n: DTensor.from_global(mesh, v, L(*maps[n.split(".")[-1]])) for n, v in p.items()}
+        xd = DTensor.from_global(mesh, x.reshape(B, T, D).transpose(1, 0, 2), L(*tensor_map))
+        try:
+            return float(ops.resolved(moe_layer(xd, params, "h1.", moe)[1]).local)
+        except SpmdsimError as e:
+            return str(e)
+
+    aux = _reference(moe, p, x, np.zeros_like(x))[4]["aux"]
+    assert all(abs(a - aux) <= 1e-12 for a in spmdsim.simulate(int(np.prod(mesh_shape)),
+                                                                lambda: run((None, ("dp", "ep"), None))))
+    errors = spmdsim.simulate(int(np.prod(mesh_shape)), lambda: run(x_map))
+    assert len(set(errors)) == 1 and isinstance(errors[0], str), errors
+    assert "\n" not in errors[0] and "the MoE layer's input (tokens, batch, features) is laid out" in errors[0]
+    want = '("dp", "ep")' if mesh_shape[0] > 1 else '"ep"'
+    assert errors[0].endswith(f"nothing else split or pending: (None, {want}, None)"), errors[0]
+
 
 
 @pytest.mark.parametrize("mesh_shape", [(1, 4, 1), (2, 2, 1), (1, 2, 2)])
@@ -382,6 +446,29 @@ def test_the_example_runs_a_huge_capacity_factor_as_the_factor_that_drops_nothin
     rows = [[line for line in out.stdout.splitlines() if line[:5].strip().isdigit()] for out in (huge, four)]
     assert len(rows[0]) == 2 and rows[0] == rows[1]
     assert "check: 2 steps vs one numpy process" in huge.stdout
+
+
+@pytest.mark.parametrize("seq, factor, line", [
+    ("8", "1.99", "capacity: 8 slots per expert per sequence, one per token (ceil(2 x 8 x 1.99 / 4) = 8): "
+                  "none dropped"),
+    ("1", "1.25", "capacity: 1 slot per expert per sequence, one per token (ceil(2 x 1 x 1.25 / 4) = 1): "
+                  "none dropped"),
+    ("8", "0.01", "capacity: 1 slot per expert per sequence (ceil(2 x 8 x 0.01 / 4)), the rest dropped"),
+])
+def test_the_examples_capacity_line_says_none_dropped_when_a_slot_per_token_is_reached_below_e_over_k(
+        seq, factor, line):
+    """A capacity of one slot per token drops nothing, whether the factor reached E / k or the ceiling reached
+    T below it: the example said "8 slots ... (ceil(2 x 8 x 1.99 / 4)), the rest dropped" over a picture of
+    0 dropped, and "1 slots" at seq 1."""
+    from testkit import run_train_gpt
+
+    out = run_train_gpt(["--ranks", "4", "--ep", "4", "--steps", "1", "--layers", "2", "--d-model", "16", "--seq",
+                         seq, "--batch", "4", "--experts", "4", "--capacity-factor", factor, "--dispatch"],
+                        script="train_moe_gpt.py")
+    assert out.returncode == 0, out.stderr
+    assert line in out.stdout.splitlines(), out.stdout
+    dropped = [ln for ln in out.stdout.splitlines() if ln.startswith("  dropped: ")]
+    assert dropped and dropped[0].startswith("  dropped: 0 of") == ("none dropped" in line), dropped
 
 
 def test_a_dropless_dry_run_needs_a_routing_and_a_real_run_refuses_one():

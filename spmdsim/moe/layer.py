@@ -59,6 +59,7 @@ from ..buffers import broadcast_zero, contiguous, into
 from ..activations import gelu_backward, gelu_from_tanh, gelu_tanh
 from ..autograd.graph import record, with_partial
 from ..errors import SpmdsimError
+from ..layout import format_tensor_map
 from ..flops import any_open, gemm, sweep
 from ..precision import is_low, product, rounded, wide
 from ..runtime.collectives import allreduce, alltoall
@@ -69,7 +70,7 @@ from ..sim.dry import dry_run_active, zeros
 from .config import MoEConfig
 from .routing import Routing, dispatch_rows, gates_backward, planned, route
 
-__all__ = ["MoEStats", "moe_layer", "moe_experts", "moe_problem"]
+__all__ = ["MoEStats", "moe_layer", "moe_experts", "moe_problem", "input_problem"]
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,27 @@ def moe_problem(mesh: Any, moe: MoEConfig, x_shape: tuple, hidden: int) -> Optio
     return None
 
 
+def input_problem(x: Any) -> Optional[str]:
+    """Why the MoE layer cannot take `x` as laid out (one line, the same on every rank), or None.
+
+    The layer counts on each rank holding whole sequences of its own: it routes a rank's local block
+    sequence by sequence (the capacity is per sequence), sums the load-balancing loss's counts over the
+    mesh's axes other than tp, and sends every feature of a token to its experts. A batch copied over one
+    of those axes counts its tokens twice (the aux loss doubled), a sequence split over tp routes and caps
+    pieces of it as sequences, features split break the products, pending sums route unsummed tokens: each
+    a wrong answer without an error, so each is refused. Axes of size 1 split nothing and are ignored.
+    """
+    L = x.layout
+    big = lambda axes: {a for a in axes if L.layout.axis_size(a) > 1}  # noqa: E731
+    want = big(a for a in L.layout.alias_name if a != "tp")
+    T, batch, D = L.tensor_map
+    if big(T) or big(D) or big(batch) != want or L.addend_axes:
+        expected = format_tensor_map(((), tuple(a for a in L.layout.alias_name if a in want), ()))
+        return (f"the MoE layer's input (tokens, batch, features) is laid out {L}; expected its batch split over "
+                f"the mesh's axes other than tp and nothing else split or pending: {expected}")
+    return None
+
+
 def _row_max(block: np.ndarray) -> np.ndarray:
     return block.max(axis=-1, keepdims=True)
 
@@ -127,7 +149,7 @@ def moe_layer(x: Any, params: dict, pre: str, moe: MoEConfig, stats: Optional[li
     """
     mesh = x.mesh
     w1 = params[pre + "moe.w1"]
-    problem = moe_problem(mesh, moe, tuple(x.global_shape), w1.global_shape[2])
+    problem = moe_problem(mesh, moe, tuple(x.global_shape), w1.global_shape[2]) or input_problem(x)
     if problem:
         raise SpmdsimError(problem)
     router = params[pre + "moe.router"]
@@ -161,7 +183,14 @@ def moe_layer(x: Any, params: dict, pre: str, moe: MoEConfig, stats: Optional[li
 def moe_experts(x: Any, probs: Any, w1: Any, b1: Any, w2: Any, b2: Any, moe: MoEConfig, name: str = "moe",
                 stats: Optional[list] = None) -> tuple[Any, np.ndarray]:
     """(the experts' outputs times the gates, (T, B, D) in x's layout; this rank's (E,) assignment counts
-    before dropping): route, dispatch, run the experts, combine; one node in the graph."""
+    before dropping): route, dispatch, run the experts, combine; one node in the graph. `x` as `moe_layer`
+    takes it (`input_problem`), `probs` (T, B, E) laid out alike."""
+    problem = input_problem(x) or (None if probs.layout.tensor_map == x.layout.tensor_map and
+                                   not probs.layout.addend_axes else
+                                   f"the router's probabilities are laid out {probs.layout}; expected the "
+                                   f"tokens' layout {x.layout}")
+    if problem:
+        raise SpmdsimError(problem)
     mesh = x.mesh
     T, bl, D = x.local.shape
     E, k = moe.experts, moe.top_k

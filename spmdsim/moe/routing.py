@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import SpmdsimError
+from ..validate import as_int
 
 __all__ = ["Routing", "route", "planned", "ROUTINGS", "gates_backward", "dispatch_rows"]
 
@@ -73,13 +74,11 @@ class Routing:
 
 def route(probs: np.ndarray, top_k: int, capacity: int) -> Routing:
     """Route (S, T, E) probabilities: each token's `top_k` experts, its gates, and its slots."""
-    if probs.ndim != 3:
-        raise SpmdsimError(f"route: probabilities of shape {probs.shape!r} must be (sequences, tokens, experts)")
+    if not isinstance(probs, np.ndarray) or probs.ndim != 3:
+        raise SpmdsimError(f"route: probabilities of shape {np.shape(probs)!r} must be a numpy array (sequences, "
+                           "tokens, experts)")
     S, T, E = probs.shape
-    if top_k not in (1, 2) or top_k > E:
-        raise SpmdsimError(f"route: top_k {top_k!r} must be 1 or 2 and at most the {E} experts")
-    if capacity < 1:
-        raise SpmdsimError(f"route: capacity {capacity!r} must be an integer >= 1")
+    top_k, capacity = _counts(top_k, capacity, E)
     # (a copy: a view would keep the whole (S, T, E) ordering alive for the backward, E / k times its bytes)
     experts = np.ascontiguousarray(np.argsort(-probs, axis=-1, kind="stable")[..., :top_k])
     chosen = np.take_along_axis(probs, experts, axis=-1)
@@ -94,14 +93,26 @@ def planned(sequences: int, tokens: int, experts: int, top_k: int, capacity: int
     or "worst", for `sequences` groups of `tokens` tokens over `experts` experts."""
     if how not in ROUTINGS:
         raise SpmdsimError(f"planned routing {how!r} is not one of {', '.join(map(repr, ROUTINGS))}")
-    if top_k not in (1, 2) or top_k > experts:
-        raise SpmdsimError(f"route: top_k {top_k!r} must be 1 or 2 and at most the {experts} experts")
-    if capacity < 1:
-        raise SpmdsimError(f"route: capacity {capacity!r} must be an integer >= 1")
+    top_k, capacity = _counts(top_k, capacity, experts)
     # Each call its own arrays (a layer's node keeps them, as a routed layer keeps its own), copied from the
     # plan: the (S, T, E) slot count that made them is the cost a dry run's every MoE layer paid again.
     made = _plan(sequences, tokens, experts, top_k, capacity, how)
     return Routing(made.experts.copy(), made.gates.copy(), made.slots.copy(), made.counts.copy(), made.capacity)
+
+
+def _counts(top_k: object, capacity: object, experts: int) -> tuple[int, int]:
+    """(top_k, capacity) as Python ints, or one line saying which is wrong.
+
+    Both must be integers, not merely compare as numbers: a capacity of 2.5 kept slots 0, 1 and 2 (the test
+    is slot >= capacity) while the Routing said 2, so `dispatch_rows` put each expert's third slot on the
+    next expert's first (two assignments, one row); top_k 2.0 passed `in (1, 2)` and then failed as a
+    slice index in a numpy traceback."""
+    k, c = as_int(top_k), as_int(capacity)
+    if k not in (1, 2) or k > experts:
+        raise SpmdsimError(f"route: top_k {top_k!r} must be the integer 1 or 2 and at most the {experts} experts")
+    if c is None or c < 1:
+        raise SpmdsimError(f"route: capacity {capacity!r} must be an integer >= 1")
+    return k, c
 
 
 @functools.lru_cache(maxsize=64)
