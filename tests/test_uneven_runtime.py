@@ -168,7 +168,7 @@ def test_from_local_blocks_of_different_sizes_are_caught_by_the_guard(monkeypatc
     gave ranks global shapes (4, 4) to (10, 4) and a sum of 28 on every rank, silently. The divergence guard
     (SPMDSIM_CHECK=1) now compares them where from_local makes them; without it, nothing is sent."""
     from spmdsim.errors import RuntimeMismatchError
-    from spmdsim.runtime import DTensor, Mesh, collect_trace
+    from spmdsim.runtime import DTensor, Mesh, collect_trace, debug
 
     def body():
         mesh = Mesh(Layout((2, 2), ("a", "b")), spmdsim.world())
@@ -176,8 +176,17 @@ def test_from_local_blocks_of_different_sizes_are_caught_by_the_guard(monkeypatc
             x = DTensor.from_local(mesh, np.ones((2 + mesh.rank % 2, 2)), mesh.layout("a", "b"))
         return x.global_shape, len(trace.entries)
 
-    assert spmdsim.simulate(4, body) == [((4, 4), 0), ((6, 4), 0)] * 2
-    monkeypatch.setenv("SPMDSIM_CHECK", "1")
-    with pytest.raises(RuntimeMismatchError, match=r"rank 1 calls from_local operands .*'the global shape from its "
-                                                   r"block \(6, 4\)"):
-        spmdsim.simulate(4, body)
+    # The simulated ranks take the process's settings when they start, read from the environment on first use.
+    monkeypatch.delenv("SPMDSIM_CHECK", raising=False)
+    monkeypatch.delenv("SPMDSIM_WATCHDOG", raising=False)
+    debug._reset()
+    try:
+        assert spmdsim.simulate(4, body) == [((4, 4), 0), ((6, 4), 0)] * 2
+        monkeypatch.setenv("SPMDSIM_CHECK", "1")
+        debug._reset()
+        with pytest.raises(RuntimeMismatchError, match=r"rank 1 calls from_local operands .*'the global shape from "
+                                                       r"its block \(6, 4\)"):
+            spmdsim.simulate(4, body)
+    finally:
+        monkeypatch.delenv("SPMDSIM_CHECK")
+        debug._reset()
