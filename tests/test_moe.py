@@ -230,6 +230,11 @@ def test_an_input_not_laid_out_as_the_layer_needs_is_refused_in_one_line(x_map, 
     assert "\n" not in errors[0] and "the MoE layer's input (tokens, batch, features) is laid out" in errors[0]
     want = '("dp", "ep")' if mesh_shape[0] > 1 else '"ep"'
     assert errors[0].endswith(f"nothing else split or pending: (None, {want}, None)"), errors[0]
+    if x_map == (None, "dp", None):  # the line docs/experts.md quotes
+        import pathlib
+
+        doc = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "experts.md").read_text()
+        assert "\n" + errors[0] + "\n" in doc, errors[0]
 
 
 
