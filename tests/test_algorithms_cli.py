@@ -121,3 +121,14 @@ def test_bench_script_arguments(capsys):
     assert text.splitlines()[2].split() == ["ring-allreduce", "1M", "14", "1,835,008", "yes", "4.000",
                                             "2.000", "3.000", "yes"]
     assert max(len(line) for line in text.splitlines()) <= 100
+
+
+def test_report_says_a_whole_buffer_is_not_cut():
+    """Recursive doubling sends the whole buffer each round: the report said "cut into 1 slots"
+    (docs/lab.md, exercise 12 (d)); a ring still says how many slots it cuts."""
+    result = {"matches_mpi": True, "max_abs_difference": 2e-7, "seconds_emulated": 2e-3, "seconds_mpi": 1e-3,
+              "round_seconds": [1e-4] * 2, "wait_mode": "polite"}
+    text = report(schedule("recursive-doubling-allreduce", 4, 1 << 14, 4), result)
+    assert "16,384 elements of 4 B, sent whole (one slot, not cut)" in text and "1 slots" not in text
+    ring = report(schedule("ring-allreduce", 4, 1 << 14, 4), dict(result, round_seconds=[1e-4] * 6))
+    assert "16,384 elements of 4 B, cut into 4 slots" in ring

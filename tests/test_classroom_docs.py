@@ -203,3 +203,13 @@ def test_the_examples_left_to_test_sim_cli_are_the_ones_it_runs():
         assert command.split("/")[1].split(".py")[0] in stems, command
     assert not _run_by_test_sim_cli("python examples/train_gpt.py --ranks 8")  # run with its own arguments there
     assert not _run_by_test_sim_cli("python examples/attention.py --ranks 8 --dry-run")
+
+
+def test_the_lab_counts_its_own_exercises():
+    """docs/lab.md's opening said "Sixteen short exercises" (answers "10-16", in-process "13 to 16")
+    over nineteen sections: the count, the answers' range and the in-process range follow the sections."""
+    text = (ROOT / "docs" / "lab.md").read_text()
+    last = max(int(n) for n in re.findall(r"^## (\d+)\. ", text, re.M))
+    words = {16: "Sixteen", 17: "Seventeen", 18: "Eighteen", 19: "Nineteen", 20: "Twenty"}
+    assert text.split("\n\n")[1].startswith(f"{words[last]} short exercises"), last
+    assert f"those of 10-{last} under each" in text and f"13 to {last} simulate their ranks" in text

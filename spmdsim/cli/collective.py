@@ -175,6 +175,13 @@ def _phases(schedule: Any) -> str:
     return ", ".join(f"{k} {v}" for k, v in counts.items())
 
 
+def _cut_text(schedule: Any) -> str:
+    """How the buffer is cut. Recursive doubling and the trees send the whole buffer as one slot:
+    say so, rather than "cut into 1 slots" (exercise 12 of docs/lab.md reads this line)."""
+    n = len(schedule.slot_counts)
+    return "cut into {:,} slots".format(n) if n > 1 else "sent whole (one slot, not cut)"
+
+
 def report(schedule: Any, result: dict, show: bool = False) -> str:
     """The text report: bytes against the formula, the check against MPI, times; with `show` the rounds."""
     from ..algorithms.formulas import FORMULAS, busiest_bytes_sent
@@ -187,8 +194,7 @@ def report(schedule: Any, result: dict, show: bool = False) -> str:
     library = "the simulated ranks'" if result.get("simulated") else "MPI's"
     gathered = f", {me_bytes * p:,} B gathered" if schedule.collective == "allgather" else ""
     lines = [f"{schedule.name} on {p} ranks: {me_bytes:,} B from each rank{gathered}",
-             f"  {me_bytes // schedule.itemsize:,} elements of {schedule.itemsize} B, cut into "
-             f"{len(schedule.slot_counts)} slots",
+             f"  {me_bytes // schedule.itemsize:,} elements of {schedule.itemsize} B, {_cut_text(schedule)}",
              f"rounds: {len(schedule.rounds)} ({_phases(schedule)})",
              f"bytes sent by the busiest rank: {sent:,} B; textbook {formula:,} B "
              f"({'equal' if sent == formula else 'the buffer does not divide evenly into slots'})",
