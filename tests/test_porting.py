@@ -413,3 +413,38 @@ def test_nanogpt_attention_runs_at_odd_rank_counts_with_tp_1(ranks):
     assert done.returncode == 0 and done.stderr == "", done.stderr
     assert f"nanoGPT attention: mesh dp {ranks} x tp 1, 2 heads" in done.stdout
     assert "output and 2 weight gradients vs numpy: PASS" in done.stdout
+
+
+def test_einsum_of_bools_that_sums_is_refused_in_one_line():
+    """np.einsum("ij->j", mask) gives numpy's bool (the or of each column); spmdsim's blocks' sum gave the count,
+    int64 [1, 0, 2], a silently different value and dtype. Bools that sum over a letter are refused in one line,
+    every time (the plan is not kept); a bool einsum that sums nothing runs, and bools beside a float promote."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim import DTensor, Layout, Mesh
+
+    b = np.array([[True, False, True], [False, False, True]])
+
+    def body():
+        mesh = Mesh(Layout((2,), ("x",)), spmdsim.world())
+        m = DTensor.from_global(mesh, b, mesh.layout(None, None))
+        got = [np.einsum("ij->ji", m).gather(), np.einsum("ij,ij->ij", m, m).gather(),
+               np.einsum("ij,j->i", m, m[0].astype(float)).gather()]
+        for _ in range(2):
+            for spec, xs in (("ij->j", (m,)), ("ij,kj->ik", (m, m))):
+                try:
+                    np.einsum(spec, *xs)
+                    got.append(None)
+                except spmdsim.OperatorError as e:
+                    got.append(str(e))
+        return got
+
+    got = spmdsim.simulate(2, body)[0]
+    for g, w in zip(got, [b.T, b & b, np.einsum("ij,j->i", b, b[0].astype(float))]):
+        assert g.dtype == w.dtype and np.array_equal(g, w), (g, w)
+    assert got[3] == got[5] == ("einsum 'ij->j': the operands have dtype 'bool', but it sums over 'i' (numpy's bool "
+                                "einsum is a logical or of ands, a sum would count); convert them first, e.g. "
+                                "x.astype('int64'), or reduce a bool with x.any(axis)")
+    assert got[4] == got[6] and got[4].startswith("einsum 'ij,kj->ik': the operands have dtype 'bool', but it sums "
+                                                  "over 'j'")
