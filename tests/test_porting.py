@@ -448,3 +448,30 @@ def test_einsum_of_bools_that_sums_is_refused_in_one_line():
                                 "x.astype('int64'), or reduce a bool with x.any(axis)")
     assert got[4] == got[6] and got[4].startswith("einsum 'ij,kj->ik': the operands have dtype 'bool', but it sums "
                                                   "over 'j'")
+
+
+def test_round_to_places_keeps_integers_as_numpy_does():
+    """x.round(2), np.round(x, 1) and ops.round(x, 3) of an integer DTensor: numpy gives the integers back with
+    their dtype; spmdsim scaled them by 10.0**decimals and gave float64. Floats still round to the places (float32
+    stays float32)."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim import DTensor, Layout, Mesh, ops
+
+    ints = np.arange(-6, 6).reshape(3, 4)
+    f32 = (np.arange(12.0).reshape(3, 4) / 7).astype(np.float32)
+
+    def body():
+        mesh = Mesh(Layout((2,), ("x",), cut="chunk"), spmdsim.world())
+        out = []
+        for a in (ints, ints.astype(np.int32), ints.astype(np.uint8), f32):
+            x = DTensor.from_global(mesh, a, mesh.layout("x", None))
+            out += [x.round(2).gather(), np.round(x, 1).gather(), ops.round(x, 3).gather(), x.round().gather()]
+        return out
+
+    got = spmdsim.simulate(2, body)[0]
+    want = [f(a) for a in (ints, ints.astype(np.int32), ints.astype(np.uint8), f32)
+            for f in (lambda a: a.round(2), lambda a: np.round(a, 1), lambda a: np.round(a, 3), np.round)]
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and np.allclose(g, w, rtol=1e-6, atol=0), (g, w)

@@ -272,10 +272,12 @@ def remainder(a: Any, b: Any) -> Any:
 
 def round(x: Any, decimals: int = 0) -> Any:  # noqa: A001 - numpy's name
     """x rounded to `decimals` places, halves to even, as numpy.round (x * 10**decimals rounded, then divided);
-    its gradient is zero; a pending sum is resolved first."""
+    integers as they are, their dtype kept; its gradient is zero; a pending sum is resolved first."""
     if isinstance(decimals, bool) or not isinstance(decimals, numbers.Integral) or decimals < 0:
         raise OperatorError(f"round: decimals {decimals!r} must be an integer, 0 or more")
-    if not decimals:
+    if not decimals or getattr(getattr(x, "local", None), "dtype", np.dtype(np.float64)).kind in "iu":
+        # Integers have no places to round (numpy gives them back as they are, their dtype kept): scaled by a
+        # float they would come back float64.
         return pointwise("round", x)
     scale = 10.0 ** int(decimals)
     return pointwise("div", pointwise("round", pointwise("mul", x, scale)), scale)
