@@ -475,3 +475,39 @@ def test_round_to_places_keeps_integers_as_numpy_does():
             for f in (lambda a: a.round(2), lambda a: np.round(a, 1), lambda a: np.round(a, 3), np.round)]
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and np.allclose(g, w, rtol=1e-6, atol=0), (g, w)
+
+
+def test_a_numpy_scalar_on_the_left_of_a_comparison_and_0d_arrays_are_numbers():
+    """``np.float64(0.5) < x`` (numpy's scalar compares first, and hands its ufunc a 0-d array), ``x + np.array(1)``
+    and ``np.maximum(x, np.array(0.5))``: numpy's values and dtypes (a 0-d array typed as its scalar, NEP 50); they
+    were refused ("operand ndarray of shape () must be a DTensor or a real number") while ``np.float64(0.5) + x``
+    ran. An array of more dims is still refused in one line."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim import DTensor, Layout, Mesh
+
+    a = np.arange(-6, 6).reshape(3, 4)
+    f = (a / 4).astype(np.float32)
+    t = np.float64(0.5)
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("x", "y"), cut="chunk"), spmdsim.world())
+        out = []
+        for g in (a, f):
+            x = DTensor.from_global(mesh, g, mesh.layout("x", "y"))
+            out += [(t < x).gather(), (np.int64(2) >= x).gather(), (np.float32(0.5) == x).gather(),
+                    (x + np.array(1)).gather(), (np.array(0.5, np.float32) * x).gather(),
+                    np.maximum(x, np.array(0.5)).gather(), (np.array(2) != x).gather()]
+        try:
+            x + np.ones(4)
+        except spmdsim.OperatorError as e:
+            out.append(str(e))
+        return out
+
+    got = spmdsim.simulate(4, body)[0]
+    want = [w for g in (a, f) for w in (t < g, np.int64(2) >= g, np.float32(0.5) == g, g + np.array(1),
+                                        np.array(0.5, np.float32) * g, np.maximum(g, np.array(0.5)), np.array(2) != g)]
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and np.array_equal(g, w), (g, w)
+    assert got[-1].startswith("add: operand ndarray of shape (4,) must be a DTensor or a real number")

@@ -60,7 +60,11 @@ def lift(mesh: Any, value: Any, dtype: Optional[np.dtype], op: str) -> Any:
     """A Python or numpy number as a replicated 0-d DTensor. A Python number takes `dtype` (numpy's weak
     scalar rule); beside bool tensors alone (`dtype` None) its own kind, as numpy 2 promotes it (NEP 50): a
     bool stays bool (``mask + True`` is a logical or), an int is int64, a float float64. A numpy scalar keeps
-    its own dtype, as NEP 50 has it (float32 tensor + np.float64(0.1) is float64)."""
+    its own dtype, as NEP 50 has it (float32 tensor + np.float64(0.1) is float64). A 0-d numpy array is its
+    numpy scalar: numpy makes one of a scalar on the left of a comparison (``np.float64(0.5) < x`` reaches
+    DTensor.__array_ufunc__ as np.less(array(0.5), x)), and NEP 50 types the two alike."""
+    if type(value) is np.ndarray and value.ndim == 0:
+        value = value[()]
     if isinstance(value, np.generic):
         if value.dtype.kind in "biuf":
             return make_dtensor(mesh, np.asarray(value), _scalar_layout(mesh.layout), ())
