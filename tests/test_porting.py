@@ -511,3 +511,29 @@ def test_a_numpy_scalar_on_the_left_of_a_comparison_and_0d_arrays_are_numbers():
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and np.array_equal(g, w), (g, w)
     assert got[-1].startswith("add: operand ndarray of shape (4,) must be a DTensor or a real number")
+
+
+def test_size_is_numpys_element_count_and_pytorchs_call():
+    """numpy's ``x.size`` is the global element count, an int (``x.size == 24``, ``x.sum() / x.size``); it was
+    PyTorch's bound method, which compared unequal to every number silently. PyTorch's ``x.size()`` and
+    ``x.size(-1)`` still give the global shape and one dim's size."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim import DTensor, Layout, Mesh, OperatorError, ops
+
+    a = np.arange(24.0).reshape(4, 6)
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("x", "y")), spmdsim.world())
+        x = DTensor.from_global(mesh, a, mesh.layout("x", "y"))
+        try:
+            x.size(2)
+        except OperatorError as e:
+            refused = str(e)
+        return (x.size == 24, int(x.size), x.size * 2, ops.resolved(x.sum() / x.size).item(), x.size(),
+                x.size(-1), x.size(0), x[0].size, np.size(x), refused)
+
+    got = spmdsim.simulate(4, body)[0]
+    assert got[:-1] == (True, 24, 48, a.mean(), (4, 6), 6, 4, 6, 24)
+    assert got[-1].startswith("dim 2 is out of range for a tensor of 2 dims")
