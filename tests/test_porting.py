@@ -537,3 +537,25 @@ def test_size_is_numpys_element_count_and_pytorchs_call():
     got = spmdsim.simulate(4, body)[0]
     assert got[:-1] == (True, 24, 48, a.mean(), (4, 6), 6, 4, 6, 24)
     assert got[-1].startswith("dim 2 is out of range for a tensor of 2 dims")
+
+
+def test_clip_of_a_bool_by_one_bound_takes_numpys_dtype():
+    """mask.clip(0, None), np.clip(mask, None, 1) and mask.clip(None, 0.5): numpy's dtypes (int64, int64, float64)
+    and values; the missing bound was -inf or inf, which made every one float64."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim import DTensor, Layout, Mesh
+
+    b = np.array([[True, False, True, True], [False, False, True, False]])
+
+    def body():
+        mesh = Mesh(Layout((2,), ("x",)), spmdsim.world())
+        m = DTensor.from_global(mesh, b, mesh.layout(None, "x"))
+        return [m.clip(0, None).gather(), np.clip(m, None, 1).gather(), m.clip(None, 0.5).gather(),
+                m.clip(None, -2).gather(), m.clip(1, None).gather()]
+
+    got = spmdsim.simulate(2, body)[0]
+    want = [b.clip(0, None), np.clip(b, None, 1), b.clip(None, 0.5), b.clip(None, -2), b.clip(1, None)]
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and np.array_equal(g, w), (g, w)

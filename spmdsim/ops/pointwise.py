@@ -405,9 +405,12 @@ def clip(x: Any, low: Any = None, high: Any = None) -> Any:
             raise OperatorError(f"clip: {name} {bound!r} must be a real number, a DTensor or None")
     dtype = getattr(getattr(x, "local", None), "dtype", np.dtype(np.float64))
     if low is None or high is None:
-        edge = np.iinfo(dtype) if dtype.kind in "iu" else None
-        low = (edge.min if edge else -np.inf) if low is None else low
-        high = (edge.max if edge else np.inf) if high is None else high
+        # The missing bound is one that changes no value and no dtype (numpy clips by the given bound alone):
+        # an integer's extremes, a bool's the ints 0 and 1 (-inf and inf would make it float64), a float's infs.
+        edges = ((np.iinfo(dtype).min, np.iinfo(dtype).max) if dtype.kind in "iu" else (0, 1) if dtype.kind == "b"
+                 else (-np.inf, np.inf))
+        low = edges[0] if low is None else low
+        high = edges[1] if high is None else high
     return pointwise("clip", x, low, high)
 
 
