@@ -559,3 +559,29 @@ def test_clip_of_a_bool_by_one_bound_takes_numpys_dtype():
     want = [b.clip(0, None), np.clip(b, None, 1), b.clip(None, 0.5), b.clip(None, -2), b.clip(1, None)]
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and np.array_equal(g, w), (g, w)
+
+
+def test_a_row_of_a_split_dim_broadcast_back_over_it_has_a_gradient():
+    """``x * x[0]`` with x's dim 0 split: the row's gradient is a pending sum over the axis that splits dim 0 (the
+    broadcast summed it there), and the slice's backward put that pending sum into x's map, which splits dim 0
+    over the same axis ("axis 'x' is used more than once in tensor map ("x", None) partial ('x',)", a layout
+    error from inside the backward). The gradient is summed over the axes x uses first; the value is numpy's."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim import DTensor, Layout, Mesh, ops
+
+    a = np.random.default_rng(3).standard_normal((4, 6))
+
+    def body():
+        grads = []
+        for cut, tensor_map in (("even", ("x", None)), ("chunk", ("x", "y")), ("even", ("x", "y"))):
+            mesh = Mesh(Layout((2, 2), ("x", "y"), cut=cut), spmdsim.world())
+            x = DTensor.from_global(mesh, a, mesh.layout(*tensor_map)).requires_grad_()
+            ops.resolved((x * x[0] + x * x[1:2, :]).sum()).backward()
+            grads.append(x.grad.gather())
+        return grads
+
+    want = a[0] + a[1] + np.eye(4)[:, :1] * a.sum(0) + np.eye(4)[:, 1:2] * a.sum(0)
+    for g in spmdsim.simulate(4, body)[0]:
+        np.testing.assert_allclose(g, want, rtol=1e-13, atol=1e-13)
