@@ -585,3 +585,26 @@ def test_a_row_of_a_split_dim_broadcast_back_over_it_has_a_gradient():
     want = a[0] + a[1] + np.eye(4)[:, :1] * a.sum(0) + np.eye(4)[:, 1:2] * a.sum(0)
     for g in spmdsim.simulate(4, body)[0]:
         np.testing.assert_allclose(g, want, rtol=1e-13, atol=1e-13)
+
+
+def test_max_and_min_of_a_bool_over_a_split_dim_are_numpys():
+    """mask.max(), mask.min(axis=0), np.max(mask, axis=1) and ops.min with a dim of mask split over the
+    reduced dim: numpy's bools; they were refused as if summed ("allreduce: cannot sum dtype 'bool'") though
+    mask.any() and mask.all(), the same reductions, ran."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim import DTensor, Layout, Mesh, ops
+
+    b = np.array([[True, False, True, False, False], [False, False, True, False, True], [True, False, True] + [False] * 2])
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("x", "y"), cut="chunk"), spmdsim.world())
+        m = DTensor.from_global(mesh, b, mesh.layout("x", "y"))
+        return [ops.resolved(m.max()).item(), ops.resolved(m.min()).item(), m.min(axis=0).gather(),
+                np.max(m, axis=1).gather(), ops.min(m, 1, True).gather(), m.max(axis=-1, keepdims=True).gather()]
+
+    got = spmdsim.simulate(4, body)[0]
+    want = [b.max(), b.min(), b.min(0), b.max(1), b.min(1, keepdims=True), b.max(-1, keepdims=True)]
+    for g, w in zip(got, want):
+        assert np.asarray(g).dtype == np.asarray(w).dtype and np.array_equal(g, w), (g, w)
