@@ -413,3 +413,198 @@ def test_nanogpt_attention_runs_at_odd_rank_counts_with_tp_1(ranks):
     assert done.returncode == 0 and done.stderr == "", done.stderr
     assert f"nanoGPT attention: mesh dp {ranks} x tp 1, 2 heads" in done.stdout
     assert "output and 2 weight gradients vs numpy: PASS" in done.stdout
+
+
+def test_einsum_of_bools_that_sums_is_refused_in_one_line():
+    """np.einsum("ij->j", mask) gives numpy's bool (the or of each column); spmdsim's blocks' sum gave the count,
+    int64 [1, 0, 2], a silently different value and dtype. Bools that sum over a letter are refused in one line,
+    every time (the plan is not kept); a bool einsum that sums nothing runs, and bools beside a float promote."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim import DTensor, Layout, Mesh
+
+    b = np.array([[True, False, True], [False, False, True]])
+
+    def body():
+        mesh = Mesh(Layout((2,), ("x",)), spmdsim.world())
+        m = DTensor.from_global(mesh, b, mesh.layout(None, None))
+        got = [np.einsum("ij->ji", m).gather(), np.einsum("ij,ij->ij", m, m).gather(),
+               np.einsum("ij,j->i", m, m[0].astype(float)).gather()]
+        for _ in range(2):
+            for spec, xs in (("ij->j", (m,)), ("ij,kj->ik", (m, m))):
+                try:
+                    np.einsum(spec, *xs)
+                    got.append(None)
+                except spmdsim.OperatorError as e:
+                    got.append(str(e))
+        return got
+
+    got = spmdsim.simulate(2, body)[0]
+    for g, w in zip(got, [b.T, b & b, np.einsum("ij,j->i", b, b[0].astype(float))]):
+        assert g.dtype == w.dtype and np.array_equal(g, w), (g, w)
+    assert got[3] == got[5] == ("einsum 'ij->j': the operands have dtype 'bool', but it sums over 'i' (numpy's bool "
+                                "einsum is a logical or of ands, a sum would count); convert them first, e.g. "
+                                "x.astype('int64'), or reduce a bool with x.any(axis)")
+    assert got[4] == got[6] and got[4].startswith("einsum 'ij,kj->ik': the operands have dtype 'bool', but it sums "
+                                                  "over 'j'")
+
+
+def test_round_to_places_keeps_integers_as_numpy_does():
+    """x.round(2), np.round(x, 1) and ops.round(x, 3) of an integer DTensor: numpy gives the integers back with
+    their dtype; spmdsim scaled them by 10.0**decimals and gave float64. Floats still round to the places (float32
+    stays float32)."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim import DTensor, Layout, Mesh, ops
+
+    ints = np.arange(-6, 6).reshape(3, 4)
+    f32 = (np.arange(12.0).reshape(3, 4) / 7).astype(np.float32)
+
+    def body():
+        mesh = Mesh(Layout((2,), ("x",), cut="chunk"), spmdsim.world())
+        out = []
+        for a in (ints, ints.astype(np.int32), ints.astype(np.uint8), f32):
+            x = DTensor.from_global(mesh, a, mesh.layout("x", None))
+            out += [x.round(2).gather(), np.round(x, 1).gather(), ops.round(x, 3).gather(), x.round().gather()]
+        return out
+
+    got = spmdsim.simulate(2, body)[0]
+    want = [f(a) for a in (ints, ints.astype(np.int32), ints.astype(np.uint8), f32)
+            for f in (lambda a: a.round(2), lambda a: np.round(a, 1), lambda a: np.round(a, 3), np.round)]
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and np.allclose(g, w, rtol=1e-6, atol=0), (g, w)
+
+
+def test_a_numpy_scalar_on_the_left_of_a_comparison_and_0d_arrays_are_numbers():
+    """``np.float64(0.5) < x`` (numpy's scalar compares first, and hands its ufunc a 0-d array), ``x + np.array(1)``
+    and ``np.maximum(x, np.array(0.5))``: numpy's values and dtypes (a 0-d array typed as its scalar, NEP 50); they
+    were refused ("operand ndarray of shape () must be a DTensor or a real number") while ``np.float64(0.5) + x``
+    ran. An array of more dims is still refused in one line."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim import DTensor, Layout, Mesh
+
+    a = np.arange(-6, 6).reshape(3, 4)
+    f = (a / 4).astype(np.float32)
+    t = np.float64(0.5)
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("x", "y"), cut="chunk"), spmdsim.world())
+        out = []
+        for g in (a, f):
+            x = DTensor.from_global(mesh, g, mesh.layout("x", "y"))
+            out += [(t < x).gather(), (np.int64(2) >= x).gather(), (np.float32(0.5) == x).gather(),
+                    (x + np.array(1)).gather(), (np.array(0.5, np.float32) * x).gather(),
+                    np.maximum(x, np.array(0.5)).gather(), (np.array(2) != x).gather()]
+        try:
+            x + np.ones(4)
+        except spmdsim.OperatorError as e:
+            out.append(str(e))
+        return out
+
+    got = spmdsim.simulate(4, body)[0]
+    want = [w for g in (a, f) for w in (t < g, np.int64(2) >= g, np.float32(0.5) == g, g + np.array(1),
+                                        np.array(0.5, np.float32) * g, np.maximum(g, np.array(0.5)), np.array(2) != g)]
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and np.array_equal(g, w), (g, w)
+    assert got[-1].startswith("add: operand ndarray of shape (4,) must be a DTensor or a real number")
+
+
+def test_size_is_numpys_element_count_and_pytorchs_call():
+    """numpy's ``x.size`` is the global element count, an int (``x.size == 24``, ``x.sum() / x.size``); it was
+    PyTorch's bound method, which compared unequal to every number silently. PyTorch's ``x.size()`` and
+    ``x.size(-1)`` still give the global shape and one dim's size."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim import DTensor, Layout, Mesh, OperatorError, ops
+
+    a = np.arange(24.0).reshape(4, 6)
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("x", "y")), spmdsim.world())
+        x = DTensor.from_global(mesh, a, mesh.layout("x", "y"))
+        try:
+            x.size(2)
+        except OperatorError as e:
+            refused = str(e)
+        return (x.size == 24, int(x.size), x.size * 2, ops.resolved(x.sum() / x.size).item(), x.size(),
+                x.size(-1), x.size(0), x[0].size, np.size(x), refused)
+
+    got = spmdsim.simulate(4, body)[0]
+    assert got[:-1] == (True, 24, 48, a.mean(), (4, 6), 6, 4, 6, 24)
+    assert got[-1].startswith("dim 2 is out of range for a tensor of 2 dims")
+
+
+def test_clip_of_a_bool_by_one_bound_takes_numpys_dtype():
+    """mask.clip(0, None), np.clip(mask, None, 1) and mask.clip(None, 0.5): numpy's dtypes (int64, int64, float64)
+    and values; the missing bound was -inf or inf, which made every one float64."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim import DTensor, Layout, Mesh
+
+    b = np.array([[True, False, True, True], [False, False, True, False]])
+
+    def body():
+        mesh = Mesh(Layout((2,), ("x",)), spmdsim.world())
+        m = DTensor.from_global(mesh, b, mesh.layout(None, "x"))
+        return [m.clip(0, None).gather(), np.clip(m, None, 1).gather(), m.clip(None, 0.5).gather(),
+                m.clip(None, -2).gather(), m.clip(1, None).gather()]
+
+    got = spmdsim.simulate(2, body)[0]
+    want = [b.clip(0, None), np.clip(b, None, 1), b.clip(None, 0.5), b.clip(None, -2), b.clip(1, None)]
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and np.array_equal(g, w), (g, w)
+
+
+def test_a_row_of_a_split_dim_broadcast_back_over_it_has_a_gradient():
+    """``x * x[0]`` with x's dim 0 split: the row's gradient is a pending sum over the axis that splits dim 0 (the
+    broadcast summed it there), and the slice's backward put that pending sum into x's map, which splits dim 0
+    over the same axis ("axis 'x' is used more than once in tensor map ("x", None) partial ('x',)", a layout
+    error from inside the backward). The gradient is summed over the axes x uses first; the value is numpy's."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim import DTensor, Layout, Mesh, ops
+
+    a = np.random.default_rng(3).standard_normal((4, 6))
+
+    def body():
+        grads = []
+        for cut, tensor_map in (("even", ("x", None)), ("chunk", ("x", "y")), ("even", ("x", "y"))):
+            mesh = Mesh(Layout((2, 2), ("x", "y"), cut=cut), spmdsim.world())
+            x = DTensor.from_global(mesh, a, mesh.layout(*tensor_map)).requires_grad_()
+            ops.resolved((x * x[0] + x * x[1:2, :]).sum()).backward()
+            grads.append(x.grad.gather())
+        return grads
+
+    want = a[0] + a[1] + np.eye(4)[:, :1] * a.sum(0) + np.eye(4)[:, 1:2] * a.sum(0)
+    for g in spmdsim.simulate(4, body)[0]:
+        np.testing.assert_allclose(g, want, rtol=1e-13, atol=1e-13)
+
+
+def test_max_and_min_of_a_bool_over_a_split_dim_are_numpys():
+    """mask.max(), mask.min(axis=0), np.max(mask, axis=1) and ops.min with a dim of mask split over the
+    reduced dim: numpy's bools; they were refused as if summed ("allreduce: cannot sum dtype 'bool'") though
+    mask.any() and mask.all(), the same reductions, ran."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim import DTensor, Layout, Mesh, ops
+
+    b = np.array([[True, False, True, False, False], [False, False, True, False, True], [True, False, True] + [False] * 2])
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("x", "y"), cut="chunk"), spmdsim.world())
+        m = DTensor.from_global(mesh, b, mesh.layout("x", "y"))
+        return [ops.resolved(m.max()).item(), ops.resolved(m.min()).item(), m.min(axis=0).gather(),
+                np.max(m, axis=1).gather(), ops.min(m, 1, True).gather(), m.max(axis=-1, keepdims=True).gather()]
+
+    got = spmdsim.simulate(4, body)[0]
+    want = [b.max(), b.min(), b.min(0), b.max(1), b.min(1, keepdims=True), b.max(-1, keepdims=True)]
+    for g, w in zip(got, want):
+        assert np.asarray(g).dtype == np.asarray(w).dtype and np.array_equal(g, w), (g, w)

@@ -19,7 +19,7 @@ from typing import Any
 from ..autograd.rules.einsum import record_einsum
 from ..contraction import contract
 from ..errors import OperatorError
-from ..infer.einsum import infer_einsum
+from ..infer.einsum import infer_einsum, parse_einsum
 from ..precision import rounded
 from . import _common
 from ._common import LOCAL, Prepared, check_dtensor, dry_zeros, moved, prepare, prepared_result, signature
@@ -31,7 +31,8 @@ def einsum(spec: str, *xs: Any) -> Any:
     """Einstein summation over DTensors, like ``numpy.einsum`` (one '...' per operand allowed).
 
     What the call decides is a `Prepared` (spmdsim.ops._common), kept per call signature: a repeated call
-    contracts and builds its result and node directly."""
+    contracts and builds its result and node directly. Bool operands alone that sum over a letter are refused:
+    numpy's einsum of bools is a logical or of ands, a bool result; the blocks' sums would count (int64)."""
     try:
         key = signature(spec, xs)
         prepared = _PREPARED.get(key)
@@ -44,6 +45,7 @@ def einsum(spec: str, *xs: Any) -> Any:
                 check_dtensor(x, f"einsum: operand {k}")
         if not xs:
             raise OperatorError("einsum needs at least one operand")
+        _refuse_bool_sum(spec, xs)
         prepared = prepare(_PREPARED, partial(Prepared, infer_einsum, spec, result="local"), xs, key)
     plan = prepared.plan
     xs = moved(xs, prepared)
@@ -57,6 +59,21 @@ def einsum(spec: str, *xs: Any) -> Any:
         if x._ag is not None:
             return record_einsum(out, xs, plan, prepared.want, prepared.reads)
     return out
+
+
+def _refuse_bool_sum(spec: Any, xs: tuple) -> None:
+    """One line for an einsum of bool operands only that sums over a letter (before the plan is kept, so a
+    repeated call is refused too). numpy gives a bool, each element the or of the products' ands; a block's
+    ``sum`` gives the count (int64), a silently different value and dtype, and a split summed letter a pending
+    sum of bools, which MPI cannot add. A bool einsum that sums nothing (a transpose, an outer product) runs."""
+    if not all(x.dtype.kind == "b" for x in xs):
+        return
+    parsed = parse_einsum(spec, tuple(len(x.global_shape) for x in xs))
+    summed = sorted({ch for term in parsed.inputs for ch in term if ch not in parsed.output})
+    if summed:
+        raise OperatorError(f"einsum {spec!r}: the operands have dtype 'bool', but it sums over "
+                            f"{''.join(summed)!r} (numpy's bool einsum is a logical or of ands, a sum would "
+                            "count); convert them first, e.g. x.astype('int64'), or reduce a bool with x.any(axis)")
 
 
 _PREPARED: dict = {}  # signature -> Prepared (spmdsim.ops._common)

@@ -44,6 +44,20 @@ def _size(x: Any, dim: Any = None) -> Any:
     return tuple(x.global_shape) if dim is None else x.global_shape[_dims(x, dim)]
 
 
+class _Size(int):
+    """``x.size``: numpy's attribute, the global number of elements (an int: ``x.size == 24``, ``x.sum() / x.size``),
+    that PyTorch's ``x.size()`` and ``x.size(dim)`` call for the global shape or one dim's size. A bound method in
+    its place compared unequal to every number, silently (``x.size == 24`` was False)."""
+
+    def __new__(cls, x: Any) -> "_Size":
+        self = super().__new__(cls, math.prod(x.global_shape))
+        self._x = x
+        return self
+
+    def __call__(self, dim: Any = None) -> Any:
+        return _size(self._x, dim)
+
+
 def _unsqueeze(x: Any, dim: int) -> Any:
     """A new dim of size 1 at `dim` (PyTorch's unsqueeze): a reshape."""
     d, shape = _dims(x, dim, 1), tuple(x.global_shape)
@@ -300,7 +314,7 @@ _METHODS = {
     "__abs__": lambda x: pointwise("abs", x), "T": property(lambda x: transpose(x, None)), "swapaxes": _swapaxes,
     "permute": lambda x, *perm: transpose(x, perm[0] if len(perm) == 1 else perm), "t": _t,
     "view": lambda x, *shape: reshape(x, shape[0] if len(shape) == 1 else shape),
-    "size": _size, "numel": lambda x: math.prod(x.global_shape), "dim": lambda x: len(x.global_shape),
+    "size": property(_Size), "numel": lambda x: math.prod(x.global_shape), "dim": lambda x: len(x.global_shape),
     "unsqueeze": _unsqueeze, "squeeze": _squeeze, "flatten": _flatten, "contiguous": lambda x: x,
     "detach": _detach, "split": _split, "softmax": lambda x, dim=-1: softmax(x, dim),
     "log_softmax": lambda x, dim=-1: log_softmax(x, dim), "masked_fill": masked_fill,

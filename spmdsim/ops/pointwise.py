@@ -60,7 +60,11 @@ def lift(mesh: Any, value: Any, dtype: Optional[np.dtype], op: str) -> Any:
     """A Python or numpy number as a replicated 0-d DTensor. A Python number takes `dtype` (numpy's weak
     scalar rule); beside bool tensors alone (`dtype` None) its own kind, as numpy 2 promotes it (NEP 50): a
     bool stays bool (``mask + True`` is a logical or), an int is int64, a float float64. A numpy scalar keeps
-    its own dtype, as NEP 50 has it (float32 tensor + np.float64(0.1) is float64)."""
+    its own dtype, as NEP 50 has it (float32 tensor + np.float64(0.1) is float64). A 0-d numpy array is its
+    numpy scalar: numpy makes one of a scalar on the left of a comparison (``np.float64(0.5) < x`` reaches
+    DTensor.__array_ufunc__ as np.less(array(0.5), x)), and NEP 50 types the two alike."""
+    if type(value) is np.ndarray and value.ndim == 0:
+        value = value[()]
     if isinstance(value, np.generic):
         if value.dtype.kind in "biuf":
             return make_dtensor(mesh, np.asarray(value), _scalar_layout(mesh.layout), ())
@@ -272,10 +276,12 @@ def remainder(a: Any, b: Any) -> Any:
 
 def round(x: Any, decimals: int = 0) -> Any:  # noqa: A001 - numpy's name
     """x rounded to `decimals` places, halves to even, as numpy.round (x * 10**decimals rounded, then divided);
-    its gradient is zero; a pending sum is resolved first."""
+    integers as they are, their dtype kept; its gradient is zero; a pending sum is resolved first."""
     if isinstance(decimals, bool) or not isinstance(decimals, numbers.Integral) or decimals < 0:
         raise OperatorError(f"round: decimals {decimals!r} must be an integer, 0 or more")
-    if not decimals:
+    if not decimals or getattr(getattr(x, "local", None), "dtype", np.dtype(np.float64)).kind in "iu":
+        # Integers have no places to round (numpy gives them back as they are, their dtype kept): scaled by a
+        # float they would come back float64.
         return pointwise("round", x)
     scale = 10.0 ** int(decimals)
     return pointwise("div", pointwise("round", pointwise("mul", x, scale)), scale)
@@ -399,9 +405,12 @@ def clip(x: Any, low: Any = None, high: Any = None) -> Any:
             raise OperatorError(f"clip: {name} {bound!r} must be a real number, a DTensor or None")
     dtype = getattr(getattr(x, "local", None), "dtype", np.dtype(np.float64))
     if low is None or high is None:
-        edge = np.iinfo(dtype) if dtype.kind in "iu" else None
-        low = (edge.min if edge else -np.inf) if low is None else low
-        high = (edge.max if edge else np.inf) if high is None else high
+        # The missing bound is one that changes no value and no dtype (numpy clips by the given bound alone):
+        # an integer's extremes, a bool's the ints 0 and 1 (-inf and inf would make it float64), a float's infs.
+        edges = ((np.iinfo(dtype).min, np.iinfo(dtype).max) if dtype.kind in "iu" else (0, 1) if dtype.kind == "b"
+                 else (-np.inf, np.inf))
+        low = edges[0] if low is None else low
+        high = edges[1] if high is None else high
     return pointwise("clip", x, low, high)
 
 

@@ -54,6 +54,10 @@ def reduce(kind: str, x: Any, dims: Any = None, keepdims: bool = False) -> Any:
     from ..runtime.executor import execute, redistribute
 
     layout = _checked(kind, x, keepdims)
+    if kind in ("max", "min") and x.local.dtype.kind == "b":
+        # A bool's max and min (numpy's any and all) travel as uint8 and come back bool: MPI reduces no bool by
+        # MAX or MIN, and over a split dim the Allreduce refused it as if summed ("cannot sum dtype 'bool'").
+        return reduce(kind, x.astype(np.uint8), dims, keepdims).astype(bool)
     axes = reduce_dims(dims, layout.ndim, kind)
     plan = infer_reduce(kind, layout, axes, keepdims)
     if layout != plan.target:

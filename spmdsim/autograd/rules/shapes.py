@@ -97,7 +97,12 @@ def record_narrow_split(out: Any, x: Any, d: int, s: int, shape: tuple, rows: st
         grad = move(dy.mesh, dy.local, back, f"narrow dim {d} {rows}: gradient back")
         return (grad_tensor(x, grad, dy.layout.partial),)
 
-    return record(out, lambda: f"narrow dim {d} {rows} of {x.layout}", (x,), backward)
+    # The gradient arrives whole over x's axes (`want`: the output's layout, pending sums over the axes x uses
+    # summed first by the backward walk): the reverse Shift puts it in x's tensor map, where a pending sum over
+    # an axis that splits x cannot stay (``x * x[0]`` with dim 0 split: the broadcast row's gradient is pending
+    # over that axis). A pending sum over an axis x does not use passes through.
+    return record(out, lambda: f"narrow dim {d} {rows} of {x.layout}", (x,), backward,
+                  want=with_partial(out.layout, ()))
 
 
 def record_concatenate(out: Any, xs: list, d: int) -> Any:
