@@ -608,3 +608,30 @@ def test_max_and_min_of_a_bool_over_a_split_dim_are_numpys():
     want = [b.max(), b.min(), b.min(0), b.max(1), b.min(1, keepdims=True), b.max(-1, keepdims=True)]
     for g, w in zip(got, want):
         assert np.asarray(g).dtype == np.asarray(w).dtype and np.array_equal(g, w), (g, w)
+
+
+def test_int_of_a_scalar_dtensor_is_numpys():
+    """int(x.sum()) raised a bare TypeError (no __int__) where float() worked; now numpy's: the value truncated
+    toward zero, and item()'s one-line refusals for a tensor of more elements or a pending sum."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim import DTensor, Layout, Mesh, OperatorError, ops
+
+    g = np.arange(6.0).reshape(2, 3) - 2.6
+
+    def body():
+        mesh = Mesh(Layout((2,), ("x",)))
+        x = DTensor.from_global(mesh, g, mesh.layout("x", None))
+        out = [int(ops.resolved(x.sum())), int(ops.resolved(x.max())), float(ops.resolved(x.min()))]
+        for bad in (x, x.sum()):
+            try:
+                int(bad)
+            except OperatorError as e:
+                out.append(str(e).split(";")[0])
+        return out
+
+    got = spmdsim.simulate(2, body)
+    assert got[0] == got[1] == [int(g.sum()), int(g.max()), float(g.min()),
+                                "item() needs a 0-d DTensor (a scalar such as a loss), got global shape (2, 3)",
+                                "item(): the scalar is a pending sum over ('x',)"]

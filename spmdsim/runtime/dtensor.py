@@ -459,6 +459,10 @@ class DTensor:
     def __float__(self) -> float:
         return float(self.item())
 
+    def __int__(self) -> int:
+        """``int(x)`` of a 0-d tensor, as numpy's (a float truncated toward zero): `item`'s refusals otherwise."""
+        return int(self.item())
+
     def gather(self, root: int | None = None) -> np.ndarray | None:
         """The global tensor on every rank (root=None) or on mesh rank `root` (None elsewhere)."""
         mesh = self._mesh
