@@ -76,6 +76,23 @@ def test_an_examples_refusal_is_printed_by_the_first_launched_rank_alone(monkeyp
         assert exc.value.code == 2 and capsys.readouterr().err == err  # every rank exits 2; one says why
 
 
+@pytest.mark.parametrize("exits, code", [("sys.exit(-1)", 255), ("raise SystemExit(-3)", 253),
+                                         ("sys.exit(300)", 44), ("sys.exit('bye')", 1)])
+def test_a_scripts_exit_code_on_simulated_ranks_is_its_status_as_mpiexec_reports_it(exits, code):
+    """`python prog.py --ranks 2` (spmdsim.script): the largest of the ranks' exit statuses, each the code's low 8
+    bits as the OS reports a process's (spmdsim.sim.run.exit_status, as spmdsim mpirun's): sys.exit(-1) on one
+    rank, the other exiting 0, exited 0 (the largest of -1 and 0), where mpiexec gives 255."""
+    from spmdsim.sim.launch import run_on_ranks
+
+    def rank():
+        import spmdsim
+
+        if spmdsim.world().rank == 1:
+            exec(exits)
+
+    assert run_on_ranks(2, rank) == code
+
+
 def test_errors_on_simulated_ranks_exit_like_mpi(capsys):
     # An SpmdsimError every rank raises: one line, exit 2 (as the MPI guard does).
     assert main(["run", "matmul", "--strategy", "((2,4),(4,1))", "--shape", "16,32,8", "--ranks", "6"]) == 2

@@ -177,7 +177,7 @@ def _rank(kind: str, what: str, exits: dict) -> int:
     """`_program`, noting a non-zero exit code (in `exits`, and for deadlock reports: 'rank 1 exited
     (sys.exit(3))'); return the rank's exit status as the OS reports a process's: the code's low 8 bits
     (sys.exit(-1) is 255 under mpiexec; the largest of a negative code and the others' 0 was 0)."""
-    from ..sim.run import current_rank, note_exit
+    from ..sim.run import current_rank, exit_status, note_exit
     from .rank_random import adopt
 
     adopt()  # a process of its own: its own random and numpy.random generators
@@ -189,7 +189,7 @@ def _rank(kind: str, what: str, exits: dict) -> int:
         call = "sys.exit"
     if code:
         note_exit(code, call)  # as the program wrote it: sys.exit(-1)
-    status = code & 0xFF
+    status = exit_status(code)
     if status:
         exits[current_rank()] = status
     return status

@@ -156,10 +156,11 @@ def _exit_code(fn: Callable[[], Any]) -> int:
         code = fn()
     except SystemExit as exc:  # a script's sys.exit(code) on every rank
         code = exc.code
-    if code is None or isinstance(code, int):
-        return int(code or 0)
-    print(code, file=sys.stderr)
-    return 1
+    if not (code is None or isinstance(code, int)):
+        print(code, file=sys.stderr)
+    from .run import exit_status
+
+    return exit_status(code)  # sys.exit(-1) on one rank is 255, as under mpiexec, not lost to the others' 0
 
 
 def _where(exc: BaseException) -> str:

@@ -229,9 +229,11 @@ def _exit_text(exc: SystemExit) -> str:
     return "SystemExit" if exc.code is None else f"SystemExit({exc.code!r})"
 
 
-def _exit_status(exc: SystemExit) -> int:
-    """The exit status `exc` gives a process: its code's low 8 bits, 0 for None, 1 for a message."""
-    code = exc.code
+def exit_status(code: Any) -> int:
+    """The exit status ``sys.exit(code)`` gives a process, as the OS reports it: an int's low 8 bits
+    (``sys.exit(-1)`` is 255 under mpiexec), 0 for None, 1 for anything else (Python prints it). Simulated
+    ranks report theirs so (spmdsim.sim.launch, spmdsim mpirun): a negative code taken as it is lost to the
+    others' 0 in the largest of them."""
     if code is None or isinstance(code, int):
         return int(code or 0) & 0xFF
     return 1
@@ -240,7 +242,7 @@ def _exit_status(exc: SystemExit) -> int:
 def _exit_of(exited: dict, size: int) -> SystemExit:
     """The SystemExit simulate() raises once the ranks end, no failure among them: as mpiexec's status, the
     largest of the ranks' (the lowest rank's of those), noting which ranks exited so."""
-    first = min(exited, key=lambda r: (-_exit_status(exited[r]), r))
+    first = min(exited, key=lambda r: (-exit_status(exited[r].code), r))
     exc = exited[first]
     alike = sorted(r for r, e in exited.items() if e.code == exc.code)
     where = ("every simulated rank" if len(alike) == size
