@@ -240,13 +240,11 @@ def _whole(what: str) -> Any:
 
 
 def _reduce(op: str, x: Any, dims: Any = None, keepdims: bool = False, **aliases: Any) -> Any:
-    """numpy's ``x.any()`` and ``x.all()`` (a bool DTensor's max and min), with its and PyTorch's keywords. The
-    bools travel as uint8 and come back as bool: MPI reduces no bool by MAX or MIN (MPI_C_BOOL takes only the
-    logical ops), and the collectives refuse to reduce bool on every engine, as under MPI."""
+    """numpy's ``x.any()`` and ``x.all()`` (a bool DTensor's max and min: spmdsim.ops.reduce takes them as uint8),
+    with its and PyTorch's keywords."""
     from ..runtime.dtensor import _reduce_args
 
-    args = _reduce_args({"max": "any", "min": "all"}[op], dims, keepdims, aliases)
-    return reduce(op, x.astype(np.uint8), *args).astype(bool)
+    return reduce(op, x, *_reduce_args({"max": "any", "min": "all"}[op], dims, keepdims, aliases))
 
 
 def _norm(x: Any, ord: Any = None, dims: Any = None, keepdims: bool = False) -> Any:
