@@ -236,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
             lines.append(f"  {'note' if form.text else 'why'}: {form.note}")
         lines = wrap_lines(lines)
         if form.flags:
-            # A 0-d tensor's shape is the empty string, which a shell drops unless quoted.
-            lines += _command(f"spmdsim slices {form.flags} --shape {_csv(case.shape) or chr(34) * 2}", "  check: ")
+            shape = _csv(case.shape) or '""'  # a 0-d tensor's shape is the empty string, which a shell drops unquoted
+            lines += _command(f"spmdsim slices {form.flags} --shape {shape}", "  check: ")
     print("\n".join(lines))
     return 0

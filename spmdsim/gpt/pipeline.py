@@ -172,8 +172,8 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     with `memory` a replayed step reports what the step run eagerly reports: spmdsim.gpt.train._steady).
     `precision`: the policy (as spmdsim.gpt.train.train's: the stages compute under it, activations and their
     gradients cross stage boundaries in its activation dtype, bfloat16 at bf16-mixed, as Megatron sends them;
-    the check's reference is the policy's, microbatch by microbatch). Every refusal is raised alike on every rank before the first
-    collective.
+    the check's reference is the policy's, microbatch by microbatch). Every refusal is raised alike on every rank
+    before the first collective.
     """
     from .. import ops
     from ..autograd import reduce_grads
