@@ -93,6 +93,20 @@ def test_a_scripts_exit_code_on_simulated_ranks_is_its_status_as_mpiexec_reports
     assert run_on_ranks(2, rank) == code
 
 
+def test_an_examples_long_refusal_fits_100_columns(monkeypatch, capsys):
+    """refuse() (spmdsim.nets.train) printed its line at any length; the CLI's refusals fold at 100 columns."""
+    from spmdsim.nets.train import refuse
+
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):  # not launched: this process says it
+        monkeypatch.delenv(name, raising=False)
+    text = "--layers 3 with --pp 2: " + "each stage needs whole blocks of the model, " * 4
+    with pytest.raises(SystemExit) as exc:
+        refuse(text)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and max(map(len, err.splitlines())) <= 100
+    assert unfold(err) == f"spmdsim: error: {text.strip()}\n"
+
+
 def test_errors_on_simulated_ranks_exit_like_mpi(capsys):
     # An SpmdsimError every rank raises: one line, exit 2 (as the MPI guard does).
     assert main(["run", "matmul", "--strategy", "((2,4),(4,1))", "--shape", "16,32,8", "--ranks", "6"]) == 2

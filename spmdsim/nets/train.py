@@ -22,7 +22,7 @@ from typing import Any, Callable, NoReturn, Optional
 
 import numpy as np
 
-from ..errors import OperatorError
+from ..errors import OperatorError, fold_message
 from ..layout import Layout, TensorLayout
 from .model import Hop, Network, schedule
 
@@ -276,7 +276,7 @@ def refuse(text: str) -> NoReturn:
     from .._threads import launcher_rank
 
     if launcher_rank() == 0:
-        print(f"spmdsim: error: {text}", file=sys.stderr)
+        print(fold_message(f"spmdsim: error: {text}"), file=sys.stderr)  # 100 columns, as the CLI's refusals
     sys.exit(2)
 
 
