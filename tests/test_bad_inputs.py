@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from testkit import MPIEXEC as _MPIEXEC
+from testkit import mpi_batch_streams
 
 RANKS = 8
 
@@ -241,41 +242,15 @@ EXAMPLES = {
     "unknown-flag": ("train_moe_gpt.py", ["--bogus"], "train_moe_gpt.py: error: unrecognized arguments: --bogus"),
 }
 
-# Each rank runs each case's example (runpy, as `python EXAMPLE ARGS`); rank 0 prints every rank's exit code.
-_EXAMPLES_DRIVER = """\
-import json, runpy, sys, time
-from mpi4py import MPI
-comm = MPI.COMM_WORLD
-for name, path, args in json.loads(sys.argv[1]):
-    sys.argv = [path, *args]
-    try:
-        runpy.run_path(path, run_name="__main__")
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    sys.stderr.flush()
-    request = comm.Ibarrier()
-    while not request.Test():
-        time.sleep(0.001)
-    codes = comm.gather(code)
-    if comm.rank == 0:
-        print("== codes", name, json.dumps(codes), flush=True)
-"""
-
-
 def test_a_training_examples_refusal_under_mpiexec_is_printed_once_and_every_rank_exits_2() -> None:
     """refuse() (spmdsim.nets.train) printed on every rank: four copies of "--steps 0 must be at least 1" under
     mpiexec -n 4, at times run together on one line; argparse's usage and error too. Rank 0 says so; every rank
     still exits 2. One launch runs every case (the messages differ, so each is counted in the job's output)."""
     examples = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
-    cases = json.dumps([(name, os.path.join(examples, example), args)
-                        for name, (example, args, _) in EXAMPLES.items()])
-    rc, out, seconds = launch(["-c", _EXAMPLES_DRIVER, cases], limit=120, ranks=4)
-    print(f"\n{len(EXAMPLES)} example cases in one launch: rc={rc} {seconds:.2f} s")
-    assert rc == 0, out
-    codes = dict(re.findall(r"^== codes (\S+) (.*)$", out, re.M))
+    found, err = mpi_batch_streams([(name, os.path.join(examples, example), args)
+                                    for name, (example, args, _) in EXAMPLES.items()], 4, timeout=120)
     for name, (_, _, line) in EXAMPLES.items():
-        assert json.loads(codes[name]) == [2] * 4, (name, out)
-        assert out.count(line) == 1, (name, out)
-    assert out.count("usage: ") == 1, out  # the unknown flag's usage, by rank 0 alone
-    assert "Traceback" not in out, out
+        assert found[name][0] == [2] * 4, (name, found[name], err)
+        assert err.count(line) == 1, (name, err)
+    assert err.count("usage: ") == 1, err  # the unknown flag's usage, by rank 0 alone
+    assert "Traceback" not in err, err

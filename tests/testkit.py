@@ -230,11 +230,18 @@ def mpi_batch(programs: list, ranks: int, cwd: str | os.PathLike | None = None, 
     with 1 ms sleeps (in MPICH's blocking Barrier the ranks done first spin on the cores the others still
     need) and a gather of the codes. For programs whose ranks other than 0 print nothing (any mpiexec:
     the ranks' output is not tagged); the job must end with exit 0 (an exception ends it: mpi4py's -m)."""
+    return mpi_batch_streams(programs, ranks, cwd, timeout, mpiexec)[0]
+
+
+def mpi_batch_streams(programs: list, ranks: int, cwd: str | os.PathLike | None = None, timeout: int = 300,
+                      mpiexec: str = MPIEXEC) -> tuple[dict, str]:
+    """(mpi_batch's answer, everything the job wrote to stderr): for programs whose errors go there (the
+    examples' refusals, one line each, which a test counts in the job's whole stderr)."""
     done = _batch(programs, ranks, cwd, "", timeout, mpiexec, tagged=False)
     assert done.returncode == 0, done.stderr[-3000:]
     found = {name: (codes, text) for name, text, codes in _cut(done.stdout) if name is not None or text}
     assert list(found) == [name for name, _, _ in programs], done.stdout
-    return found
+    return found, done.stderr
 
 
 def mpich_batch(programs: list, ranks: int, cwd: str | os.PathLike | None = None, stdin: str = "") -> dict:
