@@ -35,7 +35,11 @@ _DTENSOR = ((re.compile(r"S\((\d+)\)"), r"Shard(\1)"),
 
 
 def _over(step: Step) -> str:
-    return "(" + ", ".join(repr(a) for a in step.axes) + ")" if len(step.axes) > 1 else repr(step.axes[0])
+    return _names(step.axes)
+
+
+def _names(axes: Sequence[str]) -> str:
+    return "(" + ", ".join(repr(a) for a in axes) + ")" if len(axes) > 1 else repr(axes[0])
 
 
 def step_why(step: Step) -> str:
@@ -67,8 +71,6 @@ def step_why(step: Step) -> str:
     return f"{step}"
 
 
-def _names(axes: Sequence[str]) -> str:
-    return "(" + ", ".join(repr(a) for a in axes) + ")" if len(axes) > 1 else repr(axes[0])
 
 
 def _zero_why(step: Step) -> str:
