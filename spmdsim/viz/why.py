@@ -71,8 +71,6 @@ def step_why(step: Step) -> str:
     return f"{step}"
 
 
-
-
 def _zero_why(step: Step) -> str:
     """LocalZero's reason: an axis that split a dim (S -> P) pads each rank's own block with zeros; an axis
     of copies (B -> P) keeps one copy and zeros the others. One step may do both."""
