@@ -410,7 +410,7 @@ def test_a_transient_block_beyond_the_gpus_memory_does_not_fit_and_is_named():
 
 
 @pytest.mark.parametrize("precision, width", [("bf16-mixed", 2), ("fp64", 8)])
-def test_the_peak_is_the_memory_and_the_scores_blocks_a_real_step_makes(precision, width):
+def test_the_peak_is_the_memory_and_the_softmax_backwards_three_score_blocks(precision, width):
     """A moderate case (seq 256, 2 heads a rank, selective recomputation): the memory line keeps no score, and
     the peak adds the largest kernel's blocks, the attention softmax's backward over the (2, 2, 256, 256)
     scores (3 blocks), counted by hand (the dry run records the kernels a real run does: the tests above)."""
