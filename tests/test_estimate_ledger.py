@@ -299,13 +299,15 @@ def test_the_command_estimates_an_moe_gpt_and_refuses_bad_expert_settings():
 
 def test_the_command_says_whether_a_rank_fits_the_machines_memory():
     """DeepSpeed-MoE's 1.3B+MoE-128 with one expert per GPU fits an 80 GiB A100 (43.33 GiB a rank at bf16
-    mixed precision); with 16 experts a GPU (ep 8) it does not (167.12 GiB)."""
+    mixed precision, 43.91 GiB at its peak: the tied table's two gradients summed, 0.58 GiB, for a moment);
+    with 16 experts a GPU (ep 8) it does not (167.12 GiB, 167.69 GiB at its peak)."""
     model = ["--layers", "24", "--hidden", "2048", "--heads", "16", "--seq", "2048", "--vocab", "50304",
              "--experts", "128", "--top-k", "1", "--micro-batch", "1", "--global-batch", "128"]
     fits = _cli(*model, "--ep", "128").stdout.splitlines()[-1]
-    assert fits == "memory: every stage fits the a100-dgx's 80.00 GiB per GPU (the most, stage 0: 43.33 GiB)"
+    assert fits == ("memory: every stage fits the a100-dgx's 80.00 GiB per GPU at its peak (the most, stage 0: "
+                    "43.91 GiB)")
     over = _cli(*model, "--ep", "8", "--dp", "16").stdout.splitlines()[-1]
-    assert over == "memory: stage 0 needs 167.12 GiB a rank, more than the a100-dgx's 80.00 GiB per GPU"
+    assert over == "memory: stage 0 needs 167.69 GiB a rank at its peak, more than the a100-dgx's 80.00 GiB per GPU"
 
 
 def test_a_zero1_dry_run_whose_experts_have_no_data_parallel_peer_touches_no_pages():
@@ -371,8 +373,8 @@ def test_a_model_larger_than_this_machine_is_estimated_not_refused():
     done = _cli("--layers", "1", "--hidden", "65536", "--heads", "64", "--seq", "128", "--vocab", "100000",
                 "--tp", "1", "--global-batch", "1", "--micro-batch", "1")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[-1] == ("memory: stage 0 needs 1,191.24 GiB a rank, more than the a100-dgx's "
-                                            "80.00 GiB per GPU")
+    assert done.stdout.splitlines()[-1] == ("memory: stage 0 needs 1,227.86 GiB a rank at its peak, more than the "
+                                            "a100-dgx's 80.00 GiB per GPU")
 
 
 def test_the_head_counts_its_ranks_and_says_what_sp_and_zero_split_nothing():
@@ -383,3 +385,54 @@ def test_the_head_counts_its_ranks_and_says_what_sp_and_zero_split_nothing():
     assert _cli("--zero", "1").stdout.splitlines()[2].startswith(
         "recompute none, ZeRO 1 (a data-parallel group of one: nothing sharded), kept graph")
     assert _cli("--zero", "1", "--dp", "2").stdout.splitlines()[2].startswith("recompute none, ZeRO 1, kept graph")
+
+
+def test_a_transient_block_beyond_the_gpus_memory_does_not_fit_and_is_named():
+    """At seq 1,048,576 with selective recomputation the ledger keeps none of the attention core (69.61 GiB a
+    rank: "fits" was the answer), yet every layer's forward and backward make its (1, 4, 2^20, 2^20) scores and
+    probabilities for a moment: the peak counts the largest kernel's blocks, so it does not fit, and the line
+    names that kernel (the softmax's backward: scores' gradient written, probabilities and their gradient
+    read, 3 x 4 x 2^40 values of 2 bytes at bf16-mixed = 24 TiB)."""
+    done = _cli("--layers", "2", "--hidden", "4096", "--heads", "32", "--seq", "1048576", "--tp", "8", "--sp",
+                "--recompute", "selective", "--kept", "megatron", "--global-batch", "1")
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())  # the wrapped lines as one
+    assert "memory 69.61 GiB:" in text
+    assert "peak (transient included) 24,645.61 GiB: the memory above and, for a moment, the blocks of attention " \
+           "softmax (backward): 24,576.00 GiB" in text
+    assert text.endswith(
+        "memory: stage 0 needs 24,645.61 GiB a rank at its peak, more than the a100-dgx's 80.00 GiB per GPU; "
+        "attention softmax (backward) alone reads and writes 24,576.00 GiB at once")
+    data = json.loads(_cli("--layers", "2", "--hidden", "4096", "--heads", "32", "--seq", "1048576", "--tp", "8",
+                           "--sp", "--recompute", "selective", "--kept", "megatron", "--global-batch", "1",
+                           "--json").stdout)
+    assert data["fits"] is False and data["stages"][0]["transient"]["bytes"] == 3 * 4 * 2 ** 40 * 2
+
+
+@pytest.mark.parametrize("precision, width", [("bf16-mixed", 2), ("fp64", 8)])
+def test_the_peak_is_the_memory_and_the_softmax_backwards_three_score_blocks(precision, width):
+    """A moderate case (seq 256, 2 heads a rank, selective recomputation): the memory line keeps no score, and
+    the peak adds the largest kernel's blocks, the attention softmax's backward over the (2, 2, 256, 256)
+    scores (3 blocks), counted by hand (the dry run records the kernels a real run does: the tests above)."""
+    argv = ["--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "256", "--tp", "2", "--sp",
+            "--micro-batch", "2", "--global-batch", "2", "--recompute", "selective", "--kept", "megatron",
+            "--precision", precision]
+    data = json.loads(_cli(*argv, "--json").stdout)
+    stage = data["stages"][0]
+    scores = 2 * 2 * 256 * 256
+    assert stage["transient"] == {"bytes": 3 * scores * width, "what": "attention softmax (backward)"}
+    assert stage["peak_bytes"] == sum(stage["bytes"].values()) + 3 * scores * width
+    lines = " ".join(_cli(*argv).stdout.split())
+    held = sum(stage["bytes"].values())
+    assert f"peak (transient included) {_gib(held + 3 * scores * width)}: the memory above" in lines
+    assert lines.endswith(f"at its peak (the most, stage 0: {_gib(held + 3 * scores * width)})")
+    # the step keeps none of the core for backward (its kind "attention core"): the scores are transient
+    kept = gpt_ledger(GPTConfig(layers=2, d_model=64, heads=4, seq=256, batch=2, vocab=128, dropout=0.1), 1, 1, 2,
+                      sp=True, recompute="selective", kept="megatron")[0].memory.kept
+    assert dict(kept).get("attention core", 0) == 0 and dict(kept)["attention"] > 0
+
+
+def _gib(n: int) -> str:
+    from spmdsim.cli.estimate import _gib as shown
+
+    return shown(n)

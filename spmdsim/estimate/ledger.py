@@ -26,7 +26,7 @@ from ..memory import format_size
 from .records import Transfer
 
 __all__ = ["Widths", "PRECISIONS", "StageLedger", "gpt_ledger", "priced", "ROLES", "gemms_at", "transfers_at",
-           "layers_activations", "kernel_bytes", "least_bytes", "unmappable"]
+           "layers_activations", "kernel_bytes", "least_bytes", "unmappable", "Transient", "largest_transient"]
 
 #: What a rank holds, by role, in the order the ledger prints them.
 ROLES = ("parameters", "gradients", "master copy", "optimizer states", "buffers", "activations")
@@ -173,6 +173,46 @@ def kernel_bytes(kernels: Any, precision: str) -> dict:
                 nbytes += k.written * w.params
         out[k.phase] = out.get(k.phase, 0) + nbytes * n
     return out
+
+
+@dataclass(frozen=True)
+class Transient:
+    """The most bytes one kernel or matrix product of a stage's step reads and writes at once, at a precision's
+    widths (`largest_transient`): blocks live together for a moment, beside what the rank holds. `what` names
+    it: the operator and phase (a Kernel's), or the product's shape (a Gemm's)."""
+
+    nbytes: int
+    what: str
+
+
+def largest_transient(stage: StageLedger, precision: str) -> Transient:
+    """The largest set of blocks one kernel or product of `stage`'s forward, backward or recomputation reads and
+    writes at once (the dry run's records: spmdsim.flops's Kernels and Gemms), priced at `precision`.
+
+    A kernel's floating blocks at the activation width, its masks and ids at their own (as `kernel_bytes`); one
+    call's blocks of several dtypes are as many Kernels of one operator and phase, taken together (the largest
+    of each dtype). A product's two operands and its result at the activation width. The attention core's
+    scores are such blocks: its product q k^T writes them, its softmax reads them and writes the probabilities,
+    its dropout reads those and writes the dropped-out values and the mask, and with recomputation the kept
+    ledger holds none of them. The optimizer's kernels run after the activations are freed: not counted."""
+    w = PRECISIONS[precision]
+    calls: dict = {}  # (op, phase) -> {dtype: the most bytes one Kernel of that dtype moves}
+    for k, _ in stage.kernels:
+        if k.phase == "optimizer" or k.kind != "activations":
+            continue
+        each = w.activations if k.dtype.startswith(("float", "complex")) else k.nbytes // max(1, k.read + k.written)
+        per = calls.setdefault((k.op, k.phase), {})
+        per[k.dtype] = max(per.get(k.dtype, 0), (k.read + k.written) * each)
+    best = Transient(0, "nothing")
+    for (op, phase), per in calls.items():
+        if sum(per.values()) > best.nbytes:
+            best = Transient(sum(per.values()), f"{op} ({phase})")
+    for g, _ in stage.gemms:
+        nbytes = g.batch * (g.m * g.k + g.k * g.n + g.m * g.n) * w.activations
+        if nbytes > best.nbytes:
+            lead = f"{g.batch:,} x " if g.batch != 1 else ""
+            best = Transient(nbytes, f"the product {lead}({g.m:,} x {g.k:,}) @ ({g.k:,} x {g.n:,}) ({g.phase})")
+    return best
 
 
 def gemms_at(gemms: Any, precision: str) -> list:
