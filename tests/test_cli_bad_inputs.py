@@ -120,8 +120,10 @@ def test_calibrate_under_mpi_fails_once_and_fast(tmp_path, extra, needle):
     blocker.write_text("{}")
     extra = [a.format(blocker=blocker) for a in extra]
     spmdsim = os.path.join(os.path.dirname(sys.executable), "spmdsim")
-    cmd = ["timeout", "-k", "5", "60", MPIEXEC, "-n", "2", spmdsim, "calibrate",
-           "--sizes", "64K", "--ops", "allreduce", "--repeats", "1", *extra]
+    given = {flag for flag in extra if flag.startswith("--")}  # a flag given twice is refused: once each
+    base = [word for flag, value in (("--sizes", "64K"), ("--ops", "allreduce"), ("--repeats", "1"))
+            if flag not in given for word in (flag, value)]
+    cmd = ["timeout", "-k", "5", "60", MPIEXEC, "-n", "2", spmdsim, "calibrate", *base, *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     start = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=90, env=env)
@@ -355,3 +357,71 @@ def test_main_builds_each_parser_once_and_answers_every_call_alike(capsys, monke
     assert "unrecognized arguments: --nope" in answers[2][2] and "usage: spmdsim slices" in answers[2][2]
     assert answers[4] == answers[6] and "mlp has no hand-written strategies" in answers[5][2]
     assert built == [("slices",), ("plan",), ("autoshard",), cli_main.SUBCOMMANDS]
+
+
+# -- a single-valued option given twice ---------------------------------------------------------------
+def _subparsers(parser, prog=""):
+    """(prog, parser) of every command and subcommand under `parser`."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield f"{prog} {name}".strip(), sub
+                yield from _subparsers(sub, f"{prog} {name}")
+
+
+def _two_values(action) -> tuple[str, str] | None:
+    """Two different values `action` accepts (None when its type takes no simple text)."""
+    if action.choices:
+        choices = [str(c) for c in action.choices]
+        return (choices[0], choices[1]) if len(choices) > 1 else None
+    return ("1", "2") if action.type in (None, int, float) else None
+
+
+def test_every_command_refuses_a_single_valued_option_given_twice(capsys):
+    """`--from "x,None" --from "None,x"` kept the last without a word, in every command. Now each (sub)command
+    refuses a value-taking option given two values (usage, then one line naming the flag and both values)."""
+    import argparse
+
+    checked = []
+    for prog, sub in _subparsers(build_parser()):
+        for action in sub._actions:
+            values = _two_values(action)
+            if not action.option_strings or action.nargs == 0 or values is None \
+                    or isinstance(action, argparse._AppendAction) or action.dest == "device_matrix":
+                continue
+            flag = action.option_strings[0]
+            with pytest.raises(SystemExit) as info:
+                sub.parse_args([flag, values[0], flag, values[1]])
+            assert info.value.code == 2
+            err = unfold(capsys.readouterr().err)
+            first, again = (repr((action.type or str)(v)) for v in values)
+            assert err.splitlines()[-1] == (f"spmdsim {prog}: error: {flag} given twice, {first} then {again}; "
+                                            "expected it once"), err
+            checked.append(prog)
+            break
+    every = {prog for prog, _ in _subparsers(build_parser())} - {"run"}  # `run` itself has only its OP
+    assert set(checked) == every, every - set(checked)
+
+
+def test_a_repeated_option_in_full(capsys):
+    base = ["run", "redistribute", "--device-matrix", "4", "--alias", "x", "--to", "None,x", "--ranks", "4"]
+    with pytest.raises(SystemExit) as info:
+        main([*base, "--from", "x,None", "--from", "None,x", "--shape", "8,8"])
+    assert info.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("usage: spmdsim run redistribute") and unfold(err).splitlines()[-1] == (
+        "spmdsim run redistribute: error: --from given twice, 'x,None' then 'None,x'; expected it once")
+    # Two names of one option: both named.
+    with pytest.raises(SystemExit):
+        main(["run", "matmul", "--alias", "x", "--alias-name", "y", "--shape", "8,8,8"])
+    assert unfold(capsys.readouterr().err).splitlines()[-1] == (
+        "spmdsim run matmul: error: --alias 'x' and --alias-name 'y' name one option; expected one of them")
+    # The same value twice loses nothing: accepted, as is a switch given twice.
+    assert main(["collective", "ring-allreduce", "--size", "4K", "--size", "4K", "--ranks", "2", "--repeat", "1",
+                 "--json", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["bytes_per_rank"] == 4096
+    # Options meant to repeat still do (autoshard --fix, action="append").
+    args = _args(["autoshard", "--network", "mlp", "--fix", "a=hand", "--fix", "b=hand"])
+    assert args.fix == ["a=hand", "b=hand"] and not hasattr(args, "_once_given")
