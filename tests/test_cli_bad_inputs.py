@@ -425,3 +425,51 @@ def test_a_repeated_option_in_full(capsys):
     # Options meant to repeat still do (autoshard --fix, action="append").
     args = _args(["autoshard", "--network", "mlp", "--fix", "a=hand", "--fix", "b=hand"])
     assert args.fix == ["a=hand", "b=hand"] and not hasattr(args, "_once_given")
+
+
+# -- --ranks: a bad value is refused before the banner (the only line), as under mpiexec -------------------
+REDISTRIBUTE = ["run", "redistribute", "--alias", "x", "--from", "x,None", "--to", "None,x", "--ranks", "4"]
+HUGE_SEED = str(2 ** 63 - 1)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["collective", "binomial-bcast", "--root", "9", "--ranks", "4"], "--root 9 must be a rank (0 <= root < 4)"),
+    (["collective", "ring-allgather", "--size", "3", "--ranks", "4"], "--size '3': 3 bytes are not a whole"),
+    (["run", "matmul", "--shape", "16,16", "--ranks", "4"], "--shape '16,16' has 2 sizes; expected M,K,N"),
+    (["run", "matmul", "--strategy", "((2,1),(1,4))", "--shape", "16,16,16", "--ranks", "4"],
+     "matmul strategy ((2, 1), (1, 4)) needs 8 devices but the world size is 4"),
+    (["run", "matmul", "--device-matrix", "2,4", "--alias", "a,b", "--x-map", "a,b", "--w-map", "b,None",
+      "--shape", "8,8,8", "--ranks", "4"], "--device-matrix '2,4' has 8 devices but --ranks is 4; expected --ranks 8"),
+    (["run", "matmul", "--placement", "2,4", "--x-sbp", "S(0),B", "--w-sbp", "B,B", "--shape", "8,8,8",
+      "--ranks", "4"], "--placement '2,4' has 8 devices but --ranks is 4"),
+    (["run", "mlp", "--shape", "8,8,8", "--ranks", "4", "--trace-out", "/nonexistent/t.json"],
+     "--trace-out '/nonexistent/t.json' cannot be written"),
+    (["run", "mlp", "--shape", "8,8,8", "--ranks", "4", "--watchdog", "abc"], "--watchdog 'abc' is not a number"),
+    (["run", "mlp", "--shape", "8,8,8", "--ranks", "2", "--seed", HUGE_SEED],
+     f"--seed {HUGE_SEED} must be an integer in [0, 2**62)"),
+    (["run", "linear", "--shape", "8,8,8", "--ranks", "2", "--seed", "-1"], "--seed -1 must be an integer"),
+    ([*REDISTRIBUTE, "--device-matrix", "8", "--shape", "8,8"], "--device-matrix '8' has 8 devices but --ranks is 4"),
+    ([*REDISTRIBUTE, "--device-matrix", "4", "--shape", "8"], "tensor map (\"x\", None) has 2 entries but shape"),
+    ([*REDISTRIBUTE, "--device-matrix", "4", "--shape", "8,8", "--seed", HUGE_SEED], f"--seed {HUGE_SEED} must"),
+    (["demo", "--ranks", "4", "--watchdog", "x"], "--watchdog 'x' is not a number of seconds"),
+    (["demo", "--ranks", "4", "--only", "mlp", "--seed", HUGE_SEED], f"--seed {HUGE_SEED} must be"),
+    (["autoshard", "--network", "mlp", "--run", "--ranks", "4", "--devices", "8"],
+     "--run uses the 4 ranks of the launch; --devices 8 differs (launch with --ranks 8)"),
+])
+def test_simulated_ranks_refuse_bad_values_before_the_banner(capsys, argv, needle):
+    """`collective --root 9 --ranks 4` (and the other --ranks commands' checks) printed the banner "spmdsim:
+    running on 4 simulated ranks ..." first; a huge --seed was refused naming seed + 1, a value never typed."""
+    _fails(capsys, argv, needle)
+
+
+def test_an_error_before_mpi_is_printed_once_per_job(capsys, monkeypatch):
+    """Under `mpiexec -n 4`, an error every process raised before MPI (a bad --shape beside --ranks, --ranks 0, a
+    bad slices flag) was printed by each of the 4: rank 0 says it, the others exit 2 quietly (as OnceParser)."""
+    argv = ["slices", "--device-matrix", "0,4", "--alias", "a,b", "--tensor-map", "a,None", "--shape", "8,8"]
+    monkeypatch.setenv("PMI_SIZE", "4")
+    for rank, lines in (("1", 0), ("0", 1)):
+        monkeypatch.setenv("PMI_RANK", rank)
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and len(unfold(err).splitlines()) == lines, err
+    assert "--device-matrix '0,4' must be positive sizes" in err
