@@ -258,6 +258,13 @@ def test_case_file_that_is_not_utf8(tmp_path, capsys):
 
 
 # -- 8: launch ---------------------------------------------------------------------------------------
+def test_launch_bad_rank_counts(capsys):
+    # -n 99999 ran mpiexec, which forked processes until "Too many open files" (exit 255, hydra's traceback).
+    for n in ("0", "-1", "99999"):
+        _fails(capsys, ["launch", "-n", n, "--", "true"],
+               f"-n {n} must be a number of ranks from 1 to 4,096 (each one a process of this machine)")
+
+
 def test_launch_bad_mpiexec_and_timeout(capsys):
     _fails(capsys, ["launch", "-n", "2", "--mpiexec", "/nonexistent/mpiexec", "--", "true"],
            "--mpiexec '/nonexistent/mpiexec' is not an executable program")
