@@ -215,6 +215,9 @@ def test_a_negative_size_flag_is_named_as_the_flag(capsys):
            "--device-matrix '0,4' must be positive sizes, such as 2,4")
     _fails(capsys, ["slices", "--sbp", "S(0),B", "--placement", "2,0", "--shape", "8,6"],
            "--placement '2,0' must be positive sizes, such as 2,4")
+    for command, n in (("slices", "0"), ("explain", "-3"), ("show", "0")):
+        _fails(capsys, [command, "--strategy", "((2,),)", "--world-size", n, "--shape", "8"],
+               f"--world-size {n} must be a positive number of ranks, such as 8")
 
 
 def test_a_malformed_partition_spec_is_called_one(capsys):
