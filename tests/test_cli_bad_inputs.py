@@ -120,8 +120,10 @@ def test_calibrate_under_mpi_fails_once_and_fast(tmp_path, extra, needle):
     blocker.write_text("{}")
     extra = [a.format(blocker=blocker) for a in extra]
     spmdsim = os.path.join(os.path.dirname(sys.executable), "spmdsim")
-    cmd = ["timeout", "-k", "5", "60", MPIEXEC, "-n", "2", spmdsim, "calibrate",
-           "--sizes", "64K", "--ops", "allreduce", "--repeats", "1", *extra]
+    given = {flag for flag in extra if flag.startswith("--")}  # a flag given twice is refused: once each
+    base = [word for flag, value in (("--sizes", "64K"), ("--ops", "allreduce"), ("--repeats", "1"))
+            if flag not in given for word in (flag, value)]
+    cmd = ["timeout", "-k", "5", "60", MPIEXEC, "-n", "2", spmdsim, "calibrate", *base, *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     start = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=90, env=env)
@@ -213,6 +215,9 @@ def test_a_negative_size_flag_is_named_as_the_flag(capsys):
            "--device-matrix '0,4' must be positive sizes, such as 2,4")
     _fails(capsys, ["slices", "--sbp", "S(0),B", "--placement", "2,0", "--shape", "8,6"],
            "--placement '2,0' must be positive sizes, such as 2,4")
+    for command, n in (("slices", "0"), ("explain", "-3"), ("show", "0")):
+        _fails(capsys, [command, "--strategy", "((2,),)", "--world-size", n, "--shape", "8"],
+               f"--world-size {n} must be a positive number of ranks, such as 8")
 
 
 def test_a_malformed_partition_spec_is_called_one(capsys):
@@ -256,6 +261,13 @@ def test_case_file_that_is_not_utf8(tmp_path, capsys):
 
 
 # -- 8: launch ---------------------------------------------------------------------------------------
+def test_launch_bad_rank_counts(capsys):
+    # -n 99999 ran mpiexec, which forked processes until "Too many open files" (exit 255, hydra's traceback).
+    for n in ("0", "-1", "99999"):
+        _fails(capsys, ["launch", "-n", n, "--", "true"],
+               f"-n {n} must be a number of ranks from 1 to 4,096 (each one a process of this machine)")
+
+
 def test_launch_bad_mpiexec_and_timeout(capsys):
     _fails(capsys, ["launch", "-n", "2", "--mpiexec", "/nonexistent/mpiexec", "--", "true"],
            "--mpiexec '/nonexistent/mpiexec' is not an executable program")
@@ -355,3 +367,119 @@ def test_main_builds_each_parser_once_and_answers_every_call_alike(capsys, monke
     assert "unrecognized arguments: --nope" in answers[2][2] and "usage: spmdsim slices" in answers[2][2]
     assert answers[4] == answers[6] and "mlp has no hand-written strategies" in answers[5][2]
     assert built == [("slices",), ("plan",), ("autoshard",), cli_main.SUBCOMMANDS]
+
+
+# -- a single-valued option given twice ---------------------------------------------------------------
+def _subparsers(parser, prog=""):
+    """(prog, parser) of every command and subcommand under `parser`."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield f"{prog} {name}".strip(), sub
+                yield from _subparsers(sub, f"{prog} {name}")
+
+
+def _two_values(action) -> tuple[str, str] | None:
+    """Two different values `action` accepts (None when its type takes no simple text)."""
+    if action.choices:
+        choices = [str(c) for c in action.choices]
+        return (choices[0], choices[1]) if len(choices) > 1 else None
+    return ("1", "2") if action.type in (None, int, float) else None
+
+
+def test_every_command_refuses_a_single_valued_option_given_twice(capsys):
+    """`--from "x,None" --from "None,x"` kept the last without a word, in every command. Now each (sub)command
+    refuses a value-taking option given two values (usage, then one line naming the flag and both values)."""
+    import argparse
+
+    checked = []
+    for prog, sub in _subparsers(build_parser()):
+        for action in sub._actions:
+            values = _two_values(action)
+            if not action.option_strings or action.nargs == 0 or values is None \
+                    or isinstance(action, argparse._AppendAction) or action.dest == "device_matrix":
+                continue
+            flag = action.option_strings[0]
+            with pytest.raises(SystemExit) as info:
+                sub.parse_args([flag, values[0], flag, values[1]])
+            assert info.value.code == 2
+            err = unfold(capsys.readouterr().err)
+            first, again = (repr((action.type or str)(v)) for v in values)
+            assert err.splitlines()[-1] == (f"spmdsim {prog}: error: {flag} given twice, {first} then {again}; "
+                                            "expected it once"), err
+            checked.append(prog)
+            break
+    every = {prog for prog, _ in _subparsers(build_parser())} - {"run"}  # `run` itself has only its OP
+    assert set(checked) == every, every - set(checked)
+
+
+def test_a_repeated_option_in_full(capsys):
+    base = ["run", "redistribute", "--device-matrix", "4", "--alias", "x", "--to", "None,x", "--ranks", "4"]
+    with pytest.raises(SystemExit) as info:
+        main([*base, "--from", "x,None", "--from", "None,x", "--shape", "8,8"])
+    assert info.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("usage: spmdsim run redistribute") and unfold(err).splitlines()[-1] == (
+        "spmdsim run redistribute: error: --from given twice, 'x,None' then 'None,x'; expected it once")
+    # Two names of one option: both named.
+    with pytest.raises(SystemExit):
+        main(["run", "matmul", "--alias", "x", "--alias-name", "y", "--shape", "8,8,8"])
+    assert unfold(capsys.readouterr().err).splitlines()[-1] == (
+        "spmdsim run matmul: error: --alias 'x' and --alias-name 'y' name one option; expected one of them")
+    # The same value twice loses nothing: accepted, as is a switch given twice.
+    assert main(["collective", "ring-allreduce", "--size", "4K", "--size", "4K", "--ranks", "2", "--repeat", "1",
+                 "--json", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["bytes_per_rank"] == 4096
+    # Options meant to repeat still do (autoshard --fix, action="append").
+    args = _args(["autoshard", "--network", "mlp", "--fix", "a=hand", "--fix", "b=hand"])
+    assert args.fix == ["a=hand", "b=hand"] and not hasattr(args, "_once_given")
+
+
+# -- --ranks: a bad value is refused before the banner (the only line), as under mpiexec -------------------
+REDISTRIBUTE = ["run", "redistribute", "--alias", "x", "--from", "x,None", "--to", "None,x", "--ranks", "4"]
+HUGE_SEED = str(2 ** 63 - 1)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["collective", "binomial-bcast", "--root", "9", "--ranks", "4"], "--root 9 must be a rank (0 <= root < 4)"),
+    (["collective", "ring-allgather", "--size", "3", "--ranks", "4"], "--size '3': 3 bytes are not a whole"),
+    (["run", "matmul", "--shape", "16,16", "--ranks", "4"], "--shape '16,16' has 2 sizes; expected M,K,N"),
+    (["run", "matmul", "--strategy", "((2,1),(1,4))", "--shape", "16,16,16", "--ranks", "4"],
+     "matmul strategy ((2, 1), (1, 4)) needs 8 devices but the world size is 4"),
+    (["run", "matmul", "--device-matrix", "2,4", "--alias", "a,b", "--x-map", "a,b", "--w-map", "b,None",
+      "--shape", "8,8,8", "--ranks", "4"], "--device-matrix '2,4' has 8 devices but --ranks is 4; expected --ranks 8"),
+    (["run", "matmul", "--placement", "2,4", "--x-sbp", "S(0),B", "--w-sbp", "B,B", "--shape", "8,8,8",
+      "--ranks", "4"], "--placement '2,4' has 8 devices but --ranks is 4"),
+    (["run", "mlp", "--shape", "8,8,8", "--ranks", "4", "--trace-out", "/nonexistent/t.json"],
+     "--trace-out '/nonexistent/t.json' cannot be written"),
+    (["run", "mlp", "--shape", "8,8,8", "--ranks", "4", "--watchdog", "abc"], "--watchdog 'abc' is not a number"),
+    (["run", "mlp", "--shape", "8,8,8", "--ranks", "2", "--seed", HUGE_SEED],
+     f"--seed {HUGE_SEED} must be an integer in [0, 2**62)"),
+    (["run", "linear", "--shape", "8,8,8", "--ranks", "2", "--seed", "-1"], "--seed -1 must be an integer"),
+    ([*REDISTRIBUTE, "--device-matrix", "8", "--shape", "8,8"], "--device-matrix '8' has 8 devices but --ranks is 4"),
+    ([*REDISTRIBUTE, "--device-matrix", "4", "--shape", "8"], "tensor map (\"x\", None) has 2 entries but shape"),
+    ([*REDISTRIBUTE, "--device-matrix", "4", "--shape", "8,8", "--seed", HUGE_SEED], f"--seed {HUGE_SEED} must"),
+    (["demo", "--ranks", "4", "--watchdog", "x"], "--watchdog 'x' is not a number of seconds"),
+    (["demo", "--ranks", "4", "--only", "mlp", "--seed", HUGE_SEED], f"--seed {HUGE_SEED} must be"),
+    (["autoshard", "--network", "mlp", "--run", "--ranks", "4", "--devices", "8"],
+     "--run uses the 4 ranks of the launch; --devices 8 differs (launch with --ranks 8)"),
+])
+def test_simulated_ranks_refuse_bad_values_before_the_banner(capsys, argv, needle):
+    """`collective --root 9 --ranks 4` (and the other --ranks commands' checks) printed the banner "spmdsim:
+    running on 4 simulated ranks ..." first; a huge --seed was refused naming seed + 1, a value never typed."""
+    _fails(capsys, argv, needle)
+
+
+def test_an_error_before_mpi_is_printed_once_per_job(capsys, monkeypatch):
+    """Under `mpiexec -n 4`, an error every process raised before MPI (a bad --shape beside --ranks, --ranks 0, a
+    bad slices flag) was printed by each of the 4: rank 0 says it, the others exit 2 quietly (as OnceParser)."""
+    argv = ["slices", "--device-matrix", "0,4", "--alias", "a,b", "--tensor-map", "a,None", "--shape", "8,8"]
+    monkeypatch.setenv("PMI_SIZE", "4")
+    for rank, lines in (("1", 0), ("0", 1)):
+        monkeypatch.setenv("PMI_RANK", rank)
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and len(unfold(err).splitlines()) == lines, err
+    assert "--device-matrix '0,4' must be positive sizes" in err

@@ -242,7 +242,9 @@ def test_training_examples_dry_run_to_the_bytes_of_a_real_step(path, monkeypatch
 @pytest.mark.parametrize("path", TRAINING, ids=lambda p: p.stem)
 def test_one_training_step_passes_without_a_trend(path, monkeypatch, capsys):
     """--steps 1 shows a step's collectives and checks it: one loss is no failed training."""
-    monkeypatch.setattr(sys, "argv", [str(path), "--ranks", "8"] + EXAMPLE_ARGS.get(path.stem, []) + ["--steps", "1"])
+    args = EXAMPLE_ARGS[path.stem]  # its --steps 2 made 1 (a flag given twice is refused)
+    steps = args.index("--steps")
+    monkeypatch.setattr(sys, "argv", [str(path), "--ranks", "8", *args[:steps], "--steps", "1", *args[steps + 2:]])
     with pytest.raises(SystemExit) as done:
         runpy.run_path(str(path), run_name="__main__")
     out = capsys.readouterr().out

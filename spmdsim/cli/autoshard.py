@@ -281,12 +281,20 @@ class _still_working:
 def _run_mpi(args: argparse.Namespace) -> int:
     from .run import guarded, on_world
 
-    if args.ranks is not None:
-        return on_world(args, lambda comm: _run_choice(args, comm))
+    if args.ranks is not None:  # --devices checked before the banner too: the only line when it differs
+        return on_world(args, lambda comm: _run_choice(args, comm), lambda n: _check_devices_match(args, n))
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     return guarded(lambda: _run_choice(args, comm), comm)
+
+
+def _check_devices_match(args: argparse.Namespace, size: int) -> None:
+    """Refuse a --devices other than the `size` ranks --run runs on."""
+    if args.devices not in (None, size):
+        launch = f"--ranks {args.devices}" if args.ranks is not None else f"mpiexec -n {args.devices}"
+        raise SpmdsimError(f"--run uses the {size} ranks of the launch; --devices {args.devices} "
+                           f"differs (launch with {launch})")
 
 
 def _run_choice(args: argparse.Namespace, comm: Any) -> int:
@@ -301,10 +309,7 @@ def _run_choice(args: argparse.Namespace, comm: Any) -> int:
         n = args.devices or 8
         raise SpmdsimError(f"--run in one process would run on 1 rank: launch it with mpiexec -n {n}, "
                            f"or add --ranks {n}")
-    if args.devices not in (None, size):
-        launch = f"--ranks {args.devices}" if args.ranks is not None else f"mpiexec -n {args.devices}"
-        raise SpmdsimError(f"--run uses the {size} ranks of the launch; --devices {args.devices} "
-                           f"differs (launch with {launch})")
+    _check_devices_match(args, size)
     # Every rank measures at once (they share the cores, as they will when running);
     # the slowest rate, agreed, makes every rank choose the same strategies.
     flops = args.flops or min(engine_of(comm).all_gather_object(comm, measure_flops_rate()))

@@ -72,9 +72,12 @@ def parse_size(text: str) -> int:
     return size
 
 
-def _check_args(args: argparse.Namespace) -> tuple[str, str, int]:
-    """(collective, algorithm, size), or the SpmdsimError every rank raises alike, before any MPI."""
-    from ..algorithms import parse_name
+def _check_args(args: argparse.Namespace, p: int) -> tuple[str, str, int, int]:
+    """(collective, algorithm, element count, root) on `p` ranks, or the SpmdsimError every rank raises alike,
+    before any MPI (and with --ranks, before the banner: a bad --root was refused after it)."""
+    import numpy as np
+
+    from ..algorithms import elements_for, parse_name
 
     collective, algorithm = parse_name(args.name)
     size = parse_size(args.size)
@@ -94,7 +97,16 @@ def _check_args(args: argparse.Namespace) -> tuple[str, str, int]:
 
         require_matplotlib()  # one line naming the extra when matplotlib is missing
         check_output_dir(args.png, "--png")
-    return collective, algorithm, size
+    if p < 2:
+        raise SpmdsimError("spmdsim collective needs at least 2 ranks: mpiexec -n N, or --ranks N")
+    try:
+        count = elements_for(collective, p, size, np.dtype(args.dtype).itemsize)
+    except SpmdsimError as exc:
+        raise SpmdsimError(f"--size {args.size!r}: {exc}") from None
+    root = 0 if args.root is None else args.root
+    if not 0 <= root < p:
+        raise SpmdsimError(f"--root {root!r} must be a rank (0 <= root < {p})")
+    return collective, algorithm, count, root
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,13 +122,15 @@ def run(args: argparse.Namespace) -> int:
 
 def _simulated(args: argparse.Namespace) -> int:
     """--ranks N: every rank a thread of this process (spmdsim.sim); the report says so first."""
+    from .._threads import launcher_size
     from ..runtime.debug import configure_from_args
     from ..sim.launch import run_on_ranks
     from ..engines import world
 
     if isinstance(args.ranks, bool) or not 2 <= args.ranks <= 1024:
         raise SpmdsimError(f"--ranks {args.ranks!r} must be between 2 and 1024")
-    _check_args(args)  # before the threads start: one error line
+    if launcher_size() == 1:  # under mpiexec, run_on_ranks refuses --ranks itself first
+        _check_args(args, args.ranks)  # before the banner and the threads: one error line, alone
     configure_from_args(args)
     # The same launcher as every --ranks: its banner first (stderr with --json), errors by rank.
     return run_on_ranks(args.ranks, lambda: _execute(args, world()), as_json=args.json)
@@ -125,21 +139,12 @@ def _simulated(args: argparse.Namespace) -> int:
 def _execute(args: argparse.Namespace, comm: Any) -> int:
     import numpy as np
 
-    from ..algorithms import build, elements_for
+    from ..algorithms import build
     from ..runtime.algorithms import compare_with_mpi
 
-    collective, algorithm, size = _check_args(args)  # inside the guard: rank 0 prints one line
     p = comm.Get_size()
+    collective, algorithm, count, root = _check_args(args, p)  # inside the guard: rank 0 prints one line
     dtype = np.dtype(args.dtype)
-    if p < 2:
-        raise SpmdsimError("spmdsim collective needs at least 2 ranks: mpiexec -n N, or --ranks N")
-    try:
-        count = elements_for(collective, p, size, dtype.itemsize)
-    except SpmdsimError as exc:
-        raise SpmdsimError(f"--size {args.size!r}: {exc}") from None
-    root = 0 if args.root is None else args.root
-    if not 0 <= root < p:
-        raise SpmdsimError(f"--root {root!r} must be a rank (0 <= root < {p})")
     schedule = build(collective, algorithm, p, count, dtype.itemsize, root)
     result = compare_with_mpi(comm, schedule, dtype, args.repeat)
     if comm.Get_rank() == 0:

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from ..errors import SpmdsimError, fold_message
 from ..validate import counted
-from .run import add_common_arguments, add_trace_out, check_trace_out, guarded, on_world
+from .run import add_common_arguments, add_trace_out, check_seed, check_trace_out, check_watchdog, guarded, on_world
 
 __all__ = ["register", "run", "format_table", "coverage", "TOO_FEW_RAN"]
 
@@ -63,11 +63,18 @@ def run(args: argparse.Namespace) -> int:
             for line in lines[1:]:
                 print(f"{'':<{name_width}} {line}")
         return 0
-    if getattr(args, "ranks", None) is not None:
-        _only(chosen, args.only)  # one process: a bad name is the only line, before the banner
-    # Inside the guard: an unknown name is the same error on every rank, printed once.
+    # Inside the guard: an unknown name is the same error on every rank, printed once; with --ranks (one
+    # process) the checks also run before the banner, so that a bad value is the only line.
     return on_world(args, lambda comm: guarded(lambda: _run_all(_only(chosen, args.only), args, comm),
-                                               comm, args))
+                                               comm, args), lambda n: _check(chosen, args))
+
+
+def _check(chosen: Sequence[Any], args: argparse.Namespace) -> None:
+    """The command line's checks that need no communicator (_run_all repeats them on every rank)."""
+    _only(chosen, args.only)
+    check_watchdog(args)
+    check_trace_out(args)
+    check_seed(args)
 
 
 def _only(chosen: Sequence[Any], names: Sequence[str] | None) -> tuple[Any, ...]:
@@ -86,6 +93,7 @@ def _run_all(chosen: Sequence[Any], args: argparse.Namespace, comm: Any) -> int:
     from ..demo.registry import Context, run_scenario
 
     check_trace_out(args)
+    check_seed(args)
     ctx = Context(comm, args.dtype, args.seed)
     if args.trace_out:
         outcomes = _run_traced(chosen, ctx, args.trace_out)

@@ -169,9 +169,15 @@ def build_command(mpiexec: str, ranks: int, command: Sequence[str]) -> list[str]
     return [mpiexec, "-n", str(ranks), *command]
 
 
+#: Most ranks `spmdsim launch` starts: the mpiexec it runs starts every rank as a process of this machine (as
+#: many as --ranks simulates as threads: spmdsim.sim.run.MAX_RANKS).
+MAX_LAUNCH_RANKS = 4096
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.ranks < 1:
-        raise SpmdsimError(f"number of ranks {args.ranks!r} must be at least 1")
+    if not 1 <= args.ranks <= MAX_LAUNCH_RANKS:  # -n 99999 started mpiexec, which forked until out of files
+        raise SpmdsimError(f"-n {args.ranks} must be a number of ranks from 1 to {MAX_LAUNCH_RANKS:,} "
+                           "(each one a process of this machine)")
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise SpmdsimError(f"--timeout {args.timeout!r} must be a positive, finite number of seconds")
     if args.watchdog is not None:  # refused here, not in N ranks after the launch

@@ -14,6 +14,7 @@ import sys
 from typing import Sequence
 
 from .._once_parser import OnceParser
+from .._threads import launcher_rank
 from ..errors import SpmdsimError, fold_message
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS", "OnceParser", "output_error"]
@@ -80,7 +81,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # a full disk under `> file` shows here, not as a traceback at exit
         return code
     except SpmdsimError as exc:
-        print(fold_message(f"spmdsim: error: {exc}"), file=sys.stderr)
+        # Here only an error raised before any MPI call (the guarded commands report their own): each process
+        # of an mpiexec job checked the same command line, so rank 0 says it once, as OnceParser does.
+        if launcher_rank() == 0:
+            print(fold_message(f"spmdsim: error: {exc}"), file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0

@@ -300,6 +300,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_redistribute(args: argparse.Namespace, ranks: int) -> None:
+    """With --ranks `ranks`: the command line's checks before the banner (_execute repeats them on every rank)."""
+    from .run import check_ranks, check_seed, check_trace_out, check_watchdog
+
+    check_watchdog(args)
+    check_trace_out(args)
+    check_seed(args)
+    source, _, _, _ = layouts_from_args(args)
+    check_ranks(source.layout, f"--device-matrix {args.device_matrix!r}", ranks)
+
+
 def run_redistribute(args: argparse.Namespace) -> int:
     """`spmdsim run redistribute`: execute the plan under MPI and check it bit-exactly."""
     from ..engines import world
@@ -320,9 +331,10 @@ def _execute(args: argparse.Namespace, comm: Any) -> int:
 
     from ..memory import redistribute_need, shard_multiples
     from ..runtime.budget import check_memory
-    from .run import check_trace_out
+    from .run import check_seed, check_trace_out
 
     check_trace_out(args)
+    check_seed(args)
     source, target, shape, dtype = layouts_from_args(args)
     plan = plan_redistribution(source, target, shape, dtype)
     check_memory(comm, f"redistribute {source} -> {target}",

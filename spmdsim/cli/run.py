@@ -42,8 +42,13 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     ranks_argument(parser)
 
 
-def on_world(args: argparse.Namespace, fn: Callable[[Any], int]) -> int:
-    """`fn(comm)` on the MPI world, or with ``--ranks N`` on N simulated ranks in this process."""
+def on_world(args: argparse.Namespace, fn: Callable[[Any], int],
+             check: Callable[[int], None] | None = None) -> int:
+    """`fn(comm)` on the MPI world, or with ``--ranks N`` on N simulated ranks in this process.
+
+    `check(N)`: with --ranks, the arguments' own checks (raising SpmdsimError) before the banner, so that a bad
+    value is the one line printed, as under mpiexec (where `fn` repeats them on every rank inside its guard).
+    """
     n = getattr(args, "ranks", None)
     if n is None:
         if getattr(args, "dry_run", False):
@@ -59,7 +64,10 @@ def on_world(args: argparse.Namespace, fn: Callable[[Any], int]) -> int:
     problem = ranks_problem(n, bool(getattr(args, "dry_run", False)))
     if problem:
         raise SpmdsimError(problem)
+    from .._threads import launcher_size
 
+    if check is not None and launcher_size() == 1:  # under mpiexec, run_on_ranks refuses --ranks itself first
+        check(n)
     return run_on_ranks(n, lambda: fn(world()), dry_run=args.dry_run, as_json=getattr(args, "json", False))
 
 
@@ -172,11 +180,49 @@ def guarded(fn: Callable[[], int], comm: Any, args: argparse.Namespace | None = 
 
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "op_func", None):
-        return on_world(args, lambda comm: int(args.op_func(args) or 0))
+        from .plan import check_redistribute
+
+        return on_world(args, lambda comm: int(args.op_func(args) or 0), lambda n: check_redistribute(args, n))
     if not args.op:
         args._parser.print_help()
         return 2
-    return on_world(args, lambda comm: guarded(lambda: _run_op(args, comm), comm, args))
+    return on_world(args, lambda comm: guarded(lambda: _run_op(args, comm), comm, args),
+                    lambda n: _check_op(args, n))
+
+
+def _check_op(args: argparse.Namespace, ranks: int) -> None:
+    """With --ranks `ranks`: every check of the command line that needs no communicator, before the banner."""
+    check_watchdog(args)
+    check_trace_out(args)
+    _job_maker(args, ranks)
+
+
+def check_watchdog(args: argparse.Namespace) -> None:
+    """Refuse a bad --watchdog before the banner (configure_from_args repeats it on every rank)."""
+    if getattr(args, "watchdog", None) is not None:
+        from ..runtime.debug import watchdog_setting
+
+        watchdog_setting(args.watchdog, "--watchdog")
+
+
+#: Largest --seed + 1: each generated tensor takes a seed of its own above --seed (seed + 1, seed + 2, ...), and
+#: every one must stay below 2**63 (SeededTensor's range); a --seed near 2**63 was refused naming a seed the user
+#: never typed ("seed 9223372036854775808 must be ...").
+SEED_LIMIT = 2 ** 62
+
+
+def check_seed(args: argparse.Namespace) -> None:
+    """Refuse a --seed outside [0, SEED_LIMIT), naming the flag (before any tensor is made)."""
+    seed = getattr(args, "seed", None)
+    if seed is not None and not 0 <= seed < SEED_LIMIT:
+        raise SpmdsimError(f"--seed {seed} must be an integer in [0, 2**62)")
+
+
+def check_ranks(layout: Layout, what: str, ranks: int | None) -> None:
+    """Refuse a device matrix (`what`: its flag and value) of another device count than --ranks `ranks`."""
+    if ranks is not None and layout.num_devices != ranks:
+        raise SpmdsimError(f"{what} has {counted(layout.num_devices, 'device')} but --ranks is {ranks}; "
+                           f"expected --ranks {layout.num_devices}")
 
 
 def _shape(args: argparse.Namespace) -> tuple[int, ...]:
@@ -248,26 +294,38 @@ def _out_strategy(text: str) -> tuple[int, ...]:
 
 
 def _build(args: argparse.Namespace, comm: Any) -> Any:
+    """The job of `args` on `comm` (every check of the command line first: _job_maker)."""
+    return _job_maker(args)(comm)
+
+
+def _job_maker(args: argparse.Namespace, ranks: int | None = None) -> Callable[[Any], Any]:
+    """Check the command line (and with --ranks, its device count against `ranks`) without a communicator,
+    then the job's maker: the same errors before the --ranks banner as inside the guard on every MPI rank."""
     from ..demo import jobs
 
     common = {"dtype": args.dtype, "seed": args.seed}
+    check_seed(args)
     _check_flags(args)
     dims = _shape(args)
     if args.op == "linear":
-        return jobs.linear_job(comm, args.parallel, dims, **common,
-                               gather_out=_gather_out(args), bias=not args.no_bias,
-                               front=args.front)
+        gather_out = _gather_out(args)
+        return lambda comm: jobs.linear_job(comm, args.parallel, dims, **common, gather_out=gather_out,
+                                            bias=not args.no_bias, front=args.front)
     if args.op == "embedding":
-        return jobs.embedding_job(comm, args.mode, dims, **common, front=args.front)
+        return lambda comm: jobs.embedding_job(comm, args.mode, dims, **common, front=args.front)
     if args.op == "mlp":
-        return jobs.mlp_job(comm, dims, **common, activation=args.activation)
+        return lambda comm: jobs.mlp_job(comm, dims, **common, activation=args.activation)
     flags = {"transpose_a": args.transpose_a, "transpose_b": args.transpose_b}
     if args.strategy:
         out = _out_strategy(args.out_strategy) if args.out_strategy else None
-        return jobs.strategy_matmul_job(comm, args.strategy, dims, **common, **flags,
-                                        out_strategy=out)
+        if ranks is not None:  # "needs 8 devices but the world size is 4", as the job says on the ranks
+            from ..dialects.strategy import matmul_layouts
+
+            matmul_layouts(args.strategy, ranks, args.transpose_a, args.transpose_b)
+        return lambda comm: jobs.strategy_matmul_job(comm, args.strategy, dims, **common, **flags,
+                                                     out_strategy=out)
     if args.placement or args.x_sbp or args.w_sbp or args.out_sbp:
-        return _sbp_matmul_job(args, comm, dims, common, flags)
+        return _sbp_matmul_maker(args, dims, common, flags, ranks)
     if not (args.device_matrix and args.alias_name and args.x_map and args.w_map):
         raise SpmdsimError("matmul needs --strategy, or --device-matrix, --alias-name, "
                            "--x-map and --w-map, or --placement, --x-sbp and --w-sbp")
@@ -285,8 +343,9 @@ def _build(args: argparse.Namespace, comm: Any) -> Any:
                                f"output of --shape {args.shape!r} has {len(dims) - 1}; "
                                f"expected {len(dims) - 1} entries")
         out = layout(*out_map)
-    return jobs.matmul_job(comm, layout(*x_map), layout(*w_map), x_shape, w_shape, **common,
-                           **flags, out_layout=out)
+    x, w = layout(*x_map), layout(*w_map)
+    check_ranks(layout, f"--device-matrix {args.device_matrix!r}", ranks)
+    return lambda comm: jobs.matmul_job(comm, x, w, x_shape, w_shape, **common, **flags, out_layout=out)
 
 
 def _operand_shapes(dims: Sequence[int], transpose_a: bool, transpose_b: bool,
@@ -298,8 +357,8 @@ def _operand_shapes(dims: Sequence[int], transpose_a: bool, transpose_b: bool,
     return x_shape, w_shape
 
 
-def _sbp_matmul_job(args: argparse.Namespace, comm: Any, dims: Sequence[int], common: dict,
-                    flags: dict) -> Any:
+def _sbp_matmul_maker(args: argparse.Namespace, dims: Sequence[int], common: dict, flags: dict,
+                      ranks: int | None) -> Callable[[Any], Any]:
     """MatMul with OneFlow nD SBPs over a placement: axes axis_0, axis_1, ... (sbp_to_layout's names)."""
     from ..demo import jobs
     from ..dialects.sbp import sbp_to_layout
@@ -313,8 +372,9 @@ def _sbp_matmul_job(args: argparse.Namespace, comm: Any, dims: Sequence[int], co
     x = sbp_to_layout(args.x_sbp, placement, len(x_shape))
     w = sbp_to_layout(args.w_sbp, placement, len(w_shape))
     out = sbp_to_layout(args.out_sbp, placement, len(dims) - 1) if args.out_sbp else None
-    return jobs.matmul_job(comm, x, w, x_shape, w_shape, **common, **flags, out_layout=out,
-                           op=f"MatMul sbp x ({args.x_sbp}) w ({args.w_sbp})")
+    check_ranks(x.layout, f"--placement {args.placement!r}", ranks)
+    return lambda comm: jobs.matmul_job(comm, x, w, x_shape, w_shape, **common, **flags, out_layout=out,
+                                        op=f"MatMul sbp x ({args.x_sbp}) w ({args.w_sbp})")
 
 
 def _run_op(args: argparse.Namespace, comm: Any) -> int:
