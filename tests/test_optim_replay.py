@@ -12,6 +12,9 @@ import pytest
 
 import spmdsim
 from spmdsim import DTensor, Layout, Mesh, OperatorError, ops
+from spmdsim.gpt import GPTConfig, encode, load_text
+from spmdsim.gpt.pipeline import train_pipelined
+from spmdsim.gpt.train import TOLERANCE, train
 from spmdsim.optim import AdamW, DistributedAdamW, clip_grad_norm_
 from spmdsim.runtime.replay import ReplayError, Scalar, capture
 
@@ -153,3 +156,28 @@ def test_zero1_clip_set_after_a_capture_without_it_and_last_norm_in_the_step_are
         return True
 
     assert spmdsim.simulate(4, body) == [True] * 4
+
+
+@pytest.mark.parametrize("zero, pp", [(0, 1), (1, 1), (1, 2)])
+def test_the_gpt_trains_clipped_with_replay_as_it_does_eagerly(zero, pp):
+    """`train(replay=True)` with `cfg.clip` (was refused in one line), and a pipeline's (pp 2 x tp 2, the norm
+    summed over the stages): every step clipped (the norm above the bound), the replayed steps' losses and
+    norms the eager steps', each checked against one numpy process."""
+    cfg = GPTConfig(layers=2, d_model=16, heads=4, seq=8, batch=4, dropout=0.2, clip=0.5)
+    text = encode(load_text(20_000))
+
+    def run(replay):
+        if pp == 1:
+            return train(cfg, spmdsim.world(), 2, 2, 3, text, sp=True, zero=zero, check=replay, replay=replay)[1]
+        pipeline, results = train_pipelined(cfg, spmdsim.world(), pp, 1, 2, 3, text, sp=True, microbatches=2,
+                                            zero=zero, check=replay, replay=replay)
+        pipeline.close()
+        return results
+
+    def both():
+        return run(False), run(True)
+
+    for eager, replayed in spmdsim.simulate(4, both):
+        assert [(r.loss, r.norm) for r in replayed] == [(r.loss, r.norm) for r in eager]
+        assert all(type(r.norm) is float and r.norm > cfg.clip for r in replayed)
+        assert all(r.passed and max(r.errors) <= TOLERANCE for r in replayed), replayed
