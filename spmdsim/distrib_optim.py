@@ -36,7 +36,6 @@ Meter, 1/dp of what AdamW counts.
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional, Union
 
@@ -46,7 +45,8 @@ from .autograd.graph import with_partial
 from .context import current
 from .errors import OperatorError
 from .flops import sweep
-from .optim import _adam_args, _decay_flags, _Optimizer, _step_sizes, _update_kernel, clip_coefficient
+from .optim import (_adam_args, _capturing, _clip_kernel, _decay_flags, _norm_of, _Optimizer, _squares, _step_sizes,
+                    _steps_kernel, _summed_across, _update_kernel, clip_coefficient)
 from .precision import is_low
 from .validate import tolerance_arg
 
@@ -125,10 +125,14 @@ class DistributedAdamW(_Optimizer):
         # Each parameter's states are sharded over the dp axes it is replicated over.
         self.axes = [tuple(a for a in self.dp_axes if a not in p.layout.split_axes) for p in self.params]
         self.buckets = self._buckets(bucket)
-        self.last_norm: Optional[float] = None
         self._dry = bool(mesh.engine.dry)
         for b in self.buckets:
             self._allocate(b)
+        # Clipping: the norm before clipping of the last clipped step (written by a kernel: a replayed step
+        # writes its own), and the parts of the summed slices whose squares this rank adds.
+        self._norm = np.zeros(1)
+        self._normed = False
+        self._clip_parts = self._counted_parts()
 
     def _checked_axes(self, dp_axes: Any) -> tuple:
         """The dp axes of size above one (a group of one shards nothing), or the error every rank raises."""
@@ -240,18 +244,33 @@ class DistributedAdamW(_Optimizer):
                 out[i] = flat[a:z].reshape(self.params[i].local.shape)
         return out
 
+    @property
+    def last_norm(self) -> Optional[float]:
+        """The gradients' joint norm before clipping at the last step that clipped (a replayed step's
+        too: a kernel writes it), None before one; read after the step (inside a captured step it would
+        be the capture's: refused)."""
+        if _capturing():
+            from .runtime.replay import ReplayError
+
+            raise ReplayError("replay: DistributedAdamW.last_norm read inside a captured step: the replays "
+                              "would keep the capture's value; read it after each step (each replay writes "
+                              "its own)")
+        return float(self._norm[0]) if self._normed else None
+
     def step(self) -> None:
         """Sum the gradients over dp onto this rank's slices, update them, gather the parameters (collective)."""
         from .runtime.collectives import allgather, reduce_scatter
 
         grads = self._grads()
-        self.steps += 1
+        _steps_kernel()(self)
         for b in self.buckets:
             if not self._dry:
                 _kernel(_pack)(b.flat, tuple(grads[i] for i, _, _ in b.members), _spans(b))
             reduce_scatter(self.mesh, b.flat, b.axes, 0, label="zero-1 gradient bucket", out=b.grad)
         if self.clip_grad:
             self._clip()
+        elif _capturing():  # a replay takes no norm: refused if clip_grad is set later
+            _kernel(_unclipped)(self)
         if not self._dry:  # the master slices from the parameters as they are now (AdamW reads them in place)
             for b in self.buckets:
                 _kernel(_load_master)(b, tuple(self.params[i].local for i, _, _ in b.members), _spans(b))
@@ -329,37 +348,63 @@ class DistributedAdamW(_Optimizer):
                     a for a in p.grad.layout.partial if a in self.axes[i])), p.global_shape)
         return out
 
-    def _clip(self) -> None:
-        """Scale the summed slices so the gradients' joint norm is at most `clip_grad` (as
-        spmdsim.optim.clip_grad_norm_: each element counted once over the mesh, and over `clip_across`)."""
-        from .optim import _summed_across
-        from .runtime.executor import pending, resolve
-
-        squares = 0.0
+    def _counted_parts(self) -> tuple:
+        """Views of the parts of this rank's summed slices whose squares it adds for clipping: each element
+        counted once over the mesh (a block replicated over tp on its first tp rank; the dp axes are the
+        slices'), and only `clip_counted`'s parameters; none in a dry run."""
+        if self._dry:
+            return ()
+        parts = []
         layout = self.mesh.layout
         for b in self.buckets:
-            if self._dry:
-                continue
             lo, hi = b.start, b.start + b.shard
             for i, a, z in b.members:
                 s, e = max(a, lo), min(z, hi)
                 if s >= e or (self._counted is not None and id(self.params[i]) not in self._counted):
                     continue
-                copies = self.params[i].layout.copy_axes
-                copies = tuple(x for x in copies if x not in self.dp_axes)
+                copies = tuple(x for x in self.params[i].layout.copy_axes if x not in self.dp_axes)
                 if copies and layout.group_index(self.mesh.rank, copies) != 0:
                     continue
-                part = b.grad[s - lo:e - lo].astype(np.float64, copy=False)
-                squares += float(np.dot(part, part))
+                parts.append(b.grad[s - lo:e - lo])
+        return tuple(parts)
+
+    def _clip(self) -> None:
+        """Scale the summed slices so the gradients' joint norm is at most `clip_grad` (as
+        spmdsim.optim.clip_grad_norm_: each element counted once over the mesh, and over `clip_across`).
+        Kernels and collectives alone: a replayed step takes its own norm and scales by it."""
+        from .runtime.executor import pending, resolve
+
+        layout = self.mesh.layout
+        squares = _clip_kernel(_squares)(self._clip_parts)
         axes = tuple(a for a, n in zip(layout.alias_name, layout.device_matrix) if n > 1)
         if axes:
-            squares = float(resolve(self.mesh, np.array([squares]), pending(layout, 1, axes), "clip_grad_norm",
-                                    owned=True)[0])
-        self.last_norm = math.sqrt(_summed_across(squares, self.clip_across))
-        coefficient = clip_coefficient(self.last_norm, self.clip_grad)
-        if coefficient != 1.0 and not self._dry:
-            for b in self.buckets:
+            squares = resolve(self.mesh, squares, pending(layout, 1, axes), "clip_grad_norm", owned=True)
+        _kernel(_clip_slices)(self, _summed_across(squares, self.clip_across))
+
+
+def _clip_slices(optimizer: DistributedAdamW, squares: np.ndarray) -> None:
+    """The norm from the summed squares into `optimizer`'s last norm, and its summed slices scaled in place
+    by clipping's coefficient; `clip_grad` read now (0, set after a capture that clips: the norm taken, the
+    gradients left as they are)."""
+    norm = _norm_of(squares)
+    optimizer._norm[0] = norm
+    optimizer._normed = True
+    bound = optimizer.clip_grad
+    if bound and not optimizer._dry:
+        coefficient = clip_coefficient(norm, bound)
+        if coefficient != 1.0:
+            for b in optimizer.buckets:
                 np.multiply(b.grad, coefficient, out=b.grad)
+
+
+def _unclipped(optimizer: DistributedAdamW) -> None:
+    """A step captured with clip_grad 0 takes no norm: one line if clip_grad is set before a replay."""
+    if optimizer.clip_grad:
+        from .runtime.replay import ReplayError
+
+        raise ReplayError(f"replay: DistributedAdamW.clip_grad is {optimizer.clip_grad!r} now but was 0 when the "
+                          "step was captured, so a replay takes no gradient norm; capture the step again after "
+                          "setting clip_grad")
 
 
 def _dry_flat(n: int, dtype: Any) -> np.ndarray:

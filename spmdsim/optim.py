@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Union
 
 import numpy as np
@@ -44,6 +45,22 @@ class _Optimizer:
 
     _moments = 0  # state arrays per parameter element the update reads and writes (spmdsim.flops.sweep)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # A hyperparameter set between steps is read by the next update (the update kernels read them, so a
+        # replayed step reads it too: a learning-rate schedule set between a graph's calls); set inside a
+        # captured step it would be set once, at capture, and never again: refused in one line (an optimizer
+        # made inside the step sets its own once, as any constant of the step).
+        check = _SETTINGS.get(name)
+        if check is not None:
+            if name in self.__dict__ and _capturing():
+                from .runtime.replay import ReplayError
+
+                raise ReplayError(f"replay: {type(self).__name__}.{name} set to {value!r} inside a captured step: "
+                                  "a replay does not run the step's Python, so every replayed step would keep "
+                                  "this value; set it between the steps (each update, replayed too, reads it)")
+            value = check(value, name)
+        object.__setattr__(self, name, value)
+
     def __init__(self, params: Iterable[Any], lr: float) -> None:
         self.params = tuple(params)
         if not self.params:
@@ -64,7 +81,7 @@ class _Optimizer:
 
     def step(self) -> None:
         """Update every parameter that has a gradient (local blocks only); nothing when one does not fit."""
-        self.steps += 1
+        _steps_kernel()(self)
         found = []
         for i, p in enumerate(self.params):
             g = p.grad
@@ -137,6 +154,32 @@ def _update_kernel() -> Callable:
     return kernel(_run_update)
 
 
+def _count_step(optimizer: Any) -> None:
+    """One more step on `optimizer.steps`: a kernel (`_steps_kernel`), so a replayed step counts too (a schedule
+    that reads `steps` between a graph's calls sees each replay)."""
+    optimizer.steps += 1
+
+
+@functools.cache
+def _steps_kernel() -> Callable:
+    from .runtime.replay import kernel
+
+    return kernel(_count_step)
+
+
+def _capturing() -> bool:
+    """Whether this thread captures a step now (spmdsim.runtime.replay), outside a kernel; no import while
+    nothing captures."""
+    replay = sys.modules.get(__package__ + ".runtime.replay")
+    return replay is not None and replay.capturing()
+
+
+def _is_scalar(value: Any) -> bool:
+    """Whether `value` is a spmdsim.runtime.replay.Scalar (none exists before that module is loaded)."""
+    replay = sys.modules.get(__package__ + ".runtime.replay")
+    return replay is not None and isinstance(value, replay.Scalar)
+
+
 def _positive(value: Any, name: str) -> float:
     out = tolerance_arg(value, name, OperatorError)
     if not out > 0:
@@ -150,9 +193,7 @@ class SGD(_Optimizer):
 
     def __init__(self, params: Iterable[Any], lr: float, momentum: float = 0.0) -> None:
         super().__init__(params, lr)
-        self.momentum = tolerance_arg(momentum, "momentum", OperatorError)
-        if self.momentum >= 1:
-            raise OperatorError(f"momentum {momentum!r} must be in [0, 1)")
+        self.momentum = momentum  # checked by _momentum
         self._moments = 1 if self.momentum else 0
         self.buffers: dict[int, np.ndarray] = {}
         self._dry_buffers: dict[int, int] = {}  # a dry run's `buffers`: index -> its bytes
@@ -170,6 +211,27 @@ class SGD(_Optimizer):
             self.buffers[index] = buf
             grad = buf
         param -= np.asarray(self.lr, param.dtype) * grad
+
+
+def _momentum(value: Any, name: str) -> float:
+    out = tolerance_arg(value, name, OperatorError)
+    if out >= 1:
+        raise OperatorError(f"{name} {value!r} must be in [0, 1)")
+    return out
+
+
+def _betas(value: Any, name: str) -> tuple:
+    return _adam_args(value, 1.0)[0]
+
+
+def _at_least_zero(value: Any, name: str) -> float:
+    return tolerance_arg(value, name, OperatorError)
+
+
+#: The optimizers' hyperparameters (attribute -> its check): set between steps, the next update reads them
+#: (a replayed one too); set inside a captured step, refused (`_Optimizer.__setattr__`).
+_SETTINGS: dict = {"lr": _positive, "eps": _positive, "weight_decay": _at_least_zero, "clip_grad": _at_least_zero,
+                   "momentum": _momentum, "betas": _betas}
 
 
 def _adam_args(betas: Any, eps: Any) -> tuple[tuple[float, float], float]:
@@ -528,9 +590,10 @@ def clip_coefficient(norm: float, max_norm: float, eps: float = 1e-6) -> float:
     return coefficient if not coefficient >= 1.0 else 1.0
 
 
-def _summed_across(squares: float, across: Any) -> float:
-    """`squares` (a stage's total, alike on its ranks) summed once more over `across` = (mesh, axes), the
-    other stages' (collective over that mesh); `squares` itself when `across` is None or its axes are 1."""
+def _summed_across(squares: Any, across: Any) -> Any:
+    """`squares` (a stage's total, a 1-element float64 array alike on its ranks) summed once more over
+    `across` = (mesh, axes), the other stages' (collective over that mesh); `squares` itself when `across` is
+    None or its axes are 1."""
     from .runtime.executor import pending, resolve
 
     if across is None:
@@ -539,12 +602,60 @@ def _summed_across(squares: float, across: Any) -> float:
     over = tuple(a for a in over if whole.layout.axis_size(a) > 1)
     if not over:
         return squares
-    return float(resolve(whole, np.array([squares]), pending(whole.layout, 1, over), "clip_grad_norm",
-                         owned=True)[0])
+    return resolve(whole, squares, pending(whole.layout, 1, over), "clip_grad_norm", owned=True)
 
 
-def clip_grad_norm_(params: Iterable[Any], max_norm: float, eps: float = 1e-6, *, across: Any = None,
-                    counted: Any = None) -> float:
+def _clip_bound(max_norm: Any) -> float:
+    """The clipping bound: a finite number > 0 (a Scalar's value: spmdsim.runtime.replay, read in a kernel),
+    else the one-line error."""
+    value = max_norm.value if _is_scalar(max_norm) else max_norm
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(value) or not value > 0:
+        raise OperatorError(f"clip_grad_norm_: max_norm {value!r} must be a finite number > 0")
+    return float(value)
+
+
+def _squares(blocks: tuple, max_norm: Any = 1.0) -> np.ndarray:
+    """The sum of the squares of `blocks`' elements, in float64, as a 1-element array (`max_norm` checked
+    first: a Scalar's value, alike on every rank, refused before the Allreduce). A kernel while capturing
+    (spmdsim.runtime.replay): each replayed step sums its own gradients."""
+    _clip_bound(max_norm)
+    total = 0.0
+    for block in blocks:
+        flat = block.astype(np.float64, copy=False).reshape(-1)
+        total += float(np.dot(flat, flat))
+    return np.array([total])
+
+
+def _norm_of(squares: np.ndarray) -> float:
+    return math.sqrt(float(squares[0]))
+
+
+def _scaled_into(grads: tuple, coefficient: float, outs: tuple) -> None:
+    """Each gradient times `coefficient` into its `outs` (of its dtype: the same values as
+    ``np.multiply(grad, coefficient)``, a Python float keeping the gradient's dtype)."""
+    for grad, out in zip(grads, outs):
+        np.multiply(grad, coefficient, out=out)
+
+
+def _clip_into(squares: np.ndarray, max_norm: Any, eps: float, grads: tuple, outs: tuple, norm: np.ndarray) -> None:
+    """The norm from the summed squares into `norm`, and the gradients scaled by clipping's coefficient into
+    `outs` (copied when it is 1): a captured step's clipping, one kernel each replay reruns on its own norm."""
+    value = _norm_of(squares)
+    norm[...] = value
+    _scaled_into(grads, clip_coefficient(value, _clip_bound(max_norm), eps), outs)
+
+
+@functools.cache
+def _clip_kernel(func: Callable) -> Callable:
+    """`func` recorded as one call when a rank captures a step (spmdsim.runtime.replay); made on first use."""
+    from .runtime.replay import kernel
+
+    return kernel(func)
+
+
+def clip_grad_norm_(params: Iterable[Any], max_norm: Any, eps: float = 1e-6, *, across: Any = None,
+                    counted: Any = None) -> Any:
     """Scale the parameters' gradients together so their joint 2-norm is at most `max_norm`, as PyTorch's
     ``torch.nn.utils.clip_grad_norm_``; returns the norm before clipping (a float, alike on every rank).
 
@@ -558,14 +669,21 @@ def clip_grad_norm_(params: Iterable[Any], max_norm: float, eps: float = 1e-6, *
     once more over those axes of that mesh (the whole (pp, dp, tp) mesh and ("pp",)), and `counted`
     names the parameters whose squares this rank adds (default all; a tied table both end stages
     hold counts on one of them). Every parameter's gradient is scaled.
+
+    In a captured step (spmdsim.runtime.replay) the squares, the norm and the scaling are kernels, so each
+    replayed step clips by its own norm, the values the step run eagerly gives; the gradients are always
+    replaced (by copies when nothing is clipped), and what it returns is the norm as a 0-d float64 array
+    that each replay rewrites (``float(norm)`` after a replay reads that step's; read inside the step it
+    would be the capture's, and a replay stops naming both). `max_norm` may be a
+    spmdsim.runtime.replay.Scalar, read each replay (a bound that changes between steps).
     """
     from .runtime.executor import pending, resolve
 
     params = tuple(params)
-    if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(max_norm) or not max_norm > 0:
-        raise OperatorError(f"clip_grad_norm_: max_norm {max_norm!r} must be a finite number > 0")
-    bound = float(max_norm)
+    captured = _capturing()
+    bound = _clip_bound(max_norm)  # a Scalar's value checked now too, read without freezing it
+    if captured and _is_scalar(max_norm):  # read by the kernels, each replay
+        bound = max_norm
     if not params:
         raise OperatorError("clip_grad_norm_: no parameters given")
     for i, p in enumerate(params):
@@ -583,24 +701,34 @@ def clip_grad_norm_(params: Iterable[Any], max_norm: float, eps: float = 1e-6, *
         if g.layout.partial:
             raise OperatorError(f"clip_grad_norm_: a gradient is a pending sum over {g.layout.partial!r}")
     count = None if counted is None else {id(p) for p in counted}
-    squares = 0.0
+    mine = []  # the blocks whose squares this rank adds (which ones is the layouts', not the values')
     for p, g in grads:
         if count is not None and id(p) not in count:
             continue
         replicas = g.layout.replicated_axes
         if not replicas or g.layout.layout.group_index(mesh.rank, replicas) == 0:
-            block = g.local.astype(np.float64, copy=False).reshape(-1)
-            squares += float(np.dot(block, block))
+            mine.append(g.local)
+    squares = _clip_kernel(_squares)(tuple(mine), bound)
     axes = tuple(a for a, n in zip(mesh.layout.alias_name, mesh.layout.device_matrix) if n > 1)
     if axes:
-        squares = float(resolve(mesh, np.array([squares]), pending(mesh.layout, 1, axes), "clip_grad_norm",
-                                owned=True)[0])
-    norm = math.sqrt(_summed_across(squares, across))
+        squares = resolve(mesh, squares, pending(mesh.layout, 1, axes), "clip_grad_norm", owned=True)
+    squares = _summed_across(squares, across)
+    if captured:  # one kernel: the norm and the scaling each replay computes again (copies when not clipped)
+        from . import buffers
+
+        outs = tuple(buffers.empty(g.local.shape, g.local.dtype) for _, g in grads)
+        norm = buffers.empty((), np.float64)
+        _clip_kernel(_clip_into)(squares, bound, eps, tuple(g.local for _, g in grads), outs, norm)
+        for (p, g), out in zip(grads, outs):
+            p._ag.grad = type(g)(g.mesh, out, g.layout, g.global_shape)
+        return norm
+    norm = _norm_of(squares)
     coefficient = clip_coefficient(norm, bound, eps)
     if coefficient != 1.0:
-        for p, g in grads:
-            scaled = np.multiply(g.local, coefficient).astype(g.local.dtype, copy=False)
-            p._ag.grad = type(g)(g.mesh, scaled, g.layout, g.global_shape)
+        outs = tuple(np.empty(g.local.shape, g.local.dtype) for _, g in grads)
+        _scaled_into(tuple(g.local for _, g in grads), coefficient, outs)
+        for (p, g), out in zip(grads, outs):
+            p._ag.grad = type(g)(g.mesh, out, g.layout, g.global_shape)
     return norm
 
 

@@ -168,7 +168,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     spmdsim.gpt.train.train's, over the step's microbatches, ranks numbered on the whole mesh).
     `algorithms`: the meshes' emulated algorithms (spmdsim.runtime.mesh.Mesh's). `replay`: step 0 is
     captured (spmdsim.runtime.replay: its computes, collectives and point-to-point messages) and every later
-    step replays it, checked the same way (MoE layers too; not with `cfg.clip`: spmdsim.gpt.train.replay_problem;
+    step replays it, checked the same way (MoE layers and `cfg.clip` too;
     with `memory` a replayed step reports what the step run eagerly reports: spmdsim.gpt.train._steady).
     `precision`: the policy (as spmdsim.gpt.train.train's: the stages compute under it, activations and their
     gradients cross stage boundaries in its activation dtype, bfloat16 at bf16-mixed, as Megatron sends them;

@@ -275,18 +275,17 @@ def _worst(local: np.ndarray, reference: np.ndarray, region: tuple, floor: float
 
 def _norm(zero: Any, norms: list) -> Optional[float]:
     """The step's norm before clipping: the distributed optimizer's (`zero`), else the last of `norms` (None
-    when nothing was clipped)."""
+    when nothing was clipped; a replayed step's is the array clip_grad_norm_ returned while capturing, which
+    each replay rewrites)."""
     if zero is not None:
         return zero.last_norm
-    return norms[-1] if norms else None
+    return float(norms[-1]) if norms else None
 
 
 def replay_problem(cfg: GPTConfig) -> Optional[str]:
     """Why `cfg`'s training step (train's or spmdsim.gpt.pipeline's: a pipelined MoE step's router losses are
-    read when the step ends, as its other losses are) cannot be replayed (spmdsim.runtime.replay), or None."""
-    if cfg.clip:
-        return (f"replay: clip {cfg.clip!r} reads the gradients' norm into Python each step, which a replay "
-                "cannot repeat; train with clip 0 or without replay")
+    read when the step ends, as its other losses are) cannot be replayed (spmdsim.runtime.replay), or None: none
+    today (clipping, `cfg.clip`, replays: the norm and the scaling are kernels, spmdsim.optim)."""
     return None
 
 
@@ -300,7 +299,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     Collective: every rank calls it alike. `mesh`: a Mesh of Layout((dp, tp), ("dp", "tp")) to use
     instead of making one over `comm`. `layouts`: parameter name -> TensorLayout (default Megatron's).
     `replay`: step 0 is captured (spmdsim.runtime.replay) and every later step replays it, checked
-    the same way; not with `cfg.clip` (clipping reads the gradients' norm into Python).
+    the same way (with `cfg.clip` too: each replayed step clips by its own norm).
     `recompute`: "none", "selective" or "full" (spmdsim.gpt.parallel.GPT's). `zero`: 0 (AdamW) or 1
     (DistributedAdamW over dp; with MoE layers over dp x ep, the experts' over dp). `memory`: measure each step's
     bytes into StepResult.memory. `kept`: "graph" or "megatron" (spmdsim.gpt.parallel.GPT's: what the graph keeps
