@@ -140,6 +140,25 @@ def test_bad_moe_settings_are_refused_in_one_line(kwargs, message):
     assert "\n" not in str(info.value)
 
 
+def test_a_moe_every_past_the_layers_is_refused_not_run_as_a_dense_gpt_that_reports_experts():
+    """MoEConfig(every=3) on a 2-layer GPTConfig made no block an MoE layer: the example trained a dense GPT and
+    printed its experts, capacity and mesh of experts (--moe-every 3 --layers 2); every <= layers runs."""
+    from testkit import run_train_gpt, unfold
+
+    with pytest.raises(SpmdsimError) as info:
+        GPTConfig(layers=2, d_model=16, heads=4, moe=MoEConfig(every=3))
+    assert str(info.value) == ("GPTConfig moe every 3 makes none of the 2 layers an MoE layer (the first would be "
+                               "block 2, counted from 0); expected every at most layers 2, or moe=None for a dense "
+                               "GPT")
+    assert GPTConfig(layers=3, d_model=16, heads=4, moe=MoEConfig(every=3)).is_moe(2)
+    out = run_train_gpt(["--ranks", "4", "--ep", "2", "--steps", "1", "--layers", "2", "--d-model", "16", "--seq",
+                         "8", "--moe-every", "3", "--dispatch"], script="train_moe_gpt.py")
+    assert out.returncode == 2 and "MoE GPT" not in out.stdout and "experts" not in out.stdout, out.stdout
+    assert unfold(out.stderr).strip().splitlines()[-1] == (
+        "spmdsim: error: --moe-every 3 makes none of the 2 blocks an MoE layer (the first would be h2); expected "
+        "at most --layers 2"), out.stderr
+
+
 def test_experts_not_divisible_by_ep_are_refused_on_every_rank_before_a_collective():
     cfg = GPTConfig(layers=2, d_model=16, heads=4, seq=8, batch=8, moe=MoEConfig(experts=6))
     assert mesh_problem(cfg, 2, 1, False, 4) == "experts 6 are not divisible by ep 4 (experts are split over ep)"
