@@ -125,6 +125,53 @@ def test_gate_gradient_matches_finite_differences():
         assert abs((up - down) / 2e-7 - d[idx]) < 1e-6
 
 
+def test_a_reference_follows_another_routing_only_where_rounding_can_explain_it():
+    """followed: token 0's experts 0 and 1 tie within their margins, so the ranks' 1 is taken; token 1's
+    expert 1 trails by more than the margins, so the reference keeps its own 0 (a wrong choice still fails the
+    check); token 2 asks for an expert out of range. Top-2: the order within the choice is held to the same."""
+    from spmdsim.moe.routing import followed
+
+    logits = np.array([[[1.0, 1.0 - 1e-12, 0.0, -1.0], [1.0, 0.5, 0.0, -1.0], [1.0, 0.5, 0.0, -1.0]]])
+    margin = np.full(logits.shape, 1e-11)
+    own = np.zeros((1, 3, 1), dtype=np.int64)
+    assert followed(logits, margin, own, np.array([[[1], [1], [7]]])).tolist() == [[[1], [0], [0]]]
+    own2 = np.array([[[0, 1], [0, 1], [0, 1]]])
+    follow2 = np.array([[[1, 0], [1, 0], [0, 2]]])
+    assert followed(logits, margin, own2, follow2).tolist() == [[[1, 0], [0, 1], [0, 1]]]
+    with pytest.raises(SpmdsimError, match="must be"):
+        followed(logits, margin, own, np.zeros((1, 2, 1)))
+
+
+def test_a_crafted_near_tie_in_the_router_does_not_fail_a_correct_moe_gpt_step(monkeypatch):
+    """Every MoE layer's router with expert 1's weights one unit in the last place from expert 0's: each token's
+    two scores tie to rounding, and the ranks' sums (their blocks) and the reference's (whole rows) decided
+    some of them otherwise, so a correct step failed its check by 1e-2 in the gradients (fp64, 1e-10 allowed).
+    The reference now follows the ranks' experts where rounding alone can explain them (followed)."""
+    import spmdsim.gpt.parallel as parallel
+
+    class Tied(parallel.GPT):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            for name, t in self.params.items():
+                if name.endswith("moe.router"):
+                    w0 = t.local[:, 0].copy()
+                    t.local[:, 1] = np.nextafter(w0, np.where(np.arange(len(w0)) % 2, np.inf, -np.inf))
+                    t.local[:, 2:] = w0[:, None] * 0.5
+
+    monkeypatch.setattr(parallel, "GPT", Tied)
+    for top_k, dropless in ((1, True), (2, False)):
+        cfg = GPTConfig(layers=2, d_model=32, heads=2, seq=16, batch=8, dropout=0.1,
+                        moe=MoEConfig(experts=8, top_k=top_k, dropless=dropless, capacity_factor=1.0))
+
+        def run():
+            model, results = train(cfg, spmdsim.world(), 1, 1, 1, TEXT, ep=4)
+            model.mesh.close()
+            return results[0]
+
+        for r in spmdsim.simulate(4, run):
+            assert r.passed and max(r.errors) <= TOLERANCE, (top_k, r.errors)
+
+
 # ---- bad inputs: one line each, before any collective ----
 
 @pytest.mark.parametrize("kwargs, message", [
