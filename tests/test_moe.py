@@ -206,6 +206,16 @@ def test_a_moe_every_past_the_layers_is_refused_not_run_as_a_dense_gpt_that_repo
         "at most --layers 2"), out.stderr
 
 
+def test_a_bad_zero_stage_is_refused_before_the_example_prints_its_model():
+    """--zero 2 printed the model, its experts and mesh and the steps' header, then train's refusal."""
+    from testkit import run_train_gpt
+
+    out = run_train_gpt(["--ranks", "4", "--steps", "1", "--layers", "2", "--d-model", "16", "--seq", "8",
+                         "--zero", "2"], script="train_moe_gpt.py")
+    assert out.returncode == 2 and "MoE GPT" not in out.stdout and " step" not in out.stdout, out.stdout
+    assert out.stderr.strip().splitlines()[-1].startswith("spmdsim: error: zero 2 is not 0 or 1"), out.stderr
+
+
 def test_experts_not_divisible_by_ep_are_refused_on_every_rank_before_a_collective():
     cfg = GPTConfig(layers=2, d_model=16, heads=4, seq=8, batch=8, moe=MoEConfig(experts=6))
     assert mesh_problem(cfg, 2, 1, False, 4) == "experts 6 are not divisible by ep 4 (experts are split over ep)"
