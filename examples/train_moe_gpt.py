@@ -33,6 +33,7 @@ from spmdsim.precision import precision, precision_problem
 from spmdsim.gpt import encode, load_text
 from spmdsim.gpt.data import text_problem
 from spmdsim.gpt.layouts import written
+from spmdsim.gpt.memory import zero_problem
 from spmdsim.gpt.parallel import DIALECTS, dialect_layouts, mesh_problem
 from spmdsim.gpt.pipeline import pipeline_layout_problem, train_pipelined
 from spmdsim.gpt.train import replay_problem, train
@@ -137,12 +138,16 @@ def main(args):
     problem = sizes_problem(args)
     if problem:
         raise spmdsim.SpmdsimError(problem)
+    if 1 <= args.layers < args.moe_every:  # a dense GPT, printing experts it does not have (GPTConfig refuses it)
+        raise spmdsim.SpmdsimError(f"--moe-every {args.moe_every} makes none of the {args.layers} blocks an MoE "
+                                   f"layer (the first would be h{args.moe_every - 1}); expected at most --layers "
+                                   f"{args.layers}")
     moe = MoEConfig(experts=args.experts, top_k=args.top_k, every=args.moe_every,
                     capacity_factor=args.capacity_factor, dropless=args.dropless,
                     aux_loss_coeff=args.aux_loss_coeff, z_loss_coeff=args.z_loss_coeff,
                     dry_routing=args.routing or "balanced")
     cfg = model_config(args, moe=moe)
-    zero = int(args.zero) if args.zero.lstrip("-").isdigit() else args.zero  # train refuses a bad one
+    zero = int(args.zero) if args.zero.lstrip("-").isdigit() else args.zero
     shape, problem = split(comm.size)
     piped, pp = pipelined(args), args.pp
     if not problem and piped:
@@ -156,6 +161,8 @@ def main(args):
     problem = problem or precision_problem(args.precision) or kept_problem(args.kept) or text_problem(ids, cfg)
     if problem:
         raise spmdsim.SpmdsimError(f"the MoE GPT cannot run on {counted(comm.size, 'rank')}: {problem}")
+    if zero_problem(zero):  # (as train refuses it, but before the header is printed)
+        raise spmdsim.SpmdsimError(zero_problem(zero))
     dp, ep, tp = shape
     layouts = None
     if args.dialect:  # Megatron's plan written in the dialect, read back: the same layouts (a stage's mesh too)

@@ -198,7 +198,7 @@ def test_train_gpt_replays_clipped_steps():
     # a step drew id 121 and refused it after the table's header; the text's ids are checked whole first now
     (["examples/train_gpt.py", "--vocab", "102"], "the text's token ids run from 10 to 126, outside the vocabulary "
                                                  "[0, 102); expected vocab 127 or more (--vocab)"),
-    (["examples/train_moe_gpt.py", "--vocab", "100"], "the MoE GPT cannot run on 4 ranks: the text's token ids run "
+    (["examples/train_moe_gpt.py", "--vocab", "100", "--moe-every", "1"], "the MoE GPT cannot run on 4 ranks: the text's token ids run "
                                                      "from 10 to 126, outside the vocabulary [0, 100); expected "
                                                      "vocab 127 or more (--vocab)"),
 ])

@@ -125,6 +125,53 @@ def test_gate_gradient_matches_finite_differences():
         assert abs((up - down) / 2e-7 - d[idx]) < 1e-6
 
 
+def test_a_reference_follows_another_routing_only_where_rounding_can_explain_it():
+    """followed: token 0's experts 0 and 1 tie within their margins, so the ranks' 1 is taken; token 1's
+    expert 1 trails by more than the margins, so the reference keeps its own 0 (a wrong choice still fails the
+    check); token 2 asks for an expert out of range. Top-2: the order within the choice is held to the same."""
+    from spmdsim.moe.routing import followed
+
+    logits = np.array([[[1.0, 1.0 - 1e-12, 0.0, -1.0], [1.0, 0.5, 0.0, -1.0], [1.0, 0.5, 0.0, -1.0]]])
+    margin = np.full(logits.shape, 1e-11)
+    own = np.zeros((1, 3, 1), dtype=np.int64)
+    assert followed(logits, margin, own, np.array([[[1], [1], [7]]])).tolist() == [[[1], [0], [0]]]
+    own2 = np.array([[[0, 1], [0, 1], [0, 1]]])
+    follow2 = np.array([[[1, 0], [1, 0], [0, 2]]])
+    assert followed(logits, margin, own2, follow2).tolist() == [[[1, 0], [0, 1], [0, 1]]]
+    with pytest.raises(SpmdsimError, match="must be"):
+        followed(logits, margin, own, np.zeros((1, 2, 1)))
+
+
+def test_a_crafted_near_tie_in_the_router_does_not_fail_a_correct_moe_gpt_step(monkeypatch):
+    """Every MoE layer's router with expert 1's weights one unit in the last place from expert 0's: each token's
+    two scores tie to rounding, and the ranks' sums (their blocks) and the reference's (whole rows) decided
+    some of them otherwise, so a correct step failed its check by 1e-2 in the gradients (fp64, 1e-10 allowed).
+    The reference now follows the ranks' experts where rounding alone can explain them (followed)."""
+    import spmdsim.gpt.parallel as parallel
+
+    class Tied(parallel.GPT):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            for name, t in self.params.items():
+                if name.endswith("moe.router"):
+                    w0 = t.local[:, 0].copy()
+                    t.local[:, 1] = np.nextafter(w0, np.where(np.arange(len(w0)) % 2, np.inf, -np.inf))
+                    t.local[:, 2:] = w0[:, None] * 0.5
+
+    monkeypatch.setattr(parallel, "GPT", Tied)
+    for top_k, dropless in ((1, True), (2, False)):
+        cfg = GPTConfig(layers=2, d_model=32, heads=2, seq=16, batch=8, dropout=0.1,
+                        moe=MoEConfig(experts=8, top_k=top_k, dropless=dropless, capacity_factor=1.0))
+
+        def run():
+            model, results = train(cfg, spmdsim.world(), 1, 1, 1, TEXT, ep=4)
+            model.mesh.close()
+            return results[0]
+
+        for r in spmdsim.simulate(4, run):
+            assert r.passed and max(r.errors) <= TOLERANCE, (top_k, r.errors)
+
+
 # ---- bad inputs: one line each, before any collective ----
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -138,6 +185,35 @@ def test_bad_moe_settings_are_refused_in_one_line(kwargs, message):
     with pytest.raises(SpmdsimError, match=message) as info:
         MoEConfig(**kwargs)
     assert "\n" not in str(info.value)
+
+
+def test_a_moe_every_past_the_layers_is_refused_not_run_as_a_dense_gpt_that_reports_experts():
+    """MoEConfig(every=3) on a 2-layer GPTConfig made no block an MoE layer: the example trained a dense GPT and
+    printed its experts, capacity and mesh of experts (--moe-every 3 --layers 2); every <= layers runs."""
+    from testkit import run_train_gpt, unfold
+
+    with pytest.raises(SpmdsimError) as info:
+        GPTConfig(layers=2, d_model=16, heads=4, moe=MoEConfig(every=3))
+    assert str(info.value) == ("GPTConfig moe every 3 makes none of the 2 layers an MoE layer (the first would be "
+                               "block 2, counted from 0); expected every at most layers 2, or moe=None for a dense "
+                               "GPT")
+    assert GPTConfig(layers=3, d_model=16, heads=4, moe=MoEConfig(every=3)).is_moe(2)
+    out = run_train_gpt(["--ranks", "4", "--ep", "2", "--steps", "1", "--layers", "2", "--d-model", "16", "--seq",
+                         "8", "--moe-every", "3", "--dispatch"], script="train_moe_gpt.py")
+    assert out.returncode == 2 and "MoE GPT" not in out.stdout and "experts" not in out.stdout, out.stdout
+    assert unfold(out.stderr).strip().splitlines()[-1] == (
+        "spmdsim: error: --moe-every 3 makes none of the 2 blocks an MoE layer (the first would be h2); expected "
+        "at most --layers 2"), out.stderr
+
+
+def test_a_bad_zero_stage_is_refused_before_the_example_prints_its_model():
+    """--zero 2 printed the model, its experts and mesh and the steps' header, then train's refusal."""
+    from testkit import run_train_gpt
+
+    out = run_train_gpt(["--ranks", "4", "--steps", "1", "--layers", "2", "--d-model", "16", "--seq", "8",
+                         "--zero", "2"], script="train_moe_gpt.py")
+    assert out.returncode == 2 and "MoE GPT" not in out.stdout and " step" not in out.stdout, out.stdout
+    assert out.stderr.strip().splitlines()[-1].startswith("spmdsim: error: zero 2 is not 0 or 1"), out.stderr
 
 
 def test_experts_not_divisible_by_ep_are_refused_on_every_rank_before_a_collective():

@@ -107,8 +107,8 @@ def test_a_reference_that_ignores_the_policy_is_caught_by_the_loss(monkeypatch):
 
     real = module._mixed_step
 
-    def float64_reference(start, x, y, cfg, step, policy, grads, microbatches=1):
-        _, ref_grads, updated = real(start, x, y, cfg, step, policy, grads, microbatches)
+    def float64_reference(start, x, y, cfg, step, policy, grads, microbatches=1, routes=None):
+        _, ref_grads, updated = real(start, x, y, cfg, step, policy, grads, microbatches, routes)
         loss, grads64 = reference.loss_and_grads(start["params"], x, y, cfg, step)
         return loss, grads64, updated
 

@@ -108,7 +108,7 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
         raise SpmdsimError(f"--global-batch {args.global_batch} must be a multiple of {what} ({sizes} = {per_step})")
     if args.experts and args.moe_every > args.layers:
         raise SpmdsimError(f"--moe-every {args.moe_every} makes none of the {args.layers} blocks an MoE layer "
-                           f"(every {args.moe_every}th block is one); expected at most --layers {args.layers}")
+                           f"(the first would be block {args.moe_every - 1}, counted from 0); expected at most --layers {args.layers}")
     moe = MoEConfig(experts=args.experts, top_k=args.top_k, every=args.moe_every,
                     capacity_factor=args.capacity_factor, dropless=args.dropless,
                     dry_routing=args.routing) if args.experts else None

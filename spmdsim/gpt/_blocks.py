@@ -6,7 +6,7 @@ Activations are (B*T, D) matrices so every linear layer is one matmul; attention
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -74,9 +74,9 @@ def _causal(T: int) -> np.ndarray:
 
 
 def block_forward(params: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig,
-                  drop: Drop) -> tuple[np.ndarray, dict[str, Any]]:
+                  drop: Drop, follow: Optional[np.ndarray] = None) -> tuple[np.ndarray, dict[str, Any]]:
     """One pre-LN block on h (B*T, D): causal attention, then the GELU MLP (or the MoE layer, spmdsim.moe),
-    each with a residual."""
+    each with a residual. `follow`: the ranks' (B, T, k) experts of an MoE layer, followed at near-ties."""
     T, H, Dh = h.shape[0] // B, cfg.heads, cfg.head_dim
     layer = pre[:-1]
     a, ln1 = layer_norm(h, params[pre + "ln1.w"], params[pre + "ln1.b"], cfg.ln_eps)
@@ -101,7 +101,7 @@ def block_forward(params: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig,
     cache = {"a": a, "ln1": ln1, "q": qh, "k": kh, "v": vh, "probs": probs, "pd": pd, "o": o, "a2": a2, "ln2": ln2,
              "B": B}
     if cfg.is_moe(int(layer[1:])):
-        out, cache["moe"] = moe_forward(params, pre, a2, B, cfg.moe)
+        out, cache["moe"] = moe_forward(params, pre, a2, B, cfg.moe, follow)
         return h + drop(out, layer + ".resid2"), cache
     z = a2 @ params[pre + "mlp.w1"] + params[pre + "mlp.b1"]
     m, t = gelu(z)

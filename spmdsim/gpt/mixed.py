@@ -80,13 +80,15 @@ def tolerances(policy: Precision, cfg: GPTConfig) -> tuple[float, float, float]:
 
 
 def loss_and_grads(params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step: Optional[int],
-                   policy: Precision, masks: Optional[dict]) -> tuple[float, dict]:
+                   policy: Precision, masks: Optional[dict], routes: Optional[dict] = None) -> tuple[float, dict]:
     """(loss, {name: float32 gradient}) of one step under `policy`; `params`: each parameter's values in
     the policy's parameter dtype (or exactly representable there); `masks`: spmdsim.gpt.reference's
     keep masks of the step (None without dropout). With vocabulary padding (cfg.vocab_pad_to), the unpadded
-    model's from the padded model's `params`, wte's padded rows' gradients zero (spmdsim.gpt.reference's)."""
+    model's from the padded model's `params`, wte's padded rows' gradients zero (spmdsim.gpt.reference's).
+    `routes`: MoE layer ("h1") -> the ranks' (B, T, k) experts, followed at near-ties (spmdsim.moe.routing)."""
     if cfg.unpadded() is not cfg:
-        loss, grads = loss_and_grads(unpadded_params(params, cfg), x, y, cfg.unpadded(), step, policy, masks)
+        loss, grads = loss_and_grads(unpadded_params(params, cfg), x, y, cfg.unpadded(), step, policy, masks,
+                                     routes)
         return loss, padded_params(grads, cfg)
     act = policy.dtype("activation")
     P = {s.name: np.asarray(params[s.name]).astype(policy.dtype("param")) for s in param_specs(cfg)}
@@ -97,7 +99,7 @@ def loss_and_grads(params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, s
     h = r.drop(h, "emb").reshape(B * T, D)
     caches = []
     for layer in range(cfg.layers):
-        h, c = _block(P, f"h{layer}.", h, B, cfg, r)
+        h, c = _block(P, f"h{layer}.", h, B, cfg, r, (routes or {}).get(f"h{layer}"))
         caches.append(c)
     hf, lnf = _ln(P, "lnf", h, cfg, r)
     z = r(product(hf, P["wte"].T))
@@ -196,7 +198,8 @@ def _linear(P: dict, name: str, bias: Optional[str], a: np.ndarray, r: _Rounder)
     return out if bias is None else r(wide(out) + wide(P[bias]))
 
 
-def _block(P: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig, r: _Rounder) -> tuple:
+def _block(P: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig, r: _Rounder,
+           follow: Optional[np.ndarray] = None) -> tuple:
     T, H, Dh = h.shape[0] // B, cfg.heads, cfg.head_dim
     layer = pre[:-1]
     a, ln1 = _ln(P, pre + "ln1", h, cfg, r)
@@ -218,7 +221,7 @@ def _block(P: dict, pre: str, h: np.ndarray, B: int, cfg: GPTConfig, r: _Rounder
     if cfg.is_moe(int(layer[1:])):  # the MoE layer (spmdsim.moe.mixed), its router losses in the cache
         from ..moe.mixed import moe_forward_mixed
 
-        out, moe = moe_forward_mixed(P, pre, a2, B, cfg.moe, r)
+        out, moe = moe_forward_mixed(P, pre, a2, B, cfg.moe, r, follow)
         h2 = r(wide(h1) + wide(r.drop(out, layer + ".resid2")))
         return h2, {"a": a, "ln1": ln1, "q": q, "k": k, "v": v, "p": p, "pd": pd, "f": f, "o": o, "a2": a2,
                     "ln2": ln2, "moe": moe, "B": B}

@@ -60,7 +60,8 @@ def router_loss(cfg: GPTConfig, cache: dict) -> float:
 
 
 def loss_and_grads(params: Params, x: Any, y: Any, cfg: GPTConfig, step: Optional[int],
-                   train: bool = True, micro: Optional[int] = None) -> tuple[float, Params]:
+                   train: bool = True, micro: Optional[int] = None,
+                   routes: Optional[dict] = None) -> tuple[float, Params]:
     """Mean cross-entropy of targets y given ids x (plus the MoE layers' router losses, weighted:
     `router_loss`), and its gradient for every parameter.
 
@@ -68,17 +69,19 @@ def loss_and_grads(params: Params, x: Any, y: Any, cfg: GPTConfig, step: Optiona
         step: the 0-based training step; it picks the dropout masks (ignored when not train).
         micro: x's microbatch number in a step that accumulates over several (its own masks,
             spmdsim.gpt.params.dropout_seed); None: the step's whole batch.
+        routes: MoE layer ("h1") -> the ranks' (B, T, k) experts of x's tokens, which the MoE layers
+            follow where rounding alone can explain them (spmdsim.moe.routing.followed); None: their own.
 
     With vocabulary padding (cfg.vocab_pad_to) `params` are the padded model's; the loss and gradients
     are the unpadded model's, wte's padded rows' gradients zero.
     """
     if cfg.unpadded() is not cfg:
-        loss, grads = loss_and_grads(unpadded_params(params, cfg), x, y, cfg.unpadded(), step, train, micro)
+        loss, grads = loss_and_grads(unpadded_params(params, cfg), x, y, cfg.unpadded(), step, train, micro, routes)
         return loss, padded_params(grads, cfg)
     ids, targets = _ids(x, cfg, "x"), _ids(y, cfg, "y")
     if ids.shape != targets.shape:
         raise SpmdsimError(f"y of shape {targets.shape} must have the shape of x {ids.shape}")
-    out, cache = _forward(params, ids, cfg, step, train, micro=micro)
+    out, cache = _forward(params, ids, cfg, step, train, micro=micro, routes=routes)
     n = out.shape[0]
     rows, flat_y = np.arange(n), targets.reshape(-1)
     top = out.max(axis=1, keepdims=True)
@@ -275,7 +278,8 @@ def _masks(cfg: GPTConfig, step: Optional[int], train: bool, batch_size: int,
 
 
 def _forward(params: Params, x: np.ndarray, cfg: GPTConfig, step: Optional[int], train: bool,
-             need_cache: bool = True, micro: Optional[int] = None) -> tuple[np.ndarray, dict]:
+             need_cache: bool = True, micro: Optional[int] = None,
+             routes: Optional[dict] = None) -> tuple[np.ndarray, dict]:
     """Logits (B*T, V) of ids x (B, T) and what the backward needs."""
     _check_params(params, cfg)
     B, T = x.shape
@@ -285,7 +289,7 @@ def _forward(params: Params, x: np.ndarray, cfg: GPTConfig, step: Optional[int],
     h = drop(params["wte"][x] + params["wpe"][None], "emb").reshape(B * T, cfg.d_model)
     blocks = []
     for layer in range(cfg.layers):
-        h, block = blk.block_forward(params, f"h{layer}.", h, B, cfg, drop)
+        h, block = blk.block_forward(params, f"h{layer}.", h, B, cfg, drop, (routes or {}).get(f"h{layer}"))
         blocks.append(block if need_cache else None)
     hf, lnf = blk.layer_norm(h, params["lnf.w"], params["lnf.b"], cfg.ln_eps)
     out = hf @ params["wte"].T

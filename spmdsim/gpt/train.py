@@ -84,19 +84,20 @@ class StepResult:
 
 
 def _mixed_step(start: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step: int, policy: Any,
-                grads: dict, microbatches: int = 1) -> tuple:
+                grads: dict, microbatches: int = 1, routes: Optional[dict] = None) -> tuple:
     """The references of a step under a low-precision policy (spmdsim.gpt.mixed): (loss, gradients) of the
     same policy from the run's parameters at the step's start (its master copies), and the updated master
     copies of AdamW in float32 on the run's own gradients `grads` and moments (`start`: "params", "m", "v",
     each name -> whole array; the moments zeros before the first step). `microbatches` > 1: gradient
     accumulation as `_reference_step`'s (each microbatch its own dropout masks; losses and gradients averaged,
-    the gradients in float32)."""
+    the gradients in float32). `routes`: the ranks' experts (`_routes`), followed at near-ties."""
     from ..optim import adamw_update
     from .mixed import loss_and_grads
     from .reference import _masks
 
     loss, ref_grads = _microbatched(x.shape[0], microbatches, lambda rows, i: loss_and_grads(
-        start["params"], x[rows], y[rows], cfg, step, policy, _masks(cfg, step, True, x[rows].shape[0], micro=i)))
+        start["params"], x[rows], y[rows], cfg, step, policy, _masks(cfg, step, True, x[rows].shape[0], micro=i),
+        _rows(routes, rows)))
     if cfg.clip:
         from .reference import clip_grads
 
@@ -113,17 +114,18 @@ def _mixed_step(start: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step:
 
 
 def _reference_step(moments: dict, params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig,
-                    step: int, microbatches: int = 1) -> tuple:
+                    step: int, microbatches: int = 1, routes: Optional[dict] = None) -> tuple:
     """(new moments, loss, grads, updated params) of one reference step; nothing given is changed in place.
 
     `microbatches` > 1: the batch's rows in that many equal microbatches, each with its own dropout masks
     (spmdsim.gpt.params.dropout_seed), their losses and gradients averaged: gradient accumulation.
+    `routes`: MoE layer -> the ranks' (B, T, k) experts (`_routes`), which the reference follows at near-ties.
     """
     from ..optim import adamw_update
     from .reference import loss_and_grads
 
-    loss, grads = _microbatched(x.shape[0], microbatches,
-                                lambda rows, i: loss_and_grads(params, x[rows], y[rows], cfg, step, micro=i))
+    loss, grads = _microbatched(x.shape[0], microbatches, lambda rows, i: loss_and_grads(
+        params, x[rows], y[rows], cfg, step, micro=i, routes=_rows(routes, rows)))
     if cfg.clip:
         from .reference import clip_grads
 
@@ -136,6 +138,30 @@ def _reference_step(moments: dict, params: dict, x: np.ndarray, y: np.ndarray, c
                      weight_decay=cfg.weight_decay if decays(spec) else 0.0)
         new_moments["m"][name], new_moments["v"][name], updated[name] = m, v, p
     return new_moments, loss, grads, updated
+
+
+def _rows(routes: Optional[dict], rows: slice) -> Optional[dict]:
+    """`routes` (MoE layer -> (B, T, k) experts) of the batch's `rows` (a microbatch's); None stays None."""
+    return None if routes is None else {name: chosen[rows] for name, chosen in routes.items()}
+
+
+def _routes(model: Any, cfg: GPTConfig) -> Optional[dict]:
+    """MoE layer ("h1") -> every rank's tokens' experts of the step's forward, whole (B, T, k): one Allgather
+    of each layer's (its batch rows split as the tokens are, copies over tp); None without MoE
+    layers. The check's reference follows them where rounding alone can explain them (the ranks' and its own
+    router logits differ by a unit in the last place here and there: spmdsim.moe.routing.followed)."""
+    from ..runtime.dtensor import DTensor
+
+    if cfg.moe is None or not model.moe_stats:
+        return None
+    mesh = model.mesh
+    batch = mesh.layout(model.batch, None, None)
+    routes = {}
+    for s in model.moe_stats:
+        k = s.chosen.shape[-1]
+        mine = DTensor(mesh, s.chosen, batch, (cfg.batch, cfg.seq, k))
+        routes[s.layer] = mine.redistribute(mesh.layout(None, None, None)).local
+    return routes
 
 
 def _microbatched(batch: int, microbatches: int, one: Callable[[slice, Optional[int]], tuple]) -> tuple:
@@ -243,22 +269,24 @@ def _summed_grads(optimizer: Any, tensors: dict, zero: int) -> tuple[dict, dict]
 
 
 def _checked_reference(where: Regions, start: np.ndarray, moments: dict, x: np.ndarray, y: np.ndarray,
-                       cfg: GPTConfig, step: int, microbatches: int = 1) -> tuple:
+                       cfg: GPTConfig, step: int, microbatches: int = 1, routes: Optional[dict] = None) -> tuple:
     """`_reference_step` from the step's start as gathered (`_table`'s rows that `where.used` keeps), and the peaks
     (spmdsim.gpt.wholes.peaks) of its gradients and updated parameters: the work the ranks share
     (spmdsim.runtime.shared_once; spmdsim.gpt.pipeline's too, with its `microbatches`)."""
-    moments, loss, grads, updated = _reference_step(moments, assemble(where, start)[0], x, y, cfg, step, microbatches)
+    moments, loss, grads, updated = _reference_step(moments, assemble(where, start)[0], x, y, cfg, step, microbatches,
+                                                    routes)
     return moments, loss, grads, updated, {"grads": peaks(grads), "updated": peaks(updated)}
 
 
 def _checked_mixed(where: Regions, start: np.ndarray, grads: np.ndarray, x: np.ndarray, y: np.ndarray,
-                   cfg: GPTConfig, step: int, policy: Any, microbatches: int = 1) -> tuple:
+                   cfg: GPTConfig, step: int, policy: Any, microbatches: int = 1,
+                   routes: Optional[dict] = None) -> tuple:
     """`_mixed_step` from the step's start and the run's gradients as gathered (`_run_start`'s and `_table`'s rows
     that `where.used` keeps), and the peaks of its gradients and updated master copies: the work the ranks share
     (spmdsim.gpt.pipeline's too, with its `microbatches`)."""
     start_wholes = dict(zip(("params", "m", "v"), assemble(where, start, 3)))
     loss, ref_grads, updated = _mixed_step(start_wholes, x, y, cfg, step, policy, assemble(where, grads)[0],
-                                           microbatches)
+                                           microbatches, routes)
     return loss, ref_grads, updated, {"grads": peaks(ref_grads), "updated": peaks(updated)}
 
 
@@ -403,17 +431,18 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         errors = (float("nan"),) * 3
         if check:
             tensors = {s.name: model.params[s.name] for s in specs}
+            routes = _routes(model, cfg)  # the ranks' experts, which the reference follows at near-ties
             if low:  # the optimizer checked on the run's own gradients (gathered), the rest on the policy's
                 # (with ZeRO-1 the summed gradients and the master copy are the ranks' slices, gathered over dp)
                 summed, masters = _summed_grads(optimizer, tensors, zero)
                 run_grads = where.used(_table(model, [summed], "check.grads"))
                 ref_loss, grads, updated, top = shared_once(mesh, ("gpt-mixed", cfg, policy.name, step),
                                                             _checked_mixed, where, start, run_grads, x, y, cfg, step,
-                                                            policy)
+                                                            policy, 1, routes)
             else:
                 reference_moments, ref_loss, grads, updated, top = shared_once(
                     mesh, ("gpt-reference", cfg, step + 1), _checked_reference, where, start, reference_moments, x,
-                    y, cfg, step)
+                    y, cfg, step, 1, routes)
                 masters = None
             mine = step_errors(value, ref_loss, grads, updated, tensors, optimizer if zero else None, masters, top,
                                slices, None if own is None else anchored_updates(own, tensors, cfg, optimizer))

@@ -86,6 +86,8 @@ class MoEStats:
         dropped: assignments dropped (past capacity); assignments: all of them (k per token).
         send_bytes, received_bytes: the dispatch's send and receive buffers (the combine's are the same
             two, the other way).
+        chosen: (bl, T, k) each of this rank's tokens' experts, its batch rows as it holds them (None in a
+            dry run): the check's reference follows them at near-ties (spmdsim.moe.routing.followed).
     """
 
     layer: str
@@ -98,6 +100,7 @@ class MoEStats:
     assignments: int
     send_bytes: int = 0
     received_bytes: int = 0
+    chosen: Optional[np.ndarray] = field(default=None, compare=False, repr=False)
 
 
 def moe_problem(mesh: Any, moe: MoEConfig, x_shape: tuple, hidden: int) -> Optional[str]:
@@ -739,4 +742,5 @@ def _stats(mesh: Any, name: str, routing: Any, move: _Exchange, at: np.ndarray, 
         sent = [n * row for n in move.send_rows]
     return MoEStats(name, mesh.rank, tuple(int(r) for r in group), tuple(int(n) for n in tokens[:ep]),
                     tuple(int(n) for n in sent), tuple(int(n) for n in routing.per_expert()), routing.dropped,
-                    int(routing.slots.size), sum(move.send_rows) * row, sum(move.recv_rows) * row)
+                    int(routing.slots.size), sum(move.send_rows) * row, sum(move.recv_rows) * row,
+                    None if dry_run_active() else routing.experts.copy())

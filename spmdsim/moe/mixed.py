@@ -18,12 +18,14 @@ spmdsim.gpt.mixed follows the dense blocks (its `_Rounder` `r` rounds to the act
   experts in float32; the weights' gradients float32 (Megatron's main_grad); the router's in float32.
 
 The ranks differ from this only in the order of their float32 sums (an expert's slots batched, a
-product split over tp summed by its collective), so the check's tolerances are spmdsim.gpt.mixed's.
+product split over tp summed by its collective), so the check's tolerances are spmdsim.gpt.mixed's;
+where that order decides a near-tie between two experts' router logits, `follow` (the ranks' experts)
+is taken (spmdsim.moe.routing.followed).
 Pure: numpy.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -31,6 +33,7 @@ from .. import activations
 from ..precision import product, wide
 from ..reference import softmax
 from .config import MoEConfig
+from .reference import chosen
 from .routing import gates_backward, route
 
 __all__ = ["moe_forward_mixed", "moe_backward_mixed"]
@@ -47,15 +50,18 @@ def _linear(a: np.ndarray, w: np.ndarray, b: np.ndarray, r: Any) -> np.ndarray:
     return r(wide(r(product(a, w))) + wide(b))
 
 
-def moe_forward_mixed(P: dict, pre: str, x: np.ndarray, B: int, moe: MoEConfig, r: Any) -> tuple[np.ndarray, dict]:
+def moe_forward_mixed(P: dict, pre: str, x: np.ndarray, B: int, moe: MoEConfig, r: Any,
+                      follow: Optional[np.ndarray] = None) -> tuple[np.ndarray, dict]:
     """The layer's output (N, D), in the activations' dtype, for tokens x (N, D) in B sequences (batch-first
-    rows), and what the backward needs, its "losses" the weighted router losses (float32)."""
+    rows), and what the backward needs, its "losses" the weighted router losses (float32). `follow`: the
+    ranks' (B, T, k) experts, taken where rounding alone can explain them (spmdsim.moe.routing.followed)."""
     N, D = x.shape
     T, E = N // B, moe.experts
     x32, router = _f32(x), _f32(P[pre + "moe.router"])
     logits = product(x32, router)
     probs = softmax(logits, -1)
-    routing = route(probs.reshape(B, T, E), moe.top_k, moe.capacity(T))
+    routing = route(probs.reshape(B, T, E), moe.top_k, moe.capacity(T),
+                    chosen(logits, probs, x, P[pre + "moe.router"], B, moe.top_k, follow))
     acc = np.zeros((N, D), _F32)
     experts = []
     token = np.arange(N).reshape(B, T)[..., None] + np.zeros_like(routing.experts)

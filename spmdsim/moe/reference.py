@@ -12,15 +12,15 @@ the mean over tokens of logsumexp(logits)^2.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
 from ..activations import gelu, gelu_backward
 from .config import MoEConfig
-from .routing import gates_backward, route
+from .routing import followed, gates_backward, ranked, route, tie_margin
 
-__all__ = ["moe_forward", "moe_backward", "router_losses"]
+__all__ = ["moe_forward", "moe_backward", "router_losses", "chosen"]
 
 Params = dict
 
@@ -34,20 +34,35 @@ def router_losses(logits: np.ndarray, probs: np.ndarray, counts: np.ndarray, top
     return aux, float(np.mean(lse * lse))
 
 
+def chosen(logits: np.ndarray, probs: np.ndarray, x: np.ndarray, router: np.ndarray, B: int, top_k: int,
+           follow: Optional[np.ndarray]) -> Optional[np.ndarray]:
+    """The (B, T, k) experts a reference routes (N, E) `logits` and `probs` of tokens x (N, D) to when it
+    follows the ranks' `follow` at near-ties (spmdsim.moe.routing.followed); None (its own top-k) without."""
+    if follow is None:
+        return None
+    N, E = logits.shape
+    shape = (B, N // B, E)
+    return followed(logits.reshape(shape), tie_margin(x, router, x.dtype).reshape(shape),
+                    ranked(probs.reshape(shape), top_k), follow)
+
+
 def _logsumexp(z: np.ndarray) -> np.ndarray:
     top = z.max(axis=-1)
     return top + np.log(np.exp(z - top[:, None]).sum(axis=-1))
 
 
-def moe_forward(params: Params, pre: str, x: np.ndarray, B: int, moe: MoEConfig) -> tuple[np.ndarray, dict]:
+def moe_forward(params: Params, pre: str, x: np.ndarray, B: int, moe: MoEConfig,
+                follow: Optional[np.ndarray] = None) -> tuple[np.ndarray, dict]:
     """The layer's output (N, D) for tokens x (N, D) in B sequences, and what the backward needs
-    (its "aux" and "z": the two router losses, not yet weighted)."""
+    (its "aux" and "z": the two router losses, not yet weighted). `follow`: the ranks' (B, T, k) experts,
+    taken where rounding alone can explain them (spmdsim.moe.routing.followed)."""
     N, D = x.shape
     T, E = N // B, moe.experts
     logits = x @ params[pre + "moe.router"]
     lse = _logsumexp(logits)
     probs = np.exp(logits - lse[:, None])
-    routing = route(probs.reshape(B, T, E), moe.top_k, moe.capacity(T))
+    routing = route(probs.reshape(B, T, E), moe.top_k, moe.capacity(T),
+                    chosen(logits, probs, x, params[pre + "moe.router"], B, moe.top_k, follow))
     out = np.zeros_like(x)
     experts = []
     token = np.arange(N).reshape(B, T)[..., None] + np.zeros_like(routing.experts)

@@ -17,6 +17,10 @@ destination's share is one contiguous block of a fixed size and one Alltoall
 moves the buffer as it is; dropless, rows are sorted by expert, then sequence
 and slot, with no gaps, and an Alltoallv moves each destination's true count.
 
+A single-process reference routes by its own logits, which differ from the
+ranks' by rounding: at a near-tie between two experts it takes the ranks'
+experts where rounding alone can explain them (`followed`, `tie_margin`).
+
 A dry run has no probabilities to route by (spmdsim.sim.dry): `planned`
 routes by a rule instead, "balanced" (token t's j-th choice is expert
 (t k + j) mod E: every expert gets T k / E of a sequence's assignments when E
@@ -28,13 +32,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any, Optional
 
 import numpy as np
 
 from ..errors import SpmdsimError
 from ..validate import as_int
 
-__all__ = ["Routing", "route", "planned", "ROUTINGS", "gates_backward", "dispatch_rows"]
+__all__ = ["Routing", "route", "planned", "ROUTINGS", "gates_backward", "dispatch_rows", "followed", "tie_margin"]
 
 #: The rules a dry run routes by (`planned`).
 ROUTINGS = ("balanced", "worst")
@@ -72,20 +77,80 @@ class Routing:
         return np.bincount(self.experts[self.kept], minlength=E).astype(np.int64)
 
 
-def route(probs: np.ndarray, top_k: int, capacity: int) -> Routing:
-    """Route (S, T, E) probabilities: each token's `top_k` experts, its gates, and its slots."""
+def route(probs: np.ndarray, top_k: int, capacity: int, chosen: Optional[np.ndarray] = None) -> Routing:
+    """Route (S, T, E) probabilities: each token's `top_k` experts, its gates, and its slots. `chosen`: the
+    (S, T, top_k) experts to take instead of the largest probabilities (`followed`'s, a reference's)."""
     if not isinstance(probs, np.ndarray) or probs.ndim != 3:
         raise SpmdsimError(f"route: probabilities of shape {np.shape(probs)!r} must be a numpy array (sequences, "
                            "tokens, experts)")
     S, T, E = probs.shape
     top_k, capacity = _counts(top_k, capacity, E)
-    # (a copy: a view would keep the whole (S, T, E) ordering alive for the backward, E / k times its bytes)
-    experts = np.ascontiguousarray(np.argsort(-probs, axis=-1, kind="stable")[..., :top_k])
+    if chosen is not None:
+        if np.shape(chosen) != (S, T, top_k):
+            raise SpmdsimError(f"route: chosen experts of shape {np.shape(chosen)!r} must be {(S, T, top_k)!r}")
+        experts = np.ascontiguousarray(chosen, dtype=np.int64)
+    else:
+        experts = ranked(probs, top_k)
     chosen = np.take_along_axis(probs, experts, axis=-1)
     total = chosen.sum(axis=-1, keepdims=True)
     # (a dry run's zeros have no probabilities: their gates stay zero, not 0 / 0)
     gates = chosen if top_k == 1 else chosen / np.where(total > 0, total, 1.0)
     return _placed(experts, gates, E, capacity)
+
+
+def ranked(probs: np.ndarray, top_k: int) -> np.ndarray:
+    """(S, T, top_k): each token's experts of the largest probabilities, ties to the lower index (stable)."""
+    # (a copy: a view would keep the whole (S, T, E) ordering alive for the backward, E / k times its bytes)
+    return np.ascontiguousarray(np.argsort(-probs, axis=-1, kind="stable")[..., :top_k])
+
+
+def tie_margin(x: np.ndarray, router: np.ndarray, act: Any) -> np.ndarray:
+    """(N, E): how far apart two computations' router logits x @ router of the same tokens may lie by rounding
+    alone, for tokens x (N, D) of dtype `act` (the activations') and the router's weight (D, E).
+
+    eps |x| @ |router| with eps = 2 D u + 4 u_act: each side's product rounds its D products' sum (|error| <=
+    D u |x| @ |w|, u the unit roundoff of the product's dtype, float32 for a low-precision `act`, else
+    float64), and each entry of the two sides' tokens may differ by up to two roundings of `act` (the layers
+    before round alike but sum in other orders: the ranks' blocks, one process's whole rows).
+    """
+    dt = np.dtype(act)
+    u = 2.0 ** -53 if dt == np.float64 else 2.0 ** -24
+    u_act = 2.0 ** -8 if dt.kind == "V" else float(np.finfo(dt).eps) / 2  # (bfloat16: 8 significant bits)
+    eps = 2 * x.shape[-1] * u + 4 * u_act
+    return eps * (np.abs(x.astype(np.float64)) @ np.abs(router.astype(np.float64)))
+
+
+def followed(logits: np.ndarray, margin: np.ndarray, own: np.ndarray, follow: np.ndarray) -> np.ndarray:
+    """(S, T, k): each token's experts `follow` (another computation's choice: the ranks') where they are a
+    top-k of its `logits` (S, T, E) to within `margin` (S, T, E, `tie_margin`), else `own` (S, T, k, this
+    computation's top-k).
+
+    A near-tie between two experts' scores may be decided either way by rounding: the ranks' logits and a
+    single-process reference's differ by a unit in the last place in a few percent of entries (their sums run
+    in other orders), so at a near-tie each may route a token to another expert, and a check that compared them
+    would fail on a correct program. Following is accepted where no expert left out of `follow` scores above
+    one in it by more than their two margins, and (top-2) its first choice is not below its second by more:
+    a choice that only rounding can explain. Any other (a wrong expert, out of range, twice) is not followed,
+    so the reference's own routing still tells a wrong one apart.
+    """
+    S, T, E = logits.shape
+    k = own.shape[-1]
+    if np.shape(follow) != own.shape:
+        raise SpmdsimError(f"followed: the experts to follow of shape {np.shape(follow)!r} must be {own.shape!r}")
+    follow = np.asarray(follow)
+    valid = np.all((follow >= 0) & (follow < E), axis=-1)
+    if k == 2:
+        valid &= follow[..., 0] != follow[..., 1]
+    f = np.where(valid[..., None], follow, own).astype(np.int64)
+    inside = np.zeros((S, T, E), dtype=bool)
+    np.put_along_axis(inside, f, True, axis=-1)
+    high = np.take_along_axis(logits + margin, f, axis=-1)  # each followed expert's score at its highest
+    low = np.take_along_axis(logits - margin, f, axis=-1)
+    beaten = np.where(inside, -np.inf, logits - margin).max(axis=-1)  # the best left out, at its lowest
+    take = valid & (beaten <= high.min(axis=-1))
+    if k == 2:
+        take &= low[..., 1] <= high[..., 0]
+    return np.where(take[..., None], f, own)
 
 
 def planned(sequences: int, tokens: int, experts: int, top_k: int, capacity: int, how: str) -> Routing:
