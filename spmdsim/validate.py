@@ -27,10 +27,12 @@ _KINDS = "biufc"
 
 
 def counted(n: int, noun: str) -> str:
-    """`n` and `noun` in messages: "1 dim", "3 dims", "1 entry", "2 entries"."""
+    """`n` and `noun` in messages: "1 dim", "3 dims", "1 entry", "2 entries", "2 microbatches"."""
     if n == 1:
         return f"1 {noun}"
-    return f"{n} {noun[:-1]}ies" if noun.endswith("y") else f"{n} {noun}s"
+    if noun.endswith("y"):
+        return f"{n} {noun[:-1]}ies"
+    return f"{n} {noun}es" if noun.endswith(("ch", "sh", "s", "x")) else f"{n} {noun}s"
 
 
 def as_int(value: object) -> Optional[int]:

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import SpmdsimError
 from ..memory import format_size
+from ..validate import counted
 from ..viz.table import wrap_lines
 
 __all__ = ["register", "run"]
@@ -108,7 +109,8 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
         raise SpmdsimError(f"--global-batch {args.global_batch} must be a multiple of {what} ({sizes} = {per_step})")
     if args.experts and args.moe_every > args.layers:
         raise SpmdsimError(f"--moe-every {args.moe_every} makes none of the {args.layers} blocks an MoE layer "
-                           f"(the first would be block {args.moe_every - 1}, counted from 0); expected at most --layers {args.layers}")
+                           f"(the first would be block {args.moe_every - 1}, counted from 0); expected at most "
+                           f"--layers {args.layers}")
     moe = MoEConfig(experts=args.experts, top_k=args.top_k, every=args.moe_every,
                     capacity_factor=args.capacity_factor, dropless=args.dropless,
                     dry_routing=args.routing) if args.experts else None
@@ -163,14 +165,14 @@ def run(args: argparse.Namespace) -> int:
             f"vocab {cfg.vocab_words}; "
             f"global batch {args.global_batch}",
             f"mesh {mesh} ({ranks:,} rank{'s' if ranks > 1 else ''}){_sp(args)}; "
-            f"{microbatches} microbatch(es) of {args.micro_batch} per {'dp x ep' if cfg.moe else 'dp'} rank, "
+            f"{counted(microbatches, 'microbatch')} of {args.micro_batch} per {'dp x ep' if cfg.moe else 'dp'} rank, "
             f"{schedule}",
             f"recompute {args.recompute}, ZeRO {args.zero}{_alone(args)}, kept {args.kept}; machine {machine.name}"]
     if cfg.moe:
         m = cfg.moe
         moe_layers = sum(cfg.is_moe(i) for i in range(cfg.layers))
         capacity = "dropless" if m.dropless else f"capacity factor {m.capacity_factor:g}"
-        head.append(f"experts: {moe_layers} MoE layers of {m.experts} experts, top-{m.top_k}, {capacity}; "
+        head.append(f"experts: {counted(moe_layers, 'MoE layer')} of {m.experts} experts, top-{m.top_k}, {capacity}; "
                     f"{m.experts // args.ep} per ep rank; the dry run routes {m.dry_routing}")
     from math import prod
 
@@ -181,8 +183,8 @@ def run(args: argparse.Namespace) -> int:
     worst = cfg.moe is not None and cfg.moe.dry_routing == "worst" and args.ep > 1
     head.append(f"model {elements:,} parameters; one step: {flops:.4e} FLOPs of matrix products, all ranks"
                 + (" (each as busy as rank 0: at most)" if worst else ""))
-    head.append(f"dry run of one step: {len(stages)} representative rank(s), {seconds:.1f} s; bytes and GEMMs at "
-                f"{args.precision} ({PRECISIONS[args.precision].about})")
+    head.append(f"dry run of one step: {counted(len(stages), 'representative rank')}, {seconds:.1f} s; bytes and "
+                f"GEMMs at {args.precision} ({PRECISIONS[args.precision].about})")
     print("\n".join(wrap_lines(head)))
     for st, bytes_, timing, transient in rows:
         print()
@@ -228,7 +230,8 @@ def _stage_lines(st: Any, bytes_: dict, timing: Any, zero: int, precision: str, 
         out = [f"stage {st.stage} (ranks {lo}-{hi}; rank {lo}'s figures: routed worst, the busiest; the others "
                "receive fewer tokens)"]
     else:
-        out = [f"stage {st.stage} (ranks {lo}-{hi}: {len(st.ranks)} ranks alike; one rank's figures)"]
+        alike = counted(len(st.ranks), "rank")
+        out = [f"stage {st.stage} (ranks {lo}-{hi}: {alike} alike; one rank's figures)"]
     out.append(f"  memory {_gib(sum(bytes_.values()))}: " + ", ".join(f"{role} {_gib(n)}" for role, n in bytes_.items()))
     states = sum(bytes_[role] for role in ("parameters", "gradients", "master copy", "optimizer states"))
     line = f"    model states {_gib(states)} ({states / 1e9:,.2f} GB)"

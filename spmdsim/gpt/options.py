@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from ..validate import counted
 from .config import GPTConfig
 
 __all__ = ["model_arguments", "model_config", "padding_line", "check_lines", "sizes_problem"]
@@ -51,7 +52,7 @@ def check_lines(results: list, cfg: GPTConfig, precision: str) -> list[str]:
     from .params import param_specs
 
     failed = sum(not r.passed for r in results)
-    out = [f"check: {len(results)} steps vs one numpy process (loss, {len(param_specs(cfg))} gradients and "
+    out = [f"check: {counted(len(results), 'step')} vs one numpy process (loss, {len(param_specs(cfg))} gradients and "
            f"parameters each): {'PASS' if not failed else f'FAILED at {failed} steps'}"]
     if precision == "fp64":
         worst = max(max(r.errors) for r in results)
