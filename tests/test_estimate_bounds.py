@@ -2,6 +2,8 @@
 every configuration's own dry-run price, so pruning by them never drops the fastest configuration that fits."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from spmdsim.estimate.bounds import Cells
@@ -35,7 +37,8 @@ def test_in_flight_is_the_most_a_built_schedule_holds_and_each_stage_holds_its_o
 
 @pytest.fixture(scope="module")
 def exhaustive():
-    """Every configuration of SMALL on 16 devices priced by its own dry run: {config: (seconds, bytes)}."""
+    """Every configuration of SMALL on 16 devices priced by its own dry run: {config: (seconds, bytes held,
+    peak bytes)}."""
     return {c: price(SMALL, c, A100, "bf16-mixed", "megatron") for c in configurations(SMALL, 16, 8)}
 
 
@@ -45,7 +48,7 @@ def cells():
 
 
 def test_the_cell_bounds_lie_below_every_configurations_price(exhaustive, cells):
-    for c, (seconds, nbytes) in exhaustive.items():
+    for c, (seconds, nbytes, _) in exhaustive.items():
         flop_s, states = lower_bounds(SMALL, c, A100, "bf16-mixed", 16)
         assert flop_s <= seconds and states <= nbytes, c
         sums = comm_bounds(SMALL, c, A100, "bf16-mixed", *stage_elements(SMALL, c))[1]
@@ -59,9 +62,9 @@ def test_the_cell_bounds_lie_below_every_configurations_price(exhaustive, cells)
 
 @pytest.mark.parametrize("share", [1.0, 0.5, 0.25])
 def test_pruning_keeps_the_true_best(exhaustive, cells, share):
-    memories = sorted(nbytes for _, nbytes in exhaustive.values())
-    limit = memories[int(share * (len(memories) - 1))]
-    fits = {c: s for c, (s, nbytes) in exhaustive.items() if nbytes <= limit}
+    peaks = sorted(peak for *_, peak in exhaustive.values())  # the limit bounds the peak, transient included
+    limit = peaks[int(share * (len(peaks) - 1))]
+    fits = {c: s for c, (s, _, peak) in exhaustive.items() if peak <= limit}
     fastest = min(fits.values())
     r = search(SMALL, 16, A100, limit, max_dry_runs=1000, pricer=lambda cfg, c, *rest: exhaustive[c], cells=cells)
     assert r.chosen.step_s == fastest and fits[r.chosen.config] == fastest
@@ -76,19 +79,22 @@ def test_pruning_keeps_the_true_best(exhaustive, cells, share):
 def test_the_search_at_3072_devices_prices_few():
     """A deep model on 3,072 devices (tp 8 at most, pp dividing 16 layers; docs/estimate.md runs the same search
     from the command line): 48 configurations; model states rule out most under 13 GiB, the bounds most of
-    the rest, and the choice is the fastest that fits of the four priced."""
+    the rest, and the choice is the fastest that fits of the six priced: full recomputation, selective's peak
+    (its memory line and, for a moment, the attention softmax's blocks) being over the limit."""
     cfg = GPTConfig(layers=16, d_model=25600, heads=160, seq=2048, vocab=51200, batch=48)
     r = search(cfg, 3072, A100, 13 << 30, max_dry_runs=1000)
     assert len(r.candidates) == 48
     x = r.chosen.config
     assert (x.tp, x.sp, x.pp, x.virtual, x.dp, x.microbatches, x.recompute, x.zero) == \
-        (8, True, 16, 1, 24, 2, "selective", 1)
+        (8, True, 16, 1, 24, 2, "full", 1)
     counts = {v: sum(c.verdict == v for c in r.candidates) for v in {c.verdict for c in r.candidates}}
-    assert counts == {"chosen": 1, "over the memory limit": 3, "cell bound above the best": 2,
-                      "FLOP bound above the best": 6, "model states over the limit": 36}
-    assert r.dry_runs == 4 and r.cell_runs == 24
+    assert counts == {"chosen": 1, "over the memory limit": 5, "FLOP bound above the best": 6,
+                      "model states over the limit": 36}
+    assert r.dry_runs == 6 and r.cell_runs == 24
+    (selective,) = [c for c in r.candidates if c.config == replace(r.chosen.config, recompute="selective")]
+    assert selective.memory <= 13 << 30 < selective.peak and selective.step_s < r.chosen.step_s
     faster = [c for c in r.candidates if c.step_s is not None and c.step_s < r.chosen.step_s]
-    assert faster and all(c.memory > 13 << 30 for c in faster)
+    assert faster and all(c.peak > 13 << 30 for c in faster)
 
 
 # ---- a GPT with MoE layers: cells of a dense and an MoE layer, each stage's layers counted ----
@@ -112,7 +118,7 @@ def test_an_moe_gpts_cells_lie_below_every_configurations_price_and_keep_the_bes
     cells = Cells(cfg, "megatron", node)
     exhaustive = {c: price(cfg, c, machine, "bf16-mixed", "megatron") for c in configurations(cfg, 2, node)}
     gain, kept = [], []
-    for c, (seconds, nbytes) in exhaustive.items():
+    for c, (seconds, nbytes, _) in exhaustive.items():
         flop_s, states = lower_bounds(cfg, c, machine, "bf16-mixed", 2)
         sums = comm_bounds(cfg, c, machine, "bf16-mixed", *stage_elements(cfg, c))[1]
         time_bound = cells.time_bound(c, machine, "bf16-mixed", sums)
@@ -128,7 +134,7 @@ def test_an_moe_gpts_cells_lie_below_every_configurations_price_and_keep_the_bes
     assert {c.ep for c in exhaustive} == {1, 2}
     assert any(c.virtual * c.pp == layers for c in exhaustive)  # chunks of one layer: dense or MoE alone
     assert cells.dry_runs == 6 * len(cells.cells)  # three sizes of model, 1 and 2 microbatches
-    fastest = min(seconds for seconds, _ in exhaustive.values())
+    fastest = min(seconds for seconds, *_ in exhaustive.values())
     r = search(cfg, 2, machine, 1 << 40, max_dry_runs=10_000, pricer=lambda cfg, c, *rest: exhaustive[c], cells=cells,
                moe_cells=True)
     assert r.chosen.step_s == fastest and r.dry_runs < len(exhaustive)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import spmdsim.estimate
 from spmdsim.cli.main import main
 from spmdsim.errors import SpmdsimError
 from spmdsim.estimate.machine import load_machine
@@ -47,16 +49,17 @@ def test_the_ranking_is_the_configurations_own_estimates_sorted():
     assert len(priced) == r.dry_runs == len(calls) and r.chosen is priced[0] and r.chosen.verdict == "chosen"
     assert [c.step_s for c in priced] == sorted(c.step_s for c in priced)
     # every bound is below what the dry run priced (they only prune)
-    assert all(c.bound_s <= c.step_s and c.bound_bytes <= c.memory for c in priced)
+    assert all(c.bound_s <= c.step_s and c.bound_bytes <= c.memory <= c.peak for c in priced)
     # each is what `spmdsim estimate` predicts for that configuration alone
     for c in (priced[0], priced[-1]):
         x = c.config
-        assert _estimate(x) == pytest.approx(c.step_s, rel=1e-12)
+        assert _estimate(x)["step_time_s"] == pytest.approx(c.step_s, rel=1e-12)
     # those the time bound pruned could not have won: their bound is no better than the chosen's time
     assert all(c.bound_s >= r.chosen.step_s for c in r.candidates if c.verdict.endswith("bound above the best"))
 
 
-def _estimate(x: Config) -> float:
+def _estimate(x: Config, machine: str = "a100-dgx") -> dict:
+    """`spmdsim estimate gpt ... --json` of CFG under configuration `x` on `machine`."""
     import contextlib
     import io
 
@@ -64,25 +67,51 @@ def _estimate(x: Config) -> float:
     argv = ["estimate", "gpt", "--layers", "2", "--hidden", "32", "--heads", "2", "--seq", "64", "--vocab", "128",
             "--global-batch", "4", "--micro-batch", str(4 // (x.dp * x.microbatches)), "--tp", str(x.tp),
             "--pp", str(x.pp), "--dp", str(x.dp), "--recompute", x.recompute, "--zero", str(x.zero),
-            "--kept", "megatron", "--json"] + (["--sp"] if x.sp else [])
+            "--kept", "megatron", "--machine", machine, "--json"] + (["--sp"] if x.sp else [])
     with contextlib.redirect_stdout(out):
         assert main(argv) == 0
-    return json.loads(out.getvalue())["step_time_s"]
+    return json.loads(out.getvalue())
+
+
+def test_the_memory_limit_bounds_the_peak_the_estimates_verdict_bounds(tmp_path):
+    """The search compares each configuration's peak (its memory line and the largest kernel's transient
+    blocks, spmdsim.estimate.ledger.peak_bytes) with the memory limit, as `spmdsim estimate`'s verdict does
+    with the GPU's memory: on a machine whose memory lies between the free choice's memory line and its peak
+    (tp 1, dp 2, no recomputation: its attention scores and their softmax's blocks, for a moment), the search
+    does not choose it (it did by the memory line, and the estimate then said it did not fit), and the estimate
+    says the configuration it does choose fits."""
+    free = search(CFG, 2, A100, 1 << 40, max_dry_runs=1000, cells=False)
+    first = free.chosen
+    assert first.memory < first.peak
+    limit = (first.memory + first.peak) // 2
+    raw = json.loads((Path(spmdsim.estimate.__file__).parent / "machines" / "a100-dgx.json").read_text())
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps(raw | {"name": "small", "memory_bytes": limit}))
+    machine = load_machine(path)
+    r = search(CFG, 2, machine, machine.memory_bytes, max_dry_runs=1000, cells=False)
+    (lost,) = [c for c in r.candidates if c.config == first.config]
+    assert lost.verdict == "over the memory limit" and lost.memory <= limit < lost.peak
+    assert r.chosen.config != first.config and r.chosen.peak <= limit
+    assert _estimate(first.config, str(path))["fits"] is False
+    estimate = _estimate(r.chosen.config, str(path))
+    assert estimate["fits"] is True
+    (stage,) = estimate["stages"]  # pp 1: the search's figures are the estimate's
+    assert (stage["peak_bytes"], sum(stage["bytes"].values())) == (r.chosen.peak, r.chosen.memory)
 
 
 def test_a_memory_limit_forces_recomputation():
     fast = Config(2, 1, 1, True, 1, 1, "none", 0)
     saved = Config(2, 1, 1, True, 1, 1, "full", 0)
-    (fast_s, fast_bytes), (saved_s, saved_bytes) = (price(CFG, c, A100, "bf16-mixed", "megatron")
-                                                    for c in (fast, saved))
+    (fast_s, _, fast_bytes), (saved_s, _, saved_bytes) = (price(CFG, c, A100, "bf16-mixed", "megatron")
+                                                          for c in (fast, saved))  # their peaks
     assert saved_bytes < fast_bytes and saved_s > fast_s  # recomputation trades time for memory
     free = search(CFG, 2, A100, 1 << 40, max_dry_runs=1000, cells=False)  # cells=False: as above
     tight = search(CFG, 2, A100, saved_bytes, max_dry_runs=1000, cells=False)
-    assert free.chosen.memory > saved_bytes  # unbounded, the choice holds more than the limit below allows
-    assert tight.chosen.memory <= saved_bytes and tight.chosen.step_s >= free.chosen.step_s
+    assert free.chosen.peak > saved_bytes  # unbounded, the choice needs more than the limit below allows
+    assert tight.chosen.peak <= saved_bytes and tight.chosen.step_s >= free.chosen.step_s
     # every configuration faster than the choice under the limit lost by memory
     faster = [c for c in tight.candidates if c.step_s is not None and c.step_s < tight.chosen.step_s]
-    assert faster and all(c.verdict == "over the memory limit" and c.memory > saved_bytes for c in faster)
+    assert faster and all(c.verdict == "over the memory limit" and c.peak > saved_bytes for c in faster)
 
 
 def test_the_command_prints_the_choice_and_the_runners_up(capsys):
@@ -92,9 +121,16 @@ def test_the_command_prints_the_choice_and_the_runners_up(capsys):
     out = capsys.readouterr().out
     assert all(len(line) <= 100 for line in out.splitlines())
     assert "chosen: " in out and "stopped after 4 dry runs" in out and "not priced" in out
+    assert " MiB at its peak\n  (" in out and "     peak MiB  why not chosen" in out  # what the limit bounds
     assert main(argv + ["--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["dry_runs"] == 4 and data["chosen"]["verdict"] == "chosen"
+    # every priced candidate carries its memory line and its peak, transient blocks included; the unpriced neither
+    priced = [c for c in data["candidates"] if c["step_s"] is not None]
+    assert len(priced) == 4 and all(c["memory"] < c["peak"] for c in priced)
+    assert all(c["memory"] is None and c["peak"] is None for c in data["candidates"] if c["step_s"] is None)
+    assert re.search(rf"chosen: .*, {data['chosen']['peak'] / 2 ** 20:,.1f} MiB at its peak\n"
+                     rf"  \({data['chosen']['memory'] / 2 ** 20:,.1f} MiB held, and for a moment", out)
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -185,13 +221,13 @@ def test_an_moe_gpts_bounds_hold_for_every_configuration_and_the_choice_is_the_f
     assert {c.ep for c in configs} == {1, 2, 4} and all(c.dp * c.ep * c.tp * c.pp == 4 for c in configs)
     assert all(c.zero == 0 or c.dp * c.ep > 1 for c in configs)
     prices = {c: price(cfg, c, machine, "bf16-mixed", "megatron") for c in configs}
-    for c, (seconds, nbytes) in prices.items():
+    for c, (seconds, nbytes, _) in prices.items():
         bound_s, bound_bytes = lower_bounds(cfg, c, machine, "bf16-mixed", 4)
         assert bound_s <= seconds and bound_bytes <= nbytes, (c, bound_s, seconds, bound_bytes, nbytes)
     r = search(cfg, 4, machine, 1 << 40, max_dry_runs=10_000)
     priced = [c for c in r.candidates if c.step_s is not None]
     assert len(priced) == r.dry_runs and r.chosen is priced[0]
-    assert r.chosen.step_s == min(seconds for seconds, _ in prices.values())
+    assert r.chosen.step_s == min(seconds for seconds, *_ in prices.values())
     assert all(c.bound_s >= r.chosen.step_s for c in r.candidates if c.verdict.endswith("bound above the best"))
 
 
@@ -323,16 +359,19 @@ def test_narayanans_1t_configuration_without_interleaving_fits_80_gib():
     """docs/estimate.md and docs/autoshard.md: Narayanan et al.'s t 8, p 64, d 6 with full recomputation, not
     interleaved (`spmdsim estimate gpt --layers 128 --hidden 25600 --heads 160 --seq 2048 --vocab 51200
     --global-batch 3072 --tp 8 --pp 64 --dp 6 --recompute full --kept megatron`), holds 80,995 MiB (79.10 GiB)
-    on its fullest rank: within 80 GiB (the docs said 89,322). 1F1B's first stage holds pp = 64 microbatches
+    on its fullest rank (the docs said 89,322), and 81,770 MiB (79.85 GiB) at its peak, its attention softmax's
+    blocks beside it for a moment: within 80 GiB. 1F1B's first stage holds pp = 64 microbatches
     at once from 64 microbatches up, so 64 (a global batch of 384) give the same bytes as the docs' 512 at an
     eighth of the dry run's time (1.4 s here against 7)."""
     cfg = GPTConfig(layers=128, d_model=25600, heads=160, seq=2048, vocab=51200, batch=6 * 64, dropout=0.1)
-    _, memory = price(cfg, Config(8, 64, 6, False, 64, 1, "full", 0), A100, "bf16-mixed", "megatron")
-    assert memory == 84_929_850_368 and memory < 80 << 30
+    _, memory, peak = price(cfg, Config(8, 64, 6, False, 64, 1, "full", 0), A100, "bf16-mixed", "megatron")
+    assert memory == 84_929_850_368 and peak == 85_742_496_768 and peak < 80 << 30
     from pathlib import Path
 
     docs = Path(__file__).resolve().parents[1] / "docs"
-    for name, quoted in (("estimate.md", "without interleaving, 100.4 s and {} MiB, within it but slower"),
-                         ("autoshard.md", "without interleaving at 100.4 s and {} MiB (79.10 GiB), which fits")):
+    for name, quoted in (("estimate.md", "without interleaving, 100.4 s and {} MiB ({} MiB at its peak), within it "
+                                         "but slower"),
+                         ("autoshard.md", "without interleaving at 100.4 s and {} MiB (79.10 GiB; {} MiB, 79.85 GiB, "
+                                          "at its peak), which fits")):
         prose = " ".join((docs / name).read_text().split())  # the paragraphs' lines joined
-        assert quoted.format(f"{memory / 2 ** 20:,.0f}") in prose, name
+        assert quoted.format(f"{memory / 2 ** 20:,.0f}", f"{peak / 2 ** 20:,.0f}") in prose, name

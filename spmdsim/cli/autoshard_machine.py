@@ -4,7 +4,8 @@
         --devices 8 --machine a100-dgx --memory-limit 80G
 
 Every configuration is priced by its own dry run's ledger (spmdsim.estimate.search); the table shows
-the chosen one, the runners-up and why each lost (docs/estimate.md).
+the chosen one, the runners-up and why each lost, each by its peak (transient blocks included, as
+`spmdsim estimate`'s verdict: what the memory limit bounds) (docs/estimate.md).
 """
 from __future__ import annotations
 
@@ -68,14 +69,14 @@ def run_machine(args: argparse.Namespace) -> int:
     else:
         print("\n".join(_lines(cfg, result, seconds, note)))
     if result.chosen is None:
-        priced = [c.memory for c in result.candidates if c.memory is not None]
+        priced = [c.peak for c in result.candidates if c.peak is not None]
         unpriced = sum(c.verdict == "not priced" for c in result.candidates)
         if unpriced:
             raise SpmdsimError(f"none of the {len(priced)} configurations priced fits --memory-limit "
                                f"{format_size(limit)}; {unpriced:,} not priced: raise --max-dry-runs")
         least = min(priced) if priced else min(c.bound_bytes for c in result.candidates)
         raise SpmdsimError(f"no configuration fits --memory-limit {format_size(limit)} on {devices:,} devices; "
-                           f"the least needs {format_size(least)}")
+                           f"the least needs {format_size(least)}" + (" at its peak" if priced else ""))
     return 0
 
 
@@ -90,7 +91,8 @@ def _gib(n: int) -> str:
 def _row(rank: str, c: Any, moe: bool = False) -> str:
     x = c.config
     step = f"{c.step_s * 1e3:,.3f}" if c.step_s is not None else f">{c.bound_s * 1e3:,.3f}"
-    memory = f"{c.memory / MIB:,.1f}" if c.memory is not None else f">{c.bound_bytes / MIB:,.1f}"
+    # the peak (a bound of the memory held is one of the peak too)
+    memory = f"{c.peak / MIB:,.1f}" if c.peak is not None else f">{c.bound_bytes / MIB:,.1f}"
     ep = f"{x.ep:>4}" if moe else ""
     return (f"{rank:<5}{x.tp:>3}{'+sp' if x.sp else '   '}{x.pp:>4}{x.virtual:>3}{x.dp:>5}{ep}{x.microbatches:>5} "
             f"{x.recompute:<10}{x.zero:>2}{step:>13}{memory:>14}  {c.verdict}")
@@ -115,14 +117,16 @@ def _lines(cfg: Any, r: Any, seconds: float, note: str = "") -> list[str]:
             f"  ({r.stopped})"] + ([note] if note else [])
     if r.chosen is not None:
         x = r.chosen.config
-        head.append(f"chosen: {x.short()}: {r.chosen.step_s * 1e3:,.3f} ms, {r.chosen.memory / MIB:,.1f} MiB")
+        head.append(f"chosen: {x.short()}: {r.chosen.step_s * 1e3:,.3f} ms, {r.chosen.peak / MIB:,.1f} MiB at its "
+                    "peak")
+        head.append(f"  ({r.chosen.memory / MIB:,.1f} MiB held, and for a moment one kernel's blocks)")
     else:
         head.append("chosen: none fits the memory limit")
     out = list(head)
     eph = f"{'ep':>4}" if moe else ""
     out.append(f"{'rank':<5}{'tp':>3}{'':3}{'pp':>4}{'v':>3}{'dp':>5}{eph}{'mb':>5} "
                f"{'recompute':<10}{'Z':>2}"
-               f"{'step ms':>13}{'MiB':>14}  why not chosen")
+               f"{'step ms':>13}{'peak MiB':>14}  why not chosen")
     priced = [c for c in r.candidates if c.step_s is not None]
     # the fastest that fit, then those faster still that the memory limit ruled out
     best = r.chosen.step_s if r.chosen is not None else float("inf")
@@ -134,7 +138,7 @@ def _lines(cfg: Any, r: Any, seconds: float, note: str = "") -> list[str]:
     if len(priced) > len(fit) + len(over):
         out.append(f"... {len(priced) - len(fit) - len(over)} more priced (--json lists them all)")
     if len(priced) < len(r.candidates):
-        out.append("unpriced, by their lower bounds (> ms, > MiB), for instance:")
+        out.append("unpriced, by their lower bounds (> ms, > MiB held, so at the peak too), for instance:")
     unpriced = [c for c in r.candidates if c.step_s is None]
     for verdict in _VERDICTS[3:]:  # the closest of each kind of pruned one
         first = next((c for c in unpriced if c.verdict == verdict), None)

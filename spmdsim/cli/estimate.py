@@ -120,7 +120,7 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..estimate.ledger import (PRECISIONS, gemms_at, gpt_ledger, kernel_bytes, largest_transient, priced,
+    from ..estimate.ledger import (PRECISIONS, gemms_at, gpt_ledger, kernel_bytes, peak_bytes, stage_memory,
                                    transfers_at, unmappable)
     from ..estimate.machine import load_machine
     from ..estimate.steptime import Pipeline, step_time
@@ -143,19 +143,17 @@ def run(args: argparse.Namespace) -> int:
     times = [step_time(machine, gemms_at(st.gemms, args.precision), transfers_at(st.transfers, args.precision),
                        pipeline=pipeline, overlap=("gradients",), traffic=kernel_bytes(st.kernels, args.precision))
              for st in stages]
-    stage_bytes = [priced(st, args.precision, args.zero) for st in stages]
-    transients = [largest_transient(st, args.precision) for st in stages]
     # Whether a rank fits: what it holds (the memory line) and, for a moment, the largest kernel's blocks beside it
-    held = [sum(b.values()) + t.nbytes for b, t in zip(stage_bytes, transients)]
-    rows = [(stages[s], stage_bytes[s], times[s], transients[s]) for s in shown]
+    # (its peak: the same figure the search by a machine file compares with its memory limit)
+    memories = [stage_memory(st, args.precision, args.zero) for st in stages]
+    rows = [(stages[s], memories[s], times[s]) for s in shown]
     if args.json:
         print(json.dumps({"config": vars(args) | {"func": None, "_usage_parser": None},
                           "microbatches": microbatches, "dry_run_s": seconds,
                           "memory_bytes_per_gpu": machine.memory_bytes,
-                          "fits": max(held) <= machine.memory_bytes,
+                          "fits": peak_bytes(memories) <= machine.memory_bytes,
                           "step_time_s": max(t.total_s for t in times),
-                          "stages": [_as_json(st, bytes_, timing, args.precision, transient)
-                                     for st, bytes_, timing, transient in rows]},
+                          "stages": [_as_json(st, mem, timing, args.precision) for st, mem, timing in rows]},
                          default=str, indent=1))
         return 0
     ranks = args.pp * args.dp * args.ep * args.tp
@@ -186,21 +184,22 @@ def run(args: argparse.Namespace) -> int:
     head.append(f"dry run of one step: {counted(len(stages), 'representative rank')}, {seconds:.1f} s; bytes and "
                 f"GEMMs at {args.precision} ({PRECISIONS[args.precision].about})")
     print("\n".join(wrap_lines(head)))
-    for st, bytes_, timing, transient in rows:
+    for st, mem, timing in rows:
         print()
-        print("\n".join(_stage_lines(st, bytes_, timing, args.zero, args.precision, transient, worst=worst)))
+        print("\n".join(_stage_lines(st, mem, timing, args.zero, args.precision, worst=worst)))
     slowest = max(range(len(stages)), key=lambda s: times[s].total_s)  # a step ends with its slowest stage
     total = times[slowest].total_s
     when = f"{total:,.3f} s" if total >= 1 else f"{total * 1e3:,.3f} ms"
     print(f"\npredicted step time: {when} (stage {slowest}'s, the slowest of {len(stages)})")
-    print("\n".join(wrap_lines([_fit_line(held, machine, transients)])))
+    print("\n".join(wrap_lines([_fit_line(memories, machine)])))
     return 0
 
 
-def _fit_line(held: list, machine: Any, transients: list) -> str:
-    """Whether one rank of every stage holds its peak (`held`, by stage: the ledger's bytes and the largest
-    kernel's blocks, `transients`) in the machine's memory per GPU; a stage over it names that kernel when its
-    blocks alone are more than the memory."""
+def _fit_line(memories: list, machine: Any) -> str:
+    """Whether one rank of every stage holds its peak (`memories`, by stage: spmdsim.estimate.ledger.StageMemory,
+    the ledger's bytes and the largest kernel's blocks) in the machine's memory per GPU; a stage over it names
+    that kernel when its blocks alone are more than the memory."""
+    held = [m.peak for m in memories]
     most = max(range(len(held)), key=lambda s: held[s])
     limit = f"the {machine.name}'s {_gib(machine.memory_bytes)} per GPU"
     over = [s for s in range(len(held)) if held[s] > machine.memory_bytes]
@@ -211,7 +210,7 @@ def _fit_line(held: list, machine: Any, transients: list) -> str:
     else:
         line = f"memory: {len(over)} of {len(held)} stages need more than {limit} at their peak (the most, stage " \
                f"{most}: {_gib(held[most])})"
-    alone = transients[most]
+    alone = memories[most].transient
     if alone.nbytes > machine.memory_bytes:
         line += f"; {alone.what} alone reads and writes {_gib(alone.nbytes)} at once"
     return line
@@ -221,10 +220,10 @@ def _gib(n: int) -> str:
     return f"{n / GIB:,.2f} GiB" if n >= GIB // 100 else format_size(n)
 
 
-def _stage_lines(st: Any, bytes_: dict, timing: Any, zero: int, precision: str, transient: Any,
-                 worst: bool = False) -> list[str]:
+def _stage_lines(st: Any, mem: Any, timing: Any, zero: int, precision: str, worst: bool = False) -> list[str]:
     from ..estimate.ledger import kernel_bytes, layers_activations
 
+    bytes_, transient = mem.held, mem.transient
     lo, hi = st.ranks[0], st.ranks[-1]
     if worst:  # every rank runs rank 0's routing (spmdsim.moe.routing.planned): rank 0 is the busiest
         out = [f"stage {st.stage} (ranks {lo}-{hi}; rank {lo}'s figures: routed worst, the busiest; the others "
@@ -232,7 +231,7 @@ def _stage_lines(st: Any, bytes_: dict, timing: Any, zero: int, precision: str, 
     else:
         alike = counted(len(st.ranks), "rank")
         out = [f"stage {st.stage} (ranks {lo}-{hi}: {alike} alike; one rank's figures)"]
-    out.append(f"  memory {_gib(sum(bytes_.values()))}: " + ", ".join(f"{role} {_gib(n)}" for role, n in bytes_.items()))
+    out.append(f"  memory {_gib(mem.memory)}: " + ", ".join(f"{role} {_gib(n)}" for role, n in bytes_.items()))
     states = sum(bytes_[role] for role in ("parameters", "gradients", "master copy", "optimizer states"))
     line = f"    model states {_gib(states)} ({states / 1e9:,.2f} GB)"
     if not zero:  # every element is updated on this rank: the layers' share is theirs exactly
@@ -243,7 +242,7 @@ def _stage_lines(st: Any, bytes_: dict, timing: Any, zero: int, precision: str, 
                f"{_gib(layers_activations(st, precision))}; {st.in_flight} microbatch-chunk(s) in flight at "
                f"the most; transformer layers' parameters {st.layer_params:,} of {st.params:,}"
                + (f", of which the experts' {st.expert_params:,}" if st.expert_params else ""))
-    out.append(f"  peak (transient included) {_gib(sum(bytes_.values()) + transient.nbytes)}: the memory above and, "
+    out.append(f"  peak (transient included) {_gib(mem.peak)}: the memory above and, "
                f"for a moment, the blocks of {transient.what}: {_gib(transient.nbytes)}")
     out.append("  TFLOP: " + ", ".join(f"{p} {st.flops(p) / 1e12:,.3f}" for p in ("forward", "backward", "recompute"))
                + f"; total {st.flops() / 1e12:,.3f}")
@@ -269,17 +268,16 @@ def _alone(args: argparse.Namespace) -> str:
     return " (a data-parallel group of one: nothing sharded)" if args.zero and args.dp * args.ep == 1 else ""
 
 
-def _as_json(st: Any, bytes_: dict, timing: Any, precision: str, transient: Any) -> dict:
+def _as_json(st: Any, mem: Any, timing: Any, precision: str) -> dict:
     from dataclasses import asdict
 
     from ..estimate.ledger import kernel_bytes
 
-    return {"stage": st.stage, "ranks": [st.ranks[0], st.ranks[-1]], "bytes": bytes_,
+    return {"stage": st.stage, "ranks": [st.ranks[0], st.ranks[-1]], "bytes": mem.held,
             "program_bytes": asdict(st.memory), "flops": {p: st.flops(p) for p in ("forward", "backward",
                                                                                        "recompute")},
             "sent": {f"{k} {lvl}": n for (k, lvl), n in st.sent(precision).items()}, "in_flight": st.in_flight,
             "kernel_bytes": kernel_bytes(st.kernels, precision),
             "peak_held": st.peak_held, "step_time_s": timing.total_s,
-            "transient": {"bytes": transient.nbytes, "what": transient.what},
-            "peak_bytes": sum(bytes_.values()) + transient.nbytes,
+            "transient": {"bytes": mem.transient.nbytes, "what": mem.transient.what}, "peak_bytes": mem.peak,
             "params": st.params, "layer_params": st.layer_params, "expert_params": st.expert_params}

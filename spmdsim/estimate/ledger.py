@@ -26,7 +26,8 @@ from ..memory import format_size
 from .records import Transfer
 
 __all__ = ["Widths", "PRECISIONS", "StageLedger", "gpt_ledger", "priced", "ROLES", "gemms_at", "transfers_at",
-           "layers_activations", "kernel_bytes", "least_bytes", "unmappable", "Transient", "largest_transient"]
+           "layers_activations", "kernel_bytes", "least_bytes", "unmappable", "Transient", "largest_transient",
+           "StageMemory", "stage_memory", "peak_bytes"]
 
 #: What a rank holds, by role, in the order the ledger prints them.
 ROLES = ("parameters", "gradients", "master copy", "optimizer states", "buffers", "activations")
@@ -213,6 +214,39 @@ def largest_transient(stage: StageLedger, precision: str) -> Transient:
             lead = f"{g.batch:,} x " if g.batch != 1 else ""
             best = Transient(nbytes, f"the product {lead}({g.m:,} x {g.k:,}) @ ({g.k:,} x {g.n:,}) ({g.phase})")
     return best
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """One rank of a stage at a precision (`stage_memory`): what it holds, by role (`held`, `priced`'s: the
+    memory line) and the largest set of blocks one kernel or product reads and writes at once beside it
+    (`transient`, `largest_transient`'s). `peak`, their sum, is what decides whether the rank fits a GPU:
+    `spmdsim estimate`'s verdict and the search by a machine file's memory limit (spmdsim.estimate.search)."""
+
+    held: dict
+    transient: Transient
+
+    @property
+    def memory(self) -> int:
+        """The memory line: the bytes the rank holds."""
+        return sum(self.held.values())
+
+    @property
+    def peak(self) -> int:
+        """The memory line and, for a moment, the largest kernel's or product's blocks beside it."""
+        return self.memory + self.transient.nbytes
+
+
+def stage_memory(stage: StageLedger, precision: str, zero: int) -> StageMemory:
+    """What one rank of `stage` holds at `precision` under ZeRO `zero`, and its peak (StageMemory)."""
+    return StageMemory(priced(stage, precision, zero), largest_transient(stage, precision))
+
+
+def peak_bytes(memories: Any) -> int:
+    """The most bytes one rank of any stage needs at its peak (`memories`: StageMemory by stage): it fits a GPU,
+    by `spmdsim estimate`'s verdict, when this is at most the GPU's memory; the search's memory limit is
+    compared with the same figure."""
+    return max(m.peak for m in memories)
 
 
 def gemms_at(gemms: Any, precision: str) -> list:

@@ -8,10 +8,13 @@ by dp; m divisible by pp for the interleaved schedule), recomputation none / sel
 0 / 1 (1 only with dp > 1) and sequence parallelism (with tp > 1). With MoE layers (cfg.moe) also the
 expert-parallel ranks ep of each stage (dividing the experts; dp = devices / (tp * pp * ep), the dense
 layers' batch split over dp x ep). Each is priced by the ledger of
-its own dry run (spmdsim.estimate.ledger.gpt_ledger: its peak memory at the precision's widths and
-its predicted step time on the machine, the slowest stage's, as `spmdsim estimate` prints them).
+its own dry run (spmdsim.estimate.ledger.gpt_ledger: its memory at the precision's widths, and its peak
+with the largest kernel's transient blocks, which the memory limit bounds as `spmdsim estimate`'s verdict
+bounds it by the GPU's memory, spmdsim.estimate.ledger.peak_bytes; and its predicted step time on the
+machine, the slowest stage's, as `spmdsim estimate` prints them).
 
-Lower bounds only prune, never choose (branch and bound): closed forms first (the model states of a
+Lower bounds only prune, never choose (branch and bound; a bound of the memory a rank holds is one of its
+peak too): closed forms first (the model states of a
 rank's transformer layers, with ZeRO-1's flat buffers, over the memory limit drops a configuration; the
 program's GEMM FLOPs without recomputation, 72 B s l h^2 (1 + s / 6h), spread over the devices at the
 machine's capped peak, with the pipeline's bubble, orders the rest), then the layer cells of
@@ -70,14 +73,17 @@ class Config:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A configuration, its lower bounds and, when a dry run priced it, its step time and peak memory.
+    """A configuration, its lower bounds and, when a dry run priced it, its step time, the memory its fullest rank
+    holds (`memory`: `spmdsim estimate`'s memory line) and the most any rank needs at its peak (`peak`: with
+    the largest kernel's transient blocks, spmdsim.estimate.ledger.peak_bytes), which the memory limit bounds.
 
     verdict: "chosen"; "slower" (priced, fits, slower than the chosen); "over the memory limit"
-    (priced); "model states over the limit" (pruned by the closed-form bound); "memory bound over the
+    (priced: its peak over it); "model states over the limit" (pruned by the closed-form bound); "memory bound over the
     limit" (pruned: model states and the layer cells' kept bytes, or a block its dry run or its cells' could not
     map, spmdsim.memory.UnmappableError, at the precision's narrowest width); "FLOP bound above the best" or "cell
     bound above the best" (pruned: that lower bound of its time is no better than the chosen's time);
-    "not priced" (the dry-run cap). bound_s and bound_bytes: the tightest bounds it was given.
+    "not priced" (the dry-run cap). bound_s and bound_bytes: the tightest bounds it was given (bound_bytes: of
+    its memory, and so of its peak).
     """
 
     config: Config
@@ -86,6 +92,7 @@ class Candidate:
     step_s: Optional[float] = None
     memory: Optional[int] = None
     verdict: str = ""
+    peak: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -316,10 +323,12 @@ def flops_bound(cfg: Any) -> float:
     return flops
 
 
-def price(cfg: Any, c: Config, machine: Any, precision: str, kept: str) -> tuple[float, int]:
-    """(predicted step seconds, peak bytes) of `c` from its dry run: the slowest stage's time and the
-    largest stage's memory at `precision`, as `spmdsim estimate` prints them."""
-    from .ledger import gemms_at, gpt_ledger, kernel_bytes, priced, transfers_at
+def price(cfg: Any, c: Config, machine: Any, precision: str, kept: str) -> tuple[float, int, int]:
+    """(predicted step seconds, bytes held, peak bytes) of `c` from its dry run: the slowest stage's time, the
+    largest stage's memory and the largest stage's peak (transient blocks included: what `spmdsim estimate`'s
+    fit verdict compares with the GPU's memory, spmdsim.estimate.ledger.peak_bytes) at `precision`, as
+    `spmdsim estimate` prints them."""
+    from .ledger import gemms_at, gpt_ledger, kernel_bytes, peak_bytes, stage_memory, transfers_at
     from .steptime import Pipeline, step_time
 
     stages = gpt_ledger(cfg, c.pp, c.dp, c.tp, sp=c.sp, microbatches=c.microbatches, schedule=c.schedule,
@@ -329,16 +338,17 @@ def price(cfg: Any, c: Config, machine: Any, precision: str, kept: str) -> tuple
     seconds = max(step_time(machine, gemms_at(st.gemms, precision), transfers_at(st.transfers, precision),
                             pipeline=pipeline, overlap=("gradients",),
                             traffic=kernel_bytes(st.kernels, precision)).total_s for st in stages)
-    memory = max(sum(priced(st, precision, c.zero).values()) for st in stages)
-    return seconds, memory
+    memories = [stage_memory(st, precision, c.zero) for st in stages]
+    return seconds, max(m.memory for m in memories), peak_bytes(memories)
 
 
 def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision: str = "bf16-mixed",
            kept: str = "megatron", max_dry_runs: int = 24, pricer: Any = None, cells: Any = True,
            moe_cells: bool = False) -> SearchResult:
-    """The fastest configuration under `memory_limit` by predicted step time (module docstring).
+    """The fastest configuration whose peak is within `memory_limit` by predicted step time (module docstring).
 
-    `pricer(cfg, config, machine, precision, kept) -> (seconds, bytes)`: `price` unless given (tests);
+    `pricer(cfg, config, machine, precision, kept) -> (seconds, bytes held, peak bytes)`: `price` unless given
+    (tests);
     `cells`: bound by the layer cells too (spmdsim.estimate.bounds), not by the closed forms alone; a
     `Cells` of the same model and kept set to reuse its cells (tests). With MoE layers the layer cells bound
     the search only with `moe_cells` (six small dry runs a cell, one for every ep too: on DeepSpeed-MoE's
@@ -399,13 +409,13 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
             heapq.heappush(heap, (bound, level, order, i, c))
             break
         try:
-            seconds, nbytes = pricer(cfg, c.config, machine, precision, kept)
+            seconds, nbytes, peak = pricer(cfg, c.config, machine, precision, kept)
         except UnmappableError as exc:
             out.append(replace(c, bound_bytes=_unmapped(exc, precision, memory_limit), verdict=KEPT))
             continue
         runs += 1
-        ok = nbytes <= memory_limit
-        priced.append(replace(c, step_s=seconds, memory=nbytes, verdict="slower" if ok else OVER))
+        ok = peak <= memory_limit  # spmdsim estimate's verdict: the peak, transient blocks included
+        priced.append(replace(c, step_s=seconds, memory=nbytes, peak=peak, verdict="slower" if ok else OVER))
         if ok and (best is None or seconds < best):
             best = seconds
     left = sorted(heap)
@@ -417,9 +427,9 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
                    "not priced, the choice is the best of those priced")
     elif left:
         stopped = "the rest's time bounds are no better than the chosen one's predicted time"
-    priced.sort(key=lambda c: (c.memory > memory_limit, c.step_s, _order(c)))
+    priced.sort(key=lambda c: (c.peak > memory_limit, c.step_s, _order(c)))
     chosen = None
-    if priced and priced[0].memory <= memory_limit:
+    if priced and priced[0].peak <= memory_limit:
         chosen = replace(priced[0], verdict="chosen")
         priced[0] = chosen
     return SearchResult(devices, machine.name, memory_limit, precision, kept, tuple(priced + out), runs, stopped,
