@@ -247,6 +247,62 @@ def test_a_numpy_scalar_keeps_its_dtype_as_numpy_2_promotes_it():
     assert grad_dtype == np.float32
 
 
+@pytest.mark.parametrize("split", [True, False])
+def test_python_ints_beyond_an_integer_dtype_and_powers_of_bools_as_numpy_2(split):
+    """NEP 50: an int32 DTensor compared with 2**40 is compared (every entry lies below it), as numpy 2 does;
+    lifting the number to int32 raised numpy's OverflowError from deep inside. Arithmetic with it, a bool's
+    comparison past int64 and a clip bound on the side where it clips are refused as numpy refuses them, in
+    one line; a bound that clips nothing is dropped (numpy 2's clip). ``mask ** 2`` is numpy's int8 (its
+    operator's np.square; np.power(mask, 2) is int64), and an integer to a negative integer power is refused
+    on every rank (numpy's ValueError came from the kernel, on the ranks holding entries alone)."""
+    from spmdsim import DTensor, DTypeError, Mesh
+
+    ints = np.arange(-4, 4, dtype=np.int32).reshape(2, 4)
+    small = np.arange(8, dtype=np.uint8).reshape(2, 4)
+    calls = [lambda x, u, w, m: x < 2 ** 40, lambda x, u, w, m: 2 ** 40 >= x, lambda x, u, w, m: x == -2 ** 40,
+             lambda x, u, w, m: x != 2 ** 40, lambda x, u, w, m: np.greater(x, -2 ** 40),
+             lambda x, u, w, m: u <= -1, lambda x, u, w, m: w > 2 ** 70, lambda x, u, w, m: x.clip(0, 2 ** 40),
+             lambda x, u, w, m: m ** 2, lambda x, u, w, m: m ** 3, lambda x, u, w, m: np.power(m, 2),
+             lambda x, u, w, m: m < 2 ** 40, lambda x, u, w, m: x ** 2]
+    bad = [lambda x, u, w, m: x + 2 ** 40, lambda x, u, w, m: u - 1 + -1, lambda x, u, w, m: m < 2 ** 70,
+           lambda x, u, w, m: x.clip(2 ** 40, None), lambda x, u, w, m: x ** -1, lambda x, u, w, m: np.power(m, -2)]
+
+    def body():
+        mesh = Mesh(Layout((2, 2), ("x", "y")))
+        lay = mesh.layout("x", "y") if split else mesh.layout(None, None)
+        operands = [DTensor.from_global(mesh, a, lay) for a in (ints, small, ints.astype(np.int64), ints > 0)]
+        x = operands[0]
+        x < 1  # a cached call signature of an int32 DTensor and a Python int: found again for 2**40
+        got = [(y.dtype, y.gather()) for y in (call(*operands) for call in calls)]
+        said = []
+        for call in bad:
+            with pytest.raises((DTypeError, OperatorError)) as e:
+                call(*operands)
+            said.append(str(e.value))
+        return got, said
+
+    got, said = spmdsim.simulate(4, body)[0]
+    wants = [call(ints, small, ints.astype(np.int64), ints > 0) for call in calls]
+    assert [g[0] for g in got] == [w.dtype for w in wants]  # int8 for mask ** 2
+    assert all(np.array_equal(g[1], w) for g, w in zip(got, wants))
+    for call in bad:  # numpy refuses each
+        with pytest.raises((OverflowError, ValueError)):
+            call(ints, small, ints.astype(np.int64), ints > 0)
+    assert said == [
+        "add: the Python int 1099511627776 is out of bounds for int32, the dtype it takes beside a DTensor of int32 "
+        "(numpy 2 refuses it too: OverflowError); convert first, e.g. x.astype('int64')",
+        "add: the Python int -1 is out of bounds for uint8, the dtype it takes beside a DTensor of uint8 (numpy 2 "
+        "refuses it too: OverflowError); convert first, e.g. x.astype('int64')",
+        "lt: the Python int 1180591620717411303424 is out of bounds for int64, the dtype it takes beside a DTensor "
+        "of bool (numpy 2 refuses it too: OverflowError); convert first, e.g. x.astype('float64')",
+        "clip: the Python int 1099511627776 is out of bounds for int32, the dtype it takes beside a DTensor of "
+        "int32 (numpy 2 refuses it too: OverflowError); convert first, e.g. x.astype('int64')",
+        "pow: a DTensor of int32 to the negative integer power -1: numpy refuses integers to negative integer "
+        "powers; use a float exponent (-1.0) or convert x first, e.g. x.astype('float64')",
+        "pow: a DTensor of bool to the negative integer power -2: numpy refuses integers to negative integer "
+        "powers; use a float exponent (-2.0) or convert x first, e.g. x.astype('float64')"]
+
+
 @pytest.mark.parametrize("layout", [(None, None), ("x", None), (None, "y"), ("x", "y")])
 def test_a_two_operand_einsum_to_a_scalar_and_its_gradients(layout):
     """einsum('ij,ij->') raised ShapeError (the pair's product came back 1-d: local shard shape (1,) does not

@@ -23,10 +23,10 @@ from .local import reshape, transpose
 from .matmul import matmul
 from .norms import log_softmax, masked_fill, softmax
 from .elementwise import relu as _relu
-from .pointwise import clip as _clip, pointwise, round as _round
+from .pointwise import clip as _clip, pointwise, pow as _pow, power as _power, round as _round
 from .reduce import arg_reduce, reduce, var as _var
 
-install_operators(pointwise=pointwise, matmul=matmul, reduce=reduce, arg=arg_reduce, requires_grad_=requires_grad_,
+install_operators(pointwise=pointwise, power=_power, matmul=matmul, reduce=reduce, arg=arg_reduce, requires_grad_=requires_grad_,
                   backward=backward, getitem=getitem, reshape=reshape, transpose=transpose)
 
 
@@ -127,7 +127,7 @@ def _array_ufunc(x: Any, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -
                else "spmdsim has no rule for it")
         raise OperatorError(f"numpy.{what} of a DTensor: {why}; use spmdsim.ops (ops.sum, ops.exp, ops.where, ...) "
                             "or the block x.local")
-    return matmul(*inputs) if name == "matmul" else pointwise(name, *inputs)
+    return matmul(*inputs) if name == "matmul" else _pow(*inputs) if name == "pow" else pointwise(name, *inputs)
 
 
 def _kept(func: Any, kwargs: dict, **defaults: Any) -> None:
@@ -320,7 +320,7 @@ _METHODS = {
     "sqrt": lambda x: pointwise("sqrt", x), "tanh": lambda x: pointwise("tanh", x),
     # PyTorch's (and where numpy has one, numpy's) method spellings of more of spmdsim's operators
     "abs": lambda x: pointwise("abs", x), "square": lambda x: pointwise("square", x),
-    "sigmoid": lambda x: pointwise("sigmoid", x), "pow": lambda x, exponent: pointwise("pow", x, exponent),
+    "sigmoid": lambda x: pointwise("sigmoid", x), "pow": lambda x, exponent: _pow(x, exponent),
     "relu": lambda x: _relu(x), "clamp": lambda x, min=None, max=None: _clip(x, min, max),
     "clip": lambda x, min=None, max=None: _clip(x, min, max), "matmul": lambda x, other: matmul(x, other),
     "mm": lambda x, other: matmul(x, other), "clone": _copy, "copy": _copy,
