@@ -8,6 +8,7 @@ texts and refusals are checked without ranks.
 """
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -245,6 +246,54 @@ def test_a_numpy_scalar_keeps_its_dtype_as_numpy_2_promotes_it():
     assert [r.dtype for r in got] == [w.dtype for w in wants]
     assert all(np.array_equal(r, w) for r, w in zip(got, wants))
     assert grad_dtype == np.float32
+
+
+@pytest.mark.parametrize("cut, devices", [("even", (2, 2)), ("chunk", (3, 2))])
+def test_prod_and_ravel_are_numpys(cut, devices):
+    """x.prod() / np.prod / ops.prod and x.ravel() / np.ravel were AttributeErrors (numpy.prod: "no rule"). prod:
+    numpy's values and dtypes (bool and int32 to int64, uint8 to uint64, float32 kept) over split and whole
+    dims, a rank holding no rows (chunk: 4 rows over 6), a pending sum resolved first; its gradient with zeros
+    in a row (the product of the others, not a division). ravel: reshape(-1), its gradient reshaped back; where
+    a rank's block would not stay a block, one line naming what to do."""
+    from spmdsim import DTensor, Mesh
+
+    rng = np.random.default_rng(3)
+    a = rng.uniform(0.5, 1.5, (4, 6))
+    a[1, 2] = 0.0
+    a[2, [0, 4]] = 0.0
+    arrays = [a, a.astype(np.float32), (a * 4).astype(np.int32) - 2, (a * 4).astype(np.uint8), a > 0.8]
+
+    def body():
+        mesh = Mesh(Layout(devices, ("x", "y"), cut=cut))
+        got = []
+        for tmap in (("x", "y"), (None, None), (("x", "y"), None)):
+            xs = [DTensor.from_global(mesh, g, mesh.layout(*tmap)) for g in arrays]
+            got.append([(r.dtype, r.gather()) for x in xs
+                        for r in (x.prod(), x.prod(axis=0), np.prod(x, axis=1, keepdims=True), ops.prod(x, (0, 1)))])
+        x = DTensor.from_global(mesh, a, mesh.layout("x", "y")).requires_grad_()
+        pending = DTensor.from_global(mesh, a, mesh.layout("x", None, partial=("y",)))
+        weights = DTensor.from_global(mesh, np.arange(1.0, 5.0), mesh.layout(None))
+        (ops.sum(x.prod(1) * weights) + x.prod(0).sum()).backward()
+        rows = "x" if cut == "even" else None  # (chunk's 2, 2 and 0 rows are not a cut of the 24 entries)
+        r = DTensor.from_global(mesh, a, mesh.layout(rows, None)).requires_grad_()
+        flat = r.ravel()
+        ops.sum(np.ravel(r) * DTensor.from_global(mesh, np.arange(24.0), mesh.layout(None))).backward()
+        with pytest.raises(OperatorError) as e:
+            x.ravel()
+        return got, x.grad.gather(), pending.prod(0).gather(), flat.gather(), r.grad.gather(), str(e.value)
+
+    got, grad, pending, flat, flat_grad, said = spmdsim.simulate(math.prod(devices), body)[0]
+    for per_map in got:
+        wants = [w for g in arrays for w in (g.prod(), g.prod(axis=0), g.prod(axis=1, keepdims=True), g.prod())]
+        assert [d for d, _ in per_map] == [w.dtype for w in wants]
+        assert all(np.allclose(v, w, rtol=1e-6, atol=0) for (_, v), w in zip(per_map, wants))
+    others = np.ones_like(a)
+    for i, j in np.ndindex(a.shape):
+        others[i, j] = np.prod(np.delete(a[i], j)) * (i + 1) + np.prod(np.delete(a[:, j], i))
+    assert np.allclose(grad, others, rtol=1e-13, atol=0)
+    assert np.allclose(pending, a.prod(0), rtol=1e-13, atol=0)
+    assert np.array_equal(flat, a.ravel()) and np.array_equal(flat_grad, np.arange(24.0).reshape(4, 6))
+    assert said.startswith("ravel: reshape (4, 6) -> (24,) of x mapped") and "redistribute x" in said
 
 
 @pytest.mark.parametrize("split", [True, False])

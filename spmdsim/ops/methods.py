@@ -24,7 +24,7 @@ from .matmul import matmul
 from .norms import log_softmax, masked_fill, softmax
 from .elementwise import relu as _relu
 from .pointwise import clip as _clip, pointwise, pow as _pow, power as _power, round as _round
-from .reduce import arg_reduce, reduce, var as _var
+from .reduce import arg_reduce, prod as _prod, reduce, var as _var
 
 install_operators(pointwise=pointwise, power=_power, matmul=matmul, reduce=reduce, arg=arg_reduce, requires_grad_=requires_grad_,
                   backward=backward, getitem=getitem, reshape=reshape, transpose=transpose)
@@ -191,7 +191,8 @@ def _numpy_functions() -> dict:
         np.sum: _numpy_reduction("sum"), np.mean: _numpy_reduction("mean"), np.max: _numpy_reduction("max"),
         np.min: _numpy_reduction("min"), np.amax: _numpy_reduction("max"), np.amin: _numpy_reduction("min"),
         np.any: _numpy_reduction("any", ("out",)), np.all: _numpy_reduction("all", ("out",)),
-        np.var: _numpy_spread("var"), np.std: _numpy_spread("std"),
+        np.var: _numpy_spread("var"), np.std: _numpy_spread("std"), np.prod: _numpy_reduction("prod"),
+        np.ravel: lambda a, order="C": _ravel(a, order),
         np.argmax: lambda a, axis=None, out=None, keepdims=False: a.argmax(axis, keepdims) if out is None
         else _no_out("numpy.argmax"),
         np.argmin: lambda a, axis=None, out=None, keepdims=False: a.argmin(axis, keepdims) if out is None
@@ -245,6 +246,25 @@ def _reduce(op: str, x: Any, dims: Any = None, keepdims: bool = False, **aliases
     from ..runtime.dtensor import _reduce_args
 
     return reduce(op, x, *_reduce_args({"max": "any", "min": "all"}[op], dims, keepdims, aliases))
+
+
+def _product(x: Any, dims: Any = None, keepdims: bool = False, **aliases: Any) -> Any:
+    """numpy's ``x.prod(axis=...)`` (`spmdsim.ops.reduce.prod`), with its and PyTorch's keywords."""
+    from ..runtime.dtensor import _reduce_args
+
+    return _prod(x, *_reduce_args("prod", dims, keepdims, aliases))
+
+
+def _ravel(x: Any, order: str = "C") -> Any:
+    """numpy's ``x.ravel()``: ``x.reshape(-1)`` (refused where a rank's block would not stay a block of the one
+    dim, as reshape is: redistribute the named dims whole first), its gradient reshaped back."""
+    if order not in ("C", "A", "K"):
+        raise OperatorError(f"ravel: order {order!r} is not taken; a DTensor is read in C order ('C'): for "
+                            "Fortran's, x.T.ravel() of a 2-d tensor")
+    try:
+        return reshape(x, (-1,))
+    except OperatorError as e:
+        raise OperatorError(f"ravel: {e}") from None
 
 
 def _norm(x: Any, ord: Any = None, dims: Any = None, keepdims: bool = False) -> Any:
@@ -334,6 +354,7 @@ _METHODS = {
     "any": lambda x, *a, **k: _reduce("max", x.astype(bool) if x.dtype.kind != "b" else x, *a, **k),
     "all": lambda x, *a, **k: _reduce("min", x.astype(bool) if x.dtype.kind != "b" else x, *a, **k),
     "var": lambda x, axis=None, ddof=0, keepdims=False: _var(x, axis, keepdims, ddof),
+    "prod": _product, "ravel": _ravel,
     "std": lambda x, axis=None, ddof=0, keepdims=False: pointwise("sqrt", _var(x, axis, keepdims, ddof)),
 }
 for _name, _method in _METHODS.items():
