@@ -172,20 +172,27 @@ def test_argmax_refusals_are_one_line():
         x = DTensor.from_global(mesh, np.zeros((4, 8)), mesh.layout(None, "m0"))
         said = []
         for call in (lambda: ops.argmax(x, 1.5), lambda: ops.argmax(x, 2), lambda: ops.argmin(x, True),
-                     lambda: ops.argmax(x > 0.0, 0), lambda: ops.argmax(np.zeros(3), 0)):
+                     lambda: ops.argmax(np.zeros(3), 0)):
             try:
                 call()
             except OperatorError as e:
                 said.append(str(e))
-        return said
+        # A mask's argmax and argmin are numpy's (the first True, the first False), where they were refused
+        mask = DTensor.from_global(mesh, MASK, mesh.layout(None, "m0"))
+        return said, [(r.dtype, r.gather()) for r in (mask.argmax(1), mask.argmin(1), mask.argmax(), ops.argmin(mask))]
 
-    said = spmdsim.simulate(4, body)[0]
+    said, masks = spmdsim.simulate(4, body)[0]
     assert said == ["argmax: dim 1.5 must be an integer or None (the flattened tensor)",
                     "argmax: dim 2 is out of range for a tensor of 2 dims (expected an integer from -2 to 1)",
                     "argmin: dim True must be an integer or None (the flattened tensor)",
-                    "argmax: x is bool; convert it first, e.g. x.astype('int64')",
-                    said[4]]
-    assert said[4].startswith("argmax: ") and "DTensor" in said[4] and "\n" not in said[4]
+                    said[3]]
+    assert said[3].startswith("argmax: ") and "DTensor" in said[3] and "\n" not in said[3]
+    wants = [MASK.argmax(1), MASK.argmin(1), MASK.argmax(), MASK.argmin()]
+    assert [d for d, _ in masks] == [w.dtype for w in wants]
+    assert all(np.array_equal(g, w) for (_, g), w in zip(masks, wants))
+
+
+MASK = np.array([[False] * 5 + [True] * 3, [True] * 8, [False] * 8, [True, False] * 4])
 
 
 def test_negative_and_subtract_of_booleans_are_refused_as_numpy_refuses_them_in_one_line():
@@ -301,7 +308,7 @@ def test_python_ints_beyond_an_integer_dtype_and_powers_of_bools_as_numpy_2(spli
     """NEP 50: an int32 DTensor compared with 2**40 is compared (every entry lies below it), as numpy 2 does;
     lifting the number to int32 raised numpy's OverflowError from deep inside. Arithmetic with it, a bool's
     comparison past int64 and a clip bound on the side where it clips are refused as numpy refuses them, in
-    one line; a bound that clips nothing is dropped (numpy 2's clip). ``mask ** 2`` is numpy's int8 (its
+    one line; a bound that clips nothing is dropped (numpy 2.4's clip; 2.0's refused it). ``mask ** 2`` is numpy's int8 (its
     operator's np.square; np.power(mask, 2) is int64), and an integer to a negative integer power is refused
     on every rank (numpy's ValueError came from the kernel, on the ranks holding entries alone)."""
     from spmdsim import DTensor, DTypeError, Mesh
@@ -310,7 +317,7 @@ def test_python_ints_beyond_an_integer_dtype_and_powers_of_bools_as_numpy_2(spli
     small = np.arange(8, dtype=np.uint8).reshape(2, 4)
     calls = [lambda x, u, w, m: x < 2 ** 40, lambda x, u, w, m: 2 ** 40 >= x, lambda x, u, w, m: x == -2 ** 40,
              lambda x, u, w, m: x != 2 ** 40, lambda x, u, w, m: np.greater(x, -2 ** 40),
-             lambda x, u, w, m: u <= -1, lambda x, u, w, m: w > 2 ** 70, lambda x, u, w, m: x.clip(0, 2 ** 40),
+             lambda x, u, w, m: u <= -1, lambda x, u, w, m: w > 2 ** 70, lambda x, u, w, m: x.clip(0, 2 ** 40) if hasattr(x, "gather") else x.clip(0, None),
              lambda x, u, w, m: m ** 2, lambda x, u, w, m: m ** 3, lambda x, u, w, m: np.power(m, 2),
              lambda x, u, w, m: m < 2 ** 40, lambda x, u, w, m: x ** 2]
     bad = [lambda x, u, w, m: x + 2 ** 40, lambda x, u, w, m: u - 1 + -1, lambda x, u, w, m: m < 2 ** 70,
@@ -953,13 +960,20 @@ def test_round_floor_ceil_and_sign_are_numpys_with_zero_gradients():
         got = [t.gather() for t in (np.round(x), np.round(x, 2), round(x), round(x, 1), x.round(3), np.rint(x),
                                     np.around(x, 1), np.floor(x), np.ceil(x), np.sign(x), ops.round(x, 2))]
         (ops.round(x) + ops.floor(x) * 2.0 + ops.ceil(x) + ops.sign(x) + x).sum().backward()
-        with pytest.raises(OperatorError, match="decimals -1 must be an integer, 0 or more"):
-            ops.round(x, -1)
+        # Negative decimals as numpy's (tens, hundreds: they were refused); an integer's keep its dtype
+        n = spmdsim.DTensor.from_global(mesh, (a * 10).astype(np.int32), mesh.layout("dp", "tp"))
+        got += [t.gather() for t in (ops.round(x * 10.0, -1), np.round(x * 100.0, -2), n.round(-1))]
+        with pytest.raises(OperatorError, match=r"^round of a bool DTensor to decimals -1: numpy refuses it"):
+            ops.round(x > 0, -1)
+        with pytest.raises(OperatorError, match=r"^round: decimals 1.5 must be an integer$"):
+            ops.round(x, 1.5)
         return got, x.grad.gather()
 
     got, grad = spmdsim.simulate(8, run)[0]
     want = [np.round(a), np.round(a, 2), np.round(a), np.round(a, 1), np.round(a, 3), np.rint(a), np.around(a, 1),
-            np.floor(a), np.ceil(a), np.sign(a), np.round(a, 2)]
+            np.floor(a), np.ceil(a), np.sign(a), np.round(a, 2), np.round(a * 10.0, -1), np.round(a * 100.0, -2),
+            np.round((a * 10).astype(np.int32), -1)]
+    assert got[-1].dtype == np.int32
     for g, e in zip(got, want):
         np.testing.assert_array_equal(g, e)
     np.testing.assert_array_equal(grad, np.ones_like(a))

@@ -351,8 +351,10 @@ _METHODS = {
     "sign": lambda x: pointwise("sign", x),
     "norm": lambda x, p="fro", dim=None, keepdim=False: _norm(x, None if p == "fro" else p, dim, keepdim),
     "expand": _expand,
-    "any": lambda x, *a, **k: _reduce("max", x.astype(bool) if x.dtype.kind != "b" else x, *a, **k),
-    "all": lambda x, *a, **k: _reduce("min", x.astype(bool) if x.dtype.kind != "b" else x, *a, **k),
+    # x != 0, not x.astype(bool) (the same truth, NaN's too): a pending sum is added up first, where astype
+    # refused to cut it to bools ("the addends would be truncated one by one")
+    "any": lambda x, *a, **k: _reduce("max", pointwise("ne", x, 0) if x.dtype.kind != "b" else x, *a, **k),
+    "all": lambda x, *a, **k: _reduce("min", pointwise("ne", x, 0) if x.dtype.kind != "b" else x, *a, **k),
     "var": lambda x, axis=None, ddof=0, keepdims=False: _var(x, axis, keepdims, ddof),
     "prod": _product, "ravel": _ravel,
     "std": lambda x, axis=None, ddof=0, keepdims=False: pointwise("sqrt", _var(x, axis, keepdims, ddof)),

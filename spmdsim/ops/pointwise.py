@@ -10,6 +10,7 @@ replicated 0-d operands. ``DTensor``'s ``+ - * / ** -x`` call these.
 """
 from __future__ import annotations
 
+import math
 import numbers
 from functools import partial
 from typing import Any, Callable, Optional
@@ -323,9 +324,20 @@ def remainder(a: Any, b: Any) -> Any:
 
 def round(x: Any, decimals: int = 0) -> Any:  # noqa: A001 - numpy's name
     """x rounded to `decimals` places, halves to even, as numpy.round (x * 10**decimals rounded, then divided);
-    integers as they are, their dtype kept; its gradient is zero; a pending sum is resolved first."""
-    if isinstance(decimals, bool) or not isinstance(decimals, numbers.Integral) or decimals < 0:
-        raise OperatorError(f"round: decimals {decimals!r} must be an integer, 0 or more")
+    integers as they are, their dtype kept; its gradient is zero; a pending sum is resolved first.
+
+    Negative `decimals` round to tens, hundreds, ... as numpy's (x / 10**-decimals rounded, then multiplied;
+    an integer's computed in float64 and converted back to its dtype); a bool's refused, as numpy refuses it."""
+    if isinstance(decimals, bool) or not isinstance(decimals, numbers.Integral):
+        raise OperatorError(f"round: decimals {decimals!r} must be an integer")
+    if decimals < 0:
+        dtype = getattr(getattr(x, "local", None), "dtype", np.dtype(np.float64))
+        if dtype.kind == "b":
+            raise OperatorError(f"round of a bool DTensor to decimals {decimals}: numpy refuses it (its quotient "
+                                "is not a bool); convert first, e.g. x.astype('int64')")
+        scale = 10.0 ** -int(decimals) if decimals >= -308 else math.inf  # numpy's too: inf, then NaN
+        out = pointwise("mul", pointwise("round", pointwise("div", x, scale)), scale)
+        return astype(out, dtype) if dtype.kind in "iu" else out
     if not decimals or getattr(getattr(x, "local", None), "dtype", np.dtype(np.float64)).kind in "iu":
         # Integers have no places to round (numpy gives them back as they are, their dtype kept): scaled by a
         # float they would come back float64.
@@ -468,8 +480,8 @@ def clip(x: Any, low: Any = None, high: Any = None) -> Any:
                 not isinstance(bound, numbers.Real) or isinstance(bound, bool) or bound != bound):
             raise OperatorError(f"clip: {name} {bound!r} must be a real number, a DTensor or None")
     dtype = getattr(getattr(x, "local", None), "dtype", np.dtype(np.float64))
-    if dtype.kind in "iu":  # a Python int bound beyond x's dtype on the side where it clips nothing: numpy 2's
-        info = np.iinfo(dtype)  # clip drops it (np.clip(int32, 0, 2**40)); on the other side it refuses, as this
+    if dtype.kind in "iu":  # a Python int bound beyond x's dtype on the side where it clips nothing: numpy 2.4's
+        info = np.iinfo(dtype)  # clip drops it (np.clip(int32, 0, 2**40); 2.0 refused); the other side refuses
         low = int(info.min) if type(low) is int and low < info.min else low
         high = int(info.max) if type(high) is int and high > info.max else high
     if low is None or high is None:

@@ -217,8 +217,8 @@ def arg_reduce(kind: str, x: Any, dim: Any, keepdims: bool) -> Any:
     from ..runtime.executor import pending, redistribute, resolve
 
     layout = _checked(kind, x, keepdims)
-    if x.local.dtype.kind == "b":
-        raise OperatorError(f"{kind}: x is bool; convert it first, e.g. x.astype('int64')")
+    if x.local.dtype.kind == "b":  # numpy's: the first True (argmax) or False (argmin); MPI compares no bools
+        x = x.astype(np.uint8)
     if dim is not None and (isinstance(dim, bool) or not isinstance(dim, (int, np.integer))):
         raise OperatorError(f"{kind}: dim {dim!r} must be an integer or None (the flattened tensor)")
     dims = reduce_dims(dim, layout.ndim, kind)
