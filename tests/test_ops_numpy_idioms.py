@@ -2,8 +2,9 @@
 cases): each idiom's value and dtype on a random dtype and layout (split, whole, over two axes, pending), numpy's
 refusals refused too (one line, a spmdsim error), and the float64 gradient against central differences.
 
-Found by it: np.einsum('ij->i') of int32 gave int64 (numpy keeps int32), x.argmax() of a mask and np.round(x, -1)
-were refused (numpy computes both), x.any() of a pending sum was refused as a truncating astype.
+Found by it: np.einsum('ij->i') of int32 gave int64 (numpy keeps int32), x.argmax() of a mask, np.round(x, -1),
++x and a 1-d operand of @ were refused (numpy computes them), x.any() of a pending sum was refused as a truncating
+astype, a pending sum over 0.0 or times inf was NaN where numpy's is inf.
 """
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ IDIOMS = {  # name -> (the idiom on an array or a DTensor, whether it has a grad
     "smooth": (lambda x: np.tanh(x) * np.exp(-x), True), "cols": (lambda x: x[:, 1:3].sum(0), True),
     "stack": (lambda x: np.stack([x, -x]).sum(0), True), "swap": (lambda x: x.swapaxes(0, 1) * 1.5, True),
     "outer": (lambda x: np.expand_dims(x, 0) * x[:, None], True), "square": (lambda x: x * x, True),
+    "matvec": (lambda x: x @ x[0], True), "vecmat": (lambda x: x[:, 0] @ x, True),
+    "dot": (lambda x: np.dot(x[0], x[1]), True), "positive": (lambda x: +x, True),
+    "over_zero": (lambda x: x / 0.0, False), "times_inf": (lambda x: np.inf * x, False),
 }
 #: spmdsim's own refusals where numpy computes (docs/operators.md): a reshape whose blocks would not stay blocks,
 #: a sum of bools over a letter (numpy's einsum of bools is an or; a split letter would leave a pending count).
@@ -44,7 +48,9 @@ MAPS = [(("x", "y"), ()), ((None, None), ()), ((("x", "y"), None), ()), (("x", N
 
 #: The cases that found a defect, kept whatever the draw.
 FOUND = [("einsum", "int32", MAPS[0]), ("einsum", "uint8", MAPS[1]), ("argmax", "bool", MAPS[0]),
-         ("any", "float64", MAPS[3]), ("round_tens", "int32", MAPS[0])]
+         ("any", "float64", MAPS[3]), ("round_tens", "int32", MAPS[0]), ("over_zero", "float64", MAPS[3]),
+         ("times_inf", "float32", MAPS[3]), ("positive", "int32", MAPS[0]), ("matvec", "float64", MAPS[0]),
+         ("vecmat", "uint8", MAPS[1]), ("dot", "float64", MAPS[3])]
 
 
 def _cases(seed: int, count: int) -> list:
@@ -57,7 +63,8 @@ def _cases(seed: int, count: int) -> list:
 
 def _outcome(idiom, x):
     try:
-        return idiom(x), None
+        with np.errstate(all="ignore"):  # numpy's warnings of x / 0.0 (spmdsim's kernels say nothing either)
+            return idiom(x), None
     except Exception as e:  # noqa: BLE001 - numpy's and spmdsim's refusals, compared below
         return None, e
 
@@ -65,7 +72,7 @@ def _outcome(idiom, x):
 @pytest.mark.parametrize("cut, devices", [("even", (2, 2)), ("chunk", (3, 2))])
 def test_numpy_idioms_on_dtensors_match_numpy(cut, devices):
     base = np.random.default_rng(11).uniform(-2, 2, (4, 6))
-    cases = _cases({"even": 1, "chunk": 2}[cut], 48)
+    cases = _cases({"even": 1, "chunk": 2}[cut], 60)
 
     def body():
         mesh = Mesh(Layout(devices, ("x", "y"), cut=cut))

@@ -26,7 +26,18 @@ from .elementwise import relu as _relu
 from .pointwise import clip as _clip, pointwise, pow as _pow, power as _power, round as _round
 from .reduce import arg_reduce, prod as _prod, reduce, var as _var
 
-install_operators(pointwise=pointwise, power=_power, matmul=matmul, reduce=reduce, arg=arg_reduce, requires_grad_=requires_grad_,
+def _numpy_matmul(a: Any, b: Any) -> Any:
+    """numpy's ``a @ b`` (DTensor's operator, np.matmul, np.dot): a 1-d operand is a vector, its dim added for
+    the product and dropped after (``v @ v``, ``x @ v``, ``v @ x``), by ops.einsum; else ops.matmul."""
+    na, nb = len(getattr(a, "global_shape", "ab")), len(getattr(b, "global_shape", "ab"))
+    if 1 in (na, nb) and 0 not in (na, nb):
+        from .einsum import einsum
+
+        return einsum("i,i->" if na == nb == 1 else "j,...jk->...k" if na == 1 else "...ij,j->...i", a, b)
+    return matmul(a, b)
+
+
+install_operators(pointwise=pointwise, power=_power, matmul=_numpy_matmul, reduce=reduce, arg=arg_reduce, requires_grad_=requires_grad_,
                   backward=backward, getitem=getitem, reshape=reshape, transpose=transpose)
 
 
@@ -127,7 +138,7 @@ def _array_ufunc(x: Any, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -
                else "spmdsim has no rule for it")
         raise OperatorError(f"numpy.{what} of a DTensor: {why}; use spmdsim.ops (ops.sum, ops.exp, ops.where, ...) "
                             "or the block x.local")
-    return matmul(*inputs) if name == "matmul" else _pow(*inputs) if name == "pow" else pointwise(name, *inputs)
+    return _numpy_matmul(*inputs) if name == "matmul" else _pow(*inputs) if name == "pow" else pointwise(name, *inputs)
 
 
 def _kept(func: Any, kwargs: dict, **defaults: Any) -> None:
@@ -182,7 +193,7 @@ def _numpy_functions() -> dict:
         np.stack: lambda xs, axis=0, **k: _kept(np.stack, k, out=None, dtype=None, casting="same_kind")
         or stack(list(xs), axis),
         np.clip: lambda a, a_min=None, a_max=None, **k: _kept(np.clip, k, out=None) or _clip(a, a_min, a_max),
-        np.dot: lambda a, b, out=None: matmul(a, b) if out is None else _no_out("numpy.dot"),
+        np.dot: lambda a, b, out=None: _numpy_matmul(a, b) if out is None else _no_out("numpy.dot"),
         np.einsum: lambda spec, *xs, **k: _kept(np.einsum, k, out=None, optimize=False) or einsum(spec, *xs),
         np.transpose: lambda a, axes=None: transpose(a, axes),
         np.reshape: lambda a, *args, **k: reshape(a, args[0] if args else k.get("shape", k.get("newshape"))),
@@ -298,6 +309,13 @@ def _copy(x: Any, *args: Any, **kwargs: Any) -> Any:
     return pointwise("add", x, 0) if x.dtype.kind != "b" else pointwise("where", x, True, False)
 
 
+def _positive(x: Any) -> Any:
+    """numpy's ``+x``: a copy (its gradient x's); a bool's refused, as numpy has no positive of bools."""
+    if x.dtype.kind == "b":
+        raise OperatorError("+x of a bool DTensor: numpy has no positive of bools; use x itself, or x.astype('int64')")
+    return _copy(x)
+
+
 def _len(x: Any) -> int:
     """The global size of dim 0, as numpy's and PyTorch's ``len``."""
     if not x.global_shape:
@@ -329,7 +347,7 @@ def _swapaxes(x: Any, a: int, b: int) -> Any:
 #: of spmdsim's operators (docs/porting.md).
 _METHODS = {
     "__array_ufunc__": _array_ufunc, "__array_function__": _array_function, "__array__": _array, "__len__": _len,
-    "__abs__": lambda x: pointwise("abs", x), "T": property(lambda x: transpose(x, None)), "swapaxes": _swapaxes,
+    "__abs__": lambda x: pointwise("abs", x), "__pos__": lambda x: _positive(x), "T": property(lambda x: transpose(x, None)), "swapaxes": _swapaxes,
     "permute": lambda x, *perm: transpose(x, perm[0] if len(perm) == 1 else perm), "t": _t,
     "view": lambda x, *shape: reshape(x, shape[0] if len(shape) == 1 else shape),
     "size": property(_Size), "numel": lambda x: math.prod(x.global_shape), "dim": lambda x: len(x.global_shape),

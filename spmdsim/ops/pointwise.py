@@ -128,6 +128,8 @@ def pointwise(op: str, *args: Any) -> Any:
         key = signature(op, args)
         prepared = _PREPARED.get(key)
     except (AttributeError, TypeError):  # a number among the operands (or what no DTensor is: _operands says)
+        if op == "mul" or op == "div":
+            args = _unscaled(op, args)
         key = _mixed_signature(op, args)
         try:
             prepared = None if key is None else _PREPARED.get(key)
@@ -167,6 +169,25 @@ def pointwise(op: str, *args: Any) -> Any:
             if x._ag is not None:
                 return record_pointwise(op, out, tuple(xs), prepared)
     return out
+
+
+def _unscaled(op: str, args: tuple) -> tuple:
+    """`args` of a product or quotient by a number, a pending sum among them resolved first where the number is
+    not finite (times inf or NaN) or divides by zero: kept pending, the zeros the other members hold would give
+    0 * inf = NaN, where numpy's product of the whole value is inf."""
+    if len(args) != 2:
+        return args
+    number = args[1] if op == "div" or hasattr(args[0], "_ag") else args[0]
+    if hasattr(number, "_ag"):  # a DTensor divisor: its values are not looked at
+        return args
+    try:
+        if math.isfinite(number) and (op == "mul" or number != 0):
+            return args
+    except (TypeError, OverflowError):  # no number (refused below), or an int past a float's range
+        return args
+    from ..runtime.executor import redistribute
+
+    return tuple(redistribute(a, a.layout.with_partial(())) if getattr(a, "partial", None) else a for a in args)
 
 
 #: A comparison with the operands swapped (``5 < x`` is ``x > 5``); those true where x's every entry lies below
