@@ -128,8 +128,10 @@ def pointwise(op: str, *args: Any) -> Any:
         key = signature(op, args)
         prepared = _PREPARED.get(key)
     except (AttributeError, TypeError):  # a number among the operands (or what no DTensor is: _operands says)
-        if op == "mul" or op == "div":
-            args = _unscaled(op, args)
+        if (op == "mul" or op == "div") and len(args) == 2:  # a finite Python number (nonzero dividing) passes
+            n = args[1] if type(args[1]) is float or type(args[1]) is int else args[0]
+            if not ((type(n) is float or type(n) is int) and n - n == 0 and (n or op == "mul")):
+                args = _unscaled(op, args)
         key = _mixed_signature(op, args)
         try:
             prepared = None if key is None else _PREPARED.get(key)
